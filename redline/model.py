@@ -1,0 +1,427 @@
+"""A decoder-only transformer in which every architectural choice is a config field.
+
+Features (each a field of `ModelConfig`):
+- attention: multi-head, grouped-query or multi-query through `n_kv_head`; QK-norm (RMSNorm on q and k
+  per head); one fused QKV projection or separate q/k/v; optional sliding-window attention;
+  PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
+- positions: RoPE (with `rope_theta`), learned absolute, or none;
+- MLP: GELU, SwiGLU or ReLU², hidden size rounded up to a multiple of 64 (SwiGLU at 2/3 of the width of
+  the others so the parameter count stays comparable);
+- norm: RMSNorm or LayerNorm, pre or post;
+- tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
+  logits are never sampled);
+- parameter counts (with and without embeddings) and FLOPs per token, by the 6N + 12·L·d·T formula and
+  counted exactly from the matmul shapes.
+
+Shapes in comments: B batch, T sequence, C = n_embd, H = n_head, KV = n_kv_head, D = head_dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from redline.errors import UserError
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 32768
+    """Tokenizer vocabulary size (the embedding is padded up to a multiple of `pad_vocab_to`)."""
+    context_len: int = 2048
+    """Longest sequence the model accepts (RoPE tables and learned positions are sized by it)."""
+    n_layer: int = 12
+    """Number of transformer blocks."""
+    n_embd: int = 768
+    """Model width (residual stream size)."""
+    n_head: int = 12
+    """Number of query heads; must divide n_embd."""
+    n_kv_head: int | None = None
+    """Number of key/value heads: n_head for multi-head, 1 for multi-query, in between for GQA (must divide n_head). None means n_head."""
+    qk_norm: bool = False
+    """Apply RMSNorm to q and k per head before attention (QK-norm)."""
+    fused_qkv: bool = True
+    """One fused projection for q, k and v instead of three separate ones."""
+    sliding_window: int = 0
+    """Attend only to the last this-many tokens (0 = full causal attention)."""
+    pos_emb: Literal["rope", "learned", "none"] = "rope"
+    """Position information: rotary (RoPE), a learned absolute table, or none."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    mlp: Literal["gelu", "swiglu", "relu2"] = "swiglu"
+    """MLP kind: GELU (GPT-2), SwiGLU, or ReLU squared."""
+    mlp_hidden: int | None = None
+    """MLP hidden size. None: 4·n_embd for gelu/relu2 and 8/3·n_embd for swiglu, rounded up to a multiple of 64."""
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    """Normalization layer kind."""
+    norm_position: Literal["pre", "post"] = "pre"
+    """Normalize the input of each sublayer (pre) or the output of each residual sum (post)."""
+    norm_eps: float = 1e-5
+    """Epsilon of the normalization layers."""
+    tie_embeddings: bool = False
+    """Share the token embedding matrix with the output head."""
+    bias: bool = False
+    """Biases in the Linear layers (and LayerNorm)."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches (training only)."""
+    attn_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
+    """SDPA backend: auto lets PyTorch choose; the others force one (math is the slow reference)."""
+    pad_vocab_to: int = 128
+    """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled)."""
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab(self) -> int:
+        m = max(1, self.pad_vocab_to)
+        return (self.vocab_size + m - 1) // m * m
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        hidden = 4 * self.n_embd if self.mlp != "swiglu" else 8 * self.n_embd / 3
+        return int(math.ceil(hidden / 64) * 64)
+
+    def validate(self) -> None:
+        """Raise UserError naming the first inconsistent field."""
+        positive = ("vocab_size", "context_len", "n_layer", "n_embd", "n_head")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise UserError(
+                f"model.n_head={self.n_head} does not divide model.n_embd={self.n_embd}; "
+                f"pick a head count such as {_divisors_near(self.n_embd, self.n_head)}"
+            )
+        if self.kv_heads <= 0 or self.n_head % self.kv_heads:
+            raise UserError(
+                f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}; "
+                f"pick one of {[d for d in range(1, self.n_head + 1) if self.n_head % d == 0]}"
+            )
+        if self.pos_emb == "rope" and self.head_dim % 2:
+            raise UserError(f"RoPE needs an even head_dim, got {self.head_dim} (n_embd/n_head)")
+        if self.sliding_window < 0:
+            raise UserError(f"model.sliding_window must be >= 0 (0 = off), got {self.sliding_window}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.mlp_hidden is not None and self.mlp_hidden <= 0:
+            raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden}")
+
+
+def _divisors_near(n: int, target: int) -> list[int]:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return sorted(divisors, key=lambda d: abs(d - target))[:3]
+
+
+# ----------------------------------------------------------------------------------------------------
+# building blocks
+
+
+def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(dim, eps=cfg.norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def rope_tables(head_dim: int, length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (length, head_dim // 2), in fp32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of the last dim. x: (B, heads, T, D); cos/sin: (T, D/2) or (B, 1, T, D/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.to(x.dtype)
+
+
+_SDPA_BACKENDS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+
+
+def sdpa_context(backend: str):
+    """A context manager that forces one SDPA backend, or does nothing for `auto`."""
+    if backend == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        if cfg.fused_qkv:
+            self.qkv = nn.Linear(cfg.n_embd, q_dim + 2 * kv_dim, bias=cfg.bias)
+        else:
+            self.q = nn.Linear(cfg.n_embd, q_dim, bias=cfg.bias)
+            self.k = nn.Linear(cfg.n_embd, kv_dim, bias=cfg.bias)
+            self.v = nn.Linear(cfg.n_embd, kv_dim, bias=cfg.bias)
+        self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
+        self.proj.is_residual_out = True
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
+
+    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
+        """x: (B, T, C) -> q (B, H, T, D), k and v (B, KV, T, D), with QK-norm and RoPE applied."""
+        B, T, _ = x.shape
+        if self.cfg.fused_qkv:
+            q, k, v = self.qkv(x).split(
+                [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
+            )
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D)."""
+        gqa = self.n_kv != self.n_head
+        if gqa and self.cfg.attn_backend != "auto":
+            # not every forced backend takes enable_gqa: expand the kv heads instead
+            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
+            gqa = False
+        dropout = self.cfg.dropout if self.training else 0.0
+        with sdpa_context(self.cfg.attn_backend):
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=gqa
+            )
+        B, _, Tq, _ = q.shape
+        return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
+
+    def forward(self, x, rope, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self.project_qkv(x, rope)
+        y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.kind = cfg.mlp
+        hidden = cfg.hidden_dim
+        fan_out = 2 * hidden if cfg.mlp == "swiglu" else hidden  # swiglu: gate and up in one matmul
+        self.fc = nn.Linear(cfg.n_embd, fan_out, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.proj.is_residual_out = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return self.proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre = cfg.norm_position == "pre"
+        self.norm1, self.attn = make_norm(cfg, cfg.n_embd), Attention(cfg)
+        self.norm2, self.mlp = make_norm(cfg, cfg.n_embd), MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rope, attn_mask=None):
+        if self.pre:
+            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask))
+            return x + self.drop(self.mlp(self.norm2(x)))
+        x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask)))
+        return self.norm2(x + self.drop(self.mlp(x)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# the model
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.context_len, cfg.n_embd) if cfg.pos_emb == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        # post-norm blocks end in a norm already; pre-norm needs a final one
+        self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        if cfg.pos_emb == "rope":
+            cos, sin = rope_tables(cfg.head_dim, cfg.context_len, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2·n_layer)."""
+        std = 0.02
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                scale = 1 / math.sqrt(2 * self.cfg.n_layer) if getattr(module, "is_residual_out", False) else 1
+                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                if module.weight is not None:
+                    nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
+            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.context_len, self.cfg.rope_theta)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
+    # -- forward ---------------------------------------------------------------------------------------
+
+    def sliding_mask(self, T: int, device) -> torch.Tensor | None:
+        """Boolean (T, T) mask, True where attention is allowed, or None for plain causal attention."""
+        w = self.cfg.sliding_window
+        if w <= 0 or w >= T:
+            return None
+        i = torch.arange(T, device=device)
+        dist = i[:, None] - i[None, :]
+        return (dist >= 0) & (dist < w)
+
+    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
+        """Token (and learned position) embeddings and the RoPE tables for these positions.
+
+        idx: (B, T) token ids; positions: None for 0..T-1, else (T,) or (B, T) absolute positions.
+        """
+        T = idx.shape[1]
+        if positions is None:
+            positions = torch.arange(T, device=idx.device)
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(positions)
+        rope = None
+        if self.cfg.pos_emb == "rope":
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+            if positions.dim() == 2:  # per-row positions: (B, T, D/2) -> (B, 1, T, D/2)
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            rope = (cos, sin)
+        return self.drop(x), rope
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        reduction: Literal["mean", "none"] = "mean",
+    ):
+        """idx: (B, T). With targets (B, T): the cross-entropy loss (mean, or per token with reduction='none';
+        targets of -1 are ignored). Without: logits (B, T, vocab_size), padding removed."""
+        B, T = idx.shape
+        if T > self.cfg.context_len:
+            raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
+        x, rope = self.embed(idx)
+        mask = self.sliding_mask(T, idx.device)
+        for block in self.blocks:
+            x = block(x, rope, mask)
+        x = self.norm_f(x)
+        logits = self.lm_head(x)
+        if targets is None:
+            return logits[..., : self.cfg.vocab_size]
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
+        )
+        return loss.view(B, T) if reduction == "none" else loss
+
+    # -- accounting ------------------------------------------------------------------------------------
+
+    def num_params(self, embeddings: bool = True) -> int:
+        """Unique parameters. embeddings=False leaves out the token and position tables and an untied head."""
+        total = sum(p.numel() for p in self.parameters())
+        if embeddings:
+            return total
+        total -= self.wte.weight.numel()
+        if self.wpe is not None:
+            total -= self.wpe.weight.numel()
+        if not self.cfg.tie_embeddings:
+            total -= self.lm_head.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None, exact: bool = False) -> float:
+        """Training FLOPs (forward + backward) per token at sequence length seq_len.
+
+        exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table; PaLM appendix B).
+        exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
+        + 12·L·H·D·T_attended, where T_attended is capped by the sliding window; norms and elementwise
+        work are left out, as in the formula.
+        """
+        cfg = self.cfg
+        T = seq_len or cfg.context_len
+        if not exact:
+            n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0)
+            return 6 * n + 12 * cfg.n_layer * cfg.n_embd * T
+        matmul = 0
+        for block in self.blocks:
+            for module in block.modules():
+                if isinstance(module, nn.Linear):
+                    matmul += module.weight.numel()
+        matmul += self.lm_head.weight.numel()
+        attended = min(T, cfg.sliding_window) if cfg.sliding_window > 0 else T
+        return 6 * matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * attended
+
+    # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Full-recompute sampling, one token at a time. idx: (B, T) -> (B, T + max_new_tokens)."""
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.cfg.context_len :]
+            logits = self(context)[:, -1, :].float()
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = F.softmax(logits, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)
+            idx = torch.cat((idx, nxt), dim=1)
+        return idx
