@@ -119,6 +119,25 @@ class TrainConfig:
     """Prompt of the sample printed at the end."""
     tensorboard: bool = True
     """Write TensorBoard event files into the run directory."""
+    # -- speed: applied by redline/training/wrap.py (converters → activation checkpointing → compile) --------------
+    fp8: Literal["off", "all", "auto"] = "off"
+    """FP8 training (torchao): off; all (every Linear whose dims are multiples of 16, lm_head included); auto (only
+    the Linears whose GEMM shapes run faster in FP8 on this GPU, measured at start-up and cached per GPU and shape)."""
+    fp8_recipe: Literal["tensorwise", "rowwise", "mxfp8", "nvfp4"] = "tensorwise"
+    """FP8 scaling recipe: tensorwise or rowwise (compute capability >= 8.9 / 9.0), mxfp8 (>= 10.0); nvfp4 is refused."""
+    fp8_warmup_steps: int = 100
+    """Train this many first steps in BF16, then switch the converted layers to FP8 (one recompile at the switch)."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """Recompute block activations in the backward pass: none, selective (every other block) or full (every block)."""
+    attn_autotune: bool = True
+    """On CUDA with model.attn_backend=auto: time each SDPA backend for this model's shapes at start-up and use the
+    fastest (cached per GPU and shape). False leaves the choice to PyTorch."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile mode (max-autotune-no-cudagraphs tunes GEMM kernels: minutes more compile time)."""
+    compile_scope: Literal["auto", "model", "blocks"] = "auto"
+    """What torch.compile compiles: the whole model, or each transformer block (compiled once, reused by every
+    block) and the lm_head. auto: the whole model up to 16 layers, blocks above, where whole-model compile time
+    grows with depth."""
 
     def validate(self) -> None:
         self.model.validate()
@@ -140,6 +159,8 @@ class TrainConfig:
             raise UserError("log_every, keep_checkpoints and eval_batches must be positive")
         if self.optim.lr <= 0 or self.optim.muon_lr <= 0:
             raise UserError("optim.lr and optim.muon_lr must be positive")
+        if self.fp8_warmup_steps < 0:
+            raise UserError(f"fp8_warmup_steps must be >= 0, got {self.fp8_warmup_steps}")
 
     @property
     def effective_seq_len(self) -> int:
@@ -148,8 +169,8 @@ class TrainConfig:
 
 # learning rates that suit each preset family's size (applied with the preset, below the recipe and the CLI)
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    "tiny": {"optim.lr": 3e-3, "batch_size": 16, "seq_len": 256, "max_steps": 300, "eval_every": 100,
-             "eval_batches": 8, "optim.warmup_steps": 30},
+    "tiny": {"optim.lr": 3e-3, "batch_size": 16, "seq_len": 128, "max_steps": 250, "eval_every": 50,
+             "eval_batches": 8, "optim.warmup_steps": 25, "log_every": 25},
     "-124m": {"optim.lr": 1e-3},
     "-350m": {"optim.lr": 6e-4},
     "-774m": {"optim.lr": 4e-4},
@@ -284,6 +305,20 @@ def apply_preset(cfg: TrainConfig, name: str) -> None:
             apply_overrides(cfg, dict(values))
 
 
+def _default_instance(cls, recipe: dict[str, Any]):
+    """cls() — or, for a class with required fields (e.g. eval's checkpoint), the recipe's values for them,
+    or None to let the command line supply them."""
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if not required:
+        return cls()
+    if all(name in recipe for name in required):
+        return cls(**{name: recipe.pop(name) for name in required})
+    if recipe:
+        raise UserError(f"a recipe for this command must give {', '.join(required)}")
+    return None
+
+
 def parse(cls, argv: list[str] | None, *, prog: str, description: str, bare_flags: dict[str, str] | None = None,
           default=None):
     """Build a `cls` instance from defaults, preset, recipe file and the command line."""
@@ -293,17 +328,15 @@ def parse(cls, argv: list[str] | None, *, prog: str, description: str, bare_flag
     recipe_path, argv = _pop_option(argv, "--config")
     preset, argv = _pop_option(argv, "--preset")
     recipe = load_recipe(recipe_path) if recipe_path else {}
-    cfg = default if default is not None else cls()
+    cfg = default if default is not None else _default_instance(cls, recipe)
     has_preset = any(f.name == "preset" for f in dataclasses.fields(cls))
     preset = preset or recipe.pop("preset", None) if has_preset else None
-    if has_preset:
+    if has_preset and (preset or default is None):  # a given default (a resumed run's config) keeps its model
         apply_preset(cfg, preset or cfg.preset)
-    if recipe:
+    if recipe and cfg is not None:
         apply_overrides(cfg, recipe)
-    try:
-        cfg = tyro.cli(cls, args=argv, default=cfg, prog=prog, description=description)
-    except SystemExit:
-        raise
+    cfg = tyro.cli(cls, args=argv, default=cfg, prog=prog, description=description,
+                       config=(tyro.conf.FlagConversionOff,))  # booleans take values: --compile False
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg

@@ -1,0 +1,62 @@
+"""`redline train`: train a model. With no arguments: the `tiny` preset on the embedded default corpus.
+
+    redline train                                   # embedded default, CPU or GPU
+    redline train --preset modern-124m --data.path data/corpus max_steps=2000
+    redline train --config recipe.toml optim.lr=3e-4
+    redline train --resume                          # newest run, exactly where it stopped
+"""
+
+from __future__ import annotations
+
+import sys
+
+from redline.config import TrainConfig, from_dict, parse
+from redline.errors import UserError
+
+DESCRIPTION = "Train a GPT model. Overrides: --section.field VALUE or section.field=VALUE; --config FILE; --preset NAME."
+
+
+def list_presets() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    import torch
+
+    from redline.model import GPT
+    from redline.presets import PRESETS
+
+    table = Table("preset", "params", "non-emb", "layers", "width", "heads/kv", "mlp", "pos", "norm", "vocab", "ctx")
+    for name, cfg in PRESETS.items():
+        with torch.device("meta"):
+            model = GPT(cfg)
+        table.add_row(name, f"{model.num_params() / 1e6:.1f}M", f"{model.num_params(False) / 1e6:.1f}M",
+                      str(cfg.n_layer), str(cfg.n_embd), f"{cfg.n_head}/{cfg.kv_heads}", cfg.mlp, cfg.pos_emb,
+                      f"{cfg.norm_position}-{cfg.norm}", str(cfg.vocab_size), str(cfg.context_len))
+    Console().print(table)
+
+
+def main(argv: list[str]) -> int:
+    from redline.training import checkpoint as ckpt_io
+    from redline.training.loop import find_resume_checkpoint, train
+
+    if "--list-presets" in argv:
+        list_presets()
+        return 0
+    bare = {"--resume": "auto"}
+    cfg = parse(TrainConfig, argv, prog="redline train", description=DESCRIPTION, bare_flags=bare)
+    resume_from = find_resume_checkpoint(cfg)
+    if cfg.resume != "never" and resume_from is None:
+        if cfg.resume == "auto":
+            print("redline train: nothing to resume, starting a new run", file=sys.stderr)
+        else:
+            raise UserError(f"no checkpoint at {cfg.resume}")
+    if resume_from is not None:
+        # the saved config is the base; only what this command line says explicitly changes it
+        saved = from_dict(TrainConfig, ckpt_io.load_config_dict(resume_from))
+        cfg = parse(TrainConfig, argv, prog="redline train", description=DESCRIPTION, bare_flags=bare, default=saved)
+        cfg.run_name = resume_from.parent.parent.name
+        cfg.out_dir = str(resume_from.parent.parent.parent)
+    result = train(cfg, resume_from=resume_from)
+    if result.status == "diverged":
+        return 1
+    return 0

@@ -1,0 +1,42 @@
+"""Validation loss, perplexity and bits per byte.
+
+Bits per byte = (sum of per-token losses in nats) / (ln 2 × UTF-8 bytes those tokens decode to), over the
+target tokens that are text (special tokens such as end-of-text have no bytes and are left out of both
+sums). Unlike loss it stays comparable across tokenizers and vocabulary sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from redline.distributed import all_reduce_mean
+
+
+@torch.no_grad()
+def evaluate(model, batches, token_bytes: torch.Tensor, autocast_dtype: torch.dtype | None,
+             device: torch.device) -> dict[str, float]:
+    """batches: an iterable of (x, y) on `device`. token_bytes: (vocab,) int tensor on `device`."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, tokens, text loss, text bytes
+    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    for x, y in batches:
+        with ctx:
+            loss = model(x, y, reduction="none").double()  # (B, T) nats
+        nbytes = token_bytes[y].double()
+        text = nbytes > 0
+        sums += torch.stack([loss.sum(), torch.tensor(loss.numel(), device=device, dtype=torch.float64),
+                             (loss * text).sum(), nbytes.sum()])
+    model.train(was_training)
+    sums = all_reduce_mean(sums)
+    loss, tokens, text_loss, text_bytes = sums.tolist()
+    mean = loss / max(tokens, 1)
+    return {
+        "loss": mean,
+        "perplexity": math.exp(min(mean, 50.0)),
+        "bpb": text_loss / (math.log(2) * text_bytes) if text_bytes else float("nan"),
+        "tokens": int(tokens),
+    }

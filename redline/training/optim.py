@@ -1,0 +1,75 @@
+"""Optimizers and learning-rate schedules.
+
+AdamW: 2-D weights decayed, norms/biases/gains not. Muon (torch.optim.Muon): the 2-D weights inside the
+transformer blocks; AdamW for the embeddings, the head and every 1-D gain or bias, as the source design's
+baseline did. The schedule is a pure function of progress, so resuming needs only the step count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from redline.config import OptimConfig
+
+
+def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(hidden 2-D weights of the blocks, embeddings and head, 1-D gains and biases); each parameter once."""
+    hidden, embed_head, gains, seen = [], [], [], set()
+    blocks = getattr(model, "blocks", None)
+    block_params = {id(p) for p in blocks.parameters()} if blocks is not None else set()
+    for _, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        if p.dim() < 2:
+            gains.append(p)
+        elif id(p) in block_params:
+            hidden.append(p)
+        else:
+            embed_head.append(p)
+    return hidden, embed_head, gains
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
+    hidden, embed_head, gains = param_groups(model)
+    fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
+    adam_kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
+    if cfg.name == "adamw":
+        groups = [
+            {"params": hidden + embed_head, "weight_decay": cfg.weight_decay},
+            {"params": gains, "weight_decay": 0.0},
+        ]
+        return [torch.optim.AdamW(groups, **adam_kwargs)]
+    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
+                            nesterov=True)
+    adam = torch.optim.AdamW(
+        [{"params": embed_head, "weight_decay": cfg.weight_decay}, {"params": gains, "weight_decay": 0.0}],
+        **adam_kwargs,
+    )
+    return [muon, adam]
+
+
+def lr_multiplier(cfg: OptimConfig, step: int, progress: float) -> float:
+    """Multiplier of the peak learning rate at optimizer step `step` (0-based) and budget progress in [0, 1]."""
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = min(max(progress, 0.0), 1.0)
+    floor = cfg.min_lr_ratio
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "wsd":
+        start = 1.0 - cfg.decay_fraction
+        if progress <= start:
+            return 1.0
+        return 1.0 - (1.0 - floor) * (progress - start) / max(cfg.decay_fraction, 1e-9)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> None:
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = group["initial_lr"] * multiplier

@@ -1,0 +1,122 @@
+"""The CLI: dispatch table vs --help, config precedence, recipe files, and bad input as one-line errors."""
+
+import re
+
+import pytest
+
+from redline import cli
+from redline.config import TrainConfig, parse
+from redline.errors import UserError
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_dispatch_table_matches_help(capsys):
+    code, out, _ = run_cli(["--help"], capsys)
+    assert code == 0
+    listed = re.findall(r"^  (\S+)\s{2,}", out, flags=re.M)
+    assert listed == list(cli.COMMANDS)
+    for name, (module, _) in cli.COMMANDS.items():  # every entry points at a module with main()
+        mod = __import__(f"redline.commands.{module}", fromlist=["main"])
+        assert callable(mod.main), name
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_every_command_has_help(name, capsys):
+    code, out, err = run_cli([name, "--help"], capsys)
+    assert code == 0, err
+    assert "usage" in (out + err).lower()
+
+
+def test_unknown_command_suggests(capsys):
+    code, _, err = run_cli(["trian"], capsys)
+    assert code == 2
+    assert "did you mean `redline train`" in err
+
+
+def test_train_help_lists_every_field_with_default(capsys):
+    code, out, _ = run_cli(["train", "--help"], capsys)
+    assert code == 0
+    text = re.sub(r"\s+", " ", out)
+    for flag in ["--max-steps", "--model.n-kv-head", "--model.qk-norm", "--optim.lr", "--data.path", "--seq-len"]:
+        assert flag in text, flag
+    assert "Number of key/value heads" in text
+
+
+def test_precedence_defaults_preset_recipe_cli(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('preset = "gpt2-124m"\nmax_steps = 7\n[optim]\nlr = 0.002\nname = "muon"\n')
+    cfg = parse(TrainConfig, ["--config", str(recipe), "optim.lr=5e-4", "--model.n-layer", "3"],
+                prog="t", description="t")
+    assert cfg.preset == "gpt2-124m" and cfg.model.pos_emb == "learned"  # from the preset
+    assert cfg.max_steps == 7 and cfg.optim.name == "muon"  # from the recipe
+    assert cfg.optim.lr == 5e-4 and cfg.model.n_layer == 3  # the command line wins
+
+
+def test_yaml_recipe(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  n_kv_head: 1\nbatch_size: 4\n")
+    cfg = parse(TrainConfig, ["--config", str(recipe)], prog="t", description="t")
+    assert cfg.model.n_kv_head == 1 and cfg.batch_size == 4
+
+
+def test_unknown_recipe_key_suggests(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[optim]\nlearning_rat = 1.0\n[model]\nn_layers = 3\n")
+    with pytest.raises(UserError, match="unknown config key 'optim.learning_rat'"):
+        parse(TrainConfig, ["--config", str(recipe)], prog="t", description="t")
+    recipe.write_text("[model]\nn_layers = 3\n")
+    with pytest.raises(UserError, match="did you mean model.n_layer"):
+        parse(TrainConfig, ["--config", str(recipe)], prog="t", description="t")
+
+
+def test_recipe_type_errors(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[model]\nmlp = "swiglo"\n')
+    with pytest.raises(UserError, match="did you mean 'swiglu'"):
+        parse(TrainConfig, ["--config", str(recipe)], prog="t", description="t")
+    recipe.write_text('max_steps = "ten"\n')
+    with pytest.raises(UserError, match="must be a int"):
+        parse(TrainConfig, ["--config", str(recipe)], prog="t", description="t")
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(UserError, match="did you mean modern-124m"):
+        parse(TrainConfig, ["--preset", "modern-124"], prog="t", description="t")
+
+
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["model.n_head=5"], "does not divide model.n_embd"),
+        (["model.n_kv_head=3"], "does not divide model.n_head"),
+        (["seq_len=4096"], "longer than model.context_len"),
+        (["batch_size=0"], "batch_size must be positive"),
+    ],
+)
+def test_invalid_values_exit_2_with_one_line(argv, fragment, capsys):
+    code, _, err = run_cli(["train", *argv], capsys)
+    assert code == 2
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unknown_cli_flag_exits_nonzero(capsys):
+    code, out, err = run_cli(["train", "--max-stepz", "3"], capsys)
+    assert code == 2
+    assert "max-steps" in out + err  # tyro's "perhaps you meant"
+
+
+def test_cuda_on_cpu_machine_is_a_clear_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code, _, err = run_cli(["train", "device=cuda", "max_steps=1"], capsys)
+    assert code == 2
+    assert "no CUDA GPU" in err

@@ -1,0 +1,237 @@
+"""Model: shapes for every toggle, attention against an fp64 reference, GQA/MHA equivalence, counts, compile."""
+
+import itertools
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from redline.errors import UserError
+from redline.model import GPT, ModelConfig, apply_rope, rope_tables
+from redline.presets import PRESETS, get_preset
+
+SMALL = ModelConfig(vocab_size=101, context_len=32, n_layer=2, n_embd=32, n_head=4, n_kv_head=2)
+
+
+def small(**kw) -> ModelConfig:
+    return replace(SMALL, **kw)
+
+
+TOGGLES = dict(
+    n_kv_head=[None, 2, 1],
+    qk_norm=[False, True],
+    fused_qkv=[False, True],
+    pos_emb=["rope", "learned", "none"],
+    mlp=["gelu", "swiglu", "relu2"],
+    norm=["rmsnorm", "layernorm"],
+    norm_position=["pre", "post"],
+    tie_embeddings=[False, True],
+    bias=[False, True],
+    sliding_window=[0, 5],
+)
+
+
+def one_at_a_time():
+    for name, values in TOGGLES.items():
+        for value in values:
+            yield pytest.param({name: value}, id=f"{name}={value}")
+
+
+@pytest.mark.parametrize("overrides", list(one_at_a_time()))
+def test_shapes_and_backward_for_every_toggle(overrides):
+    torch.manual_seed(0)
+    model = GPT(small(**overrides))
+    idx = torch.randint(0, 101, (3, 17))
+    logits = model(idx)
+    assert logits.shape == (3, 17, 101)  # padding (101 -> 128) is cut off
+    loss = model(idx, idx)
+    assert loss.shape == () and torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_all_toggles_combined():
+    cfg = small(n_kv_head=1, qk_norm=True, fused_qkv=False, pos_emb="learned", mlp="relu2", norm="layernorm",
+                norm_position="post", tie_embeddings=True, bias=True, sliding_window=4, dropout=0.1)
+    model = GPT(cfg)
+    assert model(torch.randint(0, 101, (2, 9))).shape == (2, 9, 101)
+
+
+def test_vocab_padding_and_initial_loss():
+    model = GPT(small())
+    assert model.lm_head.weight.shape[0] == 128 and model.cfg.padded_vocab == 128
+    idx = torch.randint(0, 101, (4, 32))
+    # at initialisation the loss is close to ln(padded vocab): nothing is learned yet
+    assert abs(model(idx, idx).item() - math.log(128)) < 0.3
+
+
+def reference_attention(model: GPT, x: torch.Tensor) -> torch.Tensor:
+    """Attention of block 0 written out in float64: explicit scores, causal (and window) mask, softmax."""
+    attn, cfg = model.blocks[0].attn, model.cfg
+    B, T, C = x.shape
+    H, KV, D = cfg.n_head, cfg.kv_heads, cfg.head_dim
+    w = attn.qkv.weight.double()
+    q, k, v = (x.double() @ w.T).split([H * D, KV * D, KV * D], dim=-1)
+    q = q.view(B, T, H, D).transpose(1, 2)
+    k = k.view(B, T, KV, D).transpose(1, 2)
+    v = v.view(B, T, KV, D).transpose(1, 2)
+    if cfg.qk_norm:
+        q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * attn.q_norm.weight.double()
+        k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * attn.k_norm.weight.double()
+    if cfg.pos_emb == "rope":
+        cos, sin = rope_tables(D, T, cfg.rope_theta)
+        q, k = apply_rope(q, cos.double(), sin.double()), apply_rope(k, cos.double(), sin.double())
+    k = k.repeat_interleave(H // KV, dim=1)
+    v = v.repeat_interleave(H // KV, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    i = torch.arange(T)
+    allowed = i[:, None] >= i[None, :]
+    if cfg.sliding_window:
+        allowed &= (i[:, None] - i[None, :]) < cfg.sliding_window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    y = scores.softmax(-1) @ v
+    y = y.transpose(1, 2).reshape(B, T, H * D)
+    return y @ attn.proj.weight.double().T
+
+
+@pytest.mark.parametrize("kv,qk_norm,window", [(4, False, 0), (2, True, 0), (1, True, 0), (2, False, 6)])
+def test_attention_matches_fp64_reference(kv, qk_norm, window):
+    torch.manual_seed(1)
+    model = GPT(small(n_kv_head=kv, qk_norm=qk_norm, sliding_window=window)).double()
+    for p in model.parameters():  # non-trivial norm gains
+        if p.dim() == 1:
+            torch.nn.init.uniform_(p, 0.5, 1.5)
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    _, rope = model.embed(torch.zeros(2, 20, dtype=torch.long))
+    mask = model.sliding_mask(20, x.device)
+    ours = model.blocks[0].attn(x, tuple(t.double() for t in rope), mask)
+    ref = reference_attention(model, x)
+    assert torch.allclose(ours, ref, atol=1e-10, rtol=1e-8)
+
+
+def test_gqa_with_all_kv_heads_is_mha():
+    """n_kv_head == n_head takes the plain multi-head path and equals the default (None) model bit for bit."""
+    torch.manual_seed(0)
+    a = GPT(small(n_kv_head=None))
+    torch.manual_seed(0)
+    b = GPT(small(n_kv_head=4))
+    idx = torch.randint(0, 101, (2, 12))
+    assert torch.equal(a(idx), b(idx))
+
+
+def test_gqa_equals_mha_with_repeated_kv_weights():
+    """A GQA model computes what an MHA model computes when its k/v weights are the GQA ones repeated."""
+    torch.manual_seed(0)
+    gqa = GPT(small(n_kv_head=2, fused_qkv=False))
+    mha = GPT(small(n_kv_head=4, fused_qkv=False))
+    state = gqa.state_dict()
+    D, rep = 8, 2
+    for key in list(state):
+        if key.endswith("attn.k.weight") or key.endswith("attn.v.weight"):
+            w = state[key].view(2, D, 32)  # (KV, D, C)
+            state[key] = w.repeat_interleave(rep, dim=0).reshape(4 * D, 32)
+    mha.load_state_dict(state)
+    idx = torch.randint(0, 101, (2, 12))
+    assert torch.allclose(gqa(idx), mha(idx), atol=1e-5)
+
+
+def test_forced_backend_equals_auto():
+    torch.manual_seed(0)
+    auto = GPT(small(n_kv_head=2))
+    forced = GPT(small(n_kv_head=2, attn_backend="math"))
+    forced.load_state_dict(auto.state_dict())
+    idx = torch.randint(0, 101, (2, 12))
+    assert torch.allclose(auto(idx), forced(idx), atol=1e-5)
+
+
+def expected_params(cfg: ModelConfig) -> int:
+    """Parameter count written out from the architecture."""
+    C, V, H, KV, D, F_ = cfg.n_embd, cfg.padded_vocab, cfg.n_head, cfg.kv_heads, cfg.head_dim, cfg.hidden_dim
+    norm = C * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+    attn = C * (H + 2 * KV) * D + H * D * C + (((H + 2 * KV) * D + C) if cfg.bias else 0)
+    qk = 2 * D if cfg.qk_norm else 0
+    fc_out = 2 * F_ if cfg.mlp == "swiglu" else F_
+    mlp = C * fc_out + F_ * C + ((fc_out + C) if cfg.bias else 0)
+    block = 2 * norm + attn + qk + mlp
+    emb = V * C + (cfg.context_len * C if cfg.pos_emb == "learned" else 0)
+    head = 0 if cfg.tie_embeddings else V * C
+    final = norm if cfg.norm_position == "pre" else 0
+    return cfg.n_layer * block + emb + head + final
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_param_counts_match_formula(name):
+    cfg = get_preset(name)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    assert model.num_params() == expected_params(cfg)
+    emb = cfg.padded_vocab * cfg.n_embd * (1 if cfg.tie_embeddings else 2)
+    emb += cfg.context_len * cfg.n_embd if cfg.pos_emb == "learned" else 0
+    assert model.num_params(embeddings=False) == model.num_params() - emb
+
+
+def test_gpt2_124m_matches_known_numbers():
+    with torch.device("meta"):
+        model = GPT(get_preset("gpt2-124m"))
+    assert model.num_params() == 124_475_904  # GPT-2 small with vocab padded to 50304
+    # 6N + 12·L·d·T at T=1024 with N = 123.6M (position table left out): 0.855 GFLOP
+    assert model.flops_per_token(1024) == 6 * (124_475_904 - 1024 * 768) + 12 * 12 * 768 * 1024
+    assert abs(model.flops_per_token(1024) / 1e9 - 0.855) < 0.001
+
+
+def test_exact_flops_count_gqa_swiglu_window():
+    cfg = small(n_kv_head=1, mlp="swiglu", sliding_window=8)
+    model = GPT(cfg)
+    C, H, KV, D, F_, V = 32, 4, 1, 8, cfg.hidden_dim, cfg.padded_vocab
+    matmul_per_layer = C * (H + 2 * KV) * D + H * D * C + C * 2 * F_ + F_ * C
+    expected = 6 * (2 * matmul_per_layer + C * V) + 12 * 2 * H * D * min(24, 8)
+    assert model.flops_per_token(24, exact=True) == expected
+
+
+def test_hidden_sizes_rounded_to_64():
+    assert small(mlp="swiglu").hidden_dim % 64 == 0
+    assert get_preset("modern-124m").hidden_dim == 2048  # 8/3 · 768
+    assert get_preset("gpt2-124m").hidden_dim == 3072
+
+
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        (dict(n_head=5), "does not divide model.n_embd"),
+        (dict(n_kv_head=3), "does not divide model.n_head"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(n_layer=0), "n_layer"),
+    ],
+)
+def test_invalid_configs_are_user_errors(overrides, fragment):
+    with pytest.raises(UserError, match=fragment):
+        GPT(small(**overrides))
+
+
+def test_sequence_longer_than_context():
+    model = GPT(small())
+    with pytest.raises(UserError, match="context_len"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_generate_never_samples_padding():
+    torch.manual_seed(0)
+    model = GPT(small()).eval()
+    with torch.no_grad():
+        model.lm_head.weight[101:] = 100.0  # padded rows would win every argmax if they were sampled
+    out = model.generate(torch.zeros(2, 1, dtype=torch.long), 10, temperature=1.0)
+    assert out.max().item() < 101
+
+
+@pytest.mark.slow
+def test_compile_matches_eager():
+    torch.manual_seed(0)
+    model = GPT(small()).eval()
+    idx = torch.randint(0, 101, (2, 16))
+    with torch.no_grad():
+        eager = model(idx)
+        compiled = torch.compile(model)(idx)
+    assert torch.allclose(eager, compiled, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,249 @@
+"""The training loop end to end on CPU: loss falls, exact resume, signals, non-finite losses, bad input."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from redline import cli
+from redline.config import TrainConfig, parse
+from redline.errors import UserError
+from redline.training import checkpoint as ckpt_io
+from redline.training.loop import train
+
+WORDS = ("the model reads tokens and predicts the next one while the loss falls slowly over many steps "
+         "a kernel schedules threads on every core and the dictionary defines each word with care").split()
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> Path:
+    """~120 KB of word salad in 40 documents, prepared with the byte tokenizer."""
+    from redline.data.prepare import prepare
+    from redline.tokenizer import load_tokenizer
+
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    texts = root / "texts"
+    texts.mkdir()
+    for i in range(40):
+        (texts / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(500)) + ".\n")
+    out = root / "shards"
+    prepare([str(texts)], out, load_tokenizer("bytes"), val_fraction=0.1, num_workers=1)
+    return out
+
+
+def config(dataset: Path, tmp_path: Path, *extra: str) -> TrainConfig:
+    argv = [f"data.path={dataset}", f"out_dir={tmp_path / 'runs'}", "run_name=t", "model.n_layer=2",
+            "model.n_embd=64", "model.n_head=4", "model.n_kv_head=2", "model.context_len=64", "batch_size=4",
+            "seq_len=32", "max_steps=12", "eval_every=0", "eval_batches=2", "log_every=3", "sample_tokens=0",
+            "tensorboard=False", "optim.warmup_steps=2", *extra]
+    return parse(TrainConfig, argv, prog="t", description="t")
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    losses = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "train":
+            losses[record["step"]] = record["loss"]
+    return losses
+
+
+def test_loss_falls_and_run_dir_is_complete(dataset, tmp_path):
+    result = train(config(dataset, tmp_path, "max_steps=40", "optim.lr=3e-3", "tensorboard=True",
+                          "sample_tokens=20", "eval_every=20"))
+    assert result.status == "completed" and result.step == 40
+    losses = train_losses(result.run_dir)
+    assert sorted(losses) == list(range(1, 41))  # every step recorded
+    assert sum(list(losses.values())[-5:]) / 5 < sum(list(losses.values())[:5]) / 5 - 0.5
+    for name in ("config.json", "environment.json", "metrics.jsonl", "tokenizer"):
+        assert (result.run_dir / name).exists(), name
+    assert any((result.run_dir / "tensorboard").iterdir())
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [20, 40]
+    assert evals[-1]["bpb"] < evals[0]["bpb"] and 0 < evals[-1]["bpb"] < 8
+    assert result.sample is not None and len(result.sample) > 0
+    env = json.loads((result.run_dir / "environment.json").read_text())
+    assert env["torch"] == torch.__version__
+    assert ckpt_io.list_checkpoints(result.run_dir)[-1].name == "step_00000040"
+
+
+@pytest.mark.parametrize("extra", [(), ("optim.name=muon", "tokens_per_step=256", "model.dropout=0.1")])
+def test_exact_resume(dataset, tmp_path, extra, monkeypatch):
+    import redline.training.loop as loop_mod
+
+    straight = train(config(dataset, tmp_path / "a", *extra))
+    # the same run, stopped by a real SIGTERM during step 6 (it finishes the step, saves, and exits)
+    real_set_lr, calls = loop_mod.set_lr, {"n": 0}
+
+    def set_lr_then_signal(optimizers, multiplier):
+        real_set_lr(optimizers, multiplier)
+        calls["n"] += 1
+        if calls["n"] == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop_mod, "set_lr", set_lr_then_signal)
+    first = train(config(dataset, tmp_path / "b", *extra))
+    monkeypatch.setattr(loop_mod, "set_lr", real_set_lr)
+    assert first.status == "interrupted" and first.step == 6
+    # the second half: the same config (max_steps=12) resumed from the step-6 checkpoint
+    second = train(config(dataset, tmp_path / "b", *extra), resume_from=ckpt_io.list_checkpoints(first.run_dir)[-1])
+    assert second.step == 12
+    a, b = train_losses(straight.run_dir), train_losses(second.run_dir)
+    assert a == b  # bit-for-bit equal on CPU
+
+
+def test_resume_through_cli_uses_saved_config(dataset, tmp_path, capsys):
+    base = [f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=r", "model.n_layer=1", "model.n_embd=32",
+            "model.n_head=2", "model.context_len=32", "batch_size=2", "seq_len=16", "max_steps=4",
+            "eval_batches=1", "sample_tokens=0", "tensorboard=False"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", *base])
+    assert exc.value.code == 0
+    # resume with a larger budget; the model options are not repeated and come from the checkpoint
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--resume", f"out_dir={tmp_path}", "run_name=r", "max_steps=6"])
+    assert exc.value.code == 0
+    losses = train_losses(tmp_path / "r")
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert "resumed from" in capsys.readouterr().out
+
+
+def test_sigterm_saves_checkpoint_and_resume_finishes(dataset, tmp_path):
+    args = [sys.executable, "-m", "redline", "train", f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=s",
+            "model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.context_len=64", "batch_size=4",
+            "seq_len=32", "max_steps=100000", "log_every=1", "eval_batches=1", "sample_tokens=0", "tensorboard=False"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    metrics = tmp_path / "s" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "checkpoint saved" in out
+    saved = ckpt_io.list_checkpoints(tmp_path / "s")
+    assert len(saved) == 1
+    step = json.loads((saved[0] / "meta.json").read_text())["step"]
+    assert step > 0
+    end = [json.loads(line) for line in metrics.read_text().splitlines()][-1]
+    assert end["event"] == "end" and end["status"] == "interrupted"
+
+
+def test_nonfinite_losses_are_skipped_then_stop(dataset, tmp_path, monkeypatch, capsys):
+    from redline.model import GPT
+
+    cfg = config(dataset, tmp_path, "max_steps=20", "checkpoint_every=2", "max_bad_steps=3")
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, reduction="mean"):
+        out = real_forward(self, idx, targets, reduction)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] == 3 or calls["n"] >= 6:  # one isolated bad step, then bad for good
+                return out * float("nan")
+        return out
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    result = train(cfg)
+    assert result.status == "diverged"
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    bad = [r["step"] for r in records if r.get("event") == "nonfinite_loss"]
+    assert bad == [3, 6, 7, 8]
+    assert result.step == 8
+    # the last good checkpoint (step 4; step 6 and later were bad, and nothing was saved after) is intact
+    last = ckpt_io.list_checkpoints(result.run_dir)[-1]
+    assert last.name == "step_00000004"
+    ckpt_io.verify_checkpoint(last)
+    assert "non-finite losses in a row" in capsys.readouterr().out
+
+
+def test_full_disk_while_saving_leaves_previous_checkpoint(dataset, tmp_path, monkeypatch):
+    import errno
+
+    first = train(config(dataset, tmp_path, "max_steps=2"))
+    previous = ckpt_io.list_checkpoints(first.run_dir)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt_io.torch, "save", full)
+    with pytest.raises(UserError, match="disk full"):
+        train(config(dataset, tmp_path, "max_steps=4"), resume_from=previous[-1])
+    assert ckpt_io.list_checkpoints(first.run_dir) == previous
+    assert not list((first.run_dir / "checkpoints").glob(".tmp-*"))
+    ckpt_io.verify_checkpoint(previous[-1])
+
+
+def test_corrupted_checkpoint_is_refused(dataset, tmp_path):
+    result = train(config(dataset, tmp_path, "max_steps=2"))
+    ckpt = ckpt_io.list_checkpoints(result.run_dir)[-1]
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="corrupted"):
+        train(config(dataset, tmp_path, "max_steps=4"), resume_from=ckpt)
+    weights.write_bytes(bytes(data[:100]))  # truncated
+    with pytest.raises(UserError, match="corrupted"):
+        ckpt_io.load_for_inference(ckpt)
+
+
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (("data.path=/nonexistent/corpus",), "does not exist"),
+        (("tokens_per_step=1000",), "not a multiple"),
+        (("max_steps=0",), "no budget"),
+    ],
+)
+def test_bad_input(dataset, tmp_path, extra, fragment):
+    with pytest.raises(UserError, match=fragment):
+        train(config(dataset, tmp_path, *extra))
+
+
+def test_empty_data_folder(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg = parse(TrainConfig, [f"data.path={empty}", f"out_dir={tmp_path}", "max_steps=1"], prog="t", description="t")
+    with pytest.raises(UserError):
+        train(cfg)
+
+
+def test_eval_and_sample_commands(dataset, tmp_path, capsys):
+    result = train(config(dataset, tmp_path, "max_steps=3"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["eval", "--checkpoint", str(result.run_dir), "--batches", "2", "--batch-size", "2"])
+    assert exc.value.code == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    record = json.loads(last)
+    assert record["bpb"] > 0 and record["perplexity"] > 1
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["sample", "--checkpoint", str(result.run_dir), "--prompt", "the", "--num-samples", "2",
+                  "--max-new-tokens", "8"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.count("--- sample") == 2
+
+
+@pytest.mark.slow
+def test_embedded_default_end_to_end(tmp_path, monkeypatch):
+    """`redline train` with no data: the embedded corpus, a trained tokenizer, falling loss, a sample."""
+    monkeypatch.setenv("REDLINE_CACHE", str(tmp_path / "cache"))
+    cfg = parse(TrainConfig, [f"out_dir={tmp_path}", "max_steps=30", "eval_every=15", "sample_tokens=30",
+                              "log_every=5"], prog="t", description="t")
+    assert cfg.preset == "tiny"
+    result = train(cfg)
+    losses = list(train_losses(result.run_dir).values())
+    assert result.status == "completed"
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert result.sample and result.sample.startswith("The")
