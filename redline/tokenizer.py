@@ -1,0 +1,394 @@
+"""Tokenizers: raw bytes, byte-level BPE (Hugging Face `tokenizers`), and GPT-2 (tiktoken), behind one interface.
+
+Every kind has the same surface:
+- `encode(text)` / `encode_batch(texts)` never add special tokens, and a literal "<|endoftext|>" inside a text is
+  encoded as ordinary text (so a document can never forge a document boundary);
+- `eot_id` is the end-of-text token that `redline data prepare` appends after each document;
+- `identity` is a sha256 of the tokenizer's full definition (vocabulary, merges, specials, pre-tokenizer), stable
+  across processes and machines, and written into every token shard so that shards and tokenizer can be checked
+  against each other;
+- `token_byte_lengths()` gives the UTF-8 bytes each token stands for (0 for specials), for bits per byte;
+- `save(dir)` writes `redline_tokenizer.json` (kind, identity, sizes), plus `tokenizer.json` for BPE, so that
+  `load_tokenizer(dir)` gets the same tokenizer back.
+
+`load_tokenizer(spec)` takes "bytes", "gpt2", a tokenizer.json path, or a folder holding one of the above.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from redline.errors import UserError
+
+EOT = "<|endoftext|>"
+# end-of-text tokens of common tokenizer.json files, tried in order when a loaded file lacks EOT
+_OTHER_EOT_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
+META_FILE = "redline_tokenizer.json"
+HF_FILE = "tokenizer.json"
+KINDS = ("bytes", "gpt2", "bpe")
+
+
+def _sha256_json(obj) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class Tokenizer:
+    """Common interface; see the module docstring. Subclasses set name, vocab_size, eot_id and spec."""
+
+    name: str  # kind: "bytes", "bpe" or "gpt2"
+    vocab_size: int
+    eot_id: int
+    spec: str  # what load_tokenizer() needs to rebuild it ("" for a trained tokenizer not yet saved)
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def token_byte_lengths(self) -> np.ndarray:
+        """(vocab_size,) int64: UTF-8 bytes each token decodes to; 0 for special tokens."""
+        raise NotImplementedError
+
+    def _definition(self) -> dict:
+        """Everything that decides how text maps to ids, as plain JSON (hashed by `identity`)."""
+        raise NotImplementedError
+
+    @property
+    def identity(self) -> str:
+        if getattr(self, "_identity", None) is None:
+            self._identity = _sha256_json(self._definition())
+        return self._identity
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the tokenizer into `directory` (created if needed); afterwards `spec` points there."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self._save_files(out)
+        meta = {"kind": self.name, "identity": self.identity, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
+        _atomic_write_text(out / META_FILE, json.dumps(meta, indent=2) + "\n")
+        if self.name == "bpe":
+            self.spec = str(out.resolve())
+        return out
+
+    def _save_files(self, out: Path) -> None:
+        pass  # bytes and gpt2 need nothing beyond redline_tokenizer.json
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(vocab_size={self.vocab_size}, eot_id={self.eot_id}, "
+                f"identity={self.identity[:12]})")
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# bytes
+
+
+class ByteTokenizer(Tokenizer):
+    """Token = UTF-8 byte (ids 0..255), plus <|endoftext|> at 256. Needs no files; about 1 token per byte."""
+
+    name = "bytes"
+
+    def __init__(self) -> None:
+        self.vocab_size = 257
+        self.eot_id = 256
+        self.spec = "bytes"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def token_byte_lengths(self) -> np.ndarray:
+        lengths = np.ones(self.vocab_size, dtype=np.int64)
+        lengths[self.eot_id] = 0
+        return lengths
+
+    def _definition(self) -> dict:
+        return {"kind": "bytes", "specials": {EOT: 256}}
+
+
+# ----------------------------------------------------------------------------------------------------
+# byte-level BPE (Hugging Face tokenizers)
+
+
+class BPETokenizer(Tokenizer):
+    """Any Hugging Face `tokenizers.Tokenizer`; in practice a byte-level BPE made by `train_bpe`."""
+
+    name = "bpe"
+
+    def __init__(self, hf_tokenizer, spec: str = "") -> None:
+        self.hf = hf_tokenizer
+        # a literal "<|endoftext|>" in the text is ordinary text, as with tiktoken's encode_ordinary
+        self.hf.encode_special_tokens = True
+        self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+        self.spec = spec
+        for name in (EOT, *_OTHER_EOT_NAMES):
+            eot = self.hf.token_to_id(name)
+            if eot is not None:
+                self.eot_id = eot
+                break
+        else:
+            raise UserError(
+                f"tokenizer {spec or '(in memory)'} has no end-of-text token ({EOT}); add it as a special token "
+                f"or train one with `redline tokenizer train`"
+            )
+
+    def __getstate__(self) -> dict:  # for spawned tokenizer processes; keeps encode_special_tokens
+        return {"json": self.hf.to_str(), "spec": self.spec}
+
+    def __setstate__(self, state: dict) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.__init__(HFTokenizer.from_str(state["json"]), state["spec"])
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # encode_batch_fast skips offset tracking; both run on all cores (rayon) inside the library
+        encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def _json(self) -> dict:
+        return json.loads(self.hf.to_str())
+
+    def token_byte_lengths(self) -> np.ndarray:
+        data = self._json()
+        specials = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
+        byte_level = (data.get("decoder") or {}).get("type") == "ByteLevel"
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for i in range(self.vocab_size):
+            if i in specials:
+                continue
+            token = self.hf.id_to_token(i)
+            if token is None:
+                continue
+            if byte_level:
+                lengths[i] = len(token)  # one character of the ByteLevel alphabet per byte
+            else:  # other decoders: approximate through the decoded text
+                lengths[i] = len(self.hf.decode([i]).encode("utf-8"))
+        return lengths
+
+    def _definition(self) -> dict:
+        data = self._json()
+        model = dict(data.get("model") or {})
+        vocab = model.pop("vocab", {})
+        merges = model.pop("merges", [])
+        # tokenizers >= 0.20 writes merges as pairs, older versions as "a b" strings: hash one form
+        merges = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in merges]
+        return {
+            "kind": "bpe",
+            "model": model,
+            "vocab": sorted(vocab.items(), key=lambda kv: kv[1]) if isinstance(vocab, dict) else vocab,
+            "merges": merges,
+            "added_tokens": sorted((t["id"], t["content"], bool(t.get("special")))
+                                   for t in data.get("added_tokens", [])),
+            "normalizer": data.get("normalizer"),
+            "pre_tokenizer": data.get("pre_tokenizer"),
+            "decoder": data.get("decoder"),
+        }
+
+    def _save_files(self, out: Path) -> None:
+        _atomic_write_text(out / HF_FILE, self.hf.to_str(pretty=True))
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 32768, min_frequency: int = 2) -> BPETokenizer:
+    """Train a byte-level BPE (GPT-2 style pre-tokenization, all 256 bytes in the base alphabet, EOT special)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise UserError(f"vocab_size must be at least 257 (256 bytes + {EOT}), got {vocab_size}")
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    count = 0
+
+    def counted(it):
+        nonlocal count
+        for t in it:
+            count += 1
+            yield t
+
+    hf.train_from_iterator(counted(texts), trainer)
+    if count == 0:
+        raise UserError("no text to train the tokenizer on; give inputs with at least one non-empty document")
+    return BPETokenizer(hf)
+
+
+def _load_hf_file(path: Path) -> BPETokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        hf = HFTokenizer.from_file(str(path))
+    except Exception as e:  # the library's message says what is malformed
+        raise UserError(f"cannot load tokenizer {path}: {e}") from None
+    return BPETokenizer(hf, spec=str(path.parent.resolve() if path.name == HF_FILE else path.resolve()))
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPT-2 (tiktoken)
+
+# where tiktoken fetches the gpt2 encoding; it caches each file under sha1(url) in its cache folder
+_GPT2_URLS = (
+    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+)
+_GPT2_HOST = "openaipublic.blob.core.windows.net"
+
+
+def tiktoken_cache_dir() -> str:
+    """The folder tiktoken reads its cached files from (same rules as tiktoken.load.read_file_cached)."""
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return os.environ["TIKTOKEN_CACHE_DIR"]
+    if "DATA_GYM_CACHE_DIR" in os.environ:
+        return os.environ["DATA_GYM_CACHE_DIR"]
+    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+
+
+def _gpt2_files_cached(cache_dir: str) -> bool:
+    return bool(cache_dir) and all(
+        os.path.isfile(os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest())) for url in _GPT2_URLS
+    )
+
+
+def _can_reach(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+    """True when a TCP connection opens within `timeout` (DNS included: it runs in a thread we stop waiting on)."""
+    result = [False]
+
+    def probe():
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                result[0] = True
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 1.0)
+    return result[0]
+
+
+def _gpt2_help(cache_dir: str) -> str:
+    return (
+        "run once on a machine with internet: `pip install tiktoken` and "
+        "`TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"`, then copy DIR here and "
+        f"set TIKTOKEN_CACHE_DIR=DIR (now: {cache_dir or 'caching disabled'}); or use --tokenizer bytes or a BPE"
+    )
+
+
+class TiktokenTokenizer(Tokenizer):
+    """OpenAI's GPT-2 encoding through tiktoken (50257 tokens, <|endoftext|> = 50256)."""
+
+    name = "gpt2"
+
+    def __init__(self) -> None:
+        try:
+            import tiktoken
+        except ImportError:
+            raise UserError(
+                "the gpt2 tokenizer needs tiktoken: `pip install 'redline[gpt2]'` (or `pip install tiktoken`)"
+            ) from None
+        cache_dir = tiktoken_cache_dir()
+        # offline, tiktoken would try to download and could wait a long time: fail fast instead
+        if not _gpt2_files_cached(cache_dir) and not _can_reach(_GPT2_HOST):
+            raise UserError(f"the gpt2 tokenizer files are not in tiktoken's cache and the network is unreachable; "
+                            f"{_gpt2_help(cache_dir)}")
+        try:
+            self.enc = tiktoken.get_encoding("gpt2")
+        except Exception as e:
+            raise UserError(f"cannot load the gpt2 tokenizer ({type(e).__name__}: {e}); "
+                            f"{_gpt2_help(cache_dir)}") from None
+        self.vocab_size = self.enc.n_vocab
+        self.eot_id = self.enc.eot_token
+        self.spec = "gpt2"
+
+    def __getstate__(self) -> dict:  # tiktoken reloads its files from the cache in the new process
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(list(texts), num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.enc.decode([i for i in ids if i != self.eot_id])
+
+    def token_byte_lengths(self) -> np.ndarray:
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for i in range(self.vocab_size):
+            if i != self.eot_id:
+                lengths[i] = len(self.enc.decode_single_token_bytes(i))
+        return lengths
+
+    def _definition(self) -> dict:
+        ranks = self.enc._mergeable_ranks  # bytes -> rank; no public accessor
+        digest = hashlib.sha256()
+        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+            digest.update(rank.to_bytes(4, "little") + len(token).to_bytes(2, "little") + token)
+        return {"kind": "gpt2", "pattern": self.enc._pat_str, "ranks_sha256": digest.hexdigest(),
+                "specials": self.enc._special_tokens}
+
+
+# ----------------------------------------------------------------------------------------------------
+# loading
+
+
+def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
+    """"bytes" | "gpt2" | a tokenizer.json file | a folder with redline_tokenizer.json or tokenizer.json."""
+    spec = str(spec)
+    if spec == "bytes":
+        return ByteTokenizer()
+    if spec == "gpt2":
+        return TiktokenTokenizer()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / META_FILE).is_file():
+            try:
+                kind = json.loads((path / META_FILE).read_text())["kind"]
+            except (ValueError, KeyError) as e:
+                raise UserError(f"{path / META_FILE} is damaged ({e}); save the tokenizer again") from None
+            if kind in ("bytes", "gpt2"):
+                return load_tokenizer(kind)
+        if (path / HF_FILE).is_file():
+            return _load_hf_file(path / HF_FILE)
+        raise UserError(f"folder {path} holds no {HF_FILE} or {META_FILE}; give a tokenizer folder, "
+                        f"'bytes' or 'gpt2'")
+    if path.is_file():
+        return _load_hf_file(path)
+    raise UserError(f"unknown tokenizer {spec!r}: use 'bytes', 'gpt2', or the path of a tokenizer.json "
+                    f"(or of a folder holding one, e.g. made by `redline tokenizer train`)")

@@ -1,0 +1,476 @@
+"""Data pipeline: shards, sources, prepare, the loader, the embedded corpus and the `redline data` CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from redline import cli
+from redline.data import prepare as prepare_module
+from redline.data.embedded import embedded_documents, prepare_embedded
+from redline.data.loader import TokenLoader
+from redline.data.prepare import is_prepared, load_data_tokenizer, load_meta, prepare
+from redline.data.shards import HEADER_SIZE, read_header, read_shard, write_shard
+from redline.data.sources import iter_documents
+from redline.errors import UserError
+from redline.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+
+ID_A = "a" * 64
+ID_B = "b" * 64
+WORDS = "the model reads tokens and predicts the next one naïve café 日本語 données".split()
+
+
+def make_docs(n: int, words: int = 60, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), words)) + f" #{k}" for k in range(n)]
+
+
+def write_txt_folder(folder: Path, docs: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, doc in enumerate(docs):
+        (folder / f"doc{i:03d}.txt").write_text(doc, encoding="utf-8")
+    return folder
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """40 documents, byte tokenizer, 20% val, shards of 1000 tokens (so windows cross shard boundaries)."""
+    root = tmp_path_factory.mktemp("prepared")
+    texts = write_txt_folder(root / "texts", make_docs(40))
+    out = root / "data"
+    prepare([str(texts)], out, "bytes", val_fraction=0.2, shard_tokens=1000, num_workers=1)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# shards
+
+
+@pytest.mark.parametrize("vocab_size,dtype", [(1000, np.uint16), (65536, np.uint16), (100_000, np.uint32)])
+def test_shard_round_trip(tmp_path, vocab_size, dtype):
+    tokens = np.random.default_rng(0).integers(0, vocab_size, 5000)
+    path = write_shard(tmp_path / "s.bin", tokens, ID_A, vocab_size)
+    header = read_header(path)
+    assert header.dtype == dtype and header.num_tokens == 5000 and header.identity == ID_A
+    assert header.vocab_size == vocab_size
+    assert path.stat().st_size == HEADER_SIZE + 5000 * np.dtype(dtype).itemsize
+    loaded = read_shard(path, expected_identity=ID_A, verify=True)
+    assert isinstance(loaded, np.memmap) and loaded.dtype == dtype
+    np.testing.assert_array_equal(loaded, tokens)
+    assert [p.name for p in tmp_path.iterdir()] == ["s.bin"]  # no temp file left behind
+
+
+def test_empty_shard_and_bad_tokens(tmp_path):
+    write_shard(tmp_path / "e.bin", np.zeros(0, dtype=np.int64), ID_A, 257)
+    assert read_shard(tmp_path / "e.bin", verify=True).size == 0
+    with pytest.raises(ValueError):
+        write_shard(tmp_path / "x.bin", np.array([0, 257]), ID_A, 257)  # a bug, not bad user input
+    with pytest.raises(ValueError):
+        write_shard(tmp_path / "x.bin", np.array([0]), "not-a-hash", 257)
+
+
+@pytest.fixture
+def shard(tmp_path) -> Path:
+    return write_shard(tmp_path / "train_000000.bin", np.arange(1000) % 257, ID_A, 257)
+
+
+def test_truncated_shard(shard):
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-3])
+    with pytest.raises(UserError, match=r"train_000000\.bin is truncated.*redline data prepare"):
+        read_shard(shard)
+    shard.write_bytes(data[:10])
+    with pytest.raises(UserError, match="truncated"):
+        read_shard(shard)
+    shard.write_bytes(data + b"xx")
+    with pytest.raises(UserError, match="longer than its header"):
+        read_shard(shard)
+
+
+def test_flipped_payload_byte_needs_verify(shard):
+    data = bytearray(shard.read_bytes())
+    data[HEADER_SIZE + 501] ^= 0x01
+    shard.write_bytes(bytes(data))
+    read_shard(shard)  # the header is fine: without verify the flip goes unnoticed
+    with pytest.raises(UserError, match="corrupt.*checksum"):
+        read_shard(shard, verify=True)
+
+
+def test_bad_magic_and_version(shard):
+    data = bytearray(shard.read_bytes())
+    shard.write_bytes(b"NOTSHARD" + bytes(data[8:]))
+    with pytest.raises(UserError, match="not a redline token shard"):
+        read_shard(shard)
+    data[8] = 99  # format version
+    shard.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="format version 99"):
+        read_shard(shard)
+    with pytest.raises(UserError, match="does not exist"):
+        read_shard(shard.with_name("missing.bin"))
+
+
+def test_tokenizer_mismatch(shard):
+    with pytest.raises(UserError, match=r"made with tokenizer aaaaaaaaaaaa, this run uses bbbbbbbbbbbb.*re-prepare"):
+        read_shard(shard, expected_identity=ID_B)
+
+
+def test_errors_are_one_line(shard):
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(UserError) as exc:
+        read_shard(shard)
+    assert "\n" not in str(exc.value) and str(shard) in str(exc.value)
+
+
+# ----------------------------------------------------------------------------------------------------
+# sources
+
+
+def test_sources_all_formats(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{"text": "first doc"}, {"text": ""}, {"text": "second doc ü"}, {"text": None}, {"text": "third"}]
+    lines = "\n".join(json.dumps(r) for r in rows) + "\n\n"
+    (tmp_path / "a.jsonl").write_text(lines)
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write(lines)
+    with lzma.open(tmp_path / "c.jsonl.xz", "wt") as f:
+        f.write(lines)
+    pq.write_table(pa.table({"text": ["pq one", None, "pq two"], "id": [1, 2, 3]}), tmp_path / "d.parquet")
+    (tmp_path / "e.txt").write_text("a whole file\nis one document\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "f.txt").write_text("nested")
+    (tmp_path / "sub" / "ignored.csv").write_text("not read")
+    (tmp_path / "blank.txt").write_text("   \n")
+
+    expected_jsonl = ["first doc", "second doc ü", "third"]
+    assert list(iter_documents([str(tmp_path / "a.jsonl")])) == expected_jsonl
+    assert list(iter_documents([str(tmp_path / "b.jsonl.gz")])) == expected_jsonl
+    assert list(iter_documents([str(tmp_path / "c.jsonl.xz")])) == expected_jsonl
+    assert list(iter_documents([str(tmp_path / "d.parquet")])) == ["pq one", "pq two"]
+    assert list(iter_documents([str(tmp_path / "e.txt")])) == ["a whole file\nis one document\n"]
+    # a folder: recursive, sorted by path, unsupported and blank files skipped
+    assert list(iter_documents([str(tmp_path)])) == (
+        expected_jsonl * 3 + ["pq one", "pq two", "a whole file\nis one document\n", "nested"])
+
+
+def test_sources_text_field_and_errors(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
+    assert list(iter_documents([str(tmp_path / "a.jsonl")], text_field="body")) == ["x", "y"]
+    with pytest.raises(UserError, match=r"a\.jsonl:1: no 'text' field"):
+        list(iter_documents([str(tmp_path / "a.jsonl")]))
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
+    with pytest.raises(UserError, match=r"bad\.jsonl:2: not valid JSON"):
+        list(iter_documents([str(tmp_path / "bad.jsonl")]))
+    with pytest.raises(UserError, match="data path .*missing.txt does not exist"):
+        iter_documents([str(tmp_path / "missing.txt")])  # raised at once, before iterating
+    (tmp_path / "x.csv").write_text("a,b")
+    with pytest.raises(UserError, match="unsupported file type"):
+        iter_documents([str(tmp_path / "x.csv")])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "e.txt").write_text("")
+    with pytest.raises(UserError, match="no documents found"):
+        list(iter_documents([str(tmp_path / "empty")]))
+    with pytest.raises(UserError, match="no inputs"):
+        iter_documents([])
+
+
+def test_hf_source_without_datasets_is_a_user_error():
+    try:
+        import datasets  # noqa: F401
+
+        pytest.skip("datasets is installed: this checks the error without it")
+    except ImportError:
+        pass
+    with pytest.raises(UserError, match="pip install"):
+        list(iter_documents(["hf:roneneldan/TinyStories@train"]))
+
+
+# ----------------------------------------------------------------------------------------------------
+# prepare
+
+
+def test_prepare_meta_and_sizes(prepared):
+    meta = load_meta(prepared)
+    assert meta["format_version"] == 1 and meta["tokenizer"]["kind"] == "bytes"
+    assert meta["tokenizer"]["identity"] == ByteTokenizer().identity and meta["tokenizer"]["vocab_size"] == 257
+    docs = make_docs(40)
+    train, val = meta["splits"]["train"], meta["splits"]["val"]
+    assert train["documents"] + val["documents"] == 40 and val["documents"] > 0
+    assert train["bytes"] + val["bytes"] == sum(len(d.encode()) for d in docs)
+    # byte tokenizer: tokens = bytes + one end-of-text token per document
+    assert train["tokens"] + val["tokens"] == sum(len(d.encode()) + 1 for d in docs)
+    for split in (train, val):
+        stream = np.concatenate([read_shard(prepared / name, verify=True) for name in split["shards"]])
+        assert stream.size == split["tokens"] and split["num_shards"] == len(split["shards"])
+        assert int((stream == 256).sum()) == split["documents"] and stream[-1] == 256
+        assert all(read_header(prepared / n).num_tokens == 1000 for n in split["shards"][:-1])
+    assert is_prepared(prepared) and load_tokenizer(str(prepared)).name == "bytes"
+    assert load_data_tokenizer(prepared).identity == meta["tokenizer"]["identity"]
+    assert not [p for p in prepared.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_prepare_is_deterministic_and_parallelism_free(tmp_path):
+    texts = write_txt_folder(tmp_path / "texts", make_docs(30))
+    tok = train_bpe(make_docs(30), vocab_size=300)
+    prepare([str(texts)], tmp_path / "a", tok, val_fraction=0.3, num_workers=1, seed=5)
+    prepare([str(texts)], tmp_path / "b", tok, val_fraction=0.3, num_workers=2, seed=5)
+    prepare([str(texts)], tmp_path / "c", tok, val_fraction=0.3, num_workers=2, seed=6)
+    for split in ("train", "val"):
+        a = (tmp_path / "a" / f"{split}_000000.bin").read_bytes()
+        assert a == (tmp_path / "b" / f"{split}_000000.bin").read_bytes()
+    assert load_meta(tmp_path / "a")["splits"] != load_meta(tmp_path / "c")["splits"]  # another seed, another split
+    loaded = load_tokenizer(str(tmp_path / "a"))
+    assert loaded.identity == tok.identity and load_meta(tmp_path / "a")["tokenizer"]["spec"] == "."
+
+
+def test_prepare_val_inputs_and_tiny_corpus(tmp_path):
+    train_dir = write_txt_folder(tmp_path / "train", make_docs(5))
+    val_dir = write_txt_folder(tmp_path / "val", make_docs(2, seed=1))
+    meta = prepare([str(train_dir)], tmp_path / "out", "bytes", val_inputs=[str(val_dir)])
+    assert meta["splits"]["train"]["documents"] == 5 and meta["splits"]["val"]["documents"] == 2
+    assert meta["val_inputs"] == [str(val_dir)] and meta["val_fraction"] == 0.0
+    # 3 documents with a 1% val fraction: the hash picks none, so the last one is moved to val
+    meta = prepare([str(write_txt_folder(tmp_path / "three", make_docs(3)))], tmp_path / "out3", "bytes")
+    assert (meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]) == (2, 1)
+
+
+def test_prepare_refuses_overwrite_and_is_atomic(prepared, tmp_path, monkeypatch):
+    texts = write_txt_folder(tmp_path / "texts", make_docs(4))
+    out = tmp_path / "out"
+    prepare([str(texts)], out, "bytes")
+    before = (out / "meta.json").read_text()
+    with pytest.raises(UserError, match="already exists and is not empty.*--overwrite"):
+        prepare([str(texts)], out, "bytes")
+
+    # a crash in the middle leaves the old data set untouched and no temp folder behind
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(prepare_module, "write_shard", boom)
+    with pytest.raises(RuntimeError):
+        prepare([str(texts)], out, "bytes", overwrite=True)
+    with pytest.raises(RuntimeError):
+        prepare([str(texts)], tmp_path / "fresh", "bytes")
+    assert (out / "meta.json").read_text() == before and not (tmp_path / "fresh").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "texts"]
+    monkeypatch.undo()
+
+    meta = prepare([str(texts)], out, "bytes", overwrite=True, seed=1)
+    assert json.loads((out / "meta.json").read_text())["seed"] == 1 == meta["seed"]
+    (tmp_path / "empty").mkdir()
+    prepare([str(texts)], tmp_path / "empty", "bytes")  # an existing empty folder is fine
+    with pytest.raises(UserError, match="does not exist"):
+        prepare([str(tmp_path / "nope")], tmp_path / "x", "bytes")
+
+
+def test_load_meta_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist.*redline data prepare"):
+        load_meta(tmp_path / "nope")
+    with pytest.raises(UserError, match="not a prepared data folder.*redline data prepare"):
+        load_meta(tmp_path)
+    (tmp_path / "meta.json").write_text("{broken")
+    with pytest.raises(UserError, match="damaged"):
+        load_meta(tmp_path)
+    assert not is_prepared(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# loader
+
+
+def stream(folder: Path, split: str) -> np.ndarray:
+    meta = load_meta(folder)
+    return np.concatenate([read_shard(folder / n) for n in meta["splits"][split]["shards"]]).astype(np.int64)
+
+
+def batches(loader: TokenLoader, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [loader.next_batch() for _ in range(n)]
+
+
+def test_loader_batches_are_windows_of_the_stream(prepared):
+    loader = TokenLoader(prepared, "train", batch_size=4, seq_len=32, seed=0)
+    tokens = stream(prepared, "train")
+    assert loader.num_windows == (tokens.size - 1) // 32
+    x, y = loader.next_batch()
+    assert x.shape == y.shape == (4, 32) and x.dtype == y.dtype == torch.int64
+    assert x.is_contiguous() and y.is_contiguous()
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    windows = {tuple(tokens[w * 32 : w * 32 + 33]) for w in range(loader.num_windows)}
+    for row_x, row_y in zip(x, y):
+        assert tuple(row_x.tolist()) + (int(row_y[-1]),) in windows
+
+
+def test_loader_epoch_visits_every_window_once(prepared):
+    loader = TokenLoader(prepared, "train", batch_size=1, seq_len=64, seed=3)
+    tokens = stream(prepared, "train")
+    seen = sorted(tuple(loader.next_batch()[0][0].tolist()) for _ in range(loader.num_windows))
+    expected = sorted(tuple(tokens[w * 64 : w * 64 + 64].tolist()) for w in range(loader.num_windows))
+    assert seen == expected  # windows crossing the 1000-token shard boundaries included
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["index"] == 0
+
+
+def test_loader_determinism_and_seeds(prepared):
+    a = batches(TokenLoader(prepared, "train", 4, 32, seed=1), 5)
+    b = batches(TokenLoader(prepared, "train", 4, 32, seed=1), 5)
+    c = batches(TokenLoader(prepared, "train", 4, 32, seed=2), 5)
+    assert all(torch.equal(p[0], q[0]) for p, q in zip(a, b))
+    assert not all(torch.equal(p[0], q[0]) for p, q in zip(a, c))
+
+
+def test_loader_rank_sharding(prepared):
+    single = TokenLoader(prepared, "train", batch_size=6, seq_len=16, seed=4)
+    ranks = [TokenLoader(prepared, "train", batch_size=3, seq_len=16, seed=4, rank=r, world_size=2) for r in (0, 1)]
+    # enough steps to cross an epoch boundary (the tail of an epoch rolls over into the next)
+    steps = int(single.batches_per_epoch) + 3
+    for _ in range(steps):
+        x, y = single.next_batch()
+        (x0, y0), (x1, y1) = ranks[0].next_batch(), ranks[1].next_batch()
+        assert torch.equal(torch.cat([x0, x1]), x) and torch.equal(torch.cat([y0, y1]), y)
+        rows0, rows1 = {tuple(r.tolist()) for r in x0}, {tuple(r.tolist()) for r in x1}
+        assert single.epoch > 1 or not rows0 & rows1  # disjoint within an epoch
+    with pytest.raises(UserError, match="rank"):
+        TokenLoader(prepared, "train", 3, 16, rank=2, world_size=2)
+
+
+def test_loader_exact_resume(prepared):
+    loader = TokenLoader(prepared, "train", 4, 32, seed=7, prefetch=True)
+    batches(loader, 3)
+    state = json.loads(json.dumps(loader.state_dict()))  # survives a JSON round trip (checkpoints)
+    expected = batches(loader, 20)  # crosses into the next epoch
+    resumed = TokenLoader(prepared, "train", 4, 32, seed=7)
+    resumed.load_state_dict(state)
+    assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(expected, batches(resumed, 20)))
+    with pytest.raises(UserError, match="another seq_len"):
+        TokenLoader(prepared, "train", 4, 16, seed=7).load_state_dict(state)
+    with pytest.raises(UserError, match="seed"):
+        TokenLoader(prepared, "train", 4, 32, seed=8).load_state_dict(state)
+
+
+def test_loader_eval_batches_are_fixed(prepared):
+    loader = TokenLoader(prepared, "val", 2, 32)
+    first = list(loader.eval_batches(50))  # more than the split holds: wraps around
+    loader.next_batch()
+    again = list(loader.eval_batches(50))
+    assert len(first) == 50 and all(torch.equal(p[0], q[0]) for p, q in zip(first, again))
+    tokens = stream(prepared, "val")
+    assert first[0][0][0].tolist() == tokens[:32].tolist()
+
+
+def test_loader_errors(prepared):
+    val_tokens = load_meta(prepared)["splits"]["val"]["tokens"]
+    with pytest.raises(UserError, match=f"val split .* has {val_tokens} tokens, fewer than one window"):
+        TokenLoader(prepared, "val", 1, val_tokens)
+    with pytest.raises(UserError, match="prepared with tokenizer"):
+        TokenLoader(prepared, "train", 1, 8, expected_identity=ID_B)
+    with pytest.raises(UserError, match="no split 'test'"):
+        TokenLoader(prepared, "test", 1, 8)
+    with pytest.raises(UserError, match="not a prepared data folder"):
+        TokenLoader(prepared.parent / "texts", "train", 1, 8)
+
+
+# ----------------------------------------------------------------------------------------------------
+# embedded corpus
+
+
+def test_embedded_documents_deterministic_and_sized():
+    docs = embedded_documents(200_000)
+    size = sum(len(d.encode()) for d in docs)
+    assert 150_000 < size <= 200_000 and len(docs) > 50
+    assert embedded_documents(200_000) == docs
+    assert embedded_documents(50_000) == docs[: len(embedded_documents(50_000))]  # a prefix: same order
+    assert sum(d.count(" the ") for d in docs) > 1000  # English prose
+
+
+def test_prepare_embedded_cached_and_concurrent(tmp_path):
+    cache = tmp_path / "cache"
+    code = (f"from redline.data.embedded import prepare_embedded; "
+            f"print(prepare_embedded({str(cache)!r}, vocab_size=512, max_bytes=150_000, verbose=False))")
+    # two processes building the same cache at once: both get the same, complete folder
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    paths = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(paths) == 1
+    folder = Path(paths.pop())
+    meta = load_meta(folder)
+    assert meta["tokenizer"]["vocab_size"] == 512 and meta["splits"]["val"]["tokens"] > 1000
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [folder.name]
+    start = time.perf_counter()
+    assert prepare_embedded(cache, vocab_size=512, max_bytes=150_000) == folder  # cached: no rebuild
+    assert time.perf_counter() - start < 1.0
+    x, _ = TokenLoader(folder, "train", 2, 64).next_batch()
+    assert load_tokenizer(str(folder)).decode(x[0].tolist()).strip()
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_data_prepare_and_info(tmp_path, capsys):
+    texts = write_txt_folder(tmp_path / "texts", make_docs(12))
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["data", "prepare", "--inputs", str(texts), "--out", str(out), "--tokenizer", "bpe",
+                                 "--vocab-size", "300", "--val-fraction", "0.25", "--workers", "1"], capsys)
+    assert code == 0, err
+    record = json.loads(stdout.strip().splitlines()[-1])
+    assert record["tokenizer"]["vocab_size"] == 300 and record["splits"]["val"]["documents"] > 0
+    assert record["tokens"] == sum(s["tokens"] for s in record["splits"].values()) and "bytes/token" in stdout
+    assert load_tokenizer(str(out)).vocab_size == 300
+
+    code, stdout, err = run_cli(["data", "info", str(out), "--verify"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout.strip().splitlines()[-1])["splits"] == record["splits"]
+
+    code, _, err = run_cli(["data", "prepare", "--inputs", str(texts), "--out", str(out), "--tokenizer", "bytes"],
+                           capsys)
+    assert code == 2 and "--overwrite" in err
+    code, _, err = run_cli(["data", "prepare", "--inputs", str(texts), "--out", str(out), "--tokenizer", "bytes",
+                            "--overwrite", "--val-inputs", str(texts)], capsys)
+    assert code == 0, err
+    assert load_meta(out)["tokenizer"]["kind"] == "bytes" and load_meta(out)["val_inputs"] == [str(texts)]
+
+
+def test_cli_data_bad_input(tmp_path, capsys):
+    code, _, err = run_cli(["data", "prepare", "--inputs", str(tmp_path / "missing.jsonl"), "--out",
+                            str(tmp_path / "o"), "--tokenizer", "bytes"], capsys)
+    assert code == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(["data", "prepare", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "--inputs" in err
+    code, _, err = run_cli(["data", "prepare", "--inputs", str(tmp_path), "--out", str(tmp_path / "o"),
+                            "--tokenizer", "nope"], capsys)
+    assert code == 2 and "unknown tokenizer" in err
+    code, _, err = run_cli(["data", "info", str(tmp_path)], capsys)
+    assert code == 2 and "redline data prepare" in err
+    code, _, err = run_cli(["data", "frobnicate"], capsys)
+    assert code == 2 and "prepare" in err
+    code, stdout, _ = run_cli(["data"], capsys)
+    assert code == 0 and "prepare" in stdout
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_prepare_with_spawned_workers_matches(tmp_path, monkeypatch):
+    """Where fork is not used (macOS, Windows) the tokenizer is pickled into spawned processes: same output."""
+    docs = make_docs(12) + ["a literal <|endoftext|> stays text"]
+    texts = write_txt_folder(tmp_path / "texts", docs)
+    tok = train_bpe(docs, vocab_size=300)
+    prepare([str(texts)], tmp_path / "one", tok, num_workers=1)
+    monkeypatch.setattr(prepare_module.sys, "platform", "darwin")
+    prepare([str(texts)], tmp_path / "spawned", tok, num_workers=2)
+    for name in ("train_000000.bin", "val_000000.bin"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "spawned" / name).read_bytes()
