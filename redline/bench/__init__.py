@@ -1,0 +1,6 @@
+"""`redline bench`: time the training step of any preset or config on this machine.
+
+step.py    builds one training step from a TrainConfig, exactly as the training loop runs it, and times it
+matrix.py  runs a matrix of points, each in its own process (an out-of-memory point is reported, the rest go on)
+profile.py records a PyTorch profiler trace and groups kernel time (GEMM, attention, norm, optimizer, other)
+"""

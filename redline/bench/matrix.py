@@ -1,0 +1,138 @@
+"""A matrix of bench points, each run in its own process.
+
+`--matrix batch_size=16,32 fp8=off,auto` runs every combination (4 points here). Each point is
+`python -m redline bench <the same arguments> <the point's key=value>` in a fresh process, so an out-of-memory
+point (or a crash, or a hang past the timeout) is reported as such and the next point starts on a clean GPU.
+The child prints its JSON line last; the parent keeps it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from redline.errors import UserError
+
+_BOOLS = {"true": "True", "false": "False", "none": "None"}
+
+
+def parse_matrix(items: list[str] | tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """["batch_size=16,32", "fp8=off,auto"] -> [("batch_size", ["16", "32"]), ("fp8", ["off", "auto"])]."""
+    axes: list[tuple[str, list[str]]] = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not sep or not key or not values:
+            raise UserError(f"--matrix item {item!r} must look like KEY=V1,V2,... (e.g. batch_size=16,32)")
+        if key in ("matrix", "json_out", "json-out"):
+            raise UserError(f"--matrix cannot vary {key}")
+        if any(key == k for k, _ in axes):
+            raise UserError(f"--matrix names {key} twice; give all its values in one item: {key}=V1,V2")
+        vals = [_BOOLS.get(v.strip().lower(), v.strip()) for v in values.split(",") if v.strip()]
+        axes.append((key, vals))
+    return axes
+
+
+def expand(axes: list[tuple[str, list[str]]]) -> list[list[tuple[str, str]]]:
+    """Every combination, the first axis varying slowest."""
+    if not axes:
+        return [[]]
+    keys = [k for k, _ in axes]
+    return [list(zip(keys, combo)) for combo in itertools.product(*(vals for _, vals in axes))]
+
+
+def point_label(point: list[tuple[str, str]]) -> str:
+    return " ".join(f"{k}={v}" for k, v in point) or "(base)"
+
+
+def remove_option(argv: list[str], name: str, takes_value: bool = True) -> list[str]:
+    """argv without `name` (and its value) in any of its spellings: --name V, --name=V, name=V."""
+    flag, out, skip = f"--{name}", [], False
+    alt = flag.replace("_", "-")
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in (flag, alt):
+            skip = takes_value and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        if arg.startswith((flag + "=", alt + "=", name + "=")):
+            continue
+        out.append(arg)
+    return out
+
+
+def child_argv(base_argv: list[str], point: list[tuple[str, str]]) -> list[str]:
+    """The bench arguments of one point: the base arguments, then the point's values (the last value wins)."""
+    argv = list(base_argv)
+    extra: list[str] = []
+    for key, value in point:
+        if key == "preset":  # --preset is read before the rest: only one may be given
+            argv = remove_option(argv, "preset")
+            extra = ["--preset", value] + extra
+        else:
+            extra += [f"--{key}", value]
+    return argv + extra
+
+
+def last_json_line(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def classify_failure(stderr: str) -> str:
+    text = stderr.lower()
+    if "out of memory" in text or "outofmemoryerror" in text:
+        return "oom"
+    return "error"
+
+
+def run_point(argv: list[str], timeout: float) -> dict:
+    """Run one bench point in a child process; its result dict (status ok | oom | error | timeout | ...)."""
+    cmd = [sys.executable, "-m", "redline", "bench", *argv]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", REDLINE_BENCH_POINT="1")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return {"status": "timeout", "error": f"stopped after {timeout:.0f} s", "stderr_tail": stderr[-2000:],
+                "wall_seconds": time.perf_counter() - start}
+    wall = time.perf_counter() - start
+    report = last_json_line(proc.stdout)
+    points = report.get("points") if isinstance(report, dict) else None
+    if points:
+        result = dict(points[0])
+        if result.get("status") != "ok":
+            result.setdefault("stderr_tail", proc.stderr[-2000:])
+    else:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        result = {"status": classify_failure(proc.stderr), "error": lines[-1][:500] if lines else f"exit {proc.returncode}",
+                  "stderr_tail": proc.stderr[-2000:]}
+    result["exit_code"] = proc.returncode
+    result["wall_seconds"] = wall
+    return result
+
+
+def run_matrix(base_argv: list[str], points: list[list[tuple[str, str]]], timeout: float,
+               on_result: Callable[[int, list[tuple[str, str]], dict], None] | None = None) -> list[dict]:
+    """Run every point in sequence, each in its own process; results in order, each with its "overrides"."""
+    results = []
+    for i, point in enumerate(points):
+        result = run_point(child_argv(base_argv, point), timeout)
+        result["overrides"] = dict(point)
+        results.append(result)
+        if on_result:
+            on_result(i, point, result)
+    return results

@@ -1,0 +1,125 @@
+"""Profile a few training steps: a Chrome/Perfetto trace, and kernel time grouped by kind.
+
+Groups, matched on the kernel's name in this order: attention (flash, cuDNN SDPA, memory-efficient, fmha),
+gemm (cuBLAS, CUTLASS, nvjet, Triton matmul templates, FP8 scaled_mm), norm (LayerNorm/RMSNorm, including
+Inductor kernels that fuse one), optimizer (fused AdamW, foreach/multi-tensor kernels such as the gradient
+norm), other (everything else: elementwise, casts, cross-entropy, copies). On a CPU there are no kernels, so
+the same grouping is applied to the operators' own CPU time.
+
+Open the trace at https://ui.perfetto.dev or chrome://tracing (a .json.gz path is written gzipped).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+GROUPS: tuple[tuple[str, re.Pattern], ...] = (
+    ("attention", re.compile(r"flash|fmha|sdpa|attention|attn|_efficient_attention|cudnn.*(fprop|bprop|dgrad)",
+                             re.IGNORECASE)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|scaled_mm|wgmma|triton_tem|mm_kernel|"
+                        r"aten::(mm|addmm|bmm|linear|_scaled_mm)$|sm\d\d_", re.IGNORECASE)),
+    ("norm", re.compile(r"layer_norm|layernorm|rms_norm|rmsnorm|group_norm|batch_norm|rsqrt", re.IGNORECASE)),
+    ("optimizer", re.compile(r"adam|multi_tensor|foreach|lpnorm|sgd|muon|\[optimizer\]", re.IGNORECASE)),
+)
+GROUP_NAMES = tuple(name for name, _ in GROUPS) + ("other",)
+
+
+def kernel_group(name: str) -> str:
+    """The group of a kernel or operator name: attention, gemm, norm, optimizer or other."""
+    for group, pattern in GROUPS:
+        if pattern.search(name):
+            return group
+    return "other"
+
+
+def summarize(rows: list[tuple[str, float, int]], n_steps: int, top: int = 15) -> dict:
+    """rows: (name, total microseconds, calls). Milliseconds per step by group, and the top names."""
+    n = max(n_steps, 1)
+    groups = dict.fromkeys(GROUP_NAMES, 0.0)
+    for name, us, _ in rows:
+        groups[kernel_group(name)] += us / 1e3 / n
+    total = sum(groups.values())
+    ranked = sorted(rows, key=lambda r: r[1], reverse=True)[:top]
+    return {
+        "steps": n_steps,
+        "total_ms_per_step": total,
+        "groups_ms_per_step": groups,
+        "groups_fraction": {g: (ms / total if total else 0.0) for g, ms in groups.items()},
+        "top": [{"name": name, "group": kernel_group(name), "ms_per_step": us / 1e3 / n, "calls_per_step": calls / n}
+                for name, us, calls in ranked],
+    }
+
+
+def _in_optimizer(evt) -> bool:
+    """Whether a CPU operator ran inside an optimizer step or gradient clipping (its names say nothing of it)."""
+    parent = evt.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("Optimizer.") or "clip_grad" in parent.name:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def _rows(prof, device: torch.device) -> list[tuple[str, float, int]]:
+    from torch.autograd import DeviceType
+
+    if device.type == "cuda":
+        return [(evt.key, float(evt.self_device_time_total), int(evt.count)) for evt in prof.key_averages()
+                if evt.device_type == DeviceType.CUDA and evt.self_device_time_total > 0]
+    totals: dict[str, list[float]] = {}
+    for evt in prof.events():
+        if evt.device_type != DeviceType.CPU or evt.name.startswith(("ProfilerStep", "train_step_", "Optimizer.")):
+            continue
+        us = evt.self_cpu_time_total
+        if us <= 0:
+            continue
+        name = evt.name
+        if _in_optimizer(evt) and kernel_group(name) != "optimizer":
+            name = f"{name} [optimizer]"  # the [optimizer] tag puts it in the optimizer group
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += us
+        entry[1] += 1
+    return [(name, us, calls) for name, (us, calls) in totals.items()]
+
+
+def export_trace(prof, path: str | Path) -> Path:
+    """Write the Chrome/Perfetto JSON trace; gzipped when the path ends in .gz."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix != ".gz":
+        prof.export_chrome_trace(str(path))
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(plain))
+        with plain.open("rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+    return path
+
+
+def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Path | None,
+                  device: torch.device) -> dict:
+    """Run `step` n_steps times under the profiler; write the trace; return the grouped summary."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for i in range(n_steps):
+            with record_function(f"train_step_{i}"):
+                step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    summary = summarize(_rows(prof, device), n_steps)
+    summary["timing"] = "gpu kernel time" if device.type == "cuda" else "cpu operator self time"
+    if trace_path:
+        summary["trace"] = str(export_trace(prof, trace_path))
+    return summary

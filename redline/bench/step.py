@@ -1,0 +1,231 @@
+"""One training step built from a TrainConfig, as the training loop runs it, and timed.
+
+The step is the loop's: micro-batches under autocast with gradient accumulation, clip_grad_norm_, the
+non-finite check (one host sync; `step_sync=False` leaves it out to measure what it costs), the optimizer
+step and zero_grad(set_to_none=True). The model goes through the same `wrap_model` (attention backend, FP8,
+activation checkpointing, compile), and the optimizers come from the same `build_optimizers`.
+
+Timing: the first warm-up step (compile, autotuning, first allocations) and the rest of the warm-up are timed
+separately with wall clocks and excluded; then each timed step is measured with CUDA events on a GPU
+(perf_counter on a CPU) and summarised as median, min and max. FP8 layers are on from the first step: the
+bench measures FP8 speed, not the BF16 warm-up phase of training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from redline.config import TrainConfig
+from redline.distributed import DistInfo
+from redline.errors import UserError
+from redline.hardware import autocast_dtype, peak_flops, resolve_device
+from redline.model import GPT
+from redline.training.optim import build_optimizers, lr_multiplier, set_lr
+from redline.training.wrap import compile_scope, wrap_model
+
+
+def _prepared_data(path: str):
+    """(data_dir, tokenizer) of a prepared shard folder; real data in bench must already be prepared."""
+    try:
+        from redline.data.prepare import is_prepared
+        from redline.tokenizer import load_tokenizer
+    except ImportError as e:
+        raise UserError(f"benchmarking on real data needs redline's data modules, which this install lacks ({e}); "
+                        f"leave data.path unset to use random tokens") from None
+    data_dir = Path(path)
+    if not data_dir.exists() or not is_prepared(data_dir):
+        raise UserError(f"data.path={path} is not a prepared shard folder; make one with `redline data prepare`, "
+                        f"or leave data.path unset to benchmark on random tokens")
+    return data_dir, load_tokenizer(str(data_dir))
+
+
+@dataclass
+class TrainStep:
+    """A model, its optimizers and a batch source, ready to run `step()`."""
+
+    cfg: TrainConfig
+    device: torch.device
+    step_sync: bool = True
+    model: GPT = field(init=False)
+    train_model: torch.nn.Module = field(init=False)
+
+    def __post_init__(self):
+        cfg, device = self.cfg, self.device
+        self.seq_len = cfg.effective_seq_len
+        self.amp = autocast_dtype(device, cfg.precision)
+        self.data = "random"
+        tokenizer = None
+        if cfg.data.path is not None:
+            data_dir, tokenizer = _prepared_data(cfg.data.path)
+            cfg.model.vocab_size = tokenizer.vocab_size  # as in training: the data's tokenizer decides
+            self.data = str(data_dir)
+        self.accum = 1
+        micro_tokens = cfg.batch_size * self.seq_len
+        if cfg.tokens_per_step:
+            if cfg.tokens_per_step % micro_tokens:
+                raise UserError(f"tokens_per_step={cfg.tokens_per_step} is not a multiple of batch_size × seq_len = "
+                                f"{micro_tokens}")
+            self.accum = cfg.tokens_per_step // micro_tokens
+        self.tokens_per_step = micro_tokens * self.accum
+        torch.manual_seed(cfg.seed)
+        with torch.device(device):  # initialise on the device: seconds instead of minutes for 1.5B on a CPU
+            self.model = GPT(cfg.model)
+        self.optimizers = build_optimizers(self.model, cfg.optim, device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.train_model = wrap_model(self.model, cfg, device, DistInfo())
+        if tokenizer is not None:
+            from redline.data.loader import TokenLoader
+
+            loader = TokenLoader(data_dir, "train", cfg.batch_size, self.seq_len, seed=cfg.seed, rank=0,
+                                 world_size=1, expected_identity=tokenizer.identity, device=device)
+            self.next_batch = loader.next_batch
+        else:
+            gen = torch.Generator(device=device).manual_seed(cfg.seed)
+            pool = [torch.randint(0, cfg.model.vocab_size, (cfg.batch_size, self.seq_len + 1), device=device,
+                                  generator=gen) for _ in range(4)]
+            self._pool, self._next = pool, 0
+            self.next_batch = self._random_batch
+        self.ctx = (lambda: torch.autocast(device.type, dtype=self.amp)) if self.amp else contextlib.nullcontext
+        self.steps_done = 0
+
+    def _random_batch(self):
+        tokens = self._pool[self._next % len(self._pool)]
+        self._next += 1
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def step(self) -> torch.Tensor:
+        """One optimizer step; returns the mean loss as a device tensor (no host sync unless step_sync)."""
+        cfg = self.cfg
+        set_lr(self.optimizers, lr_multiplier(cfg.optim, self.steps_done, 0.0))
+        loss_sum = torch.zeros((), device=self.device)
+        for _ in range(self.accum):
+            x, y = self.next_batch()
+            with self.ctx():
+                loss = self.train_model(x, y)
+            (loss / self.accum).backward()
+            loss_sum += loss.detach()
+        loss_mean = loss_sum / self.accum
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+        finite = True
+        if self.step_sync:  # the loop's non-finite check: one host sync per step
+            finite = bool(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))
+        if finite:
+            for opt in self.optimizers:
+                opt.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        self.steps_done += 1
+        return loss_mean
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def describe(cfg: TrainConfig, device: torch.device) -> dict:
+    """The point's settings as they will run (before building anything)."""
+    amp = autocast_dtype(device, cfg.precision)
+    use_compile = cfg.compile if cfg.compile is not None else device.type == "cuda"
+    return {
+        "preset": cfg.preset, "batch_size": cfg.batch_size, "seq_len": cfg.effective_seq_len,
+        "precision": str(amp or torch.float32).replace("torch.", ""), "fp8": cfg.fp8, "fp8_recipe": cfg.fp8_recipe,
+        "activation_checkpointing": cfg.activation_checkpointing, "compile": use_compile,
+        "compile_scope": compile_scope(cfg) if use_compile else None, "compile_mode": cfg.compile_mode,
+        "attn_backend": cfg.model.attn_backend, "optimizer": cfg.optim.name,
+        "fused_adamw": cfg.optim.fused if cfg.optim.fused is not None else device.type == "cuda",
+    }
+
+
+def measure(cfg: TrainConfig, warmup: int, steps: int, step_sync: bool = True, profile_steps: int = 0,
+            trace_path: str | None = None) -> dict:
+    """Build the step, warm it up, time it. Returns one result dict (see `redline bench` for the fields).
+
+    Raises torch.OutOfMemoryError as it comes: the caller reports it."""
+    from redline.training.float8 import set_float8_enabled
+
+    device = resolve_device(cfg.device)
+    point = {"device": device.type, **describe(cfg, device), "warmup_steps": warmup, "timed_steps": steps,
+             "step_sync": step_sync}
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    runner = TrainStep(cfg, device, step_sync=step_sync)
+    model = runner.model
+    wrap = getattr(model, "redline_wrap", {})
+    set_float8_enabled(model, True)
+    point.update(
+        data=runner.data, vocab_size=cfg.model.vocab_size, params=model.num_params(),
+        params_without_embeddings=model.num_params(embeddings=False), tokens_per_step=runner.tokens_per_step,
+        grad_accum=runner.accum, attn_backend=wrap.get("attention", {}).get("backend", cfg.model.attn_backend),
+        attn_backend_source=wrap.get("attention", {}).get("source"),
+        fp8_mode=wrap.get("fp8", {}).get("mode", "off"), fp8_layers=wrap.get("fp8", {}).get("layers", []),
+        fp8_shapes=wrap.get("fp8", {}).get("shapes"), setup_seconds=time.perf_counter() - t0,
+    )
+    losses = []
+    t1 = time.perf_counter()
+    if warmup > 0:
+        losses.append(runner.step())
+        _sync(device)
+    point["first_step_seconds"] = time.perf_counter() - t1
+    for _ in range(max(warmup - 1, 0)):
+        losses.append(runner.step())
+    _sync(device)
+    point["warmup_seconds"] = time.perf_counter() - t1
+
+    times_ms: list[float] = []
+    if device.type == "cuda":
+        events = []
+        for _ in range(steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            losses.append(runner.step())
+            end.record()
+            events.append((start, end))
+        _sync(device)
+        times_ms = [s.elapsed_time(e) for s, e in events]
+        point["timer"] = "cuda_events"
+    else:
+        for _ in range(steps):
+            s = time.perf_counter()
+            losses.append(runner.step())
+            times_ms.append((time.perf_counter() - s) * 1e3)
+        point["timer"] = "perf_counter"
+
+    if profile_steps > 0:
+        from redline.bench.profile import profile_steps as run_profile
+
+        point["profile"] = run_profile(runner.step, profile_steps, trace_path, device)
+    loss_values = torch.stack(losses).tolist() if losses else []
+    median = statistics.median(times_ms) if times_ms else float("nan")
+    tokens_per_second = runner.tokens_per_step / (median / 1e3) if times_ms else None
+    flops_per_token = model.flops_per_token(runner.seq_len)
+    peak, measured_peak, gpu_name = peak_flops(device)
+    point.update(
+        gpu=gpu_name, step_ms_median=median, step_ms_min=min(times_ms, default=None),
+        step_ms_max=max(times_ms, default=None), tokens_per_second=tokens_per_second,
+        flops_per_token=flops_per_token, flops_per_token_exact=model.flops_per_token(runner.seq_len, exact=True),
+        mfu=flops_per_token * tokens_per_second / peak if peak and tokens_per_second else None,
+        mfu_measured_peak=flops_per_token * tokens_per_second / measured_peak if measured_peak and tokens_per_second else None,
+        peak_tflops=peak / 1e12 if peak else None, measured_peak_tflops=measured_peak / 1e12 if measured_peak else None,
+        loss_first=loss_values[0] if loss_values else None, loss_last=loss_values[-1] if loss_values else None,
+        status="ok",
+    )
+    if device.type == "cuda":
+        point["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        point["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        point["gpu_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
+    else:
+        point["peak_memory_gib"] = None
+    if not all(math.isfinite(v) for v in loss_values):
+        point["status"] = "nonfinite"
+    return point

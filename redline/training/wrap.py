@@ -1,0 +1,111 @@
+"""The one place optional features wrap the model, in a fixed order:
+
+    (attention backend) → converters (fp8) → activation checkpointing → torch.compile → data parallel (DDP / FSDP2,
+    redline/training/parallel.py)
+
+Each step is driven by TrainConfig and is a no-op when off. The attention backend is a resolve step rather than
+a wrapper: on CUDA, with model.attn_backend=auto and attn_autotune on, the SDPA backends are timed for the run's
+shapes and the fastest is used (redline/training/attention_backend.py).
+
+Every step changes the model in place where it can (FP8 layers and checkpointed blocks keep their parameter
+names, per-block compile keeps the module tree), so the caller's `model` stays the one to evaluate and save.
+What was decided is kept on the model as `model.redline_wrap` (a dict) for logs and `redline bench`.
+
+Compile scope: "model" compiles the whole model into one graph (best fusion; compile time grows with depth);
+"blocks" compiles one transformer block, reused by every block, plus the lm_head (compile time independent of
+depth; the final norm and the loss run eagerly). "auto" takes the whole model up to 16 layers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from redline.config import TrainConfig
+from redline.distributed import DistInfo
+from redline.hardware import autocast_dtype
+from redline.model import GPT
+from redline.training.parallel import apply_data_parallel
+
+WHOLE_MODEL_MAX_LAYERS = 16
+
+
+def compile_scope(cfg: TrainConfig, distributed: bool = False) -> str:
+    if cfg.parallel == "fsdp2" and distributed:
+        return "blocks"  # FSDP2's per-block hooks stay outside the compiled graphs (as torchtitan does)
+    if cfg.compile_scope != "auto":
+        return cfg.compile_scope
+    return "model" if cfg.model.n_layer <= WHOLE_MODEL_MAX_LAYERS else "blocks"
+
+
+def _raise_recompile_limit(limit: int = 64) -> None:
+    """Per-block compile shares one code object across blocks, the head and their train/eval/FP8 variants:
+    give it room so no variant silently falls back to eager."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name) and getattr(dynamo_config, name) < limit:
+            setattr(dynamo_config, name, limit)
+
+
+def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInfo):
+    """The one place optional features wrap the model, in a fixed order:
+    converters (fp8) → activation checkpointing → compile → data parallel."""
+    from redline.training.activation_checkpointing import apply_activation_checkpointing
+    from redline.training.attention_backend import resolve_attention_backend
+    from redline.training.float8 import apply_float8
+
+    def say(message: str) -> None:
+        if info.is_main:
+            print(f"redline: {message}", flush=True)
+
+    raw = model
+    report: dict = {}
+    t0 = time.perf_counter()
+    seq_len = cfg.effective_seq_len
+    amp = autocast_dtype(device, cfg.precision)
+    attention = resolve_attention_backend(model, cfg.batch_size, seq_len, device, amp, enabled=cfg.attn_autotune)
+    if attention["source"] in ("measured", "cache"):
+        timings = ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} n/a" for k, v in attention["ms"].items())
+        say(f"attention backend {attention['backend']} ({attention['source']}; fwd+bwd ms: {timings})")
+    elif attention["source"] == "failed":
+        say(f"attention backend: measuring failed ({attention['error']}); PyTorch chooses")
+    report["attention"] = attention
+
+    use_compile = cfg.compile if cfg.compile is not None else device.type == "cuda"
+    # 1. converters
+    report["fp8"] = apply_float8(model, cfg.fp8, cfg.fp8_recipe, device, cfg.batch_size * seq_len,
+                                 cfg.fp8_warmup_steps, say, compiled=use_compile)
+    # 2. activation checkpointing
+    checkpointed = apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    report["activation_checkpointing"] = {"mode": cfg.activation_checkpointing, "blocks": checkpointed}
+    if checkpointed:
+        say(f"activation checkpointing ({cfg.activation_checkpointing}): {len(checkpointed)} of {len(model.blocks)} blocks")
+    # 3. compile
+    mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    scope = compile_scope(cfg, info.enabled) if use_compile else None
+    report["compile"] = {"enabled": use_compile, "scope": scope, "mode": cfg.compile_mode}
+    report["setup_seconds"] = time.perf_counter() - t0
+    model.redline_wrap = report
+    if scope:
+        say(f"torch.compile ({'whole model' if scope == 'model' else 'per block + lm_head'}, mode {cfg.compile_mode}): "
+            f"the first step compiles")
+    if scope == "blocks":
+        _raise_recompile_limit()
+        for block in model.blocks:
+            block.compile(mode=mode)
+        model.lm_head.compile(mode=mode)
+    elif scope == "model":
+        model = torch.compile(model, mode=mode)
+    # 4. data parallel
+    return apply_data_parallel(model, raw, cfg.parallel, device, info, param_dtype=amp, bucket_mb=cfg.ddp_bucket_mb)
+
+
+def set_cuda_allocator_defaults() -> None:
+    """expandable_segments in the CUDA caching allocator (less fragmentation, so larger batches fit).
+
+    Call at the very start of a command, before anything touches CUDA; a value the user set is kept."""
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
