@@ -75,8 +75,10 @@ class TrainConfig:
     """Optimizer and schedule."""
     data: DataConfig = field(default_factory=DataConfig)
     """Data set."""
-    batch_size: int = 16
-    """Micro-batch per process, in sequences."""
+    batch_size: int | Literal["auto"] = 16
+    """Micro-batch per process, in sequences; auto: the largest that fits in memory_fraction of the GPU (as `redline fit` finds it)."""
+    memory_fraction: float = 0.9
+    """batch_size=auto only: the share of GPU memory a training step may use."""
     seq_len: int = 0
     """Training sequence length (0: the model's context_len)."""
     tokens_per_step: int = 0
@@ -138,6 +140,14 @@ class TrainConfig:
     """What torch.compile compiles: the whole model, or each transformer block (compiled once, reused by every
     block) and the lm_head. auto: the whole model up to 16 layers, blocks above, where whole-model compile time
     grows with depth."""
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
+    """Several processes (torchrun): ddp replicates the model; fsdp2 shards parameters, gradients and optimizer state."""
+    gpus: int = 1
+    """Launch this many processes on this node through torchrun (a convenience for `torchrun --nproc_per_node`)."""
+    dist_timeout: float = 600.0
+    """Seconds a collective may wait for the other ranks (NCCL/gloo timeout) before the job stops with an error."""
+    ddp_bucket_mb: int = 25
+    """DDP gradient bucket size in MiB."""
 
     def validate(self) -> None:
         self.model.validate()
@@ -147,9 +157,10 @@ class TrainConfig:
                 f"seq_len={seq} is longer than model.context_len={self.model.context_len}; "
                 f"lower seq_len or raise model.context_len"
             )
-        for name in ("batch_size",):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.batch_size != "auto" and self.batch_size <= 0:
+            raise UserError(f"batch_size must be positive or auto, got {self.batch_size}")
+        if not 0 < self.memory_fraction <= 1:
+            raise UserError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         for name in ("max_steps", "max_tokens", "tokens_per_step", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -159,6 +170,10 @@ class TrainConfig:
             raise UserError("log_every, keep_checkpoints and eval_batches must be positive")
         if self.optim.lr <= 0 or self.optim.muon_lr <= 0:
             raise UserError("optim.lr and optim.muon_lr must be positive")
+        if self.gpus < 1 or self.dist_timeout <= 0:
+            raise UserError("gpus must be >= 1 and dist_timeout > 0")
+        if self.parallel == "fsdp2" and self.optim.name == "muon":
+            raise UserError("optim.name=muon needs whole matrices and is not supported with parallel=fsdp2; use ddp or adamw")
         if self.fp8_warmup_steps < 0:
             raise UserError(f"fp8_warmup_steps must be >= 0, got {self.fp8_warmup_steps}")
 

@@ -35,11 +35,16 @@ def dist_info() -> DistInfo:
     )
 
 
-def init_distributed(info: DistInfo, device: torch.device) -> None:
-    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs)."""
+def init_distributed(info: DistInfo, device: torch.device, timeout_s: float = 600.0) -> None:
+    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPUs).
+
+    A collective that waits longer than timeout_s for a dead or hung rank raises instead of hanging."""
     if info.enabled and not dist.is_initialized():
+        from datetime import timedelta
+
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None)
+                                device_id=device if device.type == "cuda" else None,
+                                timeout=timedelta(seconds=timeout_s))
 
 
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:

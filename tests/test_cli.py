@@ -94,7 +94,7 @@ def test_unknown_preset_suggests():
     "argv,fragment",
     [
         (["model.n_head=5"], "does not divide model.n_embd"),
-        (["model.n_kv_head=3"], "does not divide model.n_head"),
+        (["model.n_kv_head=4"], "does not divide model.n_head"),
         (["seq_len=4096"], "longer than model.context_len"),
         (["batch_size=0"], "batch_size must be positive"),
     ],

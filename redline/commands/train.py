@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from redline.config import TrainConfig, from_dict, parse
@@ -35,15 +36,34 @@ def list_presets() -> None:
     Console().print(table)
 
 
+def launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """`redline train --gpus N`: the same command under torchrun, one process per GPU on this node."""
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < nproc:
+        raise UserError(f"gpus={nproc} but this machine has {torch.cuda.device_count()} GPU(s)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "redline", "train", *argv]
+    print("redline train: launching " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
+    return subprocess.call(cmd)
+
+
 def main(argv: list[str]) -> int:
     from redline.training import checkpoint as ckpt_io
     from redline.training.loop import find_resume_checkpoint, train
+    from redline.training.wrap import set_cuda_allocator_defaults
+
+    set_cuda_allocator_defaults()  # before anything touches CUDA
 
     if "--list-presets" in argv:
         list_presets()
         return 0
     bare = {"--resume": "auto"}
     cfg = parse(TrainConfig, argv, prog="redline train", description=DESCRIPTION, bare_flags=bare)
+    if cfg.gpus > 1 and "WORLD_SIZE" not in os.environ:
+        return launch_torchrun(cfg.gpus, argv)
     resume_from = find_resume_checkpoint(cfg)
     if cfg.resume != "never" and resume_from is None:
         if cfg.resume == "auto":

@@ -71,11 +71,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """fp32 CPU copies of the weights, without the compile wrapper's prefix; tied tensors once."""
-    raw = getattr(model, "_orig_mod", model)
+    return _cpu_fp32(getattr(model, "_orig_mod", model).state_dict())
+
+
+def _cpu_fp32(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out, seen = {}, {}
-    for name, t in raw.state_dict().items():
+    for name, t in state.items():
         key = t.data_ptr()
         if key in seen and t.numel() > 0:
             continue  # tied weight: safetensors refuses shared storage, and load_state_dict re-ties it
@@ -85,8 +88,10 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict[str, Any],
-                    config: dict[str, Any], tokenizer, keep: int) -> Path:
-    """Write RUN/checkpoints/step_N atomically and prune to the newest `keep`. Returns the folder."""
+                    config: dict[str, Any], tokenizer, keep: int, model_state: dict | None = None) -> Path:
+    """Write RUN/checkpoints/step_N atomically and prune to the newest `keep`. Returns the folder.
+
+    model_state: the full weights when they were gathered elsewhere (FSDP2); None: read them from `model`."""
     from safetensors.torch import save_file
 
     ckpt_root = run_dir / "checkpoints"
@@ -97,7 +102,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     try:
         tmp.mkdir()
         weights, state_file = tmp / "model.safetensors", tmp / "state.pt"
-        save_file(model_state(model), str(weights))
+        save_file(_cpu_fp32(model_state) if model_state is not None else model_weights(model), str(weights))
         with open(state_file, "wb") as f:
             torch.save(state, f)
             f.flush()

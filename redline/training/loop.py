@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from redline.config import TrainConfig, to_dict
-from redline.distributed import DistInfo, all_reduce_mean, dist_info, init_distributed, shutdown
+from redline.distributed import DistInfo, all_reduce_mean, barrier, dist_info, init_distributed, shutdown
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, resolve_device
 from redline.model import GPT
@@ -32,6 +32,7 @@ from redline.training.evaluate import evaluate
 from redline.training.float8 import float8_disabled, set_float8_for_step
 from redline.training.metrics import MetricsLogger, format_duration
 from redline.training.optim import build_optimizers, lr_multiplier, set_lr
+from redline.training.parallel import full_state, is_fsdp, load_optimizer_states, local_tensor, no_sync, set_fsdp_sync
 from redline.training.wrap import wrap_model
 
 
@@ -135,6 +136,24 @@ def find_resume_checkpoint(cfg: TrainConfig) -> Path | None:
     return ckpt_io.list_checkpoints(newest)[-1]
 
 
+def auto_batch_size(cfg: TrainConfig, device: torch.device, info: DistInfo) -> tuple[int, int]:
+    """batch_size=auto: the largest micro-batch that fits (the smallest over ranks), and its accumulation."""
+    from redline.training.fit import find_max_batch, gradient_accumulation
+
+    if device.type != "cuda":
+        raise UserError("batch_size=auto measures GPU memory and needs a CUDA GPU; give a number on this machine")
+    result = find_max_batch(cfg, device, memory_fraction=cfg.memory_fraction)
+    if result.batch_size is None:
+        raise UserError(f"not even a micro-batch of 1 fits in {cfg.memory_fraction:.0%} of the GPU at seq_len "
+                        f"{cfg.effective_seq_len}; try activation_checkpointing=full or a shorter seq_len")
+    best = torch.tensor(result.batch_size, device=device)
+    if info.enabled:
+        import torch.distributed as dist
+
+        dist.all_reduce(best, op=dist.ReduceOp.MIN)
+    return gradient_accumulation(int(best), cfg.effective_seq_len, cfg.tokens_per_step, info.world_size)
+
+
 def budget_progress(cfg: TrainConfig, step: int, tokens: int, elapsed: float) -> float:
     """Fraction of the budget used: the largest of the step, token and time fractions that are set."""
     parts = []
@@ -160,7 +179,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
         raise UserError("no budget: set max_steps, max_tokens or max_time (minutes)")
     info = dist_info()
     device = resolve_device(cfg.device, info.local_rank)
-    init_distributed(info, device)
+    init_distributed(info, device, cfg.dist_timeout)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -172,6 +191,8 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
     if cfg.model.vocab_size != tokenizer.vocab_size:
         cfg.model.vocab_size = tokenizer.vocab_size  # the preset's vocab is a default: the data's tokenizer decides
     seq_len = cfg.effective_seq_len
+    if cfg.batch_size == "auto":
+        cfg.batch_size, _ = auto_batch_size(cfg, device, info)
     micro_tokens = cfg.batch_size * seq_len * info.world_size
     accum = 1
     if cfg.tokens_per_step:
@@ -185,7 +206,6 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
-    optimizers = build_optimizers(model, cfg.optim, device)
     train_loader = TokenLoader(data_dir, "train", cfg.batch_size, seq_len, seed=cfg.seed, rank=info.rank,
                                world_size=info.world_size, expected_identity=tokenizer.identity, device=device)
     step, tokens, elapsed_before = 0, 0, 0.0
@@ -195,12 +215,15 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             raise UserError(f"checkpoint {resume_from} was trained with another tokenizer than the data in {data_dir}")
         ckpt_io.load_weights(resume_from, model)
         state = ckpt_io.load_state(resume_from)
-        for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
-            opt.load_state_dict(opt_state)
         train_loader.load_state_dict(state["loader"])
         step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed"]
-        ckpt_io.set_rng_state(state["rng"])
     train_model = wrap_model(model, cfg, device, info)
+    # after wrapping: FSDP2 replaces the parameters with sharded ones
+    optimizers = build_optimizers(model, cfg.optim, device)
+    if resume_from is not None:
+        load_optimizer_states(model, optimizers, state["optimizers"])
+        if info.world_size == state.get("world_size", 1):
+            ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
 
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -238,11 +261,14 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
 
     def save() -> Path | None:
         path = None
+        model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
         if info.is_main:
-            state = {"optimizers": [o.state_dict() for o in optimizers], "loader": train_loader.state_dict(),
-                     "step": step, "tokens": tokens, "elapsed": elapsed(), "rng": ckpt_io.rng_state()}
-            path = ckpt_io.save_checkpoint(run_dir, step, model, state, to_dict(cfg), tokenizer, cfg.keep_checkpoints)
+            state = {"optimizers": optimizer_states, "loader": train_loader.state_dict(), "step": step,
+                     "tokens": tokens, "elapsed": elapsed(), "rng": ckpt_io.rng_state(), "world_size": info.world_size}
+            path = ckpt_io.save_checkpoint(run_dir, step, model, state, to_dict(cfg), tokenizer, cfg.keep_checkpoints,
+                                           model_state=model_state)
             log.log({"kind": "event", "event": "checkpoint", "step": step, "path": str(path)})
+        barrier()
         return path
 
     ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
@@ -270,16 +296,16 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
                 x, y = train_loader.next_batch()
-                sync = contextlib.nullcontext()
-                if info.enabled and micro < accum - 1:
-                    sync = train_model.no_sync()  # gradients are all-reduced on the last micro-step only
-                with sync:
+                last_micro = micro == accum - 1
+                set_fsdp_sync(model, last_micro)  # gradients are reduced on the last micro-step only
+                with no_sync(train_model, last_micro):
                     with ctx:
                         loss = train_model(x, y)
                     (loss / accum).backward()
                 loss_sum += loss.detach()
             loss_mean = loss_sum / accum
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+            grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(
+                params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")))
             # one host sync per step: a non-finite loss or gradient must skip the update before it happens
             finite = bool(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))
             if finite:
@@ -351,7 +377,8 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             log.print(f"[yellow]stopped by signal {stop.signal} at step {step}; checkpoint saved to {path}. "
                       f"Resume with: redline train --resume {run_dir}")
     sample = None
-    if status == "completed" and info.is_main and cfg.sample_tokens > 0:
+    # under FSDP2 every rank takes part in each forward; otherwise rank 0 alone samples
+    if status == "completed" and cfg.sample_tokens > 0 and (info.is_main or is_fsdp(model)):
         with float8_disabled(model):
             sample = sample_text(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, device, seed=cfg.seed)
         log.print(f"[bold]sample[/bold] (prompt {cfg.sample_prompt!r}):\n{sample}")

@@ -34,6 +34,14 @@ def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Paramete
 
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
+    optimizers = _build(model, cfg, device)
+    for opt in optimizers:  # the peak rate each group's schedule scales (kept in the optimizer's state)
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+    return optimizers
+
+
+def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
     hidden, embed_head, gains = param_groups(model)
     fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
     adam_kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
@@ -71,5 +79,4 @@ def lr_multiplier(cfg: OptimConfig, step: int, progress: float) -> float:
 def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> None:
     for opt in optimizers:
         for group in opt.param_groups:
-            group.setdefault("initial_lr", group["lr"])
             group["lr"] = group["initial_lr"] * multiplier

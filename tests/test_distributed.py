@@ -1,0 +1,55 @@
+"""Several processes on CPU (gloo, 2 ranks through torchrun): DDP and FSDP2 match one process with the same
+global batch, and checkpoints resume across world sizes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_train import dataset  # noqa: F401  (the session-scoped prepared corpus)
+
+pytestmark = pytest.mark.slow
+
+COMMON = ["model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.n_kv_head=2", "model.context_len=64",
+          "batch_size=2", "seq_len=32", "tokens_per_step=256", "eval_batches=2", "sample_tokens=0",
+          "tensorboard=False", "log_every=2", "optim.warmup_steps=2", "device=cpu", "dist_timeout=120"]
+
+
+def run_train(data: Path, out: Path, name: str, gpus: int, *extra: str) -> dict[int, float]:
+    cmd = [sys.executable, "-m", "redline", "train", f"data.path={data}", f"out_dir={out}", f"run_name={name}",
+           f"gpus={gpus}", *COMMON, *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    losses = {}
+    for line in (out / name / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "train":
+            losses[record["step"]] = record["loss"]
+    return losses
+
+
+def close(a: dict[int, float], b: dict[int, float], tol: float = 2e-4) -> bool:
+    return a.keys() == b.keys() and all(abs(a[k] - b[k]) <= tol * max(1.0, abs(a[k])) for k in a)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_match_one_process(dataset, tmp_path, parallel):  # noqa: F811
+    # one process: 2 micro-batches of 2 accumulate to 256 tokens; two ranks: one micro-batch each
+    single = run_train(dataset, tmp_path, "single", 1, "max_steps=6")
+    double = run_train(dataset, tmp_path, "double", 2, "max_steps=6", f"parallel={parallel}")
+    assert close(single, double), (single, double)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_resume_across_world_sizes(dataset, tmp_path, parallel):  # noqa: F811
+    """2 ranks for steps 1-4 → 1 process for 5-8 → 2 ranks for 9-10, against 10 steps in one process."""
+    straight = run_train(dataset, tmp_path, "straight", 1, "max_steps=10", "optim.schedule=constant")
+    first = run_train(dataset, tmp_path, "hop", 2, "max_steps=4", "optim.schedule=constant", f"parallel={parallel}")
+    second = run_train(dataset, tmp_path, "hop", 1, "--resume", "max_steps=8", f"parallel={parallel}")
+    third = run_train(dataset, tmp_path, "hop", 2, "--resume", "max_steps=10", f"parallel={parallel}")
+    assert sorted(third) == list(range(1, 11)) and first.keys() <= third.keys() and second.keys() <= third.keys()
+    assert close(straight, third), (straight, third)
