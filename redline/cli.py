@@ -19,6 +19,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("sample", "Print continuations of a prompt from a checkpoint."),
     "data": ("data", "Turn text (txt, jsonl, parquet, HF datasets) into token shards: `redline data prepare`."),
     "tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer: `redline tokenizer train`."),
+    "generate": ("generate", "Complete prompts with a checkpoint (KV-cache engine, streaming, JSONL output)."),
+    "chat": ("chat", "Talk to a checkpoint in a prompt loop (plain text; replies streamed)."),
+    "bench-infer": ("bench_infer", "Time generation: TTFT, decode tokens/s, memory; naive vs cached vs compiled."),
+    "sweep": ("sweep", "Run a matrix of training runs from a recipe, resumably (`redline sweep --list`)."),
+    "report": ("report", "Report on a run or sweep directory: report.md, plots, results.json/csv, dashboard.html."),
+    "dashboard": ("dashboard", "Serve a run or sweep directory's dashboard on localhost, refreshing while it runs."),
+    "claims": ("claims", "Set the source design's claims against a sweep's measurements."),
+    "doctor": ("doctor", "What this machine can do and what is wrong with it: GPUs, precisions, measured peaks, verdicts."),
+    "fit": ("fit", "Find the largest micro-batch that fits in GPU memory, by running real training steps."),
+    "plan": ("plan", "Time, cost and energy to train a model to a token budget, from a measured throughput."),
+    "bench": ("bench", "Time the training step of a preset or config: tokens/s, MFU, peak memory; matrix; profile."),
 }
 
 

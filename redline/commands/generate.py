@@ -1,0 +1,177 @@
+"""`redline generate`: complete prompts with a checkpoint through the KV-cache engine.
+
+Prompts come from --prompt (one or more), --prompt-file (one prompt a line, or a .jsonl of {"prompt": ...};
+`-` reads stdin), or piped stdin. Text streams to stdout as it is generated; --stream False (or --no-stream) batches
+the prompts instead; --jsonl writes one JSON object per prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tyro
+
+from redline.inference.runtime import RuntimeOptions
+
+
+@dataclass
+class GenerateConfig:
+    checkpoint: str | None = None
+    """A checkpoint folder or a run directory (its newest checkpoint). Required."""
+    prompt: tuple[str, ...] = ()
+    """Prompts to complete, each a separate generation."""
+    prompt_file: str | None = None
+    """A text file with one prompt a line, or a .jsonl with a "prompt" field per line; `-` reads stdin."""
+    prompt_per_line: bool = True
+    """For a text prompt file or stdin: each non-empty line is a prompt (off: the whole file is one prompt)."""
+    max_new_tokens: int = 128
+    """Most tokens to generate per prompt."""
+    temperature: float = 0.8
+    """Sampling temperature (0: greedy)."""
+    top_k: int | None = 50
+    """Sample among the k most likely tokens (None or 0: all)."""
+    top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens whose probability reaches top_p (1: off)."""
+    repetition_penalty: float = 1.0
+    """> 1 discourages repeating tokens of the prompt and the output (1: off)."""
+    seed: int = 0
+    """Sampling seed (the same prompts, batch size and seed give the same output)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: a completion ends before the first one it produces."""
+    stop_at_eot: bool = True
+    """End a completion at the end-of-text token."""
+    prepend_eot: bool = False
+    """Start each prompt with the end-of-text token (training documents follow one; allows an empty prompt)."""
+    truncate: bool = False
+    """Cut a prompt that does not fit (with max_new_tokens) from the left instead of stopping with an error."""
+    batch_size: int = 16
+    """Prompts per batch when not streaming."""
+    stream: bool = True
+    """Print text as it is generated, one prompt at a time (off: batches of batch_size, printed when done)."""
+    echo_prompt: bool = True
+    """Print each prompt before its completion (text output only)."""
+    jsonl: str | None = None
+    """Write one JSON object per prompt (prompt, completion, token counts, finish reason) to this file; `-`: stdout."""
+    tokenizer: str | None = None
+    """Tokenizer override (bytes, gpt2, a tokenizer.json or folder); it must be the checkpoint's own."""
+    runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
+    """Device, precision, compilation and CUDA graphs."""
+
+    def validate(self) -> None:
+        from redline.errors import UserError
+
+        self.sampling().validate()
+        if self.max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.prompt and self.prompt_file:
+            raise UserError("give prompts either with --prompt or with --prompt-file, not both")
+
+    def sampling(self):
+        from redline.inference.sampling import SamplingParams
+
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              repetition_penalty=self.repetition_penalty, seed=self.seed)
+
+
+BOOL_FLAGS = ("prompt-per-line", "stop-at-eot", "prepend-eot", "truncate", "stream", "echo-prompt")
+
+
+def read_prompts(cfg: GenerateConfig) -> list[str]:
+    from redline.errors import UserError
+
+    if cfg.prompt:
+        return list(cfg.prompt)
+    source = cfg.prompt_file
+    if source is None:
+        if sys.stdin.isatty():
+            raise UserError("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")
+        source = "-"
+    if source == "-":
+        text, name = sys.stdin.read(), "stdin"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise UserError(f"prompt file {source} not found")
+        text, name = path.read_text(encoding="utf-8"), source
+    if source.endswith(".jsonl"):
+        prompts = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                prompts.append(obj["prompt"] if isinstance(obj, dict) else None)
+            except (ValueError, KeyError):
+                prompts.append(None)
+            if not isinstance(prompts[-1], str):
+                raise UserError(f"{name} line {n} is not a JSON object with a string \"prompt\" field")
+    elif cfg.prompt_per_line:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    else:
+        prompts = [text]
+    if not prompts:
+        raise UserError(f"{name} holds no prompt (it is empty or only blank lines)")
+    return prompts
+
+
+def main(argv: list[str]) -> int:
+    from redline.config import parse
+    from redline.inference.runtime import expand_bool_flags, load_generator
+
+    argv, bare = expand_bool_flags(argv, BOOL_FLAGS)
+    cfg = parse(GenerateConfig, argv, prog="redline generate", description=__doc__.strip(), default=GenerateConfig(),
+                bare_flags=bare)
+    prompts = read_prompts(cfg)
+    generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
+    # every prompt is checked before any generation starts
+    encoded = [generator.encode_prompt(p, cfg.max_new_tokens, cfg.truncate, cfg.prepend_eot, i)
+               for i, p in enumerate(prompts)]
+    for i, (_, cut) in enumerate(encoded):
+        if cut:
+            print(f"redline generate: prompt {i} was cut from the left to fit the context", file=sys.stderr)
+
+    to_stdout_json = cfg.jsonl == "-"
+    stream = cfg.stream and not to_stdout_json
+    batch = 1 if stream else cfg.batch_size
+    total_tokens, total_s = 0, 0.0
+    with contextlib.ExitStack() as stack:
+        jsonl_file = None
+        if cfg.jsonl and not to_stdout_json:
+            jsonl_file = stack.enter_context(open(cfg.jsonl, "w", encoding="utf-8"))
+        for start in range(0, len(prompts), batch):
+            chunk, chunk_encoded = prompts[start:start + batch], encoded[start:start + batch]
+            if stream:
+                if start:
+                    print("\n---")
+                if cfg.echo_prompt:
+                    print(chunk[0], end="", flush=True)
+            completions = generator.generate(
+                chunk, cfg.max_new_tokens, cfg.sampling(), stop_strings=cfg.stop, stop_at_eot=cfg.stop_at_eot,
+                on_text=(lambda row, text: print(text, end="", flush=True)) if stream else None, encoded=chunk_encoded,
+            )
+            total_tokens += sum(c.completion_tokens for c in completions)
+            total_s += generator.engine.last.total_s
+            for j, c in enumerate(completions):
+                record = {"index": start + j, "prompt": c.prompt, "completion": c.text,
+                          "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                          "finish_reason": c.finish_reason, "prompt_truncated": c.prompt_truncated}
+                if to_stdout_json:
+                    print(json.dumps(record, ensure_ascii=False), flush=True)
+                elif not stream:
+                    if start + j:
+                        print("\n---")
+                    print((c.prompt if cfg.echo_prompt else "") + c.text, flush=True)
+                if jsonl_file is not None:
+                    jsonl_file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if stream:
+            print(flush=True)
+    if total_s > 0:
+        print(f"redline generate: {len(prompts)} prompt(s), {total_tokens} tokens in {total_s:.2f} s "
+              f"({total_tokens / total_s:.1f} tokens/s, {generator.engine.describe()})", file=sys.stderr)
+    return 0

@@ -1,0 +1,551 @@
+"""The KV-cache inference engine: prefill the prompts once, then decode one token per step from a static cache.
+
+How it works
+- Prompts of different lengths are left-padded to one length T (with compilation on, T is rounded up to a
+  length bucket so the compiled prefill sees few shapes). Row b's prompt fills cache slots [pad_b, T) and its
+  positions are `slot - pad_b`, so RoPE and learned position tables see exactly the positions the row would
+  see alone, at every offset.
+- The cache is static and allocated once per (batch, capacity): per layer k and v of shape (B, KV, S, D) with
+  KV = n_kv_head, so GQA/MQA models store n_head/n_kv_head times less. S = T + max_new_tokens (rounded up to
+  a bucket when compiling).
+- Decode step t writes slot T + t - 1 of every row and attends over the first W slots of the buffer under
+  the boolean mask `pad_b <= slot <= current` (and `current - slot < sliding_window` for sliding-window
+  models). W is the filled length rounded up to a multiple of 64, so shapes change only every 64 steps: the
+  whole step (embedding, every block, head) is captured in one CUDA graph per width and replayed, and early
+  steps never read the empty end of the cache.
+- Single-token attention lays the H/KV query heads that share a kv head out as H/KV query rows of it:
+  (B, KV, H/KV, D) @ (B, KV, D, W) -> softmax -> @ (B, KV, W, D), so each cached kv head is read once and
+  never expanded (the grouping of SDPA's enable_gqa: query head h uses kv head h // (H/KV)).
+- On a GPU the model runs in bf16, and each block's prefill and decode step is torch.compile'd with dynamic
+  shapes: the same compiled code serves every layer (regional compilation: compile time does not grow with
+  depth) and every length, so prompt-length buckets only limit padding and graph count.
+  On a CPU the same code runs eagerly, attending over exactly the filled slots.
+- Sampling runs on the device after each step; the host synchronises only every `sync_every` steps (every
+  step when a callback streams tokens) to learn which rows hit a stop token, so the CPU queues work ahead.
+
+`naive_generate` is the baseline: no cache, the whole sequence recomputed for every new token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from redline.errors import UserError
+from redline.inference.sampling import SamplingParams, make_generator, sample_next
+from redline.model import GPT, Block, rope_tables, sdpa_context
+
+WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
+
+
+def length_bucket(n: int, smallest: int = 16) -> int:
+    """The smallest of 16, 24, 32, 48, 64, 96, 128, ... (powers of two and 1.5× them) that is >= n."""
+    b = smallest
+    while True:
+        if b >= n:
+            return b
+        if b * 3 // 2 >= n:
+            return b * 3 // 2
+        b *= 2
+
+
+@dataclass
+class Generation:
+    """One row's result."""
+
+    tokens: list[int]
+    """Generated token ids (a stop token that ended the row is not included)."""
+    finish_reason: str
+    """"stop_token" (a stop token came), "stop" (the on_tokens callback ended the row) or "length"."""
+    prompt_tokens: int
+
+
+@dataclass
+class Timings:
+    """Wall-clock seconds of the last generate call (host-synchronised, so GPU work is included)."""
+
+    batch: int = 0
+    prompt_len: int = 0
+    """Longest prompt in the batch, in tokens."""
+    steps: int = 0
+    """Tokens generated per row (the first one from the prefill included)."""
+    ttft_s: float = 0.0
+    """Call start to the first token of every row on the host: prefill plus one sampling step."""
+    decode_s: float = 0.0
+    """First token to the last one on the host."""
+    total_s: float = 0.0
+    setup_s: float = 0.0
+    """Part of total_s spent allocating the cache, compiling and capturing (0 once shapes are warm)."""
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Per sequence: tokens after the first, over decode_s."""
+        return (self.steps - 1) / self.decode_s if self.decode_s > 0 and self.steps > 1 else float("nan")
+
+
+class KVCache:
+    """Static per-layer key/value buffers of shape (B, KV, S, D): only the n_kv_head heads are stored."""
+
+    def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        # one slot more than is ever attended over: every width is then a strict view of the buffer, which
+        # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
+        shape = (batch, kv_heads, capacity + 1, head_dim)
+        # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.batch, self.capacity = batch, capacity
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+@dataclass
+class _DecodeState:
+    """Everything one (batch, capacity) shape needs; the CUDA graphs read and write only these tensors."""
+
+    cache: KVCache
+    tokens: torch.Tensor  # (B, 1) input token of the step
+    slot: torch.Tensor  # (1,) cache slot the step writes (shared by all rows: prompts are left-padded)
+    pad: torch.Tensor  # (B,) left padding of each row; position = slot - pad
+    slots: torch.Tensor  # (S,) 0..S-1, for the mask
+    graphs: dict = field(default_factory=dict)  # width -> (CUDAGraph, its logits output)
+    pool: object = None  # one memory pool shared by the graphs of every width (they never run concurrently)
+    warm: set = field(default_factory=set)  # shapes already compiled
+
+
+# ----------------------------------------------------------------------------------------------------
+# the per-block functions (compiled once on a GPU and reused by every layer)
+
+
+def _block_forward(block: Block, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Block.forward with the attention core swapped for `attend(h) -> (B, T, H*D)` (dropout is off in eval)."""
+    if block.pre:
+        x = x + block.attn.proj(attend(block.norm1(x)))
+        return x + block.mlp(block.norm2(x))
+    x = block.norm1(x + block.attn.proj(attend(x)))
+    return block.norm2(x + block.mlp(x))
+
+
+def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+                     impl: str = "matmul") -> torch.Tensor:
+    """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool
+    -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the
+    cache is read once per kv head and never expanded (query head h uses kv head h // (H/KV), as enable_gqa).
+
+    impl "matmul": q·Kᵀ, masked fp32 softmax, ·V written out; "sdpa": the same through
+    F.scaled_dot_product_attention with the mask (one fused kernel where the backend allows)."""
+    B, H, _, D = q.shape
+    KV = k_cache.shape[1]
+    qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g
+    if impl == "sdpa":
+        return F.scaled_dot_product_attention(qg, k_cache, v_cache, attn_mask=mask).reshape(B, 1, H * D)
+    scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * (D ** -0.5)  # (B, KV, H/KV, W)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
+    probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
+    return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
+
+
+def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul"):
+    """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's cache (a view of its first W slots),
+    then attends over those W slots."""
+
+    def attend(h):
+        q, k, v = block.attn.project_qkv(h, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
+        k_cache[:, :, slot] = k
+        v_cache[:, :, slot] = v
+        return cached_attention(q, k_cache, v_cache, mask, impl)
+
+    return _block_forward(block, x, attend)
+
+
+def _prefill_attention(attn, q, k, v, mask):
+    """q (B, H, T, D), k/v (B, KV, T, D); mask None (plain causal) or (B, 1, T, T) bool -> (B, T, H*D)."""
+    if mask is None:
+        return attn.attend(q, k, v, None, is_causal=True)
+    if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
+        k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
+        v = v.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
+    with sdpa_context(attn.cfg.attn_backend):
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    B, H, T, D = q.shape
+    return y.transpose(1, 2).reshape(B, T, H * D)
+
+
+def _prefill_block(block: Block, x, rope, mask):
+    """x: (B, T, C) -> (x, k, v) with k, v (B, KV, T, D) for the cache."""
+    kv = []
+
+    def attend(h):
+        q, k, v = block.attn.project_qkv(h, rope)
+        kv.append((k, v))
+        return _prefill_attention(block.attn, q, k, v, mask)
+
+    x = _block_forward(block, x, attend)
+    return x, kv[0][0], kv[0][1]
+
+
+def prefill_mask(T: int, pad: torch.Tensor, window: int) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query i may attend key j: causal, not padding, inside the window.
+    Padding queries attend to themselves only, which keeps their (never used) outputs finite."""
+    i = torch.arange(T, device=pad.device)
+    allowed = i[None, :] <= i[:, None]  # (T, T): key j <= query i
+    if 0 < window < T:
+        allowed = allowed & (i[:, None] - i[None, :] < window)
+    allowed = allowed[None] & (i[None, None, :] >= pad[:, None, None])  # (B, T, T)
+    allowed = allowed | torch.eye(T, dtype=torch.bool, device=pad.device)
+    return allowed[:, None]
+
+
+# ----------------------------------------------------------------------------------------------------
+# the engine
+
+
+class InferenceEngine:
+    """Batched generation with a static KV cache for any redline GPT.
+
+    The model is put in eval mode and cast to `dtype` in place (the RoPE tables stay fp32). dtype None: bf16
+    on a GPU that has it, fp32 elsewhere. compile / cuda_graphs None: on for CUDA, off on a CPU.
+    """
+
+    def __init__(self, model: GPT, *, dtype: torch.dtype | None = None, compile: bool | None = None,
+                 cuda_graphs: bool | None = None, decode_attention: str = "matmul",
+                 prefill_chunk_tokens: int = 32768):
+        self.model = model
+        self.cfg = model.cfg
+        self.device = next(model.parameters()).device
+        on_cuda = self.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise UserError("CUDA graphs need a CUDA device, but the model is on the CPU; "
+                            "use cuda_graphs=off (or auto) on a CPU")
+        if dtype is None:
+            dtype = torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float32
+        self.dtype = dtype
+        self.compile = on_cuda if compile is None else compile
+        self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        if decode_attention not in ("matmul", "sdpa"):
+            raise UserError(f"decode_attention must be matmul or sdpa, got {decode_attention!r}")
+        self.decode_attention = decode_attention
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        model.eval()
+        model.to(dtype)
+        if self.cfg.pos_emb == "rope":  # bf16 angles are too coarse at large positions: keep the tables fp32
+            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.context_len, self.cfg.rope_theta)
+            model.rope_cos, model.rope_sin = cos.to(self.device), sin.to(self.device)
+        if self.compile:
+            # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
+            # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
+            self._decode_fn = torch.compile(_decode_block, fullgraph=True)
+            self._prefill_fn = torch.compile(_prefill_block, fullgraph=True)
+        else:
+            self._decode_fn, self._prefill_fn = _decode_block, _prefill_block
+        self._state: _DecodeState | None = None
+        self.last = Timings()
+
+    # -- description -----------------------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "compile": self.compile, "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention}
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self._state.cache.nbytes if self._state is not None else 0
+
+    def kv_bytes_per_token(self) -> int:
+        """Cache bytes one token of one sequence takes: 2 · layers · n_kv_head · head_dim · itemsize."""
+        c = self.cfg
+        return 2 * c.n_layer * c.kv_heads * c.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    # -- validation ------------------------------------------------------------------------------------
+
+    def check_prompts(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        ctx, vocab = self.cfg.context_len, self.cfg.vocab_size
+        if not prompts:
+            raise UserError("no prompts were given")
+        if max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if max_new_tokens >= ctx:
+            raise UserError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+                            f"context_len {ctx}; lower max_new_tokens")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise UserError(f"prompt {i} is empty; give at least one token (for example the end-of-text token)")
+            if len(p) + max_new_tokens > ctx:
+                raise UserError(
+                    f"prompt {i} has {len(p)} tokens, which with max_new_tokens={max_new_tokens} exceeds the "
+                    f"model's context_len {ctx}; shorten it to {ctx - max_new_tokens} tokens or lower max_new_tokens"
+                )
+            lo, hi = min(p), max(p)
+            if lo < 0 or hi >= vocab:
+                raise UserError(f"prompt {i} has token id {lo if lo < 0 else hi} outside the model's vocabulary "
+                                f"[0, {vocab}); was it encoded with another tokenizer?")
+
+    # -- state, prefill and the decode step ------------------------------------------------------------
+
+    def release(self) -> None:
+        """Free the KV cache and the CUDA graphs (the compiled code stays)."""
+        self._state = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _state_for(self, batch: int, capacity: int) -> _DecodeState:
+        """The cache and graphs for this batch size; a larger cache of the same batch size is reused as it is
+        (decode reads only the filled width, so spare capacity costs memory, not time)."""
+        st = self._state
+        if st is not None and st.cache.batch == batch and st.cache.capacity >= capacity:
+            return st
+        del st
+        self.release()  # free the old cache and graphs before allocating the new ones
+        c, dev = self.cfg, self.device
+        self._state = _DecodeState(
+            cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.dtype, dev),
+            tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
+            slot=torch.zeros(1, dtype=torch.long, device=dev),
+            pad=torch.zeros(batch, dtype=torch.long, device=dev),
+            slots=torch.arange(capacity, device=dev),
+        )
+        return self._state
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model)."""
+        logits = self.model.lm_head(self.model.norm_f(x))[:, -1, : self.cfg.vocab_size]
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def _width(self, st: _DecodeState, slot: int) -> int:
+        """How many cache slots the step at `slot` attends over: exactly slot + 1 when nothing is compiled or
+        captured, else rounded up to a multiple of WIDTH_STEP (one CUDA graph per width), so early steps do
+        not read the empty end of the cache."""
+        if not (self.compile or self.cuda_graphs):
+            return slot + 1
+        return min(st.cache.capacity, -(-(slot + 1) // WIDTH_STEP) * WIDTH_STEP)
+
+    def _decode_step(self, st: _DecodeState, width: int) -> torch.Tensor:
+        m = self.model
+        positions = (st.slot - st.pad).unsqueeze(1)  # (B, 1)
+        x, rope = m.embed(st.tokens, positions)
+        slots = st.slots[:width]
+        mask = (slots >= st.pad[:, None]) & (slots <= st.slot)  # (B, W)
+        if self.cfg.sliding_window > 0:
+            mask = mask & (st.slot - slots < self.cfg.sliding_window)
+        mask = mask[:, None, None, :]
+        self._mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
+        for block, k_cache, v_cache in zip(m.blocks, st.cache.k, st.cache.v):
+            k_view, v_view = k_cache[:, :, :width], v_cache[:, :, :width]
+            self._mark_dynamic((k_view, 0, 2), (v_view, 0, 2))
+            x = self._decode_fn(block, x, rope, mask, k_view, v_view, st.slot, self.decode_attention)
+        return self._logits(x)
+
+    def _mark_dynamic(self, *specs) -> None:
+        """Batch, length and width dims are dynamic for torch.compile: one compilation for all sizes (instead
+        of dynamic=True, which would make head counts symbolic too). specs: (tensor, dim, ...)."""
+        if not self.compile:
+            return
+        from torch._dynamo import maybe_mark_dynamic
+
+        for tensor, *dims in specs:
+            for d in dims:
+                maybe_mark_dynamic(tensor, d)
+
+    def _capture(self, st: _DecodeState, width: int) -> None:
+        """Warm up (compiling on the first call) on a side stream, then record the step in a CUDA graph.
+        The warm-up steps rewrite the current slot with the same values, so they change nothing."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._decode_step(st, width)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if st.pool is None:
+            st.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=st.pool):
+            logits = self._decode_step(st, width)
+        st.graphs[width] = (graph, logits)
+
+    def _step(self, st: _DecodeState, width: int) -> torch.Tensor:
+        if self.cuda_graphs:
+            graph, logits = st.graphs[width]
+            graph.replay()
+            return logits
+        return self._decode_step(st, width)
+
+    def _prepare_step(self, st: _DecodeState, width: int) -> float:
+        """Capture the graph (or compile) for this width if that has not happened yet; returns seconds spent."""
+        if self.cuda_graphs and width not in st.graphs:
+            t0 = time.perf_counter()
+            self._capture(st, width)
+            torch.cuda.synchronize(self.device)
+            return time.perf_counter() - t0
+        if self.compile and not self.cuda_graphs and ("decode", width) not in st.warm:
+            t0 = time.perf_counter()
+            self._decode_step(st, width)  # compiles on a new shape; rewrites the current slot with the same values
+            st.warm.add(("decode", width))
+            return time.perf_counter() - t0
+        return 0.0
+
+    def _prefill(self, st: _DecodeState, tokens: torch.Tensor, pad: torch.Tensor, padded: bool) -> torch.Tensor:
+        """tokens (B, T) left-padded -> last-position logits (B, vocab); fills cache slots [0, T).
+        Rows go through in chunks of about prefill_chunk_tokens tokens to bound activation memory."""
+        m = self.model
+        B, T = tokens.shape
+        rows = max(1, self.prefill_chunk_tokens // T)
+        out = []
+        for r0 in range(0, B, rows):
+            r1 = min(B, r0 + rows)
+            pd = pad[r0:r1]
+            positions = (torch.arange(T, device=tokens.device)[None, :] - pd[:, None]).clamp(min=0)  # (b, T)
+            x, rope = m.embed(tokens[r0:r1], positions)
+            window = self.cfg.sliding_window
+            mask = prefill_mask(T, pd, window) if padded or 0 < window < T else None
+            self._mark_dynamic((x, 0, 1), *[(t, 0, 2) for t in rope or ()], *[(mask, 0, 2, 3)] * (mask is not None))
+            for block, k_cache, v_cache in zip(m.blocks, st.cache.k, st.cache.v):
+                x, k, v = self._prefill_fn(block, x, rope, mask)
+                k_cache[r0:r1, :, :T].copy_(k)
+                v_cache[r0:r1, :, :T].copy_(v)
+            out.append(self._logits(x[:, -1:]))
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    # -- generation ------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        sampling: SamplingParams | None = None,
+        stop_tokens: Sequence[int] = (),
+        on_tokens: Callable[[int, list[int]], bool] | None = None,
+        sync_every: int | None = None,
+    ) -> list[Generation]:
+        """Generate up to max_new_tokens for each prompt (a batch; lengths may differ).
+
+        on_tokens(row, new_token_ids) is called as tokens reach the host (after each step when given);
+        returning True ends that row ("stop"). Rows also end at any of stop_tokens. Timings: `self.last`.
+        """
+        sampling = sampling or SamplingParams()
+        sampling.validate()
+        self.check_prompts(prompts, max_new_tokens)
+        t_start = time.perf_counter()
+        B, lens = len(prompts), [len(p) for p in prompts]
+        T = length_bucket(max(lens)) if self.compile else max(lens)
+        capacity = T + max_new_tokens
+        if self.compile or self.cuda_graphs:
+            capacity = length_bucket(capacity)
+        t0 = time.perf_counter()
+        st = self._state_for(B, capacity)
+        prefill_setup_s, decode_setup_s = time.perf_counter() - t0, 0.0
+
+        dev = self.device
+        host_tokens = torch.zeros(B, T, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            host_tokens[b, T - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        pads = [T - n for n in lens]
+        tokens = host_tokens.to(dev, non_blocking=True)
+        st.pad.copy_(torch.as_tensor(pads, dtype=torch.long), non_blocking=True)
+        t0 = time.perf_counter()
+        logits = self._prefill(st, tokens, st.pad, padded=any(pads))
+        if self.compile and ("prefill", T) not in st.warm:  # count a first call's compilation as setup
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            prefill_setup_s += time.perf_counter() - t0
+            st.warm.add(("prefill", T))
+
+        generator = make_generator(sampling, dev)
+        seen = None
+        if sampling.repetition_penalty != 1.0:
+            seen = torch.zeros(B, logits.shape[-1], dtype=torch.bool, device=dev)
+            for b, p in enumerate(prompts):
+                seen[b, torch.as_tensor(sorted(set(p)), device=dev)] = True
+        stop_set = {int(t) for t in stop_tokens}
+        out = torch.empty(B, max_new_tokens, dtype=torch.long, device=dev)
+        results = [Generation([], "length", n) for n in lens]
+        done = [False] * B
+
+        def take(new_rows: list[list[int]]) -> bool:
+            """Move tokens that reached the host into the results; True when every row is done."""
+            for b, new in enumerate(new_rows):
+                if done[b]:
+                    continue
+                for j, t in enumerate(new):
+                    if t in stop_set:
+                        new, done[b] = new[:j], True
+                        results[b].finish_reason = "stop_token"
+                        break
+                results[b].tokens += new
+                if on_tokens is not None and new and on_tokens(b, new) and not done[b]:
+                    done[b] = True
+                    results[b].finish_reason = "stop"
+            return all(done)
+
+        nxt = sample_next(logits, sampling, generator, seen)
+        out[:, 0] = nxt
+        if seen is not None:
+            seen.scatter_(1, nxt[:, None], True)
+        all_done = take([[t] for t in nxt.tolist()])
+        t_first = time.perf_counter()
+        sync_every = sync_every or (1 if on_tokens is not None else 16)
+        synced, steps = 1, 1
+        for i in range(1, max_new_tokens):
+            if all_done:
+                break
+            st.tokens.copy_(nxt[:, None])
+            st.slot.fill_(T + i - 1)
+            width = self._width(st, T + i - 1)
+            decode_setup_s += self._prepare_step(st, width)
+            logits = self._step(st, width)
+            nxt = sample_next(logits, sampling, generator, seen)
+            out[:, i] = nxt
+            if seen is not None:
+                seen.scatter_(1, nxt[:, None], True)
+            steps = i + 1
+            if steps - synced >= sync_every or steps == max_new_tokens:
+                all_done = take(out[:, synced:steps].tolist())
+                synced = steps
+        if synced < steps:
+            take(out[:, synced:steps].tolist())
+        t_end = time.perf_counter()
+        self.last = Timings(batch=B, prompt_len=max(lens), steps=steps, ttft_s=t_first - t_start - prefill_setup_s,
+                            decode_s=t_end - t_first - decode_setup_s, total_s=t_end - t_start,
+                            setup_s=prefill_setup_s + decode_setup_s)
+        # a row that was still running when the batch ended early keeps "length"
+        return results
+
+
+# ----------------------------------------------------------------------------------------------------
+# the baseline
+
+
+@torch.no_grad()
+def naive_generate(model: GPT, prompts: torch.Tensor, max_new_tokens: int,
+                   sampling: SamplingParams | None = None) -> tuple[torch.Tensor, Timings]:
+    """No cache: the whole sequence goes through the model for every new token (equal-length prompts only).
+
+    prompts: (B, T) token ids on the model's device -> (generated ids (B, max_new_tokens), timings).
+    """
+    sampling = sampling or SamplingParams()
+    sampling.validate()
+    B, T = prompts.shape
+    if T + max_new_tokens > model.cfg.context_len:
+        raise UserError(f"prompt length {T} + max_new_tokens {max_new_tokens} exceeds "
+                        f"context_len {model.cfg.context_len}")
+    generator = make_generator(sampling, prompts.device)
+    t_start = time.perf_counter()
+    idx, t_first = prompts, None
+    for i in range(max_new_tokens):
+        logits = model(idx)[:, -1, :]
+        nxt = sample_next(logits, sampling, generator)
+        idx = torch.cat([idx, nxt[:, None]], dim=1)
+        if i == 0:
+            nxt.tolist()  # synchronise: the first token is on the host
+            t_first = time.perf_counter()
+    idx[:, -1].tolist()
+    t_end = time.perf_counter()
+    timings = Timings(batch=B, prompt_len=T, steps=max_new_tokens, ttft_s=t_first - t_start,
+                      decode_s=t_end - t_first, total_s=t_end - t_start)
+    return idx[:, T:], timings

@@ -1,0 +1,91 @@
+"""From command-line options to a ready engine: device, dtype, compile and CUDA-graph choices (checked against
+the machine), and a checkpoint loaded with its tokenizer (checked against any --tokenizer override)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from redline.errors import UserError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def expand_bool_flags(argv: list[str], names: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """Booleans take values on redline's command lines (`--stream False`); also accept `--no-stream`, and
+    a bare `--truncate` (returned as config.parse bare_flags)."""
+    out = []
+    for arg in argv:
+        name = arg.removeprefix("--no-")
+        out += [f"--{name}", "False"] if arg.startswith("--no-") and name in names else [arg]
+    return out, {f"--{name}": "True" for name in names}
+
+
+@dataclass
+class RuntimeOptions:
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to run (auto: CUDA when present)."""
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """Weights, activations and KV cache (auto: bf16 on a GPU that has it, fp32 on a CPU)."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile each block's prefill and decode step (auto: on for CUDA, off on a CPU)."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """Capture the decode step in a CUDA graph (auto: on for CUDA; needs a GPU)."""
+    cpu_threads: int = 0
+    """CPU only: PyTorch threads (0: PyTorch's default). 1 is often as fast for small models, and immune to
+    other processes busy on the same cores (which can slow tiny multi-threaded ops down a hundredfold)."""
+    decode_attention: Literal["matmul", "sdpa"] = "matmul"
+    """How a decode step attends over the cache: matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile) or
+    sdpa (F.scaled_dot_product_attention with the mask). Both group query heads per kv head."""
+
+    def resolve_device(self) -> torch.device:
+        from redline.hardware import resolve_device
+
+        device = resolve_device(self.device)  # raises a clear error for device=cuda without a GPU
+        if device.type != "cuda" and self.cuda_graphs == "on":
+            raise UserError("--cuda-graphs on needs a CUDA GPU, and this run is on the CPU; "
+                            "drop it (auto) or pass --cuda-graphs off")
+        if device.type != "cuda" and self.dtype == "fp16":
+            raise UserError("--dtype fp16 is for GPUs; on the CPU use fp32 (or bf16)")
+        if self.cpu_threads < 0:
+            raise UserError(f"--cpu-threads must be >= 0 (0: PyTorch's default), got {self.cpu_threads}")
+        if device.type == "cpu" and self.cpu_threads:
+            torch.set_num_threads(self.cpu_threads)
+        return device
+
+    def engine(self, model):
+        """An InferenceEngine for a model already on its device (cast to the dtype in place)."""
+        from redline.inference.engine import InferenceEngine
+
+        device = next(model.parameters()).device
+        if self.dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise UserError("--dtype bf16 but this GPU has no bf16 support; use --dtype fp16 or fp32")
+        flag = {"auto": None, "on": True, "off": False}
+        return InferenceEngine(model, dtype=DTYPES.get(self.dtype), compile=flag[self.compile],
+                               cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention)
+
+
+def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: RuntimeOptions):
+    """(TextGenerator, TrainConfig) for a checkpoint; the tokenizer must be the one the checkpoint was trained with."""
+    from redline.inference.text import TextGenerator
+    from redline.tokenizer import load_tokenizer
+    from redline.training.checkpoint import load_for_inference, read_meta, resolve_checkpoint
+
+    if not checkpoint:
+        raise UserError("give --checkpoint: a run directory (its newest checkpoint) or RUN/checkpoints/step_N")
+    device = runtime.resolve_device()
+    ckpt = resolve_checkpoint(checkpoint)
+    expected = read_meta(ckpt).get("tokenizer_identity")
+    override = load_tokenizer(tokenizer_spec) if tokenizer_spec else None  # fail early, before the weights load
+    if override is not None and expected and override.identity != expected:
+        raise UserError(
+            f"--tokenizer {tokenizer_spec} (identity {override.identity[:12]}) is not the tokenizer checkpoint "
+            f"{ckpt} was trained with (identity {expected[:12]}); drop --tokenizer to use the checkpoint's own"
+        )
+    model, tokenizer, train_cfg = load_for_inference(ckpt, device)
+    if expected and tokenizer.identity != expected:
+        raise UserError(f"the tokenizer stored in {ckpt} (identity {tokenizer.identity[:12]}) does not match its "
+                        f"meta.json ({expected[:12]}); the checkpoint is damaged, use another one")
+    return TextGenerator(runtime.engine(model), override or tokenizer), train_cfg

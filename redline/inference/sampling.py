@@ -1,0 +1,95 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p (nucleus) and a repetition penalty.
+
+Everything runs on the logits' device with no host synchronisation, so the decode loop can queue many steps
+ahead of the GPU. Order of the transforms (as in Hugging Face `generate`): repetition penalty → temperature →
+top-k → top-p → sample. Temperature 0 is greedy (argmax, first index on ties, like `GPT.generate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from redline.errors import UserError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    """0: greedy; otherwise divide the logits by this before sampling."""
+    top_k: int | None = None
+    """Sample among the k most likely tokens (None or 0: all)."""
+    top_p: float = 1.0
+    """Sample among the smallest set of tokens whose probability reaches top_p (1: all)."""
+    repetition_penalty: float = 1.0
+    """> 1 discourages tokens already in the prompt or the output (as in CTRL: positive logits are divided by it,
+    negative ones multiplied)."""
+    seed: int | None = None
+    """Seed of the sampling generator (None: a random one)."""
+
+    def validate(self) -> None:
+        if not self.temperature >= 0:  # also catches NaN
+            raise UserError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise UserError(f"top_k must be >= 0 (0 or None = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise UserError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    gen = torch.Generator(device=device)
+    if params.seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(params.seed)
+    return gen
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits: (B, V) float; seen: (B, V) bool, True for tokens already in the row's prompt or output."""
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= logits.size(-1):
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the most likely tokens until their cumulative probability reaches p (always at least one)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = F.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # probability mass of the strictly more likely tokens
+    sorted_logits = sorted_logits.masked_fill(before >= p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                seen: torch.Tensor | None = None) -> torch.Tensor:
+    """logits: (B, V), any float dtype -> next token ids (B,) int64."""
+    logits = logits.float() if logits.dtype != torch.float64 else logits
+    if seen is not None and params.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits / params.temperature
+    if params.top_k:
+        logits = filter_top_k(logits, params.top_k)
+    logits = filter_top_p(logits, params.top_p)
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,418 @@
+"""The KV-cache engine on CPU: greedy output token-for-token equal to the full-recompute forward (MHA, GQA, MQA,
+learned positions, sliding window, post-norm, batches of different lengths), sampling, stop tokens and strings,
+streaming text, and the generate / chat / bench-infer commands with their bad-input errors."""
+
+import io
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from redline import cli
+from redline.config import TrainConfig, to_dict
+from redline.errors import UserError
+from redline.inference import InferenceEngine, SamplingParams, naive_generate, sample_next
+from redline.inference.engine import length_bucket
+from redline.inference.sampling import apply_repetition_penalty, filter_top_p
+from redline.inference.text import IncrementalText, TextGenerator
+from redline.model import GPT, ModelConfig
+
+BASE = ModelConfig(vocab_size=100, context_len=64, n_layer=2, n_embd=64, n_head=4, n_kv_head=4)
+ARCHITECTURES = {
+    "mha": {},
+    "gqa": {"n_kv_head": 2},
+    "mqa": {"n_kv_head": 1},
+    "gpt2-style": {"pos_emb": "learned", "norm": "layernorm", "mlp": "gelu", "bias": True, "tie_embeddings": True},
+    "sliding-window": {"n_kv_head": 2, "sliding_window": 6},
+    "post-norm-qknorm-unfused": {"n_kv_head": 2, "norm_position": "post", "qk_norm": True, "fused_qkv": False},
+    "no-positions-relu2": {"pos_emb": "none", "mlp": "relu2", "n_kv_head": 1},
+}
+PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: one thread is as fast, and immune to other processes competing for the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(replace(BASE, **overrides))
+
+
+def reference_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
+    """The plain full-recompute loop of the model itself, one prompt at a time, no padding."""
+    out = model.generate(torch.tensor([prompt], device=next(model.parameters()).device), n, temperature=0.0)
+    return out[0, len(prompt):].tolist()
+
+
+# ----------------------------------------------------------------------------------------------------
+# greedy equality with the full forward
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_greedy_matches_full_forward_batched(arch):
+    # fp64 so that equality does not hinge on near-ties between random logits on a particular BLAS
+    model = tiny_model(**ARCHITECTURES[arch])
+    engine = InferenceEngine(model, dtype=torch.float64)
+    n = 24  # longer than the sliding window, prompts end at different offsets
+    results = engine.generate(PROMPTS, n)
+    for prompt, res in zip(PROMPTS, results):
+        ref = reference_greedy(model, prompt, n)
+        assert res.tokens == ref, (arch, prompt)
+        assert res.finish_reason == "length" and res.prompt_tokens == len(prompt)
+    assert len({tuple(r.tokens) for r in results}) > 1  # rows really differ: padding did not leak across rows
+    single = engine.generate([PROMPTS[2]], n)[0].tokens  # batch of one, same answer
+    assert single == results[2].tokens
+
+
+@pytest.mark.parametrize("arch", ["mha", "gqa", "sliding-window"])
+def test_sdpa_decode_attention_matches(arch):
+    model = tiny_model(**ARCHITECTURES[arch])
+    engine = InferenceEngine(model, dtype=torch.float64, decode_attention="sdpa")
+    assert [r.tokens for r in engine.generate(PROMPTS, 16)] == [reference_greedy(model, p, 16) for p in PROMPTS]
+
+
+def test_greedy_matches_in_fp32_default_dtype():
+    model = tiny_model(n_kv_head=2)
+    with torch.no_grad():  # sharpen the logits so that fp32 rounding cannot flip a near-tie
+        model.lm_head.weight.mul_(30)
+    engine = InferenceEngine(model)
+    assert engine.dtype == torch.float32
+    results = engine.generate(PROMPTS, 20)
+    assert [r.tokens for r in results] == [reference_greedy(model, p, 20) for p in PROMPTS]
+
+
+def test_bucketed_prefill_and_chunked_rows_match():
+    """The GPU path pads prompts up to a length bucket and prefills rows in chunks; check both on CPU, eagerly."""
+    model = tiny_model(n_kv_head=2, sliding_window=9, context_len=128)
+    engine = InferenceEngine(model, dtype=torch.float64, prefill_chunk_tokens=40)
+    engine.compile = True  # bucketed lengths, capacity and widths; the block functions stay eager
+    results = engine.generate(PROMPTS, 48)  # crosses a width boundary (64) during decoding
+    assert engine._state.cache.capacity == length_bucket(length_bucket(23) + 48) == 96
+    assert [r.tokens for r in results] == [reference_greedy(model, p, 48) for p in PROMPTS]
+
+
+def test_naive_loop_matches_engine():
+    model = tiny_model(n_kv_head=1)
+    engine = InferenceEngine(model, dtype=torch.float64)
+    prompts = torch.tensor([[1, 2, 3, 4], [9, 8, 7, 6]])
+    naive, timings = naive_generate(model, prompts, 12)
+    assert naive.tolist() == [r.tokens for r in engine.generate(prompts.tolist(), 12)]
+    assert timings.steps == 12 and timings.total_s > 0
+
+
+def test_cache_stores_only_kv_heads():
+    for kv in (4, 2, 1):
+        engine = InferenceEngine(tiny_model(n_kv_head=kv))
+        engine.generate([[1, 2, 3]], 4)
+        k = engine._state.cache.k[0]
+        assert k.shape == (1, kv, 3 + 4 + 1, BASE.head_dim)  # prompt, new tokens, one spare slot
+        assert engine.kv_bytes_per_token() == 2 * BASE.n_layer * kv * BASE.head_dim * 4
+        assert engine.kv_cache_bytes == engine.kv_bytes_per_token() * 8
+
+
+def test_length_bucket():
+    sizes = (1, 16, 17, 25, 33, 100, 512, 513, 769)
+    assert [length_bucket(n) for n in sizes] == [16, 16, 24, 32, 48, 128, 512, 768, 1024]
+
+
+# ----------------------------------------------------------------------------------------------------
+# sampling, stops
+
+
+def test_sampling_seeded_and_filters():
+    model = tiny_model()
+    engine = InferenceEngine(model)
+    hot = SamplingParams(temperature=1.5, seed=7)
+    a = engine.generate(PROMPTS, 12, hot)
+    b = engine.generate(PROMPTS, 12, hot)
+    c = engine.generate(PROMPTS, 12, replace(hot, seed=8))
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+    assert [r.tokens for r in a] != [r.tokens for r in c]
+    greedy = [r.tokens for r in engine.generate(PROMPTS, 12)]
+    for narrow in (SamplingParams(temperature=1.0, top_k=1, seed=1),
+                   SamplingParams(temperature=1.0, top_p=1e-6, seed=1)):
+        assert [r.tokens for r in engine.generate(PROMPTS, 12, narrow)] == greedy
+
+
+def test_top_p_and_repetition_penalty_math():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(filter_top_p(logits, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_top_p(logits, 0.4)).tolist() == [[True, False, False, False]]
+    raw = torch.tensor([[2.0, -2.0, 1.0]])
+    seen = torch.tensor([[True, True, False]])
+    assert apply_repetition_penalty(raw, seen, 2.0).tolist() == [[1.0, -4.0, 1.0]]
+    # the penalty turns greedy away from the seen token
+    assert sample_next(torch.tensor([[2.0, 1.5]]), SamplingParams(repetition_penalty=2.0), None,
+                       torch.tensor([[True, False]])).item() == 1
+
+
+def test_repetition_penalty_in_engine_avoids_repeats():
+    model = tiny_model(n_kv_head=2)
+    engine = InferenceEngine(model)
+    plain = engine.generate([[1, 2, 3]], 30)[0].tokens
+    assert len(set(plain)) < len(plain)  # a random model loops
+    penalised = engine.generate([[1, 2, 3]], 30, SamplingParams(repetition_penalty=1e6))[0].tokens
+    assert len(set(penalised)) > len(set(plain))
+
+
+def test_stop_tokens_end_rows_separately():
+    model = tiny_model(n_kv_head=2)
+    engine = InferenceEngine(model, dtype=torch.float64)
+    refs = [reference_greedy(model, p, 16) for p in PROMPTS]
+    stop = refs[0][3]
+    results = engine.generate(PROMPTS, 16, stop_tokens=[stop])
+    for ref, res in zip(refs, results):
+        if stop in ref:
+            assert res.tokens == ref[: ref.index(stop)] and res.finish_reason == "stop_token"
+        else:
+            assert res.tokens == ref and res.finish_reason == "length"
+    seen = []
+    engine.generate([PROMPTS[1]], 16, on_tokens=lambda row, ids: seen.extend(ids) or len(seen) >= 5)
+    assert seen == refs[1][:5]  # the callback saw every token as it came, and ended the row
+
+
+@pytest.mark.parametrize("params, fragment", [
+    (SamplingParams(temperature=-0.1), "temperature must be >= 0"),
+    (SamplingParams(temperature=1.0, top_p=0.0), "top_p must be in (0, 1]"),
+    (SamplingParams(temperature=1.0, top_p=1.5), "top_p must be in (0, 1]"),
+    (SamplingParams(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+])
+def test_bad_sampling_params(params, fragment):
+    engine = InferenceEngine(tiny_model())
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace("]", r"\]")):
+        engine.generate([[1]], 2, params)
+
+
+@pytest.mark.parametrize("prompts, n, fragment", [
+    ([[]], 4, "prompt 0 is empty"),
+    ([[1] * 60], 8, "exceeds the model's context_len 64"),
+    ([[1]], 64, "leaves no room for a prompt"),
+    ([[1, 100]], 4, "outside the model's vocabulary"),
+])
+def test_bad_prompts(prompts, n, fragment):
+    with pytest.raises(UserError, match=fragment):
+        InferenceEngine(tiny_model()).generate(prompts, n)
+
+
+def test_cuda_graphs_on_cpu_is_refused():
+    with pytest.raises(UserError, match="CUDA graphs need a CUDA device"):
+        InferenceEngine(tiny_model(), cuda_graphs=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# text: streaming, stop strings, truncation
+
+
+class CharTokenizer:
+    """Each token is one byte; multi-byte characters span several tokens (like the bytes tokenizer)."""
+    vocab_size, eot_id = 257, 256
+
+    def encode(self, text):
+        return list(text.encode())
+
+    def decode(self, ids):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def test_incremental_text_holds_back_partial_chars_and_stop_strings():
+    dec = IncrementalText(CharTokenizer(), stop_strings=["END"])
+    pieces = [dec.add(list(chunk)) for chunk in (b"caf", b"\xc3", b"\xa9 E", b"N", b"D more")]
+    assert pieces == ["caf", "", "é ", "", ""]  # "é" waits for its second byte, "EN" might start "END"
+    assert dec.stopped and dec.final_text() == "café " and dec.final_tokens == len("café END more".encode())
+    dec = IncrementalText(CharTokenizer(), stop_strings=["END"])
+    assert dec.add(list(b"an E")) == "an " and dec.finish() == "E"
+
+
+def test_text_generator_stop_strings_streaming_and_truncation():
+    torch.manual_seed(0)
+    model = GPT(replace(BASE, vocab_size=257, context_len=48))
+    gen = TextGenerator(InferenceEngine(model, dtype=torch.float64), CharTokenizer())
+    full = gen.generate(["hello", "a"], 20, stop_at_eot=False)
+    assert [c.finish_reason for c in full] == ["length", "length"]
+    target = full[0].text
+    stop = target[4:6]
+    streamed = []
+    cut = gen.generate(["hello", "a"], 20, stop_strings=[stop], stop_at_eot=False,
+                       on_text=lambda row, t: streamed.append((row, t)))
+    assert cut[0].text == target[: target.index(stop)] and cut[0].finish_reason == "stop"
+    assert "".join(t for row, t in streamed if row == 0) == cut[0].text
+    assert "".join(t for row, t in streamed if row == 1) == cut[1].text
+    with pytest.raises(UserError, match="--truncate"):
+        gen.encode_prompt("x" * 40, 10)
+    ids, truncated = gen.encode_prompt("abc" + "x" * 40, 10, truncate=True)
+    assert truncated and len(ids) == 38 and ids[-1] == ord("x")
+    with pytest.raises(UserError, match="--prepend-eot"):
+        gen.encode_prompt("", 10)
+    assert gen.encode_prompt("", 10, prepend_eot=True)[0] == [256]
+
+
+# ----------------------------------------------------------------------------------------------------
+# the commands
+
+
+def run_cli(argv, capsys, stdin: str | None = None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from redline.tokenizer import load_tokenizer
+    from redline.training.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    cfg = TrainConfig(model=replace(BASE, vocab_size=257, context_len=96, n_kv_head=2))
+    model = GPT(cfg.model)
+    run = tmp_path_factory.mktemp("run")
+    return str(save_checkpoint(run, 1, model, {}, to_dict(cfg), load_tokenizer("bytes"), keep=1))
+
+
+def test_generate_jsonl_greedy_matches_engine(checkpoint, capsys, tmp_path):
+    code, out, err = run_cli(["generate", "--checkpoint", checkpoint, "--prompt", "Hello", "a b",
+                              "--temperature", "0", "--max-new-tokens", "12", "--jsonl", "-", "--no-stop-at-eot"],
+                             capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in out.strip().splitlines()]
+    assert [r["prompt"] for r in records] == ["Hello", "a b"]
+    from redline.training.checkpoint import load_for_inference
+
+    model, tok, _ = load_for_inference(checkpoint)
+    for r in records:
+        ids = tok.encode(r["prompt"])
+        assert tok.decode(reference_greedy(model, ids, 12)) == r["completion"]
+        assert r["completion_tokens"] == 12 and r["finish_reason"] == "length"
+    assert "tokens/s" in err
+
+
+def test_generate_streams_prompts_from_stdin_and_file(checkpoint, capsys, monkeypatch, tmp_path):
+    code, out, err = run_cli(["generate", "--checkpoint", checkpoint, "--max-new-tokens", "5", "--seed", "3"],
+                             capsys, stdin="first prompt\n\nsecond\n", monkeypatch=monkeypatch)
+    assert code == 0, err
+    assert out.startswith("first prompt") and "\n---\nsecond" in out
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "multi\nline"}) + "\n")
+    out_file = tmp_path / "o.jsonl"
+    code, out, err = run_cli(["generate", "--checkpoint", checkpoint, "--prompt-file", str(prompts),
+                              "--stream", "False", "--max-new-tokens", "4", "--jsonl", str(out_file)], capsys)
+    assert code == 0, err
+    assert out.startswith("multi\nline")
+    assert json.loads(out_file.read_text())["prompt"] == "multi\nline"
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--prompt", "x" * 90], "exceeds the model's context_len 96"),
+    (["--prompt", ""], "prompt 0 is empty"),
+    (["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+    (["--prompt", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--prompt", "hi", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--prompt", "hi", "--cuda-graphs", "on", "--device", "cpu"], "--cuda-graphs on needs a CUDA GPU"),
+    (["--prompt", "hi", "--max-new-tokens", "96"], "leaves no room"),
+])
+def test_generate_bad_input(checkpoint, capsys, extra, fragment):
+    code, _, err = run_cli(["generate", "--checkpoint", checkpoint, "--max-new-tokens", "10", *extra], capsys)
+    assert code == 2
+    assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_truncates_when_asked(checkpoint, capsys):
+    code, out, err = run_cli(["generate", "--checkpoint", checkpoint, "--prompt", "y" * 95, "--truncate",
+                              "--max-new-tokens", "6", "--jsonl", "-"], capsys)
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["prompt_truncated"] and record["prompt_tokens"] == 90
+    assert "cut from the left" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
+def test_device_cuda_without_gpu(checkpoint, capsys):
+    code, _, err = run_cli(["generate", "--checkpoint", checkpoint, "--prompt", "hi", "--device", "cuda"], capsys)
+    assert code == 2 and "no CUDA GPU is visible" in err
+
+
+def test_tokenizer_of_another_identity_is_refused(checkpoint, capsys, tmp_path):
+    from redline.tokenizer import train_bpe
+
+    other = train_bpe(["some text to learn a few merges from, again and again"] * 20, vocab_size=270)
+    other.save(tmp_path / "tok")
+    code, _, err = run_cli(["generate", "--checkpoint", checkpoint, "--prompt", "hi",
+                            "--tokenizer", str(tmp_path / "tok")], capsys)
+    assert code == 2 and "is not the tokenizer checkpoint" in err
+    code, _, err = run_cli(["generate", "--checkpoint", checkpoint, "--prompt", "hi", "--tokenizer", "bytes",
+                              "--max-new-tokens", "3"], capsys)
+    assert code == 0, err  # the same identity is fine
+
+
+def test_chat_keeps_history_within_context(checkpoint, capsys, monkeypatch):
+    long_message = "z" * 60
+    code, out, err = run_cli(["chat", "--checkpoint", checkpoint, "--max-new-tokens", "20", "--seed", "1"],
+                             capsys, stdin=f"hello there\n{long_message}\n/reset\nagain\n/exit\nnever read\n",
+                             monkeypatch=monkeypatch)
+    assert code == 0, err
+    assert "dropped the 1 oldest turn" in err and "conversation forgotten" in err
+    assert len(out.splitlines()) >= 3  # three replies, each ended by a newline
+
+
+def test_bench_infer_tiny_preset(capsys):
+    code, out, err = run_cli(["bench-infer", "--preset", "tiny", "--batch-sizes", "1", "2", "--prompt-lens", "16",
+                              "--max-new-tokens", "8", "--repeats", "1"], capsys)
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    rows = {(r["method"], r["batch"]): r for r in summary["results"]}
+    assert rows[("naive", 1)]["status"] == "ok" and rows[("eager", 2)]["status"] == "ok"
+    assert rows[("naive", 2)]["status"].startswith("skipped")
+    assert rows[("eager", 1)]["speedup_vs_naive"] > 0 and rows[("eager", 1)]["ttft_ms"] > 0
+    assert rows[("eager", 2)]["kv_cache_mib"] > 0
+    assert "naive (no cache)" in out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["bench-infer"], "exactly one of --checkpoint"),
+    (["bench-infer", "--preset", "nope"], "unknown preset"),
+    (["bench-infer", "--preset", "tiny", "--cuda-graphs", "on", "--device", "cpu"], "needs a CUDA GPU"),
+])
+def test_bench_infer_bad_input(argv, fragment, capsys):
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and fragment in err
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_cuda_graph_engine_matches_full_forward():
+    model = tiny_model(n_kv_head=2, sliding_window=9).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    refs = [reference_greedy(model, p, 16) for p in PROMPTS]
+    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True)
+    for _ in range(2):  # the second call replays the captured graph
+        assert [r.tokens for r in engine.generate(PROMPTS, 16)] == refs
+
+
+@pytest.mark.slow
+def test_compiled_engine_on_cpu_matches_full_forward():
+    """torch.compile'd blocks (the GPU code path without graphs): dynamic batch/length/width, one compilation."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(n_kv_head=2, context_len=160)
+    engine = InferenceEngine(model, dtype=torch.float64, compile=True)
+    before = counters["stats"]["unique_graphs"]
+    first = engine.generate(PROMPTS, 72)  # widths 64 and 128
+    again = engine.generate(PROMPTS[:3], 30)  # another batch size and capacity: no new compilation
+    assert [r.tokens for r in first] == [reference_greedy(model, p, 72) for p in PROMPTS]
+    assert [r.tokens for r in again] == [r.tokens[:30] for r in first[:3]]
+    assert counters["stats"]["unique_graphs"] - before == 2  # one prefill and one decode graph
