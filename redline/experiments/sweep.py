@@ -1,0 +1,593 @@
+"""Running a sweep: one subprocess per run, resumable, appending results as each run ends.
+
+Layout of a sweep directory:
+
+    sweep.json       the recipe and the planned runs with their fingerprints
+    configs/RUN.yaml each run's config (`redline train --config configs/RUN.yaml` reruns it alone)
+    runs/RUN/        each run's directory (written by `redline train`) plus train.log, its console output
+    results.jsonl    one summary per finished run, appended and fsynced as each ends
+    status.json      live progress (done / running / failed, ETA) for `redline dashboard`
+
+How it stays correct when things go wrong:
+- each run is its own process group: a crash or an out-of-memory error ends that run only; it is recorded
+  as failed with the error line from its log, and the sweep goes on;
+- the next run starts only when the previous process group is gone and, on a GPU, the memory it held
+  is free again (NVML), so one run's leftovers never shrink the next one's memory;
+- a run is finished only once its line is in results.jsonl; re-running the same command skips those
+  (failed ones too, unless --retry-failed) and starts over any run that was cut short, from an empty
+  directory; a run whose recipe entry changed since it finished is refused unless --redo-changed;
+- Ctrl-C or SIGTERM kills the current run's process group and leaves no partial record; children also
+  get SIGTERM if the sweep process itself dies (Linux parent-death signal);
+- one sweep per directory at a time (an exclusive lock on .sweep.lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from redline.errors import UserError
+from redline.experiments.recipes import (
+    DEFAULT_COMMAND,
+    Recipe,
+    RunSpec,
+    describe_budget,
+    resolve_command,
+    resolve_train_config,
+)
+from redline.experiments.results import count_params, read_jsonl, summarize_run
+
+POLL_SECONDS = 0.5
+GPU_RELEASE_TIMEOUT = 60.0
+ERROR_LINE = re.compile(r"^(?:[\w.]*(?:Error|Exception|Interrupt)\b.*|redline \w+: error: .*|Killed.*)$")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class Plan:
+    spec: RunSpec
+    fingerprint: str
+    state: str  # "done" | "failed" | "todo" | "changed"
+    record: dict[str, Any] | None = None
+
+
+class Sweep:
+    def __init__(self, recipe: Recipe, runs: list[RunSpec], out_dir: Path):
+        self.recipe = recipe
+        self.runs = runs
+        self.out_dir = Path(out_dir).resolve()
+        self.command = resolve_command(recipe.command)
+        self.default_runner = recipe.command == DEFAULT_COMMAND
+
+    # ------------------------------------------------------------------------------------------------
+    # planning
+
+    @property
+    def results_path(self) -> Path:
+        return self.out_dir / "results.jsonl"
+
+    def plan(self) -> list[Plan]:
+        """Each run with what re-running this sweep would do about it."""
+        finished = {r["run_id"]: r for r in read_jsonl(self.results_path) if "run_id" in r}
+        plans = []
+        for spec in self.runs:
+            fingerprint = spec.fingerprint(self.recipe.command)
+            record = finished.get(spec.run_id)
+            if record is None:
+                state = "todo"
+            elif record.get("fingerprint") != fingerprint:
+                state = "changed"
+            elif record.get("status") in ("completed", "diverged"):
+                state = "done"
+            else:
+                state = "failed"
+            plans.append(Plan(spec, fingerprint, state, record))
+        return plans
+
+    def config_path(self, spec: RunSpec) -> Path:
+        return self.out_dir / "configs" / f"{spec.run_id}.yaml"
+
+    def run_dir(self, spec: RunSpec) -> Path:
+        return self.out_dir / "runs" / spec.run_id
+
+    def write_config(self, spec: RunSpec) -> dict[str, Any]:
+        import yaml
+
+        contents = spec.config_file_contents(self.out_dir / "runs")
+        path = self.config_path(spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = f"# run {spec.run_id} of sweep {self.recipe.name}: redline train --config {path}\n"
+        path.write_text(header + yaml.safe_dump(contents, sort_keys=False))
+        return contents
+
+    def write_meta(self) -> None:
+        meta = {"recipe": self.recipe.to_dict(), "created": now_iso(), "command": self.command,
+                "runs": [{"run_id": s.run_id, **s.cell, "seed": s.seed, "fingerprint": s.fingerprint(self.recipe.command)}
+                         for s in self.runs]}
+        path = self.out_dir / "sweep.json"
+        if path.is_file():
+            with contextlib.suppress(json.JSONDecodeError, OSError):
+                meta["created"] = json.loads(path.read_text()).get("created", meta["created"])
+        _atomic_write(path, json.dumps(meta, indent=2, default=str))
+
+    # ------------------------------------------------------------------------------------------------
+    # running
+
+    def execute(self, retry_failed: bool = False, redo_changed: bool = False, stop_after_minutes: float = 0.0,
+                display: Progress | None = None) -> dict[str, Any]:
+        """Run every run that is not finished yet. Returns counts for the final summary."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with SweepLock(self.out_dir / ".sweep.lock"):
+            stop_orphan(self.out_dir / "status.json")
+            plans = self.plan()
+            changed = [p.spec.run_id for p in plans if p.state == "changed"]
+            if changed and not redo_changed:
+                raise UserError(
+                    f"{len(changed)} finished run(s) in {self.out_dir} were made from a different recipe entry "
+                    f"(e.g. {changed[0]}); use another --out directory, or --redo-changed to run them again")
+            todo = [p for p in plans if p.state in ("todo", "changed") or (p.state == "failed" and retry_failed)]
+            skipped = len(plans) - len(todo)
+            self.write_meta()
+            display = display or Progress(None)
+            display.start(self, plans, todo)
+            started = time.monotonic()
+            counts = {"planned": len(plans), "skipped": skipped, "ran": 0, "completed": 0, "failed": 0, "left": 0}
+            previous_term = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
+            try:
+                for i, plan in enumerate(todo):
+                    if i and stop_after_minutes and time.monotonic() - started > stop_after_minutes * 60:
+                        counts["left"] = len(todo) - i
+                        display.note(f"stopping: --stop-after {stop_after_minutes:g} min reached with "
+                                     f"{counts['left']} run(s) left; run the same command again to continue")
+                        break
+                    record = self.run_one(plan, display)
+                    counts["ran"] += 1
+                    counts["completed" if record["status"] == "completed" else "failed"] += 1
+                    display.finished(record)
+                self.write_status("finished" if not counts["left"] else "stopped", display)
+            except KeyboardInterrupt:
+                self.write_status("interrupted", display)
+                display.stop()
+                display.note(f"interrupted: the run in progress was stopped and will start over; finished runs are "
+                             f"kept. Run the same command again to resume ({self.out_dir}).")
+                raise
+            finally:
+                if previous_term is not None:
+                    signal.signal(signal.SIGTERM, previous_term)
+            display.stop()
+            counts["wall_seconds"] = time.monotonic() - started
+            return counts
+
+    def run_one(self, plan: Plan, display: Progress) -> dict[str, Any]:
+        spec = plan.spec
+        run_dir = self.run_dir(spec)
+        if run_dir.exists():  # cut short last time (or being redone): start from an empty directory
+            shutil.rmtree(run_dir)
+        contents = self.write_config(spec)
+        base = {"run_id": spec.run_id, **spec.cell, "seed": spec.seed, "fingerprint": plan.fingerprint,
+                "overrides": spec.overrides, "config_file": str(self.config_path(spec)), "started": now_iso()}
+        planned_model = None
+        if self.default_runner:  # check the config here first: a bad key fails in a second, not after CUDA init
+            try:
+                from redline.config import to_dict
+
+                planned_model = to_dict(resolve_train_config(contents))["model"]
+            except UserError as e:
+                record = {**base, "status": "failed", "error": f"config: {e}", "returncode": None, "wall_time": 0.0}
+                return self.append(record, spec)
+        display.running(spec)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_path = run_dir / "train.log"
+        cmd = self.command + ["--config", str(self.config_path(spec))]
+        gpu_baseline = gpu_memory_used()
+        t0 = time.monotonic()
+        timeout = self.timeout_seconds()
+        timed_out = False
+        with open(log_path, "wb") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+            display.child_pid = proc.pid
+            self.write_status("running", display)
+            try:
+                last_status = time.monotonic()
+                while True:
+                    try:
+                        proc.wait(timeout=POLL_SECONDS)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    display.tick(run_dir)
+                    if timeout and time.monotonic() - t0 > timeout:
+                        timed_out = True
+                        kill_group(proc)
+                        break
+                    if time.monotonic() - last_status > 5:
+                        self.write_status("running", display)
+                        last_status = time.monotonic()
+            except KeyboardInterrupt:
+                kill_group(proc)
+                raise
+            finally:
+                proc.wait()
+                kill_group(proc)  # stragglers of the run (compile workers, data loader processes)
+        wall = time.monotonic() - t0
+        display.child_pid = None
+        wait_for_gpu_release(proc.pid, gpu_baseline)
+        summary = summarize_run(run_dir, spec={"run_id": spec.run_id, **spec.cell, "seed": spec.seed})
+        record = {**base, **summary, "returncode": proc.returncode, "wall_time": wall}
+        log_tail = _tail(log_path)
+        if timed_out:
+            record["status"] = "failed"
+            record["error"] = f"timed out after {timeout / 60:.1f} min (recipe timeout_minutes) and was killed"
+        elif record["status"] == "completed" and proc.returncode != 0:
+            record["status"] = "failed"
+            record["error"] = f"exited with status {proc.returncode} after finishing: {error_line(log_tail)}"
+        elif record["status"] == "interrupted":
+            record["status"] = "failed"
+            record["error"] = "interrupted by a signal from outside the sweep"
+        elif record["status"] not in ("completed", "diverged"):
+            record["status"] = "failed"
+            record["error"] = error_line(log_tail) or f"exited with status {proc.returncode} without an end record"
+        if record["status"] == "failed" and "out of memory" in log_tail.lower():
+            record["error_kind"] = "out_of_memory"
+        if record.get("params") is None and planned_model is not None:
+            record["params"], record["params_non_embedding"] = count_params(planned_model)
+        if not self.recipe.keep_checkpoints:
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        return self.append(record, spec)
+
+    def append(self, record: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+        record["finished"] = now_iso()
+        line = json.dumps(record, default=str) + "\n"
+        with open(self.results_path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        return record
+
+    def timeout_seconds(self) -> float | None:
+        if self.recipe.timeout_minutes:
+            return self.recipe.timeout_minutes * 60
+        if "max_time" in self.recipe.budget and not ({"max_steps", "max_tokens"} & set(self.recipe.budget)):
+            return (self.recipe.budget["max_time"] * 3 + 10) * 60  # startup, compile and evaluation on top
+        return None
+
+    def write_status(self, state: str, display: Progress) -> None:
+        status = {"state": state, "updated": now_iso(), "pid": os.getpid(), **display.snapshot()}
+        _atomic_write(self.out_dir / "status.json", json.dumps(status, default=str))
+
+
+# ----------------------------------------------------------------------------------------------------
+# processes and GPU memory
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: a killed sweep may leave its current run going
+        pass
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stop_orphan(status_path: Path) -> None:
+    """A run left going by a sweep that was killed outright: stop it before its directory is reused."""
+    try:
+        status = json.loads(status_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    child, run_id = status.get("child_pid"), status.get("running")
+    if not child or not run_id:
+        return
+    try:
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return
+    if run_id in cmdline:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child, signal.SIGKILL)
+        for _ in range(100):
+            if not Path(f"/proc/{child}").exists():
+                break
+            time.sleep(0.1)
+
+
+def _nvml():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def gpu_memory_used() -> list[int] | None:
+    """Bytes in use on each GPU (NVML), or None without one."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        return [nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used
+                for i in range(nvml.nvmlDeviceGetCount())]
+    except Exception:
+        return None
+
+
+def wait_for_gpu_release(pid: int, baseline: list[int] | None, timeout: float = GPU_RELEASE_TIMEOUT) -> bool:
+    """Wait until the run's process holds no GPU memory and usage is back near where it was before it."""
+    if baseline is None:
+        return True
+    nvml = _nvml()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            pids = {p.pid for h in handles for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)}
+            used = [nvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
+        except Exception:
+            return True
+        if pid not in pids and all(u <= b + (512 << 20) for u, b in zip(used, baseline)):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _tail(path: Path, size: int = 16384) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def error_line(log_tail: str) -> str:
+    """The line of a run's console output that says why it stopped (the last exception or error line)."""
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ERROR_LINE.match(line):
+            return line[:500]
+    return lines[-1][:500] if lines else ""
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class SweepLock:
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.file.seek(0)
+            owner = self.file.read().strip() or "?"
+            self.file.close()
+            raise UserError(f"another `redline sweep` (pid {owner}) is running in {self.path.parent}; "
+                            f"wait for it or stop it first") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc):
+        if self.file is not None:
+            self.file.close()
+
+
+# ----------------------------------------------------------------------------------------------------
+# progress display
+
+
+class Progress:
+    """Runs done / running / failed and an ETA: a live panel on a terminal, one line per event elsewhere."""
+
+    def __init__(self, console):
+        self.console = console
+        self.live = None
+        self.total = self.done = self.failed = self.skipped = 0
+        self.current: RunSpec | None = None
+        self.current_fraction = 0.0
+        self.current_step = ""
+        self.child_pid: int | None = None
+        self.run_started = 0.0
+        self.durations: list[float] = []
+        self.recent: list[dict[str, Any]] = []
+        self.sweep: Sweep | None = None
+        self.todo = 0
+
+    def start(self, sweep: Sweep, plans: list[Plan], todo: list[Plan]) -> None:
+        self.sweep = sweep
+        self.total = len(plans)
+        self.todo = len(todo)
+        self.skipped = len(plans) - len(todo)
+        self.done = sum(p.state == "done" for p in plans if p not in todo)
+        self.failed = sum(p.state == "failed" for p in plans if p not in todo)
+        self.durations = [p.record["wall_time"] for p in plans
+                          if p.record and p.record.get("status") == "completed" and p.record.get("wall_time")]
+        self._print(f"sweep {sweep.recipe.name}: {self.total} runs ({self.skipped} already finished, "
+                    f"{len(todo)} to run), budget {describe_budget(sweep.recipe.budget)} each → {sweep.out_dir}")
+        if self.console is not None and self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=True)
+            self.live.start()
+
+    def running(self, spec: RunSpec) -> None:
+        self.current, self.current_fraction, self.current_step = spec, 0.0, ""
+        self.run_started = time.monotonic()
+        if self.live is None:
+            self._print(f"[{self.done + self.failed + 1}/{self.total}] {spec.run_id} ...")
+        self._refresh()
+
+    def tick(self, run_dir: Path) -> None:
+        last = _last_train_record(run_dir / "metrics.jsonl")
+        if last and self.sweep is not None:
+            budget = self.sweep.recipe.budget
+            fractions = []
+            if budget.get("max_steps") and last.get("step"):
+                fractions.append(last["step"] / budget["max_steps"])
+            if budget.get("max_tokens") and last.get("tokens"):
+                fractions.append(last["tokens"] / budget["max_tokens"])
+            if budget.get("max_time") and last.get("elapsed"):
+                fractions.append(last["elapsed"] / (budget["max_time"] * 60))
+            self.current_fraction = min(max(fractions, default=0.0), 1.0)
+            self.current_step = f"step {last.get('step')} loss {last.get('loss', float('nan')):.3f}"
+        self._refresh()
+
+    def finished(self, record: dict[str, Any]) -> None:
+        if record["status"] == "completed":
+            self.done += 1
+            if record.get("wall_time"):
+                self.durations.append(record["wall_time"])
+        else:
+            self.failed += 1
+        self.current = None
+        self.recent = (self.recent + [record])[-6:]
+        self._print(_record_line(record, self.done + self.failed, self.total))
+        self._refresh()
+
+    def note(self, text: str) -> None:
+        self._print(text)
+
+    def eta_seconds(self) -> float | None:
+        if not self.durations:
+            return None
+        mean = sum(self.durations) / len(self.durations)
+        left = self.total - self.done - self.failed
+        return max(0.0, (left - self.current_fraction) * mean) if self.current else left * mean
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"total": self.total, "done": self.done, "failed": self.failed, "skipped": self.skipped,
+                "running": self.current.run_id if self.current else None, "running_fraction": self.current_fraction,
+                "eta_seconds": self.eta_seconds(), "child_pid": self.child_pid}
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def _print(self, text: str) -> None:
+        if self.console is None:
+            print(text, flush=True)
+        elif self.live is not None:
+            self.live.console.print(text, markup=False, highlight=False)
+        else:
+            self.console.print(text, markup=False, highlight=False)
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+
+    def _render(self):
+        from rich.table import Table
+        from rich.text import Text
+
+        from redline.training.metrics import format_duration
+
+        eta = self.eta_seconds()
+        grid = Table.grid(padding=(0, 2))
+        # Text objects, not markup strings: a console.print(markup=False) above the live area must not show tags
+        grid.add_row(Text.from_markup(f"[bold]{self.done}[/] done"), Text.from_markup(f"[bold]{1 if self.current else 0}[/] running"),
+                     Text.from_markup(f"[bold red]{self.failed}[/] failed"), Text(f"{self.total - self.done - self.failed} left"),
+                     Text(f"ETA {format_duration(eta) if eta is not None else 'after the first run'}"))
+        if self.current is not None:
+            elapsed = time.monotonic() - self.run_started
+            bar = "█" * int(self.current_fraction * 20) + "·" * (20 - int(self.current_fraction * 20))
+            grid.add_row(Text(self.current.run_id, style="cyan"), Text(bar), Text(f"{self.current_fraction * 100:.0f}%"),
+                         Text(format_duration(elapsed)), Text(self.current_step))
+        return grid
+
+
+def _record_line(record: dict[str, Any], index: int, total: int) -> str:
+    parts = [f"[{index}/{total}] {record['run_id']}: {record['status']}"]
+    if record.get("tokens_per_second"):
+        parts.append(f"{record['tokens_per_second']:,.0f} tok/s")
+    if record.get("final_val_bpb") is not None:
+        parts.append(f"val bpb {record['final_val_bpb']:.4f}")
+    if record.get("peak_memory_gib"):
+        parts.append(f"{record['peak_memory_gib']:.1f} GiB")
+    if record.get("wall_time") is not None:
+        parts.append(f"{record['wall_time']:.0f}s")
+    if record.get("error"):
+        parts.append(f"error: {record['error']}")
+    return " | ".join(parts)
+
+
+def _last_train_record(path: Path) -> dict[str, Any] | None:
+    for line in reversed(_tail(path, 8192).splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("kind") == "train":
+            return record
+    return None
+
+
+def default_out_dir(recipe: Recipe) -> Path:
+    return Path("sweeps") / recipe.name
+
+
+def print_plan(plans: list[Plan], console) -> None:
+    from rich.table import Table
+
+    table = Table("run", "state", "params", "overrides (besides the recipe's common set)")
+    for plan in plans:
+        table.add_row(plan.spec.run_id, plan.state, _planned_params(plan.spec),
+                      " ".join(f"{k}={v}" for k, v in plan.spec.overrides.items() if k not in ("seed", "data.path")))
+    console.print(table)
+
+
+def _planned_params(spec: RunSpec) -> str:
+    try:
+        from redline.config import to_dict
+
+        contents = spec.config_file_contents(Path("."))
+        total, _ = count_params(to_dict(resolve_train_config(contents))["model"])
+        return f"{total / 1e6:.1f}M" if total else "?"
+    except UserError as e:
+        return f"invalid: {e}"
+
