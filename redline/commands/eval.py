@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
     result = evaluate(model, loader.eval_batches(cfg.batches), token_bytes,
                       autocast_dtype(device, "auto"), device)
-    Console().print(f"{cfg.checkpoint} on {data_dir} ({cfg.split}, {result['tokens']:,} tokens): "
+    Console().print(f"{cfg.checkpoint} on {data_dir} ({cfg.split}, {result['eval_tokens']:,} tokens): "
                     f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | bits/byte {result['bpb']:.4f}")
     print(json.dumps({"checkpoint": cfg.checkpoint, "data": str(data_dir), "split": cfg.split, **result}))
     return 0

@@ -38,5 +38,5 @@ def evaluate(model, batches, token_bytes: torch.Tensor, autocast_dtype: torch.dt
         "loss": mean,
         "perplexity": math.exp(min(mean, 50.0)),
         "bpb": text_loss / (math.log(2) * text_bytes) if text_bytes else float("nan"),
-        "tokens": int(tokens),
+        "eval_tokens": int(tokens),
     }

@@ -18,7 +18,7 @@ from rich.console import Console
 class MetricsLogger:
     def __init__(self, run_dir: Path | None, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled and run_dir is not None
-        self.console = Console(stderr=False, highlight=False)
+        self.console = Console(stderr=False, highlight=False, soft_wrap=True)  # log lines never wrap mid-number
         self._file = None
         self._tb = None
         if not self.enabled:
