@@ -64,3 +64,19 @@ def barrier() -> None:
 def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+_PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+                         "watchdog", "nccl error", "gloo", "socket")
+
+
+def peer_failure_message(error: BaseException, info: DistInfo, timeout_s: float) -> str | None:
+    """A one-line explanation when `error` means another rank died or hung (None for any other error)."""
+    text = str(error)
+    is_backend = type(error).__name__ == "DistBackendError"
+    if not info.enabled or not (is_backend or any(m in text.lower() for m in _PEER_FAILURE_MARKERS)):
+        return None
+    first = text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__
+    return (f"rank {info.rank}: another rank stopped answering (it died, or hung past dist_timeout={timeout_s:.0f} s): "
+            f"{first}. Checkpoints are written whole or not at all, so the last one is intact: "
+            f"resume with `redline train --resume RUN_DIR`")

@@ -53,3 +53,69 @@ def test_resume_across_world_sizes(dataset, tmp_path, parallel):  # noqa: F811
     third = run_train(dataset, tmp_path, "hop", 2, "--resume", "max_steps=10", f"parallel={parallel}")
     assert sorted(third) == list(range(1, 11)) and first.keys() <= third.keys() and second.keys() <= third.keys()
     assert close(straight, third), (straight, third)
+
+
+def test_peer_failure_message():
+    from redline.distributed import DistInfo, peer_failure_message
+
+    two = DistInfo(rank=0, local_rank=0, world_size=2)
+    message = peer_failure_message(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"), two, 60)
+    assert message.startswith("rank 0: another rank stopped answering") and "dist_timeout=60 s" in message
+    assert "\n" not in message
+    assert peer_failure_message(RuntimeError("shape mismatch"), two, 60) is None  # other errors keep their traceback
+    assert peer_failure_message(RuntimeError("Connection closed by peer"), DistInfo(), 60) is None  # one process
+
+
+def test_a_dead_rank_stops_the_job_and_keeps_the_checkpoint(dataset, tmp_path):  # noqa: F811
+    """SIGKILL rank 1 mid-run: torchrun stops the job (non-zero exit) and the last checkpoint still verifies."""
+    import signal
+    import time
+
+    from redline.training import checkpoint as ckpt_io
+
+    cmd = [sys.executable, "-m", "redline", "train", f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=dead",
+           "gpus=2", *COMMON, "max_steps=100000", "checkpoint_every=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not ckpt_io.list_checkpoints(tmp_path / "dead"):
+            time.sleep(0.5)
+        assert ckpt_io.list_checkpoints(tmp_path / "dead"), "no checkpoint was written"
+        rank1 = [pid for pid in _worker_pids(proc.pid) if _environ(pid).get("RANK") == "1"]
+        assert rank1, "rank 1 not found"
+        os.kill(rank1[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, out[-2000:]
+    assert "another rank stopped answering" in out, out[-2000:]  # rank 0's one-line explanation
+    ckpt_io.verify_checkpoint(ckpt_io.list_checkpoints(tmp_path / "dead")[-1])
+
+
+def _worker_pids(root: int) -> list[int]:
+    """Every descendant process of `root` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)

@@ -12,6 +12,7 @@ import os
 import sys
 
 from redline.config import TrainConfig, from_dict, parse
+from redline.distributed import dist_info, peer_failure_message
 from redline.errors import UserError
 
 DESCRIPTION = "Train a GPT model. Overrides: --section.field VALUE or section.field=VALUE; --config FILE; --preset NAME."
@@ -76,7 +77,13 @@ def main(argv: list[str]) -> int:
         cfg = parse(TrainConfig, argv, prog="redline train", description=DESCRIPTION, bare_flags=bare, default=saved)
         cfg.run_name = resume_from.parent.parent.name
         cfg.out_dir = str(resume_from.parent.parent.parent)
-    result = train(cfg, resume_from=resume_from)
+    try:
+        result = train(cfg, resume_from=resume_from)
+    except RuntimeError as error:  # torch.distributed.DistBackendError is one
+        message = peer_failure_message(error, dist_info(), cfg.dist_timeout)
+        if message is None:
+            raise
+        raise UserError(message) from None
     if result.status == "diverged":
         return 1
     return 0
