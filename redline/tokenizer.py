@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from redline.durable import write_atomic
 from redline.errors import UserError
 
 EOT = "<|endoftext|>"
@@ -79,7 +80,7 @@ class Tokenizer:
         out.mkdir(parents=True, exist_ok=True)
         self._save_files(out)
         meta = {"kind": self.name, "identity": self.identity, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
-        _atomic_write_text(out / META_FILE, json.dumps(meta, indent=2) + "\n")
+        write_atomic(out / META_FILE, json.dumps(meta, indent=2) + "\n")
         if self.name == "bpe":
             self.spec = str(out.resolve())
         return out
@@ -90,12 +91,6 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(vocab_size={self.vocab_size}, eot_id={self.eot_id}, "
                 f"identity={self.identity[:12]})")
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -212,7 +207,7 @@ class BPETokenizer(Tokenizer):
         }
 
     def _save_files(self, out: Path) -> None:
-        _atomic_write_text(out / HF_FILE, self.hf.to_str(pretty=True))
+        write_atomic(out / HF_FILE, self.hf.to_str(pretty=True))
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 32768, min_frequency: int = 2) -> BPETokenizer:

@@ -1,12 +1,10 @@
 """Model: shapes for every toggle, attention against an fp64 reference, GQA/MHA equivalence, counts, compile."""
 
-import itertools
 import math
 from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from redline.errors import UserError
 from redline.model import GPT, ModelConfig, apply_rope, rope_tables

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from redline.durable import fsync_dir
 from redline.errors import UserError
 
 MAGIC = b"RDLNSHRD"
@@ -96,22 +97,8 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray, tokenizer_identity:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename itself durable (POSIX only; a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_header(path: str | os.PathLike) -> ShardHeader:

@@ -32,10 +32,11 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from redline.durable import write_atomic
 from redline.errors import UserError
 from redline.experiments.recipes import (
     DEFAULT_COMMAND,
@@ -121,7 +122,7 @@ class Sweep:
         if path.is_file():
             with contextlib.suppress(json.JSONDecodeError, OSError):
                 meta["created"] = json.loads(path.read_text()).get("created", meta["created"])
-        _atomic_write(path, json.dumps(meta, indent=2, default=str))
+        write_atomic(path, json.dumps(meta, indent=2, default=str))
 
     # ------------------------------------------------------------------------------------------------
     # running
@@ -270,7 +271,7 @@ class Sweep:
 
     def write_status(self, state: str, display: Progress) -> None:
         status = {"state": state, "updated": now_iso(), "pid": os.getpid(), **display.snapshot()}
-        _atomic_write(self.out_dir / "status.json", json.dumps(status, default=str))
+        write_atomic(self.out_dir / "status.json", json.dumps(status, default=str))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -381,12 +382,6 @@ def error_line(log_tail: str) -> str:
         if ERROR_LINE.match(line):
             return line[:500]
     return lines[-1][:500] if lines else ""
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class SweepLock:

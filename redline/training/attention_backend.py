@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
+from redline.durable import write_atomic
 from redline.hardware import doctor_json_path
 from redline.model import Attention, ModelConfig
 
@@ -53,10 +52,7 @@ def write_cache_entry(path: Path, key: str, value: dict) -> None:
     data[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass  # a read-only cache folder only costs a re-measurement next time
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from redline.durable import fsync_dir, fsync_file
 from redline.errors import UserError
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -38,22 +39,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json(path: Path, obj: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
+    path.write_text(json.dumps(obj, indent=2, default=str))
+    fsync_file(path)  # inside the temporary checkpoint folder: the folder's rename makes it visible
 
 
 def rng_state() -> dict[str, Any]:
@@ -107,18 +95,18 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_file(weights)
+        fsync_file(weights)
         _write_json(tmp / "config.json", config)
         tokenizer.save(tmp / "tokenizer")
         _write_json(tmp / "meta.json", {
             "format": 1, "step": step, "tokenizer_identity": tokenizer.identity,
             "sha256": {"model.safetensors": _sha256(weights), "state.pt": _sha256(state_file)},
         })
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # re-saving the same step (e.g. the final save after an interval save)
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(ckpt_root)
+        fsync_dir(ckpt_root)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -130,14 +118,6 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

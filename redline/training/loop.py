@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
-import os
 import signal
 import time
 from dataclasses import dataclass, field
