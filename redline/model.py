@@ -56,6 +56,8 @@ class ModelConfig:
     """RoPE base frequency."""
     mlp: Literal["gelu", "swiglu", "relu2"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, or ReLU squared."""
+    fused_mlp: bool = True
+    """SwiGLU only: the gate and up projections as one matmul (one Linear of twice the width) instead of two."""
     mlp_hidden: int | None = None
     """MLP hidden size. None: 4·n_embd for gelu/relu2 and 8/3·n_embd for swiglu, rounded up to a multiple of 64."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
@@ -230,15 +232,17 @@ class MLP(nn.Module):
         super().__init__()
         self.kind = cfg.mlp
         hidden = cfg.hidden_dim
-        fan_out = 2 * hidden if cfg.mlp == "swiglu" else hidden  # swiglu: gate and up in one matmul
-        self.fc = nn.Linear(cfg.n_embd, fan_out, bias=cfg.bias)
+        fused = cfg.mlp == "swiglu" and cfg.fused_mlp  # swiglu: gate and up in one matmul
+        self.fc = nn.Linear(cfg.n_embd, 2 * hidden if fused else hidden, bias=cfg.bias)
+        # separate swiglu: fc is the gate, up its own Linear
+        self.up = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias) if cfg.mlp == "swiglu" and not fused else None
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
         if self.kind == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
+            gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
             h = F.silu(gate) * up
         elif self.kind == "relu2":
             h = F.relu(h).square()

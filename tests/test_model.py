@@ -21,6 +21,7 @@ TOGGLES = dict(
     n_kv_head=[None, 2, 1],
     qk_norm=[False, True],
     fused_qkv=[False, True],
+    fused_mlp=[False, True],
     pos_emb=["rope", "learned", "none"],
     mlp=["gelu", "swiglu", "relu2"],
     norm=["rmsnorm", "layernorm"],
@@ -56,6 +57,19 @@ def test_all_toggles_combined():
                 norm_position="post", tie_embeddings=True, bias=True, sliding_window=4, dropout=0.1)
     model = GPT(cfg)
     assert model(torch.randint(0, 101, (2, 9))).shape == (2, 9, 101)
+
+
+def test_separate_swiglu_mlp_equals_fused_with_the_same_weights():
+    torch.manual_seed(0)
+    fused, separate = GPT(small(fused_mlp=True)), GPT(small(fused_mlp=False))
+    assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in separate.parameters())
+    state = fused.state_dict()
+    for i, block in enumerate(separate.blocks):  # the fused fc is [gate; up]
+        gate, up = state.pop(f"blocks.{i}.mlp.fc.weight").chunk(2)
+        state[f"blocks.{i}.mlp.fc.weight"], state[f"blocks.{i}.mlp.up.weight"] = gate, up
+    separate.load_state_dict(state)
+    idx = torch.randint(0, 101, (2, 11))
+    torch.testing.assert_close(separate(idx), fused(idx))
 
 
 def test_vocab_padding_and_initial_loss():

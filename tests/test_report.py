@@ -115,10 +115,13 @@ def test_one_seed_never_confirms_but_can_refute_a_far_claim():
     assert far["verdict"] == "refuted" and far["measured_ratio"] == pytest.approx(math.exp(-0.02))
 
 
-def test_claims_not_measured_say_why():
-    rows = evaluate_claims(_runs("A", [1000, 1001]), [SPEED_CLAIM] + [c for c in load_claims() if not c.measurable])
+def test_claims_not_measured_say_why(tmp_path):
+    path = tmp_path / "claims.toml"
+    path.write_text('[[claim]]\nid = "x"\ntext = "fused kernels: 2x"\nmetric = "tokens_per_second"\n'
+                    'measurable = false\nreason = "no option to compare against"\n')
+    rows = evaluate_claims(_runs("A", [1000, 1001]), [SPEED_CLAIM] + load_claims(path))
     assert [r["verdict"] for r in rows] == ["not measured", "not measured"]
-    assert "treatment" in rows[0]["reason"] and "fused-MLP" in rows[1]["reason"]
+    assert "treatment" in rows[0]["reason"] and rows[1]["reason"] == "no option to compare against"
 
 
 def test_builtin_claims_load_and_verdict_uses_assumed_noise_only_without_spread():

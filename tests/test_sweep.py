@@ -120,8 +120,8 @@ def test_builtin_recipes_expand_to_valid_train_configs(tmp_path):
     names = builtin_recipes()
     assert set(names) >= {"ablations", "sizes", "batch", "smoke"}
     ablations = expand(load_recipe("ablations"))
-    assert len(ablations) == 12 * 3  # 12 configurations × 3 seeds
-    assert len({r.variant for r in ablations}) == 12
+    assert len(ablations) == 13 * 3  # 13 configurations × 3 seeds
+    assert len({r.variant for r in ablations}) == 13
     for name in names:
         for run in expand(load_recipe(name)):
             contents = run.config_file_contents(tmp_path)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The `ablations` recipe on one GPU: modern-124m, the baseline and 11 single changes × 3 seeds = 36 runs of
+# The `ablations` recipe on one GPU: modern-124m, the baseline and 12 single changes × 3 seeds = 39 runs of
 # 120 steps × 16 × 1024 tokens (2M tokens each), then the report and the claims. Run from anywhere:
 #
 #     scripts/gpu/ablations.sh CORPUS_DIR        # a shard folder made by `redline data prepare`
