@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from redline.errors import UserError
 
@@ -91,6 +93,23 @@ def last_json_line(text: str) -> dict | None:
     return None
 
 
+_ERROR_LINE = re.compile(r"^(redline \S+: error: |[\w.]*(Error|Exception)\b)")
+
+
+def failure_line(stderr: str) -> str | None:
+    """The line of a failed point's stderr that says what went wrong: redline's own one-line error, else the first
+    exception line (under torchrun the first rank to fail comes first, the other ranks' errors and torchrun's
+    ChildFailedError summary after it), else the last line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("redline ") and ": error: " in line:
+            return line[:500]
+    for line in lines:
+        if _ERROR_LINE.match(line) and "ChildFailedError" not in line:
+            return line[:500]
+    return lines[-1][:500] if lines else None
+
+
 def classify_failure(stderr: str) -> str:
     text = stderr.lower()
     if "out of memory" in text or "outofmemoryerror" in text:
@@ -98,28 +117,51 @@ def classify_failure(stderr: str) -> str:
     return "error"
 
 
-def run_point(argv: list[str], timeout: float) -> dict:
-    """Run one bench point in a child process; its result dict (status ok | oom | error | timeout | ...)."""
-    cmd = [sys.executable, "-m", "redline", "bench", *argv]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", REDLINE_BENCH_POINT="1")
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a point's process and everything it started (torchrun's ranks, compile workers)."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_point(argv: list[str], timeout: float, launcher: Sequence[str] = (), env: dict[str, str] | None = None) -> dict:
+    """Run one bench point in a child process; its result dict (status ok | oom | error | timeout | ...).
+
+    launcher: what runs `-m redline bench` instead of plain python, such as
+    ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]; env: extra environment."""
+    cmd = [sys.executable, *launcher, "-m", "redline", "bench", *argv]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", REDLINE_BENCH_POINT="1", **(env or {}))
     start = time.perf_counter()
+    # a session of its own: a timeout (or Ctrl-C here) stops the whole process tree, not only its root
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return {"status": "timeout", "error": f"stopped after {timeout:.0f} s", "stderr_tail": stderr[-2000:],
-                "wall_seconds": time.perf_counter() - start}
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        _, stderr = proc.communicate()
+        return {"status": "timeout", "error": f"stopped after {timeout:.0f} s", "stderr_tail": (stderr or "")[-2000:],
+                "exit_code": proc.returncode, "wall_seconds": time.perf_counter() - start}
+    except BaseException:
+        _stop(proc)
+        raise
     wall = time.perf_counter() - start
-    report = last_json_line(proc.stdout)
+    report = last_json_line(stdout)
     points = report.get("points") if isinstance(report, dict) else None
     if points:
         result = dict(points[0])
         if result.get("status") != "ok":
-            result.setdefault("stderr_tail", proc.stderr[-2000:])
+            result.setdefault("stderr_tail", stderr[-2000:])
     else:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        result = {"status": classify_failure(proc.stderr), "error": lines[-1][:500] if lines else f"exit {proc.returncode}",
-                  "stderr_tail": proc.stderr[-2000:]}
+        result = {"status": classify_failure(stderr), "error": failure_line(stderr) or f"exit {proc.returncode}",
+                  "stderr_tail": stderr[-2000:]}
     result["exit_code"] = proc.returncode
     result["wall_seconds"] = wall
     return result
