@@ -56,6 +56,14 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum over ranks (the tensor itself in one process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

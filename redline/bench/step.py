@@ -9,6 +9,10 @@ Timing: the first warm-up step (compile, autotuning, first allocations) and the 
 separately with wall clocks and excluded; then each timed step is measured with CUDA events on a GPU
 (perf_counter on a CPU) and summarised as median, min and max. FP8 layers are on from the first step: the
 bench measures FP8 speed, not the BF16 warm-up phase of training.
+
+Under torchrun (several ranks) the model is wrapped in DDP or FSDP2 as in training, every rank runs its own
+micro-batches (batch_size is per rank), gradients are reduced on the last micro-step only, and each timed step
+counts as the slowest rank's time for it; tokens/s is the sum over ranks.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from pathlib import Path
 import torch
 
 from redline.config import TrainConfig
-from redline.distributed import DistInfo
+from redline.distributed import DistInfo, all_reduce_max
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, peak_flops, resolve_device
 from redline.model import GPT
 from redline.training.optim import build_optimizers, lr_multiplier, set_lr
+from redline.training.parallel import local_tensor, no_sync, set_fsdp_sync
 from redline.training.wrap import compile_scope, wrap_model
 
 
@@ -53,6 +58,8 @@ class TrainStep:
     cfg: TrainConfig
     device: torch.device
     step_sync: bool = True
+    info: DistInfo = field(default_factory=DistInfo)
+    """This process's rank and the world size (one process unless run under torchrun)."""
     model: GPT = field(init=False)
     train_model: torch.nn.Module = field(init=False)
 
@@ -77,17 +84,18 @@ class TrainStep:
         torch.manual_seed(cfg.seed)
         with torch.device(device):  # initialise on the device: seconds instead of minutes for 1.5B on a CPU
             self.model = GPT(cfg.model)
+        self.train_model = wrap_model(self.model, cfg, device, self.info)
+        # after wrapping, as in the loop: FSDP2 replaces the parameters with sharded ones
         self.optimizers = build_optimizers(self.model, cfg.optim, device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.train_model = wrap_model(self.model, cfg, device, DistInfo())
         if tokenizer is not None:
             from redline.data.loader import TokenLoader
 
-            loader = TokenLoader(data_dir, "train", cfg.batch_size, self.seq_len, seed=cfg.seed, rank=0,
-                                 world_size=1, expected_identity=tokenizer.identity, device=device)
+            loader = TokenLoader(data_dir, "train", cfg.batch_size, self.seq_len, seed=cfg.seed, rank=self.info.rank,
+                                 world_size=self.info.world_size, expected_identity=tokenizer.identity, device=device)
             self.next_batch = loader.next_batch
         else:
-            gen = torch.Generator(device=device).manual_seed(cfg.seed)
+            gen = torch.Generator(device=device).manual_seed(cfg.seed + self.info.rank)  # each rank its own tokens
             pool = [torch.randint(0, cfg.model.vocab_size, (cfg.batch_size, self.seq_len + 1), device=device,
                                   generator=gen) for _ in range(4)]
             self._pool, self._next = pool, 0
@@ -105,14 +113,18 @@ class TrainStep:
         cfg = self.cfg
         set_lr(self.optimizers, lr_multiplier(cfg.optim, self.steps_done, 0.0))
         loss_sum = torch.zeros((), device=self.device)
-        for _ in range(self.accum):
+        for micro in range(self.accum):
             x, y = self.next_batch()
-            with self.ctx():
-                loss = self.train_model(x, y)
-            (loss / self.accum).backward()
+            last_micro = micro == self.accum - 1
+            set_fsdp_sync(self.model, last_micro)  # gradients are reduced on the last micro-step only
+            with no_sync(self.train_model, last_micro):
+                with self.ctx():
+                    loss = self.train_model(x, y)
+                (loss / self.accum).backward()
             loss_sum += loss.detach()
         loss_mean = loss_sum / self.accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+        grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(
+            self.params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")))
         finite = True
         if self.step_sync:  # the loop's non-finite check: one host sync per step
             finite = bool(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))
@@ -130,7 +142,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def describe(cfg: TrainConfig, device: torch.device) -> dict:
+def describe(cfg: TrainConfig, device: torch.device, info: DistInfo = DistInfo()) -> dict:
     """The point's settings as they will run (before building anything)."""
     amp = autocast_dtype(device, cfg.precision)
     use_compile = cfg.compile if cfg.compile is not None else device.type == "cuda"
@@ -138,28 +150,34 @@ def describe(cfg: TrainConfig, device: torch.device) -> dict:
         "preset": cfg.preset, "batch_size": cfg.batch_size, "seq_len": cfg.effective_seq_len,
         "precision": str(amp or torch.float32).replace("torch.", ""), "fp8": cfg.fp8, "fp8_recipe": cfg.fp8_recipe,
         "activation_checkpointing": cfg.activation_checkpointing, "compile": use_compile,
-        "compile_scope": compile_scope(cfg) if use_compile else None, "compile_mode": cfg.compile_mode,
+        "compile_scope": compile_scope(cfg, info.enabled) if use_compile else None, "compile_mode": cfg.compile_mode,
         "attn_backend": cfg.model.attn_backend, "optimizer": cfg.optim.name,
         "fused_adamw": cfg.optim.fused if cfg.optim.fused is not None else device.type == "cuda",
+        "world_size": info.world_size, "parallel": cfg.parallel if info.enabled else None,
     }
 
 
 def measure(cfg: TrainConfig, warmup: int, steps: int, step_sync: bool = True, profile_steps: int = 0,
-            trace_path: str | None = None) -> dict:
+            trace_path: str | None = None, info: DistInfo = DistInfo(), comm_steps: int = 0,
+            device: torch.device | None = None) -> dict:
     """Build the step, warm it up, time it. Returns one result dict (see `redline bench` for the fields).
+
+    Under torchrun (`info` of several ranks, process group joined) every rank calls this; the step times, peak
+    memory and communication shares are combined across ranks, so every rank returns the same numbers.
+    comm_steps > 0: profile that many more steps for the communication time share (redline/bench/scaling.py).
 
     Raises torch.OutOfMemoryError as it comes: the caller reports it."""
     from redline.training.float8 import set_float8_enabled
 
-    device = resolve_device(cfg.device)
-    point = {"device": device.type, **describe(cfg, device), "warmup_steps": warmup, "timed_steps": steps,
+    device = device or resolve_device(cfg.device, info.local_rank)
+    point = {"device": device.type, **describe(cfg, device, info), "warmup_steps": warmup, "timed_steps": steps,
              "step_sync": step_sync}
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    runner = TrainStep(cfg, device, step_sync=step_sync)
+    runner = TrainStep(cfg, device, step_sync=step_sync, info=info)
     model = runner.model
     wrap = getattr(model, "redline_wrap", {})
     set_float8_enabled(model, True)
@@ -200,32 +218,45 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, step_sync: bool = True, p
             losses.append(runner.step())
             times_ms.append((time.perf_counter() - s) * 1e3)
         point["timer"] = "perf_counter"
+    if info.enabled:  # a step is as slow as its slowest rank
+        times_ms = all_reduce_max(torch.tensor(times_ms, dtype=torch.float64, device=device)).tolist()
 
+    if comm_steps > 0:
+        from redline.bench.scaling import communication_profile
+
+        point["communication"] = communication_profile(runner.step, comm_steps, device, info)
     if profile_steps > 0:
         from redline.bench.profile import profile_steps as run_profile
 
         point["profile"] = run_profile(runner.step, profile_steps, trace_path, device)
     loss_values = torch.stack(losses).tolist() if losses else []
     median = statistics.median(times_ms) if times_ms else float("nan")
-    tokens_per_second = runner.tokens_per_step / (median / 1e3) if times_ms else None
+    # tokens_per_step is per rank (batch_size is per process); MFU is per GPU
+    per_gpu = runner.tokens_per_step / (median / 1e3) if times_ms else None
+    tokens_per_second = per_gpu * info.world_size if per_gpu else None
     flops_per_token = model.flops_per_token(runner.seq_len)
     peak, measured_peak, gpu_name = peak_flops(device)
     point.update(
         gpu=gpu_name, step_ms_median=median, step_ms_min=min(times_ms, default=None),
         step_ms_max=max(times_ms, default=None), tokens_per_second=tokens_per_second,
+        tokens_per_second_per_gpu=per_gpu, global_tokens_per_step=runner.tokens_per_step * info.world_size,
         flops_per_token=flops_per_token, flops_per_token_exact=model.flops_per_token(runner.seq_len, exact=True),
-        mfu=flops_per_token * tokens_per_second / peak if peak and tokens_per_second else None,
-        mfu_measured_peak=flops_per_token * tokens_per_second / measured_peak if measured_peak and tokens_per_second else None,
+        mfu=flops_per_token * per_gpu / peak if peak and per_gpu else None,
+        mfu_measured_peak=flops_per_token * per_gpu / measured_peak if measured_peak and per_gpu else None,
         peak_tflops=peak / 1e12 if peak else None, measured_peak_tflops=measured_peak / 1e12 if measured_peak else None,
         loss_first=loss_values[0] if loss_values else None, loss_last=loss_values[-1] if loss_values else None,
         status="ok",
     )
-    if device.type == "cuda":
-        point["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        point["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    if device.type == "cuda":  # the largest over ranks
+        peaks = torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+                             dtype=torch.float64, device=device)
+        allocated, reserved = all_reduce_max(peaks).tolist()
+        point["peak_memory_gib"] = allocated / 2**30
+        point["peak_reserved_gib"] = reserved / 2**30
         point["gpu_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
     else:
         point["peak_memory_gib"] = None
-    if not all(math.isfinite(v) for v in loss_values):
+    nonfinite = torch.tensor(0.0 if all(math.isfinite(v) for v in loss_values) else 1.0, device=device)
+    if all_reduce_max(nonfinite).item():  # on any rank (each rank has its own batches)
         point["status"] = "nonfinite"
     return point
