@@ -6,6 +6,7 @@
     redline bench --preset modern-124m --matrix batch_size=16,32 seq_len=1024,2048 fp8=off,auto
     redline bench --preset gpt2-124m batch_size=32 --profile   # + a profiler trace and the top kernels
     redline bench --preset gpt2-124m --data.path data/fineweb  # real tokens from a prepared shard folder
+    redline bench --preset modern-124m batch_size=16 seq_len=2048 --gpus 1,2,4   # multi-GPU scaling (torchrun)
 
 Every TrainConfig option applies (the same as `redline train`). Without data.path the batches are random
 tokens (no data needed, same speed); with it they come from the prepared shards through the training loader.
@@ -15,6 +16,8 @@ perf_counter on a CPU), tokens/s, MFU against the datasheet bf16 peak and agains
 `redline doctor` (when there is one), and peak memory. MFU counts 6N + 12·L·d·T FLOPs per token (N without the
 position table), also for FP8 runs, against the bf16 peak. A matrix (`--matrix KEY=V1,V2 ...`) runs each
 combination in its own process: a point that runs out of memory is reported as `oom` and the rest go on.
+`--gpus 1,2,4` measures multi-GPU scaling on this node: each world size runs under torchrun in its own process
+tree with the same per-GPU batch (redline/bench/scaling.py); `torchrun ... -m redline bench` times one world size.
 Prints a table, then one JSON line last.
 """
 
@@ -57,16 +60,37 @@ class BenchConfig(TrainConfig):
     """After the timed steps, profile `profile_steps` more: write a Chrome/Perfetto trace and print the top kernels
     grouped as GEMM, attention, norm, optimizer and other."""
     profile_steps: int = 5
-    """Steps recorded by --profile."""
+    """Steps recorded by --profile, and by --gpus for the communication share (one more is run first)."""
     trace: str | None = None
     """Where --profile writes the trace (.json, or .json.gz for gzipped). None: <out_dir>/bench/trace-<preset>-<time>.json."""
     step_sync: bool = True
     """Keep the training loop's one host sync per step (its non-finite check). False times the step without it,
     to measure what the sync costs."""
+    gpus: str | None = None
+    """Multi-GPU scaling on this node: world sizes such as 1,2,4, each run under torchrun in its own processes
+    (parallel=ddp unless parallel=fsdp2 is given). batch_size and tokens_per_step are per GPU here, so every GPU
+    does the same work at every world size. Reports tokens/s (all GPUs and per GPU), scaling efficiency against
+    the smallest world size, MFU per GPU, the communication share of the step (and its exposed part, not
+    overlapped by compute) over profile_steps profiled steps, and peak memory. On a CPU the ranks are processes
+    (gloo)."""
+    plot: str | None = None
+    """With --gpus: where to write the scaling plot (PNG: tokens/s and efficiency against GPUs). None:
+    <out_dir>/bench/scaling-<preset>-<time>.png; off: no plot."""
     json_out: str | None = None
     """Also append the JSON line to this file."""
     label: str | None = None
     """A name for this run, copied into its JSON (for scripts that collect many)."""
+
+    def validate(self) -> None:
+        gpus, self.gpus = self.gpus, 1  # TrainConfig checks its launch count; bench's list of world sizes is below
+        try:
+            super().validate()
+        finally:
+            self.gpus = gpus
+        if gpus is not None:
+            from redline.bench.scaling import parse_gpus
+
+            parse_gpus(gpus)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -198,17 +222,22 @@ def emit(report: dict, json_out: str | None) -> None:
 # main
 
 
+def trace_path(cfg: BenchConfig, world_size: int = 1) -> str | None:
+    if not cfg.profile:
+        return None
+    if cfg.profile_steps < 1:
+        raise UserError(f"profile_steps must be at least 1, got {cfg.profile_steps}")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    ranks = f"-{world_size}ranks" if world_size > 1 else ""  # rank 0's trace
+    return cfg.trace or str(Path(cfg.out_dir) / "bench" / f"trace-{cfg.preset}{ranks}-{stamp}.json")
+
+
 def run_single(cfg: BenchConfig) -> dict:
     from redline.bench.step import describe, measure
     from redline.hardware import resolve_device
 
     warmup, steps = defaults_for_device(cfg)
-    trace = None
-    if cfg.profile:
-        if cfg.profile_steps < 1:
-            raise UserError(f"profile_steps must be at least 1, got {cfg.profile_steps}")
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        trace = cfg.trace or str(Path(cfg.out_dir) / "bench" / f"trace-{cfg.preset}-{stamp}.json")
+    trace = trace_path(cfg)
     try:
         return measure(cfg, warmup, steps, step_sync=cfg.step_sync,
                        profile_steps=cfg.profile_steps if cfg.profile else 0, trace_path=trace)
@@ -228,10 +257,19 @@ def main(argv: list[str]) -> int:
     matrix_items, rest = take_matrix(list(argv))
     cfg = parse(BenchConfig, rest, prog="redline bench", description=DESCRIPTION, bare_flags=BARE_FLAGS)
     cfg.matrix = tuple(matrix_items) + tuple(cfg.matrix)
-    if os.environ.get(CHILD_ENV):  # a matrix point (its recipe file may name the matrix too): one point only
-        cfg.matrix = ()
+    under_torchrun = "WORLD_SIZE" in os.environ
+    if os.environ.get(CHILD_ENV):  # a point (its recipe file may name the matrix or gpus too): one point only
+        cfg.matrix, cfg.gpus = (), None
+    elif under_torchrun and (cfg.matrix or cfg.gpus):
+        raise UserError("--matrix and --gpus start processes of their own: run them without torchrun")
+    if cfg.matrix and cfg.gpus:
+        raise UserError("--gpus and --matrix cannot be combined: run `redline bench --gpus ...` once per setting")
     report = {"schema": SCHEMA, "version": SCHEMA_VERSION, "command": "bench", "label": cfg.label, **environment()}
 
+    if under_torchrun:
+        return main_rank(cfg, report)
+    if cfg.gpus:
+        return main_scaling(cfg, rest, report)
     if not cfg.matrix:
         point = run_single(cfg)
         report["points"] = [point]
@@ -266,3 +304,35 @@ def main(argv: list[str]) -> int:
             print_profile(r["profile"])
     emit(report, cfg.json_out)
     return 0 if any(r.get("status") == "ok" for r in results) else 1
+
+
+def main_rank(cfg: BenchConfig, report: dict) -> int:
+    """One world size under torchrun: every rank measures; rank 0 prints the table and the JSON line."""
+    from redline.bench.scaling import print_table as print_scaling_table
+    from redline.bench.scaling import run_rank
+    from redline.distributed import dist_info
+
+    warmup, steps = defaults_for_device(cfg)
+    point = run_rank(cfg, warmup, steps, trace_path(cfg, dist_info().world_size))
+    if not dist_info().is_main:
+        return 0 if point["status"] == "ok" else 1
+    point["gpus"] = point["world_size"]
+    report["points"] = [point]
+    print_scaling_table([point], f"redline bench {cfg.preset} on {point['world_size']} × {point.get('gpu') or 'cpu'}",
+                        console())
+    if point.get("profile"):
+        print_profile(point["profile"])
+    emit(report, cfg.json_out)
+    return 0 if point["status"] == "ok" else 1
+
+
+def main_scaling(cfg: BenchConfig, argv: list[str], report: dict) -> int:
+    """`--gpus 1,2,4`: each world size under torchrun in its own process tree (redline/bench/scaling.py)."""
+    from redline.bench.scaling import run_command
+
+    defaults_for_device(cfg)  # bad steps or warmup: one error here, not one per world size
+    if cfg.profile_steps < 1:
+        raise UserError(f"profile_steps must be at least 1, got {cfg.profile_steps}")
+    code = run_command(cfg, argv, report, console())
+    emit(report, cfg.json_out)
+    return code
