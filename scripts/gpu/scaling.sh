@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Multi-GPU scaling on one node through torchrun: DDP modern-124m at T=2048 on 1, 2, 4 GPUs (fixed per-GPU
+# Multi-GPU scaling on one node through torchrun: `redline bench --gpus` (DDP modern-124m at T=2048, tokens/s,
+# efficiency, communication share, plot), DDP modern-124m training at T=2048 on 1, 2, 4 GPUs (fixed per-GPU
 # batch), FSDP2 modern-1.5b on 2 and 4 GPUs, and a resume of the 4-GPU DDP run on 2 and then 1 GPU.
 #
 #     scripts/gpu/scaling.sh DATA_DIR ["1 2 4"]        # files under $OUT (default: a temporary folder)
@@ -20,6 +21,11 @@ train() {  # train NPROC NAME ARGS...
     "$PY" -m torch.distributed.run --standalone --nproc_per_node="$n" -m redline train run_name="$name" \
         "${common[@]}" "$@" 2>&1 | tee "$OUT/$name.log" | grep -E "^(step|eval|redline|resumed)" | tail -n 4
 }
+# the scaling benchmark: each world size under torchrun in its own processes; JSON line and plot into $OUT
+echo "=== redline bench --gpus $(echo $SIZES | tr ' ' ',')"
+"$PY" -m redline bench --preset modern-124m batch_size=16 seq_len=2048 --gpus "$(echo $SIZES | tr ' ' ',')" \
+    out_dir="$RUNS" --json-out "$OUT/bench-scaling.jsonl" --plot "$OUT/bench-scaling.png" 2>&1 \
+    | tee "$OUT/bench-scaling.log" | grep -v '^{'
 for n in $SIZES; do
     train "$n" "ddp-124m-$n" --preset modern-124m batch_size=16 seq_len=2048 max_steps=50 parallel=ddp
 done
@@ -38,10 +44,10 @@ if [ "$biggest" -ge 2 ]; then
     train $((biggest / 2)) resume-124m --resume max_steps=40
     train 1 resume-124m --resume max_steps=50
 fi
-"$PY" - "$RUNS" "$SIZES" <<'PY'
+"$PY" - "$RUNS" "$SIZES" "$OUT" <<'PY'
 import json, statistics, sys
 from pathlib import Path
-root, sizes = Path(sys.argv[1]), [int(s) for s in sys.argv[2].split()]
+root, sizes, out = Path(sys.argv[1]), [int(s) for s in sys.argv[2].split()], Path(sys.argv[3])
 def windows(run):
     recs = [json.loads(l) for l in (root / run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in recs if r["kind"] == "train" and "tokens_per_second" in r]
@@ -68,5 +74,13 @@ if (root / "resume-124m").exists():
 for r in rows:
     print("  ".join(f"{k}={v}" for k, v in r.items()))
 print("resume losses (steps 21-50; most GPUs to 30, then half as many to 40, then 1 to 50):", resume)
-print(json.dumps({"script": "scaling.sh", "rows": rows, "resume_losses": resume}))
+bench = []
+if (out / "bench-scaling.jsonl").exists():
+    report = json.loads((out / "bench-scaling.jsonl").read_text().strip().splitlines()[-1])
+    bench = [{k: p.get(k) for k in ("gpus", "status", "tokens_per_second", "tokens_per_second_per_gpu",
+                                    "scaling_efficiency", "mfu", "comm_share", "comm_exposed_share", "peak_memory_gib")}
+             for p in report["points"]]
+    for b in bench:
+        print("bench", "  ".join(f"{k}={v}" for k, v in b.items()))
+print(json.dumps({"script": "scaling.sh", "rows": rows, "resume_losses": resume, "bench_scaling": bench}))
 PY
