@@ -114,7 +114,8 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model (None: on for CUDA, off on CPU)."""
     max_bad_steps: int = 5
-    """Stop after this many non-finite losses in a row (each one is skipped and logged)."""
+    """Stop after this many non-finite losses in a row (each one is skipped and logged). With fused AdamW (the GPU
+    default) the update is skipped on the device and the host checks at the next log, eval or checkpoint step."""
     sample_tokens: int = 120
     """Tokens to generate in the sample printed at the end (0: no sample)."""
     sample_prompt: str = "The "

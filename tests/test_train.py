@@ -1,5 +1,6 @@
 """The training loop end to end on CPU: loss falls, exact resume, signals, non-finite losses, bad input."""
 
+import copy
 import json
 import os
 import random
@@ -139,10 +140,18 @@ def test_sigterm_saves_checkpoint_and_resume_finishes(dataset, tmp_path):
     assert end["event"] == "end" and end["status"] == "interrupted"
 
 
-def test_nonfinite_losses_are_skipped_then_stop(dataset, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("fused", [False, True], ids=["host-check", "fused-adamw-on-device"])
+def test_nonfinite_losses_are_skipped_then_stop(dataset, tmp_path, monkeypatch, capsys, fused):
+    """For-each AdamW: the host checks every step. Fused AdamW (the GPU default; on the CPU too): the update is
+    skipped inside the kernel and the host reads the flags at log / checkpoint steps (log_every=3,
+    checkpoint_every=2: steps 2, 3, 4, 6, 8, ...), so the run stops at the same step."""
     from redline.model import GPT
+    from redline.training.optim import skips_on_device
 
-    cfg = config(dataset, tmp_path, "max_steps=20", "checkpoint_every=2", "max_bad_steps=3")
+    cfg = config(dataset, tmp_path, "max_steps=20", "checkpoint_every=2", "max_bad_steps=3", f"optim.fused={fused}")
+    checked = []
+    real_skips = skips_on_device
+    monkeypatch.setattr("redline.training.loop.skips_on_device", lambda opts: checked.append(real_skips(opts)) or checked[-1])
     real_forward = GPT.forward
     calls = {"n": 0}
 
@@ -166,6 +175,7 @@ def test_nonfinite_losses_are_skipped_then_stop(dataset, tmp_path, monkeypatch, 
     assert last.name == "step_00000004"
     ckpt_io.verify_checkpoint(last)
     assert "non-finite losses in a row" in capsys.readouterr().out
+    assert checked == [fused]
 
 
 def test_full_disk_while_saving_leaves_previous_checkpoint(dataset, tmp_path, monkeypatch):
@@ -247,3 +257,33 @@ def test_embedded_default_end_to_end(tmp_path, monkeypatch):
     assert result.status == "completed"
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
     assert result.sample and result.sample.startswith("The")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_step_if_finite_skips_the_whole_update(fused):
+    """A non-finite step leaves weights, moments and the step count as they were, on either path."""
+    from redline.training.optim import step_if_finite
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.1, weight_decay=0.1, fused=fused)
+
+    def one_step(scale: float) -> torch.Tensor:
+        loss = lin(torch.randn(5, 4)).square().mean() * scale
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(lin.parameters(), 1.0)
+        bad = step_if_finite([opt], loss.detach(), norm)
+        opt.zero_grad(set_to_none=True)
+        return bad
+
+    assert one_step(1.0).item() == 0.0
+    before = copy.deepcopy(lin.state_dict()), copy.deepcopy(opt.state_dict()["state"])
+    assert one_step(float("nan")).item() == 1.0
+    after = lin.state_dict(), opt.state_dict()["state"]
+    for name, value in before[0].items():
+        assert torch.equal(after[0][name], value)
+    for key, state in before[1].items():
+        for name, value in state.items():
+            assert torch.equal(after[1][key][name], value), name
+    assert one_step(1.0).item() == 0.0
+    assert not torch.equal(lin.weight, before[0]["weight"])

@@ -181,7 +181,7 @@ def run_rank(cfg, warmup: int, steps: int, trace: str | None) -> dict:
     info = dist_info()
     device = resolve_device(cfg.device, info.local_rank)
     init_distributed(info, device, cfg.dist_timeout)
-    point = measure(cfg, warmup, steps, step_sync=cfg.step_sync, profile_steps=cfg.profile_steps if cfg.profile else 0,
+    point = measure(cfg, warmup, steps, profile_steps=cfg.profile_steps if cfg.profile else 0,
                     trace_path=trace if info.is_main else None, info=info, comm_steps=cfg.profile_steps, device=device)
     comm = point["communication"]
     point["comm_share"] = comm["share"]

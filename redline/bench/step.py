@@ -1,8 +1,8 @@
 """One training step built from a TrainConfig, as the training loop runs it, and timed.
 
 The step is the loop's: micro-batches under autocast with gradient accumulation, clip_grad_norm_, the
-non-finite check (one host sync; `step_sync=False` leaves it out to measure what it costs), the optimizer
-step and zero_grad(set_to_none=True). The model goes through the same `wrap_model` (attention backend, FP8,
+optimizer step skipped where the loss or gradient is not finite (on the device with fused AdamW, no host
+sync), and zero_grad(set_to_none=True). The model goes through the same `wrap_model` (attention backend, FP8,
 activation checkpointing, compile), and the optimizers come from the same `build_optimizers`.
 
 Timing: the first warm-up step (compile, autotuning, first allocations) and the rest of the warm-up are timed
@@ -31,7 +31,7 @@ from redline.distributed import DistInfo, all_reduce_max
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, peak_flops, resolve_device
 from redline.model import GPT
-from redline.training.optim import build_optimizers, lr_multiplier, set_lr
+from redline.training.optim import build_optimizers, lr_multiplier, set_lr, step_if_finite
 from redline.training.parallel import local_tensor, no_sync, set_fsdp_sync
 from redline.training.wrap import compile_scope, wrap_model
 
@@ -57,7 +57,6 @@ class TrainStep:
 
     cfg: TrainConfig
     device: torch.device
-    step_sync: bool = True
     info: DistInfo = field(default_factory=DistInfo)
     """This process's rank and the world size (one process unless run under torchrun)."""
     model: GPT = field(init=False)
@@ -109,7 +108,7 @@ class TrainStep:
         return tokens[:, :-1], tokens[:, 1:]
 
     def step(self) -> torch.Tensor:
-        """One optimizer step; returns the mean loss as a device tensor (no host sync unless step_sync)."""
+        """One optimizer step; returns the mean loss as a device tensor."""
         cfg = self.cfg
         set_lr(self.optimizers, lr_multiplier(cfg.optim, self.steps_done, 0.0))
         loss_sum = torch.zeros((), device=self.device)
@@ -125,12 +124,7 @@ class TrainStep:
         loss_mean = loss_sum / self.accum
         grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(
             self.params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")))
-        finite = True
-        if self.step_sync:  # the loop's non-finite check: one host sync per step
-            finite = bool(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))
-        if finite:
-            for opt in self.optimizers:
-                opt.step()
+        step_if_finite(self.optimizers, loss_mean, grad_norm)  # as the loop: no host sync with fused AdamW
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         self.steps_done += 1
@@ -157,7 +151,7 @@ def describe(cfg: TrainConfig, device: torch.device, info: DistInfo = DistInfo()
     }
 
 
-def measure(cfg: TrainConfig, warmup: int, steps: int, step_sync: bool = True, profile_steps: int = 0,
+def measure(cfg: TrainConfig, warmup: int, steps: int, profile_steps: int = 0,
             trace_path: str | None = None, info: DistInfo = DistInfo(), comm_steps: int = 0,
             device: torch.device | None = None) -> dict:
     """Build the step, warm it up, time it. Returns one result dict (see `redline bench` for the fields).
@@ -170,14 +164,13 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, step_sync: bool = True, p
     from redline.training.float8 import set_float8_enabled
 
     device = device or resolve_device(cfg.device, info.local_rank)
-    point = {"device": device.type, **describe(cfg, device, info), "warmup_steps": warmup, "timed_steps": steps,
-             "step_sync": step_sync}
+    point = {"device": device.type, **describe(cfg, device, info), "warmup_steps": warmup, "timed_steps": steps}
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    runner = TrainStep(cfg, device, step_sync=step_sync, info=info)
+    runner = TrainStep(cfg, device, info=info)
     model = runner.model
     wrap = getattr(model, "redline_wrap", {})
     set_float8_enabled(model, True)

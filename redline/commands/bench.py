@@ -63,9 +63,6 @@ class BenchConfig(TrainConfig):
     """Steps recorded by --profile, and by --gpus for the communication share (one more is run first)."""
     trace: str | None = None
     """Where --profile writes the trace (.json, or .json.gz for gzipped). None: <out_dir>/bench/trace-<preset>-<time>.json."""
-    step_sync: bool = True
-    """Keep the training loop's one host sync per step (its non-finite check). False times the step without it,
-    to measure what the sync costs."""
     gpus: str | None = None
     """Multi-GPU scaling on this node: world sizes such as 1,2,4, each run under torchrun in its own processes
     (parallel=ddp unless parallel=fsdp2 is given). batch_size and tokens_per_step are per GPU here, so every GPU
@@ -239,7 +236,7 @@ def run_single(cfg: BenchConfig) -> dict:
     warmup, steps = defaults_for_device(cfg)
     trace = trace_path(cfg)
     try:
-        return measure(cfg, warmup, steps, step_sync=cfg.step_sync,
+        return measure(cfg, warmup, steps,
                        profile_steps=cfg.profile_steps if cfg.profile else 0, trace_path=trace)
     except torch.OutOfMemoryError as e:
         device = resolve_device(cfg.device)

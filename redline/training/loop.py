@@ -29,7 +29,7 @@ from redline.training import checkpoint as ckpt_io
 from redline.training.evaluate import evaluate
 from redline.training.float8 import float8_disabled, set_float8_for_step
 from redline.training.metrics import MetricsLogger, format_duration
-from redline.training.optim import build_optimizers, lr_multiplier, set_lr
+from redline.training.optim import build_optimizers, lr_multiplier, set_lr, skips_on_device, step_if_finite
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states, local_tensor, no_sync, set_fsdp_sync
 from redline.training.wrap import wrap_model
 
@@ -277,6 +277,8 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
         return elapsed_before + time.perf_counter() - start
 
     pending: list[tuple[int, float, torch.Tensor, torch.Tensor]] = []  # per-step values, read at log steps
+    unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
+    on_device_skip = skips_on_device(optimizers)
     window_start, window_tokens, bad_in_row = time.perf_counter(), 0, 0
     status, final_eval = "completed", {}
     if device.type == "cuda":
@@ -304,16 +306,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             loss_mean = loss_sum / accum
             grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(
                 params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")))
-            # one host sync per step: a non-finite loss or gradient must skip the update before it happens
-            finite = bool(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))
-            if finite:
-                for opt in optimizers:
-                    opt.step()
-                bad_in_row = 0
-            else:
-                bad_in_row += 1
-                log.log({"kind": "event", "event": "nonfinite_loss", "step": step + 1})
-                log.print(f"[red]step {step + 1}: non-finite loss or gradient, update skipped ({bad_in_row} in a row)")
+            # a non-finite loss or gradient skips the update: on the device with fused AdamW (no host sync; the
+            # host learns of it at the next log, eval or checkpoint step), else after one sync
+            unchecked.append((step + 1, step_if_finite(optimizers, loss_mean, grad_norm)))
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             step += 1
@@ -321,13 +316,19 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             window_tokens += tokens_per_step
             pending.append((step, cfg.optim.lr * multiplier, loss_mean, grad_norm))
 
-            if bad_in_row >= cfg.max_bad_steps:
-                status = "diverged"
-                log.print(f"[red bold]stopping: {bad_in_row} non-finite losses in a row at step {step}. "
-                          f"The last good checkpoint is intact; lower optim.lr or raise optim.warmup_steps and resume from it.")
-                break
             last = budget_progress(cfg, step, tokens, elapsed()) >= 1.0
-            if step % cfg.log_every == 0 or last or stop.signal is not None:
+            log_now = step % cfg.log_every == 0 or last or stop.signal is not None
+            eval_now = bool(cfg.eval_every) and step % cfg.eval_every == 0 and not last
+            save_now = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and not last
+            if not on_device_skip or log_now or eval_now or save_now:
+                bad_in_row, diverged_at = count_bad_steps(unchecked, bad_in_row, cfg.max_bad_steps, log)
+                unchecked.clear()
+                if diverged_at is not None:
+                    status = "diverged"
+                    log.print(f"[red bold]stopping: {bad_in_row} non-finite losses in a row at step {diverged_at}. The "
+                              f"last good checkpoint is intact; lower optim.lr or raise optim.warmup_steps and resume from it.")
+                    break
+            if log_now:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 now = time.perf_counter()
@@ -359,9 +360,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
                 log.flush()
                 pending.clear()
                 window_start, window_tokens = time.perf_counter(), 0
-            if cfg.eval_every and step % cfg.eval_every == 0 and not last:
+            if eval_now:
                 run_eval()
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last and bad_in_row == 0:
+            if save_now and bad_in_row == 0:
                 save()
             if stop.signal is not None:
                 status = "interrupted"
@@ -384,6 +385,23 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
     log.close()
     shutdown()
     return RunResult(run_dir, step, tokens, status, final_eval, sample)
+
+
+def count_bad_steps(unchecked: list[tuple[int, torch.Tensor]], bad_in_row: int, limit: int, log) -> tuple[int, int | None]:
+    """Read the skipped-update flags of the steps since the last check (one host sync) and log each skipped step.
+    Returns the number of non-finite steps in a row at the end, and the step at which `limit` in a row was first
+    reached (None if it was not)."""
+    flags = torch.stack([flag for _, flag in unchecked]).tolist()
+    for (step, _), bad in zip(unchecked, flags):
+        if not bad:
+            bad_in_row = 0
+            continue
+        bad_in_row += 1
+        log.log({"kind": "event", "event": "nonfinite_loss", "step": step})
+        log.print(f"[red]step {step}: non-finite loss or gradient, update skipped ({bad_in_row} in a row)")
+        if bad_in_row >= limit:
+            return bad_in_row, step
+    return bad_in_row, None
 
 
 def progress_total(cfg: TrainConfig, step: int, tokens: int, elapsed: float) -> float:

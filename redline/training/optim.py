@@ -80,3 +80,25 @@ def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> None:
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * multiplier
+
+
+def skips_on_device(optimizers: list[torch.optim.Optimizer]) -> bool:
+    """True when every optimizer is a fused Adam/AdamW: those take a `found_inf` tensor (the input GradScaler
+    drives) and skip the update inside the kernel, so a non-finite step needs no host synchronisation."""
+    return all(isinstance(opt, torch.optim.Adam | torch.optim.AdamW) and opt.defaults.get("fused")
+               for opt in optimizers)
+
+
+def step_if_finite(optimizers: list[torch.optim.Optimizer], loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+    """Apply the update only if the loss and the gradient norm are finite; returns a 0-dim float32 tensor on the
+    device, 1.0 where the update was skipped. Fused AdamW skips on the device (its step counts are put back too);
+    other optimizers (Muon, for-each AdamW) need the answer on the host: one synchronisation."""
+    bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).to(torch.float32)
+    if skips_on_device(optimizers):
+        for opt in optimizers:
+            opt.found_inf = bad
+            opt.step()
+    elif not bad.item():
+        for opt in optimizers:
+            opt.step()
+    return bad

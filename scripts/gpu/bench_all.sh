@@ -116,7 +116,6 @@ point gpt2-1.5b-b16-bf16-acsel    --preset gpt2-1.5b seq_len=1024 batch_size=16 
 point modern-124m-t2048-b32-bf16  --preset modern-124m seq_len=2048 batch_size=32
 # what each part of the fast path is worth (each one switched off, or an alternative)
 point gpt2-124m-b32-blockscompile "${G[@]}" batch_size=32 compile_scope=blocks
-point gpt2-124m-b32-nosync        "${G[@]}" batch_size=32 step_sync=False
 point gpt2-124m-b32-pytorchattn   "${G[@]}" batch_size=32 attn_autotune=False
 point gpt2-124m-b32-nocompile     "${G[@]}" batch_size=32 compile=False
 point gpt2-124m-b32-maxautotune   "${G[@]}" batch_size=32 compile_mode=max-autotune-no-cudagraphs
