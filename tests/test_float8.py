@@ -230,6 +230,28 @@ def test_warmup_switch_turns_fp8_on_once(need_torchao):
     assert f8.set_float8_for_step(small_model(), 10, 3) is False  # no FP8 layers: nothing to do
 
 
+def test_auto_step_check_verdict_and_revert(need_torchao):
+    """fp8=auto keeps FP8 only when the whole step got faster; a reverted run (or one resumed from a checkpoint
+    that holds that verdict) stays in BF16 past the warm-up."""
+    assert f8.step_verdict(100.0, 90.0)["kept"] and f8.step_verdict(100.0, 90.0)["speedup"] == pytest.approx(100 / 90)
+    assert not f8.step_verdict(100.0, 106.0)["kept"]
+    assert not f8.step_verdict(100.0, 100.0)["kept"]  # breaking even is not paying
+    assert "turned back off" in f8.describe_verdict(f8.step_verdict(100.0, 106.0))
+
+    model = small_model()
+    f8.convert_linears(model, {"lm_head"}, emulate=True, enabled=False)
+    check = f8.StepCheck(model, "auto", warmup_steps=3, device=torch.device("cpu"))
+    assert not check.active  # the timing needs CUDA events
+    check.restore(f8.step_verdict(100.0, 106.0))
+    assert [f8.set_float8_for_step(model, step, warmup_steps=3) for step in range(6)] == [False] * 6
+    assert not f8.float8_enabled(model)
+
+    kept = small_model()
+    f8.convert_linears(kept, {"lm_head"}, emulate=True, enabled=False)
+    f8.StepCheck(kept, "auto", 3, torch.device("cpu")).restore(f8.step_verdict(100.0, 90.0))
+    assert f8.set_float8_for_step(kept, 3, warmup_steps=3) and f8.float8_enabled(kept)
+
+
 def test_emulated_fp8_training_learns(need_torchao):
     model = small_model()
     f8.convert_linears(model, set(f8.candidate_linears(model)), emulate=True)

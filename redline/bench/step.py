@@ -131,6 +131,30 @@ class TrainStep:
         return loss_mean
 
 
+def _timed_steps(runner: TrainStep, steps: int, device: torch.device, info: DistInfo, losses: list) -> list[float]:
+    """Milliseconds of each of `steps` steps: CUDA events on a GPU (no sync between steps), else perf_counter.
+    Under torchrun, a step is as slow as its slowest rank."""
+    times_ms: list[float] = []
+    if device.type == "cuda":
+        events = []
+        for _ in range(steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            losses.append(runner.step())
+            end.record()
+            events.append((start, end))
+        _sync(device)
+        times_ms = [s.elapsed_time(e) for s, e in events]
+    else:
+        for _ in range(steps):
+            s = time.perf_counter()
+            losses.append(runner.step())
+            times_ms.append((time.perf_counter() - s) * 1e3)
+    if info.enabled:
+        times_ms = all_reduce_max(torch.tensor(times_ms, dtype=torch.float64, device=device)).tolist()
+    return times_ms
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -161,7 +185,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, profile_steps: int = 0,
     comm_steps > 0: profile that many more steps for the communication time share (redline/bench/scaling.py).
 
     Raises torch.OutOfMemoryError as it comes: the caller reports it."""
-    from redline.training.float8 import set_float8_enabled
+    from redline.training.float8 import fp8_layers, set_float8_enabled, step_verdict
 
     device = device or resolve_device(cfg.device, info.local_rank)
     point = {"device": device.type, **describe(cfg, device, info), "warmup_steps": warmup, "timed_steps": steps}
@@ -182,6 +206,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, profile_steps: int = 0,
         fp8_mode=wrap.get("fp8", {}).get("mode", "off"), fp8_layers=wrap.get("fp8", {}).get("layers", []),
         fp8_shapes=wrap.get("fp8", {}).get("shapes"), setup_seconds=time.perf_counter() - t0,
     )
+    check_fp8 = point["fp8_mode"] == "auto" and device.type == "cuda" and bool(fp8_layers(model)) and steps > 0
     losses = []
     t1 = time.perf_counter()
     if warmup > 0:
@@ -193,26 +218,19 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, profile_steps: int = 0,
     _sync(device)
     point["warmup_seconds"] = time.perf_counter() - t1
 
-    times_ms: list[float] = []
-    if device.type == "cuda":
-        events = []
-        for _ in range(steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    times_ms = _timed_steps(runner, steps, device, info, losses)
+    point["timer"] = "cuda_events" if device.type == "cuda" else "perf_counter"
+    if check_fp8:  # fp8=auto: the BF16 step too (its graph compiles here); FP8 stays only if the step is faster
+        set_float8_enabled(model, False)
+        for _ in range(max(warmup, 1)):
             losses.append(runner.step())
-            end.record()
-            events.append((start, end))
-        _sync(device)
-        times_ms = [s.elapsed_time(e) for s, e in events]
-        point["timer"] = "cuda_events"
-    else:
-        for _ in range(steps):
-            s = time.perf_counter()
-            losses.append(runner.step())
-            times_ms.append((time.perf_counter() - s) * 1e3)
-        point["timer"] = "perf_counter"
-    if info.enabled:  # a step is as slow as its slowest rank
-        times_ms = all_reduce_max(torch.tensor(times_ms, dtype=torch.float64, device=device)).tolist()
+        bf16_ms = _timed_steps(runner, steps, device, info, losses)
+        verdict = step_verdict(statistics.median(bf16_ms), statistics.median(times_ms))
+        point["fp8_auto_check"] = verdict
+        if verdict["kept"]:
+            set_float8_enabled(model, True)
+        else:  # what training does after its check: BF16 for the rest of the run
+            times_ms, point["fp8_layers"] = bf16_ms, []
 
     if comm_steps > 0:
         from redline.bench.scaling import communication_profile

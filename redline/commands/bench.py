@@ -162,6 +162,8 @@ def print_table(points: list[dict], title: str) -> None:
         fp8 = p.get("fp8_mode", p.get("fp8", "off"))
         if fp8 != "off" and p.get("fp8_layers") is not None:
             fp8 = f"{fp8} ({len(p['fp8_layers'])} layers)"
+        if (check := p.get("fp8_auto_check")) and not check["kept"]:
+            fp8 = f"auto: off, step {check['speedup']:.2f}× in FP8"
         label = p.get("preset", "?")
         if p.get("overrides"):
             label = " ".join(f"{k}={v}" for k, v in p["overrides"].items())

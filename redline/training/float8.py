@@ -2,7 +2,8 @@
 
 fp8=off    nothing changes.
 fp8=all    every Linear whose dimensions FP8 GEMMs accept (multiples of 16; 32 for mxfp8), lm_head included.
-fp8=auto   only the Linears whose GEMM shapes run at least MIN_SPEEDUP faster in FP8 on this GPU.
+fp8=auto   only the Linears whose GEMM shapes run at least MIN_SPEEDUP faster in FP8 on this GPU, and only
+           if the whole step then runs faster too (StepCheck, at the switch from BF16 to FP8).
 
 How auto decides: FP8 halves GEMM time on large matrices but adds casting work (amax, scale, cast) around
 every GEMM, so at GPT-2 124M widths converting every layer makes a step slower (0.77× measured on an H100),
@@ -237,7 +238,8 @@ def float8_disabled(model: nn.Module) -> Iterator[None]:
 
 
 def set_float8_for_step(model: nn.Module, step: int, warmup_steps: int) -> bool:
-    """Called by the training loop before each step: BF16 while step < warmup_steps, FP8 after.
+    """Called by the training loop before each step: BF16 while step < warmup_steps, FP8 after (unless fp8=auto's
+    end-to-end check turned it back off: `model.redline_fp8_reverted`).
 
     Returns True at the step where FP8 turns on (the caller logs it). Cheap when the model has no FP8 layers."""
     layers = getattr(model, "redline_fp8_modules", None)
@@ -246,12 +248,92 @@ def set_float8_for_step(model: nn.Module, step: int, warmup_steps: int) -> bool:
         model.redline_fp8_modules = layers  # a plain list: not registered as submodules
     if not layers:
         return False
-    want = step >= warmup_steps
+    want = step >= warmup_steps and not getattr(model, "redline_fp8_reverted", False)
     if layers[0].redline_fp8_on == want:
         return False
     for layer in layers:
         layer.redline_fp8_on = want
     return want
+
+
+# ----------------------------------------------------------------------------------------------------
+# fp8=auto's end-to-end check
+
+
+class StepCheck:
+    """fp8=auto's second opinion, on the whole step: per-shape timings cannot see everything FP8 does to the
+    compiled model (casts that break a fusion, FP8 next to BF16 layers), and a step that got slower would
+    betray the promise that auto never loses. The training loop times (CUDA events, no host sync until the
+    end) the last CHECK_STEPS BF16 steps before the switch and CHECK_STEPS FP8 steps after the recompiling
+    one; if the FP8 step's median is not at least MIN_STEP_SPEEDUP faster, FP8 goes back off for the rest of
+    the run (the BF16 graph is still compiled: no recompile). The verdict goes into the checkpoints, so a
+    resumed run keeps it. Active for fp8=auto on CUDA with FP8 layers and fp8_warmup_steps >= CHECK_STEPS."""
+
+    def __init__(self, model: nn.Module, mode: str, warmup_steps: int, device: torch.device,
+                 steps: int | None = None):
+        steps = steps or CHECK_STEPS
+        self.model, self.device = model, device
+        self.active = mode == "auto" and device.type == "cuda" and bool(fp8_layers(model)) and warmup_steps >= steps
+        self.windows = {"bf16": range(warmup_steps - steps, warmup_steps),
+                        "fp8": range(warmup_steps + 1, warmup_steps + 1 + steps)}
+        self.events: dict[str, list] = {"bf16": [], "fp8": []}
+        self._open = None
+        self.verdict: dict | None = None
+
+    def restore(self, verdict: dict | None) -> None:
+        """Take a verdict from a checkpoint (a run resumed after the check does not check again)."""
+        if verdict:
+            self.verdict, self.active = verdict, False
+            self.model.redline_fp8_reverted = not verdict["kept"]
+
+    def begin(self, step: int) -> None:
+        """Before step `step` (0-based) runs."""
+        if self.active and any(step in w for w in self.windows.values()):
+            self._open = torch.cuda.Event(enable_timing=True)
+            self._open.record()
+
+    def end(self, step: int) -> dict | None:
+        """After step `step` ran; returns the verdict once, at the end of the FP8 window."""
+        if self._open is None:
+            return None
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        kind = "bf16" if step in self.windows["bf16"] else "fp8"
+        self.events[kind].append((self._open, end))
+        self._open = None
+        if kind != "fp8" or step != self.windows["fp8"][-1]:
+            return None
+        self.active = False
+        if not self.events["bf16"]:  # resumed inside the windows: nothing to compare with
+            return None
+        from redline.distributed import all_reduce_max
+
+        torch.cuda.synchronize()
+        bf16, fp8 = ([s.elapsed_time(e) for s, e in self.events[k]] for k in ("bf16", "fp8"))
+        # the slowest rank's medians, so every rank takes the same decision
+        medians = all_reduce_max(torch.tensor([statistics.median(bf16), statistics.median(fp8)],
+                                              dtype=torch.float64, device=self.device))
+        self.verdict = step_verdict(*medians.tolist())
+        if not self.verdict["kept"]:
+            self.model.redline_fp8_reverted = True
+            set_float8_enabled(self.model, False)
+        return self.verdict
+
+
+CHECK_STEPS = 8
+# FP8 stays on only if the whole step is at least this much faster than in BF16
+MIN_STEP_SPEEDUP = 1.01
+
+
+def step_verdict(bf16_ms: float, fp8_ms: float) -> dict:
+    speedup = bf16_ms / fp8_ms
+    return {"bf16_step_ms": bf16_ms, "fp8_step_ms": fp8_ms, "speedup": speedup, "kept": speedup >= MIN_STEP_SPEEDUP}
+
+
+def describe_verdict(verdict: dict) -> str:
+    what = "FP8 stays on" if verdict["kept"] else "FP8 turned back off (BF16 for the rest of the run)"
+    return (f"fp8=auto check: step {verdict['bf16_step_ms']:.1f} ms in BF16, {verdict['fp8_step_ms']:.1f} ms in FP8 "
+            f"({verdict['speedup']:.3f}×): {what}")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, r
 from redline.model import GPT
 from redline.training import checkpoint as ckpt_io
 from redline.training.evaluate import evaluate
-from redline.training.float8 import float8_disabled, set_float8_for_step
+from redline.training.float8 import StepCheck, describe_verdict, float8_disabled, set_float8_for_step
 from redline.training.metrics import MetricsLogger, format_duration
 from redline.training.optim import build_optimizers, lr_multiplier, set_lr, skips_on_device, step_if_finite
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states, local_tensor, no_sync, set_fsdp_sync
@@ -262,7 +262,8 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
         model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
         if info.is_main:
             state = {"optimizers": optimizer_states, "loader": train_loader.state_dict(), "step": step,
-                     "tokens": tokens, "elapsed": elapsed(), "rng": ckpt_io.rng_state(), "world_size": info.world_size}
+                     "tokens": tokens, "elapsed": elapsed(), "rng": ckpt_io.rng_state(), "world_size": info.world_size,
+                     "fp8_auto_check": fp8_check.verdict}
             path = ckpt_io.save_checkpoint(run_dir, step, model, state, to_dict(cfg), tokenizer, cfg.keep_checkpoints,
                                            model_state=model_state)
             log.log({"kind": "event", "event": "checkpoint", "step": step, "path": str(path)})
@@ -279,6 +280,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
     pending: list[tuple[int, float, torch.Tensor, torch.Tensor]] = []  # per-step values, read at log steps
     unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
     on_device_skip = skips_on_device(optimizers)
+    fp8_check = StepCheck(model, cfg.fp8, cfg.fp8_warmup_steps, device)
+    if resume_from is not None:
+        fp8_check.restore(state.get("fp8_auto_check"))
     window_start, window_tokens, bad_in_row = time.perf_counter(), 0, 0
     status, final_eval = "completed", {}
     if device.type == "cuda":
@@ -292,6 +296,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             multiplier = lr_multiplier(cfg.optim, step, progress)
             if set_float8_for_step(model, step, cfg.fp8_warmup_steps):  # BF16 warm-up over: FP8 from here
                 log.print(f"step {step}: FP8 on (the first {cfg.fp8_warmup_steps} steps train in BF16; one recompile)")
+            fp8_check.begin(step)
             set_lr(optimizers, multiplier)
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
@@ -311,6 +316,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             unchecked.append((step + 1, step_if_finite(optimizers, loss_mean, grad_norm)))
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
+            if (verdict := fp8_check.end(step)) is not None:
+                log.log({"kind": "event", "event": "fp8_auto_check", "step": step + 1, **verdict})
+                log.print(describe_verdict(verdict))
             step += 1
             tokens += tokens_per_step
             window_tokens += tokens_per_step
