@@ -66,15 +66,18 @@ def test_peer_failure_message():
     assert peer_failure_message(RuntimeError("Connection closed by peer"), DistInfo(), 60) is None  # one process
 
 
-def test_a_dead_rank_stops_the_job_and_keeps_the_checkpoint(dataset, tmp_path):  # noqa: F811
-    """SIGKILL rank 1 mid-run: torchrun stops the job (non-zero exit) and the last checkpoint still verifies."""
+@pytest.mark.parametrize("how", ["dead", "hung"])
+def test_a_dead_or_hung_rank_stops_the_job_and_keeps_the_checkpoint(dataset, tmp_path, how):  # noqa: F811
+    """Rank 1 is killed (SIGKILL) or frozen (SIGSTOP: alive, never answering) mid-run: rank 0's next collective
+    fails (at once, or after dist_timeout), it says so in one line, torchrun stops the job with a non-zero exit,
+    and the last checkpoint still verifies."""
     import signal
     import time
 
     from redline.training import checkpoint as ckpt_io
 
     cmd = [sys.executable, "-m", "redline", "train", f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=dead",
-           "gpus=2", *COMMON, "max_steps=100000", "checkpoint_every=2"]
+           "gpus=2", *COMMON, "max_steps=100000", "checkpoint_every=2", "dist_timeout=15"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -85,8 +88,10 @@ def test_a_dead_rank_stops_the_job_and_keeps_the_checkpoint(dataset, tmp_path): 
         assert ckpt_io.list_checkpoints(tmp_path / "dead"), "no checkpoint was written"
         rank1 = [pid for pid in _worker_pids(proc.pid) if _environ(pid).get("RANK") == "1"]
         assert rank1, "rank 1 not found"
-        os.kill(rank1[0], signal.SIGKILL)
+        os.kill(rank1[0], signal.SIGKILL if how == "dead" else signal.SIGSTOP)
+        stopped = time.time()
         out, _ = proc.communicate(timeout=180)
+        assert time.time() - stopped < 150  # the 15 s timeout, then torchrun's shutdown grace period
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
