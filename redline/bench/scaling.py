@@ -173,7 +173,7 @@ def run_rank(cfg, warmup: int, steps: int, trace: str | None) -> dict:
     """This rank's part of a point under torchrun: join the group, measure, leave. Every rank returns the same
     combined numbers. An error (out of memory included) propagates, so that torchrun stops the other ranks."""
     from redline.bench.step import measure
-    from redline.distributed import dist_info, init_distributed, shutdown
+    from redline.distributed import barrier, dist_info, init_distributed, shutdown
     from redline.hardware import resolve_device
 
     if cfg.profile_steps < 1:
@@ -186,6 +186,9 @@ def run_rank(cfg, warmup: int, steps: int, trace: str | None) -> dict:
     comm = point["communication"]
     point["comm_share"] = comm["share"]
     point["comm_exposed_share"] = comm["exposed_share"]
+    # every rank out of its last collective before any rank tears its group down: a rank whose peer closed
+    # the connection while a gloo thread still served it aborts (std::terminate) instead of exiting
+    barrier()
     shutdown()
     return point
 
