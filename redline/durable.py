@@ -33,13 +33,15 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Replace `path` with `data` (str is written as UTF-8) all at once: readers see the old or the new file."""
+def write_atomic(path: str | os.PathLike, data: str | bytes | list) -> Path:
+    """Replace `path` with `data` (str is written as UTF-8; a list of bytes-like parts is written one after the
+    other, without joining them in memory) all at once: readers see the old or the new file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            for part in data if isinstance(data, list) else [data]:
+                f.write(part.encode("utf-8") if isinstance(part, str) else part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from redline.durable import fsync_dir
+from redline.durable import write_atomic
 from redline.errors import UserError
 
 MAGIC = b"RDLNSHRD"
@@ -86,19 +86,7 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray, tokenizer_identity:
     payload = np.ascontiguousarray(tokens, dtype=dtype)
     header = _HEADER.pack(MAGIC, VERSION, dtype.itemsize, payload.size, vocab_size, _crc32(payload),
                           _identity_bytes(tokenizer_identity))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            f.write(memoryview(payload).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
+    return write_atomic(path, [header, memoryview(payload).cast("B")])
 
 
 def read_header(path: str | os.PathLike) -> ShardHeader:
