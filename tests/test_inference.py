@@ -71,11 +71,20 @@ def test_greedy_matches_full_forward_batched(arch):
     assert single == results[2].tokens
 
 
-@pytest.mark.parametrize("arch", ["mha", "gqa", "sliding-window"])
-def test_sdpa_decode_attention_matches(arch):
+@pytest.mark.parametrize("impl", ["sdpa", "flex"])
+@pytest.mark.parametrize("arch", ["mha", "gqa", "mqa", "sliding-window"])
+def test_other_decode_attention_matches(arch, impl):
+    """flex runs FlexAttention's unfused reference here (eager): the same masking as its GPU kernel."""
     model = tiny_model(**ARCHITECTURES[arch])
-    engine = InferenceEngine(model, dtype=torch.float64, decode_attention="sdpa")
+    engine = InferenceEngine(model, dtype=torch.float64, decode_attention=impl)
     assert [r.tokens for r in engine.generate(PROMPTS, 16)] == [reference_greedy(model, p, 16) for p in PROMPTS]
+
+
+def test_flex_compiled_on_cpu_is_refused():
+    with pytest.raises(UserError, match="flex compiles for CUDA GPUs only"):
+        InferenceEngine(tiny_model(), decode_attention="flex", compile=True)
+    with pytest.raises(UserError, match="compile_scope must be block or step"):
+        InferenceEngine(tiny_model(), compile_scope="model")
 
 
 def test_greedy_matches_in_fp32_default_dtype():
@@ -377,7 +386,23 @@ def test_bench_infer_tiny_preset(capsys):
     assert "naive (no cache)" in out
 
 
+def test_bench_infer_profile_writes_traces(capsys, tmp_path):
+    trace = tmp_path / "prof" / "decode.json.gz"
+    code, out, err = run_cli(["bench-infer", "--preset", "tiny", "--batch-sizes", "1", "2", "--prompt-lens", "16",
+                              "--max-new-tokens", "6", "--repeats", "1", "--methods", "eager",
+                              "--profile", str(trace)], capsys)
+    assert code == 0, err
+    profiles = json.loads(out.strip().splitlines()[-1])["profiles"]
+    assert [p["batch"] for p in profiles] == [1, 2] and all(p["steps"] == 5 for p in profiles)
+    for p in profiles:
+        assert p["total_ms_per_step"] > 0 and p["kernels_per_step"] > 10  # every block's operators, per token
+        assert p["groups_ms_per_step"]["gemm"] > 0 and p["top"]
+    assert sorted(f.name for f in trace.parent.iterdir()) == ["decode-b1.json.gz", "decode-b2.json.gz"]
+    assert "operators per token" in out
+
+
 @pytest.mark.parametrize("argv, fragment", [
+    (["bench-infer", "--preset", "tiny", "--profile", "trace.txt"], "ending in .json or .json.gz"),
     (["bench-infer"], "exactly one of --checkpoint"),
     (["bench-infer", "--preset", "nope"], "unknown preset"),
     (["bench-infer", "--preset", "tiny", "--cuda-graphs", "on", "--device", "cpu"], "needs a CUDA GPU"),
@@ -393,14 +418,18 @@ def test_bench_infer_bad_input(argv, fragment, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_cuda_graph_engine_matches_full_forward():
-    model = tiny_model(n_kv_head=2, sliding_window=9).cuda()
+@pytest.mark.parametrize("impl, scope", [("matmul", "block"), ("matmul", "step"), ("flex", "block"),
+                                         ("flex", "step"), ("sdpa", "step")])
+def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope):
+    model = tiny_model(n_kv_head=2, sliding_window=9, context_len=160).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
-    refs = [reference_greedy(model, p, 16) for p in PROMPTS]
-    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True)
-    for _ in range(2):  # the second call replays the captured graph
-        assert [r.tokens for r in engine.generate(PROMPTS, 16)] == refs
+    refs = [reference_greedy(model, p, 72) for p in PROMPTS]
+    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention=impl,
+                             compile_scope=scope)
+    for _ in range(2):  # the second call replays the captured graphs (widths 64 and 128)
+        assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
+    assert [r.tokens for r in engine.generate(PROMPTS[:3], 30)] == [r[:30] for r in refs[:3]]
 
 
 @pytest.mark.slow
@@ -416,3 +445,21 @@ def test_compiled_engine_on_cpu_matches_full_forward():
     assert [r.tokens for r in first] == [reference_greedy(model, p, 72) for p in PROMPTS]
     assert [r.tokens for r in again] == [r.tokens[:30] for r in first[:3]]
     assert counters["stats"]["unique_graphs"] - before == 2  # one prefill and one decode graph
+
+
+@pytest.mark.slow
+def test_whole_step_compiled_on_cpu_matches_full_forward():
+    """compile_scope=step: embedding, every block and the head in one compiled graph, dynamic batch and width."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(n_kv_head=2, context_len=160, sliding_window=40)
+    engine = InferenceEngine(model, dtype=torch.float64, compile=True, compile_scope="step")
+    before = counters["stats"]["unique_graphs"]
+    first = engine.generate(PROMPTS, 72)
+    compiled = counters["stats"]["unique_graphs"]
+    again = engine.generate(PROMPTS[:3], 30)
+    assert [r.tokens for r in first] == [reference_greedy(model, p, 72) for p in PROMPTS]
+    assert [r.tokens for r in again] == [r.tokens[:30] for r in first[:3]]
+    # the whole decode step is one new graph (the prefill block may be cached from an earlier test); another
+    # batch size and capacity compile nothing new
+    assert compiled - before in (1, 2) and counters["stats"]["unique_graphs"] == compiled

@@ -123,3 +123,32 @@ def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Pa
     if trace_path:
         summary["trace"] = str(export_trace(prof, trace_path))
     return summary
+
+
+def profile_difference(run: Callable[[], object], base: Callable[[], object], n_steps: int,
+                       trace_path: str | Path | None, device: torch.device) -> dict:
+    """Kernel time of `run` minus that of `base`, per step: for work that cannot be cut into steps from the
+    outside, such as the decode steps of one generate call (run: N tokens, base: 1 token, n_steps: N - 1).
+    Kernels inside CUDA graphs are counted. The trace written is that of `run`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    totals: dict[str, list[float]] = {}
+    for sign, fn in ((-1, base), (1, run)):
+        with profile(activities=activities) as prof:
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        for name, us, calls in _rows(prof, device):
+            entry = totals.setdefault(name, [0.0, 0])
+            entry[0] += sign * us
+            entry[1] += sign * calls
+    rows = [(name, us, calls) for name, (us, calls) in totals.items() if us > 0 and calls > 0]
+    summary = summarize(rows, n_steps)
+    summary["kernels_per_step"] = sum(calls for _, _, calls in rows) / max(n_steps, 1)
+    summary["timing"] = "gpu kernel time" if device.type == "cuda" else "cpu operator self time"
+    if trace_path:
+        summary["trace"] = str(export_trace(prof, trace_path))
+    return summary

@@ -55,6 +55,10 @@ class BenchInferConfig:
     """Seed for the random weights and prompts."""
     json_out: str | None = None
     """Also append the final JSON line to this file."""
+    profile: str | None = None
+    """Profile the compiled engine's decode steps at each batch size (first prompt length): print the GPU time
+    per decoded token by kernel group, the kernels launched per token and the top kernels, and write a
+    Chrome/Perfetto trace per batch size to this path with -bN added before the suffix (.json or .json.gz)."""
     runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
     """Device, precision, compilation and CUDA graphs of the `compiled` method."""
 
@@ -66,6 +70,8 @@ class BenchInferConfig:
         if self.context_len and not self.preset:
             raise UserError("--context-len overrides a preset's context length; a checkpoint keeps the one it was "
                             "trained with")
+        if self.profile and not self.profile.endswith((".json", ".json.gz")):
+            raise UserError(f"--profile {self.profile}: give a trace path ending in .json or .json.gz")
         if self.context_len < 0 or self.max_new_tokens < 0 or self.repeats < 1:
             raise UserError("context_len and max_new_tokens must be >= 0 and repeats >= 1")
         if any(b < 1 for b in self.batch_sizes) or any(p < 1 for p in self.prompt_lens):
@@ -139,6 +145,26 @@ def _runner(method: str, engines: dict, model, prompts: torch.Tensor, new_tokens
         return engine.last
 
     return run
+
+
+def _trace_path(path: str, batch: int) -> str:
+    """trace.json.gz -> trace-b64.json.gz"""
+    for suffix in (".json.gz", ".json"):
+        if path.endswith(suffix):
+            return f"{path[: -len(suffix)]}-b{batch}{suffix}"
+    return f"{path}-b{batch}.json"
+
+
+def _profile_decode(engine, prompts: torch.Tensor, new_tokens: int, device: torch.device, trace: str) -> dict:
+    """Kernel time per decode step: a generate call of new_tokens minus one of a single token (the prefill)."""
+    from redline.bench.profile import profile_difference
+
+    as_lists = prompts.tolist()
+    engine.generate(as_lists, new_tokens)  # compiled and captured before profiling
+    summary = profile_difference(lambda: engine.generate(as_lists, new_tokens),
+                                 lambda: engine.generate(as_lists, 1), new_tokens - 1, trace, device)
+    engine.release()
+    return summary
 
 
 def main(argv: list[str]) -> int:
@@ -236,12 +262,35 @@ def main(argv: list[str]) -> int:
     compile_s = sum(r.get("first_call_extra_s", 0.0) for r in results if r["method"] == "compiled")
     console.print(f"compile + capture cost (first calls of the compiled engine, beyond a timed run): {compile_s:.1f} s")
 
+    profiles = []
+    if cfg.profile:
+        engine = engines["compiled" if "compiled" in methods else "eager"]
+        P = prompt_lens[0]
+        for B in batch_sizes:
+            if P + new_tokens > ctx or new_tokens < 2:
+                continue
+            prompts = torch.randint(0, model.cfg.vocab_size, (B, P), generator=gen)
+            try:
+                prof = _profile_decode(engine, prompts, new_tokens, device, _trace_path(cfg.profile, B))
+            except torch.cuda.OutOfMemoryError:
+                engine.release()
+                continue
+            profiles.append({"batch": B, "prompt_len": P, **prof})
+            ms = prof["total_ms_per_step"]
+            groups = ", ".join(f"{g} {v:.3f}" for g, v in prof["groups_ms_per_step"].items() if v > 0)
+            console.print(f"profile batch {B}, prompt {P}: {prof['timing']} {ms:.3f} ms per decoded token "
+                          f"({groups}), {prof['kernels_per_step']:.0f} {'kernels' if on_gpu else 'operators'} per token; "
+                          f"trace {prof['trace']}")
+            for row in prof["top"][:12]:
+                console.print(f"  {row['ms_per_step'] * 1e3:8.1f} µs  {row['calls_per_step']:5.1f}×  "
+                              f"{row['group']:<9} {row['name'][:110]}")
+
     summary = {
         "command": "bench-infer", "model": name, "preset": cfg.preset, "checkpoint": cfg.checkpoint,
         "params": model.num_params(), "device": device_name, "dtype": str(compiled.dtype).removeprefix("torch."),
         "engine": compiled.describe(), "kv_bytes_per_token": compiled.kv_bytes_per_token(),
         "context_len": ctx, "max_new_tokens": new_tokens, "repeats": cfg.repeats,
-        "compile_s": compile_s, "torch": torch.__version__, "results": results,
+        "compile_s": compile_s, "torch": torch.__version__, "results": results, "profiles": profiles,
     }
     line = json.dumps(summary)
     if cfg.json_out:

@@ -40,6 +40,7 @@ from redline.inference.sampling import SamplingParams, make_generator, sample_ne
 from redline.model import GPT, Block, rope_tables, sdpa_context
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
+DECODE_ATTENTION = ("matmul", "sdpa", "flex")
 
 
 def length_bucket(n: int, smallest: int = 16) -> int:
@@ -133,15 +134,31 @@ def _block_forward(block: Block, x: torch.Tensor, attend: Callable[[torch.Tensor
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
-                     impl: str = "matmul") -> torch.Tensor:
+                     impl: str = "matmul", bounds: tuple | None = None) -> torch.Tensor:
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool
-    -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the
+    -> (B, 1, H*D). bounds (pad (B,), slot (1,), window int): the same mask as ranges, which "flex" reads
+    inside its kernel (the mask tensor is then not read). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the
     cache is read once per kv head and never expanded (query head h uses kv head h // (H/KV), as enable_gqa).
 
     impl "matmul": q·Kᵀ, masked fp32 softmax, ·V written out; "sdpa": the same through
-    F.scaled_dot_product_attention with the mask (one fused kernel where the backend allows)."""
+    F.scaled_dot_product_attention with the mask (one fused kernel where the backend allows); "flex":
+    FlexAttention with the mask applied as a score modification from `bounds` (compiled, its decoding kernel
+    splits the cache length across thread blocks and packs the query heads of a kv head together)."""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
+    if impl == "flex":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        pad, slot, window = bounds
+
+        def masked(score, b, h, q_idx, kv_idx):
+            keep = (kv_idx >= pad[b]) & (kv_idx <= slot[0])
+            if window > 0:
+                keep = keep & (slot[0] - kv_idx < window)
+            return torch.where(keep, score, -float("inf"))
+
+        y = flex_attention(q, k_cache, v_cache, score_mod=masked, enable_gqa=KV != H)
+        return y.reshape(B, 1, H * D)  # (B, H, 1, D): one query token, so heads are already in order
     qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g
     if impl == "sdpa":
         return F.scaled_dot_product_attention(qg, k_cache, v_cache, attn_mask=mask).reshape(B, 1, H * D)
@@ -151,17 +168,43 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
 
 
-def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul"):
+def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul", pad=None):
     """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's cache (a view of its first W slots),
-    then attends over those W slots."""
+    then attends over those W slots (pad: (B,) left padding, needed by impl "flex")."""
 
     def attend(h):
         q, k, v = block.attn.project_qkv(h, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
         k_cache[:, :, slot] = k
         v_cache[:, :, slot] = v
-        return cached_attention(q, k_cache, v_cache, mask, impl)
+        return cached_attention(q, k_cache, v_cache, mask, impl, (pad, slot, block.attn.cfg.sliding_window))
 
     return _block_forward(block, x, attend)
+
+
+def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
+    """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model)."""
+    logits = model.lm_head(model.norm_f(x))[:, -1, : model.cfg.vocab_size]
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, block_fn, mark_dynamic=None):
+    """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> (B, vocab) logits.
+
+    slots: (W,) 0..W-1; ks, vs: per layer, the first W slots of the cache. block_fn runs one block (compiled
+    alone, or inlined when this whole function is compiled); mark_dynamic marks the per-block inputs' batch
+    and width dims dynamic for a separately compiled block_fn."""
+    positions = (slot - pad).unsqueeze(1)  # (B, 1)
+    x, rope = model.embed(tokens, positions)
+    mask = (slots >= pad[:, None]) & (slots <= slot)  # (B, W)
+    if model.cfg.sliding_window > 0:
+        mask = mask & (slot - slots < model.cfg.sliding_window)
+    mask = mask[:, None, None, :]
+    if mark_dynamic is not None:
+        mark_dynamic((x, 0), (pad, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3),
+                     *[(t, 0, 2) for t in list(ks) + list(vs)])
+    for block, k_view, v_view in zip(model.blocks, ks, vs):
+        x = block_fn(block, x, rope, mask, k_view, v_view, slot, impl, pad)
+    return _head_logits(model, x)
 
 
 def _prefill_attention(attn, q, k, v, mask):
@@ -215,7 +258,7 @@ class InferenceEngine:
 
     def __init__(self, model: GPT, *, dtype: torch.dtype | None = None, compile: bool | None = None,
                  cuda_graphs: bool | None = None, decode_attention: str = "matmul",
-                 prefill_chunk_tokens: int = 32768):
+                 compile_scope: str = "block", prefill_chunk_tokens: int = 32768):
         self.model = model
         self.cfg = model.cfg
         self.device = next(model.parameters()).device
@@ -228,9 +271,15 @@ class InferenceEngine:
         self.dtype = dtype
         self.compile = on_cuda if compile is None else compile
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
-        if decode_attention not in ("matmul", "sdpa"):
-            raise UserError(f"decode_attention must be matmul or sdpa, got {decode_attention!r}")
+        if decode_attention not in DECODE_ATTENTION:
+            raise UserError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
+        if compile_scope not in ("block", "step"):
+            raise UserError(f"compile_scope must be block or step, got {compile_scope!r}")
+        if decode_attention == "flex" and self.compile and not on_cuda:
+            raise UserError("decode_attention flex compiles for CUDA GPUs only (Inductor's CPU FlexAttention "
+                            "fails on the cache's dynamic width); on the CPU use matmul or sdpa, or compile off")
         self.decode_attention = decode_attention
+        self.compile_scope = compile_scope
         self.prefill_chunk_tokens = prefill_chunk_tokens
         model.eval()
         model.to(dtype)
@@ -240,10 +289,13 @@ class InferenceEngine:
         if self.compile:
             # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
             # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
-            self._decode_fn = torch.compile(_decode_block, fullgraph=True)
             self._prefill_fn = torch.compile(_prefill_block, fullgraph=True)
+            if compile_scope == "block":
+                self._decode_fn, self._decode_all = torch.compile(_decode_block, fullgraph=True), _decode_layers
+            else:  # the whole step in one graph: fusion across blocks, embedding, mask and head included
+                self._decode_fn, self._decode_all = _decode_block, torch.compile(_decode_layers, fullgraph=True)
         else:
-            self._decode_fn, self._prefill_fn = _decode_block, _prefill_block
+            self._decode_fn, self._prefill_fn, self._decode_all = _decode_block, _prefill_block, _decode_layers
         self._state: _DecodeState | None = None
         self.last = Timings()
 
@@ -251,7 +303,8 @@ class InferenceEngine:
 
     def describe(self) -> dict:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "compile": self.compile, "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention}
+                "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
+                "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention}
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -313,9 +366,7 @@ class InferenceEngine:
         return self._state
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model)."""
-        logits = self.model.lm_head(self.model.norm_f(x))[:, -1, : self.cfg.vocab_size]
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return _head_logits(self.model, x)
 
     def _width(self, st: _DecodeState, slot: int) -> int:
         """How many cache slots the step at `slot` attends over: exactly slot + 1 when nothing is compiled or
@@ -326,20 +377,15 @@ class InferenceEngine:
         return min(st.cache.capacity, -(-(slot + 1) // WIDTH_STEP) * WIDTH_STEP)
 
     def _decode_step(self, st: _DecodeState, width: int) -> torch.Tensor:
-        m = self.model
-        positions = (st.slot - st.pad).unsqueeze(1)  # (B, 1)
-        x, rope = m.embed(st.tokens, positions)
+        """(B, vocab) logits of the step that reads st.tokens and writes cache slot st.slot, attending over
+        the first `width` slots."""
+        ks = [k[:, :, :width] for k in st.cache.k]
+        vs = [v[:, :, :width] for v in st.cache.v]
         slots = st.slots[:width]
-        mask = (slots >= st.pad[:, None]) & (slots <= st.slot)  # (B, W)
-        if self.cfg.sliding_window > 0:
-            mask = mask & (st.slot - slots < self.cfg.sliding_window)
-        mask = mask[:, None, None, :]
-        self._mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
-        for block, k_cache, v_cache in zip(m.blocks, st.cache.k, st.cache.v):
-            k_view, v_view = k_cache[:, :, :width], v_cache[:, :, :width]
-            self._mark_dynamic((k_view, 0, 2), (v_view, 0, 2))
-            x = self._decode_fn(block, x, rope, mask, k_view, v_view, st.slot, self.decode_attention)
-        return self._logits(x)
+        if self.compile_scope == "step":
+            self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])
+        return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention,
+                                self._decode_fn, self._mark_dynamic if self.compile_scope == "block" else None)
 
     def _mark_dynamic(self, *specs) -> None:
         """Batch, length and width dims are dynamic for torch.compile: one compilation for all sizes (instead

@@ -36,9 +36,14 @@ class RuntimeOptions:
     cpu_threads: int = 0
     """CPU only: PyTorch threads (0: PyTorch's default). 1 is often as fast for small models, and immune to
     other processes busy on the same cores (which can slow tiny multi-threaded ops down a hundredfold)."""
-    decode_attention: Literal["matmul", "sdpa"] = "matmul"
-    """How a decode step attends over the cache: matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile) or
-    sdpa (F.scaled_dot_product_attention with the mask). Both group query heads per kv head."""
+    decode_attention: Literal["matmul", "sdpa", "flex"] = "matmul"
+    """How a decode step attends over the cache: matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile),
+    sdpa (F.scaled_dot_product_attention with the mask) or flex (FlexAttention's decoding kernel, which splits
+    the cache length across the GPU; compiled on CUDA only). All group query heads per kv head."""
+    compile_scope: Literal["block", "step"] = "block"
+    """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
+    layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
+    fusion across blocks and fewer kernels per token, at a compile time that grows with depth)."""
 
     def resolve_device(self) -> torch.device:
         from redline.hardware import resolve_device
@@ -64,7 +69,8 @@ class RuntimeOptions:
             raise UserError("--dtype bf16 but this GPU has no bf16 support; use --dtype fp16 or fp32")
         flag = {"auto": None, "on": True, "off": False}
         return InferenceEngine(model, dtype=DTYPES.get(self.dtype), compile=flag[self.compile],
-                               cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention)
+                               cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention,
+                               compile_scope=self.compile_scope)
 
 
 def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: RuntimeOptions):

@@ -4,6 +4,9 @@
 #     scripts/gpu/bench_infer.sh                    # files under $OUT (default: a new temporary folder)
 #     BUDGET=400 scripts/gpu/bench_infer.sh         # seconds for all steps (default 300)
 #     AB=0 scripts/gpu/bench_infer.sh               # skip the decode-attention A/B (saves ~40 s)
+#     VARIANTS="matmul:block flex:step" PRESETS="modern-124m" PROFILE=1 scripts/gpu/bench_infer.sh
+#         # instead of the steps below: each decode-attention:compile-scope variant at batch 1 and 64, compiled
+#         # only, with a kernel profile of the decode step (PROFILE=1; traces under $OUT)
 #
 # Steps, each its own process, in this order:
 #   modern-124m and gpt2-124m   batch 1 and 64, 512-token prompts, 256 new tokens: naive loop (batch 1 only),
@@ -50,6 +53,16 @@ STEPS=(
     "--preset gpt2-1.5b --batch-sizes 1 --methods eager compiled"
 )
 [ "$AB" = "1" ] && STEPS+=("--preset gpt2-124m --batch-sizes 1 64 --methods compiled --decode-attention sdpa")
+if [ -n "${VARIANTS:-}" ]; then
+    STEPS=()
+    for preset in ${PRESETS:-modern-124m gpt2-124m}; do
+        for variant in $VARIANTS; do
+            step="--preset $preset --batch-sizes ${BATCHES:-1 64} --methods compiled --decode-attention ${variant%%:*} --compile-scope ${variant##*:}"
+            [ "${PROFILE:-0}" = "1" ] && step+=" --profile $OUT/traces/$preset-${variant/:/-}.json.gz"
+            STEPS+=("$step")
+        done
+    done
+fi
 
 START=$(date +%s)
 SKIPPED=()
@@ -84,7 +97,7 @@ TARGETS = [  # (preset, batch, metric, comparison, target)
 ]
 steps, checks = [], []
 for line in lines:
-    attn = line["engine"].get("decode_attention", "matmul")
+    attn = line["engine"].get("decode_attention", "matmul") + "/" + (line["engine"].get("compile_scope") or "block")
     for r in line["results"]:
         if r.get("status") != "ok":
             steps.append({"preset": line["preset"], "attention": attn, "method": r["method"], "batch": r["batch"],
@@ -97,7 +110,7 @@ for line in lines:
                       "kv_cache_mib": round(r["kv_cache_mib"], 1), "peak_mem_mib": r["peak_mem_mib"],
                       "first_call_s": round(r["first_call_s"], 1)})
 for preset, batch, metric, cmp, target in TARGETS:
-    rows = [s for s in steps if s["preset"] == preset and s["batch"] == batch and s["method"] == "compiled"
+    rows = [s for s in steps if s["preset"] == preset and s["batch"] == batch and s.get("method") == "compiled"
             and metric in s]
     if not rows:
         checks.append({"preset": preset, "batch": batch, "metric": metric, "target": f"{cmp} {target}",
@@ -113,8 +126,16 @@ print(f"\n{'preset':<12} {'batch':>5} {'metric':<22} {'target':>10} {'measured':
 for c in checks:
     measured = "-" if c["measured"] is None else f"{c['measured']:,.1f}"
     print(f"{c['preset']:<12} {c['batch']:>5} {c['metric']:<22} {c['target']:>10} {measured:>10}  "
-          f"{c.get('attention', '-'):<9}  {c['met']}")
-compile_s = {f"{l['preset']}/{l['engine'].get('decode_attention', 'matmul')}": round(l["compile_s"], 1) for l in lines}
+          f"{c.get('attention', '-'):<12}  {c['met']}")
+compile_s = {f"{l['preset']}/{l['engine'].get('decode_attention', 'matmul')}/{l['engine'].get('compile_scope')}":
+             round(l["compile_s"], 1) for l in lines}
+for l in lines:
+    for p in l.get("profiles", []):
+        steps.append({"preset": l["preset"], "profile": True, "batch": p["batch"],
+                      "attention": l["engine"].get("decode_attention") + "/" + str(l["engine"].get("compile_scope")),
+                      "kernel_ms_per_token": round(p["total_ms_per_step"], 4),
+                      "kernels_per_token": round(p["kernels_per_step"], 1),
+                      "groups_ms": {g: round(v, 4) for g, v in p["groups_ms_per_step"].items()}})
 print(f"compile + capture seconds per step: {compile_s}; wall time {wall_s:.0f} s")
 print(json.dumps({"script": "bench_infer.sh", "device": lines[0]["device"] if lines else None, "wall_s": wall_s,
                   "compile_s": compile_s, "checks": checks, "steps": steps}))
