@@ -418,15 +418,16 @@ def test_bench_infer_bad_input(argv, fragment, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("impl, scope", [("matmul", "block"), ("matmul", "step"), ("flex", "block"),
-                                         ("flex", "step"), ("sdpa", "step")])
-def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope):
+@pytest.mark.parametrize("impl, scope, tuning", [("matmul", "block", False), ("matmul", "step", False),
+                                                 ("matmul", "block", True), ("flex", "block", False),
+                                                 ("sdpa", "step", True)])
+def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
     model = tiny_model(n_kv_head=2, sliding_window=9, context_len=160).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
     refs = [reference_greedy(model, p, 72) for p in PROMPTS]
     engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention=impl,
-                             compile_scope=scope)
+                             compile_scope=scope, kernel_tuning=tuning)
     for _ in range(2):  # the second call replays the captured graphs (widths 64 and 128)
         assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
     assert [r.tokens for r in engine.generate(PROMPTS[:3], 30)] == [r[:30] for r in refs[:3]]

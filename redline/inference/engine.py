@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -169,14 +170,19 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul", pad=None):
-    """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's cache (a view of its first W slots),
-    then attends over those W slots (pad: (B,) left padding, needed by impl "flex")."""
+    """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's whole cache buffer, then attends over
+    its first W slots, W = mask.shape[-1] (pad: (B,) left padding, needed by impl "flex").
+
+    The write goes to the buffer itself, not to a view of it: Inductor then updates it in place, where a write
+    into a view passed in is copied back whole (the full cache, twice per layer and step)."""
 
     def attend(h):
         q, k, v = block.attn.project_qkv(h, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
         k_cache[:, :, slot] = k
         v_cache[:, :, slot] = v
-        return cached_attention(q, k_cache, v_cache, mask, impl, (pad, slot, block.attn.cfg.sliding_window))
+        W = mask.shape[-1]
+        return cached_attention(q, k_cache[:, :, :W], v_cache[:, :, :W], mask, impl,
+                                (pad, slot, block.attn.cfg.sliding_window))
 
     return _block_forward(block, x, attend)
 
@@ -190,9 +196,9 @@ def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
 def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, block_fn, mark_dynamic=None):
     """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> (B, vocab) logits.
 
-    slots: (W,) 0..W-1; ks, vs: per layer, the first W slots of the cache. block_fn runs one block (compiled
-    alone, or inlined when this whole function is compiled); mark_dynamic marks the per-block inputs' batch
-    and width dims dynamic for a separately compiled block_fn."""
+    slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. block_fn runs
+    one block (compiled alone, or inlined when this whole function is compiled); mark_dynamic marks the
+    per-block inputs' batch, width and capacity dims dynamic for a separately compiled block_fn."""
     positions = (slot - pad).unsqueeze(1)  # (B, 1)
     x, rope = model.embed(tokens, positions)
     mask = (slots >= pad[:, None]) & (slots <= slot)  # (B, W)
@@ -258,7 +264,7 @@ class InferenceEngine:
 
     def __init__(self, model: GPT, *, dtype: torch.dtype | None = None, compile: bool | None = None,
                  cuda_graphs: bool | None = None, decode_attention: str = "matmul",
-                 compile_scope: str = "block", prefill_chunk_tokens: int = 32768):
+                 compile_scope: str = "block", kernel_tuning: bool = False, prefill_chunk_tokens: int = 32768):
         self.model = model
         self.cfg = model.cfg
         self.device = next(model.parameters()).device
@@ -280,6 +286,7 @@ class InferenceEngine:
                             "fails on the cache's dynamic width); on the CPU use matmul or sdpa, or compile off")
         self.decode_attention = decode_attention
         self.compile_scope = compile_scope
+        self.kernel_tuning = kernel_tuning and self.compile
         self.prefill_chunk_tokens = prefill_chunk_tokens
         model.eval()
         model.to(dtype)
@@ -290,10 +297,13 @@ class InferenceEngine:
             # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
             # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
             self._prefill_fn = torch.compile(_prefill_block, fullgraph=True)
+            # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
+            # computes one-row matrix products, batch 1's every linear layer, as Triton reductions, not cuBLAS
+            decode = partial(torch.compile, fullgraph=True, options={"coordinate_descent_tuning": self.kernel_tuning})
             if compile_scope == "block":
-                self._decode_fn, self._decode_all = torch.compile(_decode_block, fullgraph=True), _decode_layers
+                self._decode_fn, self._decode_all = decode(_decode_block), _decode_layers
             else:  # the whole step in one graph: fusion across blocks, embedding, mask and head included
-                self._decode_fn, self._decode_all = _decode_block, torch.compile(_decode_layers, fullgraph=True)
+                self._decode_fn, self._decode_all = _decode_block, decode(_decode_layers)
         else:
             self._decode_fn, self._prefill_fn, self._decode_all = _decode_block, _prefill_block, _decode_layers
         self._state: _DecodeState | None = None
@@ -304,6 +314,7 @@ class InferenceEngine:
     def describe(self) -> dict:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
+                "kernel_tuning": self.kernel_tuning,
                 "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention}
 
     @property
@@ -379,8 +390,7 @@ class InferenceEngine:
     def _decode_step(self, st: _DecodeState, width: int) -> torch.Tensor:
         """(B, vocab) logits of the step that reads st.tokens and writes cache slot st.slot, attending over
         the first `width` slots."""
-        ks = [k[:, :, :width] for k in st.cache.k]
-        vs = [v[:, :, :width] for v in st.cache.v]
+        ks, vs = st.cache.k, st.cache.v
         slots = st.slots[:width]
         if self.compile_scope == "step":
             self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])

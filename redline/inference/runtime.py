@@ -44,6 +44,9 @@ class RuntimeOptions:
     """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
     layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
     fusion across blocks and fewer kernels per token, at a compile time that grows with depth)."""
+    kernel_tuning: Literal["on", "off"] = "off"
+    """Let Inductor tune the decode step's generated kernels by coordinate descent (longer compilation); with it,
+    batch 1's matrix-vector products become tuned Triton reductions instead of cuBLAS calls. GPU only."""
 
     def resolve_device(self) -> torch.device:
         from redline.hardware import resolve_device
@@ -70,7 +73,7 @@ class RuntimeOptions:
         flag = {"auto": None, "on": True, "off": False}
         return InferenceEngine(model, dtype=DTYPES.get(self.dtype), compile=flag[self.compile],
                                cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention,
-                               compile_scope=self.compile_scope)
+                               compile_scope=self.compile_scope, kernel_tuning=self.kernel_tuning == "on")
 
 
 def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: RuntimeOptions):

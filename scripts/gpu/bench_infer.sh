@@ -4,8 +4,8 @@
 #     scripts/gpu/bench_infer.sh                    # files under $OUT (default: a new temporary folder)
 #     BUDGET=400 scripts/gpu/bench_infer.sh         # seconds for all steps (default 300)
 #     AB=0 scripts/gpu/bench_infer.sh               # skip the decode-attention A/B (saves ~40 s)
-#     VARIANTS="matmul:block flex:step" PRESETS="modern-124m" PROFILE=1 scripts/gpu/bench_infer.sh
-#         # instead of the steps below: each decode-attention:compile-scope variant at batch 1 and 64, compiled
+#     VARIANTS="matmul:block flex:step:on" PRESETS="modern-124m" PROFILE=1 scripts/gpu/bench_infer.sh
+#         # instead of the steps below: each decode-attention:compile-scope[:kernel-tuning] variant at batch 1 and 64, compiled
 #         # only, with a kernel profile of the decode step (PROFILE=1; traces under $OUT)
 #
 # Steps, each its own process, in this order:
@@ -57,8 +57,9 @@ if [ -n "${VARIANTS:-}" ]; then
     STEPS=()
     for preset in ${PRESETS:-modern-124m gpt2-124m}; do
         for variant in $VARIANTS; do
-            step="--preset $preset --batch-sizes ${BATCHES:-1 64} --methods compiled --decode-attention ${variant%%:*} --compile-scope ${variant##*:}"
-            [ "${PROFILE:-0}" = "1" ] && step+=" --profile $OUT/traces/$preset-${variant/:/-}.json.gz"
+            IFS=: read -r attn scope tune <<< "$variant"
+            step="--preset $preset --batch-sizes ${BATCHES:-1 64} --methods compiled --decode-attention $attn --compile-scope $scope --kernel-tuning ${tune:-off}"
+            [ "${PROFILE:-0}" = "1" ] && step+=" --profile $OUT/traces/$preset-${variant//:/-}.json.gz"
             STEPS+=("$step")
         done
     done
@@ -97,7 +98,9 @@ TARGETS = [  # (preset, batch, metric, comparison, target)
 ]
 steps, checks = [], []
 for line in lines:
-    attn = line["engine"].get("decode_attention", "matmul") + "/" + (line["engine"].get("compile_scope") or "block")
+    eng = line["engine"]
+    attn = "/".join([eng.get("decode_attention", "matmul"), eng.get("compile_scope") or "block"]
+                    + ["tuned"] * bool(eng.get("kernel_tuning")))
     for r in line["results"]:
         if r.get("status") != "ok":
             steps.append({"preset": line["preset"], "attention": attn, "method": r["method"], "batch": r["batch"],
@@ -127,12 +130,13 @@ for c in checks:
     measured = "-" if c["measured"] is None else f"{c['measured']:,.1f}"
     print(f"{c['preset']:<12} {c['batch']:>5} {c['metric']:<22} {c['target']:>10} {measured:>10}  "
           f"{c.get('attention', '-'):<12}  {c['met']}")
-compile_s = {f"{l['preset']}/{l['engine'].get('decode_attention', 'matmul')}/{l['engine'].get('compile_scope')}":
-             round(l["compile_s"], 1) for l in lines}
+compile_s = {f"{l['preset']}/{l['engine'].get('decode_attention', 'matmul')}/{l['engine'].get('compile_scope')}"
+             f"{'/tuned' * bool(l['engine'].get('kernel_tuning'))}": round(l["compile_s"], 1) for l in lines}
 for l in lines:
     for p in l.get("profiles", []):
         steps.append({"preset": l["preset"], "profile": True, "batch": p["batch"],
-                      "attention": l["engine"].get("decode_attention") + "/" + str(l["engine"].get("compile_scope")),
+                      "attention": l["engine"].get("decode_attention") + "/" + str(l["engine"].get("compile_scope"))
+                      + "/tuned" * bool(l["engine"].get("kernel_tuning")),
                       "kernel_ms_per_token": round(p["total_ms_per_step"], 4),
                       "kernels_per_token": round(p["kernels_per_step"], 1),
                       "groups_ms": {g: round(v, 4) for g, v in p["groups_ms_per_step"].items()}})
