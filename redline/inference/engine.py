@@ -116,7 +116,7 @@ class _DecodeState:
     slot: torch.Tensor  # (1,) cache slot the step writes (shared by all rows: prompts are left-padded)
     pad: torch.Tensor  # (B,) left padding of each row; position = slot - pad
     slots: torch.Tensor  # (S,) 0..S-1, for the mask
-    graphs: dict = field(default_factory=dict)  # width -> (CUDAGraph, its logits output)
+    graphs: dict = field(default_factory=dict)  # (width, greedy) -> (CUDAGraph, its outputs)
     pool: object = None  # one memory pool shared by the graphs of every width (they never run concurrently)
     warm: set = field(default_factory=set)  # shapes already compiled
 
@@ -193,24 +193,44 @@ def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, block_fn, mark_dynamic=None):
-    """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> (B, vocab) logits.
-
-    slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. block_fn runs
-    one block (compiled alone, or inlined when this whole function is compiled); mark_dynamic marks the
-    per-block inputs' batch, width and capacity dims dynamic for a separately compiled block_fn."""
+def _decode_inputs(model: GPT, tokens, slot, pad, slots):
+    """The step's embeddings x (B, 1, C), RoPE tables and attention mask (B, 1, 1, W): row b attends to slots
+    pad_b..slot (and within the sliding window)."""
     positions = (slot - pad).unsqueeze(1)  # (B, 1)
     x, rope = model.embed(tokens, positions)
     mask = (slots >= pad[:, None]) & (slots <= slot)  # (B, W)
     if model.cfg.sliding_window > 0:
         mask = mask & (slot - slots < model.cfg.sliding_window)
-    mask = mask[:, None, None, :]
+    return x, rope, mask[:, None, None, :]
+
+
+def _decode_output(model: GPT, x, tokens, greedy: bool):
+    """(logits (B, vocab) fp32, next tokens (B,) or None). greedy: also take the argmax and write it into
+    `tokens`, the next step's input, so that greedy decoding runs entirely inside the step (and its graph)."""
+    logits = _head_logits(model, x)
+    if not greedy:
+        return logits, None
+    nxt = logits.argmax(dim=-1)
+    tokens.copy_(nxt[:, None])
+    return logits, nxt
+
+
+def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, greedy: bool, fns=None,
+                   mark_dynamic=None):
+    """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> _decode_output's pair.
+
+    slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. fns: the
+    (inputs, block, output) functions, each compiled alone (None: the plain ones, inlined when this whole
+    function is compiled); mark_dynamic marks their inputs' batch, width and capacity dims dynamic."""
+    inputs_fn, block_fn, output_fn = fns or (_decode_inputs, _decode_block, _decode_output)
     if mark_dynamic is not None:
-        mark_dynamic((x, 0), (pad, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3),
-                     *[(t, 0, 2) for t in list(ks) + list(vs)])
-    for block, k_view, v_view in zip(model.blocks, ks, vs):
-        x = block_fn(block, x, rope, mask, k_view, v_view, slot, impl, pad)
-    return _head_logits(model, x)
+        mark_dynamic((tokens, 0), (pad, 0), (slots, 0))
+    x, rope, mask = inputs_fn(model, tokens, slot, pad, slots)
+    if mark_dynamic is not None:
+        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3), *[(t, 0, 2) for t in list(ks) + list(vs)])
+    for block, k_cache, v_cache in zip(model.blocks, ks, vs):
+        x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad)
+    return output_fn(model, x, tokens, greedy)
 
 
 def _prefill_attention(attn, q, k, v, mask):
@@ -300,12 +320,13 @@ class InferenceEngine:
             # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
             # computes one-row matrix products, batch 1's every linear layer, as Triton reductions, not cuBLAS
             decode = partial(torch.compile, fullgraph=True, options={"coordinate_descent_tuning": self.kernel_tuning})
-            if compile_scope == "block":
-                self._decode_fn, self._decode_all = decode(_decode_block), _decode_layers
+            if compile_scope == "block":  # the embedding and mask, each block, and the head (+ argmax) apart
+                self._decode_fns = (decode(_decode_inputs), decode(_decode_block), decode(_decode_output))
+                self._decode_all = _decode_layers
             else:  # the whole step in one graph: fusion across blocks, embedding, mask and head included
-                self._decode_fn, self._decode_all = _decode_block, decode(_decode_layers)
+                self._decode_fns, self._decode_all = None, decode(_decode_layers)
         else:
-            self._decode_fn, self._prefill_fn, self._decode_all = _decode_block, _prefill_block, _decode_layers
+            self._prefill_fn, self._decode_fns, self._decode_all = _prefill_block, None, _decode_layers
         self._state: _DecodeState | None = None
         self.last = Timings()
 
@@ -387,15 +408,22 @@ class InferenceEngine:
             return slot + 1
         return min(st.cache.capacity, -(-(slot + 1) // WIDTH_STEP) * WIDTH_STEP)
 
-    def _decode_step(self, st: _DecodeState, width: int) -> torch.Tensor:
-        """(B, vocab) logits of the step that reads st.tokens and writes cache slot st.slot, attending over
-        the first `width` slots."""
+    def _decode_step(self, st: _DecodeState, width: int, greedy: bool):
+        """(logits (B, vocab), next tokens or None) of the step that reads st.tokens and writes cache slot
+        st.slot, attending over the first `width` slots; greedy: the argmax is taken and written to st.tokens."""
         ks, vs = st.cache.k, st.cache.v
         slots = st.slots[:width]
         if self.compile_scope == "step":
             self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])
-        return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention,
-                                self._decode_fn, self._mark_dynamic if self.compile_scope == "block" else None)
+        return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention, greedy,
+                                self._decode_fns, self._mark_dynamic if self._decode_fns else None)
+
+    def _warm_step(self, st: _DecodeState, width: int, greedy: bool) -> None:
+        """Run the step without advancing anything: it rewrites the current slot with the same values, and the
+        input tokens a greedy step overwrites are put back."""
+        tokens = st.tokens.clone()
+        self._decode_step(st, width, greedy)
+        st.tokens.copy_(tokens)
 
     def _mark_dynamic(self, *specs) -> None:
         """Batch, length and width dims are dynamic for torch.compile: one compilation for all sizes (instead
@@ -408,40 +436,40 @@ class InferenceEngine:
             for d in dims:
                 maybe_mark_dynamic(tensor, d)
 
-    def _capture(self, st: _DecodeState, width: int) -> None:
-        """Warm up (compiling on the first call) on a side stream, then record the step in a CUDA graph.
-        The warm-up steps rewrite the current slot with the same values, so they change nothing."""
+    def _capture(self, st: _DecodeState, width: int, greedy: bool) -> None:
+        """Warm up (compiling on the first call) on a side stream, then record the step in a CUDA graph
+        (capturing runs nothing, so it changes nothing either)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._decode_step(st, width)
+                self._warm_step(st, width, greedy)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if st.pool is None:
             st.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=st.pool):
-            logits = self._decode_step(st, width)
-        st.graphs[width] = (graph, logits)
+            outputs = self._decode_step(st, width, greedy)
+        st.graphs[width, greedy] = (graph, outputs)
 
-    def _step(self, st: _DecodeState, width: int) -> torch.Tensor:
+    def _step(self, st: _DecodeState, width: int, greedy: bool):
         if self.cuda_graphs:
-            graph, logits = st.graphs[width]
+            graph, outputs = st.graphs[width, greedy]
             graph.replay()
-            return logits
-        return self._decode_step(st, width)
+            return outputs
+        return self._decode_step(st, width, greedy)
 
-    def _prepare_step(self, st: _DecodeState, width: int) -> float:
+    def _prepare_step(self, st: _DecodeState, width: int, greedy: bool) -> float:
         """Capture the graph (or compile) for this width if that has not happened yet; returns seconds spent."""
-        if self.cuda_graphs and width not in st.graphs:
+        if self.cuda_graphs and (width, greedy) not in st.graphs:
             t0 = time.perf_counter()
-            self._capture(st, width)
+            self._capture(st, width, greedy)
             torch.cuda.synchronize(self.device)
             return time.perf_counter() - t0
-        if self.compile and not self.cuda_graphs and ("decode", width) not in st.warm:
+        if self.compile and not self.cuda_graphs and ("decode", width, greedy) not in st.warm:
             t0 = time.perf_counter()
-            self._decode_step(st, width)  # compiles on a new shape; rewrites the current slot with the same values
-            st.warm.add(("decode", width))
+            self._warm_step(st, width, greedy)  # compiles on a new shape
+            st.warm.add(("decode", width, greedy))
             return time.perf_counter() - t0
         return 0.0
 
@@ -547,15 +575,18 @@ class InferenceEngine:
         t_first = time.perf_counter()
         sync_every = sync_every or (1 if on_tokens is not None else 16)
         synced, steps = 1, 1
+        in_step = sampling.greedy and seen is None  # the step itself takes the argmax and feeds it back
         for i in range(1, max_new_tokens):
             if all_done:
                 break
-            st.tokens.copy_(nxt[:, None])
+            if i == 1 or not in_step:
+                st.tokens.copy_(nxt[:, None])
             st.slot.fill_(T + i - 1)
             width = self._width(st, T + i - 1)
-            decode_setup_s += self._prepare_step(st, width)
-            logits = self._step(st, width)
-            nxt = sample_next(logits, sampling, generator, seen)
+            decode_setup_s += self._prepare_step(st, width, in_step)
+            logits, nxt = self._step(st, width, in_step)
+            if not in_step:
+                nxt = sample_next(logits, sampling, generator, seen)
             out[:, i] = nxt
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
