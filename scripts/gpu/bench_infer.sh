@@ -3,7 +3,7 @@
 #
 #     scripts/gpu/bench_infer.sh                    # files under $OUT (default: a new temporary folder)
 #     BUDGET=400 scripts/gpu/bench_infer.sh         # seconds for all steps (default 300)
-#     AB=0 scripts/gpu/bench_infer.sh               # skip the decode-attention A/B (saves ~40 s)
+#     AB=0 scripts/gpu/bench_infer.sh               # skip the kernel-tuning A/B (saves ~80 s)
 #     VARIANTS="matmul:block flex:step:on" PRESETS="modern-124m" PROFILE=1 scripts/gpu/bench_infer.sh
 #         # instead of the steps below: each decode-attention:compile-scope[:kernel-tuning] variant at batch 1 and 64, compiled
 #         # only, with a kernel profile of the decode step (PROFILE=1; traces under $OUT)
@@ -12,7 +12,7 @@
 #   modern-124m and gpt2-124m   batch 1 and 64, 512-token prompts, 256 new tokens: naive loop (batch 1 only),
 #                               eager KV cache, compiled KV cache (bf16, torch.compile'd blocks, CUDA graphs)
 #   modern-1.5b and gpt2-1.5b   batch 1, same lengths: eager and compiled (the naive loop is left out here)
-#   A/B                         gpt2-124m (multi-head: the most cache-bound) with --decode-attention sdpa
+#   A/B                         modern-124m and gpt2-124m compiled with --kernel-tuning on
 # Expected on one H100: about 4 minutes; most of it is torch.compile (a block compiles once per model for
 # batch 1 and once for larger batches, ~10-20 s each), reported apart as compile_s and "1st call s".
 # A step starts only while MIN_LEFT seconds of the budget remain; skipped steps are listed.
@@ -52,7 +52,8 @@ STEPS=(
     "--preset modern-1.5b --batch-sizes 1 --methods eager compiled"
     "--preset gpt2-1.5b --batch-sizes 1 --methods eager compiled"
 )
-[ "$AB" = "1" ] && STEPS+=("--preset gpt2-124m --batch-sizes 1 64 --methods compiled --decode-attention sdpa")
+[ "$AB" = "1" ] && STEPS+=("--preset modern-124m --batch-sizes 1 64 --methods compiled --kernel-tuning on"
+                          "--preset gpt2-124m --batch-sizes 1 64 --methods compiled --kernel-tuning on")
 if [ -n "${VARIANTS:-}" ]; then
     STEPS=()
     for preset in ${PRESETS:-modern-124m gpt2-124m}; do
