@@ -20,6 +20,16 @@ torch.compile guards on the flag, so the switch costs one recompile and both gra
 and sampling run with the flag off (`float8_disabled`): evaluation is always BF16. Parameter names are those of
 nn.Linear, so checkpoints load into a plain model.
 
+FSDP2 (parallel=fsdp2, tensorwise recipe): the converted layers' weights are all-gathered in FP8 instead of BF16
+(torchao's `enable_fsdp_float8_all_gather`: half the bytes on the wire, and the cast to FP8 happens once on each
+shard before the all-gather instead of on every rank after it). torchao wraps each such weight in a tensor
+subclass, a new Parameter around the same tensor, so the conversion comes before the optimizer is built (as
+wrap.py does); a head tied to the embedding keeps the BF16 all-gather so it stays tied. After each optimizer step
+the loop calls `precompute_fsdp_float8_scales`: the scales of every such weight in one all-reduce (otherwise each
+all-gather reduces its own amax). The all-gathered weight is then FP8 whatever the flag says, so the BF16 steps
+(warm-up, evaluation, sampling, fp8=auto's fallback) compute in BF16 from FP8-rounded weights there; checkpoints
+store the plain fp32 tensor inside the subclass (`plain_weight`).
+
 torchao is imported only when FP8 is asked for; without it the error says `pip install torchao`.
 """
 
@@ -29,6 +39,7 @@ import contextlib
 import copy
 import dataclasses
 import statistics
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -144,42 +155,71 @@ def _switchable_class(base: type) -> type:
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             if self.redline_fp8_on:
                 return base.forward(self, input)
-            return F.linear(input, self.weight, self.bias)
+            weight = self.weight
+            if hasattr(weight, "to_original_precision"):  # FSDP2 all-gathered it in FP8 (a Float8TrainingTensor)
+                weight = weight.to_original_precision()
+            return F.linear(input, weight, self.bias)
 
     Switchable.__name__ = Switchable.__qualname__ = f"Switchable{base.__name__}"
     _SWITCHABLE[base] = Switchable
     return Switchable
 
 
-def _float8_config(recipe: str, emulate: bool):
+def _float8_config(recipe: str, emulate: bool, fsdp_float8_all_gather: bool = False):
     from torchao.float8 import Float8LinearConfig
 
     config = Float8LinearConfig.from_recipe_name(recipe)
-    return dataclasses.replace(config, emulate=True) if emulate else config
+    changes = {"emulate": True} if emulate else {}
+    if fsdp_float8_all_gather:
+        changes["enable_fsdp_float8_all_gather"] = True  # tensorwise only (torchao checks)
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    """ids of parameters that more than one module holds (a head tied to the embedding)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for _, p in model.named_parameters(remove_duplicate=False):
+        (shared if id(p) in seen else seen).add(id(p))
+    return shared
 
 
 def convert_linears(model: nn.Module, names: set[str] | list[str], recipe: str = "tensorwise",
-                    emulate: bool = False, enabled: bool = True) -> list[str]:
+                    emulate: bool = False, enabled: bool = True, fsdp_float8_all_gather: bool = False) -> list[str]:
     """Swap the named nn.Linear layers of `model` for torchao FP8 ones, in place; returns the names converted.
 
-    The parameters stay the same objects (an optimizer built before keeps working, tied weights stay tied).
-    emulate=True runs the FP8 arithmetic without FP8 GEMMs (any device; for tests)."""
+    The parameters stay the same objects (an optimizer built before keeps working, tied weights stay tied),
+    except with fsdp_float8_all_gather (tensorwise only): then each weight not shared with another module becomes
+    a new Parameter wrapping the same tensor, which FSDP2 casts to FP8 before its all-gather; convert before
+    building the optimizer. emulate=True runs the FP8 arithmetic without FP8 GEMMs (any device; for tests)."""
     require_torchao()
     names = set(names)
     missing = names - set(candidate_linears(model, recipe))
     if missing:
         raise UserError(f"cannot convert {sorted(missing)} to FP8: not Linear layers with dimensions FP8 accepts")
+    if fsdp_float8_all_gather and recipe != "tensorwise":
+        raise UserError(f"FP8 all-gather under FSDP2 needs fp8_recipe=tensorwise, not {recipe}")
     converted: list[str] = []
     if recipe in ("tensorwise", "rowwise"):
         from torchao.float8 import convert_to_float8_training
 
-        def keep(module: nn.Module, fqn: str) -> bool:
-            if fqn in names and not getattr(module, "redline_fp8", False):
+        shared = _shared_weights(model) if fsdp_float8_all_gather else set()
+
+        def keeper(tied: bool | None):
+            """A filter for the named layers not yet converted; tied: only those whose weight is (not) shared."""
+            def keep(module: nn.Module, fqn: str) -> bool:
+                if fqn not in names or getattr(module, "redline_fp8", False):
+                    return False
+                if tied is not None and (id(getattr(module, "weight", None)) in shared) != tied:
+                    return False
                 converted.append(fqn)
                 return True
-            return False
+            return keep
 
-        convert_to_float8_training(model, module_filter_fn=keep, config=_float8_config(recipe, emulate))
+        convert_to_float8_training(model, module_filter_fn=keeper(False if fsdp_float8_all_gather else None),
+                                   config=_float8_config(recipe, emulate, fsdp_float8_all_gather))
+        if fsdp_float8_all_gather:  # a tied head: the BF16 all-gather, so it stays one parameter with the embedding
+            convert_to_float8_training(model, module_filter_fn=keeper(True), config=_float8_config(recipe, emulate))
     elif recipe == "mxfp8":
         try:
             from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
@@ -209,6 +249,39 @@ def convert_linears(model: nn.Module, names: set[str] | list[str], recipe: str =
 
 def fp8_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if getattr(m, "redline_fp8", False)]
+
+
+def uses_fsdp_float8_all_gather(model: nn.Module) -> bool:
+    """Whether any converted layer's weight is all-gathered in FP8 under FSDP2."""
+    return any(getattr(getattr(layer, "config", None), "enable_fsdp_float8_all_gather", False)
+               for layer in fp8_layers(model))
+
+
+def precompute_fsdp_float8_scales(model: nn.Module) -> None:
+    """Call after each optimizer step: the FP8 scales of every weight that FSDP2 all-gathers in FP8, in one
+    all-reduce (torchao's precompute_float8_dynamic_scale_for_fsdp). Collective under FSDP2; a no-op (one
+    attribute read) for a model without such weights."""
+    if not getattr(model, "redline_fp8_all_gather", False):
+        return
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def plain_weight(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor inside torchao's FP8 all-gather weight (also inside an FSDP2 DTensor), sharing its
+    storage; any other tensor as it is. Checkpoints store and load this one, so they need no torchao."""
+    fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")
+    if fsdp_utils is None:  # torchao not imported: no such weights exist
+        return t
+    wrapper = fsdp_utils.WeightWithDynamicFloat8CastTensor
+    local = getattr(t, "_local_tensor", None)
+    if isinstance(local, wrapper):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(local._tensor, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
+    return t._tensor if isinstance(t, wrapper) else t
 
 
 def set_float8_enabled(model: nn.Module, enabled: bool) -> int:
@@ -459,13 +532,17 @@ def select_layers(shapes: dict[str, tuple], timings: dict[tuple, dict]) -> tuple
 
 
 def apply_float8(model: nn.Module, mode: str, recipe: str, device: torch.device, tokens: int,
-                 warmup_steps: int, say: Callable[[str], None] = print, compiled: bool = True) -> dict:
+                 warmup_steps: int, say: Callable[[str], None] = print, compiled: bool = True,
+                 fsdp: bool = False) -> dict:
     """The converter: resolve the mode for this device, pick the layers, convert them. Returns a summary.
 
     tokens: rows each Linear sees per micro-batch (batch_size × seq_len), the M of the measured shapes.
-    compiled: whether the model will be compiled (fp8=auto measures FP8 the way it will run)."""
+    compiled: whether the model will be compiled (fp8=auto measures FP8 the way it will run).
+    fsdp: the model will be sharded with FSDP2; with the tensorwise recipe its FP8 weights are then all-gathered
+    in FP8 (the loop calls precompute_fsdp_float8_scales after each optimizer step)."""
     mode = resolve_mode(mode, recipe, device, say)
-    summary: dict = {"mode": mode, "recipe": recipe, "layers": []}
+    all_gather = fsdp and recipe == "tensorwise"
+    summary: dict = {"mode": mode, "recipe": recipe, "layers": [], "fsdp_float8_all_gather": False}
     if mode == "off":
         return summary
     candidates = candidate_linears(model, recipe)
@@ -475,9 +552,10 @@ def apply_float8(model: nn.Module, mode: str, recipe: str, device: torch.device,
         shapes = {name: gemm_shape(linear, tokens) for name, linear in candidates.items()}
         timings = benchmark_shapes(list(shapes.values()), recipe, device, say=say, compiled=compiled)
         chosen, summary["shapes"] = select_layers(shapes, timings)
-    converted = convert_linears(model, chosen, recipe, enabled=warmup_steps == 0)
+    converted = convert_linears(model, chosen, recipe, enabled=warmup_steps == 0, fsdp_float8_all_gather=all_gather)
     summary["layers"] = converted
     model.redline_fp8_modules = fp8_layers(model)
+    model.redline_fp8_all_gather = summary["fsdp_float8_all_gather"] = uses_fsdp_float8_all_gather(model)
     if mode == "auto":
         for s in summary["shapes"]:
             say(f"fp8=auto: {s['K']}→{s['N']} at M={s['M']}: BF16 {s['bf16_ms']:.3f} ms, FP8 {s['fp8_ms']:.3f} ms "
@@ -486,6 +564,9 @@ def apply_float8(model: nn.Module, mode: str, recipe: str, device: torch.device,
     if converted:
         when = "from the first step" if warmup_steps == 0 else f"after {warmup_steps} BF16 steps"
         say(f"fp8={mode}: {len(converted)} of {len(candidates)} Linear layers in FP8 ({recipe}) {when}")
+        if summary["fsdp_float8_all_gather"]:
+            say("fp8: FSDP2 all-gathers their weights in FP8 (BF16 steps and evaluation compute from FP8-rounded "
+                "weights)")
     else:
         say(f"fp8={mode}: no Linear layer runs faster in FP8 at these shapes; training in BF16")
     return summary

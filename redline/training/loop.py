@@ -27,7 +27,8 @@ from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, r
 from redline.model import GPT
 from redline.training import checkpoint as ckpt_io
 from redline.training.evaluate import evaluate
-from redline.training.float8 import StepCheck, describe_verdict, float8_disabled, set_float8_for_step
+from redline.training.float8 import (StepCheck, describe_verdict, float8_disabled, precompute_fsdp_float8_scales,
+                                     set_float8_for_step)
 from redline.training.metrics import MetricsLogger, format_duration
 from redline.training.optim import build_optimizers, lr_multiplier, set_lr, skips_on_device, step_if_finite
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states, local_tensor, no_sync, set_fsdp_sync
@@ -316,6 +317,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
             unchecked.append((step + 1, step_if_finite(optimizers, loss_mean, grad_norm)))
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
+            precompute_fsdp_float8_scales(model)  # FSDP2 with FP8 all-gather: next step's weight scales, one all-reduce
             if (verdict := fp8_check.end(step)) is not None:
                 log.log({"kind": "event", "event": "fp8_auto_check", "step": step + 1, **verdict})
                 log.print(describe_verdict(verdict))

@@ -75,9 +75,10 @@ def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInf
     report["attention"] = attention
 
     use_compile = cfg.compile if cfg.compile is not None else device.type == "cuda"
-    # 1. converters
+    # 1. converters (under FSDP2 the tensorwise FP8 weights are all-gathered in FP8: see float8.py)
     report["fp8"] = apply_float8(model, cfg.fp8, cfg.fp8_recipe, device, cfg.batch_size * seq_len,
-                                 cfg.fp8_warmup_steps, say, compiled=use_compile)
+                                 cfg.fp8_warmup_steps, say, compiled=use_compile,
+                                 fsdp=cfg.parallel == "fsdp2" and info.enabled)
     # 2. activation checkpointing
     checkpointed = apply_activation_checkpointing(model, cfg.activation_checkpointing)
     report["activation_checkpointing"] = {"mode": cfg.activation_checkpointing, "blocks": checkpointed}
