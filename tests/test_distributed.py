@@ -1,5 +1,6 @@
 """Several processes on CPU (gloo, 2 ranks through torchrun): DDP and FSDP2 match one process with the same
-global batch, and checkpoints resume across world sizes."""
+global batch, and checkpoints (full, and FSDP2's sharded ones) resume across world sizes and parallel modes.
+tests/test_sharded_checkpoint.py tests the sharded layout itself."""
 
 import json
 import os
@@ -44,15 +45,37 @@ def test_two_ranks_match_one_process(dataset, tmp_path, parallel):  # noqa: F811
     assert close(single, double), (single, double)
 
 
+# (processes, parallel, max_steps, the layout of the checkpoint it leaves) for each leg of a hopping run
+HOPS = {
+    # 2 ranks → 1 process → 2 ranks; every checkpoint in the full layout
+    "ddp": [(2, "ddp", 4, "full"), (1, "ddp", 8, "full"), (2, "ddp", 10, "full")],
+    # sharded → FSDP2 on 2 ranks → one process (DCP reads whole tensors) → full → FSDP2 → sharded → DDP
+    "fsdp2": [(2, "fsdp2", 3, "sharded"), (2, "fsdp2", 5, "sharded"), (1, "fsdp2", 7, "full"),
+              (2, "fsdp2", 9, "sharded"), (2, "ddp", 10, "full")],
+}
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_resume_across_world_sizes(dataset, tmp_path, parallel):  # noqa: F811
-    """2 ranks for steps 1-4 → 1 process for 5-8 → 2 ranks for 9-10, against 10 steps in one process."""
+    """A run that hops between world sizes, parallel modes and checkpoint layouts, against 10 steps in one
+    process: the same losses (the optimizer state and the data position carry over exactly)."""
+    from redline.training import checkpoint as ckpt_io
+
     straight = run_train(dataset, tmp_path, "straight", 1, "max_steps=10", "optim.schedule=constant")
-    first = run_train(dataset, tmp_path, "hop", 2, "max_steps=4", "optim.schedule=constant", f"parallel={parallel}")
-    second = run_train(dataset, tmp_path, "hop", 1, "--resume", "max_steps=8", f"parallel={parallel}")
-    third = run_train(dataset, tmp_path, "hop", 2, "--resume", "max_steps=10", f"parallel={parallel}")
-    assert sorted(third) == list(range(1, 11)) and first.keys() <= third.keys() and second.keys() <= third.keys()
-    assert close(straight, third), (straight, third)
+    seen: dict[int, float] = {}
+    for i, (gpus, mode, max_steps, layout) in enumerate(HOPS[parallel]):
+        extra = ("optim.schedule=constant",) if i == 0 else ("--resume",)
+        losses = run_train(dataset, tmp_path, "hop", gpus, *extra, f"max_steps={max_steps}", f"parallel={mode}")
+        assert seen.keys() <= losses.keys() and max(losses) == max_steps
+        seen = losses
+        newest = ckpt_io.list_checkpoints(tmp_path / "hop")[-1]
+        meta = ckpt_io.verify_checkpoint(newest)
+        assert meta["step"] == max_steps and ckpt_io.layout(meta) == layout, (max_steps, meta)
+        if layout == "sharded":  # one file of shards per rank, nothing gathered
+            assert sorted(p.name for p in (newest / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+            assert not (newest / "model.safetensors").exists()
+    assert sorted(seen) == list(range(1, 11))
+    assert close(straight, seen), (straight, seen)
 
 
 def test_peer_failure_message():
@@ -66,18 +89,19 @@ def test_peer_failure_message():
     assert peer_failure_message(RuntimeError("Connection closed by peer"), DistInfo(), 60) is None  # one process
 
 
-@pytest.mark.parametrize("how", ["dead", "hung"])
-def test_a_dead_or_hung_rank_stops_the_job_and_keeps_the_checkpoint(dataset, tmp_path, how):  # noqa: F811
+@pytest.mark.parametrize("how, parallel", [("dead", "ddp"), ("hung", "ddp"), ("dead", "fsdp2")])
+def test_a_dead_or_hung_rank_stops_the_job_and_keeps_the_checkpoint(dataset, tmp_path, how, parallel):  # noqa: F811
     """Rank 1 is killed (SIGKILL) or frozen (SIGSTOP: alive, never answering) mid-run: rank 0's next collective
     fails (at once, or after dist_timeout), it says so in one line, torchrun stops the job with a non-zero exit,
-    and the last checkpoint still verifies."""
+    and the last checkpoint still verifies. Under FSDP2 the checkpoints are sharded, saved every 2 steps, so the
+    kill often lands in the middle of one: whatever is complete under a real name verifies."""
     import signal
     import time
 
     from redline.training import checkpoint as ckpt_io
 
     cmd = [sys.executable, "-m", "redline", "train", f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=dead",
-           "gpus=2", *COMMON, "max_steps=100000", "checkpoint_every=2", "dist_timeout=15"]
+           "gpus=2", *COMMON, "max_steps=100000", "checkpoint_every=2", "dist_timeout=15", f"parallel={parallel}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -97,7 +121,9 @@ def test_a_dead_or_hung_rank_stops_the_job_and_keeps_the_checkpoint(dataset, tmp
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0, out[-2000:]
     assert "another rank stopped answering" in out, out[-2000:]  # rank 0's one-line explanation
-    ckpt_io.verify_checkpoint(ckpt_io.list_checkpoints(tmp_path / "dead")[-1])
+    for ckpt in ckpt_io.list_checkpoints(tmp_path / "dead"):
+        meta = ckpt_io.verify_checkpoint(ckpt)
+        assert ckpt_io.layout(meta) == ("sharded" if parallel == "fsdp2" else "full")
 
 
 def _worker_pids(root: int) -> list[int]:

@@ -1,7 +1,7 @@
 """FP8 under FSDP2: with the tensorwise recipe the converted weights are all-gathered in FP8 (torchao's
 enable_fsdp_float8_all_gather), a tied head keeps the BF16 all-gather, and the loop precomputes the weights'
-scales after every optimizer step. The wiring is checked on one CPU process. Real FP8 GEMMs need a GPU
-(tests/test_float8.py)."""
+scales after every optimizer step. The wiring is checked on one CPU process; a 2-rank FSDP2 run with emulated
+FP8 (tests/sharded_checkpoint_worker.py) checks the numbers. Real FP8 GEMMs need a GPU (tests/test_float8.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from redline.distributed import DistInfo
 from redline.errors import UserError
 from redline.model import GPT
 from redline.presets import get_preset
+from redline.training import checkpoint as ckpt_io
 from redline.training import float8 as f8
 from tests.test_float8 import CUDA, fake_gpu  # noqa: F401  (pretends a GPU of a given capability is present)
+from tests.test_sharded_checkpoint import torchrun
 from tests.test_train import config, dataset  # noqa: F401  (the session-scoped prepared corpus)
 
 
@@ -117,3 +119,15 @@ def test_the_loop_precomputes_after_every_optimizer_step(dataset, monkeypatch, t
     monkeypatch.setattr(loop_mod, "precompute_fsdp_float8_scales", lambda model: steps.append("scales"))
     loop_mod.train(config(dataset, tmp_path, "max_steps=3"))
     assert steps == ["lr", "scales"] * 3  # after each step's update, before the next step
+
+
+@pytest.mark.slow
+def test_fsdp2_float8_all_gather_on_two_ranks(tmp_path):
+    """2 ranks, FSDP2, emulated tensorwise FP8 with the FP8 all-gather: the worker checks an FP8 step against one
+    process (equal up to rounding), a BF16 step (from FP8-rounded weights: close), the precomputed scales; the
+    sharded checkpoint it writes holds plain tensors that one process loads without torchao's subclass."""
+    torchrun(2, "fp8", tmp_path)
+    reference = torch.load(tmp_path / "reference.pt", weights_only=False)
+    model, _, _ = ckpt_io.load_for_inference(tmp_path)
+    for name, value in reference["model"].items():
+        assert type(model.state_dict()[name]) is torch.Tensor and torch.equal(model.state_dict()[name], value), name

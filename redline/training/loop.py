@@ -6,6 +6,11 @@ One loop for every variant: architecture changes come through ModelConfig, optio
 Exactness: the learning rate is a pure function of (step, budget progress); the data loader's position,
 every RNG and the optimizer states go into each checkpoint, so N steps straight and N/2 + resume + N/2
 give the same losses on a CPU.
+
+Checkpoints (redline/training/checkpoint.py): under FSDP2 every rank writes its own shards (the sharded layout),
+elsewhere rank 0 writes the full one. Either resumes on any world size and under any `parallel`: the full
+layout's weights load before wrapping and its optimizer states after; a sharded checkpoint loads after wrapping
+and building the optimizers, so DCP can fill each rank's shards (or whole tensors without FSDP2).
 """
 
 from __future__ import annotations
@@ -212,7 +217,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
         meta = ckpt_io.verify_checkpoint(resume_from)
         if meta.get("tokenizer_identity") != tokenizer.identity:
             raise UserError(f"checkpoint {resume_from} was trained with another tokenizer than the data in {data_dir}")
-        ckpt_io.load_weights(resume_from, model)
+        sharded = ckpt_io.layout(meta) == ckpt_io.SHARDED
+        if not sharded:
+            ckpt_io.load_weights(resume_from, model)
         state = ckpt_io.load_state(resume_from)
         train_loader.load_state_dict(state["loader"])
         step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed"]
@@ -220,7 +227,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
     # after wrapping: FSDP2 replaces the parameters with sharded ones
     optimizers = build_optimizers(model, cfg.optim, device)
     if resume_from is not None:
-        load_optimizer_states(model, optimizers, state["optimizers"])
+        if sharded:  # weights and optimizer states into this run's shards (DCP reshards from the saved world size)
+            ckpt_io.load_sharded(resume_from, model, optimizers, state.get("optimizer_types"))
+        else:
+            load_optimizer_states(model, optimizers, state["optimizers"])
         if info.world_size == state.get("world_size", 1):
             ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
 
@@ -260,16 +270,22 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
 
     def save() -> Path | None:
         path = None
-        model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
+        state = {"loader": train_loader.state_dict(), "step": step, "tokens": tokens, "elapsed": elapsed(),
+                 "rng": ckpt_io.rng_state(), "world_size": info.world_size, "fp8_auto_check": fp8_check.verdict}
+        # FSDP2: each rank writes its shards, unless the ranks share no filesystem (then gather, as below)
+        if is_fsdp(model) and ckpt_io.every_rank_sees(run_dir / "checkpoints"):  # collective
+            state["optimizer_types"] = [type(opt).__name__ for opt in optimizers]
+            path = ckpt_io.save_sharded_checkpoint(run_dir, step, model, optimizers, state, to_dict(cfg), tokenizer,
+                                                   cfg.keep_checkpoints)
+        else:
+            model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
+            if info.is_main:
+                path = ckpt_io.save_checkpoint(run_dir, step, model, {**state, "optimizers": optimizer_states},
+                                               to_dict(cfg), tokenizer, cfg.keep_checkpoints, model_state=model_state)
         if info.is_main:
-            state = {"optimizers": optimizer_states, "loader": train_loader.state_dict(), "step": step,
-                     "tokens": tokens, "elapsed": elapsed(), "rng": ckpt_io.rng_state(), "world_size": info.world_size,
-                     "fp8_auto_check": fp8_check.verdict}
-            path = ckpt_io.save_checkpoint(run_dir, step, model, state, to_dict(cfg), tokenizer, cfg.keep_checkpoints,
-                                           model_state=model_state)
             log.log({"kind": "event", "event": "checkpoint", "step": step, "path": str(path)})
         barrier()
-        return path
+        return path if info.is_main else None
 
     ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     params = [p for p in model.parameters() if p.requires_grad]

@@ -5,9 +5,12 @@
     fsdp2  torch.distributed.fsdp.fully_shard on each transformer block, then on the root: parameters,
            gradients and optimizer state are sharded; bf16 compute with fp32 gradient reduction.
 
-Checkpoints are world-size independent: the full (unsharded) model and optimizer state are gathered to
-rank 0 through torch.distributed.checkpoint's state-dict API and written in the one-process format, so a
-run saved on 4 GPUs resumes on 2 or 1 and the reverse (the data loader's position is global, too).
+Checkpoints are world-size independent (redline/training/checkpoint.py). Under FSDP2 every rank writes its own
+shards of the model and optimizer state with torch.distributed.checkpoint (nothing is gathered), and DCP reads
+them back resharded for any world size, or whole into one process or DDP. Where the ranks share no filesystem,
+`full_state` gathers the full state to rank 0 instead, written in the one-process format, which
+`load_optimizer_states` loads into sharded optimizers. Either way a run saved on 4 GPUs resumes on 2 or 1 and
+the reverse (the data loader's position is global, too).
 """
 
 from __future__ import annotations
