@@ -31,6 +31,7 @@ from redline.distributed import DistInfo, all_reduce_max
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, peak_flops, resolve_device
 from redline.model import GPT
+from redline.training.float8 import precompute_fsdp_float8_scales
 from redline.training.optim import build_optimizers, lr_multiplier, set_lr, step_if_finite
 from redline.training.parallel import local_tensor, no_sync, set_fsdp_sync
 from redline.training.wrap import compile_scope, wrap_model
@@ -127,6 +128,7 @@ class TrainStep:
         step_if_finite(self.optimizers, loss_mean, grad_norm)  # as the loop: no host sync with fused AdamW
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
+        precompute_fsdp_float8_scales(self.model)  # as the loop: FSDP2's FP8 all-gather scales, one all-reduce
         self.steps_done += 1
         return loss_mean
 
