@@ -10,6 +10,8 @@ Features (each a field of `ModelConfig`):
 - norm: RMSNorm or LayerNorm, pre or post;
 - tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
   logits are never sampled);
+- the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
+  (`ce_chunk_tokens`, redline/chunked_cross_entropy.py);
 - parameter counts (with and without embeddings) and FLOPs per token, by the 6N + 12·L·d·T formula and
   counted exactly from the matmul shapes.
 
@@ -27,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from redline.chunked_cross_entropy import chunked_cross_entropy
 from redline.errors import UserError
 
 
@@ -76,6 +79,9 @@ class ModelConfig:
     """SDPA backend: auto lets PyTorch choose; the others force one (math is the slow reference)."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled)."""
+    ce_chunk_tokens: int = 0
+    """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
+    and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
 
     @property
     def kv_heads(self) -> int:
@@ -121,6 +127,9 @@ class ModelConfig:
             raise UserError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
             raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden}")
+        if self.ce_chunk_tokens < 0:
+            raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
+                            f"got {self.ce_chunk_tokens}")
 
 
 def _divisors_near(n: int, target: int) -> list[int]:
@@ -359,6 +368,10 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, rope, mask)
         x = self.norm_f(x)
+        if targets is not None and self.cfg.ce_chunk_tokens:
+            loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
+                                         self.cfg.ce_chunk_tokens, reduction, ignore_index=-1)
+            return loss.view(B, T) if reduction == "none" else loss
         logits = self.lm_head(x)
         if targets is None:
             return logits[..., : self.cfg.vocab_size]
