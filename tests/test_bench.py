@@ -85,6 +85,17 @@ def test_bench_on_real_shards(capsys, tmp_path):
     assert point["vocab_size"] == load_tokenizer(str(tmp_path / "shards")).vocab_size  # the data's tokenizer decides
 
 
+def test_bench_chunked_loss_point(capsys):
+    """model.ce_chunk_tokens is a bench setting like any other: it runs, and the point and the table say so."""
+    assert bench.main(SMALL + ["model.ce_chunk_tokens=12"]) == 0  # 32 tokens per micro-batch: chunks of 12, 12, 8
+    text = capsys.readouterr().out
+    (point,) = last_json(text)["points"]
+    assert point["status"] == "ok" and point["ce_chunk_tokens"] == 12 and point["tokens_per_second"] > 0
+    assert "CE chunk" in text
+    with pytest.raises(UserError, match="model.ce_chunk_tokens must be >= 0"):  # caught before any point runs
+        bench.main(SMALL + ["--matrix", "model.ce_chunk_tokens=0,-8"])
+
+
 def test_bench_reports_out_of_memory(monkeypatch, capsys):
     import redline.bench.step as step
 
@@ -113,7 +124,8 @@ def test_bench_help_lists_its_options(capsys):
         bench.main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    for option in ("--matrix", "--profile", "--warmup", "--steps", "--fp8", "--activation-checkpointing"):
+    for option in ("--matrix", "--profile", "--warmup", "--steps", "--fp8", "--activation-checkpointing",
+                   "--model.ce-chunk-tokens"):
         assert option in text or option.replace("-", "_") in text
 
 
@@ -164,6 +176,14 @@ def test_child_argv_puts_the_point_last_and_replaces_the_preset():
     assert argv == ["batch_size=8", "--profile", "--preset", "modern-124m", "--batch_size", "32"]
     parsed = bench.parse(bench.BenchConfig, argv, prog="t", description="t", bare_flags=bench.BARE_FLAGS)
     assert parsed.preset == "modern-124m" and parsed.model.n_kv_head == 3 and parsed.batch_size == 32 and parsed.profile
+
+
+def test_child_argv_sets_the_chunked_loss_after_the_preset():
+    argv = matrix.child_argv(["--preset", "gpt2-124m", "batch_size=8"], [("model.ce_chunk_tokens", "8192")])
+    parsed = bench.parse(bench.BenchConfig, argv, prog="t", description="t", bare_flags=bench.BARE_FLAGS)
+    assert parsed.model.ce_chunk_tokens == 8192 and parsed.model.vocab_size == 50304  # the preset's model, chunked
+    base = bench.parse(bench.BenchConfig, ["--preset", "gpt2-124m"], prog="t", description="t")
+    assert base.model.ce_chunk_tokens == 0  # off by default
 
 
 def test_remove_option_spellings():

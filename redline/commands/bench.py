@@ -4,6 +4,7 @@
     redline bench --preset gpt2-124m batch_size=32             # the fast path: compile, fused AdamW, measured SDPA backend
     redline bench --preset gpt2-1.5b batch_size=8 fp8=auto activation_checkpointing=selective
     redline bench --preset modern-124m --matrix batch_size=16,32 seq_len=1024,2048 fp8=off,auto
+    redline bench --preset gpt2-124m batch_size=32 --matrix model.ce_chunk_tokens=0,8192   # the loss in chunks
     redline bench --preset gpt2-124m batch_size=32 --profile   # + a profiler trace and the top kernels
     redline bench --preset gpt2-124m --data.path data/fineweb  # real tokens from a prepared shard folder
     redline bench --preset modern-124m batch_size=16 seq_len=2048 --gpus 1,2,4   # multi-GPU scaling (torchrun)
@@ -53,7 +54,8 @@ class BenchConfig(TrainConfig):
     """Timed steps (median, min and max are reported). None: 20 on a GPU, 3 on a CPU."""
     matrix: tuple[str, ...] = ()
     """Run every combination of settings, each point in its own process: items KEY=V1,V2,... such as
-    batch_size=16,32 seq_len=1024,2048 fp8=off,auto compile=True,False preset=gpt2-124m,modern-124m."""
+    batch_size=16,32 seq_len=1024,2048 fp8=off,auto compile=True,False activation_checkpointing=none,selective
+    model.ce_chunk_tokens=0,8192 (the head and loss in chunks of tokens) preset=gpt2-124m,modern-124m."""
     point_timeout: float = 1200.0
     """Seconds a matrix point may run before its process is stopped and the point reported as timed out."""
     profile: bool = False
@@ -155,8 +157,8 @@ def print_table(points: list[dict], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("point", "B×T", "prec", "fp8", "AC", "compile", "attn", "step ms (min–max)", "tokens/s", "MFU",
-                "MFU meas.", "peak GiB", "first step s", "status"):
+    for col in ("point", "B×T", "prec", "fp8", "AC", "CE chunk", "compile", "attn", "step ms (min–max)", "tokens/s",
+                "MFU", "MFU meas.", "peak GiB", "first step s", "status"):
         table.add_column(col, justify="right" if col not in ("point", "status") else "left")
     for p in points:
         fp8 = p.get("fp8_mode", p.get("fp8", "off"))
@@ -175,7 +177,7 @@ def print_table(points: list[dict], title: str) -> None:
             status = f"{status}: {p['error'][:60]}"
         table.add_row(
             label, f"{p.get('batch_size', '?')}×{p.get('seq_len', '?')}", str(p.get("precision", "?")), str(fp8),
-            str(p.get("activation_checkpointing", "-")),
+            str(p.get("activation_checkpointing", "-")), str(p.get("ce_chunk_tokens") or "off"),
             f"{p.get('compile_scope') or 'off'}" if p.get("compile") else "off", str(p.get("attn_backend", "-")),
             step, _fmt(p.get("tokens_per_second"), ",.0f"), _fmt(p.get("mfu"), ".1f", 100, "%"),
             _fmt(p.get("mfu_measured_peak"), ".1f", 100, "%"), _fmt(p.get("peak_memory_gib"), ".1f"),
@@ -238,12 +240,14 @@ def run_single(cfg: BenchConfig) -> dict:
     warmup, steps = defaults_for_device(cfg)
     trace = trace_path(cfg)
     try:
-        return measure(cfg, warmup, steps,
-                       profile_steps=cfg.profile_steps if cfg.profile else 0, trace_path=trace)
+        point = measure(cfg, warmup, steps,
+                        profile_steps=cfg.profile_steps if cfg.profile else 0, trace_path=trace)
+        point["ce_chunk_tokens"] = cfg.model.ce_chunk_tokens
+        return point
     except torch.OutOfMemoryError as e:
         device = resolve_device(cfg.device)
-        point = {"device": device.type, **describe(cfg, device), "status": "oom",
-                 "error": f"out of memory: {str(e).splitlines()[0][:300]}"}
+        point = {"device": device.type, **describe(cfg, device), "ce_chunk_tokens": cfg.model.ce_chunk_tokens,
+                 "status": "oom", "error": f"out of memory: {str(e).splitlines()[0][:300]}"}
         print(f"redline bench: {cfg.preset} batch_size={cfg.batch_size} seq_len={cfg.effective_seq_len} ran out of "
               f"GPU memory; try a smaller batch_size or activation_checkpointing=selective|full", file=sys.stderr)
         return point
@@ -313,6 +317,7 @@ def main_rank(cfg: BenchConfig, report: dict) -> int:
 
     warmup, steps = defaults_for_device(cfg)
     point = run_rank(cfg, warmup, steps, trace_path(cfg, dist_info().world_size))
+    point["ce_chunk_tokens"] = cfg.model.ce_chunk_tokens
     if not dist_info().is_main:
         return 0 if point["status"] == "ok" else 1
     point["gpus"] = point["world_size"]
