@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print(f"redline {name}: interrupted", file=sys.stderr)
         sys.exit(130)
+    if "torch.distributed" in sys.modules:  # a rank of a finished distributed run: see exit_after_teardown
+        from redline.distributed import exit_after_teardown
+
+        exit_after_teardown(code or 0)
     sys.exit(code or 0)
 
 

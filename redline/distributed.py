@@ -6,6 +6,7 @@ Only rank 0 writes logs and checkpoints; metrics are averaged across ranks.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -69,9 +70,29 @@ def barrier() -> None:
         dist.barrier()
 
 
+_TORN_DOWN = False
+
+
 def shutdown() -> None:
+    global _TORN_DOWN
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        _TORN_DOWN = True
+
+
+def exit_after_teardown(code: int) -> None:
+    """In a process whose group was torn down, end now: flush, then os._exit, skipping interpreter shutdown.
+    There a gloo worker thread still releasing a finished collective's tensors can take the Python lock while
+    the interpreter finalizes and abort the process (std::terminate, about 1 run in 16 under CPU load), after
+    the run itself succeeded and everything was written, closed and fsynced. No-op in any other process."""
+    if not _TORN_DOWN:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 _PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
