@@ -299,6 +299,19 @@ def test_apply_float8_off_and_on_cpu_change_nothing():
 # GPU
 
 
+@pytest.mark.parametrize("chunk", [0, 64])
+def test_chunked_loss_keeps_the_head_out_of_fp8(need_torchao, monkeypatch, chunk):
+    """With model.ce_chunk_tokens the loss computes the head itself: fp8 must not convert it (the conversion only
+    is checked here; FP8 kernels need a GPU)."""
+    monkeypatch.setattr(f8, "unsupported_reason", lambda recipe, device: None)
+    torch.manual_seed(0)
+    model = GPT(replace(get_preset("tiny"), n_layer=2, ce_chunk_tokens=chunk))
+    said = []
+    summary = f8.apply_float8(model, "all", "tensorwise", torch.device("cpu"), 1024, 100, say=said.append)
+    assert ("lm_head" in summary["layers"]) == (chunk == 0) and len(summary["layers"]) > 1
+    assert any("head stays BF16" in line for line in said) == (chunk > 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_real_fp8_step_on_gpu(need_torchao):

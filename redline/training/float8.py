@@ -546,6 +546,9 @@ def apply_float8(model: nn.Module, mode: str, recipe: str, device: torch.device,
     if mode == "off":
         return summary
     candidates = candidate_linears(model, recipe)
+    if getattr(getattr(model, "cfg", None), "ce_chunk_tokens", 0) and candidates.pop("lm_head", None) is not None:
+        # the chunked loss computes the head itself in BF16; an FP8 head would be recomputed per chunk instead
+        say("fp8: the head stays BF16 (model.ce_chunk_tokens computes it chunk by chunk with the loss)")
     if mode == "all":
         chosen = set(candidates)
     else:
