@@ -289,3 +289,30 @@ def test_data_parallel_training_matches_one_process_without_chunks(dataset, tmp_
         chunked = run_train(dataset, tmp_path, parallel, 2, "max_steps=4", f"parallel={parallel}",
                             "model.ce_chunk_tokens=24")
         assert close(single, chunked), (parallel, single, chunked)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_chunked_matches_full_on_gpu(compiled):
+    """On CUDA each chunk's softmax, loss and gradient run compiled: the same loss and gradients as the full path
+    (fp32 weights under bf16 autocast, as training runs), eager and with the model compiled too."""
+    full, chunked = pair(24, vocab_size=1000, n_embd=64)
+    full, chunked = full.cuda(), chunked.cuda()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    idx = torch.randint(0, 1000, (4, 32), device="cuda", generator=g)
+    targets = torch.randint(0, 1000, (4, 32), device="cuda", generator=g)
+    targets[0, :3] = -1
+    results = []
+    for model in (full, chunked):
+        model.zero_grad(set_to_none=True)
+        run = torch.compile(model) if compiled else model
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = run(idx, targets)
+        loss.backward()
+        results.append((loss.detach().float(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b, atol=1e-3, rtol=1e-3)
+    for name in grads_a:
+        scale = grads_a[name].abs().max().clamp(min=1e-6)
+        assert (grads_a[name] - grads_b[name]).abs().max() / scale < 0.03, name
