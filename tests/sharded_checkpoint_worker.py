@@ -7,6 +7,7 @@
                  the reference exactly
     fp8 RUN      FP8 (emulated, tensorwise) with FSDP2's FP8 all-gather: the BF16 path and the FP8 path run, FP8
                  losses match one process's, the scales are precomputed, and a sharded save stores plain tensors
+    fp8-compiled RUN  the same model compiled: BF16 steps, FP8 steps and a BF16 evaluation equal the eager model's
 
 Each rank prints `rank R: ok MODE` at the end; an assertion error fails the launch.
 """
@@ -198,10 +199,44 @@ def fp8(run: Path) -> None:
         torch.save({"model": model_state}, run / "reference.pt")
 
 
+def fp8_compiled(run: Path) -> None:
+    """The same FP8 all-gather model compiled: a BF16 step (the warm-up path, which dequantizes the gathered FP8
+    weights outside the graph), FP8 steps, and a BF16 evaluation forward must run and equal the eager model's."""
+    from redline.training import float8 as f8
+
+    info = dist_info()
+    names = ["blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.1.mlp.proj"]
+
+    def convert(model):
+        f8.convert_linears(model, names, emulate=True, enabled=False, fsdp_float8_all_gather=True)
+        model.redline_fp8_all_gather = f8.uses_fsdp_float8_all_gather(model)
+
+    results = []
+    for compiled in (False, True):
+        model, optimizers = build(seed=0, tie=False, before_sharding=convert)
+        run_model = torch.compile(model) if compiled else model
+        losses = []
+        for step in range(3):
+            f8.set_float8_enabled(model, step != 0)
+            x, y = batch(step, info.rank, info.world_size)
+            loss = run_model(x, y)
+            loss.backward()
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            f8.precompute_fsdp_float8_scales(model)
+            losses.append(loss.item())
+        with f8.float8_disabled(model), torch.no_grad():
+            losses.append(run_model(x, y).item())
+        results.append(losses)
+    eager, compiled = results
+    assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(eager, compiled)), (eager, compiled)
+
+
 if __name__ == "__main__":
     mode, run = sys.argv[1], Path(sys.argv[2])
     init_distributed(dist_info(), CPU, timeout_s=120)
-    {"save": save, "load": load, "fp8": fp8}[mode](run)
+    {"save": save, "load": load, "fp8": fp8, "fp8-compiled": fp8_compiled}[mode](run)
     dist.barrier()
     print(f"rank {dist_info().rank}: ok {mode}", flush=True)
     dist.destroy_process_group()

@@ -131,3 +131,10 @@ def test_fsdp2_float8_all_gather_on_two_ranks(tmp_path):
     model, _, _ = ckpt_io.load_for_inference(tmp_path)
     for name, value in reference["model"].items():
         assert type(model.state_dict()[name]) is torch.Tensor and torch.equal(model.state_dict()[name], value), name
+
+
+@pytest.mark.slow
+def test_fsdp2_float8_all_gather_compiled_bf16_and_fp8_steps(tmp_path):
+    """Compiled, the BF16 path of a layer whose weight FSDP2 gathers in FP8 (warm-up steps, evaluation) used to
+    fail inside torchao while tracing; the worker checks BF16, FP8 and evaluation losses against eager."""
+    torchrun(2, "fp8-compiled", tmp_path)

@@ -144,6 +144,17 @@ def shape_key(shape: tuple[int, int, int, bool], recipe: str, device_name: str, 
 _SWITCHABLE: dict[type, type] = {}
 
 
+@torch.compiler.disable
+def _bf16_linear_of_gathered(input: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """The BF16 linear of a layer whose weight FSDP2 all-gathers in FP8 (a Float8TrainingTensor once gathered:
+    dequantized here). Kept out of compiled graphs: traced, that weight passes for a plain tensor and the matmul
+    fails inside torchao (a graph break per such layer in the BF16 warm-up steps and in evaluation; the FP8
+    steps stay compiled whole)."""
+    if hasattr(weight, "to_original_precision"):
+        weight = weight.to_original_precision()
+    return F.linear(input, weight, bias)
+
+
 def _switchable_class(base: type) -> type:
     """A subclass of a torchao FP8 Linear whose forward is plain BF16 while `redline_fp8_on` is False."""
     if base in _SWITCHABLE:
@@ -155,10 +166,9 @@ def _switchable_class(base: type) -> type:
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             if self.redline_fp8_on:
                 return base.forward(self, input)
-            weight = self.weight
-            if hasattr(weight, "to_original_precision"):  # FSDP2 all-gathered it in FP8 (a Float8TrainingTensor)
-                weight = weight.to_original_precision()
-            return F.linear(input, weight, self.bias)
+            if getattr(self.config, "enable_fsdp_float8_all_gather", False):
+                return _bf16_linear_of_gathered(input, self.weight, self.bias)
+            return F.linear(input, self.weight, self.bias)
 
     Switchable.__name__ = Switchable.__qualname__ = f"Switchable{base.__name__}"
     _SWITCHABLE[base] = Switchable
