@@ -224,7 +224,10 @@ def test_killed_sweep_resumes_without_running_anything_twice(tmp_path):
 def test_ctrl_c_leaves_no_partial_record(tmp_path):
     recipe = fake_recipe(tmp_path, seeds=[1], step_seconds=0.1, steps=50)
     out = tmp_path / "out"
-    proc = subprocess.Popen(sweep_cmd(recipe, out), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGINT as in a terminal even when the tests run as a background job (which starts with SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt)
+    proc = subprocess.Popen(sweep_cmd(recipe, out), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while not list((out / "runs").glob("*/metrics.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.05)
