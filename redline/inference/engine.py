@@ -16,11 +16,16 @@ How it works
 - Single-token attention lays the H/KV query heads that share a kv head out as H/KV query rows of it:
   (B, KV, H/KV, D) @ (B, KV, D, W) -> softmax -> @ (B, KV, W, D), so each cached kv head is read once and
   never expanded (the grouping of SDPA's enable_gqa: query head h uses kv head h // (H/KV)).
-- On a GPU the model runs in bf16, and each block's prefill and decode step is torch.compile'd with dynamic
-  shapes: the same compiled code serves every layer (regional compilation: compile time does not grow with
-  depth) and every length, so prompt-length buckets only limit padding and graph count.
+- The step writes the new key and value into each layer's whole cache buffer and slices the attended width
+  inside (Inductor updates a buffer passed in in place; a written-to view passed in is copied back whole).
+- On a GPU the model runs in bf16 and is torch.compile'd with dynamic batch, length and width dims. With
+  compile_scope "block" (the default) each block's prefill and decode step, the step's embedding and mask, and
+  its head are compiled apart: the same compiled block serves every layer (regional compilation: compile time
+  does not grow with depth). "step" compiles the whole decode step as one graph. kernel_tuning turns on
+  Inductor's coordinate-descent tuning (batch 1's matrix-vector products then become tuned Triton reductions).
   On a CPU the same code runs eagerly, attending over exactly the filled slots.
-- Sampling runs on the device after each step; the host synchronises only every `sync_every` steps (every
+- Greedy decoding takes the argmax inside the step (and its graph) and feeds it back as the next input; other
+  sampling runs on the device after each step. The host synchronises only every `sync_every` steps (every
   step when a callback streams tokens) to learn which rows hit a stop token, so the CPU queues work ahead.
 
 `naive_generate` is the baseline: no cache, the whole sequence recomputed for every new token.
