@@ -104,20 +104,31 @@ def export_trace(prof, path: str | Path) -> Path:
     return path
 
 
-def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Path | None,
-                  device: torch.device) -> dict:
-    """Run `step` n_steps times under the profiler; write the trace; return the grouped summary."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+def _profiled(fn: Callable[[], object], device: torch.device):
+    """Run fn under the profiler (CPU operators, and CUDA kernels on a GPU, waited for); the profile."""
+    from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return prof
+
+
+def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Path | None,
+                  device: torch.device) -> dict:
+    """Run `step` n_steps times under the profiler; write the trace; return the grouped summary."""
+    from torch.profiler import record_function
+
+    def steps():
         for i in range(n_steps):
             with record_function(f"train_step_{i}"):
                 step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+
+    prof = _profiled(steps, device)
     summary = summarize(_rows(prof, device), n_steps)
     summary["timing"] = "gpu kernel time" if device.type == "cuda" else "cpu operator self time"
     if trace_path:
@@ -130,17 +141,9 @@ def profile_difference(run: Callable[[], object], base: Callable[[], object], n_
     """Kernel time of `run` minus that of `base`, per step: for work that cannot be cut into steps from the
     outside, such as the decode steps of one generate call (run: N tokens, base: 1 token, n_steps: N - 1).
     Kernels inside CUDA graphs are counted. The trace written is that of `run`."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
     totals: dict[str, list[float]] = {}
     for sign, fn in ((-1, base), (1, run)):
-        with profile(activities=activities) as prof:
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        prof = _profiled(fn, device)
         for name, us, calls in _rows(prof, device):
             entry = totals.setdefault(name, [0.0, 0])
             entry[0] += sign * us

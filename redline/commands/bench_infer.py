@@ -148,11 +148,9 @@ def _runner(method: str, engines: dict, model, prompts: torch.Tensor, new_tokens
 
 
 def _trace_path(path: str, batch: int) -> str:
-    """trace.json.gz -> trace-b64.json.gz"""
-    for suffix in (".json.gz", ".json"):
-        if path.endswith(suffix):
-            return f"{path[: -len(suffix)]}-b{batch}{suffix}"
-    return f"{path}-b{batch}.json"
+    """trace.json.gz -> trace-b64.json.gz (validate() allows only .json and .json.gz)."""
+    suffix = ".json.gz" if path.endswith(".json.gz") else ".json"
+    return f"{path[: -len(suffix)]}-b{batch}{suffix}"
 
 
 def _profile_decode(engine, prompts: torch.Tensor, new_tokens: int, device: torch.device, trace: str) -> dict:
@@ -274,6 +272,7 @@ def main(argv: list[str]) -> int:
                 prof = _profile_decode(engine, prompts, new_tokens, device, _trace_path(cfg.profile, B))
             except torch.cuda.OutOfMemoryError:
                 engine.release()
+                console.print(f"profile batch {B}, prompt {P}: out of memory, not profiled")
                 continue
             profiles.append({"batch": B, "prompt_len": P, **prof})
             ms = prof["total_ms_per_step"]

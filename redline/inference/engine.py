@@ -143,8 +143,9 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      impl: str = "matmul", bounds: tuple | None = None) -> torch.Tensor:
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool
     -> (B, 1, H*D). bounds (pad (B,), slot (1,), window int): the same mask as ranges, which "flex" reads
-    inside its kernel (the mask tensor is then not read). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the
-    cache is read once per kv head and never expanded (query head h uses kv head h // (H/KV), as enable_gqa).
+    inside its kernel (the mask tensor is then not read). The H/KV query heads of a kv head are laid out as H/KV
+    query rows of that head, so the cache is read once per kv head and never expanded (query head h uses kv head
+    h // (H/KV), as enable_gqa).
 
     impl "matmul": q·Kᵀ, masked fp32 softmax, ·V written out; "sdpa": the same through
     F.scaled_dot_product_attention with the mask (one fused kernel where the backend allows); "flex":
@@ -226,13 +227,11 @@ def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, gree
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. fns: the
     (inputs, block, output) functions, each compiled alone (None: the plain ones, inlined when this whole
-    function is compiled); mark_dynamic marks their inputs' batch, width and capacity dims dynamic."""
+    function is compiled); mark_dynamic marks the blocks' other inputs' batch and width dims dynamic."""
     inputs_fn, block_fn, output_fn = fns or (_decode_inputs, _decode_block, _decode_output)
-    if mark_dynamic is not None:
-        mark_dynamic((tokens, 0), (pad, 0), (slots, 0))
     x, rope, mask = inputs_fn(model, tokens, slot, pad, slots)
     if mark_dynamic is not None:
-        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3), *[(t, 0, 2) for t in list(ks) + list(vs)])
+        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
     for block, k_cache, v_cache in zip(model.blocks, ks, vs):
         x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad)
     return output_fn(model, x, tokens, greedy)
@@ -402,9 +401,6 @@ class InferenceEngine:
         )
         return self._state
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return _head_logits(self.model, x)
-
     def _width(self, st: _DecodeState, slot: int) -> int:
         """How many cache slots the step at `slot` attends over: exactly slot + 1 when nothing is compiled or
         captured, else rounded up to a multiple of WIDTH_STEP (one CUDA graph per width), so early steps do
@@ -418,8 +414,7 @@ class InferenceEngine:
         st.slot, attending over the first `width` slots; greedy: the argmax is taken and written to st.tokens."""
         ks, vs = st.cache.k, st.cache.v
         slots = st.slots[:width]
-        if self.compile_scope == "step":
-            self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])
+        self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])
         return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention, greedy,
                                 self._decode_fns, self._mark_dynamic if self._decode_fns else None)
 
@@ -497,7 +492,7 @@ class InferenceEngine:
                 x, k, v = self._prefill_fn(block, x, rope, mask)
                 k_cache[r0:r1, :, :T].copy_(k)
                 v_cache[r0:r1, :, :T].copy_(v)
-            out.append(self._logits(x[:, -1:]))
+            out.append(_head_logits(self.model, x[:, -1:]))
         return torch.cat(out) if len(out) > 1 else out[0]
 
     # -- generation ------------------------------------------------------------------------------------
