@@ -83,6 +83,8 @@ def test_other_decode_attention_matches(arch, impl):
 def test_flex_compiled_on_cpu_is_refused():
     with pytest.raises(UserError, match="flex compiles for CUDA GPUs only"):
         InferenceEngine(tiny_model(), decode_attention="flex", compile=True)
+    with pytest.raises(UserError, match="triton runs on CUDA GPUs only"):
+        InferenceEngine(tiny_model(), decode_attention="triton")
     with pytest.raises(UserError, match="compile_scope must be block or step"):
         InferenceEngine(tiny_model(), compile_scope="model")
 
@@ -420,7 +422,8 @@ def test_bench_infer_bad_input(argv, fragment, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("impl, scope, tuning", [("matmul", "block", False), ("matmul", "step", False),
                                                  ("matmul", "block", True), ("flex", "block", False),
-                                                 ("sdpa", "step", True)])
+                                                 ("sdpa", "step", True), ("triton", "block", False),
+                                                 ("triton", "step", True)])
 def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
     model = tiny_model(n_kv_head=2, sliding_window=9, context_len=160).cuda()
     with torch.no_grad():
@@ -431,6 +434,34 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
     for _ in range(2):  # the second call replays the captured graphs (widths 64 and 128)
         assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
     assert [r.tokens for r in engine.generate(PROMPTS[:3], 30)] == [r[:30] for r in refs[:3]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B, H, KV, D", [(1, 12, 3, 64), (3, 12, 12, 64), (2, 25, 5, 64), (5, 4, 1, 32)])
+def test_triton_decode_attention_matches_matmul(B, H, KV, D, dtype):
+    """The split-K kernel against the masked-softmax reference: spans empty at the front (long padding), a
+    slot in the middle of a span, widths that are no multiple of the span, a sliding window."""
+    import redline.inference.triton_decode  # noqa: F401  registers torch.ops.redline.decode_attention
+    from redline.inference.engine import cached_attention
+
+    gen = torch.Generator().manual_seed(B * 100 + H)
+    S = 300
+    q, k, v = (torch.randn(shape, generator=gen).cuda().to(dtype)
+               for shape in [(B, H, 1, D), (B, KV, S, D), (B, KV, S, D)])
+    for width, slot, window in [(300, 299, 0), (256, 130, 0), (64, 5, 0), (300, 250, 37), (200, 199, 1)]:
+        pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
+        pad[0] = 0
+        slot_t = torch.tensor([slot], device="cuda")
+        slots = torch.arange(width, device="cuda")
+        mask = (slots >= pad[:, None]) & (slots <= slot)
+        if window:
+            mask &= slot - slots < window
+        ref = cached_attention(q.double(), k[:, :, :width].double(), v[:, :, :width].double(), mask[:, None, None])
+        got = torch.ops.redline.decode_attention(q[:, :, 0], k[:, :, :width], v[:, :, :width], pad, slot_t, window)
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.reshape(B, 1, H * D).double(), ref, atol=tol, rtol=tol)
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ from redline.inference.sampling import SamplingParams, make_generator, sample_ne
 from redline.model import GPT, Block, rope_tables, sdpa_context
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
-DECODE_ATTENTION = ("matmul", "sdpa", "flex")
+DECODE_ATTENTION = ("matmul", "sdpa", "flex", "triton")
 
 
 def length_bucket(n: int, smallest: int = 16) -> int:
@@ -150,9 +150,13 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     impl "matmul": q·Kᵀ, masked fp32 softmax, ·V written out; "sdpa": the same through
     F.scaled_dot_product_attention with the mask (one fused kernel where the backend allows); "flex":
     FlexAttention with the mask applied as a score modification from `bounds` (compiled, its decoding kernel
-    splits the cache length across thread blocks and packs the query heads of a kv head together)."""
+    splits the cache length across thread blocks and packs the query heads of a kv head together); "triton":
+    redline's own split-K decode kernel (inference/triton_decode.py), which also takes the mask from `bounds`."""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
+    if impl == "triton":
+        pad, slot, window = bounds
+        return torch.ops.redline.decode_attention(q[:, :, 0], k_cache, v_cache, pad, slot, window).reshape(B, 1, H * D)
     if impl == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -197,6 +201,21 @@ def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
     """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model)."""
     logits = model.lm_head(model.norm_f(x))[:, -1, : model.cfg.vocab_size]
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _load_triton_decode(head_dim: int, device: torch.device) -> None:
+    """Register torch.ops.redline.decode_attention, or raise a UserError saying why it cannot run here."""
+    if device.type == "cuda":
+        try:
+            import redline.inference.triton_decode as triton_decode
+        except ImportError as e:
+            raise UserError(f"decode_attention triton needs the triton package, which failed to import ({e}); "
+                            "install triton or use matmul") from None
+        reason = triton_decode.check_supported(head_dim)
+    else:
+        reason = "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul or sdpa"
+    if reason:
+        raise UserError(reason)
 
 
 def _decode_inputs(model: GPT, tokens, slot, pad, slots):
@@ -308,6 +327,8 @@ class InferenceEngine:
         if decode_attention == "flex" and self.compile and not on_cuda:
             raise UserError("decode_attention flex compiles for CUDA GPUs only (Inductor's CPU FlexAttention "
                             "fails on the cache's dynamic width); on the CPU use matmul or sdpa, or compile off")
+        if decode_attention == "triton":
+            _load_triton_decode(self.cfg.head_dim, self.device)
         self.decode_attention = decode_attention
         self.compile_scope = compile_scope
         self.kernel_tuning = kernel_tuning and self.compile
