@@ -450,7 +450,8 @@ def test_triton_decode_attention_matches_matmul(B, H, KV, D, dtype):
     S = 300
     q, k, v = (torch.randn(shape, generator=gen).cuda().to(dtype)
                for shape in [(B, H, 1, D), (B, KV, S, D), (B, KV, S, D)])
-    for width, slot, window in [(300, 299, 0), (256, 130, 0), (64, 5, 0), (300, 250, 37), (200, 199, 1)]:
+    for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, 0), (300, 250, 37, 128),
+                                       (200, 199, 1, 64)]:
         pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
         pad[0] = 0
         slot_t = torch.tensor([slot], device="cuda")
@@ -459,7 +460,8 @@ def test_triton_decode_attention_matches_matmul(B, H, KV, D, dtype):
         if window:
             mask &= slot - slots < window
         ref = cached_attention(q.double(), k[:, :, :width].double(), v[:, :, :width].double(), mask[:, None, None])
-        got = torch.ops.redline.decode_attention(q[:, :, 0], k[:, :, :width], v[:, :, :width], pad, slot_t, window)
+        got = torch.ops.redline.decode_attention(q[:, :, 0], k[:, :, :width], v[:, :, :width], pad, slot_t, window,
+                                                 split)
         tol = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.reshape(B, 1, H * D).double(), ref, atol=tol, rtol=tol)
 

@@ -4,14 +4,14 @@ The compiled "matmul" decode step spends three kernels per layer on attention (q
 and reads the attended width of the cache twice; at batch 1 the step is latency-bound, so kernels count. Here
 attention is two kernels whatever the width, in the split-K ("flash-decoding") layout:
 
-1. `_split_kernel`, grid (B · KV, ceil(W / SPLIT_N)): each program takes one row's kv head, all H/KV query
+1. `_split_kernel`, grid (B · KV, ceil(W / split)): each program takes one row's kv head, all H/KV query
    heads that share it (packed as the rows of one small matrix product, so the cache is read once per kv
-   head), and one span of SPLIT_N cache slots; it runs an online softmax over that span and writes its
-   unnormalised output, running max and sum.
+   head), and one span of `split` cache slots (64 or 128) loaded whole; it writes the span's unnormalised
+   softmax · V, its max and its sum.
 2. `_combine_kernel`, grid (B · H): rescales the spans' partial results to a common max and normalises.
 
 The mask is computed in the kernel from the row's left padding, the current slot and the sliding window, so
-no mask tensor is built or read, and spans wholly outside a row's range load nothing. Scores and softmax are
+no mask tensor is built or read; the loads depend on nothing loaded, so they are issued at once. Scores and softmax are
 fp32; the probabilities are cast to the cache's dtype for the product with V, as FlashAttention does.
 
 Registered as `torch.ops.redline.decode_attention` through torch.library.triton_op, so torch.compile places
@@ -27,55 +27,45 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-BLOCK_N = 64  # cache slots per tile: one tl.dot of (heads, D) · (D, BLOCK_N)
-SPLIT_N = 128  # cache slots per program of the split kernel
+SPLIT_ONE_ROW = 64  # cache slots per program of the split kernel at batch 1 (more programs, shorter each)
+SPLIT_MANY_ROWS = 128  # and at larger batches, where rows and kv heads already fill the GPU
 
 
 @triton.jit
 def _split_kernel(Q, K, V, Pad, Slot, Op, Mp, Lp,
                   sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                  n_kv, n_splits, window, qk_scale,
-                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
-                  BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+                  n_kv, n_splits, width, window, qk_scale,
+                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
     kv = bk % n_kv
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    n = split * SPLIT + tl.arange(0, SPLIT)
+    # the loads depend on nothing loaded: they go out at once, beside the loads of the slot and the padding
+    inside = (n < width)[:, None]
+    q = tl.load(Q + b * sq_b + (kv * G + g)[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
+    k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d[None, :], mask=inside, other=0.0)
+    v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d[None, :], mask=inside, other=0.0)
     slot = tl.load(Slot).to(tl.int32)
     lo = tl.load(Pad + b).to(tl.int32)
     if window > 0:
         lo = tl.maximum(lo, slot - window + 1)
-    s0 = tl.maximum(split * SPLIT, lo)
-    s1 = tl.minimum(split * SPLIT + SPLIT, slot + 1)
+    valid = (n >= lo) & (n <= slot)
 
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, D)
-    q = tl.load(Q + b * sq_b + (kv * G + g)[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
-    k_base = K + b * sk_b + kv * sk_h
-    v_base = V + b * sv_b + kv * sv_h
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D], tl.float32)
-    for t in tl.static_range(SPLIT // BLOCK):  # slots outside [s0, s1) are masked: not loaded, not counted
-        n = split * SPLIT + t * BLOCK + tl.arange(0, BLOCK)
-        valid = (n >= s0) & (n < s1)
-        k = tl.load(k_base + n[:, None] * sk_s + d[None, :], mask=valid[:, None], other=0.0)
-        if Q.dtype.element_ty == tl.float32:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no slot yet: -inf - -inf would be NaN
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + n[:, None] * sv_s + d[None, :], mask=valid[:, None], other=0.0)
-        if Q.dtype.element_ty == tl.float32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+    if Q.dtype.element_ty == tl.float32:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # a span with no slot to attend: p = 0
+    l = tl.sum(p, 1)
+    if Q.dtype.element_ty == tl.float32:
+        acc = tl.dot(p, v, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v)
 
     part = (bk * n_splits + split) * G + g  # (B·KV, splits, G) layout; padding rows are not written
     tl.store(Mp + part, m, mask=g < G)
@@ -104,16 +94,19 @@ def _combine_kernel(Op, Mp, Lp, Out, so_b, so_h, n_heads, n_splits, G: tl.conste
 
 @triton_op("redline::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: torch.Tensor,
-                     slot: torch.Tensor, window: int) -> torch.Tensor:
+                     slot: torch.Tensor, window: int, split: int = 0) -> torch.Tensor:
     """q (B, H, D); caches (B, KV, W, D) (views of the buffers are fine); pad (B,) and slot (1,) int64 on the
     device; window: the sliding window (0: none). Row b attends to slots max(pad_b, slot - window + 1)..slot.
+    split: cache slots per program, a power of two >= 16 (0: SPLIT_ONE_ROW at batch 1, else SPLIT_MANY_ROWS).
     -> (B, H, D) in q's dtype. Query head h uses kv head h // (H/KV)."""
     B, H, D = q.shape
     KV, W = k_cache.shape[1], k_cache.shape[2]
     if q.stride(-1) != 1:
         q = q.contiguous()
     G = H // KV
-    n_splits = (W + SPLIT_N - 1) // SPLIT_N
+    if not split:  # under torch.compile a batch of one is a static 1, larger batches are symbolic: no guard
+        split = SPLIT_ONE_ROW if isinstance(B, int) and B == 1 else SPLIT_MANY_ROWS
+    n_splits = (W + split - 1) // split
     parts = torch.empty((B * KV * n_splits * G, D), dtype=torch.float32, device=q.device)
     maxes = torch.empty((B * KV * n_splits * G,), dtype=torch.float32, device=q.device)
     sums = torch.empty_like(maxes)
@@ -123,8 +116,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, pad, slot, parts, maxes, sums,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        KV, n_splits, window, qk_scale,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BLOCK=BLOCK_N, SPLIT=SPLIT_N,
+        KV, n_splits, W, window, qk_scale,
+        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, SPLIT=split,
     )
     wrap_triton(_combine_kernel)[(B * H,)](parts, maxes, sums, out, out.stride(0), out.stride(1), H, n_splits,
                                            G=G, D=D)
