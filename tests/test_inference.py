@@ -441,8 +441,9 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B, H, KV, D", [(1, 12, 3, 64), (3, 12, 12, 64), (2, 25, 5, 64), (5, 4, 1, 32)])
 def test_triton_decode_attention_matches_matmul(B, H, KV, D, dtype):
-    """The split-K kernel against the masked-softmax reference: spans empty at the front (long padding), a
-    slot in the middle of a span, widths that are no multiple of the span, a sliding window."""
+    """Both kernels (split: spans of 16, 128 and the default; -1: whole width) against the masked-softmax
+    reference: spans empty at the front (long padding), a slot in the middle of a span, widths that are no
+    multiple of the span, a sliding window."""
     import redline.inference.triton_decode  # noqa: F401  registers torch.ops.redline.decode_attention
     from redline.inference.engine import cached_attention
 
@@ -450,8 +451,8 @@ def test_triton_decode_attention_matches_matmul(B, H, KV, D, dtype):
     S = 300
     q, k, v = (torch.randn(shape, generator=gen).cuda().to(dtype)
                for shape in [(B, H, 1, D), (B, KV, S, D), (B, KV, S, D)])
-    for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, 0), (300, 250, 37, 128),
-                                       (200, 199, 1, 64)]:
+    for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, -1), (300, 250, 37, 128),
+                                       (200, 199, 1, -1), (300, 299, 0, -1)]:
         pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
         pad[0] = 0
         slot_t = torch.tensor([slot], device="cuda")

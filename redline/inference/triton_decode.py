@@ -1,18 +1,19 @@
 """A fused decode-attention kernel in Triton: one query token per row against the static KV cache.
 
 The compiled "matmul" decode step spends three kernels per layer on attention (q·Kᵀ, the masked softmax, ·V)
-and reads the attended width of the cache twice; at batch 1 the step is latency-bound, so kernels count. Here
-attention is two kernels whatever the width, in the split-K ("flash-decoding") layout:
+and reads the attended width of the cache twice. Here each program takes one row's kv head and all H/KV query
+heads that share it, packed as the rows of one small matrix product, so the cache is read once per kv head:
 
-1. `_split_kernel`, grid (B · KV, ceil(W / split)): each program takes one row's kv head, all H/KV query
-   heads that share it (packed as the rows of one small matrix product, so the cache is read once per kv
-   head), and one span of `split` cache slots (64 or 128) loaded whole; it writes the span's unnormalised
-   softmax · V, its max and its sum.
-2. `_combine_kernel`, grid (B · H): rescales the spans' partial results to a common max and normalises.
+- `_whole_kernel`, grid (B · KV): one kernel; each program runs an online softmax over the whole width, 64
+  slots a step. Used when there are enough (row, kv head) pairs to fill the GPU: batches above one.
+- `_split_kernel` + `_combine_kernel` (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
+  the width is cut into spans of 128 slots, one program each, loaded whole; each writes its span's
+  unnormalised softmax · V, max and sum, and the combine kernel (grid B · H) rescales the spans to a common
+  max and normalises.
 
-The mask is computed in the kernel from the row's left padding, the current slot and the sliding window, so
-no mask tensor is built or read; the loads depend on nothing loaded, so they are issued at once. Scores and softmax are
-fp32; the probabilities are cast to the cache's dtype for the product with V, as FlashAttention does.
+The mask is computed in the kernels from the row's left padding, the current slot and the sliding window, so
+no mask tensor is built or read, and the cache loads depend on nothing loaded. Scores and softmax are fp32;
+the probabilities are cast to the cache's dtype for the product with V, as FlashAttention does.
 
 Registered as `torch.ops.redline.decode_attention` through torch.library.triton_op, so torch.compile places
 the kernels inside its generated code and CUDA graphs capture them like any other kernel.
@@ -27,8 +28,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-SPLIT_ONE_ROW = 64  # cache slots per program of the split kernel at batch 1 (more programs, shorter each)
-SPLIT_MANY_ROWS = 128  # and at larger batches, where rows and kv heads already fill the GPU
+SPLIT_SLOTS = 128  # cache slots per program of the split kernel
+WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
+WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
 
 
 @triton.jit
@@ -74,6 +76,49 @@ def _split_kernel(Q, K, V, Pad, Slot, Op, Mp, Lp,
 
 
 @triton.jit
+def _whole_kernel(Q, K, V, Pad, Slot, Out,
+                  sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h,
+                  n_kv, width, window, qk_scale,
+                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    bk = tl.program_id(0)
+    b = bk // n_kv
+    kv = bk % n_kv
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    q = tl.load(Q + b * sq_b + (kv * G + g)[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
+    slot = tl.load(Slot).to(tl.int32)
+    lo = tl.load(Pad + b).to(tl.int32)
+    if window > 0:
+        lo = tl.maximum(lo, slot - window + 1)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    for n0 in range(0, width, BLOCK):  # online softmax over the width, tile by tile (Triton pipelines the loads)
+        n = n0 + tl.arange(0, BLOCK)
+        inside = (n < width)[:, None]
+        k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d[None, :], mask=inside, other=0.0)
+        v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d[None, :], mask=inside, other=0.0)
+        if Q.dtype.element_ty == tl.float32:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(((n >= lo) & (n <= slot))[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no slot attended yet: keep p = 0, not NaN
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        if Q.dtype.element_ty == tl.float32:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    out = acc / l[:, None]
+    tl.store(Out + b * so_b + (kv * G + g)[:, None] * so_h + d[None, :], out.to(Out.dtype.element_ty),
+             mask=(g < G)[:, None])
+
+
+@triton.jit
 def _combine_kernel(Op, Mp, Lp, Out, so_b, so_h, n_heads, n_splits, G: tl.constexpr, D: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // n_heads
@@ -97,27 +142,36 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      slot: torch.Tensor, window: int, split: int = 0) -> torch.Tensor:
     """q (B, H, D); caches (B, KV, W, D) (views of the buffers are fine); pad (B,) and slot (1,) int64 on the
     device; window: the sliding window (0: none). Row b attends to slots max(pad_b, slot - window + 1)..slot.
-    split: cache slots per program, a power of two >= 16 (0: SPLIT_ONE_ROW at batch 1, else SPLIT_MANY_ROWS).
+    split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
+    split kernel for a batch of one (or any batch of fewer than WHOLE_FROM_PROGRAMS row · kv head pairs outside
+    torch.compile), else the whole-width kernel.
     -> (B, H, D) in q's dtype. Query head h uses kv head h // (H/KV)."""
     B, H, D = q.shape
     KV, W = k_cache.shape[1], k_cache.shape[2]
     if q.stride(-1) != 1:
         q = q.contiguous()
     G = H // KV
-    if not split:  # under torch.compile a batch of one is a static 1, larger batches are symbolic: no guard
-        split = SPLIT_ONE_ROW if isinstance(B, int) and B == 1 else SPLIT_MANY_ROWS
+    G_PAD = max(16, triton.next_power_of_2(G))
+    out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
+    qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
+    q_strides = (q.stride(0), q.stride(1))
+    kv_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    if split < 0 or (not split and not (isinstance(B, int) and B * KV < WHOLE_FROM_PROGRAMS)):
+        # enough (row, kv head) programs to fill the GPU: one kernel, each program over the whole width
+        wrap_triton(_whole_kernel)[(B * KV,)](
+            q, k_cache, v_cache, pad, slot, out, *q_strides, *kv_strides, out.stride(0), out.stride(1),
+            KV, W, window, qk_scale, G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK,
+        )
+        return out
+    split = split or SPLIT_SLOTS
     n_splits = (W + split - 1) // split
     parts = torch.empty((B * KV * n_splits * G, D), dtype=torch.float32, device=q.device)
     maxes = torch.empty((B * KV * n_splits * G,), dtype=torch.float32, device=q.device)
     sums = torch.empty_like(maxes)
-    out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
-    qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernel
     wrap_triton(_split_kernel)[(B * KV, n_splits)](
-        q, k_cache, v_cache, pad, slot, parts, maxes, sums,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        KV, n_splits, W, window, qk_scale,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, SPLIT=split,
+        q, k_cache, v_cache, pad, slot, parts, maxes, sums, *q_strides, *kv_strides,
+        KV, n_splits, W, window, qk_scale, G=G, G_PAD=G_PAD, D=D, SPLIT=split,
     )
     wrap_triton(_combine_kernel)[(B * H,)](parts, maxes, sums, out, out.stride(0), out.stride(1), H, n_splits,
                                            G=G, D=D)

@@ -1,5 +1,5 @@
 """Decode attention alone on this GPU: the compiled masked-softmax path ("matmul", the engine's default) against
-redline's split-K Triton kernel at several span sizes, for the cache shapes of the presets at a given width.
+redline's Triton kernels (whole width, or split-K at several span sizes), for the cache shapes of the presets at a given width.
 
     python scripts/gpu/decode_attention_bench.py [--width 768] [--repeats 20]
 
@@ -21,6 +21,8 @@ SHAPES = {  # name: (batch, heads, kv heads, head_dim)
     "gpt2-124m b1": (1, 12, 12, 64), "gpt2-124m b64": (64, 12, 12, 64),
     "modern-1.5b b1": (1, 25, 5, 64), "gpt2-1.5b b1": (1, 25, 25, 64),
 }
+# the op's split argument: 0 its own choice, -1 the whole-width kernel, else the split kernel's span
+SPLITS = {0: "auto", -1: "whole", 64: "split64", 128: "split128", 256: "split256"}
 
 
 def time_graph(fn, repeats: int, calls: int = 20) -> float:
@@ -66,15 +68,15 @@ def main() -> None:
         row = {"shape": name, "B": B, "H": H, "KV": KV, "W": W}
         row["matmul_us"] = time_graph(lambda: reference(q, kw, vw, mask), args.repeats)
         ref = reference(q, kw, vw, mask).float()
-        for split in (0, 32, 64, 128, 256):
+        for split in SPLITS:
             op = lambda: torch.ops.redline.decode_attention(q[:, :, 0], kw, vw, pad, slot, 0, split)  # noqa: E731
             err = (op().reshape(B, 1, H * D).float() - ref).abs().max().item()
-            row[f"triton_{split or 'auto'}_us"] = time_graph(op, args.repeats)
-            row[f"triton_{split or 'auto'}_maxerr"] = err
+            row[f"triton_{SPLITS[split]}_us"] = time_graph(op, args.repeats)
+            row[f"triton_{SPLITS[split]}_maxerr"] = err
         best = min((v, k) for k, v in row.items() if k.endswith("_us"))
         row["best"] = best[1]
         rows.append(row)
-        variants = [(s or "auto", row[f"triton_{s or 'auto'}_us"]) for s in (0, 32, 64, 128, 256)]
+        variants = [(name, row[f"triton_{name}_us"]) for name in SPLITS.values()]
         print(f"{name:<16} matmul {row['matmul_us']:7.2f} µs   " + "   ".join(f"triton/{s} {us:7.2f}" for s, us in variants)
             + f"   best {best[1]} ({cache_bytes / best[0] / 1e3:,.0f} GB/s)", flush=True)
     print(json.dumps({"script": "decode_attention_bench.py", "device": torch.cuda.get_device_name(),
