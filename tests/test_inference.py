@@ -85,6 +85,8 @@ def test_flex_compiled_on_cpu_is_refused():
         InferenceEngine(tiny_model(), decode_attention="flex", compile=True)
     with pytest.raises(UserError, match="triton runs on CUDA GPUs only"):
         InferenceEngine(tiny_model(), decode_attention="triton")
+    # auto picks the Triton kernel only for a step compiled for a GPU
+    assert InferenceEngine(tiny_model(), compile=True).describe()["decode_attention"] == "matmul"
     with pytest.raises(UserError, match="compile_scope must be block or step"):
         InferenceEngine(tiny_model(), compile_scope="model")
 

@@ -187,8 +187,10 @@ def main(argv: list[str]) -> int:
     console.width = max(console.width, 150)  # the table is wide; do not fold it in a pipe or a log
 
     compiled = cfg.runtime.engine(model)  # casts the model to the run's dtype, shared by every method
+    # the eager baseline is plain PyTorch: our Triton kernel belongs to the compiled engine's techniques
     eager = InferenceEngine(model, dtype=compiled.dtype, compile=False, cuda_graphs=False,
-                            decode_attention=compiled.decode_attention)
+                            decode_attention="matmul" if compiled.decode_attention == "triton"
+                            else compiled.decode_attention)
     methods = list(cfg.methods)
     if "compiled" in methods and not (compiled.compile or compiled.cuda_graphs):
         methods.remove("compiled")  # identical to eager here (a CPU without --compile on)

@@ -16,6 +16,9 @@ How it works
 - Single-token attention lays the H/KV query heads that share a kv head out as H/KV query rows of it:
   (B, KV, H/KV, D) @ (B, KV, D, W) -> softmax -> @ (B, KV, W, D), so each cached kv head is read once and
   never expanded (the grouping of SDPA's enable_gqa: query head h uses kv head h // (H/KV)).
+- On a GPU, decode attention is by default redline's own Triton kernel (inference/triton_decode.py): one or
+  two kernels per layer, the mask computed inside from the padding, slot and window; "matmul" (the products
+  and softmax above, fused by torch.compile) is the portable path and the CPU's.
 - The step writes the new key and value into each layer's whole cache buffer and slices the attended width
   inside (Inductor updates a buffer passed in in place; a written-to view passed in is copied back whole).
 - On a GPU the model runs in bf16 and is torch.compile'd with dynamic batch, length and width dims. With
@@ -46,7 +49,7 @@ from redline.inference.sampling import SamplingParams, make_generator, sample_ne
 from redline.model import GPT, Block, rope_tables, sdpa_context
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
-DECODE_ATTENTION = ("matmul", "sdpa", "flex", "triton")
+DECODE_ATTENTION = ("auto", "matmul", "sdpa", "flex", "triton")
 
 
 def length_bucket(n: int, smallest: int = 16) -> int:
@@ -303,10 +306,12 @@ class InferenceEngine:
 
     The model is put in eval mode and cast to `dtype` in place (the RoPE tables stay fp32). dtype None: bf16
     on a GPU that has it, fp32 elsewhere. compile / cuda_graphs None: on for CUDA, off on a CPU.
+    decode_attention "auto": "triton" (our decode kernel) when compiling for a GPU where it can run, else
+    "matmul".
     """
 
     def __init__(self, model: GPT, *, dtype: torch.dtype | None = None, compile: bool | None = None,
-                 cuda_graphs: bool | None = None, decode_attention: str = "matmul",
+                 cuda_graphs: bool | None = None, decode_attention: str = "auto",
                  compile_scope: str = "block", kernel_tuning: bool = False, prefill_chunk_tokens: int = 32768):
         self.model = model
         self.cfg = model.cfg
@@ -327,7 +332,15 @@ class InferenceEngine:
         if decode_attention == "flex" and self.compile and not on_cuda:
             raise UserError("decode_attention flex compiles for CUDA GPUs only (Inductor's CPU FlexAttention "
                             "fails on the cache's dynamic width); on the CPU use matmul or sdpa, or compile off")
-        if decode_attention == "triton":
+        if decode_attention == "auto":  # our kernel where the step is compiled for a GPU, plain PyTorch elsewhere
+            decode_attention = "matmul"
+            if self.compile and on_cuda:
+                try:
+                    _load_triton_decode(self.cfg.head_dim, self.device)
+                    decode_attention = "triton"
+                except UserError:
+                    pass
+        elif decode_attention == "triton":
             _load_triton_decode(self.cfg.head_dim, self.device)
         self.decode_attention = decode_attention
         self.compile_scope = compile_scope

@@ -36,8 +36,9 @@ class RuntimeOptions:
     cpu_threads: int = 0
     """CPU only: PyTorch threads (0: PyTorch's default). 1 is often as fast for small models, and immune to
     other processes busy on the same cores (which can slow tiny multi-threaded ops down a hundredfold)."""
-    decode_attention: Literal["matmul", "sdpa", "flex", "triton"] = "matmul"
-    """How a decode step attends over the cache: matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile),
+    decode_attention: Literal["auto", "matmul", "sdpa", "flex", "triton"] = "auto"
+    """How a decode step attends over the cache (auto: triton when the step is compiled for a GPU, else matmul):
+    matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile),
     sdpa (F.scaled_dot_product_attention with the mask), flex (FlexAttention's decoding kernel, which splits
     the cache length across the GPU; compiled on CUDA only) or triton (redline's own split-K decode kernel, two
     kernels per layer whatever the width; CUDA only). All group query heads per kv head."""

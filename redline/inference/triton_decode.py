@@ -60,7 +60,7 @@ def _split_kernel(Q, K, V, Pad, Slot, Op, Mp, Lp,
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    s = tl.where(valid[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
     m = tl.max(s, 1)
     p = tl.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # a span with no slot to attend: p = 0
     l = tl.sum(p, 1)
@@ -102,7 +102,7 @@ def _whole_kernel(Q, K, V, Pad, Slot, Out,
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(((n >= lo) & (n <= slot))[None, :], s * qk_scale, float("-inf"))
+        s = tl.where(((n >= lo) & (n <= slot))[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no slot attended yet: keep p = 0, not NaN
         alpha = tl.exp2(m - m_safe)

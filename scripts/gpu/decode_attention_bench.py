@@ -1,4 +1,5 @@
-"""Decode attention alone on this GPU: the compiled masked-softmax path ("matmul", the engine's default) against
+"""Decode attention alone on this GPU: the compiled masked-softmax path ("matmul", the engine's choice
+where the kernel cannot run) against
 redline's Triton kernels (whole width, or split-K at several span sizes), for the cache shapes of the presets at a given width.
 
     python scripts/gpu/decode_attention_bench.py [--width 768] [--repeats 20]
