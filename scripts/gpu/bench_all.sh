@@ -114,6 +114,11 @@ point gpt2-350m-b16-fp8all        --preset gpt2-350m seq_len=1024 batch_size=16 
 point modern-350m-b16-fp8all      --preset modern-350m seq_len=1024 batch_size=16 fp8=all
 point gpt2-1.5b-b16-bf16-acsel    --preset gpt2-1.5b seq_len=1024 batch_size=16 activation_checkpointing=selective
 point modern-124m-t2048-b32-bf16  --preset modern-124m seq_len=2048 batch_size=32
+# T=2048 at the larger sizes (the gpt2 presets keep GPT-2's 1024-token context)
+point modern-350m-t2048-b8-bf16   --preset modern-350m seq_len=2048 batch_size=8
+point modern-774m-t2048-b4-bf16   --preset modern-774m seq_len=2048 batch_size=4
+point modern-1.5b-t2048-b4-bf16   --preset modern-1.5b seq_len=2048 batch_size=4
+point modern-1.5b-t2048-b4-fp8auto --preset modern-1.5b seq_len=2048 batch_size=4 fp8=auto
 # what each part of the fast path is worth (each one switched off, or an alternative)
 point gpt2-124m-b32-blockscompile "${G[@]}" batch_size=32 compile_scope=blocks
 point gpt2-124m-b32-pytorchattn   "${G[@]}" batch_size=32 attn_autotune=False
