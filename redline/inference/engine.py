@@ -214,7 +214,7 @@ def _load_triton_decode(head_dim: int, device: torch.device) -> None:
         except ImportError as e:
             raise UserError(f"decode_attention triton needs the triton package, which failed to import ({e}); "
                             "install triton or use matmul") from None
-        reason = triton_decode.check_supported(head_dim)
+        reason = triton_decode.check_supported(head_dim, device)
     else:
         reason = "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul or sdpa"
     if reason:

@@ -178,8 +178,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-def check_supported(head_dim: int) -> str | None:
-    """Why this kernel cannot run for the model (None: it can)."""
+def check_supported(head_dim: int, device: torch.device) -> str | None:
+    """Why this kernel cannot run for the model on this GPU (None: it can)."""
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "decode_attention triton needs a GPU of compute capability 8.0 or newer; use matmul"
     if head_dim < 16 or head_dim & (head_dim - 1):
         return (f"decode_attention triton needs a power-of-two head_dim of at least 16, and this model's is "
                 f"{head_dim}; use matmul")
