@@ -12,7 +12,7 @@ heads that share it, packed as the rows of one small matrix product, so the cach
   max and normalises.
 
 The mask is computed in the kernels from the row's left padding, the current slot and the sliding window, so
-no mask tensor is built or read, and the cache loads depend on nothing loaded. Scores and softmax are fp32;
+no mask tensor is read, and the cache loads depend on nothing loaded. Scores and softmax are fp32;
 the probabilities are cast to the cache's dtype for the product with V, as FlashAttention does.
 
 Registered as `torch.ops.redline.decode_attention` through torch.library.triton_op, so torch.compile places
