@@ -410,6 +410,8 @@ def test_bench_infer_profile_writes_traces(capsys, tmp_path):
     (["bench-infer"], "exactly one of --checkpoint"),
     (["bench-infer", "--preset", "nope"], "unknown preset"),
     (["bench-infer", "--preset", "tiny", "--cuda-graphs", "on", "--device", "cpu"], "needs a CUDA GPU"),
+    (["bench-infer", "--preset", "tiny", "--decode-attention", "triton", "--device", "cpu"],
+     "triton runs on CUDA GPUs only"),
 ])
 def test_bench_infer_bad_input(argv, fragment, capsys):
     code, _, err = run_cli(argv, capsys)
