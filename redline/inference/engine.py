@@ -154,7 +154,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     F.scaled_dot_product_attention with the mask (one fused kernel where the backend allows); "flex":
     FlexAttention with the mask applied as a score modification from `bounds` (compiled, its decoding kernel
     splits the cache length across thread blocks and packs the query heads of a kv head together); "triton":
-    redline's own split-K decode kernel (inference/triton_decode.py), which also takes the mask from `bounds`."""
+    redline's own decode kernels (inference/triton_decode.py), which also take the mask from `bounds`."""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
     if impl == "triton":

@@ -38,10 +38,10 @@ class RuntimeOptions:
     other processes busy on the same cores (which can slow tiny multi-threaded ops down a hundredfold)."""
     decode_attention: Literal["auto", "matmul", "sdpa", "flex", "triton"] = "auto"
     """How a decode step attends over the cache (auto: triton when the step is compiled for a GPU, else matmul):
-    matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile),
-    sdpa (F.scaled_dot_product_attention with the mask), flex (FlexAttention's decoding kernel, which splits
-    the cache length across the GPU; compiled on CUDA only) or triton (redline's own split-K decode kernel, two
-    kernels per layer whatever the width; CUDA only). All group query heads per kv head."""
+    matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile), sdpa (F.scaled_dot_product_attention with the
+    mask), flex (FlexAttention's decoding kernel, which splits the cache length across the GPU; compiled on CUDA
+    only) or triton (redline's own decode kernel: one kernel per layer, split-K plus a combine at batch 1; CUDA
+    only). All group query heads per kv head."""
     compile_scope: Literal["block", "step"] = "block"
     """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
     layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
