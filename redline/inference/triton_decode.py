@@ -34,6 +34,26 @@ WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
 
 
 @triton.jit
+def _attended_range(Pad, Slot, b, window):
+    """(lo, slot): row b attends to cache slots lo..slot."""
+    slot = tl.load(Slot).to(tl.int32)
+    lo = tl.load(Pad + b).to(tl.int32)
+    if window > 0:
+        lo = tl.maximum(lo, slot - window + 1)
+    return lo, slot
+
+
+@triton.jit
+def _dot(a, b):
+    """a · b with fp32 accumulation; fp32 inputs exactly (no TF32), others with a cast to b's dtype."""
+    if b.dtype == tl.float32:
+        out = tl.dot(a.to(tl.float32), b, input_precision="ieee")
+    else:
+        out = tl.dot(a.to(b.dtype), b)
+    return out
+
+
+@triton.jit
 def _split_kernel(Q, K, V, Pad, Slot, Op, Mp, Lp,
                   sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                   n_kv, n_splits, width, window, qk_scale,
@@ -50,24 +70,15 @@ def _split_kernel(Q, K, V, Pad, Slot, Op, Mp, Lp,
     q = tl.load(Q + b * sq_b + (kv * G + g)[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
     k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d[None, :], mask=inside, other=0.0)
     v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d[None, :], mask=inside, other=0.0)
-    slot = tl.load(Slot).to(tl.int32)
-    lo = tl.load(Pad + b).to(tl.int32)
-    if window > 0:
-        lo = tl.maximum(lo, slot - window + 1)
+    lo, slot = _attended_range(Pad, Slot, b, window)
     valid = (n >= lo) & (n <= slot)
 
-    if Q.dtype.element_ty == tl.float32:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
+    s = _dot(q, tl.trans(k))
     s = tl.where(valid[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
     m = tl.max(s, 1)
     p = tl.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # a span with no slot to attend: p = 0
     l = tl.sum(p, 1)
-    if Q.dtype.element_ty == tl.float32:
-        acc = tl.dot(p, v, input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(v.dtype), v)
+    acc = _dot(p, v)
 
     part = (bk * n_splits + split) * G + g  # (B·KV, splits, G) layout; padding rows are not written
     tl.store(Mp + part, m, mask=g < G)
@@ -86,10 +97,7 @@ def _whole_kernel(Q, K, V, Pad, Slot, Out,
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
     q = tl.load(Q + b * sq_b + (kv * G + g)[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
-    slot = tl.load(Slot).to(tl.int32)
-    lo = tl.load(Pad + b).to(tl.int32)
-    if window > 0:
-        lo = tl.maximum(lo, slot - window + 1)
+    lo, slot = _attended_range(Pad, Slot, b, window)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
@@ -98,20 +106,14 @@ def _whole_kernel(Q, K, V, Pad, Slot, Out,
         inside = (n < width)[:, None]
         k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d[None, :], mask=inside, other=0.0)
         v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d[None, :], mask=inside, other=0.0)
-        if Q.dtype.element_ty == tl.float32:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        s = _dot(q, tl.trans(k))
         s = tl.where(((n >= lo) & (n <= slot))[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no slot attended yet: keep p = 0, not NaN
         alpha = tl.exp2(m - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, 1)
-        if Q.dtype.element_ty == tl.float32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + _dot(p, v)
         m = m_new
     out = acc / l[:, None]
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * so_h + d[None, :], out.to(Out.dtype.element_ty),
