@@ -232,6 +232,29 @@ def test_summarize_per_step():
     assert s["top"][0]["calls_per_step"] == 15
 
 
+def test_gpu_rows_leave_out_the_step_and_optimizer_ranges():
+    """The record_function ranges around each step and the optimizer show up on the GPU timeline as user
+    annotations spanning the kernels inside them; counting them would double the total (it did on an H100)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from redline.bench.profile import _rows
+
+    def evt(key, us, annotation=False, device=DeviceType.CUDA):
+        return SimpleNamespace(key=key, self_device_time_total=us, count=1, device_type=device,
+                               is_user_annotation=annotation)
+
+    prof = SimpleNamespace(key_averages=lambda: [
+        evt("train_step_0", 900.0, annotation=True), evt("Optimizer.step#AdamW.step", 80.0, annotation=True),
+        evt("nvjet_gemm", 600.0), evt("multi_tensor_apply_kernel", 80.0), evt("aten::mm", 5.0, device=DeviceType.CPU),
+        evt("train_step_1", 300.0),  # an older torch without the annotation flag: left out by its name
+    ])
+    rows = _rows(prof, torch.device("cuda"))
+    assert sorted(name for name, _, _ in rows) == ["multi_tensor_apply_kernel", "nvjet_gemm"]
+    assert summarize(rows, n_steps=1)["total_ms_per_step"] == pytest.approx(0.68)
+
+
 # ----------------------------------------------------------------------------------------------------
 # attention backend choice and the wrap order
 

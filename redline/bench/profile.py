@@ -57,6 +57,9 @@ def summarize(rows: list[tuple[str, float, int]], n_steps: int, top: int = 15) -
     }
 
 
+_RANGES = ("ProfilerStep", "train_step_", "Optimizer.")  # ranges around operators and kernels, not work of their own
+
+
 def _in_optimizer(evt) -> bool:
     """Whether a CPU operator ran inside an optimizer step or gradient clipping (its names say nothing of it)."""
     parent = evt.cpu_parent
@@ -71,11 +74,14 @@ def _rows(prof, device: torch.device) -> list[tuple[str, float, int]]:
     from torch.autograd import DeviceType
 
     if device.type == "cuda":
+        # the step and optimizer ranges also appear on the GPU's timeline (as user annotations) and span the
+        # kernels inside them: leave them out, or the kernels would be counted twice
         return [(evt.key, float(evt.self_device_time_total), int(evt.count)) for evt in prof.key_averages()
-                if evt.device_type == DeviceType.CUDA and evt.self_device_time_total > 0]
+                if evt.device_type == DeviceType.CUDA and evt.self_device_time_total > 0
+                and not getattr(evt, "is_user_annotation", False) and not evt.key.startswith(_RANGES)]
     totals: dict[str, list[float]] = {}
     for evt in prof.events():
-        if evt.device_type != DeviceType.CPU or evt.name.startswith(("ProfilerStep", "train_step_", "Optimizer.")):
+        if evt.device_type != DeviceType.CPU or evt.name.startswith(_RANGES):
             continue
         us = evt.self_cpu_time_total
         if us <= 0:
