@@ -196,15 +196,18 @@ class Attention(nn.Module):
             self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
 
+    def project(self, x: torch.Tensor):
+        """x: (B, T, C) -> q (B, T, H*D), k and v (B, T, KV*D): the projections alone, before QK-norm and RoPE."""
+        if self.cfg.fused_qkv:
+            return self.qkv(x).split(
+                [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
+            )
+        return self.q(x), self.k(x), self.v(x)
+
     def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
         """x: (B, T, C) -> q (B, H, T, D), k and v (B, KV, T, D), with QK-norm and RoPE applied."""
         B, T, _ = x.shape
-        if self.cfg.fused_qkv:
-            q, k, v = self.qkv(x).split(
-                [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
-            )
-        else:
-            q, k, v = self.q(x), self.k(x), self.v(x)
+        q, k, v = self.project(x)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from redline import cli
 from redline.config import TrainConfig, to_dict
@@ -440,35 +441,65 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
     assert [r.tokens for r in engine.generate(PROMPTS[:3], 30)] == [r[:30] for r in refs[:3]]
 
 
+def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width: int, window: int, eps: float,
+                               q_norm=None, k_norm=None, cos=None, sin=None):
+    """What torch.ops.redline.decode_attention computes, from the model's own pieces: QK-norm, RoPE, the cache
+    write, then the masked-softmax attention in fp64. -> (out (B, H*D) fp64, k_cache, v_cache new copies)."""
+    from redline.inference.engine import cached_attention
+    from redline.model import apply_rope
+
+    B, KV, _, D = k_cache.shape
+    H = q.shape[1] // D
+    q, k, v = q.view(B, H, 1, D), k.view(B, KV, 1, D), v.view(B, KV, 1, D)
+    if q_norm is not None:
+        q, k = F.rms_norm(q, (D,), q_norm, eps), F.rms_norm(k, (D,), k_norm, eps)
+    if cos is not None:
+        rope = cos[:, None, None, :], sin[:, None, None, :]
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    k_cache[:, :, slot], v_cache[:, :, slot] = k[:, :, 0], v[:, :, 0]
+    slots = torch.arange(width, device=q.device)
+    mask = (slots >= pad[:, None]) & (slots <= slot)
+    if window:
+        mask &= slot - slots < window
+    out = cached_attention(q.double(), k_cache[:, :, :width].double(), v_cache[:, :, :width].double(),
+                           mask[:, None, None])
+    return out.reshape(B, H * D), k_cache, v_cache
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B, H, KV, D", [(1, 12, 3, 64), (3, 12, 12, 64), (2, 25, 5, 64), (5, 4, 1, 32)])
-def test_triton_decode_attention_matches_matmul(B, H, KV, D, dtype):
-    """Both kernels (split: spans of 16, 128 and the default; -1: whole width) against the masked-softmax
-    reference: spans empty at the front (long padding), a slot in the middle of a span, widths that are no
-    multiple of the span, a sliding window."""
-    import redline.inference.triton_decode  # noqa: F401  registers torch.ops.redline.decode_attention
-    from redline.inference.engine import cached_attention
+@pytest.mark.parametrize("norm, rope", [(True, True), (False, False)])
+def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rope):
+    """Both kernels (split: spans of 16, 128 and the default; -1: whole width) against the model's own QK-norm,
+    RoPE and masked softmax: spans empty at the front (long padding), a slot in the middle of a span, widths
+    that are no multiple of the span, a sliding window. The cache slot is written, the rest left alone, and the
+    split kernel's counters are zero again after each call."""
+    import redline.inference.triton_decode as td
 
     gen = torch.Generator().manual_seed(B * 100 + H)
     S = 300
-    q, k, v = (torch.randn(shape, generator=gen).cuda().to(dtype)
-               for shape in [(B, H, 1, D), (B, KV, S, D), (B, KV, S, D)])
     for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, -1), (300, 250, 37, 128),
                                        (200, 199, 1, -1), (300, 299, 0, -1)]:
+        qkv = torch.randn(B, (H + 2 * KV) * D, generator=gen).cuda().to(dtype)
+        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)  # views with the projection's row stride
+        k_cache, v_cache = (torch.randn(B, KV, S, D, generator=gen).cuda().to(dtype) for _ in range(2))
         pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
         pad[0] = 0
-        slot_t = torch.tensor([slot], device="cuda")
-        slots = torch.arange(width, device="cuda")
-        mask = (slots >= pad[:, None]) & (slots <= slot)
-        if window:
-            mask &= slot - slots < window
-        ref = cached_attention(q.double(), k[:, :, :width].double(), v[:, :, :width].double(), mask[:, None, None])
-        got = torch.ops.redline.decode_attention(q[:, :, 0], k[:, :, :width], v[:, :, :width], pad, slot_t, window,
-                                                 split)
+        weights = [(torch.rand(D, generator=gen) + 0.5).cuda().to(dtype) for _ in range(2)] if norm else [None] * 2
+        angles = torch.rand(B, D // 2, generator=gen).cuda() * 6
+        tables = [angles.cos(), angles.sin()] if rope else [None] * 2
+        want, k_want, v_want = decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5,
+                                                          *weights, *tables)
+        counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
+        got = torch.ops.redline.decode_attention(q, k, v, k_cache, v_cache, pad, torch.tensor([slot], device="cuda"),
+                                                 counts, width, window, 1e-5, *weights, *tables, split)
         tol = 2e-5 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(got.reshape(B, 1, H * D).double(), ref, atol=tol, rtol=tol)
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+        torch.testing.assert_close(k_cache, k_want, atol=tol, rtol=tol)  # one rounding apart in bf16 at most
+        assert torch.equal(v_cache, v_want) and not counts.any()
 
 
 @pytest.mark.slow

@@ -16,9 +16,10 @@ How it works
 - Single-token attention lays the H/KV query heads that share a kv head out as H/KV query rows of it:
   (B, KV, H/KV, D) @ (B, KV, D, W) -> softmax -> @ (B, KV, W, D), so each cached kv head is read once and
   never expanded (the grouping of SDPA's enable_gqa: query head h uses kv head h // (H/KV)).
-- On a GPU, decode attention is by default redline's own Triton kernel (inference/triton_decode.py): one or
-  two kernels per layer, the mask computed inside from the padding, slot and window; "matmul" (the products
-  and softmax above, fused by torch.compile) is the portable path and the CPU's.
+- On a GPU, decode attention is by default redline's own Triton kernel (inference/triton_decode.py): one
+  kernel per layer from the qkv projection's output to the attention output (QK-norm, RoPE, the cache write
+  and the attention, the mask computed inside from the padding, slot and window); "matmul" (the products and
+  softmax above, fused by torch.compile) is the portable path and the CPU's.
 - The step writes the new key and value into each layer's whole cache buffer and slices the attended width
   inside (Inductor updates a buffer passed in in place; a written-to view passed in is copied back whole).
 - On a GPU the model runs in bf16 and is torch.compile'd with dynamic batch, length and width dims. With
@@ -124,6 +125,7 @@ class _DecodeState:
     slot: torch.Tensor  # (1,) cache slot the step writes (shared by all rows: prompts are left-padded)
     pad: torch.Tensor  # (B,) left padding of each row; position = slot - pad
     slots: torch.Tensor  # (S,) 0..S-1, for the mask
+    counts: torch.Tensor | None = None  # int32 zeros the "triton" decode kernel counts finished spans in
     graphs: dict = field(default_factory=dict)  # (width, greedy) -> (CUDAGraph, its outputs)
     pool: object = None  # one memory pool shared by the graphs of every width (they never run concurrently)
     warm: set = field(default_factory=set)  # shapes already compiled
@@ -153,13 +155,10 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     impl "matmul": q·Kᵀ, masked fp32 softmax, ·V written out; "sdpa": the same through
     F.scaled_dot_product_attention with the mask (one fused kernel where the backend allows); "flex":
     FlexAttention with the mask applied as a score modification from `bounds` (compiled, its decoding kernel
-    splits the cache length across thread blocks and packs the query heads of a kv head together); "triton":
-    redline's own decode kernels (inference/triton_decode.py), which also take the mask from `bounds`."""
+    splits the cache length across thread blocks and packs the query heads of a kv head together). ("triton",
+    redline's own kernel, starts from the projections instead: see _triton_attend.)"""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
-    if impl == "triton":
-        pad, slot, window = bounds
-        return torch.ops.redline.decode_attention(q[:, :, 0], k_cache, v_cache, pad, slot, window).reshape(B, 1, H * D)
     if impl == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -182,14 +181,33 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
 
 
-def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul", pad=None):
+def _triton_attend(attn, h, rope, k_cache, v_cache, slot, pad, counts, width: int) -> torch.Tensor:
+    """redline's decode kernel for one layer: h (B, 1, C) -> (B, 1, H*D). The kernel takes the projections as
+    they are and does QK-norm, RoPE, the cache write and the attention itself (inference/triton_decode.py)."""
+    q, k, v = attn.project(h)
+    B = q.shape[0]
+    cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
+    norms, eps = (None, None), 0.0
+    if attn.cfg.qk_norm:
+        norms = (attn.q_norm.weight, attn.k_norm.weight)
+        eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(q.dtype).eps
+    y = torch.ops.redline.decode_attention(q[:, 0], k[:, 0], v[:, 0], k_cache, v_cache, pad, slot, counts, width,
+                                           attn.cfg.sliding_window, eps, *norms, cos, sin)
+    return y[:, None]
+
+
+def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul", pad=None,
+                  counts=None):
     """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's whole cache buffer, then attends over
-    its first W slots, W = mask.shape[-1] (pad: (B,) left padding, needed by impl "flex").
+    its first W slots, W = mask.shape[-1] (pad: (B,) left padding, needed by impl "flex" and "triton"; counts:
+    the "triton" kernel's counter buffer).
 
     The write goes to the buffer itself, not to a view of it: Inductor then updates it in place, where a write
     into a view passed in is copied back whole (the full cache, twice per layer and step)."""
 
     def attend(h):
+        if impl == "triton":
+            return _triton_attend(block.attn, h, rope, k_cache, v_cache, slot, pad, counts, mask.shape[-1])
         q, k, v = block.attn.project_qkv(h, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
         k_cache[:, :, slot] = k
         v_cache[:, :, slot] = v
@@ -244,18 +262,19 @@ def _decode_output(model: GPT, x, tokens, greedy: bool):
 
 
 def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, greedy: bool, fns=None,
-                   mark_dynamic=None):
+                   mark_dynamic=None, counts=None):
     """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> _decode_output's pair.
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. fns: the
     (inputs, block, output) functions, each compiled alone (None: the plain ones, inlined when this whole
-    function is compiled); mark_dynamic marks the blocks' other inputs' batch and width dims dynamic."""
+    function is compiled); mark_dynamic marks the blocks' other inputs' batch and width dims dynamic; counts:
+    the "triton" kernel's counter buffer."""
     inputs_fn, block_fn, output_fn = fns or (_decode_inputs, _decode_block, _decode_output)
     x, rope, mask = inputs_fn(model, tokens, slot, pad, slots)
     if mark_dynamic is not None:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
     for block, k_cache, v_cache in zip(model.blocks, ks, vs):
-        x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad)
+        x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad, counts)
     return output_fn(model, x, tokens, greedy)
 
 
@@ -432,8 +451,18 @@ class InferenceEngine:
             slot=torch.zeros(1, dtype=torch.long, device=dev),
             pad=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
+            counts=self._counters(),
         )
         return self._state
+
+    def _counters(self) -> torch.Tensor | None:
+        """The zeros the "triton" decode kernel counts in (it leaves them zero); fixed in size, so the compiled
+        step never specialises on it."""
+        if self.decode_attention != "triton":
+            return None
+        from redline.inference.triton_decode import counters_needed
+
+        return torch.zeros(counters_needed(self.cfg.kv_heads), dtype=torch.int32, device=self.device)
 
     def _width(self, st: _DecodeState, slot: int) -> int:
         """How many cache slots the step at `slot` attends over: exactly slot + 1 when nothing is compiled or
@@ -450,7 +479,7 @@ class InferenceEngine:
         slots = st.slots[:width]
         self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])
         return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention, greedy,
-                                self._decode_fns, self._mark_dynamic if self._decode_fns else None)
+                                self._decode_fns, self._mark_dynamic if self._decode_fns else None, st.counts)
 
     def _warm_step(self, st: _DecodeState, width: int, greedy: bool) -> None:
         """Run the step without advancing anything: it rewrites the current slot with the same values, and the

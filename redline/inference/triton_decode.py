@@ -1,22 +1,32 @@
-"""A fused decode-attention kernel in Triton: one query token per row against the static KV cache.
+"""A fused decode-attention kernel in Triton: this step's token against the static KV cache, from the qkv
+projection's output to the attention's output in one launch per layer.
 
-The compiled "matmul" decode step spends three kernels per layer on attention (q·Kᵀ, the masked softmax, ·V)
-and reads the attended width of the cache twice. Here each program takes one row's kv head and all H/KV query
-heads that share it, packed as the rows of one small matrix product, so the cache is read once per kv head:
+The compiled decode step otherwise spends about six kernels per layer between the qkv projection and the output
+projection: QK-norm + RoPE of the query, QK-norm + RoPE of the key with its cache write, the value's cache
+write, and the attention itself (q·Kᵀ, masked softmax, ·V). Here one kernel takes q, k and v as the
+projection wrote them and, in each program:
 
-- `_whole_kernel`, grid (B · KV): one kernel; each program runs an online softmax over the whole width, 64
-  slots a step. Used when there are enough (row, kv head) pairs to fill the GPU: batches above one.
-- `_split_kernel` + `_combine_kernel` (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
-  the width is cut into spans of 128 slots, one program each, loaded whole; each writes its span's
-  unnormalised softmax · V, max and sum, and the combine kernel (grid B · H) rescales the spans to a common
-  max and normalises.
+- applies QK-norm (RMSNorm over head_dim, rounded to the model's dtype as nn.RMSNorm does) and RoPE (each
+  row's cos/sin, the pairs being (first half, second half) as in model.apply_rope) to the query heads and to
+  this step's key;
+- writes the key and value into the current slot of the layer's cache (the program whose span holds that
+  slot), and uses them from registers, so no program depends on another's write;
+- attends: one row's kv head with all H/KV query heads that share it, packed as the rows of one small matrix
+  product, so the cache is read once per kv head. The mask is computed from the row's left padding, the slot
+  and the sliding window, so no mask tensor is read. Scores and softmax are fp32; the probabilities are cast to
+  the cache's dtype for the product with V, as FlashAttention does.
 
-The mask is computed in the kernels from the row's left padding, the current slot and the sliding window, so
-no mask tensor is read, and the cache loads depend on nothing loaded. Scores and softmax are fp32;
-the probabilities are cast to the cache's dtype for the product with V, as FlashAttention does.
+Two layouts:
+- `_whole_kernel`, grid (B · KV): each program runs an online softmax over the whole width, 64 slots a step.
+  Used when there are enough (row, kv head) pairs to fill the GPU: batches above one.
+- `_split_kernel`, grid (B · KV, spans) (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
+  the width is cut into spans of 128 slots, one program each, loaded whole. Each program writes its span's
+  unnormalised softmax · V, max and sum, then counts itself done on an atomic counter of its (row, kv head);
+  the last one to finish rescales the spans to a common max, normalises and writes the output, and puts the
+  counter back to zero. No second kernel is launched.
 
 Registered as `torch.ops.redline.decode_attention` through torch.library.triton_op, so torch.compile places
-the kernels inside its generated code and CUDA graphs capture them like any other kernel.
+the kernel inside its generated code and CUDA graphs capture it like any other kernel.
 """
 
 from __future__ import annotations
@@ -31,6 +41,12 @@ from torch.library import triton_op, wrap_triton
 SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
+
+
+def counters_needed(n_kv_head: int) -> int:
+    """Length of the int32 zeros buffer `counts` the op needs for any batch (the split kernel runs only below
+    WHOLE_FROM_PROGRAMS (row, kv head) pairs, and at batch 1)."""
+    return max(WHOLE_FROM_PROGRAMS, n_kv_head)
 
 
 @triton.jit
@@ -54,23 +70,92 @@ def _dot(a, b):
 
 
 @triton.jit
-def _split_kernel(Q, K, V, Pad, Slot, Op, Mp, Lp,
-                  sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                  n_kv, n_splits, width, window, qk_scale,
-                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+def _norm_rope(X, W, Cos, Sin, rows, eps, D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr):
+    """Head vectors at X + rows · D (rows: (R, 1), masked where negative) -> QK-norm and RoPE applied, (R, D) in
+    X's dtype. RoPE needs each element's partner in the other half, so the heads are also loaded with their halves
+    swapped (the same bytes: a second load from cache, not from memory)."""
+    dtype = X.dtype.element_ty
+    d = tl.arange(0, D)[None, :]
+    x = tl.load(X + rows * D + d, mask=rows >= 0, other=0.0).to(tl.float32)
+    if NORM or ROPE:
+        swap = (d + D // 2) % D
+        xs = tl.load(X + rows * D + swap, mask=rows >= 0, other=0.0).to(tl.float32)
+        if NORM:  # nn.RMSNorm: normalise in fp32, round, then scale by the weight and round again
+            r = tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
+            x = ((x * r).to(dtype).to(tl.float32) * tl.load(W + d).to(tl.float32)).to(dtype).to(tl.float32)
+            xs = ((xs * r).to(dtype).to(tl.float32) * tl.load(W + swap).to(tl.float32)).to(dtype).to(tl.float32)
+        if ROPE:  # (x1, x2) -> (x1·cos - x2·sin, x1·sin + x2·cos), in fp32
+            half = d % (D // 2)
+            sign = tl.where(d < D // 2, -1.0, 1.0)
+            x = x * tl.load(Cos + half) + sign * xs * tl.load(Sin + half)
+    return x.to(dtype)
+
+
+@triton.jit
+def _new_token(Q, Kn, Vn, QW, KW, Cos, Sin, b, kv, sq_b, skn_b, svn_b, sc_b, eps,
+               G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr):
+    """This step's G query heads of kv head `kv` as (G_PAD, D) (padding rows zero), and its key and value
+    (1, D), QK-norm and RoPE applied."""
+    g = tl.arange(0, G_PAD)[:, None]
+    heads = tl.where(g < G, kv * G + g, -1)
+    q = _norm_rope(Q + b * sq_b, QW, Cos + b * sc_b, Sin + b * sc_b, heads, eps, D, NORM, ROPE)
+    one = tl.full([1, 1], 0, tl.int32) + kv
+    k = _norm_rope(Kn + b * skn_b, KW, Cos + b * sc_b, Sin + b * sc_b, one, eps, D, NORM, ROPE)
+    v = tl.load(Vn + b * svn_b + kv * D + tl.arange(0, D)[None, :])
+    return q, k, v
+
+
+@triton.jit
+def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr):
+    """Merge the spans' partial results of (row b, kv head kv) and write its G heads' output."""
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    rows = g < G
+    first = bk * n_splits * G + g  # (B·KV, splits, G) layout
+    # ".cg": read from L2, where the other programs' writes are, never from this SM's L1
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    for s in range(0, n_splits):  # an empty span has max -inf; the slot itself is in some span, so m is finite
+        m = tl.maximum(m, tl.load(Mp + first + s * G, mask=rows, other=float("-inf"), cache_modifier=".cg"))
+    m = tl.where(rows, m, 0.0)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    for s in range(0, n_splits):
+        w = tl.exp2(tl.load(Mp + first + s * G, mask=rows, other=float("-inf"), cache_modifier=".cg") - m)
+        l += w * tl.load(Lp + first + s * G, mask=rows, other=0.0, cache_modifier=".cg")
+        part = tl.load(Op + (first + s * G)[:, None] * D + d[None, :], mask=rows[:, None], other=0.0,
+                       cache_modifier=".cg")
+        acc += w[:, None] * part
+    out = acc / tl.where(rows, l, 1.0)[:, None]
+    tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d[None, :], out.to(Out.dtype.element_ty),
+             mask=rows[:, None])
+
+
+@triton.jit
+def _split_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, Lp, Out,
+                  sq_b, skn_b, svn_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
+                  n_kv, n_splits, width, window, qk_scale, eps,
+                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                  NORM: tl.constexpr, ROPE: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
     kv = bk % n_kv
     g = tl.arange(0, G_PAD)
-    d = tl.arange(0, D)
+    d = tl.arange(0, D)[None, :]
     n = split * SPLIT + tl.arange(0, SPLIT)
-    # the loads depend on nothing loaded: they go out at once, beside the loads of the slot and the padding
+    # the span's loads depend on nothing loaded: they go out first, beside the loads of the new token
     inside = (n < width)[:, None]
-    q = tl.load(Q + b * sq_b + (kv * G + g)[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
-    k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d[None, :], mask=inside, other=0.0)
-    v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d[None, :], mask=inside, other=0.0)
+    k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
+    v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
     lo, slot = _attended_range(Pad, Slot, b, window)
+    q, k_new, v_new = _new_token(Q, Kn, Vn, QW, KW, Cos, Sin, b, kv, sq_b, skn_b, svn_b, sc_b, eps,
+                                 G, G_PAD, D, NORM, ROPE)
+    if (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT):  # this span holds the slot: write the cache
+        tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
+        tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
+    here = (n == slot)[:, None]  # what was loaded there is the old value: use the new one
+    k = tl.where(here, k_new.to(k.dtype), k)
+    v = tl.where(here, v_new.to(v.dtype), v)
     valid = (n >= lo) & (n <= slot)
 
     s = _dot(q, tl.trans(k))
@@ -83,29 +168,42 @@ def _split_kernel(Q, K, V, Pad, Slot, Op, Mp, Lp,
     part = (bk * n_splits + split) * G + g  # (B·KV, splits, G) layout; padding rows are not written
     tl.store(Mp + part, m, mask=g < G)
     tl.store(Lp + part, l, mask=g < G)
-    tl.store(Op + part[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
+    tl.store(Op + part[:, None] * D + d, acc, mask=(g < G)[:, None])
+    # every thread's stores come before the count (the barrier), and the count releases them to the GPU and
+    # acquires the others' (acq_rel): the last program of this (row, kv head) sees every span
+    tl.debug_barrier()
+    if tl.atomic_add(Counts + bk, 1, sem="acq_rel") == n_splits - 1:
+        _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G, G_PAD, D)
+        tl.atomic_xchg(Counts + bk, 0)  # zero again for the next call
 
 
 @triton.jit
-def _whole_kernel(Q, K, V, Pad, Slot, Out,
-                  sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h,
-                  n_kv, width, window, qk_scale,
-                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+def _whole_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
+                  sq_b, skn_b, svn_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
+                  n_kv, width, window, qk_scale, eps,
+                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                  NORM: tl.constexpr, ROPE: tl.constexpr):
     bk = tl.program_id(0)
     b = bk // n_kv
     kv = bk % n_kv
     g = tl.arange(0, G_PAD)
-    d = tl.arange(0, D)
-    q = tl.load(Q + b * sq_b + (kv * G + g)[:, None] * sq_h + d[None, :], mask=(g < G)[:, None], other=0.0)
+    d = tl.arange(0, D)[None, :]
+    q, k_new, v_new = _new_token(Q, Kn, Vn, QW, KW, Cos, Sin, b, kv, sq_b, skn_b, svn_b, sc_b, eps,
+                                 G, G_PAD, D, NORM, ROPE)
     lo, slot = _attended_range(Pad, Slot, b, window)
+    tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
+    tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
     for n0 in range(0, width, BLOCK):  # online softmax over the width, tile by tile (Triton pipelines the loads)
         n = n0 + tl.arange(0, BLOCK)
         inside = (n < width)[:, None]
-        k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d[None, :], mask=inside, other=0.0)
-        v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d[None, :], mask=inside, other=0.0)
+        here = (n == slot)[:, None]  # the slot's old value may be loaded: use the new one
+        k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
+        v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
+        k = tl.where(here, k_new.to(k.dtype), k)
+        v = tl.where(here, v_new.to(v.dtype), v)
         s = _dot(q, tl.trans(k))
         s = tl.where(((n >= lo) & (n <= slot))[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -116,67 +214,58 @@ def _whole_kernel(Q, K, V, Pad, Slot, Out,
         acc = acc * alpha[:, None] + _dot(p, v)
         m = m_new
     out = acc / l[:, None]
-    tl.store(Out + b * so_b + (kv * G + g)[:, None] * so_h + d[None, :], out.to(Out.dtype.element_ty),
-             mask=(g < G)[:, None])
+    tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
 
 
-@triton.jit
-def _combine_kernel(Op, Mp, Lp, Out, so_b, so_h, n_heads, n_splits, G: tl.constexpr, D: tl.constexpr):
-    bh = tl.program_id(0)
-    b = bh // n_heads
-    h = bh % n_heads
-    first = ((b * (n_heads // G) + h // G) * n_splits) * G + h % G  # (row, kv head, split 0, g)
-    m = tl.load(Mp + first)
-    for s in range(1, n_splits):  # an empty span has max -inf; the slot itself is in some span, so m is finite
-        m = tl.maximum(m, tl.load(Mp + first + s * G))
-    d = tl.arange(0, D)
-    l = tl.zeros([1], tl.float32)
-    acc = tl.zeros([D], tl.float32)
-    for s in range(0, n_splits):
-        w = tl.exp2(tl.load(Mp + first + s * G) - m)
-        l += w * tl.load(Lp + first + s * G)
-        acc += w * tl.load(Op + (first + s * G) * D + d)
-    tl.store(Out + b * so_b + h * so_h + d, (acc / l).to(Out.dtype.element_ty))
+@triton_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts"})
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, pad: torch.Tensor, slot: torch.Tensor, counts: torch.Tensor,
+                     width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
+                     k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
+                     sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
+    """One decode step of attention for a layer, from the projections to the attention output.
 
-
-@triton_op("redline::decode_attention", mutates_args=())
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: torch.Tensor,
-                     slot: torch.Tensor, window: int, split: int = 0) -> torch.Tensor:
-    """q (B, H, D); caches (B, KV, W, D) (views of the buffers are fine); pad (B,) and slot (1,) int64 on the
-    device; window: the sliding window (0: none). Row b attends to slots max(pad_b, slot - window + 1)..slot.
+    q (B, H·D), k and v (B, KV·D): this step's projections as the qkv layer wrote them (row strides free, the
+    head dims contiguous); q_norm, k_norm (D,): the QK-norm weights (None: no QK-norm; eps its epsilon); cos,
+    sin (B, D/2) fp32: each row's RoPE angles at its position (None: no RoPE). k_cache, v_cache (B, KV, S, D):
+    the layer's whole cache buffers; the new key and value are written into slot `slot` ((1,) int64 on the
+    device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first `width` (window 0: no
+    sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an explicit split above
+    that); the split kernel counts in it and leaves it zero.
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
     split kernel for a batch of one (or any batch of fewer than WHOLE_FROM_PROGRAMS row · kv head pairs outside
     torch.compile), else the whole-width kernel.
-    -> (B, H, D) in q's dtype. Query head h uses kv head h // (H/KV)."""
-    B, H, D = q.shape
-    KV, W = k_cache.shape[1], k_cache.shape[2]
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    -> (B, H·D) in q's dtype. Query head h uses kv head h // (H/KV)."""
+    B, KV, _, D = k_cache.shape
+    H = q.shape[1] // D
     G = H // KV
     G_PAD = max(16, triton.next_power_of_2(G))
-    out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
+    out = torch.empty((B, H * D), dtype=q.dtype, device=q.device)
+    norm, rope = q_norm is not None, cos is not None
+    tables = (q_norm if norm else q, k_norm if norm else q, cos if rope else q, sin if rope else q)
+    inputs = (q, k, v, *tables, k_cache, v_cache, pad, slot)
+    strides = (q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if rope else 0,
+               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0))
     qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
-    q_strides = (q.stride(0), q.stride(1))
-    kv_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
     if split < 0 or (not split and not (isinstance(B, int) and B * KV < WHOLE_FROM_PROGRAMS)):
-        # enough (row, kv head) programs to fill the GPU: one kernel, each program over the whole width
+        # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
         wrap_triton(_whole_kernel)[(B * KV,)](
-            q, k_cache, v_cache, pad, slot, out, *q_strides, *kv_strides, out.stride(0), out.stride(1),
-            KV, W, window, qk_scale, G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK,
+            *inputs, out, *strides, KV, width, window, qk_scale, eps,
+            G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope,
         )
         return out
     split = split or SPLIT_SLOTS
-    n_splits = (W + split - 1) // split
+    if counts.numel() < B * KV:
+        raise ValueError(f"decode_attention: counts has {counts.numel()} counters, the split kernel needs {B * KV}")
+    n_splits = (width + split - 1) // split
     parts = torch.empty((B * KV * n_splits * G, D), dtype=torch.float32, device=q.device)
     maxes = torch.empty((B * KV * n_splits * G,), dtype=torch.float32, device=q.device)
     sums = torch.empty_like(maxes)
     wrap_triton(_split_kernel)[(B * KV, n_splits)](
-        q, k_cache, v_cache, pad, slot, parts, maxes, sums, *q_strides, *kv_strides,
-        KV, n_splits, W, window, qk_scale, G=G, G_PAD=G_PAD, D=D, SPLIT=split,
+        *inputs, counts, parts, maxes, sums, out, *strides, KV, n_splits, width, window, qk_scale, eps,
+        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope,
     )
-    wrap_triton(_combine_kernel)[(B * H,)](parts, maxes, sums, out, out.stride(0), out.stride(1), H, n_splits,
-                                           G=G, D=D)
     return out
 
 

@@ -1,6 +1,7 @@
-"""Decode attention alone on this GPU: the compiled masked-softmax path ("matmul", the engine's choice
-where the kernel cannot run) against
-redline's Triton kernels (whole width, or split-K at several span sizes), for the cache shapes of the presets at a given width.
+"""Decode attention alone on this GPU, from the qkv projection's output to the attention output: the compiled
+PyTorch path (QK-norm, RoPE, the cache writes and the masked softmax as torch.compile fuses them: what the
+engine runs where the kernel cannot) against redline's Triton kernel (whole width, or split-K at several span
+sizes), for the presets' shapes at a given width.
 
     python scripts/gpu/decode_attention_bench.py [--width 768] [--repeats 20]
 
@@ -13,17 +14,32 @@ import json
 import statistics
 
 import torch
+import torch.nn.functional as F
 
-import redline.inference.triton_decode  # noqa: F401  registers torch.ops.redline.decode_attention
+import redline.inference.triton_decode as td  # registers torch.ops.redline.decode_attention
 from redline.inference.engine import cached_attention
+from redline.model import apply_rope
 
-SHAPES = {  # name: (batch, heads, kv heads, head_dim)
-    "modern-124m b1": (1, 12, 3, 64), "modern-124m b64": (64, 12, 3, 64),
-    "gpt2-124m b1": (1, 12, 12, 64), "gpt2-124m b64": (64, 12, 12, 64),
-    "modern-1.5b b1": (1, 25, 5, 64), "gpt2-1.5b b1": (1, 25, 25, 64),
+SHAPES = {  # name: (batch, heads, kv heads, head_dim, QK-norm and RoPE)
+    "modern-124m b1": (1, 12, 3, 64, True), "modern-124m b64": (64, 12, 3, 64, True),
+    "gpt2-124m b1": (1, 12, 12, 64, False), "gpt2-124m b64": (64, 12, 12, 64, False),
+    "modern-1.5b b1": (1, 25, 5, 64, True), "gpt2-1.5b b1": (1, 25, 25, 64, False),
 }
 # the op's split argument: 0 its own choice, -1 the whole-width kernel, else the split kernel's span
 SPLITS = {0: "auto", -1: "whole", 64: "split64", 128: "split128", 256: "split256"}
+
+
+def pytorch_step(q, k, v, k_cache, v_cache, mask, slot: int, W: int, q_norm, k_norm, cos, sin):
+    """The engine's portable path for one layer: (B, H*D) out, the caches written at `slot`."""
+    B, KV, _, D = k_cache.shape
+    q, k, v = q.view(B, -1, 1, D), k.view(B, KV, 1, D), v.view(B, KV, 1, D)
+    if q_norm is not None:
+        q, k = F.rms_norm(q, (D,), q_norm, 1e-5), F.rms_norm(k, (D,), k_norm, 1e-5)
+        rope = cos[:, None, None, :], sin[:, None, None, :]
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    k_cache[:, :, slot] = k[:, :, 0]
+    v_cache[:, :, slot] = v[:, :, 0]
+    return cached_attention(q, k_cache[:, :, :W], v_cache[:, :, :W], mask).reshape(B, -1)
 
 
 def time_graph(fn, repeats: int, calls: int = 20) -> float:
@@ -55,31 +71,41 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     W = args.width
-    reference = torch.compile(cached_attention, dynamic=False)
+    slot = W - 1
+    reference = torch.compile(pytorch_step, dynamic=False)
     rows = []
-    for name, (B, H, KV, D) in SHAPES.items():
-        q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B, KV, W + 1, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
+    for name, (B, H, KV, D, modern) in SHAPES.items():
+        bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+        q, k, v = torch.randn(B, (H + 2 * KV) * D, **bf16).split([H * D, KV * D, KV * D], dim=1)
+        k_cache, v_cache = torch.randn(B, KV, W + 1, D, **bf16), torch.randn(B, KV, W + 1, D, **bf16)
+        norms = [torch.rand(D, **bf16) + 0.5 for _ in range(2)] if modern else [None, None]
+        angles = torch.rand(B, D // 2, device="cuda") * 6
+        tables = [angles.cos(), angles.sin()] if modern else [None, None]
         pad = torch.zeros(B, dtype=torch.long, device="cuda")
-        slot = torch.tensor([W - 1], device="cuda")
+        slot_t = torch.tensor([slot], device="cuda")
+        counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
         mask = (torch.arange(W, device="cuda") <= slot)[None, None, None, :].expand(B, 1, 1, W)
-        kw, vw = k[:, :, :W], v[:, :, :W]
         cache_bytes = 2 * B * KV * W * D * 2
         row = {"shape": name, "B": B, "H": H, "KV": KV, "W": W}
-        row["matmul_us"] = time_graph(lambda: reference(q, kw, vw, mask), args.repeats)
-        ref = reference(q, kw, vw, mask).float()
+
+        def compiled():
+            return reference(q, k, v, k_cache, v_cache, mask, slot, W, *norms, *tables)
+
+        row["pytorch_us"] = time_graph(compiled, args.repeats)
+        ref = compiled().float()
         for split in SPLITS:
-            op = lambda: torch.ops.redline.decode_attention(q[:, :, 0], kw, vw, pad, slot, 0, split)  # noqa: E731
-            err = (op().reshape(B, 1, H * D).float() - ref).abs().max().item()
+            def op(split=split):
+                return torch.ops.redline.decode_attention(q, k, v, k_cache, v_cache, pad, slot_t, counts, W, 0, 1e-5,
+                                                          *norms, *tables, split)
+
+            row[f"triton_{SPLITS[split]}_maxerr"] = (op().float() - ref).abs().max().item()
             row[f"triton_{SPLITS[split]}_us"] = time_graph(op, args.repeats)
-            row[f"triton_{SPLITS[split]}_maxerr"] = err
         best = min((v, k) for k, v in row.items() if k.endswith("_us"))
         row["best"] = best[1]
         rows.append(row)
-        variants = [(name, row[f"triton_{name}_us"]) for name in SPLITS.values()]
-        print(f"{name:<16} matmul {row['matmul_us']:7.2f} µs   " + "   ".join(f"triton/{s} {us:7.2f}" for s, us in variants)
-            + f"   best {best[1]} ({cache_bytes / best[0] / 1e3:,.0f} GB/s)", flush=True)
+        variants = [(s, row[f"triton_{s}_us"]) for s in SPLITS.values()]
+        print(f"{name:<16} pytorch {row['pytorch_us']:7.2f} µs   " + "   ".join(f"triton/{s} {us:7.2f}" for s, us in variants)
+              + f"   best {best[1]} ({cache_bytes / best[0] / 1e3:,.0f} GB/s)", flush=True)
     print(json.dumps({"script": "decode_attention_bench.py", "device": torch.cuda.get_device_name(),
                       "width": W, "rows": rows}))
 
