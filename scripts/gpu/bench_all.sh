@@ -119,6 +119,8 @@ point gpt2-1.5b-b8-bf16-profile   --preset gpt2-1.5b seq_len=1024 batch_size=8 -
 point gpt2-1.5b-b8x8-bf16         --preset gpt2-1.5b seq_len=1024 batch_size=8 tokens_per_step=65536
 point gpt2-1.5b-b8x8-fp8auto      --preset gpt2-1.5b seq_len=1024 batch_size=8 tokens_per_step=65536 fp8=auto
 point modern-1.5b-b8x8-bf16       --preset modern-1.5b seq_len=1024 batch_size=8 tokens_per_step=65536
+point gpt2-1.5b-b8-bf16-modelcompile --preset gpt2-1.5b seq_len=1024 batch_size=8 compile_scope=model
+point gpt2-1.5b-b12-bf16          --preset gpt2-1.5b seq_len=1024 batch_size=12
 point modern-124m-t2048-b32-bf16  --preset modern-124m seq_len=2048 batch_size=32
 # T=2048 at the larger sizes (the gpt2 presets keep GPT-2's 1024-token context)
 point modern-350m-t2048-b8-bf16   --preset modern-350m seq_len=2048 batch_size=8
