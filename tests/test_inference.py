@@ -483,8 +483,8 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
     S = 300
     for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, -1), (300, 250, 37, 128),
                                        (200, 199, 1, -1), (300, 299, 0, -1)]:
-        qkv = torch.randn(B, (H + 2 * KV) * D, generator=gen).cuda().to(dtype)
-        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)  # views with the projection's row stride
+        qkv = torch.randn(B, (H + 2 * KV) * D + 8, generator=gen).cuda().to(dtype)[:, 8:]  # a row stride of its own
+        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
         k_cache, v_cache = (torch.randn(B, KV, S, D, generator=gen).cuda().to(dtype) for _ in range(2))
         pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
         pad[0] = 0
@@ -494,7 +494,7 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
         want, k_want, v_want = decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5,
                                                           *weights, *tables)
         counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
-        got = torch.ops.redline.decode_attention(q, k, v, k_cache, v_cache, pad, torch.tensor([slot], device="cuda"),
+        got = torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, torch.tensor([slot], device="cuda"),
                                                  counts, width, window, 1e-5, *weights, *tables, split)
         tol = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)

@@ -184,14 +184,16 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def _triton_attend(attn, h, rope, k_cache, v_cache, slot, pad, counts, width: int) -> torch.Tensor:
     """redline's decode kernel for one layer: h (B, 1, C) -> (B, 1, H*D). The kernel takes the projections as
     they are and does QK-norm, RoPE, the cache write and the attention itself (inference/triton_decode.py)."""
-    q, k, v = attn.project(h)
-    B = q.shape[0]
+    B = h.shape[0]
+    # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor copy
+    # each part out); separate q, k, v layers are concatenated
+    qkv = attn.qkv(h) if attn.cfg.fused_qkv else torch.cat(attn.project(h), dim=-1)
     cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
     norms, eps = (None, None), 0.0
     if attn.cfg.qk_norm:
         norms = (attn.q_norm.weight, attn.k_norm.weight)
-        eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(q.dtype).eps
-    y = torch.ops.redline.decode_attention(q[:, 0], k[:, 0], v[:, 0], k_cache, v_cache, pad, slot, counts, width,
+        eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(qkv.dtype).eps
+    y = torch.ops.redline.decode_attention(qkv.view(B, -1), k_cache, v_cache, pad, slot, counts, width,
                                            attn.cfg.sliding_window, eps, *norms, cos, sin)
     return y[:, None]
 

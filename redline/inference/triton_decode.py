@@ -3,8 +3,8 @@ projection's output to the attention's output in one launch per layer.
 
 The compiled decode step otherwise spends about six kernels per layer between the qkv projection and the output
 projection: QK-norm + RoPE of the query, QK-norm + RoPE of the key with its cache write, the value's cache
-write, and the attention itself (q·Kᵀ, masked softmax, ·V). Here one kernel takes q, k and v as the
-projection wrote them and, in each program:
+write, and the attention itself (q·Kᵀ, masked softmax, ·V). Here one kernel takes the fused qkv projection's
+output as it is and, in each program:
 
 - applies QK-norm (RMSNorm over head_dim, rounded to the model's dtype as nn.RMSNorm does) and RoPE (each
   row's cos/sin, the pairs being (first half, second half) as in model.apply_rope) to the query heads and to
@@ -22,8 +22,8 @@ Two layouts:
 - `_split_kernel`, grid (B · KV, spans) (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
   the width is cut into spans of 128 slots, one program each, loaded whole. Each program writes its span's
   unnormalised softmax · V, max and sum, then counts itself done on an atomic counter of its (row, kv head);
-  the last one to finish rescales the spans to a common max, normalises and writes the output, and puts the
-  counter back to zero. No second kernel is launched.
+  the last one to finish rescales the spans to a common max (reading them eight at a time), normalises and
+  writes the output, and puts the counter back to zero. No second kernel is launched.
 
 Registered as `torch.ops.redline.decode_attention` through torch.library.triton_op, so torch.compile places
 the kernel inside its generated code and CUDA graphs capture it like any other kernel.
@@ -41,6 +41,7 @@ from torch.library import triton_op, wrap_triton
 SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
+COMBINE_CHUNK = 8  # spans the last split program reads at once
 
 
 def counters_needed(n_kv_head: int) -> int:
@@ -92,50 +93,57 @@ def _norm_rope(X, W, Cos, Sin, rows, eps, D: tl.constexpr, NORM: tl.constexpr, R
 
 
 @triton.jit
-def _new_token(Q, Kn, Vn, QW, KW, Cos, Sin, b, kv, sq_b, skn_b, svn_b, sc_b, eps,
+def _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps,
                G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr):
     """This step's G query heads of kv head `kv` as (G_PAD, D) (padding rows zero), and its key and value
-    (1, D), QK-norm and RoPE applied."""
+    (1, D), QK-norm and RoPE applied. Row b of QKV holds the H query heads, then the KV keys, then the values."""
+    row = QKV + b * s_b
     g = tl.arange(0, G_PAD)[:, None]
-    heads = tl.where(g < G, kv * G + g, -1)
-    q = _norm_rope(Q + b * sq_b, QW, Cos + b * sc_b, Sin + b * sc_b, heads, eps, D, NORM, ROPE)
-    one = tl.full([1, 1], 0, tl.int32) + kv
-    k = _norm_rope(Kn + b * skn_b, KW, Cos + b * sc_b, Sin + b * sc_b, one, eps, D, NORM, ROPE)
-    v = tl.load(Vn + b * svn_b + kv * D + tl.arange(0, D)[None, :])
+    q = _norm_rope(row, QW, Cos + b * sc_b, Sin + b * sc_b, tl.where(g < G, kv * G + g, -1), eps, D, NORM, ROPE)
+    key = tl.full([1, 1], 0, tl.int32) + n_kv * G + kv  # the head index of kv head `kv`'s key in the row
+    k = _norm_rope(row, KW, Cos + b * sc_b, Sin + b * sc_b, key, eps, D, NORM, ROPE)
+    v = tl.load(row + (n_kv * (G + 1) + kv) * D + tl.arange(0, D)[None, :])
     return q, k, v
 
 
 @triton.jit
-def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr):
-    """Merge the spans' partial results of (row b, kv head kv) and write its G heads' output."""
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, D)
-    rows = g < G
-    first = bk * n_splits * G + g  # (B·KV, splits, G) layout
-    # ".cg": read from L2, where the other programs' writes are, never from this SM's L1
+def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+             CHUNK: tl.constexpr):
+    """Merge the spans' partial results of (row b, kv head kv) and write its G heads' output. The spans are
+    read CHUNK at a time, each chunk in one load per array (one round trip to L2, not one per span), and merged
+    with an online rescaling across chunks."""
+    g = tl.arange(0, G_PAD)[None, :]
+    d = tl.arange(0, D)[None, None, :]
     m = tl.full([G_PAD], float("-inf"), tl.float32)
-    for s in range(0, n_splits):  # an empty span has max -inf; the slot itself is in some span, so m is finite
-        m = tl.maximum(m, tl.load(Mp + first + s * G, mask=rows, other=float("-inf"), cache_modifier=".cg"))
-    m = tl.where(rows, m, 0.0)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for s in range(0, n_splits):
-        w = tl.exp2(tl.load(Mp + first + s * G, mask=rows, other=float("-inf"), cache_modifier=".cg") - m)
-        l += w * tl.load(Lp + first + s * G, mask=rows, other=0.0, cache_modifier=".cg")
-        part = tl.load(Op + (first + s * G)[:, None] * D + d[None, :], mask=rows[:, None], other=0.0,
-                       cache_modifier=".cg")
-        acc += w[:, None] * part
-    out = acc / tl.where(rows, l, 1.0)[:, None]
-    tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d[None, :], out.to(Out.dtype.element_ty),
-             mask=rows[:, None])
+    for s0 in range(0, n_splits, CHUNK):
+        s = s0 + tl.arange(0, CHUNK)[:, None]
+        here = (s < n_splits) & (g < G)  # (CHUNK, G_PAD)
+        part = (bk * n_splits + s) * G + g  # (B·KV, splits, G) layout
+        # ".cg": read from L2, where the other programs' writes are, never from this SM's L1
+        m_s = tl.load(Mp + part, mask=here, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(Lp + part, mask=here, other=0.0, cache_modifier=".cg")
+        o_s = tl.load(Op + part[:, :, None] * D + d, mask=here[:, :, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(m_s, 0))  # an empty span has max -inf; the slot's span makes m finite
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows, or no attended span yet
+        w = tl.exp2(m_s - m_safe[None, :])  # (CHUNK, G_PAD); 0 for empty spans and masked entries
+        alpha = tl.exp2(m - m_safe)
+        l = l * alpha + tl.sum(w * l_s, 0)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_s, 0)
+        m = m_new
+    rows = tl.arange(0, G_PAD)
+    out = acc / tl.where(rows < G, l, 1.0)[:, None]
+    tl.store(Out + b * so_b + (kv * G + rows)[:, None] * D + tl.arange(0, D)[None, :], out.to(Out.dtype.element_ty),
+             mask=(rows < G)[:, None])
 
 
 @triton.jit
-def _split_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, Lp, Out,
-                  sq_b, skn_b, svn_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
+def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, Lp, Out,
+                  s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
                   n_kv, n_splits, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                  NORM: tl.constexpr, ROPE: tl.constexpr):
+                  NORM: tl.constexpr, ROPE: tl.constexpr, CHUNK: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
@@ -148,8 +156,7 @@ def _split_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, 
     k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
     v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
     lo, slot = _attended_range(Pad, Slot, b, window)
-    q, k_new, v_new = _new_token(Q, Kn, Vn, QW, KW, Cos, Sin, b, kv, sq_b, skn_b, svn_b, sc_b, eps,
-                                 G, G_PAD, D, NORM, ROPE)
+    q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     if (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT):  # this span holds the slot: write the cache
         tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
         tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
@@ -173,13 +180,13 @@ def _split_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, 
     # acquires the others' (acq_rel): the last program of this (row, kv head) sees every span
     tl.debug_barrier()
     if tl.atomic_add(Counts + bk, 1, sem="acq_rel") == n_splits - 1:
-        _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G, G_PAD, D)
+        _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G, G_PAD, D, CHUNK)
         tl.atomic_xchg(Counts + bk, 0)  # zero again for the next call
 
 
 @triton.jit
-def _whole_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
-                  sq_b, skn_b, svn_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
+def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
+                  s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
                   n_kv, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                   NORM: tl.constexpr, ROPE: tl.constexpr):
@@ -188,8 +195,7 @@ def _whole_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
     kv = bk % n_kv
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)[None, :]
-    q, k_new, v_new = _new_token(Q, Kn, Vn, QW, KW, Cos, Sin, b, kv, sq_b, skn_b, svn_b, sc_b, eps,
-                                 G, G_PAD, D, NORM, ROPE)
+    q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     lo, slot = _attended_range(Pad, Slot, b, window)
     tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
     tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
@@ -218,15 +224,15 @@ def _whole_kernel(Q, Kn, Vn, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
 
 
 @triton_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts"})
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, pad: torch.Tensor, slot: torch.Tensor, counts: torch.Tensor,
+def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: torch.Tensor,
+                     slot: torch.Tensor, counts: torch.Tensor,
                      width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
                      k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
                      sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
     """One decode step of attention for a layer, from the projections to the attention output.
 
-    q (B, H·D), k and v (B, KV·D): this step's projections as the qkv layer wrote them (row strides free, the
-    head dims contiguous); q_norm, k_norm (D,): the QK-norm weights (None: no QK-norm; eps its epsilon); cos,
+    qkv (B, (H + 2·KV)·D): this step's projections as the fused qkv layer writes them, the H query heads, then
+    the KV keys, then the KV values (the row stride is free, the rest contiguous); q_norm, k_norm (D,): the QK-norm weights (None: no QK-norm; eps its epsilon); cos,
     sin (B, D/2) fp32: each row's RoPE angles at its position (None: no RoPE). k_cache, v_cache (B, KV, S, D):
     the layer's whole cache buffers; the new key and value are written into slot `slot` ((1,) int64 on the
     device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first `width` (window 0: no
@@ -235,17 +241,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
     split kernel for a batch of one (or any batch of fewer than WHOLE_FROM_PROGRAMS row · kv head pairs outside
     torch.compile), else the whole-width kernel.
-    -> (B, H·D) in q's dtype. Query head h uses kv head h // (H/KV)."""
+    -> (B, H·D) in qkv's dtype. Query head h uses kv head h // (H/KV)."""
     B, KV, _, D = k_cache.shape
-    H = q.shape[1] // D
+    H = qkv.shape[1] // D - 2 * KV
     G = H // KV
     G_PAD = max(16, triton.next_power_of_2(G))
-    out = torch.empty((B, H * D), dtype=q.dtype, device=q.device)
+    if qkv.stride(1) != 1:
+        qkv = qkv.contiguous()
+    out = torch.empty((B, H * D), dtype=qkv.dtype, device=qkv.device)
     norm, rope = q_norm is not None, cos is not None
-    tables = (q_norm if norm else q, k_norm if norm else q, cos if rope else q, sin if rope else q)
-    inputs = (q, k, v, *tables, k_cache, v_cache, pad, slot)
-    strides = (q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if rope else 0,
-               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+    tables = (q_norm if norm else qkv, k_norm if norm else qkv, cos if rope else qkv, sin if rope else qkv)
+    inputs = (qkv, *tables, k_cache, v_cache, pad, slot)
+    strides = (qkv.stride(0), cos.stride(0) if rope else 0, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0))
     qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
     if split < 0 or (not split and not (isinstance(B, int) and B * KV < WHOLE_FROM_PROGRAMS)):
@@ -259,12 +266,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     if counts.numel() < B * KV:
         raise ValueError(f"decode_attention: counts has {counts.numel()} counters, the split kernel needs {B * KV}")
     n_splits = (width + split - 1) // split
-    parts = torch.empty((B * KV * n_splits * G, D), dtype=torch.float32, device=q.device)
-    maxes = torch.empty((B * KV * n_splits * G,), dtype=torch.float32, device=q.device)
+    parts = torch.empty((B * KV * n_splits * G, D), dtype=torch.float32, device=qkv.device)
+    maxes = torch.empty((B * KV * n_splits * G,), dtype=torch.float32, device=qkv.device)
     sums = torch.empty_like(maxes)
     wrap_triton(_split_kernel)[(B * KV, n_splits)](
         *inputs, counts, parts, maxes, sums, out, *strides, KV, n_splits, width, window, qk_scale, eps,
-        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope,
+        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, CHUNK=COMBINE_CHUNK,
     )
     return out
 

@@ -76,7 +76,8 @@ def main() -> None:
     rows = []
     for name, (B, H, KV, D, modern) in SHAPES.items():
         bf16 = {"device": "cuda", "dtype": torch.bfloat16}
-        q, k, v = torch.randn(B, (H + 2 * KV) * D, **bf16).split([H * D, KV * D, KV * D], dim=1)
+        qkv = torch.randn(B, (H + 2 * KV) * D, **bf16)
+        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
         k_cache, v_cache = torch.randn(B, KV, W + 1, D, **bf16), torch.randn(B, KV, W + 1, D, **bf16)
         norms = [torch.rand(D, **bf16) + 0.5 for _ in range(2)] if modern else [None, None]
         angles = torch.rand(B, D // 2, device="cuda") * 6
@@ -95,7 +96,7 @@ def main() -> None:
         ref = compiled().float()
         for split in SPLITS:
             def op(split=split):
-                return torch.ops.redline.decode_attention(q, k, v, k_cache, v_cache, pad, slot_t, counts, W, 0, 1e-5,
+                return torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, slot_t, counts, W, 0, 1e-5,
                                                           *norms, *tables, split)
 
             row[f"triton_{SPLITS[split]}_maxerr"] = (op().float() - ref).abs().max().item()
