@@ -107,25 +107,29 @@ def _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps,
 
 @triton.jit
 def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr):
-    """Merge the spans' partial results of (row b, kv head kv) and write its G heads' output. (One span at a
-    time: loading them all at once as a 3-d tile measured slower on an H100.)"""
+    """Merge the spans' partial results of (row b, kv head kv) and write its G heads' output: one pass with an
+    online rescaling, unrolled so that several spans' loads are in flight at once (each is a round trip to L2,
+    and this runs after every other program of the pair has finished: it is the kernel's critical path)."""
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
     rows = g < G
     first = bk * n_splits * G + g  # (B·KV, splits, G) layout
-    # ".cg": read from L2, where the other programs' writes are, never from this SM's L1
     m = tl.full([G_PAD], float("-inf"), tl.float32)
-    for s in range(n_splits):  # an empty span has max -inf; the slot itself is in some span, so m is finite
-        m = tl.maximum(m, tl.load(Mp + first + s * G, mask=rows, other=float("-inf"), cache_modifier=".cg"))
-    m = tl.where(rows, m, 0.0)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for s in range(n_splits):
-        w = tl.exp2(tl.load(Mp + first + s * G, mask=rows, other=float("-inf"), cache_modifier=".cg") - m)
-        l += w * tl.load(Lp + first + s * G, mask=rows, other=0.0, cache_modifier=".cg")
-        part = tl.load(Op + (first + s * G)[:, None] * D + d[None, :], mask=rows[:, None], other=0.0,
-                       cache_modifier=".cg")
-        acc += w[:, None] * part
+    for s in tl.range(n_splits, loop_unroll_factor=4):
+        # ".cg": read from L2, where the other programs' writes are, never from this SM's L1
+        m_s = tl.load(Mp + first + s * G, mask=rows, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(Lp + first + s * G, mask=rows, other=0.0, cache_modifier=".cg")
+        o_s = tl.load(Op + (first + s * G)[:, None] * D + d[None, :], mask=rows[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m, m_s)  # an empty span has max -inf; the slot's own span makes it finite
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no attended span yet (or a padding row)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(m_s - m_safe)
+        l = l * alpha + w * l_s
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        m = m_new
     out = acc / tl.where(rows, l, 1.0)[:, None]
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d[None, :], out.to(Out.dtype.element_ty),
              mask=rows[:, None])
