@@ -227,11 +227,8 @@ def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-class _LinearThenBias(torch.nn.Linear):
-    """nn.Linear that adds its bias after the product (see split_linear_bias)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight) + self.bias
+def _linear_then_bias(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, layer.weight) + layer.bias
 
 
 def split_linear_bias(model: torch.nn.Module) -> int:
@@ -240,12 +237,11 @@ def split_linear_bias(model: torch.nn.Module) -> int:
     Under kernel tuning Inductor computes a one-row product (batch 1's decode step) as a tuned Triton reduction,
     with what follows fused in, but only for a plain matrix product: a Linear with a bias is one addmm, which it
     leaves to cuBLAS. Split apart, the product becomes a reduction and the bias is fused into it. The result is
-    the same sum, rounded once more in bf16 at most. The layers change class, not each its own forward: every
-    block then runs the same code, so one compiled block still serves all of them."""
+    the same sum, rounded once more in bf16 at most."""
     n = 0
     for m in model.modules():
-        if type(m) is torch.nn.Linear and m.bias is not None:
-            m.__class__ = _LinearThenBias
+        if isinstance(m, torch.nn.Linear) and m.bias is not None:
+            m.forward = partial(_linear_then_bias, m)
             n += 1
     return n
 
