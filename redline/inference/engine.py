@@ -26,8 +26,7 @@ How it works
   compile_scope "block" (the default) each block's prefill and decode step, the step's embedding and mask, and
   its head are compiled apart: the same compiled block serves every layer (regional compilation: compile time
   does not grow with depth). "step" compiles the whole decode step as one graph. kernel_tuning turns on
-  Inductor's coordinate-descent tuning (batch 1's matrix-vector products then become tuned Triton reductions;
-  Linear layers with a bias are made to add it after the product, or they would stay cuBLAS calls).
+  Inductor's coordinate-descent tuning (batch 1's matrix-vector products then become tuned Triton reductions).
   On a CPU the same code runs eagerly, attending over exactly the filled slots.
 - Greedy decoding takes the argmax inside the step (and its graph) and feeds it back as the next input; other
   sampling runs on the device after each step. The host synchronises only every `sync_every` steps (every
@@ -227,25 +226,6 @@ def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-def _linear_then_bias(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, layer.weight) + layer.bias
-
-
-def split_linear_bias(model: torch.nn.Module) -> int:
-    """Make every Linear layer with a bias compute x·Wᵀ, then add the bias (in place; returns how many).
-
-    Under kernel tuning Inductor computes a one-row product (batch 1's decode step) as a tuned Triton reduction,
-    with what follows fused in, but only for a plain matrix product: a Linear with a bias is one addmm, which it
-    leaves to cuBLAS. Split apart, the product becomes a reduction and the bias is fused into it. The result is
-    the same sum, rounded once more in bf16 at most."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and m.bias is not None:
-            m.forward = partial(_linear_then_bias, m)
-            n += 1
-    return n
-
-
 def _load_triton_decode(head_dim: int, device: torch.device) -> None:
     """Register torch.ops.redline.decode_attention, or raise a UserError saying why it cannot run here."""
     if device.type == "cuda":
@@ -389,8 +369,6 @@ class InferenceEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         model.eval()
         model.to(dtype)
-        if self.kernel_tuning and on_cuda:
-            split_linear_bias(model)
         if self.cfg.pos_emb == "rope":  # bf16 angles are too coarse at large positions: keep the tables fp32
             cos, sin = rope_tables(self.cfg.head_dim, self.cfg.context_len, self.cfg.rope_theta)
             model.rope_cos, model.rope_sin = cos.to(self.device), sin.to(self.device)
