@@ -40,15 +40,16 @@ class RuntimeOptions:
     """How a decode step attends over the cache (auto: triton when the step is compiled for a GPU, else matmul):
     matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile), sdpa (F.scaled_dot_product_attention with the
     mask), flex (FlexAttention's decoding kernel, which splits the cache length across the GPU; compiled on CUDA
-    only) or triton (redline's own decode kernel: one kernel per layer, split-K plus a combine at batch 1; CUDA
-    only). All group query heads per kv head."""
+    only) or triton (redline's own decode kernel: one kernel per layer from the qkv projection's output, with
+    QK-norm, RoPE and the cache write inside, split-K at batch 1; CUDA only). All group query heads per kv head."""
     compile_scope: Literal["block", "step"] = "block"
     """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
     layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
     fusion across blocks and fewer kernels per token, at a compile time that grows with depth)."""
     kernel_tuning: Literal["on", "off"] = "off"
     """Let Inductor tune the decode step's generated kernels by coordinate descent (longer compilation); with it,
-    batch 1's matrix-vector products become tuned Triton reductions instead of cuBLAS calls. GPU only."""
+    batch 1's matrix-vector products of bias-free layers become tuned Triton reductions instead of cuBLAS calls
+    (on an H100: +32% at batch 1 for modern-124m, none for gpt2-124m, -22% for modern-1.5b). GPU only."""
 
     def resolve_device(self) -> torch.device:
         from redline.hardware import resolve_device
