@@ -231,9 +231,8 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     qkv (B, (H + 2·KV)·D): this step's projections as the fused qkv layer writes them, the H query heads, then
     the KV keys, then the KV values (the row stride is free, the rest contiguous); q_norm, k_norm (D,): the
     QK-norm weights (None: no QK-norm; eps its epsilon); cos, sin (B, D/2) fp32: each row's RoPE angles at its
-    position (None: no RoPE). k_cache, v_cache (B, KV, S, D):
-    the layer's whole cache buffers; the new key and value are written into slot `slot` ((1,) int64 on the
-    device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first `width` (window 0: no
+    position (None: no RoPE). k_cache, v_cache (B, KV, S, D): the layer's whole cache buffers; the new key and
+    value are written into slot `slot` ((1,) int64 on the device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first `width` (window 0: no
     sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an explicit split above
     that); the split kernel counts in it and leaves it zero.
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
