@@ -90,6 +90,24 @@ def test_flex_compiled_on_cpu_is_refused():
     assert InferenceEngine(tiny_model(), compile=True).describe()["decode_attention"] == "matmul"
     with pytest.raises(UserError, match="compile_scope must be block or step"):
         InferenceEngine(tiny_model(), compile_scope="model")
+    with pytest.raises(UserError, match="decode_linear triton runs on CUDA GPUs only"):
+        InferenceEngine(tiny_model(), decode_linear="triton")
+    with pytest.raises(UserError, match="decode_linear must be one of auto, torch, triton"):
+        InferenceEngine(tiny_model(), decode_linear="cublas")
+    assert InferenceEngine(tiny_model(), compile=True).describe()["decode_linear"] == "torch"  # auto on a CPU
+
+
+@pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),
+                                            ("mha", None), ("gpt2-style", None), ("no-positions-relu2", None)])
+def test_matvec_architectures(arch, fragment):
+    """Which architectures batch 1's matrix-vector path can run (it fuses each norm into the next product)."""
+    from redline.inference.engine import matvec_unsupported
+
+    cfg = tiny_model(**ARCHITECTURES[arch]).cfg
+    assert (matvec_unsupported(cfg) is None) if fragment is None else fragment in matvec_unsupported(cfg)
+    assert "fused qkv" in matvec_unsupported(replace(cfg, fused_qkv=False, norm_position="pre"))
+    assert "model.fused_mlp" in matvec_unsupported(replace(cfg, mlp="swiglu", fused_mlp=False, fused_qkv=True,
+                                                           norm_position="pre"))
 
 
 def test_greedy_matches_in_fp32_default_dtype():
@@ -413,10 +431,43 @@ def test_bench_infer_profile_writes_traces(capsys, tmp_path):
     (["bench-infer", "--preset", "tiny", "--cuda-graphs", "on", "--device", "cpu"], "needs a CUDA GPU"),
     (["bench-infer", "--preset", "tiny", "--decode-attention", "triton", "--device", "cpu"],
      "triton runs on CUDA GPUs only"),
+    (["bench-infer", "--preset", "tiny", "--decode-linear", "triton", "--device", "cpu"],
+     "decode_linear triton runs on CUDA GPUs only"),
 ])
 def test_bench_infer_bad_input(argv, fragment, capsys):
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and fragment in err
+
+
+def test_chunked_argmax_is_argmax():
+    """The batch-1 argmax in spans: the same index as argmax, ties to the first maximum included, across spans
+    and inside one, for lengths that are no multiple of the spans."""
+    from redline.inference.engine import chunked_argmax
+
+    gen = torch.Generator().manual_seed(0)
+    for V in (50257, 32768, 100, 65):
+        logits = torch.randn(3, V, generator=gen)
+        logits[1, [7, V - 2]] = 50.0  # a tie in different spans
+        logits[2, [V - 3, V - 2]] = 50.0  # a tie in one span (or adjacent ones)
+        assert torch.equal(chunked_argmax(logits), logits.argmax(dim=-1))
+        assert torch.equal(chunked_argmax(logits, chunks=7), logits.argmax(dim=-1))
+    assert chunked_argmax(torch.full((1, 10), -1.0)).item() == 0  # all equal: the first
+
+
+def test_split_linear_bias_keeps_the_model_output():
+    """Kernel tuning on a GPU makes biased Linear layers add the bias after the product (so Inductor can turn
+    batch 1's products into reductions): the same model output, every biased layer changed, the rest not."""
+    from redline.inference.engine import split_linear_bias
+
+    model = tiny_model(**ARCHITECTURES["gpt2-style"]).double()
+    idx = torch.tensor([[5, 6, 7, 8, 9, 1]])
+    with torch.no_grad():
+        want = model(idx)
+        biased = sum(isinstance(m, torch.nn.Linear) and m.bias is not None for m in model.modules())
+        assert split_linear_bias(model) == biased > 0
+        torch.testing.assert_close(model(idx), want)
+        assert split_linear_bias(model) == 0  # already split: nothing left to change
+    assert split_linear_bias(tiny_model()) == 0  # no biases: nothing to change
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -439,6 +490,39 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
     for _ in range(2):  # the second call replays the captured graphs (widths 64 and 128)
         assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
     assert [r.tokens for r in engine.generate(PROMPTS[:3], 30)] == [r[:30] for r in refs[:3]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["gqa", "gpt2-style", "sliding-window", "no-positions-relu2"])
+def test_matvec_decode_matches_full_forward(arch):
+    """decode_linear triton: batch 1's blocks and head in redline's matrix-vector kernel (norms, biases,
+    activations and residual adds fused), compiled and captured, greedy equal to the full forward; batches above
+    one take the other path in the same engine."""
+    model = tiny_model(context_len=160, vocab_size=8200, **ARCHITECTURES[arch]).cuda()  # argmax in spans too
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention="triton",
+                             decode_linear="triton")
+    assert engine.describe()["decode_linear"] == "triton"
+    for p in PROMPTS:
+        assert engine.generate([p], 72)[0].tokens == reference_greedy(model, p, 72)
+    assert [r.tokens for r in engine.generate(PROMPTS[:2], 30)] == [reference_greedy(model, p, 30) for p in PROMPTS[:2]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_tuning_with_biases_matches_full_forward():
+    """Kernel tuning on a model with biases (its Linear layers add the bias after the product) and the batch-1
+    Linear layers left to PyTorch: greedy equal to the full forward at batch 1 and 4."""
+    model = tiny_model(context_len=160, **ARCHITECTURES["gpt2-style"]).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    refs = [reference_greedy(model, p, 40) for p in PROMPTS]
+    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, kernel_tuning=True,
+                             decode_linear="torch")
+    assert [engine.generate([p], 40)[0].tokens for p in PROMPTS[:2]] == refs[:2]
+    assert [r.tokens for r in engine.generate(PROMPTS, 40)] == refs
 
 
 def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width: int, window: int, eps: float,
@@ -500,6 +584,55 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
         torch.testing.assert_close(k_cache, k_want, atol=tol, rtol=tol)  # one rounding apart in bf16 at most
         assert torch.equal(v_cache, v_want) and not counts.any()
+
+
+def gemv_reference(x, w, bias, residual, act, norm, norm_weight, norm_bias, eps):
+    """What the gemv op computes, from the modules' own functions: the norm rounded to x's dtype as the module
+    rounds it, the rest in fp64."""
+    h = x
+    if norm == "layernorm":
+        h = F.layer_norm(x, (x.shape[1],), norm_weight, norm_bias, eps)
+    elif norm == "rmsnorm":
+        h = torch.nn.RMSNorm(x.shape[1], eps=eps, elementwise_affine=norm_weight is not None).to(x)
+        if norm_weight is not None:
+            h.weight.data.copy_(norm_weight)
+        h = h(x)
+    y = F.linear(h.double(), w.double(), None if bias is None else bias.double())
+    if act == "gelu_tanh":
+        y = F.gelu(y, approximate="tanh")
+    elif act == "relu2":
+        y = F.relu(y).square()
+    elif act == "swiglu":
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y if residual is None else y + residual.double()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M, N, K", [(1, 2304, 768), (1, 768, 3072), (2, 130, 300), (1, 50304, 64), (3, 17, 5),
+                                     (1, 64, 5000)])
+def test_triton_gemv_matches_reference(M, N, K, dtype):
+    """act(norm(x)·Wᵀ + b) + r against the modules (fp64 product) for every epilogue and norm, a row stride of
+    x's own, shapes that are no multiple of the tiles, a normed row too long for one tile (K 5000)."""
+    import redline.inference.triton_gemv  # noqa: F401  (registers torch.ops.redline.gemv)
+
+    gen = torch.Generator().manual_seed(N + K)
+    x = (torch.randn(M, K + 8, generator=gen) * 3 + 0.5).cuda().to(dtype)[:, 8:]
+    w2 = (torch.randn(2 * N, K, generator=gen) / K**0.5).cuda().to(dtype)
+    b2, r = torch.randn(2 * N, generator=gen).cuda().to(dtype), torch.randn(M, N, generator=gen).cuda().to(dtype)
+    nw, nb = (torch.rand(K, generator=gen) + 0.5).cuda().to(dtype), torch.randn(K, generator=gen).cuda().to(dtype)
+    w, b = w2[:N], b2[:N]
+    for args in [(w, None, None, "none", "none", None, None), (w, b, None, "gelu_tanh", "none", None, None),
+                 (w, b, r, "gelu_tanh", "layernorm", nw, nb), (w, None, r, "none", "layernorm", None, None),
+                 (w, None, r, "relu2", "rmsnorm", nw, None), (w2, b2, None, "swiglu", "rmsnorm", None, None),
+                 (w2, None, r, "swiglu", "rmsnorm", nw, None)]:
+        want = gemv_reference(x, *args, 1e-5)
+        got = torch.ops.redline.gemv(x, *args, 1e-5)
+        assert got.dtype == dtype and got.shape == (M, N)
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
 @pytest.mark.slow

@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
     # the eager baseline is plain PyTorch: our Triton kernel belongs to the compiled engine's techniques
     eager = InferenceEngine(model, dtype=compiled.dtype, compile=False, cuda_graphs=False,
                             decode_attention="matmul" if compiled.decode_attention == "triton"
-                            else compiled.decode_attention)
+                            else compiled.decode_attention, decode_linear="torch")
     methods = list(cfg.methods)
     if "compiled" in methods and not (compiled.compile or compiled.cuda_graphs):
         methods.remove("compiled")  # identical to eager here (a CPU without --compile on)

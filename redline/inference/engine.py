@@ -20,13 +20,19 @@ How it works
   kernel per layer from the qkv projection's output to the attention output (QK-norm, RoPE, the cache write
   and the attention, the mask computed inside from the padding, slot and window); "matmul" (the products and
   softmax above, fused by torch.compile) is the portable path and the CPU's.
+- At batch 1 on a GPU every Linear layer of the step is a matrix-vector product, bound by reading its weights.
+  decode_linear "triton" (the default where it can run) computes each with redline's own kernel
+  (inference/triton_gemv.py), the norm before the product and the bias, activation and residual add after it
+  fused in: a pre-norm block is then five kernels (four products and the attention kernel), the head one.
+  "torch" leaves them to cuBLAS (or, under kernel_tuning, to Inductor's generated reductions).
 - The step writes the new key and value into each layer's whole cache buffer and slices the attended width
   inside (Inductor updates a buffer passed in in place; a written-to view passed in is copied back whole).
 - On a GPU the model runs in bf16 and is torch.compile'd with dynamic batch, length and width dims. With
   compile_scope "block" (the default) each block's prefill and decode step, the step's embedding and mask, and
   its head are compiled apart: the same compiled block serves every layer (regional compilation: compile time
   does not grow with depth). "step" compiles the whole decode step as one graph. kernel_tuning turns on
-  Inductor's coordinate-descent tuning (batch 1's matrix-vector products then become tuned Triton reductions).
+  Inductor's coordinate-descent tuning (batch 1's matrix-vector products then become tuned Triton reductions;
+  Linear layers with a bias are made to add it after the product, or they would stay cuBLAS calls).
   On a CPU the same code runs eagerly, attending over exactly the filled slots.
 - Greedy decoding takes the argmax inside the step (and its graph) and feeds it back as the next input; other
   sampling runs on the device after each step. The host synchronises only every `sync_every` steps (every
@@ -38,6 +44,7 @@ How it works
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -51,6 +58,7 @@ from redline.model import GPT, Block, rope_tables, sdpa_context
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
 DECODE_ATTENTION = ("auto", "matmul", "sdpa", "flex", "triton")
+DECODE_LINEAR = ("auto", "torch", "triton")
 
 
 def length_bucket(n: int, smallest: int = 16) -> int:
@@ -184,28 +192,74 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def _triton_attend(attn, h, rope, k_cache, v_cache, slot, pad, counts, width: int) -> torch.Tensor:
     """redline's decode kernel for one layer: h (B, 1, C) -> (B, 1, H*D). The kernel takes the projections as
     they are and does QK-norm, RoPE, the cache write and the attention itself (inference/triton_decode.py)."""
-    B = h.shape[0]
     # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor copy
     # each part out); separate q, k, v layers are concatenated
     qkv = attn.qkv(h) if attn.cfg.fused_qkv else torch.cat(attn.project(h), dim=-1)
+    return _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, width)[:, None]
+
+
+def _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, width: int) -> torch.Tensor:
+    """The decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D)."""
+    B = qkv.shape[0]
     cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
     norms, eps = (None, None), 0.0
     if attn.cfg.qk_norm:
         norms = (attn.q_norm.weight, attn.k_norm.weight)
         eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(qkv.dtype).eps
-    y = torch.ops.redline.decode_attention(qkv.view(B, -1), k_cache, v_cache, pad, slot, counts, width,
-                                           attn.cfg.sliding_window, eps, *norms, cos, sin)
-    return y[:, None]
+    return torch.ops.redline.decode_attention(qkv.view(B, -1), k_cache, v_cache, pad, slot, counts, width,
+                                              attn.cfg.sliding_window, eps, *norms, cos, sin)
+
+
+_MATVEC_ACT = {"gelu": "gelu_tanh", "relu2": "relu2", "swiglu": "swiglu"}
+
+
+def matvec_unsupported(cfg) -> str | None:
+    """Why decode_linear "triton" cannot run this architecture, or None."""
+    if cfg.norm_position != "pre":
+        return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
+    if not cfg.fused_qkv:
+        return "decode_linear triton needs a fused qkv projection (model.fused_qkv)"
+    if cfg.mlp == "swiglu" and not cfg.fused_mlp:
+        return "decode_linear triton needs SwiGLU's gate and up in one matrix (model.fused_mlp)"
+    if cfg.mlp not in _MATVEC_ACT:
+        return f"decode_linear triton has no fused {cfg.mlp} activation"
+    return None
+
+
+def _norm_args(norm) -> tuple:
+    """The gemv op's (norm, weight, bias, eps) for a LayerNorm or RMSNorm module, rounded as the module rounds."""
+    if isinstance(norm, torch.nn.RMSNorm):
+        eps = norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
+        return "rmsnorm", norm.weight, None, eps
+    return "layernorm", norm.weight, norm.bias, norm.eps
+
+
+def _matvec_block(block: Block, x, attention) -> torch.Tensor:
+    """A pre-norm block at batch 1 in four matrix-vector kernels and the attention kernel: x (1, 1, C).
+
+    Each product reads its row, applies the norm before it (LayerNorm or RMSNorm) and adds its bias, activation
+    and residual after it in the same kernel (inference/triton_gemv.py); `attention(qkv)` -> (1, H*D)."""
+    gemv = torch.ops.redline.gemv
+    attn, mlp = block.attn, block.mlp
+    h = x.view(1, -1)
+    qkv = gemv(h, attn.qkv.weight, attn.qkv.bias, None, "none", *_norm_args(block.norm1))
+    h = gemv(attention(qkv), attn.proj.weight, attn.proj.bias, h)
+    u = gemv(h, mlp.fc.weight, mlp.fc.bias, None, _MATVEC_ACT[mlp.kind], *_norm_args(block.norm2))
+    return gemv(u, mlp.proj.weight, mlp.proj.bias, h).view(1, 1, -1)
 
 
 def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul", pad=None,
-                  counts=None):
+                  counts=None, matvec: bool = False):
     """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's whole cache buffer, then attends over
     its first W slots, W = mask.shape[-1] (pad: (B,) left padding, needed by impl "flex" and "triton"; counts:
-    the "triton" kernel's counter buffer).
+    the "triton" kernel's counter buffer; matvec: at batch 1, the block in redline's matrix-vector kernels).
 
     The write goes to the buffer itself, not to a view of it: Inductor then updates it in place, where a write
     into a view passed in is copied back whole (the full cache, twice per layer and step)."""
+
+    if matvec and x.shape[0] == 1:
+        return _matvec_block(block, x, lambda qkv: _triton_attention(block.attn, qkv, rope, k_cache, v_cache, slot,
+                                                                     pad, counts, mask.shape[-1]))
 
     def attend(h):
         if impl == "triton":
@@ -226,6 +280,29 @@ def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
+class _LinearThenBias(torch.nn.Linear):
+    """A Linear computing x·Wᵀ, then adding the bias: a plain matrix product Inductor can turn into a reduction."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight) + self.bias
+
+
+def split_linear_bias(model: torch.nn.Module) -> int:
+    """Make every Linear layer with a bias compute x·Wᵀ, then add the bias (in place; returns how many).
+
+    Under kernel tuning Inductor computes a one-row product (batch 1's decode step) as a tuned Triton reduction,
+    with what follows fused in, but only for a plain matrix product: a Linear with a bias is one addmm, which it
+    leaves to cuBLAS. Split apart, the product becomes a reduction and the bias is fused into it. The layers'
+    class is changed, not their forward: every block keeps the same code, so the one compiled block serves all.
+    The result is the same sum, rounded once more in bf16 at most."""
+    n = 0
+    for m in model.modules():
+        if type(m) is torch.nn.Linear and m.bias is not None:
+            m.__class__ = _LinearThenBias
+            n += 1
+    return n
+
+
 def _load_triton_decode(head_dim: int, device: torch.device) -> None:
     """Register torch.ops.redline.decode_attention, or raise a UserError saying why it cannot run here."""
     if device.type == "cuda":
@@ -241,43 +318,64 @@ def _load_triton_decode(head_dim: int, device: torch.device) -> None:
         raise UserError(reason)
 
 
-def _decode_inputs(model: GPT, tokens, slot, pad, slots):
+def _decode_inputs(model: GPT, tokens, slot, pad, slots, impl: str = "matmul"):
     """The step's embeddings x (B, 1, C), RoPE tables and attention mask (B, 1, 1, W): row b attends to slots
-    pad_b..slot (and within the sliding window)."""
+    pad_b..slot (and within the sliding window). impl "triton": the kernel computes the mask itself and reads
+    only its width, so the slots stand in for it (a view: no kernel)."""
     positions = (slot - pad).unsqueeze(1)  # (B, 1)
     x, rope = model.embed(tokens, positions)
+    if impl == "triton":
+        return x, rope, slots.expand(tokens.shape[0], 1, 1, -1)
     mask = (slots >= pad[:, None]) & (slots <= slot)  # (B, W)
     if model.cfg.sliding_window > 0:
         mask = mask & (slot - slots < model.cfg.sliding_window)
     return x, rope, mask[:, None, None, :]
 
 
-def _decode_output(model: GPT, x, tokens, greedy: bool):
+def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
+    """logits (B, V) -> (B,): argmax (the first maximum) in two steps, the maximum of each of `chunks` spans,
+    then the first span holding the overall one. A one-row argmax compiled by Inductor runs as one program
+    (12 µs over GPT-2's 50k vocab on an H100); spans spread it over the GPU."""
+    B, V = logits.shape
+    span = -(-V // chunks)
+    padded = F.pad(logits, (0, span * chunks - V), value=float("-inf")).view(B, chunks, span)
+    best, where = padded.max(dim=-1)
+    chunk = best.argmax(dim=-1, keepdim=True)
+    return chunk[:, 0] * span + where.gather(1, chunk)[:, 0]
+
+
+def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool = False):
     """(logits (B, vocab) fp32, next tokens (B,) or None). greedy: also take the argmax and write it into
-    `tokens`, the next step's input, so that greedy decoding runs entirely inside the step (and its graph)."""
-    logits = _head_logits(model, x)
+    `tokens`, the next step's input, so that greedy decoding runs entirely inside the step (and its graph).
+    matvec: at batch 1, the final norm and the head in redline's matrix-vector kernel."""
+    if matvec and x.shape[0] == 1:
+        logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, None, None, "none",
+                                        *_norm_args(model.norm_f))[:, : model.cfg.vocab_size].float()
+    else:
+        logits = _head_logits(model, x)
     if not greedy:
         return logits, None
-    nxt = logits.argmax(dim=-1)
+    # at batch 1 over a large vocabulary, in spans (a batch has a program per row already)
+    nxt = chunked_argmax(logits) if logits.shape[0] == 1 and logits.shape[1] >= 8192 else logits.argmax(dim=-1)
     tokens.copy_(nxt[:, None])
     return logits, nxt
 
 
 def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, greedy: bool, fns=None,
-                   mark_dynamic=None, counts=None):
+                   mark_dynamic=None, counts=None, matvec: bool = False):
     """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> _decode_output's pair.
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. fns: the
     (inputs, block, output) functions, each compiled alone (None: the plain ones, inlined when this whole
     function is compiled); mark_dynamic marks the blocks' other inputs' batch and width dims dynamic; counts:
-    the "triton" kernel's counter buffer."""
+    the "triton" kernel's counter buffer; matvec: batch 1's blocks and head in redline's matrix-vector kernels."""
     inputs_fn, block_fn, output_fn = fns or (_decode_inputs, _decode_block, _decode_output)
-    x, rope, mask = inputs_fn(model, tokens, slot, pad, slots)
+    x, rope, mask = inputs_fn(model, tokens, slot, pad, slots, impl)
     if mark_dynamic is not None:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
     for block, k_cache, v_cache in zip(model.blocks, ks, vs):
-        x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad, counts)
-    return output_fn(model, x, tokens, greedy)
+        x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad, counts, matvec)
+    return output_fn(model, x, tokens, greedy, matvec)
 
 
 def _prefill_attention(attn, q, k, v, mask):
@@ -318,6 +416,14 @@ def prefill_mask(T: int, pad: torch.Tensor, window: int) -> torch.Tensor:
     return allowed[:, None]
 
 
+def _own_copy(fn: Callable) -> Callable:
+    """fn with a code object of its own. torch.compile keeps compiled code per code object, so without a copy
+    every engine in a process would share one cache: another model's entries make this one's weight shapes
+    dynamic on recompiling (which the user kernels' scheduling in Inductor 2.11 fails on), and count against
+    one recompile limit."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 # ----------------------------------------------------------------------------------------------------
 # the engine
 
@@ -333,7 +439,8 @@ class InferenceEngine:
 
     def __init__(self, model: GPT, *, dtype: torch.dtype | None = None, compile: bool | None = None,
                  cuda_graphs: bool | None = None, decode_attention: str = "auto",
-                 compile_scope: str = "block", kernel_tuning: bool = False, prefill_chunk_tokens: int = 32768):
+                 compile_scope: str = "block", kernel_tuning: bool = False, prefill_chunk_tokens: int = 32768,
+                 decode_linear: str = "auto"):
         self.model = model
         self.cfg = model.cfg
         self.device = next(model.parameters()).device
@@ -364,30 +471,58 @@ class InferenceEngine:
         elif decode_attention == "triton":
             _load_triton_decode(self.cfg.head_dim, self.device)
         self.decode_attention = decode_attention
+        self.decode_linear = self._resolve_decode_linear(decode_linear, dtype)
         self.compile_scope = compile_scope
         self.kernel_tuning = kernel_tuning and self.compile
         self.prefill_chunk_tokens = prefill_chunk_tokens
         model.eval()
         model.to(dtype)
+        if self.kernel_tuning and on_cuda:
+            split_linear_bias(model)
         if self.cfg.pos_emb == "rope":  # bf16 angles are too coarse at large positions: keep the tables fp32
             cos, sin = rope_tables(self.cfg.head_dim, self.cfg.context_len, self.cfg.rope_theta)
             model.rope_cos, model.rope_sin = cos.to(self.device), sin.to(self.device)
         if self.compile:
             # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
             # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
-            self._prefill_fn = torch.compile(_prefill_block, fullgraph=True)
+            self._prefill_fn = torch.compile(_own_copy(_prefill_block), fullgraph=True)
             # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
             # computes one-row matrix products, batch 1's every linear layer, as Triton reductions, not cuBLAS
             decode = partial(torch.compile, fullgraph=True, options={"coordinate_descent_tuning": self.kernel_tuning})
             if compile_scope == "block":  # the embedding and mask, each block, and the head (+ argmax) apart
-                self._decode_fns = (decode(_decode_inputs), decode(_decode_block), decode(_decode_output))
+                self._decode_fns = tuple(decode(_own_copy(f)) for f in (_decode_inputs, _decode_block, _decode_output))
                 self._decode_all = _decode_layers
             else:  # the whole step in one graph: fusion across blocks, embedding, mask and head included
-                self._decode_fns, self._decode_all = None, decode(_decode_layers)
+                self._decode_fns, self._decode_all = None, decode(_own_copy(_decode_layers))
         else:
             self._prefill_fn, self._decode_fns, self._decode_all = _prefill_block, None, _decode_layers
         self._state: _DecodeState | None = None
         self.last = Timings()
+
+    def _resolve_decode_linear(self, choice: str, dtype: torch.dtype) -> str:
+        """"triton" or "torch" for the decode_linear option; "triton" asked for where it cannot run is an error,
+        "auto" picks it where it can (a GPU, redline's attention kernel, a pre-norm fused-qkv architecture)."""
+        if choice not in DECODE_LINEAR:
+            raise UserError(f"decode_linear must be one of {', '.join(DECODE_LINEAR)}, got {choice!r}")
+        if choice == "torch":
+            return choice
+        reason = matvec_unsupported(self.cfg)
+        if self.device.type != "cuda":
+            reason = "decode_linear triton runs on CUDA GPUs only"
+        elif self.decode_attention != "triton":
+            reason = "decode_linear triton works with decode_attention triton (it hands the kernel the qkv output)"
+        elif dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            reason = f"decode_linear triton computes in bf16, fp16 or fp32, not {dtype}"
+        if reason is None:
+            try:
+                import redline.inference.triton_gemv  # noqa: F401  (registers torch.ops.redline.gemv)
+            except ImportError as e:
+                reason = f"decode_linear triton needs the triton package, which failed to import ({e})"
+        if reason is None:
+            return "triton"
+        if choice == "triton":
+            raise UserError(reason + "; use decode_linear torch (or auto, which picks it where it can run)")
+        return "torch"
 
     # -- description -----------------------------------------------------------------------------------
 
@@ -395,7 +530,8 @@ class InferenceEngine:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
                 "kernel_tuning": self.kernel_tuning,
-                "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention}
+                "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention,
+                "decode_linear": self.decode_linear}
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -481,7 +617,8 @@ class InferenceEngine:
         slots = st.slots[:width]
         self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])
         return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention, greedy,
-                                self._decode_fns, self._mark_dynamic if self._decode_fns else None, st.counts)
+                                self._decode_fns, self._mark_dynamic if self._decode_fns else None, st.counts,
+                                self.decode_linear == "triton")
 
     def _warm_step(self, st: _DecodeState, width: int, greedy: bool) -> None:
         """Run the step without advancing anything: it rewrites the current slot with the same values, and the

@@ -42,6 +42,11 @@ class RuntimeOptions:
     mask), flex (FlexAttention's decoding kernel, which splits the cache length across the GPU; compiled on CUDA
     only) or triton (redline's own decode kernel: one kernel per layer from the qkv projection's output, with
     QK-norm, RoPE and the cache write inside, split-K at batch 1; CUDA only). All group query heads per kv head."""
+    decode_linear: Literal["auto", "torch", "triton"] = "auto"
+    """How batch 1's decode step computes its Linear layers (auto: triton where it can run): torch (cuBLAS, or
+    Inductor's reductions under --kernel-tuning on) or triton (redline's matrix-vector kernel: each product with
+    the norm before it and the bias, activation and residual add after it in one kernel, five kernels per block
+    with the attention kernel; CUDA only, with decode-attention triton, pre-norm fused-qkv models)."""
     compile_scope: Literal["block", "step"] = "block"
     """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
     layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
@@ -76,7 +81,8 @@ class RuntimeOptions:
         flag = {"auto": None, "on": True, "off": False}
         return InferenceEngine(model, dtype=DTYPES.get(self.dtype), compile=flag[self.compile],
                                cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention,
-                               compile_scope=self.compile_scope, kernel_tuning=self.kernel_tuning == "on")
+                               compile_scope=self.compile_scope, kernel_tuning=self.kernel_tuning == "on",
+                               decode_linear=self.decode_linear)
 
 
 def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: RuntimeOptions):

@@ -1,0 +1,187 @@
+"""Matrix-vector products for the decode step at batch 1, in Triton: y = act(x · Wᵀ + b) + r for a few rows x.
+
+At batch 1 every Linear layer of the decode step is a one-row product: it reads the whole weight matrix once
+and does two flops per weight, so its speed is the memory bandwidth it reaches. cuBLAS runs these shapes as
+small-tile GEMM kernels (and a second split-K reduction kernel for a long K); here each program owns BLOCK_N
+output features, streams their weight rows in BLOCK_K-wide tiles with 16-byte loads, accumulates in fp32 and
+applies the epilogue (bias, GELU, residual add) before the one store, so the layer's bias, activation and
+residual add need no kernels of their own.
+
+Registered as `torch.ops.redline.gemv` through torch.library.triton_op, so torch.compile places the kernel in
+its generated code and CUDA graphs capture it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+ACTIVATIONS = ("none", "gelu_tanh", "relu2", "swiglu")
+NORMS = ("none", "layernorm", "rmsnorm")
+
+
+@triton.jit
+def _gelu_tanh(y):
+    """GELU, tanh approximation (F.gelu(approximate="tanh")), y fp32."""
+    inner = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+    return 0.5 * y * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0))
+
+
+@triton.jit
+def _row_stats(X, K, eps, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(mean, 1/std) of the row at X, as nn.LayerNorm (NORM 1: two passes, fp32) or nn.RMSNorm (NORM 2: mean 0)
+    compute them. Every program reads the row again; it is a few KB, from cache."""
+    rk = tl.arange(0, BLOCK_K)
+    mean = 0.0
+    if NORM == 1:
+        acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc += tl.load(X + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, 0) / K
+    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k0 + rk < K
+        x = tl.where(k_ok, tl.load(X + k0 + rk, mask=k_ok, other=0.0).to(tl.float32) - mean, 0.0)
+        acc += x * x
+    return mean, tl.rsqrt(tl.sum(acc, 0) / K + eps)
+
+
+@triton.jit
+def _tile_stats(x, k_ok, K, eps, NORM: tl.constexpr):
+    """_row_stats of a row held whole in one tile x (masked lanes zero)."""
+    mean = 0.0
+    if NORM == 1:
+        mean = tl.sum(x, 0) / K
+    d = tl.where(k_ok, x - mean, 0.0)
+    return mean, tl.rsqrt(tl.sum(d * d, 0) / K + eps)
+
+
+@triton.jit
+def _normed(x, rk, k_ok, mean, rstd, NormW, NormB, dtype,
+            NORM: tl.constexpr, HAS_NORM_W: tl.constexpr, HAS_NORM_B: tl.constexpr):
+    """A tile of the row normalised and rounded to the model's dtype as the norm module rounds it."""
+    if NORM == 1:  # LayerNorm: (x - mean)·rstd·w + b in fp32, one rounding
+        x = (x - mean) * rstd
+        if HAS_NORM_W:
+            x = x * tl.load(NormW + rk, mask=k_ok, other=0.0).to(tl.float32)
+        if HAS_NORM_B:
+            x = x + tl.load(NormB + rk, mask=k_ok, other=0.0).to(tl.float32)
+        x = x.to(dtype).to(tl.float32)
+    elif NORM == 2:  # RMSNorm: normalise in fp32 and round, then scale by the weight and round again
+        x = (x * rstd).to(dtype).to(tl.float32)
+        if HAS_NORM_W:
+            x = (x * tl.load(NormW + rk, mask=k_ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, stride_r, stride_y, eps,
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, NORM: tl.constexpr,
+                 HAS_NORM_W: tl.constexpr, HAS_NORM_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 ONE_TILE: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N), M): output features [pid·BLOCK_N, +BLOCK_N) of row m. ACT 3 (SwiGLU): W has 2N
+    rows, gate then up, and feature n is silu(gate_n)·up_n. ONE_TILE: K <= BLOCK_K, the row is loaded once."""
+    pid, m = tl.program_id(0), tl.program_id(1)
+    dtype = Y.dtype.element_ty
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    rk = tl.arange(0, BLOCK_K)
+    x_row = X + m * stride_x
+    w_rows = W + rn[:, None].to(tl.int64) * stride_w
+    up_rows = W + (rn[:, None] + N).to(tl.int64) * stride_w  # SwiGLU's up rows
+    mean, rstd = 0.0, 1.0
+    if ONE_TILE:
+        k_ok = rk < K
+        w_ok = n_ok[:, None] & k_ok[None, :]
+        # the weights first: the norm's statistics are computed while they are on their way
+        w = tl.load(w_rows + rk[None, :], mask=w_ok, other=0.0)
+        if ACT == 3:
+            w_up = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0)
+        x = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM != 0:
+            mean, rstd = _tile_stats(x, k_ok, K, eps, NORM)
+        x = _normed(x, rk, k_ok, mean, rstd, NormW, NormB, dtype, NORM, HAS_NORM_W, HAS_NORM_B)[None, :]
+        acc = w.to(tl.float32) * x
+        if ACT == 3:
+            acc_up = w_up.to(tl.float32) * x
+    else:
+        if NORM != 0:
+            mean, rstd = _row_stats(x_row, K, eps, NORM, BLOCK_K)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = k0 + rk < K
+            x = tl.load(x_row + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)
+            x = _normed(x, k0 + rk, k_ok, mean, rstd, NormW, NormB, dtype, NORM, HAS_NORM_W, HAS_NORM_B)[None, :]
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            acc += tl.load(w_rows + k0 + rk[None, :], mask=w_ok, other=0.0).to(tl.float32) * x
+            if ACT == 3:
+                acc_up += tl.load(up_rows + k0 + rk[None, :], mask=w_ok, other=0.0).to(tl.float32) * x
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)
+    if ACT == 1:
+        y = _gelu_tanh(y)
+    elif ACT == 2:
+        y = tl.maximum(y, 0.0)
+        y = y * y
+    elif ACT == 3:
+        up = tl.sum(acc_up, axis=1)
+        if HAS_BIAS:
+            up += tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)
+        y = y / (1.0 + tl.exp(-y)) * up
+    if HAS_RES:
+        y += tl.load(Res + m * stride_r + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(Y + m * stride_y + rn, y.to(dtype), mask=n_ok)
+
+
+ONE_TILE_MAX = 8192  # rows up to this long are loaded whole, in one tile
+
+
+def pick_blocks(N: int, K: int, norm: str = "none", act: str = "none") -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) for an (N, K) weight (N output features), from a sweep on an H100
+    (scripts/gpu/gemv_bench.py): the whole row in one tile; one or two weight rows per program, more where a
+    norm before the product has each program compute the row's statistics (fewer programs, fewer repeats)."""
+    block_k = min(triton.next_power_of_2(K), ONE_TILE_MAX)
+    if norm != "none":
+        block_n = 2 if N < 4096 else (4 if act == "swiglu" else 8)
+    else:
+        block_n = 1 if K >= 1536 else 2
+    block_n = min(block_n, max(1, 32768 // block_k))
+    return block_n, block_k, 8 if block_k * block_n >= 16384 else 4
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out: torch.Tensor,
+           block_n: int, block_k: int, num_warps: int, num_stages: int = 1, norm: str = "none",
+           norm_weight=None, norm_bias=None, eps: float = 1e-5, kernel=_gemv_kernel) -> None:
+    """Run the kernel with explicit tiles (for benchmarks; the op picks its own)."""
+    M, K = x.shape
+    N = out.shape[1]
+    kernel[(triton.cdiv(N, block_n), M)](
+        x, weight, bias if bias is not None else x, residual if residual is not None else x,
+        norm_weight if norm_weight is not None else x, norm_bias if norm_bias is not None else x, out, N, K,
+        x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS.index(act),
+        NORM=NORMS.index(norm), HAS_NORM_W=norm_weight is not None, HAS_NORM_B=norm_bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, ONE_TILE=K <= block_k, num_warps=num_warps, num_stages=num_stages)
+
+
+@triton_op("redline::gemv", mutates_args={})
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         residual: torch.Tensor | None = None, act: str = "none", norm: str = "none",
+         norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
+         eps: float = 1e-5) -> torch.Tensor:
+    """act(norm(x) · weightᵀ + bias) + residual for x (M, K), weight (N, K) row-major (act "swiglu": (2N, K),
+    gate rows then up rows), bias (N,) ((2N,)), residual (M, N); norm "layernorm" or "rmsnorm" with its weight,
+    bias and eps, rounded as the modules round. fp32 accumulation, one rounding to x's dtype at the end."""
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        x, weight = x.contiguous(), weight.contiguous()
+    M, K = x.shape
+    N = weight.shape[0] // (2 if act == "swiglu" else 1)
+    out = x.new_empty(M, N)
+    block_n, block_k, num_warps = pick_blocks(N, K, norm, act)
+    launch(x, weight, bias, residual, act, out, block_n, block_k, num_warps, norm=norm, norm_weight=norm_weight,
+           norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_gemv_kernel))
+    return out
