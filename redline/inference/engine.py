@@ -416,12 +416,23 @@ def prefill_mask(T: int, pad: torch.Tensor, window: int) -> torch.Tensor:
     return allowed[:, None]
 
 
-def _own_copy(fn: Callable) -> Callable:
-    """fn with a code object of its own. torch.compile keeps compiled code per code object, so without a copy
-    every engine in a process would share one cache: another model's entries make this one's weight shapes
-    dynamic on recompiling (which the user kernels' scheduling in Inductor 2.11 fails on), and count against
-    one recompile limit."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+def _compiled(fn: Callable, **options) -> Callable:
+    """torch.compile(fn) for this engine alone, its shapes static except the dims marked dynamic.
+
+    torch.compile keeps compiled code per code object and remembers per function (file, line, name) which
+    shapes changed between compilations ("automatic dynamic"): a second engine in the process, for another
+    model, would share the first one's recompile limit and recompile with its weights, head counts and cache
+    made dynamic (slower kernels; and Inductor 2.11 fails scheduling the Triton ops with them). So each engine
+    compiles a copy of fn with a code object of its own, and calls it with automatic dynamic shapes off; the
+    batch, length and width dims stay dynamic, as they are marked so at each call."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    compiled = torch.compile(copy, fullgraph=True, **options)
+
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            return compiled(*args, **kwargs)
+
+    return call
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -485,15 +496,15 @@ class InferenceEngine:
         if self.compile:
             # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
             # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
-            self._prefill_fn = torch.compile(_own_copy(_prefill_block), fullgraph=True)
+            self._prefill_fn = _compiled(_prefill_block)
             # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
             # computes one-row matrix products, batch 1's every linear layer, as Triton reductions, not cuBLAS
-            decode = partial(torch.compile, fullgraph=True, options={"coordinate_descent_tuning": self.kernel_tuning})
+            decode = partial(_compiled, options={"coordinate_descent_tuning": self.kernel_tuning})
             if compile_scope == "block":  # the embedding and mask, each block, and the head (+ argmax) apart
-                self._decode_fns = tuple(decode(_own_copy(f)) for f in (_decode_inputs, _decode_block, _decode_output))
+                self._decode_fns = (decode(_decode_inputs), decode(_decode_block), decode(_decode_output))
                 self._decode_all = _decode_layers
             else:  # the whole step in one graph: fusion across blocks, embedding, mask and head included
-                self._decode_fns, self._decode_all = None, decode(_own_copy(_decode_layers))
+                self._decode_fns, self._decode_all = None, decode(_decode_layers)
         else:
             self._prefill_fn, self._decode_fns, self._decode_all = _prefill_block, None, _decode_layers
         self._state: _DecodeState | None = None

@@ -106,6 +106,14 @@ def _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps,
 
 
 @triton.jit
+def _rescale(m, m_new):
+    """The online softmax's step to a new running max: (m_safe, alpha), exponents are taken against m_safe (0
+    while nothing is attended, so that p = 0 rather than NaN), and alpha rescales what was summed against m."""
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_safe, tl.exp2(m - m_safe)
+
+
+@triton.jit
 def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr):
     """Merge the spans' partial results of (row b, kv head kv) and write its G heads' output: one pass with an
     online rescaling, unrolled so that several spans' loads are in flight at once (each is a round trip to L2,
@@ -124,8 +132,7 @@ def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD:
         o_s = tl.load(Op + (first + s * G)[:, None] * D + d[None, :], mask=rows[:, None], other=0.0,
                       cache_modifier=".cg")
         m_new = tl.maximum(m, m_s)  # an empty span has max -inf; the slot's own span makes it finite
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no attended span yet (or a padding row)
-        alpha = tl.exp2(m - m_safe)
+        m_safe, alpha = _rescale(m, m_new)  # (no attended span yet, or a padding row: m_safe 0)
         w = tl.exp2(m_s - m_safe)
         l = l * alpha + w * l_s
         acc = acc * alpha[:, None] + w[:, None] * o_s
@@ -210,8 +217,7 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
         s = _dot(q, tl.trans(k))
         s = tl.where(((n >= lo) & (n <= slot))[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no slot attended yet: keep p = 0, not NaN
-        alpha = tl.exp2(m - m_safe)
+        m_safe, alpha = _rescale(m, m_new)
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(p, v)
