@@ -36,6 +36,32 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup_s: float = 0.3, repeats: in
     return statistics.median(times)
 
 
+def graph_time_us(fns: list[Callable[[], object]], repeats: int = 10) -> float:
+    """Median µs per call of the calls `fns`, made once each from one CUDA graph (launch overhead out, as in a
+    captured decode step): the first few run on a side stream first (compiling, autotuning), the graph is
+    replayed once, then `repeats` timed replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns[:3]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(repeats):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1000 / len(fns))
+    return statistics.median(times)
+
+
 def read_under_load(fn: Callable[[], object], call_ms: float, read: Callable[[], dict], seconds: float = 0.5) -> dict:
     """Queue `seconds` worth of `fn` calls, take `read()` (NVML) halfway through, then wait for the queue to drain."""
     calls = max(1, min(1000, int(seconds * 1e3 / max(call_ms, 1e-3))))

@@ -11,13 +11,13 @@ is printed in µs, with the cache bytes read per µs (GB/s). One JSON line last.
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 import redline.inference.triton_decode as td  # registers torch.ops.redline.decode_attention
 from redline.inference.engine import cached_attention
+from redline.diagnostics.microbench import graph_time_us
 from redline.model import apply_rope
 
 SHAPES = {  # name: (batch, heads, kv heads, head_dim, QK-norm and RoPE)
@@ -40,29 +40,6 @@ def pytorch_step(q, k, v, k_cache, v_cache, mask, slot: int, W: int, q_norm, k_n
     k_cache[:, :, slot] = k[:, :, 0]
     v_cache[:, :, slot] = v[:, :, 0]
     return cached_attention(q, k_cache[:, :, :W], v_cache[:, :, :W], mask).reshape(B, -1)
-
-
-def time_graph(fn, repeats: int, calls: int = 20) -> float:
-    """Median µs per call of fn() replayed from a CUDA graph of `calls` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -92,7 +69,7 @@ def main() -> None:
         def compiled():
             return reference(q, k, v, k_cache, v_cache, mask, slot, W, *norms, *tables)
 
-        row["pytorch_us"] = time_graph(compiled, args.repeats)
+        row["pytorch_us"] = graph_time_us([compiled] * 20, args.repeats)
         ref = compiled().float()
         for split in SPLITS:
             def op(split=split):
@@ -100,7 +77,7 @@ def main() -> None:
                                                           *norms, *tables, split)
 
             row[f"triton_{SPLITS[split]}_maxerr"] = (op().float() - ref).abs().max().item()
-            row[f"triton_{SPLITS[split]}_us"] = time_graph(op, args.repeats)
+            row[f"triton_{SPLITS[split]}_us"] = graph_time_us([op] * 20, args.repeats)
         best = min((v, k) for k, v in row.items() if k.endswith("_us"))
         row["best"] = best[1]
         rows.append(row)

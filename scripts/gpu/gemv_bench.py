@@ -16,13 +16,13 @@ times and the median µs per call is printed with the weight bytes read per µs 
 import argparse
 import itertools
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 import triton
 
 import redline.inference.triton_gemv as tg
+from redline.diagnostics.microbench import graph_time_us
 
 SHAPES = {  # name: (N, K) of the weight, and what comes before and after it in the decode step (norm, act)
     "gpt2-124m qkv": (2304, 768, "layernorm", "none"), "gpt2-124m attn.proj": (768, 768, "none", "none"),
@@ -35,30 +35,6 @@ SHAPES = {  # name: (N, K) of the weight, and what comes before and after it in 
     "modern-1.5b mlp.proj": (1600, 4288, "none", "none"), "modern-1.5b lm_head": (32768, 1600, "rmsnorm", "none"),
 }
 L2_BYTES = 50 * 2**20
-
-
-def time_graph(fns, repeats: int) -> float:
-    """Median µs per call of the fns, called once each from one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(fns))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -82,7 +58,7 @@ def main() -> None:
         for bn, bk, warps, stages in sweep:
             if bk > 2 * triton.next_power_of_2(K) or bn * bk > 32768:  # pointless, or too many registers
                 continue
-            t = time_graph(call(bn, bk, warps, stages), args.repeats)
+            t = graph_time_us(call(bn, bk, warps, stages), args.repeats)
             if best is None or t < best[0]:
                 best = (t, f"n{bn}-k{bk}-w{warps}-s{stages}")
         return best
@@ -99,11 +75,11 @@ def main() -> None:
         out = torch.empty(1, N, **bf16)
         gb = N * K * 2 / 1e3  # weight bytes / 1e3: divided by µs gives GB/s
         row = {"shape": name, "N": N, "K": K, "copies": copies}
-        row["cublas_us"] = time_graph([lambda w=w: F.linear(x, w, b) for w in ws], args.repeats)
-        row["inductor_tuned_us"] = time_graph([lambda w=w: tuned(x, w, b) for w in ws], args.repeats)
+        row["cublas_us"] = graph_time_us([lambda w=w: F.linear(x, w, b) for w in ws], args.repeats)
+        row["inductor_tuned_us"] = graph_time_us([lambda w=w: tuned(x, w, b) for w in ws], args.repeats)
         row["triton_best_us"], row["triton_best_tiles"] = best_tiles(K, lambda bn, bk, warps, stages: [
             lambda w=w: tg.launch(x, w, b, None, "none", out, bn, bk, warps, stages) for w in ws])
-        row["triton_op_us"] = time_graph([lambda w=w: torch.ops.redline.gemv(x, w, b) for w in ws], args.repeats)
+        row["triton_op_us"] = graph_time_us([lambda w=w: torch.ops.redline.gemv(x, w, b) for w in ws], args.repeats)
         row["triton_op_tiles"] = "n{}-k{}-w{}".format(*tg.pick_blocks(N, K))
         # with what is fused into it in the decode step: the norm before (its weight and bias) and the activation
         # after, against the same as separate PyTorch kernels (the norm, then cuBLAS, then the activation)
@@ -123,8 +99,8 @@ def main() -> None:
                 y = F.silu(gate) * up
             return y
 
-        row["separate_fused_us"] = time_graph([lambda w=w: separate(w) for w in ws], args.repeats)
-        row["triton_fused_us"] = time_graph(
+        row["separate_fused_us"] = graph_time_us([lambda w=w: separate(w) for w in ws], args.repeats)
+        row["triton_fused_us"] = graph_time_us(
             [lambda w=w: torch.ops.redline.gemv(x, w, b_act, None, act, norm, nw, nb) for w in ws], args.repeats)
         row["triton_fused_tiles"] = "n{}-k{}-w{}".format(*tg.pick_blocks(n_out, K, norm, act))
         out_fused = torch.empty(1, n_out, **bf16)
@@ -149,7 +125,7 @@ def main() -> None:
               f"{row['norm_act']}: separate {row['separate_fused_us']:.2f} µs, fused {row['triton_fused_us']:.2f} "
               f"{row['triton_fused_tiles']}, best {row['triton_fused_best_us']:.2f} {row['triton_fused_best_tiles']}",
               flush=True)
-        del ws
+        ws = None  # free the copies before the next shape's
         torch.cuda.empty_cache()
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}))
 
