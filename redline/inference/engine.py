@@ -31,8 +31,9 @@ How it works
   compile_scope "block" (the default) each block's prefill and decode step, the step's embedding and mask, and
   its head are compiled apart: the same compiled block serves every layer (regional compilation: compile time
   does not grow with depth). "step" compiles the whole decode step as one graph. kernel_tuning turns on
-  Inductor's coordinate-descent tuning (batch 1's matrix-vector products then become tuned Triton reductions;
-  Linear layers with a bias are made to add it after the product, or they would stay cuBLAS calls).
+  Inductor's coordinate-descent tuning (with decode_linear torch, batch 1's matrix-vector products then become
+  tuned Triton reductions; Linear layers with a bias are made to add it after the product, or they would stay
+  cuBLAS calls).
   On a CPU the same code runs eagerly, attending over exactly the filled slots.
 - Greedy decoding takes the argmax inside the step (and its graph) and feeds it back as the next input; other
   sampling runs on the device after each step. The host synchronises only every `sync_every` steps (every
@@ -498,7 +499,8 @@ class InferenceEngine:
             # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
             self._prefill_fn = _compiled(_prefill_block)
             # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
-            # computes one-row matrix products, batch 1's every linear layer, as Triton reductions, not cuBLAS
+            # computes one-row matrix products as Triton reductions, not cuBLAS (batch 1's Linear layers, where
+            # decode_linear leaves them to PyTorch)
             decode = partial(_compiled, options={"coordinate_descent_tuning": self.kernel_tuning})
             if compile_scope == "block":  # the embedding and mask, each block, and the head (+ argmax) apart
                 self._decode_fns = (decode(_decode_inputs), decode(_decode_block), decode(_decode_output))
