@@ -275,9 +275,15 @@ def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str
     return _block_forward(block, x, attend)
 
 
-def _head_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
-    """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model)."""
-    logits = model.lm_head(model.norm_f(x))[:, -1, : model.cfg.vocab_size]
+def _head_logits(model: GPT, x: torch.Tensor, matvec: bool = False) -> torch.Tensor:
+    """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model). matvec: at batch 1, the final norm and
+    the head in redline's matrix-vector kernel."""
+    if matvec and x.shape[0] == 1:
+        logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, None, None, "none",
+                                        *_norm_args(model.norm_f))
+    else:
+        logits = model.lm_head(model.norm_f(x))[:, -1]
+    logits = logits[:, : model.cfg.vocab_size]
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
@@ -348,12 +354,8 @@ def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
 def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool = False):
     """(logits (B, vocab) fp32, next tokens (B,) or None). greedy: also take the argmax and write it into
     `tokens`, the next step's input, so that greedy decoding runs entirely inside the step (and its graph).
-    matvec: at batch 1, the final norm and the head in redline's matrix-vector kernel."""
-    if matvec and x.shape[0] == 1:
-        logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, None, None, "none",
-                                        *_norm_args(model.norm_f))[:, : model.cfg.vocab_size].float()
-    else:
-        logits = _head_logits(model, x)
+    matvec: see _head_logits."""
+    logits = _head_logits(model, x, matvec)
     if not greedy:
         return logits, None
     # at batch 1 over a large vocabulary, in spans (a batch has a program per row already)
