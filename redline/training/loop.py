@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from redline.config import TrainConfig, to_dict
-from redline.distributed import DistInfo, all_reduce_mean, barrier, dist_info, init_distributed, shutdown
+from redline.distributed import (DistInfo, all_reduce_mean, barrier, dist_info, exit_after_teardown, init_distributed,
+                                 shutdown)
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, resolve_device
 from redline.model import GPT
@@ -410,6 +411,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
     log.log({"kind": "event", "event": "end", "status": status, "step": step, "tokens": tokens, "elapsed": elapsed()})
     log.close()
     shutdown()
+    # a rank of a distributed run ends here, before this function's objects are freed: freed after the group's
+    # teardown, one of them can wait forever on a gloo worker thread (seen on 2 CPU cores, 1 run in ~20, the
+    # run itself finished and written). Same exit code as the command's; no-op in one process.
+    exit_after_teardown(1 if status == "diverged" else 0)
     return RunResult(run_dir, step, tokens, status, final_eval, sample)
 
 
