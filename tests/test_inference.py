@@ -433,10 +433,60 @@ def test_bench_infer_profile_writes_traces(capsys, tmp_path):
      "triton runs on CUDA GPUs only"),
     (["bench-infer", "--preset", "tiny", "--decode-linear", "triton", "--device", "cpu"],
      "decode_linear triton runs on CUDA GPUs only"),
+    (["bench-infer", "--preset", "tiny", "--kv-cache-dtype", "fp4"], "--kv-cache-dtype"),
 ])
 def test_bench_infer_bad_input(argv, fragment, capsys):
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and fragment in err
+
+
+def test_quantize_kv_round_trip():
+    """FP8 cache vectors: one scale per vector (its absolute maximum maps to 448), every element within e4m3's
+    rounding of the original (3 mantissa bits: 2^-4 relative; below the normal range 2^-9 of the scale), a zero
+    vector stays zero, and nothing overflows."""
+    from redline.inference.engine import dequantize_kv, quantize_kv
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 50, 64, generator=gen) * torch.logspace(-6, 6, 50)[:, None]  # magnitudes far apart
+    x[0, 0, 0] = 0.0
+    x8, scale = quantize_kv(x)
+    assert x8.dtype == torch.float8_e4m3fn and scale.shape == (3, 4, 50) and scale.dtype == torch.float32
+    assert torch.equal(x8.float().abs().amax(-1), torch.full_like(scale, 448.0).index_put_((torch.tensor(0),) * 3,
+                                                                                          torch.tensor(0.0)))
+    back = dequantize_kv(x8, scale, torch.float32)
+    bound = torch.maximum(x.abs() * 2**-4, scale[..., None] * 2**-9)
+    assert ((back - x).abs() <= bound).all() and torch.isfinite(back).all()
+    assert not back[0, 0, 0].any()
+
+
+@pytest.mark.parametrize("arch", ["gqa", "gpt2-style", "sliding-window"])
+def test_fp8_kv_cache_engine(arch):
+    """kv_cache_dtype fp8 on the CPU: the cache holds exactly quantize_kv of what the model-dtype cache holds
+    (prefill slots), its bytes are what kv_bytes_per_token says, and teacher-forced decoding through it stays
+    close to the full forward (it is not equal: the cache is rounded)."""
+    from redline.inference.engine import quantize_kv
+
+    model = tiny_model(**ARCHITECTURES[arch])
+    tokens = torch.randint(0, 100, (3, 40), generator=torch.Generator().manual_seed(1))
+    plain, fp8 = InferenceEngine(model), InferenceEngine(model, kv_cache_dtype="fp8")
+    assert fp8.describe()["kv_cache_dtype"] == "fp8"
+    want, _ = plain.score(tokens, 20)
+    got, picks = fp8.score(tokens, 20)
+    for layer in range(model.cfg.n_layer):
+        for buf, buf8, scales in ((plain._state.cache.k, fp8._state.cache.k, fp8._state.cache.scales[layer][0]),
+                                  (plain._state.cache.v, fp8._state.cache.v, fp8._state.cache.scales[layer][1])):
+            x8, scale = quantize_kv(buf[layer][:, :, :20])
+            assert torch.equal(buf8[layer][:, :, :20].view(torch.uint8), x8.view(torch.uint8))
+            assert torch.equal(scales[:, :, :20], scale)
+    cache = fp8._state.cache
+    assert cache.nbytes == fp8.kv_bytes_per_token() * 3 * (cache.capacity + 1)
+    assert fp8.kv_bytes_per_token() == 2 * 2 * model.cfg.kv_heads * (16 + 4)  # 2 layers, head_dim 16, fp32 scales
+    full = torch.log_softmax(model(tokens[:, :-1])[:, 19:].float(), -1).gather(2, tokens[:, 20:, None])[..., 0]
+    torch.testing.assert_close(want, full, atol=1e-5, rtol=1e-5)  # the model-dtype cache is the full forward
+    assert not torch.equal(got, want) and (got - want).abs().max() < 0.05
+    assert picks.shape == (3, 20)
+    with pytest.raises(UserError, match="kv_cache_dtype must be one of"):
+        InferenceEngine(model, kv_cache_dtype="int4")
 
 
 def test_chunked_argmax_is_argmax():
@@ -526,10 +576,12 @@ def test_kernel_tuning_with_biases_matches_full_forward():
 
 
 def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width: int, window: int, eps: float,
-                               q_norm=None, k_norm=None, cos=None, sin=None):
+                               q_norm=None, k_norm=None, cos=None, sin=None, scales=None):
     """What torch.ops.redline.decode_attention computes, from the model's own pieces: QK-norm, RoPE, the cache
-    write, then the masked-softmax attention in fp64. -> (out (B, H*D) fp64, k_cache, v_cache new copies)."""
-    from redline.inference.engine import cached_attention
+    write, then the masked-softmax attention in fp64. scales: an FP8 cache's (k_scale, v_scale), the new key and
+    value stored with quantize_kv and the cache dequantised. -> (out (B, H*D) fp64, k_cache, v_cache new copies
+    (and the scales' new copies for FP8))."""
+    from redline.inference.engine import cached_attention, dequantize_kv, quantize_kv
     from redline.model import apply_rope
 
     B, KV, _, D = k_cache.shape
@@ -541,14 +593,21 @@ def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width:
         rope = cos[:, None, None, :], sin[:, None, None, :]
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    k_cache[:, :, slot], v_cache[:, :, slot] = k[:, :, 0], v[:, :, 0]
+    if scales is None:
+        k_cache[:, :, slot], v_cache[:, :, slot] = k[:, :, 0], v[:, :, 0]
+        keys, values = k_cache[:, :, :width].double(), v_cache[:, :, :width].double()
+    else:
+        scales = [t.clone() for t in scales]
+        (k_cache[:, :, slot], scales[0][:, :, slot]), (v_cache[:, :, slot], scales[1][:, :, slot]) = (
+            quantize_kv(k[:, :, 0]), quantize_kv(v[:, :, 0]))
+        keys = dequantize_kv(k_cache[:, :, :width], scales[0][:, :, :width], torch.float64)
+        values = dequantize_kv(v_cache[:, :, :width], scales[1][:, :, :width], torch.float64)
     slots = torch.arange(width, device=q.device)
     mask = (slots >= pad[:, None]) & (slots <= slot)
     if window:
         mask &= slot - slots < window
-    out = cached_attention(q.double(), k_cache[:, :, :width].double(), v_cache[:, :, :width].double(),
-                           mask[:, None, None])
-    return out.reshape(B, H * D), k_cache, v_cache
+    out = cached_attention(q.double(), keys, values, mask[:, None, None]).reshape(B, H * D)
+    return (out, k_cache, v_cache) if scales is None else (out, k_cache, v_cache, *scales)
 
 
 @pytest.mark.gpu
@@ -584,6 +643,64 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
         torch.testing.assert_close(k_cache, k_want, atol=tol, rtol=tol)  # one rounding apart in bf16 at most
         assert torch.equal(v_cache, v_want) and not counts.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B, H, KV, D, norm", [(1, 12, 3, 64, True), (3, 12, 12, 64, False), (5, 4, 1, 32, True)])
+def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
+    """An FP8 cache: both kernels against the dequantised reference; the new value is stored byte for byte as
+    quantize_kv stores it, with its scale (the key too within one e4m3 step: the kernel's QK-norm and RoPE may
+    round one bf16 ulp apart from the model's), and nothing else in the cache changes."""
+    import redline.inference.triton_decode as td
+    from redline.inference.engine import dequantize_kv, quantize_kv
+
+    gen = torch.Generator().manual_seed(B * 100 + H)
+    S = 300
+    for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, -1), (300, 250, 37, 128),
+                                       (300, 299, 0, -1)]:
+        qkv = torch.randn(B, (H + 2 * KV) * D + 8, generator=gen).cuda().to(dtype)[:, 8:]
+        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
+        (k_cache, k_scale), (v_cache, v_scale) = (quantize_kv(torch.randn(B, KV, S, D, generator=gen).cuda() * 3)
+                                                  for _ in range(2))
+        pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
+        pad[0] = 0
+        weights = [(torch.rand(D, generator=gen) + 0.5).cuda().to(dtype) for _ in range(2)] if norm else [None] * 2
+        angles = torch.rand(B, D // 2, generator=gen).cuda() * 6
+        tables = [angles.cos(), angles.sin()] if norm else [None] * 2
+        want, k_want, v_want, ks_want, vs_want = decode_attention_reference(
+            q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5, *weights, *tables, scales=(k_scale, v_scale))
+        counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
+        got = torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, torch.tensor([slot], device="cuda"),
+                                                 counts, width, window, 1e-5, *weights, *tables, split, k_scale,
+                                                 v_scale)
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+        assert torch.equal(v_cache.view(torch.uint8), v_want.view(torch.uint8)) and torch.equal(v_scale, vs_want)
+        torch.testing.assert_close(dequantize_kv(k_cache, k_scale, torch.float32),
+                                   dequantize_kv(k_want, ks_want, torch.float32), atol=1e-3, rtol=2**-3)
+        assert not counts.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["gqa", "gpt2-style", "sliding-window"])
+def test_fp8_cache_compiled_engine_matches_eager(arch):
+    """An FP8 cache in the compiled, captured engine with redline's kernels (batch 1's matrix-vector path and the
+    batched one) against the same cache in the plain eager engine: the same greedy tokens, and teacher-forced
+    log-probabilities within float rounding."""
+    model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    fast = InferenceEngine(model, dtype=torch.float32, kv_cache_dtype="fp8")
+    plain = InferenceEngine(model, dtype=torch.float32, compile=False, cuda_graphs=False, decode_attention="matmul",
+                            decode_linear="torch", kv_cache_dtype="fp8")
+    assert fast.describe()["decode_attention"] == "triton"
+    assert [r.tokens for r in fast.generate(PROMPTS, 72)] == [r.tokens for r in plain.generate(PROMPTS, 72)]
+    assert fast.generate(PROMPTS[:1], 40)[0].tokens == plain.generate(PROMPTS[:1], 40)[0].tokens
+    tokens = torch.randint(0, 100, (2, 100), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(fast.score(tokens, 30)[0], plain.score(tokens, 30)[0], atol=1e-4, rtol=1e-4)
 
 
 def gemv_reference(x, w, bias, residual, act, norm, norm_weight, norm_bias, eps):

@@ -241,7 +241,8 @@ def main(argv: list[str]) -> int:
 
     device_name = torch.cuda.get_device_name(device) if on_gpu else f"cpu ({torch.get_num_threads()} threads)"
     table = Table(title=f"bench-infer: {name}, {model.num_params() / 1e6:.1f}M parameters, {device_name}, "
-                        f"{str(compiled.dtype).removeprefix('torch.')}, {new_tokens} new tokens")
+                        f"{str(compiled.dtype).removeprefix('torch.')}, {new_tokens} new tokens"
+                        + (", FP8 KV cache (compiled method)" if compiled.kv_cache_dtype == "fp8" else ""))
     for col in ("method", "batch", "prompt", "TTFT ms", "decode tok/s/seq", "decode tok/s all",
                 "× naive", "× eager", "KV MiB", "peak MiB", "1st call s"):
         table.add_column(col, justify="left" if col == "method" else "right")

@@ -60,6 +60,8 @@ from redline.model import GPT, Block, rope_tables, sdpa_context
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
 DECODE_ATTENTION = ("auto", "matmul", "sdpa", "flex", "triton")
 DECODE_LINEAR = ("auto", "torch", "triton")
+KV_CACHE_DTYPES = ("auto", "fp8")
+FP8_MAX = 448.0  # the largest float8_e4m3fn
 
 
 def length_bucket(n: int, smallest: int = 16) -> int:
@@ -107,8 +109,24 @@ class Timings:
         return (self.steps - 1) / self.decode_s if self.decode_s > 0 and self.steps > 1 else float("nan")
 
 
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys or values (..., D) -> (float8_e4m3fn (..., D), fp32 scales (...)): one scale per vector, its absolute
+    maximum / 448 (at least the smallest normal fp32, so a zero vector stays zero), x / scale rounded to e4m3.
+    The Triton decode kernel quantises the step's new key and value exactly so."""
+    scale = (x.abs().amax(dim=-1).float() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return (x.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_kv(x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """quantize_kv's inverse, up to its rounding: (..., D) in dtype."""
+    return (x8.float() * scale[..., None]).to(dtype)
+
+
 class KVCache:
-    """Static per-layer key/value buffers of shape (B, KV, S, D): only the n_kv_head heads are stored."""
+    """Static per-layer key/value buffers of shape (B, KV, S, D): only the n_kv_head heads are stored.
+
+    dtype float8_e4m3fn: FP8 keys and values with one fp32 scale per (row, kv head, slot) in k_scale and v_scale
+    (B, KV, S) (quantize_kv); half the bytes of a bf16 cache, plus 4 bytes per head_dim elements."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
@@ -118,11 +136,27 @@ class KVCache:
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.scales = None  # per layer (k_scale, v_scale), FP8 only
+        if dtype == torch.float8_e4m3fn:
+            self.scales = [tuple(torch.zeros(shape[:-1], device=device) for _ in range(2)) for _ in range(n_layer)]
         self.batch, self.capacity = batch, capacity
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        scales = [t for pair in self.scales or () for t in pair]
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
+
+    def write(self, layer: int, rows: slice, k: torch.Tensor, v: torch.Tensor, quantize=quantize_kv) -> None:
+        """Store k, v (b, KV, T, D) in slots [0, T) of `rows` (quantised for an FP8 cache)."""
+        T = k.shape[2]
+        if self.scales is None:
+            self.k[layer][rows, :, :T].copy_(k)
+            self.v[layer][rows, :, :T].copy_(v)
+            return
+        for buf, scales, x in ((self.k[layer], self.scales[layer][0], k), (self.v[layer], self.scales[layer][1], v)):
+            x8, scale = quantize(x)
+            buf[rows, :, :T].copy_(x8)
+            scales[rows, :, :T].copy_(scale)
 
 
 @dataclass
@@ -190,17 +224,18 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
 
 
-def _triton_attend(attn, h, rope, k_cache, v_cache, slot, pad, counts, width: int) -> torch.Tensor:
+def _triton_attend(attn, h, rope, k_cache, v_cache, slot, pad, counts, width: int, scales=None) -> torch.Tensor:
     """redline's decode kernel for one layer: h (B, 1, C) -> (B, 1, H*D). The kernel takes the projections as
     they are and does QK-norm, RoPE, the cache write and the attention itself (inference/triton_decode.py)."""
     # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor copy
     # each part out); separate q, k, v layers are concatenated
     qkv = attn.qkv(h) if attn.cfg.fused_qkv else torch.cat(attn.project(h), dim=-1)
-    return _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, width)[:, None]
+    return _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, width, scales)[:, None]
 
 
-def _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, width: int) -> torch.Tensor:
-    """The decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D)."""
+def _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, width: int, scales=None) -> torch.Tensor:
+    """The decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D). scales: an
+    FP8 cache's (k_scale, v_scale), or None."""
     B = qkv.shape[0]
     cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
     norms, eps = (None, None), 0.0
@@ -208,7 +243,7 @@ def _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, widt
         norms = (attn.q_norm.weight, attn.k_norm.weight)
         eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(qkv.dtype).eps
     return torch.ops.redline.decode_attention(qkv.view(B, -1), k_cache, v_cache, pad, slot, counts, width,
-                                              attn.cfg.sliding_window, eps, *norms, cos, sin)
+                                              attn.cfg.sliding_window, eps, *norms, cos, sin, 0, *(scales or (None, None)))
 
 
 _MATVEC_ACT = {"gelu": "gelu_tanh", "relu2": "relu2", "swiglu": "swiglu"}
@@ -250,27 +285,35 @@ def _matvec_block(block: Block, x, attention) -> torch.Tensor:
 
 
 def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul", pad=None,
-                  counts=None, matvec: bool = False):
+                  counts=None, matvec: bool = False, scales=None):
     """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's whole cache buffer, then attends over
     its first W slots, W = mask.shape[-1] (pad: (B,) left padding, needed by impl "flex" and "triton"; counts:
-    the "triton" kernel's counter buffer; matvec: at batch 1, the block in redline's matrix-vector kernels).
+    the "triton" kernel's counter buffer; matvec: at batch 1, the block in redline's matrix-vector kernels;
+    scales: an FP8 cache's (k_scale, v_scale) buffers, or None).
 
     The write goes to the buffer itself, not to a view of it: Inductor then updates it in place, where a write
     into a view passed in is copied back whole (the full cache, twice per layer and step)."""
 
     if matvec and x.shape[0] == 1:
         return _matvec_block(block, x, lambda qkv: _triton_attention(block.attn, qkv, rope, k_cache, v_cache, slot,
-                                                                     pad, counts, mask.shape[-1]))
+                                                                     pad, counts, mask.shape[-1], scales))
 
     def attend(h):
         if impl == "triton":
-            return _triton_attend(block.attn, h, rope, k_cache, v_cache, slot, pad, counts, mask.shape[-1])
+            return _triton_attend(block.attn, h, rope, k_cache, v_cache, slot, pad, counts, mask.shape[-1], scales)
         q, k, v = block.attn.project_qkv(h, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
-        k_cache[:, :, slot] = k
-        v_cache[:, :, slot] = v
         W = mask.shape[-1]
-        return cached_attention(q, k_cache[:, :, :W], v_cache[:, :, :W], mask, impl,
-                                (pad, slot, block.attn.cfg.sliding_window))
+        if scales is None:
+            k_cache[:, :, slot] = k
+            v_cache[:, :, slot] = v
+            keys, values = k_cache[:, :, :W], v_cache[:, :, :W]
+        else:  # FP8: store the quantised vectors, attend to the whole width dequantised (what was stored)
+            (k8, k_scale), (v8, v_scale) = quantize_kv(k), quantize_kv(v)
+            k_cache[:, :, slot], scales[0][:, :, slot] = k8, k_scale
+            v_cache[:, :, slot], scales[1][:, :, slot] = v8, v_scale
+            keys = dequantize_kv(k_cache[:, :, :W], scales[0][:, :, :W], q.dtype)
+            values = dequantize_kv(v_cache[:, :, :W], scales[1][:, :, :W], q.dtype)
+        return cached_attention(q, keys, values, mask, impl, (pad, slot, block.attn.cfg.sliding_window))
 
     return _block_forward(block, x, attend)
 
@@ -365,19 +408,20 @@ def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool = False):
 
 
 def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, greedy: bool, fns=None,
-                   mark_dynamic=None, counts=None, matvec: bool = False):
+                   mark_dynamic=None, counts=None, matvec: bool = False, scales=None):
     """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> _decode_output's pair.
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. fns: the
     (inputs, block, output) functions, each compiled alone (None: the plain ones, inlined when this whole
     function is compiled); mark_dynamic marks the blocks' other inputs' batch and width dims dynamic; counts:
-    the "triton" kernel's counter buffer; matvec: batch 1's blocks and head in redline's matrix-vector kernels."""
+    the "triton" kernel's counter buffer; matvec: batch 1's blocks and head in redline's matrix-vector kernels;
+    scales: per layer, an FP8 cache's (k_scale, v_scale) (None: the cache is in the model's dtype)."""
     inputs_fn, block_fn, output_fn = fns or (_decode_inputs, _decode_block, _decode_output)
     x, rope, mask = inputs_fn(model, tokens, slot, pad, slots, impl)
     if mark_dynamic is not None:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
-    for block, k_cache, v_cache in zip(model.blocks, ks, vs):
-        x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad, counts, matvec)
+    for block, k_cache, v_cache, layer_scales in zip(model.blocks, ks, vs, scales or [None] * len(ks)):
+        x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad, counts, matvec, layer_scales)
     return output_fn(model, x, tokens, greedy, matvec)
 
 
@@ -448,13 +492,15 @@ class InferenceEngine:
     The model is put in eval mode and cast to `dtype` in place (the RoPE tables stay fp32). dtype None: bf16
     on a GPU that has it, fp32 elsewhere. compile / cuda_graphs None: on for CUDA, off on a CPU.
     decode_attention "auto": "triton" (our decode kernel) when compiling for a GPU where it can run, else
-    "matmul".
+    "matmul". kv_cache_dtype "auto": the cache in the model's dtype; "fp8": float8_e4m3fn with a scale per token
+    and kv head (quantize_kv), about half a bf16 cache's bytes, at a cost in accuracy (`redline eval
+    --kv-cache-dtypes auto fp8` measures it on a checkpoint).
     """
 
     def __init__(self, model: GPT, *, dtype: torch.dtype | None = None, compile: bool | None = None,
                  cuda_graphs: bool | None = None, decode_attention: str = "auto",
                  compile_scope: str = "block", kernel_tuning: bool = False, prefill_chunk_tokens: int = 32768,
-                 decode_linear: str = "auto"):
+                 decode_linear: str = "auto", kv_cache_dtype: str = "auto"):
         self.model = model
         self.cfg = model.cfg
         self.device = next(model.parameters()).device
@@ -469,6 +515,9 @@ class InferenceEngine:
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         if decode_attention not in DECODE_ATTENTION:
             raise UserError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise UserError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+        self.kv_cache_dtype = kv_cache_dtype
         if compile_scope not in ("block", "step"):
             raise UserError(f"compile_scope must be block or step, got {compile_scope!r}")
         if decode_attention == "flex" and self.compile and not on_cuda:
@@ -500,6 +549,7 @@ class InferenceEngine:
             # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
             # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
             self._prefill_fn = _compiled(_prefill_block)
+            self._quantize_fn = _compiled(quantize_kv)
             # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
             # computes one-row matrix products as Triton reductions, not cuBLAS (batch 1's Linear layers, where
             # decode_linear leaves them to PyTorch)
@@ -511,6 +561,7 @@ class InferenceEngine:
                 self._decode_fns, self._decode_all = None, decode(_decode_layers)
         else:
             self._prefill_fn, self._decode_fns, self._decode_all = _prefill_block, None, _decode_layers
+            self._quantize_fn = quantize_kv
         self._state: _DecodeState | None = None
         self.last = Timings()
 
@@ -546,16 +597,22 @@ class InferenceEngine:
                 "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
                 "kernel_tuning": self.kernel_tuning,
                 "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention,
-                "decode_linear": self.decode_linear}
+                "decode_linear": self.decode_linear, "kv_cache_dtype": self.kv_cache_dtype}
 
     @property
     def kv_cache_bytes(self) -> int:
         return self._state.cache.nbytes if self._state is not None else 0
 
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.dtype
+
     def kv_bytes_per_token(self) -> int:
-        """Cache bytes one token of one sequence takes: 2 · layers · n_kv_head · head_dim · itemsize."""
+        """Cache bytes one token of one sequence takes: 2 · layers · n_kv_head · (head_dim · itemsize, plus an
+        fp32 scale for FP8)."""
         c = self.cfg
-        return 2 * c.n_layer * c.kv_heads * c.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        per_head = c.head_dim * torch.empty((), dtype=self.cache_dtype).element_size()
+        return 2 * c.n_layer * c.kv_heads * (per_head + 4 * (self.kv_cache_dtype == "fp8"))
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -599,7 +656,7 @@ class InferenceEngine:
         self.release()  # free the old cache and graphs before allocating the new ones
         c, dev = self.cfg, self.device
         self._state = _DecodeState(
-            cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.dtype, dev),
+            cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.cache_dtype, dev),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(1, dtype=torch.long, device=dev),
             pad=torch.zeros(batch, dtype=torch.long, device=dev),
@@ -628,12 +685,13 @@ class InferenceEngine:
     def _decode_step(self, st: _DecodeState, width: int, greedy: bool):
         """(logits (B, vocab), next tokens or None) of the step that reads st.tokens and writes cache slot
         st.slot, attending over the first `width` slots; greedy: the argmax is taken and written to st.tokens."""
-        ks, vs = st.cache.k, st.cache.v
+        ks, vs, scales = st.cache.k, st.cache.v, st.cache.scales
         slots = st.slots[:width]
-        self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs])
+        self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs],
+                           *[(t, 0, 2) for pair in scales or () for t in pair])
         return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention, greedy,
                                 self._decode_fns, self._mark_dynamic if self._decode_fns else None, st.counts,
-                                self.decode_linear == "triton")
+                                self.decode_linear == "triton", scales)
 
     def _warm_step(self, st: _DecodeState, width: int, greedy: bool) -> None:
         """Run the step without advancing anything: it rewrites the current slot with the same values, and the
@@ -641,6 +699,11 @@ class InferenceEngine:
         tokens = st.tokens.clone()
         self._decode_step(st, width, greedy)
         st.tokens.copy_(tokens)
+
+    def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """quantize_kv of prefill's keys or values (b, KV, T, D), compiled when the engine compiles."""
+        self._mark_dynamic((x, 0, 2))
+        return self._quantize_fn(x)
 
     def _mark_dynamic(self, *specs) -> None:
         """Batch, length and width dims are dynamic for torch.compile: one compilation for all sizes (instead
@@ -705,10 +768,9 @@ class InferenceEngine:
             window = self.cfg.sliding_window
             mask = prefill_mask(T, pd, window) if padded or 0 < window < T else None
             self._mark_dynamic((x, 0, 1), *[(t, 0, 2) for t in rope or ()], *[(mask, 0, 2, 3)] * (mask is not None))
-            for block, k_cache, v_cache in zip(m.blocks, st.cache.k, st.cache.v):
+            for layer, block in enumerate(m.blocks):
                 x, k, v = self._prefill_fn(block, x, rope, mask)
-                k_cache[r0:r1, :, :T].copy_(k)
-                v_cache[r0:r1, :, :T].copy_(v)
+                st.cache.write(layer, slice(r0, r1), k, v, self._quantize)
             out.append(_head_logits(self.model, x[:, -1:]))
         return torch.cat(out) if len(out) > 1 else out[0]
 
@@ -819,6 +881,41 @@ class InferenceEngine:
                             setup_s=prefill_setup_s + decode_setup_s)
         # a row that was still running when the batch ended early keeps "length"
         return results
+
+
+    @torch.no_grad()
+    def score(self, tokens: torch.Tensor, prefill: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced decoding, to measure what the cache (an FP8 one, say) does to the model's predictions.
+
+        tokens (B, N): the first `prefill` tokens of each row go through the prefill, then each later token is fed
+        to a decode step in turn (the step generation runs: cache, kernels, graphs), and every prediction of the
+        next token is kept. -> (log-probabilities of tokens[:, prefill:] (B, N - prefill) fp32, the argmax
+        predictions at those positions (B, N - prefill)), both on the host."""
+        B, N = tokens.shape
+        if not 1 <= prefill < N:
+            raise UserError(f"score: prefill must be in [1, {N - 1}] for {N}-token rows, got {prefill}")
+        if N > self.cfg.context_len:
+            raise UserError(f"score: {N}-token rows exceed the model's context_len {self.cfg.context_len}")
+        capacity = length_bucket(N) if self.compile or self.cuda_graphs else N
+        st = self._state_for(B, capacity)
+        tokens = tokens.to(self.device)
+        st.pad.zero_()
+        logits = self._prefill(st, tokens[:, :prefill], st.pad, padded=False)
+        logps, picks = [], []
+
+        def keep(logits, target):
+            logps.append(torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None])[:, 0])
+            picks.append(logits.argmax(dim=-1))
+
+        keep(logits, tokens[:, prefill])
+        for i in range(prefill, N - 1):
+            st.tokens.copy_(tokens[:, i:i + 1])
+            st.slot.fill_(i)
+            width = self._width(st, i)
+            self._prepare_step(st, width, False)
+            logits, _ = self._step(st, width, False)
+            keep(logits, tokens[:, i + 1])
+        return torch.stack(logps, 1).cpu(), torch.stack(picks, 1).cpu()
 
 
 # ----------------------------------------------------------------------------------------------------

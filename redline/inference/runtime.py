@@ -47,6 +47,12 @@ class RuntimeOptions:
     Inductor's reductions under --kernel-tuning on) or triton (redline's matrix-vector kernel: each product with
     the norm before it and the bias, activation and residual add after it in one kernel, five kernels per block
     with the attention kernel; CUDA only, with decode-attention triton, pre-norm fused-qkv models)."""
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    """What the KV cache stores (auto: the model's dtype): fp8 stores keys and values as float8_e4m3fn with an fp32
+    scale per token and kv head, about half a bf16 cache's bytes: more sequences fit, and decoding that is bound
+    by reading the cache (large batches, long contexts) gets faster, at a cost in accuracy that `redline eval
+    --kv-cache-dtypes auto fp8` measures on your checkpoint. Works on every device and decode-attention path
+    (the Triton kernel reads it as it is; the others dequantise the attended width)."""
     compile_scope: Literal["block", "step"] = "block"
     """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
     layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
@@ -83,7 +89,7 @@ class RuntimeOptions:
         return InferenceEngine(model, dtype=DTYPES.get(self.dtype), compile=flag[self.compile],
                                cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention,
                                compile_scope=self.compile_scope, kernel_tuning=self.kernel_tuning == "on",
-                               decode_linear=self.decode_linear)
+                               decode_linear=self.decode_linear, kv_cache_dtype=self.kv_cache_dtype)
 
 
 def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: RuntimeOptions):

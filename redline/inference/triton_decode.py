@@ -25,6 +25,12 @@ Two layouts:
   the last one to finish rescales the spans to a common max, normalises and writes the output, and puts the
   counter back to zero. No second kernel is launched.
 
+An FP8 cache (float8_e4m3fn, with an fp32 scale per (row, kv head, slot): the vector's absolute maximum / 448)
+is read as it is, a quarter of bf16's bytes per element plus the scales: the tile is converted to the compute
+dtype in registers, q·k is scaled by each slot's key scale, and the probabilities by each slot's value scale
+before the product with V. The new key and value are quantised in the kernel exactly as quantize_kv does it, and
+the step attends to what it stored (so it and every later step see the same cache).
+
 Registered as `torch.ops.redline.decode_attention` through torch.library.triton_op, so torch.compile places
 the kernel inside its generated code and CUDA graphs capture it like any other kernel.
 """
@@ -41,6 +47,8 @@ from torch.library import triton_op, wrap_triton
 SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
+WHOLE_WARPS, WHOLE_STAGES = 4, 3  # its warps per program and pipeline stages (Triton's defaults)
+FP8_MAX = 448.0  # the largest float8_e4m3fn
 
 
 def counters_needed(n_kv_head: int) -> int:
@@ -114,6 +122,31 @@ def _rescale(m, m_new):
 
 
 @triton.jit
+def _quantize(x, S, store, QUANT: tl.constexpr):
+    """x (1, D) -> what the cache holds for it, as x's dtype, and its scale (1,) (1.0 for a cache of x's dtype),
+    storing the scale at S when QUANT and `store`. float8: scale = max|x| / 448 (at least the smallest normal fp32), x / scale
+    rounded to e4m3; division rounded to nearest, as torch divides (quantize_kv)."""
+    if QUANT:
+        xf = x.to(tl.float32)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(xf), 1), FP8_MAX), 1.1754943508222875e-38)
+        x = tl.math.div_rn(xf, scale[:, None]).to(tl.float8e4nv).to(x.dtype)
+        if store:
+            tl.store(S + tl.zeros([1], tl.int32), scale)
+    else:
+        scale = tl.full([1], 1.0, tl.float32)
+    return x, scale
+
+
+@triton.jit
+def _with_new(c, scale, here, new, new_scale, QUANT: tl.constexpr):
+    """A loaded cache tile c (BLOCK, D) as the new value's dtype with the slot's old value replaced by `new` where
+    `here` (BLOCK,) (the slot this step writes), and its scales (BLOCK,) likewise (QUANT only)."""
+    if QUANT:
+        scale = tl.where(here, new_scale, scale)
+    return tl.where(here[:, None], new, c.to(new.dtype)), scale
+
+
+@triton.jit
 def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr):
     """Merge the spans' partial results of (row b, kv head kv) and write its G heads' output: one pass with an
     online rescaling, unrolled so that several spans' loads are in flight at once (each is a round trip to L2,
@@ -143,11 +176,11 @@ def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD:
 
 
 @triton.jit
-def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, Lp, Out,
-                  s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
+def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp, Lp, Out,
+                  s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, n_splits, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                  NORM: tl.constexpr, ROPE: tl.constexpr):
+                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
@@ -155,25 +188,37 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, Lp, Ou
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)[None, :]
     n = split * SPLIT + tl.arange(0, SPLIT)
+    scales = b * ss_b + kv * ss_h
     # the span's loads depend on nothing loaded: they go out first, beside the loads of the new token
     inside = (n < width)[:, None]
     k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
     v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
+    k_scale, v_scale = None, None
+    if QUANT:
+        k_scale = tl.load(KS + scales + n, mask=n < width, other=0.0)
+        v_scale = tl.load(VS + scales + n, mask=n < width, other=0.0)
     lo, slot = _attended_range(Pad, Slot, b, window)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
-    if (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT):  # this span holds the slot: write the cache
+    mine = (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT)  # this span holds the slot: it writes the cache
+    k_new, k_new_scale = _quantize(k_new, KS + scales + slot, mine, QUANT)
+    v_new, v_new_scale = _quantize(v_new, VS + scales + slot, mine, QUANT)
+    if mine:
         tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
         tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
-    here = (n == slot)[:, None]  # what was loaded there is the old value: use the new one
-    k = tl.where(here, k_new.to(k.dtype), k)
-    v = tl.where(here, v_new.to(v.dtype), v)
+    here = n == slot  # what was loaded there is the old value: use the new one
+    k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale, QUANT)
+    v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale, QUANT)
     valid = (n >= lo) & (n <= slot)
 
     s = _dot(q, tl.trans(k))
+    if QUANT:
+        s = s * k_scale[None, :]
     s = tl.where(valid[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
     m = tl.max(s, 1)
     p = tl.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # a span with no slot to attend: p = 0
     l = tl.sum(p, 1)
+    if QUANT:
+        p = p * v_scale[None, :]
     acc = _dot(p, v)
 
     part = (bk * n_splits + split) * G + g  # (B·KV, splits, G) layout; padding rows are not written
@@ -189,18 +234,21 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Counts, Op, Mp, Lp, Ou
 
 
 @triton.jit
-def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
-                  s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b,
+def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
+                  s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                  NORM: tl.constexpr, ROPE: tl.constexpr):
+                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr):
     bk = tl.program_id(0)
     b = bk // n_kv
     kv = bk % n_kv
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)[None, :]
+    scales = b * ss_b + kv * ss_h
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     lo, slot = _attended_range(Pad, Slot, b, window)
+    k_new, k_new_scale = _quantize(k_new, KS + scales + slot, True, QUANT)
+    v_new, v_new_scale = _quantize(v_new, VS + scales + slot, True, QUANT)
     tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
     tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
     m = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -209,38 +257,48 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, Pad, Slot, Out,
     for n0 in range(0, width, BLOCK):  # online softmax over the width, tile by tile (Triton pipelines the loads)
         n = n0 + tl.arange(0, BLOCK)
         inside = (n < width)[:, None]
-        here = (n == slot)[:, None]  # the slot's old value may be loaded: use the new one
         k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
         v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
-        k = tl.where(here, k_new.to(k.dtype), k)
-        v = tl.where(here, v_new.to(v.dtype), v)
+        k_scale, v_scale = None, None
+        if QUANT:
+            k_scale = tl.load(KS + scales + n, mask=n < width, other=0.0)
+            v_scale = tl.load(VS + scales + n, mask=n < width, other=0.0)
+        here = n == slot  # the slot's old value may be loaded: use the new one
+        k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale, QUANT)
+        v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale, QUANT)
         s = _dot(q, tl.trans(k))
+        if QUANT:
+            s = s * k_scale[None, :]
         s = tl.where(((n >= lo) & (n <= slot))[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe, alpha = _rescale(m, m_new)
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, 1)
+        if QUANT:
+            p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + _dot(p, v)
         m = m_new
     out = acc / l[:, None]
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
 
 
-@triton_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts"})
+@triton_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts", "k_scale", "v_scale"})
 def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: torch.Tensor,
                      slot: torch.Tensor, counts: torch.Tensor,
                      width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
                      k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                     sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
+                     sin: torch.Tensor | None = None, split: int = 0, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of attention for a layer, from the projections to the attention output.
 
     qkv (B, (H + 2·KV)·D): this step's projections as the fused qkv layer writes them, the H query heads, then
     the KV keys, then the KV values (the row stride is free, the rest contiguous); q_norm, k_norm (D,): the
     QK-norm weights (None: no QK-norm; eps its epsilon); cos, sin (B, D/2) fp32: each row's RoPE angles at its
-    position (None: no RoPE). k_cache, v_cache (B, KV, S, D): the layer's whole cache buffers; the new key and
-    value are written into slot `slot` ((1,) int64 on the device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first `width` (window 0: no
-    sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an explicit split above
-    that); the split kernel counts in it and leaves it zero.
+    position (None: no RoPE). k_cache, v_cache (B, KV, S, D): the layer's whole cache buffers, in qkv's dtype or
+    float8_e4m3fn with k_scale, v_scale (B, KV, S) fp32, contiguous; the new key and value are written into slot
+    `slot` ((1,) int64 on the device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first
+    `width` (window 0: no sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an
+    explicit split above that); the split kernel counts in it and leaves it zero.
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
     split kernel for a batch of one (or any batch of fewer than WHOLE_FROM_PROGRAMS row · kv head pairs outside
     torch.compile), else the whole-width kernel.
@@ -249,20 +307,25 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     H = qkv.shape[1] // D - 2 * KV
     G = H // KV
     G_PAD = max(16, triton.next_power_of_2(G))
+    quant = k_scale is not None
+    if quant != (k_cache.dtype == torch.float8_e4m3fn) or quant != (v_scale is not None):
+        raise ValueError("decode_attention: a float8_e4m3fn cache comes with k_scale and v_scale, and only it")
     if qkv.stride(1) != 1:
         qkv = qkv.contiguous()
     out = torch.empty((B, H * D), dtype=qkv.dtype, device=qkv.device)
     norm, rope = q_norm is not None, cos is not None
     tables = (q_norm if norm else qkv, k_norm if norm else qkv, cos if rope else qkv, sin if rope else qkv)
-    inputs = (qkv, *tables, k_cache, v_cache, pad, slot)
+    inputs = (qkv, *tables, k_cache, v_cache, k_scale if quant else qkv, v_scale if quant else qkv, pad, slot)
     strides = (qkv.stride(0), cos.stride(0) if rope else 0, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0))
+               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+               k_scale.stride(0) if quant else 0, k_scale.stride(1) if quant else 0, out.stride(0))
     qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
     if split < 0 or (not split and not (isinstance(B, int) and B * KV < WHOLE_FROM_PROGRAMS)):
         # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
         wrap_triton(_whole_kernel)[(B * KV,)](
             *inputs, out, *strides, KV, width, window, qk_scale, eps,
-            G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope,
+            G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant,
+            num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES,
         )
         return out
     split = split or SPLIT_SLOTS
@@ -274,7 +337,7 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     sums = torch.empty_like(maxes)
     wrap_triton(_split_kernel)[(B * KV, n_splits)](
         *inputs, counts, parts, maxes, sums, out, *strides, KV, n_splits, width, window, qk_scale, eps,
-        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope,
+        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, QUANT=quant,
     )
     return out
 
