@@ -237,7 +237,21 @@ def test_eval_and_sample_commands(dataset, tmp_path, capsys):
     assert exc.value.code == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     record = json.loads(last)
-    assert record["bpb"] > 0 and record["perplexity"] > 1
+    assert record["bpb"] > 0 and record["perplexity"] > 1 and "kv_cache" not in record
+    # the same split scored token by token through the KV-cache engine, with the model's-dtype cache and an FP8 one
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["eval", "--checkpoint", str(result.run_dir), "--batches", "1", "--batch-size", "2",
+                  "--kv-cache-dtypes", "auto", "fp8", "--kv-batches", "1", "--decode-from", "5"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    auto, fp8 = json.loads(out.strip().splitlines()[-1])["kv_cache"]
+    assert auto["kv_cache_dtype"] == "auto" and auto["tokens"] == fp8["tokens"] == 2 * (32 - 5)  # seq_len 32
+    # the cached path of the model's own dtype (fp32 here) is the full forward, up to float rounding
+    assert abs(auto["loss_increase"]) < 1e-4 and auto["top1_agreement"] == 1.0
+    assert abs(fp8["loss_full_forward"] - auto["loss_full_forward"]) < 1e-9
+    assert fp8["loss"] != auto["loss"] and abs(fp8["loss_increase"]) < 0.05 and fp8["top1_agreement"] > 0.9
+    assert fp8["kv_bytes_per_token"] < auto["kv_bytes_per_token"] / 3  # fp8 against fp32, plus the scales
+    assert "same next token as the full forward" in out
     with pytest.raises(SystemExit) as exc:
         cli.main(["sample", "--checkpoint", str(result.run_dir), "--prompt", "the", "--num-samples", "2",
                   "--max-new-tokens", "8"])

@@ -1,4 +1,9 @@
-"""`redline eval`: loss, perplexity and bits per byte of a checkpoint on a data set's validation split."""
+"""`redline eval`: loss, perplexity and bits per byte of a checkpoint on a data set's validation split.
+
+With --kv-cache-dtypes it also scores sequences of the split through the inference engine, token by token, as
+generation runs them (prefill, then one cached decode step per token, compiled and captured on a GPU), once per
+KV-cache dtype: what an FP8 cache costs in loss and in next-token agreement, measured against the full forward
+pass of the same weights on the same tokens."""
 
 from __future__ import annotations
 
@@ -25,6 +30,49 @@ class EvalConfig:
     """Sequence length (0: the training run's)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to evaluate."""
+    kv_cache_dtypes: tuple[Literal["auto", "fp8"], ...] = ()
+    """Also score sequences through the KV-cache engine with each of these caches (auto: the model's dtype; fp8:
+    float8_e4m3fn with a scale per token and kv head), e.g. `--kv-cache-dtypes auto fp8`."""
+    kv_batches: int = 2
+    """Micro-batches scored through the cache (every token is a decode step: slower than the plain evaluation)."""
+    decode_from: int = 0
+    """Tokens of each sequence prefilled before the token-by-token decoding (0: half the sequence)."""
+
+
+def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
+    """Score each sequence of `batches` ((x, y) pairs) through the inference engine once per KV-cache dtype, and
+    through the plain forward pass of the same weights (the engine's dtype, which it casts the model to).
+
+    -> a row per dtype: mean loss of the decoded positions (the tokens after the first decode_from) with that
+    cache and with the full forward, their difference, and how often the cache's argmax next token equals the
+    full forward's."""
+    from redline.inference.engine import InferenceEngine
+
+    rows = [x.cpu() for x, _ in batches]  # (B, T) tokens: T may be the whole context
+    results, reference = [], None
+    for dtype in dtypes:
+        engine = InferenceEngine(model, kv_cache_dtype=dtype)  # casts the model to the engine's dtype in place
+        if reference is None:  # the full forward pass, in the dtype every engine computes in
+            with torch.no_grad():
+                reference = []
+                for tokens in rows:
+                    logits = model(tokens[:, :-1].to(engine.device))[:, decode_from - 1:].float()
+                    targets = tokens[:, decode_from:].to(engine.device)
+                    reference.append((torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0].cpu(),
+                                      logits.argmax(-1).cpu()))
+        losses, ref_losses, agree, count = 0.0, 0.0, 0, 0
+        for tokens, (ref_logp, ref_pick) in zip(rows, reference):
+            logp, pick = engine.score(tokens, decode_from)
+            losses -= logp.double().sum().item()
+            ref_losses -= ref_logp.double().sum().item()
+            agree += (pick == ref_pick).sum().item()
+            count += logp.numel()
+        engine.release()
+        results.append({"kv_cache_dtype": dtype, "engine_dtype": str(engine.dtype).removeprefix("torch."),
+                        "loss": losses / count, "loss_full_forward": ref_losses / count,
+                        "loss_increase": (losses - ref_losses) / count, "top1_agreement": agree / count,
+                        "tokens": count, "kv_bytes_per_token": engine.kv_bytes_per_token()})
+    return results
 
 
 def main(argv: list[str]) -> int:
@@ -40,6 +88,8 @@ def main(argv: list[str]) -> int:
     from pathlib import Path
 
     cfg = parse(EvalConfig, argv, prog="redline eval", description=__doc__.strip())
+    if cfg.kv_batches < 1 or cfg.decode_from < 0:
+        raise UserError("--kv-batches must be >= 1 and --decode-from >= 0")
     device = resolve_device(cfg.device)
     model, tokenizer, train_cfg = load_for_inference(cfg.checkpoint, device)
     if cfg.data is not None:
@@ -59,5 +109,18 @@ def main(argv: list[str]) -> int:
                       autocast_dtype(device, "auto"), device)
     Console().print(f"{cfg.checkpoint} on {data_dir} ({cfg.split}, {result['eval_tokens']:,} tokens): "
                     f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | bits/byte {result['bpb']:.4f}")
-    print(json.dumps({"checkpoint": cfg.checkpoint, "data": str(data_dir), "split": cfg.split, **result}))
+    kv_rows = []
+    if cfg.kv_cache_dtypes:  # after the plain evaluation: the engine casts the model to its dtype
+        decode_from = cfg.decode_from or seq_len // 2
+        if not 1 <= decode_from < seq_len:
+            raise UserError(f"--decode-from must be in [1, {seq_len - 1}] for seq_len {seq_len}, got {decode_from}")
+        kv_rows = kv_cache_quality(model, loader.eval_batches(cfg.kv_batches), cfg.kv_cache_dtypes, decode_from)
+        console = Console()
+        for r in kv_rows:
+            console.print(f"KV cache {r['kv_cache_dtype']:<4} ({r['engine_dtype']} engine, {r['kv_bytes_per_token']:,} "
+                          f"bytes/token): loss {r['loss']:.4f} over {r['tokens']:,} decoded tokens (full forward "
+                          f"{r['loss_full_forward']:.4f}, {r['loss_increase']:+.4f}) | same next token as the full "
+                          f"forward {100 * r['top1_agreement']:.2f}%")
+    print(json.dumps({"checkpoint": cfg.checkpoint, "data": str(data_dir), "split": cfg.split, **result,
+                      **({"kv_cache": kv_rows} if kv_rows else {})}))
     return 0
