@@ -4,9 +4,10 @@
 #     scripts/gpu/bench_infer.sh                    # files under $OUT (default: a new temporary folder)
 #     BUDGET=400 scripts/gpu/bench_infer.sh         # seconds for all steps (default 300)
 #     AB=0 scripts/gpu/bench_infer.sh               # skip the A/B steps (saves ~4 minutes)
+#     FP8=0 scripts/gpu/bench_infer.sh              # skip the FP8 KV-cache steps
 #     ONLY_AB=1 scripts/gpu/bench_infer.sh          # only the A/B steps
-#     VARIANTS="matmul:block flex:step:on triton:block:off:torch" PRESETS="modern-124m" PROFILE=1 scripts/gpu/bench_infer.sh
-#         # instead of the steps below: each decode-attention:compile-scope[:kernel-tuning[:decode-linear]] variant
+#     VARIANTS="matmul:block flex:step:on triton:block:off:torch:fp8" PRESETS="modern-124m" PROFILE=1 scripts/gpu/bench_infer.sh
+#         # instead of the steps below: each decode-attention:compile-scope[:kernel-tuning[:decode-linear[:kv-cache-dtype]]] variant
 #         # at batch 1 and 64 (BATCHES), compiled only, with a kernel profile of the decode step (PROFILE=1; traces
 #         # under $OUT)
 #
@@ -14,6 +15,7 @@
 #   modern-124m and gpt2-124m   batch 1 and 64, 512-token prompts, 256 new tokens: naive loop (batch 1 only),
 #                               eager KV cache, compiled KV cache (bf16, torch.compile'd blocks, CUDA graphs)
 #   modern-1.5b and gpt2-1.5b   batch 1, same lengths: eager and compiled (the naive loop is left out here)
+#   FP8 KV cache                the 124m presets at batch 1 and 64, compiled, with --kv-cache-dtype fp8
 #   A/B                         batch 1 with the Linear layers left to PyTorch (--decode-linear torch: cuBLAS),
 #                               for all four presets, and for the 124m ones also under --kernel-tuning on
 #                               (Inductor's reductions; batch 64 too)
@@ -56,19 +58,22 @@ STEPS=(
     "--preset modern-1.5b --batch-sizes 1 --methods eager compiled"
     "--preset gpt2-1.5b --batch-sizes 1 --methods eager compiled"
 )
+FP8_STEPS=("--preset modern-124m --batch-sizes 1 64 --methods compiled --kv-cache-dtype fp8"
+           "--preset gpt2-124m --batch-sizes 1 64 --methods compiled --kv-cache-dtype fp8")
+[ "${FP8:-1}" = "1" ] && STEPS+=("${FP8_STEPS[@]}")
 [ "$AB" = "1" ] && STEPS+=("--preset modern-124m --batch-sizes 1 --methods compiled --decode-linear torch"
                           "--preset gpt2-124m --batch-sizes 1 --methods compiled --decode-linear torch"
                           "--preset modern-124m --batch-sizes 1 64 --methods compiled --kernel-tuning on --decode-linear torch"
                           "--preset gpt2-124m --batch-sizes 1 64 --methods compiled --kernel-tuning on --decode-linear torch"
                           "--preset modern-1.5b --batch-sizes 1 --methods compiled --decode-linear torch"
                           "--preset gpt2-1.5b --batch-sizes 1 --methods compiled --decode-linear torch")
-[ -n "${ONLY_AB:-}" ] && STEPS=("${STEPS[@]:4}")
+[ -n "${ONLY_AB:-}" ] && STEPS=("${STEPS[@]:$(( 4 + ${#FP8_STEPS[@]} * (${FP8:-1} == 1) ))}")
 if [ -n "${VARIANTS:-}" ]; then
     STEPS=()
     for preset in ${PRESETS:-modern-124m gpt2-124m}; do
         for variant in $VARIANTS; do
-            IFS=: read -r attn scope tune linear <<< "$variant"
-            step="--preset $preset --batch-sizes ${BATCHES:-1 64} --methods compiled --decode-attention $attn --compile-scope $scope --kernel-tuning ${tune:-off} --decode-linear ${linear:-auto}"
+            IFS=: read -r attn scope tune linear kv <<< "$variant"
+            step="--preset $preset --batch-sizes ${BATCHES:-1 64} --methods compiled --decode-attention $attn --compile-scope $scope --kernel-tuning ${tune:-off} --decode-linear ${linear:-auto} --kv-cache-dtype ${kv:-auto}"
             [ "${PROFILE:-0}" = "1" ] && step+=" --profile $OUT/traces/$preset-${variant//:/-}.json.gz"
             STEPS+=("$step")
         done
@@ -110,7 +115,8 @@ steps, checks = [], []
 for line in lines:
     eng = line["engine"]
     attn = "/".join([eng.get("decode_attention", "matmul"), eng.get("compile_scope") or "block"]
-                    + ["tuned"] * bool(eng.get("kernel_tuning")) + ["gemv"] * (eng.get("decode_linear") == "triton"))
+                    + ["tuned"] * bool(eng.get("kernel_tuning")) + ["gemv"] * (eng.get("decode_linear") == "triton")
+                    + ["fp8kv"] * (eng.get("kv_cache_dtype") == "fp8"))
     for r in line["results"]:
         if r.get("status") != "ok":
             steps.append({"preset": line["preset"], "attention": attn, "method": r["method"], "batch": r["batch"],
@@ -142,13 +148,15 @@ for c in checks:
           f"{c.get('attention', '-'):<12}  {c['met']}")
 compile_s = {f"{l['preset']}/{l['engine'].get('decode_attention', 'matmul')}/{l['engine'].get('compile_scope')}"
              f"{'/tuned' * bool(l['engine'].get('kernel_tuning'))}"
-             f"{'/gemv' * (l['engine'].get('decode_linear') == 'triton')}": round(l["compile_s"], 1) for l in lines}
+             f"{'/gemv' * (l['engine'].get('decode_linear') == 'triton')}"
+             f"{'/fp8kv' * (l['engine'].get('kv_cache_dtype') == 'fp8')}": round(l["compile_s"], 1) for l in lines}
 for l in lines:
     for p in l.get("profiles", []):
         steps.append({"preset": l["preset"], "profile": True, "batch": p["batch"],
                       "attention": l["engine"].get("decode_attention") + "/" + str(l["engine"].get("compile_scope"))
                       + "/tuned" * bool(l["engine"].get("kernel_tuning"))
-                      + "/gemv" * (l["engine"].get("decode_linear") == "triton"),
+                      + "/gemv" * (l["engine"].get("decode_linear") == "triton")
+                      + "/fp8kv" * (l["engine"].get("kv_cache_dtype") == "fp8"),
                       "kernel_ms_per_token": round(p["total_ms_per_step"], 4),
                       "kernels_per_token": round(p["kernels_per_step"], 1),
                       "groups_ms": {g: round(v, 4) for g, v in p["groups_ms_per_step"].items()}})
