@@ -672,9 +672,9 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
         want, k_want, v_want, ks_want, vs_want = decode_attention_reference(
             q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5, *weights, *tables, scales=(k_scale, v_scale))
         counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
-        got = torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, torch.tensor([slot], device="cuda"),
-                                                 counts, width, window, 1e-5, *weights, *tables, split, k_scale,
-                                                 v_scale)
+        got = torch.ops.redline.decode_attention_fp8(qkv, k_cache, v_cache, k_scale, v_scale, pad,
+                                                     torch.tensor([slot], device="cuda"), counts, width, window, 1e-5,
+                                                     *weights, *tables, split)
         tol = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
         assert torch.equal(v_cache.view(torch.uint8), v_want.view(torch.uint8)) and torch.equal(v_scale, vs_want)

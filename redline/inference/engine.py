@@ -242,8 +242,11 @@ def _triton_attention(attn, qkv, rope, k_cache, v_cache, slot, pad, counts, widt
     if attn.cfg.qk_norm:
         norms = (attn.q_norm.weight, attn.k_norm.weight)
         eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(qkv.dtype).eps
+    if scales is not None:
+        return torch.ops.redline.decode_attention_fp8(qkv.view(B, -1), k_cache, v_cache, *scales, pad, slot, counts,
+                                                      width, attn.cfg.sliding_window, eps, *norms, cos, sin)
     return torch.ops.redline.decode_attention(qkv.view(B, -1), k_cache, v_cache, pad, slot, counts, width,
-                                              attn.cfg.sliding_window, eps, *norms, cos, sin, 0, *(scales or (None, None)))
+                                              attn.cfg.sliding_window, eps, *norms, cos, sin)
 
 
 _MATVEC_ACT = {"gelu": "gelu_tanh", "relu2": "relu2", "swiglu": "swiglu"}

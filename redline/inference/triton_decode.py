@@ -31,7 +31,7 @@ dtype in registers, q·k is scaled by each slot's key scale, and the probabiliti
 before the product with V. The new key and value are quantised in the kernel exactly as quantize_kv does it, and
 the step attends to what it stored (so it and every later step see the same cache).
 
-Registered as `torch.ops.redline.decode_attention` through torch.library.triton_op, so torch.compile places
+Registered as `torch.ops.redline.decode_attention` (and `decode_attention_fp8`) through torch.library.triton_op, so torch.compile places
 the kernel inside its generated code and CUDA graphs capture it like any other kernel.
 """
 
@@ -282,34 +282,54 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
 
 
-@triton_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts", "k_scale", "v_scale"})
+@triton_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts"})
 def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: torch.Tensor,
                      slot: torch.Tensor, counts: torch.Tensor,
                      width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
                      k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                     sin: torch.Tensor | None = None, split: int = 0, k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
     """One decode step of attention for a layer, from the projections to the attention output.
 
     qkv (B, (H + 2·KV)·D): this step's projections as the fused qkv layer writes them, the H query heads, then
     the KV keys, then the KV values (the row stride is free, the rest contiguous); q_norm, k_norm (D,): the
     QK-norm weights (None: no QK-norm; eps its epsilon); cos, sin (B, D/2) fp32: each row's RoPE angles at its
-    position (None: no RoPE). k_cache, v_cache (B, KV, S, D): the layer's whole cache buffers, in qkv's dtype or
-    float8_e4m3fn with k_scale, v_scale (B, KV, S) fp32, contiguous; the new key and value are written into slot
-    `slot` ((1,) int64 on the device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first
-    `width` (window 0: no sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an
+    position (None: no RoPE). k_cache, v_cache (B, KV, S, D): the layer's whole cache buffers, in qkv's dtype (an
+    FP8 cache: decode_attention_fp8); the new key and value are written into slot `slot` ((1,) int64 on the
+    device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first `width` (window 0: no
+    sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an
     explicit split above that); the split kernel counts in it and leaves it zero.
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
     split kernel for a batch of one (or any batch of fewer than WHOLE_FROM_PROGRAMS row · kv head pairs outside
     torch.compile), else the whole-width kernel.
     -> (B, H·D) in qkv's dtype. Query head h uses kv head h // (H/KV)."""
+    return _attend(qkv, k_cache, v_cache, None, None, pad, slot, counts, width, window, eps, q_norm, k_norm, cos, sin,
+                   split)
+
+
+# An op of its own, not optional scales on the one above: torch.library mishandles a mutated argument that is None.
+@triton_op("redline::decode_attention_fp8", mutates_args={"k_cache", "v_cache", "k_scale", "v_scale", "counts"})
+def decode_attention_fp8(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                         v_scale: torch.Tensor, pad: torch.Tensor, slot: torch.Tensor, counts: torch.Tensor,
+                         width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
+                         k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
+                         sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
+    """decode_attention for an FP8 cache: k_cache, v_cache (B, KV, S, D) float8_e4m3fn with their scales k_scale,
+    v_scale (B, KV, S) fp32, slots contiguous (engine.quantize_kv); the new key and value are quantised and stored
+    with their scales."""
+    return _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width, window, eps, q_norm, k_norm,
+                   cos, sin, split)
+
+
+def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: int, window: int, eps: float,
+            q_norm, k_norm, cos, sin, split: int) -> torch.Tensor:
+    """The two ops' launch (k_scale None: a cache in qkv's dtype)."""
     B, KV, _, D = k_cache.shape
     H = qkv.shape[1] // D - 2 * KV
     G = H // KV
     G_PAD = max(16, triton.next_power_of_2(G))
     quant = k_scale is not None
-    if quant != (k_cache.dtype == torch.float8_e4m3fn) or quant != (v_scale is not None):
-        raise ValueError("decode_attention: a float8_e4m3fn cache comes with k_scale and v_scale, and only it")
+    if quant != (k_cache.dtype == torch.float8_e4m3fn):
+        raise ValueError("decode_attention: a float8_e4m3fn cache goes to decode_attention_fp8, with its scales")
     if qkv.stride(1) != 1:
         qkv = qkv.contiguous()
     out = torch.empty((B, H * D), dtype=qkv.dtype, device=qkv.device)

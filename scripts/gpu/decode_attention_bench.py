@@ -89,8 +89,11 @@ def main() -> None:
             ref = compiled().float()
 
             def op(split):
+                if scales is not None:
+                    return torch.ops.redline.decode_attention_fp8(qkv, k_cache, v_cache, *scales, pad, slot_t, counts,
+                                                                  W, 0, 1e-5, *norms, *tables, split)
                 return torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, slot_t, counts, W, 0, 1e-5,
-                                                          *norms, *tables, split, *(scales or (None, None)))
+                                                          *norms, *tables, split)
 
             for split in SPLITS:
                 row[f"triton_{SPLITS[split]}_maxerr"] = (op(split).float() - ref).abs().max().item()
