@@ -48,7 +48,7 @@ SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
 WHOLE_WARPS, WHOLE_STAGES = 4, 3  # its warps per program and pipeline stages (Triton's defaults)
-FP8_MAX = 448.0  # the largest float8_e4m3fn
+FP8_MAX = tl.constexpr(448.0)  # the largest float8_e4m3fn
 
 
 def counters_needed(n_kv_head: int) -> int:
@@ -128,8 +128,9 @@ def _quantize(x, S, store, QUANT: tl.constexpr):
     rounded to e4m3; division rounded to nearest, as torch divides (quantize_kv)."""
     if QUANT:
         xf = x.to(tl.float32)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(xf), 1), FP8_MAX), 1.1754943508222875e-38)
-        x = tl.math.div_rn(xf, scale[:, None]).to(tl.float8e4nv).to(x.dtype)
+        amax = tl.max(tl.abs(xf), 1)
+        scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1.1754943508222875e-38)
+        x = tl.math.div_rn(xf, tl.broadcast_to(scale[:, None], xf.shape)).to(tl.float8e4nv).to(x.dtype)
         if store:
             tl.store(S + tl.zeros([1], tl.int32), scale)
     else:
@@ -138,12 +139,22 @@ def _quantize(x, S, store, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _with_new(c, scale, here, new, new_scale, QUANT: tl.constexpr):
-    """A loaded cache tile c (BLOCK, D) as the new value's dtype with the slot's old value replaced by `new` where
-    `here` (BLOCK,) (the slot this step writes), and its scales (BLOCK,) likewise (QUANT only)."""
+def _scales(KS, VS, at, inside, N: tl.constexpr, QUANT: tl.constexpr):
+    """An FP8 cache's key and value scales (N,) at offsets `at` (ones for a cache in the compute dtype)."""
     if QUANT:
-        scale = tl.where(here, new_scale, scale)
-    return tl.where(here[:, None], new, c.to(new.dtype)), scale
+        k_scale = tl.load(KS + at, mask=inside, other=0.0)
+        v_scale = tl.load(VS + at, mask=inside, other=0.0)
+    else:
+        k_scale = tl.full([N], 1.0, tl.float32)
+        v_scale = tl.full([N], 1.0, tl.float32)
+    return k_scale, v_scale
+
+
+@triton.jit
+def _with_new(c, scale, here, new, new_scale):
+    """A loaded cache tile c (BLOCK, D) as the new value's dtype with the slot's old value replaced by `new` where
+    `here` (BLOCK,) (the slot this step writes), and its scales (BLOCK,) likewise."""
+    return tl.where(here[:, None], new, c.to(new.dtype)), tl.where(here, new_scale, scale)
 
 
 @triton.jit
@@ -193,10 +204,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
     inside = (n < width)[:, None]
     k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
     v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
-    k_scale, v_scale = None, None
-    if QUANT:
-        k_scale = tl.load(KS + scales + n, mask=n < width, other=0.0)
-        v_scale = tl.load(VS + scales + n, mask=n < width, other=0.0)
+    k_scale, v_scale = _scales(KS, VS, scales + n, n < width, SPLIT, QUANT)
     lo, slot = _attended_range(Pad, Slot, b, window)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     mine = (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT)  # this span holds the slot: it writes the cache
@@ -206,8 +214,8 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
         tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
         tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
     here = n == slot  # what was loaded there is the old value: use the new one
-    k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale, QUANT)
-    v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale, QUANT)
+    k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale)
+    v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale)
     valid = (n >= lo) & (n <= slot)
 
     s = _dot(q, tl.trans(k))
@@ -259,13 +267,10 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
         inside = (n < width)[:, None]
         k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
         v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
-        k_scale, v_scale = None, None
-        if QUANT:
-            k_scale = tl.load(KS + scales + n, mask=n < width, other=0.0)
-            v_scale = tl.load(VS + scales + n, mask=n < width, other=0.0)
+        k_scale, v_scale = _scales(KS, VS, scales + n, n < width, BLOCK, QUANT)
         here = n == slot  # the slot's old value may be loaded: use the new one
-        k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale, QUANT)
-        v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale, QUANT)
+        k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale)
+        v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale)
         s = _dot(q, tl.trans(k))
         if QUANT:
             s = s * k_scale[None, :]
