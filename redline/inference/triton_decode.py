@@ -48,6 +48,7 @@ SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
 WHOLE_WARPS, WHOLE_STAGES = 4, 3  # its warps per program and pipeline stages (Triton's defaults)
+MMA_FROM_GROUP = 2  # query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows)
 FP8_MAX = tl.constexpr(448.0)  # the largest float8_e4m3fn
 
 
@@ -74,6 +75,28 @@ def _dot(a, b):
         out = tl.dot(a.to(tl.float32), b, input_precision="ieee")
     else:
         out = tl.dot(a.to(b.dtype), b)
+    return out
+
+
+@triton.jit
+def _scores(q, k, MMA: tl.constexpr):
+    """q (G_PAD, D) · k (BLOCK, D)ᵀ -> (G_PAD, BLOCK) fp32: on tensor cores (MMA: G_PAD >= 16, padding rows
+    included), or for one or a few query rows as products and sums in registers (no padding, no staging of k for
+    the tensor cores: what a head of its own, as in GPT-2, is quicker with)."""
+    if MMA:
+        out = _dot(q, tl.trans(k))
+    else:
+        out = tl.sum(q.to(k.dtype).to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+    return out
+
+
+@triton.jit
+def _weighted(p, v, MMA: tl.constexpr):
+    """p (G_PAD, BLOCK) fp32 · v (BLOCK, D) -> (G_PAD, D) fp32, p rounded to v's dtype (as FlashAttention does)."""
+    if MMA:
+        out = _dot(p, v)
+    else:
+        out = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
     return out
 
 
@@ -191,7 +214,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
                   s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, n_splits, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr):
+                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
@@ -218,7 +241,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
     v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale)
     valid = (n >= lo) & (n <= slot)
 
-    s = _dot(q, tl.trans(k))
+    s = _scores(q, k, MMA)
     if QUANT:
         s = s * k_scale[None, :]
     s = tl.where(valid[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
@@ -227,7 +250,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
     l = tl.sum(p, 1)
     if QUANT:
         p = p * v_scale[None, :]
-    acc = _dot(p, v)
+    acc = _weighted(p, v, MMA)
 
     part = (bk * n_splits + split) * G + g  # (B·KV, splits, G) layout; padding rows are not written
     tl.store(Mp + part, m, mask=g < G)
@@ -246,7 +269,7 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
                   s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr):
+                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr):
     bk = tl.program_id(0)
     b = bk // n_kv
     kv = bk % n_kv
@@ -271,7 +294,7 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
         here = n == slot  # the slot's old value may be loaded: use the new one
         k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale)
         v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale)
-        s = _dot(q, tl.trans(k))
+        s = _scores(q, k, MMA)
         if QUANT:
             s = s * k_scale[None, :]
         s = tl.where(((n >= lo) & (n <= slot))[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
@@ -281,7 +304,7 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
         l = l * alpha + tl.sum(p, 1)
         if QUANT:
             p = p * v_scale[None, :]
-        acc = acc * alpha[:, None] + _dot(p, v)
+        acc = acc * alpha[:, None] + _weighted(p, v, MMA)
         m = m_new
     out = acc / l[:, None]
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
@@ -331,7 +354,8 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
     B, KV, _, D = k_cache.shape
     H = qkv.shape[1] // D - 2 * KV
     G = H // KV
-    G_PAD = max(16, triton.next_power_of_2(G))
+    mma = G >= MMA_FROM_GROUP
+    G_PAD = max(16, triton.next_power_of_2(G)) if mma else triton.next_power_of_2(G)
     quant = k_scale is not None
     if quant != (k_cache.dtype == torch.float8_e4m3fn):
         raise ValueError("decode_attention: a float8_e4m3fn cache goes to decode_attention_fp8, with its scales")
@@ -349,7 +373,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
         # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
         wrap_triton(_whole_kernel)[(B * KV,)](
             *inputs, out, *strides, KV, width, window, qk_scale, eps,
-            G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant,
+            G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
             num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES,
         )
         return out
@@ -362,7 +386,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
     sums = torch.empty_like(maxes)
     wrap_triton(_split_kernel)[(B * KV, n_splits)](
         *inputs, counts, parts, maxes, sums, out, *strides, KV, n_splits, width, window, qk_scale, eps,
-        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, QUANT=quant,
+        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
     )
     return out
 
