@@ -33,8 +33,7 @@ How it works
   does not grow with depth). "step" compiles the whole decode step as one graph. kernel_tuning turns on
   Inductor's coordinate-descent tuning (with decode_linear torch, batch 1's matrix-vector products then become
   tuned Triton reductions; Linear layers with a bias are made to add it after the product, or they would stay
-  cuBLAS calls); kernel_tuning "max" also lets Inductor's max-autotune choose each matrix product's kernel (cuBLAS
-  or a Triton template, with the bias, activation or residual add fused after it) by timing them.
+  cuBLAS calls).
   On a CPU the same code runs eagerly, attending over exactly the filled slots.
 - Greedy decoding takes the argmax inside the step (and its graph) and feeds it back as the next input; other
   sampling runs on the device after each step. The host synchronises only every `sync_every` steps (every
@@ -112,9 +111,10 @@ class Timings:
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys or values (..., D) -> (float8_e4m3fn (..., D), fp32 scales (...)): one scale per vector, its absolute
-    maximum / 448 (at least the smallest normal fp32, so a zero vector stays zero), x / scale rounded to e4m3.
-    The Triton decode kernel quantises the step's new key and value exactly so."""
-    scale = (x.abs().amax(dim=-1).float() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    maximum times fp32(1/448) (at least the smallest normal fp32, so a zero vector stays zero), x / scale rounded
+    to e4m3. The Triton decode kernel quantises the step's new key and value exactly so (a product by a constant
+    rounds the same everywhere; torch divides a CUDA tensor by a number as a product by its reciprocal)."""
+    scale = (x.abs().amax(dim=-1).float() * (1.0 / FP8_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
     return (x.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
 
 
@@ -503,7 +503,7 @@ class InferenceEngine:
 
     def __init__(self, model: GPT, *, dtype: torch.dtype | None = None, compile: bool | None = None,
                  cuda_graphs: bool | None = None, decode_attention: str = "auto",
-                 compile_scope: str = "block", kernel_tuning: bool | str = False, prefill_chunk_tokens: int = 32768,
+                 compile_scope: str = "block", kernel_tuning: bool = False, prefill_chunk_tokens: int = 32768,
                  decode_linear: str = "auto", kv_cache_dtype: str = "auto"):
         self.model = model
         self.cfg = model.cfg
@@ -540,10 +540,7 @@ class InferenceEngine:
         self.decode_attention = decode_attention
         self.decode_linear = self._resolve_decode_linear(decode_linear, dtype)
         self.compile_scope = compile_scope
-        if kernel_tuning not in (False, True, "off", "on", "max"):
-            raise UserError(f"kernel_tuning must be off, on or max, got {kernel_tuning!r}")
-        self.kernel_tuning = kernel_tuning in (True, "on", "max") and self.compile
-        self.max_autotune = kernel_tuning == "max" and self.compile
+        self.kernel_tuning = kernel_tuning and self.compile
         self.prefill_chunk_tokens = prefill_chunk_tokens
         model.eval()
         model.to(dtype)
@@ -560,10 +557,7 @@ class InferenceEngine:
             # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
             # computes one-row matrix products as Triton reductions, not cuBLAS (batch 1's Linear layers, where
             # decode_linear leaves them to PyTorch)
-            options = {"coordinate_descent_tuning": self.kernel_tuning}
-            if self.max_autotune:  # and each matrix product's kernel chosen by timing cuBLAS against Triton templates
-                options |= {"max_autotune": True}
-            decode = partial(_compiled, options=options)
+            decode = partial(_compiled, options={"coordinate_descent_tuning": self.kernel_tuning})
             if compile_scope == "block":  # the embedding and mask, each block, and the head (+ argmax) apart
                 self._decode_fns = (decode(_decode_inputs), decode(_decode_block), decode(_decode_output))
                 self._decode_all = _decode_layers
@@ -605,7 +599,7 @@ class InferenceEngine:
     def describe(self) -> dict:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "compile": self.compile, "compile_scope": self.compile_scope if self.compile else None,
-                "kernel_tuning": self.kernel_tuning, "max_autotune": self.max_autotune,
+                "kernel_tuning": self.kernel_tuning,
                 "cuda_graphs": self.cuda_graphs, "decode_attention": self.decode_attention,
                 "decode_linear": self.decode_linear, "kv_cache_dtype": self.kv_cache_dtype}
 

@@ -57,13 +57,11 @@ class RuntimeOptions:
     """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
     layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
     fusion across blocks and fewer kernels per token, at a compile time that grows with depth)."""
-    kernel_tuning: Literal["on", "off", "max"] = "off"
+    kernel_tuning: Literal["on", "off"] = "off"
     """Let Inductor tune the decode step's generated kernels by coordinate descent (longer compilation); with it
     and --decode-linear torch, batch 1's matrix-vector products become tuned Triton reductions instead of cuBLAS
     calls (on an H100, batch 1: modern-124m 2,406 -> 3,008 tokens/s, gpt2-124m 2,163 -> 2,884; redline's own
-    kernel, the default, 3,483 and 3,081 in the same call). max: also Inductor's max-autotune for the matrix
-    products (each one's kernel picked by timing cuBLAS against Triton templates with the epilogue fused; the
-    batched step's products; much longer compilation). GPU only."""
+    kernel, the default, 3,483 and 3,081 in the same call). GPU only."""
 
     def resolve_device(self) -> torch.device:
         from redline.hardware import resolve_device
@@ -90,7 +88,7 @@ class RuntimeOptions:
         flag = {"auto": None, "on": True, "off": False}
         return InferenceEngine(model, dtype=DTYPES.get(self.dtype), compile=flag[self.compile],
                                cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention,
-                               compile_scope=self.compile_scope, kernel_tuning=self.kernel_tuning,
+                               compile_scope=self.compile_scope, kernel_tuning=self.kernel_tuning == "on",
                                decode_linear=self.decode_linear, kv_cache_dtype=self.kv_cache_dtype)
 
 

@@ -48,8 +48,9 @@ SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
 WHOLE_WARPS, WHOLE_STAGES = 4, 3  # its warps per program and pipeline stages (Triton's defaults)
-MMA_FROM_GROUP = 2  # query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows)
-FP8_MAX = tl.constexpr(448.0)  # the largest float8_e4m3fn
+MMA_FROM_GROUP = 1  # query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows);
+# below it (only 1 can be: G_PAD 1) they are products and sums in registers
+INV_FP8_MAX = tl.constexpr(1.0 / 448.0)  # 1 / the largest float8_e4m3fn, rounded to fp32 where used
 
 
 def counters_needed(n_kv_head: int) -> int:
@@ -81,12 +82,12 @@ def _dot(a, b):
 @triton.jit
 def _scores(q, k, MMA: tl.constexpr):
     """q (G_PAD, D) · k (BLOCK, D)ᵀ -> (G_PAD, BLOCK) fp32: on tensor cores (MMA: G_PAD >= 16, padding rows
-    included), or for one or a few query rows as products and sums in registers (no padding, no staging of k for
-    the tensor cores: what a head of its own, as in GPT-2, is quicker with)."""
+    included), or for a single query row (G_PAD 1) as products and a sum over D in registers."""
     if MMA:
         out = _dot(q, tl.trans(k))
     else:
-        out = tl.sum(q.to(k.dtype).to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+        q_row = tl.reshape(q, [q.shape[1]]).to(k.dtype).to(tl.float32)
+        out = tl.sum(k.to(tl.float32) * q_row[None, :], 1)[None, :]
     return out
 
 
@@ -96,7 +97,8 @@ def _weighted(p, v, MMA: tl.constexpr):
     if MMA:
         out = _dot(p, v)
     else:
-        out = tl.sum(p.to(v.dtype).to(tl.float32)[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+        p_row = tl.reshape(p, [p.shape[1]]).to(v.dtype).to(tl.float32)
+        out = tl.sum(p_row[:, None] * v.to(tl.float32), 0)[None, :]
     return out
 
 
@@ -147,12 +149,12 @@ def _rescale(m, m_new):
 @triton.jit
 def _quantize(x, S, store, QUANT: tl.constexpr):
     """x (1, D) -> what the cache holds for it, as x's dtype, and its scale (1,) (1.0 for a cache of x's dtype),
-    storing the scale at S when QUANT and `store`. float8: scale = max|x| / 448 (at least the smallest normal fp32), x / scale
-    rounded to e4m3; division rounded to nearest, as torch divides (quantize_kv)."""
+    storing the scale at S when QUANT and `store`. float8: scale = max|x| · fp32(1/448) (at least the smallest
+    normal fp32), x / scale rounded to e4m3; the division rounded to nearest, as torch divides (quantize_kv)."""
     if QUANT:
         xf = x.to(tl.float32)
         amax = tl.max(tl.abs(xf), 1)
-        scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1.1754943508222875e-38)
+        scale = tl.maximum(amax * INV_FP8_MAX, 1.1754943508222875e-38)
         x = tl.math.div_rn(xf, tl.broadcast_to(scale[:, None], xf.shape)).to(tl.float8e4nv).to(x.dtype)
         if store:
             tl.store(S + tl.zeros([1], tl.int32), scale)

@@ -115,7 +115,7 @@ steps, checks = [], []
 for line in lines:
     eng = line["engine"]
     attn = "/".join([eng.get("decode_attention", "matmul"), eng.get("compile_scope") or "block"]
-                    + ["tuned"] * bool(eng.get("kernel_tuning")) + ["max"] * bool(eng.get("max_autotune")) + ["gemv"] * (eng.get("decode_linear") == "triton")
+                    + ["tuned"] * bool(eng.get("kernel_tuning")) + ["gemv"] * (eng.get("decode_linear") == "triton")
                     + ["fp8kv"] * (eng.get("kv_cache_dtype") == "fp8"))
     for r in line["results"]:
         if r.get("status") != "ok":
@@ -147,14 +147,14 @@ for c in checks:
     print(f"{c['preset']:<12} {c['batch']:>5} {c['metric']:<22} {c['target']:>10} {measured:>10}  "
           f"{c.get('attention', '-'):<12}  {c['met']}")
 compile_s = {f"{l['preset']}/{l['engine'].get('decode_attention', 'matmul')}/{l['engine'].get('compile_scope')}"
-             f"{'/tuned' * bool(l['engine'].get('kernel_tuning'))}{'/max' * bool(l['engine'].get('max_autotune'))}"
+             f"{'/tuned' * bool(l['engine'].get('kernel_tuning'))}"
              f"{'/gemv' * (l['engine'].get('decode_linear') == 'triton')}"
              f"{'/fp8kv' * (l['engine'].get('kv_cache_dtype') == 'fp8')}": round(l["compile_s"], 1) for l in lines}
 for l in lines:
     for p in l.get("profiles", []):
         steps.append({"preset": l["preset"], "profile": True, "batch": p["batch"],
                       "attention": l["engine"].get("decode_attention") + "/" + str(l["engine"].get("compile_scope"))
-                      + "/tuned" * bool(l["engine"].get("kernel_tuning")) + "/max" * bool(l["engine"].get("max_autotune"))
+                      + "/tuned" * bool(l["engine"].get("kernel_tuning"))
                       + "/gemv" * (l["engine"].get("decode_linear") == "triton")
                       + "/fp8kv" * (l["engine"].get("kv_cache_dtype") == "fp8"),
                       "kernel_ms_per_token": round(p["total_ms_per_step"], 4),

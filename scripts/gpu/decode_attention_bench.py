@@ -29,7 +29,7 @@ SHAPES = {  # name: (batch, heads, kv heads, head_dim, QK-norm and RoPE)
 }
 # the op's split argument: 0 its own choice, -1 the whole-width kernel, else the split kernel's span
 SPLITS = {0: "auto", -1: "whole", 64: "split64", 128: "split128", 256: "split256"}
-SWEEP = [(block, warps, stages) for block in (64, 128) for warps in (2, 4, 8) for stages in (2, 3)]
+SWEEP = [(block, warps, stages) for block in (64, 128, 256) for warps in (2, 4, 8) for stages in (2, 3, 4)]
 
 
 def pytorch_step(q, k, v, k_cache, v_cache, mask, slot: int, W: int, q_norm, k_norm, cos, sin, scales=None):
@@ -98,12 +98,12 @@ def main() -> None:
             for split in SPLITS:
                 row[f"triton_{SPLITS[split]}_maxerr"] = (op(split).float() - ref).abs().max().item()
                 row[f"triton_{SPLITS[split]}_us"] = graph_time_us([lambda split=split: op(split)] * 20, args.repeats)
-            if H == KV:  # one query head per kv head: the same kernels with q·Kᵀ and p·V on tensor cores
-                default, td.MMA_FROM_GROUP = td.MMA_FROM_GROUP, 1  # (read at each launch)
+            if H == KV:  # one query head per kv head: the same kernels with q·Kᵀ and p·V in registers
+                default, td.MMA_FROM_GROUP = td.MMA_FROM_GROUP, 2  # (read at each launch)
                 for split in (-1, 0):
-                    row[f"triton_{SPLITS[split]}_mma_maxerr"] = (op(split).float() - ref).abs().max().item()
-                    row[f"triton_{SPLITS[split]}_mma_us"] = graph_time_us([lambda split=split: op(split)] * 20,
-                                                                          args.repeats)
+                    row[f"triton_{SPLITS[split]}_regs_maxerr"] = (op(split).float() - ref).abs().max().item()
+                    row[f"triton_{SPLITS[split]}_regs_us"] = graph_time_us([lambda split=split: op(split)] * 20,
+                                                                           args.repeats)
                 td.MMA_FROM_GROUP = default
             if args.sweep and B * KV >= td.WHOLE_FROM_PROGRAMS:
                 defaults = td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES
