@@ -652,7 +652,8 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
 def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
     """An FP8 cache: both kernels against the dequantised reference; the new value is stored byte for byte as
     quantize_kv stores it, with its scale (the key too within one e4m3 step: the kernel's QK-norm and RoPE may
-    round one bf16 ulp apart from the model's), and nothing else in the cache changes."""
+    round one ulp apart from the model's, which RoPE's differences can make an absolute error of one ulp of the
+    vector's largest elements), and nothing else in the cache changes."""
     import redline.inference.triton_decode as td
     from redline.inference.engine import dequantize_kv, quantize_kv
 
@@ -679,7 +680,7 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
         assert torch.equal(v_cache.view(torch.uint8), v_want.view(torch.uint8)) and torch.equal(v_scale, vs_want)
         torch.testing.assert_close(dequantize_kv(k_cache, k_scale, torch.float32),
-                                   dequantize_kv(k_want, ks_want, torch.float32), atol=1e-3, rtol=2**-3)
+                                   dequantize_kv(k_want, ks_want, torch.float32), atol=tol, rtol=2**-3)
         assert not counts.any()
 
 

@@ -6,6 +6,7 @@ scale per token and kv head).
 
     python scripts/gpu/decode_attention_bench.py [--width 768] [--repeats 20] [--shapes "gpt2-124m b64"]
         [--sweep]   # also the whole-width kernel at every (slots per step, warps, stages) of a small grid
+        [--configs 128:4:2 64:4:3]   # or at these (slots per step:warps:stages) only
 
 Each variant runs 20 times inside one CUDA graph; the graph is replayed `repeats` times and the median per call
 is printed in µs, with the cache bytes read per µs (GB/s). One JSON line last.
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--configs", nargs="*", default=[])
     args = ap.parse_args()
     W = args.width
     slot = W - 1
@@ -105,9 +107,10 @@ def main() -> None:
                     row[f"triton_{SPLITS[split]}_regs_us"] = graph_time_us([lambda split=split: op(split)] * 20,
                                                                            args.repeats)
                 td.MMA_FROM_GROUP = default
-            if args.sweep and B * KV >= td.WHOLE_FROM_PROGRAMS:
+            configs = SWEEP if args.sweep else [tuple(map(int, c.split(":"))) for c in args.configs]
+            if configs and B * KV >= td.WHOLE_FROM_PROGRAMS:
                 defaults = td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES
-                for block, warps, stages in SWEEP:
+                for block, warps, stages in configs:
                     td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES = block, warps, stages  # read at each launch
                     try:
                         row[f"whole_b{block}_w{warps}_s{stages}_us"] = graph_time_us([lambda: op(-1)] * 20, args.repeats)
@@ -117,7 +120,8 @@ def main() -> None:
             best = min((v, k) for k, v in row.items() if k.endswith("_us") and k != "pytorch_us")
             row["best"], row["best_us"] = best[1], best[0]
             rows.append(row)
-            variants = [(s, row[f"triton_{s}_us"]) for s in SPLITS.values()]
+            variants = [(k.removeprefix("triton_").removesuffix("_us"), v) for k, v in row.items()
+                        if k.endswith("_us") and k != "pytorch_us"]
             print(f"{name:<16} {cache:<5} pytorch {row['pytorch_us']:7.2f} µs   "
                   + "   ".join(f"{s} {us:7.2f}" for s, us in variants)
                   + f"   best {best[1]} {best[0]:.2f} µs ({cache_bytes / best[0] / 1e3:,.0f} GB/s)", flush=True)
