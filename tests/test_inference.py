@@ -5,6 +5,7 @@ streaming text, and the generate / chat / bench-infer commands with their bad-in
 import io
 import json
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -576,10 +577,11 @@ def test_kernel_tuning_with_biases_matches_full_forward():
 
 
 def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width: int, window: int, eps: float,
-                               q_norm=None, k_norm=None, cos=None, sin=None, scales=None):
+                               q_norm=None, k_norm=None, cos=None, sin=None, scales=None, key_stored=None):
     """What torch.ops.redline.decode_attention computes, from the model's own pieces: QK-norm, RoPE, the cache
     write, then the masked-softmax attention in fp64. scales: an FP8 cache's (k_scale, v_scale), the new key and
-    value stored with quantize_kv and the cache dequantised. -> (out (B, H*D) fp64, k_cache, v_cache new copies
+    value stored with quantize_kv and the cache dequantised; key_stored: the (key, scale) at the slot to attend
+    with instead of its own (the kernel's, whose QK-norm and RoPE may round apart, then to another e4m3 step). -> (out (B, H*D) fp64, k_cache, v_cache new copies
     (and the scales' new copies for FP8))."""
     from redline.inference.engine import cached_attention, dequantize_kv, quantize_kv
     from redline.model import apply_rope
@@ -600,7 +602,10 @@ def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width:
         scales = [t.clone() for t in scales]
         (k_cache[:, :, slot], scales[0][:, :, slot]), (v_cache[:, :, slot], scales[1][:, :, slot]) = (
             quantize_kv(k[:, :, 0]), quantize_kv(v[:, :, 0]))
-        keys = dequantize_kv(k_cache[:, :, :width], scales[0][:, :, :width], torch.float64)
+        attended, attended_scales = k_cache.clone(), scales[0].clone()
+        if key_stored is not None:
+            attended[:, :, slot], attended_scales[:, :, slot] = key_stored
+        keys = dequantize_kv(attended[:, :, :width], attended_scales[:, :, :width], torch.float64)
         values = dequantize_kv(v_cache[:, :, :width], scales[1][:, :, :width], torch.float64)
     slots = torch.arange(width, device=q.device)
     mask = (slots >= pad[:, None]) & (slots <= slot)
@@ -670,12 +675,14 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
         weights = [(torch.rand(D, generator=gen) + 0.5).cuda().to(dtype) for _ in range(2)] if norm else [None] * 2
         angles = torch.rand(B, D // 2, generator=gen).cuda() * 6
         tables = [angles.cos(), angles.sin()] if norm else [None] * 2
-        want, k_want, v_want, ks_want, vs_want = decode_attention_reference(
-            q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5, *weights, *tables, scales=(k_scale, v_scale))
+        reference = partial(decode_attention_reference, q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5,
+                            *weights, *tables, scales=(k_scale, v_scale))
+        _, k_want, v_want, ks_want, vs_want = reference()
         counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
         got = torch.ops.redline.decode_attention_fp8(qkv, k_cache, v_cache, k_scale, v_scale, pad,
                                                      torch.tensor([slot], device="cuda"), counts, width, window, 1e-5,
                                                      *weights, *tables, split)
+        want = reference(key_stored=(k_cache[:, :, slot], k_scale[:, :, slot]))[0]  # attending with the kernel's key
         tol = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
         assert torch.equal(v_cache.view(torch.uint8), v_want.view(torch.uint8)) and torch.equal(v_scale, vs_want)

@@ -46,10 +46,14 @@ from torch.library import triton_op, wrap_triton
 
 SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
-WHOLE_BLOCK = 64  # cache slots per step of the whole-width kernel's loop
-WHOLE_WARPS, WHOLE_STAGES = 4, 3  # its warps per program and pipeline stages (Triton's defaults)
-MMA_FROM_GROUP = 1  # query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows);
-# below it (only 1 can be: G_PAD 1) they are products and sums in registers
+# The whole-width kernel's tile: cache slots per step of its loop, warps per program, pipeline stages (for one
+# query head per kv head, and for groups), from scripts/gpu/decode_attention_bench.py --configs on an H100 (batch
+# 64 at width 768: GPT-2's 63.1 -> 57.4 µs per layer in bf16 against 64, 4, 3; modern-124m's 18.2 -> 16.5).
+WHOLE_BLOCK, WHOLE_WARPS, WHOLE_STAGES, WHOLE_STAGES_GROUPED = 128, 4, 2, 3
+# Query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows); below it (only 1 can
+# be: a head of its own, GPT-2's) as products and sums in registers, which the split kernel is quicker with (an
+# H100, GPT-2 at batch 1: 5.9 -> 5.3 µs per layer) and the whole-width one is not (63 -> 71 µs at batch 64).
+SPLIT_MMA_FROM_GROUP, WHOLE_MMA_FROM_GROUP = 2, 1
 INV_FP8_MAX = tl.constexpr(1.0 / 448.0)  # 1 / the largest float8_e4m3fn, rounded to fp32 where used
 
 
@@ -356,7 +360,8 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
     B, KV, _, D = k_cache.shape
     H = qkv.shape[1] // D - 2 * KV
     G = H // KV
-    mma = G >= MMA_FROM_GROUP
+    whole = split < 0 or (not split and not (isinstance(B, int) and B * KV < WHOLE_FROM_PROGRAMS))
+    mma = G >= (WHOLE_MMA_FROM_GROUP if whole else SPLIT_MMA_FROM_GROUP)
     G_PAD = max(16, triton.next_power_of_2(G)) if mma else triton.next_power_of_2(G)
     quant = k_scale is not None
     if quant != (k_cache.dtype == torch.float8_e4m3fn):
@@ -371,12 +376,11 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                k_scale.stride(0) if quant else 0, k_scale.stride(1) if quant else 0, out.stride(0))
     qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
-    if split < 0 or (not split and not (isinstance(B, int) and B * KV < WHOLE_FROM_PROGRAMS)):
-        # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
+    if whole:  # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
         wrap_triton(_whole_kernel)[(B * KV,)](
             *inputs, out, *strides, KV, width, window, qk_scale, eps,
             G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
-            num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES,
+            num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES if G == 1 else WHOLE_STAGES_GROUPED,
         )
         return out
     split = split or SPLIT_SLOTS

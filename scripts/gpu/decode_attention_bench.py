@@ -100,23 +100,25 @@ def main() -> None:
             for split in SPLITS:
                 row[f"triton_{SPLITS[split]}_maxerr"] = (op(split).float() - ref).abs().max().item()
                 row[f"triton_{SPLITS[split]}_us"] = graph_time_us([lambda split=split: op(split)] * 20, args.repeats)
-            if H == KV:  # one query head per kv head: the same kernels with q·Kᵀ and p·V in registers
-                default, td.MMA_FROM_GROUP = td.MMA_FROM_GROUP, 2  # (read at each launch)
-                for split in (-1, 0):
-                    row[f"triton_{SPLITS[split]}_regs_maxerr"] = (op(split).float() - ref).abs().max().item()
-                    row[f"triton_{SPLITS[split]}_regs_us"] = graph_time_us([lambda split=split: op(split)] * 20,
-                                                                           args.repeats)
-                td.MMA_FROM_GROUP = default
+            if H == KV:  # one query head per kv head: q·Kᵀ and p·V in registers, and on tensor cores
+                defaults = td.SPLIT_MMA_FROM_GROUP, td.WHOLE_MMA_FROM_GROUP  # (read at each launch)
+                for way, group in (("regs", 2), ("mma", 1)):
+                    td.SPLIT_MMA_FROM_GROUP = td.WHOLE_MMA_FROM_GROUP = group
+                    for split in (-1, 0):
+                        row[f"triton_{SPLITS[split]}_{way}_maxerr"] = (op(split).float() - ref).abs().max().item()
+                        row[f"triton_{SPLITS[split]}_{way}_us"] = graph_time_us([lambda split=split: op(split)] * 20,
+                                                                                args.repeats)
+                td.SPLIT_MMA_FROM_GROUP, td.WHOLE_MMA_FROM_GROUP = defaults
             configs = SWEEP if args.sweep else [tuple(map(int, c.split(":"))) for c in args.configs]
             if configs and B * KV >= td.WHOLE_FROM_PROGRAMS:
-                defaults = td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES
-                for block, warps, stages in configs:
-                    td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES = block, warps, stages  # read at each launch
+                defaults = td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_GROUPED
+                for block, warps, stages in configs:  # (read at each launch)
+                    td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_GROUPED = block, warps, stages, stages
                     try:
                         row[f"whole_b{block}_w{warps}_s{stages}_us"] = graph_time_us([lambda: op(-1)] * 20, args.repeats)
                     except Exception as e:  # a tile that does not fit (shared memory): say so, go on
                         row[f"whole_b{block}_w{warps}_s{stages}_error"] = str(e).splitlines()[0][:200]
-                td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES = defaults
+                td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_GROUPED = defaults
             best = min((v, k) for k, v in row.items() if k.endswith("_us") and k != "pytorch_us")
             row["best"], row["best_us"] = best[1], best[0]
             rows.append(row)
