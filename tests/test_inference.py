@@ -668,7 +668,7 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
                                        (300, 299, 0, -1)]:
         qkv = torch.randn(B, (H + 2 * KV) * D + 8, generator=gen).cuda().to(dtype)[:, 8:]
         q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
-        (k_cache, k_scale), (v_cache, v_scale) = (quantize_kv(torch.randn(B, KV, S, D, generator=gen).cuda() * 3)
+        (k_cache, k_scale), (v_cache, v_scale) = (quantize_kv(torch.randn(B, KV, S, D, generator=gen).cuda())
                                                   for _ in range(2))
         pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
         pad[0] = 0
