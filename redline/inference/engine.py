@@ -147,15 +147,16 @@ class KVCache:
         scales = [t for pair in self.scales or () for t in pair]
         return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
 
-    def write(self, layer: int, rows: slice, k: torch.Tensor, v: torch.Tensor, quantize=quantize_kv) -> None:
-        """Store k, v (b, KV, T, D) in slots [0, T) of `rows` (quantised for an FP8 cache)."""
-        T = k.shape[2]
+    def write(self, layer: int, rows: slice, k, v) -> None:
+        """Store k, v (b, KV, T, D) in slots [0, T) of `rows`; for an FP8 cache k and v are quantize_kv's pairs."""
         if self.scales is None:
+            T = k.shape[2]
             self.k[layer][rows, :, :T].copy_(k)
             self.v[layer][rows, :, :T].copy_(v)
             return
-        for buf, scales, x in ((self.k[layer], self.scales[layer][0], k), (self.v[layer], self.scales[layer][1], v)):
-            x8, scale = quantize(x)
+        for buf, scales, (x8, scale) in ((self.k[layer], self.scales[layer][0], k),
+                                         (self.v[layer], self.scales[layer][1], v)):
+            T = x8.shape[2]
             buf[rows, :, :T].copy_(x8)
             scales[rows, :, :T].copy_(scale)
 
@@ -442,8 +443,9 @@ def _prefill_attention(attn, q, k, v, mask):
     return y.transpose(1, 2).reshape(B, T, H * D)
 
 
-def _prefill_block(block: Block, x, rope, mask):
-    """x: (B, T, C) -> (x, k, v) with k, v (B, KV, T, D) for the cache."""
+def _prefill_block(block: Block, x, rope, mask, quantize: bool = False):
+    """x: (B, T, C) -> (x, k, v) with k, v (B, KV, T, D) for the cache (quantize: quantize_kv's pairs instead, for
+    an FP8 cache, in the same compiled function)."""
     kv = []
 
     def attend(h):
@@ -452,7 +454,8 @@ def _prefill_block(block: Block, x, rope, mask):
         return _prefill_attention(block.attn, q, k, v, mask)
 
     x = _block_forward(block, x, attend)
-    return x, kv[0][0], kv[0][1]
+    k, v = kv[0]
+    return (x, quantize_kv(k), quantize_kv(v)) if quantize else (x, k, v)
 
 
 def prefill_mask(T: int, pad: torch.Tensor, window: int) -> torch.Tensor:
@@ -553,7 +556,6 @@ class InferenceEngine:
             # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
             # compilation serves every size (dynamo specialises size-1 dims: batch 1 compiles apart)
             self._prefill_fn = _compiled(_prefill_block)
-            self._quantize_fn = _compiled(quantize_kv)
             # kernel tuning: Inductor tunes its generated kernels by coordinate descent, and (its own rule) then
             # computes one-row matrix products as Triton reductions, not cuBLAS (batch 1's Linear layers, where
             # decode_linear leaves them to PyTorch)
@@ -565,7 +567,6 @@ class InferenceEngine:
                 self._decode_fns, self._decode_all = None, decode(_decode_layers)
         else:
             self._prefill_fn, self._decode_fns, self._decode_all = _prefill_block, None, _decode_layers
-            self._quantize_fn = quantize_kv
         self._state: _DecodeState | None = None
         self.last = Timings()
 
@@ -704,11 +705,6 @@ class InferenceEngine:
         self._decode_step(st, width, greedy)
         st.tokens.copy_(tokens)
 
-    def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """quantize_kv of prefill's keys or values (b, KV, T, D), compiled when the engine compiles."""
-        self._mark_dynamic((x, 0, 2))
-        return self._quantize_fn(x)
-
     def _mark_dynamic(self, *specs) -> None:
         """Batch, length and width dims are dynamic for torch.compile: one compilation for all sizes (instead
         of dynamic=True, which would make head counts symbolic too). specs: (tensor, dim, ...)."""
@@ -773,8 +769,8 @@ class InferenceEngine:
             mask = prefill_mask(T, pd, window) if padded or 0 < window < T else None
             self._mark_dynamic((x, 0, 1), *[(t, 0, 2) for t in rope or ()], *[(mask, 0, 2, 3)] * (mask is not None))
             for layer, block in enumerate(m.blocks):
-                x, k, v = self._prefill_fn(block, x, rope, mask)
-                st.cache.write(layer, slice(r0, r1), k, v, self._quantize)
+                x, k, v = self._prefill_fn(block, x, rope, mask, self.kv_cache_dtype == "fp8")
+                st.cache.write(layer, slice(r0, r1), k, v)
             out.append(_head_logits(self.model, x[:, -1:]))
         return torch.cat(out) if len(out) > 1 else out[0]
 
