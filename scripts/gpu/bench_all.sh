@@ -18,11 +18,7 @@
 # backends and FP8 shape timings). The last line printed is one JSON object with every point and target check.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
+. scripts/gpu/env.sh
 OUT="${OUT:-$(mktemp -d)}"
 export OUT  # the baseline writes $OUT/plain_gpt2_baseline.json
 BUDGET="${BUDGET:-480}"

@@ -29,12 +29,7 @@
 # The last line printed is one JSON object with every step's key numbers and each target check.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
-[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+. scripts/gpu/env.sh
 OUT="${OUT:-$(mktemp -d)}"
 BUDGET="${BUDGET:-300}"
 MIN_LEFT="${MIN_LEFT:-40}"

@@ -20,11 +20,7 @@ if [ $# -lt 1 ] || [ ! -d "$1" ]; then
     exit 2
 fi
 DATA="$(cd "$1" && pwd)"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
+. scripts/gpu/env.sh
 OUT="${OUT:-$(mktemp -d)}"
 PRESET="${PRESET:-gpt2-124m}"
 STEPS="${STEPS:-300}"

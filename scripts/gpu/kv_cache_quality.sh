@@ -13,12 +13,7 @@
 # Files under $OUT: kv_cache_quality.jsonl (eval's JSON line per preset), kv_cache_quality.log, runs/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
-[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+. scripts/gpu/env.sh
 OUT="${OUT:-$(mktemp -d)}"
 : "${DATA:?set DATA to a prepared shard folder (redline data prepare)}"
 STEPS="${STEPS:-150}"
