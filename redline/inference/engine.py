@@ -25,6 +25,10 @@ How it works
   (inference/triton_gemv.py), the norm before the product and the bias, activation and residual add after it
   fused in: a pre-norm block is then five kernels (four products and the attention kernel), the head one.
   "torch" leaves them to cuBLAS (or, under kernel_tuning, to Inductor's generated reductions).
+- kv_cache_dtype "fp8" stores keys and values as float8_e4m3fn with an fp32 scale per (row, kv head, slot)
+  (quantize_kv): prefill quantises in its compiled block, the Triton kernel reads and writes the FP8 cache as it
+  is, the other attention paths dequantise the attended width. score() decodes given tokens teacher-forced, to
+  measure what that costs (`redline eval --kv-cache-dtypes`).
 - The step writes the new key and value into each layer's whole cache buffer and slices the attended width
   inside (Inductor updates a buffer passed in in place; a written-to view passed in is copied back whole).
 - On a GPU the model runs in bf16 and is torch.compile'd with dynamic batch, length and width dims. With
@@ -126,8 +130,9 @@ def dequantize_kv(x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> 
 class KVCache:
     """Static per-layer key/value buffers of shape (B, KV, S, D): only the n_kv_head heads are stored.
 
-    dtype float8_e4m3fn: FP8 keys and values with one fp32 scale per (row, kv head, slot) in k_scale and v_scale
-    (B, KV, S) (quantize_kv); half the bytes of a bf16 cache, plus 4 bytes per head_dim elements."""
+    dtype float8_e4m3fn: FP8 keys and values with one fp32 scale per (row, kv head, slot) (quantize_kv), in
+    `scales`: per layer (k_scale, v_scale) of shape (B, KV, S); half the bytes of a bf16 cache, plus 4 bytes per
+    head_dim elements."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
