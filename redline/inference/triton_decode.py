@@ -25,14 +25,14 @@ Two layouts:
   the last one to finish rescales the spans to a common max, normalises and writes the output, and puts the
   counter back to zero. No second kernel is launched.
 
-An FP8 cache (float8_e4m3fn, with an fp32 scale per (row, kv head, slot): the vector's absolute maximum / 448)
-is read as it is, a quarter of bf16's bytes per element plus the scales: the tile is converted to the compute
-dtype in registers, q·k is scaled by each slot's key scale, and the probabilities by each slot's value scale
+An FP8 cache (float8_e4m3fn, with an fp32 scale per (row, kv head, slot): the vector's absolute maximum times
+fp32(1/448)) is read as it is, half of bf16's bytes per element plus the scales: the tile is converted to the
+compute dtype in registers, q·k is scaled by each slot's key scale, and the probabilities by each slot's value scale
 before the product with V. The new key and value are quantised in the kernel exactly as quantize_kv does it, and
 the step attends to what it stored (so it and every later step see the same cache).
 
-Registered as `torch.ops.redline.decode_attention` (and `decode_attention_fp8`) through torch.library.triton_op, so torch.compile places
-the kernel inside its generated code and CUDA graphs capture it like any other kernel.
+Registered as `torch.ops.redline.decode_attention` (and `decode_attention_fp8`) through torch.library.triton_op,
+so torch.compile places the kernel inside its generated code and CUDA graphs capture it like any other kernel.
 """
 
 from __future__ import annotations
