@@ -102,6 +102,9 @@ def main(argv: list[str]) -> int:
     seq_len = cfg.seq_len or train_cfg.effective_seq_len
     if seq_len > model.cfg.context_len:
         raise UserError(f"seq_len={seq_len} exceeds the model's context_len {model.cfg.context_len}")
+    decode_from = cfg.decode_from or seq_len // 2
+    if cfg.kv_cache_dtypes and not 1 <= decode_from < seq_len:  # checked before any evaluation runs
+        raise UserError(f"--decode-from must be in [1, {seq_len - 1}] for seq_len {seq_len}, got {decode_from}")
     loader = TokenLoader(data_dir, cfg.split, cfg.batch_size, seq_len, expected_identity=tokenizer.identity,
                          device=device, prefetch=False)
     token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
@@ -111,9 +114,6 @@ def main(argv: list[str]) -> int:
                     f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | bits/byte {result['bpb']:.4f}")
     kv_rows = []
     if cfg.kv_cache_dtypes:  # after the plain evaluation: the engine casts the model to its dtype
-        decode_from = cfg.decode_from or seq_len // 2
-        if not 1 <= decode_from < seq_len:
-            raise UserError(f"--decode-from must be in [1, {seq_len - 1}] for seq_len {seq_len}, got {decode_from}")
         kv_rows = kv_cache_quality(model, loader.eval_batches(cfg.kv_batches), cfg.kv_cache_dtypes, decode_from)
         console = Console()
         for r in kv_rows:
