@@ -548,8 +548,8 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
 @pytest.mark.parametrize("arch", ["gqa", "gpt2-style", "sliding-window", "no-positions-relu2"])
 def test_matvec_decode_matches_full_forward(arch):
     """decode_linear triton: batch 1's blocks and head in redline's matrix-vector kernel (norms, biases,
-    activations and residual adds fused), compiled and captured, greedy equal to the full forward; batches above
-    one take the other path in the same engine."""
+    activations and residual adds fused), and batch 2's in its tiled kernel (the norms before it), compiled and
+    captured, greedy equal to the full forward."""
     model = tiny_model(context_len=160, vocab_size=8200, **ARCHITECTURES[arch]).cuda()  # argmax in spans too
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
@@ -630,7 +630,7 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
     gen = torch.Generator().manual_seed(B * 100 + H)
     S = 300
     for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, -1), (300, 250, 37, 128),
-                                       (200, 199, 1, -1), (300, 299, 0, -1)]:
+                                       (200, 199, 1, -1), (300, 299, 0, -1), (300, 256, 0, -1), (300, 200, 70, -1)]:
         qkv = torch.randn(B, (H + 2 * KV) * D + 8, generator=gen).cuda().to(dtype)[:, 8:]  # a row stride of its own
         q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
         k_cache, v_cache = (torch.randn(B, KV, S, D, generator=gen).cuda().to(dtype) for _ in range(2))
@@ -665,7 +665,7 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
     gen = torch.Generator().manual_seed(B * 100 + H)
     S = 300
     for width, slot, window, split in [(300, 299, 0, 0), (256, 130, 0, 16), (64, 5, 0, -1), (300, 250, 37, 128),
-                                       (300, 299, 0, -1)]:
+                                       (300, 299, 0, -1), (300, 256, 0, -1), (300, 200, 70, -1)]:
         qkv = torch.randn(B, (H + 2 * KV) * D + 8, generator=gen).cuda().to(dtype)[:, 8:]
         q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
         (k_cache, k_scale), (v_cache, v_scale) = (quantize_kv(torch.randn(B, KV, S, D, generator=gen).cuda())
@@ -737,10 +737,11 @@ def gemv_reference(x, w, bias, residual, act, norm, norm_weight, norm_bias, eps)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M, N, K", [(1, 2304, 768), (1, 768, 3072), (2, 130, 300), (1, 50304, 64), (3, 17, 5),
-                                     (1, 64, 9000)])
+                                     (1, 64, 9000), (64, 2304, 768), (70, 768, 3072), (17, 50304, 64)])
 def test_triton_gemv_matches_reference(M, N, K, dtype):
     """act(norm(x)·Wᵀ + b) + r against the modules (fp64 product) for every epilogue and norm, a row stride of
-    x's own, shapes that are no multiple of the tiles, a normed row too long for one tile (K 9000)."""
+    x's own, shapes that are no multiple of the tiles, a normed row too long for one tile (K 9000); one row (the
+    matrix-vector kernel) and batches (the tiled one: 64 rows, rows over two row tiles, 17 rows)."""
     import redline.inference.triton_gemv  # noqa: F401  (registers torch.ops.redline.gemv)
 
     gen = torch.Generator().manual_seed(N + K)
@@ -756,7 +757,9 @@ def test_triton_gemv_matches_reference(M, N, K, dtype):
         want = gemv_reference(x, *args, 1e-5)
         got = torch.ops.redline.gemv(x, *args, 1e-5)
         assert got.dtype == dtype and got.shape == (M, N)
-        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        # bf16: the kernel's norm statistics are summed in another order than the module's, so a normalised
+        # element can round to the neighbouring bf16 value (measured: 0.033 at most over 855k outputs)
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 

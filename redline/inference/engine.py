@@ -20,11 +20,14 @@ How it works
   kernel per layer from the qkv projection's output to the attention output (QK-norm, RoPE, the cache write
   and the attention, the mask computed inside from the padding, slot and window); "matmul" (the products and
   softmax above, fused by torch.compile) is the portable path and the CPU's.
-- At batch 1 on a GPU every Linear layer of the step is a matrix-vector product, bound by reading its weights.
-  decode_linear "triton" (the default where it can run) computes each with redline's own kernel
-  (inference/triton_gemv.py), the norm before the product and the bias, activation and residual add after it
-  fused in: a pre-norm block is then five kernels (four products and the attention kernel), the head one.
-  "torch" leaves them to cuBLAS (or, under kernel_tuning, to Inductor's generated reductions).
+- A decode step's Linear layers read their whole weights for a few rows (batch 1: a matrix-vector product),
+  so they are bound by memory and by latency, not by flops. decode_linear "triton" (the default where it can
+  run) computes each with redline's own kernels (inference/triton_gemv.py) up to LINEAR_KERNEL_MAX_BATCH rows:
+  at batch 1 a matrix-vector kernel with the norm before the product and the bias, activation and residual add
+  after it fused in (a pre-norm block is five kernels: four products and the attention kernel; the head one);
+  for a batch a tiled tensor-core kernel with narrow column tiles (enough programs to keep every SM reading) and
+  the same epilogue, the norms running before it. "torch" leaves them to cuBLAS (or, under kernel_tuning, to
+  Inductor's generated reductions).
 - kv_cache_dtype "fp8" stores keys and values as float8_e4m3fn with an fp32 scale per (row, kv head, slot)
   (quantize_kv): prefill quantises in its compiled block, the Triton kernel reads and writes the FP8 cache as it
   is, the other attention paths dequantise the attended width. score() decodes given tokens teacher-forced, to
@@ -62,6 +65,9 @@ from redline.inference.sampling import SamplingParams, make_generator, sample_ne
 from redline.model import GPT, Block, rope_tables, sdpa_context
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
+# decode_linear triton runs the step's products in redline's kernels up to this batch (one row: matrix-vector;
+# more: a tiled product with narrow column tiles); above it they are cuBLAS's
+LINEAR_KERNEL_MAX_BATCH = 64
 DECODE_ATTENTION = ("auto", "matmul", "sdpa", "flex", "triton")
 DECODE_LINEAR = ("auto", "torch", "triton")
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -281,30 +287,41 @@ def _norm_args(norm) -> tuple:
 
 
 def _matvec_block(block: Block, x, attention) -> torch.Tensor:
-    """A pre-norm block at batch 1 in four matrix-vector kernels and the attention kernel: x (1, 1, C).
+    """A pre-norm block in four product kernels of redline's own and the attention kernel: x (B, 1, C), B up to
+    LINEAR_KERNEL_MAX_BATCH.
 
-    Each product reads its row, applies the norm before it (LayerNorm or RMSNorm) and adds its bias, activation
-    and residual after it in the same kernel (inference/triton_gemv.py); `attention(qkv)` -> (1, H*D)."""
+    Each product adds its bias, activation and residual after it in the same kernel (inference/triton_gemv.py)
+    and, for one row, applies the norm before it too (LayerNorm or RMSNorm): for a batch the norm runs first, in
+    its own kernel, as every program of the batched product would compute the rows' statistics again (about 3x
+    slower on an H100). `attention(qkv)` -> (B, H*D)."""
     gemv = torch.ops.redline.gemv
     attn, mlp = block.attn, block.mlp
-    h = x.view(1, -1)
-    qkv = gemv(h, attn.qkv.weight, attn.qkv.bias, None, "none", *_norm_args(block.norm1))
-    h = gemv(attention(qkv), attn.proj.weight, attn.proj.bias, h)
-    u = gemv(h, mlp.fc.weight, mlp.fc.bias, None, _MATVEC_ACT[mlp.kind], *_norm_args(block.norm2))
-    return gemv(u, mlp.proj.weight, mlp.proj.bias, h).view(1, 1, -1)
+    B = x.shape[0]
+
+    def product(h, layer, residual=None, act="none", norm=None):
+        if norm is not None and B > 1:
+            h, norm = norm(h), None
+        return gemv(h, layer.weight, layer.bias, residual, act, *(_norm_args(norm) if norm is not None else ()))
+
+    h = x.view(B, -1)
+    qkv = product(h, attn.qkv, norm=block.norm1)
+    h = product(attention(qkv), attn.proj, h)
+    u = product(h, mlp.fc, act=_MATVEC_ACT[mlp.kind], norm=block.norm2)
+    return product(u, mlp.proj, h).view(B, 1, -1)
 
 
 def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str = "matmul", pad=None,
                   counts=None, matvec: bool = False, scales=None):
     """x: (B, 1, C). Writes this step's k/v into slot `slot` of the layer's whole cache buffer, then attends over
     its first W slots, W = mask.shape[-1] (pad: (B,) left padding, needed by impl "flex" and "triton"; counts:
-    the "triton" kernel's counter buffer; matvec: at batch 1, the block in redline's matrix-vector kernels;
+    the "triton" kernel's counter buffer; matvec: up to LINEAR_KERNEL_MAX_BATCH rows, the block's products in
+    redline's kernels;
     scales: an FP8 cache's (k_scale, v_scale) buffers, or None).
 
     The write goes to the buffer itself, not to a view of it: Inductor then updates it in place, where a write
     into a view passed in is copied back whole (the full cache, twice per layer and step)."""
 
-    if matvec and x.shape[0] == 1:
+    if matvec and x.shape[0] <= LINEAR_KERNEL_MAX_BATCH:
         return _matvec_block(block, x, lambda qkv: _triton_attention(block.attn, qkv, rope, k_cache, v_cache, slot,
                                                                      pad, counts, mask.shape[-1], scales))
 
@@ -329,11 +346,13 @@ def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str
 
 
 def _head_logits(model: GPT, x: torch.Tensor, matvec: bool = False) -> torch.Tensor:
-    """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model). matvec: at batch 1, the final norm and
-    the head in redline's matrix-vector kernel."""
+    """x: (B, 1, C) -> (B, vocab_size) in fp32 (fp64 for an fp64 model). matvec: up to LINEAR_KERNEL_MAX_BATCH
+    rows, the head in redline's kernel (at batch 1 with the final norm in it; see _matvec_block)."""
     if matvec and x.shape[0] == 1:
         logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, None, None, "none",
                                         *_norm_args(model.norm_f))
+    elif matvec and x.shape[0] <= LINEAR_KERNEL_MAX_BATCH:  # the norm first (see _matvec_block)
+        logits = torch.ops.redline.gemv(model.norm_f(x).view(x.shape[0], -1), model.lm_head.weight)
     else:
         logits = model.lm_head(model.norm_f(x))[:, -1]
     logits = logits[:, : model.cfg.vocab_size]
@@ -424,7 +443,8 @@ def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, gree
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. fns: the
     (inputs, block, output) functions, each compiled alone (None: the plain ones, inlined when this whole
     function is compiled); mark_dynamic marks the blocks' other inputs' batch and width dims dynamic; counts:
-    the "triton" kernel's counter buffer; matvec: batch 1's blocks and head in redline's matrix-vector kernels;
+    the "triton" kernel's counter buffer; matvec: the blocks and head in redline's product kernels (up to
+    LINEAR_KERNEL_MAX_BATCH rows);
     scales: per layer, an FP8 cache's (k_scale, v_scale) (None: the cache is in the model's dtype)."""
     inputs_fn, block_fn, output_fn = fns or (_decode_inputs, _decode_block, _decode_output)
     x, rope, mask = inputs_fn(model, tokens, slot, pad, slots, impl)

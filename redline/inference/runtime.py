@@ -43,10 +43,11 @@ class RuntimeOptions:
     only) or triton (redline's own decode kernel: one kernel per layer from the qkv projection's output, with
     QK-norm, RoPE and the cache write inside, split-K at batch 1; CUDA only). All group query heads per kv head."""
     decode_linear: Literal["auto", "torch", "triton"] = "auto"
-    """How batch 1's decode step computes its Linear layers (auto: triton where it can run): torch (cuBLAS, or
-    Inductor's reductions under --kernel-tuning on) or triton (redline's matrix-vector kernel: each product with
-    the norm before it and the bias, activation and residual add after it in one kernel, five kernels per block
-    with the attention kernel; CUDA only, with decode-attention triton, pre-norm fused-qkv models)."""
+    """How the decode step computes its Linear layers (auto: triton where it can run): torch (cuBLAS, or
+    Inductor's reductions under --kernel-tuning on) or triton (redline's kernels up to 64 rows: at batch 1 a
+    matrix-vector kernel with the norm before the product and the bias, activation and residual add after it,
+    five kernels per block with the attention kernel; for a batch a tiled kernel with the same epilogue; CUDA
+    only, with decode-attention triton, pre-norm fused-qkv models)."""
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     """What the KV cache stores (auto: the model's dtype): fp8 stores keys and values as float8_e4m3fn with an fp32
     scale per token and kv head, about half a bf16 cache's bytes: more sequences fit, and decoding that is bound

@@ -46,10 +46,11 @@ from torch.library import triton_op, wrap_triton
 
 SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
-# The whole-width kernel's tile: cache slots per step of its loop, warps per program, pipeline stages (for one
-# query head per kv head, and for groups), from scripts/gpu/decode_attention_bench.py --configs on an H100 (batch
-# 64 at width 768: GPT-2's 63.1 -> 57.4 µs per layer in bf16 against 64, 4, 3; modern-124m's 18.2 -> 16.5).
-WHOLE_BLOCK, WHOLE_WARPS, WHOLE_STAGES, WHOLE_STAGES_GROUPED = 128, 4, 2, 3
+# The whole-width kernel's tile: cache slots per step of its loop, warps per program, pipeline stages (2 for one
+# query head per kv head with a bf16 cache, else 3), from scripts/gpu/decode_attention_bench.py --configs on an
+# H100 (batch 64 at width 768, µs per layer: GPT-2 bf16 54.6 against 55.4 with 3 stages, GPT-2 FP8 39.1 against
+# 41.3 with 2; modern-124m 12.3 bf16, 14.2 FP8, stages equal within 1%).
+WHOLE_BLOCK, WHOLE_WARPS, WHOLE_STAGES, WHOLE_STAGES_ONE_HEAD = 128, 4, 3, 2
 # Query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows); below it (only 1 can
 # be: a head of its own, GPT-2's) as products and sums in registers, which the split kernel is quicker with (an
 # H100, GPT-2 at batch 1: 5.9 -> 5.3 µs per layer) and the whole-width one is not (63 -> 71 µs at batch 64).
@@ -288,29 +289,44 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
     v_new, v_new_scale = _quantize(v_new, VS + scales + slot, True, QUANT)
     tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
     tl.store(V + b * sv_b + kv * sv_h + slot * sv_s + d, v_new.to(V.dtype.element_ty))
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D], tl.float32)
-    for n0 in range(0, width, BLOCK):  # online softmax over the width, tile by tile (Triton pipelines the loads)
+    # The new token first, from registers: the online softmax starts at its score (p = 1, so l = 1 and acc = its
+    # value), and the loop reads only the cache slots before it, so the tiles go from memory to the products as
+    # they are loaded (no slot of them to replace).
+    # (qk_scale arrives as fp64 from torch.compile's launcher: every use is made fp32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    m = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * (k_new_scale * qk_scale)  # (G_PAD,), log2 units
+    l = tl.full([G_PAD], 1.0, tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32) + v_new.to(tl.float32) * v_new_scale[:, None]
+    # An FP8 tile converts to fp16 in one instruction per two values (to bf16 it takes three) and e4m3 fits fp16
+    # exactly, so a half-precision query is scaled to at most 1 (fp16's range) and made fp16, its scale folded
+    # into the scores'. An fp32 query stays fp32 (the tile converts to it).
+    KEYS_F16: tl.constexpr = QUANT and q.dtype != tl.float32
+    if KEYS_F16:
+        q_max = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), 1), 1e-30)
+        q_dot = (q.to(tl.float32) / q_max[:, None]).to(tl.float16)
+        row_scale = q_max * qk_scale
+    else:
+        q_dot = q
+        row_scale = tl.full([G_PAD], 1.0, tl.float32) * qk_scale
+    for n0 in range(lo - lo % BLOCK, slot, BLOCK):  # online softmax over slots lo..slot-1, tile by tile
         n = n0 + tl.arange(0, BLOCK)
-        inside = (n < width)[:, None]
-        k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
-        v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
-        k_scale, v_scale = _scales(KS, VS, scales + n, n < width, BLOCK, QUANT)
-        here = n == slot  # the slot's old value may be loaded: use the new one
-        k, k_scale = _with_new(k, k_scale, here, k_new, k_new_scale)
-        v, v_scale = _with_new(v, v_scale, here, v_new, v_new_scale)
-        s = _scores(q, k, MMA)
+        valid = (n >= lo) & (n < slot)
+        k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=valid[:, None], other=0.0)
+        v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=valid[:, None], other=0.0)
         if QUANT:
-            s = s * k_scale[None, :]
-        s = tl.where(((n >= lo) & (n <= slot))[None, :], (s * qk_scale).to(tl.float32), float("-inf"))
+            k_scale, v_scale = _scales(KS, VS, scales + n, valid, BLOCK, QUANT)
+            s = _scores(q_dot, k.to(q_dot.dtype), MMA) * k_scale[None, :]
+        else:
+            s = _scores(q_dot, k, MMA)
+        s = tl.where(valid[None, :], s * row_scale[:, None], float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe, alpha = _rescale(m, m_new)
-        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         if QUANT:
-            p = p * v_scale[None, :]
-        acc = acc * alpha[:, None] + _weighted(p, v, MMA)
+            acc = acc * alpha[:, None] + _weighted(p * v_scale[None, :], v.to(q.dtype), MMA)
+        else:
+            acc = acc * alpha[:, None] + _weighted(p, v, MMA)
         m = m_new
     out = acc / l[:, None]
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
@@ -380,7 +396,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
         wrap_triton(_whole_kernel)[(B * KV,)](
             *inputs, out, *strides, KV, width, window, qk_scale, eps,
             G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
-            num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES if G == 1 else WHOLE_STAGES_GROUPED,
+            num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES,
         )
         return out
     split = split or SPLIT_SLOTS

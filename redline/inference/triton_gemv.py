@@ -137,6 +137,88 @@ def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, str
     tl.store(Y + m * stride_y + rn, y.to(dtype), mask=n_ok)
 
 
+@triton.jit
+def _tile_rows_stats(X, rm, m_ok, stride_x, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """_row_stats of BLOCK_M rows at once: (mean, 1/std), each (BLOCK_M,)."""
+    rk = tl.arange(0, BLOCK_K)
+    rows = X + rm[:, None].to(tl.int64) * stride_x
+    mean = tl.zeros([BLOCK_M], tl.float32)
+    if NORM == 1:
+        acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc += tl.load(rows + k0 + rk[None, :], mask=m_ok[:, None] & (k0 + rk < K)[None, :], other=0.0)
+        mean = tl.sum(acc, 1) / K
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ok = m_ok[:, None] & (k0 + rk < K)[None, :]
+        x = tl.where(ok, tl.load(rows + k0 + rk[None, :], mask=ok, other=0.0).to(tl.float32) - mean[:, None], 0.0)
+        acc += x * x
+    return mean, tl.rsqrt(tl.sum(acc, 1) / K + eps)
+
+
+@triton.jit
+def _dot_acc(x, w, acc):
+    """acc + x · wᵀ; fp32 inputs exactly (no TF32)."""
+    if x.dtype == tl.float32:
+        acc = tl.dot(x, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, M, N, K, stride_x, stride_w, stride_r, stride_y, eps,
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, NORM: tl.constexpr,
+                 HAS_NORM_W: tl.constexpr, HAS_NORM_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """_gemv_kernel for a batch of rows: grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)), output features [pid·BLOCK_N,
+    +BLOCK_N) of rows [pid_m·BLOCK_M, +BLOCK_M), as a tensor-core product over K in BLOCK_K-wide tiles. Narrow
+    column tiles give enough programs to keep every SM reading weights (a batch of 64 has 64 rows, not 64 tiles)."""
+    pid, pid_m = tl.program_id(0), tl.program_id(1)
+    dtype = Y.dtype.element_ty
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok, m_ok = rn < N, rm < M
+    rk = tl.arange(0, BLOCK_K)
+    x_rows = X + rm[:, None].to(tl.int64) * stride_x
+    w_rows = W + rn[:, None].to(tl.int64) * stride_w
+    up_rows = W + (rn[:, None] + N).to(tl.int64) * stride_w  # SwiGLU's up rows
+    mean, rstd = tl.zeros([BLOCK_M], tl.float32), tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM != 0:
+        mean, rstd = _tile_rows_stats(X, rm, m_ok, stride_x, K, eps, NORM, BLOCK_M, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k0 + rk < K
+        w_ok = n_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_rows + k0 + rk[None, :], mask=w_ok, other=0.0)
+        x = tl.load(x_rows + k0 + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if NORM != 0:
+            x = _normed(x.to(tl.float32), k0 + rk, k_ok, mean[:, None], rstd[:, None], NormW, NormB, dtype, NORM,
+                        HAS_NORM_W, HAS_NORM_B).to(dtype)
+        acc = _dot_acc(x, w, acc)
+        if ACT == 3:
+            acc_up = _dot_acc(x, tl.load(up_rows + k0 + rk[None, :], mask=w_ok, other=0.0), acc_up)
+    y = acc
+    if HAS_BIAS:
+        y += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:
+        y = _gelu_tanh(y)
+    elif ACT == 2:
+        y = tl.maximum(y, 0.0)
+        y = y * y
+    elif ACT == 3:
+        up = acc_up
+        if HAS_BIAS:
+            up += tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        y = y / (1.0 + tl.exp(-y)) * up
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if HAS_RES:
+        y += tl.load(Res + rm[:, None].to(tl.int64) * stride_r + rn[None, :], mask=out_ok, other=0.0).to(tl.float32)
+    tl.store(Y + rm[:, None].to(tl.int64) * stride_y + rn[None, :], y.to(dtype), mask=out_ok)
+
+
 ONE_TILE_MAX = 8192  # rows up to this long are loaded whole, in one tile
 
 
@@ -168,6 +250,30 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out:
         BLOCK_N=block_n, BLOCK_K=block_k, ONE_TILE=K <= block_k, num_warps=num_warps, num_stages=num_stages)
 
 
+def pick_row_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the batched kernel for M rows and an (N, K) weight, from
+    a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): column tiles narrow enough for ~50-100
+    programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, 32 up to 4096), 64 for the head."""
+    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    block_n = 16 if N <= 1024 else (32 if N <= 4096 else 64)
+    return block_m, block_n, 128, 4, 4 if block_n < 64 else 3
+
+
+def launch_rows(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out: torch.Tensor,
+                block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, norm: str = "none",
+                norm_weight=None, norm_bias=None, eps: float = 1e-5, kernel=_rows_kernel) -> None:
+    """Run the batched kernel with explicit tiles (for benchmarks; the op picks its own)."""
+    M, K = x.shape
+    N = out.shape[1]
+    kernel[(triton.cdiv(N, block_n), triton.cdiv(M, block_m))](
+        x, weight, bias if bias is not None else x, residual if residual is not None else x,
+        norm_weight if norm_weight is not None else x, norm_bias if norm_bias is not None else x, out, M, N, K,
+        x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS.index(act),
+        NORM=NORMS.index(norm), HAS_NORM_W=norm_weight is not None, HAS_NORM_B=norm_bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+
+
 @triton_op("redline::gemv", mutates_args={})
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, act: str = "none", norm: str = "none",
@@ -181,7 +287,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     M, K = x.shape
     N = weight.shape[0] // (2 if act == "swiglu" else 1)
     out = x.new_empty(M, N)
-    block_n, block_k, num_warps = pick_blocks(N, K, norm, act)
-    launch(x, weight, bias, residual, act, out, block_n, block_k, num_warps, norm=norm, norm_weight=norm_weight,
-           norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_gemv_kernel))
+    if M == 1:
+        block_n, block_k, num_warps = pick_blocks(N, K, norm, act)
+        launch(x, weight, bias, residual, act, out, block_n, block_k, num_warps, norm=norm, norm_weight=norm_weight,
+               norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_gemv_kernel))
+    else:
+        launch_rows(x, weight, bias, residual, act, out, *pick_row_blocks(M, N, K), norm=norm,
+                    norm_weight=norm_weight, norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_rows_kernel))
     return out

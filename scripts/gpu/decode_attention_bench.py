@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--configs", nargs="*", default=[])
+    ap.add_argument("--splits", nargs="*", type=int, default=list(SPLITS), choices=list(SPLITS),
+                    help="the op's split arguments to time (0 its own choice, -1 whole width, else the span)")
     args = ap.parse_args()
     W = args.width
     slot = W - 1
@@ -97,28 +99,28 @@ def main() -> None:
                 return torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, slot_t, counts, W, 0, 1e-5,
                                                           *norms, *tables, split)
 
-            for split in SPLITS:
+            for split in args.splits:
                 row[f"triton_{SPLITS[split]}_maxerr"] = (op(split).float() - ref).abs().max().item()
                 row[f"triton_{SPLITS[split]}_us"] = graph_time_us([lambda split=split: op(split)] * 20, args.repeats)
             if H == KV:  # one query head per kv head: q·Kᵀ and p·V in registers, and on tensor cores
                 defaults = td.SPLIT_MMA_FROM_GROUP, td.WHOLE_MMA_FROM_GROUP  # (read at each launch)
                 for way, group in (("regs", 2), ("mma", 1)):
                     td.SPLIT_MMA_FROM_GROUP = td.WHOLE_MMA_FROM_GROUP = group
-                    for split in (-1, 0):
+                    for split in [s for s in (-1, 0) if s in args.splits]:
                         row[f"triton_{SPLITS[split]}_{way}_maxerr"] = (op(split).float() - ref).abs().max().item()
                         row[f"triton_{SPLITS[split]}_{way}_us"] = graph_time_us([lambda split=split: op(split)] * 20,
                                                                                 args.repeats)
                 td.SPLIT_MMA_FROM_GROUP, td.WHOLE_MMA_FROM_GROUP = defaults
             configs = SWEEP if args.sweep else [tuple(map(int, c.split(":"))) for c in args.configs]
             if configs and B * KV >= td.WHOLE_FROM_PROGRAMS:
-                defaults = td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_GROUPED
+                defaults = td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_ONE_HEAD
                 for block, warps, stages in configs:  # (read at each launch)
-                    td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_GROUPED = block, warps, stages, stages
+                    td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_ONE_HEAD = block, warps, stages, stages
                     try:
                         row[f"whole_b{block}_w{warps}_s{stages}_us"] = graph_time_us([lambda: op(-1)] * 20, args.repeats)
                     except Exception as e:  # a tile that does not fit (shared memory): say so, go on
                         row[f"whole_b{block}_w{warps}_s{stages}_error"] = str(e).splitlines()[0][:200]
-                td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_GROUPED = defaults
+                td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_ONE_HEAD = defaults
             best = min((v, k) for k, v in row.items() if k.endswith("_us") and k != "pytorch_us")
             row["best"], row["best_us"] = best[1], best[0]
             rows.append(row)

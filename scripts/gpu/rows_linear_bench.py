@@ -1,0 +1,122 @@
+"""A batch of decode rows through one Linear layer on this GPU (the batch-64 decode step's products): what the
+compiled engine ran before (the norm, cuBLAS's product with its bias, the activation and the residual add, as
+torch.compile fuses them) against redline's batched Triton kernel (torch.ops.redline.gemv above one row: the
+norm before, the bias, activation and residual after, in one kernel), at a sweep of tiles and at the tiles it
+picks itself; also the kernel without its norm (the norm's cost inside it).
+
+    python scripts/gpu/rows_linear_bench.py [--rows 64] [--repeats 10] [--shapes gpt2] [--quick]
+
+The weights rotate through enough copies to exceed the L2 cache (each call reads its weight from memory, as in
+a whole model's step); one CUDA graph calls each copy once, replayed `repeats` times: the median µs per call and
+the weight bytes read per µs (GB/s). One JSON line last.
+"""
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+
+import redline.inference.triton_gemv as tg
+from redline.diagnostics.microbench import graph_time_us
+
+SHAPES = {  # name: (N, K) of the weight (SwiGLU: 2N rows), the norm before it, the activation after, a residual
+    "gpt2-124m qkv": (2304, 768, "layernorm", "none", False),
+    "gpt2-124m attn.proj": (768, 768, "none", "none", True),
+    "gpt2-124m fc": (3072, 768, "layernorm", "gelu_tanh", False),
+    "gpt2-124m mlp.proj": (768, 3072, "none", "none", True),
+    "gpt2-124m lm_head": (50304, 768, "layernorm", "none", False),
+    "modern-124m qkv": (1152, 768, "rmsnorm", "none", False),
+    "modern-124m attn.proj": (768, 768, "none", "none", True),
+    "modern-124m fc": (2048, 768, "rmsnorm", "swiglu", False),
+    "modern-124m mlp.proj": (768, 2048, "none", "none", True),
+    "modern-124m lm_head": (32768, 768, "rmsnorm", "none", False),
+}
+L2_BYTES = 50 * 2**20
+
+
+def separate(x, w, b, r, norm, nw, nb, act):
+    """The layer as the compiled engine ran it at batch 64: norm, F.linear, activation, residual add."""
+    K = x.shape[1]
+    h = F.layer_norm(x, (K,), nw, nb) if norm == "layernorm" else (F.rms_norm(x, (K,), nw) if norm == "rmsnorm" else x)
+    y = F.linear(h, w, b)
+    if act == "gelu_tanh":
+        y = F.gelu(y, approximate="tanh")
+    elif act == "swiglu":
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y + r if r is not None else y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="*", default=[64])
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--shapes", nargs="*", default=None, help="only the shapes whose name contains one of these")
+    ap.add_argument("--quick", action="store_true", help="a smaller tile sweep")
+    args = ap.parse_args()
+    torch._dynamo.config.recompile_limit = 64
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    compiled = torch.compile(separate, dynamic=False)
+    sweep = list(itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4)))
+    if args.quick:
+        sweep = list(itertools.product((16, 32, 64), (128,), (4,), (3, 4)))
+    rows = []
+    for M in args.rows:
+        for name, (N, K, norm, act, res) in SHAPES.items():
+            if args.shapes and not any(part in name for part in args.shapes):
+                continue
+            rows_w = 2 * N if act == "swiglu" else N
+            copies = max(2, min(64, -(-3 * L2_BYTES // (rows_w * K * 2))))
+            ws = [torch.randn(rows_w, K, **bf16) * 0.02 for _ in range(copies)]
+            has_bias = name.startswith("gpt2") and "lm_head" not in name
+            b = torch.randn(rows_w, **bf16) * 0.02 if has_bias else None
+            x = torch.randn(M, K, **bf16)
+            r = torch.randn(M, N, **bf16) if res else None
+            nw = torch.rand(K, **bf16) + 0.5 if norm != "none" else None
+            nb = torch.randn(K, **bf16) * 0.1 if norm == "layernorm" else None
+            out = torch.empty(M, N, **bf16)
+            gb = rows_w * K * 2 / 1e3
+            row = {"shape": name, "M": M, "N": N, "K": K, "norm": norm, "act": act, "copies": copies}
+            row["compiled_us"] = graph_time_us([lambda w=w: compiled(x, w, b, r, norm, nw, nb, act) for w in ws],
+                                               args.repeats)
+            row["cublas_only_us"] = graph_time_us([lambda w=w: F.linear(x, w, b) for w in ws], args.repeats)
+            row["op_us"] = graph_time_us([lambda w=w: tg.gemv(x, w, b, r, act, norm, nw, nb) for w in ws],
+                                         args.repeats)
+            row["op_tiles"] = "m{}-n{}-k{}-w{}-s{}".format(*tg.pick_row_blocks(M, N, K))
+            bm = tg.pick_row_blocks(M, N, K)[0]
+            best = None
+            for bn, bk, warps, stages in sweep:
+                if bn * bk > 32768:
+                    continue
+                t = graph_time_us([lambda w=w: tg.launch_rows(x, w, b, r, act, out, bm, bn, bk, warps, stages, norm,
+                                                              nw, nb) for w in ws], args.repeats)
+                if best is None or t < best[0]:
+                    best = (t, f"m{bm}-n{bn}-k{bk}-w{warps}-s{stages}", (bn, bk, warps, stages))
+            row["best_us"], row["best_tiles"] = best[:2]
+            if norm != "none":  # the same tiles without the norm: what computing it in the kernel costs
+                row["best_without_norm_us"] = graph_time_us([lambda w=w: tg.launch_rows(
+                    x, w, b, r, act, out, bm, *best[2]) for w in ws], args.repeats)
+            want = separate(x.float(), ws[0].float(), b.float() if b is not None else None,
+                            r.float() if r is not None else None, norm, nw.float() if nw is not None else None,
+                            nb.float() if nb is not None else None, act)
+            row["op_max_abs_err_vs_fp32"] = (tg.gemv(x, ws[0], b, r, act, norm, nw, nb).float() - want).abs().max().item()
+            row["compiled_max_abs_err_vs_fp32"] = (
+                compiled(x, ws[0], b, r, norm, nw, nb, act).float() - want).abs().max().item()
+            for k in ("compiled", "cublas_only", "op", "best"):
+                row[f"{k}_gbs"] = round(gb / row[f"{k}_us"])
+            rows.append(row)
+            print(f"M={M} {name:22s} compiled {row['compiled_us']:6.2f} µs ({row['compiled_gbs']:5d} GB/s)  "
+                  f"cuBLAS alone {row['cublas_only_us']:6.2f}  op {row['op_us']:6.2f} ({row['op_gbs']:5d}) "
+                  f"{row['op_tiles']}  best {row['best_us']:6.2f} ({row['best_gbs']:5d}) {row['best_tiles']}  "
+                  f"no norm {row.get('best_without_norm_us', float('nan')):6.2f}  "
+                  f"err {row['op_max_abs_err_vs_fp32']:.2e} (compiled {row['compiled_max_abs_err_vs_fp32']:.2e})",
+                  flush=True)
+            ws = None
+            torch.cuda.empty_cache()
+    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
