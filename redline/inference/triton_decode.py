@@ -51,6 +51,7 @@ WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program 
 # H100 (batch 64 at width 768, µs per layer: GPT-2 bf16 54.6 against 55.4 with 3 stages, GPT-2 FP8 39.1 against
 # 41.3 with 2; modern-124m 12.3 bf16, 14.2 FP8, stages equal within 1%).
 WHOLE_BLOCK, WHOLE_WARPS, WHOLE_STAGES, WHOLE_STAGES_ONE_HEAD = 128, 4, 3, 2
+WHOLE_MAXNREG = None  # a register cap per thread for the whole-width kernel (None: the compiler's choice)
 # Query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows); below it (only 1 can
 # be: a head of its own, GPT-2's) as products and sums in registers, which the split kernel is quicker with (an
 # H100, GPT-2 at batch 1: 5.9 -> 5.3 µs per layer) and the whole-width one is not (63 -> 71 µs at batch 64).
@@ -397,6 +398,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
             *inputs, out, *strides, KV, width, window, qk_scale, eps,
             G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
             num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES,
+            **({"maxnreg": WHOLE_MAXNREG} if WHOLE_MAXNREG else {}),
         )
         return out
     split = split or SPLIT_SLOTS

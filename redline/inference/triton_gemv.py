@@ -252,11 +252,13 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out:
 
 def pick_row_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the batched kernel for M rows and an (N, K) weight, from
-    a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): column tiles narrow enough for ~50-100
-    programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, 32 up to 4096), 64 for the head."""
+    a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): all rows in one tile, column tiles narrow
+    enough for ~50-100 programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, 32 up to 4096), 64
+    for the head; 5 stages (3 for the head's wider tiles). Narrower row tiles (more programs, each weight tile
+    read once per row tile) and other K tiles were no faster."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     block_n = 16 if N <= 1024 else (32 if N <= 4096 else 64)
-    return block_m, block_n, 128, 4, 4 if block_n < 64 else 3
+    return block_m, block_n, 128, 4, 5 if block_n < 64 else 3
 
 
 def launch_rows(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out: torch.Tensor,

@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--configs", nargs="*", default=[])
+    ap.add_argument("--maxnreg", nargs="*", type=int, default=[],
+                    help="also the whole-width kernel at its tile with these register caps per thread")
     ap.add_argument("--splits", nargs="*", type=int, default=list(SPLITS), choices=list(SPLITS),
                     help="the op's split arguments to time (0 its own choice, -1 whole width, else the span)")
     args = ap.parse_args()
@@ -121,6 +123,12 @@ def main() -> None:
                     except Exception as e:  # a tile that does not fit (shared memory): say so, go on
                         row[f"whole_b{block}_w{warps}_s{stages}_error"] = str(e).splitlines()[0][:200]
                 td.WHOLE_BLOCK, td.WHOLE_WARPS, td.WHOLE_STAGES, td.WHOLE_STAGES_ONE_HEAD = defaults
+            if B * KV >= td.WHOLE_FROM_PROGRAMS:
+                for cap in args.maxnreg:
+                    td.WHOLE_MAXNREG = cap
+                    row[f"whole_maxnreg{cap}_maxerr"] = (op(-1).float() - ref).abs().max().item()
+                    row[f"whole_maxnreg{cap}_us"] = graph_time_us([lambda: op(-1)] * 20, args.repeats)
+                td.WHOLE_MAXNREG = None
             best = min((v, k) for k, v in row.items() if k.endswith("_us") and k != "pytorch_us")
             row["best"], row["best_us"] = best[1], best[0]
             rows.append(row)

@@ -55,13 +55,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--shapes", nargs="*", default=None, help="only the shapes whose name contains one of these")
     ap.add_argument("--quick", action="store_true", help="a smaller tile sweep")
+    ap.add_argument("--sweep-norm", choices=["fused", "before"], default="before",
+                    help="sweep the tiles with the norm in the kernel, or without it (the engine's batched path, "
+                         "which runs the norm before the product)")
     args = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     compiled = torch.compile(separate, dynamic=False)
-    sweep = list(itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4)))
+    sweep = list(itertools.product((16, 32, 64), (16, 32, 64, 128), (64, 128, 256), (4,), (3, 4, 5)))
     if args.quick:
-        sweep = list(itertools.product((16, 32, 64), (128,), (4,), (3, 4)))
+        sweep = list(itertools.product((16, 64), (16, 32, 64), (128,), (4,), (4, 5)))
     rows = []
     for M in args.rows:
         for name, (N, K, norm, act, res) in SHAPES.items():
@@ -84,20 +87,27 @@ def main() -> None:
             row["cublas_only_us"] = graph_time_us([lambda w=w: F.linear(x, w, b) for w in ws], args.repeats)
             row["op_us"] = graph_time_us([lambda w=w: tg.gemv(x, w, b, r, act, norm, nw, nb) for w in ws],
                                          args.repeats)
+            row["op_norm_before_us"] = graph_time_us([lambda w=w: tg.gemv(x, w, b, r, act) for w in ws], args.repeats)
             row["op_tiles"] = "m{}-n{}-k{}-w{}-s{}".format(*tg.pick_row_blocks(M, N, K))
-            bm = tg.pick_row_blocks(M, N, K)[0]
             best = None
-            for bn, bk, warps, stages in sweep:
-                if bn * bk > 32768:
+            for bm, bn, bk, warps, stages in sweep:
+                if bn * bk > 32768 or bm > max(16, M):
                     continue
-                t = graph_time_us([lambda w=w: tg.launch_rows(x, w, b, r, act, out, bm, bn, bk, warps, stages, norm,
-                                                              nw, nb) for w in ws], args.repeats)
+                fused = args.sweep_norm == "fused"
+                try:
+                    t = graph_time_us([lambda w=w: tg.launch_rows(
+                        x, w, b, r, act, out, bm, bn, bk, warps, stages, norm if fused else "none",
+                        nw if fused else None, nb if fused else None) for w in ws], args.repeats)
+                except Exception as e:  # a tile that does not fit (shared memory): go on
+                    print(f"  m{bm}-n{bn}-k{bk}-w{warps}-s{stages}: {str(e).splitlines()[0][:120]}")
+                    continue
                 if best is None or t < best[0]:
-                    best = (t, f"m{bm}-n{bn}-k{bk}-w{warps}-s{stages}", (bn, bk, warps, stages))
-            row["best_us"], row["best_tiles"] = best[:2]
-            if norm != "none":  # the same tiles without the norm: what computing it in the kernel costs
-                row["best_without_norm_us"] = graph_time_us([lambda w=w: tg.launch_rows(
-                    x, w, b, r, act, out, bm, *best[2]) for w in ws], args.repeats)
+                    best = (t, f"m{bm}-n{bn}-k{bk}-w{warps}-s{stages}", (bm, bn, bk, warps, stages))
+            row["best_us"], row["best_tiles"], row["sweep_norm"] = *best[:2], args.sweep_norm
+            if norm != "none":  # the best tiles the other way: what computing the norm in the kernel costs
+                row["best_tiles_other_norm_us"] = graph_time_us([lambda w=w: tg.launch_rows(
+                    x, w, b, r, act, out, *best[2], *((norm, nw, nb) if not fused else ())) for w in ws],
+                    args.repeats)
             want = separate(x.float(), ws[0].float(), b.float() if b is not None else None,
                             r.float() if r is not None else None, norm, nw.float() if nw is not None else None,
                             nb.float() if nb is not None else None, act)
@@ -109,8 +119,9 @@ def main() -> None:
             rows.append(row)
             print(f"M={M} {name:22s} compiled {row['compiled_us']:6.2f} µs ({row['compiled_gbs']:5d} GB/s)  "
                   f"cuBLAS alone {row['cublas_only_us']:6.2f}  op {row['op_us']:6.2f} ({row['op_gbs']:5d}) "
+                  f"without norm {row['op_norm_before_us']:6.2f} "
                   f"{row['op_tiles']}  best {row['best_us']:6.2f} ({row['best_gbs']:5d}) {row['best_tiles']}  "
-                  f"no norm {row.get('best_without_norm_us', float('nan')):6.2f}  "
+                  f"other norm {row.get('best_tiles_other_norm_us', float('nan')):6.2f}  "
                   f"err {row['op_max_abs_err_vs_fp32']:.2e} (compiled {row['compiled_max_abs_err_vs_fp32']:.2e})",
                   flush=True)
             ws = None
