@@ -250,15 +250,22 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out:
         BLOCK_N=block_n, BLOCK_K=block_k, ONE_TILE=K <= block_k, num_warps=num_warps, num_stages=num_stages)
 
 
-def pick_row_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
+ROWS_SMEM_BYTES = 160 * 1024  # the batched kernel's pipeline stages share this much shared memory at most
+
+
+def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the batched kernel for M rows and an (N, K) weight, from
     a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): all rows in one tile, column tiles narrow
     enough for ~50-100 programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, 32 up to 4096), 64
-    for the head; 5 stages (3 for the head's wider tiles). Narrower row tiles (more programs, each weight tile
-    read once per row tile) and other K tiles were no faster."""
+    for the head; 5 stages (3 for the head's wider tiles; fewer where ROWS_SMEM_BYTES would not hold them, as
+    for fp32). Narrower row tiles (more programs, each weight tile read once per row tile) and other K tiles
+    were no faster."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     block_n = 16 if N <= 1024 else (32 if N <= 4096 else 64)
-    return block_m, block_n, 128, 4, 5 if block_n < 64 else 3
+    block_k = 128
+    per_stage = (block_m + block_n) * block_k * elem_bytes
+    stages = max(2, min(5 if block_n < 64 else 3, ROWS_SMEM_BYTES // per_stage))
+    return block_m, block_n, block_k, 4, stages
 
 
 def launch_rows(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out: torch.Tensor,
@@ -294,6 +301,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         launch(x, weight, bias, residual, act, out, block_n, block_k, num_warps, norm=norm, norm_weight=norm_weight,
                norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_gemv_kernel))
     else:
-        launch_rows(x, weight, bias, residual, act, out, *pick_row_blocks(M, N, K), norm=norm,
+        launch_rows(x, weight, bias, residual, act, out, *pick_row_blocks(M, N, K, x.element_size()), norm=norm,
                     norm_weight=norm_weight, norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_rows_kernel))
     return out
