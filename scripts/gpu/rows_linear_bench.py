@@ -1,8 +1,9 @@
-"""A batch of decode rows through one Linear layer on this GPU (the batch-64 decode step's products): what the
-compiled engine ran before (the norm, cuBLAS's product with its bias, the activation and the residual add, as
-torch.compile fuses them) against redline's batched Triton kernel (torch.ops.redline.gemv above one row: the
-norm before, the bias, activation and residual after, in one kernel), at a sweep of tiles and at the tiles it
-picks itself; also the kernel without its norm (the norm's cost inside it).
+"""A batch of decode rows through one Linear layer on this GPU (the batch-64 decode step's products): the layer as
+torch.compile fuses it with cuBLAS (the norm, cuBLAS's product with its bias, the activation and the residual
+add: the engine under --decode-linear torch) against redline's batched Triton kernel (torch.ops.redline.gemv
+above one row: the bias, activation and residual add in its epilogue), with the norm inside the kernel (`op`)
+and run before it (`without norm`, the engine's default for a batch), at the tiles it picks itself and at the
+best of a tile sweep (row, column and K tiles, stages; without the norm unless --sweep-norm fused).
 
     python scripts/gpu/rows_linear_bench.py [--rows 64] [--repeats 10] [--shapes gpt2] [--quick]
 
