@@ -77,6 +77,24 @@ def _normed(x, rk, k_ok, mean, rstd, NormW, NormB, dtype,
 
 
 @triton.jit
+def _bias_act(y, up, Bias, N, rn, n_ok, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    """The product y (fp32; output features rn along its last dim) plus the bias, then the activation. ACT 3
+    (SwiGLU): silu(y + bias) · (up + its bias, N entries further on); `up` is unused otherwise."""
+    if HAS_BIAS:
+        y += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)
+    if ACT == 1:
+        y = _gelu_tanh(y)
+    elif ACT == 2:
+        y = tl.maximum(y, 0.0)
+        y = y * y
+    elif ACT == 3:
+        if HAS_BIAS:
+            up += tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)
+        y = y / (1.0 + tl.exp(-y)) * up
+    return y
+
+
+@triton.jit
 def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, stride_r, stride_y, eps,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, NORM: tl.constexpr,
                  HAS_NORM_W: tl.constexpr, HAS_NORM_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -104,6 +122,7 @@ def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, str
             mean, rstd = _tile_stats(x, k_ok, K, eps, NORM)
         x = _normed(x, rk, k_ok, mean, rstd, NormW, NormB, dtype, NORM, HAS_NORM_W, HAS_NORM_B)[None, :]
         acc = w.to(tl.float32) * x
+        acc_up = acc  # (read only by SwiGLU)
         if ACT == 3:
             acc_up = w_up.to(tl.float32) * x
     else:
@@ -119,19 +138,7 @@ def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, str
             acc += tl.load(w_rows + k0 + rk[None, :], mask=w_ok, other=0.0).to(tl.float32) * x
             if ACT == 3:
                 acc_up += tl.load(up_rows + k0 + rk[None, :], mask=w_ok, other=0.0).to(tl.float32) * x
-    y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)
-    if ACT == 1:
-        y = _gelu_tanh(y)
-    elif ACT == 2:
-        y = tl.maximum(y, 0.0)
-        y = y * y
-    elif ACT == 3:
-        up = tl.sum(acc_up, axis=1)
-        if HAS_BIAS:
-            up += tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)
-        y = y / (1.0 + tl.exp(-y)) * up
+    y = _bias_act(tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), Bias, N, rn, n_ok, HAS_BIAS, ACT)
     if HAS_RES:
         y += tl.load(Res + m * stride_r + rn, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(Y + m * stride_y + rn, y.to(dtype), mask=n_ok)
@@ -200,19 +207,7 @@ def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, M, N, K, stride_x, stride_w, 
         acc = _dot_acc(x, w, acc)
         if ACT == 3:
             acc_up = _dot_acc(x, tl.load(up_rows + k0 + rk[None, :], mask=w_ok, other=0.0), acc_up)
-    y = acc
-    if HAS_BIAS:
-        y += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if ACT == 1:
-        y = _gelu_tanh(y)
-    elif ACT == 2:
-        y = tl.maximum(y, 0.0)
-        y = y * y
-    elif ACT == 3:
-        up = acc_up
-        if HAS_BIAS:
-            up += tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        y = y / (1.0 + tl.exp(-y)) * up
+    y = _bias_act(acc, acc_up, Bias, N, rn, n_ok, HAS_BIAS, ACT)
     out_ok = m_ok[:, None] & n_ok[None, :]
     if HAS_RES:
         y += tl.load(Res + rm[:, None].to(tl.int64) * stride_r + rn[None, :], mask=out_ok, other=0.0).to(tl.float32)
