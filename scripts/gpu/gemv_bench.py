@@ -23,6 +23,7 @@ import triton
 
 import redline.inference.triton_gemv as tg
 from redline.diagnostics.microbench import graph_time_us
+from rows_linear_bench import separate  # this folder's: the layer as separate PyTorch kernels
 
 SHAPES = {  # name: (N, K) of the weight, and what comes before and after it in the decode step (norm, act)
     "gpt2-124m qkv": (2304, 768, "layernorm", "none"), "gpt2-124m attn.proj": (768, 768, "none", "none"),
@@ -88,18 +89,8 @@ def main() -> None:
         b_act = torch.randn(N, **bf16) * 0.02
         row["norm_act"] = f"{norm}+{act}"
 
-        def separate(w):
-            h = F.layer_norm(x, (K,), nw, nb) if norm == "layernorm" else (
-                F.rms_norm(x, (K,), nw) if norm == "rmsnorm" else x)
-            y = F.linear(h, w, b_act)
-            if act == "gelu_tanh":
-                y = F.gelu(y, approximate="tanh")
-            elif act == "swiglu":
-                gate, up = y.chunk(2, dim=-1)
-                y = F.silu(gate) * up
-            return y
-
-        row["separate_fused_us"] = graph_time_us([lambda w=w: separate(w) for w in ws], args.repeats)
+        row["separate_fused_us"] = graph_time_us(
+            [lambda w=w: separate(x, w, b_act, None, norm, nw, nb, act) for w in ws], args.repeats)
         row["triton_fused_us"] = graph_time_us(
             [lambda w=w: torch.ops.redline.gemv(x, w, b_act, None, act, norm, nw, nb) for w in ws], args.repeats)
         row["triton_fused_tiles"] = "n{}-k{}-w{}".format(*tg.pick_blocks(n_out, K, norm, act))

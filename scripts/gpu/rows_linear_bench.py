@@ -38,7 +38,8 @@ L2_BYTES = 50 * 2**20
 
 
 def separate(x, w, b, r, norm, nw, nb, act):
-    """The layer as the compiled engine ran it at batch 64: norm, F.linear, activation, residual add."""
+    """The layer as separate PyTorch ops (what the engine runs under --decode-linear torch): norm, F.linear,
+    activation, residual add."""
     K = x.shape[1]
     h = F.layer_norm(x, (K,), nw, nb) if norm == "layernorm" else (F.rms_norm(x, (K,), nw) if norm == "rmsnorm" else x)
     y = F.linear(h, w, b)
