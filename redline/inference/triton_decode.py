@@ -17,7 +17,8 @@ output as it is and, in each program:
   the cache's dtype for the product with V, as FlashAttention does.
 
 Two layouts:
-- `_whole_kernel`, grid (B · KV): each program runs an online softmax over the whole width, 64 slots a step.
+- `_whole_kernel`, grid (B · KV): each program starts an online softmax at the new token (from registers) and
+  runs it over the cache slots before it, 128 a step: the tiles go from memory to the products as loaded.
   Used when there are enough (row, kv head) pairs to fill the GPU: batches above one.
 - `_split_kernel`, grid (B · KV, spans) (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
   the width is cut into spans of 128 slots, one program each, loaded whole. Each program writes its span's
@@ -27,8 +28,8 @@ Two layouts:
 
 An FP8 cache (float8_e4m3fn, with an fp32 scale per (row, kv head, slot): the vector's absolute maximum times
 fp32(1/448)) is read as it is, half of bf16's bytes per element plus the scales: the tile is converted to the
-compute dtype in registers, q·k is scaled by each slot's key scale, and the probabilities by each slot's value scale
-before the product with V. The new key and value are quantised in the kernel exactly as quantize_kv does it, and
+compute dtype in registers (the whole-width kernel's keys to fp16, against a query scaled into fp16's range), q·k
+is scaled by each slot's key scale, and the probabilities by each slot's value scale before the product with V. The new key and value are quantised in the kernel exactly as quantize_kv does it, and
 the step attends to what it stored (so it and every later step see the same cache).
 
 Registered as `torch.ops.redline.decode_attention` (and `decode_attention_fp8`) through torch.library.triton_op,
