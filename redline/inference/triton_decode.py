@@ -276,7 +276,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
 @triton.jit
 def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
                   s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
-                  n_kv, width, window, qk_scale, eps,
+                  n_kv, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                   NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr):
     bk = tl.program_id(0)
@@ -396,7 +396,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
     qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
     if whole:  # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
         wrap_triton(_whole_kernel)[(B * KV,)](
-            *inputs, out, *strides, KV, width, window, qk_scale, eps,
+            *inputs, out, *strides, KV, window, qk_scale, eps,  # (reads slots before `slot` only)
             G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
             num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES,
             **({"maxnreg": WHOLE_MAXNREG} if WHOLE_MAXNREG else {}),
