@@ -13,13 +13,15 @@ output as it is and, in each program:
   slot), and uses them from registers, so no program depends on another's write;
 - attends: one row's kv head with all H/KV query heads that share it, packed as the rows of one small matrix
   product, so the cache is read once per kv head. The mask is computed from the row's left padding, the slot
-  and the sliding window, so no mask tensor is read. Scores and softmax are fp32; the probabilities are cast to
-  the cache's dtype for the product with V, as FlashAttention does.
+  and the sliding window, so no mask tensor is read. Scores and softmax are fp32; for a tensor-core product
+  with V the probabilities are cast to the cache's dtype, as FlashAttention does.
 
 Two layouts:
 - `_whole_kernel`, grid (B · KV): each program starts an online softmax at the new token (from registers) and
   runs it over the cache slots before it, 128 a step: the tiles go from memory to the products as loaded.
-  Used when there are enough (row, kv head) pairs to fill the GPU: batches above one.
+  Used when there are enough (row, kv head) pairs to fill the GPU: batches above one. A kv head with a single
+  query head (GPT-2's) would leave 15 of a tensor-core product's 16 rows empty: there each of the tile's slot
+  lanes keeps an online softmax of its own, in registers, and the lanes are merged once at the end.
 - `_split_kernel`, grid (B · KV, spans) (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
   the width is cut into spans of 128 slots, one program each, loaded whole. Each program writes its span's
   unnormalised softmax · V, max and sum, then counts itself done on an atomic counter of its (row, kv head);
@@ -52,11 +54,16 @@ WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program 
 # H100 (batch 64 at width 768, µs per layer: GPT-2 bf16 54.6 against 55.4 with 3 stages, GPT-2 FP8 39.1 against
 # 41.3 with 2; modern-124m 12.3 bf16, 14.2 FP8, stages equal within 1%).
 WHOLE_BLOCK, WHOLE_WARPS, WHOLE_STAGES, WHOLE_STAGES_ONE_HEAD = 128, 4, 3, 2
+# Its tile for one query head per kv head, without tensor cores (_lanes_loop): slots per step (its lanes), warps,
+# stages of the loop, from --lanes-configs on an H100 (GPT-2 at batch 64, width 768, µs per layer: FP8 30.6
+# against 32.3-49.0 for the other tiles tried, bf16 54.9, within 1% of the best).
+WHOLE_LANES_BLOCK, WHOLE_LANES_WARPS, WHOLE_LANES_STAGES = 32, 2, 3
 WHOLE_MAXNREG = None  # a register cap per thread for the whole-width kernel (None: the compiler's choice)
 # Query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows); below it (only 1 can
-# be: a head of its own, GPT-2's) as products and sums in registers, which the split kernel is quicker with (an
-# H100, GPT-2 at batch 1: 5.9 -> 5.3 µs per layer) and the whole-width one is not (63 -> 71 µs at batch 64).
-SPLIT_MMA_FROM_GROUP, WHOLE_MMA_FROM_GROUP = 2, 1
+# be: a head of its own, GPT-2's) in registers: the split kernel as products and sums (an H100, GPT-2 at batch 1:
+# 5.9 -> 5.3 µs per layer), the whole-width one as an online softmax per slot lane (GPT-2 at batch 64: FP8 38.8
+# -> 30.6 µs, bf16 54.8 -> 54.9).
+SPLIT_MMA_FROM_GROUP, WHOLE_MMA_FROM_GROUP = 2, 2
 INV_FP8_MAX = tl.constexpr(1.0 / 448.0)  # 1 / the largest float8_e4m3fn, rounded to fp32 where used
 
 
@@ -274,11 +281,97 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
 
 
 @triton.jit
+def _tiles_loop(q, m, l, acc, KB, VB, KS, VS, scales, lo, slot, sk_s, sv_s, qk_scale,
+                G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr):
+    """The whole-width kernel's online softmax over slots lo..slot-1 on tensor cores, tile by tile, from the new
+    token's (m, l, acc): q·Kᵀ and p·V as (G_PAD, BLOCK) and (G_PAD, D) products. -> the output (G_PAD, D) fp32."""
+    d = tl.arange(0, D)[None, :]
+    # An FP8 tile converts to fp16 in one instruction per two values (to bf16 it takes three) and e4m3 fits fp16
+    # exactly, so a half-precision query is scaled to at most 1 (fp16's range) and made fp16, its scale folded
+    # into the scores'. An fp32 query stays fp32 (the tile converts to it).
+    KEYS_F16: tl.constexpr = QUANT and q.dtype != tl.float32
+    if KEYS_F16:
+        q_max = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), 1), 1e-30)
+        q_dot = (q.to(tl.float32) / q_max[:, None]).to(tl.float16)
+        row_scale = q_max * qk_scale
+    else:
+        q_dot = q
+        row_scale = tl.full([G_PAD], 1.0, tl.float32) * qk_scale
+    for n0 in range(lo - lo % BLOCK, slot, BLOCK):  # online softmax over slots lo..slot-1, tile by tile
+        n = n0 + tl.arange(0, BLOCK)
+        valid = (n >= lo) & (n < slot)
+        k = tl.load(KB + n[:, None] * sk_s + d, mask=valid[:, None], other=0.0)
+        v = tl.load(VB + n[:, None] * sv_s + d, mask=valid[:, None], other=0.0)
+        if QUANT:
+            k_scale, v_scale = _scales(KS, VS, scales + n, valid, BLOCK, QUANT)
+            s = _scores(q_dot, k.to(q_dot.dtype), True) * k_scale[None, :]
+        else:
+            s = _scores(q_dot, k, True)
+        s = tl.where(valid[None, :], s * row_scale[:, None], float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        if QUANT:
+            acc = acc * alpha[:, None] + _weighted(p * v_scale[None, :], v.to(q.dtype), True)
+        else:
+            acc = acc * alpha[:, None] + _weighted(p, v, True)
+        m = m_new
+    return acc / l[:, None]
+
+
+@triton.jit
+def _lanes_tile(KB, VB, KS, VS, scales, n, lo, slot, sk_s, sv_s, D: tl.constexpr, BLOCK: tl.constexpr,
+                QUANT: tl.constexpr):
+    """The cache tile at slots n (BLOCK,) for _lanes_loop: (k, v, k_scale, v_scale), slots outside lo..slot-1 as
+    zeros."""
+    d = tl.arange(0, D)[None, :]
+    valid = (n >= lo) & (n < slot)
+    k = tl.load(KB + n[:, None] * sk_s + d, mask=valid[:, None], other=0.0)
+    v = tl.load(VB + n[:, None] * sv_s + d, mask=valid[:, None], other=0.0)
+    k_scale, v_scale = _scales(KS, VS, scales + n, valid, BLOCK, QUANT)
+    return k, v, k_scale, v_scale
+
+
+@triton.jit
+def _lanes_loop(q, m_new_token, v_new_token, KB, VB, KS, VS, scales, lo, slot, sk_s, sv_s, qk_scale,
+                D: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr, LANES_STAGES: tl.constexpr):
+    """The whole-width kernel's softmax over slots lo..slot-1 for a single query row (a kv head of its own, as
+    GPT-2's), without tensor cores (whose 16-row products would be 15/16 padding): each of the tile's BLOCK slot
+    lanes runs an online softmax of its own over every BLOCK-th slot, in fp32 registers, so a step has no
+    reduction across slots; the lanes and the new token (score m_new_token, weight 1, value v_new_token) are
+    merged once, at the end. -> the output (1, D) fp32."""
+    q_row = tl.reshape(q, [D]).to(tl.float32)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK], tl.float32)
+    acc = tl.zeros([BLOCK, D], tl.float32)
+    for n0 in tl.range(lo - lo % BLOCK, slot, BLOCK, num_stages=LANES_STAGES):
+        n = n0 + tl.arange(0, BLOCK)
+        k, v, k_scale, v_scale = _lanes_tile(KB, VB, KS, VS, scales, n, lo, slot, sk_s, sv_s, D, BLOCK, QUANT)
+        s = tl.sum(k.to(tl.float32) * q_row[None, :], 1) * (k_scale * qk_scale)
+        s = tl.where((n >= lo) & (n < slot), s, float("-inf"))
+        m_new = tl.maximum(m, s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a lane with nothing attended yet: p = 0
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe)
+        l = l * alpha + p
+        acc = acc * alpha[:, None] + (p * v_scale)[:, None] * v.to(tl.float32)
+        m = m_new
+    m_all = tl.maximum(tl.max(m, 0), m_new_token)  # (1,): the new token's score is finite
+    w = tl.exp2(m - m_all)  # lanes that attended nothing: 0
+    w_new = tl.exp2(m_new_token - m_all)
+    total = tl.sum(l * w, 0) + w_new
+    out = tl.sum(acc * w[:, None], 0)[None, :] + w_new[:, None] * v_new_token
+    return out / total[:, None]
+
+
+@triton.jit
 def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
                   s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr):
+                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr,
+                  LANES_STAGES: tl.constexpr):
     bk = tl.program_id(0)
     b = bk // n_kv
     kv = bk % n_kv
@@ -299,38 +392,13 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
     m = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * (k_new_scale * qk_scale)  # (G_PAD,), log2 units
     l = tl.full([G_PAD], 1.0, tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32) + v_new.to(tl.float32) * v_new_scale[:, None]
-    # An FP8 tile converts to fp16 in one instruction per two values (to bf16 it takes three) and e4m3 fits fp16
-    # exactly, so a half-precision query is scaled to at most 1 (fp16's range) and made fp16, its scale folded
-    # into the scores'. An fp32 query stays fp32 (the tile converts to it).
-    KEYS_F16: tl.constexpr = QUANT and q.dtype != tl.float32
-    if KEYS_F16:
-        q_max = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), 1), 1e-30)
-        q_dot = (q.to(tl.float32) / q_max[:, None]).to(tl.float16)
-        row_scale = q_max * qk_scale
+    kb, vb = K + b * sk_b + kv * sk_h, V + b * sv_b + kv * sv_h
+    if MMA:
+        out = _tiles_loop(q, m, l, acc, kb, vb, KS, VS, scales, lo, slot, sk_s, sv_s, qk_scale, G_PAD, D, BLOCK,
+                          QUANT)
     else:
-        q_dot = q
-        row_scale = tl.full([G_PAD], 1.0, tl.float32) * qk_scale
-    for n0 in range(lo - lo % BLOCK, slot, BLOCK):  # online softmax over slots lo..slot-1, tile by tile
-        n = n0 + tl.arange(0, BLOCK)
-        valid = (n >= lo) & (n < slot)
-        k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=valid[:, None], other=0.0)
-        v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=valid[:, None], other=0.0)
-        if QUANT:
-            k_scale, v_scale = _scales(KS, VS, scales + n, valid, BLOCK, QUANT)
-            s = _scores(q_dot, k.to(q_dot.dtype), MMA) * k_scale[None, :]
-        else:
-            s = _scores(q_dot, k, MMA)
-        s = tl.where(valid[None, :], s * row_scale[:, None], float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if QUANT:
-            acc = acc * alpha[:, None] + _weighted(p * v_scale[None, :], v.to(q.dtype), MMA)
-        else:
-            acc = acc * alpha[:, None] + _weighted(p, v, MMA)
-        m = m_new
-    out = acc / l[:, None]
+        out = _lanes_loop(q, m, acc, kb, vb, KS, VS, scales, lo, slot, sk_s, sv_s, qk_scale, D, BLOCK, QUANT,
+                          LANES_STAGES)
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
 
 
@@ -395,10 +463,14 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
                k_scale.stride(0) if quant else 0, k_scale.stride(1) if quant else 0, out.stride(0))
     qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
     if whole:  # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
+        if mma:
+            tile = dict(BLOCK=WHOLE_BLOCK, num_warps=WHOLE_WARPS, LANES_STAGES=1,  # (unused)
+                        num_stages=WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES)
+        else:  # (the stages are the loop's: the kernel's own would pipeline nothing there)
+            tile = dict(BLOCK=WHOLE_LANES_BLOCK, num_warps=WHOLE_LANES_WARPS, LANES_STAGES=WHOLE_LANES_STAGES)
         wrap_triton(_whole_kernel)[(B * KV,)](
             *inputs, out, *strides, KV, window, qk_scale, eps,  # (reads slots before `slot` only)
-            G=G, G_PAD=G_PAD, D=D, BLOCK=WHOLE_BLOCK, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
-            num_warps=WHOLE_WARPS, num_stages=WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES,
+            G=G, G_PAD=G_PAD, D=D, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma, **tile,
             **({"maxnreg": WHOLE_MAXNREG} if WHOLE_MAXNREG else {}),
         )
         return out

@@ -63,6 +63,9 @@ def main() -> None:
                     help="also the whole-width kernel at its tile with these register caps per thread")
     ap.add_argument("--splits", nargs="*", type=int, default=list(SPLITS), choices=list(SPLITS),
                     help="the op's split arguments to time (0 its own choice, -1 whole width, else the span)")
+    ap.add_argument("--lanes-configs", nargs="*", default=[],
+                    help="BLOCK:WARPS:STAGES tiles of the whole-width kernel without tensor cores (one query head "
+                         "per kv head), each timed as whole_regs_<tile>")
     args = ap.parse_args()
     W = args.width
     slot = W - 1
@@ -112,6 +115,15 @@ def main() -> None:
                         row[f"triton_{SPLITS[split]}_{way}_maxerr"] = (op(split).float() - ref).abs().max().item()
                         row[f"triton_{SPLITS[split]}_{way}_us"] = graph_time_us([lambda split=split: op(split)] * 20,
                                                                                 args.repeats)
+                if B * KV >= td.WHOLE_FROM_PROGRAMS and -1 in args.splits:
+                    lanes = td.WHOLE_LANES_BLOCK, td.WHOLE_LANES_WARPS, td.WHOLE_LANES_STAGES
+                    td.WHOLE_MMA_FROM_GROUP = 2
+                    for config in args.lanes_configs:
+                        td.WHOLE_LANES_BLOCK, td.WHOLE_LANES_WARPS, td.WHOLE_LANES_STAGES = map(int, config.split(":"))
+                        key = "triton_whole_regs_" + config.replace(":", "_")
+                        row[key + "_maxerr"] = (op(-1).float() - ref).abs().max().item()
+                        row[key + "_us"] = graph_time_us([lambda: op(-1)] * 20, args.repeats)
+                    td.WHOLE_LANES_BLOCK, td.WHOLE_LANES_WARPS, td.WHOLE_LANES_STAGES = lanes
                 td.SPLIT_MMA_FROM_GROUP, td.WHOLE_MMA_FROM_GROUP = defaults
             configs = SWEEP if args.sweep else [tuple(map(int, c.split(":"))) for c in args.configs]
             if configs and B * KV >= td.WHOLE_FROM_PROGRAMS:
