@@ -763,6 +763,53 @@ def test_triton_gemv_matches_reference(M, N, K, dtype):
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M, N, K", [(64, 768, 3072), (64, 130, 1000), (17, 2304, 768), (2, 100, 3072),
+                                     (17, 4200, 640)])
+def test_triton_gemv_split_matches_reference(M, N, K, dtype):
+    """Split-K: torch.ops.redline.gemv_split at the tiles it picks, and the batched kernel with 1, 2, 4 and 8 K
+    splits forced at those column tiles (16, 32 and 64 columns; spans that do not divide K, N no multiple of the
+    column tile; 64, 17 and 2 rows), against the modules (fp64 product) for the epilogues (bias, residual, GELU,
+    ReLU², SwiGLU; a norm in the kernel too); the counters are zeros again after every call, and a second call
+    gives the same bits."""
+    import redline.inference.triton_gemv as tg
+
+    gen = torch.Generator().manual_seed(M + N + K)
+    x = (torch.randn(M, K + 8, generator=gen) * 3 + 0.5).cuda().to(dtype)[:, 8:]
+    w2 = (torch.randn(2 * N, K, generator=gen) / K**0.5).cuda().to(dtype)
+    b2, r = torch.randn(2 * N, generator=gen).cuda().to(dtype), torch.randn(M, N, generator=gen).cuda().to(dtype)
+    nw, nb = (torch.rand(K, generator=gen) + 0.5).cuda().to(dtype), torch.randn(K, generator=gen).cuda().to(dtype)
+    w, b = w2[:N], b2[:N]
+    counts = torch.zeros(-(-M // 16) * -(-N // 16), dtype=torch.int32, device="cuda")  # (enough for any tiles)
+
+    def check_twice(call, want, tol):
+        got = call()
+        assert got.dtype == dtype and got.shape == (M, N) and not counts.any()
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+        assert torch.equal(call(), got) and not counts.any()
+
+    tol = 1e-4 if dtype == torch.float32 else 1e-2  # bf16: the output's rounding
+    for args in [(w, None, None, "none"), (w, b, r, "gelu_tanh"), (w2, b2, r, "swiglu"), (w, None, r, "relu2")]:
+        check_twice(lambda: torch.ops.redline.gemv_split(x, args[0], counts, *args[1:]),
+                    gemv_reference(x, *args, "none", None, None, 0.0), tol)
+    tiles = tg.pick_row_blocks(M, N, K, x.element_size())[:5]
+    for split in (1, 2, 4, 8):
+        for weight, bias, residual, act, norm in [(w, b, r, "gelu_tanh", "none"), (w2, b2, r, "swiglu", "none"),
+                                                  (w, b, None, "none", "layernorm")]:
+            norm_args = (nw, nb) if norm != "none" else (None, None)
+
+            def call():
+                out = torch.empty(M, N, dtype=dtype, device="cuda")
+                tg.launch_rows(x, weight, bias, residual, act, out, *tiles, split, counts, norm, *norm_args)
+                return out
+
+            # bf16 with the norm: test_triton_gemv_matches_reference's tolerance, for the same reason
+            check_twice(call, gemv_reference(x, weight, bias, residual, act, norm, *norm_args, 1e-5),
+                        5e-2 if norm != "none" and dtype == torch.bfloat16 else tol)
+
+
 @pytest.mark.slow
 def test_compiled_engine_on_cpu_matches_full_forward():
     """torch.compile'd blocks (the GPU code path without graphs): dynamic batch/length/width, one compilation."""

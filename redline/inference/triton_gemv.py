@@ -10,10 +10,15 @@ and residual add need no kernels of their own; the norm before the product is co
 For a batch of rows (`_rows_kernel`, up to 64 in the engine) each program owns all rows and a narrow tile of
 output features, as a tensor-core product over K, with the same epilogue: the narrow tiles give 50-100 programs
 on a 124M model's layers, where cuBLAS's wider ones leave SMs idle. The engine runs the norm before it (each
-program would compute the rows' statistics again; the kernel can, at about 3x the time).
+program would compute the rows' statistics again; the kernel can, at about 3x the time). A long K (an MLP's
+output projection) leaves each of those programs a long loop: there it is split (split-K), each tile's K cut into
+spans, one program each. Each program stores its fp32 product in a workspace and counts itself done on an atomic
+counter of its tile; the last one adds the products in a fixed order (the same bits whichever finishes last),
+applies the epilogue and puts the counter back to zero. No second kernel is launched; the round trip through L2
+costs about 1.5 µs, so a short K is not split.
 
-Registered as `torch.ops.redline.gemv` through torch.library.triton_op, so torch.compile places the kernels in
-its generated code and CUDA graphs capture them.
+Registered as `torch.ops.redline.gemv` (and `gemv_split`, with split-K and its counters) through
+torch.library.triton_op, so torch.compile places the kernels in its generated code and CUDA graphs capture them.
 """
 
 from __future__ import annotations
@@ -82,21 +87,27 @@ def _normed(x, rk, k_ok, mean, rstd, NormW, NormB, dtype,
 
 
 @triton.jit
-def _bias_act(y, up, Bias, N, rn, n_ok, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
-    """The product y (fp32; output features rn along its last dim) plus the bias, then the activation. ACT 3
-    (SwiGLU): silu(y + bias) · (up + its bias, N entries further on); `up` is unused otherwise."""
-    if HAS_BIAS:
-        y += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)
+def _act(y, up, ACT: tl.constexpr):
+    """The activation of y (fp32): GELU (ACT 1), ReLU² (2), or SwiGLU (3): silu(y) · up; `up` is unused otherwise."""
     if ACT == 1:
         y = _gelu_tanh(y)
     elif ACT == 2:
         y = tl.maximum(y, 0.0)
         y = y * y
     elif ACT == 3:
-        if HAS_BIAS:
-            up += tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)
         y = y / (1.0 + tl.exp(-y)) * up
     return y
+
+
+@triton.jit
+def _bias_act(y, up, Bias, N, rn, n_ok, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    """The product y (fp32; output features rn along its last dim) plus the bias, then the activation (SwiGLU: `up`
+    plus its bias, N entries further on)."""
+    if HAS_BIAS:
+        y += tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)
+        if ACT == 3:
+            up += tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)
+    return _act(y, up, ACT)
 
 
 @triton.jit
@@ -180,13 +191,62 @@ def _dot_acc(x, w, acc):
 
 
 @triton.jit
-def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, M, N, K, stride_x, stride_w, stride_r, stride_y, eps,
+def _rows_epilogue_inputs(Bias, Res, rm, rn, m_ok, n_ok, N, stride_r,
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr):
+    """What the batched kernel's epilogue reads, fp32: the bias (BLOCK_N,), SwiGLU's up bias, the residual
+    (BLOCK_M, BLOCK_N) (zeros where absent)."""
+    bias = tl.zeros(rn.shape, tl.float32)
+    bias_up = bias
+    if HAS_BIAS:
+        bias = tl.load(Bias + rn, mask=n_ok, other=0.0).to(tl.float32)
+        if ACT == 3:
+            bias_up = tl.load(Bias + N + rn, mask=n_ok, other=0.0).to(tl.float32)
+    res = tl.zeros((rm.shape[0], rn.shape[0]), tl.float32)
+    if HAS_RES:
+        res = tl.load(Res + rm[:, None].to(tl.int64) * stride_r + rn[None, :], mask=m_ok[:, None] & n_ok[None, :],
+                      other=0.0).to(tl.float32)
+    return bias, bias_up, res
+
+
+@triton.jit
+def _rows_epilogue(acc, acc_up, bias, bias_up, res, Y, rm, rn, m_ok, n_ok, stride_y,
+                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr):
+    """The batched kernel's bias, activation and residual add on its product acc (BLOCK_M, BLOCK_N) fp32 (the
+    inputs from _rows_epilogue_inputs), and the store in Y's dtype."""
+    if HAS_BIAS:
+        acc += bias[None, :]
+        acc_up += bias_up[None, :]
+    y = _act(acc, acc_up, ACT)
+    if HAS_RES:
+        y += res
+    tl.store(Y + rm[:, None].to(tl.int64) * stride_y + rn[None, :], y.to(Y.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _split_sum(part, stride_s, SPLIT_K: tl.constexpr):
+    """The sum of the SPLIT_K partial products at part + s·stride_s, s = 0, 1, ... in this order whichever program
+    finishes last (so the result is the same bits every call)."""
+    # ".cg": from L2, where the other programs' stores are, never from this SM's L1
+    total = tl.load(part, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLIT_K):
+        total += tl.load(part + s * stride_s, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
+def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, Part, Counts, M, N, K, K_SPAN, stride_x, stride_w, stride_r,
+                 stride_y, eps,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, NORM: tl.constexpr,
                  HAS_NORM_W: tl.constexpr, HAS_NORM_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """_gemv_kernel for a batch of rows: grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)), output features [pid·BLOCK_N,
-    +BLOCK_N) of rows [pid_m·BLOCK_M, +BLOCK_M), as a tensor-core product over K in BLOCK_K-wide tiles. Narrow
-    column tiles give enough programs to keep every SM reading weights (a batch of 64 has 64 rows, not 64 tiles)."""
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """_gemv_kernel for a batch of rows: grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K), output features
+    [pid·BLOCK_N, +BLOCK_N) of rows [pid_m·BLOCK_M, +BLOCK_M), as a tensor-core product over K in BLOCK_K-wide
+    tiles. Narrow column tiles give enough programs to keep every SM reading weights (a batch of 64 has 64 rows,
+    not 64 tiles). SPLIT_K > 1: program (pid, pid_m, s) takes K from s·K_SPAN (a multiple of BLOCK_K) to K_SPAN
+    further, stores its fp32 product in Part ((SPLIT_K, tiles, BLOCK_M, BLOCK_N), SwiGLU's up products after it)
+    and counts itself done in Counts (int32, zeros, one per output tile); the last one sums the products and
+    applies the epilogue, and puts the counter back to zero."""
     pid, pid_m = tl.program_id(0), tl.program_id(1)
     dtype = Y.dtype.element_ty
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -197,12 +257,16 @@ def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, M, N, K, stride_x, stride_w, 
     w_rows = W + rn[:, None].to(tl.int64) * stride_w
     up_rows = W + (rn[:, None] + N).to(tl.int64) * stride_w  # SwiGLU's up rows
     mean, rstd = tl.zeros([BLOCK_M], tl.float32), tl.full([BLOCK_M], 1.0, tl.float32)
-    if NORM != 0:
+    if NORM != 0:  # (over the whole row, in every split)
         mean, rstd = _tile_rows_stats(X, rm, m_ok, stride_x, K, eps, NORM, BLOCK_M, BLOCK_K)
+    k_lo, k_hi = 0, K
+    if SPLIT_K > 1:
+        k_lo = tl.program_id(2) * K_SPAN
+        k_hi = tl.minimum(K, k_lo + K_SPAN)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = k0 + rk < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = k0 + rk < K  # (a split's span is whole K tiles: only the last tile of K is masked)
         w_ok = n_ok[:, None] & k_ok[None, :]
         w = tl.load(w_rows + k0 + rk[None, :], mask=w_ok, other=0.0)
         x = tl.load(x_rows + k0 + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -212,11 +276,30 @@ def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, M, N, K, stride_x, stride_w, 
         acc = _dot_acc(x, w, acc)
         if ACT == 3:
             acc_up = _dot_acc(x, tl.load(up_rows + k0 + rk[None, :], mask=w_ok, other=0.0), acc_up)
-    y = _bias_act(acc, acc_up, Bias, N, rn, n_ok, HAS_BIAS, ACT)
-    out_ok = m_ok[:, None] & n_ok[None, :]
-    if HAS_RES:
-        y += tl.load(Res + rm[:, None].to(tl.int64) * stride_r + rn[None, :], mask=out_ok, other=0.0).to(tl.float32)
-    tl.store(Y + rm[:, None].to(tl.int64) * stride_y + rn[None, :], y.to(dtype), mask=out_ok)
+    if SPLIT_K > 1:
+        split = tl.program_id(2)
+        tile = pid_m * tl.num_programs(0) + pid
+        stride_s = tl.num_programs(0) * tl.num_programs(1) * BLOCK_M * BLOCK_N  # one split's products
+        in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        part = Part + tile * BLOCK_M * BLOCK_N + in_tile
+        up_part = part + SPLIT_K * stride_s
+        tl.store(part + split * stride_s, acc)
+        if ACT == 3:
+            tl.store(up_part + split * stride_s, acc_up)
+        # every program reads the epilogue's inputs now, so that the last one does not wait for them after the sum
+        bias, bias_up, res = _rows_epilogue_inputs(Bias, Res, rm, rn, m_ok, n_ok, N, stride_r, HAS_BIAS, HAS_RES, ACT)
+        # every thread's stores come before the count (the barrier), and the count releases them to the GPU and
+        # acquires the others' (acq_rel): the last program of the tile sees every split's product
+        tl.debug_barrier()
+        if tl.atomic_add(Counts + tile, 1, sem="acq_rel") == SPLIT_K - 1:
+            acc = _split_sum(part, stride_s, SPLIT_K)
+            if ACT == 3:
+                acc_up = _split_sum(up_part, stride_s, SPLIT_K)
+            _rows_epilogue(acc, acc_up, bias, bias_up, res, Y, rm, rn, m_ok, n_ok, stride_y, HAS_BIAS, HAS_RES, ACT)
+            tl.atomic_xchg(Counts + tile, 0)  # zero again for the next call
+    else:
+        bias, bias_up, res = _rows_epilogue_inputs(Bias, Res, rm, rn, m_ok, n_ok, N, stride_r, HAS_BIAS, HAS_RES, ACT)
+        _rows_epilogue(acc, acc_up, bias, bias_up, res, Y, rm, rn, m_ok, n_ok, stride_y, HAS_BIAS, HAS_RES, ACT)
 
 
 ONE_TILE_MAX = 8192  # rows up to this long are loaded whole, in one tile
@@ -251,47 +334,91 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out:
 
 
 ROWS_SMEM_BYTES = 160 * 1024  # the batched kernel's pipeline stages share this much shared memory at most
+# Split-K for the batched kernel (provisional: from scripts/gpu/rows_linear_bench.py on an H100 at 64 and 8 rows).
+# A split costs each output tile about 1.5 µs more (its products' round trip through L2, and the count, before the
+# last program can sum them), which pays only for a long K: K of at least SPLIT_FROM_K is cut into the most spans,
+# a power of two up to SPLIT_MAX, each at least SPLIT_MIN_K_SPAN long, that keep the programs within one wave, at
+# the unsplit kernel's column tiles (wider ones, which read the rows' activations fewer times, were slower: the
+# products the last program reads grow with them). A wave: SPLIT_WAVE_SMS programs (an H100's SMs) times as many
+# as SPLIT_SM_BYTES of pipelined loads hold (one at 64 rows, where a second program per SM did not help; 3 at 8).
+# Measured, µs: GPT-2's mlp.proj (768x3072) 7.5 -> 6.9 at 64 rows (2 splits), 8.7 -> 6.6 at 8 rows (8 splits);
+# GPT-2 1.5B's (1600x6400) 15.8 -> 13.2 and 16.2 -> 12.3 (2 and 4); at K 768 and 1600 every split was slower.
+SPLIT_FROM_K, SPLIT_MIN_K_SPAN, SPLIT_MAX = 2048, 256, 8
+SPLIT_WAVE_SMS, SPLIT_SM_BYTES = 132, 128 * 1024
 
 
-def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the batched kernel for M rows and an (N, K) weight, from
-    a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): all rows in one tile, column tiles narrow
-    enough for ~50-100 programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, 32 up to 4096), 64
-    for the head; 5 stages (3 for the head's wider tiles; fewer where ROWS_SMEM_BYTES would not hold them, as
-    for fp32). Narrower row tiles (more programs, each weight tile read once per row tile) and other K tiles
-    were no faster."""
+def k_span(K: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(K_SPAN, splits): K cut into split_k spans of whole K tiles at most, and how many that leaves (fewer where
+    the rounding up to whole tiles covers K sooner)."""
+    span = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
+    return span, triton.cdiv(K, span)
+
+
+def row_stages(block_m: int, block_n: int, block_k: int, elem_bytes: int = 2) -> int:
+    """Pipeline stages of the batched kernel: 5, 3 for tiles of 64 columns or more (the head's), fewer where
+    ROWS_SMEM_BYTES would not hold them (as for fp32)."""
+    per_stage = (block_m + block_n) * block_k * elem_bytes
+    return max(2, min(5 if block_n < 64 else 3, ROWS_SMEM_BYTES // per_stage))
+
+
+def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2,
+                    split: bool = True) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k) of the batched kernel for M rows and an (N, K)
+    weight, from a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): all rows in one tile, column
+    tiles narrow enough for ~50-100 programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, 32 up
+    to 4096), 64 for the head; stages from row_stages. Narrower row tiles (more programs, each weight tile read
+    once per row tile) and other K tiles were no faster. Then split-K for a long K (see SPLIT_FROM_K; split
+    False: none)."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     block_n = 16 if N <= 1024 else (32 if N <= 4096 else 64)
     block_k = 128
-    per_stage = (block_m + block_n) * block_k * elem_bytes
-    stages = max(2, min(5 if block_n < 64 else 3, ROWS_SMEM_BYTES // per_stage))
-    return block_m, block_n, block_k, 4, stages
+    stages, split_k = row_stages(block_m, block_n, block_k, elem_bytes), 1
+    if split and K >= SPLIT_FROM_K:
+        tiles = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
+        per_sm = max(1, SPLIT_SM_BYTES // (stages * (block_m + block_n) * block_k * elem_bytes))
+        for want in (2, 4, 8):
+            span, splits = k_span(K, want, block_k)
+            if want > SPLIT_MAX or span < SPLIT_MIN_K_SPAN or tiles * splits > SPLIT_WAVE_SMS * per_sm:
+                break
+            split_k = splits
+    return block_m, block_n, block_k, 4, stages, split_k
 
 
 def launch_rows(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out: torch.Tensor,
-                block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, norm: str = "none",
-                norm_weight=None, norm_bias=None, eps: float = 1e-5, kernel=_rows_kernel) -> None:
-    """Run the batched kernel with explicit tiles (for benchmarks; the op picks its own)."""
+                block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, split_k: int = 1,
+                counts: torch.Tensor | None = None, norm: str = "none", norm_weight=None, norm_bias=None,
+                eps: float = 1e-5, kernel=_rows_kernel, workspace: torch.Tensor | None = None) -> None:
+    """Run the batched kernel with explicit tiles (for benchmarks; the op picks its own). split_k > 1: K in that
+    many spans of whole K tiles (fewer where that covers K: k_span), counted in `counts` (int32 zeros, one per
+    output tile, left zeros), the partial products in `workspace` (fp32, for each split (and SwiGLU's up products)
+    the output padded to whole tiles; None: allocated here)."""
     M, K = x.shape
     N = out.shape[1]
-    kernel[(triton.cdiv(N, block_n), triton.cdiv(M, block_m))](
+    n_tiles, m_tiles = triton.cdiv(N, block_n), triton.cdiv(M, block_m)
+    span, split_k = k_span(K, split_k, block_k)
+    if split_k > 1:
+        if counts is None or counts.numel() < n_tiles * m_tiles:
+            raise ValueError(f"gemv_split: split-K over {n_tiles * m_tiles} output tiles needs as many int32 "
+                             f"counters, and counts has {0 if counts is None else counts.numel()}")
+        size = split_k * (2 if act == "swiglu" else 1) * m_tiles * block_m * n_tiles * block_n
+        if workspace is None:
+            workspace = torch.empty(size, dtype=torch.float32, device=x.device)
+        elif workspace.numel() < size:
+            raise ValueError(f"launch_rows: the workspace has {workspace.numel()} elements, the split needs {size}")
+    kernel[(n_tiles, m_tiles, split_k)](
         x, weight, bias if bias is not None else x, residual if residual is not None else x,
-        norm_weight if norm_weight is not None else x, norm_bias if norm_bias is not None else x, out, M, N, K,
+        norm_weight if norm_weight is not None else x, norm_bias if norm_bias is not None else x, out,
+        workspace if split_k > 1 else x, counts if split_k > 1 else x, M, N, K, span,
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS.index(act),
         NORM=NORMS.index(norm), HAS_NORM_W=norm_weight is not None, HAS_NORM_B=norm_bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=num_warps,
+        num_stages=num_stages)
 
 
-@triton_op("redline::gemv", mutates_args={})
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         residual: torch.Tensor | None = None, act: str = "none", norm: str = "none",
-         norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
-         eps: float = 1e-5) -> torch.Tensor:
-    """act(norm(x) · weightᵀ + bias) + residual for x (M, K), weight (N, K) row-major (act "swiglu": (2N, K),
-    gate rows then up rows), bias (N,) ((2N,)), residual (M, N); norm "layernorm" or "rmsnorm" with its weight,
-    bias and eps, rounded as the modules round. fp32 accumulation, one rounding to x's dtype at the end. One row:
-    the matrix-vector kernel; more: the batched one."""
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, norm: str, norm_weight, norm_bias,
+            eps: float, counts: torch.Tensor | None) -> torch.Tensor:
+    """The gemv ops' launch (counts None: no split-K)."""
     if x.stride(1) != 1 or weight.stride(1) != 1:
         x, weight = x.contiguous(), weight.contiguous()
     M, K = x.shape
@@ -302,6 +429,33 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         launch(x, weight, bias, residual, act, out, block_n, block_k, num_warps, norm=norm, norm_weight=norm_weight,
                norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_gemv_kernel))
     else:
-        launch_rows(x, weight, bias, residual, act, out, *pick_row_blocks(M, N, K, x.element_size()), norm=norm,
-                    norm_weight=norm_weight, norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_rows_kernel))
+        # a norm in the kernel is computed over the whole row by every program: not split
+        tiles = pick_row_blocks(M, N, K, x.element_size(), split=counts is not None and norm == "none")
+        launch_rows(x, weight, bias, residual, act, out, *tiles, counts=counts, norm=norm, norm_weight=norm_weight,
+                    norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_rows_kernel))
     return out
+
+
+@triton_op("redline::gemv", mutates_args={})
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         residual: torch.Tensor | None = None, act: str = "none", norm: str = "none",
+         norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
+         eps: float = 1e-5) -> torch.Tensor:
+    """act(norm(x) · weightᵀ + bias) + residual for x (M, K), weight (N, K) row-major (act "swiglu": (2N, K),
+    gate rows then up rows), bias (N,) ((2N,)), residual (M, N); norm "layernorm" or "rmsnorm" with its weight,
+    bias and eps, rounded as the modules round. fp32 accumulation, one rounding to x's dtype at the end. One row:
+    the matrix-vector kernel; more: the batched one (no split-K: gemv_split)."""
+    return _linear(x, weight, bias, residual, act, norm, norm_weight, norm_bias, eps, None)
+
+
+# An op of its own, not an optional `counts` on the one above: torch.library mishandles a mutated argument that is
+# None.
+@triton_op("redline::gemv_split", mutates_args={"counts"})
+def gemv_split(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None, act: str = "none", norm: str = "none",
+               norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """gemv with split-K for a batch of rows where pick_row_blocks chooses it (without a norm in the kernel), the
+    same bits on every call. counts: int32 zeros, at least one per output tile of the batched kernel
+    (cdiv(M, 16) · cdiv(N, 16) always suffices; a ValueError names the number otherwise); left zeros."""
+    return _linear(x, weight, bias, residual, act, norm, norm_weight, norm_bias, eps, counts)

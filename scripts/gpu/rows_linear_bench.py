@@ -2,14 +2,16 @@
 torch.compile fuses it with cuBLAS (the norm, cuBLAS's product with its bias, the activation and the residual
 add: the engine under --decode-linear torch) against redline's batched Triton kernel (torch.ops.redline.gemv
 above one row: the bias, activation and residual add in its epilogue), with the norm inside the kernel (`op`)
-and run before it (`without norm`, the engine's default for a batch), at the tiles it picks itself and at the
-best of a tile sweep (row, column and K tiles, stages; without the norm unless --sweep-norm fused).
+and run before it (`without norm`, the engine's default for a batch), at the tiles it picks itself, as
+torch.ops.redline.gemv_split (split-K where pick_row_blocks chooses it, without the norm) and at the best of a
+sweep of column tiles and K splits (all rows in one row tile, K tiles of 128, stages as the op picks them for the
+column tile; without the norm unless --sweep-norm fused).
 
-    python scripts/gpu/rows_linear_bench.py [--rows 64] [--repeats 10] [--shapes gpt2] [--quick]
+    python scripts/gpu/rows_linear_bench.py [--rows 64] [--repeats 10] [--shapes gpt2] [--quick] [--splits 1 2 4 8]
 
 The weights rotate through enough copies to exceed the L2 cache (each call reads its weight from memory, as in
 a whole model's step); one CUDA graph calls each copy once, replayed `repeats` times: the median µs per call and
-the weight bytes read per µs (GB/s). One JSON line last.
+the weight bytes read per µs (GB/s). One JSON line last, with every swept tile's time (`sweep_us`).
 """
 
 import argparse
@@ -18,6 +20,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+import triton
 
 import redline.inference.triton_gemv as tg
 from redline.diagnostics.microbench import graph_time_us
@@ -33,8 +36,16 @@ SHAPES = {  # name: (N, K) of the weight (SwiGLU: 2N rows), the norm before it, 
     "modern-124m fc": (2048, 768, "rmsnorm", "swiglu", False),
     "modern-124m mlp.proj": (768, 2048, "none", "none", True),
     "modern-124m lm_head": (32768, 768, "rmsnorm", "none", False),
+    "gpt2-1.5b qkv": (4800, 1600, "layernorm", "none", False),
+    "gpt2-1.5b attn.proj": (1600, 1600, "none", "none", True),
+    "gpt2-1.5b fc": (6400, 1600, "layernorm", "gelu_tanh", False),
+    "gpt2-1.5b mlp.proj": (1600, 6400, "none", "none", True),
+    "modern-1.5b qkv": (2240, 1600, "rmsnorm", "none", False),
+    "modern-1.5b fc": (4288, 1600, "rmsnorm", "swiglu", False),
+    "modern-1.5b mlp.proj": (1600, 4288, "none", "none", True),
 }
 L2_BYTES = 50 * 2**20
+SPLIT_UP_TO_PROGRAMS = 512  # splits that make more programs than this are not timed (the heads': several waves)
 
 
 def separate(x, w, b, r, norm, nw, nb, act):
@@ -51,12 +62,20 @@ def separate(x, w, b, r, norm, nw, nb, act):
     return y + r if r is not None else y
 
 
+def tiles_name(M: int, K: int, tiles) -> str:
+    """pick_row_blocks's tuple as a name, with the K splits launch_rows makes of split_k."""
+    bm, bn, bk, warps, stages, split = tiles
+    return f"m{bm}-n{bn}-k{bk}-w{warps}-s{stages}-split{tg.k_span(K, split, bk)[1]}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="*", default=[64])
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--shapes", nargs="*", default=None, help="only the shapes whose name contains one of these")
-    ap.add_argument("--quick", action="store_true", help="a smaller tile sweep")
+    ap.add_argument("--quick", action="store_true", help="a smaller tile sweep (16 and 32 columns, up to 4 splits)")
+    ap.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4, 8],
+                    help="K splits to sweep with each column tile (fewer where K has fewer 128-wide tiles to share)")
     ap.add_argument("--sweep-norm", choices=["fused", "before"], default="before",
                     help="sweep the tiles with the norm in the kernel, or without it (the engine's batched path, "
                          "which runs the norm before the product)")
@@ -64,9 +83,8 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = 64
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     compiled = torch.compile(separate, dynamic=False)
-    sweep = list(itertools.product((16, 32, 64), (16, 32, 64, 128), (64, 128, 256), (4,), (3, 4, 5)))
-    if args.quick:
-        sweep = list(itertools.product((16, 64), (16, 32, 64), (128,), (4,), (4, 5)))
+    block_ns = (16, 32) if args.quick else (16, 32, 64, 128)
+    splits = [s for s in args.splits if s <= 4] if args.quick else args.splits
     rows = []
     for M in args.rows:
         for name, (N, K, norm, act, res) in SHAPES.items():
@@ -90,41 +108,57 @@ def main() -> None:
             row["op_us"] = graph_time_us([lambda w=w: tg.gemv(x, w, b, r, act, norm, nw, nb) for w in ws],
                                          args.repeats)
             row["op_norm_before_us"] = graph_time_us([lambda w=w: tg.gemv(x, w, b, r, act) for w in ws], args.repeats)
-            row["op_tiles"] = "m{}-n{}-k{}-w{}-s{}".format(*tg.pick_row_blocks(M, N, K))
-            best = None
-            for bm, bn, bk, warps, stages in sweep:
-                if bn * bk > 32768 or bm > max(16, M):
+            counts = torch.zeros(triton.cdiv(M, 16) * triton.cdiv(N, 16), dtype=torch.int32, device="cuda")
+            row["op_split_us"] = graph_time_us([lambda w=w: tg.gemv_split(x, w, counts, b, r, act) for w in ws],
+                                               args.repeats)
+            row["op_tiles"] = tiles_name(M, K, tg.pick_row_blocks(M, N, K, split=False))
+            row["op_split_tiles"] = tiles_name(M, K, tg.pick_row_blocks(M, N, K))
+            best, row["sweep_us"] = None, {}
+            fused = args.sweep_norm == "fused"
+            block_m, _, block_k, warps, *_ = tg.pick_row_blocks(M, N, K)
+            for bn, want in itertools.product(block_ns, splits):
+                split = tg.k_span(K, want, block_k)[1]
+                tiles = (block_m, bn, block_k, warps, tg.row_stages(block_m, bn, block_k), split)
+                if tiles_name(M, K, tiles) in row["sweep_us"] or (
+                        split > 1 and triton.cdiv(N, bn) * triton.cdiv(M, block_m) * split > SPLIT_UP_TO_PROGRAMS):
                     continue
-                fused = args.sweep_norm == "fused"
                 try:
                     t = graph_time_us([lambda w=w: tg.launch_rows(
-                        x, w, b, r, act, out, bm, bn, bk, warps, stages, norm if fused else "none",
-                        nw if fused else None, nb if fused else None) for w in ws], args.repeats)
+                        x, w, b, r, act, out, *tiles, counts, norm if fused else "none", nw if fused else None,
+                        nb if fused else None) for w in ws], args.repeats)
                 except Exception as e:  # a tile that does not fit (shared memory): go on
-                    print(f"  m{bm}-n{bn}-k{bk}-w{warps}-s{stages}: {str(e).splitlines()[0][:120]}")
+                    print(f"  {tiles_name(M, K, tiles)}: {str(e).splitlines()[0][:120]}")
                     continue
+                row["sweep_us"][tiles_name(M, K, tiles)] = t
                 if best is None or t < best[0]:
-                    best = (t, f"m{bm}-n{bn}-k{bk}-w{warps}-s{stages}", (bm, bn, bk, warps, stages))
+                    best = (t, tiles_name(M, K, tiles), tiles)
             row["best_us"], row["best_tiles"], row["sweep_norm"] = *best[:2], args.sweep_norm
             if norm != "none":  # the best tiles the other way: what computing the norm in the kernel costs
                 row["best_tiles_other_norm_us"] = graph_time_us([lambda w=w: tg.launch_rows(
-                    x, w, b, r, act, out, *best[2], *((norm, nw, nb) if not fused else ())) for w in ws],
+                    x, w, b, r, act, out, *best[2], counts, *((norm, nw, nb) if not fused else ())) for w in ws],
                     args.repeats)
             want = separate(x.float(), ws[0].float(), b.float() if b is not None else None,
                             r.float() if r is not None else None, norm, nw.float() if nw is not None else None,
                             nb.float() if nb is not None else None, act)
             row["op_max_abs_err_vs_fp32"] = (tg.gemv(x, ws[0], b, r, act, norm, nw, nb).float() - want).abs().max().item()
+            want_before = separate(x.float(), ws[0].float(), b.float() if b is not None else None,
+                                   r.float() if r is not None else None, "none", None, None, act)
+            row["op_split_max_abs_err_vs_fp32"] = (
+                tg.gemv_split(x, ws[0], counts, b, r, act).float() - want_before).abs().max().item()
+            assert not counts.any(), "gemv_split left a counter nonzero"
             row["compiled_max_abs_err_vs_fp32"] = (
                 compiled(x, ws[0], b, r, norm, nw, nb, act).float() - want).abs().max().item()
-            for k in ("compiled", "cublas_only", "op", "best"):
+            for k in ("compiled", "cublas_only", "op", "op_split", "best"):
                 row[f"{k}_gbs"] = round(gb / row[f"{k}_us"])
             rows.append(row)
             print(f"M={M} {name:22s} compiled {row['compiled_us']:6.2f} µs ({row['compiled_gbs']:5d} GB/s)  "
                   f"cuBLAS alone {row['cublas_only_us']:6.2f}  op {row['op_us']:6.2f} ({row['op_gbs']:5d}) "
-                  f"without norm {row['op_norm_before_us']:6.2f} "
-                  f"{row['op_tiles']}  best {row['best_us']:6.2f} ({row['best_gbs']:5d}) {row['best_tiles']}  "
+                  f"without norm {row['op_norm_before_us']:6.2f} {row['op_tiles']}  "
+                  f"split op {row['op_split_us']:6.2f} ({row['op_split_gbs']:5d}) {row['op_split_tiles']}  "
+                  f"best {row['best_us']:6.2f} ({row['best_gbs']:5d}) {row['best_tiles']}  "
                   f"other norm {row.get('best_tiles_other_norm_us', float('nan')):6.2f}  "
-                  f"err {row['op_max_abs_err_vs_fp32']:.2e} (compiled {row['compiled_max_abs_err_vs_fp32']:.2e})",
+                  f"err {row['op_max_abs_err_vs_fp32']:.2e} split {row['op_split_max_abs_err_vs_fp32']:.2e} "
+                  f"(compiled {row['compiled_max_abs_err_vs_fp32']:.2e})",
                   flush=True)
             ws = None
             torch.cuda.empty_cache()
