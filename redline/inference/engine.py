@@ -278,6 +278,13 @@ def matvec_unsupported(cfg) -> str | None:
     return None
 
 
+def product_counters_needed(cfg) -> int:
+    """Counters the batched product kernel's split-K needs for this model's block layers, at any batch up to
+    LINEAR_KERNEL_MAX_BATCH: one per output tile, of 16 x 16 at the smallest (triton_gemv.gemv_split)."""
+    widest = max((cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, cfg.n_embd, cfg.hidden_dim)
+    return -(-LINEAR_KERNEL_MAX_BATCH // 16) * -(-widest // 16)
+
+
 def _norm_args(norm) -> tuple:
     """The gemv op's (norm, weight, bias, eps) for a LayerNorm or RMSNorm module, rounded as the module rounds."""
     if isinstance(norm, torch.nn.RMSNorm):
@@ -286,22 +293,27 @@ def _norm_args(norm) -> tuple:
     return "layernorm", norm.weight, norm.bias, norm.eps
 
 
-def _matvec_block(block: Block, x, attention) -> torch.Tensor:
+def _matvec_block(block: Block, x, attention, counts=None) -> torch.Tensor:
     """A pre-norm block in four product kernels of redline's own and the attention kernel: x (B, 1, C), B up to
     LINEAR_KERNEL_MAX_BATCH.
 
     Each product adds its bias, activation and residual after it in the same kernel (inference/triton_gemv.py)
     and, for one row, applies the norm before it too (LayerNorm or RMSNorm): for a batch the norm runs first, in
     its own kernel, as every program of the batched product would compute the rows' statistics again (about 3x
-    slower on an H100). `attention(qkv)` -> (B, H*D)."""
-    gemv = torch.ops.redline.gemv
+    slower on an H100), and the product splits a long K where that pays (counts: its int32 zeros, at least
+    product_counters_needed). `attention(qkv)` -> (B, H*D)."""
     attn, mlp = block.attn, block.mlp
     B = x.shape[0]
 
     def product(h, layer, residual=None, act="none", norm=None):
-        if norm is not None and B > 1:
-            h, norm = norm(h), None
-        return gemv(h, layer.weight, layer.bias, residual, act, *(_norm_args(norm) if norm is not None else ()))
+        if B > 1:
+            if norm is not None:
+                h = norm(h)
+            if counts is not None:
+                return torch.ops.redline.gemv_split(h, layer.weight, counts, layer.bias, residual, act)
+            return torch.ops.redline.gemv(h, layer.weight, layer.bias, residual, act)
+        return torch.ops.redline.gemv(h, layer.weight, layer.bias, residual, act,
+                                      *(_norm_args(norm) if norm is not None else ()))
 
     h = x.view(B, -1)
     qkv = product(h, attn.qkv, norm=block.norm1)
@@ -323,7 +335,7 @@ def _decode_block(block: Block, x, rope, mask, k_cache, v_cache, slot, impl: str
 
     if matvec and x.shape[0] <= LINEAR_KERNEL_MAX_BATCH:
         return _matvec_block(block, x, lambda qkv: _triton_attention(block.attn, qkv, rope, k_cache, v_cache, slot,
-                                                                     pad, counts, mask.shape[-1], scales))
+                                                                     pad, counts, mask.shape[-1], scales), counts)
 
     def attend(h):
         if impl == "triton":
@@ -696,13 +708,16 @@ class InferenceEngine:
         return self._state
 
     def _counters(self) -> torch.Tensor | None:
-        """The zeros the "triton" decode kernel counts in (it leaves them zero); fixed in size, so the compiled
-        step never specialises on it."""
+        """The zeros the "triton" decode kernels count in (each leaves them zero, so the attention and the products
+        share them); fixed in size, so the compiled step never specialises on it."""
         if self.decode_attention != "triton":
             return None
         from redline.inference.triton_decode import counters_needed
 
-        return torch.zeros(counters_needed(self.cfg.kv_heads), dtype=torch.int32, device=self.device)
+        n = counters_needed(self.cfg.kv_heads)
+        if self.decode_linear == "triton":
+            n = max(n, product_counters_needed(self.cfg))
+        return torch.zeros(n, dtype=torch.int32, device=self.device)
 
     def _width(self, st: _DecodeState, slot: int) -> int:
         """How many cache slots the step at `slot` attends over: exactly slot + 1 when nothing is compiled or
