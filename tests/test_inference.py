@@ -545,12 +545,19 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", ["gqa", "gpt2-style", "sliding-window", "no-positions-relu2"])
-def test_matvec_decode_matches_full_forward(arch):
+@pytest.mark.parametrize("arch, hidden", [("gqa", None), ("gpt2-style", None), ("sliding-window", None),
+                                          ("no-positions-relu2", None), ("gpt2-style", 2048)])
+def test_matvec_decode_matches_full_forward(arch, hidden):
     """decode_linear triton: batch 1's blocks and head in redline's matrix-vector kernel (norms, biases,
     activations and residual adds fused), and batch 2's in its tiled kernel (the norms before it), compiled and
-    captured, greedy equal to the full forward."""
-    model = tiny_model(context_len=160, vocab_size=8200, **ARCHITECTURES[arch]).cuda()  # argmax in spans too
+    captured, greedy equal to the full forward. hidden 2048: the MLP's second product is long enough in K for the
+    batched kernel to split it (split-K, gemv_split)."""
+    import redline.inference.triton_gemv as tg
+
+    model = tiny_model(context_len=160, vocab_size=8200, mlp_hidden=hidden,  # argmax in spans too
+                       **ARCHITECTURES[arch]).cuda()
+    if hidden:
+        assert tg.pick_row_blocks(2, model.cfg.n_embd, hidden, 4)[-1] > 1
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
     engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention="triton",
