@@ -293,7 +293,7 @@ def _norm_args(norm) -> tuple:
     return "layernorm", norm.weight, norm.bias, norm.eps
 
 
-def _matvec_block(block: Block, x, attention, counts=None) -> torch.Tensor:
+def _matvec_block(block: Block, x, attention, counts) -> torch.Tensor:
     """A pre-norm block in four product kernels of redline's own and the attention kernel: x (B, 1, C), B up to
     LINEAR_KERNEL_MAX_BATCH.
 
@@ -307,11 +307,8 @@ def _matvec_block(block: Block, x, attention, counts=None) -> torch.Tensor:
 
     def product(h, layer, residual=None, act="none", norm=None):
         if B > 1:
-            if norm is not None:
-                h = norm(h)
-            if counts is not None:
-                return torch.ops.redline.gemv_split(h, layer.weight, counts, layer.bias, residual, act)
-            return torch.ops.redline.gemv(h, layer.weight, layer.bias, residual, act)
+            return torch.ops.redline.gemv_split(h if norm is None else norm(h), layer.weight, counts, layer.bias,
+                                                residual, act)
         return torch.ops.redline.gemv(h, layer.weight, layer.bias, residual, act,
                                       *(_norm_args(norm) if norm is not None else ()))
 

@@ -281,11 +281,23 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
 
 
 @triton.jit
+def _cache_tile(KB, VB, KS, VS, scales, n, lo, slot, sk_s, sv_s, D: tl.constexpr, BLOCK: tl.constexpr,
+                QUANT: tl.constexpr):
+    """The whole-width kernel's cache tile at slots n (BLOCK,): (k, v, k_scale, v_scale, valid), valid the slots
+    lo..slot-1 it attends to, the others loaded as zeros (scales: ones for a cache in the compute dtype)."""
+    d = tl.arange(0, D)[None, :]
+    valid = (n >= lo) & (n < slot)
+    k = tl.load(KB + n[:, None] * sk_s + d, mask=valid[:, None], other=0.0)
+    v = tl.load(VB + n[:, None] * sv_s + d, mask=valid[:, None], other=0.0)
+    k_scale, v_scale = _scales(KS, VS, scales + n, valid, BLOCK, QUANT)
+    return k, v, k_scale, v_scale, valid
+
+
+@triton.jit
 def _tiles_loop(q, m, l, acc, KB, VB, KS, VS, scales, lo, slot, sk_s, sv_s, qk_scale,
                 G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr):
     """The whole-width kernel's online softmax over slots lo..slot-1 on tensor cores, tile by tile, from the new
     token's (m, l, acc): q·Kᵀ and p·V as (G_PAD, BLOCK) and (G_PAD, D) products. -> the output (G_PAD, D) fp32."""
-    d = tl.arange(0, D)[None, :]
     # An FP8 tile converts to fp16 in one instruction per two values (to bf16 it takes three) and e4m3 fits fp16
     # exactly, so a half-precision query is scaled to at most 1 (fp16's range) and made fp16, its scale folded
     # into the scores'. An fp32 query stays fp32 (the tile converts to it).
@@ -298,12 +310,9 @@ def _tiles_loop(q, m, l, acc, KB, VB, KS, VS, scales, lo, slot, sk_s, sv_s, qk_s
         q_dot = q
         row_scale = tl.full([G_PAD], 1.0, tl.float32) * qk_scale
     for n0 in range(lo - lo % BLOCK, slot, BLOCK):  # online softmax over slots lo..slot-1, tile by tile
-        n = n0 + tl.arange(0, BLOCK)
-        valid = (n >= lo) & (n < slot)
-        k = tl.load(KB + n[:, None] * sk_s + d, mask=valid[:, None], other=0.0)
-        v = tl.load(VB + n[:, None] * sv_s + d, mask=valid[:, None], other=0.0)
+        k, v, k_scale, v_scale, valid = _cache_tile(KB, VB, KS, VS, scales, n0 + tl.arange(0, BLOCK), lo, slot,
+                                                    sk_s, sv_s, D, BLOCK, QUANT)
         if QUANT:
-            k_scale, v_scale = _scales(KS, VS, scales + n, valid, BLOCK, QUANT)
             s = _scores(q_dot, k.to(q_dot.dtype), True) * k_scale[None, :]
         else:
             s = _scores(q_dot, k, True)
@@ -321,19 +330,6 @@ def _tiles_loop(q, m, l, acc, KB, VB, KS, VS, scales, lo, slot, sk_s, sv_s, qk_s
 
 
 @triton.jit
-def _lanes_tile(KB, VB, KS, VS, scales, n, lo, slot, sk_s, sv_s, D: tl.constexpr, BLOCK: tl.constexpr,
-                QUANT: tl.constexpr):
-    """The cache tile at slots n (BLOCK,) for _lanes_loop: (k, v, k_scale, v_scale), slots outside lo..slot-1 as
-    zeros."""
-    d = tl.arange(0, D)[None, :]
-    valid = (n >= lo) & (n < slot)
-    k = tl.load(KB + n[:, None] * sk_s + d, mask=valid[:, None], other=0.0)
-    v = tl.load(VB + n[:, None] * sv_s + d, mask=valid[:, None], other=0.0)
-    k_scale, v_scale = _scales(KS, VS, scales + n, valid, BLOCK, QUANT)
-    return k, v, k_scale, v_scale
-
-
-@triton.jit
 def _lanes_loop(q, m_new_token, v_new_token, KB, VB, KS, VS, scales, lo, slot, sk_s, sv_s, qk_scale,
                 D: tl.constexpr, BLOCK: tl.constexpr, QUANT: tl.constexpr, LANES_STAGES: tl.constexpr):
     """The whole-width kernel's softmax over slots lo..slot-1 for a single query row (a kv head of its own, as
@@ -346,10 +342,10 @@ def _lanes_loop(q, m_new_token, v_new_token, KB, VB, KS, VS, scales, lo, slot, s
     l = tl.zeros([BLOCK], tl.float32)
     acc = tl.zeros([BLOCK, D], tl.float32)
     for n0 in tl.range(lo - lo % BLOCK, slot, BLOCK, num_stages=LANES_STAGES):
-        n = n0 + tl.arange(0, BLOCK)
-        k, v, k_scale, v_scale = _lanes_tile(KB, VB, KS, VS, scales, n, lo, slot, sk_s, sv_s, D, BLOCK, QUANT)
+        k, v, k_scale, v_scale, valid = _cache_tile(KB, VB, KS, VS, scales, n0 + tl.arange(0, BLOCK), lo, slot,
+                                                    sk_s, sv_s, D, BLOCK, QUANT)
         s = tl.sum(k.to(tl.float32) * q_row[None, :], 1) * (k_scale * qk_scale)
-        s = tl.where((n >= lo) & (n < slot), s, float("-inf"))
+        s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m, s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a lane with nothing attended yet: p = 0
         alpha = tl.exp2(m - m_safe)
