@@ -34,8 +34,9 @@ compute dtype in registers (the whole-width kernel's keys to fp16, against a que
 is scaled by each slot's key scale, and the probabilities by each slot's value scale before the product with V. The new key and value are quantised in the kernel exactly as quantize_kv does it, and
 the step attends to what it stored (so it and every later step see the same cache).
 
-Registered as `torch.ops.redline.decode_attention` (and `decode_attention_fp8`) through torch.library.triton_op,
-so torch.compile places the kernel inside its generated code and CUDA graphs capture it like any other kernel.
+Registered as `torch.ops.redline.decode_attention` (and `decode_attention_fp8`), opaque custom ops that launch the
+kernels themselves (with programmatic dependent launch on Hopper and newer: inference/triton_launch.py), so
+torch.compile calls them as they are and CUDA graphs capture them like any other kernel.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ import math
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+
+from redline.inference.triton_launch import start_dependents_then_wait, use_pdl
 
 SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
@@ -230,7 +232,8 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
                   s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, n_splits, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr):
+                  NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr,
+                  PDL: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
@@ -244,6 +247,8 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
     k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
     v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
     k_scale, v_scale = _scales(KS, VS, scales + n, n < width, SPLIT, QUANT)
+    # (the cache is written by no kernel of this step before this one: its loads go out before the wait)
+    start_dependents_then_wait(PDL)
     lo, slot = _attended_range(Pad, Slot, b, window)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     mine = (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT)  # this span holds the slot: it writes the cache
@@ -367,13 +372,14 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
                   n_kv, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                   NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr,
-                  LANES_STAGES: tl.constexpr):
+                  LANES_STAGES: tl.constexpr, PDL: tl.constexpr):
     bk = tl.program_id(0)
     b = bk // n_kv
     kv = bk % n_kv
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)[None, :]
     scales = b * ss_b + kv * ss_h
+    start_dependents_then_wait(PDL)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     lo, slot = _attended_range(Pad, Slot, b, window)
     k_new, k_new_scale = _quantize(k_new, KS + scales + slot, True, QUANT)
@@ -398,7 +404,9 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
 
 
-@triton_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts"})
+# Opaque custom ops (not torch.library.triton_op), as the product kernels' (see inference/triton_gemv.py): Triton
+# launches the kernels itself, with programmatic dependent launch where the GPU has it.
+@torch.library.custom_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts"})
 def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: torch.Tensor,
                      slot: torch.Tensor, counts: torch.Tensor,
                      width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
@@ -415,15 +423,28 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an
     explicit split above that); the split kernel counts in it and leaves it zero.
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
-    split kernel for a batch of one (or any batch of fewer than WHOLE_FROM_PROGRAMS row · kv head pairs outside
-    torch.compile), else the whole-width kernel.
+    split kernel for fewer than WHOLE_FROM_PROGRAMS (row, kv head) pairs (a batch of one), else the whole-width
+    kernel.
     -> (B, H·D) in qkv's dtype. Query head h uses kv head h // (H/KV)."""
     return _attend(qkv, k_cache, v_cache, None, None, pad, slot, counts, width, window, eps, q_norm, k_norm, cos, sin,
                    split)
 
 
+@decode_attention.register_fake
+def _(qkv, k_cache, v_cache, pad, slot, counts, width, window, eps, q_norm=None, k_norm=None, cos=None, sin=None,
+      split=0):
+    return _output_like(qkv, k_cache)
+
+
+def _output_like(qkv: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+    """The attention output for qkv: (B, H·D)."""
+    _, KV, _, D = k_cache.shape
+    return qkv.new_empty(qkv.shape[0], qkv.shape[1] - 2 * KV * D)
+
+
 # An op of its own, not optional scales on the one above: torch.library mishandles a mutated argument that is None.
-@triton_op("redline::decode_attention_fp8", mutates_args={"k_cache", "v_cache", "k_scale", "v_scale", "counts"})
+@torch.library.custom_op("redline::decode_attention_fp8",
+                         mutates_args={"k_cache", "v_cache", "k_scale", "v_scale", "counts"})
 def decode_attention_fp8(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
                          v_scale: torch.Tensor, pad: torch.Tensor, slot: torch.Tensor, counts: torch.Tensor,
                          width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
@@ -436,13 +457,20 @@ def decode_attention_fp8(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                    cos, sin, split)
 
 
+@decode_attention_fp8.register_fake
+def _(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width, window, eps, q_norm=None, k_norm=None,
+      cos=None, sin=None, split=0):
+    return _output_like(qkv, k_cache)
+
+
 def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: int, window: int, eps: float,
             q_norm, k_norm, cos, sin, split: int) -> torch.Tensor:
     """The two ops' launch (k_scale None: a cache in qkv's dtype)."""
     B, KV, _, D = k_cache.shape
     H = qkv.shape[1] // D - 2 * KV
     G = H // KV
-    whole = split < 0 or (not split and not (isinstance(B, int) and B * KV < WHOLE_FROM_PROGRAMS))
+    whole = split < 0 or (not split and B * KV >= WHOLE_FROM_PROGRAMS)
+    pdl = use_pdl(qkv.device)
     mma = G >= (WHOLE_MMA_FROM_GROUP if whole else SPLIT_MMA_FROM_GROUP)
     G_PAD = max(16, triton.next_power_of_2(G)) if mma else triton.next_power_of_2(G)
     quant = k_scale is not None
@@ -464,10 +492,10 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
                         num_stages=WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES)
         else:  # (the stages are the loop's: the kernel's own would pipeline nothing there)
             tile = dict(BLOCK=WHOLE_LANES_BLOCK, num_warps=WHOLE_LANES_WARPS, LANES_STAGES=WHOLE_LANES_STAGES)
-        wrap_triton(_whole_kernel)[(B * KV,)](
+        _whole_kernel[(B * KV,)](
             *inputs, out, *strides, KV, window, qk_scale, eps,  # (reads slots before `slot` only)
-            G=G, G_PAD=G_PAD, D=D, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma, **tile,
-            **({"maxnreg": WHOLE_MAXNREG} if WHOLE_MAXNREG else {}),
+            G=G, G_PAD=G_PAD, D=D, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma, PDL=pdl, **tile,
+            **({"maxnreg": WHOLE_MAXNREG} if WHOLE_MAXNREG else {}), launch_pdl=pdl,
         )
         return out
     split = split or SPLIT_SLOTS
@@ -477,9 +505,9 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
     parts = torch.empty((B * KV * n_splits * G, D), dtype=torch.float32, device=qkv.device)
     maxes = torch.empty((B * KV * n_splits * G,), dtype=torch.float32, device=qkv.device)
     sums = torch.empty_like(maxes)
-    wrap_triton(_split_kernel)[(B * KV, n_splits)](
+    _split_kernel[(B * KV, n_splits)](
         *inputs, counts, parts, maxes, sums, out, *strides, KV, n_splits, width, window, qk_scale, eps,
-        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma,
+        G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma, PDL=pdl, launch_pdl=pdl,
     )
     return out
 

@@ -17,8 +17,10 @@ counter of its tile; the last one adds the products in a fixed order (the same b
 applies the epilogue and puts the counter back to zero. No second kernel is launched; the round trip through L2
 costs about 1.5 µs, so a short K is not split.
 
-Registered as `torch.ops.redline.gemv` (and `gemv_split`, with split-K and its counters) through
-torch.library.triton_op, so torch.compile places the kernels in its generated code and CUDA graphs capture them.
+On Hopper and newer the kernels are launched with programmatic dependent launch (inference/triton_launch.py).
+
+Registered as `torch.ops.redline.gemv` (and `gemv_split`, with split-K and its counters), opaque custom ops that
+launch the kernels themselves: torch.compile calls them as they are and CUDA graphs capture them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+
+from redline.inference.triton_launch import start_dependents_then_wait, use_pdl
 
 ACTIVATIONS = ("none", "gelu_tanh", "relu2", "swiglu")
 NORMS = ("none", "layernorm", "rmsnorm")
@@ -114,9 +117,10 @@ def _bias_act(y, up, Bias, N, rn, n_ok, HAS_BIAS: tl.constexpr, ACT: tl.constexp
 def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, stride_r, stride_y, eps,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, NORM: tl.constexpr,
                  HAS_NORM_W: tl.constexpr, HAS_NORM_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 ONE_TILE: tl.constexpr):
+                 ONE_TILE: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), M): output features [pid·BLOCK_N, +BLOCK_N) of row m. ACT 3 (SwiGLU): W has 2N
-    rows, gate then up, and feature n is silu(gate_n)·up_n. ONE_TILE: K <= BLOCK_K, the row is loaded once."""
+    rows, gate then up, and feature n is silu(gate_n)·up_n. ONE_TILE: K <= BLOCK_K, the row is loaded once.
+    PDL: launched with programmatic dependent launch (inference/triton_launch.py)."""
     pid, m = tl.program_id(0), tl.program_id(1)
     dtype = Y.dtype.element_ty
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,6 +137,7 @@ def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, str
         w = tl.load(w_rows + rk[None, :], mask=w_ok, other=0.0)
         if ACT == 3:
             w_up = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0)
+        start_dependents_then_wait(PDL)  # (the weights are on their way while the kernel before finishes)
         x = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
         if NORM != 0:
             mean, rstd = _tile_stats(x, k_ok, K, eps, NORM)
@@ -142,6 +147,7 @@ def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, str
         if ACT == 3:
             acc_up = w_up.to(tl.float32) * x
     else:
+        start_dependents_then_wait(PDL)
         if NORM != 0:
             mean, rstd = _row_stats(x_row, K, eps, NORM, BLOCK_K)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -239,14 +245,15 @@ def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, Part, Counts, M, N, K, K_SPAN
                  stride_y, eps,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, NORM: tl.constexpr,
                  HAS_NORM_W: tl.constexpr, HAS_NORM_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """_gemv_kernel for a batch of rows: grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K), output features
     [pid·BLOCK_N, +BLOCK_N) of rows [pid_m·BLOCK_M, +BLOCK_M), as a tensor-core product over K in BLOCK_K-wide
     tiles. Narrow column tiles give enough programs to keep every SM reading weights (a batch of 64 has 64 rows,
     not 64 tiles). SPLIT_K > 1: program (pid, pid_m, s) takes K from s·K_SPAN (a multiple of BLOCK_K) to K_SPAN
     further, stores its fp32 product in Part ((SPLIT_K, tiles, BLOCK_M, BLOCK_N), SwiGLU's up products after it)
     and counts itself done in Counts (int32, zeros, one per output tile); the last one sums the products and
-    applies the epilogue, and puts the counter back to zero."""
+    applies the epilogue, and puts the counter back to zero. PDL: launched with programmatic dependent launch
+    (inference/triton_launch.py)."""
     pid, pid_m = tl.program_id(0), tl.program_id(1)
     dtype = Y.dtype.element_ty
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -256,6 +263,7 @@ def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, Part, Counts, M, N, K, K_SPAN
     x_rows = X + rm[:, None].to(tl.int64) * stride_x
     w_rows = W + rn[:, None].to(tl.int64) * stride_w
     up_rows = W + (rn[:, None] + N).to(tl.int64) * stride_w  # SwiGLU's up rows
+    start_dependents_then_wait(PDL)
     mean, rstd = tl.zeros([BLOCK_M], tl.float32), tl.full([BLOCK_M], 1.0, tl.float32)
     if NORM != 0:  # (over the whole row, in every split)
         mean, rstd = _tile_rows_stats(X, rm, m_ok, stride_x, K, eps, NORM, BLOCK_M, BLOCK_K)
@@ -320,17 +328,19 @@ def pick_blocks(N: int, K: int, norm: str = "none", act: str = "none") -> tuple[
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out: torch.Tensor,
            block_n: int, block_k: int, num_warps: int, num_stages: int = 1, norm: str = "none",
-           norm_weight=None, norm_bias=None, eps: float = 1e-5, kernel=_gemv_kernel) -> None:
-    """Run the kernel with explicit tiles (for benchmarks; the op picks its own)."""
+           norm_weight=None, norm_bias=None, eps: float = 1e-5, pdl: bool = False) -> None:
+    """Run the kernel with explicit tiles (for benchmarks; the op picks its own). pdl: with programmatic dependent
+    launch (inference/triton_launch.py; compute capability 9.0+)."""
     M, K = x.shape
     N = out.shape[1]
-    kernel[(triton.cdiv(N, block_n), M)](
+    _gemv_kernel[(triton.cdiv(N, block_n), M)](
         x, weight, bias if bias is not None else x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else x, norm_bias if norm_bias is not None else x, out, N, K,
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS.index(act),
         NORM=NORMS.index(norm), HAS_NORM_W=norm_weight is not None, HAS_NORM_B=norm_bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, ONE_TILE=K <= block_k, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, BLOCK_K=block_k, ONE_TILE=K <= block_k, PDL=pdl, num_warps=num_warps,
+        num_stages=num_stages, launch_pdl=pdl)
 
 
 ROWS_SMEM_BYTES = 160 * 1024  # the batched kernel's pipeline stages share this much shared memory at most
@@ -387,11 +397,12 @@ def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2,
 def launch_rows(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out: torch.Tensor,
                 block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, split_k: int = 1,
                 counts: torch.Tensor | None = None, norm: str = "none", norm_weight=None, norm_bias=None,
-                eps: float = 1e-5, kernel=_rows_kernel, workspace: torch.Tensor | None = None) -> None:
+                eps: float = 1e-5, workspace: torch.Tensor | None = None, pdl: bool = False) -> None:
     """Run the batched kernel with explicit tiles (for benchmarks; the op picks its own). split_k > 1: K in that
     many spans of whole K tiles (fewer where that covers K: k_span), counted in `counts` (int32 zeros, one per
     output tile, left zeros), the partial products in `workspace` (fp32, for each split (and SwiGLU's up products)
-    the output padded to whole tiles; None: allocated here)."""
+    the output padded to whole tiles; None: allocated here). pdl: with programmatic dependent launch (compute
+    capability 9.0+)."""
     M, K = x.shape
     N = out.shape[1]
     n_tiles, m_tiles = triton.cdiv(N, block_n), triton.cdiv(M, block_m)
@@ -405,15 +416,15 @@ def launch_rows(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str,
             workspace = torch.empty(size, dtype=torch.float32, device=x.device)
         elif workspace.numel() < size:
             raise ValueError(f"launch_rows: the workspace has {workspace.numel()} elements, the split needs {size}")
-    kernel[(n_tiles, m_tiles, split_k)](
+    _rows_kernel[(n_tiles, m_tiles, split_k)](
         x, weight, bias if bias is not None else x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else x, norm_bias if norm_bias is not None else x, out,
         workspace if split_k > 1 else x, counts if split_k > 1 else x, M, N, K, span,
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS.index(act),
         NORM=NORMS.index(norm), HAS_NORM_W=norm_weight is not None, HAS_NORM_B=norm_bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=num_warps,
-        num_stages=num_stages)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, PDL=pdl, num_warps=num_warps,
+        num_stages=num_stages, launch_pdl=pdl)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, norm: str, norm_weight, norm_bias,
@@ -427,16 +438,18 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, nor
     if M == 1:
         block_n, block_k, num_warps = pick_blocks(N, K, norm, act)
         launch(x, weight, bias, residual, act, out, block_n, block_k, num_warps, norm=norm, norm_weight=norm_weight,
-               norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_gemv_kernel))
+               norm_bias=norm_bias, eps=eps, pdl=use_pdl(x.device))
     else:
         # a norm in the kernel is computed over the whole row by every program: not split
         tiles = pick_row_blocks(M, N, K, x.element_size(), split=counts is not None and norm == "none")
         launch_rows(x, weight, bias, residual, act, out, *tiles, counts=counts, norm=norm, norm_weight=norm_weight,
-                    norm_bias=norm_bias, eps=eps, kernel=wrap_triton(_rows_kernel))
+                    norm_bias=norm_bias, eps=eps, pdl=use_pdl(x.device))
     return out
 
 
-@triton_op("redline::gemv", mutates_args={})
+# Opaque custom ops (not torch.library.triton_op, whose kernels Inductor launches itself, without the attribute):
+# torch.compile calls them as they are, and Triton launches the kernels with programmatic dependent launch.
+@torch.library.custom_op("redline::gemv", mutates_args=())
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, act: str = "none", norm: str = "none",
          norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
@@ -450,7 +463,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 # An op of its own, not an optional `counts` on the one above: torch.library mishandles a mutated argument that is
 # None.
-@triton_op("redline::gemv_split", mutates_args={"counts"})
+@torch.library.custom_op("redline::gemv_split", mutates_args={"counts"})
 def gemv_split(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, act: str = "none", norm: str = "none",
                norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
@@ -459,3 +472,19 @@ def gemv_split(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, bias
     same bits on every call. counts: int32 zeros, at least one per output tile of the batched kernel
     (cdiv(M, 16) · cdiv(N, 16) always suffices; a ValueError names the number otherwise); left zeros."""
     return _linear(x, weight, bias, residual, act, norm, norm_weight, norm_bias, eps, counts)
+
+
+def _output_like(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor:
+    """The ops' output for torch.compile's tracing: (M, N) in x's dtype."""
+    return x.new_empty(x.shape[0], weight.shape[0] // (2 if act == "swiglu" else 1))
+
+
+@gemv.register_fake
+def _(x, weight, bias=None, residual=None, act="none", norm="none", norm_weight=None, norm_bias=None, eps=1e-5):
+    return _output_like(x, weight, act)
+
+
+@gemv_split.register_fake
+def _(x, weight, counts, bias=None, residual=None, act="none", norm="none", norm_weight=None, norm_bias=None,
+      eps=1e-5):
+    return _output_like(x, weight, act)
