@@ -491,8 +491,8 @@ def test_fp8_kv_cache_engine(arch):
 
 
 def test_chunked_argmax_is_argmax():
-    """The batch-1 argmax in spans: the same index as argmax, ties to the first maximum included, across spans
-    and inside one, for lengths that are no multiple of the spans."""
+    """The greedy step's argmax in spans (up to batch 64): the same index as argmax, ties to the first maximum
+    included, across spans and inside one, for lengths that are no multiple of the spans."""
     from redline.inference.engine import chunked_argmax
 
     gen = torch.Generator().manual_seed(0)
