@@ -375,12 +375,15 @@ def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2,
                     split: bool = True) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k) of the batched kernel for M rows and an (N, K)
     weight, from a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): all rows in one tile, column
-    tiles narrow enough for ~50-100 programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, 32 up
-    to 4096), 64 for the head; stages from row_stages. Narrower row tiles (more programs, each weight tile read
-    once per row tile) and other K tiles were no faster. Then split-K for a long K (see SPLIT_FROM_K; split
-    False: none)."""
+    tiles narrow enough for ~50-130 programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, and
+    beyond where that still makes one program per SM at most and K is too short to split; else 32 up to 4096),
+    64 for the head; stages from row_stages. (16 columns for modern-124m's qkv and fc, 80 and 128 programs, took
+    its batch-64 step from 126.2k to 136.8k tokens/s; for GPT-2's, 144 and 192 programs, from 98.5k to 91.8k.)
+    Narrower row tiles (more programs, each weight tile read once per row tile) and other K tiles were no faster.
+    Then split-K for a long K (see SPLIT_FROM_K; split False: none)."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
-    block_n = 16 if N <= 1024 else (32 if N <= 4096 else 64)
+    narrow = N <= 1024 or (triton.cdiv(N, 16) * triton.cdiv(M, block_m) <= SPLIT_WAVE_SMS and K < SPLIT_FROM_K)
+    block_n = 16 if narrow else (32 if N <= 4096 else 64)
     block_k = 128
     stages, split_k = row_stages(block_m, block_n, block_k, elem_bytes), 1
     if split and K >= SPLIT_FROM_K:
