@@ -349,12 +349,13 @@ ROWS_SMEM_BYTES = 160 * 1024  # the batched kernel's pipeline stages share this 
 # last program can sum them), which pays only for a long K: K of at least SPLIT_FROM_K is cut into the most spans,
 # a power of two up to SPLIT_MAX, each at least SPLIT_MIN_K_SPAN long, that keep the programs within one wave, at
 # the unsplit kernel's column tiles (wider ones, which read the rows' activations fewer times, were slower: the
-# products the last program reads grow with them). A wave: SPLIT_WAVE_SMS programs (an H100's SMs) times as many
+# products the last program reads grow with them). A wave: WAVE_SMS programs (an H100's SMs) times as many
 # as SPLIT_SM_BYTES of pipelined loads hold (one at 64 rows, where a second program per SM did not help; 3 at 8).
 # Measured, µs: GPT-2's mlp.proj (768x3072) 7.5 -> 6.9 at 64 rows (2 splits), 8.7 -> 6.6 at 8 rows (8 splits);
 # GPT-2 1.5B's (1600x6400) 15.8 -> 13.2 and 16.2 -> 12.3 (2 and 4); at K 768 and 1600 every split was slower.
 SPLIT_FROM_K, SPLIT_MIN_K_SPAN, SPLIT_MAX = 2048, 256, 8
-SPLIT_WAVE_SMS, SPLIT_SM_BYTES = 132, 128 * 1024
+SPLIT_SM_BYTES = 128 * 1024
+WAVE_SMS = 132  # one program per SM (an H100's): the column tiles and the splits fill this many at most
 
 
 def k_span(K: int, split_k: int, block_k: int) -> tuple[int, int]:
@@ -382,7 +383,7 @@ def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2,
     Narrower row tiles (more programs, each weight tile read once per row tile) and other K tiles were no faster.
     Then split-K for a long K (see SPLIT_FROM_K; split False: none)."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
-    narrow = N <= 1024 or (triton.cdiv(N, 16) * triton.cdiv(M, block_m) <= SPLIT_WAVE_SMS and K < SPLIT_FROM_K)
+    narrow = N <= 1024 or (triton.cdiv(N, 16) * triton.cdiv(M, block_m) <= WAVE_SMS and K < SPLIT_FROM_K)
     block_n = 16 if narrow else (32 if N <= 4096 else 64)
     block_k = 128
     stages, split_k = row_stages(block_m, block_n, block_k, elem_bytes), 1
@@ -391,7 +392,7 @@ def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2,
         per_sm = max(1, SPLIT_SM_BYTES // (stages * (block_m + block_n) * block_k * elem_bytes))
         for want in (2, 4, 8):
             span, splits = k_span(K, want, block_k)
-            if want > SPLIT_MAX or span < SPLIT_MIN_K_SPAN or tiles * splits > SPLIT_WAVE_SMS * per_sm:
+            if want > SPLIT_MAX or span < SPLIT_MIN_K_SPAN or tiles * splits > WAVE_SMS * per_sm:
                 break
             split_k = splits
     return block_m, block_n, block_k, 4, stages, split_k
