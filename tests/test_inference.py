@@ -700,6 +700,45 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cache", ["model", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B, H, KV", [(3, 12, 3), (3, 12, 12)])
+@pytest.mark.parametrize("factor", [3.0, 100.0])
+def test_triton_decode_attention_scores_far_above_the_new_token(B, H, KV, factor, dtype, cache):
+    """The whole-width kernel sums its softmax against the new token's score: a cached key that scores far above
+    it (a copy of the query times `factor`: about 35 log2 units above, within the kernel's slack, and about 1,150,
+    where it must run again against the largest score) gives the reference's output, with no overflow; the same
+    key where the row's padding masks it changes nothing."""
+    import redline.inference.triton_decode as td
+    from redline.inference.engine import quantize_kv
+
+    D, S, width, slot = 64, 300, 300, 280
+    gen = torch.Generator().manual_seed(H + int(factor))
+    qkv = torch.randn(B, (H + 2 * KV) * D, generator=gen).cuda().to(dtype)
+    q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
+    k_cache, v_cache = (torch.randn(B, KV, S, D, generator=gen).cuda() for _ in range(2))
+    pad = torch.tensor([0, 40, 7], device="cuda")
+    heads = q.float().view(B, H, D)[:, :: H // KV]  # each kv head's first query head
+    k_cache[:, :, 100] = factor * heads  # attended by every row
+    k_cache[1, :, 20] = 2 * factor * heads[1]  # before row 1's padding ends: masked
+    counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
+    args = (pad, torch.tensor([slot], device="cuda"), counts, width, 0, 1e-5)
+    if cache == "fp8":
+        (k8, k_scale), (v8, v_scale) = quantize_kv(k_cache), quantize_kv(v_cache)
+        got = torch.ops.redline.decode_attention_fp8(qkv, k8, v8, k_scale, v_scale, *args, split=-1)
+        want = decode_attention_reference(q, k, v, k8, v8, pad, slot, width, 0, 1e-5, scales=(k_scale, v_scale),
+                                          key_stored=(k8[:, :, slot], k_scale[:, :, slot]))[0]
+    else:
+        k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+        want = decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot, width, 0, 1e-5)[0]
+        got = torch.ops.redline.decode_attention(qkv, k_cache, v_cache, *args, split=-1)
+    assert got.isfinite().all()
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch", ["gqa", "gpt2-style", "sliding-window"])
 def test_fp8_cache_compiled_engine_matches_eager(arch):
     """An FP8 cache in the compiled, captured engine with redline's kernels (batch 1's matrix-vector path and the
