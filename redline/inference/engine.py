@@ -184,6 +184,7 @@ class _DecodeState:
     slot: torch.Tensor  # (1,) cache slot the step writes (shared by all rows: prompts are left-padded)
     pad: torch.Tensor  # (B,) left padding of each row; position = slot - pad
     slots: torch.Tensor  # (S,) 0..S-1, for the mask
+    history: torch.Tensor  # (B, S) the token at each slot; a greedy step writes its argmax at slot + 1
     counts: torch.Tensor | None = None  # int32 zeros the "triton" decode kernel counts finished spans in
     graphs: dict = field(default_factory=dict)  # (width, greedy) -> (CUDAGraph, its outputs)
     pool: object = None  # one memory pool shared by the graphs of every width (they never run concurrently)
@@ -435,9 +436,10 @@ def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
     return chunk[:, 0] * span + where.gather(1, chunk)[:, 0]
 
 
-def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool = False):
+def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool = False, slot=None, history=None):
     """(logits (B, vocab) fp32, next tokens (B,) or None). greedy: also take the argmax and write it into
-    `tokens`, the next step's input, so that greedy decoding runs entirely inside the step (and its graph).
+    `tokens`, the next step's input, and into `history` (B, S) at slot + 1, then advance `slot` by one, so that
+    greedy decoding runs entirely inside the step (and its graph): the host launches steps and nothing else.
     matvec: see _head_logits."""
     logits = _head_logits(model, x, matvec)
     if not greedy:
@@ -446,12 +448,15 @@ def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool = False):
     spans = logits.shape[0] <= ARGMAX_SPANS_MAX_BATCH and logits.shape[1] >= 8192
     nxt = chunked_argmax(logits) if spans else logits.argmax(dim=-1)
     tokens.copy_(nxt[:, None])
+    history.index_copy_(1, slot + 1, nxt[:, None])
+    slot.add_(1)
     return logits, nxt
 
 
 def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, greedy: bool, fns=None,
-                   mark_dynamic=None, counts=None, matvec: bool = False, scales=None):
-    """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> _decode_output's pair.
+                   mark_dynamic=None, counts=None, matvec: bool = False, scales=None, history=None):
+    """One decode step through the whole model: tokens (B, 1) at cache slot `slot` -> _decode_output's pair
+    (greedy: the step also records its tokens in `history` and advances `slot`).
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers. fns: the
     (inputs, block, output) functions, each compiled alone (None: the plain ones, inlined when this whole
@@ -465,7 +470,7 @@ def _decode_layers(model: GPT, tokens, slot, pad, slots, ks, vs, impl: str, gree
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
     for block, k_cache, v_cache, layer_scales in zip(model.blocks, ks, vs, scales or [None] * len(ks)):
         x = block_fn(block, x, rope, mask, k_cache, v_cache, slot, impl, pad, counts, matvec, layer_scales)
-    return output_fn(model, x, tokens, greedy, matvec)
+    return output_fn(model, x, tokens, greedy, matvec, slot, history)
 
 
 def _prefill_attention(attn, q, k, v, mask):
@@ -723,6 +728,7 @@ class InferenceEngine:
             slot=torch.zeros(1, dtype=torch.long, device=dev),
             pad=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
+            history=torch.zeros(batch, capacity + 1, dtype=torch.long, device=dev),
             counts=self._counters(),
         )
         return self._state
@@ -749,21 +755,24 @@ class InferenceEngine:
 
     def _decode_step(self, st: _DecodeState, width: int, greedy: bool):
         """(logits (B, vocab), next tokens or None) of the step that reads st.tokens and writes cache slot
-        st.slot, attending over the first `width` slots; greedy: the argmax is taken and written to st.tokens."""
+        st.slot, attending over the first `width` slots; greedy: the argmax is taken and written to st.tokens and
+        st.history, and st.slot advances by one."""
         ks, vs, scales = st.cache.k, st.cache.v, st.cache.scales
         slots = st.slots[:width]
-        self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), *[(t, 0, 2) for t in ks + vs],
+        self._mark_dynamic((st.tokens, 0), (st.pad, 0), (slots, 0), (st.history, 0, 1), *[(t, 0, 2) for t in ks + vs],
                            *[(t, 0, 2) for pair in scales or () for t in pair])
         return self._decode_all(self.model, st.tokens, st.slot, st.pad, slots, ks, vs, self.decode_attention, greedy,
                                 self._decode_fns, self._mark_dynamic if self._decode_fns else None, st.counts,
-                                self.decode_linear == "triton", scales)
+                                self.decode_linear == "triton", scales, st.history)
 
     def _warm_step(self, st: _DecodeState, width: int, greedy: bool) -> None:
         """Run the step without advancing anything: it rewrites the current slot with the same values, and the
-        input tokens a greedy step overwrites are put back."""
-        tokens = st.tokens.clone()
+        input tokens and the slot a greedy step changes are put back (what it writes into the history, the same
+        step writes again)."""
+        tokens, slot = st.tokens.clone(), st.slot.clone()
         self._decode_step(st, width, greedy)
         st.tokens.copy_(tokens)
+        st.slot.copy_(slot)
 
     def _mark_dynamic(self, *specs) -> None:
         """Batch, length and width dims are dynamic for torch.compile: one compilation for all sizes (instead
@@ -886,7 +895,7 @@ class InferenceEngine:
             for b, p in enumerate(prompts):
                 seen[b, torch.as_tensor(sorted(set(p)), device=dev)] = True
         stop_set = {int(t) for t in stop_tokens}
-        out = torch.empty(B, max_new_tokens, dtype=torch.long, device=dev)
+        out = st.history[:, T:T + max_new_tokens]  # the new tokens; the greedy step writes them there itself
         results = [Generation([], "length", n) for n in lens]
         done = [False] * B
 
@@ -913,28 +922,37 @@ class InferenceEngine:
         all_done = take([[t] for t in nxt.tolist()])
         t_first = time.perf_counter()
         sync_every = sync_every or (1 if on_tokens is not None else 16)
+        # Without a callback waiting for tokens, each chunk is copied to the host while the GPU runs the next
+        # one and read a chunk later, so the GPU never waits for the host (rows may then run up to one chunk
+        # past their stop, which take() drops).
+        lagged = on_tokens is None and dev.type == "cuda"
+        pending = None  # (event, host copy) of the chunk copied but not yet read
         synced, steps = 1, 1
-        in_step = sampling.greedy and seen is None  # the step itself takes the argmax and feeds it back
+        in_step = sampling.greedy and seen is None  # the step itself takes the argmax, records it, moves on
         for i in range(1, max_new_tokens):
             if all_done:
                 break
             if i == 1 or not in_step:
                 st.tokens.copy_(nxt[:, None])
-            st.slot.fill_(T + i - 1)
+                st.slot.fill_(T + i - 1)
             width = self._width(st, T + i - 1)
             decode_setup_s += self._prepare_step(st, width, in_step)
             logits, nxt = self._step(st, width, in_step)
             if not in_step:
                 nxt = sample_next(logits, sampling, generator, seen)
-            out[:, i] = nxt
+                out[:, i] = nxt
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
             steps = i + 1
             if steps - synced >= sync_every or steps == max_new_tokens:
-                all_done = take(out[:, synced:steps].tolist())
+                chunk = _to_host(out[:, synced:steps])
                 synced = steps
-        if synced < steps:
-            take(out[:, synced:steps].tolist())
+                if lagged:
+                    chunk, pending = pending, chunk
+                if chunk is not None:
+                    all_done = take(_read(chunk))
+        if pending is not None:
+            take(_read(pending))
         t_end = time.perf_counter()
         self.last = Timings(batch=B, prompt_len=max(lens), steps=steps, ttft_s=t_first - t_start - prefill_setup_s,
                             decode_s=t_end - t_first - decode_setup_s, total_s=t_end - t_start,
@@ -976,6 +994,24 @@ class InferenceEngine:
             logits, _ = self._step(st, width, False)
             keep(logits, tokens[:, i + 1])
         return torch.stack(logps, 1).cpu(), torch.stack(picks, 1).cpu()
+
+
+def _to_host(x: torch.Tensor) -> tuple:
+    """Start copying x to the host: -> (an event recorded after the copy, or None on a CPU; the host tensor)."""
+    if x.device.type != "cuda":
+        return None, x
+    host = x.to("cpu", non_blocking=True)  # (into pinned memory)
+    event = torch.cuda.Event()
+    event.record()
+    return event, host
+
+
+def _read(copy: tuple) -> list:
+    """The rows of a _to_host copy, once it has arrived."""
+    event, host = copy
+    if event is not None:
+        event.synchronize()
+    return host.tolist()
 
 
 # ----------------------------------------------------------------------------------------------------
