@@ -212,6 +212,27 @@ def test_stop_tokens_end_rows_separately():
     assert seen == refs[1][:5]  # the callback saw every token as it came, and ended the row
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_stop_tokens_with_captured_greedy_steps():
+    """On a GPU the greedy step records its tokens and advances the slot inside its CUDA graph, and the host
+    reads each chunk a chunk late: rows still end at their stop token exactly (what ran past it is dropped),
+    chunk sizes that do not divide the length included, and the next call starts clean."""
+    model = tiny_model(context_len=160, n_kv_head=2).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    refs = [reference_greedy(model, p, 40) for p in PROMPTS]
+    engine = InferenceEngine(model, dtype=torch.float32)
+    for stop, sync_every in [(refs[0][3], 4), (refs[2][17], 3), (refs[1][30], None)]:
+        results = engine.generate(PROMPTS, 40, stop_tokens=[stop], sync_every=sync_every)
+        for ref, res in zip(refs, results):
+            if stop in ref:
+                assert res.tokens == ref[: ref.index(stop)] and res.finish_reason == "stop_token"
+            else:
+                assert res.tokens == ref and res.finish_reason == "length"
+    assert [r.tokens for r in engine.generate(PROMPTS, 40, sync_every=7)] == refs
+
+
 @pytest.mark.parametrize("params, fragment", [
     (SamplingParams(temperature=-0.1), "temperature must be >= 0"),
     (SamplingParams(temperature=1.0, top_p=0.0), "top_p must be in (0, 1]"),
