@@ -184,7 +184,7 @@ class _DecodeState:
     slot: torch.Tensor  # (1,) cache slot the step writes (shared by all rows: prompts are left-padded)
     pad: torch.Tensor  # (B,) left padding of each row; position = slot - pad
     slots: torch.Tensor  # (S,) 0..S-1, for the mask
-    history: torch.Tensor  # (B, S) the token at each slot; a greedy step writes its argmax at slot + 1
+    history: torch.Tensor  # (B, S + 1) the token at each slot; a greedy step writes its argmax at slot + 1
     counts: torch.Tensor | None = None  # int32 zeros the "triton" decode kernel counts finished spans in
     graphs: dict = field(default_factory=dict)  # (width, greedy) -> (CUDAGraph, its outputs)
     pool: object = None  # one memory pool shared by the graphs of every width (they never run concurrently)
