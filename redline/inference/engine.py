@@ -436,9 +436,9 @@ def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
     return chunk[:, 0] * span + where.gather(1, chunk)[:, 0]
 
 
-def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool = False, slot=None, history=None):
+def _decode_output(model: GPT, x, tokens, greedy: bool, matvec: bool, slot, history):
     """(logits (B, vocab) fp32, next tokens (B,) or None). greedy: also take the argmax and write it into
-    `tokens`, the next step's input, and into `history` (B, S) at slot + 1, then advance `slot` by one, so that
+    `tokens`, the next step's input, and into `history` (B, S + 1) at slot + 1, then advance `slot` by one, so that
     greedy decoding runs entirely inside the step (and its graph): the host launches steps and nothing else.
     matvec: see _head_logits."""
     logits = _head_logits(model, x, matvec)
