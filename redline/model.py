@@ -1,15 +1,20 @@
 """A decoder-only transformer in which every architectural choice is a config field.
 
 Features (each a field of `ModelConfig`):
-- attention: multi-head, grouped-query or multi-query through `n_kv_head`; QK-norm (RMSNorm on q and k
-  per head); one fused QKV projection or separate q/k/v; optional sliding-window attention;
-  PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
-- positions: RoPE (with `rope_theta`), learned absolute, or none;
+- attention: multi-head, grouped-query or multi-query through `n_kv_head`; a head width of its own
+  (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head); one fused QKV projection or separate
+  q/k/v, with or without biases (`qkv_bias`, as Qwen2's); optional sliding-window attention; documents packed
+  into one row attend only within themselves (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn,
+  flash, efficient, math);
+- inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
+  engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
+- positions: RoPE (with `rope_theta`, and Llama 3's or linear frequency scaling), learned absolute, or none;
+  explicit per-token positions (packed documents restart at 0);
 - MLP: GELU, SwiGLU or ReLU², hidden size rounded up to a multiple of 64 (SwiGLU at 2/3 of the width of
   the others so the parameter count stays comparable);
 - norm: RMSNorm or LayerNorm, pre or post;
 - tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
-  logits are never sampled);
+  logits are never sampled), logit soft-capping, zero-initialised output projections;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
   (`ce_chunk_tokens`, redline/chunked_cross_entropy.py);
 - parameter counts (with and without embeddings) and FLOPs per token, by the 6N + 12·L·d·T formula and
@@ -47,6 +52,9 @@ class ModelConfig:
     """Number of query heads; must divide n_embd."""
     n_kv_head: int | None = None
     """Number of key/value heads: n_head for multi-head, 1 for multi-query, in between for GQA (must divide n_head). None means n_head."""
+    head_size: int | None = None
+    """Width of one attention head. None: n_embd // n_head (n_head must divide n_embd). Qwen3, for one, sets it
+    apart from the width (n_embd 1024, 16 heads of 128)."""
     qk_norm: bool = False
     """Apply RMSNorm to q and k per head before attention (QK-norm)."""
     fused_qkv: bool = True
@@ -57,6 +65,17 @@ class ModelConfig:
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
+    rope_scaling: Literal["none", "linear", "llama3"] = "none"
+    """RoPE frequency scaling for contexts beyond the trained one: linear divides every frequency by rope_factor;
+    llama3 divides the low frequencies only and blends the middle band (Llama 3.1's rule)."""
+    rope_factor: float = 1.0
+    """linear and llama3 scaling: the factor frequencies are divided by."""
+    rope_low_freq_factor: float = 1.0
+    """llama3 scaling: wavelengths above rope_original_context / this are scaled in full."""
+    rope_high_freq_factor: float = 4.0
+    """llama3 scaling: wavelengths below rope_original_context / this are left as they are."""
+    rope_original_context: int = 8192
+    """llama3 scaling: the context length the model was first trained at."""
     mlp: Literal["gelu", "swiglu", "relu2"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, or ReLU squared."""
     fused_mlp: bool = True
@@ -73,6 +92,14 @@ class ModelConfig:
     """Share the token embedding matrix with the output head."""
     bias: bool = False
     """Biases in the Linear layers (and LayerNorm)."""
+    qkv_bias: bool | None = None
+    """Biases in the q/k/v projections alone (Qwen2's layout). None: as `bias`."""
+    logit_softcap: float = 0.0
+    """Cap the output logits smoothly at ±this (softcap · tanh(logits / softcap), as Gemma 2 and modded-nanogpt do);
+    0 = off."""
+    zero_init_proj: bool = False
+    """Initialise every residual output projection (attention and MLP) to zero, so each block starts as the
+    identity (modded-nanogpt's choice); False: GPT-2's N(0, 0.02/sqrt(2·n_layer))."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches (training only)."""
     attn_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
@@ -89,7 +116,11 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size if self.head_size is not None else self.n_embd // self.n_head
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
 
     @property
     def padded_vocab(self) -> int:
@@ -109,7 +140,9 @@ class ModelConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
+        if self.head_size is not None and self.head_size <= 0:
+            raise UserError(f"model.head_size must be positive or None (n_embd / n_head), got {self.head_size}")
+        if self.head_size is None and self.n_embd % self.n_head:
             raise UserError(
                 f"model.n_head={self.n_head} does not divide model.n_embd={self.n_embd}; "
                 f"pick a head count such as {_divisors_near(self.n_embd, self.n_head)}"
@@ -120,7 +153,18 @@ class ModelConfig:
                 f"pick one of {[d for d in range(1, self.n_head + 1) if self.n_head % d == 0]}"
             )
         if self.pos_emb == "rope" and self.head_dim % 2:
-            raise UserError(f"RoPE needs an even head_dim, got {self.head_dim} (n_embd/n_head)")
+            raise UserError(f"RoPE needs an even head width, got {self.head_dim} (model.head_size or n_embd/n_head)")
+        if self.rope_scaling != "none" and self.rope_factor < 1.0:
+            raise UserError(f"model.rope_factor must be >= 1 with rope_scaling={self.rope_scaling}, "
+                            f"got {self.rope_factor}")
+        if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise UserError("rope_scaling=llama3 needs 0 < model.rope_low_freq_factor < model.rope_high_freq_factor, "
+                            f"got {self.rope_low_freq_factor} and {self.rope_high_freq_factor}")
+        if self.logit_softcap < 0:
+            raise UserError(f"model.logit_softcap must be >= 0 (0 = off), got {self.logit_softcap}")
+        if self.logit_softcap and self.ce_chunk_tokens:
+            raise UserError("model.logit_softcap with model.ce_chunk_tokens is not implemented (the chunked loss "
+                            "takes the head's raw logits); turn one of them off")
         if self.sliding_window < 0:
             raise UserError(f"model.sliding_window must be >= 0 (0 = off), got {self.sliding_window}")
         if not 0.0 <= self.dropout < 1.0:
@@ -147,10 +191,31 @@ def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def rope_tables(head_dim: int, length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of shape (length, head_dim // 2), in fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """The (head_dim // 2,) fp32 angular frequencies of RoPE, with the config's scaling applied.
+
+    llama3: wavelengths longer than rope_original_context / rope_low_freq_factor are divided by rope_factor, those
+    shorter than rope_original_context / rope_high_freq_factor are kept, and the band between blends the two
+    linearly in rope_original_context / wavelength (the rule of Meta's Llama 3.1 reference code)."""
+    D = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    if cfg.rope_scaling == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_scaling == "llama3":
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (cfg.rope_original_context / wavelength - cfg.rope_low_freq_factor) / (
+            cfg.rope_high_freq_factor - cfg.rope_low_freq_factor)
+        blended = (1 - smooth) * inv_freq / cfg.rope_factor + smooth * inv_freq
+        long = wavelength > cfg.rope_original_context / cfg.rope_low_freq_factor
+        short = wavelength < cfg.rope_original_context / cfg.rope_high_freq_factor
+        return torch.where(long, inv_freq / cfg.rope_factor, torch.where(short, inv_freq, blended))
+    return inv_freq
+
+
+def rope_tables(cfg: ModelConfig, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (length, head_dim // 2), in fp32 (length: the context by default)."""
+    positions = torch.arange(length or cfg.context_len, dtype=torch.float32)
+    angles = torch.outer(positions, rope_frequencies(cfg))
     return angles.cos(), angles.sin()
 
 
@@ -184,12 +249,13 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        bias = cfg.has_qkv_bias
         if cfg.fused_qkv:
-            self.qkv = nn.Linear(cfg.n_embd, q_dim + 2 * kv_dim, bias=cfg.bias)
+            self.qkv = nn.Linear(cfg.n_embd, q_dim + 2 * kv_dim, bias=bias)
         else:
-            self.q = nn.Linear(cfg.n_embd, q_dim, bias=cfg.bias)
-            self.k = nn.Linear(cfg.n_embd, kv_dim, bias=cfg.bias)
-            self.v = nn.Linear(cfg.n_embd, kv_dim, bias=cfg.bias)
+            self.q = nn.Linear(cfg.n_embd, q_dim, bias=bias)
+            self.k = nn.Linear(cfg.n_embd, kv_dim, bias=bias)
+            self.v = nn.Linear(cfg.n_embd, kv_dim, bias=bias)
         self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
         if cfg.qk_norm:
@@ -233,7 +299,13 @@ class Attention(nn.Module):
         B, _, Tq, _ = q.shape
         return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
 
-    def forward(self, x, rope, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
+        where query i may attend key j. cache: None, or a KV cache layer of the inference engine
+        (redline/inference/cache.py), which stores this call's keys and values and attends over all it holds:
+        `cache.attend(self, x, rope) -> (B, T, H*D)`, calling back into project / project_qkv / attend."""
+        if cache is not None:
+            return self.proj(cache.attend(self, x, rope))
         q, k, v = self.project_qkv(x, rope)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
         return self.proj(y)
@@ -271,11 +343,12 @@ class Block(nn.Module):
         self.norm2, self.mlp = make_norm(cfg, cfg.n_embd), MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope, attn_mask=None):
+    def forward(self, x, rope, attn_mask=None, cache=None):
+        """x: (B, T, C) -> (B, T, C); attn_mask and cache as Attention.forward."""
         if self.pre:
-            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask))
+            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask, cache))
             return x + self.drop(self.mlp(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask)))
+        x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache)))
         return self.norm2(x + self.drop(self.mlp(x)))
 
 
@@ -298,19 +371,24 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         if cfg.pos_emb == "rope":
-            cos, sin = rope_tables(cfg.head_dim, cfg.context_len, cfg.rope_theta)
+            cos, sin = rope_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2·n_layer)."""
+        """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2·n_layer) (or zero with
+        zero_init_proj)."""
         std = 0.02
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                scale = 1 / math.sqrt(2 * self.cfg.n_layer) if getattr(module, "is_residual_out", False) else 1
-                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+                residual_out = getattr(module, "is_residual_out", False)
+                if residual_out and self.cfg.zero_init_proj:
+                    nn.init.zeros_(module.weight)
+                else:
+                    scale = 1 / math.sqrt(2 * self.cfg.n_layer) if residual_out else 1
+                    nn.init.normal_(module.weight, mean=0.0, std=std * scale)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -321,7 +399,7 @@ class GPT(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
         if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
-            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.context_len, self.cfg.rope_theta)
+            cos, sin = rope_tables(self.cfg)
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
@@ -336,10 +414,24 @@ class GPT(nn.Module):
         dist = i[:, None] - i[None, :]
         return (dist >= 0) & (dist < w)
 
+    def attention_mask(self, T: int, device, doc_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """None for plain causal attention, else a bool mask, True where query i may attend key j: (T, T) for a
+        sliding window alone; (B, 1, T, T) with doc_ids (B, T), each token attending only to earlier tokens of its
+        own document (packed sequences do not see each other)."""
+        mask = self.sliding_mask(T, device)
+        if doc_ids is None:
+            return mask
+        i = torch.arange(T, device=device)
+        allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])  # (B, T, T)
+        if mask is not None:
+            allowed = allowed & mask
+        return allowed[:, None]
+
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
         """Token (and learned position) embeddings and the RoPE tables for these positions.
 
         idx: (B, T) token ids; positions: None for 0..T-1, else (T,) or (B, T) absolute positions.
+        -> x (B, T, C), rope (cos, sin) of (T, D/2) or (B, 1, T, D/2) each, or None without RoPE.
         """
         T = idx.shape[1]
         if positions is None:
@@ -355,19 +447,30 @@ class GPT(nn.Module):
             rope = (cos, sin)
         return self.drop(x), rope
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (..., C), after norm_f -> logits (..., padded_vocab), soft-capped when logit_softcap
+        is set (then in fp32)."""
+        logits = self.lm_head(x)
+        cap = self.cfg.logit_softcap
+        return cap * torch.tanh(logits.float() / cap) if cap else logits
+
     def forward(
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
         reduction: Literal["mean", "none"] = "mean",
+        positions: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
     ):
         """idx: (B, T). With targets (B, T): the cross-entropy loss (mean, or per token with reduction='none';
-        targets of -1 are ignored). Without: logits (B, T, vocab_size), padding removed."""
+        targets of -1 are ignored). Without: logits (B, T, vocab_size), padding removed.
+        positions (T,) or (B, T): each token's position (None: 0..T-1); doc_ids (B, T): packed documents, each
+        attending only within itself (give positions that restart at each document with it)."""
         B, T = idx.shape
         if T > self.cfg.context_len:
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
-        x, rope = self.embed(idx)
-        mask = self.sliding_mask(T, idx.device)
+        x, rope = self.embed(idx, positions)
+        mask = self.attention_mask(T, idx.device, doc_ids)
         for block in self.blocks:
             x = block(x, rope, mask)
         x = self.norm_f(x)
@@ -375,7 +478,7 @@ class GPT(nn.Module):
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
                                          self.cfg.ce_chunk_tokens, reduction, ignore_index=-1)
             return loss.view(B, T) if reduction == "none" else loss
-        logits = self.lm_head(x)
+        logits = self.logits(x)
         if targets is None:
             return logits[..., : self.cfg.vocab_size]
         loss = F.cross_entropy(
@@ -400,7 +503,8 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int | None = None, exact: bool = False) -> float:
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
-        exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table; PaLM appendix B).
+        exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table, d the attention width
+        n_head · head_dim; PaLM appendix B).
         exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
         + 12·L·H·D·T_attended, where T_attended is capped by the sliding window; norms and elementwise
         work are left out, as in the formula.
@@ -409,7 +513,7 @@ class GPT(nn.Module):
         T = seq_len or cfg.context_len
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0)
-            return 6 * n + 12 * cfg.n_layer * cfg.n_embd * T
+            return 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
         matmul = 0
         for block in self.blocks:
             for module in block.modules():

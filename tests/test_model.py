@@ -94,7 +94,7 @@ def reference_attention(model: GPT, x: torch.Tensor) -> torch.Tensor:
         q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * attn.q_norm.weight.double()
         k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * attn.k_norm.weight.double()
     if cfg.pos_emb == "rope":
-        cos, sin = rope_tables(D, T, cfg.rope_theta)
+        cos, sin = rope_tables(cfg, T)
         q, k = apply_rope(q, cos.double(), sin.double()), apply_rope(k, cos.double(), sin.double())
     k = k.repeat_interleave(H // KV, dim=1)
     v = v.repeat_interleave(H // KV, dim=1)
@@ -247,3 +247,68 @@ def test_compile_matches_eager():
         eager = model(idx)
         compiled = torch.compile(model)(idx)
     assert torch.allclose(eager, compiled, atol=1e-4, rtol=1e-4)
+
+
+def test_head_size_apart_from_the_width_matches_the_reference():
+    """Qwen3's layout: heads wider than n_embd / n_head (here 4 heads of 16 on a width of 32)."""
+    torch.manual_seed(2)
+    model = GPT(small(head_size=16, qk_norm=True)).double()
+    attn = model.blocks[0].attn
+    assert attn.qkv.weight.shape == ((4 + 2 * 2) * 16, 32) and attn.proj.weight.shape == (32, 64)
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    _, rope = model.embed(torch.zeros(2, 12, dtype=torch.long))
+    ours = attn(x, tuple(t.double() for t in rope))
+    assert torch.allclose(ours, reference_attention(model, x), atol=1e-10, rtol=1e-8)
+    assert model(torch.randint(0, 101, (2, 12))).shape == (2, 12, 101)
+
+
+def test_qkv_bias_alone():
+    """Qwen2's layout: biases on q, k and v only."""
+    model = GPT(small(qkv_bias=True, fused_qkv=False))
+    names = {n for n, _ in model.named_parameters() if n.endswith(".bias")}
+    assert names == {f"blocks.{i}.attn.{p}.bias" for i in range(2) for p in "qkv"}
+    assert not {n for n, _ in GPT(small(bias=True, qkv_bias=False)).named_parameters() if ".attn.q" in n and "bias" in n}
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pos_emb": "learned"}, {"sliding_window": 3}])
+def test_packed_documents_equal_each_document_alone(overrides):
+    """Documents packed into one row with doc_ids and restarting positions see only themselves."""
+    torch.manual_seed(3)
+    model = GPT(small(**overrides)).eval()
+    a, b = torch.randint(0, 101, (1, 7)), torch.randint(0, 101, (1, 5))
+    packed = torch.cat([a, b], dim=1)
+    doc_ids = torch.tensor([[0] * 7 + [1] * 5])
+    positions = torch.tensor([list(range(7)) + list(range(5))])
+    together = model(packed, positions=positions, doc_ids=doc_ids)
+    torch.testing.assert_close(together[:, :7], model(a), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(together[:, 7:], model(b), atol=1e-5, rtol=1e-5)
+
+
+def test_llama3_rope_scaling_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from redline.model import rope_frequencies
+
+    hf = transformers.LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=500000.0,
+                                  max_position_embeddings=131072,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
+    cfg = ModelConfig(n_embd=256, n_head=4, rope_theta=500000.0, rope_scaling="llama3", rope_factor=8.0,
+                      rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_context=8192)
+    torch.testing.assert_close(rope_frequencies(cfg), expected.float())
+    linear = replace(cfg, rope_scaling="linear", rope_factor=2.0)
+    torch.testing.assert_close(rope_frequencies(linear), rope_frequencies(replace(cfg, rope_scaling="none")) / 2)
+
+
+def test_logit_softcap_and_zero_init_projections():
+    torch.manual_seed(0)
+    capped = GPT(small(logit_softcap=2.0))
+    logits = capped(torch.randint(0, 101, (2, 9)))
+    assert logits.abs().max() < 2.0 and torch.isfinite(capped(torch.randint(0, 101, (2, 9)), torch.randint(0, 101, (2, 9))))
+    zero = GPT(small(zero_init_proj=True))
+    assert all(block.attn.proj.weight.abs().max() == 0 and block.mlp.proj.weight.abs().max() == 0
+               for block in zero.blocks)
+    with pytest.raises(UserError, match="logit_softcap"):
+        GPT(small(logit_softcap=2.0, ce_chunk_tokens=8))

@@ -609,7 +609,7 @@ class InferenceEngine:
         if self.kernel_tuning and on_cuda:
             split_linear_bias(model)
         if self.cfg.pos_emb == "rope":  # bf16 angles are too coarse at large positions: keep the tables fp32
-            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.context_len, self.cfg.rope_theta)
+            cos, sin = rope_tables(self.cfg)
             model.rope_cos, model.rope_sin = cos.to(self.device), sin.to(self.device)
         if self.compile:
             # the batch, length and width dims are marked dynamic at each call (_mark_dynamic), so one
