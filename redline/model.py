@@ -376,6 +376,15 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
 
+    def _apply(self, fn, recurse: bool = True):
+        """Module.to(), .cuda(), .half(), to_empty() and the like, with the RoPE tables recomputed in fp32 wherever
+        they land: cast to bf16 their angles are too coarse at large positions, and to_empty() leaves them empty."""
+        super()._apply(fn, recurse)
+        if self.cfg.pos_emb == "rope" and self.rope_cos.device.type != "meta":
+            cos, sin = rope_tables(self.cfg)
+            self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+        return self
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2·n_layer) (or zero with

@@ -73,24 +73,13 @@ def test_greedy_matches_full_forward_batched(arch):
     assert single == results[2].tokens
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "flex"])
-@pytest.mark.parametrize("arch", ["mha", "gqa", "mqa", "sliding-window"])
-def test_other_decode_attention_matches(arch, impl):
-    """flex runs FlexAttention's unfused reference here (eager): the same masking as its GPU kernel."""
-    model = tiny_model(**ARCHITECTURES[arch])
-    engine = InferenceEngine(model, dtype=torch.float64, decode_attention=impl)
-    assert [r.tokens for r in engine.generate(PROMPTS, 16)] == [reference_greedy(model, p, 16) for p in PROMPTS]
-
-
-def test_flex_compiled_on_cpu_is_refused():
-    with pytest.raises(UserError, match="flex compiles for CUDA GPUs only"):
-        InferenceEngine(tiny_model(), decode_attention="flex", compile=True)
+def test_options_are_checked_where_they_cannot_run():
     with pytest.raises(UserError, match="triton runs on CUDA GPUs only"):
         InferenceEngine(tiny_model(), decode_attention="triton")
+    with pytest.raises(UserError, match="decode_attention must be one of auto, matmul, triton"):
+        InferenceEngine(tiny_model(), decode_attention="flex")
     # auto picks the Triton kernel only for a step compiled for a GPU
     assert InferenceEngine(tiny_model(), compile=True).describe()["decode_attention"] == "matmul"
-    with pytest.raises(UserError, match="compile_scope must be block or step"):
-        InferenceEngine(tiny_model(), compile_scope="model")
     with pytest.raises(UserError, match="decode_linear triton runs on CUDA GPUs only"):
         InferenceEngine(tiny_model(), decode_linear="triton")
     with pytest.raises(UserError, match="decode_linear must be one of auto, torch, triton"):
@@ -100,15 +89,39 @@ def test_flex_compiled_on_cpu_is_refused():
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),
                                             ("mha", None), ("gpt2-style", None), ("no-positions-relu2", None)])
-def test_matvec_architectures(arch, fragment):
-    """Which architectures batch 1's matrix-vector path can run (it fuses each norm into the next product)."""
-    from redline.inference.engine import matvec_unsupported
+def test_fused_block_architectures(arch, fragment):
+    """Which architectures the fused decode block computes (it fuses each norm into the next product)."""
+    from redline.inference.kernels.fused_block import unsupported
 
     cfg = tiny_model(**ARCHITECTURES[arch]).cfg
-    assert (matvec_unsupported(cfg) is None) if fragment is None else fragment in matvec_unsupported(cfg)
-    assert "fused qkv" in matvec_unsupported(replace(cfg, fused_qkv=False, norm_position="pre"))
-    assert "model.fused_mlp" in matvec_unsupported(replace(cfg, mlp="swiglu", fused_mlp=False, fused_qkv=True,
-                                                           norm_position="pre"))
+    assert (unsupported(cfg) is None) if fragment is None else fragment in unsupported(cfg)
+    assert "fused qkv" in unsupported(replace(cfg, fused_qkv=False, norm_position="pre"))
+    assert "model.fused_mlp" in unsupported(replace(cfg, mlp="swiglu", fused_mlp=False, fused_qkv=True,
+                                                    norm_position="pre"))
+
+
+def test_fused_block_accounts_for_every_model_field():
+    """A new ModelConfig field must be decided on in kernels/fused_block.py (handled, or refused by unsupported()),
+    or the fused decode path could silently compute another model than redline/model.py."""
+    import dataclasses
+
+    from redline.inference.kernels.fused_block import FIELDS_ACCOUNTED
+
+    assert {f.name for f in dataclasses.fields(ModelConfig)} == set(FIELDS_ACCOUNTED)
+
+
+def test_engine_leaves_the_callers_model_alone():
+    model = tiny_model(n_kv_head=2)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = InferenceEngine(model, dtype=torch.float64)
+    engine.generate(PROMPTS, 8)
+    assert engine.model is not model and model.training
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    same = InferenceEngine(model, dtype=torch.float32)  # already in the dtype: no copy, mode restored after a call
+    same.generate(PROMPTS[:1], 4)
+    assert same.model is model and model.training
 
 
 def test_greedy_matches_in_fp32_default_dtype():
@@ -124,11 +137,16 @@ def test_greedy_matches_in_fp32_default_dtype():
 def test_bucketed_prefill_and_chunked_rows_match():
     """The GPU path pads prompts up to a length bucket and prefills rows in chunks; check both on CPU, eagerly."""
     model = tiny_model(n_kv_head=2, sliding_window=9, context_len=128)
+    refs = [reference_greedy(model, p, 48) for p in PROMPTS]
     engine = InferenceEngine(model, dtype=torch.float64, prefill_chunk_tokens=40)
-    engine.compile = True  # bucketed lengths, capacity and widths; the block functions stay eager
+    # bucketed lengths, capacity and widths as compiling has them; the block functions stay eager
+    engine.plan = replace(engine.plan, compile=True)
     results = engine.generate(PROMPTS, 48)  # crosses a width boundary (64) during decoding
-    assert engine._state.cache.capacity == length_bucket(length_bucket(23) + 48) == 96
-    assert [r.tokens for r in results] == [reference_greedy(model, p, 48) for p in PROMPTS]
+    assert engine._state.cache.capacity == length_bucket(23 + 48) == 96
+    assert [r.tokens for r in results] == refs
+    # a prompt longer than the chunk goes through in spans, each attending to the cached spans before it
+    spans = InferenceEngine(model, dtype=torch.float64, prefill_chunk_tokens=5)
+    assert [r.tokens for r in spans.generate(PROMPTS, 48)] == refs
 
 
 def test_naive_loop_matches_engine():
@@ -466,7 +484,7 @@ def test_quantize_kv_round_trip():
     """FP8 cache vectors: one scale per vector (its absolute maximum maps to 448), every element within e4m3's
     rounding of the original (3 mantissa bits: 2^-4 relative; below the normal range 2^-9 of the scale), a zero
     vector stays zero, and nothing overflows."""
-    from redline.inference.engine import dequantize_kv, quantize_kv
+    from redline.inference.cache import dequantize_kv, quantize_kv
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, 50, 64, generator=gen) * torch.logspace(-6, 6, 50)[:, None]  # magnitudes far apart
@@ -486,7 +504,7 @@ def test_fp8_kv_cache_engine(arch):
     """kv_cache_dtype fp8 on the CPU: the cache holds exactly quantize_kv of what the model-dtype cache holds
     (prefill slots), its bytes are what kv_bytes_per_token says, and teacher-forced decoding through it stays
     close to the full forward (it is not equal: the cache is rounded)."""
-    from redline.inference.engine import quantize_kv
+    from redline.inference.cache import quantize_kv
 
     model = tiny_model(**ARCHITECTURES[arch])
     tokens = torch.randint(0, 100, (3, 40), generator=torch.Generator().manual_seed(1))
@@ -514,7 +532,7 @@ def test_fp8_kv_cache_engine(arch):
 def test_chunked_argmax_is_argmax():
     """The greedy step's argmax in spans (up to batch 64): the same index as argmax, ties to the first maximum
     included, across spans and inside one, for lengths that are no multiple of the spans."""
-    from redline.inference.engine import chunked_argmax
+    from redline.inference.steps import chunked_argmax
 
     gen = torch.Generator().manual_seed(0)
     for V in (50257, 32768, 100, 65):
@@ -526,39 +544,20 @@ def test_chunked_argmax_is_argmax():
     assert chunked_argmax(torch.full((1, 10), -1.0)).item() == 0  # all equal: the first
 
 
-def test_split_linear_bias_keeps_the_model_output():
-    """Kernel tuning on a GPU makes biased Linear layers add the bias after the product (so Inductor can turn
-    batch 1's products into reductions): the same model output, every biased layer changed, the rest not."""
-    from redline.inference.engine import split_linear_bias
-
-    model = tiny_model(**ARCHITECTURES["gpt2-style"]).double()
-    idx = torch.tensor([[5, 6, 7, 8, 9, 1]])
-    with torch.no_grad():
-        want = model(idx)
-        biased = sum(isinstance(m, torch.nn.Linear) and m.bias is not None for m in model.modules())
-        assert split_linear_bias(model) == biased > 0
-        torch.testing.assert_close(model(idx), want)
-        assert split_linear_bias(model) == 0  # already split: nothing left to change
-    assert split_linear_bias(tiny_model()) == 0  # no biases: nothing to change
-
-
 # ----------------------------------------------------------------------------------------------------
 # GPU
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("impl, scope, tuning", [("matmul", "block", False), ("matmul", "step", False),
-                                                 ("matmul", "block", True), ("flex", "block", False),
-                                                 ("sdpa", "step", True), ("triton", "block", False),
-                                                 ("triton", "step", True)])
-def test_compiled_cuda_graph_engine_matches_full_forward(impl, scope, tuning):
+@pytest.mark.parametrize("impl, tuning", [("matmul", False), ("matmul", True), ("triton", False), ("triton", True)])
+def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
     model = tiny_model(n_kv_head=2, sliding_window=9, context_len=160).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
     refs = [reference_greedy(model, p, 72) for p in PROMPTS]
     engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention=impl,
-                             compile_scope=scope, kernel_tuning=tuning)
+                             kernel_tuning=tuning)
     for _ in range(2):  # the second call replays the captured graphs (widths 64 and 128)
         assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
     assert [r.tokens for r in engine.generate(PROMPTS[:3], 30)] == [r[:30] for r in refs[:3]]
@@ -573,12 +572,13 @@ def test_matvec_decode_matches_full_forward(arch, hidden):
     activations and residual adds fused), and batch 2's in its tiled kernel (the norms before it), compiled and
     captured, greedy equal to the full forward. hidden 2048: the MLP's second product is long enough in K for the
     batched kernel to split it (split-K, gemv_split)."""
-    import redline.inference.triton_gemv as tg
+    import redline.inference.kernels.linear as tg
+    from redline.inference.kernels.launch import sm_count
 
     model = tiny_model(context_len=160, vocab_size=8200, mlp_hidden=hidden,  # argmax in spans too
                        **ARCHITECTURES[arch]).cuda()
     if hidden:
-        assert tg.pick_row_blocks(2, model.cfg.n_embd, hidden, 4)[-1] > 1
+        assert tg.pick_row_blocks(2, model.cfg.n_embd, hidden, sm_count(torch.device("cuda")), 4)[-1] > 1
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
     engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention="triton",
@@ -592,8 +592,8 @@ def test_matvec_decode_matches_full_forward(arch, hidden):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_kernel_tuning_with_biases_matches_full_forward():
-    """Kernel tuning on a model with biases (its Linear layers add the bias after the product) and the batch-1
-    Linear layers left to PyTorch: greedy equal to the full forward at batch 1 and 4."""
+    """Kernel tuning on a model with biases, the batch-1 Linear layers left to PyTorch: greedy equal to the full
+    forward at batch 1 and 4."""
     model = tiny_model(context_len=160, **ARCHITECTURES["gpt2-style"]).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
@@ -604,18 +604,20 @@ def test_kernel_tuning_with_biases_matches_full_forward():
     assert [r.tokens for r in engine.generate(PROMPTS, 40)] == refs
 
 
-def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width: int, window: int, eps: float,
+def decode_attention_reference(q, k, v, k_cache, v_cache, slot, width: int, window: int, eps: float,
                                q_norm=None, k_norm=None, cos=None, sin=None, scales=None, key_stored=None):
     """What torch.ops.redline.decode_attention computes, from the model's own pieces: QK-norm, RoPE, the cache
-    write, then the masked-softmax attention in fp64. scales: an FP8 cache's (k_scale, v_scale), the new key and
-    value stored with quantize_kv and the cache dequantised; key_stored: the (key, scale) at the slot to attend
-    with instead of its own (the kernel's, whose QK-norm and RoPE may round apart, then to another e4m3 step). -> (out (B, H*D) fp64, k_cache, v_cache new copies
-    (and the scales' new copies for FP8))."""
-    from redline.inference.engine import cached_attention, dequantize_kv, quantize_kv
+    write at each row's slot (slot: (B,)), then the masked-softmax attention in fp64. scales: an FP8 cache's
+    (k_scale, v_scale), the new key and value stored with quantize_kv and the cache dequantised; key_stored: the
+    (key, scale) at the slot to attend with instead of its own (the kernel's, whose QK-norm and RoPE may round
+    apart, then to another e4m3 step). -> (out (B, H*D) fp64, k_cache, v_cache new copies (and the scales' new
+    copies for FP8))."""
+    from redline.inference.cache import cached_attention, dequantize_kv, quantize_kv
     from redline.model import apply_rope
 
     B, KV, _, D = k_cache.shape
     H = q.shape[1] // D
+    rows = torch.arange(B, device=q.device)
     q, k, v = q.view(B, H, 1, D), k.view(B, KV, 1, D), v.view(B, KV, 1, D)
     if q_norm is not None:
         q, k = F.rms_norm(q, (D,), q_norm, eps), F.rms_norm(k, (D,), k_norm, eps)
@@ -624,23 +626,30 @@ def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     if scales is None:
-        k_cache[:, :, slot], v_cache[:, :, slot] = k[:, :, 0], v[:, :, 0]
+        k_cache[rows, :, slot], v_cache[rows, :, slot] = k[:, :, 0], v[:, :, 0]
         keys, values = k_cache[:, :, :width].double(), v_cache[:, :, :width].double()
     else:
         scales = [t.clone() for t in scales]
-        (k_cache[:, :, slot], scales[0][:, :, slot]), (v_cache[:, :, slot], scales[1][:, :, slot]) = (
+        (k_cache[rows, :, slot], scales[0][rows, :, slot]), (v_cache[rows, :, slot], scales[1][rows, :, slot]) = (
             quantize_kv(k[:, :, 0]), quantize_kv(v[:, :, 0]))
         attended, attended_scales = k_cache.clone(), scales[0].clone()
         if key_stored is not None:
-            attended[:, :, slot], attended_scales[:, :, slot] = key_stored
+            attended[rows, :, slot], attended_scales[rows, :, slot] = key_stored
         keys = dequantize_kv(attended[:, :, :width], attended_scales[:, :, :width], torch.float64)
         values = dequantize_kv(v_cache[:, :, :width], scales[1][:, :, :width], torch.float64)
     slots = torch.arange(width, device=q.device)
-    mask = (slots >= pad[:, None]) & (slots <= slot)
+    mask = slots[None, :] <= slot[:, None]
     if window:
-        mask &= slot - slots < window
+        mask &= slot[:, None] - slots[None, :] < window
     out = cached_attention(q.double(), keys, values, mask[:, None, None]).reshape(B, H * D)
     return (out, k_cache, v_cache) if scales is None else (out, k_cache, v_cache, *scales)
+
+
+def row_slots(B: int, slot: int, gen) -> torch.Tensor:
+    """Each row's slot on the GPU: the first row at `slot`, the others anywhere before it (rows of other lengths)."""
+    slots = torch.randint(0, slot + 1, (B,), generator=gen)
+    slots[0] = slot
+    return slots.cuda()
 
 
 @pytest.mark.gpu
@@ -650,10 +659,10 @@ def decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot: int, width:
 @pytest.mark.parametrize("norm, rope", [(True, True), (False, False)])
 def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rope):
     """Both kernels (split: spans of 16, 128 and the default; -1: whole width) against the model's own QK-norm,
-    RoPE and masked softmax: spans empty at the front (long padding), a slot in the middle of a span, widths
-    that are no multiple of the span, a sliding window. The cache slot is written, the rest left alone, and the
+    RoPE and masked softmax: rows at slots of their own (spans past a row's slot left empty), a slot in the middle
+    of a span, widths that are no multiple of the span, a sliding window. The cache slot is written, the rest left alone, and the
     split kernel's counters are zero again after each call."""
-    import redline.inference.triton_decode as td
+    import redline.inference.kernels.decode_attention as td
 
     gen = torch.Generator().manual_seed(B * 100 + H)
     S = 300
@@ -662,16 +671,15 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
         qkv = torch.randn(B, (H + 2 * KV) * D + 8, generator=gen).cuda().to(dtype)[:, 8:]  # a row stride of its own
         q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
         k_cache, v_cache = (torch.randn(B, KV, S, D, generator=gen).cuda().to(dtype) for _ in range(2))
-        pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
-        pad[0] = 0
+        slots = row_slots(B, slot, gen)
         weights = [(torch.rand(D, generator=gen) + 0.5).cuda().to(dtype) for _ in range(2)] if norm else [None] * 2
         angles = torch.rand(B, D // 2, generator=gen).cuda() * 6
         tables = [angles.cos(), angles.sin()] if rope else [None] * 2
-        want, k_want, v_want = decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5,
+        want, k_want, v_want = decode_attention_reference(q, k, v, k_cache, v_cache, slots, width, window, 1e-5,
                                                           *weights, *tables)
         counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
-        got = torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, torch.tensor([slot], device="cuda"),
-                                                 counts, width, window, 1e-5, *weights, *tables, split)
+        got = torch.ops.redline.decode_attention(qkv, k_cache, v_cache, slots, counts, width, window, 1e-5,
+                                                 *weights, *tables, split)
         tol = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
         torch.testing.assert_close(k_cache, k_want, atol=tol, rtol=tol)  # one rounding apart in bf16 at most
@@ -687,8 +695,8 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
     quantize_kv stores it, with its scale (the key too within one e4m3 step: the kernel's QK-norm and RoPE may
     round one ulp apart from the model's, which RoPE's differences can make an absolute error of one ulp of the
     vector's largest elements), and nothing else in the cache changes."""
-    import redline.inference.triton_decode as td
-    from redline.inference.engine import dequantize_kv, quantize_kv
+    import redline.inference.kernels.decode_attention as td
+    from redline.inference.cache import dequantize_kv, quantize_kv
 
     gen = torch.Generator().manual_seed(B * 100 + H)
     S = 300
@@ -698,19 +706,19 @@ def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
         q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
         (k_cache, k_scale), (v_cache, v_scale) = (quantize_kv(torch.randn(B, KV, S, D, generator=gen).cuda())
                                                   for _ in range(2))
-        pad = torch.randint(0, slot + 1, (B,), generator=gen).cuda()
-        pad[0] = 0
+        slots = row_slots(B, slot, gen)
+        rows = torch.arange(B, device="cuda")
         weights = [(torch.rand(D, generator=gen) + 0.5).cuda().to(dtype) for _ in range(2)] if norm else [None] * 2
         angles = torch.rand(B, D // 2, generator=gen).cuda() * 6
         tables = [angles.cos(), angles.sin()] if norm else [None] * 2
-        reference = partial(decode_attention_reference, q, k, v, k_cache, v_cache, pad, slot, width, window, 1e-5,
+        reference = partial(decode_attention_reference, q, k, v, k_cache, v_cache, slots, width, window, 1e-5,
                             *weights, *tables, scales=(k_scale, v_scale))
         _, k_want, v_want, ks_want, vs_want = reference()
         counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
-        got = torch.ops.redline.decode_attention_fp8(qkv, k_cache, v_cache, k_scale, v_scale, pad,
-                                                     torch.tensor([slot], device="cuda"), counts, width, window, 1e-5,
-                                                     *weights, *tables, split)
-        want = reference(key_stored=(k_cache[:, :, slot], k_scale[:, :, slot]))[0]  # attending with the kernel's key
+        got = torch.ops.redline.decode_attention_fp8(qkv, k_cache, v_cache, k_scale, v_scale, slots, counts, width,
+                                                     window, 1e-5, *weights, *tables, split)
+        # attending with the kernel's key
+        want = reference(key_stored=(k_cache[rows, :, slots], k_scale[rows, :, slots]))[0]
         tol = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
         assert torch.equal(v_cache.view(torch.uint8), v_want.view(torch.uint8)) and torch.equal(v_scale, vs_want)
@@ -729,29 +737,31 @@ def test_triton_decode_attention_scores_far_above_the_new_token(B, H, KV, factor
     """The whole-width kernel sums its softmax against the new token's score: a cached key that scores far above
     it (a copy of the query times `factor`: about 35 log2 units above, within the kernel's slack, and about 1,150,
     where it must run again against the largest score) gives the reference's output, with no overflow; the same
-    key where the row's padding masks it changes nothing."""
-    import redline.inference.triton_decode as td
-    from redline.inference.engine import quantize_kv
+    key before the row's sliding window changes nothing."""
+    import redline.inference.kernels.decode_attention as td
+    from redline.inference.cache import quantize_kv
 
     D, S, width, slot = 64, 300, 300, 280
     gen = torch.Generator().manual_seed(H + int(factor))
     qkv = torch.randn(B, (H + 2 * KV) * D, generator=gen).cuda().to(dtype)
     q, k, v = qkv.split([H * D, KV * D, KV * D], dim=1)
     k_cache, v_cache = (torch.randn(B, KV, S, D, generator=gen).cuda() for _ in range(2))
-    pad = torch.tensor([0, 40, 7], device="cuda")
+    slots = torch.tensor([slot, slot - 30, slot - 7], device="cuda")
+    window = 170  # row b attends to slots slot_b - 169..slot_b
     heads = q.float().view(B, H, D)[:, :: H // KV]  # each kv head's first query head
-    k_cache[:, :, 100] = factor * heads  # attended by every row
-    k_cache[1, :, 20] = 2 * factor * heads[1]  # before row 1's padding ends: masked
+    k_cache[:, :, 150] = factor * heads  # attended by every row
+    k_cache[1, :, 20] = 2 * factor * heads[1]  # before row 1's window: masked
     counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
-    args = (pad, torch.tensor([slot], device="cuda"), counts, width, 0, 1e-5)
+    args = (slots, counts, width, window, 1e-5)
+    rows = torch.arange(B, device="cuda")
     if cache == "fp8":
         (k8, k_scale), (v8, v_scale) = quantize_kv(k_cache), quantize_kv(v_cache)
         got = torch.ops.redline.decode_attention_fp8(qkv, k8, v8, k_scale, v_scale, *args, split=-1)
-        want = decode_attention_reference(q, k, v, k8, v8, pad, slot, width, 0, 1e-5, scales=(k_scale, v_scale),
-                                          key_stored=(k8[:, :, slot], k_scale[:, :, slot]))[0]
+        want = decode_attention_reference(q, k, v, k8, v8, slots, width, window, 1e-5, scales=(k_scale, v_scale),
+                                          key_stored=(k8[rows, :, slots], k_scale[rows, :, slots]))[0]
     else:
         k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
-        want = decode_attention_reference(q, k, v, k_cache, v_cache, pad, slot, width, 0, 1e-5)[0]
+        want = decode_attention_reference(q, k, v, k_cache, v_cache, slots, width, window, 1e-5)[0]
         got = torch.ops.redline.decode_attention(qkv, k_cache, v_cache, *args, split=-1)
     assert got.isfinite().all()
     tol = 2e-5 if dtype == torch.float32 else 2e-2
@@ -809,7 +819,7 @@ def test_triton_gemv_matches_reference(M, N, K, dtype):
     """act(norm(x)·Wᵀ + b) + r against the modules (fp64 product) for every epilogue and norm, a row stride of
     x's own, shapes that are no multiple of the tiles, a normed row too long for one tile (K 9000); one row (the
     matrix-vector kernel) and batches (the tiled one: 64 rows, rows over two row tiles, 17 rows)."""
-    import redline.inference.triton_gemv  # noqa: F401  (registers torch.ops.redline.gemv)
+    import redline.inference.kernels.linear  # noqa: F401  (registers torch.ops.redline.gemv)
 
     gen = torch.Generator().manual_seed(N + K)
     x = (torch.randn(M, K + 8, generator=gen) * 3 + 0.5).cuda().to(dtype)[:, 8:]
@@ -841,7 +851,8 @@ def test_triton_gemv_split_matches_reference(M, N, K, dtype):
     column tile; 64, 17 and 2 rows), against the modules (fp64 product) for the epilogues (bias, residual, GELU,
     ReLU², SwiGLU; a norm in the kernel too); the counters are zeros again after every call, and a second call
     gives the same bits."""
-    import redline.inference.triton_gemv as tg
+    import redline.inference.kernels.linear as tg
+    from redline.inference.kernels.launch import sm_count
 
     gen = torch.Generator().manual_seed(M + N + K)
     x = (torch.randn(M, K + 8, generator=gen) * 3 + 0.5).cuda().to(dtype)[:, 8:]
@@ -861,7 +872,7 @@ def test_triton_gemv_split_matches_reference(M, N, K, dtype):
     for args in [(w, None, None, "none"), (w, b, r, "gelu_tanh"), (w2, b2, r, "swiglu"), (w, None, r, "relu2")]:
         check_twice(lambda: torch.ops.redline.gemv_split(x, args[0], counts, *args[1:]),
                     gemv_reference(x, *args, "none", None, None, 0.0), tol)
-    tiles = tg.pick_row_blocks(M, N, K, x.element_size())[:5]
+    tiles = tg.pick_row_blocks(M, N, K, sm_count(x.device), x.element_size())[:5]
     for split in (1, 2, 4, 8):
         for weight, bias, residual, act, norm in [(w, b, r, "gelu_tanh", "none"), (w2, b2, r, "swiglu", "none"),
                                                   (w, b, None, "none", "layernorm")]:
@@ -895,21 +906,3 @@ def test_compiled_engine_on_cpu_matches_full_forward():
     assert compiled - before in (3, 4) and counters["stats"]["unique_graphs"] == compiled
     sampled = engine.generate(PROMPTS, 20, SamplingParams(temperature=0.8, top_k=5, seed=1))  # argmax left out
     assert counters["stats"]["unique_graphs"] == compiled + 1 and all(len(r.tokens) == 20 for r in sampled)
-
-
-@pytest.mark.slow
-def test_whole_step_compiled_on_cpu_matches_full_forward():
-    """compile_scope=step: embedding, every block and the head in one compiled graph, dynamic batch and width."""
-    from torch._dynamo.utils import counters
-
-    model = tiny_model(n_kv_head=2, context_len=160, sliding_window=40)
-    engine = InferenceEngine(model, dtype=torch.float64, compile=True, compile_scope="step")
-    before = counters["stats"]["unique_graphs"]
-    first = engine.generate(PROMPTS, 72)
-    compiled = counters["stats"]["unique_graphs"]
-    again = engine.generate(PROMPTS[:3], 30)
-    assert [r.tokens for r in first] == [reference_greedy(model, p, 72) for p in PROMPTS]
-    assert [r.tokens for r in again] == [r.tokens[:30] for r in first[:3]]
-    # the whole decode step is one new graph (the prefill block may be cached from an earlier test); another
-    # batch size and capacity compile nothing new
-    assert compiled - before in (1, 2) and counters["stats"]["unique_graphs"] == compiled

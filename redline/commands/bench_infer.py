@@ -133,7 +133,7 @@ def _measure(run, repeats: int, device: torch.device) -> dict:
 
 def _runner(method: str, engines: dict, model, prompts: torch.Tensor, new_tokens: int, device: torch.device):
     """A function that generates once with `method` and returns its Timings."""
-    from redline.inference.engine import naive_generate
+    from redline.inference.baseline import naive_generate
 
     if method == "naive":
         on_device = prompts.to(device)
@@ -186,13 +186,13 @@ def main(argv: list[str]) -> int:
     console = Console()
     console.width = max(console.width, 150)  # the table is wide; do not fold it in a pipe or a log
 
-    compiled = cfg.runtime.engine(model)  # casts the model to the run's dtype, shared by every method
-    # the eager baseline is plain PyTorch: our Triton kernel belongs to the compiled engine's techniques
-    eager = InferenceEngine(model, dtype=compiled.dtype, compile=False, cuda_graphs=False,
-                            decode_attention="matmul" if compiled.decode_attention == "triton"
-                            else compiled.decode_attention, decode_linear="torch")
+    compiled = cfg.runtime.engine(model)
+    model = compiled.model  # the model in the run's dtype, shared by every method
+    # the eager baseline is plain PyTorch: redline's Triton kernels belong to the compiled engine's techniques
+    eager = InferenceEngine(model, compile=False, cuda_graphs=False, decode_attention="matmul",
+                            decode_linear="torch")
     methods = list(cfg.methods)
-    if "compiled" in methods and not (compiled.compile or compiled.cuda_graphs):
+    if "compiled" in methods and not (compiled.plan.compile or compiled.plan.cuda_graphs):
         methods.remove("compiled")  # identical to eager here (a CPU without --compile on)
         console.print("[dim]compiled: skipped, nothing to compile or capture on this device "
                       "(pass --compile on to try torch.compile on the CPU)[/dim]")
@@ -242,7 +242,7 @@ def main(argv: list[str]) -> int:
     device_name = torch.cuda.get_device_name(device) if on_gpu else f"cpu ({torch.get_num_threads()} threads)"
     table = Table(title=f"bench-infer: {name}, {model.num_params() / 1e6:.1f}M parameters, {device_name}, "
                         f"{str(compiled.dtype).removeprefix('torch.')}, {new_tokens} new tokens"
-                        + (", FP8 KV cache (compiled method)" if compiled.kv_cache_dtype == "fp8" else ""))
+                        + (", FP8 KV cache (compiled method)" if compiled.plan.kv_cache == "fp8" else ""))
     for col in ("method", "batch", "prompt", "TTFT ms", "decode tok/s/seq", "decode tok/s all",
                 "× naive", "× eager", "KV MiB", "peak MiB", "1st call s"):
         table.add_column(col, justify="left" if col == "method" else "right")

@@ -41,7 +41,7 @@ class EvalConfig:
 
 def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
     """Score each sequence of `batches` ((x, y) pairs) through the inference engine once per KV-cache dtype, and
-    through the plain forward pass of the same weights (the engine's dtype, which it casts the model to).
+    through the plain forward pass of the same weights (in the engine's dtype).
 
     -> a row per dtype: mean loss of the decoded positions (the tokens after the first decode_from) with that
     cache and with the full forward, their difference, and how often the cache's argmax next token equals the
@@ -51,7 +51,8 @@ def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
     rows = [x.cpu() for x, _ in batches]  # (B, T) tokens: T may be the whole context
     results, reference = [], None
     for dtype in dtypes:
-        engine = InferenceEngine(model, kv_cache_dtype=dtype)  # casts the model to the engine's dtype in place
+        engine = InferenceEngine(model, kv_cache_dtype=dtype)
+        model = engine.model  # the engine's dtype: the next engine and the reference use the same weights
         if reference is None:  # the full forward pass, in the dtype every engine computes in
             with torch.no_grad():
                 reference = []

@@ -36,12 +36,12 @@ class RuntimeOptions:
     cpu_threads: int = 0
     """CPU only: PyTorch threads (0: PyTorch's default). 1 is often as fast for small models, and immune to
     other processes busy on the same cores (which can slow tiny multi-threaded ops down a hundredfold)."""
-    decode_attention: Literal["auto", "matmul", "sdpa", "flex", "triton"] = "auto"
-    """How a decode step attends over the cache (auto: triton when the step is compiled for a GPU, else matmul):
-    matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile), sdpa (F.scaled_dot_product_attention with the
-    mask), flex (FlexAttention's decoding kernel, which splits the cache length across the GPU; compiled on CUDA
-    only) or triton (redline's own decode kernel: one kernel per layer from the qkv projection's output, with
-    QK-norm, RoPE and the cache write inside, split-K at batch 1; CUDA only). All group query heads per kv head."""
+    decode_attention: Literal["auto", "matmul", "triton"] = "auto"
+    """How a decode step attends over the cache (auto: triton when the step is compiled for a GPU that runs it,
+    else matmul): matmul (q·Kᵀ, masked softmax, ·V, fused by torch.compile; the portable path) or triton
+    (redline's own decode kernel: one kernel per layer from the qkv projection's output, with QK-norm, RoPE and the
+    cache write inside, split-K at batch 1; CUDA only, power-of-two head widths). Both group query heads per kv
+    head, so the cache is read once per kv head."""
     decode_linear: Literal["auto", "torch", "triton"] = "auto"
     """How the decode step computes its Linear layers (auto: triton where it can run): torch (cuBLAS, or
     Inductor's reductions under --kernel-tuning on) or triton (redline's kernels up to 64 rows: at batch 1 a
@@ -53,16 +53,11 @@ class RuntimeOptions:
     scale per token and kv head, about half a bf16 cache's bytes: more sequences fit, and decoding that is bound
     by reading the cache (large batches, long contexts) gets faster, at a cost in accuracy that `redline eval
     --kv-cache-dtypes auto fp8` measures on your checkpoint. Works on every device and decode-attention path
-    (the Triton kernel reads it as it is; the others dequantise the attended width)."""
-    compile_scope: Literal["block", "step"] = "block"
-    """What one torch.compile call covers in decoding: block (each transformer block alone, reused by every
-    layer: compile time does not grow with depth) or step (embedding, every block and the head as one graph:
-    fusion across blocks and fewer kernels per token, at a compile time that grows with depth)."""
+    (the Triton kernel reads it as it is; matmul dequantises the attended width)."""
     kernel_tuning: Literal["on", "off"] = "off"
     """Let Inductor tune the decode step's generated kernels by coordinate descent (longer compilation); with it
     and --decode-linear torch, batch 1's matrix-vector products become tuned Triton reductions instead of cuBLAS
-    calls (on an H100, batch 1: modern-124m 2,406 -> 3,008 tokens/s, gpt2-124m 2,163 -> 2,884; redline's own
-    kernel, the default, 3,483 and 3,081 in the same call). GPU only."""
+    calls (BENCHMARKS.md compares it with redline's own kernel, the default). GPU only."""
 
     def resolve_device(self) -> torch.device:
         from redline.hardware import resolve_device
@@ -80,7 +75,8 @@ class RuntimeOptions:
         return device
 
     def engine(self, model):
-        """An InferenceEngine for a model already on its device (cast to the dtype in place)."""
+        """An InferenceEngine for a model already on its device (run in the chosen dtype; a copy if it is not in
+        it already)."""
         from redline.inference.engine import InferenceEngine
 
         device = next(model.parameters()).device
@@ -89,7 +85,7 @@ class RuntimeOptions:
         flag = {"auto": None, "on": True, "off": False}
         return InferenceEngine(model, dtype=DTYPES.get(self.dtype), compile=flag[self.compile],
                                cuda_graphs=flag[self.cuda_graphs], decode_attention=self.decode_attention,
-                               compile_scope=self.compile_scope, kernel_tuning=self.kernel_tuning == "on",
+                               kernel_tuning=self.kernel_tuning == "on",
                                decode_linear=self.decode_linear, kv_cache_dtype=self.kv_cache_dtype)
 
 

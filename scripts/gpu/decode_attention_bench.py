@@ -18,8 +18,8 @@ import json
 import torch
 import torch.nn.functional as F
 
-import redline.inference.triton_decode as td  # registers torch.ops.redline.decode_attention
-from redline.inference.engine import cached_attention, dequantize_kv, quantize_kv
+import redline.inference.kernels.decode_attention as td  # registers torch.ops.redline.decode_attention
+from redline.inference.cache import cached_attention, dequantize_kv, quantize_kv
 from redline.diagnostics.microbench import graph_time_us
 from redline.model import apply_rope
 
@@ -85,8 +85,7 @@ def main() -> None:
             norms = [torch.rand(D, **bf16) + 0.5 for _ in range(2)] if modern else [None, None]
             angles = torch.rand(B, D // 2, device="cuda") * 6
             tables = [angles.cos(), angles.sin()] if modern else [None, None]
-            pad = torch.zeros(B, dtype=torch.long, device="cuda")
-            slot_t = torch.tensor([slot], device="cuda")
+            slot_t = torch.full((B,), slot, device="cuda")
             counts = torch.zeros(max(td.counters_needed(KV), B * KV), dtype=torch.int32, device="cuda")
             mask = (torch.arange(W, device="cuda") <= slot)[None, None, None, :].expand(B, 1, 1, W)
             row = {"shape": name, "cache": cache, "B": B, "H": H, "KV": KV, "W": W, "cache_bytes": cache_bytes}
@@ -99,9 +98,9 @@ def main() -> None:
 
             def op(split):
                 if scales is not None:
-                    return torch.ops.redline.decode_attention_fp8(qkv, k_cache, v_cache, *scales, pad, slot_t, counts,
+                    return torch.ops.redline.decode_attention_fp8(qkv, k_cache, v_cache, *scales, slot_t, counts,
                                                                   W, 0, 1e-5, *norms, *tables, split)
-                return torch.ops.redline.decode_attention(qkv, k_cache, v_cache, pad, slot_t, counts, W, 0, 1e-5,
+                return torch.ops.redline.decode_attention(qkv, k_cache, v_cache, slot_t, counts, W, 0, 1e-5,
                                                           *norms, *tables, split)
 
             for split in args.splits:

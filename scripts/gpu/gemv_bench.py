@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-import redline.inference.triton_gemv as tg
+import redline.inference.kernels.linear as tg
 from redline.diagnostics.microbench import graph_time_us
 from rows_linear_bench import separate  # this folder's: the layer as separate PyTorch kernels
 

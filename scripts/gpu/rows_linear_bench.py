@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 import triton
 
-import redline.inference.triton_gemv as tg
+import redline.inference.kernels.linear as tg
 from redline.diagnostics.microbench import graph_time_us
+from redline.inference.kernels.launch import sm_count
 
 SHAPES = {  # name: (N, K) of the weight (SwiGLU: 2N rows), the norm before it, the activation after, a residual
     "gpt2-124m qkv": (2304, 768, "layernorm", "none", False),
@@ -80,6 +81,7 @@ def main() -> None:
                     help="sweep the tiles with the norm in the kernel, or without it (the engine's batched path, "
                          "which runs the norm before the product)")
     args = ap.parse_args()
+    sms = sm_count(torch.device("cuda"))
     torch._dynamo.config.recompile_limit = 64
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     compiled = torch.compile(separate, dynamic=False)
@@ -111,11 +113,11 @@ def main() -> None:
             counts = torch.zeros(triton.cdiv(M, 16) * triton.cdiv(N, 16), dtype=torch.int32, device="cuda")
             row["op_split_us"] = graph_time_us([lambda w=w: tg.gemv_split(x, w, counts, b, r, act) for w in ws],
                                                args.repeats)
-            row["op_tiles"] = tiles_name(M, K, tg.pick_row_blocks(M, N, K, split=False))
-            row["op_split_tiles"] = tiles_name(M, K, tg.pick_row_blocks(M, N, K))
+            row["op_tiles"] = tiles_name(M, K, tg.pick_row_blocks(M, N, K, sms, split=False))
+            row["op_split_tiles"] = tiles_name(M, K, tg.pick_row_blocks(M, N, K, sms))
             best, row["sweep_us"] = None, {}
             fused = args.sweep_norm == "fused"
-            block_m, _, block_k, warps, *_ = tg.pick_row_blocks(M, N, K)
+            block_m, _, block_k, warps, *_ = tg.pick_row_blocks(M, N, K, sms)
             for bn, want in itertools.product(block_ns, splits):
                 split = tg.k_span(K, want, block_k)[1]
                 tiles = (block_m, bn, block_k, warps, tg.row_stages(block_m, bn, block_k), split)

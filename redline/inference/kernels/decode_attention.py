@@ -12,8 +12,8 @@ output as it is and, in each program:
 - writes the key and value into the current slot of the layer's cache (the program whose span holds that
   slot), and uses them from registers, so no program depends on another's write;
 - attends: one row's kv head with all H/KV query heads that share it, packed as the rows of one small matrix
-  product, so the cache is read once per kv head. The mask is computed from the row's left padding, the slot
-  and the sliding window, so no mask tensor is read. Scores and softmax are fp32; for a tensor-core product
+  product, so the cache is read once per kv head. The mask is computed from the row's slot and the
+  sliding window, so no mask tensor is read. Scores and softmax are fp32; for a tensor-core product
   with V the probabilities are cast to the cache's dtype, as FlashAttention does.
 
 Two layouts:
@@ -35,7 +35,7 @@ is scaled by each slot's key scale, and the probabilities by each slot's value s
 the step attends to what it stored (so it and every later step see the same cache).
 
 Registered as `torch.ops.redline.decode_attention` (and `decode_attention_fp8`), opaque custom ops that launch the
-kernels themselves (with programmatic dependent launch on Hopper and newer: inference/triton_launch.py), so
+kernels themselves (with programmatic dependent launch on Hopper and newer: kernels/launch.py), so
 torch.compile calls them as they are and CUDA graphs capture them like any other kernel.
 """
 
@@ -47,24 +47,20 @@ import torch
 import triton
 import triton.language as tl
 
-from redline.inference.triton_launch import start_dependents_then_wait, use_pdl
+from redline.inference.kernels.launch import start_dependents_then_wait, use_pdl
 
 SPLIT_SLOTS = 128  # cache slots per program of the split kernel
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 # The whole-width kernel's tile: cache slots per step of its loop, warps per program, pipeline stages (2 for one
-# query head per kv head with a bf16 cache, else 3), from scripts/gpu/decode_attention_bench.py --configs on an
-# H100 (batch 64 at width 768, µs per layer: GPT-2 bf16 54.6 against 55.4 with 3 stages, GPT-2 FP8 39.1 against
-# 41.3 with 2; modern-124m 12.3 bf16, 14.2 FP8, stages equal within 1%).
+# query head per kv head with a bf16 cache, else 3): the fastest of a sweep with
+# scripts/gpu/decode_attention_bench.py --configs (BENCHMARKS.md, decode attention).
 WHOLE_BLOCK, WHOLE_WARPS, WHOLE_STAGES, WHOLE_STAGES_ONE_HEAD = 128, 4, 3, 2
 # Its tile for one query head per kv head, without tensor cores (_lanes_loop): slots per step (its lanes), warps,
-# stages of the loop, from --lanes-configs on an H100 (GPT-2 at batch 64, width 768, µs per layer: FP8 30.6
-# against 32.3-49.0 for the other tiles tried, bf16 54.9, within 1% of the best).
+# stages of the loop (the sweep's --lanes-configs).
 WHOLE_LANES_BLOCK, WHOLE_LANES_WARPS, WHOLE_LANES_STAGES = 32, 2, 3
-WHOLE_MAXNREG = None  # a register cap per thread for the whole-width kernel (None: the compiler's choice)
-# Query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows); below it (only 1 can
-# be: a head of its own, GPT-2's) in registers: the split kernel as products and sums (an H100, GPT-2 at batch 1:
-# 5.9 -> 5.3 µs per layer), the whole-width one as an online softmax per slot lane (GPT-2 at batch 64: FP8 38.8
-# -> 30.6 µs, bf16 54.8 -> 54.9).
+# Query heads per kv head from which q·Kᵀ and p·V run on tensor cores (padded to 16 rows). Below it (only 1 can
+# be: a head of its own, GPT-2's) a 16-row product would be 15/16 padding, so they run in registers: the split
+# kernel as products and sums, the whole-width one as an online softmax per slot lane.
 SPLIT_MMA_FROM_GROUP, WHOLE_MMA_FROM_GROUP = 2, 2
 INV_FP8_MAX = tl.constexpr(1.0 / 448.0)  # 1 / the largest float8_e4m3fn, rounded to fp32 where used
 
@@ -76,12 +72,10 @@ def counters_needed(n_kv_head: int) -> int:
 
 
 @triton.jit
-def _attended_range(Pad, Slot, b, window):
-    """(lo, slot): row b attends to cache slots lo..slot."""
-    slot = tl.load(Slot).to(tl.int32)
-    lo = tl.load(Pad + b).to(tl.int32)
-    if window > 0:
-        lo = tl.maximum(lo, slot - window + 1)
+def _attended_range(Slot, b, window):
+    """(lo, slot): row b writes cache slot `slot` and attends to slots lo..slot (lo 0, or the window's start)."""
+    slot = tl.load(Slot + b).to(tl.int32)
+    lo = tl.maximum(slot - window + 1, 0) if window > 0 else 0
     return lo, slot
 
 
@@ -228,7 +222,7 @@ def _combine(Op, Mp, Lp, Out, bk, b, kv, n_splits, so_b, G: tl.constexpr, G_PAD:
 
 
 @triton.jit
-def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp, Lp, Out,
+def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Counts, Op, Mp, Lp, Out,
                   s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, n_splits, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
@@ -249,7 +243,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Counts, Op, Mp
     k_scale, v_scale = _scales(KS, VS, scales + n, n < width, SPLIT, QUANT)
     # (the cache is written by no kernel of this step before this one: its loads go out before the wait)
     start_dependents_then_wait(PDL)
-    lo, slot = _attended_range(Pad, Slot, b, window)
+    lo, slot = _attended_range(Slot, b, window)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     mine = (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT)  # this span holds the slot: it writes the cache
     k_new, k_new_scale = _quantize(k_new, KS + scales + slot, mine, QUANT)
@@ -367,7 +361,7 @@ def _lanes_loop(q, m_new_token, v_new_token, KB, VB, KS, VS, scales, lo, slot, s
 
 
 @triton.jit
-def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
+def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Out,
                   s_b, sc_b, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, ss_b, ss_h, so_b,
                   n_kv, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
@@ -381,7 +375,7 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
     scales = b * ss_b + kv * ss_h
     start_dependents_then_wait(PDL)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
-    lo, slot = _attended_range(Pad, Slot, b, window)
+    lo, slot = _attended_range(Slot, b, window)
     k_new, k_new_scale = _quantize(k_new, KS + scales + slot, True, QUANT)
     v_new, v_new_scale = _quantize(v_new, VS + scales + slot, True, QUANT)
     tl.store(K + b * sk_b + kv * sk_h + slot * sk_s + d, k_new.to(K.dtype.element_ty))
@@ -404,11 +398,11 @@ def _whole_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Pad, Slot, Out,
     tl.store(Out + b * so_b + (kv * G + g)[:, None] * D + d, out.to(Out.dtype.element_ty), mask=(g < G)[:, None])
 
 
-# Opaque custom ops (not torch.library.triton_op), as the product kernels' (see inference/triton_gemv.py): Triton
+# Opaque custom ops (not torch.library.triton_op), as the product kernels' (see kernels/linear.py): Triton
 # launches the kernels itself, with programmatic dependent launch where the GPU has it.
 @torch.library.custom_op("redline::decode_attention", mutates_args={"k_cache", "v_cache", "counts"})
-def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: torch.Tensor,
-                     slot: torch.Tensor, counts: torch.Tensor,
+def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor,
+                     counts: torch.Tensor,
                      width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
                      k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
                      sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
@@ -418,20 +412,20 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     the KV keys, then the KV values (the row stride is free, the rest contiguous); q_norm, k_norm (D,): the
     QK-norm weights (None: no QK-norm; eps its epsilon); cos, sin (B, D/2) fp32: each row's RoPE angles at its
     position (None: no RoPE). k_cache, v_cache (B, KV, S, D): the layer's whole cache buffers, in qkv's dtype (an
-    FP8 cache: decode_attention_fp8); the new key and value are written into slot `slot` ((1,) int64 on the
-    device) and row b attends to slots max(pad_b, slot - window + 1)..slot of the first `width` (window 0: no
-    sliding window). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an
+    FP8 cache: decode_attention_fp8); row b's new key and value are written into its slot slot_b (slot: (B,) int64
+    on the device) and it attends to slots max(0, slot_b - window + 1)..slot_b of the first `width` (window 0: no
+    sliding window; every slot_b < width). counts: int32 zeros, at least counters_needed(KV) long (B · KV for an
     explicit split above that); the split kernel counts in it and leaves it zero.
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
     split kernel for fewer than WHOLE_FROM_PROGRAMS (row, kv head) pairs (a batch of one), else the whole-width
     kernel.
     -> (B, H·D) in qkv's dtype. Query head h uses kv head h // (H/KV)."""
-    return _attend(qkv, k_cache, v_cache, None, None, pad, slot, counts, width, window, eps, q_norm, k_norm, cos, sin,
+    return _attend(qkv, k_cache, v_cache, None, None, slot, counts, width, window, eps, q_norm, k_norm, cos, sin,
                    split)
 
 
 @decode_attention.register_fake
-def _(qkv, k_cache, v_cache, pad, slot, counts, width, window, eps, q_norm=None, k_norm=None, cos=None, sin=None,
+def _(qkv, k_cache, v_cache, slot, counts, width, window, eps, q_norm=None, k_norm=None, cos=None, sin=None,
       split=0):
     return _output_like(qkv, k_cache)
 
@@ -446,24 +440,24 @@ def _output_like(qkv: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("redline::decode_attention_fp8",
                          mutates_args={"k_cache", "v_cache", "k_scale", "v_scale", "counts"})
 def decode_attention_fp8(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
-                         v_scale: torch.Tensor, pad: torch.Tensor, slot: torch.Tensor, counts: torch.Tensor,
+                         v_scale: torch.Tensor, slot: torch.Tensor, counts: torch.Tensor,
                          width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
                          k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
                          sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
     """decode_attention for an FP8 cache: k_cache, v_cache (B, KV, S, D) float8_e4m3fn with their scales k_scale,
-    v_scale (B, KV, S) fp32, slots contiguous (engine.quantize_kv); the new key and value are quantised and stored
+    v_scale (B, KV, S) fp32, slots contiguous (cache.quantize_kv); the new key and value are quantised and stored
     with their scales."""
-    return _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width, window, eps, q_norm, k_norm,
+    return _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width, window, eps, q_norm, k_norm,
                    cos, sin, split)
 
 
 @decode_attention_fp8.register_fake
-def _(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width, window, eps, q_norm=None, k_norm=None,
+def _(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width, window, eps, q_norm=None, k_norm=None,
       cos=None, sin=None, split=0):
     return _output_like(qkv, k_cache)
 
 
-def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: int, window: int, eps: float,
+def _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width: int, window: int, eps: float,
             q_norm, k_norm, cos, sin, split: int) -> torch.Tensor:
     """The two ops' launch (k_scale None: a cache in qkv's dtype)."""
     B, KV, _, D = k_cache.shape
@@ -481,7 +475,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
     out = torch.empty((B, H * D), dtype=qkv.dtype, device=qkv.device)
     norm, rope = q_norm is not None, cos is not None
     tables = (q_norm if norm else qkv, k_norm if norm else qkv, cos if rope else qkv, sin if rope else qkv)
-    inputs = (qkv, *tables, k_cache, v_cache, k_scale if quant else qkv, v_scale if quant else qkv, pad, slot)
+    inputs = (qkv, *tables, k_cache, v_cache, k_scale if quant else qkv, v_scale if quant else qkv, slot)
     strides = (qkv.stride(0), cos.stride(0) if rope else 0, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                k_scale.stride(0) if quant else 0, k_scale.stride(1) if quant else 0, out.stride(0))
@@ -495,7 +489,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, pad, slot, counts, width: i
         _whole_kernel[(B * KV,)](
             *inputs, out, *strides, KV, window, qk_scale, eps,  # (reads slots before `slot` only)
             G=G, G_PAD=G_PAD, D=D, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma, PDL=pdl, **tile,
-            **({"maxnreg": WHOLE_MAXNREG} if WHOLE_MAXNREG else {}), launch_pdl=pdl,
+            launch_pdl=pdl,
         )
         return out
     split = split or SPLIT_SLOTS

@@ -1,6 +1,6 @@
 """Programmatic dependent launch (PDL) for the decode step's kernels.
 
-A decode step at batch 64 is about 60 kernels of a few µs each (inference/triton_gemv.py, triton_decode.py),
+A decode step at batch 64 is about 60 kernels of a few µs each (kernels/linear.py, kernels/decode_attention.py),
 back to back in one CUDA graph. Launched plainly, each waits for the one before it to finish before its programs
 are even placed on the SMs, so the GPU idles between kernels. On Hopper (compute capability 9.0) and newer, a
 kernel launched with the programmatic-stream-serialization attribute may start while the one before it still
@@ -16,10 +16,8 @@ runs:
 
 CUDA graphs keep the dependency when they capture such launches. A kernel launched without the attribute is
 ordered as usual, and a wait in a kernel launched plainly returns at once; the engine has Inductor launch the
-kernels it generates between ours (norms, embedding, argmax) the same way. On an H100, gpt2-124m at batch 64
-with the FP8 cache (BENCHMARKS.md): 88.0k -> 91.0k tokens/s with redline's kernels alone, 91.0k -> 97.9k with
-Inductor's too (both against plain launches in the same call); batch 1 gains a third. Prefetching each product's
-weight tile into L2 before the wait was slower (87.4k against 91.0k), and is not done.
+kernels it generates between ours (norms, embedding, argmax) the same way. (What it is worth: BENCHMARKS.md.)
+Prefetching each product's weight tile into L2 before the wait was measured slower, and is not done.
 
 References: the CUDA programming guide's "Programmatic Dependent Launch and Synchronization", the PTX ISA's
 griddepcontrol.
@@ -33,17 +31,24 @@ import torch
 import triton
 import triton.language as tl
 
-PDL = True  # launch the decode kernels with programmatic dependent launch where the GPU has it (False: plainly)
-
-
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
 def use_pdl(device: torch.device) -> bool:
-    """Launch with programmatic dependent launch on this device (PDL on, a GPU of compute capability 9.0+)."""
-    return PDL and device.type == "cuda" and _capability(device.index or 0) >= (9, 0)
+    """Launch with programmatic dependent launch on this device (a GPU of compute capability 9.0+)."""
+    return device.type == "cuda" and _capability(device.index or 0) >= (9, 0)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of this GPU: how many programs one wave of a kernel runs at once (one each)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @triton.jit

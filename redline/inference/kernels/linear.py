@@ -15,9 +15,9 @@ output projection) leaves each of those programs a long loop: there it is split 
 spans, one program each. Each program stores its fp32 product in a workspace and counts itself done on an atomic
 counter of its tile; the last one adds the products in a fixed order (the same bits whichever finishes last),
 applies the epilogue and puts the counter back to zero. No second kernel is launched; the round trip through L2
-costs about 1.5 µs, so a short K is not split.
+costs each tile about as much as a short K's loop, so a short K is not split.
 
-On Hopper and newer the kernels are launched with programmatic dependent launch (inference/triton_launch.py).
+On Hopper and newer the kernels are launched with programmatic dependent launch (kernels/launch.py).
 
 Registered as `torch.ops.redline.gemv` (and `gemv_split`, with split-K and its counters), opaque custom ops that
 launch the kernels themselves: torch.compile calls them as they are and CUDA graphs capture them.
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from redline.inference.triton_launch import start_dependents_then_wait, use_pdl
+from redline.inference.kernels.launch import sm_count, start_dependents_then_wait, use_pdl
 
 ACTIVATIONS = ("none", "gelu_tanh", "relu2", "swiglu")
 NORMS = ("none", "layernorm", "rmsnorm")
@@ -120,7 +120,7 @@ def _gemv_kernel(X, W, Bias, Res, NormW, NormB, Y, N, K, stride_x, stride_w, str
                  ONE_TILE: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), M): output features [pid·BLOCK_N, +BLOCK_N) of row m. ACT 3 (SwiGLU): W has 2N
     rows, gate then up, and feature n is silu(gate_n)·up_n. ONE_TILE: K <= BLOCK_K, the row is loaded once.
-    PDL: launched with programmatic dependent launch (inference/triton_launch.py)."""
+    PDL: launched with programmatic dependent launch (kernels/launch.py)."""
     pid, m = tl.program_id(0), tl.program_id(1)
     dtype = Y.dtype.element_ty
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -253,7 +253,7 @@ def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, Part, Counts, M, N, K, K_SPAN
     further, stores its fp32 product in Part ((SPLIT_K, tiles, BLOCK_M, BLOCK_N), SwiGLU's up products after it)
     and counts itself done in Counts (int32, zeros, one per output tile); the last one sums the products and
     applies the epilogue, and puts the counter back to zero. PDL: launched with programmatic dependent launch
-    (inference/triton_launch.py)."""
+    (kernels/launch.py)."""
     pid, pid_m = tl.program_id(0), tl.program_id(1)
     dtype = Y.dtype.element_ty
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -314,7 +314,7 @@ ONE_TILE_MAX = 8192  # rows up to this long are loaded whole, in one tile
 
 
 def pick_blocks(N: int, K: int, norm: str = "none", act: str = "none") -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) for an (N, K) weight (N output features), from a sweep on an H100
+    """(BLOCK_N, BLOCK_K, num_warps) for an (N, K) weight (N output features), the fastest of a sweep
     (scripts/gpu/gemv_bench.py): the whole row in one tile; one or two weight rows per program, more where a
     norm before the product has each program compute the row's statistics (fewer programs, fewer repeats)."""
     block_k = min(triton.next_power_of_2(K), ONE_TILE_MAX)
@@ -330,7 +330,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out:
            block_n: int, block_k: int, num_warps: int, num_stages: int = 1, norm: str = "none",
            norm_weight=None, norm_bias=None, eps: float = 1e-5, pdl: bool = False) -> None:
     """Run the kernel with explicit tiles (for benchmarks; the op picks its own). pdl: with programmatic dependent
-    launch (inference/triton_launch.py; compute capability 9.0+)."""
+    launch (kernels/launch.py; compute capability 9.0+)."""
     M, K = x.shape
     N = out.shape[1]
     _gemv_kernel[(triton.cdiv(N, block_n), M)](
@@ -344,18 +344,15 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, out:
 
 
 ROWS_SMEM_BYTES = 160 * 1024  # the batched kernel's pipeline stages share this much shared memory at most
-# Split-K for the batched kernel (provisional: from scripts/gpu/rows_linear_bench.py on an H100 at 64 and 8 rows).
-# A split costs each output tile about 1.5 µs more (its products' round trip through L2, and the count, before the
-# last program can sum them), which pays only for a long K: K of at least SPLIT_FROM_K is cut into the most spans,
-# a power of two up to SPLIT_MAX, each at least SPLIT_MIN_K_SPAN long, that keep the programs within one wave, at
-# the unsplit kernel's column tiles (wider ones, which read the rows' activations fewer times, were slower: the
-# products the last program reads grow with them). A wave: WAVE_SMS programs (an H100's SMs) times as many
-# as SPLIT_SM_BYTES of pipelined loads hold (one at 64 rows, where a second program per SM did not help; 3 at 8).
-# Measured, µs: GPT-2's mlp.proj (768x3072) 7.5 -> 6.9 at 64 rows (2 splits), 8.7 -> 6.6 at 8 rows (8 splits);
-# GPT-2 1.5B's (1600x6400) 15.8 -> 13.2 and 16.2 -> 12.3 (2 and 4); at K 768 and 1600 every split was slower.
+# Split-K for the batched kernel (from scripts/gpu/rows_linear_bench.py at 64 and 8 rows). A split costs each
+# output tile a round trip of its products through L2, and the count, before the last program can sum them, which
+# pays only for a long K: K of at least SPLIT_FROM_K is cut into the most spans, a power of two up to SPLIT_MAX,
+# each at least SPLIT_MIN_K_SPAN long, that keep the programs within one wave, at the unsplit kernel's column tiles
+# (wider ones, which read the rows' activations fewer times, were slower: the products the last program reads
+# grow with them). A wave: one program per SM times as many as SPLIT_SM_BYTES of pipelined loads hold (one at 64
+# rows, where a second program per SM did not help; 3 at 8). Shorter K (768, 1600) was slower split.
 SPLIT_FROM_K, SPLIT_MIN_K_SPAN, SPLIT_MAX = 2048, 256, 8
 SPLIT_SM_BYTES = 128 * 1024
-WAVE_SMS = 132  # one program per SM (an H100's): the column tiles and the splits fill this many at most
 
 
 def k_span(K: int, split_k: int, block_k: int) -> tuple[int, int]:
@@ -372,18 +369,17 @@ def row_stages(block_m: int, block_n: int, block_k: int, elem_bytes: int = 2) ->
     return max(2, min(5 if block_n < 64 else 3, ROWS_SMEM_BYTES // per_stage))
 
 
-def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2,
+def pick_row_blocks(M: int, N: int, K: int, sms: int, elem_bytes: int = 2,
                     split: bool = True) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k) of the batched kernel for M rows and an (N, K)
-    weight, from a sweep on an H100 at 64 rows (scripts/gpu/rows_linear_bench.py): all rows in one tile, column
-    tiles narrow enough for ~50-130 programs on GPT-2's and modern-124m's layers (16 columns up to N 1024, and
-    beyond where that still makes one program per SM at most and K is too short to split; else 32 up to 4096),
-    64 for the head; stages from row_stages. (16 columns for modern-124m's qkv and fc, 80 and 128 programs, took
-    its batch-64 step from 126.2k to 136.8k tokens/s; for GPT-2's, 144 and 192 programs, from 98.5k to 91.8k.)
-    Narrower row tiles (more programs, each weight tile read once per row tile) and other K tiles were no faster.
-    Then split-K for a long K (see SPLIT_FROM_K; split False: none)."""
+    weight on a GPU of `sms` SMs, the fastest of a sweep at 64 rows (scripts/gpu/rows_linear_bench.py): all rows in
+    one tile, column tiles narrow enough to give every SM a program on a 124M model's layers (16 columns up to N
+    1024, and beyond where that still makes one program per SM at most and K is too short to split; else 32 up to
+    4096: more programs than SMs in 16-column tiles were slower than fewer, wider ones), 64 for the head; stages
+    from row_stages. Narrower row tiles (more programs, each weight tile read once per row tile) and other K tiles
+    were no faster. Then split-K for a long K (see SPLIT_FROM_K; split False: none)."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
-    narrow = N <= 1024 or (triton.cdiv(N, 16) * triton.cdiv(M, block_m) <= WAVE_SMS and K < SPLIT_FROM_K)
+    narrow = N <= 1024 or (triton.cdiv(N, 16) * triton.cdiv(M, block_m) <= sms and K < SPLIT_FROM_K)
     block_n = 16 if narrow else (32 if N <= 4096 else 64)
     block_k = 128
     stages, split_k = row_stages(block_m, block_n, block_k, elem_bytes), 1
@@ -392,7 +388,7 @@ def pick_row_blocks(M: int, N: int, K: int, elem_bytes: int = 2,
         per_sm = max(1, SPLIT_SM_BYTES // (stages * (block_m + block_n) * block_k * elem_bytes))
         for want in (2, 4, 8):
             span, splits = k_span(K, want, block_k)
-            if want > SPLIT_MAX or span < SPLIT_MIN_K_SPAN or tiles * splits > WAVE_SMS * per_sm:
+            if want > SPLIT_MAX or span < SPLIT_MIN_K_SPAN or tiles * splits > sms * per_sm:
                 break
             split_k = splits
     return block_m, block_n, block_k, 4, stages, split_k
@@ -445,7 +441,8 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias, residual, act: str, nor
                norm_bias=norm_bias, eps=eps, pdl=use_pdl(x.device))
     else:
         # a norm in the kernel is computed over the whole row by every program: not split
-        tiles = pick_row_blocks(M, N, K, x.element_size(), split=counts is not None and norm == "none")
+        tiles = pick_row_blocks(M, N, K, sm_count(x.device), x.element_size(),
+                                split=counts is not None and norm == "none")
         launch_rows(x, weight, bias, residual, act, out, *tiles, counts=counts, norm=norm, norm_weight=norm_weight,
                     norm_bias=norm_bias, eps=eps, pdl=use_pdl(x.device))
     return out

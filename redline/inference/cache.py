@@ -1,0 +1,215 @@
+"""The KV cache: static per-layer key/value buffers, and the cache layers the model's attention hands itself to.
+
+Storage (`KVCache`): per layer, k and v of shape (B, KV, S + 1, D) with KV = n_kv_head, so GQA/MQA models store
+n_head/n_kv_head times less than multi-head ones; allocated once per (batch, capacity). Row b's token at
+position p lives in slot p: every row starts at slot 0, so a batch of prompts of different lengths is prefilled
+right-padded and each row then decodes at a slot of its own (`slot`, (B,)), and a row can be refilled with a new
+sequence while the others go on (continuous batching). With dtype float8_e4m3fn the keys and values are stored as
+FP8 with an fp32 scale per (row, kv head, slot) (`quantize_kv`), about half a bf16 cache's bytes.
+
+Cache layers: `Attention.forward(x, rope, cache=layer)` (redline/model.py) calls `layer.attend(attn, x, rope)`,
+which computes the projections through the attention module's own methods, stores what the cache must hold, and
+attends over it:
+- `PrefillLayer`: T new tokens per row at slots [start, start + T); they attend causally to each other and to the
+  rows' cached slots before `start` (a prompt prefilled in chunks); their keys and values are kept on the layer
+  for the engine to store.
+- `DecodeLayer`: one new token per row, written into the cache at the row's slot, attending to slots 0..slot (or
+  the sliding window's last ones) of the first `width` slots of the buffer: by "matmul" (q·Kᵀ, masked fp32
+  softmax, ·V; the portable path) or by "triton", redline's decode kernel (kernels/decode_attention.py), which
+  starts from the qkv projection's output and does QK-norm, RoPE, the cache write and the attention in one launch.
+  The new key and value are scattered into the layer's whole buffer (not into a view of it): Inductor then updates
+  the buffer in place, where a write into a view passed in is copied back whole.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from redline.model import sdpa_context
+
+FP8_MAX = 448.0  # the largest float8_e4m3fn
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys or values (..., D) -> (float8_e4m3fn (..., D), fp32 scales (...)): one scale per vector, its absolute
+    maximum times fp32(1/448) (at least the smallest normal fp32, so a zero vector stays zero), x / scale rounded
+    to e4m3. The Triton decode kernel quantises the step's new key and value exactly so (a product by a constant
+    rounds the same everywhere; torch divides a CUDA tensor by a number as a product by its reciprocal)."""
+    scale = (x.abs().amax(dim=-1).float() * (1.0 / FP8_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
+    return (x.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_kv(x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """quantize_kv's inverse, up to its rounding: (..., D) in dtype."""
+    return (x8.float() * scale[..., None]).to(dtype)
+
+
+class KVCache:
+    """Static per-layer key/value buffers of shape (B, KV, capacity + 1, D): only the n_kv_head heads are stored.
+
+    dtype float8_e4m3fn: FP8 keys and values with one fp32 scale per (row, kv head, slot) (quantize_kv), in
+    `scales`: per layer (k_scale, v_scale) of shape (B, KV, capacity + 1)."""
+
+    def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        # one slot more than is ever attended over: every width is then a strict view of the buffer, which
+        # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
+        shape = (batch, kv_heads, capacity + 1, head_dim)
+        # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.scales = None
+        if dtype == torch.float8_e4m3fn:
+            self.scales = [tuple(torch.zeros(shape[:-1], device=device) for _ in range(2)) for _ in range(n_layer)]
+        self.batch, self.capacity, self.dtype = batch, capacity, dtype
+
+    @property
+    def quantized(self) -> bool:
+        return self.scales is not None
+
+    @property
+    def nbytes(self) -> int:
+        scales = [t for pair in self.scales or () for t in pair]
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
+
+    def write(self, layer: int, rows: slice, start: int, k, v) -> None:
+        """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows`; for an FP8 cache k and v are
+        quantize_kv's pairs."""
+        if not self.quantized:
+            T = k.shape[2]
+            self.k[layer][rows, :, start:start + T].copy_(k)
+            self.v[layer][rows, :, start:start + T].copy_(v)
+            return
+        for buf, scales, (x8, scale) in ((self.k[layer], self.scales[layer][0], k),
+                                         (self.v[layer], self.scales[layer][1], v)):
+            T = x8.shape[2]
+            buf[rows, :, start:start + T].copy_(x8)
+            scales[rows, :, start:start + T].copy_(scale)
+
+    def read(self, layer: int, rows: slice, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8)."""
+        k, v = self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]
+        if not self.quantized:
+            return k, v
+        k_scale, v_scale = (s[rows, :, :end] for s in self.scales[layer])
+        return dequantize_kv(k, k_scale, dtype), dequantize_kv(v, v_scale, dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# prefill
+
+
+def prefill_mask(T: int, start: int, device, window: int) -> torch.Tensor | None:
+    """(T, start + T) bool, True where new token i (at slot start + i) may attend slot j: j <= start + i, within
+    the window; None where that is plain causal attention over the new tokens alone (start 0, no window cut)."""
+    if start == 0 and not 0 < window < T:
+        return None
+    i = torch.arange(T, device=device)[:, None] + start
+    j = torch.arange(start + T, device=device)[None, :]
+    allowed = j <= i
+    if window > 0:
+        allowed = allowed & (i - j < window)
+    return allowed
+
+
+class PrefillLayer:
+    """A cache layer for T new tokens per row at slots [start, start + T): attends over `prefix` (the rows' cached
+    (k, v) of slots [0, start), or None at start 0) and the new tokens under `mask` (prefill_mask), and keeps the
+    new keys and values in `kv` for the engine to store (quantize_kv's pairs when `quantize`)."""
+
+    def __init__(self, mask: torch.Tensor | None, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 quantize: bool = False):
+        self.mask, self.prefix, self.quantize = mask, prefix, quantize
+        self.kv = None
+
+    def attend(self, attn, x: torch.Tensor, rope) -> torch.Tensor:
+        """x (b, T, C) -> (b, T, H*D)."""
+        q, k, v = attn.project_qkv(x, rope)  # q (b, H, T, D); k, v (b, KV, T, D)
+        self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
+        if self.prefix is not None:
+            k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
+        if self.mask is None:
+            return attn.attend(q, k, v, None, is_causal=True)
+        if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
+            k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
+            v = v.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
+        with sdpa_context(attn.cfg.attn_backend):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        B, H, T, D = q.shape
+        return y.transpose(1, 2).reshape(B, T, H * D)
+
+
+# ----------------------------------------------------------------------------------------------------
+# decode
+
+
+def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool
+    -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the cache is
+    read once per kv head and never expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa):
+    (B, KV, H/KV, D) @ (B, KV, D, W) -> masked fp32 softmax -> @ (B, KV, W, D)."""
+    B, H, _, D = q.shape
+    KV = k_cache.shape[1]
+    qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g
+    scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * (D ** -0.5)  # (B, KV, H/KV, W)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
+    probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
+    return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
+
+
+def _scatter_slot(buf: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> None:
+    """buf (B, KV, S, ...) [b, :, slot_b] = x (B, KV, 1, ...), in place."""
+    index = slot.view(-1, *[1] * (buf.dim() - 1)).expand(*x.shape)
+    if buf.dtype == torch.float8_e4m3fn:  # scatter has no FP8 kernels: move the bytes
+        buf, x = buf.view(torch.uint8), x.view(torch.uint8)
+    buf.scatter_(2, index, x)
+
+
+class DecodeLayer:
+    """A cache layer for one decode step: each row's new key and value go into its slot (slot (B,)), and it
+    attends to the first `width` slots under `mask` (B, 1, 1, width) ("matmul"; the "triton" kernel computes the mask
+    itself from the slots and the window). k_buf, v_buf: the layer's whole cache buffers; scales: an FP8 cache's
+    (k_scale, v_scale) buffers, or None; counts: the triton kernels' int32 counters."""
+
+    def __init__(self, k_buf, v_buf, scales, slot, mask, width: int, counts=None, impl: str = "matmul"):
+        self.k_buf, self.v_buf, self.scales, self.slot = k_buf, v_buf, scales, slot
+        self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
+
+    def attend(self, attn, x: torch.Tensor, rope) -> torch.Tensor:
+        """x (B, 1, C) -> (B, 1, H*D)."""
+        if self.impl == "triton":
+            # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor
+            # copy each part out); separate q, k, v layers are concatenated
+            qkv = attn.qkv(x) if attn.cfg.fused_qkv else torch.cat(attn.project(x), dim=-1)
+            return self.attend_projected(attn, qkv, rope)[:, None]
+        q, k, v = attn.project_qkv(x, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
+        W = self.width
+        if self.scales is None:
+            _scatter_slot(self.k_buf, self.slot, k)
+            _scatter_slot(self.v_buf, self.slot, v)
+            keys, values = self.k_buf[:, :, :W], self.v_buf[:, :, :W]
+        else:  # FP8: store the quantised vectors, attend to the whole width dequantised (what was stored)
+            for buf, scales, (x8, scale) in ((self.k_buf, self.scales[0], quantize_kv(k)),
+                                             (self.v_buf, self.scales[1], quantize_kv(v))):
+                _scatter_slot(buf, self.slot, x8)
+                _scatter_slot(scales, self.slot, scale)
+            keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
+            values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
+        return cached_attention(q, keys, values, self.mask)
+
+    def attend_projected(self, attn, qkv: torch.Tensor, rope) -> torch.Tensor:
+        """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D)."""
+        B = qkv.shape[0]
+        cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
+        norms, eps = (None, None), 0.0
+        if attn.cfg.qk_norm:
+            norms = (attn.q_norm.weight, attn.k_norm.weight)
+            eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(qkv.dtype).eps
+        window = attn.cfg.sliding_window
+        if self.scales is not None:
+            return torch.ops.redline.decode_attention_fp8(qkv.view(B, -1), self.k_buf, self.v_buf, *self.scales,
+                                                          self.slot, self.counts, self.width, window, eps, *norms,
+                                                          cos, sin)
+        return torch.ops.redline.decode_attention(qkv.view(B, -1), self.k_buf, self.v_buf, self.slot, self.counts,
+                                                  self.width, window, eps, *norms, cos, sin)

@@ -1,0 +1,112 @@
+"""A pre-norm block's decode step as four product kernels and the attention kernel (decode_linear "triton").
+
+A decode step's Linear layers read their whole weights for a few rows, so they are bound by memory and launch
+latency, not by flops. Here each product runs in redline's kernels (kernels/linear.py) with what surrounds it fused
+in: the norm before it (at batch 1: in the matrix-vector kernel; for a batch it runs first, in its own kernel, as
+every program of the batched product would compute the rows' statistics again), and the bias, activation and
+residual add after it. A pre-norm block is then five kernels: qkv (norm1 fused), the attention kernel
+(kernels/decode_attention.py, from the qkv output), proj (+ residual), fc (norm2 and the activation fused) and the
+MLP's proj (+ residual).
+
+This is the one place outside redline/model.py that computes a block: it reads the block's own modules (norms,
+Linear layers, their weights and epsilons), but the arithmetic is the kernels'. `unsupported(cfg)` names what it
+cannot compute; the engine then runs the model's own block. Every field of ModelConfig is listed in
+`FIELDS_ACCOUNTED` with how this path treats it, and a test checks that list against the config, so a new
+architecture option fails that test until someone decides here whether the fused path handles it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ACTIVATION = {"gelu": "gelu_tanh", "relu2": "relu2", "swiglu": "swiglu"}
+MAX_ROWS = 64  # redline's product kernels take the step's products up to this batch; above it they are cuBLAS's
+
+# Every ModelConfig field, and how the fused path treats it (the test in tests/test_inference.py keeps this list
+# and the config in step).
+FIELDS_ACCOUNTED = {
+    # checked by unsupported()
+    "norm_position": "pre only: the norm is fused into the next product",
+    "fused_qkv": "one qkv product only",
+    "fused_mlp": "SwiGLU's gate and up as one matrix only",
+    "mlp": "gelu (tanh), relu2, swiglu",
+    # computed as the modules compute them
+    "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
+    "norm_eps": "read from the norm modules",
+    "bias": "each Linear's bias is added in its product's epilogue",
+    "qkv_bias": "the qkv Linear's bias, as any bias",
+    "qk_norm": "in the attention kernel",
+    "sliding_window": "in the attention kernel",
+    "n_head": "shapes", "n_kv_head": "shapes", "head_size": "shapes", "n_embd": "shapes", "mlp_hidden": "shapes",
+    "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
+    "tie_embeddings": "the head's weight, whatever it is tied to",
+    "logit_softcap": "applied to the head's output",
+    # not part of the block's decode step
+    "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model", "rope_theta": "inputs",
+    "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
+    "rope_high_freq_factor": "inputs", "rope_original_context": "inputs",
+    "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
+    "zero_init_proj": "initialisation only",
+}
+
+
+def unsupported(cfg) -> str | None:
+    """Why the fused block cannot compute this architecture, or None."""
+    if cfg.norm_position != "pre":
+        return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
+    if not cfg.fused_qkv:
+        return "decode_linear triton needs a fused qkv projection (model.fused_qkv)"
+    if cfg.mlp == "swiglu" and not cfg.fused_mlp:
+        return "decode_linear triton needs SwiGLU's gate and up in one matrix (model.fused_mlp)"
+    if cfg.mlp not in ACTIVATION:
+        return f"decode_linear triton has no fused {cfg.mlp} activation"
+    return None
+
+
+def counters_needed(cfg) -> int:
+    """Counters the batched product kernel's split-K needs for this model's block layers, at any batch up to
+    MAX_ROWS: one per output tile, of 16 x 16 at the smallest (kernels/linear.py, gemv_split)."""
+    widest = max((cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, cfg.n_embd, cfg.hidden_dim)
+    return -(-MAX_ROWS // 16) * -(-widest // 16)
+
+
+def norm_args(norm) -> tuple:
+    """The gemv op's (norm, weight, bias, eps) for a LayerNorm or RMSNorm module, rounded as the module rounds."""
+    if isinstance(norm, torch.nn.RMSNorm):
+        eps = norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
+        return "rmsnorm", norm.weight, None, eps
+    return "layernorm", norm.weight, norm.bias, norm.eps
+
+
+def fused_block(block, x: torch.Tensor, attention, counts: torch.Tensor) -> torch.Tensor:
+    """block's decode step: x (B, 1, C) -> (B, 1, C), B up to MAX_ROWS. attention(attn, qkv) -> (B, H*D): the
+    attention kernel from the qkv product's output (cache.DecodeLayer.attend_projected); counts: int32 zeros, at
+    least counters_needed(cfg), for split-K."""
+    attn, mlp = block.attn, block.mlp
+    B = x.shape[0]
+
+    def product(h, layer, residual=None, act="none", norm=None):
+        if B > 1:
+            return torch.ops.redline.gemv_split(h if norm is None else norm(h), layer.weight, counts, layer.bias,
+                                                residual, act)
+        return torch.ops.redline.gemv(h, layer.weight, layer.bias, residual, act,
+                                      *(norm_args(norm) if norm is not None else ()))
+
+    h = x.view(B, -1)
+    qkv = product(h, attn.qkv, norm=block.norm1)
+    h = product(attention(attn, qkv), attn.proj, h)
+    u = product(h, mlp.fc, act=ACTIVATION[mlp.kind], norm=block.norm2)
+    return product(u, mlp.proj, h).view(B, 1, -1)
+
+
+def fused_head(model, x: torch.Tensor) -> torch.Tensor:
+    """The final norm and the head: x (B, 1, C) -> logits (B, padded_vocab), B up to MAX_ROWS (at batch 1 with the
+    norm in the product; see fused_block), soft-capped as GPT.logits does."""
+    B = x.shape[0]
+    if B == 1:
+        logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, None, None, "none",
+                                        *norm_args(model.norm_f))
+    else:
+        logits = torch.ops.redline.gemv(model.norm_f(x).view(B, -1), model.lm_head.weight)
+    cap = model.cfg.logit_softcap
+    return cap * torch.tanh(logits.float() / cap) if cap else logits

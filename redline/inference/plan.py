@@ -1,0 +1,130 @@
+"""How the engine decodes, decided once: `plan_decode` checks every option against the model and the machine and
+returns a frozen `DecodePlan`; nothing downstream validates or re-decides.
+
+The choices, and what "auto" picks:
+- dtype: bf16 on a GPU that has it, fp32 elsewhere (the engine runs a copy of the model in it, if it is not in
+  it already);
+- compile / cuda_graphs: on for CUDA, off on a CPU (graphs need a GPU);
+- decode attention: "triton" (redline's kernel, kernels/decode_attention.py) where the step is compiled for a GPU
+  that can run it, else "matmul" (the portable path);
+- decode linear: "triton" (redline's product kernels with norms, biases, activations and residual adds fused in,
+  kernels/fused_block.py) where decode attention is triton and the architecture is one the fused block computes,
+  else "torch" (cuBLAS, or Inductor's tuned reductions under kernel_tuning);
+- KV cache: the model's dtype, or "fp8" (float8_e4m3fn with a scale per token and kv head: half the bytes, at a
+  cost in accuracy that `redline eval --kv-cache-dtypes auto fp8` measures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from redline.errors import UserError
+
+DECODE_ATTENTION = ("auto", "matmul", "triton")
+DECODE_LINEAR = ("auto", "torch", "triton")
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    device: torch.device
+    dtype: torch.dtype
+    """Weights, activations and (unless kv_cache is fp8) the cache."""
+    compile: bool
+    cuda_graphs: bool
+    attention: str
+    """"matmul" or "triton"."""
+    linear: str
+    """"torch" or "triton"."""
+    kv_cache: str
+    """"auto" (the model's dtype) or "fp8"."""
+    kernel_tuning: bool
+    """Inductor's coordinate-descent tuning of the compiled step's kernels."""
+    prefill_chunk_tokens: int
+    """Prefill at most this many tokens at once (rows of a batch, and spans of a long prompt)."""
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn if self.kv_cache == "fp8" else self.dtype
+
+    def describe(self) -> dict:
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."), "compile": self.compile,
+                "kernel_tuning": self.kernel_tuning, "cuda_graphs": self.cuda_graphs,
+                "decode_attention": self.attention, "decode_linear": self.linear, "kv_cache_dtype": self.kv_cache}
+
+
+def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, compile: bool | None = None,
+                cuda_graphs: bool | None = None, decode_attention: str = "auto", decode_linear: str = "auto",
+                kv_cache_dtype: str = "auto", kernel_tuning: bool = False,
+                prefill_chunk_tokens: int = 32768) -> DecodePlan:
+    """The plan for a model of config `cfg` on `device`, or a UserError naming the option that cannot run."""
+    on_cuda = device.type == "cuda"
+    if cuda_graphs and not on_cuda:
+        raise UserError("CUDA graphs need a CUDA device, but the model is on the CPU; "
+                        "use cuda_graphs=off (or auto) on a CPU")
+    for name, value, choices in (("decode_attention", decode_attention, DECODE_ATTENTION),
+                                 ("decode_linear", decode_linear, DECODE_LINEAR),
+                                 ("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)):
+        if value not in choices:
+            raise UserError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    if prefill_chunk_tokens < 1:
+        raise UserError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+    if dtype is None:
+        dtype = torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float32
+    compile = on_cuda if compile is None else compile
+    attention = _attention(decode_attention, cfg, device, compile)
+    return DecodePlan(device=device, dtype=dtype, compile=compile,
+                      cuda_graphs=on_cuda if cuda_graphs is None else cuda_graphs, attention=attention,
+                      linear=_linear(decode_linear, cfg, device, attention, dtype), kv_cache=kv_cache_dtype,
+                      kernel_tuning=kernel_tuning and compile, prefill_chunk_tokens=prefill_chunk_tokens)
+
+
+def _attention(choice: str, cfg, device: torch.device, compile: bool) -> str:
+    """"triton" or "matmul": triton asked for where it cannot run is an error; auto takes it where the step is
+    compiled for a GPU that runs it."""
+    if choice == "matmul" or (choice == "auto" and not (compile and device.type == "cuda")):
+        return "matmul"
+    reason = _triton_attention_unsupported(cfg, device)
+    if reason is None:
+        return "triton"
+    if choice == "triton":
+        raise UserError(reason)
+    return "matmul"
+
+
+def _triton_attention_unsupported(cfg, device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul"
+    try:
+        import redline.inference.kernels.decode_attention as kernel
+    except ImportError as e:
+        return f"decode_attention triton needs the triton package, which failed to import ({e}); use matmul"
+    return kernel.check_supported(cfg.head_dim, device)
+
+
+def _linear(choice: str, cfg, device: torch.device, attention: str, dtype: torch.dtype) -> str:
+    """"triton" or "torch" for decode_linear: triton asked for where it cannot run is an error, auto picks it where
+    it can (a GPU, redline's attention kernel, an architecture the fused block computes)."""
+    if choice == "torch":
+        return choice
+    from redline.inference.kernels.fused_block import unsupported
+
+    reason = unsupported(cfg)
+    if device.type != "cuda":
+        reason = "decode_linear triton runs on CUDA GPUs only"
+    elif attention != "triton":
+        reason = "decode_linear triton works with decode_attention triton (it hands the kernel the qkv output)"
+    elif dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        reason = f"decode_linear triton computes in bf16, fp16 or fp32, not {dtype}"
+    if reason is None:
+        try:
+            import redline.inference.kernels.linear  # noqa: F401  (registers torch.ops.redline.gemv)
+        except ImportError as e:
+            reason = f"decode_linear triton needs the triton package, which failed to import ({e})"
+    if reason is None:
+        return "triton"
+    if choice == "triton":
+        raise UserError(reason + "; use decode_linear torch (or auto, which picks it where it can run)")
+    return "torch"

@@ -1,0 +1,109 @@
+"""The engine's units of work, each compiled on its own on a GPU: a block's prefill, and a decode step's inputs,
+blocks and output. Every one runs the model's own modules: a block is called with a cache layer
+(redline/inference/cache.py) and the model's attention hands itself to it.
+
+The same compiled block serves every layer (regional compilation: compile time does not grow with depth). A
+greedy decode step takes its argmax inside its output function, records the token in the step's history and
+advances the rows' slots, so that greedy decoding runs entirely inside one CUDA graph per width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from redline.inference.cache import DecodeLayer, PrefillLayer
+from redline.inference.kernels.fused_block import MAX_ROWS, fused_block, fused_head
+
+# the greedy step's argmax over a large vocabulary in spans (chunked_argmax) up to this batch (beyond it, a
+# program per row is enough to spread the work over the GPU)
+ARGMAX_SPANS_MAX_BATCH = 64
+
+
+def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, prefix_k=None, prefix_v=None):
+    """x (b, T, C) -> (x, k, v): the block's output and the new tokens' keys and values (b, KV, T, D) for the cache
+    (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k, prefix_v: the rows'
+    cached slots before these tokens (a prompt prefilled in chunks), attended to as well."""
+    prefix = (prefix_k, prefix_v) if prefix_k is not None else None
+    layer = PrefillLayer(mask, prefix, quantize)
+    x = block(x, rope, cache=layer)
+    k, v = layer.kv
+    return x, k, v
+
+
+def last_logits(model, x: torch.Tensor) -> torch.Tensor:
+    """Final hidden states (b, C) -> the logits of the real vocabulary (b, vocab_size), fp32 at least."""
+    logits = model.logits(model.norm_f(x))[..., : model.cfg.vocab_size]
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.Tensor, impl: str = "matmul"):
+    """The step's embeddings x (B, 1, C), RoPE tables and attention mask (B, 1, 1, W): row b attends to slots
+    0..slot_b (and within the sliding window). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the
+    kernel computes the mask itself and reads only its width, so the slots stand in for it (a view: no kernel)."""
+    x, rope = model.embed(tokens, slot[:, None])  # a token's position is its slot
+    if impl == "triton":
+        return x, rope, slots.expand(tokens.shape[0], 1, 1, -1)
+    mask = slots[None, :] <= slot[:, None]  # (B, W)
+    if model.cfg.sliding_window > 0:
+        mask = mask & (slot[:, None] - slots[None, :] < model.cfg.sliding_window)
+    return x, rope, mask[:, None, None, :]
+
+
+def decode_block(block, x, rope, mask, k_buf, v_buf, slot, impl: str = "matmul", counts=None, fused: bool = False,
+                 scales=None):
+    """x (B, 1, C) -> (B, 1, C): writes each row's key and value into its slot of the layer's whole cache buffers
+    and attends over their first W = mask.shape[-1] slots. fused: up to MAX_ROWS rows, the block in redline's
+    product kernels (kernels/fused_block.py); scales: an FP8 cache's (k_scale, v_scale) buffers, or None."""
+    layer = DecodeLayer(k_buf, v_buf, scales, slot, mask, mask.shape[-1], counts, impl)
+    if fused and x.shape[0] <= MAX_ROWS:
+        return fused_block(block, x, lambda attn, qkv: layer.attend_projected(attn, qkv, rope), counts)
+    return block(x, rope, cache=layer)
+
+
+def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
+    """logits (B, V) -> (B,): argmax (the first maximum) in two steps, the maximum of each of `chunks` spans,
+    then the first span holding the overall one. A one-row argmax compiled by Inductor runs as one program;
+    spans spread it over the GPU."""
+    B, V = logits.shape
+    span = -(-V // chunks)
+    padded = F.pad(logits, (0, span * chunks - V), value=float("-inf")).view(B, chunks, span)
+    best, where = padded.max(dim=-1)
+    chunk = best.argmax(dim=-1, keepdim=True)
+    return chunk[:, 0] * span + where.gather(1, chunk)[:, 0]
+
+
+def decode_output(model, x, tokens, greedy: bool, fused: bool, slot, history):
+    """(logits (B, vocab) fp32, next tokens (B,) or None). greedy: also take the argmax and write it into `tokens`,
+    the next step's input, and into `history` (B, S + 1) at each row's slot + 1, then advance `slot` by one, so that
+    greedy decoding runs entirely inside the step (and its graph): the host launches steps and nothing else.
+    fused: up to MAX_ROWS rows, the head in redline's product kernel."""
+    if fused and x.shape[0] <= MAX_ROWS:
+        logits = fused_head(model, x)[:, : model.cfg.vocab_size]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    else:
+        logits = last_logits(model, x[:, -1])
+    if not greedy:
+        return logits, None
+    spans = logits.shape[0] <= ARGMAX_SPANS_MAX_BATCH and logits.shape[1] >= 8192
+    nxt = chunked_argmax(logits) if spans else logits.argmax(dim=-1)
+    tokens.copy_(nxt[:, None])
+    history.scatter_(1, (slot + 1)[:, None], nxt[:, None])
+    slot.add_(1)
+    return logits, nxt
+
+
+def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy: bool, fns=None, mark_dynamic=None,
+                  counts=None, fused: bool = False, history=None):
+    """One decode step through the whole model: tokens (B, 1) at each row's slot -> decode_output's pair.
+
+    slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers; scales: per
+    layer an FP8 cache's (k_scale, v_scale), or None. fns: the (inputs, block, output) functions, each compiled
+    apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic."""
+    inputs_fn, block_fn, output_fn = fns or (decode_inputs, decode_block, decode_output)
+    x, rope, mask = inputs_fn(model, tokens, slot, slots, impl)
+    if mark_dynamic is not None:
+        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
+    for block, k_buf, v_buf, layer_scales in zip(model.blocks, ks, vs, scales or [None] * len(ks)):
+        x = block_fn(block, x, rope, mask, k_buf, v_buf, slot, impl, counts, fused, layer_scales)
+    return output_fn(model, x, tokens, greedy, fused, slot, history)
