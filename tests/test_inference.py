@@ -906,3 +906,49 @@ def test_compiled_engine_on_cpu_matches_full_forward():
     assert compiled - before in (3, 4) and counters["stats"]["unique_graphs"] == compiled
     sampled = engine.generate(PROMPTS, 20, SamplingParams(temperature=0.8, top_k=5, seed=1))  # argmax left out
     assert counters["stats"]["unique_graphs"] == compiled + 1 and all(len(r.tokens) == 20 for r in sampled)
+
+
+def test_decode_batch_rows_join_and_leave_with_the_same_greedy_tokens():
+    """Continuous batching's engine side: rows prefilled, started and freed at different steps of one static batch
+    (a prompt prefilled in spans too) decode exactly what each prompt decodes alone."""
+    from redline.inference.batch import DecodeBatch
+
+    model = tiny_model(n_kv_head=2, sliding_window=7)
+    engine = InferenceEngine(model, dtype=torch.float64)
+    n = 12
+    refs = [reference_greedy(model, p, n) for p in PROMPTS]
+    batch = DecodeBatch(engine, rows=3, capacity=48)
+    got = {i: [] for i in range(len(PROMPTS))}
+    where = {}  # row -> prompt index
+
+    def admit(i, row, span=None):
+        prompt = PROMPTS[i]
+        if span is None:
+            logits = batch.prefill(row, prompt)
+        else:  # in spans of `span` tokens, each attending to the spans before it
+            for s in range(0, len(prompt), span):
+                logits = batch.prefill(row, prompt[s:s + span], start=s)
+        first = int(logits.argmax())
+        batch.start(row, first, len(prompt))
+        got[i].append(first)
+        where[row] = i
+
+    admit(0, 0)
+    admit(2, 2, span=5)
+    for step in range(40):
+        if step == 3:
+            admit(1, 1)
+        greedy = step % 2 == 0  # the in-graph argmax and the sampled path with advance() interleaved
+        out = batch.step() if greedy else batch.step(greedy=False).argmax(-1)
+        if not greedy:
+            batch.advance(out)
+        for row, i in list(where.items()):
+            got[i].append(int(out[row]))
+            if len(got[i]) == n:
+                batch.free(row)
+                del where[row]
+                if i == 0:
+                    admit(3, row)  # the freed row serves the next prompt
+        if not where:
+            break
+    assert [got[i] for i in range(len(PROMPTS))] == refs

@@ -102,6 +102,7 @@ class DecodeState:
     slot: torch.Tensor  # (B,) cache slot each row's step writes: the position of its input token
     slots: torch.Tensor  # (S,) 0..S-1, the attended slots
     history: torch.Tensor  # (B, S + 1) the token at each slot; a greedy step writes its argmax at slot + 1
+    active: torch.Tensor  # (B,) 1 for a row whose slot steps advance, 0 for a free row (it rewrites its slot)
     counts: torch.Tensor | None  # int32 zeros the triton kernels count finished spans in
     graphs: StepGraphs | None
     warm: set = field(default_factory=set)  # shapes already compiled
@@ -222,6 +223,7 @@ class InferenceEngine:
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
             history=torch.zeros(batch, capacity + 1, dtype=torch.long, device=dev),
+            active=torch.ones(batch, dtype=torch.long, device=dev),
             counts=self._counters(),
             graphs=StepGraphs(dev) if self.plan.cuda_graphs else None,
         )
@@ -258,12 +260,12 @@ class InferenceEngine:
         cache = st.cache
         slots = st.slots[:width]
         scales = [t for pair in cache.scales or () for t in pair]
-        self._mark_dynamic((st.tokens, 0), (st.slot, 0), (slots, 0), (st.history, 0, 1),
+        self._mark_dynamic((st.tokens, 0), (st.slot, 0), (slots, 0), (st.history, 0, 1), (st.active, 0),
                            *[(t, 0, 2) for t in cache.k + cache.v + scales])
         return decode_layers(self.model, st.tokens, st.slot, slots, cache.k, cache.v, cache.scales,
                              self.plan.attention, greedy, self._decode_fns,
                              self._mark_dynamic if self._decode_fns else None, st.counts,
-                             self.plan.linear == "triton", st.history)
+                             self.plan.linear == "triton", st.history, st.active)
 
     def _warm_step(self, st: DecodeState, width: int, greedy: bool) -> None:
         """Run the step without advancing anything: it rewrites the current slots with the same values, and the
@@ -381,6 +383,7 @@ class InferenceEngine:
             setup_s += time.perf_counter() - t0
             st.warm.add(("prefill", T))
         st.slot.copy_(torch.as_tensor(lens, dtype=torch.long), non_blocking=True)
+        st.active.fill_(1)
 
         generator = make_generator(sampling, dev)
         seen = None
@@ -427,7 +430,7 @@ class InferenceEngine:
             if not in_step:
                 nxt = sample_next(logits, sampling, generator, seen)
                 st.history.scatter_(1, (st.slot + 1)[:, None], nxt[:, None])
-                st.slot.add_(1)
+                st.slot.add_(st.active)
             if seen is not None:
                 seen.scatter_(1, nxt[:, None], True)
             steps = i + 1
@@ -462,6 +465,7 @@ class InferenceEngine:
         B, N = tokens.shape
         capacity = length_bucket(N) if self.plan.compile or self.plan.cuda_graphs else N
         st = self._state_for(B, capacity)
+        st.active.fill_(1)
         tokens = tokens.to(self.device)
         logits = self._prefill(st, tokens[:, :prefill], [prefill] * B)
         logps, picks = [], []

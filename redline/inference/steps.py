@@ -73,11 +73,12 @@ def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
     return chunk[:, 0] * span + where.gather(1, chunk)[:, 0]
 
 
-def decode_output(model, x, tokens, greedy: bool, fused: bool, slot, history):
+def decode_output(model, x, tokens, greedy: bool, fused: bool, slot, history, active):
     """(logits (B, vocab) fp32, next tokens (B,) or None). greedy: also take the argmax and write it into `tokens`,
-    the next step's input, and into `history` (B, S + 1) at each row's slot + 1, then advance `slot` by one, so that
-    greedy decoding runs entirely inside the step (and its graph): the host launches steps and nothing else.
-    fused: up to MAX_ROWS rows, the head in redline's product kernel."""
+    the next step's input, and into `history` (B, S + 1) at each row's slot + 1, then advance the slots of the
+    active rows (active: (B,) 1 or 0) by one, so that greedy decoding runs entirely inside the step (and its
+    graph): the host launches steps and nothing else. fused: up to MAX_ROWS rows, the head in redline's product
+    kernel."""
     if fused and x.shape[0] <= MAX_ROWS:
         logits = fused_head(model, x)[:, : model.cfg.vocab_size]
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -89,21 +90,22 @@ def decode_output(model, x, tokens, greedy: bool, fused: bool, slot, history):
     nxt = chunked_argmax(logits) if spans else logits.argmax(dim=-1)
     tokens.copy_(nxt[:, None])
     history.scatter_(1, (slot + 1)[:, None], nxt[:, None])
-    slot.add_(1)
+    slot.add_(active)
     return logits, nxt
 
 
 def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy: bool, fns=None, mark_dynamic=None,
-                  counts=None, fused: bool = False, history=None):
+                  counts=None, fused: bool = False, history=None, active=None):
     """One decode step through the whole model: tokens (B, 1) at each row's slot -> decode_output's pair.
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers; scales: per
     layer an FP8 cache's (k_scale, v_scale), or None. fns: the (inputs, block, output) functions, each compiled
-    apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic."""
+    apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic; history and
+    active: decode_output's."""
     inputs_fn, block_fn, output_fn = fns or (decode_inputs, decode_block, decode_output)
     x, rope, mask = inputs_fn(model, tokens, slot, slots, impl)
     if mark_dynamic is not None:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
     for block, k_buf, v_buf, layer_scales in zip(model.blocks, ks, vs, scales or [None] * len(ks)):
         x = block_fn(block, x, rope, mask, k_buf, v_buf, slot, impl, counts, fused, layer_scales)
-    return output_fn(model, x, tokens, greedy, fused, slot, history)
+    return output_fn(model, x, tokens, greedy, fused, slot, history, active)

@@ -1,0 +1,113 @@
+"""Rows filled and freed one at a time on one static batch: the engine's side of continuous batching.
+
+    batch = DecodeBatch(engine, rows=64, capacity=2048)
+    logits = batch.prefill(row, prompt_ids)          # (vocab,): what follows the prompt; in spans if asked
+    batch.start(row, first_token)                    # the row decodes from here on
+    tokens = batch.step()                            # (rows,) every active row's next token (greedy, in the graph)
+    logits = batch.step(greedy=False)                # or the logits, to sample from; then batch.advance(tokens)
+    batch.free(row)                                  # the row stops at once; its cache is reused by the next one
+
+The batch is the engine's static decode state (its cache, CUDA graphs and compiled step): its size never changes, so
+a row's tokens do not depend on which other rows are busy (the same kernels run whatever the occupancy). A free row
+still runs through each step, parked at slot 0 where its writes harm nothing; a step attends over the width the
+busiest active row needs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from redline.errors import UserError
+
+
+class DecodeBatch:
+    def __init__(self, engine, rows: int, capacity: int):
+        if rows < 1 or capacity < 2:
+            raise UserError(f"a decode batch needs at least one row and a capacity of 2, got {rows} and {capacity}")
+        if capacity > engine.cfg.context_len:
+            raise UserError(f"capacity {capacity} exceeds the model's context_len {engine.cfg.context_len}")
+        self.engine = engine
+        self.state = engine._state_for(rows, capacity)
+        self.capacity = self.state.cache.capacity
+        self.lengths = [0] * rows  # host copy of each active row's slot (its tokens so far); 0 for a free row
+        self.busy = [False] * rows
+        self.state.slot.zero_()
+        self.state.active.zero_()
+
+    @property
+    def rows(self) -> int:
+        return len(self.busy)
+
+    def free_rows(self) -> list[int]:
+        return [r for r, busy in enumerate(self.busy) if not busy]
+
+    @torch.no_grad()
+    def prefill(self, row: int, tokens: list[int], start: int = 0) -> torch.Tensor:
+        """Put `tokens` into the row's cache at slots [start, start + len): a whole prompt, or one span of it after
+        the spans before (start > 0), so that a long prompt need not stall the other rows for long. -> the logits
+        after the last token (vocab,) fp32, on the device."""
+        if self.busy[row]:
+            raise UserError(f"row {row} is decoding; free it before prefilling it again")
+        if not tokens or start + len(tokens) >= self.capacity:
+            raise UserError(f"a span of {len(tokens)} tokens at slot {start} does not fit a row of capacity "
+                            f"{self.capacity} (it must leave room for a generated token)")
+        engine = self.engine
+        ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=engine.device)
+        from redline.inference.engine import _evaluating
+
+        with _evaluating(engine.model):
+            return engine._prefill(self.state, ids, [len(tokens)], row0=row, start=start)[0]
+
+    def start(self, row: int, first_token: int, length: int) -> None:
+        """The row decodes from `first_token` on, its prompt having `length` tokens in the cache."""
+        st = self.state
+        st.tokens[row, 0] = first_token
+        st.history[row, length] = first_token
+        st.slot[row] = length
+        st.active[row] = 1
+        self.lengths[row], self.busy[row] = length, True
+
+    def free(self, row: int) -> None:
+        """The row stops decoding at once (finished, stopped, or its client went away)."""
+        st = self.state
+        st.active[row] = 0
+        st.slot[row] = 0
+        self.lengths[row], self.busy[row] = 0, False
+
+    def room(self, row: int) -> int:
+        """Tokens the row can still generate before its cache is full."""
+        return self.capacity - 1 - self.lengths[row]
+
+    @torch.no_grad()
+    def step(self, greedy: bool = True) -> torch.Tensor:
+        """One decode step of every active row. greedy: -> the next tokens (rows,) on the device, already fed back
+        as the next step's inputs and recorded (the argmax runs inside the captured step); else -> the logits
+        (rows, vocab) fp32, and the caller samples and calls advance()."""
+        if not any(self.busy):
+            raise UserError("no row is decoding: prefill and start one first")
+        engine, st = self.engine, self.state
+        if max(self.room(r) for r in range(self.rows) if self.busy[r]) < 1:
+            raise UserError("a row's cache is full: free it (it reached the batch's capacity)")
+        width = engine._width(st, max(self.lengths))
+        from redline.inference.engine import _evaluating
+
+        with _evaluating(engine.model):
+            engine._prepare_step(st, width, greedy)
+            logits, nxt = engine._step(st, width, greedy)
+        if greedy:
+            self._advanced()
+            return nxt
+        return logits
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        """After step(greedy=False): feed each row's sampled token (rows,) back and record it."""
+        st = self.state
+        st.tokens.copy_(tokens[:, None])
+        st.history.scatter_(1, (st.slot + 1)[:, None], tokens[:, None])
+        st.slot.add_(st.active)
+        self._advanced()
+
+    def _advanced(self) -> None:
+        for r in range(self.rows):
+            if self.busy[r]:
+                self.lengths[r] += 1
