@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import sys
 import tomllib
 import types
@@ -53,6 +54,29 @@ class OptimConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = no clipping)."""
 
+    def validate(self) -> None:
+        _check_finite(self, "optim.")
+        for name in ("lr", "muon_lr", "eps"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"optim.{name} must be positive, got {getattr(self, name)}")
+        for name in ("weight_decay", "grad_clip", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise UserError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise UserError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("decay_fraction", "min_lr_ratio"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise UserError(f"optim.{name} must be in [0, 1], got {getattr(self, name)}")
+
+
+def _check_finite(obj, prefix: str) -> None:
+    """Every float field of a config dataclass is a real number: nan or inf would train (or save) garbage."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{prefix}{f.name} must be a finite number, got {value}")
+
 
 @dataclass
 class DataConfig:
@@ -82,7 +106,9 @@ class TrainConfig:
     seq_len: int = 0
     """Training sequence length (0: the model's context_len)."""
     tokens_per_step: int = 0
-    """Global batch in tokens per optimizer step; gradient accumulation makes up the difference (0: one micro-batch per process)."""
+    """Global batch: tokens per optimizer step over all processes (batch_size × seq_len × accumulation × processes),
+    the same in train, bench and fit; a multiple of batch_size × seq_len × processes, gradient accumulation making
+    up the difference (0: one micro-batch per process)."""
     max_steps: int = 0
     """Stop after this many optimizer steps (0: no step limit)."""
     max_tokens: int = 0
@@ -152,6 +178,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         self.model.validate()
+        self.optim.validate()
+        _check_finite(self, "")
         seq = self.seq_len or self.model.context_len
         if seq > self.model.context_len:
             raise UserError(
@@ -169,8 +197,6 @@ class TrainConfig:
             raise UserError(f"max_time must be >= 0 minutes, got {self.max_time}")
         if self.log_every <= 0 or self.keep_checkpoints <= 0 or self.eval_batches <= 0:
             raise UserError("log_every, keep_checkpoints and eval_batches must be positive")
-        if self.optim.lr <= 0 or self.optim.muon_lr <= 0:
-            raise UserError("optim.lr and optim.muon_lr must be positive")
         if self.gpus < 1 or self.dist_timeout <= 0:
             raise UserError("gpus must be >= 1 and dist_timeout > 0")
         if self.parallel == "fsdp2" and self.optim.name == "muon":

@@ -143,17 +143,16 @@ def assert_same(a, b, where: str = "") -> None:
 def fp8(run: Path) -> None:
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-    from redline.training import float8 as f8
+    from redline.converters import float8 as f8
 
     info = dist_info()
     names = ["blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.1.mlp.proj"]
 
     def convert(model):
         f8.convert_linears(model, names, emulate=True, enabled=False, fsdp_float8_all_gather=True)
-        model.redline_fp8_all_gather = f8.uses_fsdp_float8_all_gather(model)
 
     model, optimizers = build(seed=0, tie=False, before_sharding=convert)
-    assert model.redline_fp8_all_gather
+    assert f8.uses_fsdp_float8_all_gather(model)
     weight = model.get_submodule("blocks.0.attn.qkv").weight
     assert isinstance(weight._local_tensor, WeightWithDynamicFloat8CastTensor)
     # one process, the same layers in FP8 without FSDP: the reference
@@ -202,14 +201,13 @@ def fp8(run: Path) -> None:
 def fp8_compiled(run: Path) -> None:
     """The same FP8 all-gather model compiled: a BF16 step (the warm-up path, which dequantizes the gathered FP8
     weights outside the graph), FP8 steps, and a BF16 evaluation forward must run and equal the eager model's."""
-    from redline.training import float8 as f8
+    from redline.converters import float8 as f8
 
     info = dist_info()
     names = ["blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.1.mlp.proj"]
 
     def convert(model):
         f8.convert_linears(model, names, emulate=True, enabled=False, fsdp_float8_all_gather=True)
-        model.redline_fp8_all_gather = f8.uses_fsdp_float8_all_gather(model)
 
     results = []
     for compiled in (False, True):
@@ -226,7 +224,8 @@ def fp8_compiled(run: Path) -> None:
                 opt.zero_grad(set_to_none=True)
             f8.precompute_fsdp_float8_scales(model)
             losses.append(loss.item())
-        with f8.float8_disabled(model), torch.no_grad():
+        f8.set_float8_enabled(model, False)
+        with torch.no_grad():
             losses.append(run_model(x, y).item())
         results.append(losses)
     eager, compiled = results

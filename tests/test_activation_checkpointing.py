@@ -116,14 +116,15 @@ def test_applying_twice_is_harmless():
 
 
 def test_wrap_model_applies_it():
+    from redline.converters import Converters
     from redline.training.wrap import wrap_model
 
     cfg = TrainConfig(model=small_model().cfg, batch_size=2, seq_len=16, activation_checkpointing="selective",
                       compile=False)
     model = GPT(cfg.model)
-    wrapped = wrap_model(model, cfg, torch.device("cpu"), DistInfo())
-    assert wrapped is model
-    assert model.redline_wrap["activation_checkpointing"] == {"mode": "selective", "blocks": [0, 2]}
+    wrapped = wrap_model(model, cfg, torch.device("cpu"), DistInfo(), Converters())
+    assert wrapped.module is model
+    assert wrapped.decisions["activation_checkpointing"] == {"mode": "selective", "blocks": [0, 2]}
     x, y = batch()
     model(x, y).backward()
     assert all(p.grad is not None for p in model.parameters())

@@ -294,23 +294,28 @@ def test_a_failed_backend_measurement_leaves_the_choice_to_pytorch(monkeypatch):
 
 
 def test_backend_cache_round_trip(tmp_path, monkeypatch):
+    from redline.measurement_cache import read_cache, write_cache_entry
+
     monkeypatch.setenv("REDLINE_CACHE", str(tmp_path))
     path = ab.cache_path()
-    ab.write_cache_entry(path, "k1", {"backend": "cudnn"})
-    ab.write_cache_entry(path, "k2", {"backend": "flash"})
-    assert ab.read_cache(path) == {"k1": {"backend": "cudnn"}, "k2": {"backend": "flash"}}
+    assert path.parent == tmp_path
+    write_cache_entry(path, "k1", {"backend": "cudnn"})
+    write_cache_entry(path, "k2", {"backend": "flash"})
+    assert read_cache(path) == {"k1": {"backend": "cudnn"}, "k2": {"backend": "flash"}}
     path.write_text("not json")
-    assert ab.read_cache(path) == {}
+    assert read_cache(path) == {}
 
 
-def test_wrap_records_its_decisions_and_compile_scope():
+def test_wrap_returns_its_decisions_and_compile_scope():
+    from redline.converters import build_converters
     from redline.training.wrap import compile_scope, wrap_model
 
     cfg = TrainConfig(model=replace(get_preset("tiny"), n_layer=2), batch_size=2, seq_len=16, compile=False)
     model = GPT(cfg.model)
-    assert wrap_model(model, cfg, torch.device("cpu"), DistInfo()) is model
-    report = model.redline_wrap
-    assert report["fp8"]["mode"] == "off" and report["attention"]["source"] == "pytorch"
+    wrapped = wrap_model(model, cfg, torch.device("cpu"), DistInfo(), build_converters(cfg, torch.device("cpu")))
+    assert wrapped.module is model and not hasattr(model, "redline_wrap")  # nothing hung on the model
+    report = wrapped.decisions
+    assert report["converters"] == {} and report["attention"]["source"] == "pytorch"  # fp8=off: no converter
     assert report["compile"] == {"enabled": False, "scope": None, "mode": "default"}
     assert compile_scope(cfg) == "model"
     assert compile_scope(replace(cfg, model=get_preset("gpt2-1.5b"))) == "blocks"

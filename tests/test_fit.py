@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from redline import cli
-from redline.commands.fit import checkpointing_available
 from redline.config import TrainConfig, parse
 from redline.errors import UserError
 from redline.training.fit import (TrainingStepProbe, batch_grid, find_max_batch, gradient_accumulation,
@@ -190,10 +189,7 @@ def test_cli_rejects_memory_fraction_outside_0_1(fraction, capsys):
 def test_cli_checkpointing_levels(capsys):
     code, _, err = run_cli(["fit", "--preset", "tiny", "--checkpointing", "none", "sometimes"], capsys)
     assert code == 2
-    if checkpointing_available():
-        assert "--checkpointing sometimes: choose among none, selective, full" in err
-    else:
-        assert "activation checkpointing is not available" in err
+    assert "--checkpointing sometimes: choose among none, selective, full" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
@@ -234,9 +230,7 @@ def test_cli_report_and_json_line_on_a_fake_gpu(capsys, monkeypatch):
         return search_max_batch(gpu.run, int(memory_fraction * 80 * GIB), grid, gpu.free, on_point)
 
     monkeypatch.setattr(fit_command, "find_max_batch", fake_find_max_batch)
-    argv = ["fit", "--preset", "modern-124m", "seq_len=2048", "memory_fraction=0.5"]
-    if checkpointing_available():
-        argv += ["--checkpointing", "none", "full"]
+    argv = ["fit", "--preset", "modern-124m", "seq_len=2048", "memory_fraction=0.5", "--checkpointing", "none", "full"]
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     record = json.loads(out.strip().splitlines()[-1])
@@ -247,6 +241,5 @@ def test_cli_report_and_json_line_on_a_fake_gpu(capsys, monkeypatch):
     assert level["peak_memory_gib"] == 40.0 and record["tokens_per_second"] == 32000.0
     assert any(p["status"] == "oom" for p in level["points"])
     assert 120e6 < record["params"] < 160e6
-    if checkpointing_available():
-        assert [c.activation_checkpointing for c in searched] == ["none", "full"]
+    assert [c.activation_checkpointing for c in searched] == ["none", "full"]
     assert "micro-batch" in out and "accumulation steps" in out

@@ -1,5 +1,5 @@
 """FP8 under FSDP2: with the tensorwise recipe the converted weights are all-gathered in FP8 (torchao's
-enable_fsdp_float8_all_gather), a tied head keeps the BF16 all-gather, and the loop precomputes the weights'
+enable_fsdp_float8_all_gather), a tied head keeps the BF16 all-gather, and the converter precomputes the weights'
 scales after every optimizer step. The wiring is checked on one CPU process; a 2-rank FSDP2 run with emulated
 FP8 (tests/sharded_checkpoint_worker.py) checks the numbers. Real FP8 GEMMs need a GPU (tests/test_float8.py)."""
 
@@ -15,10 +15,9 @@ from redline.errors import UserError
 from redline.model import GPT
 from redline.presets import get_preset
 from redline.training import checkpoint as ckpt_io
-from redline.training import float8 as f8
+from redline.converters import float8 as f8
 from tests.test_float8 import CUDA, fake_gpu  # noqa: F401  (pretends a GPU of a given capability is present)
 from tests.test_sharded_checkpoint import torchrun
-from tests.test_train import config, dataset  # noqa: F401  (the session-scoped prepared corpus)
 
 
 @pytest.fixture(autouse=True)
@@ -47,16 +46,23 @@ def test_config_has_the_flag_only_when_asked():
         f8.convert_linears(small_model(), {"blocks.0.mlp.fc"}, "rowwise", fsdp_float8_all_gather=True)
 
 
+def converter(fake_gpu, recipe: str = "tensorwise", fsdp: bool = True, warmup_steps: int = 5,  # noqa: F811
+              said: list | None = None) -> f8.Float8Converter:
+    fake_gpu(9, 0, "NVIDIA H100 80GB HBM3")  # the conversion itself runs anywhere; only the gate asks the GPU
+    return f8.Float8Converter("all", recipe, CUDA, tokens=64, warmup_steps=warmup_steps, fsdp=fsdp,
+                              say=(said.append if said is not None else lambda _: None))
+
+
 @pytest.mark.parametrize("recipe, fsdp, all_gather", [
     ("tensorwise", True, True), ("tensorwise", False, False), ("rowwise", True, False),
 ])
-def test_apply_float8_all_gathers_in_fp8_under_fsdp2_with_tensorwise(fake_gpu, recipe, fsdp, all_gather):  # noqa: F811
-    fake_gpu(9, 0, "NVIDIA H100 80GB HBM3")  # the conversion itself runs anywhere; only the gate asks the GPU
+def test_the_converter_all_gathers_in_fp8_under_fsdp2_with_tensorwise(fake_gpu, recipe, fsdp, all_gather):  # noqa: F811
     model = small_model(tie_embeddings=True)
     said: list[str] = []
-    summary = f8.apply_float8(model, "all", recipe, CUDA, 64, warmup_steps=5, say=said.append, fsdp=fsdp)
-    assert summary["fsdp_float8_all_gather"] is all_gather and model.redline_fp8_all_gather is all_gather
-    assert "lm_head" in summary["layers"] and "blocks.0.attn.qkv" in summary["layers"]
+    conv = converter(fake_gpu, recipe, fsdp, said=said)
+    conv.convert(model)
+    assert conv.all_gather is all_gather and conv.describe()["fsdp_float8_all_gather"] is all_gather
+    assert "lm_head" in conv.layer_names and "blocks.0.attn.qkv" in conv.layer_names
     qkv = model.get_submodule("blocks.0.attn.qkv")
     assert isinstance(qkv.weight, weight_wrapper()) is all_gather
     assert qkv.config.enable_fsdp_float8_all_gather is all_gather
@@ -68,10 +74,9 @@ def test_apply_float8_all_gathers_in_fp8_under_fsdp2_with_tensorwise(fake_gpu, r
 
 
 def test_an_untied_head_all_gathers_in_fp8_too(fake_gpu):  # noqa: F811
-    fake_gpu(9, 0)
     model = small_model(tie_embeddings=False)
     before = model.lm_head.weight
-    f8.apply_float8(model, "all", "tensorwise", CUDA, 64, warmup_steps=0, say=lambda _: None, fsdp=True)
+    converter(fake_gpu, warmup_steps=0).convert(model)
     assert isinstance(model.lm_head.weight, weight_wrapper()) and model.lm_head.weight is not before
     # checkpoints store the plain tensor inside the wrapper (the weight as it was), so they load without torchao
     assert f8.plain_weight(model.lm_head.weight) is before
@@ -79,46 +84,49 @@ def test_an_untied_head_all_gathers_in_fp8_too(fake_gpu):  # noqa: F811
 
 
 @pytest.mark.parametrize("parallel, world_size, fsdp", [("fsdp2", 2, True), ("ddp", 2, False), ("fsdp2", 1, False)])
-def test_wrap_model_tells_the_converter_about_fsdp2(monkeypatch, parallel, world_size, fsdp):
-    """The converter runs before FSDP2 wraps the model (wrap.py's fixed order) and is told it will be sharded."""
+def test_the_converter_is_told_about_fsdp2_and_converts_before_it(monkeypatch, parallel, world_size, fsdp):
+    """build_converters tells the FP8 converter whether the model will be sharded, and wrap.py converts before
+    FSDP2 wraps the model (its fixed order)."""
     from redline.config import TrainConfig
+    from redline.converters import build_converters
     from redline.training import wrap
 
-    seen = {}
+    order = []
 
-    def fake_apply_float8(model, mode, recipe, device, tokens, warmup, say, compiled=True, fsdp=False):
-        seen["fsdp"] = fsdp
-        return {"mode": "off", "recipe": recipe, "layers": [], "fsdp_float8_all_gather": False}
+    class Recording:
+        name = "fp8"
 
-    monkeypatch.setattr(f8, "apply_float8", fake_apply_float8)
-    monkeypatch.setattr(wrap, "apply_data_parallel", lambda model, *args, **kwargs: model)
-    cfg = replace(TrainConfig(), parallel=parallel, compile=False, batch_size=2, seq_len=32)
-    wrap.wrap_model(small_model(), cfg, torch.device("cpu"), DistInfo(rank=0, world_size=world_size))
-    assert seen["fsdp"] is fsdp
+        def __init__(self, mode, recipe, device, *, fsdp, **kwargs):
+            order.append(("built", fsdp))
+
+        def convert(self, model):
+            order.append("convert")
+
+        def describe(self):
+            return {}
+
+    monkeypatch.setattr(f8, "Float8Converter", Recording)
+    monkeypatch.setattr(wrap, "apply_data_parallel", lambda model, *args, **kwargs: order.append("parallel") or model)
+    cfg = replace(TrainConfig(), parallel=parallel, compile=False, batch_size=2, seq_len=32, fp8="all")
+    info = DistInfo(rank=0, world_size=world_size)
+    converters = build_converters(cfg, torch.device("cpu"), info)
+    wrap.wrap_model(small_model(), cfg, torch.device("cpu"), info, converters)
+    assert order == [("built", fsdp), "convert", "parallel"]
 
 
-def test_scales_are_precomputed_only_for_fp8_all_gather(monkeypatch):
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_scales_are_precomputed_after_each_optimizer_step_only_for_fp8_all_gather(fake_gpu, monkeypatch, fsdp):  # noqa: F811
     import torchao.float8
 
     calls = []
     monkeypatch.setattr(torchao.float8, "precompute_float8_dynamic_scale_for_fsdp", calls.append)
     model = small_model()
-    f8.precompute_fsdp_float8_scales(model)  # no FP8 all-gather: nothing to do
-    assert calls == []
-    model.redline_fp8_all_gather = True
-    f8.precompute_fsdp_float8_scales(model)
-    assert calls == [model]
-
-
-def test_the_loop_precomputes_after_every_optimizer_step(dataset, monkeypatch, tmp_path):  # noqa: F811
-    import redline.training.loop as loop_mod
-
-    steps = []
-    real_set_lr = loop_mod.set_lr
-    monkeypatch.setattr(loop_mod, "set_lr", lambda opts, m: (steps.append("lr"), real_set_lr(opts, m)))
-    monkeypatch.setattr(loop_mod, "precompute_fsdp_float8_scales", lambda model: steps.append("scales"))
-    loop_mod.train(config(dataset, tmp_path, "max_steps=3"))
-    assert steps == ["lr", "scales"] * 3  # after each step's update, before the next step
+    conv = converter(fake_gpu, fsdp=fsdp, warmup_steps=0)
+    conv.convert(model)
+    for step in range(3):
+        conv.before_step(step)
+        assert conv.after_optimizer_step(step) is None
+    assert calls == ([model] * 3 if fsdp else [])
 
 
 @pytest.mark.slow

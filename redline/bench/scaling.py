@@ -5,8 +5,10 @@ How it works:
       python -m torch.distributed.run --standalone --nproc_per_node=N -m redline bench <the same arguments>
   so an out-of-memory rank, a crash or a hang past `point_timeout` is reported for that point and the next
   world size starts on clean GPUs (the whole tree is stopped, ranks included);
-- the per-GPU work is fixed (weak scaling): batch_size and tokens_per_step are per GPU, so N GPUs process N
-  times the tokens of one per step; N=1 runs without a data-parallel wrapper, as single-GPU training does;
+- the per-GPU work is fixed (weak scaling): batch_size and tokens_per_step are per GPU on this command line, so
+  N GPUs process N times the tokens of one per step (each world size's point is given the global
+  tokens_per_step, N times the per-GPU one, which is what tokens_per_step means everywhere else); N=1 runs
+  without a data-parallel wrapper, as single-GPU training does;
 - inside the point every rank builds the training step (`parallel=ddp` unless the command says fsdp2), warms
   it up and times it; a step counts as the slowest rank's time for it (ranks run in lockstep anyway), tokens/s
   is the sum over ranks at the median step time, MFU is per GPU, peak memory the largest over ranks;
@@ -108,8 +110,9 @@ def add_efficiency(points: list[dict]) -> int | None:
 
 
 def run_scaling(base_argv: list[str], sizes: list[int], device: str, timeout: float,
-                on_result: Callable[[int, dict], None] | None = None) -> list[dict]:
-    """Every world size in turn, each under torchrun in its own process tree; the points in order."""
+                on_result: Callable[[int, dict], None] | None = None, tokens_per_gpu: int = 0) -> list[dict]:
+    """Every world size in turn, each under torchrun in its own process tree; the points in order.
+    tokens_per_gpu: the per-GPU batch in tokens per step (0: one micro-batch per GPU)."""
     from redline.bench.matrix import run_point
 
     if on_cpu(device) and max(sizes) > (os.cpu_count() or 1):
@@ -117,7 +120,8 @@ def run_scaling(base_argv: list[str], sizes: list[int], device: str, timeout: fl
               file=sys.stderr)
     points = []
     for i, n in enumerate(sizes):
-        point = run_point(base_argv, timeout, launcher=launcher(n), env=point_env(n, device))
+        argv = base_argv + ([f"tokens_per_step={tokens_per_gpu * n}"] if tokens_per_gpu else [])
+        point = run_point(argv, timeout, launcher=launcher(n), env=point_env(n, device))
         point["gpus"] = n
         points.append(point)
         if on_result:
@@ -135,7 +139,8 @@ def run_command(cfg, argv: list[str], report: dict, out) -> int:
     sizes = parse_gpus(cfg.gpus)
     check_available(sizes, cfg.device)
     base = argv
-    for name in ("gpus", "plot", "json_out", "json-out"):  # each point is one world size, and only this process writes
+    # each point is one world size with its own global tokens_per_step, and only this process writes
+    for name in ("gpus", "plot", "json_out", "json-out", "tokens_per_step"):
         base = remove_option(base, name)
     print(f"redline bench: world sizes {', '.join(map(str, sizes))} (parallel={cfg.parallel}, batch_size={cfg.batch_size} "
           f"per GPU), each under torchrun in its own processes", flush=True)
@@ -147,7 +152,7 @@ def run_command(cfg, argv: list[str], report: dict, out) -> int:
         print(f"  [{i + 1}/{len(sizes)}] world size {point['gpus']}: {point['status']}{speed}{comm}{error} "
               f"({point.get('wall_seconds', 0):.0f} s)", flush=True)
 
-    points = run_scaling(base, sizes, cfg.device, cfg.point_timeout, progress)
+    points = run_scaling(base, sizes, cfg.device, cfg.point_timeout, progress, cfg.tokens_per_step)
     baseline = add_efficiency(points)
     report.update(gpus=sizes, parallel=cfg.parallel, points=points, efficiency_baseline_gpus=baseline, plot=None)
     title = f"redline bench {cfg.preset} scaling on {report.get('gpu') or 'cpu'} (parallel={cfg.parallel})"

@@ -40,7 +40,7 @@ from redline.errors import UserError
 DESCRIPTION = ("Time the training step of a preset or config: tokens/s, MFU, peak memory; a matrix of settings; "
                "a profiler trace. Takes every `redline train` option.")
 SCHEMA = "redline.bench"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BARE_FLAGS = {"--profile": "True"}  # `--profile` alone means --profile True
 CHILD_ENV = "REDLINE_BENCH_POINT"  # set in the environment of each matrix point's process
 
@@ -126,7 +126,7 @@ def defaults_for_device(cfg: BenchConfig) -> tuple[int, int]:
 
 def environment() -> dict:
     from redline import __version__
-    from redline.training.float8 import torchao_version
+    from redline.converters.float8 import torchao_version
 
     env = {"redline": __version__, "torch": torch.__version__, "torchao": torchao_version(),
            "python": platform.python_version(), "cuda": torch.version.cuda, "gpu": None}

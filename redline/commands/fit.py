@@ -58,19 +58,10 @@ class FitConfig(TrainConfig):
             raise UserError(f"every --grid entry must be a positive micro-batch size, got {list(self.grid)}")
         if self.probe_steps < 1:
             raise UserError(f"probe_steps must be at least 1, got {self.probe_steps}")
-        if self.checkpointing:
-            if not checkpointing_available():
-                raise UserError("activation checkpointing is not available in this version of redline (TrainConfig "
-                                "has no activation_checkpointing field yet); run without --checkpointing")
-            choices = typing.get_args(typing.get_type_hints(TrainConfig)["activation_checkpointing"])
-            for level in self.checkpointing:
-                if level not in choices:
-                    raise UserError(f"--checkpointing {level}: choose among {', '.join(choices)}")
-
-
-def checkpointing_available() -> bool:
-    """Whether TrainConfig (and so wrap_model) knows activation_checkpointing."""
-    return "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainConfig)}
+        choices = typing.get_args(typing.get_type_hints(TrainConfig)["activation_checkpointing"])
+        for level in self.checkpointing:
+            if level not in choices:
+                raise UserError(f"--checkpointing {level}: choose among {', '.join(choices)}")
 
 
 def _train_config(cfg: FitConfig, level: str | None) -> TrainConfig:
@@ -112,7 +103,7 @@ def main(argv: list[str]) -> int:
     summaries = []
     for level in levels:
         train_cfg = _train_config(cfg, level)
-        label = level or getattr(train_cfg, "activation_checkpointing", "unavailable")
+        label = level or train_cfg.activation_checkpointing
 
         def show(point: FitPoint, label=label) -> None:
             text = {"fits": "[green]fits", "over_limit": "[yellow]over the limit", "oom": "[red]out of memory"}[
@@ -161,8 +152,7 @@ def main(argv: list[str]) -> int:
     fitting = [s for s in summaries if s["batch_size"] is not None]
     if not fitting:
         console.print(f"[red]no micro-batch of the grid fits within {cfg.memory_fraction:.0%}: lower seq_len, try "
-                      f"--checkpointing full{'' if checkpointing_available() else ' (not available yet)'}, "
-                      f"or use a smaller preset")
+                      f"--checkpointing full, or use a smaller preset")
     best = max(fitting, key=lambda s: s["tokens_per_second"] or 0, default=None)
     from redline.model import GPT
 

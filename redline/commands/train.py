@@ -12,8 +12,12 @@ import os
 import sys
 
 from redline.config import TrainConfig, from_dict, parse
-from redline.distributed import dist_info, peer_failure_message
+from redline.distributed import dist_info, leave_process_group, peer_failure_message
 from redline.errors import UserError
+
+# a stopped run (Ctrl-C, SIGTERM) exits as an interrupted shell command does, so `redline train ... && next`
+# stops there; a run that was already complete is a success
+EXIT_CODES = {"completed": 0, "already_complete": 0, "diverged": 1, "interrupted": 130}
 
 DESCRIPTION = "Train a GPT model. Overrides: --section.field VALUE or section.field=VALUE; --config FILE; --preset NAME."
 
@@ -84,6 +88,7 @@ def main(argv: list[str]) -> int:
         if message is None:
             raise
         raise UserError(message) from None
-    if result.status == "diverged":
-        return 1
-    return 0
+    # train's objects are freed by now; a distributed rank leaves its group here and the CLI ends the process
+    # without the interpreter's finalization (redline/distributed.py says why)
+    leave_process_group()
+    return EXIT_CODES[result.status]

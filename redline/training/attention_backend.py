@@ -1,10 +1,9 @@
 """Choose the SDPA backend by measuring, for this model's attention shapes, on this GPU.
 
-PyTorch's own choice (model.attn_backend="auto") follows a fixed priority list, not a measurement: on an H100,
-for B=16, H=12, T=1024, D=64 in bf16, cuDNN attention ran a causal forward + backward in 0.51 ms against
-0.67 ms for flash. So at start-up, on CUDA, each backend runs the model's own attention call
-(`Attention.attend`, including the key/value head expansion that forced backends need under GQA) forward and
-backward on random q, k, v of the training shapes; the fastest wins. A backend that cannot run these shapes
+PyTorch's own choice (model.attn_backend="auto") follows a fixed priority list, not a measurement, and the
+fastest backend depends on the GPU and the shapes (BENCHMARKS.md has examples). So at start-up, on CUDA, each
+backend runs the model's own attention call (`Attention.attend`, including the key/value head expansion that
+forced backends need under GQA) forward and backward on random q, k, v of the training shapes; the fastest wins. A backend that cannot run these shapes
 (a mask, a head size, dropout) is skipped. Results are cached per GPU, torch version and shape in
 `<redline cache>/attention_backends.json`, so later runs start at once.
 """
@@ -12,15 +11,13 @@ backward on random q, k, v of the training shapes; the fastest wins. A backend t
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import warnings
 from pathlib import Path
 
 import torch
 
-from redline.durable import write_atomic
-from redline.hardware import doctor_json_path
+from redline.measurement_cache import cache_file, read_cache, write_cache_entry
 from redline.model import Attention, ModelConfig
 
 # "auto" is PyTorch's own pick; math is the slow reference and never wins
@@ -30,31 +27,12 @@ MIN_GAIN = 1.02
 
 
 def cache_path() -> Path:
-    return doctor_json_path().parent / "attention_backends.json"
+    return cache_file("attention_backends.json")
 
 
 def shape_key(cfg: ModelConfig, batch: int, seq_len: int, device_name: str, dtype: torch.dtype) -> str:
     return (f"{device_name}|torch {torch.__version__}|B={batch} T={seq_len} H={cfg.n_head} KV={cfg.kv_heads} "
             f"D={cfg.head_dim} window={cfg.sliding_window} dropout={cfg.dropout > 0} {str(dtype).replace('torch.', '')}")
-
-
-def read_cache(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def write_cache_entry(path: Path, key: str, value: dict) -> None:
-    """Merge one entry into a JSON cache file atomically (several processes may write at once)."""
-    data = read_cache(path)
-    data[key] = value
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
-    except OSError:
-        pass  # a read-only cache folder only costs a re-measurement next time
 
 
 def _time_attend(attn: Attention, q, k, v, mask, reps: int) -> float:

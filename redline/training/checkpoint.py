@@ -219,7 +219,7 @@ def sharded_state(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
 
-    from redline.training.float8 import plain_weight
+    from redline.converters.float8 import plain_weight
 
     raw = getattr(model, "_orig_mod", model)
     options = StateDictOptions(flatten_optimizer_state_dict=True)

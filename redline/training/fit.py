@@ -19,7 +19,7 @@ torchrun each rank searches on its own GPU: take the minimum over ranks before u
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import gc
 import time
 from dataclasses import asdict, dataclass, field
@@ -177,30 +177,29 @@ def gradient_accumulation(max_batch: int, seq_len: int, tokens_per_step: int, wo
 class TrainingStepProbe:
     """Runs `steps` training steps of `cfg`'s model at a given micro-batch; returns (peak reserved bytes, tokens/s).
 
-    The model is wrapped exactly as `redline train` wraps it (`wrap_model`: converters, activation
-    checkpointing, compile), and the optimizer state persists across probes as it does in training. The first
-    step is a warm-up (it also allocates the optimizer state); tokens/s is measured over the others.
+    The steps are those `redline train` runs (redline/training/step.py's TrainStep: the same converters, with
+    FP8 on from the first step, activation checkpointing, compile and optimizers), and the optimizer state
+    persists across probes as it does in training. The first step is a warm-up (it also allocates the
+    optimizer state); tokens/s is measured over the others. Start-up decisions that depend on the micro-batch
+    (attention backend, fp8=auto's layers) are taken at cfg.batch_size (1 when it is auto).
     """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, steps: int = 3):
-        from redline.distributed import DistInfo
-        from redline.hardware import autocast_dtype
-        from redline.model import GPT
-        from redline.training.optim import build_optimizers
-        from redline.training.wrap import wrap_model
+        from redline.training.step import TrainStep
 
         if steps < 1:
             raise UserError(f"probe steps must be at least 1, got {steps}")
         self.cfg, self.device, self.steps = cfg, device, steps
         self.seq_len = cfg.effective_seq_len
-        torch.manual_seed(cfg.seed)
-        with torch.device(device):  # initialise on the device: a 1.5B model initialises in seconds there
-            self.model = GPT(cfg.model)
-        self.optimizers = build_optimizers(self.model, cfg.optim, device)
-        self.train_model = wrap_model(self.model, cfg, device, DistInfo())
-        self.amp_dtype = autocast_dtype(device, cfg.precision)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 1
+        # one micro-batch per step, whatever the global batch; FP8 (if any) on from the first step
+        probe_cfg = dataclasses.replace(cfg, batch_size=batch, tokens_per_step=0, fp8_warmup_steps=0)
+        self.train_step = TrainStep(probe_cfg, device)
         self.num_params = self.model.num_params()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.train_step.model
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -211,24 +210,14 @@ class TrainingStepProbe:
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         tokens = torch.randint(self.cfg.model.vocab_size, (batch, self.seq_len + 1), device=self.device)
-        x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # (B, T) each
+        micro_batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())  # (B, T) each
         del tokens
-        ctx = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
-        clip = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
         start = time.perf_counter()
         for step in range(self.steps):
             if step == 1:
                 self._sync()
                 start = time.perf_counter()
-            with ctx:
-                loss = self.train_model(x, y)
-            loss.backward()
-            del loss
-            torch.nn.utils.clip_grad_norm_(self.params, clip)
-            for opt in self.optimizers:
-                opt.step()
-            for opt in self.optimizers:
-                opt.zero_grad(set_to_none=True)
+            self.train_step.step([micro_batch], lr_multiplier=1.0)
         self._sync()
         timed_steps = max(self.steps - 1, 1)
         tokens_per_second = batch * self.seq_len * timed_steps / max(time.perf_counter() - start, 1e-9)
@@ -237,7 +226,7 @@ class TrainingStepProbe:
 
     def free(self) -> None:
         """Drop gradients and cached blocks (the optimizer state stays: training keeps it too)."""
-        for opt in self.optimizers:
+        for opt in self.train_step.optimizers:
             opt.zero_grad(set_to_none=True)
         gc.collect()
         if self.device.type == "cuda":
@@ -245,7 +234,7 @@ class TrainingStepProbe:
 
     def close(self) -> None:
         self.free()
-        del self.model, self.train_model, self.optimizers, self.params
+        del self.train_step
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,11 +1,12 @@
-"""The training loop: setup → (resume) → steps with accumulation, eval, checkpoints → final sample.
+"""The training loop: setup → (resume) → steps, evaluations, checkpoints → final evaluation, sample, summary.
 
-One loop for every variant: architecture changes come through ModelConfig, optional features through
-`wrap_model` (fixed order: converters → activation checkpointing → compile → data parallel).
+One loop for every variant: architecture changes come through ModelConfig, optional features through the
+converters, and what is optimised through the objective, all inside one TrainStep (redline/training/step.py).
+`train` reads top to bottom; `Run` holds what surrounds the step (position, data, logs, evaluation, checkpoints).
 
 Exactness: the learning rate is a pure function of (step, budget progress); the data loader's position,
-every RNG and the optimizer states go into each checkpoint, so N steps straight and N/2 + resume + N/2
-give the same losses on a CPU.
+every RNG, the optimizer states and the step's own state (converters, objective) go into each checkpoint, so
+N steps straight and N/2 + resume + N/2 give the same losses on a CPU.
 
 Checkpoints (redline/training/checkpoint.py): under FSDP2 every rank writes its own shards (the sharded layout),
 elsewhere rank 0 writes the full one. Either resumes on any world size and under any `parallel`: the full
@@ -15,30 +16,29 @@ and building the optimizers, so DCP can fill each rank's shards (or whole tensor
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
 from redline.config import TrainConfig, to_dict
-from redline.distributed import (DistInfo, all_reduce_mean, barrier, dist_info, exit_after_teardown, init_distributed,
-                                 shutdown)
+from redline.distributed import DistInfo, barrier, dist_info, init_distributed
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, resolve_device
 from redline.model import GPT
 from redline.training import checkpoint as ckpt_io
 from redline.training.evaluate import evaluate
-from redline.training.float8 import (StepCheck, describe_verdict, float8_disabled, precompute_fsdp_float8_scales,
-                                     set_float8_for_step)
-from redline.training.metrics import MetricsLogger, format_duration
-from redline.training.optim import build_optimizers, lr_multiplier, set_lr, skips_on_device, step_if_finite
-from redline.training.parallel import full_state, is_fsdp, load_optimizer_states, local_tensor, no_sync, set_fsdp_sync
-from redline.training.wrap import wrap_model
+from redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
+                                      resume_metrics)
+from redline.training.optim import lr_multiplier
+from redline.training.parallel import full_state, is_fsdp, load_optimizer_states
+from redline.training.step import BatchSearch, StepOutput, TrainStep, resolve_batch_size, with_vocab_size
 
 
 @dataclass
@@ -46,9 +46,10 @@ class RunResult:
     run_dir: Path
     step: int
     tokens: int
-    status: str  # "completed" | "interrupted" | "diverged"
+    status: str  # "completed" | "interrupted" | "diverged" | "already_complete"
     final_eval: dict = field(default_factory=dict)
     sample: str | None = None
+    checkpoint: Path | None = None
 
 
 class StopFlag:
@@ -59,7 +60,7 @@ class StopFlag:
         self._previous = {}
 
     def __enter__(self):
-        if _in_main_thread():
+        if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -74,10 +75,339 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
-def _in_main_thread() -> bool:
-    import threading
+# ----------------------------------------------------------------------------------------------------
+# the loop
 
-    return threading.current_thread() is threading.main_thread()
+
+def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: BatchSearch | None = None) -> RunResult:
+    """Train cfg (never changed: vocabulary and batch_size=auto are resolved into a copy) from scratch or from
+    the checkpoint `resume_from`. Under torchrun it joins the process group (unless the caller has); the
+    caller leaves it (`redline train` does, then ends the process: see redline/distributed.py).
+
+    batch_search: how batch_size=auto finds the largest micro-batch (default: real steps on the GPU)."""
+    cfg.validate()
+    if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):
+        raise UserError("no budget: set max_steps, max_tokens or max_time (minutes)")
+    info = dist_info()
+    device = resolve_device(cfg.device, info.local_rank)
+    init_distributed(info, device, cfg.dist_timeout)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    from redline.data.prepare import load_data_tokenizer
+
+    run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
+    data_dir = resolve_data(cfg, run_dir)
+    tokenizer = load_data_tokenizer(data_dir)
+    resumed = ResumePoint.read(resume_from, tokenizer, data_dir) if resume_from else None
+    if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
+        return already_complete(cfg, run_dir, resumed, info)
+    cfg = resolve_batch_size(with_vocab_size(cfg, tokenizer.vocab_size), device, info, batch_search)
+
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model).to(device)
+    if resumed is not None and not resumed.sharded:
+        ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
+    train_step = TrainStep(cfg, device, info, model=model)
+    if resumed is not None:
+        resumed.restore(train_step, info)
+    run = Run(cfg, info, device, run_dir, data_dir, tokenizer, train_step, resumed)
+
+    status = "completed"
+    with StopFlag() as stop:
+        while (progress := run.progress()) < 1.0:
+            multiplier = lr_multiplier(cfg.optim, run.step, progress)
+            output = train_step.step(run.micro_batches(), multiplier)
+            run.advance(output, cfg.optim.lr * multiplier)
+            last = run.progress() >= 1.0
+            log_now = run.step % cfg.log_every == 0 or last or stop.signal is not None
+            eval_now = bool(cfg.eval_every) and run.step % cfg.eval_every == 0 and not last
+            save_now = bool(cfg.checkpoint_every) and run.step % cfg.checkpoint_every == 0 and not last
+            # with fused AdamW the skipped-update flags stay on the device until a step that syncs anyway
+            if (not train_step.skips_on_device or log_now or eval_now or save_now) and run.diverged():
+                status = "diverged"
+                break
+            if log_now:
+                run.write_records(summary=True)
+            if eval_now:
+                run.evaluate()
+            if save_now and run.bad_in_row == 0:
+                run.save()
+            if stop.signal is not None:
+                status = "interrupted"
+                break
+            run.show_progress()
+
+    run.write_records(summary=False)  # the steps since the last log line, whatever stopped the loop
+    final_eval: dict = {}
+    checkpoint = sample = None
+    if status != "diverged":  # a diverged run keeps its last good checkpoint
+        if status == "completed":
+            final_eval = run.evaluate()
+        checkpoint = run.save()
+    if status == "completed" and cfg.sample_tokens > 0:
+        sample = run.sample()
+    run.finish(status, stop.signal, final_eval, checkpoint)
+    return RunResult(run_dir, run.step, run.tokens, status, final_eval, sample, checkpoint)
+
+
+# ----------------------------------------------------------------------------------------------------
+# resuming
+
+
+@dataclass
+class ResumePoint:
+    """A verified checkpoint to continue from, and its state.pt."""
+
+    checkpoint: Path
+    sharded: bool
+    state: dict[str, Any]
+
+    @classmethod
+    def read(cls, checkpoint: Path, tokenizer, data_dir: Path) -> ResumePoint:
+        meta = ckpt_io.verify_checkpoint(checkpoint)
+        if meta.get("tokenizer_identity") != tokenizer.identity:
+            raise UserError(f"checkpoint {checkpoint} was trained with another tokenizer than the data in {data_dir}")
+        return cls(checkpoint, ckpt_io.layout(meta) == ckpt_io.SHARDED, ckpt_io.load_state(checkpoint))
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+    @property
+    def tokens(self) -> int:
+        return self.state["tokens"]
+
+    @property
+    def elapsed(self) -> float:
+        return self.state["elapsed"]
+
+    def restore(self, train_step: TrainStep, info: DistInfo) -> None:
+        """Into a built (wrapped) step: the optimizer states (and, sharded, the weights), the step's own state,
+        and the RNGs."""
+        model, optimizers, state = train_step.model, train_step.optimizers, self.state
+        if self.sharded:  # weights and optimizer states into this run's shards (DCP reshards from the saved world size)
+            ckpt_io.load_sharded(self.checkpoint, model, optimizers, state.get("optimizer_types"))
+        else:
+            load_optimizer_states(model, optimizers, state["optimizers"])
+        # checkpoints from before the step kept its state held only fp8=auto's verdict, at the top level
+        train_step.load_state_dict(state.get("train_step") or {
+            "steps_done": state["step"], "converters": {"fp8": {"verdict": state.get("fp8_auto_check")}}})
+        if info.world_size == state.get("world_size", 1):
+            ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
+
+
+def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info: DistInfo) -> RunResult:
+    """`--resume` of a run whose checkpoint already reached the budget: say so and do nothing."""
+    if info.is_main:
+        budget = ", ".join(f"{name}={getattr(cfg, name)}" for name in ("max_steps", "max_tokens", "max_time")
+                           if getattr(cfg, name))
+        print(f"redline train: {run_dir} is already complete (step {resumed.step}, {resumed.tokens:,} tokens; "
+              f"budget {budget}); raise the budget to train further, e.g. --resume max_steps=N", flush=True)
+    return RunResult(run_dir, resumed.step, resumed.tokens, "already_complete", checkpoint=resumed.checkpoint)
+
+
+# ----------------------------------------------------------------------------------------------------
+# what surrounds the step
+
+
+class Run:
+    """One run's position (step, tokens, time), data, logs, evaluations and checkpoints around its TrainStep."""
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo, device: torch.device, run_dir: Path, data_dir: Path,
+                 tokenizer, train_step: TrainStep, resumed: ResumePoint | None):
+        from redline.data.loader import TokenLoader
+
+        self.cfg, self.info, self.device, self.run_dir = cfg, info, device, run_dir
+        self.tokenizer, self.train_step = tokenizer, train_step
+        self.step, self.tokens = (resumed.step, resumed.tokens) if resumed else (0, 0)
+        self.elapsed_before = resumed.elapsed if resumed else 0.0
+        seq_len, batch = cfg.effective_seq_len, cfg.batch_size
+        self.train_loader = TokenLoader(data_dir, "train", batch, seq_len, seed=cfg.seed, rank=info.rank,
+                                        world_size=info.world_size, expected_identity=tokenizer.identity,
+                                        device=device)
+        if resumed is not None:
+            self.train_loader.load_state_dict(resumed.state["loader"])
+        self.val_loader = TokenLoader(data_dir, "val", batch, seq_len, rank=info.rank, world_size=info.world_size,
+                                      expected_identity=tokenizer.identity, device=device, prefetch=False)
+        self.token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
+        self.unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
+        self.bad_in_row = 0
+        self.saved: tuple[int, Path | None] | None = None  # (step, path) of the last checkpoint written
+        self.best_bpb: float | None = None
+        self.log = self._open_log(resumed)
+        model = train_step.model
+        peak, measured_peak, gpu_name = peak_flops(device)
+        flops_per_token = model.flops_per_token(seq_len)
+        self.records = StepRecords(self.log, Throughput(flops_per_token, peak, measured_peak, info.world_size, device))
+        plan, amp = train_step.plan, autocast_dtype(device, cfg.precision)
+        self.log.print(
+            f"[bold]redline train[/bold] {cfg.preset}: {model.num_params() / 1e6:.2f}M parameters "
+            f"({model.num_params(embeddings=False) / 1e6:.2f}M without embeddings), {flops_per_token / 1e9:.3f} "
+            f"GFLOP/token | device {gpu_name} ×{info.world_size} | {amp or torch.float32} | batch {batch}×{seq_len}"
+            f"{f' ×{plan.accum} accum' if plan.accum > 1 else ''} = {plan.tokens_per_step:,} tokens/step | run {run_dir}")
+        if device.type == "cuda" and peak is None:
+            self.log.print(f"[yellow]{gpu_name} is not in the peak table: MFU is left out")
+        if resumed is not None:
+            self.log.print(f"resumed from {resumed.checkpoint} at step {self.step}")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.start = time.perf_counter()
+        self.start_progress = self.progress()
+        self.log.start_progress(cfg.max_steps or None)
+
+    def _open_log(self, resumed: ResumePoint | None) -> MetricsLogger:
+        """The run directory's files and its metrics log (rank 0); a resumed run's metrics end at its checkpoint."""
+        if not self.info.is_main:
+            return MetricsLogger(None, enabled=False)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2))
+        (self.run_dir / "environment.json").write_text(json.dumps(environment_snapshot(), indent=2, default=str))
+        self.tokenizer.save(self.run_dir / "tokenizer")
+        history = resume_metrics(self.run_dir, resumed.step) if resumed is not None else None
+        log = MetricsLogger(self.run_dir, tensorboard=self.cfg.tensorboard)
+        if history is not None:
+            self.best_bpb = history.best_bpb
+            if history.missing:
+                count = sum(last - first + 1 for first, last in history.missing)
+                log.log({"kind": "event", "event": "metrics_gap", "step": resumed.step, "missing_steps": count,
+                         "ranges": history.missing})
+                log.print(f"[yellow]metrics.jsonl has no record of {count} step(s) up to the checkpoint "
+                          f"(first {history.missing[0][0]}); they were lost before this resume")
+        return log
+
+    def elapsed(self) -> float:
+        """Training time of the whole run, this process's and that of the runs it resumed."""
+        return self.elapsed_before + time.perf_counter() - self.start
+
+    def progress(self) -> float:
+        return budget_progress(self.cfg, self.step, self.tokens, self.elapsed())
+
+    def micro_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The next step's micro-batches, read one at a time as the step asks for them."""
+        for _ in range(self.train_step.plan.accum):
+            yield self.train_loader.next_batch()
+
+    def advance(self, output: StepOutput, lr: float) -> None:
+        self.step += 1
+        tokens = self.train_step.plan.tokens_per_step
+        self.tokens += tokens
+        self.unchecked.append((self.step, output.skipped))
+        self.records.add(self.step, lr, output, tokens)
+        for event in output.events:
+            self.log.log({"kind": "event", **{k: v for k, v in event.items() if k != "message"}})
+            self.log.print(event["message"])
+
+    def diverged(self) -> bool:
+        """Read the skipped-update flags since the last check; True when max_bad_steps in a row were reached."""
+        if not self.unchecked:
+            return False
+        self.bad_in_row, diverged_at = count_bad_steps(self.unchecked, self.bad_in_row, self.cfg.max_bad_steps,
+                                                       self.log)
+        self.unchecked.clear()
+        if diverged_at is None:
+            return False
+        self.log.print(f"[red bold]stopping: {self.bad_in_row} non-finite losses in a row at step {diverged_at}. The "
+                       f"last good checkpoint is intact; lower optim.lr or raise optim.warmup_steps and resume from it.")
+        return True
+
+    def write_records(self, summary: bool) -> None:
+        """The pending step records; summary: a log step's line with throughput and ETA (every rank calls this)."""
+        eta = eta_seconds(min(self.progress(), 1.0), self.start_progress, time.perf_counter() - self.start)
+        self.records.write(self.tokens, self.elapsed(), summary, self.cfg.max_steps, eta)
+
+    def show_progress(self) -> None:
+        if self.log.progress is not None:
+            progress = min(self.progress(), 1.0)
+            self.log.progress.update(progress, self.step,
+                                     eta_seconds(progress, self.start_progress, time.perf_counter() - self.start))
+
+    def evaluate(self) -> dict:
+        """Validation loss, perplexity and bits per byte, without the converters (BF16); logged and printed."""
+        amp = autocast_dtype(self.device, self.cfg.precision)
+        with self.train_step.evaluation() as model:
+            result = evaluate(model, self.val_loader.eval_batches(self.cfg.eval_batches), self.token_bytes, amp,
+                              self.device)
+        self.log.log({"kind": "eval", "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed(), **result})
+        self.log.print(f"[cyan]eval step {self.step}: loss {result['loss']:.4f} | ppl {result['perplexity']:.2f} | "
+                       f"bpb {result['bpb']:.4f}")
+        if result["bpb"] == result["bpb"]:
+            self.best_bpb = result["bpb"] if self.best_bpb is None else min(self.best_bpb, result["bpb"])
+        return result
+
+    def save(self) -> Path | None:
+        """A checkpoint of this step (collective), after writing the pending step records, so metrics.jsonl is
+        complete up to every checkpoint. Returns its path on rank 0."""
+        if self.saved is not None and self.saved[0] == self.step:
+            return self.saved[1]  # this step is saved already (an interval save, then a signal)
+        self.write_records(summary=False)
+        self.log.flush(durable=True)
+        cfg, info, train_step = self.cfg, self.info, self.train_step
+        model, optimizers = train_step.model, train_step.optimizers
+        state = {"loader": self.train_loader.state_dict(), "step": self.step, "tokens": self.tokens,
+                 "elapsed": self.elapsed(), "rng": ckpt_io.rng_state(), "world_size": info.world_size,
+                 "train_step": train_step.state_dict()}
+        path = None
+        # FSDP2: each rank writes its shards, unless the ranks share no filesystem (then gather, as below)
+        if is_fsdp(model) and ckpt_io.every_rank_sees(self.run_dir / "checkpoints"):  # collective
+            state["optimizer_types"] = [type(opt).__name__ for opt in optimizers]
+            path = ckpt_io.save_sharded_checkpoint(self.run_dir, self.step, model, optimizers, state, to_dict(cfg),
+                                                   self.tokenizer, cfg.keep_checkpoints)
+        else:
+            model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
+            if info.is_main:
+                path = ckpt_io.save_checkpoint(self.run_dir, self.step, model, {**state, "optimizers": optimizer_states},
+                                               to_dict(cfg), self.tokenizer, cfg.keep_checkpoints,
+                                               model_state=model_state)
+        if info.is_main:
+            self.log.log({"kind": "event", "event": "checkpoint", "step": self.step, "path": str(path)})
+            self.log.flush()
+        barrier()
+        self.saved = (self.step, path if info.is_main else None)
+        return self.saved[1]
+
+    def sample(self) -> str | None:
+        """The closing sample: on rank 0 (under FSDP2 every rank takes part in each forward)."""
+        if not (self.info.is_main or is_fsdp(self.train_step.model)):
+            return None
+        cfg = self.cfg
+        with self.train_step.evaluation() as model:
+            text = sample_text(model, self.tokenizer, cfg.sample_prompt, cfg.sample_tokens, self.device, seed=cfg.seed)
+        self.log.print(f"[bold]sample[/bold] (prompt {cfg.sample_prompt!r}):\n{text}")
+        return text
+
+    def finish(self, status: str, stopped_by: int | None, final_eval: dict, checkpoint: Path | None) -> None:
+        """The end event, the closing summary, and the logs closed."""
+        if self.log.progress is not None:
+            self.log.progress.close()
+            self.log.progress = None
+        self.log.log({"kind": "event", "event": "end", "status": status, "step": self.step, "tokens": self.tokens,
+                      "elapsed": self.elapsed()})
+        for line in self.summary(status, stopped_by, final_eval, checkpoint):
+            self.log.print(line)
+        self.log.close()
+
+    def summary(self, status: str, stopped_by: int | None, final_eval: dict, checkpoint: Path | None) -> list[str]:
+        took = format_duration(time.perf_counter() - self.start)
+        total = format_duration(self.elapsed())
+        head = (f"{self.step} steps, {self.tokens:,} tokens in {total}"
+                + (f" ({took} in this process)" if self.elapsed_before else ""))
+        bpb = f" | val bpb {final_eval['bpb']:.4f}" if final_eval else ""
+        if self.best_bpb is not None and (not final_eval or self.best_bpb < final_eval["bpb"]):
+            bpb += f" | best val bpb {self.best_bpb:.4f}"
+        where = f" | checkpoint {checkpoint}" if checkpoint else ""
+        if status == "completed":
+            return [f"[bold green]done[/bold green]: {head}{bpb}{where}",
+                    f"next: redline generate --checkpoint {self.run_dir} --prompt \"{self.cfg.sample_prompt}\"   "
+                    f"(or redline eval --checkpoint {self.run_dir})"]
+        if status == "interrupted":
+            return [f"[yellow]stopped by signal {stopped_by} at step {self.step}; checkpoint saved to {checkpoint}. "
+                    f"{head}{bpb}",
+                    f"next: redline train --resume {self.run_dir}"]
+        last = ckpt_io.list_checkpoints(self.run_dir) if self.info.is_main else []
+        return [f"[red]diverged at step {self.step}: {head}{bpb}",
+                f"next: lower optim.lr and resume from {last[-1] if last else 'the start (no checkpoint yet)'}"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -141,24 +471,6 @@ def find_resume_checkpoint(cfg: TrainConfig) -> Path | None:
     return ckpt_io.list_checkpoints(newest)[-1]
 
 
-def auto_batch_size(cfg: TrainConfig, device: torch.device, info: DistInfo) -> tuple[int, int]:
-    """batch_size=auto: the largest micro-batch that fits (the smallest over ranks), and its accumulation."""
-    from redline.training.fit import find_max_batch, gradient_accumulation
-
-    if device.type != "cuda":
-        raise UserError("batch_size=auto measures GPU memory and needs a CUDA GPU; give a number on this machine")
-    result = find_max_batch(cfg, device, memory_fraction=cfg.memory_fraction)
-    if result.batch_size is None:
-        raise UserError(f"not even a micro-batch of 1 fits in {cfg.memory_fraction:.0%} of the GPU at seq_len "
-                        f"{cfg.effective_seq_len}; try activation_checkpointing=full or a shorter seq_len")
-    best = torch.tensor(result.batch_size, device=device)
-    if info.enabled:
-        import torch.distributed as dist
-
-        dist.all_reduce(best, op=dist.ReduceOp.MIN)
-    return gradient_accumulation(int(best), cfg.effective_seq_len, cfg.tokens_per_step, info.world_size)
-
-
 def budget_progress(cfg: TrainConfig, step: int, tokens: int, elapsed: float) -> float:
     """Fraction of the budget used: the largest of the step, token and time fractions that are set."""
     parts = []
@@ -169,253 +481,6 @@ def budget_progress(cfg: TrainConfig, step: int, tokens: int, elapsed: float) ->
     if cfg.max_time:
         parts.append(elapsed / (cfg.max_time * 60))
     return max(parts) if parts else 0.0
-
-
-# ----------------------------------------------------------------------------------------------------
-# the loop
-
-
-def train(cfg: TrainConfig, resume_from: Path | None = None) -> RunResult:
-    from redline.data.loader import TokenLoader
-    from redline.data.prepare import load_data_tokenizer
-
-    cfg.validate()
-    if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):
-        raise UserError("no budget: set max_steps, max_tokens or max_time (minutes)")
-    info = dist_info()
-    device = resolve_device(cfg.device, info.local_rank)
-    init_distributed(info, device, cfg.dist_timeout)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    amp_dtype = autocast_dtype(device, cfg.precision)
-
-    run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
-    data_dir = resolve_data(cfg, run_dir)
-    tokenizer = load_data_tokenizer(data_dir)
-    if cfg.model.vocab_size != tokenizer.vocab_size:
-        cfg.model.vocab_size = tokenizer.vocab_size  # the preset's vocab is a default: the data's tokenizer decides
-    seq_len = cfg.effective_seq_len
-    if cfg.batch_size == "auto":
-        cfg.batch_size, _ = auto_batch_size(cfg, device, info)
-    micro_tokens = cfg.batch_size * seq_len * info.world_size
-    accum = 1
-    if cfg.tokens_per_step:
-        if cfg.tokens_per_step % micro_tokens:
-            raise UserError(
-                f"tokens_per_step={cfg.tokens_per_step} is not a multiple of batch_size × seq_len × world_size = "
-                f"{micro_tokens}; use {max(1, round(cfg.tokens_per_step / micro_tokens)) * micro_tokens}"
-            )
-        accum = cfg.tokens_per_step // micro_tokens
-    tokens_per_step = micro_tokens * accum
-
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model).to(device)
-    train_loader = TokenLoader(data_dir, "train", cfg.batch_size, seq_len, seed=cfg.seed, rank=info.rank,
-                               world_size=info.world_size, expected_identity=tokenizer.identity, device=device)
-    step, tokens, elapsed_before = 0, 0, 0.0
-    if resume_from is not None:
-        meta = ckpt_io.verify_checkpoint(resume_from)
-        if meta.get("tokenizer_identity") != tokenizer.identity:
-            raise UserError(f"checkpoint {resume_from} was trained with another tokenizer than the data in {data_dir}")
-        sharded = ckpt_io.layout(meta) == ckpt_io.SHARDED
-        if not sharded:
-            ckpt_io.load_weights(resume_from, model)
-        state = ckpt_io.load_state(resume_from)
-        train_loader.load_state_dict(state["loader"])
-        step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed"]
-    train_model = wrap_model(model, cfg, device, info)
-    # after wrapping: FSDP2 replaces the parameters with sharded ones
-    optimizers = build_optimizers(model, cfg.optim, device)
-    if resume_from is not None:
-        if sharded:  # weights and optimizer states into this run's shards (DCP reshards from the saved world size)
-            ckpt_io.load_sharded(resume_from, model, optimizers, state.get("optimizer_types"))
-        else:
-            load_optimizer_states(model, optimizers, state["optimizers"])
-        if info.world_size == state.get("world_size", 1):
-            ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
-
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-        (run_dir / "environment.json").write_text(json.dumps(environment_snapshot(), indent=2, default=str))
-        tokenizer.save(run_dir / "tokenizer")
-    log = MetricsLogger(run_dir if info.is_main else None, tensorboard=cfg.tensorboard, enabled=info.is_main)
-    token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
-    flops_per_token = model.flops_per_token(seq_len)
-    peak, measured_peak, gpu_name = peak_flops(device)
-    log.print(
-        f"[bold]redline train[/bold] {cfg.preset}: {model.num_params() / 1e6:.2f}M parameters "
-        f"({model.num_params(embeddings=False) / 1e6:.2f}M without embeddings), {flops_per_token / 1e9:.3f} GFLOP/token | "
-        f"device {gpu_name} ×{info.world_size} | {amp_dtype or torch.float32} | batch {cfg.batch_size}×{seq_len}"
-        f"{f' ×{accum} accum' if accum > 1 else ''} = {tokens_per_step:,} tokens/step | run {run_dir}"
-    )
-    if device.type == "cuda" and peak is None:
-        log.print(f"[yellow]{gpu_name} is not in the peak table: MFU is left out")
-    if resume_from is not None:
-        log.print(f"resumed from {resume_from} at step {step}")
-
-    val_loader = TokenLoader(data_dir, "val", cfg.batch_size, seq_len, rank=info.rank, world_size=info.world_size,
-                             expected_identity=tokenizer.identity, device=device, prefetch=False)
-
-    def val_batches():
-        return val_loader.eval_batches(cfg.eval_batches)
-
-    def run_eval() -> dict:
-        with float8_disabled(model):  # evaluation always runs in BF16
-            result = evaluate(model, val_batches(), token_bytes, amp_dtype, device)
-        log.log({"kind": "eval", "step": step, "tokens": tokens, "elapsed": elapsed(), **result})
-        log.print(f"[cyan]eval step {step}: loss {result['loss']:.4f} | ppl {result['perplexity']:.2f} | "
-                  f"bpb {result['bpb']:.4f}")
-        return result
-
-    def save() -> Path | None:
-        path = None
-        state = {"loader": train_loader.state_dict(), "step": step, "tokens": tokens, "elapsed": elapsed(),
-                 "rng": ckpt_io.rng_state(), "world_size": info.world_size, "fp8_auto_check": fp8_check.verdict}
-        # FSDP2: each rank writes its shards, unless the ranks share no filesystem (then gather, as below)
-        if is_fsdp(model) and ckpt_io.every_rank_sees(run_dir / "checkpoints"):  # collective
-            state["optimizer_types"] = [type(opt).__name__ for opt in optimizers]
-            path = ckpt_io.save_sharded_checkpoint(run_dir, step, model, optimizers, state, to_dict(cfg), tokenizer,
-                                                   cfg.keep_checkpoints)
-        else:
-            model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
-            if info.is_main:
-                path = ckpt_io.save_checkpoint(run_dir, step, model, {**state, "optimizers": optimizer_states},
-                                               to_dict(cfg), tokenizer, cfg.keep_checkpoints, model_state=model_state)
-        if info.is_main:
-            log.log({"kind": "event", "event": "checkpoint", "step": step, "path": str(path)})
-        barrier()
-        return path if info.is_main else None
-
-    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-    params = [p for p in model.parameters() if p.requires_grad]
-    start = time.perf_counter()
-
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - start
-
-    pending: list[tuple[int, float, torch.Tensor, torch.Tensor]] = []  # per-step values, read at log steps
-    unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
-    on_device_skip = skips_on_device(optimizers)
-    fp8_check = StepCheck(model, cfg.fp8, cfg.fp8_warmup_steps, device)
-    if resume_from is not None:
-        fp8_check.restore(state.get("fp8_auto_check"))
-    window_start, window_tokens, bad_in_row = time.perf_counter(), 0, 0
-    status, final_eval = "completed", {}
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-    with StopFlag() as stop:
-        while True:
-            progress = budget_progress(cfg, step, tokens, elapsed())
-            if progress >= 1.0:
-                break
-            multiplier = lr_multiplier(cfg.optim, step, progress)
-            if set_float8_for_step(model, step, cfg.fp8_warmup_steps):  # BF16 warm-up over: FP8 from here
-                log.print(f"step {step}: FP8 on (the first {cfg.fp8_warmup_steps} steps train in BF16; one recompile)")
-            fp8_check.begin(step)
-            set_lr(optimizers, multiplier)
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(accum):
-                x, y = train_loader.next_batch()
-                last_micro = micro == accum - 1
-                set_fsdp_sync(model, last_micro)  # gradients are reduced on the last micro-step only
-                with no_sync(train_model, last_micro):
-                    with ctx:
-                        loss = train_model(x, y)
-                    (loss / accum).backward()
-                loss_sum += loss.detach()
-            loss_mean = loss_sum / accum
-            grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(
-                params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")))
-            # a non-finite loss or gradient skips the update: on the device with fused AdamW (no host sync; the
-            # host learns of it at the next log, eval or checkpoint step), else after one sync
-            unchecked.append((step + 1, step_if_finite(optimizers, loss_mean, grad_norm)))
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            precompute_fsdp_float8_scales(model)  # FSDP2 with FP8 all-gather: next step's weight scales, one all-reduce
-            if (verdict := fp8_check.end(step)) is not None:
-                log.log({"kind": "event", "event": "fp8_auto_check", "step": step + 1, **verdict})
-                log.print(describe_verdict(verdict))
-            step += 1
-            tokens += tokens_per_step
-            window_tokens += tokens_per_step
-            pending.append((step, cfg.optim.lr * multiplier, loss_mean, grad_norm))
-
-            last = budget_progress(cfg, step, tokens, elapsed()) >= 1.0
-            log_now = step % cfg.log_every == 0 or last or stop.signal is not None
-            eval_now = bool(cfg.eval_every) and step % cfg.eval_every == 0 and not last
-            save_now = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and not last
-            if not on_device_skip or log_now or eval_now or save_now:
-                bad_in_row, diverged_at = count_bad_steps(unchecked, bad_in_row, cfg.max_bad_steps, log)
-                unchecked.clear()
-                if diverged_at is not None:
-                    status = "diverged"
-                    log.print(f"[red bold]stopping: {bad_in_row} non-finite losses in a row at step {diverged_at}. The "
-                              f"last good checkpoint is intact; lower optim.lr or raise optim.warmup_steps and resume from it.")
-                    break
-            if log_now:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                now = time.perf_counter()
-                tokens_per_second = window_tokens / max(now - window_start, 1e-9)
-                per_gpu = tokens_per_second / info.world_size
-                losses = all_reduce_mean(torch.stack([p[2] for p in pending])).tolist()
-                norms = torch.stack([p[3] for p in pending]).tolist()
-                mfu = flops_per_token * per_gpu / peak if peak else None
-                mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-                for (s, lr, _, _), loss_value, norm in zip(pending, losses, norms):
-                    record = {"kind": "train", "step": s, "loss": loss_value, "lr": lr, "grad_norm": norm}
-                    if s == step:
-                        record.update(tokens=tokens, elapsed=elapsed(), tokens_per_second=tokens_per_second,
-                                      step_time=(now - window_start) / len(pending), peak_memory_gib=mem)
-                        if mfu is not None:
-                            record["mfu"] = mfu
-                        if measured_peak:
-                            record["mfu_measured_peak"] = flops_per_token * per_gpu / measured_peak
-                    log.log(record)
-                total = progress_total(cfg, step, tokens, elapsed())
-                eta = elapsed() * (1 - total) / total if total > 0 else 0
-                log.print(
-                    f"step {step:>6}{f'/{cfg.max_steps}' if cfg.max_steps else ''} | loss {losses[-1]:.4f} | "
-                    f"lr {pending[-1][1]:.2e} | gnorm {norms[-1]:.2f} | {tokens_per_second / 1e3:,.1f}k tok/s"
-                    + (f" | mfu {mfu * 100:.1f}%" if mfu is not None else "")
-                    + (f" | mem {mem:.1f} GiB" if mem is not None else "")
-                    + f" | eta {format_duration(eta)}"
-                )
-                log.flush()
-                pending.clear()
-                window_start, window_tokens = time.perf_counter(), 0
-            if eval_now:
-                run_eval()
-            if save_now and bad_in_row == 0:
-                save()
-            if stop.signal is not None:
-                status = "interrupted"
-                break
-
-    if status != "diverged":
-        if status == "completed":
-            final_eval = run_eval()
-        path = save()
-        if status == "interrupted" and path is not None:
-            log.print(f"[yellow]stopped by signal {stop.signal} at step {step}; checkpoint saved to {path}. "
-                      f"Resume with: redline train --resume {run_dir}")
-    sample = None
-    # under FSDP2 every rank takes part in each forward; otherwise rank 0 alone samples
-    if status == "completed" and cfg.sample_tokens > 0 and (info.is_main or is_fsdp(model)):
-        with float8_disabled(model):
-            sample = sample_text(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, device, seed=cfg.seed)
-        log.print(f"[bold]sample[/bold] (prompt {cfg.sample_prompt!r}):\n{sample}")
-    log.log({"kind": "event", "event": "end", "status": status, "step": step, "tokens": tokens, "elapsed": elapsed()})
-    log.close()
-    shutdown()
-    # a rank of a distributed run ends here, before this function's objects are freed: freed after the group's
-    # teardown, one of them can wait forever on a gloo worker thread (seen on 2 CPU cores, 1 run in ~20, the
-    # run itself finished and written). Same exit code as the command's; no-op in one process.
-    exit_after_teardown(1 if status == "diverged" else 0)
-    return RunResult(run_dir, step, tokens, status, final_eval, sample)
 
 
 def count_bad_steps(unchecked: list[tuple[int, torch.Tensor]], bad_in_row: int, limit: int, log) -> tuple[int, int | None]:
@@ -433,10 +498,6 @@ def count_bad_steps(unchecked: list[tuple[int, torch.Tensor]], bad_in_row: int, 
         if bad_in_row >= limit:
             return bad_in_row, step
     return bad_in_row, None
-
-
-def progress_total(cfg: TrainConfig, step: int, tokens: int, elapsed: float) -> float:
-    return min(budget_progress(cfg, step, tokens, elapsed), 1.0)
 
 
 @torch.no_grad()

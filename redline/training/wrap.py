@@ -1,15 +1,16 @@
 """The one place optional features wrap the model, in a fixed order:
 
-    (attention backend) → converters (fp8) → activation checkpointing → torch.compile → data parallel (DDP / FSDP2,
-    redline/training/parallel.py)
+    (attention backend) → converters (fp8, ...) → activation checkpointing → torch.compile → data parallel
+    (DDP / FSDP2, redline/training/parallel.py)
 
 Each step is driven by TrainConfig and is a no-op when off. The attention backend is a resolve step rather than
 a wrapper: on CUDA, with model.attn_backend=auto and attn_autotune on, the SDPA backends are timed for the run's
-shapes and the fastest is used (redline/training/attention_backend.py).
+shapes and the fastest is used (redline/training/attention_backend.py). The converters are built by the caller
+(redline/training/step.py) from the same config, and convert here.
 
 Every step changes the model in place where it can (FP8 layers and checkpointed blocks keep their parameter
 names, per-block compile keeps the module tree), so the caller's `model` stays the one to evaluate and save.
-What was decided is kept on the model as `model.redline_wrap` (a dict) for logs and `redline bench`.
+`wrap_model` returns the module to call for training and what was decided (for logs and `redline bench`).
 
 Compile scope: "model" compiles the whole model into one graph (best fusion; compile time grows with depth);
 "blocks" compiles one transformer block, reused by every block, plus the lm_head (compile time independent of
@@ -20,16 +21,25 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn as nn
 
 from redline.config import TrainConfig
+from redline.converters import Converters
 from redline.distributed import DistInfo
 from redline.hardware import autocast_dtype
 from redline.model import GPT
 from redline.training.parallel import apply_data_parallel
 
 WHOLE_MODEL_MAX_LAYERS = 16
+
+
+def compile_enabled(cfg: TrainConfig, device: torch.device) -> bool:
+    """torch.compile on or off: the config's choice, else on for CUDA and off elsewhere."""
+    return cfg.compile if cfg.compile is not None else device.type == "cuda"
 
 
 def compile_scope(cfg: TrainConfig, distributed: bool = False) -> str:
@@ -50,19 +60,26 @@ def _raise_recompile_limit(limit: int = 64) -> None:
             setattr(dynamo_config, name, limit)
 
 
-def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInfo):
+@dataclass
+class Wrapped:
+    """What `wrap_model` returns: the module the training step calls, and what was decided."""
+
+    module: nn.Module
+    """The model compiled and/or wrapped for data parallelism (the caller's model itself when neither applies)."""
+    decisions: dict = field(default_factory=dict)
+    """attention (backend and its source), converters (each one's describe()), activation_checkpointing,
+    compile, setup_seconds."""
+
+
+def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInfo, converters: Converters,
+               say: Callable[[str], None] | None = None) -> Wrapped:
     """The one place optional features wrap the model, in a fixed order:
-    converters (fp8) → activation checkpointing → compile → data parallel."""
+    converters → activation checkpointing → compile → data parallel. cfg.batch_size must be resolved."""
     from redline.training.activation_checkpointing import apply_activation_checkpointing
     from redline.training.attention_backend import resolve_attention_backend
-    from redline.training.float8 import apply_float8
 
-    def say(message: str) -> None:
-        if info.is_main:
-            print(f"redline: {message}", flush=True)
-
-    raw = model
-    report: dict = {}
+    say = say or (lambda message: None)
+    decisions: dict = {}
     t0 = time.perf_counter()
     seq_len = cfg.effective_seq_len
     amp = autocast_dtype(device, cfg.precision)
@@ -72,36 +89,36 @@ def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInf
         say(f"attention backend {attention['backend']} ({attention['source']}; fwd+bwd ms: {timings})")
     elif attention["source"] == "failed":
         say(f"attention backend: measuring failed ({attention['error']}); PyTorch chooses")
-    report["attention"] = attention
-
-    use_compile = cfg.compile if cfg.compile is not None else device.type == "cuda"
-    # 1. converters (under FSDP2 the tensorwise FP8 weights are all-gathered in FP8: see float8.py)
-    report["fp8"] = apply_float8(model, cfg.fp8, cfg.fp8_recipe, device, cfg.batch_size * seq_len,
-                                 cfg.fp8_warmup_steps, say, compiled=use_compile,
-                                 fsdp=cfg.parallel == "fsdp2" and info.enabled)
+    decisions["attention"] = attention
+    # 1. converters (under FSDP2 the tensorwise FP8 weights are all-gathered in FP8: see converters/float8.py)
+    converters.convert(model)
+    decisions["converters"] = converters.describe()
     # 2. activation checkpointing
     checkpointed = apply_activation_checkpointing(model, cfg.activation_checkpointing)
-    report["activation_checkpointing"] = {"mode": cfg.activation_checkpointing, "blocks": checkpointed}
+    decisions["activation_checkpointing"] = {"mode": cfg.activation_checkpointing, "blocks": checkpointed}
     if checkpointed:
         say(f"activation checkpointing ({cfg.activation_checkpointing}): {len(checkpointed)} of {len(model.blocks)} blocks")
     # 3. compile
+    use_compile = compile_enabled(cfg, device)
     mode = None if cfg.compile_mode == "default" else cfg.compile_mode
     scope = compile_scope(cfg, info.enabled) if use_compile else None
-    report["compile"] = {"enabled": use_compile, "scope": scope, "mode": cfg.compile_mode}
-    report["setup_seconds"] = time.perf_counter() - t0
-    model.redline_wrap = report
+    decisions["compile"] = {"enabled": use_compile, "scope": scope, "mode": cfg.compile_mode}
+    decisions["setup_seconds"] = time.perf_counter() - t0
     if scope:
         say(f"torch.compile ({'whole model' if scope == 'model' else 'per block + lm_head'}, mode {cfg.compile_mode}): "
             f"the first step compiles")
+    module: nn.Module = model
     if scope == "blocks":
         _raise_recompile_limit()
         for block in model.blocks:
             block.compile(mode=mode)
         model.lm_head.compile(mode=mode)
     elif scope == "model":
-        model = torch.compile(model, mode=mode)
+        module = torch.compile(model, mode=mode)
     # 4. data parallel
-    return apply_data_parallel(model, raw, cfg.parallel, device, info, param_dtype=amp, bucket_mb=cfg.ddp_bucket_mb)
+    module = apply_data_parallel(module, model, cfg.parallel, device, info, param_dtype=amp,
+                                 bucket_mb=cfg.ddp_bucket_mb)
+    return Wrapped(module, decisions)
 
 
 def set_cuda_allocator_defaults() -> None:
