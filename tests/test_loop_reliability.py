@@ -1,0 +1,203 @@
+"""The training loop under faults and odd input (issue 27's loop items): metrics.jsonl complete up to the
+checkpoint a run resumes from, signals during evaluation and saving, non-finite settings, exit codes, a finished
+run resumed, the ETA after a resume, the progress bar and the closing summary."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from redline import cli
+from redline.training import checkpoint as ckpt_io
+from redline.training.loop import train
+from tests.test_train import config, dataset  # noqa: F401  (the session-scoped prepared corpus)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_steps(run_dir: Path) -> Counter:
+    return Counter(r["step"] for r in records(run_dir) if r["kind"] == "train")
+
+
+# ----------------------------------------------------------------------------------------------------
+# metrics.jsonl ends complete up to the checkpoint a run resumes from
+
+
+def test_kill_after_a_checkpoint_loses_no_step_record(dataset, tmp_path):  # noqa: F811
+    """kill -9 right after the step-6 checkpoint (steps 5 and 6 not yet on a log line): the resumed run's
+    metrics hold every step exactly once."""
+    args = ("max_steps=12", "checkpoint_every=3", "log_every=4", "keep_checkpoints=5")
+    script = f"""
+import os, signal
+from pathlib import Path
+from redline.training import checkpoint as ckpt_io
+from redline.training.loop import train
+from tests.test_train import config
+
+real = ckpt_io.save_checkpoint
+
+def save_then_die(run_dir, step, *args, **kwargs):
+    path = real(run_dir, step, *args, **kwargs)
+    if step == 6:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+
+ckpt_io.save_checkpoint = save_then_die
+train(config(Path({str(dataset)!r}), Path({str(tmp_path)!r}), *{args!r}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "t"
+    last = ckpt_io.list_checkpoints(run_dir)[-1]
+    assert last.name == "step_00000006"
+    result = train(config(dataset, tmp_path, *args), resume_from=last)
+    assert result.step == 12
+    assert train_steps(run_dir) == Counter(range(1, 13))
+    assert not [r for r in records(run_dir) if r.get("event") == "metrics_gap"]
+
+
+def test_resume_drops_what_a_run_wrote_after_its_checkpoint(dataset, tmp_path):  # noqa: F811
+    """A run went on to step 8 after its step-6 checkpoint (as a killed one does); resumed from step 6, the
+    steps after it run again and are recorded once, and the abandoned run's end and evaluation go."""
+    args = ("checkpoint_every=3", "log_every=2", "keep_checkpoints=5", "eval_every=4")
+    first = train(config(dataset, tmp_path, "max_steps=8", *args))
+    six = ckpt_io.list_checkpoints(first.run_dir)[-2]
+    assert six.name == "step_00000006"
+    train(config(dataset, tmp_path, "max_steps=10", *args), resume_from=six)
+    assert train_steps(first.run_dir) == Counter(range(1, 11))
+    ends = [r for r in records(first.run_dir) if r.get("event") == "end"]
+    assert [e["step"] for e in ends] == [10]
+    assert [r["step"] for r in records(first.run_dir) if r["kind"] == "eval"] == [4, 8, 10]
+
+
+def test_resume_says_once_which_records_are_missing(dataset, tmp_path, capsys):  # noqa: F811
+    first = train(config(dataset, tmp_path, "max_steps=6", "log_every=2"))
+    path = first.run_dir / "metrics.jsonl"
+    kept = [line for line in path.read_text().splitlines()
+            if not (json.loads(line)["kind"] == "train" and json.loads(line)["step"] in (2, 3))]
+    path.write_text("\n".join(kept) + "\n")
+    train(config(dataset, tmp_path, "max_steps=8", "log_every=2"),
+          resume_from=ckpt_io.list_checkpoints(first.run_dir)[-1])
+    gaps = [r for r in records(first.run_dir) if r.get("event") == "metrics_gap"]
+    assert len(gaps) == 1 and gaps[0]["ranges"] == [[2, 3]] and gaps[0]["missing_steps"] == 2
+    assert "no record of 2 step(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("during", ["eval", "save"])
+def test_a_signal_during_eval_or_save_keeps_the_pending_records(dataset, tmp_path, monkeypatch, during):  # noqa: F811
+    """SIGTERM arrives while the step-4 evaluation (or checkpoint) runs, with steps 1-4 not yet on a log line:
+    they are written before the run stops, and the run exits with its checkpoint."""
+    import redline.training.loop as loop_mod
+
+    target, name = (loop_mod, "evaluate") if during == "eval" else (ckpt_io, "save_checkpoint")
+    real, sent = getattr(target, name), []
+
+    def signal_then_run(*args, **kwargs):
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, signal_then_run)
+    result = train(config(dataset, tmp_path, "max_steps=12", "log_every=10", "eval_every=4", "checkpoint_every=4"))
+    assert result.status == "interrupted" and result.step == 4
+    assert train_steps(result.run_dir) == Counter(range(1, 5))
+    assert ckpt_io.list_checkpoints(result.run_dir)[-1].name == "step_00000004"
+
+
+# ----------------------------------------------------------------------------------------------------
+# settings, exit codes, a finished run
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("optim.lr=nan", "optim.lr must be a finite number"), ("optim.lr=inf", "optim.lr must be a finite number"),
+    ("optim.lr=-1e-3", "optim.lr must be positive"), ("optim.weight_decay=nan", "optim.weight_decay must be a finite"),
+    ("optim.beta2=1.5", "optim.beta2 must be in [0, 1)"), ("optim.grad_clip=-1", "optim.grad_clip must be >= 0"),
+    ("max_time=inf", "max_time must be a finite number"), ("memory_fraction=nan", "memory_fraction must be a finite"),
+])
+def test_non_finite_and_negative_settings_are_refused_in_one_line(setting, fragment, capsys, tmp_path):
+    code, out, err = run_cli(["train", f"out_dir={tmp_path}", "max_steps=1", setting], capsys)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(dataset, tmp_path, capsys):  # noqa: F811
+    base = [f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=f", "model.n_layer=1", "model.n_embd=32",
+            "model.n_head=2", "model.context_len=32", "batch_size=2", "seq_len=16", "max_steps=3",
+            "eval_batches=1", "sample_tokens=5", "tensorboard=False"]
+    code, _, _ = run_cli(["train", *base], capsys)
+    assert code == 0
+    metrics = (tmp_path / "f" / "metrics.jsonl").read_bytes()
+    checkpoints = ckpt_io.list_checkpoints(tmp_path / "f")
+    code, out, _ = run_cli(["train", "--resume", f"out_dir={tmp_path}", "run_name=f"], capsys)
+    assert code == 0 and "is already complete (step 3" in out and "sample" not in out
+    assert (tmp_path / "f" / "metrics.jsonl").read_bytes() == metrics
+    assert ckpt_io.list_checkpoints(tmp_path / "f") == checkpoints
+    code, out, _ = run_cli(["train", "--resume", f"out_dir={tmp_path}", "run_name=f", "max_steps=4"], capsys)
+    assert code == 0 and "already complete" not in out and max(train_steps(tmp_path / "f")) == 4
+
+
+def test_the_eta_after_a_resume_counts_only_this_process(dataset, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """The checkpoint says the run had trained 10 hours: the resumed half's ETA still comes from its own pace."""
+    first = train(config(dataset, tmp_path, "max_steps=6"))
+    real_load_state = ckpt_io.load_state
+    monkeypatch.setattr(ckpt_io, "load_state", lambda ckpt: {**real_load_state(ckpt), "elapsed": 36000.0})
+    capsys.readouterr()
+    train(config(dataset, tmp_path, "max_steps=12", "log_every=2"),
+          resume_from=ckpt_io.list_checkpoints(first.run_dir)[-1])
+    etas = re.findall(r"eta (\d+):(\d\d)(?::(\d\d))?", capsys.readouterr().out)
+    assert etas and all(not hours and int(minutes) < 5 for minutes, _, hours in
+                        [(m, s, h) for m, s, h in etas]), etas
+
+
+# ----------------------------------------------------------------------------------------------------
+# what the console shows
+
+
+def test_without_a_terminal_the_output_has_no_progress_bar(dataset, tmp_path, capsys):  # noqa: F811
+    train(config(dataset, tmp_path, "max_steps=4", "log_every=2"))
+    out = capsys.readouterr().out
+    assert "\r" not in out and "\x1b" not in out  # plain lines for a log file or a pipe
+    lines = out.splitlines()
+    assert [line.split("|")[0].split()[1] for line in lines if line.startswith("step ")] == ["2/4", "4/4"]
+
+
+def test_on_a_terminal_a_progress_bar_runs_between_the_log_lines(dataset, tmp_path, monkeypatch):  # noqa: F811
+    import rich.console
+
+    import redline.training.metrics as metrics_mod
+
+    screen = io.StringIO()
+    monkeypatch.setattr(metrics_mod, "Console", lambda **kwargs: rich.console.Console(
+        file=screen, force_terminal=True, width=120, **{k: v for k, v in kwargs.items() if k != "stderr"}))
+    train(config(dataset, tmp_path, "max_steps=4", "log_every=2"))
+    text = screen.getvalue()
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    assert re.search(r"(^|\r)step +2/4 \| loss", plain, re.M) and re.search(r"(^|\r)step +4/4 \| loss", plain, re.M)
+    assert "\r" in text and "━" in plain and "100%" in plain  # the bar, redrawn in place under the lines
+
+
+def test_the_closing_summary_says_what_to_run_next(dataset, tmp_path, capsys):  # noqa: F811
+    result = train(config(dataset, tmp_path, "max_steps=3", "eval_every=2"))
+    out = capsys.readouterr().out
+    assert f"done: 3 steps, 384 tokens in" in out and "val bpb" in out
+    assert f"checkpoint {result.checkpoint}" in out
+    assert f"next: redline generate --checkpoint {result.run_dir}" in out
