@@ -155,19 +155,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, profile_steps: int = 0,
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     runner = BenchStep(cfg, device, info)
-    train_step, model = runner.train_step, runner.train_step.model
-    decisions = train_step.wrapped.decisions
-    fp8 = decisions["converters"].get("fp8", {"mode": "off", "layers": [], "shapes": None})
-    point.update(
-        data=runner.data, batch_size=runner.cfg.batch_size, vocab_size=runner.cfg.model.vocab_size,
-        params=model.num_params(), params_without_embeddings=model.num_params(embeddings=False),
-        tokens_per_step=train_step.plan.tokens_per_step, grad_accum=train_step.plan.accum,
-        attn_backend=decisions["attention"]["backend"], attn_backend_source=decisions["attention"]["source"],
-        fp8_mode=fp8["mode"], fp8_layers=fp8["layers"], fp8_shapes=fp8["shapes"],
-        setup_seconds=time.perf_counter() - t0,
-    )
-    converter = train_step.converters.get("fp8")
-    check_fp8 = fp8["mode"] == "auto" and device.type == "cuda" and bool(fp8["layers"]) and steps > 0
+    point.update(built(runner), setup_seconds=time.perf_counter() - t0)
     losses = []
     t1 = time.perf_counter()
     if warmup > 0:
@@ -181,15 +169,8 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, profile_steps: int = 0,
 
     times_ms = _timed_steps(runner, steps, device, info, losses)
     point["timer"] = "cuda_events" if device.type == "cuda" else "perf_counter"
-    if check_fp8:  # fp8=auto: the step without FP8 too (its graph compiles here); the converter decides
-        with converter.disabled():
-            for _ in range(max(warmup, 1)):
-                losses.append(runner.run())
-            bf16_ms = _timed_steps(runner, steps, device, info, losses)
-        point["fp8_auto_check"] = verdict = converter.decide(bf16_ms, times_ms)
-        if not verdict["kept"]:  # what training does after its check: BF16 for the rest of the run
-            times_ms, point["fp8_layers"] = bf16_ms, []
-
+    if point["fp8_mode"] == "auto" and device.type == "cuda" and point["fp8_layers"] and steps > 0:
+        times_ms = _check_fp8_auto(runner, point, times_ms, warmup, steps, info, losses)
     if comm_steps > 0:
         from redline.bench.scaling import communication_profile
 
@@ -198,35 +179,73 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, profile_steps: int = 0,
         from redline.bench.profile import profile_steps as run_profile
 
         point["profile"] = run_profile(runner.run, profile_steps, trace_path, device)
+    point.update(_speed(runner, times_ms, device, info))
     loss_values = torch.stack(losses).tolist() if losses else []
-    median = statistics.median(times_ms) if times_ms else float("nan")
-    # tokens_per_step is the global batch (every rank's tokens); MFU is per GPU
-    seq_len = runner.cfg.effective_seq_len
-    tokens_per_second = train_step.plan.tokens_per_step / (median / 1e3) if times_ms else None
-    per_gpu = tokens_per_second / info.world_size if tokens_per_second else None
-    flops_per_token = model.flops_per_token(seq_len)
-    peak, measured_peak, gpu_name = peak_flops(device)
-    point.update(
-        gpu=gpu_name, step_ms_median=median, step_ms_min=min(times_ms, default=None),
-        step_ms_max=max(times_ms, default=None), tokens_per_second=tokens_per_second,
-        tokens_per_second_per_gpu=per_gpu,
-        flops_per_token=flops_per_token, flops_per_token_exact=model.flops_per_token(seq_len, exact=True),
-        mfu=flops_per_token * per_gpu / peak if peak and per_gpu else None,
-        mfu_measured_peak=flops_per_token * per_gpu / measured_peak if measured_peak and per_gpu else None,
-        peak_tflops=peak / 1e12 if peak else None, measured_peak_tflops=measured_peak / 1e12 if measured_peak else None,
-        loss_first=loss_values[0] if loss_values else None, loss_last=loss_values[-1] if loss_values else None,
-        status="ok",
-    )
-    if device.type == "cuda":  # the largest over ranks
-        peaks = torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
-                             dtype=torch.float64, device=device)
-        allocated, reserved = all_reduce_max(peaks).tolist()
-        point["peak_memory_gib"] = allocated / 2**30
-        point["peak_reserved_gib"] = reserved / 2**30
-        point["gpu_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
-    else:
-        point["peak_memory_gib"] = None
+    point.update(loss_first=loss_values[0] if loss_values else None,
+                 loss_last=loss_values[-1] if loss_values else None, status="ok")
+    point.update(_peak_memory(device))
     nonfinite = torch.tensor(0.0 if all(math.isfinite(v) for v in loss_values) else 1.0, device=device)
     if all_reduce_max(nonfinite).item():  # on any rank (each rank has its own batches)
         point["status"] = "nonfinite"
     return point
+
+
+def built(runner: BenchStep) -> dict:
+    """What was built and decided: data, sizes, the batch plan, the attention backend, the FP8 layers."""
+    train_step, model = runner.train_step, runner.train_step.model
+    decisions = train_step.wrapped.decisions
+    fp8 = decisions["converters"].get("fp8", {"mode": "off", "layers": [], "shapes": None})
+    return {
+        "data": runner.data, "batch_size": runner.cfg.batch_size, "vocab_size": runner.cfg.model.vocab_size,
+        "params": model.num_params(), "params_without_embeddings": model.num_params(embeddings=False),
+        "tokens_per_step": train_step.plan.tokens_per_step, "grad_accum": train_step.plan.accum,
+        "attn_backend": decisions["attention"]["backend"], "attn_backend_source": decisions["attention"]["source"],
+        "fp8_mode": fp8["mode"], "fp8_layers": fp8["layers"], "fp8_shapes": fp8["shapes"],
+    }
+
+
+def _check_fp8_auto(runner: BenchStep, point: dict, fp8_ms: list[float], warmup: int, steps: int, info: DistInfo,
+                    losses: list) -> list[float]:
+    """fp8=auto: time the step without FP8 too (its graph compiles here) and take the converter's verdict, as
+    training does at its switch. Returns the step times of what stays: FP8's, or BF16's when FP8 goes off."""
+    converter = runner.train_step.converters.get("fp8")
+    with converter.disabled():
+        for _ in range(max(warmup, 1)):
+            losses.append(runner.run())
+        bf16_ms = _timed_steps(runner, steps, runner.train_step.device, info, losses)
+    point["fp8_auto_check"] = verdict = converter.decide(bf16_ms, fp8_ms)
+    if verdict["kept"]:
+        return fp8_ms
+    point["fp8_layers"] = []  # what training does after its check: BF16 for the rest of the run
+    return bf16_ms
+
+
+def _speed(runner: BenchStep, times_ms: list[float], device: torch.device, info: DistInfo) -> dict:
+    """Step times, tokens/s (tokens_per_step is the global batch: every rank's tokens) and MFU (per GPU)."""
+    model, seq_len = runner.train_step.model, runner.cfg.effective_seq_len
+    median = statistics.median(times_ms) if times_ms else float("nan")
+    tokens_per_second = runner.train_step.plan.tokens_per_step / (median / 1e3) if times_ms else None
+    per_gpu = tokens_per_second / info.world_size if tokens_per_second else None
+    flops_per_token = model.flops_per_token(seq_len)
+    peak, measured_peak, gpu_name = peak_flops(device)
+    return {
+        "gpu": gpu_name, "step_ms_median": median, "step_ms_min": min(times_ms, default=None),
+        "step_ms_max": max(times_ms, default=None), "tokens_per_second": tokens_per_second,
+        "tokens_per_second_per_gpu": per_gpu, "flops_per_token": flops_per_token,
+        "flops_per_token_exact": model.flops_per_token(seq_len, exact=True),
+        "mfu": flops_per_token * per_gpu / peak if peak and per_gpu else None,
+        "mfu_measured_peak": flops_per_token * per_gpu / measured_peak if measured_peak and per_gpu else None,
+        "peak_tflops": peak / 1e12 if peak else None,
+        "measured_peak_tflops": measured_peak / 1e12 if measured_peak else None,
+    }
+
+
+def _peak_memory(device: torch.device) -> dict:
+    """Peak allocated and reserved memory, the largest over ranks (None on a CPU)."""
+    if device.type != "cuda":
+        return {"peak_memory_gib": None}
+    peaks = torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+                         dtype=torch.float64, device=device)
+    allocated, reserved = all_reduce_max(peaks).tolist()
+    return {"peak_memory_gib": allocated / 2**30, "peak_reserved_gib": reserved / 2**30,
+            "gpu_memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30}

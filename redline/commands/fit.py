@@ -79,7 +79,6 @@ def _gib(n: int | None) -> float | None:
 
 def main(argv: list[str]) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from redline.training.wrap import set_cuda_allocator_defaults
 
@@ -94,61 +93,12 @@ def main(argv: list[str]) -> int:
     total = torch.cuda.get_device_properties(device).total_memory
     seq_len = cfg.effective_seq_len
     grid = list(cfg.grid) or batch_grid(cfg.max_batch)
-    levels: list[str | None] = list(cfg.checkpointing) or [None]
     console.print(f"[bold]redline fit[/bold] {cfg.preset} at seq_len {seq_len} on {gpu} ({total / 2**30:.1f} GiB): "
                   f"limit {cfg.memory_fraction:.0%} = {cfg.memory_fraction * total / 2**30:.1f} GiB | "
                   f"{cfg.precision} precision, {cfg.optim.name}, compile {'on' if cfg.compile else 'off'} | "
                   f"grid {grid[0]}..{grid[-1]} ({len(grid)} points) | {cfg.probe_steps} steps per point, random tokens")
-
-    summaries = []
-    for level in levels:
-        train_cfg = _train_config(cfg, level)
-        label = level or train_cfg.activation_checkpointing
-
-        def show(point: FitPoint, label=label) -> None:
-            text = {"fits": "[green]fits", "over_limit": "[yellow]over the limit", "oom": "[red]out of memory"}[
-                point.status
-            ]
-            extra = ""
-            if point.peak_bytes is not None:
-                extra += f", peak {point.peak_bytes / 2**30:.1f} GiB"
-            if point.tokens_per_second:
-                extra += f", {point.tokens_per_second:,.0f} tokens/s"
-            console.print(
-                f"  checkpointing {label}: micro-batch {point.batch_size:>5}: {text}[/]{extra} ({point.seconds:.1f} s)"
-            )
-
-        started = time.perf_counter()
-        result = find_max_batch(train_cfg, device, memory_fraction=cfg.memory_fraction, grid=grid,
-                                steps=cfg.probe_steps, on_point=show)
-        best = result.best_point
-        micro = accum = None
-        if result.batch_size is not None:
-            micro, accum = gradient_accumulation(result.batch_size, seq_len, cfg.tokens_per_step)
-        summaries.append({
-            "activation_checkpointing": label,
-            "batch_size": result.batch_size,
-            "at_grid_top": result.at_grid_top,
-            "peak_memory_gib": _gib(best.peak_bytes) if best else None,
-            "tokens_per_second": round(best.tokens_per_second, 1) if best and best.tokens_per_second else None,
-            "train_batch_size": micro,
-            "grad_accum": accum,
-            "seconds": round(time.perf_counter() - started, 1),
-            "points": [{**dataclasses.asdict(p), "peak_memory_gib": _gib(p.peak_bytes)} for p in result.points],
-        })
-
-    table = Table("checkpointing", "micro-batch", "peak GiB", "tokens/s", f"for {cfg.tokens_per_step:,} tokens/step",
-                  "search s", title=f"largest micro-batch within {cfg.memory_fraction:.0%} of {gpu} memory")
-    for s in summaries:
-        if s["batch_size"] is None:
-            table.add_row(s["activation_checkpointing"], "[red]none fits", "-", "-", "-", f"{s['seconds']:.0f}")
-            continue
-        plan = (f"batch_size={s['train_batch_size']} × {s['grad_accum']} accumulation steps"
-                if cfg.tokens_per_step else "-")
-        top = " (grid top: raise max_batch)" if s["at_grid_top"] else ""
-        table.add_row(s["activation_checkpointing"], f"{s['batch_size']}{top}", f"{s['peak_memory_gib']}",
-                      f"{s['tokens_per_second']:,.0f}" if s["tokens_per_second"] else "-", plan, f"{s['seconds']:.0f}")
-    console.print(table)
+    summaries = [search_level(cfg, level, device, grid, console) for level in list(cfg.checkpointing) or [None]]
+    print_summaries(cfg, summaries, gpu, console)
     fitting = [s for s in summaries if s["batch_size"] is not None]
     if not fitting:
         console.print(f"[red]no micro-batch of the grid fits within {cfg.memory_fraction:.0%}: lower seq_len, try "
@@ -172,3 +122,54 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     print(json.dumps(record), flush=True)
     return 0 if fitting else 1
+
+
+def search_level(cfg: FitConfig, level: str | None, device: torch.device, grid: list[int], console) -> dict:
+    """The search at one activation-checkpointing level (None: the config's own), each probe printed."""
+    train_cfg = _train_config(cfg, level)
+    label = level or train_cfg.activation_checkpointing
+
+    def show(point: FitPoint) -> None:
+        text = {"fits": "[green]fits", "over_limit": "[yellow]over the limit", "oom": "[red]out of memory"}[point.status]
+        extra = ""
+        if point.peak_bytes is not None:
+            extra += f", peak {point.peak_bytes / 2**30:.1f} GiB"
+        if point.tokens_per_second:
+            extra += f", {point.tokens_per_second:,.0f} tokens/s"
+        console.print(f"  checkpointing {label}: micro-batch {point.batch_size:>5}: {text}[/]{extra} ({point.seconds:.1f} s)")
+
+    started = time.perf_counter()
+    result = find_max_batch(train_cfg, device, memory_fraction=cfg.memory_fraction, grid=grid,
+                            steps=cfg.probe_steps, on_point=show)
+    best = result.best_point
+    micro = accum = None
+    if result.batch_size is not None:
+        micro, accum = gradient_accumulation(result.batch_size, cfg.effective_seq_len, cfg.tokens_per_step)
+    return {
+        "activation_checkpointing": label,
+        "batch_size": result.batch_size,
+        "at_grid_top": result.at_grid_top,
+        "peak_memory_gib": _gib(best.peak_bytes) if best else None,
+        "tokens_per_second": round(best.tokens_per_second, 1) if best and best.tokens_per_second else None,
+        "train_batch_size": micro,
+        "grad_accum": accum,
+        "seconds": round(time.perf_counter() - started, 1),
+        "points": [{**dataclasses.asdict(p), "peak_memory_gib": _gib(p.peak_bytes)} for p in result.points],
+    }
+
+
+def print_summaries(cfg: FitConfig, summaries: list[dict], gpu: str, console) -> None:
+    from rich.table import Table
+
+    table = Table("checkpointing", "micro-batch", "peak GiB", "tokens/s", f"for {cfg.tokens_per_step:,} tokens/step",
+                  "search s", title=f"largest micro-batch within {cfg.memory_fraction:.0%} of {gpu} memory")
+    for s in summaries:
+        if s["batch_size"] is None:
+            table.add_row(s["activation_checkpointing"], "[red]none fits", "-", "-", "-", f"{s['seconds']:.0f}")
+            continue
+        plan = (f"batch_size={s['train_batch_size']} × {s['grad_accum']} accumulation steps"
+                if cfg.tokens_per_step else "-")
+        top = " (grid top: raise max_batch)" if s["at_grid_top"] else ""
+        table.add_row(s["activation_checkpointing"], f"{s['batch_size']}{top}", f"{s['peak_memory_gib']}",
+                      f"{s['tokens_per_second']:,.0f}" if s["tokens_per_second"] else "-", plan, f"{s['seconds']:.0f}")
+    console.print(table)
