@@ -30,7 +30,8 @@ def last_json(text: str) -> dict:
 @pytest.mark.slow
 def test_scaling_over_one_and_two_processes(capsys, tmp_path):
     plot, out = tmp_path / "scaling.png", tmp_path / "bench.jsonl"
-    assert bench.main(SMALL + ["--gpus", "1,2", "--plot", str(plot), "--json-out", str(out)]) == 0
+    # tokens_per_step is per GPU under --gpus: 128 tokens per GPU, 2 micro-batches of 2 × 32 at every world size
+    assert bench.main(SMALL + ["tokens_per_step=128", "--gpus", "1,2", "--plot", str(plot), "--json-out", str(out)]) == 0
     text = capsys.readouterr().out
     report = last_json(text)
     assert "world size" in text and "efficiency" in text  # the table comes before the JSON line
@@ -41,9 +42,10 @@ def test_scaling_over_one_and_two_processes(capsys, tmp_path):
         assert point["status"] == "ok", point
         assert point["gpus"] == point["world_size"] == n and point["device"] == "cpu"
         assert point["tokens_per_second"] > 0
-        # tokens/s: every rank's batch at the median (slowest-rank) step time; per GPU is the share of one rank
-        assert point["global_tokens_per_step"] == n * point["tokens_per_step"] == n * 2 * 32
-        assert point["tokens_per_second"] == pytest.approx(point["global_tokens_per_step"] / (point["step_ms_median"] / 1e3))
+        # tokens/s: every rank's batch (tokens_per_step is the global batch) at the median (slowest-rank) step
+        # time; per GPU is the share of one rank
+        assert point["tokens_per_step"] == n * 128 and point["grad_accum"] == 2
+        assert point["tokens_per_second"] == pytest.approx(point["tokens_per_step"] / (point["step_ms_median"] / 1e3))
         assert point["tokens_per_second_per_gpu"] == pytest.approx(point["tokens_per_second"] / n)
         assert 0.0 <= point["comm_exposed_share"] <= point["comm_share"] <= 1.0
         assert point["communication"]["steps"] == 2 and point["communication"]["wall_ms_per_step"] > 0
@@ -90,6 +92,18 @@ def test_bench_under_torchrun_with_fsdp2(tmp_path):
     collectives = point["communication"]["collectives_rank0"]
     assert any(name.startswith("gloo:all_gather") for name in collectives), collectives  # parameters gathered
     assert 0 < point["comm_share"] <= 1
+
+
+def test_each_world_size_gets_its_global_batch(monkeypatch):
+    """--gpus keeps the per-GPU batch: the point of N processes is asked for N times the per-GPU tokens_per_step
+    (tokens_per_step is the global batch inside every point, as in training)."""
+    seen = []
+    monkeypatch.setattr(matrix, "run_point", lambda argv, timeout, launcher, env: seen.append(argv) or {"status": "ok"})
+    scaling.run_scaling(["--preset", "tiny"], [1, 2, 4], "cpu", 10, tokens_per_gpu=64)
+    assert [argv[-1] for argv in seen] == ["tokens_per_step=64", "tokens_per_step=128", "tokens_per_step=256"]
+    seen.clear()
+    scaling.run_scaling(["--preset", "tiny"], [2], "cpu", 10)
+    assert seen == [["--preset", "tiny"]]  # 0: one micro-batch per GPU, nothing to scale
 
 
 # ----------------------------------------------------------------------------------------------------
