@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import tyro
 
@@ -35,6 +36,9 @@ class TrainTokenizerConfig:
     """Merge only pairs seen at least this many times."""
     text_field: str = "text"
     """The JSON field / Parquet column / dataset column that holds the text."""
+    encoding_errors: Literal["strict", "replace", "skip"] = "strict"
+    """Text that is not UTF-8: strict stops with the file and byte offset; replace turns each bad byte into U+FFFD;
+    skip leaves such documents (a .txt file, a JSONL line) out. replace and skip say how many they touched."""
     overwrite: bool = False
     """Replace a tokenizer already saved in --out."""
 
@@ -68,7 +72,7 @@ def train_main(argv: list[str]) -> int:
     out = Path(cfg.out)
     if ((out / HF_FILE).exists() or (out / META_FILE).exists()) and not cfg.overwrite:
         raise UserError(f"{out} already holds a tokenizer; pass --overwrite to replace it, or choose another --out")
-    docs = iter_documents(cfg.inputs, cfg.text_field)
+    docs = iter_documents(cfg.inputs, cfg.text_field, cfg.encoding_errors)
     start = time.perf_counter()
     sample: list[str] = []  # the first documents, kept to measure compression afterwards
     sample_bytes = 0
