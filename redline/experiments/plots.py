@@ -16,12 +16,8 @@ from redline.experiments.results import COMPLETED, cell_key
 
 
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:  # pragma: no cover - matplotlib is in the report and test extras
-        from redline.errors import UserError
+    import matplotlib  # imported here: it takes a second, and only the report draws
 
-        raise UserError("plots need matplotlib: pip install 'redline[report]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

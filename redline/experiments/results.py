@@ -97,13 +97,8 @@ def axes_from_config(config: dict[str, Any], name: str) -> dict[str, Any]:
 def summarize_run(run_dir: Path, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the report needs from one run directory (config.json, metrics.jsonl, environment.json)."""
     run_dir = Path(run_dir)
-    config = {}
-    if (run_dir / "config.json").is_file():
-        try:
-            config = json.loads((run_dir / "config.json").read_text())
-        except json.JSONDecodeError:
-            config = {}
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    config = _json_table(run_dir / "config.json")
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if _well_formed(r)]
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval" and _finite(r.get("loss")) is not None]
     ends = [r for r in records if r.get("kind") == "event" and r.get("event") == "end"]
@@ -142,22 +137,41 @@ def summarize_run(run_dir: Path, spec: dict[str, Any] | None = None) -> dict[str
     params, params_non_embedding = count_params(config.get("model"))
     summary["params"] = params
     summary["params_non_embedding"] = params_non_embedding
-    env_path = run_dir / "environment.json"
+    env = _json_table(run_dir / "environment.json")
     device = None
-    if env_path.is_file():
-        try:
-            env = json.loads(env_path.read_text())
-            gpus = env.get("gpus") or []
-            device = gpus[0].get("name") if gpus else f"CPU ({env.get('cpu_count', '?')} cores)"
-            summary["torch"] = env.get("torch")
-            summary["git_commit"] = env.get("git_commit")
-        except (json.JSONDecodeError, AttributeError):
-            pass
+    if env:
+        gpus = env.get("gpus") if isinstance(env.get("gpus"), list) else []
+        if gpus:
+            device = gpus[0].get("name") if isinstance(gpus[0], dict) else None
+        else:
+            device = f"CPU ({env.get('cpu_count', '?')} cores)"
+        summary["torch"] = env.get("torch")
+        summary["git_commit"] = env.get("git_commit")
     summary["device"] = device
     summary["config"] = config
     if summary["status"] == "diverged":
         summary.setdefault("error", "diverged: too many non-finite losses in a row")
     return summary
+
+
+def _json_table(path: Path) -> dict[str, Any]:
+    """A JSON object file of a run directory; {} when it is missing, damaged or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _well_formed(record: dict[str, Any]) -> bool:
+    """Whether a metrics record has the types the summary relies on; one that does not (a damaged or hand-edited
+    file) is left out rather than trusted."""
+    counts = _count(record.get("step", 0)) and (record.get("tokens") is None or _count(record["tokens"]))
+    return counts and isinstance(record.get("status", ""), str)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _mean_tail(values: list[float | None], n: int) -> float | None:
@@ -187,12 +201,10 @@ def load_result_set(path: str | Path) -> ResultSet:
     if not root.exists():
         raise UserError(f"{root} does not exist; give a run directory or a sweep directory")
     if (root / "results.jsonl").is_file() or (root / "sweep.json").is_file():
-        meta = {}
-        if (root / "sweep.json").is_file():
-            meta = json.loads((root / "sweep.json").read_text())
+        meta = _sweep_meta(root / "sweep.json")
         latest: dict[str, dict] = {}
         for record in read_jsonl(root / "results.jsonl"):
-            if "run_id" in record:
+            if isinstance(record.get("run_id"), str):
                 latest[record["run_id"]] = record  # a rerun (--retry-failed) replaces the earlier record
         status = None
         if (root / "status.json").is_file():
@@ -201,6 +213,8 @@ def load_result_set(path: str | Path) -> ResultSet:
             except json.JSONDecodeError:
                 status = None
         recipe = meta.get("recipe") or {}
+        if not isinstance(status, dict):
+            status = None
         runs = [_refresh(record, root) for record in latest.values()]
         return ResultSet(recipe.get("name", root.name), "sweep", root, runs,
                          recipe.get("baseline") or {}, recipe, status, len(meta.get("runs", [])) or None)
@@ -211,6 +225,21 @@ def load_result_set(path: str | Path) -> ResultSet:
         raise UserError(f"{root} holds no runs: expected results.jsonl (a sweep), metrics.jsonl (a run), "
                         f"or run directories with metrics.jsonl inside")
     return ResultSet(root.name, "runs", root, [summarize_run(p) for p in run_dirs])
+
+
+def _sweep_meta(path: Path) -> dict[str, Any]:
+    """sweep.json, checked: the recipe (a table) and the planned runs (a list); {} when there is none."""
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is damaged ({e}); run the sweep again to rewrite it (finished runs are kept in "
+                        f"results.jsonl)") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("recipe", {}), dict)
+            and isinstance(meta.get("runs", []), list)):
+        raise UserError(f"{path} is damaged (no recipe table and list of runs); run the sweep again to rewrite it")
+    return meta
 
 
 # what only the sweep knows about a run (how its process ended), kept over a fresh summary of its directory
