@@ -115,6 +115,16 @@ def _mean_std(stat: dict, spec: str) -> str:
     return format(stat["mean"], spec) + (f" ± {format(stat['std'], spec)}" if stat["std"] is not None else "")
 
 
+def headline(lead: dict[str, Any], fmt) -> str:
+    """"LABEL — VALUE" for a clear winner; "no clear winner (…)" with both values and why, otherwise."""
+    if lead.get("clear"):
+        return f"{lead['label']} — {fmt(lead['mean'])}"
+    if lead.get("runner_up") is None:
+        return f"no clear winner ({lead['label']}, {fmt(lead['mean'])}, is {lead.get('reason', '')})"
+    return (f"no clear winner ({lead['label']} {fmt(lead['mean'])} vs {lead['runner_up']} "
+            f"{fmt(lead['runner_up_mean'])}: {lead.get('reason', '')})")
+
+
 def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
     runs, cells = report["runs"], report["cells"]
     done = [r for r in runs if r.get("status") == COMPLETED]
@@ -162,14 +172,16 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             f"{_pct(vs.get('peak_memory_gib'))} | {c['n_completed']}/{c['n_runs']} |")
 
     best = report["best"]
-    lines += ["", "## Best configurations", ""]
+    lines += ["", "## Best configurations", "",
+              "A configuration is named only where it leads the runner-up by more than the spread over seeds "
+              "(mean ± std bands that do not overlap, the error bars of the plots).", ""]
     if best.get("speed"):
-        lines.append(f"- **fastest**: {best['speed']['label']} — {best['speed']['tokens_per_second']:,.0f} tokens/s")
+        lines.append(f"- **fastest**: {headline(best['speed'], lambda v: f'{v:,.0f} tokens/s')}")
     if best.get("quality"):
-        lines.append(f"- **best quality**: {best['quality']['label']} — final validation {best['quality']['final_val_bpb']:.4f} bits per byte")
+        lines.append(f"- **best quality**: {headline(best['quality'], lambda v: f'{v:.4f} bits per byte')}")
     if best.get("quality_per_time"):
         q = best["quality_per_time"]
-        lines.append(f"- **best quality for the time**: {q['label']} — {q['val_bpb_at_time']:.4f} bits per byte after "
+        lines.append(f"- **best quality for the time**: {headline(q, lambda v: f'{v:.4f} bits per byte')} after "
                      f"{q['seconds']:.0f} s of training (the shortest configuration's training time; each curve is "
                      f"interpolated there)")
     if not any(best.values()):

@@ -368,24 +368,53 @@ def _attach_baseline(cells: list[dict[str, Any]], selector: dict[str, Any]) -> N
 
 
 def best_cells(cells: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fastest cell, the best-quality cell, and the one with the lowest validation bpb at a common wall time."""
+    """The fastest cell, the best-quality cell, and the one with the lowest validation bpb at a common wall time,
+    each with `clear`: whether it leads the runner-up by more than the noise the plots draw (see `leader`)."""
     done = [c for c in cells if c["n_completed"]]
     out: dict[str, Any] = {"speed": None, "quality": None, "quality_per_time": None}
-    with_speed = [c for c in done if c["tokens_per_second"]["mean"] is not None]
-    if with_speed:
-        best = max(with_speed, key=lambda c: c["tokens_per_second"]["mean"])
-        out["speed"] = {"label": best["label"], "tokens_per_second": best["tokens_per_second"]["mean"]}
-    with_bpb = [c for c in done if c["final_val_bpb"]["mean"] is not None]
-    if with_bpb:
-        best = min(with_bpb, key=lambda c: c["final_val_bpb"]["mean"])
-        out["quality"] = {"label": best["label"], "final_val_bpb": best["final_val_bpb"]["mean"]}
+    speed = leader({c["label"]: c["tokens_per_second"]["values"] for c in done}, higher_is_better=True)
+    if speed:
+        out["speed"] = {**speed, "tokens_per_second": speed["mean"]}
+    quality = leader({c["label"]: c["final_val_bpb"]["values"] for c in done}, higher_is_better=False)
+    if quality:
+        out["quality"] = {**quality, "final_val_bpb": quality["mean"]}
     out["quality_per_time"] = quality_at_common_time(done, runs)
+    return out
+
+
+def leader(values: dict[str, list[float]], higher_is_better: bool) -> dict[str, Any] | None:
+    """The configuration with the best mean over its seeds, and whether it is a clear winner: it is when its
+    mean ± std band (the error bars of the plots) does not overlap the runner-up's. With one seed on either side
+    there is no spread to compare with, so there is no clear winner; nor with a single configuration."""
+    summaries = {label: stats.summarize(v) for label, v in values.items()}
+    ranked = sorted((s.mean, label) for label, s in summaries.items() if s.mean is not None)
+    if not ranked:
+        return None
+    if higher_is_better:
+        ranked.reverse()
+    best = summaries[ranked[0][1]]
+    out = {"label": ranked[0][1], "mean": best.mean, "std": best.std, "n": best.n, "clear": False,
+           "runner_up": None, "runner_up_mean": None}
+    if len(ranked) == 1:
+        out["reason"] = "the only configuration"
+        return out
+    second = summaries[ranked[1][1]]
+    out.update(runner_up=ranked[1][1], runner_up_mean=second.mean)
+    if best.std is None or second.std is None:
+        out["reason"] = "one seed: no spread over seeds to compare the difference with"
+        return out
+    sign = 1 if higher_is_better else -1
+    gap = sign * (best.mean - second.mean) - best.std - second.std  # > 0: the mean ± std bands do not overlap
+    out["clear"] = gap > 0
+    if not out["clear"]:
+        out["reason"] = "within the spread over seeds (mean ± std)"
     return out
 
 
 def quality_at_common_time(cells: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Validation bpb of each cell (mean over seeds) interpolated at the shortest final training time of all
-    cells: who got furthest in the same wall time. Returns the best cell and the time used."""
+    cells: who got furthest in the same wall time. Returns the leader (see `leader`), the time used, and every
+    cell's mean."""
     curves: dict[str, list[list[tuple[float, float]]]] = {}
     for cell in cells:
         for run in runs:
@@ -397,13 +426,12 @@ def quality_at_common_time(cells: list[dict[str, Any]], runs: list[dict[str, Any
     if len(curves) < 1:
         return None
     horizon = min(points[-1][0] for seeds in curves.values() for points in seeds)
-    scores = {}
+    per_seed = {}
     for label, seeds in curves.items():
         values = [stats.interpolate([p[0] for p in pts], [p[1] for p in pts], horizon) for pts in seeds]
-        values = [v for v in values if v is not None]
-        if values:
-            scores[label] = sum(values) / len(values)
-    if not scores:
+        per_seed[label] = [v for v in values if v is not None]
+    best = leader(per_seed, higher_is_better=False)
+    if best is None:
         return None
-    best = min(scores, key=scores.get)
-    return {"label": best, "val_bpb_at_time": scores[best], "seconds": horizon, "all": scores}
+    scores = {label: sum(v) / len(v) for label, v in per_seed.items() if v}
+    return {**best, "val_bpb_at_time": best["mean"], "seconds": horizon, "all": scores}
