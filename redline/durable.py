@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
+import shutil
 from pathlib import Path
 
 from redline.errors import UserError
@@ -123,3 +125,21 @@ def append_line(path: str | os.PathLike, line: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def replace_folder(tmp: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Put the finished folder `tmp` at `out` (same file system), replacing whatever folder is there: the old one
+    is renamed aside first and deleted after, so at every moment `out` is the old folder, nothing, or the new one."""
+    tmp, out = Path(tmp), Path(out)
+    old = None
+    if out.is_dir():
+        if any(out.iterdir()):
+            old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+            os.replace(out, old)
+        else:
+            out.rmdir()
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out

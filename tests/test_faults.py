@@ -103,7 +103,7 @@ class _FullFile:
         self.f, self.disk = f, disk
 
     def write(self, data) -> int:
-        self.disk._spend(len(memoryview(data).cast("B")))
+        self.disk._spend(len(data.encode()) if isinstance(data, str) else len(memoryview(data).cast("B")))
         return self.f.write(data)
 
     def __enter__(self):
@@ -169,3 +169,99 @@ def test_checkpoint_save_leftovers_of_a_killed_save_are_removed(tmp_path):
     assert ckpt_io.resolve_checkpoint(run) == first
     ckpt_io.save_checkpoint(run, 3, model, state, {}, tok, keep=3)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001", "step_00000003"]
+
+
+def test_shards_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    """`data prepare` onto a disk that fills up: one line, exit 2, no folder under --out and no temporary one,
+    and with --overwrite the old data set intact."""
+    from redline.data import prepare as prepare_module
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(8):
+        (texts / f"d{i}.txt").write_text(f"document {i} " * 300)
+    old = tmp_path / "out" / "old"
+    argv = ["data", "prepare", "--inputs", str(texts), "--tokenizer", "bytes", "--workers", "1",
+            "--shard-tokens", "4000"]
+    assert run_cli(argv + ["--out", str(old)], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in old.iterdir() if p.is_file()}
+    FullDisk(monkeypatch, tmp_path / "out", budget=10_000, modules=(durable, prepare_module))
+    for out, extra in ((tmp_path / "out" / "new", []), (old, ["--overwrite"])):
+        code, _, err = run_cli(argv + ["--out", str(out), *extra], capsys)
+        assert code == 2 and "disk full while writing" in one_line_error(err), err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["old"]  # no new folder, no temporary one
+    assert {p.name: p.read_bytes() for p in old.iterdir() if p.is_file()} == before
+
+
+def test_tokenizer_save_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    texts = tmp_path / "t.txt"
+    texts.write_text("some words to learn merges from " * 200)
+    out = tmp_path / "tok"
+    argv = ["tokenizer", "train", "--inputs", str(texts), "--vocab-size", "300", "--out", str(out)]
+    assert run_cli(argv, capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    FullDisk(monkeypatch, tmp_path, budget=5_000)
+    code, _, err = run_cli(argv[:-2] + ["--vocab-size", "320", "--out", str(out), "--overwrite"], capsys)
+    assert code == 2 and "disk full while writing" in one_line_error(err)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous tokenizer, whole
+    code, _, err = run_cli(argv[:-1] + [str(tmp_path / "fresh")], capsys)
+    assert code == 2 and "disk full" in one_line_error(err)
+    assert not (tmp_path / "fresh").exists() or not any((tmp_path / "fresh").iterdir())
+
+
+def test_sweep_results_on_a_full_disk(tmp_path, monkeypatch):
+    """A run's record that does not fit is not written at all (no torn line): the sweep stops with one line, and
+    the next call runs that run again; every finished run is recorded exactly once."""
+    from redline.experiments.recipes import expand, load_recipe
+    from redline.experiments.results import read_jsonl
+    from redline.experiments.sweep import Sweep
+
+    from tests.test_sweep import fake_recipe
+
+    recipe = load_recipe(str(fake_recipe(tmp_path, seeds=[1], steps=5)))
+    out = tmp_path / "out"
+    runs = expand(recipe)
+    Sweep(recipe, runs[:1], out).execute()  # one run recorded
+    before = (out / "results.jsonl").read_bytes()
+    disk = FullDisk(monkeypatch, out / "results.jsonl", budget=0)
+    with pytest.raises(UserError, match="disk full while writing .*results.jsonl; its earlier records are intact"):
+        Sweep(recipe, runs, out).execute()
+    assert (out / "results.jsonl").read_bytes() == before
+    disk.left = 10**9  # space again
+    counts = Sweep(recipe, runs, out).execute()
+    assert counts["ran"] == 1 and sorted(r["run_id"] for r in read_jsonl(out / "results.jsonl")) == sorted(
+        r.run_id for r in runs)
+
+
+def test_report_on_a_full_disk_keeps_the_previous_files(tmp_path, monkeypatch, capsys):
+    from redline.experiments import report as report_module
+
+    root = tmp_path / "sweep"
+    shutil.copytree(REPO / "tests" / "fixtures" / "sweep_small", root)
+    assert run_cli(["report", str(root)], capsys)[0] == 0
+    names = ("report.md", "results.json", "results.csv", "dashboard.html")
+    before = {n: (root / n).read_bytes() for n in names}
+    FullDisk(monkeypatch, root, budget=20_000, modules=(durable, report_module))
+    code, _, err = run_cli(["report", str(root)], capsys)
+    assert code == 2 and "disk full while writing" in one_line_error(err)
+    assert {n: (root / n).read_bytes() for n in names} == before
+    assert not [p for p in root.rglob(".*.tmp")]
+
+
+def test_tokenizer_half_saved_never_mixes_old_and_new(tmp_path, monkeypatch, capsys):
+    """The disk fills after the new tokenizer.json but before redline_tokenizer.json: the folder is still the old
+    tokenizer, both files."""
+    texts = tmp_path / "t.txt"
+    texts.write_text("some words to learn merges from " * 200)
+    out = tmp_path / "tok"
+    argv = ["tokenizer", "train", "--inputs", str(texts), "--out", str(out)]
+    assert run_cli(argv + ["--vocab-size", "300"], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    from redline.tokenizer import train_bpe
+
+    new_size = len(train_bpe([texts.read_text()], 320).hf.to_str(pretty=True).encode())  # the same training
+    FullDisk(monkeypatch, tmp_path, budget=new_size + 10)  # room for tokenizer.json, not for redline_tokenizer.json
+    code, _, err = run_cli(argv + ["--vocab-size", "320", "--overwrite"], capsys)
+    assert code == 2 and "disk full" in one_line_error(err)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt", "tok"]

@@ -188,6 +188,7 @@ def _has_measurements(report: dict) -> bool:
 
 def save_report(report: dict, cfg: DoctorConfig) -> tuple[list[Path], str | None]:
     """Write the report where asked; returns (paths written, a note when the cache was left as it was)."""
+    from redline.durable import write_atomic
     from redline.hardware import doctor_json_path
 
     paths, note = [], None
@@ -208,7 +209,7 @@ def save_report(report: dict, cfg: DoctorConfig) -> tuple[list[Path], str | None
     for path in paths:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text + "\n")
+            write_atomic(path, text + "\n")  # train and bench read it: never a half-written one
         except OSError as e:
             raise UserError(f"cannot write the report to {path}: {e.strerror}; pass --out to a writable path "
                             f"or --no-save") from None

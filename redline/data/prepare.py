@@ -44,7 +44,7 @@ import numpy as np
 
 from redline.data.shards import token_dtype, write_shard
 from redline.data.sources import iter_documents
-from redline.durable import disk_full_error, is_disk_full, write_atomic
+from redline.durable import disk_full_error, is_disk_full, replace_folder, write_atomic
 from redline.errors import UserError
 from redline.tokenizer import Tokenizer, load_tokenizer
 
@@ -283,16 +283,7 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
 def _replace_dir(tmp: Path, out: Path, overwrite: bool) -> None:
     """Move the finished temp folder to `out` (replacing an old data set only when allowed)."""
     _check_out_dir(out, overwrite)  # again: another process may have written it meanwhile
-    old = None
-    if out.is_dir():
-        if any(out.iterdir()):
-            old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-            os.replace(out, old)
-        else:
-            out.rmdir()
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    replace_folder(tmp, out)
 
 
 def prepare(

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from redline.durable import write_atomic
 from redline.experiments.results import COMPLETED, cell_key
 
 POLL_SECONDS = 5
@@ -65,8 +66,7 @@ def _escape(text: str) -> str:
 
 
 def write_dashboard(data: dict[str, Any], path: Path) -> Path:
-    path.write_text(render(_finite(data)), encoding="utf-8")
-    return path
+    return write_atomic(path, render(_finite(data)))
 
 
 def _finite(value):

@@ -7,11 +7,13 @@ rerun at any time, also while a sweep is still going (the report then says it is
 from __future__ import annotations
 
 import csv
+import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from redline.durable import write_atomic
 from redline.experiments import claims as claims_mod
 from redline.experiments.results import COMPLETED, best_cells, build_cells, load_result_set
 
@@ -52,8 +54,9 @@ def write_report(path: str | Path, out: str | Path | None = None, claims_path: s
         "results_csv": out_dir / "results.csv",
         "dashboard": out_dir / "dashboard.html",
     }
-    files["report"].write_text(markdown(report, {k: p.relative_to(out_dir) for k, p in plots.items()}))
-    files["results_json"].write_text(json.dumps(report, indent=1, default=str))
+    # each file whole or not at all: a full disk leaves the previous report's files as they were
+    write_atomic(files["report"], markdown(report, {k: p.relative_to(out_dir) for k, p in plots.items()}))
+    write_atomic(files["results_json"], json.dumps(report, indent=1, default=str))
     write_csv(report["runs"], files["results_csv"])
     write_dashboard(dashboard_data(report), files["dashboard"])
     files.update({f"plot_{k}": p for k, p in plots.items()})
@@ -61,11 +64,12 @@ def write_report(path: str | Path, out: str | Path | None = None, claims_path: s
 
 
 def write_csv(runs: list[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for run in runs:
-            writer.writerow({k: run.get(k) for k in CSV_COLUMNS})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for run in runs:
+        writer.writerow({k: run.get(k) for k in CSV_COLUMNS})
+    write_atomic(path, text.getvalue())
 
 
 # ----------------------------------------------------------------------------------------------------
