@@ -176,3 +176,22 @@ def test_the_checks_themselves_see_requests_and_errors(driver, tmp_path):
     driver.get(page.as_uri())
     assert "http://192.0.2.1/x.png" in requested_urls(driver)
     assert any("boom" in e["message"] for e in console_errors(driver))
+
+
+def test_headline_names_no_winner_within_the_noise(driver, tmp_path):
+    """Two configurations whose throughput spreads overlap: the headline says so instead of naming the faster."""
+    root = tmp_path / "sweep"
+    shutil.copytree(FIXTURES / "sweep_small", root)
+    records = [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines() if line.strip()]
+    noisy = {("baseline", 1): 1000.0, ("baseline", 2): 1040.0, ("mqa", 1): 990.0, ("mqa", 2): 1060.0}
+    kept = [r for r in records if r["precision"] == "bf16" and (r["variant"], r["seed"]) in noisy
+            and r["status"] == "completed"]
+    for r in kept:
+        r["tokens_per_second"] = noisy[(r["variant"], r["seed"])]
+    (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    page = write_report(root)["dashboard"]
+    driver.get(page.resolve().as_uri())
+    wait_for(driver, lambda: count(driver, "#cells-table tbody tr") > 0)
+    headline = driver.find_element("id", "best").text
+    assert "fastest: no clear winner (mqa 1,025 tok/s vs baseline 1,020 tok/s" in headline, headline
+    assert console_errors(driver) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import math
 import os
 import subprocess
 import sys
@@ -247,9 +248,44 @@ def test_prepare_val_inputs_and_tiny_corpus(tmp_path):
     meta = prepare([str(train_dir)], tmp_path / "out", "bytes", val_inputs=[str(val_dir)])
     assert meta["splits"]["train"]["documents"] == 5 and meta["splits"]["val"]["documents"] == 2
     assert meta["val_inputs"] == [str(val_dir)] and meta["val_fraction"] == 0.0
-    # 3 documents with a 1% val fraction: the hash picks none, so the last one is moved to val
-    meta = prepare([str(write_txt_folder(tmp_path / "three", make_docs(3)))], tmp_path / "out3", "bytes")
-    assert (meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]) == (2, 1)
+    # 3 documents with a 1% val fraction: the hash picks none, so the end of the training text tops val up to
+    # half the tokens (fewer than min_val_tokens in all): the last document and the end of the one before
+    docs = make_docs(3)
+    meta = prepare([str(write_txt_folder(tmp_path / "three", docs))], tmp_path / "out3", "bytes")
+    total = sum(len(d.encode()) + 1 for d in docs)
+    train, val = meta["splits"]["train"], meta["splits"]["val"]
+    assert val["tokens"] == total // 2 == meta["val_tokens_from_train_end"] and train["tokens"] == total - total // 2
+    assert (train["documents"], val["documents"]) == (2, 2)  # the second document is cut in two
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_one_long_document_gets_a_val_split_from_its_end(tmp_path, tokenizer, capfd):
+    """nanoGPT's input.txt: a single .txt file is one document; its end becomes the val split, said in one line."""
+    text = "\n\n".join(make_docs(60, words=80))  # ~40 kB, one document
+    (tmp_path / "input.txt").write_text(text, encoding="utf-8")
+    tok = "bytes" if tokenizer == "bytes" else train_bpe([text], vocab_size=400)
+    meta = prepare([str(tmp_path / "input.txt")], tmp_path / "data", tok, num_workers=1, shard_tokens=5000)
+    train, val = meta["splits"]["train"], meta["splits"]["val"]
+    total = train["tokens"] + val["tokens"]
+    assert val["tokens"] == max(math.ceil(0.01 * total), 2049) == meta["val_tokens_from_train_end"]
+    assert (train["documents"], val["documents"]) == (1, 1)
+    assert train["bytes"] + val["bytes"] == len(text.encode())
+    loaded = load_tokenizer(str(tmp_path / "data"))
+    head, tail = stream(tmp_path / "data", "train"), stream(tmp_path / "data", "val")
+    assert tail[-1] == loaded.eot_id and loaded.eot_id not in head  # the document's one EOT ends val
+    assert loaded.encode(text) == head.tolist() + tail[:-1].tolist()  # nothing lost or repeated at the cut
+    assert len(loaded.decode(tail[:-1].tolist()).encode()) == val["bytes"]
+    err = capfd.readouterr().err
+    assert f"val split: the last {val['tokens']:,} tokens of the training text" in err
+    assert len([line for line in err.splitlines() if "val split" in line]) == 1
+    TokenLoader(tmp_path / "data", "val", 1, 2048)  # one window of the longest preset context fits
+    # a document too short for the floor: half of it
+    (tmp_path / "short.txt").write_text("x" * 99)
+    meta = prepare([str(tmp_path / "short.txt")], tmp_path / "short", "bytes")
+    assert (meta["splits"]["train"]["tokens"], meta["splits"]["val"]["tokens"]) == (50, 50)
+    # val_fraction 0 asks for no val split, and gets none
+    meta = prepare([str(tmp_path / "short.txt")], tmp_path / "none", "bytes", val_fraction=0.0)
+    assert meta["splits"]["val"]["tokens"] == 0 and meta["val_tokens_from_train_end"] == 0
 
 
 def test_prepare_refuses_overwrite_and_is_atomic(prepared, tmp_path, monkeypatch):
@@ -376,7 +412,7 @@ def test_loader_eval_batches_are_fixed(prepared):
 
 def test_loader_errors(prepared):
     val_tokens = load_meta(prepared)["splits"]["val"]["tokens"]
-    with pytest.raises(UserError, match=f"val split .* has {val_tokens} tokens, fewer than one window"):
+    with pytest.raises(UserError, match=f"val split .* has {val_tokens:,} tokens \\(.*\\), fewer than one window"):
         TokenLoader(prepared, "val", 1, val_tokens)
     with pytest.raises(UserError, match="prepared with tokenizer"):
         TokenLoader(prepared, "train", 1, 8, expected_identity=ID_B)
@@ -474,3 +510,155 @@ def test_prepare_with_spawned_workers_matches(tmp_path, monkeypatch):
     prepare([str(texts)], tmp_path / "spawned", tok, num_workers=2)
     for name in ("train_000000.bin", "val_000000.bin"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "spawned" / name).read_bytes()
+
+
+def test_loader_refuses_token_ids_outside_the_vocabulary(tmp_path, monkeypatch):
+    """A shard whose payload holds an id past the vocabulary (edited or corrupted; the header is fine) is refused
+    when the loader opens it, with the shard's name, instead of crashing the embedding mid-run."""
+    monkeypatch.setenv("REDLINE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "data"
+    prepare([str(write_txt_folder(tmp_path / "texts", make_docs(20)))], out, "bytes", val_fraction=0.2,
+            shard_tokens=1000, num_workers=1)
+    TokenLoader(out, "train", 2, 16)  # fine, and the scan is remembered
+    shard = out / load_meta(out)["splits"]["train"]["shards"][1]
+    data = bytearray(shard.read_bytes())
+    data[HEADER_SIZE + 20 : HEADER_SIZE + 22] = (300).to_bytes(2, "little")  # vocab is 257
+    shard.write_bytes(bytes(data))  # a new modification time: the remembered scan no longer applies
+    with pytest.raises(UserError) as exc:
+        TokenLoader(out, "train", 2, 16)
+    message = str(exc.value)
+    assert str(shard) in message and "token id 300" in message and "257" in message and "\n" not in message
+    TokenLoader(out, "val", 2, 16)  # the other split is untouched
+
+
+def test_loader_remembers_each_shard_scan(tmp_path, monkeypatch, prepared):
+    from redline.data import shards as shards_module
+
+    monkeypatch.setenv("REDLINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(shards_module, "_max_tokens", {})
+    TokenLoader(prepared, "train", 2, 16)
+    cache = json.loads((tmp_path / "cache" / shards_module.MAX_TOKEN_CACHE).read_text())
+    names = load_meta(prepared)["splits"]["train"]["shards"]
+    assert sorted(cache) == sorted(str((prepared / n).resolve()) for n in names)
+    assert all(cache[str((prepared / n).resolve())][2] == int(read_shard(prepared / n).max()) for n in names)
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("a remembered shard was scanned again")
+
+    monkeypatch.setattr(shards_module, "_max_tokens", {})  # a new process: only the cache file remains
+    monkeypatch.setattr(np.memmap, "max", no_scan)
+    TokenLoader(prepared, "train", 2, 16)
+
+
+# ----------------------------------------------------------------------------------------------------
+# raw text for a training run
+
+
+def test_raw_text_for_a_run_one_file(tmp_path):
+    from redline.data.raw import prepare_raw_text
+
+    text = "\n\n".join(make_docs(60, words=80))
+    (tmp_path / "input.txt").write_text(text)
+    out = prepare_raw_text(tmp_path / "input.txt", tmp_path / "runs" / "r" / "data", seq_len=256, vocab_size=300)
+    meta = load_meta(out)
+    assert meta["splits"]["val"]["tokens"] >= 2049 and meta["splits"]["train"]["tokens"] >= 257
+    assert prepare_raw_text(tmp_path / "input.txt", out, seq_len=256) == out  # a resumed run: as it is
+    TokenLoader(out, "val", 1, 256)
+
+
+def test_raw_text_too_small_fails_before_tokenizer_training_and_leaves_nothing(tmp_path, monkeypatch):
+    from redline.data import raw
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a tokenizer was trained on text that is too small")
+
+    monkeypatch.setattr("redline.tokenizer.train_bpe", no_training)
+    (tmp_path / "tiny.txt").write_text("a tiny corpus " * 10)
+    with pytest.raises(UserError) as exc:
+        raw.prepare_raw_text(tmp_path / "tiny.txt", tmp_path / "runs" / "r" / "data", seq_len=256)
+    assert "140 bytes" in str(exc.value) and "seq_len 256" in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_raw_text_too_few_tokens_after_tokenizing_leaves_nothing(tmp_path):
+    from redline.data.raw import prepare_raw_text
+
+    # 600 bytes are enough for seq_len 200 by the byte bound, but the BPE merges "ab " into one token: 200 tokens
+    (tmp_path / "ab.txt").write_text("ab " * 200)
+    with pytest.raises(UserError, match=r"gives \d+ tokens .* too few for seq_len 200"):
+        prepare_raw_text(tmp_path / "ab.txt", tmp_path / "runs" / "r" / "data", seq_len=200, vocab_size=300)
+    assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------------------------------
+# text that is not UTF-8
+
+
+def latin1_inputs(folder: Path) -> tuple[Path, Path]:
+    """A good .txt, a Latin-1 .txt ("café" with é = 0xE9 at byte 3), and a JSONL whose second line is Latin-1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "a_good.txt").write_text("plain text " * 40)
+    (folder / "b_latin1.txt").write_bytes("café au lait ".encode("latin-1") * 40)
+    lines = [json.dumps({"text": "fine"}).encode(), '{"text": "naïve"}'.encode("latin-1"),
+             json.dumps({"text": "also fine"}).encode()]
+    (folder / "c.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return folder / "b_latin1.txt", folder / "c.jsonl"
+
+
+def test_non_utf8_is_an_error_naming_file_and_offset(tmp_path):
+    latin, jsonl = latin1_inputs(tmp_path / "in")
+    with pytest.raises(UserError) as exc:
+        list(iter_documents([str(latin)]))
+    assert f"{latin} is not UTF-8 text: byte 0xe9 at offset 3" in str(exc.value) and "--encoding-errors" in str(exc.value)
+    offset = len(json.dumps({"text": "fine"})) + 1 + len('{"text": "na')
+    with pytest.raises(UserError, match=rf"c\.jsonl:2 is not UTF-8 text: byte 0xef at offset {offset}"):
+        list(iter_documents([str(jsonl)]))
+    (tmp_path / "bin.txt").write_bytes(b"text\x00\x01\x02")
+    with pytest.raises(UserError, match=r"bin\.txt is not UTF-8 text: byte 0x00 at offset 4 is a NUL byte"):
+        list(iter_documents([str(tmp_path / "bin.txt")]))
+    (tmp_path / "sur.jsonl").write_text('{"text": "half \\udc80 a pair"}\n')
+    with pytest.raises(UserError, match=r"sur\.jsonl:1 holds .*surrogate"):
+        list(iter_documents([str(tmp_path / "sur.jsonl")]))
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfwith a byte-order mark")
+    assert list(iter_documents([str(tmp_path / "bom.txt")])) == ["with a byte-order mark"]
+
+
+def test_non_utf8_replace_and_skip_say_what_they_did(tmp_path, capfd):
+    latin1_inputs(tmp_path / "in")
+    docs = list(iter_documents([str(tmp_path / "in")], encoding_errors="replace"))
+    assert docs[1].startswith("caf\ufffd au lait") and json.loads('"na\ufffdve"') in docs[3]
+    assert "2 document(s) were not UTF-8" in capfd.readouterr().err
+    docs = list(iter_documents([str(tmp_path / "in")], encoding_errors="skip"))
+    assert docs == ["plain text " * 40, "fine", "also fine"]
+    assert "left out 2 document(s)" in capfd.readouterr().err
+
+
+def test_cli_data_prepare_and_tokenizer_train_refuse_latin1(tmp_path, capsys):
+    latin1_inputs(tmp_path / "in")
+    for argv in (["data", "prepare", "--inputs", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--vocab-size",
+                  "300", "--workers", "1"],
+                 ["tokenizer", "train", "--inputs", str(tmp_path / "in"), "--out", str(tmp_path / "t"),
+                  "--vocab-size", "300"]):
+        code, _, err = run_cli(argv, capsys)
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and "error: " in last and "b_latin1.txt is not UTF-8 text: byte 0xe9 at offset 3" in last
+        assert "Traceback" not in err
+        code, _, err = run_cli(argv + ["--encoding-errors", "skip"], capsys)
+        assert code == 0 and "left out 2 document(s)" in err, err
+    assert not (tmp_path / "o" / "meta.json").exists() or load_meta(tmp_path / "o")["encoding_errors"] == "skip"
+
+
+@pytest.mark.slow
+def test_train_on_one_text_file(tmp_path, capsys):
+    """`redline train --data.path input.txt max_steps=3`: one document, and its end is the validation text."""
+    text = "\n\n".join(make_docs(150, words=80))  # ~100 kB
+    (tmp_path / "input.txt").write_text(text)
+    argv = ["train", "--data.path", str(tmp_path / "input.txt"), "max_steps=3", f"out_dir={tmp_path / 'runs'}",
+            "device=cpu", "batch_size=2", "eval_batches=2", "sample_tokens=0", "tensorboard=False", "compile=False",
+            "data.vocab_size=512"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    (run,) = (tmp_path / "runs").iterdir()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("kind") == "eval" and r.get("loss") is not None for r in records)
+    assert "val split: the last" in err

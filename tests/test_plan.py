@@ -125,3 +125,43 @@ def test_bad_input_is_one_clear_line(argv, message, capsys):
     code, _, err = run_cli(["plan", *argv], capsys)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def bench_line(tmp_path, **fields) -> str:
+    path = tmp_path / "bench.jsonl"
+    path.write_text(json.dumps({"command": "bench", "tokens_per_second": 1e5, "seq_len": 1024, **fields}) + "\n")
+    return str(path)
+
+
+def test_another_model_gets_the_throughput_scaled_by_flops_per_token(tmp_path, capsys, monkeypatch):
+    """A throughput measured on gpt2-124m is not gpt2-350m's: it is scaled by FLOPs per token, and said so."""
+    from redline.commands.plan import flops_per_token
+
+    monkeypatch.setenv("REDLINE_CACHE", str(tmp_path))
+    path = bench_line(tmp_path, preset="gpt2-124m", device="cuda", gpu="NVIDIA H100")
+    code, out, err = run_cli(["plan", "--bench-json", path, "--model", "gpt2-350m", "--gpus", "1"], capsys)
+    assert code == 0, err
+    record = json.loads(out.strip().splitlines()[-1])
+    small, _ = flops_per_token("gpt2-124m", 1024)
+    large, _ = flops_per_token("gpt2-350m", 1024)
+    assert large > 2.5 * small
+    assert record["tokens_per_second"] == pytest.approx(1e5 * small / large)
+    assert "scaled from gpt2-124m" in record["tokens_per_second_source"] and "same MFU" in out
+    # the same model as measured: the measured number as it is
+    code, out, _ = run_cli(["plan", "--bench-json", path, "--model", "gpt2-124m", "--gpus", "1"], capsys)
+    assert json.loads(out.strip().splitlines()[-1])["tokens_per_second"] == 1e5
+    # a bench line that names no model cannot be applied to one
+    nameless = bench_line(tmp_path, device="cuda")
+    code, _, err = run_cli(["plan", "--bench-json", nameless, "--model", "gpt2-124m"], capsys)
+    assert code == 2 and "unknown which model it measured" in err
+
+
+def test_cpu_numbers_are_never_called_a_gpu(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("REDLINE_CACHE", str(tmp_path))
+    path = bench_line(tmp_path, preset="tiny", device="cpu", gpu="cpu")
+    code, out, err = run_cli(["plan", "--bench-json", path, "--gpus", "2"], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())  # the header may wrap
+    assert "tokens/s on one CPU" in text and "one GPU" not in text and "per GPU" not in text
+    assert "CPU-hours" in out and "GPU-hours" not in out and "not for GPUs" in out
+    assert json.loads(out.strip().splitlines()[-1])["device"] == "cpu"

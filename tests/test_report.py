@@ -247,3 +247,44 @@ def test_sweep_records_are_refreshed_from_run_directories_but_keep_the_sweep_ver
     run = load_result_set(root).runs[0]
     assert run["eval_curve"] and run["final_val_bpb"] is not None  # read again from runs/r1/metrics.jsonl
     assert (run["status"], run["error"], run["wall_time"], run["variant"]) == ("failed", "timed out after 1.0 min", 60.0, "v")
+
+
+# ----------------------------------------------------------------------------------------------------
+# naming a winner
+
+
+def test_a_winner_is_named_only_beyond_the_noise_the_plots_draw():
+    from redline.experiments.results import leader
+
+    clear = leader({"a": [100, 101, 99], "b": [90, 91, 89]}, higher_is_better=True)
+    assert (clear["label"], clear["clear"], clear["runner_up"]) == ("a", True, "b")
+    # a leads on the mean, but its mean ± std band reaches the runner-up's
+    noisy = leader({"a": [100, 112, 94], "b": [99, 100, 101]}, higher_is_better=True)
+    assert (noisy["label"], noisy["clear"]) == ("a", False) and "spread over seeds" in noisy["reason"]
+    lower = leader({"a": [0.80, 0.81], "b": [0.70, 0.71]}, higher_is_better=False)
+    assert (lower["label"], lower["clear"]) == ("b", True)
+    one_seed = leader({"a": [100.0], "b": [50.0]}, higher_is_better=True)
+    assert not one_seed["clear"] and "one seed" in one_seed["reason"]
+    alone = leader({"a": [100.0, 101.0]}, higher_is_better=True)
+    assert not alone["clear"] and alone["runner_up"] is None
+
+
+def test_report_and_dashboard_say_no_clear_winner(tmp_path):
+    root = tmp_path / "sweep"
+    shutil.copytree(FIXTURES / "sweep_small", root)
+    records = _records(root)
+    # every bf16 baseline and mqa run: speeds whose spreads overlap (mqa leads on the mean only)
+    noisy = {("baseline", 1): 1000.0, ("baseline", 2): 1040.0, ("mqa", 1): 990.0, ("mqa", 2): 1060.0}
+    kept = [r for r in records if r["precision"] == "bf16" and r["variant"] in ("baseline", "mqa")
+            and r["status"] == "completed"]
+    for r in kept:
+        r["tokens_per_second"] = noisy[(r["variant"], r["seed"])]
+    (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    files = write_report(root)
+    report = json.loads(files["results_json"].read_text())
+    speed = report["best"]["speed"]
+    assert (speed["label"], speed["clear"], speed["runner_up"]) == ("mqa", False, "baseline")
+    text = files["report"].read_text()
+    assert "**fastest**: no clear winner (mqa 1,025 tokens/s vs baseline 1,020 tokens/s: within the spread" in text
+    html = files["dashboard"].read_text()
+    assert '"clear": false' in html and "no clear winner" in html

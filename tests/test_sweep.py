@@ -312,3 +312,46 @@ log_every = 2
     assert run["config"]["model"]["n_layer"] == 2 and run["config"]["seed"] == 1
     assert not (out / "runs" / run["run_id"] / "checkpoints").exists()  # deleted: keep_checkpoints is off
     assert (out / "runs" / run["run_id"] / "train.log").read_text().count("step") > 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# optional libraries are checked before the first run
+
+
+def real_recipe(tmp_path: Path, extra_set: str) -> Path:
+    recipe = tmp_path / "needs.toml"
+    recipe.write_text(f"""
+name = "needs"
+presets = ["tiny"]
+seeds = [1]
+budget = {{ max_steps = 2 }}
+[set]
+device = "cpu"
+{extra_set}
+""")
+    return recipe
+
+
+@pytest.mark.parametrize("extra_set, missing, message", [
+    ('"data.tokenizer" = "gpt2"', "tiktoken", "needs tiktoken (the gpt2 tokenizer), which is not installed: "
+                                              "`pip install 'redline[gpt2]'`"),
+    ('fp8 = "auto"', "torchao", "needs torchao (FP8 training on a GPU), which is not installed: "
+                                "`pip install 'redline[gpu]'`"),
+    ('"data.path" = "DATA/corpus.parquet"', "pyarrow", "needs pyarrow, which is not installed: "
+                                                        "`pip install 'redline[data]'`"),
+])
+def test_a_missing_library_stops_the_sweep_before_any_run(tmp_path, monkeypatch, extra_set, missing, message):
+    import importlib.util
+
+    import torch
+
+    (tmp_path / "corpus.parquet").write_bytes(b"PAR1")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real_find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # FP8 needs torchao only where it can run
+    recipe = load_recipe(str(real_recipe(tmp_path, extra_set.replace("DATA", str(tmp_path)))))
+    out = tmp_path / "out"
+    with pytest.raises(UserError) as exc:
+        Sweep(recipe, expand(recipe), out).execute()
+    assert message in str(exc.value) and "nothing was run" in str(exc.value) and "\n" not in str(exc.value)
+    assert records(out) == [] and not (out / "runs").exists()

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import tyro
 
@@ -40,6 +41,9 @@ class PrepareConfig:
     """Inputs that make the validation split instead of --val-fraction (all of --inputs is then training data)."""
     text_field: str = "text"
     """The JSON field / Parquet column / dataset column that holds the text."""
+    encoding_errors: Literal["strict", "replace", "skip"] = "strict"
+    """Text that is not UTF-8: strict stops with the file and byte offset; replace turns each bad byte into U+FFFD;
+    skip leaves such documents (a .txt file, a JSONL line) out. replace and skip say how many they touched."""
     shard_tokens: int = 2**26
     """Tokens per shard file (the last shard of each split is shorter)."""
     workers: int = 0
@@ -108,7 +112,7 @@ def prepare_main(argv: list[str]) -> int:
                         f"or choose another --out")
     start = time.perf_counter()
     if cfg.tokenizer == "bpe":
-        docs = iter_documents(cfg.inputs, cfg.text_field)
+        docs = iter_documents(cfg.inputs, cfg.text_field, cfg.encoding_errors)
         print(f"training a {cfg.vocab_size}-token BPE on up to {cfg.tokenizer_train_bytes / 1e6:,.0f} MB of the inputs",
               file=sys.stderr)
         tokenizer = train_bpe(capped_documents(docs, cfg.tokenizer_train_bytes), vocab_size=cfg.vocab_size)
@@ -116,7 +120,7 @@ def prepare_main(argv: list[str]) -> int:
         tokenizer = load_tokenizer(cfg.tokenizer)
     summary = prepare(cfg.inputs, out, tokenizer, val_fraction=cfg.val_fraction, val_inputs=cfg.val_inputs or None,
                       shard_tokens=cfg.shard_tokens, num_workers=cfg.workers or None, seed=cfg.seed,
-                      overwrite=cfg.overwrite, text_field=cfg.text_field)
+                      overwrite=cfg.overwrite, text_field=cfg.text_field, encoding_errors=cfg.encoding_errors)
     summary["seconds"] = round(time.perf_counter() - start, 3)  # tokenizer training included
     print_summary(summary)
     return 0

@@ -92,13 +92,16 @@ def read_prompts(cfg: GenerateConfig) -> list[str]:
         if sys.stdin.isatty():
             raise UserError("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")
         source = "-"
+    from redline.data.sources import NotUTF8, decode_utf8_file
+
+    fix = "prompts must be UTF-8 text: convert the file (e.g. `iconv -f latin1 -t utf-8 FILE`)"
     if source == "-":
-        text, name = sys.stdin.read(), "stdin"
+        text, name = NotUTF8("strict", fix).decode(sys.stdin.buffer.read(), "stdin"), "stdin"
     else:
         path = Path(source)
         if not path.is_file():
             raise UserError(f"prompt file {source} not found")
-        text, name = path.read_text(encoding="utf-8"), source
+        text, name = decode_utf8_file(path, fix), source
     if source.endswith(".jsonl"):
         prompts = []
         for n, line in enumerate(text.splitlines(), 1):

@@ -9,6 +9,10 @@ The arithmetic, for n GPUs with scaling efficiency e (throughput of n GPUs / n �
     cost = GPU-hours · price;  energy = GPU-hours · watts / 1000 kWh;  cost per 1e9 tokens = cost · 1e9 / tokens
 Targets: 1×, 10× and 20× Chinchilla (20 tokens per parameter, counting every parameter), or --tokens.
 Prints a table, then one JSON line.
+
+A throughput measured on one model is applied to another `--model` only scaled by their training FLOPs per token
+(tokens/s × F_measured / F_planned, i.e. the same MFU assumed), and the header says so; a throughput measured on
+a CPU is planned for CPUs like it, never called a GPU's.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ class PlanConfig:
     tokens_per_second gives the throughput (and the model, power and scaling efficiency where it has them)."""
     model: str | None = None
     """Model size: a preset name (e.g. modern-124m) or a parameter count (e.g. 124e6). None: from --bench-json.
-    --preset NAME means the same."""
+    --preset NAME means the same. Another model than the one --bench-json measured gets that throughput scaled by
+    FLOPs per token (the same MFU assumed), and the output says so."""
     tokens: float | None = None
     """Train to this many tokens (None: 1×, 10× and 20× Chinchilla, 20 tokens per parameter)."""
     price_per_gpu_hour: float | None = None
@@ -158,6 +163,60 @@ def model_params(spec: str) -> float:
         return float(GPT(get_preset(spec)).num_params())
 
 
+def flops_per_token(spec: str, seq_len: int | None) -> tuple[float, str]:
+    """(training FLOPs per token, how they were counted) of a preset (6N + 12·L·d·T at seq_len, the model's own
+    count) or of a bare parameter count (6N: its layers are unknown, so attention is left out)."""
+    try:
+        return 6 * float(spec), "6N"
+    except ValueError:
+        pass
+    import torch
+
+    from redline.model import GPT
+    from redline.presets import get_preset
+
+    with torch.device("meta"):
+        return float(GPT(get_preset(spec)).flops_per_token(seq_len)), "6N + 12·L·d·T"
+
+
+def measured_model(bench: dict) -> str | None:
+    """The model a bench/fit line measured: its preset, else its parameter count."""
+    if bench.get("preset"):
+        return str(bench["preset"])
+    if isinstance(bench.get("params"), (int, float)):
+        return str(bench["params"])
+    return None
+
+
+def measured_device(bench: dict) -> str:
+    """"cpu" or "gpu" for a bench/fit line ("gpu" where it does not say: fit runs only on GPUs)."""
+    device = str(bench.get("device") or "").lower()
+    gpu = str(bench.get("gpu") or "")
+    return "cpu" if device == "cpu" or (not device and gpu.lower().startswith("cpu")) else "gpu"
+
+
+def scale_to_model(tokens_per_second: float, bench: dict, spec: str, params: float) -> tuple[float, str | None]:
+    """The measured throughput scaled from the bench line's model to `spec` by FLOPs per token; (throughput,
+    a note) where the models differ, (throughput, None) where they are the same."""
+    measured = measured_model(bench)
+    if measured is None:
+        raise UserError("--bench-json: its line names no preset or params, so it is unknown which model it measured; "
+                        "give --tokens-per-second instead")
+    same = measured == spec or (isinstance(bench.get("params"), (int, float)) and float(bench["params"]) == params
+                                and not bench.get("preset"))
+    if same:
+        return tokens_per_second, None
+    seq_len = bench.get("seq_len") if isinstance(bench.get("seq_len"), int) else None
+    source_flops = bench.get("flops_per_token")  # what the bench counted for the model it ran
+    if not isinstance(source_flops, (int, float)) or source_flops <= 0:
+        source_flops, _ = flops_per_token(measured, seq_len)
+    target_flops, how = flops_per_token(spec, seq_len)
+    scaled = tokens_per_second * source_flops / target_flops
+    return scaled, (f"scaled from {measured}'s measured {tokens_per_second:,.0f} tokens/s by FLOPs per token "
+                    f"({source_flops / 1e9:.3g} / {target_flops / 1e9:.3g} GFLOP, {how}): the same MFU is assumed; "
+                    f"measure {spec} for a real number")
+
+
 def doctor_power_watts() -> float | None:
     """The power draw `redline doctor` measured under GEMM load, if it has."""
     from redline.hardware import doctor_json_path
@@ -210,16 +269,6 @@ def main(argv: list[str]) -> int:
 
     cfg = parse(PlanConfig, _normalize(argv), prog="redline plan", description=DESCRIPTION)
     bench = read_bench_json(cfg.bench_json) if cfg.bench_json else {}
-    if cfg.tokens_per_second is not None:
-        tokens_per_second, source = cfg.tokens_per_second, "given"
-    elif bench:
-        tokens_per_second, source = bench["_per_gpu"], f"measured ({cfg.bench_json})"
-    else:
-        raise UserError("no throughput: give --tokens-per-second N (one GPU, measured) or --bench-json FILE "
-                        "(the JSON line of `redline bench` or `redline fit`)")
-    if not tokens_per_second > 0:
-        raise UserError(f"the throughput must be a positive number of tokens/s, got {tokens_per_second}")
-
     if cfg.model:
         spec, params = cfg.model, model_params(cfg.model)
     elif isinstance(bench.get("params"), (int, float)):  # the measured model's own count (overrides included)
@@ -229,12 +278,28 @@ def main(argv: list[str]) -> int:
     else:
         raise UserError("no model size: give --model PRESET or --model PARAMS (e.g. 124e6)")
 
+    device = "gpu"
+    if cfg.tokens_per_second is not None:
+        tokens_per_second, source = cfg.tokens_per_second, "given"
+    elif bench:
+        device = measured_device(bench)
+        tokens_per_second, source = bench["_per_gpu"], f"measured ({cfg.bench_json})"
+        tokens_per_second, scaled = scale_to_model(tokens_per_second, bench, spec, params)
+        if scaled:
+            source = f"{scaled} ({cfg.bench_json})"
+    else:
+        raise UserError("no throughput: give --tokens-per-second N (one GPU, measured) or --bench-json FILE "
+                        "(the JSON line of `redline bench` or `redline fit`)")
+    if not tokens_per_second > 0:
+        raise UserError(f"the throughput must be a positive number of tokens/s, got {tokens_per_second}")
+    unit = "CPU" if device == "cpu" else "GPU"
+
     power, power_source = cfg.power_watts, "given"
     if power is None:
         bench_power = bench.get("power_watts") or bench.get("power_draw_w")
         if isinstance(bench_power, (int, float)) and bench_power > 0:
             power, power_source = float(bench_power), f"measured ({cfg.bench_json})"
-        elif (power := doctor_power_watts()) is not None:
+        elif device == "gpu" and (power := doctor_power_watts()) is not None:
             power_source = "measured by `redline doctor` under GEMM load"
         else:
             power_source = "unknown: give --power-watts"
@@ -253,11 +318,15 @@ def main(argv: list[str]) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     console.print(
         f"[bold]redline plan[/bold] {spec} = {params / 1e6:,.1f}M parameters | {tokens_per_second:,.0f} "
-        f"tokens/s on one GPU ({source}) | scaling efficiency {efficiency:g} ({efficiency_source}) | "
-        f"power {f'{power:.0f} W' if power else '-'} per GPU ({power_source}) | price "
-        f"{cfg.price_per_gpu_hour if cfg.price_per_gpu_hour else '- (give --price-per-gpu-hour)'} per GPU-hour"
+        f"tokens/s on one {unit} ({source}) | scaling efficiency {efficiency:g} ({efficiency_source}) | "
+        f"power {f'{power:.0f} W' if power else '-'} per {unit} ({power_source}) | price "
+        f"{cfg.price_per_gpu_hour if cfg.price_per_gpu_hour else '- (give --price-per-gpu-hour)'} per {unit}-hour"
     )
-    table = Table("target", "tokens", "GPUs", "tokens/s", "time", "GPU-hours", "cost", "cost / 1B tokens", "energy kWh")
+    if unit == "CPU":
+        console.print("the throughput was measured on a CPU: this plan is for CPUs like it, not for GPUs; measure on "
+                      "the GPU you will train on (`redline bench` there) to plan a GPU run")
+    table = Table("target", "tokens", f"{unit}s", "tokens/s", "time", f"{unit}-hours", "cost", "cost / 1B tokens",
+                  "energy kWh")
     for row in rows:
         table.add_row(row["target"], _tokens(row["tokens"]), str(row["gpus"]), f"{row['tokens_per_second']:,.0f}",
                       _duration(row["hours"]), f"{row['gpu_hours']:,.1f}",
@@ -266,8 +335,8 @@ def main(argv: list[str]) -> int:
                       f"{row['energy_kwh']:,.1f}" if row["energy_kwh"] is not None else "-")
     console.print(table)
     record = {
-        "command": "plan", "model": str(spec), "params": params, "tokens_per_second": tokens_per_second,
-        "tokens_per_second_source": source, "price_per_gpu_hour": cfg.price_per_gpu_hour, "power_watts": power,
+        "command": "plan", "model": str(spec), "params": params, "device": unit.lower(),
+        "tokens_per_second": tokens_per_second, "tokens_per_second_source": source, "price_per_gpu_hour": cfg.price_per_gpu_hour, "power_watts": power,
         "power_source": power_source, "scaling_efficiency": efficiency, "scaling_efficiency_source": efficiency_source,
         "rows": rows,
     }

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import tyro
 
@@ -35,6 +36,9 @@ class TrainTokenizerConfig:
     """Merge only pairs seen at least this many times."""
     text_field: str = "text"
     """The JSON field / Parquet column / dataset column that holds the text."""
+    encoding_errors: Literal["strict", "replace", "skip"] = "strict"
+    """Text that is not UTF-8: strict stops with the file and byte offset; replace turns each bad byte into U+FFFD;
+    skip leaves such documents (a .txt file, a JSONL line) out. replace and skip say how many they touched."""
     overwrite: bool = False
     """Replace a tokenizer already saved in --out."""
 
@@ -68,7 +72,7 @@ def train_main(argv: list[str]) -> int:
     out = Path(cfg.out)
     if ((out / HF_FILE).exists() or (out / META_FILE).exists()) and not cfg.overwrite:
         raise UserError(f"{out} already holds a tokenizer; pass --overwrite to replace it, or choose another --out")
-    docs = iter_documents(cfg.inputs, cfg.text_field)
+    docs = iter_documents(cfg.inputs, cfg.text_field, cfg.encoding_errors)
     start = time.perf_counter()
     sample: list[str] = []  # the first documents, kept to measure compression afterwards
     sample_bytes = 0
@@ -83,7 +87,7 @@ def train_main(argv: list[str]) -> int:
 
     tokenizer = train_bpe(remember(capped_documents(docs, cfg.max_bytes)), cfg.vocab_size, cfg.min_frequency)
     seconds = time.perf_counter() - start
-    tokenizer.save(out)
+    save_whole(tokenizer, out)
     tokens = sum(len(ids) for ids in tokenizer.encode_batch(sample))
     record = {"out": str(out), "kind": tokenizer.name, "vocab_size": tokenizer.vocab_size,
               "eot_id": tokenizer.eot_id, "identity": tokenizer.identity,
@@ -95,6 +99,34 @@ def train_main(argv: list[str]) -> int:
     sys.stdout.flush()
     print(json.dumps(record))
     return 0
+
+
+def save_whole(tokenizer, out) -> None:
+    """The tokenizer's files into `out` as one step, so a failure (a full disk) leaves the previous tokenizer whole:
+    they are saved into a temporary folder beside `out`, which then replaces `out` where it holds nothing but a
+    tokenizer; where it holds other files too, the new files are moved in one by one, redline_tokenizer.json last
+    (so a half-moved folder still loads its tokenizer.json, as a plain Hugging Face tokenizer)."""
+    import os
+    import secrets
+    import shutil
+
+    from redline.durable import fsync_dir, replace_folder
+    from redline.tokenizer import HF_FILE, META_FILE
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        tokenizer.save(tmp)
+        if not out.exists() or {p.name for p in out.iterdir()} <= {HF_FILE, META_FILE}:
+            replace_folder(tmp, out)
+        else:
+            for name in (HF_FILE, META_FILE):
+                if (tmp / name).exists():
+                    os.replace(tmp / name, out / name)
+            fsync_dir(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.spec = str(out.resolve()) if tokenizer.name == "bpe" else tokenizer.spec
 
 
 def info_main(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from redline.data.prepare import load_meta
-from redline.data.shards import read_shard
+from redline.data.shards import FIX, max_token, read_shard
 from redline.errors import UserError
 
 
@@ -71,16 +71,22 @@ class TokenLoader:
         self.device = torch.device(device)
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
 
-        # every shard is checked against the folder's tokenizer identity (and its header against its size)
-        self.shards = [read_shard(self.data_dir / name, identity) for name in self.meta["splits"][split]["shards"]]
+        # every shard is checked against the folder's tokenizer identity (and its header against its size), and
+        # its token ids against the vocabulary: an id past it would crash the embedding mid-run
+        vocab = self.meta["tokenizer"]["vocab_size"]
+        self.shards = []
+        for name in self.meta["splits"][split]["shards"]:
+            tokens = read_shard(self.data_dir / name, identity)
+            top = max_token(self.data_dir / name, tokens)
+            if top >= vocab:
+                raise UserError(f"token shard {self.data_dir / name} holds token id {top}, outside the vocabulary of "
+                                f"its tokenizer ({vocab} ids): it is corrupted or was not made by this tokenizer; {FIX}")
+            self.shards.append(tokens)
         sizes = [s.size for s in self.shards]
         self.offsets = np.cumsum([0] + sizes)  # (num_shards + 1,): where each shard starts in the stream
         self.total_tokens = int(self.offsets[-1])
         if self.total_tokens < seq_len + 1:
-            raise UserError(
-                f"the {split} split of {self.data_dir} has {self.total_tokens} tokens, fewer than one window of "
-                f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or prepare more data"
-            )
+            raise UserError(too_small_message(self.data_dir, self.meta, split, seq_len))
         self.num_windows = (self.total_tokens - 1) // seq_len
         self.position = 0  # windows consumed so far by all ranks together
         self._perms: dict[int, np.ndarray] = {}
@@ -204,3 +210,20 @@ class TokenLoader:
                             f"resume with the same seed")
         self.position = int(state["position"])
         self._next = None
+
+
+def too_small_message(data_dir: Path, meta: dict, split: str, seq_len: int) -> str:
+    """Why a split cannot give one window of seq_len + 1 tokens, with the sizes of both splits and what to do."""
+    sizes = {name: meta["splits"][name].get("tokens", 0) for name in ("train", "val") if name in meta["splits"]}
+    total = sum(sizes.values())
+    if total < 2 * (seq_len + 1):
+        fix = (f"the data is too small for seq_len {seq_len}: each split needs {seq_len + 1} tokens; give more text "
+               f"or a shorter seq_len")
+    elif split == "val":
+        fix = ("re-prepare it with a larger --val-fraction or --val-inputs (a split that leaves val short tops it up "
+               "from the end of the training text), or use a shorter seq_len")
+    else:
+        fix = "re-prepare it with a smaller --val-fraction, or use a shorter seq_len"
+    parts = ", ".join(f"{name} {tokens:,}" for name, tokens in sizes.items())
+    return (f"the {split} split of {data_dir} has {sizes.get(split, 0):,} tokens ({parts}), fewer than one window "
+            f"of seq_len + 1 = {seq_len + 1}; {fix}")

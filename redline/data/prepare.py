@@ -8,7 +8,10 @@ How it works:
    of text, 5.6 M tokens/s, this way, against 13 MB/s with the tokenizer library's own threads in one process,
    whose Python side then becomes the bottleneck, and 2 MB/s in one process with one thread);
 3. each document goes to train or val by a seeded hash of its index (so the split does not depend on batching or
-   worker count), or by which inputs it came from when `val_inputs` are given;
+   worker count), or by which inputs it came from when `val_inputs` are given. When that leaves val with fewer
+   than `min_val_tokens` tokens (a single .txt file is one document; a few documents rarely draw one), the end
+   of the training stream tops it up: the last documents, and the last tokens of the document before them, move
+   to val (at most half the tokens), and one line on stderr says so;
 4. each split's tokens fill fixed-size shards `train_000000.bin`, ... (a document may continue in the next shard:
    the loader reads the shards as one stream);
 5. everything is written into a temporary folder next to `out_dir` that is renamed into place at the end, so an
@@ -25,6 +28,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import os
 import queue
 import secrets
@@ -40,6 +44,7 @@ import numpy as np
 
 from redline.data.shards import token_dtype, write_shard
 from redline.data.sources import iter_documents
+from redline.durable import disk_full_error, is_disk_full, replace_folder, write_atomic
 from redline.errors import UserError
 from redline.tokenizer import Tokenizer, load_tokenizer
 
@@ -50,6 +55,9 @@ SPLITS = ("train", "val")
 _BATCH_DOCS = 256  # documents per task handed to a tokenizer process
 _BATCH_BYTES = 1 << 20  # ... or fewer, when they add up to this many characters
 _IN_FLIGHT_PER_WORKER = 2  # tasks queued per process: keeps them busy without reading the corpus into memory
+# val gets at least this many tokens when there are twice as many in all: one window of the longest preset
+# context (2048) and its next-token targets, so a single long document is enough to train any preset on
+DEFAULT_MIN_VAL_TOKENS = 2049
 
 
 def _is_val(index: int, seed: int, fraction: float) -> bool:
@@ -69,10 +77,12 @@ class _SplitWriter:
         self.shards: list[str] = []
         self.tokens = self.documents = self.bytes = 0
 
-    def add(self, ids: np.ndarray, text_bytes: int) -> None:
-        """Append one document's tokens and the end-of-text token after them."""
+    def add(self, ids: np.ndarray, text_bytes: int, end: bool = True) -> None:
+        """Append one document's tokens and (end=True) the end-of-text token after them; end=False for the start
+        of a document whose end went to the other split."""
         self._append(ids)
-        self._append(self.eot)
+        if end:
+            self._append(self.eot)
         self.documents += 1
         self.bytes += text_bytes
 
@@ -97,6 +107,54 @@ class _SplitWriter:
             self._flush()
         return {"shards": self.shards, "num_shards": len(self.shards), "tokens": self.tokens,
                 "documents": self.documents, "bytes": self.bytes}
+
+
+class _TrainTail:
+    """The last training documents, held back from the train writer while they are all that trail the stream's
+    end by fewer than `keep` tokens, so that the end of the training text can still become validation data once
+    the whole stream is known. Each held document is (ids, UTF-8 bytes); it counts len(ids) + 1 tokens (its EOT)."""
+
+    def __init__(self, writer: _SplitWriter, keep: int):
+        self.writer, self.keep = writer, keep
+        self.docs: collections.deque = collections.deque()
+        self.tokens = 0
+
+    def add(self, ids: np.ndarray, text_bytes: int) -> None:
+        self.docs.append((ids, text_bytes))
+        self.tokens += ids.size + 1
+        while len(self.docs) > 1 and self.tokens - (self.docs[0][0].size + 1) >= self.keep:
+            first = self.docs.popleft()
+            self.tokens -= first[0].size + 1
+            self.writer.add(*first)
+
+    def move_to(self, val: _SplitWriter, count: int, byte_lengths) -> int:
+        """Move the last `count` tokens of the held stream to `val` (whole documents, then the end of the one
+        before them); returns the tokens moved. byte_lengths() gives UTF-8 bytes per token id, to split a
+        document's byte count."""
+        moved: list[tuple[np.ndarray, int]] = []
+        count = min(count, self.tokens)
+        taken = 0
+        while taken < count:
+            ids, nbytes = self.docs[-1]
+            if ids.size + 1 <= count - taken:
+                self.docs.pop()
+                moved.append((ids, nbytes))
+                taken += ids.size + 1
+                continue
+            cut = ids.size + 1 - (count - taken)  # the head ids[:cut] stays; ids[cut:] and the EOT move
+            head_bytes = int(byte_lengths()[ids[:cut]].sum())
+            self.docs[-1] = (ids[:cut], head_bytes, False)
+            moved.append((ids[cut:], nbytes - head_bytes))
+            taken = count
+        self.tokens -= taken
+        for ids, nbytes in reversed(moved):
+            val.add(ids, nbytes)
+        return taken
+
+    def flush(self) -> None:
+        for doc in self.docs:
+            self.writer.add(*doc)
+        self.docs.clear()
 
 
 _worker_tokenizer: Tokenizer | None = None  # set in each tokenizer process by _init_worker
@@ -225,16 +283,7 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
 def _replace_dir(tmp: Path, out: Path, overwrite: bool) -> None:
     """Move the finished temp folder to `out` (replacing an old data set only when allowed)."""
     _check_out_dir(out, overwrite)  # again: another process may have written it meanwhile
-    old = None
-    if out.is_dir():
-        if any(out.iterdir()):
-            old = out.with_name(f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-            os.replace(out, old)
-        else:
-            out.rmdir()
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    replace_folder(tmp, out)
 
 
 def prepare(
@@ -250,25 +299,31 @@ def prepare(
     overwrite: bool = False,
     text_field: str = "text",
     progress: bool | None = None,
+    min_val_tokens: int = DEFAULT_MIN_VAL_TOKENS,
+    encoding_errors: str = "strict",
 ) -> dict:
     """Tokenize the documents of `inputs` (see sources.py) into train/val shards under `out_dir`.
 
     Returns the summary that is also written to meta.json (plus "out_dir").
-    val_fraction: share of documents sent to val by a seeded hash (ignored when val_inputs are given). When it is
-        positive and the hash picked no document, the last training document goes to val so val is never empty
-        (a corpus of a single document has no val split).
+    val_fraction: share of documents sent to val by a seeded hash (ignored when val_inputs are given).
+    min_val_tokens: when val_fraction is positive and the hashed split gives val fewer tokens than this (a single
+        document gives it none), the end of the training text tops val up to max(val_fraction of the tokens,
+        min_val_tokens), at most half of all tokens; meta.json's "val_tokens_from_train_end" says how many moved.
     val_inputs: inputs whose documents make the val split instead (all of `inputs` is then train).
+    encoding_errors: what to do with text that is not UTF-8: strict (an error naming the file and offset),
+        replace or skip (see sources.py).
     num_workers: tokenizer processes (None: one per core; 1: tokenize in this process). The output does not
         depend on it.
     progress: show a progress line on stderr (None: only when stderr is a terminal).
     """
     _check_out_dir(Path(out_dir).expanduser(), overwrite)  # before reading anything
-    documents = iter_documents(inputs, text_field)  # raises now for a missing path
-    val_documents = iter_documents(val_inputs, text_field) if val_inputs else None
+    documents = iter_documents(inputs, text_field, encoding_errors)  # raises now for a missing path
+    val_documents = iter_documents(val_inputs, text_field, encoding_errors) if val_inputs else None
     return prepare_documents(documents, out_dir, tokenizer, val_documents=val_documents, val_fraction=val_fraction,
                              sources=list(inputs), val_sources=list(val_inputs or []), shard_tokens=shard_tokens,
                              num_workers=num_workers, seed=seed, overwrite=overwrite, progress=progress,
-                             extra_meta={"text_field": text_field})
+                             min_val_tokens=min_val_tokens,
+                             extra_meta={"text_field": text_field, "encoding_errors": encoding_errors})
 
 
 def prepare_documents(
@@ -285,12 +340,15 @@ def prepare_documents(
     seed: int = 0,
     overwrite: bool = False,
     progress: bool | None = None,
+    min_val_tokens: int = DEFAULT_MIN_VAL_TOKENS,
     extra_meta: dict | None = None,
 ) -> dict:
     """`prepare` for documents already in hand (an iterable of texts); `sources` only go into meta.json."""
     start = time.perf_counter()
     if not 0.0 <= val_fraction < 1.0:
         raise UserError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if min_val_tokens < 0:
+        raise UserError(f"min_val_tokens must be >= 0, got {min_val_tokens}")
     if shard_tokens <= 0:
         raise UserError(f"shard_tokens must be positive, got {shard_tokens}")
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
@@ -300,13 +358,14 @@ def prepare_documents(
     use_val_documents = val_documents is not None
     tagged = _tagged(documents, val_documents)
 
+    created = first_missing(out.parent)  # removed again if this fails: no empty run directory is left behind
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         writers = {split: _SplitWriter(tmp, split, tok, shard_tokens) for split in SPLITS}
         dtype = token_dtype(tok.vocab_size)
-        pending = None  # the latest train document, held back in case val needs it at the end
+        tail = _TrainTail(writers["train"], min_val_tokens)
         index = 0
         # closing(): on an error the pool of tokenizer processes is shut down now, not when garbage is collected
         with _Progress(progress) as bar, contextlib.closing(
@@ -317,19 +376,18 @@ def prepare_documents(
                     doc = (flat[ends[k] - lengths[k] : ends[k]], int(nbytes[k]))
                     split = tag or ("val" if _is_val(index, seed, val_fraction) else "train")
                     index += 1
-                    if split == "val":
-                        writers["val"].add(*doc)
-                        continue
-                    if pending is not None:
-                        writers["train"].add(*pending)
-                    pending = doc
+                    (writers["val"] if split == "val" else tail).add(*doc)
                 bar.advance(len(tags), flat.size + len(tags), int(nbytes.sum()))
-        if pending is not None:
-            borrow = (not use_val_documents and val_fraction > 0 and writers["val"].documents == 0
-                      and writers["train"].documents > 0)
-            writers["val" if borrow else "train"].add(*pending)
+        moved = 0
+        if not use_val_documents and val_fraction > 0:
+            moved = _top_up_val(writers, tail, tok, val_fraction, min_val_tokens)
+        tail.flush()
         splits = {split: w.close() for split, w in writers.items()}
-        del writers  # frees the shard buffers
+        del writers, tail  # frees the shard buffers
+        if moved:
+            print(f"redline: val split: the last {moved:,} tokens of the training text (the document split gave "
+                  f"{splits['val']['tokens'] - moved:,} val tokens, fewer than {min_val_tokens:,}); train keeps "
+                  f"{splits['train']['tokens']:,}", file=sys.stderr)
 
         tok.save(tmp)
         seconds = time.perf_counter() - start
@@ -349,6 +407,8 @@ def prepare_documents(
             "inputs": [str(i) for i in sources or []],
             "val_inputs": [str(i) for i in val_sources or []],
             "val_fraction": 0.0 if use_val_documents else val_fraction,
+            "min_val_tokens": min_val_tokens,
+            "val_tokens_from_train_end": moved,
             "seed": seed,
             "shard_tokens": shard_tokens,
             **(extra_meta or {}),
@@ -356,14 +416,62 @@ def prepare_documents(
             "seconds": round(seconds, 3),
             "redline_version": _version(),
         }
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_atomic(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
         _replace_dir(tmp, out, overwrite)
         if tok.name == "bpe":
             tok.spec = str(out.resolve())  # save() pointed it at the temp folder, renamed away just now
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(out.parent, created)
+        if isinstance(e, Exception) and not isinstance(e, UserError) and is_disk_full(e):
+            raise disk_full_error(f"the token shards of {out}", "nothing was written under that name") from None
         raise
     return {"out_dir": str(out), **meta}
+
+
+def _top_up_val(writers: dict[str, _SplitWriter], tail: _TrainTail, tok: Tokenizer, val_fraction: float,
+                min_val_tokens: int) -> int:
+    """Move the end of the training stream to val when the document split gave val fewer than min_val_tokens
+    tokens (or none): up to max(val_fraction of all tokens, min_val_tokens), never more than half of them."""
+    val = writers["val"].tokens
+    total = writers["train"].tokens + tail.tokens + val
+    floor = min(min_val_tokens, total // 2)
+    if val >= floor and val > 0:
+        return 0
+    target = min(max(math.ceil(val_fraction * total), floor), total // 2)
+    lengths = None
+
+    def byte_lengths():
+        nonlocal lengths
+        if lengths is None:
+            lengths = tok.token_byte_lengths()
+        return lengths
+
+    return tail.move_to(writers["val"], target - val, byte_lengths) if target > val else 0
+
+
+def first_missing(path: Path) -> Path | None:
+    """The highest of `path` and its parents that does not exist yet (None: `path` exists): what to remove again
+    when a failure must leave nothing behind."""
+    missing = None
+    for candidate in [path, *path.parents]:
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_empty(folder: Path, up_to: Path | None) -> None:
+    """Remove `folder` and its parents up to `up_to` (inclusive) while they are empty; nothing when up_to is None."""
+    if up_to is None:
+        return
+    for path in [folder, *folder.parents]:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        if path == up_to:
+            return
 
 
 def _version() -> str:
@@ -441,10 +549,25 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise UserError(f"{folder} has data format {meta['format_version']}, newer than this redline reads "
                         f"({FORMAT_VERSION}); upgrade redline or {how} --overwrite")
+    splits = meta.get("splits")
     for split in SPLITS:
-        if split not in meta.get("splits", {}):
+        if not isinstance(splits, dict) or split not in splits:
             raise UserError(f"{path} lists no {split!r} split; {how} --overwrite")
+        entry = splits[split]
+        if not (isinstance(entry, dict) and isinstance(entry.get("shards"), list)
+                and all(isinstance(n, str) and "/" not in n and n not in ("", ".", "..") for n in entry["shards"])
+                and _count(entry.get("tokens"))):
+            raise UserError(f"{path} is damaged (its {split!r} split has no list of shard files and token count); "
+                            f"{how} --overwrite")
+    tok = meta.get("tokenizer")
+    if not (isinstance(tok, dict) and isinstance(tok.get("identity"), str) and isinstance(tok.get("spec"), str)
+            and _count(tok.get("vocab_size")) and tok["vocab_size"] > 0):
+        raise UserError(f"{path} is damaged (no tokenizer identity, spec and vocab_size); {how} --overwrite")
     return meta
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def load_data_tokenizer(data_dir: str | os.PathLike) -> Tokenizer:

@@ -13,12 +13,15 @@ Header layout (little-endian, no padding):
 
 The header lets a reader reject a shard before training on garbage: a wrong magic, a newer format, a truncated
 file, a flipped byte (with verify=True) or a shard made with another tokenizer all raise a one-line UserError that
-names the file and the fix. Writes are atomic (temp file in the same folder, fsync, rename), so a crash never
+names the file and the fix. `max_token` is the range check a training run makes before it reads a shard (a token
+id outside the vocabulary would otherwise crash the embedding): one pass over the memory map per shard, remembered
+by the shard's size and modification time in this process and in a small cache file, so reopening is free. Writes are atomic (temp file in the same folder, fsync, rename), so a crash never
 leaves a half-written shard under the final name.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import zlib
@@ -29,6 +32,9 @@ import numpy as np
 
 from redline.durable import write_atomic
 from redline.errors import UserError
+
+MAX_TOKEN_CACHE = "shard_max_tokens.json"  # in the cache folder: shard path -> [size, mtime_ns, largest token id]
+_max_tokens: dict[str, tuple[int, int, int]] = {}
 
 MAGIC = b"RDLNSHRD"
 VERSION = 1
@@ -133,3 +139,48 @@ def read_shard(path: str | os.PathLike, expected_identity: str | None = None, ve
     if verify and _crc32(tokens) != header.checksum:
         raise UserError(f"token shard {path} is corrupt (checksum mismatch); {FIX}")
     return tokens
+
+
+def max_token(path: str | os.PathLike, tokens: np.ndarray) -> int:
+    """The largest token id in a shard (-1 when empty); `tokens` is its memory map (read_shard). Computed once per
+    shard and remembered under its size and modification time, in this process and across processes."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key, stamp = str(path), (stat.st_size, stat.st_mtime_ns)
+    known = _max_tokens.get(key)
+    if known is None or known[:2] != stamp:
+        cache = _read_cache()
+        entry = cache.get(key)
+        if isinstance(entry, list) and len(entry) == 3 and tuple(entry[:2]) == stamp and isinstance(entry[2], int):
+            known = (*stamp, entry[2])
+        else:
+            known = (*stamp, int(tokens.max()) if tokens.size else -1)
+            cache[key] = list(known)
+            _write_cache(cache)
+        _max_tokens[key] = known
+    return known[2]
+
+
+def _cache_file() -> Path:
+    from redline.data.embedded import cache_root
+
+    return cache_root() / MAX_TOKEN_CACHE
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(cache: dict) -> None:
+    """Best effort: a cache that cannot be written (read-only or full disk) costs a re-scan next time, no more."""
+    cache = {key: value for key, value in cache.items() if os.path.exists(key)}  # shards since deleted
+    try:
+        path = _cache_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(cache))
+    except OSError:
+        pass

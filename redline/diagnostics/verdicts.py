@@ -21,9 +21,11 @@ Level = Literal["green", "yellow", "red"]
 _ORDER = {"green": 0, "yellow": 1, "red": 2}
 
 # thresholds below which a measured peak is called out (fractions of the datasheet figure)
-LOW_GEMM_FRACTION = 0.60  # a healthy H100 SXM reaches ~0.80 of 989 TFLOP/s on bf16 8192³
-LOW_COPY_FRACTION = 0.70  # ~0.90 of the HBM bandwidth is typical
-LOW_HOST_LINK_FRACTION = 0.50  # pinned copies reach ~0.8 of a PCIe link
+# each is well below what a healthy GPU measures (BENCHMARKS.md has measured figures), so only a real problem
+# trips it: a sustained bf16 GEMM runs at the power limit, under the datasheet's boost-clock figure
+LOW_GEMM_FRACTION = 0.60
+LOW_COPY_FRACTION = 0.70
+LOW_HOST_LINK_FRACTION = 0.50
 BUSY_MEMORY_GIB = 2.0
 HOT_IDLE_C = 85
 

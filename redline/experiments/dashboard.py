@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from redline.durable import write_atomic
 from redline.experiments.results import COMPLETED, cell_key
 
 POLL_SECONDS = 5
@@ -65,8 +66,7 @@ def _escape(text: str) -> str:
 
 
 def write_dashboard(data: dict[str, Any], path: Path) -> Path:
-    path.write_text(render(_finite(data)), encoding="utf-8")
-    return path
+    return write_atomic(path, render(_finite(data)))
 
 
 def _finite(value):
@@ -459,10 +459,15 @@ function drawHeader() {
     if (s.eta_seconds !== null && s.eta_seconds !== undefined && s.state === "running") text += ` · ETA ${Math.round(s.eta_seconds / 60)} min`;
   }
   box.textContent = text;
+  // a winner is named only where it leads by more than the spread the charts draw (results.leader decides)
   const best = DATA.best || {}, parts = [];
-  if (best.speed) parts.push(`fastest: ${best.speed.label} (${fmt(best.speed.tokens_per_second, "int")} tok/s)`);
-  if (best.quality) parts.push(`best quality: ${best.quality.label} (${fmt(best.quality.final_val_bpb, 4)} bpb)`);
-  if (best.quality_per_time) parts.push(`best quality for the time: ${best.quality_per_time.label} (${fmt(best.quality_per_time.val_bpb_at_time, 4)} bpb at ${fmt(best.quality_per_time.seconds, 0)} s)`);
+  const lead = (b, value) => b.clear ? `${b.label} (${value(b.mean)})`
+    : b.runner_up ? `no clear winner (${b.label} ${value(b.mean)} vs ${b.runner_up} ${value(b.runner_up_mean)}: ${b.reason})`
+    : `no clear winner (${b.label} is ${b.reason})`;
+  const speed = v => fmt(v, "int") + " tok/s", bpb = v => fmt(v, 4) + " bpb";
+  if (best.speed) parts.push(`fastest: ${lead(best.speed, speed)}`);
+  if (best.quality) parts.push(`best quality: ${lead(best.quality, bpb)}`);
+  if (best.quality_per_time) parts.push(`best quality for the time: ${lead(best.quality_per_time, bpb)} at ${fmt(best.quality_per_time.seconds, 0)} s`);
   document.getElementById("best").textContent = parts.join(" · ");
 }
 

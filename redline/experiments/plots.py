@@ -9,23 +9,29 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from redline.durable import write_atomic
 from redline.experiments.results import COMPLETED, cell_key
 
 
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:  # pragma: no cover - matplotlib is in the report and test extras
-        from redline.errors import UserError
+    import matplotlib  # imported here: it takes a second, and only the report draws
 
-        raise UserError("plots need matplotlib: pip install 'redline[report]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(plt, fig, path: Path) -> Path:
+    """The PNG written whole or not at all (durable.write_atomic), and the figure freed."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    plt.close(fig)
+    return write_atomic(path, png.getvalue())
 
 
 def _colors(n: int) -> list:
@@ -62,9 +68,7 @@ def plot_loss(cells: list[dict], runs: list[dict], x: str, path: Path) -> Path |
         ax.grid(alpha=0.3)
     ax_val.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_bars(cells: list[dict], metric: str, ylabel: str, title: str, path: Path) -> Path | None:
@@ -81,9 +85,7 @@ def plot_bars(cells: list[dict], metric: str, ylabel: str, title: str, path: Pat
     ax.set_title(f"{title} (mean over seeds ± std; grey = baseline)")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_speed_quality(cells: list[dict], path: Path) -> Path | None:
@@ -102,9 +104,7 @@ def plot_speed_quality(cells: list[dict], path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_plots(cells: list[dict], runs: list[dict], out_dir: Path) -> dict[str, Path]:

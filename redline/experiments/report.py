@@ -7,11 +7,13 @@ rerun at any time, also while a sweep is still going (the report then says it is
 from __future__ import annotations
 
 import csv
+import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from redline.durable import write_atomic
 from redline.experiments import claims as claims_mod
 from redline.experiments.results import COMPLETED, best_cells, build_cells, load_result_set
 
@@ -52,8 +54,9 @@ def write_report(path: str | Path, out: str | Path | None = None, claims_path: s
         "results_csv": out_dir / "results.csv",
         "dashboard": out_dir / "dashboard.html",
     }
-    files["report"].write_text(markdown(report, {k: p.relative_to(out_dir) for k, p in plots.items()}))
-    files["results_json"].write_text(json.dumps(report, indent=1, default=str))
+    # each file whole or not at all: a full disk leaves the previous report's files as they were
+    write_atomic(files["report"], markdown(report, {k: p.relative_to(out_dir) for k, p in plots.items()}))
+    write_atomic(files["results_json"], json.dumps(report, indent=1, default=str))
     write_csv(report["runs"], files["results_csv"])
     write_dashboard(dashboard_data(report), files["dashboard"])
     files.update({f"plot_{k}": p for k, p in plots.items()})
@@ -61,11 +64,12 @@ def write_report(path: str | Path, out: str | Path | None = None, claims_path: s
 
 
 def write_csv(runs: list[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for run in runs:
-            writer.writerow({k: run.get(k) for k in CSV_COLUMNS})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for run in runs:
+        writer.writerow({k: run.get(k) for k in CSV_COLUMNS})
+    write_atomic(path, text.getvalue())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -115,6 +119,16 @@ def _mean_std(stat: dict, spec: str) -> str:
     return format(stat["mean"], spec) + (f" ± {format(stat['std'], spec)}" if stat["std"] is not None else "")
 
 
+def headline(lead: dict[str, Any], fmt) -> str:
+    """"LABEL — VALUE" for a clear winner; "no clear winner (…)" with both values and why, otherwise."""
+    if lead.get("clear"):
+        return f"{lead['label']} — {fmt(lead['mean'])}"
+    if lead.get("runner_up") is None:
+        return f"no clear winner ({lead['label']}, {fmt(lead['mean'])}, is {lead.get('reason', '')})"
+    return (f"no clear winner ({lead['label']} {fmt(lead['mean'])} vs {lead['runner_up']} "
+            f"{fmt(lead['runner_up_mean'])}: {lead.get('reason', '')})")
+
+
 def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
     runs, cells = report["runs"], report["cells"]
     done = [r for r in runs if r.get("status") == COMPLETED]
@@ -162,14 +176,16 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             f"{_pct(vs.get('peak_memory_gib'))} | {c['n_completed']}/{c['n_runs']} |")
 
     best = report["best"]
-    lines += ["", "## Best configurations", ""]
+    lines += ["", "## Best configurations", "",
+              "A configuration is named only where it leads the runner-up by more than the spread over seeds "
+              "(mean ± std bands that do not overlap, the error bars of the plots).", ""]
     if best.get("speed"):
-        lines.append(f"- **fastest**: {best['speed']['label']} — {best['speed']['tokens_per_second']:,.0f} tokens/s")
+        lines.append(f"- **fastest**: {headline(best['speed'], lambda v: f'{v:,.0f} tokens/s')}")
     if best.get("quality"):
-        lines.append(f"- **best quality**: {best['quality']['label']} — final validation {best['quality']['final_val_bpb']:.4f} bits per byte")
+        lines.append(f"- **best quality**: {headline(best['quality'], lambda v: f'{v:.4f} bits per byte')}")
     if best.get("quality_per_time"):
         q = best["quality_per_time"]
-        lines.append(f"- **best quality for the time**: {q['label']} — {q['val_bpb_at_time']:.4f} bits per byte after "
+        lines.append(f"- **best quality for the time**: {headline(q, lambda v: f'{v:.4f} bits per byte')} after "
                      f"{q['seconds']:.0f} s of training (the shortest configuration's training time; each curve is "
                      f"interpolated there)")
     if not any(best.values()):

@@ -97,13 +97,8 @@ def axes_from_config(config: dict[str, Any], name: str) -> dict[str, Any]:
 def summarize_run(run_dir: Path, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the report needs from one run directory (config.json, metrics.jsonl, environment.json)."""
     run_dir = Path(run_dir)
-    config = {}
-    if (run_dir / "config.json").is_file():
-        try:
-            config = json.loads((run_dir / "config.json").read_text())
-        except json.JSONDecodeError:
-            config = {}
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    config = _json_table(run_dir / "config.json")
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if _well_formed(r)]
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval" and _finite(r.get("loss")) is not None]
     ends = [r for r in records if r.get("kind") == "event" and r.get("event") == "end"]
@@ -142,22 +137,41 @@ def summarize_run(run_dir: Path, spec: dict[str, Any] | None = None) -> dict[str
     params, params_non_embedding = count_params(config.get("model"))
     summary["params"] = params
     summary["params_non_embedding"] = params_non_embedding
-    env_path = run_dir / "environment.json"
+    env = _json_table(run_dir / "environment.json")
     device = None
-    if env_path.is_file():
-        try:
-            env = json.loads(env_path.read_text())
-            gpus = env.get("gpus") or []
-            device = gpus[0].get("name") if gpus else f"CPU ({env.get('cpu_count', '?')} cores)"
-            summary["torch"] = env.get("torch")
-            summary["git_commit"] = env.get("git_commit")
-        except (json.JSONDecodeError, AttributeError):
-            pass
+    if env:
+        gpus = env.get("gpus") if isinstance(env.get("gpus"), list) else []
+        if gpus:
+            device = gpus[0].get("name") if isinstance(gpus[0], dict) else None
+        else:
+            device = f"CPU ({env.get('cpu_count', '?')} cores)"
+        summary["torch"] = env.get("torch")
+        summary["git_commit"] = env.get("git_commit")
     summary["device"] = device
     summary["config"] = config
     if summary["status"] == "diverged":
         summary.setdefault("error", "diverged: too many non-finite losses in a row")
     return summary
+
+
+def _json_table(path: Path) -> dict[str, Any]:
+    """A JSON object file of a run directory; {} when it is missing, damaged or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _well_formed(record: dict[str, Any]) -> bool:
+    """Whether a metrics record has the types the summary relies on; one that does not (a damaged or hand-edited
+    file) is left out rather than trusted."""
+    counts = _count(record.get("step", 0)) and (record.get("tokens") is None or _count(record["tokens"]))
+    return counts and isinstance(record.get("status", ""), str)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _mean_tail(values: list[float | None], n: int) -> float | None:
@@ -187,12 +201,10 @@ def load_result_set(path: str | Path) -> ResultSet:
     if not root.exists():
         raise UserError(f"{root} does not exist; give a run directory or a sweep directory")
     if (root / "results.jsonl").is_file() or (root / "sweep.json").is_file():
-        meta = {}
-        if (root / "sweep.json").is_file():
-            meta = json.loads((root / "sweep.json").read_text())
+        meta = _sweep_meta(root / "sweep.json")
         latest: dict[str, dict] = {}
         for record in read_jsonl(root / "results.jsonl"):
-            if "run_id" in record:
+            if isinstance(record.get("run_id"), str):
                 latest[record["run_id"]] = record  # a rerun (--retry-failed) replaces the earlier record
         status = None
         if (root / "status.json").is_file():
@@ -201,6 +213,8 @@ def load_result_set(path: str | Path) -> ResultSet:
             except json.JSONDecodeError:
                 status = None
         recipe = meta.get("recipe") or {}
+        if not isinstance(status, dict):
+            status = None
         runs = [_refresh(record, root) for record in latest.values()]
         return ResultSet(recipe.get("name", root.name), "sweep", root, runs,
                          recipe.get("baseline") or {}, recipe, status, len(meta.get("runs", [])) or None)
@@ -211,6 +225,21 @@ def load_result_set(path: str | Path) -> ResultSet:
         raise UserError(f"{root} holds no runs: expected results.jsonl (a sweep), metrics.jsonl (a run), "
                         f"or run directories with metrics.jsonl inside")
     return ResultSet(root.name, "runs", root, [summarize_run(p) for p in run_dirs])
+
+
+def _sweep_meta(path: Path) -> dict[str, Any]:
+    """sweep.json, checked: the recipe (a table) and the planned runs (a list); {} when there is none."""
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is damaged ({e}); run the sweep again to rewrite it (finished runs are kept in "
+                        f"results.jsonl)") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("recipe", {}), dict)
+            and isinstance(meta.get("runs", []), list)):
+        raise UserError(f"{path} is damaged (no recipe table and list of runs); run the sweep again to rewrite it")
+    return meta
 
 
 # what only the sweep knows about a run (how its process ended), kept over a fresh summary of its directory
@@ -339,24 +368,53 @@ def _attach_baseline(cells: list[dict[str, Any]], selector: dict[str, Any]) -> N
 
 
 def best_cells(cells: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fastest cell, the best-quality cell, and the one with the lowest validation bpb at a common wall time."""
+    """The fastest cell, the best-quality cell, and the one with the lowest validation bpb at a common wall time,
+    each with `clear`: whether it leads the runner-up by more than the noise the plots draw (see `leader`)."""
     done = [c for c in cells if c["n_completed"]]
     out: dict[str, Any] = {"speed": None, "quality": None, "quality_per_time": None}
-    with_speed = [c for c in done if c["tokens_per_second"]["mean"] is not None]
-    if with_speed:
-        best = max(with_speed, key=lambda c: c["tokens_per_second"]["mean"])
-        out["speed"] = {"label": best["label"], "tokens_per_second": best["tokens_per_second"]["mean"]}
-    with_bpb = [c for c in done if c["final_val_bpb"]["mean"] is not None]
-    if with_bpb:
-        best = min(with_bpb, key=lambda c: c["final_val_bpb"]["mean"])
-        out["quality"] = {"label": best["label"], "final_val_bpb": best["final_val_bpb"]["mean"]}
+    speed = leader({c["label"]: c["tokens_per_second"]["values"] for c in done}, higher_is_better=True)
+    if speed:
+        out["speed"] = {**speed, "tokens_per_second": speed["mean"]}
+    quality = leader({c["label"]: c["final_val_bpb"]["values"] for c in done}, higher_is_better=False)
+    if quality:
+        out["quality"] = {**quality, "final_val_bpb": quality["mean"]}
     out["quality_per_time"] = quality_at_common_time(done, runs)
+    return out
+
+
+def leader(values: dict[str, list[float]], higher_is_better: bool) -> dict[str, Any] | None:
+    """The configuration with the best mean over its seeds, and whether it is a clear winner: it is when its
+    mean ± std band (the error bars of the plots) does not overlap the runner-up's. With one seed on either side
+    there is no spread to compare with, so there is no clear winner; nor with a single configuration."""
+    summaries = {label: stats.summarize(v) for label, v in values.items()}
+    ranked = sorted((s.mean, label) for label, s in summaries.items() if s.mean is not None)
+    if not ranked:
+        return None
+    if higher_is_better:
+        ranked.reverse()
+    best = summaries[ranked[0][1]]
+    out = {"label": ranked[0][1], "mean": best.mean, "std": best.std, "n": best.n, "clear": False,
+           "runner_up": None, "runner_up_mean": None}
+    if len(ranked) == 1:
+        out["reason"] = "the only configuration"
+        return out
+    second = summaries[ranked[1][1]]
+    out.update(runner_up=ranked[1][1], runner_up_mean=second.mean)
+    if best.std is None or second.std is None:
+        out["reason"] = "one seed: no spread over seeds to compare the difference with"
+        return out
+    sign = 1 if higher_is_better else -1
+    gap = sign * (best.mean - second.mean) - best.std - second.std  # > 0: the mean ± std bands do not overlap
+    out["clear"] = gap > 0
+    if not out["clear"]:
+        out["reason"] = "within the spread over seeds (mean ± std)"
     return out
 
 
 def quality_at_common_time(cells: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Validation bpb of each cell (mean over seeds) interpolated at the shortest final training time of all
-    cells: who got furthest in the same wall time. Returns the best cell and the time used."""
+    cells: who got furthest in the same wall time. Returns the leader (see `leader`), the time used, and every
+    cell's mean."""
     curves: dict[str, list[list[tuple[float, float]]]] = {}
     for cell in cells:
         for run in runs:
@@ -368,13 +426,12 @@ def quality_at_common_time(cells: list[dict[str, Any]], runs: list[dict[str, Any
     if len(curves) < 1:
         return None
     horizon = min(points[-1][0] for seeds in curves.values() for points in seeds)
-    scores = {}
+    per_seed = {}
     for label, seeds in curves.items():
         values = [stats.interpolate([p[0] for p in pts], [p[1] for p in pts], horizon) for pts in seeds]
-        values = [v for v in values if v is not None]
-        if values:
-            scores[label] = sum(values) / len(values)
-    if not scores:
+        per_seed[label] = [v for v in values if v is not None]
+    best = leader(per_seed, higher_is_better=False)
+    if best is None:
         return None
-    best = min(scores, key=scores.get)
-    return {"label": best, "val_bpb_at_time": scores[best], "seconds": horizon, "all": scores}
+    scores = {label: sum(v) / len(v) for label, v in per_seed.items() if v}
+    return {**best, "val_bpb_at_time": best["mean"], "seconds": horizon, "all": scores}

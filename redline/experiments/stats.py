@@ -60,12 +60,8 @@ def summarize(values) -> Summary:
 
 
 def _t_dist():
-    try:
-        from scipy import stats
-    except ImportError:  # pragma: no cover - scipy is in the report and test extras
-        from redline.errors import UserError
+    from scipy import stats  # imported here: scipy takes a second to import, and most commands never need it
 
-        raise UserError("significance tests need scipy: pip install 'redline[report]'") from None
     return stats.t
 
 

@@ -36,8 +36,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from redline.durable import write_atomic
+from redline.durable import append_line, write_atomic
 from redline.errors import UserError
+from redline.experiments.preflight import check_requirements
 from redline.experiments.recipes import (
     DEFAULT_COMMAND,
     Recipe,
@@ -82,7 +83,9 @@ class Sweep:
 
     def plan(self) -> list[Plan]:
         """Each run with what re-running this sweep would do about it."""
-        finished = {r["run_id"]: r for r in read_jsonl(self.results_path) if "run_id" in r}
+        # a record that is not one of ours (edited by hand, or from another tool) counts as no record
+        finished = {r["run_id"]: r for r in read_jsonl(self.results_path)
+                    if isinstance(r.get("run_id"), str) and isinstance(r.get("status"), str)}
         plans = []
         for spec in self.runs:
             fingerprint = spec.fingerprint(self.recipe.command)
@@ -111,8 +114,19 @@ class Sweep:
         path = self.config_path(spec)
         path.parent.mkdir(parents=True, exist_ok=True)
         header = f"# run {spec.run_id} of sweep {self.recipe.name}: redline train --config {path}\n"
-        path.write_text(header + yaml.safe_dump(contents, sort_keys=False))
+        write_atomic(path, header + yaml.safe_dump(contents, sort_keys=False))
         return contents
+
+    def resolved_configs(self, plans: list[Plan]) -> dict[str, Any]:
+        """run id -> the TrainConfig `redline train` will build for it (runs whose config is invalid are left
+        out: run_one records each of those as failed with its error)."""
+        configs = {}
+        for plan in plans:
+            try:
+                configs[plan.spec.run_id] = resolve_train_config(plan.spec.config_file_contents(self.out_dir / "runs"))
+            except UserError:
+                continue
+        return configs
 
     def write_meta(self) -> None:
         meta = {"recipe": self.recipe.to_dict(), "created": now_iso(), "command": self.command,
@@ -141,6 +155,8 @@ class Sweep:
                     f"(e.g. {changed[0]}); use another --out directory, or --redo-changed to run them again")
             todo = [p for p in plans if p.state in ("todo", "changed") or (p.state == "failed" and retry_failed)]
             skipped = len(plans) - len(todo)
+            if self.default_runner:
+                check_requirements(self.resolved_configs(todo))  # a missing library fails now, not in every run
             self.write_meta()
             display = display or Progress(None)
             display.start(self, plans, todo)
@@ -255,11 +271,7 @@ class Sweep:
 
     def append(self, record: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
         record["finished"] = now_iso()
-        line = json.dumps(record, default=str) + "\n"
-        with open(self.results_path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.results_path, json.dumps(record, default=str))  # whole, fsynced, or not at all
         return record
 
     def timeout_seconds(self) -> float | None:
@@ -308,8 +320,10 @@ def stop_orphan(status_path: Path) -> None:
         status = json.loads(status_path.read_text())
     except (OSError, json.JSONDecodeError):
         return
+    if not isinstance(status, dict):
+        return
     child, run_id = status.get("child_pid"), status.get("running")
-    if not child or not run_id:
+    if not (isinstance(child, int) and child > 1 and isinstance(run_id, str) and run_id):
         return
     try:
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
@@ -441,7 +455,8 @@ class Progress:
         self.done = sum(p.state == "done" for p in plans if p not in todo)
         self.failed = sum(p.state == "failed" for p in plans if p not in todo)
         self.durations = [p.record["wall_time"] for p in plans
-                          if p.record and p.record.get("status") == "completed" and p.record.get("wall_time")]
+                          if p.record and p.record.get("status") == "completed"
+                          and isinstance(p.record.get("wall_time"), (int, float)) and p.record["wall_time"] > 0]
         self._print(f"sweep {sweep.recipe.name}: {self.total} runs ({self.skipped} already finished, "
                     f"{len(todo)} to run), budget {describe_budget(sweep.recipe.budget)} each → {sweep.out_dir}")
         if self.console is not None and self.console.is_terminal:

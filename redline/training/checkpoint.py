@@ -27,7 +27,6 @@ with DDP) it reads whole tensors without a process group.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from redline.durable import fsync_dir, fsync_file
+from redline.durable import fsync_dir, fsync_file, is_disk_full
 from redline.errors import UserError
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -116,21 +115,44 @@ def _finish(tmp: Path, final: Path, ckpt_root: Path, meta: dict[str, Any], confi
     _write_json(tmp / "meta.json", {**meta, "tokenizer_identity": tokenizer.identity})
     fsync_dir(tmp)
     if final.exists():  # re-saving the same step (e.g. the final save after an interval save)
-        shutil.rmtree(final)
+        _discard(final)
     os.replace(tmp, final)
     fsync_dir(ckpt_root)
     for old in list_checkpoints(ckpt_root.parent)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
+
+
+def _discard(folder: Path) -> None:
+    """Remove a checkpoint folder: first renamed out of the step_N names (one atomic step), so a crash while
+    deleting never leaves a half-deleted folder that still looks like a checkpoint."""
+    trash = folder.with_name(f".old-{folder.name}-{secrets.token_hex(4)}")
+    try:
+        os.replace(folder, trash)
+    except OSError:
+        return
+    fsync_dir(folder.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_leftovers(ckpt_root: Path) -> None:
+    """Temporary and discarded folders a killed process left behind (never complete checkpoints: those are only
+    ever named step_N). Called by the one process that saves, before it writes."""
+    if not ckpt_root.is_dir():
+        return
+    for p in ckpt_root.iterdir():
+        if p.name.startswith((".tmp-step_", ".old-step_")) and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _save_error(error: BaseException, final: Path) -> str:
     """The one-line explanation of a failed save."""
-    if isinstance(error, UserError):
-        return str(error)
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    if is_disk_full(error):
         return (f"disk full while saving the checkpoint to {final}; the previous checkpoint is intact. "
                 f"Free space, lower keep_checkpoints, or point out_dir at a larger disk")
-    return f"could not save the checkpoint to {final}: {error}"
+    if isinstance(error, UserError):
+        return str(error)
+    lines = str(error).strip().splitlines()
+    return f"could not save the checkpoint to {final}: {type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict[str, Any],
@@ -142,9 +164,9 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     from safetensors.torch import save_file
 
     ckpt_root, final, tmp = _paths(run_dir, step)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(ckpt_root)
         tmp.mkdir()
         weights, state_file = tmp / "model.safetensors", tmp / "state.pt"
         save_file(_cpu_fp32(model_state) if model_state is not None else model_weights(model), str(weights))
@@ -153,9 +175,12 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
         meta = {"format": FORMAT[FULL], "layout": FULL, "step": step,
                 "sha256": {"model.safetensors": _sha256(weights), "state.pt": _sha256(state_file)}}
         _finish(tmp, final, ckpt_root, meta, config, tokenizer, keep)
-    except OSError as e:
+    except BaseException as e:  # a signal too: no temporary folder is left to fill the disk
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(_save_error(e, final)) from None
+        # safetensors raises SafetensorError and torch.save RuntimeError for a full disk, not OSError
+        if is_disk_full(e) or isinstance(e, (OSError, UserError)):
+            raise UserError(_save_error(e, final)) from None
+        raise
     return final
 
 
@@ -276,7 +301,7 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: torch.nn.Module,
     if rank == 0:
         try:
             ckpt_root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_leftovers(ckpt_root)
             (tmp / DCP_DIR).mkdir(parents=True)
         except OSError as e:
             error = e
@@ -310,7 +335,7 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: torch.nn.Module,
             meta = {"format": FORMAT[SHARDED], "layout": SHARDED, "step": step, "world_size": world,
                     "sha256": dict(sorted(digests.items()))}
             _finish(tmp, final, ckpt_root, meta, config, tokenizer, keep)
-        except (OSError, UserError) as e:
+        except Exception as e:  # torch.save's RuntimeError for a full disk too: every rank must hear of it
             error = e
     agree(error)
     return final
@@ -341,24 +366,33 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
     try:
-        return json.loads((ckpt / "meta.json").read_text())
+        meta = json.loads((ckpt / "meta.json").read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"checkpoint {ckpt} has an unreadable meta.json ({e}); it is corrupted, use an older one") from None
+    digests = meta.get("sha256") if isinstance(meta, dict) else None
+    if not (isinstance(digests, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in digests.items())):
+        raise UserError(f"checkpoint {ckpt} has a meta.json without the sha256 of its files; it is corrupted, "
+                        f"use an older one")
+    return meta
 
 
 def layout(meta: dict[str, Any]) -> str:
     """FULL or SHARDED, from a checkpoint's meta.json (checkpoints from before the sharded layout are full)."""
     if meta.get("format", 1) not in FORMAT.values():
-        raise UserError(f"checkpoint format {meta.get('format')} is newer than this redline reads "
-                        f"({max(FORMAT.values())}); update redline")
-    return meta.get("layout", FULL)
+        raise UserError(f"checkpoint format {meta.get('format')!r} is not one this redline reads "
+                        f"({', '.join(map(str, FORMAT.values()))}); update redline, or the meta.json is corrupted")
+    kind = meta.get("layout", FULL)
+    if kind not in FORMAT:
+        raise UserError(f"checkpoint layout {kind!r} is not one this redline reads ({', '.join(FORMAT)}); "
+                        f"update redline, or the meta.json is corrupted")
+    return kind
 
 
 def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     """Check every payload file against the sha256 in meta.json; returns meta."""
     meta = read_meta(ckpt)
     layout(meta)
-    for name, digest in meta.get("sha256", {}).items():
+    for name, digest in meta["sha256"].items():
         f = ckpt / name
         if not f.is_file():
             raise UserError(f"checkpoint {ckpt} is missing {name}; it is incomplete, use an older checkpoint")
@@ -431,9 +465,12 @@ def load_state(ckpt: Path) -> dict[str, Any]:
 
 def load_config_dict(ckpt: Path) -> dict[str, Any]:
     try:
-        return json.loads((ckpt / "config.json").read_text())
+        config = json.loads((ckpt / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"checkpoint {ckpt} has no readable config.json ({e})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"checkpoint {ckpt} has a config.json that is not a table of settings; it is corrupted")
+    return config
 
 
 def load_for_inference(path: str | Path, device: torch.device | str = "cpu"):
