@@ -31,7 +31,16 @@ class OptimConfig:
     muon_lr: float = 0.02
     """Peak learning rate of Muon (muon only)."""
     muon_momentum: float = 0.95
-    """Muon momentum (muon only)."""
+    """Muon momentum (muon only); with muon_momentum_warmup_steps, the value it rises to."""
+    muon_momentum_start: float = 0.85
+    """Muon momentum at step 0 when muon_momentum_warmup_steps > 0 (muon only)."""
+    muon_momentum_warmup_steps: int = 0
+    """Raise Muon's momentum linearly from muon_momentum_start to muon_momentum over this many optimizer steps
+    (0: muon_momentum from the first step; modded-nanogpt uses 0.85 -> 0.95 over 300 steps)."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations per Muon step."""
+    muon_compile: bool | None = None
+    """torch.compile Muon's batched momentum, Newton-Schulz and update, once per matrix shape (None: on for CUDA)."""
     weight_decay: float = 0.1
     """Decoupled weight decay on 2-D weights (norms, biases and gains are not decayed)."""
     beta1: float = 0.9
@@ -171,6 +180,11 @@ class TrainConfig:
             raise UserError("log_every, keep_checkpoints and eval_batches must be positive")
         if self.optim.lr <= 0 or self.optim.muon_lr <= 0:
             raise UserError("optim.lr and optim.muon_lr must be positive")
+        for name in ("muon_momentum", "muon_momentum_start"):
+            if not 0 <= getattr(self.optim, name) < 1:
+                raise UserError(f"optim.{name} must be in [0, 1), got {getattr(self.optim, name)}")
+        if self.optim.muon_momentum_warmup_steps < 0 or self.optim.muon_ns_steps < 1:
+            raise UserError("optim.muon_momentum_warmup_steps must be >= 0 and optim.muon_ns_steps >= 1")
         if self.gpus < 1 or self.dist_timeout <= 0:
             raise UserError("gpus must be >= 1 and dist_timeout > 0")
         if self.parallel == "fsdp2" and self.optim.name == "muon":
