@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("report", "Report on a run or sweep directory: report.md, plots, results.json/csv, dashboard.html."),
     "dashboard": ("dashboard", "Serve a run or sweep directory's dashboard on localhost, refreshing while it runs."),
     "claims": ("claims", "Set the source design's claims against a sweep's measurements."),
+    "speedrun": ("speedrun", "Time to quality: train recipes on the same data, report when each reaches a validation bpb."),
     "doctor": ("doctor", "What this machine can do and what is wrong with it: GPUs, precisions, measured peaks, verdicts."),
     "fit": ("fit", "Find the largest micro-batch that fits in GPU memory, by running real training steps."),
     "plan": ("plan", "Time, cost and energy to train a model to a token budget, from a measured throughput."),

@@ -32,7 +32,16 @@ class OptimConfig:
     muon_lr: float = 0.02
     """Peak learning rate of Muon (muon only)."""
     muon_momentum: float = 0.95
-    """Muon momentum (muon only)."""
+    """Muon momentum (muon only); with muon_momentum_warmup_steps, the value it rises to."""
+    muon_momentum_start: float = 0.85
+    """Muon momentum at step 0 when muon_momentum_warmup_steps > 0 (muon only)."""
+    muon_momentum_warmup_steps: int = 0
+    """Raise Muon's momentum linearly from muon_momentum_start to muon_momentum over this many optimizer steps
+    (0: muon_momentum from the first step; modded-nanogpt uses 0.85 -> 0.95 over 300 steps)."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations per Muon step."""
+    muon_compile: bool | None = None
+    """torch.compile Muon's batched momentum, Newton-Schulz and update, once per matrix shape (None: on for CUDA)."""
     weight_decay: float = 0.1
     """Decoupled weight decay on 2-D weights (norms, biases and gains are not decayed)."""
     beta1: float = 0.9
@@ -197,6 +206,13 @@ class TrainConfig:
             raise UserError(f"max_time must be >= 0 minutes, got {self.max_time}")
         if self.log_every <= 0 or self.keep_checkpoints <= 0 or self.eval_batches <= 0:
             raise UserError("log_every, keep_checkpoints and eval_batches must be positive")
+        if self.optim.lr <= 0 or self.optim.muon_lr <= 0:
+            raise UserError("optim.lr and optim.muon_lr must be positive")
+        for name in ("muon_momentum", "muon_momentum_start"):
+            if not 0 <= getattr(self.optim, name) < 1:
+                raise UserError(f"optim.{name} must be in [0, 1), got {getattr(self.optim, name)}")
+        if self.optim.muon_momentum_warmup_steps < 0 or self.optim.muon_ns_steps < 1:
+            raise UserError("optim.muon_momentum_warmup_steps must be >= 0 and optim.muon_ns_steps >= 1")
         if self.gpus < 1 or self.dist_timeout <= 0:
             raise UserError("gpus must be >= 1 and dist_timeout > 0")
         if self.parallel == "fsdp2" and self.optim.name == "muon":
@@ -364,22 +380,61 @@ def _default_instance(cls, recipe: dict[str, Any]):
 
 def parse(cls, argv: list[str] | None, *, prog: str, description: str, bare_flags: dict[str, str] | None = None,
           default=None):
-    """Build a `cls` instance from defaults, preset, recipe file and the command line."""
+    """Build a `cls` instance from defaults, preset, named recipe, recipe file and the command line."""
     import tyro
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv), bare_flags)
     recipe_path, argv = _pop_option(argv, "--config")
     preset, argv = _pop_option(argv, "--preset")
+    has_preset = any(f.name == "preset" for f in dataclasses.fields(cls))
+    recipe_name, argv = _pop_option(argv, "--recipe") if has_preset else (None, argv)
+    named = named_recipe(recipe_name) if recipe_name else {}
     recipe = load_recipe(recipe_path) if recipe_path else {}
     cfg = default if default is not None else _default_instance(cls, recipe)
-    has_preset = any(f.name == "preset" for f in dataclasses.fields(cls))
-    preset = preset or recipe.pop("preset", None) if has_preset else None
+    if has_preset:
+        preset = preset or recipe.pop("preset", None) or named.pop("preset", None)
+        named.pop("preset", None)
+    else:
+        preset = None
     if has_preset and (preset or default is None):  # a given default (a resumed run's config) keeps its model
         apply_preset(cfg, preset or cfg.preset)
-    if recipe and cfg is not None:
-        apply_overrides(cfg, recipe)
+    for overrides in (named, recipe):  # the file given with --config wins over the named recipe
+        if overrides and cfg is not None:
+            apply_overrides(cfg, overrides)
     cfg = tyro.cli(cls, args=argv, default=cfg, prog=prog, description=description,
                        config=(tyro.conf.FlagConversionOff,))  # booleans take values: --compile False
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
+
+
+# ----------------------------------------------------------------------------------------------------
+# named training recipes: TOML files shipped in redline/recipes/, read by `--recipe NAME` (below --config FILE)
+
+
+def training_recipes() -> dict[str, str]:
+    """Name -> the first line of the recipe's leading comment, for every recipe shipped with redline."""
+    from importlib import resources
+
+    out = {}
+    for entry in sorted(resources.files("redline").joinpath("recipes").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            first = next((line for line in entry.read_text().splitlines() if line.startswith("#")), "#")
+            out[entry.name.removesuffix(".toml")] = first.lstrip("# ").strip()
+    return out
+
+
+def named_recipe(name: str) -> dict[str, Any]:
+    """The overrides of a shipped training recipe, or of a .toml/.yaml file when `name` is a path to one."""
+    from importlib import resources
+
+    if Path(name).suffix in (".toml", ".yaml", ".yml"):
+        return load_recipe(name)
+    known = training_recipes()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError(f"no training recipe named {name!r}; {hint}shipped recipes: {', '.join(known)} "
+                        f"(or give a .toml file)")
+    text = resources.files("redline").joinpath("recipes", f"{name}.toml").read_text()
+    return tomllib.loads(text)

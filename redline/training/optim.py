@@ -1,8 +1,8 @@
 """Optimizers and learning-rate schedules.
 
-AdamW: 2-D weights decayed, norms/biases/gains not. Muon (torch.optim.Muon): the 2-D weights inside the
-transformer blocks; AdamW for the embeddings, the head and every 1-D gain or bias, as the source design's
-baseline did. The schedule is a pure function of progress, so resuming needs only the step count.
+AdamW: 2-D weights decayed, norms/biases/gains not. Muon (redline/training/muon.py, batched by shape): the 2-D
+weights inside the transformer blocks; AdamW for the embeddings, the head and every 1-D gain or bias, as the
+source design's baseline did. The schedule is a pure function of progress, so resuming needs only the step count.
 """
 
 from __future__ import annotations
@@ -51,8 +51,12 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
             {"params": gains, "weight_decay": 0.0},
         ]
         return [torch.optim.AdamW(groups, **adam_kwargs)]
-    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
-                            nesterov=True)
+    from redline.training.muon import Muon
+
+    muon = Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
+                momentum_start=cfg.muon_momentum_start, momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
+                ns_steps=cfg.muon_ns_steps,
+                compile=cfg.muon_compile if cfg.muon_compile is not None else device.type == "cuda")
     adam = torch.optim.AdamW(
         [{"params": embed_head, "weight_decay": cfg.weight_decay}, {"params": gains, "weight_decay": 0.0}],
         **adam_kwargs,

@@ -1,0 +1,216 @@
+"""Muon for the hidden matrices, batched by shape: one Newton–Schulz run per shape, not per matrix.
+
+Muon (Keller Jordan, kellerjordan.github.io/posts/muon) replaces each 2-D weight's update by the nearest
+semi-orthogonal matrix to its Nesterov momentum. How one step works, for each group of B parameters that
+share a shape (m, n) (in a transformer: every block's qkv, every block's output projection, ...):
+
+1. momentum, on every matrix (a lerp, as torch.optim.Muon and modded-nanogpt write it):
+       M ← μ·M + (1 − μ)·G,   U = (1 − μ)·G + μ·M     (Nesterov)
+   stacked into one (B, m, n) bfloat16 tensor;
+2. orthogonalise the whole stack at once: scale each matrix to Frobenius norm 1, then five quintic
+   Newton–Schulz iterations X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ, as batched matmuls in bfloat16 (on the
+   transposed stack when m > n, so that A is the smaller Gram matrix);
+3. W ← (1 − lr·λ)·W − lr·s·O, with decoupled weight decay λ and the shape scale s = max(1, m/n)^½
+   (modded-nanogpt's and torch.optim.Muon's default convention: the update's RMS is then about that of an
+   n×n orthogonal matrix, so one learning rate (0.02) suits every shape; Moonlight's 0.2·√max(m, n), which
+   matches AdamW's update RMS, is not used).
+
+Each of the three is a function that torch.compile compiles once per shape (dynamic=False) on a GPU; every
+hyperparameter reaches them as a device tensor, so a new learning rate or momentum never recompiles and
+`step()` never waits for the GPU. The momentum μ may warm up linearly (`momentum_start` → `momentum` over
+`momentum_warmup_steps` steps, as modded-nanogpt does), counted by the optimizer itself (`step_count` in
+each param group, so it is saved and resumed with the state).
+
+Under DDP (a process group of more than one rank, whole parameters on every rank) every rank keeps the
+momentum of every matrix (the gradients are already all-reduced, so the states stay identical and a
+checkpoint written by rank 0 is complete), orthogonalises only its share of each stack (B/world matrices,
+the stack zero-padded to a multiple of the world size), and the shares are all-gathered before every rank
+applies the same update (modded-nanogpt spreads the Newton–Schulz work over its GPUs the same way). FSDP2's
+sharded parameters are refused: orthogonalisation needs whole matrices.
+
+A non-finite step can be skipped on the device as with fused AdamW: set `found_inf` (a 0-dim float tensor,
+nonzero to skip) before `step()`; the momentum and the weights are then left as they were.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from redline.errors import UserError
+
+# The quintic's coefficients from Keller Jordan's Muon (modded-nanogpt): chosen to maximise the slope at zero,
+# so small singular values grow fast; after five iterations the singular values lie roughly in [0.7, 1.2]
+# instead of exactly at 1, which trains as well as an exact orthogonalisation.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+
+
+def newton_schulz(update: Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """(B, m, n) -> (B, m, n) in `dtype`: each matrix's approximate orthogonalisation U·Vᵀ (of U·S·Vᵀ)."""
+    a, b, c = NS_COEFFICIENTS
+    update = update.float()
+    norm = torch.linalg.vector_norm(update, dim=(-2, -1), keepdim=True)  # (B, 1, 1)
+    x = (update / norm.clamp_min(NS_EPS)).to(dtype)  # spectral norm <= Frobenius norm = 1
+    tall = update.size(-2) > update.size(-1)
+    if tall:
+        x = x.mT  # (B, n, m): the Gram matrix below is the smaller one
+    for _ in range(steps):  # baddbmm scales and adds in the product's epilogue: one rounding to `dtype`, not three
+        gram = x @ x.mT  # (B, r, r), r = min(m, n)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
+        x = torch.baddbmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
+    return x.mT if tall else x
+
+
+def nesterov_momentum(grads: list[Tensor], buffers: list[Tensor], hyper: Tensor,
+                      dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Update each momentum buffer in place; returns the Nesterov updates stacked, (B, m, n) in `dtype`.
+
+    hyper: (3,) [keep, μ, 1 − μ]; keep = 0 skips the step: the gradients (maybe non-finite) are ignored and
+    the buffers stay as they were."""
+    keep, momentum, one_minus = hyper[0], hyper[1], hyper[2]
+    out = []
+    for grad, buf in zip(grads, buffers):
+        grad = torch.where(keep > 0, grad, torch.zeros_like(grad))
+        buf.lerp_(grad, one_minus * keep)
+        out.append(grad.lerp(buf, momentum))
+    return torch.stack(out).to(dtype)
+
+
+def apply_update(params: list[Tensor], update: Tensor, hyper: Tensor) -> None:
+    """W ← decay·W + step·O for each parameter and its slice of `update` (B, m, n).
+
+    hyper: (3,) [keep, decay = 1 − lr·λ, step = −lr·s]; keep = 0 leaves the weights as they were."""
+    keep, decay, step = hyper[0], hyper[1], hyper[2]
+    decay = torch.where(keep > 0, decay, torch.ones_like(decay))
+    step = step * keep
+    for i, param in enumerate(params):
+        param.mul_(decay).add_(update[i].to(param.dtype) * step)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon over 2-D parameters, batched by shape (see the module docstring). Its state per parameter is
+    `momentum_buffer`, as torch.optim.Muon's, so checkpoints of either load into the other."""
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict], lr: float = 0.02, momentum: float = 0.95,
+                 weight_decay: float = 0.0, momentum_start: float | None = None, momentum_warmup_steps: int = 0,
+                 ns_steps: int = 5, compile: bool = False, ns_dtype: torch.dtype = torch.bfloat16):
+        if lr < 0 or weight_decay < 0:
+            raise ValueError(f"Muon: lr and weight_decay must be >= 0, got {lr} and {weight_decay}")
+        for name, value in (("momentum", momentum), ("momentum_start", momentum_start)):
+            if value is not None and not 0 <= value < 1:
+                raise ValueError(f"Muon: {name} must be in [0, 1), got {value}")
+        if momentum_warmup_steps < 0 or ns_steps < 1:
+            raise ValueError("Muon: momentum_warmup_steps must be >= 0 and ns_steps >= 1")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                        momentum_start=momentum if momentum_start is None else momentum_start,
+                        momentum_warmup_steps=momentum_warmup_steps, ns_steps=ns_steps, step_count=0,
+                        differentiable=False)  # torch.optim.Optimizer adds this default anyway; every group carries it
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dim() != 2:
+                    raise ValueError(f"Muon takes 2-D parameters only, got one of shape {tuple(p.shape)}")
+                if hasattr(p, "device_mesh"):  # a DTensor: FSDP2 holds a shard of the matrix, not the matrix
+                    raise UserError("optim.name=muon needs whole matrices and is not supported with parallel=fsdp2; "
+                                    "use ddp or adamw")
+        self.ns_dtype = ns_dtype
+        self.found_inf: Tensor | None = None
+        self._compile = compile
+        self._kernels: dict[str, Callable] = {}
+        self._hyper: dict[tuple, Tensor] = {}  # (group, shape) -> (2, 3) device scalars of that stack's step
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:  # a torch.optim.Muon checkpoint lacks this optimizer's extra keys
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
+    def _kernel(self, name: str) -> Callable:
+        """One of the three step functions, compiled (once per shape: dynamic=False) when asked."""
+        if name not in self._kernels:
+            fn = {"momentum": nesterov_momentum, "newton_schulz": newton_schulz, "apply": apply_update}[name]
+            self._kernels[name] = torch.compile(fn, dynamic=False) if self._compile else fn
+        return self._kernels[name]
+
+    @staticmethod
+    def momentum_at(group: dict) -> float:
+        warmup = group["momentum_warmup_steps"]
+        if warmup <= 0:
+            return group["momentum"]
+        frac = min(group["step_count"] / warmup, 1.0)
+        return (1 - frac) * group["momentum_start"] + frac * group["momentum"]
+
+    def _stacks(self) -> list[tuple[int, dict, list[Tensor]]]:
+        """(group index, group, parameters) for each shape (and dtype, device) within each param group."""
+        out = []
+        for index, group in enumerate(self.param_groups):
+            by_shape: dict[tuple, list[Tensor]] = {}
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_shape.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+            out += [(index, group, params) for params in by_shape.values()]
+        return out
+
+    def _hyper_tensor(self, key: tuple, device: torch.device, keep: Tensor | None, rows: list[list[float]]) -> Tensor:
+        """(len(rows), 3) scalars on the device: column 0 is `keep` (1, or 1 − found_inf), the rest the rows'
+        values, each written with fill_ (a kernel argument: no host-to-device copy that could wait)."""
+        hyper = self._hyper.get(key)
+        if hyper is None:
+            hyper = self._hyper[key] = torch.ones(len(rows), 3, device=device)
+        for i, row in enumerate(rows):
+            if keep is not None:
+                hyper[i, 0].copy_(keep)
+            else:
+                hyper[i, 0].fill_(1.0)
+            for j, value in enumerate(row, start=1):
+                hyper[i, j].fill_(value)
+        return hyper
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        rank = dist.get_rank() if world > 1 else 0
+        keep = None if self.found_inf is None else 1 - self.found_inf.float().clamp(0, 1)
+        pending = []  # (params, gathered update (B', m, n), all-gather handle or None, hyper)
+        for index, group, params in self._stacks():
+            m, n = params[0].shape
+            lr = group["lr"]
+            step_size = -lr * max(1.0, m / n) ** 0.5
+            momentum = self.momentum_at(group)
+            hyper = self._hyper_tensor((index, m, n, params[0].dtype, params[0].device), params[0].device, keep,
+                                       [[momentum, 1 - momentum], [1 - lr * group["weight_decay"], step_size]])
+            buffers = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                buffers.append(state["momentum_buffer"])
+            stacked = self._kernel("momentum")([p.grad for p in params], buffers, hyper[0], self.ns_dtype)
+            if world == 1:
+                update = self._kernel("newton_schulz")(stacked, group["ns_steps"], self.ns_dtype)
+                pending.append((params, update, None, hyper[1]))
+                continue
+            share = math.ceil(len(params) / world)  # this rank orthogonalises matrices [rank·share, (rank+1)·share)
+            mine = stacked[rank * share:(rank + 1) * share]
+            if mine.size(0) < share:  # the stack's tail: zero matrices stay zero
+                mine = torch.cat([mine, mine.new_zeros(share - mine.size(0), m, n)])
+            mine = self._kernel("newton_schulz")(mine, group["ns_steps"], self.ns_dtype)
+            gathered = mine.new_empty(share * world, m, n)
+            handle = dist.all_gather_into_tensor(gathered, mine.contiguous(), async_op=True)
+            pending.append((params, gathered, handle, hyper[1]))
+        for params, update, handle, hyper in pending:  # the all-gathers overlap the next stacks' iterations
+            if handle is not None:
+                handle.wait()
+            self._kernel("apply")(params, update, hyper)
+        for group in self.param_groups:
+            group["step_count"] += 1
+        return loss
