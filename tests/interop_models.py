@@ -29,6 +29,15 @@ FAMILIES = {
                                                                    sliding_window=5, head_dim=16)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
 }
+# for GGUF: no Llama 3 RoPE scaling (refused there), and GPT-2 at its own context (transformers' GGUF loader assumes it)
+GGUF_FAMILIES = {
+    "llama-untied": ("LlamaConfig", "LlamaForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama-untied-bias": ("LlamaConfig", "LlamaForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                               attention_bias=True, mlp_bias=True)),
+    "gpt2-1024": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, n_positions=1024)),
+}
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -37,8 +46,8 @@ def hf_model(kind: str, seed: int = 0):
     """A transformers model of family `kind` with random weights (every parameter perturbed, norms included)."""
     import transformers
 
-    config_name, model_name, extra = FAMILIES[kind]
-    if kind == "gpt2":
+    config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES}[kind]
+    if kind.startswith("gpt2"):
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0)
     else:
