@@ -92,3 +92,27 @@ def hf_folder(kind: str, path: Path, seed: int = 0):
     byte_level_tokenizer(path)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2], "bos_token_id": 0}))
     return model
+
+
+def sentencepiece_style_tokenizer(path):
+    """A SentencePiece-style BPE (Metaspace "▁", byte fallback, <unk>/<s>/</s>), as Llama 2 / TinyLlama / Mistral
+    tokenizers are, trained in the test; tokenizer_config adds BOS."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens],
+                                  show_progress=False)
+    tok.train_from_iterator(["hello world, the model reads tokens and says hi", "sentence piece style text"] * 40,
+                            trainer)
+    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B:1",
+                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                            "unk_token": "<unk>", "add_bos_token": True}))
+    return path

@@ -13,7 +13,7 @@ import torch
 from redline.errors import UserError
 from redline.model import GPT
 from redline.training.checkpoint import load_for_inference
-from tests.interop_models import VOCAB, byte_level_tokenizer, hf_folder, hf_model
+from tests.interop_models import VOCAB, byte_level_tokenizer, hf_folder, hf_model, sentencepiece_style_tokenizer
 from tests.test_interop import TOKENS, one_thread, run_cli  # noqa: F401 (fixture)
 
 gguf = pytest.importorskip("gguf")
@@ -179,30 +179,6 @@ def test_export_gguf_refuses_sliding_window_and_writes_nothing(tmp_path, capsys)
 
 # ----------------------------------------------------------------------------------------------------
 # tokenizers rebuilt from GGUF metadata (no tokenizer.json in the file)
-
-
-def sentencepiece_style_tokenizer(path):
-    """A SentencePiece-style BPE (Metaspace "▁", byte fallback, <unk>/<s>/</s>), as Llama 2 / TinyLlama / Mistral
-    tokenizers are, trained in the test; tokenizer_config adds BOS."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens],
-                                  show_progress=False)
-    tok.train_from_iterator(["hello world, the model reads tokens and says hi", "sentence piece style text"] * 40,
-                            trainer)
-    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B:1",
-                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
-    path.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
-                                                            "unk_token": "<unk>", "add_bos_token": True}))
-    return path
 
 
 TEXTS = ["hello world, the model says hi", "Ünïcödé café 日本 1234\ttabs 🚀", "  two  spaces\n\nend", "x"]
