@@ -191,6 +191,33 @@ def test_export_bytes_tokenizer_encodes_alike(tmp_path, capsys):
     assert ckpt.exists()
 
 
+def test_tiktoken_encoding_written_as_tokenizer_json(tmp_path):
+    """tiktoken keeps ranks, not merges: the merges recovered from the ranks of a byte-level BPE are its own, and
+    the tokenizer.json written from them encodes alike (a trained tokenizer stands in for tiktoken's gpt2 files,
+    which this machine cannot download)."""
+    from tokenizers import Tokenizer
+
+    from redline.interop.tokenizer_files import _GPT2_PATTERNS, _byte_alphabet, tiktoken_tokenizer_json
+    from tests.interop_models import byte_level_tokenizer
+
+    original = Tokenizer.from_file(str(byte_level_tokenizer(tmp_path) / "tokenizer.json"))
+    data = json.loads(original.to_str())
+    unspell = {c: b for b, c in enumerate(_byte_alphabet())}
+    specials = {t["content"]: t["id"] for t in data["added_tokens"]}
+    ranks = {bytes(unspell[c] for c in token): i for token, i in data["model"]["vocab"].items()
+             if token not in specials}
+    shift = len(specials)  # tiktoken numbers specials after the ranks: move them there
+    ranks = {t: r - shift for t, r in ranks.items()}
+    moved = {name: len(ranks) + k for k, name in enumerate(specials)}
+    rebuilt = Tokenizer.from_str(tiktoken_tokenizer_json(ranks, moved, _GPT2_PATTERNS[1]))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in data["model"]["merges"]]
+    assert [tuple(m) for m in json.loads(rebuilt.to_str())["model"]["merges"]] == merges
+    for text in ("hello world, the model says hi", "Ünïcödé café 日本 1234\ttabs", "  two  spaces\n\nend"):
+        expected = [i - shift for i in original.encode(text, add_special_tokens=False).ids]
+        assert rebuilt.encode(text, add_special_tokens=False).ids == expected
+    assert rebuilt.token_to_id("<|im_end|>") == moved["<|im_end|>"]
+
+
 # ----------------------------------------------------------------------------------------------------
 # bad input: one line, nothing written
 
