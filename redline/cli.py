@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("fit", "Find the largest micro-batch that fits in GPU memory, by running real training steps."),
     "plan": ("plan", "Time, cost and energy to train a model to a token budget, from a measured throughput."),
     "bench": ("bench", "Time the training step of a preset or config: tokens/s, MFU, peak memory; matrix; profile."),
+    "import": ("import_", "Bring in a model: a Hugging Face folder, a Hub name or a GGUF file, as a checkpoint."),
+    "export": ("export", "Write a checkpoint as a Hugging Face folder or a GGUF file (transformers, llama.cpp)."),
 }
 
 

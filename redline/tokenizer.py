@@ -12,6 +12,13 @@ Every kind has the same surface:
   `load_tokenizer(dir)` gets the same tokenizer back.
 
 `load_tokenizer(spec)` takes "bytes", "gpt2", a tokenizer.json path, or a folder holding one of the above.
+
+A Hugging Face tokenizer folder (tokenizer.json with tokenizer_config.json, as `redline import` copies it) also
+brings what the model around it needs: its BOS/EOS tokens and whether encoding adds them (`encode(text,
+add_special_tokens=True)` applies tokenizer.json's post-processor, as transformers does), the token ids that end
+a generation (`stop_ids`, from generation_config.json on import), and its Jinja chat template (`chat_template`,
+rendered by redline/chat). They are saved with it (tokenizer_config.json, as transformers reads it) and so travel
+with every checkpoint; none of them changes `identity`, which is about how text maps to ids.
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ EOT = "<|endoftext|>"
 _OTHER_EOT_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 META_FILE = "redline_tokenizer.json"
 HF_FILE = "tokenizer.json"
+HF_CONFIG_FILE = "tokenizer_config.json"  # special tokens, add_bos_token, chat_template (transformers' layout)
+HF_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.50 saves the chat template instead
+# the keys of tokenizer_config.json redline reads and writes back
+_HF_CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token", "add_eos_token",
+                   "chat_template")
 KINDS = ("bytes", "gpt2", "bpe")
 
 
@@ -64,6 +76,28 @@ class Tokenizer:
         """(vocab_size,) int64: UTF-8 bytes each token decodes to; 0 for special tokens."""
         raise NotImplementedError
 
+    @property
+    def stop_ids(self) -> list[int]:
+        """Token ids that end a generation: an imported model's EOS ids, else the end-of-text token."""
+        return list(getattr(self, "_stop_ids", None) or [self.eot_id])
+
+    @stop_ids.setter
+    def stop_ids(self, ids: Sequence[int]) -> None:
+        bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
+        if bad:
+            raise UserError(f"stop token ids {bad} are outside the tokenizer's {self.vocab_size} tokens")
+        self._stop_ids = [int(i) for i in ids]
+
+    @property
+    def bos_id(self) -> int | None:
+        """The beginning-of-sequence token, where the tokenizer has one."""
+        return None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template source (redline/chat renders it), where the tokenizer has one."""
+        return None
+
     def _definition(self) -> dict:
         """Everything that decides how text maps to ids, as plain JSON (hashed by `identity`)."""
         raise NotImplementedError
@@ -80,6 +114,8 @@ class Tokenizer:
         out.mkdir(parents=True, exist_ok=True)
         self._save_files(out)
         meta = {"kind": self.name, "identity": self.identity, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
+        if self.stop_ids != [self.eot_id]:
+            meta["stop_ids"] = self.stop_ids
         write_atomic(out / META_FILE, json.dumps(meta, indent=2) + "\n")
         if self.name == "bpe":
             self.spec = str(out.resolve())
@@ -131,14 +167,18 @@ class BPETokenizer(Tokenizer):
 
     name = "bpe"
 
-    def __init__(self, hf_tokenizer, spec: str = "") -> None:
+    def __init__(self, hf_tokenizer, spec: str = "", hf_config: dict | None = None) -> None:
         self.hf = hf_tokenizer
         # a literal "<|endoftext|>" in the text is ordinary text, as with tiktoken's encode_ordinary
         self.hf.encode_special_tokens = True
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
         self.spec = spec
-        for name in (EOT, *_OTHER_EOT_NAMES):
-            eot = self.hf.token_to_id(name)
+        # what tokenizer_config.json says: special tokens as strings, add_bos/eos_token, chat_template
+        self.hf_config = _clean_hf_config(hf_config or {})
+        self._with_specials = None  # a copy that reads special tokens written in the text (chat templates)
+        configured_eos = self.hf_config.get("eos_token")
+        for name in (EOT, *_OTHER_EOT_NAMES, configured_eos):
+            eot = self.hf.token_to_id(name) if name else None
             if eot is not None:
                 self.eot_id = eot
                 break
@@ -147,17 +187,51 @@ class BPETokenizer(Tokenizer):
                 f"tokenizer {spec or '(in memory)'} has no end-of-text token ({EOT}); add it as a special token "
                 f"or train one with `redline tokenizer train`"
             )
+        if configured_eos and self.hf.token_to_id(configured_eos) is not None:
+            self.stop_ids = [self.hf.token_to_id(configured_eos)]
 
     def __getstate__(self) -> dict:  # for spawned tokenizer processes; keeps encode_special_tokens
-        return {"json": self.hf.to_str(), "spec": self.spec}
+        return {"json": self.hf.to_str(), "spec": self.spec, "hf_config": self.hf_config,
+                "stop_ids": self.stop_ids}
 
     def __setstate__(self, state: dict) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
-        self.__init__(HFTokenizer.from_str(state["json"]), state["spec"])
+        self.__init__(HFTokenizer.from_str(state["json"]), state["spec"], state.get("hf_config"))
+        if "stop_ids" in state:
+            self.stop_ids = state["stop_ids"]
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; special tokens written in it are ordinary text. add_special_tokens: wrap the
+        ids as tokenizer.json's post-processor says (e.g. Llama's BOS first), as transformers' `tokenizer(text)`."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """Token ids of `text` in which special tokens written out (e.g. "<|im_start|>") are those tokens, and
+        nothing is added: how a rendered chat template is tokenized (transformers' apply_chat_template)."""
+        if self._with_specials is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._with_specials = HFTokenizer.from_str(self.hf.to_str())
+            self._with_specials.encode_special_tokens = False
+        return self._with_specials.encode(text, add_special_tokens=False).ids
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.hf.token_to_id(token)
+
+    @property
+    def bos_id(self) -> int | None:
+        bos = self.hf_config.get("bos_token")
+        return self.hf.token_to_id(bos) if bos else None
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.hf_config.get("chat_template")
+
+    def special_tokens_map(self) -> dict[str, str]:
+        """{"bos_token": "<s>", "eos_token": "</s>", ...}: the names a chat template reads (as transformers
+        passes them)."""
+        return {k: v for k, v in self.hf_config.items() if k.endswith("_token") and isinstance(v, str)}
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # encode_batch_fast skips offset tracking; both run on all cores (rayon) inside the library
@@ -208,6 +282,11 @@ class BPETokenizer(Tokenizer):
 
     def _save_files(self, out: Path) -> None:
         write_atomic(out / HF_FILE, self.hf.to_str(pretty=True))
+        if self.hf_config:
+            # transformers' generic fast tokenizer uses tokenizer.json as it is (a model-specific class may rebuild
+            # parts of it), so that is the class named
+            config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.hf_config}
+            write_atomic(out / HF_CONFIG_FILE, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 32768, min_frequency: int = 2) -> BPETokenizer:
@@ -241,6 +320,35 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 32768, min_frequency: int 
     return BPETokenizer(hf)
 
 
+def _clean_hf_config(config: dict) -> dict:
+    """The keys of a tokenizer_config.json redline keeps, special tokens as plain strings (transformers writes
+    them as strings or as {"content": ...} objects) and the chat template as one string."""
+    out = {}
+    for key in _HF_CONFIG_KEYS:
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if key == "chat_template" and isinstance(value, list):  # named templates: the default one
+            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+            value = named.get("default") or next(iter(named.values()), None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def read_hf_tokenizer_config(folder: Path) -> dict:
+    """tokenizer_config.json of a tokenizer folder, with chat_template.jinja's template where there is one."""
+    config: dict = {}
+    if (folder / HF_CONFIG_FILE).is_file():
+        try:
+            config = json.loads((folder / HF_CONFIG_FILE).read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise UserError(f"{folder / HF_CONFIG_FILE} is not valid JSON ({e})") from None
+    if (folder / HF_TEMPLATE_FILE).is_file():
+        config["chat_template"] = (folder / HF_TEMPLATE_FILE).read_text(encoding="utf-8")
+    return _clean_hf_config(config)
+
+
 def _load_hf_file(path: Path) -> BPETokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -248,7 +356,18 @@ def _load_hf_file(path: Path) -> BPETokenizer:
         hf = HFTokenizer.from_file(str(path))
     except Exception as e:  # the library's message says what is malformed
         raise UserError(f"cannot load tokenizer {path}: {e}") from None
-    return BPETokenizer(hf, spec=str(path.parent.resolve() if path.name == HF_FILE else path.resolve()))
+    folder = path.parent
+    hf_config = read_hf_tokenizer_config(folder) if path.name == HF_FILE else {}
+    tok = BPETokenizer(hf, spec=str(folder.resolve() if path.name == HF_FILE else path.resolve()),
+                       hf_config=hf_config)
+    if path.name == HF_FILE and (folder / META_FILE).is_file():
+        try:
+            stop_ids = json.loads((folder / META_FILE).read_text()).get("stop_ids")
+        except ValueError as e:
+            raise UserError(f"{folder / META_FILE} is damaged ({e}); save the tokenizer again") from None
+        if stop_ids:
+            tok.stop_ids = stop_ids
+    return tok
 
 
 # ----------------------------------------------------------------------------------------------------

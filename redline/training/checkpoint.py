@@ -486,3 +486,38 @@ def load_for_inference(path: str | Path, device: torch.device | str = "cpu"):
     load_weights(ckpt, model)
     tokenizer = load_tokenizer(str(ckpt / "tokenizer"))
     return model.to(device).eval(), tokenizer, cfg
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoints made outside training: imported models (redline import), and reading one for export
+
+
+def write_weights_checkpoint(folder: Path, weights: dict[str, torch.Tensor], config: dict[str, Any], tokenizer,
+                             meta: dict[str, Any], extra_files: dict[str, str] | None = None) -> None:
+    """Fill the empty folder `folder` with a checkpoint that holds weights alone (no optimizer or data state): the
+    full layout's model.safetensors in the tensors' own dtypes, config.json (a TrainConfig), tokenizer/, meta.json
+    (step 0, `meta` added) and `extra_files` (name -> text, e.g. generation_config.json), each file fsynced. Every
+    command that reads a checkpoint reads it. The caller makes it atomic: write into a temporary folder, rename."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    weights_file = folder / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(weights_file))
+    fsync_file(weights_file)
+    digests = {"model.safetensors": _sha256(weights_file)}
+    for name, text in (extra_files or {}).items():
+        (folder / name).write_text(text, encoding="utf-8")
+        fsync_file(folder / name)
+        digests[name] = _sha256(folder / name)
+    _write_json(folder / "config.json", config)
+    tokenizer.save(folder / "tokenizer")
+    _write_json(folder / "meta.json", {"format": FORMAT[FULL], "layout": FULL, "step": 0, **meta,
+                                       "sha256": digests, "tokenizer_identity": tokenizer.identity})
+    fsync_dir(folder)
+
+
+def load_checkpoint_weights(path: str | Path):
+    """(fp32 CPU state dict, TrainConfig, tokenizer, checkpoint folder) of a checkpoint of either layout, for
+    export; tied tensors appear once (under wte.weight)."""
+    model, tokenizer, cfg = load_for_inference(path, "cpu")
+    return model_weights(model), cfg, tokenizer, resolve_checkpoint(path)

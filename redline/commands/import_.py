@@ -1,0 +1,85 @@
+"""`redline import SRC --out DIR`: bring a model from elsewhere into a redline checkpoint folder.
+
+    redline import path/to/hf-folder --out models/smollm2        # config.json + safetensors (+ shards) + tokenizer
+    redline import HuggingFaceTB/SmolLM2-135M --out models/smol  # a Hub name (downloads when online)
+    redline import model-Q4_K_M.gguf --out models/q4 --dtype bf16 # GGUF: tensors dequantized
+
+DIR is a checkpoint like the ones training writes (model.safetensors, config.json, tokenizer/ with its chat
+template, meta.json): `generate`, `chat`, `eval`, `sample` and `bench-infer` take it as --checkpoint. Families:
+Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5, Qwen3, GPT-2. The EOS ids of generation_config.json
+become the tokenizer's stop tokens. DIR is written atomically: on any error nothing is left there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import tyro
+
+
+@dataclass
+class ImportConfig:
+    src: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SRC")]
+    """A Hugging Face model folder, a .gguf file, or a model name on the Hugging Face Hub (owner/name)."""
+    out: str
+    """The checkpoint folder to write (must not exist yet, or be empty)."""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """Dtype of the stored weights. auto: the source's own where it is bf16 or fp32, fp32 otherwise (fp16,
+    dequantized GGUF)."""
+    tokenizer: str | None = None
+    """Use this tokenizer.json (or folder) instead of the one that comes with SRC."""
+    revision: str | None = None
+    """Hub names only: a branch, tag or commit."""
+
+
+def stored_dtype(choice: str, source_dtype):
+    import torch
+
+    if choice != "auto":
+        return {"bf16": torch.bfloat16, "fp32": torch.float32}[choice]
+    return source_dtype if source_dtype in (torch.bfloat16, torch.float32) else torch.float32
+
+
+def write_checkpoint(imported, out: str, dtype) -> None:
+    """The imported model as a weights-only checkpoint folder, atomically."""
+    from redline.config import TrainConfig, to_dict
+    from redline.interop.hf import write_atomic_folder
+    from redline.training.checkpoint import write_weights_checkpoint
+
+    train_cfg = TrainConfig(preset=f"imported-{imported.family}", model=imported.cfg)
+    weights = {k: v.to(dtype) for k, v in imported.state.items()}
+    meta = {"imported_from": {"source": imported.source, "family": imported.family,
+                              "dtype": str(dtype).removeprefix("torch.")}}
+    extra = {}
+    if imported.generation_config:
+        extra["generation_config.json"] = json.dumps(imported.generation_config, indent=2) + "\n"
+    write_atomic_folder(out, lambda tmp: write_weights_checkpoint(tmp, weights, to_dict(train_cfg),
+                                                                  imported.tokenizer, meta, extra))
+
+
+def main(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from redline.config import parse
+    from redline.errors import UserError
+    from redline.interop.source import read_source
+
+    cfg = parse(ImportConfig, argv, prog="redline import", description=__doc__.strip())
+    out = Path(cfg.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before reading gigabytes
+        raise UserError(f"{out} already exists; give a new folder for --out (or remove that one)")
+    imported = read_source(cfg.src, cfg.tokenizer, cfg.revision)
+    dtype = stored_dtype(cfg.dtype, imported.source_dtype)
+    write_checkpoint(imported, cfg.out, dtype)
+    m = imported.cfg
+    params = sum(t.numel() for t in imported.state.values())
+    print(f"redline import: {imported.family} from {imported.source} -> {out} ({params / 1e6:.1f}M parameters, "
+          f"{m.n_layer} layers, width {m.n_embd}, {m.n_head} heads / {m.kv_heads} kv of {m.head_dim}, "
+          f"{str(dtype).removeprefix('torch.')}; stop tokens {imported.tokenizer.stop_ids}"
+          f"{'; chat template' if imported.tokenizer.chat_template else ''})")
+    print(f"next: redline generate --checkpoint {out} --prompt \"...\"")
+    print(json.dumps({"out": str(out), "family": imported.family, "parameters": params,
+                      "dtype": str(dtype).removeprefix("torch."), "stop_ids": imported.tokenizer.stop_ids}))
+    return 0

@@ -1,0 +1,14 @@
+"""Models in and out of redline: Hugging Face folders, the Hub and GGUF files.
+
+    families.py        Family: a Hugging Face model_type's config and weight-name maps; which family a model
+                       imports from or exports as
+    llama.py, gpt2.py  the weight maps: the Llama layout (Llama, Mistral, Qwen2, Qwen3) and GPT-2
+    hf.py              Hugging Face folders (config.json, safetensors shards, tokenizer, generation config)
+    gguf_file.py       GGUF files through the `gguf` package (dequantized on import; f32/f16/bf16 on export)
+    gguf_vocab.py      a GGUF's tokenizer metadata <-> a tokenizers tokenizer
+    hub.py             model names on the Hugging Face Hub (huggingface_hub's snapshot_download)
+    tokenizer_files.py a redline tokenizer as tokenizer.json + tokenizer_config.json
+    source.py          `read_source(SRC)`: whichever of the above SRC is, as an ImportedModel
+
+Every conversion checks names and shapes against redline's own model, and each bad input is one UserError.
+"""

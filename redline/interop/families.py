@@ -1,0 +1,144 @@
+"""Model families: how a Hugging Face config and state dict map onto redline's ModelConfig and weights, and back.
+
+A family is the pair (config translation, weight-name map) for one Hugging Face `model_type`. The Llama layout
+(llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
+sliding windows and head width; gpt2.py serves GPT-2. `family_for(hf_config)` picks the one for an import,
+`export_family(cfg)` the one a redline model is exported as (or a UserError naming the redline option no such
+architecture has).
+
+Weights move as plain {name: tensor} dicts: `TensorSource` reads a source lazily by name (safetensors shards, a
+GGUF file already renamed) and remembers what was read, so tensors a family did not use are reported by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from redline.errors import UserError
+from redline.model import GPT, ModelConfig
+
+
+class TensorSource:
+    """A name -> tensor reader over some container; `take(name)` marks a tensor used."""
+
+    def __init__(self, names: Iterable[str], read: Callable[[str], torch.Tensor], where: str):
+        self.names = set(names)
+        self._read = read
+        self.where = where
+        self.used: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def take(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise UserError(f"{self.where} has no tensor {name}; the file is incomplete or not of the architecture "
+                            f"its config names")
+        self.used.add(name)
+        return self._read(name)
+
+    def unused(self, ignorable: Callable[[str], bool]) -> list[str]:
+        return sorted(n for n in self.names - self.used if not ignorable(n))
+
+
+@dataclass(frozen=True)
+class Family:
+    """One Hugging Face model_type: its config and weight translations in both directions."""
+
+    name: str
+    """Hugging Face `model_type`, e.g. "llama"."""
+    architecture: str
+    """The transformers class a folder of this family loads as, e.g. "LlamaForCausalLM"."""
+    model_config: Callable[[dict], ModelConfig]
+    """HF config.json -> ModelConfig (a UserError for an option redline cannot express)."""
+    hf_config: Callable[[ModelConfig], dict]
+    """ModelConfig -> HF config.json entries (architecture and dtype are added by the writer)."""
+    to_redline: Callable[[TensorSource, ModelConfig], dict]
+    """HF-named tensors -> redline's state dict."""
+    to_hf: Callable[[Mapping[str, torch.Tensor], ModelConfig], dict]
+    """redline's state dict -> HF-named tensors."""
+    ignorable: Callable[[str], bool] = lambda name: False
+    """Source tensors that carry nothing a model needs (e.g. GPT-2's stored causal-mask buffers)."""
+
+
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """An embedding or head matrix (vocab, C) padded with zero rows up to `rows` (redline's padded vocabulary)."""
+    if t.shape[0] == rows:
+        return t
+    if t.shape[0] > rows:
+        raise UserError(f"a vocabulary matrix has {t.shape[0]} rows but the config's vocab_size pads to {rows}; "
+                        f"the config and the weights disagree")
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str) -> None:
+    """Every tensor redline's model has, with its shape: a UserError naming the first missing or mismatched one."""
+    with torch.device("meta"):
+        expected = GPT(cfg).state_dict()
+    if cfg.tie_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise UserError(f"{source}: no tensor for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; "
+                        f"the weights do not match the config")
+    for name, t in expected.items():
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise UserError(f"{source}: tensor for {name} has shape {tuple(state[name].shape)}, the config gives "
+                            f"{tuple(t.shape)}; the weights do not match the config")
+    extra = [k for k in state if k not in expected]
+    if extra:
+        raise UserError(f"{source}: tensors {', '.join(extra[:3])} have no place in the model")
+
+
+def _families() -> dict[str, Family]:
+    from redline.interop import gpt2, llama
+
+    return {f.name: f for f in (*llama.FAMILIES, gpt2.FAMILY)}
+
+
+def supported_names() -> list[str]:
+    return sorted(_families())
+
+
+def family_for(hf_config: dict, source: str) -> Family:
+    """The family of a Hugging Face config.json (its model_type)."""
+    model_type = hf_config.get("model_type")
+    families = _families()
+    if model_type not in families:
+        arch = ", ".join(hf_config.get("architectures") or []) or "no architectures field"
+        raise UserError(f"{source}: model_type {model_type!r} ({arch}) is not supported; redline imports "
+                        f"{', '.join(supported_names())}")
+    return families[model_type]
+
+
+def export_family(cfg: ModelConfig) -> Family:
+    """The architecture a redline model exports as: GPT-2 with learned positions, Qwen3 with QK-norm, Mistral with a
+    sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline option that no
+    such architecture has."""
+    families = _families()
+    if cfg.norm_position != "pre":
+        raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
+                        "exports to (GPT-2, Llama, Mistral, Qwen2, Qwen3)")
+    if cfg.logit_softcap:
+        raise UserError(f"model.logit_softcap={cfg.logit_softcap}: none of the architectures redline exports to "
+                        f"(GPT-2, Llama, Mistral, Qwen2, Qwen3) caps its logits")
+    if cfg.pos_emb == "none":
+        raise UserError("model.pos_emb=none: every architecture redline exports to has positions (GPT-2 learned, "
+                        "the others RoPE)")
+    if cfg.pos_emb == "learned":
+        from redline.interop.gpt2 import check_exportable
+
+        check_exportable(cfg)
+        return families["gpt2"]
+    if cfg.norm != "rmsnorm":
+        raise UserError("model.norm=layernorm with RoPE: the RoPE architectures redline exports to (Llama, Mistral, "
+                        "Qwen2, Qwen3) use RMSNorm; GPT-2, the LayerNorm one, has learned positions")
+    if cfg.mlp != "swiglu":
+        raise UserError(f"model.mlp={cfg.mlp} with RoPE: the RoPE architectures redline exports to (Llama, Mistral, "
+                        f"Qwen2, Qwen3) use SwiGLU MLPs")
+    from redline.interop.llama import export_name
+
+    return families[export_name(cfg)]

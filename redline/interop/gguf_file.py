@@ -1,0 +1,310 @@
+"""GGUF files (llama.cpp's format) through the `gguf` package: read into redline's layout, and written from it.
+
+A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
+`{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
+Llama-shaped models), qwen2, qwen3 and gpt2 are read and written here. Reading renames the tensors to Hugging Face
+names and builds a Hugging Face config, so the families' own maps (llama.py, gpt2.py) do the rest; writing goes the
+other way. Two layout differences from Hugging Face's:
+- llama.cpp's converter permutes the rows of q and k of the llama architecture (each head's rotary pairs
+  interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3 files are not permuted;
+- GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones.
+Quantized tensors are dequantized by the gguf package (a type it cannot dequantize is an error naming it); export
+writes f32, f16 or bf16, norms and biases always f32 as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from redline.durable import fsync_dir, fsync_file
+from redline.errors import UserError
+from redline.interop.families import Family, TensorSource, family_for
+from redline.interop.hf import ImportedModel, convert_source
+from redline.model import ModelConfig
+
+ARCHES = ("llama", "qwen2", "qwen3", "gpt2")
+_LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GPT2_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+               "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+_GPT2_TOP = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
+             "output": "lm_head"}
+_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 weights stored transposed
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_TOP = re.compile(r"^(\w+)\.(weight|bias)$")
+
+
+def require_gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise UserError("GGUF files need the gguf package: pip install 'redline[interop]'") from None
+    return gguf
+
+
+def _interleave(w: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
+    """llama.cpp's q/k row order: within each head, the (first half, second half) rotary pairs interleaved.
+    w: (heads * D, ...) rows; inverse undoes it."""
+    D = w.shape[0] // heads
+    if inverse:
+        return w.reshape(heads, D // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(heads, 2, D // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _hf_name(gguf_name: str, arch: str) -> str | None:
+    names, top, prefix = (_GPT2_NAMES, _GPT2_TOP, "transformer.h.") if arch == "gpt2" else \
+        (_LLAMA_NAMES, _LLAMA_TOP, "model.layers.")
+    if m := _BLOCK.match(gguf_name):
+        inner = names.get(m[2])
+        return f"{prefix}{m[1]}.{inner}.{m[3]}" if inner else None
+    if m := _TOP.match(gguf_name):
+        outer = top.get(m[1])
+        return f"{outer}.{m[2]}" if outer else None
+    return None
+
+
+def _gguf_name(hf_name: str, arch: str) -> str:
+    names, top, prefix = (_GPT2_NAMES, _GPT2_TOP, "transformer.h.") if arch == "gpt2" else \
+        (_LLAMA_NAMES, _LLAMA_TOP, "model.layers.")
+    if hf_name.startswith(prefix):
+        layer, rest = hf_name[len(prefix):].split(".", 1)
+        inner, kind = rest.rsplit(".", 1)
+        return f"blk.{layer}.{ {v: k for k, v in names.items()}[inner]}.{kind}"
+    outer, kind = hf_name.rsplit(".", 1)
+    return f"{ {v: k for k, v in top.items()}[outer]}.{kind}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# reading
+
+
+def _fields(reader) -> dict:
+    out = {}
+    for name, field in reader.fields.items():
+        try:
+            out[name] = field.contents()
+        except Exception:  # a value type this reader version does not decode: not one redline reads
+            continue
+    return out
+
+
+def _hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
+    """A Hugging Face config.json for the GGUF's metadata."""
+
+    def key(name, default=None):
+        return fields.get(f"{arch}.{name}", default)
+
+    tokens = fields.get("tokenizer.ggml.tokens") or []
+    vocab = key("vocab_size") or len(tokens)
+    if not vocab:
+        raise UserError("the GGUF gives no vocabulary size ({arch}.vocab_size or tokenizer tokens)")
+    tied = "output.weight" not in tensor_names
+    if arch == "gpt2":
+        return {"model_type": "gpt2", "vocab_size": vocab, "n_embd": key("embedding_length"),
+                "n_layer": key("block_count"), "n_head": key("attention.head_count"),
+                "n_positions": key("context_length", 1024), "n_inner": key("feed_forward_length"),
+                "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
+    width, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = key("attention.key_length") or key("rope.dimension_count") or width // heads
+    if key("rope.dimension_count", head_dim) != head_dim:
+        raise UserError(f"the GGUF rotates {key('rope.dimension_count')} of {head_dim} head dimensions (partial "
+                        f"RoPE), which redline does not support")
+    if "rope_freqs.weight" in tensor_names:
+        raise UserError("the GGUF scales RoPE with a rope_freqs tensor (Llama 3.1 style), which redline reads only "
+                        "from a Hugging Face folder's config; import the model's Hugging Face folder instead")
+    window = key("attention.sliding_window") or 0
+    config = {"model_type": "mistral" if arch == "llama" and window else arch, "vocab_size": vocab,
+              "hidden_size": width, "intermediate_size": key("feed_forward_length"),
+              "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
+              "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim,
+              "max_position_embeddings": key("context_length", 2048),
+              "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6), "rope_theta": key("rope.freq_base", 1e4),
+              "tie_word_embeddings": tied, "sliding_window": window or None}
+    if arch == "llama":
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+        config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
+    scaling = key("rope.scaling.type")
+    if scaling == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    elif scaling not in (None, "none"):
+        raise UserError(f"the GGUF's RoPE scaling {scaling!r} is not supported (redline reads none and linear)")
+    return config
+
+
+def _tensor_reader(path: Path, reader, arch: str, config: dict):
+    """(HF name -> GGUF tensor, function reading one as an fp32 torch tensor in Hugging Face's layout)."""
+    gguf = require_gguf()
+    by_hf, unknown = {}, []
+    for t in reader.tensors:
+        hf = _hf_name(t.name, arch)
+        (unknown.append(t.name) if hf is None else by_hf.__setitem__(hf, t))
+    if unknown:
+        raise UserError(f"{path}: tensors {', '.join(unknown[:3])} have no place in a {arch} model redline builds")
+
+    def read(hf_name: str) -> torch.Tensor:
+        t = by_hf[hf_name]
+        try:
+            values = gguf.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise UserError(f"{path}: tensor {t.name} is {t.tensor_type.name}, a type the gguf package cannot "
+                            f"dequantize; use a file quantized otherwise (Q8_0, Q4_K_M, F16, ...)") from None
+        w = torch.from_numpy(np.array(values, dtype=np.float32)).reshape(
+            tuple(int(n) for n in reversed(t.shape.tolist())))
+        kind = t.name.split(".")[-2]
+        if arch == "llama" and kind in ("attn_q", "attn_k"):
+            heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
+            w = _interleave(w, heads, inverse=True)
+        if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
+            w = w.t().contiguous()
+        return w
+
+    return by_hf, read
+
+
+def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
+    """A GGUF file in redline's layout, tensors dequantized to fp32, tokenizer and chat template from its
+    metadata (or `tokenizer`, a tokenizer.json path or folder)."""
+    gguf = require_gguf()
+    from redline.interop.gguf_vocab import tokenizer_from_gguf
+    from redline.tokenizer import BPETokenizer, load_tokenizer
+
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader's own errors for a bad magic number or a truncated file
+        raise UserError(f"cannot read {path} as GGUF ({type(e).__name__}: {e}); the file is damaged or not GGUF") \
+            from None
+    fields = _fields(reader)
+    arch = fields.get("general.architecture")
+    if arch not in ARCHES:
+        raise UserError(f"{path}: GGUF architecture {arch!r} is not supported; redline reads {', '.join(ARCHES)}")
+    config = _hf_config(fields, arch, {t.name for t in reader.tensors})
+    if tokenizer:
+        tok = load_tokenizer(tokenizer)
+    else:
+        hf_tokenizer, tok_config = tokenizer_from_gguf(fields)
+        tok = BPETokenizer(hf_tokenizer, spec="", hf_config=tok_config)
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        tok.stop_ids = [eos]
+    family = family_for(config, str(path))
+    by_hf, read = _tensor_reader(path, reader, arch, config)
+    cfg, state = convert_source(TensorSource(by_hf, read, str(path)), config, family)
+    kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
+    source_dtype = torch.bfloat16 if kinds == {"BF16"} else torch.float32 if kinds == {"F32"} else None
+    return ImportedModel(cfg=cfg, state=state, tokenizer=tok, family=family.name, source=str(path),
+                         source_dtype=source_dtype, generation_config={"eos_token_id": tok.stop_ids})
+
+
+# ----------------------------------------------------------------------------------------------------
+# writing
+
+
+def _arch(family: Family, cfg: ModelConfig) -> str:
+    if cfg.sliding_window:
+        raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
+                        "with --format hf")
+    if cfg.rope_scaling == "llama3":
+        raise UserError("model.rope_scaling=llama3 is not written to GGUF here; export with --format hf")
+    return {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}[family.name]
+
+
+def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    writer.add_name(f"redline {arch}")
+    writer.add_context_length(cfg.context_len)
+    writer.add_embedding_length(cfg.n_embd)
+    writer.add_block_count(cfg.n_layer)
+    writer.add_feed_forward_length(cfg.hidden_dim)
+    writer.add_head_count(cfg.n_head)
+    writer.add_vocab_size(cfg.vocab_size)
+    file_type = {torch.float32: gguf.LlamaFileType.ALL_F32, torch.float16: gguf.LlamaFileType.MOSTLY_F16,
+                 torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16}[dtype]
+    writer.add_file_type(file_type)
+    if arch == "gpt2":
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    writer.add_head_count_kv(cfg.kv_heads)
+    writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch == "qwen3":
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+    if cfg.rope_scaling == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg.rope_factor)
+
+
+def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:
+    from redline.interop.gguf_vocab import HF_JSON_KEY, gguf_vocab
+
+    vocab = gguf_vocab(tokenizer, vocab_size)
+    writer.add_tokenizer_model(vocab.pop("tokenizer.ggml.model"))
+    writer.add_token_list(vocab.pop("tokenizer.ggml.tokens"))
+    writer.add_token_types(vocab.pop("tokenizer.ggml.token_type"))
+    adders = {"tokenizer.ggml.merges": writer.add_token_merges, "tokenizer.ggml.scores": writer.add_token_scores,
+              "tokenizer.ggml.pre": writer.add_tokenizer_pre, "tokenizer.ggml.bos_token_id": writer.add_bos_token_id,
+              "tokenizer.ggml.eos_token_id": writer.add_eos_token_id,
+              "tokenizer.ggml.unknown_token_id": writer.add_unk_token_id,
+              "tokenizer.ggml.padding_token_id": writer.add_pad_token_id,
+              "tokenizer.ggml.add_bos_token": writer.add_add_bos_token,
+              "tokenizer.ggml.add_space_prefix": writer.add_add_space_prefix,
+              "tokenizer.chat_template": writer.add_chat_template,
+              HF_JSON_KEY: lambda text: writer.add_string(HF_JSON_KEY, text)}
+    for key, value in vocab.items():
+        adders[key](value)
+
+
+def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Family, dtype: torch.dtype) -> Path:
+    """One GGUF file of redline weights `state` (fp32 state dict): 2-D tensors in dtype, 1-D ones in fp32."""
+    gguf = require_gguf()
+    arch = _arch(family, cfg)
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{secrets.token_hex(4)}"
+    qtype = {torch.float32: gguf.GGMLQuantizationType.F32, torch.float16: gguf.GGMLQuantizationType.F16,
+             torch.bfloat16: gguf.GGMLQuantizationType.BF16}[dtype]
+    try:
+        writer = gguf.GGUFWriter(str(tmp), arch)
+        _metadata(writer, gguf, arch, cfg, dtype)
+        _vocab_metadata(writer, tokenizer, cfg.vocab_size)
+        for hf_name, t in family.to_hf(state, cfg).items():
+            name = _gguf_name(hf_name, arch)
+            kind = name.split(".")[-2]
+            w = t.float()
+            if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
+                w = w.t()
+            if arch == "llama" and kind in ("attn_q", "attn_k"):
+                w = _interleave(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
+            values = np.ascontiguousarray(w.numpy(), dtype=np.float32)
+            if w.dim() < 2 or qtype == gguf.GGMLQuantizationType.F32:
+                writer.add_tensor(name, values)
+            else:
+                writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        fsync_file(tmp)
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write {out} ({e}); nothing was left there") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out

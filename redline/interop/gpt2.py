@@ -1,0 +1,124 @@
+"""GPT-2: learned positions, pre-LayerNorm with biases, tanh-GELU MLP, multi-head attention, tied head.
+
+Hugging Face's GPT-2 keeps its Linear weights in Conv1D layout, (in, out): each is transposed on the way in and on
+the way out. `c_attn` is already one fused [q; k; v] projection, as redline's. A redline model without biases
+exports with zero biases (GPT-2 always has them), which computes the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from redline.errors import UserError
+from redline.interop.families import Family, TensorSource, pad_rows
+from redline.model import ModelConfig
+
+# tanh-approximated GELU under its names in transformers' ACT2FN; "gelu" (erf) is a different function
+_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+
+
+def model_config(hf: dict) -> ModelConfig:
+    act = hf.get("activation_function", "gelu_new")
+    if act not in _TANH_GELU:
+        raise UserError(f"activation_function={act!r}: redline's GELU is the tanh approximation "
+                        f"({', '.join(_TANH_GELU)})")
+    if hf.get("scale_attn_by_inverse_layer_idx"):
+        raise UserError("scale_attn_by_inverse_layer_idx=true is not supported (redline scales attention by "
+                        "1/sqrt(head width) in every layer)")
+    if hf.get("scale_attn_weights") is False:
+        raise UserError("scale_attn_weights=false is not supported (redline scales attention by 1/sqrt(head width))")
+    width = hf["n_embd"]
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], context_len=hf.get("n_positions", 1024), n_layer=hf["n_layer"], n_embd=width,
+        n_head=hf["n_head"], n_kv_head=None, qk_norm=False, fused_qkv=True, pos_emb="learned", mlp="gelu",
+        mlp_hidden=hf.get("n_inner") or 4 * width, norm="layernorm", norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), bias=True,
+    )
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option of a learned-positions model that GPT-2 does not have."""
+    problems = [
+        (cfg.norm != "layernorm", "model.norm=rmsnorm with learned positions: GPT-2, the one architecture with "
+                                  "learned positions redline exports to, uses LayerNorm"),
+        (cfg.mlp != "gelu", f"model.mlp={cfg.mlp} with learned positions: GPT-2's MLP is GELU"),
+        (cfg.qk_norm, "model.qk_norm with learned positions: GPT-2 has no QK-norm"),
+        (cfg.kv_heads != cfg.n_head, "model.n_kv_head with learned positions: GPT-2 is multi-head (no GQA)"),
+        (cfg.sliding_window > 0, "model.sliding_window with learned positions: GPT-2 attends to the whole context"),
+        (cfg.head_dim * cfg.n_head != cfg.n_embd, "model.head_size with learned positions: GPT-2's heads are "
+                                                  "n_embd / n_head wide"),
+        (cfg.has_qkv_bias != cfg.bias, "model.qkv_bias apart from model.bias: GPT-2 has biases on every layer"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise UserError(message)
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    return {
+        "model_type": "gpt2", "vocab_size": cfg.vocab_size, "n_positions": cfg.context_len, "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.hidden_dim, "activation_function": "gelu_new",
+        "layer_norm_epsilon": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings, "scale_attn_weights": True,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02, "use_cache": True,
+    }
+
+
+def _prefix(src: TensorSource) -> str:
+    """"transformer." for a GPT2LMHeadModel state dict, "" for one saved from GPT2Model (OpenAI's gpt2 files)."""
+    return "" if "wte.weight" in src and "transformer.wte.weight" not in src else "transformer."
+
+
+def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    pre = _prefix(src)
+    out = {"wte.weight": pad_rows(src.take(pre + "wte.weight"), cfg.padded_vocab),
+           "wpe.weight": src.take(pre + "wpe.weight"),
+           "norm_f.weight": src.take(pre + "ln_f.weight"), "norm_f.bias": src.take(pre + "ln_f.bias")}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg.padded_vocab)
+    elif "lm_head.weight" in src:
+        src.take("lm_head.weight")  # the tied head, stored anyway
+    names = {"norm1": "ln_1", "norm2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
+             "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+    for i in range(cfg.n_layer):
+        for ours, theirs in names.items():
+            weight = src.take(f"{pre}h.{i}.{theirs}.weight")
+            out[f"blocks.{i}.{ours}.weight"] = weight if ours.startswith("norm") else weight.t()  # Conv1D: (in, out)
+            out[f"blocks.{i}.{ours}.bias"] = src.take(f"{pre}h.{i}.{theirs}.bias")
+    return out
+
+
+def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    V = cfg.vocab_size
+
+    def bias(name: str, like: torch.Tensor) -> torch.Tensor:
+        return state[name] if name in state else like.new_zeros(like.shape[0])
+
+    out = {"transformer.wte.weight": state["wte.weight"][:V], "transformer.wpe.weight": state["wpe.weight"],
+           "transformer.ln_f.weight": state["norm_f.weight"],
+           "transformer.ln_f.bias": bias("norm_f.bias", state["norm_f.weight"])}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    for i in range(cfg.n_layer):
+        r, p = f"blocks.{i}.", f"transformer.h.{i}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            weight = state[f"{r}{ours}.weight"]
+            out[f"{p}{theirs}.weight"], out[f"{p}{theirs}.bias"] = weight, bias(f"{r}{ours}.bias", weight)
+        if not cfg.fused_qkv:  # separate q/k/v Linear layers: GPT-2's c_attn is their rows stacked
+            state = {**state, **{f"{r}attn.qkv.{kind}": torch.cat([state[f"{r}attn.{x}.{kind}"] for x in "qkv"])
+                                 for kind in ("weight", "bias") if f"{r}attn.q.{kind}" in state}}
+        for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"), ("mlp.fc", "mlp.c_fc"),
+                             ("mlp.proj", "mlp.c_proj")):
+            weight = state[f"{r}{ours}.weight"]  # (out, in) -> Conv1D's (in, out)
+            out[f"{p}{theirs}.weight"], out[f"{p}{theirs}.bias"] = weight.t(), bias(f"{r}{ours}.bias", weight)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _ignorable(name: str) -> bool:
+    # the causal-mask buffers older transformers saved with every attention layer
+    return name.endswith((".attn.bias", ".attn.masked_bias"))
+
+
+FAMILY = Family(name="gpt2", architecture="GPT2LMHeadModel", model_config=model_config, hf_config=hf_config,
+                to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)

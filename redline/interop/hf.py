@@ -1,0 +1,214 @@
+"""Hugging Face model folders: reading one into redline's layout, and writing a redline model as one.
+
+A folder holds config.json, model.safetensors (or shards named by model.safetensors.index.json), tokenizer.json with
+tokenizer_config.json (special tokens, chat template) and generation_config.json (the EOS ids generation stops at).
+`read_folder` gives an `ImportedModel`; `write_folder` writes what `transformers.AutoModelForCausalLM.from_pretrained`
+loads with no missing or unexpected keys, and `AutoTokenizer.from_pretrained` with the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from redline.durable import fsync_dir, fsync_file
+from redline.errors import UserError
+from redline.interop.families import Family, TensorSource, check_state, family_for
+from redline.model import ModelConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass
+class ImportedModel:
+    """A model read from elsewhere, in redline's layout."""
+
+    cfg: ModelConfig
+    state: dict[str, torch.Tensor]
+    tokenizer: object
+    family: str
+    source: str
+    source_dtype: torch.dtype | None = None
+    """The floating dtype the source stored its weights in (None: mixed or dequantized)."""
+    generation_config: dict = field(default_factory=dict)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {what} {path} ({e})") from None
+
+
+def _open_safetensors(folder: Path) -> tuple[TensorSource, torch.dtype | None]:
+    """A TensorSource over model.safetensors or the shards its index names, and the weights' common dtype."""
+    from safetensors import safe_open
+
+    if (folder / INDEX_FILE).is_file():
+        weight_map = _read_json(folder / INDEX_FILE, "the shard index").get("weight_map") or {}
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise UserError(f"{folder}: shard {missing[0]} named by {INDEX_FILE} is missing"
+                            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; download it again")
+    elif (folder / "model.safetensors").is_file():
+        shards, weight_map = ["model.safetensors"], None
+    else:
+        other = sorted(p.name for p in folder.glob("*.bin")) or sorted(p.name for p in folder.glob("*.pt"))
+        hint = (f" (it has {other[0]}: convert it to safetensors with transformers' save_pretrained)"
+                if other else "")
+        raise UserError(f"{folder} has no model.safetensors or {INDEX_FILE}{hint}")
+    handles, where = {}, {}
+    try:
+        for shard in shards:
+            handles[shard] = safe_open(str(folder / shard), framework="pt")
+            for name in handles[shard].keys():
+                where[name] = shard
+    except Exception as e:  # safetensors' own error types for a truncated or damaged file
+        raise UserError(f"cannot read {folder / shard} ({e}); the file is damaged or incomplete") from None
+    if weight_map is not None:
+        absent = sorted(n for n, s in weight_map.items() if where.get(n) != s)
+        if absent:
+            raise UserError(f"{folder}: tensor {absent[0]} is not in shard {weight_map[absent[0]]} as "
+                            f"{INDEX_FILE} says; the shards do not match the index")
+    dtypes = {handles[s].get_slice(n).get_dtype() for n, s in where.items()}
+    dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(next(iter(dtypes))) \
+        if len(dtypes) == 1 else None
+    return TensorSource(where, lambda name: handles[where[name]].get_tensor(name), str(folder)), dtype
+
+
+def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, redline state dict) from a HF config and HF-named tensors; every tensor used or named."""
+    cfg = family.model_config(hf_config)
+    try:
+        cfg.validate()
+    except UserError as e:
+        raise UserError(f"{src.where}: the config gives a model redline cannot build ({e})") from None
+    state = family.to_redline(src, cfg)
+    unused = src.unused(family.ignorable)
+    if unused:
+        raise UserError(f"{src.where}: tensors {', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''} have no "
+                        f"place in a {family.name} model as its config describes it (an option redline does not "
+                        f"support, or a config that does not match the weights)")
+    check_state(state, cfg, src.where)
+    return cfg, state
+
+
+def stop_ids_from(generation_config: Mapping, hf_config: Mapping) -> list[int]:
+    """The EOS ids a model's generation stops at: generation_config.json's, else config.json's."""
+    eos = generation_config.get("eos_token_id", hf_config.get("eos_token_id"))
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def load_folder_tokenizer(folder: Path, override: str | None = None):
+    """The tokenizer of a model folder (tokenizer.json with tokenizer_config.json), or the one `override` names."""
+    from redline.tokenizer import HF_FILE, load_tokenizer
+
+    if override:
+        return load_tokenizer(override)
+    if not (folder / HF_FILE).is_file():
+        present = [n for n in ("tokenizer.model", "vocab.json", "spiece.model") if (folder / n).is_file()]
+        hint = f" (it has {present[0]}, which redline does not read)" if present else ""
+        raise UserError(f"{folder} has no {HF_FILE}{hint}; give the model's tokenizer.json with --tokenizer PATH")
+    return load_tokenizer(folder)
+
+
+def read_folder(folder: str | Path, tokenizer: str | None = None) -> ImportedModel:
+    """A Hugging Face model folder in redline's layout (weights in the source's dtypes)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{folder} has no config.json; give a Hugging Face model folder (config.json, "
+                        f"model.safetensors, tokenizer.json), a .gguf file or a Hub model name")
+    hf_config = _read_json(folder / "config.json", "the model config")
+    family = family_for(hf_config, str(folder / "config.json"))
+    tok = load_folder_tokenizer(folder, tokenizer)  # before the weights: a missing tokenizer fails fast
+    src, dtype = _open_safetensors(folder)
+    cfg, state = convert_source(src, hf_config, family)
+    generation = _read_json(folder / "generation_config.json", "the generation config") \
+        if (folder / "generation_config.json").is_file() else {}
+    stops = stop_ids_from(generation, hf_config)
+    if stops:
+        tok.stop_ids = stops
+    return ImportedModel(cfg=cfg, state=state, tokenizer=tok, family=family.name, source=str(folder),
+                         source_dtype=dtype, generation_config=generation)
+
+
+# ----------------------------------------------------------------------------------------------------
+# writing
+
+
+def generation_config(tokenizer) -> dict:
+    stops = tokenizer.stop_ids
+    out = {"eos_token_id": stops[0] if len(stops) == 1 else stops}
+    if tokenizer.bos_id is not None:
+        out["bos_token_id"] = tokenizer.bos_id
+    return out
+
+
+def hf_config_json(cfg: ModelConfig, family: Family, tokenizer, dtype: torch.dtype) -> dict:
+    config = {"architectures": [family.architecture], **family.hf_config(cfg), "torch_dtype": HF_DTYPE_NAMES[dtype]}
+    config.update(generation_config(tokenizer))
+    return config
+
+
+def hf_tokenizer_files(tokenizer) -> dict[str, str]:
+    """tokenizer.json and tokenizer_config.json of a redline tokenizer, as transformers reads them."""
+    from redline.interop.tokenizer_files import hf_tokenizer_files as files
+
+    return files(tokenizer)
+
+
+def write_atomic_folder(out: Path, write) -> Path:
+    """Call write(tmp) to fill a temporary sibling folder, fsync it, rename it to `out` (which must not exist or be
+    empty); nothing is left under `out` on failure."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} already exists; give a new folder for --out (or remove that one)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+        write(tmp)
+        for f in tmp.iterdir():
+            fsync_file(f)
+        fsync_dir(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"could not write {out} ({e}); nothing was left there") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_folder(out: str | Path, state: Mapping[str, torch.Tensor], cfg: ModelConfig, tokenizer, family: Family,
+                 dtype: torch.dtype) -> Path:
+    """A Hugging Face model folder for redline weights `state` (its fp32 state dict) in `dtype`."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.to(dtype).contiguous() for k, v in family.to_hf(state, cfg).items()}
+    files = hf_tokenizer_files(tokenizer)
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config_json(cfg, family, tokenizer, dtype), indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps(generation_config(tokenizer), indent=2) + "\n")
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+
+    return write_atomic_folder(Path(out), write)

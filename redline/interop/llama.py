@@ -1,0 +1,241 @@
+"""The Llama layout: Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5 and Qwen3.
+
+All four name their tensors alike (`model.layers.N.self_attn.q_proj.weight`, `mlp.gate_proj`, ...) and run the same
+block: pre-RMSNorm, RoPE on (first half, second half) pairs as redline does, SwiGLU, grouped-query attention. They
+differ in:
+- Llama: optional biases on q/k/v/o (`attention_bias`) and the MLP (`mlp_bias`), Llama 3 RoPE scaling;
+- Mistral: a sliding window (query i attends keys j with i - j < window), no biases;
+- Qwen2: biases on q/k/v only (redline's `qkv_bias`), optionally a sliding window on every layer;
+- Qwen3: QK-norm (an RMSNorm over each head's q and k, learned weights) and a head width of its own (`head_dim`).
+
+redline holds q/k/v as one fused projection (rows [q; k; v]) and the SwiGLU gate and up as one (rows [gate; up]):
+importing concatenates them, exporting splits them by their sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from redline.errors import UserError
+from redline.interop.families import Family, TensorSource, pad_rows
+from redline.model import ModelConfig
+
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def _rope(hf: dict) -> dict:
+    """ModelConfig's RoPE fields from `rope_parameters` (transformers >= 5) or `rope_theta` + `rope_scaling`."""
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or {})
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    spec = params if params.get("rope_type", "default") != "default" else scaling
+    kind = spec.get("rope_type", spec.get("type", "default"))
+    if kind not in _ROPE_TYPES:
+        raise UserError(f"RoPE scaling {kind!r} is not supported; redline has {', '.join(_ROPE_TYPES)}")
+    out = {"rope_theta": float(theta)}
+    if kind == "linear":
+        out.update(rope_scaling="linear", rope_factor=float(spec["factor"]))
+    elif kind == "llama3":
+        out.update(rope_scaling="llama3", rope_factor=float(spec["factor"]),
+                   rope_low_freq_factor=float(spec["low_freq_factor"]),
+                   rope_high_freq_factor=float(spec["high_freq_factor"]),
+                   rope_original_context=int(spec["original_max_position_embeddings"]))
+    return out
+
+
+def _window(hf: dict, name: str) -> int:
+    """The sliding window every layer uses (0: none); a UserError for a mix of full and windowed layers."""
+    window = hf.get("sliding_window") or 0
+    if name == "mistral":
+        return int(window)
+    if name not in ("qwen2", "qwen3") or not hf.get("use_sliding_window") or not window:
+        return 0
+    kinds = set(hf.get("layer_types") or [])
+    if not kinds:  # transformers < 5: layers from max_window_layers on use the window
+        first = hf.get("max_window_layers", hf["num_hidden_layers"])
+        kinds = {"sliding_attention" if i >= first else "full_attention" for i in range(hf["num_hidden_layers"])}
+    if kinds == {"sliding_attention"}:
+        return int(window)
+    if kinds == {"full_attention"}:
+        return 0
+    raise UserError("a mix of full and sliding-window attention layers (layer_types / max_window_layers) is not "
+                    "supported; redline applies one sliding window to every layer")
+
+
+def model_config_for(name: str):
+    def model_config(hf: dict) -> ModelConfig:
+        act = hf.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise UserError(f"hidden_act={act!r}: redline's SwiGLU uses SiLU; this model's MLP is not supported")
+        attention_bias = bool(hf.get("attention_bias", False))
+        mlp_bias = bool(hf.get("mlp_bias", False))
+        if attention_bias != mlp_bias:  # redline's `bias` covers o_proj and the MLP together
+            raise UserError(f"attention_bias={attention_bias} with mlp_bias={mlp_bias}: redline has biases on "
+                            f"q/k/v alone or on every Linear layer, not this mix")
+        width, heads = hf["hidden_size"], hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or width // heads
+        return ModelConfig(
+            vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 2048),
+            n_layer=hf["num_hidden_layers"], n_embd=width, n_head=heads,
+            n_kv_head=hf.get("num_key_value_heads") or heads,
+            head_size=head_dim if head_dim * heads != width else None,
+            qk_norm=name == "qwen3", fused_qkv=True, sliding_window=_window(hf, name), pos_emb="rope",
+            mlp="swiglu", fused_mlp=True, mlp_hidden=hf["intermediate_size"], norm="rmsnorm",
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            bias=attention_bias, qkv_bias=True if name == "qwen2" else None, **_rope(hf),
+        )
+
+    return model_config
+
+
+def export_name(cfg: ModelConfig) -> str:
+    """Which of the four a RoPE + RMSNorm + SwiGLU redline model exports as (see the module docstring)."""
+    if cfg.qk_norm:
+        if cfg.sliding_window:
+            raise UserError("model.qk_norm with model.sliding_window: Qwen3, the QK-norm architecture redline "
+                            "exports to, is written without a sliding window here; drop one of them")
+        if cfg.bias:
+            raise UserError("model.bias=true with model.qk_norm: Qwen3 has no MLP biases")
+        return "qwen3"
+    if cfg.sliding_window:
+        if cfg.has_qkv_bias:
+            raise UserError("model.sliding_window with biases: Mistral, the sliding-window architecture redline "
+                            "exports to, has no biases")
+        return "mistral"
+    if cfg.has_qkv_bias and not cfg.bias:
+        return "qwen2"
+    return "llama"
+
+
+def hf_config_for(name: str):
+    def hf_config(cfg: ModelConfig) -> dict:
+        out = {
+            "model_type": name, "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
+            "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer,
+            "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+            "hidden_act": "silu", "max_position_embeddings": cfg.context_len, "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta, "rope_scaling": None, "tie_word_embeddings": cfg.tie_embeddings,
+            "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+        }
+        if cfg.rope_scaling == "linear":
+            out["rope_scaling"] = {"rope_type": "linear", "factor": cfg.rope_factor}
+        elif cfg.rope_scaling == "llama3":
+            out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_factor,
+                                   "low_freq_factor": cfg.rope_low_freq_factor,
+                                   "high_freq_factor": cfg.rope_high_freq_factor,
+                                   "original_max_position_embeddings": cfg.rope_original_context}
+        if name == "llama":
+            out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, pretraining_tp=1)
+        elif name == "qwen3":  # attention_bias: q/k/v/o; redline's qkv-only biases get a zero o_proj bias
+            out.update(attention_bias=cfg.has_qkv_bias, use_sliding_window=False, sliding_window=None,
+                       max_window_layers=cfg.n_layer)
+        elif name == "qwen2":
+            out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+        elif name == "mistral":
+            out["sliding_window"] = cfg.sliding_window or None
+        return out
+
+    return hf_config
+
+
+def _prefix(src: TensorSource) -> str:
+    """"model." for a ForCausalLM state dict, "" for one saved from the bare model."""
+    return "" if "embed_tokens.weight" in src and "model.embed_tokens.weight" not in src else "model."
+
+
+def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    pre = _prefix(src)
+    out = {"wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg.padded_vocab),
+           "norm_f.weight": src.take(f"{pre}norm.weight")}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg.padded_vocab)
+    for i in range(cfg.n_layer):
+        p, r = f"{pre}layers.{i}.", f"blocks.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
+        out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
+        out[r + "attn.qkv.weight"] = torch.cat([src.take(f"{attn}{x}_proj.weight") for x in "qkv"])
+        if cfg.has_qkv_bias:
+            out[r + "attn.qkv.bias"] = torch.cat([src.take(f"{attn}{x}_proj.bias") for x in "qkv"])
+        out[r + "attn.proj.weight"] = src.take(attn + "o_proj.weight")
+        if cfg.qk_norm:
+            out[r + "attn.q_norm.weight"] = src.take(attn + "q_norm.weight")
+            out[r + "attn.k_norm.weight"] = src.take(attn + "k_norm.weight")
+        out[r + "mlp.fc.weight"] = torch.cat([src.take(mlp + "gate_proj.weight"), src.take(mlp + "up_proj.weight")])
+        out[r + "mlp.proj.weight"] = src.take(mlp + "down_proj.weight")
+        if cfg.bias:
+            out[r + "attn.proj.bias"] = src.take(attn + "o_proj.bias")
+            out[r + "mlp.fc.bias"] = torch.cat([src.take(mlp + "gate_proj.bias"), src.take(mlp + "up_proj.bias")])
+            out[r + "mlp.proj.bias"] = src.take(mlp + "down_proj.bias")
+    if cfg.tie_embeddings and "lm_head.weight" in src:
+        src.take("lm_head.weight")  # some files store the tied head too: it is the embedding
+    return out
+
+
+def _split_qkv(t: torch.Tensor, cfg: ModelConfig) -> list[torch.Tensor]:
+    q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    return list(t.split([q, kv, kv]))
+
+
+def _mlp_parts(state: Mapping[str, torch.Tensor], r: str, cfg: ModelConfig, kind: str):
+    """(gate, up) weights or biases of block r, from the fused fc or the separate Linear layers."""
+    if cfg.fused_mlp:
+        return state[f"{r}mlp.fc.{kind}"].chunk(2)
+    return state[f"{r}mlp.fc.{kind}"], state[f"{r}mlp.up.{kind}"]
+
+
+def _qkv(state: Mapping[str, torch.Tensor], r: str, cfg: ModelConfig, kind: str) -> list[torch.Tensor]:
+    if cfg.fused_qkv:
+        return _split_qkv(state[f"{r}attn.qkv.{kind}"], cfg)
+    return [state[f"{r}attn.{x}.{kind}"] for x in "qkv"]
+
+
+def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    V = cfg.vocab_size
+    name = export_name(cfg)
+    out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.norm.weight": state["norm_f.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
+        out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
+        for x, t in zip("qkv", _qkv(state, r, cfg, "weight")):
+            out[f"{attn}{x}_proj.weight"] = t
+        if cfg.has_qkv_bias:
+            for x, t in zip("qkv", _qkv(state, r, cfg, "bias")):
+                out[f"{attn}{x}_proj.bias"] = t
+        out[attn + "o_proj.weight"] = state[r + "attn.proj.weight"]
+        if cfg.bias:
+            out[attn + "o_proj.bias"] = state[r + "attn.proj.bias"]
+        elif name == "qwen3" and cfg.has_qkv_bias:  # Qwen3's attention_bias puts a bias on o_proj too
+            out[attn + "o_proj.bias"] = torch.zeros_like(state[r + "attn.proj.weight"][:, 0])
+        if cfg.qk_norm:
+            out[attn + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
+            out[attn + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
+        gate, up = _mlp_parts(state, r, cfg, "weight")
+        out[mlp + "gate_proj.weight"], out[mlp + "up_proj.weight"] = gate, up
+        out[mlp + "down_proj.weight"] = state[r + "mlp.proj.weight"]
+        if cfg.bias:
+            gate, up = _mlp_parts(state, r, cfg, "bias")
+            out[mlp + "gate_proj.bias"], out[mlp + "up_proj.bias"] = gate, up
+            out[mlp + "down_proj.bias"] = state[r + "mlp.proj.bias"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}
+
+
+def _ignorable(name: str) -> bool:
+    return name.endswith("rotary_emb.inv_freq")  # a buffer older transformers saved; recomputed from the config
+
+
+FAMILIES = tuple(
+    Family(name=n, architecture=arch, model_config=model_config_for(n), hf_config=hf_config_for(n),
+           to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+    for n, arch in _ARCHITECTURES.items()
+)

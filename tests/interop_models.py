@@ -1,0 +1,118 @@
+"""Tiny random Hugging Face models and tokenizers of each family, built inside the tests (no download)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 320
+FAMILIES = {
+    # Llama with GQA and tied embeddings (SmolLM2's shape, small)
+    "llama-gqa-tied": ("LlamaConfig", "LlamaForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
+    # Llama untied, with Llama 3.1's RoPE scaling and attention + MLP biases
+    "llama-untied-rope3": ("LlamaConfig", "LlamaForCausalLM",
+                           dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                                attention_bias=True, mlp_bias=True, rope_theta=50000.0,
+                                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    # Qwen2: biases on q/k/v only
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                      tie_word_embeddings=True)),
+    # Qwen3: QK-norm, head_dim 24 != 64 / 4
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                                      tie_word_embeddings=False)),
+    # Mistral with a sliding window shorter than the test sequences
+    "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                                   sliding_window=5, head_dim=16)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+}
+# for GGUF: no Llama 3 RoPE scaling (refused there), and GPT-2 at its own context (transformers' GGUF loader assumes it)
+GGUF_FAMILIES = {
+    "llama-untied": ("LlamaConfig", "LlamaForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama-untied-bias": ("LlamaConfig", "LlamaForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                               attention_bias=True, mlp_bias=True)),
+    "gpt2-1024": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, n_positions=1024)),
+}
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def hf_model(kind: str, seed: int = 0):
+    """A transformers model of family `kind` with random weights (every parameter perturbed, norms included)."""
+    import transformers
+
+    config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES}[kind]
+    if kind.startswith("gpt2"):
+        common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0)
+    else:
+        common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1)
+    config = getattr(transformers, config_name)(**{**common, **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def byte_level_tokenizer(path: Path, template: str | None = TEMPLATE) -> Path:
+    """A byte-level BPE (GPT-2 style) of VOCAB tokens with <|endoftext|>, <|im_start|>, <|im_end|> as specials,
+    trained in the test, saved as tokenizer.json + tokenizer_config.json (chat template, EOS)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 8, special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                         "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["hello world, the model reads tokens and says hi"] * 50 +
+                            ["Ünïcödé café 日本 1234 tabs\tand\nnewlines"] * 20, trainer)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+              "bos_token": None, "pad_token": "<|endoftext|>"}
+    if template:
+        config["chat_template"] = template
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def hf_folder(kind: str, path: Path, seed: int = 0):
+    """save_pretrained of a tiny model of `kind` plus a tokenizer and generation_config with EOS ids [1, 2]."""
+    model = hf_model(kind, seed)
+    model.save_pretrained(path)
+    byte_level_tokenizer(path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2], "bos_token_id": 0}))
+    return model
+
+
+def sentencepiece_style_tokenizer(path):
+    """A SentencePiece-style BPE (Metaspace "▁", byte fallback, <unk>/<s>/</s>), as Llama 2 / TinyLlama / Mistral
+    tokenizers are, trained in the test; tokenizer_config adds BOS."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens],
+                                  show_progress=False)
+    tok.train_from_iterator(["hello world, the model reads tokens and says hi", "sentence piece style text"] * 40,
+                            trainer)
+    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B:1",
+                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                            "unk_token": "<unk>", "add_bos_token": True}))
+    return path

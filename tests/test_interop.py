@@ -1,0 +1,297 @@
+"""Import from and export to Hugging Face folders, against transformers itself on tiny random models of each family
+built in the test: logits equal in fp32, greedy tokens equal (redline's engine vs `generate(do_sample=False)`),
+exported folders loaded by `from_pretrained` with no missing or unexpected keys, and each bad input one line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from redline import cli
+from redline.errors import UserError
+from redline.interop.families import export_family
+from redline.model import GPT, ModelConfig
+from redline.training.checkpoint import load_for_inference
+from tests.interop_models import FAMILIES, VOCAB, hf_folder
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_cli(argv, capsys):
+    capsys.readouterr()  # drop what building the models printed (transformers' progress bars)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def imported(kind, tmp_path, capsys, dtype="fp32"):
+    """(HF model, redline model, tokenizer, checkpoint dir) after `redline import`."""
+    hf = hf_folder(kind, tmp_path / "hf")
+    code, out, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", dtype],
+                             capsys)
+    assert code == 0, err
+    model, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    return hf, model, tokenizer, tmp_path / "ckpt"
+
+
+TOKENS = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, capsys):
+    from redline.inference import InferenceEngine, SamplingParams
+
+    hf, model, tokenizer, _ = imported(kind, tmp_path, capsys)
+    with torch.no_grad():
+        expected, got = hf(TOKENS).logits, model(TOKENS)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert tokenizer.stop_ids == [1, 2]  # generation_config.json's EOS ids
+    # greedy decoding: the engine on the CPU, prompts of different lengths in one batch, vs transformers one by one
+    prompts = [TOKENS[0, :9].tolist(), TOKENS[1, :4].tolist()]
+    results = InferenceEngine(model, compile=False).generate(prompts, 10, SamplingParams(temperature=0))
+    hf.generation_config.eos_token_id = None  # every row runs all 10 steps, as stop_tokens=() does here
+    for prompt, result in zip(prompts, results):
+        reference = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+        assert result.tokens == reference[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
+    hf, model, _, ckpt = imported(kind, tmp_path, capsys)
+    code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "exported")], capsys)
+    assert code == 0, err
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert type(back).__name__ == FAMILIES[kind][1]
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template
+    assert json.loads((tmp_path / "exported" / "generation_config.json").read_text())["eos_token_id"] == [1, 2]
+
+
+def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
+    hf, model, _, ckpt = imported("llama-gqa-tied", tmp_path, capsys, dtype="bf16")
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
+        assert all(f.get_slice(n).get_dtype() == "BF16" for n in f.keys())
+    with torch.no_grad():  # the weights are bf16-rounded: round transformers' parameters alike (not its buffers)
+        for p in hf.parameters():
+            p.copy_(p.bfloat16().float())
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------
+# exporting redline's own architectures
+
+
+REDLINE_EXPORTS = {
+    "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
+    "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
+    "GPT2LMHeadModel-nobias": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=False),
+    "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False, head_size=8),
+    "MistralForCausalLM": dict(sliding_window=5),
+    "Qwen2ForCausalLM": dict(qkv_bias=True, tie_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("arch", list(REDLINE_EXPORTS))
+def test_export_redline_architectures(arch, tmp_path, capsys):
+    from redline.config import TrainConfig, to_dict
+    from redline.interop.hf import write_folder
+    from redline.tokenizer import load_tokenizer
+    from tests.interop_models import byte_level_tokenizer
+
+    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4,
+                      **REDLINE_EXPORTS[arch])
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tokenizer = load_tokenizer(byte_level_tokenizer(tmp_path / "tok"))
+    family = export_family(cfg)
+    write_folder(tmp_path / "out", model.state_dict(), cfg, tokenizer, family, torch.float32)
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(back).__name__ == arch.split("-")[0]
+    tokens = TOKENS.clamp(max=cfg.vocab_size - 1)
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(tokens).logits, model(tokens), rtol=1e-5, atol=1e-5)
+    assert to_dict(TrainConfig(model=cfg))  # the config is a plain one (nothing export-specific)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (dict(norm_position="post"), "post-norm"),
+    (dict(mlp="relu2"), "model.mlp=relu2"),
+    (dict(pos_emb="learned"), "LayerNorm"),  # learned positions with RMSNorm
+    (dict(logit_softcap=30.0), "logit_softcap"),
+    (dict(pos_emb="none"), "pos_emb=none"),
+    (dict(norm="layernorm"), "layernorm with RoPE"),
+    (dict(qk_norm=True, sliding_window=8), "qk_norm with model.sliding_window"),
+    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GQA"),
+])
+def test_export_refuses_options_no_architecture_has(overrides, fragment):
+    cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(")):
+        export_family(cfg)
+
+
+def test_export_presets_choose_architecture():
+    from redline.presets import PRESETS
+
+    for name, cfg in PRESETS.items():
+        expected = "GPT2LMHeadModel" if name.startswith("gpt2") else "Qwen3ForCausalLM"
+        assert export_family(cfg).architecture == expected, name
+
+
+def test_export_cli_error_names_option_and_writes_nothing(tmp_path, capsys):
+    from redline.config import TrainConfig, to_dict
+    from redline.tokenizer import ByteTokenizer
+    from redline.training.checkpoint import save_checkpoint
+
+    cfg = TrainConfig(model=ModelConfig(vocab_size=257, context_len=32, n_layer=1, n_embd=32, n_head=4,
+                                        mlp="relu2"))
+    ckpt = save_checkpoint(tmp_path / "run", 1, GPT(cfg.model), {}, to_dict(cfg), ByteTokenizer(), keep=1)
+    code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "model.mlp=relu2" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_export_bytes_tokenizer_encodes_alike(tmp_path, capsys):
+    """A model trained with the bytes tokenizer exports a tokenizer.json that gives the same ids."""
+    from redline.config import TrainConfig, to_dict
+    from redline.tokenizer import ByteTokenizer
+    from redline.training.checkpoint import save_checkpoint
+
+    cfg = TrainConfig(model=ModelConfig(vocab_size=257, context_len=32, n_layer=1, n_embd=32, n_head=4,
+                                        qk_norm=True))
+    ckpt = save_checkpoint(tmp_path / "run", 1, GPT(cfg.model), {}, to_dict(cfg), ByteTokenizer(), keep=1)
+    code, _, err = run_cli(["export", str(tmp_path / "run"), "--out", str(tmp_path / "x")], capsys)
+    assert code == 0, err
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "x")
+    text = "héllo wörld 🚀 <|endoftext|>\n\tend"
+    ids = tok(text[:-17], add_special_tokens=False)["input_ids"]
+    assert ids == ByteTokenizer().encode(text[:-17])
+    assert tok.decode(ids) == text[:-17] and tok.eos_token == "<|endoftext|>"
+    assert ckpt.exists()
+
+
+def test_tiktoken_encoding_written_as_tokenizer_json(tmp_path):
+    """tiktoken keeps ranks, not merges: the merges recovered from the ranks of a byte-level BPE are its own, and
+    the tokenizer.json written from them encodes alike (a trained tokenizer stands in for tiktoken's gpt2 files,
+    which this machine cannot download)."""
+    from tokenizers import Tokenizer
+
+    from redline.interop.tokenizer_files import _GPT2_PATTERNS, _byte_alphabet, tiktoken_tokenizer_json
+    from tests.interop_models import byte_level_tokenizer
+
+    original = Tokenizer.from_file(str(byte_level_tokenizer(tmp_path) / "tokenizer.json"))
+    data = json.loads(original.to_str())
+    unspell = {c: b for b, c in enumerate(_byte_alphabet())}
+    specials = {t["content"]: t["id"] for t in data["added_tokens"]}
+    ranks = {bytes(unspell[c] for c in token): i for token, i in data["model"]["vocab"].items()
+             if token not in specials}
+    shift = len(specials)  # tiktoken numbers specials after the ranks: move them there
+    ranks = {t: r - shift for t, r in ranks.items()}
+    moved = {name: len(ranks) + k for k, name in enumerate(specials)}
+    rebuilt = Tokenizer.from_str(tiktoken_tokenizer_json(ranks, moved, _GPT2_PATTERNS[1]))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in data["model"]["merges"]]
+    assert [tuple(m) for m in json.loads(rebuilt.to_str())["model"]["merges"]] == merges
+    for text in ("hello world, the model says hi", "Ünïcödé café 日本 1234\ttabs", "  two  spaces\n\nend"):
+        expected = [i - shift for i in original.encode(text, add_special_tokens=False).ids]
+        assert rebuilt.encode(text, add_special_tokens=False).ids == expected
+    assert rebuilt.token_to_id("<|im_end|>") == moved["<|im_end|>"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# bad input: one line, nothing written
+
+
+def _expect_import_error(src, out, capsys, fragment):
+    code, _, err = run_cli(["import", str(src), "--out", str(out)], capsys)
+    assert code == 2, err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and not list(out.parent.glob(".tmp-*"))
+
+
+def test_import_unsupported_architecture(tmp_path, capsys):
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["model_type"] = "falcon"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gpt2, llama, mistral, qwen2")
+
+
+def test_import_missing_and_mismatched_tensors(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    hf_folder("qwen2", tmp_path / "hf")
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    missing = dict(weights)
+    del missing["model.layers.1.mlp.up_proj.weight"]
+    save_file(missing, str(tmp_path / "hf" / "model.safetensors"))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "model.layers.1.mlp.up_proj.weight")
+    wrong = dict(weights)
+    wrong["model.layers.0.self_attn.o_proj.weight"] = torch.zeros(64, 32)
+    save_file(wrong, str(tmp_path / "hf" / "model.safetensors"))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "blocks.0.attn.proj.weight")
+    extra = {**weights, "model.layers.0.self_attn.o_proj.bias": torch.zeros(64)}
+    save_file(extra, str(tmp_path / "hf" / "model.safetensors"))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "model.layers.0.self_attn.o_proj.bias")
+
+
+def test_import_sharded_and_missing_shard(tmp_path, capsys):
+    hf = hf_folder("llama-gqa-tied", tmp_path / "hf")
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="40KB")
+    shards = sorted((tmp_path / "hf").glob("model-*.safetensors"))
+    assert len(shards) > 1
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ok")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ok")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    shards[-1].unlink()
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, f"shard {shards[-1].name}")
+
+
+def test_import_refuses_existing_out_and_unknown_source(tmp_path, capsys):
+    hf_folder("gpt2", tmp_path / "hf")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "taken")], capsys)
+    assert code == 2 and "already exists" in err
+    _expect_import_error(tmp_path / "nowhere", tmp_path / "out", capsys, "does not exist")
+    (tmp_path / "weights.bin").write_bytes(b"0")
+    _expect_import_error(tmp_path / "weights.bin", tmp_path / "out", capsys, "not a .gguf")
+
+
+def test_hub_name_offline_says_how_to_pass_a_folder(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache
+    _expect_import_error("SomeOrg/some-model-redline-test", tmp_path / "out", capsys, "--local-dir DIR")
+
+
+def test_imported_checkpoint_works_with_generate_and_eval_commands(tmp_path, capsys):
+    _, _, _, ckpt = imported("qwen3", tmp_path, capsys)
+    code, out, err = run_cli(["generate", "--checkpoint", str(ckpt), "--prompt", "hello world",
+                              "--max-new-tokens", "5", "--temperature", "0", "--jsonl", "-"], capsys)
+    assert code == 0, err
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["prompt"] == "hello world" and row["completion_tokens"] <= 5

@@ -1,0 +1,234 @@
+"""GGUF: redline's export read back by transformers' GGUF loader and by redline's import, a file written the way
+llama.cpp's converter writes one (permuted q/k rows, Q8_0 tensors, a vocabulary without tokenizer.json) imported
+with logits equal to transformers' loading of the same file, tokenizers rebuilt from GGUF metadata, bad files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from redline.errors import UserError
+from redline.model import GPT
+from redline.training.checkpoint import load_for_inference
+from tests.interop_models import VOCAB, byte_level_tokenizer, hf_folder, hf_model, sentencepiece_style_tokenizer
+from tests.test_interop import TOKENS, one_thread, run_cli  # noqa: F401 (fixture)
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+
+def export_gguf(kind, tmp_path, capsys, dtype="fp32"):
+    hf = hf_folder(kind, tmp_path / "hf")
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    out = tmp_path / "gguf" / "model.gguf"
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--dtype", dtype, "--out",
+                            str(out)], capsys)
+    assert code == 0, err
+    return hf, out
+
+
+# transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
+# to n_ctx) and llama without its attention biases: those round trips are checked through redline's reader only
+@pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
+                                                      ("qwen2", True), ("llama-untied-bias", False),
+                                                      ("qwen3", False), ("gpt2", False), ("gpt2-1024", True)])
+def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
+    hf, path = export_gguf(kind, tmp_path, capsys)
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
+    assert code == 0, err
+    model, tokenizer, _ = load_for_inference(tmp_path / "back")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
+    assert tokenizer.chat_template and tokenizer.stop_ids == [1]  # a GGUF keeps one EOS id
+    if transformers_reads:
+        back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("fp16", 2e-2), ("bf16", 5e-2)])
+def test_export_gguf_half_precision(dtype, tolerance, tmp_path, capsys):
+    hf, path = export_gguf("qwen2", tmp_path, capsys, dtype=dtype)
+    reader = gguf.GGUFReader(str(path))
+    kinds = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert kinds["blk.0.attn_q.weight"] == dtype.upper().replace("FP", "F")
+    assert kinds["blk.0.attn_norm.weight"] == "F32" and kinds["blk.0.attn_q.bias"] == "F32"
+    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=0, atol=tolerance)
+
+
+def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (each head's halves interleaved)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None):
+    """A llama-arch GGUF of a transformers Llama as llama.cpp's converter writes one: q/k permuted, 2-D tensors
+    quantized, a gpt2-type vocabulary without tokenizer.json."""
+    from tests.interop_models import byte_level_tokenizer
+
+    cfg = hf.config
+    tok = json.loads((byte_level_tokenizer(path.parent / "tok") / "tokenizer.json").read_text())
+    vocab = {i: t for t, i in tok["model"]["vocab"].items()} | {t["id"]: t["content"] for t in tok["added_tokens"]}
+    tokens = [vocab.get(i, f"[PAD{i}]") for i in range(cfg.vocab_size)]
+    types = [3 if i in {t["id"] for t in tok["added_tokens"]} else 1 if i in vocab else 5 for i in range(len(tokens))]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_eos_token_id(2)
+    w.add_chat_template("{{ messages[0]['content'] }}")
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name not in names:
+            _, _, layer, rest = name.split(".", 3)
+            names[name] = f"blk.{layer}.{parts[rest.rsplit('.', 1)[0]]}.weight"
+        data = t.float().numpy()
+        if "q_proj" in name:
+            data = _llama_cpp_permute(data, cfg.num_attention_heads)
+        elif "k_proj" in name:
+            data = _llama_cpp_permute(data, cfg.num_key_value_heads)
+        if data.ndim == 2 and names[name] == unsupported:
+            qtype = gguf.GGMLQuantizationType.Q8_1  # 32 values in 40 bytes; the gguf package cannot dequantize it
+            w.add_tensor(names[name], np.zeros((data.shape[0], data.shape[1] // 32 * 40), np.uint8), raw_dtype=qtype)
+        elif data.ndim == 2:
+            qtype = getattr(gguf.GGMLQuantizationType, quant)
+            w.add_tensor(names[name], gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(names[name], data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "F16"])
+def test_import_llama_cpp_style_gguf_matches_transformers_loader(quant, tmp_path, capsys):
+    hf = hf_model("llama-gqa-tied")
+    path = write_llama_cpp_style(hf, tmp_path / "model.gguf", quant)
+    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()
+    with torch.no_grad():
+        # the same dequantized weights in both: tight
+        torch.testing.assert_close(model(TOKENS), reference(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        # and close to the unquantized model
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=0, atol=0.05)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ("hello world, the model says hi", "Ünïcödé café 日本 1234\ttabs", "  two  spaces\n\nend"):
+        assert tokenizer.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.stop_ids == [2] and tokenizer.chat_template == "{{ messages[0]['content'] }}"
+
+
+def test_gguf_bad_inputs(tmp_path, capsys):
+    hf = hf_model("llama-gqa-tied")
+    path = write_llama_cpp_style(hf, tmp_path / "q81.gguf", unsupported="blk.1.ffn_up.weight")
+    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "blk.1.ffn_up.weight is Q8_1" in err and "cannot dequantize" in err, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-*"))
+
+    w = gguf.GGUFWriter(str(tmp_path / "falcon.gguf"), "falcon")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    code, _, err = run_cli(["import", str(tmp_path / "falcon.gguf"), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, gpt2" in err
+
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all" * 10)
+    code, _, err = run_cli(["import", str(tmp_path / "junk.gguf"), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "cannot read" in err and len(err.strip().splitlines()) == 1
+
+
+def test_export_gguf_refuses_sliding_window_and_writes_nothing(tmp_path, capsys):
+    hf_folder("mistral-window", tmp_path / "hf")
+    run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--out",
+                            str(tmp_path / "m.gguf")], capsys)
+    assert code == 2 and "sliding_window" in err
+    assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".tmp-*"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# tokenizers rebuilt from GGUF metadata (no tokenizer.json in the file)
+
+
+TEXTS = ["hello world, the model says hi", "Ünïcödé café 日本 1234\ttabs 🚀", "  two  spaces\n\nend", "x"]
+
+
+@pytest.mark.parametrize("build", ["byte_level", "sentencepiece"])
+def test_tokenizer_rebuilt_from_gguf_arrays_encodes_alike(build, tmp_path):
+    from redline.interop.gguf_vocab import HF_JSON_KEY, gguf_vocab, tokenizer_from_gguf
+    from redline.tokenizer import BPETokenizer, load_tokenizer
+
+    folder = byte_level_tokenizer(tmp_path) if build == "byte_level" else sentencepiece_style_tokenizer(tmp_path)
+    original = load_tokenizer(folder)
+    fields = gguf_vocab(original, original.vocab_size + 5)
+    assert fields["tokenizer.ggml.model"] == ("gpt2" if build == "byte_level" else "llama")
+    del fields[HF_JSON_KEY]  # as a file from llama.cpp's converter: the arrays alone
+    hf, config = tokenizer_from_gguf(fields)
+    rebuilt = BPETokenizer(hf, hf_config=config)
+    for text in TEXTS:
+        assert rebuilt.encode(text) == original.encode(text), text
+        assert rebuilt.encode(text, add_special_tokens=True) == original.encode(text, add_special_tokens=True)
+        assert rebuilt.decode(original.encode(text)) == original.decode(original.encode(text))
+    assert rebuilt.bos_id == original.bos_id and rebuilt.eot_id == original.eot_id
+
+
+def test_unknown_pre_tokenizer_is_one_line_error():
+    from redline.interop.gguf_vocab import tokenizer_from_gguf
+
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "some-new-model", "tokenizer.ggml.tokens": ["a"],
+              "tokenizer.ggml.merges": []}
+    with pytest.raises(UserError, match="'some-new-model'.*--tokenizer"):
+        tokenizer_from_gguf(fields)
+
+
+def test_gguf_export_of_redline_preset_architecture(tmp_path):
+    """The modern presets' architecture (QK-norm, GQA) as a qwen3 GGUF, read back by redline."""
+    from redline.interop.families import export_family
+    from redline.interop.gguf_file import read_gguf, write_gguf
+    from redline.model import ModelConfig
+    from redline.tokenizer import load_tokenizer
+
+    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4, n_kv_head=2,
+                      qk_norm=True)
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    tokenizer = load_tokenizer(byte_level_tokenizer(tmp_path / "tok"))
+    write_gguf(tmp_path / "m.gguf", model.state_dict(), cfg, tokenizer, export_family(cfg), torch.float32)
+    back = read_gguf(tmp_path / "m.gguf")
+    assert back.family == "qwen3" and back.cfg.qk_norm and back.cfg.kv_heads == 2
+    again = GPT(back.cfg).eval()
+    again.load_state_dict(back.state, strict=False)
+    tokens = TOKENS.clamp(max=cfg.vocab_size - 1)
+    with torch.no_grad():
+        torch.testing.assert_close(again(tokens), model(tokens), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,66 @@
+"""Hugging Face tokenizer folders in redline's tokenizer, against transformers' own loading of the same folder: a
+byte-level BPE (GPT-2 / Qwen / SmolLM style) and a SentencePiece-style BPE (Llama 2 / Mistral style, byte fallback,
+BOS added) built in the test; encode with and without special tokens, decode, special ids; the identity hash and
+stop ids kept through save and load."""
+
+from __future__ import annotations
+
+import pytest
+
+from redline.tokenizer import load_tokenizer
+from tests.interop_models import byte_level_tokenizer, sentencepiece_style_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["hello world, the model says hi", "Ünïcödé café 日本 1234\ttabs 🚀", "  two  spaces\n\nend ", "x", "",
+         "says hi <|im_end|> and </s> written out"]
+BUILDERS = {"byte_level": byte_level_tokenizer, "sentencepiece": sentencepiece_style_tokenizer}
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_encode_decode_equal_transformers(kind, tmp_path):
+    folder = BUILDERS[kind](tmp_path)
+    ours, theirs = load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    for text in TEXTS:
+        # redline's encode keeps special tokens written in text as text; encode_with_specials reads them, as
+        # transformers' tokenizer(text) does
+        assert ours.encode_with_specials(text) == theirs(text, add_special_tokens=False)["input_ids"], text
+        with_specials = theirs(text)["input_ids"]
+        if "</s>" not in text and "<|im_end|>" not in text:
+            assert ours.encode(text) == theirs(text, add_special_tokens=False)["input_ids"], text
+            assert ours.encode(text, add_special_tokens=True) == with_specials, text
+        ids = ours.encode(text)
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+    assert ours.bos_id == theirs.bos_token_id
+    assert ours.stop_ids == [theirs.eos_token_id]
+    assert ours.vocab_size == len(theirs)
+    if kind == "sentencepiece":
+        assert ours.encode("hi", add_special_tokens=True)[0] == ours.bos_id  # BOS added, as Llama's tokenizer does
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_save_load_keeps_identity_stop_ids_and_transformers_view(kind, tmp_path):
+    ours = load_tokenizer(BUILDERS[kind](tmp_path / "src"))
+    ours.stop_ids = [ours.eot_id, 0]
+    ours.save(tmp_path / "saved")
+    again = load_tokenizer(tmp_path / "saved")
+    assert again.identity == ours.identity and again.stop_ids == [ours.eot_id, 0]
+    assert again.hf_config == ours.hf_config
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")
+    for text in TEXTS:
+        assert again.encode(text, add_special_tokens=True) == theirs(text)["input_ids"] or "</s>" in text \
+            or "<|im_end|>" in text
+
+
+def test_plain_tokenizers_keep_their_behaviour(tmp_path):
+    """A tokenizer.json without tokenizer_config.json (as `redline tokenizer train` writes) has no BOS, no template
+    and stops at its end-of-text token; its identity is what it was."""
+    from redline.tokenizer import train_bpe
+
+    tok = train_bpe(["some text to train on"] * 20, vocab_size=300)
+    identity = tok.identity
+    tok.save(tmp_path)
+    assert not (tmp_path / "tokenizer_config.json").exists()
+    again = load_tokenizer(tmp_path)
+    assert again.identity == identity and again.bos_id is None and again.chat_template is None
+    assert again.stop_ids == [again.eot_id]
