@@ -96,7 +96,9 @@ def read_prompts(cfg: GenerateConfig) -> list[str]:
 
     fix = "prompts must be UTF-8 text: convert the file (e.g. `iconv -f latin1 -t utf-8 FILE`)"
     if source == "-":
-        text, name = NotUTF8("strict", fix).decode(sys.stdin.buffer.read(), "stdin"), "stdin"
+        raw = getattr(sys.stdin, "buffer", None)  # a text-only stream (no bytes underneath) is already decoded
+        text = NotUTF8("strict", fix).decode(raw.read(), "stdin") if raw is not None else sys.stdin.read()
+        name = "stdin"
     else:
         path = Path(source)
         if not path.is_file():
