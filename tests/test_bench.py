@@ -135,6 +135,7 @@ def test_cli_dispatches_bench():
     assert COMMANDS["bench"][0] == "bench"
 
 
+@pytest.mark.slow
 def test_matrix_runs_each_point_in_its_own_process(capsys):
     """Two points: one runs, one fails in its child process; the failure is reported and the run goes on."""
     code = bench.main(SMALL + ["--matrix", "data.path=none,/nonexistent/shards"])

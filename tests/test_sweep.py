@@ -184,6 +184,7 @@ def test_a_crashing_run_does_not_stop_the_sweep(tmp_path):
     assert len(records(out)) == 4 and len({r["run_id"] for r in records(out)}) == 3
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_running_anything_twice(tmp_path):
     recipe = fake_recipe(tmp_path, seeds=[1, 2], step_seconds=0.03, steps=20)  # 4 runs of ~0.6 s + startup
     out, ledger = tmp_path / "out", tmp_path / "ledger.txt"
