@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from redline.errors import UserError
+from redline.errors import UserError, one_line, read_text_file
 from redline.model import ModelConfig
 
 
@@ -310,17 +310,21 @@ def load_recipe(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"recipe file {path} not found; give a .toml or .yaml file")
-    text = p.read_text()
+    if p.suffix not in (".toml", ".yaml", ".yml"):
+        raise UserError(f"recipe {path}: use a .toml, .yaml or .yml file")
+    text = read_text_file(p, "recipe")
     try:
         if p.suffix == ".toml":
-            return tomllib.loads(text)
-        if p.suffix in (".yaml", ".yml"):
+            data = tomllib.loads(text)
+        else:
             import yaml
 
-            return yaml.safe_load(text) or {}
+            data = yaml.safe_load(text) or {}
     except Exception as e:  # the parsers' messages name the line
-        raise UserError(f"cannot parse recipe {path}: {e}") from None
-    raise UserError(f"recipe {path}: use a .toml, .yaml or .yml file")
+        raise UserError(f"cannot parse recipe {path}: {one_line(e)}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {path}: the top level must be a table of settings, not a {type(data).__name__}")
+    return data
 
 
 # ----------------------------------------------------------------------------------------------------
