@@ -99,6 +99,31 @@ class DataConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    """Post-training (`redline sft`): where it starts and what it trains on. Unused by `redline train`."""
+
+    init_from: str | None = None
+    """The checkpoint (or run directory) fine-tuning starts from (`--from`)."""
+    data: str | None = None
+    """Conversations (`--data`): a .jsonl of {"messages"} or {"prompt", "completion"} lines, task:NAME (a built-in
+    or JSONL task), or a Hugging Face dataset name (the data extra, online)."""
+    template: Literal["auto", "jinja", "redline"] = "auto"
+    """Chat template: the tokenizer's Jinja template when it has one (auto), else redline's own chat tokens."""
+    packing: bool = True
+    """Pack conversations best-fit into rows with document masking (off: one conversation per row)."""
+    epochs: float = 1.0
+    """Passes over the conversations when no budget (max_steps, max_tokens, max_time) is given."""
+    eval_fraction: float = 0.02
+    """Share of a conversation file held out for evaluation (tasks use their test split)."""
+
+    def validate(self) -> None:
+        if self.epochs <= 0:
+            raise UserError(f"finetune.epochs must be positive, got {self.epochs}")
+        if not 0 <= self.eval_fraction < 1:
+            raise UserError(f"finetune.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+
+
+@dataclass
 class TrainConfig:
     preset: str = "tiny"
     """Named model size (see `redline train --list-presets`); model.* overrides apply on top."""
@@ -184,10 +209,13 @@ class TrainConfig:
     """Seconds a collective may wait for the other ranks (NCCL/gloo timeout) before the job stops with an error."""
     ddp_bucket_mb: int = 25
     """DDP gradient bucket size in MiB."""
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """Post-training settings (redline sft)."""
 
     def validate(self) -> None:
         self.model.validate()
         self.optim.validate()
+        self.finetune.validate()
         _check_finite(self, "")
         seq = self.seq_len or self.model.context_len
         if seq > self.model.context_len:

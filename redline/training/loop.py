@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -33,11 +33,12 @@ from redline.errors import UserError
 from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, resolve_device
 from redline.model import GPT
 from redline.training import checkpoint as ckpt_io
-from redline.training.evaluate import evaluate
 from redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
                                       resume_metrics)
 from redline.training.optim import lr_multiplier
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states
+from redline.training.objectives import Objective
+from redline.training.sources import ShardData, TrainingData
 from redline.training.step import BatchSearch, StepOutput, TrainStep, resolve_batch_size, with_vocab_size
 
 
@@ -79,12 +80,17 @@ class StopFlag:
 # the loop
 
 
-def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: BatchSearch | None = None) -> RunResult:
+def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: BatchSearch | None = None,
+          data: Callable[[Path], TrainingData] | None = None, objective: Objective | None = None,
+          init: Callable[[GPT], None] | None = None) -> RunResult:
     """Train cfg (never changed: vocabulary and batch_size=auto are resolved into a copy) from scratch or from
     the checkpoint `resume_from`. Under torchrun it joins the process group (unless the caller has); the
     caller leaves it (`redline train` does, then ends the process: see redline/distributed.py).
 
-    batch_search: how batch_size=auto finds the largest micro-batch (default: real steps on the GPU)."""
+    batch_search: how batch_size=auto finds the largest micro-batch (default: real steps on the GPU).
+    data: run_dir -> the data source (default: cfg.data's token shards; `redline sft` gives conversations);
+    objective: what the step optimises (default: language modeling); init: fills a new run's freshly built model
+    (e.g. a pretrained checkpoint's weights for fine-tuning; not called on resume)."""
     cfg.validate()
     if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):
         raise UserError("no budget: set max_steps, max_tokens or max_time (minutes)")
@@ -95,12 +101,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    from redline.data.prepare import load_data_tokenizer
-
     run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
-    data_dir = resolve_data(cfg, run_dir)
-    tokenizer = load_data_tokenizer(data_dir)
-    resumed = ResumePoint.read(resume_from, tokenizer, data_dir) if resume_from else None
+    source = data(run_dir) if data is not None else ShardData(resolve_data(cfg, run_dir))
+    tokenizer = source.tokenizer
+    resumed = ResumePoint.read(resume_from, tokenizer, source.name) if resume_from else None
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
     cfg = resolve_batch_size(with_vocab_size(cfg, tokenizer.vocab_size), device, info, batch_search)
@@ -109,10 +113,12 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     model = GPT(cfg.model).to(device)
     if resumed is not None and not resumed.sharded:
         ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
-    train_step = TrainStep(cfg, device, info, model=model)
+    elif resumed is None and init is not None:
+        init(model)
+    train_step = TrainStep(cfg, device, info, model=model, objective=objective)
     if resumed is not None:
         resumed.restore(train_step, info)
-    run = Run(cfg, info, device, run_dir, data_dir, tokenizer, train_step, resumed)
+    run = Run(cfg, info, device, run_dir, source, train_step, resumed)
 
     status = "completed"
     with StopFlag() as stop:
@@ -165,10 +171,10 @@ class ResumePoint:
     state: dict[str, Any]
 
     @classmethod
-    def read(cls, checkpoint: Path, tokenizer, data_dir: Path) -> ResumePoint:
+    def read(cls, checkpoint: Path, tokenizer, data_name: str) -> ResumePoint:
         meta = ckpt_io.verify_checkpoint(checkpoint)
         if meta.get("tokenizer_identity") != tokenizer.identity:
-            raise UserError(f"checkpoint {checkpoint} was trained with another tokenizer than the data in {data_dir}")
+            raise UserError(f"checkpoint {checkpoint} was trained with another tokenizer than the data in {data_name}")
         return cls(checkpoint, ckpt_io.layout(meta) == ckpt_io.SHARDED, ckpt_io.load_state(checkpoint))
 
     @property
@@ -215,23 +221,16 @@ def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info
 class Run:
     """One run's position (step, tokens, time), data, logs, evaluations and checkpoints around its TrainStep."""
 
-    def __init__(self, cfg: TrainConfig, info: DistInfo, device: torch.device, run_dir: Path, data_dir: Path,
-                 tokenizer, train_step: TrainStep, resumed: ResumePoint | None):
-        from redline.data.loader import TokenLoader
-
+    def __init__(self, cfg: TrainConfig, info: DistInfo, device: torch.device, run_dir: Path, source: TrainingData,
+                 train_step: TrainStep, resumed: ResumePoint | None):
         self.cfg, self.info, self.device, self.run_dir = cfg, info, device, run_dir
-        self.tokenizer, self.train_step = tokenizer, train_step
+        self.source, self.tokenizer, self.train_step = source, source.tokenizer, train_step
         self.step, self.tokens = (resumed.step, resumed.tokens) if resumed else (0, 0)
         self.elapsed_before = resumed.elapsed if resumed else 0.0
         seq_len, batch = cfg.effective_seq_len, cfg.batch_size
-        self.train_loader = TokenLoader(data_dir, "train", batch, seq_len, seed=cfg.seed, rank=info.rank,
-                                        world_size=info.world_size, expected_identity=tokenizer.identity,
-                                        device=device)
+        self.train_loader = source.train_loader(cfg, info, device)
         if resumed is not None:
             self.train_loader.load_state_dict(resumed.state["loader"])
-        self.val_loader = TokenLoader(data_dir, "val", batch, seq_len, rank=info.rank, world_size=info.world_size,
-                                      expected_identity=tokenizer.identity, device=device, prefetch=False)
-        self.token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
         self.unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
         self.bad_in_row = 0
         self.saved: tuple[int, Path | None] | None = None  # (step, path) of the last checkpoint written
@@ -284,7 +283,7 @@ class Run:
     def progress(self) -> float:
         return budget_progress(self.cfg, self.step, self.tokens, self.elapsed())
 
-    def micro_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def micro_batches(self) -> Iterator[Any]:
         """The next step's micro-batches, read one at a time as the step asks for them."""
         for _ in range(self.train_step.plan.accum):
             yield self.train_loader.next_batch()
@@ -325,10 +324,8 @@ class Run:
 
     def evaluate(self) -> dict:
         """Validation loss, perplexity and bits per byte, without the converters (BF16); logged and printed."""
-        amp = autocast_dtype(self.device, self.cfg.precision)
         with self.train_step.evaluation() as model:
-            result = evaluate(model, self.val_loader.eval_batches(self.cfg.eval_batches), self.token_bytes, amp,
-                              self.device)
+            result = self.source.evaluate(model, self.cfg, self.info, self.device)
         self.log.log({"kind": "eval", "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed(), **result})
         self.log.print(f"[cyan]eval step {self.step}: loss {result['loss']:.4f} | ppl {result['perplexity']:.2f} | "
                        f"bpb {result['bpb']:.4f}")
