@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer: `redline tokenizer train`."),
     "generate": ("generate", "Complete prompts with a checkpoint (KV-cache engine, streaming, JSONL output)."),
     "chat": ("chat", "Talk to a checkpoint in a prompt loop (plain text; replies streamed)."),
+    "serve": ("serve", "An OpenAI-compatible HTTP server for a checkpoint, with continuous batching."),
     "bench-infer": ("bench_infer", "Time generation: TTFT, decode tokens/s, memory; naive vs cached vs compiled."),
     "sweep": ("sweep", "Run a matrix of training runs from a recipe, resumably (`redline sweep --list`)."),
     "report": ("report", "Report on a run or sweep directory: report.md, plots, results.json/csv, dashboard.html."),
