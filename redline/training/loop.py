@@ -226,7 +226,7 @@ class Run:
         seq_len, batch = cfg.effective_seq_len, cfg.batch_size
         self.train_loader = TokenLoader(data_dir, "train", batch, seq_len, seed=cfg.seed, rank=info.rank,
                                         world_size=info.world_size, expected_identity=tokenizer.identity,
-                                        device=device)
+                                        device=device, align_to_documents=cfg.data.align_rows)
         if resumed is not None:
             self.train_loader.load_state_dict(resumed.state["loader"])
         self.val_loader = TokenLoader(data_dir, "val", batch, seq_len, rank=info.rank, world_size=info.world_size,
