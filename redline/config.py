@@ -31,6 +31,12 @@ class OptimConfig:
     """Peak learning rate of AdamW."""
     muon_lr: float = 0.02
     """Peak learning rate of Muon (muon only)."""
+    embed_lr: float | None = None
+    """Peak AdamW learning rate of the token, position and value embeddings (None: lr). modded-nanogpt and
+    nanochat train the embeddings at a far higher rate than the head; a tied embedding is the head and takes
+    head_lr."""
+    head_lr: float | None = None
+    """Peak AdamW learning rate of the output head (None: lr)."""
     muon_momentum: float = 0.95
     """Muon momentum (muon only); with muon_momentum_warmup_steps, the value it rises to."""
     muon_momentum_start: float = 0.85
@@ -65,8 +71,8 @@ class OptimConfig:
 
     def validate(self) -> None:
         _check_finite(self, "optim.")
-        for name in ("lr", "muon_lr", "eps"):
-            if getattr(self, name) <= 0:
+        for name in ("lr", "muon_lr", "eps", "embed_lr", "head_lr"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UserError(f"optim.{name} must be positive, got {getattr(self, name)}")
         for name in ("weight_decay", "grad_clip", "warmup_steps"):
             if getattr(self, name) < 0:
@@ -96,6 +102,10 @@ class DataConfig:
     """For raw text only: `bytes`, `gpt2`, or a tokenizer.json path. None: train a BPE on the data."""
     vocab_size: int = 4096
     """For raw text only: BPE vocabulary size when a tokenizer is trained on the fly."""
+    align_rows: bool = False
+    """Start every training row at a document's start: its end-of-text separator first, then the document
+    (redline/data/loader.py; modded-nanogpt and nanochat do so). False: rows every seq_len tokens of the stream.
+    Validation rows are never aligned, so evaluations stay comparable."""
 
 
 @dataclass

@@ -56,7 +56,7 @@ class ShardData:
 
         train = TokenLoader(self.data_dir, "train", cfg.batch_size, cfg.effective_seq_len, seed=cfg.seed,
                             rank=info.rank, world_size=info.world_size, expected_identity=self.tokenizer.identity,
-                            device=device)
+                            device=device, align_to_documents=cfg.data.align_rows)
         self._val = TokenLoader(self.data_dir, "val", cfg.batch_size, cfg.effective_seq_len, rank=info.rank,
                                 world_size=info.world_size, expected_identity=self.tokenizer.identity,
                                 device=device, prefetch=False)
