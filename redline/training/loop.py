@@ -32,6 +32,7 @@ from redline.distributed import DistInfo, barrier, dist_info, init_distributed
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, resolve_device
 from redline.model import GPT
+from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
 from redline.training.evaluate import evaluate
 from redline.training.init_from import InitPoint
@@ -118,7 +119,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
-    if resumed is not None and not resumed.sharded:
+    if resumed is not None and resumed.adapters:  # the base now; the converter adapts it, then the adapters load
+        adapters.load_base(resumed.meta, resumed.checkpoint, model)
+    elif resumed is not None and not resumed.sharded:
         ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
     elif init is not None:
         ckpt_io.load_init_weights(model, init.checkpoint)  # before converters and wrapping
@@ -126,6 +129,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     if resumed is not None:
         resumed.restore(train_step, info)
     run = Run(cfg, info, device, run_dir, data_dir, tokenizer, train_step, resumed)
+    if cfg.lora.enabled:  # its checkpoints hold the adapters and name the base they adapt
+        run.lora_base = (resumed.meta[adapters.META_KEY] if resumed is not None else
+                         adapters.base_reference(init.checkpoint, train_step.converters.get("lora").base_dtype))
     if init is not None:
         run.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init.checkpoint)})
         run.log.print(f"weights from {init.checkpoint} (optimizer fresh, step 0)")
@@ -135,7 +141,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         while (progress := run.progress()) < 1.0:
             multiplier = lr_multiplier(cfg.optim, run.step, progress)
             output = train_step.step(run.micro_batches(), multiplier)
-            run.advance(output, cfg.optim.lr * multiplier)
+            run.advance(output, cfg.optim.peak_lr * multiplier)
             last = run.progress() >= 1.0
             log_now = run.step % cfg.log_every == 0 or last or stop.signal is not None
             eval_now = bool(cfg.eval_every) and run.step % cfg.eval_every == 0 and not last
@@ -179,13 +185,19 @@ class ResumePoint:
     checkpoint: Path
     sharded: bool
     state: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def adapters(self) -> bool:
+        """A LoRA run's checkpoint: adapters alone, the base elsewhere (redline/training/adapters.py)."""
+        return adapters.is_adapter_checkpoint(self.meta)
 
     @classmethod
     def read(cls, checkpoint: Path, tokenizer, data_dir: Path) -> ResumePoint:
         meta = ckpt_io.verify_checkpoint(checkpoint)
         if meta.get("tokenizer_identity") != tokenizer.identity:
             raise UserError(f"checkpoint {checkpoint} was trained with another tokenizer than the data in {data_dir}")
-        return cls(checkpoint, ckpt_io.layout(meta) == ckpt_io.SHARDED, ckpt_io.load_state(checkpoint))
+        return cls(checkpoint, ckpt_io.layout(meta) == ckpt_io.SHARDED, ckpt_io.load_state(checkpoint), meta)
 
     @property
     def step(self) -> int:
@@ -206,6 +218,8 @@ class ResumePoint:
         if self.sharded:  # weights and optimizer states into this run's shards (DCP reshards from the saved world size)
             ckpt_io.load_sharded(self.checkpoint, model, optimizers, state.get("optimizer_types"))
         else:
+            if self.adapters:
+                adapters.load_adapters(self.checkpoint, model)
             load_optimizer_states(model, optimizers, state["optimizers"])
         # checkpoints from before the step kept its state held only fp8=auto's verdict, at the top level
         train_step.load_state_dict(state.get("train_step") or {
@@ -251,6 +265,7 @@ class Run:
         self.unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
         self.bad_in_row = 0
         self.saved: tuple[int, Path | None] | None = None  # (step, path) of the last checkpoint written
+        self.lora_base: dict | None = None  # a LoRA run: the reference to its base, in each checkpoint's meta
         self.best_bpb: float | None = None
         self.log = self._open_log(resumed)
         model = train_step.model
@@ -372,10 +387,13 @@ class Run:
                                                    self.tokenizer, cfg.keep_checkpoints)
         else:
             model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
+            extra_meta = None
+            if self.lora_base is not None:  # the adapters (and modules trained in full) alone
+                model_state, extra_meta = adapters.adapter_state(model), {adapters.META_KEY: self.lora_base}
             if info.is_main:
                 path = ckpt_io.save_checkpoint(self.run_dir, self.step, model, {**state, "optimizers": optimizer_states},
                                                to_dict(cfg), self.tokenizer, cfg.keep_checkpoints,
-                                               model_state=model_state)
+                                               model_state=model_state, extra_meta=extra_meta)
         if info.is_main:
             self.log.log({"kind": "event", "event": "checkpoint", "step": self.step, "path": str(path)})
             self.log.flush()
