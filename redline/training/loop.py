@@ -32,8 +32,9 @@ from redline.distributed import DistInfo, barrier, dist_info, init_distributed
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, resolve_device
 from redline.model import GPT
+from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
-from redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
+from redline.training.init_from import InitPoint\nfrom redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
                                       resume_metrics)
 from redline.training.optim import lr_multiplier
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states
@@ -101,31 +102,53 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
+    # init_from: the checkpoint's architecture and tokenizer (a resumed run has both in its own config already)
+    init_point = InitPoint.read(cfg.init_from) if cfg.init_from and resume_from is None else None
+    if init_point is not None:
+        cfg = init_point.configure(cfg)
+        cfg.validate()
     run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
-    source = data(run_dir) if data is not None else ShardData(resolve_data(cfg, run_dir))
+    source = (data(run_dir) if data is not None else
+              ShardData(resolve_data(cfg, run_dir, init_point.tokenizer if init_point else None)))
+    if init_point is not None and data is None:
+        init_point.check_tokenizer(source.tokenizer, source.name)
+        source.tokenizer = init_point.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
     tokenizer = source.tokenizer
     resumed = ResumePoint.read(resume_from, tokenizer, source.name) if resume_from else None
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
-    cfg = resolve_batch_size(with_vocab_size(cfg, tokenizer.vocab_size), device, info, batch_search)
+    if not cfg.init_from:  # a started-from model keeps its vocabulary (e.g. an imported one wider than its tokenizer)
+        cfg = with_vocab_size(cfg, tokenizer.vocab_size)
+    cfg = resolve_batch_size(cfg, device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
-    if resumed is not None and not resumed.sharded:
+    if resumed is not None and resumed.adapters:  # the base now; the converter adapts it, then the adapters load
+        adapters.load_base(resumed.meta, resumed.checkpoint, model)
+    elif resumed is not None and not resumed.sharded:
         ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
     elif resumed is None and init is not None:
         init(model)
+    elif init_point is not None:
+        ckpt_io.load_init_weights(model, init_point.checkpoint)  # before converters and wrapping
     train_step = TrainStep(cfg, device, info, model=model, objective=objective)
     if resumed is not None:
         resumed.restore(train_step, info)
     run = Run(cfg, info, device, run_dir, source, train_step, resumed)
+    if cfg.lora.enabled:  # its checkpoints hold the adapters and name the base they adapt
+        run.lora_base = (resumed.meta[adapters.META_KEY] if resumed is not None else
+                         adapters.base_reference(init_point.checkpoint,
+                                                 train_step.converters.get("lora").base_dtype))
+    if init_point is not None:
+        run.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init_point.checkpoint)})
+        run.log.print(f"weights from {init_point.checkpoint} (optimizer fresh, step 0)")
 
     status = "completed"
     with StopFlag() as stop:
         while (progress := run.progress()) < 1.0:
             multiplier = lr_multiplier(cfg.optim, run.step, progress)
             output = train_step.step(run.micro_batches(), multiplier)
-            run.advance(output, cfg.optim.lr * multiplier)
+            run.advance(output, cfg.optim.peak_lr * multiplier)
             last = run.progress() >= 1.0
             log_now = run.step % cfg.log_every == 0 or last or stop.signal is not None
             eval_now = bool(cfg.eval_every) and run.step % cfg.eval_every == 0 and not last
@@ -169,13 +192,19 @@ class ResumePoint:
     checkpoint: Path
     sharded: bool
     state: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def adapters(self) -> bool:
+        """A LoRA run's checkpoint: adapters alone, the base elsewhere (redline/training/adapters.py)."""
+        return adapters.is_adapter_checkpoint(self.meta)
 
     @classmethod
     def read(cls, checkpoint: Path, tokenizer, data_name: str) -> ResumePoint:
         meta = ckpt_io.verify_checkpoint(checkpoint)
         if meta.get("tokenizer_identity") != tokenizer.identity:
             raise UserError(f"checkpoint {checkpoint} was trained with another tokenizer than the data in {data_name}")
-        return cls(checkpoint, ckpt_io.layout(meta) == ckpt_io.SHARDED, ckpt_io.load_state(checkpoint))
+        return cls(checkpoint, ckpt_io.layout(meta) == ckpt_io.SHARDED, ckpt_io.load_state(checkpoint), meta)
 
     @property
     def step(self) -> int:
@@ -196,6 +225,8 @@ class ResumePoint:
         if self.sharded:  # weights and optimizer states into this run's shards (DCP reshards from the saved world size)
             ckpt_io.load_sharded(self.checkpoint, model, optimizers, state.get("optimizer_types"))
         else:
+            if self.adapters:
+                adapters.load_adapters(self.checkpoint, model)
             load_optimizer_states(model, optimizers, state["optimizers"])
         # checkpoints from before the step kept its state held only fp8=auto's verdict, at the top level
         train_step.load_state_dict(state.get("train_step") or {
@@ -234,6 +265,7 @@ class Run:
         self.unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
         self.bad_in_row = 0
         self.saved: tuple[int, Path | None] | None = None  # (step, path) of the last checkpoint written
+        self.lora_base: dict | None = None  # a LoRA run: the reference to its base, in each checkpoint's meta
         self.best_bpb: float | None = None
         self.log = self._open_log(resumed)
         model = train_step.model
@@ -353,10 +385,13 @@ class Run:
                                                    self.tokenizer, cfg.keep_checkpoints)
         else:
             model_state, optimizer_states = full_state(model, optimizers)  # collective under FSDP2
+            extra_meta = None
+            if self.lora_base is not None:  # the adapters (and modules trained in full) alone
+                model_state, extra_meta = adapters.adapter_state(model), {adapters.META_KEY: self.lora_base}
             if info.is_main:
                 path = ckpt_io.save_checkpoint(self.run_dir, self.step, model, {**state, "optimizers": optimizer_states},
                                                to_dict(cfg), self.tokenizer, cfg.keep_checkpoints,
-                                               model_state=model_state)
+                                               model_state=model_state, extra_meta=extra_meta)
         if info.is_main:
             self.log.log({"kind": "event", "event": "checkpoint", "step": self.step, "path": str(path)})
             self.log.flush()
@@ -411,8 +446,9 @@ class Run:
 # setup
 
 
-def resolve_data(cfg: TrainConfig, run_root: Path) -> Path:
-    """A prepared shard folder for cfg.data: the embedded default, a prepared folder, or raw text prepared now."""
+def resolve_data(cfg: TrainConfig, run_root: Path, tokenizer=None) -> Path:
+    """A prepared shard folder for cfg.data: the embedded default, a prepared folder, or raw text prepared now
+    (with `tokenizer` when given: init_from's; else data.tokenizer's, or a BPE trained on the text)."""
     from redline.data.embedded import prepare_embedded
     from redline.data.prepare import is_prepared, prepare
 
@@ -431,7 +467,7 @@ def resolve_data(cfg: TrainConfig, run_root: Path) -> Path:
 
     if cfg.data.tokenizer:
         tokenizer = load_tokenizer(cfg.data.tokenizer)
-    else:
+    elif tokenizer is None:
         tokenizer = train_bpe(_capped(iter_documents([str(path)]), 200_000_000), vocab_size=cfg.data.vocab_size)
     prepare([str(path)], out, tokenizer)
     return out
