@@ -71,6 +71,12 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a prompt to generate from, as transformers' `tokenizer(text)` gives them: with the special
+        tokens the tokenizer itself adds to an input (an imported Llama tokenizer's BOS first). redline's own
+        tokenizers add none."""
+        return self.encode(text)
+
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
@@ -237,6 +243,9 @@ class BPETokenizer(Tokenizer):
         """Token ids of `text`; special tokens written in it are ordinary text. add_special_tokens: wrap the
         ids as tokenizer.json's post-processor says (e.g. Llama's BOS first), as transformers' `tokenizer(text)`."""
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text, add_special_tokens=True)
 
     def encode_with_specials(self, text: str) -> list[int]:
         """Token ids of `text` in which special tokens written out (e.g. "<|im_start|>") are those tokens, and

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from redline.durable import write_atomic
+from redline.errors import UserError
 from redline.experiments import claims as claims_mod
 from redline.experiments.results import COMPLETED, best_cells, build_cells, load_result_set
 
@@ -40,10 +41,46 @@ def build_report(path: str | Path, claims_path: str | None = None) -> dict[str, 
     }
 
 
-def write_report(path: str | Path, out: str | Path | None = None, claims_path: str | None = None) -> dict[str, Path]:
+def is_published_report(path: str | Path) -> bool:
+    """A folder holding a written report (results.json) but none of the runs it was made from, as the reports
+    under docs/results/ are: its plots and dashboard can be drawn again from results.json alone."""
+    root = Path(path)
+    if not (root / "results.json").is_file():
+        return False
+    if any((root / name).exists() for name in ("results.jsonl", "sweep.json", "metrics.jsonl")):
+        return False
+    return not any(p.is_dir() and (p / "metrics.jsonl").is_file() for p in root.iterdir())
+
+
+def redraw_report(path: str | Path, out: str | Path | None = None) -> dict[str, Path]:
+    """plots/*.png and dashboard.html of a published report, drawn again from its results.json (report.md and
+    the results files are left as they are: they are the record)."""
     from redline.experiments.dashboard import dashboard_data, write_dashboard
     from redline.experiments.plots import write_plots
 
+    root = Path(path)
+    try:
+        report = json.loads((root / "results.json").read_text(encoding="utf-8"))
+        cells, runs = report["cells"], report["runs"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{root / 'results.json'} is not a report's results.json ({type(e).__name__}); "
+                        f"write it again with `redline report SWEEP_DIR --out {root}`") from None
+    out_dir = Path(out) if out else root
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"results_json": root / "results.json", "dashboard": out_dir / "dashboard.html"}
+    write_dashboard(dashboard_data(report), files["dashboard"])
+    files.update({f"plot_{k}": p for k, p in write_plots(cells, runs, out_dir / "plots").items()})
+    return files
+
+
+def write_report(path: str | Path, out: str | Path | None = None, claims_path: str | None = None) -> dict[str, Path]:
+    """Every report file for a run or sweep directory; for a published report (is_published_report), only its
+    plots and dashboard, drawn again."""
+    from redline.experiments.dashboard import dashboard_data, write_dashboard
+    from redline.experiments.plots import write_plots
+
+    if is_published_report(path):
+        return redraw_report(path, out)
     report = build_report(path, claims_path)
     out_dir = Path(out) if out else Path(path)
     out_dir.mkdir(parents=True, exist_ok=True)

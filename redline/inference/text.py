@@ -85,6 +85,19 @@ class IncrementalText:
         return full[: self.released] if self.stopped else full
 
 
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """A prompt's token ids: `tokenizer.encode_prompt` where the tokenizer has it (it adds the special tokens an
+    imported model expects, e.g. Llama's BOS), else plain `encode`."""
+    encode = getattr(tokenizer, "encode_prompt", None)
+    return list(encode(text)) if encode is not None else list(tokenizer.encode(text))
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """The token ids that end a generation: `tokenizer.stop_ids` (an imported model's EOS ids) where the
+    tokenizer has them, else its end-of-text token."""
+    return list(getattr(tokenizer, "stop_ids", None) or [tokenizer.eot_id])
+
+
 def _snippet(text: str, n: int = 30) -> str:
     one_line = text.replace("\n", " ")
     return repr(one_line if len(one_line) <= n else one_line[:n] + "…")
@@ -109,7 +122,7 @@ class TextGenerator:
         if limit < 1:
             raise UserError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
                             f"context_len {ctx}; lower max_new_tokens")
-        ids = ([self.tokenizer.eot_id] if prepend_eot else []) + self.tokenizer.encode(text)
+        ids = ([self.tokenizer.eot_id] if prepend_eot else []) + prompt_ids(self.tokenizer, text)
         if not ids:
             raise UserError(f"prompt {index} is empty; give some text, or pass --prepend-eot to generate "
                             f"from the end-of-text token alone")
@@ -151,7 +164,7 @@ class TextGenerator:
         needs_text = bool(stop_strings) or on_text is not None
         results = self.engine.generate(
             [ids for ids, _ in pairs], max_new_tokens, sampling,
-            stop_tokens=[self.tokenizer.eot_id] if stop_at_eot else (),
+            stop_tokens=stop_token_ids(self.tokenizer) if stop_at_eot else (),
             on_tokens=on_tokens if needs_text else None,
         )
         completions = []

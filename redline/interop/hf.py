@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from redline.durable import fsync_dir, fsync_file
+from redline.durable import DiskFullError, disk_full_error, fsync_dir, fsync_file, is_disk_full
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, check_state, family_for
 from redline.model import ModelConfig
@@ -43,10 +43,17 @@ class ImportedModel:
 
 
 def _read_json(path: Path, what: str) -> dict:
+    """A JSON object from `path`, or one line saying what is wrong with the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"cannot read {what} {path}: it is not UTF-8 text; download it again") from None
     except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {what} {path} ({e})") from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())
+        raise UserError(f"cannot read {what} {path} ({reason}); download it again") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{what} {path} holds a JSON {type(value).__name__}, not an object; download it again")
+    return value
 
 
 def _open_safetensors(folder: Path) -> tuple[TensorSource, torch.dtype | None]:
@@ -187,11 +194,13 @@ def write_atomic_folder(out: Path, write) -> Path:
             out.rmdir()
         os.replace(tmp, out)
         fsync_dir(out.parent)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"could not write {out} ({e}); nothing was left there") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception) and not isinstance(e, DiskFullError) and is_disk_full(e):
+            # safetensors and torch.save report a full disk as their own errors, not as OSError
+            raise disk_full_error(str(out), "nothing was left there") from None
+        if isinstance(e, OSError) and not isinstance(e, UserError):
+            raise UserError(f"could not write {out} ({e.strerror or e}); nothing was left there") from None
         raise
     return out
 

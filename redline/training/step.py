@@ -219,7 +219,7 @@ class TrainStep:
         """The plain model in eval mode without the converters (evaluation and sampling run in BF16, LoRA
         merged or not as it trains); training mode and the converters come back after."""
         was_training = self.model.training
-        with self.converters.disabled():
+        with self.converters.evaluation():
             self.model.eval()
             try:
                 yield self.model
