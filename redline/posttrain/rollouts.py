@@ -243,12 +243,64 @@ def disabled_reference(step) -> Callable[[], contextlib.AbstractContextManager]:
 @torch.no_grad()
 def evaluate_task(engine, task, prompts: list[Prompt], tokenizer, stop_ids: list[int], max_new_tokens: int,
                   batch_size: int = 64) -> dict[str, float]:
-    """Greedy exact-match accuracy of the engine's model on prompts (the task's held-out split)."""
+    """Greedy exact-match accuracy of the engine's model on prompts (the task's held-out split). Every batch has
+    batch_size rows (the last one filled with repeats, not counted), so the engine keeps one cache and, on a GPU,
+    the graphs the rollouts captured."""
     from redline.inference import SamplingParams
 
     correct = 0
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
-        generations = engine.generate([p.ids for p in chunk], max_new_tokens, SamplingParams(), stop_tokens=stop_ids)
+        rows = [p.ids for p in chunk] + [chunk[0].ids] * (batch_size - len(chunk))
+        generations = engine.generate(rows, max_new_tokens, SamplingParams(), stop_tokens=stop_ids)
         correct += sum(task.reward(p.example, tokenizer.decode(g.tokens)) >= 1.0 for p, g in zip(chunk, generations))
     return {"accuracy": correct / len(prompts), "examples": len(prompts)}
+
+
+class TaskRollouts:
+    """A task as the training data source of `redline grpo` (redline/training/sources.py): Rollouts for training,
+    greedy exact match on the task's test split for evaluation. reference: () -> a context manager giving the
+    reference model (used when the objective's kl_coef > 0; built lazily from the attached step)."""
+
+    def __init__(self, task, tokenizer, renderer, settings: RolloutSettings, objective: GRPO, context_len: int,
+                 eval_examples: int, reference: Callable[[Any], Callable[[], contextlib.AbstractContextManager]]):
+        self.task, self.tokenizer, self.renderer, self.settings = task, tokenizer, renderer, settings
+        self.objective, self.reference = objective, reference
+        self.name = f"task:{task.name}"
+        room = context_len - settings.max_new_tokens
+        if room < 2:
+            raise UserError(f"grpo.max_new_tokens={settings.max_new_tokens} leaves no room for a prompt in the "
+                            f"context of {context_len}; lower it")
+        self.prompts, self.dropped = task_prompts(task, renderer, "train", room)
+        self.eval_prompts, _ = task_prompts(task, renderer, "test", room, limit=eval_examples) \
+            if eval_examples else ([], 0)
+        self.loader: Rollouts | None = None
+
+    def describe(self) -> str:
+        s = self.settings
+        return (f"{len(self.prompts):,} prompts of task {self.task.name}"
+                + (f" ({self.dropped} longer than the context left out)" if self.dropped else "")
+                + f", {s.prompts_per_step} × {s.group_size} samples per step, up to {s.max_new_tokens} tokens each; "
+                  f"{len(self.eval_prompts)} held-out prompts scored greedily")
+
+    def train_loader(self, cfg, info, device) -> Rollouts:
+        from redline.hardware import autocast_dtype
+
+        reference = self.reference(self.objective.step) if self.objective.kl_coef > 0 else None
+        self.loader = Rollouts(self.objective, self.prompts, self.task, self.renderer, self.tokenizer, self.settings,
+                               cfg.batch_size, device, autocast_dtype(device, cfg.precision),
+                               seed=cfg.seed * 7919 + info.rank, reference=reference)
+        return self.loader
+
+    def evaluate(self, model, cfg, info, device) -> dict[str, float]:
+        if not self.eval_prompts or self.loader is None:
+            return {}
+        s = self.settings
+        result = evaluate_task(self.loader.engine(model), self.task, self.eval_prompts, self.tokenizer,
+                               self.loader.stop_ids, s.max_new_tokens, batch_size=s.prompts_per_step * s.group_size)
+        return {"accuracy": result["accuracy"], "eval_examples": result["examples"]}
+
+    def eval_line(self, result: dict[str, float]) -> str:
+        if not result:
+            return "no held-out prompts"
+        return f"{self.task.name} exact match {result['accuracy']:.1%} on {result['eval_examples']} held-out prompts"
