@@ -170,6 +170,8 @@ class Rollouts:
 
         if self._engine is None:
             self._engine = InferenceEngine(model, dtype=next(model.parameters()).dtype)
+            # one cache of the whole context for the rollouts' batch (evaluation uses the same batch size)
+            self._engine.reserve(self.settings.prompts_per_step * self.settings.group_size, model.cfg.context_len)
         return self._engine
 
     def next_batch(self) -> dict[str, Any]:
