@@ -34,7 +34,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("import_", "Bring in a model: a Hugging Face folder, a Hub name or a GGUF file, as a checkpoint."),
     "export": ("export", "Write a checkpoint as a Hugging Face folder or a GGUF file (transformers, llama.cpp)."),
     "sft": ("sft", "Fine-tune a checkpoint on conversations (chat template, packing, loss on replies)."),
-    "evaluate": ("evaluate", "Score a checkpoint on tasks: multiple choice by log-likelihood, exact match."),
 }
 
 

@@ -94,6 +94,8 @@ def main(argv: list[str]) -> int:
 
     set_cuda_allocator_defaults()
     argv = list(argv)
+    if "--help" in argv or "-h" in argv:  # the training fields, with SFT's usage above them
+        parse(TrainConfig, argv, prog="redline sft --from CKPT --data SRC", description=__doc__.strip())
     init_from, argv = _pop(argv, "--from")
     data, argv = _pop(argv, "--data")
     resume, argv = _pop(argv, "--resume")
