@@ -60,6 +60,7 @@ def test_multiple_choice_scores_follow_the_loglikelihoods(chat):
     assert centered(0.25, 0.25) == 0 and centered(1.0, 0.25) == 1
 
 
+@pytest.mark.slow
 def test_evaluate_cli_table_json_and_report(dataset, tmp_path, capsys):  # noqa: F811
     pre = _pretrain(dataset, tmp_path)
     mc = tmp_path / "mc.jsonl"
