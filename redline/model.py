@@ -114,7 +114,7 @@ class ModelConfig:
     doc_attention: Literal["auto", "sdpa", "flex"] = "auto"
     """How packed documents (`doc_ids`) are kept apart: sdpa with a dense (B, 1, T, T) mask (any device; the fast
     SDPA kernels do not take a mask), or flex attention with a block mask that skips the blocks no document
-    spans (CUDA; compiled with the model). auto: flex on CUDA, sdpa elsewhere."""
+    spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled)."""
     ce_chunk_tokens: int = 0
@@ -489,8 +489,11 @@ class GPT(nn.Module):
         return allowed[:, None]
 
     def _flex_documents(self, device) -> bool:
+        """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
+        is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
         choice = self.cfg.doc_attention
-        return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0)
+        return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
+                                    and torch.compiler.is_compiling())
 
     def _document_block_mask(self, doc_ids: torch.Tensor):
         """A flex attention BlockMask for doc_ids (B, T): causal within each document (and the sliding window);

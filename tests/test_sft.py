@@ -225,7 +225,7 @@ def test_flex_document_masking_compiled_on_gpu_matches_sdpa():
     torch.manual_seed(0)
     cfg = dict(vocab_size=261, context_len=512, n_layer=2, n_embd=128, n_head=4, n_kv_head=2)
     sdpa = GPT(ModelConfig(**cfg, doc_attention="sdpa")).cuda()
-    flex = GPT(ModelConfig(**cfg, doc_attention="flex")).cuda()
+    flex = GPT(ModelConfig(**cfg, doc_attention="auto")).cuda()  # auto: flex inside torch.compile on CUDA
     flex.load_state_dict(sdpa.state_dict())
     lengths = (100, 300, 112)
     doc_ids = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)]).cuda().expand(4, -1)
