@@ -69,7 +69,7 @@ def test_bad_input_is_one_line_and_writes_nothing(dataset, tmp_path, capsys):  #
         (["dpo", "--data", "task:nope"], "unknown task 'nope'"),
         (["grpo", "--task", "nope"], "unknown task 'nope'"),
         (["grpo", "--task", "arithmetic_mc"], "is multiple-choice"),
-        (["grpo", "--task", "arithmetic", "grpo.group_size=3", "batch_size=4"], "not a multiple of batch_size=4"),
+        (["grpo", "--task", "arithmetic", "grpo.group_size=3", "batch_size=5"], "not a multiple of batch_size=5"),
         (["grpo", "--task", "arithmetic", "grpo.max_new_tokens=127"], "leaves no room for a prompt"),
     ]:
         code = _cli([args[0], "--from", str(pre), *args[1:], f"out_dir={tmp_path}", "run_name=bad"])
