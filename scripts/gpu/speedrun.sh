@@ -17,8 +17,9 @@
 #
 # Environment: FAST_STEPS ("300 400"), EXTRA_RECIPES (more recipes timed to the same target, e.g. "default
 # muon"; each a full STEPS-step run), TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144
-# validation tokens per evaluation), VOCAB (32768), DEADLINE (seconds after which no further recipe starts,
-# default 480: the call fits in 9 minutes on an H100), OUT (default: a temporary folder).
+# validation tokens per evaluation), VOCAB (32768), TOKENIZER_BYTES (the BPE is trained on the first 25 MB of
+# text), LIMIT (540: the call's wall-time budget in seconds; a recipe after nanogpt starts only if it fits,
+# estimated as 60 s + the nanogpt run's wall time scaled by its steps), OUT (default: a temporary folder).
 # CPU=1: the plumbing on a CPU in a few minutes: every recipe at 2 layers × 64 wide, 4 × 64 tokens a step,
 # a 512-token BPE, no compilation (STEPS defaults to 40 there).
 #
@@ -42,7 +43,8 @@ TOKENS_PER_STEP="${TOKENS_PER_STEP:-32768}"
 EVAL_EVERY="${EVAL_EVERY:-25}"
 EVAL_TOKENS="${EVAL_TOKENS:-262144}"
 VOCAB="${VOCAB:-32768}"
-DEADLINE="${DEADLINE:-480}"
+TOKENIZER_BYTES="${TOKENIZER_BYTES:-25000000}"
+LIMIT="${LIMIT:-540}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REDLINE_CACHE="${REDLINE_CACHE:-$OUT/cache}"
@@ -89,7 +91,7 @@ else
     [ ${#val[@]} -gt 0 ] && split=(--val-inputs "${val[@]}")
     echo "preparing ${#train[@]} training file(s) and ${#val[@]} validation file(s) with a $VOCAB-token BPE into $DATA"
     if ! "$PY" -m redline data prepare --inputs "${train[@]}" "${split[@]}" --out "$DATA" --tokenizer bpe \
-            --vocab-size "$VOCAB" --overwrite > "$OUT/prepare.log" 2>&1; then
+            --vocab-size "$VOCAB" --tokenizer-train-bytes "$TOKENIZER_BYTES" --overwrite > "$OUT/prepare.log" 2>&1; then
         tail -n 20 "$OUT/prepare.log" >&2
         exit 1
     fi
@@ -99,27 +101,35 @@ prepare_seconds=$(( $(date +%s) - start ))
 
 # -- the recipes: nanogpt first (the target), then fast at each budget, then the extras ---------------------
 recipes=(nanogpt)
+steps_of=("$STEPS")
 for n in $FAST_STEPS; do
     { echo "max_steps = $n   # the fast recipe trained for $n steps, its schedule cooled at the end of them"
       cat redline/recipes/fast.toml; } > "$OUT/fast-$n.toml"
     recipes+=("$OUT/fast-$n.toml")
+    steps_of+=("$n")
 done
-for r in $EXTRA_RECIPES; do recipes+=("$r"); done
+for r in $EXTRA_RECIPES; do recipes+=("$r"); steps_of+=("$STEPS"); done
 
 SPEEDRUN="$OUT/speedrun"
 done_recipes=()
 skipped=()
-for r in "${recipes[@]}"; do
+baseline_seconds=0
+for i in "${!recipes[@]}"; do
+    r="${recipes[$i]}"
     elapsed=$(( $(date +%s) - start ))
-    if [ ${#done_recipes[@]} -gt 0 ] && [ "$elapsed" -gt "$DEADLINE" ]; then
+    estimate=$(( 60 + baseline_seconds * ${steps_of[$i]} / STEPS ))
+    if [ "$i" -gt 0 ] && [ $(( elapsed + estimate )) -gt "$LIMIT" ]; then
+        echo "== $(basename "$r" .toml): skipped, about ${estimate} s would end past LIMIT=${LIMIT} s (${elapsed} s in)"
         skipped+=("$(basename "$r" .toml)")
         continue
     fi
     done_recipes+=("$r")
     echo "== $(basename "$r" .toml) (${elapsed} s in)"
+    phase_start=$(date +%s)
     "$PY" -m redline speedrun --recipes "${done_recipes[@]}" --data "$DATA" --out "$SPEEDRUN" \
         --eval-every "$EVAL_EVERY" --eval-tokens "$EVAL_TOKENS" --no-plot "${SETTINGS[@]}" > "$OUT/speedrun-$(basename "$r" .toml).log" 2>&1
     grep -v '^{' "$OUT/speedrun-$(basename "$r" .toml).log" | tail -n 14
+    [ "$i" -eq 0 ] && baseline_seconds=$(( $(date +%s) - phase_start ))
 done
 wall=$(( $(date +%s) - start ))
 
