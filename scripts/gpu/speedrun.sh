@@ -100,7 +100,10 @@ fi
 prepare_seconds=$(( $(date +%s) - start ))
 
 # -- the recipes: nanogpt first (the target), then fast at each budget, then the extras ---------------------
-recipes=(nanogpt)
+# nanogpt at 32 × 1024 (one micro-batch of 32,768 tokens a step, as fast's 16 × 2048): the recipe's own 16 × 1024
+# would accumulate two micro-batches a step, a slower step for the same training
+{ echo "batch_size = 32   # one micro-batch a step"; cat redline/recipes/nanogpt.toml; } > "$OUT/nanogpt.toml"
+recipes=("$OUT/nanogpt.toml")
 steps_of=("$STEPS")
 for n in $FAST_STEPS; do
     { echo "max_steps = $n   # the fast recipe trained for $n steps, its schedule cooled at the end of them"
