@@ -10,12 +10,12 @@
 # $OUT/corpus with a 32,768-token byte-level BPE trained on it (VOCAB=...).
 #
 # The fast recipe is a warmup-stable-decay run: its learning rate is cooled to zero at the end of its own budget,
-# so it is trained at each step count of FAST_STEPS (default: 30% and 40% of STEPS), each a recipe file of its
-# own (fast-300.toml = redline/recipes/fast.toml with max_steps = 300), and the shortest that reaches the target
-# is the verdict's. Timings exclude compilation (each run's first logged window counted at its median speed)
+# so it is trained at two step counts, each a recipe file of its own (fast-300.toml = redline/recipes/fast.toml
+# with max_steps = 300): 30% of STEPS, then 22% if that reached the target, else 45% (FAST_STEPS="N M ..." gives
+# them instead). The fastest run that reaches the target is the verdict's. Timings exclude compilation (each run's first logged window counted at its median speed)
 # and evaluation; see redline/commands/speedrun.py for the clock.
 #
-# Environment: FAST_STEPS ("300 400"), EXTRA_RECIPES (more recipes timed to the same target, e.g. "default
+# Environment: FAST_STEPS ("auto", or step counts), EXTRA_RECIPES (more recipes timed to the same target, e.g. "default
 # muon"; each a full STEPS-step run), TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144
 # validation tokens per evaluation), VOCAB (32768), TOKENIZER_BYTES (the BPE is trained on the first 25 MB of
 # text), LIMIT (540: the call's wall-time budget in seconds; a recipe after nanogpt starts only if it fits,
@@ -37,7 +37,7 @@ fi
 CPU="${CPU:-0}"
 if [ "$CPU" = 1 ]; then DEFAULT_STEPS=40; else DEFAULT_STEPS=1000; fi
 STEPS="${2:-$DEFAULT_STEPS}"
-FAST_STEPS="${FAST_STEPS:-$((STEPS * 3 / 10)) $((STEPS * 4 / 10))}"
+FAST_STEPS="${FAST_STEPS:-auto}"
 EXTRA_RECIPES="${EXTRA_RECIPES:-}"
 TOKENS_PER_STEP="${TOKENS_PER_STEP:-32768}"
 EVAL_EVERY="${EVAL_EVERY:-25}"
@@ -100,40 +100,60 @@ fi
 prepare_seconds=$(( $(date +%s) - start ))
 
 # -- the recipes: nanogpt first (the target), then fast at each budget, then the extras ---------------------
-# nanogpt at 32 × 1024 (one micro-batch of 32,768 tokens a step, as fast's 16 × 2048): the recipe's own 16 × 1024
-# would accumulate two micro-batches a step, a slower step for the same training
-{ echo "batch_size = 32   # one micro-batch a step"; cat redline/recipes/nanogpt.toml; } > "$OUT/nanogpt.toml"
-recipes=("$OUT/nanogpt.toml")
-steps_of=("$STEPS")
-for n in $FAST_STEPS; do
-    { echo "max_steps = $n   # the fast recipe trained for $n steps, its schedule cooled at the end of them"
-      cat redline/recipes/fast.toml; } > "$OUT/fast-$n.toml"
-    recipes+=("$OUT/fast-$n.toml")
-    steps_of+=("$n")
-done
-for r in $EXTRA_RECIPES; do recipes+=("$r"); steps_of+=("$STEPS"); done
-
 SPEEDRUN="$OUT/speedrun"
 done_recipes=()
 skipped=()
 baseline_seconds=0
-for i in "${!recipes[@]}"; do
-    r="${recipes[$i]}"
+
+# run_recipe FILE STEPS: add FILE to the speedrun (the finished runs are kept) if its estimate fits in LIMIT
+run_recipe() {
+    local r="$1" n="$2" name elapsed estimate phase_start
+    name="$(basename "$r" .toml)"
     elapsed=$(( $(date +%s) - start ))
-    estimate=$(( 60 + baseline_seconds * ${steps_of[$i]} / STEPS ))
-    if [ "$i" -gt 0 ] && [ $(( elapsed + estimate )) -gt "$LIMIT" ]; then
-        echo "== $(basename "$r" .toml): skipped, about ${estimate} s would end past LIMIT=${LIMIT} s (${elapsed} s in)"
-        skipped+=("$(basename "$r" .toml)")
-        continue
+    estimate=$(( 60 + baseline_seconds * n / STEPS ))
+    if [ ${#done_recipes[@]} -gt 0 ] && [ $(( elapsed + estimate )) -gt "$LIMIT" ]; then
+        echo "== $name: skipped, about ${estimate} s would end past LIMIT=${LIMIT} s (${elapsed} s in)"
+        skipped+=("$name")
+        return 1
     fi
     done_recipes+=("$r")
-    echo "== $(basename "$r" .toml) (${elapsed} s in)"
+    echo "== $name ($n steps, ${elapsed} s in)"
     phase_start=$(date +%s)
     "$PY" -m redline speedrun --recipes "${done_recipes[@]}" --data "$DATA" --out "$SPEEDRUN" \
-        --eval-every "$EVAL_EVERY" --eval-tokens "$EVAL_TOKENS" --no-plot "${SETTINGS[@]}" > "$OUT/speedrun-$(basename "$r" .toml).log" 2>&1
-    grep -v '^{' "$OUT/speedrun-$(basename "$r" .toml).log" | tail -n 14
-    [ "$i" -eq 0 ] && baseline_seconds=$(( $(date +%s) - phase_start ))
-done
+        --eval-every "$EVAL_EVERY" --eval-tokens "$EVAL_TOKENS" --no-plot "${SETTINGS[@]}" > "$OUT/speedrun-$name.log" 2>&1
+    grep -v '^{' "$OUT/speedrun-$name.log" | tail -n 14
+    [ ${#done_recipes[@]} -eq 1 ] && baseline_seconds=$(( $(date +%s) - phase_start ))
+    return 0
+}
+
+# fast_recipe N: the fast recipe with max_steps = N (its schedule cooled at the end of them), as a file
+fast_recipe() {
+    { echo "max_steps = $1   # the fast recipe trained for $1 steps, its schedule cooled at the end of them"
+      cat redline/recipes/fast.toml; } > "$OUT/fast-$1.toml"
+    echo "$OUT/fast-$1.toml"
+}
+
+# reached NAME: whether that recipe reached the target in the speedrun so far
+reached() {
+    "$PY" -c 'import json, sys; rows = {r["recipe"]: r for r in json.load(open(sys.argv[1]))["recipes"]}
+sys.exit(0 if rows.get(sys.argv[2], {}).get("reached") else 1)' "$SPEEDRUN/speedrun.json" "$1" 2>/dev/null
+}
+
+# nanogpt at 32 × 1024 (one micro-batch of 32,768 tokens a step, as fast's 16 × 2048): the recipe's own 16 × 1024
+# would accumulate two micro-batches a step, a slower step for the same training
+{ echo "batch_size = 32   # one micro-batch a step"; cat redline/recipes/nanogpt.toml; } > "$OUT/nanogpt.toml"
+run_recipe "$OUT/nanogpt.toml" "$STEPS"
+if [ "$FAST_STEPS" = auto ]; then
+    # 30% of the baseline's steps first; then 22% if that reached the target (is less enough?), else 45%
+    first=$(( STEPS * 30 / 100 ))
+    run_recipe "$(fast_recipe "$first")" "$first" && {
+        if reached "fast-$first"; then second=$(( STEPS * 22 / 100 )); else second=$(( STEPS * 45 / 100 )); fi
+        run_recipe "$(fast_recipe "$second")" "$second"
+    }
+else
+    for n in $FAST_STEPS; do run_recipe "$(fast_recipe "$n")" "$n"; done
+fi
+for r in $EXTRA_RECIPES; do run_recipe "$r" "$STEPS"; done
 wall=$(( $(date +%s) - start ))
 
 "$PY" - "$SPEEDRUN/speedrun.json" "$STEPS" "$TOKENS_PER_STEP" "$wall" "$prepare_seconds" "${skipped[*]:-}" <<'EOF'
