@@ -311,8 +311,6 @@ class TrainConfig:
             raise UserError("optim.muon_momentum_warmup_steps must be >= 0 and optim.muon_ns_steps >= 1")
         if self.gpus < 1 or self.dist_timeout <= 0:
             raise UserError("gpus must be >= 1 and dist_timeout > 0")
-        if self.parallel == "fsdp2" and self.optim.name == "muon":
-            raise UserError("optim.name=muon needs whole matrices and is not supported with parallel=fsdp2; use ddp or adamw")
         if self.lora.quantize == "nf4" and not self.lora.enabled:
             raise UserError("lora.quantize=nf4 stores frozen weights in 4 bits, which cannot be trained, so NF4 "
                             "pretraining is not possible; fine-tune with QLoRA: lora.enabled=True init_from=CKPT")
