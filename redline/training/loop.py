@@ -34,7 +34,8 @@ from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, r
 from redline.model import GPT
 from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
-from redline.training.init_from import InitPoint\nfrom redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
+from redline.training.init_from import InitPoint
+from redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
                                       resume_metrics)
 from redline.training.optim import lr_multiplier
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states
