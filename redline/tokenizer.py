@@ -47,7 +47,6 @@ HF_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.50 saves the
 # the keys of tokenizer_config.json redline reads and writes back
 _HF_CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token", "add_eos_token",
                    "chat_template")
-KINDS = ("bytes", "gpt2", "bpe")
 # redline's own chat tokens (redline/chat/render.py): appended after a tokenizer's vocabulary by add_chat_tokens
 CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 

@@ -4,9 +4,9 @@ How it works:
 1. documents stream from `sources.iter_documents` in batches, read by a background thread so that reading and
    decompressing overlap with tokenizing;
 2. batches are tokenized by a pool of processes, one thread each, and come back as flat numpy arrays in input
-   order; the end-of-text token is appended after every document. (Measured on 16 cores with a 32k BPE: 23 MB/s
-   of text, 5.6 M tokens/s, this way, against 13 MB/s with the tokenizer library's own threads in one process,
-   whose Python side then becomes the bottleneck, and 2 MB/s in one process with one thread);
+   order; the end-of-text token is appended after every document. (Processes, not the tokenizer library's own
+   threads in one process: there the one Python side that hands out the texts and collects the ids becomes the
+   bottleneck);
 3. each document goes to train or val by a seeded hash of its index (so the split does not depend on batching or
    worker count), or by which inputs it came from when `val_inputs` are given. When that leaves val with fewer
    than `min_val_tokens` tokens (a single .txt file is one document; a few documents rarely draw one), the end
