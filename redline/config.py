@@ -330,7 +330,7 @@ class TrainConfig:
 
 # learning rates that suit each preset family's size (applied with the preset, below the recipe and the CLI)
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    # 6-8.5k tokens/s on 2 CPU cores: 360 steps of 2,048 tokens take 1.5-2 minutes
+    # sized for `make demo`: a couple of minutes on a 2-core CPU (BENCHMARKS.md, CPU)
     "tiny": {"optim.lr": 3e-3, "batch_size": 16, "seq_len": 128, "max_steps": 360, "eval_every": 90,
              "eval_batches": 8, "optim.warmup_steps": 30, "log_every": 30},
     "-124m": {"optim.lr": 1e-3},
