@@ -111,6 +111,10 @@ class ModelConfig:
     """Dropout on attention weights and residual branches (training only)."""
     attn_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     """SDPA backend: auto lets PyTorch choose; the others force one (math is the slow reference)."""
+    doc_attention: Literal["auto", "sdpa", "flex"] = "auto"
+    """How packed documents (`doc_ids`) are kept apart: sdpa with a dense (B, 1, T, T) mask (any device; the fast
+    SDPA kernels do not take a mask), or flex attention with a block mask that skips the blocks no document
+    spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled)."""
     ce_chunk_tokens: int = 0
@@ -179,6 +183,9 @@ class ModelConfig:
         if not 0 <= self.value_embeddings <= (self.n_layer + 1) // 2:
             raise UserError(f"model.value_embeddings must be in [0, ceil(n_layer / 2) = {(self.n_layer + 1) // 2}] "
                             f"(each table serves one early and one late layer), got {self.value_embeddings}")
+        if self.doc_attention == "flex" and self.dropout:
+            raise UserError("model.doc_attention=flex has no attention dropout; use doc_attention=sdpa (or auto) "
+                            "with model.dropout")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
             raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden}")
         if self.ce_chunk_tokens < 0:
@@ -300,8 +307,15 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
-        """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D)."""
+        """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D). attn_mask: None, a bool tensor, or a flex
+        attention BlockMask (packed documents on CUDA: GPT.attention_mask)."""
         gqa = self.n_kv != self.n_head
+        if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            y = flex_attention(q, k, v, block_mask=attn_mask, enable_gqa=gqa)
+            B, _, Tq, _ = q.shape
+            return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
         if gqa and self.cfg.attn_backend != "auto":
             # not every forced backend takes enable_gqa: expand the kv heads instead
             k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
@@ -466,11 +480,34 @@ class GPT(nn.Module):
         mask = self.sliding_mask(T, device)
         if doc_ids is None:
             return mask
+        if self._flex_documents(device):
+            return self._document_block_mask(doc_ids)
         i = torch.arange(T, device=device)
         allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])  # (B, T, T)
         if mask is not None:
             allowed = allowed & mask
         return allowed[:, None]
+
+    def _flex_documents(self, device) -> bool:
+        """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
+        is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
+        choice = self.cfg.doc_attention
+        return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
+                                    and torch.compiler.is_compiling())
+
+    def _document_block_mask(self, doc_ids: torch.Tensor):
+        """A flex attention BlockMask for doc_ids (B, T): causal within each document (and the sliding window);
+        blocks that no document spans are skipped rather than masked (PyTorch's flex attention document masking)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        B, T = doc_ids.shape
+        window = self.cfg.sliding_window
+
+        def same_document(b, h, q, kv):
+            allowed = (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
+            return allowed & (q - kv < window) if window > 0 else allowed
+
+        return create_block_mask(same_document, B, None, T, T, device=doc_ids.device)
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
         """Token (and learned position) embeddings and the RoPE tables for these positions.

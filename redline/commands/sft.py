@@ -94,6 +94,8 @@ def main(argv: list[str]) -> int:
 
     set_cuda_allocator_defaults()
     argv = list(argv)
+    if "--help" in argv or "-h" in argv:  # the training fields, with SFT's usage above them
+        parse(TrainConfig, argv, prog="redline sft --from CKPT --data SRC", description=__doc__.strip())
     init_from, argv = _pop(argv, "--from")
     data, argv = _pop(argv, "--data")
     resume, argv = _pop(argv, "--resume")
@@ -113,6 +115,10 @@ def main(argv: list[str]) -> int:
         cfg = parse(TrainConfig, argv, prog="redline sft", description=DESCRIPTION, default=base_config(source))
         cfg.finetune.init_from, cfg.finetune.data = str(source), data
         cfg.run_name = cfg.run_name or f"sft-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        existing = Path(cfg.out_dir) / cfg.run_name
+        if ckpt_io.list_checkpoints(existing):
+            raise UserError(f"{existing} already holds a run; continue it with `redline sft --resume {existing}`, or "
+                            f"give another run_name")
         start = source
     tokenizer = chat_tokenizer(start, cfg.finetune.template)
     conversations = ConversationData.load(cfg.finetune.data, tokenizer, cfg.effective_seq_len, seed=cfg.seed,

@@ -166,6 +166,23 @@ def headline(lead: dict[str, Any], fmt) -> str:
             f"{fmt(lead['runner_up_mean'])}: {lead.get('reason', '')})")
 
 
+def task_score_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """A table of `redline evaluate` scores, one row per run (the stages of a pipeline side by side), one column
+    per task: score (centered score in brackets); nothing when no run was evaluated."""
+    tasks = sorted({name for r in runs for name in (r.get("task_scores") or {})})
+    if not tasks:
+        return []
+    lines = ["", "## Task scores", "", "From `redline evaluate` (RUN/evaluations.jsonl): each task's headline metric, "
+             "its centered score in brackets ((score - chance) / (1 - chance): 0 is chance, 1 perfect).", "",
+             "| run | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for r in runs:
+        scores = r.get("task_scores") or {}
+        if scores:
+            cells = [f"{s['score']:.3f} ({s['centered']:+.3f})" if (s := scores.get(t)) else "—" for t in tasks]
+            lines.append(f"| {r.get('run_id')} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
     failed = [r for r in report["runs"] if r.get("status") != COMPLETED]
     lines = _header_lines(report)
@@ -176,6 +193,7 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
               "excludes no effect on the claimed side, and the measured ratio is within a factor of 2 of the claimed "
               "change), **refuted** (the whole interval lies outside that band), else **inconclusive**.", "",
               claims_mod.claims_markdown(report["claims"])]
+    lines += task_score_lines(report["runs"])
     lines += _failed_lines(failed)
     lines += _plot_lines(plots)
     lines += ["", "## How these numbers are made", "",
