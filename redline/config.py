@@ -185,6 +185,63 @@ class FinetuneConfig:
 
 
 @dataclass
+class DPOConfig:
+    """`redline dpo` (redline/posttrain/dpo.py): the preference loss. Unused by other commands."""
+
+    beta: float = 0.1
+    """How far the policy may move from the starting model: the scale of the implicit reward β·log(π/π_ref)."""
+    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    """sigmoid (DPO), ipo (IPO, per-token averaged log-probabilities) or hinge (SLiC)."""
+    max_pairs: int = 0
+    """Train on the first max_pairs pairs (0: all); each pair's reference log-probabilities cost one forward."""
+
+    def validate(self) -> None:
+        if not self.beta > 0:
+            raise UserError(f"dpo.beta must be positive, got {self.beta}")
+        if self.max_pairs < 0:
+            raise UserError(f"dpo.max_pairs must be >= 0 (0: all), got {self.max_pairs}")
+
+
+@dataclass
+class GRPOConfig:
+    """`redline grpo` (redline/posttrain/grpo.py, rollouts.py): rollouts and the policy loss. Unused elsewhere."""
+
+    task: str | None = None
+    """The task whose prompts are sampled and whose reward scores them (`--task`): a built-in name or a .jsonl."""
+    group_size: int = 8
+    """Samples per prompt (G); advantages are relative to the group."""
+    prompts_per_step: int = 8
+    """Prompts per optimizer step: a step trains on prompts_per_step × group_size sequences."""
+    max_new_tokens: int = 32
+    """Longest completion sampled."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_k: int = 0
+    """Sample among the k most likely tokens (0: all)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the starting model (0: off, no reference model)."""
+    scale_rewards: Literal["group", "none"] = "group"
+    """Advantages divided by the group's reward std (group: GRPO, DAPO) or only centred (none: Dr. GRPO)."""
+    loss_norm: Literal["token", "constant"] = "token"
+    """The step's loss over its completion tokens (token: DAPO) or over sequences × max_new_tokens (Dr. GRPO)."""
+    pass_k: int = 4
+    """k of the pass@k logged from each rollout (at most group_size)."""
+    eval_examples: int = 100
+    """Held-out prompts (the task's test split) scored greedily at each evaluation."""
+
+    def validate(self) -> None:
+        for name in ("group_size", "prompts_per_step", "max_new_tokens", "pass_k"):
+            if getattr(self, name) < 1:
+                raise UserError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise UserError("grpo.group_size must be >= 2: advantages compare samples of the same prompt")
+        if self.temperature <= 0:
+            raise UserError(f"grpo.temperature must be positive (rollouts sample), got {self.temperature}")
+        if self.kl_coef < 0:
+            raise UserError(f"grpo.kl_coef must be >= 0, got {self.kl_coef}")
+
+
+@dataclass
 class TrainConfig:
     preset: str = "tiny"
     """Named model size (see `redline train --list-presets`); model.* overrides apply on top."""
@@ -278,11 +335,17 @@ class TrainConfig:
     """DDP gradient bucket size in MiB."""
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     """Post-training settings (redline sft)."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """Preference optimisation (`redline dpo`)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """Reinforcement learning from task rewards (`redline grpo`)."""
 
     def validate(self) -> None:
         self.model.validate()
         self.optim.validate()
         self.finetune.validate()
+        self.dpo.validate()
+        self.grpo.validate()
         self.lora.validate()
         _check_finite(self, "")
         seq = self.seq_len or self.model.context_len

@@ -177,7 +177,8 @@ class TextGenerator:
         needs_text = bool(stop_strings) or on_text is not None
         results = self.engine.generate(
             [ids for ids, _ in pairs], max_new_tokens, sampling,
-            stop_tokens=stop_tokens if stop_tokens is not None else stop_token_ids(self.tokenizer) if stop_at_eot else (),
+            stop_tokens=(stop_tokens if stop_tokens is not None else
+                         stop_token_ids(self.tokenizer) if stop_at_eot else ()),
             on_tokens=on_tokens if needs_text else None,
         )
         completions = []

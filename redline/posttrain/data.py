@@ -96,3 +96,83 @@ def pairs_from_records(records: Iterable[Mapping[str, Any]], renderer, max_len: 
         raise UserError(f"every pair of {source} ({dropped}) is longer than the context of {max_len} tokens; "
                         f"shorten them or train with a longer seq_len")
     return PairSet(pairs, dropped)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the data source of `redline dpo`
+
+
+def read_preference_records(source: str, seed: int, eval_fraction: float) -> tuple[list[dict], list[dict]]:
+    """(training records, held-out records) of a JSONL file (a seeded eval_fraction held out) or of task:NAME
+    (its preference pairs of the train and test splits)."""
+    import random
+
+    if source.startswith("task:"):
+        from redline.tasks import load_task
+
+        task = load_task(source, seed=seed)
+        if not hasattr(task, "preference_pairs"):
+            raise UserError(f"task {task.name} has no preference pairs")
+        return task.preference_pairs("train", seed), task.preference_pairs("test", seed)
+    records = read_jsonl(source)
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    held = round(len(records) * eval_fraction) if len(records) > 1 else 0
+    return [records[i] for i in order[held:]], [records[i] for i in order[:held]]
+
+
+class PairData:
+    """Preference pairs as a training data source (redline/training/sources.py): PairBatches for training, the
+    held-out pairs' DPO loss, rewards and preference accuracy for evaluation. The reference log-probabilities of
+    both sets live on the objective (`set_reference` fills them from the starting model)."""
+
+    def __init__(self, name: str, tokenizer, train: PairSet, heldout: PairSet | None, objective):
+        self.name, self.tokenizer, self.objective = name, tokenizer, objective
+        self.train, self.heldout = train, heldout
+
+    @classmethod
+    def load(cls, source: str, tokenizer, renderer, max_len: int, objective, seed: int = 0,
+             eval_fraction: float = 0.02, max_pairs: int = 0, max_heldout: int = 0) -> PairData:
+        """max_pairs, max_heldout: keep the first so many training and held-out pairs (0: all)."""
+        train_records, heldout_records = read_preference_records(source, seed, eval_fraction)
+        train_records = train_records[:max_pairs or None]
+        heldout_records = heldout_records[:max_heldout or None]
+        train = pairs_from_records(train_records, renderer, max_len, source)
+        heldout = pairs_from_records(heldout_records, renderer, max_len, f"{source} (held out)") \
+            if heldout_records else None
+        return cls(source, tokenizer, train, heldout, objective)
+
+    def describe(self) -> str:
+        held = len(self.heldout.pairs) if self.heldout else 0
+        dropped = self.train.dropped + (self.heldout.dropped if self.heldout else 0)
+        return (f"{len(self.train.pairs):,} preference pairs from {self.name}, {held:,} held out"
+                + (f"; {dropped:,} longer than the context left out" if dropped else ""))
+
+    def set_reference(self, model, batch_size: int, device, amp) -> None:
+        """The starting model's log-probabilities of every pair, once, before the first step."""
+        from redline.posttrain.dpo import reference_logps
+
+        self.objective.reference = reference_logps(model, self.train.pairs, batch_size, device, amp)
+        if self.heldout:
+            self.objective.heldout_reference = reference_logps(model, self.heldout.pairs, batch_size, device, amp)
+
+    def train_loader(self, cfg, info, device):
+        from redline.posttrain.dpo import PairBatches
+
+        # each process its own seeded order: ranks draw different pairs
+        return PairBatches(self.train.pairs, cfg.batch_size, device, seed=cfg.seed * 7919 + info.rank)
+
+    def evaluate(self, model, cfg, info, device) -> dict[str, float]:
+        from redline.hardware import autocast_dtype
+        from redline.posttrain.dpo import evaluate_pairs
+
+        if not self.heldout:
+            return {}
+        return evaluate_pairs(model, self.objective, self.heldout.pairs, self.objective.heldout_reference,
+                              cfg.batch_size, device, autocast_dtype(device, cfg.precision))
+
+    def eval_line(self, result: dict[str, float]) -> str:
+        if not result:
+            return "no held-out pairs"
+        return (f"held-out DPO loss {result['loss']:.4f} | reward margin {result['reward_margin']:.3f} | "
+                f"preference accuracy {result['preference_accuracy']:.1%}")

@@ -160,11 +160,12 @@ class DPO:
 
     name = "dpo"
 
-    def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", reference: torch.Tensor | None = None):
+    def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", reference: torch.Tensor | None = None,
+                 heldout_reference: torch.Tensor | None = None):
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown DPO loss {loss_type!r}; one of {', '.join(LOSS_TYPES)}")
         self.beta, self.loss_type = beta, loss_type
-        self.reference = reference
+        self.reference, self.heldout_reference = reference, heldout_reference  # (N, 2) each, on the CPU
         self._on_device: torch.Tensor | None = None
 
     def attach(self, step: TrainStep) -> None:
@@ -199,11 +200,14 @@ class DPO:
         return self.loss_from_logps(logps, counts, batch["index"])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"beta": self.beta, "loss_type": self.loss_type, "reference": self.reference}
+        return {"beta": self.beta, "loss_type": self.loss_type, "reference": self.reference,
+                "heldout_reference": self.heldout_reference}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("reference") is not None:
             self.reference, self._on_device = state["reference"].float().cpu(), None
+        if state.get("heldout_reference") is not None:
+            self.heldout_reference = state["heldout_reference"].float().cpu()
 
 
 @torch.no_grad()

@@ -360,6 +360,9 @@ class Run:
         with self.train_step.evaluation() as model:
             result = self.source.evaluate(model, self.cfg, self.info, self.device)
         self.log.log({"kind": "eval", "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed(), **result})
+        if hasattr(self.source, "eval_line"):  # a source whose evaluation measures something else (DPO, GRPO)
+            self.log.print(f"[cyan]eval step {self.step}: {self.source.eval_line(result)}")
+            return result
         self.log.print(f"[cyan]eval step {self.step}: loss {result['loss']:.4f} | ppl {result['perplexity']:.2f} | "
                        f"bpb {result['bpb']:.4f}")
         if result["bpb"] == result["bpb"]:
@@ -426,8 +429,8 @@ class Run:
         total = format_duration(self.elapsed())
         head = (f"{self.step} steps, {self.tokens:,} tokens in {total}"
                 + (f" ({took} in this process)" if self.elapsed_before else ""))
-        bpb = f" | val bpb {final_eval['bpb']:.4f}" if final_eval else ""
-        if self.best_bpb is not None and (not final_eval or self.best_bpb < final_eval["bpb"]):
+        bpb = f" | val bpb {final_eval['bpb']:.4f}" if "bpb" in final_eval else ""
+        if self.best_bpb is not None and (not final_eval or self.best_bpb < final_eval.get("bpb", 0)):
             bpb += f" | best val bpb {self.best_bpb:.4f}"
         where = f" | checkpoint {checkpoint}" if checkpoint else ""
         if status == "completed":
