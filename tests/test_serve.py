@@ -413,3 +413,25 @@ def test_serve_command_end_to_end(model, tokenizer, tmp_path):
         code = proc.wait(30)
     # uvicorn shuts down gracefully, then re-raises the signal: the exit status says SIGTERM ended it
     assert code in (0, -15) and "Traceback" not in proc.stderr.read()
+
+
+def test_load_generator_bounded_load(live, capsys, monkeypatch):
+    """scripts/serve_load.py: a fixed number of streamed requests with Poisson arrivals, a time limit, nothing
+    lost, every response complete."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    load = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "serve_load", load)  # its dataclasses look their module up
+    spec.loader.exec_module(load)
+    t0 = time.time()
+    code = load.main(["--url", live.url, "--model", MODEL, "--concurrency", "4", "--requests", "12",
+                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "8"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and time.time() - t0 < 30
+    assert summary["completed"] == 12 and summary["failed"] == 0
+    reasons = summary["finish_reasons"]
+    assert sum(reasons.values()) == 12 and 8 * reasons["length"] <= summary["output_tokens"] <= 8 * 12
+    assert summary["ttft_ms"]["p50"] > 0 and summary["output_tokens_per_s"] > 0
