@@ -7,7 +7,9 @@ concurrent clients, arriving as a Poisson process (or all at once), each streami
 Prompts are random token ids in [0, 256) sent as /v1/completions' `prompt` (exact lengths whatever the tokenizer);
 decoding is greedy. Reports aggregate output tokens/s, time to first token (TTFT) and inter-token latency (ITL:
 a request's time from its first token to its last over its tokens after the first) percentiles, and the gaps
-between stream chunks; then one JSON line. Standard library only (asyncio sockets), so it runs anywhere.
+between stream chunks; then one JSON line. Tokens are timed by the usage in every chunk where the server sends it
+(`stream_options.continuous_usage_stats`, as redline and vLLM do), else by chunks that carry text. Standard library
+only (asyncio sockets), so it runs anywhere.
 """
 
 from __future__ import annotations
@@ -106,13 +108,17 @@ def _event(res: Result, event: str) -> bool:
             return True
         chunk = json.loads(data)
         now = time.perf_counter()
-        if chunk.get("usage"):
-            res.completion_tokens = chunk["usage"]["completion_tokens"]
+        choices = chunk.get("choices") or []
+        # with continuous usage stats every chunk says how many tokens there are so far, text or not (a model
+        # with random weights makes many tokens that decode to nothing); without, a chunk with text is a token
+        tokens = (chunk.get("usage") or {}).get("completion_tokens")
+        if tokens is not None:
+            res.completion_tokens = tokens
             res.prompt_tokens = chunk["usage"]["prompt_tokens"]
-        for choice in chunk.get("choices") or []:
-            if choice.get("text"):
-                res.first = res.first or now
-                res.chunk_times.append(now)
+        if choices and (tokens or any(c.get("text") for c in choices)):
+            res.first = res.first or now
+            res.chunk_times.append(now)
+        for choice in choices:
             if choice.get("finish_reason"):
                 res.finish_reason = choice["finish_reason"]
     return False
@@ -138,7 +144,7 @@ async def run(args) -> dict:
     async def one(i: int) -> Result:
         prompt = [rng.randrange(256) for _ in range(args.prompt_tokens)]
         body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}}
+                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with limit:
             return await stream_completion(host, port, "/v1/completions", body, headers)
 

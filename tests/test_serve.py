@@ -196,6 +196,16 @@ def test_stop_strings_cut_the_text(live, model, tokenizer):
         assert text == full[: full.index(stop)]
 
 
+def test_continuous_usage_stats_count_every_token(live):
+    """stream_options.continuous_usage_stats (vLLM's): a chunk whenever tokens arrive, with the usage so far."""
+    chunks = list(live.client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices and c.usage]
+    assert counts[0] == 1 and counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
+    assert all(c.usage.prompt_tokens == 5 for c in chunks if c.usage)
+
+
 def test_models_health_and_metrics(live):
     assert [m.id for m in live.client.models.list().data] == [MODEL]
     assert httpx.get(live.url + "/health").json()["status"] == "ok"

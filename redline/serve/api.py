@@ -193,7 +193,7 @@ def create_app(server: Server):
                     texts[index].append(event[1])
                 elif event[0] == "error":
                     raise APIError(500, f"generation failed: {event[1]}", type="server_error")
-                else:
+                elif event[0] == "done":
                     remaining -= 1
         finally:
             watcher.cancel()
@@ -220,12 +220,15 @@ def create_app(server: Server):
             remaining = len(seqs)
             while remaining:
                 index, event = await queue.get()
-                if event[0] == "text":
+                if event[0] == "text" and job.continuous_usage:
+                    progress = protocol.usage(len(seqs[index].prompt), event[2])
+                    yield _sse(protocol.chunk(job, rid, server.model, index, text=event[1], progress=progress))
+                elif event[0] == "text" and event[1]:
                     yield _sse(protocol.chunk(job, rid, server.model, index, text=event[1]))
                 elif event[0] == "error":
                     yield _sse(APIError(500, f"generation failed: {event[1]}", type="server_error").body())
                     return
-                else:
+                elif event[0] == "done":
                     remaining -= 1
                     reason = _finish_reason(event[1])
                     yield _sse(protocol.chunk(job, rid, server.model, index, text="" if job.kind != "chat" else None,

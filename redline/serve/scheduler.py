@@ -2,8 +2,8 @@
 
 How it works
 - `submit()` checks a request (its prompt and max_tokens must fit a row, the queue must have room) and queues it;
-  the caller gets a `Sequence` whose `sink` receives ("text", str), then ("done", finish_reason) or
-  ("error", message), from the scheduler's thread.
+  the caller gets a `Sequence` whose `sink` receives ("text", new_text, tokens_so_far), then
+  ("done", finish_reason) or ("error", message), from the scheduler's thread.
 - The thread loops: admit waiting requests into free rows of the static batch, prefill them in spans of at most
   `prefill_tokens` tokens per turn while other rows are decoding (so a long prompt stalls running streams for one
   span at a time, not for its whole length), then launch `sync_every` decode steps and read the tokens of the
@@ -52,7 +52,8 @@ class Sequence:
     sampling: SamplingParams
     stop: tuple[str, ...]
     sink: Callable[[tuple], None]
-    """Called from the scheduler's thread with ("text", str), then ("done", reason) or ("error", message)."""
+    """Called from the scheduler's thread with ("text", new text, tokens so far) as tokens reach the host (the text
+    may be empty: held back, or tokens that decode to nothing), then ("done", reason) or ("error", message)."""
     tokens: list[int] = field(default_factory=list)
     """Tokens generated so far (read back to the host), a stop token excluded."""
     finish_reason: str | None = None
@@ -231,7 +232,7 @@ class Scheduler:
         if reason in ("stop", "length"):
             rest = seq.decoder.finish()
             if rest:
-                seq.sink(("text", rest))
+                seq.sink(("text", rest, seq.completion_tokens))
         seq.sink(("done", reason))
 
     def _fail_all(self, message: str) -> None:
@@ -356,8 +357,8 @@ class Scheduler:
             ids, reason = ids[:room], reason or "length"
         seq.tokens += ids
         text = seq.decoder.add(ids)
-        if text:
-            seq.sink(("text", text))
+        if ids or text:
+            seq.sink(("text", text, seq.completion_tokens))
         if seq.decoder.stopped:
             reason = "stop"
         if reason is not None or seq.cancelled:
