@@ -331,10 +331,14 @@ def run_all(sched: Scheduler, prompts, max_tokens, sampling=None, stop=()) -> li
     return seqs
 
 
-def test_scheduler_tokens_equal_generate_with_spans_and_more_requests_than_rows(model, tokenizer):
+@pytest.mark.parametrize("lagged", [False, True])
+def test_scheduler_tokens_equal_generate_with_spans_and_more_requests_than_rows(model, tokenizer, lagged):
+    """lagged: groups of 3 steps, each read while the next runs (as on a GPU), so rows are freed and refilled while
+    tokens of their previous sequence are still on their way."""
     prompts = [list(range(1, 40)), [5], [200, 3, 7, 9, 11, 13], list(range(60, 90)), [42, 42], [7] * 20]
     lengths = [12, 30, 5, 20, 1, 9]
-    sched = scheduler_for(model, tokenizer, rows=2, prefill_tokens=7)
+    sched = scheduler_for(model, tokenizer, rows=2, prefill_tokens=7, sync_every=3 if lagged else None)
+    sched.lag_reads = lagged
     try:
         seqs = run_all(sched, prompts, lengths)
     finally:
