@@ -449,3 +449,19 @@ def test_load_generator_bounded_load(live, capsys, monkeypatch):
     reasons = summary["finish_reasons"]
     assert sum(reasons.values()) == 12 and 8 * reasons["length"] <= summary["output_tokens"] <= 8 * 12
     assert summary["ttft_ms"]["p50"] > 0 and summary["output_tokens_per_s"] > 0
+
+
+def test_a_failing_step_fails_the_requests_in_flight_and_the_scheduler_goes_on(model, tokenizer, monkeypatch):
+    sched = scheduler_for(model, tokenizer, rows=2)
+    try:
+        step = sched.batch.step
+        monkeypatch.setattr(sched.batch, "step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost")))
+        events = queue.Queue()
+        sched.submit([Sequence([1, 2, 3], 10, SamplingParams(), (), events.put)])
+        while (event := events.get(timeout=30))[0] == "text":
+            pass
+        assert event == ("error", "RuntimeError: device lost") and sched.busy_rows() == 0
+        monkeypatch.setattr(sched.batch, "step", step)
+        assert run_all(sched, [[1, 2, 3]], [6])[0].tokens == reference(model, [1, 2, 3], 6)
+    finally:
+        sched.close()

@@ -218,8 +218,8 @@ class Scheduler:
                         self._deliver(group)
                         pending = None
             except Exception as e:  # a bug or a device failure: fail every sequence in flight, keep serving
+                self._fail_all(f"{type(e).__name__}: {e}", pending)
                 pending = None
-                self._fail_all(f"{type(e).__name__}: {e}")
 
     def _occupied(self) -> bool:
         return any(seq is not None for seq in self.rows)
@@ -241,11 +241,15 @@ class Scheduler:
                 seq.sink(("text", rest, seq.completion_tokens))
         seq.sink(("done", reason))
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, pending: _Group | None) -> None:
+        """End every sequence not done yet with an error: queued, in a row, or only awaiting its last tokens."""
         with self._cond:
             victims = list(self.waiting) + [s for s in self.rows if s is not None]
             self.waiting.clear()
-        for seq in victims:
+        victims += [s for s, _ in self._firsts]
+        if pending is not None:
+            victims += pending.first_owners + [s for owner in pending.owners for s in owner if s is not None]
+        for seq in {id(s): s for s in victims if not s.done}.values():
             seq.finish_reason = "error"
             seq.sink(("error", message))
         self.rows = [None] * self.batch.rows
