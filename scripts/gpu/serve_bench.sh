@@ -14,7 +14,13 @@
 #      tokens and $NEW new tokens; aggregate output tokens/s, TTFT and inter-token latency percentiles.
 # Targets (from the issue): 64 concurrent streams >= 70% of bench-infer's batch-64 decode tokens/s; median TTFT
 # under that load <= 50 ms.
-# Needs the serve extra (fastapi, uvicorn and their dependencies) as wheels in .whl/ (see docs/serve.md).
+# Needs the serve extra (fastapi, uvicorn and their dependencies; scripts/serve_load.py needs nothing) as wheels
+# in .whl/, which scripts/gpu/env.sh installs; on a machine with internet access, for Python 3.12 on x86-64:
+#     pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+#         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+#         fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+#         typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 anyio==4.16.0 idna==3.20 \
+#         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1
 # Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load), serve.log, metrics.txt,
 # serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
