@@ -97,16 +97,19 @@ def load_chat_template(path: str | None, tokenizer):
 
 
 def warm_up(batch) -> None:
-    """Compile the prefill (whole and in spans) and capture the decode step at every width, greedy and sampled,
-    so that no request waits for it. Leaves every row free."""
+    """Compile the prefill (whole prompts and spans after a prefix, of one token and of several: the compiled code
+    specialises on length 1) and capture the decode step at every width, greedy and sampled, so that no request
+    waits for it. Leaves every row free."""
     import torch
 
     room = batch.capacity - 1
     ids = [0] * min(16, room - 1)
-    batch.prefill(0, ids[:8])
-    logits = batch.prefill(0, ids[8:], start=8)
-    batch.start(0, int(logits.argmax()), len(ids))
     with torch.no_grad():
+        batch.prefill(1, ids[:1])
+        batch.prefill(0, ids[:8])
+        batch.prefill(0, ids[8:9], start=8)
+        logits = batch.prefill(0, ids[9:], start=9)
+        batch.start(0, int(logits.argmax()), len(ids))
         for i in range(room - len(ids)):
             if i % 2:
                 batch.step()

@@ -6,7 +6,7 @@
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
 text to the request's asyncio queue (call_soon_threadsafe). Streams are server-sent events (`data: {chunk}`,
 then `data: [DONE]`). A client that disconnects cancels its sequences: a stream when its response is torn down,
-a plain request when the wait for its result notices the connection is gone.
+a plain request by a task that waits for the connection to close while the request waits for its result.
 """
 # (no `from __future__ import annotations`: FastAPI reads the endpoints' annotations, Request among them, at run
 # time, and Request is imported inside create_app so that this module imports without the serve extra)
@@ -21,8 +21,6 @@ from redline.errors import UserError
 from redline.serve import protocol
 from redline.serve.protocol import APIError, Job, bad
 from redline.serve.scheduler import ContextTooLong, QueueFull, Scheduler, Sequence
-
-DISCONNECT_POLL_S = 0.25  # how often a plain (not streamed) request checks that its client is still there
 
 
 @dataclass
@@ -133,14 +131,23 @@ def create_app(server: Server):
     async def internal_error(request, e: Exception):
         return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if server.api_key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
-                return error_response(APIError(401, "missing or wrong API key: send `Authorization: Bearer KEY`",
-                                               code="invalid_api_key"))
-        return await call_next(request)
+    def key_check(inner):
+        """A plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide a client's disconnect from the
+        endpoints): every path but /health needs the API key, when there is one."""
+
+        async def check(scope, receive, send):
+            if scope["type"] == "http" and server.api_key and scope["path"] != "/health":
+                given = dict(scope["headers"]).get(b"authorization", b"")
+                if not hmac.compare_digest(given, f"Bearer {server.api_key}".encode()):
+                    response = error_response(APIError(
+                        401, "missing or wrong API key: send `Authorization: Bearer KEY`", code="invalid_api_key"))
+                    await response(scope, receive, send)
+                    return
+            await inner(scope, receive, send)
+
+        return check
+
+    app.add_middleware(key_check)
 
     async def read_body(request: Request) -> dict:
         declared = request.headers.get("content-length")
@@ -177,28 +184,33 @@ def create_app(server: Server):
             return StreamingResponse(stream(job, rid, seqs, queue, prompt_tokens), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         texts = [[] for _ in seqs]
+        watcher = asyncio.create_task(cancel_on_disconnect(request, seqs))
         try:
             remaining = len(seqs)
             while remaining:
-                try:
-                    index, event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return None
-                    continue
+                index, event = await queue.get()
                 if event[0] == "text":
                     texts[index].append(event[1])
                 elif event[0] == "error":
                     raise APIError(500, f"generation failed: {event[1]}", type="server_error")
-                else:
+                elif event[0] == "done":
                     remaining -= 1
         finally:
+            watcher.cancel()
             for seq in seqs:
                 if not seq.done:
                     seq.cancel()
         use = protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs))
         return protocol.response(job, rid, server.model, ["".join(t) for t in texts],
                                  [_finish_reason(s.finish_reason) for s in seqs], use)
+
+    async def cancel_on_disconnect(request: Request, seqs: list[Sequence]) -> None:
+        """Wait for the client to go away (the body has been read: the next message is the disconnect) and cancel
+        its sequences; the cancelled ones end with ("done", "cancelled"), which ends the wait for the result."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for seq in seqs:
+            seq.cancel()
 
     async def stream(job: Job, rid: str, seqs: list[Sequence], queue: asyncio.Queue, prompt_tokens: int):
         try:
@@ -208,12 +220,15 @@ def create_app(server: Server):
             remaining = len(seqs)
             while remaining:
                 index, event = await queue.get()
-                if event[0] == "text":
+                if event[0] == "text" and job.continuous_usage:
+                    progress = protocol.usage(len(seqs[index].prompt), event[2])
+                    yield _sse(protocol.chunk(job, rid, server.model, index, text=event[1], progress=progress))
+                elif event[0] == "text" and event[1]:
                     yield _sse(protocol.chunk(job, rid, server.model, index, text=event[1]))
                 elif event[0] == "error":
                     yield _sse(APIError(500, f"generation failed: {event[1]}", type="server_error").body())
                     return
-                else:
+                elif event[0] == "done":
                     remaining -= 1
                     reason = _finish_reason(event[1])
                     yield _sse(protocol.chunk(job, rid, server.model, index, text="" if job.kind != "chat" else None,
