@@ -9,7 +9,7 @@
 #     COMPILE=1 scripts/gpu/lora_bench.sh            # torch.compile in all three modes (adds minutes)
 #
 # Needs, beyond the image: torchao (NF4Tensor, for the QLoRA mode) as a wheel in .whl/, which env.sh installs; a
-# wheel built for the image's torch (torchao's pure-Python wheel, py3-none-any, is enough for NF4). Without it the
+# wheel for the image's Python and torch (NF4 is pure Python in torchao: its C-extension load warnings are harmless). Without it the
 # qlora line carries the one-line error and the other two modes still run.
 # Expected: well under 6 minutes (three processes, each building the model on the GPU and running 13 steps).
 # Files under $OUT: lora_bench.jsonl (one line per mode), lora_bench.log. The last line printed is one JSON object
