@@ -25,20 +25,20 @@ def records(run_dir, kind="train"):
 def test_prodigy_resume_is_exact_and_logs_d(dataset, tmp_path, monkeypatch):  # noqa: F811
     import redline.training.step as step_mod
 
-    extra = ("optim.name=prodigy", "max_steps=6", "optim.warmup_steps=2")
+    extra = ("optim.name=prodigy", "max_steps=4", "optim.warmup_steps=2")
     straight = train(config(dataset, tmp_path / "a", *extra))
     real_set_lr, calls = step_mod.set_lr, {"n": 0}
 
     def set_lr_then_signal(optimizers, multiplier):
         real_set_lr(optimizers, multiplier)
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(step_mod, "set_lr", set_lr_then_signal)
     first = train(config(dataset, tmp_path / "b", *extra))
     monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
-    assert first.status == "interrupted" and first.step == 3
+    assert first.status == "interrupted" and first.step == 2
     second = train(config(dataset, tmp_path / "b", *extra), resume_from=ckpt_io.list_checkpoints(first.run_dir)[-1])
     a, b = records(straight.run_dir), records(second.run_dir)
     assert [(r["step"], r["loss"], r["prodigy_d"]) for r in a] == [(r["step"], r["loss"], r["prodigy_d"]) for r in b]
@@ -47,7 +47,7 @@ def test_prodigy_resume_is_exact_and_logs_d(dataset, tmp_path, monkeypatch):  # 
     # d never falls, and rises by at most growth_rate a step
     assert all(earlier <= later <= earlier * 1.05 * (1 + 1e-6) for earlier, later in zip(ds, ds[1:]))
     assert a[0]["lr"] == pytest.approx(0.5)  # 1 × the warmup's first multiplier
-    assert len(train_losses(straight.run_dir)) == 6
+    assert len(train_losses(straight.run_dir)) == 4
 
 
 def test_missing_prodigyopt_is_one_line(monkeypatch):
