@@ -91,6 +91,12 @@ class OptimConfig:
         for name in ("decay_fraction", "min_lr_ratio"):
             if not 0 <= getattr(self, name) <= 1:
                 raise UserError(f"optim.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.name == "prodigy":
+            import importlib.util
+
+            if importlib.util.find_spec("prodigyopt") is None:
+                raise UserError("optim.name=prodigy needs the prodigyopt package; install the extra: "
+                                "pip install 'redline[lora]'")
         if self.prodigy_growth_rate < 1:
             raise UserError(f"optim.prodigy_growth_rate must be >= 1 (d may only grow), got {self.prodigy_growth_rate}")
 
@@ -141,7 +147,7 @@ class LoRAConfig:
         if not 0 <= self.dropout < 1:
             raise UserError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         if not self.targets:
-            raise UserError("lora.targets is empty; name the Linear layers to adapt, e.g. lora.targets='[attn.*, mlp.*]'")
+            raise UserError("lora.targets is empty; name the Linear layers to adapt, e.g. --lora.targets attn.* mlp.*")
 
 
 @dataclass
