@@ -14,7 +14,7 @@ Features (each a field of `ModelConfig`):
   the others so the parameter count stays comparable);
 - norm: RMSNorm or LayerNorm, pre or post;
 - tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
-  logits are never sampled), logit soft-capping, zero-initialised output projections;
+  logits are never sampled, and take no part in the loss), logit soft-capping, zero-initialised output projections;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
   (`ce_chunk_tokens`, redline/chunked_cross_entropy.py);
 - parameter counts (with and without embeddings) and FLOPs per token, by the 6N + 12·L·d·T formula and
@@ -105,7 +105,7 @@ class ModelConfig:
     attn_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     """SDPA backend: auto lets PyTorch choose; the others force one (math is the slow reference)."""
     pad_vocab_to: int = 128
-    """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled)."""
+    """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
@@ -483,16 +483,19 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, rope, mask)
         x = self.norm_f(x)
+        V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
-                                         self.cfg.ce_chunk_tokens, reduction, ignore_index=-1)
+                                         self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)
             return loss.view(B, T) if reduction == "none" else loss
         logits = self.logits(x)
         if targets is None:
-            return logits[..., : self.cfg.vocab_size]
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
-        )
+            return logits[..., :V]
+        logits = logits.float()
+        if logits.size(-1) > V:  # padding rows are no tokens: out of the softmax (an imported model's are zeros)
+            logits[..., V:] = float("-inf")
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                               reduction=reduction)
         return loss.view(B, T) if reduction == "none" else loss
 
     # -- accounting ------------------------------------------------------------------------------------
