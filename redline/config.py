@@ -140,6 +140,10 @@ class TrainConfig:
     """Run directory name under out_dir (None: preset and a timestamp)."""
     resume: str = "never"
     """never, auto (the newest checkpoint of run_name if there is one), or a checkpoint path. `--resume` alone means auto."""
+    init_from: str | None = None
+    """Start from this redline checkpoint's weights (a run directory, a step_N folder, or a folder `redline import`
+    wrote): continued pretraining or fine-tuning. Its architecture and tokenizer are the run's (a different
+    preset or model.* architecture setting is an error); the optimizer starts fresh at step 0."""
     seed: int = 1337
     """Seed for initialisation, data order and dropout."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -1,8 +1,10 @@
 """`redline chat`: talk to a checkpoint in a prompt loop, replies streamed as they are generated.
 
-There is no chat template yet (that comes with post-training): the conversation is plain text, each message
-followed by a newline, and the model continues it. A reply ends at the end-of-text token, a --stop string or
-max_new_tokens. The oldest turns are dropped when the conversation no longer fits in the context.
+A model with a chat template (an imported one: tokenizer_config.json's) gets the conversation rendered by it, as
+transformers' apply_chat_template renders it, and a reply ends at the model's stop tokens (its EOS ids). Without
+one the conversation is plain text, each message followed by a newline, and a reply also ends at a blank line.
+Either way a --stop string or max_new_tokens ends it too. The oldest turns are dropped when the conversation no
+longer fits in the context.
 Commands: /reset forgets the conversation, /exit (or Ctrl-D) leaves.
 """
 
@@ -32,10 +34,10 @@ class ChatConfig:
     """> 1 discourages repeating tokens of the conversation (1: off)."""
     seed: int | None = None
     """Sampling seed (None: different replies each run)."""
-    stop: tuple[str, ...] = ("\n\n",)
-    """Stop strings that end a reply (the default ends it at a blank line)."""
+    stop: tuple[str, ...] | None = None
+    """Stop strings that end a reply (None: a blank line for a plain-text conversation, none with a chat template)."""
     prepend_eot: bool = True
-    """Start the conversation with the end-of-text token, as training documents do."""
+    """Plain text only: start the conversation with the end-of-text token, as training documents do."""
     prompt_marker: str = "> "
     """Printed before each of your messages (when stdin is a terminal)."""
     tokenizer: str | None = None
@@ -53,21 +55,32 @@ class ChatConfig:
 
 
 class History:
-    """The conversation as (message, reply) turns, rendered as plain text and trimmed to fit the context."""
+    """The conversation as (message, reply) turns, rendered with the tokenizer's chat template (or as plain text
+    where it has none) and trimmed to fit the context."""
 
     def __init__(self, tokenizer, budget: int, prepend_eot: bool):
+        from redline.chat import template_for
+
         self.tokenizer, self.budget, self.prepend_eot = tokenizer, budget, prepend_eot
+        self.template = template_for(tokenizer) if getattr(tokenizer, "chat_template", None) else None
         self.turns: list[tuple[str, str]] = []
 
     def render(self, turns: list[tuple[str, str]], message: str) -> str:
         return "".join(f"{m}\n{r}\n" for m, r in turns) + f"{message}\n"
 
+    def encode(self, turns: list[tuple[str, str]], message: str) -> list[int]:
+        if self.template is None:
+            head = [self.tokenizer.eot_id] if self.prepend_eot else []
+            return head + self.tokenizer.encode(self.render(turns, message))
+        messages = [{"role": role, "content": text} for m, r in turns for role, text in (("user", m), ("assistant", r))]
+        text = self.template.render([*messages, {"role": "user", "content": message}], add_generation_prompt=True)
+        return self.tokenizer.encode_with_specials(text)  # special tokens written by the template are those tokens
+
     def prompt_ids(self, message: str) -> tuple[list[int], int, bool]:
         """Token ids for the next reply: (ids, turns dropped, message cut). Oldest turns go first."""
-        head = [self.tokenizer.eot_id] if self.prepend_eot else []
         dropped = 0
         while True:
-            ids = head + self.tokenizer.encode(self.render(self.turns[dropped:], message))
+            ids = self.encode(self.turns[dropped:], message)
             if len(ids) <= self.budget or dropped == len(self.turns):
                 break
             dropped += 1
@@ -94,10 +107,12 @@ def main(argv: list[str]) -> int:
                         f"context_len {ctx}; lower it")
     history = History(generator.tokenizer, ctx - cfg.max_new_tokens, cfg.prepend_eot)
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty, cfg.seed)
+    stop = cfg.stop if cfg.stop is not None else (() if history.template else ("\n\n",))
     interactive = sys.stdin.isatty()
     if interactive:
+        mode = "The model's chat template" if history.template else "Plain text (the model has no chat template)"
         print(f"redline chat: {cfg.checkpoint} (context {ctx} tokens, {generator.engine.describe()['device']}). "
-              f"Plain text, no chat template yet. /reset forgets, /exit leaves.", file=sys.stderr)
+              f"{mode}. /reset forgets, /exit leaves.", file=sys.stderr)
     while True:
         try:
             message = input(cfg.prompt_marker if interactive else "")
@@ -117,7 +132,7 @@ def main(argv: list[str]) -> int:
         if cut:
             print("(your message is longer than the context; only its end was kept)", file=sys.stderr)
         completion = generator.generate(
-            [message], cfg.max_new_tokens, sampling, stop_strings=cfg.stop,
+            [message], cfg.max_new_tokens, sampling, stop_strings=stop,
             on_text=lambda row, text: print(text, end="", flush=True), encoded=[(ids, cut)],
         )[0]
         print(flush=True)

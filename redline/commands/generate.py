@@ -43,7 +43,8 @@ class GenerateConfig:
     stop: tuple[str, ...] = ()
     """Stop strings: a completion ends before the first one it produces."""
     stop_at_eot: bool = True
-    """End a completion at the end-of-text token."""
+    """End a completion at the tokenizer's stop tokens: the end-of-text token, or an imported model's EOS ids
+    (generation_config.json)."""
     prepend_eot: bool = False
     """Start each prompt with the end-of-text token (training documents follow one; allows an empty prompt)."""
     truncate: bool = False

@@ -85,6 +85,14 @@ class IncrementalText:
         return full[: self.released] if self.stopped else full
 
 
+def encode_text(tokenizer, text: str) -> list[int]:
+    """A prompt's token ids as transformers' `tokenizer(text)` gives them: with the tokenizer's own special tokens
+    where it adds some (an imported Llama tokenizer's BOS first); redline's tokenizers add none."""
+    if tokenizer.bos_id is not None:
+        return tokenizer.encode(text, add_special_tokens=True)
+    return tokenizer.encode(text)
+
+
 def _snippet(text: str, n: int = 30) -> str:
     one_line = text.replace("\n", " ")
     return repr(one_line if len(one_line) <= n else one_line[:n] + "…")
@@ -109,7 +117,7 @@ class TextGenerator:
         if limit < 1:
             raise UserError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
                             f"context_len {ctx}; lower max_new_tokens")
-        ids = ([self.tokenizer.eot_id] if prepend_eot else []) + self.tokenizer.encode(text)
+        ids = ([self.tokenizer.eot_id] if prepend_eot else []) + encode_text(self.tokenizer, text)
         if not ids:
             raise UserError(f"prompt {index} is empty; give some text, or pass --prepend-eot to generate "
                             f"from the end-of-text token alone")
@@ -151,7 +159,7 @@ class TextGenerator:
         needs_text = bool(stop_strings) or on_text is not None
         results = self.engine.generate(
             [ids for ids, _ in pairs], max_new_tokens, sampling,
-            stop_tokens=[self.tokenizer.eot_id] if stop_at_eot else (),
+            stop_tokens=self.tokenizer.stop_ids if stop_at_eot else (),
             on_tokens=on_tokens if needs_text else None,
         )
         completions = []

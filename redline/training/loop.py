@@ -34,6 +34,7 @@ from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, r
 from redline.model import GPT
 from redline.training import checkpoint as ckpt_io
 from redline.training.evaluate import evaluate
+from redline.training.init_from import InitPoint
 from redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
                                       resume_metrics)
 from redline.training.optim import lr_multiplier
@@ -97,22 +98,37 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
 
     from redline.data.prepare import load_data_tokenizer
 
+    # init_from: the checkpoint's architecture and tokenizer (a resumed run has both in its own config already)
+    init = InitPoint.read(cfg.init_from) if cfg.init_from and resume_from is None else None
+    if init is not None:
+        cfg = init.configure(cfg)
+        cfg.validate()
     run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
-    data_dir = resolve_data(cfg, run_dir)
+    data_dir = resolve_data(cfg, run_dir, init.tokenizer if init else None)
     tokenizer = load_data_tokenizer(data_dir)
+    if init is not None:
+        init.check_tokenizer(tokenizer, data_dir)
+        tokenizer = init.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
     resumed = ResumePoint.read(resume_from, tokenizer, data_dir) if resume_from else None
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
-    cfg = resolve_batch_size(with_vocab_size(cfg, tokenizer.vocab_size), device, info, batch_search)
+    if not cfg.init_from:  # a started-from model keeps its vocabulary (e.g. an imported one wider than its tokenizer)
+        cfg = with_vocab_size(cfg, tokenizer.vocab_size)
+    cfg = resolve_batch_size(cfg, device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
     if resumed is not None and not resumed.sharded:
         ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
+    elif init is not None:
+        ckpt_io.load_init_weights(model, init.checkpoint, verify=False)  # verified by InitPoint.read; before wrapping
     train_step = TrainStep(cfg, device, info, model=model)
     if resumed is not None:
         resumed.restore(train_step, info)
     run = Run(cfg, info, device, run_dir, data_dir, tokenizer, train_step, resumed)
+    if init is not None:
+        run.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init.checkpoint)})
+        run.log.print(f"weights from {init.checkpoint} (optimizer fresh, step 0)")
 
     status = "completed"
     with StopFlag() as stop:
@@ -414,8 +430,9 @@ class Run:
 # setup
 
 
-def resolve_data(cfg: TrainConfig, run_root: Path) -> Path:
-    """A prepared shard folder for cfg.data: the embedded default, a prepared folder, or raw text prepared now."""
+def resolve_data(cfg: TrainConfig, run_root: Path, tokenizer=None) -> Path:
+    """A prepared shard folder for cfg.data: the embedded default, a prepared folder, or raw text prepared now
+    (with `tokenizer` when given: init_from's; else data.tokenizer's, or a BPE trained on the text)."""
     from redline.data.embedded import prepare_embedded
     from redline.data.prepare import is_prepared, prepare
 
@@ -434,7 +451,7 @@ def resolve_data(cfg: TrainConfig, run_root: Path) -> Path:
 
     if cfg.data.tokenizer:
         tokenizer = load_tokenizer(cfg.data.tokenizer)
-    else:
+    elif tokenizer is None:
         tokenizer = train_bpe(_capped(iter_documents([str(path)]), 200_000_000), vocab_size=cfg.data.vocab_size)
     prepare([str(path)], out, tokenizer)
     return out
