@@ -88,7 +88,7 @@ class IncrementalText:
 def encode_text(tokenizer, text: str) -> list[int]:
     """A prompt's token ids as transformers' `tokenizer(text)` gives them: with the tokenizer's own special tokens
     where it adds some (an imported Llama tokenizer's BOS first); redline's tokenizers add none."""
-    if tokenizer.bos_id is not None:
+    if getattr(tokenizer, "bos_id", None) is not None:
         return tokenizer.encode(text, add_special_tokens=True)
     return tokenizer.encode(text)
 
@@ -159,7 +159,7 @@ class TextGenerator:
         needs_text = bool(stop_strings) or on_text is not None
         results = self.engine.generate(
             [ids for ids, _ in pairs], max_new_tokens, sampling,
-            stop_tokens=self.tokenizer.stop_ids if stop_at_eot else (),
+            stop_tokens=getattr(self.tokenizer, "stop_ids", [self.tokenizer.eot_id]) if stop_at_eot else (),
             on_tokens=on_tokens if needs_text else None,
         )
         completions = []
