@@ -9,13 +9,15 @@ from __future__ import annotations
 import io
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from redline import cli
-from redline.training.checkpoint import load_for_inference
+from redline.model import GPT
+from redline.training.checkpoint import load_for_inference, load_init_weights
 from tests.interop_models import hf_folder
 
 transformers = pytest.importorskip("transformers")
@@ -166,6 +168,25 @@ def test_train_init_from_starts_at_the_imported_models_loss_resumes_and_exports(
         assert not torch.allclose(got, imported.hf(tokens).logits, atol=1e-4)  # trained: not the import any more
     generation = json.loads((tmp_path / "exported" / "generation_config.json").read_text())
     assert {k: generation[k] for k in imported.generation} == imported.generation
+    # the helper other commands build on: a run directory's newest checkpoint into a model of its config
+    fresh = GPT(cfg.model)
+    assert load_init_weights(fresh, run) == list_checkpoints(run)[-1]
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(tokens), model(tokens))
+
+
+def test_init_point_takes_the_architecture_and_keeps_run_settings(imported):
+    from redline.config import TrainConfig, apply_preset
+    from redline.training.init_from import InitPoint
+
+    init = InitPoint.read(imported.ckpt)
+    cfg = TrainConfig(init_from=str(imported.ckpt))
+    apply_preset(cfg, "tiny")  # as the command line does when no preset is given
+    cfg.model.dropout, cfg.optim.lr = 0.1, 5e-5
+    out = init.configure(cfg)
+    assert out.model == replace(init.model, dropout=0.1) and out.optim.lr == 5e-5
+    assert out.preset == init.preset == f"imported-{imported.hf.config.model_type}"
+    assert init.tokenizer.identity == load_for_inference(imported.ckpt)[1].identity
 
 
 def test_init_from_conflicts_and_foreign_data_are_one_line_errors(imported, tmp_path, capsys):
