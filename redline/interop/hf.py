@@ -154,7 +154,8 @@ def generation_config(tokenizer, original: Mapping | None = None) -> dict:
     stops = tokenizer.stop_ids
     out = {**(original or {}), "eos_token_id": stops[0] if len(stops) == 1 else stops}
     pad = getattr(tokenizer, "hf_config", {}).get("pad_token")
-    for key, value in (("bos_token_id", tokenizer.bos_id), ("pad_token_id", tokenizer.token_to_id(pad) if pad else None)):
+    pad_id = tokenizer.token_to_id(pad) if pad else None
+    for key, value in (("bos_token_id", tokenizer.bos_id), ("pad_token_id", pad_id)):
         if value is not None and out.get(key) is None:
             out[key] = value
     return out

@@ -57,8 +57,8 @@ def mask_cost(out: Path) -> list[dict]:
     for chunk in (0, 8192):
         for vocab in (50304, 50257):
             name = f"bench-v{vocab}-ce{chunk}"
-            text = redline("bench", "--preset", "gpt2-124m", f"model.vocab_size={vocab}", f"model.ce_chunk_tokens={chunk}",
-                           "batch_size=16", "seq_len=1024", out=out, name=name)
+            text = redline("bench", "--preset", "gpt2-124m", f"model.vocab_size={vocab}",
+                           f"model.ce_chunk_tokens={chunk}", "batch_size=16", "seq_len=1024", out=out, name=name)
             point = last_json(text)["points"][0]
             rows.append({"vocab_size": vocab, "ce_chunk_tokens": chunk, "tokens_per_second": point.get("tokens_per_second"),
                          "status": point.get("status")})
