@@ -131,7 +131,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     elif resumed is None and init is not None:
         init(model)
     elif init_point is not None:
-        ckpt_io.load_init_weights(model, init_point.checkpoint)  # before converters and wrapping
+        ckpt_io.load_init_weights(model, init_point.checkpoint, verify=False)  # verified by InitPoint.read; before wrapping
     train_step = TrainStep(cfg, device, info, model=model, objective=objective)
     if resumed is not None:
         resumed.restore(train_step, info)
