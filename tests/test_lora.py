@@ -191,3 +191,15 @@ def test_moved_base_is_a_one_line_error(dataset, base_checkpoint, tmp_path):  # 
     with pytest.raises(UserError, match="which is not there") as e:
         ckpt_io.load_for_inference(result.checkpoint)
     assert "\n" not in str(e.value)
+
+
+def test_resume_with_other_lora_setting_is_a_one_line_error(dataset, base_checkpoint, tmp_path):  # noqa: F811
+    result = train(config(dataset, tmp_path, f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=2",
+                          "max_steps=1"))
+    saved = from_dict(TrainConfig, ckpt_io.load_config_dict(result.checkpoint))
+    saved.lora.enabled, saved.max_steps = False, 2
+    with pytest.raises(UserError, match="is from a LoRA run and this run has lora.enabled=False") as e:
+        train(saved, resume_from=result.checkpoint)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="fp8 with lora.enabled is not supported"):
+        parse(TrainConfig, ["lora.enabled=True", "init_from=x", "fp8=all"], prog="t", description="t")

@@ -119,12 +119,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
-    if resumed is not None and resumed.adapters:  # the base now; the converter adapts it, then the adapters load
-        adapters.load_base(resumed.meta, resumed.checkpoint, model)
-    elif resumed is not None and not resumed.sharded:
-        ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
-    elif init is not None:
-        ckpt_io.load_init_weights(model, init.checkpoint)  # before converters and wrapping
+    load_start_weights(cfg, model, resumed, init)
     train_step = TrainStep(cfg, device, info, model=model)
     if resumed is not None:
         resumed.restore(train_step, info)
@@ -226,6 +221,22 @@ class ResumePoint:
             "steps_done": state["step"], "converters": {"fp8": {"verdict": state.get("fp8_auto_check")}}})
         if info.world_size == state.get("world_size", 1):
             ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
+
+
+def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None, init: InitPoint | None) -> None:
+    """The weights a run starts from, into the plain model before converters and wrapping: a resumed run's (the
+    optimizer states and, sharded, the weights load after wrapping: ResumePoint.restore), a LoRA run's base (its
+    adapters load once the converter has adapted the model), or init_from's."""
+    if resumed is not None and resumed.adapters != cfg.lora.enabled:
+        raise UserError(f"checkpoint {resumed.checkpoint} is {'' if resumed.adapters else 'not '}from a LoRA run and "
+                        f"this run has lora.enabled={cfg.lora.enabled}; resume with the settings it was trained "
+                        f"with, or start a new run with init_from={resumed.checkpoint}")
+    if resumed is not None and resumed.adapters:
+        adapters.load_base(resumed.meta, resumed.checkpoint, model)
+    elif resumed is not None and not resumed.sharded:
+        ckpt_io.load_weights(resumed.checkpoint, model)
+    elif init is not None:
+        ckpt_io.load_init_weights(model, init.checkpoint)
 
 
 def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info: DistInfo) -> RunResult:
