@@ -386,6 +386,9 @@ class TrainConfig:
         if self.lora.enabled and not self.init_from:
             raise UserError("lora.enabled trains adapters on a pretrained model; give its checkpoint with "
                             "init_from=CKPT (a run directory or a folder `redline import` wrote)")
+        if self.lora.enabled and self.fp8 != "off":
+            raise UserError("fp8 with lora.enabled is not supported (the adapted layers are not FP8 layers); use "
+                            "fp8=off, or lora.quantize=nf4 for a smaller base")
         if self.lora.enabled and self.parallel == "fsdp2":
             raise UserError("lora with parallel=fsdp2 is not supported (frozen and quantized weights are not "
                             "sharded); use parallel=ddp")

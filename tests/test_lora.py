@@ -191,3 +191,42 @@ def test_moved_base_is_a_one_line_error(dataset, base_checkpoint, tmp_path):  # 
     with pytest.raises(UserError, match="which is not there") as e:
         ckpt_io.load_for_inference(result.checkpoint)
     assert "\n" not in str(e.value)
+
+
+def test_resume_with_other_lora_setting_is_a_one_line_error(dataset, base_checkpoint, tmp_path):  # noqa: F811
+    result = train(config(dataset, tmp_path, f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=2",
+                          "max_steps=1"))
+    saved = from_dict(TrainConfig, ckpt_io.load_config_dict(result.checkpoint))
+    saved.lora.enabled, saved.max_steps = False, 2
+    with pytest.raises(UserError, match="is from a LoRA run and this run has lora.enabled=False") as e:
+        train(saved, resume_from=result.checkpoint)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="fp8 with lora.enabled is not supported"):
+        parse(TrainConfig, ["lora.enabled=True", "init_from=x", "fp8=all"], prog="t", description="t")
+
+
+@pytest.mark.parametrize("quantize", ["none", "nf4"])
+def test_bf16_base_under_autocast_as_on_a_gpu(quantize):
+    """The GPU path: the frozen weight in bf16 (or NF4 from bf16), computed under bf16 autocast; outside autocast
+    (sampling without it) the layer still takes and returns fp32."""
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64)
+    layer = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.bfloat16, quantize, "l")
+    ref = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.float32, "none", "ref")
+    with torch.no_grad():
+        layer.lora_B.normal_(0, 0.1)
+        ref.weight.copy_(dequantize(layer.weight).float())
+        ref.bias.copy_(layer.bias.float())
+        ref.lora_A.copy_(layer.lora_A)
+        ref.lora_B.copy_(layer.lora_B)
+    x = torch.randn(3, 128)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    expected = ref(x)
+    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.02)
+    assert layer.lora_A.grad is not None and layer.lora_A.grad.dtype == torch.float32
+    plain = layer(x)  # no autocast: fp32 in, fp32 out
+    assert plain.dtype == torch.float32
+    torch.testing.assert_close(plain, expected.detach(), atol=0.05, rtol=0.02)

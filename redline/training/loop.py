@@ -124,14 +124,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
-    if resumed is not None and resumed.adapters:  # the base now; the converter adapts it, then the adapters load
-        adapters.load_base(resumed.meta, resumed.checkpoint, model)
-    elif resumed is not None and not resumed.sharded:
-        ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
-    elif resumed is None and init is not None:
-        init(model)
-    elif init_point is not None:
-        ckpt_io.load_init_weights(model, init_point.checkpoint, verify=False)  # verified by InitPoint.read; before wrapping
+    load_start_weights(cfg, model, resumed, init_point, init)
     train_step = TrainStep(cfg, device, info, model=model, objective=objective)
     if resumed is not None:
         resumed.restore(train_step, info)
@@ -234,6 +227,26 @@ class ResumePoint:
             "steps_done": state["step"], "converters": {"fp8": {"verdict": state.get("fp8_auto_check")}}})
         if info.world_size == state.get("world_size", 1):
             ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
+
+
+def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None, init_point: InitPoint | None,
+                       init: Callable[[GPT], None] | None = None) -> None:
+    """The weights a run starts from, into the plain model before converters and wrapping: a resumed run's (the
+    optimizer states and, sharded, the weights load after wrapping: ResumePoint.restore), a LoRA run's base (its
+    adapters load once the converter has adapted the model), the caller's `init` (e.g. `redline sft`'s), or
+    init_from's."""
+    if resumed is not None and resumed.adapters != cfg.lora.enabled:
+        raise UserError(f"checkpoint {resumed.checkpoint} is {'' if resumed.adapters else 'not '}from a LoRA run and "
+                        f"this run has lora.enabled={cfg.lora.enabled}; resume with the settings it was trained "
+                        f"with, or start a new run with init_from={resumed.checkpoint}")
+    if resumed is not None and resumed.adapters:
+        adapters.load_base(resumed.meta, resumed.checkpoint, model)
+    elif resumed is not None and not resumed.sharded:
+        ckpt_io.load_weights(resumed.checkpoint, model)
+    elif resumed is None and init is not None:
+        init(model)
+    elif init_point is not None:
+        ckpt_io.load_init_weights(model, init_point.checkpoint, verify=False)  # InitPoint.read verified it
 
 
 def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info: DistInfo) -> RunResult:
