@@ -145,8 +145,10 @@ def build(cfg: ServeConfig):
 
 def main(argv: list[str]) -> int:
     from redline.config import parse
+    from redline.inference.runtime import expand_bool_flags
 
-    cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags={"--warmup": "True"})
+    argv, bare = expand_bool_flags(argv, ("warmup",))  # --warmup False, --no-warmup
+    cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags=bare)
     require_serve_extra()
     import uvicorn
 
