@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "Time the training step of a preset or config: tokens/s, MFU, peak memory; matrix; profile."),
     "import": ("import_", "Bring in a model: a Hugging Face folder, a Hub name or a GGUF file, as a checkpoint."),
     "export": ("export", "Write a checkpoint as a Hugging Face folder or a GGUF file (transformers, llama.cpp)."),
+    "evaluate": ("evaluate", "Score a checkpoint on tasks: multiple choice by log-likelihood, exact match, vs chance."),
+    "sft": ("sft", "Fine-tune a checkpoint on conversations (chat template, packing, loss on replies)."),
+    "dpo": ("dpo", "Preference-tune a checkpoint on chosen/rejected pairs (DPO, IPO, hinge)."),
+    "grpo": ("grpo", "Reinforce a checkpoint on a task's rewards with samples from its own weights (GRPO)."),
 }
 
 

@@ -19,18 +19,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from redline.errors import UserError
+from redline.errors import UserError, one_line, read_text_file
 from redline.model import ModelConfig
 
 
 @dataclass
 class OptimConfig:
-    name: Literal["adamw", "muon"] = "adamw"
-    """adamw for everything, or muon for 2-D hidden weights with AdamW for embeddings, head and gains."""
+    name: Literal["adamw", "muon", "prodigy"] = "adamw"
+    """adamw for everything; muon for 2-D hidden weights with AdamW for embeddings, head and gains; prodigy
+    (learning-rate free, the `lora` extra: its step size is estimated, the schedule scales a peak of 1)."""
     lr: float = 1e-3
     """Peak learning rate of AdamW."""
     muon_lr: float = 0.02
     """Peak learning rate of Muon (muon only)."""
+    embed_lr: float | None = None
+    """Peak AdamW learning rate of the token, position and value embeddings (None: lr). modded-nanogpt and
+    nanochat train the embeddings at a far higher rate than the head; a tied embedding is the head and takes
+    head_lr."""
+    head_lr: float | None = None
+    """Peak AdamW learning rate of the output head (None: lr)."""
     muon_momentum: float = 0.95
     """Muon momentum (muon only); with muon_momentum_warmup_steps, the value it rises to."""
     muon_momentum_start: float = 0.85
@@ -62,11 +69,18 @@ class OptimConfig:
     """Final learning rate as a fraction of the peak."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = no clipping)."""
+    prodigy_d_coef: float = 1.0
+    """prodigy only: multiplies its step-size estimate d (below 1 for a more cautious fine-tune)."""
+    prodigy_growth_rate: float = 1.05
+    """prodigy only: the most d may grow per step (prodigyopt's default is unbounded; an estimate that runs away
+    wrecks a fine-tune in a few steps, so it is capped)."""
+    prodigy_d0: float = 1e-6
+    """prodigy only: the initial step-size estimate."""
 
     def validate(self) -> None:
         _check_finite(self, "optim.")
-        for name in ("lr", "muon_lr", "eps"):
-            if getattr(self, name) <= 0:
+        for name in ("lr", "muon_lr", "eps", "embed_lr", "head_lr", "prodigy_d_coef", "prodigy_d0"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UserError(f"optim.{name} must be positive, got {getattr(self, name)}")
         for name in ("weight_decay", "grad_clip", "warmup_steps"):
             if getattr(self, name) < 0:
@@ -77,6 +91,19 @@ class OptimConfig:
         for name in ("decay_fraction", "min_lr_ratio"):
             if not 0 <= getattr(self, name) <= 1:
                 raise UserError(f"optim.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.name == "prodigy":
+            import importlib.util
+
+            if importlib.util.find_spec("prodigyopt") is None:
+                raise UserError("optim.name=prodigy needs the prodigyopt package; install the extra: "
+                                "pip install 'redline[lora]'")
+        if self.prodigy_growth_rate < 1:
+            raise UserError(f"optim.prodigy_growth_rate must be >= 1 (d may only grow), got {self.prodigy_growth_rate}")
+
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate the schedule scales: optim.lr, or 1 for prodigy (which estimates its own step)."""
+        return 1.0 if self.name == "prodigy" else self.lr
 
 
 def _check_finite(obj, prefix: str) -> None:
@@ -88,6 +115,42 @@ def _check_finite(obj, prefix: str) -> None:
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters on a frozen base (redline/converters/lora.py); needs init_from (the base checkpoint)."""
+
+    enabled: bool = False
+    """Train low-rank adapters instead of the whole model (LoRA; QLoRA with quantize=nf4)."""
+    rank: int = 16
+    """Rank r of each adapter: A (r, in) and B (out, r)."""
+    alpha: float = 32.0
+    """Scale: the adapter adds (alpha / rank) · B·A·x."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input (training only)."""
+    targets: tuple[str, ...] = ("attn.*", "mlp.*")
+    """Linear layers that get adapters, as name patterns (fnmatch) matched against the layer's name or its end:
+    attn.* and mlp.* take every block's attention and MLP projections; blocks.0.attn.qkv one layer; lm_head the
+    head."""
+    quantize: Literal["none", "nf4"] = "none"
+    """The frozen base weights of the adapted layers: none (bf16 when training in bf16, else fp32) or nf4 (QLoRA:
+    4-bit NormalFloat with double quantization through torchao, computed in bf16)."""
+    train_modules: tuple[str, ...] = ()
+    """Modules trained in full besides the adapters (e.g. wte, lm_head), as name patterns; saved with them."""
+
+    def validate(self) -> None:
+        _check_finite(self, "lora.")
+        if not self.enabled:
+            return
+        if self.rank <= 0:
+            raise UserError(f"lora.rank must be a positive integer, got {self.rank}")
+        if self.alpha <= 0:
+            raise UserError(f"lora.alpha must be positive, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.targets:
+            raise UserError("lora.targets is empty; name the Linear layers to adapt, e.g. --lora.targets attn.* mlp.*")
+
+
+@dataclass
 class DataConfig:
     path: str | None = None
     """Training data: a folder of token shards made by `redline data prepare`, or raw text (.txt, .jsonl[.gz|.xz],
@@ -96,6 +159,92 @@ class DataConfig:
     """For raw text only: `bytes`, `gpt2`, or a tokenizer.json path. None: train a BPE on the data."""
     vocab_size: int = 4096
     """For raw text only: BPE vocabulary size when a tokenizer is trained on the fly."""
+    align_rows: bool = False
+    """Start every training row at a document's start: its end-of-text separator first, then the document
+    (redline/data/loader.py; modded-nanogpt and nanochat do so). False: rows every seq_len tokens of the stream.
+    Validation rows are never aligned, so evaluations stay comparable."""
+
+
+@dataclass
+class FinetuneConfig:
+    """Post-training (`redline sft`): where it starts and what it trains on. Unused by `redline train`."""
+
+    init_from: str | None = None
+    """The checkpoint (or run directory) fine-tuning starts from (`--from`)."""
+    data: str | None = None
+    """Conversations (`--data`): a .jsonl of {"messages"} or {"prompt", "completion"} lines, task:NAME (a built-in
+    or JSONL task), or a Hugging Face dataset name (the data extra, online)."""
+    template: Literal["auto", "jinja", "redline"] = "auto"
+    """Chat template: the tokenizer's Jinja template when it has one (auto), else redline's own chat tokens."""
+    packing: bool = True
+    """Pack conversations best-fit into rows with document masking (off: one conversation per row)."""
+    epochs: float = 1.0
+    """Passes over the conversations when no budget (max_steps, max_tokens, max_time) is given."""
+    eval_fraction: float = 0.02
+    """Share of a conversation file held out for evaluation (tasks use their test split)."""
+
+    def validate(self) -> None:
+        if self.epochs <= 0:
+            raise UserError(f"finetune.epochs must be positive, got {self.epochs}")
+        if not 0 <= self.eval_fraction < 1:
+            raise UserError(f"finetune.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+
+
+@dataclass
+class DPOConfig:
+    """`redline dpo` (redline/posttrain/dpo.py): the preference loss. Unused by other commands."""
+
+    beta: float = 0.1
+    """How far the policy may move from the starting model: the scale of the implicit reward β·log(π/π_ref)."""
+    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    """sigmoid (DPO), ipo (IPO, per-token averaged log-probabilities) or hinge (SLiC)."""
+    max_pairs: int = 0
+    """Train on the first max_pairs pairs (0: all); each pair's reference log-probabilities cost one forward."""
+
+    def validate(self) -> None:
+        if not self.beta > 0:
+            raise UserError(f"dpo.beta must be positive, got {self.beta}")
+        if self.max_pairs < 0:
+            raise UserError(f"dpo.max_pairs must be >= 0 (0: all), got {self.max_pairs}")
+
+
+@dataclass
+class GRPOConfig:
+    """`redline grpo` (redline/posttrain/grpo.py, rollouts.py): rollouts and the policy loss. Unused elsewhere."""
+
+    task: str | None = None
+    """The task whose prompts are sampled and whose reward scores them (`--task`): a built-in name or a .jsonl."""
+    group_size: int = 8
+    """Samples per prompt (G); advantages are relative to the group."""
+    prompts_per_step: int = 8
+    """Prompts per optimizer step: a step trains on prompts_per_step × group_size sequences."""
+    max_new_tokens: int = 32
+    """Longest completion sampled."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_k: int = 0
+    """Sample among the k most likely tokens (0: all)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the starting model (0: off, no reference model)."""
+    scale_rewards: Literal["group", "none"] = "group"
+    """Advantages divided by the group's reward std (group: GRPO, DAPO) or only centred (none: Dr. GRPO)."""
+    loss_norm: Literal["token", "constant"] = "token"
+    """The step's loss over its completion tokens (token: DAPO) or over sequences × max_new_tokens (Dr. GRPO)."""
+    pass_k: int = 4
+    """k of the pass@k logged from each rollout (at most group_size)."""
+    eval_examples: int = 100
+    """Held-out prompts (the task's test split) scored greedily at each evaluation."""
+
+    def validate(self) -> None:
+        for name in ("group_size", "prompts_per_step", "max_new_tokens", "pass_k"):
+            if getattr(self, name) < 1:
+                raise UserError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise UserError("grpo.group_size must be >= 2: advantages compare samples of the same prompt")
+        if self.temperature <= 0:
+            raise UserError(f"grpo.temperature must be positive (rollouts sample), got {self.temperature}")
+        if self.kl_coef < 0:
+            raise UserError(f"grpo.kl_coef must be >= 0, got {self.kl_coef}")
 
 
 @dataclass
@@ -108,6 +257,8 @@ class TrainConfig:
     """Optimizer and schedule."""
     data: DataConfig = field(default_factory=DataConfig)
     """Data set."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Low-rank adaptation (LoRA, QLoRA) of the init_from model."""
     batch_size: int | Literal["auto"] = 16
     """Micro-batch per process, in sequences; auto: the largest that fits in memory_fraction of the GPU (as `redline fit` finds it)."""
     memory_fraction: float = 0.9
@@ -140,6 +291,10 @@ class TrainConfig:
     """Run directory name under out_dir (None: preset and a timestamp)."""
     resume: str = "never"
     """never, auto (the newest checkpoint of run_name if there is one), or a checkpoint path. `--resume` alone means auto."""
+    init_from: str | None = None
+    """Start from this redline checkpoint's weights (a run directory, a step_N folder, or a folder `redline import`
+    wrote): continued pretraining or fine-tuning. Its architecture and tokenizer are the run's (a different
+    preset or model.* architecture setting is an error); the optimizer starts fresh at step 0."""
     seed: int = 1337
     """Seed for initialisation, data order and dropout."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -184,10 +339,20 @@ class TrainConfig:
     """Seconds a collective may wait for the other ranks (NCCL/gloo timeout) before the job stops with an error."""
     ddp_bucket_mb: int = 25
     """DDP gradient bucket size in MiB."""
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """Post-training settings (redline sft)."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """Preference optimisation (`redline dpo`)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """Reinforcement learning from task rewards (`redline grpo`)."""
 
     def validate(self) -> None:
         self.model.validate()
         self.optim.validate()
+        self.finetune.validate()
+        self.dpo.validate()
+        self.grpo.validate()
+        self.lora.validate()
         _check_finite(self, "")
         seq = self.seq_len or self.model.context_len
         if seq > self.model.context_len:
@@ -215,8 +380,18 @@ class TrainConfig:
             raise UserError("optim.muon_momentum_warmup_steps must be >= 0 and optim.muon_ns_steps >= 1")
         if self.gpus < 1 or self.dist_timeout <= 0:
             raise UserError("gpus must be >= 1 and dist_timeout > 0")
-        if self.parallel == "fsdp2" and self.optim.name == "muon":
-            raise UserError("optim.name=muon needs whole matrices and is not supported with parallel=fsdp2; use ddp or adamw")
+        if self.lora.quantize == "nf4" and not self.lora.enabled:
+            raise UserError("lora.quantize=nf4 stores frozen weights in 4 bits, which cannot be trained, so NF4 "
+                            "pretraining is not possible; fine-tune with QLoRA: lora.enabled=True init_from=CKPT")
+        if self.lora.enabled and not self.init_from:
+            raise UserError("lora.enabled trains adapters on a pretrained model; give its checkpoint with "
+                            "init_from=CKPT (a run directory or a folder `redline import` wrote)")
+        if self.lora.enabled and self.fp8 != "off":
+            raise UserError("fp8 with lora.enabled is not supported (the adapted layers are not FP8 layers); use "
+                            "fp8=off, or lora.quantize=nf4 for a smaller base")
+        if self.lora.enabled and self.parallel == "fsdp2":
+            raise UserError("lora with parallel=fsdp2 is not supported (frozen and quantized weights are not "
+                            "sharded); use parallel=ddp")
         if self.fp8_warmup_steps < 0:
             raise UserError(f"fp8_warmup_steps must be >= 0, got {self.fp8_warmup_steps}")
 
@@ -227,7 +402,7 @@ class TrainConfig:
 
 # learning rates that suit each preset family's size (applied with the preset, below the recipe and the CLI)
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    # 6-8.5k tokens/s on 2 CPU cores: 360 steps of 2,048 tokens take 1.5-2 minutes
+    # sized for `make demo`: a couple of minutes on a 2-core CPU (BENCHMARKS.md, CPU)
     "tiny": {"optim.lr": 3e-3, "batch_size": 16, "seq_len": 128, "max_steps": 360, "eval_every": 90,
              "eval_batches": 8, "optim.warmup_steps": 30, "log_every": 30},
     "-124m": {"optim.lr": 1e-3},
@@ -310,17 +485,21 @@ def load_recipe(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"recipe file {path} not found; give a .toml or .yaml file")
-    text = p.read_text()
+    if p.suffix not in (".toml", ".yaml", ".yml"):
+        raise UserError(f"recipe {path}: use a .toml, .yaml or .yml file")
+    text = read_text_file(p, "recipe")
     try:
         if p.suffix == ".toml":
-            return tomllib.loads(text)
-        if p.suffix in (".yaml", ".yml"):
+            data = tomllib.loads(text)
+        else:
             import yaml
 
-            return yaml.safe_load(text) or {}
+            data = yaml.safe_load(text) or {}
     except Exception as e:  # the parsers' messages name the line
-        raise UserError(f"cannot parse recipe {path}: {e}") from None
-    raise UserError(f"recipe {path}: use a .toml, .yaml or .yml file")
+        raise UserError(f"cannot parse recipe {path}: {one_line(e)}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {path}: the top level must be a table of settings, not a {type(data).__name__}")
+    return data
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ The training step (redline/training/step.py) drives them:
                                replace parameters or change which ones train
     before_step(step)          before the micro-batches of optimizer step `step` (0-based)
     after_optimizer_step(step) after that step's update
-    disabled()                 a context in which the model runs without the converter: evaluation, sampling,
-                               a reference model
+    disabled()                 a context in which the model runs without the converter: evaluation, sampling
+                               (unless the converter sets keep_in_evaluation, as LoRA does: its adapters are
+                               the model being trained), a reference model (DPO's: the base without adapters)
     state_dict()/load_state_dict(state)  what a resumed run must know (stored in the checkpoint's state.pt)
     describe()                 what was decided, for logs, checkpoints and `redline bench`
 
@@ -33,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from redline.distributed import DistInfo
+from redline.errors import UserError
 
 if TYPE_CHECKING:
     from redline.config import TrainConfig
@@ -114,6 +116,15 @@ class Converters:
                 stack.enter_context(converter.disabled())
             yield
 
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Evaluation and sampling: every converter off except those that keep_in_evaluation (LoRA)."""
+        with contextlib.ExitStack() as stack:
+            for converter in self.items:
+                if not getattr(converter, "keep_in_evaluation", False):
+                    stack.enter_context(converter.disabled())
+            yield
+
     def state_dict(self) -> dict[str, dict]:
         return {c.name: c.state_dict() for c in self.items}
 
@@ -157,3 +168,20 @@ def _float8(cfg: TrainConfig, context: BuildContext) -> Converter | None:
         fallback_precision="BF16" if precision == torch.bfloat16 else str(precision or "float32").removeprefix("torch."),
         say=context.say,
     )
+
+
+@register("lora")
+def _lora(cfg: TrainConfig, context: BuildContext) -> Converter | None:
+    """cfg.lora: adapters on the init_from model's Linear layers, the base frozen (NF4 with quantize=nf4)."""
+    if not cfg.lora.enabled:
+        return None
+    from redline.converters.lora import LoRAConverter
+    from redline.hardware import autocast_dtype
+
+    lora = cfg.lora
+    if lora.quantize == "nf4" and context.info.world_size > 1:
+        raise UserError("lora.quantize=nf4 runs on one process (NF4 weights are not broadcast by DDP); drop --gpus "
+                        "or use lora.quantize=none")
+    amp = autocast_dtype(context.device, cfg.precision)
+    return LoRAConverter(lora.rank, lora.alpha, lora.dropout, lora.targets, lora.quantize, lora.train_modules,
+                         base_dtype=amp or torch.float32, say=context.say)

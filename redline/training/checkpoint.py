@@ -156,11 +156,13 @@ def _save_error(error: BaseException, final: Path) -> str:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict[str, Any],
-                    config: dict[str, Any], tokenizer, keep: int, model_state: dict | None = None) -> Path:
+                    config: dict[str, Any], tokenizer, keep: int, model_state: dict | None = None,
+                    extra_meta: dict[str, Any] | None = None) -> Path:
     """Write RUN/checkpoints/step_N atomically in the full layout and prune to the newest `keep`. Returns the
     folder. Called by rank 0 alone.
 
-    model_state: the full weights when they were gathered elsewhere (FSDP2); None: read them from `model`."""
+    model_state: the full weights when they were gathered elsewhere (FSDP2), or the adapters alone of a LoRA run
+    (redline/training/adapters.py); None: read them from `model`. extra_meta: added to meta.json."""
     from safetensors.torch import save_file
 
     ckpt_root, final, tmp = _paths(run_dir, step)
@@ -172,7 +174,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
         save_file(_cpu_fp32(model_state) if model_state is not None else model_weights(model), str(weights))
         _write_state(state_file, state)
         fsync_file(weights)
-        meta = {"format": FORMAT[FULL], "layout": FULL, "step": step,
+        meta = {"format": FORMAT[FULL], "layout": FULL, "step": step, **(extra_meta or {}),
                 "sha256": {"model.safetensors": _sha256(weights), "state.pt": _sha256(state_file)}}
         _finish(tmp, final, ckpt_root, meta, config, tokenizer, keep)
     except BaseException as e:  # a signal too: no temporary folder is left to fill the disk
@@ -402,11 +404,19 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
 
 
 def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
-    """The checkpoint's weights into a plain model, from either layout."""
+    """The checkpoint's weights into a plain model, from either layout; a LoRA run's checkpoint gives the merged
+    model (its base with the adapters folded in: redline/training/adapters.py)."""
     from safetensors.torch import load_file
 
-    if layout(read_meta(ckpt)) == SHARDED:
+    from redline.training import adapters
+
+    meta = read_meta(ckpt)
+    if layout(meta) == SHARDED:
         load_sharded(ckpt, model)
+        return
+    if adapters.is_adapter_checkpoint(meta):
+        raw = getattr(model, "_orig_mod", model)
+        raw.load_state_dict(adapters.merged_state(meta, ckpt, raw), strict=False)
         return
 
     try:
@@ -419,6 +429,21 @@ def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
     missing = [m for m in missing if m not in tied]
     if missing or unexpected:
         raise UserError(f"checkpoint {ckpt} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def load_init_weights(model: torch.nn.Module, path: str | Path, verify: bool = True) -> Path:
+    """Load the weights of the redline checkpoint `path` into `model`, and return the checkpoint folder.
+
+    path: a checkpoint folder (RUN/checkpoints/step_N, or a folder `redline import` wrote) or a run directory (its
+    newest checkpoint); either layout, any stored dtype (copied into the model's). model: a plain GPT (not compiled
+    or wrapped, no converters applied yet) built from that checkpoint's ModelConfig (see
+    redline/training/init_from.py). Weights only: no optimizer, step or data state. verify: check every payload
+    file against meta.json's sha256 first (False: the caller has)."""
+    ckpt = resolve_checkpoint(path)
+    if verify:
+        verify_checkpoint(ckpt)
+    load_weights(ckpt, model)
+    return ckpt
 
 
 def load_sharded(ckpt: Path, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer] = (),

@@ -1,0 +1,262 @@
+"""LoRA and QLoRA: low-rank adapters on a frozen base (Hu et al. 2021, "LoRA"; Dettmers et al. 2023, "QLoRA").
+
+How it works. Each Linear layer whose name matches `lora.targets` becomes a LoRALinear (a subclass of nn.Linear,
+so its `weight` and `bias` keep their names and every isinstance(m, nn.Linear) still holds):
+
+    y = x·Wᵀ + b + (alpha / r) · dropout(x)·Aᵀ·Bᵀ        W (out, in) frozen; A (r, in), B (out, r) trained
+
+A starts as PEFT's LoRA does (Kaiming-uniform), B at zero, so the adapted model starts as the base. Everything
+else is frozen except the modules named in `lora.train_modules` (e.g. wte, lm_head), trained in full. The frozen
+W of an adapted layer is kept in the compute dtype (bf16 when training in bf16: half the memory of the fp32 master
+weights a full fine-tune keeps), or with quantize=nf4 as torchao's NF4Tensor: 4-bit NormalFloat in blocks of 64
+with the block scales quantized again to int8 (double quantization), dequantized block by block into the GEMM
+(torchao's linear_nf4), in bf16.
+
+NF4 block sizes: torchao's defaults (blocks of 64, scales in groups of 256) need numel/64 to be a multiple of
+256, which e.g. 576×576 (SmolLM2-135M) is not; the scale group here is the largest divisor of numel/64 up to 256
+(at least 8 where one exists), so every weight whose size is a multiple of 64 quantizes.
+
+The converter's `disabled()` turns the adapters off (the base model: the reference model of DPO, without a
+second copy); evaluation and sampling keep them on (`keep_in_evaluation`). merge()/unmerge() fold the adapters
+into W and back (not for an NF4 base). What a checkpoint of a LoRA run holds is in redline/training/adapters.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from redline.errors import UserError
+
+NF4_BLOCK = 64  # QLoRA's block of weights sharing one absmax scale
+NF4_SCALE_GROUP_MAX = 256  # torchao's default group of scales quantized together (double quantization)
+NF4_SCALE_GROUP_MIN = 8  # one scale per group would divide by its own absmax: degenerate
+
+
+def nf4_module():
+    """torchao's NF4 tensor module (moved between torchao releases), or a one-line error naming the extra."""
+    for name in ("torchao.dtypes.nf4tensor", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"):
+        try:
+            return __import__(name, fromlist=["to_nf4"])
+        except ImportError:
+            continue
+    raise UserError("lora.quantize=nf4 needs torchao (NF4Tensor); install the extra: pip install 'redline[lora]'")
+
+
+def nf4_block_sizes(shape: tuple[int, ...], name: str = "weight") -> tuple[int, int]:
+    """(block_size, scaler_block_size) for a weight of `shape`, or a one-line error when NF4 cannot store it."""
+    numel = math.prod(shape)
+    if numel % NF4_BLOCK:
+        raise UserError(f"{name} {tuple(shape)} has {numel} elements, not a multiple of NF4's block of {NF4_BLOCK}; "
+                        f"leave it out of lora.targets or use lora.quantize=none")
+    blocks = numel // NF4_BLOCK
+    divisors = [d for d in range(1, min(blocks, NF4_SCALE_GROUP_MAX) + 1) if blocks % d == 0]
+    group = divisors[-1]
+    if group < NF4_SCALE_GROUP_MIN:  # e.g. a prime number of blocks: one group of them all
+        group = next((d for d in range(NF4_SCALE_GROUP_MIN, blocks + 1) if blocks % d == 0), blocks)
+    return NF4_BLOCK, group
+
+
+def to_nf4(weight: torch.Tensor, name: str = "weight") -> torch.Tensor:
+    """weight (out, in) -> an NF4Tensor of the same shape and dtype (double-quantized scales)."""
+    block, group = nf4_block_sizes(tuple(weight.shape), name)
+    return nf4_module().to_nf4(weight.detach().contiguous(), block, group)
+
+
+def is_nf4(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "NF4Tensor"
+
+
+def dequantize(weight: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of a (possibly NF4) weight, in its original dtype."""
+    return weight.get_original_weight() if is_nf4(weight) else weight
+
+
+class LoRALinear(nn.Linear):
+    """nn.Linear with a frozen (bf16/fp32 or NF4) weight and a trained low-rank update; see the module docstring."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, rank: int, alpha: float, dropout: float,
+                 device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=torch.float32))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, rank, device=device, dtype=torch.float32))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as peft's LoRA layer: a small random A
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.adapters_on = True
+        self.merged = False
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rank: int, alpha: float, dropout: float, base_dtype: torch.dtype,
+                    quantize: str, name: str) -> LoRALinear:
+        """The adapted copy of `linear`: its weight (and bias) frozen in base_dtype, NF4 when quantize=nf4."""
+        with torch.device("meta"):
+            layer = cls(linear.in_features, linear.out_features, linear.bias is not None, rank, alpha, dropout)
+        device = linear.weight.device
+        layer.lora_A = nn.Parameter(torch.empty(rank, linear.in_features, device=device))
+        layer.lora_B = nn.Parameter(torch.zeros(linear.out_features, rank, device=device))
+        nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
+        weight = linear.weight.detach().to(base_dtype)
+        layer.weight = nn.Parameter(to_nf4(weight, name) if quantize == "nf4" else weight, requires_grad=False)
+        if linear.bias is not None:
+            layer.bias = nn.Parameter(linear.bias.detach().to(base_dtype), requires_grad=False)
+        for attr in ("is_residual_out",):
+            if hasattr(linear, attr):
+                setattr(layer, attr, getattr(linear, attr))
+        return layer
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> x·Wᵀ + b (..., out), in the autocast dtype under autocast, else in W's dtype (cast back)."""
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.weight.dtype
+        h = x.to(dtype)
+        if is_nf4(self.weight):
+            out = nf4_module().linear_nf4(h, self.weight)  # dequantizes per call; saves only the NF4 weight
+            if self.bias is not None:
+                out = out + self.bias.to(out.dtype)
+        else:
+            out = F.linear(h, self.weight, self.bias)
+        return out if torch.is_autocast_enabled(device) else out.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._base(x)
+        if not self.adapters_on or self.merged:
+            return out
+        # (..., in) -> (..., r) -> (..., out): r ≪ in, out, so this costs a few % of the base GEMM
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
+        return out + update * self.scale
+
+    def delta(self) -> torch.Tensor:
+        """(out, in) fp32: the update the adapters add to W."""
+        return (self.lora_B.detach().float() @ self.lora_A.detach().float()) * self.scale
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        if self.merged:
+            return
+        if is_nf4(self.weight):
+            raise UserError("an NF4 base cannot take the adapters in place; `redline export CKPT --merge` writes "
+                            "the merged model")
+        self.weight.add_(self.delta().to(self.weight.dtype))
+        self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        if not self.merged:
+            return
+        self.weight.sub_(self.delta().to(self.weight.dtype))
+        self.merged = False
+
+    def extra_repr(self) -> str:
+        kind = "nf4" if is_nf4(self.weight) else str(self.weight.dtype).removeprefix("torch.")
+        return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}, base={kind}"
+
+
+def matches(name: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """A module name matches a pattern that matches it whole or matches its end after a dot (attn.qkv matches
+    blocks.3.attn.qkv)."""
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) for p in patterns)
+
+
+def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
+    raw = getattr(model, "_orig_mod", model)
+    return {name: m for name, m in raw.named_modules() if isinstance(m, LoRALinear)}
+
+
+def _set_module(root: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, module)
+
+
+class LoRAConverter:
+    """The `lora` converter (see the module docstring)."""
+
+    name = "lora"
+    keep_in_evaluation = True  # the adapters are the model being trained: evaluation and sampling keep them
+
+    def __init__(self, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], quantize: str = "none",
+                 train_modules: tuple[str, ...] = (), base_dtype: torch.dtype = torch.float32, say=print):
+        self.rank, self.alpha, self.dropout = rank, alpha, dropout
+        self.targets, self.quantize, self.train_modules = tuple(targets), quantize, tuple(train_modules)
+        self.base_dtype = base_dtype
+        self.say = say
+        self.layers: dict[str, LoRALinear] = {}
+        self.counts: dict[str, int] = {}
+        if quantize == "nf4":
+            nf4_module()  # the missing package is named before any model is built
+
+    def convert(self, model: nn.Module) -> None:
+        raw = getattr(model, "_orig_mod", model)
+        linears = {n: m for n, m in raw.named_modules() if type(m) is nn.Linear}
+        chosen = [n for n in linears if matches(n, self.targets)]
+        if not chosen:
+            some = ", ".join(list(linears)[:4])
+            raise UserError(f"lora.targets {list(self.targets)} match no Linear layer of the model (its layers are "
+                            f"named like {some}); fix the patterns")
+        trained = {n: m for n, m in raw.named_modules() if n and matches(n, self.train_modules)}
+        if self.train_modules and not trained:
+            raise UserError(f"lora.train_modules {list(self.train_modules)} match no module of the model; name "
+                            f"modules such as wte or lm_head")
+        if set(chosen) & set(trained):
+            raise UserError(f"{sorted(set(chosen) & set(trained))[0]} is both adapted (lora.targets) and trained in "
+                            f"full (lora.train_modules); leave it out of one of them")
+        for p in raw.parameters():
+            p.requires_grad_(False)
+        for name in chosen:
+            layer = LoRALinear.from_linear(linears[name], self.rank, self.alpha, self.dropout, self.base_dtype,
+                                           self.quantize, name)
+            _set_module(raw, name, layer)
+            self.layers[name] = layer
+        for module in trained.values():
+            for p in module.parameters():
+                p.requires_grad_(True)
+        trainable = sum(p.numel() for p in raw.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in raw.parameters())
+        self.counts = {"adapted_layers": len(chosen), "trainable_params": trainable, "total_params": total}
+        base = "nf4" if self.quantize == "nf4" else str(self.base_dtype).removeprefix("torch.")
+        self.say(f"lora: rank {self.rank}, alpha {self.alpha:g} on {len(chosen)} Linear layers (base {base}); "
+                 f"{trainable / 1e6:.3f}M of {total / 1e6:.2f}M parameters train ({100 * trainable / total:.2f}%)")
+
+    def before_step(self, step: int):
+        return None
+
+    def after_optimizer_step(self, step: int):
+        return None
+
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """The base model: every adapter off (e.g. DPO's reference model)."""
+        before = {name: layer.adapters_on for name, layer in self.layers.items()}
+        for layer in self.layers.values():
+            layer.adapters_on = False
+        try:
+            yield
+        finally:
+            for name, layer in self.layers.items():
+                layer.adapters_on = before[name]
+
+    def merge(self) -> None:
+        for layer in self.layers.values():
+            layer.merge()
+
+    def unmerge(self) -> None:
+        for layer in self.layers.values():
+            layer.unmerge()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the adapters are weights: the checkpoint's model.safetensors holds them
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets),
+                "quantize": self.quantize, "train_modules": list(self.train_modules),
+                "base_dtype": str(self.base_dtype).removeprefix("torch."), **self.counts}
