@@ -1,6 +1,6 @@
 """The HTTP side of `redline serve`: OpenAI's chat completions, completions and models endpoints on FastAPI.
 
-    app = create_app(Server(scheduler, tokenizer, "my-model", chat_template=template_for(tokenizer)))
+    app = create_app(Server(scheduler, tokenizer, "my-model", renderer=renderer_for(tokenizer)))
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, replace
 
 from redline.errors import UserError
+from redline.inference.text import prompt_ids
 from redline.serve import protocol
 from redline.serve.protocol import APIError, Job, bad
 from redline.serve.scheduler import ContextTooLong, QueueFull, Scheduler, Sequence
@@ -30,7 +31,10 @@ class Server:
     scheduler: Scheduler
     tokenizer: object
     model: str
-    chat_template: object | None = None  # a redline.chat ChatTemplate; None: /v1/chat/completions answers 400
+    renderer: object | None = None
+    """redline/chat/render.py's renderer of conversations (prompt(messages) -> ids, stop_ids); None: chat requests
+    answer 400 with `no_chat` (why there is none)."""
+    no_chat: str = "this model has no chat template: use /v1/completions"
     api_key: str | None = None
     max_tokens: int | None = None  # the most a request may ask for (None: the context)
     max_body_bytes: int = 1 << 20
@@ -39,20 +43,17 @@ class Server:
     def prompt_ids(self, job: Job) -> list[list[int]]:
         """Token ids of each prompt of the job (chat: the conversation through the model's chat template)."""
         if job.kind == "chat":
-            if self.chat_template is None:
-                raise bad("this model has no chat template: use /v1/completions, or restart the server with "
-                          "--chat-template FILE", "messages", "no_chat_template")
+            if self.renderer is None:
+                raise bad(self.no_chat, "messages", "no_chat_template")
             try:
-                text = self.chat_template.render(job.messages, add_generation_prompt=True)
+                return [self.renderer.prompt(job.messages)]
             except UserError as e:
                 raise bad(str(e), "messages") from None
-            encode = getattr(self.tokenizer, "encode_with_specials", self.tokenizer.encode)
-            return [encode(text)]
         vocab = self.scheduler.batch.engine.cfg.vocab_size
         out = []
         for p in job.prompts:
             if isinstance(p, str):
-                out.append(self.tokenizer.encode(p))
+                out.append(prompt_ids(self.tokenizer, p))  # an imported model's BOS too, as `redline generate`
             elif all(isinstance(t, int) and 0 <= t < vocab for t in p):
                 out.append(p)
             else:
@@ -65,6 +66,7 @@ class Server:
         if any(not p for p in prompts):
             raise bad("a prompt encodes to no tokens; give some text", "prompt")
         seqs = []
+        stop_ids = frozenset(self.renderer.stop_ids) if job.kind == "chat" else None
         for p, ids in enumerate(prompts):
             max_tokens = job.max_tokens
             if max_tokens is None:
@@ -83,7 +85,8 @@ class Server:
                 if sampling.seed is not None and j:  # each choice its own stream of random numbers
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
-                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, _sink(loop, queue, index)))
+                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, _sink(loop, queue, index),
+                                     stop_ids=stop_ids))
         return seqs, sum(len(ids) for ids in prompts)
 
 
