@@ -97,6 +97,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cudnn.allow_tf32 = True
 
     from redline.data.prepare import load_data_tokenizer
+    from redline.tokenizer import load_tokenizer
 
     # init_from: the checkpoint's architecture and tokenizer (a resumed run has both in its own config already)
     init = InitPoint.read(cfg.init_from) if cfg.init_from and resume_from is None else None
@@ -110,6 +111,8 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         init.check_tokenizer(tokenizer, data_dir)
         tokenizer = init.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
     resumed = ResumePoint.read(resume_from, tokenizer, data_dir) if resume_from else None
+    if resumed is not None and cfg.init_from:  # the same ids (checked): keep the init's stop ids and chat template
+        tokenizer = load_tokenizer(str(resumed.checkpoint / "tokenizer"))
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
     if not cfg.init_from:  # a started-from model keeps its vocabulary (e.g. an imported one wider than its tokenizer)
