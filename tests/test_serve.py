@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 import pytest
 import torch
@@ -28,9 +27,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-CFG = ModelConfig(vocab_size=257, context_len=96, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
-TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+CFG = ModelConfig(vocab_size=261, context_len=96, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
 MODEL = "tiny-test"
 EOT = 256
 
@@ -51,12 +48,15 @@ def model():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_tokenizer("bytes")
+    """Bytes with redline's chat tokens (as `redline sft` leaves it), so chat requests render in redline's format."""
+    tok = load_tokenizer("bytes")
+    tok.add_chat_tokens()
+    return tok
 
 
-def reference(model, ids: list[int], max_tokens: int) -> list[int]:
+def reference(model, ids: list[int], max_tokens: int, stop=(EOT,)) -> list[int]:
     """Greedy tokens of redline's own generate for one prompt (a stop token ends it, as the server's does)."""
-    return InferenceEngine(model).generate([ids], max_tokens, stop_tokens=[EOT])[0].tokens
+    return InferenceEngine(model).generate([ids], max_tokens, stop_tokens=list(stop))[0].tokens
 
 
 def scheduler_for(model, tokenizer, rows: int = 3, **kwargs) -> Scheduler:
@@ -91,11 +91,11 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(model, tokenizer):
-    from redline.chat import ChatTemplate
+    from redline.chat.render import renderer_for
     from redline.serve.api import Server
 
     server = Server(scheduler_for(model, tokenizer, prefill_tokens=8), tokenizer, MODEL,
-                    chat_template=ChatTemplate(TEMPLATE))
+                    renderer=renderer_for(tokenizer))
     live = Live(server)
     yield live
     live.close()
@@ -133,12 +133,14 @@ def test_completions_greedy_equal_generate(live, model, tokenizer, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_chat_greedy_equal_generate_through_the_template(live, model, tokenizer, stream):
-    from redline.chat import ChatTemplate
+def test_chat_greedy_equal_generate_through_the_renderer(live, model, tokenizer, stream):
+    """Chat goes through redline/chat/render.py's renderer and ends at its end-of-turn token."""
+    from redline.chat.render import RedlineTemplate
 
+    renderer = RedlineTemplate(tokenizer)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    ids = tokenizer.encode(ChatTemplate(TEMPLATE).render(messages, add_generation_prompt=True))
-    ref = reference(model, ids, 16)
+    ids = renderer.prompt(messages)
+    ref = reference(model, ids, 16, stop=renderer.stop_ids)
     args = dict(model=MODEL, messages=messages, max_tokens=16, temperature=0)
     if stream:
         chunks = list(live.client.chat.completions.create(stream=True, **args))
@@ -244,6 +246,7 @@ def test_bad_chat_requests_are_openai_errors(live):
     chat = live.client.chat.completions.create
     assert error_of(lambda: chat(model=MODEL, messages=[]))[0] == 400
     assert error_of(lambda: chat(model=MODEL, messages=[{"role": "wizard", "content": "x"}]))[0] == 400
+    assert error_of(lambda: chat(model=MODEL, messages=[{"role": "user", "content": " "}]))[0] == 400
     code, body = error_of(lambda: chat(model=MODEL, messages=[{"role": "user", "content": "x" * 200}]))
     assert code == 400 and body["code"] == "context_length_exceeded"
 
@@ -401,7 +404,8 @@ def test_serve_command_end_to_end(model, tokenizer, tmp_path):
     """`redline serve CKPT` in its own process answers the client and stops on SIGTERM."""
     from redline.training.checkpoint import save_checkpoint
 
-    ckpt = save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(TrainConfig(model=CFG)), tokenizer, keep=1)
+    plain = load_tokenizer("bytes")  # no chat tokens: chat requests are refused
+    ckpt = save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(TrainConfig(model=CFG)), plain, keep=1)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

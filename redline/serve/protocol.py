@@ -134,7 +134,7 @@ def _content(message: Mapping, i: int) -> str:
     raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES = ("system", "user", "assistant")  # those redline/chat/render.py renders
 
 
 def chat_job(body: Mapping) -> Job:
@@ -145,7 +145,10 @@ def chat_job(body: Mapping) -> Job:
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or message.get("role") not in ROLES:
             raise bad(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", f"messages[{i}]")
-        plain.append({"role": message["role"], "content": _content(message, i)})
+        content = _content(message, i)
+        if not content.strip():
+            raise bad(f"messages[{i}] has empty content; give it some text", f"messages[{i}].content")
+        plain.append({"role": message["role"], "content": content})
     return Job(kind="chat", prompts=[None], messages=plain, **_common(body, "chat"))
 
 

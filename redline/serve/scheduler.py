@@ -54,6 +54,8 @@ class Sequence:
     sink: Callable[[tuple], None]
     """Called from the scheduler's thread with ("text", new text, tokens so far) as tokens reach the host (the text
     may be empty: held back, or tokens that decode to nothing), then ("done", reason) or ("error", message)."""
+    stop_ids: frozenset[int] | None = None
+    """Tokens that end it (None: the scheduler's; a chat turn ends at its template's end-of-turn tokens)."""
     tokens: list[int] = field(default_factory=list)
     """Tokens generated so far (read back to the host), a stop token excluded."""
     finish_reason: str | None = None
@@ -370,9 +372,9 @@ class Scheduler:
     def _take(self, seq: Sequence, ids: list[int]) -> None:
         """New tokens of seq on the host: cut at a stop token or max_tokens, stream the text that became final,
         finish the sequence where it ended."""
-        reason = None
+        reason, stops = None, self.stop_ids if seq.stop_ids is None else seq.stop_ids
         for j, t in enumerate(ids):
-            if t in self.stop_ids:
+            if t in stops:
                 ids, reason = ids[:j], "stop"
                 break
         room = seq.max_tokens - len(seq.tokens)

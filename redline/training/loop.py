@@ -116,6 +116,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         source.tokenizer = init_point.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
     tokenizer = source.tokenizer
     resumed = ResumePoint.read(resume_from, tokenizer, source.name) if resume_from else None
+    if resumed is not None and cfg.init_from and data is None:
+        from redline.tokenizer import load_tokenizer  # the same ids (checked): the init's stop ids and chat template
+
+        source.tokenizer = tokenizer = load_tokenizer(str(resumed.checkpoint / "tokenizer"))
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
     if not cfg.init_from:  # a started-from model keeps its vocabulary (e.g. an imported one wider than its tokenizer)
