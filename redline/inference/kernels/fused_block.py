@@ -47,6 +47,7 @@ FIELDS_ACCOUNTED = {
     "rope_high_freq_factor": "inputs", "rope_original_context": "inputs",
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
+    "value_embeddings": "refused by the engine's plan (inference/plan.py) before any decode path is chosen",
 }
 
 
