@@ -12,11 +12,12 @@
 # The fast recipe is a warmup-stable-decay run: its learning rate is cooled to zero at the end of its own budget,
 # so it is trained at two step counts, each a recipe file of its own (fast-300.toml = redline/recipes/fast.toml
 # with max_steps = 300): 30% of STEPS, then 22% if that reached the target, else 45% (FAST_STEPS="N M ..." gives
-# them instead). The fastest run that reaches the target is the verdict's. Timings exclude compilation (each run's first logged window counted at its median speed)
-# and evaluation; see redline/commands/speedrun.py for the clock.
+# them instead). The fastest run that reaches the target is the verdict's. nanogpt trains at 32 × 1024 (one
+# micro-batch a step, as fast's 16 × 2048). Timings exclude compilation (each run's first logged window counted at
+# its median speed) and evaluation; see redline/commands/speedrun.py for the clock.
 #
-# Environment: FAST_STEPS ("auto", or step counts), EXTRA_RECIPES (more recipes timed to the same target, e.g. "default
-# muon"; each a full STEPS-step run), TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144
+# Environment: FAST_STEPS ("auto", or step counts), EXTRA_RECIPES (more recipes timed to the same target, e.g.
+# "default muon"; each a full STEPS-step run), TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144
 # validation tokens per evaluation), VOCAB (32768), TOKENIZER_BYTES (the BPE is trained on the first 25 MB of
 # text), LIMIT (540: the call's wall-time budget in seconds; a recipe after nanogpt starts only if it fits,
 # estimated as 60 s + the nanogpt run's wall time scaled by its steps), OUT (default: a temporary folder).
