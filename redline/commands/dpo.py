@@ -18,10 +18,6 @@ import sys
 
 from redline.errors import UserError
 
-DESCRIPTION = ("Preference-tune a checkpoint on chosen/rejected pairs (--from CKPT --data SRC); dpo.beta, dpo.loss. "
-               "Overrides as for redline train.")
-
-
 def main(argv: list[str]) -> int:
     from redline.commands.sft import chat_tokenizer, default_budget, init_from_checkpoint
     from redline.chat.render import renderer_for
@@ -34,7 +30,7 @@ def main(argv: list[str]) -> int:
     from redline.training.wrap import set_cuda_allocator_defaults
 
     set_cuda_allocator_defaults()
-    run = start_run(argv, "dpo", DESCRIPTION, need="--data")
+    run = start_run(argv, "dpo", __doc__.strip(), need="--data")
     cfg = run.cfg
     if run.value is not None:
         cfg.finetune.data = run.value

@@ -19,10 +19,6 @@ from pathlib import Path
 
 from redline.errors import UserError
 
-DESCRIPTION = ("Reinforce a checkpoint on a task's rewards (--from CKPT --task NAME); grpo.* options. Overrides as "
-               "for redline train.")
-
-
 def reference_builder(init_from: Path, device_dtype=None):
     """step -> () -> the reference model: the converters off where LoRA holds the trained difference, else a
     frozen copy of the starting checkpoint (the one case where KL costs a second model)."""
@@ -58,7 +54,7 @@ def main(argv: list[str]) -> int:
     from redline.training.wrap import set_cuda_allocator_defaults
 
     set_cuda_allocator_defaults()
-    run = start_run(argv, "grpo", DESCRIPTION, need="--task")
+    run = start_run(argv, "grpo", __doc__.strip(), need="--task")
     cfg = run.cfg
     if run.value is not None:
         cfg.grpo.task = run.value

@@ -32,6 +32,9 @@ def start_run(argv: list[str], command: str, description: str, need: str) -> Pos
     from redline.training import checkpoint as ckpt_io
 
     argv = list(argv)
+    if "--help" in argv or "-h" in argv:  # the training fields, with the command's usage above them
+        parse(TrainConfig, argv, prog=f"redline {command} --from CKPT {need} {'SRC' if need == '--data' else 'NAME'}",
+              description=description)
     init_from, argv = _pop(argv, "--from")
     value, argv = _pop(argv, need)
     resume, argv = _pop(argv, "--resume")
