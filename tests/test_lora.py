@@ -230,3 +230,15 @@ def test_bf16_base_under_autocast_as_on_a_gpu(quantize):
     plain = layer(x)  # no autocast: fp32 in, fp32 out
     assert plain.dtype == torch.float32
     torch.testing.assert_close(plain, expected.detach(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("quantize", ["none", "nf4"])
+def test_adapted_layer_traces_as_one_graph(quantize):
+    """torch.compile (on by default on GPUs) takes the adapted layer whole, NF4 dequantization included."""
+    torch.manual_seed(0)
+    layer = LoRALinear.from_linear(nn.Linear(128, 64), 8, 16.0, 0.0, torch.float32, quantize, "l")
+    with torch.no_grad():
+        layer.lora_B.normal_(0, 0.1)
+    x = torch.randn(4, 128)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)  # fullgraph: a graph break is an error
+    torch.testing.assert_close(compiled(x), layer(x))

@@ -40,11 +40,18 @@ NF4_SCALE_GROUP_MAX = 256  # torchao's default group of scales quantized togethe
 NF4_SCALE_GROUP_MIN = 8  # one scale per group would divide by its own absmax: degenerate
 
 
+_NF4 = None  # torchao's NF4 module once imported: forward reads it as a global, which torch.compile traces
+
+
 def nf4_module():
     """torchao's NF4 tensor module (moved between torchao releases), or a one-line error naming the extra."""
+    global _NF4
+    if _NF4 is not None:
+        return _NF4
     for name in ("torchao.dtypes.nf4tensor", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"):
         try:
-            return __import__(name, fromlist=["to_nf4"])
+            _NF4 = __import__(name, fromlist=["to_nf4"])
+            return _NF4
         except ImportError:
             continue
     raise UserError("lora.quantize=nf4 needs torchao (NF4Tensor); install the extra: pip install 'redline[lora]'")
@@ -118,7 +125,7 @@ class LoRALinear(nn.Linear):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.weight.dtype
         h = x.to(dtype)
         if is_nf4(self.weight):
-            out = nf4_module().linear_nf4(h, self.weight)  # dequantizes per call; saves only the NF4 weight
+            out = _NF4.linear_nf4(h, self.weight)  # dequantizes per call; saves only the NF4 weight
             if self.bias is not None:
                 out = out + self.bias.to(out.dtype)
         else:
