@@ -19,6 +19,10 @@ NF4 block sizes: torchao's defaults (blocks of 64, scales in groups of 256) need
 The converter's `disabled()` turns the adapters off (the base model: the reference model of DPO, without a
 second copy); evaluation and sampling keep them on (`keep_in_evaluation`). merge()/unmerge() fold the adapters
 into W and back (not for an NF4 base). What a checkpoint of a LoRA run holds is in redline/training/adapters.py.
+
+Memory while converting: a LoRA run builds and loads its model in host memory (redline/training/loop.py); the
+converter moves one adapted layer at a time to the device, cast or quantized there, then the rest of the model, so
+the device never holds the full-precision base.
 """
 
 from __future__ import annotations
@@ -102,18 +106,19 @@ class LoRALinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank: int, alpha: float, dropout: float, base_dtype: torch.dtype,
-                    quantize: str, name: str) -> LoRALinear:
-        """The adapted copy of `linear`: its weight (and bias) frozen in base_dtype, NF4 when quantize=nf4."""
+                    quantize: str, name: str, device: torch.device | None = None) -> LoRALinear:
+        """The adapted copy of `linear` on `device` (None: where it is): its weight (and bias) frozen in
+        base_dtype, NF4 when quantize=nf4."""
         with torch.device("meta"):
             layer = cls(linear.in_features, linear.out_features, linear.bias is not None, rank, alpha, dropout)
-        device = linear.weight.device
+        device = device or linear.weight.device
         layer.lora_A = nn.Parameter(torch.empty(rank, linear.in_features, device=device))
         layer.lora_B = nn.Parameter(torch.zeros(linear.out_features, rank, device=device))
         nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
-        weight = linear.weight.detach().to(base_dtype)
+        weight = linear.weight.detach().to(device, base_dtype)
         layer.weight = nn.Parameter(to_nf4(weight, name) if quantize == "nf4" else weight, requires_grad=False)
         if linear.bias is not None:
-            layer.bias = nn.Parameter(linear.bias.detach().to(base_dtype), requires_grad=False)
+            layer.bias = nn.Parameter(linear.bias.detach().to(device, base_dtype), requires_grad=False)
         for attr in ("is_residual_out",):
             if hasattr(linear, attr):
                 setattr(layer, attr, getattr(linear, attr))
@@ -189,11 +194,12 @@ class LoRAConverter:
     keep_in_evaluation = True  # the adapters are the model being trained: evaluation and sampling keep them
 
     def __init__(self, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], quantize: str = "none",
-                 train_modules: tuple[str, ...] = (), base_dtype: torch.dtype = torch.float32, say=print):
+                 train_modules: tuple[str, ...] = (), base_dtype: torch.dtype = torch.float32, say=print,
+                 device: torch.device | None = None):
         self.rank, self.alpha, self.dropout = rank, alpha, dropout
         self.targets, self.quantize, self.train_modules = tuple(targets), quantize, tuple(train_modules)
         self.base_dtype = base_dtype
-        self.say = say
+        self.say, self.device = say, device
         self.layers: dict[str, LoRALinear] = {}
         self.counts: dict[str, int] = {}
         if quantize == "nf4":
@@ -216,11 +222,13 @@ class LoRAConverter:
                             f"full (lora.train_modules); leave it out of one of them")
         for p in raw.parameters():
             p.requires_grad_(False)
-        for name in chosen:
+        for name in chosen:  # one layer at a time onto the device: its full-precision copy never is there whole
             layer = LoRALinear.from_linear(linears[name], self.rank, self.alpha, self.dropout, self.base_dtype,
-                                           self.quantize, name)
+                                           self.quantize, name, self.device)
             _set_module(raw, name, layer)
             self.layers[name] = layer
+        if self.device is not None:
+            raw.to(self.device)  # the rest (embeddings, norms, head); NF4 weights move as they are
         for module in trained.values():
             for p in module.parameters():
                 p.requires_grad_(True)

@@ -118,7 +118,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     cfg = resolve_batch_size(cfg, device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model).to(device)
+    model = new_model(cfg, device)
     load_start_weights(cfg, model, resumed, init)
     train_step = TrainStep(cfg, device, info, model=model)
     if resumed is not None:
@@ -221,6 +221,17 @@ class ResumePoint:
             "steps_done": state["step"], "converters": {"fp8": {"verdict": state.get("fp8_auto_check")}}})
         if info.world_size == state.get("world_size", 1):
             ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
+
+
+def new_model(cfg: TrainConfig, device: torch.device) -> GPT:
+    """The run's plain model. A LoRA run's is built in host memory without initialisation (every weight comes from
+    the base): its converter moves it to the device layer by layer, cast or quantized (redline/converters/lora.py),
+    so a base larger than the device in full precision can be fine-tuned."""
+    if not cfg.lora.enabled:
+        return GPT(cfg.model).to(device)
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    return model.to_empty(device="cpu")
 
 
 def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None, init: InitPoint | None) -> None:
