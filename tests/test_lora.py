@@ -157,10 +157,12 @@ def _val_loss(model, dataset, cfg) -> float:  # noqa: F811
         return float(model(x, y))
 
 
-def test_lora_resume_is_exact(dataset, base_checkpoint, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("quantize", ["none", pytest.param("nf4", marks=pytest.mark.slow)])
+def test_lora_resume_is_exact(dataset, base_checkpoint, tmp_path, monkeypatch, quantize):  # noqa: F811
     import redline.training.step as step_mod
 
-    extra = (f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=4", "lora.dropout=0.1", "max_steps=4")
+    extra = (f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=4", "lora.dropout=0.1", "max_steps=4",
+             f"lora.quantize={quantize}")
     straight = train(config(dataset, tmp_path / "a", *extra))
     real_set_lr, calls = step_mod.set_lr, {"n": 0}
 
