@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer: `redline tokenizer train`."),
     "generate": ("generate", "Complete prompts with a checkpoint (KV-cache engine, streaming, JSONL output)."),
     "chat": ("chat", "Talk to a checkpoint in a prompt loop (plain text; replies streamed)."),
+    "serve": ("serve", "An OpenAI-compatible HTTP server for a checkpoint, with continuous batching."),
     "bench-infer": ("bench_infer", "Time generation: TTFT, decode tokens/s, memory; naive vs cached vs compiled."),
     "sweep": ("sweep", "Run a matrix of training runs from a recipe, resumably (`redline sweep --list`)."),
     "report": ("report", "Report on a run or sweep directory: report.md, plots, results.json/csv, dashboard.html."),
@@ -33,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "Time the training step of a preset or config: tokens/s, MFU, peak memory; matrix; profile."),
     "import": ("import_", "Bring in a model: a Hugging Face folder, a Hub name or a GGUF file, as a checkpoint."),
     "export": ("export", "Write a checkpoint as a Hugging Face folder or a GGUF file (transformers, llama.cpp)."),
+    "evaluate": ("evaluate", "Score a checkpoint on tasks: multiple choice by log-likelihood, exact match, vs chance."),
+    "sft": ("sft", "Fine-tune a checkpoint on conversations (chat template, packing, loss on replies)."),
+    "dpo": ("dpo", "Preference-tune a checkpoint on chosen/rejected pairs (DPO, IPO, hinge)."),
+    "grpo": ("grpo", "Reinforce a checkpoint on a task's rewards with samples from its own weights (GRPO)."),
 }
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from redline.errors import UserError
+from redline.errors import UserError, one_line, read_text_file
 from redline.model import ModelConfig
 
 
@@ -32,6 +32,12 @@ class OptimConfig:
     """Peak learning rate of AdamW."""
     muon_lr: float = 0.02
     """Peak learning rate of Muon (muon only)."""
+    embed_lr: float | None = None
+    """Peak AdamW learning rate of the token, position and value embeddings (None: lr). modded-nanogpt and
+    nanochat train the embeddings at a far higher rate than the head; a tied embedding is the head and takes
+    head_lr."""
+    head_lr: float | None = None
+    """Peak AdamW learning rate of the output head (None: lr)."""
     muon_momentum: float = 0.95
     """Muon momentum (muon only); with muon_momentum_warmup_steps, the value it rises to."""
     muon_momentum_start: float = 0.85
@@ -73,8 +79,8 @@ class OptimConfig:
 
     def validate(self) -> None:
         _check_finite(self, "optim.")
-        for name in ("lr", "muon_lr", "eps", "prodigy_d_coef", "prodigy_d0"):
-            if getattr(self, name) <= 0:
+        for name in ("lr", "muon_lr", "eps", "embed_lr", "head_lr", "prodigy_d_coef", "prodigy_d0"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UserError(f"optim.{name} must be positive, got {getattr(self, name)}")
         for name in ("weight_decay", "grad_clip", "warmup_steps"):
             if getattr(self, name) < 0:
@@ -153,6 +159,92 @@ class DataConfig:
     """For raw text only: `bytes`, `gpt2`, or a tokenizer.json path. None: train a BPE on the data."""
     vocab_size: int = 4096
     """For raw text only: BPE vocabulary size when a tokenizer is trained on the fly."""
+    align_rows: bool = False
+    """Start every training row at a document's start: its end-of-text separator first, then the document
+    (redline/data/loader.py; modded-nanogpt and nanochat do so). False: rows every seq_len tokens of the stream.
+    Validation rows are never aligned, so evaluations stay comparable."""
+
+
+@dataclass
+class FinetuneConfig:
+    """Post-training (`redline sft`): where it starts and what it trains on. Unused by `redline train`."""
+
+    init_from: str | None = None
+    """The checkpoint (or run directory) fine-tuning starts from (`--from`)."""
+    data: str | None = None
+    """Conversations (`--data`): a .jsonl of {"messages"} or {"prompt", "completion"} lines, task:NAME (a built-in
+    or JSONL task), or a Hugging Face dataset name (the data extra, online)."""
+    template: Literal["auto", "jinja", "redline"] = "auto"
+    """Chat template: the tokenizer's Jinja template when it has one (auto), else redline's own chat tokens."""
+    packing: bool = True
+    """Pack conversations best-fit into rows with document masking (off: one conversation per row)."""
+    epochs: float = 1.0
+    """Passes over the conversations when no budget (max_steps, max_tokens, max_time) is given."""
+    eval_fraction: float = 0.02
+    """Share of a conversation file held out for evaluation (tasks use their test split)."""
+
+    def validate(self) -> None:
+        if self.epochs <= 0:
+            raise UserError(f"finetune.epochs must be positive, got {self.epochs}")
+        if not 0 <= self.eval_fraction < 1:
+            raise UserError(f"finetune.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+
+
+@dataclass
+class DPOConfig:
+    """`redline dpo` (redline/posttrain/dpo.py): the preference loss. Unused by other commands."""
+
+    beta: float = 0.1
+    """How far the policy may move from the starting model: the scale of the implicit reward β·log(π/π_ref)."""
+    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    """sigmoid (DPO), ipo (IPO, per-token averaged log-probabilities) or hinge (SLiC)."""
+    max_pairs: int = 0
+    """Train on the first max_pairs pairs (0: all); each pair's reference log-probabilities cost one forward."""
+
+    def validate(self) -> None:
+        if not self.beta > 0:
+            raise UserError(f"dpo.beta must be positive, got {self.beta}")
+        if self.max_pairs < 0:
+            raise UserError(f"dpo.max_pairs must be >= 0 (0: all), got {self.max_pairs}")
+
+
+@dataclass
+class GRPOConfig:
+    """`redline grpo` (redline/posttrain/grpo.py, rollouts.py): rollouts and the policy loss. Unused elsewhere."""
+
+    task: str | None = None
+    """The task whose prompts are sampled and whose reward scores them (`--task`): a built-in name or a .jsonl."""
+    group_size: int = 8
+    """Samples per prompt (G); advantages are relative to the group."""
+    prompts_per_step: int = 8
+    """Prompts per optimizer step: a step trains on prompts_per_step × group_size sequences."""
+    max_new_tokens: int = 32
+    """Longest completion sampled."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_k: int = 0
+    """Sample among the k most likely tokens (0: all)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the starting model (0: off, no reference model)."""
+    scale_rewards: Literal["group", "none"] = "group"
+    """Advantages divided by the group's reward std (group: GRPO, DAPO) or only centred (none: Dr. GRPO)."""
+    loss_norm: Literal["token", "constant"] = "token"
+    """The step's loss over its completion tokens (token: DAPO) or over sequences × max_new_tokens (Dr. GRPO)."""
+    pass_k: int = 4
+    """k of the pass@k logged from each rollout (at most group_size)."""
+    eval_examples: int = 100
+    """Held-out prompts (the task's test split) scored greedily at each evaluation."""
+
+    def validate(self) -> None:
+        for name in ("group_size", "prompts_per_step", "max_new_tokens", "pass_k"):
+            if getattr(self, name) < 1:
+                raise UserError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise UserError("grpo.group_size must be >= 2: advantages compare samples of the same prompt")
+        if self.temperature <= 0:
+            raise UserError(f"grpo.temperature must be positive (rollouts sample), got {self.temperature}")
+        if self.kl_coef < 0:
+            raise UserError(f"grpo.kl_coef must be >= 0, got {self.kl_coef}")
 
 
 @dataclass
@@ -247,10 +339,19 @@ class TrainConfig:
     """Seconds a collective may wait for the other ranks (NCCL/gloo timeout) before the job stops with an error."""
     ddp_bucket_mb: int = 25
     """DDP gradient bucket size in MiB."""
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """Post-training settings (redline sft)."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """Preference optimisation (`redline dpo`)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """Reinforcement learning from task rewards (`redline grpo`)."""
 
     def validate(self) -> None:
         self.model.validate()
         self.optim.validate()
+        self.finetune.validate()
+        self.dpo.validate()
+        self.grpo.validate()
         self.lora.validate()
         _check_finite(self, "")
         seq = self.seq_len or self.model.context_len
@@ -279,8 +380,6 @@ class TrainConfig:
             raise UserError("optim.muon_momentum_warmup_steps must be >= 0 and optim.muon_ns_steps >= 1")
         if self.gpus < 1 or self.dist_timeout <= 0:
             raise UserError("gpus must be >= 1 and dist_timeout > 0")
-        if self.parallel == "fsdp2" and self.optim.name == "muon":
-            raise UserError("optim.name=muon needs whole matrices and is not supported with parallel=fsdp2; use ddp or adamw")
         if self.lora.quantize == "nf4" and not self.lora.enabled:
             raise UserError("lora.quantize=nf4 stores frozen weights in 4 bits, which cannot be trained, so NF4 "
                             "pretraining is not possible; fine-tune with QLoRA: lora.enabled=True init_from=CKPT")
@@ -303,7 +402,7 @@ class TrainConfig:
 
 # learning rates that suit each preset family's size (applied with the preset, below the recipe and the CLI)
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    # 6-8.5k tokens/s on 2 CPU cores: 360 steps of 2,048 tokens take 1.5-2 minutes
+    # sized for `make demo`: a couple of minutes on a 2-core CPU (BENCHMARKS.md, CPU)
     "tiny": {"optim.lr": 3e-3, "batch_size": 16, "seq_len": 128, "max_steps": 360, "eval_every": 90,
              "eval_batches": 8, "optim.warmup_steps": 30, "log_every": 30},
     "-124m": {"optim.lr": 1e-3},
@@ -386,17 +485,21 @@ def load_recipe(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"recipe file {path} not found; give a .toml or .yaml file")
-    text = p.read_text()
+    if p.suffix not in (".toml", ".yaml", ".yml"):
+        raise UserError(f"recipe {path}: use a .toml, .yaml or .yml file")
+    text = read_text_file(p, "recipe")
     try:
         if p.suffix == ".toml":
-            return tomllib.loads(text)
-        if p.suffix in (".yaml", ".yml"):
+            data = tomllib.loads(text)
+        else:
             import yaml
 
-            return yaml.safe_load(text) or {}
+            data = yaml.safe_load(text) or {}
     except Exception as e:  # the parsers' messages name the line
-        raise UserError(f"cannot parse recipe {path}: {e}") from None
-    raise UserError(f"recipe {path}: use a .toml, .yaml or .yml file")
+        raise UserError(f"cannot parse recipe {path}: {one_line(e)}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {path}: the top level must be a table of settings, not a {type(data).__name__}")
+    return data
 
 
 # ----------------------------------------------------------------------------------------------------

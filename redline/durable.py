@@ -103,9 +103,10 @@ def write_atomic(path: str | os.PathLike, data: str | bytes | list) -> Path:
     return path
 
 
-def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append one line (a JSONL record) and fsync it. A failed write is undone: the file is cut back to its
-    previous length, so a full disk never leaves a torn record that the next append would run into."""
+def append_line(path: str | os.PathLike, line: str, sync: bool = True) -> None:
+    """Append one line (a JSONL record; or several, joined) and fsync it (sync=False: hand it to the OS only,
+    which a killed process does not lose). A failed write is undone: the file is cut back to its previous
+    length, so a full disk never leaves a torn record that the next append would run into."""
     path = Path(path)
     data = memoryview((line if line.endswith("\n") else line + "\n").encode("utf-8"))
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -114,7 +115,8 @@ def append_line(path: str | os.PathLike, line: str) -> None:
         try:
             while data:  # unbuffered: nothing is left in a buffer to be written again on close
                 data = data[os.write(fd, data):]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         except BaseException as e:
             try:
                 os.ftruncate(fd, start)

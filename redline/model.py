@@ -14,7 +14,9 @@ Features (each a field of `ModelConfig`):
   the others so the parameter count stays comparable);
 - norm: RMSNorm or LayerNorm, pre or post;
 - tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
-  logits are never sampled), logit soft-capping, zero-initialised output projections;
+  logits are never sampled, and take no part in the loss), logit soft-capping, zero-initialised output projections;
+- value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
+  last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
   (`ce_chunk_tokens`, redline/chunked_cross_entropy.py);
 - parameter counts (with and without embeddings) and FLOPs per token, by the 6N + 12·L·d·T formula and
@@ -100,12 +102,21 @@ class ModelConfig:
     zero_init_proj: bool = False
     """Initialise every residual output projection (attention and MLP) to zero, so each block starts as the
     identity (modded-nanogpt's choice); False: GPT-2's N(0, 0.02/sqrt(2·n_layer))."""
+    value_embeddings: int = 0
+    """Value embeddings (modded-nanogpt): this many extra token-indexed tables of width n_kv_head·head_dim; table i
+    is mixed into the attention values of layer i and of layer n_layer − k + i (the first k and last k layers, k =
+    this, U-net style) as v ← λ₀·v + λ₁·ve with two learned scalars per layer (initialised 0.5 each). 0 = off.
+    The KV-cache inference engine does not take them (generation falls back to `GPT.generate`)."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches (training only)."""
     attn_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     """SDPA backend: auto lets PyTorch choose; the others force one (math is the slow reference)."""
+    doc_attention: Literal["auto", "sdpa", "flex"] = "auto"
+    """How packed documents (`doc_ids`) are kept apart: sdpa with a dense (B, 1, T, T) mask (any device; the fast
+    SDPA kernels do not take a mask), or flex attention with a block mask that skips the blocks no document
+    spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere."""
     pad_vocab_to: int = 128
-    """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled)."""
+    """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
@@ -169,6 +180,12 @@ class ModelConfig:
             raise UserError(f"model.sliding_window must be >= 0 (0 = off), got {self.sliding_window}")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if not 0 <= self.value_embeddings <= (self.n_layer + 1) // 2:
+            raise UserError(f"model.value_embeddings must be in [0, ceil(n_layer / 2) = {(self.n_layer + 1) // 2}] "
+                            f"(each table serves one early and one late layer), got {self.value_embeddings}")
+        if self.doc_attention == "flex" and self.dropout:
+            raise UserError("model.doc_attention=flex has no attention dropout; use doc_attention=sdpa (or auto) "
+                            "with model.dropout")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
             raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden}")
         if self.ce_chunk_tokens < 0:
@@ -244,10 +261,12 @@ def sdpa_context(backend: str):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False):
         super().__init__()
         self.cfg = cfg
         self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        # value embeddings: v ← λ₀·v + λ₁·ve (modded-nanogpt's `lambdas`), (2,) learned, 0.5 each at init
+        self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
         bias = cfg.has_qkv_bias
         if cfg.fused_qkv:
@@ -270,10 +289,14 @@ class Attention(nn.Module):
             )
         return self.q(x), self.k(x), self.v(x)
 
-    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
-        """x: (B, T, C) -> q (B, H, T, D), k and v (B, KV, T, D), with QK-norm and RoPE applied."""
+    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                    ve: torch.Tensor | None = None):
+        """x: (B, T, C) -> q (B, H, T, D), k and v (B, KV, T, D), with QK-norm and RoPE applied; ve: None, or this
+        layer's value embedding (B, T, KV*D), mixed into v."""
         B, T, _ = x.shape
         q, k, v = self.project(x)
+        if ve is not None:
+            v = self.ve_mix[0] * v + self.ve_mix[1] * ve.to(v.dtype)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
@@ -284,8 +307,15 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
-        """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D)."""
+        """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D). attn_mask: None, a bool tensor, or a flex
+        attention BlockMask (packed documents on CUDA: GPT.attention_mask)."""
         gqa = self.n_kv != self.n_head
+        if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            y = flex_attention(q, k, v, block_mask=attn_mask, enable_gqa=gqa)
+            B, _, Tq, _ = q.shape
+            return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
         if gqa and self.cfg.attn_backend != "auto":
             # not every forced backend takes enable_gqa: expand the kv heads instead
             k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
@@ -299,14 +329,18 @@ class Attention(nn.Module):
         B, _, Tq, _ = q.shape
         return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
 
-    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None) -> torch.Tensor:
         """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
         where query i may attend key j. cache: None, or a KV cache layer of the inference engine
         (redline/inference/cache.py), which stores this call's keys and values and attends over all it holds:
-        `cache.attend(self, x, rope) -> (B, T, H*D)`, calling back into project / project_qkv / attend."""
+        `cache.attend(self, x, rope) -> (B, T, H*D)`, calling back into project / project_qkv / attend.
+        ve: this layer's value embedding (B, T, KV*D) or None."""
         if cache is not None:
+            if self.ve_mix is not None:
+                raise UserError("the KV-cache inference engine does not support model.value_embeddings; generate "
+                                "with GPT.generate (full recompute) or train without them")
             return self.proj(cache.attend(self, x, rope))
-        q, k, v = self.project_qkv(x, rope)
+        q, k, v = self.project_qkv(x, rope, ve)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
         return self.proj(y)
 
@@ -336,19 +370,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False):
         super().__init__()
         self.pre = cfg.norm_position == "pre"
-        self.norm1, self.attn = make_norm(cfg, cfg.n_embd), Attention(cfg)
+        self.norm1, self.attn = make_norm(cfg, cfg.n_embd), Attention(cfg, value_embedding)
         self.norm2, self.mlp = make_norm(cfg, cfg.n_embd), MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope, attn_mask=None, cache=None):
-        """x: (B, T, C) -> (B, T, C); attn_mask and cache as Attention.forward."""
+    def forward(self, x, rope, attn_mask=None, cache=None, ve=None):
+        """x: (B, T, C) -> (B, T, C); attn_mask, cache and ve as Attention.forward."""
         if self.pre:
-            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask, cache))
+            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask, cache, ve))
             return x + self.drop(self.mlp(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache)))
+        x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache, ve)))
         return self.norm2(x + self.drop(self.mlp(x)))
 
 
@@ -364,7 +398,10 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.context_len, cfg.n_embd) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None) for i in range(cfg.n_layer))
+        # value embeddings: (padded_vocab, KV*D) tables, outside the blocks (AdamW takes them, as the embeddings)
+        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.padded_vocab, cfg.kv_heads * cfg.head_dim)
+                                          for _ in range(cfg.value_embeddings))
         # post-norm blocks end in a norm already; pre-norm needs a final one
         self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
@@ -375,6 +412,16 @@ class GPT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+
+    def value_table(self, layer: int) -> int | None:
+        """Which value-embedding table layer `layer` mixes in: i for the first k layers and for the last k (the
+        U-net pairing of modded-nanogpt, k = cfg.value_embeddings), None for the layers between."""
+        k, n = self.cfg.value_embeddings, self.cfg.n_layer
+        if layer < k:
+            return layer
+        if layer >= n - k:
+            return layer - (n - k)
+        return None
 
     def _apply(self, fn, recurse: bool = True):
         """Module.to(), .cuda(), .half(), to_empty() and the like, with the RoPE tables recomputed in fp32 wherever
@@ -407,6 +454,9 @@ class GPT(nn.Module):
                     nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+        for block in self.blocks:  # value-embedding mixing weights are bare parameters, not modules
+            if block.attn.ve_mix is not None:
+                block.attn.ve_mix.fill_(0.5)
         if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
             cos, sin = rope_tables(self.cfg)
             self.rope_cos.copy_(cos)
@@ -430,11 +480,34 @@ class GPT(nn.Module):
         mask = self.sliding_mask(T, device)
         if doc_ids is None:
             return mask
+        if self._flex_documents(device):
+            return self._document_block_mask(doc_ids)
         i = torch.arange(T, device=device)
         allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])  # (B, T, T)
         if mask is not None:
             allowed = allowed & mask
         return allowed[:, None]
+
+    def _flex_documents(self, device) -> bool:
+        """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
+        is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
+        choice = self.cfg.doc_attention
+        return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
+                                    and torch.compiler.is_compiling())
+
+    def _document_block_mask(self, doc_ids: torch.Tensor):
+        """A flex attention BlockMask for doc_ids (B, T): causal within each document (and the sliding window);
+        blocks that no document spans are skipped rather than masked (PyTorch's flex attention document masking)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        B, T = doc_ids.shape
+        window = self.cfg.sliding_window
+
+        def same_document(b, h, q, kv):
+            allowed = (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
+            return allowed & (q - kv < window) if window > 0 else allowed
+
+        return create_block_mask(same_document, B, None, T, T, device=doc_ids.device)
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
         """Token (and learned position) embeddings and the RoPE tables for these positions.
@@ -480,29 +553,34 @@ class GPT(nn.Module):
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
         x, rope = self.embed(idx, positions)
         mask = self.attention_mask(T, idx.device, doc_ids)
-        for block in self.blocks:
-            x = block(x, rope, mask)
+        values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
+        for i, block in enumerate(self.blocks):
+            table = self.value_table(i)
+            x = block(x, rope, mask, ve=None if table is None else values[table])
         x = self.norm_f(x)
+        V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
-                                         self.cfg.ce_chunk_tokens, reduction, ignore_index=-1)
+                                         self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)
             return loss.view(B, T) if reduction == "none" else loss
         logits = self.logits(x)
         if targets is None:
-            return logits[..., : self.cfg.vocab_size]
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
-        )
+            return logits[..., :V]
+        logits = logits.float()
+        if logits.size(-1) > V:  # padding rows are no tokens: out of the softmax (an imported model's are zeros)
+            logits[..., V:] = float("-inf")
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                               reduction=reduction)
         return loss.view(B, T) if reduction == "none" else loss
 
     # -- accounting ------------------------------------------------------------------------------------
 
     def num_params(self, embeddings: bool = True) -> int:
-        """Unique parameters. embeddings=False leaves out the token and position tables and an untied head."""
+        """Unique parameters. embeddings=False leaves out the token, value and position tables and an untied head."""
         total = sum(p.numel() for p in self.parameters())
         if embeddings:
             return total
-        total -= self.wte.weight.numel()
+        total -= self.wte.weight.numel() + sum(t.weight.numel() for t in self.value_embeds)
         if self.wpe is not None:
             total -= self.wpe.weight.numel()
         if not self.cfg.tie_embeddings:

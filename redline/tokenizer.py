@@ -47,7 +47,8 @@ HF_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.50 saves the
 # the keys of tokenizer_config.json redline reads and writes back
 _HF_CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token", "add_eos_token",
                    "chat_template")
-KINDS = ("bytes", "gpt2", "bpe")
+# redline's own chat tokens (redline/chat/render.py): appended after a tokenizer's vocabulary by add_chat_tokens
+CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
 
 def _sha256_json(obj) -> str:
@@ -68,6 +69,12 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a prompt to generate from, as transformers' `tokenizer(text)` gives them: with the special
+        tokens the tokenizer itself adds to an input (an imported Llama tokenizer's BOS first). redline's own
+        tokenizers add none."""
+        return self.encode(text)
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
@@ -93,6 +100,32 @@ class Tokenizer:
         """The beginning-of-sequence token, where the tokenizer has one."""
         return None
 
+    # -- redline's chat tokens ---------------------------------------------------------------------------
+
+    @property
+    def chat_token_ids(self) -> dict[str, int] | None:
+        """{"<|user|>": id, ...} once add_chat_tokens ran (the ids after the text vocabulary), else None."""
+        return dict(getattr(self, "_chat_tokens", None) or {}) or None
+
+    @property
+    def text_vocab_size(self) -> int:
+        """The vocabulary without redline's chat tokens (the ids text can encode to)."""
+        return self.vocab_size - len(getattr(self, "_chat_tokens", None) or {})
+
+    def add_chat_tokens(self) -> dict[str, int]:
+        """Append redline's chat tokens (CHAT_TOKENS) as new ids after the vocabulary; does nothing when they are
+        there already. Text never encodes to them (they are not in any merge table or byte alphabet), so
+        `identity`, which is about how text maps to ids, does not change; vocab_size grows by len(CHAT_TOKENS)."""
+        if not getattr(self, "_chat_tokens", None):
+            base = self.vocab_size
+            self._chat_tokens = {name: base + i for i, name in enumerate(CHAT_TOKENS)}
+            self.vocab_size = base + len(CHAT_TOKENS)
+        return dict(self._chat_tokens)
+
+    def _without_chat_tokens(self, ids: Iterable[int]) -> list[int]:
+        limit = self.text_vocab_size
+        return [i for i in ids if i < limit]
+
     @property
     def chat_template(self) -> str | None:
         """The Jinja chat template source (redline/chat renders it), where the tokenizer has one."""
@@ -116,6 +149,8 @@ class Tokenizer:
         meta = {"kind": self.name, "identity": self.identity, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
         if self.stop_ids != [self.eot_id]:
             meta["stop_ids"] = self.stop_ids
+        if self.chat_token_ids:
+            meta["chat_tokens"] = self.chat_token_ids
         write_atomic(out / META_FILE, json.dumps(meta, indent=2) + "\n")
         if self.name == "bpe":
             self.spec = str(out.resolve())
@@ -150,8 +185,8 @@ class ByteTokenizer(Tokenizer):
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
     def token_byte_lengths(self) -> np.ndarray:
-        lengths = np.ones(self.vocab_size, dtype=np.int64)
-        lengths[self.eot_id] = 0
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        lengths[:256] = 1  # the end-of-text and chat tokens stand for no bytes
         return lengths
 
     def _definition(self) -> dict:
@@ -192,12 +227,14 @@ class BPETokenizer(Tokenizer):
 
     def __getstate__(self) -> dict:  # for spawned tokenizer processes; keeps encode_special_tokens
         return {"json": self.hf.to_str(), "spec": self.spec, "hf_config": self.hf_config,
-                "stop_ids": self.stop_ids}
+                "stop_ids": self.stop_ids, "chat_tokens": bool(self.chat_token_ids)}
 
     def __setstate__(self, state: dict) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         self.__init__(HFTokenizer.from_str(state["json"]), state["spec"], state.get("hf_config"))
+        if state.get("chat_tokens"):
+            self.add_chat_tokens()
         if "stop_ids" in state:
             self.stop_ids = state["stop_ids"]
 
@@ -205,6 +242,9 @@ class BPETokenizer(Tokenizer):
         """Token ids of `text`; special tokens written in it are ordinary text. add_special_tokens: wrap the
         ids as tokenizer.json's post-processor says (e.g. Llama's BOS first), as transformers' `tokenizer(text)`."""
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text, add_special_tokens=True)
 
     def encode_with_specials(self, text: str) -> list[int]:
         """Token ids of `text` in which special tokens written out (e.g. "<|im_start|>") are those tokens, and
@@ -239,7 +279,7 @@ class BPETokenizer(Tokenizer):
         return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=True)
+        return self.hf.decode(self._without_chat_tokens(ids), skip_special_tokens=True)
 
     def _json(self) -> dict:
         return json.loads(self.hf.to_str())
@@ -249,7 +289,7 @@ class BPETokenizer(Tokenizer):
         specials = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
         byte_level = (data.get("decoder") or {}).get("type") == "ByteLevel"
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
-        for i in range(self.vocab_size):
+        for i in range(self.text_vocab_size):
             if i in specials:
                 continue
             token = self.hf.id_to_token(i)
@@ -340,10 +380,7 @@ def read_hf_tokenizer_config(folder: Path) -> dict:
     """tokenizer_config.json of a tokenizer folder, with chat_template.jinja's template where there is one."""
     config: dict = {}
     if (folder / HF_CONFIG_FILE).is_file():
-        try:
-            config = json.loads((folder / HF_CONFIG_FILE).read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise UserError(f"{folder / HF_CONFIG_FILE} is not valid JSON ({e})") from None
+        config = _json_object(folder / HF_CONFIG_FILE, "download or save the tokenizer again")
     if (folder / HF_TEMPLATE_FILE).is_file():
         config["chat_template"] = (folder / HF_TEMPLATE_FILE).read_text(encoding="utf-8")
     return _clean_hf_config(config)
@@ -361,10 +398,7 @@ def _load_hf_file(path: Path) -> BPETokenizer:
     tok = BPETokenizer(hf, spec=str(folder.resolve() if path.name == HF_FILE else path.resolve()),
                        hf_config=hf_config)
     if path.name == HF_FILE and (folder / META_FILE).is_file():
-        try:
-            stop_ids = json.loads((folder / META_FILE).read_text()).get("stop_ids")
-        except ValueError as e:
-            raise UserError(f"{folder / META_FILE} is damaged ({e}); save the tokenizer again") from None
+        stop_ids = _json_object(folder / META_FILE).get("stop_ids")
         if stop_ids:
             tok.stop_ids = stop_ids
     return tok
@@ -448,10 +482,12 @@ class TiktokenTokenizer(Tokenizer):
         self.spec = "gpt2"
 
     def __getstate__(self) -> dict:  # tiktoken reloads its files from the cache in the new process
-        return {}
+        return {"chat_tokens": bool(self.chat_token_ids)}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__()
+        if state.get("chat_tokens"):
+            self.add_chat_tokens()
 
     def encode(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
@@ -460,11 +496,11 @@ class TiktokenTokenizer(Tokenizer):
         return self.enc.encode_ordinary_batch(list(texts), num_threads=os.cpu_count() or 1)
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.enc.decode([i for i in ids if i != self.eot_id])
+        return self.enc.decode([i for i in self._without_chat_tokens(ids) if i != self.eot_id])
 
     def token_byte_lengths(self) -> np.ndarray:
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
-        for i in range(self.vocab_size):
+        for i in range(self.text_vocab_size):
             if i != self.eot_id:
                 lengths[i] = len(self.enc.decode_single_token_bytes(i))
         return lengths
@@ -482,9 +518,37 @@ class TiktokenTokenizer(Tokenizer):
 # loading
 
 
+def _json_object(path: Path, fix: str = "save the tokenizer again") -> dict:
+    """A tokenizer folder's JSON file as a dict, or one line naming the file and what is wrong with it."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is damaged (not UTF-8 text); {fix}") from None
+    except ValueError as e:
+        raise UserError(f"{path} is damaged ({e}); {fix}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is damaged (a JSON {type(value).__name__}, not an object); {fix}")
+    return value
+
+
 def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
-    """"bytes" | "gpt2" | a tokenizer.json file | a folder with redline_tokenizer.json or tokenizer.json."""
-    spec = str(spec)
+    """"bytes" | "gpt2" | a tokenizer.json file | a folder with redline_tokenizer.json or tokenizer.json (with
+    redline's chat tokens where the folder's redline_tokenizer.json lists them)."""
+    tokenizer = _load_tokenizer(str(spec))
+    meta_file = Path(str(spec)).expanduser() / META_FILE
+    if meta_file.is_file():
+        chat = _json_object(meta_file).get("chat_tokens")
+        if chat:
+            well_formed = isinstance(chat, dict) and all(isinstance(i, int) for i in chat.values())
+            if (not well_formed or tokenizer.vocab_size + len(CHAT_TOKENS) - 1 != max(chat.values())
+                    or set(chat) != set(CHAT_TOKENS)):
+                raise UserError(f"{meta_file} lists chat tokens {chat} that do not follow the tokenizer's "
+                                f"{tokenizer.vocab_size} tokens; it is damaged, save the tokenizer again")
+            tokenizer.add_chat_tokens()
+    return tokenizer
+
+
+def _load_tokenizer(spec: str) -> Tokenizer:
     if spec == "bytes":
         return ByteTokenizer()
     if spec == "gpt2":
@@ -492,12 +556,11 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / META_FILE).is_file():
-            try:
-                kind = json.loads((path / META_FILE).read_text())["kind"]
-            except (ValueError, KeyError) as e:
-                raise UserError(f"{path / META_FILE} is damaged ({e}); save the tokenizer again") from None
+            kind = _json_object(path / META_FILE).get("kind")
+            if not isinstance(kind, str):
+                raise UserError(f"{path / META_FILE} is damaged (kind {kind!r}); save the tokenizer again")
             if kind in ("bytes", "gpt2"):
-                return load_tokenizer(kind)
+                return _load_tokenizer(kind)
         if (path / HF_FILE).is_file():
             return _load_hf_file(path / HF_FILE)
         raise UserError(f"folder {path} holds no {HF_FILE} or {META_FILE}; give a tokenizer folder, "

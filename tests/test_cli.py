@@ -85,6 +85,38 @@ def test_recipe_type_errors(tmp_path):
         parse(TrainConfig, ["--config", str(recipe)], prog="t", description="t")
 
 
+@pytest.mark.parametrize("name,content,fragment", [
+    ("r.toml", "max_steps = 5\n# caf\xe9 in Latin-1\n".encode("latin-1"), "is not UTF-8 text (byte 19"),
+    ("r.yaml", b"model:\n  n_layer: [1, 2\nbatch_size: 4\n", "cannot parse recipe"),
+    ("r.yaml", b"- 1\n- 2\n", "the top level must be a table of settings, not a list"),
+    ("r.toml", b"max_steps = \n", "cannot parse recipe"),
+])
+def test_unreadable_recipe_is_one_line(tmp_path, capsys, name, content, fragment):
+    recipe = tmp_path / name
+    recipe.write_bytes(content)
+    with pytest.raises(UserError, match=re.escape(fragment)) as e:
+        parse(TrainConfig, ["--config", str(recipe)], prog="t", description="t")
+    assert "\n" not in str(e.value)
+    code, _, err = run_cli(["train", "--config", str(recipe), "max_steps=1"], capsys)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_sweep_recipe_and_claims_file_errors_are_one_line(tmp_path):
+    from redline.experiments.claims import load_claims
+    from redline.experiments.recipes import load_recipe
+
+    (tmp_path / "s.yaml").write_bytes(b"name: x\nruns: [a,\n  b\n")
+    with pytest.raises(UserError, match=r"cannot parse recipe .*\(line \d+, column \d+\)$") as e:
+        load_recipe(str(tmp_path / "s.yaml"))
+    assert "\n" not in str(e.value)
+    (tmp_path / "s.toml").write_bytes(b"name = '\xff'\n")
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        load_recipe(str(tmp_path / "s.toml"))
+    (tmp_path / "c.toml").write_bytes(b"[[claim]]\nid = '\xe9'\n")
+    with pytest.raises(UserError, match="claims file .* is not UTF-8 text"):
+        load_claims(tmp_path / "c.toml")
+
+
 def test_unknown_preset_suggests():
     with pytest.raises(UserError, match="did you mean modern-124m"):
         parse(TrainConfig, ["--preset", "modern-124"], prog="t", description="t")

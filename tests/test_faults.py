@@ -265,3 +265,38 @@ def test_tokenizer_half_saved_never_mixes_old_and_new(tmp_path, monkeypatch, cap
     assert code == 2 and "disk full" in one_line_error(err)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt", "tok"]
+
+
+def _safetensors_full_disk():
+    from safetensors import SafetensorError
+
+    return SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                           'message: "No space left on device" })')
+
+
+def _torch_save_full_disk():
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing file")
+    except RuntimeError as e:
+        return e
+
+
+@pytest.mark.parametrize("error", [_safetensors_full_disk, _torch_save_full_disk,
+                                   lambda: OSError(errno.ENOSPC, "No space left on device")])
+def test_model_folder_on_a_full_disk(tmp_path, error):
+    """`redline import` and `export` fill a temporary folder and rename it: a full disk, whichever library's error
+    says so, is one line, and neither the folder nor the temporary one is left."""
+    from redline.interop.hf import write_atomic_folder
+
+    def write(tmp: Path) -> None:
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"\0" * 1000)
+        raise error()
+
+    out = tmp_path / "model"
+    with pytest.raises(durable.DiskFullError, match=r"^disk full while writing .*model; nothing was left there\. Free"):
+        write_atomic_folder(out, write)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -237,6 +237,17 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gpt2, llama, mistral, qwen2")
 
 
+def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    config = tmp_path / "hf" / "config.json"
+    config.write_text("[1, 2]")
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "holds a JSON list, not an object")
+    config.write_bytes(b'{"model_type": "llama\xff"}')
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "it is not UTF-8 text")
+    config.write_text('{"model_type":\n "llama",\n')
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "the model config")
+
+
 def test_import_missing_and_mismatched_tensors(tmp_path, capsys):
     from safetensors.torch import load_file, save_file
 

@@ -64,3 +64,44 @@ def test_plain_tokenizers_keep_their_behaviour(tmp_path):
     again = load_tokenizer(tmp_path)
     assert again.identity == identity and again.bos_id is None and again.chat_template is None
     assert again.stop_ids == [again.eot_id]
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_generation_prompts_and_stop_tokens_are_the_tokenizers(kind, tmp_path):
+    """TextGenerator encodes a prompt as transformers' tokenizer(text) does (an imported Llama-style tokenizer's
+    BOS first) and stops at the tokenizer's stop ids; a tokenizer without encode_prompt / stop_ids (the tests'
+    CharTokenizer) falls back to encode and its end-of-text token."""
+    import torch
+
+    from redline.inference import InferenceEngine
+    from redline.inference.text import TextGenerator, prompt_ids, stop_token_ids
+    from redline.model import GPT, ModelConfig
+
+    folder = BUILDERS[kind](tmp_path)
+    ours, theirs = load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    engine = InferenceEngine(GPT(ModelConfig(vocab_size=ours.vocab_size, context_len=32, n_layer=1, n_embd=32,
+                                             n_head=2, n_kv_head=2)), dtype=torch.float32)
+    calls = []
+    real_generate = engine.generate
+
+    def recording_generate(prompts, *args, **kwargs):
+        calls.append((prompts, kwargs.get("stop_tokens")))
+        return real_generate(prompts, *args, **kwargs)
+
+    engine.generate = recording_generate
+    text = "hello world, the model says hi"
+    completion = TextGenerator(engine, ours).generate([text], 4)[0]
+    assert calls[0][0] == [theirs(text)["input_ids"]]
+    assert list(calls[0][1]) == ours.stop_ids == [theirs.eos_token_id]
+    assert completion.prompt_tokens == len(theirs(text)["input_ids"])
+    if kind == "sentencepiece":
+        assert calls[0][0][0][0] == ours.bos_id
+
+    class Plain:  # only encode and eot_id
+        eot_id = 7
+
+        def encode(self, text):
+            return [ord(c) % 7 for c in text]
+
+    assert prompt_ids(Plain(), "ab") == [ord("a") % 7, ord("b") % 7] and stop_token_ids(Plain()) == [7]

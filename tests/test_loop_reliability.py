@@ -99,9 +99,9 @@ def test_resume_says_once_which_records_are_missing(dataset, tmp_path, capsys): 
 def test_a_signal_during_eval_or_save_keeps_the_pending_records(dataset, tmp_path, monkeypatch, during):  # noqa: F811
     """SIGTERM arrives while the step-4 evaluation (or checkpoint) runs, with steps 1-4 not yet on a log line:
     they are written before the run stops, and the run exits with its checkpoint."""
-    import redline.training.loop as loop_mod
+    import redline.training.evaluate as evaluate_mod
 
-    target, name = (loop_mod, "evaluate") if during == "eval" else (ckpt_io, "save_checkpoint")
+    target, name = (evaluate_mod, "evaluate") if during == "eval" else (ckpt_io, "save_checkpoint")
     real, sent = getattr(target, name), []
 
     def signal_then_run(*args, **kwargs):
@@ -201,3 +201,58 @@ def test_the_closing_summary_says_what_to_run_next(dataset, tmp_path, capsys):  
     assert f"done: 3 steps, 384 tokens in" in out and "val bpb" in out
     assert f"checkpoint {result.checkpoint}" in out
     assert f"next: redline generate --checkpoint {result.run_dir}" in out
+
+
+# ----------------------------------------------------------------------------------------------------
+# metrics.jsonl on a full disk, and odd lines in it
+
+
+def test_resume_drops_lines_that_are_not_utf8_or_not_records(tmp_path):
+    from redline.training.metrics import resume_metrics
+
+    good = [json.dumps({"kind": "train", "step": s, "loss": 1.0}) for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_bytes(
+        (good[0] + "\n").encode() + b"\xff\xfe not text\n" + b"[1, 2]\n" + b"3\n" + b"null\n"
+        + "\n".join(good[1:]).encode() + b"\n")
+    history = resume_metrics(tmp_path, 3)
+    assert history.dropped == 4 and history.missing == []
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == good
+
+
+def test_metrics_on_a_full_disk_keep_their_earlier_records_whole(tmp_path, monkeypatch):
+    from redline.durable import DiskFullError
+    from redline.training.metrics import MetricsLogger
+    from tests.test_faults import FullDisk
+
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    log.log({"kind": "train", "step": 1, "loss": 2.0})
+    log.flush(durable=True)
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    FullDisk(monkeypatch, tmp_path / "metrics.jsonl", budget=40)  # room for part of the next records only
+    for step in (2, 3):
+        log.log({"kind": "train", "step": step, "loss": 2.0})
+    with pytest.raises(DiskFullError, match=r"^disk full while writing .*metrics.jsonl; its earlier records are "
+                                            r"intact\. Free space"):
+        log.flush()
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before  # no torn record
+    log.close()  # nothing left to write again
+
+
+def test_training_on_a_disk_that_fills_stops_in_one_line_and_resumes(dataset, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from redline.durable import DiskFullError
+    from tests.test_faults import FullDisk
+
+    args = ("max_steps=8", "log_every=2", "checkpoint_every=2", "keep_checkpoints=5")
+    run_dir = tmp_path / "runs" / "t"
+    disk = FullDisk(monkeypatch, run_dir / "metrics.jsonl", budget=2_500)
+    with pytest.raises(DiskFullError, match="metrics.jsonl; its earlier records are intact"):
+        train(config(dataset, tmp_path, *args))
+    kept = records(run_dir)  # every line whole
+    assert kept and ckpt_io.list_checkpoints(run_dir)
+    disk.left = 10**9  # space again
+    train(config(dataset, tmp_path, *args), resume_from=ckpt_io.list_checkpoints(run_dir)[-1])
+    steps = train_steps(run_dir)
+    assert max(steps) == 8 and all(n == 1 for n in steps.values())
+    missing = {s for s in range(1, 9)} - set(steps)
+    gaps = [r for r in records(run_dir) if r.get("event") == "metrics_gap"]
+    assert bool(missing) == bool(gaps)  # a hole is said, once, or there is none

@@ -288,3 +288,22 @@ def test_report_and_dashboard_say_no_clear_winner(tmp_path):
     assert "**fastest**: no clear winner (mqa 1,025 tokens/s vs baseline 1,020 tokens/s: within the spread" in text
     html = files["dashboard"].read_text()
     assert '"clear": false' in html and "no clear winner" in html
+
+
+def test_published_report_gets_its_plots_and_dashboard_drawn_again(tmp_path, sweep_dir):
+    # docs/results/ keeps only report.md and results.json/csv; the plots and dashboard come back from results.json
+    written = write_report(sweep_dir, out=tmp_path / "first")
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in ("report.md", "results.json", "results.csv"):
+        shutil.copy(tmp_path / "first" / name, published / name)
+    report_md = (published / "report.md").read_bytes()
+    files = write_report(published)
+    assert (published / "report.md").read_bytes() == report_md  # the record is not rewritten
+    assert files["dashboard"].read_text() == written["dashboard"].read_text()
+    for name in ("loss_vs_tokens", "loss_vs_time", "tokens_per_second", "peak_memory", "speed_vs_quality"):
+        assert files[f"plot_{name}"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    (published / "results.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match="results.json is not a report's results.json"):
+        write_report(published)

@@ -104,6 +104,17 @@ def test_every_recipe_evaluates_the_same_validation_tokens(tmp_path, dataset):
         assert run.overrides["max_steps"] == 100 and run.seed == 1337
 
 
+def test_the_command_line_wins_over_a_recipe_and_a_recipes_own_budget_over_the_command_line(tmp_path, dataset):
+    short = tmp_path / "short.toml"
+    short.write_text('# default, trained for 300 steps\nmax_steps = 300\npreset = "modern-124m"\n')
+    _, runs = plan(SpeedrunArgs(recipes=["nanogpt", str(short)], data=str(dataset)),
+                   {"max_steps": 1000, "tokens_per_step": 32768}, tmp_path)
+    nanogpt, fast = runs
+    assert nanogpt.overrides["tokens_per_step"] == 32768  # not the recipe's 491,520
+    assert nanogpt.overrides["max_steps"] == 1000 and fast.overrides["max_steps"] == 300
+    assert fast.variant == "short" and fast.overrides["tokens_per_step"] == 32768
+
+
 def test_named_recipes_ship_and_nanogpt_is_nanogpts_train_py():
     assert {"nanogpt", "default", "muon"} <= set(training_recipes())
     cfg = parse(TrainConfig, ["--recipe", "nanogpt"], prog="t", description="t")

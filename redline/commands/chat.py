@@ -1,8 +1,10 @@
 """`redline chat`: talk to a checkpoint in a prompt loop, replies streamed as they are generated.
 
-There is no chat template yet (that comes with post-training): the conversation is plain text, each message
-followed by a newline, and the model continues it. A reply ends at the end-of-text token, a --stop string or
-max_new_tokens. The oldest turns are dropped when the conversation no longer fits in the context.
+The conversation is rendered by the checkpoint's chat template (redline/chat/render.py: an imported model's Jinja
+template, or redline's own chat tokens after `redline sft`), and a reply ends at the end of the assistant's turn.
+A checkpoint with neither (a pretrained model) gets plain text, each message followed by a newline, which the model
+continues. A reply also ends at a --stop string or max_new_tokens. The oldest turns are dropped when the
+conversation no longer fits in the context.
 Commands: /reset forgets the conversation, /exit (or Ctrl-D) leaves.
 """
 
@@ -33,9 +35,12 @@ class ChatConfig:
     seed: int | None = None
     """Sampling seed (None: different replies each run)."""
     stop: tuple[str, ...] = ("\n\n",)
-    """Stop strings that end a reply (the default ends it at a blank line)."""
+    """Stop strings that end a reply (the default ends a plain-text reply at a blank line; with a chat template the
+    end of the turn ends it, and the default is not applied)."""
+    system: str | None = None
+    """A system message at the start of the conversation (with a chat template)."""
     prepend_eot: bool = True
-    """Start the conversation with the end-of-text token, as training documents do."""
+    """Plain text only: start the conversation with the end-of-text token, as training documents do."""
     prompt_marker: str = "> "
     """Printed before each of your messages (when stdin is a terminal)."""
     tokenizer: str | None = None
@@ -53,21 +58,34 @@ class ChatConfig:
 
 
 class History:
-    """The conversation as (message, reply) turns, rendered as plain text and trimmed to fit the context."""
+    """The conversation as (message, reply) turns, rendered by the chat renderer (or as plain text without one) and
+    trimmed to fit the context."""
 
-    def __init__(self, tokenizer, budget: int, prepend_eot: bool):
+    def __init__(self, tokenizer, budget: int, prepend_eot: bool, renderer=None, system: str | None = None):
         self.tokenizer, self.budget, self.prepend_eot = tokenizer, budget, prepend_eot
+        self.renderer, self.system = renderer, system
         self.turns: list[tuple[str, str]] = []
 
     def render(self, turns: list[tuple[str, str]], message: str) -> str:
         return "".join(f"{m}\n{r}\n" for m, r in turns) + f"{message}\n"
 
+    def messages(self, turns: list[tuple[str, str]], message: str) -> list[dict]:
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        for m, r in turns:
+            out += [{"role": "user", "content": m}, {"role": "assistant", "content": r or " "}]
+        return out + [{"role": "user", "content": message}]
+
+    def _ids(self, turns: list[tuple[str, str]], message: str) -> list[int]:
+        if self.renderer is not None:
+            return self.renderer.prompt(self.messages(turns, message))
+        head = [self.tokenizer.eot_id] if self.prepend_eot else []
+        return head + self.tokenizer.encode(self.render(turns, message))
+
     def prompt_ids(self, message: str) -> tuple[list[int], int, bool]:
         """Token ids for the next reply: (ids, turns dropped, message cut). Oldest turns go first."""
-        head = [self.tokenizer.eot_id] if self.prepend_eot else []
         dropped = 0
         while True:
-            ids = head + self.tokenizer.encode(self.render(self.turns[dropped:], message))
+            ids = self._ids(self.turns[dropped:], message)
             if len(ids) <= self.budget or dropped == len(self.turns):
                 break
             dropped += 1
@@ -75,6 +93,15 @@ class History:
         if len(ids) > self.budget:  # the message alone is too long: keep its end
             return ids[-self.budget:], dropped, True
         return ids, dropped, False
+
+
+def chat_renderer(tokenizer):
+    """The tokenizer's chat renderer, or None when it has no chat template and no chat tokens (plain text)."""
+    from redline.chat.render import renderer_for
+
+    if not (getattr(tokenizer, "chat_template", None) or tokenizer.chat_token_ids):
+        return None
+    return renderer_for(tokenizer)
 
 
 def main(argv: list[str]) -> int:
@@ -92,12 +119,16 @@ def main(argv: list[str]) -> int:
 
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} leaves no room for the conversation in the model's "
                         f"context_len {ctx}; lower it")
-    history = History(generator.tokenizer, ctx - cfg.max_new_tokens, cfg.prepend_eot)
+    renderer = chat_renderer(generator.tokenizer)
+    history = History(generator.tokenizer, ctx - cfg.max_new_tokens, cfg.prepend_eot, renderer, cfg.system)
+    stop_strings = cfg.stop if renderer is None or cfg.stop != ChatConfig.stop else ()
+    stop_tokens = None if renderer is None else [*renderer.stop_ids, generator.tokenizer.eot_id]
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty, cfg.seed)
     interactive = sys.stdin.isatty()
     if interactive:
+        how = f"{renderer.name} chat template" if renderer is not None else "plain text (no chat template)"
         print(f"redline chat: {cfg.checkpoint} (context {ctx} tokens, {generator.engine.describe()['device']}). "
-              f"Plain text, no chat template yet. /reset forgets, /exit leaves.", file=sys.stderr)
+              f"{how}. /reset forgets, /exit leaves.", file=sys.stderr)
     while True:
         try:
             message = input(cfg.prompt_marker if interactive else "")
@@ -117,8 +148,8 @@ def main(argv: list[str]) -> int:
         if cut:
             print("(your message is longer than the context; only its end was kept)", file=sys.stderr)
         completion = generator.generate(
-            [message], cfg.max_new_tokens, sampling, stop_strings=cfg.stop,
-            on_text=lambda row, text: print(text, end="", flush=True), encoded=[(ids, cut)],
+            [message], cfg.max_new_tokens, sampling, stop_strings=stop_strings,
+            on_text=lambda row, text: print(text, end="", flush=True), encoded=[(ids, cut)], stop_tokens=stop_tokens,
         )[0]
         print(flush=True)
         history.turns.append((message, completion.text))

@@ -6,7 +6,8 @@
 The architecture follows the model: GPT-2 for learned positions (the gpt2 presets), Qwen3 with QK-norm (the modern
 presets), Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A redline option none of
 them has (post-norm, ReLU², learned positions with RMSNorm, logit soft-capping, ...) is an error that names it.
-The folder holds config.json, model.safetensors, generation_config.json (the stop tokens), tokenizer.json and
+The folder holds config.json, model.safetensors, generation_config.json (the stop, BOS and padding ids, with the
+rest of an imported model's own generation config), tokenizer.json and
 tokenizer_config.json (special tokens, chat template). Written atomically: on any error nothing is left at --out.
 
 A LoRA run's checkpoint (adapters and a reference to its base: docs/lora.md):
@@ -54,6 +55,26 @@ def stored_dtype(ckpt):
     return {"BF16": torch.bfloat16, "F16": torch.float16}.get(kind, torch.float32)
 
 
+def original_generation_config(ckpt, train_cfg) -> dict | None:
+    """The generation_config.json an imported model brought: in the checkpoint itself, or, for a run that started
+    from one (init_from), in that checkpoint (where it is still there)."""
+    from pathlib import Path
+
+    from redline.training.checkpoint import resolve_checkpoint
+
+    places = [ckpt]
+    if train_cfg.init_from and Path(train_cfg.init_from).exists():
+        places.append(resolve_checkpoint(train_cfg.init_from))
+    for folder in places:
+        path = Path(folder) / "generation_config.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                return None
+    return None
+
+
 def main(argv: list[str]) -> int:
     from pathlib import Path
 
@@ -83,7 +104,7 @@ def main(argv: list[str]) -> int:
     if cfg.format == "hf":
         from redline.interop.hf import write_folder
 
-        write_folder(out, state, train_cfg.model, tokenizer, family, dtype)
+        write_folder(out, state, train_cfg.model, tokenizer, family, dtype, original_generation_config(ckpt, train_cfg))
         loader = f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
     else:
         from redline.interop.gguf_file import write_gguf

@@ -1,7 +1,9 @@
 """`redline generate`: complete prompts with a checkpoint through the KV-cache engine.
 
 Prompts come from --prompt (one or more), --prompt-file (one prompt a line, or a .jsonl of {"prompt": ...};
-`-` reads stdin), or piped stdin. Text streams to stdout as it is generated; --stream False (or --no-stream) batches
+`-` reads stdin), or piped stdin. With --chat each prompt is a user message (after --system, if given), rendered
+by the checkpoint's chat template (redline/chat/render.py) and answered until the end of the assistant's turn.
+Text streams to stdout as it is generated; --stream False (or --no-stream) batches
 the prompts instead; --jsonl writes one JSON object per prompt.
 """
 
@@ -44,6 +46,11 @@ class GenerateConfig:
     """Stop strings: a completion ends before the first one it produces."""
     stop_at_eot: bool = True
     """End a completion at the end-of-text token."""
+    chat: bool = False
+    """Each prompt is a user message, rendered with the checkpoint's chat template (its Jinja template, or redline's
+    own after `redline sft`); the completion is the assistant's reply, ended by the end of its turn."""
+    system: str | None = None
+    """--chat only: a system message before each prompt."""
     prepend_eot: bool = False
     """Start each prompt with the end-of-text token (training documents follow one; allows an empty prompt)."""
     truncate: bool = False
@@ -79,7 +86,7 @@ class GenerateConfig:
                               repetition_penalty=self.repetition_penalty, seed=self.seed)
 
 
-BOOL_FLAGS = ("prompt-per-line", "stop-at-eot", "prepend-eot", "truncate", "stream", "echo-prompt")
+BOOL_FLAGS = ("prompt-per-line", "stop-at-eot", "prepend-eot", "truncate", "stream", "echo-prompt", "chat")
 
 
 def read_prompts(cfg: GenerateConfig) -> list[str]:
@@ -135,8 +142,20 @@ def main(argv: list[str]) -> int:
     prompts = read_prompts(cfg)
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     # every prompt is checked before any generation starts
-    encoded = [generator.encode_prompt(p, cfg.max_new_tokens, cfg.truncate, cfg.prepend_eot, i)
-               for i, p in enumerate(prompts)]
+    stop_tokens = None
+    if cfg.chat:
+        from redline.chat.render import check_messages, renderer_for
+
+        renderer = renderer_for(generator.tokenizer)
+        system = [{"role": "system", "content": cfg.system}] if cfg.system else []
+        encoded = [generator.encode_chat(check_messages(system + [{"role": "user", "content": p}],
+                                                        need_assistant=False, where=f"prompt {i}"),
+                                         renderer, cfg.max_new_tokens, cfg.truncate, i)
+                   for i, p in enumerate(prompts)]
+        stop_tokens = list(renderer.stop_ids) + ([generator.tokenizer.eot_id] if cfg.stop_at_eot else [])
+    else:
+        encoded = [generator.encode_prompt(p, cfg.max_new_tokens, cfg.truncate, cfg.prepend_eot, i)
+                   for i, p in enumerate(prompts)]
     for i, (_, cut) in enumerate(encoded):
         if cut:
             print(f"redline generate: prompt {i} was cut from the left to fit the context", file=sys.stderr)
@@ -159,6 +178,7 @@ def main(argv: list[str]) -> int:
             completions = generator.generate(
                 chunk, cfg.max_new_tokens, cfg.sampling(), stop_strings=cfg.stop, stop_at_eot=cfg.stop_at_eot,
                 on_text=(lambda row, text: print(text, end="", flush=True)) if stream else None, encoded=chunk_encoded,
+                stop_tokens=stop_tokens,
             )
             total_tokens += sum(c.completion_tokens for c in completions)
             total_s += generator.engine.last.total_s

@@ -4,6 +4,7 @@
     redline report runs/tiny-20250101-120000  # one run directory (metrics.jsonl)
     redline report runs                       # a folder of run directories
     redline report sweeps/ablations --out docs/results
+    redline report docs/results/ablations-h200  # a published report (results.json only): plots and dashboard again
 """
 
 from __future__ import annotations

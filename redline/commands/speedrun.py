@@ -8,7 +8,10 @@ each reached a validation bits per byte.
 Every recipe (a named one or a .toml file, as `redline train --recipe` reads them) trains in its own process,
 one after the other (`redline sweep`'s runner: a crash or an out-of-memory error ends that run only, and
 running the same command again skips the runs that finished), with the same data, tokenizer and seed and the
-overrides given on this command line (KEY=VALUE, e.g. the budget max_steps=1000). The data is prepared once,
+overrides given on this command line (KEY=VALUE, which win over what a recipe sets: tokens_per_step=32768 is
+every recipe's batch), and the budget given here (max_steps=1000) for each recipe that names none of its own (a
+recipe file with max_steps = 300 trains 300 steps, its learning-rate schedule fitted to them, as a speedrun
+record is trained for the steps that reach the target and no more). The data is prepared once,
 so every run reads the same tokens and the same validation split; each evaluation covers the same number of
 validation tokens (--eval-tokens) whatever a recipe's batch shape.
 
@@ -187,8 +190,10 @@ def plan(args: SpeedrunArgs, overrides: dict[str, Any], out_dir: Path):
     if len(set(names)) != len(names):
         raise UserError(f"two recipes share the name {next(n for n in names if names.count(n) > 1)!r}; rename one")
     data = prepared_data(args.data, overrides, out_dir)
-    common = {k: v for k, v in overrides.items() if not k.startswith("data.")}
+    common = {k: v for k, v in overrides.items() if not k.startswith("data.") or k == "data.align_rows"}
     common.update({"eval_every": args.eval_every, "log_every": log_every_for(args.eval_every)})
+    for variant in variants:  # the command line wins over what a recipe sets (nanogpt's tokens_per_step, say)
+        variant.set.update(common)
     presets = list(dict.fromkeys(v.axes["presets"][0] for v in variants))
     recipe = Recipe(name="speedrun", description="time to quality: " + " vs ".join(names), presets=presets,
                     precision=["auto"], batch=[(0, 0)], seeds=[args.seed], budget=budget, variants=variants,

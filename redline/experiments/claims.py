@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from redline.errors import UserError
+from redline.errors import UserError, one_line, read_text_file
 from redline.experiments import stats
 from redline.experiments.recipes import AXES
 from redline.experiments.results import COMPLETED, matches
@@ -63,11 +63,11 @@ def load_claims(path: str | Path | None = None) -> list[Claim]:
         p = Path(path)
         if not p.is_file():
             raise UserError(f"claims file {path} not found; give a .toml file with [[claim]] tables")
-        text, where = p.read_text(), str(p)
+        text, where = read_text_file(p, "claims file"), str(p)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"cannot parse {where}: {e}") from None
+        raise UserError(f"cannot parse {where}: {one_line(e)}") from None
     claims = []
     for raw in data.get("claim", []):
         try:
@@ -163,10 +163,6 @@ def evaluate_claims(runs: list[dict[str, Any]], claims: list[Claim] | None = Non
 
 def _selector(selector: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in selector.items())
-
-
-def format_ratio(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3g}×"
 
 
 def claims_markdown(rows: list[dict[str, Any]]) -> str:

@@ -49,7 +49,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from redline.errors import UserError
+from redline.errors import UserError, one_line, read_text_file
 
 # precision axis value -> TrainConfig overrides. "bf16" also turns FP8 off where the fp8 option exists, so
 # that an `fp8 = "auto"` default can never slip FP8 into a run labelled bf16.
@@ -170,7 +170,7 @@ def load_recipe(name_or_path: str) -> Recipe:
         if not path.is_file():
             raise UserError(f"recipe file {name_or_path} not found; give a .toml/.yaml file or a built-in name "
                             f"({', '.join(builtin_recipes())})")
-        text, source = path.read_text(), str(path.resolve())
+        text, source = read_text_file(path, "recipe"), str(path.resolve())
         suffix = path.suffix
     else:
         builtins = builtin_recipes()
@@ -190,10 +190,10 @@ def load_recipe(name_or_path: str) -> Recipe:
         else:
             raise UserError(f"recipe {name_or_path}: use a .toml, .yaml or .yml file")
     except (tomllib.TOMLDecodeError, ValueError) as e:
-        raise UserError(f"cannot parse recipe {name_or_path}: {e}") from None
+        raise UserError(f"cannot parse recipe {name_or_path}: {one_line(e)}") from None
     except Exception as e:  # yaml.YAMLError names the line
         if type(e).__module__.startswith("yaml"):
-            raise UserError(f"cannot parse recipe {name_or_path}: {e}") from None
+            raise UserError(f"cannot parse recipe {name_or_path}: {one_line(e)}") from None
         raise
     if not isinstance(data, dict):
         raise UserError(f"recipe {name_or_path}: the top level must be a table of keys")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from redline.durable import write_atomic
+from redline.errors import UserError
 from redline.experiments import claims as claims_mod
 from redline.experiments.results import COMPLETED, best_cells, build_cells, load_result_set
 
@@ -40,10 +41,46 @@ def build_report(path: str | Path, claims_path: str | None = None) -> dict[str, 
     }
 
 
-def write_report(path: str | Path, out: str | Path | None = None, claims_path: str | None = None) -> dict[str, Path]:
+def is_published_report(path: str | Path) -> bool:
+    """A folder holding a written report (results.json) but none of the runs it was made from, as the reports
+    under docs/results/ are: its plots and dashboard can be drawn again from results.json alone."""
+    root = Path(path)
+    if not (root / "results.json").is_file():
+        return False
+    if any((root / name).exists() for name in ("results.jsonl", "sweep.json", "metrics.jsonl")):
+        return False
+    return not any(p.is_dir() and (p / "metrics.jsonl").is_file() for p in root.iterdir())
+
+
+def redraw_report(path: str | Path, out: str | Path | None = None) -> dict[str, Path]:
+    """plots/*.png and dashboard.html of a published report, drawn again from its results.json (report.md and
+    the results files are left as they are: they are the record)."""
     from redline.experiments.dashboard import dashboard_data, write_dashboard
     from redline.experiments.plots import write_plots
 
+    root = Path(path)
+    try:
+        report = json.loads((root / "results.json").read_text(encoding="utf-8"))
+        cells, runs = report["cells"], report["runs"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{root / 'results.json'} is not a report's results.json ({type(e).__name__}); "
+                        f"write it again with `redline report SWEEP_DIR --out {root}`") from None
+    out_dir = Path(out) if out else root
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"results_json": root / "results.json", "dashboard": out_dir / "dashboard.html"}
+    write_dashboard(dashboard_data(report), files["dashboard"])
+    files.update({f"plot_{k}": p for k, p in write_plots(cells, runs, out_dir / "plots").items()})
+    return files
+
+
+def write_report(path: str | Path, out: str | Path | None = None, claims_path: str | None = None) -> dict[str, Path]:
+    """Every report file for a run or sweep directory; for a published report (is_published_report), only its
+    plots and dashboard, drawn again."""
+    from redline.experiments.dashboard import dashboard_data, write_dashboard
+    from redline.experiments.plots import write_plots
+
+    if is_published_report(path):
+        return redraw_report(path, out)
     report = build_report(path, claims_path)
     out_dir = Path(out) if out else Path(path)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -129,8 +166,52 @@ def headline(lead: dict[str, Any], fmt) -> str:
             f"{fmt(lead['runner_up_mean'])}: {lead.get('reason', '')})")
 
 
+def task_score_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """A table of `redline evaluate` scores, one row per run (the stages of a pipeline side by side), one column
+    per task: score (centered score in brackets); nothing when no run was evaluated."""
+    tasks = sorted({name for r in runs for name in (r.get("task_scores") or {})})
+    if not tasks:
+        return []
+    lines = ["", "## Task scores", "", "From `redline evaluate` (RUN/evaluations.jsonl): each task's headline metric, "
+             "its centered score in brackets ((score - chance) / (1 - chance): 0 is chance, 1 perfect).", "",
+             "| run | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for r in runs:
+        scores = r.get("task_scores") or {}
+        if scores:
+            cells = [f"{s['score']:.3f} ({s['centered']:+.3f})" if (s := scores.get(t)) else "—" for t in tasks]
+            lines.append(f"| {r.get('run_id')} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
-    runs, cells = report["runs"], report["cells"]
+    failed = [r for r in report["runs"] if r.get("status") != COMPLETED]
+    lines = _header_lines(report)
+    lines += _configuration_lines(report)
+    lines += _best_lines(report["best"])
+    lines += ["", "## The source design's claims", "",
+              "Each claim is a ratio treatment / control. Verdicts: **confirmed** (≥ 2 runs a side, the interval "
+              "excludes no effect on the claimed side, and the measured ratio is within a factor of 2 of the claimed "
+              "change), **refuted** (the whole interval lies outside that band), else **inconclusive**.", "",
+              claims_mod.claims_markdown(report["claims"])]
+    lines += task_score_lines(report["runs"])
+    lines += _failed_lines(failed)
+    lines += _plot_lines(plots)
+    lines += ["", "## How these numbers are made", "",
+              "- tokens/s of a run: the median of its logged windows after the first (which holds compilation and "
+              "warm-up); a window that contains an evaluation is slower, and the median sets it aside.",
+              "- Δ tokens/s and Δ memory: the ratio of geometric means over seeds, with a Welch interval on the logs.",
+              "- Δ val bpb: the difference of mean final validation bits per byte, Welch's t-test and interval, and an "
+              "exact permutation test (with 3 vs 3 seeds its smallest possible p is 0.10).",
+              "- A single seed gives no interval and no p-value: differences smaller than seed-to-seed noise "
+              "(often 0.01–0.02 bpb early in training) mean nothing there.",
+              "- MFU: model FLOPs (6N + 12·L·d·T per token) against the GPU's datasheet bf16 peak; none on a CPU.",
+              "- Files: results.json (everything here), results.csv (one row per run), dashboard.html (open it "
+              "offline, or `redline dashboard DIR` to follow a running sweep).", ""]
+    return "\n".join(lines)
+
+
+def _header_lines(report: dict[str, Any]) -> list[str]:
+    runs = report["runs"]
     done = [r for r in runs if r.get("status") == COMPLETED]
     failed = [r for r in runs if r.get("status") != COMPLETED]
     recipe = report.get("recipe") or {}
@@ -152,7 +233,12 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
     lines += [f"- {m}" for m in meta]
     if recipe.get("description"):
         lines += ["", "> " + recipe["description"].replace("\n", "\n> ")]
+    return lines
 
+
+def _configuration_lines(report: dict[str, Any]) -> list[str]:
+    cells = report["cells"]
+    lines: list[str] = []
     baseline_cells = [c for c in cells if c.get("is_baseline")]
     lines += ["", "## Configurations against the baseline", ""]
     if report.get("baseline"):
@@ -174,8 +260,11 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             f"{_mean_std(c['final_val_bpb'], '.4f')} | {_bpb_delta(vs.get('final_val_bpb'))} | {_p(vs.get('final_val_bpb'))} | "
             f"{_p(vs.get('final_val_bpb'), 'p_permutation')} | {_mean_std(c['peak_memory_gib'], '.2f')} | "
             f"{_pct(vs.get('peak_memory_gib'))} | {c['n_completed']}/{c['n_runs']} |")
+    return lines
 
-    best = report["best"]
+
+def _best_lines(best: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     lines += ["", "## Best configurations", "",
               "A configuration is named only where it leads the runner-up by more than the spread over seeds "
               "(mean ± std bands that do not overlap, the error bars of the plots).", ""]
@@ -190,13 +279,11 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
                      f"interpolated there)")
     if not any(best.values()):
         lines.append("No completed runs yet.")
+    return lines
 
-    lines += ["", "## The source design's claims", "",
-              "Each claim is a ratio treatment / control. Verdicts: **confirmed** (≥ 2 runs a side, the interval "
-              "excludes no effect on the claimed side, and the measured ratio is within a factor of 2 of the claimed "
-              "change), **refuted** (the whole interval lies outside that band), else **inconclusive**.", "",
-              claims_mod.claims_markdown(report["claims"])]
 
+def _failed_lines(failed: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
     lines += ["", "## Runs that did not complete", ""]
     if failed:
         lines += ["| run | status | error |", "|---|---|---|"]
@@ -205,7 +292,11 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             lines.append(f"| {r.get('run_id')} | {r.get('status')} | {error} |")
     else:
         lines.append("None.")
+    return lines
 
+
+def _plot_lines(plots: dict[str, Path]) -> list[str]:
+    lines: list[str] = []
     if plots:
         lines += ["", "## Plots", ""]
         titles = {"loss_vs_tokens": "Loss against tokens", "loss_vs_time": "Loss against training time",
@@ -215,16 +306,4 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             lines += [f"### {titles.get(key, key)}", "", f"![{titles.get(key, key)}]({rel.as_posix()})", ""]
         if "peak_memory" not in plots:
             lines.append("No peak memory was recorded (CPU runs record none), so there is no memory plot.")
-
-    lines += ["", "## How these numbers are made", "",
-              "- tokens/s of a run: the median of its logged windows after the first (which holds compilation and "
-              "warm-up); a window that contains an evaluation is slower, and the median sets it aside.",
-              "- Δ tokens/s and Δ memory: the ratio of geometric means over seeds, with a Welch interval on the logs.",
-              "- Δ val bpb: the difference of mean final validation bits per byte, Welch's t-test and interval, and an "
-              "exact permutation test (with 3 vs 3 seeds its smallest possible p is 0.10).",
-              "- A single seed gives no interval and no p-value: differences smaller than seed-to-seed noise "
-              "(often 0.01–0.02 bpb early in training) mean nothing there.",
-              "- MFU: model FLOPs (6N + 12·L·d·T per token) against the GPU's datasheet bf16 peak; none on a CPU.",
-              "- Files: results.json (everything here), results.csv (one row per run), dashboard.html (open it "
-              "offline, or `redline dashboard DIR` to follow a running sweep).", ""]
-    return "\n".join(lines)
+    return lines

@@ -149,9 +149,23 @@ def summarize_run(run_dir: Path, spec: dict[str, Any] | None = None) -> dict[str
         summary["git_commit"] = env.get("git_commit")
     summary["device"] = device
     summary["config"] = config
+    summary["task_scores"] = task_scores(run_dir)
     if summary["status"] == "diverged":
         summary.setdefault("error", "diverged: too many non-finite losses in a row")
     return summary
+
+
+def task_scores(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The newest `redline evaluate` score of each task on this run (RUN/evaluations.jsonl): task -> {metric,
+    score, chance, centered, n, step}."""
+    scores: dict[str, dict[str, Any]] = {}
+    for record in read_jsonl(Path(run_dir) / "evaluations.jsonl"):
+        tasks = record.get("tasks") if record.get("kind") == "task_eval" else None
+        for name, result in (tasks or {}).items():
+            if isinstance(result, dict) and _finite(result.get("score")) is not None:
+                scores[name] = {k: result.get(k) for k in ("metric", "score", "chance", "centered", "n")}
+                scores[name]["step"] = record.get("step")
+    return scores
 
 
 def _json_table(path: Path) -> dict[str, Any]:

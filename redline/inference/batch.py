@@ -9,8 +9,9 @@
 
 The batch is the engine's static decode state (its cache, CUDA graphs and compiled step): its size never changes, so
 a row's tokens do not depend on which other rows are busy (the same kernels run whatever the occupancy). A free row
-still runs through each step, parked at slot 0 where its writes harm nothing; a step attends over the width the
-busiest active row needs.
+still runs through each step, parked at slot 0 where its writes harm nothing; a row between the spans of its prompt
+is parked at the last slot instead, which its prompt never fills and its own decode step writes before it reads it.
+A step attends over the width the busiest active row needs.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ class DecodeBatch:
         from redline.inference.engine import _evaluating
 
         with _evaluating(engine.model):
-            return engine._prefill(self.state, ids, [len(tokens)], row0=row, start=start)[0]
+            logits = engine._prefill(self.state, ids, [len(tokens)], row0=row, start=start)[0]
+        # until start(), decode steps of the other rows run this row too: at slot 0 they would overwrite the
+        # prompt's first key and value with those of a stale token
+        self.state.slot[row] = self.capacity - 1
+        return logits
 
     def start(self, row: int, first_token: int, length: int) -> None:
         """The row decodes from `first_token` on, its prompt having `length` tokens in the cache."""
@@ -86,7 +91,7 @@ class DecodeBatch:
         if not any(self.busy):
             raise UserError("no row is decoding: prefill and start one first")
         engine, st = self.engine, self.state
-        if max(self.room(r) for r in range(self.rows) if self.busy[r]) < 1:
+        if min(self.room(r) for r in range(self.rows) if self.busy[r]) < 1:
             raise UserError("a row's cache is full: free it (it reached the batch's capacity)")
         width = engine._width(st, max(self.lengths))
         from redline.inference.engine import _evaluating

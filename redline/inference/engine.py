@@ -208,6 +208,11 @@ class InferenceEngine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def reserve(self, batch: int, capacity: int) -> None:
+        """Allocate the cache for `batch` rows of `capacity` slots now: later calls of that batch size that fit reuse
+        it, so their numerics do not depend on which earlier call sized the cache (exact resume of GRPO)."""
+        self._state_for(batch, capacity)
+
     def _state_for(self, batch: int, capacity: int) -> DecodeState:
         """The cache and graphs for this batch size; a larger cache of the same batch size is reused as it is
         (decode reads only the filled width, so spare capacity costs memory, not time)."""

@@ -85,6 +85,19 @@ class IncrementalText:
         return full[: self.released] if self.stopped else full
 
 
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """A prompt's token ids: `tokenizer.encode_prompt` where the tokenizer has it (it adds the special tokens an
+    imported model expects, e.g. Llama's BOS), else plain `encode`."""
+    encode = getattr(tokenizer, "encode_prompt", None)
+    return list(encode(text)) if encode is not None else list(tokenizer.encode(text))
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """The token ids that end a generation: `tokenizer.stop_ids` (an imported model's EOS ids) where the
+    tokenizer has them, else its end-of-text token."""
+    return list(getattr(tokenizer, "stop_ids", None) or [tokenizer.eot_id])
+
+
 def _snippet(text: str, n: int = 30) -> str:
     one_line = text.replace("\n", " ")
     return repr(one_line if len(one_line) <= n else one_line[:n] + "…")
@@ -99,9 +112,20 @@ class TextGenerator:
             raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                             f"{engine.cfg.vocab_size}; use the tokenizer the model was trained with")
 
+    def encode_chat(self, messages, renderer, max_new_tokens: int, truncate: bool = False,
+                    index: int = 0) -> tuple[list[int], bool]:
+        """Token ids of a conversation rendered for the assistant's reply (redline/chat/render.py), and whether
+        they were cut from the left to fit the context."""
+        ids = renderer.prompt(messages)
+        return self._fit(ids, max_new_tokens, truncate, index, messages[-1]["content"])
+
     def encode_prompt(self, text: str, max_new_tokens: int, truncate: bool = False,
                       prepend_eot: bool = False, index: int = 0) -> tuple[list[int], bool]:
         """Token ids of a prompt and whether they were cut from the left to fit the context."""
+        ids = ([self.tokenizer.eot_id] if prepend_eot else []) + prompt_ids(self.tokenizer, text)
+        return self._fit(ids, max_new_tokens, truncate, index, text)
+
+    def _fit(self, ids: list[int], max_new_tokens: int, truncate: bool, index: int, text: str):
         ctx = self.engine.cfg.context_len
         limit = ctx - max_new_tokens
         if max_new_tokens < 1:
@@ -109,7 +133,6 @@ class TextGenerator:
         if limit < 1:
             raise UserError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
                             f"context_len {ctx}; lower max_new_tokens")
-        ids = ([self.tokenizer.eot_id] if prepend_eot else []) + self.tokenizer.encode(text)
         if not ids:
             raise UserError(f"prompt {index} is empty; give some text, or pass --prepend-eot to generate "
                             f"from the end-of-text token alone")
@@ -134,9 +157,12 @@ class TextGenerator:
         prepend_eot: bool = False,
         on_text: Callable[[int, str], None] | None = None,
         encoded: Sequence[tuple[list[int], bool]] | None = None,
+        stop_tokens: Sequence[int] | None = None,
     ) -> list[Completion]:
         """Complete each prompt (one batch). on_text(row, text) streams final text as it is decided.
-        encoded: the prompts already through `encode_prompt` ((ids, truncated) pairs)."""
+        encoded: the prompts already through `encode_prompt` or `encode_chat` ((ids, truncated) pairs).
+        stop_tokens: the token ids that end a completion (None: the end-of-text token when stop_at_eot; a chat
+        renderer's `stop_ids` end the assistant's turn)."""
         if encoded is None:
             encoded = [self.encode_prompt(p, max_new_tokens, truncate, prepend_eot, i) for i, p in enumerate(prompts)]
         pairs = list(encoded)
@@ -151,7 +177,8 @@ class TextGenerator:
         needs_text = bool(stop_strings) or on_text is not None
         results = self.engine.generate(
             [ids for ids, _ in pairs], max_new_tokens, sampling,
-            stop_tokens=[self.tokenizer.eot_id] if stop_at_eot else (),
+            stop_tokens=(stop_tokens if stop_tokens is not None else
+                         stop_token_ids(self.tokenizer) if stop_at_eot else ()),
             on_tokens=on_tokens if needs_text else None,
         )
         completions = []

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -34,12 +34,13 @@ from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, r
 from redline.model import GPT
 from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
-from redline.training.evaluate import evaluate
 from redline.training.init_from import InitPoint
 from redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
                                       resume_metrics)
 from redline.training.optim import lr_multiplier
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states
+from redline.training.objectives import Objective
+from redline.training.sources import ShardData, TrainingData
 from redline.training.step import BatchSearch, StepOutput, TrainStep, resolve_batch_size, with_vocab_size
 
 
@@ -81,12 +82,17 @@ class StopFlag:
 # the loop
 
 
-def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: BatchSearch | None = None) -> RunResult:
+def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: BatchSearch | None = None,
+          data: Callable[[Path], TrainingData] | None = None, objective: Objective | None = None,
+          init: Callable[[GPT], None] | None = None) -> RunResult:
     """Train cfg (never changed: vocabulary and batch_size=auto are resolved into a copy) from scratch or from
     the checkpoint `resume_from`. Under torchrun it joins the process group (unless the caller has); the
     caller leaves it (`redline train` does, then ends the process: see redline/distributed.py).
 
-    batch_search: how batch_size=auto finds the largest micro-batch (default: real steps on the GPU)."""
+    batch_search: how batch_size=auto finds the largest micro-batch (default: real steps on the GPU).
+    data: run_dir -> the data source (default: cfg.data's token shards; `redline sft` gives conversations);
+    objective: what the step optimises (default: language modeling); init: fills a new run's freshly built model
+    (e.g. a pretrained checkpoint's weights for fine-tuning; not called on resume)."""
     cfg.validate()
     if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):
         raise UserError("no budget: set max_steps, max_tokens or max_time (minutes)")
@@ -97,20 +103,23 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    from redline.data.prepare import load_data_tokenizer
-
     # init_from: the checkpoint's architecture and tokenizer (a resumed run has both in its own config already)
-    init = InitPoint.read(cfg.init_from) if cfg.init_from and resume_from is None else None
-    if init is not None:
-        cfg = init.configure(cfg)
+    init_point = InitPoint.read(cfg.init_from) if cfg.init_from and resume_from is None else None
+    if init_point is not None:
+        cfg = init_point.configure(cfg)
         cfg.validate()
     run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
-    data_dir = resolve_data(cfg, run_dir, init.tokenizer if init else None)
-    tokenizer = load_data_tokenizer(data_dir)
-    if init is not None:
-        init.check_tokenizer(tokenizer, data_dir)
-        tokenizer = init.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
-    resumed = ResumePoint.read(resume_from, tokenizer, data_dir) if resume_from else None
+    source = (data(run_dir) if data is not None else
+              ShardData(resolve_data(cfg, run_dir, init_point.tokenizer if init_point else None)))
+    if init_point is not None and data is None:
+        init_point.check_tokenizer(source.tokenizer, source.name)
+        source.tokenizer = init_point.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
+    tokenizer = source.tokenizer
+    resumed = ResumePoint.read(resume_from, tokenizer, source.name) if resume_from else None
+    if resumed is not None and cfg.init_from and data is None:
+        from redline.tokenizer import load_tokenizer  # the same ids (checked): the init's stop ids and chat template
+
+        source.tokenizer = tokenizer = load_tokenizer(str(resumed.checkpoint / "tokenizer"))
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
     if not cfg.init_from:  # a started-from model keeps its vocabulary (e.g. an imported one wider than its tokenizer)
@@ -118,18 +127,19 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     cfg = resolve_batch_size(cfg, device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
-    model = new_model(cfg, device)
-    load_start_weights(cfg, model, resumed, init)
-    train_step = TrainStep(cfg, device, info, model=model)
+    model = new_model(cfg, device, on_host=cfg.lora.enabled and (init is None or resumed is not None))
+    load_start_weights(cfg, model, resumed, init_point, init)
+    train_step = TrainStep(cfg, device, info, model=model, objective=objective)
     if resumed is not None:
         resumed.restore(train_step, info)
-    run = Run(cfg, info, device, run_dir, data_dir, tokenizer, train_step, resumed)
+    run = Run(cfg, info, device, run_dir, source, train_step, resumed)
     if cfg.lora.enabled:  # its checkpoints hold the adapters and name the base they adapt
         run.lora_base = (resumed.meta[adapters.META_KEY] if resumed is not None else
-                         adapters.base_reference(init.checkpoint, train_step.converters.get("lora").base_dtype))
-    if init is not None:
-        run.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init.checkpoint)})
-        run.log.print(f"weights from {init.checkpoint} (optimizer fresh, step 0)")
+                         adapters.base_reference(init_point.checkpoint,
+                                                 train_step.converters.get("lora").base_dtype))
+    if init_point is not None:
+        run.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init_point.checkpoint)})
+        run.log.print(f"weights from {init_point.checkpoint} (optimizer fresh, step 0)")
 
     status = "completed"
     with StopFlag() as stop:
@@ -188,10 +198,10 @@ class ResumePoint:
         return adapters.is_adapter_checkpoint(self.meta)
 
     @classmethod
-    def read(cls, checkpoint: Path, tokenizer, data_dir: Path) -> ResumePoint:
+    def read(cls, checkpoint: Path, tokenizer, data_name: str) -> ResumePoint:
         meta = ckpt_io.verify_checkpoint(checkpoint)
         if meta.get("tokenizer_identity") != tokenizer.identity:
-            raise UserError(f"checkpoint {checkpoint} was trained with another tokenizer than the data in {data_dir}")
+            raise UserError(f"checkpoint {checkpoint} was trained with another tokenizer than the data in {data_name}")
         return cls(checkpoint, ckpt_io.layout(meta) == ckpt_io.SHARDED, ckpt_io.load_state(checkpoint), meta)
 
     @property
@@ -223,21 +233,24 @@ class ResumePoint:
             ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
 
 
-def new_model(cfg: TrainConfig, device: torch.device) -> GPT:
-    """The run's plain model. A LoRA run's is built in host memory without initialisation (every weight comes from
-    the base): its converter moves it to the device layer by layer, cast or quantized (redline/converters/lora.py),
-    so a base larger than the device in full precision can be fine-tuned."""
-    if not cfg.lora.enabled:
+def new_model(cfg: TrainConfig, device: torch.device, on_host: bool = False) -> GPT:
+    """The run's plain model. on_host (a LoRA run whose weights all come from a checkpoint): built in host memory
+    without initialisation; the LoRA converter moves it to the device layer by layer, cast or quantized
+    (redline/converters/lora.py), so a base larger than the device in full precision can be fine-tuned. A caller's
+    `init` that works on the device (DPO's reference pass) gets the model there instead."""
+    if not on_host:
         return GPT(cfg.model).to(device)
     with torch.device("meta"):
         model = GPT(cfg.model)
     return model.to_empty(device="cpu")
 
 
-def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None, init: InitPoint | None) -> None:
+def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None, init_point: InitPoint | None,
+                       init: Callable[[GPT], None] | None = None) -> None:
     """The weights a run starts from, into the plain model before converters and wrapping: a resumed run's (the
     optimizer states and, sharded, the weights load after wrapping: ResumePoint.restore), a LoRA run's base (its
-    adapters load once the converter has adapted the model), or init_from's."""
+    adapters load once the converter has adapted the model), the caller's `init` (e.g. `redline sft`'s), or
+    init_from's."""
     if resumed is not None and resumed.adapters != cfg.lora.enabled:
         raise UserError(f"checkpoint {resumed.checkpoint} is {'' if resumed.adapters else 'not '}from a LoRA run and "
                         f"this run has lora.enabled={cfg.lora.enabled}; resume with the settings it was trained "
@@ -246,8 +259,10 @@ def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None
         adapters.load_base(resumed.meta, resumed.checkpoint, model)
     elif resumed is not None and not resumed.sharded:
         ckpt_io.load_weights(resumed.checkpoint, model)
-    elif init is not None:
-        ckpt_io.load_init_weights(model, init.checkpoint)
+    elif resumed is None and init is not None:
+        init(model)
+    elif init_point is not None:
+        ckpt_io.load_init_weights(model, init_point.checkpoint, verify=False)  # InitPoint.read verified it
 
 
 def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info: DistInfo) -> RunResult:
@@ -267,23 +282,16 @@ def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info
 class Run:
     """One run's position (step, tokens, time), data, logs, evaluations and checkpoints around its TrainStep."""
 
-    def __init__(self, cfg: TrainConfig, info: DistInfo, device: torch.device, run_dir: Path, data_dir: Path,
-                 tokenizer, train_step: TrainStep, resumed: ResumePoint | None):
-        from redline.data.loader import TokenLoader
-
+    def __init__(self, cfg: TrainConfig, info: DistInfo, device: torch.device, run_dir: Path, source: TrainingData,
+                 train_step: TrainStep, resumed: ResumePoint | None):
         self.cfg, self.info, self.device, self.run_dir = cfg, info, device, run_dir
-        self.tokenizer, self.train_step = tokenizer, train_step
+        self.source, self.tokenizer, self.train_step = source, source.tokenizer, train_step
         self.step, self.tokens = (resumed.step, resumed.tokens) if resumed else (0, 0)
         self.elapsed_before = resumed.elapsed if resumed else 0.0
         seq_len, batch = cfg.effective_seq_len, cfg.batch_size
-        self.train_loader = TokenLoader(data_dir, "train", batch, seq_len, seed=cfg.seed, rank=info.rank,
-                                        world_size=info.world_size, expected_identity=tokenizer.identity,
-                                        device=device)
+        self.train_loader = source.train_loader(cfg, info, device)
         if resumed is not None:
             self.train_loader.load_state_dict(resumed.state["loader"])
-        self.val_loader = TokenLoader(data_dir, "val", batch, seq_len, rank=info.rank, world_size=info.world_size,
-                                      expected_identity=tokenizer.identity, device=device, prefetch=False)
-        self.token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
         self.unchecked: list[tuple[int, torch.Tensor]] = []  # (step, 1.0 if its update was skipped), not yet read
         self.bad_in_row = 0
         self.saved: tuple[int, Path | None] | None = None  # (step, path) of the last checkpoint written
@@ -337,7 +345,7 @@ class Run:
     def progress(self) -> float:
         return budget_progress(self.cfg, self.step, self.tokens, self.elapsed())
 
-    def micro_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def micro_batches(self) -> Iterator[Any]:
         """The next step's micro-batches, read one at a time as the step asks for them."""
         for _ in range(self.train_step.plan.accum):
             yield self.train_loader.next_batch()
@@ -378,11 +386,12 @@ class Run:
 
     def evaluate(self) -> dict:
         """Validation loss, perplexity and bits per byte, without the converters (BF16); logged and printed."""
-        amp = autocast_dtype(self.device, self.cfg.precision)
         with self.train_step.evaluation() as model:
-            result = evaluate(model, self.val_loader.eval_batches(self.cfg.eval_batches), self.token_bytes, amp,
-                              self.device)
+            result = self.source.evaluate(model, self.cfg, self.info, self.device)
         self.log.log({"kind": "eval", "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed(), **result})
+        if hasattr(self.source, "eval_line"):  # a source whose evaluation measures something else (DPO, GRPO)
+            self.log.print(f"[cyan]eval step {self.step}: {self.source.eval_line(result)}")
+            return result
         self.log.print(f"[cyan]eval step {self.step}: loss {result['loss']:.4f} | ppl {result['perplexity']:.2f} | "
                        f"bpb {result['bpb']:.4f}")
         if result["bpb"] == result["bpb"]:
@@ -449,8 +458,8 @@ class Run:
         total = format_duration(self.elapsed())
         head = (f"{self.step} steps, {self.tokens:,} tokens in {total}"
                 + (f" ({took} in this process)" if self.elapsed_before else ""))
-        bpb = f" | val bpb {final_eval['bpb']:.4f}" if final_eval else ""
-        if self.best_bpb is not None and (not final_eval or self.best_bpb < final_eval["bpb"]):
+        bpb = f" | val bpb {final_eval['bpb']:.4f}" if "bpb" in final_eval else ""
+        if self.best_bpb is not None and (not final_eval or self.best_bpb < final_eval.get("bpb", 0)):
             bpb += f" | best val bpb {self.best_bpb:.4f}"
         where = f" | checkpoint {checkpoint}" if checkpoint else ""
         if status == "completed":

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,18 +23,20 @@ import torch
 from rich.console import Console
 
 from redline.distributed import all_reduce_mean
+from redline.durable import append_line, fsync_file
 
 
 class MetricsLogger:
     def __init__(self, run_dir: Path | None, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled and run_dir is not None
         self.console = Console(stderr=False, highlight=False, soft_wrap=True)  # log lines never wrap mid-number
-        self._file = None
+        self.path = Path(run_dir) / "metrics.jsonl" if self.enabled else None
+        self._lines: list[str] = []  # records not yet handed to the OS
         self._tb = None
         self.progress: ProgressBar | None = None
         if not self.enabled:
             return
-        self._file = open(run_dir / "metrics.jsonl", "a", buffering=1 << 16)
+        self.path.touch()
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -49,7 +49,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"time": time.time(), **record}
-        self._file.write(json.dumps(record) + "\n")
+        self._lines.append(json.dumps(record) + "\n")
         if self._tb is not None and "step" in record:
             prefix = record.get("kind", "train")
             for key, value in record.items():
@@ -57,11 +57,14 @@ class MetricsLogger:
                     self._tb.add_scalar(f"{prefix}/{key}", value, record["step"])
 
     def flush(self, durable: bool = False) -> None:
-        """Hand the buffered records to the OS (they survive a killed process); durable: to the disk too."""
-        if self._file is not None:
-            self._file.flush()
-            if durable:
-                os.fsync(self._file.fileno())
+        """Hand the buffered records to the OS (they survive a killed process); durable: to the disk too. The
+        records go out whole or not at all: on a full disk metrics.jsonl keeps its earlier records, without a torn
+        line, and the run stops with one DiskFullError line."""
+        if self._lines:
+            text, self._lines = "".join(self._lines), []
+            append_line(self.path, text, sync=durable)
+        elif durable and self.path is not None:
+            fsync_file(self.path)
         if self._tb is not None:
             self._tb.flush()
 
@@ -79,9 +82,6 @@ class MetricsLogger:
             self.progress.close()
             self.progress = None
         self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
@@ -230,11 +230,15 @@ def resume_metrics(run_dir: Path, step: int) -> History:
     history = History()
     kept: list[str] = []
     seen: set[int] = set()
-    lines = path.read_text().splitlines() if path.exists() else []
-    for line in lines:
-        try:
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    for raw in lines:
+        try:  # a line a kill cut short, bytes that are not UTF-8, or JSON that is not a record: dropped
+            line = raw.decode("utf-8")
             record = json.loads(line)
-        except ValueError:
+        except ValueError:  # UnicodeDecodeError is a ValueError too
+            history.dropped += 1
+            continue
+        if not isinstance(record, dict):
             history.dropped += 1
             continue
         at = record.get("step")
@@ -270,7 +274,3 @@ def format_duration(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def is_tty() -> bool:
-    return sys.stdout.isatty()

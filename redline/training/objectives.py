@@ -55,3 +55,28 @@ class LanguageModeling:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+class SupervisedFineTuning:
+    """SFT: the next-token loss on the trained tokens alone (assistant text and the end of each turn).
+
+    batch: {"inputs": (B, T), "targets": (B, T) with -1 where not trained, and, for packed rows, "positions" and
+    "doc_ids" (B, T): each conversation attends only to itself and its positions restart at 0
+    (redline/training/conversations.py)}. The loss is the mean over the micro-batch's trained tokens; the extra
+    metric `trained_fraction` is the share of the row slots that are trained on."""
+
+    name = "sft"
+
+    def attach(self, step: TrainStep) -> None:
+        pass  # stateless
+
+    def compute(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Metrics]:
+        targets = batch["targets"]
+        loss = model(batch["inputs"], targets, positions=batch.get("positions"), doc_ids=batch.get("doc_ids"))
+        return loss, {"trained_fraction": (targets >= 0).float().mean()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -43,15 +43,30 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, device: torch.device) -
     return optimizers
 
 
+def embed_head_groups(model: nn.Module, embed_head: list[nn.Parameter], cfg: OptimConfig) -> list[dict]:
+    """AdamW groups of the embeddings and the head: one group at `lr` unless embed_lr or head_lr is set, then the
+    head (the lm_head weight, which a tied embedding shares) and the other tables apart, each at its rate."""
+    if cfg.embed_lr is None and cfg.head_lr is None:
+        return [{"params": embed_head, "weight_decay": cfg.weight_decay}] if embed_head else []
+    head_weight = getattr(getattr(model, "lm_head", None), "weight", None)
+    head = [p for p in embed_head if p is head_weight]
+    tables = [p for p in embed_head if p is not head_weight]
+    rates = ((head, cfg.head_lr), (tables, cfg.embed_lr))
+    return [{"params": ps, "weight_decay": cfg.weight_decay, "lr": cfg.lr if lr is None else lr}
+            for ps, lr in rates if ps]
+
+
 def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
     hidden, embed_head, gains = param_groups(model)
     fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
     adam_kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
     if cfg.name in ("adamw", "prodigy"):
-        groups = [
-            {"params": hidden + embed_head, "weight_decay": cfg.weight_decay},
-            {"params": gains, "weight_decay": 0.0},
-        ]
+        if cfg.embed_lr is None and cfg.head_lr is None:  # two groups, as checkpoints of earlier versions hold
+            groups = [{"params": hidden + embed_head, "weight_decay": cfg.weight_decay}]
+        else:
+            groups = [{"params": hidden, "weight_decay": cfg.weight_decay}, *embed_head_groups(model, embed_head, cfg)]
+        groups.append({"params": gains, "weight_decay": 0.0})
+        groups = [g for g in groups if g["params"]] or groups
         if cfg.name == "prodigy":
             return [prodigy(groups, cfg)]
         return [torch.optim.AdamW(groups, **adam_kwargs)]
@@ -61,10 +76,8 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
                 momentum_start=cfg.muon_momentum_start, momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
                 ns_steps=cfg.muon_ns_steps,
                 compile=cfg.muon_compile if cfg.muon_compile is not None else device.type == "cuda")
-    adam = torch.optim.AdamW(
-        [{"params": embed_head, "weight_decay": cfg.weight_decay}, {"params": gains, "weight_decay": 0.0}],
-        **adam_kwargs,
-    )
+    adam = torch.optim.AdamW(embed_head_groups(model, embed_head, cfg) + [{"params": gains, "weight_decay": 0.0}],
+                             **adam_kwargs)
     return [muon, adam]
 
 

@@ -56,7 +56,7 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     if mode != "full":  # as `redline train` builds a LoRA run's model: in host memory, moved layer by layer
         from redline.training.loop import new_model
 
-        model = new_model(cfg, device)
+        model = new_model(cfg, device, on_host=True)
         with torch.no_grad():
             for p in model.parameters():  # stands in for the base's weights (to_empty leaves memory as it was)
                 p.normal_(0.0, 0.02)

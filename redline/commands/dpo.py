@@ -1,0 +1,63 @@
+"""`redline dpo`: direct preference optimisation of a checkpoint on preference pairs, through the training loop of
+`redline train` (budgets, evaluation, metrics, checkpoints, exact resume) with the DPO objective.
+
+    redline dpo --from runs/sft-tiny-20260101 --data task:arithmetic
+    redline dpo --from CKPT --data pairs.jsonl dpo.beta=0.1 dpo.loss=ipo max_steps=200
+    redline dpo --resume runs/dpo-tiny-20260101      # exactly where it stopped
+
+Pairs are JSONL lines {"prompt" | "messages", "chosen", "rejected"} or a task's (task:NAME). The starting model's
+log-probabilities of every pair are computed once, before the first step, and kept in the checkpoints: no
+reference model is held during training. Evaluation reports the held-out pairs' loss, reward margin and
+preference accuracy. Other options as for `redline sft` (key=value overrides; finetune.eval_fraction,
+finetune.template, finetune.epochs when no budget is given).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from redline.errors import UserError
+
+DESCRIPTION = ("Preference-tune a checkpoint on chosen/rejected pairs (--from CKPT --data SRC); dpo.beta, dpo.loss. "
+               "Overrides as for redline train.")
+
+
+def main(argv: list[str]) -> int:
+    from redline.commands.sft import chat_tokenizer, default_budget, init_from_checkpoint
+    from redline.chat.render import renderer_for
+    from redline.distributed import dist_info, leave_process_group
+    from redline.hardware import autocast_dtype
+    from redline.posttrain.data import PairData
+    from redline.posttrain.dpo import DPO
+    from redline.posttrain.launch import exit_code, start_run
+    from redline.training.loop import train
+    from redline.training.wrap import set_cuda_allocator_defaults
+
+    set_cuda_allocator_defaults()
+    run = start_run(argv, "dpo", DESCRIPTION, need="--data")
+    cfg = run.cfg
+    if run.value is not None:
+        cfg.finetune.data = run.value
+    if not cfg.finetune.data:
+        raise UserError("no preference data: give --data SRC")
+    tokenizer = chat_tokenizer(run.start, cfg.finetune.template)
+    objective = DPO(cfg.dpo.beta, cfg.dpo.loss)
+    batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 8  # for evaluation and the reference pass
+    pairs = PairData.load(cfg.finetune.data, tokenizer, renderer_for(tokenizer, cfg.finetune.template),
+                          cfg.effective_seq_len, objective, seed=cfg.seed, eval_fraction=cfg.finetune.eval_fraction,
+                          max_pairs=cfg.dpo.max_pairs, max_heldout=cfg.eval_batches * batch)
+    info = dist_info()
+    if info.is_main:
+        print(f"redline dpo: {pairs.describe()}", file=sys.stderr, flush=True)
+    cfg = default_budget(cfg, len(pairs.train.pairs), info.world_size)
+    load_start = init_from_checkpoint(run.init_from)
+
+    def init(model) -> None:
+        """The starting weights, then the reference log-probabilities they give (once, before wrapping)."""
+        load_start(model)
+        device = next(model.parameters()).device
+        pairs.set_reference(model, batch, device, autocast_dtype(device, cfg.precision))
+
+    result = train(cfg, run.resume_from, data=lambda run_dir: pairs, objective=objective, init=init)
+    leave_process_group()
+    return exit_code(result.status)

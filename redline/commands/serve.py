@@ -1,0 +1,178 @@
+"""`redline serve CKPT`: an OpenAI-compatible HTTP server for a checkpoint, with continuous batching.
+
+Endpoints: POST /v1/chat/completions (messages through the model's chat template), POST /v1/completions,
+GET /v1/models, GET /health, GET /metrics (Prometheus text). Streams are server-sent events ending with
+`data: [DONE]`. Requests share one static batch of --max-batch rows: a request takes a free row as soon as one
+is free, and gives it back the moment it finishes, stops or its client disconnects. Listens on loopback unless
+--host says otherwise; --api-key (or REDLINE_API_KEY) makes every endpoint but /health need it. See docs/serve.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from redline.errors import UserError
+from redline.inference.runtime import RuntimeOptions
+
+API_KEY_ENV = "REDLINE_API_KEY"
+
+
+@dataclass
+class ServeConfig:
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="CKPT")]
+    """A checkpoint folder or a run directory (its newest checkpoint)."""
+    host: str = "127.0.0.1"
+    """Address to listen on (0.0.0.0: every interface; then set --api-key)."""
+    port: int = 8000
+    """Port to listen on."""
+    max_batch: int = 32
+    """Rows of the static decode batch: requests decoding at once (more wait in the queue)."""
+    max_queue: int = 256
+    """Requests (choices) that may wait for a row; beyond it the server answers 429."""
+    context: int = 0
+    """Most prompt plus generated tokens per request (0: the model's context_len); the KV cache holds
+    max_batch × context tokens."""
+    max_tokens: int = 0
+    """The most tokens a request may ask for (0: up to the context)."""
+    prefill_tokens: int = 512
+    """Prompt tokens prefilled between two groups of decode steps while other requests decode: a long prompt
+    enters in spans of this many, so running streams pause for one span at a time."""
+    sync_every: int = 0
+    """Decode steps launched between two reads of their tokens on the host (0: 8 on a GPU, 1 on a CPU)."""
+    model_name: str | None = None
+    """The model's name in the API (None: the checkpoint's folder name)."""
+    chat_template: str | None = None
+    """A Jinja chat template file for /v1/chat/completions, for a Hugging Face tokenizer (default: the tokenizer's
+    own template, else redline's chat format for a model `redline sft` fine-tuned)."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` on every endpoint but /health (default: $REDLINE_API_KEY, if set)."""
+    max_body_kib: int = 1024
+    """Largest request body accepted (larger: 413)."""
+    warmup: bool = True
+    """Compile and capture every decode width before listening (GPU), so no request waits for it."""
+    tokenizer: str | None = None
+    """Tokenizer override; it must be the checkpoint's own."""
+    runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
+    """Device, precision, compilation and CUDA graphs."""
+
+    def validate(self) -> None:
+        for name in ("max_batch", "max_queue", "prefill_tokens", "max_body_kib"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("context", "max_tokens", "sync_every"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic), got {getattr(self, name)}")
+        if not 0 < self.port < 65536:
+            raise UserError(f"--port must be in 1..65535, got {self.port}")
+
+
+def require_serve_extra() -> None:
+    """A clear error, before any model loads, when fastapi or uvicorn is missing."""
+    missing = []
+    for module in ("fastapi", "uvicorn"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise UserError(f"redline serve needs {' and '.join(missing)}: pip install 'redline[serve]'")
+
+
+def chat_renderer(path: str | None, tokenizer):
+    """(the renderer of chat requests or None, why there is none): redline/chat/render.py's for the tokenizer
+    (its Jinja template, else redline's chat tokens), or a Jinja template file given for a Hugging Face one."""
+    from redline.chat.render import JinjaRenderer, renderer_for
+
+    if path is not None:
+        from redline.chat import ChatTemplate
+
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"--chat-template {path}: no such file")
+        if not hasattr(tokenizer, "encode_with_specials"):
+            raise UserError(f"--chat-template needs a Hugging Face tokenizer (tokenizer.json); this checkpoint's is "
+                            f"{tokenizer.name}: fine-tune it with `redline sft` for redline's own chat format")
+        specials = tokenizer.special_tokens_map()
+        return JinjaRenderer(tokenizer, ChatTemplate(p.read_text(encoding="utf-8"), specials)), ""
+    try:
+        return renderer_for(tokenizer), ""
+    except UserError as e:
+        return None, f"{e}; or use /v1/completions"
+
+
+def warm_up(batch) -> None:
+    """Compile the prefill (whole prompts and spans after a prefix, of one token and of several: the compiled code
+    specialises on length 1) and capture the decode step at every width, greedy and sampled, so that no request
+    waits for it. Leaves every row free."""
+    import torch
+
+    room = batch.capacity - 1
+    ids = [0] * min(16, room - 1)
+    with torch.no_grad():
+        batch.prefill(1, ids[:1])
+        batch.prefill(0, ids[:8])
+        batch.prefill(0, ids[8:9], start=8)
+        logits = batch.prefill(0, ids[9:], start=9)
+        batch.start(0, int(logits.argmax()), len(ids))
+        for i in range(room - len(ids)):
+            if i % 2:
+                batch.step()
+            else:
+                batch.advance(batch.step(greedy=False).argmax(-1))
+    batch.free(0)
+
+
+def build(cfg: ServeConfig):
+    """(Server, the FastAPI app) for a checkpoint, the model loaded and warmed up."""
+    from redline.inference.batch import DecodeBatch
+    from redline.inference.runtime import load_generator
+    from redline.inference.text import stop_token_ids
+    from redline.serve.api import Server, create_app
+    from redline.serve.scheduler import Scheduler
+    from redline.training.checkpoint import resolve_checkpoint
+
+    generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
+    engine, tokenizer = generator.engine, generator.tokenizer
+    renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
+    context = cfg.context or engine.cfg.context_len
+    batch = DecodeBatch(engine, rows=cfg.max_batch, capacity=context)
+    if cfg.warmup and (engine.plan.compile or engine.plan.cuda_graphs):
+        print("redline serve: compiling and capturing the decode step...", file=sys.stderr, flush=True)
+        warm_up(batch)
+    scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
+                          prefill_tokens=cfg.prefill_tokens, sync_every=cfg.sync_every or None)
+    name = cfg.model_name or resolve_checkpoint(cfg.checkpoint).resolve().name
+    server = Server(scheduler, tokenizer, name, renderer=renderer, no_chat=no_chat,
+                    api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
+                    max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
+    return server, create_app(server)
+
+
+def main(argv: list[str]) -> int:
+    from redline.config import parse
+    from redline.inference.runtime import expand_bool_flags
+
+    argv, bare = expand_bool_flags(argv, ("warmup",))  # --warmup False, --no-warmup
+    cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags=bare)
+    require_serve_extra()
+    import uvicorn
+
+    server, app = build(cfg)
+    if cfg.host not in ("127.0.0.1", "localhost", "::1") and not server.api_key:
+        print(f"redline serve: warning: listening on {cfg.host} without --api-key: anyone who can reach this "
+              f"port can use the model", file=sys.stderr)
+    desc = server.scheduler.batch.engine.describe()
+    print(f"redline serve: {server.model} on http://{cfg.host}:{cfg.port}/v1 ({desc.get('device')}, "
+          f"{cfg.max_batch} rows × {server.scheduler.capacity} tokens, chat template: "
+          f"{server.renderer.name if server.renderer else 'none'})", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=10)
+    finally:
+        server.scheduler.close()
+    return 0

@@ -1,0 +1,222 @@
+"""OpenAI's request bodies read and checked, and its response and error shapes.
+
+A request is checked whole before anything is queued; a bad one raises APIError, which the server answers as
+OpenAI does: {"error": {"message", "type", "param", "code"}} with a 4xx status. Fields redline does not implement
+are refused when they ask for something (logprobs, tools, penalties, ...), and ignored when they change nothing
+(user, metadata, ...).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redline.inference.sampling import SamplingParams
+
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+MAX_N = 16
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's API answers it."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code)
+
+
+@dataclass
+class Job:
+    """One request, checked: its prompts (text or token ids) and how to continue them."""
+
+    kind: str  # "chat" or "completion"
+    prompts: list  # each a str (to tokenize) or a list of token ids
+    max_tokens: int | None  # None: up to the context
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    n: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool = False
+    """stream_options.continuous_usage_stats (as vLLM has it): every chunk carries the usage so far, and a chunk is
+    sent whenever tokens reach the host, text or not (load generators time tokens with it)."""
+    messages: list[dict] | None = None  # chat: the conversation, rendered by the server
+
+
+# fields that ask for something redline does not do: (name, the value that asks for nothing)
+_REFUSED = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
+    "best_of": (None, 1), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
+    "function_call": (None, "none"), "audio": (None,), "prediction": (None,),
+}
+
+
+def _number(body: Mapping, name: str, default, lo: float, hi: float, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return default
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not lo <= value <= hi:
+        what = "an integer" if integer else "a number"
+        raise bad(f"{name} must be {what} in [{lo}, {hi}], got {value!r}", name)
+    return value
+
+
+def _stop(body: Mapping) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad(f"stop must be a string or a list of strings, got {stop!r}", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _common(body: Mapping, kind: str) -> dict:
+    for name, harmless in _REFUSED.items():
+        if name in body and body[name] not in harmless:
+            raise bad(f"{name} is not supported by this server (redline serve); leave it out", name,
+                      "unsupported_parameter")
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise bad("response_format other than text is not supported by this server", "response_format",
+                  "unsupported_parameter")
+    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, limit_name, None, 1, 2**31, integer=True)
+    if max_tokens is None and kind == "completion":
+        max_tokens = 16  # OpenAI's default for completions; chat goes on up to the context
+    seed = _number(body, "seed", None, -2**63, 2**63 - 1, integer=True)
+    sampling = SamplingParams(temperature=float(_number(body, "temperature", 1.0, 0, 2)),
+                              top_p=float(_number(body, "top_p", 1.0, 0, 1)), seed=seed)
+    if sampling.top_p == 0:
+        raise bad("top_p must be > 0 (1 = off)", "top_p")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise bad(f"stream must be true or false, got {stream!r}", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, Mapping):
+        raise bad("stream_options must be an object", "stream_options")
+    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stop(body),
+            "n": _number(body, "n", 1, 1, MAX_N, integer=True), "stream": bool(stream),
+            "include_usage": bool(options.get("include_usage", False)),
+            "continuous_usage": bool(options.get("continuous_usage_stats", False))}
+
+
+def _content(message: Mapping, i: int) -> str:
+    """A message's text: a string, or a list of text parts (joined); anything else is refused."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"messages[{i}].content: only text parts are supported, got {part!r}",
+                          f"messages[{i}].content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+
+
+ROLES = ("system", "user", "assistant")  # those redline/chat/render.py renders
+
+
+def chat_job(body: Mapping) -> Job:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages must be a non-empty list of {role, content} objects", "messages")
+    plain = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") not in ROLES:
+            raise bad(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", f"messages[{i}]")
+        content = _content(message, i)
+        if not content.strip():
+            raise bad(f"messages[{i}] has empty content; give it some text", f"messages[{i}].content")
+        plain.append({"role": message["role"], "content": content})
+    return Job(kind="chat", prompts=[None], messages=plain, **_common(body, "chat"))
+
+
+def completion_job(body: Mapping) -> Job:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompts = [list(prompt)]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) and p for p in prompt):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise bad("prompt must be a non-empty string, list of strings, or list of token ids", "prompt")
+    if any(p == "" for p in prompts):
+        raise bad("prompt is empty; give some text", "prompt")
+    job = Job(kind="completion", prompts=prompts, **_common(body, "completion"))
+    if len(prompts) * job.n > MAX_N:
+        raise bad(f"prompts × n must be at most {MAX_N}, got {len(prompts)} × {job.n}", "n")
+    return job
+
+
+# -- responses ---------------------------------------------------------------------------------------------
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response(job: Job, rid: str, model: str, texts: list[str], reasons: list[str], use: dict) -> dict:
+    created = int(time.time())
+    if job.kind == "chat":
+        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
+                    "finish_reason": r} for i, (t, r) in enumerate(zip(texts, reasons))]
+        return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+                "usage": use, "system_fingerprint": None}
+    choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": r}
+               for i, (t, r) in enumerate(zip(texts, reasons))]
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "usage": use, "system_fingerprint": None}
+
+
+def chunk(job: Job, rid: str, model: str, index: int, text: str | None = None, reason: str | None = None,
+          role: bool = False, use: dict | None = None, progress: dict | None = None) -> dict:
+    """One streamed chunk: a choice's new text, its finish reason, its opening role (chat), or (use given) the
+    closing usage chunk with no choices. progress: the usage so far (continuous usage stats)."""
+    created = int(time.time())
+    obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+    out: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
+    if use is not None:
+        out.update(choices=[], usage=use)
+        return out
+    if job.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+    else:
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+    out["choices"] = [choice]
+    if progress is not None:
+        out["usage"] = progress
+    elif job.include_usage:
+        out["usage"] = None
+    return out

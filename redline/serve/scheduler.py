@@ -1,0 +1,390 @@
+"""Continuous batching: one background thread runs the engine's DecodeBatch for every request of the server.
+
+How it works
+- `submit()` checks a request (its prompt and max_tokens must fit a row, the queue must have room) and queues it;
+  the caller gets a `Sequence` whose `sink` receives ("text", new_text, tokens_so_far), then
+  ("done", finish_reason) or ("error", message), from the scheduler's thread.
+- The thread loops: admit waiting requests into free rows of the static batch, prefill them in spans of at most
+  `prefill_tokens` tokens per turn while other rows are decoding (so a long prompt stalls running streams for one
+  span at a time, not for its whole length), then launch `sync_every` decode steps and read the tokens of the
+  previous group of steps while the device runs these (the device never waits for the host).
+- A row is freed the moment its request is done: at launch time when it has been given its max_tokens (known
+  without reading anything back), or when its tokens reach the host and hold a stop token or a stop string, or
+  when its client went away (`cancel()`). Tokens a freed row computed in steps already launched are dropped.
+- Each request samples with its own parameters and generator (seeded with `seed`); greedy rows take the argmax.
+  When every decoding row is greedy the step takes its argmax inside the captured step. Either way a row's
+  tokens do not depend on the other rows (the batch's shape never changes), so greedy output is the same alone
+  or among others.
+- Text is decoded incrementally (inference/text.py's IncrementalText): never half a UTF-8 character, never the
+  start of a stop string that may still complete.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from redline.errors import UserError
+from redline.inference.batch import DecodeBatch
+from redline.inference.sampling import SamplingParams, make_generator, sample_next
+from redline.inference.text import IncrementalText
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its limit: the client should retry later (HTTP 429)."""
+
+
+class ContextTooLong(UserError):
+    """The prompt and max_tokens do not fit a row of the batch (HTTP 400)."""
+
+
+@dataclass
+class Sequence:
+    """One generation: a prompt and how to continue it, and where it stands."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    sink: Callable[[tuple], None]
+    """Called from the scheduler's thread with ("text", new text, tokens so far) as tokens reach the host (the text
+    may be empty: held back, or tokens that decode to nothing), then ("done", reason) or ("error", message)."""
+    stop_ids: frozenset[int] | None = None
+    """Tokens that end it (None: the scheduler's; a chat turn ends at its template's end-of-turn tokens)."""
+    tokens: list[int] = field(default_factory=list)
+    """Tokens generated so far (read back to the host), a stop token excluded."""
+    finish_reason: str | None = None
+    """"stop" (a stop token or string), "length" (max_tokens), "cancelled" or "error", once done."""
+    row: int | None = None
+    prefilled: int = 0  # prompt tokens in the row's cache so far
+    launched: int = 0  # tokens the device has been asked for (the first from the prefill, then one per step)
+    submitted_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    cancelled: bool = False
+    decoder: IncrementalText | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens that count as output: up to the one completing a stop string, if one stopped it."""
+        if self.decoder is not None and self.decoder.stopped:
+            return self.decoder.final_tokens
+        return len(self.tokens)
+
+    def cancel(self) -> None:
+        """The client went away: the scheduler frees the row at its next turn (safe from any thread)."""
+        self.cancelled = True
+
+
+@dataclass
+class Stats:
+    """Counters for /metrics (read from other threads; each is updated whole)."""
+
+    requests: int = 0
+    finished: collections.Counter = field(default_factory=collections.Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    steps: int = 0
+    busy_row_steps: int = 0
+    """Sum over decode steps of the rows decoding: / steps = mean batch occupancy."""
+    ttft_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1024))
+    """Recent times to first token (seconds); read them with ttft_snapshot()."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_ttft(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_s.append(seconds)
+
+    def ttft_snapshot(self) -> list[float]:
+        with self.lock:
+            return list(self.ttft_s)
+
+
+@dataclass
+class _Group:
+    """Decode steps launched together: their tokens (steps, rows) on their way to the host, each step's owner of
+    each row (None: free), and the first tokens (n,) of the sequences admitted just before them."""
+
+    tokens: torch.Tensor | None
+    event: object
+    owners: list[list[Sequence | None]]
+    firsts: torch.Tensor | None
+    first_owners: list[Sequence]
+
+
+class Scheduler:
+    """Runs `batch` for queued sequences in a background thread (see the module docstring)."""
+
+    def __init__(self, batch: DecodeBatch, tokenizer, stop_ids: Seq[int], max_queue: int = 256,
+                 prefill_tokens: int = 512, sync_every: int | None = None):
+        if max_queue < 1 or prefill_tokens < 1:
+            raise UserError(f"max_queue and prefill_tokens must be >= 1, got {max_queue} and {prefill_tokens}")
+        self.batch, self.tokenizer = batch, tokenizer
+        self.stop_ids = {int(t) for t in stop_ids}
+        self.max_queue, self.prefill_tokens = max_queue, prefill_tokens
+        self.device = batch.engine.device
+        # on a GPU, read tokens back every few steps (one wait per group); on a CPU each step is the work itself
+        self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)
+        # read a group's tokens while the next group runs (on a GPU: the device never waits for the host); on a
+        # CPU the steps are done when launched, and lagging would only delay the tokens
+        self.lag_reads = self.device.type == "cuda"
+        self.rows: list[Sequence | None] = [None] * batch.rows
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self._firsts: list[tuple[Sequence, torch.Tensor]] = []  # first tokens sampled, not yet sent to the host
+        self.stats = Stats()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="redline-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side (any thread) --------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Most prompt plus generated tokens of one sequence."""
+        return self.batch.capacity
+
+    def check(self, prompt_tokens: int, max_tokens: int) -> None:
+        """ContextTooLong unless a prompt of this length and max_tokens fit a row."""
+        if prompt_tokens + max_tokens > self.capacity:
+            raise ContextTooLong(
+                f"this model's maximum context length is {self.capacity} tokens; the request has {prompt_tokens} "
+                f"prompt tokens and max_tokens={max_tokens} ({prompt_tokens + max_tokens} in all): shorten the "
+                f"prompt or lower max_tokens")
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        """Queue sequences (all or none): ContextTooLong, QueueFull, or a UserError for a bad one."""
+        vocab = self.batch.engine.cfg.vocab_size
+        for seq in sequences:
+            if not seq.prompt:
+                raise UserError("the prompt is empty; give some text")
+            if seq.max_tokens < 1:
+                raise UserError(f"max_tokens must be >= 1, got {seq.max_tokens}")
+            if min(seq.prompt) < 0 or max(seq.prompt) >= vocab:
+                raise UserError(f"the prompt has a token id outside the model's vocabulary [0, {vocab})")
+            seq.sampling.validate()
+            self.check(len(seq.prompt), seq.max_tokens)
+        with self._cond:
+            if self._closing:
+                raise QueueFull("the server is shutting down")
+            if len(self.waiting) + len(sequences) > self.max_queue:
+                raise QueueFull(f"{len(self.waiting)} requests are waiting (the limit is {self.max_queue}); "
+                                f"retry later")
+            self.waiting.extend(sequences)
+            self.stats.requests += len(sequences)
+            self._cond.notify()
+
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    def busy_rows(self) -> int:
+        return sum(seq is not None for seq in self.rows)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop admitting, cancel what is queued and running, and wait for the thread."""
+        with self._cond:
+            self._closing = True
+            for seq in list(self.waiting) + [s for s in self.rows if s is not None]:
+                seq.cancel()
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # -- the scheduler's thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        pending: _Group | None = None
+        while True:
+            with self._cond:
+                while not self._closing and not self.waiting and pending is None and not self._occupied():
+                    self._cond.wait()
+                if self._closing and not self.waiting and pending is None and not self._occupied():
+                    return
+            try:
+                with torch.no_grad():
+                    self._drop_cancelled()
+                    self._admit()
+                    group = self._launch()
+                    if pending is not None:
+                        self._deliver(pending)
+                    pending = group
+                    if group is not None and not self.lag_reads:
+                        self._deliver(group)
+                        pending = None
+            except Exception as e:  # a bug or a device failure: fail every sequence in flight, keep serving
+                self._fail_all(f"{type(e).__name__}: {e}", pending)
+                pending = None
+
+    def _occupied(self) -> bool:
+        return any(seq is not None for seq in self.rows)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """Mark seq done, free its row (if it still holds one) and tell its client."""
+        if seq.done:
+            return
+        seq.finish_reason = reason
+        if seq.row is not None and self.rows[seq.row] is seq:
+            if self.batch.busy[seq.row]:
+                self.batch.free(seq.row)
+            self.rows[seq.row] = None
+        self.stats.finished[reason] += 1
+        self.stats.completion_tokens += seq.completion_tokens
+        if reason in ("stop", "length"):
+            rest = seq.decoder.finish()
+            if rest:
+                seq.sink(("text", rest, seq.completion_tokens))
+        seq.sink(("done", reason))
+
+    def _fail_all(self, message: str, pending: _Group | None) -> None:
+        """End every sequence not done yet with an error: queued, in a row, or only awaiting its last tokens."""
+        with self._cond:
+            victims = list(self.waiting) + [s for s in self.rows if s is not None]
+            self.waiting.clear()
+        victims += [s for s, _ in self._firsts]
+        if pending is not None:
+            victims += pending.first_owners + [s for owner in pending.owners for s in owner if s is not None]
+        for seq in {id(s): s for s in victims if not s.done}.values():
+            seq.finish_reason = "error"
+            seq.sink(("error", message))
+        self.rows = [None] * self.batch.rows
+        self._firsts = []
+        for r in range(self.batch.rows):
+            if self.batch.busy[r]:
+                self.batch.free(r)
+
+    def _drop_cancelled(self) -> None:
+        with self._cond:
+            gone = [s for s in self.waiting if s.cancelled]
+            for seq in gone:
+                self.waiting.remove(seq)
+        for seq in gone + [s for s in self.rows if s is not None and s.cancelled]:
+            self._finish(seq, "cancelled")
+
+    def _admit(self) -> None:
+        """Give free rows to waiting sequences, and prefill the rows' prompts: at most prefill_tokens tokens this
+        turn while other rows are decoding, everything when none is."""
+        with self._cond:
+            for r in range(self.batch.rows):
+                if self.rows[r] is None and self.waiting:
+                    seq = self.waiting.popleft()
+                    seq.row, self.rows[r] = r, seq
+                    seq.decoder = IncrementalText(self.tokenizer, seq.stop)
+                    seq.generator = make_generator(seq.sampling, self.device)
+        budget = self.prefill_tokens if any(self.batch.busy) else None
+        prefilling = sorted((s for s in self.rows if s is not None and not self.batch.busy[s.row]),
+                            key=lambda s: s.submitted_s)  # first come, first served
+        for seq in prefilling:
+            if budget is not None and budget <= 0:
+                break
+            while seq.prefilled < len(seq.prompt) and (budget is None or budget > 0):
+                n = len(seq.prompt) - seq.prefilled
+                n = n if budget is None else min(n, budget)
+                logits = self.batch.prefill(seq.row, seq.prompt[seq.prefilled:seq.prefilled + n], seq.prefilled)
+                seq.prefilled += n
+                budget = None if budget is None else budget - n
+            if seq.prefilled == len(seq.prompt):
+                self._first_token(seq, logits)
+
+    def _first_token(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Sample the token after the prompt on the device and start the row from it: it reaches the host with the
+        next group of steps, so admitting a request never makes the host wait for the device."""
+        first = sample_next(logits[None], seq.sampling, seq.generator)  # (1,)
+        self._firsts.append((seq, first))
+        seq.launched = 1
+        if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
+            self.rows[seq.row] = None
+        else:
+            self.batch.start(seq.row, first[0], len(seq.prompt))
+
+    def _launch(self) -> _Group | None:
+        """Up to sync_every decode steps, stopping early when no row is left; their tokens (and the first tokens of
+        the sequences just admitted) start for the host."""
+        firsts, self._firsts = self._firsts, []
+        steps, owners = [], []
+        for _ in range(self.sync_every):
+            if not any(self.batch.busy):
+                break
+            owner = [s if self.batch.busy[r] else None for r, s in enumerate(self.rows)]
+            steps.append(self._step(owner))
+            owners.append(owner)
+            self.stats.steps += 1
+            self.stats.busy_row_steps += sum(s is not None for s in owner)
+            for seq in owner:
+                if seq is None:
+                    continue
+                seq.launched += 1
+                if seq.launched >= seq.max_tokens:  # its last token is on its way: the row is free from now on
+                    self.batch.free(seq.row)
+                    self.rows[seq.row] = None
+        if not steps and not firsts:
+            return None
+        tokens = torch.stack(steps) if steps else None  # (steps, rows)
+        first_tokens = torch.cat([f for _, f in firsts]) if firsts else None  # (n,)
+        event = None
+        if self.device.type == "cuda":  # copy while the device runs on; _deliver waits for the event
+            tokens, first_tokens = (t.to("cpu", non_blocking=True) if t is not None else None
+                                    for t in (tokens, first_tokens))
+            event = torch.cuda.Event()
+            event.record()
+        return _Group(tokens, event, owners, first_tokens, [seq for seq, _ in firsts])
+
+    def _step(self, owner: list[Sequence | None]) -> torch.Tensor:
+        """One decode step -> each row's next token (rows,) on the device (a copy: the step's output buffer is
+        reused by the next step)."""
+        sampled = [(r, s) for r, s in enumerate(owner) if s is not None and not s.sampling.greedy]
+        if not sampled:
+            return self.batch.step().clone()
+        logits = self.batch.step(greedy=False)
+        tokens = logits.argmax(dim=-1)
+        for r, seq in sampled:
+            tokens[r] = sample_next(logits[r:r + 1], seq.sampling, seq.generator)[0]
+        self.batch.advance(tokens)
+        return tokens
+
+    def _deliver(self, group: _Group) -> None:
+        """The tokens of a group reached (or are reaching) the host: hand them to their sequences."""
+        if group.event is not None:
+            group.event.synchronize()
+        now = time.perf_counter()
+        for seq, first in zip(group.first_owners, group.firsts.tolist() if group.firsts is not None else []):
+            seq.first_token_s = now
+            self.stats.add_ttft(now - seq.submitted_s)
+            self.stats.prompt_tokens += len(seq.prompt)
+            if not seq.done:
+                self._take(seq, [first])
+        new: dict[int, tuple[Sequence, list[int]]] = {}
+        for step_tokens, owner in zip(group.tokens.tolist() if group.tokens is not None else [], group.owners):
+            for r, seq in enumerate(owner):
+                if seq is not None and not seq.done:
+                    new.setdefault(id(seq), (seq, []))[1].append(step_tokens[r])
+        for seq, ids in new.values():
+            if not seq.done:
+                self._take(seq, ids)
+
+    def _take(self, seq: Sequence, ids: list[int]) -> None:
+        """New tokens of seq on the host: cut at a stop token or max_tokens, stream the text that became final,
+        finish the sequence where it ended."""
+        reason, stops = None, self.stop_ids if seq.stop_ids is None else seq.stop_ids
+        for j, t in enumerate(ids):
+            if t in stops:
+                ids, reason = ids[:j], "stop"
+                break
+        room = seq.max_tokens - len(seq.tokens)
+        if len(ids) >= room:
+            ids, reason = ids[:room], reason or "length"
+        seq.tokens += ids
+        text = seq.decoder.add(ids)
+        if ids or text:
+            seq.sink(("text", text, seq.completion_tokens))
+        if seq.decoder.stopped:
+            reason = "stop"
+        if reason is not None or seq.cancelled:
+            self._finish(seq, reason or "cancelled")

@@ -1,0 +1,156 @@
+"""Scoring a model on tasks: multiple choice by log-likelihood, generative by exact match after extraction.
+
+    result = evaluate_task(generator, task, renderer=..., limit=200, batch_size=32, max_new_tokens=32)
+    # TaskResult(task, kind, n, metric, score, chance, centered, extra={"acc_norm": ...})
+
+Multiple choice (as lm-evaluation-harness scores HellaSwag or ARC): each choice's log-likelihood given the
+question is the sum of its tokens' log-probabilities; `acc` picks the largest sum, `acc_norm` the largest sum per
+UTF-8 byte of the choice (longer choices are not penalised for their length). Every (question, choice) row goes
+through the model in batches of one forward each (teacher forcing: all of a row's log-probabilities in one pass,
+where the engine's `score` decodes one token at a time).
+
+Generative: the engine generates greedily in batches (redline/inference, the KV-cache engine with its stop
+tokens); the task's `extract` reads the answer, exact match against the reference.
+
+With a chat renderer (a model fine-tuned by `redline sft`, or imported with a template) the question is the user
+message and the choice / reply is the assistant's (a choice followed by the end of the turn, so "4" and "42"
+differ); without one, plain text: the question, then " " + the choice, or a newline and the completion.
+
+Chance: the mean of 1 / choices for multiple choice, 0 for exact match; centered = (score - chance) /
+(1 - chance), 0 at chance and 1 when perfect, so scores of tasks with different numbers of choices compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from redline.tasks.base import Example, Task
+
+
+@dataclass
+class TaskResult:
+    task: str
+    kind: str
+    n: int
+    metric: str
+    """The headline metric: acc_norm (multiple choice) or exact_match (generative)."""
+    score: float
+    chance: float
+    centered: float
+    extra: dict = field(default_factory=dict)
+    """Other metrics (acc for multiple choice) and a few example completions."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def centered(score: float, chance: float) -> float:
+    return (score - chance) / (1 - chance) if chance < 1 else 0.0
+
+
+def _context_ids(tokenizer, renderer, question: str) -> list[int]:
+    if renderer is not None:
+        return renderer.prompt([{"role": "user", "content": question}])
+    return [tokenizer.eot_id] + tokenizer.encode(question)
+
+
+def _continuation_ids(tokenizer, renderer, choice: str) -> list[int]:
+    if renderer is not None:
+        return tokenizer.encode(choice) + renderer.stop_ids[:1]
+    return tokenizer.encode(" " + choice)
+
+
+@torch.no_grad()
+def choice_loglikelihoods(model, rows: list[tuple[list[int], list[int]]], batch_size: int) -> list[float]:
+    """Sum of log p(continuation | context) for each (context ids, continuation ids), batched, contexts cut from
+    the left to fit the model's context."""
+    device = next(model.parameters()).device
+    ctx_len = model.cfg.context_len
+    out: list[float] = []
+    for start in range(0, len(rows), batch_size):
+        chunk = []
+        for context, cont in rows[start:start + batch_size]:
+            ids = (context + cont)[-(ctx_len + 1):]
+            chunk.append((ids, len(cont)))
+        T = max(len(ids) for ids, _ in chunk) - 1
+        inputs = torch.zeros(len(chunk), T, dtype=torch.long)
+        targets = torch.full((len(chunk), T), -1, dtype=torch.long)
+        for b, (ids, n) in enumerate(chunk):
+            inputs[b, :len(ids) - 1] = torch.tensor(ids[:-1])
+            targets[b, len(ids) - 1 - n:len(ids) - 1] = torch.tensor(ids[-n:])
+        inputs, targets = inputs.to(device), targets.to(device)
+        logits = model(inputs).float()  # (B, T, vocab)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+        out += (logp * (targets >= 0)).sum(dim=1).tolist()
+    return out
+
+
+def score_multiple_choice(model, tokenizer, renderer, task: Task, examples: list[Example],
+                          batch_size: int) -> TaskResult:
+    rows = []
+    for e in examples:
+        context = _context_ids(tokenizer, renderer, e.prompt)
+        rows += [(context, _continuation_ids(tokenizer, renderer, choice)) for choice in e.choices]
+    scores = choice_loglikelihoods(model, rows, batch_size)
+    acc = acc_norm = 0
+    at = 0
+    for e in examples:
+        sums = scores[at:at + len(e.choices)]
+        at += len(e.choices)
+        per_byte = [s / max(1, len(c.encode("utf-8"))) for s, c in zip(sums, e.choices)]
+        acc += max(range(len(sums)), key=sums.__getitem__) == e.gold
+        acc_norm += max(range(len(per_byte)), key=per_byte.__getitem__) == e.gold
+    n = len(examples)
+    chance = sum(task.chance(e) for e in examples) / n
+    score = acc_norm / n
+    return TaskResult(task.name, "multiple_choice", n, "acc_norm", score, chance, centered(score, chance),
+                      {"acc": acc / n, "acc_centered": centered(acc / n, chance)})
+
+
+def score_generative(generator, renderer, task: Task, examples: list[Example], batch_size: int,
+                     max_new_tokens: int) -> TaskResult:
+    from redline.inference.sampling import SamplingParams
+
+    tokenizer = generator.tokenizer
+    greedy = SamplingParams(temperature=0.0)
+    correct, samples = 0, []
+    stop = [*renderer.stop_ids, tokenizer.eot_id] if renderer is not None else [tokenizer.eot_id]
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        if renderer is not None:
+            encoded = [generator.encode_chat(task.messages(e), renderer, max_new_tokens, True, start + i)
+                       for i, e in enumerate(chunk)]
+        else:
+            encoded = [generator.encode_prompt(e.prompt + "\n", max_new_tokens, True, True, start + i)
+                       for i, e in enumerate(chunk)]
+        completions = generator.generate([e.prompt for e in chunk], max_new_tokens, greedy, encoded=encoded,
+                                         stop_tokens=stop)
+        for e, c in zip(chunk, completions):
+            ok = task.is_correct(e, c.text)
+            correct += ok
+            if len(samples) < 3:
+                samples.append({"prompt": e.prompt, "completion": c.text, "answer": e.answer, "correct": ok})
+    n = len(examples)
+    return TaskResult(task.name, "generative", n, "exact_match", correct / n, 0.0, correct / n, {"samples": samples})
+
+
+def evaluate_task(generator, task: Task, renderer=None, split: str = "test", limit: int = 0, batch_size: int = 32,
+                  max_new_tokens: int = 32) -> TaskResult:
+    """Score the engine's model on a task's split (its first `limit` examples; 0: all)."""
+    from redline.errors import UserError
+
+    examples = task.examples(split)
+    if limit:
+        examples = examples[:limit]
+    if not examples:
+        raise UserError(f"task {task.name} has no {split} examples")
+    if task.kind == "multiple_choice":
+        model = generator.engine.model
+        amp = torch.autocast("cuda", dtype=torch.bfloat16) if generator.engine.device.type == "cuda" \
+            else contextlib.nullcontext()
+        with amp:
+            return score_multiple_choice(model, generator.tokenizer, renderer, task, examples, batch_size)
+    return score_generative(generator, renderer, task, examples, batch_size, max_new_tokens)

@@ -1,0 +1,241 @@
+"""Offline task generators: seeded, with fixed train/test splits, no download.
+
+Each generator draws distinct prompts from `random.Random(f"{name}:{seed}")`; the first `test_size` form the test
+split and the next `train_size` the training split, so a test prompt never appears in training and the same seed
+gives the same splits on every machine. Answers are short (a number, a list, a spelling) so that a small model
+can learn them in minutes and exact match can verify them.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from functools import cached_property
+
+from redline.tasks.base import Example, Split, Task
+
+# short common words (spelling, letter counting, key-value keys)
+WORDS = tuple("""
+apple river stone cloud green house paper music table window garden bread light water chair plant money dream
+horse ocean tiger lemon pearl sugar candle forest bridge rocket planet spring summer winter autumn silver golden
+button pencil mirror basket castle dragon island jungle ladder magnet needle orange pepper rabbit saddle turtle
+violin wizard yellow zebra anchor bottle carpet desert engine falcon ginger hammer insect jacket kettle lizard
+marble number oyster parrot quartz ribbon salmon tomato walnut cherry banana grape melon peach plum kiwi mango
+berry coffee butter cheese honey olive onion garlic salad pasta pizza sauce cookie donut toast juice cream
+""".split())
+NAMES = ("Ava", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivy", "Jon", "Kim", "Leo", "Mia", "Ned", "Ola",
+         "Pia", "Raj", "Sam", "Tia", "Uma")
+ITEMS = ("apples", "books", "coins", "marbles", "stickers", "cards", "pens", "shells", "stamps", "cookies")
+_NUMBER = re.compile(r"-?\d+")
+
+
+def _word(rng: random.Random) -> str:
+    """A common word or a pronounceable made-up one (consonant-vowel syllables): the made-up ones make the prompt
+    space large enough for disjoint splits and test spelling rather than memory."""
+    if rng.random() < 0.5:
+        return rng.choice(WORDS)
+    return "".join(rng.choice("bcdfghjklmnprstvwz") + rng.choice("aeiou") for _ in range(rng.randint(2, 4)))
+
+
+class GeneratedTask(Task):
+    """A task whose examples a seeded generator makes (subclasses give `make(rng)`)."""
+
+    def __init__(self, seed: int = 0, train_size: int = 5000, test_size: int = 200):
+        self.seed, self.train_size, self.test_size = seed, train_size, test_size
+
+    def make(self, rng: random.Random) -> Example:
+        raise NotImplementedError
+
+    @cached_property
+    def _splits(self) -> dict[str, list[Example]]:
+        rng = random.Random(f"{self.name}:{self.seed}")
+        seen: set[str] = set()
+        out: list[Example] = []
+        wanted = self.test_size + self.train_size
+        tries = 0
+        while len(out) < wanted and tries < 50 * wanted:  # the prompt space of every task is far larger than this
+            tries += 1
+            example = self.make(rng)
+            if example.prompt not in seen:
+                seen.add(example.prompt)
+                out.append(example)
+        if len(out) < wanted:
+            from redline.errors import UserError
+
+            raise UserError(f"task {self.name} has fewer than {wanted} distinct examples; lower train_size")
+        return {"test": out[:self.test_size], "train": out[self.test_size:]}
+
+    def examples(self, split: Split) -> list[Example]:
+        return list(self._splits[split])
+
+
+class NumericTask(GeneratedTask):
+    """An answer that is one integer: the last integer in a completion is its answer."""
+
+    def extract(self, completion: str) -> str | None:
+        found = _NUMBER.findall(completion.split("\n\n")[0])
+        return found[-1].lstrip("+") if found else None
+
+    def normalize(self, answer: str) -> str:
+        return answer.strip()
+
+    def corrupt(self, example: Example, rng: random.Random) -> str:
+        value = int(example.answer)
+        offsets = [d for d in range(-5, 6) if d and value + d >= 0]
+        return str(value + rng.choice(offsets))
+
+
+class Arithmetic(NumericTask):
+    name = "arithmetic"
+    description = "word problems with a numeric answer (addition, subtraction, multiplication)"
+
+    def make(self, rng: random.Random) -> Example:
+        who, item = rng.choice(NAMES), rng.choice(ITEMS)
+        kind = rng.choice(("add", "add", "sub", "mul"))
+        if kind == "add":
+            a, b = rng.randint(1, 20), rng.randint(1, 20)
+            prompt, answer = f"{who} has {a} {item} and gets {b} more. How many {item} does {who} have now?", a + b
+        elif kind == "sub":
+            a = rng.randint(2, 30)
+            b = rng.randint(1, a)
+            prompt, answer = f"{who} has {a} {item} and gives away {b}. How many {item} are left?", a - b
+        else:
+            a, b = rng.randint(2, 9), rng.randint(2, 9)
+            prompt, answer = f"{who} buys {a} packs of {b} {item}. How many {item} is that in total?", a * b
+        return Example(prompt, str(answer))
+
+
+class LetterCount(NumericTask):
+    name = "letter_count"
+    description = "how many times a letter appears in a word"
+
+    def make(self, rng: random.Random) -> Example:
+        word = _word(rng)
+        letter = rng.choice(word) if rng.random() < 0.8 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+        return Example(f'How many times does the letter "{letter}" appear in "{word}"?', str(word.count(letter)))
+
+
+class Spelling(GeneratedTask):
+    name = "spelling"
+    description = "spell a word letter by letter"
+
+    def make(self, rng: random.Random) -> Example:
+        word = _word(rng)
+        style = rng.choice(("Spell the word", "Spell out", "Write out the letters of"))
+        return Example(f'{style} "{word}" letter by letter.', " ".join(word))
+
+    def extract(self, completion: str) -> str | None:
+        letters = re.findall(r"[a-z]", completion.split("\n")[0].lower())
+        return "".join(letters) or None
+
+    def normalize(self, answer: str) -> str:
+        return "".join(re.findall(r"[a-z]", answer.lower()))
+
+    def corrupt(self, example: Example, rng: random.Random) -> str:
+        letters = example.answer.split()
+        for _ in range(20):
+            i = rng.randrange(len(letters) - 1)
+            if letters[i] != letters[i + 1]:
+                letters[i], letters[i + 1] = letters[i + 1], letters[i]
+                return " ".join(letters)
+        return " ".join(letters[:-1])  # every neighbour equal: drop a letter
+
+
+class ListTask(GeneratedTask):
+    """An answer that is a list: its items, in order, compared after splitting on commas and spaces."""
+
+    def extract(self, completion: str) -> str | None:
+        items = re.split(r"[,\s]+", completion.split("\n")[0].strip().strip("."))
+        items = [i for i in items if i]
+        return ", ".join(i.lower() for i in items) or None
+
+    def normalize(self, answer: str) -> str:
+        return self.extract(answer) or ""
+
+    def corrupt(self, example: Example, rng: random.Random) -> str:
+        items = example.answer.split(", ")
+        pairs = [(i, j) for i in range(len(items)) for j in range(i + 1, len(items)) if items[i] != items[j]]
+        if not pairs:
+            return ", ".join(items[:-1])
+        i, j = rng.choice(pairs)
+        items[i], items[j] = items[j], items[i]
+        return ", ".join(items)
+
+
+class SortNumbers(ListTask):
+    name = "sort"
+    description = "sort a list of numbers from smallest to largest"
+
+    def make(self, rng: random.Random) -> Example:
+        values = [rng.randint(0, 99) for _ in range(rng.randint(3, 6))]
+        return Example(f"Sort from smallest to largest: {', '.join(map(str, values))}",
+                       ", ".join(map(str, sorted(values))))
+
+
+class ReverseList(ListTask):
+    name = "reverse"
+    description = "reverse a list of words"
+
+    def make(self, rng: random.Random) -> Example:
+        words = rng.sample(WORDS, rng.randint(3, 5))
+        return Example(f"Reverse this list: {', '.join(words)}", ", ".join(reversed(words)))
+
+
+class KeyValueRecall(NumericTask):
+    name = "kv_recall"
+    description = "recall the value of one key from a list of key=value pairs"
+
+    def make(self, rng: random.Random) -> Example:
+        keys = rng.sample(WORDS, rng.randint(3, 6))
+        values = [rng.randint(0, 99) for _ in keys]
+        asked = rng.randrange(len(keys))
+        pairs = ", ".join(f"{k}={v}" for k, v in zip(keys, values))
+        return Example(f"Remember: {pairs}. What is the value of {keys[asked]}?", str(values[asked]),
+                       meta={"values": values})
+
+    def corrupt(self, example: Example, rng: random.Random) -> str:
+        others = [v for v in example.meta.get("values", ()) if str(v) != example.answer]
+        return str(rng.choice(others)) if others else super().corrupt(example, rng)
+
+
+class MultipleChoiceOf(Task):
+    """A generative task asked as multiple choice: the answer among n - 1 corrupted ones (seeded), scored by
+    log-likelihood. Named `NAME_mc` (e.g. arithmetic_mc)."""
+
+    kind = "multiple_choice"
+
+    def __init__(self, task: GeneratedTask, n_choices: int = 4):
+        self.task, self.n_choices = task, n_choices
+        self.name = f"{task.name}_mc"
+        self.description = f"{task.description}, as {n_choices}-way multiple choice"
+
+    @cached_property
+    def _splits(self) -> dict[str, list[Example]]:
+        out = {}
+        for split in ("test", "train"):
+            rng = random.Random(f"{self.name}:{self.task.seed}:{split}")
+            examples = []
+            for e in self.task.examples(split):
+                choices = {e.answer}
+                for _ in range(50):
+                    if len(choices) == self.n_choices:
+                        break
+                    choices.add(self.task.corrupt(e, rng))
+                ordered = sorted(choices)
+                rng.shuffle(ordered)
+                examples.append(Example(e.prompt, e.answer, tuple(ordered), ordered.index(e.answer)))
+            out[split] = examples
+        return out
+
+    def examples(self, split: Split) -> list[Example]:
+        return list(self._splits[split])
+
+    def extract(self, completion: str) -> str | None:
+        return self.task.extract(completion)
+
+    def normalize(self, answer: str) -> str:
+        return self.task.normalize(answer)
+
+
+GENERATORS: dict[str, type[GeneratedTask]] = {cls.name: cls for cls in (
+    Arithmetic, Spelling, LetterCount, SortNumbers, ReverseList, KeyValueRecall)}

@@ -1,0 +1,107 @@
+"""Offline tasks (redline/tasks): seeded generators with fixed, disjoint train/test splits; SFT conversations,
+preference pairs whose rejected answer is wrong, rewards by extraction + exact match; JSONL task files of both
+kinds; one-line errors for unknown tasks and malformed files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from redline.chat.render import check_messages
+from redline.errors import UserError
+from redline.tasks import load_task, task_names
+
+ALL = task_names()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_generators_are_seeded_with_disjoint_splits_and_verifiable(name):
+    task = load_task(f"task:{name}", seed=3, train_size=300, test_size=50)
+    again = load_task(name, seed=3, train_size=300, test_size=50)
+    train, test = task.examples("train"), task.examples("test")
+    assert len(train) == 300 and len(test) == 50
+    assert train == again.examples("train") and test == again.examples("test")
+    assert not {e.prompt for e in train} & {e.prompt for e in test}
+    assert load_task(name, seed=4, train_size=300, test_size=50).examples("test") != test
+    for example in test:
+        assert task.reward(example, example.answer) == 1.0
+        assert task.reward(example, f"{example.answer}\n\nmore text 12345") == 1.0
+        assert task.reward(example, "") == 0.0
+    pairs = task.preference_pairs("train")
+    assert len(pairs) == 300 and pairs == task.preference_pairs("train")
+    for pair, example in zip(pairs, train):
+        assert pair["chosen"] == example.answer and pair["messages"] == task.messages(example)
+        assert task.reward(example, pair["rejected"]) == 0.0, (example, pair)
+    for conversation in task.conversations("train")[:20]:
+        check_messages(conversation)
+
+
+def test_answers_are_right():
+    ar = load_task("arithmetic", train_size=50, test_size=10)
+    for e in ar.examples("train"):
+        if "gets" in e.prompt:
+            nums = [int(t) for t in e.prompt.replace("?", " ").split() if t.isdigit()]
+            assert int(e.answer) == sum(nums)
+    assert ar.reward(ar.examples("test")[0], f"The answer is {ar.examples('test')[0].answer}.") == 1.0
+    assert load_task("letter_count").reward(
+        type(ar.examples("test")[0])('How many "r" in "strawberry"?', "3"), "3 times") == 1.0
+    sort = load_task("sort", train_size=20, test_size=5)
+    e = sort.examples("test")[0]
+    assert sort.reward(e, e.answer.replace(", ", " ")) == 1.0  # spaces or commas
+    assert sort.reward(e, ", ".join(reversed(e.answer.split(", ")))) == (1.0 if len(set(e.answer.split(", "))) == 1
+                                                                          else 0.0)
+
+
+def test_multiple_choice_variant():
+    task = load_task("arithmetic_mc", train_size=50, test_size=20)
+    assert task.kind == "multiple_choice"
+    for e in task.examples("test"):
+        assert len(e.choices) == 4 == len(set(e.choices)) and e.choices[e.gold] == e.answer
+        assert task.chance(e) == 0.25
+    assert [e.gold for e in task.examples("test")] == [e.gold for e in load_task("arithmetic_mc", train_size=50,
+                                                                                  test_size=20).examples("test")]
+
+
+def test_jsonl_tasks(tmp_path):
+    mc = tmp_path / "arc.jsonl"
+    mc.write_text("\n".join(json.dumps(o) for o in [
+        {"question": "Sky colour?", "choices": ["green", "blue"], "answer": 1},
+        {"question": "2+2?", "choices": ["3", "4", "5"], "answer": "B", "split": "test"},
+        {"question": "Cat says?", "choices": ["woof", "meow"], "answer": "meow", "split": "train"}]) + "\n")
+    task = load_task(str(mc))
+    assert task.kind == "multiple_choice"
+    assert [e.gold for e in task.examples("test")] == [1] and task.examples("train")[0].answer == "meow"
+    gen = tmp_path / "gsm.jsonl"
+    gen.write_text(json.dumps({"prompt": "5 + 7?", "answer": "#### 12"}) + "\n" +
+                   json.dumps({"prompt": "Capital of France?", "answer": 3}) + "\n")
+    task = load_task(str(gen))
+    assert task.kind == "generative" and len(task.examples("test")) == len(task.examples("train")) == 2
+    e = task.examples("test")[0]
+    assert task.reward(e, "5 + 7 = 12") == 1.0 and task.reward(e, "13") == 0.0
+    assert task.reward(e, task.preference_pairs()[0]["rejected"]) == 0.0
+
+
+@pytest.mark.parametrize("lines,match", [
+    (["{not json"], "line 1 is not valid JSON"),
+    ([{"question": "q", "choices": ["a"], "answer": 0}], "at least 2"),
+    ([{"question": "q", "choices": ["a", "b"], "answer": 5}], "answer"),
+    ([{"prompt": "p"}], "\"answer\" must be"),
+    ([{"text": "p"}], "needs a non-empty \"prompt\""),
+    ([{"prompt": "p", "answer": "a"}, {"question": "q", "choices": ["a", "b"], "answer": 0}], "one kind per file"),
+    ([], "holds no example"),
+])
+def test_bad_task_files_are_one_line_errors(tmp_path, lines, match):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines))
+    with pytest.raises(UserError, match=match) as e:
+        load_task(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_task_names_the_built_in_ones():
+    with pytest.raises(UserError, match="did you mean arithmetic") as e:
+        load_task("task:arithmetik")
+    assert "letter_count" in str(e.value)
+    with pytest.raises(UserError, match="not found"):
+        load_task("missing.jsonl")
