@@ -157,10 +157,12 @@ def _val_loss(model, dataset, cfg) -> float:  # noqa: F811
         return float(model(x, y))
 
 
-def test_lora_resume_is_exact(dataset, base_checkpoint, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("quantize", ["none", pytest.param("nf4", marks=pytest.mark.slow)])
+def test_lora_resume_is_exact(dataset, base_checkpoint, tmp_path, monkeypatch, quantize):  # noqa: F811
     import redline.training.step as step_mod
 
-    extra = (f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=4", "lora.dropout=0.1", "max_steps=4")
+    extra = (f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=4", "lora.dropout=0.1", "max_steps=4",
+             f"lora.quantize={quantize}")
     straight = train(config(dataset, tmp_path / "a", *extra))
     real_set_lr, calls = step_mod.set_lr, {"n": 0}
 
@@ -230,3 +232,15 @@ def test_bf16_base_under_autocast_as_on_a_gpu(quantize):
     plain = layer(x)  # no autocast: fp32 in, fp32 out
     assert plain.dtype == torch.float32
     torch.testing.assert_close(plain, expected.detach(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("quantize", ["none", "nf4"])
+def test_adapted_layer_traces_as_one_graph(quantize):
+    """torch.compile (on by default on GPUs) takes the adapted layer whole, NF4 dequantization included."""
+    torch.manual_seed(0)
+    layer = LoRALinear.from_linear(nn.Linear(128, 64), 8, 16.0, 0.0, torch.float32, quantize, "l")
+    with torch.no_grad():
+        layer.lora_B.normal_(0, 0.1)
+    x = torch.randn(4, 128)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)  # fullgraph: a graph break is an error
+    torch.testing.assert_close(compiled(x), layer(x))

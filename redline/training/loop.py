@@ -127,7 +127,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     cfg = resolve_batch_size(cfg, device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model).to(device)
+    model = new_model(cfg, device, on_host=cfg.lora.enabled and (init is None or resumed is not None))
     load_start_weights(cfg, model, resumed, init_point, init)
     train_step = TrainStep(cfg, device, info, model=model, objective=objective)
     if resumed is not None:
@@ -231,6 +231,18 @@ class ResumePoint:
             "steps_done": state["step"], "converters": {"fp8": {"verdict": state.get("fp8_auto_check")}}})
         if info.world_size == state.get("world_size", 1):
             ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
+
+
+def new_model(cfg: TrainConfig, device: torch.device, on_host: bool = False) -> GPT:
+    """The run's plain model. on_host (a LoRA run whose weights all come from a checkpoint): built in host memory
+    without initialisation; the LoRA converter moves it to the device layer by layer, cast or quantized
+    (redline/converters/lora.py), so a base larger than the device in full precision can be fine-tuned. A caller's
+    `init` that works on the device (DPO's reference pass) gets the model there instead."""
+    if not on_host:
+        return GPT(cfg.model).to(device)
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    return model.to_empty(device="cpu")
 
 
 def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None, init_point: InitPoint | None,

@@ -10,8 +10,8 @@ projection, AdamW on the adapters. Per mode: `warmup` untimed steps, then `steps
 synchronized); step time is their median, tokens/s = tokens per step / median step time.
 
 Memory: peak_train_gib is torch.cuda.max_memory_allocated over the timed steps (weights, optimizer states,
-activations: what training holds); peak_setup_gib is the peak while building (for LoRA/QLoRA the fp32 model exists
-briefly before its weights are cast or quantized). One JSON line per mode in OUT/lora_bench.jsonl; the last line
+activations: what training holds); peak_setup_gib is the peak while building (LoRA and QLoRA build the model in
+host memory and move it to the GPU one adapted layer at a time, cast or quantized, as `redline train` does). One JSON line per mode in OUT/lora_bench.jsonl; the last line
 printed is a JSON summary with the ratios the issue's targets name.
 """
 
@@ -52,7 +52,15 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     reset = (lambda: torch.cuda.reset_peak_memory_stats(device)) if cuda else (lambda: None)
     reset()
     t0 = time.perf_counter()
-    step = TrainStep(cfg, device, say=lambda m: print(f"[{mode}] {m}", file=sys.stderr, flush=True))
+    model = None
+    if mode != "full":  # as `redline train` builds a LoRA run's model: in host memory, moved layer by layer
+        from redline.training.loop import new_model
+
+        model = new_model(cfg, device, on_host=True)
+        with torch.no_grad():
+            for p in model.parameters():  # stands in for the base's weights (to_empty leaves memory as it was)
+                p.normal_(0.0, 0.02)
+    step = TrainStep(cfg, device, model=model, say=lambda m: print(f"[{mode}] {m}", file=sys.stderr, flush=True))
     sync()
     setup_seconds = time.perf_counter() - t0
     peak_setup = peak()
