@@ -107,7 +107,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     resumed = ResumePoint.read(resume_from, tokenizer, source.name) if resume_from else None
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
-    cfg = resolve_batch_size(with_vocab_size(cfg, tokenizer.vocab_size), device, info, batch_search)
+    # pretraining: the tokenizer decides the vocabulary (the preset's is a default); a given data source fine-tunes
+    # a model whose vocabulary may be larger than its tokenizer's (imported models pad it) and only grows it
+    vocab = tokenizer.vocab_size if data is None else max(tokenizer.vocab_size, cfg.model.vocab_size)
+    cfg = resolve_batch_size(with_vocab_size(cfg, vocab), device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
