@@ -256,6 +256,13 @@ class BPETokenizer(Tokenizer):
             self._with_specials.encode_special_tokens = False
         return self._with_specials.encode(text, add_special_tokens=False).ids
 
+    def encode_with_specials_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """encode_with_specials's ids and each token's (start, end) character offsets in `text` (how the chat
+        renderer maps a template's assistant spans onto tokens)."""
+        self.encode_with_specials("")  # builds the specials-aware copy once
+        encoding = self._with_specials.encode(text, add_special_tokens=False)
+        return list(encoding.ids), list(encoding.offsets)
+
     def token_to_id(self, token: str) -> int | None:
         return self.hf.token_to_id(token)
 

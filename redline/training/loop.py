@@ -122,8 +122,12 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         source.tokenizer = tokenizer = load_tokenizer(str(resumed.checkpoint / "tokenizer"))
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
-    if not cfg.init_from:  # a started-from model keeps its vocabulary (e.g. an imported one wider than its tokenizer)
-        cfg = with_vocab_size(cfg, tokenizer.vocab_size)
+    # pretraining: the tokenizer decides the vocabulary (the preset's is a default); init_from keeps the
+    # checkpoint's (an imported model's may be wider than its tokenizer); a given data source fine-tunes a model
+    # whose vocabulary may be larger than its tokenizer's and only grows it
+    if not cfg.init_from:
+        vocab = tokenizer.vocab_size if data is None else max(tokenizer.vocab_size, cfg.model.vocab_size)
+        cfg = with_vocab_size(cfg, vocab)
     cfg = resolve_batch_size(cfg, device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
