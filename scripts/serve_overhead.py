@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from redline.inference import InferenceEngine, SamplingParams  # noqa: E402
 from redline.inference.batch import DecodeBatch  # noqa: E402
 from redline.model import GPT, ModelConfig  # noqa: E402
-from redline.serve.api import _sink  # noqa: E402
+from redline.serve.api import Mailbox  # noqa: E402
 from redline.serve.scheduler import Scheduler, Sequence  # noqa: E402
 from redline.tokenizer import load_tokenizer  # noqa: E402
 
@@ -72,8 +72,9 @@ class ProfiledScheduler(Scheduler):
 async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
     """Submit every prompt at once and drain their events as the server would -> (seconds, tokens generated)."""
     loop = asyncio.get_running_loop()
-    queues = [asyncio.Queue() for _ in prompts]
-    seqs = [Sequence(p, max_tokens, SamplingParams(temperature=0.0), (), _sink(loop, q, 0))
+    queues, mailbox = [asyncio.Queue() for _ in prompts], Mailbox(loop)
+    sched.flushes.append(mailbox.flush)
+    seqs = [Sequence(p, max_tokens, SamplingParams(temperature=0.0), (), mailbox.sink(q, 0))
             for p, q in zip(prompts, queues)]
 
     async def consume(q: asyncio.Queue) -> None:
