@@ -134,6 +134,16 @@ class Mailbox:
             queue.put_nowait(item)
 
 
+PUBLIC_PATHS = ("/health", "/")
+
+
+def chat_page() -> str:
+    """The chat page served at / (chat.html beside this module: self-contained, no CDN)."""
+    from importlib.resources import files
+
+    return files("redline.serve").joinpath("chat.html").read_text(encoding="utf-8")
+
+
 def _finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
@@ -150,11 +160,12 @@ def _error_response(e: APIError):
 
 def _key_check(server: Server):
     """A plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide a client's disconnect from the
-    endpoints): every path but /health needs the API key, when there is one."""
+    endpoints): every path but /health and the chat page (static, no data; it asks for the key and sends it with
+    each of its requests) needs the API key, when there is one."""
 
     def middleware(inner):
         async def check(scope, receive, send):
-            if scope["type"] == "http" and server.api_key and scope["path"] != "/health":
+            if scope["type"] == "http" and server.api_key and scope["path"] not in PUBLIC_PATHS:
                 given = dict(scope["headers"]).get(b"authorization", b"")
                 if not hmac.compare_digest(given, f"Bearer {server.api_key}".encode()):
                     response = _error_response(APIError(
@@ -317,6 +328,12 @@ def create_app(server: Server):
             raise APIError(404, f"the model {name!r} does not exist; this server serves {server.model!r}",
                            "model", "model_not_found")
         return model_card()
+
+    @app.get("/")
+    async def page():
+        from fastapi.responses import HTMLResponse
+
+        return HTMLResponse(chat_page())
 
     @app.get("/health")
     async def health():
