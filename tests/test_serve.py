@@ -215,6 +215,21 @@ def test_models_health_and_metrics(live):
     assert "redline_requests_total" in metrics and "redline_time_to_first_token_seconds_count" in metrics
 
 
+def test_the_chat_page_is_self_contained_and_needs_no_key_itself(live):
+    import re
+
+    live.server.api_key = "sesame"
+    try:
+        r = httpx.get(live.url + "/")  # the page asks for the key; the API behind it still needs it
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert httpx.get(live.url + "/v1/models").status_code == 401
+    finally:
+        live.server.api_key = None
+    page = r.text
+    assert "/v1/chat/completions" in page and "getReader" in page and "Bearer " in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # no CDN: nothing loaded from elsewhere
+
+
 # ----------------------------------------------------------------------------------------------------
 # errors
 

@@ -4,8 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
-text to the request's asyncio queue (call_soon_threadsafe). Streams are server-sent events (`data: {chunk}`,
-then `data: [DONE]`). A client that disconnects cancels its sequences: a stream when its response is torn down,
+text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events).
+Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its sequences: a stream when its response is torn down,
 a plain request by a task that waits for the connection to close while the request waits for its result.
 """
 # (no `from __future__ import annotations`: FastAPI reads the endpoints' annotations, Request among them, at run
@@ -14,8 +14,9 @@ a plain request by a task that waits for the connection to close while the reque
 import asyncio
 import hmac
 import json
+import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from redline.errors import UserError
 from redline.inference.text import prompt_ids
@@ -39,6 +40,13 @@ class Server:
     max_tokens: int | None = None  # the most a request may ask for (None: the context)
     max_body_bytes: int = 1 << 20
     created: int = 0
+    mailboxes: dict = field(default_factory=dict, repr=False)  # event loop -> its Mailbox
+
+    def mailbox(self, loop: asyncio.AbstractEventLoop) -> "Mailbox":
+        if loop not in self.mailboxes:
+            self.mailboxes[loop] = Mailbox(loop)
+            self.scheduler.flushes.append(self.mailboxes[loop].flush)
+        return self.mailboxes[loop]
 
     def prompt_ids(self, job: Job) -> list[list[int]]:
         """Token ids of each prompt of the job (chat: the conversation through the model's chat template)."""
@@ -85,19 +93,55 @@ class Server:
                 if sampling.seed is not None and j:  # each choice its own stream of random numbers
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
-                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, _sink(loop, queue, index),
+                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, self.mailbox(loop).sink(queue, index),
                                      stop_ids=stop_ids))
         return seqs, sum(len(ids) for ids in prompts)
 
 
-def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int):
-    def put(event: tuple) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-        except RuntimeError:  # the event loop is gone (the server is shutting down): nobody is listening
-            pass
+class Mailbox:
+    """Events from the scheduler's thread to one event loop's request queues, with one wake-up of the loop per turn
+    of the scheduler: a group of decode steps ends in an event for each of its sequences, and a
+    call_soon_threadsafe per event (a write to the loop's wake-up socket, and a fight for the GIL with the
+    scheduler's thread) costs more than the rest of the group's bookkeeping. The scheduler calls flush() at the end
+    of each turn (Scheduler.flushes)."""
 
-    return put
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, tuple]] = []
+
+    def sink(self, queue: asyncio.Queue, index: int):
+        """A Sequence's sink: its events reach `queue` as (index, event) at the next flush."""
+        def put(event: tuple) -> None:
+            with self._lock:
+                self._items.append((queue, (index, event)))
+
+        return put
+
+    def flush(self) -> None:
+        """Wake the loop once to hand out every event put since the last flush."""
+        with self._lock:
+            items, self._items = self._items, []
+        if items:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver, items)
+            except RuntimeError:  # the event loop is gone (the server is shutting down): nobody is listening
+                pass
+
+    @staticmethod
+    def _deliver(items: list) -> None:
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+PUBLIC_PATHS = ("/health", "/")
+
+
+def chat_page() -> str:
+    """The chat page served at / (chat.html beside this module: self-contained, no CDN)."""
+    from importlib.resources import files
+
+    return files("redline.serve").joinpath("chat.html").read_text(encoding="utf-8")
 
 
 def _finish_reason(reason: str) -> str:
@@ -116,11 +160,12 @@ def _error_response(e: APIError):
 
 def _key_check(server: Server):
     """A plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide a client's disconnect from the
-    endpoints): every path but /health needs the API key, when there is one."""
+    endpoints): every path but /health and the chat page (static, no data; it asks for the key and sends it with
+    each of its requests) needs the API key, when there is one."""
 
     def middleware(inner):
         async def check(scope, receive, send):
-            if scope["type"] == "http" and server.api_key and scope["path"] != "/health":
+            if scope["type"] == "http" and server.api_key and scope["path"] not in PUBLIC_PATHS:
                 given = dict(scope["headers"]).get(b"authorization", b"")
                 if not hmac.compare_digest(given, f"Bearer {server.api_key}".encode()):
                     response = _error_response(APIError(
@@ -283,6 +328,12 @@ def create_app(server: Server):
             raise APIError(404, f"the model {name!r} does not exist; this server serves {server.model!r}",
                            "model", "model_not_found")
         return model_card()
+
+    @app.get("/")
+    async def page():
+        from fastapi.responses import HTMLResponse
+
+        return HTMLResponse(chat_page())
 
     @app.get("/health")
     async def health():

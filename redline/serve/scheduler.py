@@ -111,12 +111,13 @@ class Stats:
 
 @dataclass
 class _Group:
-    """Decode steps launched together: their tokens (steps, rows) on their way to the host, each step's owner of
-    each row (None: free), and the first tokens (n,) of the sequences admitted just before them."""
+    """Decode steps launched together: their tokens (steps, rows) on their way to the host, the sequences that
+    decoded in them as (sequence, row, steps it decoded: the group's first n), and the first tokens (n,) of the
+    sequences admitted just before them."""
 
     tokens: torch.Tensor | None
     event: object
-    owners: list[list[Sequence | None]]
+    decoded: list[tuple[Sequence, int, int]]
     firsts: torch.Tensor | None
     first_owners: list[Sequence]
 
@@ -141,6 +142,9 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self._firsts: list[tuple[Sequence, torch.Tensor]] = []  # first tokens sampled, not yet sent to the host
         self.stats = Stats()
+        self.flushes: list[Callable[[], None]] = []
+        """Called by the scheduler's thread at the end of each turn, after the turn's events: a sink may hold its
+        events until then (the API's Mailbox does, to wake its event loop once per turn, not once per event)."""
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="redline-scheduler", daemon=True)
@@ -222,6 +226,8 @@ class Scheduler:
             except Exception as e:  # a bug or a device failure: fail every sequence in flight, keep serving
                 self._fail_all(f"{type(e).__name__}: {e}", pending)
                 pending = None
+            for flush in self.flushes:
+                flush()
 
     def _occupied(self) -> bool:
         return any(seq is not None for seq in self.rows)
@@ -250,7 +256,7 @@ class Scheduler:
             self.waiting.clear()
         victims += [s for s, _ in self._firsts]
         if pending is not None:
-            victims += pending.first_owners + [s for owner in pending.owners for s in owner if s is not None]
+            victims += pending.first_owners + [s for s, _, _ in pending.decoded]
         for seq in {id(s): s for s in victims if not s.done}.values():
             seq.finish_reason = "error"
             seq.sink(("error", message))
@@ -306,51 +312,57 @@ class Scheduler:
 
     def _launch(self) -> _Group | None:
         """Up to sync_every decode steps, stopping early when no row is left; their tokens (and the first tokens of
-        the sequences just admitted) start for the host."""
+        the sequences just admitted) start for the host. Rows are admitted only between groups, so within a group
+        a row's sequence decodes the group's first n steps (n < steps when it got its max_tokens)."""
         firsts, self._firsts = self._firsts, []
-        steps, owners = [], []
-        for _ in range(self.sync_every):
-            if not any(self.batch.busy):
+        steps, decoded = [], []
+        running = [s for s in self.rows if s is not None and self.batch.busy[s.row]]
+        sampled = [s for s in running if not s.sampling.greedy]
+        for i in range(self.sync_every):
+            if not running:
                 break
-            owner = [s if self.batch.busy[r] else None for r, s in enumerate(self.rows)]
-            steps.append(self._step(owner))
-            owners.append(owner)
+            steps.append(self._step(sampled))
             self.stats.steps += 1
-            self.stats.busy_row_steps += sum(s is not None for s in owner)
-            for seq in owner:
-                if seq is None:
-                    continue
+            self.stats.busy_row_steps += len(running)
+            ended = []
+            for seq in running:
                 seq.launched += 1
                 if seq.launched >= seq.max_tokens:  # its last token is on its way: the row is free from now on
+                    ended.append(seq)
+            if ended:
+                for seq in ended:
+                    decoded.append((seq, seq.row, i + 1))
                     self.batch.free(seq.row)
                     self.rows[seq.row] = None
+                running = [s for s in running if s.launched < s.max_tokens]
+                sampled = [s for s in running if not s.sampling.greedy]
+        decoded += [(seq, seq.row, len(steps)) for seq in running]
         if not steps and not firsts:
             return None
         tokens = torch.stack(steps) if steps else None  # (steps, rows)
         first_tokens = torch.cat([f for _, f in firsts]) if firsts else None  # (n,)
         event = None
-        if self.device.type == "cuda":  # copy while the device runs on; _deliver waits for the event
+        if self.device.type == "cuda":  # one copy per group, while the device runs on; _deliver waits for the event
             tokens, first_tokens = (t.to("cpu", non_blocking=True) if t is not None else None
                                     for t in (tokens, first_tokens))
             event = torch.cuda.Event()
             event.record()
-        return _Group(tokens, event, owners, first_tokens, [seq for seq, _ in firsts])
+        return _Group(tokens, event, decoded, first_tokens, [seq for seq, _ in firsts])
 
-    def _step(self, owner: list[Sequence | None]) -> torch.Tensor:
+    def _step(self, sampled: list[Sequence]) -> torch.Tensor:
         """One decode step -> each row's next token (rows,) on the device (a copy: the step's output buffer is
-        reused by the next step)."""
-        sampled = [(r, s) for r, s in enumerate(owner) if s is not None and not s.sampling.greedy]
+        reused by the next step); `sampled`: the decoding sequences that do not take the argmax."""
         if not sampled:
             return self.batch.step().clone()
         logits = self.batch.step(greedy=False)
         tokens = logits.argmax(dim=-1)
-        for r, seq in sampled:
-            tokens[r] = sample_next(logits[r:r + 1], seq.sampling, seq.generator)[0]
+        for seq in sampled:
+            tokens[seq.row] = sample_next(logits[seq.row:seq.row + 1], seq.sampling, seq.generator)[0]
         self.batch.advance(tokens)
         return tokens
 
     def _deliver(self, group: _Group) -> None:
-        """The tokens of a group reached (or are reaching) the host: hand them to their sequences."""
+        """The tokens of a group reached (or are reaching) the host: hand each sequence its tokens, in one piece."""
         if group.event is not None:
             group.event.synchronize()
         now = time.perf_counter()
@@ -360,14 +372,12 @@ class Scheduler:
             self.stats.prompt_tokens += len(seq.prompt)
             if not seq.done:
                 self._take(seq, [first])
-        new: dict[int, tuple[Sequence, list[int]]] = {}
-        for step_tokens, owner in zip(group.tokens.tolist() if group.tokens is not None else [], group.owners):
-            for r, seq in enumerate(owner):
-                if seq is not None and not seq.done:
-                    new.setdefault(id(seq), (seq, []))[1].append(step_tokens[r])
-        for seq, ids in new.values():
+        if group.tokens is None:
+            return
+        by_row = group.tokens.t().tolist()  # (rows, steps)
+        for seq, row, n in group.decoded:
             if not seq.done:
-                self._take(seq, ids)
+                self._take(seq, by_row[row][:n])
 
     def _take(self, seq: Sequence, ids: list[int]) -> None:
         """New tokens of seq on the host: cut at a stop token or max_tokens, stream the text that became final,
