@@ -28,8 +28,8 @@ torch.utils.checkpoint: its logits are recomputed chunk by chunk in backward, so
 price of one more head forward GEMM than the full path, and FP8 activation scales per chunk instead of per
 batch). The same path serves reduction="none" with gradients.
 
-The padded vocabulary rows take part in the softmax exactly as in the full path (GPT.forward's cross-entropy runs
-over all padded_vocab logits; targets never name a padded row). Targets equal to `ignore_index` add nothing to
+Rows of the head past `vocab` (redline's padded vocabulary) take no part in the softmax, as in GPT.forward's full
+path: their logits are set to -inf, so they add nothing to the loss and get no gradient. Targets equal to `ignore_index` add nothing to
 the loss or the gradients, and the mean divides by the number of the others, as F.cross_entropy does.
 """
 
@@ -50,14 +50,15 @@ def compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def chunk_loss_and_grad(logits: torch.Tensor, targets: torch.Tensor,
-                        ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_loss_and_grad(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                        vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (n, V) in the compute dtype, targets (n,) -> (sum of the n losses in fp32, its gradient with respect
-    to the logits, in their dtype). Works in place (fp32 logits are overwritten), so that eagerly a chunk holds one
-    fp32 (n, V) buffer besides the logits."""
+    to the logits, in their dtype); the columns from `vocab` on (padding) are left out. Works in place (fp32 logits
+    are overwritten), so that eagerly a chunk holds one fp32 (n, V) buffer besides the logits."""
     keep = targets != ignore_index  # (n,)
     safe = torch.where(keep, targets, 0).unsqueeze(1)  # (n, 1): a valid index for gather
     full = logits.float()
+    full[:, vocab:] = float("-inf")  # padding: probability 0, gradient 0
     picked = full.gather(1, safe).squeeze(1)  # (n,) the target's logit
     top = full.amax(dim=1, keepdim=True)  # (n, 1)
     probs = full.sub_(top).exp_()  # exp(logit − max)
@@ -83,9 +84,11 @@ def _chunk_step(device: torch.device):
 
 @torch.library.custom_op("redline::linear_cross_entropy_sum", mutates_args=())
 def linear_cross_entropy_sum(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
-                             ignore_index: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (N, C), weight (V, C), targets (N,) -> (sum over rows of cross_entropy(x·Wᵀ), its gradient with respect to
-    x (N, C, x's dtype), and to weight (V, C, fp32 or wider)); GEMMs in `dtype`, `chunk` rows at a time."""
+                             ignore_index: int, dtype: torch.dtype,
+                             vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (N, C), weight (V, C), targets (N,) -> (sum over rows of cross_entropy(x·Wᵀ) over its first `vocab`
+    columns, its gradient with respect to x (N, C, x's dtype), and to weight (V, C, fp32 or wider)); GEMMs in
+    `dtype`, `chunk` rows at a time."""
     step = _chunk_step(x.device)
     w = weight.to(dtype)
     grad_x = torch.empty_like(x)
@@ -94,7 +97,7 @@ def linear_cross_entropy_sum(x: torch.Tensor, weight: torch.Tensor, targets: tor
     with torch.autocast(x.device.type, enabled=False):  # dtypes are explicit here
         for start in range(0, x.shape[0], chunk):
             x_c = x[start:start + chunk].to(dtype)  # (n, C)
-            loss, grad = step(x_c @ w.t(), targets[start:start + chunk], ignore_index)  # grad: (n, V)
+            loss, grad = step(x_c @ w.t(), targets[start:start + chunk], ignore_index, vocab)  # grad: (n, V)
             total += loss
             grad_x[start:start + chunk] = grad @ w
             if grad_w.dtype == dtype:
@@ -105,7 +108,7 @@ def linear_cross_entropy_sum(x: torch.Tensor, weight: torch.Tensor, targets: tor
 
 
 @linear_cross_entropy_sum.register_fake
-def _(x, weight, targets, chunk, ignore_index, dtype):
+def _(x, weight, targets, chunk, ignore_index, dtype, vocab):
     accumulate = torch.promote_types(weight.dtype, torch.float32)
     return x.new_empty(()).float(), torch.empty_like(x), weight.new_empty(weight.shape, dtype=accumulate)
 
@@ -119,20 +122,20 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_total, _grad_of_grad_x, _grad_of_grad_w):
     grad_x, grad_w = ctx.saved_tensors
     return (grad_x * grad_total.to(grad_x.dtype), (grad_w * grad_total).to(ctx.weight_dtype),
-            None, None, None, None)
+            None, None, None, None, None)
 
 
 linear_cross_entropy_sum.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _head_loss(head: nn.Module, x: torch.Tensor, targets: torch.Tensor, ignore_index: int,
-               reduction: str) -> torch.Tensor:
-    return F.cross_entropy(head(x).float(), targets, ignore_index=ignore_index, reduction=reduction)
+def _head_loss(head: nn.Module, x: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str,
+               vocab: int | None) -> torch.Tensor:
+    return F.cross_entropy(head(x).float()[:, :vocab], targets, ignore_index=ignore_index, reduction=reduction)
 
 
 @torch.compiler.disable(recursive=False)
 def _module_chunks(head: nn.Module, x: torch.Tensor, targets: torch.Tensor, chunk: int, ignore_index: int,
-                   reduction: str) -> list[torch.Tensor]:
+                   reduction: str, vocab: int | None) -> list[torch.Tensor]:
     """Each chunk's loss through the head module, its logits recomputed in backward (torch.utils.checkpoint).
 
     This loop is never compiled itself (recursive=False: what it calls still is, one chunk per graph): traced into
@@ -142,30 +145,31 @@ def _module_chunks(head: nn.Module, x: torch.Tensor, targets: torch.Tensor, chun
     parts = []
     for start in range(0, x.shape[0], chunk):  # a loop, not a comprehension: that would be a frame of its own
         parts.append(checkpoint(_head_loss, head, x[start:start + chunk], targets[start:start + chunk],
-                                ignore_index, per_chunk, use_reentrant=False))
+                                ignore_index, per_chunk, vocab, use_reentrant=False))
     return parts
 
 
 def chunked_cross_entropy(head: nn.Module, x: torch.Tensor, targets: torch.Tensor, chunk: int,
-                          reduction: Literal["mean", "sum", "none"] = "mean", ignore_index: int = -1) -> torch.Tensor:
-    """F.cross_entropy(head(x).float(), targets, ignore_index=ignore_index, reduction=reduction) without all of
-    head(x) at once. x: (N, C) final hidden states, targets: (N,), chunk: rows per chunk. A scalar, or (N,) for
-    reduction="none"."""
+                          reduction: Literal["mean", "sum", "none"] = "mean", ignore_index: int = -1,
+                          vocab: int | None = None) -> torch.Tensor:
+    """F.cross_entropy(head(x).float()[:, :vocab], targets, ignore_index=ignore_index, reduction=reduction) without
+    all of head(x) at once. x: (N, C) final hidden states, targets: (N,), chunk: rows per chunk, vocab: the head's
+    rows that are tokens (None: all). A scalar, or (N,) for reduction="none"."""
     if chunk <= 0:
         raise ValueError(f"chunk must be positive, got {chunk}")
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *head.parameters()))
     plain_linear = type(head) is nn.Linear and head.bias is None
     if wants_grad and plain_linear and reduction != "none":
         total, _, _ = linear_cross_entropy_sum(x, head.weight, targets, chunk, ignore_index,
-                                               compute_dtype(x, head.weight))
+                                               compute_dtype(x, head.weight), vocab or head.weight.shape[0])
     elif wants_grad:
-        parts = _module_chunks(head, x, targets, chunk, ignore_index, reduction)
+        parts = _module_chunks(head, x, targets, chunk, ignore_index, reduction, vocab)
         if reduction == "none":
             return torch.cat(parts)
         total = torch.stack(parts).sum()
     else:
         per_chunk = "none" if reduction == "none" else "sum"
-        parts = [_head_loss(head, x[start:start + chunk], targets[start:start + chunk], ignore_index, per_chunk)
+        parts = [_head_loss(head, x[start:start + chunk], targets[start:start + chunk], ignore_index, per_chunk, vocab)
                  for start in range(0, x.shape[0], chunk)]
         if reduction == "none":
             return torch.cat(parts)

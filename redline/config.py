@@ -91,6 +91,12 @@ class OptimConfig:
         for name in ("decay_fraction", "min_lr_ratio"):
             if not 0 <= getattr(self, name) <= 1:
                 raise UserError(f"optim.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.name == "prodigy":
+            import importlib.util
+
+            if importlib.util.find_spec("prodigyopt") is None:
+                raise UserError("optim.name=prodigy needs the prodigyopt package; install the extra: "
+                                "pip install 'redline[lora]'")
         if self.prodigy_growth_rate < 1:
             raise UserError(f"optim.prodigy_growth_rate must be >= 1 (d may only grow), got {self.prodigy_growth_rate}")
 
@@ -141,7 +147,7 @@ class LoRAConfig:
         if not 0 <= self.dropout < 1:
             raise UserError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         if not self.targets:
-            raise UserError("lora.targets is empty; name the Linear layers to adapt, e.g. lora.targets='[attn.*, mlp.*]'")
+            raise UserError("lora.targets is empty; name the Linear layers to adapt, e.g. --lora.targets attn.* mlp.*")
 
 
 @dataclass
@@ -374,14 +380,15 @@ class TrainConfig:
             raise UserError("optim.muon_momentum_warmup_steps must be >= 0 and optim.muon_ns_steps >= 1")
         if self.gpus < 1 or self.dist_timeout <= 0:
             raise UserError("gpus must be >= 1 and dist_timeout > 0")
-        if self.parallel == "fsdp2" and self.optim.name == "muon":
-            raise UserError("optim.name=muon needs whole matrices and is not supported with parallel=fsdp2; use ddp or adamw")
         if self.lora.quantize == "nf4" and not self.lora.enabled:
             raise UserError("lora.quantize=nf4 stores frozen weights in 4 bits, which cannot be trained, so NF4 "
                             "pretraining is not possible; fine-tune with QLoRA: lora.enabled=True init_from=CKPT")
         if self.lora.enabled and not self.init_from:
             raise UserError("lora.enabled trains adapters on a pretrained model; give its checkpoint with "
                             "init_from=CKPT (a run directory or a folder `redline import` wrote)")
+        if self.lora.enabled and self.fp8 != "off":
+            raise UserError("fp8 with lora.enabled is not supported (the adapted layers are not FP8 layers); use "
+                            "fp8=off, or lora.quantize=nf4 for a smaller base")
         if self.lora.enabled and self.parallel == "fsdp2":
             raise UserError("lora with parallel=fsdp2 is not supported (frozen and quantized weights are not "
                             "sharded); use parallel=ddp")
@@ -395,7 +402,7 @@ class TrainConfig:
 
 # learning rates that suit each preset family's size (applied with the preset, below the recipe and the CLI)
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    # 6-8.5k tokens/s on 2 CPU cores: 360 steps of 2,048 tokens take 1.5-2 minutes
+    # sized for `make demo`: a couple of minutes on a 2-core CPU (BENCHMARKS.md, CPU)
     "tiny": {"optim.lr": 3e-3, "batch_size": 16, "seq_len": 128, "max_steps": 360, "eval_every": 90,
              "eval_batches": 8, "optim.warmup_steps": 30, "log_every": 30},
     "-124m": {"optim.lr": 1e-3},

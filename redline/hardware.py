@@ -77,7 +77,7 @@ def measured_bf16_tflops(device_name: str) -> float | None:
         for gpu in report.get("gpus", []):
             if gpu.get("name") == device_name and gpu.get("bf16_gemm_tflops"):
                 return float(gpu["bf16_gemm_tflops"])
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):  # no doctor.json, or one that is not its layout
         return None
     return None
 

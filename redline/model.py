@@ -14,7 +14,7 @@ Features (each a field of `ModelConfig`):
   the others so the parameter count stays comparable);
 - norm: RMSNorm or LayerNorm, pre or post;
 - tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
-  logits are never sampled), logit soft-capping, zero-initialised output projections;
+  logits are never sampled, and take no part in the loss), logit soft-capping, zero-initialised output projections;
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -116,7 +116,7 @@ class ModelConfig:
     SDPA kernels do not take a mask), or flex attention with a block mask that skips the blocks no document
     spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere."""
     pad_vocab_to: int = 128
-    """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled)."""
+    """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
@@ -558,16 +558,19 @@ class GPT(nn.Module):
             table = self.value_table(i)
             x = block(x, rope, mask, ve=None if table is None else values[table])
         x = self.norm_f(x)
+        V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
-                                         self.cfg.ce_chunk_tokens, reduction, ignore_index=-1)
+                                         self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)
             return loss.view(B, T) if reduction == "none" else loss
         logits = self.logits(x)
         if targets is None:
-            return logits[..., : self.cfg.vocab_size]
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
-        )
+            return logits[..., :V]
+        logits = logits.float()
+        if logits.size(-1) > V:  # padding rows are no tokens: out of the softmax (an imported model's are zeros)
+            logits[..., V:] = float("-inf")
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                               reduction=reduction)
         return loss.view(B, T) if reduction == "none" else loss
 
     # -- accounting ------------------------------------------------------------------------------------

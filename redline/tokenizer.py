@@ -47,7 +47,6 @@ HF_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.50 saves the
 # the keys of tokenizer_config.json redline reads and writes back
 _HF_CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token", "add_eos_token",
                    "chat_template")
-KINDS = ("bytes", "gpt2", "bpe")
 # redline's own chat tokens (redline/chat/render.py): appended after a tokenizer's vocabulary by add_chat_tokens
 CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
@@ -257,6 +256,13 @@ class BPETokenizer(Tokenizer):
             self._with_specials.encode_special_tokens = False
         return self._with_specials.encode(text, add_special_tokens=False).ids
 
+    def encode_with_specials_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """encode_with_specials's ids and each token's (start, end) character offsets in `text` (how the chat
+        renderer maps a template's assistant spans onto tokens)."""
+        self.encode_with_specials("")  # builds the specials-aware copy once
+        encoding = self._with_specials.encode(text, add_special_tokens=False)
+        return list(encoding.ids), list(encoding.offsets)
+
     def token_to_id(self, token: str) -> int | None:
         return self.hf.token_to_id(token)
 
@@ -381,10 +387,7 @@ def read_hf_tokenizer_config(folder: Path) -> dict:
     """tokenizer_config.json of a tokenizer folder, with chat_template.jinja's template where there is one."""
     config: dict = {}
     if (folder / HF_CONFIG_FILE).is_file():
-        try:
-            config = json.loads((folder / HF_CONFIG_FILE).read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise UserError(f"{folder / HF_CONFIG_FILE} is not valid JSON ({e})") from None
+        config = _json_object(folder / HF_CONFIG_FILE, "download or save the tokenizer again")
     if (folder / HF_TEMPLATE_FILE).is_file():
         config["chat_template"] = (folder / HF_TEMPLATE_FILE).read_text(encoding="utf-8")
     return _clean_hf_config(config)
@@ -402,10 +405,7 @@ def _load_hf_file(path: Path) -> BPETokenizer:
     tok = BPETokenizer(hf, spec=str(folder.resolve() if path.name == HF_FILE else path.resolve()),
                        hf_config=hf_config)
     if path.name == HF_FILE and (folder / META_FILE).is_file():
-        try:
-            stop_ids = json.loads((folder / META_FILE).read_text()).get("stop_ids")
-        except ValueError as e:
-            raise UserError(f"{folder / META_FILE} is damaged ({e}); save the tokenizer again") from None
+        stop_ids = _json_object(folder / META_FILE).get("stop_ids")
         if stop_ids:
             tok.stop_ids = stop_ids
     return tok
@@ -525,18 +525,30 @@ class TiktokenTokenizer(Tokenizer):
 # loading
 
 
+def _json_object(path: Path, fix: str = "save the tokenizer again") -> dict:
+    """A tokenizer folder's JSON file as a dict, or one line naming the file and what is wrong with it."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is damaged (not UTF-8 text); {fix}") from None
+    except ValueError as e:
+        raise UserError(f"{path} is damaged ({e}); {fix}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is damaged (a JSON {type(value).__name__}, not an object); {fix}")
+    return value
+
+
 def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
     """"bytes" | "gpt2" | a tokenizer.json file | a folder with redline_tokenizer.json or tokenizer.json (with
     redline's chat tokens where the folder's redline_tokenizer.json lists them)."""
     tokenizer = _load_tokenizer(str(spec))
     meta_file = Path(str(spec)).expanduser() / META_FILE
     if meta_file.is_file():
-        try:
-            chat = json.loads(meta_file.read_text()).get("chat_tokens")
-        except ValueError as e:
-            raise UserError(f"{meta_file} is damaged ({e}); save the tokenizer again") from None
+        chat = _json_object(meta_file).get("chat_tokens")
         if chat:
-            if tokenizer.vocab_size + len(CHAT_TOKENS) - 1 != max(chat.values()) or set(chat) != set(CHAT_TOKENS):
+            well_formed = isinstance(chat, dict) and all(isinstance(i, int) for i in chat.values())
+            if (not well_formed or tokenizer.vocab_size + len(CHAT_TOKENS) - 1 != max(chat.values())
+                    or set(chat) != set(CHAT_TOKENS)):
                 raise UserError(f"{meta_file} lists chat tokens {chat} that do not follow the tokenizer's "
                                 f"{tokenizer.vocab_size} tokens; it is damaged, save the tokenizer again")
             tokenizer.add_chat_tokens()
@@ -551,10 +563,9 @@ def _load_tokenizer(spec: str) -> Tokenizer:
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / META_FILE).is_file():
-            try:
-                kind = json.loads((path / META_FILE).read_text())["kind"]
-            except (ValueError, KeyError) as e:
-                raise UserError(f"{path / META_FILE} is damaged ({e}); save the tokenizer again") from None
+            kind = _json_object(path / META_FILE).get("kind")
+            if not isinstance(kind, str):
+                raise UserError(f"{path / META_FILE} is damaged (kind {kind!r}); save the tokenizer again")
             if kind in ("bytes", "gpt2"):
                 return _load_tokenizer(kind)
         if (path / HF_FILE).is_file():

@@ -19,7 +19,7 @@ from redline.errors import UserError
 from redline.model import GPT, ModelConfig
 from tests.test_train import dataset  # noqa: F401  (the session-scoped prepared corpus)
 
-# vocab 101 is padded to 128: the padded rows take part in the softmax in both paths
+# vocab 101 is padded to 128: the padded rows take no part in the softmax in either path
 SMALL = ModelConfig(vocab_size=101, context_len=32, n_layer=2, n_embd=32, n_head=4, n_kv_head=2)
 
 
@@ -90,11 +90,31 @@ def test_operator_returns_the_gradients_of_the_sum():
     ref = F.cross_entropy(x @ w.t(), targets, ignore_index=-1, reduction="sum")
     ref_x, ref_w = torch.autograd.grad(ref, (x, w))
     with torch.no_grad():
-        total, grad_x, grad_w = linear_cross_entropy_sum(x, w, targets, 4, -1, torch.float32)
+        total, grad_x, grad_w = linear_cross_entropy_sum(x, w, targets, 4, -1, torch.float32, 24)
     torch.testing.assert_close(total, ref)
     torch.testing.assert_close(grad_x, ref_x)
     torch.testing.assert_close(grad_w, ref_w)
     assert grad_w.dtype == torch.float32 and grad_x.dtype == x.dtype
+
+
+def test_padding_rows_take_no_part_in_the_loss():
+    """Rows of the head past `vocab` (the padded vocabulary) are out of the softmax: the loss and gradients are
+    those of the head cut to its first `vocab` rows, and the padding rows get no gradient."""
+    torch.manual_seed(0)
+    x, w = torch.randn(9, 8, requires_grad=True), torch.randn(24, 8, requires_grad=True)
+    targets = torch.tensor([0, 5, -1, 19, 7, 7, -1, 1, 2])
+    ref = F.cross_entropy(x @ w[:20].t(), targets, ignore_index=-1, reduction="sum")
+    ref_x, ref_w = torch.autograd.grad(ref, (x, w))
+    with torch.no_grad():
+        total, grad_x, grad_w = linear_cross_entropy_sum(x, w, targets, 4, -1, torch.float32, 20)
+    torch.testing.assert_close(total, ref)
+    torch.testing.assert_close(grad_x, ref_x)
+    torch.testing.assert_close(grad_w, ref_w)
+    assert not grad_w[20:].any()
+    head = nn.Linear(8, 24, bias=False)
+    for reduction in ("mean", "none"):
+        expected = F.cross_entropy(head(x)[:, :20], targets, ignore_index=-1, reduction=reduction)
+        torch.testing.assert_close(chunked_cross_entropy(head, x, targets, 4, reduction, vocab=20), expected)
 
 
 def test_chunk_step_compiles_to_the_same_numbers():
@@ -102,8 +122,8 @@ def test_chunk_step_compiles_to_the_same_numbers():
     torch.manual_seed(0)
     logits = torch.randn(12, 40).bfloat16()
     targets = torch.tensor([0, 3, -1, 39, 5, 5, 6, -1, 8, 9, 10, 11])
-    loss, grad = chunk_loss_and_grad(logits.clone(), targets, -1)
-    compiled_loss, compiled_grad = torch.compile(chunk_loss_and_grad, fullgraph=True)(logits.clone(), targets, -1)
+    loss, grad = chunk_loss_and_grad(logits.clone(), targets, -1, 40)
+    compiled_loss, compiled_grad = torch.compile(chunk_loss_and_grad, fullgraph=True)(logits.clone(), targets, -1, 40)
     torch.testing.assert_close(compiled_loss, loss)
     torch.testing.assert_close(compiled_grad, grad, atol=1e-3, rtol=1e-2)
     full = logits.float().requires_grad_()
@@ -128,7 +148,7 @@ def test_model_fp32_equals_full(tie, chunk):
         assert chunked.lm_head.weight is chunked.wte.weight
     grads = loss_and_grads(chunked, idx, targets)[1]
     head = "wte.weight" if tie else "lm_head.weight"
-    assert grads[head][101:].abs().sum() > 0  # the padded rows are in the softmax, as in the full path
+    assert not grads[head][101:].any()  # the padded rows are out of the softmax, as in the full path
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
@@ -319,3 +339,20 @@ def test_chunked_matches_full_on_gpu(compiled):
     for name in grads_a:
         scale = grads_a[name].abs().max().clamp(min=1e-6)
         assert (grads_a[name] - grads_b[name]).abs().max() / scale < 0.03, name
+
+
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_model_loss_leaves_the_padded_vocabulary_out(chunk):
+    """A vocabulary of 100 padded to 128 rows: the loss (full or chunked) is the cross-entropy of the 100 real
+    logits, as transformers computes it for an imported model, and the padding rows get no gradient."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=100, context_len=16, n_layer=1, n_embd=32, n_head=2, ce_chunk_tokens=chunk))
+    with torch.no_grad():
+        model.lm_head.weight[100:] = 0.0  # as an import pads them
+    idx, targets = torch.randint(0, 100, (2, 8)), torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        expected = F.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
+    loss = model(idx, targets)
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert not model.lm_head.weight.grad[100:].any()

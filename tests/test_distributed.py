@@ -78,6 +78,20 @@ def test_resume_across_world_sizes(dataset, tmp_path, parallel):  # noqa: F811
     assert close(straight, seen), (straight, seen)
 
 
+def test_muon_under_fsdp2_matches_one_process_and_resumes_across_layouts(dataset, tmp_path):  # noqa: F811
+    """Muon with FSDP2's sharded matrices (redline/training/muon.py: whole matrices only on their owner ranks)
+    trains as one process does, and its sharded checkpoint (momentum buffers as DTensor shards) resumes in one
+    process."""
+    from redline.training import checkpoint as ckpt_io
+
+    muon = ("optim.name=muon", "optim.schedule=constant", "optim.muon_momentum_warmup_steps=4")
+    single = run_train(dataset, tmp_path, "single", 1, "max_steps=6", *muon)
+    first = run_train(dataset, tmp_path, "hop", 2, "max_steps=3", "parallel=fsdp2", *muon)
+    assert ckpt_io.layout(ckpt_io.verify_checkpoint(ckpt_io.list_checkpoints(tmp_path / "hop")[-1])) == "sharded"
+    resumed = run_train(dataset, tmp_path, "hop", 1, "max_steps=6", "--resume")
+    assert first.keys() == {1, 2, 3} and close(single, resumed), (single, first, resumed)
+
+
 def test_peer_failure_message():
     from redline.distributed import DistInfo, peer_failure_message
 

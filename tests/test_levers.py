@@ -218,3 +218,88 @@ def test_the_fast_recipe_combines_the_levers():
     assert (o.name, o.schedule, o.min_lr_ratio, o.muon_momentum_start, o.muon_momentum) == \
         ("muon", "wsd", 0.0, 0.85, 0.95)
     assert 0 < o.decay_fraction < 1 and o.muon_momentum_warmup_steps > 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# the sweeps that measure the levers and the source design's quality claims
+
+
+def _variant_configs(recipe_name: str, tmp_path) -> dict[str, TrainConfig]:
+    from redline.experiments.recipes import expand, load_recipe, resolve_train_config
+
+    runs = expand(load_recipe(recipe_name))
+    return {(r.variant, r.seed): resolve_train_config(r.config_file_contents(tmp_path)) for r in runs}
+
+
+def _differences(a, b, prefix="") -> set[str]:
+    from redline.config import to_dict
+
+    da, db = (to_dict(x) if not isinstance(x, dict) else x for x in (a, b))
+    out = set()
+    for key in da:
+        if isinstance(da[key], dict):
+            out |= _differences(da[key], db[key], f"{prefix}{key}.")
+        elif da[key] != db[key]:
+            out.add(prefix + key)
+    return out
+
+
+def test_the_levers_sweep_changes_one_thing_of_the_fast_recipe_at_a_time(tmp_path):
+    from redline.experiments.recipes import load_recipe
+
+    recipe = load_recipe("levers")
+    configs = _variant_configs("levers", tmp_path)
+    assert {seed for _, seed in configs} == {1, 2, 3} and recipe.budget == {"max_time": 2.5}
+    fast = configs[("fast", 1)]
+    trained = parse(TrainConfig, ["--recipe", "fast"], prog="t", description="t")
+    assert fast.model == trained.model and fast.optim == trained.optim  # the sweep's [set] is the fast recipe
+    for (variant, seed), cfg in configs.items():
+        if seed != 1 or variant == "fast":
+            continue
+        changed = _differences(fast, cfg) - {"run_name"}
+        assert len(changed) == 1 or changed == {"batch_size", "seq_len"}, (variant, changed)
+    by_claim = {c.id: c for c in __import__("redline.experiments.claims", fromlist=["x"]).load_claims()}
+    levers = {v.name for v in recipe.variants} - {"fast"}
+    claimed = {side["variant"] for c in by_claim.values() if c.id.startswith("lever-")
+               for side in (c.treatment, c.control)}
+    assert levers <= claimed  # every lever has its verdict
+
+
+def test_the_quality_sweep_measures_the_source_design_claims_at_30m_tokens(tmp_path):
+    from redline.experiments.claims import evaluate_claims, load_claims
+    from redline.experiments.recipes import load_recipe
+
+    recipe = load_recipe("quality")
+    configs = _variant_configs("quality", tmp_path)
+    base = configs[("baseline", 1)]
+    assert recipe.budget["max_steps"] * base.batch_size * base.effective_seq_len >= 30_000_000
+    assert len(recipe.seeds) == 3
+    # synthetic results with the sweep's variants: every quality claim finds both of its sides
+    runs = [{"status": "completed", "variant": v, "preset": "modern-124m", "precision": "bf16", "batch_size": 16,
+             "seq_len": 2048, "seed": s, "final_val_loss": 3.0 + 0.01 * s + (0.2 if v == "mqa" else 0.0),
+             "tokens_per_second": 4e5 + s, "peak_memory_gib": 10.0} for v, s in configs]
+    rows = {r["id"]: r for r in evaluate_claims(runs, load_claims())}
+    for claim in ("qk-norm-perplexity", "mqa-perplexity", "gqa-quality", "swiglu-quality", "rope-quality"):
+        assert rows[claim]["verdict"] in ("confirmed", "refuted", "inconclusive"), rows[claim]
+        assert rows[claim]["n"] == [3, 3]
+    assert rows["mqa-perplexity"]["measured_ratio"] == pytest.approx(math.exp(0.2))
+    assert rows["lever-muon"]["verdict"] == "not measured"  # the levers sweep's claims need its own runs
+
+
+def test_lever_claims_get_verdicts_from_the_levers_sweep(tmp_path):
+    from redline.experiments.claims import evaluate_claims, load_claims
+
+    configs = _variant_configs("levers", tmp_path)
+    worse = {"lever-adamw": 0.3, "lever-no-softcap": 0.0}  # what each variant adds to the validation loss
+
+    def run(variant, seed, cfg):
+        return {"status": "completed", "variant": variant, "preset": "modern-124m", "precision": "bf16",
+                "batch_size": cfg.batch_size, "seq_len": cfg.effective_seq_len, "seed": seed,
+                "final_val_loss": 3.0 + 0.001 * seed + worse.get(variant, 0.01), "tokens_per_second": 4e5,
+                "peak_memory_gib": 10.0}
+
+    rows = {r["id"]: r for r in evaluate_claims([run(v, s, c) for (v, s), c in configs.items()], load_claims())}
+    assert rows["lever-muon"]["verdict"] == "confirmed" and rows["lever-muon"]["measured_ratio"] < 1
+    assert rows["lever-softcap"]["verdict"] == "refuted"  # the same loss with it as without: it does not pay
+    assert rows["lever-seq-1024"]["n"] == [3, 3]  # its sides differ in batch shape and still meet
+    assert rows["qk-norm-perplexity"]["verdict"] == "not measured"

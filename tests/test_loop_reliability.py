@@ -99,9 +99,9 @@ def test_resume_says_once_which_records_are_missing(dataset, tmp_path, capsys): 
 def test_a_signal_during_eval_or_save_keeps_the_pending_records(dataset, tmp_path, monkeypatch, during):  # noqa: F811
     """SIGTERM arrives while the step-4 evaluation (or checkpoint) runs, with steps 1-4 not yet on a log line:
     they are written before the run stops, and the run exits with its checkpoint."""
-    import redline.training.loop as loop_mod
+    import redline.training.evaluate as evaluate_mod
 
-    target, name = (loop_mod, "evaluate") if during == "eval" else (ckpt_io, "save_checkpoint")
+    target, name = (evaluate_mod, "evaluate") if during == "eval" else (ckpt_io, "save_checkpoint")
     real, sent = getattr(target, name), []
 
     def signal_then_run(*args, **kwargs):

@@ -157,27 +157,29 @@ def _val_loss(model, dataset, cfg) -> float:  # noqa: F811
         return float(model(x, y))
 
 
-def test_lora_resume_is_exact(dataset, base_checkpoint, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("quantize", ["none", pytest.param("nf4", marks=pytest.mark.slow)])
+def test_lora_resume_is_exact(dataset, base_checkpoint, tmp_path, monkeypatch, quantize):  # noqa: F811
     import redline.training.step as step_mod
 
-    extra = (f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=4", "lora.dropout=0.1", "max_steps=6")
+    extra = (f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=4", "lora.dropout=0.1", "max_steps=4",
+             f"lora.quantize={quantize}")
     straight = train(config(dataset, tmp_path / "a", *extra))
     real_set_lr, calls = step_mod.set_lr, {"n": 0}
 
     def set_lr_then_signal(optimizers, multiplier):
         real_set_lr(optimizers, multiplier)
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(step_mod, "set_lr", set_lr_then_signal)
     first = train(config(dataset, tmp_path / "b", *extra))
     monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
-    assert first.status == "interrupted" and first.step == 3
+    assert first.status == "interrupted" and first.step == 2
     last = ckpt_io.list_checkpoints(first.run_dir)[-1]
     saved = from_dict(TrainConfig, ckpt_io.load_config_dict(last))  # as `redline train --resume` does
     second = train(saved, resume_from=last)
-    assert second.step == 6
+    assert second.step == 4
     assert train_losses(straight.run_dir) == train_losses(second.run_dir)
 
 
@@ -191,3 +193,54 @@ def test_moved_base_is_a_one_line_error(dataset, base_checkpoint, tmp_path):  # 
     with pytest.raises(UserError, match="which is not there") as e:
         ckpt_io.load_for_inference(result.checkpoint)
     assert "\n" not in str(e.value)
+
+
+def test_resume_with_other_lora_setting_is_a_one_line_error(dataset, base_checkpoint, tmp_path):  # noqa: F811
+    result = train(config(dataset, tmp_path, f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=2",
+                          "max_steps=1"))
+    saved = from_dict(TrainConfig, ckpt_io.load_config_dict(result.checkpoint))
+    saved.lora.enabled, saved.max_steps = False, 2
+    with pytest.raises(UserError, match="is from a LoRA run and this run has lora.enabled=False") as e:
+        train(saved, resume_from=result.checkpoint)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="fp8 with lora.enabled is not supported"):
+        parse(TrainConfig, ["lora.enabled=True", "init_from=x", "fp8=all"], prog="t", description="t")
+
+
+@pytest.mark.parametrize("quantize", ["none", "nf4"])
+def test_bf16_base_under_autocast_as_on_a_gpu(quantize):
+    """The GPU path: the frozen weight in bf16 (or NF4 from bf16), computed under bf16 autocast; outside autocast
+    (sampling without it) the layer still takes and returns fp32."""
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64)
+    layer = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.bfloat16, quantize, "l")
+    ref = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.float32, "none", "ref")
+    with torch.no_grad():
+        layer.lora_B.normal_(0, 0.1)
+        ref.weight.copy_(dequantize(layer.weight).float())
+        ref.bias.copy_(layer.bias.float())
+        ref.lora_A.copy_(layer.lora_A)
+        ref.lora_B.copy_(layer.lora_B)
+    x = torch.randn(3, 128)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    expected = ref(x)
+    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.02)
+    assert layer.lora_A.grad is not None and layer.lora_A.grad.dtype == torch.float32
+    plain = layer(x)  # no autocast: fp32 in, fp32 out
+    assert plain.dtype == torch.float32
+    torch.testing.assert_close(plain, expected.detach(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("quantize", ["none", "nf4"])
+def test_adapted_layer_traces_as_one_graph(quantize):
+    """torch.compile (on by default on GPUs) takes the adapted layer whole, NF4 dequantization included."""
+    torch.manual_seed(0)
+    layer = LoRALinear.from_linear(nn.Linear(128, 64), 8, 16.0, 0.0, torch.float32, quantize, "l")
+    with torch.no_grad():
+        layer.lora_B.normal_(0, 0.1)
+    x = torch.randn(4, 128)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)  # fullgraph: a graph break is an error
+    torch.testing.assert_close(compiled(x), layer(x))

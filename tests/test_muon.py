@@ -290,6 +290,57 @@ def test_sharded_step_equals_one_process(tmp_path, world):
         assert torch.equal(a.detach(), b)
 
 
+def _fsdp_worker(rank: int, world: int, init_file: str, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        params = [torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)])) for p in random_params()]
+        opt = Muon(params, weight_decay=0.1, momentum_warmup_steps=2)
+        for grads in random_grads(3):
+            for p, g in zip(params, grads):
+                p.grad = distribute_tensor(g, mesh, [Shard(0)])
+            opt.step()
+        full = [p.detach().full_tensor() for p in params]
+        buffers = [opt.state[p]["momentum_buffer"].full_tensor() for p in params]
+        if rank == 0:
+            torch.save({"params": full, "buffers": buffers,
+                        "local_rows": [p.to_local().shape[0] for p in params]}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_fsdp2_sharded_step_equals_one_process(tmp_path, world):
+    """FSDP2's layout (each rank holds its rows of each matrix, as DTensors sharded on dim 0; 3 ranks split 32
+    rows as 11, 11, 10): the shards go to each matrix's owner and back by all-to-all, and the weights and
+    momentum equal one process's bit for bit."""
+    out = tmp_path / "fsdp.pt"
+    mp.spawn(_fsdp_worker, args=(world, str(tmp_path / "store"), str(out)), nprocs=world, join=True)
+    single = random_params()
+    opt = run_muon(single, random_grads(3), weight_decay=0.1, momentum_warmup_steps=2)
+    got = torch.load(out)
+    assert got["local_rows"][0] == math.ceil(SHAPES[0][0] / world)  # rank 0 held a shard, not the matrix
+    for a, b in zip(single, got["params"]):
+        assert torch.equal(a.detach(), b)
+    for a, b in zip(single, got["buffers"]):
+        assert torch.equal(opt.state[a]["momentum_buffer"], b)
+
+
+def test_a_dtensor_sharded_otherwise_is_refused(tmp_path):
+    class Fake(torch.nn.Parameter):
+        pass
+
+    p = Fake(torch.zeros(4, 4))
+    p.device_mesh = type("Mesh", (), {"ndim": 2})()
+    p.placements = ()
+    with pytest.raises(Exception, match="sharded by rows over one mesh dimension"):
+        Muon([p])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_cuda_step_never_waits_and_equals_eager():

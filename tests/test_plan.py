@@ -165,3 +165,10 @@ def test_cpu_numbers_are_never_called_a_gpu(tmp_path, capsys, monkeypatch):
     assert "tokens/s on one CPU" in text and "one GPU" not in text and "per GPU" not in text
     assert "CPU-hours" in out and "GPU-hours" not in out and "not for GPUs" in out
     assert json.loads(out.strip().splitlines()[-1])["device"] == "cpu"
+
+
+def test_bench_json_that_is_not_text_is_one_line(tmp_path, capsys):
+    path = tmp_path / "bench.jsonl"
+    path.write_bytes(b'{"tokens_per_second": 1e5}\n\xff\xfe\x00binary\n')
+    code, _, err = run_cli(["plan", "--bench-json", str(path), "--model", "1e8"], capsys)
+    assert code == 2 and "is not UTF-8 text" in err and len(err.strip().splitlines()) == 1, err

@@ -239,3 +239,24 @@ def test_flex_document_masking_compiled_on_gpu_matches_sdpa():
         losses.append(loss.item())
     assert losses[0] == pytest.approx(losses[1], rel=2e-2)
     torch.testing.assert_close(flex.wte.weight.grad, sdpa.wte.weight.grad, atol=2e-3, rtol=5e-2)
+
+
+@pytest.mark.slow
+def test_sft_and_evaluate_an_imported_model_with_its_jinja_template(tmp_path, capsys):
+    """An imported Llama (vocabulary padded past its tokenizer's, a ChatML template): sft renders through the
+    template (no chat tokens added, the vocabulary kept), evaluate and generate --chat use it too."""
+    from tests.interop_models import hf_folder
+
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    assert _cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")]) == 0
+    data = tmp_path / "c.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"hi {i}", "completion": "hello world"}) + "\n" for i in range(40)))
+    assert _cli(["sft", "--from", str(tmp_path / "ckpt"), "--data", str(data), f"out_dir={tmp_path}", "run_name=s",
+                 "max_steps=2", "batch_size=2", "seq_len=64", "eval_batches=1", "tensorboard=False"]) == 0
+    ckpt = ckpt_io.resolve_checkpoint(tmp_path / "s")
+    imported = json.loads((tmp_path / "ckpt" / "config.json").read_text())["model"]["vocab_size"]
+    assert json.loads((ckpt / "config.json").read_text())["model"]["vocab_size"] == imported
+    assert "chat_tokens" not in json.loads((ckpt / "tokenizer" / "redline_tokenizer.json").read_text())
+    capsys.readouterr()
+    assert _cli(["evaluate", str(tmp_path / "s"), "--tasks", "sort", "--limit", "2", "--max-new-tokens", "2"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["chat"] == "jinja"

@@ -22,7 +22,8 @@ from redline.experiments.recipes import (
     resolve_train_config,
     train_has_field,
 )
-from redline.experiments.sweep import Sweep, SweepLock, error_line
+from redline.experiments.processes import SweepLock, error_line
+from redline.experiments.sweep import Sweep
 
 FAKE_TRAIN = Path(__file__).parent / "fixtures" / "fake_train.py"
 REPO = Path(__file__).resolve().parent.parent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -130,6 +131,22 @@ def test_load_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(UserError, match="cannot load tokenizer"):
         load_tokenizer(str(tmp_path / "bad.json"))
+
+
+@pytest.mark.parametrize("name,content,fragment", [
+    ("redline_tokenizer.json", b"[1, 2]", "a JSON list, not an object"),
+    ("redline_tokenizer.json", b'{"kind": "bpe\xff"}', "not UTF-8 text"),
+    ("redline_tokenizer.json", b'{"vocab_size": 3}', "kind None"),
+    ("redline_tokenizer.json", b'{"kind": "bpe", "chat_tokens": [1, 2]}', "lists chat tokens"),
+    ("tokenizer_config.json", b'"a string"', "a JSON str, not an object"),
+])
+def test_damaged_tokenizer_folder_files_are_one_line(bpe, tmp_path, name, content, fragment):
+    folder = tmp_path / "bpe"
+    bpe.save(folder)
+    (folder / name).write_bytes(content)
+    with pytest.raises(UserError, match=re.escape(fragment)) as e:
+        load_tokenizer(str(folder))
+    assert name in str(e.value) and "\n" not in str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ class JinjaRenderer:
     def __init__(self, tokenizer, template=None):
         from redline.chat.template import template_for
 
-        if not hasattr(tokenizer, "encode_with_specials"):
+        if not hasattr(tokenizer, "encode_with_specials_offsets"):
             raise UserError("a Jinja chat template needs a Hugging Face tokenizer (tokenizer.json); this one is "
                             f"{tokenizer.name}")
         self.tokenizer = tokenizer
@@ -134,16 +134,12 @@ class JinjaRenderer:
         text, spans = self.template.render_with_generation_spans(messages, add_generation_prompt)
         if not spans:
             spans = self._assistant_spans(messages, text)
-        encoding = self._encode(text)
-        mask = [any(start <= s < end for start, end in spans) for s, _ in encoding.offsets]
-        return Rendered(list(encoding.ids), mask)
+        ids, offsets = self.tokenizer.encode_with_specials_offsets(text)
+        mask = [any(start <= s < end for start, end in spans) for s, _ in offsets]
+        return Rendered(ids, mask)
 
     def prompt(self, messages: Sequence[Message]) -> list[int]:
-        return list(self._encode(self.text(messages, add_generation_prompt=True)).ids)
-
-    def _encode(self, text: str):
-        self.tokenizer.encode_with_specials("")  # builds the specials-aware copy once
-        return self.tokenizer._with_specials.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode_with_specials(self.text(messages, add_generation_prompt=True))
 
     def _assistant_spans(self, messages: list[dict], text: str) -> list[tuple[int, int]]:
         """Character spans of each assistant message's text and the special token that ends its turn."""

@@ -259,6 +259,10 @@ def main(argv: list[str]) -> int:
     set_cuda_allocator_defaults()  # before anything starts CUDA
     matrix_items, rest = take_matrix(list(argv))
     cfg = parse(BenchConfig, rest, prog="redline bench", description=DESCRIPTION, bare_flags=BARE_FLAGS)
+    if cfg.init_from:  # the checkpoint's architecture (its weights do not change speed or memory)
+        from redline.training.init_from import InitPoint
+
+        cfg = InitPoint.read(cfg.init_from).configure(cfg)
     cfg.matrix = tuple(matrix_items) + tuple(cfg.matrix)
     under_torchrun = "WORLD_SIZE" in os.environ
     if os.environ.get(CHILD_ENV):  # a point (its recipe file may name the matrix or gpus too): one point only

@@ -167,7 +167,6 @@ def _profile_decode(engine, prompts: torch.Tensor, new_tokens: int, device: torc
 
 def main(argv: list[str]) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from redline.config import _pop_option, normalize_argv, parse
     from redline.errors import UserError
@@ -202,6 +201,41 @@ def main(argv: list[str]) -> int:
 
     ctx = model.cfg.context_len
     gen = torch.Generator().manual_seed(cfg.seed)
+    results = _time_methods(cfg, methods, engines, model, prompt_lens, batch_sizes, new_tokens, device, gen, console)
+    _add_speedups(results)
+    device_name = torch.cuda.get_device_name(device) if on_gpu else f"cpu ({torch.get_num_threads()} threads)"
+    title = (f"bench-infer: {name}, {model.num_params() / 1e6:.1f}M parameters, {device_name}, "
+             f"{str(compiled.dtype).removeprefix('torch.')}, {new_tokens} new tokens"
+             + (", FP8 KV cache (compiled method)" if compiled.plan.kv_cache == "fp8" else ""))
+    console.print(_results_table(title, results))
+    compile_s = sum(r.get("first_call_extra_s", 0.0) for r in results if r["method"] == "compiled")
+    console.print(f"compile + capture cost (first calls of the compiled engine, beyond a timed run): {compile_s:.1f} s")
+    profiles = []
+    if cfg.profile:
+        engine = engines["compiled" if "compiled" in methods else "eager"]
+        profiles = _profile_batches(cfg, engine, model, prompt_lens[0], batch_sizes, new_tokens, device, gen, console)
+
+    summary = {
+        "command": "bench-infer", "model": name, "preset": cfg.preset, "checkpoint": cfg.checkpoint,
+        "params": model.num_params(), "device": device_name, "dtype": str(compiled.dtype).removeprefix("torch."),
+        "engine": compiled.describe(), "kv_bytes_per_token": compiled.kv_bytes_per_token(),
+        "context_len": ctx, "max_new_tokens": new_tokens, "repeats": cfg.repeats,
+        "compile_s": compile_s, "torch": torch.__version__, "results": results, "profiles": profiles,
+    }
+    line = json.dumps(summary)
+    if cfg.json_out:
+        from redline.durable import append_line
+
+        append_line(cfg.json_out, line)  # whole or not at all (a full disk is one line)
+    sys.stdout.flush()
+    print(line)
+    return 0
+
+
+def _time_methods(cfg, methods, engines, model, prompt_lens, batch_sizes, new_tokens, device, gen, console
+                  ) -> list[dict]:
+    """One result row per (prompt length, batch, method): the timings, or why the point was skipped."""
+    ctx = model.cfg.context_len
     results = []
     for P in prompt_lens:
         for B in batch_sizes:
@@ -228,8 +262,11 @@ def main(argv: list[str]) -> int:
                 console.print(f"[dim]{METHOD_LABELS[method]:<20} batch {B:>4} prompt {P:>5}: "
                               f"{results[-1].get('decode_tok_s_total', float('nan')):,.0f} tokens/s "
                               f"({results[-1]['status']})[/dim]")
+    return results
 
-    # speed-ups of each technique at the same batch and prompt length
+
+def _add_speedups(results: list[dict]) -> None:
+    """speedup_vs_naive / speedup_vs_eager: each technique against the simpler ones at the same batch and prompt."""
     by_key = {(r["method"], r["batch"], r["prompt_len"]): r for r in results if r["status"] == "ok"}
     for r in results:
         if r["status"] != "ok":
@@ -239,10 +276,11 @@ def main(argv: list[str]) -> int:
             if ref:
                 r[f"speedup_vs_{base}"] = r["decode_tok_s_per_seq"] / ref["decode_tok_s_per_seq"]
 
-    device_name = torch.cuda.get_device_name(device) if on_gpu else f"cpu ({torch.get_num_threads()} threads)"
-    table = Table(title=f"bench-infer: {name}, {model.num_params() / 1e6:.1f}M parameters, {device_name}, "
-                        f"{str(compiled.dtype).removeprefix('torch.')}, {new_tokens} new tokens"
-                        + (", FP8 KV cache (compiled method)" if compiled.plan.kv_cache == "fp8" else ""))
+
+def _results_table(title: str, results: list[dict]):
+    from rich.table import Table
+
+    table = Table(title=title)
     for col in ("method", "batch", "prompt", "TTFT ms", "decode tok/s/seq", "decode tok/s all",
                 "× naive", "× eager", "KV MiB", "peak MiB", "1st call s"):
         table.add_column(col, justify="left" if col == "method" else "right")
@@ -259,46 +297,30 @@ def main(argv: list[str]) -> int:
                       fmt(r["decode_tok_s_per_seq"], ",.0f"), fmt(r["decode_tok_s_total"], ",.0f"),
                       fmt(r.get("speedup_vs_naive"), ".1f"), fmt(r.get("speedup_vs_eager"), ".1f"),
                       fmt(r["kv_cache_mib"], ",.1f"), fmt(r["peak_mem_mib"], ",.0f"), fmt(r["first_call_s"], ".2f"))
-    console.print(table)
-    compile_s = sum(r.get("first_call_extra_s", 0.0) for r in results if r["method"] == "compiled")
-    console.print(f"compile + capture cost (first calls of the compiled engine, beyond a timed run): {compile_s:.1f} s")
+    return table
 
+
+def _profile_batches(cfg, engine, model, P, batch_sizes, new_tokens, device, gen, console) -> list[dict]:
+    """--profile: kernels and their time per decoded token at each batch size, the first prompt length."""
     profiles = []
-    if cfg.profile:
-        engine = engines["compiled" if "compiled" in methods else "eager"]
-        P = prompt_lens[0]
-        for B in batch_sizes:
-            if P + new_tokens > ctx or new_tokens < 2:
-                continue
-            prompts = torch.randint(0, model.cfg.vocab_size, (B, P), generator=gen)
-            try:
-                prof = _profile_decode(engine, prompts, new_tokens, device, _trace_path(cfg.profile, B))
-            except torch.cuda.OutOfMemoryError:
-                engine.release()
-                console.print(f"profile batch {B}, prompt {P}: out of memory, not profiled")
-                continue
-            profiles.append({"batch": B, "prompt_len": P, **prof})
-            ms = prof["total_ms_per_step"]
-            groups = ", ".join(f"{g} {v:.3f}" for g, v in prof["groups_ms_per_step"].items() if v > 0)
-            console.print(f"profile batch {B}, prompt {P}: {prof['timing']} {ms:.3f} ms per decoded token "
-                          f"({groups}), {prof['kernels_per_step']:.0f} {'kernels' if on_gpu else 'operators'} per token; "
-                          f"trace {prof['trace']}")
-            for row in prof["top"][:12]:
-                console.print(f"  {row['ms_per_step'] * 1e3:8.1f} µs  {row['calls_per_step']:5.1f}×  "
-                              f"{row['group']:<9} {row['name'][:110]}")
-
-    summary = {
-        "command": "bench-infer", "model": name, "preset": cfg.preset, "checkpoint": cfg.checkpoint,
-        "params": model.num_params(), "device": device_name, "dtype": str(compiled.dtype).removeprefix("torch."),
-        "engine": compiled.describe(), "kv_bytes_per_token": compiled.kv_bytes_per_token(),
-        "context_len": ctx, "max_new_tokens": new_tokens, "repeats": cfg.repeats,
-        "compile_s": compile_s, "torch": torch.__version__, "results": results, "profiles": profiles,
-    }
-    line = json.dumps(summary)
-    if cfg.json_out:
-        with open(cfg.json_out, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-    sys.stdout.flush()
-    print(line)
-    return 0
+    for B in batch_sizes:
+        if P + new_tokens > model.cfg.context_len or new_tokens < 2:
+            continue
+        prompts = torch.randint(0, model.cfg.vocab_size, (B, P), generator=gen)
+        try:
+            prof = _profile_decode(engine, prompts, new_tokens, device, _trace_path(cfg.profile, B))
+        except torch.cuda.OutOfMemoryError:
+            engine.release()
+            console.print(f"profile batch {B}, prompt {P}: out of memory, not profiled")
+            continue
+        profiles.append({"batch": B, "prompt_len": P, **prof})
+        ms = prof["total_ms_per_step"]
+        groups = ", ".join(f"{g} {v:.3f}" for g, v in prof["groups_ms_per_step"].items() if v > 0)
+        console.print(f"profile batch {B}, prompt {P}: {prof['timing']} {ms:.3f} ms per decoded token "
+                      f"({groups}), {prof['kernels_per_step']:.0f} {'kernels' if device.type == 'cuda' else 'operators'}"
+                      f" per token; trace {prof['trace']}")
+        for row in prof["top"][:12]:
+            console.print(f"  {row['ms_per_step'] * 1e3:8.1f} µs  {row['calls_per_step']:5.1f}×  "
+                          f"{row['group']:<9} {row['name'][:110]}")
+    return profiles
 

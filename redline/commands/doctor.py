@@ -230,9 +230,20 @@ def _fmt(value, digits: int = 1) -> str:
 
 
 def print_report(report: dict, console) -> None:
+    _print_host(report["host"], report["versions"], console)
+    if report["gpus"]:
+        _print_gpus(report["gpus"], console)
+        for g in report["gpus"]:
+            _print_gpu_checks(g, console)
+    for v in report["verdicts"]:
+        style = _STYLE[v["level"]]
+        fix = f" → fix: {v['fix']}" if v.get("fix") else ""
+        console.print(f"[{style}]{v['level'].upper():<6}[/{style}] {v['check']}: {v['message']}{fix}", highlight=False)
+
+
+def _print_host(host: dict, versions: dict, console) -> None:
     from rich.table import Table
 
-    host, versions = report["host"], report["versions"]
     table = Table(title="host", show_header=False)
     table.add_row(
         "CPU",
@@ -251,78 +262,82 @@ def print_report(report: dict, console) -> None:
         table.add_row(key, _fmt(versions.get(key)))
     console.print(table)
 
-    gpus = report["gpus"]
-    if gpus:
+
+def _print_gpus(gpus: list[dict], console) -> None:
+    """The GPUs' properties, and NVML's readings idle and under the GEMM load."""
+    from rich.table import Table
+
+    table = Table(
+        "GPU", "name", "capability", "memory GiB", "SMs", "L2 MiB", "kernels in torch build", title="GPUs"
+    )
+    for g in gpus:
+        table.add_row(str(g["index"]), g["name"], g["capability"], _fmt(g["memory_gib"]), str(g["sm_count"]),
+                      _fmt(g["l2_mib"]), "yes" if g["arch_in_build"] else "[bold red]NO")
+    console.print(table)
+    table = Table("GPU", "when", "SM clock MHz", "mem clock MHz", "power W", "limit W", "temp °C",
+                  "throttle reasons", "PCIe link", title="NVML")
+    for g in gpus:
+        for when, key in (("idle", "nvml_idle"), ("GEMM load", "nvml_under_load")):
+            r = g.get(key)
+            if not r:
+                continue
+            if r.get("status") != "ok":
+                table.add_row(str(g["index"]), when, f"unavailable: {r.get('reason', '')}", "", "", "", "", "", "")
+                continue
+            table.add_row(str(g["index"]), when, f"{_fmt(r['sm_clock_mhz'], 0)} / {_fmt(r['sm_clock_max_mhz'], 0)}",
+                          f"{_fmt(r['memory_clock_mhz'], 0)} / {_fmt(r['memory_clock_max_mhz'], 0)}",
+                          _fmt(r["power_draw_w"]), _fmt(r["power_limit_w"]), _fmt(r["temperature_c"], 0),
+                          _fmt(r["throttle_reasons"]), f"{r['pcie_link']} (max {r['pcie_link_max']})")
+    console.print(table)
+
+
+def _print_gpu_checks(g: dict, console) -> None:
+    """One GPU's precision checks, attention backends and micro-benchmarks against its datasheet."""
+    from rich.table import Table
+
+    if "precisions" in g:
         table = Table(
-            "GPU", "name", "capability", "memory GiB", "SMs", "L2 MiB", "kernels in torch build", title="GPUs"
+            "precision", "capability allows", "tiny op", "detail", title=f"GPU {g['index']} precisions"
         )
-        for g in gpus:
-            table.add_row(str(g["index"]), g["name"], g["capability"], _fmt(g["memory_gib"]), str(g["sm_count"]),
-                          _fmt(g["l2_mib"]), "yes" if g["arch_in_build"] else "[bold red]NO")
+        for name, r in g["precisions"].items():
+            status = r.get("status", "")
+            style = "green" if status == "ok" else ("dim" if status.startswith("not supported") else "yellow")
+            detail = r.get("detail") or (
+                f"rel. error {r['relative_error']}" if "relative_error" in r else r.get("fix", "")
+            )
+            table.add_row(name, "yes" if r.get("by_capability") else "no", f"[{style}]{status}", detail)
         console.print(table)
-        table = Table("GPU", "when", "SM clock MHz", "mem clock MHz", "power W", "limit W", "temp °C",
-                      "throttle reasons", "PCIe link", title="NVML")
-        for g in gpus:
-            for when, key in (("idle", "nvml_idle"), ("GEMM load", "nvml_under_load")):
-                r = g.get(key)
-                if not r:
-                    continue
-                if r.get("status") != "ok":
-                    table.add_row(str(g["index"]), when, f"unavailable: {r.get('reason', '')}", "", "", "", "", "", "")
-                    continue
-                table.add_row(str(g["index"]), when, f"{_fmt(r['sm_clock_mhz'], 0)} / {_fmt(r['sm_clock_max_mhz'], 0)}",
-                              f"{_fmt(r['memory_clock_mhz'], 0)} / {_fmt(r['memory_clock_max_mhz'], 0)}",
-                              _fmt(r["power_draw_w"]), _fmt(r["power_limit_w"]), _fmt(r["temperature_c"], 0),
-                              _fmt(r["throttle_reasons"]), f"{r['pcie_link']} (max {r['pcie_link_max']})")
+    if g.get("attention"):
+        table = Table(
+            "backend", "available", "fwd+bwd ms", "detail", title=f"GPU {g['index']} attention (SDPA)"
+        )
+        for name, r in g["attention"].items():
+            table.add_row(
+                name, "yes" if r["available"] else "[yellow]no", _fmt(r["fwd_bwd_ms"], 3), r["detail"]
+            )
         console.print(table)
-        for g in gpus:
-            if "precisions" in g:
-                table = Table(
-                    "precision", "capability allows", "tiny op", "detail", title=f"GPU {g['index']} precisions"
-                )
-                for name, r in g["precisions"].items():
-                    status = r.get("status", "")
-                    style = "green" if status == "ok" else ("dim" if status.startswith("not supported") else "yellow")
-                    detail = r.get("detail") or (
-                        f"rel. error {r['relative_error']}" if "relative_error" in r else r.get("fix", "")
-                    )
-                    table.add_row(name, "yes" if r.get("by_capability") else "no", f"[{style}]{status}", detail)
-                console.print(table)
-            if g.get("attention"):
-                table = Table(
-                    "backend", "available", "fwd+bwd ms", "detail", title=f"GPU {g['index']} attention (SDPA)"
-                )
-                for name, r in g["attention"].items():
-                    table.add_row(
-                        name, "yes" if r["available"] else "[yellow]no", _fmt(r["fwd_bwd_ms"], 3), r["detail"]
-                    )
-                console.print(table)
-            rows = [
-                ("bf16 GEMM 8192³ burst (after idle)", "bf16_gemm_burst_tflops", "TFLOP/s"),
-                ("bf16 GEMM 8192³ sustained (MFU uses it)", "bf16_gemm_tflops", "TFLOP/s"),
-                ("fp8 GEMM 8192³ tensorwise", "fp8_gemm_tflops", "TFLOP/s"),
-                ("fp8 GEMM 8192³ rowwise", "fp8_rowwise_gemm_tflops", "TFLOP/s"),
-                ("device copy (read+write)", "copy_tbps", "TB/s"),
-                ("host→device pinned", "h2d_pinned_gbps", "GB/s"),
-                ("host→device pageable", "h2d_pageable_gbps", "GB/s"),
-            ]
-            if any(g.get(key) is not None or key in g.get("errors", {}) for _, key, _ in rows):
-                datasheet = datasheet_values(g.get("peak"))
-                table = Table("benchmark", "measured", "unit", "datasheet", "% of datasheet",
-                              title=f"GPU {g['index']} micro-benchmarks (median, CUDA events)")
-                for label, key, unit in rows:
-                    if key in g.get("errors", {}):
-                        table.add_row(label, f"[yellow]failed: {g['errors'][key]}", unit, "", "")
-                    elif g.get(key) is not None:
-                        pct = g.get("percent_of_datasheet", {}).get(key)
-                        digits = 2 if unit == "TB/s" else 1
-                        table.add_row(label, _fmt(g[key], digits), unit, _fmt(datasheet.get(key), digits),
-                                      f"{pct:.0f}%" if pct else "-")
-                console.print(table)
-    for v in report["verdicts"]:
-        style = _STYLE[v["level"]]
-        fix = f" → fix: {v['fix']}" if v.get("fix") else ""
-        console.print(f"[{style}]{v['level'].upper():<6}[/{style}] {v['check']}: {v['message']}{fix}", highlight=False)
+    rows = [
+        ("bf16 GEMM 8192³ burst (after idle)", "bf16_gemm_burst_tflops", "TFLOP/s"),
+        ("bf16 GEMM 8192³ sustained (MFU uses it)", "bf16_gemm_tflops", "TFLOP/s"),
+        ("fp8 GEMM 8192³ tensorwise", "fp8_gemm_tflops", "TFLOP/s"),
+        ("fp8 GEMM 8192³ rowwise", "fp8_rowwise_gemm_tflops", "TFLOP/s"),
+        ("device copy (read+write)", "copy_tbps", "TB/s"),
+        ("host→device pinned", "h2d_pinned_gbps", "GB/s"),
+        ("host→device pageable", "h2d_pageable_gbps", "GB/s"),
+    ]
+    if any(g.get(key) is not None or key in g.get("errors", {}) for _, key, _ in rows):
+        datasheet = datasheet_values(g.get("peak"))
+        table = Table("benchmark", "measured", "unit", "datasheet", "% of datasheet",
+                      title=f"GPU {g['index']} micro-benchmarks (median, CUDA events)")
+        for label, key, unit in rows:
+            if key in g.get("errors", {}):
+                table.add_row(label, f"[yellow]failed: {g['errors'][key]}", unit, "", "")
+            elif g.get(key) is not None:
+                pct = g.get("percent_of_datasheet", {}).get(key)
+                digits = 2 if unit == "TB/s" else 1
+                table.add_row(label, _fmt(g[key], digits), unit, _fmt(datasheet.get(key), digits),
+                              f"{pct:.0f}%" if pct else "-")
+        console.print(table)
 
 
 def main(argv: list[str]) -> int:

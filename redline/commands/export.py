@@ -6,8 +6,13 @@
 The architecture follows the model: GPT-2 for learned positions (the gpt2 presets), Qwen3 with QK-norm (the modern
 presets), Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A redline option none of
 them has (post-norm, ReLU², learned positions with RMSNorm, logit soft-capping, ...) is an error that names it.
-The folder holds config.json, model.safetensors, generation_config.json (the stop tokens), tokenizer.json and
+The folder holds config.json, model.safetensors, generation_config.json (the stop, BOS and padding ids, with the
+rest of an imported model's own generation config), tokenizer.json and
 tokenizer_config.json (special tokens, chat template). Written atomically: on any error nothing is left at --out.
+
+A LoRA run's checkpoint (adapters and a reference to its base: docs/lora.md):
+    redline export runs/lora-run --adapter adapter/       # a PEFT adapter for the model `export BASE` writes
+    redline export runs/lora-run --merge --out merged/    # the base with the adapters folded in
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ import tyro
 class ExportConfig:
     checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="CKPT")]
     """A checkpoint folder or a run directory (its newest checkpoint)."""
-    out: str
+    out: str | None = None
     """The folder (hf) or .gguf file (gguf) to write; it must not exist yet."""
+    adapter: str | None = None
+    """A LoRA run's checkpoint only: write its adapters as a PEFT adapter folder here (instead of --out)."""
+    merge: bool = False
+    """A LoRA run's checkpoint only: write the merged model (base + adapters) to --out."""
     format: Literal["hf", "gguf"] = "hf"
     """hf: a Hugging Face model folder; gguf: one GGUF file."""
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -46,6 +55,26 @@ def stored_dtype(ckpt):
     return {"BF16": torch.bfloat16, "F16": torch.float16}.get(kind, torch.float32)
 
 
+def original_generation_config(ckpt, train_cfg) -> dict | None:
+    """The generation_config.json an imported model brought: in the checkpoint itself, or, for a run that started
+    from one (init_from), in that checkpoint (where it is still there)."""
+    from pathlib import Path
+
+    from redline.training.checkpoint import resolve_checkpoint
+
+    places = [ckpt]
+    if train_cfg.init_from and Path(train_cfg.init_from).exists():
+        places.append(resolve_checkpoint(train_cfg.init_from))
+    for folder in places:
+        path = Path(folder) / "generation_config.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                return None
+    return None
+
+
 def main(argv: list[str]) -> int:
     from pathlib import Path
 
@@ -55,7 +84,12 @@ def main(argv: list[str]) -> int:
     from redline.interop.hf import DTYPES
     from redline.training.checkpoint import load_checkpoint_weights, resolve_checkpoint
 
-    cfg = parse(ExportConfig, argv, prog="redline export", description=__doc__.strip())
+    cfg = parse(ExportConfig, argv, prog="redline export", description=__doc__.strip(), bare_flags={"--merge": "True"})
+    if cfg.adapter is not None:
+        return export_adapter(cfg)
+    if cfg.out is None:
+        raise UserError("give --out DIR (or, for a LoRA run's checkpoint, --adapter DIR)")
+    check_merge(cfg)
     out = Path(cfg.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
@@ -70,7 +104,7 @@ def main(argv: list[str]) -> int:
     if cfg.format == "hf":
         from redline.interop.hf import write_folder
 
-        write_folder(out, state, train_cfg.model, tokenizer, family, dtype)
+        write_folder(out, state, train_cfg.model, tokenizer, family, dtype, original_generation_config(ckpt, train_cfg))
         loader = f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
     else:
         from redline.interop.gguf_file import write_gguf
@@ -80,4 +114,52 @@ def main(argv: list[str]) -> int:
     name = str(dtype).removeprefix("torch.")
     print(f"redline export: {ckpt} -> {out} as {family.architecture} ({cfg.format}, {name}); load it with {loader}")
     print(json.dumps({"out": str(out), "format": cfg.format, "architecture": family.architecture, "dtype": name}))
+    return 0
+
+
+def check_merge(cfg: ExportConfig) -> None:
+    """--merge for a LoRA run's checkpoint and for it alone: the merged model is what --out then holds."""
+    from redline.errors import UserError
+    from redline.training.adapters import is_adapter_checkpoint
+    from redline.training.checkpoint import read_meta, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(cfg.checkpoint)
+    adapters = is_adapter_checkpoint(read_meta(ckpt))
+    if adapters and not cfg.merge:
+        raise UserError(f"{ckpt} holds LoRA adapters: give --merge to write the merged model to --out, or "
+                        f"--adapter DIR for a PEFT adapter")
+    if cfg.merge and not adapters:
+        raise UserError(f"{ckpt} is not a LoRA run's checkpoint: there is nothing to merge; drop --merge")
+
+
+def export_adapter(cfg: ExportConfig) -> int:
+    """`--adapter DIR`: the adapters of a LoRA run's checkpoint as a PEFT adapter folder."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from redline.config import TrainConfig, from_dict
+    from redline.errors import UserError
+    from redline.interop.families import export_family
+    from redline.interop.hf import DTYPES
+    from redline.interop.peft_adapter import write_adapter
+    from redline.training.adapters import META_KEY, is_adapter_checkpoint, resolve_base
+    from redline.training.checkpoint import load_config_dict, resolve_checkpoint, verify_checkpoint
+
+    if cfg.out is not None or cfg.merge or cfg.format != "hf":
+        raise UserError("--adapter writes a PEFT adapter folder on its own; drop --out, --merge and --format")
+    ckpt = resolve_checkpoint(cfg.checkpoint)
+    meta = verify_checkpoint(ckpt)
+    if not is_adapter_checkpoint(meta):
+        raise UserError(f"{ckpt} is not a LoRA run's checkpoint (it holds a whole model); export it with --out")
+    base = resolve_base(meta, ckpt)
+    train_cfg = from_dict(TrainConfig, load_config_dict(ckpt))
+    family = export_family(train_cfg.model)
+    dtype = DTYPES["fp32"] if cfg.dtype == "auto" else DTYPES[cfg.dtype]
+    out = write_adapter(Path(cfg.adapter), load_file(str(ckpt / "model.safetensors")), train_cfg, family, str(base),
+                        dtype)
+    print(f"redline export: {ckpt} -> {out} (PEFT LoRA adapter for {family.architecture}, base {meta[META_KEY]['path']}); "
+          f"load it with PeftModel.from_pretrained(model, {str(out)!r}) on the model `redline export {base} --out "
+          f"DIR` writes")
+    print(json.dumps({"out": str(out), "format": "peft", "architecture": family.architecture, "base": str(base)}))
     return 0

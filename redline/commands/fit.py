@@ -84,6 +84,10 @@ def main(argv: list[str]) -> int:
 
     set_cuda_allocator_defaults()  # the allocator settings `redline train` uses, before anything touches CUDA
     cfg = parse(FitConfig, argv, prog="redline fit", description=DESCRIPTION)
+    if cfg.init_from:  # the checkpoint's architecture (its weights do not change speed or memory)
+        from redline.training.init_from import InitPoint
+
+        cfg = InitPoint.read(cfg.init_from).configure(cfg)
     if not torch.cuda.is_available():
         raise UserError("redline fit measures GPU memory and needs a CUDA GPU, and none is visible; on a CPU pick "
                         "batch_size by hand (run `redline doctor` to see why no GPU is usable)")

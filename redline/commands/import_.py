@@ -5,7 +5,8 @@
     redline import model-Q4_K_M.gguf --out models/q4 --dtype bf16 # GGUF: tensors dequantized
 
 DIR is a checkpoint like the ones training writes (model.safetensors, config.json, tokenizer/ with its chat
-template, meta.json): `generate`, `chat`, `eval`, `sample` and `bench-infer` take it as --checkpoint. Families:
+template, meta.json): `generate`, `chat`, `eval`, `sample` and `bench-infer` take it as --checkpoint, `export` as
+CKPT, and `train --init-from DIR` continues training it on your data. Families:
 Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5, Qwen3, GPT-2. The EOS ids of generation_config.json
 become the tokenizer's stop tokens. DIR is written atomically: on any error nothing is left there.
 """

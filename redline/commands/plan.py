@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from redline.config import normalize_argv, parse
-from redline.errors import UserError
+from redline.errors import UserError, read_text_file
 
 DESCRIPTION = "Time, cost and energy to train to 1×/10×/20× Chinchilla or a token count, on 1 to N GPUs."
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -121,7 +121,7 @@ def read_bench_json(path: str) -> dict:
             f"--bench-json {path}: no such file; give the JSON-lines output of `redline bench` or `redline fit`"
         )
     found = None
-    for line in p.read_text().splitlines():
+    for line in read_text_file(p, "--bench-json").splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue

@@ -48,7 +48,8 @@ class ServeConfig:
     model_name: str | None = None
     """The model's name in the API (None: the checkpoint's folder name)."""
     chat_template: str | None = None
-    """A Jinja chat template file for /v1/chat/completions (default: the tokenizer's own, if it has one)."""
+    """A Jinja chat template file for /v1/chat/completions, for a Hugging Face tokenizer (default: the tokenizer's
+    own template, else redline's chat format for a model `redline sft` fine-tuned)."""
     api_key: str | None = None
     """Require `Authorization: Bearer KEY` on every endpoint but /health (default: $REDLINE_API_KEY, if set)."""
     max_body_kib: int = 1024
@@ -83,30 +84,42 @@ def require_serve_extra() -> None:
         raise UserError(f"redline serve needs {' and '.join(missing)}: pip install 'redline[serve]'")
 
 
-def load_chat_template(path: str | None, tokenizer):
-    """The chat template to render conversations with: the file given, else the tokenizer's, else None."""
-    from redline.chat import ChatTemplate, template_for
+def chat_renderer(path: str | None, tokenizer):
+    """(the renderer of chat requests or None, why there is none): redline/chat/render.py's for the tokenizer
+    (its Jinja template, else redline's chat tokens), or a Jinja template file given for a Hugging Face one."""
+    from redline.chat.render import JinjaRenderer, renderer_for
 
     if path is not None:
+        from redline.chat import ChatTemplate
+
         p = Path(path)
         if not p.is_file():
             raise UserError(f"--chat-template {path}: no such file")
-        specials = tokenizer.special_tokens_map() if hasattr(tokenizer, "special_tokens_map") else {}
-        return ChatTemplate(p.read_text(encoding="utf-8"), specials)
-    return template_for(tokenizer) if getattr(tokenizer, "chat_template", None) else None
+        if not hasattr(tokenizer, "encode_with_specials"):
+            raise UserError(f"--chat-template needs a Hugging Face tokenizer (tokenizer.json); this checkpoint's is "
+                            f"{tokenizer.name}: fine-tune it with `redline sft` for redline's own chat format")
+        specials = tokenizer.special_tokens_map()
+        return JinjaRenderer(tokenizer, ChatTemplate(p.read_text(encoding="utf-8"), specials)), ""
+    try:
+        return renderer_for(tokenizer), ""
+    except UserError as e:
+        return None, f"{e}; or use /v1/completions"
 
 
 def warm_up(batch) -> None:
-    """Compile the prefill (whole and in spans) and capture the decode step at every width, greedy and sampled,
-    so that no request waits for it. Leaves every row free."""
+    """Compile the prefill (whole prompts and spans after a prefix, of one token and of several: the compiled code
+    specialises on length 1) and capture the decode step at every width, greedy and sampled, so that no request
+    waits for it. Leaves every row free."""
     import torch
 
     room = batch.capacity - 1
     ids = [0] * min(16, room - 1)
-    batch.prefill(0, ids[:8])
-    logits = batch.prefill(0, ids[8:], start=8)
-    batch.start(0, int(logits.argmax()), len(ids))
     with torch.no_grad():
+        batch.prefill(1, ids[:1])
+        batch.prefill(0, ids[:8])
+        batch.prefill(0, ids[8:9], start=8)
+        logits = batch.prefill(0, ids[9:], start=9)
+        batch.start(0, int(logits.argmax()), len(ids))
         for i in range(room - len(ids)):
             if i % 2:
                 batch.step()
@@ -119,22 +132,23 @@ def build(cfg: ServeConfig):
     """(Server, the FastAPI app) for a checkpoint, the model loaded and warmed up."""
     from redline.inference.batch import DecodeBatch
     from redline.inference.runtime import load_generator
+    from redline.inference.text import stop_token_ids
     from redline.serve.api import Server, create_app
     from redline.serve.scheduler import Scheduler
     from redline.training.checkpoint import resolve_checkpoint
 
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     engine, tokenizer = generator.engine, generator.tokenizer
-    template = load_chat_template(cfg.chat_template, tokenizer)
+    renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
     context = cfg.context or engine.cfg.context_len
     batch = DecodeBatch(engine, rows=cfg.max_batch, capacity=context)
     if cfg.warmup and (engine.plan.compile or engine.plan.cuda_graphs):
         print("redline serve: compiling and capturing the decode step...", file=sys.stderr, flush=True)
         warm_up(batch)
-    scheduler = Scheduler(batch, tokenizer, tokenizer.stop_ids, max_queue=cfg.max_queue,
+    scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
                           prefill_tokens=cfg.prefill_tokens, sync_every=cfg.sync_every or None)
     name = cfg.model_name or resolve_checkpoint(cfg.checkpoint).resolve().name
-    server = Server(scheduler, tokenizer, name, chat_template=template,
+    server = Server(scheduler, tokenizer, name, renderer=renderer, no_chat=no_chat,
                     api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
                     max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
     return server, create_app(server)
@@ -142,8 +156,10 @@ def build(cfg: ServeConfig):
 
 def main(argv: list[str]) -> int:
     from redline.config import parse
+    from redline.inference.runtime import expand_bool_flags
 
-    cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags={"--warmup": "True"})
+    argv, bare = expand_bool_flags(argv, ("warmup",))  # --warmup False, --no-warmup
+    cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags=bare)
     require_serve_extra()
     import uvicorn
 
@@ -154,7 +170,7 @@ def main(argv: list[str]) -> int:
     desc = server.scheduler.batch.engine.describe()
     print(f"redline serve: {server.model} on http://{cfg.host}:{cfg.port}/v1 ({desc.get('device')}, "
           f"{cfg.max_batch} rows × {server.scheduler.capacity} tokens, chat template: "
-          f"{'yes' if server.chat_template else 'none'})", file=sys.stderr, flush=True)
+          f"{server.renderer.name if server.renderer else 'none'})", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=10)
     finally:

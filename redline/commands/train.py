@@ -4,6 +4,7 @@
     redline train --preset modern-124m --data.path data/corpus max_steps=2000
     redline train --config recipe.toml optim.lr=3e-4
     redline train --resume                          # newest run, exactly where it stopped
+    redline train --init-from models/smollm2 --data.path my_texts/ optim.lr=1e-4   # from a checkpoint's weights
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ NF4 block sizes: torchao's defaults (blocks of 64, scales in groups of 256) need
 The converter's `disabled()` turns the adapters off (the base model: the reference model of DPO, without a
 second copy); evaluation and sampling keep them on (`keep_in_evaluation`). merge()/unmerge() fold the adapters
 into W and back (not for an NF4 base). What a checkpoint of a LoRA run holds is in redline/training/adapters.py.
+
+Memory while converting: a LoRA run builds and loads its model in host memory (redline/training/loop.py); the
+converter moves one adapted layer at a time to the device, cast or quantized there, then the rest of the model, so
+the device never holds the full-precision base.
 """
 
 from __future__ import annotations
@@ -40,11 +44,18 @@ NF4_SCALE_GROUP_MAX = 256  # torchao's default group of scales quantized togethe
 NF4_SCALE_GROUP_MIN = 8  # one scale per group would divide by its own absmax: degenerate
 
 
+_NF4 = None  # torchao's NF4 module once imported: forward reads it as a global, which torch.compile traces
+
+
 def nf4_module():
     """torchao's NF4 tensor module (moved between torchao releases), or a one-line error naming the extra."""
+    global _NF4
+    if _NF4 is not None:
+        return _NF4
     for name in ("torchao.dtypes.nf4tensor", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"):
         try:
-            return __import__(name, fromlist=["to_nf4"])
+            _NF4 = __import__(name, fromlist=["to_nf4"])
+            return _NF4
         except ImportError:
             continue
     raise UserError("lora.quantize=nf4 needs torchao (NF4Tensor); install the extra: pip install 'redline[lora]'")
@@ -95,43 +106,43 @@ class LoRALinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank: int, alpha: float, dropout: float, base_dtype: torch.dtype,
-                    quantize: str, name: str) -> LoRALinear:
-        """The adapted copy of `linear`: its weight (and bias) frozen in base_dtype, NF4 when quantize=nf4."""
+                    quantize: str, name: str, device: torch.device | None = None) -> LoRALinear:
+        """The adapted copy of `linear` on `device` (None: where it is): its weight (and bias) frozen in
+        base_dtype, NF4 when quantize=nf4."""
         with torch.device("meta"):
             layer = cls(linear.in_features, linear.out_features, linear.bias is not None, rank, alpha, dropout)
-        device = linear.weight.device
+        device = device or linear.weight.device
         layer.lora_A = nn.Parameter(torch.empty(rank, linear.in_features, device=device))
         layer.lora_B = nn.Parameter(torch.zeros(linear.out_features, rank, device=device))
         nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
-        weight = linear.weight.detach().to(base_dtype)
+        weight = linear.weight.detach().to(device, base_dtype)
         layer.weight = nn.Parameter(to_nf4(weight, name) if quantize == "nf4" else weight, requires_grad=False)
         if linear.bias is not None:
-            layer.bias = nn.Parameter(linear.bias.detach().to(base_dtype), requires_grad=False)
+            layer.bias = nn.Parameter(linear.bias.detach().to(device, base_dtype), requires_grad=False)
         for attr in ("is_residual_out",):
             if hasattr(linear, attr):
                 setattr(layer, attr, getattr(linear, attr))
         return layer
 
-    def _base(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) -> x·Wᵀ + b (..., out), in the autocast dtype under autocast, else in W's dtype (cast back)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out): in the autocast dtype under autocast, else in W's dtype (cast back to x's)."""
         device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.weight.dtype
-        h = x.to(dtype)
+        autocast = torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device) if autocast else self.weight.dtype
+        h = x.to(dtype)  # cast once, for the base and the adapter alike
         if is_nf4(self.weight):
-            out = nf4_module().linear_nf4(h, self.weight)  # dequantizes per call; saves only the NF4 weight
+            out = _NF4.linear_nf4(h, self.weight)  # dequantizes per call; saves only the NF4 weight
             if self.bias is not None:
                 out = out + self.bias.to(out.dtype)
         else:
             out = F.linear(h, self.weight, self.bias)
-        return out if torch.is_autocast_enabled(device) else out.to(x.dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._base(x)
-        if not self.adapters_on or self.merged:
-            return out
-        # (..., in) -> (..., r) -> (..., out): r ≪ in, out, so this costs a few % of the base GEMM
-        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
-        return out + update * self.scale
+        if self.adapters_on and not self.merged:
+            low = F.linear(self.lora_dropout(h), self.lora_A.to(dtype))  # (..., r): r ≪ in, out
+            # out + low·(scale·B)ᵀ in one GEMM (addmm adds into its output): no separate scaling and adding passes
+            # over the (..., out) activations, which in eager mode cost more than the adapter's two thin GEMMs
+            scaled_b = (self.lora_B * self.scale).to(dtype)  # (out, r)
+            out = torch.addmm(out.flatten(0, -2), low.flatten(0, -2), scaled_b.t()).view(out.shape)
+        return out if autocast else out.to(x.dtype)
 
     def delta(self) -> torch.Tensor:
         """(out, in) fp32: the update the adapters add to W."""
@@ -182,11 +193,12 @@ class LoRAConverter:
     keep_in_evaluation = True  # the adapters are the model being trained: evaluation and sampling keep them
 
     def __init__(self, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], quantize: str = "none",
-                 train_modules: tuple[str, ...] = (), base_dtype: torch.dtype = torch.float32, say=print):
+                 train_modules: tuple[str, ...] = (), base_dtype: torch.dtype = torch.float32, say=print,
+                 device: torch.device | None = None):
         self.rank, self.alpha, self.dropout = rank, alpha, dropout
         self.targets, self.quantize, self.train_modules = tuple(targets), quantize, tuple(train_modules)
         self.base_dtype = base_dtype
-        self.say = say
+        self.say, self.device = say, device
         self.layers: dict[str, LoRALinear] = {}
         self.counts: dict[str, int] = {}
         if quantize == "nf4":
@@ -209,11 +221,13 @@ class LoRAConverter:
                             f"full (lora.train_modules); leave it out of one of them")
         for p in raw.parameters():
             p.requires_grad_(False)
-        for name in chosen:
+        for name in chosen:  # one layer at a time onto the device: its full-precision copy never is there whole
             layer = LoRALinear.from_linear(linears[name], self.rank, self.alpha, self.dropout, self.base_dtype,
-                                           self.quantize, name)
+                                           self.quantize, name, self.device)
             _set_module(raw, name, layer)
             self.layers[name] = layer
+        if self.device is not None:
+            raw.to(self.device)  # the rest (embeddings, norms, head); NF4 weights move as they are
         for module in trained.values():
             for p in module.parameters():
                 p.requires_grad_(True)

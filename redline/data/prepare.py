@@ -4,9 +4,9 @@ How it works:
 1. documents stream from `sources.iter_documents` in batches, read by a background thread so that reading and
    decompressing overlap with tokenizing;
 2. batches are tokenized by a pool of processes, one thread each, and come back as flat numpy arrays in input
-   order; the end-of-text token is appended after every document. (Measured on 16 cores with a 32k BPE: 23 MB/s
-   of text, 5.6 M tokens/s, this way, against 13 MB/s with the tokenizer library's own threads in one process,
-   whose Python side then becomes the bottleneck, and 2 MB/s in one process with one thread);
+   order; the end-of-text token is appended after every document. (Processes, not the tokenizer library's own
+   threads in one process: there the one Python side that hands out the texts and collects the ids becomes the
+   bottleneck);
 3. each document goes to train or val by a seeded hash of its index (so the split does not depend on batching or
    worker count), or by which inputs it came from when `val_inputs` are given. When that leaves val with fewer
    than `min_val_tokens` tokens (a single .txt file is one document; a few documents rarely draw one), the end
@@ -363,34 +363,14 @@ def prepare_documents(
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         tmp.mkdir()
-        writers = {split: _SplitWriter(tmp, split, tok, shard_tokens) for split in SPLITS}
-        dtype = token_dtype(tok.vocab_size)
-        tail = _TrainTail(writers["train"], min_val_tokens)
-        index = 0
-        # closing(): on an error the pool of tokenizer processes is shut down now, not when garbage is collected
-        with _Progress(progress) as bar, contextlib.closing(
-                _encoded_batches(_batches(tagged), tok, num_workers, dtype)) as encoded:
-            for tags, flat, lengths, nbytes in encoded:
-                ends = np.cumsum(lengths)
-                for k, tag in enumerate(tags):
-                    doc = (flat[ends[k] - lengths[k] : ends[k]], int(nbytes[k]))
-                    split = tag or ("val" if _is_val(index, seed, val_fraction) else "train")
-                    index += 1
-                    (writers["val"] if split == "val" else tail).add(*doc)
-                bar.advance(len(tags), flat.size + len(tags), int(nbytes.sum()))
-        moved = 0
-        if not use_val_documents and val_fraction > 0:
-            moved = _top_up_val(writers, tail, tok, val_fraction, min_val_tokens)
-        tail.flush()
-        splits = {split: w.close() for split, w in writers.items()}
-        del writers, tail  # frees the shard buffers
+        splits, moved = _write_splits(tmp, tagged, tok, shard_tokens, num_workers, seed, progress,
+                                      val_fraction if not use_val_documents else 0.0, min_val_tokens)
         if moved:
             print(f"redline: val split: the last {moved:,} tokens of the training text (the document split gave "
                   f"{splits['val']['tokens'] - moved:,} val tokens, fewer than {min_val_tokens:,}); train keeps "
                   f"{splits['train']['tokens']:,}", file=sys.stderr)
 
         tok.save(tmp)
-        seconds = time.perf_counter() - start
         meta = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -413,7 +393,7 @@ def prepare_documents(
             "shard_tokens": shard_tokens,
             **(extra_meta or {}),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "seconds": round(seconds, 3),
+            "seconds": round(time.perf_counter() - start, 3),
             "redline_version": _version(),
         }
         write_atomic(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
@@ -427,6 +407,29 @@ def prepare_documents(
             raise disk_full_error(f"the token shards of {out}", "nothing was written under that name") from None
         raise
     return {"out_dir": str(out), **meta}
+
+
+def _write_splits(tmp: Path, tagged, tok: Tokenizer, shard_tokens: int, num_workers: int, seed: int,
+                  progress: bool | None, val_fraction: float, min_val_tokens: int) -> tuple[dict, int]:
+    """Tokenize the (tag, text) documents into `tmp`'s train and val shards. val_fraction 0: the tags alone say
+    which split (given validation documents). -> (each split's summary, tokens moved from train's end to val)."""
+    writers = {split: _SplitWriter(tmp, split, tok, shard_tokens) for split in SPLITS}
+    tail = _TrainTail(writers["train"], min_val_tokens)
+    index = 0
+    # closing(): on an error the pool of tokenizer processes is shut down now, not when garbage is collected
+    with _Progress(progress) as bar, contextlib.closing(
+            _encoded_batches(_batches(tagged), tok, num_workers, token_dtype(tok.vocab_size))) as encoded:
+        for tags, flat, lengths, nbytes in encoded:
+            ends = np.cumsum(lengths)
+            for k, tag in enumerate(tags):
+                doc = (flat[ends[k] - lengths[k] : ends[k]], int(nbytes[k]))
+                split = tag or ("val" if _is_val(index, seed, val_fraction) else "train")
+                index += 1
+                (writers["val"] if split == "val" else tail).add(*doc)
+            bar.advance(len(tags), flat.size + len(tags), int(nbytes.sum()))
+    moved = _top_up_val(writers, tail, tok, val_fraction, min_val_tokens) if val_fraction > 0 else 0
+    tail.flush()
+    return {split: w.close() for split, w in writers.items()}, moved
 
 
 def _top_up_val(writers: dict[str, _SplitWriter], tail: _TrainTail, tok: Tokenizer, val_fraction: float,

@@ -3,6 +3,7 @@
     recipes.py    a recipe (TOML or YAML) → the list of runs it asks for (presets × variants × precision ×
                   batch × seeds), each with its own config file; built-in recipes live in recipes/
     sweep.py      runs them one subprocess at a time, resumably, appending to results.jsonl
+    processes.py  each run's process group, the GPU memory it leaves, its error line, one sweep per folder
     results.py    one run directory → one summary record; a result set → cells (a configuration over seeds)
                   and their comparison with the baseline
     stats.py      mean/std, Welch's t-test and interval, ratio intervals, an exact permutation test

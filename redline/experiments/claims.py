@@ -165,10 +165,6 @@ def _selector(selector: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in selector.items())
 
 
-def format_ratio(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3g}×"
-
-
 def claims_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| claim | measured (treatment / control) | 95% interval | claim band | runs | verdict |",
              "|---|---|---|---|---|---|"]

@@ -17,6 +17,7 @@ from redline.errors import UserError
 OPTIONAL = {
     "torchao": ("gpu", "FP8 training on a GPU"),
     "tiktoken": ("gpt2", "the gpt2 tokenizer"),
+    "prodigyopt": ("lora", "optim.name=prodigy"),
 }
 
 
@@ -30,6 +31,10 @@ def needed_modules(cfg, cuda: bool) -> set[str]:
         needs.add("torchao")
     if cfg.data.tokenizer == "gpt2":
         needs.add("tiktoken")
+    if cfg.lora.quantize == "nf4":
+        needs.add("torchao")
+    if cfg.optim.name == "prodigy":
+        needs.add("prodigyopt")
     path = cfg.data.path
     if path and Path(path).exists():
         if is_prepared(path):

@@ -24,6 +24,11 @@ A recipe is a TOML or YAML file (the built-in ones are in recipes/ next to this 
     description = "multi-query attention"
     set = { "model.n_kv_head" = 1 }
 
+A string value may name another run of the same sweep: "{runs}" is the sweep's run folder, and {preset},
+{precision}, {batch} (e.g. 16x1024) and {seed} are this run's axis values, so a fine-tune can start from the
+pretrained run of its own size and seed: init_from = "{runs}/pretrain__{preset}__{precision}__{batch}__s{seed}"
+(variants run in the order the recipe lists them, so put that pretraining first).
+
 The matrix is presets × precision × batch × variants × seeds, seeds outermost: a sweep cut short has
 every configuration at seed 1 before any at seed 2. Each run gets a YAML config file that `redline train
 --config FILE` reads (so `redline train --config SWEEP/configs/RUN.yaml` reproduces it alone), and a
@@ -120,7 +125,10 @@ class RunSpec:
 
     def config_file_contents(self, out_dir: Path) -> dict[str, Any]:
         """What goes into the run's YAML config: preset, overrides, and where the run directory goes."""
-        overrides = dict(self.overrides)
+        batch = f"{self.batch_size or 'd'}x{self.seq_len or 'd'}"
+        overrides = {k: v.format(runs=out_dir, preset=self.preset, precision=self.precision, batch=batch,
+                                 seed=self.seed) if isinstance(v, str) and "{runs}" in v else v
+                     for k, v in self.overrides.items()}
         if self.precision == "bf16" and train_has_field("fp8"):
             overrides.setdefault("fp8", "off")
         return {"preset": self.preset, **overrides, "out_dir": str(out_dir), "run_name": self.run_id}

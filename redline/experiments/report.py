@@ -184,7 +184,34 @@ def task_score_lines(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
-    runs, cells = report["runs"], report["cells"]
+    failed = [r for r in report["runs"] if r.get("status") != COMPLETED]
+    lines = _header_lines(report)
+    lines += _configuration_lines(report)
+    lines += _best_lines(report["best"])
+    lines += ["", "## The source design's claims", "",
+              "Each claim is a ratio treatment / control. Verdicts: **confirmed** (≥ 2 runs a side, the interval "
+              "excludes no effect on the claimed side, and the measured ratio is within a factor of 2 of the claimed "
+              "change), **refuted** (the whole interval lies outside that band), else **inconclusive**.", "",
+              claims_mod.claims_markdown(report["claims"])]
+    lines += task_score_lines(report["runs"])
+    lines += _failed_lines(failed)
+    lines += _plot_lines(plots)
+    lines += ["", "## How these numbers are made", "",
+              "- tokens/s of a run: the median of its logged windows after the first (which holds compilation and "
+              "warm-up); a window that contains an evaluation is slower, and the median sets it aside.",
+              "- Δ tokens/s and Δ memory: the ratio of geometric means over seeds, with a Welch interval on the logs.",
+              "- Δ val bpb: the difference of mean final validation bits per byte, Welch's t-test and interval, and an "
+              "exact permutation test (with 3 vs 3 seeds its smallest possible p is 0.10).",
+              "- A single seed gives no interval and no p-value: differences smaller than seed-to-seed noise "
+              "(often 0.01–0.02 bpb early in training) mean nothing there.",
+              "- MFU: model FLOPs (6N + 12·L·d·T per token) against the GPU's datasheet bf16 peak; none on a CPU.",
+              "- Files: results.json (everything here), results.csv (one row per run), dashboard.html (open it "
+              "offline, or `redline dashboard DIR` to follow a running sweep).", ""]
+    return "\n".join(lines)
+
+
+def _header_lines(report: dict[str, Any]) -> list[str]:
+    runs = report["runs"]
     done = [r for r in runs if r.get("status") == COMPLETED]
     failed = [r for r in runs if r.get("status") != COMPLETED]
     recipe = report.get("recipe") or {}
@@ -206,7 +233,12 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
     lines += [f"- {m}" for m in meta]
     if recipe.get("description"):
         lines += ["", "> " + recipe["description"].replace("\n", "\n> ")]
+    return lines
 
+
+def _configuration_lines(report: dict[str, Any]) -> list[str]:
+    cells = report["cells"]
+    lines: list[str] = []
     baseline_cells = [c for c in cells if c.get("is_baseline")]
     lines += ["", "## Configurations against the baseline", ""]
     if report.get("baseline"):
@@ -228,8 +260,11 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             f"{_mean_std(c['final_val_bpb'], '.4f')} | {_bpb_delta(vs.get('final_val_bpb'))} | {_p(vs.get('final_val_bpb'))} | "
             f"{_p(vs.get('final_val_bpb'), 'p_permutation')} | {_mean_std(c['peak_memory_gib'], '.2f')} | "
             f"{_pct(vs.get('peak_memory_gib'))} | {c['n_completed']}/{c['n_runs']} |")
+    return lines
 
-    best = report["best"]
+
+def _best_lines(best: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     lines += ["", "## Best configurations", "",
               "A configuration is named only where it leads the runner-up by more than the spread over seeds "
               "(mean ± std bands that do not overlap, the error bars of the plots).", ""]
@@ -244,14 +279,11 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
                      f"interpolated there)")
     if not any(best.values()):
         lines.append("No completed runs yet.")
+    return lines
 
-    lines += ["", "## The source design's claims", "",
-              "Each claim is a ratio treatment / control. Verdicts: **confirmed** (≥ 2 runs a side, the interval "
-              "excludes no effect on the claimed side, and the measured ratio is within a factor of 2 of the claimed "
-              "change), **refuted** (the whole interval lies outside that band), else **inconclusive**.", "",
-              claims_mod.claims_markdown(report["claims"])]
 
-    lines += task_score_lines(runs)
+def _failed_lines(failed: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
     lines += ["", "## Runs that did not complete", ""]
     if failed:
         lines += ["| run | status | error |", "|---|---|---|"]
@@ -260,7 +292,11 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             lines.append(f"| {r.get('run_id')} | {r.get('status')} | {error} |")
     else:
         lines.append("None.")
+    return lines
 
+
+def _plot_lines(plots: dict[str, Path]) -> list[str]:
+    lines: list[str] = []
     if plots:
         lines += ["", "## Plots", ""]
         titles = {"loss_vs_tokens": "Loss against tokens", "loss_vs_time": "Loss against training time",
@@ -270,16 +306,4 @@ def markdown(report: dict[str, Any], plots: dict[str, Path]) -> str:
             lines += [f"### {titles.get(key, key)}", "", f"![{titles.get(key, key)}]({rel.as_posix()})", ""]
         if "peak_memory" not in plots:
             lines.append("No peak memory was recorded (CPU runs record none), so there is no memory plot.")
-
-    lines += ["", "## How these numbers are made", "",
-              "- tokens/s of a run: the median of its logged windows after the first (which holds compilation and "
-              "warm-up); a window that contains an evaluation is slower, and the median sets it aside.",
-              "- Δ tokens/s and Δ memory: the ratio of geometric means over seeds, with a Welch interval on the logs.",
-              "- Δ val bpb: the difference of mean final validation bits per byte, Welch's t-test and interval, and an "
-              "exact permutation test (with 3 vs 3 seeds its smallest possible p is 0.10).",
-              "- A single seed gives no interval and no p-value: differences smaller than seed-to-seed noise "
-              "(often 0.01–0.02 bpb early in training) mean nothing there.",
-              "- MFU: model FLOPs (6N + 12·L·d·T per token) against the GPU's datasheet bf16 peak; none on a CPU.",
-              "- Files: results.json (everything here), results.csv (one row per run), dashboard.html (open it "
-              "offline, or `redline dashboard DIR` to follow a running sweep).", ""]
-    return "\n".join(lines)
+    return lines

@@ -91,9 +91,10 @@ class DecodeBatch:
         if not any(self.busy):
             raise UserError("no row is decoding: prefill and start one first")
         engine, st = self.engine, self.state
-        if min(self.room(r) for r in range(self.rows) if self.busy[r]) < 1:
+        longest = max(self.lengths)  # a free row's length is 0: the busy rows' longest
+        if self.capacity - 1 - longest < 1:
             raise UserError("a row's cache is full: free it (it reached the batch's capacity)")
-        width = engine._width(st, max(self.lengths))
+        width = engine._width(st, longest)
         from redline.inference.engine import _evaluating
 
         with _evaluating(engine.model):
@@ -113,6 +114,4 @@ class DecodeBatch:
         self._advanced()
 
     def _advanced(self) -> None:
-        for r in range(self.rows):
-            if self.busy[r]:
-                self.lengths[r] += 1
+        self.lengths = [n + busy for n, busy in zip(self.lengths, self.busy)]

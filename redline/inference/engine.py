@@ -123,7 +123,11 @@ def inference_copy(model: GPT, dtype: torch.dtype) -> GPT:
 
 @contextlib.contextmanager
 def _evaluating(model: GPT):
-    """The model in eval mode (no dropout) for the call, its mode restored after."""
+    """The model in eval mode (no dropout) for the call, its mode restored after. A model already in eval mode is
+    left alone: eval() and train() walk every module, which costs more than a small decode step's launch."""
+    if not model.training:
+        yield
+        return
     was_training = model.training
     model.eval()
     try:

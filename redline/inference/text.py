@@ -37,11 +37,25 @@ class IncrementalText:
         self.released = 0  # characters of the full text handed out so far
         self.stopped = False
         self.final_tokens: int | None = None  # tokens up to the one that completed a stop string
+        # decode(ids) kept as settled text + a short window's new text, so each add decodes O(new tokens), not the
+        # whole list (a server's 64 streams × hundreds of tokens add up): the window starts a chunk before the new
+        # tokens, because decoding a tail alone is not safe for every tokenizer (SentencePiece drops a leading
+        # space), and its text must begin with that chunk's text as decoded before, else the whole list is decoded
+        # (the prefix/read offsets of Hugging Face text-generation-inference's decode_token)
+        self._settled = ""  # decode(ids[:_read])
+        self._prefix = self._read = 0
+        self._prefix_text = ""  # decode(ids[_prefix:_read])
 
     def text(self) -> str:
-        # the whole list each time: decoding a tail alone is not safe for every tokenizer (e.g. SentencePiece
-        # drops a leading space), and a few thousand tokens decode in well under a millisecond
-        return self.tokenizer.decode(self.ids)
+        window = self.tokenizer.decode(self.ids[self._prefix:])
+        if not window.startswith(self._prefix_text):  # the context decodes differently: start again from the top
+            self._settled, self._prefix, self._read, self._prefix_text = "", 0, 0, ""
+            window = self.tokenizer.decode(self.ids)
+        full = self._settled + window[len(self._prefix_text):]
+        if not full.endswith("\ufffd"):  # a whole character at the end: settle it, the new tokens become the context
+            self._prefix_text = self.tokenizer.decode(self.ids[self._read:])
+            self._settled, self._prefix, self._read = full, self._read, len(self.ids)
+        return full
 
     def add(self, ids: Sequence[int]) -> str:
         """Append token ids; returns the newly final text ("" if none)."""

@@ -155,17 +155,24 @@ def read_folder(folder: str | Path, tokenizer: str | None = None) -> ImportedMod
 # writing
 
 
-def generation_config(tokenizer) -> dict:
+def generation_config(tokenizer, original: Mapping | None = None) -> dict:
+    """generation_config.json: the EOS ids generation stops at (the tokenizer's stop_ids), the BOS and padding ids;
+    `original` (an imported model's own generation_config.json) gives the rest, and its BOS and padding ids win."""
     stops = tokenizer.stop_ids
-    out = {"eos_token_id": stops[0] if len(stops) == 1 else stops}
-    if tokenizer.bos_id is not None:
-        out["bos_token_id"] = tokenizer.bos_id
+    out = {**(original or {}), "eos_token_id": stops[0] if len(stops) == 1 else stops}
+    pad = getattr(tokenizer, "hf_config", {}).get("pad_token")
+    pad_id = tokenizer.token_to_id(pad) if pad else None
+    for key, value in (("bos_token_id", tokenizer.bos_id), ("pad_token_id", pad_id)):
+        if value is not None and out.get(key) is None:
+            out[key] = value
     return out
 
 
-def hf_config_json(cfg: ModelConfig, family: Family, tokenizer, dtype: torch.dtype) -> dict:
+def hf_config_json(cfg: ModelConfig, family: Family, tokenizer, dtype: torch.dtype,
+                   generation: Mapping | None = None) -> dict:
     config = {"architectures": [family.architecture], **family.hf_config(cfg), "torch_dtype": HF_DTYPE_NAMES[dtype]}
-    config.update(generation_config(tokenizer))
+    ids = generation or generation_config(tokenizer)
+    config.update({k: ids[k] for k in ("eos_token_id", "bos_token_id", "pad_token_id") if k in ids})
     return config
 
 
@@ -206,17 +213,20 @@ def write_atomic_folder(out: Path, write) -> Path:
 
 
 def write_folder(out: str | Path, state: Mapping[str, torch.Tensor], cfg: ModelConfig, tokenizer, family: Family,
-                 dtype: torch.dtype) -> Path:
-    """A Hugging Face model folder for redline weights `state` (its fp32 state dict) in `dtype`."""
+                 dtype: torch.dtype, original_generation: Mapping | None = None) -> Path:
+    """A Hugging Face model folder for redline weights `state` (its fp32 state dict) in `dtype`.
+    original_generation: the imported model's generation_config.json, kept (see generation_config)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.to(dtype).contiguous() for k, v in family.to_hf(state, cfg).items()}
     files = hf_tokenizer_files(tokenizer)
+    generation = generation_config(tokenizer, original_generation)
 
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf_config_json(cfg, family, tokenizer, dtype), indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps(generation_config(tokenizer), indent=2) + "\n")
+        config = hf_config_json(cfg, family, tokenizer, dtype, generation)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
 

@@ -1,28 +1,28 @@
 """The HTTP side of `redline serve`: OpenAI's chat completions, completions and models endpoints on FastAPI.
 
-    app = create_app(Server(scheduler, tokenizer, "my-model", chat_template=template_for(tokenizer)))
+    app = create_app(Server(scheduler, tokenizer, "my-model", renderer=renderer_for(tokenizer)))
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
-text to the request's asyncio queue (call_soon_threadsafe). Streams are server-sent events (`data: {chunk}`,
-then `data: [DONE]`). A client that disconnects cancels its sequences: a stream when its response is torn down,
-a plain request when the wait for its result notices the connection is gone.
+text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events).
+Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its sequences: a stream when its response is torn down,
+a plain request by a task that waits for the connection to close while the request waits for its result.
 """
 # (no `from __future__ import annotations`: FastAPI reads the endpoints' annotations, Request among them, at run
-# time, and Request is imported inside create_app so that this module imports without the serve extra)
+# time; fastapi is imported inside functions, so that this module imports without the serve extra)
 
 import asyncio
 import hmac
 import json
+import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from redline.errors import UserError
+from redline.inference.text import prompt_ids
 from redline.serve import protocol
 from redline.serve.protocol import APIError, Job, bad
 from redline.serve.scheduler import ContextTooLong, QueueFull, Scheduler, Sequence
-
-DISCONNECT_POLL_S = 0.25  # how often a plain (not streamed) request checks that its client is still there
 
 
 @dataclass
@@ -32,29 +32,36 @@ class Server:
     scheduler: Scheduler
     tokenizer: object
     model: str
-    chat_template: object | None = None  # a redline.chat ChatTemplate; None: /v1/chat/completions answers 400
+    renderer: object | None = None
+    """redline/chat/render.py's renderer of conversations (prompt(messages) -> ids, stop_ids); None: chat requests
+    answer 400 with `no_chat` (why there is none)."""
+    no_chat: str = "this model has no chat template: use /v1/completions"
     api_key: str | None = None
     max_tokens: int | None = None  # the most a request may ask for (None: the context)
     max_body_bytes: int = 1 << 20
     created: int = 0
+    mailboxes: dict = field(default_factory=dict, repr=False)  # event loop -> its Mailbox
+
+    def mailbox(self, loop: asyncio.AbstractEventLoop) -> "Mailbox":
+        if loop not in self.mailboxes:
+            self.mailboxes[loop] = Mailbox(loop)
+            self.scheduler.flushes.append(self.mailboxes[loop].flush)
+        return self.mailboxes[loop]
 
     def prompt_ids(self, job: Job) -> list[list[int]]:
         """Token ids of each prompt of the job (chat: the conversation through the model's chat template)."""
         if job.kind == "chat":
-            if self.chat_template is None:
-                raise bad("this model has no chat template: use /v1/completions, or restart the server with "
-                          "--chat-template FILE", "messages", "no_chat_template")
+            if self.renderer is None:
+                raise bad(self.no_chat, "messages", "no_chat_template")
             try:
-                text = self.chat_template.render(job.messages, add_generation_prompt=True)
+                return [self.renderer.prompt(job.messages)]
             except UserError as e:
                 raise bad(str(e), "messages") from None
-            encode = getattr(self.tokenizer, "encode_with_specials", self.tokenizer.encode)
-            return [encode(text)]
         vocab = self.scheduler.batch.engine.cfg.vocab_size
         out = []
         for p in job.prompts:
             if isinstance(p, str):
-                out.append(self.tokenizer.encode(p))
+                out.append(prompt_ids(self.tokenizer, p))  # an imported model's BOS too, as `redline generate`
             elif all(isinstance(t, int) and 0 <= t < vocab for t in p):
                 out.append(p)
             else:
@@ -67,6 +74,7 @@ class Server:
         if any(not p for p in prompts):
             raise bad("a prompt encodes to no tokens; give some text", "prompt")
         seqs = []
+        stop_ids = frozenset(self.renderer.stop_ids) if job.kind == "chat" else None
         for p, ids in enumerate(prompts):
             max_tokens = job.max_tokens
             if max_tokens is None:
@@ -85,18 +93,55 @@ class Server:
                 if sampling.seed is not None and j:  # each choice its own stream of random numbers
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
-                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, _sink(loop, queue, index)))
+                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, self.mailbox(loop).sink(queue, index),
+                                     stop_ids=stop_ids))
         return seqs, sum(len(ids) for ids in prompts)
 
 
-def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int):
-    def put(event: tuple) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-        except RuntimeError:  # the event loop is gone (the server is shutting down): nobody is listening
-            pass
+class Mailbox:
+    """Events from the scheduler's thread to one event loop's request queues, with one wake-up of the loop per turn
+    of the scheduler: a group of decode steps ends in an event for each of its sequences, and a
+    call_soon_threadsafe per event (a write to the loop's wake-up socket, and a fight for the GIL with the
+    scheduler's thread) costs more than the rest of the group's bookkeeping. The scheduler calls flush() at the end
+    of each turn (Scheduler.flushes)."""
 
-    return put
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, tuple]] = []
+
+    def sink(self, queue: asyncio.Queue, index: int):
+        """A Sequence's sink: its events reach `queue` as (index, event) at the next flush."""
+        def put(event: tuple) -> None:
+            with self._lock:
+                self._items.append((queue, (index, event)))
+
+        return put
+
+    def flush(self) -> None:
+        """Wake the loop once to hand out every event put since the last flush."""
+        with self._lock:
+            items, self._items = self._items, []
+        if items:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver, items)
+            except RuntimeError:  # the event loop is gone (the server is shutting down): nobody is listening
+                pass
+
+    @staticmethod
+    def _deliver(items: list) -> None:
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+PUBLIC_PATHS = ("/health", "/")
+
+
+def chat_page() -> str:
+    """The chat page served at / (chat.html beside this module: self-contained, no CDN)."""
+    from importlib.resources import files
+
+    return files("redline.serve").joinpath("chat.html").read_text(encoding="utf-8")
 
 
 def _finish_reason(reason: str) -> str:
@@ -107,133 +152,167 @@ def _sse(data) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
+def _error_response(e: APIError):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _key_check(server: Server):
+    """A plain ASGI middleware (Starlette's BaseHTTPMiddleware would hide a client's disconnect from the
+    endpoints): every path but /health and the chat page (static, no data; it asks for the key and sends it with
+    each of its requests) needs the API key, when there is one."""
+
+    def middleware(inner):
+        async def check(scope, receive, send):
+            if scope["type"] == "http" and server.api_key and scope["path"] not in PUBLIC_PATHS:
+                given = dict(scope["headers"]).get(b"authorization", b"")
+                if not hmac.compare_digest(given, f"Bearer {server.api_key}".encode()):
+                    response = _error_response(APIError(
+                        401, "missing or wrong API key: send `Authorization: Bearer KEY`", code="invalid_api_key"))
+                    await response(scope, receive, send)
+                    return
+            await inner(scope, receive, send)
+
+        return check
+
+    return middleware
+
+
+async def read_body(server: Server, request) -> dict:
+    """The request's JSON object, within the size limit and naming the served model."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > server.max_body_bytes:
+        raise APIError(413, f"the request body is {declared} bytes; the limit is {server.max_body_bytes}")
+    raw = await request.body()
+    if len(raw) > server.max_body_bytes:
+        raise APIError(413, f"the request body is {len(raw)} bytes; the limit is {server.max_body_bytes}")
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise bad(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model is required: the name GET /v1/models lists", "model")
+    if model != server.model:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {server.model!r}",
+                       "model", "model_not_found")
+    return body
+
+
+async def run(server: Server, request, job: Job):
+    """Queue the job's sequences; -> a streaming response, or the whole response once every choice is done."""
+    from fastapi.responses import StreamingResponse
+
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    seqs, prompt_tokens = server.sequences(job, loop, queue)
+    try:
+        server.scheduler.submit(seqs)
+    except QueueFull as e:
+        raise APIError(429, str(e), code="rate_limit_exceeded", type="rate_limit_error") from None
+    except UserError as e:
+        raise bad(str(e)) from None
+    rid = protocol.new_id(job.kind)
+    if job.stream:
+        return StreamingResponse(stream(server, job, rid, seqs, queue, prompt_tokens),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    texts = [[] for _ in seqs]
+    watcher = asyncio.create_task(cancel_on_disconnect(request, seqs))
+    try:
+        remaining = len(seqs)
+        while remaining:
+            index, event = await queue.get()
+            if event[0] == "text":
+                texts[index].append(event[1])
+            elif event[0] == "error":
+                raise APIError(500, f"generation failed: {event[1]}", type="server_error")
+            elif event[0] == "done":
+                remaining -= 1
+    finally:
+        watcher.cancel()
+        for seq in seqs:
+            if not seq.done:
+                seq.cancel()
+    use = protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs))
+    return protocol.response(job, rid, server.model, ["".join(t) for t in texts],
+                             [_finish_reason(s.finish_reason) for s in seqs], use)
+
+
+async def cancel_on_disconnect(request, seqs: list[Sequence]) -> None:
+    """Wait for the client to go away (the body has been read: the next message is the disconnect) and cancel its
+    sequences; the cancelled ones end with ("done", "cancelled"), which ends the wait for the result."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    for seq in seqs:
+        seq.cancel()
+
+
+async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue: asyncio.Queue,
+                 prompt_tokens: int):
+    """The server-sent events of a streamed job; a client that goes away tears this down, which cancels."""
+    model = server.model
+    try:
+        if job.kind == "chat":
+            for i in range(len(seqs)):
+                yield _sse(protocol.chunk(job, rid, model, i, role=True))
+        remaining = len(seqs)
+        while remaining:
+            index, event = await queue.get()
+            if event[0] == "text" and job.continuous_usage:
+                progress = protocol.usage(len(seqs[index].prompt), event[2])
+                yield _sse(protocol.chunk(job, rid, model, index, text=event[1], progress=progress))
+            elif event[0] == "text" and event[1]:
+                yield _sse(protocol.chunk(job, rid, model, index, text=event[1]))
+            elif event[0] == "error":
+                yield _sse(APIError(500, f"generation failed: {event[1]}", type="server_error").body())
+                return
+            elif event[0] == "done":
+                remaining -= 1
+                yield _sse(protocol.chunk(job, rid, model, index, text="" if job.kind != "chat" else None,
+                                          reason=_finish_reason(event[1])))
+        if job.include_usage:
+            use = protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs))
+            yield _sse(protocol.chunk(job, rid, model, 0, use=use))
+        yield _sse("[DONE]")
+    finally:  # finished, or the client went away (the response is torn down mid-stream)
+        for seq in seqs:
+            if not seq.done:
+                seq.cancel()
+
+
 def create_app(server: Server):
     """The FastAPI application serving `server`."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.responses import PlainTextResponse
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="redline serve", docs_url=None, redoc_url=None, openapi_url=None)
     server.created = server.created or int(time.time())
-
-    def error_response(e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+    app.add_middleware(_key_check(server))
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
-        return error_response(e)
+        return _error_response(e)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        return error_response(APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", None,
-                                       code))
+        return _error_response(APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", None,
+                                        code))
 
     @app.exception_handler(Exception)
     async def internal_error(request, e: Exception):
-        return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if server.api_key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
-                return error_response(APIError(401, "missing or wrong API key: send `Authorization: Bearer KEY`",
-                                               code="invalid_api_key"))
-        return await call_next(request)
-
-    async def read_body(request: Request) -> dict:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > server.max_body_bytes:
-            raise APIError(413, f"the request body is {declared} bytes; the limit is {server.max_body_bytes}")
-        raw = await request.body()
-        if len(raw) > server.max_body_bytes:
-            raise APIError(413, f"the request body is {len(raw)} bytes; the limit is {server.max_body_bytes}")
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            raise bad(f"the request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise bad("the request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise bad("model is required: the name GET /v1/models lists", "model")
-        if model != server.model:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {server.model!r}",
-                           "model", "model_not_found")
-        return body
-
-    async def run(request: Request, job: Job):
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        seqs, prompt_tokens = server.sequences(job, loop, queue)
-        try:
-            server.scheduler.submit(seqs)
-        except QueueFull as e:
-            raise APIError(429, str(e), code="rate_limit_exceeded", type="rate_limit_error") from None
-        except UserError as e:
-            raise bad(str(e)) from None
-        rid = protocol.new_id(job.kind)
-        if job.stream:
-            return StreamingResponse(stream(job, rid, seqs, queue, prompt_tokens), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        texts = [[] for _ in seqs]
-        try:
-            remaining = len(seqs)
-            while remaining:
-                try:
-                    index, event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return None
-                    continue
-                if event[0] == "text":
-                    texts[index].append(event[1])
-                elif event[0] == "error":
-                    raise APIError(500, f"generation failed: {event[1]}", type="server_error")
-                else:
-                    remaining -= 1
-        finally:
-            for seq in seqs:
-                if not seq.done:
-                    seq.cancel()
-        use = protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs))
-        return protocol.response(job, rid, server.model, ["".join(t) for t in texts],
-                                 [_finish_reason(s.finish_reason) for s in seqs], use)
-
-    async def stream(job: Job, rid: str, seqs: list[Sequence], queue: asyncio.Queue, prompt_tokens: int):
-        try:
-            if job.kind == "chat":
-                for i in range(len(seqs)):
-                    yield _sse(protocol.chunk(job, rid, server.model, i, role=True))
-            remaining = len(seqs)
-            while remaining:
-                index, event = await queue.get()
-                if event[0] == "text":
-                    yield _sse(protocol.chunk(job, rid, server.model, index, text=event[1]))
-                elif event[0] == "error":
-                    yield _sse(APIError(500, f"generation failed: {event[1]}", type="server_error").body())
-                    return
-                else:
-                    remaining -= 1
-                    reason = _finish_reason(event[1])
-                    yield _sse(protocol.chunk(job, rid, server.model, index, text="" if job.kind != "chat" else None,
-                                              reason=reason))
-            if job.include_usage:
-                use = protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs))
-                yield _sse(protocol.chunk(job, rid, server.model, 0, use=use))
-            yield _sse("[DONE]")
-        finally:  # finished, or the client went away (the response is torn down mid-stream)
-            for seq in seqs:
-                if not seq.done:
-                    seq.cancel()
+        return _error_response(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await run(request, protocol.chat_job(await read_body(request)))
+        return await run(server, request, protocol.chat_job(await read_body(server, request)))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await run(request, protocol.completion_job(await read_body(request)))
+        return await run(server, request, protocol.completion_job(await read_body(server, request)))
 
     def model_card() -> dict:
         return {"id": server.model, "object": "model", "created": server.created, "owned_by": "redline",
@@ -249,6 +328,12 @@ def create_app(server: Server):
             raise APIError(404, f"the model {name!r} does not exist; this server serves {server.model!r}",
                            "model", "model_not_found")
         return model_card()
+
+    @app.get("/")
+    async def page():
+        from fastapi.responses import HTMLResponse
+
+        return HTMLResponse(chat_page())
 
     @app.get("/health")
     async def health():

@@ -48,6 +48,9 @@ class Job:
     n: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
+    """stream_options.continuous_usage_stats (as vLLM has it): every chunk carries the usage so far, and a chunk is
+    sent whenever tokens reach the host, text or not (load generators time tokens with it)."""
     messages: list[dict] | None = None  # chat: the conversation, rendered by the server
 
 
@@ -109,7 +112,8 @@ def _common(body: Mapping, kind: str) -> dict:
         raise bad("stream_options must be an object", "stream_options")
     return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stop(body),
             "n": _number(body, "n", 1, 1, MAX_N, integer=True), "stream": bool(stream),
-            "include_usage": bool(options.get("include_usage", False))}
+            "include_usage": bool(options.get("include_usage", False)),
+            "continuous_usage": bool(options.get("continuous_usage_stats", False))}
 
 
 def _content(message: Mapping, i: int) -> str:
@@ -130,7 +134,7 @@ def _content(message: Mapping, i: int) -> str:
     raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES = ("system", "user", "assistant")  # those redline/chat/render.py renders
 
 
 def chat_job(body: Mapping) -> Job:
@@ -141,7 +145,10 @@ def chat_job(body: Mapping) -> Job:
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or message.get("role") not in ROLES:
             raise bad(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", f"messages[{i}]")
-        plain.append({"role": message["role"], "content": _content(message, i)})
+        content = _content(message, i)
+        if not content.strip():
+            raise bad(f"messages[{i}] has empty content; give it some text", f"messages[{i}].content")
+        plain.append({"role": message["role"], "content": content})
     return Job(kind="chat", prompts=[None], messages=plain, **_common(body, "chat"))
 
 
@@ -191,9 +198,9 @@ def response(job: Job, rid: str, model: str, texts: list[str], reasons: list[str
 
 
 def chunk(job: Job, rid: str, model: str, index: int, text: str | None = None, reason: str | None = None,
-          role: bool = False, use: dict | None = None) -> dict:
-    """One streamed chunk: a choice's new text, its finish reason, its opening role (chat), or (use given and no
-    index) the closing usage chunk with no choices."""
+          role: bool = False, use: dict | None = None, progress: dict | None = None) -> dict:
+    """One streamed chunk: a choice's new text, its finish reason, its opening role (chat), or (use given) the
+    closing usage chunk with no choices. progress: the usage so far (continuous usage stats)."""
     created = int(time.time())
     obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
     out: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
@@ -208,6 +215,8 @@ def chunk(job: Job, rid: str, model: str, index: int, text: str | None = None, r
     else:
         choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
     out["choices"] = [choice]
-    if job.include_usage:
+    if progress is not None:
+        out["usage"] = progress
+    elif job.include_usage:
         out["usage"] = None
     return out

@@ -2,8 +2,8 @@
 
 How it works
 - `submit()` checks a request (its prompt and max_tokens must fit a row, the queue must have room) and queues it;
-  the caller gets a `Sequence` whose `sink` receives ("text", str), then ("done", finish_reason) or
-  ("error", message), from the scheduler's thread.
+  the caller gets a `Sequence` whose `sink` receives ("text", new_text, tokens_so_far), then
+  ("done", finish_reason) or ("error", message), from the scheduler's thread.
 - The thread loops: admit waiting requests into free rows of the static batch, prefill them in spans of at most
   `prefill_tokens` tokens per turn while other rows are decoding (so a long prompt stalls running streams for one
   span at a time, not for its whole length), then launch `sync_every` decode steps and read the tokens of the
@@ -52,7 +52,10 @@ class Sequence:
     sampling: SamplingParams
     stop: tuple[str, ...]
     sink: Callable[[tuple], None]
-    """Called from the scheduler's thread with ("text", str), then ("done", reason) or ("error", message)."""
+    """Called from the scheduler's thread with ("text", new text, tokens so far) as tokens reach the host (the text
+    may be empty: held back, or tokens that decode to nothing), then ("done", reason) or ("error", message)."""
+    stop_ids: frozenset[int] | None = None
+    """Tokens that end it (None: the scheduler's; a chat turn ends at its template's end-of-turn tokens)."""
     tokens: list[int] = field(default_factory=list)
     """Tokens generated so far (read back to the host), a stop token excluded."""
     finish_reason: str | None = None
@@ -108,12 +111,15 @@ class Stats:
 
 @dataclass
 class _Group:
-    """Decode steps launched together: their tokens (steps, rows) on their way to the host, and each step's
-    owner of each row (None: free)."""
+    """Decode steps launched together: their tokens (steps, rows) on their way to the host, the sequences that
+    decoded in them as (sequence, row, steps it decoded: the group's first n), and the first tokens (n,) of the
+    sequences admitted just before them."""
 
-    tokens: torch.Tensor
+    tokens: torch.Tensor | None
     event: object
-    owners: list[list[Sequence | None]]
+    decoded: list[tuple[Sequence, int, int]]
+    firsts: torch.Tensor | None
+    first_owners: list[Sequence]
 
 
 class Scheduler:
@@ -129,9 +135,16 @@ class Scheduler:
         self.device = batch.engine.device
         # on a GPU, read tokens back every few steps (one wait per group); on a CPU each step is the work itself
         self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)
+        # read a group's tokens while the next group runs (on a GPU: the device never waits for the host); on a
+        # CPU the steps are done when launched, and lagging would only delay the tokens
+        self.lag_reads = self.device.type == "cuda"
         self.rows: list[Sequence | None] = [None] * batch.rows
         self.waiting: collections.deque[Sequence] = collections.deque()
+        self._firsts: list[tuple[Sequence, torch.Tensor]] = []  # first tokens sampled, not yet sent to the host
         self.stats = Stats()
+        self.flushes: list[Callable[[], None]] = []
+        """Called by the scheduler's thread at the end of each turn, after the turn's events: a sink may hold its
+        events until then (the API's Mailbox does, to wake its event loop once per turn, not once per event)."""
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="redline-scheduler", daemon=True)
@@ -203,16 +216,18 @@ class Scheduler:
                 with torch.no_grad():
                     self._drop_cancelled()
                     self._admit()
-                    group = self._launch() if any(self.batch.busy) else None
+                    group = self._launch()
                     if pending is not None:
                         self._deliver(pending)
                     pending = group
-                    if group is not None and group.event is None:  # on a CPU the steps are done: no lag
+                    if group is not None and not self.lag_reads:
                         self._deliver(group)
                         pending = None
             except Exception as e:  # a bug or a device failure: fail every sequence in flight, keep serving
+                self._fail_all(f"{type(e).__name__}: {e}", pending)
                 pending = None
-                self._fail_all(f"{type(e).__name__}: {e}")
+            for flush in self.flushes:
+                flush()
 
     def _occupied(self) -> bool:
         return any(seq is not None for seq in self.rows)
@@ -231,17 +246,22 @@ class Scheduler:
         if reason in ("stop", "length"):
             rest = seq.decoder.finish()
             if rest:
-                seq.sink(("text", rest))
+                seq.sink(("text", rest, seq.completion_tokens))
         seq.sink(("done", reason))
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, pending: _Group | None) -> None:
+        """End every sequence not done yet with an error: queued, in a row, or only awaiting its last tokens."""
         with self._cond:
             victims = list(self.waiting) + [s for s in self.rows if s is not None]
             self.waiting.clear()
-        for seq in victims:
+        victims += [s for s, _ in self._firsts]
+        if pending is not None:
+            victims += pending.first_owners + [s for s, _, _ in pending.decoded]
+        for seq in {id(s): s for s in victims if not s.done}.values():
             seq.finish_reason = "error"
             seq.sink(("error", message))
         self.rows = [None] * self.batch.rows
+        self._firsts = []
         for r in range(self.batch.rows):
             if self.batch.busy[r]:
                 self.batch.free(r)
@@ -280,75 +300,91 @@ class Scheduler:
                 self._first_token(seq, logits)
 
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> None:
-        """The token after the prompt (read back at once: it is the time to first token), then the row decodes."""
-        first = int(sample_next(logits[None], seq.sampling, seq.generator)[0])
-        seq.first_token_s = time.perf_counter()
-        self.stats.add_ttft(seq.first_token_s - seq.submitted_s)
-        self.stats.prompt_tokens += len(seq.prompt)
+        """Sample the token after the prompt on the device and start the row from it: it reaches the host with the
+        next group of steps, so admitting a request never makes the host wait for the device."""
+        first = sample_next(logits[None], seq.sampling, seq.generator)  # (1,)
+        self._firsts.append((seq, first))
         seq.launched = 1
-        self._take(seq, [first])
-        if not seq.done:  # (max_tokens 1 is done already)
-            self.batch.start(seq.row, first, len(seq.prompt))
+        if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
+            self.rows[seq.row] = None
+        else:
+            self.batch.start(seq.row, first[0], len(seq.prompt))
 
-    def _launch(self) -> _Group:
-        """Up to sync_every decode steps, stopping early when no row is left; their tokens start for the host."""
-        steps, owners = [], []
-        for _ in range(self.sync_every):
-            if not any(self.batch.busy):
+    def _launch(self) -> _Group | None:
+        """Up to sync_every decode steps, stopping early when no row is left; their tokens (and the first tokens of
+        the sequences just admitted) start for the host. Rows are admitted only between groups, so within a group
+        a row's sequence decodes the group's first n steps (n < steps when it got its max_tokens)."""
+        firsts, self._firsts = self._firsts, []
+        steps, decoded = [], []
+        running = [s for s in self.rows if s is not None and self.batch.busy[s.row]]
+        sampled = [s for s in running if not s.sampling.greedy]
+        for i in range(self.sync_every):
+            if not running:
                 break
-            owner = [s if self.batch.busy[r] else None for r, s in enumerate(self.rows)]
-            steps.append(self._step(owner))
-            owners.append(owner)
+            steps.append(self._step(sampled))
             self.stats.steps += 1
-            self.stats.busy_row_steps += sum(s is not None for s in owner)
-            for seq in owner:
-                if seq is None:
-                    continue
+            self.stats.busy_row_steps += len(running)
+            ended = []
+            for seq in running:
                 seq.launched += 1
                 if seq.launched >= seq.max_tokens:  # its last token is on its way: the row is free from now on
+                    ended.append(seq)
+            if ended:
+                for seq in ended:
+                    decoded.append((seq, seq.row, i + 1))
                     self.batch.free(seq.row)
                     self.rows[seq.row] = None
-        tokens = torch.stack(steps)  # (steps, rows)
-        if tokens.device.type == "cuda":
-            host = tokens.to("cpu", non_blocking=True)
+                running = [s for s in running if s.launched < s.max_tokens]
+                sampled = [s for s in running if not s.sampling.greedy]
+        decoded += [(seq, seq.row, len(steps)) for seq in running]
+        if not steps and not firsts:
+            return None
+        tokens = torch.stack(steps) if steps else None  # (steps, rows)
+        first_tokens = torch.cat([f for _, f in firsts]) if firsts else None  # (n,)
+        event = None
+        if self.device.type == "cuda":  # one copy per group, while the device runs on; _deliver waits for the event
+            tokens, first_tokens = (t.to("cpu", non_blocking=True) if t is not None else None
+                                    for t in (tokens, first_tokens))
             event = torch.cuda.Event()
             event.record()
-            return _Group(host, event, owners)
-        return _Group(tokens, None, owners)
+        return _Group(tokens, event, decoded, first_tokens, [seq for seq, _ in firsts])
 
-    def _step(self, owner: list[Sequence | None]) -> torch.Tensor:
+    def _step(self, sampled: list[Sequence]) -> torch.Tensor:
         """One decode step -> each row's next token (rows,) on the device (a copy: the step's output buffer is
-        reused by the next step)."""
-        sampled = [(r, s) for r, s in enumerate(owner) if s is not None and not s.sampling.greedy]
+        reused by the next step); `sampled`: the decoding sequences that do not take the argmax."""
         if not sampled:
             return self.batch.step().clone()
         logits = self.batch.step(greedy=False)
         tokens = logits.argmax(dim=-1)
-        for r, seq in sampled:
-            tokens[r] = sample_next(logits[r:r + 1], seq.sampling, seq.generator)[0]
+        for seq in sampled:
+            tokens[seq.row] = sample_next(logits[seq.row:seq.row + 1], seq.sampling, seq.generator)[0]
         self.batch.advance(tokens)
         return tokens
 
     def _deliver(self, group: _Group) -> None:
-        """The tokens of a group of steps reached (or are reaching) the host: hand them to their sequences."""
+        """The tokens of a group reached (or are reaching) the host: hand each sequence its tokens, in one piece."""
         if group.event is not None:
             group.event.synchronize()
-        rows = group.tokens.tolist()
-        new: dict[int, tuple[Sequence, list[int]]] = {}
-        for step_tokens, owner in zip(rows, group.owners):
-            for r, seq in enumerate(owner):
-                if seq is not None and not seq.done:
-                    new.setdefault(id(seq), (seq, []))[1].append(step_tokens[r])
-        for seq, ids in new.values():
+        now = time.perf_counter()
+        for seq, first in zip(group.first_owners, group.firsts.tolist() if group.firsts is not None else []):
+            seq.first_token_s = now
+            self.stats.add_ttft(now - seq.submitted_s)
+            self.stats.prompt_tokens += len(seq.prompt)
             if not seq.done:
-                self._take(seq, ids)
+                self._take(seq, [first])
+        if group.tokens is None:
+            return
+        by_row = group.tokens.t().tolist()  # (rows, steps)
+        for seq, row, n in group.decoded:
+            if not seq.done:
+                self._take(seq, by_row[row][:n])
 
     def _take(self, seq: Sequence, ids: list[int]) -> None:
         """New tokens of seq on the host: cut at a stop token or max_tokens, stream the text that became final,
         finish the sequence where it ended."""
-        reason = None
+        reason, stops = None, self.stop_ids if seq.stop_ids is None else seq.stop_ids
         for j, t in enumerate(ids):
-            if t in self.stop_ids:
+            if t in stops:
                 ids, reason = ids[:j], "stop"
                 break
         room = seq.max_tokens - len(seq.tokens)
@@ -356,8 +392,8 @@ class Scheduler:
             ids, reason = ids[:room], reason or "length"
         seq.tokens += ids
         text = seq.decoder.add(ids)
-        if text:
-            seq.sink(("text", text))
+        if ids or text:
+            seq.sink(("text", text, seq.completion_tokens))
         if seq.decoder.stopped:
             reason = "stop"
         if reason is not None or seq.cancelled:

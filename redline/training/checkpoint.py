@@ -431,16 +431,17 @@ def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
         raise UserError(f"checkpoint {ckpt} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
-def load_init_weights(model: torch.nn.Module, path: str | Path) -> Path:
+def load_init_weights(model: torch.nn.Module, path: str | Path, verify: bool = True) -> Path:
     """Load the weights of the redline checkpoint `path` into `model`, and return the checkpoint folder.
 
     path: a checkpoint folder (RUN/checkpoints/step_N, or a folder `redline import` wrote) or a run directory (its
     newest checkpoint); either layout, any stored dtype (copied into the model's). model: a plain GPT (not compiled
     or wrapped, no converters applied yet) built from that checkpoint's ModelConfig (see
-    redline/training/init_from.py). Weights only: no optimizer, step or data state. Every payload file is checked
-    against meta.json's sha256 first."""
+    redline/training/init_from.py). Weights only: no optimizer, step or data state. verify: check every payload
+    file against meta.json's sha256 first (False: the caller has)."""
     ckpt = resolve_checkpoint(path)
-    verify_checkpoint(ckpt)
+    if verify:
+        verify_checkpoint(ckpt)
     load_weights(ckpt, model)
     return ckpt
 

@@ -78,8 +78,9 @@ class InitPoint:
         if tokenizer.identity != self.tokenizer_identity:
             raise UserError(f"the data in {data_dir} is tokenized with {tokenizer.spec or tokenizer.name} "
                             f"({tokenizer.identity[:12]}), but init_from={self.checkpoint} was trained with "
-                            f"{self.checkpoint / 'tokenizer'} ({self.tokenizer_identity[:12]}); prepare the data with "
-                            f"--tokenizer {self.checkpoint / 'tokenizer'}")
+                            f"{self.checkpoint / 'tokenizer'} ({self.tokenizer_identity[:12]}); give raw text with "
+                            f"--data.path (it is prepared with that tokenizer) or run `redline data prepare "
+                            f"--tokenizer {self.checkpoint / 'tokenizer'}`")
         if tokenizer.vocab_size > self.model.vocab_size:
             raise UserError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens, the model of "
                             f"{self.checkpoint} {self.model.vocab_size}")

@@ -103,46 +103,19 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    # init_from: the checkpoint's architecture and tokenizer (a resumed run has both in its own config already)
-    init_point = InitPoint.read(cfg.init_from) if cfg.init_from and resume_from is None else None
-    if init_point is not None:
-        cfg = init_point.configure(cfg)
-        cfg.validate()
-    run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
-    source = (data(run_dir) if data is not None else
-              ShardData(resolve_data(cfg, run_dir, init_point.tokenizer if init_point else None)))
-    if init_point is not None and data is None:
-        init_point.check_tokenizer(source.tokenizer, source.name)
-        source.tokenizer = init_point.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
-    tokenizer = source.tokenizer
-    resumed = ResumePoint.read(resume_from, tokenizer, source.name) if resume_from else None
+    cfg, run_dir, source, init_point, resumed = open_run(cfg, resume_from, data)
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
-    if not cfg.init_from:  # a started-from model keeps its vocabulary (e.g. an imported one wider than its tokenizer)
-        cfg = with_vocab_size(cfg, tokenizer.vocab_size)
-    cfg = resolve_batch_size(cfg, device, info, batch_search)
+    cfg = resolve_batch_size(with_run_vocabulary(cfg, source.tokenizer, data is not None), device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model).to(device)
-    if resumed is not None and resumed.adapters:  # the base now; the converter adapts it, then the adapters load
-        adapters.load_base(resumed.meta, resumed.checkpoint, model)
-    elif resumed is not None and not resumed.sharded:
-        ckpt_io.load_weights(resumed.checkpoint, model)  # before wrapping; optimizer states after (below)
-    elif resumed is None and init is not None:
-        init(model)
-    elif init_point is not None:
-        ckpt_io.load_init_weights(model, init_point.checkpoint)  # before converters and wrapping
+    model = new_model(cfg, device, on_host=cfg.lora.enabled and (init is None or resumed is not None))
+    load_start_weights(cfg, model, resumed, init_point, init)
     train_step = TrainStep(cfg, device, info, model=model, objective=objective)
     if resumed is not None:
         resumed.restore(train_step, info)
     run = Run(cfg, info, device, run_dir, source, train_step, resumed)
-    if cfg.lora.enabled:  # its checkpoints hold the adapters and name the base they adapt
-        run.lora_base = (resumed.meta[adapters.META_KEY] if resumed is not None else
-                         adapters.base_reference(init_point.checkpoint,
-                                                 train_step.converters.get("lora").base_dtype))
-    if init_point is not None:
-        run.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init_point.checkpoint)})
-        run.log.print(f"weights from {init_point.checkpoint} (optimizer fresh, step 0)")
+    run.announce_start(init_point)
 
     status = "completed"
     with StopFlag() as stop:
@@ -236,6 +209,70 @@ class ResumePoint:
             ckpt_io.set_rng_state(state["rng"])  # another world size draws other dropout masks anyway
 
 
+def new_model(cfg: TrainConfig, device: torch.device, on_host: bool = False) -> GPT:
+    """The run's plain model. on_host (a LoRA run whose weights all come from a checkpoint): built in host memory
+    without initialisation; the LoRA converter moves it to the device layer by layer, cast or quantized
+    (redline/converters/lora.py), so a base larger than the device in full precision can be fine-tuned. A caller's
+    `init` that works on the device (DPO's reference pass) gets the model there instead."""
+    if not on_host:
+        return GPT(cfg.model).to(device)
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    return model.to_empty(device="cpu")
+
+
+def open_run(cfg: TrainConfig, resume_from: Path | None, data: Callable[[Path], TrainingData] | None):
+    """The run's config (with init_from's architecture), directory, data source, init_from checkpoint (a new run
+    only) and resume point: (cfg, run_dir, source, init_point, resumed)."""
+    # init_from: the checkpoint's architecture and tokenizer (a resumed run has both in its own config already)
+    init_point = InitPoint.read(cfg.init_from) if cfg.init_from and resume_from is None else None
+    if init_point is not None:
+        cfg = init_point.configure(cfg)
+        cfg.validate()
+    run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
+    source = (data(run_dir) if data is not None else
+              ShardData(resolve_data(cfg, run_dir, init_point.tokenizer if init_point else None)))
+    if init_point is not None and data is None:
+        init_point.check_tokenizer(source.tokenizer, source.name)
+        source.tokenizer = init_point.tokenizer  # the same ids, with the checkpoint's stop ids and chat template
+    resumed = ResumePoint.read(resume_from, source.tokenizer, source.name) if resume_from else None
+    if resumed is not None and cfg.init_from and data is None:
+        from redline.tokenizer import load_tokenizer  # the same ids (checked): the init's stop ids and chat template
+
+        source.tokenizer = load_tokenizer(str(resumed.checkpoint / "tokenizer"))
+    return cfg, run_dir, source, init_point, resumed
+
+
+def with_run_vocabulary(cfg: TrainConfig, tokenizer, fine_tuning: bool) -> TrainConfig:
+    """cfg with the model's vocabulary for this run. Pretraining: the tokenizer's (the preset's is a default);
+    init_from keeps the checkpoint's (an imported model's may be wider than its tokenizer); a fine-tuning data
+    source only grows the model's (redline's chat tokens), never shrinks it."""
+    if cfg.init_from:
+        return cfg
+    vocab = max(tokenizer.vocab_size, cfg.model.vocab_size) if fine_tuning else tokenizer.vocab_size
+    return with_vocab_size(cfg, vocab)
+
+
+def load_start_weights(cfg: TrainConfig, model: GPT, resumed: ResumePoint | None, init_point: InitPoint | None,
+                       init: Callable[[GPT], None] | None = None) -> None:
+    """The weights a run starts from, into the plain model before converters and wrapping: a resumed run's (the
+    optimizer states and, sharded, the weights load after wrapping: ResumePoint.restore), a LoRA run's base (its
+    adapters load once the converter has adapted the model), the caller's `init` (e.g. `redline sft`'s), or
+    init_from's."""
+    if resumed is not None and resumed.adapters != cfg.lora.enabled:
+        raise UserError(f"checkpoint {resumed.checkpoint} is {'' if resumed.adapters else 'not '}from a LoRA run and "
+                        f"this run has lora.enabled={cfg.lora.enabled}; resume with the settings it was trained "
+                        f"with, or start a new run with init_from={resumed.checkpoint}")
+    if resumed is not None and resumed.adapters:
+        adapters.load_base(resumed.meta, resumed.checkpoint, model)
+    elif resumed is not None and not resumed.sharded:
+        ckpt_io.load_weights(resumed.checkpoint, model)
+    elif resumed is None and init is not None:
+        init(model)
+    elif init_point is not None:
+        ckpt_io.load_init_weights(model, init_point.checkpoint, verify=False)  # InitPoint.read verified it
+
+
 def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info: DistInfo) -> RunResult:
     """`--resume` of a run whose checkpoint already reached the budget: say so and do nothing."""
     if info.is_main:
@@ -267,6 +304,7 @@ class Run:
         self.bad_in_row = 0
         self.saved: tuple[int, Path | None] | None = None  # (step, path) of the last checkpoint written
         self.lora_base: dict | None = None  # a LoRA run: the reference to its base, in each checkpoint's meta
+        self.resumed_meta = resumed.meta if resumed is not None else None
         self.best_bpb: float | None = None
         self.log = self._open_log(resumed)
         model = train_step.model
@@ -354,6 +392,16 @@ class Run:
             progress = min(self.progress(), 1.0)
             self.log.progress.update(progress, self.step,
                                      eta_seconds(progress, self.start_progress, time.perf_counter() - self.start))
+
+    def announce_start(self, init_point: InitPoint | None) -> None:
+        """A LoRA run's reference to its base (in each checkpoint's meta) and init_from's event and line."""
+        if self.cfg.lora.enabled:  # its checkpoints hold the adapters and name the base they adapt
+            lora = self.train_step.converters.get("lora")
+            self.lora_base = (self.resumed_meta[adapters.META_KEY] if self.resumed_meta is not None else
+                              adapters.base_reference(init_point.checkpoint, lora.base_dtype))
+        if init_point is not None:
+            self.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init_point.checkpoint)})
+            self.log.print(f"weights from {init_point.checkpoint} (optimizer fresh, step 0)")
 
     def evaluate(self) -> dict:
         """Validation loss, perplexity and bits per byte, without the converters (BF16); logged and printed."""

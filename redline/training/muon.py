@@ -25,8 +25,15 @@ Under DDP (a process group of more than one rank, whole parameters on every rank
 momentum of every matrix (the gradients are already all-reduced, so the states stay identical and a
 checkpoint written by rank 0 is complete), orthogonalises only its share of each stack (B/world matrices,
 the stack zero-padded to a multiple of the world size), and the shares are all-gathered before every rank
-applies the same update (modded-nanogpt spreads the Newton–Schulz work over its GPUs the same way). FSDP2's
-sharded parameters are refused: orthogonalisation needs whole matrices.
+applies the same update (modded-nanogpt spreads the Newton–Schulz work over its GPUs the same way).
+
+Under FSDP2 (DTensor parameters sharded on dim 0, torch.chunk's layout: S = ceil(m / world) rows on each rank
+but the last ones) no rank holds a whole matrix, and none gathers them all. Each matrix of a stack has an owner
+rank (matrix i: rank i mod world). The momentum is taken on the local shards (it is elementwise); one all-to-all
+sends every shard of the Nesterov updates to its matrix's owner, which orthogonalises its whole matrices (about
+B/world of them) as one batch; a second all-to-all sends each rank its rows of every result, and each rank
+updates its own shards. Each rank sends and receives about its share of the stack's elements twice, in
+bfloat16 (a reduce-scatter's volume), and the result equals one process's.
 
 A non-finite step can be skipped on the device as with fused AdamW: set `found_inf` (a 0-dim float tensor,
 nonzero to skip) before `step()`; the momentum and the weights are then left as they were.
@@ -115,9 +122,8 @@ class Muon(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.dim() != 2:
                     raise ValueError(f"Muon takes 2-D parameters only, got one of shape {tuple(p.shape)}")
-                if hasattr(p, "device_mesh"):  # a DTensor: FSDP2 holds a shard of the matrix, not the matrix
-                    raise UserError("optim.name=muon needs whole matrices and is not supported with parallel=fsdp2; "
-                                    "use ddp or adamw")
+                if hasattr(p, "device_mesh"):  # a DTensor (FSDP2): sharded by rows over one mesh dimension
+                    _check_row_sharded(p)
         self.ns_dtype = ns_dtype
         self.found_inf: Tensor | None = None
         self._compile = compile
@@ -180,7 +186,7 @@ class Muon(torch.optim.Optimizer):
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         rank = dist.get_rank() if world > 1 else 0
         keep = None if self.found_inf is None else 1 - self.found_inf.float().clamp(0, 1)
-        pending = []  # (params, gathered update (B', m, n), all-gather handle or None, hyper)
+        pending = []  # (local params, update (B', rows, n), collective handle or None, hyper)
         for index, group, params in self._stacks():
             m, n = params[0].shape
             lr = group["lr"]
@@ -194,7 +200,13 @@ class Muon(torch.optim.Optimizer):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
                 buffers.append(state["momentum_buffer"])
-            stacked = self._kernel("momentum")([p.grad for p in params], buffers, hyper[0], self.ns_dtype)
+            stacked = self._kernel("momentum")([_local(p.grad) for p in params], [_local(b) for b in buffers],
+                                               hyper[0], self.ns_dtype)  # (B, rows here, n)
+            if hasattr(params[0], "device_mesh"):  # FSDP2: whole matrices only on their owner ranks
+                update, handle = self._orthogonalize_sharded(stacked, m, n, params[0].device_mesh.get_group(),
+                                                             group["ns_steps"])
+                pending.append(([_local(p) for p in params], update, handle, hyper[1]))
+                continue
             if world == 1:
                 update = self._kernel("newton_schulz")(stacked, group["ns_steps"], self.ns_dtype)
                 pending.append((params, update, None, hyper[1]))
@@ -207,10 +219,51 @@ class Muon(torch.optim.Optimizer):
             gathered = mine.new_empty(share * world, m, n)
             handle = dist.all_gather_into_tensor(gathered, mine.contiguous(), async_op=True)
             pending.append((params, gathered, handle, hyper[1]))
-        for params, update, handle, hyper in pending:  # the all-gathers overlap the next stacks' iterations
+        for params, update, handle, hyper in pending:  # the collectives overlap the next stacks' iterations
             if handle is not None:
                 handle.wait()
+            if callable(update):
+                update = update()
             self._kernel("apply")(params, update, hyper)
         for group in self.param_groups:
             group["step_count"] += 1
         return loss
+
+    def _orthogonalize_sharded(self, local: Tensor, m: int, n: int, process_group, ns_steps: int):
+        """local: (B, r, n), this rank's rows of B matrices of shape (m, n) -> (this rank's rows of each
+        orthogonalised matrix, as a callable to run once the returned all-to-all handle is done; the handle)."""
+        world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        B, S = local.size(0), math.ceil(m / world)
+        rows = max(0, min(S, m - rank * S))  # torch.chunk's layout: full chunks first
+        if local.size(1) != rows:
+            raise UserError(f"Muon under FSDP2 expects {rows} rows of each {m}×{n} matrix on rank {rank} "
+                            f"(dim 0 split into chunks of {S}), got {local.size(1)}")
+        k = math.ceil(B / world)  # matrices per owner; matrix i = j·world + o is owned by rank o
+        padded = local.new_zeros(k * world, S, n)
+        padded[:B, :rows] = local
+        send = padded.view(k, world, S, n).transpose(0, 1).contiguous()  # send[o, j]: my rows of matrix j·world + o
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=process_group)  # recv[r, j]: rank r's rows of my matrix j
+        whole = recv.permute(1, 0, 2, 3).reshape(k, world * S, n)[:, :m]  # (k, m, n): padding rows at the end
+        ortho = self._kernel("newton_schulz")(whole.contiguous(), ns_steps, self.ns_dtype)
+        back = ortho.new_zeros(k, world * S, n)
+        back[:, :m] = ortho
+        send = back.view(k, world, S, n).transpose(0, 1).contiguous()  # send[r, j]: rank r's rows of my matrix j
+        recv = torch.empty_like(send)
+        handle = dist.all_to_all_single(recv, send, group=process_group, async_op=True)
+        # recv[o, j]: my rows of matrix j·world + o -> (B, rows, n) in matrix order
+        return (lambda: recv.transpose(0, 1).reshape(k * world, S, n)[:B, :rows]), handle
+
+
+def _local(t: Tensor) -> Tensor:
+    """A DTensor's local shard (FSDP2), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _check_row_sharded(p: Tensor) -> None:
+    from torch.distributed.tensor import Shard
+
+    if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+        raise UserError(f"Muon under FSDP2 takes matrices sharded by rows over one mesh dimension, got placements "
+                        f"{tuple(p.placements)} on a {p.device_mesh.ndim}-D mesh; use parallel=fsdp2 as redline "
+                        f"applies it, or ddp")

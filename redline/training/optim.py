@@ -2,7 +2,9 @@
 
 AdamW: 2-D weights decayed, norms/biases/gains not. Muon (redline/training/muon.py, batched by shape): the 2-D
 weights inside the transformer blocks; AdamW for the embeddings, the head and every 1-D gain or bias, as the
-source design's baseline did. The schedule is a pure function of progress, so resuming needs only the step count.
+source design's baseline did. Prodigy (Mishchenko & Defazio 2023, the prodigyopt package): Adam whose step size d
+is estimated as it trains, so the schedule scales a peak learning rate of 1; its d is in every step's metrics
+(prodigy_d). The schedule is a pure function of progress, so resuming needs only the step count.
 """
 
 from __future__ import annotations
@@ -58,13 +60,16 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
     hidden, embed_head, gains = param_groups(model)
     fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
     adam_kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
-    if cfg.name == "adamw":
+    if cfg.name in ("adamw", "prodigy"):
         if cfg.embed_lr is None and cfg.head_lr is None:  # two groups, as checkpoints of earlier versions hold
             groups = [{"params": hidden + embed_head, "weight_decay": cfg.weight_decay}]
         else:
             groups = [{"params": hidden, "weight_decay": cfg.weight_decay}, *embed_head_groups(model, embed_head, cfg)]
         groups.append({"params": gains, "weight_decay": 0.0})
-        return [torch.optim.AdamW([g for g in groups if g["params"]] or groups, **adam_kwargs)]
+        groups = [g for g in groups if g["params"]] or groups
+        if cfg.name == "prodigy":
+            return [prodigy(groups, cfg)]
+        return [torch.optim.AdamW(groups, **adam_kwargs)]
     from redline.training.muon import Muon
 
     muon = Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
@@ -74,6 +79,27 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
     adam = torch.optim.AdamW(embed_head_groups(model, embed_head, cfg) + [{"params": gains, "weight_decay": 0.0}],
                              **adam_kwargs)
     return [muon, adam]
+
+
+def prodigy(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """Prodigy at lr 1 (the schedule scales it). Bias correction and, with a warmup, safeguard_warmup on, as
+    prodigyopt's README advises for fine-tuning; growth_rate caps how fast d may rise (see OptimConfig)."""
+    from prodigyopt import Prodigy
+
+    groups = [g for g in groups if g["params"]]  # a LoRA run may have no gains to train
+    return Prodigy(groups, lr=1.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                   decouple=True, use_bias_correction=True, safeguard_warmup=cfg.warmup_steps > 0,
+                   d0=cfg.prodigy_d0, d_coef=cfg.prodigy_d_coef, growth_rate=cfg.prodigy_growth_rate)
+
+
+def optimizer_metrics(optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
+    """What an optimizer estimates as it trains, for metrics.jsonl: Prodigy's step size d."""
+    out = {}
+    for opt in optimizers:
+        group = opt.param_groups[0]
+        if "d" in group and "d0" in group:  # prodigyopt's groups carry d (the estimate) and d0 (its start)
+            out["prodigy_d"] = float(group["d"])
+    return out
 
 
 def lr_multiplier(cfg: OptimConfig, step: int, progress: float) -> float:

@@ -33,7 +33,7 @@ from redline.errors import UserError
 from redline.hardware import autocast_dtype
 from redline.model import GPT
 from redline.training.objectives import LanguageModeling, Objective
-from redline.training.optim import build_optimizers, set_lr, skips_on_device, step_if_finite
+from redline.training.optim import build_optimizers, optimizer_metrics, set_lr, skips_on_device, step_if_finite
 from redline.training.parallel import local_tensor, no_sync, set_fsdp_sync
 from redline.training.wrap import Wrapped, compile_enabled, wrap_model
 
@@ -212,7 +212,10 @@ class TrainStep:
             opt.zero_grad(set_to_none=True)
         events += self.converters.after_optimizer_step(self.steps_done)
         self.steps_done += 1
-        return StepOutput(loss_mean, grad_norm, skipped, {k: v / accum for k, v in metric_sums.items()}, events)
+        metrics = {k: v / accum for k, v in metric_sums.items()}
+        for name, value in optimizer_metrics(self.optimizers).items():  # e.g. Prodigy's d
+            metrics[name] = torch.tensor(value, device=self.device)
+        return StepOutput(loss_mean, grad_norm, skipped, metrics, events)
 
     @contextlib.contextmanager
     def evaluation(self) -> Iterator[nn.Module]:

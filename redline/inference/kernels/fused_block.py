@@ -47,6 +47,8 @@ FIELDS_ACCOUNTED = {
     "rope_high_freq_factor": "inputs", "rope_original_context": "inputs",
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
+    "doc_attention": "training only (packed documents kept apart)",
+    "value_embeddings": "refused for the whole KV-cache engine (redline/inference/plan.py)",
 }
 
 

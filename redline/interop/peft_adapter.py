@@ -1,0 +1,124 @@
+"""A LoRA run's adapters as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors), for the
+Hugging Face model `redline export` writes from the run's base:
+
+    redline export BASE --out base-hf/                  # the base, as transformers loads it
+    redline export RUN --adapter adapter/               # this module
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
+
+Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py), as PEFT saves them:
+`base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
+
+Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
+and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part
+takes the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc
+are fused as redline's are (Conv1D layers: fan_in_fan_out). Modules trained in full (lora.train_modules: wte,
+lm_head) go in as PEFT's modules_to_save.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from redline.errors import UserError
+from redline.interop.families import Family
+from redline.model import ModelConfig
+
+PREFIX = "base_model.model."
+_LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_LLAMA = {"attn.proj": "self_attn.o_proj", "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
+          "attn.v": "self_attn.v_proj", "mlp.proj": "mlp.down_proj", "mlp.up": "mlp.up_proj"}
+_GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+
+
+def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
+    """The exported modules that redline layer `layer` becomes, each with its rows of the layer's output."""
+    gpt2 = family.name == "gpt2"
+    if layer in ("lm_head",):
+        return [("lm_head", slice(0, cfg.vocab_size))]
+    match = _LAYER.match(layer)
+    if match is None:
+        raise UserError(f"the adapter on {layer} has no counterpart in the exported {family.architecture}")
+    i, rest = match.groups()
+    base = f"transformer.h.{i}." if gpt2 else f"model.layers.{i}."
+    if gpt2:
+        if rest not in _GPT2:
+            raise UserError(f"the adapter on {layer} has no counterpart in GPT-2 (whose q/k/v are one fused c_attn); "
+                            f"export with --merge")
+        return [(base + _GPT2[rest], slice(0, out_features))]
+    if rest == "attn.qkv":
+        q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),
+                (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
+    if rest == "mlp.fc":
+        if cfg.fused_mlp:  # (gate; up) stacked, as llama.py's export splits the weight
+            half = out_features // 2
+            return [(base + "mlp.gate_proj", slice(0, half)), (base + "mlp.up_proj", slice(half, out_features))]
+        return [(base + "mlp.gate_proj", slice(0, out_features))]
+    if rest not in _LLAMA:
+        raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+    return [(base + _LLAMA[rest], slice(0, out_features))]
+
+
+def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
+    """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
+    top = {"wte": ("transformer.wte" if family.name == "gpt2" else "model.embed_tokens", cfg.vocab_size),
+           "lm_head": ("lm_head", cfg.vocab_size)}
+    if name not in top:
+        raise UserError(f"lora.train_modules trained {name} in full; a PEFT adapter carries only wte or lm_head "
+                        f"that way: export with --merge")
+    if cfg.tie_embeddings:
+        raise UserError(f"{name} was trained in full in a model with tied embeddings, which PEFT's modules_to_save "
+                        f"would untie; export with --merge")
+    return top[name]
+
+
+def peft_tensors(saved: Mapping[str, torch.Tensor], cfg: ModelConfig,
+                 family: Family) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+    """An adapter checkpoint's tensors -> (PEFT's tensors, target module names, modules_to_save)."""
+    tensors, targets, full = {}, [], []
+    for name, tensor in saved.items():
+        if name.endswith(".lora_A"):
+            layer = name.removesuffix(".lora_A")
+            A, B = tensor, saved[layer + ".lora_B"]  # (r, in), (out, r)
+            for module, rows in _parts(layer, B.shape[0], cfg, family):
+                tensors[f"{PREFIX}{module}.lora_A.weight"] = A.clone()  # one copy per part: safetensors refuses shared storage
+                tensors[f"{PREFIX}{module}.lora_B.weight"] = B[rows].contiguous()
+                targets.append(module)
+        elif not name.endswith(".lora_B"):
+            module, rows = _full_module(name.rsplit(".", 1)[0], cfg, family)
+            tensors[f"{PREFIX}{module}.weight"] = tensor[:rows].contiguous()
+            full.append(module.rsplit(".", 1)[-1])
+    return tensors, targets, full
+
+
+def adapter_config(cfg, targets: list[str], modules_to_save: list[str], family: Family, base: str) -> dict:
+    """adapter_config.json as peft's LoraConfig writes it. cfg: the run's TrainConfig."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "revision": None,
+            "r": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "lora_dropout": cfg.lora.dropout,
+            "target_modules": sorted(set(targets)), "modules_to_save": sorted(set(modules_to_save)) or None,
+            "fan_in_fan_out": family.name == "gpt2", "bias": "none", "use_rslora": False, "use_dora": False,
+            "init_lora_weights": True, "inference_mode": True, "layers_to_transform": None, "layers_pattern": None,
+            "rank_pattern": {}, "alpha_pattern": {}}
+
+
+def write_adapter(out: str | Path, saved: Mapping[str, torch.Tensor], cfg, family: Family, base: str,
+                  dtype: torch.dtype = torch.float32) -> Path:
+    """The PEFT adapter folder `out` (atomic) for an adapter checkpoint's tensors `saved` of TrainConfig `cfg`."""
+    from safetensors.torch import save_file
+
+    from redline.interop.hf import write_atomic_folder
+
+    tensors, targets, full = peft_tensors(saved, cfg.model, family)
+    tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    config = adapter_config(cfg, targets, full, family, base)
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    return write_atomic_folder(Path(out), write)

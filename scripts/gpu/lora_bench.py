@@ -1,0 +1,155 @@
+"""Full fine-tuning (AdamW) vs bf16 LoRA vs NF4 QLoRA of one model on one GPU: peak memory, step time, tokens/s.
+
+    python scripts/gpu/lora_bench.py --out OUT [--preset modern-1.5b] [--batch 4] [--seq 1024] [--steps 10]
+
+Each mode runs in its own process (a fresh CUDA context, so one mode's peak never counts in another's) through
+redline's one TrainStep: the preset's model (random weights: speed and memory do not depend on their values) at
+batch × seq tokens a step, activation checkpointing on every block, bf16 autocast, eager by default (compile off in
+all three, so the comparison is of the methods; --compile compiles all three). LoRA and QLoRA: rank 16 on every attention and MLP
+projection, AdamW on the adapters. Per mode: `warmup` untimed steps, then `steps` steps each timed alone (CUDA
+synchronized); step time is their median, tokens/s = tokens per step / median step time.
+
+Memory: peak_train_gib is torch.cuda.max_memory_allocated over the timed steps (weights, optimizer states,
+activations: what training holds); peak_setup_gib is the peak while building (LoRA and QLoRA build the model in
+host memory and move it to the GPU one adapted layer at a time, cast or quantized, as `redline train` does). One JSON line per mode in OUT/lora_bench.jsonl; the last line
+printed is a JSON summary with the ratios the issue's targets name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODES = ("full", "lora", "qlora")
+
+
+def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: int, device_name: str,
+             compile_model: bool = False) -> dict:
+    import torch
+
+    from redline.config import TrainConfig, apply_overrides, apply_preset
+    from redline.training.step import TrainStep
+
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cfg = TrainConfig()
+    apply_preset(cfg, preset)
+    apply_overrides(cfg, {"batch_size": batch, "seq_len": seq, "precision": "bf16" if cuda else "fp32",
+                          "device": device.type, "compile": compile_model,
+                          "activation_checkpointing": "full", "attn_autotune": False, "optim.warmup_steps": 0})
+    if mode != "full":
+        apply_overrides(cfg, {"lora.enabled": True, "lora.rank": 16, "lora.alpha": 32.0,
+                              "lora.quantize": "nf4" if mode == "qlora" else "none",
+                              "init_from": "(benchmark: random weights)", "optim.weight_decay": 0.0})
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    peak = (lambda: torch.cuda.max_memory_allocated(device) / 2**30) if cuda else (lambda: None)
+    reset = (lambda: torch.cuda.reset_peak_memory_stats(device)) if cuda else (lambda: None)
+    reset()
+    t0 = time.perf_counter()
+    model = None
+    if mode != "full":  # as `redline train` builds a LoRA run's model: in host memory, moved layer by layer
+        from redline.training.loop import new_model
+
+        model = new_model(cfg, device, on_host=True)
+        with torch.no_grad():
+            for p in model.parameters():  # stands in for the base's weights (to_empty leaves memory as it was)
+                p.normal_(0.0, 0.02)
+    step = TrainStep(cfg, device, model=model, say=lambda m: print(f"[{mode}] {m}", file=sys.stderr, flush=True))
+    sync()
+    setup_seconds = time.perf_counter() - t0
+    peak_setup = peak()
+    vocab = cfg.model.vocab_size
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def batches():
+        while True:
+            x = torch.randint(0, vocab, (batch, seq), device=device, generator=gen)
+            yield x, torch.roll(x, -1, dims=1)
+
+    data = batches()
+    for _ in range(warmup):
+        step.step(data, 1.0)
+    sync()
+    reset()
+    times, losses = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = step.step(data, 1.0)
+        sync()
+        times.append(time.perf_counter() - start)
+        losses.append(float(out.loss))
+    median = statistics.median(times)
+    trainable = sum(p.numel() for p in step.params)
+    return {"mode": mode, "preset": preset, "compile": compile_model, "batch": batch, "seq_len": seq, "params": step.model.num_params(),
+            "trainable_params": trainable, "step_time_s": median, "step_times_s": times,
+            "tokens_per_second": batch * seq / median, "peak_train_gib": peak(), "peak_setup_gib": peak_setup,
+            "setup_seconds": setup_seconds, "losses": losses,
+            "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--preset", default="modern-1.5b")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--compile", action="store_true", help="torch.compile every mode (per block at this depth)")
+    parser.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu runs a smoke test of the script")
+    parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # the child process of one mode
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_mode(args.one, args.preset, args.batch, args.seq, args.warmup, args.steps, args.device,
+                                  args.compile)))
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for mode in args.modes:
+        cmd = [sys.executable, __file__, "--out", str(out), "--one", mode, "--preset", args.preset,
+               "--batch", str(args.batch), "--seq", str(args.seq), "--warmup", str(args.warmup),
+               "--steps", str(args.steps), "--device", args.device] + (["--compile"] if args.compile else [])
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if proc.returncode == 0:
+            record = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            lines = proc.stderr.strip().splitlines()
+            record = {"mode": mode, "preset": args.preset, "error": lines[-1] if lines else f"exit {proc.returncode}"}
+        results[mode] = record
+        with open(out / "lora_bench.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        shown = {k: v for k, v in record.items() if k not in ("step_times_s", "losses")}
+        print(f"{mode:>6}: {json.dumps(shown)}", flush=True)
+    print(json.dumps(summary(results)))
+    return 0
+
+
+def summary(results: dict) -> dict:
+    """The issue's targets: QLoRA peak <= 35% of full fine-tuning; LoRA tokens/s >= 1.3x full; QLoRA step <= 1.5x
+    a LoRA step."""
+    def get(mode, key):
+        return results.get(mode, {}).get(key)
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    out = {"summary": "lora_bench", **{f"{m}_{k}": get(m, k) for m in MODES
+                                       for k in ("peak_train_gib", "tokens_per_second", "step_time_s", "error")
+                                       if get(m, k) is not None}}
+    out["qlora_peak_over_full"] = ratio(get("qlora", "peak_train_gib"), get("full", "peak_train_gib"))
+    out["lora_peak_over_full"] = ratio(get("lora", "peak_train_gib"), get("full", "peak_train_gib"))
+    out["lora_speed_over_full"] = ratio(get("lora", "tokens_per_second"), get("full", "tokens_per_second"))
+    out["qlora_step_over_lora"] = ratio(get("qlora", "step_time_s"), get("lora", "step_time_s"))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

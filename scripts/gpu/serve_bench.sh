@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# `redline serve` under load on one GPU (written for one H100), against the engine's offline batched figure.
+#
+#     scripts/gpu/serve_bench.sh                          # files under $OUT (default: a new temporary folder)
+#     PRESET=gpt2-124m CONCURRENCY="1 8 64" scripts/gpu/serve_bench.sh
+#
+# Steps (about 4 minutes, most of it torch.compile):
+#   1. `redline bench-infer --preset $PRESET` (random weights), compiled, batch 1 and 64, $PROMPT-token prompts,
+#      $NEW new tokens: the offline figure (every row starts together, no HTTP).
+#   2. A checkpoint of the same preset with random weights and the bytes tokenizer, served by
+#      `redline serve --max-batch 64` on loopback (warmed up: compiled and captured before it listens).
+#   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: 4 × C requests, at least 16), then
+#      64 clients with Poisson arrivals at $RATE requests/s: streamed greedy completions of $PROMPT random
+#      tokens and $NEW new tokens; aggregate output tokens/s, TTFT and inter-token latency percentiles.
+# Targets (from the issue): 64 concurrent streams >= 70% of bench-infer's batch-64 decode tokens/s; median TTFT
+# under that load <= 50 ms.
+# Needs the serve extra (fastapi, uvicorn and their dependencies; scripts/serve_load.py needs nothing) as wheels
+# in .whl/, which scripts/gpu/env.sh installs; on a machine with internet access, for Python 3.12 on x86-64:
+#     pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+#         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+#         fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+#         typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 anyio==4.16.0 idna==3.20 \
+#         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1
+# Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load), serve.log, metrics.txt,
+# serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/gpu/env.sh
+OUT="${OUT:-$(mktemp -d)}"
+PRESET="${PRESET:-modern-124m}"
+PROMPT="${PROMPT:-128}"
+NEW="${NEW:-256}"
+CONCURRENCY="${CONCURRENCY:-1 16 64}"
+RATE="${RATE:-200}"
+PORT="${PORT:-8471}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+LOG="$OUT/serve_bench.log"
+: > "$LOG"
+: > "$OUT/serve_load.jsonl"
+: > "$OUT/bench_infer.jsonl"
+
+if ! "$PY" -c 'import torch, tyro, fastapi, uvicorn; assert torch.cuda.is_available(), "no CUDA GPU visible"' 2>"$OUT/import_error.txt"; then
+    echo "serve_bench.sh: this Python cannot run the benchmark: $(tail -n 1 "$OUT/import_error.txt"); put the serve extra's wheels in .whl/ (docs/serve.md) or set PYTHON=" | tee -a "$LOG" >&2
+    exit 2
+fi
+START=$(date +%s)
+
+echo "=== redline bench-infer --preset $PRESET (offline, batch 1 and 64) ===" | tee -a "$LOG"
+timeout 150 "$PY" -m redline bench-infer --preset "$PRESET" --batch-sizes 1 64 --methods compiled \
+    --prompt-lens "$PROMPT" --max-new-tokens "$NEW" --repeats 3 --json-out "$OUT/bench_infer.jsonl" 2>&1 | tee -a "$LOG"
+
+CKPT_RUN=$(mktemp -d)
+"$PY" - "$PRESET" "$CKPT_RUN" <<'EOF' 2>&1 | tee -a "$LOG"
+import sys
+from pathlib import Path
+
+import torch
+
+from redline.config import TrainConfig, to_dict
+from redline.model import GPT
+from redline.presets import get_preset
+from redline.tokenizer import load_tokenizer
+from redline.training.checkpoint import save_checkpoint
+
+cfg = TrainConfig(model=get_preset(sys.argv[1]))
+torch.manual_seed(0)
+path = save_checkpoint(Path(sys.argv[2]), 0, GPT(cfg.model), {}, to_dict(cfg), load_tokenizer("bytes"), keep=1)
+print(f"random-weight checkpoint of {sys.argv[1]}: {path}")
+EOF
+CKPT=$(ls -d "$CKPT_RUN"/checkpoints/step_* | head -n 1)
+
+CONTEXT=$(( (PROMPT + NEW + 63) / 64 * 64 ))
+echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT ===" | tee -a "$LOG"
+"$PY" -m redline serve "$CKPT" --port "$PORT" --max-batch 64 --context "$CONTEXT" --model-name "$PRESET" \
+    > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$CKPT_RUN"' EXIT
+"$PY" - "$PORT" "$SERVER" <<'EOF' 2>&1 | tee -a "$LOG"
+import os, sys, time, urllib.request
+
+port, pid = sys.argv[1], int(sys.argv[2])
+t0 = time.time()
+while True:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+        break
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            sys.exit("serve_bench.sh: the server exited before it listened (see serve.log)")
+        if time.time() - t0 > 240:
+            sys.exit("serve_bench.sh: the server did not listen within 240 s (see serve.log)")
+        time.sleep(0.5)
+print(f"server up after {time.time() - t0:.0f} s (load, compile and capture)")
+EOF
+if [ "${PIPESTATUS[0]}" -ne 0 ]; then tail -n 20 "$OUT/serve.log" | tee -a "$LOG"; exit 1; fi
+
+for c in $CONCURRENCY; do
+    n=$(( c * 4 > 16 ? c * 4 : 16 ))
+    echo "=== serve_load: $c concurrent clients, $n requests ===" | tee -a "$LOG"
+    timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
+        --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --json-out "$OUT/serve_load.jsonl" 2>&1 | tee -a "$LOG"
+done
+echo "=== serve_load: 64 clients, Poisson arrivals at $RATE requests/s, 256 requests ===" | tee -a "$LOG"
+timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency 64 \
+    --requests 256 --rate "$RATE" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --json-out "$OUT/serve_load.jsonl" 2>&1 | tee -a "$LOG"
+"$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+    > "$OUT/metrics.txt" 2>&1
+kill "$SERVER" 2>/dev/null
+wait "$SERVER" 2>/dev/null
+
+"$PY" - "$OUT" "$(( $(date +%s) - START ))" <<'EOF' 2>&1 | tee -a "$LOG"
+import json, sys
+
+out, wall = sys.argv[1], float(sys.argv[2])
+offline = {}
+for line in open(f"{out}/bench_infer.jsonl"):
+    if line.strip():
+        rec = json.loads(line)
+        for r in rec["results"]:
+            if r.get("status") == "ok" and r["method"] == "compiled":
+                offline[r["batch"]] = {k: round(r[k], 2) for k in ("ttft_ms", "decode_tok_s_total", "e2e_tok_s_total")}
+loads = [json.loads(l) for l in open(f"{out}/serve_load.jsonl") if l.strip()]
+closed64 = next((l for l in loads if l["concurrency"] == 64 and not l["rate"]), None)
+ref = offline.get(64, {}).get("decode_tok_s_total")
+checks = []
+if closed64 and ref:
+    share = closed64["output_tokens_per_s"] / ref
+    checks.append({"metric": "64 streams tok/s / bench-infer batch-64 decode tok/s", "target": ">= 0.70",
+                   "measured": round(share, 3), "met": share >= 0.70})
+    ttft = closed64["ttft_ms"].get("p50")
+    checks.append({"metric": "median TTFT at 64 streams (ms)", "target": "<= 50", "measured": ttft,
+                   "met": ttft is not None and ttft <= 50})
+print(f"\n{'load':<22} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}")
+for b, o in sorted(offline.items()):
+    print(f"{'bench-infer batch ' + str(b):<22} {o['decode_tok_s_total']:>10,.0f} {o['ttft_ms']:>9.1f}"
+          f" {'-':>8} {'-':>8} {'-':>7} {'-':>6}  (decode only; e2e {o['e2e_tok_s_total']:,.0f})")
+for l in loads:
+    name = f"serve C={l['concurrency']}" + (f" rate={l['rate']:g}/s" if l["rate"] else "")
+    t, i = l["ttft_ms"], l["itl_ms"]
+    print(f"{name:<22} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
+          f" {i.get('p50', 0):>8.2f} {i.get('p99', 0):>7.2f} {l['failed']:>6}")
+for c in checks:
+    print(f"{c['metric']}: {c['measured']} (target {c['target']}): {'met' if c['met'] else 'NOT met'}")
+device = None
+for line in open(f"{out}/bench_infer.jsonl"):
+    if line.strip():
+        device = json.loads(line).get("device")
+print(json.dumps({"script": "serve_bench.sh", "device": device, "wall_s": wall, "offline": offline,
+                  "serve": loads, "checks": checks}))
+EOF

@@ -1,0 +1,211 @@
+"""Load generator for an OpenAI-compatible server (`redline serve`, or any other): N requests from at most C
+concurrent clients, arriving as a Poisson process (or all at once), each streaming a completion.
+
+    python scripts/serve_load.py --url http://127.0.0.1:8000 --model NAME --concurrency 64 --requests 256 \\
+        --prompt-tokens 128 --max-tokens 256 [--rate 20] [--json-out load.jsonl]
+
+Prompts are random token ids in [0, 256) sent as /v1/completions' `prompt` (exact lengths whatever the tokenizer);
+decoding is greedy. Reports aggregate output tokens/s, time to first token (TTFT) and inter-token latency (ITL:
+a request's time from its first token to its last over its tokens after the first) percentiles, and the gaps
+between stream chunks; then one JSON line. Tokens are timed by the usage in every chunk where the server sends it
+(`stream_options.continuous_usage_stats`, as redline and vLLM do), else by chunks that carry text. Standard library
+only (asyncio sockets), so it runs anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+
+@dataclass
+class Result:
+    ok: bool
+    start: float
+    first: float | None = None
+    end: float = 0.0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    finish_reason: str | None = None
+    chunk_times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+async def _read_chunked(reader: asyncio.StreamReader):
+    """The body of a chunked HTTP/1.1 response, piece by piece."""
+    while True:
+        size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            await reader.readline()
+            return
+        data = await reader.readexactly(size)
+        await reader.readexactly(2)
+        yield data
+
+
+async def stream_completion(host: str, port: int, path: str, body: dict, headers: dict) -> Result:
+    """POST a streaming completion and time its server-sent events."""
+    res = Result(ok=False, start=time.perf_counter())
+    writer = None
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        payload = json.dumps(body).encode()
+        head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
+                f"Content-Length: {len(payload)}", "Accept: text/event-stream", "Connection: close"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+        await writer.drain()
+        status = (await reader.readline()).decode().split(" ", 2)
+        response_headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode().partition(":")
+            response_headers[k.strip().lower()] = v.strip()
+        chunks = (_read_chunked(reader) if response_headers.get("transfer-encoding") == "chunked"
+                  else _read_all(reader))
+        if status[1] != "200":
+            text = b"".join([c async for c in chunks]).decode(errors="replace")
+            res.error = f"HTTP {status[1]}: {text[:200]}"
+            return res
+        buffer = b""
+        async for data in chunks:
+            buffer += data
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                if _event(res, event.decode()):
+                    res.ok = res.finish_reason is not None
+                    res.end = time.perf_counter()
+                    return res
+        res.error = "the stream ended without [DONE]"
+        return res
+    except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    finally:
+        res.end = res.end or time.perf_counter()
+        if writer is not None:
+            writer.close()
+
+
+async def _read_all(reader: asyncio.StreamReader):
+    while data := await reader.read(65536):
+        yield data
+
+
+def _event(res: Result, event: str) -> bool:
+    """Account for one server-sent event; True at `[DONE]`."""
+    for line in event.splitlines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            return True
+        chunk = json.loads(data)
+        now = time.perf_counter()
+        choices = chunk.get("choices") or []
+        # with continuous usage stats every chunk says how many tokens there are so far, text or not (a model
+        # with random weights makes many tokens that decode to nothing); without, a chunk with text is a token
+        tokens = (chunk.get("usage") or {}).get("completion_tokens")
+        if tokens is not None:
+            res.completion_tokens = tokens
+            res.prompt_tokens = chunk["usage"]["prompt_tokens"]
+        if choices and (tokens or any(c.get("text") for c in choices)):
+            res.first = res.first or now
+            res.chunk_times.append(now)
+        for choice in choices:
+            if choice.get("finish_reason"):
+                res.finish_reason = choice["finish_reason"]
+    return False
+
+
+def percentiles(values: list[float], scale: float = 1000.0) -> dict:
+    """p50/p90/p99 and the mean, in ms by default."""
+    if not values:
+        return {}
+    s = sorted(values)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] * scale  # noqa: E731
+    return {"p50": round(pick(0.5), 3), "p90": round(pick(0.9), 3), "p99": round(pick(0.99), 3),
+            "mean": round(statistics.fmean(s) * scale, 3)}
+
+
+async def run(args) -> dict:
+    url = urlsplit(args.url)
+    host, port = url.hostname, url.port or 80
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    rng = random.Random(args.seed)
+    limit = asyncio.Semaphore(args.concurrency)
+
+    async def one(i: int) -> Result:
+        prompt = [rng.randrange(256) for _ in range(args.prompt_tokens)]
+        body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        async with limit:
+            return await stream_completion(host, port, "/v1/completions", body, headers)
+
+    t0 = time.perf_counter()
+    tasks = []
+    for i in range(args.requests):
+        tasks.append(asyncio.create_task(one(i)))
+        if args.rate > 0:
+            await asyncio.sleep(rng.expovariate(args.rate))
+    results = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    return summarize(args, results, wall)
+
+
+def summarize(args, results: list[Result], wall: float) -> dict:
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.completion_tokens for r in ok)
+    ttft = [r.first - r.start for r in ok if r.first is not None]
+    itl = [(r.end - r.first) / (r.completion_tokens - 1) for r in ok if r.first and r.completion_tokens > 1]
+    gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    errors = sorted({r.error for r in results if not r.ok and r.error})
+    return {"concurrency": args.concurrency, "requests": args.requests, "completed": len(ok),
+            "failed": len(results) - len(ok), "rate": args.rate or None, "prompt_tokens": args.prompt_tokens,
+            "max_tokens": args.max_tokens, "wall_s": round(wall, 3), "output_tokens": tokens,
+            "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
+            "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
+            "ttft_ms": percentiles(ttft), "itl_ms": percentiles(itl), "chunk_gap_ms": percentiles(gaps),
+            "finish_reasons": {k: sum(r.finish_reason == k for r in ok) for k in ("stop", "length")},
+            "errors": errors[:5]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="the model name the server lists at /v1/models")
+    p.add_argument("--concurrency", type=int, default=16, help="most requests in flight at once")
+    p.add_argument("--requests", type=int, default=64, help="requests in all")
+    p.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second (0: all at once)")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-out", default=None, help="append the summary as one JSON line to this file")
+    args = p.parse_args(argv)
+    if min(args.concurrency, args.requests, args.prompt_tokens, args.max_tokens) < 1 or args.rate < 0:
+        p.error("--concurrency, --requests, --prompt-tokens and --max-tokens must be >= 1, --rate >= 0")
+    summary = asyncio.run(run(args))
+    print(f"{'concurrency':>11} {'done':>5} {'failed':>6} {'tok/s':>10} {'TTFT p50':>9} {'p90':>8} {'p99':>8} "
+          f"{'ITL p50':>8} {'p90':>7} {'p99':>7}  (ms)")
+    t, i = summary["ttft_ms"], summary["itl_ms"]
+    print(f"{args.concurrency:>11} {summary['completed']:>5} {summary['failed']:>6} "
+          f"{summary['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p90', 0):>8.1f} "
+          f"{t.get('p99', 0):>8.1f} {i.get('p50', 0):>8.2f} {i.get('p90', 0):>7.2f} {i.get('p99', 0):>7.2f}")
+    for error in summary["errors"]:
+        print(f"error: {error}", file=sys.stderr)
+    if args.json_out:
+        with open(args.json_out, "a") as f:
+            f.write(json.dumps(summary) + "\n")
+    print(json.dumps(summary))
+    return 0 if summary["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Host overhead of `redline serve`'s scheduler per decode step, on the CPU: everything the scheduler's loop does
+outside the model's own calls (bookkeeping per row and per step, reading tokens back, detokenizing, handing
+events to the asyncio side), which on a GPU runs while the device waits unless it is small.
+
+    python scripts/serve_overhead.py [--requests 64] [--rows 64] [--prompt-tokens 128] [--max-tokens 256]
+        [--sync-every 8] [--repeats 3] [--profile 25]
+
+Drives the Scheduler directly (no HTTP) with a deliberately tiny model (one layer, 32 wide), so the model's calls
+are cheap, and times them: host time = wall time of a run - time inside the engine's prefill and decode step
+calls. The requests' events go through the API's own sink into asyncio queues that consumer tasks drain on an event
+loop in the main thread, as the server's do (so the wake-ups and the GIL the two threads share are counted). Prints
+a table, then one JSON line. --profile N prints cProfile's N costliest functions of the scheduler's thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from redline.inference import InferenceEngine, SamplingParams  # noqa: E402
+from redline.inference.batch import DecodeBatch  # noqa: E402
+from redline.model import GPT, ModelConfig  # noqa: E402
+from redline.serve.api import Mailbox  # noqa: E402
+from redline.serve.scheduler import Scheduler, Sequence  # noqa: E402
+from redline.tokenizer import load_tokenizer  # noqa: E402
+
+
+class ModelClock:
+    """Wraps the engine's prefill and decode step calls and sums the seconds spent inside them."""
+
+    def __init__(self, engine: InferenceEngine):
+        self.seconds = 0.0
+        for name in ("_prefill", "_step"):
+            setattr(engine, name, self._timed(getattr(engine, name)))
+
+    def _timed(self, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        return call
+
+
+class ProfiledScheduler(Scheduler):
+    """The scheduler with cProfile running in its own thread (cProfile sees one thread only)."""
+
+    profile: cProfile.Profile | None = None
+
+    def _run(self) -> None:
+        self.profile = cProfile.Profile()
+        self.profile.enable()
+        try:
+            super()._run()
+        finally:
+            self.profile.disable()
+
+
+async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
+    """Submit every prompt at once and drain their events as the server would -> (seconds, tokens generated)."""
+    loop = asyncio.get_running_loop()
+    queues, mailbox = [asyncio.Queue() for _ in prompts], Mailbox(loop)
+    sched.flushes.append(mailbox.flush)
+    seqs = [Sequence(p, max_tokens, SamplingParams(temperature=0.0), (), mailbox.sink(q, 0))
+            for p, q in zip(prompts, queues)]
+
+    async def consume(q: asyncio.Queue) -> None:
+        while (await q.get())[1][0] not in ("done", "error"):
+            pass
+
+    t0 = time.perf_counter()
+    sched.submit(seqs)
+    await asyncio.gather(*(consume(q) for q in queues))
+    seconds = time.perf_counter() - t0
+    assert all(s.finish_reason == "length" and len(s.tokens) == max_tokens for s in seqs), "a request fell short"
+    return seconds, sum(len(s.tokens) for s in seqs)
+
+
+def measure(args, model: GPT, tokenizer, profile: bool) -> dict:
+    engine = InferenceEngine(model)
+    batch = DecodeBatch(engine, rows=args.rows, capacity=args.prompt_tokens + args.max_tokens + 1)
+    clock = ModelClock(engine)
+    cls = ProfiledScheduler if profile else Scheduler
+    sched = cls(batch, tokenizer, [], max_queue=args.requests, prefill_tokens=args.prompt_tokens * args.rows,
+                sync_every=args.sync_every)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 256, (args.requests, args.prompt_tokens), generator=gen).tolist()
+    try:
+        seconds, tokens = asyncio.run(drive(sched, prompts, args.max_tokens))
+    finally:
+        sched.close()
+    steps = sched.stats.steps
+    host = seconds - clock.seconds
+    if profile:
+        stats = pstats.Stats(sched.profile, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(args.profile)
+    return {"seconds": seconds, "model_seconds": clock.seconds, "host_seconds": host, "steps": steps,
+            "tokens": tokens, "host_us_per_step": 1e6 * host / steps, "host_us_per_token": 1e6 * host / tokens}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--sync-every", type=int, default=8, help="decode steps per read of their tokens")
+    p.add_argument("--repeats", type=int, default=3, help="runs; the fastest counts (a shared CPU is noisy)")
+    p.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions (one more run)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=261, context_len=args.prompt_tokens + args.max_tokens + 1, n_layer=1, n_embd=32,
+                      n_head=2, n_kv_head=1)
+    model = GPT(cfg).eval()
+    tokenizer = load_tokenizer("bytes")
+    runs = [measure(args, model, tokenizer, profile=False) for _ in range(args.repeats)]
+    best = min(runs, key=lambda r: r["host_us_per_step"])
+    print(f"{args.requests} requests on {args.rows} rows, {args.prompt_tokens}-token prompts, {args.max_tokens} "
+          f"new tokens, sync_every {args.sync_every}, CPU ({torch.get_num_threads()} torch thread(s))")
+    print(f"{'run':>4} {'wall s':>8} {'model s':>8} {'host s':>8} {'steps':>6} {'host us/step':>13} "
+          f"{'host us/token':>14}")
+    for i, r in enumerate(runs):
+        print(f"{i:>4} {r['seconds']:>8.3f} {r['model_seconds']:>8.3f} {r['host_seconds']:>8.3f} {r['steps']:>6} "
+              f"{r['host_us_per_step']:>13.1f} {r['host_us_per_token']:>14.2f}")
+    if args.profile:
+        measure(args, model, tokenizer, profile=True)
+    print(json.dumps({"requests": args.requests, "rows": args.rows, "prompt_tokens": args.prompt_tokens,
+                      "max_tokens": args.max_tokens, "sync_every": args.sync_every,
+                      "host_us_per_step": round(best["host_us_per_step"], 1),
+                      "host_us_per_token": round(best["host_us_per_token"], 2),
+                      "median_host_us_per_step": round(statistics.median(r["host_us_per_step"] for r in runs), 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""`redline export --adapter`: a LoRA run's adapters as a PEFT adapter that peft loads onto the model `redline
+export` writes from the base, with redline's logits; `--merge`: the merged model; the one-line refusals."""
+
+import json
+
+import pytest
+import torch
+
+from redline import cli
+from redline.config import LoRAConfig, TrainConfig, to_dict
+from redline.converters.lora import LoRAConverter, lora_layers
+from redline.model import GPT, ModelConfig
+from redline.training import adapters
+from redline.training import checkpoint as ckpt_io
+from tests.interop_models import VOCAB
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate projections, GPT-2's Conv1D layers
+    "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),
+    "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False),
+    "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
+}
+TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
+
+
+def lora_run(tmp_path, arch: str, train_modules=()):
+    """(base checkpoint, adapter checkpoint) as a LoRA run of `arch` writes them, with non-zero adapters."""
+    from redline.tokenizer import load_tokenizer
+    from tests.interop_models import byte_level_tokenizer
+
+    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4, **ARCHS[arch])
+    tokenizer = load_tokenizer(byte_level_tokenizer(tmp_path / "tok"))
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    base = tmp_path / "base"
+    base.mkdir()
+    ckpt_io.write_weights_checkpoint(base, ckpt_io.model_weights(model), to_dict(TrainConfig(model=cfg)), tokenizer, {})
+    lora = LoRAConfig(enabled=True, rank=4, alpha=8.0, train_modules=tuple(train_modules))
+    LoRAConverter(4, 8.0, 0.0, lora.targets, train_modules=lora.train_modules, say=lambda m: None).convert(model)
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.normal_(0, 0.05)
+    run_cfg = TrainConfig(model=cfg, init_from=str(base), lora=lora)
+    ckpt = ckpt_io.save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(run_cfg), tokenizer, 1,
+                                   model_state=adapters.adapter_state(model),
+                                   extra_meta={adapters.META_KEY: adapters.base_reference(base, torch.float32)})
+    return base, ckpt
+
+
+def export(*argv) -> int:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["export", *argv])
+    return e.value.code
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_peft_loads_the_adapter_with_redlines_logits(arch, tmp_path, capsys):
+    base, ckpt = lora_run(tmp_path, arch)
+    assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
+    with torch.no_grad():
+        base_logits = hf(TOKENS).logits
+    tuned = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    merged, _, _ = ckpt_io.load_for_inference(ckpt)  # what redline's eval and generate run
+    with torch.no_grad():
+        ours = merged(TOKENS)
+        theirs = tuned(TOKENS).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+    assert (theirs - base_logits).abs().max() > 1e-3  # the adapter is applied
+    # --merge: the merged model as a plain transformers folder, the same logits
+    assert export(str(ckpt), "--merge", "--out", str(tmp_path / "merged")) == 0
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(TOKENS).logits, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_trained_head_goes_in_as_modules_to_save(tmp_path, capsys):
+    base, ckpt = lora_run(tmp_path, "LlamaForCausalLM", train_modules=("lm_head",))
+    with torch.no_grad():  # the head trained in full: change it in the checkpoint as training would
+        from safetensors.torch import load_file, save_file
+
+        saved = load_file(str(ckpt / "model.safetensors"))
+        saved["lm_head.weight"] += 0.1
+        save_file(saved, str(ckpt / "model.safetensors"))
+        meta = json.loads((ckpt / "meta.json").read_text())
+        meta["sha256"]["model.safetensors"] = ckpt_io._sha256(ckpt / "model.safetensors")
+        (ckpt / "meta.json").write_text(json.dumps(meta))
+    assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
+    tuned = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    merged, _, _ = ckpt_io.load_for_inference(ckpt)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(TOKENS).logits, merged(TOKENS), rtol=1e-4, atol=1e-4)
+
+
+def test_export_refusals_are_one_line(tmp_path, capsys):
+    base, ckpt = lora_run(tmp_path, "Qwen3ForCausalLM")
+    assert export(str(ckpt), "--out", str(tmp_path / "x")) == 2
+    err = capsys.readouterr().err
+    assert "give --merge" in err and not (tmp_path / "x").exists()
+    export(str(base), "--adapter", str(tmp_path / "y"))
+    assert "not a LoRA run's checkpoint" in capsys.readouterr().err and not (tmp_path / "y").exists()
+    export(str(base), "--merge", "--out", str(tmp_path / "z"))
+    assert "nothing to merge" in capsys.readouterr().err and not (tmp_path / "z").exists()

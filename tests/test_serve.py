@@ -1,0 +1,486 @@
+"""`redline serve` against the official `openai` client on a live server (uvicorn in a thread, a tiny model on the
+CPU): completions and chat, streamed and not, greedy text equal to the engine's own `generate`; concurrent
+requests equal to the same requests alone (continuous batching); OpenAI-shaped 4xx errors; a client that
+disconnects frees its row; the scheduler's prefill spans, stops, UTF-8 streaming and queue limit."""
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from redline.config import TrainConfig, to_dict
+from redline.errors import UserError
+from redline.inference import InferenceEngine, SamplingParams
+from redline.inference.batch import DecodeBatch
+from redline.model import GPT, ModelConfig
+from redline.serve.scheduler import QueueFull, Scheduler, Sequence
+from redline.tokenizer import load_tokenizer
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+CFG = ModelConfig(vocab_size=261, context_len=96, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
+MODEL = "tiny-test"
+EOT = 256
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(CFG)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """Bytes with redline's chat tokens (as `redline sft` leaves it), so chat requests render in redline's format."""
+    tok = load_tokenizer("bytes")
+    tok.add_chat_tokens()
+    return tok
+
+
+def reference(model, ids: list[int], max_tokens: int, stop=(EOT,)) -> list[int]:
+    """Greedy tokens of redline's own generate for one prompt (a stop token ends it, as the server's does)."""
+    return InferenceEngine(model).generate([ids], max_tokens, stop_tokens=list(stop))[0].tokens
+
+
+def scheduler_for(model, tokenizer, rows: int = 3, **kwargs) -> Scheduler:
+    return Scheduler(DecodeBatch(InferenceEngine(model), rows=rows, capacity=CFG.context_len), tokenizer, [EOT],
+                     **kwargs)
+
+
+class Live:
+    """uvicorn serving a Server in a thread on a free loopback port."""
+
+    def __init__(self, server):
+        from redline.serve.api import create_app
+
+        self.server = server
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.uvicorn = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.uvicorn.started:
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.01)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def close(self):
+        self.uvicorn.should_exit = True
+        self.thread.join(10)
+        self.server.scheduler.close()
+
+
+@pytest.fixture(scope="module")
+def live(model, tokenizer):
+    from redline.chat.render import renderer_for
+    from redline.serve.api import Server
+
+    server = Server(scheduler_for(model, tokenizer, prefill_tokens=8), tokenizer, MODEL,
+                    renderer=renderer_for(tokenizer))
+    live = Live(server)
+    yield live
+    live.close()
+
+
+def wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the official client
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_greedy_equal_generate(live, model, tokenizer, stream):
+    prompt = "Once upon a time"
+    ref = reference(model, tokenizer.encode(prompt), 20)
+    args = dict(model=MODEL, prompt=prompt, max_tokens=20, temperature=0)
+    if stream:
+        chunks = list(live.client.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage
+        assert all(c.object == "text_completion" and c.id == chunks[0].id for c in chunks)
+    else:
+        out = live.client.completions.create(**args)
+        text, reason, usage = out.choices[0].text, out.choices[0].finish_reason, out.usage
+        assert out.model == MODEL and out.object == "text_completion"
+    assert text == tokenizer.decode(ref)
+    assert reason == ("length" if len(ref) == 20 else "stop")
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (16, len(ref), 16 + len(ref))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_greedy_equal_generate_through_the_renderer(live, model, tokenizer, stream):
+    """Chat goes through redline/chat/render.py's renderer and ends at its end-of-turn token."""
+    from redline.chat.render import RedlineTemplate
+
+    renderer = RedlineTemplate(tokenizer)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    ids = renderer.prompt(messages)
+    ref = reference(model, ids, 16, stop=renderer.stop_ids)
+    args = dict(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    if stream:
+        chunks = list(live.client.chat.completions.create(stream=True, **args))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        assert all(c.object == "chat.completion.chunk" for c in chunks)
+    else:
+        out = live.client.chat.completions.create(**args)
+        text = out.choices[0].message.content
+        assert out.choices[0].message.role == "assistant" and out.object == "chat.completion"
+        assert out.usage.prompt_tokens == len(ids) and out.usage.completion_tokens == len(ref)
+    assert text == tokenizer.decode(ref)
+
+
+def test_concurrent_requests_equal_the_same_requests_alone(live, model, tokenizer):
+    """More requests than rows, prompts longer than a prefill span, different lengths: each request's greedy
+    text is the one it gets alone (rows are admitted as others finish, prefilled in spans between steps)."""
+    prompts = [f"{i} " + "abcdefghij"[: 1 + i] * (1 + i % 3) for i in range(8)]
+    lengths = [5 + 3 * i for i in range(8)]
+    refs = [tokenizer.decode(reference(model, tokenizer.encode(p), n)) for p, n in zip(prompts, lengths)]
+
+    def ask(i):
+        stream = i % 2 == 0
+        out = live.client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=lengths[i], temperature=0,
+                                             stream=stream)
+        return "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, range(8)))
+    assert got == refs
+    assert live.server.scheduler.busy_rows() == 0
+
+
+def test_sampling_is_seeded_and_n_gives_that_many_choices(live):
+    args = dict(model=MODEL, prompt="Hello", max_tokens=12, temperature=1.0, top_p=0.9, seed=7, n=3)
+    a = live.client.completions.create(**args)
+    b = live.client.completions.create(**args)
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # the same seed, the same text
+    assert len({c.text for c in a.choices}) > 1  # each choice samples on its own
+    greedy = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=12, temperature=0, n=2)
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+
+def test_stop_strings_cut_the_text(live, model, tokenizer):
+    full = tokenizer.decode(reference(model, tokenizer.encode("Hello"), 30))
+    stop = next((full[i:i + 2] for i in range(3, len(full) - 2) if "\ufffd" not in full[i:i + 2]), None)
+    if stop is None:
+        pytest.skip("no usable stop string in this model's output")
+    for stream in (False, True):
+        out = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=30, temperature=0, stop=[stop],
+                                             stream=stream)
+        text = "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+        assert text == full[: full.index(stop)]
+
+
+def test_continuous_usage_stats_count_every_token(live):
+    """stream_options.continuous_usage_stats (vLLM's): a chunk whenever tokens arrive, with the usage so far."""
+    chunks = list(live.client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices and c.usage]
+    assert counts[0] == 1 and counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
+    assert all(c.usage.prompt_tokens == 5 for c in chunks if c.usage)
+
+
+def test_models_health_and_metrics(live):
+    assert [m.id for m in live.client.models.list().data] == [MODEL]
+    assert httpx.get(live.url + "/health").json()["status"] == "ok"
+    metrics = httpx.get(live.url + "/metrics").text
+    assert "redline_requests_total" in metrics and "redline_time_to_first_token_seconds_count" in metrics
+
+
+def test_the_chat_page_is_self_contained_and_needs_no_key_itself(live):
+    import re
+
+    live.server.api_key = "sesame"
+    try:
+        r = httpx.get(live.url + "/")  # the page asks for the key; the API behind it still needs it
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert httpx.get(live.url + "/v1/models").status_code == 401
+    finally:
+        live.server.api_key = None
+    page = r.text
+    assert "/v1/chat/completions" in page and "getReader" in page and "Bearer " in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # no CDN: nothing loaded from elsewhere
+
+
+# ----------------------------------------------------------------------------------------------------
+# errors
+
+
+def error_of(call) -> tuple[int, dict]:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    return info.value.status_code, info.value.body
+
+
+@pytest.mark.parametrize("args, status, param", [
+    ({"model": "no-such-model"}, 404, "model"),
+    ({"temperature": 3}, 400, "temperature"),
+    ({"top_p": 0}, 400, "top_p"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"n": 99}, 400, "n"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"logprobs": 2}, 400, "logprobs"),
+    ({"frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"prompt": "x" * 90, "max_tokens": 10}, 400, "prompt"),
+    ({"prompt": ""}, 400, "prompt"),
+])
+def test_bad_completion_requests_are_openai_errors(live, args, status, param):
+    code, body = error_of(lambda: live.client.completions.create(**{"model": MODEL, "prompt": "Hi", **args}))
+    assert code == status and body["param"] == param and body["message"] and body["type"]
+
+
+def test_bad_chat_requests_are_openai_errors(live):
+    chat = live.client.chat.completions.create
+    assert error_of(lambda: chat(model=MODEL, messages=[]))[0] == 400
+    assert error_of(lambda: chat(model=MODEL, messages=[{"role": "wizard", "content": "x"}]))[0] == 400
+    assert error_of(lambda: chat(model=MODEL, messages=[{"role": "user", "content": " "}]))[0] == 400
+    code, body = error_of(lambda: chat(model=MODEL, messages=[{"role": "user", "content": "x" * 200}]))
+    assert code == 400 and body["code"] == "context_length_exceeded"
+
+
+def test_malformed_bodies_unknown_routes_and_auth(live):
+    r = httpx.post(live.url + "/v1/completions", content=b"{not json")
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(live.url + "/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    r = httpx.post(live.url + "/v1/completions", content=b"x" * (2 << 20))
+    assert r.status_code == 413
+    r = httpx.get(live.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    live.server.api_key = "sesame"
+    try:
+        code, body = error_of(lambda: live.client.models.list())
+        assert code == 401 and body["code"] == "invalid_api_key"
+        assert httpx.get(live.url + "/health").status_code == 200
+        keyed = openai.OpenAI(base_url=live.url + "/v1", api_key="sesame", max_retries=0)
+        assert keyed.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].finish_reason
+    finally:
+        live.server.api_key = None
+
+
+def test_a_full_queue_answers_429(live):
+    live.server.scheduler.max_queue = 0
+    try:
+        code, body = error_of(lambda: live.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2))
+        assert code == 429 and body["code"] == "rate_limit_exceeded"
+    finally:
+        live.server.scheduler.max_queue = 256
+
+
+# ----------------------------------------------------------------------------------------------------
+# disconnects
+
+
+@pytest.fixture
+def slow_steps(live, monkeypatch):
+    """Each decode step takes 20 ms, so that a request is still running when its client goes away."""
+    batch = live.server.scheduler.batch
+    step = batch.step
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "step", slow)
+
+
+def test_a_disconnected_stream_frees_its_row(live, slow_steps):
+    stats = live.server.scheduler.stats
+    before = stats.finished["cancelled"]
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 80, "stream": True}
+    with httpx.stream("POST", live.url + "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        assert live.server.scheduler.busy_rows() == 1
+    wait_until(lambda: stats.finished["cancelled"] == before + 1)
+    wait_until(lambda: live.server.scheduler.busy_rows() == 0)
+
+
+def test_a_disconnected_plain_request_frees_its_row(live, slow_steps):
+    stats = live.server.scheduler.stats
+    before = stats.finished["cancelled"]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(live.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 80},
+                   timeout=0.3)
+    wait_until(lambda: stats.finished["cancelled"] == before + 1)
+    wait_until(lambda: live.server.scheduler.busy_rows() == 0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the scheduler alone
+
+
+def run_all(sched: Scheduler, prompts, max_tokens, sampling=None, stop=()) -> list[Sequence]:
+    sinks = [queue.Queue() for _ in prompts]
+    seqs = [Sequence(list(p), n, sampling or SamplingParams(), stop, q.put)
+            for p, n, q in zip(prompts, max_tokens, sinks)]
+    sched.submit(seqs)
+    for q in sinks:
+        while q.get(timeout=30)[0] == "text":
+            pass
+    return seqs
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_scheduler_tokens_equal_generate_with_spans_and_more_requests_than_rows(model, tokenizer, lagged):
+    """lagged: groups of 3 steps, each read while the next runs (as on a GPU), so rows are freed and refilled while
+    tokens of their previous sequence are still on their way."""
+    prompts = [list(range(1, 40)), [5], [200, 3, 7, 9, 11, 13], list(range(60, 90)), [42, 42], [7] * 20]
+    lengths = [12, 30, 5, 20, 1, 9]
+    sched = scheduler_for(model, tokenizer, rows=2, prefill_tokens=7, sync_every=3 if lagged else None)
+    sched.lag_reads = lagged
+    try:
+        seqs = run_all(sched, prompts, lengths)
+    finally:
+        sched.close()
+    for p, n, seq in zip(prompts, lengths, seqs):
+        assert seq.tokens == reference(model, p, n)
+        assert seq.finish_reason == ("length" if len(seq.tokens) == n else "stop")
+
+
+def test_scheduler_streams_whole_characters_and_stops_at_a_stop_string(tokenizer):
+    """The text handed out never ends in half a UTF-8 character, and a stop string splitting across tokens cuts
+    the text before it."""
+    sched = Scheduler.__new__(Scheduler)  # _take alone: no batch, no thread
+    sched.stop_ids, sched.stats = {EOT}, type("S", (), {"finished": {}, "completion_tokens": 0})()
+    sched.stats.finished = __import__("collections").Counter()
+    sched.rows = []
+    events = []
+    from redline.inference.text import IncrementalText
+
+    seq = Sequence([1], 100, SamplingParams(), ("END",), events.append, decoder=IncrementalText(tokenizer, ("END",)))
+    for b in "héllo € 😀 EN".encode() + b"D tail":
+        if not seq.done:
+            sched._take(seq, [b])
+    pieces = [e[1] for e in events if e[0] == "text"]
+    assert "".join(pieces) == "héllo € 😀 " and all("\ufffd" not in p for p in pieces)
+    assert events[-1] == ("done", "stop") and seq.completion_tokens == len("héllo € 😀 END".encode())
+
+
+def test_scheduler_queue_limit_and_checks(model, tokenizer):
+    sched = scheduler_for(model, tokenizer, rows=1, max_queue=2)
+    try:
+        seq = lambda n=4, p=(1, 2): Sequence(list(p), n, SamplingParams(), (), lambda e: None)  # noqa: E731
+        with pytest.raises(QueueFull):
+            sched.submit([seq(), seq(), seq()])  # all or none
+        with pytest.raises(UserError, match="maximum context length is 96"):
+            sched.submit([seq(n=95)])
+        with pytest.raises(UserError, match="outside the model's vocabulary"):
+            sched.submit([seq(p=(1, 999))])
+        assert sched.queue_depth() == 0
+    finally:
+        sched.close()
+
+
+# ----------------------------------------------------------------------------------------------------
+# the command
+
+
+def test_serve_command_needs_the_extra_before_loading(monkeypatch, capsys):
+    from redline import cli
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", "/no/such/checkpoint"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "pip install 'redline[serve]'" in err and "checkpoint" not in err
+
+
+@pytest.mark.slow
+def test_serve_command_end_to_end(model, tokenizer, tmp_path):
+    """`redline serve CKPT` in its own process answers the client and stops on SIGTERM."""
+    from redline.training.checkpoint import save_checkpoint
+
+    plain = load_tokenizer("bytes")  # no chat tokens: chat requests are refused
+    ckpt = save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(TrainConfig(model=CFG)), plain, keep=1)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(ckpt), "--port", str(port),
+                             "--model-name", MODEL, "--cpu-threads", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        deadline = time.time() + 60
+        while True:
+            try:
+                out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=0)
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+                time.sleep(0.2)
+        assert out.choices[0].text == tokenizer.decode(reference(model, tokenizer.encode("Hello"), 8))
+        chat = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+        assert chat.status_code == 400 and chat.json()["error"]["code"] == "no_chat_template"
+    finally:
+        proc.terminate()
+        code = proc.wait(30)
+    # uvicorn shuts down gracefully, then re-raises the signal: the exit status says SIGTERM ended it
+    assert code in (0, -15) and "Traceback" not in proc.stderr.read()
+
+
+def test_load_generator_bounded_load(live, capsys, monkeypatch):
+    """scripts/serve_load.py: a fixed number of streamed requests with Poisson arrivals, a time limit, nothing
+    lost, every response complete."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    load = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "serve_load", load)  # its dataclasses look their module up
+    spec.loader.exec_module(load)
+    t0 = time.time()
+    code = load.main(["--url", live.url, "--model", MODEL, "--concurrency", "4", "--requests", "12",
+                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "8"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and time.time() - t0 < 30
+    assert summary["completed"] == 12 and summary["failed"] == 0
+    reasons = summary["finish_reasons"]
+    assert sum(reasons.values()) == 12 and 8 * reasons["length"] <= summary["output_tokens"] <= 8 * 12
+    assert summary["ttft_ms"]["p50"] > 0 and summary["output_tokens_per_s"] > 0
+
+
+def test_a_failing_step_fails_the_requests_in_flight_and_the_scheduler_goes_on(model, tokenizer, monkeypatch):
+    sched = scheduler_for(model, tokenizer, rows=2)
+    try:
+        step = sched.batch.step
+        monkeypatch.setattr(sched.batch, "step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost")))
+        events = queue.Queue()
+        sched.submit([Sequence([1, 2, 3], 10, SamplingParams(), (), events.put)])
+        while (event := events.get(timeout=30))[0] == "text":
+            pass
+        assert event == ("error", "RuntimeError: device lost") and sched.busy_rows() == 0
+        monkeypatch.setattr(sched.batch, "step", step)
+        assert run_all(sched, [[1, 2, 3]], [6])[0].tokens == reference(model, [1, 2, 3], 6)
+    finally:
+        sched.close()
