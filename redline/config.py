@@ -234,6 +234,9 @@ class GRPOConfig:
     """k of the pass@k logged from each rollout (at most group_size)."""
     eval_examples: int = 100
     """Held-out prompts (the task's test split) scored greedily at each evaluation."""
+    rollout_weights: Literal["training", "bf16"] = "training"
+    """What the engine samples from: the training weights themselves (no copy; fp32 master weights decode in
+    fp32), or a bf16 copy on the same device refreshed in place before each rollout (faster decode on a GPU)."""
 
     def validate(self) -> None:
         for name in ("group_size", "prompts_per_step", "max_new_tokens", "pass_k"):

@@ -158,6 +158,19 @@ def test_rollouts_come_from_the_training_weights_in_place():
     assert trained <= {p.data_ptr() for p in engine.model.parameters()}  # what the optimizer updates, in place
 
 
+def test_a_bf16_rollout_copy_is_refreshed_in_place():
+    step, loader = build(rollout_weights="bf16")
+    loader.next_batch()
+    engine = loader._engine
+    assert engine.model is not step.model and next(engine.model.parameters()).dtype == torch.bfloat16
+    storage = [p.data_ptr() for p in engine.model.parameters()]
+    with torch.no_grad():
+        step.model.lm_head.weight.add_(1.0)
+    loader.engine(step.model)
+    assert [p.data_ptr() for p in engine.model.parameters()] == storage  # the same buffers (CUDA graphs stay valid)
+    assert torch.equal(engine.model.lm_head.weight, step.model.lm_head.weight.to(torch.bfloat16))
+
+
 @pytest.mark.slow
 def test_a_few_steps_raise_the_reward_of_a_learnable_task():
     step, loader = build(seed=0, kl_coef=0.05, max_new_tokens=2)  # the first token decides the reward

@@ -73,7 +73,8 @@ def main(argv: list[str]) -> int:
     tokenizer = chat_tokenizer(run.start, cfg.finetune.template)
     settings = RolloutSettings(group_size=g.group_size, prompts_per_step=g.prompts_per_step,
                                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k or None,
-                               scale_rewards=g.scale_rewards, loss_norm=g.loss_norm, pass_k=g.pass_k)
+                               scale_rewards=g.scale_rewards, loss_norm=g.loss_norm, pass_k=g.pass_k,
+                               rollout_weights=g.rollout_weights)
     objective = GRPO(g.kl_coef)
     source = TaskRollouts(task, tokenizer, renderer_for(tokenizer, cfg.finetune.template), settings, objective,
                           cfg.model.context_len, g.eval_examples, reference_builder(run.init_from))
