@@ -33,7 +33,8 @@ import torch  # noqa: E402
 from redline.inference import InferenceEngine, SamplingParams  # noqa: E402
 from redline.inference.batch import DecodeBatch  # noqa: E402
 from redline.model import GPT, ModelConfig  # noqa: E402
-from redline.serve.api import Mailbox  # noqa: E402
+from redline.serve import protocol  # noqa: E402
+from redline.serve.api import Mailbox, _sse  # noqa: E402
 from redline.serve.scheduler import Scheduler, Sequence  # noqa: E402
 
 
@@ -102,9 +103,17 @@ async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> 
     seqs = [Sequence(p, max_tokens, SamplingParams(temperature=0.0), (), mailbox.sink(q, 0))
             for p, q in zip(prompts, queues)]
 
+    # each text event becomes the server-sent event a streaming client with continuous usage stats gets (the JSON
+    # the event loop's thread builds per chunk; the socket write is left out)
+    job = protocol.completion_job({"model": "m", "prompt": "x", "stream": True,
+                                   "stream_options": {"continuous_usage_stats": True}})
+
     async def consume(q: asyncio.Queue) -> None:
-        while (await q.get())[1][0] not in ("done", "error"):
-            pass
+        while True:
+            _, event = await q.get()
+            if event[0] != "text":
+                return
+            _sse(protocol.chunk(job, "cmpl-0", "m", 0, text=event[1], progress=protocol.usage(128, event[2])))
 
     t0, c0 = time.perf_counter(), time.thread_time()
     sched.submit(seqs)
