@@ -5,8 +5,9 @@
 
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
 text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events).
-Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its sequences: a stream when its response is torn down,
-a plain request by a task that waits for the connection to close while the request waits for its result.
+Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its
+sequences: a stream when its response is torn down, a plain request by a task that waits for the connection to
+close while the request waits for its result. GET / is the chat page (chat.html beside this module).
 """
 # (no `from __future__ import annotations`: FastAPI reads the endpoints' annotations, Request among them, at run
 # time; fastapi is imported inside functions, so that this module imports without the serve extra)
