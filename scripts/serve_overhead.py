@@ -8,8 +8,10 @@ events to the asyncio side), which on a GPU runs while the device waits unless i
 Drives the Scheduler directly (no HTTP) with a deliberately tiny model (one layer, 32 wide), so the model's calls
 are cheap, and times them: host time = wall time of a run - time inside the engine's prefill and decode step
 calls. The requests' events go through the API's own sink into asyncio queues that consumer tasks drain on an event
-loop in the main thread, as the server's do (so the wake-ups and the GIL the two threads share are counted). Prints
-a table, then one JSON line. --profile N prints cProfile's N costliest functions of the scheduler's thread.
+loop in the main thread, as the server's do (so the wake-ups and the GIL the two threads share are counted). Wall
+time on a shared machine counts other processes too, so it also reports host CPU time: the CPU seconds of both
+threads outside the model's calls (the scheduler's thread's and the event loop's). Prints a table, then one JSON
+line. --profile N prints cProfile's N costliest functions of the scheduler's thread.
 """
 
 from __future__ import annotations
@@ -31,84 +33,119 @@ import torch  # noqa: E402
 from redline.inference import InferenceEngine, SamplingParams  # noqa: E402
 from redline.inference.batch import DecodeBatch  # noqa: E402
 from redline.model import GPT, ModelConfig  # noqa: E402
-from redline.serve.api import Mailbox  # noqa: E402
+from redline.serve import protocol  # noqa: E402
+from redline.serve.api import Mailbox, _sse  # noqa: E402
 from redline.serve.scheduler import Scheduler, Sequence  # noqa: E402
-from redline.tokenizer import load_tokenizer  # noqa: E402
 
 
 class ModelClock:
     """Wraps the engine's prefill and decode step calls and sums the seconds spent inside them."""
 
     def __init__(self, engine: InferenceEngine):
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
         for name in ("_prefill", "_step"):
             setattr(engine, name, self._timed(getattr(engine, name)))
 
     def _timed(self, fn):
         def call(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t0
+                self.cpu_seconds += time.thread_time() - c0
 
         return call
 
 
-class ProfiledScheduler(Scheduler):
-    """The scheduler with cProfile running in its own thread (cProfile sees one thread only)."""
+class PrintableTokenizer:
+    """Token i is one printable ASCII character: a random model's greedy bytes are mostly broken UTF-8, which no
+    trained model emits and which would make every stream hold its text back; this decodes as cheaply as the bytes
+    tokenizer, in whole characters."""
 
+    name = "printable"
+
+    def decode(self, ids) -> str:
+        return "".join([chr(32 + i % 95) for i in ids])
+
+
+class TimedScheduler(Scheduler):
+    """The scheduler, its thread's CPU time measured, and profiled by cProfile if asked (cProfile sees one thread
+    only, so it starts inside the scheduler's)."""
+
+    profiling = False
     profile: cProfile.Profile | None = None
+    cpu_seconds = 0.0
 
     def _run(self) -> None:
-        self.profile = cProfile.Profile()
-        self.profile.enable()
+        c0 = time.thread_time()
+        if self.profiling:
+            self.profile = cProfile.Profile()
+            self.profile.enable()
         try:
             super()._run()
         finally:
-            self.profile.disable()
+            if self.profile is not None:
+                self.profile.disable()
+            self.cpu_seconds = time.thread_time() - c0
 
 
-async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
-    """Submit every prompt at once and drain their events as the server would -> (seconds, tokens generated)."""
+class ProfiledScheduler(TimedScheduler):
+    profiling = True
+
+
+async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
+    """Submit every prompt at once and drain their events as the server would -> (seconds, CPU seconds of the
+    event loop's thread, tokens generated)."""
     loop = asyncio.get_running_loop()
     queues, mailbox = [asyncio.Queue() for _ in prompts], Mailbox(loop)
     sched.flushes.append(mailbox.flush)
     seqs = [Sequence(p, max_tokens, SamplingParams(temperature=0.0), (), mailbox.sink(q, 0))
             for p, q in zip(prompts, queues)]
 
-    async def consume(q: asyncio.Queue) -> None:
-        while (await q.get())[1][0] not in ("done", "error"):
-            pass
+    # each text event becomes the server-sent event a streaming client with continuous usage stats gets (the JSON
+    # the event loop's thread builds per chunk; the socket write is left out)
+    job = protocol.completion_job({"model": "m", "prompt": "x", "stream": True,
+                                   "stream_options": {"continuous_usage_stats": True}})
 
-    t0 = time.perf_counter()
+    async def consume(q: asyncio.Queue) -> None:
+        while True:
+            _, event = await q.get()
+            if event[0] != "text":
+                return
+            _sse(protocol.chunk(job, "cmpl-0", "m", 0, text=event[1], progress=protocol.usage(128, event[2])))
+
+    t0, c0 = time.perf_counter(), time.thread_time()
     sched.submit(seqs)
     await asyncio.gather(*(consume(q) for q in queues))
-    seconds = time.perf_counter() - t0
+    seconds, loop_cpu = time.perf_counter() - t0, time.thread_time() - c0
     assert all(s.finish_reason == "length" and len(s.tokens) == max_tokens for s in seqs), "a request fell short"
-    return seconds, sum(len(s.tokens) for s in seqs)
+    return seconds, loop_cpu, sum(len(s.tokens) for s in seqs)
 
 
 def measure(args, model: GPT, tokenizer, profile: bool) -> dict:
     engine = InferenceEngine(model)
     batch = DecodeBatch(engine, rows=args.rows, capacity=args.prompt_tokens + args.max_tokens + 1)
     clock = ModelClock(engine)
-    cls = ProfiledScheduler if profile else Scheduler
+    cls = ProfiledScheduler if profile else TimedScheduler
     sched = cls(batch, tokenizer, [], max_queue=args.requests, prefill_tokens=args.prompt_tokens * args.rows,
                 sync_every=args.sync_every)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 256, (args.requests, args.prompt_tokens), generator=gen).tolist()
     try:
-        seconds, tokens = asyncio.run(drive(sched, prompts, args.max_tokens))
+        seconds, loop_cpu, tokens = asyncio.run(drive(sched, prompts, args.max_tokens))
     finally:
         sched.close()
     steps = sched.stats.steps
     host = seconds - clock.seconds
+    # CPU time of both threads outside the model's calls: unlike wall time, not inflated by other processes
+    host_cpu = sched.cpu_seconds - clock.cpu_seconds + loop_cpu
     if profile:
         stats = pstats.Stats(sched.profile, stream=sys.stdout)
         stats.sort_stats("tottime").print_stats(args.profile)
     return {"seconds": seconds, "model_seconds": clock.seconds, "host_seconds": host, "steps": steps,
-            "tokens": tokens, "host_us_per_step": 1e6 * host / steps, "host_us_per_token": 1e6 * host / tokens}
+            "tokens": tokens, "host_us_per_step": 1e6 * host / steps, "host_us_per_token": 1e6 * host / tokens,
+            "host_cpu_us_per_step": 1e6 * host_cpu / steps, "loop_cpu_us_per_step": 1e6 * loop_cpu / steps}
 
 
 def main() -> int:
@@ -127,22 +164,24 @@ def main() -> int:
     cfg = ModelConfig(vocab_size=261, context_len=args.prompt_tokens + args.max_tokens + 1, n_layer=1, n_embd=32,
                       n_head=2, n_kv_head=1)
     model = GPT(cfg).eval()
-    tokenizer = load_tokenizer("bytes")
+    tokenizer = PrintableTokenizer()
     runs = [measure(args, model, tokenizer, profile=False) for _ in range(args.repeats)]
     best = min(runs, key=lambda r: r["host_us_per_step"])
     print(f"{args.requests} requests on {args.rows} rows, {args.prompt_tokens}-token prompts, {args.max_tokens} "
           f"new tokens, sync_every {args.sync_every}, CPU ({torch.get_num_threads()} torch thread(s))")
     print(f"{'run':>4} {'wall s':>8} {'model s':>8} {'host s':>8} {'steps':>6} {'host us/step':>13} "
-          f"{'host us/token':>14}")
+          f"{'host us/token':>14} {'host CPU us/step':>17} {'of it event loop':>17}")
     for i, r in enumerate(runs):
         print(f"{i:>4} {r['seconds']:>8.3f} {r['model_seconds']:>8.3f} {r['host_seconds']:>8.3f} {r['steps']:>6} "
-              f"{r['host_us_per_step']:>13.1f} {r['host_us_per_token']:>14.2f}")
+              f"{r['host_us_per_step']:>13.1f} {r['host_us_per_token']:>14.2f} {r['host_cpu_us_per_step']:>17.1f} "
+              f"{r['loop_cpu_us_per_step']:>17.1f}")
     if args.profile:
         measure(args, model, tokenizer, profile=True)
     print(json.dumps({"requests": args.requests, "rows": args.rows, "prompt_tokens": args.prompt_tokens,
                       "max_tokens": args.max_tokens, "sync_every": args.sync_every,
                       "host_us_per_step": round(best["host_us_per_step"], 1),
                       "host_us_per_token": round(best["host_us_per_token"], 2),
+                      "host_cpu_us_per_step": round(min(r["host_cpu_us_per_step"] for r in runs), 1),
                       "median_host_us_per_step": round(statistics.median(r["host_us_per_step"] for r in runs), 1)}))
     return 0
 

@@ -448,6 +448,81 @@ def test_serve_command_end_to_end(model, tokenizer, tmp_path):
     assert code in (0, -15) and "Traceback" not in proc.stderr.read()
 
 
+def read_stream(url: str, prompt: str, max_tokens: int, started: threading.Event | None = None) -> dict:
+    """A streamed completion read to its end -> {"done": saw [DONE], "reason": its finish_reason, "error": ...}."""
+    out = {"done": False, "reason": None, "error": None}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if started is not None:
+                    started.set()
+                if line == "data: [DONE]":
+                    out["done"] = True
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if "error" in data:
+                        out["error"] = data["error"]["code"]
+                    else:
+                        out["reason"] = data["choices"][0]["finish_reason"] or out["reason"]
+    except httpx.HTTPError as e:  # cut off at shutdown
+        out["error"] = type(e).__name__
+    return out
+
+
+@pytest.mark.slow
+def test_sigterm_refuses_new_connections_drains_then_cancels_within_the_timeout(model, tmp_path):
+    """SIGTERM: the listening socket closes at once, the running stream finishes, and whatever the timeout does
+    not cover is cancelled: the process ends within --shutdown-timeout plus its own teardown."""
+    from redline.training.checkpoint import save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(TrainConfig(model=CFG)), load_tokenizer("bytes"),
+                           keep=1)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(ckpt), "--port", str(port),
+                             "--model-name", MODEL, "--cpu-threads", "1", "--max-batch", "1",
+                             "--shutdown-timeout", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                httpx.get(url + "/health")
+                break
+            except httpx.ConnectError:
+                assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+                time.sleep(0.2)
+        started = threading.Event()
+        with ThreadPoolExecutor(49) as pool:
+            first = pool.submit(read_stream, url, "Hello", 88, started)
+            assert started.wait(30)
+            # one row: these wait in the queue behind the first, longer than the timeout lets them
+            queued = [pool.submit(read_stream, url, f"Hi {i}", 88) for i in range(48)]
+            wait_until(lambda: "redline_requests_total 49\n" in httpx.get(url + "/metrics").text, 30)  # all queued
+            t0 = time.time()
+            proc.send_signal(15)
+            time.sleep(0.5)
+            with pytest.raises(httpx.ConnectError):  # admits nothing new
+                httpx.get(url + "/health")
+            code = proc.wait(30)
+            elapsed = time.time() - t0
+            results = [f.result() for f in queued]
+        assert first.result() == {"done": True, "reason": "length", "error": None}  # the running stream drained
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert elapsed < 1 + 10, elapsed
+    err = proc.stderr.read()
+    assert code in (0, -15) and "Traceback" not in err, err
+    cut = [r for r in results if not r["done"]]
+    assert cut, "every queued request finished within the timeout: make them longer"
+    assert all(r == {"done": False, "reason": None, "error": "shutting_down"} for r in cut), cut  # told why
+    assert all(r == {"done": True, "reason": "length", "error": None} for r in results if r not in cut)
+
+
 def test_load_generator_bounded_load(live, capsys, monkeypatch):
     """scripts/serve_load.py: a fixed number of streamed requests with Poisson arrivals, a time limit, nothing
     lost, every response complete."""

@@ -54,6 +54,9 @@ class ServeConfig:
     """Require `Authorization: Bearer KEY` on every endpoint but /health (default: $REDLINE_API_KEY, if set)."""
     max_body_kib: int = 1024
     """Largest request body accepted (larger: 413)."""
+    shutdown_timeout: float = 10.0
+    """On SIGTERM or Ctrl-C: seconds to let requests in flight (running or queued) finish before cancelling them;
+    new connections are refused from the signal on."""
     warmup: bool = True
     """Compile and capture every decode width before listening (GPU), so no request waits for it."""
     tokenizer: str | None = None
@@ -68,6 +71,8 @@ class ServeConfig:
         for name in ("context", "max_tokens", "sync_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic), got {getattr(self, name)}")
+        if self.shutdown_timeout < 0:
+            raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if not 0 < self.port < 65536:
             raise UserError(f"--port must be in 1..65535, got {self.port}")
 
@@ -128,6 +133,27 @@ def warm_up(batch) -> None:
     batch.free(0)
 
 
+def draining_server(uvicorn, scheduler, timeout: float):
+    """uvicorn's Server, whose shutdown (SIGTERM, Ctrl-C) first closes the listening sockets, then lets the
+    scheduler finish what is running and queued for up to `timeout` seconds and cancels the rest with an error
+    event (503: the server shut down), so that every response ends properly before uvicorn waits for its
+    connections to close (it would cancel their tasks after its own timeout, mid-response)."""
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            import asyncio
+
+            for listener in self.servers:
+                listener.close()
+            drained = await asyncio.get_running_loop().run_in_executor(None, scheduler.drain, timeout)
+            if not drained:
+                print(f"redline serve: cancelled the requests still running after --shutdown-timeout {timeout:g} s",
+                      file=sys.stderr, flush=True)
+            await super().shutdown(sockets)
+
+    return DrainingServer
+
+
 def build(cfg: ServeConfig):
     """(Server, the FastAPI app) for a checkpoint, the model loaded and warmed up."""
     from redline.inference.batch import DecodeBatch
@@ -171,8 +197,9 @@ def main(argv: list[str]) -> int:
     print(f"redline serve: {server.model} on http://{cfg.host}:{cfg.port}/v1 ({desc.get('device')}, "
           f"{cfg.max_batch} rows × {server.scheduler.capacity} tokens, chat template: "
           f"{server.renderer.name if server.renderer else 'none'})", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=10)
+        draining_server(uvicorn, server.scheduler, cfg.shutdown_timeout)(config).run()
     finally:
         server.scheduler.close()
     return 0

@@ -5,13 +5,15 @@
 
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
 text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events).
-Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its sequences: a stream when its response is torn down,
-a plain request by a task that waits for the connection to close while the request waits for its result.
+Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its
+sequences: a stream when its response is torn down, a plain request by a task that waits for the connection to
+close while the request waits for its result. GET / is the chat page (chat.html beside this module).
 """
 # (no `from __future__ import annotations`: FastAPI reads the endpoints' annotations, Request among them, at run
 # time; fastapi is imported inside functions, so that this module imports without the serve extra)
 
 import asyncio
+import contextlib
 import hmac
 import json
 import threading
@@ -22,7 +24,7 @@ from redline.errors import UserError
 from redline.inference.text import prompt_ids
 from redline.serve import protocol
 from redline.serve.protocol import APIError, Job, bad
-from redline.serve.scheduler import ContextTooLong, QueueFull, Scheduler, Sequence
+from redline.serve.scheduler import ContextTooLong, QueueFull, Scheduler, Sequence, ShuttingDown
 
 
 @dataclass
@@ -144,6 +146,13 @@ def chat_page() -> str:
     return files("redline.serve").joinpath("chat.html").read_text(encoding="utf-8")
 
 
+def _event_error(event: tuple) -> APIError:
+    """The APIError of a sequence's ("error", message[, status]) event: 503 for a shutdown, else 500."""
+    if len(event) > 2 and event[2] == 503:
+        return APIError(503, event[1], code="shutting_down", type="server_error")
+    return APIError(500, f"generation failed: {event[1]}", type="server_error")
+
+
 def _finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
@@ -210,6 +219,8 @@ async def run(server: Server, request, job: Job):
     seqs, prompt_tokens = server.sequences(job, loop, queue)
     try:
         server.scheduler.submit(seqs)
+    except ShuttingDown as e:
+        raise APIError(503, str(e), code="shutting_down", type="server_error") from None
     except QueueFull as e:
         raise APIError(429, str(e), code="rate_limit_exceeded", type="rate_limit_error") from None
     except UserError as e:
@@ -227,7 +238,7 @@ async def run(server: Server, request, job: Job):
             if event[0] == "text":
                 texts[index].append(event[1])
             elif event[0] == "error":
-                raise APIError(500, f"generation failed: {event[1]}", type="server_error")
+                raise _event_error(event)
             elif event[0] == "done":
                 remaining -= 1
     finally:
@@ -266,7 +277,7 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
             elif event[0] == "text" and event[1]:
                 yield _sse(protocol.chunk(job, rid, model, index, text=event[1]))
             elif event[0] == "error":
-                yield _sse(APIError(500, f"generation failed: {event[1]}", type="server_error").body())
+                yield _sse(_event_error(event).body())
                 return
             elif event[0] == "done":
                 remaining -= 1
@@ -288,7 +299,14 @@ def create_app(server: Server):
     from fastapi.responses import PlainTextResponse
     from starlette.exceptions import HTTPException
 
-    app = FastAPI(title="redline serve", docs_url=None, redoc_url=None, openapi_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # the server is stopping (its requests finished or were cancelled): stop the scheduler's thread, before
+        # uvicorn re-raises the signal that stopped it
+        await asyncio.get_running_loop().run_in_executor(None, server.scheduler.close)
+
+    app = FastAPI(title="redline serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     server.created = server.created or int(time.time())
     app.add_middleware(_key_check(server))
 

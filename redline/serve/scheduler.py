@@ -3,7 +3,7 @@
 How it works
 - `submit()` checks a request (its prompt and max_tokens must fit a row, the queue must have room) and queues it;
   the caller gets a `Sequence` whose `sink` receives ("text", new_text, tokens_so_far), then
-  ("done", finish_reason) or ("error", message), from the scheduler's thread.
+  ("done", finish_reason) or ("error", message[, HTTP status]), from the scheduler's thread.
 - The thread loops: admit waiting requests into free rows of the static batch, prefill them in spans of at most
   `prefill_tokens` tokens per turn while other rows are decoding (so a long prompt stalls running streams for one
   span at a time, not for its whole length), then launch `sync_every` decode steps and read the tokens of the
@@ -37,6 +37,10 @@ from redline.inference.text import IncrementalText
 
 class QueueFull(Exception):
     """The waiting queue is at its limit: the client should retry later (HTTP 429)."""
+
+
+class ShuttingDown(QueueFull):
+    """The server is stopping and admits nothing new (HTTP 503)."""
 
 
 class ContextTooLong(UserError):
@@ -179,7 +183,7 @@ class Scheduler:
             self.check(len(seq.prompt), seq.max_tokens)
         with self._cond:
             if self._closing:
-                raise QueueFull("the server is shutting down")
+                raise ShuttingDown("the server is shutting down; retry against another one or later")
             if len(self.waiting) + len(sequences) > self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} requests are waiting (the limit is {self.max_queue}); "
                                 f"retry later")
@@ -193,8 +197,20 @@ class Scheduler:
     def busy_rows(self) -> int:
         return sum(seq is not None for seq in self.rows)
 
+    def drain(self, timeout: float) -> bool:
+        """Stop admitting (submit raises ShuttingDown) and let what is queued and running finish, for at most
+        `timeout` seconds; then close(). -> whether everything finished in time."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        drained = not self._thread.is_alive()
+        self.close()
+        return drained
+
     def close(self, timeout: float = 10.0) -> None:
-        """Stop admitting, cancel what is queued and running, and wait for the thread."""
+        """Stop admitting, cancel what is queued and running (their clients get an error event saying that the
+        server shut down), and wait for the thread."""
         with self._cond:
             self._closing = True
             for seq in list(self.waiting) + [s for s in self.rows if s is not None]:
@@ -247,7 +263,10 @@ class Scheduler:
             rest = seq.decoder.finish()
             if rest:
                 seq.sink(("text", rest, seq.completion_tokens))
-        seq.sink(("done", reason))
+        if reason == "cancelled" and self._closing:  # cut off by a shutdown, not by its client: tell the client
+            seq.sink(("error", "the server shut down before this request finished; retry it", 503))
+        else:
+            seq.sink(("done", reason))
 
     def _fail_all(self, message: str, pending: _Group | None) -> None:
         """End every sequence not done yet with an error: queued, in a row, or only awaiting its last tokens."""

@@ -3,6 +3,7 @@
 #
 #     scripts/gpu/serve_bench.sh                          # files under $OUT (default: a new temporary folder)
 #     PRESET=gpt2-124m CONCURRENCY="1 8 64" scripts/gpu/serve_bench.sh
+#     SYNC_EVERY=16 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the server's --sync-every
 #
 # Steps (about 4 minutes, most of it torch.compile):
 #   1. `redline bench-infer --preset $PRESET` (random weights), compiled, batch 1 and 64, $PROMPT-token prompts,
@@ -33,6 +34,7 @@ NEW="${NEW:-256}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 RATE="${RATE:-200}"
 PORT="${PORT:-8471}"
+SYNC_EVERY="${SYNC_EVERY:-0}"  # decode steps per read of their tokens (0: the server's default)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/serve_bench.log"
@@ -73,7 +75,7 @@ CKPT=$(ls -d "$CKPT_RUN"/checkpoints/step_* | head -n 1)
 CONTEXT=$(( (PROMPT + NEW + 63) / 64 * 64 ))
 echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT ===" | tee -a "$LOG"
 "$PY" -m redline serve "$CKPT" --port "$PORT" --max-batch 64 --context "$CONTEXT" --model-name "$PRESET" \
-    > "$OUT/serve.log" 2>&1 &
+    --sync-every "$SYNC_EVERY" > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; rm -rf "$CKPT_RUN"' EXIT
 "$PY" - "$PORT" "$SERVER" <<'EOF' 2>&1 | tee -a "$LOG"
