@@ -462,3 +462,14 @@ def test_sweep_killed_at_random_points_runs_each_cell_once(tmp_path):
     events = [line.split() for line in ledger.read_text().splitlines()]
     for run_id, seen in recorded_at.items():
         assert ["start", run_id] not in events[seen:], f"{run_id} ran again after its result was recorded"
+
+
+@pytest.mark.parametrize("name", ["prompts.txt", "prompts.jsonl"])
+def test_generate_prompt_file_that_is_not_utf8_is_one_line(tmp_path, name):
+    from redline.commands.generate import GenerateConfig, read_prompts
+
+    path = tmp_path / name
+    path.write_bytes('{"prompt": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(UserError, match=rf"{name} is not UTF-8 text: byte 0xe9 at offset 15.*iconv") as e:
+        read_prompts(GenerateConfig(prompt_file=str(path)))
+    assert "\n" not in str(e.value)
