@@ -473,3 +473,17 @@ def test_generate_prompt_file_that_is_not_utf8_is_one_line(tmp_path, name):
     with pytest.raises(UserError, match=rf"{name} is not UTF-8 text: byte 0xe9 at offset 15.*iconv") as e:
         read_prompts(GenerateConfig(prompt_file=str(path)))
     assert "\n" not in str(e.value)
+
+
+def test_bench_json_out_on_a_full_disk_keeps_earlier_records_whole(tmp_path, monkeypatch, capsys):
+    """`bench --json-out FILE` appends its record whole or not at all (the file is a results log that later
+    benches and `plan --bench-json` read)."""
+    from redline.commands import bench
+
+    path = tmp_path / "bench.jsonl"
+    bench.emit({"tokens_per_second": 1.0}, str(path))
+    before = path.read_bytes()
+    FullDisk(monkeypatch, tmp_path, budget=10, modules=(durable, bench))
+    with pytest.raises(durable.DiskFullError, match=r"^disk full while writing .*bench\.jsonl; its earlier records "):
+        bench.emit({"tokens_per_second": 2.0, "name": "x" * 40}, str(path))
+    assert path.read_bytes() == before
