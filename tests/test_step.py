@@ -283,3 +283,30 @@ def test_the_fit_probe_measures_fp8_when_asked(monkeypatch):
     peak, tokens_per_second = probe(2)
     assert seen == [True, True] and tokens_per_second > 0
     probe.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_train_with_batch_size_auto_on_a_gpu(dataset, tmp_path, capsys):  # noqa: F811
+    """The real path of batch_size=auto (issue: the string "auto" reached the attention-backend timing and ended in
+    a torch.randn TypeError): `redline train` on CUDA with the fit search measuring real GPU memory, the SDPA
+    backends timed at start-up (attn_autotune, model.attn_backend=auto) and torch.compile on, as a user runs it."""
+    from redline import cli
+
+    argv = ["train", f"data.path={dataset}", f"out_dir={tmp_path / 'runs'}", "run_name=auto", "device=cuda",
+            "batch_size=auto", "tokens_per_step=4096", "seq_len=64", "model.context_len=64", "model.n_layer=2",
+            "model.n_embd=128", "model.n_head=4", "model.n_kv_head=2", "max_steps=3", "eval_every=0",
+            "eval_batches=1", "sample_tokens=0", "tensorboard=False", "memory_fraction=0.5"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr()
+    assert exc.value.code == 0, out.err
+    run = tmp_path / "runs" / "auto"
+    saved = json.loads((run / "config.json").read_text())
+    batch = saved["batch_size"]
+    assert isinstance(batch, int) and batch >= 1 and saved["tokens_per_step"] == 4096
+    assert 4096 % (batch * 64) == 0  # whole micro-batches, gradient accumulation making up the rest
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps and steps[-1] == 3 and ckpt_io.list_checkpoints(run)

@@ -215,8 +215,9 @@ def emit(report: dict, json_out: str | None) -> None:
     if json_out:
         path = Path(json_out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(line + "\n")
+        from redline.durable import append_line
+
+        append_line(path, line)  # one whole record or none: a full disk is one line, earlier records intact
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def print_table(results, checkpoint: str) -> None:
 
 def main(argv: list[str]) -> int:
     from redline.config import parse
-    from redline.durable import fsync_file
+    from redline.durable import append_line
     from redline.inference.runtime import load_generator
     from redline.tasks import load_task
     from redline.tasks.scoring import evaluate_task
@@ -109,8 +109,7 @@ def main(argv: list[str]) -> int:
                         | {k: v for k, v in r.extra.items() if k != "samples"} for r in results}}
     if cfg.write and ckpt.parent.name == "checkpoints":
         path = ckpt.parent.parent / EVALUATIONS_FILE
-        with open(path, "a", encoding="utf-8") as f:  # one whole line per call: a torn one is skipped on read
-            f.write(json.dumps(record) + "\n")
-        fsync_file(path)
+        # one whole line or nothing: a full disk is one line naming the file, its earlier records intact
+        append_line(path, json.dumps(record))
     print(json.dumps(record), flush=True)
     return 0

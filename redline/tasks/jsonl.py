@@ -44,25 +44,31 @@ class JsonlTask(Task):
             raise UserError(f"task file {self.path} not found; give a .jsonl of {{\"prompt\", \"answer\"}} or "
                             f"{{\"question\", \"choices\", \"answer\"}} lines, or task:NAME for a built-in task")
         kinds = set()
-        with open(self.path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:
-                    raise UserError(f"{self.path} line {n} is not valid JSON ({e})") from None
-                example, kind = self._example(obj, f"{self.path} line {n}")
-                kinds.add(kind)
-                if len(kinds) > 1:
-                    raise UserError(f"{self.path} line {n} is a {kind} example but earlier lines are not; keep "
-                                    f"one kind per file")
-                self._all.append(example)
-                split = obj.get("split")
-                if split is not None:
-                    if split not in ("train", "test"):
-                        raise UserError(f"{self.path} line {n}: split must be \"train\" or \"test\", got {split!r}")
-                    self._by_split[split].append(example)
+        data = self.path.read_bytes()
+        try:  # split on "\n" only: JSON strings may hold U+2028 and other characters str.splitlines() breaks at
+            lines = data.decode("utf-8").split("\n")
+        except UnicodeDecodeError as e:
+            n = data[:e.start].count(b"\n") + 1
+            raise UserError(f"task file {self.path} line {n} is not UTF-8 text (byte {e.start} cannot be decoded); "
+                            "save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise UserError(f"{self.path} line {n} is not valid JSON ({e})") from None
+            example, kind = self._example(obj, f"{self.path} line {n}")
+            kinds.add(kind)
+            if len(kinds) > 1:
+                raise UserError(f"{self.path} line {n} is a {kind} example but earlier lines are not; keep "
+                                f"one kind per file")
+            self._all.append(example)
+            split = obj.get("split")
+            if split is not None:
+                if split not in ("train", "test"):
+                    raise UserError(f"{self.path} line {n}: split must be \"train\" or \"test\", got {split!r}")
+                self._by_split[split].append(example)
         if not self._all:
             raise UserError(f"task file {self.path} holds no example")
         self.kind = kinds.pop()
