@@ -184,3 +184,29 @@ def test_grpo_lora_rollouts_see_the_adapters_and_the_kl_reference_is_the_base():
         adapted = [g.tokens for g in loader.engine(model).generate(rows, 6, SamplingParams())]
     assert adapted == [g.tokens for g in InferenceEngine(merged).generate(rows, 6, SamplingParams())]
     assert adapted != [g.tokens for g in InferenceEngine(base).generate(rows, 6, SamplingParams())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["dpo", "grpo"])
+def test_lora_dpo_and_grpo_cli_resume_exactly_and_save_adapters(chat_base, tmp_path, command):
+    from tests.test_posttrain_cli import records, resumed_equals_straight
+
+    before = _digests(chat_base)
+    own = (["--data", "task:arithmetic", "dpo.max_pairs=24", "seq_len=128", "batch_size=4", "eval_every=2"]
+           if command == "dpo" else
+           ["--task", "arithmetic", "grpo.prompts_per_step=2", "grpo.group_size=3", "grpo.max_new_tokens=4",
+            "grpo.eval_examples=3", "grpo.kl_coef=0.1", "batch_size=3", "eval_every=2"])
+    resumed_equals_straight(tmp_path, [command, "--from", str(chat_base), *own, "lora.enabled=True", "lora.rank=4",
+                                       "eval_batches=1", "log_every=1", "checkpoint_every=2", "tensorboard=False",
+                                       f"out_dir={tmp_path}"])
+    assert _digests(chat_base) == before
+    ckpt = ckpt_io.resolve_checkpoint(tmp_path / "straight")
+    assert json.loads((ckpt / "meta.json").read_text())["lora_base"]["path"] == str(chat_base.resolve())
+    assert all(k.endswith(("lora_A", "lora_B")) for k in load_file(str(ckpt / "model.safetensors")))
+    first = records(tmp_path / "straight", "train")[0]
+    if command == "dpo":  # the policy starts as the reference (the base with the adapters off): -log σ(0)
+        assert first["loss"] == pytest.approx(0.693147, abs=1e-5)
+    else:  # the first rollout's policy is the reference: KL 0
+        assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    merged, _, _ = ckpt_io.load_for_inference(ckpt)  # eval, generate, chat load it merged
+    assert merged.cfg.vocab_size == ckpt_io.load_for_inference(chat_base)[0].cfg.vocab_size
