@@ -110,6 +110,7 @@ def _frozen_unchanged(step, start) -> None:
     assert any(state[n].abs().max() > 0 for n in state if n.endswith("lora_B"))
 
 
+@pytest.mark.slow
 def test_dpo_lora_reference_is_the_starting_model_and_only_adapters_train():
     from redline.model import GPT
     from redline.posttrain.data import PairData, PairSet
@@ -138,6 +139,7 @@ def test_dpo_lora_reference_is_the_starting_model_and_only_adapters_train():
     torch.testing.assert_close(again.reference, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_grpo_lora_rollouts_see_the_adapters_and_the_kl_reference_is_the_base():
     from redline.model import GPT
     from redline.posttrain.grpo import GRPO
