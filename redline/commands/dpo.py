@@ -8,8 +8,9 @@
 Pairs are JSONL lines {"prompt" | "messages", "chosen", "rejected"} or a task's (task:NAME). The starting model's
 log-probabilities of every pair are computed once, before the first step, and kept in the checkpoints: no
 reference model is held during training. Evaluation reports the held-out pairs' loss, reward margin and
-preference accuracy. Other options as for `redline sft` (key=value overrides; finetune.eval_fraction,
-finetune.template, finetune.epochs when no budget is given).
+preference accuracy. With lora.enabled=True only adapters train and the reference is the base with the adapters
+off (computed once, no second copy; docs/lora.md). Other options as for `redline sft` (key=value overrides;
+finetune.eval_fraction, finetune.template, finetune.epochs when no budget is given).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from redline.errors import UserError
 
 def main(argv: list[str]) -> int:
-    from redline.commands.sft import chat_tokenizer, default_budget, init_from_checkpoint
+    from redline.commands.sft import chat_tokenizer, default_budget, lora_start
     from redline.chat.render import renderer_for
     from redline.distributed import dist_info, leave_process_group
     from redline.hardware import autocast_dtype
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> int:
         cfg.finetune.data = run.value
     if not cfg.finetune.data:
         raise UserError("no preference data: give --data SRC")
-    tokenizer = chat_tokenizer(run.start, cfg.finetune.template)
+    tokenizer = chat_tokenizer(run.start, cfg.finetune.template, grow=not cfg.lora.enabled)
     objective = DPO(cfg.dpo.beta, cfg.dpo.loss)
     batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 8  # for evaluation and the reference pass
     pairs = PairData.load(cfg.finetune.data, tokenizer, renderer_for(tokenizer, cfg.finetune.template),
@@ -46,7 +47,7 @@ def main(argv: list[str]) -> int:
     if info.is_main:
         print(f"redline dpo: {pairs.describe()}", file=sys.stderr, flush=True)
     cfg = default_budget(cfg, len(pairs.train.pairs), info.world_size)
-    load_start = init_from_checkpoint(run.init_from)
+    load_start = lora_start(cfg, run.init_from)
 
     def init(model) -> None:
         """The starting weights, then the reference log-probabilities they give (once, before wrapping)."""
@@ -54,6 +55,9 @@ def main(argv: list[str]) -> int:
         device = next(model.parameters()).device
         pairs.set_reference(model, batch, device, autocast_dtype(device, cfg.precision))
 
-    result = train(cfg, run.resume_from, data=lambda run_dir: pairs, objective=objective, init=init)
+    # under LoRA the run starts through init_from and the reference comes from the base with the adapters off
+    # (PairData.reference_from_base, before the first step)
+    result = train(cfg, run.resume_from, data=lambda run_dir: pairs, objective=objective,
+                   init=None if load_start is None else init)
     leave_process_group()
     return exit_code(result.status)

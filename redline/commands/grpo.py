@@ -8,7 +8,9 @@ training loop of `redline train` (budgets, evaluation, metrics, checkpoints, exa
 Every step samples grpo.prompts_per_step prompts × grpo.group_size completions from the weights being trained,
 with redline's KV-cache engine in the same process (no second copy of the model), rewards them with the task,
 and takes one update on group-relative advantages (redline/posttrain/grpo.py). metrics.jsonl logs each step's
-reward_mean, pass_at_1 and pass_at_K; evaluations score the task's test split greedily (exact match).
+reward_mean, pass_at_1 and pass_at_K; evaluations score the task's test split greedily (exact match). With
+lora.enabled=True only adapters train: the engine samples from the adapted model (the adapters on, through the
+model's own forward), and grpo.kl_coef's reference is the base with the adapters off (no second copy).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def reference_builder(init_from: Path, device_dtype=None):
 
 def main(argv: list[str]) -> int:
     from redline.chat.render import renderer_for
-    from redline.commands.sft import chat_tokenizer, init_from_checkpoint
+    from redline.commands.sft import chat_tokenizer, lora_start
     from redline.distributed import dist_info, leave_process_group
     from redline.posttrain.grpo import GRPO
     from redline.posttrain.launch import exit_code, start_run
@@ -70,7 +72,7 @@ def main(argv: list[str]) -> int:
     task = load_task(g.task, seed=cfg.seed)
     if task.kind != "generative":
         raise UserError(f"task {task.name} is multiple-choice; GRPO samples answers, so give a generative task")
-    tokenizer = chat_tokenizer(run.start, cfg.finetune.template)
+    tokenizer = chat_tokenizer(run.start, cfg.finetune.template, grow=not cfg.lora.enabled)
     settings = RolloutSettings(group_size=g.group_size, prompts_per_step=g.prompts_per_step,
                                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k or None,
                                scale_rewards=g.scale_rewards, loss_norm=g.loss_norm, pass_k=g.pass_k,
@@ -85,7 +87,7 @@ def main(argv: list[str]) -> int:
     cfg = dataclasses.replace(cfg, tokens_per_step=sequences * cfg.effective_seq_len * info.world_size)
     if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):
         cfg.max_steps = max(1, round(cfg.finetune.epochs * len(source.prompts) / g.prompts_per_step))
-    result = train(cfg, run.resume_from, data=lambda run_dir: source, objective=objective,
-                   init=init_from_checkpoint(run.init_from))
+    init = lora_start(cfg, run.init_from)  # None under LoRA: the run starts through init_from
+    result = train(cfg, run.resume_from, data=lambda run_dir: source, objective=objective, init=init)
     leave_process_group()
     return exit_code(result.status)

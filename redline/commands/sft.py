@@ -9,6 +9,11 @@ The run starts from the checkpoint's model and training settings, with its budge
 trains finetune.epochs passes over the conversations. A tokenizer without a Jinja chat template gets redline's
 chat tokens (the model's embedding grows with them, new rows at the mean of the old). Overrides as for `redline
 train` (key=value); finetune.* are SFT's own (template, packing, epochs, eval_fraction).
+
+With lora.enabled=True the run trains adapters on the frozen checkpoint (docs/lora.md): it starts through
+init_from, so its checkpoints hold the adapters and a verified reference to CKPT. The vocabulary does not grow
+under LoRA (the embedding and head are frozen and the adapters reference an unchanged base), so CKPT needs a chat
+template or redline's chat tokens already (e.g. from a full `redline sft`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -41,17 +47,27 @@ def base_config(source: Path) -> TrainConfig:
     no resume, a new run name, no closing text sample (a chat model is sampled with `redline chat`)."""
     from redline.training import checkpoint as ckpt_io
 
+    from redline.config import LoRAConfig
+
     cfg = from_dict(TrainConfig, ckpt_io.load_config_dict(source))
+    # the source's own start (its init_from, its LoRA settings) is not this run's: the weights come from source
+    # (merged, if it is a LoRA run), and LoRA is on only when this run asks for it. init_from=source lets a
+    # lora.enabled=True override validate; lora_start clears it for a run without LoRA
     return dataclasses.replace(cfg, max_steps=0, max_tokens=0, max_time=0.0, resume="never", run_name=None,
-                               sample_tokens=0)
+                               sample_tokens=0, init_from=str(source), lora=LoRAConfig())
 
 
-def chat_tokenizer(checkpoint: Path, template: str):
-    """The checkpoint's tokenizer, with redline's chat tokens added unless its Jinja template is used."""
+def chat_tokenizer(checkpoint: Path, template: str, grow: bool = True):
+    """The checkpoint's tokenizer, with redline's chat tokens added unless its Jinja template is used. grow=False
+    (LoRA: the vocabulary is the base's) refuses a tokenizer that would need them added."""
     from redline.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint / "tokenizer")
     if template == "redline" or (template == "auto" and not tokenizer.chat_template):
+        if not grow and not tokenizer.chat_token_ids:
+            raise UserError(f"{checkpoint} has no chat template and no chat tokens, and LoRA does not grow the "
+                            f"vocabulary; fine-tune it without LoRA first (`redline sft --from {checkpoint}` adds "
+                            f"them), or start from a model with a chat template")
         tokenizer.add_chat_tokens()
     elif not tokenizer.chat_template:
         raise UserError(f"finetune.template=jinja but the tokenizer of {checkpoint} has no chat template; use "
@@ -74,6 +90,17 @@ def init_from_checkpoint(source: Path):
         model.load_state_dict(grown.state_dict())
 
     return init
+
+
+def lora_start(cfg: TrainConfig, source: Path) -> Callable | None:
+    """The `init` to give train(): None under LoRA, which starts through init_from=source instead (its checkpoints
+    then hold the adapters and a reference to source); else source's weights with the vocabulary grown (and no
+    init_from, whose path keeps the checkpoint's vocabulary)."""
+    if cfg.lora.enabled:
+        cfg.init_from = str(source)
+        return None
+    cfg.init_from = None
+    return init_from_checkpoint(source)
 
 
 def default_budget(cfg: TrainConfig, rows_per_epoch: int, world_size: int) -> TrainConfig:
@@ -120,7 +147,7 @@ def main(argv: list[str]) -> int:
             raise UserError(f"{existing} already holds a run; continue it with `redline sft --resume {existing}`, or "
                             f"give another run_name")
         start = source
-    tokenizer = chat_tokenizer(start, cfg.finetune.template)
+    tokenizer = chat_tokenizer(start, cfg.finetune.template, grow=not cfg.lora.enabled)
     conversations = ConversationData.load(cfg.finetune.data, tokenizer, cfg.effective_seq_len, seed=cfg.seed,
                                           template=cfg.finetune.template, packing=cfg.finetune.packing,
                                           eval_fraction=cfg.finetune.eval_fraction)
@@ -128,7 +155,7 @@ def main(argv: list[str]) -> int:
     if info.is_main:
         print(f"redline sft: {conversations.describe(cfg.seed)}", file=sys.stderr, flush=True)
     cfg = default_budget(cfg, len(conversations.rows_for_epoch(cfg.seed, 0)), info.world_size)
-    result = train(cfg, resume_from, data=lambda run_dir: conversations, objective=SupervisedFineTuning(),
-                   init=init_from_checkpoint(Path(cfg.finetune.init_from)))
+    init = lora_start(cfg, Path(cfg.finetune.init_from))
+    result = train(cfg, resume_from, data=lambda run_dir: conversations, objective=SupervisedFineTuning(), init=init)
     leave_process_group()
     return {"completed": 0, "already_complete": 0, "diverged": 1, "interrupted": 130}[result.status]

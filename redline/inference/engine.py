@@ -111,14 +111,19 @@ class DecodeState:
 def inference_copy(model: GPT, dtype: torch.dtype) -> GPT:
     """The model in `dtype`: the model itself if it is in it already, else a copy (the caller's model is never
     changed; the engine only switches it to eval mode for the duration of a call)."""
-    if all(p.dtype == dtype for p in model.parameters()):
-        return model
+    if all(p.dtype == dtype for p in model.parameters()) or has_adapters(model):
+        return model  # a LoRA model (GRPO's rollouts) runs as it is: its adapted layers compute in their own dtype
     device = next(model.parameters()).device
     with torch.device("meta"):
         copy = GPT(model.cfg)
     copy = copy.to(dtype).to_empty(device=device)
     copy.load_state_dict(model.state_dict())
     return copy
+
+
+def has_adapters(model: torch.nn.Module) -> bool:
+    """Whether LoRA layers (redline/converters/lora.py) adapt the model: their update is only in their forward."""
+    return any(hasattr(m, "lora_A") for m in model.modules())
 
 
 @contextlib.contextmanager
@@ -149,6 +154,8 @@ class InferenceEngine:
                  cuda_graphs: bool | None = None, decode_attention: str = "auto", kernel_tuning: bool = False,
                  prefill_chunk_tokens: int = 32768, decode_linear: str = "auto", kv_cache_dtype: str = "auto"):
         device = next(model.parameters()).device
+        if has_adapters(model) and decode_linear == "auto":
+            decode_linear = "torch"  # the fused products read each layer's weight and would skip the adapters
         self.plan = plan_decode(model.cfg, device, dtype=dtype, compile=compile, cuda_graphs=cuda_graphs,
                                 decode_attention=decode_attention, decode_linear=decode_linear,
                                 kv_cache_dtype=kv_cache_dtype, kernel_tuning=kernel_tuning,

@@ -156,8 +156,22 @@ class PairData:
         if self.heldout:
             self.objective.heldout_reference = reference_logps(model, self.heldout.pairs, batch_size, device, amp)
 
+    def reference_from_base(self, step, batch_size: int, amp) -> None:
+        """Under LoRA: the reference log-probabilities from the training model with its adapters off (the base as
+        the run holds it: cast, or NF4 for QLoRA), no second copy. Before the first step, adapters at their start."""
+        lora = step.converters.get("lora")
+        if lora is None:
+            raise RuntimeError("DPO without LoRA computes its reference in the run's init (redline dpo)")
+        with step.evaluation() as model, lora.disabled():
+            self.set_reference(model, batch_size, step.device, amp)
+
     def train_loader(self, cfg, info, device):
+        from redline.hardware import autocast_dtype
         from redline.posttrain.dpo import PairBatches
+
+        if self.objective.reference is None:  # a new LoRA run (else init or the resumed state gave it)
+            batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 8
+            self.reference_from_base(self.objective.step, batch, autocast_dtype(device, cfg.precision))
 
         # each process its own seeded order: ranks draw different pairs
         return PairBatches(self.train.pairs, cfg.batch_size, device, seed=cfg.seed * 7919 + info.rank)

@@ -169,7 +169,7 @@ class DPO:
         self._on_device: torch.Tensor | None = None
 
     def attach(self, step: TrainStep) -> None:
-        self.device = step.device
+        self.device, self.step = step.device, step  # the step: LoRA's reference pass (PairData.reference_from_base)
 
     def _reference(self, device: torch.device) -> torch.Tensor:
         if self.reference is None:

@@ -246,8 +246,15 @@ def frozen_reference(build: Callable[[], nn.Module]) -> Callable[[], contextlib.
 
 
 def disabled_reference(step) -> Callable[[], contextlib.AbstractContextManager]:
-    """The reference as the training model with its converters switched off (LoRA: the adapters off)."""
-    return step.evaluation
+    """The reference as the training model with the LoRA adapters switched off: the base as the run holds it (cast,
+    or NF4), no second copy. step.evaluation alone keeps them on (LoRA's keep_in_evaluation), so they go off here."""
+    lora = step.converters.get("lora")
+
+    @contextlib.contextmanager
+    def use():
+        with step.evaluation() as model, lora.disabled():
+            yield model
+    return use
 
 
 @torch.no_grad()
