@@ -328,8 +328,6 @@ def test_task_file_keeps_line_separators_inside_json_strings(tmp_path):
     assert [e.prompt for e in task.examples("test")] == ["a\u2028b\x85?"]
 
 
-@pytest.mark.xfail(strict=True, reason="redline/posttrain/data.py read_jsonl opens with encoding='utf-8' and lets "
-                   "UnicodeDecodeError out: catch it there as redline/tasks/jsonl.py does")
 def test_finetuning_data_that_is_not_utf8_is_one_line(tmp_path):
     from redline.posttrain.data import read_jsonl
 

@@ -25,17 +25,21 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise UserError(f"data file {path} does not exist; give a JSONL file or task:NAME")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{number} is not valid JSON ({e.msg}); each line must be one object") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{path}:{number} is a JSON {type(record).__name__}, not an object")
-            records.append(record)
+    try:
+        data = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start} cannot be decoded); save it as UTF-8") from None
+    # split at newlines only: str.splitlines would also split inside a record at U+2028 or U+0085
+    for number, line in enumerate(data.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number} is not valid JSON ({e.msg}); each line must be one object") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path}:{number} is a JSON {type(record).__name__}, not an object")
+        records.append(record)
     if not records:
         raise UserError(f"{path} holds no records")
     return records
