@@ -952,3 +952,12 @@ def test_decode_batch_rows_join_and_leave_with_the_same_greedy_tokens():
         if not where:
             break
     assert [got[i] for i in range(len(PROMPTS))] == refs
+
+
+def test_engine_refuses_fused_products_that_would_skip_lora_adapters():
+    """The triton products read each Linear's weight; a LoRA layer's update lives only in its forward."""
+    model = tiny_model(n_kv_head=2)
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    linear.lora_A = torch.nn.Linear(linear.in_features, 2, bias=False)  # what marks a LoRA-adapted layer
+    with pytest.raises(UserError, match="decode_linear=triton would skip the model's LoRA adapters"):
+        InferenceEngine(model, decode_linear="triton")

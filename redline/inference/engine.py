@@ -154,8 +154,11 @@ class InferenceEngine:
                  cuda_graphs: bool | None = None, decode_attention: str = "auto", kernel_tuning: bool = False,
                  prefill_chunk_tokens: int = 32768, decode_linear: str = "auto", kv_cache_dtype: str = "auto"):
         device = next(model.parameters()).device
-        if has_adapters(model) and decode_linear == "auto":
-            decode_linear = "torch"  # the fused products read each layer's weight and would skip the adapters
+        if has_adapters(model):  # the fused products read each layer's weight and would skip the adapters
+            if decode_linear not in ("auto", "torch"):
+                raise UserError(f"decode_linear={decode_linear} would skip the model's LoRA adapters; use auto or "
+                                "torch (or merge the adapters first: redline export --merge)")
+            decode_linear = "torch"
         self.plan = plan_decode(model.cfg, device, dtype=dtype, compile=compile, cuda_graphs=cuda_graphs,
                                 decode_attention=decode_attention, decode_linear=decode_linear,
                                 kv_cache_dtype=kv_cache_dtype, kernel_tuning=kernel_tuning,
