@@ -487,3 +487,24 @@ def test_bench_json_out_on_a_full_disk_keeps_earlier_records_whole(tmp_path, mon
     with pytest.raises(durable.DiskFullError, match=r"^disk full while writing .*bench\.jsonl; its earlier records "):
         bench.emit({"tokens_per_second": 2.0, "name": "x" * 40}, str(path))
     assert path.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_generate_jsonl_on_a_full_disk_keeps_whole_records(dataset, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """`generate --jsonl FILE` appends each record whole: a full disk part-way is one line, exit 2, and the
+    records before it are readable (no torn last line)."""
+    from tests.test_sft import _pretrain
+
+    run = _pretrain(dataset, tmp_path / "runs")
+    out = tmp_path / "gen" / "out.jsonl"
+    out.parent.mkdir()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in "abc"))
+    argv = ["generate", "--checkpoint", str(run), "--prompt-file", str(prompts), "--stream", "False",
+            "--batch-size", "1", "--max-new-tokens", "3", "--jsonl", str(out)]
+    assert run_cli(argv, capsys)[0] == 0
+    one_record = len(out.read_text(encoding="utf-8").splitlines()[0].encode()) + 1
+    FullDisk(monkeypatch, out.parent, budget=one_record + 20)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "disk full while writing" in one_line_error(err) and "out.jsonl" in err, (err, out.read_text())
+    assert [json.loads(line)["prompt"] for line in out.read_text(encoding="utf-8").splitlines()] == ["a"]
