@@ -9,7 +9,6 @@ the prompts instead; --jsonl writes one JSON object per prompt.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -164,38 +163,41 @@ def main(argv: list[str]) -> int:
     stream = cfg.stream and not to_stdout_json
     batch = 1 if stream else cfg.batch_size
     total_tokens, total_s = 0, 0.0
-    with contextlib.ExitStack() as stack:
-        jsonl_file = None
-        if cfg.jsonl and not to_stdout_json:
-            jsonl_file = stack.enter_context(open(cfg.jsonl, "w", encoding="utf-8"))
-        for start in range(0, len(prompts), batch):
-            chunk, chunk_encoded = prompts[start:start + batch], encoded[start:start + batch]
-            if stream:
-                if start:
-                    print("\n---")
-                if cfg.echo_prompt:
-                    print(chunk[0], end="", flush=True)
-            completions = generator.generate(
-                chunk, cfg.max_new_tokens, cfg.sampling(), stop_strings=cfg.stop, stop_at_eot=cfg.stop_at_eot,
-                on_text=(lambda row, text: print(text, end="", flush=True)) if stream else None, encoded=chunk_encoded,
-                stop_tokens=stop_tokens,
-            )
-            total_tokens += sum(c.completion_tokens for c in completions)
-            total_s += generator.engine.last.total_s
-            for j, c in enumerate(completions):
-                record = {"index": start + j, "prompt": c.prompt, "completion": c.text,
-                          "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-                          "finish_reason": c.finish_reason, "prompt_truncated": c.prompt_truncated}
-                if to_stdout_json:
-                    print(json.dumps(record, ensure_ascii=False), flush=True)
-                elif not stream:
-                    if start + j:
-                        print("\n---")
-                    print((c.prompt if cfg.echo_prompt else "") + c.text, flush=True)
-                if jsonl_file is not None:
-                    jsonl_file.write(json.dumps(record, ensure_ascii=False) + "\n")
+    jsonl_file = None
+    if cfg.jsonl and not to_stdout_json:
+        # each record appended whole (durable.append_line): a full disk is one line, and the records
+        # written before it stay readable, with no torn last line
+        from redline.durable import append_line, write_atomic
+
+        jsonl_file = write_atomic(cfg.jsonl, "")
+    for start in range(0, len(prompts), batch):
+        chunk, chunk_encoded = prompts[start:start + batch], encoded[start:start + batch]
         if stream:
-            print(flush=True)
+            if start:
+                print("\n---")
+            if cfg.echo_prompt:
+                print(chunk[0], end="", flush=True)
+        completions = generator.generate(
+            chunk, cfg.max_new_tokens, cfg.sampling(), stop_strings=cfg.stop, stop_at_eot=cfg.stop_at_eot,
+            on_text=(lambda row, text: print(text, end="", flush=True)) if stream else None, encoded=chunk_encoded,
+            stop_tokens=stop_tokens,
+        )
+        total_tokens += sum(c.completion_tokens for c in completions)
+        total_s += generator.engine.last.total_s
+        for j, c in enumerate(completions):
+            record = {"index": start + j, "prompt": c.prompt, "completion": c.text,
+                      "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                      "finish_reason": c.finish_reason, "prompt_truncated": c.prompt_truncated}
+            if to_stdout_json:
+                print(json.dumps(record, ensure_ascii=False), flush=True)
+            elif not stream:
+                if start + j:
+                    print("\n---")
+                print((c.prompt if cfg.echo_prompt else "") + c.text, flush=True)
+            if jsonl_file is not None:
+                append_line(jsonl_file, json.dumps(record, ensure_ascii=False), sync=False)
+    if stream:
+        print(flush=True)
     if total_s > 0:
         print(f"redline generate: {len(prompts)} prompt(s), {total_tokens} tokens in {total_s:.2f} s "
               f"({total_tokens / total_s:.1f} tokens/s, {generator.engine.describe()})", file=sys.stderr)
