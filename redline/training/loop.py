@@ -29,6 +29,7 @@ import torch
 
 from redline.config import TrainConfig, to_dict
 from redline.distributed import DistInfo, barrier, dist_info, init_distributed
+from redline.durable import write_atomic
 from redline.errors import UserError
 from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, resolve_device
 from redline.model import GPT
@@ -332,8 +333,8 @@ class Run:
         if not self.info.is_main:
             return MetricsLogger(None, enabled=False)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2))
-        (self.run_dir / "environment.json").write_text(json.dumps(environment_snapshot(), indent=2, default=str))
+        write_atomic(self.run_dir / "config.json", json.dumps(to_dict(self.cfg), indent=2))
+        write_atomic(self.run_dir / "environment.json", json.dumps(environment_snapshot(), indent=2, default=str))
         self.tokenizer.save(self.run_dir / "tokenizer")
         history = resume_metrics(self.run_dir, resumed.step) if resumed is not None else None
         log = MetricsLogger(self.run_dir, tensorboard=self.cfg.tensorboard)
