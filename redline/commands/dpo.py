@@ -19,6 +19,7 @@ import sys
 
 from redline.errors import UserError
 
+
 def main(argv: list[str]) -> int:
     from redline.commands.sft import chat_tokenizer, default_budget, lora_start
     from redline.chat.render import renderer_for
