@@ -23,13 +23,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-GGUF="${GGUF:-}"
-if [ -z "$GGUF" ] && [ -f ".models/$NAME" ]; then
-    GGUF=".models/$NAME"
-elif [ -z "$GGUF" ] && ls .models/$NAME.part-* >/dev/null 2>&1; then
-    cat .models/$NAME.part-* > "/tmp/$NAME" && GGUF="/tmp/$NAME"
-fi
+. scripts/gpu/smollm2_gguf.sh
 ARGS=(--out "$OUT" --models ${MODELS:-smollm2 qwen3})
 [ -n "$GGUF" ] && ARGS+=(--gguf "$GGUF")
 [ -z "$GGUF" ] && echo "import_bench.sh: no SmolLM2 GGUF (GGUF= or .models/): only the Qwen3-0.6B shape runs" >&2
