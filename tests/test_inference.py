@@ -961,3 +961,32 @@ def test_engine_refuses_fused_products_that_would_skip_lora_adapters():
     linear.lora_A = torch.nn.Linear(linear.in_features, 2, bias=False)  # what marks a LoRA-adapted layer
     with pytest.raises(UserError, match="decode_linear=triton would skip the model's LoRA adapters"):
         InferenceEngine(model, decode_linear="triton")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_decode_batch_prefill_many_equals_prefills_one_at_a_time(kv_cache_dtype):
+    """Several free rows' whole prompts in one padded forward, rows out of order and not contiguous: the same logits
+    and the same greedy continuations as prefilling each row alone (the padding's cache slots are never read)."""
+    from redline.inference.batch import DecodeBatch
+
+    model = tiny_model(n_kv_head=2)
+    dtype = torch.float64 if kv_cache_dtype == "auto" else torch.float32
+    rows, prompts, n = [3, 0, 2], [PROMPTS[2], PROMPTS[1], PROMPTS[3]], 10
+
+    def run(together: bool):
+        batch = DecodeBatch(InferenceEngine(model, dtype=dtype, kv_cache_dtype=kv_cache_dtype), rows=4, capacity=48)
+        if together:
+            logits = batch.prefill_many(rows, prompts)
+        else:
+            logits = torch.stack([batch.prefill(r, p) for r, p in zip(rows, prompts)])
+        for r, p, t in zip(rows, prompts, logits.argmax(-1).tolist()):
+            batch.start(r, t, len(p))
+        steps = torch.stack([batch.step().clone() for _ in range(n)])  # (n, rows)
+        return logits, steps[:, rows].t()
+
+    (one, one_tokens), (many, many_tokens) = run(False), run(True)
+    torch.testing.assert_close(many, one, rtol=1e-5, atol=1e-5)
+    assert torch.equal(many_tokens, one_tokens)
+    if kv_cache_dtype == "auto":
+        refs = [reference_greedy(model, p, n + 1) for p in prompts]
+        assert [[int(a)] + t for a, t in zip(many.argmax(-1), many_tokens.tolist())] == refs

@@ -521,7 +521,7 @@ def test_sigterm_refuses_new_connections_drains_then_cancels_within_the_timeout(
     cut = [r for r in results if not r["done"]]
     assert cut, "every queued request finished within the timeout: make them longer"
     assert all(r == {"done": False, "reason": None, "error": "shutting_down"} for r in cut), cut  # told why
-    assert all(r == {"done": True, "reason": "length", "error": None} for r in results if r not in cut)
+    assert all(r == {"done": True, "reason": "length", "error": None} for r in results if r not in cut), results
 
 
 def test_load_generator_bounded_load(live, capsys, monkeypatch):

@@ -40,11 +40,15 @@ class ServeConfig:
     max_batch × context tokens."""
     max_tokens: int = 0
     """The most tokens a request may ask for (0: up to the context)."""
-    prefill_tokens: int = 512
-    """Prompt tokens prefilled between two groups of decode steps while other requests decode: a long prompt
-    enters in spans of this many, so running streams pause for one span at a time."""
+    prefill_tokens: int = 2048
+    """Prompt tokens prefilled between two groups of decode steps while other requests decode (waiting prompts
+    that fit go through together, padded to the longest): a long prompt enters in spans of this many, so running
+    streams pause for one span at a time."""
     sync_every: int = 0
     """Decode steps launched between two reads of their tokens on the host (0: 8 on a GPU, 1 on a CPU)."""
+    switch_interval_ms: float = 0.5
+    """Python's thread switch interval in this process (sys.setswitchinterval), milliseconds: how long the event
+    loop's thread may hold the GIL while the scheduler's thread waits to launch the next decode step."""
     model_name: str | None = None
     """The model's name in the API (None: the checkpoint's folder name)."""
     chat_template: str | None = None
@@ -71,6 +75,8 @@ class ServeConfig:
         for name in ("context", "max_tokens", "sync_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic), got {getattr(self, name)}")
+        if not 0 < self.switch_interval_ms <= 100:
+            raise UserError(f"--switch-interval-ms must be in (0, 100], got {self.switch_interval_ms}")
         if self.shutdown_timeout < 0:
             raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if not 0 < self.port < 65536:
@@ -121,6 +127,9 @@ def warm_up(batch) -> None:
     ids = [0] * min(16, room - 1)
     with torch.no_grad():
         batch.prefill(1, ids[:1])
+        if batch.rows > 2:  # several rows' whole prompts together (the batch dimension specialises on 1, too)
+            batch.prefill_many([1, 2], [ids[:8], ids[:5]])
+            batch.prefill_many([2, 1, min(3, batch.rows - 1)], [ids[:3], ids[:9], ids[:4]])
         batch.prefill(0, ids[:8])
         batch.prefill(0, ids[8:9], start=8)
         logits = batch.prefill(0, ids[9:], start=9)
@@ -189,6 +198,10 @@ def main(argv: list[str]) -> int:
     require_serve_extra()
     import uvicorn
 
+    # the scheduler's thread launches a decode step every few hundred microseconds and shares the GIL with the
+    # event loop's thread (HTTP, JSON): Python's default 5 ms switch interval would let one event-loop burst hold
+    # the device idle for a whole interval
+    sys.setswitchinterval(cfg.switch_interval_ms / 1000)
     server, app = build(cfg)
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and not server.api_key:
         print(f"redline serve: warning: listening on {cfg.host} without --api-key: anyone who can reach this "

@@ -2,6 +2,7 @@
 
     batch = DecodeBatch(engine, rows=64, capacity=2048)
     logits = batch.prefill(row, prompt_ids)          # (vocab,): what follows the prompt; in spans if asked
+    logits = batch.prefill_many(rows, prompts)       # (n, vocab): several free rows' whole prompts in one forward
     batch.start(row, first_token)                    # the row decodes from here on
     tokens = batch.step()                            # (rows,) every active row's next token (greedy, in the graph)
     logits = batch.step(greedy=False)                # or the logits, to sample from; then batch.advance(tokens)
@@ -61,6 +62,33 @@ class DecodeBatch:
         # until start(), decode steps of the other rows run this row too: at slot 0 they would overwrite the
         # prompt's first key and value with those of a stale token
         self.state.slot[row] = self.capacity - 1
+        return logits
+
+    @torch.no_grad()
+    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Whole prompts into the caches of several free rows (any rows, any order) in one batched forward: the
+        prompts right-padded to the longest (the padding's keys and values land in slots past each prompt, which
+        its row's decode steps write before they read them). -> the logits after each prompt (len(rows), vocab)
+        fp32, on the device."""
+        if len(rows) != len(prompts) or not rows:
+            raise UserError(f"prefill_many needs one prompt per row, got {len(rows)} rows and {len(prompts)} prompts")
+        longest = max(len(p) for p in prompts)
+        for row, prompt in zip(rows, prompts):
+            if self.busy[row]:
+                raise UserError(f"row {row} is decoding; free it before prefilling it again")
+            if not prompt or longest >= self.capacity:
+                raise UserError(f"a prompt of {len(prompt)} tokens (padded to {longest}) does not fit a row of "
+                                f"capacity {self.capacity} (it must leave room for a generated token)")
+        engine = self.engine
+        ids = torch.zeros(len(rows), longest, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, :len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
+        from redline.inference.engine import _evaluating
+
+        with _evaluating(engine.model):
+            logits = engine._prefill(self.state, ids.to(engine.device, non_blocking=True),
+                                     [len(p) for p in prompts], rows_at=rows)
+        self.state.slot[torch.as_tensor(rows, device=self.state.slot.device)] = self.capacity - 1  # as prefill()
         return logits
 
     def start(self, row: int, first_token: int, length: int) -> None:

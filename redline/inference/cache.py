@@ -73,21 +73,22 @@ class KVCache:
         scales = [t for pair in self.scales or () for t in pair]
         return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
 
-    def write(self, layer: int, rows: slice, start: int, k, v) -> None:
-        """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows`; for an FP8 cache k and v are
-        quantize_kv's pairs."""
+    def write(self, layer: int, rows: slice | torch.Tensor, start: int, k, v) -> None:
+        """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows` (a slice, or the b row indices as a long
+        tensor: rows that are not contiguous); for an FP8 cache k and v are quantize_kv's pairs."""
+        # item assignment, not [...].copy_(): with a tensor of rows the indexing would copy, and the write be lost
         if not self.quantized:
             T = k.shape[2]
-            self.k[layer][rows, :, start:start + T].copy_(k)
-            self.v[layer][rows, :, start:start + T].copy_(v)
+            self.k[layer][rows, :, start:start + T] = k
+            self.v[layer][rows, :, start:start + T] = v
             return
         for buf, scales, (x8, scale) in ((self.k[layer], self.scales[layer][0], k),
                                          (self.v[layer], self.scales[layer][1], v)):
             T = x8.shape[2]
-            buf[rows, :, start:start + T].copy_(x8)
-            scales[rows, :, start:start + T].copy_(scale)
+            buf[rows, :, start:start + T] = x8
+            scales[rows, :, start:start + T] = scale
 
-    def read(self, layer: int, rows: slice, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, layer: int, rows: slice | torch.Tensor, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8)."""
         k, v = self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]
         if not self.quantized:

@@ -317,12 +317,13 @@ class InferenceEngine:
         return 0.0
 
     def _prefill(self, st: DecodeState, tokens: torch.Tensor, lengths: Sequence[int], row0: int = 0,
-                 start: int = 0) -> torch.Tensor:
-        """tokens (b, T), right-padded prompts of `lengths` tokens, into cache rows [row0, row0 + b) at slots
-        [start, start + T) -> the logits after each row's last prompt token (b, vocab). Rows go through in chunks of
-        about prefill_chunk_tokens tokens to bound activation memory, and a prompt longer than that in spans of as
-        many tokens, each attending to the spans before it in the cache."""
+                 start: int = 0, rows_at: Sequence[int] | None = None) -> torch.Tensor:
+        """tokens (b, T), right-padded prompts of `lengths` tokens, into cache rows [row0, row0 + b) (or the b rows
+        `rows_at`, in any order) at slots [start, start + T) -> the logits after each row's last prompt token
+        (b, vocab). Rows go through in chunks of about prefill_chunk_tokens tokens to bound activation memory, and
+        a prompt longer than that in spans of as many tokens, each attending to the spans before it in the cache."""
         b, T = tokens.shape
+        at = None if rows_at is None else torch.as_tensor(list(rows_at), dtype=torch.long, device=self.device)
         span = min(T, self.plan.prefill_chunk_tokens)
         rows = max(1, self.plan.prefill_chunk_tokens // span)
         last = torch.as_tensor([start + n - 1 for n in lengths], device=self.device)  # each row's last slot
@@ -331,7 +332,8 @@ class InferenceEngine:
             r1 = min(b, r0 + rows)
             final = None
             for s0 in range(0, T, span):
-                h = self._prefill_span(st, tokens[r0:r1, s0:s0 + span], slice(row0 + r0, row0 + r1), start + s0)
+                where = slice(row0 + r0, row0 + r1) if at is None else at[r0:r1]
+                h = self._prefill_span(st, tokens[r0:r1, s0:s0 + span], where, start + s0)
                 inside = (last[r0:r1] >= start + s0) & (last[r0:r1] < start + s0 + h.shape[1])
                 index = (last[r0:r1] - start - s0).clamp(0, h.shape[1] - 1)
                 picked = h[torch.arange(r1 - r0, device=self.device), index]  # (rows, C)
@@ -339,7 +341,8 @@ class InferenceEngine:
             out.append(last_logits(self.model, final))
         return torch.cat(out) if len(out) > 1 else out[0]
 
-    def _prefill_span(self, st: DecodeState, tokens: torch.Tensor, rows: slice, start: int) -> torch.Tensor:
+    def _prefill_span(self, st: DecodeState, tokens: torch.Tensor, rows: slice | torch.Tensor,
+                      start: int) -> torch.Tensor:
         """One span of prompt tokens (b, t) into `rows` at slots [start, start + t) -> hidden states (b, t, C)."""
         m, window = self.model, self.cfg.sliding_window
         b, t = tokens.shape

@@ -306,7 +306,26 @@ class Scheduler:
         budget = self.prefill_tokens if any(self.batch.busy) else None
         prefilling = sorted((s for s in self.rows if s is not None and not self.batch.busy[s.row]),
                             key=lambda s: s.submitted_s)  # first come, first served
+        # whole prompts that fit what is left of the turn's budget go through in one batched forward (padded to
+        # the longest of them); a prompt begun in spans, or longer than the budget, goes on in spans on its own
+        whole, padded = [], 0
         for seq in prefilling:
+            if seq.prefilled or (budget is not None and len(seq.prompt) > budget):
+                continue
+            longest = max(padded // max(len(whole), 1), len(seq.prompt))
+            if budget is not None and longest * (len(whole) + 1) > budget:
+                break
+            whole.append(seq)
+            padded = longest * len(whole)
+        if whole:
+            logits = self.batch.prefill_many([s.row for s in whole], [s.prompt for s in whole])
+            for seq in whole:
+                seq.prefilled = len(seq.prompt)
+            self._first_tokens(whole, logits)
+            budget = None if budget is None else budget - padded
+        for seq in prefilling:
+            if seq in whole:
+                continue
             if budget is not None and budget <= 0:
                 break
             while seq.prefilled < len(seq.prompt) and (budget is None or budget > 0):
@@ -316,18 +335,22 @@ class Scheduler:
                 seq.prefilled += n
                 budget = None if budget is None else budget - n
             if seq.prefilled == len(seq.prompt):
-                self._first_token(seq, logits)
+                self._first_tokens([seq], logits[None])
 
-    def _first_token(self, seq: Sequence, logits: torch.Tensor) -> None:
-        """Sample the token after the prompt on the device and start the row from it: it reaches the host with the
-        next group of steps, so admitting a request never makes the host wait for the device."""
-        first = sample_next(logits[None], seq.sampling, seq.generator)  # (1,)
-        self._firsts.append((seq, first))
-        seq.launched = 1
-        if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
-            self.rows[seq.row] = None
-        else:
-            self.batch.start(seq.row, first[0], len(seq.prompt))
+    def _first_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Sample the token after each prompt (logits (n, vocab)) on the device and start the rows from them: they
+        reach the host with the next group of steps, so admitting requests never makes the host wait for the
+        device. Greedy ones take one argmax together."""
+        greedy = logits.argmax(dim=-1)  # (n,)
+        for i, seq in enumerate(seqs):
+            first = greedy[i:i + 1] if seq.sampling.greedy else sample_next(logits[i:i + 1], seq.sampling,
+                                                                              seq.generator)  # (1,)
+            self._firsts.append((seq, first))
+            seq.launched = 1
+            if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
+                self.rows[seq.row] = None
+            else:
+                self.batch.start(seq.row, first[0], len(seq.prompt))
 
     def _launch(self) -> _Group | None:
         """Up to sync_every decode steps, stopping early when no row is left; their tokens (and the first tokens of
