@@ -234,9 +234,11 @@ class GRPOConfig:
     """k of the pass@k logged from each rollout (at most group_size)."""
     eval_examples: int = 100
     """Held-out prompts (the task's test split) scored greedily at each evaluation."""
-    rollout_weights: Literal["training", "bf16"] = "training"
+    rollout_weights: Literal["auto", "training", "bf16"] = "auto"
     """What the engine samples from: the training weights themselves (no copy; fp32 master weights decode in
-    fp32), or a bf16 copy on the same device refreshed in place before each rollout (faster decode on a GPU)."""
+    fp32), or a bf16 copy on the same device refreshed in place before each rollout (2 more bytes per parameter
+    for the GPU's bf16 decode kernels: several times faster rollouts). auto: bf16 on a CUDA GPU unless the model
+    carries LoRA adapters (which the engine runs as they are), else training."""
 
     def validate(self) -> None:
         for name in ("group_size", "prompts_per_step", "max_new_tokens", "pass_k"):

@@ -42,9 +42,10 @@ class RolloutSettings:
     scale_rewards: str = "group"
     loss_norm: str = "token"
     pass_k: int = 4
-    rollout_weights: str = "training"
+    rollout_weights: str = "auto"
     """training: the engine runs the training weights themselves (no copy); bf16: a bf16 copy on the same device,
-    refreshed in place before each rollout (one more 2 bytes per parameter, for the GPU's bf16 decode speed)."""
+    refreshed in place before each rollout (one more 2 bytes per parameter, for the GPU's bf16 decode speed);
+    auto: bf16 on a CUDA GPU for a model without LoRA adapters, else training."""
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,12 @@ class Rollouts:
     def engine(self, model: nn.Module):
         """The engine on the training model (built once: its compiled step and graphs read the weights in place)."""
         from redline.inference import InferenceEngine
+        from redline.inference.engine import has_adapters
 
         if self._engine is None:
-            bf16 = self.settings.rollout_weights == "bf16"
+            bf16 = self.settings.rollout_weights == "bf16" or (
+                self.settings.rollout_weights == "auto" and next(model.parameters()).device.type == "cuda"
+                and not has_adapters(model))
             self._engine = InferenceEngine(model, dtype=torch.bfloat16 if bf16 else next(model.parameters()).dtype)
             # one cache of the whole context for the rollouts' batch (evaluation uses the same batch size)
             self._engine.reserve(self.settings.prompts_per_step * self.settings.group_size, model.cfg.context_len)
