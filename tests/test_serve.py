@@ -302,14 +302,14 @@ def test_a_full_queue_answers_429(live):
 @pytest.fixture
 def slow_steps(live, monkeypatch):
     """Each decode step takes 20 ms, so that a request is still running when its client goes away."""
-    batch = live.server.scheduler.batch
-    step = batch.step
+    engine = live.server.scheduler.batch.engine
+    step = engine._step  # what every decode step runs, greedy groups and sampled steps alike
 
     def slow(*args, **kwargs):
         time.sleep(0.02)
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(batch, "step", slow)
+    monkeypatch.setattr(engine, "_step", slow)
 
 
 def test_a_disconnected_stream_frees_its_row(live, slow_steps):
@@ -549,14 +549,15 @@ def test_load_generator_bounded_load(live, capsys, monkeypatch):
 def test_a_failing_step_fails_the_requests_in_flight_and_the_scheduler_goes_on(model, tokenizer, monkeypatch):
     sched = scheduler_for(model, tokenizer, rows=2)
     try:
-        step = sched.batch.step
-        monkeypatch.setattr(sched.batch, "step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost")))
+        engine = sched.batch.engine
+        step = engine._step
+        monkeypatch.setattr(engine, "_step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost")))
         events = queue.Queue()
         sched.submit([Sequence([1, 2, 3], 10, SamplingParams(), (), events.put)])
         while (event := events.get(timeout=30))[0] == "text":
             pass
         assert event == ("error", "RuntimeError: device lost") and sched.busy_rows() == 0
-        monkeypatch.setattr(sched.batch, "step", step)
+        monkeypatch.setattr(engine, "_step", step)
         assert run_all(sched, [[1, 2, 3]], [6])[0].tokens == reference(model, [1, 2, 3], 6)
     finally:
         sched.close()

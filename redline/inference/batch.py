@@ -5,6 +5,7 @@
     logits = batch.prefill_many(rows, prompts)       # (n, vocab): several free rows' whole prompts in one forward
     batch.start(row, first_token)                    # the row decodes from here on
     tokens = batch.step()                            # (rows,) every active row's next token (greedy, in the graph)
+    tokens = batch.decode_greedy(8)                  # (8, rows): eight such steps, read back together
     logits = batch.step(greedy=False)                # or the logits, to sample from; then batch.advance(tokens)
     batch.free(row)                                  # the row stops at once; its cache is reused by the next one
 
@@ -132,6 +133,32 @@ class DecodeBatch:
             self._advanced()
             return nxt
         return logits
+
+    @torch.no_grad()
+    def decode_greedy(self, n: int, ends: dict[int, list[int]] | None = None) -> torch.Tensor:
+        """n greedy steps in a row (the argmax inside each captured step), with the host doing no more than
+        launching them; the rows in ends[i] are freed right after step i (0-based: they got their last token).
+        -> each row's n new tokens (n, rows) on the device, read from the history in one gather (a row freed
+        part-way: its tokens after that are junk)."""
+        if not any(self.busy):
+            raise UserError("no row is decoding: prefill and start one first")
+        engine, st, ends = self.engine, self.state, ends or {}
+        longest = max(self.lengths)
+        if self.capacity - 1 - longest < 1:
+            raise UserError("a row's cache is full: free it (it reached the batch's capacity)")
+        # the step producing a row's token at slot s writes it to history[s + 1]
+        where = (st.slot[:, None] + 1 + torch.arange(n, device=st.slot.device)).clamp_(max=st.history.shape[1] - 1)
+        from redline.inference.engine import _evaluating
+
+        with _evaluating(engine.model):
+            for i in range(n):
+                width = engine._width(st, min(longest + i, self.capacity - 1))
+                engine._prepare_step(st, width, True)
+                engine._step(st, width, True)
+                for row in ends.get(i, ()):
+                    self.free(row)
+        self.lengths = [n_ + n if busy else 0 for n_, busy in zip(self.lengths, self.busy)]
+        return st.history.gather(1, where).t()
 
     def advance(self, tokens: torch.Tensor) -> None:
         """After step(greedy=False): feed each row's sampled token (rows,) back and record it."""

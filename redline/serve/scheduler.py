@@ -355,33 +355,32 @@ class Scheduler:
     def _launch(self) -> _Group | None:
         """Up to sync_every decode steps, stopping early when no row is left; their tokens (and the first tokens of
         the sequences just admitted) start for the host. Rows are admitted only between groups, so within a group
-        a row's sequence decodes the group's first n steps (n < steps when it got its max_tokens)."""
+        a row's sequence decodes the group's first n steps (n < steps when it got its max_tokens): its row is
+        freed right after its last step, known here without reading anything back."""
         firsts, self._firsts = self._firsts, []
-        steps, decoded = [], []
         running = [s for s in self.rows if s is not None and self.batch.busy[s.row]]
-        sampled = [s for s in running if not s.sampling.greedy]
-        for i in range(self.sync_every):
-            if not running:
-                break
-            steps.append(self._step(sampled))
-            self.stats.steps += 1
-            self.stats.busy_row_steps += len(running)
-            ended = []
-            for seq in running:
-                seq.launched += 1
-                if seq.launched >= seq.max_tokens:  # its last token is on its way: the row is free from now on
-                    ended.append(seq)
-            if ended:
-                for seq in ended:
-                    decoded.append((seq, seq.row, i + 1))
-                    self.batch.free(seq.row)
-                    self.rows[seq.row] = None
-                running = [s for s in running if s.launched < s.max_tokens]
-                sampled = [s for s in running if not s.sampling.greedy]
-        decoded += [(seq, seq.row, len(steps)) for seq in running]
+        counts = [min(self.sync_every, seq.max_tokens - seq.launched) for seq in running]
+        steps = max(counts, default=0)
+        tokens = None
+        if steps:
+            ends: dict[int, list[int]] = {}
+            for seq, n in zip(running, counts):
+                if seq.launched + n >= seq.max_tokens:
+                    ends.setdefault(n - 1, []).append(seq.row)
+            if all(seq.sampling.greedy for seq in running):  # the host only launches the steps
+                tokens = self.batch.decode_greedy(steps, ends)
+            else:
+                tokens = torch.stack([self._step(running, ends.get(i, ())) for i in range(steps)])
+            self.stats.steps += steps
+            self.stats.busy_row_steps += sum(counts)
+        decoded = []
+        for seq, n in zip(running, counts):
+            seq.launched += n
+            decoded.append((seq, seq.row, n))
+            if seq.launched >= seq.max_tokens:  # its last token is on its way: the row is free from now on
+                self.rows[seq.row] = None
         if not steps and not firsts:
             return None
-        tokens = torch.stack(steps) if steps else None  # (steps, rows)
         first_tokens = torch.cat([f for _, f in firsts]) if firsts else None  # (n,)
         event = None
         if self.device.type == "cuda":  # one copy per group, while the device runs on; _deliver waits for the event
@@ -391,16 +390,18 @@ class Scheduler:
             event.record()
         return _Group(tokens, event, decoded, first_tokens, [seq for seq, _ in firsts])
 
-    def _step(self, sampled: list[Sequence]) -> torch.Tensor:
-        """One decode step -> each row's next token (rows,) on the device (a copy: the step's output buffer is
-        reused by the next step); `sampled`: the decoding sequences that do not take the argmax."""
-        if not sampled:
-            return self.batch.step().clone()
+    def _step(self, running: list[Sequence], ending: Seq[int]) -> torch.Tensor:
+        """One decode step when some row samples -> each row's next token (rows,) on the device (a copy: the step's
+        output buffer is reused by the next step); the rows in `ending` are freed after it. A row that has ended
+        earlier in the group still steps (freed rows run parked), its token dropped."""
         logits = self.batch.step(greedy=False)
         tokens = logits.argmax(dim=-1)
-        for seq in sampled:
-            tokens[seq.row] = sample_next(logits[seq.row:seq.row + 1], seq.sampling, seq.generator)[0]
+        for seq in running:
+            if not seq.sampling.greedy and self.batch.busy[seq.row]:
+                tokens[seq.row] = sample_next(logits[seq.row:seq.row + 1], seq.sampling, seq.generator)[0]
         self.batch.advance(tokens)
+        for row in ending:
+            self.batch.free(row)
         return tokens
 
     def _deliver(self, group: _Group) -> None:
