@@ -76,3 +76,25 @@ def test_bad_input_is_one_line_and_writes_nothing(dataset, tmp_path, capsys):  #
         last = capsys.readouterr().err.strip().splitlines()[-1]  # (after any library warnings)
         assert code == 2 and last.startswith(f"redline {args[0]}: error: ") and match in last, (args, last)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "pre", "same.jsonl"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_dpo_and_grpo_run_on_a_gpu_compiled(dataset, tmp_path):  # noqa: F811
+    """The GPU path of both commands as a user runs them (device and compilation left to their defaults): DPO's
+    compiled step, GRPO's rollouts through the engine (compiled, CUDA graphs, on the bf16 copy that
+    grpo.rollout_weights=auto takes on a GPU) between compiled training steps; rewards and margins logged."""
+    import torch
+
+    pre = _pretrain(dataset, tmp_path)  # a CPU checkpoint: the commands move it to the GPU
+    common = ["eval_every=2", "log_every=1", "tensorboard=False", f"out_dir={tmp_path}", "max_steps=2"]
+    assert _cli(["dpo", "--from", str(pre), "--data", "task:arithmetic", "dpo.max_pairs=16", "seq_len=128",
+                 "batch_size=4", "eval_batches=1", "run_name=dpo", *common]) == 0
+    assert _cli(["grpo", "--from", str(pre), "--task", "arithmetic", "grpo.prompts_per_step=2",
+                 "grpo.group_size=4", "grpo.max_new_tokens=8", "grpo.eval_examples=4", "batch_size=4",
+                 "run_name=grpo", *common]) == 0
+    for name, keys in (("dpo", {"reward_margin", "preference_accuracy"}), ("grpo", {"reward_mean", "pass_at_1"})):
+        steps = records(tmp_path / name, "train")
+        assert len(steps) == 2 and keys <= set(steps[-1]) and all(torch.isfinite(torch.tensor(s["loss"]))
+                                                                  for s in steps), (name, steps)
+        assert steps[-1]["peak_memory_gib"] is not None, steps[-1]  # measured on a CUDA device (None on a CPU)
