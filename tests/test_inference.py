@@ -990,3 +990,42 @@ def test_decode_batch_prefill_many_equals_prefills_one_at_a_time(kv_cache_dtype)
     if kv_cache_dtype == "auto":
         refs = [reference_greedy(model, p, n + 1) for p in prompts]
         assert [[int(a)] + t for a, t in zip(many.argmax(-1), many_tokens.tolist())] == refs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_group_graphs_decode_and_free_rows_as_single_steps_do():
+    """DecodeBatch(group_steps=4): each group of 4 greedy steps is one CUDA graph that also frees the rows ending
+    inside it. The same tokens as the per-step graphs, rows ending mid-group included, and a freed row's cache is
+    refilled by the next prompt as usual."""
+    from redline.inference.batch import DecodeBatch
+
+    model = tiny_model(n_kv_head=2, context_len=160).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # no near-ties between the compiled step and the full forward
+    budgets = [10, 7, 13, 5]  # tokens after the first: rows end at different steps of different groups
+
+    def run(group_steps: int) -> list[list[int]]:
+        engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True)
+        batch = DecodeBatch(engine, rows=4, capacity=96, group_steps=group_steps)
+        logits = batch.prefill_many([0, 1, 2, 3], PROMPTS)
+        firsts = logits.argmax(-1).tolist()
+        for row, (p, t) in enumerate(zip(PROMPTS, firsts)):
+            batch.start(row, t, len(p))
+        out, left = [[t] for t in firsts], list(budgets)
+        while any(left):
+            ends = {}
+            for row, n in enumerate(left):
+                if 0 < n <= 4:
+                    ends.setdefault(n - 1, []).append(row)
+            tokens = batch.decode_greedy(4, ends).t().tolist()  # (rows, 4)
+            for row in range(4):
+                take = min(4, left[row])
+                out[row] += tokens[row][:take]
+                left[row] -= take
+        assert not any(batch.busy)
+        return out
+
+    grouped, single = run(4), run(0)
+    assert grouped == single
+    assert grouped == [reference_greedy(model, p, n + 1) for p, n in zip(PROMPTS, budgets)]

@@ -46,6 +46,9 @@ class ServeConfig:
     streams pause for one span at a time."""
     sync_every: int = 0
     """Decode steps launched between two reads of their tokens on the host (0: 8 on a GPU, 1 on a CPU)."""
+    group_graphs: bool = False
+    """Capture each group of --sync-every greedy decode steps as one CUDA graph (one launch per group instead of
+    one per step; rows that finish inside a group are freed by the graph). Experimental: opt in."""
     switch_interval_ms: float = 0.5
     """Python's thread switch interval in this process (sys.setswitchinterval), milliseconds: how long the event
     loop's thread may hold the GIL while the scheduler's thread waits to launch the next decode step."""
@@ -139,6 +142,11 @@ def warm_up(batch) -> None:
                 batch.step()
             else:
                 batch.advance(batch.step(greedy=False).argmax(-1))
+        batch.free(0)
+        if batch.group_steps:  # and each width's group graph (a row walked through the widths a group at a time)
+            batch.start(0, 0, 1)
+            for _ in range((room - 1) // batch.group_steps):
+                batch.decode_greedy(batch.group_steps)
     batch.free(0)
 
 
@@ -176,12 +184,15 @@ def build(cfg: ServeConfig):
     engine, tokenizer = generator.engine, generator.tokenizer
     renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
     context = cfg.context or engine.cfg.context_len
-    batch = DecodeBatch(engine, rows=cfg.max_batch, capacity=context)
+    scheduler_kwargs = dict(max_queue=cfg.max_queue, prefill_tokens=cfg.prefill_tokens,
+                            sync_every=cfg.sync_every or None)
+    sync_every = cfg.sync_every or (8 if engine.device.type == "cuda" else 1)  # the scheduler's default
+    batch = DecodeBatch(engine, rows=cfg.max_batch, capacity=context,
+                        group_steps=sync_every if cfg.group_graphs else 0)
     if cfg.warmup and (engine.plan.compile or engine.plan.cuda_graphs):
         print("redline serve: compiling and capturing the decode step...", file=sys.stderr, flush=True)
         warm_up(batch)
-    scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
-                          prefill_tokens=cfg.prefill_tokens, sync_every=cfg.sync_every or None)
+    scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), **scheduler_kwargs)
     name = cfg.model_name or resolve_checkpoint(cfg.checkpoint).resolve().name
     server = Server(scheduler, tokenizer, name, renderer=renderer, no_chat=no_chat,
                     api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
@@ -193,7 +204,7 @@ def main(argv: list[str]) -> int:
     from redline.config import parse
     from redline.inference.runtime import expand_bool_flags
 
-    argv, bare = expand_bool_flags(argv, ("warmup",))  # --warmup False, --no-warmup
+    argv, bare = expand_bool_flags(argv, ("warmup", "group-graphs"))  # --warmup False, --no-warmup, bare --group-graphs
     cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags=bare)
     require_serve_extra()
     import uvicorn

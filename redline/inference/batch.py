@@ -24,7 +24,7 @@ from redline.errors import UserError
 
 
 class DecodeBatch:
-    def __init__(self, engine, rows: int, capacity: int):
+    def __init__(self, engine, rows: int, capacity: int, group_steps: int = 0):
         if rows < 1 or capacity < 2:
             raise UserError(f"a decode batch needs at least one row and a capacity of 2, got {rows} and {capacity}")
         if capacity > engine.cfg.context_len:
@@ -36,6 +36,10 @@ class DecodeBatch:
         self.busy = [False] * rows
         self.state.slot.zero_()
         self.state.active.zero_()
+        # decode_greedy's group_steps steps as one CUDA graph (with CUDA graphs only): one launch per group, so the
+        # host, which may be waiting for the GIL, is out of the device's way for the whole group
+        self.group_steps = group_steps if group_steps > 1 and self.state.graphs is not None else 0
+        self._end_at = torch.zeros(rows, dtype=torch.long, device=engine.device)  # step after which a row is freed
 
     @property
     def rows(self) -> int:
@@ -151,14 +155,45 @@ class DecodeBatch:
         from redline.inference.engine import _evaluating
 
         with _evaluating(engine.model):
-            for i in range(n):
-                width = engine._width(st, min(longest + i, self.capacity - 1))
-                engine._prepare_step(st, width, True)
-                engine._step(st, width, True)
-                for row in ends.get(i, ()):
-                    self.free(row)
+            if n == self.group_steps:
+                self._group_replay(n, engine._width(st, min(longest + n - 1, self.capacity - 1)), ends)
+            else:
+                for i in range(n):
+                    width = engine._width(st, min(longest + i, self.capacity - 1))
+                    engine._prepare_step(st, width, True)
+                    engine._step(st, width, True)
+                    for row in ends.get(i, ()):
+                        self.free(row)
         self.lengths = [n_ + n if busy else 0 for n_, busy in zip(self.lengths, self.busy)]
         return st.history.gather(1, where).t()
+
+    def _group_replay(self, n: int, width: int, ends: dict[int, list[int]]) -> None:
+        """decode_greedy's n steps as one graph: every step attends over `width` (the last step's: the earlier
+        steps mask the slots past each row's own), and after step i the rows whose _end_at is i are freed on the
+        device (active and slot to 0, as free() does), so the graph needs nothing from the host mid-group."""
+        engine, st = self.engine, self.state
+        key = ("group", width, n)
+        if key not in st.graphs:
+            engine._prepare_step(st, width, True)  # the single step compiled and warm for this width
+
+            def steps():
+                for i in range(n):
+                    engine._decode_step(st, width, True)
+                    keep = self._end_at != i  # (rows,)
+                    st.active.mul_(keep)
+                    st.slot.mul_(keep)
+
+            st.graphs.capture(key, steps, lambda: engine._warm_step(st, width, True))
+        # scalar writes (kernels taking the value as an argument), not a copy from host memory, which would wait
+        # for the device to finish what is queued
+        self._end_at.fill_(n)
+        for i, rows in ends.items():
+            for row in rows:
+                self._end_at[row] = i
+        st.graphs.replay(key)
+        for rows in ends.values():
+            for row in rows:
+                self.free(row)  # the host's record (the device did it in the graph)
 
     def advance(self, tokens: torch.Tensor) -> None:
         """After step(greedy=False): feed each row's sampled token (rows,) back and record it."""

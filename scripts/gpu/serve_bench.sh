@@ -4,6 +4,7 @@
 #     scripts/gpu/serve_bench.sh                          # files under $OUT (default: a new temporary folder)
 #     PRESET=gpt2-124m CONCURRENCY="1 8 64" scripts/gpu/serve_bench.sh
 #     SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the server's --sync-every (a server each)
+#     SERVE_ARGS="--group-graphs" SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # one graph a group
 #
 # Steps (about 4 minutes, most of it torch.compile):
 #   1. `redline bench-infer --preset $PRESET` (random weights), compiled, batch 1 and 64, $PROMPT-token prompts,
