@@ -7,7 +7,8 @@ How it works
 - The thread loops: admit waiting requests into free rows of the static batch, prefill them in spans of at most
   `prefill_tokens` tokens per turn while other rows are decoding (so a long prompt stalls running streams for one
   span at a time, not for its whole length), then launch `sync_every` decode steps and read the tokens of the
-  previous group of steps while the device runs these (the device never waits for the host).
+  previous group of steps while the device runs these (the device never waits for the host). The first tokens of
+  the requests just prefilled are copied before the steps are queued and handed over while they run.
 - A row is freed the moment its request is done: at launch time when it has been given its max_tokens (known
   without reading anything back), or when its tokens reach the host and hold a stop token or a stop string, or
   when its client went away (`cancel()`). Tokens a freed row computed in steps already launched are dropped.
@@ -124,6 +125,9 @@ class _Group:
     decoded: list[tuple[Sequence, int, int]]
     firsts: torch.Tensor | None
     first_owners: list[Sequence]
+    first_event: object = None
+    """Recorded after the first tokens' copy, before the group's steps: they can reach their clients while the
+    steps run (a group earlier than the steps' tokens)."""
 
 
 class Scheduler:
@@ -235,6 +239,8 @@ class Scheduler:
                     group = self._launch()
                     if pending is not None:
                         self._deliver(pending)
+                    if group is not None:
+                        self._deliver_firsts(group)
                     pending = group
                     if group is not None and not self.lag_reads:
                         self._deliver(group)
@@ -358,6 +364,12 @@ class Scheduler:
         a row's sequence decodes the group's first n steps (n < steps when it got its max_tokens): its row is
         freed right after its last step, known here without reading anything back."""
         firsts, self._firsts = self._firsts, []
+        first_tokens = torch.cat([f for _, f in firsts]) if firsts else None  # (n,)
+        first_event = None
+        if first_tokens is not None and self.device.type == "cuda":  # on their way before the steps are queued
+            first_tokens = first_tokens.to("cpu", non_blocking=True)
+            first_event = torch.cuda.Event()
+            first_event.record()
         running = [s for s in self.rows if s is not None and self.batch.busy[s.row]]
         counts = [min(self.sync_every, seq.max_tokens - seq.launched) for seq in running]
         steps = max(counts, default=0)
@@ -381,14 +393,12 @@ class Scheduler:
                 self.rows[seq.row] = None
         if not steps and not firsts:
             return None
-        first_tokens = torch.cat([f for _, f in firsts]) if firsts else None  # (n,)
         event = None
         if self.device.type == "cuda":  # one copy per group, while the device runs on; _deliver waits for the event
-            tokens, first_tokens = (t.to("cpu", non_blocking=True) if t is not None else None
-                                    for t in (tokens, first_tokens))
+            tokens = tokens.to("cpu", non_blocking=True) if tokens is not None else None
             event = torch.cuda.Event()
             event.record()
-        return _Group(tokens, event, decoded, first_tokens, [seq for seq, _ in firsts])
+        return _Group(tokens, event, decoded, first_tokens, [seq for seq, _ in firsts], first_event)
 
     def _step(self, running: list[Sequence], ending: Seq[int]) -> torch.Tensor:
         """One decode step when some row samples -> each row's next token (rows,) on the device (a copy: the step's
@@ -404,17 +414,27 @@ class Scheduler:
             self.batch.free(row)
         return tokens
 
-    def _deliver(self, group: _Group) -> None:
-        """The tokens of a group reached (or are reaching) the host: hand each sequence its tokens, in one piece."""
-        if group.event is not None:
-            group.event.synchronize()
+    def _deliver_firsts(self, group: _Group) -> None:
+        """The first tokens of the sequences admitted before the group (copied before its steps were queued): wait
+        for them alone and hand them over while the steps run."""
+        if group.firsts is None:
+            return
+        if group.first_event is not None:
+            group.first_event.synchronize()
         now = time.perf_counter()
-        for seq, first in zip(group.first_owners, group.firsts.tolist() if group.firsts is not None else []):
+        for seq, first in zip(group.first_owners, group.firsts.tolist()):
             seq.first_token_s = now
             self.stats.add_ttft(now - seq.submitted_s)
             self.stats.prompt_tokens += len(seq.prompt)
             if not seq.done:
                 self._take(seq, [first])
+        group.firsts, group.first_owners = None, []
+
+    def _deliver(self, group: _Group) -> None:
+        """The tokens of a group reached (or are reaching) the host: hand each sequence its tokens, in one piece."""
+        self._deliver_firsts(group)
+        if group.event is not None:
+            group.event.synchronize()
         if group.tokens is None:
             return
         by_row = group.tokens.t().tolist()  # (rows, steps)
