@@ -148,8 +148,10 @@ class DecodeBatch:
             raise UserError("no row is decoding: prefill and start one first")
         engine, st, ends = self.engine, self.state, ends or {}
         longest = max(self.lengths)
-        if self.capacity - 1 - longest < 1:
-            raise UserError("a row's cache is full: free it (it reached the batch's capacity)")
+        last = {row: i + 1 for i, rows in ends.items() for row in rows}  # steps a row ending in the group takes
+        if any(n_ + last.get(r, n) > self.capacity - 1 for r, n_ in enumerate(self.lengths) if self.busy[r]):
+            raise UserError(f"{n} steps would run a row past the batch's capacity of {self.capacity}: free it "
+                            f"before (pass it in `ends`) or decode fewer steps")
         # the step producing a row's token at slot s writes it to history[s + 1]
         where = (st.slot[:, None] + 1 + torch.arange(n, device=st.slot.device)).clamp_(max=st.history.shape[1] - 1)
         from redline.inference.engine import _evaluating
