@@ -7,11 +7,13 @@ concurrent clients, arriving as a Poisson process (or all at once), each streami
 Prompts are random token ids in [0, 256) sent as /v1/completions' `prompt` (exact lengths whatever the tokenizer),
 or with --prompt-text random printable ASCII text of that many characters, for servers that take only text
 (`transformers serve`): one token a character for a byte-level tokenizer without merges, such as the one `redline
-export` writes for the bytes tokenizer; the summary gives the prompt tokens the servers counted. Decoding is greedy. Reports aggregate output tokens/s, time to first token (TTFT) and inter-token latency (ITL:
-a request's time from its first token to its last over its tokens after the first) percentiles, and the gaps
-between stream chunks; then one JSON line. Tokens are timed by the usage in every chunk where the server sends it
+export` writes for the bytes tokenizer; the summary gives the prompt tokens the servers counted. Decoding is greedy.
+Reports aggregate output tokens/s, time to first token (TTFT) and inter-token latency (ITL: a request's time from
+its first token to its last over its tokens after the first) percentiles, and the gaps between stream chunks; then
+one JSON line. Tokens are timed by the usage in every chunk where the server sends it
 (`stream_options.continuous_usage_stats`, as redline and vLLM do), else by chunks that carry text. Standard library
-only (asyncio sockets), so it runs anywhere.
+only (asyncio sockets), so it runs anywhere. A stream must end with `data: [DONE]` (--done-optional: its
+finish_reason is enough).
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ def summarize(args, results: list[Result], wall: float) -> dict:
             "errors": errors[:5]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="the model name the server lists at /v1/models")
@@ -208,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if min(args.concurrency, args.requests, args.prompt_tokens, args.max_tokens) < 1 or args.rate < 0:
         p.error("--concurrency, --requests, --prompt-tokens and --max-tokens must be >= 1, --rate >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     summary = asyncio.run(run(args))
     print(f"{'concurrency':>11} {'done':>5} {'failed':>6} {'tok/s':>10} {'TTFT p50':>9} {'p90':>8} {'p99':>8} "
           f"{'ITL p50':>8} {'p90':>7} {'p99':>7}  (ms)")

@@ -43,10 +43,15 @@ WARMUP="${WARMUP:-1}"               # 0: no warm-up load
 DEVICE="${DEVICE:-cuda}"
 REDLINE_PORT="${REDLINE_PORT:-8471}"
 TRANSFORMERS_PORT="${TRANSFORMERS_PORT:-8472}"
-TRANSFORMERS_ARGS="${TRANSFORMERS_ARGS---continuous-batching}"
+# on a CPU a small paged cache: by default continuous batching takes most of the free memory for it
+DEFAULT_TRANSFORMERS_ARGS=--continuous-batching
+[ "$DEVICE" = cpu ] && DEFAULT_TRANSFORMERS_ARGS="--continuous-batching --cb-num-blocks 16"
+TRANSFORMERS_ARGS="${TRANSFORMERS_ARGS-$DEFAULT_TRANSFORMERS_ARGS}"
 LOAD_TIMEOUT="${LOAD_TIMEOUT:-150}" # seconds for one load before it counts as not finished
+BUDGET="${BUDGET:-540}"             # seconds for the whole script: loads are cut short to print the summary in time
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1  # no network there: never ask the Hub
 LOG="$OUT/serve_vs_transformers.log"
 HELPER=scripts/gpu/serve_vs_transformers.py
 : > "$LOG"
@@ -64,11 +69,18 @@ import transformers.cli.serve, transformers.cli.serving.completion  # what `tran
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, "
       f"openai {openai.__version__}, fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}")
 EOF
-    echo "serve_vs_transformers.sh: this Python cannot run the comparison: $(tail -n 1 "$OUT/import_error.txt"); put the wheels in .whl/ (see this script's header) or set PYTHON=" | tee -a "$LOG" >&2
+    echo "serve_vs_transformers.sh: this Python cannot run the comparison: $(tail -n 1 "$OUT/import_error.txt");" \
+        "put the wheels in .whl/ (see this script's header) or set PYTHON=" | tee -a "$LOG" >&2
     exit 2
 fi
 START=$(date +%s)
 WORK=$(mktemp -d)
+# limit [CAP]: seconds the next step may take: CAP (default LOAD_TIMEOUT), or what is left of BUDGET less 30 s
+# for stopping the server and the summary
+limit() {
+    local cap=${1:-$LOAD_TIMEOUT} left=$(( BUDGET - 30 - ($(date +%s) - START) ))
+    echo $(( left < cap ? (left > 1 ? left : 1) : cap ))
+}
 SERVER=
 stop_server() {  # SIGTERM, then SIGKILL after 20 s
     [ -n "$SERVER" ] || return 0
@@ -85,7 +97,10 @@ CKPT=$("$PY" "$HELPER" model "$PRESET" "$WORK/run" 2>>"$LOG" | tail -n 1)
 HF="$WORK/hf"
 "$PY" -m redline export "$CKPT" --out "$HF" --dtype bf16 2>&1 | tee -a "$LOG"
 "$PY" -m redline import "$HF" --out "$WORK/imported" 2>&1 | tee -a "$LOG"
-if [ ! -f "$HF/config.json" ] || [ ! -d "$WORK/imported" ]; then echo "serve_vs_transformers.sh: the model was not made (see $LOG)" | tee -a "$LOG" >&2; exit 1; fi
+if [ ! -f "$HF/config.json" ] || [ ! -d "$WORK/imported" ]; then
+    echo "serve_vs_transformers.sh: the model was not made (see $LOG)" | tee -a "$LOG" >&2
+    exit 1
+fi
 
 # load NAME URL MODEL [serve_load options]: the warm-up (one wave a concurrency) and the measured loads
 load() {
@@ -94,7 +109,7 @@ load() {
     if [ "$WARMUP" != 0 ]; then
         for c in $CONCURRENCY; do
             echo "--- $name warm-up: $c clients, $c requests ---" | tee -a "$LOG"
-            timeout "$LOAD_TIMEOUT" "$PY" scripts/serve_load.py --url "$url" --model "$model" --concurrency "$c" \
+            timeout "$(limit)" "$PY" scripts/serve_load.py --url "$url" --model "$model" --concurrency "$c" \
                 --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --prompt-text "$@" \
                 --json-out "$OUT/warmup_$name.jsonl" 2>&1 | tee -a "$LOG"
         done
@@ -102,11 +117,11 @@ load() {
     for c in $CONCURRENCY; do
         n=$(( c * WAVES > 4 ? c * WAVES : 4 ))
         echo "=== $name: $c concurrent clients, $n requests ===" | tee -a "$LOG"
-        timeout "$LOAD_TIMEOUT" "$PY" scripts/serve_load.py --url "$url" --model "$model" --concurrency "$c" \
+        timeout "$(limit)" "$PY" scripts/serve_load.py --url "$url" --model "$model" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --prompt-text "$@" \
             --json-out "$OUT/$name.jsonl" 2>&1 | tee -a "$LOG"
     done
-    "$PY" "$HELPER" probe "$name" "$url" "$model" "$OUT" "$PROMPT" "$NEW" 2>&1 | tee -a "$LOG"
+    timeout "$(limit 60)" "$PY" "$HELPER" probe "$name" "$url" "$model" "$OUT" "$PROMPT" "$NEW" 2>&1 | tee -a "$LOG"
 }
 
 CONTEXT=$(( (PROMPT + NEW + 63) / 64 * 64 ))
@@ -114,7 +129,7 @@ echo "=== redline serve (imported checkpoint) --max-batch $MAX_C --context $CONT
 "$PY" -m redline serve "$WORK/imported" --port "$REDLINE_PORT" --max-batch "$MAX_C" --context "$CONTEXT" \
     --model-name "$PRESET" --device "$DEVICE" --dtype "$REDLINE_DTYPE" > "$OUT/redline_serve.log" 2>&1 &
 SERVER=$!
-if "$PY" "$HELPER" wait "http://127.0.0.1:$REDLINE_PORT" "$SERVER" 300 2>&1 | tee -a "$LOG"; then
+if "$PY" "$HELPER" wait "http://127.0.0.1:$REDLINE_PORT" "$SERVER" "$(limit 240)" 2>&1 | tee -a "$LOG"; then
     load redline "http://127.0.0.1:$REDLINE_PORT" "$PRESET"
 else
     tail -n 20 "$OUT/redline_serve.log" | tee -a "$LOG"
@@ -125,7 +140,7 @@ echo "=== transformers serve (exported folder) $TRANSFORMERS_ARGS --dtype $HF_DT
 "$PY" -m transformers.cli.transformers serve "$HF" $TRANSFORMERS_ARGS --device "$DEVICE" --dtype "$HF_DTYPE" \
     --host 127.0.0.1 --port "$TRANSFORMERS_PORT" > "$OUT/transformers_serve.log" 2>&1 &
 SERVER=$!
-if "$PY" "$HELPER" wait "http://127.0.0.1:$TRANSFORMERS_PORT" "$SERVER" 300 2>&1 | tee -a "$LOG"; then
+if "$PY" "$HELPER" wait "http://127.0.0.1:$TRANSFORMERS_PORT" "$SERVER" "$(limit 240)" 2>&1 | tee -a "$LOG"; then
     load transformers "http://127.0.0.1:$TRANSFORMERS_PORT" "$HF" --done-optional
 else
     tail -n 20 "$OUT/transformers_serve.log" | tee -a "$LOG"
