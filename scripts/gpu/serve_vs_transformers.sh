@@ -7,7 +7,8 @@
 #     TRANSFORMERS_ARGS="" scripts/gpu/serve_vs_transformers.sh  # transformers serve without continuous batching
 #     DEVICE=cpu PRESET=tiny CONCURRENCY=2 PROMPT=16 NEW=8 scripts/gpu/serve_vs_transformers.sh   # a CPU try-out
 #
-# Steps (about 4 minutes on an H100):
+# Steps (about 3 to 4 minutes on an H100, most of it redline's compilation and transformers' decoding; $BUDGET, 540 s
+# by default, caps the whole run: a load that would overrun it is cut short and the summary still prints):
 #   1. A checkpoint of $PRESET with random weights and the bytes tokenizer whose output head picks only printable
 #      ASCII (scripts/gpu/serve_vs_transformers.py says why), `redline export --dtype bf16` to a Hugging Face folder,
 #      and `redline import` of that folder back: both servers load the same bf16 weights and tokenizer.json.
@@ -31,6 +32,7 @@
 # probe_*.json (one greedy completion from each server), redline_serve.log, transformers_serve.log,
 # serve_vs_transformers.log. The last line printed is one JSON object with every figure and the target check.
 set -uo pipefail
+START=$(date +%s)
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
 OUT="${OUT:-$(mktemp -d)}"
@@ -43,9 +45,9 @@ WARMUP="${WARMUP:-1}"               # 0: no warm-up load
 DEVICE="${DEVICE:-cuda}"
 REDLINE_PORT="${REDLINE_PORT:-8471}"
 TRANSFORMERS_PORT="${TRANSFORMERS_PORT:-8472}"
-# on a CPU a small paged cache: by default continuous batching takes most of the free memory for it
+# on a CPU a small paged cache and batch: by default continuous batching sizes them to most of the free memory
 DEFAULT_TRANSFORMERS_ARGS=--continuous-batching
-[ "$DEVICE" = cpu ] && DEFAULT_TRANSFORMERS_ARGS="--continuous-batching --cb-num-blocks 16"
+[ "$DEVICE" = cpu ] && DEFAULT_TRANSFORMERS_ARGS="--continuous-batching --cb-num-blocks 16 --cb-max-batch-tokens 256"
 TRANSFORMERS_ARGS="${TRANSFORMERS_ARGS-$DEFAULT_TRANSFORMERS_ARGS}"
 LOAD_TIMEOUT="${LOAD_TIMEOUT:-150}" # seconds for one load before it counts as not finished
 BUDGET="${BUDGET:-540}"             # seconds for the whole script: loads are cut short to print the summary in time
@@ -73,7 +75,6 @@ EOF
         "put the wheels in .whl/ (see this script's header) or set PYTHON=" | tee -a "$LOG" >&2
     exit 2
 fi
-START=$(date +%s)
 WORK=$(mktemp -d)
 # limit [CAP]: seconds the next step may take: CAP (default LOAD_TIMEOUT), or what is left of BUDGET less 30 s
 # for stopping the server and the summary
