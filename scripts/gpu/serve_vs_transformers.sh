@@ -4,8 +4,12 @@
 #
 #     scripts/gpu/serve_vs_transformers.sh                      # files under $OUT (default: a new temporary folder)
 #     PRESET=modern-350m CONCURRENCY="1 64" scripts/gpu/serve_vs_transformers.sh
-#     TRANSFORMERS_ARGS="" scripts/gpu/serve_vs_transformers.sh  # transformers serve without continuous batching
-#     DEVICE=cpu PRESET=tiny CONCURRENCY=2 PROMPT=16 NEW=8 scripts/gpu/serve_vs_transformers.sh   # a CPU try-out
+#     TRANSFORMERS_ARGS="--continuous-batching --cb-use-cuda-graph" scripts/gpu/serve_vs_transformers.sh
+#     DEVICE=cpu PRESET=tiny CONCURRENCY="1 2" PROMPT=16 NEW=8 scripts/gpu/serve_vs_transformers.sh  # checks the steps
+#
+# TRANSFORMERS_ARGS (default --continuous-batching) replaces the options of `transformers serve`; without continuous
+# batching it generates one request at a time, and 64 clients take minutes. On a CPU the figures mean nothing (the
+# try-out only shows that every step works).
 #
 # Steps (about 3 to 4 minutes on an H100, most of it redline's compilation and transformers' decoding; $BUDGET, 540 s
 # by default, caps the whole run: a load that would overrun it is cut short and the summary still prints):
