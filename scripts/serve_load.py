@@ -4,12 +4,16 @@ concurrent clients, arriving as a Poisson process (or all at once), each streami
     python scripts/serve_load.py --url http://127.0.0.1:8000 --model NAME --concurrency 64 --requests 256 \\
         --prompt-tokens 128 --max-tokens 256 [--rate 20] [--json-out load.jsonl]
 
-Prompts are random token ids in [0, 256) sent as /v1/completions' `prompt` (exact lengths whatever the tokenizer);
-decoding is greedy. Reports aggregate output tokens/s, time to first token (TTFT) and inter-token latency (ITL:
-a request's time from its first token to its last over its tokens after the first) percentiles, and the gaps
-between stream chunks; then one JSON line. Tokens are timed by the usage in every chunk where the server sends it
+Prompts are random token ids in [0, 256) sent as /v1/completions' `prompt` (exact lengths whatever the tokenizer),
+or with --prompt-text random printable ASCII text of that many characters, for servers that take only text
+(`transformers serve`): one token a character for a byte-level tokenizer without merges, such as the one `redline
+export` writes for the bytes tokenizer; the summary gives the prompt tokens the servers counted. Decoding is greedy.
+Reports aggregate output tokens/s, time to first token (TTFT) and inter-token latency (ITL: a request's time from
+its first token to its last over its tokens after the first) percentiles, and the gaps between stream chunks; then
+one JSON line. Tokens are timed by the usage in every chunk where the server sends it
 (`stream_options.continuous_usage_stats`, as redline and vLLM do), else by chunks that carry text. Standard library
-only (asyncio sockets), so it runs anywhere.
+only (asyncio sockets), so it runs anywhere. A stream must end with `data: [DONE]` (--done-optional: its
+finish_reason is enough).
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ async def _read_chunked(reader: asyncio.StreamReader):
         yield data
 
 
-async def stream_completion(host: str, port: int, path: str, body: dict, headers: dict) -> Result:
-    """POST a streaming completion and time its server-sent events."""
+async def stream_completion(host: str, port: int, path: str, body: dict, headers: dict,
+                            require_done: bool = True) -> Result:
+    """POST a streaming completion and time its server-sent events. require_done=False takes a stream that ends
+    after a choice's finish_reason as complete without `data: [DONE]`."""
     res = Result(ok=False, start=time.perf_counter())
     writer = None
     try:
@@ -82,6 +88,9 @@ async def stream_completion(host: str, port: int, path: str, body: dict, headers
                     res.ok = res.finish_reason is not None
                     res.end = time.perf_counter()
                     return res
+        if not require_done and res.finish_reason is not None:
+            res.ok, res.end = True, time.perf_counter()
+            return res
         res.error = "the stream ended without [DONE]"
         return res
     except (OSError, asyncio.IncompleteReadError, ValueError) as e:
@@ -142,11 +151,14 @@ async def run(args) -> dict:
     limit = asyncio.Semaphore(args.concurrency)
 
     async def one(i: int) -> Result:
-        prompt = [rng.randrange(256) for _ in range(args.prompt_tokens)]
+        if args.prompt_text:
+            prompt = "".join(chr(rng.randrange(32, 127)) for _ in range(args.prompt_tokens))
+        else:
+            prompt = [rng.randrange(256) for _ in range(args.prompt_tokens)]
         body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with limit:
-            return await stream_completion(host, port, "/v1/completions", body, headers)
+            return await stream_completion(host, port, "/v1/completions", body, headers, not args.done_optional)
 
     t0 = time.perf_counter()
     tasks = []
@@ -166,8 +178,10 @@ def summarize(args, results: list[Result], wall: float) -> dict:
     itl = [(r.end - r.first) / (r.completion_tokens - 1) for r in ok if r.first and r.completion_tokens > 1]
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
     errors = sorted({r.error for r in results if not r.ok and r.error})
+    counted = [r.prompt_tokens for r in ok if r.prompt_tokens]  # from the usage the server sent, where it did
     return {"concurrency": args.concurrency, "requests": args.requests, "completed": len(ok),
             "failed": len(results) - len(ok), "rate": args.rate or None, "prompt_tokens": args.prompt_tokens,
+            "server_prompt_tokens": round(statistics.fmean(counted), 2) if counted else None,
             "max_tokens": args.max_tokens, "wall_s": round(wall, 3), "output_tokens": tokens,
             "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
             "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
@@ -176,7 +190,7 @@ def summarize(args, results: list[Result], wall: float) -> dict:
             "errors": errors[:5]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="the model name the server lists at /v1/models")
@@ -184,13 +198,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=64, help="requests in all")
     p.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second (0: all at once)")
     p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--prompt-text", action="store_true",
+                   help="send prompts as random printable ASCII text of --prompt-tokens characters, not token ids")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--done-optional", action="store_true",
+                   help="count a stream that ends after its finish_reason without `data: [DONE]` as complete "
+                        "(transformers serve's /v1/completions sends none)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="append the summary as one JSON line to this file")
     args = p.parse_args(argv)
     if min(args.concurrency, args.requests, args.prompt_tokens, args.max_tokens) < 1 or args.rate < 0:
         p.error("--concurrency, --requests, --prompt-tokens and --max-tokens must be >= 1, --rate >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     summary = asyncio.run(run(args))
     print(f"{'concurrency':>11} {'done':>5} {'failed':>6} {'tok/s':>10} {'TTFT p50':>9} {'p90':>8} {'p99':>8} "
           f"{'ITL p50':>8} {'p90':>7} {'p99':>7}  (ms)")
