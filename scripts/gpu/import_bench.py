@@ -45,10 +45,11 @@ def redline(*args: str) -> str:
     return result.stdout
 
 
-def bench_infer(checkpoint: Path, batches: list[int], prompt: int, new: int) -> dict[int, float]:
-    """{batch: decode tokens/s} of the compiled engine (bench-infer's JSON line)."""
+def bench_infer(checkpoint: Path, batches: list[int], prompt: int, new: int, tuning: bool = False) -> dict[int, float]:
+    """{batch: decode tokens/s} of the compiled engine (bench-infer's JSON line); tuning: --kernel-tuning on."""
     out = redline("bench-infer", "--checkpoint", str(checkpoint), "--methods", "compiled", "--batch-sizes",
-                  *map(str, batches), "--prompt-lens", str(prompt), "--max-new-tokens", str(new))
+                  *map(str, batches), "--prompt-lens", str(prompt), "--max-new-tokens", str(new),
+                  "--kernel-tuning", "on" if tuning else "off")
     summary = json.loads(out.strip().splitlines()[-1])
     speeds = {int(row["batch"]): float(row["decode_tok_s_total"]) for row in summary["results"]
               if row["method"] == "compiled" and row["status"] == "ok"}
@@ -125,6 +126,8 @@ def main() -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 64])
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--kernel-tuning", action="store_true",
+                        help="redline's side (imported and same-shape) with bench-infer --kernel-tuning on")
     parser.add_argument("--out", default="/tmp/import-bench")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -145,15 +148,16 @@ def main() -> int:
         redline("import", source, "--out", str(imported), "--dtype", "bf16")
         redline("export", str(imported), "--out", str(exported), "--dtype", "bf16")
         prepared = time.perf_counter() - t0
-        ours = bench_infer(imported, args.batches, args.prompt, args.new)
+        ours = bench_infer(imported, args.batches, args.prompt, args.new, args.kernel_tuning)
         native = bench_infer(same_shape_checkpoint(imported, work / f"{name}-same-shape"), args.batches, args.prompt,
-                             args.new)
+                             args.new, args.kernel_tuning)
         hf = hf_generate_speed(exported, args.batches, args.prompt, args.new)
         for batch in args.batches:
             row = {"model": name, "batch": batch, "prompt": args.prompt, "new_tokens": args.new,
                    "redline_tok_s": ours[batch], "same_shape_tok_s": native[batch], "hf_static_tok_s": hf[batch],
                    "speedup_vs_hf": ours[batch] / hf[batch], "imported_vs_same_shape": ours[batch] / native[batch],
                    "target_vs_hf": 5.0 if batch == 1 else 2.5, "import_export_s": prepared,
+                   "kernel_tuning": args.kernel_tuning,
                    "device": torch.cuda.get_device_name()}
             row["meets_hf_target"] = row["speedup_vs_hf"] >= row["target_vs_hf"]
             row["meets_same_shape_target"] = abs(row["imported_vs_same_shape"] - 1) <= 0.05

