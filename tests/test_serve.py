@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 import torch
@@ -561,3 +562,27 @@ def test_a_failing_step_fails_the_requests_in_flight_and_the_scheduler_goes_on(m
         assert run_all(sched, [[1, 2, 3]], [6])[0].tokens == reference(model, [1, 2, 3], 6)
     finally:
         sched.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("group_graphs", [False, True])
+def test_greedy_tokens_among_others_equal_alone_on_a_gpu(tokenizer, group_graphs):
+    """The continuous-batching guarantee where it is hardest: bf16, compiled, CUDA graphs, prompts prefilled together
+    (padded to the longest) and decoded in groups. 12 requests of different lengths at once on 8 rows, against each
+    one alone: the same greedy tokens."""
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, n_embd=128, n_head=4, n_kv_head=2)).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # logits far apart: bf16 rounding alone cannot flip an argmax
+    engine = InferenceEngine(model)  # bf16, compiled, CUDA graphs on a GPU
+    batch = DecodeBatch(engine, rows=8, capacity=CFG.context_len, group_steps=8 if group_graphs else 0)
+    sched = Scheduler(batch, tokenizer, [EOT], sync_every=8)
+    try:
+        prompts = [[(7 * i + j) % 250 + 1 for j in range(3 + 4 * i)] for i in range(12)]
+        lengths = [16 + 2 * i for i in range(12)]  # prompt and tokens within the 96-token context
+        together = [s.tokens for s in run_all(sched, prompts, lengths)]
+        alone = [run_all(sched, [p], [n])[0].tokens for p, n in zip(prompts, lengths)]
+    finally:
+        sched.close()
+    assert together == alone
