@@ -14,7 +14,7 @@ from redline.training.activation_checkpointing import apply_activation_checkpoin
 TINY = ModelConfig(vocab_size=200, context_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(576, 576), (192, 64)])  # 576²: a scale group of 216, not torchao's 256
 def test_nf4_linear_equals_torchao_bit_for_bit(shape, dtype):
     torch.manual_seed(0)

@@ -15,8 +15,8 @@ themselves), exactly what eager QLoRA keeps. W exists only inside an op, for one
 
 The dequantization is torchao's NF4Tensor.get_original_weight, bit for bit (the same bf16 products of an NF4 level
 and its block's scale), in three passes instead of torchao's dozen: each stored byte holds two 4-bit codes (high
-nibble first), so a 256-entry table of level pairs turns a byte into its two values in one gather, and one
-multiply applies the blocks' scales.
+nibble first), so a 256-entry table of level pairs turns a byte into its two values in one gather (the bytes
+widened to int32 first), and one multiply applies the blocks' scales.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 NF4_PARTS = ("quantized_data", "quantized_scalers", "quantization_factor", "scaler_mean", "nf4")
+_PAIR_AS = {2: torch.int32, 4: torch.int64}  # two bf16/fp16 values read as one int32, two fp32 as one int64
 
 
 def nf4_parts(weight: torch.Tensor) -> tuple[list[torch.Tensor], int, int]:
@@ -44,7 +45,12 @@ def dequantize_parts(parts: list[torch.Tensor], block_size: int, scaler_block_si
     scales = (q_scalers.view(n_groups, scaler_block_size) / q_factor.unsqueeze(-1)).flatten().to(dtype)
     scales = scales + scaler_mean  # (numel/block,): torchao's dequantize_scalers
     pairs = torch.stack([levels.repeat_interleave(16), levels.repeat(16)], dim=-1)  # (256, 2): byte -> its codes
-    values = pairs[data.to(torch.int32)]  # (numel/2, 2) in storage order: high nibble, then low
+    index = data.to(torch.int32)
+    wide = _PAIR_AS.get(pairs.element_size())
+    if wide is None:
+        values = pairs[index]  # (numel/2, 2) in storage order: high nibble, then low
+    else:  # each pair read as one wider word: a flat gather, several times faster than gathering rows
+        values = pairs.view(wide).view(-1).index_select(0, index).view(dtype)
     return (values.view(-1, block_size) * scales.unsqueeze(-1)).view(out_features, in_features)
 
 
