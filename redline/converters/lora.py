@@ -9,8 +9,9 @@ A starts as PEFT's LoRA does (Kaiming-uniform), B at zero, so the adapted model 
 else is frozen except the modules named in `lora.train_modules` (e.g. wte, lm_head), trained in full. The frozen
 W of an adapted layer is kept in the compute dtype (bf16 when training in bf16: half the memory of the fp32 master
 weights a full fine-tune keeps), or with quantize=nf4 as torchao's NF4Tensor: 4-bit NormalFloat in blocks of 64
-with the block scales quantized again to int8 (double quantization), dequantized block by block into the GEMM
-(torchao's linear_nf4), in bf16.
+with the block scales quantized again to int8 (double quantization), dequantized into each GEMM in bf16 inside
+one opaque op (redline/converters/nf4_linear.py: under torch.compile no graph holds a dequantized weight, so
+backward keeps the 4-bit weight alone, as in eager mode).
 
 NF4 block sizes: torchao's defaults (blocks of 64, scales in groups of 256) need numel/64 to be a multiple of
 256, which e.g. 576×576 (SmolLM2-135M) is not; the scale group here is the largest divisor of numel/64 up to 256
@@ -37,6 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from redline.converters.nf4_linear import nf4_linear
 from redline.errors import UserError
 
 NF4_BLOCK = 64  # QLoRA's block of weights sharing one absmax scale
@@ -44,7 +46,7 @@ NF4_SCALE_GROUP_MAX = 256  # torchao's default group of scales quantized togethe
 NF4_SCALE_GROUP_MIN = 8  # one scale per group would divide by its own absmax: degenerate
 
 
-_NF4 = None  # torchao's NF4 module once imported: forward reads it as a global, which torch.compile traces
+_NF4 = None  # torchao's NF4 module once imported
 
 
 def nf4_module():
@@ -131,7 +133,7 @@ class LoRALinear(nn.Linear):
         dtype = torch.get_autocast_dtype(device) if autocast else self.weight.dtype
         h = x.to(dtype)  # cast once, for the base and the adapter alike
         if is_nf4(self.weight):
-            out = _NF4.linear_nf4(h, self.weight)  # dequantizes per call; saves only the NF4 weight
+            out = nf4_linear(h, self.weight)  # an op compile cannot see into: backward keeps only the NF4 weight
             if self.bias is not None:
                 out = out + self.bias.to(out.dtype)
         else:

@@ -11,8 +11,11 @@ synchronized); step time is their median, tokens/s = tokens per step / median st
 
 Memory: peak_train_gib is torch.cuda.max_memory_allocated over the timed steps (weights, optimizer states,
 activations: what training holds); peak_setup_gib is the peak while building (LoRA and QLoRA build the model in
-host memory and move it to the GPU one adapted layer at a time, cast or quantized, as `redline train` does). One JSON line per mode in OUT/lora_bench.jsonl; the last line
-printed is a JSON summary with the ratios the issue's targets name.
+host memory and move it to the GPU one adapted layer at a time, cast or quantized, as `redline train` does);
+after the timed steps, one more forward measures activations_gib (memory the forward leaves for backward) and
+saved_weight_shaped_gib (saved tensors shaped like a frozen base weight: dequantized NF4 or cast copies; see
+held_for_backward). One JSON line per mode in OUT/lora_bench.jsonl; the last line printed is a JSON summary with
+the ratios the issue's targets name.
 """
 
 from __future__ import annotations
@@ -86,11 +89,51 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
         losses.append(float(out.loss))
     median = statistics.median(times)
     trainable = sum(p.numel() for p in step.params)
+    held = held_for_backward(step, next(data), device)
     return {"mode": mode, "preset": preset, "compile": compile_model, "batch": batch, "seq_len": seq, "params": step.model.num_params(),
             "trainable_params": trainable, "step_time_s": median, "step_times_s": times,
             "tokens_per_second": batch * seq / median, "peak_train_gib": peak(), "peak_setup_gib": peak_setup,
-            "setup_seconds": setup_seconds, "losses": losses,
+            "setup_seconds": setup_seconds, "losses": losses, **held,
             "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__}
+
+
+def held_for_backward(step, batch, device) -> dict:
+    """What one forward leaves for backward: activations_gib, the memory allocated across the forward (what
+    backward will read, and the loss); saved_weight_shaped_gib, the part of what autograd saves (seen by
+    saved-tensor hooks: in eager mode a checkpointed block's own hooks take its tensors, in a compiled graph the
+    graph's) that has the shape of an adapted layer's base weight or its transpose, i.e. dequantized or cast
+    copies of the frozen base."""
+    import torch
+
+    from redline.converters.lora import lora_layers
+
+    weights = {tuple(layer.weight.shape) for layer in lora_layers(step.model).values()}
+    weights |= {(o, i) for i, o in weights}
+    params = set()
+    for p in step.model.parameters():  # an NF4 weight (a wrapper without storage) is its 4-bit parts
+        inner = p.__tensor_flatten__()[0] if hasattr(p, "__tensor_flatten__") else []
+        params |= {t.untyped_storage().data_ptr() for t in [getattr(p, name) for name in inner] or [p]}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if t.is_floating_point() and tuple(t.shape) in weights and ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    cuda = device.type == "cuda"
+    allocated = (lambda: torch.cuda.memory_allocated(device)) if cuda else (lambda: 0)
+    before = allocated()
+    autocast = lambda: torch.autocast(device.type, dtype=step.amp, enabled=step.amp is not None)  # noqa: E731
+    with autocast():
+        loss, _ = step.objective.compute(step.module, batch)
+    activations = (allocated() - before) / 2**30
+    loss.backward()
+    with autocast(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _ = step.objective.compute(step.module, batch)
+    loss.backward()
+    step.model.zero_grad(set_to_none=True)
+    return {"activations_gib": activations if cuda else None, "saved_weight_shaped_gib": sum(saved.values()) / 2**30}
 
 
 def main() -> int:
@@ -142,7 +185,8 @@ def summary(results: dict) -> dict:
         return a / b if a is not None and b else None
 
     out = {"summary": "lora_bench", **{f"{m}_{k}": get(m, k) for m in MODES
-                                       for k in ("peak_train_gib", "tokens_per_second", "step_time_s", "error")
+                                       for k in ("peak_train_gib", "activations_gib", "saved_weight_shaped_gib",
+                                                 "tokens_per_second", "step_time_s", "error")
                                        if get(m, k) is not None}}
     out["qlora_peak_over_full"] = ratio(get("qlora", "peak_train_gib"), get("full", "peak_train_gib"))
     out["lora_peak_over_full"] = ratio(get("lora", "peak_train_gib"), get("full", "peak_train_gib"))

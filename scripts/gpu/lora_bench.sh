@@ -13,7 +13,8 @@
 # qlora line carries the one-line error and the other two modes still run.
 # Expected: well under 6 minutes (three processes, each building the model on the GPU and running 13 steps).
 # Files under $OUT: lora_bench.jsonl (one line per mode), lora_bench.log. The last line printed is one JSON object
-# with the ratios the issue's targets name (qlora_peak_over_full, lora_speed_over_full, qlora_step_over_lora).
+# with the ratios the issue's targets name (qlora_peak_over_full, lora_speed_over_full, qlora_step_over_lora), and
+# per mode activations_gib (what a forward leaves for backward) and saved_weight_shaped_gib (0 expected).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
