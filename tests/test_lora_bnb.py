@@ -190,6 +190,7 @@ def test_resume_is_exact_and_needs_the_same_library(bnb, dataset, base_checkpoin
     assert train_losses(straight.run_dir) == train_losses(second.run_dir)
 
 
+@pytest.mark.slow
 def test_peft_loads_the_adapter_of_a_bitsandbytes_run(bnb, tmp_path, capsys):
     """The adapter export does not depend on the NF4 library: peft loads it onto the exported base with the
     logits of redline's adapters on that base, and onto the base through bitsandbytes' NF4 and back with the
@@ -236,6 +237,70 @@ def test_peft_loads_the_adapter_of_a_bitsandbytes_run(bnb, tmp_path, capsys):
             theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()(TOKENS).logits
             torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
         assert (merged(TOKENS) - on_full_base(TOKENS)).abs().max() > 1e-3  # NF4 is another base
+
+
+def test_equals_transformers_4bit_model_with_the_peft_adapter(bnb, tmp_path, capsys):
+    """The well-known QLoRA: transformers' BitsAndBytesConfig (NF4, double quantization) with peft's adapter on
+    top gives the logits of redline's bitsandbytes QLoRA model, the same packed weights and the same matmul."""
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    import peft
+
+    from tests.test_lora_export import TOKENS, export, lora_run
+
+    base, ckpt = lora_run(tmp_path, "LlamaForCausalLM")  # separate q/k/v and gate/up: the same matrices in HF
+    assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
+    nf4 = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf", quantization_config=nf4,
+                                                           device_map="cpu", dtype=torch.float32)
+    assert isinstance(hf.model.layers[0].self_attn.q_proj, bnb.nn.Linear4bit)
+    theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    cfg = from_dict(TrainConfig, ckpt_io.load_config_dict(ckpt))
+    ours = GPT(cfg.model)
+    ckpt_io.load_weights(base, ours)
+    LoRAConverter(4, 8.0, 0.0, cfg.lora.targets, "nf4", say=lambda m: None, nf4_backend="bitsandbytes").convert(ours)
+    adapters.load_adapters(ckpt, ours)
+    assert torch.equal(ours.blocks[0].attn.q.weight.data, hf.model.layers[0].self_attn.q_proj.weight.data)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(TOKENS).logits, ours.eval()(TOKENS), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_on_a_gpu_as_training_runs(bnb, compiled):
+    """bitsandbytes' CUDA kernels: quantized from bf16 on the GPU, run under bf16 autocast (compiled too, as
+    training is by default): forward and adapter gradients as a plain layer holding the dequantized weight, and
+    close to torchao's NF4 of the same weight."""
+    torch.manual_seed(0)
+    linear = nn.Linear(1024, 768, bias=False)
+    layers = {backend: LoRALinear.from_linear(linear, 16, 32.0, 0.0, torch.bfloat16, "nf4", backend,
+                                              torch.device("cuda"), backend) for backend in ("bitsandbytes", "torchao")}
+    q = layers["bitsandbytes"]
+    ref = LoRALinear.from_linear(linear, 16, 32.0, 0.0, torch.float32, "none", "ref", torch.device("cuda"))
+    with torch.no_grad():
+        q.lora_B.normal_(0, 0.02)
+        ref.weight.copy_(dequantize(q.weight).float())
+        for layer in (ref, layers["torchao"]):
+            layer.lora_A.copy_(q.lora_A)
+            layer.lora_B.copy_(q.lora_B)
+    assert q.weight.is_cuda and q.weight.quant_state.absmax.is_cuda
+    x = torch.randn(4, 256, 1024, device="cuda")
+    outs = {}
+    for name, layer in (*layers.items(), ("ref", ref)):
+        run = torch.compile(layer) if compiled else layer
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = run(x)
+        out.float().pow(2).mean().backward()
+        outs[name] = (out.float(), layer.lora_A.grad.clone(), layer.lora_B.grad.clone())
+    scale = outs["ref"][0].abs().max()
+    for name, tol in (("bitsandbytes", 0.02), ("torchao", 0.05)):
+        out, grad_a, grad_b = outs[name]
+        assert (out - outs["ref"][0]).abs().max() < tol * scale, name
+        for got, want in ((grad_a, outs["ref"][1]), (grad_b, outs["ref"][2])):
+            assert (got - want).norm() < 4 * tol * want.norm(), name
 
 
 def test_missing_bitsandbytes_is_one_line_before_any_work(dataset, base_checkpoint, tmp_path,  # noqa: F811
