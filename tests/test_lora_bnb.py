@@ -19,6 +19,7 @@ from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
 from redline.training.loop import train
 from tests.test_lora import base_checkpoint  # noqa: F401 (a fixture)
+from tests.test_lora_posttrain import chat_base  # noqa: F401 (a fixture)
 from tests.test_train import config, dataset, train_losses  # noqa: F401 (dataset is a fixture)
 
 TINY = ModelConfig(vocab_size=96, context_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
@@ -301,6 +302,32 @@ def test_on_a_gpu_as_training_runs(bnb, compiled):
         assert (out - outs["ref"][0]).abs().max() < tol * scale, name
         for got, want in ((grad_a, outs["ref"][1]), (grad_b, outs["ref"][2])):
             assert (got - want).norm() < 4 * tol * want.norm(), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["sft", "dpo", "grpo"])
+def test_post_training_commands_take_the_bitsandbytes_base(bnb, chat_base, tmp_path, command):  # noqa: F811
+    """sft, dpo and grpo with lora.nf4_backend=bitsandbytes: DPO's reference and GRPO's KL reference (the base
+    with the adapters off) start equal to the policy, and the checkpoint loads merged through bitsandbytes."""
+    from tests.test_lora_posttrain import SFT
+    from tests.test_posttrain_cli import records
+    from tests.test_sft import _cli
+
+    own = {"sft": SFT,
+           "dpo": ["--data", "task:arithmetic", "dpo.max_pairs=24", "seq_len=128", "batch_size=4"],
+           "grpo": ["--task", "arithmetic", "grpo.prompts_per_step=2", "grpo.group_size=3", "grpo.max_new_tokens=4",
+                    "grpo.eval_examples=3", "grpo.kl_coef=0.1", "batch_size=3"]}[command]
+    assert _cli([command, "--from", str(chat_base), *own, *BNB, "eval_batches=1", "log_every=1", "max_steps=2",
+                 "tensorboard=False", f"out_dir={tmp_path}", "run_name=q"]) == 0
+    ckpt = ckpt_io.resolve_checkpoint(tmp_path / "q")
+    assert json.loads((ckpt / "meta.json").read_text())["lora_base"]["nf4_backend"] == "bitsandbytes"
+    first = records(tmp_path / "q", "train")[0]
+    if command == "dpo":
+        assert first["loss"] == pytest.approx(0.693147, abs=1e-5)  # -log σ(0): the policy is the reference
+    if command == "grpo":
+        assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    merged, _, _ = ckpt_io.load_for_inference(ckpt)
+    assert type(merged.blocks[0].attn.qkv) is nn.Linear
 
 
 def test_missing_bitsandbytes_is_one_line_before_any_work(dataset, base_checkpoint, tmp_path,  # noqa: F811
