@@ -119,6 +119,18 @@ def test_bitsandbytes_and_torchao_nf4_agree(bnb, shape):
     assert ((ours - theirs).abs() > 0.05 * w.std()).float().mean() < 0.01  # codes differ at level edges only
 
 
+def test_takes_a_shape_torchao_cannot(bnb):
+    """720 weights are not whole blocks of 64 (torchao refuses them); bitsandbytes' last block is partial."""
+    torch.manual_seed(0)
+    odd = nn.Sequential(nn.Linear(36, 20))
+    reference = odd[0].weight.detach().clone()
+    LoRAConverter(4, 8.0, 0.0, ("0",), "nf4", say=lambda m: None, nf4_backend="bitsandbytes").convert(odd)
+    back = dequantize(odd[0].weight)
+    assert back.shape == (20, 36) and (back - reference).abs().max() <= 0.16 * reference.abs().max()
+    x = torch.randn(5, 36)
+    torch.testing.assert_close(odd(x), x @ back.t() + odd[0].bias, atol=1e-5, rtol=1e-5)
+
+
 def test_compiles_as_one_graph(bnb):
     """torch.compile (on by default on GPUs) takes the layer whole, matmul_4bit included."""
     q, _ = pair(torch.float32)

@@ -117,6 +117,7 @@ def _bnb_weight_class() -> type:
             def numel(self) -> int:
                 return math.prod(self.quant_state.shape)
 
+        BnbNF4Weight.__qualname__ = BnbNF4Weight.__name__  # made here, where bitsandbytes is imported
         _BNB_WEIGHT = BnbNF4Weight
     return _BNB_WEIGHT
 
