@@ -132,7 +132,11 @@ class LoRAConfig:
     head."""
     quantize: Literal["none", "nf4"] = "none"
     """The frozen base weights of the adapted layers: none (bf16 when training in bf16, else fp32) or nf4 (QLoRA:
-    4-bit NormalFloat with double quantization through torchao, computed in bf16)."""
+    4-bit NormalFloat with double quantization, computed in bf16)."""
+    nf4_backend: Literal["auto", "torchao", "bitsandbytes"] = "auto"
+    """The library that stores and computes the NF4 base (quantize=nf4): torchao (NF4Tensor, the `lora` extra),
+    bitsandbytes (its 4-bit NF4 and matmul_4bit, the `qlora-bnb` extra), or auto: torchao where it is installed,
+    else bitsandbytes."""
     train_modules: tuple[str, ...] = ()
     """Modules trained in full besides the adapters (e.g. wte, lm_head), as name patterns; saved with them."""
 
@@ -148,6 +152,9 @@ class LoRAConfig:
             raise UserError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         if not self.targets:
             raise UserError("lora.targets is empty; name the Linear layers to adapt, e.g. --lora.targets attn.* mlp.*")
+        if self.nf4_backend != "auto" and self.quantize != "nf4":
+            raise UserError(f"lora.nf4_backend={self.nf4_backend} chooses the library of an NF4 base; add "
+                            f"lora.quantize=nf4 (or drop lora.nf4_backend)")
 
 
 @dataclass

@@ -184,4 +184,5 @@ def _lora(cfg: TrainConfig, context: BuildContext) -> Converter | None:
                         "or use lora.quantize=none")
     amp = autocast_dtype(context.device, cfg.precision)
     return LoRAConverter(lora.rank, lora.alpha, lora.dropout, lora.targets, lora.quantize, lora.train_modules,
-                         base_dtype=amp or torch.float32, say=context.say, device=context.device)
+                         base_dtype=amp or torch.float32, say=context.say, device=context.device,
+                         nf4_backend=lora.nf4_backend)

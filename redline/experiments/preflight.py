@@ -18,6 +18,7 @@ OPTIONAL = {
     "torchao": ("gpu", "FP8 training on a GPU"),
     "tiktoken": ("gpt2", "the gpt2 tokenizer"),
     "prodigyopt": ("lora", "optim.name=prodigy"),
+    "bitsandbytes": ("qlora-bnb", "lora.nf4_backend=bitsandbytes"),
 }
 
 
@@ -32,7 +33,9 @@ def needed_modules(cfg, cuda: bool) -> set[str]:
     if cfg.data.tokenizer == "gpt2":
         needs.add("tiktoken")
     if cfg.lora.quantize == "nf4":
-        needs.add("torchao")
+        from redline.converters.lora import auto_nf4_backend
+
+        needs.add(auto_nf4_backend() if cfg.lora.nf4_backend == "auto" else cfg.lora.nf4_backend)
     if cfg.optim.name == "prodigy":
         needs.add("prodigyopt")
     path = cfg.data.path

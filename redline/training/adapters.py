@@ -5,14 +5,17 @@ what trained: every adapter (`blocks.N.attn.qkv.lora_A` (r, in), `...lora_B` (ou
 lora.train_modules. Its meta.json adds
 
     "lora_base": {"path": the base checkpoint folder (absolute), "identity": sha256 of the base's meta.json digests,
-                  "dtype": the dtype the frozen weights had in training (bfloat16, float32)}
+                  "dtype": the dtype the frozen weights had in training (bfloat16, float32),
+                  "nf4_backend": QLoRA only: the library that quantized them (torchao, bitsandbytes; absent in
+                                 checkpoints from before there was a choice: torchao)}
 
 so a 1.5B model's fine-tune saves megabytes, not gigabytes. Reading one back:
 
     resume      the base's weights into the plain model, the converter adapts it, then load_adapters (loop.py)
     eval, generate, sample, export, init_from
                 checkpoint.load_weights gives the merged model: each adapted W replaced by the W the run trained
-                against (rounded to the base dtype, or through NF4 and back for QLoRA) plus (alpha/r)·B·A
+                against (rounded to the base dtype, or through NF4 and back, in the run's library, for QLoRA)
+                plus (alpha/r)·B·A
 
 The base is checked against its identity before use: a base that moved or changed is a one-line error.
 """
@@ -41,11 +44,24 @@ def base_identity(meta: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(meta["sha256"], sort_keys=True).encode()).hexdigest()
 
 
-def base_reference(base: Path, dtype: torch.dtype) -> dict[str, str]:
+def base_reference(base: Path, dtype: torch.dtype, nf4_backend: str | None = None) -> dict[str, str]:
     from redline.training.checkpoint import read_meta
 
-    return {"path": str(Path(base).resolve()), "identity": base_identity(read_meta(base)),
-            "dtype": str(dtype).removeprefix("torch.")}
+    ref = {"path": str(Path(base).resolve()), "identity": base_identity(read_meta(base)),
+           "dtype": str(dtype).removeprefix("torch.")}
+    return ref | ({"nf4_backend": nf4_backend} if nf4_backend else {})
+
+
+def nf4_backend_of(ref: dict[str, str]) -> str:
+    """The library that quantized a QLoRA run's base (torchao before there was a choice)."""
+    return ref.get("nf4_backend", "torchao")
+
+
+def check_nf4_backend(ref: dict[str, str], lora, resolved: str | None) -> None:
+    """A resumed QLoRA run quantizes its base with the library it trained with: the other's scales round otherwise."""
+    if resolved is not None and nf4_backend_of(ref) != resolved:
+        raise UserError(f"this QLoRA run trained on a base quantized by {nf4_backend_of(ref)} and lora.nf4_backend="
+                        f"{lora.nf4_backend} gives {resolved}; resume with lora.nf4_backend={nf4_backend_of(ref)}")
 
 
 def resolve_base(meta: dict[str, Any], ckpt: Path) -> Path:
@@ -118,8 +134,8 @@ def merged_state(meta: dict[str, Any], ckpt: Path, model: nn.Module) -> dict[str
         if name.endswith(".lora_A"):
             layer = name.removesuffix(".lora_A")
             weight = state[layer + ".weight"].to(dtype)
-            if cfg.lora.quantize == "nf4":  # the weights QLoRA trained against: NF4 and back
-                weight = dequantize(to_nf4(weight, layer))
+            if cfg.lora.quantize == "nf4":  # the weights QLoRA trained against: NF4 and back, in the run's library
+                weight = dequantize(to_nf4(weight, layer, nf4_backend_of(meta[META_KEY]))).to(dtype)
             delta = (saved[layer + ".lora_B"].float() @ tensor.float()) * scale  # (out, r) @ (r, in)
             state[layer + ".weight"] = weight.float() + delta
             if layer + ".bias" in state:

@@ -97,6 +97,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     cfg.validate()
     if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):
         raise UserError("no budget: set max_steps, max_tokens or max_time (minutes)")
+    if cfg.lora.enabled and cfg.lora.quantize == "nf4":  # a missing torchao or bitsandbytes, before any work
+        from redline.converters.lora import resolve_nf4_backend
+
+        resolve_nf4_backend(cfg.lora.nf4_backend)
     info = dist_info()
     device = resolve_device(cfg.device, info.local_rank)
     init_distributed(info, device, cfg.dist_timeout)
@@ -398,8 +402,11 @@ class Run:
         """A LoRA run's reference to its base (in each checkpoint's meta) and init_from's event and line."""
         if self.cfg.lora.enabled:  # its checkpoints hold the adapters and name the base they adapt
             lora = self.train_step.converters.get("lora")
-            self.lora_base = (self.resumed_meta[adapters.META_KEY] if self.resumed_meta is not None else
-                              adapters.base_reference(init_point.checkpoint, lora.base_dtype))
+            if self.resumed_meta is not None:
+                self.lora_base = self.resumed_meta[adapters.META_KEY]
+                adapters.check_nf4_backend(self.lora_base, self.cfg.lora, lora.nf4_backend)
+            else:
+                self.lora_base = adapters.base_reference(init_point.checkpoint, lora.base_dtype, lora.nf4_backend)
         if init_point is not None:
             self.log.log({"kind": "event", "event": "init_from", "step": 0, "path": str(init_point.checkpoint)})
             self.log.print(f"weights from {init_point.checkpoint} (optimizer fresh, step 0)")

@@ -1,12 +1,13 @@
 """Full fine-tuning (AdamW) vs bf16 LoRA vs NF4 QLoRA of one model on one GPU: peak memory, step time, tokens/s.
 
     python scripts/gpu/lora_bench.py --out OUT [--preset modern-1.5b] [--batch 4] [--seq 1024] [--steps 10]
+                                     [--nf4-backend auto|torchao|bitsandbytes]
 
 Each mode runs in its own process (a fresh CUDA context, so one mode's peak never counts in another's) through
 redline's one TrainStep: the preset's model (random weights: speed and memory do not depend on their values) at
 batch × seq tokens a step, activation checkpointing on every block, bf16 autocast, eager by default (compile off in
 all three, so the comparison is of the methods; --compile compiles all three). LoRA and QLoRA: rank 16 on every attention and MLP
-projection, AdamW on the adapters. Per mode: `warmup` untimed steps, then `steps` steps each timed alone (CUDA
+projection, AdamW on the adapters; QLoRA's NF4 through --nf4-backend (lora.nf4_backend). Per mode: `warmup` untimed steps, then `steps` steps each timed alone (CUDA
 synchronized); step time is their median, tokens/s = tokens per step / median step time.
 
 Memory: peak_train_gib is torch.cuda.max_memory_allocated over the timed steps (weights, optimizer states,
@@ -32,7 +33,7 @@ MODES = ("full", "lora", "qlora")
 
 
 def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: int, device_name: str,
-             compile_model: bool = False) -> dict:
+             compile_model: bool = False, nf4_backend: str = "auto") -> dict:
     import torch
 
     from redline.config import TrainConfig, apply_overrides, apply_preset
@@ -49,6 +50,7 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     if mode != "full":
         apply_overrides(cfg, {"lora.enabled": True, "lora.rank": 16, "lora.alpha": 32.0,
                               "lora.quantize": "nf4" if mode == "qlora" else "none",
+                              "lora.nf4_backend": nf4_backend if mode == "qlora" else "auto",
                               "init_from": "(benchmark: random weights)", "optim.weight_decay": 0.0})
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     peak = (lambda: torch.cuda.max_memory_allocated(device) / 2**30) if cuda else (lambda: None)
@@ -90,7 +92,9 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     median = statistics.median(times)
     trainable = sum(p.numel() for p in step.params)
     held = held_for_backward(step, next(data), device)
-    return {"mode": mode, "preset": preset, "compile": compile_model, "batch": batch, "seq_len": seq, "params": step.model.num_params(),
+    lora = step.converters.get("lora")
+    return {"mode": mode, "preset": preset, "compile": compile_model,
+            "nf4_backend": getattr(lora, "nf4_backend", None), "batch": batch, "seq_len": seq, "params": step.model.num_params(),
             "trainable_params": trainable, "step_time_s": median, "step_times_s": times,
             "tokens_per_second": batch * seq / median, "peak_train_gib": peak(), "peak_setup_gib": peak_setup,
             "setup_seconds": setup_seconds, "losses": losses, **held,
@@ -145,13 +149,15 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--nf4-backend", default="auto", choices=("auto", "torchao", "bitsandbytes"),
+                        help="the NF4 library of the qlora mode (lora.nf4_backend)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every mode (per block at this depth)")
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu runs a smoke test of the script")
     parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # the child process of one mode
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_mode(args.one, args.preset, args.batch, args.seq, args.warmup, args.steps, args.device,
-                                  args.compile)))
+                                  args.compile, args.nf4_backend)))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +165,8 @@ def main() -> int:
     for mode in args.modes:
         cmd = [sys.executable, __file__, "--out", str(out), "--one", mode, "--preset", args.preset,
                "--batch", str(args.batch), "--seq", str(args.seq), "--warmup", str(args.warmup),
-               "--steps", str(args.steps), "--device", args.device] + (["--compile"] if args.compile else [])
+               "--steps", str(args.steps), "--device", args.device, "--nf4-backend", args.nf4_backend]
+        cmd += ["--compile"] if args.compile else []
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if proc.returncode == 0:
             record = json.loads(proc.stdout.strip().splitlines()[-1])

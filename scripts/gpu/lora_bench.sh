@@ -7,10 +7,12 @@
 #     scripts/gpu/lora_bench.sh                      # files under $OUT (default: a new temporary folder)
 #     PRESET=modern-774m STEPS=20 scripts/gpu/lora_bench.sh
 #     COMPILE=1 scripts/gpu/lora_bench.sh            # torch.compile in all three modes (adds minutes)
+#     NF4_BACKEND=bitsandbytes MODES="lora qlora" scripts/gpu/lora_bench.sh   # QLoRA through bitsandbytes' NF4
 #
 # Needs, beyond the image: torchao (NF4Tensor, for the QLoRA mode) as a wheel in .whl/, which env.sh installs; a
 # wheel for the image's Python and torch (NF4 is pure Python in torchao: its C-extension load warnings are harmless). Without it the
-# qlora line carries the one-line error and the other two modes still run.
+# qlora line carries the one-line error and the other two modes still run. NF4_BACKEND=bitsandbytes needs a
+# bitsandbytes wheel in .whl/ too (py3-none-manylinux x86_64: one wheel for every Python, CUDA libraries inside).
 # Expected: well under 6 minutes (three processes, each building the model on the GPU and running 13 steps).
 # Files under $OUT: lora_bench.jsonl (one line per mode), lora_bench.log. The last line printed is one JSON object
 # with the ratios the issue's targets name (qlora_peak_over_full, lora_speed_over_full, qlora_step_over_lora), and
@@ -21,6 +23,8 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-ARGS=(--out "$OUT" --preset "${PRESET:-modern-1.5b}" --batch "${BATCH:-4}" --seq "${SEQ:-1024}" --steps "${STEPS:-10}")
+ARGS=(--out "$OUT" --preset "${PRESET:-modern-1.5b}" --batch "${BATCH:-4}" --seq "${SEQ:-1024}" --steps "${STEPS:-10}"
+      --nf4-backend "${NF4_BACKEND:-auto}")
+[ -n "${MODES:-}" ] && ARGS+=(--modes $MODES)
 [ -n "${COMPILE:-}" ] && ARGS+=(--compile)
 "$PY" scripts/gpu/lora_bench.py "${ARGS[@]}" 2>&1 | tee "$OUT/lora_bench.log"
