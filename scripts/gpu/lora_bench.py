@@ -33,7 +33,7 @@ MODES = ("full", "lora", "qlora")
 
 
 def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: int, device_name: str,
-             compile_model: bool = False, nf4_backend: str = "auto") -> dict:
+             compile_model: bool = False, nf4_backend: str = "auto", ac: str = "full") -> dict:
     import torch
 
     from redline.config import TrainConfig, apply_overrides, apply_preset
@@ -46,7 +46,7 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     apply_preset(cfg, preset)
     apply_overrides(cfg, {"batch_size": batch, "seq_len": seq, "precision": "bf16" if cuda else "fp32",
                           "device": device.type, "compile": compile_model,
-                          "activation_checkpointing": "full", "attn_autotune": False, "optim.warmup_steps": 0})
+                          "activation_checkpointing": ac, "attn_autotune": False, "optim.warmup_steps": 0})
     if mode != "full":
         apply_overrides(cfg, {"lora.enabled": True, "lora.rank": 16, "lora.alpha": 32.0,
                               "lora.quantize": "nf4" if mode == "qlora" else "none",
@@ -93,7 +93,7 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     trainable = sum(p.numel() for p in step.params)
     held = held_for_backward(step, next(data), device)
     lora = step.converters.get("lora")
-    return {"mode": mode, "preset": preset, "compile": compile_model,
+    return {"mode": mode, "preset": preset, "compile": compile_model, "activation_checkpointing": ac,
             "nf4_backend": getattr(lora, "nf4_backend", None), "batch": batch, "seq_len": seq, "params": step.model.num_params(),
             "trainable_params": trainable, "step_time_s": median, "step_times_s": times,
             "tokens_per_second": batch * seq / median, "peak_train_gib": peak(), "peak_setup_gib": peak_setup,
@@ -153,11 +153,13 @@ def main() -> int:
                         help="the NF4 library of the qlora mode (lora.nf4_backend)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every mode (per block at this depth)")
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu runs a smoke test of the script")
+    parser.add_argument("--ac", default="full", choices=("full", "selective", "none"),
+                        help="activation checkpointing of every mode alike (the issue's targets: full)")
     parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # the child process of one mode
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_mode(args.one, args.preset, args.batch, args.seq, args.warmup, args.steps, args.device,
-                                  args.compile, args.nf4_backend)))
+                                  args.compile, args.nf4_backend, args.ac)))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,7 +167,8 @@ def main() -> int:
     for mode in args.modes:
         cmd = [sys.executable, __file__, "--out", str(out), "--one", mode, "--preset", args.preset,
                "--batch", str(args.batch), "--seq", str(args.seq), "--warmup", str(args.warmup),
-               "--steps", str(args.steps), "--device", args.device, "--nf4-backend", args.nf4_backend]
+               "--steps", str(args.steps), "--device", args.device, "--nf4-backend", args.nf4_backend,
+               "--ac", args.ac]
         cmd += ["--compile"] if args.compile else []
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if proc.returncode == 0:

@@ -7,6 +7,7 @@
 #     scripts/gpu/lora_bench.sh                      # files under $OUT (default: a new temporary folder)
 #     PRESET=modern-774m STEPS=20 scripts/gpu/lora_bench.sh
 #     COMPILE=1 scripts/gpu/lora_bench.sh            # torch.compile in all three modes (adds minutes)
+#     AC=selective COMPILE=1 scripts/gpu/lora_bench.sh   # every other block checkpointed, in every mode alike
 #     NF4_BACKEND=bitsandbytes MODES="lora qlora" scripts/gpu/lora_bench.sh   # QLoRA through bitsandbytes' NF4
 #
 # Needs, beyond the image: torchao (NF4Tensor, for the QLoRA mode) as a wheel in .whl/, which env.sh installs; a
@@ -24,7 +25,7 @@ OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ARGS=(--out "$OUT" --preset "${PRESET:-modern-1.5b}" --batch "${BATCH:-4}" --seq "${SEQ:-1024}" --steps "${STEPS:-10}"
-      --nf4-backend "${NF4_BACKEND:-auto}")
+      --nf4-backend "${NF4_BACKEND:-auto}" --ac "${AC:-full}")
 [ -n "${MODES:-}" ] && ARGS+=(--modes $MODES)
 [ -n "${COMPILE:-}" ] && ARGS+=(--compile)
 "$PY" scripts/gpu/lora_bench.py "${ARGS[@]}" 2>&1 | tee "$OUT/lora_bench.log"
