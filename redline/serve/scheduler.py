@@ -134,7 +134,7 @@ class Scheduler:
     """Runs `batch` for queued sequences in a background thread (see the module docstring)."""
 
     def __init__(self, batch: DecodeBatch, tokenizer, stop_ids: Seq[int], max_queue: int = 256,
-                 prefill_tokens: int = 512, sync_every: int | None = None):
+                 prefill_tokens: int = 2048, sync_every: int | None = None):
         if max_queue < 1 or prefill_tokens < 1:
             raise UserError(f"max_queue and prefill_tokens must be >= 1, got {max_queue} and {prefill_tokens}")
         self.batch, self.tokenizer = batch, tokenizer
