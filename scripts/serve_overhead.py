@@ -108,12 +108,14 @@ async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> 
     job = protocol.completion_job({"model": "m", "prompt": "x", "stream": True,
                                    "stream_options": {"continuous_usage_stats": True}})
 
+    text_chunk = protocol.TextChunks(job, "cmpl-0", "m")  # as api.stream builds each text chunk
+
     async def consume(q: asyncio.Queue) -> None:
         while True:
             _, event = await q.get()
             if event[0] != "text":
                 return
-            _sse(protocol.chunk(job, "cmpl-0", "m", 0, text=event[1], progress=protocol.usage(128, event[2])))
+            _sse(text_chunk(0, event[1], 128, event[2]))
 
     t0, c0 = time.perf_counter(), time.thread_time()
     sched.submit(seqs)

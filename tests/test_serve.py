@@ -586,3 +586,23 @@ def test_greedy_tokens_among_others_equal_alone_on_a_gpu(tokenizer, group_graphs
     finally:
         sched.close()
     assert together == alone
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("continuous", [False, True])
+def test_text_chunks_are_the_json_of_chunk(kind, continuous):
+    """The streamed text chunk built from its fixed parts is the JSON chunk() gives, whatever the text holds (quotes,
+    backslashes, newlines, non-ASCII, NUL, a mark's digits) and with a model name spelling a mark (built whole)."""
+    from redline.serve import protocol
+
+    body = {"model": "m", "stream": True, "stream_options": {"continuous_usage_stats": continuous,
+                                                             "include_usage": True}}
+    job = (protocol.chat_job({**body, "messages": [{"role": "user", "content": "x"}]}) if kind == "chat" else
+           protocol.completion_job({**body, "prompt": "x"}))
+    for model in ('mo"del', str(protocol.TextChunks._INDEX)):
+        text_chunk = protocol.TextChunks(job, "id-1", model)
+        for text in ["", 'a"b\\c\n', "héllo ✓ \x00 \u2028", str(protocol.TextChunks._INDEX)]:
+            got = json.loads(text_chunk(3, text, 11, 5))
+            want = protocol.chunk(job, "id-1", model, 3, text=text,
+                                  progress=protocol.usage(11, 5) if continuous else None)
+            assert got == dict(want, created=got["created"]) and abs(got["created"] - want["created"]) <= 1

@@ -264,6 +264,7 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
                  prompt_tokens: int):
     """The server-sent events of a streamed job; a client that goes away tears this down, which cancels."""
     model = server.model
+    text_chunk = protocol.TextChunks(job, rid, model)  # the hot path: one per client per group of tokens
     try:
         if job.kind == "chat":
             for i in range(len(seqs)):
@@ -271,11 +272,8 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
         remaining = len(seqs)
         while remaining:
             index, event = await queue.get()
-            if event[0] == "text" and job.continuous_usage:
-                progress = protocol.usage(len(seqs[index].prompt), event[2])
-                yield _sse(protocol.chunk(job, rid, model, index, text=event[1], progress=progress))
-            elif event[0] == "text" and event[1]:
-                yield _sse(protocol.chunk(job, rid, model, index, text=event[1]))
+            if event[0] == "text" and (event[1] or job.continuous_usage):
+                yield _sse(text_chunk(index, event[1], len(seqs[index].prompt), event[2]))
             elif event[0] == "error":
                 yield _sse(_event_error(event).body())
                 return

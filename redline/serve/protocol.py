@@ -8,6 +8,7 @@ are refused when they ask for something (logprobs, tools, penalties, ...), and i
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Mapping
@@ -220,3 +221,41 @@ def chunk(job: Job, rid: str, model: str, index: int, text: str | None = None, r
     elif job.include_usage:
         out["usage"] = None
     return out
+
+
+class TextChunks:
+    """The JSON of one streamed response's text chunks, the same as chunk(job, rid, model, index, text=...,
+    progress=usage(...)) gives (its `created` fixed at the stream's start, as OpenAI's chunks share theirs), built
+    from the fixed parts around the new text instead of a dict dumped whole at every chunk: a server streaming to
+    many clients builds one of these per client per group of tokens."""
+
+    _INDEX, _TEXT, _PROMPT, _DONE, _TOTAL = -7_770_001, "\x00text\x00", -7_770_002, -7_770_003, -7_770_004
+
+    def __init__(self, job: Job, rid: str, model: str):
+        self.job, self.rid, self.model = job, rid, model
+        progress = ({"prompt_tokens": self._PROMPT, "completion_tokens": self._DONE, "total_tokens": self._TOTAL}
+                    if job.continuous_usage else None)
+        whole = json.dumps(chunk(job, rid, model, self._INDEX, text=self._TEXT, progress=progress), ensure_ascii=False)
+        marks = [str(self._INDEX), json.dumps(self._TEXT)]
+        marks += [str(self._PROMPT), str(self._DONE), str(self._TOTAL)] if progress else []
+        self.usage = progress is not None
+        self.parts: list[str] | None = []
+        if any(whole.count(mark) != 1 for mark in marks):  # a model or id spelling a mark: dump each chunk whole
+            self.parts = None
+            return
+        for mark in marks:  # in the order they appear: the choice's index, its text, then the usage
+            head, whole = whole.split(mark, 1)
+            self.parts.append(head)
+        self.parts.append(whole)
+
+    def __call__(self, index: int, text: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> str:
+        p = self.parts
+        if p is None:
+            progress = usage(prompt_tokens, completion_tokens) if self.usage else None
+            return json.dumps(chunk(self.job, self.rid, self.model, index, text=text, progress=progress),
+                              ensure_ascii=False)
+        out = [p[0], str(index), p[1], json.dumps(text, ensure_ascii=False), p[2]]
+        if self.usage:
+            out += [str(prompt_tokens), p[3], str(completion_tokens), p[4], str(prompt_tokens + completion_tokens),
+                    p[5]]
+        return "".join(out)
