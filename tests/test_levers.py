@@ -4,8 +4,6 @@ says, its default leaves the model as it was, and a run with all of them resumes
 from __future__ import annotations
 
 import math
-import os
-import signal
 from dataclasses import replace
 
 import numpy as np
@@ -22,7 +20,7 @@ from redline.model import GPT, ModelConfig
 from redline.training import checkpoint as ckpt_io
 from redline.training.loop import train
 from redline.training.optim import build_optimizers, lr_multiplier
-from tests.test_train import config, dataset, train_losses  # noqa: F401  (the session-scoped prepared corpus)
+from tests.test_train import config, dataset, train_losses, train_stopped_at  # noqa: F401  (the session-scoped prepared corpus)
 
 SMALL = ModelConfig(vocab_size=101, context_len=32, n_layer=4, n_embd=32, n_head=4, n_kv_head=2)
 CPU = torch.device("cpu")
@@ -185,25 +183,12 @@ def test_aligned_rows_start_at_each_document(dataset):  # noqa: F811
 
 
 def test_a_run_with_every_lever_resumes_exactly(dataset, tmp_path, monkeypatch):  # noqa: F811
-    import redline.training.step as step_mod
-
     extra = ("optim.name=muon", "optim.schedule=wsd", "optim.decay_fraction=0.5", "optim.min_lr_ratio=0.0",
              "optim.muon_momentum_warmup_steps=5", "optim.embed_lr=3e-3", "optim.head_lr=1e-3", "model.mlp=relu2",
              "model.zero_init_proj=True", "model.logit_softcap=15.0", "model.value_embeddings=1",
              "data.align_rows=True")
     straight = train(config(dataset, tmp_path / "a", *extra))
-    real_set_lr, calls = step_mod.set_lr, {"n": 0}
-
-    def set_lr_then_signal(optimizers, multiplier):
-        real_set_lr(optimizers, multiplier)
-        calls["n"] += 1
-        if calls["n"] == 6:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(step_mod, "set_lr", set_lr_then_signal)
-    first = train(config(dataset, tmp_path / "b", *extra))
-    monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
-    assert first.status == "interrupted" and first.step == 6
+    first = train_stopped_at(config(dataset, tmp_path / "b", *extra), 6, monkeypatch)
     second = train(config(dataset, tmp_path / "b", *extra), resume_from=ckpt_io.list_checkpoints(first.run_dir)[-1])
     a, b = train_losses(straight.run_dir), train_losses(second.run_dir)
     assert second.step == 12 and a == b and all(math.isfinite(v) for v in a.values())

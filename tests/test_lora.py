@@ -2,8 +2,6 @@
 against a dequantized reference, checkpoints that hold the adapters alone, exact resume, and one-line errors."""
 
 import json
-import os
-import signal
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ from redline.errors import UserError
 from redline.model import GPT, ModelConfig
 from redline.training import checkpoint as ckpt_io
 from redline.training.loop import train
-from tests.test_train import config, dataset, train_losses  # noqa: F401 (dataset is a fixture)
+from tests.test_train import config, dataset, train_losses, train_stopped_at  # noqa: F401 (dataset is a fixture)
 
 TINY = ModelConfig(vocab_size=96, context_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
 
@@ -159,23 +157,10 @@ def _val_loss(model, dataset, cfg) -> float:  # noqa: F811
 
 @pytest.mark.parametrize("quantize", ["none", pytest.param("nf4", marks=pytest.mark.slow)])
 def test_lora_resume_is_exact(dataset, base_checkpoint, tmp_path, monkeypatch, quantize):  # noqa: F811
-    import redline.training.step as step_mod
-
     extra = (f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=4", "lora.dropout=0.1", "max_steps=4",
              f"lora.quantize={quantize}")
     straight = train(config(dataset, tmp_path / "a", *extra))
-    real_set_lr, calls = step_mod.set_lr, {"n": 0}
-
-    def set_lr_then_signal(optimizers, multiplier):
-        real_set_lr(optimizers, multiplier)
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(step_mod, "set_lr", set_lr_then_signal)
-    first = train(config(dataset, tmp_path / "b", *extra))
-    monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
-    assert first.status == "interrupted" and first.step == 2
+    first = train_stopped_at(config(dataset, tmp_path / "b", *extra), 2, monkeypatch)
     last = ckpt_io.list_checkpoints(first.run_dir)[-1]
     saved = from_dict(TrainConfig, ckpt_io.load_config_dict(last))  # as `redline train --resume` does
     second = train(saved, resume_from=last)

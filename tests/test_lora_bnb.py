@@ -20,7 +20,7 @@ from redline.training import checkpoint as ckpt_io
 from redline.training.loop import train
 from tests.test_lora import base_checkpoint  # noqa: F401 (a fixture)
 from tests.test_lora_posttrain import chat_base  # noqa: F401 (a fixture)
-from tests.test_train import config, dataset, train_losses  # noqa: F401 (dataset is a fixture)
+from tests.test_train import config, dataset, train_losses, train_stopped_at  # noqa: F401 (dataset is a fixture)
 
 TINY = ModelConfig(vocab_size=96, context_len=32, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
 BNB = ("lora.enabled=True", "lora.rank=4", "lora.quantize=nf4", "lora.nf4_backend=bitsandbytes")
@@ -173,25 +173,9 @@ def test_run_saves_adapters_and_the_merged_model_equals_the_adapted_one(bnb, dat
 
 @pytest.mark.slow
 def test_resume_is_exact_and_needs_the_same_library(bnb, dataset, base_checkpoint, tmp_path, monkeypatch):  # noqa: F811
-    import os
-    import signal
-
-    import redline.training.step as step_mod
-
     extra = (f"init_from={base_checkpoint}", *BNB, "lora.dropout=0.1", "max_steps=4")
     straight = train(config(dataset, tmp_path / "a", *extra))
-    real_set_lr, calls = step_mod.set_lr, {"n": 0}
-
-    def set_lr_then_signal(optimizers, multiplier):
-        real_set_lr(optimizers, multiplier)
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(step_mod, "set_lr", set_lr_then_signal)
-    first = train(config(dataset, tmp_path / "b", *extra))
-    monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
-    assert first.status == "interrupted" and first.step == 2
+    first = train_stopped_at(config(dataset, tmp_path / "b", *extra), 2, monkeypatch)
     last = ckpt_io.list_checkpoints(first.run_dir)[-1]
     saved = from_dict(TrainConfig, ckpt_io.load_config_dict(last))
     saved.lora.nf4_backend = "torchao"

@@ -3,8 +3,6 @@ missing package named before any work."""
 
 import importlib.util
 import json
-import os
-import signal
 
 import pytest
 
@@ -12,7 +10,7 @@ from redline.config import TrainConfig, parse
 from redline.errors import UserError
 from redline.training import checkpoint as ckpt_io
 from redline.training.loop import train
-from tests.test_train import config, dataset, train_losses  # noqa: F401 (dataset is a fixture)
+from tests.test_train import config, dataset, train_losses, train_stopped_at  # noqa: F401 (dataset is a fixture)
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("prodigyopt") is None, reason="needs prodigyopt")
 
@@ -23,22 +21,9 @@ def records(run_dir, kind="train"):
 
 
 def test_prodigy_resume_is_exact_and_logs_d(dataset, tmp_path, monkeypatch):  # noqa: F811
-    import redline.training.step as step_mod
-
     extra = ("optim.name=prodigy", "max_steps=4", "optim.warmup_steps=2")
     straight = train(config(dataset, tmp_path / "a", *extra))
-    real_set_lr, calls = step_mod.set_lr, {"n": 0}
-
-    def set_lr_then_signal(optimizers, multiplier):
-        real_set_lr(optimizers, multiplier)
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(step_mod, "set_lr", set_lr_then_signal)
-    first = train(config(dataset, tmp_path / "b", *extra))
-    monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
-    assert first.status == "interrupted" and first.step == 2
+    first = train_stopped_at(config(dataset, tmp_path / "b", *extra), 2, monkeypatch)
     second = train(config(dataset, tmp_path / "b", *extra), resume_from=ckpt_io.list_checkpoints(first.run_dir)[-1])
     a, b = records(straight.run_dir), records(second.run_dir)
     assert [(r["step"], r["loss"], r["prodigy_d"]) for r in a] == [(r["step"], r["loss"], r["prodigy_d"]) for r in b]

@@ -77,24 +77,33 @@ def test_loss_falls_and_run_dir_is_complete(dataset, tmp_path):
     assert ckpt_io.list_checkpoints(result.run_dir)[-1].name == "step_00000040"
 
 
-@pytest.mark.parametrize("extra", [(), ("optim.name=muon", "tokens_per_step=256", "model.dropout=0.1")])
-def test_exact_resume(dataset, tmp_path, extra, monkeypatch):
+def train_stopped_at(cfg, step: int, monkeypatch):
+    """train(cfg) stopped by a real SIGTERM during step `step` (it finishes the step, saves, and exits) -> its
+    result, checked to be interrupted there."""
     import redline.training.step as step_mod
 
-    straight = train(config(dataset, tmp_path / "a", *extra))
-    # the same run, stopped by a real SIGTERM during step 6 (it finishes the step, saves, and exits)
     real_set_lr, calls = step_mod.set_lr, {"n": 0}
 
     def set_lr_then_signal(optimizers, multiplier):
         real_set_lr(optimizers, multiplier)
         calls["n"] += 1
-        if calls["n"] == 6:
+        if calls["n"] == step:
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(step_mod, "set_lr", set_lr_then_signal)
-    first = train(config(dataset, tmp_path / "b", *extra))
-    monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
-    assert first.status == "interrupted" and first.step == 6
+    try:
+        result = train(cfg)
+    finally:
+        monkeypatch.setattr(step_mod, "set_lr", real_set_lr)
+    assert result.status == "interrupted" and result.step == step
+    return result
+
+
+@pytest.mark.parametrize("extra", [(), ("optim.name=muon", "tokens_per_step=256", "model.dropout=0.1")])
+def test_exact_resume(dataset, tmp_path, extra, monkeypatch):
+    straight = train(config(dataset, tmp_path / "a", *extra))
+    # the same run, stopped by a real SIGTERM during step 6 (it finishes the step, saves, and exits)
+    first = train_stopped_at(config(dataset, tmp_path / "b", *extra), 6, monkeypatch)
     # the second half: the same config (max_steps=12) resumed from the step-6 checkpoint
     second = train(config(dataset, tmp_path / "b", *extra), resume_from=ckpt_io.list_checkpoints(first.run_dir)[-1])
     assert second.step == 12
