@@ -24,10 +24,7 @@ from pathlib import Path
 
 import torch
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from sft_bench import time_steps  # noqa: E402 (this folder is on sys.path when run as a script)
 
 
 def config(preset: str, batch: int, seq_len: int, device: str):
@@ -36,26 +33,6 @@ def config(preset: str, batch: int, seq_len: int, device: str):
     cfg = parse(TrainConfig, ["--preset", preset, f"batch_size={batch}", f"seq_len={seq_len}", "max_steps=1",
                               "attn_autotune=False", f"device={device}"], prog="posttrain_bench", description="")
     return cfg
-
-
-def time_steps(cfg, objective, batch, warmup: int, steps: int, device: torch.device) -> float:
-    """Seconds per optimizer step of a fresh TrainStep on the same micro-batch."""
-    from redline.training.step import TrainStep
-
-    step = TrainStep(cfg, device, objective=objective)
-    for _ in range(warmup):
-        step.step(iter([batch]), 1.0)
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        out = step.step(iter([batch]), 1.0)
-    out.loss.item()
-    _sync(device)
-    seconds = (time.perf_counter() - start) / steps
-    del step
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return seconds
 
 
 def dpo_vs_sft(args, device: torch.device) -> dict:
@@ -72,10 +49,10 @@ def dpo_vs_sft(args, device: torch.device) -> dict:
     targets[:, : T // 2] = -1  # the reply is the second half
     sft_batch = {"inputs": rows[:B, :-1], "targets": targets[:B]}
     dpo_batch = {"inputs": rows[:, :-1], "targets": targets, "index": torch.arange(B, device=device)}
-    sft = time_steps(cfg, SupervisedFineTuning(), sft_batch, args.warmup, args.steps, device)
+    sft = time_steps(cfg, SupervisedFineTuning(), lambda: iter([sft_batch]), args.warmup, args.steps, device)
     # reference log-probabilities near the policy's (random weights give about -log(vocab) per token)
     reference = torch.full((B, 2), -(T // 2) * float(torch.log(torch.tensor(float(vocab)))))
-    dpo = time_steps(cfg, DPO(0.1, reference=reference), dpo_batch, args.warmup, args.steps, device)
+    dpo = time_steps(cfg, DPO(0.1, reference=reference), lambda: iter([dpo_batch]), args.warmup, args.steps, device)
     print(f"SFT step  {sft * 1e3:8.1f} ms  ({B} x {T})\nDPO step  {dpo * 1e3:8.1f} ms  ({B} pairs: {2 * B} x {T})"
           f"  = {dpo / sft:.2f}x SFT (target <= 2.2x)", flush=True)
     return {"sft_step_ms": sft * 1e3, "dpo_step_ms": dpo * 1e3, "dpo_over_sft": dpo / sft,
