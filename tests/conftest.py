@@ -41,3 +41,13 @@ def initial_torch_state():
         _set_backend_flags(_INITIAL_FLAGS)
     torch.manual_seed(_INITIAL_SEED)  # the CPU and every CUDA generator
     yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny models (`pytestmark = pytest.mark.usefixtures("one_thread")`): as fast
+    as several there, and immune to other processes competing for the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -33,13 +33,7 @@ ARCHITECTURES = {
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread is as fast, and immune to other processes competing for the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_model(seed: int = 0, **overrides) -> GPT:

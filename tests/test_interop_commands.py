@@ -27,12 +27,7 @@ WORDS = "hello world the model reads tokens and says hi café 日本 1234".split
 SEQ, BATCH = 32, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def call(argv) -> int:
