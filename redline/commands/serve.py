@@ -177,22 +177,21 @@ def build(cfg: ServeConfig):
     from redline.inference.runtime import load_generator
     from redline.inference.text import stop_token_ids
     from redline.serve.api import Server, create_app
-    from redline.serve.scheduler import Scheduler
+    from redline.serve.scheduler import Scheduler, default_sync_every
     from redline.training.checkpoint import resolve_checkpoint
 
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     engine, tokenizer = generator.engine, generator.tokenizer
     renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
     context = cfg.context or engine.cfg.context_len
-    scheduler_kwargs = dict(max_queue=cfg.max_queue, prefill_tokens=cfg.prefill_tokens,
-                            sync_every=cfg.sync_every or None)
-    sync_every = cfg.sync_every or (8 if engine.device.type == "cuda" else 1)  # the scheduler's default
+    sync_every = cfg.sync_every or default_sync_every(engine.device)
     batch = DecodeBatch(engine, rows=cfg.max_batch, capacity=context,
                         group_steps=sync_every if cfg.group_graphs else 0)
     if cfg.warmup and (engine.plan.compile or engine.plan.cuda_graphs):
         print("redline serve: compiling and capturing the decode step...", file=sys.stderr, flush=True)
         warm_up(batch)
-    scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), **scheduler_kwargs)
+    scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
+                          prefill_tokens=cfg.prefill_tokens, sync_every=sync_every)
     name = cfg.model_name or resolve_checkpoint(cfg.checkpoint).resolve().name
     server = Server(scheduler, tokenizer, name, renderer=renderer, no_chat=no_chat,
                     api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,

@@ -39,7 +39,8 @@ class DecodeBatch:
         # decode_greedy's group_steps steps as one CUDA graph (with CUDA graphs only): one launch per group, so the
         # host, which may be waiting for the GIL, is out of the device's way for the whole group
         self.group_steps = group_steps if group_steps > 1 and self.state.graphs is not None else 0
-        self._end_at = torch.zeros(rows, dtype=torch.long, device=engine.device)  # step after which a row is freed
+        # the step of a group after which each row is freed (read by the group graphs)
+        self._end_at = torch.zeros(rows, dtype=torch.long, device=engine.device) if self.group_steps else None
 
     @property
     def rows(self) -> int:

@@ -130,6 +130,12 @@ class _Group:
     steps run (a group earlier than the steps' tokens)."""
 
 
+def default_sync_every(device: torch.device) -> int:
+    """Decode steps per read of their tokens: on a GPU a few (one wait per group), on a CPU each step is the work
+    itself."""
+    return 8 if device.type == "cuda" else 1
+
+
 class Scheduler:
     """Runs `batch` for queued sequences in a background thread (see the module docstring)."""
 
@@ -142,7 +148,7 @@ class Scheduler:
         self.max_queue, self.prefill_tokens = max_queue, prefill_tokens
         self.device = batch.engine.device
         # on a GPU, read tokens back every few steps (one wait per group); on a CPU each step is the work itself
-        self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)
+        self.sync_every = sync_every or default_sync_every(self.device)
         # read a group's tokens while the next group runs (on a GPU: the device never waits for the host); on a
         # CPU the steps are done when launched, and lagging would only delay the tokens
         self.lag_reads = self.device.type == "cuda"
