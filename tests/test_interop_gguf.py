@@ -14,8 +14,9 @@ from redline.errors import UserError
 from redline.model import GPT
 from redline.training.checkpoint import load_for_inference
 from tests.interop_models import VOCAB, byte_level_tokenizer, hf_folder, hf_model, sentencepiece_style_tokenizer
-from tests.test_interop import TOKENS, one_thread, run_cli  # noqa: F401 (fixture)
+from tests.test_interop import TOKENS, run_cli
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
