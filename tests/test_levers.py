@@ -286,5 +286,5 @@ def test_lever_claims_get_verdicts_from_the_levers_sweep(tmp_path):
     rows = {r["id"]: r for r in evaluate_claims([run(v, s, c) for (v, s), c in configs.items()], load_claims())}
     assert rows["lever-muon"]["verdict"] == "confirmed" and rows["lever-muon"]["measured_ratio"] < 1
     assert rows["lever-softcap"]["verdict"] == "refuted"  # the same loss with it as without: it does not pay
-    assert rows["lever-seq-1024"]["n"] == [3, 3]  # its sides differ in batch shape and still meet
+    assert rows["lever-seq-2048"]["n"] == [3, 3]  # its sides differ in batch shape and still meet
     assert rows["qk-norm-perplexity"]["verdict"] == "not measured"

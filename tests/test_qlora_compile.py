@@ -30,6 +30,25 @@ def test_nf4_linear_equals_torchao_bit_for_bit(shape, dtype):
     assert torch.equal(out, out_ref) and torch.equal(x.grad, x_ref.grad)
 
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(576, 576), (192, 64), (8192, 2048)])
+def test_nf4_triton_dequantization_equals_torchao_bit_for_bit(shape, dtype):
+    from redline.converters.nf4_kernel import dequantize_nf4_cuda
+
+    torch.manual_seed(0)
+    weight = to_nf4(torch.randn(shape, dtype=dtype, device="cuda") * 0.02)
+    parts, block, group = nf4_parts(weight)
+    assert torch.equal(dequantize_nf4_cuda(parts, block, group, *shape), weight.get_original_weight())
+    x = torch.randn(7, shape[1], dtype=dtype, device="cuda", requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, out_ref = nf4_linear(x, weight), nf4_module().linear_nf4(x_ref, weight)
+    out.backward(torch.ones_like(out))
+    out_ref.backward(torch.ones_like(out_ref))
+    assert torch.equal(out, out_ref) and torch.equal(x.grad, x_ref.grad)
+
 def qlora_model(checkpointing: str) -> GPT:
     torch.manual_seed(0)
     model = GPT(TINY)

@@ -16,10 +16,13 @@ themselves), exactly what eager QLoRA keeps. W exists only inside an op, for one
 The dequantization is torchao's NF4Tensor.get_original_weight, bit for bit (the same bf16 products of an NF4 level
 and its block's scale), in three passes instead of torchao's dozen: each stored byte holds two 4-bit codes (high
 nibble first), so a 256-entry table of level pairs turns a byte into its two values in one gather (the bytes
-widened to int32 first), and one multiply applies the blocks' scales.
+widened to int32 first), and one multiply applies the blocks' scales. On a CUDA GPU with Triton it is one kernel
+instead (nf4_kernel.py), the same bits: one read of the packed weight, one write of W.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -54,10 +57,28 @@ def dequantize_parts(parts: list[torch.Tensor], block_size: int, scaler_block_si
     return (values.view(-1, block_size) * scales.unsqueeze(-1)).view(out_features, in_features)
 
 
+def dequantize(parts: list[torch.Tensor], block_size: int, scaler_block_size: int, out_features: int,
+               in_features: int) -> torch.Tensor:
+    """dequantize_parts, as one Triton kernel where the parts are on a CUDA GPU and Triton is installed."""
+    kernel = _triton_kernel() if parts[0].is_cuda else None
+    if kernel is not None and kernel.supports(block_size) and out_features * in_features < 2**31:
+        return kernel.dequantize_nf4_cuda(parts, block_size, scaler_block_size, out_features, in_features)
+    return dequantize_parts(parts, block_size, scaler_block_size, out_features, in_features)
+
+
+@functools.cache
+def _triton_kernel():
+    try:
+        from redline.converters import nf4_kernel
+    except ImportError:  # no triton (a CPU build of torch): the torch-ops path
+        return None
+    return nf4_kernel
+
+
 @torch.library.custom_op("redline::nf4_linear", mutates_args=())
 def nf4_linear_op(x: torch.Tensor, parts: list[torch.Tensor], block_size: int, scaler_block_size: int,
                   out_features: int, in_features: int) -> torch.Tensor:
-    weight = dequantize_parts(parts, block_size, scaler_block_size, out_features, in_features).to(x.dtype)
+    weight = dequantize(parts, block_size, scaler_block_size, out_features, in_features).to(x.dtype)
     return torch.matmul(x, weight.t())
 
 
@@ -69,7 +90,7 @@ def _(x, parts, block_size, scaler_block_size, out_features, in_features):
 @torch.library.custom_op("redline::nf4_linear_grad_input", mutates_args=())
 def nf4_linear_grad_input(grad: torch.Tensor, parts: list[torch.Tensor], block_size: int, scaler_block_size: int,
                           out_features: int, in_features: int) -> torch.Tensor:
-    weight = dequantize_parts(parts, block_size, scaler_block_size, out_features, in_features).to(grad.dtype)
+    weight = dequantize(parts, block_size, scaler_block_size, out_features, in_features).to(grad.dtype)
     return torch.matmul(grad, weight)
 
 

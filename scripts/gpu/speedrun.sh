@@ -13,11 +13,11 @@
 # so it is trained at two step counts, each a recipe file of its own (fast-300.toml = redline/recipes/fast.toml
 # with max_steps = 300): 30% of STEPS, then 22% if that reached the target, else 45% (FAST_STEPS="N M ..." gives
 # them instead). The fastest run that reaches the target is the verdict's. nanogpt trains at 32 × 1024 (one
-# micro-batch a step, as fast's 16 × 2048). Timings exclude compilation (each run's first logged window counted at
+# micro-batch a step, as fast's). Timings exclude compilation (each run's first logged window counted at
 # its median speed) and evaluation; see redline/commands/speedrun.py for the clock.
 #
 # Environment: FAST_STEPS ("auto", or step counts), EXTRA_RECIPES (more recipes timed to the same target, e.g.
-# "default muon"; each a full STEPS-step run), TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144
+# "default muon", or recipe files; each a STEPS-step run unless its file sets max_steps), TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144
 # validation tokens per evaluation), VOCAB (32768), TOKENIZER_BYTES (the BPE is trained on the first 25 MB of
 # text), LIMIT (540: the call's wall-time budget in seconds; a recipe after nanogpt starts only if it fits,
 # estimated as 60 s + the nanogpt run's wall time scaled by its steps), OUT (default: a temporary folder).
@@ -140,7 +140,7 @@ reached() {
 sys.exit(0 if rows.get(sys.argv[2], {}).get("reached") else 1)' "$SPEEDRUN/speedrun.json" "$1" 2>/dev/null
 }
 
-# nanogpt at 32 × 1024 (one micro-batch of 32,768 tokens a step, as fast's 16 × 2048): the recipe's own 16 × 1024
+# nanogpt at 32 × 1024 (one micro-batch of 32,768 tokens a step, as fast): the recipe's own 16 × 1024
 # would accumulate two micro-batches a step, a slower step for the same training
 { echo "batch_size = 32   # one micro-batch a step"; cat redline/recipes/nanogpt.toml; } > "$OUT/nanogpt.toml"
 run_recipe "$OUT/nanogpt.toml" "$STEPS"
@@ -154,7 +154,10 @@ if [ "$FAST_STEPS" = auto ]; then
 else
     for n in $FAST_STEPS; do run_recipe "$(fast_recipe "$n")" "$n"; done
 fi
-for r in $EXTRA_RECIPES; do run_recipe "$r" "$STEPS"; done
+for r in $EXTRA_RECIPES; do  # a recipe file's own max_steps (as fast-N.toml's) is its budget, else STEPS
+    n=$( [ -f "$r" ] && sed -n 's/^max_steps *= *\([0-9]*\).*/\1/p' "$r" | head -n 1 )
+    run_recipe "$r" "${n:-$STEPS}"
+done
 wall=$(( $(date +%s) - start ))
 
 "$PY" - "$SPEEDRUN/speedrun.json" "$STEPS" "$TOKENS_PER_STEP" "$wall" "$prepare_seconds" "${skipped[*]:-}" <<'EOF'
