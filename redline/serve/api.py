@@ -59,7 +59,7 @@ class Server:
                 return [self.renderer.prompt(job.messages)]
             except UserError as e:
                 raise bad(str(e), "messages") from None
-        vocab = self.scheduler.batch.engine.cfg.vocab_size
+        vocab = self.scheduler.vocab_size
         out = []
         for p in job.prompts:
             if isinstance(p, str):
@@ -95,7 +95,7 @@ class Server:
                 if sampling.seed is not None and j:  # each choice its own stream of random numbers
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
-                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, self.mailbox(loop).sink(queue, index),
+                seqs.append(self.scheduler.sequence_type(ids, max_tokens, sampling, job.stop, self.mailbox(loop).sink(queue, index),
                                      stop_ids=stop_ids))
         return seqs, sum(len(ids) for ids in prompts)
 
@@ -353,6 +353,8 @@ def create_app(server: Server):
 
     @app.get("/health")
     async def health():
+        if server.scheduler.failure:
+            raise APIError(503, server.scheduler.failure, code="engine_failed", type="server_error")
         return {"status": "ok", "model": server.model}
 
     @app.get("/metrics")
@@ -374,10 +376,10 @@ def metrics_text(scheduler: Scheduler) -> str:
               f"redline_completion_tokens_total {s.completion_tokens}",
               "# TYPE redline_queue_depth gauge", f"redline_queue_depth {scheduler.queue_depth()}",
               "# TYPE redline_batch_rows_busy gauge", f"redline_batch_rows_busy {scheduler.busy_rows()}",
-              "# TYPE redline_batch_rows gauge", f"redline_batch_rows {scheduler.batch.rows}",
+              "# TYPE redline_batch_rows gauge", f"redline_batch_rows {scheduler.batch_rows}",
               "# TYPE redline_decode_steps_total counter", f"redline_decode_steps_total {s.steps}",
               "# TYPE redline_batch_occupancy gauge",
-              f"redline_batch_occupancy {s.busy_row_steps / s.steps / scheduler.batch.rows if s.steps else 0:.4f}",
+              f"redline_batch_occupancy {s.busy_row_steps / s.steps / scheduler.batch_rows if s.steps else 0:.4f}",
               "# TYPE redline_time_to_first_token_seconds summary"]
     for q in (0.5, 0.9, 0.99):
         value = ttft[min(len(ttft) - 1, int(q * len(ttft)))] if ttft else float("nan")
