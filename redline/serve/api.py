@@ -95,8 +95,8 @@ class Server:
                 if sampling.seed is not None and j:  # each choice its own stream of random numbers
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
-                seqs.append(self.scheduler.sequence_type(ids, max_tokens, sampling, job.stop, self.mailbox(loop).sink(queue, index),
-                                     stop_ids=stop_ids))
+                sink = self.mailbox(loop).sink(queue, index)
+                seqs.append(self.scheduler.sequence_type(ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids))
         return seqs, sum(len(ids) for ids in prompts)
 
 
