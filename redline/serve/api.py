@@ -4,7 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
-text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events).
+text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events). With
+the engine in a process of its own (engine_process.py), its reader thread does the handing, one message a turn.
 Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its
 sequences: a stream when its response is torn down, a plain request by a task that waits for the connection to
 close while the request waits for its result. GET / is the chat page (chat.html beside this module).
@@ -32,6 +33,8 @@ class Server:
     """What the endpoints serve: the scheduler, the tokenizer, the model's name and chat template, the limits."""
 
     scheduler: Scheduler
+    """The Scheduler in a thread of this process, or engine_process.py's EngineProcess (the same interface) for
+    one in a process of its own."""
     tokenizer: object
     model: str
     renderer: object | None = None
