@@ -293,3 +293,4 @@ def test_serve_command_with_an_engine_process_stops_it_on_sigterm(checkpoint):
     assert code in (0, -15) and "Traceback" not in proc.stderr.read()
     with pytest.raises(ProcessLookupError):
         os.kill(engine_pid, 0)
+

@@ -84,6 +84,7 @@ class EngineProcess:
         self._seqs: dict[int, RemoteSequence] = {}  # in flight: submitted, no final event yet
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._sent = self._received = self._waiting = self._busy = 0
         self._replies: collections.deque = collections.deque()
         self._replied = threading.Condition()
@@ -173,15 +174,15 @@ class EngineProcess:
     def close(self, timeout: float = 10.0) -> None:
         """Cancel whatever still runs (503 error events), stop the engine process and wait for it (killed if it
         does not end in time). Safe to call more than once, from any thread."""
-        with self._send_lock:
+        with self._close_lock:  # a second caller waits for the first's close to end
             if self._closed:
                 return
             self._closed = self._closing = True
-        if self._send(("close",)):
-            self._reply("closed", timeout)
-        _stop(self.process, timeout)  # its end of the pipe closes with it: the reader sees the end and stops
-        self._reader.join(timeout)
-        self.conn.close()
+            if self._send(("close",)):
+                self._reply("closed", timeout)
+            _stop(self.process, timeout)  # its end of the pipe closes with it: the reader sees the end and stops
+            self._reader.join(timeout)
+            self.conn.close()
 
     # -- the reader thread --------------------------------------------------------------------------------
 

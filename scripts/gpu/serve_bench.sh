@@ -6,6 +6,7 @@
 #     SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the server's --sync-every (a server each)
 #     SERVE_ARGS="--group-graphs" SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # one graph a group
 #     ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the engine in its own process or not
+#     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
 #   1. `redline bench-infer --preset $PRESET` (random weights), compiled, batch 1 and 64, $PROMPT-token prompts,
@@ -53,6 +54,12 @@ if ! "$PY" -c 'import torch, tyro, fastapi, uvicorn; assert torch.cuda.is_availa
     exit 2
 fi
 START=$(date +%s)
+
+if [ "${GPU_TESTS:-0}" = 1 ]; then  # the engine process against the in-thread server, token for token (a minute)
+    echo "=== pytest -m gpu: tests/test_serve_engine_process_gpu.py tests/test_serve.py ===" | tee -a "$LOG"
+    timeout 300 "$PY" -m pytest -q -m gpu tests/test_serve_engine_process_gpu.py tests/test_serve.py \
+        -p no:cacheprovider 2>&1 | tail -n 5 | tee -a "$LOG"
+fi
 
 echo "=== redline bench-infer --preset $PRESET (offline, batch 1 and 64) ===" | tee -a "$LOG"
 timeout 150 "$PY" -m redline bench-infer --preset "$PRESET" --batch-sizes 1 64 --methods compiled \
