@@ -265,19 +265,21 @@ def test_an_engine_that_cannot_start_says_why_and_leaves_nothing(checkpoint):
 
 
 @pytest.mark.slow
-def test_serve_command_with_an_engine_process_stops_it_on_sigterm(checkpoint):
-    """`redline serve --engine-process` answers, and SIGTERM ends both processes."""
+def test_serve_command_drains_on_sigterm_to_both_processes_and_leaves_none(checkpoint):
+    """`redline serve --engine-process` answers; SIGTERM sent to both processes (as a service manager stops a
+    process group) lets the running stream finish, then ends both."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
+    url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(checkpoint), "--port", str(port),
                              "--model-name", MODEL, "--cpu-threads", "1", "--engine-process"],
                             stderr=subprocess.PIPE, text=True)
     try:
         banner = proc.stderr.readline()  # printed once the engine is ready, before listening
         engine_pid = int(re.search(r"engine: process (\d+)", banner).group(1))
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         deadline = time.time() + 60
         while True:
             try:
@@ -287,10 +289,18 @@ def test_serve_command_with_an_engine_process_stops_it_on_sigterm(checkpoint):
                 assert proc.poll() is None and time.time() < deadline
                 time.sleep(0.2)
         assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 8
+        started = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(stream_events, url, started)
+            assert started.wait(30)
+            for pid in (proc.pid, engine_pid):
+                os.kill(pid, signal.SIGTERM)
+            events = running.result(30)
+            code = proc.wait(30)
     finally:
-        proc.terminate()
-        code = proc.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"  # drained
     assert code in (0, -15) and "Traceback" not in proc.stderr.read()
     with pytest.raises(ProcessLookupError):
         os.kill(engine_pid, 0)
-

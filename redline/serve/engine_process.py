@@ -20,8 +20,8 @@ How it works
 - The engine process ending (a crash, killed) ends every request waiting on it with an error event, makes
   `failure` say why (/health answers 503) and new requests 503. Shutdown: `drain()` and `close()` are sent as
   messages; `close()` waits for the process, and kills it if it does not end. The engine process ends by itself
-  when the API process goes away (its end of the pipe closes), and ignores SIGINT (Ctrl-C reaches the whole
-  process group; the API process decides how to stop).
+  when the API process goes away (its end of the pipe closes), and ignores SIGINT and SIGTERM (a terminal's
+  Ctrl-C and a service manager's SIGTERM reach the whole process group; the API process drains, then stops it).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class EngineFailed(ShuttingDown):
     """The engine process has ended: nothing can run (HTTP 503)."""
 
 
-@dataclass(eq=False)
+@dataclass
 class RemoteSequence(Sequence):
     """A sequence in the API process whose tokens are generated in the engine process: its state (tokens counted,
     finish_reason) is what the engine reported."""
@@ -108,11 +108,11 @@ class EngineProcess:
             reply = conn.recv()
         except (EOFError, OSError):
             process.join(5)
-            raise UserError(f"the engine process ended while starting (exit code {process.exitcode}); its error "
-                            f"is printed above") from None
-        except BaseException:  # Ctrl-C while it loads: do not leave it behind
-            conn.close()  # it ends when its pipe closes
-            _stop(process)
+            raise UserError(f"the engine process ended while starting (exit code {process.exitcode}); see the "
+                            f"messages above") from None
+        except BaseException:  # Ctrl-C while it loads (or compiles, for minutes): do not leave it behind
+            conn.close()
+            _stop(process, 1.0)
             raise
         if reply[0] != "ready":
             conn.close()
@@ -273,11 +273,8 @@ class EngineProcess:
 
 
 def _stop(process, timeout: float = 10.0) -> None:
-    """Wait for the engine process to end, then terminate it, then kill it."""
+    """Wait for the engine process to end, then kill it (it ignores SIGTERM: see engine_main)."""
     process.join(timeout)
-    if process.is_alive():
-        process.terminate()
-        process.join(5)
     if process.is_alive():
         process.kill()
         process.join(5)
@@ -370,7 +367,10 @@ class _Outbox:
 def engine_main(conn, builder, args: tuple, switch_interval_s: float | None) -> None:
     """The engine process: build the scheduler, report ready, then serve the API process's messages until it
     says close or goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the API process decides
+    # a terminal's Ctrl-C and a service manager's SIGTERM reach every process of the group: the API process drains,
+    # then closes this one (which also ends by itself when the API process's end of the pipe closes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if switch_interval_s:
         sys.setswitchinterval(switch_interval_s)
     try:
