@@ -242,6 +242,39 @@ def test_a_dead_engine_ends_its_requests_with_an_error_and_fails_health(own_engi
     assert engine.process not in multiprocessing.active_children()  # reaped
 
 
+def dying_scheduler(cfg: ServeConfig):
+    """An engine process's builder (it runs there): a scheduler whose thread dies at the end of its first turn."""
+    from redline.commands.serve import build_scheduler
+
+    scheduler = build_scheduler(cfg)[0]
+
+    def fail() -> None:
+        raise SystemExit("a bug outside the scheduler's turn")  # not an Exception: nothing in the thread catches it
+
+    scheduler.flushes.append(fail)
+    return scheduler
+
+
+@pytest.mark.slow  # an engine process of its own: a few seconds to start
+def test_an_engine_whose_scheduler_thread_dies_says_so(checkpoint):
+    import queue
+
+    from redline.inference import SamplingParams
+    from redline.serve.engine_process import EngineFailed, EngineProcess
+
+    engine = EngineProcess.start(dying_scheduler, serve_config(checkpoint, True))
+    try:
+        events = queue.Queue()
+        engine.submit([engine.sequence_type([1, 2, 3], 8, SamplingParams(), (), events.put)])
+        event = events.get(timeout=30)
+        assert event[0] == "error" and "scheduler thread died" in event[1] and "scheduler thread died" in engine.failure
+        with pytest.raises(EngineFailed, match="restart the server"):
+            engine.submit([engine.sequence_type([1, 2, 3], 8, SamplingParams(), (), events.put)])
+    finally:
+        engine.close()
+    assert not engine.process.is_alive()
+
+
 @pytest.mark.slow  # an engine process of its own: a few seconds to start
 def test_drain_cancels_what_the_timeout_does_not_cover_and_ends_the_process(own_engine):
     engine = own_engine.scheduler

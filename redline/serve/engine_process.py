@@ -81,6 +81,7 @@ class EngineProcess:
         self.stats = Stats()
         self.flushes = []
         self.failure: str | None = None
+        self._fatal: str | None = None  # why the engine process is about to end, when it knows
         self._seqs: dict[int, RemoteSequence] = {}  # in flight: submitted, no final event yet
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
@@ -213,6 +214,8 @@ class EngineProcess:
                 message = self.conn.recv()
                 if message[0] == "events":
                     self._take(message[1], message[2])
+                elif message[0] == "fatal":  # the engine process ends next: _ended says why
+                    self._fatal = message[1]
                 else:
                     with self._replied:
                         self._replies.append(message)
@@ -256,8 +259,8 @@ class EngineProcess:
         if not self._closed:
             self.process.join(2)
             code = self.process.exitcode
-            self.failure = (f"the engine process ended unexpectedly (exit code {code})" if code is not None else
-                            "the connection to the engine process broke")
+            self.failure = (self._fatal or (f"the engine process ended unexpectedly (exit code {code})"
+                                            if code is not None else "the connection to the engine process broke"))
             print(f"redline serve: {self.failure}", file=sys.stderr, flush=True)
         message = self.failure or "the server shut down before this request finished; retry it"
         for rid, seq in list(self._seqs.items()):
@@ -388,23 +391,36 @@ def engine_main(conn, builder, args: tuple, switch_interval_s: float | None) -> 
     outbox.send(("ready", {"capacity": scheduler.capacity, "vocab_size": scheduler.vocab_size,
                            "rows": scheduler.batch_rows, "describe": scheduler.describe()}))
     try:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):  # the API process is gone
-                break
-            if message[0] == "submit":
-                outbox.submit(message[1])
-            elif message[0] == "cancel":
-                seq = outbox.live.get(message[1])
-                if seq is not None:
-                    seq.cancel()
-            elif message[0] == "drain":
-                threading.Thread(target=lambda t=message[1]: outbox.send(("drained", scheduler.drain(t))),
-                                 daemon=True).start()
-            elif message[0] == "close":
-                break
+        _serve(conn, scheduler, outbox)
     finally:
         scheduler.close()
         outbox.send(("closed",))
         conn.close()
+
+
+def _serve(conn, scheduler: Scheduler, outbox: _Outbox) -> None:
+    """The engine process's main thread: the API process's messages, until it says close or goes away; and a
+    scheduler thread that died (nothing would ever answer the requests) reported as fatal."""
+    draining = False
+    while True:
+        try:
+            if not conn.poll(1.0):
+                if not scheduler.alive and not draining:
+                    outbox.send(("fatal", "the engine's scheduler thread died (its error is printed above)"))
+                    return
+                continue
+            message = conn.recv()
+        except (EOFError, OSError):  # the API process is gone
+            return
+        if message[0] == "submit":
+            outbox.submit(message[1])
+        elif message[0] == "cancel":
+            seq = outbox.live.get(message[1])
+            if seq is not None:
+                seq.cancel()
+        elif message[0] == "drain":
+            draining = True
+            threading.Thread(target=lambda t=message[1]: outbox.send(("drained", scheduler.drain(t))),
+                             daemon=True).start()
+        elif message[0] == "close":
+            return

@@ -233,6 +233,11 @@ class Scheduler:
     def queue_depth(self) -> int:
         return len(self.waiting)
 
+    @property
+    def alive(self) -> bool:
+        """Whether its thread runs (False once closed, or if the thread died of an error outside a turn)."""
+        return self._thread.is_alive()
+
     def busy_rows(self) -> int:
         return sum(seq is not None for seq in self.rows)
 
