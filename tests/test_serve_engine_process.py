@@ -131,8 +131,9 @@ def test_the_engine_runs_in_another_process_and_only_on_request_on_a_cpu(in_proc
     engine = in_process.scheduler
     assert engine.pid != os.getpid() and engine.process.is_alive()
     assert engine.describe()["device"] == "cpu" and engine.capacity == CFG.context_len and engine.batch_rows == 4
-    cfg = ServeConfig(checkpoint=str(checkpoint), runtime=RuntimeOptions(device="cpu"))
-    assert not uses_engine_process(cfg)  # the default on a CPU: in a thread
+    default = {device: uses_engine_process(ServeConfig(checkpoint=str(checkpoint), runtime=RuntimeOptions(device)))
+               for device in ("auto", "cpu", "cuda")}
+    assert default == {"auto": torch.cuda.is_available(), "cpu": False, "cuda": True}  # in a thread on a CPU
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -206,7 +206,13 @@ def uses_engine_process(cfg: ServeConfig) -> bool:
     a CPU (the device is the host: nothing to overlap)."""
     if cfg.engine_process is not None:
         return cfg.engine_process
-    return cfg.runtime.resolve_device().type == "cuda"
+    if cfg.runtime.device != "auto":
+        return cfg.runtime.device == "cuda"
+    import torch
+
+    # not resolve_device(): it selects the GPU, which creates a CUDA context in this process (memory on the device
+    # for a process that never uses it); is_available() does not
+    return torch.cuda.is_available()
 
 
 def build(cfg: ServeConfig):
