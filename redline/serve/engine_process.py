@@ -185,7 +185,7 @@ class EngineProcess:
             self._reader.join(timeout)
             self.conn.close()
 
-    # -- the reader thread --------------------------------------------------------------------------------
+    # -- messages to the engine, and the reader thread of its messages -----------------------------------
 
     def _send(self, message) -> bool:
         """Send a message to the engine process; False if it is gone."""
