@@ -1,7 +1,8 @@
 """`redline serve --engine-process`: the engine in a spawned process of its own (redline/serve/engine_process.py),
 against the in-thread server on the same checkpoint through the official `openai` client: the same greedy and
-seeded completions, streamed and not, alone and concurrent; a disconnected client frees its row; an engine that
-dies ends its requests with an error and fails /health; shutdown leaves no process behind."""
+seeded completions, streamed and not, alone and concurrent; a bounded load loses nothing; a disconnected client
+frees its row; an engine that dies ends its requests with an error and fails /health; shutdown leaves no process
+behind."""
 
 import json
 import multiprocessing
@@ -170,6 +171,28 @@ def test_concurrent_requests_equal_the_in_thread_server(in_thread, in_process):
                             range(10)))
     assert got == want
     wait_until(lambda: in_process.scheduler.busy_rows() == 0)
+
+
+def test_bounded_load_loses_nothing(in_process, capsys, monkeypatch):
+    """scripts/serve_load.py against the engine-process server: Poisson arrivals, more clients than rows, a time
+    limit; every request completes, and the server counts every token the clients got."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    load = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "serve_load", load)  # its dataclasses look their module up
+    spec.loader.exec_module(load)
+    before = in_process.scheduler.stats.completion_tokens
+    t0 = time.time()
+    code = load.main(["--url", in_process.url, "--model", MODEL, "--concurrency", "8", "--requests", "24",
+                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "12"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and time.time() - t0 < 30
+    assert summary["completed"] == 24 and summary["failed"] == 0 and sum(summary["finish_reasons"].values()) == 24
+    wait_until(lambda: in_process.scheduler.stats.completion_tokens - before == summary["output_tokens"])
+    wait_until(lambda: in_process.scheduler.busy_rows() == 0 and in_process.scheduler.queue_depth() == 0)
 
 
 def test_limits_and_metrics_answer_from_the_api_process(in_process):
