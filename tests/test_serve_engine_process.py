@@ -313,6 +313,13 @@ def test_drain_cancels_what_the_timeout_does_not_cover_and_ends_the_process(own_
     assert engine.failure is None  # closed, not failed
 
 
+def test_a_bad_chat_template_fails_before_the_engine_starts(checkpoint):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(UserError, match="--chat-template /no/such/file: no such file"):
+        build(serve_config(checkpoint, True, chat_template="/no/such/file"))
+    assert set(multiprocessing.active_children()) == before
+
+
 @pytest.mark.slow  # an engine process of its own: a few seconds to start
 def test_an_engine_that_cannot_start_says_why_and_leaves_nothing(checkpoint):
     before = set(multiprocessing.active_children())  # the module's own engine, if it runs

@@ -225,15 +225,12 @@ def build(cfg: ServeConfig):
         from redline.serve.engine_process import EngineProcess
         from redline.tokenizer import load_tokenizer
 
-        ckpt = resolve_checkpoint(cfg.checkpoint)
+        # the tokenizer and chat template first: a bad one fails at once, not after the engine compiled (the engine
+        # checks that the tokenizer is the checkpoint's)
+        tokenizer = load_tokenizer(cfg.tokenizer or str(resolve_checkpoint(cfg.checkpoint) / "tokenizer"))
+        renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
         scheduler = EngineProcess.start(engine_scheduler, cfg, max_queue=cfg.max_queue,
                                         switch_interval_s=cfg.switch_interval_ms / 1000)
-        try:  # the engine checked that the tokenizer is the checkpoint's
-            tokenizer = load_tokenizer(cfg.tokenizer or str(ckpt / "tokenizer"))
-            renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
-        except BaseException:
-            scheduler.close()
-            raise
     else:
         scheduler, tokenizer = build_scheduler(cfg)
         renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
