@@ -3,7 +3,7 @@ outside the model's own calls (bookkeeping per row and per step, reading tokens 
 events to the asyncio side), which on a GPU runs while the device waits unless it is small.
 
     python scripts/serve_overhead.py [--requests 64] [--rows 64] [--prompt-tokens 128] [--max-tokens 256]
-        [--sync-every 8] [--repeats 3] [--profile 25]
+        [--sync-every 8] [--repeats 3] [--profile 25] [--engine-process]
 
 Drives the Scheduler directly (no HTTP) with a deliberately tiny model (one layer, 32 wide), so the model's calls
 are cheap, and times them: host time = wall time of a run - time inside the engine's prefill and decode step
@@ -12,6 +12,11 @@ loop in the main thread, as the server's do (so the wake-ups and the GIL the two
 time on a shared machine counts other processes too, so it also reports host CPU time: the CPU seconds of both
 threads outside the model's calls (the scheduler's thread's and the event loop's). Prints a table, then one JSON
 line. --profile N prints cProfile's N costliest functions of the scheduler's thread.
+
+--engine-process runs the scheduler in an engine process of its own (redline/serve/engine_process.py, as
+`redline serve --engine-process`): its host CPU per step is then the engine's alone (its scheduler thread,
+sending each turn's events included), which is what a GPU waits for; the event loop and the reader thread that
+receives the events run in this process, beside it (their CPU per step is reported apart).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from redline.inference.batch import DecodeBatch  # noqa: E402
 from redline.model import GPT, ModelConfig  # noqa: E402
 from redline.serve import protocol  # noqa: E402
 from redline.serve.api import Mailbox, _sse  # noqa: E402
-from redline.serve.scheduler import Scheduler, Sequence  # noqa: E402
+from redline.serve.scheduler import Scheduler  # noqa: E402
 
 
 class ModelClock:
@@ -100,7 +105,7 @@ async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> 
     loop = asyncio.get_running_loop()
     queues, mailbox = [asyncio.Queue() for _ in prompts], Mailbox(loop)
     sched.flushes.append(mailbox.flush)
-    seqs = [Sequence(p, max_tokens, SamplingParams(temperature=0.0), (), mailbox.sink(q, 0))
+    seqs = [sched.sequence_type(p, max_tokens, SamplingParams(temperature=0.0), (), mailbox.sink(q, 0))
             for p, q in zip(prompts, queues)]
 
     # each text event becomes the server-sent event a streaming client with continuous usage stats gets (the JSON
@@ -121,8 +126,69 @@ async def drive(sched: Scheduler, prompts: list[list[int]], max_tokens: int) -> 
     sched.submit(seqs)
     await asyncio.gather(*(consume(q) for q in queues))
     seconds, loop_cpu = time.perf_counter() - t0, time.thread_time() - c0
-    assert all(s.finish_reason == "length" and len(s.tokens) == max_tokens for s in seqs), "a request fell short"
-    return seconds, loop_cpu, sum(len(s.tokens) for s in seqs)
+    assert all(s.finish_reason == "length" and s.completion_tokens == max_tokens for s in seqs), "a request fell short"
+    return seconds, loop_cpu, sum(s.completion_tokens for s in seqs)
+
+
+class ReportingScheduler(TimedScheduler):
+    """In the engine process: writes its thread's CPU time and the model's time to `report` when its thread ends."""
+
+    report: str = ""
+    clock: ModelClock | None = None
+
+    def _run(self) -> None:
+        try:
+            super()._run()
+        finally:
+            Path(self.report).write_text(json.dumps({
+                "cpu_seconds": self.cpu_seconds, "model_seconds": self.clock.seconds,
+                "model_cpu_seconds": self.clock.cpu_seconds, "steps": self.stats.steps}))
+
+
+def engine_scheduler(args: argparse.Namespace, report: str) -> Scheduler:
+    """The engine process's scheduler (EngineProcess.start's builder): the same model, built from the same seed."""
+    torch.set_num_threads(args.threads)
+    engine = InferenceEngine(tiny_model(args))
+    batch = DecodeBatch(engine, rows=args.rows, capacity=args.prompt_tokens + args.max_tokens + 1)
+    clock = ModelClock(engine)
+    sched = ReportingScheduler(batch, PrintableTokenizer(), [], max_queue=args.requests,
+                               prefill_tokens=args.prompt_tokens * args.rows, sync_every=args.sync_every)
+    sched.report, sched.clock = report, clock
+    return sched
+
+
+def measure_engine_process(args) -> dict:
+    """measure() with the scheduler in an engine process: host time per step from the engine's own clocks."""
+    import tempfile
+
+    from redline.serve.engine_process import EngineProcess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = str(Path(tmp) / "engine.json")
+        engine = EngineProcess.start(engine_scheduler, args, report, max_queue=args.requests)
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, 256, (args.requests, args.prompt_tokens), generator=gen).tolist()
+        try:
+            c0 = time.process_time()
+            seconds, loop_cpu, _ = asyncio.run(drive(engine, prompts, args.max_tokens))
+            api_cpu = time.process_time() - c0  # the event loop's thread and the reader thread
+        finally:
+            engine.close()
+        r = json.loads(Path(report).read_text())
+    steps, tokens = r["steps"], args.requests * args.max_tokens
+    host = seconds - r["model_seconds"]
+    return {"seconds": seconds, "model_seconds": r["model_seconds"], "host_seconds": host, "steps": steps,
+            "tokens": tokens, "host_us_per_step": 1e6 * host / steps, "host_us_per_token": 1e6 * host / tokens,
+            "host_cpu_us_per_step": 1e6 * (r["cpu_seconds"] - r["model_cpu_seconds"]) / steps,
+            "loop_cpu_us_per_step": 1e6 * api_cpu / steps}
+
+
+def tiny_model(args) -> GPT:
+    """One layer, 32 wide: its calls are cheap next to the host's work."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=261, context_len=args.prompt_tokens + args.max_tokens + 1, n_layer=1, n_embd=32,
+                      n_head=2, n_kv_head=1)
+    return GPT(cfg).eval()
 
 
 def measure(args, model: GPT, tokenizer, profile: bool) -> dict:
@@ -160,27 +226,35 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs; the fastest counts (a shared CPU is noisy)")
     p.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions (one more run)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--engine-process", action="store_true",
+                   help="the scheduler in an engine process of its own, as `redline serve --engine-process`")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=261, context_len=args.prompt_tokens + args.max_tokens + 1, n_layer=1, n_embd=32,
-                      n_head=2, n_kv_head=1)
-    model = GPT(cfg).eval()
+    model = tiny_model(args)
     tokenizer = PrintableTokenizer()
-    runs = [measure(args, model, tokenizer, profile=False) for _ in range(args.repeats)]
+    if args.engine_process and args.profile:
+        p.error("--profile profiles the scheduler's thread in this process: drop --engine-process")
+    if args.engine_process:
+        runs = [measure_engine_process(args) for _ in range(args.repeats)]
+    else:
+        runs = [measure(args, model, tokenizer, profile=False) for _ in range(args.repeats)]
     best = min(runs, key=lambda r: r["host_us_per_step"])
+    where = "in its own process" if args.engine_process else "in a thread"
     print(f"{args.requests} requests on {args.rows} rows, {args.prompt_tokens}-token prompts, {args.max_tokens} "
-          f"new tokens, sync_every {args.sync_every}, CPU ({torch.get_num_threads()} torch thread(s))")
+          f"new tokens, sync_every {args.sync_every}, CPU ({torch.get_num_threads()} torch thread(s)), engine {where}")
+    # in an engine process the host CPU is the engine's alone, and the API process's runs beside it
+    cpu, loop = ("engine CPU us/step", "API proc CPU/step") if args.engine_process else ("host CPU us/step",
+                                                                                          "of it event loop")
     print(f"{'run':>4} {'wall s':>8} {'model s':>8} {'host s':>8} {'steps':>6} {'host us/step':>13} "
-          f"{'host us/token':>14} {'host CPU us/step':>17} {'of it event loop':>17}")
+          f"{'host us/token':>14} {cpu:>18} {loop:>18}")
     for i, r in enumerate(runs):
         print(f"{i:>4} {r['seconds']:>8.3f} {r['model_seconds']:>8.3f} {r['host_seconds']:>8.3f} {r['steps']:>6} "
-              f"{r['host_us_per_step']:>13.1f} {r['host_us_per_token']:>14.2f} {r['host_cpu_us_per_step']:>17.1f} "
-              f"{r['loop_cpu_us_per_step']:>17.1f}")
+              f"{r['host_us_per_step']:>13.1f} {r['host_us_per_token']:>14.2f} {r['host_cpu_us_per_step']:>18.1f} "
+              f"{r['loop_cpu_us_per_step']:>18.1f}")
     if args.profile:
         measure(args, model, tokenizer, profile=True)
-    print(json.dumps({"requests": args.requests, "rows": args.rows, "prompt_tokens": args.prompt_tokens,
-                      "max_tokens": args.max_tokens, "sync_every": args.sync_every,
+    print(json.dumps({"engine_process": args.engine_process, "requests": args.requests, "rows": args.rows,
+                      "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "sync_every": args.sync_every,
                       "host_us_per_step": round(best["host_us_per_step"], 1),
                       "host_us_per_token": round(best["host_us_per_token"], 2),
                       "host_cpu_us_per_step": round(min(r["host_cpu_us_per_step"] for r in runs), 1),

@@ -64,6 +64,9 @@ class ServeConfig:
     shutdown_timeout: float = 10.0
     """On SIGTERM or Ctrl-C: seconds to let requests in flight (running or queued) finish before cancelling them;
     new connections are refused from the signal on."""
+    engine_process: bool | None = None
+    """Run the engine (model, batch, scheduler, detokenizing) in a process of its own, so that its Python runs
+    beside the HTTP side's instead of taking turns with it for one GIL (default: on for CUDA, off on a CPU)."""
     warmup: bool = True
     """Compile and capture every decode width before listening (GPU), so no request waits for it."""
     tokenizer: str | None = None
@@ -171,18 +174,16 @@ def draining_server(uvicorn, scheduler, timeout: float):
     return DrainingServer
 
 
-def build(cfg: ServeConfig):
-    """(Server, the FastAPI app) for a checkpoint, the model loaded and warmed up."""
+def build_scheduler(cfg: ServeConfig):
+    """(the Scheduler, its thread running, the tokenizer) for a checkpoint, the model loaded and warmed up: in
+    this process, or in the engine process (engine_process.py calls it there)."""
     from redline.inference.batch import DecodeBatch
     from redline.inference.runtime import load_generator
     from redline.inference.text import stop_token_ids
-    from redline.serve.api import Server, create_app
     from redline.serve.scheduler import Scheduler, default_sync_every
-    from redline.training.checkpoint import resolve_checkpoint
 
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     engine, tokenizer = generator.engine, generator.tokenizer
-    renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
     context = cfg.context or engine.cfg.context_len
     sync_every = cfg.sync_every or default_sync_every(engine.device)
     batch = DecodeBatch(engine, rows=cfg.max_batch, capacity=context,
@@ -192,6 +193,47 @@ def build(cfg: ServeConfig):
         warm_up(batch)
     scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
                           prefill_tokens=cfg.prefill_tokens, sync_every=sync_every)
+    return scheduler, tokenizer
+
+
+def engine_scheduler(cfg: ServeConfig):
+    """The engine process's scheduler (EngineProcess.start's builder)."""
+    return build_scheduler(cfg)[0]
+
+
+def uses_engine_process(cfg: ServeConfig) -> bool:
+    """--engine-process, or by default: on for CUDA (where the host's Python is what the device waits for), off on
+    a CPU (the device is the host: nothing to overlap)."""
+    if cfg.engine_process is not None:
+        return cfg.engine_process
+    if cfg.runtime.device != "auto":
+        return cfg.runtime.device == "cuda"
+    import torch
+
+    # not resolve_device(): it selects the GPU, which creates a CUDA context in this process (memory on the device
+    # for a process that never uses it); is_available() does not
+    return torch.cuda.is_available()
+
+
+def build(cfg: ServeConfig):
+    """(Server, the FastAPI app) for a checkpoint, the model loaded and warmed up: the scheduler in a thread of
+    this process, or in an engine process of its own (--engine-process)."""
+    from redline.serve.api import Server, create_app
+    from redline.training.checkpoint import resolve_checkpoint
+
+    if uses_engine_process(cfg):
+        from redline.serve.engine_process import EngineProcess
+        from redline.tokenizer import load_tokenizer
+
+        # the tokenizer and chat template first: a bad one fails at once, not after the engine compiled (the engine
+        # checks that the tokenizer is the checkpoint's)
+        tokenizer = load_tokenizer(cfg.tokenizer or str(resolve_checkpoint(cfg.checkpoint) / "tokenizer"))
+        renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
+        scheduler = EngineProcess.start(engine_scheduler, cfg, max_queue=cfg.max_queue,
+                                        switch_interval_s=cfg.switch_interval_ms / 1000)
+    else:
+        scheduler, tokenizer = build_scheduler(cfg)
+        renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
     name = cfg.model_name or resolve_checkpoint(cfg.checkpoint).resolve().name
     server = Server(scheduler, tokenizer, name, renderer=renderer, no_chat=no_chat,
                     api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
@@ -203,7 +245,8 @@ def main(argv: list[str]) -> int:
     from redline.config import parse
     from redline.inference.runtime import expand_bool_flags
 
-    argv, bare = expand_bool_flags(argv, ("warmup", "group-graphs"))  # --warmup False, --no-warmup, bare --group-graphs
+    # --warmup False, --no-warmup, a bare --group-graphs
+    argv, bare = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process"))
     cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags=bare)
     require_serve_extra()
     import uvicorn
@@ -216,10 +259,12 @@ def main(argv: list[str]) -> int:
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and not server.api_key:
         print(f"redline serve: warning: listening on {cfg.host} without --api-key: anyone who can reach this "
               f"port can use the model", file=sys.stderr)
-    desc = server.scheduler.batch.engine.describe()
+    desc = server.scheduler.describe()
+    pid = getattr(server.scheduler, "pid", None)
     print(f"redline serve: {server.model} on http://{cfg.host}:{cfg.port}/v1 ({desc.get('device')}, "
           f"{cfg.max_batch} rows × {server.scheduler.capacity} tokens, chat template: "
-          f"{server.renderer.name if server.renderer else 'none'})", file=sys.stderr, flush=True)
+          f"{server.renderer.name if server.renderer else 'none'}, engine: "
+          f"{f'process {pid}' if pid else 'in this process'})", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)
     try:
         draining_server(uvicorn, server.scheduler, cfg.shutdown_timeout)(config).run()

@@ -4,7 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Each request becomes one Sequence per choice in the scheduler (scheduler.py); the scheduler's thread hands their
-text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events).
+text to the request's asyncio queue (through a Mailbox: one wake-up of the event loop for a group's events). With
+the engine in a process of its own (engine_process.py), its reader thread does the handing, one message a turn.
 Streams are server-sent events (`data: {chunk}`, then `data: [DONE]`). A client that disconnects cancels its
 sequences: a stream when its response is torn down, a plain request by a task that waits for the connection to
 close while the request waits for its result. GET / is the chat page (chat.html beside this module).
@@ -32,6 +33,8 @@ class Server:
     """What the endpoints serve: the scheduler, the tokenizer, the model's name and chat template, the limits."""
 
     scheduler: Scheduler
+    """The Scheduler in a thread of this process, or engine_process.py's EngineProcess (the same interface) for
+    one in a process of its own."""
     tokenizer: object
     model: str
     renderer: object | None = None
@@ -59,7 +62,7 @@ class Server:
                 return [self.renderer.prompt(job.messages)]
             except UserError as e:
                 raise bad(str(e), "messages") from None
-        vocab = self.scheduler.batch.engine.cfg.vocab_size
+        vocab = self.scheduler.vocab_size
         out = []
         for p in job.prompts:
             if isinstance(p, str):
@@ -95,8 +98,8 @@ class Server:
                 if sampling.seed is not None and j:  # each choice its own stream of random numbers
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
-                seqs.append(Sequence(ids, max_tokens, sampling, job.stop, self.mailbox(loop).sink(queue, index),
-                                     stop_ids=stop_ids))
+                sink = self.mailbox(loop).sink(queue, index)
+                seqs.append(self.scheduler.sequence_type(ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids))
         return seqs, sum(len(ids) for ids in prompts)
 
 
@@ -353,6 +356,8 @@ def create_app(server: Server):
 
     @app.get("/health")
     async def health():
+        if server.scheduler.failure:
+            raise APIError(503, server.scheduler.failure, code="engine_failed", type="server_error")
         return {"status": "ok", "model": server.model}
 
     @app.get("/metrics")
@@ -374,10 +379,10 @@ def metrics_text(scheduler: Scheduler) -> str:
               f"redline_completion_tokens_total {s.completion_tokens}",
               "# TYPE redline_queue_depth gauge", f"redline_queue_depth {scheduler.queue_depth()}",
               "# TYPE redline_batch_rows_busy gauge", f"redline_batch_rows_busy {scheduler.busy_rows()}",
-              "# TYPE redline_batch_rows gauge", f"redline_batch_rows {scheduler.batch.rows}",
+              "# TYPE redline_batch_rows gauge", f"redline_batch_rows {scheduler.batch_rows}",
               "# TYPE redline_decode_steps_total counter", f"redline_decode_steps_total {s.steps}",
               "# TYPE redline_batch_occupancy gauge",
-              f"redline_batch_occupancy {s.busy_row_steps / s.steps / scheduler.batch.rows if s.steps else 0:.4f}",
+              f"redline_batch_occupancy {s.busy_row_steps / s.steps / scheduler.batch_rows if s.steps else 0:.4f}",
               "# TYPE redline_time_to_first_token_seconds summary"]
     for q in (0.5, 0.9, 0.99):
         value = ttft[min(len(ttft) - 1, int(q * len(ttft)))] if ttft else float("nan")

@@ -130,6 +130,28 @@ class _Group:
     steps run (a group earlier than the steps' tokens)."""
 
 
+def check_fits(prompt_tokens: int, max_tokens: int, capacity: int) -> None:
+    """ContextTooLong unless a prompt of this length and max_tokens fit a row of `capacity` tokens."""
+    if prompt_tokens + max_tokens > capacity:
+        raise ContextTooLong(
+            f"this model's maximum context length is {capacity} tokens; the request has {prompt_tokens} "
+            f"prompt tokens and max_tokens={max_tokens} ({prompt_tokens + max_tokens} in all): shorten the "
+            f"prompt or lower max_tokens")
+
+
+def check_sequences(sequences: Seq[Sequence], vocab: int, capacity: int) -> None:
+    """A UserError (ContextTooLong among them) for the first sequence that cannot run."""
+    for seq in sequences:
+        if not seq.prompt:
+            raise UserError("the prompt is empty; give some text")
+        if seq.max_tokens < 1:
+            raise UserError(f"max_tokens must be >= 1, got {seq.max_tokens}")
+        if min(seq.prompt) < 0 or max(seq.prompt) >= vocab:
+            raise UserError(f"the prompt has a token id outside the model's vocabulary [0, {vocab})")
+        seq.sampling.validate()
+        check_fits(len(seq.prompt), seq.max_tokens, capacity)
+
+
 def default_sync_every(device: torch.device) -> int:
     """Decode steps per read of their tokens: on a GPU a few (one wait per group), on a CPU each step is the work
     itself."""
@@ -138,6 +160,13 @@ def default_sync_every(device: torch.device) -> int:
 
 class Scheduler:
     """Runs `batch` for queued sequences in a background thread (see the module docstring)."""
+
+    sequence_type = Sequence
+    """What the API makes a request's sequences of (engine_process.py's scheduler in another process has its
+    own)."""
+    failure: str | None = None
+    """Why the scheduler can serve nothing more (/health fails); None while it can. This thread survives its own
+    errors (each fails the requests in flight); the engine in another process can die."""
 
     def __init__(self, batch: DecodeBatch, tokenizer, stop_ids: Seq[int], max_queue: int = 256,
                  prefill_tokens: int = 2048, sync_every: int | None = None):
@@ -171,26 +200,26 @@ class Scheduler:
         """Most prompt plus generated tokens of one sequence."""
         return self.batch.capacity
 
+    @property
+    def vocab_size(self) -> int:
+        return self.batch.engine.cfg.vocab_size
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows of the static batch."""
+        return self.batch.rows
+
+    def describe(self) -> dict:
+        """The engine's plan (device, dtype, compilation...)."""
+        return self.batch.engine.describe()
+
     def check(self, prompt_tokens: int, max_tokens: int) -> None:
         """ContextTooLong unless a prompt of this length and max_tokens fit a row."""
-        if prompt_tokens + max_tokens > self.capacity:
-            raise ContextTooLong(
-                f"this model's maximum context length is {self.capacity} tokens; the request has {prompt_tokens} "
-                f"prompt tokens and max_tokens={max_tokens} ({prompt_tokens + max_tokens} in all): shorten the "
-                f"prompt or lower max_tokens")
+        check_fits(prompt_tokens, max_tokens, self.capacity)
 
     def submit(self, sequences: list[Sequence]) -> None:
         """Queue sequences (all or none): ContextTooLong, QueueFull, or a UserError for a bad one."""
-        vocab = self.batch.engine.cfg.vocab_size
-        for seq in sequences:
-            if not seq.prompt:
-                raise UserError("the prompt is empty; give some text")
-            if seq.max_tokens < 1:
-                raise UserError(f"max_tokens must be >= 1, got {seq.max_tokens}")
-            if min(seq.prompt) < 0 or max(seq.prompt) >= vocab:
-                raise UserError(f"the prompt has a token id outside the model's vocabulary [0, {vocab})")
-            seq.sampling.validate()
-            self.check(len(seq.prompt), seq.max_tokens)
+        check_sequences(sequences, self.vocab_size, self.capacity)
         with self._cond:
             if self._closing:
                 raise ShuttingDown("the server is shutting down; retry against another one or later")
@@ -203,6 +232,11 @@ class Scheduler:
 
     def queue_depth(self) -> int:
         return len(self.waiting)
+
+    @property
+    def alive(self) -> bool:
+        """Whether its thread runs (False once closed, or if the thread died of an error outside a turn)."""
+        return self._thread.is_alive()
 
     def busy_rows(self) -> int:
         return sum(seq is not None for seq in self.rows)

@@ -5,12 +5,16 @@
 #     PRESET=gpt2-124m CONCURRENCY="1 8 64" scripts/gpu/serve_bench.sh
 #     SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the server's --sync-every (a server each)
 #     SERVE_ARGS="--group-graphs" SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # one graph a group
+#     ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the engine in its own process or not
+#     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
 #   1. `redline bench-infer --preset $PRESET` (random weights), compiled, batch 1 and 64, $PROMPT-token prompts,
 #      $NEW new tokens: the offline figure (every row starts together, no HTTP).
 #   2. A checkpoint of the same preset with random weights and the bytes tokenizer, served by
-#      `redline serve --max-batch 64` on loopback (warmed up: compiled and captured before it listens).
+#      `redline serve --max-batch 64` on loopback (warmed up: compiled and captured before it listens), once per
+#      --sync-every in $SYNC_EVERY and per mode in $ENGINE_PROCESS (on: --engine-process, off: --no-engine-process,
+#      auto: the server's default, on for CUDA).
 #   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: 4 × C requests, at least 16), then
 #      64 clients with Poisson arrivals at $RATE requests/s: streamed greedy completions of $PROMPT random
 #      tokens and $NEW new tokens; aggregate output tokens/s, TTFT and inter-token latency percentiles.
@@ -23,9 +27,8 @@
 #         fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
 #         typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 anyio==4.16.0 idna==3.20 \
 #         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1
-# Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load and --sync-every), serve_sync*.log,
-# metrics_sync*.txt,
-# serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
+# Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load, --sync-every and engine mode),
+# serve_<mode>_sync*.log, metrics_<mode>_sync*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -38,6 +41,7 @@ RATE="${RATE:-200}"
 PORT="${PORT:-8471}"
 SYNC_EVERY="${SYNC_EVERY:-0}"  # decode steps per read of their tokens (0: the server's default); several: one server each
 SERVE_ARGS="${SERVE_ARGS:-}"  # more `redline serve` options, e.g. "--switch-interval-ms 5"
+ENGINE_PROCESS="${ENGINE_PROCESS:-auto}"  # on, off, auto (the server's default), or several: one server each
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/serve_bench.log"
@@ -50,6 +54,12 @@ if ! "$PY" -c 'import torch, tyro, fastapi, uvicorn; assert torch.cuda.is_availa
     exit 2
 fi
 START=$(date +%s)
+
+if [ "${GPU_TESTS:-0}" = 1 ]; then  # the engine process against the in-thread server, token for token (a minute)
+    echo "=== pytest -m gpu: tests/test_serve_engine_process_gpu.py tests/test_serve.py ===" | tee -a "$LOG"
+    timeout 300 "$PY" -m pytest -q -m gpu tests/test_serve_engine_process_gpu.py tests/test_serve.py \
+        -p no:cacheprovider 2>&1 | tail -n 5 | tee -a "$LOG"
+fi
 
 echo "=== redline bench-infer --preset $PRESET (offline, batch 1 and 64) ===" | tee -a "$LOG"
 timeout 150 "$PY" -m redline bench-infer --preset "$PRESET" --batch-sizes 1 64 --methods compiled \
@@ -78,10 +88,18 @@ CKPT=$(ls -d "$CKPT_RUN"/checkpoints/step_* | head -n 1)
 CONTEXT=$(( (PROMPT + NEW + 63) / 64 * 64 ))
 trap 'kill $SERVER 2>/dev/null; rm -rf "$CKPT_RUN"' EXIT
 SERVER=
+for mode in $ENGINE_PROCESS; do
+case "$mode" in
+    on) MODE_ARG=--engine-process ;;
+    off) MODE_ARG=--no-engine-process ;;
+    auto) MODE_ARG= ;;
+    *) echo "serve_bench.sh: ENGINE_PROCESS holds $mode; give on, off or auto" | tee -a "$LOG" >&2; exit 2 ;;
+esac
 for sync in $SYNC_EVERY; do
-echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync ===" | tee -a "$LOG"
+TAG="${mode}_sync$sync"
+echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync $MODE_ARG ===" | tee -a "$LOG"
 "$PY" -m redline serve "$CKPT" --port "$PORT" --max-batch 64 --context "$CONTEXT" --model-name "$PRESET" \
-    --sync-every "$sync" $SERVE_ARGS > "$OUT/serve_sync$sync.log" 2>&1 &
+    --sync-every "$sync" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
 SERVER=$!
 "$PY" - "$PORT" "$SERVER" <<'EOF2' 2>&1 | tee -a "$LOG"
 import os, sys, time, urllib.request
@@ -96,15 +114,15 @@ while True:
         try:
             os.kill(pid, 0)
         except OSError:
-            sys.exit("serve_bench.sh: the server exited before it listened (see serve_sync*.log)")
+            sys.exit("serve_bench.sh: the server exited before it listened (see serve_*_sync*.log)")
         if time.time() - t0 > 240:
-            sys.exit("serve_bench.sh: the server did not listen within 240 s (see serve_sync*.log)")
+            sys.exit("serve_bench.sh: the server did not listen within 240 s (see serve_*_sync*.log)")
         time.sleep(0.5)
 print(f"server up after {time.time() - t0:.0f} s (load, compile and capture)")
 EOF2
-if [ "${PIPESTATUS[0]}" -ne 0 ]; then tail -n 20 "$OUT/serve_sync$sync.log" | tee -a "$LOG"; exit 1; fi
+if [ "${PIPESTATUS[0]}" -ne 0 ]; then tail -n 20 "$OUT/serve_$TAG.log" | tee -a "$LOG"; exit 1; fi
 
-LOAD="$OUT/serve_load_sync$sync.jsonl"
+LOAD="$OUT/serve_load_$TAG.jsonl"
 : > "$LOAD"
 for c in $CONCURRENCY; do
     n=$(( c * 4 > 16 ? c * 4 : 16 ))
@@ -118,7 +136,7 @@ timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "
     --requests 256 --rate "$RATE" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
 fi
 "$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
-    > "$OUT/metrics_sync$sync.txt" 2>&1
+    > "$OUT/metrics_$TAG.txt" 2>&1
 kill "$SERVER" 2>/dev/null
 wait "$SERVER" 2>/dev/null
 "$PY" -c "
@@ -126,8 +144,9 @@ import json, sys
 with open('$OUT/serve_load.jsonl', 'a') as out:
     for line in open('$LOAD'):
         if line.strip():
-            out.write(json.dumps(dict(json.loads(line), sync_every=$sync)) + chr(10))
+            out.write(json.dumps(dict(json.loads(line), sync_every=$sync, engine_process='$mode')) + chr(10))
 "
+done
 done
 
 "$PY" - "$OUT" "$(( $(date +%s) - START ))" <<'EOF' 2>&1 | tee -a "$LOG"
@@ -143,7 +162,7 @@ for line in open(f"{out}/bench_infer.jsonl"):
                 offline[r["batch"]] = {k: round(r[k], 2) for k in ("ttft_ms", "decode_tok_s_total", "e2e_tok_s_total")}
 loads = [json.loads(l) for l in open(f"{out}/serve_load.jsonl") if l.strip()]
 closed = [l for l in loads if l["concurrency"] == 64 and not l["rate"]]
-closed64 = max(closed, key=lambda l: l["output_tokens_per_s"] or 0, default=None)  # the best --sync-every
+closed64 = max(closed, key=lambda l: l["output_tokens_per_s"] or 0, default=None)  # the best server
 ref = offline.get(64, {}).get("decode_tok_s_total")
 checks = []
 if closed64 and ref:
@@ -153,21 +172,30 @@ if closed64 and ref:
     ttft = closed64["ttft_ms"].get("p50")
     checks.append({"metric": "median TTFT at 64 streams (ms)", "target": "<= 50", "measured": ttft,
                    "met": ttft is not None and ttft <= 50})
-print(f"\n{'load':<22} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}")
+# each engine mode's best 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
+share_by_mode = {}
+for l in closed:
+    if ref and l["output_tokens_per_s"]:
+        mode = l.get("engine_process", "auto")
+        share_by_mode[mode] = max(share_by_mode.get(mode, 0), round(l["output_tokens_per_s"] / ref, 3))
+print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}")
 for b, o in sorted(offline.items()):
-    print(f"{'bench-infer batch ' + str(b):<22} {o['decode_tok_s_total']:>10,.0f} {o['ttft_ms']:>9.1f}"
+    print(f"{'bench-infer batch ' + str(b):<30} {o['decode_tok_s_total']:>10,.0f} {o['ttft_ms']:>9.1f}"
           f" {'-':>8} {'-':>8} {'-':>7} {'-':>6}  (decode only; e2e {o['e2e_tok_s_total']:,.0f})")
 for l in loads:
-    name = f"serve s={l['sync_every']} C={l['concurrency']}" + (f" r={l['rate']:g}/s" if l["rate"] else "")
+    name = (f"serve {l['engine_process']} s={l['sync_every']} C={l['concurrency']}"
+            + (f" r={l['rate']:g}/s" if l["rate"] else ""))
     t, i = l["ttft_ms"], l["itl_ms"]
-    print(f"{name:<22} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
+    print(f"{name:<30} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
           f" {i.get('p50', 0):>8.2f} {i.get('p99', 0):>7.2f} {l['failed']:>6}")
 for c in checks:
     print(f"{c['metric']}: {c['measured']} (target {c['target']}): {'met' if c['met'] else 'NOT met'}")
+for mode, share in share_by_mode.items():
+    print(f"engine process {mode}: 64 streams = {share:.1%} of bench-infer's batch-64 decode tok/s")
 device = None
 for line in open(f"{out}/bench_infer.jsonl"):
     if line.strip():
         device = json.loads(line).get("device")
 print(json.dumps({"script": "serve_bench.sh", "device": device, "wall_s": wall, "offline": offline,
-                  "serve": loads, "checks": checks}))
+                  "serve": loads, "share_of_offline_by_engine_process": share_by_mode, "checks": checks}))
 EOF

@@ -1,0 +1,426 @@
+"""The engine in a process of its own: `redline serve --engine-process` (the default on a GPU).
+
+Why: the scheduler's thread (scheduler.py: bookkeeping, detokenizing, stop checks per token) and the HTTP side
+(FastAPI, JSON, server-sent events) are both Python. In one process they hold one GIL and take turns, so every
+microsecond the HTTP side spends is a microsecond the next decode step waits for. In two processes they run at
+once, as vLLM runs its API server and its engine core (vllm/v1/engine/core_client.py, core.py).
+
+How it works
+- `EngineProcess.start(builder, *args)` spawns a process (spawn: CUDA does not survive a fork) that runs
+  `builder(*args)` -> a Scheduler (the model loaded, warmed up: compiled and captured before it reports ready)
+  and answers ("ready", what the API needs to know) or ("failed", why).
+- The API process's EngineProcess stands where the Scheduler stands in the in-thread server (api.py uses either):
+  `submit()` checks the sequences as the Scheduler does and sends them (id, prompt, max_tokens, sampling, stop
+  strings, stop ids) in one message; a sequence's `cancel()` sends its id.
+- In the engine process each sequence's sink appends (id, event) to an outbox; at the end of each scheduler turn
+  (Scheduler.flushes) the outbox goes to the API process as ONE message, with a snapshot of the counters for
+  /metrics: one message per group of decode steps, not one per token.
+- A reader thread in the API process hands each message's events to the requests' sinks (api.py's Mailbox) and
+  flushes them: one wake-up of the event loop per message.
+- The engine process ending (a crash, killed) ends every request waiting on it with an error event, makes
+  `failure` say why (/health answers 503) and new requests 503. Shutdown: `drain()` and `close()` are sent as
+  messages; `close()` waits for the process, and kills it if it does not end. The engine process ends by itself
+  when the API process goes away (its end of the pipe closes), and ignores SIGINT and SIGTERM (a terminal's
+  Ctrl-C and a service manager's SIGTERM reach the whole process group; the API process drains, then stops it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import multiprocessing
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from redline.errors import UserError
+from redline.serve.scheduler import (QueueFull, Scheduler, Sequence, ShuttingDown, Stats, check_fits,
+                                     check_sequences)
+
+
+class EngineFailed(ShuttingDown):
+    """The engine process has ended: nothing can run (HTTP 503)."""
+
+
+@dataclass
+class RemoteSequence(Sequence):
+    """A sequence in the API process whose tokens are generated in the engine process: its state (tokens counted,
+    finish_reason) is what the engine reported."""
+
+    rid: int = -1
+    counted: int = 0
+    """Output tokens so far as the engine counts them (its `completion_tokens`)."""
+    owner: EngineProcess | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.counted
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            if self.owner is not None and not self.done:
+                self.owner.send_cancel(self.rid)
+
+
+class EngineProcess:
+    """The API process's side of the engine process: the interface of scheduler.Scheduler that api.py uses."""
+
+    sequence_type = RemoteSequence
+
+    def __init__(self, process, conn, info: dict, max_queue: int):
+        self.process, self.conn = process, conn
+        self.pid = process.pid
+        self.capacity, self.vocab_size, self.batch_rows = info["capacity"], info["vocab_size"], info["rows"]
+        self._describe = info["describe"]
+        self.max_queue = max_queue
+        self.stats = Stats()
+        self.flushes = []
+        self.failure: str | None = None
+        self._fatal: str | None = None  # why the engine process is about to end, when it knows
+        self._seqs: dict[int, RemoteSequence] = {}  # in flight: submitted, no final event yet
+        self._ids = itertools.count()
+        self._send_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._sent = self._received = self._waiting = self._busy = 0
+        self._replies: collections.deque = collections.deque()
+        self._replied = threading.Condition()
+        self._closing = False
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name="redline-engine-reader", daemon=True)
+        self._reader.start()
+        atexit.register(self.close)  # before multiprocessing's own atexit joins the (non-daemon) process
+
+    @classmethod
+    def start(cls, builder, *args, max_queue: int = 256, switch_interval_s: float | None = None) -> EngineProcess:
+        """Spawn the engine process, which builds its scheduler with `builder(*args)` (a module-level function:
+        it travels by name), and wait until it is ready. A UserError with the engine's own message if it fails."""
+        ctx = multiprocessing.get_context("spawn")
+        conn, child_conn = ctx.Pipe()
+        process = ctx.Process(target=engine_main, args=(child_conn, builder, args, switch_interval_s),
+                              name="redline-engine")
+        process.start()
+        child_conn.close()  # the child holds its own copy: when it ends, recv() here sees the end of the pipe
+        try:
+            reply = conn.recv()
+        except (EOFError, OSError):
+            process.join(5)
+            raise UserError(f"the engine process ended while starting (exit code {process.exitcode}); see the "
+                            f"messages above") from None
+        except BaseException:  # Ctrl-C while it loads (or compiles, for minutes): do not leave it behind
+            conn.close()
+            _stop(process, 1.0)
+            raise
+        if reply[0] != "ready":
+            conn.close()
+            _stop(process)
+            raise UserError(reply[1])
+        return cls(process, conn, reply[1], max_queue)
+
+    # -- what api.py uses (the event loop's thread, and executors at shutdown) ---------------------------
+
+    def describe(self) -> dict:
+        return dict(self._describe)
+
+    def check(self, prompt_tokens: int, max_tokens: int) -> None:
+        check_fits(prompt_tokens, max_tokens, self.capacity)
+
+    def queue_depth(self) -> int:
+        """Sequences waiting for a row: the engine's last count plus those sent since it counted."""
+        return self._waiting + max(self._sent - self._received, 0)
+
+    def busy_rows(self) -> int:
+        return self._busy
+
+    def submit(self, sequences: list[RemoteSequence]) -> None:
+        """Check and send sequences (all or none), as Scheduler.submit queues them."""
+        if self.failure:
+            raise EngineFailed(f"{self.failure}; restart the server")
+        if self._closing:
+            raise ShuttingDown("the server is shutting down; retry against another one or later")
+        check_sequences(sequences, self.vocab_size, self.capacity)
+        if self.queue_depth() + len(sequences) > self.max_queue:
+            raise QueueFull(f"{self.queue_depth()} requests are waiting (the limit is {self.max_queue}); "
+                            f"retry later")
+        wire = []
+        for seq in sequences:
+            seq.rid, seq.owner = next(self._ids), self
+            self._seqs[seq.rid] = seq
+            wire.append((seq.rid, seq.prompt, seq.max_tokens, seq.sampling, seq.stop, seq.stop_ids))
+        self.stats.requests += len(sequences)
+        self._sent += len(sequences)
+        if not self._send(("submit", wire)):
+            for seq in sequences:
+                self._seqs.pop(seq.rid, None)
+            raise EngineFailed(f"{self.failure or 'the engine process has ended'}; restart the server")
+
+    def send_cancel(self, rid: int) -> None:
+        self._send(("cancel", rid))
+
+    def drain(self, timeout: float) -> bool:
+        """Stop admitting; let the engine finish what is queued and running for at most `timeout` seconds, then
+        cancel the rest (their clients get a 503 error event) and close. -> whether everything finished."""
+        self._closing = True
+        drained = False
+        if self._send(("drain", timeout)):
+            reply = self._reply("drained", timeout + 30)
+            drained = bool(reply and reply[1])
+        self.close()
+        return drained
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel whatever still runs (503 error events), stop the engine process and wait for it (killed if it
+        does not end in time). Safe to call more than once, from any thread."""
+        with self._close_lock:  # a second caller waits for the first's close to end
+            if self._closed:
+                return
+            self._closed = self._closing = True
+            if self._send(("close",)):
+                self._reply("closed", timeout)
+            _stop(self.process, timeout)  # its end of the pipe closes with it: the reader sees the end and stops
+            self._reader.join(timeout)
+            self.conn.close()
+
+    # -- messages to the engine, and the reader thread of its messages -----------------------------------
+
+    def _send(self, message) -> bool:
+        """Send a message to the engine process; False if it is gone."""
+        try:
+            with self._send_lock:
+                self.conn.send(message)
+            return True
+        except (OSError, ValueError):  # a broken pipe, or our end already closed
+            return False
+
+    def _reply(self, kind: str, timeout: float):
+        deadline = time.monotonic() + timeout
+        with self._replied:
+            while not any(r[0] == kind for r in self._replies):
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._reader.is_alive():
+                    return None
+                self._replied.wait(min(left, 0.5))
+            reply = next(r for r in self._replies if r[0] == kind)
+            self._replies.remove(reply)
+            return reply
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self.conn.recv()
+                if message[0] == "events":
+                    self._take(message[1], message[2])
+                elif message[0] == "fatal":  # the engine process ends next: _ended says why
+                    self._fatal = message[1]
+                else:
+                    with self._replied:
+                        self._replies.append(message)
+                        self._replied.notify_all()
+        except (EOFError, OSError):  # the engine process ended (or close() closed our end)
+            pass
+        except Exception as e:  # a message that cannot be read: the engine cannot be trusted any more
+            print(f"redline serve: reading from the engine process failed: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
+        self._ended()
+
+    def _take(self, items: list, snapshot: tuple) -> None:
+        """One scheduler turn's events: into each request's sink, then one flush (one wake-up per event loop)."""
+        seqs = self._seqs
+        for item in items:
+            seq = seqs.get(item[0])
+            if seq is None:
+                continue
+            event = item[1]
+            if event[0] == "text":
+                seq.counted = event[2]
+            else:  # its last event
+                seq.counted = item[2]
+                seq.finish_reason = event[1] if event[0] == "done" else "error"
+                del seqs[item[0]]
+            seq.sink(event)
+        self._apply(snapshot)
+        for flush in self.flushes:
+            flush()
+
+    def _apply(self, snapshot: tuple) -> None:
+        s = self.stats
+        (self._received, finished, s.prompt_tokens, s.completion_tokens, s.steps, s.busy_row_steps,
+         self._waiting, self._busy, ttfts) = snapshot
+        s.finished = collections.Counter(finished)
+        for t in ttfts:
+            s.add_ttft(t)
+
+    def _ended(self) -> None:
+        """The engine process is gone: every request still waiting on it ends with an error."""
+        if not self._closed:
+            self.process.join(2)
+            code = self.process.exitcode
+            self.failure = (self._fatal or (f"the engine process ended unexpectedly (exit code {code})"
+                                            if code is not None else "the connection to the engine process broke"))
+            print(f"redline serve: {self.failure}", file=sys.stderr, flush=True)
+        message = self.failure or "the server shut down before this request finished; retry it"
+        for rid, seq in list(self._seqs.items()):
+            seq.finish_reason = "error"
+            seq.sink(("error", message) if self.failure else ("error", message, 503))
+            self._seqs.pop(rid, None)
+        self._busy = self._waiting = 0
+        self._sent = self._received
+        for flush in self.flushes:
+            flush()
+        with self._replied:
+            self._replied.notify_all()
+
+
+def _stop(process, timeout: float = 10.0) -> None:
+    """Wait for the engine process to end, then kill it (it ignores SIGTERM: see engine_main)."""
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+
+
+# -- the engine process ------------------------------------------------------------------------------------
+
+
+class _ReportedStats(Stats):
+    """The scheduler's counters, with the times to first token not yet sent to the API process."""
+
+    def __init__(self):
+        super().__init__()
+        self.fresh: list[float] = []
+
+    def add_ttft(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_s.append(seconds)
+            self.fresh.append(seconds)
+
+    def take_fresh(self) -> list[float]:
+        with self.lock:
+            fresh, self.fresh = self.fresh, []
+            return fresh
+
+
+class _Outbox:
+    """The engine process's side: each sequence's sink appends (id, event) here from the scheduler's thread; the
+    scheduler's flush sends them as one message."""
+
+    def __init__(self, conn, scheduler: Scheduler):
+        self.conn, self.scheduler = conn, scheduler
+        self.lock = threading.Lock()  # the scheduler's thread and the main thread both send
+        self.items: list[tuple] = []
+        self.live: dict[int, Sequence] = {}
+        self.received = 0
+        scheduler.stats = _ReportedStats()
+        scheduler.flushes.append(self.flush)
+
+    def sink(self, rid: int, seq: Sequence):
+        """Seq's sink (called from the scheduler's thread alone: items needs no lock)."""
+        live = self.live
+
+        def put(event: tuple) -> None:
+            if event[0] == "text":
+                self.items.append((rid, event))
+            else:  # its last event, with the tokens that count as its output
+                self.items.append((rid, event, seq.completion_tokens))
+                live.pop(rid, None)
+
+        return put
+
+    def snapshot(self) -> tuple:
+        s, sched = self.scheduler.stats, self.scheduler
+        return (self.received, dict(s.finished), s.prompt_tokens, s.completion_tokens, s.steps, s.busy_row_steps,
+                len(sched.waiting), sched.busy_rows(), s.take_fresh())
+
+    def flush(self) -> None:
+        if self.items:
+            items, self.items = self.items, []
+            self.send(("events", items, self.snapshot()))
+
+    def send(self, message) -> None:
+        try:
+            with self.lock:
+                self.conn.send(message)
+        except (OSError, ValueError):  # the API process is gone; the main thread sees it too and stops
+            pass
+
+    def submit(self, wire: list[tuple]) -> None:
+        seqs = []
+        for rid, prompt, max_tokens, sampling, stop, stop_ids in wire:
+            seq = Sequence(prompt, max_tokens, sampling, stop, None, stop_ids=stop_ids)
+            seq.sink = self.sink(rid, seq)
+            seqs.append(seq)
+            self.live[rid] = seq
+        try:
+            self.scheduler.submit(seqs)
+        except Exception as e:  # checked in the API process already: a race with the queue's limit, or shutdown
+            event = ("error", str(e), 503) if isinstance(e, ShuttingDown) else ("error", str(e))
+            for rid, *_ in wire:
+                self.live.pop(rid, None)
+            self.received += len(wire)
+            # sent from this thread, apart from the outbox (which the scheduler's thread alone fills and sends)
+            self.send(("events", [(rid, event, 0) for rid, *_ in wire], self.snapshot()))
+            return
+        self.received += len(wire)
+
+
+def engine_main(conn, builder, args: tuple, switch_interval_s: float | None) -> None:
+    """The engine process: build the scheduler, report ready, then serve the API process's messages until it
+    says close or goes away."""
+    # a terminal's Ctrl-C and a service manager's SIGTERM reach every process of the group: the API process drains,
+    # then closes this one (which also ends by itself when the API process's end of the pipe closes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if switch_interval_s:
+        sys.setswitchinterval(switch_interval_s)
+    try:
+        scheduler = builder(*args)
+    except BaseException as e:
+        if not isinstance(e, UserError):
+            traceback.print_exc()
+        message = str(e) if isinstance(e, UserError) else f"the engine failed to start: {type(e).__name__}: {e}"
+        try:
+            conn.send(("failed", message))
+        finally:
+            conn.close()
+        return
+    outbox = _Outbox(conn, scheduler)
+    outbox.send(("ready", {"capacity": scheduler.capacity, "vocab_size": scheduler.vocab_size,
+                           "rows": scheduler.batch_rows, "describe": scheduler.describe()}))
+    try:
+        _serve(conn, scheduler, outbox)
+    finally:
+        scheduler.close()
+        outbox.send(("closed",))
+        conn.close()
+
+
+def _serve(conn, scheduler: Scheduler, outbox: _Outbox) -> None:
+    """The engine process's main thread: the API process's messages, until it says close or goes away; and a
+    scheduler thread that died (nothing would ever answer the requests) reported as fatal."""
+    draining = False
+    while True:
+        try:
+            if not conn.poll(1.0):
+                if not scheduler.alive and not draining:
+                    outbox.send(("fatal", "the engine's scheduler thread died (its error is printed above)"))
+                    return
+                continue
+            message = conn.recv()
+        except (EOFError, OSError):  # the API process is gone
+            return
+        if message[0] == "submit":
+            outbox.submit(message[1])
+        elif message[0] == "cancel":
+            seq = outbox.live.get(message[1])
+            if seq is not None:
+                seq.cancel()
+        elif message[0] == "drain":
+            draining = True
+            threading.Thread(target=lambda t=message[1]: outbox.send(("drained", scheduler.drain(t))),
+                             daemon=True).start()
+        elif message[0] == "close":
+            return

@@ -1,0 +1,370 @@
+"""`redline serve --engine-process`: the engine in a spawned process of its own (redline/serve/engine_process.py),
+against the in-thread server on the same checkpoint through the official `openai` client: the same greedy and
+seeded completions, streamed and not, alone and concurrent; a bounded load loses nothing; a disconnected client
+frees its row; an engine that dies ends its requests with an error and fails /health; shutdown leaves no process
+behind."""
+
+import json
+import multiprocessing
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from redline.commands.serve import ServeConfig, build, uses_engine_process
+from redline.config import TrainConfig, to_dict
+from redline.errors import UserError
+from redline.inference.runtime import RuntimeOptions
+from redline.model import GPT, ModelConfig
+from redline.tokenizer import load_tokenizer
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+# a long context: a request of a few hundred tokens runs long enough (milliseconds a token) to be cut off
+CFG = ModelConfig(vocab_size=261, context_len=512, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
+MODEL = "tiny-test"
+LONG = 450  # tokens of a request that is still running when the test acts on it (this model emits no stop in it)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from redline.training.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    tok = load_tokenizer("bytes")
+    tok.add_chat_tokens()  # redline's chat format: chat requests render
+    return save_checkpoint(tmp_path_factory.mktemp("run"), 1, GPT(CFG), {}, to_dict(TrainConfig(model=CFG)), tok,
+                           keep=1)
+
+
+def serve_config(checkpoint, engine_process: bool, **kwargs) -> ServeConfig:
+    kwargs = {"runtime": RuntimeOptions(cpu_threads=1), **kwargs}
+    return ServeConfig(checkpoint=str(checkpoint), engine_process=engine_process, model_name=MODEL,
+                       max_batch=4, prefill_tokens=8, **kwargs)
+
+
+class Live:
+    """`redline serve`'s Server and app (commands/serve.py's build) under uvicorn in a thread, on a free port."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.server, app = build(cfg)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.uvicorn.started:
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.01)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    @property
+    def scheduler(self):
+        return self.server.scheduler
+
+    def close(self):
+        self.uvicorn.should_exit = True
+        self.thread.join(10)
+        self.server.scheduler.close()
+
+
+@pytest.fixture(scope="module")
+def in_thread(checkpoint):
+    live = Live(serve_config(checkpoint, False))
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def in_process(checkpoint):
+    live = Live(serve_config(checkpoint, True))
+    yield live
+    live.close()
+    assert not live.scheduler.process.is_alive()
+
+
+@pytest.fixture
+def own_engine(checkpoint):
+    """A server with an engine process of its own, for a test that ends it."""
+    live = Live(serve_config(checkpoint, True))
+    yield live
+    live.close()
+
+
+def wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def completion(live, prompt: str, max_tokens: int, stream: bool, **kwargs) -> tuple[list[str], list[str], tuple]:
+    """(each choice's text, each choice's finish reason, (prompt, completion) tokens)."""
+    args = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, **kwargs)
+    if stream:
+        chunks = list(live.client.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+        n = 1 + max(c.choices[0].index for c in chunks if c.choices)
+        texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(n)]
+        reasons = [[c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].index == i][-1]
+                   for i in range(n)]
+        usage = chunks[-1].usage
+    else:
+        out = live.client.completions.create(**args)
+        texts, reasons, usage = [c.text for c in out.choices], [c.finish_reason for c in out.choices], out.usage
+    return texts, reasons, (usage.prompt_tokens, usage.completion_tokens)
+
+
+def test_the_engine_runs_in_another_process_and_only_on_request_on_a_cpu(in_process, checkpoint):
+    engine = in_process.scheduler
+    assert engine.pid != os.getpid() and engine.process.is_alive()
+    assert engine.describe()["device"] == "cpu" and engine.capacity == CFG.context_len and engine.batch_rows == 4
+    default = {device: uses_engine_process(ServeConfig(checkpoint=str(checkpoint), runtime=RuntimeOptions(device)))
+               for device in ("auto", "cpu", "cuda")}
+    assert default == {"auto": torch.cuda.is_available(), "cpu": False, "cuda": True}  # in a thread on a CPU
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_and_seeded_completions_equal_the_in_thread_server(in_thread, in_process, stream):
+    for prompt, max_tokens, sampling in [("Once upon a time", 24, dict(temperature=0)),
+                                         ("Hello", 40, dict(temperature=0)),
+                                         ("Hi", 16, dict(temperature=1.0, top_p=0.9, seed=3, n=2))]:
+        want = completion(in_thread, prompt, max_tokens, stream, **sampling)
+        assert completion(in_process, prompt, max_tokens, stream, **sampling) == want
+        assert want[2] == (len(prompt), max_tokens * len(want[0]))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_equals_the_in_thread_server(in_thread, in_process, stream):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+
+    def ask(live):
+        out = live.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                                  stream=stream)
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in out)
+        return out.choices[0].message.content, out.usage.prompt_tokens, out.usage.completion_tokens
+
+    assert ask(in_process) == ask(in_thread)
+
+
+def test_concurrent_requests_equal_the_in_thread_server(in_thread, in_process):
+    """More requests than rows, of different lengths, half streamed: each one's text is the in-thread server's."""
+    prompts = [f"{i} " + "abcdefghij"[: 1 + i] * (1 + i % 3) for i in range(10)]
+    lengths = [5 + 3 * i for i in range(10)]
+    want = [completion(in_thread, p, n, False, temperature=0)[0][0] for p, n in zip(prompts, lengths)]
+    with ThreadPoolExecutor(10) as pool:
+        got = list(pool.map(lambda i: completion(in_process, prompts[i], lengths[i], i % 2 == 0, temperature=0)[0][0],
+                            range(10)))
+    assert got == want
+    wait_until(lambda: in_process.scheduler.busy_rows() == 0)
+
+
+def test_bounded_load_loses_nothing(in_process, capsys, monkeypatch):
+    """scripts/serve_load.py against the engine-process server: Poisson arrivals, more clients than rows, a time
+    limit; every request completes, and the server counts every token the clients got."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    load = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "serve_load", load)  # its dataclasses look their module up
+    spec.loader.exec_module(load)
+    before = in_process.scheduler.stats.completion_tokens
+    t0 = time.time()
+    code = load.main(["--url", in_process.url, "--model", MODEL, "--concurrency", "8", "--requests", "24",
+                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "12"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and time.time() - t0 < 30
+    assert summary["completed"] == 24 and summary["failed"] == 0 and sum(summary["finish_reasons"].values()) == 24
+    wait_until(lambda: in_process.scheduler.stats.completion_tokens - before == summary["output_tokens"])
+    wait_until(lambda: in_process.scheduler.busy_rows() == 0 and in_process.scheduler.queue_depth() == 0)
+
+
+def test_limits_and_metrics_answer_from_the_api_process(in_process):
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
+        in_process.client.completions.create(model=MODEL, prompt="Hi", max_tokens=511)
+    in_process.scheduler.max_queue = 0
+    try:
+        with pytest.raises(openai.RateLimitError):
+            in_process.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    finally:
+        in_process.scheduler.max_queue = 256
+    in_process.client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
+    metrics = httpx.get(in_process.url + "/metrics").text
+    requests = int(re.search(r"^redline_requests_total (\d+)$", metrics, re.M).group(1))
+    steps = int(re.search(r"^redline_decode_steps_total (\d+)$", metrics, re.M).group(1))
+    assert requests >= 1 and steps >= 2 and "redline_batch_rows 4\n" in metrics
+    assert re.search(r"^redline_time_to_first_token_seconds_count [1-9]", metrics, re.M)
+    assert httpx.get(in_process.url + "/health").json()["status"] == "ok"
+
+
+def test_a_disconnected_stream_frees_its_row(in_process):
+    stats = in_process.scheduler.stats
+    before, lengths = stats.finished["cancelled"], stats.finished["length"]
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": LONG, "temperature": 0, "stream": True}
+    with httpx.stream("POST", in_process.url + "/v1/completions", json=body) as r:
+        assert next(line for line in r.iter_lines() if line.startswith("data: "))
+    wait_until(lambda: stats.finished["cancelled"] == before + 1)
+    wait_until(lambda: in_process.scheduler.busy_rows() == 0)
+    assert stats.finished["length"] == lengths  # cut off, not run to its end
+
+
+def test_a_disconnected_plain_request_frees_its_row(in_process):
+    stats = in_process.scheduler.stats
+    before = stats.finished["cancelled"]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(in_process.url + "/v1/completions",
+                   json={"model": MODEL, "prompt": "Hi", "max_tokens": LONG, "temperature": 0}, timeout=0.3)
+    wait_until(lambda: stats.finished["cancelled"] == before + 1)
+    wait_until(lambda: in_process.scheduler.busy_rows() == 0)
+
+
+def stream_events(url: str, started: threading.Event) -> list[dict | str]:
+    """A streamed request of LONG tokens, read to its end -> its data lines ([DONE] as a string)."""
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": LONG, "temperature": 0, "stream": True}
+    out = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                started.set()
+                out.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    return out
+
+
+@pytest.mark.slow  # an engine process of its own: a few seconds to start
+def test_a_dead_engine_ends_its_requests_with_an_error_and_fails_health(own_engine):
+    engine = own_engine.scheduler
+    started = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(stream_events, own_engine.url, started)
+        assert started.wait(30)
+        os.kill(engine.pid, signal.SIGKILL)  # a crash the engine cannot report itself (as a segfault)
+        events = running.result(30)
+    error = events[-1]["error"]
+    assert error["type"] == "server_error" and "engine process ended unexpectedly" in error["message"]
+    health = httpx.get(own_engine.url + "/health")
+    assert health.status_code == 503 and health.json()["error"]["code"] == "engine_failed"
+    with pytest.raises(openai.InternalServerError) as info:
+        own_engine.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    assert info.value.status_code == 503 and "restart the server" in info.value.body["message"]
+    own_engine.close()
+    assert engine.process not in multiprocessing.active_children()  # reaped
+
+
+def dying_scheduler(cfg: ServeConfig):
+    """An engine process's builder (it runs there): a scheduler whose thread dies at the end of its first turn."""
+    from redline.commands.serve import build_scheduler
+
+    scheduler = build_scheduler(cfg)[0]
+
+    def fail() -> None:
+        raise SystemExit("a bug outside the scheduler's turn")  # not an Exception: nothing in the thread catches it
+
+    scheduler.flushes.append(fail)
+    return scheduler
+
+
+@pytest.mark.slow  # an engine process of its own: a few seconds to start
+def test_an_engine_whose_scheduler_thread_dies_says_so(checkpoint):
+    import queue
+
+    from redline.inference import SamplingParams
+    from redline.serve.engine_process import EngineFailed, EngineProcess
+
+    engine = EngineProcess.start(dying_scheduler, serve_config(checkpoint, True))
+    try:
+        events = queue.Queue()
+        engine.submit([engine.sequence_type([1, 2, 3], 8, SamplingParams(), (), events.put)])
+        event = events.get(timeout=30)
+        assert event[0] == "error" and "scheduler thread died" in event[1] and "scheduler thread died" in engine.failure
+        with pytest.raises(EngineFailed, match="restart the server"):
+            engine.submit([engine.sequence_type([1, 2, 3], 8, SamplingParams(), (), events.put)])
+    finally:
+        engine.close()
+    assert not engine.process.is_alive()
+
+
+@pytest.mark.slow  # an engine process of its own: a few seconds to start
+def test_drain_cancels_what_the_timeout_does_not_cover_and_ends_the_process(own_engine):
+    engine = own_engine.scheduler
+    started = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(stream_events, own_engine.url, started)
+        assert started.wait(30)
+        assert engine.drain(0.05) is False  # LONG tokens take longer than that
+        events = running.result(30)
+    assert events[-1]["error"]["code"] == "shutting_down"
+    assert not engine.process.is_alive() and engine.process not in multiprocessing.active_children()
+    assert engine.failure is None  # closed, not failed
+
+
+def test_a_bad_chat_template_fails_before_the_engine_starts(checkpoint):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(UserError, match="--chat-template /no/such/file: no such file"):
+        build(serve_config(checkpoint, True, chat_template="/no/such/file"))
+    assert set(multiprocessing.active_children()) == before
+
+
+@pytest.mark.slow  # an engine process of its own: a few seconds to start
+def test_an_engine_that_cannot_start_says_why_and_leaves_nothing(checkpoint):
+    before = set(multiprocessing.active_children())  # the module's own engine, if it runs
+    with pytest.raises(UserError, match="fp16 is for GPUs"):
+        build(serve_config(checkpoint, True, runtime=RuntimeOptions(device="cpu", dtype="fp16", cpu_threads=1)))
+    assert set(multiprocessing.active_children()) <= before
+
+
+@pytest.mark.slow
+def test_serve_command_drains_on_sigterm_to_both_processes_and_leaves_none(checkpoint):
+    """`redline serve --engine-process` answers; SIGTERM sent to both processes (as a service manager stops a
+    process group) lets the running stream finish, then ends both."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(checkpoint), "--port", str(port),
+                             "--model-name", MODEL, "--cpu-threads", "1", "--engine-process"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stderr.readline()  # printed once the engine is ready, before listening
+        engine_pid = int(re.search(r"engine: process (\d+)", banner).group(1))
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        deadline = time.time() + 60
+        while True:
+            try:
+                out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=0)
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None and time.time() < deadline
+                time.sleep(0.2)
+        assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 8
+        started = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(stream_events, url, started)
+            assert started.wait(30)
+            for pid in (proc.pid, engine_pid):
+                os.kill(pid, signal.SIGTERM)
+            events = running.result(30)
+            code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"  # drained
+    assert code in (0, -15) and "Traceback" not in proc.stderr.read()
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine_pid, 0)
