@@ -70,34 +70,8 @@ echo "files: $OUT"
 start=$(date +%s)
 
 # -- the data: prepared once, shared by every recipe --------------------------------------------------------
-if "$PY" -c 'import sys; from redline.data.prepare import is_prepared; sys.exit(not is_prepared(sys.argv[1]))' "$CORPUS"; then
-    DATA="$CORPUS"
-else
-    DATA="$OUT/corpus"
-    shopt -s nullglob
-    if [ -d "$CORPUS" ]; then
-        all=("$CORPUS"/*.jsonl "$CORPUS"/*.jsonl.xz "$CORPUS"/*.jsonl.gz "$CORPUS"/*.txt "$CORPUS"/*.parquet)
-    else
-        all=("$CORPUS")
-    fi
-    train=(); val=()
-    for f in "${all[@]}"; do
-        case "$(basename "$f")" in val*) val+=("$f") ;; *) train+=("$f") ;; esac
-    done
-    if [ ${#train[@]} -eq 0 ]; then
-        echo "speedrun.sh: no .jsonl[.xz|.gz], .txt or .parquet files for training in $CORPUS" >&2
-        exit 2
-    fi
-    split=(--val-fraction 0.02)
-    [ ${#val[@]} -gt 0 ] && split=(--val-inputs "${val[@]}")
-    echo "preparing ${#train[@]} training file(s) and ${#val[@]} validation file(s) with a $VOCAB-token BPE into $DATA"
-    if ! "$PY" -m redline data prepare --inputs "${train[@]}" "${split[@]}" --out "$DATA" --tokenizer bpe \
-            --vocab-size "$VOCAB" --tokenizer-train-bytes "$TOKENIZER_BYTES" --overwrite > "$OUT/prepare.log" 2>&1; then
-        tail -n 20 "$OUT/prepare.log" >&2
-        exit 1
-    fi
-    grep -v '^{' "$OUT/prepare.log" | tail -n 8
-fi
+source scripts/gpu/corpus.sh
+prepare_corpus "$CORPUS" "$OUT" || exit $?
 prepare_seconds=$(( $(date +%s) - start ))
 
 # -- the recipes: nanogpt first (the target), then fast at each budget, then the extras ---------------------

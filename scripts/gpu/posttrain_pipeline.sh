@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Post-training's whole pipeline at 124M on one GPU (issue 23): pretrain modern-124m on a corpus, then
+# scripts/posttrain_demo.sh's stages on the arithmetic task (redline sft, dpo, grpo) and `redline evaluate` after
+# each, side by side in `redline report`.
+#
+#     scripts/gpu/posttrain_pipeline.sh CORPUS_DIR            # the shared corpus as raw .jsonl.xz, or prepared shards
+#     PRETRAIN_STEPS=1000 OUT=/tmp/pipe scripts/gpu/posttrain_pipeline.sh .corpus/raw
+#
+# CORPUS_DIR as scripts/gpu/speedrun.sh takes it (scripts/gpu/corpus.sh: raw text is prepared once into
+# $OUT/corpus with a 32,768-token BPE). Pretraining: PRESET (modern-124m) for PRETRAIN_STEPS (600) steps of
+# BATCH x SEQ (32 x 1024) tokens; the stages' step counts as the demo's (SFT_STEPS, DPO_STEPS, GRPO_STEPS). About 6-8 minutes on
+# an H100, compilation included. Prints the demo's log, then the report's task-score table: each stage's
+# exact-match and log-likelihood scores on the task's held-out test split, next to chance.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu/env.sh
+source scripts/gpu/corpus.sh
+CORPUS="${1:-}"
+if [ -z "$CORPUS" ] || [ ! -e "$CORPUS" ]; then
+    echo "usage: scripts/gpu/posttrain_pipeline.sh CORPUS_DIR   (prepared shards or raw .jsonl.xz files; got '${CORPUS}')" >&2
+    exit 2
+fi
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 REDLINE_CACHE="${REDLINE_CACHE:-$OUT/cache}"
+prepare_corpus "$CORPUS" "$OUT" || exit $?
+PRETRAIN_ARGS="preset=${PRESET:-modern-124m} data.path=$DATA max_steps=${PRETRAIN_STEPS:-600} batch_size=${BATCH:-32} seq_len=${SEQ:-1024} eval_every=200" \
+    OUT="$OUT/pipeline" PYTHON="$PY" scripts/posttrain_demo.sh 2>&1 | tee "$OUT/pipeline.log"
+status=${PIPESTATUS[0]}
+[ -f "$OUT/pipeline/report.md" ] && awk '/^## Task scores/ {p = 1; print; next} /^## / {p = 0} p' "$OUT/pipeline/report.md"
+exit "$status"
