@@ -570,8 +570,10 @@ def _load_tokenizer(spec: str) -> Tokenizer:
                 return _load_tokenizer(kind)
         if (path / HF_FILE).is_file():
             return _load_hf_file(path / HF_FILE)
-        raise UserError(f"folder {path} holds no {HF_FILE} or {META_FILE}; give a tokenizer folder, "
-                        f"'bytes' or 'gpt2'")
+        if (path / "tokenizer").is_dir():  # a checkpoint (an imported model's too) keeps its tokenizer there
+            return _load_tokenizer(str(path / "tokenizer"))
+        raise UserError(f"folder {path} holds no {HF_FILE} or {META_FILE}; give a tokenizer folder, a checkpoint "
+                        f"folder, 'bytes' or 'gpt2'")
     if path.is_file():
         return _load_hf_file(path)
     raise UserError(f"unknown tokenizer {spec!r}: use 'bytes', 'gpt2', or the path of a tokenizer.json "

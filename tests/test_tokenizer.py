@@ -120,6 +120,8 @@ def test_save_and_load(bpe, tmp_path):
         assert loaded.encode(SAMPLES[1]) == bpe.encode(SAMPLES[1])
     ByteTokenizer().save(tmp_path / "bytes")
     assert load_tokenizer(str(tmp_path / "bytes")).name == "bytes"
+    bpe.save(tmp_path / "checkpoint" / "tokenizer")  # a checkpoint's folder: its tokenizer/ inside
+    assert load_tokenizer(str(tmp_path / "checkpoint")).identity == bpe.identity
 
 
 def test_load_errors(tmp_path):
