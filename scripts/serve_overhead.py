@@ -13,6 +13,10 @@ time on a shared machine counts other processes too, so it also reports host CPU
 threads outside the model's calls (the scheduler's thread's and the event loop's). Prints a table, then one JSON
 line. --profile N prints cProfile's N costliest functions of the scheduler's thread.
 
+--preset NAME --device cuda drives a preset's model (random weights, compiled and captured, one warm-up run) on
+a GPU instead: the tokens/s column is then the scheduler's own rate without HTTP, to set against `redline serve`'s
+under the same load (scripts/gpu/serve_bench.sh) and bench-infer's (on a GPU the "model" time is the launches').
+
 --engine-process runs the scheduler in an engine process of its own (redline/serve/engine_process.py, as
 `redline serve --engine-process`): its host CPU per step is then the engine's alone (its scheduler thread,
 sending each turn's events included), which is what a GPU waits for; the event loop and the reader thread that
@@ -191,8 +195,16 @@ def tiny_model(args) -> GPT:
     return GPT(cfg).eval()
 
 
-def measure(args, model: GPT, tokenizer, profile: bool) -> dict:
-    engine = InferenceEngine(model)
+def preset_model(args) -> GPT:
+    """--preset's model with random weights on --device: the scheduler as it serves a real model, without HTTP."""
+    from redline.presets import get_preset
+
+    torch.manual_seed(0)
+    return GPT(get_preset(args.preset)).to(args.device).eval()
+
+
+def measure(args, model: GPT, tokenizer, profile: bool, engine: InferenceEngine | None = None) -> dict:
+    engine = engine or InferenceEngine(model)
     batch = DecodeBatch(engine, rows=args.rows, capacity=args.prompt_tokens + args.max_tokens + 1)
     clock = ModelClock(engine)
     cls = ProfiledScheduler if profile else TimedScheduler
@@ -226,39 +238,51 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs; the fastest counts (a shared CPU is noisy)")
     p.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions (one more run)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--preset", default="", help="a preset's model (random weights) instead of the tiny one: with "
+                   "--device cuda, the scheduler's tokens/s on a GPU without HTTP, against the server's")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where --preset's model runs")
     p.add_argument("--engine-process", action="store_true",
                    help="the scheduler in an engine process of its own, as `redline serve --engine-process`")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model = tiny_model(args)
+    if args.device == "cuda" and not args.preset:
+        p.error("--device cuda needs --preset (the tiny model's steps are all launch overhead on a GPU)")
+    if args.engine_process and (args.profile or args.preset):
+        p.error("--engine-process measures the tiny model in this process's terms: drop --profile and --preset")
+    model = preset_model(args) if args.preset else tiny_model(args)
     tokenizer = PrintableTokenizer()
-    if args.engine_process and args.profile:
-        p.error("--profile profiles the scheduler's thread in this process: drop --engine-process")
+    engine = None
+    if args.preset:  # one engine for every run (compiled and captured once), its first run a warm-up
+        engine = InferenceEngine(model)
+        measure(args, model, tokenizer, profile=False, engine=engine)
     if args.engine_process:
         runs = [measure_engine_process(args) for _ in range(args.repeats)]
     else:
-        runs = [measure(args, model, tokenizer, profile=False) for _ in range(args.repeats)]
+        runs = [measure(args, model, tokenizer, profile=False, engine=engine) for _ in range(args.repeats)]
     best = min(runs, key=lambda r: r["host_us_per_step"])
     where = "in its own process" if args.engine_process else "in a thread"
     print(f"{args.requests} requests on {args.rows} rows, {args.prompt_tokens}-token prompts, {args.max_tokens} "
-          f"new tokens, sync_every {args.sync_every}, CPU ({torch.get_num_threads()} torch thread(s)), engine {where}")
+          f"new tokens, sync_every {args.sync_every}, {args.preset or 'tiny model'} on {args.device} "
+          f"({torch.get_num_threads()} torch thread(s)), engine {where}")
     # in an engine process the host CPU is the engine's alone, and the API process's runs beside it
     cpu, loop = ("engine CPU us/step", "API proc CPU/step") if args.engine_process else ("host CPU us/step",
                                                                                           "of it event loop")
     print(f"{'run':>4} {'wall s':>8} {'model s':>8} {'host s':>8} {'steps':>6} {'host us/step':>13} "
-          f"{'host us/token':>14} {cpu:>18} {loop:>18}")
+          f"{'host us/token':>14} {cpu:>18} {loop:>18} {'tokens/s':>10}")
     for i, r in enumerate(runs):
         print(f"{i:>4} {r['seconds']:>8.3f} {r['model_seconds']:>8.3f} {r['host_seconds']:>8.3f} {r['steps']:>6} "
               f"{r['host_us_per_step']:>13.1f} {r['host_us_per_token']:>14.2f} {r['host_cpu_us_per_step']:>18.1f} "
-              f"{r['loop_cpu_us_per_step']:>18.1f}")
+              f"{r['loop_cpu_us_per_step']:>18.1f} {r['tokens'] / r['seconds']:>10,.0f}")
     if args.profile:
-        measure(args, model, tokenizer, profile=True)
+        measure(args, model, tokenizer, profile=True, engine=engine)
     print(json.dumps({"engine_process": args.engine_process, "requests": args.requests, "rows": args.rows,
                       "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "sync_every": args.sync_every,
                       "host_us_per_step": round(best["host_us_per_step"], 1),
                       "host_us_per_token": round(best["host_us_per_token"], 2),
                       "host_cpu_us_per_step": round(min(r["host_cpu_us_per_step"] for r in runs), 1),
-                      "median_host_us_per_step": round(statistics.median(r["host_us_per_step"] for r in runs), 1)}))
+                      "median_host_us_per_step": round(statistics.median(r["host_us_per_step"] for r in runs), 1),
+                      "preset": args.preset or None, "device": args.device,
+                      "tokens_per_s": round(max(r["tokens"] / r["seconds"] for r in runs), 1)}))
     return 0
 
 
