@@ -25,6 +25,7 @@ from redline.errors import UserError
 from redline.inference.runtime import RuntimeOptions
 from redline.model import GPT, ModelConfig
 from redline.tokenizer import load_tokenizer
+from tests.test_serve import wait_until
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -103,13 +104,6 @@ def own_engine(checkpoint):
     live = Live(serve_config(checkpoint, True))
     yield live
     live.close()
-
-
-def wait_until(condition, seconds: float = 10.0) -> None:
-    deadline = time.time() + seconds
-    while not condition():
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def completion(live, prompt: str, max_tokens: int, stream: bool, **kwargs) -> tuple[list[str], list[str], tuple]:
