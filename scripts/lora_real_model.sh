@@ -32,7 +32,8 @@ shopt -s nullglob
 for f in "$TEXT"/*.jsonl "$TEXT"/*.jsonl.xz; do
     case "$(basename "$f")" in val*) n="$VAL_DOCS"; to="$OUT/text/val.jsonl" ;; *) n="$DOCS"; to="$OUT/text/train.jsonl" ;; esac
     [ -s "$to" ] && continue
-    if [[ "$f" == *.xz ]]; then xz -dc "$f" | head -n "$n" > "$to"; else head -n "$n" "$f" > "$to"; fi
+    # head stops reading early: xz's SIGPIPE is expected (the check below catches a real failure)
+    if [[ "$f" == *.xz ]]; then { xz -dc "$f" | head -n "$n" > "$to"; } || true; else head -n "$n" "$f" > "$to"; fi
 done
 [ -s "$OUT/text/train.jsonl" ] && [ -s "$OUT/text/val.jsonl" ] || {
     echo "lora_real_model.sh: $TEXT needs *.jsonl[.xz] files for training and a val*.jsonl[.xz] file" >&2; exit 2; }
