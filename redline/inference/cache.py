@@ -7,9 +7,10 @@ right-padded and each row then decodes at a slot of its own (`slot`, (B,)), and 
 sequence while the others go on (continuous batching). With dtype float8_e4m3fn the keys and values are stored as
 FP8 with an fp32 scale per (row, kv head, slot) (`quantize_kv`), about half a bf16 cache's bytes.
 
-Cache layers: `Attention.forward(x, rope, cache=layer)` (redline/model.py) calls `layer.attend(attn, x, rope)`,
-which computes the projections through the attention module's own methods, stores what the cache must hold, and
-attends over it:
+Cache layers: `Attention.forward(x, rope, cache=layer, ve=ve)` (redline/model.py) calls
+`layer.attend(attn, x, rope, ve)`, which computes the projections through the attention module's own methods (the
+layer's value embedding `ve`, if any, mixed into the values, so the cache holds the mixed values), stores what the
+cache must hold, and attends over it:
 - `PrefillLayer`: T new tokens per row at slots [start, start + T); they attend causally to each other and to the
   rows' cached slots before `start` (a prompt prefilled in chunks); their keys and values are kept on the layer
   for the engine to store.
@@ -124,9 +125,9 @@ class PrefillLayer:
         self.mask, self.prefix, self.quantize = mask, prefix, quantize
         self.kv = None
 
-    def attend(self, attn, x: torch.Tensor, rope) -> torch.Tensor:
-        """x (b, T, C) -> (b, T, H*D)."""
-        q, k, v = attn.project_qkv(x, rope)  # q (b, H, T, D); k, v (b, KV, T, D)
+    def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
+        """x (b, T, C) -> (b, T, H*D); ve: the layer's value embedding of these tokens (b, T, KV*D), or None."""
+        q, k, v = attn.project_qkv(x, rope, ve)  # q (b, H, T, D); k, v (b, KV, T, D)
         self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
         if self.prefix is not None:
             k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
@@ -177,14 +178,16 @@ class DecodeLayer:
         self.k_buf, self.v_buf, self.scales, self.slot = k_buf, v_buf, scales, slot
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
 
-    def attend(self, attn, x: torch.Tensor, rope) -> torch.Tensor:
-        """x (B, 1, C) -> (B, 1, H*D)."""
+    def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, 1, C) -> (B, 1, H*D); ve: the layer's value embedding of the step's tokens (B, 1, KV*D), or None
+        (the "triton" kernel starts from the raw qkv projection and takes none: the plan keeps value-embedding
+        models on "matmul")."""
         if self.impl == "triton":
             # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor
             # copy each part out); separate q, k, v layers are concatenated
             qkv = attn.qkv(x) if attn.cfg.fused_qkv else torch.cat(attn.project(x), dim=-1)
             return self.attend_projected(attn, qkv, rope)[:, None]
-        q, k, v = attn.project_qkv(x, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
+        q, k, v = attn.project_qkv(x, rope, ve)  # q (B, H, 1, D); k, v (B, KV, 1, D)
         W = self.width
         if self.scales is None:
             _scatter_slot(self.k_buf, self.slot, k)

@@ -30,6 +30,7 @@ FIELDS_ACCOUNTED = {
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
     "mlp": "gelu (tanh), relu2, swiglu",
+    "value_embeddings": "none: the attention kernel starts from the raw qkv output, before tables are mixed in",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
@@ -48,7 +49,6 @@ FIELDS_ACCOUNTED = {
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
-    "value_embeddings": "refused for the whole KV-cache engine (redline/inference/plan.py)",
 }
 
 
@@ -62,6 +62,8 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton needs SwiGLU's gate and up in one matrix (model.fused_mlp)"
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
+    if getattr(cfg, "value_embeddings", 0):
+        return "decode_linear triton cannot mix in the model's value embeddings (model.value_embeddings)"
     return None
 
 

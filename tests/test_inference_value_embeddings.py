@@ -1,0 +1,134 @@
+"""The KV-cache engine on a model with value embeddings (model.value_embeddings: token-indexed tables mixed into the
+attention values of the first and last layers): greedy tokens and log-probabilities equal the full-recompute
+forward's (GPT.generate), for one row and a batch of prompts of different lengths, with the prompt prefilled whole
+or in spans, in the server's DecodeBatch too; the Triton decode paths, which cannot mix the tables in, are refused
+in one line naming the option."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from redline.errors import UserError
+from redline.inference import InferenceEngine
+from redline.inference.batch import DecodeBatch
+from redline.model import GPT, ModelConfig
+
+# 4 layers, 2 tables: layers 0 and 2 mix in table 0, layers 1 and 3 table 1 (GPT.value_table); GQA, so a table's
+# rows are KV*D wide, not C
+CFG = ModelConfig(vocab_size=100, context_len=128, n_layer=4, n_embd=64, n_head=4, n_kv_head=2, value_embeddings=2)
+PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def ve_model(seed: int = 0, **overrides) -> GPT:
+    """Value-embedding mixes away from their 0.5 initialisation, and tables large enough to change what the model
+    predicts (test_the_tables_matter checks they do)."""
+    torch.manual_seed(seed)
+    model = GPT(replace(CFG, **overrides))
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.attn.ve_mix is not None:
+                block.attn.ve_mix.copy_(torch.rand(2) + 0.25)
+        for table in model.value_embeds:
+            table.weight.normal_(0.0, 1.0)
+    return model
+
+
+def reference_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), n, temperature=0.0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_the_tables_matter():
+    """Without this the equalities below could hold with the tables ignored."""
+    model = ve_model()
+    refs = [reference_greedy(model, p, 16) for p in PROMPTS]
+    with torch.no_grad():
+        for table in model.value_embeds:
+            table.weight.zero_()
+    assert [reference_greedy(model, p, 16) for p in PROMPTS] != refs
+
+
+@pytest.mark.parametrize("prefill_chunk_tokens", [32768, 5])
+def test_greedy_batch_and_single_row_equal_generate(prefill_chunk_tokens):
+    """fp64, so equality does not hinge on near-ties. prefill_chunk_tokens 5: prompts go through in spans of 5
+    tokens, each attending to the cached spans before it (each span's tables looked up for its own tokens)."""
+    model = ve_model()
+    engine = InferenceEngine(model, dtype=torch.float64, prefill_chunk_tokens=prefill_chunk_tokens)
+    assert engine.describe()["decode_attention"] == "matmul" and engine.describe()["decode_linear"] == "torch"
+    n = 24
+    results = engine.generate(PROMPTS, n)
+    refs = [reference_greedy(model, p, n) for p in PROMPTS]
+    assert [r.tokens for r in results] == refs
+    assert len({tuple(r) for r in refs}) > 1  # rows really differ
+    assert [engine.generate([p], n)[0].tokens for p in PROMPTS[1:3]] == refs[1:3]  # batch of one
+
+
+def test_bucketed_prefill_equals_generate():
+    """The GPU path's shapes on the CPU, eagerly: prompts padded to a length bucket (the padding's tables looked up
+    too, never attended to), rows in chunks, widths rounded to 64 (decoding crosses one)."""
+    model = ve_model()
+    engine = InferenceEngine(model, dtype=torch.float64, prefill_chunk_tokens=40)
+    engine.plan = replace(engine.plan, compile=True)
+    assert [r.tokens for r in engine.generate(PROMPTS, 48)] == [reference_greedy(model, p, 48) for p in PROMPTS]
+
+
+def test_teacher_forced_log_probabilities_equal_the_full_forward():
+    """engine.score feeds each token to a decode step after the prefill: its log-probabilities are the full
+    forward's, position by position (the logits of every decode step, not only their argmax)."""
+    model = ve_model()
+    torch.manual_seed(1)
+    tokens = torch.randint(0, CFG.vocab_size, (3, 40))
+    logps, _ = InferenceEngine(model, dtype=torch.float64).score(tokens, prefill=7)
+    with torch.no_grad():
+        full = torch.log_softmax(model.double()(tokens), dim=-1)
+    expected = full[:, 6:-1].gather(2, tokens[:, 7:, None])[..., 0]
+    torch.testing.assert_close(logps, expected.float(), rtol=0, atol=1e-6)
+
+
+def test_decode_batch_greedy_equals_generate():
+    """The server's DecodeBatch: one row prefilled whole, one in spans, two together with prefill_many; steps that
+    take the argmax inside and sampled steps fed back with advance(), rows freed and refilled."""
+    model = ve_model()
+    n = 12
+    refs = [reference_greedy(model, p, n) for p in PROMPTS]
+    batch = DecodeBatch(InferenceEngine(model, dtype=torch.float64), rows=4, capacity=64)
+    got = {}
+
+    def started(rows, prompts_at, logits):
+        for row, i, t in zip(rows, prompts_at, logits.argmax(-1).tolist()):
+            batch.start(row, t, len(PROMPTS[i]))
+            got[row] = (i, [t])
+
+    started([0], [0], batch.prefill(0, PROMPTS[0])[None])
+    for s in range(0, len(PROMPTS[2]), 5):
+        logits = batch.prefill(3, PROMPTS[2][s:s + 5], start=s)
+    started([3], [2], logits[None])
+    done = {}
+    for step in range(40):
+        if step == 2:
+            started([2, 1], [3, 1], batch.prefill_many([2, 1], [PROMPTS[3], PROMPTS[1]]))
+        greedy = step % 2 == 0
+        out = batch.step() if greedy else batch.step(greedy=False).argmax(-1)
+        if not greedy:
+            batch.advance(out)
+        for row, (i, tokens) in list(got.items()):
+            tokens.append(int(out[row]))
+            if len(tokens) == n:
+                batch.free(row)
+                done[i] = tokens
+                del got[row]
+        if not got:
+            break
+    assert [done[i] for i in range(len(PROMPTS))] == refs
+
+
+def test_triton_decode_paths_are_refused_in_one_line():
+    model = ve_model()
+    with pytest.raises(UserError, match="decode_attention triton .* value embeddings .*use decode_attention matmul"):
+        InferenceEngine(model, decode_attention="triton")
+    with pytest.raises(UserError, match="decode_linear triton cannot mix in the model's value embeddings"):
+        InferenceEngine(model, decode_linear="triton")
+    assert InferenceEngine(model, compile=True).describe()["decode_attention"] == "matmul"
