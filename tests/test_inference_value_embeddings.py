@@ -4,11 +4,14 @@ forward's (GPT.generate), for one row and a batch of prompts of different length
 or in spans, in the server's DecodeBatch too; the Triton decode paths, which cannot mix the tables in, are refused
 in one line naming the option."""
 
+import json
 from dataclasses import replace
 
 import pytest
 import torch
 
+from redline import cli
+from redline.config import TrainConfig, to_dict
 from redline.errors import UserError
 from redline.inference import InferenceEngine
 from redline.inference.batch import DecodeBatch
@@ -132,3 +135,92 @@ def test_triton_decode_paths_are_refused_in_one_line():
     with pytest.raises(UserError, match="decode_linear triton cannot mix in the model's value embeddings"):
         InferenceEngine(model, decode_linear="triton")
     assert InferenceEngine(model, compile=True).describe()["decode_attention"] == "matmul"
+
+
+@pytest.mark.slow
+def test_compiled_engine_on_cpu_equals_generate():
+    """torch.compile'd steps (the GPU code path without graphs): the one compiled block serves the layers with a
+    value embedding and those without (a second compilation), for every batch size and width."""
+    from torch._dynamo.utils import counters
+
+    model = ve_model(n_layer=5, context_len=160)  # layer 2 mixes in no table
+    engine = InferenceEngine(model, dtype=torch.float64, compile=True)
+    first = engine.generate(PROMPTS, 72)  # widths 64 and 128
+    compiled = counters["stats"]["unique_graphs"]
+    again = engine.generate(PROMPTS[:3], 30)  # another batch size and capacity: no new compilation
+    assert [r.tokens for r in first] == [reference_greedy(model, p, 72) for p in PROMPTS]
+    assert [r.tokens for r in again] == [r.tokens[:30] for r in first[:3]]
+    assert counters["stats"]["unique_graphs"] == compiled
+
+
+def test_server_scheduler_greedy_equals_generate():
+    """The server's scheduler on two rows for four requests: rows freed and refilled, prompts prefilled in spans of
+    7 tokens and several at once, as `redline serve` runs them."""
+    import queue
+
+    from redline.inference import SamplingParams
+    from redline.serve.scheduler import Scheduler, Sequence
+    from redline.tokenizer import load_tokenizer
+
+    eot = 256
+    model = ve_model(vocab_size=257)
+    sched = Scheduler(DecodeBatch(InferenceEngine(model, dtype=torch.float64), rows=2, capacity=64),
+                      load_tokenizer("bytes"), [eot], prefill_tokens=7)
+    prompts, lengths = PROMPTS, [12, 20, 6, 15]
+    sinks = [queue.Queue() for _ in prompts]
+    seqs = [Sequence(list(p), n, SamplingParams(), (), q.put) for p, n, q in zip(prompts, lengths, sinks)]
+    try:
+        sched.submit(seqs)
+        for q in sinks:
+            while q.get(timeout=30)[0] == "text":
+                pass
+    finally:
+        sched.close()
+    for p, n, seq in zip(prompts, lengths, seqs):
+        ref = reference_greedy(model, p, n)
+        assert seq.tokens == (ref[:ref.index(eot)] if eot in ref else ref)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the commands
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from redline.tokenizer import load_tokenizer
+    from redline.training.checkpoint import save_checkpoint
+
+    cfg = TrainConfig(model=replace(CFG, vocab_size=257, context_len=64))
+    model = ve_model(vocab_size=257, context_len=64)
+    run = tmp_path_factory.mktemp("run")
+    return str(save_checkpoint(run, 1, model, {}, to_dict(cfg), load_tokenizer("bytes"), keep=1))
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_generate_and_bench_infer_commands(checkpoint, capsys):
+    from redline.training.checkpoint import load_for_inference
+
+    code, out, err = run_cli(["generate", "--checkpoint", checkpoint, "--prompt", "Hello", "a b", "--temperature", "0",
+                              "--max-new-tokens", "10", "--jsonl", "-", "--no-stop-at-eot"], capsys)
+    assert code == 0, err
+    model, tok, _ = load_for_inference(checkpoint)
+    for record in map(json.loads, out.strip().splitlines()):
+        ids = tok.encode(record["prompt"])
+        assert record["completion"] == tok.decode(reference_greedy(model, ids, 10))
+    code, out, err = run_cli(["bench-infer", "--checkpoint", checkpoint, "--batch-sizes", "2", "--prompt-lens", "8",
+                              "--max-new-tokens", "4", "--repeats", "1", "--methods", "eager"], capsys)
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["results"][0]["status"] == "ok"
+
+
+def test_export_names_value_embeddings(checkpoint, capsys, tmp_path):
+    """No architecture redline exports to has them: a one-line error, nothing written."""
+    code, _, err = run_cli(["export", checkpoint, "--out", str(tmp_path / "hf")], capsys)
+    assert code != 0 and "model.value_embeddings=2" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "hf").exists()
