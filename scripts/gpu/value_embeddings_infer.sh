@@ -50,7 +50,8 @@ print("saved", save_checkpoint(sys.argv[1], 1, GPT(cfg.model), {}, to_dict(cfg),
 EOF
 
 COMMON=(--batch-sizes 1 64 --prompt-lens 512 --max-new-tokens 256 --repeats 3 --methods compiled --json-out "$JSONL")
-for step in "--preset modern-124m" "--checkpoint $CKPT" "--checkpoint $CKPT --decode-attention matmul --decode-linear torch"; do
+STEPS=("--preset modern-124m" "--checkpoint $CKPT" "--checkpoint $CKPT --decode-attention matmul --decode-linear torch")
+for step in "${STEPS[@]}"; do
     echo "=== redline bench-infer $step ===" | tee -a "$LOG"
     # shellcheck disable=SC2086
     "$PY" -m redline bench-infer $step "${COMMON[@]}" 2>&1 | tee -a "$LOG"
