@@ -6,7 +6,6 @@ for the Triton kernel) the one that starts from the qkv output; and the commands
 
 import json
 from dataclasses import replace
-
 from types import SimpleNamespace
 
 import pytest
