@@ -333,13 +333,10 @@ class Attention(nn.Module):
         """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
         where query i may attend key j. cache: None, or a KV cache layer of the inference engine
         (redline/inference/cache.py), which stores this call's keys and values and attends over all it holds:
-        `cache.attend(self, x, rope) -> (B, T, H*D)`, calling back into project / project_qkv / attend.
+        `cache.attend(self, x, rope, ve) -> (B, T, H*D)`, calling back into project / project_qkv / attend.
         ve: this layer's value embedding (B, T, KV*D) or None."""
         if cache is not None:
-            if self.ve_mix is not None:
-                raise UserError("the KV-cache inference engine does not support model.value_embeddings; generate "
-                                "with GPT.generate (full recompute) or train without them")
-            return self.proj(cache.attend(self, x, rope))
+            return self.proj(cache.attend(self, x, rope, ve))
         q, k, v = self.project_qkv(x, rope, ve)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
         return self.proj(y)

@@ -119,11 +119,11 @@ def test_value_embeddings_after_meta_device_init_and_in_the_engine():
     model.to_empty(device="cpu")
     model.reset_parameters()
     assert all(torch.equal(b.attn.ve_mix, torch.full((2,), 0.5)) for b in model.blocks if b.attn.ve_mix is not None)
-    from redline.inference.engine import InferenceEngine  # refused in one line, not silently wrong
+    from redline.inference.engine import InferenceEngine  # tests/test_inference_value_embeddings.py has the rest
 
-    with pytest.raises(UserError, match="value_embeddings"):
-        InferenceEngine(model)
-    assert model.generate(tokens(shape=(1, 3)), 2).shape == (1, 5)  # full-recompute generation takes them
+    prompt = tokens(shape=(1, 3))
+    full = model.generate(prompt, 4, temperature=0.0)
+    assert InferenceEngine(model).generate(prompt.tolist(), 4)[0].tokens == full[0, 3:].tolist()
 
 
 # ----------------------------------------------------------------------------------------------------

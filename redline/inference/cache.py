@@ -7,16 +7,18 @@ right-padded and each row then decodes at a slot of its own (`slot`, (B,)), and 
 sequence while the others go on (continuous batching). With dtype float8_e4m3fn the keys and values are stored as
 FP8 with an fp32 scale per (row, kv head, slot) (`quantize_kv`), about half a bf16 cache's bytes.
 
-Cache layers: `Attention.forward(x, rope, cache=layer)` (redline/model.py) calls `layer.attend(attn, x, rope)`,
-which computes the projections through the attention module's own methods, stores what the cache must hold, and
-attends over it:
+Cache layers: `Attention.forward(x, rope, cache=layer, ve=ve)` (redline/model.py) calls
+`layer.attend(attn, x, rope, ve)`, which computes the projections through the attention module's own methods (the
+layer's value embedding `ve`, if any, mixed into the values, so the cache holds the mixed values), stores what the
+cache must hold, and attends over it:
 - `PrefillLayer`: T new tokens per row at slots [start, start + T); they attend causally to each other and to the
   rows' cached slots before `start` (a prompt prefilled in chunks); their keys and values are kept on the layer
   for the engine to store.
 - `DecodeLayer`: one new token per row, written into the cache at the row's slot, attending to slots 0..slot (or
   the sliding window's last ones) of the first `width` slots of the buffer: by "matmul" (q·Kᵀ, masked fp32
   softmax, ·V; the portable path) or by "triton", redline's decode kernel (kernels/decode_attention.py), which
-  starts from the qkv projection's output and does QK-norm, RoPE, the cache write and the attention in one launch.
+  starts from the qkv projection's output and does QK-norm, RoPE, the cache write and the attention in one launch
+  (a layer's value embedding is mixed into that output's values first: `mix_value_embedding`).
   The new key and value are scattered into the layer's whole buffer (not into a view of it): Inductor then updates
   the buffer in place, where a write into a view passed in is copied back whole.
 """
@@ -124,9 +126,9 @@ class PrefillLayer:
         self.mask, self.prefix, self.quantize = mask, prefix, quantize
         self.kv = None
 
-    def attend(self, attn, x: torch.Tensor, rope) -> torch.Tensor:
-        """x (b, T, C) -> (b, T, H*D)."""
-        q, k, v = attn.project_qkv(x, rope)  # q (b, H, T, D); k, v (b, KV, T, D)
+    def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
+        """x (b, T, C) -> (b, T, H*D); ve: the layer's value embedding of these tokens (b, T, KV*D), or None."""
+        q, k, v = attn.project_qkv(x, rope, ve)  # q (b, H, T, D); k, v (b, KV, T, D)
         self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
         if self.prefix is not None:
             k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
@@ -167,6 +169,17 @@ def _scatter_slot(buf: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> Non
     buf.scatter_(2, index, x)
 
 
+def mix_value_embedding(attn, qkv: torch.Tensor, ve: torch.Tensor) -> torch.Tensor:
+    """The qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, (H + 2·KV)·D) with its values mixed as
+    Attention.project_qkv mixes them, v ← ve_mix[0]·v + ve_mix[1]·ve (ve (B, 1, KV·D)), for the kernels that start
+    from the qkv output (the attention kernel loads the values as they are)."""
+    B = qkv.shape[0]
+    qkv = qkv.reshape(B, -1)
+    split = (attn.n_head + attn.n_kv) * attn.head_dim  # queries and keys, then the values
+    v = attn.ve_mix[0] * qkv[:, split:] + attn.ve_mix[1] * ve.reshape(B, -1).to(qkv.dtype)
+    return torch.cat([qkv[:, :split], v], dim=-1)
+
+
 class DecodeLayer:
     """A cache layer for one decode step: each row's new key and value go into its slot (slot (B,)), and it
     attends to the first `width` slots under `mask` (B, 1, 1, width) ("matmul"; the "triton" kernel computes the mask
@@ -177,14 +190,15 @@ class DecodeLayer:
         self.k_buf, self.v_buf, self.scales, self.slot = k_buf, v_buf, scales, slot
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
 
-    def attend(self, attn, x: torch.Tensor, rope) -> torch.Tensor:
-        """x (B, 1, C) -> (B, 1, H*D)."""
+    def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, 1, C) -> (B, 1, H*D); ve: the layer's value embedding of the step's tokens (B, 1, KV*D), or
+        None."""
         if self.impl == "triton":
             # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor
             # copy each part out); separate q, k, v layers are concatenated
             qkv = attn.qkv(x) if attn.cfg.fused_qkv else torch.cat(attn.project(x), dim=-1)
-            return self.attend_projected(attn, qkv, rope)[:, None]
-        q, k, v = attn.project_qkv(x, rope)  # q (B, H, 1, D); k, v (B, KV, 1, D)
+            return self.attend_projected(attn, qkv, rope, ve)[:, None]
+        q, k, v = attn.project_qkv(x, rope, ve)  # q (B, H, 1, D); k, v (B, KV, 1, D)
         W = self.width
         if self.scales is None:
             _scatter_slot(self.k_buf, self.slot, k)
@@ -199,8 +213,11 @@ class DecodeLayer:
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
         return cached_attention(q, keys, values, self.mask)
 
-    def attend_projected(self, attn, qkv: torch.Tensor, rope) -> torch.Tensor:
-        """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D)."""
+    def attend_projected(self, attn, qkv: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
+        """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D); ve:
+        the layer's value embedding (B, 1, KV*D), mixed into the values first, or None."""
+        if ve is not None:
+            qkv = mix_value_embedding(attn, qkv, ve)
         B = qkv.shape[0]
         cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
         norms, eps = (None, None), 0.0

@@ -42,7 +42,8 @@ from redline.inference.compiled import decode_options, isolated_compile, mark_dy
 from redline.inference.graphs import StepGraphs
 from redline.inference.plan import plan_decode
 from redline.inference.sampling import SamplingParams, make_generator, sample_next
-from redline.inference.steps import decode_block, decode_inputs, decode_layers, decode_output, last_logits, prefill_block
+from redline.inference.steps import (decode_block, decode_inputs, decode_layers, decode_output, last_logits,
+                                     layer_value, prefill_block, value_embeddings)
 from redline.model import GPT
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
@@ -348,14 +349,16 @@ class InferenceEngine:
         b, t = tokens.shape
         positions = torch.arange(start, start + t, device=self.device)
         x, rope = m.embed(tokens, positions)
+        values = value_embeddings(m, tokens)  # (b, t, KV*D) per table, looked up once for every layer
         mask = prefill_mask(t, start, self.device, window)
-        self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()], *[(mask, 0, 1)] * (mask is not None))
+        self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()], *[(mask, 0, 1)] * (mask is not None),
+                           *[(ve, 0, 1) for ve in values])
         quantize = st.cache.quantized
         for layer, block in enumerate(m.blocks):
             prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
             if prefix[0] is not None:
                 self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2))
-            x, k, v = self._prefill_fn(block, x, rope, mask, quantize, *prefix)
+            x, k, v = self._prefill_fn(block, x, rope, mask, quantize, *prefix, layer_value(m, values, layer))
             st.cache.write(layer, rows, start, k, v)
         return x
 

@@ -61,9 +61,6 @@ def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, 
                 prefill_chunk_tokens: int = 32768) -> DecodePlan:
     """The plan for a model of config `cfg` on `device`, or a UserError naming the option that cannot run."""
     on_cuda = device.type == "cuda"
-    if getattr(cfg, "value_embeddings", 0):
-        raise UserError("the KV-cache inference engine does not support model.value_embeddings; generate with "
-                        "GPT.generate (full recompute) or train without them")
     if cuda_graphs and not on_cuda:
         raise UserError("CUDA graphs need a CUDA device, but the model is on the CPU; "
                         "use cuda_graphs=off (or auto) on a CPU")

@@ -2,7 +2,8 @@
 blocks and output. Every one runs the model's own modules: a block is called with a cache layer
 (redline/inference/cache.py) and the model's attention hands itself to it.
 
-The same compiled block serves every layer (regional compilation: compile time does not grow with depth). A
+The same compiled block serves every layer (regional compilation: compile time does not grow with depth; a model
+with value embeddings compiles it twice, for the layers that mix a table into their values and those that do not). A
 greedy decode step takes its argmax inside its output function, records the token in the step's history and
 advances the rows' slots, so that greedy decoding runs entirely inside one CUDA graph per width.
 """
@@ -20,13 +21,27 @@ from redline.inference.kernels.fused_block import MAX_ROWS, fused_block, fused_h
 ARGMAX_SPANS_MAX_BATCH = 64
 
 
-def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, prefix_k=None, prefix_v=None):
+def value_embeddings(model, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Each of the model's value-embedding tables looked up once for the call's tokens (b, T) -> [(b, T, KV*D)]
+    (none for a model without them); layer i mixes in `layer_value(model, values, i)`."""
+    return [table(tokens) for table in model.value_embeds]
+
+
+def layer_value(model, values: list[torch.Tensor], layer: int) -> torch.Tensor | None:
+    """Layer `layer`'s value embedding among value_embeddings' tables, or None (a layer that mixes in none)."""
+    table = model.value_table(layer)
+    return None if table is None else values[table]
+
+
+def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, prefix_k=None, prefix_v=None,
+                  ve=None):
     """x (b, T, C) -> (x, k, v): the block's output and the new tokens' keys and values (b, KV, T, D) for the cache
     (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k, prefix_v: the rows'
-    cached slots before these tokens (a prompt prefilled in chunks), attended to as well."""
+    cached slots before these tokens (a prompt prefilled in chunks), attended to as well. ve: the layer's value
+    embedding of these tokens (b, T, KV*D), or None."""
     prefix = (prefix_k, prefix_v) if prefix_k is not None else None
     layer = PrefillLayer(mask, prefix, quantize)
-    x = block(x, rope, cache=layer)
+    x = block(x, rope, cache=layer, ve=ve)
     k, v = layer.kv
     return x, k, v
 
@@ -38,27 +53,30 @@ def last_logits(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.Tensor, impl: str = "matmul"):
-    """The step's embeddings x (B, 1, C), RoPE tables and attention mask (B, 1, 1, W): row b attends to slots
-    0..slot_b (and within the sliding window). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the
-    kernel computes the mask itself and reads only its width, so the slots stand in for it (a view: no kernel)."""
+    """The step's embeddings x (B, 1, C), RoPE tables, attention mask (B, 1, 1, W) (row b attends to slots
+    0..slot_b, within the sliding window) and value embeddings ([(B, 1, KV*D)], value_embeddings'). tokens (B, 1),
+    slot (B,), slots (W,) 0..W-1. impl "triton": the kernel computes the mask itself and reads only its width, so
+    the slots stand in for it (a view: no kernel)."""
     x, rope = model.embed(tokens, slot[:, None])  # a token's position is its slot
+    values = value_embeddings(model, tokens)
     if impl == "triton":
-        return x, rope, slots.expand(tokens.shape[0], 1, 1, -1)
+        return x, rope, slots.expand(tokens.shape[0], 1, 1, -1), values
     mask = slots[None, :] <= slot[:, None]  # (B, W)
     if model.cfg.sliding_window > 0:
         mask = mask & (slot[:, None] - slots[None, :] < model.cfg.sliding_window)
-    return x, rope, mask[:, None, None, :]
+    return x, rope, mask[:, None, None, :], values
 
 
 def decode_block(block, x, rope, mask, k_buf, v_buf, slot, impl: str = "matmul", counts=None, fused: bool = False,
-                 scales=None):
+                 scales=None, ve=None):
     """x (B, 1, C) -> (B, 1, C): writes each row's key and value into its slot of the layer's whole cache buffers
     and attends over their first W = mask.shape[-1] slots. fused: up to MAX_ROWS rows, the block in redline's
-    product kernels (kernels/fused_block.py); scales: an FP8 cache's (k_scale, v_scale) buffers, or None."""
+    product kernels (kernels/fused_block.py); scales: an FP8 cache's (k_scale, v_scale) buffers, or None; ve: the
+    layer's value embedding of the step's tokens (B, 1, KV*D), or None."""
     layer = DecodeLayer(k_buf, v_buf, scales, slot, mask, mask.shape[-1], counts, impl)
     if fused and x.shape[0] <= MAX_ROWS:
-        return fused_block(block, x, lambda attn, qkv: layer.attend_projected(attn, qkv, rope), counts)
-    return block(x, rope, cache=layer)
+        return fused_block(block, x, lambda attn, qkv: layer.attend_projected(attn, qkv, rope, ve), counts)
+    return block(x, rope, cache=layer, ve=ve)
 
 
 def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
@@ -103,9 +121,10 @@ def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy:
     apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic; history and
     active: decode_output's."""
     inputs_fn, block_fn, output_fn = fns or (decode_inputs, decode_block, decode_output)
-    x, rope, mask = inputs_fn(model, tokens, slot, slots, impl)
+    x, rope, mask, values = inputs_fn(model, tokens, slot, slots, impl)
     if mark_dynamic is not None:
-        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3))
-    for block, k_buf, v_buf, layer_scales in zip(model.blocks, ks, vs, scales or [None] * len(ks)):
-        x = block_fn(block, x, rope, mask, k_buf, v_buf, slot, impl, counts, fused, layer_scales)
+        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3), *[(v, 0) for v in values])
+    for i, (block, k_buf, v_buf, layer_scales) in enumerate(zip(model.blocks, ks, vs, scales or [None] * len(ks))):
+        x = block_fn(block, x, rope, mask, k_buf, v_buf, slot, impl, counts, fused, layer_scales,
+                     layer_value(model, values, i))
     return output_fn(model, x, tokens, greedy, fused, slot, history, active)

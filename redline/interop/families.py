@@ -128,6 +128,10 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.pos_emb == "none":
         raise UserError("model.pos_emb=none: every architecture redline exports to has positions (GPT-2 learned, "
                         "the others RoPE)")
+    if cfg.value_embeddings:
+        raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
+                        f"(GPT-2, Llama, Mistral, Qwen2, Qwen3) mixes token-indexed tables into its attention values; "
+                        f"run the model with redline generate, chat or serve instead")
     if cfg.pos_emb == "learned":
         from redline.interop.gpt2 import check_exportable
 

@@ -41,6 +41,7 @@ FIELDS_ACCOUNTED = {
     "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
     "tie_embeddings": "the head's weight, whatever it is tied to",
     "logit_softcap": "applied to the head's output",
+    "value_embeddings": "mixed into the qkv product's values before the attention kernel (cache.mix_value_embedding)",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model", "rope_theta": "inputs",
     "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
@@ -48,7 +49,6 @@ FIELDS_ACCOUNTED = {
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
-    "value_embeddings": "refused for the whole KV-cache engine (redline/inference/plan.py)",
 }
 
 
