@@ -1,23 +1,21 @@
 """The KV-cache engine on a model with value embeddings (model.value_embeddings: token-indexed tables mixed into the
 attention values of the first and last layers): greedy tokens and log-probabilities equal the full-recompute
 forward's (GPT.generate), for one row and a batch of prompts of different lengths, with the prompt prefilled whole
-or in spans, in the server's DecodeBatch and scheduler too, through the portable decode path and (with a stand-in
-for the Triton kernel) the one that starts from the qkv output; and the commands."""
+or in spans, in the server's DecodeBatch too; the Triton decode paths, which cannot mix the tables in, are refused
+in one line naming the option."""
 
 import json
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from redline import cli
 from redline.config import TrainConfig, to_dict
+from redline.errors import UserError
 from redline.inference import InferenceEngine
 from redline.inference.batch import DecodeBatch
-from redline.inference.cache import cached_attention, mix_value_embedding
-from redline.model import GPT, ModelConfig, apply_rope
+from redline.model import GPT, ModelConfig
 
 # 4 layers, 2 tables: layers 0 and 2 mix in table 0, layers 1 and 3 table 1 (GPT.value_table); GQA, so a table's
 # rows are KV*D wide, not C
@@ -25,6 +23,8 @@ CFG = ModelConfig(vocab_size=100, context_len=128, n_layer=4, n_embd=64, n_head=
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                      reason="needs a CUDA GPU")])
 
 
 def ve_model(seed: int = 0, **overrides) -> GPT:
@@ -56,11 +56,12 @@ def test_the_tables_matter():
     assert [reference_greedy(model, p, 16) for p in PROMPTS] != refs
 
 
+@pytest.mark.parametrize("device", ["cpu", GPU])  # on a GPU: compiled steps and CUDA graphs
 @pytest.mark.parametrize("prefill_chunk_tokens", [32768, 5])
-def test_greedy_batch_and_single_row_equal_generate(prefill_chunk_tokens):
+def test_greedy_batch_and_single_row_equal_generate(prefill_chunk_tokens, device):
     """fp64, so equality does not hinge on near-ties. prefill_chunk_tokens 5: prompts go through in spans of 5
     tokens, each attending to the cached spans before it (each span's tables looked up for its own tokens)."""
-    model = ve_model()
+    model = ve_model().to(device)
     engine = InferenceEngine(model, dtype=torch.float64, prefill_chunk_tokens=prefill_chunk_tokens)
     assert engine.describe()["decode_attention"] == "matmul" and engine.describe()["decode_linear"] == "torch"
     n = 24
@@ -93,10 +94,11 @@ def test_teacher_forced_log_probabilities_equal_the_full_forward():
     torch.testing.assert_close(logps, expected.float(), rtol=0, atol=1e-6)
 
 
-def test_decode_batch_greedy_equals_generate():
+@pytest.mark.parametrize("device", ["cpu", GPU])  # on a GPU: compiled steps and CUDA graphs
+def test_decode_batch_greedy_equals_generate(device):
     """The server's DecodeBatch: one row prefilled whole, one in spans, two together with prefill_many; steps that
     take the argmax inside and sampled steps fed back with advance(), rows freed and refilled."""
-    model = ve_model()
+    model = ve_model().to(device)
     n = 12
     refs = [reference_greedy(model, p, n) for p in PROMPTS]
     batch = DecodeBatch(InferenceEngine(model, dtype=torch.float64), rows=4, capacity=64)
@@ -130,49 +132,13 @@ def test_decode_batch_greedy_equals_generate():
     assert [done[i] for i in range(len(PROMPTS))] == refs
 
 
-def kernel_on_cpu(qkv, k_buf, v_buf, slot, counts, width, window, eps, q_norm=None, k_norm=None, cos=None,
-                  sin=None):
-    """torch.ops.redline.decode_attention (kernels/decode_attention.py, Triton) in plain torch, for the CPU: the new
-    token's QK-norm and RoPE from the qkv output (B, (H + 2·KV)·D), its key and value into each row's slot, and
-    attention over the first `width` slots within the window -> (B, H*D)."""
-    B, KV, _, D = k_buf.shape
-    H = qkv.shape[1] // D - 2 * KV
-    q, k, v = (t.reshape(B, 1, -1, D).transpose(1, 2) for t in qkv.split([H * D, KV * D, KV * D], dim=-1))
-    if q_norm is not None:
-        q, k = F.rms_norm(q, (D,), q_norm, eps), F.rms_norm(k, (D,), k_norm, eps)
-    if cos is not None:
-        q, k = (apply_rope(t, cos[:, None, None], sin[:, None, None]) for t in (q, k))
-    index = slot.view(B, 1, 1, 1).expand(B, KV, 1, D)
-    k_buf.scatter_(2, index, k)
-    v_buf.scatter_(2, index, v)
-    slots = torch.arange(width)
-    mask = slots[None] <= slot[:, None]
-    if window > 0:
-        mask &= slot[:, None] - slots[None] < window
-    return cached_attention(q, k_buf[:, :, :width], v_buf[:, :, :width], mask[:, None, None]).reshape(B, H * D)
-
-
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_triton_decode_attention_gets_the_mixed_values(monkeypatch, qk_norm):
-    """decode_attention triton starts from the qkv projection's output: the engine mixes each layer's table into its
-    values first (cache.mix_value_embedding). Here the kernel is kernel_on_cpu; the rest is the engine's own step."""
-    monkeypatch.setattr(torch.ops, "redline", SimpleNamespace(decode_attention=kernel_on_cpu), raising=False)
-    model = ve_model(qk_norm=qk_norm)
-    engine = InferenceEngine(model, dtype=torch.float64)
-    engine.plan = replace(engine.plan, attention="triton")
-    monkeypatch.setattr(engine, "_counters", lambda: None)  # (the kernel's counters need triton)
-    assert [r.tokens for r in engine.generate(PROMPTS, 24)] == [reference_greedy(model, p, 24) for p in PROMPTS]
-
-
-def test_mix_value_embedding_is_project_qkvs():
+def test_triton_decode_paths_are_refused_in_one_line():
     model = ve_model()
-    attn, x = model.blocks[0].attn, torch.randn(3, 1, CFG.n_embd)
-    ve = model.value_embeds[0](torch.tensor([[1], [2], [3]]))  # (B, 1, KV*D)
-    _, _, v = attn.project_qkv(x, None, ve)  # (B, KV, 1, D)
-    mixed = mix_value_embedding(attn, attn.qkv(x), ve)  # (B, (H + 2·KV)·D)
-    kv = CFG.kv_heads * CFG.head_dim
-    torch.testing.assert_close(mixed[:, -kv:], v.transpose(1, 2).reshape(3, kv))
-    torch.testing.assert_close(mixed[:, :-kv], attn.qkv(x)[:, 0, :-kv])
+    with pytest.raises(UserError, match="decode_attention triton .* value embeddings .*use decode_attention matmul"):
+        InferenceEngine(model, decode_attention="triton")
+    with pytest.raises(UserError, match="decode_linear triton cannot mix in the model's value embeddings"):
+        InferenceEngine(model, decode_linear="triton")
+    assert InferenceEngine(model, compile=True).describe()["decode_attention"] == "matmul"
 
 
 @pytest.mark.slow
@@ -189,6 +155,7 @@ def test_compiled_engine_on_cpu_equals_generate():
     assert [r.tokens for r in first] == [reference_greedy(model, p, 72) for p in PROMPTS]
     assert [r.tokens for r in again] == [r.tokens[:30] for r in first[:3]]
     assert counters["stats"]["unique_graphs"] == compiled
+
 
 
 def test_server_scheduler_greedy_equals_generate():
@@ -217,43 +184,6 @@ def test_server_scheduler_greedy_equals_generate():
     for p, n, seq in zip(prompts, lengths, seqs):
         ref = reference_greedy(model, p, n)
         assert seq.tokens == (ref[:ref.index(eot)] if eot in ref else ref)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("attention, linear", [("matmul", "torch"), ("triton", "torch"), ("triton", "triton")])
-def test_compiled_cuda_graph_engine_equals_generate_on_a_gpu(attention, linear):
-    """The GPU paths, compiled and captured: the one compiled block with and without a table, the Triton attention
-    kernel from the mixed qkv output, and the fused block (batch 1 in the matrix-vector kernel, batch 4 tiled)."""
-    model = ve_model(n_layer=5, context_len=160).cuda()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # no near-ties between the compiled step and the full forward
-    refs = [reference_greedy(model, p, 72) for p in PROMPTS]
-    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention=attention,
-                             decode_linear=linear)
-    assert (engine.describe()["decode_attention"], engine.describe()["decode_linear"]) == (attention, linear)
-    for _ in range(2):  # the second call replays the captured graphs (widths 64 and 128)
-        assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
-    assert [engine.generate([p], 72)[0].tokens for p in PROMPTS[:2]] == refs[:2]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_decode_batch_group_graphs_equal_generate_on_a_gpu():
-    """The server's batch as `redline serve` runs it on a GPU (bf16 aside): prompts prefilled together, greedy steps
-    in groups of 4 captured as one graph."""
-    model = ve_model(context_len=160).cuda()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)
-    n = 16
-    refs = [reference_greedy(model, p, n + 1) for p in PROMPTS]
-    engine = InferenceEngine(model, dtype=torch.float32)
-    batch = DecodeBatch(engine, rows=4, capacity=64, group_steps=4)
-    logits = batch.prefill_many([0, 1, 2, 3], PROMPTS)
-    for row, (p, t) in enumerate(zip(PROMPTS, logits.argmax(-1).tolist())):
-        batch.start(row, t, len(p))
-    steps = torch.cat([batch.decode_greedy(4) for _ in range(n // 4)])  # (n, rows)
-    assert [[int(a)] + t for a, t in zip(logits.argmax(-1), steps.t().tolist())] == refs
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -17,8 +17,7 @@ cache must hold, and attends over it:
 - `DecodeLayer`: one new token per row, written into the cache at the row's slot, attending to slots 0..slot (or
   the sliding window's last ones) of the first `width` slots of the buffer: by "matmul" (q·Kᵀ, masked fp32
   softmax, ·V; the portable path) or by "triton", redline's decode kernel (kernels/decode_attention.py), which
-  starts from the qkv projection's output and does QK-norm, RoPE, the cache write and the attention in one launch
-  (a layer's value embedding is mixed into that output's values first: `mix_value_embedding`).
+  starts from the qkv projection's output and does QK-norm, RoPE, the cache write and the attention in one launch.
   The new key and value are scattered into the layer's whole buffer (not into a view of it): Inductor then updates
   the buffer in place, where a write into a view passed in is copied back whole.
 """
@@ -169,17 +168,6 @@ def _scatter_slot(buf: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> Non
     buf.scatter_(2, index, x)
 
 
-def mix_value_embedding(attn, qkv: torch.Tensor, ve: torch.Tensor) -> torch.Tensor:
-    """The qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, (H + 2·KV)·D) with its values mixed as
-    Attention.project_qkv mixes them, v ← ve_mix[0]·v + ve_mix[1]·ve (ve (B, 1, KV·D)), for the kernels that start
-    from the qkv output (the attention kernel loads the values as they are)."""
-    B = qkv.shape[0]
-    qkv = qkv.reshape(B, -1)
-    split = (attn.n_head + attn.n_kv) * attn.head_dim  # queries and keys, then the values
-    v = attn.ve_mix[0] * qkv[:, split:] + attn.ve_mix[1] * ve.reshape(B, -1).to(qkv.dtype)
-    return torch.cat([qkv[:, :split], v], dim=-1)
-
-
 class DecodeLayer:
     """A cache layer for one decode step: each row's new key and value go into its slot (slot (B,)), and it
     attends to the first `width` slots under `mask` (B, 1, 1, width) ("matmul"; the "triton" kernel computes the mask
@@ -191,13 +179,14 @@ class DecodeLayer:
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, 1, C) -> (B, 1, H*D); ve: the layer's value embedding of the step's tokens (B, 1, KV*D), or
-        None."""
+        """x (B, 1, C) -> (B, 1, H*D); ve: the layer's value embedding of the step's tokens (B, 1, KV*D), or None
+        (the "triton" kernel starts from the raw qkv projection and takes none: the plan keeps value-embedding
+        models on "matmul")."""
         if self.impl == "triton":
             # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor
             # copy each part out); separate q, k, v layers are concatenated
             qkv = attn.qkv(x) if attn.cfg.fused_qkv else torch.cat(attn.project(x), dim=-1)
-            return self.attend_projected(attn, qkv, rope, ve)[:, None]
+            return self.attend_projected(attn, qkv, rope)[:, None]
         q, k, v = attn.project_qkv(x, rope, ve)  # q (B, H, 1, D); k, v (B, KV, 1, D)
         W = self.width
         if self.scales is None:
@@ -213,11 +202,8 @@ class DecodeLayer:
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
         return cached_attention(q, keys, values, self.mask)
 
-    def attend_projected(self, attn, qkv: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
-        """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D); ve:
-        the layer's value embedding (B, 1, KV*D), mixed into the values first, or None."""
-        if ve is not None:
-            qkv = mix_value_embedding(attn, qkv, ve)
+    def attend_projected(self, attn, qkv: torch.Tensor, rope) -> torch.Tensor:
+        """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D)."""
         B = qkv.shape[0]
         cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
         norms, eps = (None, None), 0.0

@@ -6,7 +6,9 @@ The choices, and what "auto" picks:
   it already);
 - compile / cuda_graphs: on for CUDA, off on a CPU (graphs need a GPU);
 - decode attention: "triton" (redline's kernel, kernels/decode_attention.py) where the step is compiled for a GPU
-  that can run it, else "matmul" (the portable path);
+  that can run it, else "matmul" (the portable path); a model with value embeddings (model.value_embeddings) decodes
+  by "matmul" and "torch": the kernels start from the raw qkv projection, before the tables are mixed into the
+  values;
 - decode linear: "triton" (redline's product kernels with norms, biases, activations and residual adds fused in,
   kernels/fused_block.py) where decode attention is triton and the architecture is one the fused block computes,
   else "torch" (cuBLAS, or Inductor's tuned reductions under kernel_tuning);
@@ -95,6 +97,9 @@ def _attention(choice: str, cfg, device: torch.device, compile: bool) -> str:
 
 
 def _triton_attention_unsupported(cfg, device: torch.device) -> str | None:
+    if getattr(cfg, "value_embeddings", 0):
+        return ("decode_attention triton starts from the raw qkv projection and cannot mix in the model's value "
+                "embeddings (model.value_embeddings); use decode_attention matmul (or auto)")
     if device.type != "cuda":
         return "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul"
     try:
@@ -112,7 +117,9 @@ def _linear(choice: str, cfg, device: torch.device, attention: str, dtype: torch
     from redline.inference.kernels.fused_block import unsupported
 
     reason = unsupported(cfg)
-    if device.type != "cuda":
+    if getattr(cfg, "value_embeddings", 0):  # no machine or other option lifts this one: name it first
+        pass
+    elif device.type != "cuda":
         reason = "decode_linear triton runs on CUDA GPUs only"
     elif attention != "triton":
         reason = "decode_linear triton works with decode_attention triton (it hands the kernel the qkv output)"

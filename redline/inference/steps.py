@@ -72,10 +72,11 @@ def decode_block(block, x, rope, mask, k_buf, v_buf, slot, impl: str = "matmul",
     """x (B, 1, C) -> (B, 1, C): writes each row's key and value into its slot of the layer's whole cache buffers
     and attends over their first W = mask.shape[-1] slots. fused: up to MAX_ROWS rows, the block in redline's
     product kernels (kernels/fused_block.py); scales: an FP8 cache's (k_scale, v_scale) buffers, or None; ve: the
-    layer's value embedding of the step's tokens (B, 1, KV*D), or None."""
+    layer's value embedding of the step's tokens (B, 1, KV*D), or None (the plan never fuses a model that has
+    them)."""
     layer = DecodeLayer(k_buf, v_buf, scales, slot, mask, mask.shape[-1], counts, impl)
     if fused and x.shape[0] <= MAX_ROWS:
-        return fused_block(block, x, lambda attn, qkv: layer.attend_projected(attn, qkv, rope, ve), counts)
+        return fused_block(block, x, lambda attn, qkv: layer.attend_projected(attn, qkv, rope), counts)
     return block(x, rope, cache=layer, ve=ve)
 
 

@@ -4,13 +4,13 @@
 #     scripts/gpu/value_embeddings_infer.sh          # files under $OUT (default: a new temporary folder)
 #     VE=3 scripts/gpu/value_embeddings_infer.sh     # tables (default 2)
 #
-# 1. Correctness: the GPU tests of tests/test_inference_value_embeddings.py (compiled steps and CUDA graphs with
-#    matmul and Triton decode attention, the fused block, the server's DecodeBatch with group graphs), greedy
+# 1. Correctness: the GPU tests of tests/test_inference_value_embeddings.py (the engine's compiled steps and CUDA
+#    graphs, and the server's DecodeBatch, on the portable decode paths a value-embedding model gets), greedy
 #    tokens equal to GPT.generate.
 # 2. Speed: `redline bench-infer` (batch 1 and 64, 512-token prompts, 256 new tokens, compiled) on modern-124m with
 #    random weights, without and with VE value-embedding tables (saved as a checkpoint under $OUT), and the
-#    value-embedding model once more with the portable decode paths (--decode-attention matmul
-#    --decode-linear torch), as an A/B of what the Triton paths buy it.
+#    value-embedding model once more with the portable decode paths named (--decode-attention matmul
+#    --decode-linear torch: what it gets by default, until the Triton paths mix the tables in).
 # Expected: about 3-4 minutes, most of it torch.compile. Files under $OUT: ve_infer.jsonl (bench-infer's JSON line
 # per step), ve_infer.log. The last line printed is one JSON object: the tests' outcome and each step's numbers.
 set -uo pipefail

@@ -30,6 +30,7 @@ FIELDS_ACCOUNTED = {
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
     "mlp": "gelu (tanh), relu2, swiglu",
+    "value_embeddings": "none: the attention kernel starts from the raw qkv output, before tables are mixed in",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
@@ -41,7 +42,6 @@ FIELDS_ACCOUNTED = {
     "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
     "tie_embeddings": "the head's weight, whatever it is tied to",
     "logit_softcap": "applied to the head's output",
-    "value_embeddings": "mixed into the qkv product's values before the attention kernel (cache.mix_value_embedding)",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model", "rope_theta": "inputs",
     "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
@@ -62,6 +62,8 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton needs SwiGLU's gate and up in one matrix (model.fused_mlp)"
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
+    if getattr(cfg, "value_embeddings", 0):
+        return "decode_linear triton cannot mix in the model's value embeddings (model.value_embeddings)"
     return None
 
 
