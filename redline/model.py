@@ -422,8 +422,12 @@ class GPT(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         """Module.to(), .cuda(), .half(), to_empty() and the like, with the RoPE tables recomputed in fp32 wherever
-        they land: cast to bf16 their angles are too coarse at large positions, and to_empty() leaves them empty."""
+        they land: cast to bf16 their angles are too coarse at large positions, and to_empty() leaves them empty.
+        A tied head is tied again: to_empty() (and a conversion that swaps tensors) gives each module's parameter a
+        tensor of its own, which would leave the head an untrained copy that loading wte does not fill."""
         super()._apply(fn, recurse)
+        if self.cfg.tie_embeddings and self.lm_head.weight is not self.wte.weight:
+            self.lm_head.weight = self.wte.weight
         if self.cfg.pos_emb == "rope" and self.rope_cos.device.type != "meta":
             cos, sin = rope_tables(self.cfg)
             self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)

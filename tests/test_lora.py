@@ -121,6 +121,24 @@ def test_bad_targets_and_nf4_shapes_one_line():
     assert "\n" not in str(e.value)
 
 
+
+def test_a_tied_head_stays_tied_on_a_base_built_in_host_memory():
+    """A LoRA run builds its base on the meta device and materialises it with to_empty() (training/loop.py's
+    new_model), which gives each module's parameter its own tensor: a tied head (SmolLM2, Qwen3-0.6B, the gpt2
+    presets) came out an uninitialised copy that loading wte did not fill, and the run trained on garbage logits."""
+    from dataclasses import replace
+
+    from redline.training.loop import new_model
+
+    cfg = TrainConfig(model=replace(TINY, tie_embeddings=True))
+    model = new_model(cfg, torch.device("cpu"), on_host=True)
+    assert model.lm_head.weight is model.wte.weight
+    LoRAConverter(4, 8.0, 0.0, ("attn.*", "mlp.*"), "none", say=lambda m: None, device=torch.device("cpu")
+                  ).convert(model)
+    assert model.lm_head.weight is model.wte.weight
+    assert model.num_params() == sum(p.numel() for p in GPT(cfg.model).parameters()) + sum(
+        p.numel() for n, p in model.named_parameters() if "lora_" in n)
+
 @pytest.fixture(scope="module")
 def base_checkpoint(dataset, tmp_path_factory):  # noqa: F811
     return train(config(dataset, tmp_path_factory.mktemp("base"), "max_steps=2")).checkpoint
