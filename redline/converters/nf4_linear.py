@@ -76,7 +76,7 @@ def _triton_kernel():
 
 
 # Defined with torch.library.Library rather than the custom_op decorator: the same opaque operators to
-# torch.compile, but a call costs a few microseconds of Python less on the host, and QLoRA calls them 3 times per
+# torch.compile, but a call costs tens of microseconds of Python less on the host, and QLoRA calls them 3 times per
 # adapted layer and step (forward, recomputation under activation checkpointing, backward).
 _LIB = torch.library.Library("redline", "FRAGMENT")
 _ARGS = "Tensor[] parts, int block_size, int scaler_block_size, int out_features, int in_features"
