@@ -61,16 +61,16 @@ def scheduler_for(model, tokenizer, rows: int = 3, **kwargs) -> Scheduler:
 
 
 class Live:
-    """uvicorn serving a Server in a thread on a free loopback port."""
+    """uvicorn serving a Server (or the app given for it) in a thread on a free loopback port."""
 
-    def __init__(self, server):
+    def __init__(self, server, app=None):
         from redline.serve.api import create_app
 
         self.server = server
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.uvicorn = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app or create_app(server), log_level="warning"))
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 20

@@ -25,7 +25,7 @@ from redline.errors import UserError
 from redline.inference.runtime import RuntimeOptions
 from redline.model import GPT, ModelConfig
 from redline.tokenizer import load_tokenizer
-from tests.test_serve import wait_until
+from tests.test_serve import Live as ServedApp, wait_until
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -56,31 +56,15 @@ def serve_config(checkpoint, engine_process: bool, **kwargs) -> ServeConfig:
                        max_batch=4, prefill_tokens=8, **kwargs)
 
 
-class Live:
+class Live(ServedApp):
     """`redline serve`'s Server and app (commands/serve.py's build) under uvicorn in a thread, on a free port."""
 
     def __init__(self, cfg: ServeConfig):
-        self.server, app = build(cfg)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.uvicorn.started:
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.01)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        super().__init__(*build(cfg))
 
     @property
     def scheduler(self):
         return self.server.scheduler
-
-    def close(self):
-        self.uvicorn.should_exit = True
-        self.thread.join(10)
-        self.server.scheduler.close()
 
 
 @pytest.fixture(scope="module")
