@@ -97,6 +97,13 @@ def live(model, tokenizer):
     live.close()
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a `redline serve` subprocess to bind)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def wait_until(condition, seconds: float = 10.0) -> None:
     deadline = time.time() + seconds
     while not condition():
@@ -418,10 +425,7 @@ def test_serve_command_end_to_end(model, tokenizer, tmp_path):
 
     plain = load_tokenizer("bytes")  # no chat tokens: chat requests are refused
     ckpt = save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(TrainConfig(model=CFG)), plain, keep=1)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(ckpt), "--port", str(port),
                              "--model-name", MODEL, "--cpu-threads", "1"], stderr=subprocess.PIPE, text=True)
     try:
@@ -475,10 +479,7 @@ def test_sigterm_refuses_new_connections_drains_then_cancels_within_the_timeout(
 
     ckpt = save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(TrainConfig(model=CFG)), load_tokenizer("bytes"),
                            keep=1)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(ckpt), "--port", str(port),
                              "--model-name", MODEL, "--cpu-threads", "1", "--max-batch", "1",

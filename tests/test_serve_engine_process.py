@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from redline.errors import UserError
 from redline.inference.runtime import RuntimeOptions
 from redline.model import GPT, ModelConfig
 from redline.tokenizer import load_tokenizer
-from tests.test_serve import Live as ServedApp, wait_until
+from tests.test_serve import Live as ServedApp, free_port, wait_until
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -310,10 +309,7 @@ def test_an_engine_that_cannot_start_says_why_and_leaves_nothing(checkpoint):
 def test_serve_command_drains_on_sigterm_to_both_processes_and_leaves_none(checkpoint):
     """`redline serve --engine-process` answers; SIGTERM sent to both processes (as a service manager stops a
     process group) lets the running stream finish, then ends both."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(checkpoint), "--port", str(port),
                              "--model-name", MODEL, "--cpu-threads", "1", "--engine-process"],
