@@ -75,16 +75,9 @@ def test_nf4_round_trip_error_bound_and_block_sizes():
     assert (back - w).pow(2).mean().sqrt() < 0.1 * w.std()
 
 
-def test_qlora_forward_and_backward_match_a_dequantized_reference():
-    torch.manual_seed(0)
-    linear = nn.Linear(128, 192)
-    q = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.float32, "nf4", "q")
-    ref = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.float32, "none", "ref")
-    with torch.no_grad():
-        ref.weight.copy_(dequantize(q.weight))
-        q.lora_B.normal_(0, 0.1)
-        ref.lora_A.copy_(q.lora_A)
-        ref.lora_B.copy_(q.lora_B)
+def assert_matches_reference(q: LoRALinear, ref: LoRALinear) -> None:
+    """An NF4-based adapted layer against its reference on the dequantized weight: output, input and adapter
+    gradients of a (4, 10, 128) input."""
     x = torch.randn(4, 10, 128, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)
     out, out_ref = q(x), ref(x_ref)
@@ -95,6 +88,19 @@ def test_qlora_forward_and_backward_match_a_dequantized_reference():
     torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(q.lora_A.grad, ref.lora_A.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(q.lora_B.grad, ref.lora_B.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_qlora_forward_and_backward_match_a_dequantized_reference():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 192)
+    q = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.float32, "nf4", "q")
+    ref = LoRALinear.from_linear(linear, 8, 16.0, 0.0, torch.float32, "none", "ref")
+    with torch.no_grad():
+        ref.weight.copy_(dequantize(q.weight))
+        q.lora_B.normal_(0, 0.1)
+        ref.lora_A.copy_(q.lora_A)
+        ref.lora_B.copy_(q.lora_B)
+    assert_matches_reference(q, ref)
     assert q.weight.grad is None
     with pytest.raises(UserError, match="NF4 base cannot take the adapters"):
         q.merge()

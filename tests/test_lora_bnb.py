@@ -15,6 +15,7 @@ from redline.converters import lora as lora_mod
 from redline.converters.lora import LoRAConverter, LoRALinear, dequantize, lora_layers, to_nf4
 from redline.errors import UserError
 from redline.model import GPT, ModelConfig
+from tests.test_lora import assert_matches_reference
 from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
 from redline.training.loop import train
@@ -51,16 +52,7 @@ def test_forward_and_backward_match_a_dequantized_reference(bnb):
     q, ref = pair(torch.float32)
     assert isinstance(q.weight, bnb.nn.Params4bit) and q.weight.dtype == torch.uint8  # packed: 2 codes a byte
     assert q.weight.numel() == 192 * 128 and "nf4 (bitsandbytes)" in repr(q)
-    x = torch.randn(4, 10, 128, requires_grad=True)
-    x_ref = x.detach().clone().requires_grad_(True)
-    out, out_ref = q(x), ref(x_ref)
-    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    out_ref.backward(grad)
-    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(q.lora_A.grad, ref.lora_A.grad, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(q.lora_B.grad, ref.lora_B.grad, atol=1e-5, rtol=1e-5)
+    assert_matches_reference(q, ref)
     assert q.weight.grad is None and q.bias.grad is None
     with pytest.raises(UserError, match="NF4 base cannot take the adapters"):
         q.merge()
