@@ -54,6 +54,11 @@ def test_grpo_cli_resumes_exactly_and_logs_rewards(dataset, tmp_path):  # noqa: 
     step = records(tmp_path / "straight", "train")[-1]
     assert {"reward_mean", "pass_at_1", "pass_at_2", "kl", "completion_tokens"} <= set(step)
     assert "accuracy" in records(tmp_path / "straight", "eval")[-1]
+    # tokens count the rows as computed (micro-batches of 3 rows, each as long as its longest prompt + completion),
+    # not the plan's 6 rows × seq_len a step
+    seq_len = json.loads((tmp_path / "straight" / "config.json").read_text())["seq_len"]
+    tokens = records(tmp_path / "straight", "event")[-1]["tokens"]
+    assert tokens % 3 == 0 and tokens != 4 * 6 * seq_len
 
 
 @pytest.mark.slow

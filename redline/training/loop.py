@@ -292,12 +292,19 @@ def already_complete(cfg: TrainConfig, run_dir: Path, resumed: ResumePoint, info
 # what surrounds the step
 
 
+def batch_positions(batch: Any) -> int:
+    """Input positions of one micro-batch: (x, y) windows or a dict with "inputs" (B, T); 0 when unknown."""
+    inputs = batch.get("inputs") if isinstance(batch, dict) else batch[0] if isinstance(batch, (tuple, list)) else None
+    return inputs.numel() if isinstance(inputs, torch.Tensor) else 0
+
+
 class Run:
     """One run's position (step, tokens, time), data, logs, evaluations and checkpoints around its TrainStep."""
 
     def __init__(self, cfg: TrainConfig, info: DistInfo, device: torch.device, run_dir: Path, source: TrainingData,
                  train_step: TrainStep, resumed: ResumePoint | None):
         self.cfg, self.info, self.device, self.run_dir = cfg, info, device, run_dir
+        self.step_positions = 0  # input positions of the current step (micro_batches)
         self.source, self.tokenizer, self.train_step = source, source.tokenizer, train_step
         self.step, self.tokens = (resumed.step, resumed.tokens) if resumed else (0, 0)
         self.elapsed_before = resumed.elapsed if resumed else 0.0
@@ -360,13 +367,18 @@ class Run:
         return budget_progress(self.cfg, self.step, self.tokens, self.elapsed())
 
     def micro_batches(self) -> Iterator[Any]:
-        """The next step's micro-batches, read one at a time as the step asks for them."""
+        """The next step's micro-batches, read one at a time as the step asks for them; counts the positions they
+        hold (self.step_positions), since DPO and GRPO batches are cut to their longest row, not seq_len."""
+        self.step_positions = 0
         for _ in range(self.train_step.plan.accum):
-            yield self.train_loader.next_batch()
+            batch = self.train_loader.next_batch()
+            self.step_positions += batch_positions(batch)
+            yield batch
 
     def advance(self, output: StepOutput, lr: float) -> None:
         self.step += 1
-        tokens = self.train_step.plan.tokens_per_step
+        # tokens the step computed on, over every process (each is assumed to hold as many as this one)
+        tokens = self.step_positions * self.info.world_size or self.train_step.plan.tokens_per_step
         self.tokens += tokens
         self.unchecked.append((self.step, output.skipped))
         self.records.add(self.step, lr, output, tokens)
