@@ -207,10 +207,15 @@ class DPOConfig:
     """sigmoid (DPO), ipo (IPO, per-token averaged log-probabilities) or hinge (SLiC)."""
     max_pairs: int = 0
     """Train on the first max_pairs pairs (0: all); each pair's reference log-probabilities cost one forward."""
+    nll_weight: float = 0.0
+    """Adds this times the chosen replies' NLL per token to the loss (RPO; trl's rpo_alpha): keeps the chosen reply
+    likely, which the preference loss alone may not (0: plain DPO)."""
 
     def validate(self) -> None:
         if not self.beta > 0:
             raise UserError(f"dpo.beta must be positive, got {self.beta}")
+        if self.nll_weight < 0:
+            raise UserError(f"dpo.nll_weight must be >= 0 (0: plain DPO), got {self.nll_weight}")
         if self.max_pairs < 0:
             raise UserError(f"dpo.max_pairs must be >= 0 (0: all), got {self.max_pairs}")
 

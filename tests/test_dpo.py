@@ -98,6 +98,20 @@ def test_objective_on_a_tiny_model_matches_an_explicit_computation(kind):
     assert float(metrics["preference_accuracy"]) == pytest.approx(sum(wins) / 3)
 
 
+def test_nll_weight_adds_the_chosen_replies_nll_per_token():
+    """RPO (trl's rpo_alpha): loss = DPO + α · (-Σ log π(chosen tokens) / number of chosen tokens)."""
+    pairs = random_pairs(4)
+    policy = tiny_model(1)
+    reference = reference_logps(tiny_model(0), pairs, batch_size=2, device=CPU)
+    batch = collate(pairs, [2, 1, 0], CPU)
+    plain, _ = DPO(beta=0.2, reference=reference).compute(policy, batch)
+    loss, metrics = DPO(beta=0.2, reference=reference, nll_weight=0.5).compute(policy, batch)
+    logp = sum(explicit_logp(policy, *pairs[i].chosen) for i in (2, 1, 0))
+    tokens = sum(sum(t != -1 for t in pairs[i].chosen[1]) for i in (2, 1, 0))
+    assert float(metrics["chosen_nll"]) == pytest.approx(-logp / tokens, rel=1e-4)
+    assert float(loss.detach()) == pytest.approx(float(plain.detach()) - 0.5 * logp / tokens, rel=1e-4)
+
+
 def test_at_the_start_the_policy_is_the_reference():
     pairs = random_pairs(4)
     model = tiny_model(0)

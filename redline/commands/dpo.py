@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     if not cfg.finetune.data:
         raise UserError("no preference data: give --data SRC")
     tokenizer = chat_tokenizer(run.start, cfg.finetune.template, grow=not cfg.lora.enabled)
-    objective = DPO(cfg.dpo.beta, cfg.dpo.loss)
+    objective = DPO(cfg.dpo.beta, cfg.dpo.loss, nll_weight=cfg.dpo.nll_weight)
     batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 8  # for evaluation and the reference pass
     pairs = PairData.load(cfg.finetune.data, tokenizer, renderer_for(tokenizer, cfg.finetune.template),
                           cfg.effective_seq_len, objective, seed=cfg.seed, eval_fraction=cfg.finetune.eval_fraction,

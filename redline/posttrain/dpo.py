@@ -13,6 +13,10 @@ and π_ref the frozen starting model, each sequence's log-probability is the sum
 as trl's `DPOTrainer.dpo_loss` writes them. The implicit rewards β (log π - log π_ref) of the chosen and the
 rejected reply, their margin and the fraction of pairs where the chosen one wins (preference accuracy) are logged.
 
+nll_weight α > 0 adds α times the chosen replies' negative log-likelihood per token (RPO, Pang et al. 2024; trl's
+`rpo_alpha`): the sigmoid loss alone can lower the chosen reply's probability as long as the rejected one falls
+faster, which on a small model shows as worse greedy answers; the NLL term holds the chosen reply up.
+
 The reference log-probabilities are computed once, from the starting model before the first step
 (`reference_logps`), and travel in the objective's state (so in every checkpoint): no second model is kept
 during training, and a resumed run uses the same numbers.
@@ -161,10 +165,10 @@ class DPO:
     name = "dpo"
 
     def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", reference: torch.Tensor | None = None,
-                 heldout_reference: torch.Tensor | None = None):
+                 heldout_reference: torch.Tensor | None = None, nll_weight: float = 0.0):
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown DPO loss {loss_type!r}; one of {', '.join(LOSS_TYPES)}")
-        self.beta, self.loss_type = beta, loss_type
+        self.beta, self.loss_type, self.nll_weight = beta, loss_type, nll_weight
         self.reference, self.heldout_reference = reference, heldout_reference  # (N, 2) each, on the CPU
         self._on_device: torch.Tensor | None = None
 
@@ -184,6 +188,7 @@ class DPO:
         ids (B,) -> (mean loss, metrics)."""
         B = index.shape[0]
         ref = self._reference(logps.device)[index]  # (B, 2)
+        nll = -logps[:B].sum() / counts[:B].sum().clamp(min=1)  # the chosen replies' NLL per token (RPO)
         policy_chosen, policy_rejected = logps[:B], logps[B:]
         ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
         if self.loss_type == "ipo":  # per-token averages (trl's IPO)
@@ -192,7 +197,11 @@ class DPO:
             ref_chosen, ref_rejected = ref_chosen / counts[:B], ref_rejected / counts[B:]
         losses, chosen_rewards, rejected_rewards = dpo_loss(policy_chosen, policy_rejected, ref_chosen,
                                                             ref_rejected, self.beta, self.loss_type)
-        return losses.mean(), reward_metrics(chosen_rewards, rejected_rewards)
+        metrics = reward_metrics(chosen_rewards, rejected_rewards)
+        if self.nll_weight:
+            metrics["chosen_nll"] = nll.detach()
+            return losses.mean() + self.nll_weight * nll, metrics
+        return losses.mean(), metrics
 
     def compute(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # chosen and rejected in one forward (2B, T): one pass over the weights, as trl's concatenated_forward
@@ -200,8 +209,8 @@ class DPO:
         return self.loss_from_logps(logps, counts, batch["index"])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"beta": self.beta, "loss_type": self.loss_type, "reference": self.reference,
-                "heldout_reference": self.heldout_reference}
+        return {"beta": self.beta, "loss_type": self.loss_type, "nll_weight": self.nll_weight,
+                "reference": self.reference, "heldout_reference": self.heldout_reference}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("reference") is not None:
@@ -215,7 +224,7 @@ def evaluate_pairs(model: nn.Module, objective: DPO, pairs: list[Pair], referenc
                    device: torch.device, amp: torch.dtype | None = None) -> dict[str, float]:
     """Held-out pairs (with their own reference log-probabilities (N, 2)) -> mean loss, rewards, margin and
     preference accuracy, weighted by pairs."""
-    held_out = DPO(objective.beta, objective.loss_type, reference)
+    held_out = DPO(objective.beta, objective.loss_type, reference, nll_weight=objective.nll_weight)
     sums: dict[str, float] = {}
     was_training = model.training
     model.eval()
