@@ -181,9 +181,8 @@ class Rollouts:
             # one cache of the whole context for the rollouts' batch (evaluation uses the same batch size)
             self._engine.reserve(self.settings.prompts_per_step * self.settings.group_size, model.cfg.context_len)
         elif self._engine.model is not model:  # the bf16 copy: this step's weights, copied into the same storage
-            with torch.no_grad():
-                for mine, theirs in zip(self._engine.model.parameters(), model.parameters()):
-                    mine.copy_(theirs)
+            # by name, with shapes checked (a positional copy_ would broadcast a mismatch silently)
+            self._engine.model.load_state_dict(model.state_dict())
         return self._engine
 
     def next_batch(self) -> dict[str, Any]:
