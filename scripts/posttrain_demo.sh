@@ -32,9 +32,10 @@ redline train out_dir="$OUT" run_name=pretrain resume=auto sample_tokens=0 tenso
 # 2. SFT: redline's chat tokens are added, conversations packed best-fit, the loss on the answers only
 done_already sft || redline sft --from "$OUT/pretrain" --data task:arithmetic out_dir="$OUT" run_name=sft \
     max_steps="$SFT_STEPS" eval_every=100 tensorboard=False $STAGE_ARGS
-# 3. DPO: the task's pairs (the right answer chosen, a near miss rejected); the SFT model is the reference
+# 3. DPO: the task's pairs (the right answer chosen, a near miss rejected); the SFT model is the reference; with
+#    the chosen answer's NLL added (RPO), as plain DPO lowered greedy exact match here (docs/posttraining.md)
 done_already dpo || redline dpo --from "$OUT/sft" --data task:arithmetic out_dir="$OUT" run_name=dpo \
-    dpo.max_pairs=640 dpo.beta=0.1 batch_size=16 max_steps="$DPO_STEPS" optim.lr=2e-4 optim.warmup_steps=5 \
+    dpo.max_pairs=640 dpo.beta=0.1 dpo.nll_weight=1.0 batch_size=16 max_steps="$DPO_STEPS" optim.lr=2e-4 optim.warmup_steps=5 \
     eval_every=20 eval_batches=4 tensorboard=False $STAGE_ARGS
 # 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match
 done_already grpo || redline grpo --from "$OUT/dpo" --task arithmetic out_dir="$OUT" run_name=grpo \
