@@ -5,6 +5,7 @@ kinds; one-line errors for unknown tasks and malformed files."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -44,6 +45,10 @@ def test_answers_are_right():
             nums = [int(t) for t in e.prompt.replace("?", " ").split() if t.isdigit()]
             assert int(e.answer) == sum(nums)
     assert ar.reward(ar.examples("test")[0], f"The answer is {ar.examples('test')[0].answer}.") == 1.0
+    multistep = load_task("arithmetic_multistep", train_size=200, test_size=20)
+    for e in multistep.examples("train") + multistep.examples("test"):
+        a, b, c = map(int, re.findall(r"\d+", e.prompt))
+        assert int(e.answer) == (a + b - c if "gives away" in e.prompt else a * b + c) >= 0, e
     assert load_task("letter_count").reward(
         type(ar.examples("test")[0])('How many "r" in "strawberry"?', "3"), "3 times") == 1.0
     sort = load_task("sort", train_size=20, test_size=5)

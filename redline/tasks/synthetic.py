@@ -105,6 +105,25 @@ class Arithmetic(NumericTask):
         return Example(prompt, str(answer))
 
 
+class MultiStepArithmetic(NumericTask):
+    """Two operations on two-digit numbers: about 10^5 distinct problems, so a model cannot answer from memorised
+    facts as it can on `arithmetic` (a few hundred distinct sums and products), and SFT leaves room for DPO and GRPO."""
+
+    name = "arithmetic_multistep"
+    description = "two-step word problems with two-digit numbers (add then subtract, or multiply then add)"
+
+    def make(self, rng: random.Random) -> Example:
+        who, item = rng.choice(NAMES), rng.choice(ITEMS)
+        if rng.random() < 0.5:
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            c = rng.randint(1, a + b)
+            prompt = f"{who} has {a} {item}, gets {b} more and then gives away {c}. How many {item} are left?"
+            return Example(prompt, str(a + b - c))
+        a, b, c = rng.randint(2, 9), rng.randint(11, 25), rng.randint(10, 99)
+        prompt = f"{who} buys {a} packs of {b} {item} and already had {c}. How many {item} does {who} have now?"
+        return Example(prompt, str(a * b + c))
+
+
 class LetterCount(NumericTask):
     name = "letter_count"
     description = "how many times a letter appears in a word"
@@ -238,4 +257,4 @@ class MultipleChoiceOf(Task):
 
 
 GENERATORS: dict[str, type[GeneratedTask]] = {cls.name: cls for cls in (
-    Arithmetic, Spelling, LetterCount, SortNumbers, ReverseList, KeyValueRecall)}
+    Arithmetic, MultiStepArithmetic, Spelling, LetterCount, SortNumbers, ReverseList, KeyValueRecall)}
