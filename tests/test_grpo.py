@@ -15,8 +15,8 @@ from redline.chat.render import RedlineTemplate
 from redline.config import TrainConfig, parse
 from redline.model import GPT, ModelConfig
 from redline.posttrain.grpo import GRPO, group_advantages, k3_kl, pass_at_k
-from redline.posttrain.rollouts import (Prompt, RolloutSettings, Rollouts, frozen_reference, rollout_stats,
-                                        sample_groups, task_prompts)
+from redline.posttrain.rollouts import (Prompt, RolloutSettings, Rollouts, frozen_reference, refresh_copy,
+                                        rollout_stats, sample_groups, task_prompts)
 from redline.tasks.base import Example, Task
 from redline.tokenizer import ByteTokenizer
 from redline.training.step import TrainStep
@@ -169,6 +169,16 @@ def test_a_bf16_rollout_copy_is_refreshed_in_place():
     loader.engine(step.model)
     assert [p.data_ptr() for p in engine.model.parameters()] == storage  # the same buffers (CUDA graphs stay valid)
     assert torch.equal(engine.model.lm_head.weight, step.model.lm_head.weight.to(torch.bfloat16))
+
+
+def test_refreshing_the_rollout_copy_checks_names_and_shapes():
+    small, wide = GPT(ModelConfig(vocab_size=64, context_len=32, n_layer=1, n_embd=16, n_head=2)), \
+        GPT(ModelConfig(vocab_size=64, context_len=32, n_layer=1, n_embd=32, n_head=2))
+    copy = GPT(small.cfg).to(torch.bfloat16)
+    refresh_copy(copy, small)
+    assert all(torch.equal(a, b.to(torch.bfloat16)) for a, b in zip(copy.parameters(), small.parameters()))
+    with pytest.raises(RuntimeError, match="has no match in the training model"):
+        refresh_copy(copy, wide)  # a positional copy_ would broadcast some of these silently
 
 
 @pytest.mark.slow

@@ -133,6 +133,18 @@ def training_batches(samples: Samples, advantages: torch.Tensor, micro_batch: in
     return out
 
 
+@torch.no_grad()
+def refresh_copy(copy: nn.Module, model: nn.Module) -> None:
+    """Copy model's parameters into copy's (same names, shapes; any dtype), in place: by name, with the shapes
+    checked (copy_ would broadcast a mismatch silently); buffers (converters' scales) are the copy's own."""
+    source = dict(model.named_parameters())
+    for name, mine in copy.named_parameters():
+        theirs = source.get(name)
+        if theirs is None or theirs.shape != mine.shape:
+            raise RuntimeError(f"the rollout copy's {name} {tuple(mine.shape)} has no match in the training model")
+        mine.copy_(theirs)
+
+
 class Rollouts:
     """The GRPO loader: next_batch() returns the next micro-batch of the current step's rollout, sampling a new
     rollout when the last one is used up. objective.step (attached by TrainStep) is the model it samples from."""
@@ -181,8 +193,7 @@ class Rollouts:
             # one cache of the whole context for the rollouts' batch (evaluation uses the same batch size)
             self._engine.reserve(self.settings.prompts_per_step * self.settings.group_size, model.cfg.context_len)
         elif self._engine.model is not model:  # the bf16 copy: this step's weights, copied into the same storage
-            # by name, with shapes checked (a positional copy_ would broadcast a mismatch silently)
-            self._engine.model.load_state_dict(model.state_dict())
+            refresh_copy(self._engine.model, model)
         return self._engine
 
     def next_batch(self) -> dict[str, Any]:

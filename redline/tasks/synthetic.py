@@ -107,7 +107,7 @@ class Arithmetic(NumericTask):
 
 class MultiStepArithmetic(NumericTask):
     """Two operations on two-digit numbers: about 10^5 distinct problems, so a model cannot answer from memorised
-    facts as it can on `arithmetic` (a few hundred distinct sums and products), and SFT leaves room for DPO and GRPO."""
+    facts as it can on `arithmetic` (a few hundred distinct sums and products)."""
 
     name = "arithmetic_multistep"
     description = "two-step word problems with two-digit numbers (add then subtract, or multiply then add)"
