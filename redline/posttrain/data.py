@@ -130,6 +130,8 @@ class PairData:
     held-out pairs' DPO loss, rewards and preference accuracy for evaluation. The reference log-probabilities of
     both sets live on the objective (`set_reference` fills them from the starting model)."""
 
+    rows_cut = True  # batches are as long as their longest pair (redline/training/sources.py)
+
     def __init__(self, name: str, tokenizer, train: PairSet, heldout: PairSet | None, objective):
         self.name, self.tokenizer, self.objective = name, tokenizer, objective
         self.train, self.heldout = train, heldout

@@ -293,6 +293,8 @@ class TaskRollouts:
     greedy exact match on the task's test split for evaluation. reference: () -> a context manager giving the
     reference model (used when the objective's kl_coef > 0; built lazily from the attached step)."""
 
+    rows_cut = True  # batches are as long as their longest prompt + completion (redline/training/sources.py)
+
     def __init__(self, task, tokenizer, renderer, settings: RolloutSettings, objective: GRPO, context_len: int,
                  eval_examples: int, reference: Callable[[Any], Callable[[], contextlib.AbstractContextManager]]):
         self.task, self.tokenizer, self.renderer, self.settings = task, tokenizer, renderer, settings

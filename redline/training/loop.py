@@ -324,11 +324,13 @@ class Run:
         flops_per_token = model.flops_per_token(seq_len)
         self.records = StepRecords(self.log, Throughput(flops_per_token, peak, measured_peak, info.world_size, device))
         plan, amp = train_step.plan, autocast_dtype(device, cfg.precision)
+        at_most = "at most " if getattr(source, "rows_cut", False) else ""
         self.log.print(
             f"[bold]redline train[/bold] {cfg.preset}: {model.num_params() / 1e6:.2f}M parameters "
             f"({model.num_params(embeddings=False) / 1e6:.2f}M without embeddings), {flops_per_token / 1e9:.3f} "
             f"GFLOP/token | device {gpu_name} ×{info.world_size} | {amp or torch.float32} | batch {batch}×{seq_len}"
-            f"{f' ×{plan.accum} accum' if plan.accum > 1 else ''} = {plan.tokens_per_step:,} tokens/step | run {run_dir}")
+            f"{f' ×{plan.accum} accum' if plan.accum > 1 else ''} = "
+            f"{at_most}{plan.tokens_per_step:,} tokens/step | run {run_dir}")
         if device.type == "cuda" and peak is None:
             self.log.print(f"[yellow]{gpu_name} is not in the peak table: MFU is left out")
         if resumed is not None:

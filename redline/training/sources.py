@@ -32,6 +32,8 @@ class TrainingData(Protocol):
     name: str
     """Where the data comes from, for messages."""
     tokenizer: Any
+    # optional: rows_cut = True for a source whose rows are cut to each micro-batch's longest (DPO pairs, GRPO
+    # rollouts): a step then holds at most the plan's batch × seq_len tokens (the loop counts what it holds)
 
     def train_loader(self, cfg: TrainConfig, info: DistInfo, device: torch.device) -> Loader: ...
 
