@@ -244,6 +244,11 @@ class GRPOConfig:
     """The step's loss over its completion tokens (token: DAPO) or over sequences × max_new_tokens (Dr. GRPO)."""
     pass_k: int = 4
     """k of the pass@k logged from each rollout (at most group_size)."""
+    updates_per_rollout: int = 1
+    """Optimizer steps on each rollout (trl's num_iterations). Above 1 the later steps are off-policy: the loss is
+    PPO's clipped ratio to the log-probabilities of the weights that sampled (one extra forward per rollout)."""
+    clip_eps: float = 0.2
+    """updates_per_rollout > 1: the ratio π/π_old is clipped to [1 - clip_eps, 1 + clip_eps] (PPO; trl's epsilon)."""
     eval_examples: int = 100
     """Held-out prompts (the task's test split) scored greedily at each evaluation."""
     rollout_weights: Literal["auto", "training", "bf16"] = "auto"
@@ -262,6 +267,10 @@ class GRPOConfig:
             raise UserError(f"grpo.temperature must be positive (rollouts sample), got {self.temperature}")
         if self.kl_coef < 0:
             raise UserError(f"grpo.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.updates_per_rollout < 1:
+            raise UserError(f"grpo.updates_per_rollout must be >= 1, got {self.updates_per_rollout}")
+        if not self.clip_eps > 0:
+            raise UserError(f"grpo.clip_eps must be positive, got {self.clip_eps}")
 
 
 @dataclass

@@ -88,6 +88,39 @@ def test_loss_on_a_tiny_model_matches_an_explicit_computation(kl_coef):
     assert torch.allclose(got, model.lm_head.weight.grad, atol=1e-6)
 
 
+def test_later_updates_on_a_rollout_use_the_clipped_ratio():
+    """-min(ρ A, clip(ρ, 1 ± ε) A) with ρ = π / π_old per token; with π_old = π it is the one-update loss, gradient
+    included."""
+    model = tiny_model(0)
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, 256, (2, 8), generator=g)
+    targets = torch.randint(0, 256, (2, 8), generator=g)
+    targets[:, :3] = -1
+    advantages = torch.tensor([1.0, -2.0])
+    batch = {"inputs": inputs, "targets": targets, "advantages": advantages, "norm": torch.tensor(5.0)}
+    with torch.no_grad():
+        now = -model(inputs, targets, reduction="none").double()
+    shift = torch.randn(2, 8, generator=g).double() * 0.3  # π_old away from π: some ratios outside 1 ± 0.2
+    loss, _ = GRPO(clip_eps=0.2).compute(model, {**batch, "old_logps": (now + shift).float()})
+    total = 0.0
+    for b in range(2):
+        for t in range(8):
+            if targets[b, t] == -1:
+                continue
+            ratio, a = math.exp(-float(shift[b, t])), float(advantages[b])
+            total += -min(ratio * a, min(max(ratio, 0.8), 1.2) * a)
+    assert float(loss.detach()) == pytest.approx(total / 5.0, rel=1e-4)
+
+    on_policy, _ = GRPO().compute(model, batch)
+    on_policy.backward()
+    want = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+    same, _ = GRPO().compute(model, {**batch, "old_logps": now.float()})
+    same.backward()
+    assert float(same.detach()) == pytest.approx(float(on_policy.detach()), rel=1e-5)
+    assert torch.allclose(model.lm_head.weight.grad, want, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------------------------------
 # rollouts and steps
 
@@ -190,15 +223,20 @@ def test_a_few_steps_raise_the_reward_of_a_learnable_task():
     assert last > first + 0.25, [round(r, 3) for r in rewards]
 
 
-def test_a_resumed_loader_and_step_continue_exactly():
-    step, loader = build(seed=1, kl_coef=0.1)
+@pytest.mark.parametrize("updates", [1, 3])
+def test_a_resumed_loader_and_step_continue_exactly(updates):
+    """With 3 updates per rollout the cut at step 2 falls inside the first rollout: its last update's batches
+    travel in the loader's state."""
+    step, loader = build(seed=1, kl_coef=0.1, updates_per_rollout=updates)
     straight = run_steps(step, loader, 4)
-    step, loader = build(seed=1, kl_coef=0.1)
+    assert loader.rollouts == (4 if updates == 1 else 2)
+    step, loader = build(seed=1, kl_coef=0.1, updates_per_rollout=updates)
     run_steps(step, loader, 2)
     model_state = {k: v.clone() for k, v in step.model.state_dict().items()}
     optim_state = [o.state_dict() for o in step.optimizers]
     loader_state, step_state = loader.state_dict(), step.state_dict()
-    step, loader = build(seed=1, kl_coef=0.1)
+    assert len(loader_state["queue"]) == (0 if updates == 1 else 2)  # accum 2: one step's micro-batches
+    step, loader = build(seed=1, kl_coef=0.1, updates_per_rollout=updates)
     step.model.load_state_dict(model_state)
     for opt, state in zip(step.optimizers, optim_state):
         opt.load_state_dict(state)

@@ -76,17 +76,18 @@ def main(argv: list[str]) -> int:
     settings = RolloutSettings(group_size=g.group_size, prompts_per_step=g.prompts_per_step,
                                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k or None,
                                scale_rewards=g.scale_rewards, loss_norm=g.loss_norm, pass_k=g.pass_k,
-                               rollout_weights=g.rollout_weights)
-    objective = GRPO(g.kl_coef)
+                               updates_per_rollout=g.updates_per_rollout, rollout_weights=g.rollout_weights)
+    objective = GRPO(g.kl_coef, g.clip_eps)
     source = TaskRollouts(task, tokenizer, renderer_for(tokenizer, cfg.finetune.template), settings, objective,
                           cfg.model.context_len, g.eval_examples, reference_builder(run.init_from))
     info = dist_info()
     if info.is_main:
         print(f"redline grpo: {source.describe()}", file=sys.stderr, flush=True)
-    # one step trains on one rollout: its sequences make up the step's micro-batches
+    # one step trains on one rollout (updates_per_rollout steps each): its sequences make up the step's micro-batches
     cfg = dataclasses.replace(cfg, tokens_per_step=sequences * cfg.effective_seq_len * info.world_size)
     if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):
-        cfg.max_steps = max(1, round(cfg.finetune.epochs * len(source.prompts) / g.prompts_per_step))
+        rollouts = max(1, round(cfg.finetune.epochs * len(source.prompts) / g.prompts_per_step))
+        cfg.max_steps = rollouts * g.updates_per_rollout
     init = lora_start(cfg, run.init_from)  # None under LoRA: the run starts through init_from
     result = train(cfg, run.resume_from, data=lambda run_dir: source, objective=objective, init=init)
     leave_process_group()

@@ -10,8 +10,12 @@ The loss of a step is a sum over every completion token t of every sample, divid
 whole step rather than per sequence (so long completions are not down-weighted):
 
     loss = Σ_i Σ_t [ -A_i · ρ_it + β · KL_it ] / N
-    ρ_it = π(y_it) / π_old(y_it)       (π_old: the weights that sampled; one update per rollout, so ρ = 1 with the
+    ρ_it = π(y_it) / π_old(y_it)       (π_old: the weights that sampled; with one update per rollout ρ = 1 with the
                                         gradient of log π, and PPO's clipping never acts: it is left out)
+
+With updates_per_rollout μ > 1 (trl's num_iterations) the rollout's batches train μ steps; π_old's per-token
+log-probabilities come with the batches ("old_logps", one forward before the first update) and the term is PPO's
+clipped one, -min(ρ A, clip(ρ, 1 - ε, 1 + ε) A) (ε = clip_eps).
     KL_it = exp(q) - q - 1, q = log π_ref(y_it) - log π(y_it)   (Schulman's k3 estimator; β = kl_coef, 0: off)
     N = completion tokens of the step             loss_norm="token"    (DAPO, Yu et al. 2025)
     N = sequences × max_new_tokens                loss_norm="constant" (Dr. GRPO)
@@ -67,12 +71,13 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
 class GRPO:
     """The GRPO objective (see the module docstring). A batch is a dict: "inputs", "targets" (B, T) with targets
     -1 outside the completions, "advantages" (B,), "norm" () the step's normaliser divided by accum,
-    "ref_logps" (B, T) when kl_coef > 0, and rollout statistics ("stats": name -> 0-dim tensor) to log."""
+    "ref_logps" (B, T) when kl_coef > 0, "old_logps" (B, T) when a rollout trains several steps, and rollout
+    statistics ("stats": name -> 0-dim tensor) to log."""
 
     name = "grpo"
 
-    def __init__(self, kl_coef: float = 0.0):
-        self.kl_coef = kl_coef
+    def __init__(self, kl_coef: float = 0.0, clip_eps: float = 0.2):
+        self.kl_coef, self.clip_eps = kl_coef, clip_eps
 
     def attach(self, step: TrainStep) -> None:
         self.step = step
@@ -80,8 +85,14 @@ class GRPO:
     def per_token(self, logps: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probabilities (B, T) -> (per-token loss (B, T), per-token KL (B, T) or zeros)."""
         mask = (batch["targets"] != -1).float()
-        ratio = torch.exp(logps - logps.detach())  # 1, with the gradient of log π
-        loss = -batch["advantages"][:, None] * ratio
+        advantages = batch["advantages"][:, None]
+        if "old_logps" in batch:  # a later update on the same rollout: PPO's clipped ratio to the sampling weights
+            ratio = torch.exp(logps - batch["old_logps"])
+            clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps)
+            loss = -torch.minimum(ratio * advantages, clipped * advantages)
+        else:
+            ratio = torch.exp(logps - logps.detach())  # 1, with the gradient of log π
+            loss = -advantages * ratio
         kl = torch.zeros_like(logps)
         if self.kl_coef > 0:
             kl = k3_kl(logps, batch["ref_logps"])
@@ -96,7 +107,7 @@ class GRPO:
         return loss.sum() / batch["norm"], metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kl_coef": self.kl_coef}
+        return {"kl_coef": self.kl_coef, "clip_eps": self.clip_eps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass  # the configuration comes from the command line; nothing is learned

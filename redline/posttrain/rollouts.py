@@ -42,6 +42,7 @@ class RolloutSettings:
     scale_rewards: str = "group"
     loss_norm: str = "token"
     pass_k: int = 4
+    updates_per_rollout: int = 1
     rollout_weights: str = "auto"
     """training: the engine runs the training weights themselves (no copy); bf16: a bf16 copy on the same device,
     refreshed in place before each rollout (one more 2 bytes per parameter, for the GPU's bf16 decode speed);
@@ -218,12 +219,14 @@ class Rollouts:
                             f"tokens_per_step must be prompts_per_step × group_size × seq_len")
         if self.objective.kl_coef > 0:
             self._add_reference(batches)
+        if settings.updates_per_rollout > 1:  # the later updates are off-policy: they need π_old (see grpo.py)
+            self._add_old_logps(batches)
         self.last_stats = rollout_stats(samples, settings.pass_k)
         stats = {name.replace("@", "_at_"): torch.tensor(value, device=self.device)
                  for name, value in self.last_stats.items()}
         for batch in batches:
             batch["stats"] = stats
-        return batches
+        return batches * settings.updates_per_rollout  # each step takes accum of them: one rollout, μ steps
 
     @torch.no_grad()
     def _add_reference(self, batches: list[dict[str, Any]]) -> None:
@@ -235,14 +238,38 @@ class Rollouts:
             for batch in batches:
                 batch["ref_logps"] = token_logps(reference, batch["inputs"], batch["targets"])
 
+    @torch.no_grad()
+    def _add_old_logps(self, batches: list[dict[str, Any]]) -> None:
+        """Each batch's per-token log-probabilities (B, T) under the weights that sampled it (π_old), from the
+        training model as it stands before the rollout's first update."""
+        model = self.objective.step.model
+        autocast = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
+        with autocast:
+            for batch in batches:
+                batch["old_logps"] = token_logps(model, batch["inputs"], batch["targets"]).float()
+
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "rollouts": self.rollouts, "seed": self.seed}
+        # the rollout's batches still to train (updates_per_rollout > 1): they cannot be sampled again
+        return {"epoch": self.epoch, "position": self.position, "rollouts": self.rollouts, "seed": self.seed,
+                "queue": _map_tensors(self._queue, lambda t: t.cpu()), "last_stats": self.last_stats}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
         self.rollouts = state["rollouts"]
         self._order = self._shuffled(self.epoch)
-        self._queue = []
+        self._queue = _map_tensors(state.get("queue", []), lambda t: t.to(self.device))
+        self.last_stats = dict(state.get("last_stats", {}))
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """obj (lists and dicts of tensors and numbers) with fn applied to every tensor."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_tensors(v, fn) for v in obj]
+    return obj
 
 
 def frozen_reference(build: Callable[[], nn.Module]) -> Callable[[], contextlib.AbstractContextManager]:
