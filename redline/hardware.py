@@ -6,6 +6,8 @@ has measured one, against the measured GEMM peak. An unknown GPU gets no MFU rat
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import platform
@@ -89,6 +91,11 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def autocast(device: torch.device, amp: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """torch.autocast to `amp` on the device, or nothing for plain fp32 (amp None, as autocast_dtype gives)."""
+    return torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext()
 
 
 def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:

@@ -27,7 +27,6 @@ epoch; its position is part of the checkpoint, so a resumed run sees the pairs i
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from redline.hardware import autocast
 from redline.posttrain.logprobs import pad_rows, sequence_logps
 
 if TYPE_CHECKING:
@@ -134,10 +134,6 @@ class PairBatches:
 # the reference and the objective
 
 
-def _autocast(device: torch.device, amp: torch.dtype | None) -> contextlib.AbstractContextManager:
-    return torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext()
-
-
 @torch.no_grad()
 def reference_logps(model: nn.Module, pairs: list[Pair], batch_size: int, device: torch.device,
                     amp: torch.dtype | None = None) -> torch.Tensor:
@@ -150,7 +146,7 @@ def reference_logps(model: nn.Module, pairs: list[Pair], batch_size: int, device
         for start in range(0, len(pairs), batch_size):
             indices = list(range(start, min(start + batch_size, len(pairs))))
             batch = collate(pairs, indices, device)
-            with _autocast(device, amp):
+            with autocast(device, amp):
                 logps, _ = sequence_logps(model, batch["inputs"], batch["targets"])
             out[start:start + len(indices)] = logps.view(2, -1).t().float().cpu()
     finally:
@@ -232,7 +228,7 @@ def evaluate_pairs(model: nn.Module, objective: DPO, pairs: list[Pair], referenc
         for start in range(0, len(pairs), batch_size):
             indices = list(range(start, min(start + batch_size, len(pairs))))
             batch = collate(pairs, indices, device)
-            with _autocast(device, amp):
+            with autocast(device, amp):
                 logps, counts = sequence_logps(model, batch["inputs"], batch["targets"])
             loss, metrics = held_out.loss_from_logps(logps.float(), counts, batch["index"])
             for name, value in {"loss": loss, **metrics}.items():

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from redline.errors import UserError
+from redline.hardware import autocast
 from redline.posttrain.grpo import GRPO, group_advantages, pass_at_k
 from redline.posttrain.logprobs import pad_rows, token_logps
 
@@ -233,8 +234,7 @@ class Rollouts:
         """Each batch's reference log-probabilities (B, T) from the starting weights."""
         if self.reference is None:
             raise RuntimeError("kl_coef > 0 needs the reference model")
-        autocast = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
-        with self.reference() as reference, autocast:
+        with self.reference() as reference, autocast(self.device, self.amp):
             for batch in batches:
                 batch["ref_logps"] = token_logps(reference, batch["inputs"], batch["targets"])
 
@@ -243,8 +243,7 @@ class Rollouts:
         """Each batch's per-token log-probabilities (B, T) under the weights that sampled it (π_old), from the
         training model as it stands before the rollout's first update."""
         model = self.objective.step.model
-        autocast = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
-        with autocast:
+        with autocast(self.device, self.amp):
             for batch in batches:
                 batch["old_logps"] = token_logps(model, batch["inputs"], batch["targets"]).float()
 

@@ -36,7 +36,7 @@ import torch
 from redline.chat.render import check_messages, renderer_for, training_example
 from redline.distributed import DistInfo, all_reduce_mean
 from redline.errors import UserError
-from redline.hardware import autocast_dtype
+from redline.hardware import autocast, autocast_dtype
 
 Example = tuple[list[int], list[int]]  # (inputs, targets) of one conversation
 
@@ -231,7 +231,7 @@ class ConversationData:
         mine = list(range(info.rank * B, len(rows), info.world_size * B))[:cfg.eval_batches]
         for start in mine:
             batch = {k: torch.as_tensor(v[start:start + B], device=device) for k, v in arrays.items()}
-            with torch.autocast(device.type, dtype=amp) if amp else _null():
+            with autocast(device, amp):
                 loss = model(batch["inputs"], batch["targets"], reduction="none", positions=batch.get("positions"),
                              doc_ids=batch.get("doc_ids")).double()
             trained = batch["targets"] >= 0
@@ -242,12 +242,6 @@ class ConversationData:
         return {"loss": mean, "perplexity": math.exp(min(mean, 50.0)),
                 "bpb": loss_sum / (math.log(2) * nbytes) if nbytes else float("nan"),
                 "eval_tokens": int(count * info.world_size)}
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 class PackedLoader:

@@ -7,12 +7,12 @@ sums). Unlike loss it stays comparable across tokenizers and vocabulary sizes.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
 from redline.distributed import all_reduce_mean
+from redline.hardware import autocast
 
 
 @torch.no_grad()
@@ -22,7 +22,7 @@ def evaluate(model, batches, token_bytes: torch.Tensor, autocast_dtype: torch.dt
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, tokens, text loss, text bytes
-    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    ctx = autocast(device, autocast_dtype)
     for x, y in batches:
         with ctx:
             loss = model(x, y, reduction="none").double()  # (B, T) nats

@@ -30,7 +30,7 @@ from redline.config import TrainConfig
 from redline.converters import Converters, Event, build_converters
 from redline.distributed import DistInfo
 from redline.errors import UserError
-from redline.hardware import autocast_dtype
+from redline.hardware import autocast, autocast_dtype
 from redline.model import GPT
 from redline.training.objectives import LanguageModeling, Objective
 from redline.training.optim import build_optimizers, optimizer_metrics, set_lr, skips_on_device, step_if_finite
@@ -179,9 +179,6 @@ class TrainStep:
         self.objective.attach(self)
         self.steps_done = 0
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
-
     def step(self, batches: Iterable[Any], lr_multiplier: float) -> StepOutput:
         """One optimizer step on the next `plan.accum` micro-batches of `batches` (an iterable read lazily, one
         micro-batch at a time), at lr_multiplier × the peak learning rates."""
@@ -195,7 +192,7 @@ class TrainStep:
             last_micro = micro == accum - 1
             set_fsdp_sync(self.model, last_micro)  # gradients are reduced on the last micro-step only
             with no_sync(self.module, last_micro):
-                with self._autocast():
+                with autocast(self.device, self.amp):
                     loss, metrics = self.objective.compute(self.module, batch)
                 (loss / accum).backward()
             loss_sum += loss.detach()
