@@ -160,7 +160,7 @@ async def run(args) -> dict:
         async with limit:
             return await stream_completion(host, port, "/v1/completions", body, headers, not args.done_optional)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     tasks = []
     for i in range(args.requests):
         tasks.append(asyncio.create_task(one(i)))
@@ -168,10 +168,12 @@ async def run(args) -> dict:
             await asyncio.sleep(rng.expovariate(args.rate))
     results = await asyncio.gather(*tasks)
     wall = time.perf_counter() - t0
-    return summarize(args, results, wall)
+    return summarize(args, results, wall, time.process_time() - cpu0)
 
 
-def summarize(args, results: list[Result], wall: float) -> dict:
+def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dict:
+    """The load's figures; client_cpu_share is this process's CPU seconds over the wall time: near 1, the client
+    (one Python process) may be what limits the figures, not the server."""
     ok = [r for r in results if r.ok]
     tokens = sum(r.completion_tokens for r in ok)
     ttft = [r.first - r.start for r in ok if r.first is not None]
@@ -187,7 +189,7 @@ def summarize(args, results: list[Result], wall: float) -> dict:
             "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
             "ttft_ms": percentiles(ttft), "itl_ms": percentiles(itl), "chunk_gap_ms": percentiles(gaps),
             "finish_reasons": {k: sum(r.finish_reason == k for r in ok) for k in ("stop", "length")},
-            "errors": errors[:5]}
+            "client_cpu_share": round(cpu / wall, 3) if wall > 0 else None, "errors": errors[:5]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -221,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     t, i = summary["ttft_ms"], summary["itl_ms"]
     print(f"{args.concurrency:>11} {summary['completed']:>5} {summary['failed']:>6} "
           f"{summary['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p90', 0):>8.1f} "
-          f"{t.get('p99', 0):>8.1f} {i.get('p50', 0):>8.2f} {i.get('p90', 0):>7.2f} {i.get('p99', 0):>7.2f}")
+          f"{t.get('p99', 0):>8.1f} {i.get('p50', 0):>8.2f} {i.get('p90', 0):>7.2f} {i.get('p99', 0):>7.2f}  "
+          f"(client CPU {summary['client_cpu_share'] or 0:.0%})")
     for error in summary["errors"]:
         print(f"error: {error}", file=sys.stderr)
     if args.json_out:

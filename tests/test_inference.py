@@ -111,6 +111,13 @@ def test_engine_leaves_the_callers_model_alone():
     engine = InferenceEngine(model, dtype=torch.float64)
     engine.generate(PROMPTS, 8)
     assert engine.model is not model and model.training
+    # the engine's own copy stays in eval mode, so no call walks its modules to switch modes (a serving batch calls
+    # the engine once per group of decode steps)
+    assert not engine.model.training
+    calls = []
+    engine.model.train = lambda mode=True: calls.append(mode)
+    engine.generate(PROMPTS, 4)
+    assert calls == []
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     same = InferenceEngine(model, dtype=torch.float32)  # already in the dtype: no copy, mode restored after a call

@@ -119,7 +119,9 @@ def inference_copy(model: GPT, dtype: torch.dtype) -> GPT:
         copy = GPT(model.cfg)
     copy = copy.to(dtype).to_empty(device=device)
     copy.load_state_dict(model.state_dict())
-    return copy
+    # the copy is the engine's own and only ever runs inference: in eval mode for good, so that _evaluating need
+    # not walk its modules (eval() then train()) around every prefill and decode call of a serving batch
+    return copy.eval()
 
 
 def has_adapters(model: torch.nn.Module) -> bool:

@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from redline.config import OptimConfig, TrainConfig, apply_preset  # noqa: E402
+from redline.converters import build_converters  # noqa: E402
 from redline.distributed import DistInfo  # noqa: E402
 from redline.model import GPT  # noqa: E402
 from redline.training.muon import Muon  # noqa: E402
@@ -143,7 +144,7 @@ def time_point(preset: str, batch_size: int, seq_len: int, warmup: int, steps: i
     cfg.batch_size, cfg.seq_len, cfg.compile, cfg.precision = batch_size, seq_len, True, "bf16"
     torch.manual_seed(0)
     model = GPT(cfg.model).to(device)
-    train_model = wrap_model(model, cfg, device, DistInfo())
+    train_model = wrap_model(model, cfg, device, DistInfo(), build_converters(cfg, device)).module
     gen = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, cfg.model.vocab_size, (batch_size, seq_len + 1), device=device, generator=gen)
     batch = (tokens[:, :-1], tokens[:, 1:])
