@@ -228,6 +228,79 @@ def measure(args, model: GPT, tokenizer, profile: bool, engine: InferenceEngine 
             "host_cpu_us_per_step": 1e6 * host_cpu / steps, "loop_cpu_us_per_step": 1e6 * loop_cpu / steps}
 
 
+def trace(args, model: GPT, tokenizer, engine: InferenceEngine) -> None:
+    """One run under torch.profiler: is the device waiting for the host (idle gaps between kernels) or the host for
+    the device? Prints the GPU's busy share of the span from its first kernel to its last, the idle gaps over 20 µs
+    (count and sum), and the kernels taking the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        measure(args, model, tokenizer, profile=False, engine=engine)
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not kernels:
+        print("trace: no GPU kernels recorded")
+        return
+    busy, gaps, end = 0.0, [], kernels[0][0]
+    for start, stop in kernels:  # union of intervals (us), and the gaps between them
+        if start > end:
+            gaps.append(start - end)
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = end - kernels[0][0]
+    big = [g for g in gaps if g > 20]
+    print(f"trace: GPU busy {busy / 1e3:.1f} of {span / 1e3:.1f} ms ({busy / span:.0%}); idle gaps > 20 us: "
+          f"{len(big)}, {sum(big) / 1e3:.1f} ms in all, longest {max(big, default=0) / 1e3:.2f} ms")
+    # what the host did during the longest gaps: the CPU-side ops (torch ops, CUDA runtime calls) that began in them
+    cpu_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    ends = sorted(((start - gap, start) for (start, _), gap in zip(kernels[1:], gaps_before(kernels))), reverse=True,
+                  key=lambda g: g[1] - g[0])
+    for lo, hi in ends[:3]:
+        inside = sorted((e for e in cpu_events if lo <= e.time_range.start < hi), key=lambda e: -e.cpu_time_total)
+        print(f"gap of {(hi - lo) / 1e3:.2f} ms; the longest host ops begun in it: " + ", ".join(
+            f"{e.name} {e.cpu_time_total / 1e3:.2f} ms" for e in inside[:8]))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+
+
+def phases(args, model: GPT, tokenizer, engine: InferenceEngine | None) -> None:
+    """One run with the wall time of each of the scheduler's methods summed (the first call is the admission of
+    every request at once, which no later one repeats)."""
+    times: dict[str, list[float]] = {}
+    names = ("_drop_cancelled", "_admit", "_first_tokens", "_launch", "_deliver_firsts", "_deliver")
+
+    def timed(name, fn):
+        def call(self, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(self, *a, **k)
+            finally:
+                times.setdefault(name, []).append(time.perf_counter() - t0)
+        return call
+
+    originals = {name: getattr(Scheduler, name) for name in names}
+    for name, fn in originals.items():
+        setattr(Scheduler, name, timed(name, fn))
+    try:
+        run = measure(args, model, tokenizer, profile=False, engine=engine)
+    finally:
+        for name, fn in originals.items():
+            setattr(Scheduler, name, fn)
+    print(f"phases of one run ({run['seconds'] * 1e3:.1f} ms):")
+    for name, t in times.items():
+        print(f"  {name:<16} calls {len(t):>4}  first {t[0] * 1e3:8.2f} ms  longest {max(t) * 1e3:8.2f} ms  "
+              f"sum {sum(t) * 1e3:8.1f} ms")
+
+
+def gaps_before(kernels: list[tuple[float, float]]) -> list[float]:
+    """For each kernel after the first (start, end in us, sorted by start), the idle time before it (0 if the
+    kernels before it still ran)."""
+    out, end = [], kernels[0][1]
+    for start, stop in kernels[1:]:
+        out.append(max(0.0, start - end))
+        end = max(end, stop)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=64)
@@ -241,6 +314,12 @@ def main() -> int:
     p.add_argument("--preset", default="", help="a preset's model (random weights) instead of the tiny one: with "
                    "--device cuda, the scheduler's tokens/s on a GPU without HTTP, against the server's")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where --preset's model runs")
+    p.add_argument("--trace", action="store_true",
+                   help="with --device cuda: one more run under torch.profiler, printing how busy the GPU was (the "
+                        "union of its kernels' intervals over the run's span), its idle gaps, and the top kernels")
+    p.add_argument("--phases", action="store_true",
+                   help="one more run timing each part of the scheduler's turn (admit, launch, deliver, ...): calls, "
+                        "the first call's ms, the longest, the sum")
     p.add_argument("--engine-process", action="store_true",
                    help="the scheduler in an engine process of its own, as `redline serve --engine-process`")
     args = p.parse_args()
@@ -275,6 +354,10 @@ def main() -> int:
               f"{r['loop_cpu_us_per_step']:>18.1f} {r['tokens'] / r['seconds']:>10,.0f}")
     if args.profile:
         measure(args, model, tokenizer, profile=True, engine=engine)
+    if args.trace:
+        trace(args, model, tokenizer, engine)
+    if args.phases:
+        phases(args, model, tokenizer, engine)
     print(json.dumps({"engine_process": args.engine_process, "requests": args.requests, "rows": args.rows,
                       "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "sync_every": args.sync_every,
                       "host_us_per_step": round(best["host_us_per_step"], 1),

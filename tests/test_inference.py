@@ -1030,3 +1030,19 @@ def test_group_graphs_decode_and_free_rows_as_single_steps_do():
     grouped, single = run(4), run(0)
     assert grouped == single
     assert grouped == [reference_greedy(model, p, n + 1) for p, n in zip(PROMPTS, budgets)]
+
+
+def test_a_gpu_prefill_leaves_cudnn_attention_out_when_the_model_leaves_the_choice():
+    """cuDNN's SDPA builds an execution plan for each new shape (milliseconds of host time per layer): a serving
+    batch's prefills come in every row count, so the engine's prefill asks for flash, efficient or math instead."""
+    from redline.inference.engine import _prefill_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with _prefill_attention(torch.device("cuda"), "auto"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with _prefill_attention(torch.device("cuda"), "cudnn"):  # a backend the model names is the model's to keep
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with _prefill_attention(torch.device("cpu"), "auto"):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -144,6 +144,17 @@ def _evaluating(model: GPT):
         model.train(was_training)
 
 
+def _prefill_attention(device: torch.device, backend: str):
+    """SDPA's backends for a prefill on a GPU when the model leaves the choice to PyTorch: flash, memory-efficient
+    or math, not cuDNN's. cuDNN attention builds an execution plan for each new shape it meets, milliseconds of host
+    time per layer, and a serving batch prefills every count of rows and padded length as requests arrive."""
+    if device.type != "cuda" or backend != "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 class InferenceEngine:
     """Batched generation with a static KV cache for any redline GPT.
 
@@ -356,12 +367,13 @@ class InferenceEngine:
         self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()], *[(mask, 0, 1)] * (mask is not None),
                            *[(ve, 0, 1) for ve in values])
         quantize = st.cache.quantized
-        for layer, block in enumerate(m.blocks):
-            prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
-            if prefix[0] is not None:
-                self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2))
-            x, k, v = self._prefill_fn(block, x, rope, mask, quantize, *prefix, layer_value(m, values, layer))
-            st.cache.write(layer, rows, start, k, v)
+        with _prefill_attention(self.device, self.cfg.attn_backend):
+            for layer, block in enumerate(m.blocks):
+                prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
+                if prefix[0] is not None:
+                    self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2))
+                x, k, v = self._prefill_fn(block, x, rope, mask, quantize, *prefix, layer_value(m, values, layer))
+                st.cache.write(layer, rows, start, k, v)
         return x
 
     # -- generation ------------------------------------------------------------------------------------

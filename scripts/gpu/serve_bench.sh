@@ -26,7 +26,7 @@
 #         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
 #         fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
 #         typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 anyio==4.16.0 idna==3.20 \
-#         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1
+#         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1 uvloop==0.23.0 httptools==0.9.0
 # Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load, --sync-every and engine mode),
 # serve_<mode>_sync*.log, metrics_<mode>_sync*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
@@ -86,6 +86,19 @@ EOF
 CKPT=$(ls -d "$CKPT_RUN"/checkpoints/step_* | head -n 1)
 
 CONTEXT=$(( (PROMPT + NEW + 63) / 64 * 64 ))
+# CPU seconds of the server's process and of its children (the engine process), from /proc: `server_cpu start`
+# before a load, `server_cpu end` after it prints each one's share of a core over the load's wall time (a share
+# near 1 is a process that limits the load)
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+server_cpu() {
+    local now api kids=0 p
+    now=$(date +%s.%N); api=$(ticks "$SERVER")
+    for p in $(pgrep -P "$SERVER"); do kids=$(( kids + $(ticks "$p") )); done
+    if [ "$1" = start ]; then CPU0=("$now" "$api" "$kids"); return; fi
+    awk -v t0="${CPU0[0]}" -v t1="$now" -v a0="${CPU0[1]}" -v a1="$api" -v k0="${CPU0[2]}" -v k1="$kids" \
+        -v hz="$(getconf CLK_TCK)" 'BEGIN {w = t1 - t0; printf "server CPU over the load: its process %.0f%%, its children %.0f%% of a core\n", 100 * (a1 - a0) / hz / w, 100 * (k1 - k0) / hz / w}' \
+        | tee -a "$LOG"
+}
 trap 'kill $SERVER 2>/dev/null; rm -rf "$CKPT_RUN"' EXIT
 SERVER=
 for mode in $ENGINE_PROCESS; do
@@ -127,13 +140,17 @@ LOAD="$OUT/serve_load_$TAG.jsonl"
 for c in $CONCURRENCY; do
     n=$(( c * 4 > 16 ? c * 4 : 16 ))
     echo "=== serve_load: $c concurrent clients, $n requests ===" | tee -a "$LOG"
+    server_cpu start
     timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
         --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
+    server_cpu end
 done
 if [ "$RATE" != 0 ]; then
 echo "=== serve_load: 64 clients, Poisson arrivals at $RATE requests/s, 256 requests ===" | tee -a "$LOG"
+server_cpu start
 timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency 64 \
     --requests 256 --rate "$RATE" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
+server_cpu end
 fi
 "$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
     > "$OUT/metrics_$TAG.txt" 2>&1
