@@ -47,13 +47,28 @@ def test_dpo_cli_resumes_exactly_and_evaluates_held_out_pairs(dataset, tmp_path)
     assert state["train_step"]["objective"]["reference"].shape == (24, 2)  # computed once, kept in checkpoints
 
 
+def digit_task(tmp_path):
+    """A task the tiny pretrained model sometimes gets right by chance (a one-digit answer, the last number it
+    samples), so that its rollouts earn rewards that differ and a resume has something to get wrong: on arithmetic
+    it earns none, and every record would match trivially."""
+    path = tmp_path / "digit.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Name a number ({i}).", "answer": str(i % 10)}) + "\n"
+                            for i in range(8)))
+    return str(path)
+
+
+def rewarded(run_dir) -> bool:
+    return any(r["reward_mean"] > 0 for r in records(run_dir, "train")[2:])  # in the steps after the cut
+
+
 @pytest.mark.slow
 def test_grpo_cli_resumes_exactly_and_logs_rewards(dataset, tmp_path):  # noqa: F811
     pre = _pretrain(dataset, tmp_path)
     resumed_equals_straight(tmp_path, [
-        "grpo", "--from", str(pre), "--task", "arithmetic", "grpo.prompts_per_step=2", "grpo.group_size=3",
-        "grpo.max_new_tokens=4", "grpo.eval_examples=3", "grpo.kl_coef=0.1", "grpo.pass_k=2", "batch_size=3",
+        "grpo", "--from", str(pre), "--task", digit_task(tmp_path), "grpo.prompts_per_step=2", "grpo.group_size=3",
+        "grpo.max_new_tokens=8", "grpo.eval_examples=3", "grpo.kl_coef=0.1", "grpo.pass_k=2", "batch_size=3",
         "eval_every=2", "log_every=1", "checkpoint_every=2", "tensorboard=False", f"out_dir={tmp_path}"])
+    assert rewarded(tmp_path / "straight")
     step = records(tmp_path / "straight", "train")[-1]
     assert {"reward_mean", "pass_at_1", "pass_at_2", "kl", "completion_tokens"} <= set(step)
     assert "accuracy" in records(tmp_path / "straight", "eval")[-1]
@@ -66,13 +81,13 @@ def test_grpo_cli_resumes_exactly_and_logs_rewards(dataset, tmp_path):  # noqa: 
 
 @pytest.mark.slow
 def test_grpo_cli_with_several_updates_per_rollout_resumes_exactly_mid_rollout(dataset, tmp_path):  # noqa: F811
-    """The queued batches go through a checkpoint and back. (This tiny model earns no reward on the task, so the
-    records match trivially; tests/test_grpo.py checks exactness where rewards differ.)"""
+    """The queued batches go through a checkpoint and back, with rewards that differ."""
     pre = _pretrain(dataset, tmp_path)
     resumed_equals_straight(tmp_path, [  # 3 steps a rollout: the step-2 checkpoint holds the third's batches
-        "grpo", "--from", str(pre), "--task", "arithmetic", "grpo.prompts_per_step=2", "grpo.group_size=3",
-        "grpo.max_new_tokens=4", "grpo.eval_examples=3", "grpo.updates_per_rollout=3", "batch_size=3",
+        "grpo", "--from", str(pre), "--task", digit_task(tmp_path), "grpo.prompts_per_step=2", "grpo.group_size=6",
+        "grpo.max_new_tokens=16", "grpo.eval_examples=3", "grpo.updates_per_rollout=3", "batch_size=6",
         "eval_every=0", "log_every=1", "checkpoint_every=2", "tensorboard=False", f"out_dir={tmp_path}"])
+    assert rewarded(tmp_path / "straight")
     state = ckpt_io.load_state(ckpt_io.list_checkpoints(tmp_path / "half")[0])
     queue = state["loader"]["queue"]
     assert len(queue) == 2 and all(b["old_logps"].shape == b["inputs"].shape for b in queue)
