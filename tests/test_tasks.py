@@ -32,8 +32,9 @@ def test_generators_are_seeded_with_disjoint_splits_and_verifiable(name):
     pairs = task.preference_pairs("train")
     assert len(pairs) == 300 and pairs == task.preference_pairs("train")
     for pair, example in zip(pairs, train):
-        assert pair["chosen"] == example.answer and pair["messages"] == task.messages(example)
+        assert pair["chosen"] == example.reply and pair["messages"] == task.messages(example)
         assert task.reward(example, pair["rejected"]) == 0.0, (example, pair)
+        assert task.reward(example, example.reply) == 1.0  # a worked solution is graded by the answer it ends in
     for conversation in task.conversations("train")[:20]:
         check_messages(conversation)
 
@@ -56,6 +57,28 @@ def test_answers_are_right():
     assert sort.reward(e, e.answer.replace(", ", " ")) == 1.0  # spaces or commas
     assert sort.reward(e, ", ".join(reversed(e.answer.split(", ")))) == (1.0 if len(set(e.answer.split(", "))) == 1
                                                                           else 0.0)
+
+
+def test_multistep_problems_come_with_worked_solutions():
+    """SFT trains on the steps, DPO prefers them to the same steps with a slip, and both are graded by the last
+    number; the default training split is 50,000 problems, the test split the one the task had before."""
+    task = load_task("arithmetic_multistep", train_size=300, test_size=50)
+    for e in task.examples("test"):
+        (x, op1, y, r1), (r1_again, op2, z, r2) = e.meta["steps"]
+        assert e.solution == f"{x} {op1} {y} = {r1}, {r1} {op2} {z} = {r2}." and r1 == r1_again
+        assert r1 == (x + y if op1 == "+" else x * y) and str(r2) == e.answer
+    conversation = task.conversations("test")[0]
+    assert conversation[-1] == {"role": "assistant", "content": task.examples("test")[0].solution}
+    for pair, e in zip(task.preference_pairs("test"), task.examples("test")):
+        assert pair["chosen"] == e.solution and re.fullmatch(r"\d+ [*+] \d+ = \d+, \d+ [-+] \d+ = -?\d+\.",
+                                                              pair["rejected"])
+    first = task.examples("test")[0]
+    assert (first.prompt, first.answer) == ("Ava has 10 books, gets 14 more and then gives away 21. How many "
+                                            "books are left?", "3")
+    mc = load_task("arithmetic_multistep_mc", train_size=50, test_size=20)
+    for e in mc.examples("test"):
+        assert e.choices[e.gold] == e.answer and e.answer.endswith(".") and len(set(e.choices)) == 4
+    assert load_task("arithmetic_multistep").train_size == 50_000 and load_task("arithmetic").train_size == 5000
 
 
 def test_multiple_choice_variant():
@@ -85,9 +108,17 @@ def test_jsonl_tasks(tmp_path):
     e = task.examples("test")[0]
     assert task.reward(e, "5 + 7 = 12") == 1.0 and task.reward(e, "13") == 0.0
     assert task.reward(e, task.preference_pairs()[0]["rejected"]) == 0.0
+    worked = tmp_path / "worked.jsonl"
+    worked.write_text(json.dumps({"prompt": "3 packs of 4, and 2 more?", "answer": 14,
+                                  "solution": "3 * 4 = 12, 12 + 2 = 14."}) + "\n")
+    task = load_task(str(worked))
+    assert task.conversations("train")[0][-1]["content"] == "3 * 4 = 12, 12 + 2 = 14."
+    assert task.preference_pairs()[0]["chosen"] == "3 * 4 = 12, 12 + 2 = 14."
 
 
 @pytest.mark.parametrize("lines,match", [
+    ([{"prompt": "p", "answer": 14, "solution": "3 * 4 = 12, 12 + 2 = 15."}], "gives '15', not the answer '14'"),
+    ([{"prompt": "p", "answer": 14, "solution": 14}], "\"solution\" must be text"),
     (["{not json"], "line 1 is not valid JSON"),
     ([{"question": "q", "choices": ["a"], "answer": 0}], "at least 2"),
     ([{"question": "q", "choices": ["a", "b"], "answer": 5}], "answer"),

@@ -32,6 +32,14 @@ class Example:
     """Multiple-choice only: the index of the correct choice."""
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     """Anything the task keeps with an example (e.g. a corruption's inputs)."""
+    solution: str = ""
+    """Generative only, optional: a worked reply (its steps, ending in the answer) that SFT trains on and DPO
+    prefers, where a bare answer would have to be memorised; graded like any completion, by its extracted answer."""
+
+    @property
+    def reply(self) -> str:
+        """What the assistant says in training: the worked solution when there is one, else the answer."""
+        return self.solution or self.answer
 
 
 class Task:
@@ -54,7 +62,8 @@ class Task:
         return " ".join(answer.split()).lower()
 
     def corrupt(self, example: Example, rng: random.Random) -> str:
-        """A plausible wrong answer (the rejected side of a preference pair)."""
+        """A plausible wrong reply (the rejected side of a preference pair): a wrong answer, or a worked solution
+        with a slip where the task has solutions."""
         raise NotImplementedError
 
     # -- derived ----------------------------------------------------------------------------------------
@@ -76,11 +85,11 @@ class Task:
         return [{"role": "user", "content": example.prompt}]
 
     def conversations(self, split: Split = "train") -> list[list[dict]]:
-        """SFT conversations: the question and the reference answer."""
-        return [self.messages(e) + [{"role": "assistant", "content": e.answer}] for e in self.examples(split)]
+        """SFT conversations: the question and the reference reply (the worked solution where there is one)."""
+        return [self.messages(e) + [{"role": "assistant", "content": e.reply}] for e in self.examples(split)]
 
     def preference_pairs(self, split: Split = "train", seed: int = 0) -> list[dict]:
-        """DPO pairs: {"messages": the prompt, "chosen": the reference answer, "rejected": a corrupted one}
+        """DPO pairs: {"messages": the prompt, "chosen": the reference reply, "rejected": a corrupted one}
         (seeded: the same pairs on every call)."""
         rng = random.Random(f"{self.name}:pairs:{split}:{seed}")
         pairs = []
@@ -90,5 +99,5 @@ class Task:
                 rejected = rng.choice(wrong)
             else:
                 rejected = self.corrupt(example, rng)
-            pairs.append({"messages": self.messages(example), "chosen": example.answer, "rejected": rejected})
+            pairs.append({"messages": self.messages(example), "chosen": example.reply, "rejected": rejected})
         return pairs

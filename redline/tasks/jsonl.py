@@ -2,7 +2,8 @@
 
 One JSON object a line, every line of one kind:
 - multiple-choice: {"question": str, "choices": [str, ...], "answer": index | the correct choice's text | "A"...}
-- generative:      {"prompt": str, "answer": str | number}
+- generative:      {"prompt": str, "answer": str | number, "solution": str (optional: a worked reply ending in the
+                   answer, which SFT trains on and DPO prefers instead of the bare answer)}
 An optional "split" ("train" or "test") puts a line in one split; a file without any is one set used for both
 (evaluate it; for training give a file of its own). Generative answers are compared by exact match after
 extraction: the last number when every reference is a number or ends in GSM8K's "#### 42", else the first line,
@@ -75,6 +76,10 @@ class JsonlTask(Task):
         self.numeric = self.kind == "generative" and all(
             _number(e.answer) is not None and (_number(e.answer) == e.answer.strip() or "####" in e.answer)
             for e in self._all)
+        for e in self._all:  # a solution is trained on: one that does not end in its answer would teach a wrong one
+            if e.solution and not self.is_correct(e, e.solution):
+                raise UserError(f"{e.meta['where']}: \"solution\" gives {self.extract(e.solution)!r}, not the answer "
+                                f"{self.normalize(e.answer)!r}; end it in the answer")
 
     def _example(self, obj, where: str) -> tuple[Example, str]:
         if not isinstance(obj, dict):
@@ -108,7 +113,10 @@ class JsonlTask(Task):
             answer = str(answer)
         if not isinstance(answer, str) or not answer.strip():
             raise UserError(f"{where}: \"answer\" must be non-empty text or a number")
-        return Example(prompt, answer), "generative"
+        solution = obj.get("solution", "")
+        if not isinstance(solution, str):
+            raise UserError(f"{where}: \"solution\" must be text (a worked reply ending in the answer)")
+        return Example(prompt, answer, solution=solution.strip(), meta={"where": where}), "generative"
 
     def examples(self, split: Split) -> list[Example]:
         chosen = self._by_split[split]

@@ -38,10 +38,14 @@ def _word(rng: random.Random) -> str:
 
 
 class GeneratedTask(Task):
-    """A task whose examples a seeded generator makes (subclasses give `make(rng)`)."""
+    """A task whose examples a seeded generator makes (subclasses give `make(rng)`). train_size None: the task's
+    own default (`default_train_size`)."""
 
-    def __init__(self, seed: int = 0, train_size: int = 5000, test_size: int = 200):
-        self.seed, self.train_size, self.test_size = seed, train_size, test_size
+    default_train_size = 5000
+
+    def __init__(self, seed: int = 0, train_size: int | None = None, test_size: int = 200):
+        self.seed, self.test_size = seed, test_size
+        self.train_size = self.default_train_size if train_size is None else train_size
 
     def make(self, rng: random.Random) -> Example:
         raise NotImplementedError
@@ -107,10 +111,14 @@ class Arithmetic(NumericTask):
 
 class MultiStepArithmetic(NumericTask):
     """Two operations on two-digit numbers: about 10^5 distinct problems, so a model cannot answer from memorised
-    facts as it can on `arithmetic` (a few hundred distinct sums and products)."""
+    facts as it can on `arithmetic` (a few hundred distinct sums and products). Each example carries a worked
+    solution ("45 + 38 = 83, 83 - 20 = 63.") that SFT trains on, so that a model learns the two steps rather than
+    5,000 answers by heart (a 124M model does the latter, and answers 7% of new problems); the training split is
+    50,000 problems. A reply is graded by its last number."""
 
     name = "arithmetic_multistep"
     description = "two-step word problems with two-digit numbers (add then subtract, or multiply then add)"
+    default_train_size = 50_000
 
     def make(self, rng: random.Random) -> Example:
         who, item = rng.choice(NAMES), rng.choice(ITEMS)
@@ -118,10 +126,29 @@ class MultiStepArithmetic(NumericTask):
             a, b = rng.randint(10, 99), rng.randint(10, 99)
             c = rng.randint(1, a + b)
             prompt = f"{who} has {a} {item}, gets {b} more and then gives away {c}. How many {item} are left?"
-            return Example(prompt, str(a + b - c))
-        a, b, c = rng.randint(2, 9), rng.randint(11, 25), rng.randint(10, 99)
-        prompt = f"{who} buys {a} packs of {b} {item} and already had {c}. How many {item} does {who} have now?"
-        return Example(prompt, str(a * b + c))
+            steps = ((a, "+", b, a + b), (a + b, "-", c, a + b - c))
+        else:
+            a, b, c = rng.randint(2, 9), rng.randint(11, 25), rng.randint(10, 99)
+            prompt = f"{who} buys {a} packs of {b} {item} and already had {c}. How many {item} does {who} have now?"
+            steps = ((a, "*", b, a * b), (a * b, "+", c, a * b + c))
+        return Example(prompt, str(steps[1][3]), solution=_worked(steps), meta={"steps": steps})
+
+    def corrupt(self, example: Example, rng: random.Random) -> str:
+        """The worked solution with a slip: one step's result off by 1 to 10 (a slip in the first step carries
+        into the second), so the rejected reply ends in a wrong answer."""
+        (x, op1, y, r1), (_, op2, z, r2) = example.meta["steps"]
+        slip = rng.choice([d for d in range(-10, 11) if d])
+        if rng.random() < 0.5 and r1 + slip > 0:
+            r1 += slip
+            r2 = r1 + z if op2 == "+" else r1 - z
+        else:
+            r2 += slip
+        return _worked(((x, op1, y, r1), (r1, op2, z, r2)))
+
+
+def _worked(steps) -> str:
+    """((x, op, y, result), ...) -> "x op y = result, ... ." (the last result is the answer)."""
+    return ", ".join(f"{x} {op} {y} = {r}" for x, op, y, r in steps) + "."
 
 
 class LetterCount(NumericTask):
@@ -235,14 +262,14 @@ class MultipleChoiceOf(Task):
             rng = random.Random(f"{self.name}:{self.task.seed}:{split}")
             examples = []
             for e in self.task.examples(split):
-                choices = {e.answer}
+                choices = {e.reply}  # a task with worked solutions is asked among solutions with slips
                 for _ in range(50):
                     if len(choices) == self.n_choices:
                         break
                     choices.add(self.task.corrupt(e, rng))
                 ordered = sorted(choices)
                 rng.shuffle(ordered)
-                examples.append(Example(e.prompt, e.answer, tuple(ordered), ordered.index(e.answer)))
+                examples.append(Example(e.prompt, e.reply, tuple(ordered), ordered.index(e.reply)))
             out[split] = examples
         return out
 
