@@ -11,7 +11,8 @@
 #
 # PRETRAIN_ARGS: settings for the pretraining run (default: the tiny preset on the embedded corpus); STAGE_ARGS:
 # settings added to every post-training stage (e.g. compile=True); TASK (arithmetic; arithmetic_multistep is harder),
-# SFT_STEPS, DPO_STEPS, GRPO_STEPS, TASKS (evaluated: TASK and TASK_mc), LIMIT.
+# SFT_STEPS, DPO_STEPS, GRPO_STEPS, TASKS (evaluated: TASK and TASK_mc), LIMIT; MAX_NEW, the tokens a reply may take
+# in GRPO's rollouts and in evaluation (8, or 40 for arithmetic_multistep, whose replies are worked solutions).
 # scripts/gpu/posttrain_pipeline.sh runs it at 124M on a GPU.
 set -euo pipefail
 OUT=${OUT:-runs/posttrain-demo}
@@ -20,6 +21,7 @@ SFT_STEPS=${SFT_STEPS:-300}
 DPO_STEPS=${DPO_STEPS:-40}
 GRPO_STEPS=${GRPO_STEPS:-30}
 TASK=${TASK:-arithmetic}
+if [ "$TASK" = arithmetic_multistep ]; then MAX_NEW=${MAX_NEW:-40}; else MAX_NEW=${MAX_NEW:-8}; fi
 TASKS=${TASKS:-$TASK,${TASK}_mc}
 LIMIT=${LIMIT:-200}
 PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
@@ -41,11 +43,11 @@ done_already dpo || redline dpo --from "$OUT/sft" --data "task:$TASK" out_dir="$
     eval_every=20 eval_batches=4 tensorboard=False $STAGE_ARGS
 # 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match
 done_already grpo || redline grpo --from "$OUT/dpo" --task "$TASK" out_dir="$OUT" run_name=grpo \
-    grpo.prompts_per_step=8 grpo.group_size=8 grpo.max_new_tokens=8 grpo.eval_examples=100 batch_size=32 \
+    grpo.prompts_per_step=8 grpo.group_size=8 grpo.max_new_tokens=$MAX_NEW grpo.eval_examples=100 batch_size=32 \
     max_steps="$GRPO_STEPS" optim.lr=2e-4 optim.warmup_steps=3 eval_every=10 tensorboard=False $STAGE_ARGS
 # 5. every stage on the test split (plain text for the pretrained model, the chat template after)
 for stage in pretrain sft dpo grpo; do
-    redline evaluate "$OUT/$stage" --tasks "$TASKS" --limit "$LIMIT" --max-new-tokens 8
+    redline evaluate "$OUT/$stage" --tasks "$TASKS" --limit "$LIMIT" --max-new-tokens "$MAX_NEW"
 done
 redline report "$OUT" > /dev/null
 echo "posttrain demo: done in $(( $(date +%s) - start )) s; scores: $OUT/report.md (Task scores)" >&2
