@@ -23,7 +23,7 @@ GRPO_STEPS=${GRPO_STEPS:-30}
 TASK=${TASK:-arithmetic}
 if [ "$TASK" = arithmetic_multistep ]; then MAX_NEW=${MAX_NEW:-40}; else MAX_NEW=${MAX_NEW:-8}; fi
 TASKS=${TASKS:-$TASK,${TASK}_mc}
-LIMIT=${LIMIT:-200}
+LIMIT=${LIMIT:-1000}
 PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
 STAGE_ARGS=${STAGE_ARGS:-}
 redline() { "$PYTHON" -m redline "$@"; }

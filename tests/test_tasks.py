@@ -59,6 +59,16 @@ def test_answers_are_right():
                                                                           else 0.0)
 
 
+@pytest.mark.parametrize("name", ["arithmetic", "spelling"])
+def test_a_larger_test_split_keeps_the_training_split_and_the_first_test_prompts(name):
+    """Test prompts past the first 200 are drawn after the training split: 1,000 of them (the default) leave the
+    training split and the first 200 test prompts (every score measured before) as they were."""
+    small, large = load_task(name, test_size=200), load_task(name)
+    assert len(large.examples("test")) == 1000 and large.examples("train") == small.examples("train")
+    assert large.examples("test")[:200] == small.examples("test")
+    assert not {e.prompt for e in large.examples("test")} & {e.prompt for e in large.examples("train")}
+
+
 def test_multistep_problems_come_with_worked_solutions():
     """SFT trains on the steps, DPO prefers them to the same steps with a slip, and both are graded by the last
     number; the default training split is 50,000 problems, the test split the one the task had before."""

@@ -26,7 +26,7 @@ def task_names() -> list[str]:
     return sorted(GENERATORS)
 
 
-def load_task(spec: str, seed: int = 0, train_size: int | None = None, test_size: int = 200) -> Task:
+def load_task(spec: str, seed: int = 0, train_size: int | None = None, test_size: int = 1000) -> Task:
     """A task by name ("arithmetic", "task:arithmetic", "arithmetic_mc") or a .jsonl task file; a one-line error
     naming the built-in tasks for an unknown name. train_size None: the task's own default."""
     name = spec[len("task:"):] if spec.startswith("task:") else spec
