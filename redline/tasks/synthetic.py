@@ -4,8 +4,8 @@ Each generator draws distinct prompts from `random.Random(f"{name}:{seed}")`: th
 smaller) open the test split, the next `train_size` form the training split, and the test split's remaining
 prompts (up to `test_size`, 1,000 by default: ±1.5 points of standard error on an exact match near 50%) are drawn
 after those. So a test prompt never appears in training, the training split does not depend on the test split's
-size, and the same seed gives the same splits on every machine. Answers are short (a number, a list, a spelling) so that a small model
-can learn them in minutes and exact match can verify them.
+size, and the same seed gives the same splits on every machine. Answers are short (a number, a list, a spelling)
+so that a small model can learn them in minutes and exact match can verify them.
 """
 
 from __future__ import annotations
@@ -119,8 +119,7 @@ class MultiStepArithmetic(NumericTask):
     """Two operations on two-digit numbers: about 10^5 distinct problems, so a model cannot answer from memorised
     facts as it can on `arithmetic` (a few hundred distinct sums and products). Each example carries a worked
     solution ("45 + 38 = 83, 83 - 20 = 63.") that SFT trains on, so that a model learns the two steps rather than
-    5,000 answers by heart (a 124M model does the latter, and answers 7% of new problems); the training split is
-    50,000 problems. A reply is graded by its last number."""
+    a few thousand answers by heart; the training split is 50,000 problems. A reply is graded by its last number."""
 
     name = "arithmetic_multistep"
     description = "two-step word problems with two-digit numbers (add then subtract, or multiply then add)"
