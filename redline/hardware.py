@@ -7,7 +7,6 @@ has measured one, against the measured GEMM peak. An unknown GPU gets no MFU rat
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import platform

@@ -219,33 +219,19 @@ class Rollouts:
             raise UserError(f"a rollout makes {len(batches)} micro-batches but a step takes {step.plan.accum}; "
                             f"tokens_per_step must be prompts_per_step × group_size × seq_len")
         if self.objective.kl_coef > 0:
-            self._add_reference(batches)
+            if self.reference is None:
+                raise RuntimeError("kl_coef > 0 needs the reference model")
+            with self.reference() as reference:  # the starting weights
+                _add_logps(batches, "ref_logps", reference, self.device, self.amp)
         if settings.updates_per_rollout > 1:  # the later updates are off-policy: they need π_old (see grpo.py)
-            self._add_old_logps(batches)
+            # the training model as it stands before the rollout's first update: the weights that sampled
+            _add_logps(batches, "old_logps", self.objective.step.model, self.device, self.amp)
         self.last_stats = rollout_stats(samples, settings.pass_k)
         stats = {name.replace("@", "_at_"): torch.tensor(value, device=self.device)
                  for name, value in self.last_stats.items()}
         for batch in batches:
             batch["stats"] = stats
         return batches * settings.updates_per_rollout  # each step takes accum of them: one rollout, μ steps
-
-    @torch.no_grad()
-    def _add_reference(self, batches: list[dict[str, Any]]) -> None:
-        """Each batch's reference log-probabilities (B, T) from the starting weights."""
-        if self.reference is None:
-            raise RuntimeError("kl_coef > 0 needs the reference model")
-        with self.reference() as reference, autocast(self.device, self.amp):
-            for batch in batches:
-                batch["ref_logps"] = token_logps(reference, batch["inputs"], batch["targets"])
-
-    @torch.no_grad()
-    def _add_old_logps(self, batches: list[dict[str, Any]]) -> None:
-        """Each batch's per-token log-probabilities (B, T) under the weights that sampled it (π_old), from the
-        training model as it stands before the rollout's first update."""
-        model = self.objective.step.model
-        with autocast(self.device, self.amp):
-            for batch in batches:
-                batch["old_logps"] = token_logps(model, batch["inputs"], batch["targets"]).float()
 
     def state_dict(self) -> dict[str, Any]:
         # the rollout's batches still to train (updates_per_rollout > 1): they cannot be sampled again
@@ -258,6 +244,16 @@ class Rollouts:
         self._order = self._shuffled(self.epoch)
         self._queue = _map_tensors(state.get("queue", []), lambda t: t.to(self.device))
         self.last_stats = dict(state.get("last_stats", {}))
+
+
+@torch.no_grad()
+def _add_logps(batches: list[dict[str, Any]], key: str, model: nn.Module, device: torch.device,
+               amp: torch.dtype | None) -> None:
+    """batch[key] = model's per-token log-probabilities of each batch's targets (B, T) fp32, under the training
+    precision."""
+    with autocast(device, amp):
+        for batch in batches:
+            batch[key] = token_logps(model, batch["inputs"], batch["targets"])
 
 
 def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
