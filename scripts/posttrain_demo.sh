@@ -12,7 +12,8 @@
 # PRETRAIN_ARGS: settings for the pretraining run (default: the tiny preset on the embedded corpus); STAGE_ARGS:
 # settings added to every post-training stage (e.g. compile=True); TASK (arithmetic; arithmetic_multistep is harder),
 # SFT_STEPS, DPO_STEPS, GRPO_STEPS, TASKS (evaluated: TASK and TASK_mc), LIMIT; MAX_NEW, the tokens a reply may take
-# in GRPO's rollouts and in evaluation (8, or 40 for arithmetic_multistep, whose replies are worked solutions).
+# in GRPO's rollouts and in evaluation (8, or 40 for arithmetic_multistep, whose replies are worked solutions);
+# SFT_ARGS, DPO_ARGS, GRPO_ARGS: settings for one stage, after the demo's own (the last of a key wins).
 # scripts/gpu/posttrain_pipeline.sh runs it at 124M on a GPU.
 set -euo pipefail
 OUT=${OUT:-runs/posttrain-demo}
@@ -26,6 +27,9 @@ TASKS=${TASKS:-$TASK,${TASK}_mc}
 LIMIT=${LIMIT:-1000}
 PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
 STAGE_ARGS=${STAGE_ARGS:-}
+SFT_ARGS=${SFT_ARGS:-}
+DPO_ARGS=${DPO_ARGS:-}
+GRPO_ARGS=${GRPO_ARGS:-}
 redline() { "$PYTHON" -m redline "$@"; }
 done_already() { compgen -G "$OUT/$1/checkpoints/step_*" > /dev/null; }
 start=$(date +%s)
@@ -35,16 +39,16 @@ start=$(date +%s)
 redline train out_dir="$OUT" run_name=pretrain resume=auto sample_tokens=0 tensorboard=False $PRETRAIN_ARGS
 # 2. SFT: redline's chat tokens are added, conversations packed best-fit, the loss on the answers only
 done_already sft || redline sft --from "$OUT/pretrain" --data "task:$TASK" out_dir="$OUT" run_name=sft \
-    max_steps="$SFT_STEPS" eval_every=100 tensorboard=False $STAGE_ARGS
+    max_steps="$SFT_STEPS" eval_every=100 tensorboard=False $STAGE_ARGS $SFT_ARGS
 # 3. DPO: the task's pairs (the right answer chosen, a near miss rejected); the SFT model is the reference; with
 #    the chosen answer's NLL added (RPO), as plain DPO lowered greedy exact match here (docs/posttraining.md)
 done_already dpo || redline dpo --from "$OUT/sft" --data "task:$TASK" out_dir="$OUT" run_name=dpo \
     dpo.max_pairs=640 dpo.beta=0.1 dpo.nll_weight=1.0 batch_size=16 max_steps="$DPO_STEPS" optim.lr=2e-4 optim.warmup_steps=5 \
-    eval_every=20 eval_batches=4 tensorboard=False $STAGE_ARGS
+    eval_every=20 eval_batches=4 tensorboard=False $STAGE_ARGS $DPO_ARGS
 # 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match
 done_already grpo || redline grpo --from "$OUT/dpo" --task "$TASK" out_dir="$OUT" run_name=grpo \
     grpo.prompts_per_step=8 grpo.group_size=8 grpo.max_new_tokens=$MAX_NEW grpo.eval_examples=100 batch_size=32 \
-    max_steps="$GRPO_STEPS" optim.lr=2e-4 optim.warmup_steps=3 eval_every=10 tensorboard=False $STAGE_ARGS
+    max_steps="$GRPO_STEPS" optim.lr=2e-4 optim.warmup_steps=3 eval_every=10 tensorboard=False $STAGE_ARGS $GRPO_ARGS
 # 5. every stage on the test split (plain text for the pretrained model, the chat template after)
 for stage in pretrain sft dpo grpo; do
     redline evaluate "$OUT/$stage" --tasks "$TASKS" --limit "$LIMIT" --max-new-tokens "$MAX_NEW"
