@@ -256,3 +256,25 @@ def test_training_on_a_disk_that_fills_stops_in_one_line_and_resumes(dataset, tm
     missing = {s for s in range(1, 9)} - set(steps)
     gaps = [r for r in records(run_dir) if r.get("event") == "metrics_gap"]
     assert bool(missing) == bool(gaps)  # a hole is said, once, or there is none
+
+
+def test_the_console_line_shows_an_objectives_metrics_as_the_windows_mean(tmp_path, capsys):
+    """GRPO's reward and DPO's preference accuracy reach the console line, averaged over the log window (one
+    GRPO step's reward depends on the prompts it drew); each step's own value stays in metrics.jsonl."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from redline.training.metrics import MetricsLogger, StepRecords, Throughput
+
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    records = StepRecords(log, Throughput(1.0, None, None, 1, torch.device("cpu")))
+    for step, reward in enumerate((0.25, 0.5, 0.0, 0.75), start=1):
+        metrics = {"reward_mean": torch.tensor(reward), "kl": torch.tensor(0.0), "completion_tokens": torch.tensor(3.0)}
+        records.add(step, 1e-4, SimpleNamespace(loss=torch.tensor(0.1), metrics=metrics, grad_norm=torch.tensor(1.0)),
+                    tokens=10)
+    records.write(tokens=40, elapsed=1.0, summary=True, max_steps=4)
+    line = capsys.readouterr().out
+    assert "loss 0.1000 | reward 0.375 | lr" in line and "kl" not in line and "completion" not in line
+    rewards = [json.loads(r)["reward_mean"] for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rewards == [0.25, 0.5, 0.0, 0.75]

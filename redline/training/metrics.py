@@ -166,7 +166,9 @@ class StepRecords:
                 record.update(extra)
             self.log.log(record)
         if summary:
-            self.log.print(step_line(last_step, max_steps, values[-1][0], self.pending[-1][1], norms[-1], extra, eta))
+            window_means = dict(zip(names, torch.tensor(values)[:, 1:].mean(dim=0).tolist()))
+            self.log.print(step_line(last_step, max_steps, values[-1][0], self.pending[-1][1], norms[-1], extra, eta,
+                                     objective_line(window_means)))
             self.window_start, self.window_tokens, self.window_steps = time.perf_counter(), 0, 0
         self.log.flush()
         self.pending.clear()
@@ -186,11 +188,25 @@ class StepRecords:
         return extra
 
 
+# An objective's own step metrics that the console line shows (their mean over the log window; every value stays
+# in metrics.jsonl): name -> format. A GRPO step's reward depends on which prompts it drew, so one step's value
+# says little and the window's mean is what a reader can follow.
+CONSOLE_METRICS = {"reward_mean": "reward {:.3f}", "preference_accuracy": "pref acc {:.1%}",
+                   "reward_margin": "margin {:+.3f}", "kl": "kl {:.4f}"}
+
+
+def objective_line(means: dict[str, float]) -> str:
+    """' | reward 0.412 | ...' for the objective metrics of CONSOLE_METRICS in `means` (kl only when not 0)."""
+    parts = [fmt.format(means[name]) for name, fmt in CONSOLE_METRICS.items()
+             if name in means and not (name == "kl" and means[name] == 0)]
+    return "".join(f" | {p}" for p in parts)
+
+
 def step_line(step: int, max_steps: int, loss: float, lr: float, grad_norm: float, window: dict,
-              eta: float | None) -> str:
-    """The console line of a log step."""
+              eta: float | None, objective: str = "") -> str:
+    """The console line of a log step; objective: objective_line's text, after the loss."""
     mfu, mem = window.get("mfu"), window.get("peak_memory_gib")
-    return (f"step {step:>6}{f'/{max_steps}' if max_steps else ''} | loss {loss:.4f} | lr {lr:.2e} | "
+    return (f"step {step:>6}{f'/{max_steps}' if max_steps else ''} | loss {loss:.4f}{objective} | lr {lr:.2e} | "
             f"gnorm {grad_norm:.2f} | {window.get('tokens_per_second', 0) / 1e3:,.1f}k tok/s"
             + (f" | mfu {mfu * 100:.1f}%" if mfu is not None else "")
             + (f" | mem {mem:.1f} GiB" if mem is not None else "")
