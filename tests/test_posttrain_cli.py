@@ -135,3 +135,29 @@ def test_dpo_and_grpo_run_on_a_gpu_compiled(dataset, tmp_path):  # noqa: F811
         assert len(steps) == 2 and keys <= set(steps[-1]) and all(torch.isfinite(torch.tensor(s["loss"]))
                                                                   for s in steps), (name, steps)
         assert steps[-1]["peak_memory_gib"] is not None, steps[-1]  # measured on a CUDA device (None on a CPU)
+
+
+def test_dpo_and_grpo_lower_an_inherited_learning_rate_unless_told():
+    """A full DPO or GRPO run that names no learning rate takes the starting run's peak / LR_DIVISOR (AdamW where
+    that run used Muon) and says so; optim.lr on the command line, or LoRA, keeps what is given."""
+    from redline.config import TrainConfig
+    from redline.posttrain.launch import LR_DIVISOR, _post_training_lr
+
+    cfg = TrainConfig()
+    cfg.optim.lr, cfg.optim.head_lr = 1e-3, 2e-3
+    note = _post_training_lr(cfg, ["max_steps=40"], "dpo")
+    assert cfg.optim.lr == pytest.approx(1e-3 / LR_DIVISOR["dpo"]) and cfg.optim.head_lr == pytest.approx(2e-5)
+    assert note.startswith("optim.lr 1e-05 (the starting run's 0.001 / 100")
+
+    cfg = TrainConfig()
+    cfg.optim.lr, cfg.optim.name = 6e-4, "muon"
+    assert "AdamW instead of the starting run's Muon" in _post_training_lr(cfg, [], "grpo")
+    assert cfg.optim.name == "adamw" and cfg.optim.lr == pytest.approx(6e-4 / LR_DIVISOR["grpo"])
+
+    for argv in (["optim.lr=3e-4"], ["--optim.lr", "3e-4"], ["--optim.lr=3e-4"]):
+        cfg = TrainConfig()
+        cfg.optim.lr = 3e-4
+        assert _post_training_lr(cfg, argv, "dpo") is None and cfg.optim.lr == 3e-4
+    cfg = TrainConfig()
+    cfg.lora.enabled, cfg.optim.lr = True, 2e-4
+    assert _post_training_lr(cfg, [], "grpo") is None and cfg.optim.lr == 2e-4

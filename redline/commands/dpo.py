@@ -10,7 +10,8 @@ log-probabilities of every pair are computed once, before the first step, and ke
 reference model is held during training. Evaluation reports the held-out pairs' loss, reward margin and
 preference accuracy. With lora.enabled=True only adapters train and the reference is the base with the adapters
 off (computed once, no second copy; docs/lora.md). Other options as for `redline sft` (key=value overrides;
-finetune.eval_fraction, finetune.template, finetune.epochs when no budget is given).
+finetune.eval_fraction, finetune.template, finetune.epochs when no budget is given). Without optim.lr a full
+fine-tune takes the starting run's peak / 100 (docs/posttraining.md says why).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main(argv: list[str]) -> int:
     info = dist_info()
     if info.is_main:
         print(f"redline dpo: {pairs.describe()}", file=sys.stderr, flush=True)
+        if run.note:
+            print(f"redline dpo: {run.note}", file=sys.stderr, flush=True)
     cfg = default_budget(cfg, len(pairs.train.pairs), info.world_size)
     load_start = lora_start(cfg, run.init_from)
 

@@ -10,7 +10,8 @@ with redline's KV-cache engine in the same process (no second copy of the model)
 and takes one update on group-relative advantages (redline/posttrain/grpo.py). metrics.jsonl logs each step's
 reward_mean, pass_at_1 and pass_at_K; evaluations score the task's test split greedily (exact match). With
 lora.enabled=True only adapters train: the engine samples from the adapted model (the adapters on, through the
-model's own forward), and grpo.kl_coef's reference is the base with the adapters off (no second copy).
+model's own forward), and grpo.kl_coef's reference is the base with the adapters off (no second copy). Without
+optim.lr a full fine-tune takes the starting run's peak / 200 (docs/posttraining.md says why).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def main(argv: list[str]) -> int:
     info = dist_info()
     if info.is_main:
         print(f"redline grpo: {source.describe()}", file=sys.stderr, flush=True)
+        if run.note:
+            print(f"redline grpo: {run.note}", file=sys.stderr, flush=True)
     # one step trains on one rollout (updates_per_rollout steps each): its sequences make up the step's micro-batches
     cfg = dataclasses.replace(cfg, tokens_per_step=sequences * cfg.effective_seq_len * info.world_size)
     if not (cfg.max_steps or cfg.max_tokens or cfg.max_time):

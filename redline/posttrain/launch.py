@@ -24,6 +24,41 @@ class PostTrainRun:
     """The starting checkpoint (the reference model's weights)."""
     value: str | None
     """The value of the command's own option (--data, --task); None on resume (it is in the saved config)."""
+    note: str | None = None
+    """What the run changed from the starting run's settings without being asked (its learning rate), to print."""
+
+
+# A full fine-tune by `redline dpo` or `redline grpo` that names no learning rate starts from the starting run's
+# peak divided by this. Inherited as it is (a pretraining or SFT peak), the step is far too large for a preference
+# or policy-gradient update: at 124M after an SFT at 1e-3, DPO at 2e-4 took exact match from 0.51 to 0.10 and
+# 2e-5 still lowered it, where 1e-5 did not; GRPO fell at 2e-5 and rose at 5e-6 (docs/posttraining.md, Measured).
+# trl's DPO and GRPO default to 1e-6 whatever the model.
+LR_DIVISOR = {"dpo": 100, "grpo": 200}
+
+
+def _given(argv: list[str], key: str) -> bool:
+    """Whether argv sets `key` (key=value, --key value or --key=value)."""
+    return any(a in (key, f"--{key}") or a.startswith((f"{key}=", f"--{key}=")) for a in argv)
+
+
+def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str) -> str | None:
+    """Lower an inherited learning rate for a DPO or GRPO full fine-tune (LR_DIVISOR), and train it with AdamW
+    when the starting run used Muon (whose fixed-size orthogonal steps are a pretraining tool), unless the command
+    line chose them; -> a line saying what changed, or None. A LoRA run keeps what it is given: adapters start at
+    zero and take larger steps."""
+    if cfg.lora.enabled or _given(argv, "optim.lr") or cfg.optim.name == "prodigy":
+        return None
+    inherited, name = cfg.optim.lr, cfg.optim.name
+    if name == "muon" and not _given(argv, "optim.name"):
+        cfg.optim.name = "adamw"
+    cfg.optim.lr = inherited / LR_DIVISOR[command]
+    if cfg.optim.embed_lr is not None and not _given(argv, "optim.embed_lr"):
+        cfg.optim.embed_lr /= LR_DIVISOR[command]
+    if cfg.optim.head_lr is not None and not _given(argv, "optim.head_lr"):
+        cfg.optim.head_lr /= LR_DIVISOR[command]
+    switched = ", AdamW instead of the starting run's Muon" if cfg.optim.name != name else ""
+    return (f"optim.lr {cfg.optim.lr:.2g} (the starting run's {inherited:.2g} / {LR_DIVISOR[command]}{switched}; "
+            f"set optim.lr to choose)")
 
 
 def start_run(argv: list[str], command: str, description: str, need: str) -> PostTrainRun:
@@ -55,7 +90,8 @@ def start_run(argv: list[str], command: str, description: str, need: str) -> Pos
     cfg = parse(TrainConfig, argv, prog=prog, description=description, default=base_config(source))
     cfg.finetune.init_from = str(source)
     cfg.run_name = cfg.run_name or f"{command}-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    return PostTrainRun(cfg, source, None, source, value)
+    note = _post_training_lr(cfg, argv, command)
+    return PostTrainRun(cfg, source, None, source, value, note)
 
 
 def exit_code(status: str) -> int:
