@@ -180,6 +180,14 @@ def test_without_a_terminal_the_output_has_no_progress_bar(dataset, tmp_path, ca
     assert [line.split("|")[0].split()[1] for line in lines if line.startswith("step ")] == ["2/4", "4/4"]
 
 
+def test_a_warmup_as_long_as_the_run_is_named(dataset, tmp_path, capsys):  # noqa: F811
+    """A short run (a fine-tune) that keeps a longer warmup never reaches its peak learning rate: the start says so."""
+    train(config(dataset, tmp_path, "max_steps=2", "run_name=short"))  # config's optim.warmup_steps=2
+    assert "optim.warmup_steps=2 is not shorter than the run's 2 steps" in capsys.readouterr().out
+    train(config(dataset, tmp_path, "max_steps=3", "run_name=long"))
+    assert "is not shorter than" not in capsys.readouterr().out
+
+
 def test_on_a_terminal_a_progress_bar_runs_between_the_log_lines(dataset, tmp_path, monkeypatch):  # noqa: F811
     import rich.console
 

@@ -333,6 +333,10 @@ class Run:
             f"{at_most}{plan.tokens_per_step:,} tokens/step | run {run_dir}")
         if device.type == "cuda" and peak is None:
             self.log.print(f"[yellow]{gpu_name} is not in the peak table: MFU is left out")
+        steps = cfg.max_steps or (-(-cfg.max_tokens // plan.tokens_per_step) if cfg.max_tokens and not at_most else 0)
+        if steps and cfg.optim.warmup_steps >= steps:  # e.g. a short fine-tune inheriting a pretraining warmup
+            self.log.print(f"[yellow]optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run's {steps} "
+                           f"steps: the learning rate never reaches its peak; lower optim.warmup_steps")
         if resumed is not None:
             self.log.print(f"resumed from {resumed.checkpoint} at step {self.step}")
         if device.type == "cuda":
