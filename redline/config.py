@@ -203,8 +203,9 @@ class DPOConfig:
 
     beta: float = 0.1
     """How far the policy may move from the starting model: the scale of the implicit reward β·log(π/π_ref)."""
-    loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
-    """sigmoid (DPO), ipo (IPO, per-token averaged log-probabilities) or hinge (SLiC)."""
+    loss: Literal["sigmoid", "ipo", "hinge", "apo_zero"] = "sigmoid"
+    """sigmoid (DPO), ipo (IPO, per-token averaged log-probabilities), hinge (SLiC) or apo_zero (APO: the chosen
+    reply's likelihood up and the rejected one's down, each anchored to the reference)."""
     max_pairs: int = 0
     """Train on the first max_pairs pairs (0: all); each pair's reference log-probabilities cost one forward."""
     nll_weight: float = 0.0

@@ -56,10 +56,12 @@ def explicit_loss(pc, pr, rc, rr, beta, kind):
         return math.log1p(math.exp(-beta * h))  # -log σ(βh)
     if kind == "ipo":
         return (h - 1 / (2 * beta)) ** 2
+    if kind == "apo_zero":  # trl's DPOTrainer: 1 - σ(β chosen log-ratio) + σ(β rejected log-ratio)
+        return 1 - 1 / (1 + math.exp(-beta * (pc - rc))) + 1 / (1 + math.exp(-beta * (pr - rr)))
     return max(0.0, 1 - beta * h)
 
 
-@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge"])
+@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge", "apo_zero"])
 def test_losses_match_the_formulas(kind):
     g = torch.Generator().manual_seed(1)
     pc, pr, rc, rr = (torch.randn(6, generator=g, dtype=torch.float64) * 3 for _ in range(4))
@@ -71,7 +73,7 @@ def test_losses_match_the_formulas(kind):
         assert float(rejected[i]) == pytest.approx(0.3 * float(pr[i] - rr[i]))
 
 
-@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge"])
+@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge", "apo_zero"])
 def test_objective_on_a_tiny_model_matches_an_explicit_computation(kind):
     pairs = random_pairs(5)
     reference_model, policy = tiny_model(0), tiny_model(1)

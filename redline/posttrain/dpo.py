@@ -9,6 +9,10 @@ and π_ref the frozen starting model, each sequence's log-probability is the sum
     sigmoid (DPO, Rafailov et al. 2023):      loss = -log σ(β h)
     ipo (Azar et al. 2023):                   loss = (h - 1 / (2β))²   (log-probabilities averaged per token, as trl)
     hinge (SLiC, Zhao et al. 2023):           loss = max(0, 1 - β h)
+    apo_zero (APO, D'Oosterlinck et al. 2024): loss = 1 - σ(β c) + σ(β r),  c, r = log π - log π_ref of the chosen
+                                              and of the rejected reply: raises the chosen reply's likelihood and
+                                              lowers the rejected one's, each on its own (for chosen replies better
+                                              than the model's own, as a task's reference answers are)
 
 as trl's `DPOTrainer.dpo_loss` writes them. The implicit rewards β (log π - log π_ref) of the chosen and the
 rejected reply, their margin and the fraction of pairs where the chosen one wins (preference accuracy) are logged.
@@ -40,7 +44,7 @@ from redline.posttrain.logprobs import pad_rows, sequence_logps
 if TYPE_CHECKING:
     from redline.training.step import TrainStep
 
-LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+LOSS_TYPES = ("sigmoid", "ipo", "hinge", "apo_zero")
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
@@ -55,6 +59,9 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
         losses = (h - 1 / (2 * beta)) ** 2
     elif loss_type == "hinge":
         losses = torch.relu(1 - beta * h)
+    elif loss_type == "apo_zero":
+        losses = (1 - torch.sigmoid(beta * (policy_chosen - ref_chosen))
+                  + torch.sigmoid(beta * (policy_rejected - ref_rejected)))
     else:
         raise ValueError(f"unknown DPO loss {loss_type!r}; one of {', '.join(LOSS_TYPES)}")
     chosen_rewards = beta * (policy_chosen - ref_chosen).detach()
