@@ -51,11 +51,10 @@ def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str) -> str | 
     inherited, name = cfg.optim.lr, cfg.optim.name
     if name == "muon" and not _given(argv, "optim.name"):
         cfg.optim.name = "adamw"
-    cfg.optim.lr = inherited / LR_DIVISOR[command]
-    if cfg.optim.embed_lr is not None and not _given(argv, "optim.embed_lr"):
-        cfg.optim.embed_lr /= LR_DIVISOR[command]
-    if cfg.optim.head_lr is not None and not _given(argv, "optim.head_lr"):
-        cfg.optim.head_lr /= LR_DIVISOR[command]
+    for key in ("lr", "embed_lr", "head_lr"):  # optim.lr is not given (above); the other two may be
+        value = getattr(cfg.optim, key)
+        if value is not None and not _given(argv, f"optim.{key}"):
+            setattr(cfg.optim, key, value / LR_DIVISOR[command])
     switched = ", AdamW instead of the starting run's Muon" if cfg.optim.name != name else ""
     return (f"optim.lr {cfg.optim.lr:.2g} (the starting run's {inherited:.2g} / {LR_DIVISOR[command]}{switched}; "
             f"set optim.lr to choose)")
