@@ -519,7 +519,10 @@ def test_sigterm_refuses_new_connections_drains_then_cancels_within_the_timeout(
     cut = [r for r in results if not r["done"]]
     assert cut, "every queued request finished within the timeout: make them longer"
     assert all(r == {"done": False, "reason": None, "error": "shutting_down"} for r in cut), cut  # told why
-    assert all(r == {"done": True, "reason": "length", "error": None} for r in results if r not in cut), results
+    # a finished one ends whole: at max_tokens, or at the end-of-text token this random model emits for some prompts
+    # ("Hi 6", "Hi 27", "Hi 28"), which finish within the timeout on some runs only
+    assert all(r["done"] and r["reason"] in ("length", "stop") and r["error"] is None
+               for r in results if r not in cut), results
 
 
 def test_load_generator_bounded_load(live, capsys, monkeypatch):
