@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export", "Write a checkpoint as a Hugging Face folder or a GGUF file (transformers, llama.cpp)."),
     "evaluate": ("evaluate", "Score a checkpoint on tasks: multiple choice by log-likelihood, exact match, vs chance."),
     "sft": ("sft", "Fine-tune a checkpoint on conversations (chat template, packing, loss on replies)."),
+    "pairs": ("pairs", "Preference pairs from a checkpoint's own samples, graded by a task (on-policy DPO data)."),
     "dpo": ("dpo", "Preference-tune a checkpoint on chosen/rejected pairs (DPO, IPO, hinge)."),
     "grpo": ("grpo", "Reinforce a checkpoint on a task's rewards with samples from its own weights (GRPO)."),
 }
