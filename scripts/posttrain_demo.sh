@@ -14,6 +14,9 @@
 # SFT_STEPS, DPO_STEPS, GRPO_STEPS, TASKS (evaluated: TASK and TASK_mc), LIMIT; MAX_NEW, the tokens a reply may take
 # in GRPO's rollouts and in evaluation (8, or 40 for arithmetic_multistep, whose replies are worked solutions);
 # SFT_ARGS, DPO_ARGS, GRPO_ARGS: settings for one stage, after the demo's own (the last of a key wins).
+# DPO_PAIRS: task (the task's pairs: the reference reply chosen, a corrupted one rejected) or sampled (`redline
+# pairs`: the SFT model's own replies, PAIR_SAMPLES (8) to each of PAIR_PROMPTS (2000) training prompts, a right one
+# chosen and a wrong one rejected).
 # scripts/gpu/posttrain_pipeline.sh runs it at 124M on a GPU.
 set -euo pipefail
 OUT=${OUT:-runs/posttrain-demo}
@@ -30,6 +33,7 @@ STAGE_ARGS=${STAGE_ARGS:-}
 SFT_ARGS=${SFT_ARGS:-}
 DPO_ARGS=${DPO_ARGS:-}
 GRPO_ARGS=${GRPO_ARGS:-}
+DPO_PAIRS=${DPO_PAIRS:-task}
 redline() { "$PYTHON" -m redline "$@"; }
 done_already() { compgen -G "$OUT/$1/checkpoints/step_*" > /dev/null; }
 start=$(date +%s)
@@ -40,9 +44,19 @@ redline train out_dir="$OUT" run_name=pretrain resume=auto sample_tokens=0 tenso
 # 2. SFT: redline's chat tokens are added, conversations packed best-fit, the loss on the answers only
 done_already sft || redline sft --from "$OUT/pretrain" --data "task:$TASK" out_dir="$OUT" run_name=sft \
     max_steps="$SFT_STEPS" eval_every=100 tensorboard=False $STAGE_ARGS $SFT_ARGS
-# 3. DPO: the task's pairs (the right answer chosen, a near miss rejected); the SFT model is the reference; with
-#    the chosen answer's NLL added (RPO), as plain DPO lowered greedy exact match here (docs/posttraining.md)
-done_already dpo || redline dpo --from "$OUT/sft" --data "task:$TASK" out_dir="$OUT" run_name=dpo \
+# 3. DPO: the task's pairs (the right answer chosen, a near miss rejected) or the SFT model's own (DPO_PAIRS); the
+#    SFT model is the reference; with the chosen answer's NLL added (RPO), as plain DPO lowered greedy exact match
+#    here (docs/posttraining.md)
+PAIRS="task:$TASK"
+case "$DPO_PAIRS" in
+    task) ;;
+    sampled)
+        PAIRS="$OUT/pairs.jsonl"
+        done_already dpo || [ -f "$PAIRS" ] || redline pairs "$OUT/sft" --task "$TASK" --out "$PAIRS" \
+            --prompts "${PAIR_PROMPTS:-2000}" --samples "${PAIR_SAMPLES:-8}" --max-new-tokens "$MAX_NEW" ;;
+    *) echo "posttrain_demo.sh: DPO_PAIRS=$DPO_PAIRS; give task or sampled" >&2; exit 2 ;;
+esac
+done_already dpo || redline dpo --from "$OUT/sft" --data "$PAIRS" out_dir="$OUT" run_name=dpo \
     dpo.max_pairs=640 dpo.beta=0.1 dpo.nll_weight=1.0 batch_size=16 max_steps="$DPO_STEPS" optim.lr=2e-4 optim.warmup_steps=5 \
     eval_every=20 eval_batches=4 tensorboard=False $STAGE_ARGS $DPO_ARGS
 # 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match
