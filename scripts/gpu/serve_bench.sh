@@ -15,9 +15,11 @@
 #      `redline serve --max-batch 64` on loopback (warmed up: compiled and captured before it listens), once per
 #      --sync-every in $SYNC_EVERY and per mode in $ENGINE_PROCESS (on: --engine-process, off: --no-engine-process,
 #      auto: the server's default, on for CUDA).
-#   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: 4 × C requests, at least 16), then
-#      64 clients with Poisson arrivals at $RATE requests/s: streamed greedy completions of $PROMPT random
-#      tokens and $NEW new tokens; aggregate output tokens/s, TTFT and inter-token latency percentiles.
+#   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: 4 × C requests, at least 16): first
+#      a warm-up load of C requests (not recorded: a fresh server prefills row counts it has not seen yet), then
+#      $REPEATS (3) recorded loads, of which the summary takes the median; then 64 clients with Poisson arrivals
+#      at $RATE requests/s: streamed greedy completions of $PROMPT random tokens and $NEW new tokens; aggregate
+#      output tokens/s, TTFT and inter-token latency percentiles.
 # Targets (from the issue): 64 concurrent streams >= 70% of bench-infer's batch-64 decode tokens/s; median TTFT
 # under that load <= 50 ms.
 # Needs the serve extra (fastapi, uvicorn and their dependencies; scripts/serve_load.py needs nothing) as wheels
@@ -37,6 +39,7 @@ PRESET="${PRESET:-modern-124m}"
 PROMPT="${PROMPT:-128}"
 NEW="${NEW:-256}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
+REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summary takes their median)
 RATE="${RATE:-200}"
 PORT="${PORT:-8471}"
 SYNC_EVERY="${SYNC_EVERY:-0}"  # decode steps per read of their tokens (0: the server's default); several: one server each
@@ -139,11 +142,16 @@ LOAD="$OUT/serve_load_$TAG.jsonl"
 : > "$LOAD"
 for c in $CONCURRENCY; do
     n=$(( c * 4 > 16 ? c * 4 : 16 ))
-    echo "=== serve_load: $c concurrent clients, $n requests ===" | tee -a "$LOG"
-    server_cpu start
+    echo "=== serve_load: warm-up, $c concurrent clients, $c requests (not recorded) ===" | tee -a "$LOG"
     timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
-        --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
-    server_cpu end
+        --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" 2>&1 | tail -n 2 | tee -a "$LOG"
+    for r in $(seq "$REPEATS"); do
+        echo "=== serve_load: $c concurrent clients, $n requests (load $r of $REPEATS) ===" | tee -a "$LOG"
+        server_cpu start
+        timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
+            --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
+        server_cpu end
+    done
 done
 if [ "$RATE" != 0 ]; then
 echo "=== serve_load: 64 clients, Poisson arrivals at $RATE requests/s, 256 requests ===" | tee -a "$LOG"
@@ -179,22 +187,32 @@ for line in open(f"{out}/bench_infer.jsonl"):
                 offline[r["batch"]] = {k: round(r[k], 2) for k in ("ttft_ms", "decode_tok_s_total", "e2e_tok_s_total")}
 loads = [json.loads(l) for l in open(f"{out}/serve_load.jsonl") if l.strip()]
 closed = [l for l in loads if l["concurrency"] == 64 and not l["rate"]]
-closed64 = max(closed, key=lambda l: l["output_tokens_per_s"] or 0, default=None)  # the best server
+
+
+def median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else None
+
+
+# one server (engine mode, --sync-every): the median of its repeated 64-stream loads
+servers = {}
+for l in closed:
+    servers.setdefault((l.get("engine_process", "auto"), l.get("sync_every")), []).append(l)
+medians = {key: {"tok_s": median([l["output_tokens_per_s"] or 0 for l in ls]),
+                 "ttft_p50": median([l["ttft_ms"].get("p50", 0) for l in ls]), "loads": len(ls)}
+           for key, ls in servers.items()}
+best = max(medians, key=lambda k: medians[k]["tok_s"], default=None)  # the best server
 ref = offline.get(64, {}).get("decode_tok_s_total")
 checks = []
-if closed64 and ref:
-    share = closed64["output_tokens_per_s"] / ref
-    checks.append({"metric": "64 streams tok/s / bench-infer batch-64 decode tok/s", "target": ">= 0.70",
-                   "measured": round(share, 3), "met": share >= 0.70})
-    ttft = closed64["ttft_ms"].get("p50")
+if best is not None and ref:
+    share = medians[best]["tok_s"] / ref
+    checks.append({"metric": f"64 streams tok/s (median of {medians[best]['loads']} loads) / bench-infer batch-64 "
+                             "decode tok/s", "target": ">= 0.70", "measured": round(share, 3), "met": share >= 0.70})
+    ttft = medians[best]["ttft_p50"]
     checks.append({"metric": "median TTFT at 64 streams (ms)", "target": "<= 50", "measured": ttft,
-                   "met": ttft is not None and ttft <= 50})
-# each engine mode's best 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
-share_by_mode = {}
-for l in closed:
-    if ref and l["output_tokens_per_s"]:
-        mode = l.get("engine_process", "auto")
-        share_by_mode[mode] = max(share_by_mode.get(mode, 0), round(l["output_tokens_per_s"] / ref, 3))
+                   "met": ttft <= 50})
+# each server's median 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
+share_by_mode = {f"{mode} s={sync}": round(m["tok_s"] / ref, 3) for (mode, sync), m in medians.items() if ref}
 print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}")
 for b, o in sorted(offline.items()):
     print(f"{'bench-infer batch ' + str(b):<30} {o['decode_tok_s_total']:>10,.0f} {o['ttft_ms']:>9.1f}"
@@ -207,8 +225,8 @@ for l in loads:
           f" {i.get('p50', 0):>8.2f} {i.get('p99', 0):>7.2f} {l['failed']:>6}")
 for c in checks:
     print(f"{c['metric']}: {c['measured']} (target {c['target']}): {'met' if c['met'] else 'NOT met'}")
-for mode, share in share_by_mode.items():
-    print(f"engine process {mode}: 64 streams = {share:.1%} of bench-infer's batch-64 decode tok/s")
+for name, share in share_by_mode.items():
+    print(f"engine process {name}: 64 streams (median) = {share:.1%} of bench-infer's batch-64 decode tok/s")
 device = None
 for line in open(f"{out}/bench_infer.jsonl"):
     if line.strip():
