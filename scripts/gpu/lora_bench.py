@@ -33,7 +33,8 @@ MODES = ("full", "lora", "qlora")
 
 
 def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: int, device_name: str,
-             compile_model: bool = False, nf4_backend: str = "auto", ac: str = "full") -> dict:
+             compile_model: bool = False, nf4_backend: str = "auto", ac: str = "full", profile: int = 0,
+             out_dir: str | None = None, scope: str = "auto") -> dict:
     import torch
 
     from redline.config import TrainConfig, apply_overrides, apply_preset
@@ -45,7 +46,7 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     cfg = TrainConfig()
     apply_preset(cfg, preset)
     apply_overrides(cfg, {"batch_size": batch, "seq_len": seq, "precision": "bf16" if cuda else "fp32",
-                          "device": device.type, "compile": compile_model,
+                          "device": device.type, "compile": compile_model, "compile_scope": scope,
                           "activation_checkpointing": ac, "attn_autotune": False, "optim.warmup_steps": 0})
     if mode != "full":
         apply_overrides(cfg, {"lora.enabled": True, "lora.rank": 16, "lora.alpha": 32.0,
@@ -91,13 +92,23 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
         losses.append(float(out.loss))
     median = statistics.median(times)
     trainable = sum(p.numel() for p in step.params)
+    profiled = {}
+    if profile:  # GPU kernel time per step by group, against the step's wall time: their gap is host time
+        from redline.bench.profile import profile_steps
+
+        trace = Path(out_dir) / f"trace_{mode}{'_compiled' if compile_model else ''}.json.gz" if out_dir else None
+        summary_ = profile_steps(lambda: step.step(data, 1.0), profile, trace, device)
+        profiled = {"profile_kernel_ms_per_step": summary_["total_ms_per_step"],
+                    "profile_groups_ms_per_step": summary_["groups_ms_per_step"],
+                    "profile_kernels_per_step": summary_.get("kernels_per_step"),
+                    "profile_top": summary_["top"][:10]}
     held = held_for_backward(step, next(data), device)
     lora = step.converters.get("lora")
-    return {"mode": mode, "preset": preset, "compile": compile_model, "activation_checkpointing": ac,
+    return {"mode": mode, "preset": preset, "compile": compile_model, "compile_scope": scope, "activation_checkpointing": ac,
             "nf4_backend": getattr(lora, "nf4_backend", None), "batch": batch, "seq_len": seq, "params": step.model.num_params(),
             "trainable_params": trainable, "step_time_s": median, "step_times_s": times,
             "tokens_per_second": batch * seq / median, "peak_train_gib": peak(), "peak_setup_gib": peak_setup,
-            "setup_seconds": setup_seconds, "losses": losses, **held,
+            "setup_seconds": setup_seconds, "losses": losses, **held, **profiled,
             "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__}
 
 
@@ -155,11 +166,17 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark); cpu runs a smoke test of the script")
     parser.add_argument("--ac", default="full", choices=("full", "selective", "none"),
                         help="activation checkpointing of every mode alike (the issue's targets: full)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after the timed steps, profile N more: GPU kernel ms per step by group (GEMM, "
+                             "attention, ...) next to the median wall step (the gap is host time), and a trace "
+                             "OUT/trace_MODE[_compiled].json.gz")
+    parser.add_argument("--compile-scope", default="auto", choices=("auto", "model", "blocks"),
+                        help="with --compile: the whole model as one graph or each block (compile_scope)")
     parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # the child process of one mode
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_mode(args.one, args.preset, args.batch, args.seq, args.warmup, args.steps, args.device,
-                                  args.compile, args.nf4_backend, args.ac)))
+                                  args.compile, args.nf4_backend, args.ac, args.profile, args.out, args.compile_scope)))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +185,7 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--out", str(out), "--one", mode, "--preset", args.preset,
                "--batch", str(args.batch), "--seq", str(args.seq), "--warmup", str(args.warmup),
                "--steps", str(args.steps), "--device", args.device, "--nf4-backend", args.nf4_backend,
-               "--ac", args.ac]
+               "--ac", args.ac, "--profile", str(args.profile), "--compile-scope", args.compile_scope]
         cmd += ["--compile"] if args.compile else []
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if proc.returncode == 0:
@@ -179,7 +196,7 @@ def main() -> int:
         results[mode] = record
         with open(out / "lora_bench.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        shown = {k: v for k, v in record.items() if k not in ("step_times_s", "losses")}
+        shown = {k: v for k, v in record.items() if k not in ("step_times_s", "losses", "profile_top")}
         print(f"{mode:>6}: {json.dumps(shown)}", flush=True)
     print(json.dumps(summary(results)))
     return 0
