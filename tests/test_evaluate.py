@@ -5,6 +5,7 @@ JSON line, evaluations.jsonl read by `redline report`, and bad input as one-line
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,8 +13,9 @@ import torch
 from redline.chat.render import renderer_for
 from redline.model import GPT, ModelConfig
 from redline.tasks import load_task
-from redline.tasks.scoring import centered, choice_loglikelihoods, score_multiple_choice
+from redline.tasks.scoring import centered, choice_loglikelihoods, sampled_pass_rates, score_multiple_choice
 from redline.tokenizer import ByteTokenizer
+from tests.test_pairs import ScriptedGenerator
 from tests.test_sft import _cli, _pretrain
 from tests.test_train import dataset  # noqa: F401  (a pytest fixture)
 
@@ -60,6 +62,20 @@ def test_multiple_choice_scores_follow_the_loglikelihoods(chat):
     assert centered(0.25, 0.25) == 0 and centered(1.0, 0.25) == 1
 
 
+def test_sampled_pass_rates_are_the_unbiased_estimates_over_whole_groups():
+    task = load_task("arithmetic")
+    ex = task.examples("test")[:3]
+    wrong = [str(int(e.answer) + 1) for e in ex]
+    generator = ScriptedGenerator({ex[0].prompt: [ex[0].answer, wrong[0], wrong[0], wrong[0]],  # 1 of 4 right
+                                   ex[1].prompt: [wrong[1]] * 4,  # none
+                                   ex[2].prompt: [ex[2].answer] * 3 + [wrong[2]]})  # 3 of 4
+    rates = sampled_pass_rates(generator, SimpleNamespace(stop_ids=[7]), task, ex, batch_size=9, max_new_tokens=4,
+                               n=4, temperature=0.7, seed=1)
+    assert rates["pass@1"] == pytest.approx((1 / 4 + 0 + 3 / 4) / 3) and rates["pass@4"] == pytest.approx(2 / 3)
+    # 9 rows a batch hold two whole groups of 4; each batch its own seed, at the temperature asked
+    assert generator.calls == [(8, 0.7, 1_000_003), (4, 0.7, 1_000_004)]
+
+
 @pytest.mark.slow
 def test_evaluate_cli_table_json_and_report(dataset, tmp_path, capsys):  # noqa: F811
     pre = _pretrain(dataset, tmp_path)
@@ -67,10 +83,14 @@ def test_evaluate_cli_table_json_and_report(dataset, tmp_path, capsys):  # noqa:
     mc.write_text("".join(json.dumps({"question": f"{i}+1?", "choices": [str(i + 1), str(i + 7)], "answer": 0}) + "\n"
                           for i in range(6)))
     capsys.readouterr()
-    assert _cli(["evaluate", str(pre), "--tasks", f"arithmetic,{mc}", "--limit", "4", "--max-new-tokens", "3"]) == 0
+    assert _cli(["evaluate", str(pre), "--tasks", f"arithmetic,{mc}", "--limit", "4", "--max-new-tokens", "3",
+                 "--samples", "3"]) == 0
     out, err = capsys.readouterr()
     record = json.loads(out.strip().splitlines()[-1])
     assert record["chat"] == "plain" and set(record["tasks"]) == {"arithmetic", "mc"}
+    sampled = record["tasks"]["arithmetic"]  # greedy exact match, and pass@1 <= pass@3 from 3 samples a prompt
+    assert sampled["sampling"] == {"n": 3, "temperature": 1.0} and 0 <= sampled["pass@1"] <= sampled["pass@3"] <= 1
+    assert "pass@" not in json.dumps(record["tasks"]["mc"])  # multiple choice is scored by likelihood only
     assert record["tasks"]["mc"]["chance"] == 0.5 and record["tasks"]["arithmetic"]["n"] == 4
     assert "acc_norm" in err and "exact_match" in err  # the table
     lines = (pre / "evaluations.jsonl").read_text().splitlines()
@@ -86,7 +106,8 @@ def test_evaluate_bad_input(dataset, tmp_path, capsys):  # noqa: F811
     pre = _pretrain(dataset, tmp_path)
     for args, match in [(["--tasks", "nope"], "unknown task 'nope'"),
                         (["--tasks", "arithmetic", "--chat", "on"], "no chat template and no chat tokens"),
-                        (["--tasks", str(tmp_path / "x.jsonl")], "not found")]:
+                        (["--tasks", str(tmp_path / "x.jsonl")], "not found"),
+                        (["--tasks", "arithmetic", "--samples", "2", "--temperature", "0"], "--temperature > 0")]:
         capsys.readouterr()
         assert _cli(["evaluate", str(pre), *args]) != 0
         err = capsys.readouterr().err

@@ -2,6 +2,7 @@
 
     redline evaluate runs/sft-tiny-... --tasks arithmetic,arithmetic_mc
     redline evaluate CKPT --tasks data/arc.jsonl,gsm8k.jsonl --limit 500 --max-new-tokens 256
+    redline evaluate runs/grpo-tiny-... --tasks arithmetic --samples 8 --temperature 1.0   # + sampled pass@1, pass@8
 
 Multiple-choice tasks are scored by log-likelihood (acc and length-normalised acc_norm), generative ones by exact
 match after answer extraction, greedy, through the KV-cache engine (redline/tasks/scoring.py). Prints a table and
@@ -41,8 +42,13 @@ class EvaluateConfig:
     """Rows per forward (multiple choice) or prompts per generation batch."""
     max_new_tokens: int = 32
     """Most tokens a generative answer may take."""
+    samples: int = 0
+    """Generative tasks: also sample this many replies to each prompt at --temperature and report pass@1 (the mean
+    share right) and pass@N (one of N right; Chen et al. 2021), beside greedy exact match (0: greedy only)."""
+    temperature: float = 1.0
+    """Sampling temperature of --samples."""
     seed: int = 0
-    """Seed of the built-in tasks' generators (the splits are fixed for a seed)."""
+    """Seed of the built-in tasks' generators (the splits are fixed for a seed) and of --samples' sampling."""
     write: bool = True
     """Append the results to the run directory's evaluations.jsonl (for redline report)."""
     runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
@@ -53,6 +59,9 @@ class EvaluateConfig:
 
         if self.limit < 0 or self.batch_size < 1 or self.max_new_tokens < 1:
             raise UserError("limit must be >= 0, batch_size and max_new_tokens >= 1")
+        if self.samples < 0 or (self.samples and not self.temperature > 0):
+            raise UserError(f"--samples must be >= 0 (0: greedy only) and --temperature > 0 with it, got "
+                            f"{self.samples} and {self.temperature}")
         if not [t for t in self.tasks.split(",") if t.strip()]:
             raise UserError("give at least one task: --tasks arithmetic,arithmetic_mc or a .jsonl file")
 
@@ -77,6 +86,9 @@ def print_table(results, checkpoint: str) -> None:
         table.add_column(column, justify="right" if column in ("n", "score", "chance", "centered") else "left")
     for r in results:
         other = f"acc {r.extra['acc']:.3f}" if "acc" in r.extra else ""
+        if "sampling" in r.extra:
+            n, t = r.extra["sampling"]["n"], r.extra["sampling"]["temperature"]
+            other = f"pass@1 {r.extra['pass@1']:.3f}, pass@{n} {r.extra[f'pass@{n}']:.3f} (T {t:g})"
         table.add_row(r.task, r.kind, str(r.n), r.metric, f"{r.score:.3f}", f"{r.chance:.3f}", f"{r.centered:+.3f}",
                       other)
     Console(file=sys.stderr, width=120).print(table)
@@ -98,7 +110,8 @@ def main(argv: list[str]) -> int:
     results = []
     for task in tasks:
         start = time.perf_counter()
-        result = evaluate_task(generator, task, renderer, cfg.split, cfg.limit, cfg.batch_size, cfg.max_new_tokens)
+        result = evaluate_task(generator, task, renderer, cfg.split, cfg.limit, cfg.batch_size, cfg.max_new_tokens,
+                               cfg.samples, cfg.temperature, cfg.seed)
         result.extra["seconds"] = round(time.perf_counter() - start, 3)
         results.append(result)
     print_table(results, cfg.checkpoint)

@@ -10,7 +10,10 @@ through the model in batches of one forward each (teacher forcing: all of a row'
 where the engine's `score` decodes one token at a time).
 
 Generative: the engine generates greedily in batches (redline/inference, the KV-cache engine with its stop
-tokens); the task's `extract` reads the answer, exact match against the reference.
+tokens); the task's `extract` reads the answer, exact match against the reference. `sampled_pass_rates` samples n
+replies to each prompt at a temperature instead: pass@1 (the mean share right) and pass@n, Chen et al. 2021's
+unbiased estimator, as RL papers report their models (a model tuned by GRPO may sample better while its greedy
+answer stays the same).
 
 With a chat renderer (a model fine-tuned by `redline sft`, or imported with a template) the question is the user
 message and the choice / reply is the assistant's (a choice followed by the end of the turn, so "4" and "42"
@@ -110,24 +113,28 @@ def score_multiple_choice(model, tokenizer, renderer, task: Task, examples: list
                       {"acc": acc / n, "acc_centered": centered(acc / n, chance)})
 
 
+def _generate(generator, renderer, task: Task, rows: list[Example], max_new_tokens: int, sampling, start: int):
+    """One batch of replies: through the chat template when there is a renderer, else after the plain question."""
+    tokenizer = generator.tokenizer
+    stop = [*renderer.stop_ids, tokenizer.eot_id] if renderer is not None else [tokenizer.eot_id]
+    if renderer is not None:
+        encoded = [generator.encode_chat(task.messages(e), renderer, max_new_tokens, True, start + i)
+                   for i, e in enumerate(rows)]
+    else:
+        encoded = [generator.encode_prompt(e.prompt + "\n", max_new_tokens, True, True, start + i)
+                   for i, e in enumerate(rows)]
+    return generator.generate([e.prompt for e in rows], max_new_tokens, sampling, encoded=encoded, stop_tokens=stop)
+
+
 def score_generative(generator, renderer, task: Task, examples: list[Example], batch_size: int,
                      max_new_tokens: int) -> TaskResult:
     from redline.inference.sampling import SamplingParams
 
-    tokenizer = generator.tokenizer
     greedy = SamplingParams(temperature=0.0)
     correct, samples = 0, []
-    stop = [*renderer.stop_ids, tokenizer.eot_id] if renderer is not None else [tokenizer.eot_id]
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        if renderer is not None:
-            encoded = [generator.encode_chat(task.messages(e), renderer, max_new_tokens, True, start + i)
-                       for i, e in enumerate(chunk)]
-        else:
-            encoded = [generator.encode_prompt(e.prompt + "\n", max_new_tokens, True, True, start + i)
-                       for i, e in enumerate(chunk)]
-        completions = generator.generate([e.prompt for e in chunk], max_new_tokens, greedy, encoded=encoded,
-                                         stop_tokens=stop)
+        completions = _generate(generator, renderer, task, chunk, max_new_tokens, greedy, start)
         for e, c in zip(chunk, completions):
             ok = task.is_correct(e, c.text)
             correct += ok
@@ -137,9 +144,31 @@ def score_generative(generator, renderer, task: Task, examples: list[Example], b
     return TaskResult(task.name, "generative", n, "exact_match", correct / n, 0.0, correct / n, {"samples": samples})
 
 
+def sampled_pass_rates(generator, renderer, task: Task, examples: list[Example], batch_size: int,
+                       max_new_tokens: int, n: int, temperature: float, seed: int = 0) -> dict[str, float]:
+    """n replies to each example at `temperature` (a batch holds whole groups of n; seeded per batch) ->
+    {"pass@1": mean share right, "pass@n": the chance that one of n is right}, averaged over examples."""
+    from redline.inference.sampling import SamplingParams
+    from redline.posttrain.grpo import pass_at_k
+
+    per_batch = max(1, batch_size // n)
+    rates = {"pass@1": 0.0, f"pass@{n}": 0.0}
+    for number, start in enumerate(range(0, len(examples), per_batch)):
+        chunk = examples[start:start + per_batch]
+        rows = [e for e in chunk for _ in range(n)]
+        params = SamplingParams(temperature=temperature, seed=seed * 1_000_003 + number)
+        completions = _generate(generator, renderer, task, rows, max_new_tokens, params, start * n)
+        for j, example in enumerate(chunk):
+            right = sum(task.is_correct(example, c.text) for c in completions[j * n:(j + 1) * n])
+            rates["pass@1"] += right / n
+            rates[f"pass@{n}"] += pass_at_k(n, right, n)
+    return {name: total / len(examples) for name, total in rates.items()}
+
+
 def evaluate_task(generator, task: Task, renderer=None, split: str = "test", limit: int = 0, batch_size: int = 32,
-                  max_new_tokens: int = 32) -> TaskResult:
-    """Score the engine's model on a task's split (its first `limit` examples; 0: all)."""
+                  max_new_tokens: int = 32, samples: int = 0, temperature: float = 1.0, seed: int = 0) -> TaskResult:
+    """Score the engine's model on a task's split (its first `limit` examples; 0: all). samples > 0: a generative
+    task's extra also holds sampled pass@1 and pass@samples at `temperature` (sampled_pass_rates)."""
     from redline.errors import UserError
 
     examples = task.examples(split)
@@ -153,4 +182,9 @@ def evaluate_task(generator, task: Task, renderer=None, split: str = "test", lim
             else contextlib.nullcontext()
         with amp:
             return score_multiple_choice(model, generator.tokenizer, renderer, task, examples, batch_size)
-    return score_generative(generator, renderer, task, examples, batch_size, max_new_tokens)
+    result = score_generative(generator, renderer, task, examples, batch_size, max_new_tokens)
+    if samples:
+        result.extra.update(sampled_pass_rates(generator, renderer, task, examples, batch_size, max_new_tokens,
+                                               samples, temperature, seed))
+        result.extra["sampling"] = {"n": samples, "temperature": temperature}
+    return result
