@@ -260,3 +260,32 @@ def test_sft_and_evaluate_an_imported_model_with_its_jinja_template(tmp_path, ca
     capsys.readouterr()
     assert _cli(["evaluate", str(tmp_path / "s"), "--tasks", "sort", "--limit", "2", "--max-new-tokens", "2"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["chat"] == "jinja"
+
+
+@pytest.mark.slow
+def test_pairs_dpo_and_grpo_run_on_an_imported_model_through_its_jinja_template(tmp_path, capsys):
+    """The post-training chain on an imported Llama with a ChatML template, no redline chat tokens anywhere: its
+    own replies sampled into pairs (`redline pairs`), DPO on them, GRPO on the task, each through the template."""
+    from tests.interop_models import hf_folder
+
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    assert _cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")]) == 0
+    task = tmp_path / "digit.jsonl"  # one-digit answers: a random model samples some right, some wrong
+    task.write_text("".join(json.dumps({"prompt": f"Name a number ({i}).", "answer": str(i % 10)}) + "\n"
+                            for i in range(8)))
+    common = [f"out_dir={tmp_path}", "seq_len=64", "eval_batches=1", "tensorboard=False", "max_steps=1"]
+    pairs = tmp_path / "pairs.jsonl"
+    assert _cli(["pairs", str(tmp_path / "ckpt"), "--task", str(task), "--out", str(pairs), "--samples", "16",
+                 "--max-new-tokens", "3"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pairs"] > 0
+    assert _cli(["dpo", "--from", str(tmp_path / "ckpt"), "--data", str(pairs), "run_name=d", "batch_size=2",
+                 *common]) == 0
+    assert _cli(["grpo", "--from", str(tmp_path / "d"), "--task", str(task), "run_name=g", "batch_size=4",
+                 "grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=3", "grpo.eval_examples=2",
+                 *common]) == 0
+    for run in ("d", "g"):
+        ckpt = ckpt_io.resolve_checkpoint(tmp_path / run)
+        assert "chat_tokens" not in json.loads((ckpt / "tokenizer" / "redline_tokenizer.json").read_text())
+    capsys.readouterr()
+    assert _cli(["evaluate", str(tmp_path / "g"), "--tasks", str(task), "--max-new-tokens", "3"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["chat"] == "jinja"
