@@ -86,19 +86,16 @@ class PairCounts:
 def sample_pairs(generator, renderer, task, examples, cfg: PairsConfig) -> tuple[list[dict], PairCounts]:
     """cfg.samples replies to each example, graded -> (pair records, counts). A batch holds whole groups."""
     from redline.inference.sampling import SamplingParams
+    from redline.tasks.scoring import generate_replies
 
-    stop = [*renderer.stop_ids, generator.tokenizer.eot_id]
     per_batch = max(1, cfg.batch_size // cfg.samples)
     records, counts = [], PairCounts()
     for number, start in enumerate(range(0, len(examples), per_batch)):
         chunk = examples[start:start + per_batch]
         rows = [e for e in chunk for _ in range(cfg.samples)]
-        encoded = [generator.encode_chat(task.messages(e), renderer, cfg.max_new_tokens, True, start + i)
-                   for i, e in enumerate(rows)]
         # a seed per batch: the same records for the same seed on a CPU (a GPU's kernels may differ in the last bit)
         params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed * 1_000_003 + number)
-        completions = generator.generate([e.prompt for e in rows], cfg.max_new_tokens, params, encoded=encoded,
-                                         stop_tokens=stop)
+        completions = generate_replies(generator, renderer, task, rows, cfg.max_new_tokens, params, start)
         for j, example in enumerate(chunk):
             group = completions[j * cfg.samples:(j + 1) * cfg.samples]
             texts = [c.text.strip() for c in group]

@@ -113,7 +113,8 @@ def score_multiple_choice(model, tokenizer, renderer, task: Task, examples: list
                       {"acc": acc / n, "acc_centered": centered(acc / n, chance)})
 
 
-def _generate(generator, renderer, task: Task, rows: list[Example], max_new_tokens: int, sampling, start: int):
+def generate_replies(generator, renderer, task: Task, rows: list[Example], max_new_tokens: int, sampling,
+                     start: int = 0):
     """One batch of replies: through the chat template when there is a renderer, else after the plain question."""
     tokenizer = generator.tokenizer
     stop = [*renderer.stop_ids, tokenizer.eot_id] if renderer is not None else [tokenizer.eot_id]
@@ -134,7 +135,7 @@ def score_generative(generator, renderer, task: Task, examples: list[Example], b
     correct, samples = 0, []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        completions = _generate(generator, renderer, task, chunk, max_new_tokens, greedy, start)
+        completions = generate_replies(generator, renderer, task, chunk, max_new_tokens, greedy, start)
         for e, c in zip(chunk, completions):
             ok = task.is_correct(e, c.text)
             correct += ok
@@ -157,7 +158,7 @@ def sampled_pass_rates(generator, renderer, task: Task, examples: list[Example],
         chunk = examples[start:start + per_batch]
         rows = [e for e in chunk for _ in range(n)]
         params = SamplingParams(temperature=temperature, seed=seed * 1_000_003 + number)
-        completions = _generate(generator, renderer, task, rows, max_new_tokens, params, start * n)
+        completions = generate_replies(generator, renderer, task, rows, max_new_tokens, params, start * n)
         for j, example in enumerate(chunk):
             right = sum(task.is_correct(example, c.text) for c in completions[j * n:(j + 1) * n])
             rates["pass@1"] += right / n
