@@ -189,6 +189,10 @@ class FinetuneConfig:
     """Passes over the conversations when no budget (max_steps, max_tokens, max_time) is given."""
     eval_fraction: float = 0.02
     """Share of a conversation file held out for evaluation (tasks use their test split)."""
+    task_seed: int = 0
+    """Seed of a built-in task's generator, which fixes its train/test splits (sft, dpo and grpo; `redline evaluate
+    --task-seed` and `redline pairs --task-seed` likewise). The run's `seed` does not change it, so that a run with
+    another seed never trains on prompts that the evaluation holds out."""
 
     def validate(self) -> None:
         if self.epochs <= 0:

@@ -151,3 +151,24 @@ def test_unknown_task_names_the_built_in_ones():
     assert "letter_count" in str(e.value)
     with pytest.raises(UserError, match="not found"):
         load_task("missing.jsonl")
+
+
+def test_a_runs_seed_does_not_move_a_tasks_splits():
+    """sft, dpo and grpo read a task's splits by finetune.task_seed (0, as evaluate's --task-seed), not by the run's
+    seed: with the run's seed, seed 1337 (the default) drew a training split holding 36 of seed 0's 1,000 test
+    prompts."""
+    from redline.config import TrainConfig
+    from redline.posttrain.data import read_preference_records
+    from redline.training.conversations import read_conversations
+
+    test = {e.prompt for e in load_task("arithmetic").examples("test")}
+    for seed in (0, 1337):
+        train, _, _ = read_conversations("task:arithmetic", seed=seed)
+        prompts = {c[0]["content"] for c in train}
+        assert prompts == {e.prompt for e in load_task("arithmetic").examples("train")} and not prompts & test
+        pairs, heldout = read_preference_records("task:arithmetic", seed, 0.02)
+        assert {p["messages"][0]["content"] for p in pairs} == prompts
+        assert {p["messages"][0]["content"] for p in heldout} == test
+    assert TrainConfig().finetune.task_seed == 0 and TrainConfig().seed != 0
+    other = {c[0]["content"] for c in read_conversations("task:arithmetic", task_seed=5)[0]}
+    assert other != prompts  # task_seed itself still draws other splits

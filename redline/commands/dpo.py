@@ -44,7 +44,8 @@ def main(argv: list[str]) -> int:
     batch = cfg.batch_size if isinstance(cfg.batch_size, int) else 8  # for evaluation and the reference pass
     pairs = PairData.load(cfg.finetune.data, tokenizer, renderer_for(tokenizer, cfg.finetune.template),
                           cfg.effective_seq_len, objective, seed=cfg.seed, eval_fraction=cfg.finetune.eval_fraction,
-                          max_pairs=cfg.dpo.max_pairs, max_heldout=cfg.eval_batches * batch)
+                          max_pairs=cfg.dpo.max_pairs, max_heldout=cfg.eval_batches * batch,
+                          task_seed=cfg.finetune.task_seed)
     info = dist_info()
     if info.is_main:
         print(f"redline dpo: {pairs.describe()}", file=sys.stderr, flush=True)

@@ -47,8 +47,10 @@ class EvaluateConfig:
     share right) and pass@N (one of N right; Chen et al. 2021), beside greedy exact match (0: greedy only)."""
     temperature: float = 1.0
     """Sampling temperature of --samples."""
+    task_seed: int = 0
+    """Seed of the built-in tasks' generators (the splits are fixed for a seed; as finetune.task_seed in training)."""
     seed: int = 0
-    """Seed of the built-in tasks' generators (the splits are fixed for a seed) and of --samples' sampling."""
+    """Seed of --samples' sampling."""
     write: bool = True
     """Append the results to the run directory's evaluations.jsonl (for redline report)."""
     runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
     from redline.training.checkpoint import read_meta, resolve_checkpoint
 
     cfg = parse(EvaluateConfig, argv, prog="redline evaluate", description=__doc__.strip())
-    tasks = [load_task(t.strip(), seed=cfg.seed) for t in cfg.tasks.split(",") if t.strip()]  # all before loading
+    tasks = [load_task(t.strip(), seed=cfg.task_seed) for t in cfg.tasks.split(",") if t.strip()]  # all before loading
     ckpt = resolve_checkpoint(cfg.checkpoint)
     generator, _ = load_generator(str(ckpt), None, cfg.runtime)
     renderer = _renderer(generator.tokenizer, cfg.chat)

@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
     if sequences % cfg.batch_size:
         raise UserError(f"grpo.prompts_per_step × grpo.group_size = {sequences} sequences per step is not a multiple "
                         f"of batch_size={cfg.batch_size}; change one of them")
-    task = load_task(g.task, seed=cfg.seed)
+    task = load_task(g.task, seed=cfg.finetune.task_seed)  # the splits evaluate uses, whatever the run's seed
     if task.kind != "generative":
         raise UserError(f"task {task.name} is multiple-choice; GRPO samples answers, so give a generative task")
     tokenizer = chat_tokenizer(run.start, cfg.finetune.template, grow=not cfg.lora.enabled)

@@ -52,7 +52,9 @@ class PairsConfig:
     batch_size: int = 256
     """Sequences per generation batch (prompts × samples)."""
     seed: int = 0
-    """Seed of the sampling and of the built-in task's splits."""
+    """Seed of the sampling."""
+    task_seed: int = 0
+    """Seed of a built-in task's generator: its train/test splits (as finetune.task_seed in training)."""
     runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
     """Device, precision, compilation and CUDA graphs."""
 
@@ -131,7 +133,7 @@ def main(argv: list[str]) -> int:
     from redline.training.checkpoint import resolve_checkpoint
 
     cfg = parse(PairsConfig, argv, prog="redline pairs", description=__doc__.strip())
-    task = load_task(cfg.task, seed=cfg.seed)  # before the weights load: an unknown task fails at once
+    task = load_task(cfg.task, seed=cfg.task_seed)  # before the weights load: an unknown task fails at once
     if task.kind != "generative":
         raise UserError(f"task {task.name} is {task.kind}: its pairs need no sampling; give it to `redline dpo "
                         f"--data task:{task.name}`, or give a generative task here")

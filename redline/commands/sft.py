@@ -149,6 +149,7 @@ def main(argv: list[str]) -> int:
         start = source
     tokenizer = chat_tokenizer(start, cfg.finetune.template, grow=not cfg.lora.enabled)
     conversations = ConversationData.load(cfg.finetune.data, tokenizer, cfg.effective_seq_len, seed=cfg.seed,
+                                          task_seed=cfg.finetune.task_seed,
                                           template=cfg.finetune.template, packing=cfg.finetune.packing,
                                           eval_fraction=cfg.finetune.eval_fraction)
     info = dist_info()

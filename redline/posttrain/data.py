@@ -106,15 +106,16 @@ def pairs_from_records(records: Iterable[Mapping[str, Any]], renderer, max_len: 
 # the data source of `redline dpo`
 
 
-def read_preference_records(source: str, seed: int, eval_fraction: float) -> tuple[list[dict], list[dict]]:
+def read_preference_records(source: str, seed: int, eval_fraction: float, task_seed: int = 0
+                            ) -> tuple[list[dict], list[dict]]:
     """(training records, held-out records) of a JSONL file (a seeded eval_fraction held out) or of task:NAME
-    (its preference pairs of the train and test splits)."""
+    (its preference pairs of the train and test splits, which task_seed fixes; seed draws the corrupted replies)."""
     import random
 
     if source.startswith("task:"):
         from redline.tasks import load_task
 
-        task = load_task(source, seed=seed)
+        task = load_task(source, seed=task_seed)
         if not hasattr(task, "preference_pairs"):
             raise UserError(f"task {task.name} has no preference pairs")
         return task.preference_pairs("train", seed), task.preference_pairs("test", seed)
@@ -138,9 +139,9 @@ class PairData:
 
     @classmethod
     def load(cls, source: str, tokenizer, renderer, max_len: int, objective, seed: int = 0,
-             eval_fraction: float = 0.02, max_pairs: int = 0, max_heldout: int = 0) -> PairData:
+             eval_fraction: float = 0.02, max_pairs: int = 0, max_heldout: int = 0, task_seed: int = 0) -> PairData:
         """max_pairs, max_heldout: keep the first so many training and held-out pairs (0: all)."""
-        train_records, heldout_records = read_preference_records(source, seed, eval_fraction)
+        train_records, heldout_records = read_preference_records(source, seed, eval_fraction, task_seed)
         train_records = train_records[:max_pairs or None]
         heldout_records = heldout_records[:max_heldout or None]
         train = pairs_from_records(train_records, renderer, max_len, source)

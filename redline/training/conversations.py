@@ -45,14 +45,15 @@ Example = tuple[list[int], list[int]]  # (inputs, targets) of one conversation
 # reading
 
 
-def read_conversations(source: str, seed: int = 0, eval_fraction: float = 0.02,
-                       eval_max: int = 500) -> tuple[list[list[dict]], list[list[dict]], str]:
-    """(training conversations, held-out conversations, a description) from a task, a JSONL file or a Hugging
-    Face dataset; each conversation checked (check_messages), a bad one a one-line error naming where it is."""
+def read_conversations(source: str, seed: int = 0, eval_fraction: float = 0.02, eval_max: int = 500,
+                       task_seed: int = 0) -> tuple[list[list[dict]], list[list[dict]], str]:
+    """(training conversations, held-out conversations, a description) from a task (its splits fixed by
+    task_seed), a JSONL file or a Hugging Face dataset (seed draws the held-out share); each conversation checked
+    (check_messages), a bad one a one-line error naming where it is."""
     if source.startswith("task:") or (source.endswith(".jsonl") and _is_task_file(source)):
         from redline.tasks import load_task
 
-        task = load_task(source, seed=seed)
+        task = load_task(source, seed=task_seed)
         return task.conversations("train"), task.conversations("test"), f"task {task.name}"
     if source.endswith(".jsonl") or Path(source).is_file():
         rows = _read_jsonl(Path(source))
@@ -180,8 +181,8 @@ class ConversationData:
 
     @classmethod
     def load(cls, source: str, tokenizer, seq_len: int, *, seed: int = 0, template: str = "auto",
-             packing: bool = True, eval_fraction: float = 0.02) -> ConversationData:
-        train, heldout, where = read_conversations(source, seed, eval_fraction)
+             packing: bool = True, eval_fraction: float = 0.02, task_seed: int = 0) -> ConversationData:
+        train, heldout, where = read_conversations(source, seed, eval_fraction, task_seed=task_seed)
         renderer = renderer_for(tokenizer, template)
         render = lambda convs: [training_example(renderer.render(c)) for c in convs]  # noqa: E731
         train_ex, heldout_ex = render(train), render(heldout)
