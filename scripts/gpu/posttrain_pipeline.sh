@@ -28,7 +28,8 @@ fi
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REDLINE_CACHE="${REDLINE_CACHE:-$OUT/cache}"
-export TASK="${TASK:-arithmetic_multistep}" GRPO_STEPS="${GRPO_STEPS:-60}" DPO_ARGS="${DPO_ARGS:-optim.lr=1e-5}"
+# DPO runs eager: a 40-step run would spend most of its time compiling (each new pair length compiles again)
+export TASK="${TASK:-arithmetic_multistep}" GRPO_STEPS="${GRPO_STEPS:-60}" DPO_ARGS="${DPO_ARGS:-optim.lr=1e-5 compile=False}"
 export GRPO_ARGS="${GRPO_ARGS:-optim.lr=5e-6 optim.warmup_steps=6 grpo.prompts_per_step=16 grpo.group_size=16 batch_size=64}"
 prepare_corpus "$CORPUS" "$OUT" || exit $?
 PRETRAIN_ARGS="preset=${PRESET:-modern-124m} data.path=$DATA max_steps=${PRETRAIN_STEPS:-600} batch_size=${BATCH:-32} seq_len=${SEQ:-1024} eval_every=200" \
