@@ -15,11 +15,11 @@
 #      `redline serve --max-batch 64` on loopback (warmed up: compiled and captured before it listens), once per
 #      --sync-every in $SYNC_EVERY and per mode in $ENGINE_PROCESS (on: --engine-process, off: --no-engine-process,
 #      auto: the server's default, on for CUDA).
-#   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: 4 × C requests, at least 16): first
-#      a warm-up load of C requests (not recorded: a fresh server prefills row counts it has not seen yet), then
-#      $REPEATS (3) recorded loads, of which the summary takes the median; then 64 clients with Poisson arrivals
-#      at $RATE requests/s: streamed greedy completions of $PROMPT random tokens and $NEW new tokens; aggregate
-#      output tokens/s, TTFT and inter-token latency percentiles.
+#   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: $PER_CLIENT (4) × C requests, at
+#      least 16): first a warm-up load of C requests (not recorded: a fresh server prefills row counts it has not
+#      seen yet), then $REPEATS (3) recorded loads, of which the summary takes the median; then 64 clients with
+#      Poisson arrivals at $RATE requests/s: streamed greedy completions of $PROMPT random tokens and $NEW new
+#      tokens; aggregate output tokens/s, TTFT and inter-token latency percentiles.
 # Targets (from the issue): 64 concurrent streams >= 70% of bench-infer's batch-64 decode tokens/s; median TTFT
 # under that load <= 50 ms.
 # Needs the serve extra (fastapi, uvicorn and their dependencies; scripts/serve_load.py needs nothing) as wheels
@@ -40,6 +40,7 @@ PROMPT="${PROMPT:-128}"
 NEW="${NEW:-256}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summary takes their median)
+PER_CLIENT="${PER_CLIENT:-4}"  # requests per client in a closed-loop load (longer loads: less noise from its ends)
 RATE="${RATE:-200}"
 PORT="${PORT:-8471}"
 SYNC_EVERY="${SYNC_EVERY:-0}"  # decode steps per read of their tokens (0: the server's default); several: one server each
@@ -141,7 +142,7 @@ if [ "${PIPESTATUS[0]}" -ne 0 ]; then tail -n 20 "$OUT/serve_$TAG.log" | tee -a 
 LOAD="$OUT/serve_load_$TAG.jsonl"
 : > "$LOAD"
 for c in $CONCURRENCY; do
-    n=$(( c * 4 > 16 ? c * 4 : 16 ))
+    n=$(( c * PER_CLIENT > 16 ? c * PER_CLIENT : 16 ))
     echo "=== serve_load: warm-up, $c concurrent clients, $c requests (not recorded) ===" | tee -a "$LOG"
     timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
         --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" 2>&1 | tail -n 2 | tee -a "$LOG"
