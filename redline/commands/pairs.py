@@ -149,8 +149,9 @@ def main(argv: list[str]) -> int:
     records, counts = sample_pairs(generator, renderer_for(tokenizer), task, examples, cfg)
     seconds = time.perf_counter() - started
     if not records:
-        raise UserError(f"no pairs: all {counts.prompts} prompts had only right replies ({counts.samples} samples); "
-                        f"raise --temperature or --samples, or use the task's pairs (--data task:{task.name})")
+        raise UserError(f"no pairs: none of {counts.prompts} prompts had a wrong reply to set against a right one "
+                        f"({counts.right} of {counts.samples} replies right); raise --temperature or --samples, or "
+                        f"use the task's pairs (--data task:{task.name})")
     write_atomic(cfg.out, [json.dumps(r) + "\n" for r in records])
     summary = {"kind": "pairs", "checkpoint": cfg.checkpoint, "task": task.name, "out": cfg.out,
                "pairs": len(records), **counts.__dict__, "sample_accuracy": round(counts.right / counts.samples, 4),
