@@ -193,6 +193,10 @@ class FinetuneConfig:
     """Seed of a built-in task's generator, which fixes its train/test splits (sft, dpo and grpo; `redline evaluate
     --task-seed` and `redline pairs --task-seed` likewise). The run's `seed` does not change it, so that a run with
     another seed never trains on prompts that the evaluation holds out."""
+    base_lr: float | None = None
+    """Set by `redline dpo` and `redline grpo`, not by hand: the peak learning rate of the pretraining or SFT run
+    their chain started from, which a run without optim.lr divides, so that GRPO after DPO does not divide DPO's
+    already lowered rate again. `redline sft` clears it (its own rate is the next base)."""
 
     def validate(self) -> None:
         if self.epochs <= 0:

@@ -161,3 +161,42 @@ def test_dpo_and_grpo_lower_an_inherited_learning_rate_unless_told():
     cfg = TrainConfig()
     cfg.lora.enabled, cfg.optim.lr = True, 2e-4
     assert _post_training_lr(cfg, [], "grpo") is None and cfg.optim.lr == 2e-4
+
+
+def test_grpo_after_dpo_divides_the_sft_peak_not_dpos_lowered_rate():
+    """The chain SFT (3e-3) -> DPO -> GRPO: GRPO's default is 3e-3 / 200 whether DPO derived its rate or was told
+    one; without finetune.base_lr carried along it was DPO's 3e-5 / 200 = 1.5e-7, a run that does not move."""
+    import dataclasses
+
+    from redline.config import TrainConfig
+    from redline.posttrain.launch import _post_training_lr
+
+    for dpo_argv, dpo_lr in (([], 3e-5), (["optim.lr=1e-5"], 1e-5)):
+        sft = TrainConfig()
+        sft.optim.lr = 3e-3
+        dpo = dataclasses.replace(sft, optim=dataclasses.replace(sft.optim), finetune=dataclasses.replace(sft.finetune))
+        if dpo_argv:  # as the command line sets it, over the SFT run's 3e-3
+            dpo.optim.lr = 1e-5
+        _post_training_lr(dpo, dpo_argv, "dpo", base=3e-3)  # start_run reads base from the SFT run's config
+        assert dpo.optim.lr == pytest.approx(dpo_lr) and dpo.finetune.base_lr == 3e-3
+        grpo = dataclasses.replace(dpo, optim=dataclasses.replace(dpo.optim), finetune=dataclasses.replace(dpo.finetune))
+        note = _post_training_lr(grpo, [], "grpo")
+        assert grpo.optim.lr == pytest.approx(3e-3 / 200) and "the pretraining or SFT run's 0.003 / 200" in note
+
+
+def test_the_chain_sft_dpo_grpo_divides_the_sft_peak(dataset, tmp_path):  # noqa: F811
+    """Through the commands: sft at 2e-3, then dpo told 1e-5, then grpo told nothing: 2e-3 / 200."""
+    pre = _pretrain(dataset, tmp_path)
+    task = digit_task(tmp_path)
+    common = [f"out_dir={tmp_path}", "seq_len=64", "max_steps=1", "eval_batches=1", "tensorboard=False"]
+    assert _cli(["sft", "--from", str(pre), "--data", task, "run_name=s", "batch_size=2", "optim.lr=2e-3",
+                 *common]) == 0
+    pairs = tmp_path / "p.jsonl"
+    pairs.write_text(json.dumps({"prompt": "Name a number (1).", "chosen": "1", "rejected": "2"}) + "\n")
+    assert _cli(["dpo", "--from", str(tmp_path / "s"), "--data", str(pairs), "run_name=d", "batch_size=1",
+                 "optim.lr=1e-5", *common]) == 0
+    assert _cli(["grpo", "--from", str(tmp_path / "d"), "--task", task, "run_name=g", "batch_size=2",
+                 "grpo.prompts_per_step=1", "grpo.group_size=2", "grpo.max_new_tokens=2", "grpo.eval_examples=1",
+                 *common]) == 0
+    lr = {run: json.loads((tmp_path / run / "config.json").read_text())["optim"]["lr"] for run in "sdg"}
+    assert lr["s"] == 2e-3 and lr["d"] == 1e-5 and lr["g"] == pytest.approx(2e-3 / 200)

@@ -140,6 +140,7 @@ def main(argv: list[str]) -> int:
         source = ckpt_io.resolve_checkpoint(init_from)
         ckpt_io.verify_checkpoint(source)
         cfg = parse(TrainConfig, argv, prog="redline sft", description=DESCRIPTION, default=base_config(source))
+        cfg.finetune.base_lr = None  # this run's rate is the peak a later dpo or grpo divides
         cfg.finetune.init_from, cfg.finetune.data = str(source), data
         cfg.run_name = cfg.run_name or f"sft-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         existing = Path(cfg.out_dir) / cfg.run_name

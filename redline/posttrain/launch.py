@@ -41,22 +41,30 @@ def _given(argv: list[str], key: str) -> bool:
     return any(a in (key, f"--{key}") or a.startswith((f"{key}=", f"--{key}=")) for a in argv)
 
 
-def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str) -> str | None:
-    """Lower an inherited learning rate for a DPO or GRPO full fine-tune (LR_DIVISOR), and train it with AdamW
-    when the starting run used Muon (whose fixed-size orthogonal steps are a pretraining tool), unless the command
-    line chose them; -> a line saying what changed, or None. A LoRA run keeps what it is given: adapters start at
-    zero and take larger steps."""
+def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str, base: float | None = None) -> str | None:
+    """Lower an inherited learning rate for a DPO or GRPO full fine-tune: the peak of the pretraining or SFT run
+    the chain started from (finetune.base_lr, carried from run to run) / LR_DIVISOR; and train it with AdamW when
+    the starting run used Muon (whose fixed-size orthogonal steps are a pretraining tool), unless the command line
+    chose them; -> a line saying what changed, or None. A LoRA run keeps what it is given: adapters start at zero
+    and take larger steps. base: that peak, from the starting run's config before the command line's settings
+    (None: cfg's own, as the starting run left it)."""
+    start_lr = cfg.optim.lr
+    if base is None:
+        base = cfg.finetune.base_lr if cfg.finetune.base_lr is not None else start_lr
+    cfg.finetune.base_lr = base  # for the run after this one (GRPO after DPO divides the same peak)
     if cfg.lora.enabled or _given(argv, "optim.lr") or cfg.optim.name == "prodigy":
         return None
-    inherited, name = cfg.optim.lr, cfg.optim.name
+    name = cfg.optim.name
     if name == "muon" and not _given(argv, "optim.name"):
         cfg.optim.name = "adamw"
+    scale = base / LR_DIVISOR[command] / start_lr  # embed_lr and head_lr keep their ratio to lr
     for key in ("lr", "embed_lr", "head_lr"):  # optim.lr is not given (above); the other two may be
         value = getattr(cfg.optim, key)
         if value is not None and not _given(argv, f"optim.{key}"):
-            setattr(cfg.optim, key, value / LR_DIVISOR[command])
+            setattr(cfg.optim, key, value * scale)
     switched = ", AdamW instead of the starting run's Muon" if cfg.optim.name != name else ""
-    return (f"optim.lr {cfg.optim.lr:.2g} (the starting run's {inherited:.2g} / {LR_DIVISOR[command]}{switched}; "
+    source = "the starting run's" if base == start_lr else "the pretraining or SFT run's"
+    return (f"optim.lr {cfg.optim.lr:.2g} ({source} {base:.2g} / {LR_DIVISOR[command]}{switched}; "
             f"set optim.lr to choose)")
 
 
@@ -86,10 +94,12 @@ def start_run(argv: list[str], command: str, description: str, need: str) -> Pos
                         f"{'SRC (a .jsonl of pairs or task:NAME)' if need == '--data' else 'NAME (a task)'}")
     source = ckpt_io.resolve_checkpoint(init_from)
     ckpt_io.verify_checkpoint(source)
-    cfg = parse(TrainConfig, argv, prog=prog, description=description, default=base_config(source))
+    start = base_config(source)
+    base = start.finetune.base_lr if start.finetune.base_lr is not None else start.optim.lr  # before argv's
+    cfg = parse(TrainConfig, argv, prog=prog, description=description, default=start)
     cfg.finetune.init_from = str(source)
     cfg.run_name = cfg.run_name or f"{command}-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    note = _post_training_lr(cfg, argv, command)
+    note = _post_training_lr(cfg, argv, command, base)
     return PostTrainRun(cfg, source, None, source, value, note)
 
 
