@@ -57,12 +57,13 @@ case "$DPO_PAIRS" in
     *) echo "posttrain_demo.sh: DPO_PAIRS=$DPO_PAIRS; give task or sampled" >&2; exit 2 ;;
 esac
 done_already dpo || redline dpo --from "$OUT/sft" --data "$PAIRS" out_dir="$OUT" run_name=dpo \
-    dpo.max_pairs=640 dpo.beta=0.1 dpo.nll_weight=1.0 batch_size=16 max_steps="$DPO_STEPS" optim.lr=2e-4 optim.warmup_steps=5 \
+    dpo.max_pairs=640 dpo.beta=0.1 dpo.nll_weight=1.0 batch_size=16 max_steps="$DPO_STEPS" optim.warmup_steps=5 \
     eval_every=20 eval_batches=4 tensorboard=False $STAGE_ARGS $DPO_ARGS
-# 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match
+# 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match. DPO and GRPO take
+#    the commands' default learning rates: the SFT run's peak / 100 and / 200
 done_already grpo || redline grpo --from "$OUT/dpo" --task "$TASK" out_dir="$OUT" run_name=grpo \
     grpo.prompts_per_step=8 grpo.group_size=8 grpo.max_new_tokens=$MAX_NEW grpo.eval_examples=100 batch_size=32 \
-    max_steps="$GRPO_STEPS" optim.lr=2e-4 optim.warmup_steps=3 eval_every=10 tensorboard=False $STAGE_ARGS $GRPO_ARGS
+    max_steps="$GRPO_STEPS" optim.warmup_steps=3 eval_every=10 tensorboard=False $STAGE_ARGS $GRPO_ARGS
 # 5. every stage on the test split (plain text for the pretrained model, the chat template after)
 for stage in pretrain sft dpo grpo; do
     redline evaluate "$OUT/$stage" --tasks "$TASKS" --limit "$LIMIT" --max-new-tokens "$MAX_NEW"
