@@ -86,40 +86,32 @@ class PairCounts:
 
 
 def sample_pairs(generator, renderer, task, examples, cfg: PairsConfig) -> tuple[list[dict], PairCounts]:
-    """cfg.samples replies to each example, graded -> (pair records, counts). A batch holds whole groups."""
-    from redline.inference.sampling import SamplingParams
-    from redline.tasks.scoring import generate_replies
+    """cfg.samples replies to each example (scoring.sampled_groups), graded -> (pair records, counts)."""
+    from redline.tasks.scoring import sampled_groups
 
-    per_batch = max(1, cfg.batch_size // cfg.samples)
     records, counts = [], PairCounts()
-    for number, start in enumerate(range(0, len(examples), per_batch)):
-        chunk = examples[start:start + per_batch]
-        rows = [e for e in chunk for _ in range(cfg.samples)]
-        # a seed per batch: the same records for the same seed on a CPU (a GPU's kernels may differ in the last bit)
-        params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed * 1_000_003 + number)
-        completions = generate_replies(generator, renderer, task, rows, cfg.max_new_tokens, params, start)
-        for j, example in enumerate(chunk):
-            group = completions[j * cfg.samples:(j + 1) * cfg.samples]
-            texts = [c.text.strip() for c in group]
-            right = [task.is_correct(example, t) for t in texts]
-            counts.prompts += 1
-            counts.samples += len(group)
-            counts.right += sum(right)
-            counts.truncated += sum(c.finish_reason == "length" for c in group)
-            wrong = [t for t, ok in zip(texts, right) if not ok and t]
-            if not wrong:  # every reply right (or the wrong ones empty): nothing to prefer against
-                counts.all_right += all(right)
-                continue
-            good = [t for t, ok in zip(texts, right) if ok]
-            if cfg.chosen == "sample" and good:
-                chosen, source = good[0], "sample"
-            else:
-                chosen, source = example.reply, "reference"
-                counts.none_right += not good
-            if chosen.strip() == wrong[0]:  # a reference reply the grader rejects: no preference to learn
-                continue
-            records.append({"messages": task.messages(example), "chosen": chosen, "rejected": wrong[0],
-                            "chosen_from": source})
+    for example, group in sampled_groups(generator, renderer, task, examples, cfg.samples, cfg.batch_size,
+                                         cfg.max_new_tokens, cfg.temperature, cfg.seed):
+        texts = [c.text.strip() for c in group]
+        right = [task.is_correct(example, t) for t in texts]
+        counts.prompts += 1
+        counts.samples += len(group)
+        counts.right += sum(right)
+        counts.truncated += sum(c.finish_reason == "length" for c in group)
+        wrong = [t for t, ok in zip(texts, right) if not ok and t]
+        if not wrong:  # every reply right (or the wrong ones empty): nothing to prefer against
+            counts.all_right += all(right)
+            continue
+        good = [t for t, ok in zip(texts, right) if ok]
+        if cfg.chosen == "sample" and good:
+            chosen, source = good[0], "sample"
+        else:
+            chosen, source = example.reply, "reference"
+            counts.none_right += not good
+        if chosen.strip() == wrong[0]:  # a reference reply the grader rejects: no preference to learn
+            continue
+        records.append({"messages": task.messages(example), "chosen": chosen, "rejected": wrong[0],
+                        "chosen_from": source})
     return records, counts
 
 

@@ -41,6 +41,12 @@ def _given(argv: list[str], key: str) -> bool:
     return any(a in (key, f"--{key}") or a.startswith((f"{key}=", f"--{key}=")) for a in argv)
 
 
+def _base_lr(cfg: TrainConfig) -> float:
+    """The peak of the pretraining or SFT run a chain of runs started from: carried as finetune.base_lr by dpo and
+    grpo runs, else the run's own peak."""
+    return cfg.finetune.base_lr if cfg.finetune.base_lr is not None else cfg.optim.lr
+
+
 def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str, base: float | None = None) -> str | None:
     """Lower an inherited learning rate for a DPO or GRPO full fine-tune: the peak of the pretraining or SFT run
     the chain started from (finetune.base_lr, carried from run to run) / LR_DIVISOR; and train it with AdamW when
@@ -49,8 +55,7 @@ def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str, base: flo
     and take larger steps. base: that peak, from the starting run's config before the command line's settings
     (None: cfg's own, as the starting run left it)."""
     start_lr = cfg.optim.lr
-    if base is None:
-        base = cfg.finetune.base_lr if cfg.finetune.base_lr is not None else start_lr
+    base = _base_lr(cfg) if base is None else base
     cfg.finetune.base_lr = base  # for the run after this one (GRPO after DPO divides the same peak)
     if cfg.lora.enabled or _given(argv, "optim.lr") or cfg.optim.name == "prodigy":
         return None
@@ -95,7 +100,7 @@ def start_run(argv: list[str], command: str, description: str, need: str) -> Pos
     source = ckpt_io.resolve_checkpoint(init_from)
     ckpt_io.verify_checkpoint(source)
     start = base_config(source)
-    base = start.finetune.base_lr if start.finetune.base_lr is not None else start.optim.lr  # before argv's
+    base = _base_lr(start)  # the starting run's, before the command line's settings
     cfg = parse(TrainConfig, argv, prog=prog, description=description, default=start)
     cfg.finetune.init_from = str(source)
     cfg.run_name = cfg.run_name or f"{command}-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

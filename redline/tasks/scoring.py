@@ -145,24 +145,35 @@ def score_generative(generator, renderer, task: Task, examples: list[Example], b
     return TaskResult(task.name, "generative", n, "exact_match", correct / n, 0.0, correct / n, {"samples": samples})
 
 
-def sampled_pass_rates(generator, renderer, task: Task, examples: list[Example], batch_size: int,
-                       max_new_tokens: int, n: int, temperature: float, seed: int = 0) -> dict[str, float]:
-    """n replies to each example at `temperature` (a batch holds whole groups of n; seeded per batch) ->
-    {"pass@1": mean share right, "pass@n": the chance that one of n is right}, averaged over examples."""
+def sampled_groups(generator, renderer, task: Task, examples: list[Example], n: int, batch_size: int,
+                   max_new_tokens: int, temperature: float, seed: int = 0):
+    """Yield (example, its n sampled completions) for each example in order. A batch holds whole groups (batch_size
+    // n examples) and is seeded by (seed, batch number): the same replies for the same seed on a CPU (a GPU's
+    kernels may differ in the last bit)."""
     from redline.inference.sampling import SamplingParams
-    from redline.posttrain.grpo import pass_at_k
 
     per_batch = max(1, batch_size // n)
-    rates = {"pass@1": 0.0, f"pass@{n}": 0.0}
     for number, start in enumerate(range(0, len(examples), per_batch)):
         chunk = examples[start:start + per_batch]
         rows = [e for e in chunk for _ in range(n)]
         params = SamplingParams(temperature=temperature, seed=seed * 1_000_003 + number)
         completions = generate_replies(generator, renderer, task, rows, max_new_tokens, params, start * n)
         for j, example in enumerate(chunk):
-            right = sum(task.is_correct(example, c.text) for c in completions[j * n:(j + 1) * n])
-            rates["pass@1"] += right / n
-            rates[f"pass@{n}"] += pass_at_k(n, right, n)
+            yield example, completions[j * n:(j + 1) * n]
+
+
+def sampled_pass_rates(generator, renderer, task: Task, examples: list[Example], batch_size: int,
+                       max_new_tokens: int, n: int, temperature: float, seed: int = 0) -> dict[str, float]:
+    """n replies to each example at `temperature` (sampled_groups) -> {"pass@1": mean share right, "pass@n": the
+    chance that one of n is right}, averaged over examples."""
+    from redline.posttrain.grpo import pass_at_k
+
+    rates = {"pass@1": 0.0, f"pass@{n}": 0.0}
+    for example, group in sampled_groups(generator, renderer, task, examples, n, batch_size, max_new_tokens,
+                                         temperature, seed):
+        right = sum(task.is_correct(example, c.text) for c in group)
+        rates["pass@1"] += right / n
+        rates[f"pass@{n}"] += pass_at_k(n, right, n)
     return {name: total / len(examples) for name, total in rates.items()}
 
 
