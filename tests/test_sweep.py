@@ -223,21 +223,27 @@ def test_killed_sweep_resumes_without_running_anything_twice(tmp_path):
     assert json.loads(third.stdout.strip().splitlines()[-1])["skipped"] == 4
 
 
-def test_ctrl_c_leaves_no_partial_record(tmp_path):
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_ctrl_c_leaves_no_partial_record(tmp_path, gpus):
     recipe = fake_recipe(tmp_path, seeds=[1], step_seconds=0.1, steps=50)
-    out = tmp_path / "out"
+    out, ledger = tmp_path / "out", tmp_path / "ledger.txt"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1", "FAKE_TRAIN_LEDGER": str(ledger)}
     # SIGINT as in a terminal even when the tests run as a background job (which starts with SIGINT ignored,
     # and Python then never raises KeyboardInterrupt)
-    proc = subprocess.Popen(sweep_cmd(recipe, out), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(sweep_cmd(recipe, out, "--gpus", str(gpus)), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
-    while not list((out / "runs").glob("*/metrics.jsonl")) and time.monotonic() < deadline:
+    while len(list((out / "runs").glob("*/metrics.jsonl"))) < gpus and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     assert records(out) == []
     assert json.loads((out / "status.json").read_text())["state"] == "interrupted"
+    time.sleep(0.3)
+    started = ledger.read_text().splitlines()
+    assert len(started) == gpus and all(line.startswith("start") for line in started)  # none went on to its end
 
 
 def test_changed_recipe_is_refused_unless_redone(tmp_path):
@@ -266,6 +272,43 @@ def test_stop_after_leaves_the_rest_for_the_next_call(tmp_path):
     assert first["ran"] == 1 and first["left"] == 3
     assert json.loads((out / "status.json").read_text())["state"] == "stopped"
     assert Sweep(recipe, expand(recipe), out).execute()["ran"] == 3
+
+
+def test_runs_go_at_once_one_on_each_gpu(tmp_path, monkeypatch):
+    """--gpus: as many runs at once as GPUs, each seeing its own alone; every run recorded once, with its GPU."""
+    from redline.experiments.processes import visible_gpus
+
+    recipe = load_recipe(str(fake_recipe(tmp_path, seeds=[1, 2], step_seconds=0.02, steps=15)))
+    out, ledger = tmp_path / "out", tmp_path / "ledger.txt"
+    monkeypatch.setenv("FAKE_TRAIN_LEDGER", str(ledger))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    gpus = visible_gpus(2)
+    assert gpus == ["3", "5"] and visible_gpus(0) == ["3", "5", "6"]
+    counts = Sweep(recipe, expand(recipe), out).execute(gpus=gpus)
+    assert (counts["ran"], counts["completed"], counts["failed"]) == (4, 4, 0)
+    finished = records(out)
+    assert sorted(r["run_id"] for r in finished) == sorted(r.run_id for r in expand(recipe))
+    for r in finished:
+        env = json.loads((out / "runs" / r["run_id"] / "environment.json").read_text())
+        assert r["gpu"] in gpus and env["cuda_visible_devices"] == r["gpu"]
+    # two at a time: the second run starts before the first ends, and never more than two run at once
+    running, most = 0, 0
+    for line in ledger.read_text().splitlines():
+        running += 1 if line.startswith("start") else -1
+        most = max(most, running)
+    assert most == 2
+    status = json.loads((out / "status.json").read_text())
+    assert (status["state"], status["done"], status["children"]) == ("finished", 4, [])
+
+
+@pytest.mark.parametrize("visible, count, message", [
+    ("0,1", 3, "only 2 GPU"), ("", 2, "no GPU is visible"), ("0", -1, "1 or more")])
+def test_gpus_beyond_those_visible_are_refused(monkeypatch, visible, count, message):
+    from redline.experiments.processes import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with pytest.raises(UserError, match=message):
+        visible_gpus(count)
 
 
 def test_list_and_dry_run_commands(tmp_path, capsys):

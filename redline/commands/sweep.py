@@ -5,6 +5,7 @@
     redline sweep ablations --data data/corpus --out sweeps/ablations
     redline sweep my.toml --set optim.lr=3e-4 --budget max_time=5 --seeds 1 2 3
     redline sweep ablations --dry-run                 # the runs it would start, and which are finished
+    redline sweep quality --data data/corpus --gpus 4 # four runs at once, one on each of four GPUs
 
 Run the same command again after a crash or Ctrl-C: finished runs are skipped. The report (report.md,
 plots, results.json/csv, dashboard.html) is written into the sweep directory when it ends.
@@ -49,6 +50,9 @@ class SweepArgs:
     again to continue."""
     report: bool = True
     """Write the report into the sweep directory when the sweep ends."""
+    gpus: int = 1
+    """Runs at once, each on a GPU of its own: 1 runs one at a time on whatever device its config picks; N takes
+    the first N GPUs visible (those CUDA_VISIBLE_DEVICES lists, else the machine's); 0 takes every one."""
 
 
 def parse_value(text: str):
@@ -90,6 +94,7 @@ def list_recipes() -> None:
 def main(argv: list[str]) -> int:
     from rich.console import Console
 
+    from redline.experiments.processes import visible_gpus
     from redline.experiments.recipes import DEFAULT_COMMAND, check_overrides, expand, load_recipe, parse_budget
     from redline.experiments.sweep import Progress, Sweep, default_out_dir, print_plan
 
@@ -120,8 +125,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"sweep_dir": str(sweep.out_dir), "recipe": recipe.name, "runs": len(plans), **states}))
         return 0
 
+    gpus = visible_gpus(args.gpus) if args.gpus != 1 else None
     counts = sweep.execute(retry_failed=args.retry_failed, redo_changed=args.redo_changed,
-                           stop_after_minutes=args.stop_after, display=Progress(console))
+                           stop_after_minutes=args.stop_after, display=Progress(console), gpus=gpus)
     report_path = None
     if args.report:
         from redline.experiments.report import write_report

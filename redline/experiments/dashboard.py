@@ -455,7 +455,8 @@ function drawHeader() {
   let text = `${done} completed, ${failed} failed` + (DATA.planned ? ` of ${DATA.planned} planned` : "");
   if (s) {
     text += ` · sweep ${s.state}`;
-    if (s.running) text += ` · running ${s.running} (${Math.round((s.running_fraction || 0) * 100)}%)`;
+    const running = s.children && s.children.length ? s.children : (s.running ? [{run_id: s.running, fraction: s.running_fraction}] : []);
+    if (running.length) text += " · running " + running.map(c => `${c.run_id} (${Math.round((c.fraction || 0) * 100)}%)`).join(", ");
     if (s.eta_seconds !== null && s.eta_seconds !== undefined && s.state === "running") text += ` · ETA ${Math.round(s.eta_seconds / 60)} min`;
   }
   box.textContent = text;

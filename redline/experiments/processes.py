@@ -45,14 +45,22 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def stop_orphan(status_path: Path) -> None:
-    """A run left going by a sweep that was killed outright: stop it before its directory is reused."""
+    """Runs left going by a sweep that was killed outright: stop them before their directories are reused."""
     try:
         status = json.loads(status_path.read_text())
     except (OSError, json.JSONDecodeError):
         return
     if not isinstance(status, dict):
         return
-    child, run_id = status.get("child_pid"), status.get("running")
+    children = status.get("children")
+    if not isinstance(children, list):  # a status written before runs could go several at once
+        children = [{"pid": status.get("child_pid"), "run_id": status.get("running")}]
+    for child in children:
+        if isinstance(child, dict):
+            _stop_child(child.get("pid"), child.get("run_id"))
+
+
+def _stop_child(child, run_id) -> None:
     if not (isinstance(child, int) and child > 1 and isinstance(run_id, str) and run_id):
         return
     try:
@@ -78,27 +86,64 @@ def _nvml():
         return None
 
 
-def gpu_memory_used() -> list[int] | None:
-    """Bytes in use on each GPU (NVML), or None without one."""
+def visible_gpus(count: int) -> list[str]:
+    """The CUDA device ids of `count` GPUs (0: all) for runs that each take one: the first of those
+    CUDA_VISIBLE_DEVICES lists, else of the machine's (NVML's numbering, as nvidia-smi's). A UserError when there
+    are fewer."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = [d.strip() for d in listed.split(",") if d.strip()]
+        if any(d.startswith("-") for d in ids):  # CUDA stops at the first invalid id
+            ids = ids[:[d.startswith("-") for d in ids].index(True)]
+        where = f"CUDA_VISIBLE_DEVICES={listed!r}"
+    else:
+        nvml = _nvml()
+        try:
+            ids = [str(i) for i in range(nvml.nvmlDeviceGetCount())] if nvml is not None else []
+        except Exception:
+            ids = []
+        where = "NVML" if nvml is not None else "NVML found no NVIDIA driver"
+    if count < 0:
+        raise UserError(f"--gpus {count}: give how many GPUs to use, 1 or more (0: every visible one)")
+    if not ids:
+        raise UserError(f"--gpus {count}: no GPU is visible here ({where}); leave --gpus out to run one run at a time")
+    if count > len(ids):
+        raise UserError(f"--gpus {count}: only {len(ids)} GPU(s) are visible ({where}); give --gpus {len(ids)} or "
+                        f"fewer")
+    return ids[:count] if count else ids
+
+
+def _handles(nvml, devices: list[str] | None) -> list:
+    """NVML handles of `devices` (CUDA ids as visible_gpus gives them: indices or UUIDs), or of every GPU."""
+    if devices is None:
+        return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+    return [nvml.nvmlDeviceGetHandleByIndex(int(d)) if d.isdigit() else nvml.nvmlDeviceGetHandleByUUID(d)
+            for d in devices]
+
+
+def gpu_memory_used(devices: list[str] | None = None) -> list[int] | None:
+    """Bytes in use on each GPU of `devices` (all: None) (NVML), or None without one."""
     nvml = _nvml()
     if nvml is None:
         return None
     try:
-        return [nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used
-                for i in range(nvml.nvmlDeviceGetCount())]
+        return [nvml.nvmlDeviceGetMemoryInfo(h).used for h in _handles(nvml, devices)]
     except Exception:
         return None
 
 
-def wait_for_gpu_release(pid: int, baseline: list[int] | None, timeout: float = GPU_RELEASE_TIMEOUT) -> bool:
-    """Wait until the run's process holds no GPU memory and usage is back near where it was before it."""
+def wait_for_gpu_release(pid: int, baseline: list[int] | None, timeout: float = GPU_RELEASE_TIMEOUT,
+                         devices: list[str] | None = None) -> bool:
+    """Wait until the run's process holds no GPU memory and usage is back near where it was before it, on
+    `devices` (all: None; a run on a GPU of its own is waited for there alone, while other runs go on beside
+    it)."""
     if baseline is None:
         return True
     nvml = _nvml()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            handles = _handles(nvml, devices)
             pids = {p.pid for h in handles for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)}
             used = [nvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
         except Exception:

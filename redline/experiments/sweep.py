@@ -16,8 +16,10 @@ How it stays correct when things go wrong:
 - a run is finished only once its line is in results.jsonl; re-running the same command skips those
   (failed ones too, unless --retry-failed) and starts over any run that was cut short, from an empty
   directory; a run whose recipe entry changed since it finished is refused unless --redo-changed;
-- Ctrl-C or SIGTERM kills the current run's process group and leaves no partial record; children also
+- Ctrl-C or SIGTERM kills the running runs' process groups and leaves no partial record; children also
   get SIGTERM if the sweep process itself dies (Linux parent-death signal);
+- with --gpus N, N runs go at once, each on a GPU of its own (CUDA_VISIBLE_DEVICES set to it alone; its record
+  names it), and a GPU takes its next run once the last one's memory there is free again;
 - one sweep per directory at a time (an exclusive lock on .sweep.lock).
 """
 
@@ -74,6 +76,22 @@ class Plan:
     fingerprint: str
     state: str  # "done" | "failed" | "todo" | "changed"
     record: dict[str, Any] | None = None
+
+
+@dataclass
+class Running:
+    """A run whose process has started."""
+
+    plan: Plan
+    proc: subprocess.Popen
+    log: Any  # its train.log, open for the process's output
+    t0: float
+    base: dict[str, Any]  # the start of its record
+    planned_model: dict[str, Any] | None
+    gpu: str | None  # the CUDA device it runs on alone (None: whatever it picks)
+    devices: list[str] | None  # the NVML devices whose memory it must give back
+    gpu_baseline: list[int] | None
+    timed_out: bool = False
 
 
 class Sweep:
@@ -152,8 +170,9 @@ class Sweep:
     # running
 
     def execute(self, retry_failed: bool = False, redo_changed: bool = False, stop_after_minutes: float = 0.0,
-                display: Progress | None = None) -> dict[str, Any]:
-        """Run every run that is not finished yet. Returns counts for the final summary."""
+                display: Progress | None = None, gpus: list[str] | None = None) -> dict[str, Any]:
+        """Run every run that is not finished yet: one at a time, or with `gpus` (CUDA device ids, from
+        visible_gpus()) one on each of them at once. Returns counts for the final summary."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         with SweepLock(self.out_dir / ".sweep.lock"):
             stop_orphan(self.out_dir / "status.json")
@@ -169,36 +188,74 @@ class Sweep:
                 check_requirements(self.resolved_configs(todo))  # a missing library fails now, not in every run
             self.write_meta()
             display = display or Progress(None)
-            display.start(self, plans, todo)
+            slots: list[str | None] = list(gpus) if gpus else [None]
+            display.start(self, plans, todo, slots=len(slots))
             started = time.monotonic()
             counts = {"planned": len(plans), "skipped": skipped, "ran": 0, "completed": 0, "failed": 0, "left": 0}
             previous_term = signal.signal(signal.SIGTERM, raise_interrupt) if in_main_thread() else None
+            queue, active, free = list(todo), [], list(slots)
             try:
-                for i, plan in enumerate(todo):
-                    if i and stop_after_minutes and time.monotonic() - started > stop_after_minutes * 60:
-                        counts["left"] = len(todo) - i
-                        display.note(f"stopping: --stop-after {stop_after_minutes:g} min reached with "
-                                     f"{counts['left']} run(s) left; run the same command again to continue")
+                while queue or active:
+                    while queue and free:
+                        if counts["ran"] + len(active) and stop_after_minutes and \
+                                time.monotonic() - started > stop_after_minutes * 60:
+                            counts["left"] = len(queue)
+                            display.note(f"stopping: --stop-after {stop_after_minutes:g} min reached with "
+                                         f"{counts['left']} run(s) left; run the same command again to continue")
+                            queue = []
+                            break
+                        slot = free.pop(0)
+                        run = self.start_run(queue.pop(0), display, slot)
+                        if isinstance(run, Running):
+                            active.append(run)
+                            self.write_status("running", display)
+                        else:  # its config failed before anything started
+                            free.insert(0, slot)
+                            self._count(run, counts, display)
+                    if not active:
                         break
-                    record = self.run_one(plan, display)
-                    counts["ran"] += 1
-                    counts["completed" if record["status"] == "completed" else "failed"] += 1
-                    display.finished(record)
+                    for run in self.wait_any(active, display):
+                        active.remove(run)
+                        record = self.finish_run(run, display)
+                        free.append(run.gpu)
+                        self._count(record, counts, display)
                 self.write_status("finished" if not counts["left"] else "stopped", display)
             except KeyboardInterrupt:
+                for run in active:
+                    kill_group(run.proc)
+                    run.proc.wait()
                 self.write_status("interrupted", display)
                 display.stop()
-                display.note(f"interrupted: the run in progress was stopped and will start over; finished runs are "
-                             f"kept. Run the same command again to resume ({self.out_dir}).")
+                display.note(f"interrupted: the run(s) in progress were stopped and will start over; finished runs "
+                             f"are kept. Run the same command again to resume ({self.out_dir}).")
                 raise
             finally:
                 if previous_term is not None:
                     signal.signal(signal.SIGTERM, previous_term)
+                for run in active:
+                    run.log.close()
             display.stop()
             counts["wall_seconds"] = time.monotonic() - started
             return counts
 
-    def run_one(self, plan: Plan, display: Progress) -> dict[str, Any]:
+    @staticmethod
+    def _count(record: dict[str, Any], counts: dict[str, int], display: Progress) -> None:
+        counts["ran"] += 1
+        counts["completed" if record["status"] == "completed" else "failed"] += 1
+        display.finished(record)
+
+    def run_one(self, plan: Plan, display: Progress, gpu: str | None = None) -> dict[str, Any]:
+        """Run one run to its end -> its record."""
+        run = self.start_run(plan, display, gpu)
+        if not isinstance(run, Running):
+            return run
+        while not self.wait_any([run], display):
+            pass
+        return self.finish_run(run, display)
+
+    def start_run(self, plan: Plan, display: Progress, gpu: str | None = None) -> Running | dict[str, Any]:
+        """Start a run's process (on CUDA device `gpu` alone, if given) -> a Running, or the record of a run
+        whose config is invalid (nothing started)."""
         spec = plan.spec
         run_dir = self.run_dir(spec)
         if run_dir.exists():  # cut short last time (or being redone): start from an empty directory
@@ -206,6 +263,8 @@ class Sweep:
         contents = self.write_config(spec)
         base = {"run_id": spec.run_id, **spec.cell, "seed": spec.seed, "fingerprint": plan.fingerprint,
                 "overrides": spec.overrides, "config_file": str(self.config_path(spec)), "started": now_iso()}
+        if gpu is not None:
+            base["gpu"] = gpu
         planned_model = None
         if self.default_runner:  # check the config here first: a bad key fails in a second, not after CUDA init
             try:
@@ -215,66 +274,83 @@ class Sweep:
             except UserError as e:
                 record = {**base, "status": "failed", "error": f"config: {e}", "returncode": None, "wall_time": 0.0}
                 return self.append(record, spec)
-        display.running(spec)
         run_dir.mkdir(parents=True, exist_ok=True)
-        log_path = run_dir / "train.log"
         cmd = self.command + ["--config", str(self.config_path(spec))]
-        gpu_baseline = gpu_memory_used()
-        t0 = time.monotonic()
-        timeout = self.timeout_seconds()
-        timed_out = False
-        with open(log_path, "wb") as log:
-            log.write(("$ " + " ".join(cmd) + "\n").encode())
-            log.flush()
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        devices = [gpu] if gpu is not None else None
+        gpu_baseline = gpu_memory_used(devices)
+        log = open(run_dir / "train.log", "wb")
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if gpu is not None:  # the run sees its GPU alone, numbered as NVML and nvidia-smi number them
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True, preexec_fn=die_with_parent)
-            display.child_pid = proc.pid
+        except BaseException:
+            log.close()
+            raise
+        run = Running(plan, proc, log, time.monotonic(), base, planned_model, gpu, devices, gpu_baseline)
+        display.running(spec, proc.pid)
+        return run
+
+    def wait_any(self, active: list[Running], display: Progress) -> list[Running]:
+        """Wait up to POLL_SECONDS -> the runs whose process has ended (or was killed for its time limit)."""
+        deadline = time.monotonic() + POLL_SECONDS
+        timeout = self.timeout_seconds()
+        while True:
+            ended = []
+            for run in active:
+                if run.proc.poll() is not None:
+                    ended.append(run)
+                elif timeout and time.monotonic() - run.t0 > timeout:
+                    run.timed_out = True
+                    kill_group(run.proc)
+                    ended.append(run)
+            if ended or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.05, POLL_SECONDS))
+        for run in active:
+            if run not in ended:
+                display.tick(run.plan.spec.run_id, self.run_dir(run.plan.spec))
+        if time.monotonic() - self._last_status > 5:
             self.write_status("running", display)
-            try:
-                last_status = time.monotonic()
-                while True:
-                    try:
-                        proc.wait(timeout=POLL_SECONDS)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    display.tick(run_dir)
-                    if timeout and time.monotonic() - t0 > timeout:
-                        timed_out = True
-                        kill_group(proc)
-                        break
-                    if time.monotonic() - last_status > 5:
-                        self.write_status("running", display)
-                        last_status = time.monotonic()
-            except KeyboardInterrupt:
-                kill_group(proc)
-                raise
-            finally:
-                proc.wait()
-                kill_group(proc)  # stragglers of the run (compile workers, data loader processes)
-        wall = time.monotonic() - t0
-        display.child_pid = None
-        wait_for_gpu_release(proc.pid, gpu_baseline)
+        return ended
+
+    _last_status = 0.0
+
+    def finish_run(self, run: Running, display: Progress) -> dict[str, Any]:
+        """Collect an ended run: its process group gone, its GPU memory free, its record appended."""
+        spec = run.plan.spec
+        run_dir = self.run_dir(spec)
+        try:
+            run.proc.wait()
+        finally:
+            kill_group(run.proc)  # stragglers of the run (compile workers, data loader processes)
+            run.log.close()
+        wall = time.monotonic() - run.t0
+        display.done_running(spec.run_id)
+        wait_for_gpu_release(run.proc.pid, run.gpu_baseline, devices=run.devices)
         summary = summarize_run(run_dir, spec={"run_id": spec.run_id, **spec.cell, "seed": spec.seed})
-        record = {**base, **summary, "returncode": proc.returncode, "wall_time": wall}
-        log_tail = log_tail_text(log_path)
-        if timed_out:
+        record = {**run.base, **summary, "returncode": run.proc.returncode, "wall_time": wall}
+        log_tail = log_tail_text(run_dir / "train.log")
+        if run.timed_out:
             record["status"] = "failed"
-            record["error"] = f"timed out after {timeout / 60:.1f} min (recipe timeout_minutes) and was killed"
-        elif record["status"] == "completed" and proc.returncode != 0:
+            record["error"] = f"timed out after {self.timeout_seconds() / 60:.1f} min (recipe timeout_minutes) and was killed"
+        elif record["status"] == "completed" and run.proc.returncode != 0:
             record["status"] = "failed"
-            record["error"] = f"exited with status {proc.returncode} after finishing: {error_line(log_tail)}"
+            record["error"] = f"exited with status {run.proc.returncode} after finishing: {error_line(log_tail)}"
         elif record["status"] == "interrupted":
             record["status"] = "failed"
             record["error"] = "interrupted by a signal from outside the sweep"
         elif record["status"] not in ("completed", "diverged"):
             record["status"] = "failed"
-            record["error"] = error_line(log_tail) or f"exited with status {proc.returncode} without an end record"
+            record["error"] = error_line(log_tail) or f"exited with status {run.proc.returncode} without an end record"
         if record["status"] == "failed" and "out of memory" in log_tail.lower():
             record["error_kind"] = "out_of_memory"
-        if record.get("params") is None and planned_model is not None:
-            record["params"], record["params_non_embedding"] = count_params(planned_model)
+        if record.get("params") is None and run.planned_model is not None:
+            record["params"], record["params_non_embedding"] = count_params(run.planned_model)
         if not self.recipe.keep_checkpoints:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return self.append(record, spec)
@@ -292,6 +368,7 @@ class Sweep:
         return None
 
     def write_status(self, state: str, display: Progress) -> None:
+        self._last_status = time.monotonic()
         status = {"state": state, "updated": now_iso(), "pid": os.getpid(), **display.snapshot()}
         write_atomic(self.out_dir / "status.json", json.dumps(status, default=str))
 
@@ -307,44 +384,46 @@ class Progress:
         self.console = console
         self.live = None
         self.total = self.done = self.failed = self.skipped = 0
-        self.current: RunSpec | None = None
-        self.current_fraction = 0.0
-        self.current_step = ""
-        self.child_pid: int | None = None
-        self.run_started = 0.0
+        self.active: dict[str, dict[str, Any]] = {}
+        """run id -> {"spec", "pid", "started", "fraction", "step"} of each run in progress, in start order."""
+        self.slots = 1
         self.durations: list[float] = []
         self.recent: list[dict[str, Any]] = []
         self.sweep: Sweep | None = None
         self.todo = 0
 
-    def start(self, sweep: Sweep, plans: list[Plan], todo: list[Plan]) -> None:
+    def start(self, sweep: Sweep, plans: list[Plan], todo: list[Plan], slots: int = 1) -> None:
         self.sweep = sweep
         self.total = len(plans)
         self.todo = len(todo)
+        self.slots = slots
         self.skipped = len(plans) - len(todo)
         self.done = sum(p.state == "done" for p in plans if p not in todo)
         self.failed = sum(p.state == "failed" for p in plans if p not in todo)
         self.durations = [p.record["wall_time"] for p in plans
                           if p.record and p.record.get("status") == "completed"
                           and isinstance(p.record.get("wall_time"), (int, float)) and p.record["wall_time"] > 0]
+        at_once = f", {slots} at once" if slots > 1 else ""
         self._print(f"sweep {sweep.recipe.name}: {self.total} runs ({self.skipped} already finished, "
-                    f"{len(todo)} to run), budget {describe_budget(sweep.recipe.budget)} each → {sweep.out_dir}")
+                    f"{len(todo)} to run{at_once}), budget {describe_budget(sweep.recipe.budget)} each → "
+                    f"{sweep.out_dir}")
         if self.console is not None and self.console.is_terminal:
             from rich.live import Live
 
             self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=True)
             self.live.start()
 
-    def running(self, spec: RunSpec) -> None:
-        self.current, self.current_fraction, self.current_step = spec, 0.0, ""
-        self.run_started = time.monotonic()
+    def running(self, spec: RunSpec, pid: int | None = None) -> None:
+        self.active[spec.run_id] = {"spec": spec, "pid": pid, "started": time.monotonic(), "fraction": 0.0,
+                                    "step": ""}
         if self.live is None:
-            self._print(f"[{self.done + self.failed + 1}/{self.total}] {spec.run_id} ...")
+            self._print(f"[{self.done + self.failed + len(self.active)}/{self.total}] {spec.run_id} ...")
         self._refresh()
 
-    def tick(self, run_dir: Path) -> None:
+    def tick(self, run_id: str, run_dir: Path) -> None:
+        run = self.active.get(run_id)
         last = _last_train_record(run_dir / "metrics.jsonl")
-        if last and self.sweep is not None:
+        if run is not None and last and self.sweep is not None:
             budget = self.sweep.recipe.budget
             fractions = []
             if budget.get("max_steps") and last.get("step"):
@@ -353,18 +432,21 @@ class Progress:
                 fractions.append(last["tokens"] / budget["max_tokens"])
             if budget.get("max_time") and last.get("elapsed"):
                 fractions.append(last["elapsed"] / (budget["max_time"] * 60))
-            self.current_fraction = min(max(fractions, default=0.0), 1.0)
-            self.current_step = f"step {last.get('step')} loss {last.get('loss', float('nan')):.3f}"
+            run["fraction"] = min(max(fractions, default=0.0), 1.0)
+            run["step"] = f"step {last.get('step')} loss {last.get('loss', float('nan')):.3f}"
         self._refresh()
 
+    def done_running(self, run_id: str) -> None:
+        self.active.pop(run_id, None)
+
     def finished(self, record: dict[str, Any]) -> None:
+        self.active.pop(record["run_id"], None)
         if record["status"] == "completed":
             self.done += 1
             if record.get("wall_time"):
                 self.durations.append(record["wall_time"])
         else:
             self.failed += 1
-        self.current = None
         self.recent = (self.recent + [record])[-6:]
         self._print(_record_line(record, self.done + self.failed, self.total))
         self._refresh()
@@ -373,16 +455,22 @@ class Progress:
         self._print(text)
 
     def eta_seconds(self) -> float | None:
+        """Seconds left: the runs not finished (less what the running ones have done) times the mean run, over
+        the runs that go at once."""
         if not self.durations:
             return None
         mean = sum(self.durations) / len(self.durations)
-        left = self.total - self.done - self.failed
-        return max(0.0, (left - self.current_fraction) * mean) if self.current else left * mean
+        left = self.total - self.done - self.failed - sum(r["fraction"] for r in self.active.values())
+        return max(0.0, left * mean / self.slots)
 
     def snapshot(self) -> dict[str, Any]:
+        first = next(iter(self.active.values()), None)
         return {"total": self.total, "done": self.done, "failed": self.failed, "skipped": self.skipped,
-                "running": self.current.run_id if self.current else None, "running_fraction": self.current_fraction,
-                "eta_seconds": self.eta_seconds(), "child_pid": self.child_pid}
+                "running": first["spec"].run_id if first else None,
+                "running_fraction": first["fraction"] if first else 0.0, "eta_seconds": self.eta_seconds(),
+                "child_pid": first["pid"] if first else None,
+                "children": [{"run_id": run_id, "pid": r["pid"], "fraction": r["fraction"]}
+                             for run_id, r in self.active.items()]}
 
     def stop(self) -> None:
         if self.live is not None:
@@ -410,14 +498,16 @@ class Progress:
         eta = self.eta_seconds()
         grid = Table.grid(padding=(0, 2))
         # Text objects, not markup strings: a console.print(markup=False) above the live area must not show tags
-        grid.add_row(Text.from_markup(f"[bold]{self.done}[/] done"), Text.from_markup(f"[bold]{1 if self.current else 0}[/] running"),
-                     Text.from_markup(f"[bold red]{self.failed}[/] failed"), Text(f"{self.total - self.done - self.failed} left"),
+        grid.add_row(Text.from_markup(f"[bold]{self.done}[/] done"),
+                     Text.from_markup(f"[bold]{len(self.active)}[/] running"),
+                     Text.from_markup(f"[bold red]{self.failed}[/] failed"),
+                     Text(f"{self.total - self.done - self.failed} left"),
                      Text(f"ETA {format_duration(eta) if eta is not None else 'after the first run'}"))
-        if self.current is not None:
-            elapsed = time.monotonic() - self.run_started
-            bar = "█" * int(self.current_fraction * 20) + "·" * (20 - int(self.current_fraction * 20))
-            grid.add_row(Text(self.current.run_id, style="cyan"), Text(bar), Text(f"{self.current_fraction * 100:.0f}%"),
-                         Text(format_duration(elapsed)), Text(self.current_step))
+        for run_id, run in self.active.items():
+            elapsed = time.monotonic() - run["started"]
+            bar = "█" * int(run["fraction"] * 20) + "·" * (20 - int(run["fraction"] * 20))
+            grid.add_row(Text(run_id, style="cyan"), Text(bar), Text(f"{run['fraction'] * 100:.0f}%"),
+                         Text(format_duration(elapsed)), Text(run["step"]))
         return grid
 
 
