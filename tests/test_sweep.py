@@ -297,6 +297,9 @@ def test_runs_go_at_once_one_on_each_gpu(tmp_path, monkeypatch):
         running += 1 if line.startswith("start") else -1
         most = max(most, running)
     assert most == 2
+    seeds = {r["run_id"]: r["seed"] for r in finished}
+    starts = [seeds[line.split()[1]] for line in ledger.read_text().splitlines() if line.startswith("start")]
+    assert starts == [1, 1, 2, 2]  # every variant's first seed first (its compilation then serves the others)
     status = json.loads((out / "status.json").read_text())
     assert (status["state"], status["done"], status["children"]) == ("finished", 4, [])
 

@@ -194,6 +194,9 @@ class Sweep:
             counts = {"planned": len(plans), "skipped": skipped, "ran": 0, "completed": 0, "failed": 0, "left": 0}
             previous_term = signal.signal(signal.SIGTERM, raise_interrupt) if in_main_thread() else None
             queue, active, free = list(todo), [], list(slots)
+            if len(slots) > 1:  # each variant's first seed first: its compilation is cached for its later seeds
+                order = {seed: i for i, seed in enumerate(dict.fromkeys(p.spec.seed for p in todo))}
+                queue.sort(key=lambda p: order[p.spec.seed])
             try:
                 while queue or active:
                     while queue and free:
