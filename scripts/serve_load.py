@@ -2,7 +2,7 @@
 concurrent clients, arriving as a Poisson process (or all at once), each streaming a completion.
 
     python scripts/serve_load.py --url http://127.0.0.1:8000 --model NAME --concurrency 64 --requests 256 \\
-        --prompt-tokens 128 --max-tokens 256 [--rate 20] [--json-out load.jsonl]
+        --prompt-tokens 128 --max-tokens 256 [--max-tokens-spread 0.5] [--rate 20] [--json-out load.jsonl]
 
 Prompts are random token ids in [0, 256) sent as /v1/completions' `prompt` (exact lengths whatever the tokenizer),
 or with --prompt-text random printable ASCII text of that many characters, for servers that take only text
@@ -148,6 +148,7 @@ async def run(args) -> dict:
     host, port = url.hostname, url.port or 80
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     rng = random.Random(args.seed)
+    lengths = random.Random(args.seed + 1)  # its own stream: a spread leaves the prompts as they were
     limit = asyncio.Semaphore(args.concurrency)
 
     async def one(i: int) -> Result:
@@ -155,7 +156,11 @@ async def run(args) -> dict:
             prompt = "".join(chr(rng.randrange(32, 127)) for _ in range(args.prompt_tokens))
         else:
             prompt = [rng.randrange(256) for _ in range(args.prompt_tokens)]
-        body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
+        max_tokens = args.max_tokens
+        if args.max_tokens_spread:
+            max_tokens = max(1, round(args.max_tokens * lengths.uniform(1 - args.max_tokens_spread,
+                                                                          1 + args.max_tokens_spread)))
+        body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with limit:
             return await stream_completion(host, port, "/v1/completions", body, headers, not args.done_optional)
@@ -184,7 +189,7 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
     return {"concurrency": args.concurrency, "requests": args.requests, "completed": len(ok),
             "failed": len(results) - len(ok), "rate": args.rate or None, "prompt_tokens": args.prompt_tokens,
             "server_prompt_tokens": round(statistics.fmean(counted), 2) if counted else None,
-            "max_tokens": args.max_tokens, "wall_s": round(wall, 3), "output_tokens": tokens,
+            "max_tokens": args.max_tokens, "max_tokens_spread": args.max_tokens_spread, "wall_s": round(wall, 3), "output_tokens": tokens,
             "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
             "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
             "ttft_ms": percentiles(ttft), "itl_ms": percentiles(itl), "chunk_gap_ms": percentiles(gaps),
@@ -203,6 +208,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-text", action="store_true",
                    help="send prompts as random printable ASCII text of --prompt-tokens characters, not token ids")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens-spread", type=float, default=0.0,
+                   help="each request asks for max_tokens × a uniform draw in [1 - S, 1 + S] (seeded; 0: all the "
+                        "same). With equal lengths a closed-loop load runs in waves: every client ends and asks "
+                        "again at once")
     p.add_argument("--done-optional", action="store_true",
                    help="count a stream that ends after its finish_reason without `data: [DONE]` as complete "
                         "(transformers serve's /v1/completions sends none)")
@@ -212,6 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.concurrency, args.requests, args.prompt_tokens, args.max_tokens) < 1 or args.rate < 0:
         p.error("--concurrency, --requests, --prompt-tokens and --max-tokens must be >= 1, --rate >= 0")
+    if not 0 <= args.max_tokens_spread < 1:
+        p.error(f"--max-tokens-spread must be in [0, 1), got {args.max_tokens_spread}")
     return args
 
 

@@ -5,6 +5,7 @@ disconnects frees its row; the scheduler's prefill spans, stops, UTF-8 streaming
 
 import json
 import queue
+import random
 import socket
 import subprocess
 import sys
@@ -525,9 +526,10 @@ def test_sigterm_refuses_new_connections_drains_then_cancels_within_the_timeout(
                for r in results if r not in cut), results
 
 
-def test_load_generator_bounded_load(live, capsys, monkeypatch):
+@pytest.mark.parametrize("spread", [0.0, 0.5])
+def test_load_generator_bounded_load(live, capsys, monkeypatch, spread):
     """scripts/serve_load.py: a fixed number of streamed requests with Poisson arrivals, a time limit, nothing
-    lost, every response complete."""
+    lost, every response complete; with --max-tokens-spread each request asks for its own seeded length."""
     import importlib.util
     from pathlib import Path
 
@@ -538,12 +540,16 @@ def test_load_generator_bounded_load(live, capsys, monkeypatch):
     spec.loader.exec_module(load)
     t0 = time.time()
     code = load.main(["--url", live.url, "--model", MODEL, "--concurrency", "4", "--requests", "12",
-                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "8"])
+                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "8", "--max-tokens-spread", str(spread)])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and time.time() - t0 < 30
-    assert summary["completed"] == 12 and summary["failed"] == 0
+    assert summary["completed"] == 12 and summary["failed"] == 0 and summary["max_tokens_spread"] == spread
     reasons = summary["finish_reasons"]
-    assert sum(reasons.values()) == 12 and 8 * reasons["length"] <= summary["output_tokens"] <= 8 * 12
+    lengths = random.Random(1)  # the generator's stream of lengths for --seed 0
+    asked = [max(1, round(8 * lengths.uniform(1 - spread, 1 + spread))) if spread else 8 for _ in range(12)]
+    assert sum(reasons.values()) == 12 and summary["output_tokens"] <= sum(asked)
+    assert reasons["stop"] or summary["output_tokens"] == sum(asked)
+    assert spread == 0 or len(set(asked)) > 1
     assert summary["ttft_ms"]["p50"] > 0 and summary["output_tokens_per_s"] > 0
 
 
