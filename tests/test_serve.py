@@ -355,6 +355,52 @@ def run_all(sched: Scheduler, prompts, max_tokens, sampling=None, stop=()) -> li
     return seqs
 
 
+def test_prefill_wait_gathers_requests_into_one_prefill(model, tokenizer, monkeypatch):
+    """--prefill-wait-ms: while a row decodes, requests that arrive apart wait for each other (up to the wait since
+    the first arrived) and go through one batched prefill; the last free row taken ends the wait at once; the
+    tokens are those of each request alone."""
+    calls = []
+    sched = scheduler_for(model, tokenizer, rows=4, prefill_wait_ms=150)
+    batch = sched.batch
+    prefill_many, decode_greedy = batch.prefill_many, batch.decode_greedy
+    monkeypatch.setattr(batch, "prefill_many", lambda rows, prompts: calls.append(
+        (len(rows), time.perf_counter())) or prefill_many(rows, prompts))
+
+    def slow_steps(*args):  # 5 ms a step: the long request is still decoding while the others arrive
+        time.sleep(0.005)
+        return decode_greedy(*args)
+
+    monkeypatch.setattr(batch, "decode_greedy", slow_steps)
+    try:
+        slow = queue.Queue()
+        sched.submit([Sequence([9, 8, 7], 90, SamplingParams(), (), slow.put)])
+        slow.get(timeout=30)  # its first text: it is decoding
+        prompts, sinks, seqs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], [], []
+        t0 = time.perf_counter()
+        for p in prompts[:2]:
+            sinks.append(queue.Queue())
+            seqs.append(Sequence(p, 6, SamplingParams(), (), sinks[-1].put))
+            sched.submit([seqs[-1]])
+            time.sleep(0.04)
+        while seqs[0].first_token_s is None:
+            time.sleep(0.002)
+        # the two went through one prefill, once the first had waited its 150 ms
+        assert calls[-1][0] == 2 and calls[-1][1] - t0 >= 0.145
+        # the next request, while those two and the long one decode, takes the last free row: no wait
+        sinks.append(queue.Queue())
+        seqs.append(Sequence(prompts[2], 6, SamplingParams(), (), sinks[-1].put))
+        t1 = time.perf_counter()
+        sched.submit([seqs[-1]])
+        for q in sinks:
+            while q.get(timeout=30)[0] == "text":
+                pass
+        assert calls[-1][0] == 1 and calls[-1][1] - t1 < 0.1
+        for seq, p in zip(seqs, prompts):
+            assert seq.tokens == reference(model, p, 6)
+    finally:
+        sched.close()
+
+
 @pytest.mark.parametrize("lagged", [False, True])
 def test_scheduler_tokens_equal_generate_with_spans_and_more_requests_than_rows(model, tokenizer, lagged):
     """lagged: groups of 3 steps, each read while the next runs (as on a GPU), so rows are freed and refilled while

@@ -46,6 +46,10 @@ class ServeConfig:
     streams pause for one span at a time."""
     sync_every: int = 0
     """Decode steps launched between two reads of their tokens on the host (0: 8 on a GPU, 1 on a CPU)."""
+    prefill_wait_ms: float = 0.0
+    """While other requests decode, let a new request wait up to this long for more to arrive, so that they are
+    prefilled together (one forward for several prompts) rather than one forward each between decode steps; a
+    request that finds no other decoding, or the last free row, is prefilled at once."""
     group_graphs: bool = False
     """Capture each group of --sync-every greedy decode steps as one CUDA graph (one launch per group instead of
     one per step; rows that finish inside a group are freed by the graph). Experimental: opt in."""
@@ -83,6 +87,8 @@ class ServeConfig:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic), got {getattr(self, name)}")
         if not 0 < self.switch_interval_ms <= 100:
             raise UserError(f"--switch-interval-ms must be in (0, 100], got {self.switch_interval_ms}")
+        if not 0 <= self.prefill_wait_ms <= 10_000:
+            raise UserError(f"--prefill-wait-ms must be in [0, 10000], got {self.prefill_wait_ms}")
         if self.shutdown_timeout < 0:
             raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if not 0 < self.port < 65536:
@@ -192,7 +198,8 @@ def build_scheduler(cfg: ServeConfig):
         print("redline serve: compiling and capturing the decode step...", file=sys.stderr, flush=True)
         warm_up(batch)
     scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
-                          prefill_tokens=cfg.prefill_tokens, sync_every=sync_every)
+                          prefill_tokens=cfg.prefill_tokens, sync_every=sync_every,
+                          prefill_wait_ms=cfg.prefill_wait_ms)
     return scheduler, tokenizer
 
 

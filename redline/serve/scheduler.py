@@ -169,9 +169,14 @@ class Scheduler:
     errors (each fails the requests in flight); the engine in another process can die."""
 
     def __init__(self, batch: DecodeBatch, tokenizer, stop_ids: Seq[int], max_queue: int = 256,
-                 prefill_tokens: int = 2048, sync_every: int | None = None):
+                 prefill_tokens: int = 2048, sync_every: int | None = None, prefill_wait_ms: float = 0.0):
         if max_queue < 1 or prefill_tokens < 1:
             raise UserError(f"max_queue and prefill_tokens must be >= 1, got {max_queue} and {prefill_tokens}")
+        if prefill_wait_ms < 0:
+            raise UserError(f"prefill_wait_ms must be >= 0, got {prefill_wait_ms}")
+        self.prefill_wait_s = prefill_wait_ms / 1000
+        """While rows decode, a request that got a row waits up to this long for others to be prefilled with it
+        (see _admit)."""
         self.batch, self.tokenizer = batch, tokenizer
         self.stop_ids = {int(t) for t in stop_ids}
         self.max_queue, self.prefill_tokens = max_queue, prefill_tokens
@@ -352,6 +357,8 @@ class Scheduler:
         budget = self.prefill_tokens if any(self.batch.busy) else None
         prefilling = sorted((s for s in self.rows if s is not None and not self.batch.busy[s.row]),
                             key=lambda s: s.submitted_s)  # first come, first served
+        if budget is not None and prefilling and not self._prefill_due(prefilling):
+            return
         # whole prompts that fit what is left of the turn's budget go through in one batched forward (padded to
         # the longest of them); a prompt begun in spans, or longer than the budget, goes on in spans on its own
         whole, padded = [], 0
@@ -382,6 +389,18 @@ class Scheduler:
                 budget = None if budget is None else budget - n
             if seq.prefilled == len(seq.prompt):
                 self._first_tokens([seq], logits[None])
+
+    def _prefill_due(self, prefilling: list[Sequence]) -> bool:
+        """Whether to prefill now while other rows decode. A prefill costs the decoding rows about as much host and
+        device time for one prompt as for several (a forward's launches, mostly): with prefill_wait_s, requests
+        that arrive one by one are gathered for up to that long since the oldest arrived, or until no row is left
+        for another; Hugging Face text-generation-inference's router holds waiting requests back the same way
+        (max_waiting_tokens, waiting_served_ratio)."""
+        if not self.prefill_wait_s or any(s.prefilled for s in prefilling):
+            return True  # a prompt begun in spans goes on at every turn
+        if all(r is not None for r in self.rows):
+            return True
+        return time.perf_counter() - prefilling[0].submitted_s >= self.prefill_wait_s
 
     def _first_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample the token after each prompt (logits (n, vocab)) on the device and start the rows from them: they

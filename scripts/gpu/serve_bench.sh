@@ -7,6 +7,7 @@
 #     SERVE_ARGS="--group-graphs" SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # one graph a group
 #     ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the engine in its own process or not
 #     SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # also loads whose requests ask for 128-384 tokens
+#     PREFILL_WAIT="0 10" SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --prefill-wait-ms (a server each)
 #     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
@@ -34,7 +35,7 @@
 #         typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 anyio==4.16.0 idna==3.20 \
 #         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1 uvloop==0.23.0 httptools==0.9.0
 # Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load, --sync-every and engine mode),
-# serve_<mode>_sync*.log, metrics_<mode>_sync*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
+# serve_<mode>_sync*_wait*.log, metrics_<mode>_sync*_wait*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -45,6 +46,7 @@ NEW="${NEW:-256}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summary takes their median)
 PER_CLIENT="${PER_CLIENT:-4}"  # requests per client in a closed-loop load (longer loads: less noise from its ends)
+PREFILL_WAIT="${PREFILL_WAIT:-0}"  # the server's --prefill-wait-ms; several: one server each
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
 PORT="${PORT:-8471}"
@@ -119,10 +121,11 @@ case "$mode" in
     *) echo "serve_bench.sh: ENGINE_PROCESS holds $mode; give on, off or auto" | tee -a "$LOG" >&2; exit 2 ;;
 esac
 for sync in $SYNC_EVERY; do
-TAG="${mode}_sync$sync"
+for wait in $PREFILL_WAIT; do
+TAG="${mode}_sync${sync}_wait$wait"
 echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync $MODE_ARG ===" | tee -a "$LOG"
 "$PY" -m redline serve "$CKPT" --port "$PORT" --max-batch 64 --context "$CONTEXT" --model-name "$PRESET" \
-    --sync-every "$sync" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
+    --sync-every "$sync" --prefill-wait-ms "$wait" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
 SERVER=$!
 "$PY" - "$PORT" "$SERVER" <<'EOF2' 2>&1 | tee -a "$LOG"
 import os, sys, time, urllib.request
@@ -179,8 +182,10 @@ import json, sys
 with open('$OUT/serve_load.jsonl', 'a') as out:
     for line in open('$LOAD'):
         if line.strip():
-            out.write(json.dumps(dict(json.loads(line), sync_every=$sync, engine_process='$mode')) + chr(10))
+            out.write(json.dumps(dict(json.loads(line), sync_every=$sync, engine_process='$mode',
+                                      prefill_wait_ms=$wait)) + chr(10))
 "
+done
 done
 done
 
@@ -207,7 +212,8 @@ def median(xs):
 # one server (engine mode, --sync-every): the median of its repeated 64-stream loads
 servers = {}
 for l in closed:
-    key = (l.get("engine_process", "auto"), l.get("sync_every"), l.get("max_tokens_spread") or 0.0)
+    key = (l.get("engine_process", "auto"), l.get("sync_every"), l.get("max_tokens_spread") or 0.0,
+           l.get("prefill_wait_ms") or 0)
     servers.setdefault(key, []).append(l)
 medians = {key: {"tok_s": median([l["output_tokens_per_s"] or 0 for l in ls]),
                  "ttft_p50": median([l["ttft_ms"].get("p50", 0) for l in ls]), "loads": len(ls)}
@@ -221,13 +227,13 @@ for spread in sorted({key[2] for key in medians}):  # the best server under each
         share = medians[best]["tok_s"] / ref
         checks.append({"metric": f"64 streams, {load}: tok/s (median of {medians[best]['loads']} loads) / "
                                  "bench-infer batch-64 decode tok/s", "target": ">= 0.70", "measured": round(share, 3),
-                       "met": share >= 0.70, "server": f"{best[0]} s={best[1]}"})
+                       "met": share >= 0.70, "server": f"{best[0]} s={best[1]} wait={best[3]:g}"})
     ttft = medians[best]["ttft_p50"]
     checks.append({"metric": f"median TTFT at 64 streams, {load} (ms)", "target": "<= 50", "measured": ttft,
-                   "met": ttft <= 50, "server": f"{best[0]} s={best[1]}"})
+                   "met": ttft <= 50, "server": f"{best[0]} s={best[1]} wait={best[3]:g}"})
 # each server's median 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
-share_by_mode = {f"{mode} s={sync}" + (f" spread={spread:g}" if spread else ""): round(m["tok_s"] / ref, 3)
-                 for (mode, sync, spread), m in medians.items() if ref}
+share_by_mode = {f"{mode} s={sync}" + (f" wait={wait:g}" if wait else "") + (f" spread={spread:g}" if spread else ""):
+                 round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait), m in medians.items() if ref}
 print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}")
 for b, o in sorted(offline.items()):
     print(f"{'bench-infer batch ' + str(b):<30} {o['decode_tok_s_total']:>10,.0f} {o['ttft_ms']:>9.1f}"
@@ -235,6 +241,7 @@ for b, o in sorted(offline.items()):
 for l in loads:
     name = (f"serve {l['engine_process']} s={l['sync_every']} C={l['concurrency']}"
             + (f" r={l['rate']:g}/s" if l["rate"] else "")
+            + (f" w={l['prefill_wait_ms']:g}" if l.get("prefill_wait_ms") else "")
             + (f" sp={l['max_tokens_spread']:g}" if l.get("max_tokens_spread") else ""))
     t, i = l["ttft_ms"], l["itl_ms"]
     print(f"{name:<30} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
