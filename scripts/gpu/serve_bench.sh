@@ -46,7 +46,7 @@ NEW="${NEW:-256}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summary takes their median)
 PER_CLIENT="${PER_CLIENT:-4}"  # requests per client in a closed-loop load (longer loads: less noise from its ends)
-PREFILL_WAIT="${PREFILL_WAIT:-0}"  # the server's --prefill-wait-ms; several: one server each
+PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: its default); several: one server each
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
 PORT="${PORT:-8471}"
@@ -123,9 +123,10 @@ esac
 for sync in $SYNC_EVERY; do
 for wait in $PREFILL_WAIT; do
 TAG="${mode}_sync${sync}_wait$wait"
+WAIT_ARG=(); [ "$wait" != auto ] && WAIT_ARG=(--prefill-wait-ms "$wait")
 echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync $MODE_ARG ===" | tee -a "$LOG"
 "$PY" -m redline serve "$CKPT" --port "$PORT" --max-batch 64 --context "$CONTEXT" --model-name "$PRESET" \
-    --sync-every "$sync" --prefill-wait-ms "$wait" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
+    --sync-every "$sync" "${WAIT_ARG[@]}" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
 SERVER=$!
 "$PY" - "$PORT" "$SERVER" <<'EOF2' 2>&1 | tee -a "$LOG"
 import os, sys, time, urllib.request
@@ -183,7 +184,7 @@ with open('$OUT/serve_load.jsonl', 'a') as out:
     for line in open('$LOAD'):
         if line.strip():
             out.write(json.dumps(dict(json.loads(line), sync_every=$sync, engine_process='$mode',
-                                      prefill_wait_ms=$wait)) + chr(10))
+                                      prefill_wait_ms='$wait')) + chr(10))
 "
 done
 done
@@ -213,7 +214,7 @@ def median(xs):
 servers = {}
 for l in closed:
     key = (l.get("engine_process", "auto"), l.get("sync_every"), l.get("max_tokens_spread") or 0.0,
-           l.get("prefill_wait_ms") or 0)
+           str(l.get("prefill_wait_ms", "auto")))
     servers.setdefault(key, []).append(l)
 medians = {key: {"tok_s": median([l["output_tokens_per_s"] or 0 for l in ls]),
                  "ttft_p50": median([l["ttft_ms"].get("p50", 0) for l in ls]), "loads": len(ls)}
@@ -227,12 +228,12 @@ for spread in sorted({key[2] for key in medians}):  # the best server under each
         share = medians[best]["tok_s"] / ref
         checks.append({"metric": f"64 streams, {load}: tok/s (median of {medians[best]['loads']} loads) / "
                                  "bench-infer batch-64 decode tok/s", "target": ">= 0.70", "measured": round(share, 3),
-                       "met": share >= 0.70, "server": f"{best[0]} s={best[1]} wait={best[3]:g}"})
+                       "met": share >= 0.70, "server": f"{best[0]} s={best[1]} wait={best[3]}"})
     ttft = medians[best]["ttft_p50"]
     checks.append({"metric": f"median TTFT at 64 streams, {load} (ms)", "target": "<= 50", "measured": ttft,
-                   "met": ttft <= 50, "server": f"{best[0]} s={best[1]} wait={best[3]:g}"})
+                   "met": ttft <= 50, "server": f"{best[0]} s={best[1]} wait={best[3]}"})
 # each server's median 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
-share_by_mode = {f"{mode} s={sync}" + (f" wait={wait:g}" if wait else "") + (f" spread={spread:g}" if spread else ""):
+share_by_mode = {f"{mode} s={sync} wait={wait}" + (f" spread={spread:g}" if spread else ""):
                  round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait), m in medians.items() if ref}
 print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}")
 for b, o in sorted(offline.items()):
@@ -241,7 +242,7 @@ for b, o in sorted(offline.items()):
 for l in loads:
     name = (f"serve {l['engine_process']} s={l['sync_every']} C={l['concurrency']}"
             + (f" r={l['rate']:g}/s" if l["rate"] else "")
-            + (f" w={l['prefill_wait_ms']:g}" if l.get("prefill_wait_ms") else "")
+            + f" w={l.get('prefill_wait_ms', 'auto')}"
             + (f" sp={l['max_tokens_spread']:g}" if l.get("max_tokens_spread") else ""))
     t, i = l["ttft_ms"], l["itl_ms"]
     print(f"{name:<30} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
