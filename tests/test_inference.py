@@ -551,6 +551,36 @@ def test_chunked_argmax_is_argmax():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("window", [0, 9])
+def test_prefill_graphs_write_and_return_what_the_plain_prefill_does(window):
+    """DecodeBatch.prefill_many through a CUDA graph per (rows, padded width): the logits and the cache rows equal
+    those of the plain prefill (fp32, the same compiled blocks), on capture and on a replay with other prompts and
+    rows; other rows' caches untouched."""
+    from redline.inference.batch import DecodeBatch
+
+    model = tiny_model(n_kv_head=2, sliding_window=window, context_len=160).cuda()
+    graphed = DecodeBatch(InferenceEngine(model, dtype=torch.float32), rows=6, capacity=160)
+    plain = DecodeBatch(InferenceEngine(model, dtype=torch.float32, cuda_graphs=False), rows=6, capacity=160)
+    for b in (graphed, plain):
+        b.state.cache.k[0].fill_(7.0)  # a row no prefill touches keeps it
+    def prompt(start: int, n: int) -> list[int]:
+        return [(start + 7 * j) % 60 + 1 for j in range(n)]
+
+    for rows, prompts in (([4, 1], [prompt(0, 20), prompt(3, 12)]), ([0, 5], [prompt(5, 25), prompt(9, 30)]),
+                          ([3], [prompt(2, 40)])):
+        want = plain.prefill_many(rows, prompts)
+        got = graphed.prefill_many(rows, prompts)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for r, p in zip(rows, prompts):
+            for layer in range(model.cfg.n_layer):
+                for a, b in ((graphed.state.cache.k, plain.state.cache.k), (graphed.state.cache.v, plain.state.cache.v)):
+                    torch.testing.assert_close(a[layer][r, :, :len(p)], b[layer][r, :, :len(p)], rtol=1e-5, atol=1e-5)
+    assert graphed.engine.prefill_graphs(graphed.state) == 2  # (2 rows, 32 wide) captured once, replayed; (1, 64)
+    assert (graphed.state.cache.k[0][2] == 7.0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("impl, tuning", [("matmul", False), ("matmul", True), ("triton", False), ("triton", True)])
 def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
     model = tiny_model(n_kv_head=2, sliding_window=9, context_len=160).cuda()

@@ -13,7 +13,10 @@ The batch is the engine's static decode state (its cache, CUDA graphs and compil
 a row's tokens do not depend on which other rows are busy (the same kernels run whatever the occupancy). A free row
 still runs through each step, parked at slot 0 where its writes harm nothing; a row between the spans of its prompt
 is parked at the last slot instead, which its prompt never fills and its own decode step writes before it reads it.
-A step attends over the width the busiest active row needs.
+A step attends over the width the busiest active row needs. With CUDA graphs, prefill_many pads its prompts to a
+multiple of PREFILL_WIDTH_STEP tokens and replays one graph per (rows, width) (InferenceEngine.prefill_rows): a
+server prefills between groups of decode steps, and a prefill launched kernel by kernel from Python would hold the
+decoding rows for milliseconds of host time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from __future__ import annotations
 import torch
 
 from redline.errors import UserError
+
+
+PREFILL_WIDTH_STEP = 32  # prompts padded to a multiple of this many tokens for a CUDA-graph prefill
+PREFILL_GRAPHS = 64  # the most (rows, width) prefill shapes captured; others run without a graph
 
 
 class DecodeBatch:
@@ -86,16 +93,35 @@ class DecodeBatch:
                 raise UserError(f"a prompt of {len(prompt)} tokens (padded to {longest}) does not fit a row of "
                                 f"capacity {self.capacity} (it must leave room for a generated token)")
         engine = self.engine
-        ids = torch.zeros(len(rows), longest, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, :len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
         from redline.inference.engine import _evaluating
 
+        graphed = self._graph_width(len(rows), longest)
+        ids = torch.zeros(len(rows), graphed or longest, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, :len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
         with _evaluating(engine.model):
-            logits = engine._prefill(self.state, ids.to(engine.device, non_blocking=True),
-                                     [len(p) for p in prompts], rows_at=rows)
+            if graphed:
+                logits = engine.prefill_rows(self.state, ids, torch.as_tensor(rows, dtype=torch.long),
+                                             torch.as_tensor([len(p) - 1 for p in prompts], dtype=torch.long))
+            else:
+                logits = engine._prefill(self.state, ids.to(engine.device, non_blocking=True),
+                                         [len(p) for p in prompts], rows_at=rows)
         self.state.slot[torch.as_tensor(rows, device=self.state.slot.device)] = self.capacity - 1  # as prefill()
         return logits
+
+    def _graph_width(self, n: int, longest: int) -> int:
+        """The padded width of a CUDA-graph prefill of n prompts of at most `longest` tokens, or 0 for none (no CUDA
+        graphs, more tokens than one chunk, or PREFILL_GRAPHS shapes captured already). Widths are multiples of
+        PREFILL_WIDTH_STEP, so prompts of similar lengths share a graph; the padding's keys and values land past
+        each prompt, where its row's decode steps write before they read (as the padding to the longest does)."""
+        engine = self.engine
+        if self.state.graphs is None:
+            return 0
+        width = min(-(-longest // PREFILL_WIDTH_STEP) * PREFILL_WIDTH_STEP, self.capacity - 1)
+        if n * width > engine.plan.prefill_chunk_tokens:
+            return 0
+        known = ("prefill", n, width) in self.state.prefill_inputs
+        return width if known or engine.prefill_graphs(self.state) < PREFILL_GRAPHS else 0
 
     def start(self, row: int, first_token: int, length: int) -> None:
         """The row decodes from `first_token` on, its prompt having `length` tokens in the cache."""

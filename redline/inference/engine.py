@@ -107,6 +107,8 @@ class DecodeState:
     counts: torch.Tensor | None  # int32 zeros the triton kernels count finished spans in
     graphs: StepGraphs | None
     warm: set = field(default_factory=set)  # shapes already compiled
+    prefill_inputs: dict = field(default_factory=dict)
+    """("prefill", b, T) -> the input buffers (tokens (b, T), rows (b,), last slots (b,)) its graph reads."""
 
 
 def inference_copy(model: GPT, dtype: torch.dtype) -> GPT:
@@ -354,6 +356,43 @@ class InferenceEngine:
                 final = picked if final is None else torch.where(inside[:, None], picked, final)
             out.append(last_logits(self.model, final))
         return torch.cat(out) if len(out) > 1 else out[0]
+
+    def prefill_rows(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
+                     graph: bool = True) -> torch.Tensor:
+        """Whole prompts, right-padded (b, T), into cache rows `rows` (b,) at slots [0, T) -> the logits after slot
+        `last` (b,) of each row (b, vocab), a tensor of the caller's. One span, one chunk (b · T at most
+        prefill_chunk_tokens). With CUDA graphs (and `graph`), each (b, T) is captured in one graph the first time
+        it is met (its input buffers filled in place, the state's graph pool shared with the decode steps) and
+        replayed after: a forward of dozens of kernels per layer, launched from Python with shapes that change from
+        call to call, costs milliseconds of host time that a server's decoding rows would otherwise wait for."""
+        b, T = tokens.shape
+        if b * T > self.plan.prefill_chunk_tokens:
+            raise ValueError(f"prefill_rows takes at most {self.plan.prefill_chunk_tokens} tokens, got {b} × {T}")
+        if st.graphs is None or not graph:
+            return self._prefill_static(st, tokens, rows, last)
+        key = ("prefill", b, T)
+        if key not in st.prefill_inputs:
+            st.prefill_inputs[key] = (torch.zeros(b, T, dtype=torch.long, device=self.device),
+                                      torch.zeros(b, dtype=torch.long, device=self.device),
+                                      torch.zeros(b, dtype=torch.long, device=self.device))
+        inputs = st.prefill_inputs[key]
+        for buf, value in zip(inputs, (tokens, rows, last)):
+            buf.copy_(value, non_blocking=True)
+        if key not in st.graphs:
+            # the warm-up runs (on a side stream, after the work queued before it) prefill the same rows with the
+            # same prompts as the replay that follows: what they write is what the replay writes again
+            st.graphs.capture(key, lambda: self._prefill_static(st, *inputs),
+                              lambda: self._prefill_static(st, *inputs))
+        return st.graphs.replay(key).clone()  # the graph's output buffer is rewritten by its next replay
+
+    def prefill_graphs(self, st: DecodeState) -> int:
+        """How many prefill shapes the state holds graphs of."""
+        return len(st.prefill_inputs) if st.graphs is not None else 0
+
+    def _prefill_static(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor,
+                        last: torch.Tensor) -> torch.Tensor:
+        h = self._prefill_span(st, tokens, rows, 0)  # (b, T, C)
+        return last_logits(self.model, h[torch.arange(tokens.shape[0], device=self.device), last])
 
     def _prefill_span(self, st: DecodeState, tokens: torch.Tensor, rows: slice | torch.Tensor,
                       start: int) -> torch.Tensor:
