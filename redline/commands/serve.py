@@ -46,11 +46,11 @@ class ServeConfig:
     streams pause for one span at a time."""
     sync_every: int = 0
     """Decode steps launched between two reads of their tokens on the host (0: 8 on a GPU, 1 on a CPU)."""
-    prefill_wait_ms: float | None = None
+    prefill_wait_ms: float = 0.0
     """While other requests decode, let a new request wait up to this many milliseconds for more to arrive, so that
     they are prefilled together (one forward for several prompts) rather than one forward each between decode
-    steps; a request that finds no other decoding, or takes the last free row, is prefilled at once. None: 15 on a
-    GPU, 0 on a CPU."""
+    steps; a request that finds no other decoding, or takes the last free row, is prefilled at once (docs/serve.md:
+    it paid before prefills were CUDA graphs, not since)."""
     group_graphs: bool = False
     """Capture each group of --sync-every greedy decode steps as one CUDA graph (one launch per group instead of
     one per step; rows that finish inside a group are freed by the graph). Experimental: opt in."""
@@ -88,7 +88,7 @@ class ServeConfig:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic), got {getattr(self, name)}")
         if not 0 < self.switch_interval_ms <= 100:
             raise UserError(f"--switch-interval-ms must be in (0, 100], got {self.switch_interval_ms}")
-        if self.prefill_wait_ms is not None and not 0 <= self.prefill_wait_ms <= 10_000:
+        if not 0 <= self.prefill_wait_ms <= 10_000:
             raise UserError(f"--prefill-wait-ms must be in [0, 10000], got {self.prefill_wait_ms}")
         if self.shutdown_timeout < 0:
             raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
@@ -187,7 +187,7 @@ def build_scheduler(cfg: ServeConfig):
     from redline.inference.batch import DecodeBatch
     from redline.inference.runtime import load_generator
     from redline.inference.text import stop_token_ids
-    from redline.serve.scheduler import Scheduler, default_prefill_wait_ms, default_sync_every
+    from redline.serve.scheduler import Scheduler, default_sync_every
 
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     engine, tokenizer = generator.engine, generator.tokenizer
@@ -200,8 +200,7 @@ def build_scheduler(cfg: ServeConfig):
         warm_up(batch)
     scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
                           prefill_tokens=cfg.prefill_tokens, sync_every=sync_every,
-                          prefill_wait_ms=default_prefill_wait_ms(engine.device) if cfg.prefill_wait_ms is None
-                          else cfg.prefill_wait_ms)
+                          prefill_wait_ms=cfg.prefill_wait_ms)
     return scheduler, tokenizer
 
 

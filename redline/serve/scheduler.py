@@ -152,14 +152,6 @@ def check_sequences(sequences: Seq[Sequence], vocab: int, capacity: int) -> None
         check_fits(len(seq.prompt), seq.max_tokens, capacity)
 
 
-def default_prefill_wait_ms(device: torch.device) -> float:
-    """How long a request may wait, while others decode, to be prefilled with those arriving after it: on a GPU a
-    prefill costs the decoding rows mostly its host time, about the same for one prompt as for several (15 ms
-    gained 10 points of batch-64 throughput at 64 streams on an H100, docs/serve.md); on a CPU the forward's own
-    work grows with the prompts, and waiting saves nothing."""
-    return 15.0 if device.type == "cuda" else 0.0
-
-
 def default_sync_every(device: torch.device) -> int:
     """Decode steps per read of their tokens: on a GPU a few (one wait per group), on a CPU each step is the work
     itself."""
