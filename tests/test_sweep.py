@@ -304,6 +304,28 @@ def test_runs_go_at_once_one_on_each_gpu(tmp_path, monkeypatch):
     assert (status["state"], status["done"], status["children"]) == ("finished", 4, [])
 
 
+def test_a_run_that_starts_from_another_waits_for_it(tmp_path, monkeypatch):
+    """With several GPUs, a fine-tune whose init_from is a run of the same sweep starts only after that run ends,
+    while runs that need nothing go on beside it."""
+    recipe_path = fake_recipe(tmp_path, seeds=[1], step_seconds=0.02, steps=15, extra="")
+    text = recipe_path.read_text().replace('[[variants]]\nname = "mqa"', '[[variants]]\nname = "tune"\n'
+                                           'set = { init_from = "{runs}/baseline__{preset}__{precision}__{batch}__s{seed}" }'
+                                           '\n\n[[variants]]\nname = "mqa"')
+    recipe_path.write_text(text)
+    recipe = load_recipe(str(recipe_path))
+    runs = expand(recipe)
+    ids = {r.cell["variant"]: r.run_id for r in runs}
+    out, ledger = tmp_path / "out", tmp_path / "ledger.txt"
+    sweep = Sweep(recipe, runs, out)
+    assert ids["baseline"] in str(runs[[r.run_id for r in runs].index(ids["tune"])].config_file_contents(out / "runs"))
+    monkeypatch.setenv("FAKE_TRAIN_LEDGER", str(ledger))
+    counts = sweep.execute(gpus=["0", "1"])
+    assert counts["completed"] == 3
+    events = ledger.read_text().splitlines()
+    assert events.index(f"end {ids['baseline']}") < events.index(f"start {ids['tune']}")
+    assert events.index(f"start {ids['mqa']}") < events.index(f"end {ids['baseline']}")  # beside it
+
+
 @pytest.mark.parametrize("visible, count, message", [
     ("0,1", 3, "only 2 GPU"), ("", 2, "no GPU is visible"), ("0", -1, "1 or more")])
 def test_gpus_beyond_those_visible_are_refused(monkeypatch, visible, count, message):

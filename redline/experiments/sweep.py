@@ -19,7 +19,8 @@ How it stays correct when things go wrong:
 - Ctrl-C or SIGTERM kills the running runs' process groups and leaves no partial record; children also
   get SIGTERM if the sweep process itself dies (Linux parent-death signal);
 - with --gpus N, N runs go at once, each on a GPU of its own (CUDA_VISIBLE_DEVICES set to it alone; its record
-  names it), and a GPU takes its next run once the last one's memory there is free again;
+  names it), and a GPU takes its next run once the last one's memory there is free again; a run that starts from
+  another run of the sweep (init_from) waits for that run to end;
 - one sweep per directory at a time (an exclusive lock on .sweep.lock).
 """
 
@@ -197,6 +198,7 @@ class Sweep:
             if len(slots) > 1:  # each variant's first seed first: its compilation is cached for its later seeds
                 order = {seed: i for i, seed in enumerate(dict.fromkeys(p.spec.seed for p in todo))}
                 queue.sort(key=lambda p: order[p.spec.seed])
+            needs = self.dependencies(todo)
             try:
                 while queue or active:
                     while queue and free:
@@ -207,8 +209,14 @@ class Sweep:
                                          f"{counts['left']} run(s) left; run the same command again to continue")
                             queue = []
                             break
+                        # the first run whose starting runs (init_from) have all ended
+                        pending = {p.spec.run_id for p in queue} | {r.plan.spec.run_id for r in active}
+                        plan = next((p for p in queue if not needs[p.spec.run_id] & pending), None)
+                        if plan is None:
+                            break  # every queued run starts from one still running: wait for it
+                        queue.remove(plan)
                         slot = free.pop(0)
-                        run = self.start_run(queue.pop(0), display, slot)
+                        run = self.start_run(plan, display, slot)
                         if isinstance(run, Running):
                             active.append(run)
                             self.write_status("running", display)
@@ -240,6 +248,16 @@ class Sweep:
             display.stop()
             counts["wall_seconds"] = time.monotonic() - started
             return counts
+
+    def dependencies(self, plans: list[Plan]) -> dict[str, set[str]]:
+        """run id -> the ids of the runs among `plans` whose directory its config starts from (init_from): a
+        fine-tune of a run the same sweep pretrains starts only once that run has ended."""
+        dirs = {str(self.run_dir(p.spec)): p.spec.run_id for p in plans}
+        needs = {}
+        for plan in plans:
+            start = plan.spec.config_file_contents(self.out_dir / "runs").get("init_from")
+            needs[plan.spec.run_id] = {dirs[str(Path(start))]} if start and str(Path(start)) in dirs else set()
+        return needs
 
     @staticmethod
     def _count(record: dict[str, Any], counts: dict[str, int], display: Progress) -> None:
