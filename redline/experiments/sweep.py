@@ -90,8 +90,12 @@ class Running:
     base: dict[str, Any]  # the start of its record
     planned_model: dict[str, Any] | None
     gpu: str | None  # the CUDA device it runs on alone (None: whatever it picks)
-    devices: list[str] | None  # the NVML devices whose memory it must give back
-    gpu_baseline: list[int] | None
+    gpu_baseline: list[int] | None  # memory in use on its GPU (every GPU when gpu is None) before it started
+
+    @property
+    def devices(self) -> list[str] | None:
+        """The GPUs whose memory it must give back (None: every GPU)."""
+        return None if self.gpu is None else [self.gpu]
     timed_out: bool = False
 
 
@@ -102,6 +106,7 @@ class Sweep:
         self.out_dir = Path(out_dir).resolve()
         self.command = resolve_command(recipe.command)
         self.default_runner = recipe.command == DEFAULT_COMMAND
+        self._last_status = 0.0  # when status.json was last written
 
     # ------------------------------------------------------------------------------------------------
     # planning
@@ -148,7 +153,7 @@ class Sweep:
 
     def resolved_configs(self, plans: list[Plan]) -> dict[str, Any]:
         """run id -> the TrainConfig `redline train` will build for it (runs whose config is invalid are left
-        out: run_one records each of those as failed with its error)."""
+        out: start_run records each of those as failed with its error)."""
         configs = {}
         for plan in plans:
             try:
@@ -265,15 +270,6 @@ class Sweep:
         counts["completed" if record["status"] == "completed" else "failed"] += 1
         display.finished(record)
 
-    def run_one(self, plan: Plan, display: Progress, gpu: str | None = None) -> dict[str, Any]:
-        """Run one run to its end -> its record."""
-        run = self.start_run(plan, display, gpu)
-        if not isinstance(run, Running):
-            return run
-        while not self.wait_any([run], display):
-            pass
-        return self.finish_run(run, display)
-
     def start_run(self, plan: Plan, display: Progress, gpu: str | None = None) -> Running | dict[str, Any]:
         """Start a run's process (on CUDA device `gpu` alone, if given) -> a Running, or the record of a run
         whose config is invalid (nothing started)."""
@@ -297,8 +293,7 @@ class Sweep:
                 return self.append(record, spec)
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = self.command + ["--config", str(self.config_path(spec))]
-        devices = [gpu] if gpu is not None else None
-        gpu_baseline = gpu_memory_used(devices)
+        gpu_baseline = gpu_memory_used(None if gpu is None else [gpu])
         log = open(run_dir / "train.log", "wb")
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
@@ -312,7 +307,7 @@ class Sweep:
         except BaseException:
             log.close()
             raise
-        run = Running(plan, proc, log, time.monotonic(), base, planned_model, gpu, devices, gpu_baseline)
+        run = Running(plan, proc, log, time.monotonic(), base, planned_model, gpu, gpu_baseline)
         display.running(spec, proc.pid)
         return run
 
@@ -339,8 +334,6 @@ class Sweep:
             self.write_status("running", display)
         return ended
 
-    _last_status = 0.0
-
     def finish_run(self, run: Running, display: Progress) -> dict[str, Any]:
         """Collect an ended run: its process group gone, its GPU memory free, its record appended."""
         spec = run.plan.spec
@@ -351,7 +344,6 @@ class Sweep:
             kill_group(run.proc)  # stragglers of the run (compile workers, data loader processes)
             run.log.close()
         wall = time.monotonic() - run.t0
-        display.done_running(spec.run_id)
         wait_for_gpu_release(run.proc.pid, run.gpu_baseline, devices=run.devices)
         summary = summarize_run(run_dir, spec={"run_id": spec.run_id, **spec.cell, "seed": spec.seed})
         record = {**run.base, **summary, "returncode": run.proc.returncode, "wall_time": wall}
@@ -456,9 +448,6 @@ class Progress:
             run["fraction"] = min(max(fractions, default=0.0), 1.0)
             run["step"] = f"step {last.get('step')} loss {last.get('loss', float('nan')):.3f}"
         self._refresh()
-
-    def done_running(self, run_id: str) -> None:
-        self.active.pop(run_id, None)
 
     def finished(self, record: dict[str, Any]) -> None:
         self.active.pop(record["run_id"], None)

@@ -357,19 +357,19 @@ class InferenceEngine:
             out.append(last_logits(self.model, final))
         return torch.cat(out) if len(out) > 1 else out[0]
 
-    def prefill_rows(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor, last: torch.Tensor,
-                     graph: bool = True) -> torch.Tensor:
+    def prefill_rows(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor,
+                     last: torch.Tensor) -> torch.Tensor:
         """Whole prompts, right-padded (b, T), into cache rows `rows` (b,) at slots [0, T) -> the logits after slot
         `last` (b,) of each row (b, vocab), a tensor of the caller's. One span, one chunk (b · T at most
-        prefill_chunk_tokens). With CUDA graphs (and `graph`), each (b, T) is captured in one graph the first time
+        prefill_chunk_tokens). With CUDA graphs, each (b, T) is captured in one graph the first time
         it is met (its input buffers filled in place, the state's graph pool shared with the decode steps) and
         replayed after: a forward of dozens of kernels per layer, launched from Python with shapes that change from
         call to call, costs milliseconds of host time that a server's decoding rows would otherwise wait for."""
         b, T = tokens.shape
         if b * T > self.plan.prefill_chunk_tokens:
             raise ValueError(f"prefill_rows takes at most {self.plan.prefill_chunk_tokens} tokens, got {b} × {T}")
-        if st.graphs is None or not graph:
-            return self._prefill_static(st, tokens, rows, last)
+        if st.graphs is None:
+            return self._prefill_static(st, tokens.to(self.device), rows.to(self.device), last.to(self.device))
         key = ("prefill", b, T)
         if key not in st.prefill_inputs:
             st.prefill_inputs[key] = (torch.zeros(b, T, dtype=torch.long, device=self.device),

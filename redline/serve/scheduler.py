@@ -391,11 +391,12 @@ class Scheduler:
                 self._first_tokens([seq], logits[None])
 
     def _prefill_due(self, prefilling: list[Sequence]) -> bool:
-        """Whether to prefill now while other rows decode. A prefill costs the decoding rows about as much host and
-        device time for one prompt as for several (a forward's launches, mostly): with prefill_wait_s, requests
-        that arrive one by one are gathered for up to that long since the oldest arrived, or until no row is left
-        for another; Hugging Face text-generation-inference's router holds waiting requests back the same way
-        (max_waiting_tokens, waiting_served_ratio)."""
+        """Whether to prefill now while other rows decode. Each prefill holds the decoding rows back, and one of
+        several prompts costs them less than several of one (fewer launches, larger products): with
+        prefill_wait_s, requests that arrive one by one are gathered for up to that long since the oldest arrived,
+        or until no row is left for another; Hugging Face text-generation-inference's router holds waiting
+        requests back the same way (max_waiting_tokens, waiting_served_ratio). Off by default: with prefills
+        replayed as CUDA graphs it did not pay at 124M (docs/serve.md)."""
         if not self.prefill_wait_s or any(s.prefilled for s in prefilling):
             return True  # a prompt begun in spans goes on at every turn
         if all(r is not None for r in self.rows):
