@@ -159,8 +159,20 @@ def dataset(tmp_path_factory) -> Path:
     return out
 
 
+def test_more_gpus_than_visible_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from redline.commands import speedrun
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(UserError, match="only 1 GPU"):
+        speedrun.main(["--recipes", "nanogpt", "fast", "--gpus", "2", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
-def test_two_tiny_recipes_in_one_call(tmp_path, dataset):
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_two_tiny_recipes_in_one_call(tmp_path, dataset, monkeypatch, gpus):
+    """gpus=2: both recipes at once (on a CPU machine the two "GPUs" are names only: device=cpu)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     for name, lr in (("fast", 3e-3), ("slow", 3e-4)):
         (tmp_path / f"{name}.toml").write_text(
             f'# tiny at lr {lr}\npreset = "tiny"\n[model]\nn_layer = 2\nn_embd = 64\nn_head = 4\nn_kv_head = 2\n'
@@ -168,7 +180,8 @@ def test_two_tiny_recipes_in_one_call(tmp_path, dataset):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "redline", "speedrun", "--recipes", str(tmp_path / "fast.toml"),
            str(tmp_path / "slow.toml"), "--data", str(dataset), "--out", str(out), "--eval-every", "4",
-           "--eval-tokens", "1024", "max_steps=12", "device=cpu", "compile=false", "batch_size=4", "seq_len=64"]
+           "--eval-tokens", "1024", "--gpus", str(gpus), "max_steps=12", "device=cpu", "compile=false", "batch_size=4",
+           "seq_len=64"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

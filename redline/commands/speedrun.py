@@ -3,10 +3,11 @@ each reached a validation bits per byte.
 
     redline speedrun --recipes nanogpt default --data DATA max_steps=1000 tokens_per_step=32768
     redline speedrun --recipes nanogpt muon my_recipe.toml --target 1.10 max_time=10
+    redline speedrun --recipes nanogpt fast --data DATA --gpus 2    # both at once, one on each of two GPUs
     redline speedrun --list                          # the named training recipes (redline/recipes/)
 
 Every recipe (a named one or a .toml file, as `redline train --recipe` reads them) trains in its own process,
-one after the other (`redline sweep`'s runner: a crash or an out-of-memory error ends that run only, and
+one after the other or, with --gpus, several at once on GPUs of their own (`redline sweep`'s runner: a crash or an out-of-memory error ends that run only, and
 running the same command again skips the runs that finished), with the same data, tokenizer and seed and the
 overrides given on this command line (KEY=VALUE, which win over what a recipe sets: tokens_per_step=32768 is
 every recipe's batch), and the budget given here (max_steps=1000) for each recipe that names none of its own (a
@@ -63,6 +64,9 @@ class SpeedrunArgs:
     """Run again the finished runs whose settings changed since (by default that is an error)."""
     plot: bool = True
     """Write OUT/speedrun.png (needs matplotlib)."""
+    gpus: int = 1
+    """Recipes trained at once, each on a GPU of its own (as `redline sweep --gpus`): 1 trains them one after
+    another; N (0: every visible GPU) trains N at once, each timed on its own GPU."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -314,6 +318,7 @@ def main(argv: list[str]) -> int:
     from rich.console import Console
 
     from redline.durable import write_atomic
+    from redline.experiments.processes import visible_gpus
     from redline.experiments.sweep import Progress, Sweep
 
     if "--list" in argv:
@@ -323,11 +328,12 @@ def main(argv: list[str]) -> int:
     args = tyro.cli(SpeedrunArgs, args=rest, prog="redline speedrun", description=DESCRIPTION)
     if not args.recipes:
         raise UserError("give at least one recipe, e.g. --recipes nanogpt default")
+    gpus = visible_gpus(args.gpus) if args.gpus != 1 else None
     out_dir = Path(args.out or Path("speedruns") / "+".join(variant_name(r) for r in args.recipes))
     out_dir.mkdir(parents=True, exist_ok=True)
     recipe, runs = plan(args, overrides, out_dir)
     console = Console(highlight=False)
-    Sweep(recipe, runs, out_dir).execute(redo_changed=args.redo_changed, display=Progress(console))
+    Sweep(recipe, runs, out_dir).execute(redo_changed=args.redo_changed, display=Progress(console), gpus=gpus)
     result = analyse(out_dir, [v.name for v in recipe.variants], args.target)
     result["out"] = str(out_dir.resolve())
     print_table(result, console)
