@@ -25,6 +25,7 @@ import random
 import statistics
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -197,6 +198,39 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
             "client_cpu_share": round(cpu / wall, 3) if wall > 0 else None, "errors": errors[:5]}
 
 
+def read_counters(url: str, api_key: str | None) -> dict[str, float]:
+    """The unlabelled series of a server's Prometheus /metrics (name -> value)."""
+    request = urllib.request.Request(url.rstrip("/") + "/metrics",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if line.startswith("#") or "{" in name:
+            continue
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def server_figures(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
+    """What `redline serve` counted during the load: decode steps, the batch's mean occupancy in them (rows
+    decoding / rows), the wall time per step, and its own mean time to first token (from queueing to the first
+    token's reaching the host: the rest of the client's TTFT is HTTP and the API process)."""
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    steps, rows = delta.get("redline_decode_steps_total", 0.0), after.get("redline_batch_rows", 0.0)
+    first = delta.get("redline_time_to_first_token_seconds_count", 0.0)
+    return {"decode_steps": int(steps),
+            "occupancy": round(delta.get("redline_batch_busy_row_steps_total", 0.0) / (steps * rows), 4)
+            if steps and rows else None,
+            "ms_per_step": round(wall * 1000 / steps, 4) if steps else None,
+            "ttft_ms_mean": round(delta["redline_time_to_first_token_seconds_sum"] * 1000 / first, 3)
+            if first else None}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -218,6 +252,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="append the summary as one JSON line to this file")
+    p.add_argument("--redline-metrics", action="store_true",
+                   help="read `redline serve`'s /metrics before and after the load and add what the server counted "
+                        "(decode steps, batch occupancy, ms per step, its own mean TTFT) as \"server\"")
     args = p.parse_args(argv)
     if min(args.concurrency, args.requests, args.prompt_tokens, args.max_tokens) < 1 or args.rate < 0:
         p.error("--concurrency, --requests, --prompt-tokens and --max-tokens must be >= 1, --rate >= 0")
@@ -228,7 +265,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    before = read_counters(args.url, args.api_key) if args.redline_metrics else None
     summary = asyncio.run(run(args))
+    if before is not None:
+        summary["server"] = server_figures(before, read_counters(args.url, args.api_key), summary["wall_s"])
     print(f"{'concurrency':>11} {'done':>5} {'failed':>6} {'tok/s':>10} {'TTFT p50':>9} {'p90':>8} {'p99':>8} "
           f"{'ITL p50':>8} {'p90':>7} {'p99':>7}  (ms)")
     t, i = summary["ttft_ms"], summary["itl_ms"]
@@ -236,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p90', 0):>8.1f} "
           f"{t.get('p99', 0):>8.1f} {i.get('p50', 0):>8.2f} {i.get('p90', 0):>7.2f} {i.get('p99', 0):>7.2f}  "
           f"(client CPU {summary['client_cpu_share'] or 0:.0%})")
+    if "server" in summary:
+        srv = summary["server"]
+        print(f"the server counted: {srv['decode_steps']} decode steps, batch occupancy {srv['occupancy']}, "
+              f"{srv['ms_per_step']} ms of the load per step, its own TTFT {srv['ttft_ms_mean']} ms (mean)")
     for error in summary["errors"]:
         print(f"error: {error}", file=sys.stderr)
     if args.json_out:

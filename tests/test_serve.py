@@ -220,6 +220,29 @@ def test_models_health_and_metrics(live):
     assert "redline_requests_total" in metrics and "redline_time_to_first_token_seconds_count" in metrics
 
 
+def test_metrics_count_every_first_token_and_every_busy_row(model, tokenizer):
+    """The TTFT summary's _count and _sum cover every request since the start (its quantiles the last 1,024), and
+    the busy-row counter over the step counter is the batch's occupancy."""
+    from redline.serve.api import metrics_text
+
+    sched = scheduler_for(model, tokenizer, rows=2)
+    try:
+        for i in range(1100):
+            sched.stats.add_ttft(0.001 * (i % 7))
+        run_all(sched, [[1, 2, 3], [4, 5]], [5, 3])
+        values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics_text(sched).splitlines()
+                  if not line.startswith("#")}
+    finally:
+        sched.close()
+    assert len(sched.stats.ttft_snapshot()) == 1024
+    assert values["redline_time_to_first_token_seconds_count"] == 1102
+    total = sum(0.001 * (i % 7) for i in range(1100))
+    assert total < values["redline_time_to_first_token_seconds_sum"] < total + 10
+    steps, busy = values["redline_decode_steps_total"], values["redline_batch_busy_row_steps_total"]
+    assert busy == 4 + 2 and steps == 4  # the first token of each comes from its prefill
+    assert values["redline_batch_occupancy"] == pytest.approx(busy / steps / 2, abs=1e-4)
+
+
 def test_the_chat_page_is_self_contained_and_needs_no_key_itself(live):
     import re
 
@@ -586,7 +609,8 @@ def test_load_generator_bounded_load(live, capsys, monkeypatch, spread):
     spec.loader.exec_module(load)
     t0 = time.time()
     code = load.main(["--url", live.url, "--model", MODEL, "--concurrency", "4", "--requests", "12",
-                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "8", "--max-tokens-spread", str(spread)])
+                      "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "8", "--max-tokens-spread", str(spread),
+                      "--redline-metrics"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and time.time() - t0 < 30
     assert summary["completed"] == 12 and summary["failed"] == 0 and summary["max_tokens_spread"] == spread
@@ -597,6 +621,10 @@ def test_load_generator_bounded_load(live, capsys, monkeypatch, spread):
     assert reasons["stop"] or summary["output_tokens"] == sum(asked)
     assert spread == 0 or len(set(asked)) > 1
     assert summary["ttft_ms"]["p50"] > 0 and summary["output_tokens_per_s"] > 0
+    # what the server counted over this load alone: its own TTFT is part of the client's
+    server = summary["server"]
+    assert server["decode_steps"] > 0 and 0 < server["occupancy"] <= 1 and server["ms_per_step"] > 0
+    assert 0 < server["ttft_ms_mean"] <= summary["ttft_ms"]["mean"]
 
 
 def test_a_failing_step_fails_the_requests_in_flight_and_the_scheduler_goes_on(model, tokenizer, monkeypatch):

@@ -388,7 +388,9 @@ def create_app(server: Server):
 
 
 def metrics_text(scheduler: Scheduler) -> str:
-    """Prometheus text format: requests, tokens, queue depth, batch occupancy, time to first token."""
+    """Prometheus text format: requests, tokens, queue depth, batch occupancy (the mean since start, and the
+    counters of decode steps and of rows busy in them, whose increase over any span gives that span's), time to
+    first token (quantiles of the last 1,024; _count and _sum of all)."""
     s = scheduler.stats
     ttft = sorted(scheduler.stats.ttft_snapshot())
     lines = ["# TYPE redline_requests_total counter", f"redline_requests_total {s.requests}",
@@ -401,12 +403,14 @@ def metrics_text(scheduler: Scheduler) -> str:
               "# TYPE redline_batch_rows_busy gauge", f"redline_batch_rows_busy {scheduler.busy_rows()}",
               "# TYPE redline_batch_rows gauge", f"redline_batch_rows {scheduler.batch_rows}",
               "# TYPE redline_decode_steps_total counter", f"redline_decode_steps_total {s.steps}",
+              "# TYPE redline_batch_busy_row_steps_total counter",
+              f"redline_batch_busy_row_steps_total {s.busy_row_steps}",
               "# TYPE redline_batch_occupancy gauge",
               f"redline_batch_occupancy {s.busy_row_steps / s.steps / scheduler.batch_rows if s.steps else 0:.4f}",
               "# TYPE redline_time_to_first_token_seconds summary"]
     for q in (0.5, 0.9, 0.99):
         value = ttft[min(len(ttft) - 1, int(q * len(ttft)))] if ttft else float("nan")
         lines.append(f'redline_time_to_first_token_seconds{{quantile="{q}"}} {value:.6f}')
-    lines += [f"redline_time_to_first_token_seconds_count {len(ttft)}",
-              f"redline_time_to_first_token_seconds_sum {sum(ttft):.6f}"]
+    lines += [f"redline_time_to_first_token_seconds_count {s.ttft_count}",
+              f"redline_time_to_first_token_seconds_sum {s.ttft_sum_s:.6f}"]
     return "\n".join(lines) + "\n"

@@ -294,8 +294,8 @@ class _ReportedStats(Stats):
         self.fresh: list[float] = []
 
     def add_ttft(self, seconds: float) -> None:
+        super().add_ttft(seconds)
         with self.lock:
-            self.ttft_s.append(seconds)
             self.fresh.append(seconds)
 
     def take_fresh(self) -> list[float]:

@@ -103,11 +103,16 @@ class Stats:
     """Sum over decode steps of the rows decoding: / steps = mean batch occupancy."""
     ttft_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1024))
     """Recent times to first token (seconds); read them with ttft_snapshot()."""
+    ttft_count: int = 0
+    ttft_sum_s: float = 0.0
+    """Every time to first token so far: how many, and their sum (the summary's cumulative _count and _sum)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_ttft(self, seconds: float) -> None:
         with self.lock:
             self.ttft_s.append(seconds)
+            self.ttft_count += 1
+            self.ttft_sum_s += seconds
 
     def ttft_snapshot(self) -> list[float]:
         with self.lock:

@@ -24,7 +24,9 @@
 #      tokens; aggregate output tokens/s, TTFT and inter-token latency percentiles. With SPREAD="0 0.5" the
 #      recorded loads run once with every request asking for $NEW tokens (the clients end together and ask again
 #      together: the load comes in waves) and once with each asking for $NEW × a seeded draw in [0.5, 1.5] (the
-#      clients drift apart, as real ones do); the targets are checked for each.
+#      clients drift apart, as real ones do); the targets are checked for each. Each recorded load also reports
+#      what the server counted over it (serve_load.py --redline-metrics): the batch's occupancy, the load's wall
+#      time per decode step, and the server's own TTFT: tokens/s = 64 rows × occupancy / time per step.
 # Targets (from the issue): 64 concurrent streams >= 70% of bench-infer's batch-64 decode tokens/s; median TTFT
 # under that load <= 50 ms.
 # Needs the serve extra (fastapi, uvicorn and their dependencies; scripts/serve_load.py needs nothing) as wheels
@@ -162,7 +164,7 @@ for c in $CONCURRENCY; do
         server_cpu start
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
-            --seed "$r" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
+            --seed "$r" --redline-metrics --json-out "$LOAD" 2>&1 | tee -a "$LOG"
         server_cpu end
     done
     done
@@ -235,7 +237,8 @@ for spread in sorted({key[2] for key in medians}):  # the best server under each
 # each server's median 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
 share_by_mode = {f"{mode} s={sync} wait={wait}" + (f" spread={spread:g}" if spread else ""):
                  round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait), m in medians.items() if ref}
-print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}")
+print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}"
+      f" {'occupancy':>9} {'ms/step':>7} {'server TTFT':>11}")
 for b, o in sorted(offline.items()):
     print(f"{'bench-infer batch ' + str(b):<30} {o['decode_tok_s_total']:>10,.0f} {o['ttft_ms']:>9.1f}"
           f" {'-':>8} {'-':>8} {'-':>7} {'-':>6}  (decode only; e2e {o['e2e_tok_s_total']:,.0f})")
@@ -245,8 +248,10 @@ for l in loads:
             + f" w={l.get('prefill_wait_ms', 'auto')}"
             + (f" sp={l['max_tokens_spread']:g}" if l.get("max_tokens_spread") else ""))
     t, i = l["ttft_ms"], l["itl_ms"]
+    srv = l.get("server") or {}
     print(f"{name:<30} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
-          f" {i.get('p50', 0):>8.2f} {i.get('p99', 0):>7.2f} {l['failed']:>6}")
+          f" {i.get('p50', 0):>8.2f} {i.get('p99', 0):>7.2f} {l['failed']:>6}"
+          f" {srv.get('occupancy') or '-':>9} {srv.get('ms_per_step') or '-':>7} {srv.get('ttft_ms_mean') or '-':>11}")
 for c in checks:
     print(f"{c['metric']}: {c['measured']} (target {c['target']}, {c['server']}): {'met' if c['met'] else 'NOT met'}")
 for name, share in share_by_mode.items():
