@@ -144,7 +144,8 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict:
             "mean": round(statistics.fmean(s) * scale, 3)}
 
 
-async def run(args) -> dict:
+async def load(args) -> tuple[list[Result], float, float]:
+    """Run the load -> (each request's Result, wall seconds, this process's CPU seconds)."""
     url = urlsplit(args.url)
     host, port = url.hostname, url.port or 80
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -173,8 +174,63 @@ async def run(args) -> dict:
         if args.rate > 0:
             await asyncio.sleep(rng.expovariate(args.rate))
     results = await asyncio.gather(*tasks)
-    wall = time.perf_counter() - t0
-    return summarize(args, results, wall, time.process_time() - cpu0)
+    return list(results), time.perf_counter() - t0, time.process_time() - cpu0
+
+
+async def run(args) -> dict:
+    results, wall, cpu = await load(args)
+    return summarize(args, results, wall, cpu)
+
+
+def run_processes(args) -> dict:
+    """The load split over args.processes client processes (this script again, each with its share of the
+    clients, requests and rate, and prompts of its own), started together; their results merged into one summary,
+    whose client_cpu_share is the busiest process's. One Python process parsing every stream's events can become
+    what delays the tokens it times; several share that work."""
+    import subprocess
+    import tempfile
+    from dataclasses import fields
+
+    n = args.processes
+    start_at = time.perf_counter() + 1.0  # CLOCK_MONOTONIC: the same clock in every process of the machine
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, outs = [], []
+        for i in range(n):
+            spec = {**vars(args), "concurrency": args.concurrency // n + (i < args.concurrency % n),
+                    "requests": args.requests // n + (i < args.requests % n), "rate": args.rate / n,
+                    "seed": args.seed + 7919 * i, "processes": 1, "start_at": start_at,
+                    "out": f"{tmp}/worker{i}.json"}
+            outs.append(spec["out"])
+            with open(f"{tmp}/spec{i}.json", "w") as f:
+                json.dump(spec, f)
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", f"{tmp}/spec{i}.json"]))
+        if any(p.wait() != 0 for p in procs):
+            raise SystemExit("serve_load.py: a client process failed (its error is above)")
+        results, shares = [], []
+        for out in outs:
+            with open(out) as f:
+                done = json.load(f)
+            names = {f.name for f in fields(Result)}
+            results += [Result(**{k: v for k, v in r.items() if k in names}) for r in done["results"]]
+            shares.append(done["cpu"] / max(done["wall"], 1e-9))
+    wall = max(r.end for r in results) - start_at
+    summary = summarize(args, results, wall)
+    summary["client_cpu_share"], summary["client_processes"] = round(max(shares), 3), n
+    return summary
+
+
+def worker(spec_path: str) -> int:
+    """One client process of run_processes: its share of the load from the common start time, raw results out."""
+    from dataclasses import asdict
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    args = argparse.Namespace(**spec)
+    time.sleep(max(0.0, spec["start_at"] - time.perf_counter()))
+    results, wall, cpu = asyncio.run(load(args))
+    with open(spec["out"], "w") as f:
+        json.dump({"results": [asdict(r) for r in results], "wall": wall, "cpu": cpu}, f)
+    return 0
 
 
 def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dict:
@@ -252,6 +308,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="append the summary as one JSON line to this file")
+    p.add_argument("--processes", type=int, default=1,
+                   help="client processes sharing the load (each its share of the clients, requests and rate): "
+                        "one Python process parsing every stream's events may itself delay what it times")
     p.add_argument("--redline-metrics", action="store_true",
                    help="read `redline serve`'s /metrics before and after the load and add what the server counted "
                         "(decode steps, batch occupancy, ms per step, its own mean TTFT) as \"server\"")
@@ -260,13 +319,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--concurrency, --requests, --prompt-tokens and --max-tokens must be >= 1, --rate >= 0")
     if not 0 <= args.max_tokens_spread < 1:
         p.error(f"--max-tokens-spread must be in [0, 1), got {args.max_tokens_spread}")
+    if not 1 <= args.processes <= min(args.concurrency, args.requests):
+        p.error(f"--processes must be in [1, min(--concurrency, --requests)], got {args.processes}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1])
     args = parse_args(argv)
     before = read_counters(args.url, args.api_key) if args.redline_metrics else None
-    summary = asyncio.run(run(args))
+    summary = run_processes(args) if args.processes > 1 else asyncio.run(run(args))
     if before is not None:
         summary["server"] = server_figures(before, read_counters(args.url, args.api_key), summary["wall_s"])
     print(f"{'concurrency':>11} {'done':>5} {'failed':>6} {'tok/s':>10} {'TTFT p50':>9} {'p90':>8} {'p99':>8} "

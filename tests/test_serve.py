@@ -595,6 +595,28 @@ def test_sigterm_refuses_new_connections_drains_then_cancels_within_the_timeout(
                for r in results if r not in cut), results
 
 
+def test_load_generator_in_two_client_processes(live, capsys, monkeypatch):
+    """serve_load.py --processes 2: the clients and requests split over two processes started together, every
+    request counted once in one summary."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    load = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "serve_load", load)
+    spec.loader.exec_module(load)
+    code = load.main(["--url", live.url, "--model", MODEL, "--concurrency", "4", "--requests", "11",
+                      "--prompt-tokens", "10", "--max-tokens", "6", "--processes", "2"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and summary["completed"] == 11 and summary["failed"] == 0
+    assert summary["client_processes"] == 2 and summary["concurrency"] == 4
+    assert sum(summary["finish_reasons"].values()) == 11 and 0 < summary["output_tokens"] <= 66
+    assert 0 < summary["ttft_ms"]["p50"] and 0 < summary["wall_s"] < 30
+    with pytest.raises(SystemExit):  # more processes than clients
+        load.main(["--url", live.url, "--model", MODEL, "--concurrency", "2", "--processes", "3"])
+
+
 @pytest.mark.parametrize("spread", [0.0, 0.5])
 def test_load_generator_bounded_load(live, capsys, monkeypatch, spread):
     """scripts/serve_load.py: a fixed number of streamed requests with Poisson arrivals, a time limit, nothing

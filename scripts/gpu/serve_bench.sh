@@ -8,6 +8,7 @@
 #     ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the engine in its own process or not
 #     SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # also loads whose requests ask for 128-384 tokens
 #     PREFILL_WAIT="0 10" SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --prefill-wait-ms (a server each)
+#     CLIENT_PROCESSES=4 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the recorded loads' clients in 4 processes
 #     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
@@ -49,6 +50,7 @@ CONCURRENCY="${CONCURRENCY:-1 16 64}"
 REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summary takes their median)
 PER_CLIENT="${PER_CLIENT:-4}"  # requests per client in a closed-loop load (longer loads: less noise from its ends)
 PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: its default); several: one server each
+CLIENT_PROCESSES="${CLIENT_PROCESSES:-1}"  # serve_load.py --processes for the recorded loads
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
 PORT="${PORT:-8471}"
@@ -164,7 +166,7 @@ for c in $CONCURRENCY; do
         server_cpu start
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
-            --seed "$r" --redline-metrics --json-out "$LOAD" 2>&1 | tee -a "$LOG"
+            --seed "$r" --redline-metrics --processes "$CLIENT_PROCESSES" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
         server_cpu end
     done
     done
