@@ -3,6 +3,15 @@
 # *.parquet files (or one such file), those named val* becoming the validation split (else 2% of the documents),
 # prepared into OUT_DIR/corpus with a VOCAB-token byte-level BPE (default 32768) trained on its first
 # TOKENIZER_BYTES bytes (default 25 MB); the log goes to OUT_DIR/prepare.log. Needs PY (scripts/gpu/env.sh).
+# corpus_argument USAGE VALUE sets CORPUS to VALUE, or prints the script's usage and exits 2 when VALUE names no file
+# or folder.
+corpus_argument() {
+    CORPUS="$2"
+    if [ -z "$CORPUS" ] || [ ! -e "$CORPUS" ]; then
+        echo "usage: $1   (prepared shards or raw .jsonl.xz files; got '${CORPUS}')" >&2
+        exit 2
+    fi
+}
 prepare_corpus() {
     local corpus="$1" out="$2" vocab="${VOCAB:-32768}" tokenizer_bytes="${TOKENIZER_BYTES:-25000000}"
     if "$PY" -c 'import sys; from redline.data.prepare import is_prepared; sys.exit(not is_prepared(sys.argv[1]))' "$corpus"; then

@@ -16,11 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/env.sh
 source scripts/gpu/corpus.sh
-CORPUS="${1:-}"
-if [ -z "$CORPUS" ] || [ ! -e "$CORPUS" ]; then
-    echo "usage: scripts/gpu/dpo_grid.sh CORPUS_DIR   (prepared shards or raw .jsonl.xz files; got '${CORPUS}')" >&2
-    exit 2
-fi
+corpus_argument "scripts/gpu/dpo_grid.sh CORPUS_DIR" "${1:-}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REDLINE_CACHE="${REDLINE_CACHE:-$OUT/cache}"

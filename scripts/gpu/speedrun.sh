@@ -30,11 +30,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/env.sh
-CORPUS="${1:-}"
-if [ -z "$CORPUS" ] || [ ! -e "$CORPUS" ]; then
-    echo "usage: scripts/gpu/speedrun.sh CORPUS_DIR [STEPS]   (prepared shards or raw .jsonl.xz files; got '${CORPUS}')" >&2
-    exit 2
-fi
+source scripts/gpu/corpus.sh
+corpus_argument "scripts/gpu/speedrun.sh CORPUS_DIR [STEPS]" "${1:-}"
 CPU="${CPU:-0}"
 if [ "$CPU" = 1 ]; then DEFAULT_STEPS=40; else DEFAULT_STEPS=1000; fi
 STEPS="${2:-$DEFAULT_STEPS}"
@@ -70,7 +67,6 @@ echo "files: $OUT"
 start=$(date +%s)
 
 # -- the data: prepared once, shared by every recipe --------------------------------------------------------
-source scripts/gpu/corpus.sh
 prepare_corpus "$CORPUS" "$OUT" || exit $?
 prepare_seconds=$(( $(date +%s) - start ))
 

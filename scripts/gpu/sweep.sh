@@ -17,11 +17,11 @@ cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
 . scripts/gpu/corpus.sh
 RECIPE="${1:-}"
-CORPUS="${2:-}"
-if [ -z "$RECIPE" ] || [ -z "$CORPUS" ] || [ ! -e "$CORPUS" ]; then
-    echo "usage: scripts/gpu/sweep.sh RECIPE CORPUS [SWEEP_DIR]   (got recipe '${RECIPE}', corpus '${CORPUS}')" >&2
+if [ -z "$RECIPE" ]; then
+    echo "usage: scripts/gpu/sweep.sh RECIPE CORPUS [SWEEP_DIR]   (RECIPE: a built-in recipe name or a .toml file)" >&2
     exit 2
 fi
+corpus_argument "scripts/gpu/sweep.sh RECIPE CORPUS [SWEEP_DIR]" "${2:-}"
 OUT="${OUT:-$(mktemp -d)}"
 SWEEP_DIR="${3:-$OUT/$RECIPE}"
 mkdir -p "$OUT"
