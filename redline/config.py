@@ -309,7 +309,8 @@ class TrainConfig:
     max_tokens: int = 0
     """Stop after this many training tokens (0: no token limit)."""
     max_time: float = 0.0
-    """Stop after this many minutes of training (0: no time limit)."""
+    """Stop after this many minutes of training (0: no time limit): wall time less each process's first step (which
+    compiles), evaluations and checkpoints, so a warm compile cache or more evaluations change nothing."""
     eval_every: int = 100
     """Evaluate on the validation split every this many steps (and at the end; 0: only at the end)."""
     eval_batches: int = 20

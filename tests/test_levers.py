@@ -234,7 +234,7 @@ def test_the_levers_sweep_changes_one_thing_of_the_fast_recipe_at_a_time(tmp_pat
 
     recipe = load_recipe("levers")
     configs = _variant_configs("levers", tmp_path)
-    assert {seed for _, seed in configs} == {1, 2, 3} and recipe.budget == {"max_time": 2.5}
+    assert {seed for _, seed in configs} == {1, 2, 3} and recipe.budget == {"max_time": 1.1}
     fast = configs[("fast", 1)]
     trained = parse(TrainConfig, ["--recipe", "fast"], prog="t", description="t")
     assert fast.model == trained.model and fast.optim == trained.optim  # the sweep's [set] is the fast recipe

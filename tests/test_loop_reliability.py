@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -166,6 +167,33 @@ def test_the_eta_after_a_resume_counts_only_this_process(dataset, tmp_path, monk
     etas = re.findall(r"eta (\d+):(\d\d)(?::(\d\d))?", capsys.readouterr().out)
     assert etas and all(not hours and int(minutes) < 5 for minutes, _, hours in
                         [(m, s, h) for m, s, h in etas]), etas
+
+
+def test_max_time_counts_neither_the_compiling_first_step_nor_evaluations(dataset, tmp_path, monkeypatch):  # noqa: F811
+    """A first step (compilation) and evaluations that each take longer than the whole 1.2 s budget: the run still
+    trains for its budget, and the checkpoint keeps its training time apart from the wall time, for a resume."""
+    from redline.training.loop import Run
+    from redline.training.step import TrainStep
+
+    real_step, real_evaluate = TrainStep.step, Run.evaluate
+    calls = []
+
+    def step(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.5)
+        return real_step(self, *args, **kwargs)
+
+    def evaluate(self):
+        time.sleep(1.5)
+        return real_evaluate(self)
+
+    monkeypatch.setattr(TrainStep, "step", step)
+    monkeypatch.setattr(Run, "evaluate", evaluate)
+    result = train(config(dataset, tmp_path, "max_steps=0", "max_time=0.02", "eval_every=3", "log_every=100"))
+    state = ckpt_io.load_state(result.checkpoint)
+    assert result.status == "completed" and result.step > 3  # an evaluation at step 3, and training after it
+    assert 1.2 <= state["train_time"] < state["elapsed"] - 3.0
 
 
 # ----------------------------------------------------------------------------------------------------

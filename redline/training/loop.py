@@ -20,6 +20,7 @@ import json
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -109,7 +110,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cudnn.allow_tf32 = True
 
     cfg, run_dir, source, init_point, resumed = open_run(cfg, resume_from, data)
-    if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.elapsed) >= 1.0:
+    if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.train_time) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
     cfg = resolve_batch_size(with_run_vocabulary(cfg, source.tokenizer, data is not None), device, info, batch_search)
 
@@ -126,7 +127,8 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     with StopFlag() as stop:
         while (progress := run.progress()) < 1.0:
             multiplier = lr_multiplier(cfg.optim, run.step, progress)
-            output = train_step.step(run.micro_batches(), multiplier)
+            with run.paused(run.step == run.first_step):  # compilation is not training time
+                output = train_step.step(run.micro_batches(), multiplier)
             run.advance(output, cfg.optim.peak_lr * multiplier)
             last = run.progress() >= 1.0
             log_now = run.step % cfg.log_every == 0 or last or stop.signal is not None
@@ -139,9 +141,11 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
             if log_now:
                 run.write_records(summary=True)
             if eval_now:
-                run.evaluate()
+                with run.paused():
+                    run.evaluate()
             if save_now and run.bad_in_row == 0:
-                run.save()
+                with run.paused():
+                    run.save()
             if stop.signal is not None:
                 status = "interrupted"
                 break
@@ -196,6 +200,11 @@ class ResumePoint:
     @property
     def elapsed(self) -> float:
         return self.state["elapsed"]
+
+    @property
+    def train_time(self) -> float:
+        """Seconds of training (max_time's clock); checkpoints from before it was kept have the wall time."""
+        return self.state.get("train_time", self.state["elapsed"])
 
     def restore(self, train_step: TrainStep, info: DistInfo) -> None:
         """Into a built (wrapped) step: the optimizer states (and, sharded, the weights), the step's own state,
@@ -308,6 +317,9 @@ class Run:
         self.source, self.tokenizer, self.train_step = source, source.tokenizer, train_step
         self.step, self.tokens = (resumed.step, resumed.tokens) if resumed else (0, 0)
         self.elapsed_before = resumed.elapsed if resumed else 0.0
+        self.train_time_before = resumed.train_time if resumed else 0.0
+        self.first_step = self.step  # this process's first step compiles
+        self.paused_seconds = 0.0  # this process's wall time that is not training: compilation, evaluations, saves
         seq_len, batch = cfg.effective_seq_len, cfg.batch_size
         self.train_loader = source.train_loader(cfg, info, device)
         if resumed is not None:
@@ -369,8 +381,24 @@ class Run:
         """Training time of the whole run, this process's and that of the runs it resumed."""
         return self.elapsed_before + time.perf_counter() - self.start
 
+    def train_time(self) -> float:
+        """Training time of the whole run, max_time's clock: the wall time less each process's first step (which
+        holds compilation and warm-up), evaluations and checkpoints, so that runs with and without a warm compile
+        cache, or evaluated more often, train for the same time."""
+        return self.train_time_before + time.perf_counter() - self.start - self.paused_seconds
+
+    @contextmanager
+    def paused(self, paused: bool = True):
+        """Time inside the block does not count as training time (when `paused`)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if paused:
+                self.paused_seconds += time.perf_counter() - started
+
     def progress(self) -> float:
-        return budget_progress(self.cfg, self.step, self.tokens, self.elapsed())
+        return budget_progress(self.cfg, self.step, self.tokens, self.train_time())
 
     def micro_batches(self) -> Iterator[Any]:
         """The next step's micro-batches, read one at a time as the step asks for them; counts the positions they
@@ -453,7 +481,7 @@ class Run:
         cfg, info, train_step = self.cfg, self.info, self.train_step
         model, optimizers = train_step.model, train_step.optimizers
         state = {"loader": self.train_loader.state_dict(), "step": self.step, "tokens": self.tokens,
-                 "elapsed": self.elapsed(), "rng": ckpt_io.rng_state(), "world_size": info.world_size,
+                 "elapsed": self.elapsed(), "train_time": self.train_time(), "rng": ckpt_io.rng_state(), "world_size": info.world_size,
                  "train_step": train_step.state_dict()}
         path = None
         # FSDP2: each rank writes its shards, unless the ranks share no filesystem (then gather, as below)
@@ -582,15 +610,16 @@ def find_resume_checkpoint(cfg: TrainConfig) -> Path | None:
     return ckpt_io.list_checkpoints(newest)[-1]
 
 
-def budget_progress(cfg: TrainConfig, step: int, tokens: int, elapsed: float) -> float:
-    """Fraction of the budget used: the largest of the step, token and time fractions that are set."""
+def budget_progress(cfg: TrainConfig, step: int, tokens: int, train_time: float) -> float:
+    """Fraction of the budget used: the largest of the step, token and time fractions that are set (train_time:
+    seconds of training, Run.train_time)."""
     parts = []
     if cfg.max_steps:
         parts.append(step / cfg.max_steps)
     if cfg.max_tokens:
         parts.append(tokens / cfg.max_tokens)
     if cfg.max_time:
-        parts.append(elapsed / (cfg.max_time * 60))
+        parts.append(train_time / (cfg.max_time * 60))
     return max(parts) if parts else 0.0
 
 
