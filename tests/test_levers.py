@@ -199,7 +199,7 @@ def test_the_fast_recipe_combines_the_levers():
     cfg = parse(TrainConfig, ["--recipe", "fast"], prog="t", description="t")
     m, o = cfg.model, cfg.optim
     assert cfg.preset == "modern-124m" and (m.mlp, m.zero_init_proj, m.logit_softcap) == ("relu2", True, 15.0)
-    assert not m.tie_embeddings and m.qk_norm and m.value_embeddings == 3 and not cfg.data.align_rows
+    assert m.tie_embeddings and m.qk_norm and m.value_embeddings == 3 and not cfg.data.align_rows
     assert (o.name, o.schedule, o.min_lr_ratio, o.muon_momentum_start, o.muon_momentum) == \
         ("muon", "wsd", 0.0, 0.85, 0.95)
     assert 0 < o.decay_fraction < 1 and o.muon_momentum_warmup_steps > 0
