@@ -194,6 +194,10 @@ def test_max_time_counts_neither_the_compiling_first_step_nor_evaluations(datase
     state = ckpt_io.load_state(result.checkpoint)
     assert result.status == "completed" and result.step > 3  # an evaluation at step 3, and training after it
     assert 1.2 <= state["train_time"] < state["elapsed"] - 3.0
+    from redline.experiments.results import summarize_run
+
+    end = [r for r in records(result.run_dir) if r.get("event") == "end"][-1]
+    assert end["train_time"] < end["elapsed"] - 3.0 and summarize_run(result.run_dir)["train_time"] == end["train_time"]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -111,7 +111,11 @@ def summarize_run(run_dir: Path, spec: dict[str, Any] | None = None) -> dict[str
     summary["status"] = ends[-1].get("status", "failed") if ends else "failed"
     summary["steps"] = max((r.get("step", 0) for r in train), default=0)
     summary["tokens"] = (ends[-1].get("tokens") if ends else None) or max((r.get("tokens", 0) or 0 for r in logged), default=0)
-    summary["train_time"] = _finite(ends[-1].get("elapsed")) if ends else (_finite(logged[-1].get("elapsed")) if logged else None)
+    # seconds of training (max_time's clock: no compilation or evaluations); runs from before it was logged, and
+    # runs stopped before their end event, give the time since their start
+    end = ends[-1] if ends else None
+    summary["train_time"] = (_finite(end.get("train_time", end.get("elapsed"))) if end else
+                             _finite(logged[-1].get("elapsed")) if logged else None)
     summary["tokens_per_second"] = _median([_finite(r.get("tokens_per_second")) for r in steady])
     summary["mfu"] = _median([_finite(r.get("mfu")) for r in steady])
     memory = [_finite(r.get("peak_memory_gib")) for r in logged]

@@ -521,7 +521,7 @@ class Run:
             self.log.progress.close()
             self.log.progress = None
         self.log.log({"kind": "event", "event": "end", "status": status, "step": self.step, "tokens": self.tokens,
-                      "elapsed": self.elapsed()})
+                      "elapsed": self.elapsed(), "train_time": self.train_time()})
         for line in self.summary(status, stopped_by, final_eval, checkpoint):
             self.log.print(line)
         self.log.close()
