@@ -298,6 +298,14 @@ class TrainConfig:
     """Micro-batch per process, in sequences; auto: the largest that fits in memory_fraction of the GPU (as `redline fit` finds it)."""
     memory_fraction: float = 0.9
     """batch_size=auto only: the share of GPU memory a training step may use."""
+    batch_ramp_steps: int = 0
+    """Batch-size warm-up (GPT-3's, Brown et al. 2020): over the first this many steps each micro-batch's rows grow
+    linearly from batch_ramp_start × batch_size to batch_size, so the first steps take fewer tokens each and the
+    model is updated more often early (0: off). Pretraining only; each distinct size compiles once."""
+    batch_ramp_start: float = 0.25
+    """The ramp's first micro-batch, as a fraction of batch_size."""
+    batch_ramp_multiple: int = 8
+    """The ramp's sizes are rounded up to a multiple of this many rows (fewer distinct shapes to compile)."""
     seq_len: int = 0
     """Training sequence length (0: the model's context_len)."""
     tokens_per_step: int = 0
@@ -400,6 +408,9 @@ class TrainConfig:
             raise UserError(f"batch_size must be positive or auto, got {self.batch_size}")
         if not 0 < self.memory_fraction <= 1:
             raise UserError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        if self.batch_ramp_steps < 0 or self.batch_ramp_multiple < 1 or not 0 < self.batch_ramp_start <= 1:
+            raise UserError(f"batch_ramp_steps must be >= 0, batch_ramp_multiple >= 1 and batch_ramp_start in (0, 1]; "
+                            f"got {self.batch_ramp_steps}, {self.batch_ramp_multiple} and {self.batch_ramp_start}")
         for name in ("max_steps", "max_tokens", "tokens_per_step", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")

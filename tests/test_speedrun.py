@@ -42,6 +42,23 @@ def test_the_clock_leaves_out_evaluations_and_compilation():
     assert [e["tokens"] for e in clock["evals"]] == [400, 800, 1000]
 
 
+def test_the_trainers_own_clock_is_used_where_the_records_carry_it():
+    """A recompile mid-run (a batch-size warm-up's new size, 6 s at step 6) that the first-window estimate counts
+    as training: the evaluations' train_time (the trainer's clock, which left it out) is what the speedrun uses."""
+    records = synthetic_metrics()
+    for r in records:
+        if r["kind"] == "train" and r.get("elapsed") and r["step"] >= 6:
+            r["elapsed"] += 6.0
+        if r["kind"] == "eval":
+            r["elapsed"] += 6.0 if r["step"] >= 6 else 0.0
+            r["train_time"] = 0.5 * r["step"]
+    old = clocked_evals([{k: v for k, v in r.items() if k != "train_time"} for r in records])
+    assert [e["train_seconds"] for e in old["evals"]] == pytest.approx([2.0, 10.0, 11.0])  # the recompile counted
+    clock = clocked_evals(records)
+    assert [e["train_seconds"] for e in clock["evals"]] == pytest.approx([2.0, 4.0, 5.0])
+    assert clock["compile_seconds"] == pytest.approx(16.0) and clock["eval_seconds"] == pytest.approx(9.0)
+
+
 def test_an_evaluation_after_no_logged_step_is_flagged():
     records = [r for r in synthetic_metrics() if not (r["kind"] == "train" and r["step"] == 4)]
     clock = clocked_evals(records)

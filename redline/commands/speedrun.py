@@ -16,10 +16,12 @@ record is trained for the steps that reach the target and no more). The data is 
 so every run reads the same tokens and the same validation split; each evaluation covers the same number of
 validation tokens (--eval-tokens) whatever a recipe's batch shape.
 
-Time to quality is training time: each run's wall time less its evaluations (an evaluation's duration is the
-time between the training record logged just before it and its own record; log_every divides eval_every so
-that one exists) and less compilation (the first logged window, which holds the compiling first step, is
-counted as if it had run at the median speed of the later windows). The time at which a run reached the target
+Time to quality is training time: the trainer's own clock (`max_time`'s, logged with each evaluation), which
+leaves out evaluations, checkpoints and every step that compiles (the first; a batch-size warm-up's first at
+each size), with the GPU waited for at each edge. Runs logged before that clock are timed from their records:
+the wall time less the evaluations (the time between the training record logged just before each and its own
+record; log_every divides eval_every so that one exists) and less compilation (the first logged window counted
+as if it had run at the median speed of the later windows). The time at which a run reached the target
 is interpolated linearly between the last evaluation above it and the first at or below it, as are the tokens
 and steps. The target is --target, else the first recipe's (the baseline's) final value.
 
@@ -74,7 +76,9 @@ class SpeedrunArgs:
 
 
 def clocked_evals(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each evaluation with the training time before it (wall time less evaluations and compilation).
+    """Each evaluation with the training time before it (wall time less evaluations and compilation): the
+    trainer's clock where the records carry it ("train_time"), else the wall time less the evaluations and the
+    first logged window's excess over the steady step time (runs logged before that clock).
 
     Returns {"evals": [{step, tokens, train_seconds, bpb, loss}], "compile_seconds", "eval_seconds",
     "steady_step_seconds", "eval_time_known"}."""
@@ -95,8 +99,19 @@ def clocked_evals(records: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [((e1 - p1) - (e0 - p0)) / (s1 - s0) for (s0, e0, p0, _), (s1, e1, p1, _) in zip(logs, logs[1:]) if s1 > s0]
     steady = median(rates) if rates else None
     compile_seconds = max(0.0, logs[0][1] - steady * logs[0][0]) if logs and steady is not None else 0.0
+    clock = {r["step"]: r["train_time"] for r in records
+             if r.get("kind") == "eval" and _number(r.get("train_time")) is not None}
+    if evals and all(e["step"] in clock for e in evals):
+        # the trainer's own clock (max_time's): it leaves out every step that compiles, a batch-size warm-up's
+        # later sizes included, which the first-window estimate below cannot see
+        last = evals[-1]
+        compile_seconds = max(0.0, last["elapsed"] - last["paused"] - clock[last["step"]])
+        for e in evals:
+            e.pop("elapsed"), e.pop("paused")
+            e["train_seconds"] = clock[e["step"]]
     for e in evals:
-        e["train_seconds"] = e.pop("elapsed") - e.pop("paused") - compile_seconds
+        if "train_seconds" not in e:
+            e["train_seconds"] = e.pop("elapsed") - e.pop("paused") - compile_seconds
     return {"evals": evals, "compile_seconds": compile_seconds, "eval_seconds": paused,
             "steady_step_seconds": steady, "eval_time_known": known}
 

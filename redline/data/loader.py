@@ -101,7 +101,7 @@ class TokenLoader:
         self.num_windows = (self.total_tokens - 1) // seq_len if self.starts is None else int(self.starts.size)
         self.position = 0  # windows consumed so far by all ranks together
         self._perms: dict[int, np.ndarray] = {}
-        self._next: tuple[int, Future] | None = None  # (position, the host batch being built for it)
+        self._next: tuple[int, int, Future] | None = None  # (position, rows, the host batch being built for them)
         self._executor: ThreadPoolExecutor | None = None
 
     def _document_windows(self, eot_id: int) -> np.ndarray:
@@ -173,10 +173,11 @@ class TokenLoader:
             return batch
         return tuple(t.to(self.device, non_blocking=self.device.type == "cuda") for t in batch)
 
-    def _build(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's host batch of the global batch that starts at `position` of the endless window sequence."""
+    def _build(self, position: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's host batch (rows windows) of the global batch that starts at `position` of the endless
+        window sequence."""
         windows = []
-        for p in range(position + self.rank * self.batch_size, position + (self.rank + 1) * self.batch_size):
+        for p in range(position + self.rank * rows, position + (self.rank + 1) * rows):
             epoch, offset = divmod(p, self.num_windows)
             windows.append(int(self._permutation(epoch)[offset]))
         return self._host_batch(windows)
@@ -190,18 +191,20 @@ class TokenLoader:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redline-loader", initializer=init)
         return self._executor
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), int64, shape (batch_size, seq_len) each, on `device`; y is x shifted left by one token."""
-        if self._next is not None and self._next[0] == self.position:
-            batch = self._next[1].result()
+    def next_batch(self, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), int64, shape (rows, seq_len) each (rows: batch_size unless given, as a batch-size warm-up asks),
+        on `device`; y is x shifted left by one token."""
+        rows = rows or self.batch_size
+        if self._next is not None and self._next[:2] == (self.position, rows):
+            batch = self._next[2].result()
         else:
-            batch = self._build(self.position)
+            batch = self._build(self.position, rows)
         self._next = None
-        self.position += self.global_batch
+        self.position += rows * self.world_size
         if self.prefetch:
             # gather (and pin) the next batch in a thread while the caller trains on this one; numpy's copies
             # release the GIL, so this overlaps even with a loop that waits for the GPU every step
-            self._next = (self.position, self._worker().submit(self._build, self.position))
+            self._next = (self.position, rows, self._worker().submit(self._build, self.position, rows))
         return self._to_device(batch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

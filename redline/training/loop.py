@@ -43,7 +43,8 @@ from redline.training.optim import lr_multiplier
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states
 from redline.training.objectives import Objective
 from redline.training.sources import ShardData, TrainingData
-from redline.training.step import BatchSearch, StepOutput, TrainStep, resolve_batch_size, with_vocab_size
+from redline.training.step import (BatchSearch, StepOutput, TrainStep, ramp_rows, resolve_batch_size,
+                                   with_vocab_size)
 
 
 @dataclass
@@ -109,6 +110,9 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
+    if cfg.batch_ramp_steps and data is not None:  # before the run directory is made
+        raise UserError("batch_ramp_steps (a batch-size warm-up) is for pretraining on token shards (redline train); "
+                        "set batch_ramp_steps=0 to fine-tune")
     cfg, run_dir, source, init_point, resumed = open_run(cfg, resume_from, data)
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.train_time) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
@@ -127,7 +131,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     with StopFlag() as stop:
         while (progress := run.progress()) < 1.0:
             multiplier = lr_multiplier(cfg.optim, run.step, progress)
-            with run.paused(run.step == run.first_step):  # compilation is not training time
+            with run.paused(run.compiles()):  # compilation is not training time
                 output = train_step.step(run.micro_batches(), multiplier)
             run.advance(output, cfg.optim.peak_lr * multiplier)
             last = run.progress() >= 1.0
@@ -152,6 +156,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
             run.show_progress()
 
     run.write_records(summary=False)  # the steps since the last log line, whatever stopped the loop
+    run.stop_clock()
     final_eval: dict = {}
     checkpoint = sample = None
     if status != "diverged":  # a diverged run keeps its last good checkpoint
@@ -319,7 +324,10 @@ class Run:
         self.elapsed_before = resumed.elapsed if resumed else 0.0
         self.train_time_before = resumed.train_time if resumed else 0.0
         self.first_step = self.step  # this process's first step compiles
+        self.rows_seen: set[int] = set()  # micro-batch sizes this process has trained (compiled) at
         self.paused_seconds = 0.0  # this process's wall time that is not training: compilation, evaluations, saves
+        self.pause_started: float | None = None  # when the pause under way began
+        self.stopped_at: float | None = None  # the training time when the loop ended
         seq_len, batch = cfg.effective_seq_len, cfg.batch_size
         self.train_loader = source.train_loader(cfg, info, device)
         if resumed is not None:
@@ -382,20 +390,44 @@ class Run:
         return self.elapsed_before + time.perf_counter() - self.start
 
     def train_time(self) -> float:
-        """Training time of the whole run, max_time's clock: the wall time less each process's first step (which
-        holds compilation and warm-up), evaluations and checkpoints, so that runs with and without a warm compile
-        cache, or evaluated more often, train for the same time."""
-        return self.train_time_before + time.perf_counter() - self.start - self.paused_seconds
+        """Training time of the whole run, max_time's clock: the wall time less the steps that compile (each
+        process's first, and a batch-size warm-up's first at each size), evaluations and checkpoints, so that runs
+        with and without a warm compile cache, or evaluated more often, train for the same time. Stopped when the
+        loop ends (the closing evaluation, checkpoint and sample are not training)."""
+        if self.stopped_at is not None:
+            return self.stopped_at
+        now = time.perf_counter()
+        pausing = now - self.pause_started if self.pause_started is not None else 0.0
+        return self.train_time_before + now - self.start - self.paused_seconds - pausing
+
+    def stop_clock(self) -> None:
+        self.stopped_at = self.train_time()
 
     @contextmanager
     def paused(self, paused: bool = True):
-        """Time inside the block does not count as training time (when `paused`)."""
-        started = time.perf_counter()
+        """Time inside the block does not count as training time (when `paused`). On a GPU the device is waited for
+        on both sides, so the steps queued before the block count as training and the block's own work does not."""
+        if not paused:
+            yield
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.pause_started = time.perf_counter()
         try:
             yield
         finally:
-            if paused:
-                self.paused_seconds += time.perf_counter() - started
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.paused_seconds += time.perf_counter() - self.pause_started
+            self.pause_started = None
+
+    def compiles(self) -> bool:
+        """Whether the next step compiles (as far as the loop can tell): this process's first step, or the first
+        step of a batch-size warm-up's new micro-batch size. Its time is not training time."""
+        rows = ramp_rows(self.cfg, self.step) or self.cfg.batch_size
+        new = self.step == self.first_step or rows not in self.rows_seen
+        self.rows_seen.add(rows)
+        return new
 
     def progress(self) -> float:
         return budget_progress(self.cfg, self.step, self.tokens, self.train_time())
@@ -404,8 +436,9 @@ class Run:
         """The next step's micro-batches, read one at a time as the step asks for them; counts the positions they
         hold (self.step_positions), since DPO and GRPO batches are cut to their longest row, not seq_len."""
         self.step_positions = 0
+        rows = ramp_rows(self.cfg, self.step)  # a batch-size warm-up's smaller micro-batches (None: the full ones)
         for _ in range(self.train_step.plan.accum):
-            batch = self.train_loader.next_batch()
+            batch = self.train_loader.next_batch(rows) if rows else self.train_loader.next_batch()
             self.step_positions += batch_positions(batch)
             yield batch
 
@@ -435,8 +468,10 @@ class Run:
 
     def write_records(self, summary: bool) -> None:
         """The pending step records; summary: a log step's line with throughput and ETA (every rank calls this)."""
+        if summary and self.device.type == "cuda":  # the clocks below count the steps' GPU work, not only their launch
+            torch.cuda.synchronize(self.device)
         eta = eta_seconds(min(self.progress(), 1.0), self.start_progress, time.perf_counter() - self.start)
-        self.records.write(self.tokens, self.elapsed(), summary, self.cfg.max_steps, eta)
+        self.records.write(self.tokens, self.elapsed(), summary, self.cfg.max_steps, eta, self.train_time())
 
     def show_progress(self) -> None:
         if self.log.progress is not None:
@@ -461,7 +496,8 @@ class Run:
         """Validation loss, perplexity and bits per byte, without the converters (BF16); logged and printed."""
         with self.train_step.evaluation() as model:
             result = self.source.evaluate(model, self.cfg, self.info, self.device)
-        self.log.log({"kind": "eval", "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed(), **result})
+        self.log.log({"kind": "eval", "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed(),
+                      "train_time": self.train_time(), **result})
         if hasattr(self.source, "eval_line"):  # a source whose evaluation measures something else (DPO, GRPO)
             self.log.print(f"[cyan]eval step {self.step}: {self.source.eval_line(result)}")
             return result

@@ -141,7 +141,7 @@ class StepRecords:
         self.window_steps += 1
 
     def write(self, tokens: int, elapsed: float, summary: bool, max_steps: int = 0,
-              eta: float | None = None) -> None:
+              eta: float | None = None, train_time: float | None = None) -> None:
         """Write the pending records. summary (a log step): the last record gets the window's throughput and
         memory, a console line is printed and the window restarts; otherwise (a checkpoint, the end) the records
         alone go out, and the window runs on."""
@@ -159,6 +159,8 @@ class StepRecords:
         extra: dict[str, Any] = {}
         if summary:
             extra = self._window(now, tokens, elapsed)
+            if train_time is not None:
+                extra["train_time"] = train_time
         for (step, lr, _), row, norm in zip(self.pending, values, norms):
             record = {"kind": "train", "step": step, "loss": row[0], "lr": lr, "grad_norm": norm,
                       **dict(zip(names, row[1:]))}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,18 @@ def plan_batches(cfg: TrainConfig, world_size: int) -> BatchPlan:
                             f"world_size = {unit}; use {max(1, round(cfg.tokens_per_step / unit)) * unit}")
         accum = cfg.tokens_per_step // unit
     return BatchPlan(cfg.batch_size, seq_len, accum, world_size)
+
+
+def ramp_rows(cfg: TrainConfig, step: int) -> int | None:
+    """Rows of each micro-batch of step `step` (0-based) under the batch-size warm-up (cfg.batch_ramp_*): linear from
+    batch_ramp_start × batch_size to batch_size over batch_ramp_steps steps, rounded up to a multiple of
+    batch_ramp_multiple and at most batch_size. None: the full micro-batch (no ramp, or past it)."""
+    if not cfg.batch_ramp_steps or step >= cfg.batch_ramp_steps:
+        return None
+    full, multiple = cfg.batch_size, cfg.batch_ramp_multiple
+    wanted = full * (cfg.batch_ramp_start + (1 - cfg.batch_ramp_start) * step / cfg.batch_ramp_steps)
+    rows = min(full, max(multiple, math.ceil(wanted / multiple - 1e-9) * multiple))
+    return None if rows == full else rows
 
 
 def with_vocab_size(cfg: TrainConfig, vocab_size: int) -> TrainConfig:

@@ -108,13 +108,17 @@ def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInf
         say(f"torch.compile ({'whole model' if scope == 'model' else 'per block + lm_head'}, mode {cfg.compile_mode}): "
             f"the first step compiles")
     module: nn.Module = model
-    if scope == "blocks":
+    # a batch-size warm-up's few micro-batch sizes: each its own static graph, so the full batch's kernels are not
+    # traded for dynamic-shape ones after the second size
+    dynamic = False if cfg.batch_ramp_steps else None
+    if scope == "blocks" or (scope and cfg.batch_ramp_steps):
         _raise_recompile_limit()
+    if scope == "blocks":
         for block in model.blocks:
-            block.compile(mode=mode)
-        model.lm_head.compile(mode=mode)
+            block.compile(mode=mode, dynamic=dynamic)
+        model.lm_head.compile(mode=mode, dynamic=dynamic)
     elif scope == "model":
-        module = torch.compile(model, mode=mode)
+        module = torch.compile(model, mode=mode, dynamic=dynamic)
     # 4. data parallel
     module = apply_data_parallel(module, model, cfg.parallel, device, info, param_dtype=amp,
                                  bucket_mb=cfg.ddp_bucket_mb)

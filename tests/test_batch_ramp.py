@@ -1,0 +1,82 @@
+"""The batch-size warm-up (batch_ramp_steps): its sizes, the tokens a ramped run trains, the training clock around
+its recompiles, and where it is refused. Exact resume in the middle of a ramp is in tests/test_train.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from redline.config import TrainConfig, parse
+from redline.errors import UserError
+from redline.training.loop import train
+from redline.training.step import ramp_rows
+from tests.test_train import config, dataset  # noqa: F401  (the session-scoped prepared corpus)
+
+
+def ramp_config(*extra: str) -> TrainConfig:
+    return parse(TrainConfig, ["batch_size=32", "batch_ramp_steps=100", *extra], prog="t", description="t")
+
+
+def test_the_rows_grow_linearly_to_the_full_batch_in_whole_multiples():
+    cfg = ramp_config()  # from a quarter (8 rows), multiples of 8
+    rows = [ramp_rows(cfg, step) for step in range(0, 110)]
+    assert rows[0] == 8 and rows[50] == 24 and rows[99] is None and rows[100] is None and rows[109] is None
+    sizes = [r for r in rows if r is not None]
+    assert sizes == sorted(sizes) and set(sizes) == {8, 16, 24}  # then the full 32 (None)
+    assert ramp_rows(parse(TrainConfig, ["batch_size=32"], prog="t", description="t"), 0) is None  # off
+    fine = ramp_config("batch_ramp_multiple=1", "batch_ramp_start=0.5")
+    assert ramp_rows(fine, 0) == 16 and ramp_rows(fine, 50) == 24 and ramp_rows(fine, 90) == 31
+    assert all(ramp_rows(fine, s) is None or 16 <= ramp_rows(fine, s) < 32 for s in range(100))
+
+
+@pytest.mark.parametrize("setting", ["batch_ramp_steps=-1", "batch_ramp_start=0", "batch_ramp_start=1.5",
+                                     "batch_ramp_multiple=0"])
+def test_bad_ramp_settings_are_refused(setting):
+    with pytest.raises(UserError, match="batch_ramp"):
+        ramp_config(setting).validate()
+
+
+def test_a_ramped_run_trains_the_rows_its_steps_hold(dataset, tmp_path):  # noqa: F811
+    """batch 4 × 32 tokens, the ramp over 6 steps from 1 row: steps of 1, 2, 2, 3, 3, 4... rows, each counted."""
+    cfg = config(dataset, tmp_path, "batch_ramp_steps=6", "batch_ramp_start=0.25", "batch_ramp_multiple=1",
+                 "max_steps=8", "log_every=1")
+    result = train(cfg)
+    rows = [ramp_rows(cfg, step) or 4 for step in range(8)]
+    assert rows[0] == 1 and rows[-1] == 4 and len(set(rows)) == 4
+    assert result.tokens == sum(rows) * 32
+    steps = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    tokens = [r["tokens"] for r in steps if r["kind"] == "train" and "tokens" in r]
+    assert tokens == [sum(rows[:n]) * 32 for n in range(1, 9)]
+
+
+def test_max_time_leaves_out_the_first_step_at_each_new_size(dataset, tmp_path, monkeypatch):  # noqa: F811
+    """Each new micro-batch size recompiles on a GPU: here the first step at each of the 4 sizes takes 1.5 s, longer
+    than the 1.2 s budget, and the run still trains for its budget."""
+    from redline.training.step import TrainStep
+
+    real_step, seen = TrainStep.step, set()
+
+    def step(self, batches, multiplier):
+        first = next(iter(batches))
+        rows = first[0].shape[0]
+        if rows not in seen:
+            seen.add(rows)
+            time.sleep(1.5)
+        return real_step(self, iter([first]), multiplier)
+
+    monkeypatch.setattr(TrainStep, "step", step)
+    cfg = config(dataset, tmp_path, "batch_ramp_steps=6", "batch_ramp_start=0.25", "batch_ramp_multiple=1",
+                 "max_steps=0", "max_time=0.02", "log_every=100")
+    result = train(cfg)
+    assert result.status == "completed" and seen == {1, 2, 3, 4} and result.step > 8
+    end = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert end["event"] == "end" and 1.2 <= end["train_time"] < end["elapsed"] - 6.0
+
+
+def test_fine_tuning_refuses_the_ramp_before_making_a_run(dataset, tmp_path):  # noqa: F811
+    cfg = config(dataset, tmp_path, "batch_ramp_steps=4")
+    with pytest.raises(UserError, match="batch_ramp_steps"):
+        train(cfg, data=lambda run_dir: pytest.fail("the data source was built"))
+    assert not (tmp_path / "runs").exists()
