@@ -306,6 +306,13 @@ class TrainConfig:
     """The ramp's first micro-batch, as a fraction of batch_size."""
     batch_ramp_multiple: int = 8
     """The ramp's sizes are rounded up to a multiple of this many rows (fewer distinct shapes to compile)."""
+    seq_ramp_steps: int = 0
+    """Sequence-length warm-up (Li et al. 2022): over the first this many steps each of the loader's windows is cut
+    into shorter rows (the same tokens a step, each row attending within itself), their length doubling from
+    seq_ramp_start up to seq_len as a linear ramp reaches each double (0: off). Pretraining only; each length
+    compiles once."""
+    seq_ramp_start: int = 256
+    """The warm-up's first row length in tokens: seq_len divided by a power of two."""
     seq_len: int = 0
     """Training sequence length (0: the model's context_len)."""
     tokens_per_step: int = 0
@@ -408,6 +415,13 @@ class TrainConfig:
             raise UserError(f"batch_size must be positive or auto, got {self.batch_size}")
         if not 0 < self.memory_fraction <= 1:
             raise UserError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        if self.seq_ramp_steps < 0:
+            raise UserError(f"seq_ramp_steps must be >= 0, got {self.seq_ramp_steps}")
+        if self.seq_ramp_steps:
+            ratio = self.effective_seq_len // self.seq_ramp_start if self.seq_ramp_start > 0 else 0
+            if ratio < 1 or ratio * self.seq_ramp_start != self.effective_seq_len or ratio & (ratio - 1):
+                raise UserError(f"seq_ramp_start={self.seq_ramp_start} must be seq_len ({self.effective_seq_len}) "
+                                f"divided by a power of two, e.g. {max(1, self.effective_seq_len // 4)}")
         if self.batch_ramp_steps < 0 or self.batch_ramp_multiple < 1 or not 0 < self.batch_ramp_start <= 1:
             raise UserError(f"batch_ramp_steps must be >= 0, batch_ramp_multiple >= 1 and batch_ramp_start in (0, 1]; "
                             f"got {self.batch_ramp_steps}, {self.batch_ramp_multiple} and {self.batch_ramp_start}")

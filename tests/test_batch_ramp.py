@@ -1,5 +1,6 @@
-"""The batch-size warm-up (batch_ramp_steps): its sizes, the tokens a ramped run trains, the training clock around
-its recompiles, and where it is refused. Exact resume in the middle of a ramp is in tests/test_train.py."""
+"""The warm-ups of the batch's shape: batch size (batch_ramp_*) and sequence length (seq_ramp_*): their sizes, what a
+ramped run trains on, the training clock around their recompiles, and where they are refused. Exact resume in the
+middle of each ramp is in tests/test_train.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from redline.config import TrainConfig, parse
 from redline.errors import UserError
 from redline.training.loop import train
-from redline.training.step import ramp_rows
+from redline.training.step import ramp_rows, ramp_seq_len
 from tests.test_train import config, dataset  # noqa: F401  (the session-scoped prepared corpus)
 
 
@@ -80,3 +81,40 @@ def test_fine_tuning_refuses_the_ramp_before_making_a_run(dataset, tmp_path):  #
     with pytest.raises(UserError, match="batch_ramp_steps"):
         train(cfg, data=lambda run_dir: pytest.fail("the data source was built"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_row_length_doubles_as_the_linear_ramp_reaches_each_double():
+    cfg = parse(TrainConfig, ["preset=modern-124m", "seq_len=1024", "seq_ramp_steps=300", "seq_ramp_start=256"],
+                prog="t", description="t")
+    lengths = [ramp_seq_len(cfg, step) for step in range(320)]
+    assert lengths[0] == 256 and lengths[99] == 256 and lengths[100] == 512 and lengths[299] == 512
+    assert lengths[300] is None and lengths[319] is None  # the full 1024
+    off = parse(TrainConfig, ["preset=modern-124m", "seq_len=1024"], prog="t", description="t")
+    assert ramp_seq_len(off, 0) is None
+
+
+@pytest.mark.parametrize("start", ["300", "0", "2048"])
+def test_a_first_length_that_does_not_divide_the_windows_by_a_power_of_two_is_refused(start):
+    with pytest.raises(UserError, match="seq_ramp_start"):
+        parse(TrainConfig, ["preset=modern-124m", "seq_len=1024", "seq_ramp_steps=10", f"seq_ramp_start={start}"],
+              prog="t", description="t")
+
+
+def test_a_sequence_ramp_cuts_the_windows_into_rows_of_its_length(dataset, tmp_path, monkeypatch):  # noqa: F811
+    """4 windows of 32 tokens a step, the ramp from 8 tokens over 6 steps: rows of 8 (16 of them), then 16 (8),
+    then the windows; every step the same 128 tokens, each row's targets its own tokens' successors."""
+    from redline.training.step import TrainStep
+
+    real_step, shapes = TrainStep.step, []
+
+    def step(self, batches, multiplier):
+        batch = next(iter(batches))
+        x, y = batch
+        shapes.append(tuple(x.shape))
+        assert x.shape == y.shape and bool((x[:, 1:] == y[:, :-1]).all())
+        return real_step(self, iter([batch]), multiplier)
+
+    monkeypatch.setattr(TrainStep, "step", step)
+    result = train(config(dataset, tmp_path, "seq_ramp_steps=6", "seq_ramp_start=8", "max_steps=8"))
+    assert shapes == [(16, 8), (16, 8), (8, 16), (8, 16), (8, 16), (8, 16), (4, 32), (4, 32)]
+    assert result.tokens == 8 * 4 * 32

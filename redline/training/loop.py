@@ -43,8 +43,8 @@ from redline.training.optim import lr_multiplier
 from redline.training.parallel import full_state, is_fsdp, load_optimizer_states
 from redline.training.objectives import Objective
 from redline.training.sources import ShardData, TrainingData
-from redline.training.step import (BatchSearch, StepOutput, TrainStep, ramp_rows, resolve_batch_size,
-                                   with_vocab_size)
+from redline.training.step import (BatchSearch, StepOutput, TrainStep, ramp_rows, ramp_seq_len,
+                                   resolve_batch_size, with_vocab_size)
 
 
 @dataclass
@@ -110,9 +110,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    if cfg.batch_ramp_steps and data is not None:  # before the run directory is made
-        raise UserError("batch_ramp_steps (a batch-size warm-up) is for pretraining on token shards (redline train); "
-                        "set batch_ramp_steps=0 to fine-tune")
+    for name in ("batch_ramp_steps", "seq_ramp_steps"):
+        if getattr(cfg, name) and data is not None:  # before the run directory is made
+            raise UserError(f"{name} (a warm-up of the batch's shape) is for pretraining on token shards (redline "
+                            f"train); set {name}=0 to fine-tune")
     cfg, run_dir, source, init_point, resumed = open_run(cfg, resume_from, data)
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.train_time) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
@@ -324,7 +325,7 @@ class Run:
         self.elapsed_before = resumed.elapsed if resumed else 0.0
         self.train_time_before = resumed.train_time if resumed else 0.0
         self.first_step = self.step  # this process's first step compiles
-        self.rows_seen: set[int] = set()  # micro-batch sizes this process has trained (compiled) at
+        self.shapes_seen: set[tuple[int, int]] = set()  # micro-batch shapes this process has trained (compiled) at
         self.paused_seconds = 0.0  # this process's wall time that is not training: compilation, evaluations, saves
         self.pause_started: float | None = None  # when the pause under way began
         self.stopped_at: float | None = None  # the training time when the loop ended
@@ -423,10 +424,11 @@ class Run:
 
     def compiles(self) -> bool:
         """Whether the next step compiles (as far as the loop can tell): this process's first step, or the first
-        step of a batch-size warm-up's new micro-batch size. Its time is not training time."""
-        rows = ramp_rows(self.cfg, self.step) or self.cfg.batch_size
-        new = self.step == self.first_step or rows not in self.rows_seen
-        self.rows_seen.add(rows)
+        step at a new micro-batch shape of a batch-size or sequence-length warm-up. Its time is not training time."""
+        shape = (ramp_rows(self.cfg, self.step) or self.cfg.batch_size,
+                 ramp_seq_len(self.cfg, self.step) or self.cfg.effective_seq_len)
+        new = self.step == self.first_step or shape not in self.shapes_seen
+        self.shapes_seen.add(shape)
         return new
 
     def progress(self) -> float:
@@ -437,8 +439,11 @@ class Run:
         hold (self.step_positions), since DPO and GRPO batches are cut to their longest row, not seq_len."""
         self.step_positions = 0
         rows = ramp_rows(self.cfg, self.step)  # a batch-size warm-up's smaller micro-batches (None: the full ones)
+        length = ramp_seq_len(self.cfg, self.step)  # a sequence-length warm-up's shorter rows (None: the windows)
         for _ in range(self.train_step.plan.accum):
             batch = self.train_loader.next_batch(rows) if rows else self.train_loader.next_batch()
+            if length:  # (B, T) windows of the stream -> (B·T/L, L) rows: the same tokens and next-token targets
+                batch = tuple(t.reshape(-1, length) for t in batch)
             self.step_positions += batch_positions(batch)
             yield batch
 

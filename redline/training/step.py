@@ -89,6 +89,20 @@ def ramp_rows(cfg: TrainConfig, step: int) -> int | None:
     return None if rows == full else rows
 
 
+def ramp_seq_len(cfg: TrainConfig, step: int) -> int | None:
+    """Row length of step `step` (0-based) under the sequence-length warm-up (cfg.seq_ramp_*): seq_ramp_start
+    doubled for as long as the double is at most the linear ramp from seq_ramp_start to seq_len over
+    seq_ramp_steps steps (so each length divides the loader's windows). None: the full length (no ramp, or past
+    it)."""
+    if not cfg.seq_ramp_steps or step >= cfg.seq_ramp_steps:
+        return None
+    full, length = cfg.effective_seq_len, cfg.seq_ramp_start
+    wanted = length + (full - length) * step / cfg.seq_ramp_steps
+    while length * 2 <= wanted:
+        length *= 2
+    return None if length >= full else length
+
+
 def with_vocab_size(cfg: TrainConfig, vocab_size: int) -> TrainConfig:
     """A copy of cfg whose model has the data's vocabulary (the preset's is a default: the tokenizer decides)."""
     if cfg.model.vocab_size == vocab_size:

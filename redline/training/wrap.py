@@ -108,10 +108,11 @@ def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInf
         say(f"torch.compile ({'whole model' if scope == 'model' else 'per block + lm_head'}, mode {cfg.compile_mode}): "
             f"the first step compiles")
     module: nn.Module = model
-    # a batch-size warm-up's few micro-batch sizes: each its own static graph, so the full batch's kernels are not
-    # traded for dynamic-shape ones after the second size
-    dynamic = False if cfg.batch_ramp_steps else None
-    if scope == "blocks" or (scope and cfg.batch_ramp_steps):
+    # a batch-size or sequence-length warm-up's few shapes: each its own static graph, so the full batch's kernels
+    # are not traded for dynamic-shape ones after the second shape
+    ramped = bool(cfg.batch_ramp_steps or cfg.seq_ramp_steps)
+    dynamic = False if ramped else None
+    if scope == "blocks" or (scope and ramped):
         _raise_recompile_limit()
     if scope == "blocks":
         for block in model.blocks:
