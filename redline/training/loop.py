@@ -392,7 +392,7 @@ class Run:
 
     def train_time(self) -> float:
         """Training time of the whole run, max_time's clock: the wall time less the steps that compile (each
-        process's first, and a batch-size warm-up's first at each size), evaluations and checkpoints, so that runs
+        process's first, and a warm-up's first at each batch shape), evaluations and checkpoints, so that runs
         with and without a warm compile cache, or evaluated more often, train for the same time. Stopped when the
         loop ends (the closing evaluation, checkpoint and sample are not training)."""
         if self.stopped_at is not None:
@@ -522,8 +522,8 @@ class Run:
         cfg, info, train_step = self.cfg, self.info, self.train_step
         model, optimizers = train_step.model, train_step.optimizers
         state = {"loader": self.train_loader.state_dict(), "step": self.step, "tokens": self.tokens,
-                 "elapsed": self.elapsed(), "train_time": self.train_time(), "rng": ckpt_io.rng_state(), "world_size": info.world_size,
-                 "train_step": train_step.state_dict()}
+                 "elapsed": self.elapsed(), "train_time": self.train_time(), "rng": ckpt_io.rng_state(),
+                 "world_size": info.world_size, "train_step": train_step.state_dict()}
         path = None
         # FSDP2: each rank writes its shards, unless the ranks share no filesystem (then gather, as below)
         if is_fsdp(model) and ckpt_io.every_rank_sees(self.run_dir / "checkpoints"):  # collective
