@@ -4,6 +4,7 @@ interpolated crossing, planning errors, the nanogpt recipe's settings, and one r
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -219,3 +220,16 @@ def test_two_tiny_recipes_in_one_call(tmp_path, dataset, monkeypatch, gpus):
         config = json.loads((run / "config.json").read_text())
         assert config["eval_batches"] == 4 and config["data"]["path"] == str(dataset)
     assert (out / "speedrun.png").is_file() == ("plot" in result)
+
+
+@pytest.mark.slow
+def test_the_speedrun_script_runs_nanogpt_and_the_fast_recipe_on_a_cpu(tmp_path, dataset):
+    """scripts/gpu/speedrun.sh CPU=1: the same recipes (nanogpt, the fast recipe at two budgets) at a CPU's size."""
+    env = {**os.environ, "CPU": "1", "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", "scripts/gpu/speedrun.sh", str(dataset), "20"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict["recipes"]["nanogpt"]["status"] == "completed"
+    fast = {name: r for name, r in verdict["recipes"].items() if name.startswith("fast-")}
+    assert len(fast) == 2 and all(r["status"] == "completed" for r in fast.values()), verdict
