@@ -38,6 +38,9 @@ class OptimConfig:
     head_lr."""
     head_lr: float | None = None
     """Peak AdamW learning rate of the output head (None: lr)."""
+    embed_weight_decay: float | None = None
+    """AdamW weight decay of the embeddings and the head (None: weight_decay). nanochat and modded-nanogpt use none
+    there, with their far higher embedding rates (decoupled decay shrinks a weight by lr × weight_decay a step)."""
     muon_momentum: float = 0.95
     """Muon momentum (muon only); with muon_momentum_warmup_steps, the value it rises to."""
     muon_momentum_start: float = 0.85
@@ -82,8 +85,8 @@ class OptimConfig:
         for name in ("lr", "muon_lr", "eps", "embed_lr", "head_lr", "prodigy_d_coef", "prodigy_d0"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UserError(f"optim.{name} must be positive, got {getattr(self, name)}")
-        for name in ("weight_decay", "grad_clip", "warmup_steps"):
-            if getattr(self, name) < 0:
+        for name in ("weight_decay", "grad_clip", "warmup_steps", "embed_weight_decay"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise UserError(f"optim.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:

@@ -149,6 +149,17 @@ def test_embedding_and_head_learning_rates():
         OptimConfig(embed_lr=0.0).validate()
 
 
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_the_embeddings_and_head_can_go_without_weight_decay(name):
+    model = GPT(small(value_embeddings=1))
+    optimizers = build_optimizers(model, OptimConfig(name=name, embed_weight_decay=0.0, weight_decay=0.1), CPU)
+    decay = {id(p): g["weight_decay"] for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    assert decay[id(model.wte.weight)] == decay[id(model.lm_head.weight)] == decay[id(model.value_embeds[0].weight)] == 0
+    assert decay[id(model.blocks[0].attn.qkv.weight)] == 0.1 and decay[id(model.blocks[0].norm1.weight)] == 0
+    with pytest.raises(UserError, match="embed_weight_decay"):
+        OptimConfig(embed_weight_decay=-1.0).validate()
+
+
 def test_warmup_stable_decay_schedule():
     cfg = OptimConfig(schedule="wsd", warmup_steps=10, decay_fraction=0.4, min_lr_ratio=0.0)
     assert lr_multiplier(cfg, 0, 0.0) == pytest.approx(0.1) and lr_multiplier(cfg, 9, 0.009) == 1.0
@@ -242,7 +253,9 @@ def test_the_levers_sweep_changes_one_thing_of_the_fast_recipe_at_a_time(tmp_pat
         if seed != 1 or variant == "fast":
             continue
         changed = _differences(fast, cfg) - {"run_name"}
-        assert len(changed) == 1 or changed == {"batch_size", "seq_len"}, (variant, changed)
+        layout = {"model.tie_embeddings", "optim.embed_lr", "optim.head_lr", "optim.embed_weight_decay"}
+        assert len(changed) == 1 or changed == {"batch_size", "seq_len"} or (
+            variant == "lever-untied-nanochat" and changed == layout), (variant, changed)
     by_claim = {c.id: c for c in __import__("redline.experiments.claims", fromlist=["x"]).load_claims()}
     levers = {v.name for v in recipe.variants} - {"fast"}
     claimed = {side["variant"] for c in by_claim.values() if c.id.startswith("lever-")

@@ -45,15 +45,16 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, device: torch.device) -
 
 def embed_head_groups(model: nn.Module, embed_head: list[nn.Parameter], cfg: OptimConfig) -> list[dict]:
     """AdamW groups of the embeddings and the head: one group at `lr` unless embed_lr or head_lr is set, then the
-    head (the lm_head weight, which a tied embedding shares) and the other tables apart, each at its rate."""
+    head (the lm_head weight, which a tied embedding shares) and the other tables apart, each at its rate; all at
+    embed_weight_decay when it is set."""
+    decay = cfg.weight_decay if cfg.embed_weight_decay is None else cfg.embed_weight_decay
     if cfg.embed_lr is None and cfg.head_lr is None:
-        return [{"params": embed_head, "weight_decay": cfg.weight_decay}] if embed_head else []
+        return [{"params": embed_head, "weight_decay": decay}] if embed_head else []
     head_weight = getattr(getattr(model, "lm_head", None), "weight", None)
     head = [p for p in embed_head if p is head_weight]
     tables = [p for p in embed_head if p is not head_weight]
     rates = ((head, cfg.head_lr), (tables, cfg.embed_lr))
-    return [{"params": ps, "weight_decay": cfg.weight_decay, "lr": cfg.lr if lr is None else lr}
-            for ps, lr in rates if ps]
+    return [{"params": ps, "weight_decay": decay, "lr": cfg.lr if lr is None else lr} for ps, lr in rates if ps]
 
 
 def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
@@ -61,7 +62,8 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
     fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
     adam_kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
     if cfg.name in ("adamw", "prodigy"):
-        if cfg.embed_lr is None and cfg.head_lr is None:  # two groups, as checkpoints of earlier versions hold
+        if cfg.embed_lr is None and cfg.head_lr is None and cfg.embed_weight_decay is None:
+            # two groups, as checkpoints of earlier versions hold
             groups = [{"params": hidden + embed_head, "weight_decay": cfg.weight_decay}]
         else:
             groups = [{"params": hidden, "weight_decay": cfg.weight_decay}, *embed_head_groups(model, embed_head, cfg)]
