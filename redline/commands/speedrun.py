@@ -17,8 +17,8 @@ so every run reads the same tokens and the same validation split; each evaluatio
 validation tokens (--eval-tokens) whatever a recipe's batch shape.
 
 Time to quality is training time: the trainer's own clock (`max_time`'s, logged with each evaluation), which
-leaves out evaluations, checkpoints and every step that compiles (the first; a batch-size warm-up's first at
-each size), with the GPU waited for at each edge. Runs logged before that clock are timed from their records:
+leaves out evaluations, checkpoints and every step that compiles (the first; a warm-up's first at each batch
+shape), with the GPU waited for at each edge. Runs logged before that clock are timed from their records:
 the wall time less the evaluations (the time between the training record logged just before each and its own
 record; log_every divides eval_every so that one exists) and less compilation (the first logged window counted
 as if it had run at the median speed of the later windows). The time at which a run reached the target
@@ -102,8 +102,8 @@ def clocked_evals(records: list[dict[str, Any]]) -> dict[str, Any]:
     clock = {r["step"]: r["train_time"] for r in records
              if r.get("kind") == "eval" and _number(r.get("train_time")) is not None}
     if evals and all(e["step"] in clock for e in evals):
-        # the trainer's own clock (max_time's): it leaves out every step that compiles, a batch-size warm-up's
-        # later sizes included, which the first-window estimate below cannot see
+        # the trainer's own clock (max_time's): it leaves out every step that compiles, a warm-up's later batch
+        # shapes included, which the first-window estimate below cannot see
         last = evals[-1]
         compile_seconds = max(0.0, last["elapsed"] - last["paused"] - clock[last["step"]])
         for e in evals:
