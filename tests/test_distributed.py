@@ -45,6 +45,16 @@ def test_two_ranks_match_one_process(dataset, tmp_path, parallel):  # noqa: F811
     assert close(single, double), (single, double)
 
 
+def test_warm_ups_on_two_ranks_match_one_process(dataset, tmp_path):  # noqa: F811
+    """A batch-size warm-up (1 row, then 2) and a sequence-length one (rows of 8, 16, then 32 tokens): each rank
+    reads its own rows of the same global batch as the one process's two micro-batches."""
+    ramps = ("max_steps=6", "batch_ramp_steps=3", "batch_ramp_multiple=1", "batch_ramp_start=0.5",
+             "seq_ramp_steps=4", "seq_ramp_start=8")
+    single = run_train(dataset, tmp_path, "single", 1, *ramps)
+    double = run_train(dataset, tmp_path, "double", 2, *ramps, "parallel=ddp")
+    assert close(single, double), (single, double)
+
+
 # (processes, parallel, max_steps, the layout of the checkpoint it leaves) for each leg of a hopping run
 HOPS = {
     # 2 ranks → 1 process → 2 ranks; every checkpoint in the full layout
