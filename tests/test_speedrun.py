@@ -223,6 +223,38 @@ def test_two_tiny_recipes_in_one_call(tmp_path, dataset, monkeypatch, gpus):
 
 
 @pytest.mark.slow
+def test_several_seeds_give_medians(tmp_path, dataset):
+    """--seeds 3: each recipe three times; the target is the median of the baseline's finals, a recipe's time to it
+    the median of its runs' own crossings, with their range."""
+    from statistics import median
+
+    for name, lr in (("fast", 3e-3), ("slower", 1e-3)):
+        (tmp_path / f"{name}.toml").write_text(
+            f'preset = "tiny"\n[model]\nn_layer = 1\nn_embd = 32\nn_head = 2\nn_kv_head = 1\n'
+            f'[optim]\nlr = {lr}\nwarmup_steps = 2\n')
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "redline", "speedrun", "--recipes", str(tmp_path / "fast.toml"),
+           str(tmp_path / "slower.toml"), "--data", str(dataset), "--out", str(out), "--eval-every", "4",
+           "--eval-tokens", "512", "--seeds", "3", "--no-plot", "max_steps=8", "device=cpu", "compile=false",
+           "batch_size=4", "seq_len=32"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    fast, slower = result["recipes"]
+    assert [r["seed"] for r in fast["runs"]] == [1337, 1338, 1339] and len(slower["runs"]) == 3
+    assert len({r["final_bpb"] for r in fast["runs"]}) == 3  # three seeds, three runs
+    assert result["target_bpb"] == median(r["final_bpb"] for r in fast["runs"])
+    assert "median of 3 runs" in result["target_from"]
+    for row in (fast, slower):  # a run that never reached the target counts as infinitely late
+        times = sorted(r["time_to_target"] if r["reached"] else float("inf") for r in row["runs"])
+        assert row["reached"] == (row["runs_reached"] >= 2)
+        assert row["time_to_target"] == (times[1] if row["reached"] else None)
+    # the baseline's median final is reached by its median run (at its end) and any run below it
+    assert fast["reached"] and fast["runs_reached"] >= 2 and fast["speedup_vs_baseline"] == 1.0
+    assert "×3" in done.stdout
+
+
+@pytest.mark.slow
 def test_the_speedrun_script_runs_nanogpt_and_the_fast_recipe_on_a_cpu(tmp_path, dataset):
     """scripts/gpu/speedrun.sh CPU=1: the same recipes (nanogpt, the fast recipe at two budgets) at a CPU's size."""
     env = {**os.environ, "CPU": "1", "OUT": str(tmp_path), "PYTHON": sys.executable}

@@ -59,7 +59,10 @@ class SpeedrunArgs:
     eval_tokens: int = 1_048_576
     """Validation tokens per evaluation, the same for every recipe (rounded to whole micro-batches)."""
     seed: int = 1337
-    """Seed of every run."""
+    """Seed of every run (the first seed with --seeds)."""
+    seeds: int = 1
+    """Runs of each recipe, seeds seed, seed + 1, ...: a recipe's time and tokens to the target are the medians of
+    its runs (each run's own crossing), and the target, unless given, the median of the baseline's final values."""
     out: str | None = None
     """Output folder (default: speedruns/RECIPE+RECIPE...). Running the same command again resumes it."""
     redo_changed: bool = False
@@ -201,8 +204,8 @@ def plan(args: SpeedrunArgs, overrides: dict[str, Any], out_dir: Path):
         batch = (overrides.pop("batch_size", 0), overrides.pop("seq_len", 0))
     else:
         batch = None
-    if args.eval_every <= 0 or args.eval_tokens <= 0:
-        raise UserError("--eval-every and --eval-tokens must be positive")
+    if args.eval_every <= 0 or args.eval_tokens <= 0 or args.seeds <= 0:
+        raise UserError("--eval-every, --eval-tokens and --seeds must be positive")
     precision = overrides.pop("precision", None)
     variants = [recipe_variant(name, batch, precision) for name in args.recipes]
     names = [v.name for v in variants]
@@ -215,7 +218,8 @@ def plan(args: SpeedrunArgs, overrides: dict[str, Any], out_dir: Path):
         variant.set.update(common)
     presets = list(dict.fromkeys(v.axes["presets"][0] for v in variants))
     recipe = Recipe(name="speedrun", description="time to quality: " + " vs ".join(names), presets=presets,
-                    precision=["auto"], batch=[(0, 0)], seeds=[args.seed], budget=budget, variants=variants,
+                    precision=["auto"], batch=[(0, 0)], seeds=[args.seed + i for i in range(args.seeds)],
+                    budget=budget, variants=variants,
                     set=common, data=str(data), baseline={"variant": names[0]})
     for variant in variants:  # the same validation tokens for every recipe, whatever its micro-batch
         probe = expand(Recipe(**{**recipe.__dict__, "variants": [variant]}))[0]
@@ -232,35 +236,77 @@ def plan(args: SpeedrunArgs, overrides: dict[str, Any], out_dir: Path):
 
 
 def analyse(sweep_dir: Path, names: list[str], target: float | None) -> dict[str, Any]:
-    """Each recipe's clocked curve and when it reached the target (given, or the baseline's final value)."""
+    """Each recipe's clocked curves and when they reached the target (given, or the median of the baseline's final
+    values). A recipe with several runs (seeds) gets the medians of its runs' times and tokens to the target, a run
+    that never reached it counting as infinitely late (so it is reached when more than half of its runs reached
+    it); its curve is its first seed's, every run's is under "runs"."""
     from redline.experiments.results import load_result_set, read_jsonl
 
-    by_variant = {r.get("variant"): r for r in load_result_set(sweep_dir).runs}
-    rows = []
-    for name in names:
-        run = by_variant.get(name, {"status": "not run", "variant": name})
-        clock = clocked_evals(read_jsonl(Path(run["run_dir"]) / "metrics.jsonl")) if run.get("run_dir") else None
-        evals = clock["evals"] if clock else []
-        rows.append({"recipe": name, "preset": run.get("preset"), "status": run.get("status"),
-                     "error": run.get("error"), "steps": run.get("steps"), "tokens": run.get("tokens"),
-                     "tokens_per_second": run.get("tokens_per_second"), "final_bpb": evals[-1]["bpb"] if evals else None,
-                     "train_seconds": evals[-1]["train_seconds"] if evals else None,
-                     "compile_and_warmup_seconds": clock and clock["compile_seconds"], "eval_seconds": clock and clock["eval_seconds"],
-                     "eval_time_known": clock and clock["eval_time_known"], "device": run.get("device"),
-                     "curve": [{k: e[k] for k in ("step", "tokens", "train_seconds", "bpb")} for e in evals]})
+    by_variant: dict[str, list[dict]] = {}
+    for r in sorted(load_result_set(sweep_dir).runs, key=lambda r: r.get("seed") or 0):
+        by_variant.setdefault(r.get("variant"), []).append(r)
+    per_recipe = {name: [_run_row(run, read_jsonl) for run in by_variant.get(name) or
+                         [{"status": "not run", "variant": name}]] for name in names}
     source = "given"
     if target is None:
-        target, source = rows[0]["final_bpb"], f"final value of {names[0]}"
-    for row in rows:
-        hit = crossing(row["curve"], target) if target is not None else None
-        row["reached"] = hit is not None
-        row["time_to_target"] = hit and hit["train_seconds"]
-        row["tokens_to_target"] = hit and hit["tokens"]
-        row["step_to_target"] = hit and hit["step"]
+        finals = [r["final_bpb"] for r in per_recipe[names[0]] if r["final_bpb"] is not None]
+        target = median(finals) if finals else None
+        source = f"final value of {names[0]}" + (f" (median of {len(finals)} runs)" if len(finals) > 1 else "")
+    rows = []
+    for name in names:
+        runs = per_recipe[name]
+        for run in runs:
+            hit = crossing(run["curve"], target) if target is not None else None
+            run.update(reached=hit is not None, time_to_target=hit and hit["train_seconds"],
+                       tokens_to_target=hit and hit["tokens"], step_to_target=hit and hit["step"])
+        rows.append(_recipe_row(name, runs))
     base = rows[0]["time_to_target"]
     for row in rows:
         row["speedup_vs_baseline"] = base / row["time_to_target"] if base and row["time_to_target"] else None
     return {"target_bpb": target, "target_from": source, "baseline": names[0], "recipes": rows}
+
+
+def _run_row(run: dict[str, Any], read_jsonl) -> dict[str, Any]:
+    """One run's record and its clocked curve."""
+    clock = clocked_evals(read_jsonl(Path(run["run_dir"]) / "metrics.jsonl")) if run.get("run_dir") else None
+    evals = clock["evals"] if clock else []
+    return {"seed": run.get("seed"), "preset": run.get("preset"), "status": run.get("status"),
+            "error": run.get("error"), "steps": run.get("steps"), "tokens": run.get("tokens"),
+            "tokens_per_second": run.get("tokens_per_second"), "final_bpb": evals[-1]["bpb"] if evals else None,
+            "train_seconds": evals[-1]["train_seconds"] if evals else None,
+            "compile_and_warmup_seconds": clock and clock["compile_seconds"], "eval_seconds": clock and clock["eval_seconds"],
+            "eval_time_known": clock and clock["eval_time_known"], "device": run.get("device"),
+            "curve": [{k: e[k] for k in ("step", "tokens", "train_seconds", "bpb")} for e in evals]}
+
+
+def _recipe_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A recipe's row: its one run as it is, or the medians of its runs (status completed only if all are; see
+    analyse for the times to the target)."""
+    first = runs[0]
+    row = {"recipe": name, **{k: v for k, v in first.items() if k != "seed"}}
+    if len(runs) > 1:
+        def middle(key):
+            values = [r[key] for r in runs if r[key] is not None]
+            return median(values) if values else None
+
+        failed = [r for r in runs if r["status"] != "completed"]
+        row.update({key: middle(key) for key in ("tokens_per_second", "final_bpb", "train_seconds",
+                                                 "compile_and_warmup_seconds", "eval_seconds")})
+        row["status"] = failed[0]["status"] if failed else "completed"
+        row["error"] = next((r["error"] for r in failed if r.get("error")), None)
+        row["eval_time_known"] = all(r["eval_time_known"] is not False for r in runs)
+        # a run that never reached the target counts as reaching it at infinity: the median is defined (finite)
+        # when more than half of the runs reached it
+        for key in ("time_to_target", "tokens_to_target", "step_to_target"):
+            value = median(r[key] if r["reached"] else math.inf for r in runs)
+            row[key] = value if math.isfinite(value) else None
+        row["reached"] = row["time_to_target"] is not None
+        times = [r["time_to_target"] for r in runs if r["reached"]]
+        row["time_to_target_range"] = [min(times), max(times)] if times else None
+        row["runs_reached"] = len(times)
+    row["runs"] = [{k: r[k] for k in ("seed", "status", "final_bpb", "train_seconds", "reached", "time_to_target",
+                                      "tokens_to_target", "step_to_target", "curve")} for r in runs]
+    return row
 
 
 def print_table(result: dict[str, Any], console) -> None:
@@ -274,10 +320,19 @@ def print_table(result: dict[str, Any], console) -> None:
     table = Table("recipe", "steps", "tok/s", "final bpb", "train s", "to target s", "to target tokens", "speed-up",
                   title=title)
     for r in result["recipes"]:
-        table.add_row(r["recipe"] + ("" if r["status"] == "completed" else f" ({r['status']})"), f(r["steps"], "d"),
+        runs = len(r.get("runs") or [])
+        if r["reached"]:
+            to_target = f(r["time_to_target"], ".1f")
+            if runs > 1:  # the median, and the range over the runs
+                low, high = r["time_to_target_range"]
+                to_target += f" ({low:.1f}-{high:.1f})"
+        else:
+            to_target = "not reached" + (f" ({r.get('runs_reached', 0)}/{runs} runs)" if runs > 1 else "")
+        table.add_row(r["recipe"] + ("" if r["status"] == "completed" else f" ({r['status']})")
+                      + (f" ×{runs}" if runs > 1 else ""), f(r["steps"], "d"),
                       f(r["tokens_per_second"], ",.0f"), f(r["final_bpb"], ".4f"), f(r["train_seconds"], ".1f"),
-                      f(r["time_to_target"], ".1f") if r["reached"] else "not reached",
-                      f(r["tokens_to_target"], ",.0f"), f(r["speedup_vs_baseline"], ".2f") + "×" * bool(r["speedup_vs_baseline"]))
+                      to_target, f(r["tokens_to_target"], ",.0f"),
+                      f(r["speedup_vs_baseline"], ".2f") + "×" * bool(r["speedup_vs_baseline"]))
     console.print(table)
     for r in result["recipes"]:
         if r.get("error"):
@@ -297,11 +352,17 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         return None
     fig, (by_time, by_tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in result["recipes"]:
-        curve = r["curve"]
-        if not curve:
-            continue
-        by_time.plot([p["train_seconds"] for p in curve], [p["bpb"] for p in curve], marker=".", label=r["recipe"])
-        by_tokens.plot([p["tokens"] for p in curve], [p["bpb"] for p in curve], marker=".", label=r["recipe"])
+        color = None
+        for i, run in enumerate(r.get("runs") or [{"curve": r["curve"]}]):  # every run of a recipe in one colour
+            curve = run["curve"]
+            if not curve:
+                continue
+            label = r["recipe"] if i == 0 else None
+            line, = by_time.plot([p["train_seconds"] for p in curve], [p["bpb"] for p in curve], marker=".",
+                                 label=label, color=color, alpha=1.0 if i == 0 else 0.5)
+            color = line.get_color()
+            by_tokens.plot([p["tokens"] for p in curve], [p["bpb"] for p in curve], marker=".", label=label,
+                           color=color, alpha=1.0 if i == 0 else 0.5)
     for axis, label in ((by_time, "training time, s (no compilation, no evaluation)"), (by_tokens, "training tokens")):
         if result["target_bpb"] is not None:
             axis.axhline(result["target_bpb"], color="grey", linestyle="--", linewidth=1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Time to quality on one GPU (issue 26): the `nanogpt` recipe trained for STEPS steps of 32,768 tokens sets the
-# target (its final validation bits per byte), then the `fast` recipe is timed to that target, in the same call,
+# target (its final validation bits per byte; with SEEDS, the median of its runs'), then the `fast` recipe is timed to that target, in the same call,
 # on the same prepared data, tokenizer, seed and validation tokens.
 #
 #     scripts/gpu/speedrun.sh CORPUS_DIR [STEPS]        # STEPS: the nanogpt run's steps (default 1000)
@@ -13,16 +13,22 @@
 # so it is trained at two step counts, each a recipe file of its own (fast-300.toml = redline/recipes/fast.toml
 # with max_steps = 300): 30% of STEPS, then 22% if that reached the target, else 45% (FAST_STEPS="N M ..." gives
 # them instead). The fastest run that reaches the target is the verdict's. nanogpt trains at 32 × 1024 (one
-# micro-batch a step, as fast's). Timings exclude compilation (each run's first logged window counted at
-# its median speed) and evaluation; see redline/commands/speedrun.py for the clock.
+# micro-batch a step, as fast's). Timings exclude compilation and evaluation (the trainer's clock); see
+# redline/commands/speedrun.py.
 #
-# Environment: FAST_STEPS ("auto", or step counts), EXTRA_RECIPES (more recipes timed to the same target, e.g.
-# "default muon", or recipe files; each a STEPS-step run unless its file sets max_steps), TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144
-# validation tokens per evaluation), VOCAB (32768), TOKENIZER_BYTES (the BPE is trained on the first 25 MB of
-# text), LIMIT (540: the call's wall-time budget in seconds; a recipe after nanogpt starts only if it fits,
-# estimated as 60 s + the nanogpt run's wall time scaled by its steps), OUT (default: a temporary folder).
-# CPU=1: the plumbing on a CPU in a few minutes: every recipe at 6 layers × 64 wide (the fast recipe's 3 value
-# embeddings need 5), 4 × 64 tokens a step, a 512-token BPE, no compilation (STEPS defaults to 40 there).
+# Environment:
+# - SEEDS (1): runs of each recipe, seeds 1337, 1338, ...; times to the target are their medians.
+# - GPUS (1): runs at once, each on a GPU of its own (0: every GPU).
+# - FAST_STEPS ("auto", or step counts).
+# - EXTRA_RECIPES: more recipes timed to the same target, e.g. "default muon", or recipe files; each a STEPS-step
+#   run unless its file sets max_steps.
+# - TOKENS_PER_STEP (32768), EVAL_EVERY (25 steps), EVAL_TOKENS (262144 validation tokens per evaluation), VOCAB
+#   (32768), TOKENIZER_BYTES (the BPE is trained on the first 25 MB of text).
+# - LIMIT (540): the call's wall-time budget in seconds; a recipe after nanogpt starts only if it fits, estimated
+#   as 60 s + the nanogpt run's wall time scaled by its steps.
+# - OUT (default: a temporary folder).
+# - CPU=1: the plumbing on a CPU in a few minutes: every recipe at 6 layers × 64 wide (the fast recipe's 3 value
+#   embeddings need 5), 4 × 64 tokens a step, a 512-token BPE, no compilation (STEPS defaults to 40 there).
 #
 # Prints the speedrun's table after each recipe, then one JSON line last: each recipe's time to the target
 # (training seconds, compilation and evaluation excluded), tokens to the target, the ratio of the nanogpt
@@ -43,6 +49,8 @@ EVAL_TOKENS="${EVAL_TOKENS:-262144}"
 VOCAB="${VOCAB:-32768}"
 TOKENIZER_BYTES="${TOKENIZER_BYTES:-25000000}"
 LIMIT="${LIMIT:-540}"
+SEEDS="${SEEDS:-1}"
+GPUS="${GPUS:-1}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REDLINE_CACHE="${REDLINE_CACHE:-$OUT/cache}"
@@ -90,8 +98,9 @@ run_recipe() {
     done_recipes+=("$r")
     echo "== $name ($n steps, ${elapsed} s in)"
     phase_start=$(date +%s)
-    "$PY" -m redline speedrun --recipes "${done_recipes[@]}" --data "$DATA" --out "$SPEEDRUN" \
-        --eval-every "$EVAL_EVERY" --eval-tokens "$EVAL_TOKENS" --no-plot "${SETTINGS[@]}" > "$OUT/speedrun-$name.log" 2>&1
+    "$PY" -m redline speedrun --recipes "${done_recipes[@]}" --data "$DATA" --out "$SPEEDRUN" --seeds "$SEEDS" \
+        --gpus "$GPUS" --eval-every "$EVAL_EVERY" --eval-tokens "$EVAL_TOKENS" --no-plot "${SETTINGS[@]}" \
+        > "$OUT/speedrun-$name.log" 2>&1
     grep -v '^{' "$OUT/speedrun-$name.log" | tail -n 14
     [ ${#done_recipes[@]} -eq 1 ] && baseline_seconds=$(( $(date +%s) - phase_start ))
     return 0
