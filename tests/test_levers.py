@@ -3,7 +3,9 @@ says, its default leaves the model as it was, and a run with all of them resumes
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -300,4 +302,30 @@ def test_lever_claims_get_verdicts_from_the_levers_sweep(tmp_path):
     assert rows["lever-muon"]["verdict"] == "confirmed" and rows["lever-muon"]["measured_ratio"] < 1
     assert rows["lever-softcap"]["verdict"] == "refuted"  # the same loss with it as without: it does not pay
     assert rows["lever-seq-2048"]["n"] == [3, 3]  # its sides differ in batch shape and still meet
-    assert rows["qk-norm-perplexity"]["verdict"] == "not measured"
+    assert rows["qk-norm-perplexity"]["verdict"] == "not measured" and rows["qk-norm-perplexity"]["absent"]
+    # every lever claim is the levers sweep's own: none is counted among other recipes' claims
+    assert not any(r.get("absent") for i, r in rows.items() if i.startswith("lever-"))
+
+
+def test_claims_of_other_recipes_are_counted_not_listed(tmp_path, capsys, monkeypatch):
+    """`redline claims DIR` on a sweep with half a claim (one side ran) lists it; claims none of whose runs is
+    there are counted in one line, and listed with --all. The report's table does the same."""
+    from redline.commands import claims
+    from redline.experiments.claims import claims_markdown, evaluate_claims, load_claims
+
+    records = [{"run_id": f"fast-{seed}", "status": "completed", "variant": "fast", "preset": "modern-124m",
+                "precision": "bf16", "batch_size": 32, "seq_len": 1024, "seed": seed, "final_val_loss": 3.0,
+                "tokens_per_second": 4e5, "peak_memory_gib": 10.0} for seed in (1, 2)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setenv("COLUMNS", "300")  # one line a row
+
+    def table(argv):  # the printed table (the JSON line after it holds every claim)
+        assert claims.main(argv) == 0
+        return "".join(line for line in capsys.readouterr().out.splitlines(True) if not line.startswith("{"))
+
+    shown = table([str(tmp_path)])
+    assert "vs AdamW" in shown and "QK-norm gives 4" not in shown  # lever-muon: its fast side ran
+    assert re.search(r"\d+ claim\(s\) of other recipes not listed", shown)
+    assert "QK-norm gives 4" in table([str(tmp_path), "--all"])
+    table = claims_markdown(evaluate_claims(records, load_claims()))
+    assert "vs AdamW" in table and "QK-norm gives 4" not in table and "of other recipes are not listed" in table

@@ -25,6 +25,9 @@ class ClaimsArgs:
     """A sweep directory, a run directory, or a folder of run directories."""
     claims: str | None = None
     """A claims TOML file to test instead of the built-in one (same [[claim]] tables)."""
+    all: bool = False
+    """List every claim, also those none of whose runs is in DIR (other recipes' claims; counted, not listed, by
+    default). The JSON line holds every claim either way."""
 
 
 def main(argv: list[str]) -> int:
@@ -39,7 +42,10 @@ def main(argv: list[str]) -> int:
     rows = evaluate_claims(result.runs, load_claims(args.claims))
     table = Table("claim", "measured", "95% interval", "claim band", "runs", "verdict")
     style = {"confirmed": "green", "refuted": "red", "inconclusive": "yellow"}
+    absent = [row for row in rows if row.get("absent")]
     for row in rows:
+        if row.get("absent") and not args.all:
+            continue
         context = ", ".join(f"{k}={v}" for k, v in (row.get("context") or {}).items() if k != "variant")
         name = row["claim"] + (f" ({context})" if context else "")
         verdict = f"[{style.get(row['verdict'], 'dim')}]{row['verdict']}[/]"
@@ -49,7 +55,11 @@ def main(argv: list[str]) -> int:
         table.add_row(name, f"{row['metric']} {row['measured_ratio']:.3f}× ({row['measured_change_pct']:+.1f}%)",
                       f"{row['low']:.3f}–{row['high']:.3f}×", f"{row['band'][0]:.3f}–{row['band'][1]:.3f}×",
                       f"{row['n'][0]} vs {row['n'][1]}", verdict)
-    Console(highlight=False).print(table)
+    console = Console(highlight=False)
+    console.print(table)
+    if absent and not args.all:
+        console.print(f"{len(absent)} claim(s) of other recipes not listed: none of their runs is in {args.path} "
+                      f"(--all lists them)")
     counts = {}
     for row in rows:
         counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1

@@ -143,7 +143,8 @@ def evaluate_claims(runs: list[dict[str, Any]], claims: list[Claim] | None = Non
         contexts = [c for c in side_t if c in side_c]
         if not contexts:
             missing = "treatment" if not side_t else "control" if not side_c else "treatment and control in a common setting"
-            rows.append({**base, "verdict": "not measured",
+            # absent: neither side ran here (the claim is another recipe's), as against a sweep missing one side
+            rows.append({**base, "verdict": "not measured", "absent": not side_t and not side_c,
                          "reason": f"no completed runs for the {missing} in this result set ({_selector(claim.treatment)} vs {_selector(claim.control)})"})
             continue
         band = claim.band()
@@ -166,10 +167,13 @@ def _selector(selector: dict[str, Any]) -> str:
 
 
 def claims_markdown(rows: list[dict[str, Any]]) -> str:
+    """The claims as a markdown table; claims neither side of which ran here (other recipes') are counted in a line
+    after it, not listed."""
     lines = ["| claim | measured (treatment / control) | 95% interval | claim band | runs | verdict |",
              "|---|---|---|---|---|---|"]
     notes = []
-    for row in rows:
+    absent = [row for row in rows if row.get("absent")]
+    for row in (row for row in rows if not row.get("absent")):
         if "measured_ratio" not in row:
             lines.append(f"| {row['claim']} | — | — | — | — | {row['verdict']}: {row.get('reason', '')} |")
             continue
@@ -181,6 +185,9 @@ def claims_markdown(rows: list[dict[str, Any]]) -> str:
         if row["n"][0] < 2 or row["n"][1] < 2:
             notes.append(row["id"])
     out = "\n".join(lines)
+    if absent:
+        out += (f"\n\n{len(absent)} claim(s) of other recipes are not listed: none of their runs is in this result set "
+                f"(`redline claims DIR --all` lists them).")
     if notes:
         out += ("\n\nWith one run on a side the interval is not measured: it is the measured ratio ± 3·√2 × an assumed "
                 "run-to-run noise (3% for speed, 2% for perplexity, 1% for memory), so those rows can refute a far-off claim "
