@@ -192,7 +192,7 @@ _PAGE = r"""<!DOCTYPE html>
 </div>
 <h2>Configurations <span class="muted" id="table-count"></span></h2>
 <table id="cells-table"><thead></thead><tbody></tbody></table>
-<h2>Claims</h2>
+<h2>Claims <span class="muted" id="claims-count"></span></h2>
 <table id="claims-table"><thead></thead><tbody></tbody></table>
 <h2>Runs that did not complete</h2>
 <table id="failed-table"><thead></thead><tbody></tbody></table>
@@ -395,7 +395,11 @@ function drawClaims() {
   const head = el("tr");
   ["claim", "measured", "95% interval", "claim band", "runs", "verdict"].forEach(t => head.appendChild(el("th", {}, t)));
   table.tHead.replaceChildren(head);
-  table.tBodies[0].replaceChildren(...DATA.claims.map(row => {
+  // a claim none of whose runs is in this result set belongs to another recipe: counted, not listed
+  const shown = DATA.claims.filter(row => !row.absent);
+  const others = DATA.claims.length - shown.length;
+  document.getElementById("claims-count").textContent = others ? `(${others} of other recipes not listed)` : "";
+  table.tBodies[0].replaceChildren(...shown.map(row => {
     const tr = el("tr");
     const ctx = row.context ? Object.entries(row.context).filter(([k]) => k !== "variant").map(([k, v]) => `${k}=${v}`).join(", ") : "";
     tr.appendChild(el("td", {class: "text"}, row.claim + (ctx ? ` (${ctx})` : "")));
