@@ -83,6 +83,21 @@ def test_fine_tuning_refuses_the_ramp_before_making_a_run(dataset, tmp_path):  #
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_run_says_what_its_warm_ups_will_do():
+    from redline.training.loop import warm_up_lines
+
+    cfg = parse(TrainConfig, ["preset=modern-124m", "batch_size=32", "seq_len=1024", "batch_ramp_steps=100",
+                              "seq_ramp_steps=300", "seq_ramp_start=256"], prog="t", description="t")
+    assert warm_up_lines(cfg) == [
+        "batch-size warm-up: 8 → 16 → 24 → 32 rows a micro-batch over the first 100 steps",
+        "sequence-length warm-up: rows of 256 → 512 → 1024 tokens over the first 300 steps"]
+    assert warm_up_lines(parse(TrainConfig, [], prog="t", description="t")) == []
+    idle = parse(TrainConfig, ["batch_size=8", "batch_ramp_steps=10", "seq_len=64", "seq_ramp_steps=10",
+                               "seq_ramp_start=64"], prog="t", description="t")
+    assert [line.split(":")[0] for line in warm_up_lines(idle)] == ["[yellow]batch_ramp_steps=10 changes nothing",
+                                                                    "[yellow]seq_ramp_steps=10 changes nothing"]
+
+
 def test_the_row_length_doubles_as_the_linear_ramp_reaches_each_double():
     cfg = parse(TrainConfig, ["preset=modern-124m", "seq_len=1024", "seq_ramp_steps=300", "seq_ramp_start=256"],
                 prog="t", description="t")

@@ -352,6 +352,8 @@ class Run:
             f"GFLOP/token | device {gpu_name} ×{info.world_size} | {amp or torch.float32} | batch {batch}×{seq_len}"
             f"{f' ×{plan.accum} accum' if plan.accum > 1 else ''} = "
             f"{at_most}{plan.tokens_per_step:,} tokens/step | run {run_dir}")
+        for line in warm_up_lines(cfg):
+            self.log.print(line)
         if device.type == "cuda" and peak is None:
             self.log.print(f"[yellow]{gpu_name} is not in the peak table: MFU is left out")
         steps = cfg.max_steps or (-(-cfg.max_tokens // plan.tokens_per_step) if cfg.max_tokens and not at_most else 0)
@@ -649,6 +651,28 @@ def find_resume_checkpoint(cfg: TrainConfig) -> Path | None:
         return None
     newest = max(runs, key=lambda p: ckpt_io.list_checkpoints(p)[-1].stat().st_mtime)
     return ckpt_io.list_checkpoints(newest)[-1]
+
+
+def warm_up_lines(cfg: TrainConfig) -> list[str]:
+    """What a batch-size or sequence-length warm-up will do, a line each, for the run's opening lines (or that it
+    changes nothing, when its rounding leaves one size)."""
+    def stages(size, full: int, steps: int) -> list[int]:  # each size the ramp takes, then the full one
+        return sorted({size(cfg, step) or full for step in range(steps)} | {full})
+
+    lines = []
+    if cfg.batch_ramp_steps:
+        rows = stages(ramp_rows, cfg.batch_size, cfg.batch_ramp_steps)
+        lines.append(f"batch-size warm-up: {' → '.join(map(str, rows))} rows a micro-batch over the first "
+                     f"{cfg.batch_ramp_steps} steps" if len(rows) > 1 else
+                     f"[yellow]batch_ramp_steps={cfg.batch_ramp_steps} changes nothing: batch_size {cfg.batch_size} "
+                     f"in multiples of batch_ramp_multiple={cfg.batch_ramp_multiple} rows has one size; lower it")
+    if cfg.seq_ramp_steps:
+        lengths = stages(ramp_seq_len, cfg.effective_seq_len, cfg.seq_ramp_steps)
+        lines.append(f"sequence-length warm-up: rows of {' → '.join(map(str, lengths))} tokens over the first "
+                     f"{cfg.seq_ramp_steps} steps" if len(lengths) > 1 else
+                     f"[yellow]seq_ramp_steps={cfg.seq_ramp_steps} changes nothing: seq_ramp_start is seq_len "
+                     f"({cfg.effective_seq_len}); give a shorter start")
+    return lines
 
 
 def budget_progress(cfg: TrainConfig, step: int, tokens: int, train_time: float) -> float:
