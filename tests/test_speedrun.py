@@ -186,23 +186,29 @@ def test_more_gpus_than_visible_is_refused_before_anything_is_written(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def speedrun_tiny(tmp_path: Path, dataset: Path, lrs: dict[str, float], model: str, *args: str, timeout: int):
+    """`redline speedrun` of tiny recipes that differ in their learning rate (name -> lr; the first is the
+    baseline), on the CPU -> (the finished process, its JSON result, the output folder)."""
+    for name, lr in lrs.items():
+        (tmp_path / f"{name}.toml").write_text(f'# tiny at lr {lr}\npreset = "tiny"\n[model]\n{model}\n'
+                                                f'[optim]\nlr = {lr}\nwarmup_steps = 2\n')
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "redline", "speedrun", "--recipes", *(str(tmp_path / f"{n}.toml") for n in lrs),
+           "--data", str(dataset), "--out", str(out), "--eval-every", "4", *args, "device=cpu", "compile=false",
+           "batch_size=4"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads(done.stdout.strip().splitlines()[-1]), out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_two_tiny_recipes_in_one_call(tmp_path, dataset, monkeypatch, gpus):
     """gpus=2: both recipes at once (on a CPU machine the two "GPUs" are names only: device=cpu)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    for name, lr in (("fast", 3e-3), ("slow", 3e-4)):
-        (tmp_path / f"{name}.toml").write_text(
-            f'# tiny at lr {lr}\npreset = "tiny"\n[model]\nn_layer = 2\nn_embd = 64\nn_head = 4\nn_kv_head = 2\n'
-            f'[optim]\nlr = {lr}\nwarmup_steps = 2\n')
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "redline", "speedrun", "--recipes", str(tmp_path / "fast.toml"),
-           str(tmp_path / "slow.toml"), "--data", str(dataset), "--out", str(out), "--eval-every", "4",
-           "--eval-tokens", "1024", "--gpus", str(gpus), "max_steps=12", "device=cpu", "compile=false", "batch_size=4",
-           "seq_len=64"]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    _, result, out = speedrun_tiny(tmp_path, dataset, {"fast": 3e-3, "slow": 3e-4},
+                                   "n_layer = 2\nn_embd = 64\nn_head = 4\nn_kv_head = 2", "--eval-tokens", "1024",
+                                   "--gpus", str(gpus), "max_steps=12", "seq_len=64", timeout=300)
     assert result == json.loads((out / "speedrun.json").read_text())
     fast, slow = result["recipes"]
     assert (fast["recipe"], slow["recipe"]) == ("fast", "slow") and result["baseline"] == "fast"
@@ -228,18 +234,9 @@ def test_several_seeds_give_medians(tmp_path, dataset):
     the median of its runs' own crossings, with their range."""
     from statistics import median
 
-    for name, lr in (("fast", 3e-3), ("slower", 1e-3)):
-        (tmp_path / f"{name}.toml").write_text(
-            f'preset = "tiny"\n[model]\nn_layer = 1\nn_embd = 32\nn_head = 2\nn_kv_head = 1\n'
-            f'[optim]\nlr = {lr}\nwarmup_steps = 2\n')
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "redline", "speedrun", "--recipes", str(tmp_path / "fast.toml"),
-           str(tmp_path / "slower.toml"), "--data", str(dataset), "--out", str(out), "--eval-every", "4",
-           "--eval-tokens", "512", "--seeds", "3", "--no-plot", "max_steps=8", "device=cpu", "compile=false",
-           "batch_size=4", "seq_len=32"]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    done, result, _ = speedrun_tiny(tmp_path, dataset, {"fast": 3e-3, "slower": 1e-3},
+                                    "n_layer = 1\nn_embd = 32\nn_head = 2\nn_kv_head = 1", "--eval-tokens", "512",
+                                    "--seeds", "3", "--no-plot", "max_steps=8", "seq_len=32", timeout=600)
     fast, slower = result["recipes"]
     assert [r["seed"] for r in fast["runs"]] == [1337, 1338, 1339] and len(slower["runs"]) == 3
     assert len({r["final_bpb"] for r in fast["runs"]}) == 3  # three seeds, three runs

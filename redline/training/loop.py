@@ -656,22 +656,19 @@ def find_resume_checkpoint(cfg: TrainConfig) -> Path | None:
 def warm_up_lines(cfg: TrainConfig) -> list[str]:
     """What a batch-size or sequence-length warm-up will do, a line each, for the run's opening lines (or that it
     changes nothing, when its rounding leaves one size)."""
-    def stages(size, full: int, steps: int) -> list[int]:  # each size the ramp takes, then the full one
-        return sorted({size(cfg, step) or full for step in range(steps)} | {full})
-
+    ramps = [  # (steps, the ramp's size at a step, the full size, what it says, why it would change nothing)
+        (cfg.batch_ramp_steps, ramp_rows, cfg.batch_size, "batch-size warm-up: {} rows a micro-batch",
+         f"batch_size {cfg.batch_size} in multiples of batch_ramp_multiple={cfg.batch_ramp_multiple} rows has one "
+         f"size; lower it", "batch_ramp_steps"),
+        (cfg.seq_ramp_steps, ramp_seq_len, cfg.effective_seq_len, "sequence-length warm-up: rows of {} tokens",
+         f"seq_ramp_start is seq_len ({cfg.effective_seq_len}); give a shorter start", "seq_ramp_steps")]
     lines = []
-    if cfg.batch_ramp_steps:
-        rows = stages(ramp_rows, cfg.batch_size, cfg.batch_ramp_steps)
-        lines.append(f"batch-size warm-up: {' → '.join(map(str, rows))} rows a micro-batch over the first "
-                     f"{cfg.batch_ramp_steps} steps" if len(rows) > 1 else
-                     f"[yellow]batch_ramp_steps={cfg.batch_ramp_steps} changes nothing: batch_size {cfg.batch_size} "
-                     f"in multiples of batch_ramp_multiple={cfg.batch_ramp_multiple} rows has one size; lower it")
-    if cfg.seq_ramp_steps:
-        lengths = stages(ramp_seq_len, cfg.effective_seq_len, cfg.seq_ramp_steps)
-        lines.append(f"sequence-length warm-up: rows of {' → '.join(map(str, lengths))} tokens over the first "
-                     f"{cfg.seq_ramp_steps} steps" if len(lengths) > 1 else
-                     f"[yellow]seq_ramp_steps={cfg.seq_ramp_steps} changes nothing: seq_ramp_start is seq_len "
-                     f"({cfg.effective_seq_len}); give a shorter start")
+    for steps, size, full, says, idle, name in ramps:
+        if not steps:
+            continue
+        sizes = sorted({size(cfg, step) or full for step in range(steps)} | {full})  # then the full one
+        lines.append(says.format(" → ".join(map(str, sizes))) + f" over the first {steps} steps" if len(sizes) > 1
+                     else f"[yellow]{name}={steps} changes nothing: {idle}")
     return lines
 
 
