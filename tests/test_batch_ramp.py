@@ -4,6 +4,7 @@ middle of each ramp is in tests/test_train.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -81,6 +82,18 @@ def test_fine_tuning_refuses_the_ramp_before_making_a_run(dataset, tmp_path):  #
     with pytest.raises(UserError, match="batch_ramp_steps"):
         train(cfg, data=lambda run_dir: pytest.fail("the data source was built"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_fine_tuning_starts_from_a_ramped_run_without_its_warm_ups(tmp_path):
+    from redline.commands.sft import base_config
+
+    run = tmp_path / "ramped" / "checkpoints" / "step_00000010"
+    run.mkdir(parents=True)
+    cfg = ramp_config("seq_ramp_steps=10", "seq_len=128", "seq_ramp_start=32")
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    start = base_config(run)
+    assert (start.batch_ramp_steps, start.seq_ramp_steps) == (0, 0)
+    assert (start.batch_size, start.seq_len) == (32, 128)  # the rest is the pretraining run's
 
 
 def test_a_run_says_what_its_warm_ups_will_do():

@@ -44,7 +44,9 @@ def _pop(argv: list[str], name: str) -> tuple[str | None, list[str]]:
 
 def base_config(source: Path) -> TrainConfig:
     """The source checkpoint's config as the start of a fine-tuning run: same model and settings, budget cleared,
-    no resume, a new run name, no closing text sample (a chat model is sampled with `redline chat`)."""
+    no resume, a new run name, no closing text sample (a chat model is sampled with `redline chat`), and none of
+    the pretraining run's warm-ups of the batch's shape (batch_ramp_steps, seq_ramp_steps: fine-tuning packs
+    conversations into full rows, and refuses them)."""
     from redline.training import checkpoint as ckpt_io
 
     from redline.config import LoRAConfig
@@ -54,7 +56,8 @@ def base_config(source: Path) -> TrainConfig:
     # (merged, if it is a LoRA run), and LoRA is on only when this run asks for it. init_from=source lets a
     # lora.enabled=True override validate; lora_start clears it for a run without LoRA
     return dataclasses.replace(cfg, max_steps=0, max_tokens=0, max_time=0.0, resume="never", run_name=None,
-                               sample_tokens=0, init_from=str(source), lora=LoRAConfig())
+                               sample_tokens=0, init_from=str(source), lora=LoRAConfig(), batch_ramp_steps=0,
+                               seq_ramp_steps=0)
 
 
 def chat_tokenizer(checkpoint: Path, template: str, grow: bool = True):
