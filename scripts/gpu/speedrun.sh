@@ -17,7 +17,8 @@
 # redline/commands/speedrun.py.
 #
 # Environment:
-# - SEEDS (1): runs of each recipe, seeds 1337, 1338, ...; times to the target are their medians.
+# - SEEDS (1): runs of each recipe, seeds SEED, SEED + 1, ...; times to the target are their medians.
+# - SEED (1337): the first seed (another call's seeds: SEED=1338).
 # - GPUS (1): runs at once, each on a GPU of its own (0: every GPU).
 # - FAST_STEPS ("auto", or step counts).
 # - EXTRA_RECIPES: more recipes timed to the same target, e.g. "default muon", or recipe files; each a STEPS-step
@@ -50,6 +51,7 @@ VOCAB="${VOCAB:-32768}"
 TOKENIZER_BYTES="${TOKENIZER_BYTES:-25000000}"
 LIMIT="${LIMIT:-540}"
 SEEDS="${SEEDS:-1}"
+SEED="${SEED:-1337}"
 GPUS="${GPUS:-1}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
@@ -98,7 +100,7 @@ run_recipe() {
     done_recipes+=("$r")
     echo "== $name ($n steps, ${elapsed} s in)"
     phase_start=$(date +%s)
-    "$PY" -m redline speedrun --recipes "${done_recipes[@]}" --data "$DATA" --out "$SPEEDRUN" --seeds "$SEEDS" \
+    "$PY" -m redline speedrun --recipes "${done_recipes[@]}" --data "$DATA" --out "$SPEEDRUN" --seed "$SEED" --seeds "$SEEDS" \
         --gpus "$GPUS" --eval-every "$EVAL_EVERY" --eval-tokens "$EVAL_TOKENS" --no-plot "${SETTINGS[@]}" \
         > "$OUT/speedrun-$name.log" 2>&1
     grep -v '^{' "$OUT/speedrun-$name.log" | tail -n 14
