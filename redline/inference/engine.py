@@ -369,7 +369,8 @@ class InferenceEngine:
         if b * T > self.plan.prefill_chunk_tokens:
             raise ValueError(f"prefill_rows takes at most {self.plan.prefill_chunk_tokens} tokens, got {b} × {T}")
         if st.graphs is None:
-            return self._prefill_static(st, tokens.to(self.device), rows.to(self.device), last.to(self.device))
+            final = self._prefill_final(st, tokens.to(self.device), rows.to(self.device), last.to(self.device))
+            return last_logits(self.model, final)
         key = ("prefill", b, T)
         if key not in st.prefill_inputs:
             st.prefill_inputs[key] = (torch.zeros(b, T, dtype=torch.long, device=self.device),
@@ -381,18 +382,21 @@ class InferenceEngine:
         if key not in st.graphs:
             # the warm-up runs (on a side stream, after the work queued before it) prefill the same rows with the
             # same prompts as the replay that follows: what they write is what the replay writes again
-            st.graphs.capture(key, lambda: self._prefill_static(st, *inputs),
-                              lambda: self._prefill_static(st, *inputs))
-        return st.graphs.replay(key).clone()  # the graph's output buffer is rewritten by its next replay
+            st.graphs.capture(key, lambda: self._prefill_final(st, *inputs),
+                              lambda: self._prefill_final(st, *inputs))
+        # the graph ends at the hidden states (b, C): no graph keeps a (b, vocab) output; the head reads the
+        # graph's output buffer now, before its next replay rewrites it
+        return last_logits(self.model, st.graphs.replay(key))
 
     def prefill_graphs(self, st: DecodeState) -> int:
         """How many prefill shapes the state holds graphs of."""
         return len(st.prefill_inputs) if st.graphs is not None else 0
 
-    def _prefill_static(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor,
-                        last: torch.Tensor) -> torch.Tensor:
+    def _prefill_final(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor,
+                       last: torch.Tensor) -> torch.Tensor:
+        """prefill_rows' forward -> the hidden states (b, C) at each row's slot `last`."""
         h = self._prefill_span(st, tokens, rows, 0)  # (b, T, C)
-        return last_logits(self.model, h[torch.arange(tokens.shape[0], device=self.device), last])
+        return h[torch.arange(tokens.shape[0], device=self.device), last]
 
     def _prefill_span(self, st: DecodeState, tokens: torch.Tensor, rows: slice | torch.Tensor,
                       start: int) -> torch.Tensor:
