@@ -216,6 +216,7 @@ def test_the_fast_recipe_combines_the_levers():
     assert (o.name, o.schedule, o.min_lr_ratio, o.muon_momentum_start, o.muon_momentum) == \
         ("muon", "wsd", 0.0, 0.85, 0.95)
     assert 0 < o.decay_fraction < 1 and o.muon_momentum_warmup_steps > 0
+    assert cfg.seq_ramp_steps == 100 and not cfg.batch_ramp_steps
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -251,6 +252,7 @@ def test_the_levers_sweep_changes_one_thing_of_the_fast_recipe_at_a_time(tmp_pat
     fast = configs[("fast", 1)]
     trained = parse(TrainConfig, ["--recipe", "fast"], prog="t", description="t")
     assert fast.model == trained.model and fast.optim == trained.optim  # the sweep's [set] is the fast recipe
+    assert (fast.seq_ramp_steps, fast.batch_ramp_steps) == (trained.seq_ramp_steps, trained.batch_ramp_steps)
     for (variant, seed), cfg in configs.items():
         if seed != 1 or variant == "fast":
             continue

@@ -29,7 +29,8 @@
 #   as 60 s + the nanogpt run's wall time scaled by its steps.
 # - OUT (default: a temporary folder).
 # - CPU=1: the plumbing on a CPU in a few minutes: every recipe at 6 layers × 64 wide (the fast recipe's 3 value
-#   embeddings need 5), 4 × 64 tokens a step, a 512-token BPE, no compilation (STEPS defaults to 40 there).
+#   embeddings need 5), 4 × 64 tokens a step (the sequence-length warm-up from rows of 16), a 512-token BPE, no
+#   compilation (STEPS defaults to 40 there).
 #
 # Prints the speedrun's table after each recipe, then one JSON line last: each recipe's time to the target
 # (training seconds, compilation and evaluation excluded), tokens to the target, the ratio of the nanogpt
@@ -63,7 +64,7 @@ if [ "$CPU" = 1 ]; then
     [ "$EVAL_TOKENS" = 262144 ] && EVAL_TOKENS=1024
     [ "$EVAL_EVERY" = 25 ] && EVAL_EVERY=10
     SETTINGS=("max_steps=$STEPS" "tokens_per_step=$TOKENS_PER_STEP" device=cpu compile=false batch_size=4 seq_len=64
-              model.n_layer=6 model.n_embd=64 model.n_head=4 model.n_kv_head=2)
+              seq_ramp_start=16 model.n_layer=6 model.n_embd=64 model.n_head=4 model.n_kv_head=2)
     CHECK='import torch, tyro, rich'
 else
     CHECK='import torch, tyro, rich; assert torch.cuda.is_available(), "no CUDA GPU visible"'
