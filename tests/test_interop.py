@@ -256,6 +256,10 @@ def test_import_missing_and_mismatched_tensors(tmp_path, capsys):
     wrong["model.layers.0.self_attn.o_proj.weight"] = torch.zeros(64, 32)
     save_file(wrong, str(tmp_path / "hf" / "model.safetensors"))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "blocks.0.attn.proj.weight")
+    # a q/k/v weight that cannot be fused with the others: the fusing torch.cat fails before the shape check
+    wrong = {**weights, "model.layers.0.self_attn.q_proj.weight": torch.zeros(3, 3)}
+    save_file(wrong, str(tmp_path / "hf" / "model.safetensors"))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "model.layers.0.self_attn")
     extra = {**weights, "model.layers.0.self_attn.o_proj.bias": torch.zeros(64)}
     save_file(extra, str(tmp_path / "hf" / "model.safetensors"))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "model.layers.0.self_attn.o_proj.bias")

@@ -29,6 +29,7 @@ class TensorSource:
         self._read = read
         self.where = where
         self.used: set[str] = set()
+        self.last: str | None = None  # the name taken last: where a conversion that fails on shapes was reading
 
     def __contains__(self, name: str) -> bool:
         return name in self.names
@@ -38,6 +39,7 @@ class TensorSource:
             raise UserError(f"{self.where} has no tensor {name}; the file is incomplete or not of the architecture "
                             f"its config names")
         self.used.add(name)
+        self.last = name
         return self._read(name)
 
     def unused(self, ignorable: Callable[[str], bool]) -> list[str]:

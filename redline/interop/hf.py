@@ -100,7 +100,11 @@ def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[
         cfg.validate()
     except UserError as e:
         raise UserError(f"{src.where}: the config gives a model redline cannot build ({e})") from None
-    state = family.to_redline(src, cfg)
+    try:
+        state = family.to_redline(src, cfg)
+    except RuntimeError as e:  # torch.cat / view / transpose of a tensor whose shape the config does not give
+        raise UserError(f"{src.where}: the tensors read up to {src.last} do not have the shapes the config gives "
+                        f"({str(e).splitlines()[0][:160]}); the weights do not match the config") from None
     unused = src.unused(family.ignorable)
     if unused:
         raise UserError(f"{src.where}: tensors {', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''} have no "
