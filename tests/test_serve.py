@@ -489,6 +489,20 @@ def test_serve_command_needs_the_extra_before_loading(monkeypatch, capsys):
     assert exit_info.value.code == 2 and "pip install 'redline[serve]'" in err and "checkpoint" not in err
 
 
+def test_serve_command_refuses_a_busy_port_before_loading(capsys):
+    from redline import cli
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["serve", "/no/such/checkpoint", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err and "checkpoint" not in err
+
+
 @pytest.mark.slow
 def test_serve_command_end_to_end(model, tokenizer, tmp_path):
     """`redline serve CKPT` in its own process answers the client and stops on SIGTERM."""

@@ -108,6 +108,27 @@ def require_serve_extra() -> None:
         raise UserError(f"redline serve needs {' and '.join(missing)}: pip install 'redline[serve]'")
 
 
+def require_free_port(host: str, port: int) -> None:
+    """A one-line error, before the model loads (and compiles) for nothing, when host:port cannot be listened on."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise UserError(f"--host {host}: not an address of this machine ({e.strerror}); give e.g. 127.0.0.1") \
+            from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            sock.bind(address)
+        except OSError as e:
+            hint = ("another process listens there: pick another --port or stop it" if e.errno == errno.EADDRINUSE
+                    else "pick another --host or --port")
+            raise UserError(f"cannot listen on {host}:{port} ({e.strerror}); {hint}") from None
+
+
 def chat_renderer(path: str | None, tokenizer):
     """(the renderer of chat requests or None, why there is none): redline/chat/render.py's for the tokenizer
     (its Jinja template, else redline's chat tokens), or a Jinja template file given for a Hugging Face one."""
@@ -249,6 +270,7 @@ def main(argv: list[str]) -> int:
     argv, bare = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process"))
     cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags=bare)
     require_serve_extra()
+    require_free_port(cfg.host, cfg.port)
     import uvicorn
 
     # the scheduler's thread launches a decode step every few hundred microseconds and shares the GIL with the
