@@ -307,3 +307,19 @@ def test_published_report_gets_its_plots_and_dashboard_drawn_again(tmp_path, swe
     (published / "results.json").write_text("[1, 2]")
     with pytest.raises(UserError, match="results.json is not a report's results.json"):
         write_report(published)
+
+
+def test_claims_read_a_published_report_as_they_read_its_sweep(tmp_path, sweep_dir):
+    write_report(sweep_dir, out=tmp_path / "published")  # report.md, results.json, ...: no runs beside them
+    published, swept = load_result_set(tmp_path / "published"), load_result_set(sweep_dir)
+    assert published.runs and len(published.runs) == len(swept.runs)
+    claims = load_claims()
+    assert json.dumps(evaluate_claims(published.runs, claims), default=str) == \
+        json.dumps(evaluate_claims(swept.runs, claims), default=str)
+
+
+def test_every_report_under_docs_results_loads():
+    reports = sorted((Path(__file__).parent.parent / "docs" / "results").glob("*/results.json"))
+    assert reports
+    for path in reports:
+        assert load_result_set(path.parent).runs, path

@@ -214,7 +214,8 @@ class ResultSet:
 
 
 def load_result_set(path: str | Path) -> ResultSet:
-    """A sweep directory (results.jsonl), one run directory (metrics.jsonl), or a folder of run directories."""
+    """A sweep directory (results.jsonl), one run directory (metrics.jsonl), a folder of run directories, or a
+    report written without its runs (results.json)."""
     root = Path(path)
     if not root.exists():
         raise UserError(f"{root} does not exist; give a run directory or a sweep directory")
@@ -239,10 +240,27 @@ def load_result_set(path: str | Path) -> ResultSet:
     if (root / "metrics.jsonl").is_file():
         return ResultSet(root.name, "run", root, [summarize_run(root)])
     run_dirs = sorted(p for p in root.iterdir() if p.is_dir() and (p / "metrics.jsonl").is_file())
+    if not run_dirs and (root / "results.json").is_file():
+        return _published_result_set(root)
     if not run_dirs:
         raise UserError(f"{root} holds no runs: expected results.jsonl (a sweep), metrics.jsonl (a run), "
-                        f"or run directories with metrics.jsonl inside")
+                        f"run directories with metrics.jsonl inside, or a report's results.json")
     return ResultSet(root.name, "runs", root, [summarize_run(p) for p in run_dirs])
+
+
+def _published_result_set(root: Path) -> ResultSet:
+    """A report written by `redline report` without the runs it was made from (docs/results/ keeps these): its
+    results.json holds every run's summary, the records results.jsonl held."""
+    path = root / "results.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        runs = [r for r in report["runs"] if isinstance(r, dict) and isinstance(r.get("run_id"), str)]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a report's results.json ({type(e).__name__}); write it again with "
+                        f"`redline report SWEEP_DIR --out {root}`") from None
+    recipe = report.get("recipe") if isinstance(report.get("recipe"), dict) else {}
+    return ResultSet(report.get("name") or root.name, report.get("kind") or "sweep", root, runs,
+                     report.get("baseline") or {}, recipe, None, report.get("planned"))
 
 
 def _sweep_meta(path: Path) -> dict[str, Any]:
