@@ -35,7 +35,7 @@ def _require_jinja():
     try:
         import jinja2
     except ImportError:
-        raise UserError("chat templates need jinja2: `pip install jinja2`") from None
+        raise UserError("chat templates need jinja2: pip install 'redline[interop]' (or jinja2 alone)") from None
     return jinja2
 
 

@@ -71,7 +71,8 @@ def task_prompts(task, renderer, split: str, max_prompt_len: int, limit: int = 0
         prompts.append(Prompt(example, ids))
     if not prompts:
         raise UserError(f"every {split} prompt of task {task.name} ({dropped}) is longer than the {max_prompt_len} "
-                        f"tokens the context leaves after max_new_tokens; lower max_new_tokens")
+                        f"tokens the context leaves after grpo.max_new_tokens; lower grpo.max_new_tokens, or give a longer "
+                        f"seq_len (up to the model's context_len)")
     return prompts, dropped
 
 
