@@ -738,3 +738,16 @@ def test_events_that_waited_go_out_as_one_chunk_per_choice():
     assert _drain((0, ("text", "a", 1)), q) == [(0, ("text", "abc", 3)), (1, ("text", "x", 1)),
                                                  (0, ("text", "d", 4)), (0, ("done", "stop"))]
     assert q.empty() and _drain((1, ("done", "length")), q) == [(1, ("done", "length"))]
+
+
+def test_a_served_run_is_named_after_the_run_not_its_newest_checkpoint(tmp_path):
+    from redline.commands.serve import served_name
+
+    for step in ("step_00000002", "step_00000003"):
+        ckpt = tmp_path / "myrun" / "checkpoints" / step
+        ckpt.mkdir(parents=True)
+        (ckpt / "meta.json").write_text("{}")
+        (ckpt / "model.safetensors").write_bytes(b"")
+    run = tmp_path / "myrun"
+    assert served_name(str(run)) == served_name(str(run / "checkpoints")) == "myrun"
+    assert served_name(str(run / "checkpoints" / "step_00000002")) == "step_00000002"

@@ -129,6 +129,17 @@ def require_free_port(host: str, port: int) -> None:
             raise UserError(f"cannot listen on {host}:{port} ({e.strerror}); {hint}") from None
 
 
+def served_name(path: str) -> str:
+    """The model's name in the API when --model-name gives none: the folder given, a run directory's own name (so
+    clients keep their `model` when the run writes a newer checkpoint), or a checkpoint folder's."""
+    from redline.training.checkpoint import resolve_checkpoint
+
+    given, checkpoint = Path(path).resolve(), resolve_checkpoint(path).resolve()
+    if given == checkpoint or not given.is_dir():
+        return checkpoint.name
+    return given.parent.name if given.name == "checkpoints" else given.name
+
+
 def chat_renderer(path: str | None, tokenizer):
     """(the renderer of chat requests or None, why there is none): redline/chat/render.py's for the tokenizer
     (its Jinja template, else redline's chat tokens), or a Jinja template file given for a Hugging Face one."""
@@ -255,7 +266,7 @@ def build(cfg: ServeConfig):
     else:
         scheduler, tokenizer = build_scheduler(cfg)
         renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
-    name = cfg.model_name or resolve_checkpoint(cfg.checkpoint).resolve().name
+    name = cfg.model_name or served_name(cfg.checkpoint)
     server = Server(scheduler, tokenizer, name, renderer=renderer, no_chat=no_chat,
                     api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
                     max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
