@@ -46,7 +46,7 @@ def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     model, tokenizer, _ = load_for_inference(tmp_path / "back")
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
-    assert tokenizer.chat_template and tokenizer.stop_ids == [1]  # a GGUF keeps one EOS id
+    assert tokenizer.chat_template and tokenizer.stop_ids == [1, 2]  # EOS, then the second as end-of-turn
     if transformers_reads:
         back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
         with torch.no_grad():

@@ -195,9 +195,10 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     else:
         hf_tokenizer, tok_config = tokenizer_from_gguf(fields)
         tok = BPETokenizer(hf_tokenizer, spec="", hf_config=tok_config)
-    eos = fields.get("tokenizer.ggml.eos_token_id")
-    if eos is not None:
-        tok.stop_ids = [eos]
+    stops = [fields.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    stops = list(dict.fromkeys(i for i in stops if i is not None))
+    if stops:
+        tok.stop_ids = stops
     family = family_for(config, str(path))
     by_hf, read = _tensor_reader(path, reader, arch, config)
     cfg, state = convert_source(TensorSource(by_hf, read, str(path)), config, family)
@@ -256,6 +257,8 @@ def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:
     adders = {"tokenizer.ggml.merges": writer.add_token_merges, "tokenizer.ggml.scores": writer.add_token_scores,
               "tokenizer.ggml.pre": writer.add_tokenizer_pre, "tokenizer.ggml.bos_token_id": writer.add_bos_token_id,
               "tokenizer.ggml.eos_token_id": writer.add_eos_token_id,
+              "tokenizer.ggml.eot_token_id": writer.add_eot_token_id,
+              "tokenizer.ggml.eom_token_id": writer.add_eom_token_id,
               "tokenizer.ggml.unknown_token_id": writer.add_unk_token_id,
               "tokenizer.ggml.padding_token_id": writer.add_pad_token_id,
               "tokenizer.ggml.add_bos_token": writer.add_add_bos_token,

@@ -190,6 +190,9 @@ def gguf_vocab(tokenizer, vocab_size: int) -> dict:
         out["tokenizer.ggml.pre"] = _pre_name(data.get("pre_tokenizer"))
     config = tokenizer.hf_config
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.stop_ids[0]}
+    # GGUF has one end-of-sequence id; llama.cpp also stops at the end-of-turn and end-of-message ids, where a
+    # model with several stop ids (Llama 3's <|end_of_text|>, <|eot_id|>, <|eom_id|>) keeps the others
+    ids.update(zip(("eot_token_id", "eom_token_id"), tokenizer.stop_ids[1:3]))
     for key, token in (("unknown_token_id", config.get("unk_token")), ("padding_token_id", config.get("pad_token"))):
         ids[key] = tokenizer.token_to_id(token) if token else None
     out.update({f"tokenizer.ggml.{k}": v for k, v in ids.items() if v is not None})
