@@ -122,6 +122,13 @@ def test_eval_loss_equals_transformers(imported, capsys):
     assert result["eval_tokens"] == 2 * BATCH * SEQ
     assert result["loss"] == pytest.approx(expected, abs=1e-4)
 
+    # more batches than the split holds: read once, not wrapped around
+    code, out, err = run_cli(["eval", "--checkpoint", imported.ckpt, "--data", imported.data, "--batches", "100000",
+                              "--batch-size", BATCH, "--seq-len", SEQ, "--device", "cpu"], capsys)
+    assert code == 0, err
+    whole = -(-loader.num_windows // BATCH)  # batches that cover the split's windows once
+    assert whole < 100000 and json.loads(out.strip().splitlines()[-1])["eval_tokens"] == whole * BATCH * SEQ
+
 
 def test_bench_infer_runs_an_imported_checkpoint(imported, capsys):
     code, out, err = run_cli(["bench-infer", "--checkpoint", imported.ckpt, "--batch-sizes", "1", "--prompt-lens", "8",

@@ -23,7 +23,7 @@ class EvalConfig:
     split: Literal["val", "train"] = "val"
     """Which split to evaluate."""
     batches: int = 50
-    """Micro-batches to evaluate."""
+    """Micro-batches to evaluate (at most the split: a smaller one is read once, not repeated)."""
     batch_size: int = 8
     """Sequences per micro-batch."""
     seq_len: int = 0
@@ -109,9 +109,12 @@ def main(argv: list[str]) -> int:
     loader = TokenLoader(data_dir, cfg.split, cfg.batch_size, seq_len, expected_identity=tokenizer.identity,
                          device=device, prefetch=False)
     token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
-    result = evaluate(model, loader.eval_batches(cfg.batches), token_bytes,
+    # a split smaller than --batches batches is read once, not wrapped around (the loader's batches repeat it)
+    batches = min(cfg.batches, -(-loader.num_windows // cfg.batch_size))
+    whole = ", the whole split" if batches < cfg.batches else ""
+    result = evaluate(model, loader.eval_batches(batches), token_bytes,
                       autocast_dtype(device, "auto"), device)
-    Console().print(f"{cfg.checkpoint} on {data_dir} ({cfg.split}, {result['eval_tokens']:,} tokens): "
+    Console().print(f"{cfg.checkpoint} on {data_dir} ({cfg.split}, {result['eval_tokens']:,} tokens{whole}): "
                     f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | bits/byte {result['bpb']:.4f}")
     kv_rows = []
     if cfg.kv_cache_dtypes:  # after the plain evaluation: the engine casts the model to its dtype
