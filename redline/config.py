@@ -250,8 +250,9 @@ class GRPOConfig:
     """Sample among the k most likely tokens (0: all)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL estimate to the starting model (0: off, no reference model)."""
-    scale_rewards: Literal["group", "none"] = "group"
-    """Advantages divided by the group's reward std (group: GRPO, DAPO) or only centred (none: Dr. GRPO)."""
+    scale_rewards: Literal["group", "none", "mean"] = "group"
+    """Advantages divided by the group's reward std (group: GRPO, DAPO), only centred (none: Dr. GRPO), or divided
+    by the group's mean reward (mean: MaxRL, the expected update that of log p, as SFT's; rewards >= 0)."""
     loss_norm: Literal["token", "constant"] = "token"
     """The step's loss over its completion tokens (token: DAPO) or over sequences × max_new_tokens (Dr. GRPO)."""
     pass_k: int = 4

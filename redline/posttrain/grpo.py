@@ -5,6 +5,14 @@ r, and weighs every token of completion i by its group-relative advantage
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps)        scale_rewards="group" (GRPO, DAPO)
     A_i =  r_i - mean(r_group)                                scale_rewards="none"  (Dr. GRPO, Liu et al. 2025)
+    A_i = (r_i - mean(r_group)) / mean(r_group)                scale_rewards="mean"  (MaxRL, Tajwar et al. 2026)
+
+With 0/1 rewards and p the chance that a sample of a prompt is right, the expected update of "none" is
+(G - 1) ∇p, that of the expected reward, and of "mean" G (1 - (1 - p)^(G-1)) ∇log p, that of the log-likelihood
+of a right answer (SFT's, every prompt weighing the same) truncated where G samples rarely find one; "group" is
+between them (about ∇p / sqrt(p (1 - p))). ∇p = p ∇log p weighs a prompt by how often it is already right, so
+the expected reward can rise while greedy decoding, decided by prompts whose right answer is not yet sure, gets
+worse (docs/posttraining.md, Measured).
 
 The loss of a step is a sum over every completion token t of every sample, divided by one normaliser for the
 whole step rather than per sequence (so long completions are not down-weighted):
@@ -38,16 +46,22 @@ from redline.posttrain.logprobs import token_logps
 if TYPE_CHECKING:
     from redline.training.step import TrainStep
 
-SCALE_REWARDS = ("group", "none")
+SCALE_REWARDS = ("group", "none", "mean")
 LOSS_NORMS = ("token", "constant")
 
 
 def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: float = 1e-4) -> torch.Tensor:
     """rewards (P, G): G samples of each of P prompts -> advantages (P, G). A group whose rewards are all equal
-    has advantages 0 (it teaches nothing). std is the sample standard deviation (unbiased), as trl's."""
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    has advantages 0 (it teaches nothing). std is the sample standard deviation (unbiased), as trl's; "mean" needs
+    rewards >= 0 (a group whose rewards are all 0 has advantages 0)."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    centred = rewards - mean
     if scale_rewards == "none":
         return centred
+    if scale_rewards == "mean":
+        if (rewards < 0).any():
+            raise ValueError("scale_rewards='mean' divides by the group's mean reward: rewards must be >= 0")
+        return centred / mean.clamp(min=eps)
     if scale_rewards != "group":
         raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}, got {scale_rewards!r}")
     std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(centred)

@@ -119,21 +119,46 @@ def rollout_stats(samples: Samples, pass_k: int) -> dict[str, float]:
 
 
 def training_batches(samples: Samples, advantages: torch.Tensor, micro_batch: int, norm: float,
-                     device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """The samples as GRPO batches of micro_batch sequences, each right-padded: inputs, targets (the completion's
-    tokens, -1 elsewhere), advantages (B,), norm ()."""
+                     device: torch.device, rows: list[int] | None = None,
+                     count: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """The samples (those at `rows`, default all) as GRPO batches, each right-padded: inputs, targets (the
+    completion's tokens, -1 elsewhere), advantages (B,), norm (). Cut into micro-batches of micro_batch sequences,
+    or, with `count`, into exactly count micro-batches of at most micro_batch sequences, as even as can be."""
     flat = advantages.reshape(-1)
+    rows = list(range(len(samples.completions))) if rows is None else rows
+    if count is None:
+        chunks = [rows[start:start + micro_batch] for start in range(0, len(rows), micro_batch)]
+    else:
+        if not count <= len(rows) <= count * micro_batch:
+            raise ValueError(f"{len(rows)} sequences do not fill {count} micro-batches of at most {micro_batch}")
+        size, extra = divmod(len(rows), count)
+        bounds = [i * size + min(i, extra) for i in range(count + 1)]
+        chunks = [rows[bounds[i]:bounds[i + 1]] for i in range(count)]
     out = []
-    for start in range(0, len(samples.completions), micro_batch):
-        rows = range(start, min(start + micro_batch, len(samples.completions)))
-        seqs = [samples.prompt_ids[i] + samples.completions[i] for i in rows]
-        targets = [[-1] * (len(samples.prompt_ids[i]) - 1) + samples.completions[i] for i in rows]
+    for chunk in chunks:
+        seqs = [samples.prompt_ids[i] + samples.completions[i] for i in chunk]
+        targets = [[-1] * (len(samples.prompt_ids[i]) - 1) + samples.completions[i] for i in chunk]
         T = max(len(s) for s in seqs) - 1
         out.append({"inputs": pad_rows([s[:-1] for s in seqs], 0, T).to(device),
                     "targets": pad_rows(targets, -1, T).to(device),
-                    "advantages": flat[list(rows)].to(device),
+                    "advantages": flat[chunk].to(device),
                     "norm": torch.tensor(norm, device=device)})
     return out
+
+
+def trained_rows(advantages: torch.Tensor, keep_all: bool, at_least: int) -> list[int]:
+    """The sequences a step needs to train on: those whose advantage is not 0, since a sequence with advantage 0
+    adds nothing to the policy term's gradient (every sample of a group whose rewards are all equal); all of them
+    when keep_all (the KL term counts every token). At least `at_least` (the step's micro-batches), topped up with
+    the first skipped ones, whose terms are 0."""
+    flat = advantages.reshape(-1)
+    if keep_all:
+        return list(range(len(flat)))
+    kept = (flat != 0).nonzero().flatten().tolist()
+    if len(kept) < at_least:
+        skipped = [i for i in range(len(flat)) if flat[i] == 0]
+        kept = sorted(kept + skipped[:at_least - len(kept)])
+    return kept
 
 
 @torch.no_grad()
@@ -215,10 +240,14 @@ class Rollouts:
         completion_tokens = sum(map(len, samples.completions))
         total = completion_tokens if settings.loss_norm == "token" else len(samples.completions) * settings.max_new_tokens
         norm = max(total, 1) / step.plan.accum  # the step averages its accum micro-batches: see grpo.py
-        batches = training_batches(samples, advantages, self.micro_batch, norm, self.device)
-        if len(batches) != step.plan.accum:
-            raise UserError(f"a rollout makes {len(batches)} micro-batches but a step takes {step.plan.accum}; "
-                            f"tokens_per_step must be prompts_per_step × group_size × seq_len")
+        if len(samples.completions) != step.plan.accum * self.micro_batch:
+            raise UserError(f"a rollout makes {len(samples.completions)} sequences but a step takes "
+                            f"{step.plan.accum} × {self.micro_batch}; tokens_per_step must be prompts_per_step × "
+                            f"group_size × seq_len")
+        # the normaliser still counts every completion token: leaving out rows whose terms are 0 changes no gradient
+        rows = trained_rows(advantages, keep_all=self.objective.kl_coef > 0, at_least=step.plan.accum)
+        batches = training_batches(samples, advantages, self.micro_batch, norm, self.device, rows,
+                                   count=step.plan.accum)
         if self.objective.kl_coef > 0:
             if self.reference is None:
                 raise RuntimeError("kl_coef > 0 needs the reference model")
