@@ -164,15 +164,15 @@ def test_leaving_out_rows_whose_advantage_is_zero_changes_no_gradient():
     assert trained_rows(advantages, keep_all=True, at_least=3) == list(range(12))  # the KL term counts every token
     assert trained_rows(torch.zeros(3, 4), keep_all=False, at_least=3) == [0, 1, 2]  # one a micro-batch
     grads = []
-    for batches in (training_batches(samples, advantages, 4, norm, CPU),
-                    training_batches(samples, advantages, 4, norm, CPU, rows, count=3)):
+    for batches in (training_batches(samples, advantages, list(range(12)), 3, 4, norm, CPU),
+                    training_batches(samples, advantages, rows, 3, 4, norm, CPU)):
         assert len(batches) == 3 and all(len(b["inputs"]) <= 4 for b in batches)
         model = tiny_model(0)
         sum(GRPO().compute(model, b)[0] / 3 for b in batches).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-7)
     with pytest.raises(ValueError, match="do not fill"):
-        training_batches(samples, advantages, 2, norm, CPU, rows, count=3)
+        training_batches(samples, advantages, rows, 3, 2, norm, CPU)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 from redline.durable import write_atomic
 from redline.errors import UserError
 from redline.experiments import claims as claims_mod
-from redline.experiments.results import COMPLETED, best_cells, build_cells, load_result_set
+from redline.experiments.results import COMPLETED, best_cells, build_cells, load_result_set, read_published_report
 
 CSV_COLUMNS = ["run_id", "variant", "preset", "precision", "batch_size", "seq_len", "seed", "status", "error",
                "params", "params_non_embedding", "steps", "tokens", "tokens_per_second", "mfu", "peak_memory_gib",
@@ -59,12 +59,8 @@ def redraw_report(path: str | Path, out: str | Path | None = None) -> dict[str, 
     from redline.experiments.plots import write_plots
 
     root = Path(path)
-    try:
-        report = json.loads((root / "results.json").read_text(encoding="utf-8"))
-        cells, runs = report["cells"], report["runs"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise UserError(f"{root / 'results.json'} is not a report's results.json ({type(e).__name__}); "
-                        f"write it again with `redline report SWEEP_DIR --out {root}`") from None
+    report = read_published_report(root)
+    cells, runs = report["cells"], report["runs"]
     out_dir = Path(out) if out else root
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"results_json": root / "results.json", "dashboard": out_dir / "dashboard.html"}

@@ -248,16 +248,24 @@ def load_result_set(path: str | Path) -> ResultSet:
     return ResultSet(root.name, "runs", root, [summarize_run(p) for p in run_dirs])
 
 
-def _published_result_set(root: Path) -> ResultSet:
-    """A report written by `redline report` without the runs it was made from (docs/results/ keeps these): its
-    results.json holds every run's summary, the records results.jsonl held."""
+def read_published_report(root: Path) -> dict[str, Any]:
+    """The results.json that `redline report` wrote in root (a dict with its "runs" and "cells"), checked."""
     path = root / "results.json"
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
-        runs = [r for r in report["runs"] if isinstance(r, dict) and isinstance(r.get("run_id"), str)]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        if not isinstance(report["runs"], list) or not isinstance(report["cells"], list):
+            raise TypeError("runs and cells must be lists")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path} is not a report's results.json ({type(e).__name__}); write it again with "
                         f"`redline report SWEEP_DIR --out {root}`") from None
+    return report
+
+
+def _published_result_set(root: Path) -> ResultSet:
+    """A report written by `redline report` without the runs it was made from (docs/results/ keeps these): its
+    results.json holds every run's summary, the records results.jsonl held."""
+    report = read_published_report(root)
+    runs = [r for r in report["runs"] if isinstance(r, dict) and isinstance(r.get("run_id"), str)]
     recipe = report.get("recipe") if isinstance(report.get("recipe"), dict) else {}
     return ResultSet(report.get("name") or root.name, report.get("kind") or "sweep", root, runs,
                      report.get("baseline") or {}, recipe, None, report.get("planned"))

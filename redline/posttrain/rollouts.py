@@ -71,8 +71,8 @@ def task_prompts(task, renderer, split: str, max_prompt_len: int, limit: int = 0
         prompts.append(Prompt(example, ids))
     if not prompts:
         raise UserError(f"every {split} prompt of task {task.name} ({dropped}) is longer than the {max_prompt_len} "
-                        f"tokens the context leaves after grpo.max_new_tokens; lower grpo.max_new_tokens, or give a longer "
-                        f"seq_len (up to the model's context_len)")
+                        f"tokens the context leaves after grpo.max_new_tokens; lower grpo.max_new_tokens, or give a "
+                        f"longer seq_len (up to the model's context_len)")
     return prompts, dropped
 
 
@@ -118,22 +118,16 @@ def rollout_stats(samples: Samples, pass_k: int) -> dict[str, float]:
             "truncated": samples.truncated / len(samples.completions)}
 
 
-def training_batches(samples: Samples, advantages: torch.Tensor, micro_batch: int, norm: float,
-                     device: torch.device, rows: list[int] | None = None,
-                     count: int | None = None) -> list[dict[str, torch.Tensor]]:
-    """The samples (those at `rows`, default all) as GRPO batches, each right-padded: inputs, targets (the
-    completion's tokens, -1 elsewhere), advantages (B,), norm (). Cut into micro-batches of micro_batch sequences,
-    or, with `count`, into exactly count micro-batches of at most micro_batch sequences, as even as can be."""
+def training_batches(samples: Samples, advantages: torch.Tensor, rows: list[int], count: int, micro_batch: int,
+                     norm: float, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """The samples at `rows` as exactly `count` GRPO micro-batches of at most micro_batch sequences, as even as can
+    be, each right-padded: inputs, targets (the completion's tokens, -1 elsewhere), advantages (B,), norm ()."""
     flat = advantages.reshape(-1)
-    rows = list(range(len(samples.completions))) if rows is None else rows
-    if count is None:
-        chunks = [rows[start:start + micro_batch] for start in range(0, len(rows), micro_batch)]
-    else:
-        if not count <= len(rows) <= count * micro_batch:
-            raise ValueError(f"{len(rows)} sequences do not fill {count} micro-batches of at most {micro_batch}")
-        size, extra = divmod(len(rows), count)
-        bounds = [i * size + min(i, extra) for i in range(count + 1)]
-        chunks = [rows[bounds[i]:bounds[i + 1]] for i in range(count)]
+    if not count <= len(rows) <= count * micro_batch:
+        raise ValueError(f"{len(rows)} sequences do not fill {count} micro-batches of at most {micro_batch}")
+    size, extra = divmod(len(rows), count)
+    bounds = [i * size + min(i, extra) for i in range(count + 1)]
+    chunks = [rows[bounds[i]:bounds[i + 1]] for i in range(count)]
     out = []
     for chunk in chunks:
         seqs = [samples.prompt_ids[i] + samples.completions[i] for i in chunk]
@@ -246,8 +240,7 @@ class Rollouts:
                             f"group_size × seq_len")
         # the normaliser still counts every completion token: leaving out rows whose terms are 0 changes no gradient
         rows = trained_rows(advantages, keep_all=self.objective.kl_coef > 0, at_least=step.plan.accum)
-        batches = training_batches(samples, advantages, self.micro_batch, norm, self.device, rows,
-                                   count=step.plan.accum)
+        batches = training_batches(samples, advantages, rows, step.plan.accum, self.micro_batch, norm, self.device)
         if self.objective.kl_coef > 0:
             if self.reference is None:
                 raise RuntimeError("kl_coef > 0 needs the reference model")
