@@ -507,3 +507,14 @@ def test_generate_jsonl_on_a_full_disk_keeps_whole_records(dataset, tmp_path, mo
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and "disk full while writing" in one_line_error(err) and "out.jsonl" in err, (err, out.read_text())
     assert [json.loads(line)["prompt"] for line in out.read_text(encoding="utf-8").splitlines()] == ["a"]
+
+
+def test_a_folder_of_runs_given_for_a_checkpoint_names_the_runs_inside(tmp_path):
+    model, state, tok = tiny_checkpoint_parts()
+    for name in ("b", "a"):
+        ckpt_io.save_checkpoint(tmp_path / "runs" / name, 1, model, state, {}, tok, keep=1)
+    with pytest.raises(UserError, match=r"runs holds runs, not a checkpoint: give one of them, e\.g\. .*a \(a, b\)"):
+        ckpt_io.resolve_checkpoint(tmp_path / "runs")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no checkpoint in"):
+        ckpt_io.resolve_checkpoint(tmp_path / "empty")

@@ -363,6 +363,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return found[-1]
     if not p.exists():
         raise UserError(f"checkpoint {path} does not exist; give a run directory or RUN/checkpoints/step_N")
+    runs = sorted(d.name for d in p.iterdir() if d.is_dir() and list_checkpoints(d)) if p.is_dir() else []
+    if runs:  # a folder of runs (out_dir, e.g. runs/) given for one of them
+        shown = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+        raise UserError(f"{path} holds runs, not a checkpoint: give one of them, e.g. {p / runs[0]} ({shown})")
     raise UserError(f"no checkpoint in {path}; give a run directory with checkpoints/ or a step_N folder")
 
 
