@@ -240,12 +240,12 @@ def analyse(sweep_dir: Path, names: list[str], target: float | None) -> dict[str
     values). A recipe with several runs (seeds) gets the medians of its runs' times and tokens to the target, a run
     that never reached it counting as infinitely late (so it is reached when more than half of its runs reached
     it); its curve is its first seed's, every run's is under "runs"."""
-    from redline.experiments.results import load_result_set, read_jsonl
+    from redline.experiments.results import load_result_set
 
     by_variant: dict[str, list[dict]] = {}
     for r in sorted(load_result_set(sweep_dir).runs, key=lambda r: r.get("seed") or 0):
         by_variant.setdefault(r.get("variant"), []).append(r)
-    per_recipe = {name: [_run_row(run, read_jsonl) for run in by_variant.get(name) or
+    per_recipe = {name: [_run_row(run) for run in by_variant.get(name) or
                          [{"status": "not run", "variant": name}]] for name in names}
     source = "given"
     if target is None:
@@ -266,8 +266,10 @@ def analyse(sweep_dir: Path, names: list[str], target: float | None) -> dict[str
     return {"target_bpb": target, "target_from": source, "baseline": names[0], "recipes": rows}
 
 
-def _run_row(run: dict[str, Any], read_jsonl) -> dict[str, Any]:
+def _run_row(run: dict[str, Any]) -> dict[str, Any]:
     """One run's record and its clocked curve."""
+    from redline.experiments.results import read_jsonl
+
     clock = clocked_evals(read_jsonl(Path(run["run_dir"]) / "metrics.jsonl")) if run.get("run_dir") else None
     evals = clock["evals"] if clock else []
     return {"seed": run.get("seed"), "preset": run.get("preset"), "status": run.get("status"),
