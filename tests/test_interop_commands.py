@@ -192,6 +192,9 @@ def test_init_point_takes_the_architecture_and_keeps_run_settings(imported):
 
 
 def test_init_from_conflicts_and_foreign_data_are_one_line_errors(imported, tmp_path, capsys):
+    from redline.data.embedded import prepare_embedded
+
+    prepare_embedded()  # built beforehand: its one-time "building ..." line is not the error under test
     base = ["train", "--init-from", imported.ckpt, "max_steps=1", f"seq_len={SEQ}", f"out_dir={tmp_path}"]
     for extra, fragment in ((["--preset", "gpt2-124m", "--data.path", imported.data], "drop --preset gpt2-124m"),
                             (["model.n_layer=5", "--data.path", imported.data], "model.n_layer=5 conflicts"),
