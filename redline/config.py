@@ -315,8 +315,9 @@ class TrainConfig:
     into shorter rows (the same tokens a step, each row attending within itself), their length doubling from
     seq_ramp_start up to seq_len as a linear ramp reaches each double (0: off). Pretraining only; each length
     compiles once."""
-    seq_ramp_start: int = 256
-    """The warm-up's first row length in tokens: seq_len divided by a power of two."""
+    seq_ramp_start: int = 0
+    """The warm-up's first row length in tokens: seq_len divided by a power of two (0: a quarter of seq_len, or
+    half where a quarter is not a whole number)."""
     seq_len: int = 0
     """Training sequence length (0: the model's context_len)."""
     tokens_per_step: int = 0
@@ -421,8 +422,10 @@ class TrainConfig:
             raise UserError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if self.seq_ramp_steps < 0:
             raise UserError(f"seq_ramp_steps must be >= 0, got {self.seq_ramp_steps}")
-        if self.seq_ramp_steps:
-            ratio = self.effective_seq_len // self.seq_ramp_start if self.seq_ramp_start > 0 else 0
+        if self.seq_ramp_start < 0:
+            raise UserError(f"seq_ramp_start must be >= 0 (0: a quarter of seq_len), got {self.seq_ramp_start}")
+        if self.seq_ramp_steps and self.seq_ramp_start:
+            ratio = self.effective_seq_len // self.seq_ramp_start
             if ratio < 1 or ratio * self.seq_ramp_start != self.effective_seq_len or ratio & (ratio - 1):
                 raise UserError(f"seq_ramp_start={self.seq_ramp_start} must be seq_len ({self.effective_seq_len}) "
                                 f"divided by a power of two, e.g. {max(1, self.effective_seq_len // 4)}")
@@ -464,8 +467,18 @@ class TrainConfig:
     def effective_seq_len(self) -> int:
         return self.seq_len or self.model.context_len
 
+    @property
+    def effective_seq_ramp_start(self) -> int:
+        """The sequence-length warm-up's first row length: seq_ramp_start, or seq_len / 4 (/ 2, or seq_len itself:
+        no warm-up, when those are not whole numbers)."""
+        if self.seq_ramp_start:
+            return self.seq_ramp_start
+        full = self.effective_seq_len
+        return next((full // parts for parts in (4, 2) if full % parts == 0), full)
 
-# learning rates that suit each preset family's size (applied with the preset, below the recipe and the CLI)
+
+# Training that suits each preset (applied with the preset, below the recipe and the CLI): a key starting with "-"
+# matches the presets ending with it (learning rates for each size), one ending with "-" those starting with it.
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
     # sized for `make demo`: a couple of minutes on a 2-core CPU (BENCHMARKS.md, CPU)
     "tiny": {"optim.lr": 3e-3, "batch_size": 16, "seq_len": 128, "max_steps": 360, "eval_every": 90,
@@ -474,6 +487,16 @@ PRESET_TRAINING: dict[str, dict[str, Any]] = {
     "-350m": {"optim.lr": 6e-4},
     "-774m": {"optim.lr": 4e-4},
     "-1.5b": {"optim.lr": 3e-4},
+    # The modern presets train with the levers of the fastest public small-GPT runs that paid in redline's own
+    # measurements (the `levers` sweep and the speedrun, BENCHMARKS.md "Time to quality") and keep an architecture
+    # any tool loads: Muon for the blocks' matrices with its momentum warmed up from 0.85 over 300 steps,
+    # warmup-stable-decay cooled to zero over the last 40% of the budget, the head tied to the embedding, 32 rows of
+    # 1,024 tokens (not the 2,048-token context) and the sequence-length warm-up. The `fast` recipe adds the levers
+    # that change the architecture (ReLU², value embeddings, the soft-cap), which `redline export` cannot hand on;
+    # the `adamw` recipe is these presets' training before these defaults, to measure what they buy.
+    "modern-": {"optim.name": "muon", "optim.muon_momentum_warmup_steps": 300, "optim.schedule": "wsd",
+                "optim.warmup_steps": 10, "optim.decay_fraction": 0.4, "optim.min_lr_ratio": 0.0,
+                "model.tie_embeddings": True, "batch_size": 32, "seq_len": 1024, "seq_ramp_steps": 100},
 }
 
 
@@ -604,7 +627,8 @@ def apply_preset(cfg: TrainConfig, name: str) -> None:
     cfg.model = get_preset(name)
     cfg.preset = name
     for suffix, values in PRESET_TRAINING.items():
-        if name == suffix or (suffix.startswith("-") and name.endswith(suffix)):
+        if name == suffix or (suffix.startswith("-") and name.endswith(suffix)) or (
+                suffix.endswith("-") and name.startswith(suffix)):
             apply_overrides(cfg, dict(values))
 
 

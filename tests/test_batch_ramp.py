@@ -118,11 +118,20 @@ def test_the_row_length_doubles_as_the_linear_ramp_reaches_each_double():
     lengths = [ramp_seq_len(cfg, step) for step in range(320)]
     assert lengths[0] == 256 and lengths[99] == 256 and lengths[100] == 512 and lengths[299] == 512
     assert lengths[300] is None and lengths[319] is None  # the full 1024
-    off = parse(TrainConfig, ["preset=modern-124m", "seq_len=1024"], prog="t", description="t")
+    off = parse(TrainConfig, ["preset=modern-124m", "seq_len=1024", "seq_ramp_steps=0"], prog="t", description="t")
     assert ramp_seq_len(off, 0) is None
 
 
-@pytest.mark.parametrize("start", ["300", "0", "2048"])
+@pytest.mark.parametrize("seq_len, start", [(1024, 256), (128, 32), (6, 3), (7, 7)])
+def test_the_warm_up_starts_from_a_quarter_of_the_rows_unless_told(seq_len, start):
+    """seq_ramp_start=0 (the default): a quarter of seq_len, half where a quarter is not whole, and the full length
+    (no warm-up) where neither is; so the modern presets' warm-up suits any seq_len a user gives."""
+    cfg = parse(TrainConfig, ["preset=modern-124m", f"seq_len={seq_len}"], prog="t", description="t")
+    assert cfg.seq_ramp_steps == 100 and cfg.effective_seq_ramp_start == start
+    assert ramp_seq_len(cfg, 0) == (None if start == seq_len else start)
+
+
+@pytest.mark.parametrize("start", ["300", "-1", "2048"])
 def test_a_first_length_that_does_not_divide_the_windows_by_a_power_of_two_is_refused(start):
     with pytest.raises(UserError, match="seq_ramp_start"):
         parse(TrainConfig, ["preset=modern-124m", "seq_len=1024", "seq_ramp_steps=10", f"seq_ramp_start={start}"],

@@ -240,6 +240,6 @@ def test_cli_report_and_json_line_on_a_fake_gpu(capsys, monkeypatch):
     assert (level["train_batch_size"], level["grad_accum"]) == (32, 8)
     assert level["peak_memory_gib"] == 40.0 and record["tokens_per_second"] == 32000.0
     assert any(p["status"] == "oom" for p in level["points"])
-    assert 120e6 < record["params"] < 160e6
+    assert 95e6 < record["params"] < 105e6  # modern-124m trains with its head tied to the embedding
     assert [c.activation_checkpointing for c in searched] == ["none", "full"]
     assert "micro-batch" in out and "accumulation steps" in out

@@ -134,7 +134,7 @@ def test_the_command_line_wins_over_a_recipe_and_a_recipes_own_budget_over_the_c
 
 
 def test_named_recipes_ship_and_nanogpt_is_nanogpts_train_py():
-    assert {"nanogpt", "default", "muon"} <= set(training_recipes())
+    assert {"nanogpt", "default", "adamw", "fast"} <= set(training_recipes())
     cfg = parse(TrainConfig, ["--recipe", "nanogpt"], prog="t", description="t")
     o = cfg.optim
     assert cfg.preset == "gpt2-124m" and cfg.model.n_layer == 12 and cfg.model.pos_emb == "learned"
@@ -253,12 +253,16 @@ def test_several_seeds_give_medians(tmp_path, dataset):
 
 @pytest.mark.slow
 def test_the_speedrun_script_runs_nanogpt_and_the_fast_recipe_on_a_cpu(tmp_path, dataset):
-    """scripts/gpu/speedrun.sh CPU=1: the same recipes (nanogpt, the fast recipe at two budgets) at a CPU's size."""
+    """scripts/gpu/speedrun.sh CPU=1: the same recipes (nanogpt; the default and fast recipes at two budgets each)
+    at a CPU's size."""
     env = {**os.environ, "CPU": "1", "OUT": str(tmp_path), "PYTHON": sys.executable}
     done = subprocess.run(["bash", "scripts/gpu/speedrun.sh", str(dataset), "20"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     verdict = json.loads(done.stdout.strip().splitlines()[-1])
     assert verdict["recipes"]["nanogpt"]["status"] == "completed"
-    fast = {name: r for name, r in verdict["recipes"].items() if name.startswith("fast-")}
-    assert len(fast) == 2 and all(r["status"] == "completed" for r in fast.values()), verdict
+    for timed in ("default", "fast"):  # TIMED's default: each at two budgets, each with its verdict
+        runs = {name: r for name, r in verdict["recipes"].items() if name.startswith(timed + "-")}
+        assert len(runs) == 2 and all(r["status"] == "completed" for r in runs.values()), verdict
+        assert set(verdict["timed"][timed]) >= {"best", "ratio", "three_times_met"}
+    assert verdict["timed_recipe"] == "default" and verdict["ratio"] == verdict["timed"]["default"]["ratio"]

@@ -2,7 +2,7 @@
 each reached a validation bits per byte.
 
     redline speedrun --recipes nanogpt default --data DATA max_steps=1000 tokens_per_step=32768
-    redline speedrun --recipes nanogpt muon my_recipe.toml --target 1.10 max_time=10
+    redline speedrun --recipes nanogpt adamw my_recipe.toml --target 1.10 max_time=10
     redline speedrun --recipes nanogpt fast --data DATA --gpus 2    # both at once, one on each of two GPUs
     redline speedrun --list                          # the named training recipes (redline/recipes/)
 

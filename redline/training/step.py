@@ -96,7 +96,7 @@ def ramp_seq_len(cfg: TrainConfig, step: int) -> int | None:
     it)."""
     if not cfg.seq_ramp_steps or step >= cfg.seq_ramp_steps:
         return None
-    full, length = cfg.effective_seq_len, cfg.seq_ramp_start
+    full, length = cfg.effective_seq_len, cfg.effective_seq_ramp_start
     wanted = length + (full - length) * step / cfg.seq_ramp_steps
     while length * 2 <= wanted:
         length *= 2

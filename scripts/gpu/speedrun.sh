@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Time to quality on one GPU (issue 26): the `nanogpt` recipe trained for STEPS steps of 32,768 tokens sets the
-# target (its final validation bits per byte; with SEEDS, the median of its runs'), then the `fast` recipe is timed to that target, in the same call,
-# on the same prepared data, tokenizer, seed and validation tokens.
+# target (its final validation bits per byte; with SEEDS, the median of its runs'), then the `default` recipe (the
+# modern presets' defaults) and the `fast` recipe (TIMED) are timed to that target, in the same call, on the same
+# prepared data, tokenizer, seed and validation tokens.
 #
 #     scripts/gpu/speedrun.sh CORPUS_DIR [STEPS]        # STEPS: the nanogpt run's steps (default 1000)
 #
@@ -12,7 +13,7 @@
 # The fast recipe is a warmup-stable-decay run: its learning rate is cooled to zero at the end of its own budget,
 # so it is trained at two step counts, each a recipe file of its own (fast-300.toml = redline/recipes/fast.toml
 # with max_steps = 300): 30% of STEPS, then 22% if that reached the target, else 45% (FAST_STEPS="N M ..." gives
-# them instead). The fastest run that reaches the target is the verdict's. nanogpt trains at 32 × 1024 (one
+# them instead). So is each recipe of TIMED. The fastest run that reaches the target is the verdict's. nanogpt trains at 32 × 1024 (one
 # micro-batch a step, as fast's). Timings exclude compilation and evaluation (the trainer's clock); see
 # redline/commands/speedrun.py.
 #
@@ -20,6 +21,8 @@
 # - SEEDS (1): runs of each recipe, seeds SEED, SEED + 1, ...; times to the target are their medians.
 # - SEED (1337): the first seed (another call's seeds: SEED=1338).
 # - GPUS (1): runs at once, each on a GPU of its own (0: every GPU).
+# - TIMED ("default fast"): the named recipes (redline/recipes/NAME.toml) timed at those budgets (the modern
+#   presets' defaults are a warmup-stable-decay run too); the first is the verdict's headline.
 # - FAST_STEPS ("auto", or step counts).
 # - EXTRA_RECIPES: more recipes timed to the same target, e.g. "default muon", or recipe files; each a STEPS-step
 #   run unless its file sets max_steps.
@@ -34,7 +37,8 @@
 #
 # Prints the speedrun's table after each recipe, then one JSON line last: each recipe's time to the target
 # (training seconds, compilation and evaluation excluded), tokens to the target, the ratio of the nanogpt
-# recipe's time to the fast recipe's, and three_times_met (that ratio >= 3).
+# recipe's time to each timed recipe's best budget (`timed`), and, for the first of them (`ratio`),
+# three_times_met (that ratio >= 3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/env.sh
@@ -44,6 +48,7 @@ CPU="${CPU:-0}"
 if [ "$CPU" = 1 ]; then DEFAULT_STEPS=40; else DEFAULT_STEPS=1000; fi
 STEPS="${2:-$DEFAULT_STEPS}"
 FAST_STEPS="${FAST_STEPS:-auto}"
+TIMED="${TIMED:-default fast}"
 EXTRA_RECIPES="${EXTRA_RECIPES:-}"
 TOKENS_PER_STEP="${TOKENS_PER_STEP:-32768}"
 EVAL_EVERY="${EVAL_EVERY:-25}"
@@ -109,11 +114,12 @@ run_recipe() {
     return 0
 }
 
-# fast_recipe N: the fast recipe with max_steps = N (its schedule cooled at the end of them), as a file
-fast_recipe() {
-    { echo "max_steps = $1   # the fast recipe trained for $1 steps, its schedule cooled at the end of them"
-      cat redline/recipes/fast.toml; } > "$OUT/fast-$1.toml"
-    echo "$OUT/fast-$1.toml"
+# budget_recipe NAME N: redline/recipes/NAME.toml with max_steps = N (its schedule cooled at the end of them), as
+# a file
+budget_recipe() {
+    { echo "max_steps = $2   # the $1 recipe trained for $2 steps, its schedule cooled at the end of them"
+      cat "redline/recipes/$1.toml"; } > "$OUT/$1-$2.toml"
+    echo "$OUT/$1-$2.toml"
 }
 
 # reached NAME: whether that recipe reached the target in the speedrun so far
@@ -126,26 +132,28 @@ sys.exit(0 if rows.get(sys.argv[2], {}).get("reached") else 1)' "$SPEEDRUN/speed
 # would accumulate two micro-batches a step, a slower step for the same training
 { echo "batch_size = 32   # one micro-batch a step"; cat redline/recipes/nanogpt.toml; } > "$OUT/nanogpt.toml"
 run_recipe "$OUT/nanogpt.toml" "$STEPS"
-if [ "$FAST_STEPS" = auto ]; then
-    # 30% of the baseline's steps first; then 22% if that reached the target (is less enough?), else 45%
-    first=$(( STEPS * 30 / 100 ))
-    run_recipe "$(fast_recipe "$first")" "$first" && {
-        if reached "fast-$first"; then second=$(( STEPS * 22 / 100 )); else second=$(( STEPS * 45 / 100 )); fi
-        run_recipe "$(fast_recipe "$second")" "$second"
-    }
-else
-    for n in $FAST_STEPS; do run_recipe "$(fast_recipe "$n")" "$n"; done
-fi
+for timed in $TIMED; do
+    if [ "$FAST_STEPS" = auto ]; then
+        # 30% of the baseline's steps first; then 22% if that reached the target (is less enough?), else 45%
+        first=$(( STEPS * 30 / 100 ))
+        run_recipe "$(budget_recipe "$timed" "$first")" "$first" && {
+            if reached "$timed-$first"; then second=$(( STEPS * 22 / 100 )); else second=$(( STEPS * 45 / 100 )); fi
+            run_recipe "$(budget_recipe "$timed" "$second")" "$second"
+        }
+    else
+        for n in $FAST_STEPS; do run_recipe "$(budget_recipe "$timed" "$n")" "$n"; done
+    fi
+done
 for r in $EXTRA_RECIPES; do  # a recipe file's own max_steps (as fast-N.toml's) is its budget, else STEPS
     n=$( [ -f "$r" ] && sed -n 's/^max_steps *= *\([0-9]*\).*/\1/p' "$r" | head -n 1 )
     run_recipe "$r" "${n:-$STEPS}"
 done
 wall=$(( $(date +%s) - start ))
 
-"$PY" - "$SPEEDRUN/speedrun.json" "$STEPS" "$TOKENS_PER_STEP" "$wall" "$prepare_seconds" "${skipped[*]:-}" <<'EOF'
+"$PY" - "$SPEEDRUN/speedrun.json" "$STEPS" "$TOKENS_PER_STEP" "$wall" "$prepare_seconds" "${skipped[*]:-}" "$TIMED" <<'EOF'
 import json, sys
 
-path, steps, tokens_per_step, wall, prepare, skipped = sys.argv[1:7]
+path, steps, tokens_per_step, wall, prepare, skipped, timed = sys.argv[1:8]
 try:
     result = json.load(open(path))
 except (OSError, ValueError) as e:
@@ -154,10 +162,22 @@ except (OSError, ValueError) as e:
 rows = {r["recipe"]: r for r in result["recipes"]}
 base = rows.get("nanogpt", {})
 base_time = base.get("time_to_target")
-fast = {n: r for n, r in rows.items() if n.startswith("fast")}
-reached = {n: r for n, r in fast.items() if r.get("reached") and r.get("time_to_target")}
-best = min(reached, key=lambda n: reached[n]["time_to_target"]) if reached else None
-ratio = base_time / reached[best]["time_to_target"] if best and base_time else None
+
+
+def verdict_of(name):
+    """The fastest of NAME's budgets (NAME-300, ...) that reached the target, and its ratios to nanogpt's."""
+    reached = {n: r for n, r in rows.items()
+               if n.startswith(name + "-") and r.get("reached") and r.get("time_to_target")}
+    best = min(reached, key=lambda n: reached[n]["time_to_target"]) if reached else None
+    ratio = base_time / reached[best]["time_to_target"] if best and base_time else None
+    tokens = base.get("tokens_to_target")
+    return {"best": best, "seconds": best and reached[best]["time_to_target"], "ratio": ratio,
+            "tokens_ratio": tokens / reached[best]["tokens_to_target"] if best and tokens else None,
+            "three_times_met": bool(ratio is not None and ratio >= 3.0)}
+
+
+timed_verdicts = {name: verdict_of(name) for name in timed.split()}
+first = timed_verdicts[timed.split()[0]]  # the verdict's headline: the first of TIMED
 keys = ("status", "steps", "final_bpb", "reached", "time_to_target", "tokens_to_target", "step_to_target",
         "train_seconds", "tokens_per_second", "compile_and_warmup_seconds", "eval_seconds", "speedup_vs_baseline",
         "error")
@@ -165,10 +185,9 @@ verdict = {
     "script": "speedrun", "device": base.get("device"), "steps": int(steps), "tokens_per_step": int(tokens_per_step),
     "target_bpb": result.get("target_bpb"), "target_from": result.get("target_from"),
     "recipes": {n: {k: r.get(k) for k in keys} for n, r in rows.items()},
-    "baseline_seconds": base_time, "best_fast": best, "fast_seconds": best and reached[best]["time_to_target"],
-    "ratio": ratio,
-    "tokens_ratio": (base.get("tokens_to_target") / reached[best]["tokens_to_target"]) if best and base.get("tokens_to_target") else None,
-    "three_times_met": bool(ratio is not None and ratio >= 3.0),
+    "baseline_seconds": base_time, "timed_recipe": timed.split()[0], "best": first["best"],
+    "seconds": first["seconds"], "ratio": first["ratio"], "tokens_ratio": first["tokens_ratio"],
+    "three_times_met": first["three_times_met"], "timed": timed_verdicts,
     "skipped_for_time": skipped.split() if skipped else [], "prepare_seconds": int(prepare), "wall_seconds": int(wall),
     "out": result.get("out"),
 }
@@ -176,6 +195,8 @@ for n, r in rows.items():
     t = r.get("time_to_target")
     print(f"{n:<12} final bpb {r.get('final_bpb') or float('nan'):.4f}  to target: "
           + (f"{t:.1f} s, {r['tokens_to_target']:,.0f} tokens" if r.get("reached") else "not reached"))
-print(f"nanogpt / fast time to target: {ratio:.2f}×" if ratio else "nanogpt / fast: the fast recipe did not reach the target")
+for name, v in timed_verdicts.items():
+    print(f"nanogpt / {name} time to target: {v['ratio']:.2f}× ({v['best']})" if v["ratio"]
+          else f"nanogpt / {name}: the {name} recipe did not reach the target")
 print(json.dumps(verdict, default=str))
 EOF
