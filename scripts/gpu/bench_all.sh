@@ -58,7 +58,9 @@ point() {
     echo "=== $name ($((SECONDS))s elapsed, ${left}s left): redline bench $*"
     local before after rc
     before=$(wc -l < "$JSONL")
-    timeout --kill-after=15 "$left" "$PY" -m redline bench "$@" warmup="$WARMUP" steps="$STEPS" \
+    # AdamW at every point (the modern presets train with Muon by default): the table compares presets, shapes and
+    # precisions with one optimizer, as it always has; the levers' own costs are in BENCHMARKS.md "Time to quality"
+    timeout --kill-after=15 "$left" "$PY" -m redline bench optim.name=adamw "$@" warmup="$WARMUP" steps="$STEPS" \
         --label "$name" --json-out "$JSONL"
     rc=$?
     after=$(wc -l < "$JSONL")

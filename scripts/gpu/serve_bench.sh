@@ -18,7 +18,7 @@
 #      `redline serve --max-batch 64` on loopback (warmed up: compiled and captured before it listens), once per
 #      --sync-every in $SYNC_EVERY and per mode in $ENGINE_PROCESS (on: --engine-process, off: --no-engine-process,
 #      auto: the server's default, on for CUDA).
-#   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: $PER_CLIENT (4) × C requests, at
+#   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: $PER_CLIENT (16) × C requests, at
 #      least 16): first a warm-up load of C requests (not recorded: a fresh server prefills row counts it has not
 #      seen yet), then $REPEATS (3) recorded loads, of which the summary takes the median; then 64 clients with
 #      Poisson arrivals at $RATE requests/s: streamed greedy completions of $PROMPT random tokens and $NEW new
@@ -48,7 +48,7 @@ PROMPT="${PROMPT:-128}"
 NEW="${NEW:-256}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summary takes their median)
-PER_CLIENT="${PER_CLIENT:-4}"  # requests per client in a closed-loop load (longer loads: less noise from its ends)
+PER_CLIENT="${PER_CLIENT:-16}"  # requests per client in a closed-loop load: a short load is mostly its start and end, and its median moves by several points between runs of one server
 PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: its default); several: one server each
 CLIENT_PROCESSES="${CLIENT_PROCESSES:-1}"  # serve_load.py --processes for the recorded loads; several: each in turn
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
