@@ -170,6 +170,17 @@ def test_lora_run_saves_adapters_alone_and_loads_merged(dataset, base_checkpoint
     assert result.final_eval["loss"] == pytest.approx(_val_loss(model, dataset, cfg), rel=1e-4)
 
 
+def test_a_lora_run_trains_its_adapters_with_adamw_where_muon_is_asked(dataset, base_checkpoint, tmp_path,  # noqa: F811
+                                                                       capsys):
+    """Muon (the modern presets' default, or a Muon-trained base's) is for whole matrices: a LoRA run says it uses
+    AdamW for its rank-r factors and records that in its config, so a resume keeps it."""
+    result = train(config(dataset, tmp_path, f"init_from={base_checkpoint}", "lora.enabled=True", "lora.rank=2",
+                          "optim.name=muon", "max_steps=1", "eval_batches=1"))
+    assert "LoRA trains its adapters with AdamW" in capsys.readouterr().err
+    saved = json.loads((result.checkpoint.parent.parent / "config.json").read_text())
+    assert saved["optim"]["name"] == "adamw"
+
+
 def _val_loss(model, dataset, cfg) -> float:  # noqa: F811
     from redline.data.loader import TokenLoader
 

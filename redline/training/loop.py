@@ -16,8 +16,10 @@ and building the optimizers, so DCP can fill each rank's shards (or whole tensor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -249,6 +251,13 @@ def open_run(cfg: TrainConfig, resume_from: Path | None, data: Callable[[Path], 
     if init_point is not None:
         cfg = init_point.configure(cfg)
         cfg.validate()
+    if cfg.lora.enabled and cfg.optim.name == "muon" and resume_from is None:
+        # Muon orthogonalises a whole weight matrix's update; a LoRA run trains only its rank-r factors, whose
+        # recipe (and PEFT's) is AdamW. The modern presets' Muon default and a Muon-trained base both lead here.
+        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, name="adamw"))
+        if dist_info().rank == 0:
+            print("redline: LoRA trains its adapters with AdamW (optim.name=muon is for whole matrices; "
+                  "optim.name=prodigy is the learning-rate-free choice)", file=sys.stderr)
     run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
     source = (data(run_dir) if data is not None else
               ShardData(resolve_data(cfg, run_dir, init_point.tokenizer if init_point else None)))
