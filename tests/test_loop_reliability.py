@@ -212,6 +212,19 @@ def test_without_a_terminal_the_output_has_no_progress_bar(dataset, tmp_path, ca
     assert [line.split("|")[0].split()[1] for line in lines if line.startswith("step ")] == ["2/4", "4/4"]
 
 
+def test_a_decaying_schedule_without_a_budget_is_named():
+    """warmup-stable-decay (the modern presets') and cosine decay over the budget: with none, the start says the rate
+    stays at its peak; a constant schedule, or any budget, says nothing."""
+    from redline.config import TrainConfig, parse
+    from redline.training.loop import schedule_lines
+
+    def lines(*argv):
+        return schedule_lines(parse(TrainConfig, ["--preset", "modern-124m", *argv], prog="t", description="t"), 0)
+
+    assert any("no budget" in line and "wsd" in line for line in lines())
+    assert lines("max_time=5") == [] and lines("max_tokens=1000") == [] and lines("optim.schedule=constant") == []
+
+
 def test_a_warmup_as_long_as_the_run_is_named(dataset, tmp_path, capsys):  # noqa: F811
     """A short run (a fine-tune) that keeps a longer warmup never reaches its peak learning rate: the start says so."""
     train(config(dataset, tmp_path, "max_steps=2", "run_name=short"))  # config's optim.warmup_steps=2

@@ -366,9 +366,8 @@ class Run:
         if device.type == "cuda" and peak is None:
             self.log.print(f"[yellow]{gpu_name} is not in the peak table: MFU is left out")
         steps = cfg.max_steps or (-(-cfg.max_tokens // plan.tokens_per_step) if cfg.max_tokens and not at_most else 0)
-        if steps and cfg.optim.warmup_steps >= steps:  # e.g. a short fine-tune inheriting a pretraining warmup
-            self.log.print(f"[yellow]optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run's {steps} "
-                           f"steps: the learning rate never reaches its peak; lower optim.warmup_steps")
+        for line in schedule_lines(cfg, steps):
+            self.log.print(line)
         if resumed is not None:
             self.log.print(f"resumed from {resumed.checkpoint} at step {self.step}")
         if device.type == "cuda":
@@ -678,6 +677,19 @@ def warm_up_lines(cfg: TrainConfig) -> list[str]:
         sizes = sorted({size(cfg, step) or full for step in range(steps)} | {full})  # then the full one
         lines.append(says.format(" → ".join(map(str, sizes))) + f" over the first {steps} steps" if len(sizes) > 1
                      else f"[yellow]{name}={steps} changes nothing: {idle}")
+    return lines
+
+
+def schedule_lines(cfg: TrainConfig, steps: int) -> list[str]:
+    """Warnings for the run's opening lines where its learning-rate schedule cannot do what it is for (steps: the
+    run's step budget as far as it is known, 0 if none)."""
+    lines = []
+    if not (cfg.max_steps or cfg.max_tokens or cfg.max_time) and cfg.optim.schedule != "constant":
+        lines.append(f"[yellow]no budget (max_steps, max_tokens or max_time): the {cfg.optim.schedule} schedule never "
+                     f"decays and the learning rate stays at its peak; give one to cool the run")
+    if steps and cfg.optim.warmup_steps >= steps:  # e.g. a short fine-tune inheriting a pretraining warmup
+        lines.append(f"[yellow]optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run's {steps} "
+                     f"steps: the learning rate never reaches its peak; lower optim.warmup_steps")
     return lines
 
 
