@@ -491,9 +491,9 @@ PRESET_TRAINING: dict[str, dict[str, Any]] = {
     # measurements (the `levers` sweep and the speedrun, BENCHMARKS.md "Time to quality") and keep an architecture
     # any tool loads: Muon for the blocks' matrices with its momentum warmed up from 0.85 over 300 steps,
     # warmup-stable-decay cooled to zero over the last 40% of the budget, 32 rows of 1,024 tokens (not the
-    # 2,048-token context) and the sequence-length warm-up (and, in redline/presets.py, the head tied). The `fast` recipe adds the levers
-    # that change the architecture (ReLU², value embeddings, the soft-cap), which `redline export` cannot hand on;
-    # the `adamw` recipe is these presets' training before these defaults, to measure what they buy.
+    # 2,048-token context) and the sequence-length warm-up (and, in redline/presets.py, the head tied). The `fast`
+    # recipe adds the levers that change the architecture (ReLU², value embeddings, the soft-cap), which `redline
+    # export` cannot hand on; the `adamw` recipe is these presets' training before these defaults.
     "modern-": {"optim.name": "muon", "optim.muon_momentum_warmup_steps": 300, "optim.schedule": "wsd",
                 "optim.warmup_steps": 10, "optim.decay_fraction": 0.4, "optim.min_lr_ratio": 0.0,
                 "batch_size": 32, "seq_len": 1024, "seq_ramp_steps": 100},
