@@ -47,7 +47,8 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     apply_preset(cfg, preset)
     apply_overrides(cfg, {"batch_size": batch, "seq_len": seq, "precision": "bf16" if cuda else "fp32",
                           "device": device.type, "compile": compile_model, "compile_scope": scope,
-                          "activation_checkpointing": ac, "attn_autotune": False, "optim.warmup_steps": 0})
+                          "activation_checkpointing": ac, "attn_autotune": False, "optim.warmup_steps": 0,
+                          "optim.name": "adamw"})  # PEFT's and the published figures' optimizer (the preset's is Muon)
     if mode != "full":
         apply_overrides(cfg, {"lora.enabled": True, "lora.rank": 16, "lora.alpha": 32.0,
                               "lora.quantize": "nf4" if mode == "qlora" else "none",
