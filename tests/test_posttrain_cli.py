@@ -163,6 +163,24 @@ def test_dpo_and_grpo_lower_an_inherited_learning_rate_unless_told():
     assert _post_training_lr(cfg, [], "grpo") is None and cfg.optim.lr == 2e-4
 
 
+def test_sft_of_a_muon_trained_base_takes_adamw_unless_told(capsys):
+    """SFT keeps the starting run's rate; where that run used Muon (the modern presets' default) it fine-tunes with
+    AdamW at that rate and says so, unless the command line names optim.name."""
+    from redline.commands.sft import switch_from_muon
+    from redline.config import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.optim.name, cfg.optim.lr = "muon", 1e-3
+    switch_from_muon(cfg, ["max_steps=5"], "sft")
+    assert cfg.optim.name == "adamw" and cfg.optim.lr == 1e-3
+    assert "AdamW at optim.lr 0.001 instead of the starting run's Muon" in capsys.readouterr().err
+    for argv in (["optim.name=muon"], ["--optim.name", "muon"]):
+        cfg = TrainConfig()
+        cfg.optim.name = "muon"
+        switch_from_muon(cfg, argv, "sft")
+        assert cfg.optim.name == "muon"
+
+
 def test_grpo_after_dpo_divides_the_sft_peak_not_dpos_lowered_rate():
     """The chain SFT (3e-3) -> DPO -> GRPO: GRPO's default is 3e-3 / 200 whether DPO derived its rate or was told
     one; without finetune.base_lr carried along it was DPO's 3e-5 / 200 = 1.5e-7, a run that does not move."""

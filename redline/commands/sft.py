@@ -60,6 +60,20 @@ def base_config(source: Path) -> TrainConfig:
                                seq_ramp_steps=0)
 
 
+def switch_from_muon(cfg: TrainConfig, argv: list[str], command: str) -> None:
+    """A fine-tune of a Muon-trained base (the modern presets' default) takes AdamW at the base's AdamW rate unless
+    the command line names optim.name: Muon's fixed-size orthogonal steps are a pretraining tool, and AdamW is what
+    redline's post-training was measured with (docs/posttraining.md)."""
+    from redline.distributed import dist_info
+    from redline.posttrain.launch import _given
+
+    if cfg.optim.name == "muon" and not _given(argv, "optim.name"):
+        cfg.optim.name = "adamw"
+        if dist_info().is_main:
+            print(f"redline {command}: AdamW at optim.lr {cfg.optim.lr:.2g} instead of the starting run's Muon (set "
+                  f"optim.name to choose)", file=sys.stderr, flush=True)
+
+
 def chat_tokenizer(checkpoint: Path, template: str, grow: bool = True):
     """The checkpoint's tokenizer, with redline's chat tokens added unless its Jinja template is used. grow=False
     (LoRA: the vocabulary is the base's) refuses a tokenizer that would need them added."""
@@ -143,6 +157,7 @@ def main(argv: list[str]) -> int:
         source = ckpt_io.resolve_checkpoint(init_from)
         ckpt_io.verify_checkpoint(source)
         cfg = parse(TrainConfig, argv, prog="redline sft", description=DESCRIPTION, default=base_config(source))
+        switch_from_muon(cfg, argv, "sft")
         cfg.finetune.base_lr = None  # this run's rate is the peak a later dpo or grpo divides
         cfg.finetune.init_from, cfg.finetune.data = str(source), data
         cfg.run_name = cfg.run_name or f"sft-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
