@@ -223,6 +223,8 @@ def test_a_decaying_schedule_without_a_budget_is_named():
 
     assert any("no budget" in line and "wsd" in line for line in lines())
     assert lines("max_time=5") == [] and lines("max_tokens=1000") == [] and lines("optim.schedule=constant") == []
+    short = schedule_lines(parse(TrainConfig, ["--preset", "modern-124m", "max_steps=50"], prog="t", description="t"), 50)
+    assert any("seq_ramp_steps=100 is not shorter than the run's 50 steps" in line for line in short)
 
 
 def test_a_warmup_as_long_as_the_run_is_named(dataset, tmp_path, capsys):  # noqa: F811

@@ -690,6 +690,10 @@ def schedule_lines(cfg: TrainConfig, steps: int) -> list[str]:
     if steps and cfg.optim.warmup_steps >= steps:  # e.g. a short fine-tune inheriting a pretraining warmup
         lines.append(f"[yellow]optim.warmup_steps={cfg.optim.warmup_steps} is not shorter than the run's {steps} "
                      f"steps: the learning rate never reaches its peak; lower optim.warmup_steps")
+    for name in ("seq_ramp_steps", "batch_ramp_steps"):  # e.g. a short run of a modern preset (100 steps of it)
+        if steps and getattr(cfg, name) >= steps:
+            lines.append(f"[yellow]{name}={getattr(cfg, name)} is not shorter than the run's {steps} steps: it never "
+                         f"trains on full-size batches; lower {name}")
     return lines
 
 
