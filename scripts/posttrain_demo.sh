@@ -10,9 +10,10 @@
 #   PRETRAIN_ARGS="preset=modern-124m data.path=DATA max_steps=600" scripts/posttrain_demo.sh   # another model
 #
 # PRETRAIN_ARGS: settings for the pretraining run (default: the tiny preset on the embedded corpus); STAGE_ARGS:
-# settings added to every post-training stage (e.g. compile=True); TASK (arithmetic; arithmetic_multistep is harder),
-# SFT_STEPS, DPO_STEPS, GRPO_STEPS, TASKS (evaluated: TASK and TASK_mc), LIMIT; MAX_NEW, the tokens a reply may take
-# in GRPO's rollouts and in evaluation (8, or 40 for arithmetic_multistep, whose replies are worked solutions);
+# settings added to every post-training stage (e.g. compile=True); TASK (arithmetic; arithmetic_worked: its problems
+# with worked column sums; arithmetic_multistep is harder), SFT_STEPS, DPO_STEPS, GRPO_STEPS, TASKS (evaluated: TASK
+# and TASK_mc), LIMIT; MAX_NEW, the tokens a reply may take in GRPO's rollouts and in evaluation (8, or 32 for
+# arithmetic_worked and 40 for arithmetic_multistep, whose replies are worked solutions);
 # SFT_ARGS, DPO_ARGS, GRPO_ARGS: settings for one stage, after the demo's own (the last of a key wins).
 # DPO_PAIRS: task (the task's pairs: the reference reply chosen, a corrupted one rejected) or sampled (`redline
 # pairs`: the SFT model's own replies, PAIR_SAMPLES (8) to each of PAIR_PROMPTS (2000) training prompts, a right one
@@ -25,7 +26,11 @@ SFT_STEPS=${SFT_STEPS:-300}
 DPO_STEPS=${DPO_STEPS:-40}
 GRPO_STEPS=${GRPO_STEPS:-30}
 TASK=${TASK:-arithmetic}
-if [ "$TASK" = arithmetic_multistep ]; then MAX_NEW=${MAX_NEW:-40}; else MAX_NEW=${MAX_NEW:-8}; fi
+case "$TASK" in  # room for a worked reply and its end of turn (arithmetic_worked: 27 tokens with tiny's)
+    arithmetic_multistep) MAX_NEW=${MAX_NEW:-40} ;;
+    arithmetic_worked) MAX_NEW=${MAX_NEW:-32} ;;
+    *) MAX_NEW=${MAX_NEW:-8} ;;
+esac
 TASKS=${TASKS:-$TASK,${TASK}_mc}
 LIMIT=${LIMIT:-1000}
 PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
