@@ -1,11 +1,11 @@
 """Offline task generators: seeded, with fixed train/test splits, no download.
 
-Each generator draws distinct prompts from `random.Random(f"{name}:{seed}")`: the first 200 (fewer if `test_size` is
-smaller) open the test split, the next `train_size` form the training split, and the test split's remaining
-prompts (up to `test_size`, 1,000 by default: ±1.5 points of standard error on an exact match near 50%) are drawn
-after those. So a test prompt never appears in training, the training split does not depend on the test split's
-size, and the same seed gives the same splits on every machine. Answers are short (a number, a list, a spelling)
-so that a small model can learn them in minutes and exact match can verify them.
+Each generator draws distinct prompts from `random.Random(f"{name}:{seed}")` (a variant's `stream`: its base's
+name): the first 200 (fewer if `test_size` is smaller) open the test split, the next `train_size` form the training
+split, and the test split's remaining prompts (up to `test_size`, 1,000 by default: ±1.5 points of standard error on
+an exact match near 50%) are drawn after those. So a test prompt never appears in training, the training split does
+not depend on the test split's size, and the same seed gives the same splits on every machine. Answers are short (a
+number, a list, a spelling) so that a small model can learn them in minutes and exact match can verify them.
 """
 
 from __future__ import annotations
