@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Post-training on a CPU in minutes: pretrain the `tiny` preset on the embedded corpus, fine-tune it on the
-# arithmetic task (redline sft), prefer right answers to corrupted ones (redline dpo), reinforce on the task's
-# reward (redline grpo), and score every stage on the task's held-out test split (redline evaluate), side by side
-# in `redline report`. Deterministic: the same seeds give the same scores (docs/posttraining.md lists them).
+# arithmetic task's worked replies (redline sft), prefer right answers to corrupted ones (redline dpo), reinforce on
+# the task's reward (redline grpo), and score every stage on the task's held-out test split (redline evaluate), side
+# by side in `redline report`. Deterministic: the same seeds give the same scores (docs/posttraining.md lists them).
 # A stage whose run directory already holds a checkpoint is kept, so a stopped demo continues where it was.
 #
 #   scripts/posttrain_demo.sh                 # writes runs/posttrain-demo/
@@ -10,10 +10,13 @@
 #   PRETRAIN_ARGS="preset=modern-124m data.path=DATA max_steps=600" scripts/posttrain_demo.sh   # another model
 #
 # PRETRAIN_ARGS: settings for the pretraining run (default: the tiny preset on the embedded corpus); STAGE_ARGS:
-# settings added to every post-training stage (e.g. compile=True); TASK (arithmetic; arithmetic_multistep is harder),
-# SFT_STEPS, DPO_STEPS, GRPO_STEPS, TASKS (evaluated: TASK and TASK_mc), LIMIT; MAX_NEW, the tokens a reply may take
-# in GRPO's rollouts and in evaluation (8, or 40 for arithmetic_multistep, whose replies are worked solutions);
-# SFT_ARGS, DPO_ARGS, GRPO_ARGS: settings for one stage, after the demo's own (the last of a key wins).
+# settings added to every post-training stage (e.g. compile=True); TASK (arithmetic_worked: arithmetic's problems
+# with worked column sums; arithmetic: bare answers; arithmetic_multistep is harder), SFT_STEPS, DPO_STEPS,
+# GRPO_STEPS, TASKS (evaluated: TASK and TASK_mc), LIMIT; MAX_NEW, the tokens a reply may take in GRPO's rollouts
+# and in evaluation (32 for arithmetic_worked and 40 for arithmetic_multistep, whose replies are worked solutions,
+# else 8);
+# GRPO_LR: GRPO's learning rate (5e-5, for the tiny preset's SFT peak of 3e-3; `default`: the command's, the SFT
+# peak / 200). SFT_ARGS, DPO_ARGS, GRPO_ARGS: settings for one stage, after the demo's own (the last of a key wins).
 # DPO_PAIRS: task (the task's pairs: the reference reply chosen, a corrupted one rejected) or sampled (`redline
 # pairs`: the SFT model's own replies, PAIR_SAMPLES (8) to each of PAIR_PROMPTS (2000) training prompts, a right one
 # chosen and a wrong one rejected).
@@ -23,9 +26,14 @@ OUT=${OUT:-runs/posttrain-demo}
 PYTHON=${PYTHON:-python}
 SFT_STEPS=${SFT_STEPS:-300}
 DPO_STEPS=${DPO_STEPS:-40}
-GRPO_STEPS=${GRPO_STEPS:-30}
-TASK=${TASK:-arithmetic}
-if [ "$TASK" = arithmetic_multistep ]; then MAX_NEW=${MAX_NEW:-40}; else MAX_NEW=${MAX_NEW:-8}; fi
+GRPO_STEPS=${GRPO_STEPS:-60}
+GRPO_LR=${GRPO_LR:-5e-5}
+TASK=${TASK:-arithmetic_worked}
+case "$TASK" in  # room for a worked reply and its end of turn (arithmetic_worked: 27 tokens with tiny's)
+    arithmetic_multistep) MAX_NEW=${MAX_NEW:-40} ;;
+    arithmetic_worked) MAX_NEW=${MAX_NEW:-32} ;;
+    *) MAX_NEW=${MAX_NEW:-8} ;;
+esac
 TASKS=${TASKS:-$TASK,${TASK}_mc}
 LIMIT=${LIMIT:-1000}
 PRETRAIN_ARGS=${PRETRAIN_ARGS:-}
@@ -59,11 +67,15 @@ esac
 done_already dpo || redline dpo --from "$OUT/sft" --data "$PAIRS" out_dir="$OUT" run_name=dpo \
     dpo.max_pairs=640 dpo.beta=0.1 dpo.nll_weight=1.0 batch_size=16 max_steps="$DPO_STEPS" optim.warmup_steps=5 \
     eval_every=20 eval_batches=4 tensorboard=False $STAGE_ARGS $DPO_ARGS
-# 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match. DPO and GRPO take
-#    the commands' default learning rates: the SFT run's peak / 100 and / 200
+# 4. GRPO: 8 prompts x 8 samples a step from the weights being trained, rewarded by exact match, with MaxRL's
+#    advantages (r - mean) / mean. DPO takes the command's default learning rate (the SFT run's peak / 100); GRPO
+#    takes GRPO_LR, as the default (peak / 200) and group-scaled advantages left greedy exact match within the error
+#    (docs/posttraining.md)
+GRPO_LR_ARG=(); [ "$GRPO_LR" = default ] || GRPO_LR_ARG=(optim.lr="$GRPO_LR")
 done_already grpo || redline grpo --from "$OUT/dpo" --task "$TASK" out_dir="$OUT" run_name=grpo \
-    grpo.prompts_per_step=8 grpo.group_size=8 grpo.max_new_tokens=$MAX_NEW grpo.eval_examples=100 batch_size=32 \
-    max_steps="$GRPO_STEPS" optim.warmup_steps=3 eval_every=10 tensorboard=False $STAGE_ARGS $GRPO_ARGS
+    grpo.prompts_per_step=8 grpo.group_size=8 grpo.scale_rewards=mean grpo.max_new_tokens=$MAX_NEW \
+    grpo.eval_examples=100 batch_size=32 "${GRPO_LR_ARG[@]}" max_steps="$GRPO_STEPS" optim.warmup_steps=3 \
+    eval_every=10 tensorboard=False $STAGE_ARGS $GRPO_ARGS
 # 5. every stage on the test split (plain text for the pretrained model, the chat template after)
 for stage in pretrain sft dpo grpo; do
     redline evaluate "$OUT/$stage" --tasks "$TASKS" --limit "$LIMIT" --max-new-tokens "$MAX_NEW"

@@ -12,6 +12,7 @@ import pytest
 from redline.chat.render import check_messages
 from redline.errors import UserError
 from redline.tasks import load_task, task_names
+from redline.tasks.synthetic import _column as column
 
 ALL = task_names()
 
@@ -89,6 +90,37 @@ def test_multistep_problems_come_with_worked_solutions():
     for e in mc.examples("test"):
         assert e.choices[e.gold] == e.answer and e.answer.endswith(".") and len(set(e.choices)) == 4
     assert load_task("arithmetic_multistep").train_size == 50_000 and load_task("arithmetic").train_size == 5000
+
+
+def test_worked_arithmetic_asks_arithmetics_problems_with_column_sums():
+    """arithmetic_worked has arithmetic's splits and answers; its replies work a sum or difference column by
+    column and end in the answer; its rejected replies carry a slip into a wrong answer."""
+    plain, worked = load_task("arithmetic", train_size=200, test_size=50), load_task("arithmetic_worked",
+                                                                                    train_size=200, test_size=50)
+    for split in ("train", "test"):
+        assert [(e.prompt, e.answer) for e in worked.examples(split)] == [(e.prompt, e.answer)
+                                                                          for e in plain.examples(split)]
+        assert all(e.reply == e.answer for e in plain.examples(split))  # arithmetic's own replies stay bare
+    step = re.compile(r"(\d+) ([-+]) (\d+): (\d+) [-+] (\d) = (\d+)(, carry 1|, borrow 1)?; (\d) [-+] (\d)"
+                      r"(?: [-+] 1)? = (\d+)\. (\d+)|(\d) \* (\d) = (\d+)\.")
+    for e, pair in zip(worked.examples("train"), worked.preference_pairs("train")):
+        m = step.fullmatch(e.solution)
+        assert m, e.solution
+        if m[12]:
+            assert int(m[12]) * int(m[13]) == int(m[14]) == int(e.answer)
+        else:
+            a, op, b = int(m[1]), m[2], int(m[3])
+            assert int(m[11]) == int(e.answer) == (a + b if op == "+" else a - b)
+            assert int(m[11]) == 10 * int(m[10]) + int(m[6]) % 10  # the answer is the columns' digits
+        assert step.fullmatch(pair["rejected"]) and worked.reward(e, pair["rejected"]) == 0.0
+    assert column(7, "+", 15) == "7 + 15: 7 + 5 = 12, carry 1; 0 + 1 + 1 = 2. 22"
+    assert column(23, "-", 8) == "23 - 8: 13 - 8 = 5, borrow 1; 2 - 0 - 1 = 1. 15"
+    assert column(25, "-", 13) == "25 - 13: 5 - 3 = 2; 2 - 1 = 1. 12" and column(4, "*", 7) == "4 * 7 = 28."
+    assert column(7, "+", 15, ones=-3) == "7 + 15: 7 + 5 = 9; 0 + 1 = 1. 19"  # the slip drops the carry
+    assert column(25, "-", 13, ones=-3) is None and column(2, "-", 2, tens=-1) is None  # no negative step
+    mc = load_task("arithmetic_worked_mc", train_size=50, test_size=20)
+    for e in mc.examples("test"):
+        assert e.choices[e.gold] == e.answer and len(set(e.choices)) == 4 and step.fullmatch(e.answer)
 
 
 def test_multiple_choice_variant():

@@ -1,11 +1,11 @@
 """Offline task generators: seeded, with fixed train/test splits, no download.
 
-Each generator draws distinct prompts from `random.Random(f"{name}:{seed}")`: the first 200 (fewer if `test_size` is
-smaller) open the test split, the next `train_size` form the training split, and the test split's remaining
-prompts (up to `test_size`, 1,000 by default: ±1.5 points of standard error on an exact match near 50%) are drawn
-after those. So a test prompt never appears in training, the training split does not depend on the test split's
-size, and the same seed gives the same splits on every machine. Answers are short (a number, a list, a spelling)
-so that a small model can learn them in minutes and exact match can verify them.
+Each generator draws distinct prompts from `random.Random(f"{name}:{seed}")` (a variant's `stream`: its base's
+name): the first 200 (fewer if `test_size` is smaller) open the test split, the next `train_size` form the training
+split, and the test split's remaining prompts (up to `test_size`, 1,000 by default: ±1.5 points of standard error on
+an exact match near 50%) are drawn after those. So a test prompt never appears in training, the training split does
+not depend on the test split's size, and the same seed gives the same splits on every machine. Answers are short (a
+number, a list, a spelling) so that a small model can learn them in minutes and exact match can verify them.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ class GeneratedTask(Task):
     own default (`default_train_size`)."""
 
     default_train_size = 5000
+    stream: str | None = None
+    """The name whose generator stream draws the examples (None: the task's own): a variant that asks the same
+    problems with other replies names its base, so both share their splits."""
 
     def __init__(self, seed: int = 0, train_size: int | None = None, test_size: int = 1000):
         self.seed, self.test_size = seed, test_size
@@ -57,7 +60,7 @@ class GeneratedTask(Task):
 
     @cached_property
     def _splits(self) -> dict[str, list[Example]]:
-        rng = random.Random(f"{self.name}:{self.seed}")
+        rng = random.Random(f"{self.stream or self.name}:{self.seed}")
         seen: set[str] = set()
         out: list[Example] = []
         wanted = self.test_size + self.train_size
@@ -112,7 +115,60 @@ class Arithmetic(NumericTask):
         else:
             a, b = rng.randint(2, 9), rng.randint(2, 9)
             prompt, answer = f"{who} buys {a} packs of {b} {item}. How many {item} is that in total?", a * b
-        return Example(prompt, str(answer))
+        return Example(prompt, str(answer), meta={"sum": (a, {"add": "+", "sub": "-", "mul": "*"}[kind], b)})
+
+
+class WorkedArithmetic(Arithmetic):
+    """`arithmetic`'s problems (the same splits) with a worked reply to train on: a sum or difference column by
+    column, a product as one fact, the answer last ("7 + 15: 7 + 5 = 12, carry 1; 0 + 1 + 1 = 2. 22"). A number
+    after a space is a token per digit, so the answer is written digit by digit from the steps before it, each step
+    a one-digit fact that greedy decoding can still get wrong; graded, like `arithmetic`, by the last number."""
+
+    name = "arithmetic_worked"
+    description = "arithmetic's word problems, trained on worked column sums (the answer last)"
+    stream = "arithmetic"
+
+    def make(self, rng: random.Random) -> Example:
+        example = super().make(rng)
+        return Example(example.prompt, example.answer, meta=example.meta, solution=_column(*example.meta["sum"]))
+
+    def corrupt(self, example: Example, rng: random.Random) -> str:
+        """The worked reply with a slip: the ones' or tens' result (a product: the product) off by 1 to 3, carried
+        into the answer, so the rejected reply ends in a wrong one."""
+        a, op, b = example.meta["sum"]
+        for _ in range(50):
+            slip, column = rng.choice((-3, -2, -1, 1, 2, 3)), rng.choice(("ones", "tens"))
+            reply = _column(a, op, b, **{column: slip})
+            if reply is not None:
+                return reply
+        return _column(a, op, b, ones=1)  # +1 in the ones' column is always a valid slip
+
+
+def _column(a: int, op: str, b: int, ones: int = 0, tens: int = 0) -> str | None:
+    """The worked reply to a op b, with the ones' and tens' results off by `ones` and `tens` (a product: off by
+    `ones + tens`); None where a slip makes no well-formed step (a negative result, or a ones' result past a
+    column's range)."""
+    if op == "*":
+        product = a * b + ones + tens
+        return f"{a} * {b} = {product}." if product >= 0 else None
+    (ta, oa), (tb, ob) = divmod(a, 10), divmod(b, 10)
+    if op == "+":
+        low = oa + ob + ones
+        carry = int(low >= 10)
+        high = ta + tb + carry + tens
+        if not 0 <= low <= 18 or high < 0:
+            return None
+        ones_step = f"{oa} + {ob} = {low}" + (", carry 1" if carry else "")
+        tens_step = f"{ta} + {tb}" + (" + 1" if carry else "") + f" = {high}"
+    else:
+        borrow = int(oa < ob)
+        low = 10 * borrow + oa - ob + ones
+        high = ta - tb - borrow + tens
+        if not 0 <= low <= 9 or high < 0:
+            return None
+        ones_step = (f"1{oa} - {ob} = {low}, borrow 1" if borrow else f"{oa} - {ob} = {low}")
+        tens_step = f"{ta} - {tb}" + (" - 1" if borrow else "") + f" = {high}"
+    return f"{a} {op} {b}: {ones_step}; {tens_step}. {10 * high + low % 10}"
 
 
 class MultiStepArithmetic(NumericTask):
@@ -289,4 +345,4 @@ class MultipleChoiceOf(Task):
 
 
 GENERATORS: dict[str, type[GeneratedTask]] = {cls.name: cls for cls in (
-    Arithmetic, MultiStepArithmetic, Spelling, LetterCount, SortNumbers, ReverseList, KeyValueRecall)}
+    Arithmetic, WorkedArithmetic, MultiStepArithmetic, Spelling, LetterCount, SortNumbers, ReverseList, KeyValueRecall)}
