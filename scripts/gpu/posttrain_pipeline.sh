@@ -26,9 +26,12 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REDLINE_CACHE="${REDLINE_CACHE:-$OUT/cache}"
 # DPO runs eager: a 40-step run would spend most of its time compiling (each new pair length compiles again)
 export TASK="${TASK:-arithmetic_multistep}" GRPO_STEPS="${GRPO_STEPS:-60}" DPO_ARGS="${DPO_ARGS:-optim.lr=1e-5 compile=False}"
-export GRPO_ARGS="${GRPO_ARGS:-optim.lr=5e-6 optim.warmup_steps=6 grpo.prompts_per_step=16 grpo.group_size=16 batch_size=64}"
+export GRPO_ARGS="${GRPO_ARGS:-optim.lr=5e-6 optim.warmup_steps=6 grpo.prompts_per_step=16 grpo.group_size=16 batch_size=64 grpo.scale_rewards=group}"
+# pretraining as docs/posttraining.md's GPU figures were measured: AdamW, cosine, untied, no warm-up of the rows
+# (the modern presets now default to Muon and warmup-stable-decay; PRETRAIN_EXTRA="" trains with those)
+PRETRAIN_EXTRA="${PRETRAIN_EXTRA-optim.name=adamw optim.schedule=cosine optim.min_lr_ratio=0.1 optim.warmup_steps=50 model.tie_embeddings=false seq_ramp_steps=0}"
 prepare_corpus "$CORPUS" "$OUT" || exit $?
-PRETRAIN_ARGS="preset=${PRESET:-modern-124m} data.path=$DATA max_steps=${PRETRAIN_STEPS:-600} batch_size=${BATCH:-32} seq_len=${SEQ:-1024} eval_every=200" \
+PRETRAIN_ARGS="preset=${PRESET:-modern-124m} data.path=$DATA max_steps=${PRETRAIN_STEPS:-600} batch_size=${BATCH:-32} seq_len=${SEQ:-1024} eval_every=200 $PRETRAIN_EXTRA" \
     OUT="$OUT/pipeline" PYTHON="$PY" scripts/posttrain_demo.sh 2>&1 | tee "$OUT/pipeline.log"
 status=${PIPESTATUS[0]}
 [ -f "$OUT/pipeline/report.md" ] && awk '/^## Task scores/ {p = 1; print; next} /^## / {p = 0} p' "$OUT/pipeline/report.md"
