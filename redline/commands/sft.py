@@ -65,13 +65,11 @@ def switch_from_muon(cfg: TrainConfig, argv: list[str], command: str) -> None:
     the command line names optim.name: Muon's fixed-size orthogonal steps are a pretraining tool, and AdamW is what
     redline's post-training was measured with (docs/posttraining.md)."""
     from redline.distributed import dist_info
-    from redline.posttrain.launch import _given
+    from redline.posttrain.launch import adamw_instead_of_muon
 
-    if cfg.optim.name == "muon" and not _given(argv, "optim.name"):
-        cfg.optim.name = "adamw"
-        if dist_info().is_main:
-            print(f"redline {command}: AdamW at optim.lr {cfg.optim.lr:.2g} instead of the starting run's Muon (set "
-                  f"optim.name to choose)", file=sys.stderr, flush=True)
+    if adamw_instead_of_muon(cfg, argv) and dist_info().is_main:
+        print(f"redline {command}: AdamW at optim.lr {cfg.optim.lr:.2g} instead of the starting run's Muon (set "
+              f"optim.name to choose)", file=sys.stderr, flush=True)
 
 
 def chat_tokenizer(checkpoint: Path, template: str, grow: bool = True):

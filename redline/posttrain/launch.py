@@ -47,6 +47,15 @@ def _base_lr(cfg: TrainConfig) -> float:
     return cfg.finetune.base_lr if cfg.finetune.base_lr is not None else cfg.optim.lr
 
 
+def adamw_instead_of_muon(cfg: TrainConfig, argv: list[str]) -> bool:
+    """Switch a run that inherited Muon (a Muon-trained base: the modern presets' default) to AdamW unless the command
+    line names optim.name; -> whether it switched. Muon's fixed-size orthogonal steps are a pretraining tool."""
+    if cfg.optim.name == "muon" and not _given(argv, "optim.name"):
+        cfg.optim.name = "adamw"
+        return True
+    return False
+
+
 def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str, base: float | None = None) -> str | None:
     """Lower an inherited learning rate for a DPO or GRPO full fine-tune: the peak of the pretraining or SFT run
     the chain started from (finetune.base_lr, carried from run to run) / LR_DIVISOR; and train it with AdamW when
@@ -59,15 +68,13 @@ def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str, base: flo
     cfg.finetune.base_lr = base  # for the run after this one (GRPO after DPO divides the same peak)
     if cfg.lora.enabled or _given(argv, "optim.lr") or cfg.optim.name == "prodigy":
         return None
-    name = cfg.optim.name
-    if name == "muon" and not _given(argv, "optim.name"):
-        cfg.optim.name = "adamw"
+    switched_optimizer = adamw_instead_of_muon(cfg, argv)
     scale = base / LR_DIVISOR[command] / start_lr  # embed_lr and head_lr keep their ratio to lr
     for key in ("lr", "embed_lr", "head_lr"):  # optim.lr is not given (above); the other two may be
         value = getattr(cfg.optim, key)
         if value is not None and not _given(argv, f"optim.{key}"):
             setattr(cfg.optim, key, value * scale)
-    switched = ", AdamW instead of the starting run's Muon" if cfg.optim.name != name else ""
+    switched = ", AdamW instead of the starting run's Muon" if switched_optimizer else ""
     source = "the starting run's" if base == start_lr else "the pretraining or SFT run's"
     return (f"optim.lr {cfg.optim.lr:.2g} ({source} {base:.2g} / {LR_DIVISOR[command]}{switched}; "
             f"set optim.lr to choose)")
