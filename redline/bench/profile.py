@@ -95,6 +95,17 @@ def _rows(prof, device: torch.device) -> list[tuple[str, float, int]]:
     return [(name, us, calls) for name, (us, calls) in totals.items()]
 
 
+def _host_top(prof, n_steps: int, top: int = 12) -> list[dict]:
+    """CPU operators (and compiled-graph calls) by their own host time per step, the largest first."""
+    from torch.autograd import DeviceType
+
+    n = max(n_steps, 1)
+    rows = [(evt.key, evt.self_cpu_time_total, evt.count) for evt in prof.key_averages()
+            if evt.device_type == DeviceType.CPU and evt.self_cpu_time_total > 0 and not evt.key.startswith(_RANGES)]
+    rows.sort(key=lambda r: r[1], reverse=True)
+    return [{"name": name, "ms_per_step": us / 1e3 / n, "calls_per_step": calls / n} for name, us, calls in rows[:top]]
+
+
 def export_trace(prof, path: str | Path) -> Path:
     """Write the Chrome/Perfetto JSON trace; gzipped when the path ends in .gz."""
     path = Path(path)
@@ -134,9 +145,16 @@ def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Pa
             with record_function(f"train_step_{i}"):
                 step()
 
+    import time
+
+    start = time.perf_counter()
     prof = _profiled(steps, device)
+    wall_ms = (time.perf_counter() - start) * 1e3 / max(n_steps, 1)
     summary = summarize(_rows(prof, device), n_steps)
     summary["timing"] = "gpu kernel time" if device.type == "cuda" else "cpu operator self time"
+    summary["wall_ms_per_step"] = wall_ms  # under the profiler (its own host cost included)
+    if device.type == "cuda":  # where the host's time goes: a step whose wall time far exceeds its kernels waits on it
+        summary["host_top"] = _host_top(prof, n_steps)
     if trace_path:
         summary["trace"] = str(export_trace(prof, trace_path))
     return summary
