@@ -34,8 +34,18 @@ MODES = ("full", "lora", "qlora")
 
 def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: int, device_name: str,
              compile_model: bool = False, nf4_backend: str = "auto", ac: str = "full", profile: int = 0,
-             out_dir: str | None = None, scope: str = "auto") -> dict:
+             out_dir: str | None = None, scope: str = "auto", inductor: list[str] | None = None,
+             cuda_graphs: str = "auto") -> dict:
     import torch
+    import torch._inductor.config
+
+    for setting in inductor or []:  # e.g. cpp_wrapper=True, triton.cudagraphs=True: the host's share of a step
+        key, value = setting.split("=", 1)
+        *path, name = key.split(".")
+        target = torch._inductor.config
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, name, {"True": True, "False": False}.get(value, value))
 
     from redline.config import TrainConfig, apply_overrides, apply_preset
     from redline.training.step import TrainStep
@@ -48,7 +58,8 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
     apply_overrides(cfg, {"batch_size": batch, "seq_len": seq, "precision": "bf16" if cuda else "fp32",
                           "device": device.type, "compile": compile_model, "compile_scope": scope,
                           "activation_checkpointing": ac, "attn_autotune": False, "optim.warmup_steps": 0,
-                          "optim.name": "adamw"})  # PEFT's and the published figures' optimizer (the preset's is Muon)
+                          "optim.name": "adamw",  # PEFT's and the published figures' optimizer (the preset's is Muon)
+                          "cuda_graphs": {"auto": None, "on": True, "off": False}[cuda_graphs]})
     if mode != "full":
         apply_overrides(cfg, {"lora.enabled": True, "lora.rank": 16, "lora.alpha": 32.0,
                               "lora.quantize": "nf4" if mode == "qlora" else "none",
@@ -56,6 +67,9 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
                               "init_from": "(benchmark: random weights)", "optim.weight_decay": 0.0})
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     peak = (lambda: torch.cuda.max_memory_allocated(device) / 2**30) if cuda else (lambda: None)
+    # CUDA graphs allocate their pool while recording and replay into it without allocating: what they hold shows
+    # as reserved, not allocated, memory
+    peak_reserved = (lambda: torch.cuda.max_memory_reserved(device) / 2**30) if cuda else (lambda: None)
     reset = (lambda: torch.cuda.reset_peak_memory_stats(device)) if cuda else (lambda: None)
     reset()
     t0 = time.perf_counter()
@@ -102,13 +116,20 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, warmup: int, steps: i
         profiled = {"profile_kernel_ms_per_step": summary_["total_ms_per_step"],
                     "profile_groups_ms_per_step": summary_["groups_ms_per_step"],
                     "profile_kernels_per_step": summary_.get("kernels_per_step"),
-                    "profile_top": summary_["top"][:10]}
+                    "profile_top": summary_["top"][:10], "profile_wall_ms_per_step": summary_["wall_ms_per_step"],
+                    "profile_host_top": summary_.get("host_top")}
+    from torch._dynamo.utils import counters  # graph breaks split a compiled block into pieces run in between
+
+    profiled["graph_breaks"] = dict(counters["graph_break"]) if compile_model else None
+    profiled["unique_graphs"] = counters["stats"].get("unique_graphs") if compile_model else None
     held = held_for_backward(step, next(data), device)
     lora = step.converters.get("lora")
-    return {"mode": mode, "preset": preset, "compile": compile_model, "compile_scope": scope, "activation_checkpointing": ac,
+    return {"mode": mode, "preset": preset, "compile": compile_model, "compile_scope": scope, "inductor": inductor,
+            "activation_checkpointing": ac,
             "nf4_backend": getattr(lora, "nf4_backend", None), "batch": batch, "seq_len": seq, "params": step.model.num_params(),
             "trainable_params": trainable, "step_time_s": median, "step_times_s": times,
-            "tokens_per_second": batch * seq / median, "peak_train_gib": peak(), "peak_setup_gib": peak_setup,
+            "tokens_per_second": batch * seq / median, "peak_train_gib": peak(),
+            "peak_reserved_gib": peak_reserved(), "cuda_graphs": step.cuda_graphs, "peak_setup_gib": peak_setup,
             "setup_seconds": setup_seconds, "losses": losses, **held, **profiled,
             "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__}
 
@@ -173,11 +194,16 @@ def main() -> int:
                              "OUT/trace_MODE[_compiled].json.gz")
     parser.add_argument("--compile-scope", default="auto", choices=("auto", "model", "blocks"),
                         help="with --compile: the whole model as one graph or each block (compile_scope)")
+    parser.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"),
+                        help="cuda_graphs of every mode (auto: on for LoRA and QLoRA where compiled)")
+    parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="torch._inductor.config settings for every mode (e.g. cpp_wrapper=True)")
     parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # the child process of one mode
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_mode(args.one, args.preset, args.batch, args.seq, args.warmup, args.steps, args.device,
-                                  args.compile, args.nf4_backend, args.ac, args.profile, args.out, args.compile_scope)))
+                                  args.compile, args.nf4_backend, args.ac, args.profile, args.out, args.compile_scope,
+                                  args.inductor, args.cuda_graphs)))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,6 +214,8 @@ def main() -> int:
                "--steps", str(args.steps), "--device", args.device, "--nf4-backend", args.nf4_backend,
                "--ac", args.ac, "--profile", str(args.profile), "--compile-scope", args.compile_scope]
         cmd += ["--compile"] if args.compile else []
+        cmd += ["--inductor", *args.inductor] if args.inductor else []
+        cmd += ["--cuda-graphs", args.cuda_graphs]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if proc.returncode == 0:
             record = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -197,7 +225,8 @@ def main() -> int:
         results[mode] = record
         with open(out / "lora_bench.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        shown = {k: v for k, v in record.items() if k not in ("step_times_s", "losses", "profile_top")}
+        hidden = ("step_times_s", "losses", "profile_top", "profile_host_top")
+        shown = {k: v for k, v in record.items() if k not in hidden}
         print(f"{mode:>6}: {json.dumps(shown)}", flush=True)
     print(json.dumps(summary(results)))
     return 0
