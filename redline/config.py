@@ -383,6 +383,12 @@ class TrainConfig:
     fastest (cached per GPU and shape). False leaves the choice to PyTorch."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode (max-autotune-no-cudagraphs tunes GEMM kernels: minutes more compile time)."""
+    cuda_graphs: bool | None = None
+    """Replay the compiled graphs as CUDA graphs (torch.compile's reduce-overhead): the host then issues one launch
+    per graph instead of one per kernel, for steps whose kernels are too short for the host to keep up (LoRA and
+    QLoRA, whose adapters and NF4 weights add several small kernels per layer; small models). Costs memory (the
+    graphs' own pool) and one recording per shape. None: on for LoRA/QLoRA runs on one CUDA GPU with compile on,
+    except DPO and GRPO (their batches change shape from step to step)."""
     compile_scope: Literal["auto", "model", "blocks"] = "auto"
     """What torch.compile compiles: the whole model, or each transformer block (compiled once, reused by every
     block) and the lm_head. auto: the whole model up to 16 layers, blocks above, where whole-model compile time

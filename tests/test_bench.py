@@ -317,7 +317,7 @@ def test_wrap_returns_its_decisions_and_compile_scope():
     assert wrapped.module is model and not hasattr(model, "redline_wrap")  # nothing hung on the model
     report = wrapped.decisions
     assert report["converters"] == {} and report["attention"]["source"] == "pytorch"  # fp8=off: no converter
-    assert report["compile"] == {"enabled": False, "scope": None, "mode": "default"}
+    assert report["compile"] == {"enabled": False, "scope": None, "mode": "default", "cuda_graphs": False}
     assert compile_scope(cfg) == "model"
     assert compile_scope(replace(cfg, model=get_preset("gpt2-1.5b"))) == "blocks"
     assert compile_scope(replace(cfg, compile_scope="blocks")) == "blocks"

@@ -166,6 +166,7 @@ class DPO:
     pair ids of the batches; None until load_state_dict gives it (a resumed run)."""
 
     name = "dpo"
+    shapes_vary = True  # batches padded to their longest sequence: no CUDA graphs by default (objectives.py)
 
     def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", reference: torch.Tensor | None = None,
                  heldout_reference: torch.Tensor | None = None, nll_weight: float = 0.0):

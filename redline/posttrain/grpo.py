@@ -89,6 +89,7 @@ class GRPO:
     statistics ("stats": name -> 0-dim tensor) to log."""
 
     name = "grpo"
+    shapes_vary = True  # batches padded to their longest sequence: no CUDA graphs by default (objectives.py)
 
     def __init__(self, kl_coef: float = 0.0, clip_eps: float = 0.2):
         self.kl_coef, self.clip_eps = kl_coef, clip_eps

@@ -9,7 +9,9 @@ A batch is whatever the objective's data source yields: language modeling takes 
 that needs more (loss masks, packed documents' positions, chosen/rejected pairs, reference log-probs) takes a
 dict of tensors. An objective may keep state of its own: `attach(step)` hands it the TrainStep once built (the
 plain model, the device, `step.converters.disabled()` for a reference model: LoRA adapters off), and
-state_dict/load_state_dict carry that state through checkpoints.
+state_dict/load_state_dict carry that state through checkpoints. An objective whose batches change shape from step
+to step (DPO's pairs padded to the longest, GRPO's rollouts) sets `shapes_vary = True`: CUDA graphs, which record
+graphs for each shape, then stay off unless the run asks for them (cuda_graphs=True).
 """
 
 from __future__ import annotations

@@ -195,16 +195,26 @@ class TrainStep:
             with torch.device(device):  # initialised on the device: seconds instead of minutes for 1.5B on a CPU
                 model = GPT(cfg.model)
         self.model = model
-        self.wrapped: Wrapped = wrap_model(model, cfg, device, info, self.converters, say)
+        self.objective = objective or LanguageModeling()
+        self.wrapped: Wrapped = wrap_model(model, cfg, device, info, self.converters, say,
+                                           shapes_vary=getattr(self.objective, "shapes_vary", False))
         self.module = self.wrapped.module
         self.optimizers = build_optimizers(model, cfg.optim, device)  # after wrapping: see the module docstring
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.skips_on_device = skips_on_device(self.optimizers)
         self.amp = autocast_dtype(device, cfg.precision)
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-        self.objective = objective or LanguageModeling()
         self.objective.attach(self)
         self.steps_done = 0
+        self.cuda_graphs = self.wrapped.decisions["compile"].get("cuda_graphs", False)
+
+    def _own_gradients(self) -> None:
+        """Move gradients out of the CUDA graphs' memory pool. A backward graph's outputs live in that pool and the
+        next micro-step's replay overwrites them, but AccumulateGrad installs a first gradient as .grad without a
+        copy (pytorch/pytorch#169545): a copy made here is what the later micro-steps add into in place."""
+        for p in self.params:
+            if p.grad is not None:
+                p.grad = p.grad.clone()
 
     def step(self, batches: Iterable[Any], lr_multiplier: float) -> StepOutput:
         """One optimizer step on the next `plan.accum` micro-batches of `batches` (an iterable read lazily, one
@@ -222,6 +232,8 @@ class TrainStep:
                 with autocast(self.device, self.amp):
                     loss, metrics = self.objective.compute(self.module, batch)
                 (loss / accum).backward()
+            if self.cuda_graphs and micro == 0 and accum > 1:
+                self._own_gradients()
             loss_sum += loss.detach()
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0) + value.detach()

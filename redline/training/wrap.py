@@ -30,6 +30,7 @@ import torch.nn as nn
 from redline.config import TrainConfig
 from redline.converters import Converters
 from redline.distributed import DistInfo
+from redline.errors import UserError
 from redline.hardware import autocast_dtype
 from redline.model import GPT
 from redline.training.parallel import apply_data_parallel
@@ -40,6 +41,21 @@ WHOLE_MODEL_MAX_LAYERS = 16
 def compile_enabled(cfg: TrainConfig, device: torch.device) -> bool:
     """torch.compile on or off: the config's choice, else on for CUDA and off elsewhere."""
     return cfg.compile if cfg.compile is not None else device.type == "cuda"
+
+
+def cuda_graphs_enabled(cfg: TrainConfig, device: torch.device, distributed: bool = False,
+                        shapes_vary: bool = False) -> bool:
+    """Whether the compiled graphs replay as CUDA graphs: cfg.cuda_graphs, else on for a LoRA/QLoRA run on one
+    CUDA GPU with compile on (their steps are bound by the host's kernel launches) whose batches keep one shape
+    (shapes_vary: the objective's batches change shape from step to step, and each shape would record its own
+    graphs). On where it cannot work is a one-line error."""
+    usable = device.type == "cuda" and compile_enabled(cfg, device) and not distributed
+    if cfg.cuda_graphs is None:
+        return usable and cfg.lora.enabled and not shapes_vary
+    if cfg.cuda_graphs and not usable:
+        raise UserError("cuda_graphs=True replays torch.compile's graphs on one CUDA GPU: it needs device=cuda, "
+                        "compile on and a single process (gpus=1); set cuda_graphs=False otherwise")
+    return cfg.cuda_graphs
 
 
 def compile_scope(cfg: TrainConfig, distributed: bool = False) -> str:
@@ -72,9 +88,10 @@ class Wrapped:
 
 
 def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInfo, converters: Converters,
-               say: Callable[[str], None] | None = None) -> Wrapped:
+               say: Callable[[str], None] | None = None, shapes_vary: bool = False) -> Wrapped:
     """The one place optional features wrap the model, in a fixed order:
-    converters → activation checkpointing → compile → data parallel. cfg.batch_size must be resolved."""
+    converters → activation checkpointing → compile → data parallel. cfg.batch_size must be resolved. shapes_vary:
+    the objective's batches change shape from step to step (no CUDA graphs unless cfg.cuda_graphs says so)."""
     from redline.training.activation_checkpointing import apply_activation_checkpointing
     from redline.training.attention_backend import resolve_attention_backend
 
@@ -100,13 +117,17 @@ def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInf
         say(f"activation checkpointing ({cfg.activation_checkpointing}): {len(checkpointed)} of {len(model.blocks)} blocks")
     # 3. compile
     use_compile = compile_enabled(cfg, device)
-    mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    graphs = cuda_graphs_enabled(cfg, device, info.enabled, shapes_vary)
+    plain = None if cfg.compile_mode == "default" else cfg.compile_mode
+    # torch.compile's modes: reduce-overhead is default + CUDA graphs, max-autotune the tuned GEMMs + CUDA graphs
+    with_graphs = {"default": "reduce-overhead", "max-autotune-no-cudagraphs": "max-autotune"}
+    mode = with_graphs[cfg.compile_mode] if graphs else plain
     scope = compile_scope(cfg, info.enabled) if use_compile else None
-    decisions["compile"] = {"enabled": use_compile, "scope": scope, "mode": cfg.compile_mode}
+    decisions["compile"] = {"enabled": use_compile, "scope": scope, "mode": cfg.compile_mode, "cuda_graphs": graphs}
     decisions["setup_seconds"] = time.perf_counter() - t0
     if scope:
-        say(f"torch.compile ({'whole model' if scope == 'model' else 'per block + lm_head'}, mode {cfg.compile_mode}): "
-            f"the first step compiles")
+        say(f"torch.compile ({'whole model' if scope == 'model' else 'per block + lm_head'}, mode {cfg.compile_mode}"
+            f"{', CUDA graphs' if graphs else ''}): the first step compiles")
     module: nn.Module = model
     # a batch-size or sequence-length warm-up's few shapes: each its own static graph, so the full batch's kernels
     # are not traded for dynamic-shape ones after the second shape
@@ -115,15 +136,29 @@ def wrap_model(model: GPT, cfg: TrainConfig, device: torch.device, info: DistInf
     if scope == "blocks" or (scope and ramped):
         _raise_recompile_limit()
     if scope == "blocks":
-        for block in model.blocks:
-            block.compile(mode=mode, dynamic=dynamic)
-        model.lm_head.compile(mode=mode, dynamic=dynamic)
+        for part in (*model.blocks, model.lm_head):
+            _compile_in_place(part, mode, dynamic, no_grad_mode=plain)
     elif scope == "model":
         module = torch.compile(model, mode=mode, dynamic=dynamic)
     # 4. data parallel
     module = apply_data_parallel(module, model, cfg.parallel, device, info, param_dtype=amp,
                                  bucket_mb=cfg.ddp_bucket_mb)
     return Wrapped(module, decisions)
+
+
+def _compile_in_place(module: nn.Module, mode: str | None, dynamic: bool | None, no_grad_mode: str | None) -> None:
+    """module.compile(mode), the calls without autograd (evaluation, DPO's reference pass) compiled in
+    no_grad_mode where it differs. Blocks compiled one by one hand each graph's output to the next; under CUDA
+    graphs a call with no backward pending starts a new replay generation and frees the output it is handed
+    (pytorch/pytorch#152887), so only the training calls, whose backward is pending, replay graphs."""
+    if no_grad_mode == mode:
+        module.compile(mode=mode, dynamic=dynamic)
+        return
+    training = torch.compile(module._call_impl, mode=mode, dynamic=dynamic)
+    no_grad = torch.compile(module._call_impl, mode=no_grad_mode, dynamic=dynamic)
+    # what nn.Module.compile sets: __call__ runs it instead of _call_impl
+    module._compiled_call_impl = lambda *args, **kwargs: (training if torch.is_grad_enabled() else no_grad)(
+        *args, **kwargs)
 
 
 def set_cuda_allocator_defaults() -> None:
