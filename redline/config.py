@@ -286,6 +286,10 @@ class GRPOConfig:
             raise UserError(f"grpo.clip_eps must be positive, got {self.clip_eps}")
 
 
+CUDA_GRAPHS_NEED = ("cuda_graphs=True replays torch.compile's graphs on one CUDA GPU: it needs device=cuda, compile "
+                    "on and a single process (gpus=1); set cuda_graphs=False otherwise")
+
+
 @dataclass
 class TrainConfig:
     preset: str = "tiny"
@@ -466,6 +470,8 @@ class TrainConfig:
         if self.lora.enabled and self.parallel == "fsdp2":
             raise UserError("lora with parallel=fsdp2 is not supported (frozen and quantized weights are not "
                             "sharded); use parallel=ddp")
+        if self.cuda_graphs and (self.compile is False or self.device == "cpu" or self.gpus > 1):
+            raise UserError(CUDA_GRAPHS_NEED)
         if self.fp8_warmup_steps < 0:
             raise UserError(f"fp8_warmup_steps must be >= 0, got {self.fp8_warmup_steps}")
 

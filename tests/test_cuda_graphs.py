@@ -30,6 +30,9 @@ def test_cuda_graphs_on_for_lora_runs_on_one_gpu_only():
     assert cuda_graphs_enabled(config(cuda_graphs=True), cuda, shapes_vary=True)
     with pytest.raises(UserError, match="cuda_graphs=True"):
         cuda_graphs_enabled(config(cuda_graphs=True), cpu)
+    for impossible in ({"device": "cpu"}, {"compile": False}, {"gpus": 2}):  # refused before any work
+        with pytest.raises(UserError, match="cuda_graphs=True"):
+            config(cuda_graphs=True, **impossible).validate()
 
 
 @pytest.mark.gpu

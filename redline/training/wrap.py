@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from redline.config import TrainConfig
+from redline.config import CUDA_GRAPHS_NEED, TrainConfig
 from redline.converters import Converters
 from redline.distributed import DistInfo
 from redline.errors import UserError
@@ -53,8 +53,7 @@ def cuda_graphs_enabled(cfg: TrainConfig, device: torch.device, distributed: boo
     if cfg.cuda_graphs is None:
         return usable and cfg.lora.enabled and not shapes_vary
     if cfg.cuda_graphs and not usable:
-        raise UserError("cuda_graphs=True replays torch.compile's graphs on one CUDA GPU: it needs device=cuda, "
-                        "compile on and a single process (gpus=1); set cuda_graphs=False otherwise")
+        raise UserError(CUDA_GRAPHS_NEED)
     return cfg.cuda_graphs
 
 
