@@ -15,6 +15,10 @@ names, per-block compile keeps the module tree), so the caller's `model` stays t
 Compile scope: "model" compiles the whole model into one graph (best fusion; compile time grows with depth);
 "blocks" compiles one transformer block, reused by every block, plus the lm_head (compile time independent of
 depth; the final norm and the loss run eagerly). "auto" takes the whole model up to 16 layers.
+
+CUDA graphs (cfg.cuda_graphs, on by default for LoRA and QLoRA on one GPU): the compiled graphs are replayed with
+one launch each (torch.compile's reduce-overhead mode), for steps whose many small kernels the host would otherwise
+launch more slowly than the GPU runs them. See cuda_graphs_enabled and _compile_in_place for what they change.
 """
 
 from __future__ import annotations
