@@ -15,6 +15,7 @@ import gzip
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,8 +145,6 @@ def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Pa
         for i in range(n_steps):
             with record_function(f"train_step_{i}"):
                 step()
-
-    import time
 
     start = time.perf_counter()
     prof = _profiled(steps, device)

@@ -131,7 +131,8 @@ def describe(cfg: TrainConfig, device: torch.device, info: DistInfo = DistInfo()
         "precision": str(amp or torch.float32).replace("torch.", ""), "fp8": cfg.fp8, "fp8_recipe": cfg.fp8_recipe,
         "activation_checkpointing": cfg.activation_checkpointing, "compile": use_compile,
         "compile_scope": compile_scope(cfg, info.enabled) if use_compile else None, "compile_mode": cfg.compile_mode,
-        "cuda_graphs": cuda_graphs_enabled(cfg, device, info.enabled), "attn_backend": cfg.model.attn_backend, "optimizer": cfg.optim.name,
+        "cuda_graphs": cuda_graphs_enabled(cfg, device, info.enabled), "attn_backend": cfg.model.attn_backend,
+        "optimizer": cfg.optim.name,
         "fused_adamw": cfg.optim.fused if cfg.optim.fused is not None else device.type == "cuda",
         "world_size": info.world_size, "parallel": cfg.parallel if info.enabled else None,
     }

@@ -30,6 +30,6 @@ ARGS=(--out "$OUT" --preset "${PRESET:-modern-1.5b}" --batch "${BATCH:-4}" --seq
 [ -n "${COMPILE:-}" ] && ARGS+=(--compile)
 [ -n "${SCOPE:-}" ] && ARGS+=(--compile-scope "$SCOPE")   # SCOPE=model: COMPILE=1 as one graph, not per block
 [ -n "${CUDA_GRAPHS:-}" ] && ARGS+=(--cuda-graphs "$CUDA_GRAPHS")   # on / off in every mode (auto: LoRA, QLoRA)
-[ -n "${INDUCTOR:-}" ] && ARGS+=(--inductor $INDUCTOR)   # INDUCTOR="cpp_wrapper=True triton.cudagraphs=True"
+[ -n "${INDUCTOR:-}" ] && ARGS+=(--inductor $INDUCTOR)   # e.g. INDUCTOR=cpp_wrapper=True
 [ -n "${PROFILE:-}" ] && ARGS+=(--profile "$PROFILE")   # PROFILE=3: GPU kernel ms per step by group, 3 steps
 "$PY" scripts/gpu/lora_bench.py "${ARGS[@]}" 2>&1 | tee "$OUT/lora_bench.log"
