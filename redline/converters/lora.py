@@ -50,6 +50,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from redline.converters.lora_linear import lora_linear
 from redline.converters.nf4_linear import nf4_linear
 from redline.errors import UserError
 
@@ -215,6 +216,13 @@ class LoRALinear(nn.Linear):
         autocast = torch.is_autocast_enabled(device)
         dtype = torch.get_autocast_dtype(device) if autocast else stored_dtype(self.weight)
         h = x.to(dtype)  # cast once, for the base and the adapter alike
+        adapt = self.adapters_on and not self.merged
+        if adapt and not is_nf4(self.weight):  # base and adapter in one op: no pass over activations of its own
+            lora_x = None if isinstance(self.lora_dropout, nn.Identity) else self.lora_dropout(h)
+            bias = None if self.bias is None else self.bias.to(dtype)
+            scaled_b = (self.lora_B * self.scale).to(dtype)  # (out, r)
+            out = lora_linear(h, self.weight.to(dtype), bias, self.lora_A.to(dtype), scaled_b, lora_x)
+            return out if autocast else out.to(x.dtype)
         if is_bnb_nf4(self.weight):  # dequantizes per call in h's dtype; saves only the packed weight
             out = _BNB.matmul_4bit(h, self.weight.t(), quant_state=self.weight.quant_state)
             if self.bias is not None:
@@ -225,7 +233,7 @@ class LoRALinear(nn.Linear):
                 out = out + self.bias.to(out.dtype)
         else:
             out = F.linear(h, self.weight, self.bias)
-        if self.adapters_on and not self.merged:
+        if adapt:  # an NF4 base
             low = F.linear(self.lora_dropout(h), self.lora_A.to(dtype))  # (..., r): r ≪ in, out
             # out + low·(scale·B)ᵀ in one GEMM (addmm adds into its output): no separate scaling and adding passes
             # over the (..., out) activations, which in eager mode cost more than the adapter's two thin GEMMs
