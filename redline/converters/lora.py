@@ -5,11 +5,13 @@ so its `weight` and `bias` keep their names and every isinstance(m, nn.Linear) s
 
     y = x·Wᵀ + b + (alpha / r) · dropout(x)·Aᵀ·Bᵀ        W (out, in) frozen; A (r, in), B (out, r) trained
 
-A starts as PEFT's LoRA does (Kaiming-uniform), B at zero, so the adapted model starts as the base. Everything
-else is frozen except the modules named in `lora.train_modules` (e.g. wte, lm_head), trained in full. The frozen
-W of an adapted layer is kept in the compute dtype (bf16 when training in bf16: half the memory of the fp32 master
-weights a full fine-tune keeps), or with quantize=nf4 as 4-bit NormalFloat in blocks of 64 with the block scales
-quantized again to 8 bits (double quantization), in one of two libraries (`lora.nf4_backend`):
+With a bf16/fp32 base the layer is one op, base GEMM and adapter together (redline/converters/lora_linear.py: the
+adapter accumulates into the base's output in place, forward and backward). A starts as PEFT's LoRA does
+(Kaiming-uniform), B at zero, so the adapted model starts as the base. Everything else is frozen except the
+modules named in `lora.train_modules` (e.g. wte, lm_head), trained in full. The frozen W of an adapted layer is
+kept in the compute dtype (bf16 when training in bf16: half the memory of the fp32 master weights a full fine-tune
+keeps), or with quantize=nf4 as 4-bit NormalFloat in blocks of 64 with the block scales quantized again to 8 bits
+(double quantization), in one of two libraries (`lora.nf4_backend`):
 
     torchao        its NF4Tensor, dequantized into each GEMM in bf16 inside one opaque op
                    (redline/converters/nf4_linear.py: under torch.compile no graph holds a dequantized weight, so
@@ -233,7 +235,7 @@ class LoRALinear(nn.Linear):
                 out = out + self.bias.to(out.dtype)
         else:
             out = F.linear(h, self.weight, self.bias)
-        if adapt:  # an NF4 base
+        if adapt:  # an NF4 base, of either library
             low = F.linear(self.lora_dropout(h), self.lora_A.to(dtype))  # (..., r): r ≪ in, out
             # out + low·(scale·B)ᵀ in one GEMM (addmm adds into its output): no separate scaling and adding passes
             # over the (..., out) activations, which in eager mode cost more than the adapter's two thin GEMMs

@@ -8,7 +8,8 @@ base's, another pass. Inside an op, cuBLAS accumulates the low-rank product onto
 (beta = 1), and the adapter's input gradient onto the base's:
 
     redline::lora_linear(x, W, b?, A, B, x_a?)                  -> (out, low)
-        out = x·Wᵀ + b, then out += low·Bᵀ in place, low = x_a·Aᵀ   x (..., in), W (out, in), A (r, in), B (out, r)
+        out = x·Wᵀ + b, then out += low·Bᵀ in place, low = x_a·Aᵀ    x (..., in), W (out, in), A (r, in),
+                                                                      B (out, r)
     redline::lora_linear_backward(g, x, x_a?, low, W, A, B, input_grad)
         -> (grad_x, grad_x_a, grad_A, grad_B)
         g·B (..., r) once, then grad_B = gᵀ·low, grad_A = (g·B)ᵀ·x_a, grad_x = g·W += (g·B)·A in place
@@ -94,6 +95,6 @@ torch.library.register_autograd("redline::lora_linear", _backward, setup_context
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
                 lora_b: torch.Tensor, lora_x: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., in) -> x·Wᵀ + b + (x_a·Aᵀ)·Bᵀ (..., out); lora_x: the adapter's input x_a (None: x). Every tensor in
-    x's dtype; B already scaled (alpha / r). W and b are frozen: x, x_a, A and B get gradients."""
+    """x (..., in) -> x·Wᵀ + b + (x_a·Aᵀ)·Bᵀ (..., out); lora_x: the adapter's input x_a (None: x). Every tensor
+    in x's dtype; B already scaled (alpha / r). W and b are frozen: x, x_a, A and B get gradients."""
     return torch.ops.redline.lora_linear(x, weight, bias, lora_a, lora_b, lora_x)[0]
