@@ -33,6 +33,7 @@ class IncrementalText:
     def __init__(self, tokenizer, stop_strings: Sequence[str] = ()):
         self.tokenizer = tokenizer
         self.stop_strings = [s for s in stop_strings if s]
+        self._longest_stop = max(map(len, self.stop_strings), default=0)
         self.ids: list[int] = []
         self.released = 0  # characters of the full text handed out so far
         self.stopped = False
@@ -47,40 +48,47 @@ class IncrementalText:
         self._prefix_text = ""  # decode(ids[_prefix:_read])
 
     def text(self) -> str:
-        window = self.tokenizer.decode(self.ids[self._prefix:])
-        if not window.startswith(self._prefix_text):  # the context decodes differently: start again from the top
+        ids, decode, prefix_text = self.ids, self.tokenizer.decode, self._prefix_text
+        window = decode(ids[self._prefix:])
+        if not window.startswith(prefix_text):  # the context decodes differently: start again from the top
             self._settled, self._prefix, self._read, self._prefix_text = "", 0, 0, ""
-            window = self.tokenizer.decode(self.ids)
-        full = self._settled + window[len(self._prefix_text):]
+            window, prefix_text = decode(ids), ""
+        full = self._settled + window[len(prefix_text):]
         if not full.endswith("\ufffd"):  # a whole character at the end: settle it, the new tokens become the context
-            self._prefix_text = self.tokenizer.decode(self.ids[self._read:])
-            self._settled, self._prefix, self._read = full, self._read, len(self.ids)
+            read = self._read
+            self._prefix_text = decode(ids[read:])
+            self._settled, self._prefix, self._read = full, read, len(ids)
         return full
 
     def add(self, ids: Sequence[int]) -> str:
         """Append token ids; returns the newly final text ("" if none)."""
         if self.stopped:
             return ""
-        self.ids += list(ids)
+        self.ids.extend(ids)
         full = self.text()
+        released = self.released
         if self.stop_strings:
-            start = max(0, self.released - max(len(s) for s in self.stop_strings))
+            start = max(0, released - self._longest_stop)
             hits = [i for i in (full.find(s, start) for s in self.stop_strings) if i >= 0]
             if hits:
                 cut = min(hits)
                 self.stopped, self.final_tokens = True, len(self.ids)
-                out = full[self.released:cut]
-                self.released = max(self.released, cut)
+                out = full[released:cut]
+                self.released = max(released, cut)
                 return out
         end = len(full)
-        while end > self.released and full[end - 1] == "\ufffd":
+        while end > released and full[end - 1] == "\ufffd":
             end -= 1
-        for s in self.stop_strings:  # hold back a tail that might grow into a stop string
-            for k in range(min(len(s) - 1, end - self.released), 0, -1):
-                if s.startswith(full[end - k:end]):
-                    end -= k
+        for s in self.stop_strings:  # hold back the longest tail that might grow into a stop string
+            # a tail of k chars (1 <= k < len(s)) that begins s begins with s[0]: only those starts are tried,
+            # leftmost (longest) first
+            i = full.find(s[0], end - min(len(s) - 1, end - released), end) if end > released else -1
+            while i >= 0:
+                if s.startswith(full[i:end]):
+                    end = i
                     break
-        out = full[self.released:end]
+                i = full.find(s[0], i + 1, end)
+        out = full[released:end]
         self.released = end
         return out
 

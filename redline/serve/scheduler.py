@@ -511,10 +511,11 @@ class Scheduler:
         """New tokens of seq on the host: cut at a stop token or max_tokens, stream the text that became final,
         finish the sequence where it ended."""
         reason, stops = None, self.stop_ids if seq.stop_ids is None else seq.stop_ids
-        for j, t in enumerate(ids):
-            if t in stops:
-                ids, reason = ids[:j], "stop"
-                break
+        if not stops.isdisjoint(ids):  # one pass in C; the loop below only for the group that holds a stop token
+            for j, t in enumerate(ids):
+                if t in stops:
+                    ids, reason = ids[:j], "stop"
+                    break
         room = seq.max_tokens - len(seq.tokens)
         if len(ids) >= room:
             ids, reason = ids[:room], reason or "length"
