@@ -581,6 +581,39 @@ def test_prefill_graphs_write_and_return_what_the_plain_prefill_does(window):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("group_steps", [0, 4])
+def test_admitting_and_decoding_rows_never_wait_for_the_device(group_steps):
+    """What a server does between groups of decode steps (prefill free rows, greedy or in spans, start them, decode
+    a group, free the rows that ended) makes no call that waits for the device (torch's sync debug mode raises on
+    one): a wait there drains the queued decode steps and idles the GPU while the host launches the next ones."""
+    from redline.inference.batch import DecodeBatch
+
+    model = tiny_model(n_kv_head=2, context_len=160).cuda()
+    batch = DecodeBatch(InferenceEngine(model), rows=4, capacity=160, group_steps=group_steps)
+
+    def turn(rows: list[int]) -> None:
+        logits = batch.prefill_many(rows[:2], [[1 + r] * 20 for r in rows[:2]])
+        first = batch.prefill(rows[2], [5] * 12)
+        first = batch.prefill(rows[2], [6] * 8, start=12)
+        for i, r in enumerate(rows[:2]):
+            batch.start(r, logits[i].argmax(), 20)
+        batch.start(rows[2], first.argmax(), 20)
+        batch.decode_greedy(4, {1: [rows[0]], 3: [rows[1]]})
+        batch.decode_greedy(4, {3: [rows[2]]})
+
+    turn([0, 1, 2])  # compiles and captures every shape the turn uses
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # other rows through the graphed prefill and the decode steps; the spans' compiled prefill specialises on
+        turn([3, 1, 2])  # its row (a slice), so the same one (a recompilation would wait for the device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert not any(batch.busy)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("impl, tuning", [("matmul", False), ("matmul", True), ("triton", False), ("triton", True)])
 def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
     model = tiny_model(n_kv_head=2, sliding_window=9, context_len=160).cuda()

@@ -30,6 +30,16 @@ PREFILL_WIDTH_STEP = 32  # prompts padded to a multiple of this many tokens for 
 PREFILL_GRAPHS = 64  # the most (rows, width) prefill shapes captured; others run without a graph
 
 
+def _put(t: torch.Tensor, index, value) -> None:
+    """t[index] = value for one element of a device tensor, without the host waiting for the device: `t[i] = 5`
+    copies a host scalar into the element with a blocking copy (it waits for every kernel queued before it), where
+    fill_ launches a kernel that takes the value as an argument. A tensor value (on the device) is copied there."""
+    if isinstance(value, torch.Tensor):
+        t[index].copy_(value)
+    else:
+        t[index].fill_(value)
+
+
 class DecodeBatch:
     def __init__(self, engine, rows: int, capacity: int, group_steps: int = 0):
         if rows < 1 or capacity < 2:
@@ -67,14 +77,15 @@ class DecodeBatch:
             raise UserError(f"a span of {len(tokens)} tokens at slot {start} does not fit a row of capacity "
                             f"{self.capacity} (it must leave room for a generated token)")
         engine = self.engine
-        ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=engine.device)
-        from redline.inference.engine import _evaluating
+        from redline.inference.engine import _evaluating, to_device
+
+        ids = to_device([list(tokens)], engine.device)
 
         with _evaluating(engine.model):
             logits = engine._prefill(self.state, ids, [len(tokens)], row0=row, start=start)[0]
         # until start(), decode steps of the other rows run this row too: at slot 0 they would overwrite the
         # prompt's first key and value with those of a stale token
-        self.state.slot[row] = self.capacity - 1
+        _put(self.state.slot, row, self.capacity - 1)
         return logits
 
     @torch.no_grad()
@@ -93,20 +104,25 @@ class DecodeBatch:
                 raise UserError(f"a prompt of {len(prompt)} tokens (padded to {longest}) does not fit a row of "
                                 f"capacity {self.capacity} (it must leave room for a generated token)")
         engine = self.engine
-        from redline.inference.engine import _evaluating
+        from redline.inference.engine import _evaluating, to_device
 
         graphed = self._graph_width(len(rows), longest)
         ids = torch.zeros(len(rows), graphed or longest, dtype=torch.long)
         for i, prompt in enumerate(prompts):
             ids[i, :len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
+        # every host-to-device copy here is from pinned memory, non-blocking (to_device): the rows decoding keep
+        # the device busy while the host goes on to launch their next steps
+        where = to_device(rows, engine.device)
         with _evaluating(engine.model):
             if graphed:
-                logits = engine.prefill_rows(self.state, ids, torch.as_tensor(rows, dtype=torch.long),
-                                             torch.as_tensor([len(p) - 1 for p in prompts], dtype=torch.long))
+                pinned = engine.device.type == "cuda"
+                logits = engine.prefill_rows(
+                    self.state, ids.pin_memory() if pinned else ids, where,
+                    to_device([len(p) - 1 for p in prompts], engine.device))
             else:
-                logits = engine._prefill(self.state, ids.to(engine.device, non_blocking=True),
-                                         [len(p) for p in prompts], rows_at=rows)
-        self.state.slot[torch.as_tensor(rows, device=self.state.slot.device)] = self.capacity - 1  # as prefill()
+                logits = engine._prefill(self.state, to_device(ids, engine.device), [len(p) for p in prompts],
+                                         rows_at=rows)
+        self.state.slot.index_fill_(0, where, self.capacity - 1)  # as prefill()
         return logits
 
     def _graph_width(self, n: int, longest: int) -> int:
@@ -126,17 +142,17 @@ class DecodeBatch:
     def start(self, row: int, first_token: int, length: int) -> None:
         """The row decodes from `first_token` on, its prompt having `length` tokens in the cache."""
         st = self.state
-        st.tokens[row, 0] = first_token
-        st.history[row, length] = first_token
-        st.slot[row] = length
-        st.active[row] = 1
+        _put(st.tokens, (row, 0), first_token)
+        _put(st.history, (row, length), first_token)
+        _put(st.slot, row, length)
+        _put(st.active, row, 1)
         self.lengths[row], self.busy[row] = length, True
 
     def free(self, row: int) -> None:
         """The row stops decoding at once (finished, stopped, or its client went away)."""
         st = self.state
-        st.active[row] = 0
-        st.slot[row] = 0
+        _put(st.active, row, 0)
+        _put(st.slot, row, 0)
         self.lengths[row], self.busy[row] = 0, False
 
     def room(self, row: int) -> int:
@@ -200,6 +216,8 @@ class DecodeBatch:
         """decode_greedy's n steps as one graph: every step attends over `width` (the last step's: the earlier
         steps mask the slots past each row's own), and after step i the rows whose _end_at is i are freed on the
         device (active and slot to 0, as free() does), so the graph needs nothing from the host mid-group."""
+        from redline.inference.engine import to_device
+
         engine, st = self.engine, self.state
         key = ("group", width, n)
         if key not in st.graphs:
@@ -213,12 +231,11 @@ class DecodeBatch:
                     st.slot.mul_(keep)
 
             st.graphs.capture(key, steps, lambda: engine._warm_step(st, width, True))
-        # scalar writes (kernels taking the value as an argument), not a copy from host memory, which would wait
-        # for the device to finish what is queued
-        self._end_at.fill_(n)
+        end_at = [n] * self.rows
         for i, rows in ends.items():
             for row in rows:
-                self._end_at[row] = i
+                end_at[row] = i
+        self._end_at.copy_(to_device(end_at, engine.device))
         st.graphs.replay(key)
         for rows in ends.values():
             for row in rows:

@@ -49,6 +49,17 @@ from redline.model import GPT
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
 
 
+def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values (a list or a CPU tensor) on `device` without the host waiting for the device: on a GPU copied
+    from pinned memory with non_blocking. torch.as_tensor(..., device="cuda") or a blocking copy waits for every
+    kernel queued before it to finish, so a server admitting a request between groups of decode steps would drain
+    the device and leave it idle while the host launches what comes next."""
+    host = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def length_bucket(n: int, smallest: int = 16) -> int:
     """The smallest of 16, 24, 32, 48, 64, 96, 128, ... (powers of two and 1.5× them) that is >= n."""
     b = smallest
@@ -339,10 +350,10 @@ class InferenceEngine:
         (b, vocab). Rows go through in chunks of about prefill_chunk_tokens tokens to bound activation memory, and
         a prompt longer than that in spans of as many tokens, each attending to the spans before it in the cache."""
         b, T = tokens.shape
-        at = None if rows_at is None else torch.as_tensor(list(rows_at), dtype=torch.long, device=self.device)
+        at = None if rows_at is None else to_device(list(rows_at), self.device)
         span = min(T, self.plan.prefill_chunk_tokens)
         rows = max(1, self.plan.prefill_chunk_tokens // span)
-        last = torch.as_tensor([start + n - 1 for n in lengths], device=self.device)  # each row's last slot
+        last = to_device([start + n - 1 for n in lengths], self.device)  # each row's last slot
         out = []
         for r0 in range(0, b, rows):
             r1 = min(b, r0 + rows)
