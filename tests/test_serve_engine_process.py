@@ -105,13 +105,15 @@ def completion(live, prompt: str, max_tokens: int, stream: bool, **kwargs) -> tu
     return texts, reasons, (usage.prompt_tokens, usage.completion_tokens)
 
 
-def test_the_engine_runs_in_another_process_only_on_request(in_process, checkpoint):
+def test_the_engine_runs_in_another_process_by_default_only_on_a_gpu(in_process, checkpoint):
     engine = in_process.scheduler
     assert engine.pid != os.getpid() and engine.process.is_alive()
     assert engine.describe()["device"] == "cpu" and engine.capacity == CFG.context_len and engine.batch_rows == 4
     default = {device: uses_engine_process(ServeConfig(checkpoint=str(checkpoint), runtime=RuntimeOptions(device)))
                for device in ("auto", "cpu", "cuda")}
-    assert default == {"auto": False, "cpu": False, "cuda": False}  # in a thread unless asked
+    assert default == {"auto": torch.cuda.is_available(), "cpu": False, "cuda": True}  # in a thread on a CPU
+    assert not uses_engine_process(ServeConfig(checkpoint=str(checkpoint), engine_process=False,
+                                               runtime=RuntimeOptions("cuda")))
 
 
 @pytest.mark.parametrize("stream", [False, True])

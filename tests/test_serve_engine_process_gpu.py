@@ -68,7 +68,8 @@ def test_on_a_gpu_the_engine_process_equals_the_in_thread_server(tmp_path):
         model.lm_head.weight.mul_(30)  # logits far apart: bf16 rounding alone cannot flip an argmax
     ckpt = save_checkpoint(tmp_path / "run", 1, model, {}, to_dict(TrainConfig(model=CFG)), load_tokenizer("bytes"),
                            keep=1)
-    assert not uses_engine_process(ServeConfig(checkpoint=str(ckpt)))  # off by default, on a GPU too
+    assert uses_engine_process(ServeConfig(checkpoint=str(ckpt)))  # on by default on a GPU
+    assert not uses_engine_process(ServeConfig(checkpoint=str(ckpt), engine_process=False))
     assert uses_engine_process(ServeConfig(checkpoint=str(ckpt), engine_process=True))
     prompts = [f"{i} " + "abcdefghij"[: 1 + i] * (1 + i % 3) for i in range(12)]
     lengths = [16 + 4 * i for i in range(12)]
