@@ -81,8 +81,8 @@ def full_batch(sched, prompt: int, steps: int, seed: int) -> dict:
 
 
 def prefill_times(sched, prompt: int, counts: list[int], repeats: int = 10) -> dict:
-    """Device milliseconds (median of `repeats`) of one prefill_many of n rows' prompts, per n; also the host's
-    time to launch it."""
+    """Wall milliseconds (median of `repeats`) of one prefill_many of n rows' prompts, from its call to the device's
+    end of it, per n; and the host's part (the call's own time)."""
     batch, device, out = sched.batch, sched.device, {}
     rng = random.Random(0)
     with torch.no_grad():
@@ -93,15 +93,15 @@ def prefill_times(sched, prompt: int, counts: list[int], repeats: int = 10) -> d
             prompts = [[rng.randrange(min(sched.vocab_size, 256)) for _ in range(prompt)] for _ in rows]
             batch.prefill_many(rows, prompts)  # captured (or compiled) before it is timed
             sync(device)
-            device_ms, host_ms = [], []
+            wall_ms, host_ms = [], []
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 batch.prefill_many(rows, prompts)
                 t1 = time.perf_counter()
                 sync(device)
                 host_ms.append((t1 - t0) * 1e3)
-                device_ms.append((time.perf_counter() - t0) * 1e3)
-            out[n] = {"wall_ms": round(statistics.median(device_ms), 4),
+                wall_ms.append((time.perf_counter() - t0) * 1e3)
+            out[n] = {"wall_ms": round(statistics.median(wall_ms), 4),
                       "launch_ms": round(statistics.median(host_ms), 4)}
     return out
 
@@ -233,42 +233,35 @@ def host_profile(sched, timed: Timed, args, spread: float, top: int) -> str:
 
 
 def kernel_counts(sched, prompt: int) -> dict:
-    """torch.profiler over a 1-row prefill and one full-batch decode step (after they are captured) -> kernels and
-    their summed device time per call."""
+    """torch.profiler over a 1-row prefill and a full-batch decode step, each captured before (ten calls) -> kernels
+    per call, their summed device time and the costliest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    batch, out = sched.batch, {}
-    rows = list(range(batch.rows))
-    with torch.no_grad():
-        for name, n in (("prefill_1_row", 1), ("decode_step", None)):
-            def call():
-                if n:
-                    return batch.prefill_many([0], [[1] * prompt])
-                logits = batch.prefill_many(rows, [[1] * prompt] * len(rows))
-                for r in rows:
-                    batch.start(r, logits[r].argmax(), prompt)
-                return None
-            call()
-            if not n:
-                batch.decode_greedy(1)
+    batch, rows = sched.batch, list(range(sched.batch.rows))
+
+    def profiled(call) -> dict:
+        call()
+        sync(sched.device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                call()
             sync(sched.device)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    if n:
-                        call()
-                    else:
-                        batch.decode_greedy(1)
-                sync(sched.device)
-            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-            by_name: dict[str, float] = {}
-            for e in kernels:
-                by_name[e.name[:60]] = by_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us() / 10
-            out[name] = {"kernels": len(kernels) / 10,
-                         "device_us": round(sum(e.time_range.elapsed_us() for e in kernels) / 10, 1),
-                         "top": sorted(((round(v, 1), k) for k, v in by_name.items()), reverse=True)[:8]}
-            for r in rows:
-                if batch.busy[r]:
-                    batch.free(r)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        by_name: dict[str, float] = {}
+        for e in kernels:
+            by_name[e.name[:60]] = by_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us() / 10
+        return {"kernels": len(kernels) / 10,
+                "device_us": round(sum(e.time_range.elapsed_us() for e in kernels) / 10, 1),
+                "top": sorted(((round(v, 1), k) for k, v in by_name.items()), reverse=True)[:8]}
+
+    with torch.no_grad():
+        out = {"prefill_1_row": profiled(lambda: batch.prefill_many([0], [[1] * prompt]))}
+        logits = batch.prefill_many(rows, [[1] * prompt] * len(rows))
+        for r in rows:
+            batch.start(r, logits[r].argmax(), prompt)
+        out["decode_step"] = profiled(lambda: batch.decode_greedy(1))
+        for r in rows:
+            batch.free(r)
     return out
 
 

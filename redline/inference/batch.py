@@ -112,16 +112,13 @@ class DecodeBatch:
             ids[i, :len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
         # every host-to-device copy here is from pinned memory, non-blocking (to_device): the rows decoding keep
         # the device busy while the host goes on to launch their next steps
-        where = to_device(rows, engine.device)
+        ids, where = to_device(ids, engine.device), to_device(rows, engine.device)
         with _evaluating(engine.model):
             if graphed:
-                pinned = engine.device.type == "cuda"
-                logits = engine.prefill_rows(
-                    self.state, ids.pin_memory() if pinned else ids, where,
-                    to_device([len(p) - 1 for p in prompts], engine.device))
+                logits = engine.prefill_rows(self.state, ids, where,
+                                             to_device([len(p) - 1 for p in prompts], engine.device))
             else:
-                logits = engine._prefill(self.state, to_device(ids, engine.device), [len(p) for p in prompts],
-                                         rows_at=rows)
+                logits = engine._prefill(self.state, ids, [len(p) for p in prompts], rows_at=rows)
         self.state.slot.index_fill_(0, where, self.capacity - 1)  # as prefill()
         return logits
 
