@@ -751,3 +751,46 @@ def test_a_served_run_is_named_after_the_run_not_its_newest_checkpoint(tmp_path)
     run = tmp_path / "myrun"
     assert served_name(str(run)) == served_name(str(run / "checkpoints")) == "myrun"
     assert served_name(str(run / "checkpoints" / "step_00000002")) == "step_00000002"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_warm_scheduler_never_waits_for_the_device_outside_its_reads(tokenizer):
+    """The scheduler's turns (admitting, prefilling, launching greedy and sampled steps, freeing rows, handing tokens
+    over) under torch's sync debug mode, which raises on a call that waits for the device: a wait there drains the
+    queued steps. Its only waits are the events of the groups it reads (not such calls). A second round of the same
+    shapes (the first compiles and captures them) ends every request as it did, none in an error."""
+    from redline.commands.serve import warm_up
+
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, n_embd=128, n_head=4, n_kv_head=2)).cuda()
+    batch = DecodeBatch(InferenceEngine(model), rows=8, capacity=CFG.context_len)
+    warm_up(batch)
+    sched = Scheduler(batch, tokenizer, [EOT], sync_every=8)
+    prompts = [[(7 * i + j) % 250 + 1 for j in range(5 + 3 * i)] for i in range(6)]
+    lengths = [12 + 3 * i for i in range(6)]
+    samplings = [SamplingParams() if i % 2 else SamplingParams(temperature=0.8, top_p=0.9, seed=i)
+                 for i in range(6)]
+
+    def round_() -> list[Sequence]:
+        sinks = [queue.Queue() for _ in prompts]
+        seqs = [Sequence(list(p), n, s, (), q.put) for p, n, s, q in zip(prompts, lengths, samplings, sinks)]
+        sched.submit(seqs)  # at once: admitted together, prefilled in one forward of the same shape each round
+        for q in sinks:
+            while q.get(timeout=60)[0] == "text":
+                pass
+        return seqs
+
+    try:
+        first = round_()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            second = round_()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        sched.close()
+    assert [s.finish_reason for s in second] == [s.finish_reason for s in first]
+    assert "error" not in {s.finish_reason for s in second}
+    assert [s.tokens for s in second] == [s.tokens for s in first]  # greedy, and sampled with the same seeds
