@@ -151,15 +151,17 @@ def test_sigterm_saves_checkpoint_and_resume_finishes(dataset, tmp_path):
     assert end["event"] == "end" and end["status"] == "interrupted"
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["host-check", "fused-adamw-on-device"])
-def test_nonfinite_losses_are_skipped_then_stop(dataset, tmp_path, monkeypatch, capsys, fused):
-    """For-each AdamW: the host checks every step. Fused AdamW (the GPU default; on the CPU too): the update is
-    skipped inside the kernel and the host reads the flags at log / checkpoint steps (log_every=3,
+@pytest.mark.parametrize("fused,optimizer", [(False, "adamw"), (True, "adamw"), (True, "muon")],
+                         ids=["host-check", "fused-adamw-on-device", "muon-and-fused-adamw-on-device"])
+def test_nonfinite_losses_are_skipped_then_stop(dataset, tmp_path, monkeypatch, capsys, fused, optimizer):
+    """For-each AdamW: the host checks every step. Fused AdamW (the GPU default; on the CPU too), and Muon beside
+    it: the update is skipped on the device and the host reads the flags at log / checkpoint steps (log_every=3,
     checkpoint_every=2: steps 2, 3, 4, 6, 8, ...), so the run stops at the same step."""
     from redline.model import GPT
     from redline.training.optim import skips_on_device
 
-    cfg = config(dataset, tmp_path, "max_steps=20", "checkpoint_every=2", "max_bad_steps=3", f"optim.fused={fused}")
+    cfg = config(dataset, tmp_path, "max_steps=20", "checkpoint_every=2", "max_bad_steps=3", f"optim.fused={fused}",
+                 f"optim.name={optimizer}")
     checked = []
     real_skips = skips_on_device
     monkeypatch.setattr("redline.training.step.skips_on_device", lambda opts: checked.append(real_skips(opts)) or checked[-1])

@@ -127,16 +127,21 @@ def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> None:
 
 
 def skips_on_device(optimizers: list[torch.optim.Optimizer]) -> bool:
-    """True when every optimizer is a fused Adam/AdamW: those take a `found_inf` tensor (the input GradScaler
-    drives) and skip the update inside the kernel, so a non-finite step needs no host synchronisation."""
-    return all(isinstance(opt, torch.optim.Adam | torch.optim.AdamW) and opt.defaults.get("fused")
+    """True when every optimizer takes a `found_inf` tensor and skips a non-finite update on the device: fused
+    Adam/AdamW (the input GradScaler drives) inside its kernel, redline's Muon in its compiled update. Then a
+    non-finite step needs no host synchronisation, and the host reads the flags only at steps that wait anyway."""
+    from redline.training.muon import Muon
+
+    return all(isinstance(opt, Muon) or (isinstance(opt, torch.optim.Adam | torch.optim.AdamW)
+                                         and opt.defaults.get("fused"))
                for opt in optimizers)
 
 
 def step_if_finite(optimizers: list[torch.optim.Optimizer], loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
     """Apply the update only if the loss and the gradient norm are finite; returns a 0-dim float32 tensor on the
-    device, 1.0 where the update was skipped. Fused AdamW skips on the device (its step counts are put back too);
-    other optimizers (Muon, for-each AdamW) need the answer on the host: one synchronisation."""
+    device, 1.0 where the update was skipped. Fused AdamW and Muon skip on the device (fused AdamW's step counts
+    are put back too; Muon's count, which only paces its momentum warm-up, goes on); others (for-each AdamW) need
+    the answer on the host: one synchronisation."""
     bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).to(torch.float32)
     if skips_on_device(optimizers):
         for opt in optimizers:
