@@ -24,20 +24,11 @@ from __future__ import annotations
 import torch
 
 from redline.errors import UserError
+from redline.inference.transfer import put, to_device
 
 
 PREFILL_WIDTH_STEP = 32  # prompts padded to a multiple of this many tokens for a CUDA-graph prefill
 PREFILL_GRAPHS = 64  # the most (rows, width) prefill shapes captured; others run without a graph
-
-
-def _put(t: torch.Tensor, index, value) -> None:
-    """t[index] = value for one element of a device tensor, without the host waiting for the device: `t[i] = 5`
-    copies a host scalar into the element with a blocking copy (it waits for every kernel queued before it), where
-    fill_ launches a kernel that takes the value as an argument. A tensor value (on the device) is copied there."""
-    if isinstance(value, torch.Tensor):
-        t[index].copy_(value)
-    else:
-        t[index].fill_(value)
 
 
 class DecodeBatch:
@@ -77,7 +68,7 @@ class DecodeBatch:
             raise UserError(f"a span of {len(tokens)} tokens at slot {start} does not fit a row of capacity "
                             f"{self.capacity} (it must leave room for a generated token)")
         engine = self.engine
-        from redline.inference.engine import _evaluating, to_device
+        from redline.inference.engine import _evaluating
 
         ids = to_device([list(tokens)], engine.device)
 
@@ -85,7 +76,7 @@ class DecodeBatch:
             logits = engine._prefill(self.state, ids, [len(tokens)], row0=row, start=start)[0]
         # until start(), decode steps of the other rows run this row too: at slot 0 they would overwrite the
         # prompt's first key and value with those of a stale token
-        _put(self.state.slot, row, self.capacity - 1)
+        put(self.state.slot, row, self.capacity - 1)
         return logits
 
     @torch.no_grad()
@@ -104,7 +95,7 @@ class DecodeBatch:
                 raise UserError(f"a prompt of {len(prompt)} tokens (padded to {longest}) does not fit a row of "
                                 f"capacity {self.capacity} (it must leave room for a generated token)")
         engine = self.engine
-        from redline.inference.engine import _evaluating, to_device
+        from redline.inference.engine import _evaluating
 
         graphed = self._graph_width(len(rows), longest)
         ids = torch.zeros(len(rows), graphed or longest, dtype=torch.long)
@@ -139,17 +130,17 @@ class DecodeBatch:
     def start(self, row: int, first_token: int, length: int) -> None:
         """The row decodes from `first_token` on, its prompt having `length` tokens in the cache."""
         st = self.state
-        _put(st.tokens, (row, 0), first_token)
-        _put(st.history, (row, length), first_token)
-        _put(st.slot, row, length)
-        _put(st.active, row, 1)
+        put(st.tokens, (row, 0), first_token)
+        put(st.history, (row, length), first_token)
+        put(st.slot, row, length)
+        put(st.active, row, 1)
         self.lengths[row], self.busy[row] = length, True
 
     def free(self, row: int) -> None:
         """The row stops decoding at once (finished, stopped, or its client went away)."""
         st = self.state
-        _put(st.active, row, 0)
-        _put(st.slot, row, 0)
+        put(st.active, row, 0)
+        put(st.slot, row, 0)
         self.lengths[row], self.busy[row] = 0, False
 
     def room(self, row: int) -> int:
@@ -213,8 +204,6 @@ class DecodeBatch:
         """decode_greedy's n steps as one graph: every step attends over `width` (the last step's: the earlier
         steps mask the slots past each row's own), and after step i the rows whose _end_at is i are freed on the
         device (active and slot to 0, as free() does), so the graph needs nothing from the host mid-group."""
-        from redline.inference.engine import to_device
-
         engine, st = self.engine, self.state
         key = ("group", width, n)
         if key not in st.graphs:

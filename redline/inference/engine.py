@@ -44,20 +44,10 @@ from redline.inference.plan import plan_decode
 from redline.inference.sampling import SamplingParams, make_generator, sample_next
 from redline.inference.steps import (decode_block, decode_inputs, decode_layers, decode_output, last_logits,
                                      layer_value, prefill_block, value_embeddings)
+from redline.inference.transfer import to_device
 from redline.model import GPT
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
-
-
-def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """Host values (a list or a CPU tensor) on `device` without the host waiting for the device: on a GPU copied
-    from pinned memory with non_blocking. torch.as_tensor(..., device="cuda") or a blocking copy waits for every
-    kernel queued before it to finish, so a server admitting a request between groups of decode steps would drain
-    the device and leave it idle while the host launches what comes next."""
-    host = torch.as_tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def length_bucket(n: int, smallest: int = 16) -> int:
