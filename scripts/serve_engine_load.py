@@ -3,7 +3,7 @@ server's decode time goes when requests come and go, against the same batch deco
 
     python scripts/serve_engine_load.py CKPT [--rows 64] [--prompt-tokens 128] [--max-tokens 256]
         [--spread 0 0.5] [--prefill-wait-ms 0 4] [--requests-per-row 16] [--sync-every 8] [--group-graphs]
-        [--host-profile 25] [--kernels] [--json-out F]
+        [--temperature 1 --top-p 0.9] [--host-profile 25] [--kernels] [--json-out F]
 
 Builds the scheduler as `redline serve` does (redline/commands/serve.py: build_scheduler, warmed up), then:
 
@@ -158,7 +158,8 @@ class Timed:
 
 
 def closed_loop(sched, timed: Timed, prompt: int, max_tokens: int, spread: float, per_row: int,
-                seed: int, profiler: cProfile.Profile | None = None) -> dict:
+                seed: int, profiler: cProfile.Profile | None = None,
+                sampling: SamplingParams = SamplingParams()) -> dict:
     """`rows` clients, each submitting its next request when its last ends -> the load's figures. profiler: enabled
     in the scheduler's thread at the first event the load gets, disabled at its last."""
     rows, rng = sched.batch_rows, random.Random(seed)
@@ -178,7 +179,7 @@ def closed_loop(sched, timed: Timed, prompt: int, max_tokens: int, spread: float
                 return
             state["next"] = i + 1
         ids, n = requests[i]
-        sched.submit([Sequence(ids, n, SamplingParams(temperature=0.0), (), sink)])
+        sched.submit([Sequence(ids, n, sampling, (), sink)])
 
     def sink(event: tuple) -> None:
         if profiler is not None and not state.get("profiling"):
@@ -226,7 +227,7 @@ def host_profile(sched, timed: Timed, args, spread: float, top: int) -> str:
     """cProfile of the scheduler's thread over one more closed loop -> its `top` costliest functions (own time)."""
     profiler = cProfile.Profile()
     closed_loop(sched, timed, args.prompt_tokens, args.max_tokens, spread, max(2, args.requests_per_row // 4),
-                args.seed + 200, profiler)
+                args.seed + 200, profiler, SamplingParams(temperature=args.temperature, top_p=args.top_p))
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
@@ -279,6 +280,9 @@ def main() -> None:
     parser.add_argument("--prefill-wait-ms", type=float, nargs="+", default=[0.0],
                         help="the scheduler's prefill_wait_ms; several: each in turn on the same scheduler")
     parser.add_argument("--group-graphs", action="store_true")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every request's temperature (0: greedy; above 0 the rows sample, unseeded)")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--no-warmup", action="store_true", help="skip the server's warm-up (CPU tests)")
     parser.add_argument("--host-profile", type=int, default=0,
                         help="print the scheduler thread's N costliest functions over a closed loop (cProfile)")
@@ -302,10 +306,12 @@ def main() -> None:
     timed = Timed(sched)
     result = {"checkpoint": args.checkpoint, "rows": args.rows, "prompt_tokens": args.prompt_tokens,
               "max_tokens": args.max_tokens, "context": context, "sync_every": sched.sync_every,
-              "group_graphs": args.group_graphs,
+              "group_graphs": args.group_graphs, "temperature": args.temperature, "top_p": args.top_p,
               "engine": sched.describe(), "build_s": round(time.perf_counter() - t0, 1)}
     # a first loop captures the prefill shapes that arrivals make (not recorded), as serve_bench.sh's warm-up load
-    closed_loop(sched, timed, args.prompt_tokens, args.max_tokens, max(args.spread), 2, args.seed + 50)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    closed_loop(sched, timed, args.prompt_tokens, args.max_tokens, max(args.spread), 2, args.seed + 50,
+                sampling=sampling)
     # the full batch and the loads take turns, so that a drift of the machine shows in both
     result["full_batch"], result["loads"] = [], []
     for r in range(args.repeats):
@@ -314,7 +320,7 @@ def main() -> None:
             sched.prefill_wait_s = wait / 1000
             for spread in args.spread:
                 load = closed_loop(sched, timed, args.prompt_tokens, args.max_tokens, spread, args.requests_per_row,
-                                   args.seed + r)
+                                   args.seed + r, sampling=sampling)
                 result["loads"].append(dict(load, prefill_wait_ms=wait))
     sched.prefill_wait_s = args.prefill_wait_ms[0] / 1000
     result["prefill_ms"] = prefill_times(sched, args.prompt_tokens, [1, 2, 4, 8, 16, 64])

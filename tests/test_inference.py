@@ -193,6 +193,61 @@ def test_sampling_seeded_and_filters():
         assert [r.tokens for r in engine.generate(PROMPTS, 12, narrow)] == greedy
 
 
+ROW_PARAMS = [SamplingParams(temperature=0.7, seed=5), SamplingParams(temperature=1.3, top_p=0.5),
+              SamplingParams(temperature=1.0, top_k=3, seed=9), SamplingParams(temperature=0.9, top_k=40, top_p=0.9),
+              SamplingParams(temperature=2.0, top_k=1000)]  # top_k above the vocabulary: off
+
+
+def test_row_sampler_filters_each_row_as_sample_next_does():
+    """RowSampler's distributions, rows picked from a batch in any order, each with its own temperature, top-k and
+    top-p: those of sample_next's transforms applied to the row alone."""
+    from redline.inference.sampling import RowSampler, filter_top_k
+
+    torch.manual_seed(0)
+    logits = torch.randn(7, 300) * 3
+    rows = [4, 0, 6, 2, 5]
+    sampler = RowSampler(rows, ROW_PARAMS, [None] * len(rows), torch.Generator(), torch.device("cpu"))
+    got = sampler.probabilities(logits)
+    for i, (row, params) in enumerate(zip(rows, ROW_PARAMS)):
+        x = filter_top_p(filter_top_k(logits[row:row + 1] / params.temperature, params.top_k or 0), params.top_p)
+        torch.testing.assert_close(got[i:i + 1], F.softmax(x, dim=-1), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="greedy"):
+        RowSampler([0], [SamplingParams()], [None], None, torch.device("cpu"))
+
+
+def test_row_sampler_seeded_rows_do_not_depend_on_the_others_and_draw_as_multinomial():
+    """A seeded row draws from its own generator: the same tokens among other rows as alone, and (on a CPU, where
+    both divide by the temperature) the tokens sample_next draws for it alone. The rows without a seed share one
+    generator; what they draw follows their distributions, never a token that top-k or top-p removed."""
+    from redline.inference.sampling import RowSampler, make_generator
+
+    torch.manual_seed(1)
+    steps = [torch.randn(7, 50) * 2 for _ in range(6)]
+    rows = [4, 0, 6, 2, 5]
+    together = RowSampler(rows, ROW_PARAMS, [make_generator(p, torch.device("cpu")) if p.seed is not None else None
+                                             for p in ROW_PARAMS], torch.Generator().manual_seed(3),
+                          torch.device("cpu"))
+    drawn = torch.stack([together.sample(logits) for logits in steps])  # (steps, R)
+    for i in (0, 2):  # the seeded rows, each alone, and through sample_next
+        alone = RowSampler([rows[i]], [ROW_PARAMS[i]], [make_generator(ROW_PARAMS[i], torch.device("cpu"))], None,
+                           torch.device("cpu"))
+        assert [int(alone.sample(logits)[0]) for logits in steps] == drawn[:, i].tolist()
+        generator = make_generator(ROW_PARAMS[i], torch.device("cpu"))
+        assert [int(sample_next(logits[rows[i]:rows[i] + 1], ROW_PARAMS[i], generator)) for logits in steps] \
+            == drawn[:, i].tolist()
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_k=2),
+              SamplingParams(temperature=1.0, top_p=0.7)]
+    shared = RowSampler([0, 0, 0], params, [None] * 3, torch.Generator().manual_seed(0), torch.device("cpu"))
+    draws = torch.stack([shared.sample(logits) for _ in range(4000)])  # (4000, 3)
+    counts = torch.stack([torch.bincount(draws[:, j], minlength=4) for j in range(3)]).float() / 4000
+    torch.testing.assert_close(counts[0], torch.tensor([0.5, 0.3, 0.15, 0.05]), rtol=0, atol=0.03)
+    torch.testing.assert_close(counts[1], torch.tensor([0.625, 0.375, 0.0, 0.0]), rtol=0, atol=0.03)
+    assert counts[1, 2:].sum() == 0 and counts[2, 2:].sum() == 0  # top-p 0.7 keeps 0.5 and 0.3 only
+    torch.testing.assert_close(counts[2], torch.tensor([0.625, 0.375, 0.0, 0.0]), rtol=0, atol=0.03)
+
+
 def test_top_p_and_repetition_penalty_math():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(filter_top_p(logits, 0.7))

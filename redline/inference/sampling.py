@@ -93,3 +93,58 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     logits = filter_top_p(logits, params.top_p)
     probs = F.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class RowSampler:
+    """The next tokens of several rows of a batch at once, each row with its own temperature, top-k, top-p and
+    generator (a server's requests): sample_next's transforms as (rows, vocab) operations, one sort for every row's
+    top-p, then one draw of noise for the rows without a generator of their own and one per row with one (a seeded
+    request). Every operation is row by row, so a seeded row's tokens do not depend on the other rows. Built once
+    per group of steps (its rows and parameters are fixed); no host synchronisation. A repetition penalty is not
+    applied (it needs each row's tokens so far), as sample_next applies none without them.
+
+    The draw is torch.multinomial's for one sample (argmax of p / q with q ~ Exp(1): the Gumbel-max trick with the
+    exponential taken), written out so that the rows sharing a generator draw together."""
+
+    def __init__(self, rows: list[int], params: list[SamplingParams], generators: list[torch.Generator | None],
+                 shared: torch.Generator | None, device: torch.device):
+        from redline.inference.transfer import to_device
+
+        if any(p.greedy for p in params):
+            raise ValueError("RowSampler samples at a temperature > 0; take greedy rows' argmax instead")
+        self.rows = to_device(rows, device)  # (R,) rows of the logits it is given
+        self.temperature = to_device([p.temperature for p in params], device, torch.float32)[:, None]  # (R, 1)
+        # top-p 1 filters nothing (sample_next skips it): +inf, so that rounding in the cumulative sum cannot cut
+        self.top_p = to_device([p.top_p if p.top_p < 1 else float("inf") for p in params], device,
+                               torch.float32)[:, None]  # (R, 1)
+        self.filter_top_p = any(p.top_p < 1 for p in params)
+        self.top_k = [p.top_k or 0 for p in params]
+        self.k = to_device(self.top_k, device)[:, None]  # (R, 1); 0: off
+        self.own = [(i, g) for i, g in enumerate(generators) if g is not None]
+        self.shared = shared
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (B, vocab) -> the sampled rows' distributions (R, vocab) fp32, after temperature, top-k, top-p."""
+        x = logits.index_select(0, self.rows).float() / self.temperature
+        vocab = x.size(-1)
+        k_max = max((k for k in self.top_k if 0 < k < vocab), default=0)
+        if k_max:  # each row's k-th largest logit (rows without top-k keep everything)
+            kth = torch.topk(x, k_max, dim=-1).values.gather(1, (self.k - 1).clamp(0, k_max - 1))  # (R, 1)
+            x = x.masked_fill((self.k > 0) & (self.k < vocab) & (x < kth), float("-inf"))
+        if self.filter_top_p:
+            sorted_x, order = torch.sort(x, dim=-1, descending=True)
+            probs = F.softmax(sorted_x, dim=-1)
+            before = probs.cumsum(dim=-1) - probs  # probability mass of the strictly more likely tokens
+            sorted_x = sorted_x.masked_fill(before >= self.top_p, float("-inf"))
+            x = torch.full_like(x, float("-inf")).scatter(-1, order, sorted_x)
+        return F.softmax(x, dim=-1)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (B, vocab) -> the sampled rows' next tokens (R,) int64, in `rows` order."""
+        probs = self.probabilities(logits)
+        noise = torch.empty_like(probs)
+        if len(self.own) < noise.size(0):
+            noise.exponential_(1, generator=self.shared)
+        for i, generator in self.own:
+            noise[i].exponential_(1, generator=generator)
+        return (probs / noise).argmax(dim=-1)

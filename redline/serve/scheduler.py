@@ -12,10 +12,11 @@ How it works
 - A row is freed the moment its request is done: at launch time when it has been given its max_tokens (known
   without reading anything back), or when its tokens reach the host and hold a stop token or a stop string, or
   when its client went away (`cancel()`). Tokens a freed row computed in steps already launched are dropped.
-- Each request samples with its own parameters and generator (seeded with `seed`); greedy rows take the argmax.
-  When every decoding row is greedy the step takes its argmax inside the captured step. Either way a row's
-  tokens do not depend on the other rows (the batch's shape never changes), so greedy output is the same alone
-  or among others.
+- Each request samples with its own parameters; greedy rows take the argmax. When every decoding row is greedy the
+  step takes its argmax inside the captured step; otherwise the rows that sample draw together after each step
+  (inference/sampling.py's RowSampler: one set of kernels for all of them), a seeded request from a generator of
+  its own, the others from the scheduler's. Either way a row's tokens do not depend on the other rows (the
+  batch's shape never changes), so greedy and seeded output is the same alone or among others.
 - Text is decoded incrementally (inference/text.py's IncrementalText): never half a UTF-8 character, never the
   start of a stop string that may still complete.
 """
@@ -32,7 +33,7 @@ import torch
 
 from redline.errors import UserError
 from redline.inference.batch import DecodeBatch
-from redline.inference.sampling import SamplingParams, make_generator, sample_next
+from redline.inference.sampling import RowSampler, SamplingParams, make_generator
 from redline.inference.text import IncrementalText
 
 
@@ -194,6 +195,8 @@ class Scheduler:
         self.rows: list[Sequence | None] = [None] * batch.rows
         self.waiting: collections.deque[Sequence] = collections.deque()
         self._firsts: list[tuple[Sequence, torch.Tensor]] = []  # first tokens sampled, not yet sent to the host
+        self._generator = torch.Generator(device=self.device)  # the draws of the requests without a seed
+        self._generator.seed()
         self.stats = Stats()
         self.flushes: list[Callable[[], None]] = []
         """Called by the scheduler's thread at the end of each turn, after the turn's events: a sink may hold its
@@ -358,7 +361,9 @@ class Scheduler:
                     seq = self.waiting.popleft()
                     seq.row, self.rows[r] = r, seq
                     seq.decoder = IncrementalText(self.tokenizer, seq.stop)
-                    seq.generator = make_generator(seq.sampling, self.device)
+                    # a seeded request draws from its own generator, the others from the scheduler's (RowSampler)
+                    seeded = seq.sampling.seed is not None
+                    seq.generator = make_generator(seq.sampling, self.device) if seeded else None
         budget = self.prefill_tokens if any(self.batch.busy) else None
         prefilling = sorted((s for s in self.rows if s is not None and not self.batch.busy[s.row]),
                             key=lambda s: s.submitted_s)  # first come, first served
@@ -412,10 +417,13 @@ class Scheduler:
         """Sample the token after each prompt (logits (n, vocab)) on the device and start the rows from them: they
         reach the host with the next group of steps, so admitting requests never makes the host wait for the
         device. Greedy ones take one argmax together."""
-        greedy = logits.argmax(dim=-1)  # (n,)
+        firsts = logits.argmax(dim=-1)  # (n,)
+        sampled = [i for i, seq in enumerate(seqs) if not seq.sampling.greedy]
+        if sampled:
+            sampler = self._sampler([seqs[i] for i in sampled], sampled)
+            firsts = firsts.index_copy(0, sampler.rows, sampler.sample(logits))
         for i, seq in enumerate(seqs):
-            first = greedy[i:i + 1] if seq.sampling.greedy else sample_next(logits[i:i + 1], seq.sampling,
-                                                                              seq.generator)  # (1,)
+            first = firsts[i:i + 1]  # (1,)
             self._firsts.append((seq, first))
             seq.launched = 1
             if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
@@ -444,10 +452,12 @@ class Scheduler:
             for seq, n in zip(running, counts):
                 if seq.launched + n >= seq.max_tokens:
                     ends.setdefault(n - 1, []).append(seq.row)
-            if all(seq.sampling.greedy for seq in running):  # the host only launches the steps
+            sampling = [seq for seq in running if not seq.sampling.greedy]
+            if not sampling:  # the host only launches the steps
                 tokens = self.batch.decode_greedy(steps, ends)
             else:
-                tokens = torch.stack([self._step(running, ends.get(i, ())) for i in range(steps)])
+                sampler = self._sampler(sampling, [seq.row for seq in sampling])
+                tokens = torch.stack([self._step(sampler, ends.get(i, ())) for i in range(steps)])
             self.stats.steps += steps
             self.stats.busy_row_steps += sum(counts)
         decoded = []
@@ -465,15 +475,18 @@ class Scheduler:
             event.record()
         return _Group(tokens, event, decoded, first_tokens, [seq for seq, _ in firsts], first_event)
 
-    def _step(self, running: list[Sequence], ending: Seq[int]) -> torch.Tensor:
+    def _sampler(self, seqs: list[Sequence], rows: list[int]) -> RowSampler:
+        """The sampler of sequences that sample, whose logits are rows `rows` of what it will be given."""
+        return RowSampler(rows, [s.sampling for s in seqs], [s.generator for s in seqs], self._generator,
+                          self.device)
+
+    def _step(self, sampler: RowSampler, ending: Seq[int]) -> torch.Tensor:
         """One decode step when some row samples -> each row's next token (rows,) on the device (a copy: the step's
-        output buffer is reused by the next step); the rows in `ending` are freed after it. A row that has ended
-        earlier in the group still steps (freed rows run parked), its token dropped."""
+        output buffer is reused by the next step): the argmax, and the sampler's draw for its rows, all of them at
+        once; the rows in `ending` are freed after it. A row that has ended earlier in the group still steps
+        (freed rows run parked), its token dropped."""
         logits = self.batch.step(greedy=False)
-        tokens = logits.argmax(dim=-1)
-        for seq in running:
-            if not seq.sampling.greedy and self.batch.busy[seq.row]:
-                tokens[seq.row] = sample_next(logits[seq.row:seq.row + 1], seq.sampling, seq.generator)[0]
+        tokens = logits.argmax(dim=-1).index_copy_(0, sampler.rows, sampler.sample(logits))
         self.batch.advance(tokens)
         for row in ending:
             self.batch.free(row)
