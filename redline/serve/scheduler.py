@@ -416,7 +416,7 @@ class Scheduler:
     def _first_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample the token after each prompt (logits (n, vocab)) on the device and start the rows from them: they
         reach the host with the next group of steps, so admitting requests never makes the host wait for the
-        device. Greedy ones take one argmax together."""
+        device. Greedy ones take one argmax together, the others one RowSampler draw."""
         firsts = logits.argmax(dim=-1)  # (n,)
         sampled = [i for i, seq in enumerate(seqs) if not seq.sampling.greedy]
         if sampled:
