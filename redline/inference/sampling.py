@@ -68,9 +68,10 @@ def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the most likely tokens until their cumulative probability reaches p (always at least one)."""
-    if p >= 1.0:
+def filter_top_p(logits: torch.Tensor, p: float | torch.Tensor) -> torch.Tensor:
+    """Keep the most likely tokens until their cumulative probability reaches p (always at least one); p a number,
+    or each row's (B, 1) on the device."""
+    if not isinstance(p, torch.Tensor) and p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = F.softmax(sorted_logits, dim=-1)
@@ -132,11 +133,7 @@ class RowSampler:
             kth = torch.topk(x, k_max, dim=-1).values.gather(1, (self.k - 1).clamp(0, k_max - 1))  # (R, 1)
             x = x.masked_fill((self.k > 0) & (self.k < vocab) & (x < kth), float("-inf"))
         if self.filter_top_p:
-            sorted_x, order = torch.sort(x, dim=-1, descending=True)
-            probs = F.softmax(sorted_x, dim=-1)
-            before = probs.cumsum(dim=-1) - probs  # probability mass of the strictly more likely tokens
-            sorted_x = sorted_x.masked_fill(before >= self.top_p, float("-inf"))
-            x = torch.full_like(x, float("-inf")).scatter(-1, order, sorted_x)
+            x = filter_top_p(x, self.top_p)
         return F.softmax(x, dim=-1)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
