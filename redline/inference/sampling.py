@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from redline.errors import UserError
+from redline.inference.transfer import to_device
 
 
 @dataclass
@@ -109,8 +110,6 @@ class RowSampler:
 
     def __init__(self, rows: list[int], params: list[SamplingParams], generators: list[torch.Generator | None],
                  shared: torch.Generator | None, device: torch.device):
-        from redline.inference.transfer import to_device
-
         if any(p.greedy for p in params):
             raise ValueError("RowSampler samples at a temperature > 0; take greedy rows' argmax instead")
         self.rows = to_device(rows, device)  # (R,) rows of the logits it is given
