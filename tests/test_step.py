@@ -310,3 +310,24 @@ def test_train_with_batch_size_auto_on_a_gpu(dataset, tmp_path, capsys):  # noqa
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["kind"] == "train"]
     assert steps and steps[-1] == 3 and ckpt_io.list_checkpoints(run)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_warm_step_never_waits_for_the_device(optimizer):
+    """Fused AdamW and Muon skip a non-finite update on the device, so a step (forward, backward, clipping, the
+    optimizer, two micro-steps) makes no call that waits for the device once compiled (torch's sync debug mode
+    raises on one): a wait would let the device idle while the host launches the next step."""
+    cuda = torch.device("cuda")
+    step = TrainStep(tiny("tokens_per_step=64", f"optim.name={optimizer}", "compile=True"), cuda)
+    batches = iter([(x.to(cuda), y.to(cuda)) for x, y in random_batches(6)])  # on the device before the check
+    for _ in range(2):  # compiles (and Muon's update per shape)
+        step.step(batches, 1.0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = step.step(batches, 1.0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(out.loss) and out.skipped.item() == 0.0
