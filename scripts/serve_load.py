@@ -7,7 +7,8 @@ concurrent clients, arriving as a Poisson process (or all at once), each streami
 Prompts are random token ids in [0, 256) sent as /v1/completions' `prompt` (exact lengths whatever the tokenizer),
 or with --prompt-text random printable ASCII text of that many characters, for servers that take only text
 (`transformers serve`): one token a character for a byte-level tokenizer without merges, such as the one `redline
-export` writes for the bytes tokenizer; the summary gives the prompt tokens the servers counted. Decoding is greedy.
+export` writes for the bytes tokenizer; the summary gives the prompt tokens the servers counted. Decoding is greedy
+unless --temperature says otherwise (unseeded; a server's API defaults to 1, so most real clients sample).
 Reports aggregate output tokens/s, time to first token (TTFT) and inter-token latency (ITL: a request's time from
 its first token to its last over its tokens after the first) percentiles, and the gaps between stream chunks; then
 one JSON line. Tokens are timed by the usage in every chunk where the server sends it
@@ -162,8 +163,8 @@ async def load(args) -> tuple[list[Result], float, float]:
         if args.max_tokens_spread:
             max_tokens = max(1, round(args.max_tokens * lengths.uniform(1 - args.max_tokens_spread,
                                                                           1 + args.max_tokens_spread)))
-        body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": args.temperature,
+                **({"top_p": args.top_p} if args.top_p < 1 else {}), "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with limit:
             return await stream_completion(host, port, "/v1/completions", body, headers, not args.done_optional)
 
@@ -246,7 +247,8 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
     return {"concurrency": args.concurrency, "requests": args.requests, "completed": len(ok),
             "failed": len(results) - len(ok), "rate": args.rate or None, "prompt_tokens": args.prompt_tokens,
             "server_prompt_tokens": round(statistics.fmean(counted), 2) if counted else None,
-            "max_tokens": args.max_tokens, "max_tokens_spread": args.max_tokens_spread, "wall_s": round(wall, 3), "output_tokens": tokens,
+            "max_tokens": args.max_tokens, "max_tokens_spread": args.max_tokens_spread,
+            "temperature": args.temperature, "top_p": args.top_p, "wall_s": round(wall, 3), "output_tokens": tokens,
             "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
             "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
             "ttft_ms": percentiles(ttft), "itl_ms": percentiles(itl), "chunk_gap_ms": percentiles(gaps),
@@ -302,6 +304,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="each request asks for max_tokens × a uniform draw in [1 - S, 1 + S] (seeded; 0: all the "
                         "same). With equal lengths a closed-loop load runs in waves: every client ends and asks "
                         "again at once")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="every request's temperature (0: greedy; above 0 the server samples, unseeded)")
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (1: not sent)")
     p.add_argument("--done-optional", action="store_true",
                    help="count a stream that ends after its finish_reason without `data: [DONE]` as complete "
                         "(transformers serve's /v1/completions sends none)")
@@ -317,6 +322,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.concurrency, args.requests, args.prompt_tokens, args.max_tokens) < 1 or args.rate < 0:
         p.error("--concurrency, --requests, --prompt-tokens and --max-tokens must be >= 1, --rate >= 0")
+    if not 0 <= args.temperature <= 2 or not 0 < args.top_p <= 1:
+        p.error(f"--temperature must be in [0, 2] and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
     if not 0 <= args.max_tokens_spread < 1:
         p.error(f"--max-tokens-spread must be in [0, 1), got {args.max_tokens_spread}")
     if not 1 <= args.processes <= min(args.concurrency, args.requests):

@@ -631,10 +631,11 @@ def test_load_generator_in_two_client_processes(live, capsys, monkeypatch):
         load.main(["--url", live.url, "--model", MODEL, "--concurrency", "2", "--processes", "3"])
 
 
-@pytest.mark.parametrize("spread", [0.0, 0.5])
-def test_load_generator_bounded_load(live, capsys, monkeypatch, spread):
+@pytest.mark.parametrize("spread,temperature", [(0.0, 0.0), (0.5, 0.0), (0.0, 1.0)])
+def test_load_generator_bounded_load(live, capsys, monkeypatch, spread, temperature):
     """scripts/serve_load.py: a fixed number of streamed requests with Poisson arrivals, a time limit, nothing
-    lost, every response complete; with --max-tokens-spread each request asks for its own seeded length."""
+    lost, every response complete; with --max-tokens-spread each request asks for its own seeded length; with
+    --temperature the requests sample."""
     import importlib.util
     from pathlib import Path
 
@@ -646,10 +647,11 @@ def test_load_generator_bounded_load(live, capsys, monkeypatch, spread):
     t0 = time.time()
     code = load.main(["--url", live.url, "--model", MODEL, "--concurrency", "4", "--requests", "12",
                       "--rate", "200", "--prompt-tokens", "10", "--max-tokens", "8", "--max-tokens-spread", str(spread),
-                      "--redline-metrics"])
+                      "--temperature", str(temperature), "--top-p", "0.9", "--redline-metrics"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and time.time() - t0 < 30
     assert summary["completed"] == 12 and summary["failed"] == 0 and summary["max_tokens_spread"] == spread
+    assert summary["temperature"] == temperature and summary["top_p"] == 0.9
     reasons = summary["finish_reasons"]
     lengths = random.Random(1)  # the generator's stream of lengths for --seed 0
     asked = [max(1, round(8 * lengths.uniform(1 - spread, 1 + spread))) if spread else 8 for _ in range(12)]

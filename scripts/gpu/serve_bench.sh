@@ -7,6 +7,7 @@
 #     SERVE_ARGS="--group-graphs" SYNC_EVERY="8 16" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # one graph a group
 #     ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the engine in its own process or not
 #     SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # also loads whose requests ask for 128-384 tokens
+#     TEMPERATURE=1 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # recorded loads sample (temperature 1, unseeded)
 #     PREFILL_WAIT="0 10" SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --prefill-wait-ms (a server each)
 #     CLIENT_PROCESSES=4 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the recorded loads' clients in 4 processes
 #     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
@@ -53,6 +54,7 @@ PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: it
 CLIENT_PROCESSES="${CLIENT_PROCESSES:-1}"  # serve_load.py --processes for the recorded loads; several: each in turn
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
+TEMPERATURE="${TEMPERATURE:-0}"  # the recorded closed loads' temperature (0: greedy)
 PORT="${PORT:-8471}"
 SYNC_EVERY="${SYNC_EVERY:-0}"  # decode steps per read of their tokens (0: the server's default); several: one server each
 SERVE_ARGS="${SERVE_ARGS:-}"  # more `redline serve` options, e.g. "--switch-interval-ms 5"
@@ -167,7 +169,8 @@ for c in $CONCURRENCY; do
         server_cpu start
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
-            --seed "$r" --redline-metrics --processes "$procs" --json-out "$LOAD" 2>&1 | tee -a "$LOG"
+            --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" 2>&1 \
+            | tee -a "$LOG"
         server_cpu end
     done
     done
