@@ -459,13 +459,13 @@ class InferenceEngine:
         for b, p in enumerate(prompts):
             host_tokens[b, :len(p)] = torch.as_tensor(list(p), dtype=torch.long)
         t0 = time.perf_counter()
-        logits = self._prefill(st, host_tokens.to(dev, non_blocking=True), lens)
+        logits = self._prefill(st, to_device(host_tokens, dev), lens)
         if self.plan.compile and ("prefill", T) not in st.warm:  # count a first call's compilation as setup
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             setup_s += time.perf_counter() - t0
             st.warm.add(("prefill", T))
-        st.slot.copy_(torch.as_tensor(lens, dtype=torch.long), non_blocking=True)
+        st.slot.copy_(to_device(lens, dev))
         st.active.fill_(1)
 
         generator = make_generator(sampling, dev)
@@ -473,7 +473,7 @@ class InferenceEngine:
         if sampling.repetition_penalty != 1.0:
             seen = torch.zeros(B, logits.shape[-1], dtype=torch.bool, device=dev)
             for b, p in enumerate(prompts):
-                seen[b, torch.as_tensor(sorted(set(p)), device=dev)] = True
+                seen[b, to_device(sorted(set(p)), dev)] = True
         nxt = sample_next(logits, sampling, generator, seen)
         st.history.scatter_(1, st.slot[:, None], nxt[:, None])
         if seen is not None:
@@ -497,7 +497,7 @@ class InferenceEngine:
         to the host while the GPU runs the next chunk and read one chunk later (lagged), so the GPU never waits for
         the host."""
         lens = [r.prompt_tokens for r in rows.results]
-        first_slot = torch.as_tensor(lens, device=self.device)  # the first new token's slot in the history
+        first_slot = to_device(lens, self.device)  # the first new token's slot in the history
         offsets = torch.arange(max_new_tokens, device=self.device)
         lagged = rows.on_tokens is None and self.device.type == "cuda"
         in_step = sampling.greedy and seen is None  # the step itself takes the argmax, records it, moves on
