@@ -8,8 +8,10 @@ share a shape (m, n) (in a transformer: every block's qkv, every block's output 
        M ← μ·M + (1 − μ)·G,   U = (1 − μ)·G + μ·M     (Nesterov)
    stacked into one (B, m, n) bfloat16 tensor;
 2. orthogonalise the whole stack at once: scale each matrix to Frobenius norm 1, then five quintic
-   Newton–Schulz iterations X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ, as batched matmuls in bfloat16 (on the
-   transposed stack when m > n, so that A is the smaller Gram matrix);
+   Newton–Schulz iterations X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ, as batched matmuls in bfloat16; when
+   m > n, X ← X·(a·I + b·A + c·A²) with A = Xᵀ·X instead (the same iteration on Xᵀ, as P(A) is symmetric), so
+   A is the smaller Gram matrix and X keeps the parameter's layout (no transposed copy, and step 3 reads it
+   in order);
 3. W ← (1 − lr·λ)·W − lr·s·O, with decoupled weight decay λ and the shape scale s = max(1, m/n)^½
    (modded-nanogpt's and torch.optim.Muon's default convention: the update's RMS is then about that of an
    n×n orthogonal matrix, so one learning rate (0.02) suits every shape; Moonlight's 0.2·√max(m, n), which
@@ -55,22 +57,31 @@ from redline.errors import UserError
 # instead of exactly at 1, which trains as well as an exact orthogonalisation.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
+# Whether an iteration folds a·X into its product, X ← (a·I + b·A + c·A²)·X: one plain batched product where
+# a·X + P·X takes a product whose epilogue adds X, which first copies all of X (B, m, n) into the output. It rounds
+# a·I + P to bfloat16 before the product: on 768×3072 stacks of random matrices the result's distance to the
+# float64 iteration grows from 1.02% to 1.15% of its norm, where the iteration itself leaves the singular values
+# anywhere in [0.7, 1.2].
+FOLD_IDENTITY = True
 
 
 def newton_schulz(update: Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> Tensor:
-    """(B, m, n) -> (B, m, n) in `dtype`: each matrix's approximate orthogonalisation U·Vᵀ (of U·S·Vᵀ)."""
+    """(B, m, n) -> (B, m, n) in `dtype`, contiguous: each matrix's approximate orthogonalisation U·Vᵀ (of U·S·Vᵀ)."""
     a, b, c = NS_COEFFICIENTS
-    update = update.float()
-    norm = torch.linalg.vector_norm(update, dim=(-2, -1), keepdim=True)  # (B, 1, 1)
-    x = (update / norm.clamp_min(NS_EPS)).to(dtype)  # spectral norm <= Frobenius norm = 1
-    tall = update.size(-2) > update.size(-1)
-    if tall:
-        x = x.mT  # (B, n, m): the Gram matrix below is the smaller one
-    for _ in range(steps):  # baddbmm scales and adds in the product's epilogue: one rounding to `dtype`, not three
-        gram = x @ x.mT  # (B, r, r), r = min(m, n)
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
-        x = torch.baddbmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
-    return x.mT if tall else x
+    norm = torch.linalg.vector_norm(update, dim=(-2, -1), keepdim=True, dtype=torch.float32)  # (B, 1, 1)
+    x = (update.float() / norm.clamp_min(NS_EPS)).to(dtype)  # spectral norm <= Frobenius norm = 1
+    tall = x.size(-2) > x.size(-1)
+    r = min(x.shape[-2:])
+    identity = torch.eye(r, device=x.device, dtype=torch.float32)
+    for _ in range(steps):
+        gram = x.mT @ x if tall else x @ x.mT  # (B, r, r), r = min(m, n): the smaller Gram matrix
+        if FOLD_IDENTITY:  # P = a·I + b·A + c·A² (one rounding to `dtype`), then one product with no addend
+            poly = (c * (gram @ gram).float() + b * gram.float() + a * identity).to(dtype)
+            x = x @ poly if tall else poly @ x
+        else:  # baddbmm scales and adds in the product's epilogue, after copying its addend into the output
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
+            x = torch.baddbmm(x, x, poly, beta=a) if tall else torch.baddbmm(x, poly, x, beta=a)
+    return x
 
 
 def nesterov_momentum(grads: list[Tensor], buffers: list[Tensor], hyper: Tensor,
@@ -84,8 +95,8 @@ def nesterov_momentum(grads: list[Tensor], buffers: list[Tensor], hyper: Tensor,
     for grad, buf in zip(grads, buffers):
         grad = torch.where(keep > 0, grad, torch.zeros_like(grad))
         buf.lerp_(grad, one_minus * keep)
-        out.append(grad.lerp(buf, momentum))
-    return torch.stack(out).to(dtype)
+        out.append(grad.lerp(buf, momentum).to(dtype))  # cast before the stack: compiled, one pass writes it
+    return torch.stack(out)
 
 
 def apply_update(params: list[Tensor], update: Tensor, hyper: Tensor) -> None:
