@@ -67,7 +67,7 @@ class InstantBatch:
         logits[torch.arange(len(rows)), self.table[rows, 0]] = 1.0
         return logits
 
-    def start(self, row: int, first_token, length: int) -> None:
+    def start(self, row: int, first_token, length: int, temperature: float = 0.0, top_p: float = 1.0) -> None:
         self.busy[row], self.made[row] = True, 1
 
     def free(self, row: int) -> None:

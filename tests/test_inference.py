@@ -248,6 +248,32 @@ def test_row_sampler_seeded_rows_do_not_depend_on_the_others_and_draw_as_multino
     torch.testing.assert_close(counts[2], torch.tensor([0.625, 0.375, 0.0, 0.0]), rtol=0, atol=0.03)
 
 
+def test_draw_rows_is_the_row_samplers_draw_for_every_row_at_once():
+    """draw_rows (the draw captured with a decode step): each row's token is RowSampler's for the same noise, a row
+    at temperature 0 takes the argmax, and top-p never lets through a token it removed."""
+    from redline.inference.sampling import RowSampler, draw_rows
+
+    torch.manual_seed(2)
+    logits = torch.randn(4, 60) * 2
+    params = [SamplingParams(temperature=0.7, seed=1), SamplingParams(), SamplingParams(temperature=1.4, top_p=0.5,
+              seed=2), SamplingParams(temperature=1.0, seed=3)]
+    temperature = torch.tensor([[p.temperature] for p in params])
+    top_p = torch.tensor([[p.top_p if p.top_p < 1 else float("inf")] for p in params])
+    noise = torch.empty(4, 60)
+    for row, p in enumerate(params):
+        noise[row].exponential_(1, generator=torch.Generator().manual_seed(p.seed or 0))
+    drawn = draw_rows(logits, temperature, top_p, noise)
+    assert int(drawn[1]) == int(logits[1].argmax())
+    sampled = [0, 2, 3]
+    sampler = RowSampler(sampled, [params[r] for r in sampled],
+                         [torch.Generator().manual_seed(params[r].seed) for r in sampled], None, torch.device("cpu"))
+    assert sampler.sample(logits).tolist() == drawn[sampled].tolist()
+    kept = torch.isfinite(filter_top_p(logits[2:3] / 1.4, 0.5))[0]
+    for seed in range(200):
+        noise[2].exponential_(1, generator=torch.Generator().manual_seed(seed))
+        assert kept[draw_rows(logits, temperature, top_p, noise)[2]]
+
+
 def test_top_p_and_repetition_penalty_math():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(filter_top_p(logits, 0.7))

@@ -3,6 +3,7 @@ CPU): completions and chat, streamed and not, greedy text equal to the engine's 
 requests equal to the same requests alone (continuous batching); OpenAI-shaped 4xx errors; a client that
 disconnects frees its row; the scheduler's prefill spans, stops, UTF-8 streaming and queue limit."""
 
+import collections
 import json
 import queue
 import random
@@ -441,6 +442,39 @@ def test_scheduler_tokens_equal_generate_with_spans_and_more_requests_than_rows(
         assert seq.finish_reason == ("length" if len(seq.tokens) == n else "stop")
 
 
+@pytest.mark.parametrize("lagged", [False, True])
+def test_seeded_sampled_requests_among_others_equal_generate_alone(model, tokenizer, lagged):
+    """Seeded requests sampling at their own temperature and top-p, among greedy ones and unseeded sampled ones, in
+    groups of steps whose draw is captured with the step (decode_sampled): each seeded and each greedy request gets
+    the tokens redline's generate gives it alone with the same seed. A request with top-k sends its groups through
+    the per-step RowSampler draw instead, with the same result."""
+    prompts = [[5, 9, 2], list(range(30, 52)), [200, 3, 7], [42] * 9, [11, 12], [90, 80, 70, 60]]
+    lengths = [14, 9, 20, 6, 11, 16]
+    samplings = [SamplingParams(temperature=0.8, seed=3), SamplingParams(),
+                 SamplingParams(temperature=1.3, top_p=0.6, seed=11), SamplingParams(temperature=1.0),
+                 SamplingParams(temperature=0.9, top_k=5, seed=2), SamplingParams(temperature=2.0, seed=7)]
+    sched = scheduler_for(model, tokenizer, rows=3, sync_every=3 if lagged else None)
+    sched.lag_reads = lagged
+    calls = collections.Counter()
+    for owner, name in ((sched.batch, "decode_greedy"), (sched.batch, "decode_sampled"), (sched, "_step")):
+        method = getattr(owner, name)
+        setattr(owner, name, lambda *a, _m=method, _n=name, **k: calls.update([_n]) or _m(*a, **k))
+    try:
+        sinks = [queue.Queue() for _ in prompts]
+        seqs = [Sequence(list(p), n, sp, (), q.put) for p, n, sp, q in zip(prompts, lengths, samplings, sinks)]
+        sched.submit(seqs)
+        for q in sinks:
+            while q.get(timeout=30)[0] == "text":
+                pass
+    finally:
+        sched.close()
+    engine = InferenceEngine(model)
+    for p, n, sp, seq in zip(prompts, lengths, samplings, seqs):
+        if sp.greedy or sp.seed is not None:
+            assert seq.tokens == engine.generate([p], n, sp, stop_tokens=[EOT])[0].tokens, sp
+    assert calls["decode_sampled"] > 0 and calls["_step"] > 0  # the captured draw, and the top-k groups' draw
+
+
 def test_scheduler_streams_whole_characters_and_stops_at_a_stop_string(tokenizer):
     """The text handed out never ends in half a UTF-8 character, and a stop string splitting across tokens cuts
     the text before it."""
@@ -704,6 +738,41 @@ def test_greedy_tokens_among_others_equal_alone_on_a_gpu(tokenizer, group_graphs
     finally:
         sched.close()
     assert together == alone
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_seeded_sampled_tokens_among_others_equal_alone_on_a_gpu(tokenizer):
+    """The draw captured with each decode step (DecodeBatch.decode_sampled) on a GPU, bf16, compiled, CUDA graphs:
+    12 requests at once on 8 rows (seeded ones sampling with and without top-p, greedy ones, unseeded sampled ones)
+    against each alone: the same tokens for every seeded and every greedy request."""
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, n_embd=128, n_head=4, n_kv_head=2)).cuda()
+    batch = DecodeBatch(InferenceEngine(model), rows=8, capacity=CFG.context_len)
+    sched = Scheduler(batch, tokenizer, [EOT], sync_every=8)
+    kinds = [SamplingParams(temperature=0.9, seed=5), SamplingParams(), SamplingParams(temperature=1.2, top_p=0.8,
+             seed=9), SamplingParams(temperature=1.0)]
+    prompts = [[(7 * i + j) % 250 + 1 for j in range(3 + 4 * i)] for i in range(12)]
+    lengths = [16 + 2 * i for i in range(12)]
+    samplings = [replace(kinds[i % 4], seed=None if kinds[i % 4].seed is None else kinds[i % 4].seed + i)
+                 for i in range(12)]
+
+    def run(indices):
+        sinks = [queue.Queue() for _ in indices]
+        seqs = [Sequence(list(prompts[i]), lengths[i], samplings[i], (), q.put) for i, q in zip(indices, sinks)]
+        sched.submit(seqs)
+        for q in sinks:
+            while q.get(timeout=60)[0] == "text":
+                pass
+        return [s.tokens for s in seqs]
+
+    try:
+        together = run(range(12))
+        alone = [run([i])[0] for i in range(12)]
+    finally:
+        sched.close()
+    kept = [i for i in range(12) if samplings[i].greedy or samplings[i].seed is not None]
+    assert [together[i] for i in kept] == [alone[i] for i in kept]
 
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])

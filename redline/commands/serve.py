@@ -165,8 +165,8 @@ def chat_renderer(path: str | None, tokenizer):
 
 def warm_up(batch) -> None:
     """Compile the prefill (whole prompts and spans after a prefix, of one token and of several: the compiled code
-    specialises on length 1) and capture the decode step at every width, greedy and sampled, so that no request
-    waits for it. Leaves every row free."""
+    specialises on length 1) and capture the decode step at every width, greedy and sampled (the logits' step, and
+    decode_sampled's with and without top-p), so that no request waits for it. Leaves every row free."""
     import torch
 
     room = batch.capacity - 1
@@ -179,12 +179,14 @@ def warm_up(batch) -> None:
         batch.prefill(0, ids[:8])
         batch.prefill(0, ids[8:9], start=8)
         logits = batch.prefill(0, ids[9:], start=9)
-        batch.start(0, int(logits.argmax()), len(ids))
-        for i in range(room - len(ids)):
-            if i % 2:
+        batch.start(0, int(logits.argmax()), len(ids), temperature=1.0)
+        for i in range(room - len(ids)):  # the row walks through every width: greedy, logits, sampled steps
+            if i % 4 == 1:
                 batch.step()
-            else:
+            elif i % 4 == 3:
                 batch.advance(batch.step(greedy=False).argmax(-1))
+            else:  # decode_sampled's graphs, without and with top-p
+                batch.decode_sampled(1, top_p=i % 4 == 2)
         batch.free(0)
         if batch.group_steps:  # and each width's group graph (a row walked through the widths a group at a time)
             batch.start(0, 0, 1)

@@ -6,6 +6,7 @@
     batch.start(row, first_token)                    # the row decodes from here on
     tokens = batch.step()                            # (rows,) every active row's next token (greedy, in the graph)
     tokens = batch.decode_greedy(8)                  # (8, rows): eight such steps, read back together
+    tokens = batch.decode_sampled(8, generators={row: gen})  # rows that sample (start(..., temperature=...))
     logits = batch.step(greedy=False)                # or the logits, to sample from; then batch.advance(tokens)
     batch.free(row)                                  # the row stops at once; its cache is reused by the next one
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from redline.errors import UserError
+from redline.inference.sampling import draw_rows
 from redline.inference.transfer import put, to_device
 
 
@@ -49,6 +51,10 @@ class DecodeBatch:
         self.group_steps = group_steps if group_steps > 1 and self.state.graphs is not None else 0
         # the step of a group after which each row is freed (read by the group graphs)
         self._end_at = torch.zeros(rows, dtype=torch.long, device=engine.device) if self.group_steps else None
+        # each row's sampling for decode_sampled, set by start(): temperature (0: greedy) and top-p (+inf: off)
+        self._temperature = torch.zeros(rows, 1, device=engine.device)
+        self._top_p = torch.full((rows, 1), float("inf"), device=engine.device)
+        self._noise: torch.Tensor | None = None  # (rows, vocab) Exp(1), drawn before each sampled step
 
     @property
     def rows(self) -> int:
@@ -127,13 +133,16 @@ class DecodeBatch:
         known = ("prefill", n, width) in self.state.prefill_inputs
         return width if known or engine.prefill_graphs(self.state) < PREFILL_GRAPHS else 0
 
-    def start(self, row: int, first_token: int, length: int) -> None:
-        """The row decodes from `first_token` on, its prompt having `length` tokens in the cache."""
+    def start(self, row: int, first_token: int, length: int, temperature: float = 0.0, top_p: float = 1.0) -> None:
+        """The row decodes from `first_token` on, its prompt having `length` tokens in the cache; in decode_sampled's
+        steps it samples at `temperature` (0: greedy) among the tokens that reach `top_p`."""
         st = self.state
         put(st.tokens, (row, 0), first_token)
         put(st.history, (row, length), first_token)
         put(st.slot, row, length)
         put(st.active, row, 1)
+        put(self._temperature, (row, 0), temperature)
+        put(self._top_p, (row, 0), top_p if top_p < 1 else float("inf"))
         self.lengths[row], self.busy[row] = length, True
 
     def free(self, row: int) -> None:
@@ -175,16 +184,8 @@ class DecodeBatch:
         launching them; the rows in ends[i] are freed right after step i (0-based: they got their last token).
         -> each row's n new tokens (n, rows) on the device, read from the history in one gather (a row freed
         part-way: its tokens after that are junk)."""
-        if not any(self.busy):
-            raise UserError("no row is decoding: prefill and start one first")
         engine, st, ends = self.engine, self.state, ends or {}
-        longest = max(self.lengths)
-        last = {row: i + 1 for i, rows in ends.items() for row in rows}  # steps a row ending in the group takes
-        if any(n_ + last.get(r, n) > self.capacity - 1 for r, n_ in enumerate(self.lengths) if self.busy[r]):
-            raise UserError(f"{n} steps would run a row past the batch's capacity of {self.capacity}: free it "
-                            f"before (pass it in `ends`) or decode fewer steps")
-        # the step producing a row's token at slot s writes it to history[s + 1]
-        where = (st.slot[:, None] + 1 + torch.arange(n, device=st.slot.device)).clamp_(max=st.history.shape[1] - 1)
+        longest, where = self._group_start(n, ends)
         from redline.inference.engine import _evaluating
 
         with _evaluating(engine.model):
@@ -197,8 +198,75 @@ class DecodeBatch:
                     engine._step(st, width, True)
                     for row in ends.get(i, ()):
                         self.free(row)
+        return self._group_end(n, where)
+
+    @torch.no_grad()
+    def decode_sampled(self, n: int, ends: dict[int, list[int]] | None = None,
+                       generators: dict[int, torch.Generator] | None = None, shared: torch.Generator | None = None,
+                       top_p: bool = False) -> torch.Tensor:
+        """n steps in which each row takes its token as start() set it: sampled at its temperature (and top-p, if
+        `top_p`: some row filters), or the argmax at temperature 0. Before each step the host draws the step's noise
+        (one kernel from `shared` for every row, then one per row with a generator of its own in `generators`: a
+        seeded request draws as it would alone), then launches the step, whose draw (sampling.draw_rows) is
+        captured with it: one graph per (width, top_p). Rows in ends[i] are freed after step i. -> (n, rows) as
+        decode_greedy."""
+        engine, st, ends, generators = self.engine, self.state, ends or {}, generators or {}
+        longest, where = self._group_start(n, ends)
+        if self._noise is None:
+            self._noise = torch.empty(self.rows, engine.cfg.vocab_size, device=engine.device)
+        from redline.inference.engine import _evaluating
+
+        with _evaluating(engine.model):
+            for i in range(n):
+                self._noise.exponential_(1, generator=shared)
+                for row, generator in generators.items():
+                    self._noise[row].exponential_(1, generator=generator)
+                width = engine._width(st, min(longest + i, self.capacity - 1))
+                if st.graphs is None:
+                    self._sampled_step(width, top_p)
+                else:
+                    key = ("sampled", width, top_p)
+                    if key not in st.graphs:
+                        st.graphs.capture(key, lambda: self._sampled_step(width, top_p),
+                                          lambda: self._warm_sampled(width, top_p))
+                    st.graphs.replay(key)
+                for row in ends.get(i, ()):
+                    self.free(row)
+        return self._group_end(n, where)
+
+    def _sampled_step(self, width: int, top_p: bool) -> torch.Tensor:
+        """decode_sampled's step on the device alone (what its graph holds): the logits, every row's draw, the
+        tokens fed back. -> (rows,)"""
+        logits, _ = self.engine._decode_step(self.state, width, False)
+        tokens = draw_rows(logits, self._temperature, self._top_p if top_p else None, self._noise)
+        self._feed_back(tokens)
+        return tokens
+
+    def _warm_sampled(self, width: int, top_p: bool) -> None:
+        """_sampled_step without advancing anything (as engine._warm_step): the inputs it changes are put back."""
+        st = self.state
+        tokens, slot = st.tokens.clone(), st.slot.clone()
+        self._sampled_step(width, top_p)
+        st.tokens.copy_(tokens)
+        st.slot.copy_(slot)
+
+    def _group_start(self, n: int, ends: dict[int, list[int]]) -> tuple[int, torch.Tensor]:
+        """Checks for n steps (ends as decode_greedy's) -> the busy rows' longest length, and where in the history
+        each row's n new tokens will be (rows, n)."""
+        if not any(self.busy):
+            raise UserError("no row is decoding: prefill and start one first")
+        st = self.state
+        last = {row: i + 1 for i, rows in ends.items() for row in rows}  # steps a row ending in the group takes
+        if any(n_ + last.get(r, n) > self.capacity - 1 for r, n_ in enumerate(self.lengths) if self.busy[r]):
+            raise UserError(f"{n} steps would run a row past the batch's capacity of {self.capacity}: free it "
+                            f"before (pass it in `ends`) or decode fewer steps")
+        # the step producing a row's token at slot s writes it to history[s + 1]
+        where = (st.slot[:, None] + 1 + torch.arange(n, device=st.slot.device)).clamp_(max=st.history.shape[1] - 1)
+        return max(self.lengths), where
+
+    def _group_end(self, n: int, where: torch.Tensor) -> torch.Tensor:
         self.lengths = [n_ + n if busy else 0 for n_, busy in zip(self.lengths, self.busy)]
-        return st.history.gather(1, where).t()
+        return self.state.history.gather(1, where).t()
 
     def _group_replay(self, n: int, width: int, ends: dict[int, list[int]]) -> None:
         """decode_greedy's n steps as one graph: every step attends over `width` (the last step's: the earlier
@@ -229,11 +297,16 @@ class DecodeBatch:
 
     def advance(self, tokens: torch.Tensor) -> None:
         """After step(greedy=False): feed each row's sampled token (rows,) back and record it."""
+        self._feed_back(tokens)
+        self._advanced()
+
+    def _feed_back(self, tokens: torch.Tensor) -> None:
+        """On the device: each row's token (rows,) becomes its next input and goes into its history at slot + 1;
+        the active rows' slots move on."""
         st = self.state
         st.tokens.copy_(tokens[:, None])
         st.history.scatter_(1, (st.slot + 1)[:, None], tokens[:, None])
         st.slot.add_(st.active)
-        self._advanced()
 
     def _advanced(self) -> None:
         self.lengths = [n + busy for n, busy in zip(self.lengths, self.busy)]

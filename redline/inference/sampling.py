@@ -97,6 +97,20 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def draw_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
+              noise: torch.Tensor) -> torch.Tensor:
+    """Every row's next token at once, with no host work (it runs inside a captured decode step): logits (B, vocab)
+    fp32; temperature (B, 1), 0 for a greedy row (its argmax); top_p (B, 1), +inf where a row filters nothing, or
+    None when no row does; noise (B, vocab) Exp(1) draws, filled before the step. A row's token is RowSampler's for
+    the same noise: argmax of softmax(filtered logits / temperature) / noise."""
+    sampled = temperature > 0  # (B, 1)
+    x = logits / torch.where(sampled, temperature, torch.ones_like(temperature))
+    if top_p is not None:
+        x = filter_top_p(x, top_p)
+    drawn = (F.softmax(x, dim=-1) / noise).argmax(dim=-1)
+    return torch.where(sampled[:, 0], drawn, logits.argmax(dim=-1))
+
+
 class RowSampler:
     """The next tokens of several rows of a batch at once, each row with its own temperature, top-k, top-p and
     generator (a server's requests): sample_next's transforms as (rows, vocab) operations, one sort for every row's

@@ -13,10 +13,13 @@ How it works
   without reading anything back), or when its tokens reach the host and hold a stop token or a stop string, or
   when its client went away (`cancel()`). Tokens a freed row computed in steps already launched are dropped.
 - Each request samples with its own parameters; greedy rows take the argmax. When every decoding row is greedy the
-  step takes its argmax inside the captured step; otherwise the rows that sample draw together after each step
-  (inference/sampling.py's RowSampler: one set of kernels for all of them), a seeded request from a generator of
-  its own, the others from the scheduler's. Either way a row's tokens do not depend on the other rows (the
-  batch's shape never changes), so greedy and seeded output is the same alone or among others.
+  step takes its argmax inside the captured step. When some rows sample, every row's draw is captured with the
+  step too (DecodeBatch.decode_sampled: each row's temperature and top-p in device tensors set when it starts);
+  the host fills the step's noise first, a seeded request's from a generator of its own, the others' from the
+  scheduler's. A request with top-k makes its group's steps draw after each step instead (inference/sampling.py's
+  RowSampler: one set of kernels for all the rows, launched from here). Either way a row's tokens do not depend
+  on the other rows (the batch's shape never changes), so greedy and seeded output is the same alone or among
+  others.
 - Text is decoded incrementally (inference/text.py's IncrementalText): never half a UTF-8 character, never the
   start of a stop string that may still complete.
 """
@@ -429,7 +432,7 @@ class Scheduler:
             if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
                 self.rows[seq.row] = None
             else:
-                self.batch.start(seq.row, first[0], len(seq.prompt))
+                self.batch.start(seq.row, first[0], len(seq.prompt), seq.sampling.temperature, seq.sampling.top_p)
 
     def _launch(self) -> _Group | None:
         """Up to sync_every decode steps, stopping early when no row is left; their tokens (and the first tokens of
@@ -455,7 +458,12 @@ class Scheduler:
             sampling = [seq for seq in running if not seq.sampling.greedy]
             if not sampling:  # the host only launches the steps
                 tokens = self.batch.decode_greedy(steps, ends)
-            else:
+            elif not any(0 < (seq.sampling.top_k or 0) < self.vocab_size for seq in sampling):
+                # the draw inside each captured step; the host fills the step's noise and launches it
+                own = {seq.row: seq.generator for seq in sampling if seq.generator is not None}
+                tokens = self.batch.decode_sampled(steps, ends, own, self._generator,
+                                                   top_p=any(seq.sampling.top_p < 1 for seq in sampling))
+            else:  # top-k: each row's k-th logit, a per-step RowSampler draw launched from here
                 sampler = self._sampler(sampling, [seq.row for seq in sampling])
                 tokens = torch.stack([self._step(sampler, ends.get(i, ())) for i in range(steps)])
             self.stats.steps += steps
