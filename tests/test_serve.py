@@ -475,6 +475,25 @@ def test_seeded_sampled_requests_among_others_equal_generate_alone(model, tokeni
     assert calls["decode_sampled"] > 0 and calls["_step"] > 0  # the captured draw, and the top-k groups' draw
 
 
+def test_a_draw_that_cannot_be_captured_falls_back_to_the_step_by_step_draw(model, tokenizer, monkeypatch, capsys):
+    """If the warm-up cannot capture the sampling step (a device or library that refuses), the server says so in one
+    line and samples after each step instead: seeded requests still get generate's tokens."""
+    from redline.commands.serve import warm_up
+
+    batch = DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len)
+    monkeypatch.setattr(batch, "decode_sampled", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no capture")))
+    warm_up(batch)
+    assert not batch.captured_draw and not any(batch.busy)
+    assert "could not be captured (RuntimeError: no capture)" in capsys.readouterr().err
+    sched = Scheduler(batch, tokenizer, [EOT])
+    params = SamplingParams(temperature=1.1, top_p=0.7, seed=4)
+    try:
+        seq = run_all(sched, [[3, 4, 5]], [10], params)[0]
+    finally:
+        sched.close()
+    assert seq.tokens == InferenceEngine(model).generate([[3, 4, 5]], 10, params, stop_tokens=[EOT])[0].tokens
+
+
 def test_scheduler_streams_whole_characters_and_stops_at_a_stop_string(tokenizer):
     """The text handed out never ends in half a UTF-8 character, and a stop string splitting across tokens cuts
     the text before it."""

@@ -181,12 +181,19 @@ def warm_up(batch) -> None:
         logits = batch.prefill(0, ids[9:], start=9)
         batch.start(0, int(logits.argmax()), len(ids), temperature=1.0)
         for i in range(room - len(ids)):  # the row walks through every width: greedy, logits, sampled steps
-            if i % 4 == 1:
+            if i % 4 in (0, 2) and batch.captured_draw:  # decode_sampled's graphs, without and with top-p
+                try:
+                    batch.decode_sampled(1, top_p=i % 4 == 2)
+                    continue
+                except Exception as e:  # noqa: BLE001 - a device or library that cannot capture the draw
+                    batch.captured_draw = False
+                    print(f"redline serve: the sampling step could not be captured ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); sampled requests draw after each step "
+                          f"instead", file=sys.stderr, flush=True)
+            if i % 2:
                 batch.step()
-            elif i % 4 == 3:
+            else:
                 batch.advance(batch.step(greedy=False).argmax(-1))
-            else:  # decode_sampled's graphs, without and with top-p
-                batch.decode_sampled(1, top_p=i % 4 == 2)
         batch.free(0)
         if batch.group_steps:  # and each width's group graph (a row walked through the widths a group at a time)
             batch.start(0, 0, 1)

@@ -55,6 +55,7 @@ class DecodeBatch:
         self._temperature = torch.zeros(rows, 1, device=engine.device)
         self._top_p = torch.full((rows, 1), float("inf"), device=engine.device)
         self._noise: torch.Tensor | None = None  # (rows, vocab) Exp(1), drawn before each sampled step
+        self.captured_draw = True  # whether decode_sampled may be used (a server turns it off if it cannot capture)
 
     @property
     def rows(self) -> int:

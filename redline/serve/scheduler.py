@@ -458,7 +458,8 @@ class Scheduler:
             sampling = [seq for seq in running if not seq.sampling.greedy]
             if not sampling:  # the host only launches the steps
                 tokens = self.batch.decode_greedy(steps, ends)
-            elif not any(0 < (seq.sampling.top_k or 0) < self.vocab_size for seq in sampling):
+            elif self.batch.captured_draw and not any(0 < (seq.sampling.top_k or 0) < self.vocab_size
+                                                      for seq in sampling):
                 # the draw inside each captured step; the host fills the step's noise and launches it
                 own = {seq.row: seq.generator for seq in sampling if seq.generator is not None}
                 tokens = self.batch.decode_sampled(steps, ends, own, self._generator,
