@@ -380,6 +380,11 @@ class TrainConfig:
     """FP8 scaling recipe: tensorwise or rowwise (compute capability >= 8.9 / 9.0), mxfp8 (>= 10.0); nvfp4 is refused."""
     fp8_warmup_steps: int = 100
     """Train this many first steps in BF16, then switch the converted layers to FP8 (one recompile at the switch)."""
+    fp8_head: bool = False
+    """The output layer (lm_head) in FP8 with delayed scaling: inputs and weight in e4m3, its gradient in e5m2, each
+    scaled from its largest amax over recent steps instead of a reduction before every cast (after fp8_warmup_steps
+    BF16 steps, at least one, that record them; redline/converters/float8_head.py). Combines with fp8=all|auto,
+    which then leave the head to it. Needs compute capability 8.9 or newer."""
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute block activations in the backward pass: none, selective (every other block) or full (every block)."""
     attn_autotune: bool = True
@@ -474,6 +479,14 @@ class TrainConfig:
             raise UserError(CUDA_GRAPHS_NEED)
         if self.fp8_warmup_steps < 0:
             raise UserError(f"fp8_warmup_steps must be >= 0, got {self.fp8_warmup_steps}")
+        if self.fp8_head and self.model.ce_chunk_tokens:
+            raise UserError("fp8_head with model.ce_chunk_tokens is not supported (the chunked loss runs the head "
+                            "chunk by chunk); drop one of them")
+        if self.fp8_head and self.lora.enabled:
+            raise UserError("fp8_head with lora.enabled is not supported (LoRA freezes the head); drop fp8_head")
+        if self.fp8_head and self.parallel == "fsdp2":
+            raise UserError("fp8_head with parallel=fsdp2 is not supported (the head's weight is sharded); use "
+                            "parallel=ddp or drop fp8_head")
 
     @property
     def effective_seq_len(self) -> int:

@@ -101,7 +101,8 @@ def train_stopped_at(cfg, step: int, monkeypatch):
 
 @pytest.mark.parametrize("extra", [(), ("optim.name=muon", "tokens_per_step=256", "model.dropout=0.1"),
                                    ("batch_ramp_steps=9", "batch_ramp_multiple=1"),  # resumed mid-ramp
-                                   ("seq_ramp_steps=9", "seq_ramp_start=8")])
+                                   ("seq_ramp_steps=9", "seq_ramp_start=8"),
+                                   ("fp8_head=True", "fp8_warmup_steps=8")])  # FP8 from step 8: amaxes from before the stop
 def test_exact_resume(dataset, tmp_path, extra, monkeypatch):
     straight = train(config(dataset, tmp_path / "a", *extra))
     # the same run, stopped by a real SIGTERM during step 6 (it finishes the step, saves, and exits)

@@ -129,6 +129,7 @@ def describe(cfg: TrainConfig, device: torch.device, info: DistInfo = DistInfo()
     return {
         "preset": cfg.preset, "batch_size": cfg.batch_size, "seq_len": cfg.effective_seq_len,
         "precision": str(amp or torch.float32).replace("torch.", ""), "fp8": cfg.fp8, "fp8_recipe": cfg.fp8_recipe,
+        "fp8_head": cfg.fp8_head,
         "activation_checkpointing": cfg.activation_checkpointing, "compile": use_compile,
         "compile_scope": compile_scope(cfg, info.enabled) if use_compile else None, "compile_mode": cfg.compile_mode,
         "cuda_graphs": cuda_graphs_enabled(cfg, device, info.enabled), "attn_backend": cfg.model.attn_backend,

@@ -166,6 +166,8 @@ def print_table(points: list[dict], title: str) -> None:
             fp8 = f"{fp8} ({len(p['fp8_layers'])} layers)"
         if (check := p.get("fp8_auto_check")) and not check["kept"]:
             fp8 = f"auto: off, step {check['speedup']:.2f}× in FP8"
+        if p.get("fp8_head"):
+            fp8 = "head" if fp8 == "off" else f"{fp8} + head"
         label = p.get("preset", "?")
         if p.get("overrides"):
             label = " ".join(f"{k}={v}" for k, v in p["overrides"].items())

@@ -156,7 +156,9 @@ def _float8(cfg: TrainConfig, context: BuildContext) -> Converter | None:
     from redline.hardware import autocast_dtype
 
     keep_bf16 = {}
-    if cfg.model.ce_chunk_tokens:
+    if cfg.fp8_head:
+        keep_bf16["lm_head"] = "fp8_head runs it in FP8 with delayed scaling"
+    elif cfg.model.ce_chunk_tokens:
         # the chunked loss calls the head once per chunk in forward and again in backward: an FP8 head would
         # cast its weight per chunk
         keep_bf16["lm_head"] = "model.ce_chunk_tokens computes the head chunk by chunk with the loss"
@@ -186,3 +188,14 @@ def _lora(cfg: TrainConfig, context: BuildContext) -> Converter | None:
     return LoRAConverter(lora.rank, lora.alpha, lora.dropout, lora.targets, lora.quantize, lora.train_modules,
                          base_dtype=amp or torch.float32, say=context.say, device=context.device,
                          nf4_backend=lora.nf4_backend)
+
+
+@register("fp8_head")
+def _float8_head(cfg: TrainConfig, context: BuildContext) -> Converter | None:
+    """cfg.fp8_head and fp8_warmup_steps (at least one BF16 step records the amaxes): the output layer in FP8 with
+    delayed scaling (after fp8's layers: it takes over lm_head)."""
+    if not cfg.fp8_head:
+        return None
+    from redline.converters.float8_head import Float8HeadConverter
+
+    return Float8HeadConverter(context.device, cfg.fp8_warmup_steps, say=context.say)
