@@ -249,6 +249,29 @@ class MaskedObjective:
         pass
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_clipping_folded_into_the_update_equals_clipping_the_gradients(optimizer):
+    """With fused AdamW and with Muon the step clips by handing the optimizers the clip's factor (grad_scale), not
+    by a pass of clip_grad_norm_ over the gradients: the same weights, steps that clip and steps that do not."""
+    args = ("optim.fused=True", f"optim.name={optimizer}", "optim.grad_clip=0.5", "optim.lr=1e-3")
+    torch.manual_seed(0)
+    folded = TrainStep(tiny(*args), CPU)
+    torch.manual_seed(0)
+    plain = TrainStep(tiny(*args), CPU)
+    assert folded.fold_clip
+    plain.fold_clip = False
+    for opt in folded.optimizers + plain.optimizers:  # Muon's iteration in float32: bf16 would amplify one ulp
+        opt.ns_dtype = torch.float32
+    norms = []
+    for batch in zip(random_batches(6), random_batches(6)):
+        a, b = folded.step(iter([batch[0]]), 1.0), plain.step(iter([batch[1]]), 1.0)
+        torch.testing.assert_close(a.grad_norm, b.grad_norm)
+        norms.append(float(a.grad_norm))
+    for p, q in zip(folded.model.parameters(), plain.model.parameters()):
+        torch.testing.assert_close(p, q)
+    assert max(norms) > 0.5  # some step was clipped: the factor mattered
+
+
 def test_an_objective_brings_its_own_batches_and_metrics():
     objective = MaskedObjective()
     step = TrainStep(tiny("tokens_per_step=64"), CPU, objective=objective)

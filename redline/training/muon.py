@@ -39,6 +39,8 @@ bfloat16 (a reduce-scatter's volume), and the result equals one process's.
 
 A non-finite step can be skipped on the device as with fused AdamW: set `found_inf` (a 0-dim float tensor,
 nonzero to skip) before `step()`; the momentum and the weights are then left as they were.
+`grad_scale` (a 0-dim float tensor, as fused AdamW takes from torch's GradScaler) divides the gradients inside the
+momentum's kernel: the training step clips the gradient norm that way, without a pass of its own over them.
 """
 
 from __future__ import annotations
@@ -88,12 +90,12 @@ def nesterov_momentum(grads: list[Tensor], buffers: list[Tensor], hyper: Tensor,
                       dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """Update each momentum buffer in place; returns the Nesterov updates stacked, (B, m, n) in `dtype`.
 
-    hyper: (3,) [keep, μ, 1 − μ]; keep = 0 skips the step: the gradients (maybe non-finite) are ignored and
-    the buffers stay as they were."""
-    keep, momentum, one_minus = hyper[0], hyper[1], hyper[2]
+    hyper: (4,) [keep, μ, 1 − μ, f]; keep = 0 skips the step: the gradients (maybe non-finite) are ignored and
+    the buffers stay as they were; f multiplies the gradients first (1 / grad_scale: a clipped step's factor)."""
+    keep, momentum, one_minus, factor = hyper[0], hyper[1], hyper[2], hyper[3]
     out = []
     for grad, buf in zip(grads, buffers):
-        grad = torch.where(keep > 0, grad, torch.zeros_like(grad))
+        grad = torch.where(keep > 0, grad * factor, torch.zeros_like(grad))
         buf.lerp_(grad, one_minus * keep)
         out.append(grad.lerp(buf, momentum).to(dtype))  # cast before the stack: compiled, one pass writes it
     return torch.stack(out)
@@ -102,7 +104,7 @@ def nesterov_momentum(grads: list[Tensor], buffers: list[Tensor], hyper: Tensor,
 def apply_update(params: list[Tensor], update: Tensor, hyper: Tensor) -> None:
     """W ← decay·W + step·O for each parameter and its slice of `update` (B, m, n).
 
-    hyper: (3,) [keep, decay = 1 − lr·λ, step = −lr·s]; keep = 0 leaves the weights as they were."""
+    hyper: [keep, decay = 1 − lr·λ, step = −lr·s, ...]; keep = 0 leaves the weights as they were."""
     keep, decay, step = hyper[0], hyper[1], hyper[2]
     decay = torch.where(keep > 0, decay, torch.ones_like(decay))
     step = step * keep
@@ -137,6 +139,7 @@ class Muon(torch.optim.Optimizer):
                     _check_row_sharded(p)
         self.ns_dtype = ns_dtype
         self.found_inf: Tensor | None = None
+        self.grad_scale: Tensor | None = None
         self._compile = compile
         self._kernels: dict[str, Callable] = {}
         self._hyper: dict[tuple, Tensor] = {}  # (group, shape) -> (2, 3) device scalars of that stack's step
@@ -173,12 +176,14 @@ class Muon(torch.optim.Optimizer):
             out += [(index, group, params) for params in by_shape.values()]
         return out
 
-    def _hyper_tensor(self, key: tuple, device: torch.device, keep: Tensor | None, rows: list[list[float]]) -> Tensor:
-        """(len(rows), 3) scalars on the device: column 0 is `keep` (1, or 1 − found_inf), the rest the rows'
-        values, each written with fill_ (a kernel argument: no host-to-device copy that could wait)."""
+    def _hyper_tensor(self, key: tuple, device: torch.device, keep: Tensor | None, factor: Tensor | None,
+                      rows: list[list[float]]) -> Tensor:
+        """(len(rows), 4) scalars on the device: column 0 is `keep` (1, or 1 − found_inf), the rest the rows'
+        values, each written with fill_ (a kernel argument: no host-to-device copy that could wait); the first
+        row's column 3 is the gradients' factor (1, or 1 / grad_scale)."""
         hyper = self._hyper.get(key)
         if hyper is None:
-            hyper = self._hyper[key] = torch.ones(len(rows), 3, device=device)
+            hyper = self._hyper[key] = torch.ones(len(rows), 4, device=device)
         for i, row in enumerate(rows):
             if keep is not None:
                 hyper[i, 0].copy_(keep)
@@ -186,6 +191,10 @@ class Muon(torch.optim.Optimizer):
                 hyper[i, 0].fill_(1.0)
             for j, value in enumerate(row, start=1):
                 hyper[i, j].fill_(value)
+        if factor is not None:
+            hyper[0, 3].copy_(factor)
+        else:
+            hyper[0, 3].fill_(1.0)
         return hyper
 
     @torch.no_grad()
@@ -197,6 +206,7 @@ class Muon(torch.optim.Optimizer):
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         rank = dist.get_rank() if world > 1 else 0
         keep = None if self.found_inf is None else 1 - self.found_inf.float().clamp(0, 1)
+        factor = None if self.grad_scale is None else self.grad_scale.float().reciprocal()
         pending = []  # (local params, update (B', rows, n), collective handle or None, hyper)
         for index, group, params in self._stacks():
             m, n = params[0].shape
@@ -204,7 +214,7 @@ class Muon(torch.optim.Optimizer):
             step_size = -lr * max(1.0, m / n) ** 0.5
             momentum = self.momentum_at(group)
             hyper = self._hyper_tensor((index, m, n, params[0].dtype, params[0].device), params[0].device, keep,
-                                       [[momentum, 1 - momentum], [1 - lr * group["weight_decay"], step_size]])
+                                       factor, [[momentum, 1 - momentum], [1 - lr * group["weight_decay"], step_size]])
             buffers = []
             for p in params:
                 state = self.state[p]

@@ -9,8 +9,9 @@ TrainStep is built once, in a fixed order: the converters (their hardware checks
 caller's, with checkpoint weights already loaded), wrap.py's one function (converters → activation
 checkpointing → compile → data parallel), then the optimizers, after wrapping because FSDP2 and FP8's FSDP2
 all-gather replace parameters. One `step` runs `plan.accum` micro-batches under autocast (gradients reduced on
-the last one only: DDP's no_sync, FSDP2's gradient sync switch), clips the gradient norm, applies the update only
-where the loss and the norm are finite (on the device with fused AdamW: no host sync), clears the gradients,
+the last one only: DDP's no_sync, FSDP2's gradient sync switch), clips the gradient norm (with fused AdamW and
+Muon inside their own kernels: the clip's factor is their grad_scale), applies the update only where the loss and
+the norm are finite (on the device with fused AdamW and Muon: no host sync), clears the gradients,
 and calls the converters' hooks around it. What a micro-batch is and what its loss means is the objective's
 business (redline/training/objectives.py).
 """
@@ -202,6 +203,10 @@ class TrainStep:
         self.optimizers = build_optimizers(model, cfg.optim, device)  # after wrapping: see the module docstring
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.skips_on_device = skips_on_device(self.optimizers)
+        # clipping folded into the update: each optimizer divides the gradients by the clip's factor inside its own
+        # kernel (fused AdamW's grad_scale, Muon's momentum), so clipping adds no pass of its own over them; where
+        # an optimizer cannot, or the gradients are DTensors (FSDP2), clip_grad_norm_ scales them first
+        self.fold_clip = self.skips_on_device and not any(hasattr(p, "device_mesh") for p in self.params)
         self.amp = autocast_dtype(device, cfg.precision)
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.objective.attach(self)
@@ -241,7 +246,15 @@ class TrainStep:
         if done != accum:
             raise ValueError(f"a step takes {accum} micro-batches (plan.accum), the batches ran out after {done}")
         loss_mean = loss_sum / accum
-        grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(self.params, self.clip))
+        if self.fold_clip:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            grad_norm = torch.nn.utils.get_total_norm(grads)
+            # what clip_grad_norm_ would multiply the gradients by is 1 / this (at most 1)
+            scale = None if self.clip == float("inf") else ((grad_norm + 1e-6) / self.clip).clamp(min=1.0)
+            for opt in self.optimizers:
+                opt.grad_scale = scale
+        else:
+            grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(self.params, self.clip))
         # a non-finite loss or gradient skips the update: on the device with fused AdamW, else after one sync
         skipped = step_if_finite(self.optimizers, loss_mean, grad_norm)
         for opt in self.optimizers:
