@@ -142,7 +142,7 @@ class Muon(torch.optim.Optimizer):
         self.grad_scale: Tensor | None = None
         self._compile = compile
         self._kernels: dict[str, Callable] = {}
-        self._hyper: dict[tuple, Tensor] = {}  # (group, shape) -> (2, 3) device scalars of that stack's step
+        self._hyper: dict[tuple, Tensor] = {}  # (group, shape) -> (2, 4) device scalars of that stack's step
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
