@@ -14,7 +14,8 @@ its first token to its last over its tokens after the first) percentiles, and th
 one JSON line. Tokens are timed by the usage in every chunk where the server sends it
 (`stream_options.continuous_usage_stats`, as redline and vLLM do), else by chunks that carry text. Standard library
 only (asyncio sockets), so it runs anywhere. A stream must end with `data: [DONE]` (--done-optional: its
-finish_reason is enough).
+finish_reason is enough). Each client keeps its connection alive between its requests, as HTTP clients' connection
+pools do (the `openai` client's among them); --new-connections opens one per request instead.
 """
 
 from __future__ import annotations
@@ -57,51 +58,67 @@ async def _read_chunked(reader: asyncio.StreamReader):
 
 
 async def stream_completion(host: str, port: int, path: str, body: dict, headers: dict,
-                            require_done: bool = True) -> Result:
-    """POST a streaming completion and time its server-sent events. require_done=False takes a stream that ends
-    after a choice's finish_reason as complete without `data: [DONE]`."""
+                            require_done: bool = True, conn: tuple | None = None) -> tuple[Result, tuple | None]:
+    """POST a streaming completion and time its server-sent events, on `conn` (a (reader, writer) pair kept alive
+    from an earlier request, as HTTP clients pool their connections) or on a new connection. -> (the Result, the
+    connection if it can take the next request: the response ended cleanly and the server keeps it open; else None,
+    and it is closed). require_done=False takes a stream that ends after a choice's finish_reason as complete
+    without `data: [DONE]`."""
     res = Result(ok=False, start=time.perf_counter())
-    writer = None
+    reader, writer = conn if conn is not None else (None, None)
+    keep = False
     try:
-        reader, writer = await asyncio.open_connection(host, port)
-        payload = json.dumps(body).encode()
-        head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
-                f"Content-Length: {len(payload)}", "Accept: text/event-stream", "Connection: close"]
-        head += [f"{k}: {v}" for k, v in headers.items()]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
-        status = (await reader.readline()).decode().split(" ", 2)
-        response_headers = {}
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            k, _, v = line.decode().partition(":")
-            response_headers[k.strip().lower()] = v.strip()
-        chunks = (_read_chunked(reader) if response_headers.get("transfer-encoding") == "chunked"
-                  else _read_all(reader))
-        if status[1] != "200":
-            text = b"".join([c async for c in chunks]).decode(errors="replace")
-            res.error = f"HTTP {status[1]}: {text[:200]}"
-            return res
-        buffer = b""
-        async for data in chunks:
-            buffer += data
-            while b"\n\n" in buffer:
-                event, buffer = buffer.split(b"\n\n", 1)
-                if _event(res, event.decode()):
-                    res.ok = res.finish_reason is not None
-                    res.end = time.perf_counter()
-                    return res
-        if not require_done and res.finish_reason is not None:
-            res.ok, res.end = True, time.perf_counter()
-            return res
-        res.error = "the stream ended without [DONE]"
-        return res
+        if conn is None:
+            reader, writer = await asyncio.open_connection(host, port)
+        keep = await _exchange(res, reader, writer, host, port, path, body, headers, require_done)
     except (OSError, asyncio.IncompleteReadError, ValueError) as e:
         res.error = f"{type(e).__name__}: {e}"
-        return res
     finally:
         res.end = res.end or time.perf_counter()
-        if writer is not None:
+        if writer is not None and not keep:
             writer.close()
+    return res, (reader, writer) if keep else None
+
+
+async def _exchange(res: Result, reader, writer, host: str, port: int, path: str, body: dict, headers: dict,
+                    require_done: bool) -> bool:
+    """One request and its streamed response into `res`. -> whether the connection can take another request."""
+    payload = json.dumps(body).encode()
+    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
+            f"Content-Length: {len(payload)}", "Accept: text/event-stream"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    await writer.drain()
+    status = (await reader.readline()).decode().split(" ", 2)
+    if len(status) < 2:
+        raise ValueError("the connection closed before a response")
+    response_headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        k, _, v = line.decode().partition(":")
+        response_headers[k.strip().lower()] = v.strip()
+    chunked = response_headers.get("transfer-encoding") == "chunked"
+    reusable = chunked and response_headers.get("connection", "").lower() != "close"
+    chunks = _read_chunked(reader) if chunked else _read_all(reader)
+    if status[1] != "200":
+        text = b"".join([c async for c in chunks]).decode(errors="replace")
+        res.error = f"HTTP {status[1]}: {text[:200]}"
+        return reusable
+    buffer = b""
+    async for data in chunks:
+        buffer += data
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            if _event(res, event.decode()):
+                res.ok = res.finish_reason is not None
+                res.end = time.perf_counter()
+                async for _ in chunks:  # the rest of the body (its last, empty chunk): the connection is free again
+                    pass
+                return reusable
+    if not require_done and res.finish_reason is not None:
+        res.ok, res.end = True, time.perf_counter()
+        return False
+    res.error = "the stream ended without [DONE]"
+    return False
 
 
 async def _read_all(reader: asyncio.StreamReader):
@@ -153,6 +170,7 @@ async def load(args) -> tuple[list[Result], float, float]:
     rng = random.Random(args.seed)
     lengths = random.Random(args.seed + 1)  # its own stream: a spread leaves the prompts as they were
     limit = asyncio.Semaphore(args.concurrency)
+    idle: list[tuple] = []  # open connections between requests (at most one per client: the semaphore's bound)
 
     async def one(i: int) -> Result:
         if args.prompt_text:
@@ -166,7 +184,16 @@ async def load(args) -> tuple[list[Result], float, float]:
         body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": args.temperature,
                 **({"top_p": args.top_p} if args.top_p < 1 else {}), "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with limit:
-            return await stream_completion(host, port, "/v1/completions", body, headers, not args.done_optional)
+            conn = idle.pop() if idle and not args.new_connections else None
+            result, kept = await stream_completion(host, port, "/v1/completions", body, headers,
+                                                   not args.done_optional, conn)
+            if conn is not None and not result.ok and result.first is None:  # the server closed the idle
+                result, kept = await stream_completion(host, port, "/v1/completions", body, headers,  # one: again
+                                                       not args.done_optional)
+            conn = kept
+            if conn is not None:
+                idle.append(conn)
+            return result
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     tasks = []
@@ -175,6 +202,8 @@ async def load(args) -> tuple[list[Result], float, float]:
         if args.rate > 0:
             await asyncio.sleep(rng.expovariate(args.rate))
     results = await asyncio.gather(*tasks)
+    for _, writer in idle:
+        writer.close()
     return list(results), time.perf_counter() - t0, time.process_time() - cpu0
 
 
@@ -310,6 +339,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--done-optional", action="store_true",
                    help="count a stream that ends after its finish_reason without `data: [DONE]` as complete "
                         "(transformers serve's /v1/completions sends none)")
+    p.add_argument("--new-connections", action="store_true",
+                   help="a new connection for every request (by default a client keeps its connection alive and "
+                        "sends its next request on it, as HTTP clients' connection pools do)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="append the summary as one JSON line to this file")
