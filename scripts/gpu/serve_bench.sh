@@ -10,6 +10,7 @@
 #     TEMPERATURE=1 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # recorded loads sample (temperature 1, unseeded)
 #     PREFILL_WAIT="0 10" SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --prefill-wait-ms (a server each)
 #     CLIENT_PROCESSES=4 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the recorded loads' clients in 4 processes
+#     CONNECTIONS="keep new" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # clients' connections kept alive, or new
 #     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
@@ -52,6 +53,7 @@ REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summa
 PER_CLIENT="${PER_CLIENT:-16}"  # requests per client in a closed-loop load: a short load is mostly its start and end, and its median moves by several points between runs of one server
 PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: its default); several: one server each
 CLIENT_PROCESSES="${CLIENT_PROCESSES:-1}"  # serve_load.py --processes for the recorded loads; several: each in turn
+CONNECTIONS="${CONNECTIONS:-keep}"  # keep: each client reuses its connection (serve_load.py's default); new: one a request
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
 TEMPERATURE="${TEMPERATURE:-0}"  # the recorded closed loads' temperature (0: greedy)
@@ -164,14 +166,16 @@ for c in $CONCURRENCY; do
         --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" 2>&1 | tail -n 2 | tee -a "$LOG"
     for spread in $SPREAD; do
     for procs in $CLIENT_PROCESSES; do
+    for conns in $CONNECTIONS; do
     for r in $(seq "$REPEATS"); do
-        echo "=== serve_load: $c concurrent clients, $n requests, max_tokens spread $spread, $procs client process(es) (load $r of $REPEATS) ===" | tee -a "$LOG"
+        echo "=== serve_load: $c concurrent clients, $n requests, max_tokens spread $spread, $procs client process(es), $conns connections (load $r of $REPEATS) ===" | tee -a "$LOG"
         server_cpu start
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
-            --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" 2>&1 \
-            | tee -a "$LOG"
+            --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" \
+            $([ "$conns" = new ] && echo --new-connections) 2>&1 | tee -a "$LOG"
         server_cpu end
+    done
     done
     done
     done
@@ -223,7 +227,8 @@ def median(xs):
 servers = {}
 for l in closed:
     key = (l.get("engine_process", "auto"), l.get("sync_every"), l.get("max_tokens_spread") or 0.0,
-           str(l.get("prefill_wait_ms", "auto")), l.get("client_processes", 1))
+           str(l.get("prefill_wait_ms", "auto")), l.get("client_processes", 1),
+           "new" if l.get("new_connections") else "keep")
     servers.setdefault(key, []).append(l)
 medians = {key: {"tok_s": median([l["output_tokens_per_s"] or 0 for l in ls]),
                  "ttft_p50": median([l["ttft_ms"].get("p50", 0) for l in ls]), "loads": len(ls)}
@@ -237,14 +242,16 @@ for spread in sorted({key[2] for key in medians}):  # the best server under each
         share = medians[best]["tok_s"] / ref
         checks.append({"metric": f"64 streams, {load}: tok/s (median of {medians[best]['loads']} loads) / "
                                  "bench-infer batch-64 decode tok/s", "target": ">= 0.70", "measured": round(share, 3),
-                       "met": share >= 0.70, "server": f"{best[0]} s={best[1]} wait={best[3]} clients={best[4]}p"})
+                       "met": share >= 0.70,
+                       "server": f"{best[0]} s={best[1]} wait={best[3]} clients={best[4]}p {best[5]} connections"})
     ttft = medians[best]["ttft_p50"]
     checks.append({"metric": f"median TTFT at 64 streams, {load} (ms)", "target": "<= 50", "measured": ttft,
-                   "met": ttft <= 50, "server": f"{best[0]} s={best[1]} wait={best[3]} clients={best[4]}p"})
+                   "met": ttft <= 50,
+                   "server": f"{best[0]} s={best[1]} wait={best[3]} clients={best[4]}p {best[5]} connections"})
 # each server's median 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
 share_by_mode = {f"{mode} s={sync} wait={wait}" + (f" spread={spread:g}" if spread else "")
-                 + (f" clients={procs}p" if procs != 1 else ""):
-                 round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait, procs), m in medians.items() if ref}
+                 + (f" clients={procs}p" if procs != 1 else "") + (" new connections" if conns == "new" else ""):
+                 round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait, procs, conns), m in medians.items() if ref}
 print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}"
       f" {'occupancy':>9} {'ms/step':>7} {'server TTFT':>11}")
 for b, o in sorted(offline.items()):
@@ -255,7 +262,8 @@ for l in loads:
             + (f" r={l['rate']:g}/s" if l["rate"] else "")
             + f" w={l.get('prefill_wait_ms', 'auto')}"
             + (f" sp={l['max_tokens_spread']:g}" if l.get("max_tokens_spread") else "")
-            + (f" p={l['client_processes']}" if l.get("client_processes", 1) != 1 else ""))
+            + (f" p={l['client_processes']}" if l.get("client_processes", 1) != 1 else "")
+            + (" new-conn" if l.get("new_connections") else ""))
     t, i = l["ttft_ms"], l["itl_ms"]
     srv = l.get("server") or {}
     print(f"{name:<30} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
