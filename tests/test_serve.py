@@ -369,9 +369,11 @@ def test_a_disconnected_plain_request_frees_its_row(live, slow_steps):
 
 
 def run_all(sched: Scheduler, prompts, max_tokens, sampling=None, stop=()) -> list[Sequence]:
+    """Submit one sequence per prompt at once (sampling: one SamplingParams for all, or a list, one each) and wait
+    for all of them to end."""
+    samplings = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
     sinks = [queue.Queue() for _ in prompts]
-    seqs = [Sequence(list(p), n, sampling or SamplingParams(), stop, q.put)
-            for p, n, q in zip(prompts, max_tokens, sinks)]
+    seqs = [Sequence(list(p), n, sp, stop, q.put) for p, n, sp, q in zip(prompts, max_tokens, samplings, sinks)]
     sched.submit(seqs)
     for q in sinks:
         while q.get(timeout=30)[0] == "text":
@@ -460,12 +462,7 @@ def test_seeded_sampled_requests_among_others_equal_generate_alone(model, tokeni
         method = getattr(owner, name)
         setattr(owner, name, lambda *a, _m=method, _n=name, **k: calls.update([_n]) or _m(*a, **k))
     try:
-        sinks = [queue.Queue() for _ in prompts]
-        seqs = [Sequence(list(p), n, sp, (), q.put) for p, n, sp, q in zip(prompts, lengths, samplings, sinks)]
-        sched.submit(seqs)
-        for q in sinks:
-            while q.get(timeout=30)[0] == "text":
-                pass
+        seqs = run_all(sched, prompts, lengths, samplings)
     finally:
         sched.close()
     engine = InferenceEngine(model)
@@ -777,12 +774,8 @@ def test_seeded_sampled_tokens_among_others_equal_alone_on_a_gpu(tokenizer):
                  for i in range(12)]
 
     def run(indices):
-        sinks = [queue.Queue() for _ in indices]
-        seqs = [Sequence(list(prompts[i]), lengths[i], samplings[i], (), q.put) for i, q in zip(indices, sinks)]
-        sched.submit(seqs)
-        for q in sinks:
-            while q.get(timeout=60)[0] == "text":
-                pass
+        seqs = run_all(sched, [prompts[i] for i in indices], [lengths[i] for i in indices],
+                       [samplings[i] for i in indices])
         return [s.tokens for s in seqs]
 
     try:
