@@ -40,13 +40,18 @@ AMAX_HISTORY = 16  # optimizer steps whose largest amax sets a scale
 MULTIPLE = 16  # FP8 products need every dimension to be a multiple of this
 
 
+def _record(amax: torch.Tensor, first: int, *tensors: torch.Tensor) -> None:
+    """amax[first:first + len(tensors)] = max(itself, each tensor's largest magnitude), in place on the device."""
+    seen = torch.stack([t.detach().abs().amax().float() for t in tensors])
+    torch.maximum(amax[first:first + len(tensors)], seen, out=amax[first:first + len(tensors)])
+
+
 class _Float8Head(torch.autograd.Function):
     """x (N, C), W (V, C), scale (3,) [s_x, s_w, s_g], amax (3,) running maxima of this step -> x·Wᵀ (N, V) bf16."""
 
     @staticmethod
     def forward(ctx, x, weight, scale, amax):
-        torch.maximum(amax[:2], torch.stack([x.detach().abs().amax(), weight.detach().abs().amax()]).float(),
-                      out=amax[:2])
+        _record(amax, 0, x, weight)
         x8 = (x.float() * scale[0]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
         w8 = (weight.float() * scale[1]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
         inverse = scale.reciprocal()
@@ -56,7 +61,7 @@ class _Float8Head(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x8, w8, scale, amax = ctx.saved_tensors
-        torch.maximum(amax[2:], grad.abs().amax().float()[None], out=amax[2:])
+        _record(amax, 2, grad)
         g8 = (grad.float() * scale[2]).clamp(-E5M2_MAX, E5M2_MAX).to(E5M2)
         inverse = scale.reciprocal()
         # _scaled_mm takes its first operand row-major and its second column-major
@@ -72,8 +77,7 @@ class _RecordedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, amax):
-        torch.maximum(amax[:2], torch.stack([x.detach().abs().amax(), weight.detach().abs().amax()]).float(),
-                      out=amax[:2])
+        _record(amax, 0, x, weight)
         x16, w16 = x.to(torch.bfloat16), weight.to(torch.bfloat16)
         ctx.save_for_backward(x16, w16, amax)
         return x16 @ w16.t()
@@ -81,7 +85,7 @@ class _RecordedHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x16, w16, amax = ctx.saved_tensors
-        torch.maximum(amax[2:], grad.abs().amax().float()[None], out=amax[2:])
+        _record(amax, 2, grad)
         grad = grad.to(torch.bfloat16)
         return grad @ w16, (grad.t() @ x16).float(), None
 

@@ -26,6 +26,7 @@ import torch
 
 from redline.errors import UserError
 from redline.inference.sampling import draw_rows
+from redline.inference.steps import feed_back
 from redline.inference.transfer import put, to_device
 
 
@@ -228,8 +229,8 @@ class DecodeBatch:
                 else:
                     key = ("sampled", width, top_p)
                     if key not in st.graphs:
-                        st.graphs.capture(key, lambda: self._sampled_step(width, top_p),
-                                          lambda: self._warm_sampled(width, top_p))
+                        step = lambda: self._sampled_step(width, top_p)  # noqa: E731
+                        st.graphs.capture(key, step, lambda: engine._warm_step(st, width, False, step))
                     st.graphs.replay(key)
                 for row in ends.get(i, ()):
                     self.free(row)
@@ -238,18 +239,11 @@ class DecodeBatch:
     def _sampled_step(self, width: int, top_p: bool) -> torch.Tensor:
         """decode_sampled's step on the device alone (what its graph holds): the logits, every row's draw, the
         tokens fed back. -> (rows,)"""
-        logits, _ = self.engine._decode_step(self.state, width, False)
-        tokens = draw_rows(logits, self._temperature, self._top_p if top_p else None, self._noise)
-        self._feed_back(tokens)
-        return tokens
-
-    def _warm_sampled(self, width: int, top_p: bool) -> None:
-        """_sampled_step without advancing anything (as engine._warm_step): the inputs it changes are put back."""
         st = self.state
-        tokens, slot = st.tokens.clone(), st.slot.clone()
-        self._sampled_step(width, top_p)
-        st.tokens.copy_(tokens)
-        st.slot.copy_(slot)
+        logits, _ = self.engine._decode_step(st, width, False)
+        tokens = draw_rows(logits, self._temperature, self._top_p if top_p else None, self._noise)
+        feed_back(tokens, st.tokens, st.history, st.slot, st.active)
+        return tokens
 
     def _group_start(self, n: int, ends: dict[int, list[int]]) -> tuple[int, torch.Tensor]:
         """Checks for n steps (ends as decode_greedy's) -> the busy rows' longest length, and where in the history
@@ -298,16 +292,9 @@ class DecodeBatch:
 
     def advance(self, tokens: torch.Tensor) -> None:
         """After step(greedy=False): feed each row's sampled token (rows,) back and record it."""
-        self._feed_back(tokens)
-        self._advanced()
-
-    def _feed_back(self, tokens: torch.Tensor) -> None:
-        """On the device: each row's token (rows,) becomes its next input and goes into its history at slot + 1;
-        the active rows' slots move on."""
         st = self.state
-        st.tokens.copy_(tokens[:, None])
-        st.history.scatter_(1, (st.slot + 1)[:, None], tokens[:, None])
-        st.slot.add_(st.active)
+        feed_back(tokens, st.tokens, st.history, st.slot, st.active)
+        self._advanced()
 
     def _advanced(self) -> None:
         self.lengths = [n + busy for n, busy in zip(self.lengths, self.busy)]

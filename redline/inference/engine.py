@@ -303,12 +303,15 @@ class InferenceEngine:
                              self._mark_dynamic if self._decode_fns else None, st.counts,
                              self.plan.linear == "triton", st.history, st.active)
 
-    def _warm_step(self, st: DecodeState, width: int, greedy: bool) -> None:
-        """Run the step without advancing anything: it rewrites the current slots with the same values, and the
-        input tokens and slots a greedy step changes are put back (what it writes into the history, the same step
-        writes again)."""
+    def _warm_step(self, st: DecodeState, width: int, greedy: bool, step=None) -> None:
+        """Run the step (or `step()`, another that feeds its tokens back as a greedy one does) without advancing
+        anything: it rewrites the current slots with the same values, and the input tokens and slots a greedy step
+        changes are put back (what it writes into the history, the same step writes again)."""
         tokens, slot = st.tokens.clone(), st.slot.clone()
-        self._decode_step(st, width, greedy)
+        if step is None:
+            self._decode_step(st, width, greedy)
+        else:
+            step()
         st.tokens.copy_(tokens)
         st.slot.copy_(slot)
 

@@ -107,10 +107,17 @@ def decode_output(model, x, tokens, greedy: bool, fused: bool, slot, history, ac
         return logits, None
     spans = logits.shape[0] <= ARGMAX_SPANS_MAX_BATCH and logits.shape[1] >= 8192
     nxt = chunked_argmax(logits) if spans else logits.argmax(dim=-1)
+    feed_back(nxt, tokens, history, slot, active)
+    return logits, nxt
+
+
+def feed_back(nxt: torch.Tensor, tokens: torch.Tensor, history: torch.Tensor, slot: torch.Tensor,
+              active: torch.Tensor) -> None:
+    """Each row's next token nxt (B,) becomes its input `tokens` (B, 1) and goes into `history` (B, S + 1) at its
+    slot + 1; the active rows' slots (active: (B,) 1 or 0) move on by one. In place, on the device."""
     tokens.copy_(nxt[:, None])
     history.scatter_(1, (slot + 1)[:, None], nxt[:, None])
     slot.add_(active)
-    return logits, nxt
 
 
 def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy: bool, fns=None, mark_dynamic=None,
