@@ -107,3 +107,39 @@ def test_a_head_it_cannot_take_is_refused():
     odd = GPT(replace(TINY, n_embd=72, n_head=4, n_kv_head=2))
     with pytest.raises(UserError, match="multiples of 16"):
         Float8HeadConverter(torch.device("cpu"), say=lambda _: None).convert(odd)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_head_trains_on_a_gpu_as_the_bf16_head_does():
+    """torch.compile lowers the FP8 products with inductor on CUDA (not on a CPU): a compiled model with the
+    converter follows the plain compiled model's losses within FP8's rounding over the switch from recording."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs FP8 products (compute capability 8.9 or newer)")
+    config = replace(TINY, vocab_size=512, n_embd=128)
+    tokens = torch.randint(0, 512, (8, 33), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    runs = {}
+    for fp8 in (False, True):
+        torch.manual_seed(0)
+        model = GPT(config).cuda()
+        converter = Float8HeadConverter(torch.device("cuda"), warmup_steps=2, say=lambda _: None)
+        if fp8:
+            converter.convert(model)
+        compiled = torch.compile(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses = []
+        for step in range(6):
+            if fp8:
+                converter.before_step(step)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = compiled(tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if fp8:
+                converter.after_optimizer_step(step)
+            losses.append(loss.item())
+        runs[fp8] = losses
+    assert model.lm_head.mode == "fp8"
+    assert runs[True][-1] < runs[True][0] - 0.1
+    assert runs[True] == pytest.approx(runs[False], rel=0.02)

@@ -46,6 +46,12 @@ def _record(amax: torch.Tensor, first: int, *tensors: torch.Tensor) -> None:
     torch.maximum(amax[first:first + len(tensors)], seen, out=amax[first:first + len(tensors)])
 
 
+def _inverse(scale: torch.Tensor, i: int) -> torch.Tensor:
+    """1 / scale[i] as a tensor of its own: inductor's _scaled_mm lowering asserts on a scale that is a view at an
+    offset into a larger buffer (scale.reciprocal()[i] compiled on CUDA)."""
+    return torch.reciprocal(scale[i])
+
+
 class _Float8Head(torch.autograd.Function):
     """x (N, C), W (V, C), scale (3,) [s_x, s_w, s_g], amax (3,) running maxima of this step -> x·Wᵀ (N, V) bf16."""
 
@@ -54,21 +60,20 @@ class _Float8Head(torch.autograd.Function):
         _record(amax, 0, x, weight)
         x8 = (x.float() * scale[0]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
         w8 = (weight.float() * scale[1]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-        inverse = scale.reciprocal()
         ctx.save_for_backward(x8, w8, scale, amax)
-        return torch._scaled_mm(x8, w8.t(), scale_a=inverse[0], scale_b=inverse[1], out_dtype=torch.bfloat16)
+        return torch._scaled_mm(x8, w8.t(), scale_a=_inverse(scale, 0), scale_b=_inverse(scale, 1),
+                                out_dtype=torch.bfloat16)
 
     @staticmethod
     def backward(ctx, grad):
         x8, w8, scale, amax = ctx.saved_tensors
         _record(amax, 2, grad)
         g8 = (grad.float() * scale[2]).clamp(-E5M2_MAX, E5M2_MAX).to(E5M2)
-        inverse = scale.reciprocal()
+        inv_x, inv_w, inv_g = (_inverse(scale, i) for i in range(3))
         # _scaled_mm takes its first operand row-major and its second column-major
-        grad_x = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=inverse[2], scale_b=inverse[1],
-                                  out_dtype=torch.bfloat16)
-        grad_w = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=inverse[2],
-                                  scale_b=inverse[0], out_dtype=torch.float32)
+        grad_x = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=inv_g, scale_b=inv_w, out_dtype=torch.bfloat16)
+        grad_w = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=inv_g, scale_b=inv_x,
+                                  out_dtype=torch.float32)
         return grad_x, grad_w, None, None
 
 
