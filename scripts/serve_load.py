@@ -40,6 +40,7 @@ class Result:
     end: float = 0.0
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int | None = None  # the usage's prompt_tokens_details.cached_tokens, where the server sent it
     finish_reason: str | None = None
     chunk_times: list[float] = field(default_factory=list)
     error: str | None = None
@@ -143,6 +144,8 @@ def _event(res: Result, event: str) -> bool:
         if tokens is not None:
             res.completion_tokens = tokens
             res.prompt_tokens = chunk["usage"]["prompt_tokens"]
+            cached = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+            res.cached_tokens = cached if cached is not None else res.cached_tokens
         if choices and (tokens or any(c.get("text") for c in choices)):
             res.first = res.first or now
             res.chunk_times.append(now)
@@ -172,11 +175,19 @@ async def load(args) -> tuple[list[Result], float, float]:
     limit = asyncio.Semaphore(args.concurrency)
     idle: list[tuple] = []  # open connections between requests (at most one per client: the semaphore's bound)
 
+    shared = random.Random("shared prefix")  # the beginning every prompt shares (--shared-prefix-tokens): the
+    # same in every client process and every load, as a system prompt is
+    if args.prompt_text:
+        beginning = "".join(chr(shared.randrange(32, 127)) for _ in range(args.shared_prefix_tokens))
+    else:
+        beginning = [shared.randrange(256) for _ in range(args.shared_prefix_tokens)]
+
     async def one(i: int) -> Result:
+        rest = args.prompt_tokens - args.shared_prefix_tokens
         if args.prompt_text:
-            prompt = "".join(chr(rng.randrange(32, 127)) for _ in range(args.prompt_tokens))
+            prompt = beginning + "".join(chr(rng.randrange(32, 127)) for _ in range(rest))
         else:
-            prompt = [rng.randrange(256) for _ in range(args.prompt_tokens)]
+            prompt = beginning + [rng.randrange(256) for _ in range(rest)]
         max_tokens = args.max_tokens
         if args.max_tokens_spread:
             max_tokens = max(1, round(args.max_tokens * lengths.uniform(1 - args.max_tokens_spread,
@@ -273,9 +284,12 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
     errors = sorted({r.error for r in results if not r.ok and r.error})
     counted = [r.prompt_tokens for r in ok if r.prompt_tokens]  # from the usage the server sent, where it did
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     return {"concurrency": args.concurrency, "requests": args.requests, "completed": len(ok),
             "failed": len(results) - len(ok), "rate": args.rate or None, "prompt_tokens": args.prompt_tokens,
             "server_prompt_tokens": round(statistics.fmean(counted), 2) if counted else None,
+            "shared_prefix_tokens": args.shared_prefix_tokens,
+            "cached_prompt_tokens": round(statistics.fmean(cached), 2) if cached else None,
             "max_tokens": args.max_tokens, "max_tokens_spread": args.max_tokens_spread,
             "temperature": args.temperature, "top_p": args.top_p,
             "new_connections": bool(getattr(args, "new_connections", False)), "wall_s": round(wall, 3),
@@ -328,6 +342,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=64, help="requests in all")
     p.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second (0: all at once)")
     p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--shared-prefix-tokens", type=int, default=0,
+                   help="the first this many tokens of every prompt are the same (a shared system prompt); the "
+                        "summary's cached_prompt_tokens is the mean the server reported reusing")
     p.add_argument("--prompt-text", action="store_true",
                    help="send prompts as random printable ASCII text of --prompt-tokens characters, not token ids")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -360,6 +377,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--temperature must be in [0, 2] and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
     if not 0 <= args.max_tokens_spread < 1:
         p.error(f"--max-tokens-spread must be in [0, 1), got {args.max_tokens_spread}")
+    if not 0 <= args.shared_prefix_tokens <= args.prompt_tokens:
+        p.error(f"--shared-prefix-tokens must be in [0, --prompt-tokens], got {args.shared_prefix_tokens}")
     if not 1 <= args.processes <= min(args.concurrency, args.requests):
         p.error(f"--processes must be in [1, min(--concurrency, --requests)], got {args.processes}")
     return args

@@ -126,6 +126,19 @@ def test_greedy_and_seeded_completions_equal_the_in_thread_server(in_thread, in_
         assert want[2] == (len(prompt), max_tokens * len(want[0]))
 
 
+def test_a_prompt_beginning_as_an_earlier_one_reports_its_copied_tokens_in_both_modes(in_thread, in_process):
+    """Prefix reuse at the server's default minimum (128 tokens): the second prompt copies the first's 160 whole
+    tokens from its row; the count crosses from the engine process into the usage, and the text is the same."""
+    beginning = "A shared system prompt that many requests start with, long enough to be worth copying. " * 2
+    texts = []
+    for live in (in_thread, in_process):
+        live.client.completions.create(model=MODEL, prompt=beginning + "First.", max_tokens=4, temperature=0)
+        out = live.client.completions.create(model=MODEL, prompt=beginning + "Second.", max_tokens=4, temperature=0)
+        assert out.usage.prompt_tokens_details.cached_tokens == len(beginning) // 16 * 16 == 160
+        texts.append(out.choices[0].text)
+    assert texts[0] == texts[1]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_equals_the_in_thread_server(in_thread, in_process, stream):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]

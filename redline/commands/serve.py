@@ -51,6 +51,11 @@ class ServeConfig:
     they are prefilled together (one forward for several prompts) rather than one forward each between decode
     steps; a request that finds no other decoding, or takes the last free row, is prefilled at once (docs/serve.md:
     it paid before prefills were CUDA graphs, not since)."""
+    prefix_min_tokens: int = 128
+    """Prefix reuse: a prompt whose first N or more tokens a row of the batch still holds from an earlier request
+    (a chat's history sent again with one more turn, a shared system prompt, the other choices of n > 1) copies
+    their keys and values from that row and computes only the rest (0: off; docs/serve.md). The rest is prefilled
+    without a CUDA graph, so on a GPU short shared beginnings are cheaper to recompute."""
     group_graphs: bool = False
     """Capture each group of --sync-every greedy decode steps as one CUDA graph (one launch per group instead of
     one per step; rows that finish inside a group are freed by the graph). Experimental: opt in."""
@@ -84,6 +89,8 @@ class ServeConfig:
         for name in ("max_batch", "max_queue", "prefill_tokens", "max_body_kib"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.prefix_min_tokens < 0:
+            raise UserError(f"--prefix-min-tokens must be >= 0 (0: no prefix reuse), got {self.prefix_min_tokens}")
         for name in ("context", "max_tokens", "sync_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic), got {getattr(self, name)}")
@@ -242,7 +249,7 @@ def build_scheduler(cfg: ServeConfig):
         warm_up(batch)
     scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
                           prefill_tokens=cfg.prefill_tokens, sync_every=sync_every,
-                          prefill_wait_ms=cfg.prefill_wait_ms)
+                          prefill_wait_ms=cfg.prefill_wait_ms, prefix_min_tokens=cfg.prefix_min_tokens)
     return scheduler, tokenizer
 
 

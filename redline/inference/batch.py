@@ -9,11 +9,16 @@
     tokens = batch.decode_sampled(8, generators={row: gen})  # rows that sample (start(..., temperature=...))
     logits = batch.step(greedy=False)                # or the logits, to sample from; then batch.advance(tokens)
     batch.free(row)                                  # the row stops at once; its cache is reused by the next one
+    src, n = batch.match(prompt)                     # a row whose cache holds prompt[:n] (a finished sequence's)
+    batch.copy_prefix(src, row, n)                   # ... copied: prefill only prompt[n:] (prefill(row, ..., n))
 
 The batch is the engine's static decode state (its cache, CUDA graphs and compiled step): its size never changes, so
-a row's tokens do not depend on which other rows are busy (the same kernels run whatever the occupancy). A free row
-still runs through each step, parked at slot 0 where its writes harm nothing; a row between the spans of its prompt
-is parked at the last slot instead, which its prompt never fills and its own decode step writes before it reads it.
+a row's tokens do not depend on which other rows are busy (the same kernels run whatever the occupancy). A row that
+is not decoding (free, or between the spans of its prompt) still runs through each step, parked at the last slot,
+which no sequence's tokens fill (a generated token's key and value are written by the step after it, and a row's
+last token has none) and its own decode step writes before it reads it: so a free row keeps what its last sequence
+left in slots [0, n) until it is prefilled again, and the batch records which tokens those are
+(inference/prefix_cache.py) for a later prompt that begins the same way.
 A step attends over the width the busiest active row needs. With CUDA graphs, prefill_many pads its prompts to a
 multiple of PREFILL_WIDTH_STEP tokens and replays one graph per (rows, width) (InferenceEngine.prefill_rows): a
 server prefills between groups of decode steps, and a prefill launched kernel by kernel from Python would hold the
@@ -25,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from redline.errors import UserError
+from redline.inference.prefix_cache import BLOCK, PrefixIndex
 from redline.inference.sampling import draw_rows
 from redline.inference.steps import feed_back
 from redline.inference.transfer import put, to_device
@@ -45,7 +51,7 @@ class DecodeBatch:
         self.capacity = self.state.cache.capacity
         self.lengths = [0] * rows  # host copy of each active row's slot (its tokens so far); 0 for a free row
         self.busy = [False] * rows
-        self.state.slot.zero_()
+        self.state.slot.fill_(self.capacity - 1)  # every row parked (see the module docstring)
         self.state.active.zero_()
         # decode_greedy's group_steps steps as one CUDA graph (with CUDA graphs only): one launch per group, so the
         # host, which may be waiting for the GIL, is out of the device's way for the whole group
@@ -57,6 +63,8 @@ class DecodeBatch:
         self._top_p = torch.full((rows, 1), float("inf"), device=engine.device)
         self._noise: torch.Tensor | None = None  # (rows, vocab) Exp(1), drawn before each sampled step
         self.captured_draw = True  # whether decode_sampled may be used (a server turns it off if it cannot capture)
+        self.held: list[list[int]] = [[] for _ in range(rows)]  # the tokens at slots [0, n) of each row's cache
+        self.prefixes = PrefixIndex(rows)
 
     @property
     def rows(self) -> int:
@@ -80,11 +88,13 @@ class DecodeBatch:
 
         ids = to_device([list(tokens)], engine.device)
 
+        if start > len(self.held[row]):
+            raise UserError(f"row {row} holds {len(self.held[row])} tokens; a span cannot start at slot {start}")
         with _evaluating(engine.model):
             logits = engine._prefill(self.state, ids, [len(tokens)], row0=row, start=start)[0]
-        # until start(), decode steps of the other rows run this row too: at slot 0 they would overwrite the
-        # prompt's first key and value with those of a stale token
+        # until start(), decode steps of the other rows run this row too, parked at the last slot (as a free row)
         put(self.state.slot, row, self.capacity - 1)
+        self.hold(row, self.held[row][:start] + list(tokens))
         return logits
 
     @torch.no_grad()
@@ -119,7 +129,37 @@ class DecodeBatch:
             else:
                 logits = engine._prefill(self.state, ids, [len(p) for p in prompts], rows_at=rows)
         self.state.slot.index_fill_(0, where, self.capacity - 1)  # as prefill()
+        for row, prompt in zip(rows, prompts):
+            self.hold(row, list(prompt))
         return logits
+
+    def hold(self, row: int, tokens: list[int]) -> None:
+        """Record that the row's cache holds `tokens` at slots [0, len(tokens)): its prompt once prefilled, its prompt
+        and generated tokens (all but the last, whose key and value no step wrote) once its sequence ends."""
+        tokens = tokens[:self.capacity - 1]  # the last slot is where rows that do not decode are parked
+        self.held[row] = tokens
+        self.prefixes.set(row, tokens)
+
+    def match(self, tokens: list[int], exclude: list[int] = ()) -> tuple[int, int]:
+        """(row, n): a row, not in exclude, whose cache holds tokens[:n] (n in whole blocks of
+        prefix_cache.BLOCK tokens), or (-1, 0). The row may be decoding: its first slots stay as they are."""
+        return self.prefixes.match(tokens, exclude)
+
+    @torch.no_grad()
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copy slots [0, n) of row src's cache (what match() found) into row dst, which is not decoding; dst then
+        holds src's first n tokens, and prefill(dst, rest, start=n) goes on from there. One copy per layer and
+        tensor, queued after whatever the device has been asked for before (src may be decoding meanwhile: a
+        decode step writes only at its row's own slot, past its prompt)."""
+        if self.busy[dst]:
+            raise UserError(f"row {dst} is decoding; free it before copying a prefix into it")
+        if not 0 < n <= len(self.held[src]):
+            raise UserError(f"row {src} holds {len(self.held[src])} tokens; cannot copy {n}")
+        if src != dst:
+            self.state.cache.copy_slots(src, dst, n)
+            put(self.state.slot, dst, self.capacity - 1)
+        self.held[dst] = self.held[src][:n]
+        self.prefixes.set_hashes(dst, self.prefixes.hashes[src][:n // BLOCK])
 
     def _graph_width(self, n: int, longest: int) -> int:
         """The padded width of a CUDA-graph prefill of n prompts of at most `longest` tokens, or 0 for none (no CUDA
@@ -151,7 +191,7 @@ class DecodeBatch:
         """The row stops decoding at once (finished, stopped, or its client went away)."""
         st = self.state
         put(st.active, row, 0)
-        put(st.slot, row, 0)
+        put(st.slot, row, self.capacity - 1)  # parked where it writes nothing its cache holds (module docstring)
         self.lengths[row], self.busy[row] = 0, False
 
     def room(self, row: int) -> int:
@@ -266,7 +306,8 @@ class DecodeBatch:
     def _group_replay(self, n: int, width: int, ends: dict[int, list[int]]) -> None:
         """decode_greedy's n steps as one graph: every step attends over `width` (the last step's: the earlier
         steps mask the slots past each row's own), and after step i the rows whose _end_at is i are freed on the
-        device (active and slot to 0, as free() does), so the graph needs nothing from the host mid-group."""
+        device (active to 0, the slot parked at the last, as free() does), so the graph needs nothing from the host
+        mid-group."""
         engine, st = self.engine, self.state
         key = ("group", width, n)
         if key not in st.graphs:
@@ -277,7 +318,7 @@ class DecodeBatch:
                     engine._decode_step(st, width, True)
                     keep = self._end_at != i  # (rows,)
                     st.active.mul_(keep)
-                    st.slot.mul_(keep)
+                    st.slot.copy_(torch.where(keep, st.slot, self.capacity - 1))
 
             st.graphs.capture(key, steps, lambda: engine._warm_step(st, width, True))
         end_at = [n] * self.rows

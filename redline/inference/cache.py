@@ -89,6 +89,12 @@ class KVCache:
             buf[rows, :, start:start + T] = x8
             scales[rows, :, start:start + T] = scale
 
+    def copy_slots(self, src: int, dst: int, n: int) -> None:
+        """Slots [0, n) of row src into row dst, in every layer (keys, values and an FP8 cache's scales)."""
+        for buffers in (self.k, self.v, *([[s for pair in self.scales for s in pair]] if self.scales else [])):
+            for buf in buffers:
+                buf[dst, :, :n].copy_(buf[src, :, :n])
+
     def read(self, layer: int, rows: slice | torch.Tensor, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8)."""
         k, v = self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]

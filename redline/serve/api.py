@@ -160,6 +160,13 @@ def _finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
+def _usage(prompt_tokens: int, seqs: list[Sequence]) -> dict:
+    """A finished request's usage: its prompt once, every choice's output; the prompt's cached tokens are those no
+    choice computed (the choices after the first copy the prompt from it)."""
+    return protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs),
+                          min(s.cached_tokens for s in seqs))
+
+
 def _sse(data) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
@@ -249,7 +256,7 @@ async def run(server: Server, request, job: Job):
         for seq in seqs:
             if not seq.done:
                 seq.cancel()
-    use = protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs))
+    use = _usage(prompt_tokens, seqs)
     return protocol.response(job, rid, server.model, ["".join(t) for t in texts],
                              [_finish_reason(s.finish_reason) for s in seqs], use)
 
@@ -305,7 +312,7 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
             if out:
                 yield b"".join(out)
         if job.include_usage:
-            use = protocol.usage(prompt_tokens, sum(s.completion_tokens for s in seqs))
+            use = _usage(prompt_tokens, seqs)
             yield _sse(protocol.chunk(job, rid, model, 0, use=use))
         yield _sse("[DONE]")
     finally:  # finished, or the client went away (the response is torn down mid-stream)
@@ -397,6 +404,9 @@ def metrics_text(scheduler: Scheduler) -> str:
              "# TYPE redline_requests_finished_total counter"]
     lines += [f'redline_requests_finished_total{{reason="{r}"}} {n}' for r, n in sorted(s.finished.items())]
     lines += ["# TYPE redline_prompt_tokens_total counter", f"redline_prompt_tokens_total {s.prompt_tokens}",
+              "# HELP redline_prompt_tokens_cached_total Prompt tokens copied from a row that held them (prefix reuse).",
+              "# TYPE redline_prompt_tokens_cached_total counter",
+              f"redline_prompt_tokens_cached_total {s.cached_tokens}",
               "# TYPE redline_completion_tokens_total counter",
               f"redline_completion_tokens_total {s.completion_tokens}",
               "# TYPE redline_queue_depth gauge", f"redline_queue_depth {scheduler.queue_depth()}",

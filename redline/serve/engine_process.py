@@ -238,7 +238,7 @@ class EngineProcess:
             if event[0] == "text":
                 seq.counted = event[2]
             else:  # its last event
-                seq.counted = item[2]
+                seq.counted, seq.cached_tokens = item[2], item[3]
                 seq.finish_reason = event[1] if event[0] == "done" else "error"
                 del seqs[item[0]]
             seq.sink(event)
@@ -248,7 +248,7 @@ class EngineProcess:
 
     def _apply(self, snapshot: tuple) -> None:
         s = self.stats
-        (self._received, finished, s.prompt_tokens, s.completion_tokens, s.steps, s.busy_row_steps,
+        (self._received, finished, s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.steps, s.busy_row_steps,
          self._waiting, self._busy, ttfts) = snapshot
         s.finished = collections.Counter(finished)
         for t in ttfts:
@@ -324,16 +324,16 @@ class _Outbox:
         def put(event: tuple) -> None:
             if event[0] == "text":
                 self.items.append((rid, event))
-            else:  # its last event, with the tokens that count as its output
-                self.items.append((rid, event, seq.completion_tokens))
+            else:  # its last event, with the tokens that count as its output and the prompt's copied ones
+                self.items.append((rid, event, seq.completion_tokens, seq.cached_tokens))
                 live.pop(rid, None)
 
         return put
 
     def snapshot(self) -> tuple:
         s, sched = self.scheduler.stats, self.scheduler
-        return (self.received, dict(s.finished), s.prompt_tokens, s.completion_tokens, s.steps, s.busy_row_steps,
-                len(sched.waiting), sched.busy_rows(), s.take_fresh())
+        return (self.received, dict(s.finished), s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.steps,
+                s.busy_row_steps, len(sched.waiting), sched.busy_rows(), s.take_fresh())
 
     def flush(self) -> None:
         if self.items:

@@ -20,6 +20,12 @@ How it works
   RowSampler: one set of kernels for all the rows, launched from here). Either way a row's tokens do not depend
   on the other rows (the batch's shape never changes), so greedy and seeded output is the same alone or among
   others.
+- Prefix reuse: a row keeps its last sequence's keys and values until it is prefilled again, and the batch records
+  which tokens they are (inference/prefix_cache.py). A new prompt whose first `prefix_min_tokens` or more tokens
+  some row holds (a chat's history sent again with one more turn, a shared system prompt) gets them copied from
+  that row and prefills only the rest, in spans (as a long prompt's second span); requests that arrive in the same
+  turn with the same beginning (the choices of n > 1) are prefilled one first, the others copy from it a turn
+  later. The response's usage counts the copied tokens (prompt_tokens_details.cached_tokens).
 - Text is decoded incrementally (inference/text.py's IncrementalText): never half a UTF-8 character, never the
   start of a stop string that may still complete.
 """
@@ -36,6 +42,7 @@ import torch
 
 from redline.errors import UserError
 from redline.inference.batch import DecodeBatch
+from redline.inference.prefix_cache import BLOCK, chain_hashes
 from redline.inference.sampling import RowSampler, SamplingParams, make_generator
 from redline.inference.text import IncrementalText
 
@@ -71,6 +78,7 @@ class Sequence:
     """"stop" (a stop token or string), "length" (max_tokens), "cancelled" or "error", once done."""
     row: int | None = None
     prefilled: int = 0  # prompt tokens in the row's cache so far
+    cached_tokens: int = 0  # of them, copied from another sequence's row (prefix reuse) instead of computed
     launched: int = 0  # tokens the device has been asked for (the first from the prefill, then one per step)
     submitted_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
@@ -101,6 +109,8 @@ class Stats:
     requests: int = 0
     finished: collections.Counter = field(default_factory=collections.Counter)
     prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens whose keys and values were copied from a row that held them (prefix reuse)."""
     completion_tokens: int = 0
     steps: int = 0
     busy_row_steps: int = 0
@@ -173,14 +183,20 @@ class Scheduler:
     sequence_type = Sequence
     """What the API makes a request's sequences of (engine_process.py's scheduler in another process has its
     own)."""
+    prefix_min_tokens: int = 0
+    """Copy a prompt's beginning from a row that holds it when it is at least this long (0: never)."""
     failure: str | None = None
     """Why the scheduler can serve nothing more (/health fails); None while it can. This thread survives its own
     errors (each fails the requests in flight); the engine in another process can die."""
 
     def __init__(self, batch: DecodeBatch, tokenizer, stop_ids: Seq[int], max_queue: int = 256,
-                 prefill_tokens: int = 2048, sync_every: int | None = None, prefill_wait_ms: float = 0.0):
+                 prefill_tokens: int = 2048, sync_every: int | None = None, prefill_wait_ms: float = 0.0,
+                 prefix_min_tokens: int = 0):
         if max_queue < 1 or prefill_tokens < 1:
             raise UserError(f"max_queue and prefill_tokens must be >= 1, got {max_queue} and {prefill_tokens}")
+        if prefix_min_tokens < 0:
+            raise UserError(f"prefix_min_tokens must be >= 0 (0: no prefix reuse), got {prefix_min_tokens}")
+        self.prefix_min_tokens = prefix_min_tokens
         if prefill_wait_ms < 0:
             raise UserError(f"prefill_wait_ms must be >= 0, got {prefill_wait_ms}")
         self.prefill_wait_s = prefill_wait_ms / 1000
@@ -196,6 +212,7 @@ class Scheduler:
         # CPU the steps are done when launched, and lagging would only delay the tokens
         self.lag_reads = self.device.type == "cuda"
         self.rows: list[Sequence | None] = [None] * batch.rows
+        self._holders: list[Sequence | None] = [None] * batch.rows  # the last sequence given each row
         self.waiting: collections.deque[Sequence] = collections.deque()
         self._firsts: list[tuple[Sequence, torch.Tensor]] = []  # first tokens sampled, not yet sent to the host
         self._generator = torch.Generator(device=self.device)  # the draws of the requests without a seed
@@ -319,6 +336,12 @@ class Scheduler:
             if self.batch.busy[seq.row]:
                 self.batch.free(seq.row)
             self.rows[seq.row] = None
+        if (self.prefix_min_tokens and seq.row is not None and self._holders[seq.row] is seq
+                and seq.prefilled == len(seq.prompt)):
+            # its row (freed now, or at launch) has not been given to another since: it holds the prompt and every
+            # generated token but the last (each of those was fed to the step after it, which wrote its key and
+            # value; steps launched past the end wrote only later slots)
+            self.batch.hold(seq.row, seq.prompt + seq.tokens[:-1])
         self.stats.finished[reason] += 1
         self.stats.completion_tokens += seq.completion_tokens
         if reason in ("stop", "length"):
@@ -346,6 +369,8 @@ class Scheduler:
         for r in range(self.batch.rows):
             if self.batch.busy[r]:
                 self.batch.free(r)
+            if self.prefix_min_tokens:
+                self.batch.hold(r, [])  # after a failure no row's cache is trusted
 
     def _drop_cancelled(self) -> None:
         with self._cond:
@@ -362,7 +387,7 @@ class Scheduler:
             for r in range(self.batch.rows):
                 if self.rows[r] is None and self.waiting:
                     seq = self.waiting.popleft()
-                    seq.row, self.rows[r] = r, seq
+                    seq.row, self.rows[r], self._holders[r] = r, seq, seq
                     seq.decoder = IncrementalText(self.tokenizer, seq.stop)
                     # a seeded request draws from its own generator, the others from the scheduler's (RowSampler)
                     seeded = seq.sampling.seed is not None
@@ -372,6 +397,9 @@ class Scheduler:
                             key=lambda s: s.submitted_s)  # first come, first served
         if budget is not None and prefilling and not self._prefill_due(prefilling):
             return
+        if self.prefix_min_tokens and prefilling:
+            later = self._reuse_prefixes(prefilling)
+            prefilling = [s for s in prefilling if s not in later]
         # whole prompts that fit what is left of the turn's budget go through in one batched forward (padded to
         # the longest of them); a prompt begun in spans, or longer than the budget, goes on in spans on its own
         whole, padded = [], 0
@@ -402,6 +430,32 @@ class Scheduler:
                 budget = None if budget is None else budget - n
             if seq.prefilled == len(seq.prompt):
                 self._first_tokens([seq], logits[None])
+
+    def _reuse_prefixes(self, prefilling: list[Sequence]) -> list[Sequence]:
+        """Copy into each row not prefilled yet the longest beginning of its prompt that another row holds, if at
+        least prefix_min_tokens long (the prompt's last token is always computed: its logits give the first new
+        token). Rows being prefilled this turn are not copied from. -> the sequences to prefill at a later turn:
+        those whose beginning another sequence of this turn is about to compute, which they then copy."""
+        fresh = {s.row for s in prefilling if not s.prefilled}
+        blocks = -(-self.prefix_min_tokens // BLOCK)
+        computing, later = set(), []
+        for seq in prefilling:
+            if seq.prefilled:
+                continue
+            probe = seq.prompt[:-1]
+            src, n = self.batch.match(probe, exclude=fresh - {seq.row})
+            if n >= self.prefix_min_tokens:
+                self.batch.copy_prefix(src, seq.row, n)
+                seq.prefilled = seq.cached_tokens = n
+                self.stats.cached_tokens += n
+                continue
+            head = chain_hashes(probe, blocks)
+            if len(head) == blocks:
+                if head[-1] in computing:
+                    later.append(seq)
+                else:
+                    computing.add(head[-1])
+        return later
 
     def _prefill_due(self, prefilling: list[Sequence]) -> bool:
         """Whether to prefill now while other rows decode. Each prefill holds the decoding rows back, and one of

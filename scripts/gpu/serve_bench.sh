@@ -11,6 +11,8 @@
 #     PREFILL_WAIT="0 10" SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --prefill-wait-ms (a server each)
 #     CLIENT_PROCESSES=4 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the recorded loads' clients in 4 processes
 #     CONNECTIONS="keep new" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # clients' connections kept alive, or new
+#     PROMPT=512 SHARED_PREFIX=448 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prompts sharing a beginning; with
+#         SERVE_ARGS="--prefix-min-tokens 0" the same without prefix reuse
 #     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
@@ -54,6 +56,7 @@ PER_CLIENT="${PER_CLIENT:-16}"  # requests per client in a closed-loop load: a s
 PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: its default); several: one server each
 CLIENT_PROCESSES="${CLIENT_PROCESSES:-1}"  # serve_load.py --processes for the recorded loads; several: each in turn
 CONNECTIONS="${CONNECTIONS:-keep}"  # keep: each client reuses its connection (serve_load.py's default); new: one a request
+SHARED_PREFIX="${SHARED_PREFIX:-0}"  # the recorded loads' --shared-prefix-tokens (every prompt begins the same)
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
 TEMPERATURE="${TEMPERATURE:-0}"  # the recorded closed loads' temperature (0: greedy)
@@ -163,7 +166,8 @@ for c in $CONCURRENCY; do
     n=$(( c * PER_CLIENT > 16 ? c * PER_CLIENT : 16 ))
     echo "=== serve_load: warm-up, $c concurrent clients, $c requests (not recorded) ===" | tee -a "$LOG"
     timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
-        --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" 2>&1 | tail -n 2 | tee -a "$LOG"
+        --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --shared-prefix-tokens "$SHARED_PREFIX" 2>&1 \
+        | tail -n 2 | tee -a "$LOG"
     for spread in $SPREAD; do
     for procs in $CLIENT_PROCESSES; do
     for conns in $CONNECTIONS; do
@@ -172,6 +176,7 @@ for c in $CONCURRENCY; do
         server_cpu start
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
+            --shared-prefix-tokens "$SHARED_PREFIX" \
             --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" \
             $([ "$conns" = new ] && echo --new-connections) 2>&1 | tee -a "$LOG"
         server_cpu end

@@ -1,0 +1,75 @@
+"""Which token prefixes the rows of a decode batch hold in their KV cache, found by hashing blocks of tokens.
+
+Every row of a DecodeBatch keeps its sequence's keys and values at slots [0, n) after the sequence ends, until the
+row is prefilled again: a later prompt that starts with the same tokens (a chat's history sent again with one more
+turn, a shared system prompt, the other choices of a request with n > 1) can copy those slots from that row instead
+of computing them (DecodeBatch.copy_prefix). This index maps the tokens to the rows that hold them:
+
+    index.set(row, tokens)                  # row's cache holds `tokens` at slots [0, len(tokens))
+    row, n = index.match(prompt)            # some row holds prompt[:n], n a multiple of BLOCK (0: none)
+
+Tokens are hashed in blocks of BLOCK, each block's hash chained to the one before it (as vLLM's automatic prefix
+caching hashes its KV blocks), so a match costs a dictionary lookup per block of the prompt. The dictionary keeps
+the rows registered with each chained hash; a row whose content changed since is caught by comparing its own
+current hash at that block, so a stale entry is never returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+BLOCK = 16  # tokens a hash covers: matches are whole blocks
+
+
+def chain_hashes(tokens: Sequence[int], limit: int | None = None) -> list[int]:
+    """The chained hashes of tokens' whole blocks: hashes[i] stands for tokens[:(i + 1) * BLOCK]."""
+    n = len(tokens) // BLOCK if limit is None else min(limit, len(tokens) // BLOCK)
+    out, h = [], 0
+    for i in range(n):
+        h = hash((h, tuple(tokens[i * BLOCK:(i + 1) * BLOCK])))
+        out.append(h)
+    return out
+
+
+class PrefixIndex:
+    def __init__(self, rows: int):
+        self.hashes: list[list[int]] = [[] for _ in range(rows)]  # each row's chained block hashes
+        self.owners: dict[int, dict[int, None]] = {}  # chained hash -> the rows registered with it (in order)
+
+    def set(self, row: int, tokens: Sequence[int]) -> None:
+        """Row's cache now holds `tokens` at slots [0, len(tokens)) (only whole blocks are indexed)."""
+        self.set_hashes(row, chain_hashes(tokens))
+
+    def set_hashes(self, row: int, hashes: list[int]) -> None:
+        self.hashes[row] = hashes
+        for h in hashes:
+            self.owners.setdefault(h, {})[row] = None
+        if len(self.owners) > 2 * sum(len(h) for h in self.hashes) + 4096:  # drop the stale entries now and then
+            self.owners = {}
+            for r, row_hashes in enumerate(self.hashes):
+                for h in row_hashes:
+                    self.owners.setdefault(h, {})[r] = None
+
+    def truncate(self, row: int, n: int) -> None:
+        """Row keeps only slots [0, n) (n a multiple of BLOCK, or rounded down to one)."""
+        self.hashes[row] = self.hashes[row][:n // BLOCK]
+
+    def match(self, tokens: Sequence[int], exclude: Iterable[int] = ()) -> tuple[int, int]:
+        """(row, n): a row (not in exclude) whose cache holds tokens[:n], n the most whole blocks found; (-1, 0)
+        when no row holds even the first block."""
+        excluded = set(exclude)
+
+        def holds(row: int, i: int, h: int) -> bool:
+            return row not in excluded and len(self.hashes[row]) > i and self.hashes[row][i] == h
+
+        best = (-1, 0)
+        for i, h in enumerate(chain_hashes(tokens)):
+            # the row found so far if it holds this block too (a chained hash stands for every block before it),
+            # else any row registered with it that still holds it
+            row = best[0]
+            if row < 0 or not holds(row, i, h):
+                row = next((r for r in self.owners.get(h, ()) if holds(r, i, h)), -1)
+                if row < 0:
+                    break
+            best = (row, (i + 1) * BLOCK)
+        return best

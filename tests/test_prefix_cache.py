@@ -1,0 +1,177 @@
+"""Prefix reuse (inference/prefix_cache.py, DecodeBatch.copy_prefix, the scheduler's _reuse_prefixes): a prompt whose
+beginning a row still holds copies it and prefills the rest, with the logits and greedy tokens of a prompt computed
+whole; a freed row keeps its cache while the others decode; the choices of one request share one prefill; the API
+reports the copied tokens as OpenAI does (usage.prompt_tokens_details.cached_tokens)."""
+
+import queue
+
+import pytest
+import torch
+
+from redline.errors import UserError
+from redline.inference import InferenceEngine, SamplingParams
+from redline.inference.batch import DecodeBatch
+from redline.inference.prefix_cache import BLOCK, PrefixIndex, chain_hashes
+from redline.model import GPT, ModelConfig
+from redline.serve.scheduler import Scheduler, Sequence
+from redline.tokenizer import load_tokenizer
+
+CFG = ModelConfig(vocab_size=261, context_len=128, n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
+EOT = 256
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(CFG)
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 250, (n,), generator=g).tolist()
+
+
+def reference(model, ids: list[int], max_tokens: int) -> list[int]:
+    return InferenceEngine(model).generate([ids], max_tokens, stop_tokens=[EOT])[0].tokens
+
+
+def test_the_index_finds_the_longest_held_prefix_in_whole_blocks_and_never_a_stale_one():
+    index = PrefixIndex(rows=3)
+    a, b = tokens(50, 1), tokens(40, 2)
+    index.set(0, a)
+    index.set(1, a[:20] + b)
+    assert index.match(a + [7, 7]) == (0, 48)  # 50 tokens held: three whole blocks
+    assert index.match(a[:20] + b[:30]) == (1, 48)  # row 1 holds the longer prefix of this one
+    assert index.match(a[:40], exclude=[0]) == (1, 16)  # row 1 shares only the first block (and 4 tokens)
+    assert index.match(a[:15]) == (-1, 0)  # less than a block
+    index.set(0, b)  # row 0 is prefilled again: what it held is gone, though the dictionary still names it
+    assert index.match(a + [7]) == (1, 16)
+    index.truncate(1, 20)
+    assert index.match(a[:20] + b[:30]) == (1, 16)
+    assert chain_hashes(a)[:2] == chain_hashes(a[:33]) and len(chain_hashes(a, limit=1)) == 1
+
+
+def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model):
+    """Row 0 prefilled and decoding, row 1 prefilled, decoded and freed while row 0 decodes on: both keep their
+    prompts' keys and values; a prompt beginning as either copies that beginning into row 2 and prefills the rest,
+    and its logits equal those of the same prompt prefilled whole in row 3."""
+    batch = DecodeBatch(InferenceEngine(model), rows=4, capacity=CFG.context_len)
+    shared, other = tokens(40, 3), tokens(37, 4)
+    batch.start(0, int(batch.prefill(0, shared).argmax()), len(shared))
+    batch.start(1, int(batch.prefill(1, other).argmax()), len(other))
+    for _ in range(5):
+        batch.step()
+    batch.free(1)
+    for _ in range(5):  # row 1 parked: the other rows' steps must not write what it holds
+        batch.step()
+    for source, prompt in ((0, shared + tokens(9, 5)), (1, other + tokens(12, 6))):
+        row, n = batch.match(prompt[:-1])
+        assert (row, n) == (source, 32)
+        batch.copy_prefix(row, 2, n)
+        reused = batch.prefill(2, prompt[n:], start=n)
+        whole = batch.prefill(3, prompt)
+        torch.testing.assert_close(reused, whole, rtol=1e-5, atol=1e-5)
+        assert batch.held[2] == batch.held[3] == prompt
+    with pytest.raises(UserError, match="decoding"):
+        batch.copy_prefix(1, 0, 16)
+    with pytest.raises(UserError, match="holds"):
+        batch.prefill(2, [1, 2], start=len(batch.held[2]) + 1)
+
+
+def run(sched: Scheduler, prompts, max_tokens: int, sampling=None) -> list[Sequence]:
+    sinks = [queue.Queue() for _ in prompts]
+    seqs = [Sequence(list(p), max_tokens, sampling or SamplingParams(), (), q.put) for p, q in zip(prompts, sinks)]
+    sched.submit(seqs)
+    for q in sinks:
+        while q.get(timeout=30)[0] == "text":
+            pass
+    return seqs
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_a_conversation_reuses_its_history_and_its_tokens_are_those_computed_whole(model, lagged):
+    """Turn 2 sends turn 1's prompt and answer again with more: it copies what turn 1's row holds (the prompt and all
+    but the last generated token) and computes the rest; n = 3 choices of one prompt: one prefill, the other two copy
+    it a turn later. Greedy tokens are those of each prompt alone, computed whole."""
+    sched = Scheduler(DecodeBatch(InferenceEngine(model), rows=3, capacity=CFG.context_len),
+                      load_tokenizer("bytes"), [EOT], prefill_tokens=24, sync_every=3 if lagged else None,
+                      prefix_min_tokens=16)
+    sched.lag_reads = lagged
+    try:
+        first = tokens(30, 7)
+        (turn1,) = run(sched, [first], 12)
+        assert turn1.cached_tokens == 0 and turn1.tokens == reference(model, first, 12)
+        second = first + turn1.tokens + tokens(10, 8)
+        (turn2,) = run(sched, [second], 8)
+        assert turn2.cached_tokens == (len(first) + len(turn1.tokens) - 1) // BLOCK * BLOCK == 32
+        assert turn2.tokens == reference(model, second, 8)
+        prompt = tokens(45, 9)
+        choices = run(sched, [prompt] * 3, 6)
+        assert sorted(c.cached_tokens for c in choices) == [0, 32, 32]
+        assert all(c.tokens == reference(model, prompt, 6) for c in choices)
+        assert sched.stats.cached_tokens == 96
+    finally:
+        sched.close()
+
+
+def test_the_api_reports_cached_prompt_tokens_as_openai_does(model):
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from tests.test_serve import Live
+
+    from redline.serve.api import Server
+
+    tok = load_tokenizer("bytes")
+    sched = Scheduler(DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len), tok, [EOT],
+                      prefix_min_tokens=16)
+    live = Live(Server(sched, tok, "tiny"))
+    try:
+        assert isinstance(live.client, openai.OpenAI)
+        prompt = "the same long beginning of a prompt, " * 2
+        first = live.client.completions.create(model="tiny", prompt=prompt + "one", max_tokens=4, temperature=0)
+        again = live.client.completions.create(model="tiny", prompt=prompt + "two", max_tokens=4, temperature=0)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert again.usage.prompt_tokens_details.cached_tokens == len(prompt) // BLOCK * BLOCK
+        assert again.choices[0].text == tok.decode(reference(model, tok.encode(prompt + "two"), 4))
+        stream = live.client.completions.create(model="tiny", prompt=prompt + "three", max_tokens=3, temperature=0,
+                                                stream=True, stream_options={"include_usage": True})
+        usage = [c.usage for c in stream if c.usage is not None]
+        assert usage[-1].prompt_tokens_details.cached_tokens == len(prompt) // BLOCK * BLOCK
+        metrics = httpx.get(live.url + "/metrics").text
+        assert f"redline_prompt_tokens_cached_total {2 * (len(prompt) // BLOCK * BLOCK)}" in metrics
+    finally:
+        live.close()
+
+
+def test_the_load_generator_sends_prompts_that_share_a_beginning(model, capsys, monkeypatch):
+    """scripts/serve_load.py --shared-prefix-tokens: every prompt begins with the same tokens, and the summary
+    gives what the server reported reusing: the first request computes the 48 shared tokens (the second, arriving
+    with it, waits a turn for them), the other seven copy them."""
+    pytest.importorskip("uvicorn")
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    from redline.serve.api import Server
+    from tests.test_serve import Live
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "serve_load.py"
+    spec = importlib.util.spec_from_file_location("serve_load", path)
+    load = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "serve_load", load)  # its dataclasses look their module up
+    spec.loader.exec_module(load)
+    tok = load_tokenizer("bytes")
+    live = Live(Server(Scheduler(DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len), tok, [EOT],
+                                 prefix_min_tokens=16), tok, "tiny"))
+    try:
+        code = load.main(["--url", live.url, "--model", "tiny", "--concurrency", "2", "--requests", "8",
+                          "--prompt-tokens", "60", "--shared-prefix-tokens", "48", "--max-tokens", "4"])
+    finally:
+        live.close()
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and summary["completed"] == 8 and summary["shared_prefix_tokens"] == 48
+    assert summary["cached_prompt_tokens"] == 48 * 7 / 8
