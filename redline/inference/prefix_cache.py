@@ -32,6 +32,8 @@ def chain_hashes(tokens: Sequence[int], limit: int | None = None) -> list[int]:
 
 
 class PrefixIndex:
+    """The chained block hashes of what each row holds, and the rows registered with each hash."""
+
     def __init__(self, rows: int):
         self.hashes: list[list[int]] = [[] for _ in range(rows)]  # each row's chained block hashes
         self.owners: dict[int, dict[int, None]] = {}  # chained hash -> the rows registered with it (in order)
@@ -41,6 +43,7 @@ class PrefixIndex:
         self.set_hashes(row, chain_hashes(tokens))
 
     def set_hashes(self, row: int, hashes: list[int]) -> None:
+        """set() with the hashes known already (a prefix of another row's)."""
         self.hashes[row] = hashes
         for h in hashes:
             self.owners.setdefault(h, {})[row] = None
@@ -49,10 +52,6 @@ class PrefixIndex:
             for r, row_hashes in enumerate(self.hashes):
                 for h in row_hashes:
                     self.owners.setdefault(h, {})[r] = None
-
-    def truncate(self, row: int, n: int) -> None:
-        """Row keeps only slots [0, n) (n a multiple of BLOCK, or rounded down to one)."""
-        self.hashes[row] = self.hashes[row][:n // BLOCK]
 
     def match(self, tokens: Sequence[int], exclude: Iterable[int] = ()) -> tuple[int, int]:
         """(row, n): a row (not in exclude) whose cache holds tokens[:n], n the most whole blocks found; (-1, 0)
