@@ -53,11 +53,17 @@ def test_the_index_finds_the_longest_held_prefix_in_whole_blocks_and_never_a_sta
     assert chain_hashes(a)[:2] == chain_hashes(a[:33]) and len(chain_hashes(a, limit=1)) == 1
 
 
-def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model):
+@pytest.mark.parametrize("variant", ["plain", "fp8 cache", "sliding window"])
+def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
     """Row 0 prefilled and decoding, row 1 prefilled, decoded and freed while row 0 decodes on: both keep their
     prompts' keys and values; a prompt beginning as either copies that beginning into row 2 and prefills the rest,
-    and its logits equal those of the same prompt prefilled whole in row 3."""
-    batch = DecodeBatch(InferenceEngine(model), rows=4, capacity=CFG.context_len)
+    and its logits equal those of the same prompt prefilled whole in row 3 (with an FP8 cache, prefilled in the same
+    two spans: the copy carries the scales too)."""
+    if variant == "sliding window":
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(**{**CFG.__dict__, "sliding_window": 24}))
+    engine = InferenceEngine(model, kv_cache_dtype="fp8" if variant == "fp8 cache" else "auto")
+    batch = DecodeBatch(engine, rows=4, capacity=CFG.context_len)
     shared, other = tokens(40, 3), tokens(37, 4)
     batch.start(0, int(batch.prefill(0, shared).argmax()), len(shared))
     batch.start(1, int(batch.prefill(1, other).argmax()), len(other))
@@ -71,7 +77,11 @@ def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model):
         assert (row, n) == (source, 32)
         batch.copy_prefix(row, 2, n)
         reused = batch.prefill(2, prompt[n:], start=n)
-        whole = batch.prefill(3, prompt)
+        if variant == "fp8 cache":  # the rest attends to the FP8 prefix: as the same prompt prefilled in two spans
+            batch.prefill(3, prompt[:n])
+            whole = batch.prefill(3, prompt[n:], start=n)
+        else:
+            whole = batch.prefill(3, prompt)
         torch.testing.assert_close(reused, whole, rtol=1e-5, atol=1e-5)
         assert batch.held[2] == batch.held[3] == prompt
     with pytest.raises(UserError, match="decoding"):
@@ -175,3 +185,29 @@ def test_the_load_generator_sends_prompts_that_share_a_beginning(model, capsys, 
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and summary["completed"] == 8 and summary["shared_prefix_tokens"] == 48
     assert summary["cached_prompt_tokens"] == 48 * 7 / 8
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_row_freed_inside_a_group_graph_keeps_its_prefix_on_a_gpu():
+    """On a GPU (bf16, compiled, CUDA graphs, one graph a group of greedy steps): a row that a group graph frees
+    part-way (parked on the device, not by the host) keeps its prompt's keys and values while the other rows decode
+    on, and a prompt copying that beginning gets the logits of the prompt prefilled whole, within bf16's rounding."""
+    torch.manual_seed(0)
+    model = GPT(CFG).cuda()
+    batch = DecodeBatch(InferenceEngine(model), rows=4, capacity=CFG.context_len, group_steps=4)
+    prompt, other = tokens(40, 11), tokens(30, 12)
+    first = batch.prefill_many([0, 1], [prompt, other]).argmax(-1).tolist()
+    batch.start(0, first[0], len(prompt))
+    batch.start(1, first[1], len(other))
+    batch.decode_greedy(4, ends={1: [0]})  # row 0 ends after the group's second step, inside the graph
+    for _ in range(3):
+        batch.decode_greedy(4)  # row 1 decodes on: row 0 runs parked
+    longer = prompt + tokens(7, 13)
+    row, n = batch.match(longer[:-1])
+    assert (row, n) == (0, 32)
+    batch.copy_prefix(row, 2, n)
+    reused = batch.prefill(2, longer[n:], start=n)
+    whole = batch.prefill_many([3], [longer])[0]
+    torch.testing.assert_close(reused, whole, rtol=0.05, atol=0.05)
+    assert int(reused.argmax()) == int(whole.argmax())
