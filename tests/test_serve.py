@@ -276,7 +276,7 @@ def error_of(call) -> tuple[int, dict]:
     ({"max_tokens": 0}, 400, "max_tokens"),
     ({"n": 99}, 400, "n"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ({"logprobs": 2}, 400, "logprobs"),
+    ({"logprobs": 21}, 400, "logprobs"),
     ({"frequency_penalty": 0.5}, 400, "frequency_penalty"),
     ({"prompt": "x" * 90, "max_tokens": 10}, 400, "prompt"),
     ({"prompt": ""}, 400, "prompt"),

@@ -126,6 +126,13 @@ def test_greedy_and_seeded_completions_equal_the_in_thread_server(in_thread, in_
         assert want[2] == (len(prompt), max_tokens * len(want[0]))
 
 
+def test_logprobs_cross_from_the_engine_process_as_in_a_thread(in_thread, in_process):
+    args = dict(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0, logprobs=2)
+    a, b = (live.client.completions.create(**args).choices[0].logprobs for live in (in_thread, in_process))
+    assert a.tokens == b.tokens and len(a.tokens) == 6 and a.top_logprobs == b.top_logprobs
+    assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-6)
+
+
 def test_a_prompt_beginning_as_an_earlier_one_reports_its_copied_tokens_in_both_modes(in_thread, in_process):
     """Prefix reuse at the server's default minimum (128 tokens): the second prompt copies the first's 160 whole
     tokens from its row; the count crosses from the engine process into the usage, and the text is the same."""

@@ -46,6 +46,20 @@ class Server:
     max_body_bytes: int = 1 << 20
     created: int = 0
     mailboxes: dict = field(default_factory=dict, repr=False)  # event loop -> its Mailbox
+    token_texts: dict = field(default_factory=dict, repr=False)  # token id -> its text alone (logprobs)
+
+    def token_text(self, token: int) -> str:
+        """A token's text on its own, as logprobs name it (part of a UTF-8 character decodes to U+FFFD)."""
+        text = self.token_texts.get(token)
+        if text is None:
+            text = self.token_texts[token] = self.tokenizer.decode([token])
+        return text
+
+    def logprobs(self, job: Job, entries: list[tuple], offset: int = 0) -> dict:
+        """The choice's logprobs object for entries (scheduler.logprob_entries), in the job's API's shape."""
+        if job.kind == "chat":
+            return protocol.chat_logprobs(entries, self.token_text)
+        return protocol.completion_logprobs(entries, self.token_text, offset)
 
     def mailbox(self, loop: asyncio.AbstractEventLoop) -> "Mailbox":
         if loop not in self.mailboxes:
@@ -99,7 +113,8 @@ class Server:
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
                 sink = self.mailbox(loop).sink(queue, index)
-                seqs.append(self.scheduler.sequence_type(ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids))
+                seqs.append(self.scheduler.sequence_type(ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids,
+                                                         logprobs=job.logprobs))
         return seqs, sum(len(ids) for ids in prompts)
 
 
@@ -240,6 +255,7 @@ async def run(server: Server, request, job: Job):
         return StreamingResponse(stream(server, job, rid, seqs, queue, prompt_tokens),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     texts = [[] for _ in seqs]
+    entries = [[] for _ in seqs]
     watcher = asyncio.create_task(cancel_on_disconnect(request, seqs))
     try:
         remaining = len(seqs)
@@ -247,6 +263,8 @@ async def run(server: Server, request, job: Job):
             index, event = await queue.get()
             if event[0] == "text":
                 texts[index].append(event[1])
+                if len(event) > 3:
+                    entries[index] += event[3]
             elif event[0] == "error":
                 raise _event_error(event)
             elif event[0] == "done":
@@ -257,8 +275,9 @@ async def run(server: Server, request, job: Job):
             if not seq.done:
                 seq.cancel()
     use = _usage(prompt_tokens, seqs)
+    logprobs = None if job.logprobs is None else [server.logprobs(job, e) for e in entries]
     return protocol.response(job, rid, server.model, ["".join(t) for t in texts],
-                             [_finish_reason(s.finish_reason) for s in seqs], use)
+                             [_finish_reason(s.finish_reason) for s in seqs], use, logprobs)
 
 
 async def cancel_on_disconnect(request, seqs: list[Sequence]) -> None:
@@ -281,7 +300,8 @@ def _drain(first, queue: asyncio.Queue) -> list:
     merged: list = []
     for index, event in items:
         if merged and event[0] == "text" and merged[-1][1][0] == "text" and merged[-1][0] == index:
-            merged[-1] = (index, ("text", merged[-1][1][1] + event[1], event[2]))
+            last = merged[-1][1]
+            merged[-1] = (index, ("text", last[1] + event[1], event[2], *([last[3] + event[3]] if len(event) > 3 else [])))
         else:
             merged.append((index, event))
     return merged
@@ -293,6 +313,7 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
     arrived since the last write goes out as one write (see _drain)."""
     model = server.model
     text_chunk = protocol.TextChunks(job, rid, model)  # the hot path: one per client per group of tokens
+    offsets = [0] * len(seqs)  # where each choice's next token starts in its text (completions' text_offset)
     try:
         if job.kind == "chat":
             yield b"".join(_sse(protocol.chunk(job, rid, model, i, role=True)) for i in range(len(seqs)))
@@ -300,7 +321,13 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
         while remaining:
             out = []
             for index, event in _drain(await queue.get(), queue):
-                if event[0] == "text" and (event[1] or job.continuous_usage):
+                if event[0] == "text" and len(event) > 3 and (event[1] or event[3] or job.continuous_usage):
+                    logprobs = server.logprobs(job, event[3], offsets[index])
+                    offsets[index] += sum(len(server.token_text(t)) for t, _, _ in event[3])
+                    progress = (protocol.usage(len(seqs[index].prompt), event[2]) if job.continuous_usage else None)
+                    out.append(_sse(protocol.chunk(job, rid, model, index, text=event[1], progress=progress,
+                                                   logprobs=logprobs)))
+                elif event[0] == "text" and (event[1] or job.continuous_usage):
                     out.append(_sse(text_chunk(index, event[1], len(seqs[index].prompt), event[2])))
                 elif event[0] == "error":
                     yield b"".join(out) + _sse(_event_error(event).body())

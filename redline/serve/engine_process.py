@@ -150,7 +150,7 @@ class EngineProcess:
         for seq in sequences:
             seq.rid, seq.owner = next(self._ids), self
             self._seqs[seq.rid] = seq
-            wire.append((seq.rid, seq.prompt, seq.max_tokens, seq.sampling, seq.stop, seq.stop_ids))
+            wire.append((seq.rid, seq.prompt, seq.max_tokens, seq.sampling, seq.stop, seq.stop_ids, seq.logprobs))
         self.stats.requests += len(sequences)
         self._sent += len(sequences)
         if not self._send(("submit", wire)):
@@ -349,8 +349,8 @@ class _Outbox:
 
     def submit(self, wire: list[tuple]) -> None:
         seqs = []
-        for rid, prompt, max_tokens, sampling, stop, stop_ids in wire:
-            seq = Sequence(prompt, max_tokens, sampling, stop, None, stop_ids=stop_ids)
+        for rid, prompt, max_tokens, sampling, stop, stop_ids, logprobs in wire:
+            seq = Sequence(prompt, max_tokens, sampling, stop, None, stop_ids=stop_ids, logprobs=logprobs)
             seq.sink = self.sink(rid, seq)
             seqs.append(seq)
             self.live[rid] = seq

@@ -2,7 +2,7 @@
 
 A request is checked whole before anything is queued; a bad one raises APIError, which the server answers as
 OpenAI does: {"error": {"message", "type", "param", "code"}} with a 4xx status. Fields redline does not implement
-are refused when they ask for something (logprobs, tools, penalties, ...), and ignored when they change nothing
+are refused when they ask for something (echo, tools, penalties, ...), and ignored when they change nothing
 (user, metadata, ...).
 """
 
@@ -19,6 +19,7 @@ from redline.inference.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_N = 16
+MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API (its completions API stops at 5)
 
 
 class APIError(Exception):
@@ -53,11 +54,13 @@ class Job:
     """stream_options.continuous_usage_stats (as vLLM has it): every chunk carries the usage so far, and a chunk is
     sent whenever tokens reach the host, text or not (load generators time tokens with it)."""
     messages: list[dict] | None = None  # chat: the conversation, rendered by the server
+    logprobs: int | None = None
+    """Give each generated token's log-probability and this many most likely alternatives (None: none)."""
 
 
 # fields that ask for something redline does not do: (name, the value that asks for nothing)
 _REFUSED = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
+    "echo": (None, False), "suffix": (None, ""),
     "best_of": (None, 1), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
     "function_call": (None, "none"), "audio": (None,), "prediction": (None,),
@@ -150,7 +153,14 @@ def chat_job(body: Mapping) -> Job:
         if not content.strip():
             raise bad(f"messages[{i}] has empty content; give it some text", f"messages[{i}].content")
         plain.append({"role": message["role"], "content": content})
-    return Job(kind="chat", prompts=[None], messages=plain, **_common(body, "chat"))
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, True, False):
+        raise bad(f"logprobs must be true or false, got {logprobs!r}", "logprobs")
+    top = _number(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
+    if top is not None and not logprobs:
+        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return Job(kind="chat", prompts=[None], messages=plain, logprobs=(top or 0) if logprobs else None,
+               **_common(body, "chat"))
 
 
 def completion_job(body: Mapping) -> Job:
@@ -167,7 +177,8 @@ def completion_job(body: Mapping) -> Job:
         raise bad("prompt must be a non-empty string, list of strings, or list of token ids", "prompt")
     if any(p == "" for p in prompts):
         raise bad("prompt is empty; give some text", "prompt")
-    job = Job(kind="completion", prompts=prompts, **_common(body, "completion"))
+    job = Job(kind="completion", prompts=prompts, **_common(body, "completion"),
+              logprobs=_number(body, "logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True))
     if len(prompts) * job.n > MAX_N:
         raise bad(f"prompts × n must be at most {MAX_N}, got {len(prompts)} × {job.n}", "n")
     return job
@@ -190,23 +201,29 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     return out
 
 
-def response(job: Job, rid: str, model: str, texts: list[str], reasons: list[str], use: dict) -> dict:
+def response(job: Job, rid: str, model: str, texts: list[str], reasons: list[str], use: dict,
+             logprobs: list[dict | None] | None = None) -> dict:
+    """The whole (not streamed) response; logprobs: each choice's logprobs object (completion_logprobs or
+    chat_logprobs), or None."""
     created = int(time.time())
+    logprobs = logprobs or [None] * len(texts)
     if job.kind == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
-                    "finish_reason": r} for i, (t, r) in enumerate(zip(texts, reasons))]
+        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp,
+                    "finish_reason": r} for i, (t, r, lp) in enumerate(zip(texts, reasons, logprobs))]
         return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
                 "usage": use, "system_fingerprint": None}
-    choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": r}
-               for i, (t, r) in enumerate(zip(texts, reasons))]
+    choices = [{"index": i, "text": t, "logprobs": lp, "finish_reason": r}
+               for i, (t, r, lp) in enumerate(zip(texts, reasons, logprobs))]
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
             "usage": use, "system_fingerprint": None}
 
 
 def chunk(job: Job, rid: str, model: str, index: int, text: str | None = None, reason: str | None = None,
-          role: bool = False, use: dict | None = None, progress: dict | None = None) -> dict:
+          role: bool = False, use: dict | None = None, progress: dict | None = None,
+          logprobs: dict | None = None) -> dict:
     """One streamed chunk: a choice's new text, its finish reason, its opening role (chat), or (use given) the
-    closing usage chunk with no choices. progress: the usage so far (continuous usage stats)."""
+    closing usage chunk with no choices. progress: the usage so far (continuous usage stats); logprobs: the new
+    tokens' logprobs object."""
     created = int(time.time())
     obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
     out: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None}
@@ -217,15 +234,38 @@ def chunk(job: Job, rid: str, model: str, index: int, text: str | None = None, r
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
     out["choices"] = [choice]
     if progress is not None:
         out["usage"] = progress
     elif job.include_usage:
         out["usage"] = None
     return out
+
+
+def completion_logprobs(entries: list[tuple], token_text, offset: int = 0) -> dict:
+    """OpenAI's completions logprobs object for generated tokens: entries (token id, logprob, [(id, logprob) of the
+    most likely]) in order; token_text(id) -> the token's text; offset: where the first token's text starts in the
+    completion's text (text_offset)."""
+    tokens = [token_text(t) for t, _, _ in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
+            "top_logprobs": [{token_text(t): lp for t, lp in top} for _, _, top in entries], "text_offset": offsets}
+
+
+def chat_logprobs(entries: list[tuple], token_text) -> dict:
+    """OpenAI's chat logprobs object (choices[i].logprobs) for entries as completion_logprobs takes them."""
+    def one(token: int, lp: float) -> dict:
+        text = token_text(token)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**one(t, lp), "top_logprobs": [one(u, l) for u, l in top]} for t, lp, top in entries],
+            "refusal": None}
 
 
 class TextChunks:

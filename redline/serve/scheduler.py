@@ -17,8 +17,9 @@ How it works
   step too (DecodeBatch.decode_sampled: each row's temperature and top-p in device tensors set when it starts);
   the host fills the step's noise first, a seeded request's from a generator of its own, the others' from the
   scheduler's. A request with top-k makes its group's steps draw after each step instead (inference/sampling.py's
-  RowSampler: one set of kernels for all the rows, launched from here). Either way a row's tokens do not depend
-  on the other rows (the batch's shape never changes), so greedy and seeded output is the same alone or among
+  RowSampler: one set of kernels for all the rows, launched from here), as does a request that wants logprobs
+  (each step's log-softmax, the taken token's and the top k, copied back with the tokens: token_logprobs). Either
+  way a row's tokens do not depend on the other rows (the batch's shape never changes), so greedy and seeded output is the same alone or among
   others.
 - Prefix reuse: a row keeps its last sequence's keys and values until it is prefilled again, and the batch records
   which tokens they are (inference/prefix_cache.py). A new prompt whose first `prefix_min_tokens` or more tokens
@@ -72,6 +73,10 @@ class Sequence:
     may be empty: held back, or tokens that decode to nothing), then ("done", reason) or ("error", message)."""
     stop_ids: frozenset[int] | None = None
     """Tokens that end it (None: the scheduler's; a chat turn ends at its template's end-of-turn tokens)."""
+    logprobs: int | None = None
+    """Hand out each generated token's log-probability and this many most likely alternatives (None: none): text
+    events are then ("text", text, tokens so far, entries), entries a (token id, logprob, [(id, logprob), ...])
+    for each token the event adds."""
     tokens: list[int] = field(default_factory=list)
     """Tokens generated so far (read back to the host), a stop token excluded."""
     finish_reason: str | None = None
@@ -147,6 +152,32 @@ class _Group:
     first_event: object = None
     """Recorded after the first tokens' copy, before the group's steps: they can reach their clients while the
     steps run (a group earlier than the steps' tokens)."""
+    logprobs: torch.Tensor | None = None
+    """(steps, rows, 1 + 2k) the steps' logprobs (see token_logprobs), when a sequence in them asked."""
+    first_logprobs: list = field(default_factory=list)
+    """Each first token's (1, 1 + 2k) logprobs, or None, as first_owners."""
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """logits (R, vocab), the tokens taken (R,) -> (R, 1 + 2k) fp32: each token's log-probability under the model
+    (the logits' log-softmax: before temperature and top-p, as OpenAI's and vLLM's logprobs), then the k most likely
+    tokens' log-probabilities, then their ids (floats: exact below 2**24)."""
+    lp = logits.float().log_softmax(dim=-1)
+    chosen = lp.gather(1, tokens[:, None])
+    if not k:
+        return chosen
+    top = lp.topk(k, dim=-1)
+    return torch.cat([chosen, top.values, top.indices.float()], dim=1)
+
+
+def logprob_entries(packed: list[list[float]], ids: list[int], k: int) -> list[tuple]:
+    """token_logprobs' rows on the host (each of 1 + 2K numbers, K >= k) -> (token id, logprob, [(id, logprob)
+    of the k most likely]) for each of ids."""
+    out = []
+    for token, row in zip(ids, packed):
+        K = (len(row) - 1) // 2
+        out.append((token, row[0], [(int(row[1 + K + j]), row[1 + j]) for j in range(k)]))
+    return out
 
 
 def check_fits(prompt_tokens: int, max_tokens: int, capacity: int) -> None:
@@ -347,7 +378,7 @@ class Scheduler:
         if reason in ("stop", "length"):
             rest = seq.decoder.finish()
             if rest:
-                seq.sink(("text", rest, seq.completion_tokens))
+                seq.sink(("text", rest, seq.completion_tokens) + (() if seq.logprobs is None else ([],)))
         if reason == "cancelled" and self._closing:  # cut off by a shutdown, not by its client: tell the client
             seq.sink(("error", "the server shut down before this request finished; retry it", 503))
         else:
@@ -481,7 +512,8 @@ class Scheduler:
             firsts = firsts.index_copy(0, sampler.rows, sampler.sample(logits))
         for i, seq in enumerate(seqs):
             first = firsts[i:i + 1]  # (1,)
-            self._firsts.append((seq, first))
+            logprobs = None if seq.logprobs is None else token_logprobs(logits[i:i + 1], first, seq.logprobs)
+            self._firsts.append((seq, first, logprobs))
             seq.launched = 1
             if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
                 self.rows[seq.row] = None
@@ -494,23 +526,30 @@ class Scheduler:
         a row's sequence decodes the group's first n steps (n < steps when it got its max_tokens): its row is
         freed right after its last step, known here without reading anything back."""
         firsts, self._firsts = self._firsts, []
-        first_tokens = torch.cat([f for _, f in firsts]) if firsts else None  # (n,)
+        first_tokens = torch.cat([f for _, f, _ in firsts]) if firsts else None  # (n,)
+        first_logprobs = [lp for _, _, lp in firsts]
         first_event = None
         if first_tokens is not None and self.device.type == "cuda":  # on their way before the steps are queued
             first_tokens = first_tokens.to("cpu", non_blocking=True)
+            first_logprobs = [lp if lp is None else lp.to("cpu", non_blocking=True) for lp in first_logprobs]
             first_event = torch.cuda.Event()
             first_event.record()
         running = [s for s in self.rows if s is not None and self.batch.busy[s.row]]
         counts = [min(self.sync_every, seq.max_tokens - seq.launched) for seq in running]
         steps = max(counts, default=0)
-        tokens = None
+        tokens = logprobs = None
         if steps:
             ends: dict[int, list[int]] = {}
             for seq, n in zip(running, counts):
                 if seq.launched + n >= seq.max_tokens:
                     ends.setdefault(n - 1, []).append(seq.row)
             sampling = [seq for seq in running if not seq.sampling.greedy]
-            if not sampling:  # the host only launches the steps
+            k = max((seq.logprobs for seq in running if seq.logprobs is not None), default=None)
+            if k is not None:  # a sequence wants logprobs: each step's logits, read here
+                sampler = self._sampler(sampling, [seq.row for seq in sampling]) if sampling else None
+                outs = [self._step(sampler, ends.get(i, ()), k) for i in range(steps)]
+                tokens, logprobs = torch.stack([t for t, _ in outs]), torch.stack([lp for _, lp in outs])
+            elif not sampling:  # the host only launches the steps
                 tokens = self.batch.decode_greedy(steps, ends)
             elif self.batch.captured_draw and not any(0 < (seq.sampling.top_k or 0) < self.vocab_size
                                                       for seq in sampling):
@@ -520,7 +559,7 @@ class Scheduler:
                                                    top_p=any(seq.sampling.top_p < 1 for seq in sampling))
             else:  # top-k: each row's k-th logit, a per-step RowSampler draw launched from here
                 sampler = self._sampler(sampling, [seq.row for seq in sampling])
-                tokens = torch.stack([self._step(sampler, ends.get(i, ())) for i in range(steps)])
+                tokens = torch.stack([self._step(sampler, ends.get(i, ()))[0] for i in range(steps)])
             self.stats.steps += steps
             self.stats.busy_row_steps += sum(counts)
         decoded = []
@@ -534,26 +573,33 @@ class Scheduler:
         event = None
         if self.device.type == "cuda":  # one copy per group, while the device runs on; _deliver waits for the event
             tokens = tokens.to("cpu", non_blocking=True) if tokens is not None else None
+            logprobs = logprobs.to("cpu", non_blocking=True) if logprobs is not None else None
             event = torch.cuda.Event()
             event.record()
-        return _Group(tokens, event, decoded, first_tokens, [seq for seq, _ in firsts], first_event)
+        return _Group(tokens, event, decoded, first_tokens, [seq for seq, _, _ in firsts], first_event, logprobs,
+                      first_logprobs)
 
     def _sampler(self, seqs: list[Sequence], rows: list[int]) -> RowSampler:
         """The sampler of sequences that sample, whose logits are rows `rows` of what it will be given."""
         return RowSampler(rows, [s.sampling for s in seqs], [s.generator for s in seqs], self._generator,
                           self.device)
 
-    def _step(self, sampler: RowSampler, ending: Seq[int]) -> torch.Tensor:
-        """One decode step when some row samples -> each row's next token (rows,) on the device (a copy: the step's
-        output buffer is reused by the next step): the argmax, and the sampler's draw for its rows, all of them at
-        once; the rows in `ending` are freed after it. A row that has ended earlier in the group still steps
-        (freed rows run parked), its token dropped."""
+    def _step(self, sampler: RowSampler | None, ending: Seq[int],
+              logprobs: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decode step from its logits -> (each row's next token (rows,) on the device (a copy: the step's output
+        buffer is reused by the next step), and with `logprobs` = k token_logprobs' (rows, 1 + 2k) or None): the
+        argmax, and the sampler's draw for its rows (if any), all of them at once; the rows in `ending` are freed
+        after it. A row that has ended earlier in the group still steps (freed rows run parked), its token
+        dropped."""
         logits = self.batch.step(greedy=False)
-        tokens = logits.argmax(dim=-1).index_copy_(0, sampler.rows, sampler.sample(logits))
+        tokens = logits.argmax(dim=-1)
+        if sampler is not None:
+            tokens.index_copy_(0, sampler.rows, sampler.sample(logits))
+        packed = None if logprobs is None else token_logprobs(logits, tokens, logprobs)
         self.batch.advance(tokens)
         for row in ending:
             self.batch.free(row)
-        return tokens
+        return tokens, packed
 
     def _deliver_firsts(self, group: _Group) -> None:
         """The first tokens of the sequences admitted before the group (copied before its steps were queued): wait
@@ -563,13 +609,13 @@ class Scheduler:
         if group.first_event is not None:
             group.first_event.synchronize()
         now = time.perf_counter()
-        for seq, first in zip(group.first_owners, group.firsts.tolist()):
+        for seq, first, lp in zip(group.first_owners, group.firsts.tolist(), group.first_logprobs):
             seq.first_token_s = now
             self.stats.add_ttft(now - seq.submitted_s)
             self.stats.prompt_tokens += len(seq.prompt)
             if not seq.done:
-                self._take(seq, [first])
-        group.firsts, group.first_owners = None, []
+                self._take(seq, [first], None if lp is None else lp.tolist())
+        group.firsts, group.first_owners, group.first_logprobs = None, [], []
 
     def _deliver(self, group: _Group) -> None:
         """The tokens of a group reached (or are reaching) the host: hand each sequence its tokens, in one piece."""
@@ -579,13 +625,14 @@ class Scheduler:
         if group.tokens is None:
             return
         by_row = group.tokens.t().tolist()  # (rows, steps)
+        logprobs = group.logprobs.transpose(0, 1).tolist() if group.logprobs is not None else None
         for seq, row, n in group.decoded:
             if not seq.done:
-                self._take(seq, by_row[row][:n])
+                self._take(seq, by_row[row][:n], logprobs[row][:n] if logprobs and seq.logprobs is not None else None)
 
-    def _take(self, seq: Sequence, ids: list[int]) -> None:
-        """New tokens of seq on the host: cut at a stop token or max_tokens, stream the text that became final,
-        finish the sequence where it ended."""
+    def _take(self, seq: Sequence, ids: list[int], logprobs: list[list[float]] | None = None) -> None:
+        """New tokens of seq on the host (and their token_logprobs rows, if it asked): cut at a stop token or
+        max_tokens, stream the text that became final, finish the sequence where it ended."""
         reason, stops = None, self.stop_ids if seq.stop_ids is None else seq.stop_ids
         if not stops.isdisjoint(ids):  # one pass in C; the loop below only for the group that holds a stop token
             for j, t in enumerate(ids):
@@ -595,10 +642,14 @@ class Scheduler:
         room = seq.max_tokens - len(seq.tokens)
         if len(ids) >= room:
             ids, reason = ids[:room], reason or "length"
+        before = len(seq.tokens)
         seq.tokens += ids
         text = seq.decoder.add(ids)
-        if ids or text:
+        if (ids or text) and seq.logprobs is None:
             seq.sink(("text", text, seq.completion_tokens))
+        elif ids or text:  # the entries of the tokens that count (up to the one completing a stop string)
+            kept = ids[:max(0, seq.completion_tokens - before)]
+            seq.sink(("text", text, seq.completion_tokens, logprob_entries(logprobs or [], kept, seq.logprobs)))
         if seq.decoder.stopped:
             reason = "stop"
         if reason is not None or seq.cancelled:

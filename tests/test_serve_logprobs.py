@@ -1,0 +1,134 @@
+"""`redline serve`'s logprobs through the official `openai` client: each generated token's log-probability and its
+most likely alternatives equal the model's own (a full forward over the prompt and the tokens, log-softmax), for
+completions (`logprobs`: N) and chat (`logprobs`, `top_logprobs`), streamed or not; bad values are OpenAI errors."""
+
+import pytest
+import torch
+
+from redline.inference import InferenceEngine
+from tests.test_serve import EOT, MODEL, error_of, live, model, tokenizer  # noqa: F401  (fixtures)
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def model_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """(len(tokens), vocab) log-probabilities the model gives each generated token's position."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids)[0]  # (T, vocab)
+    return logits[len(prompt) - 1:len(prompt) - 1 + len(tokens)].float().log_softmax(-1)
+
+
+def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
+    return InferenceEngine(model).generate([prompt], n, stop_tokens=[EOT])[0].tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_logprobs_are_the_models(live, model, tokenizer, stream):
+    prompt = tokenizer.encode("The cat sat")
+    args = dict(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, logprobs=3)
+    if stream:
+        chunks = [c for c in live.client.completions.create(stream=True, **args) if c.choices]
+        text = "".join(c.choices[0].text for c in chunks)
+        parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+        tokens = [t for p in parts for t in p.tokens]
+        token_logprobs = [x for p in parts for x in p.token_logprobs]
+        top = [x for p in parts for x in p.top_logprobs]
+        offsets = [x for p in parts for x in p.text_offset]
+    else:
+        choice = live.client.completions.create(**args).choices[0]
+        text, lp = choice.text, choice.logprobs
+        tokens, token_logprobs, top, offsets = lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset
+    want = greedy_tokens(model, prompt, 10)
+    reference = model_logprobs(model, prompt, want)
+    assert len(token_logprobs) == len(want) == len(top)
+    assert tokens == [tokenizer.decode([t]) for t in want]
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert text == tokenizer.decode(want)
+    for j, token in enumerate(want):
+        assert token_logprobs[j] == pytest.approx(float(reference[j, token]), abs=1e-4)
+        values, ids = reference[j].topk(3)
+        # keyed by the tokens' texts, as OpenAI's completions logprobs are (bytes of one UTF-8 character share one)
+        expected = {tokenizer.decode([int(i)]): v for i, v in zip(ids, values.tolist())}
+        assert list(top[j]) == list(expected) and list(top[j].values()) == pytest.approx(list(expected.values()),
+                                                                                          abs=1e-4)
+        assert token_logprobs[j] == pytest.approx(values[0].item(), abs=1e-4)  # greedy: the most likely token
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_have_openais_shape_and_the_models_values(live, stream):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8, temperature=0,
+                logprobs=True, top_logprobs=2)
+    if stream:
+        chunks = [c for c in live.client.chat.completions.create(stream=True, **args) if c.choices]
+        content = [e for c in chunks if c.choices[0].logprobs is not None for e in c.choices[0].logprobs.content]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    else:
+        out = live.client.chat.completions.create(**args)
+        content, text = out.choices[0].logprobs.content, out.choices[0].message.content
+    assert content and len(content) <= 8
+    assert "".join(e.token for e in content) == text or "\ufffd" in "".join(e.token for e in content)
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode())
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-5)  # greedy
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+    plain = live.client.chat.completions.create(**{**args, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == text
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_the_scheduler_gives_each_drawn_token_its_models_logprob(model, tokenizer, lagged):
+    """In the scheduler (no HTTP): a seeded sampled sequence and a greedy one with logprobs, beside one without,
+    in groups of steps (read a group late, as on a GPU): each event's entries are the tokens the sequence got, with
+    the model's log-probability of each (before temperature) and its top 2, against a full forward."""
+    import queue
+
+    from redline.inference import SamplingParams
+    from redline.serve.scheduler import Sequence
+    from tests.test_serve import scheduler_for
+
+    sched = scheduler_for(model, tokenizer, rows=3, sync_every=3 if lagged else None)
+    sched.lag_reads = lagged
+    prompts = [tokenizer.encode("Once upon"), tokenizer.encode("Hello"), tokenizer.encode("Plain")]
+    samplings = [SamplingParams(temperature=1.3, seed=5), SamplingParams(), SamplingParams(temperature=1.0)]
+    sinks = [queue.Queue() for _ in prompts]
+    seqs = [Sequence(p, 9, sp, (), q.put, logprobs=k) for p, sp, q, k in zip(prompts, samplings, sinks, (2, 2, None))]
+    try:
+        sched.submit(seqs)
+        events = []
+        for q in sinks:
+            events.append([])
+            while (event := q.get(timeout=30))[0] == "text":
+                events[-1].append(event)
+    finally:
+        sched.close()
+    assert all(len(e) == 3 for e in events[2])  # no logprobs asked: none computed or sent
+    for seq, got in zip(seqs[:2], events[:2]):
+        entries = [entry for event in got for entry in event[3]]
+        assert [t for t, _, _ in entries] == seq.tokens and seq.tokens
+        reference = model_logprobs(model, seq.prompt, seq.tokens)
+        for j, (token, lp, top) in enumerate(entries):
+            assert lp == pytest.approx(float(reference[j, token]), abs=1e-4)
+            values, ids = reference[j].topk(2)
+            assert [t for t, _ in top] == ids.tolist() and [v for _, v in top] == pytest.approx(values.tolist(),
+                                                                                                  abs=1e-4)
+
+
+@pytest.mark.parametrize("args, param", [
+    ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"), ({"echo": True}, "echo"),
+])
+def test_bad_completion_logprobs_are_openai_errors(live, args, param):
+    status, body = error_of(lambda: live.client.completions.create(model=MODEL, prompt="hi", max_tokens=2, **args))
+    assert status == 400 and body["param"] == param
+
+
+def test_bad_chat_logprobs_are_openai_errors(live):
+    messages = [{"role": "user", "content": "hi"}]
+    status, body = error_of(lambda: live.client.chat.completions.create(model=MODEL, messages=messages,
+                                                                        top_logprobs=2))
+    assert status == 400 and body["param"] == "top_logprobs"
+    status, body = error_of(lambda: live.client.chat.completions.create(model=MODEL, messages=messages,
+                                                                        logprobs=True, top_logprobs=21))
+    assert status == 400 and body["param"] == "top_logprobs"
