@@ -131,6 +131,11 @@ def test_logprobs_cross_from_the_engine_process_as_in_a_thread(in_thread, in_pro
     a, b = (live.client.completions.create(**args).choices[0].logprobs for live in (in_thread, in_process))
     assert a.tokens == b.tokens and len(a.tokens) == 6 and a.top_logprobs == b.top_logprobs
     assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-6)
+    scored = [live.client.completions.create(model=MODEL, prompt="Score this text", max_tokens=0, echo=True,
+                                             logprobs=1).choices[0] for live in (in_thread, in_process)]
+    assert scored[0].text == scored[1].text == "Score this text"
+    assert scored[0].logprobs.token_logprobs[0] is None and len(scored[0].logprobs.tokens) == len("Score this text")
+    assert scored[0].logprobs.token_logprobs[1:] == pytest.approx(scored[1].logprobs.token_logprobs[1:], abs=1e-6)
 
 
 def test_a_prompt_beginning_as_an_earlier_one_reports_its_copied_tokens_in_both_modes(in_thread, in_process):

@@ -1,6 +1,7 @@
 """`redline serve`'s logprobs through the official `openai` client: each generated token's log-probability and its
 most likely alternatives equal the model's own (a full forward over the prompt and the tokens, log-softmax), for
-completions (`logprobs`: N) and chat (`logprobs`, `top_logprobs`), streamed or not; bad values are OpenAI errors."""
+completions (`logprobs`: N) and chat (`logprobs`, `top_logprobs`), streamed or not; completions' `echo`, with the
+prompt's own logprobs (evaluation harnesses score text so); bad values are OpenAI errors."""
 
 import pytest
 import torch
@@ -116,11 +117,52 @@ def test_the_scheduler_gives_each_drawn_token_its_models_logprob(model, tokenize
                                                                                                   abs=1e-4)
 
 
+@pytest.mark.parametrize("max_tokens", [0, 1])
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(live, model, tokenizer, max_tokens, stream):
+    """echo with logprobs (lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs 1, max_tokens
+    0 or 1): the text starts with the prompt's, and token_logprobs start with the prompt's tokens' (the first None),
+    each the model's, then the generated token's."""
+    prompt = tokenizer.encode("The quick brown fox")
+    args = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=1, echo=True)
+    if stream:
+        chunks = [c for c in live.client.completions.create(stream=True, **args) if c.choices]
+        text = "".join(c.choices[0].text for c in chunks)
+        token_logprobs = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+        top = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.top_logprobs]
+    else:
+        out = live.client.completions.create(**args)
+        text, lp = out.choices[0].text, out.choices[0].logprobs
+        token_logprobs, top = lp.token_logprobs, lp.top_logprobs
+        assert out.usage.completion_tokens == max_tokens and out.usage.prompt_tokens == len(prompt)
+    generated = greedy_tokens(model, prompt, 1)[:max_tokens]
+    assert text == tokenizer.decode(prompt + generated)
+    assert len(token_logprobs) == len(prompt) + max_tokens and token_logprobs[0] is None and top[0] == {}
+    reference = model_logprobs(model, prompt[:1], prompt[1:] + generated)
+    for j, token in enumerate(prompt[1:] + generated):
+        assert token_logprobs[j + 1] == pytest.approx(float(reference[j, token]), abs=1e-4)
+        assert list(top[j + 1].values()) == pytest.approx([reference[j].max().item()], abs=1e-4)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_without_logprobs_starts_the_text_with_the_prompt(live, stream):
+    args = dict(model=MODEL, prompt="Echo me", max_tokens=3, temperature=0)
+    plain = live.client.completions.create(**args).choices[0].text
+    if stream:
+        text = "".join(c.choices[0].text for c in live.client.completions.create(stream=True, echo=True, **args)
+                       if c.choices)
+    else:
+        text = live.client.completions.create(echo=True, **args).choices[0].text
+    assert text == "Echo me" + plain
+
+
 @pytest.mark.parametrize("args, param", [
-    ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"), ({"echo": True}, "echo"),
+    ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"), ({"echo": 1}, "echo"),
+    ({"max_tokens": 0}, "max_tokens"),  # only with echo: scoring the prompt
 ])
 def test_bad_completion_logprobs_are_openai_errors(live, args, param):
-    status, body = error_of(lambda: live.client.completions.create(model=MODEL, prompt="hi", max_tokens=2, **args))
+    args = {"max_tokens": 2, **args}
+    status, body = error_of(lambda: live.client.completions.create(model=MODEL, prompt="hi", **args))
     assert status == 400 and body["param"] == param
 
 
@@ -132,3 +174,6 @@ def test_bad_chat_logprobs_are_openai_errors(live):
     status, body = error_of(lambda: live.client.chat.completions.create(model=MODEL, messages=messages,
                                                                         logprobs=True, top_logprobs=21))
     assert status == 400 and body["param"] == "top_logprobs"
+    status, body = error_of(lambda: live.client.chat.completions.create(model=MODEL, messages=messages,
+                                                                        extra_body={"echo": True}))
+    assert status == 400 and body["param"] == "echo"  # chat has no echo

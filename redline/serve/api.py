@@ -113,8 +113,9 @@ class Server:
                     sampling = replace(sampling, seed=sampling.seed + j)
                 index = len(seqs)
                 sink = self.mailbox(loop).sink(queue, index)
-                seqs.append(self.scheduler.sequence_type(ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids,
-                                                         logprobs=job.logprobs))
+                seqs.append(self.scheduler.sequence_type(
+                    ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids, logprobs=job.logprobs,
+                    prompt_logprobs=job.logprobs if job.echo else None))
         return seqs, sum(len(ids) for ids in prompts)
 
 
@@ -173,6 +174,15 @@ def _event_error(event: tuple) -> APIError:
 
 def _finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
+
+
+def _echoes(server: Server, job: Job, seqs: list[Sequence]) -> list[str]:
+    """What each choice's text starts with: its prompt's text with echo (a prompt of ids decoded), else ""."""
+    if not job.echo:
+        return [""] * len(seqs)
+    per_prompt = len(seqs) // len(job.prompts)
+    return [p if isinstance(p, str) else server.tokenizer.decode(p)
+            for p in job.prompts for _ in range(per_prompt)]
 
 
 def _usage(prompt_tokens: int, seqs: list[Sequence]) -> dict:
@@ -251,10 +261,11 @@ async def run(server: Server, request, job: Job):
     except UserError as e:
         raise bad(str(e)) from None
     rid = protocol.new_id(job.kind)
+    echoes = _echoes(server, job, seqs)
     if job.stream:
-        return StreamingResponse(stream(server, job, rid, seqs, queue, prompt_tokens),
+        return StreamingResponse(stream(server, job, rid, seqs, queue, prompt_tokens, echoes),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    texts = [[] for _ in seqs]
+    texts = [[text] for text in echoes]
     entries = [[] for _ in seqs]
     watcher = asyncio.create_task(cancel_on_disconnect(request, seqs))
     try:
@@ -265,6 +276,8 @@ async def run(server: Server, request, job: Job):
                 texts[index].append(event[1])
                 if len(event) > 3:
                     entries[index] += event[3]
+            elif event[0] == "prompt":
+                entries[index] = event[1] + entries[index]
             elif event[0] == "error":
                 raise _event_error(event)
             elif event[0] == "done":
@@ -308,7 +321,7 @@ def _drain(first, queue: asyncio.Queue) -> list:
 
 
 async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue: asyncio.Queue,
-                 prompt_tokens: int):
+                 prompt_tokens: int, echoes: list[str]):
     """The server-sent events of a streamed job; a client that goes away tears this down, which cancels. What has
     arrived since the last write goes out as one write (see _drain)."""
     model = server.model
@@ -317,11 +330,17 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
     try:
         if job.kind == "chat":
             yield b"".join(_sse(protocol.chunk(job, rid, model, i, role=True)) for i in range(len(seqs)))
+        elif job.echo and job.logprobs is None:  # with logprobs, the prompt's text goes with its logprobs (below)
+            yield b"".join(_sse(protocol.chunk(job, rid, model, i, text=t)) for i, t in enumerate(echoes))
         remaining = len(seqs)
         while remaining:
             out = []
             for index, event in _drain(await queue.get(), queue):
-                if event[0] == "text" and len(event) > 3 and (event[1] or event[3] or job.continuous_usage):
+                if event[0] == "prompt":
+                    out.append(_sse(protocol.chunk(job, rid, model, index, text=echoes[index],
+                                                   logprobs=server.logprobs(job, event[1]))))
+                    offsets[index] = sum(len(server.token_text(t)) for t, _, _ in event[1])
+                elif event[0] == "text" and len(event) > 3 and (event[1] or event[3] or job.continuous_usage):
                     logprobs = server.logprobs(job, event[3], offsets[index])
                     offsets[index] += sum(len(server.token_text(t)) for t, _, _ in event[3])
                     progress = (protocol.usage(len(seqs[index].prompt), event[2]) if job.continuous_usage else None)

@@ -150,7 +150,8 @@ class EngineProcess:
         for seq in sequences:
             seq.rid, seq.owner = next(self._ids), self
             self._seqs[seq.rid] = seq
-            wire.append((seq.rid, seq.prompt, seq.max_tokens, seq.sampling, seq.stop, seq.stop_ids, seq.logprobs))
+            wire.append((seq.rid, seq.prompt, seq.max_tokens, seq.sampling, seq.stop, seq.stop_ids, seq.logprobs,
+                         seq.prompt_logprobs))
         self.stats.requests += len(sequences)
         self._sent += len(sequences)
         if not self._send(("submit", wire)):
@@ -237,7 +238,7 @@ class EngineProcess:
             event = item[1]
             if event[0] == "text":
                 seq.counted = event[2]
-            else:  # its last event
+            elif event[0] != "prompt":  # its last event
                 seq.counted, seq.cached_tokens = item[2], item[3]
                 seq.finish_reason = event[1] if event[0] == "done" else "error"
                 del seqs[item[0]]
@@ -322,7 +323,7 @@ class _Outbox:
         live = self.live
 
         def put(event: tuple) -> None:
-            if event[0] == "text":
+            if event[0] in ("text", "prompt"):
                 self.items.append((rid, event))
             else:  # its last event, with the tokens that count as its output and the prompt's copied ones
                 self.items.append((rid, event, seq.completion_tokens, seq.cached_tokens))
@@ -349,8 +350,9 @@ class _Outbox:
 
     def submit(self, wire: list[tuple]) -> None:
         seqs = []
-        for rid, prompt, max_tokens, sampling, stop, stop_ids, logprobs in wire:
-            seq = Sequence(prompt, max_tokens, sampling, stop, None, stop_ids=stop_ids, logprobs=logprobs)
+        for rid, prompt, max_tokens, sampling, stop, stop_ids, logprobs, prompt_logprobs in wire:
+            seq = Sequence(prompt, max_tokens, sampling, stop, None, stop_ids=stop_ids, logprobs=logprobs,
+                           prompt_logprobs=prompt_logprobs)
             seq.sink = self.sink(rid, seq)
             seqs.append(seq)
             self.live[rid] = seq

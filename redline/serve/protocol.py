@@ -56,6 +56,8 @@ class Job:
     messages: list[dict] | None = None  # chat: the conversation, rendered by the server
     logprobs: int | None = None
     """Give each generated token's log-probability and this many most likely alternatives (None: none)."""
+    echo: bool = False
+    """Completions: the response's text starts with the prompt's (and with logprobs, so do its logprobs)."""
 
 
 # fields that ask for something redline does not do: (name, the value that asks for nothing)
@@ -90,8 +92,10 @@ def _stop(body: Mapping) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def _common(body: Mapping, kind: str) -> dict:
+def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
     for name, harmless in _REFUSED.items():
+        if name == "echo" and kind == "completion":
+            continue  # completions take it (completion_job)
         if name in body and body[name] not in harmless:
             raise bad(f"{name} is not supported by this server (redline serve); leave it out", name,
                       "unsupported_parameter")
@@ -100,7 +104,7 @@ def _common(body: Mapping, kind: str) -> dict:
         raise bad("response_format other than text is not supported by this server", "response_format",
                   "unsupported_parameter")
     limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(body, limit_name, None, 1, 2**31, integer=True)
+    max_tokens = _number(body, limit_name, None, least_tokens, 2**31, integer=True)
     if max_tokens is None and kind == "completion":
         max_tokens = 16  # OpenAI's default for completions; chat goes on up to the context
     seed = _number(body, "seed", None, -2**63, 2**63 - 1, integer=True)
@@ -154,7 +158,7 @@ def chat_job(body: Mapping) -> Job:
             raise bad(f"messages[{i}] has empty content; give it some text", f"messages[{i}].content")
         plain.append({"role": message["role"], "content": content})
     logprobs = body.get("logprobs")
-    if logprobs not in (None, True, False):
+    if logprobs is not None and not isinstance(logprobs, bool):
         raise bad(f"logprobs must be true or false, got {logprobs!r}", "logprobs")
     top = _number(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
     if top is not None and not logprobs:
@@ -177,8 +181,13 @@ def completion_job(body: Mapping) -> Job:
         raise bad("prompt must be a non-empty string, list of strings, or list of token ids", "prompt")
     if any(p == "" for p in prompts):
         raise bad("prompt is empty; give some text", "prompt")
-    job = Job(kind="completion", prompts=prompts, **_common(body, "completion"),
-              logprobs=_number(body, "logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True))
+    echo = body.get("echo", False)
+    if echo is not None and not isinstance(echo, bool):
+        raise bad(f"echo must be true or false, got {echo!r}", "echo")
+    # max_tokens 0 with echo: score the prompt alone (OpenAI's legacy completions allowed it, as evaluation
+    # harnesses use it)
+    job = Job(kind="completion", prompts=prompts, **_common(body, "completion", 0 if echo else 1),
+              logprobs=_number(body, "logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True), echo=bool(echo))
     if len(prompts) * job.n > MAX_N:
         raise bad(f"prompts × n must be at most {MAX_N}, got {len(prompts)} × {job.n}", "n")
     return job

@@ -73,6 +73,9 @@ class Sequence:
     may be empty: held back, or tokens that decode to nothing), then ("done", reason) or ("error", message)."""
     stop_ids: frozenset[int] | None = None
     """Tokens that end it (None: the scheduler's; a chat turn ends at its template's end-of-turn tokens)."""
+    prompt_logprobs: int | None = None
+    """Also hand out the prompt's tokens' log-probabilities (and this many alternatives) first, as one ("prompt",
+    entries) event, the first token's logprob None (nothing precedes it); with max_tokens 0 that is all it asks."""
     logprobs: int | None = None
     """Hand out each generated token's log-probability and this many most likely alternatives (None: none): text
     events are then ("text", text, tokens so far, entries), entries a (token id, logprob, [(id, logprob), ...])
@@ -194,8 +197,8 @@ def check_sequences(sequences: Seq[Sequence], vocab: int, capacity: int) -> None
     for seq in sequences:
         if not seq.prompt:
             raise UserError("the prompt is empty; give some text")
-        if seq.max_tokens < 1:
-            raise UserError(f"max_tokens must be >= 1, got {seq.max_tokens}")
+        if seq.max_tokens < (0 if seq.prompt_logprobs is not None else 1):
+            raise UserError(f"max_tokens must be >= 1 (0 only to score the prompt), got {seq.max_tokens}")
         if min(seq.prompt) < 0 or max(seq.prompt) >= vocab:
             raise UserError(f"the prompt has a token id outside the model's vocabulary [0, {vocab})")
         seq.sampling.validate()
@@ -414,7 +417,11 @@ class Scheduler:
     def _admit(self) -> None:
         """Give free rows to waiting sequences, and prefill the rows' prompts: at most prefill_tokens tokens this
         turn while other rows are decoding, everything when none is."""
+        scored, admitted = [], []
         with self._cond:
+            if any(s.max_tokens == 0 for s in self.waiting):  # the prompt scored, nothing generated: no row
+                scored = [s for s in self.waiting if s.max_tokens == 0]
+                self.waiting = collections.deque(s for s in self.waiting if s.max_tokens)
             for r in range(self.batch.rows):
                 if self.rows[r] is None and self.waiting:
                     seq = self.waiting.popleft()
@@ -423,6 +430,13 @@ class Scheduler:
                     # a seeded request draws from its own generator, the others from the scheduler's (RowSampler)
                     seeded = seq.sampling.seed is not None
                     seq.generator = make_generator(seq.sampling, self.device) if seeded else None
+                    admitted.append(seq)
+        for seq in scored + [s for s in admitted if s.prompt_logprobs is not None]:
+            self._score_prompt(seq)
+        for seq in scored:
+            seq.decoder = IncrementalText(self.tokenizer, seq.stop)
+            self.stats.prompt_tokens += len(seq.prompt)
+            self._finish(seq, "length")
         budget = self.prefill_tokens if any(self.batch.busy) else None
         prefilling = sorted((s for s in self.rows if s is not None and not self.batch.busy[s.row]),
                             key=lambda s: s.submitted_s)  # first come, first served
@@ -461,6 +475,22 @@ class Scheduler:
                 budget = None if budget is None else budget - n
             if seq.prefilled == len(seq.prompt):
                 self._first_tokens([seq], logits[None])
+
+    def _score_prompt(self, seq: Sequence) -> None:
+        """Send seq its prompt's logprobs: a forward of the whole prompt (the model's logits at every position, which
+        a prefill does not keep), its log-softmax read back at once (the one place this thread waits for the device
+        outside a group's read: only for requests that ask for prompt logprobs)."""
+        from redline.inference.engine import _evaluating
+
+        engine, k = self.batch.engine, seq.prompt_logprobs
+        ids = torch.tensor([seq.prompt], device=self.device)
+        with _evaluating(engine.model):
+            logits = engine.model(ids)[0]  # (T, vocab)
+        entries = [(seq.prompt[0], None, [])]
+        for i in range(0, len(seq.prompt) - 1, 1024):  # in slices: an fp32 copy of every position's logits is large
+            part = token_logprobs(logits[i:i + 1024][:len(seq.prompt) - 1 - i], ids[0, i + 1:i + 1025], k)
+            entries += logprob_entries(part.tolist(), seq.prompt[i + 1:i + 1025], k)
+        seq.sink(("prompt", entries))
 
     def _reuse_prefixes(self, prefilling: list[Sequence]) -> list[Sequence]:
         """Copy into each row not prefilled yet the longest beginning of its prompt that another row holds, if at
