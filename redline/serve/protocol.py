@@ -263,8 +263,13 @@ def completion_logprobs(entries: list[tuple], token_text, offset: int = 0) -> di
     for token in tokens:
         offsets.append(offset)
         offset += len(token)
-    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [{token_text(t): lp for t, lp in top} for _, _, top in entries], "text_offset": offsets}
+    tops = []
+    for _, _, top in entries:  # keyed by text: of tokens with the same text (bytes of one character), the likeliest
+        tops.append({})
+        for t, lp in top:
+            tops[-1].setdefault(token_text(t), lp)
+    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries], "top_logprobs": tops,
+            "text_offset": offsets}
 
 
 def chat_logprobs(entries: list[tuple], token_text) -> dict:
