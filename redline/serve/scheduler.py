@@ -19,8 +19,8 @@ How it works
   scheduler's. A request with top-k makes its group's steps draw after each step instead (inference/sampling.py's
   RowSampler: one set of kernels for all the rows, launched from here), as does a request that wants logprobs
   (each step's log-softmax, the taken token's and the top k, copied back with the tokens: token_logprobs). Either
-  way a row's tokens do not depend on the other rows (the batch's shape never changes), so greedy and seeded output is the same alone or among
-  others.
+  way a row's tokens do not depend on the other rows (the batch's shape never changes), so greedy and seeded
+  output is the same alone or among others.
 - Prefix reuse: a row keeps its last sequence's keys and values until it is prefilled again, and the batch records
   which tokens they are (inference/prefix_cache.py). A new prompt whose first `prefix_min_tokens` or more tokens
   some row holds (a chat's history sent again with one more turn, a shared system prompt) gets them copied from
@@ -248,7 +248,8 @@ class Scheduler:
         self.rows: list[Sequence | None] = [None] * batch.rows
         self._holders: list[Sequence | None] = [None] * batch.rows  # the last sequence given each row
         self.waiting: collections.deque[Sequence] = collections.deque()
-        self._firsts: list[tuple[Sequence, torch.Tensor]] = []  # first tokens sampled, not yet sent to the host
+        # first tokens sampled, not yet sent to the host: (sequence, token (1,), its logprobs or None)
+        self._firsts: list[tuple[Sequence, torch.Tensor, torch.Tensor | None]] = []
         self._generator = torch.Generator(device=self.device)  # the draws of the requests without a seed
         self._generator.seed()
         self.stats = Stats()
@@ -488,8 +489,9 @@ class Scheduler:
             logits = engine.model(ids)[0]  # (T, vocab)
         entries = [(seq.prompt[0], None, [])]
         for i in range(0, len(seq.prompt) - 1, 1024):  # in slices: an fp32 copy of every position's logits is large
-            part = token_logprobs(logits[i:i + 1024][:len(seq.prompt) - 1 - i], ids[0, i + 1:i + 1025], k)
-            entries += logprob_entries(part.tolist(), seq.prompt[i + 1:i + 1025], k)
+            end = min(i + 1024, len(seq.prompt) - 1)  # position j's logits score token j + 1
+            part = token_logprobs(logits[i:end], ids[0, i + 1:end + 1], k)
+            entries += logprob_entries(part.tolist(), seq.prompt[i + 1:end + 1], k)
         seq.sink(("prompt", entries))
 
     def _reuse_prefixes(self, prefilling: list[Sequence]) -> list[Sequence]:
@@ -575,21 +577,20 @@ class Scheduler:
                     ends.setdefault(n - 1, []).append(seq.row)
             sampling = [seq for seq in running if not seq.sampling.greedy]
             k = max((seq.logprobs for seq in running if seq.logprobs is not None), default=None)
-            if k is not None:  # a sequence wants logprobs: each step's logits, read here
+            top_k = any(0 < (seq.sampling.top_k or 0) < self.vocab_size for seq in sampling)
+            if k is not None or (sampling and (top_k or not self.batch.captured_draw)):
+                # logprobs, or top-k (each row's k-th logit): each step from its logits, a RowSampler draw for
+                # the rows that sample and the logprobs launched from here
                 sampler = self._sampler(sampling, [seq.row for seq in sampling]) if sampling else None
                 outs = [self._step(sampler, ends.get(i, ()), k) for i in range(steps)]
-                tokens, logprobs = torch.stack([t for t, _ in outs]), torch.stack([lp for _, lp in outs])
+                tokens = torch.stack([t for t, _ in outs])
+                logprobs = torch.stack([lp for _, lp in outs]) if k is not None else None
             elif not sampling:  # the host only launches the steps
                 tokens = self.batch.decode_greedy(steps, ends)
-            elif self.batch.captured_draw and not any(0 < (seq.sampling.top_k or 0) < self.vocab_size
-                                                      for seq in sampling):
-                # the draw inside each captured step; the host fills the step's noise and launches it
+            else:  # the draw inside each captured step; the host fills the step's noise and launches it
                 own = {seq.row: seq.generator for seq in sampling if seq.generator is not None}
                 tokens = self.batch.decode_sampled(steps, ends, own, self._generator,
                                                    top_p=any(seq.sampling.top_p < 1 for seq in sampling))
-            else:  # top-k: each row's k-th logit, a per-step RowSampler draw launched from here
-                sampler = self._sampler(sampling, [seq.row for seq in sampling])
-                tokens = torch.stack([self._step(sampler, ends.get(i, ()))[0] for i in range(steps)])
             self.stats.steps += steps
             self.stats.busy_row_steps += sum(counts)
         decoded = []
