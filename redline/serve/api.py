@@ -314,7 +314,8 @@ def _drain(first, queue: asyncio.Queue) -> list:
     for index, event in items:
         if merged and event[0] == "text" and merged[-1][1][0] == "text" and merged[-1][0] == index:
             last = merged[-1][1]
-            merged[-1] = (index, ("text", last[1] + event[1], event[2], *([last[3] + event[3]] if len(event) > 3 else [])))
+            entries = [last[3] + event[3]] if len(event) > 3 else []  # a choice with logprobs: its entries too
+            merged[-1] = (index, ("text", last[1] + event[1], event[2], *entries))
         else:
             merged.append((index, event))
     return merged
@@ -450,7 +451,7 @@ def metrics_text(scheduler: Scheduler) -> str:
              "# TYPE redline_requests_finished_total counter"]
     lines += [f'redline_requests_finished_total{{reason="{r}"}} {n}' for r, n in sorted(s.finished.items())]
     lines += ["# TYPE redline_prompt_tokens_total counter", f"redline_prompt_tokens_total {s.prompt_tokens}",
-              "# HELP redline_prompt_tokens_cached_total Prompt tokens copied from a row that held them (prefix reuse).",
+              "# HELP redline_prompt_tokens_cached_total Prompt tokens copied from a row holding them (prefix reuse).",
               "# TYPE redline_prompt_tokens_cached_total counter",
               f"redline_prompt_tokens_cached_total {s.cached_tokens}",
               "# TYPE redline_completion_tokens_total counter",
