@@ -16,9 +16,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 def model_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """(len(tokens), vocab) log-probabilities the model gives each generated token's position."""
-    ids = torch.tensor([prompt + tokens])
+    ids = torch.tensor([prompt + tokens], device=next(model.parameters()).device)
     with torch.no_grad():
-        logits = model(ids)[0]  # (T, vocab)
+        logits = model(ids)[0].cpu()  # (T, vocab)
     return logits[len(prompt) - 1:len(prompt) - 1 + len(tokens)].float().log_softmax(-1)
 
 
@@ -214,3 +214,46 @@ def test_served_logprobs_of_an_imported_model_equal_transformers(tmp_path, capsy
     for j in range(1, len(ids)):
         assert lp.token_logprobs[j] == pytest.approx(float(reference[j - 1, ids[j]]), abs=1e-4)
         assert max(lp.top_logprobs[j].values()) == pytest.approx(reference[j - 1].max().item(), abs=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_logprobs_on_a_gpu_are_the_models_and_leave_the_tokens_as_they_are(tokenizer):
+    """bf16, compiled, CUDA graphs: a greedy request with logprobs (its groups step by step from the logits) among
+    requests without (captured greedy steps) gets the tokens it gets without logprobs, and logprobs within bf16's
+    rounding of a full forward; a prompt's logprobs (echo) likewise."""
+    import queue
+    from dataclasses import replace
+
+    from redline.inference import SamplingParams
+    from redline.inference.batch import DecodeBatch
+    from redline.model import GPT
+    from redline.serve.scheduler import Scheduler, Sequence
+    from tests.test_serve import CFG, run_all
+
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, n_embd=128, n_head=4, n_kv_head=2)).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # logits far apart: bf16 rounding alone cannot flip an argmax
+    sched = Scheduler(DecodeBatch(InferenceEngine(model), rows=4, capacity=CFG.context_len), tokenizer, [EOT],
+                      sync_every=8)
+    try:
+        prompt = [(5 * j) % 250 + 1 for j in range(20)]
+        plain = run_all(sched, [prompt], [24])[0].tokens
+        sink = queue.Queue()
+        seq = Sequence(prompt, 24, SamplingParams(), (), sink.put, logprobs=2, prompt_logprobs=2)
+        others = [Sequence([j + 1] * 9, 30, SamplingParams(), (), lambda e: None) for j in range(3)]
+        sched.submit([seq] + others)
+        events = []
+        while (event := sink.get(timeout=60))[0] != "done":
+            events.append(event)
+    finally:
+        sched.close()
+    assert seq.tokens == plain
+    scored = events[0][1]
+    generated = [entry for event in events[1:] for entry in event[3]]
+    assert [t for t, _, _ in scored] == prompt and [t for t, _, _ in generated] == seq.tokens
+    reference = model_logprobs(model.float(), prompt[:1], prompt[1:] + seq.tokens)
+    got = [lp for _, lp, _ in scored[1:] + generated]
+    want = [float(reference[j, t]) for j, t in enumerate(prompt[1:] + seq.tokens)]
+    assert got == pytest.approx(want, abs=0.1 + 0.02 * max(abs(w) for w in want))
