@@ -277,7 +277,7 @@ def error_of(call) -> tuple[int, dict]:
     ({"n": 99}, 400, "n"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"logprobs": 21}, 400, "logprobs"),
-    ({"frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ({"prompt": "x" * 90, "max_tokens": 10}, 400, "prompt"),
     ({"prompt": ""}, 400, "prompt"),
 ])

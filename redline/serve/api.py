@@ -115,7 +115,7 @@ class Server:
                 sink = self.mailbox(loop).sink(queue, index)
                 seqs.append(self.scheduler.sequence_type(
                     ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids, logprobs=job.logprobs,
-                    prompt_logprobs=job.logprobs if job.echo else None))
+                    prompt_logprobs=job.logprobs if job.echo else None, penalties=job.penalties))
         return seqs, sum(len(ids) for ids in prompts)
 
 

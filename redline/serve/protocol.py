@@ -56,6 +56,9 @@ class Job:
     messages: list[dict] | None = None  # chat: the conversation, rendered by the server
     logprobs: int | None = None
     """Give each generated token's log-probability and this many most likely alternatives (None: none)."""
+    penalties: tuple[float, float] = (0.0, 0.0)
+    """(presence_penalty, frequency_penalty), OpenAI's: each token's logit lowered by the first once it has been
+    generated and by the second for every time it has."""
     echo: bool = False
     """Completions: the response's text starts with the prompt's (and with logprobs, so do its logprobs)."""
 
@@ -63,7 +66,7 @@ class Job:
 # fields that ask for something redline does not do: (name, the value that asks for nothing)
 _REFUSED = {
     "echo": (None, False), "suffix": (None, ""),
-    "best_of": (None, 1), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "best_of": (None, 1),
     "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
     "function_call": (None, "none"), "audio": (None,), "prediction": (None,),
 }
@@ -118,7 +121,9 @@ def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise bad("stream_options must be an object", "stream_options")
-    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stop(body),
+    penalties = (float(_number(body, "presence_penalty", 0.0, -2, 2)), float(_number(body, "frequency_penalty", 0.0,
+                                                                                   -2, 2)))
+    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stop(body), "penalties": penalties,
             "n": _number(body, "n", 1, 1, MAX_N, integer=True), "stream": bool(stream),
             "include_usage": bool(options.get("include_usage", False)),
             "continuous_usage": bool(options.get("continuous_usage_stats", False))}
