@@ -111,7 +111,7 @@ def run(args, tokenizer, table: torch.Tensor, record: list | None = None) -> tup
     sched.lag_reads = True  # as on a GPU: a group's tokens are read while the next group is launched
     done = threading.Event()
     wire = [(i, [1 + i % 50] * PROMPT, args.max_tokens, SamplingParams(temperature=0.0), tuple(args.stop), None,
-             None, None, (0.0, 0.0)) for i in range(args.rows)]
+             None, None, (0.0, 0.0), ()) for i in range(args.rows)]
     if args.sink == "outbox":
         outbox = _Outbox(DevNull(record), sched)
         sched.flushes.append(lambda: outbox.live or done.set())

@@ -92,6 +92,9 @@ class Server:
         prompts = self.prompt_ids(job)
         if any(not p for p in prompts):
             raise bad("a prompt encodes to no tokens; give some text", "prompt")
+        if any(t >= self.scheduler.vocab_size for t, _ in job.logit_bias):
+            raise bad(f"logit_bias names a token id outside the model's vocabulary [0, {self.scheduler.vocab_size})",
+                      "logit_bias")
         seqs = []
         stop_ids = frozenset(self.renderer.stop_ids) if job.kind == "chat" else None
         for p, ids in enumerate(prompts):
@@ -115,7 +118,8 @@ class Server:
                 sink = self.mailbox(loop).sink(queue, index)
                 seqs.append(self.scheduler.sequence_type(
                     ids, max_tokens, sampling, job.stop, sink, stop_ids=stop_ids, logprobs=job.logprobs,
-                    prompt_logprobs=job.logprobs if job.echo else None, penalties=job.penalties))
+                    prompt_logprobs=job.logprobs if job.echo else None, penalties=job.penalties,
+                    logit_bias=job.logit_bias))
         return seqs, sum(len(ids) for ids in prompts)
 
 

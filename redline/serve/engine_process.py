@@ -151,7 +151,7 @@ class EngineProcess:
             seq.rid, seq.owner = next(self._ids), self
             self._seqs[seq.rid] = seq
             wire.append((seq.rid, seq.prompt, seq.max_tokens, seq.sampling, seq.stop, seq.stop_ids, seq.logprobs,
-                         seq.prompt_logprobs, seq.penalties))
+                         seq.prompt_logprobs, seq.penalties, seq.logit_bias))
         self.stats.requests += len(sequences)
         self._sent += len(sequences)
         if not self._send(("submit", wire)):
@@ -350,9 +350,9 @@ class _Outbox:
 
     def submit(self, wire: list[tuple]) -> None:
         seqs = []
-        for rid, prompt, max_tokens, sampling, stop, stop_ids, logprobs, prompt_logprobs, penalties in wire:
+        for rid, prompt, max_tokens, sampling, stop, stop_ids, logprobs, prompt_logprobs, penalties, bias in wire:
             seq = Sequence(prompt, max_tokens, sampling, stop, None, stop_ids=stop_ids, logprobs=logprobs,
-                           prompt_logprobs=prompt_logprobs, penalties=penalties)
+                           prompt_logprobs=prompt_logprobs, penalties=penalties, logit_bias=bias)
             seq.sink = self.sink(rid, seq)
             seqs.append(seq)
             self.live[rid] = seq

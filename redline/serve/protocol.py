@@ -56,6 +56,8 @@ class Job:
     messages: list[dict] | None = None  # chat: the conversation, rendered by the server
     logprobs: int | None = None
     """Give each generated token's log-probability and this many most likely alternatives (None: none)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those tokens' logits before each token is chosen (OpenAI's logit_bias)."""
     penalties: tuple[float, float] = (0.0, 0.0)
     """(presence_penalty, frequency_penalty), OpenAI's: each token's logit lowered by the first once it has been
     generated and by the second for every time it has."""
@@ -66,8 +68,7 @@ class Job:
 # fields that ask for something redline does not do: (name, the value that asks for nothing)
 _REFUSED = {
     "echo": (None, False), "suffix": (None, ""),
-    "best_of": (None, 1),
-    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
+    "best_of": (None, 1), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
     "function_call": (None, "none"), "audio": (None,), "prediction": (None,),
 }
 
@@ -121,9 +122,19 @@ def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise bad("stream_options must be an object", "stream_options")
+    bias = body.get("logit_bias") or {}
+    if not isinstance(bias, Mapping):
+        raise bad("logit_bias must be an object mapping token ids to numbers in [-100, 100]", "logit_bias")
+    pairs = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) \
+                or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad(f"logit_bias maps token ids to numbers in [-100, 100], got {key!r}: {value!r}", "logit_bias")
+        pairs.append((int(key), float(value)))
     penalties = (float(_number(body, "presence_penalty", 0.0, -2, 2)), float(_number(body, "frequency_penalty", 0.0,
                                                                                    -2, 2)))
     return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stop(body), "penalties": penalties,
+            "logit_bias": tuple(pairs),
             "n": _number(body, "n", 1, 1, MAX_N, integer=True), "stream": bool(stream),
             "include_usage": bool(options.get("include_usage", False)),
             "continuous_usage": bool(options.get("continuous_usage_stats", False))}

@@ -19,7 +19,8 @@ How it works
   scheduler's. A request with top-k makes its group's steps draw after each step instead (inference/sampling.py's
   RowSampler: one set of kernels for all the rows, launched from here), as does a request that wants logprobs
   (each step's log-softmax, the taken token's and the top k, copied back with the tokens: token_logprobs) or a
-  presence or frequency penalty (each row's counts of the tokens it generated, kept on the device). Either
+  presence or frequency penalty or a logit bias (each row's counts of the tokens it generated and its bias, kept
+  on the device). Either
   way a row's tokens do not depend on the other rows (the batch's shape never changes), so greedy and seeded
   output is the same alone or among others.
 - Prefix reuse: a row keeps its last sequence's keys and values until it is prefilled again, and the batch records
@@ -47,7 +48,7 @@ from redline.inference.batch import DecodeBatch
 from redline.inference.prefix_cache import BLOCK, chain_hashes
 from redline.inference.sampling import RowSampler, SamplingParams, make_generator
 from redline.inference.text import IncrementalText
-from redline.inference.transfer import put
+from redline.inference.transfer import put, to_device
 
 
 class QueueFull(Exception):
@@ -82,6 +83,8 @@ class Sequence:
     """Hand out each generated token's log-probability and this many most likely alternatives (None: none): text
     events are then ("text", text, tokens so far, entries), entries a (token id, logprob, [(id, logprob), ...])
     for each token the event adds."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those logits before every token is chosen, the first included."""
     penalties: tuple[float, float] = (0.0, 0.0)
     """(presence, frequency): each token's logit lowered by the first once the sequence has generated it, and by
     the second times the number of times it has (OpenAI's presence_penalty and frequency_penalty)."""
@@ -204,6 +207,8 @@ def check_sequences(sequences: Seq[Sequence], vocab: int, capacity: int) -> None
             raise UserError("the prompt is empty; give some text")
         if seq.max_tokens < (0 if seq.prompt_logprobs is not None else 1):
             raise UserError(f"max_tokens must be >= 1 (0 only to score the prompt), got {seq.max_tokens}")
+        if any(not 0 <= t < vocab for t, _ in seq.logit_bias):
+            raise UserError(f"logit_bias names a token id outside the model's vocabulary [0, {vocab})")
         if any(not -2 <= p <= 2 for p in seq.penalties):
             raise UserError(f"presence and frequency penalties must be in [-2, 2], got {seq.penalties}")
         if min(seq.prompt) < 0 or max(seq.prompt) >= vocab:
@@ -257,10 +262,11 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         # first tokens sampled, not yet sent to the host: (sequence, token (1,), its logprobs or None)
         self._firsts: list[tuple[Sequence, torch.Tensor, torch.Tensor | None]] = []
-        # penalties: each row's (presence, frequency) (rows, 2) and counts of its generated tokens (rows, vocab),
-        # allocated when a request first asks for one
+        # penalties and logit biases: each row's (presence, frequency) (rows, 2), counts of its generated tokens
+        # (rows, vocab) and bias (rows, vocab), allocated when a request first asks for one
         self._penalty: torch.Tensor | None = None
         self._counts: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
         self._generator = torch.Generator(device=self.device)  # the draws of the requests without a seed
         self._generator.seed()
         self.stats = Stats()
@@ -547,7 +553,14 @@ class Scheduler:
     def _first_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample the token after each prompt (logits (n, vocab)) on the device and start the rows from them: they
         reach the host with the next group of steps, so admitting requests never makes the host wait for the
-        device. Greedy ones take one argmax together, the others one RowSampler draw."""
+        device. Greedy ones take one argmax together, the others one RowSampler draw (after each one's logit
+        bias: logprobs are the model's, before it)."""
+        raw, biases = logits, [self._bias_of(seq) for seq in seqs]
+        if any(b is not None for b in biases):
+            logits = logits.clone()
+            for i, bias in enumerate(biases):
+                if bias is not None:
+                    logits[i].index_add_(0, *bias)
         firsts = logits.argmax(dim=-1)  # (n,)
         sampled = [i for i, seq in enumerate(seqs) if not seq.sampling.greedy]
         if sampled:
@@ -555,14 +568,14 @@ class Scheduler:
             firsts = firsts.index_copy(0, sampler.rows, sampler.sample(logits))
         for i, seq in enumerate(seqs):
             first = firsts[i:i + 1]  # (1,)
-            logprobs = None if seq.logprobs is None else token_logprobs(logits[i:i + 1], first, seq.logprobs)
+            logprobs = None if seq.logprobs is None else token_logprobs(raw[i:i + 1], first, seq.logprobs)
             self._firsts.append((seq, first, logprobs))
             seq.launched = 1
             if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
                 self.rows[seq.row] = None
             else:
-                if any(seq.penalties) or self._penalty is not None:
-                    self._start_counts(seq.row, seq.penalties, first)
+                if any(seq.penalties) or seq.logit_bias or self._penalty is not None:
+                    self._start_adjusted(seq, first, biases[i])
                 self.batch.start(seq.row, first[0], len(seq.prompt), seq.sampling.temperature, seq.sampling.top_p)
 
     def _launch(self) -> _Group | None:
@@ -591,12 +604,12 @@ class Scheduler:
             sampling = [seq for seq in running if not seq.sampling.greedy]
             k = max((seq.logprobs for seq in running if seq.logprobs is not None), default=None)
             top_k = any(0 < (seq.sampling.top_k or 0) < self.vocab_size for seq in sampling)
-            penalized = any(any(seq.penalties) for seq in running)
-            if k is not None or penalized or (sampling and (top_k or not self.batch.captured_draw)):
-                # logprobs, penalties or top-k (each row's k-th logit): each step from its logits, a RowSampler draw
-                # for the rows that sample, the penalties and the logprobs launched from here
+            adjusted = any(any(seq.penalties) or seq.logit_bias for seq in running)
+            if k is not None or adjusted or (sampling and (top_k or not self.batch.captured_draw)):
+                # logprobs, penalties, biases or top-k (each row's k-th logit): each step from its logits, a
+                # RowSampler draw for the rows that sample, the adjustments and the logprobs launched from here
                 sampler = self._sampler(sampling, [seq.row for seq in sampling]) if sampling else None
-                outs = [self._step(sampler, ends.get(i, ()), k, penalized) for i in range(steps)]
+                outs = [self._step(sampler, ends.get(i, ()), k, adjusted) for i in range(steps)]
                 tokens = torch.stack([t for t, _ in outs])
                 logprobs = torch.stack([lp for _, lp in outs]) if k is not None else None
             elif not sampling:  # the host only launches the steps
@@ -624,16 +637,28 @@ class Scheduler:
         return _Group(tokens, event, decoded, first_tokens, [seq for seq, _, _ in firsts], first_event, logprobs,
                       first_logprobs)
 
-    def _start_counts(self, row: int, penalties: tuple[float, float], first: torch.Tensor) -> None:
-        """A row starting (with penalties, or after some request had them): its counts hold its first token alone;
-        its (presence, frequency) set, zeros for none."""
+    def _bias_of(self, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """seq's logit bias as (token ids, biases) on the device (from pinned memory, not waiting), or None."""
+        if not seq.logit_bias:
+            return None
+        return (to_device([t for t, _ in seq.logit_bias], self.device),
+                to_device([b for _, b in seq.logit_bias], self.device, torch.float32))
+
+    def _start_adjusted(self, seq: Sequence, first: torch.Tensor, bias) -> None:
+        """A row starting with penalties or a logit bias (or after some request had them): its counts hold its first
+        token alone; its (presence, frequency) and bias set, zeros for none."""
         if self._counts is None:
             self._counts = torch.zeros(self.batch.rows, self.vocab_size, device=self.device)
             self._penalty = torch.zeros(self.batch.rows, 2, device=self.device)
+            self._bias = torch.zeros(self.batch.rows, self.vocab_size, device=self.device)
+        row = seq.row
         self._counts[row].zero_()
         self._counts[row].index_fill_(0, first, 1.0)
-        put(self._penalty, (row, 0), penalties[0])
-        put(self._penalty, (row, 1), penalties[1])
+        put(self._penalty, (row, 0), seq.penalties[0])
+        put(self._penalty, (row, 1), seq.penalties[1])
+        self._bias[row].zero_()
+        if bias is not None:
+            self._bias[row].index_add_(0, *bias)
 
     def _sampler(self, seqs: list[Sequence], rows: list[int]) -> RowSampler:
         """The sampler of sequences that sample, whose logits are rows `rows` of what it will be given."""
@@ -641,20 +666,21 @@ class Scheduler:
                           self.device)
 
     def _step(self, sampler: RowSampler | None, ending: Seq[int], logprobs: int | None = None,
-              penalized: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+              adjusted: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decode step from its logits -> (each row's next token (rows,) on the device (a copy: the step's output
         buffer is reused by the next step), and with `logprobs` = k token_logprobs' (rows, 1 + 2k) or None): the
-        argmax, and the sampler's draw for its rows (if any), all of them at once, after the rows' penalties
-        (penalized: some row has one); the rows in `ending` are freed after it. A row that has ended earlier in the
-        group still steps (freed rows run parked), its token dropped. Logprobs are the model's, before penalties."""
+        argmax, and the sampler's draw for its rows (if any), all of them at once, after the rows' logit biases and
+        penalties (adjusted: some row has one); the rows in `ending` are freed after it. A row that has ended earlier
+        in the group still steps (freed rows run parked), its token dropped. Logprobs are the model's, before
+        biases and penalties."""
         logits = raw = self.batch.step(greedy=False)
-        if penalized:  # (rows, vocab): presence once a token was generated, frequency for each time
+        if adjusted:  # (rows, vocab): the bias, presence once a token was generated, frequency for each time
             counts = self._counts
-            logits = raw - (counts > 0) * self._penalty[:, :1] - counts * self._penalty[:, 1:]
+            logits = raw + self._bias - (counts > 0) * self._penalty[:, :1] - counts * self._penalty[:, 1:]
         tokens = logits.argmax(dim=-1)
         if sampler is not None:
             tokens.index_copy_(0, sampler.rows, sampler.sample(logits))
-        if penalized:
+        if adjusted:
             self._counts.scatter_add_(1, tokens[:, None], torch.ones_like(self._counts[:, :1]))
         packed = None if logprobs is None else token_logprobs(raw, tokens, logprobs)
         self.batch.advance(tokens)
