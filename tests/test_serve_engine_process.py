@@ -126,7 +126,7 @@ def test_greedy_and_seeded_completions_equal_the_in_thread_server(in_thread, in_
         assert want[2] == (len(prompt), max_tokens * len(want[0]))
 
 
-def test_logprobs_cross_from_the_engine_process_as_in_a_thread(in_thread, in_process):
+def test_logprobs_penalties_and_biases_cross_from_the_engine_process_as_in_a_thread(in_thread, in_process):
     args = dict(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0, logprobs=2)
     a, b = (live.client.completions.create(**args).choices[0].logprobs for live in (in_thread, in_process))
     assert a.tokens == b.tokens and len(a.tokens) == 6 and a.top_logprobs == b.top_logprobs
@@ -136,6 +136,10 @@ def test_logprobs_cross_from_the_engine_process_as_in_a_thread(in_thread, in_pro
     assert scored[0].text == scored[1].text == "Score this text"
     assert scored[0].logprobs.token_logprobs[0] is None and len(scored[0].logprobs.tokens) == len("Score this text")
     assert scored[0].logprobs.token_logprobs[1:] == pytest.approx(scored[1].logprobs.token_logprobs[1:], abs=1e-6)
+    adjusted = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, frequency_penalty=1.5,
+                    presence_penalty=0.5, logit_bias={"101": 3})
+    texts = [live.client.completions.create(**adjusted).choices[0].text for live in (in_thread, in_process)]
+    assert texts[0] == texts[1] != completion(in_thread, "Once upon a time", 8, False, temperature=0)[0][0]
 
 
 def test_a_prompt_beginning_as_an_earlier_one_reports_its_copied_tokens_in_both_modes(in_thread, in_process):
