@@ -136,9 +136,12 @@ class DecodeBatch:
     def hold(self, row: int, tokens: list[int]) -> None:
         """Record that the row's cache holds `tokens` at slots [0, len(tokens)): its prompt once prefilled, its prompt
         and generated tokens (all but the last, whose key and value no step wrote) once its sequence ends."""
-        tokens = tokens[:self.capacity - 1]  # the last slot is where rows that do not decode are parked
+        if len(tokens) >= self.capacity:
+            tokens = tokens[:self.capacity - 1]  # the last slot is where rows that do not decode are parked
+        old = self.held[row]
+        grew = len(tokens) >= len(old) and tokens[:len(old)] == old  # a sequence that went on: its hashes stay
         self.held[row] = tokens
-        self.prefixes.set(row, tokens)
+        self.prefixes.set(row, tokens, grew)
 
     def match(self, tokens: list[int], exclude: list[int] = ()) -> tuple[int, int]:
         """(row, n): a row, not in exclude, whose cache holds tokens[:n] (n in whole blocks of

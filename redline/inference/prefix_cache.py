@@ -21,11 +21,13 @@ from collections.abc import Iterable, Sequence
 BLOCK = 16  # tokens a hash covers: matches are whole blocks
 
 
-def chain_hashes(tokens: Sequence[int], limit: int | None = None) -> list[int]:
-    """The chained hashes of tokens' whole blocks: hashes[i] stands for tokens[:(i + 1) * BLOCK]."""
-    n = len(tokens) // BLOCK if limit is None else min(limit, len(tokens) // BLOCK)
-    out, h = [], 0
-    for i in range(n):
+def chain_hashes(tokens: Sequence[int], known: Sequence[int] = ()) -> list[int]:
+    """The chained hashes of tokens' whole blocks: hashes[i] stands for tokens[:(i + 1) * BLOCK]. known: the hashes
+    of its first blocks, computed before (a sequence that grew), which are not hashed again."""
+    n = len(tokens) // BLOCK
+    out = list(known[:n])
+    h = out[-1] if out else 0
+    for i in range(len(out), n):
         h = hash((h, tuple(tokens[i * BLOCK:(i + 1) * BLOCK])))
         out.append(h)
     return out
@@ -37,17 +39,22 @@ class PrefixIndex:
     def __init__(self, rows: int):
         self.hashes: list[list[int]] = [[] for _ in range(rows)]  # each row's chained block hashes
         self.owners: dict[int, dict[int, None]] = {}  # chained hash -> the rows registered with it (in order)
+        self.live = 0  # hashes the rows hold now: the dictionary is rebuilt when it outgrows them
 
-    def set(self, row: int, tokens: Sequence[int]) -> None:
-        """Row's cache now holds `tokens` at slots [0, len(tokens)) (only whole blocks are indexed)."""
-        self.set_hashes(row, chain_hashes(tokens))
+    def set(self, row: int, tokens: Sequence[int], grew: bool = False) -> None:
+        """Row's cache now holds `tokens` at slots [0, len(tokens)) (only whole blocks are indexed). grew: the row
+        held the first of these already (its sequence went on): their hashes are kept, not computed again."""
+        known = self.hashes[row] if grew else ()
+        self.set_hashes(row, chain_hashes(tokens, known=known), registered=len(known))
 
-    def set_hashes(self, row: int, hashes: list[int]) -> None:
-        """set() with the hashes known already (a prefix of another row's)."""
+    def set_hashes(self, row: int, hashes: list[int], registered: int = 0) -> None:
+        """set() with the hashes known already (a prefix of another row's); the first `registered` of them are the
+        row's in the dictionary already."""
+        self.live += len(hashes) - len(self.hashes[row])
         self.hashes[row] = hashes
-        for h in hashes:
+        for h in hashes[registered:]:
             self.owners.setdefault(h, {})[row] = None
-        if len(self.owners) > 2 * sum(len(h) for h in self.hashes) + 4096:  # drop the stale entries now and then
+        if len(self.owners) > 2 * self.live + 4096:  # drop the stale entries now and then
             self.owners = {}
             for r, row_hashes in enumerate(self.hashes):
                 for h in row_hashes:
@@ -61,8 +68,9 @@ class PrefixIndex:
         def holds(row: int, i: int, h: int) -> bool:
             return row not in excluded and len(self.hashes[row]) > i and self.hashes[row][i] == h
 
-        best = (-1, 0)
-        for i, h in enumerate(chain_hashes(tokens)):
+        best, h = (-1, 0), 0
+        for i in range(len(tokens) // BLOCK):  # hashed block by block: a prompt no row holds costs one block
+            h = hash((h, tuple(tokens[i * BLOCK:(i + 1) * BLOCK])))
             # the row found so far if it holds this block too (a chained hash stands for every block before it),
             # else any row registered with it that still holds it
             row = best[0]

@@ -45,7 +45,7 @@ import torch
 
 from redline.errors import UserError
 from redline.inference.batch import DecodeBatch
-from redline.inference.prefix_cache import BLOCK, chain_hashes
+from redline.inference.prefix_cache import BLOCK
 from redline.inference.sampling import RowSampler, SamplingParams, make_generator
 from redline.inference.text import IncrementalText
 from redline.inference.transfer import put, to_device
@@ -517,7 +517,7 @@ class Scheduler:
         token). Rows being prefilled this turn are not copied from. -> the sequences to prefill at a later turn:
         those whose beginning another sequence of this turn is about to compute, which they then copy."""
         fresh = {s.row for s in prefilling if not s.prefilled}
-        blocks = -(-self.prefix_min_tokens // BLOCK)
+        least = -(-self.prefix_min_tokens // BLOCK) * BLOCK  # the shortest beginning worth copying, whole blocks
         computing, later = set(), []
         for seq in prefilling:
             if seq.prefilled:
@@ -529,12 +529,12 @@ class Scheduler:
                 seq.prefilled = seq.cached_tokens = n
                 self.stats.cached_tokens += n
                 continue
-            head = chain_hashes(probe, blocks)
-            if len(head) == blocks:
-                if head[-1] in computing:
+            if len(probe) >= least:
+                head = tuple(probe[:least])
+                if head in computing:
                     later.append(seq)
                 else:
-                    computing.add(head[-1])
+                    computing.add(head)
         return later
 
     def _prefill_due(self, prefilling: list[Sequence]) -> bool:
