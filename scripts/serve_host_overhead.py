@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from redline.data.embedded import embedded_documents, prepare_embedded  # noqa: E402
 from redline.inference.sampling import SamplingParams  # noqa: E402
 from redline.inference.text import stop_token_ids  # noqa: E402
-from redline.serve.engine_process import _Outbox  # noqa: E402
+from redline.serve.engine_process import _Outbox, to_wire  # noqa: E402
 from redline.serve.scheduler import Scheduler, Sequence  # noqa: E402
 from redline.tokenizer import load_tokenizer  # noqa: E402
 
@@ -110,8 +110,9 @@ def run(args, tokenizer, table: torch.Tensor, record: list | None = None) -> tup
                       max_queue=args.rows, prefill_tokens=1 << 20, sync_every=args.sync_every)
     sched.lag_reads = True  # as on a GPU: a group's tokens are read while the next group is launched
     done = threading.Event()
-    wire = [(i, [1 + i % 50] * PROMPT, args.max_tokens, SamplingParams(temperature=0.0), tuple(args.stop), None,
-             None, None, (0.0, 0.0), ()) for i in range(args.rows)]
+    prompts = [[1 + i % 50] * PROMPT for i in range(args.rows)]
+    wire = [to_wire(i, Sequence(p, args.max_tokens, SamplingParams(temperature=0.0), tuple(args.stop), None))
+            for i, p in enumerate(prompts)]
     if args.sink == "outbox":
         outbox = _Outbox(DevNull(record), sched)
         sched.flushes.append(lambda: outbox.live or done.set())
@@ -130,7 +131,8 @@ def run(args, tokenizer, table: torch.Tensor, record: list | None = None) -> tup
                         done.set()
             return put
 
-        seqs = [Sequence(p, m, s, stop, sink(i)) for i, p, m, s, stop, *_ in wire]
+        seqs = [Sequence(p, args.max_tokens, SamplingParams(temperature=0.0), tuple(args.stop), sink(i))
+                for i, p in enumerate(prompts)]
         start = time.perf_counter()
         sched.submit(seqs)
     if not done.wait(600):

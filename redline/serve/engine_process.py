@@ -46,6 +46,21 @@ class EngineFailed(ShuttingDown):
     """The engine process has ended: nothing can run (HTTP 503)."""
 
 
+WIRE_FIELDS = ("prompt", "max_tokens", "sampling", "stop", "stop_ids", "logprobs", "prompt_logprobs", "penalties",
+               "logit_bias")
+"""What a sequence sends to the engine process (its sink and state stay on each side)."""
+
+
+def to_wire(rid: int, seq: Sequence) -> tuple:
+    return (rid, *(getattr(seq, name) for name in WIRE_FIELDS))
+
+
+def from_wire(item: tuple) -> tuple[int, Sequence]:
+    """to_wire's (id, fields) -> (id, the engine process's Sequence, its sink not set yet)."""
+    rid, *values = item
+    return rid, Sequence(sink=None, **dict(zip(WIRE_FIELDS, values)))
+
+
 @dataclass
 class RemoteSequence(Sequence):
     """A sequence in the API process whose tokens are generated in the engine process: its state (tokens counted,
@@ -150,8 +165,7 @@ class EngineProcess:
         for seq in sequences:
             seq.rid, seq.owner = next(self._ids), self
             self._seqs[seq.rid] = seq
-            wire.append((seq.rid, seq.prompt, seq.max_tokens, seq.sampling, seq.stop, seq.stop_ids, seq.logprobs,
-                         seq.prompt_logprobs, seq.penalties, seq.logit_bias))
+            wire.append(to_wire(seq.rid, seq))
         self.stats.requests += len(sequences)
         self._sent += len(sequences)
         if not self._send(("submit", wire)):
@@ -350,9 +364,8 @@ class _Outbox:
 
     def submit(self, wire: list[tuple]) -> None:
         seqs = []
-        for rid, prompt, max_tokens, sampling, stop, stop_ids, logprobs, prompt_logprobs, penalties, bias in wire:
-            seq = Sequence(prompt, max_tokens, sampling, stop, None, stop_ids=stop_ids, logprobs=logprobs,
-                           prompt_logprobs=prompt_logprobs, penalties=penalties, logit_bias=bias)
+        for item in wire:
+            rid, seq = from_wire(item)
             seq.sink = self.sink(rid, seq)
             seqs.append(seq)
             self.live[rid] = seq
