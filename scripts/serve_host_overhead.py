@@ -62,7 +62,7 @@ class InstantBatch:
     def rows(self) -> int:
         return len(self.busy)
 
-    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
+    def prefill_many(self, rows: list[int], prompts: list[list[int]], start: int = 0) -> torch.Tensor:
         logits = torch.zeros(len(rows), self.vocab)  # (n, vocab): one-hot at each row's first token
         logits[torch.arange(len(rows)), self.table[rows, 0]] = 1.0
         return logits

@@ -91,6 +91,25 @@ def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
         batch.prefill(2, [1, 2], start=len(batch.held[2]) + 1)
 
 
+def test_the_rests_of_prompts_after_one_copied_beginning_go_through_in_one_forward(model):
+    """Rows 1-3 copy row 0's 32-token beginning (together) and prefill their rests (9, 14 and 3 tokens: padded to
+    the longest) in one prefill_many at slot 32: each row's logits and what it holds equal its prompt prefilled whole; a start
+    past what a row holds is refused."""
+    batch = DecodeBatch(InferenceEngine(model), rows=5, capacity=CFG.context_len)
+    shared = tokens(40, 21)
+    batch.prefill(0, shared)
+    prompts = [shared[:32] + tokens(n, 22 + n) for n in (9, 14, 3)]
+    batch.copy_prefixes([(0, 1), (0, 2), (0, 3)], 32)  # one gather and scatter per buffer for the three
+    got = batch.prefill_many([3, 1, 2], [prompts[2][32:], prompts[0][32:], prompts[1][32:]], 32)
+    for i, (row, prompt) in enumerate(zip((3, 1, 2), (prompts[2], prompts[0], prompts[1]))):
+        torch.testing.assert_close(got[i], batch.prefill(4, prompt), rtol=1e-5, atol=1e-5)
+        assert batch.held[row] == prompt
+    with pytest.raises(UserError, match="holds"):
+        batch.prefill_many([1], [[1, 2]], len(prompts[0]) + 1)
+    with pytest.raises(UserError, match="both"):
+        batch.copy_prefixes([(0, 1), (1, 2)], 16)
+
+
 def run(sched: Scheduler, prompts, max_tokens: int, sampling=None) -> list[Sequence]:
     sinks = [queue.Queue() for _ in prompts]
     seqs = [Sequence(list(p), max_tokens, sampling or SamplingParams(), (), q.put) for p, q in zip(prompts, sinks)]
@@ -119,8 +138,10 @@ def test_a_conversation_reuses_its_history_and_its_tokens_are_those_computed_who
         assert turn2.cached_tokens == (len(first) + len(turn1.tokens) - 1) // BLOCK * BLOCK == 32
         assert turn2.tokens == reference(model, second, 8)
         prompt = tokens(45, 9)
+        spans = []
+        sched.batch.prefill = lambda *a, **k: spans.append(a)  # the rests after a copy must not go in spans
         choices = run(sched, [prompt] * 3, 6)
-        assert sorted(c.cached_tokens for c in choices) == [0, 32, 32]
+        assert sorted(c.cached_tokens for c in choices) == [0, 32, 32] and not spans
         assert all(c.tokens == reference(model, prompt, 6) for c in choices)
         assert sched.stats.cached_tokens == 96
     finally:
@@ -157,10 +178,9 @@ def test_the_api_reports_cached_prompt_tokens_as_openai_does(model):
         live.close()
 
 
-def test_the_load_generator_sends_prompts_that_share_a_beginning(model, capsys, monkeypatch):
-    """scripts/serve_load.py --shared-prefix-tokens: every prompt begins with the same tokens, and the summary
-    gives what the server reported reusing: the first request computes the 48 shared tokens (the second, arriving
-    with it, waits a turn for them), the other seven copy them."""
+def serve_load_run(model, monkeypatch, capsys, argv: list[str]) -> tuple[int, dict]:
+    """scripts/serve_load.py's main(argv) against a server of `model` (2 rows, prefix reuse from 16 tokens) ->
+    (its exit code, its summary)."""
     pytest.importorskip("uvicorn")
     import importlib.util
     import json
@@ -179,11 +199,19 @@ def test_the_load_generator_sends_prompts_that_share_a_beginning(model, capsys, 
     live = Live(Server(Scheduler(DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len), tok, [EOT],
                                  prefix_min_tokens=16), tok, "tiny"))
     try:
-        code = load.main(["--url", live.url, "--model", "tiny", "--concurrency", "2", "--requests", "8",
-                          "--prompt-tokens", "60", "--shared-prefix-tokens", "48", "--max-tokens", "4"])
+        code = load.main(["--url", live.url, "--model", "tiny", *argv])
     finally:
         live.close()
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_the_load_generator_sends_prompts_that_share_a_beginning(model, capsys, monkeypatch):
+    """scripts/serve_load.py --shared-prefix-tokens: every prompt begins with the same tokens, and the summary
+    gives what the server reported reusing: the first request computes the 48 shared tokens (the second, arriving
+    with it, waits a turn for them), the other seven copy them."""
+    code, summary = serve_load_run(model, monkeypatch, capsys, [
+        "--concurrency", "2", "--requests", "8", "--prompt-tokens", "60", "--shared-prefix-tokens", "48",
+        "--max-tokens", "4"])
     assert code == 0 and summary["completed"] == 8 and summary["shared_prefix_tokens"] == 48
     assert summary["cached_prompt_tokens"] == 48 * 7 / 8
 
@@ -196,7 +224,7 @@ def test_a_row_freed_inside_a_group_graph_keeps_its_prefix_on_a_gpu():
     on, and a prompt copying that beginning gets the logits of the prompt prefilled whole, within bf16's rounding."""
     torch.manual_seed(0)
     model = GPT(CFG).cuda()
-    batch = DecodeBatch(InferenceEngine(model), rows=4, capacity=CFG.context_len, group_steps=4)
+    batch = DecodeBatch(InferenceEngine(model), rows=6, capacity=CFG.context_len, group_steps=4)
     prompt, other = tokens(40, 11), tokens(30, 12)
     first = batch.prefill_many([0, 1], [prompt, other]).argmax(-1).tolist()
     batch.start(0, first[0], len(prompt))
@@ -212,3 +240,16 @@ def test_a_row_freed_inside_a_group_graph_keeps_its_prefix_on_a_gpu():
     whole = batch.prefill_many([3], [longer])[0]
     torch.testing.assert_close(reused, whole, rtol=0.05, atol=0.05)
     assert int(reused.argmax()) == int(whole.argmax())
+    # the rests of three prompts copying that beginning, in one graphed prefill at slot 32 (padded to 4 rows with
+    # the last again; its graph captured on the first call, replayed on the second), against each prompt prefilled
+    # whole
+    rests = [tokens(5, 14), tokens(11, 15), tokens(2, 16)]
+    for _ in range(2):
+        batch.copy_prefixes([(0, 2), (0, 4), (0, 5)], n)
+        got = batch.prefill_many([2, 4, 5], rests, n)
+        assert got.shape[0] == 3 and ("prefill", 4, 32, n) in batch.state.prefill_inputs
+        for i, rest in enumerate(rests):
+            want = batch.prefill_many([3], [prompt[:n] + rest])[0]  # the rows' own logits came back already
+            torch.testing.assert_close(got[i], want, rtol=0.05, atol=0.05)
+            assert int(got[i].argmax()) == int(want.argmax())
+            assert batch.held[(2, 4, 5)[i]] == prompt[:n] + rest

@@ -389,8 +389,8 @@ def test_prefill_wait_gathers_requests_into_one_prefill(model, tokenizer, monkey
     sched = scheduler_for(model, tokenizer, rows=4, prefill_wait_ms=150)
     batch = sched.batch
     prefill_many, decode_greedy = batch.prefill_many, batch.decode_greedy
-    monkeypatch.setattr(batch, "prefill_many", lambda rows, prompts: calls.append(
-        (len(rows), time.perf_counter())) or prefill_many(rows, prompts))
+    monkeypatch.setattr(batch, "prefill_many", lambda rows, *args: calls.append(
+        (len(rows), time.perf_counter())) or prefill_many(rows, *args))
 
     def slow_steps(*args):  # 5 ms a step: the long request is still decoding while the others arrive
         time.sleep(0.005)

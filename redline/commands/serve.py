@@ -171,9 +171,10 @@ def chat_renderer(path: str | None, tokenizer):
 
 
 def warm_up(batch) -> None:
-    """Compile the prefill (whole prompts and spans after a prefix, of one token and of several: the compiled code
-    specialises on length 1) and capture the decode step at every width, greedy and sampled (the logits' step, and
-    decode_sampled's with and without top-p), so that no request waits for it. Leaves every row free."""
+    """Compile the prefill (whole prompts, spans after a prefix and several rows' rests after a copied beginning, of
+    one token and of several: the compiled code specialises on length 1) and capture the decode step at every
+    width, greedy and sampled (the logits' step, and decode_sampled's with and without top-p), so that no request
+    waits for it. Leaves every row free."""
     import torch
 
     room = batch.capacity - 1
@@ -183,6 +184,8 @@ def warm_up(batch) -> None:
         if batch.rows > 2:  # several rows' whole prompts together (the batch dimension specialises on 1, too)
             batch.prefill_many([1, 2], [ids[:8], ids[:5]])
             batch.prefill_many([2, 1, min(3, batch.rows - 1)], [ids[:3], ids[:9], ids[:4]])
+            # the rests of prompts after a copied beginning (prefix reuse): several rows at a slot past 0
+            batch.prefill_many([1, 2], [ids[4:9], ids[3:6]], 3)
         batch.prefill(0, ids[:8])
         batch.prefill(0, ids[8:9], start=8)
         logits = batch.prefill(0, ids[9:], start=9)

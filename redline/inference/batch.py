@@ -3,6 +3,7 @@
     batch = DecodeBatch(engine, rows=64, capacity=2048)
     logits = batch.prefill(row, prompt_ids)          # (vocab,): what follows the prompt; in spans if asked
     logits = batch.prefill_many(rows, prompts)       # (n, vocab): several free rows' whole prompts in one forward
+    logits = batch.prefill_many(rows, rests, start)  # ... or the rests of prompts whose first `start` they hold
     batch.start(row, first_token)                    # the row decodes from here on
     tokens = batch.step()                            # (rows,) every active row's next token (greedy, in the graph)
     tokens = batch.decode_greedy(8)                  # (8, rows): eight such steps, read back together
@@ -10,7 +11,7 @@
     logits = batch.step(greedy=False)                # or the logits, to sample from; then batch.advance(tokens)
     batch.free(row)                                  # the row stops at once; its cache is reused by the next one
     src, n = batch.match(prompt)                     # a row whose cache holds prompt[:n] (a finished sequence's)
-    batch.copy_prefix(src, row, n)                   # ... copied: prefill only prompt[n:] (prefill(row, ..., n))
+    batch.copy_prefix(src, row, n)                   # ... copied: prefill only prompt[n:] (prefill_many(..., n))
 
 The batch is the engine's static decode state (its cache, CUDA graphs and compiled step): its size never changes, so
 a row's tokens do not depend on which other rows are busy (the same kernels run whatever the occupancy). A row that
@@ -20,9 +21,9 @@ last token has none) and its own decode step writes before it reads it: so a fre
 left in slots [0, n) until it is prefilled again, and the batch records which tokens those are
 (inference/prefix_cache.py) for a later prompt that begins the same way.
 A step attends over the width the busiest active row needs. With CUDA graphs, prefill_many pads its prompts to a
-multiple of PREFILL_WIDTH_STEP tokens and replays one graph per (rows, width) (InferenceEngine.prefill_rows): a
-server prefills between groups of decode steps, and a prefill launched kernel by kernel from Python would hold the
-decoding rows for milliseconds of host time.
+multiple of PREFILL_WIDTH_STEP tokens (and its rows to graph_rows) and replays one graph per (rows, width, start)
+(InferenceEngine.prefill_rows): a server prefills between groups of decode steps, and a prefill launched kernel by
+kernel from Python would hold the decoding rows for milliseconds of host time.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ from redline.inference.transfer import put, to_device
 
 
 PREFILL_WIDTH_STEP = 32  # prompts padded to a multiple of this many tokens for a CUDA-graph prefill
-PREFILL_GRAPHS = 64  # the most (rows, width) prefill shapes captured; others run without a graph
+PREFILL_GRAPHS = 64  # the most (rows, width, start) prefill shapes captured; others run without a graph
+
+
+def graph_rows(n: int) -> int:
+    """The rows of the CUDA-graph prefill that takes n prompts: 1, 2, 4, 8, then multiples of 8 (padded with
+    repeats of the last), so that the prompts a server admits at once, however many, replay a few graphs instead
+    of capturing one per count (vLLM pads its captured batch sizes the same way)."""
+    return n if n <= 2 else 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
 
 
 class DecodeBatch:
@@ -98,24 +106,30 @@ class DecodeBatch:
         return logits
 
     @torch.no_grad()
-    def prefill_many(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """Whole prompts into the caches of several free rows (any rows, any order) in one batched forward: the
-        prompts right-padded to the longest (the padding's keys and values land in slots past each prompt, which
-        its row's decode steps write before they read them). -> the logits after each prompt (len(rows), vocab)
-        fp32, on the device."""
+    def prefill_many(self, rows: list[int], prompts: list[list[int]], start: int = 0) -> torch.Tensor:
+        """Prompts into the caches of several free rows (any rows, any order) in one batched forward, at slots
+        [start, start + len) of each: whole prompts (start 0), or the rest of prompts whose first `start` tokens
+        the rows hold already (copy_prefix). Right-padded to the longest (the padding's keys and values land in
+        slots past each prompt, which its row's decode steps write before they read them). -> the logits after
+        each prompt (len(rows), vocab) fp32, on the device."""
         if len(rows) != len(prompts) or not rows:
             raise UserError(f"prefill_many needs one prompt per row, got {len(rows)} rows and {len(prompts)} prompts")
         longest = max(len(p) for p in prompts)
         for row, prompt in zip(rows, prompts):
             if self.busy[row]:
                 raise UserError(f"row {row} is decoding; free it before prefilling it again")
-            if not prompt or longest >= self.capacity:
-                raise UserError(f"a prompt of {len(prompt)} tokens (padded to {longest}) does not fit a row of "
-                                f"capacity {self.capacity} (it must leave room for a generated token)")
+            if not prompt or start + longest >= self.capacity:
+                raise UserError(f"a prompt of {len(prompt)} tokens (padded to {longest}) at slot {start} does not "
+                                f"fit a row of capacity {self.capacity} (it must leave room for a generated token)")
+            if start > len(self.held[row]):
+                raise UserError(f"row {row} holds {len(self.held[row])} tokens; a span cannot start at slot {start}")
         engine = self.engine
         from redline.inference.engine import _evaluating
 
-        graphed = self._graph_width(len(rows), longest)
+        n = len(rows)
+        graphed = self._graph_width(graph_rows(n), longest, start)
+        if graphed:  # the last prompt again in the padding rows: it writes its own row again, the same values
+            rows, prompts = rows + rows[-1:] * (graph_rows(n) - n), prompts + prompts[-1:] * (graph_rows(n) - n)
         ids = torch.zeros(len(rows), graphed or longest, dtype=torch.long)
         for i, prompt in enumerate(prompts):
             ids[i, :len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
@@ -125,12 +139,13 @@ class DecodeBatch:
         with _evaluating(engine.model):
             if graphed:
                 logits = engine.prefill_rows(self.state, ids, where,
-                                             to_device([len(p) - 1 for p in prompts], engine.device))
+                                             to_device([len(p) - 1 for p in prompts], engine.device), start)[:n]
             else:
-                logits = engine._prefill(self.state, ids, [len(p) for p in prompts], rows_at=rows)
+                logits = engine._prefill(self.state, ids, [len(p) for p in prompts], start=start, rows_at=rows)
         self.state.slot.index_fill_(0, where, self.capacity - 1)  # as prefill()
+        rows, prompts = rows[:n], prompts[:n]
         for row, prompt in zip(rows, prompts):
-            self.hold(row, list(prompt))
+            self.hold(row, self.held[row][:start] + list(prompt))
         return logits
 
     def hold(self, row: int, tokens: list[int]) -> None:
@@ -148,34 +163,50 @@ class DecodeBatch:
         prefix_cache.BLOCK tokens), or (-1, 0). The row may be decoding: its first slots stay as they are."""
         return self.prefixes.match(tokens, exclude)
 
-    @torch.no_grad()
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Copy slots [0, n) of row src's cache (what match() found) into row dst, which is not decoding; dst then
-        holds src's first n tokens, and prefill(dst, rest, start=n) goes on from there. One copy per layer and
-        tensor, queued after whatever the device has been asked for before (src may be decoding meanwhile: a
-        decode step writes only at its row's own slot, past its prompt)."""
-        if self.busy[dst]:
-            raise UserError(f"row {dst} is decoding; free it before copying a prefix into it")
-        if not 0 < n <= len(self.held[src]):
-            raise UserError(f"row {src} holds {len(self.held[src])} tokens; cannot copy {n}")
-        if src != dst:
-            self.state.cache.copy_slots(src, dst, n)
-            put(self.state.slot, dst, self.capacity - 1)
-        self.held[dst] = self.held[src][:n]
-        self.prefixes.set_hashes(dst, self.prefixes.hashes[src][:n // BLOCK])
+        holds src's first n tokens, and prefill_many([dst], [rest], n) goes on from there. Queued after whatever
+        the device has been asked for before (src may be decoding meanwhile: a decode step writes only at its
+        row's own slot, past its prompt)."""
+        self.copy_prefixes([(src, dst)], n)
 
-    def _graph_width(self, n: int, longest: int) -> int:
-        """The padded width of a CUDA-graph prefill of n prompts of at most `longest` tokens, or 0 for none (no CUDA
-        graphs, more tokens than one chunk, or PREFILL_GRAPHS shapes captured already). Widths are multiples of
-        PREFILL_WIDTH_STEP, so prompts of similar lengths share a graph; the padding's keys and values land past
-        each prompt, where its row's decode steps write before they read (as the padding to the longest does)."""
+    @torch.no_grad()
+    def copy_prefixes(self, copies: list[tuple[int, int]], n: int) -> None:
+        """copy_prefix for several (src, dst) pairs of one length: one gather and one scatter per cache buffer for
+        all of them, every layer at once. A dst must not be any pair's src."""
+        moved = []
+        for src, dst in copies:
+            if self.busy[dst]:
+                raise UserError(f"row {dst} is decoding; free it before copying a prefix into it")
+            if not 0 < n <= len(self.held[src]):
+                raise UserError(f"row {src} holds {len(self.held[src])} tokens; cannot copy {n}")
+            if src != dst:
+                moved.append((src, dst))
+        if moved:
+            src, dst = zip(*moved)
+            if set(src) & set(dst):
+                raise UserError("copy_prefixes: a row is both copied from and copied into")
+            device = self.engine.device
+            self.state.cache.copy_slots(to_device(list(src), device), to_device(list(dst), device), n)
+            self.state.slot.index_fill_(0, to_device(list(dst), device), self.capacity - 1)
+        held = {src: (self.held[src][:n], self.prefixes.hashes[src][:n // BLOCK]) for src, _ in copies}
+        for src, dst in copies:
+            self.held[dst] = held[src][0]
+            self.prefixes.set_hashes(dst, held[src][1])
+
+    def _graph_width(self, n: int, longest: int, start: int = 0) -> int:
+        """The padded width of a CUDA-graph prefill of n prompts of at most `longest` tokens at slot `start` (one
+        graph per (n, width, start)), or 0 for none (no CUDA graphs, more tokens than one chunk, or PREFILL_GRAPHS
+        shapes captured already). Widths are multiples of PREFILL_WIDTH_STEP, so prompts of similar lengths share a
+        graph; the padding's keys and values land past each prompt, where its row's decode steps write before they
+        read (as the padding to the longest does)."""
         engine = self.engine
         if self.state.graphs is None:
             return 0
-        width = min(-(-longest // PREFILL_WIDTH_STEP) * PREFILL_WIDTH_STEP, self.capacity - 1)
+        width = min(-(-longest // PREFILL_WIDTH_STEP) * PREFILL_WIDTH_STEP, self.capacity - 1 - start)
         if n * width > engine.plan.prefill_chunk_tokens:
             return 0
-        known = ("prefill", n, width) in self.state.prefill_inputs
+        known = ("prefill", n, width, start) in self.state.prefill_inputs
         return width if known or engine.prefill_graphs(self.state) < PREFILL_GRAPHS else 0
 
     def start(self, row: int, first_token: int, length: int, temperature: float = 0.0, top_p: float = 1.0) -> None:

@@ -58,11 +58,14 @@ class KVCache:
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch, kv_heads, capacity + 1, head_dim)
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        # each kind's layers in one buffer (n_layer, *shape): copy_slots moves a prefix in every layer at once
+        self.stacked = [torch.zeros((n_layer, *shape), dtype=dtype, device=device) for _ in range(2)]
+        self.k, self.v = (list(buf.unbind(0)) for buf in self.stacked)  # per layer (B, KV, capacity + 1, D)
         self.scales = None
         if dtype == torch.float8_e4m3fn:
-            self.scales = [tuple(torch.zeros(shape[:-1], device=device) for _ in range(2)) for _ in range(n_layer)]
+            scales = [torch.zeros((n_layer, *shape[:-1]), device=device) for _ in range(2)]
+            self.stacked += scales
+            self.scales = list(zip(*(buf.unbind(0) for buf in scales)))
         self.batch, self.capacity, self.dtype = batch, capacity, dtype
 
     @property
@@ -89,11 +92,11 @@ class KVCache:
             buf[rows, :, start:start + T] = x8
             scales[rows, :, start:start + T] = scale
 
-    def copy_slots(self, src: int, dst: int, n: int) -> None:
-        """Slots [0, n) of row src into row dst, in every layer (keys, values and an FP8 cache's scales)."""
-        for buffers in (self.k, self.v, *([[s for pair in self.scales for s in pair]] if self.scales else [])):
-            for buf in buffers:
-                buf[dst, :, :n].copy_(buf[src, :, :n])
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, n: int) -> None:
+        """Slots [0, n) of rows src (r,) into rows dst (r,) (long tensors on the cache's device; no row in both), in
+        every layer: keys, values and an FP8 cache's scales, one gather and one scatter per buffer."""
+        for buf in self.stacked:
+            buf[:, dst, :, :n] = buf[:, src, :, :n]
 
     def read(self, layer: int, rows: slice | torch.Tensor, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8)."""

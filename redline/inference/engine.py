@@ -109,7 +109,7 @@ class DecodeState:
     graphs: StepGraphs | None
     warm: set = field(default_factory=set)  # shapes already compiled
     prefill_inputs: dict = field(default_factory=dict)
-    """("prefill", b, T) -> the input buffers (tokens (b, T), rows (b,), last slots (b,)) its graph reads."""
+    """("prefill", b, T, start) -> the input buffers (tokens (b, T), rows (b,), last indices (b,)) its graph reads."""
 
 
 def inference_copy(model: GPT, dtype: torch.dtype) -> GPT:
@@ -362,20 +362,22 @@ class InferenceEngine:
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def prefill_rows(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor,
-                     last: torch.Tensor) -> torch.Tensor:
-        """Whole prompts, right-padded (b, T), into cache rows `rows` (b,) at slots [0, T) -> the logits after slot
-        `last` (b,) of each row (b, vocab), a tensor of the caller's. One span, one chunk (b · T at most
-        prefill_chunk_tokens). With CUDA graphs, each (b, T) is captured in one graph the first time
-        it is met (its input buffers filled in place, the state's graph pool shared with the decode steps) and
-        replayed after: a forward of dozens of kernels per layer, launched from Python with shapes that change from
-        call to call, costs milliseconds of host time that a server's decoding rows would otherwise wait for."""
+                     last: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Prompts, right-padded (b, T), into cache rows `rows` (b,) at slots [start, start + T) (each row holding
+        its first `start` tokens already: a copied prefix) -> the logits after token `last` (b,) of each row's
+        span (b, vocab), a tensor of the caller's. One span, one chunk (b · T at most prefill_chunk_tokens). With
+        CUDA graphs, each (b, T, start) is captured in one graph the first time it is met (its input buffers
+        filled in place, the state's graph pool shared with the decode steps) and replayed after: a forward of
+        dozens of kernels per layer, launched from Python with shapes that change from call to call, costs
+        milliseconds of host time that a server's decoding rows would otherwise wait for."""
         b, T = tokens.shape
         if b * T > self.plan.prefill_chunk_tokens:
             raise ValueError(f"prefill_rows takes at most {self.plan.prefill_chunk_tokens} tokens, got {b} × {T}")
         if st.graphs is None:
-            final = self._prefill_final(st, tokens.to(self.device), rows.to(self.device), last.to(self.device))
+            final = self._prefill_final(st, tokens.to(self.device), rows.to(self.device), last.to(self.device),
+                                        start)
             return last_logits(self.model, final)
-        key = ("prefill", b, T)
+        key = ("prefill", b, T, start)
         if key not in st.prefill_inputs:
             st.prefill_inputs[key] = (torch.zeros(b, T, dtype=torch.long, device=self.device),
                                       torch.zeros(b, dtype=torch.long, device=self.device),
@@ -386,8 +388,8 @@ class InferenceEngine:
         if key not in st.graphs:
             # the warm-up runs (on a side stream, after the work queued before it) prefill the same rows with the
             # same prompts as the replay that follows: what they write is what the replay writes again
-            st.graphs.capture(key, lambda: self._prefill_final(st, *inputs),
-                              lambda: self._prefill_final(st, *inputs))
+            st.graphs.capture(key, lambda: self._prefill_final(st, *inputs, start),
+                              lambda: self._prefill_final(st, *inputs, start))
         # the graph ends at the hidden states (b, C): no graph keeps a (b, vocab) output; the head reads the
         # graph's output buffer now, before its next replay rewrites it
         return last_logits(self.model, st.graphs.replay(key))
@@ -397,9 +399,9 @@ class InferenceEngine:
         return len(st.prefill_inputs) if st.graphs is not None else 0
 
     def _prefill_final(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor,
-                       last: torch.Tensor) -> torch.Tensor:
-        """prefill_rows' forward -> the hidden states (b, C) at each row's slot `last`."""
-        h = self._prefill_span(st, tokens, rows, 0)  # (b, T, C)
+                       last: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """prefill_rows' forward -> the hidden states (b, C) at index `last` of each row's span."""
+        h = self._prefill_span(st, tokens, rows, start)  # (b, T, C)
         return h[torch.arange(tokens.shape[0], device=self.device), last]
 
     def _prefill_span(self, st: DecodeState, tokens: torch.Tensor, rows: slice | torch.Tensor,

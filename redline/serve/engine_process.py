@@ -61,7 +61,7 @@ def from_wire(item: tuple) -> tuple[int, Sequence]:
     return rid, Sequence(sink=None, **dict(zip(WIRE_FIELDS, values)))
 
 
-@dataclass
+@dataclass(eq=False)
 class RemoteSequence(Sequence):
     """A sequence in the API process whose tokens are generated in the engine process: its state (tokens counted,
     finish_reason) is what the engine reported."""

@@ -63,7 +63,7 @@ class ContextTooLong(UserError):
     """The prompt and max_tokens do not fit a row of the batch (HTTP 400)."""
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: two with the same fields are two requests
 class Sequence:
     """One generation: a prompt and how to continue it, and where it stands."""
 
@@ -463,28 +463,37 @@ class Scheduler:
         if self.prefix_min_tokens and prefilling:
             later = self._reuse_prefixes(prefilling)
             prefilling = [s for s in prefilling if s not in later]
-        # whole prompts that fit what is left of the turn's budget go through in one batched forward (padded to
-        # the longest of them); a prompt begun in spans, or longer than the budget, goes on in spans on its own
-        whole, padded = [], 0
+        # prompts (or their rests after a copied beginning) that fit what is left of the turn's budget go through
+        # in one batched forward per slot they start at (padded to the longest of them); those that do not wait
+        # for the next turn; a prompt begun in spans, or longer than a turn's budget, goes on in spans on its own
+        batched = set()
+        fresh = [s for s in prefilling if s.prefilled == s.cached_tokens]  # nothing computed yet (0, or copied)
+        for start in dict.fromkeys(s.prefilled for s in fresh):
+            whole, padded = [], 0
+            for seq in fresh:
+                rest = len(seq.prompt) - seq.prefilled
+                if seq.prefilled != start or (budget is not None and rest > budget):
+                    continue
+                longest = max(padded // max(len(whole), 1), rest)
+                if budget is not None and longest * (len(whole) + 1) > budget:
+                    break
+                whole.append(seq)
+                padded = longest * len(whole)
+            if whole:
+                logits = self.batch.prefill_many([s.row for s in whole], [s.prompt[start:] for s in whole], start)
+                for seq in whole:
+                    seq.prefilled = len(seq.prompt)
+                self._first_tokens(whole, logits)
+                budget = None if budget is None else budget - padded
+                batched.update(whole)
         for seq in prefilling:
-            if seq.prefilled or (budget is not None and len(seq.prompt) > budget):
-                continue
-            longest = max(padded // max(len(whole), 1), len(seq.prompt))
-            if budget is not None and longest * (len(whole) + 1) > budget:
-                break
-            whole.append(seq)
-            padded = longest * len(whole)
-        if whole:
-            logits = self.batch.prefill_many([s.row for s in whole], [s.prompt for s in whole])
-            for seq in whole:
-                seq.prefilled = len(seq.prompt)
-            self._first_tokens(whole, logits)
-            budget = None if budget is None else budget - padded
-        for seq in prefilling:
-            if seq in whole:
+            if seq in batched:
                 continue
             if budget is not None and budget <= 0:
                 break
+            rest = len(seq.prompt) - seq.prefilled
+            if budget is not None and seq.prefilled == seq.cached_tokens and rest <= self.prefill_tokens:
+                continue  # fits a whole turn: batched at the next (a span alone is a forward of its own)
             while seq.prefilled < len(seq.prompt) and (budget is None or budget > 0):
                 n = len(seq.prompt) - seq.prefilled
                 n = n if budget is None else min(n, budget)
@@ -518,14 +527,14 @@ class Scheduler:
         those whose beginning another sequence of this turn is about to compute, which they then copy."""
         fresh = {s.row for s in prefilling if not s.prefilled}
         least = -(-self.prefix_min_tokens // BLOCK) * BLOCK  # the shortest beginning worth copying, whole blocks
-        computing, later = set(), []
+        computing, later, copies = set(), [], {}
         for seq in prefilling:
             if seq.prefilled:
                 continue
             probe = seq.prompt[:-1]
             src, n = self.batch.match(probe, exclude=fresh - {seq.row})
             if n >= self.prefix_min_tokens:
-                self.batch.copy_prefix(src, seq.row, n)
+                copies.setdefault(n, []).append((src, seq.row))  # sources are not prefilled this turn: copy later
                 seq.prefilled = seq.cached_tokens = n
                 self.stats.cached_tokens += n
                 continue
@@ -535,6 +544,8 @@ class Scheduler:
                     later.append(seq)
                 else:
                     computing.add(head)
+        for n, pairs in copies.items():  # the copies of one length together: a few launches for all of them
+            self.batch.copy_prefixes(pairs, n)
         return later
 
     def _prefill_due(self, prefilling: list[Sequence]) -> bool:
