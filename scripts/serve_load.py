@@ -16,6 +16,9 @@ one JSON line. Tokens are timed by the usage in every chunk where the server sen
 only (asyncio sockets), so it runs anywhere. A stream must end with `data: [DONE]` (--done-optional: its
 finish_reason is enough). Each client keeps its connection alive between its requests, as HTTP clients' connection
 pools do (the `openai` client's among them); --new-connections opens one per request instead.
+--shared-prefix-tokens S begins every prompt with the same S tokens (a system prompt); --turns T sends the requests
+as conversations of T turns, each prompt the one before with --turn-tokens more (a chat's history sent again):
+loads that a server's prefix reuse should serve faster.
 """
 
 from __future__ import annotations
@@ -182,18 +185,20 @@ async def load(args) -> tuple[list[Result], float, float]:
     else:
         beginning = [shared.randrange(256) for _ in range(args.shared_prefix_tokens)]
 
-    async def one(i: int) -> Result:
-        rest = args.prompt_tokens - args.shared_prefix_tokens
+    def draw(n: int):
+        """n random tokens (or printable characters with --prompt-text) from the load's seeded stream."""
         if args.prompt_text:
-            prompt = beginning + "".join(chr(rng.randrange(32, 127)) for _ in range(rest))
-        else:
-            prompt = beginning + [rng.randrange(256) for _ in range(rest)]
+            return "".join(chr(rng.randrange(32, 127)) for _ in range(n))
+        return [rng.randrange(256) for _ in range(n)]
+
+    async def send(prompt) -> Result:
         max_tokens = args.max_tokens
         if args.max_tokens_spread:
             max_tokens = max(1, round(args.max_tokens * lengths.uniform(1 - args.max_tokens_spread,
                                                                           1 + args.max_tokens_spread)))
         body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": args.temperature,
-                **({"top_p": args.top_p} if args.top_p < 1 else {}), "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+                **({"top_p": args.top_p} if args.top_p < 1 else {}), "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with limit:
             conn = idle.pop() if idle and not args.new_connections else None
             result, kept = await stream_completion(host, port, "/v1/completions", body, headers,
@@ -206,13 +211,33 @@ async def load(args) -> tuple[list[Result], float, float]:
                 idle.append(conn)
             return result
 
+    async def one(i: int) -> Result:
+        return await send(beginning + draw(args.prompt_tokens - args.shared_prefix_tokens))
+
+    async def conversation(turns: int) -> list[Result]:
+        """--turns: each turn's prompt is the last one with --turn-tokens more, sent once the last has ended
+        (between turns the client gives up its place: another conversation's turn may take it, and its row)."""
+        prompt, results = beginning + draw(args.prompt_tokens - args.shared_prefix_tokens), []
+        for t in range(turns):
+            if t:
+                prompt = prompt + draw(args.turn_tokens)
+            results.append(await send(prompt))
+        return results
+
     t0, cpu0 = time.perf_counter(), time.process_time()
     tasks = []
-    for i in range(args.requests):
-        tasks.append(asyncio.create_task(one(i)))
-        if args.rate > 0:
-            await asyncio.sleep(rng.expovariate(args.rate))
-    results = await asyncio.gather(*tasks)
+    if args.turns > 1:  # the requests as conversations of --turns turns (the last one shorter if they do not divide)
+        for c in range(0, args.requests, args.turns):
+            tasks.append(asyncio.create_task(conversation(min(args.turns, args.requests - c))))
+            if args.rate > 0:
+                await asyncio.sleep(rng.expovariate(args.rate))
+        results = [r for turns in await asyncio.gather(*tasks) for r in turns]
+    else:
+        for i in range(args.requests):
+            tasks.append(asyncio.create_task(one(i)))
+            if args.rate > 0:
+                await asyncio.sleep(rng.expovariate(args.rate))
+        results = await asyncio.gather(*tasks)
     for _, writer in idle:
         writer.close()
     return list(results), time.perf_counter() - t0, time.process_time() - cpu0
@@ -289,6 +314,7 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
             "failed": len(results) - len(ok), "rate": args.rate or None, "prompt_tokens": args.prompt_tokens,
             "server_prompt_tokens": round(statistics.fmean(counted), 2) if counted else None,
             "shared_prefix_tokens": args.shared_prefix_tokens,
+            "turns": getattr(args, "turns", 1), "turn_tokens": getattr(args, "turn_tokens", 0),
             "cached_prompt_tokens": round(statistics.fmean(cached), 2) if cached else None,
             "max_tokens": args.max_tokens, "max_tokens_spread": args.max_tokens_spread,
             "temperature": args.temperature, "top_p": args.top_p,
@@ -345,6 +371,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shared-prefix-tokens", type=int, default=0,
                    help="the first this many tokens of every prompt are the same (a shared system prompt); the "
                         "summary's cached_prompt_tokens is the mean the server reported reusing")
+    p.add_argument("--turns", type=int, default=1,
+                   help="send the requests as conversations of this many turns: each turn's prompt is the one "
+                        "before with --turn-tokens more (the answer is not sent back: prompts are token ids and "
+                        "answers text), so a server that keeps a finished request's cache can copy it")
+    p.add_argument("--turn-tokens", type=int, default=32, help="tokens each turn adds to the prompt (--turns)")
     p.add_argument("--prompt-text", action="store_true",
                    help="send prompts as random printable ASCII text of --prompt-tokens characters, not token ids")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -379,6 +410,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--max-tokens-spread must be in [0, 1), got {args.max_tokens_spread}")
     if not 0 <= args.shared_prefix_tokens <= args.prompt_tokens:
         p.error(f"--shared-prefix-tokens must be in [0, --prompt-tokens], got {args.shared_prefix_tokens}")
+    if args.turns < 1 or args.turn_tokens < 1:
+        p.error(f"--turns and --turn-tokens must be >= 1, got {args.turns} and {args.turn_tokens}")
     if not 1 <= args.processes <= min(args.concurrency, args.requests):
         p.error(f"--processes must be in [1, min(--concurrency, --requests)], got {args.processes}")
     return args

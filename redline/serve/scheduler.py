@@ -259,6 +259,7 @@ class Scheduler:
         self.lag_reads = self.device.type == "cuda"
         self.rows: list[Sequence | None] = [None] * batch.rows
         self._holders: list[Sequence | None] = [None] * batch.rows  # the last sequence given each row
+        self._given, self._given_at = 0, [0] * batch.rows  # when each row was last given (a count of admissions)
         self.waiting: collections.deque[Sequence] = collections.deque()
         # first tokens sampled, not yet sent to the host: (sequence, token (1,), its logprobs or None)
         self._firsts: list[tuple[Sequence, torch.Tensor, torch.Tensor | None]] = []
@@ -440,15 +441,19 @@ class Scheduler:
             if any(s.max_tokens == 0 for s in self.waiting):  # the prompt scored, nothing generated: no row
                 scored = [s for s in self.waiting if s.max_tokens == 0]
                 self.waiting = collections.deque(s for s in self.waiting if s.max_tokens)
-            for r in range(self.batch.rows):
-                if self.rows[r] is None and self.waiting:
-                    seq = self.waiting.popleft()
-                    seq.row, self.rows[r], self._holders[r] = r, seq, seq
-                    seq.decoder = IncrementalText(self.tokenizer, seq.stop)
-                    # a seeded request draws from its own generator, the others from the scheduler's (RowSampler)
-                    seeded = seq.sampling.seed is not None
-                    seq.generator = make_generator(seq.sampling, self.device) if seeded else None
-                    admitted.append(seq)
+            free = [r for r in range(self.batch.rows) if self.rows[r] is None]
+            while free and self.waiting:
+                seq = self.waiting.popleft()
+                r = self._row_for(seq, free)
+                free.remove(r)
+                self._given += 1
+                self._given_at[r] = self._given
+                seq.row, self.rows[r], self._holders[r] = r, seq, seq
+                seq.decoder = IncrementalText(self.tokenizer, seq.stop)
+                # a seeded request draws from its own generator, the others from the scheduler's (RowSampler)
+                seeded = seq.sampling.seed is not None
+                seq.generator = make_generator(seq.sampling, self.device) if seeded else None
+                admitted.append(seq)
         for seq in scored + [s for s in admitted if s.prompt_logprobs is not None]:
             self._score_prompt(seq)
         for seq in scored:
@@ -502,6 +507,17 @@ class Scheduler:
                 budget = None if budget is None else budget - n
             if seq.prefilled == len(seq.prompt):
                 self._first_tokens([seq], logits[None])
+
+    def _row_for(self, seq: Sequence, free: list[int]) -> int:
+        """The free row to give seq: with prefix reuse, one that holds the longest beginning of its prompt (nothing
+        to copy), else the one given longest ago (what it holds is the least likely to be asked for again: a
+        conversation's next turn comes soon after its last); without, the first."""
+        if not self.prefix_min_tokens:
+            return free[0]
+        row, n = self.batch.match(seq.prompt[:-1], exclude=[r for r in range(self.batch.rows) if r not in free])
+        if n >= self.prefix_min_tokens:
+            return row
+        return min(free, key=self._given_at.__getitem__)
 
     def _score_prompt(self, seq: Sequence) -> None:
         """Send seq its prompt's logprobs: a forward of the whole prompt (the model's logits at every position, which

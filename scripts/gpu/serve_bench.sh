@@ -13,6 +13,8 @@
 #     CONNECTIONS="keep new" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # clients' connections kept alive, or new
 #     PROMPT=512 SHARED_PREFIX=448 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prompts sharing a beginning; with
 #         SERVE_ARGS="--prefix-min-tokens 0" the same without prefix reuse
+#     TURNS=4 TURN_TOKENS=64 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # conversations: each turn's prompt the
+#         last one and 64 tokens more (the same SERVE_ARGS for no reuse)
 #     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
@@ -57,6 +59,8 @@ PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: it
 CLIENT_PROCESSES="${CLIENT_PROCESSES:-1}"  # serve_load.py --processes for the recorded loads; several: each in turn
 CONNECTIONS="${CONNECTIONS:-keep}"  # keep: each client reuses its connection (serve_load.py's default); new: one a request
 SHARED_PREFIX="${SHARED_PREFIX:-0}"  # the recorded loads' --shared-prefix-tokens (every prompt begins the same)
+TURNS="${TURNS:-1}"  # the recorded loads' --turns: conversations, each turn's prompt the last one and TURN_TOKENS more
+TURN_TOKENS="${TURN_TOKENS:-32}"
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
 TEMPERATURE="${TEMPERATURE:-0}"  # the recorded closed loads' temperature (0: greedy)
@@ -108,7 +112,7 @@ EOF
 CKPT=$(ls -d "$CKPT_RUN"/checkpoints/step_* | head -n 1)
 
 MOST_NEW=$("$PY" -c "import sys; print(max(round($NEW * (1 + float(s))) for s in sys.argv[1:]))" $SPREAD)
-CONTEXT=$(( (PROMPT + MOST_NEW + 63) / 64 * 64 ))
+CONTEXT=$(( (PROMPT + (TURNS - 1) * TURN_TOKENS + MOST_NEW + 63) / 64 * 64 ))
 # CPU seconds of the server's process and of its children (the engine process), from /proc: `server_cpu start`
 # before a load, `server_cpu end` after it prints each one's share of a core over the load's wall time (a share
 # near 1 is a process that limits the load)
@@ -176,7 +180,7 @@ for c in $CONCURRENCY; do
         server_cpu start
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
-            --shared-prefix-tokens "$SHARED_PREFIX" \
+            --shared-prefix-tokens "$SHARED_PREFIX" --turns "$TURNS" --turn-tokens "$TURN_TOKENS" \
             --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" \
             $([ "$conns" = new ] && echo --new-connections) 2>&1 | tee -a "$LOG"
         server_cpu end
