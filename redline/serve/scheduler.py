@@ -514,7 +514,7 @@ class Scheduler:
         conversation's next turn comes soon after its last); without, the first."""
         if not self.prefix_min_tokens:
             return free[0]
-        row, n = self.batch.match(seq.prompt[:-1], exclude=[r for r in range(self.batch.rows) if r not in free])
+        row, n = self.batch.match(seq.prompt[:-1], exclude=set(range(self.batch.rows)).difference(free))
         if n >= self.prefix_min_tokens:
             return row
         return min(free, key=self._given_at.__getitem__)

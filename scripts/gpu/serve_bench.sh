@@ -42,7 +42,11 @@
 #         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
 #         fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
 #         typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 anyio==4.16.0 idna==3.20 \
-#         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1 uvloop==0.23.0 httptools==0.9.0
+#         typing-extensions==4.16.0 uvicorn==0.54.0 h11==0.16.0 click==8.5.1 uvloop==0.23.0 httptools==0.9.0 \
+#         openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1 \
+#         httpx==0.28.1 httpcore==1.0.9 certifi
+# (the last line: the `openai` client and httpx, without which tests/test_serve.py and the serving GPU tests skip
+# as a whole module: GPU_TESTS=1 prints the reasons of whatever skips)
 # Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load, --sync-every and engine mode),
 # serve_<mode>_sync*_wait*.log, metrics_<mode>_sync*_wait*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
@@ -83,8 +87,8 @@ START=$(date +%s)
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then  # the engine process against the in-thread server, token for token (a minute)
     echo "=== pytest -m gpu: tests/test_serve_engine_process_gpu.py tests/test_serve.py ===" | tee -a "$LOG"
-    timeout 300 "$PY" -m pytest -q -m gpu tests/test_serve_engine_process_gpu.py tests/test_serve.py \
-        -p no:cacheprovider 2>&1 | tail -n 5 | tee -a "$LOG"
+    timeout 300 "$PY" -m pytest -q -rs -m gpu tests/test_serve_engine_process_gpu.py tests/test_serve.py \
+        tests/test_serve_logprobs.py tests/test_prefix_cache.py -p no:cacheprovider 2>&1 | tail -n 12 | tee -a "$LOG"
 fi
 
 echo "=== redline bench-infer --preset $PRESET (offline, batch 1 and 64) ===" | tee -a "$LOG"
