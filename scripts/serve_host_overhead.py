@@ -114,10 +114,10 @@ def run(args, tokenizer, table: torch.Tensor, record: list | None = None) -> tup
     wire = [to_wire(i, Sequence(p, args.max_tokens, SamplingParams(temperature=0.0), tuple(args.stop), None))
             for i, p in enumerate(prompts)]
     if args.sink == "outbox":
-        outbox = _Outbox(DevNull(record), sched)
+        outbox = _Outbox([DevNull(record)], sched)
         sched.flushes.append(lambda: outbox.live or done.set())
         start = time.perf_counter()
-        outbox.submit(wire)
+        outbox.submit(0, wire)
     else:
         left = [args.rows]
 

@@ -539,6 +539,18 @@ def test_serve_command_needs_the_extra_before_loading(monkeypatch, capsys):
     assert exit_info.value.code == 2 and "pip install 'redline[serve]'" in err and "checkpoint" not in err
 
 
+@pytest.mark.parametrize("args,message", [(["--api-processes", "0"], "--api-processes must be in 1..64"),
+                                          (["--api-processes", "2", "--engine-process", "False"],
+                                           "--api-processes above 1 needs the engine in its own process")])
+def test_serve_command_refuses_bad_api_processes_before_loading(capsys, args, message):
+    from redline import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", "/no/such/checkpoint", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
 def test_serve_command_refuses_a_busy_port_before_loading(capsys):
     from redline import cli
 

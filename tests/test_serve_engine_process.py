@@ -373,3 +373,51 @@ def test_serve_command_drains_on_sigterm_to_both_processes_and_leaves_none(check
     assert code in (0, -15) and "Traceback" not in proc.stderr.read()
     with pytest.raises(ProcessLookupError):
         os.kill(engine_pid, 0)
+
+
+@pytest.mark.slow
+def test_two_api_processes_serve_one_engine_and_stop_together(checkpoint):
+    """`redline serve --api-processes 2`: a second HTTP process on the same port, over the same engine process.
+    Greedy completions of the same prompts are the same whichever process answered; both processes answer (each
+    /metrics names its pid); SIGTERM to the group drains and ends all three processes."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "redline", "serve", str(checkpoint), "--port", str(port),
+                             "--model-name", MODEL, "--cpu-threads", "1", "--api-processes", "2"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        banner = proc.stderr.readline()
+        engine_pid = int(re.search(r"engine: process (\d+)", banner).group(1))
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        deadline = time.time() + 90
+        pids = set()
+        while len(pids) < 2:  # fresh connections until both processes have answered one
+            try:
+                metrics = httpx.get(url + "/metrics", headers={"Connection": "close"}).text
+                pids.add(re.search(r'redline_api_process\{pid="(\d+)"\}', metrics).group(1))
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, f"answered from {pids}"
+            time.sleep(0.05)
+        prompts = ["Hello", "The cat", "1 2 3", "x"] * 3
+
+        def ask(prompt: str) -> str:
+            fresh = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)  # a connection of its own
+            return fresh.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(ask, prompts))
+        assert texts[:4] == texts[4:8] == texts[8:]
+        assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0).choices[0].text \
+            == texts[0]
+        os.killpg(proc.pid, signal.SIGTERM)  # as a service manager stops the group
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code in (0, -15) and "Traceback" not in proc.stderr.read()
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine_pid, 0)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)

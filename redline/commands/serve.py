@@ -10,6 +10,7 @@ is free, and gives it back the moment it finishes, stops or its client disconnec
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +55,8 @@ class ServeConfig:
     prefix_min_tokens: int = 128
     """Prefix reuse: a prompt whose first N or more tokens a row of the batch still holds from an earlier request
     (a chat's history sent again with one more turn, a shared system prompt, the other choices of n > 1) copies
-    their keys and values from that row and computes only the rest (0: off; docs/serve.md). The rest is prefilled
-    without a CUDA graph, so on a GPU short shared beginnings are cheaper to recompute."""
+    their keys and values from that row and computes only the rest (0: off; docs/serve.md). Shorter beginnings are
+    not worth the bookkeeping."""
     group_graphs: bool = False
     """Capture each group of --sync-every greedy decode steps as one CUDA graph (one launch per group instead of
     one per step; rows that finish inside a group are freed by the graph). Experimental: opt in."""
@@ -78,6 +79,11 @@ class ServeConfig:
     """Run the engine (model, batch, scheduler, detokenizing) in a process of its own, so that its Python runs
     beside the HTTP side's instead of taking turns with it for one GIL (default: on for CUDA, off on a CPU; see
     docs/serve.md)."""
+    api_processes: int = 1
+    """HTTP processes sharing the port, each with its own event loop, over one engine process (vLLM's
+    --api-server-count): one Python process parsing requests and writing every stream's events can be what limits a
+    loaded server. Each process's /metrics counts its own requests (the engine's counters are the engine's). More
+    than 1 runs the engine in its own process."""
     warmup: bool = True
     """Compile and capture every decode width before listening (GPU), so no request waits for it."""
     tokenizer: str | None = None
@@ -102,6 +108,11 @@ class ServeConfig:
             raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if not 0 < self.port < 65536:
             raise UserError(f"--port must be in 1..65535, got {self.port}")
+        if not 1 <= self.api_processes <= 64:
+            raise UserError(f"--api-processes must be in 1..64, got {self.api_processes}")
+        if self.api_processes > 1 and self.engine_process is False:
+            raise UserError("--api-processes above 1 needs the engine in its own process: drop --engine-process "
+                            "False")
 
 
 def require_serve_extra() -> None:
@@ -266,8 +277,8 @@ def uses_engine_process(cfg: ServeConfig) -> bool:
     turns for one GIL while the device waits (measured on an H100 at 64 streams: 62% and 60% of bench-infer's
     batch-64 decode with it, 50% and 45% without; docs/serve.md), off on a CPU (the device is the host: nothing to
     overlap)."""
-    if cfg.engine_process is not None:
-        return cfg.engine_process
+    if cfg.engine_process is not None or cfg.api_processes > 1:
+        return cfg.engine_process is not False
     if cfg.runtime.device != "auto":
         return cfg.runtime.device == "cuda"
     import torch
@@ -292,15 +303,39 @@ def build(cfg: ServeConfig):
         tokenizer = load_tokenizer(cfg.tokenizer or str(resolve_checkpoint(cfg.checkpoint) / "tokenizer"))
         renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
         scheduler = EngineProcess.start(engine_scheduler, cfg, max_queue=cfg.max_queue,
-                                        switch_interval_s=cfg.switch_interval_ms / 1000)
+                                        switch_interval_s=cfg.switch_interval_ms / 1000,
+                                        frontends=cfg.api_processes)
     else:
         scheduler, tokenizer = build_scheduler(cfg)
         renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
-    name = cfg.model_name or served_name(cfg.checkpoint)
-    server = Server(scheduler, tokenizer, name, renderer=renderer, no_chat=no_chat,
-                    api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
+    server = Server(scheduler, tokenizer, cfg.model_name or served_name(cfg.checkpoint), renderer=renderer,
+                    no_chat=no_chat, api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
                     max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
     return server, create_app(server)
+
+
+def api_process(cfg: ServeConfig, conn, sock) -> None:
+    """Another HTTP process (--api-processes): its own Server over the engine process's pipe `conn`, serving the
+    listening socket `sock` that the first process bound (the kernel spreads the connections)."""
+    import uvicorn
+
+    from redline.serve.api import Server, create_app
+    from redline.serve.engine_process import EngineProcess
+    from redline.tokenizer import load_tokenizer
+    from redline.training.checkpoint import resolve_checkpoint
+
+    sys.setswitchinterval(cfg.switch_interval_ms / 1000)
+    tokenizer = load_tokenizer(cfg.tokenizer or str(resolve_checkpoint(cfg.checkpoint) / "tokenizer"))
+    renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
+    engine = EngineProcess.attach(conn, cfg.max_queue)
+    server = Server(engine, tokenizer, cfg.model_name or served_name(cfg.checkpoint), renderer=renderer,
+                    no_chat=no_chat, api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
+                    max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
+    config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
+    try:
+        draining_server(uvicorn, engine, cfg.shutdown_timeout)(config).run(sockets=[sock])
+    finally:
+        engine.close()
 
 
 def main(argv: list[str]) -> int:
@@ -327,10 +362,31 @@ def main(argv: list[str]) -> int:
     print(f"redline serve: {server.model} on http://{cfg.host}:{cfg.port}/v1 ({desc.get('device')}, "
           f"{cfg.max_batch} rows × {server.scheduler.capacity} tokens, chat template: "
           f"{server.renderer.name if server.renderer else 'none'}, engine: "
-          f"{f'process {pid}' if pid else 'in this process'})", file=sys.stderr, flush=True)
+          f"{f'process {pid}' if pid else 'in this process'}"
+          f"{f', {cfg.api_processes} HTTP processes' if cfg.api_processes > 1 else ''})", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)
+    workers, sockets = [], None
+    if cfg.api_processes > 1:  # the others serve the same listening socket, each over a pipe of its own
+        import multiprocessing
+
+        sockets = [config.bind_socket()]
+        ctx = multiprocessing.get_context("spawn")
+        for conn in server.scheduler.spare:
+            workers.append(ctx.Process(target=api_process, args=(cfg, conn, sockets[0]), name="redline-api"))
+            workers[-1].start()
+            conn.close()  # the worker holds its own copy: when it ends, the engine sees its pipe close
+    # uvicorn raises the signal that stopped it again once it has shut down: by default SIGTERM would then end this
+    # process at once, leaving the other HTTP processes unreaped and the engine unclosed; an exit runs the cleanup
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        draining_server(uvicorn, server.scheduler, cfg.shutdown_timeout)(config).run()
+        draining_server(uvicorn, server.scheduler, cfg.shutdown_timeout)(config).run(sockets=sockets)
     finally:
+        for worker in workers:  # a signal to the group reached them already; one to this process alone did not
+            if worker.is_alive():
+                worker.terminate()
+        for worker in workers:
+            worker.join(cfg.shutdown_timeout + 15)
+            if worker.is_alive():
+                worker.kill()
         server.scheduler.close()
     return 0

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -473,5 +474,7 @@ def metrics_text(scheduler: Scheduler) -> str:
         value = ttft[min(len(ttft) - 1, int(q * len(ttft)))] if ttft else float("nan")
         lines.append(f'redline_time_to_first_token_seconds{{quantile="{q}"}} {value:.6f}')
     lines += [f"redline_time_to_first_token_seconds_count {s.ttft_count}",
-              f"redline_time_to_first_token_seconds_sum {s.ttft_sum_s:.6f}"]
+              f"redline_time_to_first_token_seconds_sum {s.ttft_sum_s:.6f}",
+              "# HELP redline_api_process The HTTP process that answered (--api-processes: each counts its own "
+              "requests).", "# TYPE redline_api_process gauge", f'redline_api_process{{pid="{os.getpid()}"}} 1']
     return "\n".join(lines) + "\n"

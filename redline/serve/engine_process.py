@@ -30,6 +30,8 @@ import atexit
 import collections
 import itertools
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
 import sys
 import threading
@@ -88,8 +90,9 @@ class EngineProcess:
     sequence_type = RemoteSequence
 
     def __init__(self, process, conn, info: dict, max_queue: int):
-        self.process, self.conn = process, conn
-        self.pid = process.pid
+        self.process, self.conn = process, conn  # process: None in an API process that attached
+        self.pid = process.pid if process is not None else info.get("pid")
+        self.spare: list = []  # start(frontends=N): the other API processes' pipe ends
         self.capacity, self.vocab_size, self.batch_rows = info["capacity"], info["vocab_size"], info["rows"]
         self._describe = info["describe"]
         self.max_queue = max_queue
@@ -111,15 +114,20 @@ class EngineProcess:
         atexit.register(self.close)  # before multiprocessing's own atexit joins the (non-daemon) process
 
     @classmethod
-    def start(cls, builder, *args, max_queue: int = 256, switch_interval_s: float | None = None) -> EngineProcess:
+    def start(cls, builder, *args, max_queue: int = 256, switch_interval_s: float | None = None,
+              frontends: int = 1) -> EngineProcess:
         """Spawn the engine process, which builds its scheduler with `builder(*args)` (a module-level function:
-        it travels by name), and wait until it is ready. A UserError with the engine's own message if it fails."""
+        it travels by name), and wait until it is ready. A UserError with the engine's own message if it fails.
+        frontends > 1: the engine serves that many API processes, each over a pipe of its own; this one is the
+        first, and `spare` holds the other pipes' ends for the others (attach())."""
         ctx = multiprocessing.get_context("spawn")
-        conn, child_conn = ctx.Pipe()
-        process = ctx.Process(target=engine_main, args=(child_conn, builder, args, switch_interval_s),
+        pairs = [ctx.Pipe() for _ in range(frontends)]
+        conn, child_conns = pairs[0][0], [child for _, child in pairs]
+        process = ctx.Process(target=engine_main, args=(child_conns, builder, args, switch_interval_s),
                               name="redline-engine")
         process.start()
-        child_conn.close()  # the child holds its own copy: when it ends, recv() here sees the end of the pipe
+        for child in child_conns:
+            child.close()  # the child holds its own copies: when it ends, recv() here sees the end of the pipe
         try:
             reply = conn.recv()
         except (EOFError, OSError):
@@ -134,7 +142,18 @@ class EngineProcess:
             conn.close()
             _stop(process)
             raise UserError(reply[1])
-        return cls(process, conn, reply[1], max_queue)
+        engine = cls(process, conn, reply[1], max_queue)
+        engine.spare = [end for end, _ in pairs[1:]]
+        return engine
+
+    @classmethod
+    def attach(cls, conn, max_queue: int = 256) -> EngineProcess:
+        """In another API process: the engine process's side of one of start()'s spare pipes (its "ready" message
+        waits in it). This process does not own the engine process: close() ends only its own connection."""
+        reply = conn.recv()
+        if reply[0] != "ready":
+            raise UserError(f"the engine process did not start: {reply[1]}")
+        return cls(None, conn, reply[1], max_queue)
 
     # -- what api.py uses (the event loop's thread, and executors at shutdown) ---------------------------
 
@@ -196,7 +215,9 @@ class EngineProcess:
             self._closed = self._closing = True
             if self._send(("close",)):
                 self._reply("closed", timeout)
-            _stop(self.process, timeout)  # its end of the pipe closes with it: the reader sees the end and stops
+            if self.process is not None:
+                _stop(self.process, timeout)  # its end of the pipe closes with it: the reader sees the end and stops
+            # (an attached process's: the engine closes its end of this pipe after answering "closed")
             self._reader.join(timeout)
             self.conn.close()
 
@@ -272,8 +293,10 @@ class EngineProcess:
     def _ended(self) -> None:
         """The engine process is gone: every request still waiting on it ends with an error."""
         if not self._closed:
-            self.process.join(2)
-            code = self.process.exitcode
+            code = None
+            if self.process is not None:
+                self.process.join(2)
+                code = self.process.exitcode
             self.failure = (self._fatal or (f"the engine process ended unexpectedly (exit code {code})"
                                             if code is not None else "the connection to the engine process broke"))
             print(f"redline serve: {self.failure}", file=sys.stderr, flush=True)
@@ -320,71 +343,74 @@ class _ReportedStats(Stats):
 
 
 class _Outbox:
-    """The engine process's side: each sequence's sink appends (id, event) here from the scheduler's thread; the
-    scheduler's flush sends them as one message."""
+    """The engine process's side: each sequence's sink appends (id, event) here from the scheduler's thread, under
+    the API process (frontend) it came from; the scheduler's flush sends each frontend its events as one message."""
 
-    def __init__(self, conn, scheduler: Scheduler):
-        self.conn, self.scheduler = conn, scheduler
-        self.lock = threading.Lock()  # the scheduler's thread and the main thread both send
-        self.items: list[tuple] = []
-        self.live: dict[int, Sequence] = {}
-        self.received = 0
+    def __init__(self, conns: list, scheduler: Scheduler):
+        self.conns, self.scheduler = conns, scheduler
+        self.locks = [threading.Lock() for _ in conns]  # the scheduler's thread and the main thread both send
+        self.items: list[list[tuple]] = [[] for _ in conns]
+        self.live: dict[tuple[int, int], Sequence] = {}  # (frontend, id) -> its sequence
+        self.received = [0] * len(conns)
         scheduler.stats = _ReportedStats()
         scheduler.flushes.append(self.flush)
 
-    def sink(self, rid: int, seq: Sequence):
+    def sink(self, frontend: int, rid: int, seq: Sequence):
         """Seq's sink (called from the scheduler's thread alone: items needs no lock)."""
-        live = self.live
+        live, items = self.live, self.items
 
         def put(event: tuple) -> None:
             if event[0] in ("text", "prompt"):
-                self.items.append((rid, event))
+                items[frontend].append((rid, event))
             else:  # its last event, with the tokens that count as its output and the prompt's copied ones
-                self.items.append((rid, event, seq.completion_tokens, seq.cached_tokens))
-                live.pop(rid, None)
+                items[frontend].append((rid, event, seq.completion_tokens, seq.cached_tokens))
+                live.pop((frontend, rid), None)
 
         return put
 
-    def snapshot(self) -> tuple:
+    def snapshot(self, frontend: int) -> tuple:
+        """The counters for a frontend's /metrics: the engine's, with what that frontend sent (its queue depth)
+        and the times to first token since the last snapshot (split among frontends when there are several)."""
         s, sched = self.scheduler.stats, self.scheduler
-        return (self.received, dict(s.finished), s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.steps,
-                s.busy_row_steps, len(sched.waiting), sched.busy_rows(), s.take_fresh())
+        return (self.received[frontend], dict(s.finished), s.prompt_tokens, s.cached_tokens, s.completion_tokens,
+                s.steps, s.busy_row_steps, len(sched.waiting), sched.busy_rows(), s.take_fresh())
 
     def flush(self) -> None:
-        if self.items:
-            items, self.items = self.items, []
-            self.send(("events", items, self.snapshot()))
+        for frontend, items in enumerate(self.items):
+            if items:
+                self.items[frontend] = []
+                self.send(frontend, ("events", items, self.snapshot(frontend)))
 
-    def send(self, message) -> None:
+    def send(self, frontend: int, message) -> None:
         try:
-            with self.lock:
-                self.conn.send(message)
-        except (OSError, ValueError):  # the API process is gone; the main thread sees it too and stops
+            with self.locks[frontend]:
+                self.conns[frontend].send(message)
+        except (OSError, ValueError):  # that API process is gone; the main thread sees it too
             pass
 
-    def submit(self, wire: list[tuple]) -> None:
+    def submit(self, frontend: int, wire: list[tuple]) -> None:
         seqs = []
         for item in wire:
             rid, seq = from_wire(item)
-            seq.sink = self.sink(rid, seq)
+            seq.sink = self.sink(frontend, rid, seq)
             seqs.append(seq)
-            self.live[rid] = seq
+            self.live[frontend, rid] = seq
         try:
             self.scheduler.submit(seqs)
         except Exception as e:  # checked in the API process already: a race with the queue's limit, or shutdown
             event = ("error", str(e), 503) if isinstance(e, ShuttingDown) else ("error", str(e))
             for rid, *_ in wire:
-                self.live.pop(rid, None)
-            self.received += len(wire)
+                self.live.pop((frontend, rid), None)
+            self.received[frontend] += len(wire)
             # sent from this thread, apart from the outbox (which the scheduler's thread alone fills and sends)
-            self.send(("events", [(rid, event, 0) for rid, *_ in wire], self.snapshot()))
+            self.send(frontend, ("events", [(rid, event, 0) for rid, *_ in wire], self.snapshot(frontend)))
             return
-        self.received += len(wire)
+        self.received[frontend] += len(wire)
 
 
-def engine_main(conn, builder, args: tuple, switch_interval_s: float | None) -> None:
-    """The engine process: build the scheduler, report ready, then serve the API process's messages until it
-    says close or goes away."""
+def engine_main(conns: list, builder, args: tuple, switch_interval_s: float | None) -> None:
+    """The engine process: build the scheduler, report ready on every API process's pipe (conns), then serve
+    their messages until the first says close or goes away."""
     # a terminal's Ctrl-C and a service manager's SIGTERM reach every process of the group: the API process drains,
     # then closes this one (which also ends by itself when the API process's end of the pipe closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -397,45 +423,67 @@ def engine_main(conn, builder, args: tuple, switch_interval_s: float | None) -> 
         if not isinstance(e, UserError):
             traceback.print_exc()
         message = str(e) if isinstance(e, UserError) else f"the engine failed to start: {type(e).__name__}: {e}"
-        try:
-            conn.send(("failed", message))
-        finally:
+        for conn in conns:
+            try:
+                conn.send(("failed", message))
+            except (OSError, ValueError):
+                pass
             conn.close()
         return
-    outbox = _Outbox(conn, scheduler)
-    outbox.send(("ready", {"capacity": scheduler.capacity, "vocab_size": scheduler.vocab_size,
-                           "rows": scheduler.batch_rows, "describe": scheduler.describe()}))
+    outbox = _Outbox(conns, scheduler)
+    info = {"capacity": scheduler.capacity, "vocab_size": scheduler.vocab_size, "rows": scheduler.batch_rows,
+            "describe": scheduler.describe(), "pid": os.getpid()}
+    for frontend in range(len(conns)):
+        outbox.send(frontend, ("ready", info))
     try:
-        _serve(conn, scheduler, outbox)
+        _serve(conns, scheduler, outbox)
     finally:
         scheduler.close()
-        outbox.send(("closed",))
-        conn.close()
+        for frontend, conn in enumerate(conns):
+            outbox.send(frontend, ("closed",))
+            conn.close()
 
 
-def _serve(conn, scheduler: Scheduler, outbox: _Outbox) -> None:
-    """The engine process's main thread: the API process's messages, until it says close or goes away; and a
-    scheduler thread that died (nothing would ever answer the requests) reported as fatal."""
+def _serve(conns: list, scheduler: Scheduler, outbox: _Outbox) -> None:
+    """The engine process's main thread: the API processes' messages, until the first (the one that started this
+    process) says close or goes away; another that says close is answered and let go. A scheduler thread that
+    died (nothing would ever answer the requests) is reported as fatal."""
     draining = False
-    while True:
-        try:
-            if not conn.poll(1.0):
-                if not scheduler.alive and not draining:
-                    outbox.send(("fatal", "the engine's scheduler thread died (its error is printed above)"))
+    index = {id(conn): frontend for frontend, conn in enumerate(conns)}
+    open_conns = list(conns)
+    while open_conns:
+        ready = multiprocessing.connection.wait(open_conns, 1.0)
+        if not ready:
+            if not scheduler.alive and not draining:
+                for frontend in range(len(conns)):
+                    outbox.send(frontend, ("fatal", "the engine's scheduler thread died (its error is printed "
+                                                    "above)"))
+                return
+            continue
+        for conn in ready:
+            frontend = index[id(conn)]
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # that API process is gone
+                if frontend == 0:
                     return
+                open_conns.remove(conn)
                 continue
-            message = conn.recv()
-        except (EOFError, OSError):  # the API process is gone
-            return
-        if message[0] == "submit":
-            outbox.submit(message[1])
-        elif message[0] == "cancel":
-            seq = outbox.live.get(message[1])
-            if seq is not None:
-                seq.cancel()
-        elif message[0] == "drain":
-            draining = True
-            threading.Thread(target=lambda t=message[1]: outbox.send(("drained", scheduler.drain(t))),
-                             daemon=True).start()
-        elif message[0] == "close":
-            return
+            if message[0] == "submit":
+                outbox.submit(frontend, message[1])
+            elif message[0] == "cancel":
+                seq = outbox.live.get((frontend, message[1]))
+                if seq is not None:
+                    seq.cancel()
+            elif message[0] == "drain":
+                draining = True
+                def drain(t=message[1], f=frontend):  # each API process drains (SIGTERM reaches them all)
+                    outbox.send(f, ("drained", scheduler.drain(t)))
+
+                threading.Thread(target=drain, daemon=True).start()
+            elif message[0] == "close":
+                if frontend == 0:
+                    return
+                outbox.send(frontend, ("closed",))
+                open_conns.remove(conn)
+                conn.close()
