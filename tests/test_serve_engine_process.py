@@ -4,6 +4,7 @@ seeded completions, streamed and not, alone and concurrent; a bounded load loses
 frees its row; an engine that dies ends its requests with an error and fails /health; shutdown leaves no process
 behind."""
 
+import collections
 import json
 import multiprocessing
 import os
@@ -373,6 +374,49 @@ def test_serve_command_drains_on_sigterm_to_both_processes_and_leaves_none(check
     assert code in (0, -15) and "Traceback" not in proc.stderr.read()
     with pytest.raises(ProcessLookupError):
         os.kill(engine_pid, 0)
+
+
+def test_the_engine_sends_each_api_process_the_events_of_its_own_requests():
+    """engine_process._Outbox with two API processes (frontends) whose requests have the same ids: each gets the
+    events of its own requests alone, its own count of requests received (its queue depth), and the engine's
+    counters; a cancel names (frontend, id)."""
+    from redline.inference import InferenceEngine, SamplingParams
+    from redline.inference.batch import DecodeBatch
+    from redline.serve.engine_process import _Outbox, to_wire
+    from redline.serve.scheduler import Scheduler, Sequence
+
+    class Pipe:
+        def __init__(self):
+            self.messages = []
+
+        def send(self, message):
+            self.messages.append(message)
+
+    torch.manual_seed(0)
+    tok = load_tokenizer("bytes")
+    sched = Scheduler(DecodeBatch(InferenceEngine(GPT(CFG)), rows=4, capacity=64), tok, [256])
+    pipes = [Pipe(), Pipe()]
+    outbox = _Outbox(pipes, sched)
+    try:
+        prompts = {0: [[1, 2, 3], [4, 5]], 1: [[6, 7, 8, 9]]}
+        for frontend, batch in prompts.items():
+            outbox.submit(frontend, [to_wire(rid, Sequence(p, 5, SamplingParams(), (), None))
+                                     for rid, p in enumerate(batch)])
+        deadline = time.time() + 30
+        while outbox.live and time.time() < deadline:
+            time.sleep(0.01)
+        assert not outbox.live
+    finally:
+        sched.close()
+    for frontend, pipe in enumerate(pipes):
+        events = [item for m in pipe.messages if m[0] == "events" for item in m[1]]
+        ended = sorted(item[0] for item in events if item[1][0] == "done")
+        assert ended == list(range(len(prompts[frontend])))  # its own ids, each ended once
+        texts = collections.Counter(item[0] for item in events if item[1][0] == "text")
+        assert set(texts) <= set(ended)
+        assert pipe.messages[-1][2][0] == len(prompts[frontend])  # requests it sent, as the engine counted them
+    # the engine's counters, in both: the last snapshot sent has every request of both finished
+    assert max(sum(m[2][1].values()) for pipe in pipes for m in pipe.messages) == 3
 
 
 @pytest.mark.slow
