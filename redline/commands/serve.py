@@ -291,25 +291,36 @@ def uses_engine_process(cfg: ServeConfig) -> bool:
 def build(cfg: ServeConfig):
     """(Server, the FastAPI app) for a checkpoint, the model loaded and warmed up: the scheduler in a thread of
     this process, or in an engine process of its own (--engine-process)."""
-    from redline.serve.api import Server, create_app
-    from redline.training.checkpoint import resolve_checkpoint
-
     if uses_engine_process(cfg):
         from redline.serve.engine_process import EngineProcess
-        from redline.tokenizer import load_tokenizer
 
         # the tokenizer and chat template first: a bad one fails at once, not after the engine compiled (the engine
         # checks that the tokenizer is the checkpoint's)
-        tokenizer = load_tokenizer(cfg.tokenizer or str(resolve_checkpoint(cfg.checkpoint) / "tokenizer"))
-        renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
+        tokenizer = checkpoint_tokenizer(cfg)
+        renderer = chat_renderer(cfg.chat_template, tokenizer)
         scheduler = EngineProcess.start(engine_scheduler, cfg, max_queue=cfg.max_queue,
                                         switch_interval_s=cfg.switch_interval_ms / 1000,
                                         frontends=cfg.api_processes)
     else:
         scheduler, tokenizer = build_scheduler(cfg)
-        renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
-    server = Server(scheduler, tokenizer, cfg.model_name or served_name(cfg.checkpoint), renderer=renderer,
-                    no_chat=no_chat, api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
+        renderer = chat_renderer(cfg.chat_template, tokenizer)
+    return frontend(cfg, scheduler, tokenizer, renderer)
+
+
+def checkpoint_tokenizer(cfg: ServeConfig):
+    """The tokenizer the API renders and counts with: --tokenizer, else the checkpoint's."""
+    from redline.tokenizer import load_tokenizer
+    from redline.training.checkpoint import resolve_checkpoint
+
+    return load_tokenizer(cfg.tokenizer or str(resolve_checkpoint(cfg.checkpoint) / "tokenizer"))
+
+
+def frontend(cfg: ServeConfig, scheduler, tokenizer, renderer: tuple):
+    """(Server, the FastAPI app) over a scheduler (a Scheduler, or an EngineProcess); renderer: chat_renderer's."""
+    from redline.serve.api import Server, create_app
+
+    server = Server(scheduler, tokenizer, cfg.model_name or served_name(cfg.checkpoint), renderer=renderer[0],
+                    no_chat=renderer[1], api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
                     max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
     return server, create_app(server)
 
@@ -319,19 +330,14 @@ def api_process(cfg: ServeConfig, conn, sock) -> None:
     listening socket `sock` that the first process bound (the kernel spreads the connections)."""
     import uvicorn
 
-    from redline.serve.api import Server, create_app
     from redline.serve.engine_process import EngineProcess
-    from redline.tokenizer import load_tokenizer
-    from redline.training.checkpoint import resolve_checkpoint
 
     sys.setswitchinterval(cfg.switch_interval_ms / 1000)
-    tokenizer = load_tokenizer(cfg.tokenizer or str(resolve_checkpoint(cfg.checkpoint) / "tokenizer"))
-    renderer, no_chat = chat_renderer(cfg.chat_template, tokenizer)
+    tokenizer = checkpoint_tokenizer(cfg)
+    renderer = chat_renderer(cfg.chat_template, tokenizer)
     engine = EngineProcess.attach(conn, cfg.max_queue)
-    server = Server(engine, tokenizer, cfg.model_name or served_name(cfg.checkpoint), renderer=renderer,
-                    no_chat=no_chat, api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
-                    max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
-    config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
+    _, app = frontend(cfg, engine, tokenizer, renderer)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
     try:
         draining_server(uvicorn, engine, cfg.shutdown_timeout)(config).run(sockets=[sock])
     finally:
