@@ -26,9 +26,11 @@ How it works
 - Prefix reuse: a row keeps its last sequence's keys and values until it is prefilled again, and the batch records
   which tokens they are (inference/prefix_cache.py). A new prompt whose first `prefix_min_tokens` or more tokens
   some row holds (a chat's history sent again with one more turn, a shared system prompt) gets them copied from
-  that row and prefills only the rest, in spans (as a long prompt's second span); requests that arrive in the same
-  turn with the same beginning (the choices of n > 1) are prefilled one first, the others copy from it a turn
-  later. The response's usage counts the copied tokens (prompt_tokens_details.cached_tokens).
+  that row (a turn's copies together) and prefills only the rest, the rests that start at the same slot in one
+  forward; requests that arrive in the same turn with the same beginning (the choices of n > 1) are prefilled one
+  first, the others copy from it a turn later. A request takes the free row that holds its beginning, else the free
+  row given out longest ago (what recently finished requests hold outlives older ones'). The response's usage
+  counts the copied tokens (prompt_tokens_details.cached_tokens).
 - Text is decoded incrementally (inference/text.py's IncrementalText): never half a UTF-8 character, never the
   start of a stop string that may still complete.
 """
@@ -36,6 +38,7 @@ How it works
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence as Seq
@@ -259,7 +262,8 @@ class Scheduler:
         self.lag_reads = self.device.type == "cuda"
         self.rows: list[Sequence | None] = [None] * batch.rows
         self._holders: list[Sequence | None] = [None] * batch.rows  # the last sequence given each row
-        self._given, self._given_at = 0, [0] * batch.rows  # when each row was last given (a count of admissions)
+        self._admissions = itertools.count(1)
+        self._given_at = [0] * batch.rows  # when each row was last given (the count of admissions then)
         self.waiting: collections.deque[Sequence] = collections.deque()
         # first tokens sampled, not yet sent to the host: (sequence, token (1,), its logprobs or None)
         self._firsts: list[tuple[Sequence, torch.Tensor, torch.Tensor | None]] = []
@@ -446,8 +450,7 @@ class Scheduler:
                 seq = self.waiting.popleft()
                 r = self._row_for(seq, free)
                 free.remove(r)
-                self._given += 1
-                self._given_at[r] = self._given
+                self._given_at[r] = next(self._admissions)
                 seq.row, self.rows[r], self._holders[r] = r, seq, seq
                 seq.decoder = IncrementalText(self.tokenizer, seq.stop)
                 # a seeded request draws from its own generator, the others from the scheduler's (RowSampler)
