@@ -67,10 +67,10 @@ class Job:
 
 # fields that ask for something redline does not do: (name, the value that asks for nothing)
 _REFUSED = {
-    "echo": (None, False), "suffix": (None, ""),
-    "best_of": (None, 1), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
+    "suffix": (None, ""), "best_of": (None, 1), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
     "function_call": (None, "none"), "audio": (None,), "prediction": (None,),
 }
+_REFUSED_IN_CHAT = {**_REFUSED, "echo": (None, False)}  # completions take echo (completion_job)
 
 
 def _number(body: Mapping, name: str, default, lo: float, hi: float, integer: bool = False):
@@ -97,9 +97,7 @@ def _stop(body: Mapping) -> tuple[str, ...]:
 
 
 def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
-    for name, harmless in _REFUSED.items():
-        if name == "echo" and kind == "completion":
-            continue  # completions take it (completion_job)
+    for name, harmless in (_REFUSED_IN_CHAT if kind == "chat" else _REFUSED).items():
         if name in body and body[name] not in harmless:
             raise bad(f"{name} is not supported by this server (redline serve); leave it out", name,
                       "unsupported_parameter")
@@ -131,8 +129,7 @@ def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
                 or not isinstance(value, (int, float)) or not -100 <= value <= 100:
             raise bad(f"logit_bias maps token ids to numbers in [-100, 100], got {key!r}: {value!r}", "logit_bias")
         pairs.append((int(key), float(value)))
-    penalties = (float(_number(body, "presence_penalty", 0.0, -2, 2)), float(_number(body, "frequency_penalty", 0.0,
-                                                                                   -2, 2)))
+    penalties = tuple(float(_number(body, name, 0.0, -2, 2)) for name in ("presence_penalty", "frequency_penalty"))
     return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stop(body), "penalties": penalties,
             "logit_bias": tuple(pairs),
             "n": _number(body, "n", 1, 1, MAX_N, integer=True), "stream": bool(stream),

@@ -20,9 +20,8 @@ How it works
   RowSampler: one set of kernels for all the rows, launched from here), as does a request that wants logprobs
   (each step's log-softmax, the taken token's and the top k, copied back with the tokens: token_logprobs) or a
   presence or frequency penalty or a logit bias (each row's counts of the tokens it generated and its bias, kept
-  on the device). Either
-  way a row's tokens do not depend on the other rows (the batch's shape never changes), so greedy and seeded
-  output is the same alone or among others.
+  on the device). Either way a row's tokens do not depend on the other rows (the batch's shape never changes), so
+  greedy and seeded output is the same alone or among others.
 - Prefix reuse: a row keeps its last sequence's keys and values until it is prefilled again, and the batch records
   which tokens they are (inference/prefix_cache.py). A new prompt whose first `prefix_min_tokens` or more tokens
   some row holds (a chat's history sent again with one more turn, a shared system prompt) gets them copied from
