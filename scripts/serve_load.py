@@ -348,7 +348,8 @@ def read_counters(url: str, api_key: str | None) -> dict[str, float]:
 def server_figures(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
     """What `redline serve` counted during the load: decode steps, the batch's mean occupancy in them (rows
     decoding / rows), the wall time per step, and its own mean time to first token (from queueing to the first
-    token's reaching the host: the rest of the client's TTFT is HTTP and the API process)."""
+    token's reaching the host: the rest of the client's TTFT is HTTP and the API process), and the prompt shapes it
+    captured as CUDA graphs during the load (each a stall of the batch)."""
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     steps, rows = delta.get("redline_decode_steps_total", 0.0), after.get("redline_batch_rows", 0.0)
     first = delta.get("redline_time_to_first_token_seconds_count", 0.0)
@@ -357,7 +358,8 @@ def server_figures(before: dict[str, float], after: dict[str, float], wall: floa
             if steps and rows else None,
             "ms_per_step": round(wall * 1000 / steps, 4) if steps else None,
             "ttft_ms_mean": round(delta["redline_time_to_first_token_seconds_sum"] * 1000 / first, 3)
-            if first else None}
+            if first else None,
+            "prefill_graphs_captured": int(delta.get("redline_prefill_graphs", 0.0))}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -436,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     if "server" in summary:
         srv = summary["server"]
         print(f"the server counted: {srv['decode_steps']} decode steps, batch occupancy {srv['occupancy']}, "
-              f"{srv['ms_per_step']} ms of the load per step, its own TTFT {srv['ttft_ms_mean']} ms (mean)")
+              f"{srv['ms_per_step']} ms of the load per step, its own TTFT {srv['ttft_ms_mean']} ms (mean), "
+              f"{srv['prefill_graphs_captured']} prefill graphs captured")
     for error in summary["errors"]:
         print(f"error: {error}", file=sys.stderr)
     if args.json_out:

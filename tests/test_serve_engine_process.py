@@ -454,6 +454,15 @@ def test_two_api_processes_serve_one_engine_and_stop_together(checkpoint):
         assert texts[:4] == texts[4:8] == texts[8:]
         assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0).choices[0].text \
             == texts[0]
+        # each process's /metrics has the engine's counters as they are now, however few requests it answered
+        finished = {}
+        while set(finished) != pids:
+            metrics = httpx.get(url + "/metrics", headers={"Connection": "close"}).text
+            pid = re.search(r'redline_api_process\{pid="(\d+)"\}', metrics).group(1)
+            finished[pid] = sum(int(n) for n in re.findall(r"^redline_requests_finished_total\{.*\} (\d+)$",
+                                                               metrics, re.M))
+            assert time.time() < deadline + 60
+        assert set(finished.values()) == {len(prompts) + 1}, finished
         os.killpg(proc.pid, signal.SIGTERM)  # as a service manager stops the group
         code = proc.wait(60)
     finally:

@@ -81,6 +81,10 @@ def test_on_a_gpu_the_engine_process_equals_the_in_thread_server(tmp_path):
             with ThreadPoolExecutor(12) as pool:
                 texts[engine_process] = list(pool.map(lambda i: complete(url, prompts[i], lengths[i], i % 2 == 0),
                                                       range(12)))
+            metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+            # the warm-up's prefill graphs, counted in the process that holds the engine and reported by the API's
+            graphs = [line for line in metrics.splitlines() if line.startswith("redline_prefill_graphs ")]
+            assert graphs and float(graphs[0].split()[1]) >= 1, graphs
         finally:
             runner.should_exit = True
             time.sleep(0.5)

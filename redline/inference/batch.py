@@ -194,6 +194,11 @@ class DecodeBatch:
             self.held[dst] = held[src][0]
             self.prefixes.set_hashes(dst, held[src][1])
 
+    @property
+    def prefill_graphs(self) -> int:
+        """How many prefill shapes (rows, width, start) this batch holds CUDA graphs of."""
+        return self.engine.prefill_graphs(self.state)
+
     def _graph_width(self, n: int, longest: int, start: int = 0) -> int:
         """The padded width of a CUDA-graph prefill of n prompts of at most `longest` tokens at slot `start` (one
         graph per (n, width, start)), or 0 for none (no CUDA graphs, more tokens than one chunk, or PREFILL_GRAPHS

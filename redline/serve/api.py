@@ -441,6 +441,7 @@ def create_app(server: Server):
 
     @app.get("/metrics")
     async def metrics():
+        await asyncio.get_running_loop().run_in_executor(None, server.scheduler.refresh_stats)
         return PlainTextResponse(metrics_text(server.scheduler), media_type="text/plain; version=0.0.4")
 
     return app
@@ -467,6 +468,8 @@ def metrics_text(scheduler: Scheduler) -> str:
               "# TYPE redline_decode_steps_total counter", f"redline_decode_steps_total {s.steps}",
               "# TYPE redline_batch_busy_row_steps_total counter",
               f"redline_batch_busy_row_steps_total {s.busy_row_steps}",
+              "# HELP redline_prefill_graphs Prompt shapes captured as CUDA graphs (each capture stalls the batch once).",
+              "# TYPE redline_prefill_graphs gauge", f"redline_prefill_graphs {s.prefill_graphs}",
               "# TYPE redline_batch_occupancy gauge",
               f"redline_batch_occupancy {s.busy_row_steps / s.steps / scheduler.batch_rows if s.steps else 0:.4f}",
               "# TYPE redline_time_to_first_token_seconds summary"]

@@ -192,6 +192,13 @@ class EngineProcess:
                 self._seqs.pop(seq.rid, None)
             raise EngineFailed(f"{self.failure or 'the engine process has ended'}; restart the server")
 
+    def refresh_stats(self, timeout: float = 2.0) -> None:
+        """Bring `stats` up to the engine's counters now (a round trip over the pipe; blocks up to `timeout`).
+        Between turns' messages they lag, and with several API processes one that has answered nothing lately
+        holds counters from then: a scrape of /metrics that reached it would see them go back."""
+        if self._send(("snapshot",)):
+            self._reply("snapshot", timeout)
+
     def send_cancel(self, rid: int) -> None:
         self._send(("cancel", rid))
 
@@ -250,6 +257,11 @@ class EngineProcess:
                 message = self.conn.recv()
                 if message[0] == "events":
                     self._take(message[1], message[2])
+                elif message[0] == "snapshot":  # refresh_stats()'s answer: applied here, in order with events
+                    self._apply(message[1])
+                    with self._replied:
+                        self._replies.append(message[:1])
+                        self._replied.notify_all()
                 elif message[0] == "fatal":  # the engine process ends next: _ended says why
                     self._fatal = message[1]
                 else:
@@ -285,7 +297,7 @@ class EngineProcess:
     def _apply(self, snapshot: tuple) -> None:
         s = self.stats
         (self._received, finished, s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.steps, s.busy_row_steps,
-         self._waiting, self._busy, ttfts) = snapshot
+         s.prefill_graphs, self._waiting, self._busy, ttfts) = snapshot
         s.finished = collections.Counter(finished)
         for t in ttfts:
             s.add_ttft(t)
@@ -352,7 +364,9 @@ class _Outbox:
         self.items: list[list[tuple]] = [[] for _ in conns]
         self.live: dict[tuple[int, int], Sequence] = {}  # (frontend, id) -> its sequence
         self.received = [0] * len(conns)
-        scheduler.stats = _ReportedStats()
+        reported = _ReportedStats()
+        reported.prefill_graphs = scheduler.stats.prefill_graphs  # the warm-up's, counted before this outbox
+        scheduler.stats = reported
         scheduler.flushes.append(self.flush)
 
     def sink(self, frontend: int, rid: int, seq: Sequence):
@@ -373,7 +387,7 @@ class _Outbox:
         and the times to first token since the last snapshot (split among frontends when there are several)."""
         s, sched = self.scheduler.stats, self.scheduler
         return (self.received[frontend], dict(s.finished), s.prompt_tokens, s.cached_tokens, s.completion_tokens,
-                s.steps, s.busy_row_steps, len(sched.waiting), sched.busy_rows(), s.take_fresh())
+                s.steps, s.busy_row_steps, s.prefill_graphs, len(sched.waiting), sched.busy_rows(), s.take_fresh())
 
     def flush(self) -> None:
         for frontend, items in enumerate(self.items):
@@ -471,6 +485,8 @@ def _serve(conns: list, scheduler: Scheduler, outbox: _Outbox) -> None:
                 continue
             if message[0] == "submit":
                 outbox.submit(frontend, message[1])
+            elif message[0] == "snapshot":
+                outbox.send(frontend, ("snapshot", outbox.snapshot(frontend)))
             elif message[0] == "cancel":
                 seq = outbox.live.get((frontend, message[1]))
                 if seq is not None:

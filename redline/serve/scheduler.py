@@ -133,6 +133,9 @@ class Stats:
     steps: int = 0
     busy_row_steps: int = 0
     """Sum over decode steps of the rows decoding: / steps = mean batch occupancy."""
+    prefill_graphs: int = 0
+    """Prompt shapes (rows, width, start) captured as CUDA graphs so far: each capture under load is a stall the
+    decoding rows waited through (a count still growing in a steady load says the warm-up missed shapes)."""
     ttft_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1024))
     """Recent times to first token (seconds); read them with ttft_snapshot()."""
     ttft_count: int = 0
@@ -273,7 +276,7 @@ class Scheduler:
         self._bias: torch.Tensor | None = None
         self._generator = torch.Generator(device=self.device)  # the draws of the requests without a seed
         self._generator.seed()
-        self.stats = Stats()
+        self.stats = Stats(prefill_graphs=batch.prefill_graphs)  # those the warm-up captured
         self.flushes: list[Callable[[], None]] = []
         """Called by the scheduler's thread at the end of each turn, after the turn's events: a sink may hold its
         events until then (the API's Mailbox does, to wake its event loop once per turn, not once per event)."""
@@ -326,6 +329,9 @@ class Scheduler:
     def alive(self) -> bool:
         """Whether its thread runs (False once closed, or if the thread died of an error outside a turn)."""
         return self._thread.is_alive()
+
+    def refresh_stats(self, timeout: float = 2.0) -> None:
+        """`stats` are this scheduler's own, always current (EngineProcess.refresh_stats asks its process)."""
 
     def busy_rows(self) -> int:
         return sum(seq is not None for seq in self.rows)
@@ -488,6 +494,7 @@ class Scheduler:
                 padded = longest * len(whole)
             if whole:
                 logits = self.batch.prefill_many([s.row for s in whole], [s.prompt[start:] for s in whole], start)
+                self.stats.prefill_graphs = self.batch.prefill_graphs
                 for seq in whole:
                     seq.prefilled = len(seq.prompt)
                 self._first_tokens(whole, logits)

@@ -11,6 +11,7 @@
 #     PREFILL_WAIT="0 10" SPREAD="0 0.5" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --prefill-wait-ms (a server each)
 #     CLIENT_PROCESSES=4 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the recorded loads' clients in 4 processes
 #     CONNECTIONS="keep new" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # clients' connections kept alive, or new
+#     API_PROCESSES="1 3" ENGINE_PROCESS=on CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --api-processes (a server each)
 #     PROMPT=512 SHARED_PREFIX=448 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prompts sharing a beginning; with
 #         SERVE_ARGS="--prefix-min-tokens 0" the same without prefix reuse
 #     TURNS=4 TURN_TOKENS=64 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # conversations: each turn's prompt the
@@ -25,8 +26,9 @@
 #      --sync-every in $SYNC_EVERY and per mode in $ENGINE_PROCESS (on: --engine-process, off: --no-engine-process,
 #      auto: the server's default, on for CUDA).
 #   3. scripts/serve_load.py at each concurrency in $CONCURRENCY (closed loop: $PER_CLIENT (16) × C requests, at
-#      least 16): first a warm-up load of C requests (not recorded: a fresh server prefills row counts it has not
-#      seen yet), then $REPEATS (3) recorded loads, of which the summary takes the median; then 64 clients with
+#      least 16): first warm-up loads, C requests arriving together and $WARMUP_PER_CLIENT (4) × C with spread
+#      lengths (not recorded: a fresh server captures a prefill graph for each count of prompts admitted together
+#      that it has not met yet, a stall each; every load reports how many it captured), then $REPEATS (3) recorded loads, of which the summary takes the median; then 64 clients with
 #      Poisson arrivals at $RATE requests/s: streamed greedy completions of $PROMPT random tokens and $NEW new
 #      tokens; aggregate output tokens/s, TTFT and inter-token latency percentiles. With SPREAD="0 0.5" the
 #      recorded loads run once with every request asking for $NEW tokens (the clients end together and ask again
@@ -48,7 +50,7 @@
 # (the last line: the `openai` client and httpx, without which tests/test_serve.py and the serving GPU tests skip
 # as a whole module: GPU_TESTS=1 prints the reasons of whatever skips)
 # Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load, --sync-every and engine mode),
-# serve_<mode>_sync*_wait*.log, metrics_<mode>_sync*_wait*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
+# serve_<mode>_sync*_wait*_api*.log, metrics_<mode>_sync*_wait*_api*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -58,6 +60,7 @@ PROMPT="${PROMPT:-128}"
 NEW="${NEW:-256}"
 CONCURRENCY="${CONCURRENCY:-1 16 64}"
 REPEATS="${REPEATS:-3}"  # recorded closed-loop loads per concurrency (the summary takes their median)
+WARMUP_PER_CLIENT="${WARMUP_PER_CLIENT:-4}"  # requests per client in the spread warm-up load (0: none)
 PER_CLIENT="${PER_CLIENT:-16}"  # requests per client in a closed-loop load: a short load is mostly its start and end, and its median moves by several points between runs of one server
 PREFILL_WAIT="${PREFILL_WAIT:-auto}"  # the server's --prefill-wait-ms (auto: its default); several: one server each
 CLIENT_PROCESSES="${CLIENT_PROCESSES:-1}"  # serve_load.py --processes for the recorded loads; several: each in turn
@@ -72,6 +75,7 @@ PORT="${PORT:-8471}"
 SYNC_EVERY="${SYNC_EVERY:-0}"  # decode steps per read of their tokens (0: the server's default); several: one server each
 SERVE_ARGS="${SERVE_ARGS:-}"  # more `redline serve` options, e.g. "--switch-interval-ms 5"
 ENGINE_PROCESS="${ENGINE_PROCESS:-auto}"  # on, off, auto (the server's default), or several: one server each
+API_PROCESSES="${API_PROCESSES:-1}"  # the server's --api-processes (more than 1 needs the engine process); several: one server each
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/serve_bench.log"
@@ -141,11 +145,13 @@ case "$mode" in
 esac
 for sync in $SYNC_EVERY; do
 for wait in $PREFILL_WAIT; do
-TAG="${mode}_sync${sync}_wait$wait"
+for api in $API_PROCESSES; do
+TAG="${mode}_sync${sync}_wait${wait}_api$api"
 WAIT_ARG=(); [ "$wait" != auto ] && WAIT_ARG=(--prefill-wait-ms "$wait")
-echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync $MODE_ARG ===" | tee -a "$LOG"
+API_ARG=(); [ "$api" != 1 ] && API_ARG=(--api-processes "$api")
+echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync $MODE_ARG ${API_ARG[*]} ===" | tee -a "$LOG"
 "$PY" -m redline serve "$CKPT" --port "$PORT" --max-batch 64 --context "$CONTEXT" --model-name "$PRESET" \
-    --sync-every "$sync" "${WAIT_ARG[@]}" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
+    --sync-every "$sync" "${WAIT_ARG[@]}" "${API_ARG[@]}" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
 SERVER=$!
 "$PY" - "$PORT" "$SERVER" <<'EOF2' 2>&1 | tee -a "$LOG"
 import os, sys, time, urllib.request
@@ -174,8 +180,15 @@ for c in $CONCURRENCY; do
     n=$(( c * PER_CLIENT > 16 ? c * PER_CLIENT : 16 ))
     echo "=== serve_load: warm-up, $c concurrent clients, $c requests (not recorded) ===" | tee -a "$LOG"
     timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
-        --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --shared-prefix-tokens "$SHARED_PREFIX" 2>&1 \
-        | tail -n 2 | tee -a "$LOG"
+        --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --shared-prefix-tokens "$SHARED_PREFIX" \
+        --redline-metrics 2>&1 | tail -n 3 | head -n 2 | tee -a "$LOG"
+    if [ "$WARMUP_PER_CLIENT" -gt 0 ]; then
+        echo "=== serve_load: warm-up, $c concurrent clients, $(( c * WARMUP_PER_CLIENT )) requests, spread 0.5 (not recorded) ===" | tee -a "$LOG"
+        timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
+            --requests $(( c * WARMUP_PER_CLIENT )) --prompt-tokens "$PROMPT" --max-tokens "$NEW" \
+            --max-tokens-spread 0.5 --shared-prefix-tokens "$SHARED_PREFIX" --turns "$TURNS" \
+            --turn-tokens "$TURN_TOKENS" --seed 0 --redline-metrics 2>&1 | tail -n 3 | head -n 2 | tee -a "$LOG"
+    fi
     for spread in $SPREAD; do
     for procs in $CLIENT_PROCESSES; do
     for conns in $CONNECTIONS; do
@@ -210,8 +223,9 @@ with open('$OUT/serve_load.jsonl', 'a') as out:
     for line in open('$LOAD'):
         if line.strip():
             out.write(json.dumps(dict(json.loads(line), sync_every=$sync, engine_process='$mode',
-                                      prefill_wait_ms='$wait')) + chr(10))
+                                      prefill_wait_ms='$wait', api_processes=$api)) + chr(10))
 "
+done
 done
 done
 done
@@ -241,7 +255,7 @@ servers = {}
 for l in closed:
     key = (l.get("engine_process", "auto"), l.get("sync_every"), l.get("max_tokens_spread") or 0.0,
            str(l.get("prefill_wait_ms", "auto")), l.get("client_processes", 1),
-           "new" if l.get("new_connections") else "keep")
+           "new" if l.get("new_connections") else "keep", l.get("api_processes", 1))
     servers.setdefault(key, []).append(l)
 medians = {key: {"tok_s": median([l["output_tokens_per_s"] or 0 for l in ls]),
                  "ttft_p50": median([l["ttft_ms"].get("p50", 0) for l in ls]), "loads": len(ls)}
@@ -256,15 +270,16 @@ for spread in sorted({key[2] for key in medians}):  # the best server under each
         checks.append({"metric": f"64 streams, {load}: tok/s (median of {medians[best]['loads']} loads) / "
                                  "bench-infer batch-64 decode tok/s", "target": ">= 0.70", "measured": round(share, 3),
                        "met": share >= 0.70,
-                       "server": f"{best[0]} s={best[1]} wait={best[3]} clients={best[4]}p {best[5]} connections"})
+                       "server": f"{best[0]} s={best[1]} wait={best[3]} api={best[6]} clients={best[4]}p {best[5]} connections"})
     ttft = medians[best]["ttft_p50"]
     checks.append({"metric": f"median TTFT at 64 streams, {load} (ms)", "target": "<= 50", "measured": ttft,
                    "met": ttft <= 50,
-                   "server": f"{best[0]} s={best[1]} wait={best[3]} clients={best[4]}p {best[5]} connections"})
+                   "server": f"{best[0]} s={best[1]} wait={best[3]} api={best[6]} clients={best[4]}p {best[5]} connections"})
 # each server's median 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
 share_by_mode = {f"{mode} s={sync} wait={wait}" + (f" spread={spread:g}" if spread else "")
-                 + (f" clients={procs}p" if procs != 1 else "") + (" new connections" if conns == "new" else ""):
-                 round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait, procs, conns), m in medians.items() if ref}
+                 + (f" clients={procs}p" if procs != 1 else "") + (" new connections" if conns == "new" else "")
+                 + (f" api={api}" if api != 1 else ""):
+                 round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait, procs, conns, api), m in medians.items() if ref}
 print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}"
       f" {'occupancy':>9} {'ms/step':>7} {'server TTFT':>11}")
 for b, o in sorted(offline.items()):
@@ -276,7 +291,8 @@ for l in loads:
             + f" w={l.get('prefill_wait_ms', 'auto')}"
             + (f" sp={l['max_tokens_spread']:g}" if l.get("max_tokens_spread") else "")
             + (f" p={l['client_processes']}" if l.get("client_processes", 1) != 1 else "")
-            + (" new-conn" if l.get("new_connections") else ""))
+            + (" new-conn" if l.get("new_connections") else "")
+            + (f" api={l['api_processes']}" if l.get("api_processes", 1) != 1 else ""))
     t, i = l["ttft_ms"], l["itl_ms"]
     srv = l.get("server") or {}
     print(f"{name:<30} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
