@@ -148,6 +148,24 @@ def test_a_conversation_reuses_its_history_and_its_tokens_are_those_computed_who
         sched.close()
 
 
+def test_a_prompt_prefilled_whole_is_not_prefilled_again_at_a_copy_as_long_as_it(model):
+    """One turn admits a fresh 32-token prompt (slot 0) and a prompt that copies a 32-token beginning (its rest at slot
+    32): the first, prefilled and started, must not be taken for one more rest at slot 32 (it was: 'row is
+    decoding', and the scheduler's thread died). Both give the greedy tokens of their prompts computed whole."""
+    sched = Scheduler(DecodeBatch(InferenceEngine(model), rows=3, capacity=CFG.context_len),
+                      load_tokenizer("bytes"), [EOT], prefix_min_tokens=16)
+    try:
+        held = tokens(40, 31)
+        run(sched, [held], 4)
+        fresh, copying = tokens(32, 32), held[:32] + tokens(12, 33)
+        done = run(sched, [fresh, copying], 5)
+        assert [s.cached_tokens for s in done] == [0, 32] and all(s.finish_reason == "length" for s in done)
+        assert [s.tokens for s in done] == [reference(model, fresh, 5), reference(model, copying, 5)]
+        assert sched.alive
+    finally:
+        sched.close()
+
+
 def test_the_api_reports_cached_prompt_tokens_as_openai_does(model):
     openai = pytest.importorskip("openai")
     httpx = pytest.importorskip("httpx")

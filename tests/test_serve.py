@@ -740,6 +740,13 @@ def test_a_failing_step_fails_the_requests_in_flight_and_the_scheduler_goes_on(m
         assert event == ("error", "RuntimeError: device lost") and sched.busy_rows() == 0
         monkeypatch.setattr(engine, "_step", step)
         assert run_all(sched, [[1, 2, 3]], [6])[0].tokens == reference(model, [1, 2, 3], 6)
+        # a failure between a prompt's prefill and its first step (its first token sampled, not yet delivered)
+        launch = sched._launch
+        monkeypatch.setattr(sched, "_launch", lambda: (_ for _ in ()).throw(RuntimeError("launch failed")))
+        sched.submit([Sequence([4, 5, 6], 10, SamplingParams(), (), events.put)])
+        assert events.get(timeout=30) == ("error", "RuntimeError: launch failed") and sched.alive
+        monkeypatch.setattr(sched, "_launch", launch)
+        assert run_all(sched, [[1, 2, 3]], [6])[0].tokens == reference(model, [1, 2, 3], 6)
     finally:
         sched.close()
 

@@ -459,10 +459,11 @@ def test_two_api_processes_serve_one_engine_and_stop_together(checkpoint):
         while set(finished) != pids:
             metrics = httpx.get(url + "/metrics", headers={"Connection": "close"}).text
             pid = re.search(r'redline_api_process\{pid="(\d+)"\}', metrics).group(1)
-            finished[pid] = sum(int(n) for n in re.findall(r"^redline_requests_finished_total\{.*\} (\d+)$",
-                                                               metrics, re.M))
+            finished[pid] = (sum(int(n) for n in re.findall(r"^redline_requests_finished_total\{.*\} (\d+)$",
+                                                                metrics, re.M)),
+                             int(re.search(r"^redline_time_to_first_token_seconds_count (\d+)$", metrics, re.M)[1]))
             assert time.time() < deadline + 60
-        assert set(finished.values()) == {len(prompts) + 1}, finished
+        assert set(finished.values()) == {(len(prompts) + 1,) * 2}, finished
         os.killpg(proc.pid, signal.SIGTERM)  # as a service manager stops the group
         code = proc.wait(60)
     finally:

@@ -297,10 +297,11 @@ class EngineProcess:
     def _apply(self, snapshot: tuple) -> None:
         s = self.stats
         (self._received, finished, s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.steps, s.busy_row_steps,
-         s.prefill_graphs, self._waiting, self._busy, ttfts) = snapshot
+         s.prefill_graphs, self._waiting, self._busy, ttfts, ttft_count, ttft_sum_s) = snapshot
         s.finished = collections.Counter(finished)
-        for t in ttfts:
-            s.add_ttft(t)
+        with s.lock:  # the recent ones this process was sent, for quantiles; the count and sum are the engine's
+            s.ttft_s.extend(ttfts)
+            s.ttft_count, s.ttft_sum_s = ttft_count, ttft_sum_s
 
     def _ended(self) -> None:
         """The engine process is gone: every request still waiting on it ends with an error."""
@@ -384,10 +385,12 @@ class _Outbox:
 
     def snapshot(self, frontend: int) -> tuple:
         """The counters for a frontend's /metrics: the engine's, with what that frontend sent (its queue depth)
-        and the times to first token since the last snapshot (split among frontends when there are several)."""
+        the times to first token since the last snapshot (recent ones for its quantiles: split among frontends when
+        there are several), and the engine's count and sum of them all."""
         s, sched = self.scheduler.stats, self.scheduler
         return (self.received[frontend], dict(s.finished), s.prompt_tokens, s.cached_tokens, s.completion_tokens,
-                s.steps, s.busy_row_steps, s.prefill_graphs, len(sched.waiting), sched.busy_rows(), s.take_fresh())
+                s.steps, s.busy_row_steps, s.prefill_graphs, len(sched.waiting), sched.busy_rows(), s.take_fresh(),
+                s.ttft_count, s.ttft_sum_s)
 
     def flush(self) -> None:
         for frontend, items in enumerate(self.items):

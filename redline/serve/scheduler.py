@@ -420,7 +420,7 @@ class Scheduler:
         with self._cond:
             victims = list(self.waiting) + [s for s in self.rows if s is not None]
             self.waiting.clear()
-        victims += [s for s, _ in self._firsts]
+        victims += [first[0] for first in self._firsts]
         if pending is not None:
             victims += pending.first_owners + [s for s, _, _ in pending.decoded]
         for seq in {id(s): s for s in victims if not s.done}.values():
@@ -480,12 +480,17 @@ class Scheduler:
         # in one batched forward per slot they start at (padded to the longest of them); those that do not wait
         # for the next turn; a prompt begun in spans, or longer than a turn's budget, goes on in spans on its own
         batched = set()
-        fresh = [s for s in prefilling if s.prefilled == s.cached_tokens]  # nothing computed yet (0, or copied)
-        for start in dict.fromkeys(s.prefilled for s in fresh):
+        by_start: dict[int, list[Sequence]] = {}  # nothing computed yet (0, or copied), by the slot they go on at
+        for seq in prefilling:
+            if seq.prefilled == seq.cached_tokens:
+                by_start.setdefault(seq.prefilled, []).append(seq)
+        # (grouped before any is prefilled: one prefilled at one start must not join the group of a later start
+        # that its prompt's length happens to equal)
+        for start, group in by_start.items():
             whole, padded = [], 0
-            for seq in fresh:
+            for seq in group:
                 rest = len(seq.prompt) - seq.prefilled
-                if seq.prefilled != start or (budget is not None and rest > budget):
+                if budget is not None and rest > budget:
                     continue
                 longest = max(padded // max(len(whole), 1), rest)
                 if budget is not None and longest * (len(whole) + 1) > budget:
