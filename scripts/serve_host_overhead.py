@@ -57,6 +57,8 @@ class InstantBatch:
         self.busy = [False] * rows
         self.made = torch.zeros(rows, dtype=torch.long)  # tokens each row has generated
         self.group_steps = 0
+        self.prefill_graphs = 0  # no CUDA graphs
+        self.parked: list[int] = []  # no prefix reuse
 
     @property
     def rows(self) -> int:

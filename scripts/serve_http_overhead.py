@@ -63,6 +63,9 @@ class StandInEngine:
     def queue_depth(self) -> int:
         return len(self.waiting)
 
+    def refresh_stats(self, timeout: float = 2.0) -> None:
+        """Its stats are its own, always current."""
+
     def busy_rows(self) -> int:
         return len(self.running)
 

@@ -17,8 +17,9 @@ only (asyncio sockets), so it runs anywhere. A stream must end with `data: [DONE
 finish_reason is enough). Each client keeps its connection alive between its requests, as HTTP clients' connection
 pools do (the `openai` client's among them); --new-connections opens one per request instead.
 --shared-prefix-tokens S begins every prompt with the same S tokens (a system prompt); --turns T sends the requests
-as conversations of T turns, each prompt the one before with --turn-tokens more (a chat's history sent again):
-loads that a server's prefix reuse should serve faster.
+as conversations of T turns, each prompt the one before with --turn-tokens more (a chat's history sent again),
+--conversations N of them in progress at once (default: all, each one's turns among every other's): loads that a
+server's prefix reuse should serve faster.
 """
 
 from __future__ import annotations
@@ -214,15 +215,19 @@ async def load(args) -> tuple[list[Result], float, float]:
     async def one(i: int) -> Result:
         return await send(beginning + draw(args.prompt_tokens - args.shared_prefix_tokens))
 
+    in_progress = asyncio.Semaphore(args.conversations or args.requests)
+
     async def conversation(turns: int) -> list[Result]:
         """--turns: each turn's prompt is the last one with --turn-tokens more, sent once the last has ended
-        (between turns the client gives up its place: another conversation's turn may take it, and its row)."""
-        prompt, results = beginning + draw(args.prompt_tokens - args.shared_prefix_tokens), []
-        for t in range(turns):
-            if t:
-                prompt = prompt + draw(args.turn_tokens)
-            results.append(await send(prompt))
-        return results
+        (between turns the client gives up its place: another conversation's turn may take it, and its row). At
+        most --conversations of them are begun and not ended at once."""
+        async with in_progress:
+            prompt, results = beginning + draw(args.prompt_tokens - args.shared_prefix_tokens), []
+            for t in range(turns):
+                if t:
+                    prompt = prompt + draw(args.turn_tokens)
+                results.append(await send(prompt))
+            return results
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     tasks = []
@@ -315,6 +320,7 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
             "server_prompt_tokens": round(statistics.fmean(counted), 2) if counted else None,
             "shared_prefix_tokens": args.shared_prefix_tokens,
             "turns": getattr(args, "turns", 1), "turn_tokens": getattr(args, "turn_tokens", 0),
+            "conversations": getattr(args, "conversations", 0),
             "cached_prompt_tokens": round(statistics.fmean(cached), 2) if cached else None,
             "max_tokens": args.max_tokens, "max_tokens_spread": args.max_tokens_spread,
             "temperature": args.temperature, "top_p": args.top_p,
@@ -378,6 +384,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "before with --turn-tokens more (the answer is not sent back: prompts are token ids and "
                         "answers text), so a server that keeps a finished request's cache can copy it")
     p.add_argument("--turn-tokens", type=int, default=32, help="tokens each turn adds to the prompt (--turns)")
+    p.add_argument("--conversations", type=int, default=0,
+                   help="--turns: conversations in progress at once (0: all of them; --concurrency: each client "
+                        "carries one conversation turn after turn)")
     p.add_argument("--prompt-text", action="store_true",
                    help="send prompts as random printable ASCII text of --prompt-tokens characters, not token ids")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -414,6 +423,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--shared-prefix-tokens must be in [0, --prompt-tokens], got {args.shared_prefix_tokens}")
     if args.turns < 1 or args.turn_tokens < 1:
         p.error(f"--turns and --turn-tokens must be >= 1, got {args.turns} and {args.turn_tokens}")
+    if args.conversations < 0:
+        p.error(f"--conversations must be >= 0 (0: all), got {args.conversations}")
     if not 1 <= args.processes <= min(args.concurrency, args.requests):
         p.error(f"--processes must be in [1, min(--concurrency, --requests)], got {args.processes}")
     return args

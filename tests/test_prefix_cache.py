@@ -196,9 +196,9 @@ def test_the_api_reports_cached_prompt_tokens_as_openai_does(model):
         live.close()
 
 
-def serve_load_run(model, monkeypatch, capsys, argv: list[str]) -> tuple[int, dict]:
-    """scripts/serve_load.py's main(argv) against a server of `model` (2 rows, prefix reuse from 16 tokens) ->
-    (its exit code, its summary)."""
+def serve_load_run(model, monkeypatch, capsys, argv: list[str], parked: int = 0) -> tuple[int, dict]:
+    """scripts/serve_load.py's main(argv) against a server of `model` (2 rows and `parked` parked ones, prefix reuse
+    from 16 tokens) -> (its exit code, its summary)."""
     pytest.importorskip("uvicorn")
     import importlib.util
     import json
@@ -214,8 +214,8 @@ def serve_load_run(model, monkeypatch, capsys, argv: list[str]) -> tuple[int, di
     monkeypatch.setitem(sys.modules, "serve_load", load)  # its dataclasses look their module up
     spec.loader.exec_module(load)
     tok = load_tokenizer("bytes")
-    live = Live(Server(Scheduler(DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len), tok, [EOT],
-                                 prefix_min_tokens=16), tok, "tiny"))
+    batch = DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len, parked_rows=parked)
+    live = Live(Server(Scheduler(batch, tok, [EOT], prefix_min_tokens=16), tok, "tiny"))
     try:
         code = load.main(["--url", live.url, "--model", "tiny", *argv])
     finally:
@@ -244,6 +244,97 @@ def test_the_load_generator_sends_conversations_whose_turns_reuse_the_last(model
     assert code == 0 and summary["completed"] == 6 and summary["turns"] == 3
     assert summary["server_prompt_tokens"] == (40 + 60 + 80) / 3
     assert summary["cached_prompt_tokens"] == round(2 * (0 + 32 + 48) / 6, 2)
+
+
+@pytest.mark.parametrize("variant", ["plain", "fp8 cache"])
+def test_a_parked_prefix_outlives_its_row_and_gives_the_logits_of_the_whole_prompt(model, variant):
+    """Row 0's prompt is parked, then row 0 is prefilled with another: a prompt beginning as the first finds it in
+    the parked row, copies it and gets the logits of itself prefilled whole. Parking again what a parked row holds
+    copies nothing; a longer history of the same beginning replaces it in its parked row; with every parked row in
+    use, the least recently used one makes room."""
+    kv = "fp8" if variant == "fp8 cache" else "auto"
+    engine = InferenceEngine(model, kv_cache_dtype=kv)
+    batch = DecodeBatch(engine, rows=2, capacity=CFG.context_len, parked_rows=2)
+    unparked = DecodeBatch(InferenceEngine(model, kv_cache_dtype=kv), rows=2, capacity=CFG.context_len)
+    assert batch.parked == [2, 3] and len(batch.held) == 4
+    assert engine.kv_cache_bytes == 2 * unparked.engine.kv_cache_bytes  # the parked rows' memory counted
+    assert batch.state.cache.k[0].shape == unparked.state.cache.k[0].shape  # steps see the batch's rows alone
+    first, later = tokens(40, 41), tokens(37, 42)
+    batch.prefill(0, first)
+    batch.park([0])
+    assert batch.held[2] == first[:32] and batch.held[3] == []
+    batch.prefill(0, later)  # row 0 given to another sequence
+    assert batch.match(first + [1], exclude=[]) == (2, 32)
+    assert batch.match(first + [1], parked=False) == (-1, 0)
+    prompt = first + tokens(9, 43)
+    row, n = batch.match(prompt[:-1])
+    assert batch.parked == [3, 2]
+    batch.copy_prefix(row, 1, n)
+    assert batch.parked == [2, 3]  # copied into the batch: its tokens live in row 1 now, it makes room first
+    reused = batch.prefill_many([1], [prompt[n:]], n)[0]
+    if variant == "fp8 cache":  # the rest attends to the FP8 prefix: as the same prompt prefilled in two spans
+        batch.prefill(0, prompt[:n])
+        whole = batch.prefill(0, prompt[n:], start=n)
+    else:
+        whole = batch.prefill(0, prompt)
+    torch.testing.assert_close(reused, whole, rtol=1e-5, atol=1e-5)
+    copies = []
+    real = batch.state.cache.copy_slots
+    batch.state.cache.copy_slots = lambda *a: (copies.append(a), real(*a))
+    batch.park([1])  # row 1 holds prompt (48 tokens in whole blocks): it goes on from row 2's 32: replaces it
+    assert batch.held[2] == prompt[:48] and batch.parked == [3, 2] and len(copies) == 1
+    batch.park([0])  # row 0 holds the same prompt: parked already, nothing copied
+    assert len(copies) == 1
+    batch.prefill(0, later)
+    batch.park([0])  # another beginning: into the least recently used parked row (3)
+    assert batch.held[3] == later[:32] and batch.parked == [2, 3]
+    batch.prefill(1, tokens(20, 44))
+    batch.park([1], keep=[2])  # the next one: not into row 2 (a new sequence is about to copy from it)
+    assert batch.held[3] == tokens(20, 44)[:16] and batch.match(prompt) == (2, 48)
+    batch.prefill(0, later)
+    batch.park([0])  # and the one after evicts row 2's (the least recently used now)
+    assert batch.held[2] == later[:32] and batch.match(prompt) == (-1, 0)
+    with pytest.raises(UserError, match="parked_rows"):
+        DecodeBatch(engine, rows=2, capacity=CFG.context_len, parked_rows=-1)
+
+
+@pytest.mark.parametrize("parked", [0, 2])
+def test_a_conversation_finds_its_history_parked_after_other_requests_took_its_row(model, parked):
+    """Turn 1 of a conversation, then two other requests take both rows of the batch; turn 2 (turn 1's prompt and
+    answer and more) copies its history from the parked row and gives the tokens of its prompt computed whole.
+    Without parked rows, the history is gone and nothing is reused."""
+    sched = Scheduler(DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len, parked_rows=parked),
+                      load_tokenizer("bytes"), [EOT], prefix_min_tokens=16)
+    try:
+        first = tokens(30, 51)
+        (turn1,) = run(sched, [first], 12)
+        run(sched, [tokens(25, 52), tokens(26, 53)], 4)  # both rows given to others
+        second = first + turn1.tokens + tokens(10, 54)
+        (turn2,) = run(sched, [second], 8)
+        assert turn2.tokens == reference(model, second, 8)
+        assert turn2.cached_tokens == (32 if parked else 0)
+    finally:
+        sched.close()
+
+
+def test_the_load_generator_s_conversations_reuse_their_parked_history_when_they_outnumber_the_rows(
+        model, capsys, monkeypatch):
+    """Four clients' conversations of three turns on two rows: between two turns of one conversation, the others
+    take its row. With four parked rows every turn 2 and 3 finds its last turn parked; without, less is reused.
+    --conversations 2 (eight of them, two at a time, on two rows and two parked): every later turn reuses."""
+    argv = ["--concurrency", "4", "--requests", "12", "--prompt-tokens", "40", "--turns", "3", "--turn-tokens", "20",
+            "--max-tokens", "4"]
+    code, without = serve_load_run(model, monkeypatch, capsys, argv)
+    assert code == 0 and without["completed"] == 12
+    code, parked = serve_load_run(model, monkeypatch, capsys, argv, parked=4)
+    assert code == 0 and parked["completed"] == 12
+    assert parked["cached_prompt_tokens"] > without["cached_prompt_tokens"]
+    assert parked["cached_prompt_tokens"] == round((0 + 32 + 48) / 3, 2)  # every turn 2 and 3 found its last
+    # --conversations 2: eight conversations, two in progress at once
+    code, two = serve_load_run(model, monkeypatch, capsys, [*argv, "--requests", "24", "--conversations", "2"],
+                                parked=2)
+    assert code == 0 and two["completed"] == 24 and two["conversations"] == 2
+    assert two["cached_prompt_tokens"] == round((0 + 32 + 48) / 3, 2)
 
 
 @pytest.mark.gpu

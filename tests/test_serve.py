@@ -541,8 +541,9 @@ def test_serve_command_needs_the_extra_before_loading(monkeypatch, capsys):
 
 @pytest.mark.parametrize("args,message", [(["--api-processes", "0"], "--api-processes must be in 1..64"),
                                           (["--api-processes", "2", "--engine-process", "False"],
-                                           "--api-processes above 1 needs the engine in its own process")])
-def test_serve_command_refuses_bad_api_processes_before_loading(capsys, args, message):
+                                           "--api-processes above 1 needs the engine in its own process"),
+                                          (["--prefix-parked-rows", "-1"], "--prefix-parked-rows must be >= 0")])
+def test_serve_command_refuses_bad_process_and_cache_options_before_loading(capsys, args, message):
     from redline import cli
 
     with pytest.raises(SystemExit) as exit_info:

@@ -117,6 +117,18 @@ def test_the_engine_runs_in_another_process_by_default_only_on_a_gpu(in_process,
                                                runtime=RuntimeOptions("cuda")))
 
 
+def test_parked_rows_are_opt_in_and_need_prefix_reuse(checkpoint):
+    from redline.commands.serve import build_scheduler
+
+    for kwargs, parked in (({}, []), ({"prefix_parked_rows": 3}, [4, 5, 6]),
+                           ({"prefix_parked_rows": 3, "prefix_min_tokens": 0}, [])):
+        scheduler, _ = build_scheduler(serve_config(checkpoint, False, **kwargs))
+        try:
+            assert scheduler.batch.parked == parked and scheduler.batch.rows == 4
+        finally:
+            scheduler.close()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_greedy_and_seeded_completions_equal_the_in_thread_server(in_thread, in_process, stream):
     for prompt, max_tokens, sampling in [("Once upon a time", 24, dict(temperature=0)),

@@ -57,6 +57,11 @@ class ServeConfig:
     (a chat's history sent again with one more turn, a shared system prompt, the other choices of n > 1) copies
     their keys and values from that row and computes only the rest (0: off; docs/serve.md). Shorter beginnings are
     not worth the bookkeeping."""
+    prefix_parked_rows: int = 0
+    """Prefix reuse: cache rows beyond the batch's that keep finished requests' prompts and answers when their rows
+    are given to others, least recently used first out, so a conversation's next turn finds its history however
+    busy the batch was meanwhile (each costs a row of KV-cache memory; e.g. --max-batch's count doubles it; 0: only
+    what the batch's own rows still hold). Opt in: not measured on a GPU yet (docs/serve.md)."""
     group_graphs: bool = False
     """Capture each group of --sync-every greedy decode steps as one CUDA graph (one launch per group instead of
     one per step; rows that finish inside a group are freed by the graph). Experimental: opt in."""
@@ -97,6 +102,8 @@ class ServeConfig:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.prefix_min_tokens < 0:
             raise UserError(f"--prefix-min-tokens must be >= 0 (0: no prefix reuse), got {self.prefix_min_tokens}")
+        if self.prefix_parked_rows < 0:
+            raise UserError(f"--prefix-parked-rows must be >= 0 (0: none), got {self.prefix_parked_rows}")
         for name in ("context", "max_tokens", "sync_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic), got {getattr(self, name)}")
@@ -257,7 +264,7 @@ def build_scheduler(cfg: ServeConfig):
     context = cfg.context or engine.cfg.context_len
     sync_every = cfg.sync_every or default_sync_every(engine.device)
     batch = DecodeBatch(engine, rows=cfg.max_batch, capacity=context,
-                        group_steps=sync_every if cfg.group_graphs else 0)
+                        group_steps=sync_every if cfg.group_graphs else 0, parked_rows=parked_rows(cfg))
     if cfg.warmup and (engine.plan.compile or engine.plan.cuda_graphs):
         print("redline serve: compiling and capturing the decode step...", file=sys.stderr, flush=True)
         warm_up(batch)
@@ -265,6 +272,11 @@ def build_scheduler(cfg: ServeConfig):
                           prefill_tokens=cfg.prefill_tokens, sync_every=sync_every,
                           prefill_wait_ms=cfg.prefill_wait_ms, prefix_min_tokens=cfg.prefix_min_tokens)
     return scheduler, tokenizer
+
+
+def parked_rows(cfg: ServeConfig) -> int:
+    """The cache rows kept for finished requests' prefixes (none without prefix reuse)."""
+    return cfg.prefix_parked_rows if cfg.prefix_min_tokens else 0
 
 
 def engine_scheduler(cfg: ServeConfig):
@@ -366,7 +378,8 @@ def main(argv: list[str]) -> int:
     desc = server.scheduler.describe()
     pid = getattr(server.scheduler, "pid", None)
     print(f"redline serve: {server.model} on http://{cfg.host}:{cfg.port}/v1 ({desc.get('device')}, "
-          f"{cfg.max_batch} rows × {server.scheduler.capacity} tokens, chat template: "
+          f"{cfg.max_batch} rows × {server.scheduler.capacity} tokens"
+          f"{f' (and {parked_rows(cfg)} parked)' if parked_rows(cfg) else ''}, chat template: "
           f"{server.renderer.name if server.renderer else 'none'}, engine: "
           f"{f'process {pid}' if pid else 'in this process'}"
           f"{f', {cfg.api_processes} HTTP processes' if cfg.api_processes > 1 else ''})", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@
     batch.free(row)                                  # the row stops at once; its cache is reused by the next one
     src, n = batch.match(prompt)                     # a row whose cache holds prompt[:n] (a finished sequence's)
     batch.copy_prefix(src, row, n)                   # ... copied: prefill only prompt[n:] (prefill_many(..., n))
+    batch.park([row])                                # keep what a free row holds before it is given out again
 
 The batch is the engine's static decode state (its cache, CUDA graphs and compiled step): its size never changes, so
 a row's tokens do not depend on which other rows are busy (the same kernels run whatever the occupancy). A row that
@@ -19,7 +20,10 @@ is not decoding (free, or between the spans of its prompt) still runs through ea
 which no sequence's tokens fill (a generated token's key and value are written by the step after it, and a row's
 last token has none) and its own decode step writes before it reads it: so a free row keeps what its last sequence
 left in slots [0, n) until it is prefilled again, and the batch records which tokens those are
-(inference/prefix_cache.py) for a later prompt that begins the same way.
+(inference/prefix_cache.py) for a later prompt that begins the same way. With parked_rows, the cache has that many
+rows more, which no step touches: park() copies a free row's tokens there before the row is given to another
+sequence (the least recently used parked row makes room), so a chat's history outlives its row while other
+conversations' turns take every row of the batch; match() finds parked rows as it finds the batch's own.
 A step attends over the width the busiest active row needs. With CUDA graphs, prefill_many pads its prompts to a
 multiple of PREFILL_WIDTH_STEP tokens (and its rows to graph_rows) and replays one graph per (rows, width, start)
 (InferenceEngine.prefill_rows): a server prefills between groups of decode steps, and a prefill launched kernel by
@@ -49,13 +53,15 @@ def graph_rows(n: int) -> int:
 
 
 class DecodeBatch:
-    def __init__(self, engine, rows: int, capacity: int, group_steps: int = 0):
+    def __init__(self, engine, rows: int, capacity: int, group_steps: int = 0, parked_rows: int = 0):
         if rows < 1 or capacity < 2:
             raise UserError(f"a decode batch needs at least one row and a capacity of 2, got {rows} and {capacity}")
         if capacity > engine.cfg.context_len:
             raise UserError(f"capacity {capacity} exceeds the model's context_len {engine.cfg.context_len}")
+        if parked_rows < 0:
+            raise UserError(f"parked_rows must be >= 0, got {parked_rows}")
         self.engine = engine
-        self.state = engine._state_for(rows, capacity)
+        self.state = engine._state_for(rows, capacity, spare=parked_rows)
         self.capacity = self.state.cache.capacity
         self.lengths = [0] * rows  # host copy of each active row's slot (its tokens so far); 0 for a free row
         self.busy = [False] * rows
@@ -71,8 +77,10 @@ class DecodeBatch:
         self._top_p = torch.full((rows, 1), float("inf"), device=engine.device)
         self._noise: torch.Tensor | None = None  # (rows, vocab) Exp(1), drawn before each sampled step
         self.captured_draw = True  # whether decode_sampled may be used (a server turns it off if it cannot capture)
-        self.held: list[list[int]] = [[] for _ in range(rows)]  # the tokens at slots [0, n) of each row's cache
-        self.prefixes = PrefixIndex(rows)
+        # the tokens at slots [0, n) of each row's cache: the batch's rows, then the parked rows
+        self.held: list[list[int]] = [[] for _ in range(rows + parked_rows)]
+        self.prefixes = PrefixIndex(rows + parked_rows)
+        self.parked = list(range(rows, rows + parked_rows))  # the parked rows, least recently used first
 
     @property
     def rows(self) -> int:
@@ -158,10 +166,58 @@ class DecodeBatch:
         self.held[row] = tokens
         self.prefixes.set(row, tokens, grew)
 
-    def match(self, tokens: list[int], exclude: list[int] = ()) -> tuple[int, int]:
+    def match(self, tokens: list[int], exclude=(), parked: bool = True) -> tuple[int, int]:
         """(row, n): a row, not in exclude, whose cache holds tokens[:n] (n in whole blocks of
-        prefix_cache.BLOCK tokens), or (-1, 0). The row may be decoding: its first slots stay as they are."""
-        return self.prefixes.match(tokens, exclude)
+        prefix_cache.BLOCK tokens), or (-1, 0); a parked row too unless parked=False. The row may be decoding: its
+        first slots stay as they are."""
+        return self.prefixes.match(tokens, set(exclude) if parked else set(exclude).union(self.parked))
+
+    def forget(self) -> None:
+        """Trust no row's cache any more (after a failure): every row, parked ones too, holds nothing."""
+        for row in range(len(self.held)):
+            self.held[row] = []
+            self.prefixes.set_hashes(row, [])
+
+    def touch(self, row: int, first_out: bool = False) -> None:
+        """A parked row becomes the most recently used (the last to make room), or with first_out the first."""
+        if row in self.parked:
+            self.parked.remove(row)
+            self.parked.insert(0, row) if first_out else self.parked.append(row)
+
+    @torch.no_grad()
+    def park(self, rows: list[int], keep=()) -> None:
+        """Copy what each of these free rows holds into a parked row, before they are prefilled or copied into
+        again: into the parked row that holds a beginning of it (a conversation's last turn, which this one goes
+        on from), else the least recently used one not in `keep` (those the new sequences are about to copy from).
+        A row holding less than a block, or nothing a parked row does not hold already, is left. One gather and
+        one scatter per cache buffer for all of them."""
+        moves = []
+        for row in rows:
+            if self.busy[row]:
+                raise UserError(f"row {row} is decoding; it cannot be parked")
+            hashes = self.prefixes.hashes[row]
+            if not self.parked or not hashes:
+                continue
+            src_n = len(hashes) * BLOCK
+            chosen = {d for _, d, _ in moves}.union(keep)
+            dst, n = self.prefixes.match_hashes(hashes, [p for p in self.parked if p not in chosen])
+            if n == src_n:
+                self.touch(dst)  # parked already
+                continue
+            if dst < 0 or n < len(self.prefixes.hashes[dst]) * BLOCK:  # not a beginning of it: the LRU one
+                dst = next((p for p in self.parked if p not in chosen), -1)
+                if dst < 0:  # more rows than parked rows in one call: the first ones keep their places
+                    break
+            moves.append((row, dst, src_n))
+            self.touch(dst)
+        if not moves:
+            return
+        device = self.engine.device
+        src, dst, lengths = zip(*moves)
+        self.state.cache.copy_slots(to_device(list(src), device), to_device(list(dst), device), max(lengths))
+        for row, p, n in moves:
+            self.held[p] = self.held[row][:n]
+            self.prefixes.set_hashes(p, self.prefixes.hashes[row])
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Copy slots [0, n) of row src's cache (what match() found) into row dst, which is not decoding; dst then
@@ -190,6 +246,8 @@ class DecodeBatch:
             self.state.cache.copy_slots(to_device(list(src), device), to_device(list(dst), device), n)
             self.state.slot.index_fill_(0, to_device(list(dst), device), self.capacity - 1)
         held = {src: (self.held[src][:n], self.prefixes.hashes[src][:n // BLOCK]) for src, _ in copies}
+        for src in held:  # a parked row copied into the batch: its tokens live in a row of the batch now (parked
+            self.touch(src, first_out=True)  # again from there when that row is given out): the first to make room
         for src, dst in copies:
             self.held[dst] = held[src][0]
             self.prefixes.set_hashes(dst, held[src][1])

@@ -50,23 +50,27 @@ class KVCache:
     """Static per-layer key/value buffers of shape (B, KV, capacity + 1, D): only the n_kv_head heads are stored.
 
     dtype float8_e4m3fn: FP8 keys and values with one fp32 scale per (row, kv head, slot) (quantize_kv), in
-    `scales`: per layer (k_scale, v_scale) of shape (B, KV, capacity + 1)."""
+    `scales`: per layer (k_scale, v_scale) of shape (B, KV, capacity + 1).
+
+    spare: rows stored past the batch's B (rows B..B + spare - 1 of `stacked`), which no step reads or writes: a
+    server parks finished sequences' prefixes there (DecodeBatch.park) and copies them back with copy_slots."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, spare: int = 0):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
-        shape = (batch, kv_heads, capacity + 1, head_dim)
+        shape = (batch + spare, kv_heads, capacity + 1, head_dim)
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
         # each kind's layers in one buffer (n_layer, *shape): copy_slots moves a prefix in every layer at once
         self.stacked = [torch.zeros((n_layer, *shape), dtype=dtype, device=device) for _ in range(2)]
-        self.k, self.v = (list(buf.unbind(0)) for buf in self.stacked)  # per layer (B, KV, capacity + 1, D)
+        # per layer (B, KV, capacity + 1, D): the batch's rows, the first of the buffer's (a contiguous view)
+        self.k, self.v = ([layer[:batch] for layer in buf.unbind(0)] for buf in self.stacked)
         self.scales = None
         if dtype == torch.float8_e4m3fn:
             scales = [torch.zeros((n_layer, *shape[:-1]), device=device) for _ in range(2)]
             self.stacked += scales
-            self.scales = list(zip(*(buf.unbind(0) for buf in scales)))
-        self.batch, self.capacity, self.dtype = batch, capacity, dtype
+            self.scales = list(zip(*([layer[:batch] for layer in buf.unbind(0)] for buf in scales)))
+        self.batch, self.spare, self.capacity, self.dtype = batch, spare, capacity, dtype
 
     @property
     def quantized(self) -> bool:
@@ -74,8 +78,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        scales = [t for pair in self.scales or () for t in pair]
-        return sum(t.numel() * t.element_size() for t in self.k + self.v + scales)
+        return sum(t.numel() * t.element_size() for t in self.stacked)
 
     def write(self, layer: int, rows: slice | torch.Tensor, start: int, k, v) -> None:
         """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows` (a slice, or the b row indices as a long
@@ -93,8 +96,9 @@ class KVCache:
             scales[rows, :, start:start + T] = scale
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, n: int) -> None:
-        """Slots [0, n) of rows src (r,) into rows dst (r,) (long tensors on the cache's device; no row in both), in
-        every layer: keys, values and an FP8 cache's scales, one gather and one scatter per buffer."""
+        """Slots [0, n) of rows src (r,) into rows dst (r,) (long tensors on the cache's device; no row in both; spare
+        rows included), in every layer: keys, values and an FP8 cache's scales, one gather and one scatter per
+        buffer."""
         for buf in self.stacked:
             buf[:, dst, :, :n] = buf[:, src, :, :n]
 

@@ -244,17 +244,18 @@ class InferenceEngine:
         it, so their numerics do not depend on which earlier call sized the cache (exact resume of GRPO)."""
         self._state_for(batch, capacity)
 
-    def _state_for(self, batch: int, capacity: int) -> DecodeState:
+    def _state_for(self, batch: int, capacity: int, spare: int = 0) -> DecodeState:
         """The cache and graphs for this batch size; a larger cache of the same batch size is reused as it is
-        (decode reads only the filled width, so spare capacity costs memory, not time)."""
+        (decode reads only the filled width, so spare capacity costs memory, not time). spare: cache rows past the
+        batch's (KVCache), at least this many."""
         st = self._state
-        if st is not None and st.cache.batch == batch and st.cache.capacity >= capacity:
+        if st is not None and st.cache.batch == batch and st.cache.capacity >= capacity and st.cache.spare >= spare:
             return st
         del st
         self.release()  # free the old cache and graphs before allocating the new ones
         c, dev = self.cfg, self.device
         self._state = DecodeState(
-            cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev),
+            cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),

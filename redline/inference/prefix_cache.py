@@ -65,12 +65,25 @@ class PrefixIndex:
         when no row holds even the first block."""
         excluded = set(exclude)
 
-        def holds(row: int, i: int, h: int) -> bool:
-            return row not in excluded and len(self.hashes[row]) > i and self.hashes[row][i] == h
+        def lazily():  # hashed block by block: a prompt no row holds costs one block
+            h = 0
+            for i in range(len(tokens) // BLOCK):
+                h = hash((h, tuple(tokens[i * BLOCK:(i + 1) * BLOCK])))
+                yield h
 
-        best, h = (-1, 0), 0
-        for i in range(len(tokens) // BLOCK):  # hashed block by block: a prompt no row holds costs one block
-            h = hash((h, tuple(tokens[i * BLOCK:(i + 1) * BLOCK])))
+        return self._longest(lazily(), lambda row: row not in excluded)
+
+    def match_hashes(self, hashes: Sequence[int], among: Iterable[int]) -> tuple[int, int]:
+        """match() for tokens whose chained hashes are known (another row's), among these rows only."""
+        allowed = set(among)
+        return self._longest(hashes, allowed.__contains__)
+
+    def _longest(self, hashes: Iterable[int], allowed) -> tuple[int, int]:
+        def holds(row: int, i: int, h: int) -> bool:
+            return allowed(row) and len(self.hashes[row]) > i and self.hashes[row][i] == h
+
+        best = (-1, 0)
+        for i, h in enumerate(hashes):
             # the row found so far if it holds this block too (a chained hash stands for every block before it),
             # else any row registered with it that still holds it
             row = best[0]

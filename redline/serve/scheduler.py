@@ -28,8 +28,10 @@ How it works
   that row (a turn's copies together) and prefills only the rest, the rests that start at the same slot in one
   forward; requests that arrive in the same turn with the same beginning (the choices of n > 1) are prefilled one
   first, the others copy from it a turn later. A request takes the free row that holds its beginning, else the free
-  row given out longest ago (what recently finished requests hold outlives older ones'). The response's usage
-  counts the copied tokens (prompt_tokens_details.cached_tokens).
+  row given out longest ago (what recently finished requests hold outlives older ones'); what a row held is first
+  parked (DecodeBatch.park: cache rows beyond the batch's, least recently used out) unless its new request goes on
+  from it, so a conversation's history outlives its row on a busy server. The response's usage counts the copied
+  tokens (prompt_tokens_details.cached_tokens).
 - Text is decoded incrementally (inference/text.py's IncrementalText): never half a UTF-8 character, never the
   start of a stop string that may still complete.
 """
@@ -431,8 +433,8 @@ class Scheduler:
         for r in range(self.batch.rows):
             if self.batch.busy[r]:
                 self.batch.free(r)
-            if self.prefix_min_tokens:
-                self.batch.hold(r, [])  # after a failure no row's cache is trusted
+        if self.prefix_min_tokens:
+            self.batch.forget()  # after a failure no row's cache is trusted
 
     def _drop_cancelled(self) -> None:
         with self._cond:
@@ -451,10 +453,13 @@ class Scheduler:
                 scored = [s for s in self.waiting if s.max_tokens == 0]
                 self.waiting = collections.deque(s for s in self.waiting if s.max_tokens)
             free = [r for r in range(self.batch.rows) if self.rows[r] is None]
+            leaving = []  # rows whose last sequence's tokens their new one does not go on from: parked first
             while free and self.waiting:
                 seq = self.waiting.popleft()
-                r = self._row_for(seq, free)
+                r, kept = self._row_for(seq, free)
                 free.remove(r)
+                if self.batch.parked and not kept and len(self.batch.held[r]) >= self.prefix_min_tokens:
+                    leaving.append(r)
                 self._given_at[r] = next(self._admissions)
                 seq.row, self.rows[r], self._holders[r] = r, seq, seq
                 seq.decoder = IncrementalText(self.tokenizer, seq.stop)
@@ -462,6 +467,10 @@ class Scheduler:
                 seeded = seq.sampling.seed is not None
                 seq.generator = make_generator(seq.sampling, self.device) if seeded else None
                 admitted.append(seq)
+        if leaving:  # not into a parked row a new sequence is about to copy its beginning from
+            batch_rows = range(self.batch.rows)
+            wanted = {self.batch.match(s.prompt[:-1], exclude=batch_rows)[0] for s in admitted}
+            self.batch.park(leaving, keep=wanted)
         for seq in scored + [s for s in admitted if s.prompt_logprobs is not None]:
             self._score_prompt(seq)
         for seq in scored:
@@ -522,16 +531,18 @@ class Scheduler:
             if seq.prefilled == len(seq.prompt):
                 self._first_tokens([seq], logits[None])
 
-    def _row_for(self, seq: Sequence, free: list[int]) -> int:
-        """The free row to give seq: with prefix reuse, one that holds the longest beginning of its prompt (nothing
-        to copy), else the one given longest ago (what it holds is the least likely to be asked for again: a
-        conversation's next turn comes soon after its last); without, the first."""
+    def _row_for(self, seq: Sequence, free: list[int]) -> tuple[int, bool]:
+        """The free row to give seq, and whether it was chosen for what it holds: with prefix reuse, one that holds
+        the longest beginning of its prompt (nothing to copy), else the one given longest ago (what it holds is
+        the least likely to be asked for again: a conversation's next turn comes soon after its last); without,
+        the first."""
         if not self.prefix_min_tokens:
-            return free[0]
-        row, n = self.batch.match(seq.prompt[:-1], exclude=set(range(self.batch.rows)).difference(free))
+            return free[0], False
+        row, n = self.batch.match(seq.prompt[:-1], exclude=set(range(self.batch.rows)).difference(free),
+                                  parked=False)
         if n >= self.prefix_min_tokens:
-            return row
-        return min(free, key=self._given_at.__getitem__)
+            return row, True
+        return min(free, key=self._given_at.__getitem__), False
 
     def _score_prompt(self, seq: Sequence) -> None:
         """Send seq its prompt's logprobs: a forward of the whole prompt (the model's logits at every position, which
