@@ -37,6 +37,15 @@ def reference(model, ids: list[int], max_tokens: int) -> list[int]:
     return InferenceEngine(model).generate([ids], max_tokens, stop_tokens=[EOT])[0].tokens
 
 
+def whole_prompt(batch: DecodeBatch, row: int, prompt: list[int], n: int, variant: str) -> torch.Tensor:
+    """The logits after `prompt` prefilled into `row` whole, to compare with a copy of its first n tokens and the
+    rest prefilled after it; with an FP8 cache in the same two spans (the rest attends to the FP8 prefix)."""
+    if variant != "fp8 cache":
+        return batch.prefill(row, prompt)
+    batch.prefill(row, prompt[:n])
+    return batch.prefill(row, prompt[n:], start=n)
+
+
 def test_the_index_finds_the_longest_held_prefix_in_whole_blocks_and_never_a_stale_one():
     index = PrefixIndex(rows=3)
     a, b = tokens(50, 1), tokens(40, 2)
@@ -78,12 +87,7 @@ def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
         assert (row, n) == (source, 32)
         batch.copy_prefix(row, 2, n)
         reused = batch.prefill(2, prompt[n:], start=n)
-        if variant == "fp8 cache":  # the rest attends to the FP8 prefix: as the same prompt prefilled in two spans
-            batch.prefill(3, prompt[:n])
-            whole = batch.prefill(3, prompt[n:], start=n)
-        else:
-            whole = batch.prefill(3, prompt)
-        torch.testing.assert_close(reused, whole, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(reused, whole_prompt(batch, 3, prompt, n, variant), rtol=1e-5, atol=1e-5)
         assert batch.held[2] == batch.held[3] == prompt
     with pytest.raises(UserError, match="decoding"):
         batch.copy_prefix(1, 0, 16)
@@ -272,12 +276,7 @@ def test_a_parked_prefix_outlives_its_row_and_gives_the_logits_of_the_whole_prom
     batch.copy_prefix(row, 1, n)
     assert batch.parked == [2, 3]  # copied into the batch: its tokens live in row 1 now, it makes room first
     reused = batch.prefill_many([1], [prompt[n:]], n)[0]
-    if variant == "fp8 cache":  # the rest attends to the FP8 prefix: as the same prompt prefilled in two spans
-        batch.prefill(0, prompt[:n])
-        whole = batch.prefill(0, prompt[n:], start=n)
-    else:
-        whole = batch.prefill(0, prompt)
-    torch.testing.assert_close(reused, whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(reused, whole_prompt(batch, 0, prompt, n, variant), rtol=1e-5, atol=1e-5)
     copies = []
     real = batch.state.cache.copy_slots
     batch.state.cache.copy_slots = lambda *a: (copies.append(a), real(*a))

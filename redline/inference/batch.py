@@ -191,12 +191,12 @@ class DecodeBatch:
         on from), else the least recently used one not in `keep` (those the new sequences are about to copy from).
         A row holding less than a block, or nothing a parked row does not hold already, is left. One gather and
         one scatter per cache buffer for all of them."""
+        if any(self.busy[row] for row in rows):
+            raise UserError(f"rows {[r for r in rows if self.busy[r]]} are decoding; they cannot be parked")
         moves = []
-        for row in rows:
-            if self.busy[row]:
-                raise UserError(f"row {row} is decoding; it cannot be parked")
+        for row in rows if self.parked else ():
             hashes = self.prefixes.hashes[row]
-            if not self.parked or not hashes:
+            if not hashes:
                 continue
             src_n = len(hashes) * BLOCK
             chosen = {d for _, d, _ in moves}.union(keep)

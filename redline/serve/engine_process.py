@@ -384,7 +384,7 @@ class _Outbox:
         return put
 
     def snapshot(self, frontend: int) -> tuple:
-        """The counters for a frontend's /metrics: the engine's, with what that frontend sent (its queue depth)
+        """The counters for a frontend's /metrics: the engine's, with what that frontend sent (its queue depth),
         the times to first token since the last snapshot (recent ones for its quantiles: split among frontends when
         there are several), and the engine's count and sum of them all."""
         s, sched = self.scheduler.stats, self.scheduler
