@@ -446,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p90', 0):>8.1f} "
           f"{t.get('p99', 0):>8.1f} {i.get('p50', 0):>8.2f} {i.get('p90', 0):>7.2f} {i.get('p99', 0):>7.2f}  "
           f"(client CPU {summary['client_cpu_share'] or 0:.0%})")
+    if args.turns > 1 or args.shared_prefix_tokens:
+        print(f"prompt tokens the server copied (prefix reuse): {summary['cached_prompt_tokens']} of "
+              f"{summary['server_prompt_tokens']} a request (mean)")
     if "server" in summary:
         srv = summary["server"]
         print(f"the server counted: {srv['decode_steps']} decode steps, batch occupancy {srv['occupancy']}, "

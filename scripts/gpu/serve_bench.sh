@@ -183,13 +183,14 @@ for c in $CONCURRENCY; do
     echo "=== serve_load: warm-up, $c concurrent clients, $c requests (not recorded) ===" | tee -a "$LOG"
     timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
         --requests "$c" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --shared-prefix-tokens "$SHARED_PREFIX" \
-        --redline-metrics 2>&1 | tail -n 3 | head -n 2 | tee -a "$LOG"
+        --redline-metrics 2>&1 | grep -v '^{' | tail -n 3 | tee -a "$LOG"
     if [ "$WARMUP_PER_CLIENT" -gt 0 ]; then
         echo "=== serve_load: warm-up, $c concurrent clients, $(( c * WARMUP_PER_CLIENT )) requests, spread 0.5 (not recorded) ===" | tee -a "$LOG"
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests $(( c * WARMUP_PER_CLIENT )) --prompt-tokens "$PROMPT" --max-tokens "$NEW" \
             --max-tokens-spread 0.5 --shared-prefix-tokens "$SHARED_PREFIX" --turns "$TURNS" \
-            --turn-tokens "$TURN_TOKENS" --conversations "$CONVERSATIONS" --seed 0 --redline-metrics 2>&1 | tail -n 3 | head -n 2 | tee -a "$LOG"
+            --turn-tokens "$TURN_TOKENS" --conversations "$CONVERSATIONS" --seed 0 --redline-metrics 2>&1 \
+            | grep -v '^{' | tail -n 3 | tee -a "$LOG"
     fi
     for spread in $SPREAD; do
     for procs in $CLIENT_PROCESSES; do
