@@ -86,9 +86,9 @@ class ServeConfig:
     docs/serve.md)."""
     api_processes: int = 1
     """HTTP processes sharing the port, each with its own event loop, over one engine process (vLLM's
-    --api-server-count): one Python process parsing requests and writing every stream's events can be what limits a
-    loaded server. Each process's /metrics counts its own requests (the engine's counters are the engine's). More
-    than 1 runs the engine in its own process."""
+    --api-server-count), for loads where one Python process parsing requests and writing every stream's events is
+    the limit (on an H100 at 124M it was not: no gain measured, docs/serve.md). Each process's /metrics counts its
+    own requests (the engine's counters are the engine's). More than 1 runs the engine in its own process."""
     warmup: bool = True
     """Compile and capture every decode width before listening (GPU), so no request waits for it."""
     tokenizer: str | None = None
