@@ -18,8 +18,8 @@ finish_reason is enough). Each client keeps its connection alive between its req
 pools do (the `openai` client's among them); --new-connections opens one per request instead.
 --shared-prefix-tokens S begins every prompt with the same S tokens (a system prompt); --turns T sends the requests
 as conversations of T turns, each prompt the one before with --turn-tokens more (a chat's history sent again),
---conversations N of them in progress at once (default: all, each one's turns among every other's): loads that a
-server's prefix reuse should serve faster.
+--conversations N of them in progress at once (default: one per client, carried turn after turn; 0: all of them, each
+one's next turn after every other conversation's): loads that a server's prefix reuse should serve faster.
 """
 
 from __future__ import annotations
@@ -268,6 +268,8 @@ def run_processes(args) -> dict:
         procs, outs = [], []
         for i in range(n):
             spec = {**vars(args), "concurrency": args.concurrency // n + (i < args.concurrency % n),
+                    "conversations": args.conversations and max(1, args.conversations // n
+                                                                + (i < args.conversations % n)),
                     "requests": args.requests // n + (i < args.requests % n), "rate": args.rate / n,
                     "seed": args.seed + 7919 * i, "processes": 1, "start_at": start_at,
                     "out": f"{tmp}/worker{i}.json"}
@@ -384,9 +386,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "before with --turn-tokens more (the answer is not sent back: prompts are token ids and "
                         "answers text), so a server that keeps a finished request's cache can copy it")
     p.add_argument("--turn-tokens", type=int, default=32, help="tokens each turn adds to the prompt (--turns)")
-    p.add_argument("--conversations", type=int, default=0,
-                   help="--turns: conversations in progress at once (0: all of them; --concurrency: each client "
-                        "carries one conversation turn after turn)")
+    p.add_argument("--conversations", type=int, default=None,
+                   help="--turns: conversations in progress at once (default: --concurrency, each client carrying "
+                        "one turn after turn; 0: all of them, each one's next turn after every other's)")
     p.add_argument("--prompt-text", action="store_true",
                    help="send prompts as random printable ASCII text of --prompt-tokens characters, not token ids")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -423,6 +425,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--shared-prefix-tokens must be in [0, --prompt-tokens], got {args.shared_prefix_tokens}")
     if args.turns < 1 or args.turn_tokens < 1:
         p.error(f"--turns and --turn-tokens must be >= 1, got {args.turns} and {args.turn_tokens}")
+    if args.conversations is None:
+        args.conversations = args.concurrency
     if args.conversations < 0:
         p.error(f"--conversations must be >= 0 (0: all), got {args.conversations}")
     if not 1 <= args.processes <= min(args.concurrency, args.requests):

@@ -239,12 +239,13 @@ def test_the_load_generator_sends_prompts_that_share_a_beginning(model, capsys, 
 
 
 def test_the_load_generator_sends_conversations_whose_turns_reuse_the_last(model, capsys, monkeypatch):
-    """scripts/serve_load.py --turns 3 --turn-tokens 20: two conversations, one client: each turn's prompt is the
-    last one and 20 tokens more, and the row that served the last turn holds its prompt: turns 2 and 3 reuse 32 of
-    the first 40 tokens and 48 of the second's 60 (whole blocks of 16); a first turn reuses nothing."""
+    """scripts/serve_load.py --turns 3 --turn-tokens 20 --conversations 0: two conversations interleaved on one
+    client: each turn's prompt is the last one and 20 tokens more, and the row that served the last turn holds its
+    prompt: turns 2 and 3 reuse 32 of the first 40 tokens and 48 of the second's 60 (whole blocks of 16); a first
+    turn reuses nothing."""
     code, summary = serve_load_run(model, monkeypatch, capsys, [
         "--concurrency", "1", "--requests", "6", "--prompt-tokens", "40", "--turns", "3", "--turn-tokens", "20",
-        "--max-tokens", "4"])
+        "--max-tokens", "4", "--conversations", "0"])
     assert code == 0 and summary["completed"] == 6 and summary["turns"] == 3
     assert summary["server_prompt_tokens"] == (40 + 60 + 80) / 3
     assert summary["cached_prompt_tokens"] == round(2 * (0 + 32 + 48) / 6, 2)

@@ -15,8 +15,8 @@
 #     PROMPT=512 SHARED_PREFIX=448 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prompts sharing a beginning; with
 #         SERVE_ARGS="--prefix-min-tokens 0" the same without prefix reuse
 #     TURNS=4 TURN_TOKENS=64 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # conversations: each turn's prompt the
-#         last one and 64 tokens more (the same SERVE_ARGS for no reuse); CONVERSATIONS=64: 64 in progress at
-#         once (each client carries one), else all of them (each one's turns among every other's)
+#         last one and 64 tokens more (the same SERVE_ARGS for no reuse), one conversation per client carried turn
+#         after turn; CONVERSATIONS=0: all of them begun at once (each one's next turn after every other's)
 #     GPU_TESTS=1 ENGINE_PROCESS="on off" CONCURRENCY="1 64" scripts/gpu/serve_bench.sh   # the serve GPU tests first
 #
 # Steps (about 4 minutes, most of it torch.compile):
@@ -69,7 +69,8 @@ CONNECTIONS="${CONNECTIONS:-keep}"  # keep: each client reuses its connection (s
 SHARED_PREFIX="${SHARED_PREFIX:-0}"  # the recorded loads' --shared-prefix-tokens (every prompt begins the same)
 TURNS="${TURNS:-1}"  # the recorded loads' --turns: conversations, each turn's prompt the last one and TURN_TOKENS more
 TURN_TOKENS="${TURN_TOKENS:-32}"
-CONVERSATIONS="${CONVERSATIONS:-0}"  # serve_load.py --conversations: in progress at once (0: all)
+CONVERSATIONS="${CONVERSATIONS:-}"  # serve_load.py --conversations: in progress at once (empty: one per client; 0: all)
+CONV_ARG=(); [ -n "$CONVERSATIONS" ] && CONV_ARG=(--conversations "$CONVERSATIONS")
 SPREAD="${SPREAD:-0}"  # closed loads' --max-tokens-spread: 0 (every request NEW tokens: waves), or several, e.g. "0 0.5"
 RATE="${RATE:-200}"
 TEMPERATURE="${TEMPERATURE:-0}"  # the recorded closed loads' temperature (0: greedy)
@@ -189,7 +190,7 @@ for c in $CONCURRENCY; do
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests $(( c * WARMUP_PER_CLIENT )) --prompt-tokens "$PROMPT" --max-tokens "$NEW" \
             --max-tokens-spread 0.5 --shared-prefix-tokens "$SHARED_PREFIX" --turns "$TURNS" \
-            --turn-tokens "$TURN_TOKENS" --conversations "$CONVERSATIONS" --seed 0 --redline-metrics 2>&1 \
+            --turn-tokens "$TURN_TOKENS" "${CONV_ARG[@]}" --seed 0 --redline-metrics 2>&1 \
             | grep -v '^{' | tail -n 3 | tee -a "$LOG"
     fi
     for spread in $SPREAD; do
@@ -201,7 +202,7 @@ for c in $CONCURRENCY; do
         timeout 120 "$PY" scripts/serve_load.py --url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency "$c" \
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
             --shared-prefix-tokens "$SHARED_PREFIX" --turns "$TURNS" --turn-tokens "$TURN_TOKENS" \
-            --conversations "$CONVERSATIONS" --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" \
+            "${CONV_ARG[@]}" --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" \
             $([ "$conns" = new ] && echo --new-connections) 2>&1 | tee -a "$LOG"
         server_cpu end
     done
