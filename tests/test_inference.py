@@ -627,6 +627,25 @@ def test_chunked_argmax_is_argmax():
 
 
 # ----------------------------------------------------------------------------------------------------
+def test_past_the_prefill_graph_limit_shapes_go_without_a_graph_and_it_is_said_once(capsys):
+    """DecodeBatch's rule for graphed prefills, on a state that claims CUDA graphs: a known shape replays, a new one
+    is captured until PREFILL_GRAPHS are held; past it, new shapes run without a graph, reported once on stderr."""
+    from redline.inference.batch import PREFILL_GRAPHS, PREFILL_WIDTH_STEP, DecodeBatch
+
+    batch = DecodeBatch(InferenceEngine(tiny_model(context_len=160)), rows=2, capacity=160)
+    st = batch.state
+    st.graphs = object()  # the rule reads only whether graphs exist and which shapes are held
+    try:
+        assert batch._graph_width(2, 20) == PREFILL_WIDTH_STEP  # a new shape, room for it
+        st.prefill_inputs.update({("prefill", 3, 8 * i, 3): None for i in range(PREFILL_GRAPHS)})  # others held
+        assert batch._graph_width(1, 20, start=3) == 0 and batch._graph_width(2, 40, start=5) == 0  # new ones
+        st.prefill_inputs[("prefill", 2, 32, 0)] = None
+        assert batch._graph_width(2, 20) == PREFILL_WIDTH_STEP  # a held shape still replays
+    finally:
+        st.graphs = None
+    assert capsys.readouterr().err.count(f"{PREFILL_GRAPHS} prompt shapes") == 1
+
+
 # GPU
 
 

@@ -32,6 +32,8 @@ kernel from Python would hold the decoding rows for milliseconds of host time.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from redline.errors import UserError
@@ -77,6 +79,7 @@ class DecodeBatch:
         self._top_p = torch.full((rows, 1), float("inf"), device=engine.device)
         self._noise: torch.Tensor | None = None  # (rows, vocab) Exp(1), drawn before each sampled step
         self.captured_draw = True  # whether decode_sampled may be used (a server turns it off if it cannot capture)
+        self._warned_graphs = False  # whether the PREFILL_GRAPHS limit was reported
         # the tokens at slots [0, n) of each row's cache: the batch's rows, then the parked rows
         self.held: list[list[int]] = [[] for _ in range(rows + parked_rows)]
         self.prefixes = PrefixIndex(rows + parked_rows)
@@ -270,7 +273,14 @@ class DecodeBatch:
         if n * width > engine.plan.prefill_chunk_tokens:
             return 0
         known = ("prefill", n, width, start) in self.state.prefill_inputs
-        return width if known or engine.prefill_graphs(self.state) < PREFILL_GRAPHS else 0
+        if known or engine.prefill_graphs(self.state) < PREFILL_GRAPHS:
+            return width
+        if not self._warned_graphs:  # once: from here on such prefills launch kernel by kernel, far slower
+            self._warned_graphs = True
+            print(f"redline: {PREFILL_GRAPHS} prompt shapes (rows, width, start) are captured as CUDA graphs, the "
+                  f"most kept; prompts of other shapes are prefilled without one from now on (slower)",
+                  file=sys.stderr, flush=True)
+        return 0
 
     def start(self, row: int, first_token: int, length: int, temperature: float = 0.0, top_p: float = 1.0) -> None:
         """The row decodes from `first_token` on, its prompt having `length` tokens in the cache; in decode_sampled's
