@@ -472,6 +472,30 @@ def test_seeded_sampled_requests_among_others_equal_generate_alone(model, tokeni
     assert calls["decode_sampled"] > 0 and calls["_step"] > 0  # the captured draw, and the top-k groups' draw
 
 
+@pytest.mark.slow
+def test_the_warm_up_compiles_every_prefill_a_server_meets(model):
+    """With torch.compile (here on a CPU), after the serve warm-up no prefill a server makes compiles anything more:
+    whole prompts and the rests after a copied beginning, on one row or several, of one token or more. Before, a
+    rest on one row compiled a variant under load (seconds every stream waited), and one more variant than
+    dynamo's default limit of 8 failed the request outright."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from redline.commands.serve import warm_up
+
+    batch = DecodeBatch(InferenceEngine(model, compile=True), rows=8, capacity=CFG.context_len)
+    warm_up(batch)
+    compiled = dynamo_utils.counters["stats"]["unique_graphs"]
+    ids = list(range(1, 80))
+    batch.prefill_many([3], [ids[:40]])
+    batch.prefill_many([4, 5, 6], [ids[:20], ids[:30], ids[:9]])
+    for rows, length, start in (([3], 9, 32), ([3], 1, 32), ([4, 5], 7, 32), ([4, 5], 1, 32), ([6, 7, 2], 5, 16)):
+        batch.copy_prefixes([(3, r) for r in rows if r != 3], start)
+        batch.prefill_many(rows, [ids[start:start + length]] * len(rows), start)
+    batch.prefill(1, ids[:20])
+    batch.prefill(1, ids[20:21], start=20)
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == compiled
+
+
 def test_a_draw_that_cannot_be_captured_falls_back_to_the_step_by_step_draw(model, tokenizer, monkeypatch, capsys):
     """If the warm-up cannot capture the sampling step (a device or library that refuses), the server says so in one
     line and samples after each step instead: seeded requests still get generate's tokens."""

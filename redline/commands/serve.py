@@ -202,8 +202,12 @@ def warm_up(batch) -> None:
         if batch.rows > 2:  # several rows' whole prompts together (the batch dimension specialises on 1, too)
             batch.prefill_many([1, 2], [ids[:8], ids[:5]])
             batch.prefill_many([2, 1, min(3, batch.rows - 1)], [ids[:3], ids[:9], ids[:4]])
-            # the rests of prompts after a copied beginning (prefix reuse): several rows at a slot past 0
+            # the rests of prompts after a copied beginning (prefix reuse): rows at a slot past 0, several and one
+            # (the compiled code specialises on one row, and on a rest of one token where prefills are not graphed)
             batch.prefill_many([1, 2], [ids[4:9], ids[3:6]], 3)
+            batch.prefill_many([1], [ids[4:9]], 3)
+            batch.prefill_many([1], [ids[3:4]], 3)
+            batch.prefill_many([1, 2], [ids[3:4], ids[3:4]], 3)
         batch.prefill(0, ids[:8])
         batch.prefill(0, ids[8:9], start=8)
         logits = batch.prefill(0, ids[9:], start=9)

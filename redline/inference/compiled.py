@@ -16,13 +16,21 @@ from collections.abc import Callable
 import torch
 
 
+RECOMPILE_LIMIT = 64
+"""Variants one engine's function may be compiled in. Dynamo's default (8) is too few for the prefill: with or
+without a mask, without a cached prefix or with one read as a slice or gathered by row, one row or several, one
+token or more (size-1 dims specialise), and with fullgraph=True one more variant is a hard failure, not a fallback."""
+
+
 def isolated_compile(fn: Callable, **options) -> Callable:
     """torch.compile(fn) for one engine alone, its shapes static except the dims marked dynamic."""
     copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     compiled = torch.compile(copy, fullgraph=True, **options)
+    dynamo = torch._dynamo.config
+    limit = {"recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit": RECOMPILE_LIMIT}
 
     def call(*args, **kwargs):
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        with dynamo.patch(automatic_dynamic_shapes=False, **limit):
             return compiled(*args, **kwargs)
 
     return call
