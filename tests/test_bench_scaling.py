@@ -224,6 +224,10 @@ def test_failure_line_prefers_the_ranks_own_error():
     assert matrix.classify_failure(stderr) == "oom"
     assert matrix.failure_line("noise\nredline bench: error: bad\nmore") == "redline bench: error: bad"
     assert matrix.failure_line("just a line") == "just a line"
+    # ranks' lines prefixed by torchrun, and a summary that ends in a rule
+    assert matrix.failure_line("[rank1]: Traceback (most recent call last):\n[rank1]: torch.distributed.DistStoreError: "
+                               "wait timeout after 1ms\n====") == "torch.distributed.DistStoreError: wait timeout after 1ms"
+    assert matrix.failure_line("exitcode  : -6 (pid: 7)\n==========\n") == "exitcode  : -6 (pid: 7)"
 
 
 def test_cpu_threads_are_shared_between_ranks(monkeypatch):

@@ -94,20 +94,23 @@ def last_json_line(text: str) -> dict | None:
 
 
 _ERROR_LINE = re.compile(r"^(redline \S+: error: |[\w.]*(Error|Exception)\b)")
+_RANK_PREFIX = re.compile(r"^\[(rank|default)\d+\]:\s*")
 
 
 def failure_line(stderr: str) -> str | None:
     """The line of a failed point's stderr that says what went wrong: redline's own one-line error, else the first
     exception line (under torchrun the first rank to fail comes first, the other ranks' errors and torchrun's
-    ChildFailedError summary after it), else the last line."""
-    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    ChildFailedError summary after it), else the last line with words in it."""
+    # torchrun may prefix each rank's lines with "[rank0]:" (or "[default0]:" with --tee/--log-dir)
+    lines = [_RANK_PREFIX.sub("", line.strip()) for line in stderr.strip().splitlines() if line.strip()]
     for line in lines:
         if line.startswith("redline ") and ": error: " in line:
             return line[:500]
     for line in lines:
         if _ERROR_LINE.match(line) and "ChildFailedError" not in line:
             return line[:500]
-    return lines[-1][:500] if lines else None
+    worded = [line for line in lines if any(c.isalnum() for c in line)]  # not a rule of "=" or "-"
+    return worded[-1][:500] if worded else None
 
 
 def classify_failure(stderr: str) -> str:
