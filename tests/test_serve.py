@@ -473,15 +473,18 @@ def test_seeded_sampled_requests_among_others_equal_generate_alone(model, tokeni
 
 
 @pytest.mark.slow
-def test_the_warm_up_compiles_every_prefill_a_server_meets(model):
+@pytest.mark.parametrize("window", [0, 24])
+def test_the_warm_up_compiles_every_prefill_a_server_meets(window):
     """With torch.compile (here on a CPU), after the serve warm-up no prefill a server makes compiles anything more:
-    whole prompts and the rests after a copied beginning, on one row or several, of one token or more. Before, a
-    rest on one row compiled a variant under load (seconds every stream waited), and one more variant than
-    dynamo's default limit of 8 failed the request outright."""
+    whole prompts and the rests after a copied beginning, on one row or several, of one token or more, with and
+    without a sliding window shorter than the prompts. Before, a rest on one row compiled a variant under load
+    (seconds every stream waited), and one more variant than dynamo's default limit of 8 failed the request."""
     import torch._dynamo.utils as dynamo_utils
 
     from redline.commands.serve import warm_up
 
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, sliding_window=window))
     batch = DecodeBatch(InferenceEngine(model, compile=True), rows=8, capacity=CFG.context_len)
     warm_up(batch)
     compiled = dynamo_utils.counters["stats"]["unique_graphs"]

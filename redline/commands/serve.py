@@ -189,8 +189,9 @@ def chat_renderer(path: str | None, tokenizer):
 
 
 def warm_up(batch) -> None:
-    """Compile the prefill (whole prompts, spans after a prefix and several rows' rests after a copied beginning, of
-    one token and of several: the compiled code specialises on length 1) and capture the decode step at every
+    """Compile the prefill (whole prompts, spans after a prefix and rows' rests after a copied beginning, on one row
+    and several, of one token and of several: the compiled code specialises on size 1; prompts longer than a
+    sliding window) and capture the decode step at every
     width, greedy and sampled (the logits' step, and decode_sampled's with and without top-p), so that no request
     waits for it. Leaves every row free."""
     import torch
@@ -208,6 +209,11 @@ def warm_up(batch) -> None:
             batch.prefill_many([1], [ids[4:9]], 3)
             batch.prefill_many([1], [ids[3:4]], 3)
             batch.prefill_many([1, 2], [ids[3:4], ids[3:4]], 3)
+            window = batch.engine.cfg.sliding_window
+            if 0 < window < room - 1:  # prompts longer than a sliding window attend under a mask from slot 0 on
+                longer = [0] * (window + 1)
+                batch.prefill_many([1, 2], [longer, longer[:-1]])
+                batch.prefill_many([1], [longer])
         batch.prefill(0, ids[:8])
         batch.prefill(0, ids[8:9], start=8)
         logits = batch.prefill(0, ids[9:], start=9)
