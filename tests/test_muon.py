@@ -308,6 +308,7 @@ def _fsdp_worker(rank: int, world: int, init_file: str, out: str) -> None:
         if rank == 0:
             torch.save({"params": full, "buffers": buffers,
                         "local_rows": [p.to_local().shape[0] for p in params]}, out)
+        dist.barrier()  # no rank tears gloo down while another is still in it (one aborted, now and then)
     finally:
         dist.destroy_process_group()
 
