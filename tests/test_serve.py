@@ -494,8 +494,9 @@ def test_the_warm_up_compiles_every_prefill_a_server_meets(window):
     for rows, length, start in (([3], 9, 32), ([3], 1, 32), ([4, 5], 7, 32), ([4, 5], 1, 32), ([6, 7, 2], 5, 16)):
         batch.copy_prefixes([(3, r) for r in rows if r != 3], start)
         batch.prefill_many(rows, [ids[start:start + length]] * len(rows), start)
-    batch.prefill(1, ids[:20])
-    batch.prefill(1, ids[20:21], start=20)
+    batch.prefill(1, ids[:40])  # the spans of a long prompt (one row, alone), past the window if there is one
+    batch.prefill(1, ids[40:41], start=40)
+    batch.prefill(1, ids[41:60], start=41)
     assert dynamo_utils.counters["stats"]["unique_graphs"] == compiled
 
 
