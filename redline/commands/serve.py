@@ -191,9 +191,8 @@ def chat_renderer(path: str | None, tokenizer):
 def warm_up(batch) -> None:
     """Compile the prefill (whole prompts, spans after a prefix and rows' rests after a copied beginning, on one row
     and several, of one token and of several: the compiled code specialises on size 1; prompts longer than a
-    sliding window) and capture the decode step at every
-    width, greedy and sampled (the logits' step, and decode_sampled's with and without top-p), so that no request
-    waits for it. Leaves every row free."""
+    sliding window) and capture the decode step at every width, greedy and sampled (the logits' step, and
+    decode_sampled's with and without top-p), so that no request waits for it. Leaves every row free."""
     import torch
 
     room = batch.capacity - 1

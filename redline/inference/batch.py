@@ -173,7 +173,7 @@ class DecodeBatch:
         """(row, n): a row, not in exclude, whose cache holds tokens[:n] (n in whole blocks of
         prefix_cache.BLOCK tokens), or (-1, 0); a parked row too unless parked=False. The row may be decoding: its
         first slots stay as they are."""
-        return self.prefixes.match(tokens, set(exclude) if parked else set(exclude).union(self.parked))
+        return self.prefixes.match(tokens, exclude if parked else set(exclude).union(self.parked))
 
     def forget(self) -> None:
         """Trust no row's cache any more (after a failure): every row, parked ones too, holds nothing."""
