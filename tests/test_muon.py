@@ -4,8 +4,12 @@ tiny model whose loss falls."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -14,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from redline.config import OptimConfig
+from redline.errors import UserError
 from redline.model import GPT
 from redline.presets import get_preset
 from redline.training.muon import NS_COEFFICIENTS, Muon, newton_schulz
@@ -366,3 +371,69 @@ def test_compiled_cuda_step_never_waits_and_equals_eager():
         results.append(params)
     for a, b in zip(*results):
         assert (a - b).abs().max().item() < 2e-3
+
+
+# ----------------------------------------------------------------------------------------------------
+# the symmetric products' kernel (redline/training/kernels/symmetric.py)
+
+SYMMETRIC_CHECK = r"""
+import torch
+from redline.training.kernels import symmetric
+from redline.training.muon import newton_schulz
+
+device = torch.device("{device}")
+dtype = {dtype}
+gen = torch.Generator().manual_seed(0)
+worst = 0.0
+# (B, r, k, tall): 64-wide tiles (r < 512) and 128-wide, r and k not multiples of a tile, the tall case a view
+for B, r, k, tall in [(2, 130, 72, False), (3, 96, 200, True), (1, 520, 40, False), (2, 64, 64, True)]:
+    x = torch.randn(B, k, r, generator=gen) if tall else torch.randn(B, r, k, generator=gen)
+    x = x.to(device, dtype)
+    rows = x.mT if tall else x
+    ref = rows.double() @ rows.double().mT
+    out = torch.ops.redline.symmetric_product(rows, None, 1.0, 0.0, 0.0)
+    assert out.shape == (B, r, r) and out.dtype == dtype and out.is_contiguous()
+    assert torch.equal(out, out.mT)  # both triangles written, the same bits
+    worst = max(worst, ((out.double() - ref).abs().max() / ref.abs().max()).item())
+    a = out
+    ref = -4.775 * (a.double() @ a.double()) + 2.0315 * a.double() + 3.4445 * torch.eye(r, dtype=torch.float64,
+                                                                                       device=device)
+    poly = torch.ops.redline.symmetric_product(a, a, -4.775, 2.0315, 3.4445)
+    assert torch.equal(poly, poly.mT)
+    worst = max(worst, ((poly.double() - ref).abs().max() / ref.abs().max()).item())
+assert worst < {tol}, worst
+for shape in [(3, 96, 40), (2, 40, 160)]:  # a whole iteration, tall and wide
+    g = torch.randn(*shape, generator=gen).to(device)
+    kernel = newton_schulz(g, dtype=dtype, symmetric=True).double()
+    plain = newton_schulz(g, dtype=dtype, symmetric=False).double()
+    assert ((kernel - plain).norm() / plain.norm()).item() < {ns_tol}
+print("ok", worst)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="needs the triton package (its interpreter runs the kernel on a CPU)")
+def test_symmetric_kernel_in_the_triton_interpreter():
+    """The kernel's indexing (the triangle's tiles, the mirror store, masks at the edges, strided views) and its
+    epilogue, run by Triton's interpreter on a CPU in fp32 against float64 products."""
+    code = SYMMETRIC_CHECK.format(device="cpu", dtype="torch.float32", tol=1e-5, ns_tol=1e-4)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_symmetric_kernel_on_the_gpu():
+    """The compiled kernel in bfloat16 against float64 products (within bf16 rounding of the output), and a whole
+    Newton–Schulz run with it against torch.matmul's."""
+    namespace: dict = {}
+    exec(SYMMETRIC_CHECK.format(device="cuda", dtype="torch.bfloat16", tol=1e-2, ns_tol=2e-2), namespace)
+
+
+def test_symmetric_kernel_refused_where_it_cannot_run():
+    model = GPT(TINY)
+    with pytest.raises(UserError, match="muon_symmetric"):
+        build_optimizers(model, OptimConfig(name="muon", muon_symmetric=True), torch.device("cpu"))
+    opt = build_optimizers(model, OptimConfig(name="muon"), torch.device("cpu"))[0]  # unset: torch.matmul here
+    assert opt.symmetric is None

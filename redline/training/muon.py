@@ -11,7 +11,9 @@ share a shape (m, n) (in a transformer: every block's qkv, every block's output 
    Newton–Schulz iterations X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ, as batched matmuls in bfloat16; when
    m > n, X ← X·(a·I + b·A + c·A²) with A = Xᵀ·X instead (the same iteration on Xᵀ, as P(A) is symmetric), so
    A is the smaller Gram matrix and X keeps the parameter's layout (no transposed copy, and step 3 reads it
-   in order);
+   in order). On a CUDA GPU with triton, A and P(A) = a·I + b·A + c·A² (both symmetric) are computed a
+   triangle at a time by redline's kernel (training/kernels/symmetric.py), about a quarter of the
+   iteration's arithmetic saved;
 3. W ← (1 − lr·λ)·W − lr·s·O, with decoupled weight decay λ and the shape scale s = max(1, m/n)^½
    (modded-nanogpt's and torch.optim.Muon's default convention: the update's RMS is then about that of an
    n×n orthogonal matrix, so one learning rate (0.02) suits every shape; Moonlight's 0.2·√max(m, n), which
@@ -61,21 +63,32 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 
 
-def newton_schulz(update: Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> Tensor:
-    """(B, m, n) -> (B, m, n) in `dtype`, contiguous: each matrix's approximate orthogonalisation U·Vᵀ (of U·S·Vᵀ)."""
+def newton_schulz(update: Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16,
+                  symmetric: bool = False) -> Tensor:
+    """(B, m, n) -> (B, m, n) in `dtype`, contiguous: each matrix's approximate orthogonalisation U·Vᵀ (of U·S·Vᵀ).
+
+    symmetric: the Gram matrix A and the polynomial P(A) (both symmetric) computed a triangle at a time by
+    redline's Triton kernel (training/kernels/symmetric.py; a CUDA GPU), P(A) rounded to `dtype` once from fp32;
+    else by torch.matmul."""
     a, b, c = NS_COEFFICIENTS
     norm = torch.linalg.vector_norm(update, dim=(-2, -1), keepdim=True, dtype=torch.float32)  # (B, 1, 1)
     x = (update.float() / norm.clamp_min(NS_EPS)).to(dtype)  # spectral norm <= Frobenius norm = 1
     tall = x.size(-2) > x.size(-1)
     r = min(x.shape[-2:])
-    identity = torch.eye(r, device=x.device, dtype=torch.float32)
+    identity = None if symmetric else torch.eye(r, device=x.device, dtype=torch.float32)
     for _ in range(steps):
-        gram = x.mT @ x if tall else x @ x.mT  # (B, r, r), r = min(m, n): the smaller Gram matrix
-        # a·X folded into the product, X ← (a·I + b·A + c·A²)·X: one plain batched product, where a·X + P·X takes a
-        # product whose epilogue adds X and first copies all of X (B, m, n) into its output. a·I + P is rounded to
-        # `dtype` once: on 768×3072 stacks of random matrices the result's distance to the float64 iteration grows
-        # from 1.02% to 1.15% of its norm, where the iteration itself leaves the singular values in [0.7, 1.2]
-        poly = (c * (gram @ gram).float() + b * gram.float() + a * identity).to(dtype)
+        rows = x.mT if tall else x  # (B, r, k): the Gram matrix is taken on the smaller side, A = rows·rowsᵀ
+        if symmetric:
+            gram = torch.ops.redline.symmetric_product(rows, None, 1.0, 0.0, 0.0)
+            poly = torch.ops.redline.symmetric_product(gram, gram, c, b, a)  # A·A = A·Aᵀ: A is symmetric
+        else:
+            gram = rows @ rows.mT  # (B, r, r), r = min(m, n)
+            # a·X folded into the product, X ← (a·I + b·A + c·A²)·X: one plain batched product, where a·X + P·X
+            # takes a product whose epilogue adds X and first copies all of X (B, m, n) into its output. a·I + P
+            # is rounded to `dtype` once: on 768×3072 stacks of random matrices the result's distance to the
+            # float64 iteration grows from 1.02% to 1.15% of its norm, where the iteration itself leaves the
+            # singular values in [0.7, 1.2]
+            poly = (c * (gram @ gram).float() + b * gram.float() + a * identity).to(dtype)
         x = x @ poly if tall else poly @ x
     return x
 
@@ -112,7 +125,8 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict], lr: float = 0.02, momentum: float = 0.95,
                  weight_decay: float = 0.0, momentum_start: float | None = None, momentum_warmup_steps: int = 0,
-                 ns_steps: int = 5, compile: bool = False, ns_dtype: torch.dtype = torch.bfloat16):
+                 ns_steps: int = 5, compile: bool = False, ns_dtype: torch.dtype = torch.bfloat16,
+                 symmetric: bool | None = None):
         if lr < 0 or weight_decay < 0:
             raise ValueError(f"Muon: lr and weight_decay must be >= 0, got {lr} and {weight_decay}")
         for name, value in (("momentum", momentum), ("momentum_start", momentum_start)):
@@ -132,6 +146,9 @@ class Muon(torch.optim.Optimizer):
                 if hasattr(p, "device_mesh"):  # a DTensor (FSDP2): sharded by rows over one mesh dimension
                     _check_row_sharded(p)
         self.ns_dtype = ns_dtype
+        self.symmetric = symmetric
+        """Newton–Schulz's symmetric products by redline's Triton kernel (None: where it can run, a CUDA GPU with
+        triton; True there only)."""
         self.found_inf: Tensor | None = None
         self.grad_scale: Tensor | None = None
         self._compile = compile
@@ -150,6 +167,17 @@ class Muon(torch.optim.Optimizer):
             fn = {"momentum": nesterov_momentum, "newton_schulz": newton_schulz, "apply": apply_update}[name]
             self._kernels[name] = torch.compile(fn, dynamic=False) if self._compile else fn
         return self._kernels[name]
+
+    def _orthogonalize(self, stack: Tensor, ns_steps: int) -> Tensor:
+        """newton_schulz on a (B, m, n) stack, with the symmetric kernel where it is asked for and can run."""
+        from redline.training.kernels import symmetric  # registers torch.ops.redline.symmetric_product
+
+        can = symmetric.available(stack.device)
+        if self.symmetric and not can:
+            raise UserError(f"Muon: the symmetric Newton–Schulz kernel needs a CUDA GPU and the triton package "
+                            f"(tensors on {stack.device.type}); set optim.muon_symmetric=False or leave it unset")
+        use = can if self.symmetric is None else self.symmetric
+        return self._kernel("newton_schulz")(stack, ns_steps, self.ns_dtype, use)
 
     @staticmethod
     def momentum_at(group: dict) -> float:
@@ -223,14 +251,14 @@ class Muon(torch.optim.Optimizer):
                 pending.append(([_local(p) for p in params], update, handle, hyper[1]))
                 continue
             if world == 1:
-                update = self._kernel("newton_schulz")(stacked, group["ns_steps"], self.ns_dtype)
+                update = self._orthogonalize(stacked, group["ns_steps"])
                 pending.append((params, update, None, hyper[1]))
                 continue
             share = math.ceil(len(params) / world)  # this rank orthogonalises matrices [rank·share, (rank+1)·share)
             mine = stacked[rank * share:(rank + 1) * share]
             if mine.size(0) < share:  # the stack's tail: zero matrices stay zero
                 mine = torch.cat([mine, mine.new_zeros(share - mine.size(0), m, n)])
-            mine = self._kernel("newton_schulz")(mine, group["ns_steps"], self.ns_dtype)
+            mine = self._orthogonalize(mine, group["ns_steps"])
             gathered = mine.new_empty(share * world, m, n)
             handle = dist.all_gather_into_tensor(gathered, mine.contiguous(), async_op=True)
             pending.append((params, gathered, handle, hyper[1]))
@@ -260,7 +288,7 @@ class Muon(torch.optim.Optimizer):
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=process_group)  # recv[r, j]: rank r's rows of my matrix j
         whole = recv.permute(1, 0, 2, 3).reshape(k, world * S, n)[:, :m]  # (k, m, n): padding rows at the end
-        ortho = self._kernel("newton_schulz")(whole.contiguous(), ns_steps, self.ns_dtype)
+        ortho = self._orthogonalize(whole.contiguous(), ns_steps)
         back = ortho.new_zeros(k, world * S, n)
         back[:, :m] = ortho
         send = back.view(k, world, S, n).transpose(0, 1).contiguous()  # send[r, j]: rank r's rows of my matrix j

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from redline.config import OptimConfig
+from redline.errors import UserError
 
 
 def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
@@ -72,12 +73,17 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
         if cfg.name == "prodigy":
             return [prodigy(groups, cfg)]
         return [torch.optim.AdamW(groups, **adam_kwargs)]
+    from redline.training.kernels import symmetric
     from redline.training.muon import Muon
 
+    if cfg.muon_symmetric and not symmetric.available(device):
+        raise UserError(f"optim.muon_symmetric=True needs a CUDA GPU and the triton package (training on "
+                        f"{device.type}{'' if symmetric.triton else ', no triton'}); drop it or set it to False")
     muon = Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
                 momentum_start=cfg.muon_momentum_start, momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
                 ns_steps=cfg.muon_ns_steps,
-                compile=cfg.muon_compile if cfg.muon_compile is not None else device.type == "cuda")
+                compile=cfg.muon_compile if cfg.muon_compile is not None else device.type == "cuda",
+                symmetric=cfg.muon_symmetric)
     adam = torch.optim.AdamW(embed_head_groups(model, embed_head, cfg) + [{"params": gains, "weight_decay": 0.0}],
                              **adam_kwargs)
     return [muon, adam]

@@ -9,7 +9,8 @@
 #
 # Variants: nanogpt (gpt2-124m, 32 x 1024), fast (modern-124m, 32 x 1024, as the speedrun trains it), fast-t2048
 # (16 x 2048: attention over twice the length), fast-tied (tied embeddings and head), fast-nocap (no logit
-# soft-cap), fast-adamw (AdamW instead of Muon for the matrices), fast-noqknorm (no QK-norm).
+# soft-cap), fast-adamw (AdamW instead of Muon for the matrices), fast-matmul (Muon's Newton–Schulz products by
+# torch.matmul, not redline's symmetric kernel), fast-noqknorm (no QK-norm).
 # Files under $OUT: fast_speed.jsonl (bench's JSON line per variant, labelled). The last line printed is one JSON
 # object: each variant's tokens/s, step ms and its tokens/s over nanogpt's.
 set -uo pipefail
@@ -29,6 +30,7 @@ for v in $VARIANTS; do
         fast-tied) args=(--recipe fast batch_size=32 seq_len=1024 model.tie_embeddings=True) ;;
         fast-nocap) args=(--recipe fast batch_size=32 seq_len=1024 model.logit_softcap=0) ;;
         fast-adamw) args=(--recipe fast batch_size=32 seq_len=1024 optim.name=adamw) ;;
+        fast-matmul) args=(--recipe fast batch_size=32 seq_len=1024 optim.muon_symmetric=False) ;;
         fast-noqknorm) args=(--recipe fast batch_size=32 seq_len=1024 model.qk_norm=False) ;;
         *) echo "fast_speed.sh: unknown variant $v" >&2; exit 2 ;;
     esac

@@ -11,6 +11,7 @@ then trained a few steps with each optimizer setup on the same compiled model:
     adamw         fused AdamW for every parameter (redline's default)
     torch-muon    torch.optim.Muon for the blocks' matrices + fused AdamW for the rest
     redline-muon  redline/training/muon.py (batched by shape, compiled) + fused AdamW for the rest
+    redline-muon-matmul  the same with every Newton–Schulz product by torch.matmul (optim.muon_symmetric=false)
 
 Each timed step (after the warm-up steps, which compile) is bracketed by CUDA events, and so is the Muon
 optimizer's `step()` inside it; the tables give medians. "muon share" is the Muon step's GPU time over the
@@ -43,14 +44,16 @@ from redline.training.muon import Muon  # noqa: E402
 from redline.training.optim import build_optimizers, param_groups  # noqa: E402
 from redline.training.wrap import wrap_model  # noqa: E402
 
-SETUPS = ("adamw", "torch-muon", "redline-muon")
+SETUPS = ("adamw", "torch-muon", "redline-muon", "redline-muon-matmul")
 
 
 def optimizers_for(setup: str, model: GPT, device: torch.device) -> list[torch.optim.Optimizer]:
     if setup == "adamw":
         return build_optimizers(model, OptimConfig(name="adamw"), device)
-    if setup == "redline-muon":
+    if setup == "redline-muon":  # the symmetric products in redline's kernel, as on any CUDA GPU with triton
         return build_optimizers(model, OptimConfig(name="muon"), device)
+    if setup == "redline-muon-matmul":  # every product by torch.matmul
+        return build_optimizers(model, OptimConfig(name="muon", muon_symmetric=False), device)
     hidden, embed_head, gains = param_groups(model)
     cfg = OptimConfig()
     muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
@@ -96,7 +99,7 @@ def time_setup(setup: str, model: GPT, train_model, batch: tuple[torch.Tensor, t
         for opt in optimizers:
             if opt is muon:
                 muon_start.record()
-                if setup == "redline-muon" and i == warmup - 1:  # compiled by now: check it never waits
+                if setup.startswith("redline-muon") and i == warmup - 1:  # compiled by now: check it never waits
                     torch.cuda.set_sync_debug_mode("error")
                     try:
                         opt.step()
