@@ -172,10 +172,11 @@ class Muon(torch.optim.Optimizer):
         """newton_schulz on a (B, m, n) stack, with the symmetric kernel where it is asked for and can run."""
         from redline.training.kernels import symmetric  # registers torch.ops.redline.symmetric_product
 
-        can = symmetric.available(stack.device)
+        can = symmetric.available(stack.device) and self.ns_dtype in symmetric.DTYPES
         if self.symmetric and not can:
-            raise UserError(f"Muon: the symmetric Newton–Schulz kernel needs a CUDA GPU and the triton package "
-                            f"(tensors on {stack.device.type}); set optim.muon_symmetric=False or leave it unset")
+            raise UserError(f"Muon: the symmetric Newton–Schulz kernel needs a CUDA GPU, the triton package and "
+                            f"bf16 or fp16 iterations (tensors on {stack.device.type}, {self.ns_dtype}); set "
+                            f"optim.muon_symmetric=False or leave it unset")
         use = can if self.symmetric is None else self.symmetric
         return self._kernel("newton_schulz")(stack, ns_steps, self.ns_dtype, use)
 

@@ -39,6 +39,11 @@ except ImportError:  # a CPU build of torch without triton: Muon uses torch.matm
     triton = None
 
 
+DTYPES = (torch.bfloat16, torch.float16)
+"""What the kernel computes in (Triton's fp32 products would round their inputs to tf32, where torch.matmul's
+do not by default)."""
+
+
 def available(device: torch.device) -> bool:
     """Whether the kernel can run for tensors on `device` (a CUDA GPU with the triton package)."""
     return triton is not None and device.type == "cuda"
