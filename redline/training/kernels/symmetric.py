@@ -19,12 +19,12 @@ Tiles are fixed per shape (no autotuning: a configuration chosen by timing could
 with it the bits of the result, which an exact resume must reproduce). X may be any strided view: the tall case's
 Xᵀ·X is X.mT passed as it is.
 
-Registered as `torch.ops.redline.symmetric_product`, an opaque custom op that launches the kernel itself (torch.compile
-calls it as it is). Its Python call costs the host more than the kernel costs a 768-wide stack on the GPU; in a
-training step the host is far ahead of the GPU by the optimizer step, so that is hidden. Registered instead with
-torch.library.triton_op, which has torch.compile launch the kernel from its generated code, the host's cost went
-away but the kernel ran as slowly as torch.matmul's products (H100: 768-wide stacks 1.00-1.04×, against 1.2×
-launched here). It needs the triton package and a CUDA GPU; `available()` says whether it can run here.
+Registered as `torch.ops.redline.symmetric_product`, an opaque custom op that launches the kernel itself
+(torch.compile calls it as it is). Its Python call costs the host more than the kernel costs a 768-wide stack on
+the GPU; in a training step the host has queued the optimizer step long before the GPU reaches it, so that cost is
+hidden. Registered with torch.library.triton_op instead (torch.compile launching the kernel from its own generated
+code) the host's cost went away, but the kernel ran no faster than torch.matmul's products (BENCHMARKS.md,
+"Optimizers"). It needs the triton package and a CUDA GPU; `available()` says whether it can run here.
 """
 
 from __future__ import annotations
