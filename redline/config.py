@@ -54,7 +54,7 @@ class OptimConfig:
     """torch.compile Muon's batched momentum, Newton-Schulz and update, once per matrix shape (None: on for CUDA)."""
     muon_symmetric: bool | None = None
     """Newton-Schulz's symmetric products (X·Xᵀ and the polynomial of it) a triangle at a time, in redline's Triton
-    kernel (None: on where it can run, a CUDA GPU with triton; false: torch.matmul, all of each product)."""
+    kernel (None: on where it can run, a CUDA GPU with triton; False: torch.matmul, all of each product)."""
     weight_decay: float = 0.1
     """Decoupled weight decay on 2-D weights (norms, biases and gains are not decayed)."""
     beta1: float = 0.9

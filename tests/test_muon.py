@@ -270,6 +270,15 @@ def test_tiny_model_loss_falls_with_muon_and_adamw():
 # several processes
 
 
+def _exit_worker() -> None:
+    """End a spawned worker that succeeded without the interpreter's finalization: a gloo thread that drops its
+    last reference to a collective's tensors while the interpreter finalizes cannot take the GIL and aborts the
+    process ("terminate called without an active exception"; as tests/sharded_checkpoint_worker.py ends)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _sharded_worker(rank: int, world: int, init_file: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -277,8 +286,10 @@ def _sharded_worker(rank: int, world: int, init_file: str, out: str) -> None:
         run_muon(params, random_grads(3), weight_decay=0.1, momentum_warmup_steps=2)
         if rank == 0:
             torch.save([p.detach() for p in params], out)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    _exit_worker()
 
 
 @pytest.mark.slow
@@ -316,6 +327,7 @@ def _fsdp_worker(rank: int, world: int, init_file: str, out: str) -> None:
         dist.barrier()  # no rank tears gloo down while another is still in it (one aborted, now and then)
     finally:
         dist.destroy_process_group()
+    _exit_worker()
 
 
 @pytest.mark.slow

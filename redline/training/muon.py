@@ -170,9 +170,11 @@ class Muon(torch.optim.Optimizer):
 
     def _orthogonalize(self, stack: Tensor, ns_steps: int) -> Tensor:
         """newton_schulz on a (B, m, n) stack, with the symmetric kernel where it is asked for and can run."""
-        from redline.training.kernels import symmetric  # registers torch.ops.redline.symmetric_product
+        can = False
+        if self.symmetric is not False and stack.device.type == "cuda":
+            from redline.training.kernels import symmetric  # registers torch.ops.redline.symmetric_product
 
-        can = symmetric.available(stack.device) and self.ns_dtype in symmetric.DTYPES
+            can = symmetric.available(stack.device) and self.ns_dtype in symmetric.DTYPES
         if self.symmetric and not can:
             raise UserError(f"Muon: the symmetric Newton–Schulz kernel needs a CUDA GPU, the triton package and "
                             f"bf16 or fp16 iterations (tensors on {stack.device.type}, {self.ns_dtype}); set "
