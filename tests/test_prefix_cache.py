@@ -337,6 +337,69 @@ def test_the_load_generator_s_conversations_reuse_their_parked_history_when_they
     assert two["cached_prompt_tokens"] == round((0 + 32 + 48) / 3, 2)
 
 
+@pytest.mark.parametrize("parked, lagged", [(0, False), (2, True)])
+def test_random_traffic_gives_every_request_the_tokens_of_its_prompt_computed_whole(model, parked, lagged):
+    """Requests in overlapping waves on three rows: fresh prompts, prompts sharing a beginning, conversations going
+    on from a finished request's prompt and answer, the choices of n = 2, some cancelled while they run; prompts
+    longer than a turn's prefill budget, so some go in spans. Whatever the order rows are freed, copied from, parked
+    and copied back in, every request that was not cancelled gets the greedy tokens of its prompt computed whole,
+    and the scheduler's thread lives on."""
+    import random
+
+    rng = random.Random(parked)
+    sched = Scheduler(DecodeBatch(InferenceEngine(model), rows=3, capacity=CFG.context_len, parked_rows=parked),
+                      load_tokenizer("bytes"), [EOT], prefill_tokens=40, sync_every=2 if lagged else None,
+                      prefix_min_tokens=16)
+    sched.lag_reads = lagged
+    shared = tokens(32, 70)
+    done: list[Sequence] = []  # finished, to go on from
+    submitted: list[tuple[Sequence, queue.Queue]] = []
+    try:
+        for wave in range(20):
+            prompts = []
+            for _ in range(rng.randint(1, 4)):
+                kind = rng.choice(["fresh", "shared", "go on", "go on"])
+                ended = [s for s in done if s.finish_reason in ("length", "stop") and len(s.prompt) < 80]
+                if kind == "go on" and ended:
+                    last = rng.choice(ended)
+                    prompts.append(last.prompt + last.tokens + tokens(rng.randint(1, 12), rng.randrange(10**6)))
+                elif kind == "shared":
+                    prompts.append(shared + tokens(rng.randint(1, 30), rng.randrange(10**6)))
+                else:
+                    prompts.append(tokens(rng.randint(5, 60), rng.randrange(10**6)))
+            if rng.random() < 0.3:
+                prompts.append(prompts[-1])  # n = 2: the same prompt twice in one submission
+            wave_seqs = []
+            for p in prompts:
+                sink = queue.Queue()
+                seq = Sequence(list(p), rng.randint(1, 10), SamplingParams(), (), sink.put)
+                wave_seqs.append(seq)
+                submitted.append((seq, sink))
+            sched.submit(wave_seqs)
+            if rng.random() < 0.25:
+                rng.choice(wave_seqs).cancel()
+            for seq, sink in submitted:  # wait for some of what is in flight, not all: the waves overlap
+                if seq.done or rng.random() < 0.5:
+                    continue
+                while sink.get(timeout=30)[0] == "text":
+                    pass
+            done = [seq for seq, _ in submitted if seq.done]
+        for seq, sink in submitted:
+            while not seq.done:
+                sink.get(timeout=30)
+        assert sched.alive
+        checked = 0
+        for seq, _ in submitted:
+            if seq.finish_reason == "cancelled":
+                continue
+            assert seq.finish_reason in ("length", "stop"), seq.finish_reason
+            assert seq.tokens == reference(model, seq.prompt, seq.max_tokens), (len(seq.prompt), seq.cached_tokens)
+            checked += 1
+        assert checked >= 25 and sched.stats.cached_tokens > 0  # reuse happened, and most requests were checked
+    finally:
+        sched.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_row_freed_inside_a_group_graph_keeps_its_prefix_on_a_gpu():
