@@ -11,7 +11,7 @@ then trained a few steps with each optimizer setup on the same compiled model:
     adamw         fused AdamW for every parameter (redline's default)
     torch-muon    torch.optim.Muon for the blocks' matrices + fused AdamW for the rest
     redline-muon  redline/training/muon.py (batched by shape, compiled) + fused AdamW for the rest
-    redline-muon-matmul  the same with every Newton–Schulz product by torch.matmul (optim.muon_symmetric=false)
+    redline-muon-matmul  the same with every Newton–Schulz product by torch.matmul (optim.muon_symmetric=False)
 
 Each timed step (after the warm-up steps, which compile) is bracketed by CUDA events, and so is the Muon
 optimizer's `step()` inside it; the tables give medians. "muon share" is the Muon step's GPU time over the
