@@ -103,23 +103,8 @@ timeout 150 "$PY" -m redline bench-infer --preset "$PRESET" --batch-sizes 1 64 -
     --prompt-lens "$PROMPT" --max-new-tokens "$NEW" --repeats 3 --json-out "$OUT/bench_infer.jsonl" 2>&1 | tee -a "$LOG"
 
 CKPT_RUN=$(mktemp -d)
-"$PY" - "$PRESET" "$CKPT_RUN" <<'EOF' 2>&1 | tee -a "$LOG"
-import sys
-from pathlib import Path
-
-import torch
-
-from redline.config import TrainConfig, to_dict
-from redline.model import GPT
-from redline.presets import get_preset
-from redline.tokenizer import load_tokenizer
-from redline.training.checkpoint import save_checkpoint
-
-cfg = TrainConfig(model=get_preset(sys.argv[1]))
-torch.manual_seed(0)
-path = save_checkpoint(Path(sys.argv[2]), 0, GPT(cfg.model), {}, to_dict(cfg), load_tokenizer("bytes"), keep=1)
-print(f"random-weight checkpoint of {sys.argv[1]}: {path}")
-EOF
+"$PY" scripts/gpu/random_checkpoint.py "$PRESET" "$CKPT_RUN" 2>&1 | sed "s/^/random-weight checkpoint of $PRESET: /" \
+    | tee -a "$LOG"
 CKPT=$(ls -d "$CKPT_RUN"/checkpoints/step_* | head -n 1)
 
 MOST_NEW=$("$PY" -c "import sys; print(max(round($NEW * (1 + float(s))) for s in sys.argv[1:]))" $SPREAD)
