@@ -819,10 +819,11 @@ def row_slots(B: int, slot: int, gen) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("B, H, KV, D", [(1, 12, 3, 64), (3, 12, 12, 64), (2, 25, 5, 64), (5, 4, 1, 32)])
+@pytest.mark.parametrize("B, H, KV, D", [(1, 12, 3, 64), (3, 12, 12, 64), (2, 25, 5, 64), (5, 4, 1, 32),
+                                         (1, 16, 8, 128)])
 @pytest.mark.parametrize("norm, rope", [(True, True), (False, False)])
 def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rope):
-    """Both kernels (split: spans of 16, 128 and the default; -1: whole width) against the model's own QK-norm,
+    """Both kernels (split: spans of 16, 128 and the default, split_slots; -1: whole width) against the model's own QK-norm,
     RoPE and masked softmax: rows at slots of their own (spans past a row's slot left empty), a slot in the middle
     of a span, widths that are no multiple of the span, a sliding window. The cache slot is written, the rest left alone, and the
     split kernel's counters are zero again after each call."""
@@ -853,7 +854,8 @@ def test_triton_decode_attention_matches_reference(B, H, KV, D, dtype, norm, rop
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("B, H, KV, D, norm", [(1, 12, 3, 64, True), (3, 12, 12, 64, False), (5, 4, 1, 32, True)])
+@pytest.mark.parametrize("B, H, KV, D, norm", [(1, 12, 3, 64, True), (3, 12, 12, 64, False), (5, 4, 1, 32, True),
+                                               (1, 16, 8, 128, True)])
 def test_triton_decode_attention_fp8_cache(B, H, KV, D, norm, dtype):
     """An FP8 cache: both kernels against the dequantised reference; the new value is stored byte for byte as
     quantize_kv stores it, with its scale (the key too within one e4m3 step: the kernel's QK-norm and RoPE may
@@ -1209,3 +1211,21 @@ def test_a_gpu_prefill_leaves_cudnn_attention_out_when_the_model_leaves_the_choi
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
     with _prefill_attention(torch.device("cpu"), "auto"):
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_decode_attention_tiles_fit_shared_memory():
+    """The whole-width kernel's pipelined cache tiles fit a program's shared memory with room left (fewer stages,
+    then narrower tiles), and the split kernel's span holds the same bytes whatever the head_dim and dtype."""
+    pytest.importorskip("triton")
+    from redline.inference.kernels.decode_attention import SMEM_HEADROOM, fit_tile, split_slots
+
+    h100, a100 = 227 * 1024, 163 * 1024
+    assert fit_tile(128, 3, 2 * 64 * 2, h100) == (128, 3)  # bf16, head_dim 64: the measured tile as it is
+    assert fit_tile(128, 3, 2 * 128 * 2, h100) == (128, 3)
+    assert fit_tile(128, 3, 2 * 128 * 2, a100) == (128, 2)  # 192 KiB of tiles do not fit the A100's 163
+    assert fit_tile(128, 3, 2 * 128 * 4, h100) == (64, 2)  # fp32, head_dim 128: 384 KiB at the bf16 tile
+    for smem in (h100, a100):
+        for slot_bytes in (2 * 64 * 2, 2 * 128 * 2, 2 * 128 * 4, 2 * 256 * 4):
+            block, stages = fit_tile(128, 3, slot_bytes, smem)
+            assert block * stages * slot_bytes <= smem - SMEM_HEADROOM
+    assert [split_slots(d, e) for d, e in [(64, 2), (128, 2), (64, 4), (128, 4), (512, 4)]] == [128, 64, 64, 32, 16]

@@ -27,9 +27,10 @@ SHAPES = {  # name: (batch, heads, kv heads, head_dim, QK-norm and RoPE)
     "modern-124m b1": (1, 12, 3, 64, True), "modern-124m b64": (64, 12, 3, 64, True),
     "gpt2-124m b1": (1, 12, 12, 64, False), "gpt2-124m b64": (64, 12, 12, 64, False),
     "modern-1.5b b1": (1, 25, 5, 64, True), "gpt2-1.5b b1": (1, 25, 25, 64, False),
+    "qwen3-0.6b b1": (1, 16, 8, 128, True),
 }
 # the op's split argument: 0 its own choice, -1 the whole-width kernel, else the split kernel's span
-SPLITS = {0: "auto", -1: "whole", 64: "split64", 128: "split128", 256: "split256"}
+SPLITS = {0: "auto", -1: "whole", 16: "split16", 32: "split32", 64: "split64", 128: "split128", 256: "split256"}
 SWEEP = [(block, warps, stages) for block in (64, 128, 256) for warps in (2, 4, 8) for stages in (2, 3, 4)]
 
 

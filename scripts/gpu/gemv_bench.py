@@ -34,6 +34,9 @@ SHAPES = {  # name: (N, K) of the weight, and what comes before and after it in 
     "gpt2-1.5b lm_head": (50304, 1600, "layernorm", "none"),
     "modern-1.5b qkv": (2240, 1600, "rmsnorm", "none"), "modern-1.5b fc": (8576, 1600, "rmsnorm", "swiglu"),
     "modern-1.5b mlp.proj": (1600, 4288, "none", "none"), "modern-1.5b lm_head": (32768, 1600, "rmsnorm", "none"),
+    "qwen3-0.6b qkv": (4096, 1024, "rmsnorm", "none"), "qwen3-0.6b o_proj": (1024, 2048, "none", "none"),
+    "qwen3-0.6b fc": (6144, 1024, "rmsnorm", "swiglu"), "qwen3-0.6b mlp.proj": (1024, 3072, "none", "none"),
+    "qwen3-0.6b lm_head": (151936, 1024, "rmsnorm", "none"),
 }
 L2_BYTES = 50 * 2**20
 

@@ -23,10 +23,10 @@ Two layouts:
   query head (GPT-2's) would leave 15 of a tensor-core product's 16 rows empty: there each of the tile's slot
   lanes keeps an online softmax of its own, in registers, and the lanes are merged once at the end.
 - `_split_kernel`, grid (B · KV, spans) (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
-  the width is cut into spans of 128 slots, one program each, loaded whole. Each program writes its span's
-  unnormalised softmax · V, max and sum, then counts itself done on an atomic counter of its (row, kv head);
-  the last one to finish rescales the spans to a common max, normalises and writes the output, and puts the
-  counter back to zero. No second kernel is launched.
+  the width is cut into spans (of 128 slots at head_dim 64: split_slots), one program each, loaded whole. Each
+  program writes its span's unnormalised softmax · V, max and sum, then counts itself done on an atomic counter
+  of its (row, kv head); the last one to finish rescales the spans to a common max, normalises and writes the
+  output, and puts the counter back to zero. No second kernel is launched.
 
 An FP8 cache (float8_e4m3fn, with an fp32 scale per (row, kv head, slot): the vector's absolute maximum times
 fp32(1/448)) is read as it is, half of bf16's bytes per element plus the scales: the tile is converted to the
@@ -47,9 +47,20 @@ import torch
 import triton
 import triton.language as tl
 
-from redline.inference.kernels.launch import start_dependents_then_wait, use_pdl
+from redline.inference.kernels.launch import shared_memory, start_dependents_then_wait, use_pdl
 
-SPLIT_SLOTS = 128  # cache slots per program of the split kernel
+# The split kernel's span: each program loads its span of keys and of values whole, SPLIT_BYTES each in the compute
+# dtype (in bf16, 128 cache slots at head_dim 64, 64 at 128): the fastest span of whole models decoding at batch 1
+# (BENCHMARKS.md, "The decode kernels alone"). At head_dim 128, 128-slot spans leave too few programs reading the
+# cache from memory; 32-slot spans were slower at either head_dim.
+SPLIT_BYTES = 128 * 64 * 2
+
+
+def split_slots(head_dim: int, element_size: int) -> int:
+    """Cache slots per program of the split kernel at this head_dim and compute dtype's element size (a power of
+    two, at least 16)."""
+    return max(16, SPLIT_BYTES // (head_dim * element_size))
+
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 # The whole-width kernel's tile: cache slots per step of its loop, warps per program, pipeline stages (2 for one
 # query head per kv head with a bf16 cache, else 3): the fastest of a sweep with
@@ -63,6 +74,23 @@ WHOLE_LANES_BLOCK, WHOLE_LANES_WARPS, WHOLE_LANES_STAGES = 32, 2, 3
 # kernel as products and sums, the whole-width one as an online softmax per slot lane.
 SPLIT_MMA_FROM_GROUP, WHOLE_MMA_FROM_GROUP = 2, 2
 INV_FP8_MAX = tl.constexpr(1.0 / 448.0)  # 1 / the largest float8_e4m3fn, rounded to fp32 where used
+
+
+# Shared memory a program keeps free of the whole-width kernel's pipelined cache tiles (Triton's own buffers: the
+# products' operands in their layouts).
+SMEM_HEADROOM = 32 * 1024
+
+
+def fit_tile(block: int, stages: int, slot_bytes: int, smem: int) -> tuple[int, int]:
+    """(BLOCK, stages) of the whole-width kernel whose pipelined tiles (stages · BLOCK slots of slot_bytes, a key
+    and a value) leave SMEM_HEADROOM of a program's `smem` bytes: fewer stages first (down to 2), then narrower
+    tiles (a head_dim-128 fp32 cache would need 384 KiB at the bf16 tile)."""
+    while stages * block * slot_bytes > smem - SMEM_HEADROOM and (stages > 2 or block > 16):
+        if stages > 2:
+            stages -= 1
+        else:
+            block //= 2
+    return block, stages
 
 
 def counters_needed(n_kv_head: int) -> int:
@@ -482,8 +510,9 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width: int, w
     qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
     if whole:  # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
         if mma:
-            tile = dict(BLOCK=WHOLE_BLOCK, num_warps=WHOLE_WARPS, LANES_STAGES=1,  # (unused)
-                        num_stages=WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES)
+            block, stages = WHOLE_BLOCK, WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES
+            block, stages = fit_tile(block, stages, 2 * D * k_cache.element_size(), shared_memory(qkv.device))
+            tile = dict(BLOCK=block, num_warps=WHOLE_WARPS, LANES_STAGES=1, num_stages=stages)  # (LANES_: unused)
         else:  # (the stages are the loop's: the kernel's own would pipeline nothing there)
             tile = dict(BLOCK=WHOLE_LANES_BLOCK, num_warps=WHOLE_LANES_WARPS, LANES_STAGES=WHOLE_LANES_STAGES)
         _whole_kernel[(B * KV,)](
@@ -492,7 +521,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width: int, w
             launch_pdl=pdl,
         )
         return out
-    split = split or SPLIT_SLOTS
+    split = split or split_slots(D, qkv.element_size())
     if counts.numel() < B * KV:
         raise ValueError(f"decode_attention: counts has {counts.numel()} counters, the split kernel needs {B * KV}")
     n_splits = (width + split - 1) // split

@@ -46,6 +46,16 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.cache
+def _shared_memory(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on this GPU (227 KiB on Hopper, 163 KiB on the A100)."""
+    return _shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of this GPU: how many programs one wave of a kernel runs at once (one each)."""
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
