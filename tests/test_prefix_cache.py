@@ -152,6 +152,28 @@ def test_a_conversation_reuses_its_history_and_its_tokens_are_those_computed_who
         sched.close()
 
 
+def test_with_cuda_graphs_a_copied_beginning_is_whole_start_steps(model):
+    """With CUDA graphs a batch copies beginnings in whole PREFIX_START_STEP spans (the rest's start slot is part of
+    its prefill graph's shape): turn 2 of a conversation whose row holds 81 tokens (80 in whole hash blocks) copies
+    64 and computes the rest, with the greedy tokens of its prompt computed whole; on a CPU (no graphs) whole hash
+    blocks."""
+    from redline.inference.batch import PREFIX_START_STEP
+
+    batch = DecodeBatch(InferenceEngine(model), rows=2, capacity=CFG.context_len)
+    assert batch.start_step == BLOCK  # no CUDA graphs here
+    batch.start_step = PREFIX_START_STEP
+    sched = Scheduler(batch, load_tokenizer("bytes"), [EOT], prefix_min_tokens=16)
+    try:
+        first = tokens(70, 41)
+        (turn1,) = run(sched, [first], 12)
+        second = first + turn1.tokens + tokens(10, 42)
+        (turn2,) = run(sched, [second], 8)
+        assert (len(first) + len(turn1.tokens) - 1) // BLOCK * BLOCK == 80 and turn2.cached_tokens == 64
+        assert turn2.tokens == reference(model, second, 8)
+    finally:
+        sched.close()
+
+
 def test_a_prompt_prefilled_whole_is_not_prefilled_again_at_a_copy_as_long_as_it(model):
     """One turn admits a fresh 32-token prompt (slot 0) and a prompt that copies a 32-token beginning (its rest at slot
     32): the first, prefilled and started, must not be taken for one more rest at slot 32 (it was: 'row is
@@ -337,18 +359,19 @@ def test_the_load_generator_s_conversations_reuse_their_parked_history_when_they
     assert two["cached_prompt_tokens"] == round((0 + 32 + 48) / 3, 2)
 
 
-@pytest.mark.parametrize("parked, lagged", [(0, False), (2, True)])
-def test_random_traffic_gives_every_request_the_tokens_of_its_prompt_computed_whole(model, parked, lagged):
+@pytest.mark.parametrize("parked, lagged, step", [(0, False, BLOCK), (2, True, BLOCK), (2, False, 32)])
+def test_random_traffic_gives_every_request_the_tokens_of_its_prompt_computed_whole(model, parked, lagged, step):
     """Requests in overlapping waves on three rows: fresh prompts, prompts sharing a beginning, conversations going
     on from a finished request's prompt and answer, the choices of n = 2, some cancelled while they run; prompts
     longer than a turn's prefill budget, so some go in spans. Whatever the order rows are freed, copied from, parked
     and copied back in, every request that was not cancelled gets the greedy tokens of its prompt computed whole,
-    and the scheduler's thread lives on."""
+    and the scheduler's thread lives on. step: copied beginnings cut to multiples of it (as with CUDA graphs)."""
     import random
 
-    rng = random.Random(parked)
-    sched = Scheduler(DecodeBatch(InferenceEngine(model), rows=3, capacity=CFG.context_len, parked_rows=parked),
-                      load_tokenizer("bytes"), [EOT], prefill_tokens=40, sync_every=2 if lagged else None,
+    rng = random.Random(parked + step)
+    batch = DecodeBatch(InferenceEngine(model), rows=3, capacity=CFG.context_len, parked_rows=parked)
+    batch.start_step = step
+    sched = Scheduler(batch, load_tokenizer("bytes"), [EOT], prefill_tokens=40, sync_every=2 if lagged else None,
                       prefix_min_tokens=16)
     sched.lag_reads = lagged
     shared = tokens(32, 70)
@@ -396,6 +419,7 @@ def test_random_traffic_gives_every_request_the_tokens_of_its_prompt_computed_wh
             assert seq.tokens == reference(model, seq.prompt, seq.max_tokens), (len(seq.prompt), seq.cached_tokens)
             checked += 1
         assert checked >= 25 and sched.stats.cached_tokens > 0  # reuse happened, and most requests were checked
+        assert all(seq.cached_tokens % step == 0 for seq, _ in submitted)
     finally:
         sched.close()
 
@@ -437,3 +461,23 @@ def test_a_row_freed_inside_a_group_graph_keeps_its_prefix_on_a_gpu():
             torch.testing.assert_close(got[i], want, rtol=0.05, atol=0.05)
             assert int(got[i].argmax()) == int(want.argmax())
             assert batch.held[(2, 4, 5)[i]] == prompt[:n] + rest
+
+
+def test_whole_start_steps_meet_fewer_prefill_shapes_in_a_chat_load():
+    """scripts/serve_prefill_shapes.py on a small chat load (histories sent back with their answers): beginnings cut
+    to 64 tokens start the rests at slots that are multiples of 64, and at fewer distinct slots and shapes than
+    whole hash blocks do, over the same number of rests."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "serve_prefill_shapes.py"
+    spec = importlib.util.spec_from_file_location("serve_prefill_shapes", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=261, context_len=1024, n_layer=1, n_embd=32, n_head=2, n_kv_head=1))
+    blocks, rests16, copied16 = script.shapes(model, conversations=4, turns=4, step=BLOCK, seed=1)
+    steps, rests64, copied64 = script.shapes(model, conversations=4, turns=4, step=64, seed=1)
+    assert rests16 == rests64 == 12 and 0 < copied64 <= copied16
+    assert all(start % 64 == 0 for _, _, start in steps)
+    assert len({s[2] for s in steps}) < len({s[2] for s in blocks}) and len(steps) <= len(blocks)

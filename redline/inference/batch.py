@@ -45,6 +45,11 @@ from redline.inference.transfer import put, to_device
 
 PREFILL_WIDTH_STEP = 32  # prompts padded to a multiple of this many tokens for a CUDA-graph prefill
 PREFILL_GRAPHS = 64  # the most (rows, width, start) prefill shapes captured; others run without a graph
+# With CUDA graphs, a copied beginning is cut to a multiple of this many tokens: the rest after it is prefilled at the
+# slot it starts at, a dimension of its graph's shape, so whole 64-token beginnings meet 4× fewer start slots than
+# whole hash blocks (16) do: fewer captures, each of which stalls every decoding row, and fewer shapes toward
+# PREFILL_GRAPHS, for at most 48 more prompt tokens computed a request.
+PREFIX_START_STEP = 64
 
 
 def graph_rows(n: int) -> int:
@@ -80,6 +85,8 @@ class DecodeBatch:
         self._noise: torch.Tensor | None = None  # (rows, vocab) Exp(1), drawn before each sampled step
         self.captured_draw = True  # whether decode_sampled may be used (a server turns it off if it cannot capture)
         self._warned_graphs = False  # whether the PREFILL_GRAPHS limit was reported
+        # copied beginnings are whole multiples of this many tokens (a multiple of prefix_cache.BLOCK)
+        self.start_step = PREFIX_START_STEP if self.state.graphs is not None else BLOCK
         # the tokens at slots [0, n) of each row's cache: the batch's rows, then the parked rows
         self.held: list[list[int]] = [[] for _ in range(rows + parked_rows)]
         self.prefixes = PrefixIndex(rows + parked_rows)

@@ -574,6 +574,7 @@ class Scheduler:
                 continue
             probe = seq.prompt[:-1]
             src, n = self.batch.match(probe, exclude=fresh - {seq.row})
+            n -= n % self.batch.start_step  # (whole steps: the rests' prefill graphs meet fewer start slots)
             if n >= self.prefix_min_tokens:
                 copies.setdefault(n, []).append((src, seq.row))  # sources are not prefilled this turn: copy later
                 seq.prefilled = seq.cached_tokens = n

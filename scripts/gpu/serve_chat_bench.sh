@@ -4,6 +4,7 @@
 #
 #     scripts/gpu/serve_chat_bench.sh                       # files under $OUT (default: a new temporary folder)
 #     CONVERSATIONS="64" PARKED=128 scripts/gpu/serve_chat_bench.sh
+#     SERVERS="reuse parked" REPEATS=2 scripts/gpu/serve_chat_bench.sh      # some of the three servers
 #
 # Steps (about 4 minutes on one H100):
 #   1. `redline bench-infer --preset $PRESET` (random weights), compiled, batch 64, $PROMPT-token prompts, $NEW
@@ -34,6 +35,7 @@ TURN_TOKENS="${TURN_TOKENS:-64}"
 CONVERSATIONS="${CONVERSATIONS:-64 128}"
 PARKED="${PARKED:-64}"
 REPEATS="${REPEATS:-3}"
+SERVERS="${SERVERS:-noreuse reuse parked}"
 PORT="${PORT:-8473}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -58,7 +60,7 @@ LOAD=(--url "http://127.0.0.1:$PORT" --model "$PRESET" --concurrency 64 --prompt
       --turn-tokens "$TURN_TOKENS" --max-tokens "$NEW" --max-tokens-spread 0.5 --redline-metrics)
 SERVER=
 trap 'kill $SERVER 2>/dev/null; rm -rf "$CKPT_RUN"' EXIT
-for name in noreuse reuse parked; do
+for name in $SERVERS; do
     case "$name" in
         noreuse) args=(--prefix-min-tokens 0) ;;
         reuse) args=() ;;
