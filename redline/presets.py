@@ -4,7 +4,7 @@ gpt2-*   the GPT-2 architecture: learned positions, LayerNorm (with bias), GELU,
          vocab 50304 (50257 padded), context 1024.
 modern-* the source design's "quality" configuration: GQA 4:1, QK-norm, RoPE θ=10000, SwiGLU, pre-RMSNorm,
          fused QKV, no bias, vocab 32768, context 2048; the head tied to the token embedding (measured: the untied
-         head ends 11.7% higher in validation perplexity at equal training time, BENCHMARKS.md "Time to quality").
+         head ends 13.1% higher in validation perplexity at equal training time, BENCHMARKS.md "Time to quality").
          Their training defaults are config.PRESET_TRAINING["modern-"].
 tiny     a few million parameters of the modern design (untied), for CPUs and tests.
 """
