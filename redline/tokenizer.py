@@ -83,6 +83,11 @@ class Tokenizer:
         """(vocab_size,) int64: UTF-8 bytes each token decodes to; 0 for special tokens."""
         raise NotImplementedError
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (b"" for special tokens): part of a UTF-8 character where a character
+        spans tokens, which decode([token]) can only show as U+FFFD. Logprobs report these (OpenAI's `bytes`)."""
+        return self.decode([token]).encode("utf-8")
+
     @property
     def stop_ids(self) -> list[int]:
         """Token ids that end a generation: an imported model's EOS ids, else the end-of-text token."""
@@ -189,12 +194,33 @@ class ByteTokenizer(Tokenizer):
         lengths[:256] = 1  # the end-of-text and chat tokens stand for no bytes
         return lengths
 
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if 0 <= token < 256 else b""
+
     def _definition(self) -> dict:
         return {"kind": "bytes", "specials": {EOT: 256}}
 
 
 # ----------------------------------------------------------------------------------------------------
 # byte-level BPE (Hugging Face tokenizers)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's ByteLevel alphabet inverted: character -> the byte it stands for (printable Latin-1 bytes stand for
+    themselves, the other 68 are mapped to U+0100 onwards in byte order; as `tokenizers`' ByteLevel and GPT-2's
+    encoder.py define it)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL_DECODE = _byte_level_alphabet()
 
 
 class BPETokenizer(Tokenizer):
@@ -244,9 +270,11 @@ class BPETokenizer(Tokenizer):
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text, add_special_tokens=True)
+        """As transformers' `tokenizer(text)`: special tokens written in a prompt are those tokens (a prompt typed
+        in a model's chat format works as it does there), and the post-processor's tokens are added."""
+        return self.encode_with_specials(text, add_special_tokens=True)
 
-    def encode_with_specials(self, text: str) -> list[int]:
+    def encode_with_specials(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text` in which special tokens written out (e.g. "<|im_start|>") are those tokens, and
         nothing is added: how a rendered chat template is tokenized (transformers' apply_chat_template)."""
         if self._with_specials is None:
@@ -254,7 +282,7 @@ class BPETokenizer(Tokenizer):
 
             self._with_specials = HFTokenizer.from_str(self.hf.to_str())
             self._with_specials.encode_special_tokens = False
-        return self._with_specials.encode(text, add_special_tokens=False).ids
+        return self._with_specials.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_with_specials_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """encode_with_specials's ids and each token's (start, end) character offsets in `text` (how the chat
@@ -307,6 +335,22 @@ class BPETokenizer(Tokenizer):
             else:  # other decoders: approximate through the decoded text
                 lengths[i] = len(self.hf.decode([i]).encode("utf-8"))
         return lengths
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self.hf.id_to_token(token) if 0 <= token < self.text_vocab_size else None
+        if piece is None or self.hf.decode([token]) == "" and piece:  # a special token: skipped in decode
+            return b""
+        if self._byte_level:
+            return bytes(_BYTE_LEVEL_DECODE.get(c, 0) for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece's byte fallback
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")  # SentencePiece's word-start mark is a space
+
+    @property
+    def _byte_level(self) -> bool:
+        if not hasattr(self, "_byte_level_cached"):
+            self._byte_level_cached = (self._json().get("decoder") or {}).get("type") == "ByteLevel"
+        return self._byte_level_cached
 
     def _definition(self) -> dict:
         data = self._json()
@@ -511,6 +555,11 @@ class TiktokenTokenizer(Tokenizer):
             if i != self.eot_id:
                 lengths[i] = len(self.enc.decode_single_token_bytes(i))
         return lengths
+
+    def token_bytes(self, token: int) -> bytes:
+        if token == self.eot_id or not 0 <= token < self.text_vocab_size:
+            return b""
+        return self.enc.decode_single_token_bytes(token)
 
     def _definition(self) -> dict:
         ranks = self.enc._mergeable_ranks  # bytes -> rank; no public accessor

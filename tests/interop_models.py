@@ -27,6 +27,13 @@ FAMILIES = {
     # Mistral with a sliding window shorter than the test sequences
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                                    sliding_window=5, head_dim=16)),
+    # Qwen2 and Qwen3 with the window on every layer (transformers' layer_types)
+    "qwen2-window": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                             use_sliding_window=True, sliding_window=5,
+                                                             max_window_layers=0)),
+    "qwen3-window": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                             head_dim=16, use_sliding_window=True, sliding_window=6,
+                                                             max_window_layers=0)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
 }
 # for GGUF: no Llama 3 RoPE scaling (refused there), and GPT-2 at its own context (transformers' GGUF loader assumes it)

@@ -101,6 +101,8 @@ REDLINE_EXPORTS = {
     "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False, head_size=8),
     "MistralForCausalLM": dict(sliding_window=5),
     "Qwen2ForCausalLM": dict(qkv_bias=True, tie_embeddings=True),
+    "Qwen2ForCausalLM-window": dict(qkv_bias=True, sliding_window=5),
+    "Qwen3ForCausalLM-window": dict(qk_norm=True, n_kv_head=2, sliding_window=5),
 }
 
 
@@ -137,7 +139,7 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(logit_softcap=30.0), "logit_softcap"),
     (dict(pos_emb="none"), "pos_emb=none"),
     (dict(norm="layernorm"), "layernorm with RoPE"),
-    (dict(qk_norm=True, sliding_window=8), "qk_norm with model.sliding_window"),
+    (dict(sliding_window=8, bias=True), "sliding_window with model.bias=true"),
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GQA"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
@@ -263,6 +265,55 @@ def test_import_missing_and_mismatched_tensors(tmp_path, capsys):
     extra = {**weights, "model.layers.0.self_attn.o_proj.bias": torch.zeros(64)}
     save_file(extra, str(tmp_path / "hf" / "model.safetensors"))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "model.layers.0.self_attn.o_proj.bias")
+
+
+def test_import_config_fields_missing_mistyped_or_disagreeing_with_the_weights(tmp_path, capsys):
+    """What transformers refuses (a vocab_size the weights do not have), and config.json edits that would
+    otherwise end in a stack trace, are one-line errors."""
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [
+        ({"vocab_size": VOCAB + 40}, f"has {VOCAB} rows but the config's vocab_size is {VOCAB + 40}"),
+        ({"intermediate_size": None}, "no 'intermediate_size'"),
+        ({"vocab_size": str(VOCAB)}, "wrong type"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "needs factor"),
+    ]:
+        changed = {k: v for k, v in {**config, **edit}.items() if v is not None}
+        path.write_text(json.dumps(changed))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_llama3_rope_takes_the_context_when_the_original_is_not_given(tmp_path, capsys):
+    """transformers reads a llama3 rope_scaling without original_max_position_embeddings as the model's
+    max_position_embeddings: so does the import, logit for logit."""
+    hf_folder("llama-untied-rope3", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(config.get(key), dict):
+            config[key].pop("original_max_position_embeddings", None)
+    path.write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ok")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ok")
+    assert model.cfg.rope_original_context == 64
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_import_ignores_an_eos_id_outside_the_vocabulary_with_a_warning(tmp_path, capsys):
+    """A small GPT-2 built with GPT2Config's default eos_token_id (50256): transformers warns and loads it."""
+    hf_folder("gpt2", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "eos_token_id": 50256}))
+    generation = tmp_path / "hf" / "generation_config.json"
+    if generation.exists():
+        generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": 50256}))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ok")], capsys)
+    assert code == 0, err
+    assert "eos_token_id [50256] is outside the tokenizer's" in err
 
 
 def test_import_sharded_and_missing_shard(tmp_path, capsys):

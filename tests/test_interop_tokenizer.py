@@ -97,6 +97,9 @@ def test_generation_prompts_and_stop_tokens_are_the_tokenizers(kind, tmp_path):
     assert completion.prompt_tokens == len(theirs(text)["input_ids"])
     if kind == "sentencepiece":
         assert calls[0][0][0][0] == ours.bos_id
+    # special tokens written in a prompt are those tokens, as in transformers' tokenizer(text)
+    special = theirs.eos_token
+    assert prompt_ids(ours, f"hi{special} there") == theirs(f"hi{special} there")["input_ids"]
 
     class Plain:  # only encode and eot_id
         eot_id = 7

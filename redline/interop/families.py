@@ -66,8 +66,13 @@ class Family:
     """Source tensors that carry nothing a model needs (e.g. GPT-2's stored causal-mask buffers)."""
 
 
-def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """An embedding or head matrix (vocab, C) padded with zero rows up to `rows` (redline's padded vocabulary)."""
+def pad_rows(t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """An embedding or head matrix (vocab, C) padded with zero rows up to cfg.padded_vocab (redline's padded
+    vocabulary)."""
+    rows = cfg.padded_vocab
+    if t.shape[0] < cfg.vocab_size:  # zero rows would stand for tokens the model never had (transformers refuses)
+        raise UserError(f"a vocabulary matrix has {t.shape[0]} rows but the config's vocab_size is "
+                        f"{cfg.vocab_size}; the config and the weights disagree")
     if t.shape[0] == rows:
         return t
     if t.shape[0] > rows:

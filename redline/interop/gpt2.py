@@ -72,11 +72,11 @@ def _prefix(src: TensorSource) -> str:
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     pre = _prefix(src)
-    out = {"wte.weight": pad_rows(src.take(pre + "wte.weight"), cfg.padded_vocab),
+    out = {"wte.weight": pad_rows(src.take(pre + "wte.weight"), cfg),
            "wpe.weight": src.take(pre + "wpe.weight"),
            "norm_f.weight": src.take(pre + "ln_f.weight"), "norm_f.bias": src.take(pre + "ln_f.bias")}
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg.padded_vocab)
+        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
     elif "lm_head.weight" in src:
         src.take("lm_head.weight")  # the tied head, stored anyway
     names = {"norm1": "ln_1", "norm2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",

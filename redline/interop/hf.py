@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,11 +96,16 @@ def _open_safetensors(folder: Path) -> tuple[TensorSource, torch.dtype | None]:
 
 def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[ModelConfig, dict]:
     """(ModelConfig, redline state dict) from a HF config and HF-named tensors; every tensor used or named."""
-    cfg = family.model_config(hf_config)
     try:
+        cfg = family.model_config(hf_config)
         cfg.validate()
     except UserError as e:
         raise UserError(f"{src.where}: the config gives a model redline cannot build ({e})") from None
+    except KeyError as e:  # a field the architecture needs is missing from config.json
+        raise UserError(f"{src.where}: config.json has no {e.args[0]!r}, which a {family.name} model needs") from None
+    except (TypeError, ValueError) as e:  # e.g. "vocab_size": "300"
+        raise UserError(f"{src.where}: config.json has a value of the wrong type ({e}); numbers must be JSON "
+                        f"numbers") from None
     try:
         state = family.to_redline(src, cfg)
     except RuntimeError as e:  # torch.cat / view / transpose of a tensor whose shape the config does not give
@@ -149,6 +155,12 @@ def read_folder(folder: str | Path, tokenizer: str | None = None) -> ImportedMod
     generation = _read_json(folder / "generation_config.json", "the generation config") \
         if (folder / "generation_config.json").is_file() else {}
     stops = stop_ids_from(generation, hf_config)
+    outside = [i for i in stops if not 0 <= i < tok.vocab_size]
+    if outside:  # transformers warns and goes on (e.g. a small model keeping GPT2Config's default 50256)
+        where = "generation_config.json" if "eos_token_id" in generation else "config.json"
+        print(f"redline import: {where}'s eos_token_id {outside} is outside the tokenizer's {tok.vocab_size} "
+              f"tokens; ignored (generation stops at the tokenizer's own end of text instead)", file=sys.stderr)
+        stops = [i for i in stops if i not in outside]
     if stops:
         tok.stop_ids = stops
     return ImportedModel(cfg=cfg, state=state, tokenizer=tok, family=family.name, source=str(folder),

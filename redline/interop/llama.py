@@ -35,13 +35,21 @@ def _rope(hf: dict) -> dict:
     if kind not in _ROPE_TYPES:
         raise UserError(f"RoPE scaling {kind!r} is not supported; redline has {', '.join(_ROPE_TYPES)}")
     out = {"rope_theta": float(theta)}
+    needed = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+    missing = [k for k in needed if spec.get(k) is None]
+    if missing:
+        raise UserError(f"RoPE scaling {kind!r} needs {', '.join(missing)} in rope_parameters / rope_scaling")
     if kind == "linear":
         out.update(rope_scaling="linear", rope_factor=float(spec["factor"]))
     elif kind == "llama3":
+        # transformers takes max_position_embeddings where the original context is not given
+        original = spec.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
+        if original is None:
+            raise UserError("RoPE scaling 'llama3' needs original_max_position_embeddings (or "
+                            "max_position_embeddings)")
         out.update(rope_scaling="llama3", rope_factor=float(spec["factor"]),
                    rope_low_freq_factor=float(spec["low_freq_factor"]),
-                   rope_high_freq_factor=float(spec["high_freq_factor"]),
-                   rope_original_context=int(spec["original_max_position_embeddings"]))
+                   rope_high_freq_factor=float(spec["high_freq_factor"]), rope_original_context=int(original))
     return out
 
 
@@ -93,17 +101,14 @@ def model_config_for(name: str):
 def export_name(cfg: ModelConfig) -> str:
     """Which of the four a RoPE + RMSNorm + SwiGLU redline model exports as (see the module docstring)."""
     if cfg.qk_norm:
-        if cfg.sliding_window:
-            raise UserError("model.qk_norm with model.sliding_window: Qwen3, the QK-norm architecture redline "
-                            "exports to, is written without a sliding window here; drop one of them")
         if cfg.bias:
             raise UserError("model.bias=true with model.qk_norm: Qwen3 has no MLP biases")
-        return "qwen3"
+        return "qwen3"  # with a sliding window on every layer where the model has one
     if cfg.sliding_window:
-        if cfg.has_qkv_bias:
-            raise UserError("model.sliding_window with biases: Mistral, the sliding-window architecture redline "
-                            "exports to, has no biases")
-        return "mistral"
+        if cfg.bias:
+            raise UserError("model.sliding_window with model.bias=true: Mistral and Qwen2, the sliding-window "
+                            "architectures redline exports to, have no output-projection or MLP biases")
+        return "qwen2" if cfg.has_qkv_bias else "mistral"
     if cfg.has_qkv_bias and not cfg.bias:
         return "qwen2"
     return "llama"
@@ -128,11 +133,14 @@ def hf_config_for(name: str):
                                    "original_max_position_embeddings": cfg.rope_original_context}
         if name == "llama":
             out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, pretraining_tp=1)
-        elif name == "qwen3":  # attention_bias: q/k/v/o; redline's qkv-only biases get a zero o_proj bias
-            out.update(attention_bias=cfg.has_qkv_bias, use_sliding_window=False, sliding_window=None,
-                       max_window_layers=cfg.n_layer)
-        elif name == "qwen2":
-            out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+        elif name in ("qwen2", "qwen3"):  # the window on every layer: layer_types (transformers >= 5), and
+            # max_window_layers 0 for older readers (layers from it on use the window)
+            window = cfg.sliding_window
+            out.update(use_sliding_window=bool(window), sliding_window=window or None,
+                       max_window_layers=0 if window else cfg.n_layer,
+                       layer_types=["sliding_attention" if window else "full_attention"] * cfg.n_layer)
+            if name == "qwen3":  # attention_bias: q/k/v/o; redline's qkv-only biases get a zero o_proj bias
+                out["attention_bias"] = cfg.has_qkv_bias
         elif name == "mistral":
             out["sliding_window"] = cfg.sliding_window or None
         return out
@@ -147,10 +155,10 @@ def _prefix(src: TensorSource) -> str:
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     pre = _prefix(src)
-    out = {"wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg.padded_vocab),
+    out = {"wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg),
            "norm_f.weight": src.take(f"{pre}norm.weight")}
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg.padded_vocab)
+        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
