@@ -23,7 +23,7 @@ from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.inference.batch import DecodeBatch
 from redline.model import GPT, ModelConfig
-from redline.serve.scheduler import QueueFull, Scheduler, Sequence
+from redline.serve.scheduler import QueueFull, Scheduler, Sequence, check_queue
 from redline.tokenizer import load_tokenizer
 
 openai = pytest.importorskip("openai")
@@ -210,7 +210,9 @@ def test_continuous_usage_stats_count_every_token(live):
         model=MODEL, prompt="Hello", max_tokens=10, temperature=0, stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True}))
     counts = [c.usage.completion_tokens for c in chunks if c.choices and c.usage]
-    assert counts[0] >= 1 and counts == sorted(set(counts)) and counts[-1] == chunks[-1].usage.completion_tokens
+    assert counts[0] >= 1 and counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
+    # the chunk with the finish reason has the usage too
+    assert all(c.usage is not None for c in chunks if c.choices and c.choices[0].finish_reason)
     assert all(c.usage.prompt_tokens == 5 for c in chunks if c.usage)
 
 
@@ -315,13 +317,94 @@ def test_malformed_bodies_unknown_routes_and_auth(live):
         live.server.api_key = None
 
 
-def test_a_full_queue_answers_429(live):
-    live.server.scheduler.max_queue = 0
+def test_bodies_that_trip_parsers_are_400s_and_a_chunked_body_is_cut_at_the_limit(live):
+    post = lambda body: httpx.post(live.url + "/v1/completions", content=body)  # noqa: E731
+    r = post(b'{"model": "tiny-test", "prompt": "x", "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    r = post(b'{"model": "tiny-test", "prompt": "\\ud800"}')  # a lone surrogate: not text
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(live.url + "/v1/chat/completions",
+                   content=b'{"model": "tiny-test", "messages": [{"role": "user", "content": "a\\udfffb"}]}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    for key in ("\u00b2", "\u2460", "-1", "1.5"):  # unicode digits int() refuses, and what is no token id
+        r = httpx.post(live.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "logit_bias": {key: 1}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", key
+    # no Content-Length (chunked): counted as it arrives, refused once over the limit, not read whole first
+    sent = []
+
+    def body():
+        for _ in range(64):
+            sent.append(1)
+            yield b"x" * (64 << 10)
+
+    r = httpx.post(live.url + "/v1/completions", content=body())
+    assert r.status_code == 413 and "--max-body-kib" in r.json()["error"]["message"]
+
+
+def test_openai_request_details(live):
+    chat, complete = live.client.chat.completions.create, live.client.completions.create
+    out = chat(model=MODEL, messages=[{"role": "developer", "content": "Be brief."},
+                                      {"role": "user", "content": "Hi"}], max_tokens=2)
+    assert out.choices[0].message.content is not None  # OpenAI's newer name of the system role
+    code, body = error_of(lambda: complete(model=MODEL, prompt="Hi", stream_options={"include_usage": True}))
+    assert code == 400 and body["param"] == "stream_options"  # only with stream: true, as OpenAI answers
+    code, body = error_of(lambda: complete(model=MODEL, prompt="Hi", stream=True,
+                                           stream_options={"include_usage": "no"}))
+    assert code == 400 and body["param"] == "stream_options"
+    code, body = error_of(lambda: chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       max_completion_tokens=4, extra_body={"max_tokens": "x"}))
+    assert code == 400 and body["param"] == "max_tokens"
+    live.server.max_tokens = 5
     try:
+        code, body = error_of(lambda: chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                           max_completion_tokens=6))
+        assert code == 400 and body["param"] == "max_completion_tokens"
+    finally:
+        live.server.max_tokens = None
+    r = httpx.delete(live.url + "/v1/completions")
+    assert r.status_code == 405 and "POST" in r.headers["allow"] and r.json()["error"]["code"]
+    live.server.api_key = "sesame"
+    try:
+        r = httpx.get(live.url + "/v1/models", headers={"Authorization": "bearer sesame"})
+        assert r.status_code == 200  # the scheme is case-insensitive
+        r = httpx.get(live.url + "/v1/models", headers={"Authorization": "Basic sesame"})
+        assert r.status_code == 401
+    finally:
+        live.server.api_key = None
+
+
+def test_top_k_is_read(live):
+    """top_k (vLLM's and llama.cpp's extra field): 1 makes any temperature greedy."""
+    greedy = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=0)
+    for seed in range(3):
+        out = live.client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=1.5, seed=seed,
+                                             extra_body={"top_k": 1})
+        assert out.choices[0].text == greedy.choices[0].text
+    code, body = error_of(lambda: live.client.completions.create(model=MODEL, prompt="Hi",
+                                                                 extra_body={"top_k": -2}))
+    assert code == 400 and body["param"] == "top_k"
+
+
+def test_a_full_queue_answers_429_and_a_request_that_never_fits_400(live, monkeypatch):
+    def full(seqs):
+        raise QueueFull("3 sequences are waiting and this request adds 1 (the limit is 3); retry later")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(live.server.scheduler, "submit", full)
         code, body = error_of(lambda: live.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2))
         assert code == 429 and body["code"] == "rate_limit_exceeded"
-    finally:
-        live.server.scheduler.max_queue = 256
+    # more sequences than the queue holds: a retry would fail again, so it is not a 429 (which clients retry)
+    monkeypatch.setattr(live.server.scheduler, "max_queue", 4)
+    code, body = error_of(lambda: live.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=5))
+    assert code == 400 and "--max-queue" in body["message"]
+
+
+def test_queue_check_tells_a_full_queue_from_a_request_too_big_for_it():
+    check_queue(1, 1, 2)  # fits
+    with pytest.raises(QueueFull, match="retry later"):
+        check_queue(2, 1, 2)
+    with pytest.raises(UserError, match="ask for fewer"):
+        check_queue(0, 3, 2)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -542,7 +625,7 @@ def test_scheduler_queue_limit_and_checks(model, tokenizer):
     sched = scheduler_for(model, tokenizer, rows=1, max_queue=2)
     try:
         seq = lambda n=4, p=(1, 2): Sequence(list(p), n, SamplingParams(), (), lambda e: None)  # noqa: E731
-        with pytest.raises(QueueFull):
+        with pytest.raises(UserError, match="queue holds at most 2"):
             sched.submit([seq(), seq(), seq()])  # all or none
         with pytest.raises(UserError, match="maximum context length is 96"):
             sched.submit([seq(n=95)])

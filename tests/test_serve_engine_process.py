@@ -216,15 +216,16 @@ def test_bounded_load_loses_nothing(in_process, capsys, monkeypatch):
     wait_until(lambda: in_process.scheduler.busy_rows() == 0 and in_process.scheduler.queue_depth() == 0)
 
 
-def test_limits_and_metrics_answer_from_the_api_process(in_process):
+def test_limits_and_metrics_answer_from_the_api_process(in_process, monkeypatch):
     with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
         in_process.client.completions.create(model=MODEL, prompt="Hi", max_tokens=511)
-    in_process.scheduler.max_queue = 0
-    try:
+    with monkeypatch.context() as patch:  # a queue holding its one sequence: retry later
+        patch.setattr(in_process.scheduler, "max_queue", 1)
+        patch.setattr(in_process.scheduler, "queue_depth", lambda: 1)
         with pytest.raises(openai.RateLimitError):
             in_process.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
-    finally:
-        in_process.scheduler.max_queue = 256
+        with pytest.raises(openai.BadRequestError, match="--max-queue"):  # more than it ever holds: no retry
+            in_process.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=2)
     in_process.client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
     metrics = httpx.get(in_process.url + "/metrics").text
     requests = int(re.search(r"^redline_requests_total (\d+)$", metrics, re.M).group(1))

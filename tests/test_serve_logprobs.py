@@ -46,7 +46,8 @@ def test_completion_logprobs_are_the_models(live, model, tokenizer, stream):
     reference = model_logprobs(model, prompt, want)
     assert len(token_logprobs) == len(want) == len(top)
     assert tokens == [tokenizer.decode([t]) for t in want]
-    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    # each token's offset in characters (exact figures for split characters: test_text_offsets_and_bytes_...)
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] <= len(text)
     assert text == tokenizer.decode(want)
     for j, token in enumerate(want):
         assert token_logprobs[j] == pytest.approx(float(reference[j, token]), abs=1e-4)
@@ -74,8 +75,10 @@ def test_chat_logprobs_have_openais_shape_and_the_models_values(live, stream):
         content, text = out.choices[0].logprobs.content, out.choices[0].message.content
     assert content and len(content) <= 8
     assert "".join(e.token for e in content) == text or "\ufffd" in "".join(e.token for e in content)
+    assert bytes(b for e in content for b in e.bytes).decode("utf-8", errors="replace") == text
     for e in content:
-        assert e.logprob <= 0 and len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode())
+        assert e.logprob <= 0 and len(e.top_logprobs) == 2
+        assert e.bytes == list(e.token.encode()) or e.token == "\ufffd"  # a byte of a character split over tokens
         assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-5)  # greedy
         assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
     plain = live.client.chat.completions.create(**{**args, "logprobs": False, "top_logprobs": None})
@@ -148,6 +151,33 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(live, model, tokeniz
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_text_offsets_and_bytes_follow_characters_split_over_tokens(live, stream):
+    """Byte tokens split "é" (2 bytes) and "€" (3): text_offset counts characters of the text, a token inside a
+    character at that character's offset; chat's `bytes` are each token's own bytes, which rebuild the text."""
+    args = dict(model=MODEL, prompt="héllo €!", max_tokens=0, logprobs=0, echo=True)
+    if stream:
+        chunks = [c for c in live.client.completions.create(stream=True, **args) if c.choices]
+        offsets = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.text_offset]
+    else:
+        offsets = live.client.completions.create(**args).choices[0].logprobs.text_offset
+    #            h  é(2 bytes)  l  l  o  ' '  €(3 bytes)  !
+    assert offsets == [0, 1, 1, 2, 3, 4, 5, 6, 6, 6, 7]
+    # a completion's offsets go on from the prompt's when both are sent in one stream
+    chunks = [c for c in live.client.completions.create(stream=True, **{**args, "max_tokens": 3}) if c.choices]
+    offsets = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.text_offset]
+    assert offsets[:11] == [0, 1, 1, 2, 3, 4, 5, 6, 6, 6, 7] and offsets[11] == 8
+
+
+def test_chat_logprob_bytes_are_the_tokens_own(live, tokenizer):
+    content = live.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "€"}], max_tokens=6, temperature=0,
+        logprobs=True).choices[0].logprobs.content
+    for e in content:
+        assert len(e.bytes) <= 1  # a byte a token (the bytes tokenizer; none for a chat token), never U+FFFD's 3
+    assert tokenizer.token_bytes(0xE2) == b"\xe2" and tokenizer.token_bytes(256) == b""
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_echo_without_logprobs_starts_the_text_with_the_prompt(live, stream):
     args = dict(model=MODEL, prompt="Echo me", max_tokens=3, temperature=0)
     plain = live.client.completions.create(**args).choices[0].text
@@ -161,7 +191,8 @@ def test_echo_without_logprobs_starts_the_text_with_the_prompt(live, stream):
 
 @pytest.mark.parametrize("args, param", [
     ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"), ({"echo": 1}, "echo"),
-    ({"max_tokens": 0}, "max_tokens"),  # only with echo: scoring the prompt
+    ({"max_tokens": 0}, "max_tokens"),  # only with echo and logprobs: scoring the prompt
+    ({"max_tokens": 0, "echo": True}, "max_tokens"),
 ])
 def test_bad_completion_logprobs_are_openai_errors(live, args, param):
     args = {"max_tokens": 2, **args}

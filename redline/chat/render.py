@@ -85,7 +85,8 @@ class RedlineTemplate:
         self.tokenizer = tokenizer
         self.role_ids = {role: chat[f"<|{role}|>"] for role in ROLES}
         self.end_id = chat["<|end|>"]
-        self.stop_ids = [self.end_id]
+        # a reply ends at <|end|>; end-of-text too (a model that emits it has left the conversation's format)
+        self.stop_ids = [self.end_id, tokenizer.eot_id]
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> Rendered:
         messages = check_messages(messages, need_assistant=False)

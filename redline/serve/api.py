@@ -29,6 +29,10 @@ from redline.serve.protocol import APIError, Job, bad
 from redline.serve.scheduler import ContextTooLong, QueueFull, Scheduler, Sequence, ShuttingDown
 
 
+LONE_SURROGATE = ("the text holds an unpaired UTF-16 surrogate (an escape from \\ud800 to \\udfff alone); send "
+                  "valid Unicode")
+
+
 @dataclass
 class Server:
     """What the endpoints serve: the scheduler, the tokenizer, the model's name and chat template, the limits."""
@@ -48,6 +52,7 @@ class Server:
     created: int = 0
     mailboxes: dict = field(default_factory=dict, repr=False)  # event loop -> its Mailbox
     token_texts: dict = field(default_factory=dict, repr=False)  # token id -> its text alone (logprobs)
+    token_bytes_: dict = field(default_factory=dict, repr=False)  # token id -> its bytes (logprobs)
 
     def token_text(self, token: int) -> str:
         """A token's text on its own, as logprobs name it (part of a UTF-8 character decodes to U+FFFD)."""
@@ -56,11 +61,19 @@ class Server:
             text = self.token_texts[token] = self.tokenizer.decode([token])
         return text
 
-    def logprobs(self, job: Job, entries: list[tuple], offset: int = 0) -> dict:
-        """The choice's logprobs object for entries (scheduler.logprob_entries), in the job's API's shape."""
+    def token_bytes(self, token: int) -> bytes:
+        data = self.token_bytes_.get(token)
+        if data is None:
+            data = self.token_bytes_[token] = self.tokenizer.token_bytes(token)
+        return data
+
+    def logprobs(self, job: Job, entries: list[tuple], offsets: protocol.TextOffsets | None = None) -> dict:
+        """The choice's logprobs object for entries (scheduler.logprob_entries), in the job's API's shape;
+        offsets: the choice's text offsets so far (completions; None: the entries start its text)."""
         if job.kind == "chat":
-            return protocol.chat_logprobs(entries, self.token_text)
-        return protocol.completion_logprobs(entries, self.token_text, offset)
+            return protocol.chat_logprobs(entries, self.token_text, self.token_bytes)
+        return protocol.completion_logprobs(entries, self.token_text, self.token_bytes,
+                                            offsets or protocol.TextOffsets())
 
     def mailbox(self, loop: asyncio.AbstractEventLoop) -> "Mailbox":
         if loop not in self.mailboxes:
@@ -77,11 +90,16 @@ class Server:
                 return [self.renderer.prompt(job.messages)]
             except UserError as e:
                 raise bad(str(e), "messages") from None
+            except UnicodeEncodeError:  # JSON's "\ud800" escapes decode to lone surrogates, which are not text
+                raise bad(LONE_SURROGATE, "messages") from None
         vocab = self.scheduler.vocab_size
         out = []
         for p in job.prompts:
             if isinstance(p, str):
-                out.append(prompt_ids(self.tokenizer, p))  # an imported model's BOS too, as `redline generate`
+                try:
+                    out.append(prompt_ids(self.tokenizer, p))  # an imported model's BOS too, as `redline generate`
+                except UnicodeEncodeError:
+                    raise bad(LONE_SURROGATE, "prompt") from None
             elif all(isinstance(t, int) and 0 <= t < vocab for t in p):
                 out.append(p)
             else:
@@ -105,8 +123,8 @@ class Server:
                 if self.max_tokens is not None:
                     max_tokens = min(max_tokens, self.max_tokens)
             elif self.max_tokens is not None and max_tokens > self.max_tokens:
-                raise bad(f"max_tokens is {max_tokens}; this server allows at most {self.max_tokens}",
-                          "max_tokens")
+                raise bad(f"{job.max_tokens_name} is {max_tokens}; this server allows at most {self.max_tokens}",
+                          job.max_tokens_name)
             try:
                 self.scheduler.check(len(ids), max(max_tokens, 1))
             except ContextTooLong as e:
@@ -201,10 +219,10 @@ def _sse(data) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-def _error_response(e: APIError):
+def _error_response(e: APIError, headers: dict | None = None):
     from fastapi.responses import JSONResponse
 
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def _key_check(server: Server):
@@ -215,8 +233,10 @@ def _key_check(server: Server):
     def middleware(inner):
         async def check(scope, receive, send):
             if scope["type"] == "http" and server.api_key and scope["path"] not in PUBLIC_PATHS:
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                if not hmac.compare_digest(given, f"Bearer {server.api_key}".encode()):
+                scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+                # the scheme is case-insensitive (RFC 9110); the key is compared in constant time
+                if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(),
+                                                                          server.api_key.encode()):
                     response = _error_response(APIError(
                         401, "missing or wrong API key: send `Authorization: Bearer KEY`", code="invalid_api_key"))
                     await response(scope, receive, send)
@@ -233,13 +253,20 @@ async def read_body(server: Server, request) -> dict:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > server.max_body_bytes:
         raise APIError(413, f"the request body is {declared} bytes; the limit is {server.max_body_bytes}")
-    raw = await request.body()
-    if len(raw) > server.max_body_bytes:
-        raise APIError(413, f"the request body is {len(raw)} bytes; the limit is {server.max_body_bytes}")
+    # counted as it arrives: a chunked body declares no length, and reading it whole first would hold any size
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > server.max_body_bytes:
+            raise APIError(413, f"the request body is over {server.max_body_bytes} bytes, the limit "
+                                f"(--max-body-kib)")
+        chunks.append(chunk)
     try:
-        body = json.loads(raw)
+        body = json.loads(b"".join(chunks))
     except ValueError as e:
         raise bad(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad("the request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     model = body.get("model")
@@ -332,7 +359,7 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
     arrived since the last write goes out as one write (see _drain)."""
     model = server.model
     text_chunk = protocol.TextChunks(job, rid, model)  # the hot path: one per client per group of tokens
-    offsets = [0] * len(seqs)  # where each choice's next token starts in its text (completions' text_offset)
+    offsets = [protocol.TextOffsets() for _ in seqs]  # each choice's text so far (completions' text_offset)
     try:
         if job.kind == "chat":
             yield b"".join(_sse(protocol.chunk(job, rid, model, i, role=True)) for i in range(len(seqs)))
@@ -344,11 +371,9 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
             for index, event in _drain(await queue.get(), queue):
                 if event[0] == "prompt":
                     out.append(_sse(protocol.chunk(job, rid, model, index, text=echoes[index],
-                                                   logprobs=server.logprobs(job, event[1]))))
-                    offsets[index] = sum(len(server.token_text(t)) for t, _, _ in event[1])
+                                                   logprobs=server.logprobs(job, event[1], offsets[index]))))
                 elif event[0] == "text" and len(event) > 3 and (event[1] or event[3] or job.continuous_usage):
                     logprobs = server.logprobs(job, event[3], offsets[index])
-                    offsets[index] += sum(len(server.token_text(t)) for t, _, _ in event[3])
                     progress = (protocol.usage(len(seqs[index].prompt), event[2]) if job.continuous_usage else None)
                     out.append(_sse(protocol.chunk(job, rid, model, index, text=event[1], progress=progress,
                                                    logprobs=logprobs)))
@@ -359,8 +384,10 @@ async def stream(server: Server, job: Job, rid: str, seqs: list[Sequence], queue
                     return
                 elif event[0] == "done":
                     remaining -= 1
+                    progress = (protocol.usage(len(seqs[index].prompt), seqs[index].completion_tokens)
+                                if job.continuous_usage else None)
                     out.append(_sse(protocol.chunk(job, rid, model, index, text="" if job.kind != "chat" else None,
-                                                   reason=_finish_reason(event[1]))))
+                                                   reason=_finish_reason(event[1]), progress=progress)))
             if out:
                 yield b"".join(out)
         if job.include_usage:
@@ -398,7 +425,7 @@ def create_app(server: Server):
     async def http_error(request, e: HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
         return _error_response(APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", None,
-                                        code))
+                                        code), getattr(e, "headers", None))  # a 405's Allow
 
     @app.exception_handler(Exception)
     async def internal_error(request, e: Exception):

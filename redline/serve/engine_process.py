@@ -40,7 +40,7 @@ import traceback
 from dataclasses import dataclass
 
 from redline.errors import UserError
-from redline.serve.scheduler import (QueueFull, Scheduler, Sequence, ShuttingDown, Stats, check_fits,
+from redline.serve.scheduler import (Scheduler, Sequence, ShuttingDown, Stats, check_fits, check_queue,
                                      check_sequences)
 
 
@@ -177,9 +177,7 @@ class EngineProcess:
         if self._closing:
             raise ShuttingDown("the server is shutting down; retry against another one or later")
         check_sequences(sequences, self.vocab_size, self.capacity)
-        if self.queue_depth() + len(sequences) > self.max_queue:
-            raise QueueFull(f"{self.queue_depth()} requests are waiting (the limit is {self.max_queue}); "
-                            f"retry later")
+        check_queue(self.queue_depth(), len(sequences), self.max_queue)
         wire = []
         for seq in sequences:
             seq.rid, seq.owner = next(self._ids), self

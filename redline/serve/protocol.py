@@ -8,6 +8,7 @@ are refused when they ask for something (echo, tools, penalties, ...), and ignor
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
@@ -50,6 +51,8 @@ class Job:
     n: int
     stream: bool
     include_usage: bool
+    max_tokens_name: str = "max_tokens"
+    """The field max_tokens came from (max_completion_tokens, the newer name, or max_tokens), for errors."""
     continuous_usage: bool = False
     """stream_options.continuous_usage_stats (as vLLM has it): every chunk carries the usage so far, and a chunk is
     sent whenever tokens reach the host, text or not (load generators time tokens with it)."""
@@ -105,32 +108,44 @@ def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
     if response_format not in (None, {"type": "text"}):
         raise bad("response_format other than text is not supported by this server", "response_format",
                   "unsupported_parameter")
-    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(body, limit_name, None, least_tokens, 2**31, integer=True)
+    # both may come (max_tokens is the older name); each is checked, and max_completion_tokens wins
+    max_tokens = _number(body, "max_tokens", None, least_tokens, 2**31, integer=True)
+    if body.get("max_completion_tokens") is not None:
+        max_tokens = _number(body, "max_completion_tokens", None, least_tokens, 2**31, integer=True)
     if max_tokens is None and kind == "completion":
         max_tokens = 16  # OpenAI's default for completions; chat goes on up to the context
     seed = _number(body, "seed", None, -2**63, 2**63 - 1, integer=True)
+    # top_k is not OpenAI's; vLLM and llama.cpp's servers take it (-1 or 0: off), and clients send it as an extra
+    top_k = _number(body, "top_k", 0, -1, 2**31, integer=True)
     sampling = SamplingParams(temperature=float(_number(body, "temperature", 1.0, 0, 2)),
-                              top_p=float(_number(body, "top_p", 1.0, 0, 1)), seed=seed)
+                              top_p=float(_number(body, "top_p", 1.0, 0, 1)), seed=seed, top_k=max(top_k, 0))
     if sampling.top_p == 0:
         raise bad("top_p must be > 0 (1 = off)", "top_p")
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise bad(f"stream must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise bad("stream_options is only allowed when stream is true", "stream_options")
+    options = options or {}
     if not isinstance(options, Mapping):
         raise bad("stream_options must be an object", "stream_options")
+    for name in ("include_usage", "continuous_usage_stats"):
+        if not isinstance(options.get(name, False), bool):
+            raise bad(f"stream_options.{name} must be true or false, got {options[name]!r}", "stream_options")
     bias = body.get("logit_bias") or {}
     if not isinstance(bias, Mapping):
         raise bad("logit_bias must be an object mapping token ids to numbers in [-100, 100]", "logit_bias")
     pairs = []
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) \
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()) or isinstance(value, bool) \
                 or not isinstance(value, (int, float)) or not -100 <= value <= 100:
             raise bad(f"logit_bias maps token ids to numbers in [-100, 100], got {key!r}: {value!r}", "logit_bias")
         pairs.append((int(key), float(value)))
     penalties = tuple(float(_number(body, name, 0.0, -2, 2)) for name in ("presence_penalty", "frequency_penalty"))
-    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stop(body), "penalties": penalties,
+    return {"max_tokens": max_tokens, "sampling": sampling,
+            "max_tokens_name": "max_completion_tokens" if body.get("max_completion_tokens") is not None
+            else "max_tokens", "stop": _stop(body), "penalties": penalties,
             "logit_bias": tuple(pairs),
             "n": _number(body, "n", 1, 1, MAX_N, integer=True), "stream": bool(stream),
             "include_usage": bool(options.get("include_usage", False)),
@@ -156,6 +171,7 @@ def _content(message: Mapping, i: int) -> str:
 
 
 ROLES = ("system", "user", "assistant")  # those redline/chat/render.py renders
+ALIASES = {"developer": "system"}  # OpenAI's newer name for the system message (as vLLM reads it)
 
 
 def chat_job(body: Mapping) -> Job:
@@ -164,12 +180,15 @@ def chat_job(body: Mapping) -> Job:
         raise bad("messages must be a non-empty list of {role, content} objects", "messages")
     plain = []
     for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") not in ROLES:
-            raise bad(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", f"messages[{i}]")
+        role = message.get("role") if isinstance(message, Mapping) else None
+        role = ALIASES.get(role, role) if isinstance(role, str) else None
+        if role not in ROLES:
+            raise bad(f"messages[{i}] must be an object with a role in {', '.join(ROLES + tuple(ALIASES))}",
+                      f"messages[{i}]")
         content = _content(message, i)
         if not content.strip():
             raise bad(f"messages[{i}] has empty content; give it some text", f"messages[{i}].content")
-        plain.append({"role": message["role"], "content": content})
+        plain.append({"role": role, "content": content})
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise bad(f"logprobs must be true or false, got {logprobs!r}", "logprobs")
@@ -197,10 +216,11 @@ def completion_job(body: Mapping) -> Job:
     echo = body.get("echo", False)
     if echo is not None and not isinstance(echo, bool):
         raise bad(f"echo must be true or false, got {echo!r}", "echo")
-    # max_tokens 0 with echo: score the prompt alone (OpenAI's legacy completions allowed it, as evaluation
-    # harnesses use it)
-    job = Job(kind="completion", prompts=prompts, **_common(body, "completion", 0 if echo else 1),
-              logprobs=_number(body, "logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True), echo=bool(echo))
+    logprobs = _number(body, "logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
+    # max_tokens 0 with echo and logprobs: score the prompt alone (OpenAI's legacy completions allowed it, as
+    # evaluation harnesses use it)
+    job = Job(kind="completion", prompts=prompts, logprobs=logprobs, echo=bool(echo),
+              **_common(body, "completion", 0 if echo and logprobs is not None else 1))
     if len(prompts) * job.n > MAX_N:
         raise bad(f"prompts × n must be at most {MAX_N}, got {len(prompts)} × {job.n}", "n")
     return job
@@ -267,29 +287,42 @@ def chunk(job: Job, rid: str, model: str, index: int, text: str | None = None, r
     return out
 
 
-def completion_logprobs(entries: list[tuple], token_text, offset: int = 0) -> dict:
+class TextOffsets:
+    """Where each token of a choice starts in its text, in characters (completions' text_offset), from the tokens'
+    bytes in order: a token that starts inside a character (a UTF-8 character whose bytes span tokens) starts where
+    that character does. Counted as the text decodes (errors replaced, as the tokenizers decode)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.chars = 0
+
+    def advance(self, data: bytes) -> int:
+        """The offset of a token with these bytes; the next one starts after them."""
+        start = self.chars
+        self.chars += len(self._decoder.decode(data))
+        return start
+
+
+def completion_logprobs(entries: list[tuple], token_text, token_bytes, offsets: TextOffsets) -> dict:
     """OpenAI's completions logprobs object for generated tokens: entries (token id, logprob, [(id, logprob) of the
-    most likely]) in order; token_text(id) -> the token's text; offset: where the first token's text starts in the
-    completion's text (text_offset)."""
+    most likely]) in order; token_text(id) -> the token's text alone, token_bytes(id) -> its bytes; offsets: the
+    choice's TextOffsets, advanced over these tokens."""
     tokens = [token_text(t) for t, _, _ in entries]
-    offsets = []
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token)
+    text_offset = [offsets.advance(token_bytes(t)) for t, _, _ in entries]
     tops = []
     for _, _, top in entries:  # keyed by text: of tokens with the same text (bytes of one character), the likeliest
         tops.append({})
         for t, lp in top:
             tops[-1].setdefault(token_text(t), lp)
     return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries], "top_logprobs": tops,
-            "text_offset": offsets}
+            "text_offset": text_offset}
 
 
-def chat_logprobs(entries: list[tuple], token_text) -> dict:
-    """OpenAI's chat logprobs object (choices[i].logprobs) for entries as completion_logprobs takes them."""
+def chat_logprobs(entries: list[tuple], token_text, token_bytes) -> dict:
+    """OpenAI's chat logprobs object (choices[i].logprobs) for entries as completion_logprobs takes them: each
+    token's text alone and its bytes (from which a client rebuilds characters split over tokens)."""
     def one(token: int, lp: float) -> dict:
-        text = token_text(token)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        return {"token": token_text(token), "logprob": lp, "bytes": list(token_bytes(token))}
 
     return {"content": [{**one(t, lp), "top_logprobs": [one(u, l) for u, l in top]} for t, lp, top in entries],
             "refusal": None}

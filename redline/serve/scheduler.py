@@ -207,6 +207,17 @@ def check_fits(prompt_tokens: int, max_tokens: int, capacity: int) -> None:
             f"prompt or lower max_tokens")
 
 
+def check_queue(waiting: int, new: int, max_queue: int) -> None:
+    """QueueFull (retry later) when `new` sequences do not fit beside `waiting` ones; a UserError when they never
+    could (a retry would fail again)."""
+    if new > max_queue:
+        raise UserError(f"this request makes {new} sequences (prompts × n) and the queue holds at most {max_queue} "
+                        f"(--max-queue); ask for fewer")
+    if waiting + new > max_queue:
+        raise QueueFull(f"{waiting} sequences are waiting and this request adds {new} (the limit is {max_queue}); "
+                        f"retry later")
+
+
 def check_sequences(sequences: Seq[Sequence], vocab: int, capacity: int) -> None:
     """A UserError (ContextTooLong among them) for the first sequence that cannot run."""
     for seq in sequences:
@@ -317,9 +328,7 @@ class Scheduler:
         with self._cond:
             if self._closing:
                 raise ShuttingDown("the server is shutting down; retry against another one or later")
-            if len(self.waiting) + len(sequences) > self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} requests are waiting (the limit is {self.max_queue}); "
-                                f"retry later")
+            check_queue(len(self.waiting), len(sequences), self.max_queue)
             self.waiting.extend(sequences)
             self.stats.requests += len(sequences)
             self._cond.notify()
