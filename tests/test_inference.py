@@ -1215,9 +1215,10 @@ def test_a_gpu_prefill_leaves_cudnn_attention_out_when_the_model_leaves_the_choi
 
 def test_decode_attention_tiles_fit_shared_memory():
     """The whole-width kernel's pipelined cache tiles fit a program's shared memory with room left (fewer stages,
-    then narrower tiles), and the split kernel's span holds the same bytes whatever the head_dim and dtype."""
+    then narrower tiles), and the split kernel's span holds at most the same bytes (128 slots at most), with 8
+    warps where it holds them all."""
     pytest.importorskip("triton")
-    from redline.inference.kernels.decode_attention import SMEM_HEADROOM, fit_tile, split_slots
+    from redline.inference.kernels.decode_attention import SMEM_HEADROOM, fit_tile, split_slots, split_warps
 
     h100, a100 = 227 * 1024, 163 * 1024
     assert fit_tile(128, 3, 2 * 64 * 2, h100) == (128, 3)  # bf16, head_dim 64: the measured tile as it is
@@ -1228,4 +1229,5 @@ def test_decode_attention_tiles_fit_shared_memory():
         for slot_bytes in (2 * 64 * 2, 2 * 128 * 2, 2 * 128 * 4, 2 * 256 * 4):
             block, stages = fit_tile(128, 3, slot_bytes, smem)
             assert block * stages * slot_bytes <= smem - SMEM_HEADROOM
-    assert [split_slots(d, e) for d, e in [(64, 2), (128, 2), (64, 4), (128, 4), (512, 4)]] == [128, 64, 64, 32, 16]
+    assert [split_slots(d, e) for d, e in [(64, 2), (128, 2), (64, 4), (128, 4), (512, 4)]] == [128, 128, 128, 64, 16]
+    assert [split_warps(split_slots(d, e), d, e) for d, e in [(64, 2), (128, 2), (128, 4)]] == [4, 8, 8]

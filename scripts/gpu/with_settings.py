@@ -1,6 +1,6 @@
 """Run a redline command with some of redline's module constants set otherwise, for A/B measurements in one call.
 
-    python scripts/gpu/with_settings.py redline.inference.kernels.decode_attention.SPLIT_BYTES=32768 -- bench-infer ...
+    python scripts/gpu/with_settings.py redline.inference.kernels.decode_attention.SPLIT_BYTES=16384 -- bench-infer ...
 
 Each setting is module.NAME=value, value a Python literal (0, 1, 2048, "x", None); the module is imported and the
 constant, which must exist already, is replaced before the command runs in this process. The settings are printed

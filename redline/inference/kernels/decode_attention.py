@@ -23,7 +23,7 @@ Two layouts:
   query head (GPT-2's) would leave 15 of a tensor-core product's 16 rows empty: there each of the tile's slot
   lanes keeps an online softmax of its own, in registers, and the lanes are merged once at the end.
 - `_split_kernel`, grid (B · KV, spans) (split-K, "flash-decoding"): at batch 1 there are only KV programs, so
-  the width is cut into spans (of 128 slots at head_dim 64: split_slots), one program each, loaded whole. Each
+  the width is cut into spans (of 128 slots in bf16: split_slots), one program each, loaded whole. Each
   program writes its span's unnormalised softmax · V, max and sum, then counts itself done on an atomic counter
   of its (row, kv head); the last one to finish rescales the spans to a common max, normalises and writes the
   output, and puts the counter back to zero. No second kernel is launched.
@@ -47,19 +47,30 @@ import torch
 import triton
 import triton.language as tl
 
-from redline.inference.kernels.launch import shared_memory, start_dependents_then_wait, use_pdl
+from redline.inference.kernels.launch import (shared_memory, start_dependents, start_dependents_then_wait,
+                                              use_pdl, wait_for_earlier)
 
-# The split kernel's span: each program loads its span of keys and of values whole, SPLIT_BYTES each in the compute
-# dtype (in bf16, 128 cache slots at head_dim 64, 64 at 128): the fastest span of whole models decoding at batch 1
-# (BENCHMARKS.md, "The decode kernels alone"). At head_dim 128, 128-slot spans leave too few programs reading the
-# cache from memory; 32-slot spans were slower at either head_dim.
-SPLIT_BYTES = 128 * 64 * 2
+# The split kernel's span: each program loads its span of keys and of values whole, up to SPLIT_BYTES each in the
+# compute dtype and SPLIT_MAX_SLOTS slots (in bf16: 128 slots at head_dim 64 and at 128), with SPLIT_WIDE_WARPS warps
+# where a span holds SPLIT_BYTES (head_dim 128 in bf16), else 4: the fastest spans and warps of whole models decoding
+# at batch 1 (BENCHMARKS.md, "The decode kernels alone": at head_dim 128, 128-slot spans were slower than 64-slot
+# ones with 4 warps, faster with 8; 32-slot spans were slower at either head_dim).
+SPLIT_BYTES, SPLIT_MAX_SLOTS, SPLIT_WIDE_WARPS = 128 * 128 * 2, 128, 8
+# When the split kernel lets the next kernel (the output projection) start: as it starts (True), or once its
+# programs have stored their spans (False: measured slower, the projection's weights then load later).
+SPLIT_EARLY_DEPENDENTS = True
 
 
 def split_slots(head_dim: int, element_size: int) -> int:
     """Cache slots per program of the split kernel at this head_dim and compute dtype's element size (a power of
     two, at least 16)."""
-    return max(16, SPLIT_BYTES // (head_dim * element_size))
+    return max(16, min(SPLIT_MAX_SLOTS, SPLIT_BYTES // (head_dim * element_size)))
+
+
+def split_warps(slots: int, head_dim: int, element_size: int) -> int:
+    """Warps per program of the split kernel for spans of `slots` slots."""
+    return SPLIT_WIDE_WARPS if slots * head_dim * element_size >= SPLIT_BYTES else 4
+
 
 WHOLE_FROM_PROGRAMS = 32  # from this many (row, kv head) pairs on, one program per pair over the whole width
 # The whole-width kernel's tile: cache slots per step of its loop, warps per program, pipeline stages (2 for one
@@ -255,7 +266,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Counts, Op, Mp, Lp,
                   n_kv, n_splits, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr,
-                  PDL: tl.constexpr):
+                  PDL: tl.constexpr, EARLY_DEPENDENTS: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
@@ -270,7 +281,9 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Counts, Op, Mp, Lp,
     v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
     k_scale, v_scale = _scales(KS, VS, scales + n, n < width, SPLIT, QUANT)
     # (the cache is written by no kernel of this step before this one: its loads go out before the wait)
-    start_dependents_then_wait(PDL)
+    if EARLY_DEPENDENTS:
+        start_dependents(PDL)
+    wait_for_earlier(PDL)
     lo, slot = _attended_range(Slot, b, window)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     mine = (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT)  # this span holds the slot: it writes the cache
@@ -299,6 +312,8 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Counts, Op, Mp, Lp,
     tl.store(Mp + part, m, mask=g < G)
     tl.store(Lp + part, l, mask=g < G)
     tl.store(Op + part[:, None] * D + d, acc, mask=(g < G)[:, None])
+    if not EARLY_DEPENDENTS:
+        start_dependents(PDL)
     # every thread's stores come before the count (the barrier), and the count releases them to the GPU and
     # acquires the others' (acq_rel): the last program of this (row, kv head) sees every span
     tl.debug_barrier()
@@ -531,6 +546,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width: int, w
     _split_kernel[(B * KV, n_splits)](
         *inputs, counts, parts, maxes, sums, out, *strides, KV, n_splits, width, window, qk_scale, eps,
         G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma, PDL=pdl, launch_pdl=pdl,
+        EARLY_DEPENDENTS=SPLIT_EARLY_DEPENDENTS, num_warps=split_warps(split, D, qkv.element_size()),
     )
     return out
 

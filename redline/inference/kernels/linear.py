@@ -311,6 +311,10 @@ def _rows_kernel(X, W, Bias, Res, NormW, NormB, Y, Part, Counts, M, N, K, K_SPAN
 
 
 ONE_TILE_MAX = 8192  # rows up to this long are loaded whole, in one tile
+# pick_blocks's rows per program for a norm before N >= 4096 (qkv), and for K >= 1536 without a norm (the MLP's and
+# attention's output products). Whole models at batch 1 (one H100): 4 for the first cost the Qwen3-0.6B shape 0.5%;
+# 2 for the second gained it 0.9% and cost modern-124m 2.2% (docs/results/h100-2026-11-27j/).
+NORM_WIDE_BLOCK_N, LONG_K_BLOCK_N = 8, 1
 
 
 def pick_blocks(N: int, K: int, norm: str = "none", act: str = "none") -> tuple[int, int, int]:
@@ -319,9 +323,9 @@ def pick_blocks(N: int, K: int, norm: str = "none", act: str = "none") -> tuple[
     norm before the product has each program compute the row's statistics (fewer programs, fewer repeats)."""
     block_k = min(triton.next_power_of_2(K), ONE_TILE_MAX)
     if norm != "none":
-        block_n = 2 if N < 4096 else (4 if act == "swiglu" else 8)
+        block_n = 2 if N < 4096 else (4 if act == "swiglu" else NORM_WIDE_BLOCK_N)
     else:
-        block_n = 1 if K >= 1536 else 2
+        block_n = LONG_K_BLOCK_N if K >= 1536 else 2
     block_n = min(block_n, max(1, 32768 // block_k))
     return block_n, block_k, 8 if block_k * block_n >= 16384 else 4
 
