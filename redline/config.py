@@ -585,6 +585,8 @@ def _coerce(value, hint, name: str):
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if origin is tuple and isinstance(value, list):  # JSON and TOML have lists only (a saved config, a recipe)
+        return tuple(value)
     if hint in (int, float, str, bool) and not (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
         raise UserError(f"config key {name!r} must be a {hint.__name__}, got {value!r}")
     return value
@@ -622,6 +624,10 @@ def load_recipe(path: str) -> dict[str, Any]:
 # command line
 
 
+# true/false as JSON, YAML and most shells write them, for the parser's True/False (in key=value overrides)
+_BOOL_SPELLINGS = {"true": "True", "false": "False"}
+
+
 def normalize_argv(argv: list[str], bare_flags: dict[str, str] | None = None) -> list[str]:
     """`key=value` -> `--key value`; a bare flag from `bare_flags` (e.g. --resume) gets its default value."""
     out: list[str] = []
@@ -629,12 +635,12 @@ def normalize_argv(argv: list[str], bare_flags: dict[str, str] | None = None) ->
     for i, arg in enumerate(argv):
         if not arg.startswith("-") and "=" in arg and arg.split("=", 1)[0].replace(".", "").replace("_", "").replace("-", "").isalnum():
             key, value = arg.split("=", 1)
-            out += [f"--{key}", value]
+            out += [f"--{key}", _BOOL_SPELLINGS.get(value, value)]
         elif arg in bare_flags and (i + 1 == len(argv) or argv[i + 1].startswith("-") or "=" in argv[i + 1]):
             out += [arg, bare_flags[arg]]
         elif arg.startswith("--") and "=" in arg:
             key, value = arg.split("=", 1)
-            out += [key, value]
+            out += [key, _BOOL_SPELLINGS.get(value, value)]
         else:
             out.append(arg)
     return out

@@ -152,3 +152,9 @@ def test_cuda_on_cpu_machine_is_a_clear_error(capsys):
     code, _, err = run_cli(["train", "device=cuda", "max_steps=1"], capsys)
     assert code == 2
     assert "no CUDA GPU" in err
+
+
+def test_overrides_take_true_and_false_as_json_and_yaml_spell_them():
+    cfg = parse(TrainConfig, ["tensorboard=false", "lora.enabled=true", "init_from=somewhere", "--compile=false"],
+                prog="redline train", description="")
+    assert (cfg.tensorboard, cfg.lora.enabled, cfg.compile) == (False, True, False)

@@ -39,6 +39,15 @@ def test_batched_loglikelihoods_equal_rows_alone():
         assert got == pytest.approx(want, abs=1e-4)
 
 
+def test_prompts_cut_to_fit_are_counted_aloud(capsys):
+    model = _model()
+    rows = [([1] * 200, [2, 3]), ([1] * 10, [2])]  # the first is longer than the 128-token context
+    choice_loglikelihoods(model, rows, batch_size=2)
+    assert "1 of 2 choices' prompts were longer than the model's room for them (128 tokens)" in capsys.readouterr().err
+    choice_loglikelihoods(model, rows[1:], batch_size=2)
+    assert "cut" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_multiple_choice_scores_follow_the_loglikelihoods(chat):
     tok = ByteTokenizer()

@@ -121,6 +121,11 @@ def test_bad_targets_and_nf4_shapes_one_line():
     with pytest.raises(UserError, match="match no Linear layer") as e:
         LoRAConverter(4, 8.0, 0.0, ("attention.*",), say=lambda m: None).convert(GPT(TINY))
     assert "\n" not in str(e.value) and "blocks.0.attn.qkv" in str(e.value)
+    # a typo beside a pattern that matches: named, not silently left out
+    with pytest.raises(UserError, match="'mlp.down_proj' matches no Linear layer"):
+        LoRAConverter(4, 8.0, 0.0, ("attn.qkv", "mlp.down_proj"), say=lambda m: None).convert(GPT(TINY))
+    with pytest.raises(UserError, match="'lmhead' matches no module"):
+        LoRAConverter(4, 8.0, 0.0, ("attn.*",), train_modules=("wte", "lmhead"), say=lambda m: None).convert(GPT(TINY))
     odd = nn.Sequential(nn.Linear(36, 20))  # 720 weights: not whole blocks of 64
     with pytest.raises(UserError, match="not a multiple of NF4's block of 64") as e:
         LoRAConverter(4, 8.0, 0.0, ("0",), "nf4", say=lambda m: None).convert(odd)

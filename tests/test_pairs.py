@@ -84,3 +84,16 @@ def test_pairs_cli_writes_what_dpo_trains_on_and_refuses_bad_input(dataset, tmp_
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert code == 2 and last.startswith("redline pairs: error: ") and match in last, (args, last)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_out_that_exists_or_is_a_folder_is_refused_before_any_sampling(tmp_path):
+    import pytest
+
+    from redline.errors import UserError
+
+    (tmp_path / "pairs.jsonl").write_text("kept\n")
+    for out, fragment in [(tmp_path / "pairs.jsonl", "exists"), (tmp_path, "is a folder")]:
+        with pytest.raises(UserError, match=fragment):
+            PairsConfig(checkpoint="-", task="arithmetic", out=str(out)).validate()
+    PairsConfig(checkpoint="-", task="arithmetic", out=str(tmp_path / "pairs.jsonl"), overwrite=True).validate()
+    assert (tmp_path / "pairs.jsonl").read_text() == "kept\n"

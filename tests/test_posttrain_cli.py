@@ -218,3 +218,36 @@ def test_the_chain_sft_dpo_grpo_divides_the_sft_peak(dataset, tmp_path):  # noqa
                  *common]) == 0
     lr = {run: json.loads((tmp_path / run / "config.json").read_text())["optim"]["lr"] for run in "sdg"}
     assert lr["s"] == 2e-3 and lr["d"] == 1e-5 and lr["g"] == pytest.approx(2e-3 / 200)
+
+
+def test_a_run_is_not_started_over_an_existing_one_nor_resumed_with_other_data(dataset, tmp_path, capsys):  # noqa: F811
+    """dpo (as sft) refuses a run_name that holds a run, which would mix two runs' metrics and checkpoints; --resume
+    refuses a --data other than the run's own (the same one, repeated, is fine); the run keeps absolute paths, so
+    --resume works from another directory."""
+    pre = _pretrain(dataset, tmp_path)
+    args = ["dpo", "--from", str(pre), "--data", "task:arithmetic", "dpo.max_pairs=8", "seq_len=128", "batch_size=4",
+            "eval_batches=1", "max_steps=1", "tensorboard=False", f"out_dir={tmp_path}", "run_name=once"]
+    assert _cli(args) == 0
+    capsys.readouterr()
+    assert _cli(args) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert len(ckpt_io.list_checkpoints(tmp_path / "once")) == 1
+    assert _cli(["dpo", "--resume", str(tmp_path / "once"), "--data", "task:letter_count"]) == 2
+    assert "--data task:letter_count with --resume" in capsys.readouterr().err
+    saved = ckpt_io.load_config_dict(ckpt_io.resolve_checkpoint(tmp_path / "once"))
+    assert saved["finetune"]["init_from"].startswith("/")
+
+
+def test_local_paths_and_resume_checks(tmp_path, monkeypatch):
+    from redline.commands.sft import local_path, refuse_changed_on_resume
+    from redline.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chats.jsonl").write_text("")
+    assert local_path("chats.jsonl") == str(tmp_path / "chats.jsonl") and local_path("task:arithmetic") == \
+        "task:arithmetic"
+    refuse_changed_on_resume("sft", {"--data": "chats.jsonl", "--from": None},
+                             {"--data": str(tmp_path / "chats.jsonl"), "--from": "/x"})
+    with pytest.raises(UserError, match="--from /y with --resume"):
+        refuse_changed_on_resume("sft", {"--from": "/y"}, {"--from": "/x"})
+

@@ -37,7 +37,9 @@ class PairsConfig:
     task: str
     """A built-in generative task (NAME or task:NAME) or a generative .jsonl task file: its prompts and grader."""
     out: str
-    """The JSONL file to write."""
+    """The JSONL file to write (it must not exist, unless --overwrite)."""
+    overwrite: bool = False
+    """Replace --out if it exists."""
     samples: int = 8
     """Replies sampled per prompt."""
     prompts: int = 0
@@ -67,9 +69,13 @@ class PairsConfig:
             raise UserError("--prompts must be >= 0 (0: all), --max-new-tokens and --batch-size >= 1")
         if not self.temperature > 0:
             raise UserError(f"--temperature must be > 0 (greedy replies are all the same), got {self.temperature}")
-        parent = Path(self.out).expanduser().parent
-        if not parent.is_dir():
-            raise UserError(f"--out {self.out}: folder {parent} does not exist; create it or write elsewhere")
+        out = Path(self.out).expanduser()
+        if not out.parent.is_dir():
+            raise UserError(f"--out {self.out}: folder {out.parent} does not exist; create it or write elsewhere")
+        if out.is_dir():
+            raise UserError(f"--out {self.out} is a folder; give the path of the .jsonl file to write")
+        if out.exists() and not self.overwrite:
+            raise UserError(f"--out {self.out} exists; give another path, or --overwrite to replace it")
 
 
 @dataclass

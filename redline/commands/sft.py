@@ -42,6 +42,34 @@ def _pop(argv: list[str], name: str) -> tuple[str | None, list[str]]:
     return None, argv
 
 
+def local_path(value: str) -> str:
+    """A data source or checkpoint as the run's config keeps it: an existing local path made absolute (so that
+    `--resume` works from any directory), anything else (task:NAME, a Hub dataset name) as given."""
+    return str(Path(value).resolve()) if value and Path(value).exists() else value
+
+
+def refuse_changed_on_resume(command: str, given: dict[str, str | None], saved: dict[str, str | None]) -> None:
+    """--resume continues a run with its own data and starting point: a different one given beside it is an
+    error rather than silently dropped (the same one, as a script repeats its arguments, is fine)."""
+    for option, value in given.items():
+        if value is not None and local_path(value) != local_path(saved.get(option) or ""):
+            raise UserError(f"{option} {value} with --resume: the run continues from its own {option} "
+                            f"({saved.get(option)}); leave {option} out, or start a new run with `redline {command} "
+                            f"--from ...`")
+
+
+def refuse_existing_run(cfg: TrainConfig, command: str) -> None:
+    """A new run's directory must not hold a run already (its config, metrics and checkpoints would mix)."""
+    from redline.training import checkpoint as ckpt_io
+
+    existing = Path(cfg.out_dir) / cfg.run_name
+    if ckpt_io.list_checkpoints(existing):
+        raise UserError(f"{existing} already holds a run; continue it with `redline {command} --resume {existing}`, "
+                        f"or give another run_name")
+    if (existing / "metrics.jsonl").exists():
+        raise UserError(f"{existing} holds a run that saved no checkpoint; give another run_name, or delete it")
+
+
 def base_config(source: Path) -> TrainConfig:
     """The source checkpoint's config as the start of a fine-tuning run: same model and settings, budget cleared,
     no resume, a new run name, no closing text sample (a chat model is sampled with `redline chat`), and none of
@@ -147,6 +175,8 @@ def main(argv: list[str]) -> int:
         saved = from_dict(TrainConfig, ckpt_io.load_config_dict(resume_from))
         cfg = parse(TrainConfig, argv, prog="redline sft", description=DESCRIPTION, default=saved)
         cfg.run_name, cfg.out_dir = resume_from.parent.parent.name, str(resume_from.parent.parent.parent)
+        refuse_changed_on_resume("sft", {"--from": init_from, "--data": data},
+                                 {"--from": cfg.finetune.init_from, "--data": cfg.finetune.data})
         start = resume_from
     else:
         if not init_from or not data:
@@ -157,12 +187,9 @@ def main(argv: list[str]) -> int:
         cfg = parse(TrainConfig, argv, prog="redline sft", description=DESCRIPTION, default=base_config(source))
         switch_from_muon(cfg, argv, "sft")
         cfg.finetune.base_lr = None  # this run's rate is the peak a later dpo or grpo divides
-        cfg.finetune.init_from, cfg.finetune.data = str(source), data
+        cfg.finetune.init_from, cfg.finetune.data = str(source.resolve()), local_path(data)
         cfg.run_name = cfg.run_name or f"sft-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-        existing = Path(cfg.out_dir) / cfg.run_name
-        if ckpt_io.list_checkpoints(existing):
-            raise UserError(f"{existing} already holds a run; continue it with `redline sft --resume {existing}`, or "
-                            f"give another run_name")
+        refuse_existing_run(cfg, "sft")
         start = source
     tokenizer = chat_tokenizer(start, cfg.finetune.template, grow=not cfg.lora.enabled)
     conversations = ConversationData.load(cfg.finetune.data, tokenizer, cfg.effective_seq_len, seed=cfg.seed,

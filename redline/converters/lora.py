@@ -312,10 +312,20 @@ class LoRAConverter:
             some = ", ".join(list(linears)[:4])
             raise UserError(f"lora.targets {list(self.targets)} match no Linear layer of the model (its layers are "
                             f"named like {some}); fix the patterns")
+        unmatched = [p for p in self.targets if not any(matches(n, [p]) for n in linears)]
+        if unmatched:  # a typo beside a pattern that matches would otherwise leave those layers out unnoticed
+            some = ", ".join(list(linears)[:4])
+            raise UserError(f"lora.targets {unmatched[0]!r} matches no Linear layer of the model (its layers are "
+                            f"named like {some}); fix or drop it")
         trained = {n: m for n, m in raw.named_modules() if n and matches(n, self.train_modules)}
         if self.train_modules and not trained:
             raise UserError(f"lora.train_modules {list(self.train_modules)} match no module of the model; name "
                             f"modules such as wte or lm_head")
+        named = [n for n, _ in raw.named_modules() if n]
+        unmatched = [p for p in self.train_modules if not any(matches(n, [p]) for n in named)]
+        if unmatched:
+            raise UserError(f"lora.train_modules {unmatched[0]!r} matches no module of the model; name modules such "
+                            f"as wte or lm_head")
         if set(chosen) & set(trained):
             raise UserError(f"{sorted(set(chosen) & set(trained))[0]} is both adapted (lora.targets) and trained in "
                             f"full (lora.train_modules); leave it out of one of them")

@@ -9,6 +9,7 @@ carries no preference.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,7 @@ def read_preference_records(source: str, seed: int, eval_fraction: float, task_s
     records = read_jsonl(source)
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
-    held = round(len(records) * eval_fraction) if len(records) > 1 else 0
+    held = math.ceil(len(records) * eval_fraction) if len(records) > 1 else 0  # as SFT's: a small set keeps one
     return [records[i] for i in order[held:]], [records[i] for i in order[:held]]
 
 

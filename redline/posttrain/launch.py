@@ -82,7 +82,7 @@ def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str, base: flo
 
 def start_run(argv: list[str], command: str, description: str, need: str) -> PostTrainRun:
     """Parse `--from CKPT <need> VALUE [overrides]` or `--resume RUN [overrides]` as `redline sft` does."""
-    from redline.commands.sft import _pop, base_config
+    from redline.commands.sft import _pop, base_config, local_path, refuse_changed_on_resume, refuse_existing_run
     from redline.training import checkpoint as ckpt_io
 
     argv = list(argv)
@@ -100,6 +100,9 @@ def start_run(argv: list[str], command: str, description: str, need: str) -> Pos
         cfg.run_name, cfg.out_dir = resume_from.parent.parent.name, str(resume_from.parent.parent.parent)
         if not cfg.finetune.init_from:
             raise UserError(f"{resume_from} is not a run of `{prog}` (its config names no starting checkpoint)")
+        saved_value = cfg.finetune.data if need == "--data" else cfg.grpo.task
+        refuse_changed_on_resume(command, {"--from": init_from, need: value},
+                                 {"--from": cfg.finetune.init_from, need: saved_value})
         return PostTrainRun(cfg, resume_from, resume_from, Path(cfg.finetune.init_from), None)
     if not init_from or not value:
         raise UserError(f"give --from CHECKPOINT (the run directory or checkpoint to start from) and {need} "
@@ -109,10 +112,11 @@ def start_run(argv: list[str], command: str, description: str, need: str) -> Pos
     start = base_config(source)
     base = _base_lr(start)  # the starting run's, before the command line's settings
     cfg = parse(TrainConfig, argv, prog=prog, description=description, default=start)
-    cfg.finetune.init_from = str(source)
+    cfg.finetune.init_from = str(source.resolve())
     cfg.run_name = cfg.run_name or f"{command}-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    refuse_existing_run(cfg, command)
     note = _post_training_lr(cfg, argv, command, base)
-    return PostTrainRun(cfg, source, None, source, value, note)
+    return PostTrainRun(cfg, source, None, source, local_path(value), note)
 
 
 def exit_code(status: str) -> int:

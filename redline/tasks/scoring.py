@@ -26,6 +26,7 @@ Chance: the mean of 1 / choices for multiple choice, 0 for exact match; centered
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -73,6 +74,9 @@ def choice_loglikelihoods(model, rows: list[tuple[list[int], list[int]]], batch_
     device = next(model.parameters()).device
     ctx_len = model.cfg.context_len
     out: list[float] = []
+    cut = sum(len(context) + len(cont) > ctx_len + 1 for context, cont in rows)
+    if cut:
+        _say_cut(cut, len(rows), "choices' prompts", ctx_len)
     for start in range(0, len(rows), batch_size):
         chunk = []
         for context, cont in rows[start:start + batch_size]:
@@ -124,7 +128,17 @@ def generate_replies(generator, renderer, task: Task, rows: list[Example], max_n
     else:
         encoded = [generator.encode_prompt(e.prompt + "\n", max_new_tokens, True, True, start + i)
                    for i, e in enumerate(rows)]
+    cut = sum(truncated for _, truncated in encoded)
+    if cut:
+        _say_cut(cut, len(rows), "prompts", generator.engine.cfg.context_len - max_new_tokens)
     return generator.generate([e.prompt for e in rows], max_new_tokens, sampling, encoded=encoded, stop_tokens=stop)
+
+
+def _say_cut(cut: int, total: int, what: str, room: int) -> None:
+    """Say that prompts were cut to fit (their beginnings dropped, a chat header among them): scores of such
+    examples measure less than the task asks."""
+    print(f"redline evaluate: {cut} of {total} {what} were longer than the model's room for them ({room} tokens) "
+          f"and were cut from the left", file=sys.stderr)
 
 
 def score_generative(generator, renderer, task: Task, examples: list[Example], batch_size: int,

@@ -322,6 +322,9 @@ def batch_positions(batch: Any) -> int:
     return inputs.numel() if isinstance(inputs, torch.Tensor) else 0
 
 
+RESUME_COMMAND = {"sft": "sft", "dpo": "dpo", "grpo": "grpo"}  # objective name -> the command that resumes its runs
+
+
 class Run:
     """One run's position (step, tokens, time), data, logs, evaluations and checkpoints around its TrainStep."""
 
@@ -593,7 +596,8 @@ class Run:
         if status == "interrupted":
             return [f"[yellow]stopped by signal {stopped_by} at step {self.step}; checkpoint saved to {checkpoint}. "
                     f"{head}{bpb}",
-                    f"next: redline train --resume {self.run_dir}"]
+                    f"next: redline {RESUME_COMMAND.get(self.train_step.objective.name, 'train')} --resume "
+                    f"{self.run_dir}"]
         last = ckpt_io.list_checkpoints(self.run_dir) if self.info.is_main else []
         return [f"[red]diverged at step {self.step}: {head}{bpb}",
                 f"next: lower optim.lr and resume from {last[-1] if last else 'the start (no checkpoint yet)'}"]
