@@ -187,3 +187,28 @@ def test_bad_pairs_are_one_line_errors_or_counted():
         pairs_from_records([long], renderer, 64)
     with pytest.raises(UserError, match="no \"prompt\" text and no \"messages\""):
         pairs_from_records([{"chosen": "x", "rejected": "y"}], renderer, 64)
+
+
+def test_a_task_file_given_as_pairs_says_how_to_give_it(tmp_path):
+    from redline.posttrain.data import read_preference_records
+
+    path = tmp_path / "task.jsonl"
+    path.write_text('{"prompt": "2+2?", "answer": "4"}\n{"prompt": "3+3?", "answer": "6"}\n')
+    with pytest.raises(UserError, match=f"give it as --data task:{path}"):
+        read_preference_records(str(path), 0, 0.1)
+    # 24 pairs at the default 2% keep one held out (as SFT rounds up), not none
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(f'{{"prompt": "p{i}", "chosen": "a", "rejected": "b"}}\n' for i in range(24)))
+    train, held = read_preference_records(str(pairs), 0, 0.02)
+    assert (len(train), len(held)) == (23, 1)
+
+
+def test_an_unsplit_task_file_says_its_held_out_scores_are_training_scores(tmp_path, capsys):
+    from redline.tasks import load_task
+
+    path = tmp_path / "task.jsonl"
+    path.write_text('{"prompt": "2+2?", "answer": "4"}\n{"prompt": "3+3?", "answer": "6"}\n')
+    task = load_task(str(path))
+    assert len(task.examples("test")) == 2 and "note:" not in capsys.readouterr().err  # evaluating it: fine
+    assert len(task.examples("train")) == 2
+    assert "held-out scores are training scores" in capsys.readouterr().err

@@ -121,6 +121,11 @@ def read_preference_records(source: str, seed: int, eval_fraction: float, task_s
             raise UserError(f"task {task.name} has no preference pairs")
         return task.preference_pairs("train", seed), task.preference_pairs("test", seed)
     records = read_jsonl(source)
+    if records and isinstance(records[0], dict) and "chosen" not in records[0] and (
+            {"prompt", "answer"} <= set(records[0]) or {"question", "choices"} <= set(records[0])):
+        raise UserError(f"{source} holds task lines (prompt/answer or question/choices), not chosen/rejected pairs; "
+                        f"give it as --data task:{source} (its pairs are built from the task), or make pairs with "
+                        f"`redline pairs`")
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
     held = math.ceil(len(records) * eval_fraction) if len(records) > 1 else 0  # as SFT's: a small set keeps one

@@ -62,6 +62,9 @@ def task_prompts(task, renderer, split: str, max_prompt_len: int, limit: int = 0
     examples = task.examples(split)
     if limit:
         examples = examples[:limit]
+    if not examples:
+        raise UserError(f"task {task.name} has no {split} prompts (a task file: mark lines \"split\": \"{split}\", "
+                        f"or leave every line unmarked)")
     prompts, dropped = [], 0
     for example in examples:
         ids = renderer.prompt(task.messages(example))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 from pathlib import Path
 
 from redline.errors import UserError
@@ -120,7 +121,13 @@ class JsonlTask(Task):
 
     def examples(self, split: Split) -> list[Example]:
         chosen = self._by_split[split]
-        return list(chosen if chosen or any(self._by_split.values()) else self._all)
+        unsplit = not any(self._by_split.values())
+        if unsplit and split == "train" and not getattr(self, "_said_unsplit", False):
+            # training asks for the train split: its held-out scores would then be on what it trains on
+            self._said_unsplit = True
+            print(f"note: {self.path} marks no line \"split\": \"test\", so training on it is also evaluated on "
+                  f"it (held-out scores are training scores); mark some lines to hold them out", file=sys.stderr)
+        return list(chosen if chosen or not unsplit else self._all)
 
     def extract(self, completion: str) -> str | None:
         if self.numeric:
