@@ -212,3 +212,19 @@ def test_an_unsplit_task_file_says_its_held_out_scores_are_training_scores(tmp_p
     assert len(task.examples("test")) == 2 and "note:" not in capsys.readouterr().err  # evaluating it: fine
     assert len(task.examples("train")) == 2
     assert "held-out scores are training scores" in capsys.readouterr().err
+
+
+def test_held_out_pairs_all_too_long_leave_training_without_them(tmp_path, capsys):
+    import json
+
+    from redline.posttrain.data import PairData, read_preference_records
+
+    path = tmp_path / "pairs.jsonl"
+    records = [{"prompt": f"p{i}", "chosen": "a", "rejected": "b"} for i in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    _, held = read_preference_records(str(path), 0, 0.1)
+    records[records.index(held[0])]["prompt"] = "x" * 200  # the one held-out pair, longer than the context
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = PairData.load(str(path), None, RedlineTemplate(chat_tokenizer()), 64, objective=None, eval_fraction=0.1)
+    assert len(data.train.pairs) == 9 and data.heldout is None
+    assert "training goes on without held-out pairs" in capsys.readouterr().err

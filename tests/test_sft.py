@@ -135,6 +135,20 @@ def test_too_long_conversations_are_dropped_or_refused(tmp_path):
     tok.add_chat_tokens()
     data = ConversationData.load(str(path), tok, 32, eval_fraction=0.0)
     assert data.dropped == 1 and len(data.train) == 2 and "1 longer than seq_len dropped" in data.describe()
+    with pytest.raises(UserError, match="holds out all 3 conversations"):
+        ConversationData.load(str(path), tok, 32, eval_fraction=1.0)
+    # held out, a too-long conversation is counted too: the draw is by position, so the long one goes where it is
+    from redline.training.conversations import read_conversations
+
+    short = [{"prompt": f"hi {i}", "completion": "ok"} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in short))
+    _, held, _ = read_conversations(str(path), eval_fraction=0.3)  # one of the three
+    position = [_conversation_of(r) for r in short].index(held[0])
+    short[position] = {"prompt": "hi", "completion": "x" * 100}
+    path.write_text("".join(json.dumps(r) + "\n" for r in short))
+    data = ConversationData.load(str(path), tok, 32, eval_fraction=0.3)
+    assert data.heldout_dropped == 1 and len(data.heldout) == 0 and len(data.train) == 2
+    assert "1 more longer than seq_len left out" in data.describe()
     with pytest.raises(UserError, match="every conversation .* longer than seq_len 4"):
         ConversationData.load(str(path), tok, 4, eval_fraction=0.0)
 
@@ -289,3 +303,10 @@ def test_pairs_dpo_and_grpo_run_on_an_imported_model_through_its_jinja_template(
     capsys.readouterr()
     assert _cli(["evaluate", str(tmp_path / "g"), "--tasks", str(task), "--max-new-tokens", "3"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["chat"] == "jinja"
+
+
+def _conversation_of(row: dict) -> list[dict]:
+    from redline.training.conversations import _conversation
+
+    return _conversation(row, "test")
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,8 +152,15 @@ class PairData:
         train_records = train_records[:max_pairs or None]
         heldout_records = heldout_records[:max_heldout or None]
         train = pairs_from_records(train_records, renderer, max_len, source)
-        heldout = pairs_from_records(heldout_records, renderer, max_len, f"{source} (held out)") \
-            if heldout_records else None
+        heldout = None
+        if heldout_records:
+            try:
+                heldout = pairs_from_records(heldout_records, renderer, max_len, f"{source} (held out)")
+            except UserError as e:
+                if "is longer than the context" not in str(e):
+                    raise
+                # every held-out pair too long: train without a held-out evaluation rather than not at all
+                print(f"note: {e}; training goes on without held-out pairs", file=sys.stderr)
         return cls(source, tokenizer, train, heldout, objective)
 
     def describe(self) -> str:

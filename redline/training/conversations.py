@@ -68,6 +68,9 @@ def read_conversations(source: str, seed: int = 0, eval_fraction: float = 0.02, 
     n_eval = min(eval_max, math.ceil(len(order) * eval_fraction)) if len(order) > 1 else 0
     held = set(order[:n_eval])
     train = [c for i, c in enumerate(conversations) if i not in held]
+    if not train:
+        raise UserError(f"finetune.eval_fraction={eval_fraction} holds out all {len(conversations)} conversations of "
+                        f"{where}, leaving none to train on; lower it")
     return train, [conversations[i] for i in sorted(held)], where
 
 
@@ -178,6 +181,7 @@ class ConversationData:
     seq_len: int
     packing: bool = True
     dropped: int = 0
+    heldout_dropped: int = 0
 
     @classmethod
     def load(cls, source: str, tokenizer, seq_len: int, *, seed: int = 0, template: str = "auto",
@@ -191,8 +195,9 @@ class ConversationData:
             longest = min(len(e[0]) for e in train_ex)
             raise UserError(f"every conversation of {where} is longer than seq_len {seq_len} (the shortest is "
                             f"{longest + 1} tokens); raise seq_len (up to model.context_len) or shorten them")
-        return cls(where, tokenizer, fits, [e for e in heldout_ex if len(e[0]) <= seq_len], seq_len, packing,
-                   dropped=len(train_ex) - len(fits))
+        held_fits = [e for e in heldout_ex if len(e[0]) <= seq_len]
+        return cls(where, tokenizer, fits, held_fits, seq_len, packing, dropped=len(train_ex) - len(fits),
+                   heldout_dropped=len(heldout_ex) - len(held_fits))
 
     def rows_for_epoch(self, seed: int, epoch: int) -> list[list[int]]:
         order = list(range(len(self.train)))
@@ -212,7 +217,8 @@ class ConversationData:
         dropped = f", {self.dropped} longer than seq_len dropped" if self.dropped else ""
         return (f"{len(self.train):,} conversations from {self.name}{dropped}: {tokens:,} tokens ({trained:,} trained "
                 f"on) in {len(rows):,} rows of {self.seq_len} ({tokens / (len(rows) * self.seq_len):.0%} filled"
-                f"{', packed best-fit' if self.packing else ', one per row'}); {len(self.heldout)} held out")
+                f"{', packed best-fit' if self.packing else ', one per row'}); {len(self.heldout)} held out"
+                + (f" ({self.heldout_dropped} more longer than seq_len left out)" if self.heldout_dropped else ""))
 
     def train_loader(self, cfg, info: DistInfo, device: torch.device) -> PackedLoader:
         return PackedLoader(self, cfg.batch_size, cfg.seed, info.rank, info.world_size, device)
