@@ -79,6 +79,15 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def check_output_file(path: str, option: str) -> None:
+    """Before any work: a UserError when `path` (an output file) cannot be written, a folder or in no folder."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserError(f"{option} {path} is a folder; give the path of a file to write")
+    if not p.parent.is_dir():
+        raise UserError(f"{option} {path}: folder {p.parent} does not exist; create it or write elsewhere")
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes | list) -> Path:
     """Replace `path` with `data` (str is written as UTF-8; a list of bytes-like parts is written one after the
     other, without joining them in memory) all at once: readers see the old or the new file. A full disk raises

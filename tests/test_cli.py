@@ -7,6 +7,7 @@ import pytest
 from redline import cli
 from redline.config import TrainConfig, parse
 from redline.errors import UserError
+from tests.test_train import dataset  # noqa: F401  (a pytest fixture)
 
 
 def run_cli(argv, capsys):
@@ -158,3 +159,31 @@ def test_overrides_take_true_and_false_as_json_and_yaml_spell_them():
     cfg = parse(TrainConfig, ["tensorboard=false", "lora.enabled=true", "init_from=somewhere", "--compile=false"],
                 prog="redline train", description="")
     assert (cfg.tensorboard, cfg.lora.enabled, cfg.compile) == (False, True, False)
+
+
+def test_bad_outputs_and_values_are_one_line_before_any_work(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    for argv, fragment in [
+        (["eval", "--checkpoint", "nowhere", "--batches", "0"], "--batches must be >= 1"),
+        (["sample", "--checkpoint", "nowhere", "--top-k", "-1"], "--top-k must be >= 0"),
+        (["generate", "--checkpoint", "nowhere", "--prompt", "x", "--jsonl", str(tmp_path)], "is a folder"),
+        (["generate", "--checkpoint", "nowhere", "--prompt", "x", "--jsonl", str(tmp_path / "no" / "x.jsonl")],
+         "does not exist"),
+        (["bench", "--preset", "tiny", "--json-out", str(tmp_path)], "is a folder"),
+        (["dashboard", str(tmp_path / "file.txt")], "is not a folder"),
+        (["dashboard", str(tmp_path), "--port", "99999"], "--port must be 0-65535"),
+        (["report", str(tmp_path / "file.txt")], "is a file"),
+    ]:
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_a_new_run_refuses_a_run_name_that_holds_a_run(dataset, tmp_path, capsys):  # noqa: F811
+    from tests.test_sft import _pretrain
+
+    pre = _pretrain(dataset, tmp_path)
+    code, _, err = run_cli(["train", f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=pre", "max_steps=1",
+                            "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "batch_size=2", "seq_len=32"],
+                           capsys)
+    assert code == 2 and "already holds a run; continue it with --resume" in err
+    assert [p.name for p in (pre / "checkpoints").iterdir()] == ["step_00000002"]  # untouched

@@ -172,3 +172,14 @@ def test_bench_json_that_is_not_text_is_one_line(tmp_path, capsys):
     path.write_bytes(b'{"tokens_per_second": 1e5}\n\xff\xfe\x00binary\n')
     code, _, err = run_cli(["plan", "--bench-json", str(path), "--model", "1e8"], capsys)
     assert code == 2 and "is not UTF-8 text" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_json_reads_the_points_of_a_bench_report(tmp_path):
+    """`redline bench --json-out` writes one report a line, its measured points under "points"."""
+    path = tmp_path / "bench.jsonl"
+    report = {"schema": "redline-bench", "command": "bench", "gpu": "H100",
+              "points": [{"preset": "modern-124m", "tokens_per_second": 480000.0, "status": "ok"},
+                         {"preset": "modern-124m", "tokens_per_second": None, "status": "oom"}]}
+    path.write_text(json.dumps(report) + "\n")
+    record = read_bench_json(str(path))
+    assert record["_per_gpu"] == 480000.0 and record["preset"] == "modern-124m" and record["gpu"] == "H100"

@@ -81,6 +81,10 @@ class BenchConfig(TrainConfig):
     """A name for this run, copied into its JSON (for scripts that collect many)."""
 
     def validate(self) -> None:
+        if self.json_out:
+            from redline.durable import check_output_file
+
+            check_output_file(self.json_out, "--json-out")
         gpus, self.gpus = self.gpus, 1  # TrainConfig checks its launch count; bench's list of world sizes is below
         try:
             super().validate()

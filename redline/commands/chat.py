@@ -129,11 +129,15 @@ def main(argv: list[str]) -> int:
         how = f"{renderer.name} chat template" if renderer is not None else "plain text (no chat template)"
         print(f"redline chat: {cfg.checkpoint} (context {ctx} tokens, {generator.engine.describe()['device']}). "
               f"{how}. /reset forgets, /exit leaves.", file=sys.stderr)
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 read as U+FFFD, not an error mid-conversation
+        sys.stdin.reconfigure(errors="replace")
     while True:
         try:
             message = input(cfg.prompt_marker if interactive else "")
         except EOFError:
             break
+        # bytes that are not UTF-8 reach Python as lone surrogates, which no tokenizer takes: as U+FFFD instead
+        message = message.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         if message.strip() in ("/exit", "/quit"):
             break
         if message.strip() == "/reset":

@@ -32,6 +32,12 @@ def main(argv: list[str]) -> int:
     from redline.experiments.dashboard import make_server
 
     args = tyro.cli(DashboardArgs, args=argv, prog="redline dashboard", description=DESCRIPTION)
+    from pathlib import Path
+
+    if not Path(args.path).is_dir():
+        raise UserError(f"{args.path} is not a folder; give a sweep directory, a run directory or a folder of runs")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be 0-65535 (0: any free port), got {args.port}")
     try:
         server = make_server(args.path, args.host, args.port)
     except OSError as e:

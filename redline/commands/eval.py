@@ -89,6 +89,8 @@ def main(argv: list[str]) -> int:
     from pathlib import Path
 
     cfg = parse(EvalConfig, argv, prog="redline eval", description=__doc__.strip())
+    if cfg.batches < 1:
+        raise UserError(f"--batches must be >= 1 (micro-batches to evaluate), got {cfg.batches}")
     if cfg.kv_batches < 1 or cfg.decode_from < 0:
         raise UserError("--kv-batches must be >= 1 and --decode-from >= 0")
     device = resolve_device(cfg.device)

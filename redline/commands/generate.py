@@ -68,9 +68,12 @@ class GenerateConfig:
     """Device, precision, compilation and CUDA graphs."""
 
     def validate(self) -> None:
+        from redline.durable import check_output_file
         from redline.errors import UserError
 
         self.sampling().validate()
+        if self.jsonl and self.jsonl != "-":
+            check_output_file(self.jsonl, "--jsonl")
         if self.max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.batch_size < 1:

@@ -129,7 +129,13 @@ def read_bench_json(path: str) -> dict:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("tokens_per_second"), (int, float)):
+        if not isinstance(record, dict):
+            continue
+        # `redline bench` writes one report a line with its measured points in "points" (one, or a matrix's)
+        for point in record.get("points") or [] if isinstance(record.get("points"), list) else []:
+            if isinstance(point, dict) and isinstance(point.get("tokens_per_second"), (int, float)):
+                found = {**{k: v for k, v in record.items() if k != "points"}, **point}
+        if isinstance(record.get("tokens_per_second"), (int, float)):
             found = record
     if found is None:
         raise UserError(f"--bench-json {path}: no JSON line with a tokens_per_second field; "

@@ -19,7 +19,7 @@ class SampleConfig:
     temperature: float = 0.8
     """Sampling temperature (0: greedy)."""
     top_k: int | None = 50
-    """Sample among the k most likely tokens (None: all)."""
+    """Sample among the k most likely tokens (None or 0: all)."""
     seed: int = 0
     """Sampling seed."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -38,6 +38,9 @@ def main(argv: list[str]) -> int:
         raise UserError(f"temperature must be >= 0, got {cfg.temperature}")
     if cfg.max_new_tokens <= 0 or cfg.num_samples <= 0:
         raise UserError("max_new_tokens and num_samples must be positive")
+    if cfg.top_k is not None and cfg.top_k < 0:
+        raise UserError(f"--top-k must be >= 0 (0: all tokens), got {cfg.top_k}")
+    cfg.top_k = cfg.top_k or None
     device = resolve_device(cfg.device)
     model, tokenizer, _ = load_for_inference(cfg.checkpoint, device)
     for i in range(cfg.num_samples):

@@ -219,6 +219,8 @@ def load_result_set(path: str | Path) -> ResultSet:
     root = Path(path)
     if not root.exists():
         raise UserError(f"{root} does not exist; give a run directory or a sweep directory")
+    if not root.is_dir():
+        raise UserError(f"{root} is a file; give a run directory or a sweep directory")
     if (root / "results.jsonl").is_file() or (root / "sweep.json").is_file():
         meta = _sweep_meta(root / "sweep.json")
         latest: dict[str, dict] = {}

@@ -259,6 +259,8 @@ def open_run(cfg: TrainConfig, resume_from: Path | None, data: Callable[[Path], 
             print("redline: LoRA trains its adapters with AdamW (optim.name=muon is for whole matrices; "
                   "optim.name=prodigy is the learning-rate-free choice)", file=sys.stderr)
     run_dir = resume_from.parent.parent if resume_from else new_run_dir(cfg)
+    if resume_from is None:
+        refuse_used_run_dir(run_dir, dist_info().world_size == 1)
     source = (data(run_dir) if data is not None else
               ShardData(resolve_data(cfg, run_dir, init_point.tokenizer if init_point else None)))
     if init_point is not None and data is None:
@@ -641,6 +643,18 @@ def _capped(docs, max_bytes: int):
         seen += len(doc)
         if seen >= max_bytes:
             return
+
+
+def refuse_used_run_dir(run_dir: Path, check_metrics: bool) -> None:
+    """A new run must not write into another run's directory: their metrics would mix, and the other's newer
+    checkpoints would stand for this one (eval, export and --resume take the newest). check_metrics: also a run
+    that saved no checkpoint (one process only: under torchrun rank 0 may have started this run's metrics
+    before another rank looks; checkpoints come only after steps every rank takes)."""
+    if ckpt_io.list_checkpoints(run_dir):
+        raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or give another "
+                        f"run_name")
+    if check_metrics and (run_dir / "metrics.jsonl").exists():
+        raise UserError(f"{run_dir} holds a run that saved no checkpoint; give another run_name, or delete it")
 
 
 def new_run_dir(cfg: TrainConfig) -> Path:
