@@ -187,3 +187,15 @@ def test_a_new_run_refuses_a_run_name_that_holds_a_run(dataset, tmp_path, capsys
                            capsys)
     assert code == 2 and "already holds a run; continue it with --resume" in err
     assert [p.name for p in (pre / "checkpoints").iterdir()] == ["step_00000002"]  # untouched
+
+
+def test_outputs_of_the_wrong_kind_are_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    for argv, fragment in [
+        (["export", "nowhere", "--out", str(tmp_path / "model.gguf")], "add --format gguf"),
+        (["sweep", "smoke", "--out", str(tmp_path / "file.txt")], "is a file"),
+        (["tokenizer", "train", "--inputs", str(tmp_path / "file.txt"), "--out", str(tmp_path / "file.txt")],
+         "is a file"),
+    ]:
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, (argv, err)

@@ -89,8 +89,10 @@ def main(argv: list[str]) -> int:
         return export_adapter(cfg)
     if cfg.out is None:
         raise UserError("give --out DIR (or, for a LoRA run's checkpoint, --adapter DIR)")
-    check_merge(cfg)
     out = Path(cfg.out)
+    if cfg.format == "hf" and out.suffix == ".gguf":  # a Hugging Face folder named x.gguf is never what was meant
+        raise UserError(f"--out {cfg.out} names a GGUF file: add --format gguf (the default, hf, writes a folder)")
+    check_merge(cfg)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
     if cfg.format == "gguf":

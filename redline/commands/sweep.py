@@ -115,6 +115,8 @@ def main(argv: list[str]) -> int:
         check_overrides(extra_set, "--set")
     runs = expand(recipe, extra_set=extra_set, data=args.data)
     out_dir = Path(args.out) if args.out else default_out_dir(recipe)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file; give a folder for the sweep (new, or an earlier run of it)")
     sweep = Sweep(recipe, runs, out_dir)
     console = Console(highlight=False)
     warn_raw_data({r.overrides.get("data.path") for r in runs} - {None}, console)

@@ -70,6 +70,8 @@ def train_main(argv: list[str]) -> int:
     cfg = parse(TrainTokenizerConfig, bare_bool_flags(TrainTokenizerConfig, argv), prog="redline tokenizer train",
                 description=TRAIN_HELP)
     out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {cfg.out} is a file; give a folder to save the tokenizer into")
     if ((out / HF_FILE).exists() or (out / META_FILE).exists()) and not cfg.overwrite:
         raise UserError(f"{out} already holds a tokenizer; pass --overwrite to replace it, or choose another --out")
     docs = iter_documents(cfg.inputs, cfg.text_field, cfg.encoding_errors)
