@@ -199,3 +199,12 @@ def test_outputs_of_the_wrong_kind_are_refused_before_any_work(tmp_path, capsys)
     ]:
         code, _, err = run_cli(argv, capsys)
         assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_a_sweep_folder_of_another_recipe_is_refused(tmp_path, capsys):
+    import json
+
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "sweep.json").write_text(json.dumps({"recipe": {"name": "mine"}, "runs": []}))
+    code, _, err = run_cli(["sweep", "smoke", "--out", str(tmp_path / "sw"), "--dry-run"], capsys)
+    assert code == 2 and "holds the sweep of recipe 'mine', not 'smoke'" in err

@@ -117,6 +117,9 @@ def main(argv: list[str]) -> int:
     out_dir = Path(args.out) if args.out else default_out_dir(recipe)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; give a folder for the sweep (new, or an earlier run of it)")
+    earlier = _recipe_name_in(out_dir)
+    if earlier is not None and earlier != recipe.name:  # its runs would be reported as this sweep's
+        raise UserError(f"{out_dir} holds the sweep of recipe {earlier!r}, not {recipe.name!r}; give another --out")
     sweep = Sweep(recipe, runs, out_dir)
     console = Console(highlight=False)
     warn_raw_data({r.overrides.get("data.path") for r in runs} - {None}, console)
@@ -172,3 +175,12 @@ def print_summary(sweep_dir: Path, console) -> None:
 
 def _fmt(value, spec: str) -> str:
     return "—" if value is None else format(value, spec)
+
+
+def _recipe_name_in(out_dir: Path) -> str | None:
+    """The recipe name of the sweep an --out folder already holds (None: none, or unreadable)."""
+    try:
+        return json.loads((out_dir / "sweep.json").read_text())["recipe"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
