@@ -132,7 +132,8 @@ def read_bench_json(path: str) -> dict:
         if not isinstance(record, dict):
             continue
         # `redline bench` writes one report a line with its measured points in "points" (one, or a matrix's)
-        for point in record.get("points") or [] if isinstance(record.get("points"), list) else []:
+        points = record.get("points")
+        for point in points if isinstance(points, list) else []:
             if isinstance(point, dict) and isinstance(point.get("tokens_per_second"), (int, float)):
                 found = {**{k: v for k, v in record.items() if k != "points"}, **point}
         if isinstance(record.get("tokens_per_second"), (int, float)):

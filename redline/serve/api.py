@@ -52,7 +52,7 @@ class Server:
     created: int = 0
     mailboxes: dict = field(default_factory=dict, repr=False)  # event loop -> its Mailbox
     token_texts: dict = field(default_factory=dict, repr=False)  # token id -> its text alone (logprobs)
-    token_bytes_: dict = field(default_factory=dict, repr=False)  # token id -> its bytes (logprobs)
+    token_bytes_of: dict = field(default_factory=dict, repr=False)  # token id -> its bytes (logprobs)
 
     def token_text(self, token: int) -> str:
         """A token's text on its own, as logprobs name it (part of a UTF-8 character decodes to U+FFFD)."""
@@ -62,9 +62,9 @@ class Server:
         return text
 
     def token_bytes(self, token: int) -> bytes:
-        data = self.token_bytes_.get(token)
+        data = self.token_bytes_of.get(token)
         if data is None:
-            data = self.token_bytes_[token] = self.tokenizer.token_bytes(token)
+            data = self.token_bytes_of[token] = self.tokenizer.token_bytes(token)
         return data
 
     def logprobs(self, job: Job, entries: list[tuple], offsets: protocol.TextOffsets | None = None) -> dict:
