@@ -185,7 +185,7 @@ def test_a_new_run_refuses_a_run_name_that_holds_a_run(dataset, tmp_path, capsys
     code, _, err = run_cli(["train", f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=pre", "max_steps=1",
                             "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "batch_size=2", "seq_len=32"],
                            capsys)
-    assert code == 2 and "already holds a run; continue it with --resume" in err
+    assert code == 2 and "already holds a run; continue it with `redline train --resume" in err
     assert [p.name for p in (pre / "checkpoints").iterdir()] == ["step_00000002"]  # untouched
 
 

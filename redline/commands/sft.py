@@ -59,15 +59,10 @@ def refuse_changed_on_resume(command: str, given: dict[str, str | None], saved: 
 
 
 def refuse_existing_run(cfg: TrainConfig, command: str) -> None:
-    """A new run's directory must not hold a run already (its config, metrics and checkpoints would mix)."""
-    from redline.training import checkpoint as ckpt_io
+    """The training loop's check that a new run's directory holds no run, before the data is read."""
+    from redline.training.loop import refuse_used_run_dir
 
-    existing = Path(cfg.out_dir) / cfg.run_name
-    if ckpt_io.list_checkpoints(existing):
-        raise UserError(f"{existing} already holds a run; continue it with `redline {command} --resume {existing}`, "
-                        f"or give another run_name")
-    if (existing / "metrics.jsonl").exists():
-        raise UserError(f"{existing} holds a run that saved no checkpoint; give another run_name, or delete it")
+    refuse_used_run_dir(Path(cfg.out_dir) / cfg.run_name, command=command)
 
 
 def base_config(source: Path) -> TrainConfig:

@@ -645,14 +645,14 @@ def _capped(docs, max_bytes: int):
             return
 
 
-def refuse_used_run_dir(run_dir: Path, check_metrics: bool) -> None:
+def refuse_used_run_dir(run_dir: Path, check_metrics: bool = True, command: str = "train") -> None:
     """A new run must not write into another run's directory: their metrics would mix, and the other's newer
     checkpoints would stand for this one (eval, export and --resume take the newest). check_metrics: also a run
     that saved no checkpoint (one process only: under torchrun rank 0 may have started this run's metrics
     before another rank looks; checkpoints come only after steps every rank takes)."""
     if ckpt_io.list_checkpoints(run_dir):
-        raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or give another "
-                        f"run_name")
+        raise UserError(f"{run_dir} already holds a run; continue it with `redline {command} --resume {run_dir}`, or "
+                        f"give another run_name")
     if check_metrics and (run_dir / "metrics.jsonl").exists():
         raise UserError(f"{run_dir} holds a run that saved no checkpoint; give another run_name, or delete it")
 
