@@ -208,3 +208,17 @@ def test_a_sweep_folder_of_another_recipe_is_refused(tmp_path, capsys):
     (tmp_path / "sw" / "sweep.json").write_text(json.dumps({"recipe": {"name": "mine"}, "runs": []}))
     code, _, err = run_cli(["sweep", "smoke", "--out", str(tmp_path / "sw"), "--dry-run"], capsys)
     assert code == 2 and "holds the sweep of recipe 'mine', not 'smoke'" in err
+
+
+def test_a_variant_typo_and_an_unknown_claim_key_are_named(tmp_path, capsys):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "r"\npresets = ["tiny"]\nbudget = { max_steps = 2 }\n[[variants]]\nname = "a"\n'
+                      '[[variants]]\nname = "b"\nset = { "model.n_kv_hed" = 1 }\n')
+    code, _, err = run_cli(["sweep", str(recipe), "--dry-run", "--out", str(tmp_path / "sw")], capsys)
+    assert code == 2 and "variant b" in err and "n_kv_hed" in err
+    claims = tmp_path / "c.toml"
+    claims.write_text('[[claim]]\nid = "x"\ntext = "t"\nmetric = "perplexity"\nname = "oops"\n')
+    from redline.experiments.claims import load_claims
+
+    with pytest.raises(UserError, match="unknown key 'name'"):
+        load_claims(str(claims))

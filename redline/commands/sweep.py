@@ -113,6 +113,8 @@ def main(argv: list[str]) -> int:
     if recipe.command == DEFAULT_COMMAND:  # another runner may take other keys
         check_overrides(recipe.set, "recipe [set]")
         check_overrides(extra_set, "--set")
+        for variant in recipe.variants:  # a typo in one variant would fail its runs only after others trained
+            check_overrides(variant.set, f"variant {variant.name}")
     runs = expand(recipe, extra_set=extra_set, data=args.data)
     out_dir = Path(args.out) if args.out else default_out_dir(recipe)
     if out_dir.exists() and not out_dir.is_dir():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,12 @@ def load_claims(path: str | Path | None = None) -> list[Claim]:
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"cannot parse {where}: {one_line(e)}") from None
     claims = []
+    known = [f.name for f in fields(Claim)]
     for raw in data.get("claim", []):
+        unknown = [k for k in raw if k not in known]
+        if unknown:
+            raise UserError(f"{where}: claim {raw.get('id', '?')}: unknown key {unknown[0]!r}; a claim takes "
+                            f"{', '.join(known)}")
         try:
             claim = Claim(**raw)
         except TypeError as e:
