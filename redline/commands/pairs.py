@@ -69,12 +69,10 @@ class PairsConfig:
             raise UserError("--prompts must be >= 0 (0: all), --max-new-tokens and --batch-size >= 1")
         if not self.temperature > 0:
             raise UserError(f"--temperature must be > 0 (greedy replies are all the same), got {self.temperature}")
-        out = Path(self.out).expanduser()
-        if not out.parent.is_dir():
-            raise UserError(f"--out {self.out}: folder {out.parent} does not exist; create it or write elsewhere")
-        if out.is_dir():
-            raise UserError(f"--out {self.out} is a folder; give the path of the .jsonl file to write")
-        if out.exists() and not self.overwrite:
+        from redline.durable import check_output_file
+
+        check_output_file(self.out, "--out")
+        if Path(self.out).expanduser().exists() and not self.overwrite:
             raise UserError(f"--out {self.out} exists; give another path, or --overwrite to replace it")
 
 

@@ -324,7 +324,7 @@ def batch_positions(batch: Any) -> int:
     return inputs.numel() if isinstance(inputs, torch.Tensor) else 0
 
 
-RESUME_COMMAND = {"sft": "sft", "dpo": "dpo", "grpo": "grpo"}  # objective name -> the command that resumes its runs
+POSTTRAIN_COMMANDS = ("sft", "dpo", "grpo")  # objectives whose runs are resumed by the command of their name
 
 
 class Run:
@@ -582,6 +582,10 @@ class Run:
             self.log.print(line)
         self.log.close()
 
+    def resume_command(self) -> str:
+        name = self.train_step.objective.name
+        return name if name in POSTTRAIN_COMMANDS else "train"
+
     def summary(self, status: str, stopped_by: int | None, final_eval: dict, checkpoint: Path | None) -> list[str]:
         took = format_duration(time.perf_counter() - self.start)
         total = format_duration(self.elapsed())
@@ -598,8 +602,7 @@ class Run:
         if status == "interrupted":
             return [f"[yellow]stopped by signal {stopped_by} at step {self.step}; checkpoint saved to {checkpoint}. "
                     f"{head}{bpb}",
-                    f"next: redline {RESUME_COMMAND.get(self.train_step.objective.name, 'train')} --resume "
-                    f"{self.run_dir}"]
+                    f"next: redline {self.resume_command()} --resume {self.run_dir}"]
         last = ckpt_io.list_checkpoints(self.run_dir) if self.info.is_main else []
         return [f"[red]diverged at step {self.step}: {head}{bpb}",
                 f"next: lower optim.lr and resume from {last[-1] if last else 'the start (no checkpoint yet)'}"]

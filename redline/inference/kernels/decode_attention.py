@@ -47,8 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from redline.inference.kernels.launch import (shared_memory, start_dependents, start_dependents_then_wait,
-                                              use_pdl, wait_for_earlier)
+from redline.inference.kernels.launch import shared_memory, start_dependents_then_wait, use_pdl
 
 # The split kernel's span: each program loads its span of keys and of values whole, up to SPLIT_BYTES each in the
 # compute dtype and SPLIT_MAX_SLOTS slots (in bf16: 128 slots at head_dim 64 and at 128), with SPLIT_WIDE_WARPS warps
@@ -56,9 +55,6 @@ from redline.inference.kernels.launch import (shared_memory, start_dependents, s
 # at batch 1 (BENCHMARKS.md, "The decode kernels alone": at head_dim 128, 128-slot spans were slower than 64-slot
 # ones with 4 warps, faster with 8; 32-slot spans were slower at either head_dim).
 SPLIT_BYTES, SPLIT_MAX_SLOTS, SPLIT_WIDE_WARPS = 128 * 128 * 2, 128, 8
-# When the split kernel lets the next kernel (the output projection) start: as it starts (True), or once its
-# programs have stored their spans (False: measured slower, the projection's weights then load later).
-SPLIT_EARLY_DEPENDENTS = True
 
 
 def split_slots(head_dim: int, element_size: int) -> int:
@@ -266,7 +262,7 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Counts, Op, Mp, Lp,
                   n_kv, n_splits, width, window, qk_scale, eps,
                   G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                   NORM: tl.constexpr, ROPE: tl.constexpr, QUANT: tl.constexpr, MMA: tl.constexpr,
-                  PDL: tl.constexpr, EARLY_DEPENDENTS: tl.constexpr):
+                  PDL: tl.constexpr):
     bk = tl.program_id(0)
     split = tl.program_id(1)
     b = bk // n_kv
@@ -280,10 +276,10 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Counts, Op, Mp, Lp,
     k = tl.load(K + b * sk_b + kv * sk_h + n[:, None] * sk_s + d, mask=inside, other=0.0)
     v = tl.load(V + b * sv_b + kv * sv_h + n[:, None] * sv_s + d, mask=inside, other=0.0)
     k_scale, v_scale = _scales(KS, VS, scales + n, n < width, SPLIT, QUANT)
-    # (the cache is written by no kernel of this step before this one: its loads go out before the wait)
-    if EARLY_DEPENDENTS:
-        start_dependents(PDL)
-    wait_for_earlier(PDL)
+    # (the cache is written by no kernel of this step before this one: its loads go out before the wait; the
+    # output projection may start now and load its weights beside this kernel, which measured faster than letting
+    # it in once the spans are stored: docs/results/h100-2026-11-27j/)
+    start_dependents_then_wait(PDL)
     lo, slot = _attended_range(Slot, b, window)
     q, k_new, v_new = _new_token(QKV, QW, KW, Cos, Sin, b, kv, s_b, sc_b, n_kv, eps, G, G_PAD, D, NORM, ROPE)
     mine = (slot >= split * SPLIT) & (slot < split * SPLIT + SPLIT)  # this span holds the slot: it writes the cache
@@ -312,8 +308,6 @@ def _split_kernel(QKV, QW, KW, Cos, Sin, K, V, KS, VS, Slot, Counts, Op, Mp, Lp,
     tl.store(Mp + part, m, mask=g < G)
     tl.store(Lp + part, l, mask=g < G)
     tl.store(Op + part[:, None] * D + d, acc, mask=(g < G)[:, None])
-    if not EARLY_DEPENDENTS:
-        start_dependents(PDL)
     # every thread's stores come before the count (the barrier), and the count releases them to the GPU and
     # acquires the others' (acq_rel): the last program of this (row, kv head) sees every span
     tl.debug_barrier()
@@ -546,7 +540,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width: int, w
     _split_kernel[(B * KV, n_splits)](
         *inputs, counts, parts, maxes, sums, out, *strides, KV, n_splits, width, window, qk_scale, eps,
         G=G, G_PAD=G_PAD, D=D, SPLIT=split, NORM=norm, ROPE=rope, QUANT=quant, MMA=mma, PDL=pdl, launch_pdl=pdl,
-        EARLY_DEPENDENTS=SPLIT_EARLY_DEPENDENTS, num_warps=split_warps(split, D, qkv.element_size()),
+        num_warps=split_warps(split, D, qkv.element_size()),
     )
     return out
 

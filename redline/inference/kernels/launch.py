@@ -68,17 +68,3 @@ def start_dependents_then_wait(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def start_dependents(PDL: tl.constexpr):
-    """Let the next kernel's programs start (PDL 0: nothing)."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def wait_for_earlier(PDL: tl.constexpr):
-    """Wait until the kernel before has finished and its writes are visible (PDL 0: nothing)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
