@@ -222,3 +222,12 @@ def test_a_variant_typo_and_an_unknown_claim_key_are_named(tmp_path, capsys):
 
     with pytest.raises(UserError, match="unknown key 'name'"):
         load_claims(str(claims))
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_sweep_refuses_a_missing_data_path_before_any_run(tmp_path, capsys, dry_run):
+    missing = tmp_path / "no_such_corpus"
+    argv = ["sweep", "smoke", "--out", str(tmp_path / "sw"), "--data", str(missing)] + ["--dry-run"] * dry_run
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and f"data path {missing} does not exist" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "sw").exists()

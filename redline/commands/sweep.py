@@ -116,6 +116,7 @@ def main(argv: list[str]) -> int:
         for variant in recipe.variants:  # a typo in one variant would fail its runs only after others trained
             check_overrides(variant.set, f"variant {variant.name}")
     runs = expand(recipe, extra_set=extra_set, data=args.data)
+    check_data_paths(runs)
     out_dir = Path(args.out) if args.out else default_out_dir(recipe)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; give a folder for the sweep (new, or an earlier run of it)")
@@ -146,6 +147,16 @@ def main(argv: list[str]) -> int:
     result = {"sweep_dir": str(sweep.out_dir), "recipe": recipe.name, **counts, "report": report_path}
     print(json.dumps(result, default=str))
     return 0 if not counts["failed"] else 1
+
+
+def check_data_paths(runs) -> None:
+    """Every run's data.path must exist: a dry run would list runs that cannot start, and a real sweep would
+    find out only once each run had started. A path naming a run of this sweep ({runs}) is made by that run."""
+    for run in runs:
+        path = run.overrides.get("data.path")
+        if path and "{runs}" not in str(path) and not Path(path).exists():
+            raise UserError(f"data path {path} does not exist (run {run.run_id}); give --data (or the recipe's data) "
+                            "a folder of prepared shards (`redline data prepare`) or .txt/.jsonl/.parquet files")
 
 
 def warn_raw_data(paths: set[str], console) -> None:
