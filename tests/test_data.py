@@ -328,6 +328,24 @@ def test_load_meta_errors(tmp_path):
     assert not is_prepared(tmp_path)
 
 
+@pytest.mark.parametrize("damage", ["not json", "no format", "no splits"])
+def test_a_prepared_folder_with_a_damaged_meta_json_says_so(prepared, tmp_path, capsys, damage):
+    """Not "no documents found": the folder is read as a prepared one, and its meta.json named as the fault."""
+    import shutil
+
+    folder = tmp_path / "data"
+    shutil.copytree(prepared, folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta.pop("format" if damage == "no format" else "splits")
+    (folder / "meta.json").write_text("{broken" if damage == "not json" else json.dumps(meta))
+    for argv in (["train", "--preset", "tiny", "--data.path", str(folder), "max_steps=1", "device=cpu",
+                  f"out_dir={tmp_path / 'runs'}"],
+                 ["sweep", "smoke", "--data", str(folder), "--out", str(tmp_path / "runs"), "--dry-run"]):
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and f"{folder / 'meta.json'} is damaged" in err and "redline data prepare" in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
 # ----------------------------------------------------------------------------------------------------
 # loader
 

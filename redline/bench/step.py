@@ -39,13 +39,13 @@ from redline.training.wrap import compile_enabled, compile_scope, cuda_graphs_en
 def _prepared_data(path: str):
     """(data_dir, tokenizer) of a prepared shard folder; real data in bench must already be prepared."""
     try:
-        from redline.data.prepare import is_prepared
+        from redline.data.prepare import check_prepared
         from redline.tokenizer import load_tokenizer
     except ImportError as e:
         raise UserError(f"benchmarking on real data needs redline's data modules, which this install lacks ({e}); "
                         f"leave data.path unset to use random tokens") from None
     data_dir = Path(path)
-    if not data_dir.exists() or not is_prepared(data_dir):
+    if not data_dir.exists() or not check_prepared(data_dir):
         raise UserError(f"data.path={path} is not a prepared shard folder; make one with `redline data prepare`, "
                         f"or leave data.path unset to benchmark on random tokens")
     return data_dir, load_tokenizer(str(data_dir))

@@ -97,8 +97,8 @@ def main(argv: list[str]) -> int:
     model, tokenizer, train_cfg = load_for_inference(cfg.checkpoint, device)
     if cfg.data is not None:
         data_dir = Path(cfg.data)
-        from redline.data.prepare import is_prepared
-        if not is_prepared(data_dir):
+        from redline.data.prepare import check_prepared
+        if not check_prepared(data_dir):
             raise UserError(f"{data_dir} is not a prepared shard folder; run `redline data prepare` first")
     else:
         data_dir = resolve_data(train_cfg, Path(train_cfg.out_dir) / (train_cfg.run_name or ""))

@@ -161,10 +161,10 @@ def check_data_paths(runs) -> None:
 
 def warn_raw_data(paths: set[str], console) -> None:
     """Raw text is tokenized inside each run's directory: once per run. Say so before hours go into it."""
-    from redline.data.prepare import is_prepared
+    from redline.data.prepare import check_prepared
 
     for path in sorted(paths):
-        if Path(path).exists() and not is_prepared(path):
+        if Path(path).exists() and not check_prepared(path):
             console.print(f"[yellow]warning: {path} is raw text, so every run will tokenize it again; prepare it once "
                           f"(`redline data prepare --inputs {path} --out DIR`) and give --data DIR")
 

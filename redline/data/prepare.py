@@ -46,6 +46,7 @@ from redline.data.shards import token_dtype, write_shard
 from redline.data.sources import iter_documents
 from redline.durable import disk_full_error, is_disk_full, replace_folder, write_atomic
 from redline.errors import UserError
+from redline.tokenizer import META_FILE as TOKENIZER_FILE
 from redline.tokenizer import Tokenizer, load_tokenizer
 
 META_FILE = "meta.json"
@@ -534,38 +535,55 @@ def is_prepared(data_dir: str | os.PathLike) -> bool:
         return False
 
 
+def check_prepared(data_dir: str | os.PathLike) -> bool:
+    """True for a prepared folder (its meta.json checked by load_meta), False for raw text. A meta.json beside
+    shards or a tokenizer file that `prepare` writes makes a prepared folder even when it is damaged: load_meta
+    then names it, where reading the folder as raw text would find "no documents" in it."""
+    folder = Path(data_dir).expanduser()
+    if not (folder / META_FILE).is_file():
+        return False
+    written_by_prepare = (folder / TOKENIZER_FILE).is_file() or any(folder.glob("train_*.bin")) or \
+        any(folder.glob("val_*.bin"))
+    if not (is_prepared(folder) or written_by_prepare):
+        return False
+    load_meta(folder)
+    return True
+
+
 def load_meta(data_dir: str | os.PathLike) -> dict:
     """meta.json of a prepared folder, checked; UserError when the folder is not one."""
     folder = Path(data_dir).expanduser()
-    how = f"run `redline data prepare --inputs TEXT... --out {folder}`"
+    command = f"redline data prepare --inputs TEXT... --out {folder}"
     if not folder.is_dir():
-        raise UserError(f"data folder {folder} does not exist; {how}")
+        raise UserError(f"data folder {folder} does not exist; run `{command}`")
     path = folder / META_FILE
     if not path.is_file():
-        raise UserError(f"{folder} is not a prepared data folder (no {META_FILE}); {how}")
+        raise UserError(f"{folder} is not a prepared data folder (no {META_FILE}); run `{command}`")
+    remake = f"re-run `{command} --overwrite`"
     try:
         meta = json.loads(path.read_text())
     except (ValueError, OSError) as e:
-        raise UserError(f"{path} is damaged ({e}); {how} --overwrite") from None
+        raise UserError(f"{path} is damaged ({' '.join(str(e).split())}); {remake}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise UserError(f"{path} was not written by `redline data prepare`; {how}")
+        raise UserError(f"{path} is damaged or was not written by `redline data prepare` (its \"format\" is not "
+                        f"{FORMAT!r}); {remake}")
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise UserError(f"{folder} has data format {meta['format_version']}, newer than this redline reads "
-                        f"({FORMAT_VERSION}); upgrade redline or {how} --overwrite")
+                        f"({FORMAT_VERSION}); upgrade redline or {remake}")
     splits = meta.get("splits")
     for split in SPLITS:
         if not isinstance(splits, dict) or split not in splits:
-            raise UserError(f"{path} lists no {split!r} split; {how} --overwrite")
+            raise UserError(f"{path} is damaged (it lists no {split!r} split); {remake}")
         entry = splits[split]
         if not (isinstance(entry, dict) and isinstance(entry.get("shards"), list)
                 and all(isinstance(n, str) and "/" not in n and n not in ("", ".", "..") for n in entry["shards"])
                 and _count(entry.get("tokens"))):
             raise UserError(f"{path} is damaged (its {split!r} split has no list of shard files and token count); "
-                            f"{how} --overwrite")
+                            f"{remake}")
     tok = meta.get("tokenizer")
     if not (isinstance(tok, dict) and isinstance(tok.get("identity"), str) and isinstance(tok.get("spec"), str)
             and _count(tok.get("vocab_size")) and tok["vocab_size"] > 0):
-        raise UserError(f"{path} is damaged (no tokenizer identity, spec and vocab_size); {how} --overwrite")
+        raise UserError(f"{path} is damaged (no tokenizer identity, spec and vocab_size); {remake}")
     return meta
 
 

@@ -24,7 +24,7 @@ OPTIONAL = {
 
 def needed_modules(cfg, cuda: bool) -> set[str]:
     """The optional modules a run with this TrainConfig imports (data libraries are checked by list_files)."""
-    from redline.data.prepare import is_prepared, load_meta
+    from redline.data.prepare import check_prepared, load_meta
     from redline.data.sources import list_files
 
     needs = set()
@@ -40,7 +40,7 @@ def needed_modules(cfg, cuda: bool) -> set[str]:
         needs.add("prodigyopt")
     path = cfg.data.path
     if path and Path(path).exists():
-        if is_prepared(path):
+        if check_prepared(path):
             if load_meta(path)["tokenizer"]["kind"] == "gpt2":
                 needs.add("tiktoken")
         else:

@@ -616,14 +616,14 @@ def resolve_data(cfg: TrainConfig, run_root: Path, tokenizer=None) -> Path:
     """A prepared shard folder for cfg.data: the embedded default, a prepared folder, or raw text prepared now
     (with `tokenizer` when given: init_from's; else data.tokenizer's, or a BPE trained on the text)."""
     from redline.data.embedded import prepare_embedded
-    from redline.data.prepare import is_prepared, prepare
+    from redline.data.prepare import check_prepared, is_prepared, prepare
 
     if cfg.data.path is None:
         return prepare_embedded()
     path = Path(cfg.data.path)
     if not path.exists():
         raise UserError(f"data path {path} does not exist; give prepared shards or .txt/.jsonl/.parquet files")
-    if is_prepared(path):
+    if check_prepared(path):
         return path
     out = run_root / "data"
     if is_prepared(out):
