@@ -130,6 +130,24 @@ def test_resume_through_cli_uses_saved_config(dataset, tmp_path, capsys):
     assert "resumed from" in capsys.readouterr().out
 
 
+def test_resume_with_another_architecture_names_the_settings(dataset, tmp_path, capsys):
+    base = [f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=r", "model.n_layer=1", "model.n_embd=32",
+            "model.n_head=2", "model.context_len=32", "batch_size=2", "seq_len=16", "max_steps=2",
+            "eval_batches=1", "sample_tokens=0", "tensorboard=False"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", *base])
+    assert exc.value.code == 0
+    metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--resume", f"out_dir={tmp_path}", "run_name=r", "max_steps=4", "model.n_layer=2",
+                  "model.n_embd=48", "model.dropout=0.1"])  # dropout changes no weight: not named
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "model.n_layer (checkpoint 1, now 2), model.n_embd (checkpoint 32, now 48)" in err and "dropout" not in err
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == metrics  # the run is untouched
+    assert [p.name for p in ckpt_io.list_checkpoints(tmp_path / "r")] == ["step_00000002"]
+
+
 def test_sigterm_saves_checkpoint_and_resume_finishes(dataset, tmp_path):
     args = [sys.executable, "-m", "redline", "train", f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=s",
             "model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.context_len=64", "batch_size=4",

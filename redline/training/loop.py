@@ -38,7 +38,7 @@ from redline.hardware import autocast_dtype, environment_snapshot, peak_flops, r
 from redline.model import GPT
 from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
-from redline.training.init_from import InitPoint
+from redline.training.init_from import RUN_FIELDS, InitPoint
 from redline.training.metrics import (MetricsLogger, StepRecords, Throughput, eta_seconds, format_duration,
                                       resume_metrics)
 from redline.training.optim import lr_multiplier
@@ -119,7 +119,10 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     cfg, run_dir, source, init_point, resumed = open_run(cfg, resume_from, data)
     if resumed is not None and budget_progress(cfg, resumed.step, resumed.tokens, resumed.train_time) >= 1.0:
         return already_complete(cfg, run_dir, resumed, info)
-    cfg = resolve_batch_size(with_run_vocabulary(cfg, source.tokenizer, data is not None), device, info, batch_search)
+    cfg = with_run_vocabulary(cfg, source.tokenizer, data is not None)
+    if resumed is not None:
+        resumed.check_model(cfg)  # before a model of another shape is built, or searched for a batch size
+    cfg = resolve_batch_size(cfg, device, info, batch_search)
 
     torch.manual_seed(cfg.seed)
     model = new_model(cfg, device, on_host=cfg.lora.enabled and (init is None or resumed is not None))
@@ -213,6 +216,19 @@ class ResumePoint:
     def train_time(self) -> float:
         """Seconds of training (max_time's clock); checkpoints from before it was kept have the wall time."""
         return self.state.get("train_time", self.state["elapsed"])
+
+    def check_model(self, cfg: TrainConfig) -> None:
+        """The run's architecture must be the checkpoint's (as init_from's: RUN_FIELDS may change), or loading
+        the weights fails with a dump of mismatched tensor names and shapes."""
+        from redline.config import from_dict
+
+        saved = from_dict(TrainConfig, ckpt_io.load_config_dict(self.checkpoint)).model
+        changed = [f"model.{f.name} (checkpoint {getattr(saved, f.name)}, now {getattr(cfg.model, f.name)})"
+                   for f in dataclasses.fields(saved)
+                   if f.name not in RUN_FIELDS and getattr(saved, f.name) != getattr(cfg.model, f.name)]
+        if changed:
+            raise UserError(f"checkpoint {self.checkpoint} has another architecture than this run: "
+                            f"{', '.join(changed)}; resume without those settings, or start a new run")
 
     def restore(self, train_step: TrainStep, info: DistInfo) -> None:
         """Into a built (wrapped) step: the optimizer states (and, sharded, the weights), the step's own state,
