@@ -420,12 +420,46 @@ def test_loader_exact_resume(prepared):
 
 def test_loader_eval_batches_are_fixed(prepared):
     loader = TokenLoader(prepared, "val", 2, 32)
-    first = list(loader.eval_batches(50))  # more than the split holds: wraps around
+    first = list(loader.eval_batches(5))
     loader.next_batch()
-    again = list(loader.eval_batches(50))
-    assert len(first) == 50 and all(torch.equal(p[0], q[0]) for p, q in zip(first, again))
+    again = list(loader.eval_batches(5))
+    assert len(first) == 5 and all(torch.equal(p[0], q[0]) for p, q in zip(first, again))
     tokens = stream(prepared, "val")
     assert first[0][0][0].tolist() == tokens[:32].tolist()
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_evaluation_reads_a_short_split_once(prepared, world_size):
+    """More eval batches than the split holds: each window is scored once (the rows past its end are ignored
+    targets, so every rank runs the same batches), eval_tokens counts distinct tokens, and loss and bpb are the
+    plain means over the split."""
+    from redline.model import GPT, ModelConfig
+    from redline.training.evaluate import evaluate
+
+    T = 32
+    windows = TokenLoader(prepared, "val", 1, T).num_windows
+    B = next(b for b in (3, 4, 5, 7) if windows % (b * world_size))  # the last batch runs past the split's end
+    loaders = [TokenLoader(prepared, "val", B, T, rank=r, world_size=world_size) for r in range(world_size)]
+    batches = [list(loader.eval_batches(10_000)) for loader in loaders]
+    assert {len(b) for b in batches} == {-(-windows // (B * world_size))}  # one pass, the same count on every rank
+    targets = torch.cat([y for rank in batches for _, y in rank])
+    assert (targets >= 0).sum() == windows * T
+
+    torch.manual_seed(0)
+    tokenizer = load_data_tokenizer(prepared)
+    model = GPT(ModelConfig(vocab_size=tokenizer.vocab_size, context_len=T, n_layer=1, n_embd=32, n_head=2))
+    token_bytes = torch.as_tensor(tokenizer.token_byte_lengths())
+    sums = [evaluate(model, rank, token_bytes, None, torch.device("cpu")) for rank in batches]
+    eval_tokens = sum(s["eval_tokens"] for s in sums)
+    tokens = torch.from_numpy(stream(prepared, "val")[:windows * T + 1])
+    with torch.no_grad():
+        loss = model(tokens[:-1].view(windows, T), tokens[1:].view(windows, T), reduction="none").double()
+    nbytes = token_bytes[tokens[1:]].double()
+    assert eval_tokens == windows * T
+    if world_size == 1:
+        assert sums[0]["loss"] == pytest.approx(loss.mean().item(), rel=1e-6)
+        assert sums[0]["bpb"] == pytest.approx((loss.flatten() * (nbytes > 0)).sum().item()
+                                               / (math.log(2) * nbytes.sum().item()), rel=1e-6)
 
 
 def test_loader_errors(prepared):

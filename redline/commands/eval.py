@@ -48,7 +48,9 @@ def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
     full forward's."""
     from redline.inference.engine import InferenceEngine
 
-    rows = [x.cpu() for x, _ in batches]  # (B, T) tokens: T may be the whole context
+    # (B, T) tokens: T may be the whole context; rows whose targets are -1 repeat windows of a short split
+    rows = [x[(y >= 0).any(1)].cpu() for x, y in batches]
+    rows = [r for r in rows if len(r)]
     results, reference = [], None
     for dtype in dtypes:
         engine = InferenceEngine(model, kv_cache_dtype=dtype)
@@ -111,10 +113,8 @@ def main(argv: list[str]) -> int:
     loader = TokenLoader(data_dir, cfg.split, cfg.batch_size, seq_len, expected_identity=tokenizer.identity,
                          device=device, prefetch=False)
     token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
-    # a split smaller than --batches batches is read once, not wrapped around (the loader's batches repeat it)
-    batches = min(cfg.batches, -(-loader.num_windows // cfg.batch_size))
-    whole = ", the whole split" if batches < cfg.batches else ""
-    result = evaluate(model, loader.eval_batches(batches), token_bytes,
+    whole = ", the whole split" if cfg.batches * cfg.batch_size >= loader.num_windows else ""  # read once
+    result = evaluate(model, loader.eval_batches(cfg.batches), token_bytes,
                       autocast_dtype(device, "auto"), device)
     Console().print(f"{cfg.checkpoint} on {data_dir} ({cfg.split}, {result['eval_tokens']:,} tokens{whole}): "
                     f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | bits/byte {result['bpb']:.4f}")

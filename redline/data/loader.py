@@ -22,8 +22,10 @@ How it works:
   copied with non_blocking=True: building a batch on the host takes a sizeable part of a small model's step,
   and the thread hides it behind the GPU's work instead of adding it to every step.
 
-`eval_batches(n)` reads the split in order, unshuffled, and gives the same n batches every call (wrapping around
-when the split holds fewer than n batches), for a validation loss that is comparable between evaluations.
+`eval_batches(n)` reads the split in order, unshuffled, and gives the same n batches every call, for a validation
+loss that is comparable between evaluations. It reads the split at most once: a split of fewer than n global
+batches gives fewer, and the rows of its last batch past the split's end have every target -1 (ignored), so each
+window is scored once and every rank still runs the same batches of the same shape.
 """
 
 from __future__ import annotations
@@ -212,10 +214,13 @@ class TokenLoader:
             yield self.next_batch()
 
     def eval_batches(self, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The first n batches of this rank in stream order (no shuffle; the same on every call)."""
-        for i in range(n):
-            first = i * self.global_batch + self.rank * self.batch_size
-            yield self._to_device(self._host_batch([(first + j) % self.num_windows for j in range(self.batch_size)]))
+        """The first n batches of this rank in stream order (no shuffle; the same on every call), at most one pass
+        over the split (module docstring): y is -1 in the rows past its end."""
+        for i in range(min(n, -(-self.num_windows // self.global_batch))):
+            rows = i * self.global_batch + self.rank * self.batch_size + np.arange(self.batch_size)
+            x, y = self._host_batch((rows % self.num_windows).tolist())
+            y[torch.from_numpy(rows >= self.num_windows)] = -1
+            yield self._to_device((x, y))
 
     # ------------------------------------------------------------------------------------------------
     # resuming

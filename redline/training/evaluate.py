@@ -2,7 +2,8 @@
 
 Bits per byte = (sum of per-token losses in nats) / (ln 2 × UTF-8 bytes those tokens decode to), over the
 target tokens that are text (special tokens such as end-of-text have no bytes and are left out of both
-sums). Unlike loss it stays comparable across tokenizers and vocabulary sizes.
+sums). Unlike loss it stays comparable across tokenizers and vocabulary sizes. Targets of -1 (the rows past the
+end of a split shorter than the evaluation: redline/data/loader.py) count in neither loss nor tokens.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from redline.distributed import all_reduce_mean
 from redline.hardware import autocast
@@ -26,17 +28,19 @@ def evaluate(model, batches, token_bytes: torch.Tensor, autocast_dtype: torch.dt
     for x, y in batches:
         with ctx:
             loss = model(x, y, reduction="none").double()  # (B, T) nats
-        nbytes = token_bytes[y].double()
+        scored = y >= 0
+        loss = torch.where(scored, loss, 0.0)
+        nbytes = torch.where(scored, token_bytes[y.clamp(min=0)], 0).double()
         text = nbytes > 0
-        sums += torch.stack([loss.sum(), torch.tensor(loss.numel(), device=device, dtype=torch.float64),
-                             (loss * text).sum(), nbytes.sum()])
+        sums += torch.stack([loss.sum(), scored.sum().double(), (loss * text).sum(), nbytes.sum()])
     model.train(was_training)
     sums = all_reduce_mean(sums)
-    loss, tokens, text_loss, text_bytes = sums.tolist()
+    loss, tokens, text_loss, text_bytes = sums.tolist()  # each the ranks' mean
     mean = loss / max(tokens, 1)
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     return {
         "loss": mean,
         "perplexity": math.exp(min(mean, 50.0)),
         "bpb": text_loss / (math.log(2) * text_bytes) if text_bytes else float("nan"),
-        "eval_tokens": int(tokens),
+        "eval_tokens": round(tokens * ranks),  # all ranks together: each window of the split once
     }
