@@ -518,6 +518,17 @@ def test_chat_keeps_history_within_context(checkpoint, capsys, monkeypatch):
     assert len(out.splitlines()) >= 3  # three replies, each ended by a newline
 
 
+def test_chat_default_reply_length_fits_a_short_context(checkpoint, capsys, monkeypatch):
+    """The default reply length (256) is cut to half of a shorter context (this model's 96, tiny's 256), so chat
+    runs on a small model as the quick start trains it; an explicit length that leaves no room is still refused."""
+    code, out, err = run_cli(["chat", "--checkpoint", checkpoint, "--seed", "1"], capsys, stdin="hello\n/exit\n",
+                             monkeypatch=monkeypatch)
+    assert code == 0, err
+    code, _, err = run_cli(["chat", "--checkpoint", checkpoint, "--max-new-tokens", "96"], capsys, stdin="hi\n",
+                           monkeypatch=monkeypatch)
+    assert code == 2 and "max_new_tokens=96 leaves no room" in err
+
+
 def test_bench_infer_tiny_preset(capsys):
     code, out, err = run_cli(["bench-infer", "--preset", "tiny", "--batch-sizes", "1", "2", "--prompt-lens", "16",
                               "--max-new-tokens", "8", "--repeats", "1"], capsys)

@@ -22,8 +22,8 @@ from redline.inference.runtime import RuntimeOptions
 class ChatConfig:
     checkpoint: str | None = None
     """A checkpoint folder or a run directory (its newest checkpoint). Required."""
-    max_new_tokens: int = 256
-    """Most tokens per reply."""
+    max_new_tokens: int | None = None
+    """Most tokens per reply (None: 256, or half the model's context where that is shorter)."""
     temperature: float = 0.8
     """Sampling temperature (0: greedy)."""
     top_k: int | None = 50
@@ -53,8 +53,11 @@ class ChatConfig:
         from redline.inference.sampling import SamplingParams
 
         SamplingParams(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed).validate()
-        if self.max_new_tokens < 1:
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+DEFAULT_REPLY_TOKENS = 256
 
 
 class History:
@@ -114,6 +117,8 @@ def main(argv: list[str]) -> int:
                 bare_flags=bare)
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     ctx = generator.engine.cfg.context_len
+    if cfg.max_new_tokens is None:  # a small model's context (tiny's 256) keeps half for the conversation
+        cfg.max_new_tokens = min(DEFAULT_REPLY_TOKENS, ctx // 2)
     if cfg.max_new_tokens >= ctx:
         from redline.errors import UserError
 
