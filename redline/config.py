@@ -680,12 +680,22 @@ def _default_instance(cls, recipe: dict[str, Any]):
     return None
 
 
+def _bool_flags(cls) -> dict[str, str]:
+    """A bare `--name` for each boolean field of cls (not of its nested configs) means `--name True`, as the
+    commands' help and errors spell them (`--overwrite`), while `--name False` still works."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if hints.get(f.name) in (bool, bool | None)]
+    return {flag: "True" for name in names for flag in (f"--{name}", f"--{name.replace('_', '-')}")}
+
+
 def parse(cls, argv: list[str] | None, *, prog: str, description: str, bare_flags: dict[str, str] | None = None,
           default=None):
     """Build a `cls` instance from defaults, preset, named recipe, recipe file and the command line."""
     import tyro
 
-    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv), bare_flags)
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv), {**_bool_flags(cls), **(bare_flags or {})})
     recipe_path, argv = _pop_option(argv, "--config")
     preset, argv = _pop_option(argv, "--preset")
     has_preset = any(f.name == "preset" for f in dataclasses.fields(cls))

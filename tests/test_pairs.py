@@ -97,3 +97,23 @@ def test_out_that_exists_or_is_a_folder_is_refused_before_any_sampling(tmp_path)
             PairsConfig(checkpoint="-", task="arithmetic", out=str(out)).validate()
     PairsConfig(checkpoint="-", task="arithmetic", out=str(tmp_path / "pairs.jsonl"), overwrite=True).validate()
     assert (tmp_path / "pairs.jsonl").read_text() == "kept\n"
+
+
+def test_a_bare_overwrite_means_true_as_the_error_spells_it(tmp_path):
+    """`--overwrite` alone (as the refusal above suggests it) is `--overwrite True`: config.parse takes every
+    boolean field of a command's config as a bare flag; `--overwrite False` still works."""
+    from redline.config import parse
+
+    (tmp_path / "pairs.jsonl").write_text("kept\n")
+    args = ["-", "--task", "arithmetic", "--out", str(tmp_path / "pairs.jsonl")]
+    cfg = parse(PairsConfig, [*args, "--overwrite"], prog="redline pairs", description="")
+    assert cfg.overwrite is True
+    cfg = parse(PairsConfig, ["--overwrite", "--task", "arithmetic", "-", "--out", str(tmp_path / "x.jsonl")],
+                prog="redline pairs", description="")
+    assert cfg.overwrite is True and cfg.checkpoint == "-"
+    import pytest
+
+    from redline.errors import UserError
+
+    with pytest.raises(UserError, match="exists"):  # False: an existing --out is refused
+        parse(PairsConfig, [*args, "--overwrite", "False"], prog="redline pairs", description="")

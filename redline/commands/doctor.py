@@ -345,7 +345,7 @@ def main(argv: list[str]) -> int:
 
     # booleans take values (`--quick True`); the bare flags `--quick` and `--no-save` work too
     argv = [part for arg in argv for part in (["--save", "False"] if arg == "--no-save" else [arg])]
-    cfg = parse(DoctorConfig, argv, prog="redline doctor", description=DESCRIPTION, bare_flags={"--quick": "True"})
+    cfg = parse(DoctorConfig, argv, prog="redline doctor", description=DESCRIPTION)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     errors = Console(stderr=True, highlight=False)
     report = build_report(cfg, progress=lambda text: errors.print(f"[dim]doctor: {text}…"))

@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
     from redline.interop.hf import DTYPES
     from redline.training.checkpoint import load_checkpoint_weights, resolve_checkpoint
 
-    cfg = parse(ExportConfig, argv, prog="redline export", description=__doc__.strip(), bare_flags={"--merge": "True"})
+    cfg = parse(ExportConfig, argv, prog="redline export", description=__doc__.strip())
     if cfg.adapter is not None:
         return export_adapter(cfg)
     if cfg.out is None:
