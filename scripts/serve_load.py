@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
@@ -353,6 +354,25 @@ def read_counters(url: str, api_key: str | None) -> dict[str, float]:
     return out
 
 
+def check_fits(args) -> None:
+    """Exit with a one-line error before the load when its longest request cannot fit the model's context, as the
+    server lists it at /v1/models (redline's `context_length`): every such request would fail with a 400. A server
+    that does not list the model or its context is not checked."""
+    request = urllib.request.Request(args.url.rstrip("/") + "/v1/models",
+                                     headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            models = json.loads(response.read().decode()).get("data", [])
+    except (OSError, ValueError) as e:
+        sys.exit(f"serve_load.py: cannot read {args.url}/v1/models ({e}); is the server up at --url?")
+    context = next((m.get("context_length") for m in models if m.get("id") == args.model), None)
+    prompt = args.prompt_tokens + (args.turns - 1) * args.turn_tokens
+    new = math.ceil(args.max_tokens * (1 + args.max_tokens_spread))
+    if isinstance(context, int) and prompt + new > context:
+        sys.exit(f"serve_load.py: a request of up to {prompt} prompt and {new} new tokens does not fit {args.model}'s "
+                 f"context_length {context}; lower --prompt-tokens or --max-tokens")
+
+
 def server_figures(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
     """What `redline serve` counted during the load: decode steps, the batch's mean occupancy in them (rows
     decoding / rows), the wall time per step, and its own mean time to first token (from queueing to the first
@@ -439,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         return worker(argv[1])
     args = parse_args(argv)
+    check_fits(args)
     before = read_counters(args.url, args.api_key) if args.redline_metrics else None
     summary = run_processes(args) if args.processes > 1 else asyncio.run(run(args))
     if before is not None:

@@ -481,3 +481,13 @@ def test_whole_start_steps_meet_fewer_prefill_shapes_in_a_chat_load():
     assert rests16 == rests64 == 12 and 0 < copied64 <= copied16
     assert all(start % 64 == 0 for _, _, start in steps)
     assert len({s[2] for s in steps}) < len({s[2] for s in blocks}) and len(steps) <= len(blocks)
+
+
+def test_the_load_generator_refuses_requests_longer_than_the_context(model, capsys, monkeypatch):
+    """scripts/serve_load.py reads the model's context_length from /v1/models and stops with one line before the
+    load when its longest request cannot fit (each would be a 400), naming the options to lower."""
+    with pytest.raises(SystemExit) as stop:
+        serve_load_run(model, monkeypatch, capsys, [
+            "--concurrency", "1", "--requests", "2", "--prompt-tokens", str(CFG.context_len - 3), "--max-tokens", "4"])
+    assert f"does not fit tiny's context_length {CFG.context_len}" in str(stop.value.code)
+    assert "--prompt-tokens or --max-tokens" in str(stop.value.code)
