@@ -24,6 +24,7 @@
 set -euo pipefail
 OUT=${OUT:-runs/posttrain-demo}
 PYTHON=${PYTHON:-python}
+[ "$PYTHON" = python ] && [ -x .venv/bin/python ] && PYTHON=.venv/bin/python  # the setup script's environment
 SFT_STEPS=${SFT_STEPS:-300}
 DPO_STEPS=${DPO_STEPS:-40}
 GRPO_STEPS=${GRPO_STEPS:-60}

@@ -271,7 +271,7 @@ def test_sft_and_evaluate_an_imported_model_with_its_jinja_template(tmp_path, ca
     imported = json.loads((tmp_path / "ckpt" / "config.json").read_text())["model"]["vocab_size"]
     assert json.loads((ckpt / "config.json").read_text())["model"]["vocab_size"] == imported
     assert "chat_tokens" not in json.loads((ckpt / "tokenizer" / "redline_tokenizer.json").read_text())
-    capsys.readouterr()
+    assert f"next: redline chat --checkpoint {tmp_path / 's'}" in capsys.readouterr().out  # not generate's hint
     assert _cli(["evaluate", str(tmp_path / "s"), "--tasks", "sort", "--limit", "2", "--max-new-tokens", "2"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["chat"] == "jinja"
 

@@ -20,7 +20,8 @@ from redline.errors import UserError
 # stops there; a run that was already complete is a success
 EXIT_CODES = {"completed": 0, "already_complete": 0, "diverged": 1, "interrupted": 130}
 
-DESCRIPTION = "Train a GPT model. Overrides: --section.field VALUE or section.field=VALUE; --config FILE; --preset NAME."
+DESCRIPTION = ("Train a GPT model. Overrides: --section.field VALUE or section.field=VALUE; --config FILE; --preset NAME; "
+               "--recipe NAME (a shipped training recipe); --list-presets prints the presets.")
 
 
 def list_presets() -> None:
@@ -39,7 +40,10 @@ def list_presets() -> None:
         table.add_row(name, f"{model.num_params() / 1e6:.1f}M", f"{model.num_params(False) / 1e6:.1f}M",
                       str(cfg.n_layer), str(cfg.n_embd), f"{cfg.n_head}/{cfg.kv_heads}", cfg.mlp, cfg.pos_emb,
                       f"{cfg.norm_position}-{cfg.norm}", str(cfg.vocab_size), str(cfg.context_len))
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped or captured: rich would cut the table to 80 columns
+        console = Console(width=160)
+    console.print(table)
 
 
 def launch_torchrun(nproc: int, argv: list[str]) -> int:

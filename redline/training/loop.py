@@ -612,6 +612,10 @@ class Run:
             bpb += f" | best val bpb {self.best_bpb:.4f}"
         where = f" | checkpoint {checkpoint}" if checkpoint else ""
         if status == "completed":
+            if self.resume_command() != "train":  # a post-trained model is talked to and scored on tasks
+                return [f"[bold green]done[/bold green]: {head}{bpb}{where}",
+                        f"next: redline chat --checkpoint {self.run_dir}   (or redline evaluate {self.run_dir} "
+                        f"--tasks ...)"]
             return [f"[bold green]done[/bold green]: {head}{bpb}{where}",
                     f"next: redline generate --checkpoint {self.run_dir} --prompt \"{self.cfg.sample_prompt}\"   "
                     f"(or redline eval --checkpoint {self.run_dir})"]
