@@ -685,7 +685,10 @@ def _bool_flags(cls) -> dict[str, str]:
     commands' help and errors spell them (`--overwrite`), while `--name False` still works."""
     import typing
 
-    hints = typing.get_type_hints(cls)
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError:  # an annotation names a type imported only for type checkers: read the fields' own text
+        hints = {f.name: {"bool": bool, "bool | None": bool | None}.get(f.type, f.type) for f in dataclasses.fields(cls)}
     names = [f.name for f in dataclasses.fields(cls) if hints.get(f.name) in (bool, bool | None)]
     return {flag: "True" for name in names for flag in (f"--{name}", f"--{name.replace('_', '-')}")}
 
