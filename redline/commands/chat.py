@@ -112,9 +112,8 @@ def main(argv: list[str]) -> int:
     from redline.inference.runtime import expand_bool_flags, load_generator
     from redline.inference.sampling import SamplingParams
 
-    argv, bare = expand_bool_flags(argv, ("prepend-eot",))
-    cfg = parse(ChatConfig, argv, prog="redline chat", description=__doc__.strip(), default=ChatConfig(),
-                bare_flags=bare)
+    argv = expand_bool_flags(argv, ("prepend-eot",))
+    cfg = parse(ChatConfig, argv, prog="redline chat", description=__doc__.strip(), default=ChatConfig())
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     ctx = generator.engine.cfg.context_len
     if cfg.max_new_tokens is None:  # a small model's context (tiny's 256) keeps half for the conversation

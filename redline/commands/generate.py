@@ -88,6 +88,7 @@ class GenerateConfig:
                               repetition_penalty=self.repetition_penalty, seed=self.seed)
 
 
+# the booleans that also take --no-NAME (a bare --NAME is config.parse's)
 BOOL_FLAGS = ("prompt-per-line", "stop-at-eot", "prepend-eot", "truncate", "stream", "echo-prompt", "chat")
 
 
@@ -138,9 +139,8 @@ def main(argv: list[str]) -> int:
     from redline.config import parse
     from redline.inference.runtime import expand_bool_flags, load_generator
 
-    argv, bare = expand_bool_flags(argv, BOOL_FLAGS)
-    cfg = parse(GenerateConfig, argv, prog="redline generate", description=__doc__.strip(), default=GenerateConfig(),
-                bare_flags=bare)
+    argv = expand_bool_flags(argv, BOOL_FLAGS)
+    cfg = parse(GenerateConfig, argv, prog="redline generate", description=__doc__.strip(), default=GenerateConfig())
     prompts = read_prompts(cfg)
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
     # every prompt is checked before any generation starts

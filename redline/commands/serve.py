@@ -370,8 +370,8 @@ def main(argv: list[str]) -> int:
     from redline.inference.runtime import expand_bool_flags
 
     # --warmup False, --no-warmup, a bare --group-graphs
-    argv, bare = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process"))
-    cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip(), bare_flags=bare)
+    argv = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process"))
+    cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip())
     require_serve_extra()
     require_free_port(cfg.host, cfg.port)
     import uvicorn

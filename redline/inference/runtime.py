@@ -13,14 +13,14 @@ from redline.errors import UserError
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def expand_bool_flags(argv: list[str], names: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
-    """Booleans take values on redline's command lines (`--stream False`); also accept `--no-stream`, and
-    a bare `--truncate` (returned as config.parse bare_flags)."""
+def expand_bool_flags(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """Booleans take values on redline's command lines (`--stream False`); also accept `--no-stream` for these
+    names (a bare `--stream` is config.parse's, for every boolean field)."""
     out = []
     for arg in argv:
         name = arg.removeprefix("--no-")
         out += [f"--{name}", "False"] if arg.startswith("--no-") and name in names else [arg]
-    return out, {f"--{name}": "True" for name in names}
+    return out
 
 
 @dataclass
