@@ -114,10 +114,15 @@ def test_exact_resume(dataset, tmp_path, extra, monkeypatch):
     assert a == b  # bit-for-bit equal on CPU
 
 
-def test_resume_through_cli_uses_saved_config(dataset, tmp_path, capsys):
-    base = [f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=r", "model.n_layer=1", "model.n_embd=32",
-            "model.n_head=2", "model.context_len=32", "batch_size=2", "seq_len=16", "max_steps=4",
+def _cli_run(dataset, out_dir, max_steps: int) -> list[str]:
+    """`redline train` arguments of a one-layer run named r under out_dir."""
+    return [f"data.path={dataset}", f"out_dir={out_dir}", "run_name=r", "model.n_layer=1", "model.n_embd=32",
+            "model.n_head=2", "model.context_len=32", "batch_size=2", "seq_len=16", f"max_steps={max_steps}",
             "eval_batches=1", "sample_tokens=0", "tensorboard=False"]
+
+
+def test_resume_through_cli_uses_saved_config(dataset, tmp_path, capsys):
+    base = _cli_run(dataset, tmp_path, 4)
     with pytest.raises(SystemExit) as exc:
         cli.main(["train", *base])
     assert exc.value.code == 0
@@ -131,9 +136,7 @@ def test_resume_through_cli_uses_saved_config(dataset, tmp_path, capsys):
 
 
 def test_resume_with_another_architecture_names_the_settings(dataset, tmp_path, capsys):
-    base = [f"data.path={dataset}", f"out_dir={tmp_path}", "run_name=r", "model.n_layer=1", "model.n_embd=32",
-            "model.n_head=2", "model.context_len=32", "batch_size=2", "seq_len=16", "max_steps=2",
-            "eval_batches=1", "sample_tokens=0", "tensorboard=False"]
+    base = _cli_run(dataset, tmp_path, 2)
     with pytest.raises(SystemExit) as exc:
         cli.main(["train", *base])
     assert exc.value.code == 0
