@@ -342,6 +342,13 @@ class TrainConfig:
     """Evaluate on the validation split every this many steps (and at the end; 0: only at the end)."""
     eval_batches: int = 20
     """Micro-batches per evaluation."""
+    profile_steps: int = 0
+    """Profile this many optimizer steps of the run (0: none), from step profile_from on: kernel time a step by
+    kind (GEMMs, attention, norms, optimizer, the rest, and the collectives under DDP/FSDP2) as a `profile` record
+    in metrics.jsonl and a printed line, and each process's Perfetto trace and summary in the run's profile/
+    folder. The profiled steps run slower (the profiler's own cost) and do not count as training time."""
+    profile_from: int = 10
+    """The number of optimizer steps before profiling starts (past compilation and the first steps' warm-up)."""
     log_every: int = 10
     """Print and flush metrics every this many steps (each step is still recorded in metrics.jsonl)."""
     checkpoint_every: int = 0
@@ -450,7 +457,8 @@ class TrainConfig:
         if self.batch_ramp_steps < 0 or self.batch_ramp_multiple < 1 or not 0 < self.batch_ramp_start <= 1:
             raise UserError(f"batch_ramp_steps must be >= 0, batch_ramp_multiple >= 1 and batch_ramp_start in (0, 1]; "
                             f"got {self.batch_ramp_steps}, {self.batch_ramp_multiple} and {self.batch_ramp_start}")
-        for name in ("max_steps", "max_tokens", "tokens_per_step", "eval_every", "checkpoint_every"):
+        for name in ("max_steps", "max_tokens", "tokens_per_step", "eval_every", "checkpoint_every", "profile_steps",
+                     "profile_from"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_time < 0:

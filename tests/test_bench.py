@@ -218,6 +218,10 @@ def test_failure_classification_and_json_pick():
     ("aten::mm", "gemm"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
     ("aten::mul_ [optimizer]", "optimizer"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("gloo:all_reduce", "communication"),
+    ("aten::broadcast_tensors", "other"),
 ])
 def test_kernel_groups(name, group):
     assert kernel_group(name) == group

@@ -77,6 +77,28 @@ def test_loss_falls_and_run_dir_is_complete(dataset, tmp_path):
     assert ckpt_io.list_checkpoints(result.run_dir)[-1].name == "step_00000040"
 
 
+def test_profile_steps_records_kernel_time_without_changing_training(dataset, tmp_path, capsys):
+    """profile_steps=2 after 3 steps: a `profile` record of steps 4-5 (kernel time by kind, here the operators'
+    CPU time), each process's trace and summary under profile/; the losses are those of the same run unprofiled.
+    A run that ends inside its profiled steps reports the ones it ran."""
+    from redline.bench.profile import GROUP_NAMES
+
+    plain = train(config(dataset, tmp_path / "plain", "max_steps=6"))
+    result = train(config(dataset, tmp_path / "profiled", "max_steps=6", "profile_from=3", "profile_steps=2"))
+    assert train_losses(result.run_dir) == train_losses(plain.run_dir)
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    (profile,) = [r for r in records if r["kind"] == "profile"]
+    assert (profile["first_step"], profile["step"], profile["steps"]) == (4, 5, 2)
+    assert set(profile["groups_ms_per_step"]) == set(GROUP_NAMES) and profile["groups_ms_per_step"]["gemm"] > 0
+    assert (result.run_dir / "profile" / "trace-rank0.json.gz").stat().st_size > 0
+    assert json.loads((result.run_dir / "profile" / "rank0.json").read_text())["steps"] == 2
+    assert "profile of steps 4-5" in capsys.readouterr().out
+
+    cut = train(config(dataset, tmp_path / "cut", "max_steps=4", "profile_from=3", "profile_steps=5"))
+    records = [json.loads(line) for line in (cut.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["first_step"], r["step"], r["steps"]) for r in records if r["kind"] == "profile"] == [(4, 4, 1)]
+
+
 def train_stopped_at(cfg, step: int, monkeypatch):
     """train(cfg) stopped by a real SIGTERM during step `step` (it finishes the step, saves, and exits) -> its
     result, checked to be interrupted there."""

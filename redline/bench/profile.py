@@ -1,6 +1,7 @@
 """Profile a few training steps: a Chrome/Perfetto trace, and kernel time grouped by kind.
 
-Groups, matched on the kernel's name in this order: attention (flash, cuDNN SDPA, memory-efficient, fmha),
+Groups, matched on the kernel's name in this order: communication (NCCL's kernels, gloo's and c10d's collectives:
+under DDP and FSDP2, including the time a rank waits in them for the others), attention (flash, cuDNN SDPA, memory-efficient, fmha),
 gemm (cuBLAS, CUTLASS, nvjet, Triton matmul templates, FP8 scaled_mm), norm (LayerNorm/RMSNorm, including
 Inductor kernels that fuse one), optimizer (fused AdamW, foreach/multi-tensor kernels such as the gradient
 norm), other (everything else: elementwise, casts, cross-entropy, copies). On a CPU there are no kernels, so
@@ -22,6 +23,8 @@ from pathlib import Path
 import torch
 
 GROUPS: tuple[tuple[str, re.Pattern], ...] = (
+    ("communication", re.compile(r"nccl|gloo:|c10d::|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all",
+                                 re.IGNORECASE)),
     ("attention", re.compile(r"flash|fmha|sdpa|attention|attn|_efficient_attention|cudnn.*(fprop|bprop|dgrad)",
                              re.IGNORECASE)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|scaled_mm|wgmma|triton_tem|mm_kernel|"
@@ -136,6 +139,18 @@ def _profiled(fn: Callable[[], object], device: torch.device):
     return prof
 
 
+def _summary(prof, n_steps: int, wall_ms: float, trace_path: str | Path | None, device: torch.device) -> dict:
+    """The grouped summary of n_steps profiled steps (profile_steps' format); the trace written if asked."""
+    summary = summarize(_rows(prof, device), n_steps)
+    summary["timing"] = "gpu kernel time" if device.type == "cuda" else "cpu operator self time"
+    summary["wall_ms_per_step"] = wall_ms  # under the profiler (its own host cost included)
+    if device.type == "cuda":  # where the host's time goes: a step whose wall time far exceeds its kernels waits on it
+        summary["host_top"] = _host_top(prof, n_steps)
+    if trace_path:
+        summary["trace"] = str(export_trace(prof, trace_path))
+    return summary
+
+
 def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Path | None,
                   device: torch.device) -> dict:
     """Run `step` n_steps times under the profiler; write the trace; return the grouped summary."""
@@ -148,15 +163,43 @@ def profile_steps(step: Callable[[], object], n_steps: int, trace_path: str | Pa
 
     start = time.perf_counter()
     prof = _profiled(steps, device)
-    wall_ms = (time.perf_counter() - start) * 1e3 / max(n_steps, 1)
-    summary = summarize(_rows(prof, device), n_steps)
-    summary["timing"] = "gpu kernel time" if device.type == "cuda" else "cpu operator self time"
-    summary["wall_ms_per_step"] = wall_ms  # under the profiler (its own host cost included)
-    if device.type == "cuda":  # where the host's time goes: a step whose wall time far exceeds its kernels waits on it
-        summary["host_top"] = _host_top(prof, n_steps)
-    if trace_path:
-        summary["trace"] = str(export_trace(prof, trace_path))
-    return summary
+    return _summary(prof, n_steps, (time.perf_counter() - start) * 1e3 / max(n_steps, 1), trace_path, device)
+
+
+class StepsProfiler:
+    """The profiler around steps that a loop runs itself (`redline train profile_steps=N`): start(), each step
+    inside step_range(i), then stop(n_steps, trace_path) -> profile_steps' summary."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._prof = None
+        self._start = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self._prof is not None
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._prof = profile(activities=activities)
+        self._prof.__enter__()
+        self._start = time.perf_counter()
+
+    def step_range(self, i: int):
+        """A named range around step i (left out of the kernel counts, as profile_steps' are)."""
+        from torch.profiler import record_function
+
+        return record_function(f"train_step_{i}")
+
+    def stop(self, n_steps: int, trace_path: str | Path | None) -> dict:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        wall_ms = (time.perf_counter() - self._start) * 1e3 / max(n_steps, 1)
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        return _summary(prof, n_steps, wall_ms, trace_path, self.device)
 
 
 def profile_difference(run: Callable[[], object], base: Callable[[], object], n_steps: int,

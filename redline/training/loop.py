@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -137,9 +137,12 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
     with StopFlag() as stop:
         while (progress := run.progress()) < 1.0:
             multiplier = lr_multiplier(cfg.optim, run.step, progress)
-            with run.paused(run.compiles()):  # compilation is not training time
-                output = train_step.step(run.micro_batches(), multiplier)
+            profiled = run.profile_step()
+            with run.paused(run.compiles() or profiled is not None):  # compilation is not training time
+                with profiled or nullcontext():
+                    output = train_step.step(run.micro_batches(), multiplier)
             run.advance(output, cfg.optim.peak_lr * multiplier)
+            run.end_profile(done=False)
             last = run.progress() >= 1.0
             log_now = run.step % cfg.log_every == 0 or last or stop.signal is not None
             eval_now = bool(cfg.eval_every) and run.step % cfg.eval_every == 0 and not last
@@ -162,6 +165,7 @@ def train(cfg: TrainConfig, resume_from: Path | None = None, *, batch_search: Ba
             run.show_progress()
 
     run.write_records(summary=False)  # the steps since the last log line, whatever stopped the loop
+    run.end_profile(done=True)  # a run that stopped inside its profiled steps reports the ones it ran
     run.stop_clock()
     final_eval: dict = {}
     checkpoint = sample = None
@@ -369,6 +373,8 @@ class Run:
         self.lora_base: dict | None = None  # a LoRA run: the reference to its base, in each checkpoint's meta
         self.resumed_meta = resumed.meta if resumed is not None else None
         self.best_bpb: float | None = None
+        self.profiler = None  # profile_steps' profiler while it records (bench/profile.py)
+        self.profiled = 0  # steps it has recorded
         self.log = self._open_log(resumed)
         model = train_step.model
         peak, measured_peak, gpu_name = peak_flops(device)
@@ -477,6 +483,38 @@ class Run:
                 batch = tuple(t.reshape(-1, length) for t in batch)
             self.step_positions += batch_positions(batch)
             yield batch
+
+    def profile_step(self):
+        """The profiler's range around this step when profile_steps records it (started here at the step after
+        profile_from's), else None."""
+        cfg = self.cfg
+        if self.profiler is None and cfg.profile_steps and self.step == cfg.profile_from and not self.profiled:
+            from redline.bench.profile import StepsProfiler
+
+            self.profiler = StepsProfiler(self.device)
+            self.profiler.start()
+        if self.profiler is None:
+            return None
+        self.profiled += 1
+        return self.profiler.step_range(self.profiled - 1)
+
+    def end_profile(self, done: bool) -> None:
+        """Once profile_steps steps are recorded (or the loop has ended: done): each process writes its trace and
+        summary under profile/ in the run folder, and rank 0 logs a `profile` record and prints its kernel time."""
+        if self.profiler is None or (self.profiled < self.cfg.profile_steps and not done):
+            return
+        with self.paused():
+            folder = self.run_dir / "profile"
+            folder.mkdir(parents=True, exist_ok=True)
+            rank = self.info.rank
+            summary = self.profiler.stop(self.profiled, folder / f"trace-rank{rank}.json.gz")
+            self.profiler = None
+            summary = {"first_step": self.cfg.profile_from + 1, **summary}
+            write_atomic(folder / f"rank{rank}.json", json.dumps(summary, indent=2))
+        self.log.log({"kind": "profile", "step": self.step, **summary})
+        groups = " | ".join(f"{name} {ms:.2f}" for name, ms in summary["groups_ms_per_step"].items() if ms > 0)
+        self.log.print(f"[cyan]profile of steps {summary['first_step']}-{self.step}[/cyan] ({summary['timing']}, ms a "
+                       f"step): {groups} | wall {summary['wall_ms_per_step']:.2f} under the profiler | {folder}")
 
     def advance(self, output: StepOutput, lr: float) -> None:
         self.step += 1
