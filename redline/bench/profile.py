@@ -1,11 +1,11 @@
 """Profile a few training steps: a Chrome/Perfetto trace, and kernel time grouped by kind.
 
-Groups, matched on the kernel's name in this order: communication (NCCL's kernels, gloo's and c10d's collectives:
-under DDP and FSDP2, including the time a rank waits in them for the others), attention (flash, cuDNN SDPA, memory-efficient, fmha),
-gemm (cuBLAS, CUTLASS, nvjet, Triton matmul templates, FP8 scaled_mm), norm (LayerNorm/RMSNorm, including
-Inductor kernels that fuse one), optimizer (fused AdamW, foreach/multi-tensor kernels such as the gradient
-norm), other (everything else: elementwise, casts, cross-entropy, copies). On a CPU there are no kernels, so
-the same grouping is applied to the operators' own CPU time.
+Groups, matched on the kernel's name in this order: communication (NCCL's kernels, gloo's and c10d's
+collectives under DDP and FSDP2, including the time a rank waits in them for the others), attention (flash,
+cuDNN SDPA, memory-efficient, fmha), gemm (cuBLAS, CUTLASS, nvjet, Triton matmul templates, FP8 scaled_mm),
+norm (LayerNorm/RMSNorm, including Inductor kernels that fuse one), optimizer (fused AdamW, foreach/multi-tensor
+kernels such as the gradient norm), other (everything else: elementwise, casts, cross-entropy, copies). On a CPU
+there are no kernels, so the same grouping is applied to the operators' own CPU time.
 
 Open the trace at https://ui.perfetto.dev or chrome://tracing (a .json.gz path is written gzipped).
 """
@@ -174,10 +174,6 @@ class StepsProfiler:
         self.device = device
         self._prof = None
         self._start = 0.0
-
-    @property
-    def active(self) -> bool:
-        return self._prof is not None
 
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
