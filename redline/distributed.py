@@ -65,6 +65,15 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's `t` stacked in rank order: (world_size, *t.shape) ((1, *t.shape) in one process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, t.contiguous())  # (the list form: gloo's all_gather_into_tensor wants other shapes)
+        return torch.stack(parts)
+    return t[None]
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

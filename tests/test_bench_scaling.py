@@ -49,6 +49,9 @@ def test_scaling_over_one_and_two_processes(capsys, tmp_path):
         assert point["tokens_per_second_per_gpu"] == pytest.approx(point["tokens_per_second"] / n)
         assert 0.0 <= point["comm_exposed_share"] <= point["comm_share"] <= 1.0
         assert point["communication"]["steps"] == 2 and point["communication"]["wall_ms_per_step"] > 0
+        by_rank = point["communication"]["share_by_rank"]  # each rank's share; the point's is their mean
+        assert len(by_rank) == n and len(point["communication"]["exposed_share_by_rank"]) == n
+        assert sum(by_rank) / n == pytest.approx(point["comm_share"], rel=0.2) and all(0 <= x <= 1 for x in by_rank)
     assert one["parallel"] is None and two["parallel"] == "ddp"  # one process runs without a DDP wrapper
     assert one["comm_share"] == 0.0 and one["communication"]["collectives_rank0"] == {}
     assert two["comm_share"] > 0 and any(name.startswith("gloo:all_reduce")

@@ -22,7 +22,9 @@ Communication share, over the profiled steps (the first one is left out: it abso
 - on CPUs (gloo): the time gloo's worker threads spend in collectives (`gloo:*` profiler events), the same way;
 - exposed: the part of that time during which no compute ran at the same time (no other GPU kernel on any
   stream; on a CPU, no operator on the training threads) — the communication that the step waits for.
-Both shares are averaged over ranks. A collective's time includes waiting for the slowest rank to join it.
+Both shares are averaged over ranks, and each rank's share is given too (share_by_rank, exposed_share_by_rank). A
+collective's time includes waiting for the slowest rank to join it: ranks whose shares are far apart are out of
+step (one waits in its collectives for another), which slow transfers would not explain.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from redline.distributed import DistInfo, all_reduce_mean
+from redline.distributed import DistInfo, all_gather_rows
 from redline.errors import UserError
 
 STEP_MARK = "redline_scaling_step"  # the profiler range around each profiled step
@@ -289,10 +291,14 @@ def communication_profile(step: Callable[[], object], n_steps: int, device: torc
         if on_gpu:
             torch.cuda.synchronize(device)
     times = communication_times(prof.events(), on_gpu)
-    mean = all_reduce_mean(torch.tensor([times["wall_us"], times["comm_us"], times["exposed_us"]],
-                                        dtype=torch.float64, device=device)).tolist()
-    wall, comm, exposed = mean
+    ranks = all_gather_rows(torch.tensor([times["wall_us"], times["comm_us"], times["exposed_us"]],
+                                         dtype=torch.float64, device=device))  # (world, 3)
+    wall, comm, exposed = ranks.mean(dim=0).tolist()
     top = sorted(times["names_us"].items(), key=lambda kv: -kv[1])[:8]
+
+    def shares(column: int) -> list[float | None]:
+        return [part / whole if whole > 0 else None for whole, part in ranks[:, [0, column]].tolist()]
+
     return {
         "steps": n_steps,
         "timing": "collective kernels, GPU time" if on_gpu else "gloo collectives, time on gloo's threads",
@@ -301,6 +307,8 @@ def communication_profile(step: Callable[[], object], n_steps: int, device: torc
         "exposed_ms_per_step": exposed / 1e3 / n_steps,
         "share": comm / wall if wall > 0 else None,
         "exposed_share": exposed / wall if wall > 0 else None,
+        "share_by_rank": shares(1),
+        "exposed_share_by_rank": shares(2),
         "collectives_rank0": {name: us / 1e3 / n_steps for name, us in top},  # ms per step, rank 0's names
     }
 
@@ -324,6 +332,9 @@ def print_table(points: list[dict], title: str, out) -> None:
         comm = "-"
         if p.get("comm_share") is not None:
             comm = f"{p['comm_share'] * 100:.1f}% ({_fmt(p.get('comm_exposed_share'), '.1f', 100, '%')})"
+            by_rank = [x for x in (p.get("communication") or {}).get("share_by_rank") or () if x is not None]
+            if len(by_rank) > 1:  # ranks far apart: one waits in its collectives for another
+                comm += f", ranks {min(by_rank) * 100:.0f}-{max(by_rank) * 100:.0f}%"
         status = p.get("status", "?")
         if status != "ok" and p.get("error"):
             status = f"{status}: {p['error'][:80]}"
