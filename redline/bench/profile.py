@@ -125,14 +125,16 @@ def export_trace(prof, path: str | Path) -> Path:
     return path
 
 
-def _profiled(fn: Callable[[], object], device: torch.device):
-    """Run fn under the profiler (CPU operators, and CUDA kernels on a GPU, waited for); the profile."""
+def _new_profile(device: torch.device):
+    """A torch.profiler recording CPU operators, and CUDA kernels on a GPU."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else []))
+
+
+def _profiled(fn: Callable[[], object], device: torch.device):
+    """Run fn under the profiler (CPU operators, and CUDA kernels on a GPU, waited for); the profile."""
+    with _new_profile(device) as prof:
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -176,10 +178,7 @@ class StepsProfiler:
         self._start = 0.0
 
     def start(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        self._prof = profile(activities=activities)
+        self._prof = _new_profile(self.device)
         self._prof.__enter__()
         self._start = time.perf_counter()
 
