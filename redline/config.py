@@ -55,6 +55,11 @@ class OptimConfig:
     muon_symmetric: bool | None = None
     """Newton-Schulz's symmetric products (X·Xᵀ and the polynomial of it) a triangle at a time, in redline's Triton
     kernel (None: on where it can run, a CUDA GPU with triton; False: torch.matmul, all of each product)."""
+    muon_cuda_graphs: bool = True
+    """On a CUDA GPU, replay each stack's Newton-Schulz iterations as one CUDA graph (recorded at its first step):
+    the host then issues one launch a stack instead of some twenty, which matters where the host, not the GPU,
+    sets the step's pace (small batches a GPU, as under DDP). Keeps each stack's input and output allocated (about
+    twice the matrices' size in bfloat16)."""
     weight_decay: float = 0.1
     """Decoupled weight decay on 2-D weights (norms, biases and gains are not decayed)."""
     beta1: float = 0.9

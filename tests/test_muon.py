@@ -362,15 +362,17 @@ def test_a_dtensor_sharded_otherwise_is_refused(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_cuda_step_never_waits_and_equals_eager():
-    """On a GPU: compiled per shape, a step that never synchronises with the host (set_sync_debug_mode raises
-    on any), with the device-side skip armed and a new learning rate, and the same weights as the eager step
-    within bfloat16 rounding."""
+    """On a GPU: compiled, with and without Newton–Schulz replayed as CUDA graphs, a step that never synchronises
+    with the host (set_sync_debug_mode raises on any), with the device-side skip armed and a new learning rate,
+    and the same weights as the eager step within bfloat16 rounding."""
     cuda = torch.device("cuda")
     grads = [[g.to(cuda) for g in step] for step in random_grads(4)]
     results = []
-    for compile in (False, True):
+    for compile, graphs in ((False, False), (True, False), (True, True)):
         params = [torch.nn.Parameter(p.detach().to(cuda)) for p in random_params()]
-        opt = run_muon(params, grads[:3], momentum_warmup_steps=3, weight_decay=0.1, compile=compile)
+        opt = run_muon(params, grads[:3], momentum_warmup_steps=3, weight_decay=0.1, compile=compile,
+                       cuda_graphs=graphs)
+        assert len(opt._replays) == (len(set(SHAPES)) if graphs else 0)  # a graph a stack, recorded at its first step
         for p, g in zip(params, grads[3]):
             p.grad = g.clone()
         opt.found_inf = torch.zeros((), device=cuda)
@@ -381,8 +383,30 @@ def test_compiled_cuda_step_never_waits_and_equals_eager():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         results.append(params)
-    for a, b in zip(*results):
-        assert (a - b).abs().max().item() < 2e-3
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert (a - b).abs().max().item() < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_steps_resume_exactly():
+    """With Newton–Schulz replayed as CUDA graphs, 2 steps, the state saved and loaded into a new optimizer, and 2
+    more give the bits of 4 steps in one go (every call of a stack replays its graph, a resumed run's first too)."""
+    cuda = torch.device("cuda")
+    grads = [[g.to(cuda) for g in step] for step in random_grads(4)]
+    straight = [torch.nn.Parameter(p.detach().to(cuda)) for p in random_params()]
+    run_muon(straight, grads, compile=True, cuda_graphs=True, weight_decay=0.1)
+    resumed = [torch.nn.Parameter(p.detach().to(cuda)) for p in random_params()]
+    state = run_muon(resumed, grads[:2], compile=True, cuda_graphs=True, weight_decay=0.1).state_dict()
+    fresh = Muon(resumed, compile=True, cuda_graphs=True, weight_decay=0.1)
+    fresh.load_state_dict(state)
+    for step in grads[2:]:
+        for p, g in zip(resumed, step):
+            p.grad = g.clone()
+        fresh.step()
+    for a, b in zip(straight, resumed):
+        assert torch.equal(a, b)
 
 
 # ----------------------------------------------------------------------------------------------------

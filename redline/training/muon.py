@@ -19,11 +19,14 @@ share a shape (m, n) (in a transformer: every block's qkv, every block's output 
    n×n orthogonal matrix, so one learning rate (0.02) suits every shape; Moonlight's 0.2·√max(m, n), which
    matches AdamW's update RMS, is not used).
 
-Each of the three is a function that torch.compile compiles once per shape (dynamic=False) on a GPU; every
-hyperparameter reaches them as a device tensor, so a new learning rate or momentum never recompiles and
-`step()` never waits for the GPU. The momentum μ may warm up linearly (`momentum_start` → `momentum` over
-`momentum_warmup_steps` steps, as modded-nanogpt does), counted by the optimizer itself (`step_count` in
-each param group, so it is saved and resumed with the state).
+Steps 1 and 3 are one function call each for every stack of the step, and step 2 one call a stack; torch.compile
+compiles each once (dynamic=False) on a GPU. Every hyperparameter reaches them as one (stacks, 4) device tensor, sent
+from pinned memory in one copy, so a new learning rate or momentum never recompiles and `step()` never waits for the
+GPU. On a GPU each stack's Newton–Schulz run is also recorded as a CUDA graph at its first step and replayed
+(`cuda_graphs`): the host's cost of a step is then a few calls, not some hundred kernel launches, which matters where
+the host sets the pace (small batches a GPU, as under DDP). The momentum μ may warm up linearly (`momentum_start` → `momentum`
+over `momentum_warmup_steps` steps, as modded-nanogpt does), counted by the optimizer itself (`step_count` in each
+param group, so it is saved and resumed with the state).
 
 Under DDP (a process group of more than one rank, whole parameters on every rank) every rank keeps the
 momentum of every matrix (the gradients are already all-reduced, so the states stay identical and a
@@ -93,30 +96,40 @@ def newton_schulz(update: Tensor, steps: int = 5, dtype: torch.dtype = torch.bfl
     return x
 
 
-def nesterov_momentum(grads: list[Tensor], buffers: list[Tensor], hyper: Tensor,
-                      dtype: torch.dtype = torch.bfloat16) -> Tensor:
-    """Update each momentum buffer in place; returns the Nesterov updates stacked, (B, m, n) in `dtype`.
+def nesterov_momentum(grads: list[list[Tensor]], buffers: list[list[Tensor]], scalars: Tensor, found_inf: Tensor,
+                      grad_scale: Tensor, dtype: torch.dtype = torch.bfloat16) -> list[Tensor]:
+    """For each stack s (a list of same-shape gradients and their momentum buffers): update each buffer in place
+    and return the Nesterov updates stacked, (B, m, n) in `dtype`. One call covers every stack of a step, so the
+    host pays one compiled call for all of them.
 
-    hyper: (4,) [keep, μ, 1 − μ, f]; keep = 0 skips the step: the gradients (maybe non-finite) are ignored and
-    the buffers stay as they were; f multiplies the gradients first (1 / grad_scale: a clipped step's factor)."""
-    keep, momentum, one_minus, factor = hyper[0], hyper[1], hyper[2], hyper[3]
+    scalars: (S, 4) [μ, 1 − μ, decay, step] per stack (columns 2-3 are apply_update's). found_inf (0-dim, nonzero:
+    skip the step) ignores the gradients, maybe non-finite, and leaves the buffers as they were; the gradients are
+    divided by grad_scale (0-dim; 1 unless a clipped step's factor) first."""
+    keep = 1 - found_inf.float().clamp(0, 1)
+    factor = grad_scale.float().reciprocal()
     out = []
-    for grad, buf in zip(grads, buffers):
-        grad = torch.where(keep > 0, grad * factor, torch.zeros_like(grad))
-        buf.lerp_(grad, one_minus * keep)
-        out.append(grad.lerp(buf, momentum).to(dtype))  # cast before the stack: compiled, one pass writes it
-    return torch.stack(out)
+    for s, (stack, bufs) in enumerate(zip(grads, buffers)):
+        momentum, one_minus = scalars[s, 0], scalars[s, 1]
+        rows = []
+        for grad, buf in zip(stack, bufs):
+            grad = torch.where(keep > 0, grad * factor, torch.zeros_like(grad))
+            buf.lerp_(grad, one_minus * keep)
+            rows.append(grad.lerp(buf, momentum).to(dtype))  # cast before the stack: compiled, one pass writes it
+        out.append(torch.stack(rows))
+    return out
 
 
-def apply_update(params: list[Tensor], update: Tensor, hyper: Tensor) -> None:
-    """W ← decay·W + step·O for each parameter and its slice of `update` (B, m, n).
+def apply_update(params: list[list[Tensor]], updates: list[Tensor], scalars: Tensor, found_inf: Tensor) -> None:
+    """W ← decay·W + step·O for each parameter of each stack s and its slice of updates[s] (B, m, n).
 
-    hyper: [keep, decay = 1 − lr·λ, step = −lr·s, ...]; keep = 0 leaves the weights as they were."""
-    keep, decay, step = hyper[0], hyper[1], hyper[2]
-    decay = torch.where(keep > 0, decay, torch.ones_like(decay))
-    step = step * keep
-    for i, param in enumerate(params):
-        param.mul_(decay).add_(update[i].to(param.dtype) * step)
+    scalars: (S, 4) as nesterov_momentum's, decay = 1 − lr·λ and step = −lr·s in columns 2-3; found_inf
+    (nonzero) leaves the weights as they were."""
+    keep = 1 - found_inf.float().clamp(0, 1)
+    for s, (stack, update) in enumerate(zip(params, updates)):
+        decay = torch.where(keep > 0, scalars[s, 2], torch.ones_like(scalars[s, 2]))
+        step = scalars[s, 3] * keep
+        for i, param in enumerate(stack):
+            param.mul_(decay).add_(update[i].to(param.dtype) * step)
 
 
 class Muon(torch.optim.Optimizer):
@@ -126,7 +139,7 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Tensor] | Iterable[dict], lr: float = 0.02, momentum: float = 0.95,
                  weight_decay: float = 0.0, momentum_start: float | None = None, momentum_warmup_steps: int = 0,
                  ns_steps: int = 5, compile: bool = False, ns_dtype: torch.dtype = torch.bfloat16,
-                 symmetric: bool | None = None):
+                 symmetric: bool | None = None, cuda_graphs: bool = False):
         if lr < 0 or weight_decay < 0:
             raise ValueError(f"Muon: lr and weight_decay must be >= 0, got {lr} and {weight_decay}")
         for name, value in (("momentum", momentum), ("momentum_start", momentum_start)):
@@ -151,9 +164,13 @@ class Muon(torch.optim.Optimizer):
         triton; True there only)."""
         self.found_inf: Tensor | None = None
         self.grad_scale: Tensor | None = None
+        self.cuda_graphs = cuda_graphs
+        """Replay each stack's Newton–Schulz run as a CUDA graph (tensors on a CUDA GPU only; see _Replay)."""
         self._compile = compile
         self._kernels: dict[str, Callable] = {}
-        self._hyper: dict[tuple, Tensor] = {}  # (group, shape) -> (2, 4) device scalars of that stack's step
+        self._replays: dict[tuple, _Replay] = {}  # a stack's shape, strides, dtype, ... -> its graph
+        self._pool = None  # the graphs' shared memory pool
+        self._constants: dict[tuple, Tensor] = {}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
@@ -180,7 +197,15 @@ class Muon(torch.optim.Optimizer):
                             f"bf16 or fp16 iterations (tensors on {stack.device.type}, {self.ns_dtype}); set "
                             f"optim.muon_symmetric=False or leave it unset")
         use = can if self.symmetric is None else self.symmetric
-        return self._kernel("newton_schulz")(stack, ns_steps, self.ns_dtype, use)
+        run = self._kernel("newton_schulz")
+        if not self.cuda_graphs or stack.device.type != "cuda":
+            return run(stack, ns_steps, self.ns_dtype, use)
+        key = (tuple(stack.shape), stack.stride(), stack.dtype, stack.device, ns_steps, use)
+        if key not in self._replays:  # recorded at its first call, so that every step (a resumed run's too) replays
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            self._replays[key] = _Replay(lambda x: run(x, ns_steps, self.ns_dtype, use), stack, self._pool)
+        return self._replays[key](stack)
 
     @staticmethod
     def momentum_at(group: dict) -> float:
@@ -201,26 +226,25 @@ class Muon(torch.optim.Optimizer):
             out += [(index, group, params) for params in by_shape.values()]
         return out
 
-    def _hyper_tensor(self, key: tuple, device: torch.device, keep: Tensor | None, factor: Tensor | None,
-                      rows: list[list[float]]) -> Tensor:
-        """(len(rows), 4) scalars on the device: column 0 is `keep` (1, or 1 − found_inf), the rest the rows'
-        values, each written with fill_ (a kernel argument: no host-to-device copy that could wait); the first
-        row's column 3 is the gradients' factor (1, or 1 / grad_scale)."""
-        hyper = self._hyper.get(key)
-        if hyper is None:
-            hyper = self._hyper[key] = torch.ones(len(rows), 4, device=device)
-        for i, row in enumerate(rows):
-            if keep is not None:
-                hyper[i, 0].copy_(keep)
-            else:
-                hyper[i, 0].fill_(1.0)
-            for j, value in enumerate(row, start=1):
-                hyper[i, j].fill_(value)
-        if factor is not None:
-            hyper[0, 3].copy_(factor)
-        else:
-            hyper[0, 3].fill_(1.0)
-        return hyper
+    def _constant(self, value: float, device: torch.device) -> Tensor:
+        """A 0-dim float32 device tensor holding `value`, made once."""
+        key = (value, device)
+        if key not in self._constants:
+            self._constants[key] = torch.full((), value, device=device)
+        return self._constants[key]
+
+    def _scalars(self, stacks: list[tuple[int, dict, list[Tensor]]], device: torch.device) -> Tensor:
+        """(S, 4) float32 on `device`: [μ, 1 − μ, 1 − lr·λ, −lr·s] for each stack, sent in one copy (from pinned
+        memory on a GPU: the host does not wait for it, and torch keeps that memory until the copy has run)."""
+        rows = []
+        for _, group, params in stacks:
+            m, n = params[0].shape
+            lr, momentum = group["lr"], self.momentum_at(group)
+            rows.append([momentum, 1 - momentum, 1 - lr * group["weight_decay"], -lr * max(1.0, m / n) ** 0.5])
+        host = torch.tensor(rows, dtype=torch.float32)
+        if device.type != "cuda":
+            return host.to(device)
+        return host.pin_memory().to(device, non_blocking=True)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -228,52 +252,58 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        by_device: dict[torch.device, list] = {}
+        for stack in self._stacks():
+            by_device.setdefault(stack[2][0].device, []).append(stack)
+        for device, stacks in by_device.items():
+            self._step_stacks(stacks, device)
+        for group in self.param_groups:
+            group["step_count"] += 1
+        return loss
+
+    def _step_stacks(self, stacks: list[tuple[int, dict, list[Tensor]]], device: torch.device) -> None:
+        """One step of every stack on one device: the momentum of all of them in one call, each stack's
+        orthogonalisation (under DDP a share of it on each rank, gathered; under FSDP2 whole matrices on their
+        owners), then the weights of all of them in one call."""
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         rank = dist.get_rank() if world > 1 else 0
-        keep = None if self.found_inf is None else 1 - self.found_inf.float().clamp(0, 1)
-        factor = None if self.grad_scale is None else self.grad_scale.float().reciprocal()
-        pending = []  # (local params, update (B', rows, n), collective handle or None, hyper)
-        for index, group, params in self._stacks():
-            m, n = params[0].shape
-            lr = group["lr"]
-            step_size = -lr * max(1.0, m / n) ** 0.5
-            momentum = self.momentum_at(group)
-            hyper = self._hyper_tensor((index, m, n, params[0].dtype, params[0].device), params[0].device, keep,
-                                       factor, [[momentum, 1 - momentum], [1 - lr * group["weight_decay"], step_size]])
-            buffers = []
+        scalars = self._scalars(stacks, device)
+        # never None in the compiled calls (a run that sets them later would recompile): 0 and 1 do nothing
+        found_inf = self.found_inf if self.found_inf is not None else self._constant(0.0, device)
+        grad_scale = self.grad_scale if self.grad_scale is not None else self._constant(1.0, device)
+        buffers = []
+        for _, _, params in stacks:
             for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                buffers.append(state["momentum_buffer"])
-            stacked = self._kernel("momentum")([_local(p.grad) for p in params], [_local(b) for b in buffers],
-                                               hyper[0], self.ns_dtype)  # (B, rows here, n)
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            buffers.append([_local(self.state[p]["momentum_buffer"]) for p in params])
+        stacked = self._kernel("momentum")([[_local(p.grad) for p in params] for _, _, params in stacks], buffers,
+                                           scalars, found_inf, grad_scale, self.ns_dtype)  # (B, rows here, n)
+        pending = []  # (local params, update (B', rows, n) or a callable giving it, collective handle or None)
+        for (_, group, params), update in zip(stacks, stacked):
+            m, n = params[0].shape
             if hasattr(params[0], "device_mesh"):  # FSDP2: whole matrices only on their owner ranks
-                update, handle = self._orthogonalize_sharded(stacked, m, n, params[0].device_mesh.get_group(),
+                update, handle = self._orthogonalize_sharded(update, m, n, params[0].device_mesh.get_group(),
                                                              group["ns_steps"])
-                pending.append(([_local(p) for p in params], update, handle, hyper[1]))
+                pending.append(([_local(p) for p in params], update, handle))
                 continue
             if world == 1:
-                update = self._orthogonalize(stacked, group["ns_steps"])
-                pending.append((params, update, None, hyper[1]))
+                pending.append((params, self._orthogonalize(update, group["ns_steps"]), None))
                 continue
             share = math.ceil(len(params) / world)  # this rank orthogonalises matrices [rank·share, (rank+1)·share)
-            mine = stacked[rank * share:(rank + 1) * share]
+            mine = update[rank * share:(rank + 1) * share]
             if mine.size(0) < share:  # the stack's tail: zero matrices stay zero
                 mine = torch.cat([mine, mine.new_zeros(share - mine.size(0), m, n)])
             mine = self._orthogonalize(mine, group["ns_steps"])
             gathered = mine.new_empty(share * world, m, n)
             handle = dist.all_gather_into_tensor(gathered, mine.contiguous(), async_op=True)
-            pending.append((params, gathered, handle, hyper[1]))
-        for params, update, handle, hyper in pending:  # the collectives overlap the next stacks' iterations
+            pending.append((params, gathered, handle))  # the collectives overlap the next stacks' iterations
+        updates = []
+        for _, update, handle in pending:
             if handle is not None:
                 handle.wait()
-            if callable(update):
-                update = update()
-            self._kernel("apply")(params, update, hyper)
-        for group in self.param_groups:
-            group["step_count"] += 1
-        return loss
+            updates.append(update() if callable(update) else update)
+        self._kernel("apply")([params for params, _, _ in pending], updates, scalars, found_inf)
 
     def _orthogonalize_sharded(self, local: Tensor, m: int, n: int, process_group, ns_steps: int):
         """local: (B, r, n), this rank's rows of B matrices of shape (m, n) -> (this rank's rows of each
@@ -299,6 +329,32 @@ class Muon(torch.optim.Optimizer):
         handle = dist.all_to_all_single(recv, send, group=process_group, async_op=True)
         # recv[o, j]: my rows of matrix j·world + o -> (B, rows, n) in matrix order
         return (lambda: recv.transpose(0, 1).reshape(k * world, S, n)[:B, :rows]), handle
+
+
+class _Replay:
+    """fn(x) recorded as a CUDA graph for inputs shaped like `example`; calling it copies x into the graph's own
+    input and replays. The output is the graph's own tensor, overwritten by the next replay: Muon consumes it (or
+    waits for the collective that reads it) within the step. Graphs of one optimizer share a memory pool: each one's
+    output stays allocated (held here) and they replay one at a time on one stream, so only their transient
+    intermediates share memory. The memory kept is the stack's input and output, twice the stack in bfloat16."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], example: Tensor, pool):
+        self.input = torch.empty_strided(example.shape, example.stride(), dtype=example.dtype, device=example.device)
+        self.input.copy_(example)
+        side = torch.cuda.Stream(example.device)
+        side.wait_stream(torch.cuda.current_stream(example.device))
+        with torch.cuda.stream(side):  # a warm-up off the main stream, as recording wants: it compiles fn, and
+            fn(self.input)  # cuBLAS sets up its workspaces
+        torch.cuda.current_stream(example.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: the collectives' watchdog thread may query events while this thread records
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+            self.output = fn(self.input)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self.input.copy_(x)
+        self.graph.replay()
+        return self.output
 
 
 def _local(t: Tensor) -> Tensor:

@@ -83,7 +83,7 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
                 momentum_start=cfg.muon_momentum_start, momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
                 ns_steps=cfg.muon_ns_steps,
                 compile=cfg.muon_compile if cfg.muon_compile is not None else device.type == "cuda",
-                symmetric=cfg.muon_symmetric)
+                symmetric=cfg.muon_symmetric, cuda_graphs=cfg.muon_cuda_graphs)
     adam = torch.optim.AdamW(embed_head_groups(model, embed_head, cfg) + [{"params": gains, "weight_decay": 0.0}],
                              **adam_kwargs)
     return [muon, adam]
