@@ -372,7 +372,8 @@ def test_compiled_cuda_step_never_waits_and_equals_eager():
         params = [torch.nn.Parameter(p.detach().to(cuda)) for p in random_params()]
         opt = run_muon(params, grads[:3], momentum_warmup_steps=3, weight_decay=0.1, compile=compile,
                        cuda_graphs=graphs)
-        assert len(opt._replays) == (len(set(SHAPES)) if graphs else 0)  # a graph a stack, recorded at its first step
+        recorded = sum(len(g.graphs) for g in opt._graphs.values())
+        assert recorded == (len(set(SHAPES)) if graphs else 0)  # a graph a stack, recorded at its first step
         for p, g in zip(params, grads[3]):
             p.grad = g.clone()
         opt.found_inf = torch.zeros((), device=cuda)

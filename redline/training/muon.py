@@ -52,12 +52,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from redline.errors import UserError
+
+if TYPE_CHECKING:
+    from redline.inference.graphs import StepGraphs
 
 # The quintic's coefficients from Keller Jordan's Muon (modded-nanogpt): chosen to maximise the slope at zero,
 # so small singular values grow fast; after five iterations the singular values lie roughly in [0.7, 1.2]
@@ -165,11 +169,12 @@ class Muon(torch.optim.Optimizer):
         self.found_inf: Tensor | None = None
         self.grad_scale: Tensor | None = None
         self.cuda_graphs = cuda_graphs
-        """Replay each stack's Newton–Schulz run as a CUDA graph (tensors on a CUDA GPU only; see _Replay)."""
+        """Replay each stack's Newton–Schulz run as a CUDA graph (tensors on a CUDA GPU only). The graphs keep each
+        stack's input and output allocated, twice the stack in bfloat16."""
         self._compile = compile
         self._kernels: dict[str, Callable] = {}
-        self._replays: dict[tuple, _Replay] = {}  # a stack's shape, strides, dtype, ... -> its graph
-        self._pool = None  # the graphs' shared memory pool
+        self._graphs: dict[torch.device, StepGraphs] = {}  # Newton–Schulz's graphs, keyed by a stack's shape, ...
+        self._inputs: dict[tuple, Tensor] = {}  # (device, that key) -> the graph's input
         self._constants: dict[tuple, Tensor] = {}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -200,12 +205,21 @@ class Muon(torch.optim.Optimizer):
         run = self._kernel("newton_schulz")
         if not self.cuda_graphs or stack.device.type != "cuda":
             return run(stack, ns_steps, self.ns_dtype, use)
-        key = (tuple(stack.shape), stack.stride(), stack.dtype, stack.device, ns_steps, use)
-        if key not in self._replays:  # recorded at its first call, so that every step (a resumed run's too) replays
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            self._replays[key] = _Replay(lambda x: run(x, ns_steps, self.ns_dtype, use), stack, self._pool)
-        return self._replays[key](stack)
+        from redline.inference.graphs import StepGraphs  # noqa: F811 (here: loaded only where graphs are used)
+
+        if stack.device not in self._graphs:
+            self._graphs[stack.device] = StepGraphs(stack.device)
+        graphs = self._graphs[stack.device]
+        key = (tuple(stack.shape), stack.stride(), stack.dtype, ns_steps, use)
+        if key not in graphs:  # recorded at its first call, so that every step (a resumed run's too) replays
+            # the graph's own input, into which each call copies its stack; its output is overwritten by the next
+            # replay: Muon consumes it (or waits for the collective that reads it) within the step
+            static = self._inputs[(stack.device, key)] = torch.empty_strided(
+                stack.shape, stack.stride(), dtype=stack.dtype, device=stack.device).copy_(stack)
+            ns = lambda: run(static, ns_steps, self.ns_dtype, use)  # noqa: E731
+            graphs.capture(key, ns, ns, capture_error_mode="thread_local")
+        self._inputs[(stack.device, key)].copy_(stack)
+        return graphs.replay(key)
 
     @staticmethod
     def momentum_at(group: dict) -> float:
@@ -329,32 +343,6 @@ class Muon(torch.optim.Optimizer):
         handle = dist.all_to_all_single(recv, send, group=process_group, async_op=True)
         # recv[o, j]: my rows of matrix j·world + o -> (B, rows, n) in matrix order
         return (lambda: recv.transpose(0, 1).reshape(k * world, S, n)[:B, :rows]), handle
-
-
-class _Replay:
-    """fn(x) recorded as a CUDA graph for inputs shaped like `example`; calling it copies x into the graph's own
-    input and replays. The output is the graph's own tensor, overwritten by the next replay: Muon consumes it (or
-    waits for the collective that reads it) within the step. Graphs of one optimizer share a memory pool: each one's
-    output stays allocated (held here) and they replay one at a time on one stream, so only their transient
-    intermediates share memory. The memory kept is the stack's input and output, twice the stack in bfloat16."""
-
-    def __init__(self, fn: Callable[[Tensor], Tensor], example: Tensor, pool):
-        self.input = torch.empty_strided(example.shape, example.stride(), dtype=example.dtype, device=example.device)
-        self.input.copy_(example)
-        side = torch.cuda.Stream(example.device)
-        side.wait_stream(torch.cuda.current_stream(example.device))
-        with torch.cuda.stream(side):  # a warm-up off the main stream, as recording wants: it compiles fn, and
-            fn(self.input)  # cuBLAS sets up its workspaces
-        torch.cuda.current_stream(example.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: the collectives' watchdog thread may query events while this thread records
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-            self.output = fn(self.input)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        self.input.copy_(x)
-        self.graph.replay()
-        return self.output
 
 
 def _local(t: Tensor) -> Tensor:

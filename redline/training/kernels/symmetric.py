@@ -21,9 +21,9 @@ Xᵀ·X is X.mT passed as it is.
 
 Registered as `torch.ops.redline.symmetric_product`, an opaque custom op that launches the kernel itself
 (torch.compile calls it as it is). Its Python call costs the host more than the kernel costs a 768-wide stack on
-the GPU; Muon replays each stack's Newton–Schulz run as a CUDA graph (training/muon.py), so a training step pays that
-cost only when the graph is recorded. Registered with torch.library.triton_op instead (torch.compile launching the kernel from its own generated
-code) the host's cost went away, but the kernel ran no faster than torch.matmul's products (BENCHMARKS.md,
+the GPU; Muon replays each stack's Newton–Schulz run as a CUDA graph (training/muon.py), so a training step pays
+that cost only when the graph is recorded. Registered with torch.library.triton_op instead (torch.compile launching
+the kernel from its own generated code) the host's cost went away, but the kernel ran no faster than torch.matmul's products (BENCHMARKS.md,
 "Optimizers"). It needs the triton package and a CUDA GPU; `available()` says whether it can run here.
 """
 
