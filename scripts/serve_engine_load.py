@@ -2,7 +2,8 @@
 server's decode time goes when requests come and go, against the same batch decoding with every row full.
 
     python scripts/serve_engine_load.py CKPT [--rows 64] [--prompt-tokens 128] [--max-tokens 256]
-        [--spread 0 0.5] [--prefill-wait-ms 0 4] [--requests-per-row 16] [--sync-every 8] [--group-graphs]
+        [--spread 0 0.5] [--prefill-wait-ms 0 4] [--prefill-stream on off] [--requests-per-row 16]
+        [--sync-every 8] [--group-graphs]
         [--temperature 1 --top-p 0.9] [--host-profile 25] [--kernels] [--json-out F]
 
 Builds the scheduler as `redline serve` does (redline/commands/serve.py: build_scheduler, warmed up), then:
@@ -11,10 +12,11 @@ Builds the scheduler as `redline serve` does (redline/commands/serve.py: build_s
    (decode tokens/s with no row ever free: what `redline bench-infer` measures, on the server's own batch);
 2. closed loops: `rows` clients that each submit their next request the moment the last one ends (from the
    scheduler's thread, so no time is lost between them), `requests-per-row` each, per --spread (each request's
-   max_tokens drawn in max_tokens · [1 - s, 1 + s]) and per --prefill-wait-ms; output tokens/s and its share of
+   max_tokens drawn in max_tokens · [1 - s, 1 + s]), per --prefill-wait-ms and per --prefill-stream; output tokens/s and its share of
    (1), batch occupancy, wall time per decode step, where the scheduler's thread spent the load (admitting:
    prefills launched; launching decode steps; waiting for the device's tokens; handing them over: detokenizing,
-   sinks) and, on a GPU, the device's time in prefills, in decode steps and idle (CUDA events around each);
+   sinks) and, on a GPU, the device's time in prefills, in decode steps and idle (CUDA events around each, on the
+   decode steps' stream: with the prefill stream, "prefill" is the time the decode steps waited for prefills);
 3. prefill: the wall time of one whole-prompt prefill of n rows (prefill_many, as the scheduler admits them) and
    the host's part of it.
 
@@ -199,7 +201,7 @@ def closed_loop(sched, timed: Timed, prompt: int, max_tokens: int, spread: float
         else:
             submit_next()
 
-    s0 = (sched.stats.steps, sched.stats.busy_row_steps, sched.stats.completion_tokens)
+    s0 = (sched.stats.steps, sched.stats.busy_row_steps, sched.stats.completion_tokens, sched.stats.ttft_count)
     timed.reset()
     t0 = time.perf_counter()
     for _ in range(rows):
@@ -211,6 +213,8 @@ def closed_loop(sched, timed: Timed, prompt: int, max_tokens: int, spread: float
     steps = sched.stats.steps - s0[0]
     busy = sched.stats.busy_row_steps - s0[1]
     tokens = sched.stats.completion_tokens - s0[2]
+    fresh = sched.stats.ttft_count - s0[3]
+    ttft = sched.stats.ttft_snapshot()[-fresh:] if fresh else []  # (the scheduler's own: submit to first token)
     parts = {k: round(v / wall, 4) for k, v in timed.seconds.items()}
     parts["other"] = round(1 - sum(parts.values()), 4)
     device = {k: round(v / wall, 4) for k, v in timed.device_seconds().items()}
@@ -220,6 +224,7 @@ def closed_loop(sched, timed: Timed, prompt: int, max_tokens: int, spread: float
             "tokens": tokens, "tokens_per_s": round(tokens / wall, 1), "steps": steps,
             "occupancy": round(busy / steps / rows, 4) if steps else 0.0,
             "ms_per_step": round(wall / steps * 1e3, 4) if steps else 0.0,
+            "ttft_ms_p50": round(statistics.median(ttft) * 1e3, 2) if ttft else None,
             "thread_share": parts, "device_share": device}
 
 
@@ -280,6 +285,8 @@ def main() -> None:
     parser.add_argument("--prefill-wait-ms", type=float, nargs="+", default=[0.0],
                         help="the scheduler's prefill_wait_ms; several: each in turn on the same scheduler")
     parser.add_argument("--group-graphs", action="store_true")
+    parser.add_argument("--prefill-stream", nargs="+", choices=("on", "off"), default=["on"],
+                        help="prefill on a CUDA stream of its own beside the decode steps, or not; both: each in turn")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="every request's temperature (0: greedy; above 0 the rows sample, unseeded)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -316,26 +323,29 @@ def main() -> None:
     result["full_batch"], result["loads"] = [], []
     for r in range(args.repeats):
         result["full_batch"].append(full_batch(sched, args.prompt_tokens, args.max_tokens, args.seed + r))
-        for wait in args.prefill_wait_ms:
-            sched.prefill_wait_s = wait / 1000
+        for stream, wait in ((p, w) for p in args.prefill_stream for w in args.prefill_wait_ms):
+            sched.prefill_wait_s, sched.prefill_stream = wait / 1000, stream == "on"
             for spread in args.spread:
                 load = closed_loop(sched, timed, args.prompt_tokens, args.max_tokens, spread, args.requests_per_row,
                                    args.seed + r, sampling=sampling)
-                result["loads"].append(dict(load, prefill_wait_ms=wait))
-    sched.prefill_wait_s = args.prefill_wait_ms[0] / 1000
+                result["loads"].append(dict(load, prefill_wait_ms=wait, prefill_stream=stream))
+    sched.prefill_wait_s, sched.prefill_stream = args.prefill_wait_ms[0] / 1000, args.prefill_stream[0] == "on"
     result["prefill_ms"] = prefill_times(sched, args.prompt_tokens, [1, 2, 4, 8, 16, 64])
     full = statistics.median(f["tokens_per_s"] for f in result["full_batch"])
     print(f"full batch ({args.rows} rows): {full:,.0f} decode tokens/s "
           f"({statistics.median(f['ms_per_step'] for f in result['full_batch']):.3f} ms a step)")
     summary = {}
-    for wait, spread in ((w, s) for w in args.prefill_wait_ms for s in args.spread):
-        loads = [x for x in result["loads"] if x["spread"] == spread and x["prefill_wait_ms"] == wait]
+    for stream, wait, spread in ((p, w, s) for p in args.prefill_stream for w in args.prefill_wait_ms
+                                 for s in args.spread):
+        loads = [x for x in result["loads"]
+                 if x["spread"] == spread and x["prefill_wait_ms"] == wait and x["prefill_stream"] == stream]
         med = statistics.median(x["tokens_per_s"] for x in loads)
         mid = min(loads, key=lambda x: abs(x["tokens_per_s"] - med))
-        summary[f"spread {spread}, wait {wait:g} ms"] = {"tokens_per_s": med, "share": round(med / full, 4), "occupancy": mid["occupancy"],
-                                "ms_per_step": mid["ms_per_step"], "thread_share": mid["thread_share"],
-                                "device_share": mid["device_share"]}
-        print(f"closed loop, spread {spread}, prefill wait {wait:g} ms: {med:,.0f} tokens/s = {med / full:.1%} of the full batch; occupancy "
+        summary[f"spread {spread}, wait {wait:g} ms, prefill stream {stream}"] = {
+            "tokens_per_s": med, "share": round(med / full, 4), "occupancy": mid["occupancy"],
+            "ms_per_step": mid["ms_per_step"], "ttft_ms_p50": mid.get("ttft_ms_p50"),
+            "thread_share": mid["thread_share"], "device_share": mid["device_share"]}
+        print(f"closed loop, spread {spread}, prefill wait {wait:g} ms, prefill stream {stream}: {med:,.0f} tokens/s = {med / full:.1%} of the full batch; occupancy "
               f"{mid['occupancy']:.3f}, {mid['ms_per_step']:.3f} ms a step; scheduler thread: "
               + ", ".join(f"{k} {v:.0%}" for k, v in mid["thread_share"].items())
               + ("; device: " + ", ".join(f"{k} {v:.0%}" for k, v in mid["device_share"].items())

@@ -889,6 +889,55 @@ def test_greedy_tokens_among_others_equal_alone_on_a_gpu(tokenizer, group_graphs
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_prefills_beside_the_decode_steps_change_no_token_on_a_gpu(tokenizer):
+    """The prefill stream (prompts prefilled beside the group of steps running): 4 clients in a closed loop on 4
+    rows, each submitting its next request from its last one's final event (so rows are given out again while the
+    group in which their last request ended may still run), prompts sharing a 64-token beginning (copied from rows
+    that finished, prefix reuse) and lengths that end requests mid-group: every request's greedy tokens are those it
+    gets alone with one stream."""
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, n_embd=128, n_head=4, n_kv_head=2)).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # logits far apart: bf16 rounding alone cannot flip an argmax
+    batch = DecodeBatch(InferenceEngine(model), rows=4, capacity=CFG.context_len)
+    sched = Scheduler(batch, tokenizer, [EOT], sync_every=8, prefix_min_tokens=16)
+    assert sched.prefill_stream
+    shared = [(5 * j) % 250 + 1 for j in range(64)]
+    prompts = [shared + [(11 * i + j) % 250 + 1 for j in range(2 + i % 7)] for i in range(20)]
+    lengths = [6 + (5 * i) % 15 for i in range(20)]
+    seqs: list[Sequence] = []
+    lock, done = threading.Lock(), threading.Event()
+
+    def submit_next() -> None:
+        with lock:
+            i = len(seqs)
+            if i == len(prompts):
+                return
+            seqs.append(Sequence(list(prompts[i]), lengths[i], SamplingParams(), (), sink))
+        sched.submit([seqs[i]])
+
+    def sink(event: tuple) -> None:
+        if event[0] == "text":
+            return
+        with lock:
+            finished = sum(s.done for s in seqs) == len(prompts)
+        done.set() if finished else submit_next()
+
+    try:
+        for _ in range(4):
+            submit_next()
+        assert done.wait(120)
+        assert sched.stats.cached_tokens > 0  # beginnings were copied
+        sched.prefill_stream = False
+        alone = [run_all(sched, [p], [n])[0] for p, n in zip(prompts, lengths)]
+    finally:
+        sched.close()
+    assert [(s.finish_reason, s.tokens) for s in seqs] == [(a.finish_reason, a.tokens) for a in alone]
+    assert "error" not in {s.finish_reason for s in seqs}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_seeded_sampled_tokens_among_others_equal_alone_on_a_gpu(tokenizer):
     """The draw captured with each decode step (DecodeBatch.decode_sampled) on a GPU, bf16, compiled, CUDA graphs:
     12 requests at once on 8 rows (seeded ones sampling with and without top-p, greedy ones, unseeded sampled ones)

@@ -65,6 +65,10 @@ class ServeConfig:
     group_graphs: bool = False
     """Capture each group of --sync-every greedy decode steps as one CUDA graph (one launch per group instead of
     one per step; rows that finish inside a group are freed by the graph). Experimental: opt in."""
+    prefill_stream: bool = True
+    """On a GPU, prefill admitted prompts on a CUDA stream of their own, beside the decode steps already queued
+    (a 124M model's decode step leaves most of the GPU idle), instead of after them; False: one stream, as
+    before (for comparison)."""
     switch_interval_ms: float = 0.5
     """Python's thread switch interval in this process (sys.setswitchinterval), milliseconds: how long the event
     loop's thread may hold the GIL while the scheduler's thread waits to launch the next decode step."""
@@ -279,7 +283,8 @@ def build_scheduler(cfg: ServeConfig):
         warm_up(batch)
     scheduler = Scheduler(batch, tokenizer, stop_token_ids(tokenizer), max_queue=cfg.max_queue,
                           prefill_tokens=cfg.prefill_tokens, sync_every=sync_every,
-                          prefill_wait_ms=cfg.prefill_wait_ms, prefix_min_tokens=cfg.prefix_min_tokens)
+                          prefill_wait_ms=cfg.prefill_wait_ms, prefix_min_tokens=cfg.prefix_min_tokens,
+                          prefill_stream=cfg.prefill_stream)
     return scheduler, tokenizer
 
 
@@ -370,7 +375,7 @@ def main(argv: list[str]) -> int:
     from redline.inference.runtime import expand_bool_flags
 
     # --warmup False, --no-warmup, a bare --group-graphs
-    argv = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process"))
+    argv = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process", "prefill-stream"))
     cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip())
     require_serve_extra()
     require_free_port(cfg.host, cfg.port)

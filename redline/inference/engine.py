@@ -107,6 +107,9 @@ class DecodeState:
     active: torch.Tensor  # (B,) 1 for a row whose slot steps advance, 0 for a free row (it rewrites its slot)
     counts: torch.Tensor | None  # int32 zeros the triton kernels count finished spans in
     graphs: StepGraphs | None
+    prefills: StepGraphs | None
+    """The prefill graphs, in a memory pool of their own: a server replays them on a CUDA stream of its own while
+    decode steps run (graphs that share a pool must never run at the same time)."""
     warm: set = field(default_factory=set)  # shapes already compiled
     prefill_inputs: dict = field(default_factory=dict)
     """("prefill", b, T, start) -> the input buffers (tokens (b, T), rows (b,), last indices (b,)) its graph reads."""
@@ -263,6 +266,7 @@ class InferenceEngine:
             active=torch.ones(batch, dtype=torch.long, device=dev),
             counts=self._counters(),
             graphs=StepGraphs(dev) if self.plan.cuda_graphs else None,
+            prefills=StepGraphs(dev) if self.plan.cuda_graphs else None,
         )
         return self._state
 
@@ -368,7 +372,7 @@ class InferenceEngine:
         its first `start` tokens already: a copied prefix) -> the logits after token `last` (b,) of each row's
         span (b, vocab), a tensor of the caller's. One span, one chunk (b · T at most prefill_chunk_tokens). With
         CUDA graphs, each (b, T, start) is captured in one graph the first time it is met (its input buffers
-        filled in place, the state's graph pool shared with the decode steps) and replayed after: a forward of
+        filled in place, in the state's pool of prefill graphs) and replayed after, on the caller's stream: a forward of
         dozens of kernels per layer, launched from Python with shapes that change from call to call, costs
         milliseconds of host time that a server's decoding rows would otherwise wait for."""
         b, T = tokens.shape
@@ -386,14 +390,14 @@ class InferenceEngine:
         inputs = st.prefill_inputs[key]
         for buf, value in zip(inputs, (tokens, rows, last)):
             buf.copy_(value, non_blocking=True)
-        if key not in st.graphs:
+        if key not in st.prefills:
             # the warm-up runs (on a side stream, after the work queued before it) prefill the same rows with the
             # same prompts as the replay that follows: what they write is what the replay writes again
-            st.graphs.capture(key, lambda: self._prefill_final(st, *inputs, start),
-                              lambda: self._prefill_final(st, *inputs, start))
+            st.prefills.capture(key, lambda: self._prefill_final(st, *inputs, start),
+                                lambda: self._prefill_final(st, *inputs, start))
         # the graph ends at the hidden states (b, C): no graph keeps a (b, vocab) output; the head reads the
         # graph's output buffer now, before its next replay rewrites it
-        return last_logits(self.model, st.graphs.replay(key))
+        return last_logits(self.model, st.prefills.replay(key))
 
     def prefill_graphs(self, st: DecodeState) -> int:
         """How many prefill shapes the state holds graphs of."""

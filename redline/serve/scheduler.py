@@ -9,6 +9,13 @@ How it works
   span at a time, not for its whole length), then launch `sync_every` decode steps and read the tokens of the
   previous group of steps while the device runs these (the device never waits for the host). The first tokens of
   the requests just prefilled are copied before the steps are queued and handed over while they run.
+- On a GPU the prefills (with what goes with them: parking, copied beginnings, the first tokens' draw) run on a
+  CUDA stream of their own, beside the group of steps the device is running, not after it: a small model's
+  decode step leaves most of the GPU idle, so a prompt costs the decoding rows a little time instead of holding
+  them for the whole prefill. The prefill stream first waits for the end of the last group in which each row it
+  writes decoded (a row freed inside a group runs to the group's end), the rows start on the decode stream once
+  their prefills are done, and their first tokens go to the clients before the running group ends. Prefill
+  graphs have a memory pool of their own for it (inference/engine.py).
 - A row is freed the moment its request is done: at launch time when it has been given its max_tokens (known
   without reading anything back), or when its tokens reach the host and hold a stop token or a stop string, or
   when its client went away (`cancel()`). Tokens a freed row computed in steps already launched are dropped.
@@ -39,6 +46,7 @@ How it works
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import threading
 import time
@@ -255,7 +263,7 @@ class Scheduler:
 
     def __init__(self, batch: DecodeBatch, tokenizer, stop_ids: Seq[int], max_queue: int = 256,
                  prefill_tokens: int = 2048, sync_every: int | None = None, prefill_wait_ms: float = 0.0,
-                 prefix_min_tokens: int = 0):
+                 prefix_min_tokens: int = 0, prefill_stream: bool = True):
         if max_queue < 1 or prefill_tokens < 1:
             raise UserError(f"max_queue and prefill_tokens must be >= 1, got {max_queue} and {prefill_tokens}")
         if prefix_min_tokens < 0:
@@ -275,6 +283,12 @@ class Scheduler:
         # read a group's tokens while the next group runs (on a GPU: the device never waits for the host); on a
         # CPU the steps are done when launched, and lagging would only delay the tokens
         self.lag_reads = self.device.type == "cuda"
+        # on a GPU, prompts are prefilled on a stream of their own, beside the decode steps already queued (see the
+        # module docstring); each row's last group's end event says when its cache is the prefill's to write
+        self._side: torch.cuda.Stream | None = None
+        self.prefill_stream = prefill_stream
+        self._main = None
+        self._row_done: list = [None] * batch.rows
         self.rows: list[Sequence | None] = [None] * batch.rows
         self._holders: list[Sequence | None] = [None] * batch.rows  # the last sequence given each row
         self._admissions = itertools.count(1)
@@ -333,6 +347,16 @@ class Scheduler:
             self.stats.requests += len(sequences)
             self._cond.notify()
 
+    @property
+    def prefill_stream(self) -> bool:
+        """Whether prompts are prefilled on a CUDA stream of their own (always False on a CPU)."""
+        return self._side is not None
+
+    @prefill_stream.setter
+    def prefill_stream(self, on: bool) -> None:
+        # (a benchmark switches it between loads, with nothing in flight)
+        self._side = torch.cuda.Stream(self.device) if on and self.device.type == "cuda" else None
+
     def queue_depth(self) -> int:
         return len(self.waiting)
 
@@ -383,6 +407,12 @@ class Scheduler:
                     self._drop_cancelled()
                     self._admit()
                     group = self._launch()
+                    if group is not None and group.firsts is not None and self._side is not None:
+                        # the first tokens of this turn's prompts are ready before the group the device runs now
+                        # (their prefills ran beside it): to their clients without waiting for its end
+                        self._deliver_firsts(group)
+                        for flush in self.flushes:
+                            flush()
                     if pending is not None:
                         self._deliver(pending)
                     if group is not None:
@@ -476,6 +506,14 @@ class Scheduler:
                 seeded = seq.sampling.seed is not None
                 seq.generator = make_generator(seq.sampling, self.device) if seeded else None
                 admitted.append(seq)
+        waiting_rows = [s.row for s in self.rows if s is not None and not self.batch.busy[s.row]]
+        with self._beside_decoding(waiting_rows):
+            self._prefill_admitted(scored, admitted, leaving)
+
+    def _prefill_admitted(self, scored: list[Sequence], admitted: list[Sequence], leaving: list[int]) -> None:
+        """_admit's work on the device: park what the rows given out held, score the prompts that ask for their
+        logprobs, copy reused beginnings and prefill the prompts (within the turn's budget), sample their first
+        tokens and start their rows."""
         if leaving:  # not into a parked row a new sequence is about to copy its beginning from
             batch_rows = range(self.batch.rows)
             wanted = {self.batch.match(s.prompt[:-1], exclude=batch_rows)[0] for s in admitted}
@@ -544,14 +582,20 @@ class Scheduler:
         """The free row to give seq, and whether it was chosen for what it holds: with prefix reuse, one that holds
         the longest beginning of its prompt (nothing to copy), else the one given longest ago (what it holds is
         the least likely to be asked for again: a conversation's next turn comes soon after its last); without,
-        the first."""
+        the first. With a prefill stream, other than for what it holds, a row whose last group has ended: one
+        freed inside the group the device runs now would hold its prefill back until that group's end."""
+        if self._side is not None:
+            settled = [r for r in free if self._row_done[r] is None or self._row_done[r].query()]
+            others = settled or free
+        else:
+            others = free
         if not self.prefix_min_tokens:
-            return free[0], False
+            return others[0], False
         row, n = self.batch.match(seq.prompt[:-1], exclude=set(range(self.batch.rows)).difference(free),
                                   parked=False)
         if n >= self.prefix_min_tokens:
             return row, True
-        return min(free, key=self._given_at.__getitem__), False
+        return min(others, key=self._given_at.__getitem__), False
 
     def _score_prompt(self, seq: Sequence) -> None:
         """Send seq its prompt's logprobs: a forward of the whole prompt (the model's logits at every position, which
@@ -596,6 +640,7 @@ class Scheduler:
                 else:
                     computing.add(head)
         for n, pairs in copies.items():  # the copies of one length together: a few launches for all of them
+            self._after_rows([src for src, _ in pairs])  # a finished sequence's generated tokens among them
             self.batch.copy_prefixes(pairs, n)
         return later
 
@@ -611,6 +656,42 @@ class Scheduler:
         if all(r is not None for r in self.rows):
             return True
         return time.perf_counter() - prefilling[0].submitted_s >= self.prefill_wait_s
+
+    @contextlib.contextmanager
+    def _beside_decoding(self, rows: Seq[int]):
+        """With a prefill stream: run what is inside on it, beside the decode steps queued on the device's stream,
+        once the last group in which any of `rows` decoded has ended (what is inside writes their caches: a row
+        freed inside a group still decodes up to its end). Without one: in place."""
+        if self._side is None:
+            yield
+            return
+        self._main = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._side):
+            self._after_rows(rows)
+            yield
+
+    def _after_rows(self, rows: Seq[int]) -> None:
+        """Make the prefill stream wait for the end of the last group in which any of `rows` decoded (parked rows
+        beyond the batch's never decode)."""
+        if self._side is None:
+            return
+        events = {id(e): e for e in (self._row_done[r] for r in rows if r < self.batch.rows) if e is not None}
+        for event in events.values():
+            self._side.wait_event(event)
+
+    @contextlib.contextmanager
+    def _on_decode_stream(self, *made: torch.Tensor):
+        """Inside _beside_decoding: back on the device's stream, which waits for what the prefill stream has queued
+        so far (the rows' prompts) before what is queued inside (the rows' starts); `made` (tensors the prefill
+        stream wrote) are read there, so their memory is not reused before it has."""
+        if self._side is None:
+            yield
+            return
+        for t in made:
+            t.record_stream(self._main)
+        with torch.cuda.stream(self._main):
+            self._main.wait_stream(self._side)
+            yield
 
     def _first_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample the token after each prompt (logits (n, vocab)) on the device and start the rows from them: they
@@ -633,12 +714,16 @@ class Scheduler:
             logprobs = None if seq.logprobs is None else token_logprobs(raw[i:i + 1], first, seq.logprobs)
             self._firsts.append((seq, first, logprobs))
             seq.launched = 1
-            if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
-                self.rows[seq.row] = None
-            else:
+        with self._on_decode_stream(firsts, *[t for bias in biases if bias is not None for t in bias]):
+            for i, seq in enumerate(seqs):
+                if seq.max_tokens == 1:  # nothing to decode: the row is free once the token is sampled
+                    self.rows[seq.row] = None
+                    continue
+                first = firsts[i:i + 1]
                 if any(seq.penalties) or seq.logit_bias or self._penalty is not None:
                     self._start_adjusted(seq, first, biases[i])
-                self.batch.start(seq.row, first[0], len(seq.prompt), seq.sampling.temperature, seq.sampling.top_p)
+                self.batch.start(seq.row, first[0], len(seq.prompt), seq.sampling.temperature,
+                                 seq.sampling.top_p)
 
     def _launch(self) -> _Group | None:
         """Up to sync_every decode steps, stopping early when no row is left; their tokens (and the first tokens of
@@ -646,14 +731,14 @@ class Scheduler:
         a row's sequence decodes the group's first n steps (n < steps when it got its max_tokens): its row is
         freed right after its last step, known here without reading anything back."""
         firsts, self._firsts = self._firsts, []
-        first_tokens = torch.cat([f for _, f, _ in firsts]) if firsts else None  # (n,)
-        first_logprobs = [lp for _, _, lp in firsts]
-        first_event = None
-        if first_tokens is not None and self.device.type == "cuda":  # on their way before the steps are queued
-            first_tokens = first_tokens.to("cpu", non_blocking=True)
-            first_logprobs = [lp if lp is None else lp.to("cpu", non_blocking=True) for lp in first_logprobs]
-            first_event = torch.cuda.Event()
-            first_event.record()
+        first_event, first_logprobs = None, [lp for _, _, lp in firsts]
+        with self._beside_decoding(()):  # where they were sampled: with a prefill stream, before the steps queued
+            first_tokens = torch.cat([f for _, f, _ in firsts]) if firsts else None  # (n,)
+            if first_tokens is not None and self.device.type == "cuda":  # on their way before the steps are queued
+                first_tokens = first_tokens.to("cpu", non_blocking=True)
+                first_logprobs = [lp if lp is None else lp.to("cpu", non_blocking=True) for lp in first_logprobs]
+                first_event = torch.cuda.Event()
+                first_event.record()
         running = [s for s in self.rows if s is not None and self.batch.busy[s.row]]
         counts = [min(self.sync_every, seq.max_tokens - seq.launched) for seq in running]
         steps = max(counts, default=0)
@@ -696,6 +781,8 @@ class Scheduler:
             logprobs = logprobs.to("cpu", non_blocking=True) if logprobs is not None else None
             event = torch.cuda.Event()
             event.record()
+            for seq in running:  # until the group's end, a prefill on the other stream must not touch these rows
+                self._row_done[seq.row] = event
         return _Group(tokens, event, decoded, first_tokens, [seq for seq, _, _ in firsts], first_event, logprobs,
                       first_logprobs)
 

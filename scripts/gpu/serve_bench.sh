@@ -12,6 +12,7 @@
 #     CLIENT_PROCESSES=4 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # the recorded loads' clients in 4 processes
 #     CONNECTIONS="keep new" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # clients' connections kept alive, or new
 #     API_PROCESSES="1 3" ENGINE_PROCESS=on CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --api-processes (a server each)
+#     PREFILL_STREAM="on off" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prefills beside the decode steps or after
 #     PROMPT=512 SHARED_PREFIX=448 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prompts sharing a beginning; with
 #         SERVE_ARGS="--prefix-min-tokens 0" the same without prefix reuse
 #     TURNS=4 TURN_TOKENS=64 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # conversations: each turn's prompt the
@@ -51,7 +52,7 @@
 # (the last line: the `openai` client and httpx, without which tests/test_serve.py and the serving GPU tests skip
 # as a whole module: GPU_TESTS=1 prints the reasons of whatever skips)
 # Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load, --sync-every and engine mode),
-# serve_<mode>_sync*_wait*_api*.log, metrics_<mode>_sync*_wait*_api*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
+# serve_<mode>_sync*_wait*_api*_ps*.log, metrics_<mode>_sync*_wait*_api*_ps*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -77,6 +78,7 @@ TEMPERATURE="${TEMPERATURE:-0}"  # the recorded closed loads' temperature (0: gr
 PORT="${PORT:-8471}"
 SYNC_EVERY="${SYNC_EVERY:-0}"  # decode steps per read of their tokens (0: the server's default); several: one server each
 SERVE_ARGS="${SERVE_ARGS:-}"  # more `redline serve` options, e.g. "--switch-interval-ms 5"
+PREFILL_STREAM="${PREFILL_STREAM:-auto}"  # the server's --prefill-stream: on, off, auto (its default); several: one server each
 ENGINE_PROCESS="${ENGINE_PROCESS:-auto}"  # on, off, auto (the server's default), or several: one server each
 API_PROCESSES="${API_PROCESSES:-1}"  # the server's --api-processes (more than 1 needs the engine process); several: one server each
 mkdir -p "$OUT"
@@ -134,12 +136,19 @@ esac
 for sync in $SYNC_EVERY; do
 for wait in $PREFILL_WAIT; do
 for api in $API_PROCESSES; do
-TAG="${mode}_sync${sync}_wait${wait}_api$api"
+for pstream in $PREFILL_STREAM; do
+TAG="${mode}_sync${sync}_wait${wait}_api${api}_ps$pstream"
+case "$pstream" in
+    on) PS_ARG=(--prefill-stream) ;;
+    off) PS_ARG=(--no-prefill-stream) ;;
+    auto) PS_ARG=() ;;
+    *) echo "serve_bench.sh: PREFILL_STREAM holds $pstream; give on, off or auto" | tee -a "$LOG" >&2; exit 2 ;;
+esac
 WAIT_ARG=(); [ "$wait" != auto ] && WAIT_ARG=(--prefill-wait-ms "$wait")
 API_ARG=(); [ "$api" != 1 ] && API_ARG=(--api-processes "$api")
-echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync $MODE_ARG ${API_ARG[*]} ===" | tee -a "$LOG"
+echo "=== redline serve $CKPT --max-batch 64 --context $CONTEXT --sync-every $sync $MODE_ARG ${API_ARG[*]} ${PS_ARG[*]} ===" | tee -a "$LOG"
 "$PY" -m redline serve "$CKPT" --port "$PORT" --max-batch 64 --context "$CONTEXT" --model-name "$PRESET" \
-    --sync-every "$sync" "${WAIT_ARG[@]}" "${API_ARG[@]}" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
+    --sync-every "$sync" "${WAIT_ARG[@]}" "${API_ARG[@]}" "${PS_ARG[@]}" $MODE_ARG $SERVE_ARGS > "$OUT/serve_$TAG.log" 2>&1 &
 SERVER=$!
 "$PY" - "$PORT" "$SERVER" <<'EOF2' 2>&1 | tee -a "$LOG"
 import os, sys, time, urllib.request
@@ -212,8 +221,10 @@ with open('$OUT/serve_load.jsonl', 'a') as out:
     for line in open('$LOAD'):
         if line.strip():
             out.write(json.dumps(dict(json.loads(line), sync_every=$sync, engine_process='$mode',
-                                      prefill_wait_ms='$wait', api_processes=$api)) + chr(10))
+                                      prefill_wait_ms='$wait', api_processes=$api,
+                                      prefill_stream='$pstream')) + chr(10))
 "
+done
 done
 done
 done
@@ -244,7 +255,7 @@ servers = {}
 for l in closed:
     key = (l.get("engine_process", "auto"), l.get("sync_every"), l.get("max_tokens_spread") or 0.0,
            str(l.get("prefill_wait_ms", "auto")), l.get("client_processes", 1),
-           "new" if l.get("new_connections") else "keep", l.get("api_processes", 1))
+           "new" if l.get("new_connections") else "keep", l.get("api_processes", 1), l.get("prefill_stream", "auto"))
     servers.setdefault(key, []).append(l)
 medians = {key: {"tok_s": median([l["output_tokens_per_s"] or 0 for l in ls]),
                  "ttft_p50": median([l["ttft_ms"].get("p50", 0) for l in ls]), "loads": len(ls)}
@@ -259,16 +270,17 @@ for spread in sorted({key[2] for key in medians}):  # the best server under each
         checks.append({"metric": f"64 streams, {load}: tok/s (median of {medians[best]['loads']} loads) / "
                                  "bench-infer batch-64 decode tok/s", "target": ">= 0.70", "measured": round(share, 3),
                        "met": share >= 0.70,
-                       "server": f"{best[0]} s={best[1]} wait={best[3]} api={best[6]} clients={best[4]}p {best[5]} connections"})
+                       "server": f"{best[0]} s={best[1]} wait={best[3]} api={best[6]} ps={best[7]} clients={best[4]}p {best[5]} connections"})
     ttft = medians[best]["ttft_p50"]
     checks.append({"metric": f"median TTFT at 64 streams, {load} (ms)", "target": "<= 50", "measured": ttft,
                    "met": ttft <= 50,
-                   "server": f"{best[0]} s={best[1]} wait={best[3]} api={best[6]} clients={best[4]}p {best[5]} connections"})
+                   "server": f"{best[0]} s={best[1]} wait={best[3]} api={best[6]} ps={best[7]} clients={best[4]}p {best[5]} connections"})
 # each server's median 64-stream load against the offline figure (ENGINE_PROCESS="on off" compares them)
 share_by_mode = {f"{mode} s={sync} wait={wait}" + (f" spread={spread:g}" if spread else "")
                  + (f" clients={procs}p" if procs != 1 else "") + (" new connections" if conns == "new" else "")
-                 + (f" api={api}" if api != 1 else ""):
-                 round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait, procs, conns, api), m in medians.items() if ref}
+                 + (f" api={api}" if api != 1 else "") + (f" ps={ps}" if ps != "auto" else ""):
+                 round(m["tok_s"] / ref, 3) for (mode, sync, spread, wait, procs, conns, api, ps), m in medians.items()
+                 if ref}
 print(f"\n{'load':<30} {'tok/s':>10} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>7} {'failed':>6}"
       f" {'occupancy':>9} {'ms/step':>7} {'server TTFT':>11}")
 for b, o in sorted(offline.items()):
@@ -281,7 +293,8 @@ for l in loads:
             + (f" sp={l['max_tokens_spread']:g}" if l.get("max_tokens_spread") else "")
             + (f" p={l['client_processes']}" if l.get("client_processes", 1) != 1 else "")
             + (" new-conn" if l.get("new_connections") else "")
-            + (f" api={l['api_processes']}" if l.get("api_processes", 1) != 1 else ""))
+            + (f" api={l['api_processes']}" if l.get("api_processes", 1) != 1 else "")
+            + (f" ps={l['prefill_stream']}" if l.get("prefill_stream", "auto") != "auto" else ""))
     t, i = l["ttft_ms"], l["itl_ms"]
     srv = l.get("server") or {}
     print(f"{name:<30} {l['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p99', 0):>8.1f}"
