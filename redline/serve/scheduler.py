@@ -493,9 +493,12 @@ class Scheduler:
                 self.waiting = collections.deque(s for s in self.waiting if s.max_tokens)
             free = [r for r in range(self.batch.rows) if self.rows[r] is None]
             leaving = []  # rows whose last sequence's tokens their new one does not go on from: parked first
+            # with a prefill stream, the free rows whose last group has ended (asked once a turn: event queries)
+            settled = {r for r in free if self._row_done[r] is None or self._row_done[r].query()} \
+                if self._side is not None and self.waiting else set(free)
             while free and self.waiting:
                 seq = self.waiting.popleft()
-                r, kept = self._row_for(seq, free)
+                r, kept = self._row_for(seq, free, settled)
                 free.remove(r)
                 if self.batch.parked and not kept and len(self.batch.held[r]) >= self.prefix_min_tokens:
                     leaving.append(r)
@@ -578,17 +581,13 @@ class Scheduler:
             if seq.prefilled == len(seq.prompt):
                 self._first_tokens([seq], logits[None])
 
-    def _row_for(self, seq: Sequence, free: list[int]) -> tuple[int, bool]:
+    def _row_for(self, seq: Sequence, free: list[int], settled: set[int]) -> tuple[int, bool]:
         """The free row to give seq, and whether it was chosen for what it holds: with prefix reuse, one that holds
         the longest beginning of its prompt (nothing to copy), else the one given longest ago (what it holds is
         the least likely to be asked for again: a conversation's next turn comes soon after its last); without,
-        the first. With a prefill stream, other than for what it holds, a row whose last group has ended: one
+        the first. Other than for what it holds, one of `settled` if any is free: with a prefill stream, a row
         freed inside the group the device runs now would hold its prefill back until that group's end."""
-        if self._side is not None:
-            settled = [r for r in free if self._row_done[r] is None or self._row_done[r].query()]
-            others = settled or free
-        else:
-            others = free
+        others = [r for r in free if r in settled] or free
         if not self.prefix_min_tokens:
             return others[0], False
         row, n = self.batch.match(seq.prompt[:-1], exclude=set(range(self.batch.rows)).difference(free),
