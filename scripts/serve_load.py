@@ -213,8 +213,19 @@ async def load(args) -> tuple[list[Result], float, float]:
                 idle.append(conn)
             return result
 
+    # Single requests' prompts (and arrival gaps) are drawn before the clock starts, in the order the tasks below
+    # once drew them: drawn by each task as it started, a closed loop's N queued tasks made the event loop draw
+    # N - concurrency prompts while the first requests' connections waited, hundreds of milliseconds at 1024
+    # requests, counted as the opening requests' TTFT and the load's wall time.
+    prompts, gaps = [], []
+    if args.turns <= 1:
+        for _ in range(args.requests):
+            if args.rate > 0:
+                gaps.append(rng.expovariate(args.rate))
+            prompts.append(beginning + draw(args.prompt_tokens - args.shared_prefix_tokens))
+
     async def one(i: int) -> Result:
-        return await send(beginning + draw(args.prompt_tokens - args.shared_prefix_tokens))
+        return await send(prompts[i])
 
     in_progress = asyncio.Semaphore(args.conversations or args.requests)
 
@@ -242,7 +253,7 @@ async def load(args) -> tuple[list[Result], float, float]:
         for i in range(args.requests):
             tasks.append(asyncio.create_task(one(i)))
             if args.rate > 0:
-                await asyncio.sleep(rng.expovariate(args.rate))
+                await asyncio.sleep(gaps[i])
         results = await asyncio.gather(*tasks)
     for _, writer in idle:
         writer.close()
@@ -309,10 +320,22 @@ def worker(spec_path: str) -> int:
 
 def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dict:
     """The load's figures; client_cpu_share is this process's CPU seconds over the wall time: near 1, the client
-    (one Python process) may be what limits the figures, not the server."""
+    (one Python process) may be what limits the figures, not the server. With --requests-out, one JSON line per
+    request is appended there (seconds from the load's first start: start, first token, end; tokens; error)."""
+    if getattr(args, "requests_out", None):
+        t0 = min((r.start for r in results), default=0.0)
+        with open(args.requests_out, "a") as f:
+            for r in sorted(results, key=lambda r: r.start):
+                f.write(json.dumps({"start": round(r.start - t0, 6),
+                                    "first": None if r.first is None else round(r.first - t0, 6),
+                                    "end": round(r.end - t0, 6) if r.end else None,
+                                    "completion_tokens": r.completion_tokens, "error": r.error}) + "\n")
     ok = [r for r in results if r.ok]
     tokens = sum(r.completion_tokens for r in ok)
     ttft = [r.first - r.start for r in ok if r.first is not None]
+    # the requests after the opening wave (the first `concurrency` to start: they arrive together, on connections
+    # not yet open, and wait for each other's prefills): what a client meets once the load runs
+    later = sorted((r for r in ok if r.first is not None), key=lambda r: r.start)[args.concurrency:]
     itl = [(r.end - r.first) / (r.completion_tokens - 1) for r in ok if r.first and r.completion_tokens > 1]
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
     errors = sorted({r.error for r in results if not r.ok and r.error})
@@ -331,7 +354,8 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
             "output_tokens": tokens,
             "output_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
             "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
-            "ttft_ms": percentiles(ttft), "itl_ms": percentiles(itl), "chunk_gap_ms": percentiles(gaps),
+            "ttft_ms": percentiles(ttft), "ttft_ms_after_opening": percentiles([r.first - r.start for r in later]),
+            "itl_ms": percentiles(itl), "chunk_gap_ms": percentiles(gaps),
             "finish_reasons": {k: sum(r.finish_reason == k for r in ok) for k in ("stop", "length")},
             "client_cpu_share": round(cpu / wall, 3) if wall > 0 else None, "errors": errors[:5]}
 
@@ -428,6 +452,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="append the summary as one JSON line to this file")
+    p.add_argument("--requests-out", default=None,
+                   help="append one JSON line per request to this file (when it started, its first token and its "
+                        "end, in seconds from the load's start): where in a load the slow first tokens are")
     p.add_argument("--processes", type=int, default=1,
                    help="client processes sharing the load (each its share of the clients, requests and rate): "
                         "one Python process parsing every stream's events may itself delay what it times")
@@ -471,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['output_tokens_per_s'] or 0:>10,.0f} {t.get('p50', 0):>9.1f} {t.get('p90', 0):>8.1f} "
           f"{t.get('p99', 0):>8.1f} {i.get('p50', 0):>8.2f} {i.get('p90', 0):>7.2f} {i.get('p99', 0):>7.2f}  "
           f"(client CPU {summary['client_cpu_share'] or 0:.0%})")
+    if (a := summary["ttft_ms_after_opening"]):
+        print(f"TTFT after the opening wave ({args.concurrency} requests arriving together): p50 {a['p50']:.1f}, "
+              f"p90 {a['p90']:.1f}, p99 {a['p99']:.1f} ms")
     if args.turns > 1 or args.shared_prefix_tokens:
         print(f"prompt tokens the server copied (prefix reuse): {summary['cached_prompt_tokens']} of "
               f"{summary['server_prompt_tokens']} a request (mean)")

@@ -783,9 +783,9 @@ def test_sigterm_refuses_new_connections_drains_then_cancels_within_the_timeout(
                for r in results if r not in cut), results
 
 
-def test_load_generator_in_two_client_processes(live, capsys, monkeypatch):
+def test_load_generator_in_two_client_processes(live, capsys, monkeypatch, tmp_path):
     """serve_load.py --processes 2: the clients and requests split over two processes started together, every
-    request counted once in one summary."""
+    request counted once in one summary; --requests-out writes each one's times, in the order they started."""
     import importlib.util
     from pathlib import Path
 
@@ -795,9 +795,15 @@ def test_load_generator_in_two_client_processes(live, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "serve_load", load)
     spec.loader.exec_module(load)
     code = load.main(["--url", live.url, "--model", MODEL, "--concurrency", "4", "--requests", "11",
-                      "--prompt-tokens", "10", "--max-tokens", "6", "--processes", "2"])
+                      "--prompt-tokens", "10", "--max-tokens", "6", "--processes", "2",
+                      "--requests-out", str(tmp_path / "requests.jsonl")])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and summary["completed"] == 11 and summary["failed"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 11 and rows[0]["start"] == 0 and [r["start"] for r in rows] == sorted(r["start"] for r in rows)
+    assert all(r["start"] < r["first"] <= r["end"] and r["error"] is None for r in rows)
+    ttft = sorted(r["first"] - r["start"] for r in rows[4:])  # after the opening wave of 4 clients
+    assert summary["ttft_ms_after_opening"]["p50"] == pytest.approx(ttft[len(ttft) // 2] * 1000, abs=2e-3)
     assert summary["client_processes"] == 2 and summary["concurrency"] == 4
     assert sum(summary["finish_reasons"].values()) == 11 and 0 < summary["output_tokens"] <= 66
     assert 0 < summary["ttft_ms"]["p50"] and 0 < summary["wall_s"] < 30
