@@ -129,6 +129,23 @@ def test_parked_rows_are_opt_in_and_need_prefix_reuse(checkpoint):
             scheduler.close()
 
 
+def test_the_engine_process_freezes_its_start_up_heap_once_the_scheduler_runs(checkpoint, monkeypatch):
+    """What start-up left (torch, the compiled model) is frozen, so that no full collection walks it under load:
+    after the scheduler is built, before it serves."""
+    import gc
+
+    from redline.commands.serve import engine_scheduler
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(gc.get_count()))
+    for freeze_heap, calls in ((True, 1), (False, 1)):  # --no-freeze-heap: left as Python sets it
+        scheduler = engine_scheduler(serve_config(checkpoint, True, freeze_heap=freeze_heap))
+        try:
+            assert len(frozen) == calls and scheduler.alive and scheduler.batch.rows == 4
+        finally:
+            scheduler.close()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_greedy_and_seeded_completions_equal_the_in_thread_server(in_thread, in_process, stream):
     for prompt, max_tokens, sampling in [("Once upon a time", 24, dict(temperature=0)),

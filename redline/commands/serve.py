@@ -9,6 +9,7 @@ is free, and gives it back the moment it finishes, stops or its client disconnec
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -69,6 +70,10 @@ class ServeConfig:
     """On a GPU, prefill admitted prompts on a CUDA stream of their own, beside the decode steps already queued
     (a 124M model's decode step leaves most of the GPU idle), instead of after them; False: one stream, as
     before (for comparison)."""
+    freeze_heap: bool = True
+    """Once warm, move what start-up left in each serving process (torch, the compiled model) out of the garbage
+    collector's reach, so that no full collection stalls every stream under load; False: leave the collector as
+    Python sets it (for comparison)."""
     switch_interval_ms: float = 0.5
     """Python's thread switch interval in this process (sys.setswitchinterval), milliseconds: how long the event
     loop's thread may hold the GIL while the scheduler's thread waits to launch the next decode step."""
@@ -295,7 +300,21 @@ def parked_rows(cfg: ServeConfig) -> int:
 
 def engine_scheduler(cfg: ServeConfig):
     """The engine process's scheduler (EngineProcess.start's builder)."""
-    return build_scheduler(cfg)[0]
+    scheduler = build_scheduler(cfg)[0]
+    freeze_startup_heap(cfg)
+    return scheduler
+
+
+def freeze_startup_heap(cfg: ServeConfig) -> None:
+    """Move every object alive after start-up (torch's and the compiler's, the model's, the captured graphs') out
+    of the garbage collector's reach. A process that has imported torch and compiled a model holds some hundreds of
+    thousands of objects that a full collection walks, a stall of a few hundred milliseconds that every running
+    stream and every waiting first token sits through, triggered at whatever moment the requests' own objects
+    tip the collector's count. Frozen, a collection walks only what was made since. (vLLM freezes its heap after
+    capturing its CUDA graphs for the same reason.)"""
+    if cfg.freeze_heap:
+        gc.collect()
+        gc.freeze()
 
 
 def uses_engine_process(cfg: ServeConfig) -> bool:
@@ -363,6 +382,7 @@ def api_process(cfg: ServeConfig, conn, sock) -> None:
     renderer = chat_renderer(cfg.chat_template, tokenizer)
     engine = EngineProcess.attach(conn, cfg.max_queue)
     _, app = frontend(cfg, engine, tokenizer, renderer)
+    freeze_startup_heap(cfg)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
     try:
         draining_server(uvicorn, engine, cfg.shutdown_timeout)(config).run(sockets=[sock])
@@ -375,7 +395,8 @@ def main(argv: list[str]) -> int:
     from redline.inference.runtime import expand_bool_flags
 
     # --warmup False, --no-warmup, a bare --group-graphs
-    argv = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process", "prefill-stream"))
+    argv = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process", "prefill-stream",
+                                         "freeze-heap"))
     cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip())
     require_serve_extra()
     require_free_port(cfg.host, cfg.port)
@@ -386,6 +407,7 @@ def main(argv: list[str]) -> int:
     # the device idle for a whole interval
     sys.setswitchinterval(cfg.switch_interval_ms / 1000)
     server, app = build(cfg)
+    freeze_startup_heap(cfg)
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and not server.api_key:
         print(f"redline serve: warning: listening on {cfg.host} without --api-key: anyone who can reach this "
               f"port can use the model", file=sys.stderr)

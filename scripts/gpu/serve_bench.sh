@@ -13,6 +13,8 @@
 #     CONNECTIONS="keep new" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # clients' connections kept alive, or new
 #     API_PROCESSES="1 3" ENGINE_PROCESS=on CONCURRENCY=64 scripts/gpu/serve_bench.sh   # --api-processes (a server each)
 #     PREFILL_STREAM="on off" CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prefills beside the decode steps or after
+#     SERVE_ARGS="--no-freeze-heap" OUT=... scripts/gpu/serve_bench.sh   # the start-up heap left to the garbage
+#         collector (run it and a plain run in one call, each with its OUT, to compare)
 #     PROMPT=512 SHARED_PREFIX=448 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # prompts sharing a beginning; with
 #         SERVE_ARGS="--prefix-min-tokens 0" the same without prefix reuse
 #     TURNS=4 TURN_TOKENS=64 CONCURRENCY=64 scripts/gpu/serve_bench.sh   # conversations: each turn's prompt the
@@ -52,6 +54,7 @@
 # (the last line: the `openai` client and httpx, without which tests/test_serve.py and the serving GPU tests skip
 # as a whole module: GPU_TESTS=1 prints the reasons of whatever skips)
 # Files under $OUT: bench_infer.jsonl, serve_load.jsonl (one line per load, --sync-every and engine mode),
+# requests_*.jsonl (each recorded load's requests: start, first token, end),
 # serve_<mode>_sync*_wait*_api*_ps*.log, metrics_<mode>_sync*_wait*_api*_ps*.txt, serve_bench.log. The last line printed is one JSON object with every figure and the target checks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -197,6 +200,7 @@ for c in $CONCURRENCY; do
             --requests "$n" --prompt-tokens "$PROMPT" --max-tokens "$NEW" --max-tokens-spread "$spread" \
             --shared-prefix-tokens "$SHARED_PREFIX" --turns "$TURNS" --turn-tokens "$TURN_TOKENS" \
             "${CONV_ARG[@]}" --seed "$r" --redline-metrics --processes "$procs" --temperature "$TEMPERATURE" --json-out "$LOAD" \
+            --requests-out "$OUT/requests_${TAG}_c${c}_spread${spread}_p${procs}_${conns}_$r.jsonl" \
             $([ "$conns" = new ] && echo --new-connections) 2>&1 | tee -a "$LOG"
         server_cpu end
     done
