@@ -333,8 +333,8 @@ def summarize(args, results: list[Result], wall: float, cpu: float = 0.0) -> dic
     ok = [r for r in results if r.ok]
     tokens = sum(r.completion_tokens for r in ok)
     ttft = [r.first - r.start for r in ok if r.first is not None]
-    # the requests after the opening wave (the first `concurrency` to start: they arrive together, on connections
-    # not yet open, and wait for each other's prefills): what a client meets once the load runs
+    # the requests after the opening wave (the first `concurrency` to start: in a closed loop they arrive together,
+    # on connections not yet open, and wait for each other's prefills): what a client meets once the load runs
     later = sorted((r for r in ok if r.first is not None), key=lambda r: r.start)[args.concurrency:]
     itl = [(r.end - r.first) / (r.completion_tokens - 1) for r in ok if r.first and r.completion_tokens > 1]
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{t.get('p99', 0):>8.1f} {i.get('p50', 0):>8.2f} {i.get('p90', 0):>7.2f} {i.get('p99', 0):>7.2f}  "
           f"(client CPU {summary['client_cpu_share'] or 0:.0%})")
     if (a := summary["ttft_ms_after_opening"]):
-        print(f"TTFT after the opening wave ({args.concurrency} requests arriving together): p50 {a['p50']:.1f}, "
+        print(f"TTFT after the first {args.concurrency} requests (the opening wave): p50 {a['p50']:.1f}, "
               f"p90 {a['p90']:.1f}, p99 {a['p99']:.1f} ms")
     if args.turns > 1 or args.shared_prefix_tokens:
         print(f"prompt tokens the server copied (prefix reuse): {summary['cached_prompt_tokens']} of "

@@ -395,8 +395,7 @@ def main(argv: list[str]) -> int:
     from redline.inference.runtime import expand_bool_flags
 
     # --warmup False, --no-warmup, a bare --group-graphs
-    argv = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process", "prefill-stream",
-                                         "freeze-heap"))
+    argv = expand_bool_flags(argv, ("warmup", "group-graphs", "engine-process", "prefill-stream", "freeze-heap"))
     cfg = parse(ServeConfig, argv, prog="redline serve", description=__doc__.strip())
     require_serve_extra()
     require_free_port(cfg.host, cfg.port)
