@@ -12,9 +12,9 @@ Builds the scheduler as `redline serve` does (redline/commands/serve.py: build_s
    (decode tokens/s with no row ever free: what `redline bench-infer` measures, on the server's own batch);
 2. closed loops: `rows` clients that each submit their next request the moment the last one ends (from the
    scheduler's thread, so no time is lost between them), `requests-per-row` each, per --spread (each request's
-   max_tokens drawn in max_tokens · [1 - s, 1 + s]), per --prefill-wait-ms and per --prefill-stream; output tokens/s and its share of
-   (1), batch occupancy, wall time per decode step, where the scheduler's thread spent the load (admitting:
-   prefills launched; launching decode steps; waiting for the device's tokens; handing them over: detokenizing,
+   max_tokens drawn in max_tokens · [1 - s, 1 + s]), per --prefill-wait-ms and per --prefill-stream; output
+   tokens/s and its share of (1), batch occupancy, wall time per decode step, where the scheduler's thread spent
+   the load (admitting: prefills launched; launching decode steps; waiting for the device's tokens; handing them over: detokenizing,
    sinks) and, on a GPU, the device's time in prefills, in decode steps and idle (CUDA events around each, on the
    decode steps' stream: with the prefill stream, "prefill" is the time the decode steps waited for prefills);
 3. prefill: the wall time of one whole-prompt prefill of n rows (prefill_many, as the scheduler admits them) and
@@ -343,7 +343,7 @@ def main() -> None:
         mid = min(loads, key=lambda x: abs(x["tokens_per_s"] - med))
         summary[f"spread {spread}, wait {wait:g} ms, prefill stream {stream}"] = {
             "tokens_per_s": med, "share": round(med / full, 4), "occupancy": mid["occupancy"],
-            "ms_per_step": mid["ms_per_step"], "ttft_ms_p50": mid.get("ttft_ms_p50"),
+            "ms_per_step": mid["ms_per_step"], "ttft_ms_p50": mid["ttft_ms_p50"],
             "thread_share": mid["thread_share"], "device_share": mid["device_share"]}
         print(f"closed loop, spread {spread}, prefill wait {wait:g} ms, prefill stream {stream}: {med:,.0f} tokens/s = {med / full:.1%} of the full batch; occupancy "
               f"{mid['occupancy']:.3f}, {mid['ms_per_step']:.3f} ms a step; scheduler thread: "

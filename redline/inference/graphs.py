@@ -4,8 +4,8 @@ A decode step is dozens of small kernels; replaying them as one graph removes th
 reads and writes only the engine's static tensors (the step's input tokens, slots, history, the cache), so a
 replay after the host has updated them in place runs the next step. The graphs of one StepGraphs share one memory
 pool, so they must never run at the same time (a state's prefill graphs have a StepGraphs of their own: a server
-runs them on another stream beside the decode steps). Muon's Newton–Schulz runs (training/muon.py) are replayed the same way, one graph a
-stack of same-shape matrices.
+runs them on another stream beside the decode steps). Muon's Newton–Schulz runs (training/muon.py) are replayed
+the same way, one graph a stack of same-shape matrices.
 """
 
 from __future__ import annotations

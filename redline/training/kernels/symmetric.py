@@ -23,8 +23,8 @@ Registered as `torch.ops.redline.symmetric_product`, an opaque custom op that la
 (torch.compile calls it as it is). Its Python call costs the host more than the kernel costs a 768-wide stack on
 the GPU; Muon replays each stack's Newton–Schulz run as a CUDA graph (training/muon.py), so a training step pays
 that cost only when the graph is recorded. Registered with torch.library.triton_op instead (torch.compile launching
-the kernel from its own generated code) the host's cost went away, but the kernel ran no faster than torch.matmul's products (BENCHMARKS.md,
-"Optimizers"). It needs the triton package and a CUDA GPU; `available()` says whether it can run here.
+the kernel from its own generated code) the host's cost went away, but the kernel ran no faster than torch.matmul's
+products (BENCHMARKS.md, "Optimizers"). It needs the triton package and a CUDA GPU; `available()` says whether it can run here.
 """
 
 from __future__ import annotations
