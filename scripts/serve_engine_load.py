@@ -12,11 +12,12 @@ Builds the scheduler as `redline serve` does (redline/commands/serve.py: build_s
    (decode tokens/s with no row ever free: what `redline bench-infer` measures, on the server's own batch);
 2. closed loops: `rows` clients that each submit their next request the moment the last one ends (from the
    scheduler's thread, so no time is lost between them), `requests-per-row` each, per --spread (each request's
-   max_tokens drawn in max_tokens · [1 - s, 1 + s]), per --prefill-wait-ms and per --prefill-stream; output
-   tokens/s and its share of (1), batch occupancy, wall time per decode step, where the scheduler's thread spent
-   the load (admitting: prefills launched; launching decode steps; waiting for the device's tokens; handing them
-   over: detokenizing, sinks) and, on a GPU, the device's time in prefills, in decode steps and idle (CUDA events around each, on the
-   decode steps' stream: with the prefill stream, "prefill" is the time the decode steps waited for prefills);
+   max_tokens drawn in max_tokens · [1 - s, 1 + s]), per --prefill-wait-ms and per --prefill-stream; output tokens/s
+   and its share of (1), batch occupancy, wall time per decode step, where the scheduler's thread spent the load
+   (admitting: prefills launched; launching decode steps; waiting for the device's tokens; handing them over:
+   detokenizing, sinks) and, on a GPU, the device's time in prefills, in decode steps and idle (CUDA events around
+   each, on the decode steps' stream: with the prefill stream, "prefill" is the time the decode steps waited for
+   prefills);
 3. prefill: the wall time of one whole-prompt prefill of n rows (prefill_many, as the scheduler admits them) and
    the host's part of it.
 
