@@ -130,6 +130,33 @@ def test_eval_loss_equals_transformers(imported, capsys):
     assert json.loads(out.strip().splitlines()[-1])["eval_tokens"] == loader.num_windows * SEQ  # each window once
 
 
+def test_eval_scores_text_with_the_checkpoints_tokenizer(imported, tmp_path, capsys):
+    """--data given as text: tokenized as transformers' tokenizer does it (the document, then the end-of-text token)
+    and scored whole, window by window, to transformers' loss. Without --data an imported checkpoint, which has no
+    training data here, is a one-line error, as is text shorter than one window."""
+    from redline.tokenizer import load_tokenizer
+
+    rng = random.Random(1)
+    text = " ".join(rng.choice(WORDS) for _ in range(150))
+    (tmp_path / "mine.txt").write_text(text)
+    code, out, err = run_cli(["eval", "--checkpoint", imported.ckpt, "--data", tmp_path / "mine.txt", "--batches",
+                              "1000", "--batch-size", 1, "--seq-len", SEQ, "--device", "cpu"], capsys)
+    assert code == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    eot = load_tokenizer(imported.ckpt / "tokenizer").eot_id
+    stream = imported.hf_tok(text, add_special_tokens=False).input_ids + [eot]
+    windows = torch.tensor([stream[w * SEQ:(w + 1) * SEQ + 1] for w in range((len(stream) - 1) // SEQ)])
+    assert len(windows) > 2 and result["eval_tokens"] == windows[:, 1:].numel()
+    assert result["loss"] == pytest.approx(imported.loss(windows[:, :-1], windows[:, 1:]), abs=1e-4)
+    assert result["data"] == str(tmp_path / "mine.txt")
+
+    (tmp_path / "short.txt").write_text(PROMPT)
+    for extra, fragment in (([], "has no training data here"),
+                            (["--data", tmp_path / "short.txt", "--seq-len", SEQ], "fewer than one window")):
+        code, _, err = run_cli(["eval", "--checkpoint", imported.ckpt, "--device", "cpu", *extra], capsys)
+        assert code != 0 and fragment in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_bench_infer_runs_an_imported_checkpoint(imported, capsys):
     code, out, err = run_cli(["bench-infer", "--checkpoint", imported.ckpt, "--batch-sizes", "1", "--prompt-lens", "8",
                               "--max-new-tokens", "4", "--repeats", "1", "--methods", "eager", "--device", "cpu"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -19,7 +20,9 @@ class EvalConfig:
     checkpoint: str
     """A checkpoint folder (RUN/checkpoints/step_N) or a run directory (its newest checkpoint)."""
     data: str | None = None
-    """A prepared shard folder (None: the data the run was trained on)."""
+    """What to score: a prepared shard folder (its `split`), or text as `redline data prepare` reads it (.txt,
+    .jsonl, .parquet files, folders, hf:NAME), tokenized now with the checkpoint's tokenizer and scored whole (None:
+    the data the run was trained on)."""
     split: Literal["val", "train"] = "val"
     """Which split to evaluate."""
     batches: int = 50
@@ -78,45 +81,85 @@ def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
     return results
 
 
+def text_to_score(source: str, tokenizer, folder: Path) -> int:
+    """Raw text at `source` tokenized with `tokenizer` into the new folder `folder`, every document in the val
+    split (the whole text is what eval scores). -> its number of tokens."""
+    from redline.data.prepare import prepare_documents
+    from redline.data.sources import iter_documents
+
+    meta = prepare_documents(iter(()), folder, tokenizer, val_documents=iter_documents([source]), sources=[],
+                             val_sources=[source], progress=False)
+    return meta["splits"]["val"]["tokens"]
+
+
 def main(argv: list[str]) -> int:
-    from rich.console import Console
+    import contextlib
+    import tempfile
 
     from redline.config import parse
-    from redline.data.loader import TokenLoader
+    from redline.data.prepare import check_prepared
+    from redline.data.sources import list_files
     from redline.errors import UserError
-    from redline.hardware import autocast_dtype, resolve_device
-    from redline.training.checkpoint import load_for_inference
-    from redline.training.evaluate import evaluate
+    from redline.hardware import resolve_device
+    from redline.training.checkpoint import load_for_inference, read_meta, resolve_checkpoint
     from redline.training.loop import resolve_data
-    from pathlib import Path
 
     cfg = parse(EvalConfig, argv, prog="redline eval", description=__doc__.strip())
     if cfg.batches < 1:
         raise UserError(f"--batches must be >= 1 (micro-batches to evaluate), got {cfg.batches}")
     if cfg.kv_batches < 1 or cfg.decode_from < 0:
         raise UserError("--kv-batches must be >= 1 and --decode-from >= 0")
+    raw_text = cfg.data is not None and not check_prepared(cfg.data)
+    if raw_text and cfg.split != "val":
+        raise UserError(f"--split {cfg.split} needs a prepared folder; text given as --data ({cfg.data}) is scored "
+                        f"whole (drop --split)")
+    if raw_text:
+        list_files([cfg.data])  # a missing path or a file type that is not text: one line, before any work
+    ckpt = resolve_checkpoint(cfg.checkpoint)
+    imported = read_meta(ckpt).get("imported_from")
     device = resolve_device(cfg.device)
-    model, tokenizer, train_cfg = load_for_inference(cfg.checkpoint, device)
-    if cfg.data is not None:
-        data_dir = Path(cfg.data)
-        from redline.data.prepare import check_prepared
-        if not check_prepared(data_dir):
-            raise UserError(f"{data_dir} is not a prepared shard folder; run `redline data prepare` first")
-    else:
-        data_dir = resolve_data(train_cfg, Path(train_cfg.out_dir) / (train_cfg.run_name or ""))
+    model, tokenizer, train_cfg = load_for_inference(ckpt, device)
+    if cfg.data is None and imported and train_cfg.data.path is None:
+        raise UserError(f"{cfg.checkpoint} was imported from {imported.get('source')} and has no training data here "
+                        f"to score on; give --data: text files or a folder (tokenized with its tokenizer), or a "
+                        f"folder prepared with --tokenizer {ckpt / 'tokenizer'}")
     seq_len = cfg.seq_len or train_cfg.effective_seq_len
     if seq_len > model.cfg.context_len:
         raise UserError(f"seq_len={seq_len} exceeds the model's context_len {model.cfg.context_len}")
     decode_from = cfg.decode_from or seq_len // 2
     if cfg.kv_cache_dtypes and not 1 <= decode_from < seq_len:  # checked before any evaluation runs
         raise UserError(f"--decode-from must be in [1, {seq_len - 1}] for seq_len {seq_len}, got {decode_from}")
+    # text given as --data is tokenized into a folder that lives as long as this command
+    with tempfile.TemporaryDirectory(prefix="redline-eval-") if raw_text else contextlib.nullcontext() as tmp:
+        if raw_text:
+            data_dir = Path(tmp) / "data"
+            tokens = text_to_score(cfg.data, tokenizer, data_dir)
+            if tokens < seq_len + 1:
+                raise UserError(f"{cfg.data} is {tokens:,} tokens in this checkpoint's tokenizer, fewer than one "
+                                f"window of seq_len + 1 = {seq_len + 1}; give more text or a shorter --seq-len")
+        elif cfg.data is not None:
+            data_dir = Path(cfg.data)
+        else:
+            data_dir = resolve_data(train_cfg, Path(train_cfg.out_dir) / (train_cfg.run_name or ""))
+        return score(cfg, model, tokenizer, data_dir, seq_len, decode_from, device,
+                     shown=cfg.data if raw_text else str(data_dir))
+
+
+def score(cfg: EvalConfig, model, tokenizer, data_dir, seq_len: int, decode_from: int, device, shown: str) -> int:
+    """Evaluate the model on data_dir's split, print the result and its JSON line (shown: what to call the data)."""
+    from rich.console import Console
+
+    from redline.data.loader import TokenLoader
+    from redline.hardware import autocast_dtype
+    from redline.training.evaluate import evaluate
+
     loader = TokenLoader(data_dir, cfg.split, cfg.batch_size, seq_len, expected_identity=tokenizer.identity,
                          device=device, prefetch=False)
     token_bytes = torch.as_tensor(tokenizer.token_byte_lengths(), device=device)
     whole = ", the whole split" if cfg.batches * cfg.batch_size >= loader.num_windows else ""  # read once
     result = evaluate(model, loader.eval_batches(cfg.batches), token_bytes,
                       autocast_dtype(device, "auto"), device)
-    Console().print(f"{cfg.checkpoint} on {data_dir} ({cfg.split}, {result['eval_tokens']:,} tokens{whole}): "
+    Console().print(f"{cfg.checkpoint} on {shown} ({cfg.split}, {result['eval_tokens']:,} tokens{whole}): "
                     f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | bits/byte {result['bpb']:.4f}")
     kv_rows = []
     if cfg.kv_cache_dtypes:  # after the plain evaluation: the engine casts the model to its dtype
@@ -127,6 +170,6 @@ def main(argv: list[str]) -> int:
                           f"bytes/token): loss {r['loss']:.4f} over {r['tokens']:,} decoded tokens (full forward "
                           f"{r['loss_full_forward']:.4f}, {r['loss_increase']:+.4f}) | same next token as the full "
                           f"forward {100 * r['top1_agreement']:.2f}%")
-    print(json.dumps({"checkpoint": cfg.checkpoint, "data": str(data_dir), "split": cfg.split, **result,
+    print(json.dumps({"checkpoint": cfg.checkpoint, "data": shown, "split": cfg.split, **result,
                       **({"kv_cache": kv_rows} if kv_rows else {})}))
     return 0
