@@ -175,8 +175,9 @@ class DataConfig:
     .parquet, or a folder of them) that is prepared on the fly. None: the embedded default corpus."""
     tokenizer: str | None = None
     """For raw text only: `bytes`, `gpt2`, or a tokenizer.json path. None: train a BPE on the data."""
-    vocab_size: int = 4096
-    """For raw text only: BPE vocabulary size when a tokenizer is trained on the fly."""
+    vocab_size: int = 0
+    """For raw text only: BPE vocabulary size when a tokenizer is trained on the fly (0: the model's, the preset's
+    vocab_size: 32768 for the modern presets, 50304 for GPT-2's, 4096 for tiny)."""
     align_rows: bool = False
     """Start every training row at a document's start: its end-of-text separator first, then the document
     (redline/data/loader.py; modded-nanogpt and nanochat do so). False: rows every seq_len tokens of the stream.

@@ -642,6 +642,36 @@ def test_raw_text_too_few_tokens_after_tokenizing_leaves_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_train_on_too_little_text_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """`redline train --data.path TEXT` takes its data through prepare_raw_text: too little text is refused before
+    a tokenizer is trained, and no run folder is left behind."""
+    (tmp_path / "tiny.txt").write_text("a tiny corpus " * 10)
+    code, _, err = run_cli(["train", "--data.path", str(tmp_path / "tiny.txt"), "max_steps=1",
+                            f"out_dir={tmp_path / 'runs'}", "device=cpu"], capsys)
+    assert code != 0 and "too little to train at seq_len" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_raw_text_bpe_has_the_models_vocabulary_unless_given(tmp_path, monkeypatch):
+    from redline.config import TrainConfig, apply_preset
+    from redline.training.loop import resolve_data
+
+    asked = []
+
+    def small_bpe(texts, vocab_size):  # records the size asked for; trains a small one, which is quicker
+        asked.append(vocab_size)
+        return train_bpe(texts, vocab_size=300)
+
+    monkeypatch.setattr("redline.tokenizer.train_bpe", small_bpe)
+    (tmp_path / "input.txt").write_text("\n\n".join(make_docs(60, words=80)))
+    for preset, vocab_size in (("modern-124m", 0), ("gpt2-124m", 0), ("tiny", 0), ("modern-124m", 512)):
+        cfg = TrainConfig()
+        apply_preset(cfg, preset)
+        cfg.data.path, cfg.data.vocab_size, cfg.seq_len = str(tmp_path / "input.txt"), vocab_size, 256
+        resolve_data(cfg, tmp_path / f"{preset}-{vocab_size}")
+    assert asked == [32768, 50304, 4096, 512]
+
+
 # ----------------------------------------------------------------------------------------------------
 # text that is not UTF-8
 

@@ -51,7 +51,8 @@ class SpeedrunArgs:
     recipes: list[str] = field(default_factory=lambda: ["nanogpt", "default"])
     """Named training recipes (`redline speedrun --list`) or .toml files; the first is the baseline."""
     data: str | None = None
-    """Data for every recipe: prepared shards or raw text (prepared once, into OUT/data). None: the embedded corpus."""
+    """Data for every recipe: prepared shards, or raw text (prepared once, into OUT/data, with one BPE for every
+    recipe: 32768 tokens, or data.vocab_size=N). None: the embedded corpus."""
     target: float | None = None
     """Validation bits per byte to reach (None: the baseline's final value)."""
     eval_every: int = 50

@@ -1,6 +1,7 @@
 """Raw text given straight to `redline train --data.path TEXT`: checked, tokenized and prepared for that run.
 
-`prepare_raw_text` is the training loop's whole data step for raw text (a prepared folder is used as it is):
+`prepare_raw_text` is the training loop's whole data step for raw text (training/loop.py resolve_data; a prepared
+folder is used as it is):
 1. before anything is trained or written, the text is checked to be large enough for the run's seq_len: every
    tokenizer redline uses gives at most one token per UTF-8 byte, plus one end-of-text token per document, so
    fewer than 2 × (seq_len + 1) of those cannot fill one window in each of the train and val splits. Only the
@@ -22,14 +23,16 @@ from pathlib import Path
 from redline.data.prepare import DEFAULT_MIN_VAL_TOKENS, first_missing, is_prepared, load_meta, prepare
 from redline.data.sources import iter_documents
 from redline.errors import UserError
+from redline.tokenizer import Tokenizer
 
 TOKENIZER_TRAIN_BYTES = 200_000_000  # the BPE trained for a run sees the first this-many bytes of the text
 
 
-def prepare_raw_text(path: str | Path, out: str | Path, seq_len: int, tokenizer: str | None = None,
+def prepare_raw_text(path: str | Path, out: str | Path, seq_len: int, tokenizer: str | Tokenizer | None = None,
                      vocab_size: int = 4096, encoding_errors: str = "strict") -> Path:
     """A prepared folder at `out` for the raw text at `path` (a file or a folder of them), ready to train at
-    `seq_len`; an existing prepared `out` (a resumed run) is returned as it is."""
+    `seq_len`; an existing prepared `out` (a resumed run) is returned as it is. tokenizer: a tokenizer, or what
+    load_tokenizer takes (`bytes`, `gpt2`, a tokenizer.json path); None: a BPE of vocab_size trained on the text."""
     from redline.tokenizer import load_tokenizer, train_bpe
 
     out = Path(out)
@@ -40,7 +43,9 @@ def prepare_raw_text(path: str | Path, out: str | Path, seq_len: int, tokenizer:
     check_enough_text(path, seq_len, encoding_errors)
     created = first_missing(out)
     try:
-        if tokenizer:
+        if isinstance(tokenizer, Tokenizer):
+            tok = tokenizer
+        elif tokenizer:
             tok = load_tokenizer(tokenizer)
         else:
             print(f"redline: training a {vocab_size}-token BPE on {path}", file=sys.stderr)

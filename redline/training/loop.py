@@ -674,7 +674,8 @@ def resolve_data(cfg: TrainConfig, run_root: Path, tokenizer=None) -> Path:
     """A prepared shard folder for cfg.data: the embedded default, a prepared folder, or raw text prepared now
     (with `tokenizer` when given: init_from's; else data.tokenizer's, or a BPE trained on the text)."""
     from redline.data.embedded import prepare_embedded
-    from redline.data.prepare import check_prepared, is_prepared, prepare
+    from redline.data.prepare import check_prepared
+    from redline.data.raw import prepare_raw_text
 
     if cfg.data.path is None:
         return prepare_embedded()
@@ -683,27 +684,8 @@ def resolve_data(cfg: TrainConfig, run_root: Path, tokenizer=None) -> Path:
         raise UserError(f"data path {path} does not exist; give prepared shards or .txt/.jsonl/.parquet files")
     if check_prepared(path):
         return path
-    out = run_root / "data"
-    if is_prepared(out):
-        return out
-    from redline.tokenizer import load_tokenizer, train_bpe
-    from redline.data.sources import iter_documents
-
-    if cfg.data.tokenizer:
-        tokenizer = load_tokenizer(cfg.data.tokenizer)
-    elif tokenizer is None:
-        tokenizer = train_bpe(_capped(iter_documents([str(path)]), 200_000_000), vocab_size=cfg.data.vocab_size)
-    prepare([str(path)], out, tokenizer)
-    return out
-
-
-def _capped(docs, max_bytes: int):
-    seen = 0
-    for doc in docs:
-        yield doc
-        seen += len(doc)
-        if seen >= max_bytes:
-            return
+    return prepare_raw_text(path, run_root / "data", cfg.effective_seq_len, cfg.data.tokenizer or tokenizer,
+                            vocab_size=cfg.data.vocab_size or cfg.model.vocab_size)
 
 
 def refuse_used_run_dir(run_dir: Path, check_metrics: bool = True, command: str = "train") -> None:
