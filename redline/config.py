@@ -174,7 +174,8 @@ class DataConfig:
     """Training data: a folder of token shards made by `redline data prepare`, or raw text (.txt, .jsonl[.gz|.xz],
     .parquet, or a folder of them) that is prepared on the fly. None: the embedded default corpus."""
     tokenizer: str | None = None
-    """For raw text only: `bytes`, `gpt2`, or a tokenizer.json path. None: train a BPE on the data."""
+    """`bytes`, `gpt2`, or a tokenizer.json path: for raw text in data.path, or the embedded corpus without one.
+    None: train a BPE on the data (the embedded corpus: its own 4096-token BPE)."""
     vocab_size: int = 0
     """For raw text only: BPE vocabulary size when a tokenizer is trained on the fly (0: the model's, the preset's
     vocab_size: 32768 for the modern presets, 50304 for GPT-2's, 4096 for tiny)."""

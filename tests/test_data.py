@@ -506,6 +506,27 @@ def test_prepare_embedded_cached_and_concurrent(tmp_path):
     assert load_tokenizer(str(folder)).decode(x[0].tolist()).strip()
 
 
+def test_embedded_corpus_with_a_named_tokenizer(tmp_path, monkeypatch):
+    """`redline train data.tokenizer=bytes` with no data.path: the embedded corpus's documents and split, tokenized
+    with that tokenizer, in a cache folder of its own (the default BPE's is not built)."""
+    from redline.config import TrainConfig
+    from redline.training.loop import resolve_data
+
+    monkeypatch.setenv("REDLINE_CACHE", str(tmp_path / "cache"))
+    cfg = TrainConfig()
+    cfg.data.tokenizer = "bytes"
+    folder = resolve_data(cfg, tmp_path / "run")
+    assert load_data_tokenizer(folder).identity == ByteTokenizer().identity
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == [folder.name]
+    assert not (tmp_path / "run").exists()
+    small = prepare_embedded(tmp_path / "small", vocab_size=300, max_bytes=150_000, verbose=False)
+    as_bytes = prepare_embedded(tmp_path / "small", vocab_size=300, max_bytes=150_000, verbose=False,
+                                tokenizer=ByteTokenizer())
+    splits = [{k: v["documents"] for k, v in load_meta(f)["splits"].items()} for f in (small, as_bytes)]
+    assert as_bytes != small and splits[0] == splits[1]  # the same documents in each split
+    assert load_meta(as_bytes)["splits"]["val"]["bytes"] == load_meta(small)["splits"]["val"]["bytes"]
+
+
 # ----------------------------------------------------------------------------------------------------
 # CLI
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from redline.data.prepare import FORMAT_VERSION, is_prepared, prepare_documents
-from redline.tokenizer import train_bpe
+from redline.tokenizer import Tokenizer, train_bpe
 
 EMBEDDED_VERSION = 1  # bump when the corpus recipe changes, so old caches are not reused
 _SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "site-packages", "dist-packages", "__pycache__",
@@ -115,10 +115,14 @@ def _file_lock(path: Path):
 
 
 def prepare_embedded(cache_dir: str | os.PathLike | None = None, vocab_size: int = 4096,
-                     max_bytes: int = 1_000_000, val_fraction: float = 0.1, verbose: bool = True) -> Path:
-    """The prepared folder of the embedded corpus (BPE of `vocab_size` + train/val shards), built on first use."""
+                     max_bytes: int = 1_000_000, val_fraction: float = 0.1, verbose: bool = True,
+                     tokenizer: Tokenizer | None = None) -> Path:
+    """The prepared folder of the embedded corpus (BPE of `vocab_size` + train/val shards), built on first use.
+    tokenizer: the same documents and split tokenized with it instead (a folder of its own, by its identity)."""
     root = cache_root(cache_dir)
     out = root / f"embedded-{embedded_key(max_bytes, vocab_size, val_fraction)}"
+    if tokenizer is not None:
+        out = out.with_name(f"{out.name}-{tokenizer.identity[:16]}")
     if is_prepared(out):
         return out
     root.mkdir(parents=True, exist_ok=True)
@@ -131,7 +135,8 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, vocab_size: int
         if verbose:
             print(f"redline: building the embedded corpus (stdlib docstrings) into {out} (once)", file=sys.stderr)
         docs = embedded_documents(max_bytes)
-        tokenizer = train_bpe(docs, vocab_size=vocab_size)
+        if tokenizer is None:
+            tokenizer = train_bpe(docs, vocab_size=vocab_size)
         prepare_documents(docs, out, tokenizer, val_fraction=val_fraction, sources=["embedded:stdlib-docstrings"],
                           overwrite=True, progress=False)
         if verbose:

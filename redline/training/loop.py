@@ -677,8 +677,10 @@ def resolve_data(cfg: TrainConfig, run_root: Path, tokenizer=None) -> Path:
     from redline.data.prepare import check_prepared
     from redline.data.raw import prepare_raw_text
 
-    if cfg.data.path is None:
-        return prepare_embedded()
+    if cfg.data.path is None:  # the embedded corpus, with its own BPE unless data.tokenizer names one
+        from redline.tokenizer import load_tokenizer
+
+        return prepare_embedded(tokenizer=load_tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer else None)
     path = Path(cfg.data.path)
     if not path.exists():
         raise UserError(f"data path {path} does not exist; give prepared shards or .txt/.jsonl/.parquet files")
