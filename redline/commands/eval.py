@@ -116,13 +116,13 @@ def main(argv: list[str]) -> int:
     if raw_text:
         list_files([cfg.data])  # a missing path or a file type that is not text: one line, before any work
     ckpt = resolve_checkpoint(cfg.checkpoint)
-    imported = read_meta(ckpt).get("imported_from")
-    device = resolve_device(cfg.device)
-    model, tokenizer, train_cfg = load_for_inference(ckpt, device)
-    if cfg.data is None and imported and train_cfg.data.path is None:
+    imported = read_meta(ckpt).get("imported_from")  # (a run trained from it is a checkpoint of its own)
+    if cfg.data is None and imported:
         raise UserError(f"{cfg.checkpoint} was imported from {imported.get('source')} and has no training data here "
                         f"to score on; give --data: text files or a folder (tokenized with its tokenizer), or a "
                         f"folder prepared with --tokenizer {ckpt / 'tokenizer'}")
+    device = resolve_device(cfg.device)
+    model, tokenizer, train_cfg = load_for_inference(ckpt, device)
     seq_len = cfg.seq_len or train_cfg.effective_seq_len
     if seq_len > model.cfg.context_len:
         raise UserError(f"seq_len={seq_len} exceeds the model's context_len {model.cfg.context_len}")

@@ -671,8 +671,9 @@ class Run:
 
 
 def resolve_data(cfg: TrainConfig, run_root: Path, tokenizer=None) -> Path:
-    """A prepared shard folder for cfg.data: the embedded default, a prepared folder, or raw text prepared now
-    (with `tokenizer` when given: init_from's; else data.tokenizer's, or a BPE trained on the text)."""
+    """A prepared shard folder for cfg.data: the embedded corpus, a prepared folder, or raw text prepared now
+    (data/raw.py). The tokenizer: data.tokenizer's when it names one, else `tokenizer` for raw text when given
+    (init_from's), else a BPE trained on the text (the embedded corpus: its own)."""
     from redline.data.embedded import prepare_embedded
     from redline.data.prepare import check_prepared
     from redline.data.raw import prepare_raw_text
