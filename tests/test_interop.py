@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from fractions import Fraction
 
 import pytest
 import torch
@@ -331,6 +332,99 @@ def test_import_sharded_and_missing_shard(tmp_path, capsys):
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, f"shard {shards[-1].name}")
 
 
+def _gpt2_bin_state(hf) -> dict:
+    """hf's weights as OpenAI's gpt2 pytorch_model.bin holds them: GPT2Model's names (no head: it is tied) and the
+    causal-mask buffers older transformers saved."""
+    state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for i in range(hf.config.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 64, 64))
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    return state
+
+
+def test_import_pytorch_bin_single_sharded_and_damaged(tmp_path, capsys):
+    hf = hf_folder("gpt2", tmp_path / "hf")
+    folder = tmp_path / "hf"
+    (folder / "model.safetensors").unlink()
+    state = _gpt2_bin_state(hf)
+    torch.save(state, folder / "pytorch_model.bin")
+    code, _, err = run_cli(["import", str(folder), "--out", str(tmp_path / "one")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "one")
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
+    # two shards and their index, as transformers wrote large models before safetensors
+    (folder / "pytorch_model.bin").unlink()
+    names = sorted(state)
+    shards = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for shard, keys in shards.items():
+        torch.save({k: state[k] for k in keys}, folder / shard)
+    index = {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    code, _, err = run_cli(["import", str(folder), "--out", str(tmp_path / "two")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "two")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
+    last = folder / "pytorch_model-00002-of-00002.bin"
+    last.write_bytes(last.read_bytes()[:200])  # truncated
+    _expect_import_error(folder, tmp_path / "out", capsys, "damaged or incomplete")
+    torch.save({"weights": state, "optimizer": Fraction(1, 3)}, last)  # an object weights_only refuses
+    _expect_import_error(folder, tmp_path / "out", capsys, "holds more than tensors")
+
+
+def test_import_converts_a_vocab_and_merges_tokenizer_as_transformers_does(tmp_path, capsys):
+    hf_folder("gpt2", tmp_path / "hf")
+    folder = tmp_path / "hf"
+    model = json.loads((folder / "tokenizer.json").read_text())["model"]
+    (folder / "tokenizer.json").unlink()  # an older upload: the slow tokenizer's files only
+    (folder / "vocab.json").write_text(json.dumps(model["vocab"]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>", "model_max_length": 64}))
+    code, _, err = run_cli(["import", str(folder), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    _, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    reference = transformers.AutoTokenizer.from_pretrained(str(folder))
+    for text in ["hello world, the model", "Ünïcödé café 日本 1234\ttabs", "  spaces  and\nnewlines ",
+                 "says hi<|endoftext|>hello"]:
+        ids = reference(text)["input_ids"]
+        assert tokenizer.encode_prompt(text) == ids, text
+        assert tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True), text
+    (folder / "merges.txt").unlink()  # vocab.json alone is no tokenizer
+    _expect_import_error(folder, tmp_path / "out", capsys, "--tokenizer PATH")
+
+
+def test_import_converts_a_sentencepiece_model_as_transformers_does(tmp_path, capsys):
+    spm = pytest.importorskip("sentencepiece")
+    import io
+
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    folder = tmp_path / "hf"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()  # Llama 2's older uploads: tokenizer.model alone
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["hello world, the model reads tokens", "Ünïcödé café 日本 1234 says hi"] * 40),
+        model_writer=model, vocab_size=VOCAB, model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    (folder / "tokenizer.model").write_bytes(model.getvalue())
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": True, "legacy": False}))
+    code, _, err = run_cli(["import", str(folder), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    _, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    reference = transformers.AutoTokenizer.from_pretrained(str(folder))
+    for text in ["hello world", " two  spaces", "日本 x\nnewline ☃", "says hi</s>x"]:
+        ids = reference(text)["input_ids"]
+        assert ids[0] == 1 and tokenizer.encode_prompt(text) == ids, text  # BOS first, as transformers adds it
+        assert tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True), text
+
+
 def test_import_refuses_existing_out_and_unknown_source(tmp_path, capsys):
     hf_folder("gpt2", tmp_path / "hf")
     (tmp_path / "taken").mkdir()
@@ -347,6 +441,31 @@ def test_hub_name_offline_says_how_to_pass_a_folder(tmp_path, capsys, monkeypatc
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache
     _expect_import_error("SomeOrg/some-model-redline-test", tmp_path / "out", capsys, "--local-dir DIR")
+
+
+def test_hub_name_from_the_cache_with_pytorch_bin_weights(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    import shutil
+
+    # huggingface_hub's cache layout, as `hf download` leaves it, of an upload with pytorch_model.bin only
+    repo = tmp_path / "hf-home" / "hub" / "models--SomeOrg--old-gpt2"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    hf = hf_folder("gpt2", repo / "snapshots" / commit)
+    (repo / "snapshots" / commit / "model.safetensors").unlink()
+    torch.save(_gpt2_bin_state(hf), repo / "snapshots" / commit / "pytorch_model.bin")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants  # read from HF_HOME when huggingface_hub is imported, as it already is
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    code, _, err = run_cli(["import", "SomeOrg/old-gpt2", "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    shutil.rmtree(repo / "snapshots" / commit)  # the name no longer in the cache: the offline error
+    _expect_import_error("SomeOrg/old-gpt2", tmp_path / "out", capsys, "--local-dir DIR")
 
 
 def test_imported_checkpoint_works_with_generate_and_eval_commands(tmp_path, capsys):

@@ -1,7 +1,9 @@
 """Hugging Face model folders: reading one into redline's layout, and writing a redline model as one.
 
-A folder holds config.json, model.safetensors (or shards named by model.safetensors.index.json), tokenizer.json with
-tokenizer_config.json (special tokens, chat template) and generation_config.json (the EOS ids generation stops at).
+A folder holds config.json, model.safetensors (or shards named by model.safetensors.index.json; older uploads have
+pytorch_model.bin or its shards), tokenizer.json with tokenizer_config.json (special tokens, chat template; older
+uploads have vocab.json + merges.txt or tokenizer.model, converted by transformers) and generation_config.json (the
+EOS ids generation stops at).
 `read_folder` gives an `ImportedModel`; `write_folder` writes what `transformers.AutoModelForCausalLM.from_pretrained`
 loads with no missing or unexpected keys, and `AutoTokenizer.from_pretrained` with the same tokens.
 """
@@ -13,7 +15,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from redline.model import ModelConfig
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 INDEX_FILE = "model.safetensors.index.json"
+BIN_FILE, BIN_INDEX_FILE = "pytorch_model.bin", "pytorch_model.bin.index.json"
 
 
 @dataclass
@@ -57,24 +60,21 @@ def _read_json(path: Path, what: str) -> dict:
     return value
 
 
-def _open_safetensors(folder: Path) -> tuple[TensorSource, torch.dtype | None]:
-    """A TensorSource over model.safetensors or the shards its index names, and the weights' common dtype."""
+def _shard_list(folder: Path, index_file: str) -> tuple[list[str], dict | None]:
+    """The shards an index file names (each present, or one line naming the missing one) and its weight map."""
+    weight_map = _read_json(folder / index_file, "the shard index").get("weight_map") or {}
+    shards = sorted(set(weight_map.values()))
+    missing = [s for s in shards if not (folder / s).is_file()]
+    if missing:
+        raise UserError(f"{folder}: shard {missing[0]} named by {index_file} is missing"
+                        f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; download it again")
+    return shards, weight_map
+
+
+def _open_safetensors_files(folder: Path, shards: list[str]) -> tuple[dict[str, str], Callable, set[str]]:
+    """({tensor name: shard}, read(name), the dtypes stored) over safetensors files."""
     from safetensors import safe_open
 
-    if (folder / INDEX_FILE).is_file():
-        weight_map = _read_json(folder / INDEX_FILE, "the shard index").get("weight_map") or {}
-        shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (folder / s).is_file()]
-        if missing:
-            raise UserError(f"{folder}: shard {missing[0]} named by {INDEX_FILE} is missing"
-                            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; download it again")
-    elif (folder / "model.safetensors").is_file():
-        shards, weight_map = ["model.safetensors"], None
-    else:
-        other = sorted(p.name for p in folder.glob("*.bin")) or sorted(p.name for p in folder.glob("*.pt"))
-        hint = (f" (it has {other[0]}: convert it to safetensors with transformers' save_pretrained)"
-                if other else "")
-        raise UserError(f"{folder} has no model.safetensors or {INDEX_FILE}{hint}")
     handles, where = {}, {}
     try:
         for shard in shards:
@@ -83,15 +83,67 @@ def _open_safetensors(folder: Path) -> tuple[TensorSource, torch.dtype | None]:
                 where[name] = shard
     except Exception as e:  # safetensors' own error types for a truncated or damaged file
         raise UserError(f"cannot read {folder / shard} ({e}); the file is damaged or incomplete") from None
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+    dtypes = {names.get(handles[s].get_slice(n).get_dtype(), "other") for n, s in where.items()}
+    return where, lambda name: handles[where[name]].get_tensor(name), dtypes
+
+
+def _open_torch_files(folder: Path, shards: list[str]) -> tuple[dict[str, str], Callable, set[str]]:
+    """The same over PyTorch pickles (pytorch_model.bin), read with weights_only=True: tensors and plain
+    containers only, never code, so a file from elsewhere cannot run anything while it loads."""
+    import pickle
+
+    tensors, where = {}, {}
+    for shard in shards:
+        path = folder / shard
+        try:
+            try:  # memory-mapped: a shard is not copied into memory before its tensors are used
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)  # the pre-zip format
+        except pickle.UnpicklingError as e:  # what weights_only refuses: objects other than tensors
+            raise UserError(f"cannot read {path}: it holds more than tensors ({str(e).splitlines()[0][:160]}); "
+                            f"convert it to safetensors where it was made") from None
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            raise UserError(f"cannot read {path} ({str(e).splitlines()[0][:160]}); the file is damaged or "
+                            f"incomplete") from None
+        if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+            state = state["state_dict"]
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise UserError(f"{path} is not a state dict (name -> tensor); it cannot be read as model weights")
+        for name, t in state.items():
+            tensors[name], where[name] = t, shard
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors.values()}
+    return where, tensors.__getitem__, dtypes
+
+
+def _open_weights(folder: Path) -> tuple[TensorSource, torch.dtype | None]:
+    """A TensorSource over the folder's weights and their common dtype: model.safetensors or the shards of its
+    index, else pytorch_model.bin or the shards of its index (older uploads have only these)."""
+    if (folder / INDEX_FILE).is_file():
+        index_file, (shards, weight_map) = INDEX_FILE, _shard_list(folder, INDEX_FILE)
+    elif (folder / "model.safetensors").is_file():
+        index_file, shards, weight_map = None, ["model.safetensors"], None
+    elif (folder / BIN_INDEX_FILE).is_file():
+        index_file, (shards, weight_map) = BIN_INDEX_FILE, _shard_list(folder, BIN_INDEX_FILE)
+    elif (folder / BIN_FILE).is_file():
+        index_file, shards, weight_map = None, [BIN_FILE], None
+    else:
+        other = sorted(p.name for p in folder.glob("*.pt")) or sorted(p.name for p in folder.glob("*.h5"))
+        hint = f" (it has {other[0]}, which redline does not read)" if other else ""
+        raise UserError(f"{folder} has no model.safetensors, {INDEX_FILE}, {BIN_FILE} or {BIN_INDEX_FILE}{hint}")
+    opener = _open_torch_files if shards[0].endswith(".bin") else _open_safetensors_files
+    where, read, dtypes = opener(folder, shards)
     if weight_map is not None:
         absent = sorted(n for n, s in weight_map.items() if where.get(n) != s)
         if absent:
             raise UserError(f"{folder}: tensor {absent[0]} is not in shard {weight_map[absent[0]]} as "
-                            f"{INDEX_FILE} says; the shards do not match the index")
-    dtypes = {handles[s].get_slice(n).get_dtype() for n, s in where.items()}
-    dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(next(iter(dtypes))) \
+                            f"{index_file} says; the shards do not match the index")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(next(iter(dtypes))) \
         if len(dtypes) == 1 else None
-    return TensorSource(where, lambda name: handles[where[name]].get_tensor(name), str(folder)), dtype
+    return TensorSource(where, read, str(folder)), dtype
 
 
 def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[ModelConfig, dict]:
@@ -128,17 +180,53 @@ def stop_ids_from(generation_config: Mapping, hf_config: Mapping) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
 
 
+# tokenizer files of older uploads, which transformers converts to a tokenizer.json: (files, what they are)
+_CONVERTIBLE = ((("vocab.json", "merges.txt"), "a byte-level BPE's vocab.json and merges.txt"),
+                (("tokenizer.model",), "a SentencePiece tokenizer.model"),
+                (("spiece.model",), "a SentencePiece spiece.model"))
+
+
+def _converted_tokenizer(folder: Path, what: str):
+    """The folder's tokenizer as transformers builds it from `what` (its fast tokenizer, the tokenizer.json it would
+    save), loaded as redline's."""
+    import tempfile
+
+    from redline.tokenizer import load_tokenizer
+
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(f"{folder} has {what} but no tokenizer.json; converting it needs transformers (pip install "
+                        f"transformers), or give a tokenizer.json with --tokenizer PATH") from None
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # transformers raises many kinds here (a missing sentencepiece, a damaged file, ...)
+        reason = " ".join(str(e).split())[:240]
+        raise UserError(f"transformers could not convert {what} in {folder} to a tokenizer.json ({reason}); give "
+                        f"a tokenizer.json with --tokenizer PATH") from None
+    if getattr(tok, "backend_tokenizer", None) is None:
+        raise UserError(f"transformers read {what} in {folder} as a {type(tok).__name__}, which has no "
+                        f"tokenizer.json form; give a tokenizer.json with --tokenizer PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        tok.save_pretrained(tmp)
+        out = load_tokenizer(tmp)
+    out.spec = str(folder.resolve())
+    return out
+
+
 def load_folder_tokenizer(folder: Path, override: str | None = None):
-    """The tokenizer of a model folder (tokenizer.json with tokenizer_config.json), or the one `override` names."""
+    """The tokenizer of a model folder (tokenizer.json with tokenizer_config.json; an older upload's vocab.json +
+    merges.txt or SentencePiece model converted by transformers), or the one `override` names."""
     from redline.tokenizer import HF_FILE, load_tokenizer
 
     if override:
         return load_tokenizer(override)
-    if not (folder / HF_FILE).is_file():
-        present = [n for n in ("tokenizer.model", "vocab.json", "spiece.model") if (folder / n).is_file()]
-        hint = f" (it has {present[0]}, which redline does not read)" if present else ""
-        raise UserError(f"{folder} has no {HF_FILE}{hint}; give the model's tokenizer.json with --tokenizer PATH")
-    return load_tokenizer(folder)
+    if (folder / HF_FILE).is_file():
+        return load_tokenizer(folder)
+    for files, what in _CONVERTIBLE:
+        if all((folder / f).is_file() for f in files):
+            return _converted_tokenizer(folder, what)
+    raise UserError(f"{folder} has no {HF_FILE}; give the model's tokenizer.json with --tokenizer PATH")
 
 
 def read_folder(folder: str | Path, tokenizer: str | None = None) -> ImportedModel:
@@ -150,7 +238,7 @@ def read_folder(folder: str | Path, tokenizer: str | None = None) -> ImportedMod
     hf_config = _read_json(folder / "config.json", "the model config")
     family = family_for(hf_config, str(folder / "config.json"))
     tok = load_folder_tokenizer(folder, tokenizer)  # before the weights: a missing tokenizer fails fast
-    src, dtype = _open_safetensors(folder)
+    src, dtype = _open_weights(folder)
     cfg, state = convert_source(src, hf_config, family)
     generation = _read_json(folder / "generation_config.json", "the generation config") \
         if (folder / "generation_config.json").is_file() else {}

@@ -1,8 +1,9 @@
 """Model names on the Hugging Face Hub: `redline import owner/name` downloads the folder with huggingface_hub.
 
-Only what an import reads is downloaded (configs, safetensors, tokenizer files, chat templates), into
-huggingface_hub's own cache, so a second import of the same name needs no network. Offline, a name already in the
-cache still imports; otherwise the error says how to bring the folder over and pass its path instead.
+Only what an import reads is downloaded (configs, safetensors or else pytorch_model.bin, tokenizer files, chat
+templates), into huggingface_hub's own cache, so a second import of the same name needs no network. Offline, a
+name already in the cache still imports; otherwise the error says how to bring the folder over and pass its path
+instead.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from urllib.parse import urlparse
 
 from redline.errors import UserError
 
-# what read_folder reads: model and generation configs, weights (single or sharded), tokenizer, chat template
-ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja"]
+# what read_folder reads: model and generation configs, weights (single or sharded), tokenizer (older uploads:
+# vocab.json + merges.txt, or a SentencePiece model), chat template
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "merges.txt", "tokenizer.model", "spiece.model"]
+# the weights of an upload without safetensors (torch pickles, read with weights_only=True)
+BIN_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 
 
 def _offline_help(name: str) -> str:
@@ -23,16 +27,30 @@ def _offline_help(name: str) -> str:
 
 
 def download(name: str, revision: str | None = None) -> Path:
-    """The local folder of Hub model `name` (downloaded or from the cache)."""
+    """The local folder of Hub model `name` (downloaded or from the cache): configs, tokenizer and safetensors, or,
+    for an upload without safetensors, its pytorch_model.bin files."""
     try:
-        import huggingface_hub
-        from huggingface_hub import errors
+        import huggingface_hub  # noqa: F401
     except ImportError:
         raise UserError("importing a model by its Hub name needs huggingface_hub: pip install 'redline[interop]' "
                         "(or give a local folder)") from None
-    options = {"revision": revision, "allow_patterns": ALLOW_PATTERNS}
+    folder = _snapshot(name, revision, ALLOW_PATTERNS, ["config.json"])
+    if not any(folder.glob("*.safetensors")):  # an older upload: torch pickles only
+        folder = _snapshot(name, revision, BIN_PATTERNS, ["pytorch_model*.bin"])
+    return folder
+
+
+def _snapshot(name: str, revision: str | None, patterns: list[str], needed: list[str]) -> Path:
+    """snapshot_download of the files matching `patterns`: from the cache where it holds a file matching each of
+    `needed`, else from the Hub (a UserError for no network, a gated, missing or private repo)."""
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    options = {"revision": revision, "allow_patterns": patterns}
     try:  # already in the cache: no network needed
-        return Path(huggingface_hub.snapshot_download(name, local_files_only=True, **options))
+        folder = Path(huggingface_hub.snapshot_download(name, local_files_only=True, **options))
+        if all(any(folder.glob(p)) for p in needed):
+            return folder
     except (errors.LocalEntryNotFoundError, errors.CachedRepoTreeNotFoundError, FileNotFoundError, OSError):
         pass
     from huggingface_hub import constants
