@@ -8,7 +8,9 @@ DIR is a checkpoint like the ones training writes (model.safetensors, config.jso
 template, meta.json): `generate`, `chat`, `eval`, `sample` and `bench-infer` take it as --checkpoint, `export` as
 CKPT, and `train --init-from DIR` continues training it on your data. Families:
 Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5, Qwen3, GPT-2. The EOS ids of generation_config.json
-become the tokenizer's stop tokens. DIR is written atomically: on any error nothing is left there.
+become the tokenizer's stop tokens. Older folders load too: pytorch_model.bin weights (tensors only), and a
+vocab.json + merges.txt or tokenizer.model tokenizer converted by transformers. DIR is written atomically: on any
+error nothing is left there.
 """
 
 from __future__ import annotations
