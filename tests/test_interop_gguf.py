@@ -65,6 +65,45 @@ def test_export_gguf_half_precision(dtype, tolerance, tmp_path, capsys):
         torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=0, atol=tolerance)
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "gpt2-1024"])
+def test_export_gguf_q8_0(kind, tmp_path, capsys):
+    """--dtype q8_0: matrices in llama.cpp's 8-bit blocks (F16 where rows are not whole blocks), norms, biases and
+    learned positions in F32; redline's import and transformers' GGUF loader dequantize the same bytes to the same
+    logits, close to the model's own."""
+    hf, path = export_gguf(kind, tmp_path, capsys, dtype="q8_0")
+    reader = gguf.GGUFReader(str(path))
+    kinds = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert kinds["blk.0.attn_qkv.weight" if kind == "gpt2-1024" else "blk.0.attn_q.weight"] == "Q8_0"
+    assert kinds["blk.1.ffn_down.weight"] == "Q8_0" and kinds["token_embd.weight"] == "Q8_0"
+    assert kinds["blk.0.attn_norm.weight"] == "F32"
+    assert kinds["position_embd.weight" if kind == "gpt2-1024" else "blk.0.attn_q.bias"] == "F32"
+    assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "back")
+    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    with torch.no_grad():
+        ours, theirs, original = model(TOKENS), back(TOKENS).logits, hf(TOKENS).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours, original, rtol=0, atol=3e-2)
+    assert not torch.equal(ours, original)  # quantized: not the fp32 weights
+    from redline.interop.gguf_file import _tensor_type
+
+    # rows of 40 are not whole 32-blocks: F16, as llama.cpp's converter falls back
+    assert _tensor_type(gguf, "blk.0.attn_q.weight", torch.zeros(8, 40), "q8_0").name == "F16"
+    assert _tensor_type(gguf, "position_embd.weight", torch.zeros(8, 64), "q8_0").name == "F32"
+
+
+def test_export_q8_0_is_gguf_only(tmp_path, capsys):
+    hf_folder("qwen2", tmp_path / "hf")
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--dtype", "q8_0", "--out", str(tmp_path / "o")],
+                           capsys)
+    assert code == 2 and "add --format gguf" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf permutation of q/k rows (each head's halves interleaved)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -2,6 +2,7 @@
 
     redline export runs/modern-124m-... --out exported/       # transformers.AutoModelForCausalLM.from_pretrained
     redline export models/smollm2 --out smol.gguf --format gguf --dtype fp16   # llama.cpp, transformers' GGUF loader
+    redline export models/smollm2 --out smol-q8.gguf --format gguf --dtype q8_0  # llama.cpp's 8-bit blocks
 
 The architecture follows the model: GPT-2 for learned positions (the gpt2 presets), Qwen3 with QK-norm (the modern
 presets), Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A redline option none of
@@ -36,9 +37,10 @@ class ExportConfig:
     """A LoRA run's checkpoint only: write the merged model (base + adapters) to --out."""
     format: Literal["hf", "gguf"] = "hf"
     """hf: a Hugging Face model folder; gguf: one GGUF file."""
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """Dtype of the written weights (auto: the dtype the checkpoint stores, fp32 for one redline trained). In a
-    GGUF, norms and biases stay fp32 as llama.cpp keeps them."""
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "q8_0"] = "auto"
+    """Dtype of the written weights (auto: the dtype the checkpoint stores, fp32 for one redline trained). q8_0
+    (GGUF only): llama.cpp's 8-bit blocks for the matrices, about a quarter of fp32's size. In a GGUF, norms and
+    biases stay fp32 as llama.cpp keeps them."""
 
 
 def stored_dtype(ckpt):
@@ -95,6 +97,9 @@ def main(argv: list[str]) -> int:
     check_merge(cfg)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
+    if cfg.dtype == "q8_0" and cfg.format != "gguf":
+        raise UserError("--dtype q8_0 is a GGUF type (llama.cpp's 8-bit blocks): add --format gguf, or give fp32, "
+                        "bf16 or fp16 for a Hugging Face folder")
     if cfg.format == "gguf":
         from redline.interop.gguf_file import require_gguf
 
@@ -102,7 +107,7 @@ def main(argv: list[str]) -> int:
     ckpt = resolve_checkpoint(cfg.checkpoint)
     state, train_cfg, tokenizer, ckpt = load_checkpoint_weights(ckpt)
     family = export_family(train_cfg.model)  # the one-line error for an option no architecture has, early
-    dtype = stored_dtype(ckpt) if cfg.dtype == "auto" else DTYPES[cfg.dtype]
+    dtype = stored_dtype(ckpt) if cfg.dtype == "auto" else cfg.dtype if cfg.dtype == "q8_0" else DTYPES[cfg.dtype]
     if cfg.format == "hf":
         from redline.interop.hf import write_folder
 
@@ -150,6 +155,8 @@ def export_adapter(cfg: ExportConfig) -> int:
 
     if cfg.out is not None or cfg.merge or cfg.format != "hf":
         raise UserError("--adapter writes a PEFT adapter folder on its own; drop --out, --merge and --format")
+    if cfg.dtype == "q8_0":
+        raise UserError("--dtype q8_0 is a GGUF type; a PEFT adapter is written in fp32, bf16 or fp16")
     ckpt = resolve_checkpoint(cfg.checkpoint)
     meta = verify_checkpoint(ckpt)
     if not is_adapter_checkpoint(meta):

@@ -221,7 +221,7 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     return {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}[family.name]
 
 
-def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype) -> None:
+def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | str) -> None:
     writer.add_name(f"redline {arch}")
     writer.add_context_length(cfg.context_len)
     writer.add_embedding_length(cfg.n_embd)
@@ -230,7 +230,7 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype) -> 
     writer.add_head_count(cfg.n_head)
     writer.add_vocab_size(cfg.vocab_size)
     file_type = {torch.float32: gguf.LlamaFileType.ALL_F32, torch.float16: gguf.LlamaFileType.MOSTLY_F16,
-                 torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16}[dtype]
+                 torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
@@ -269,8 +269,21 @@ def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:
         adders[key](value)
 
 
-def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Family, dtype: torch.dtype) -> Path:
-    """One GGUF file of redline weights `state` (fp32 state dict): 2-D tensors in dtype, 1-D ones in fp32."""
+def _tensor_type(gguf, name: str, w: torch.Tensor, dtype: torch.dtype | str):
+    """The GGML type a tensor is stored as for the file's dtype, by the rules llama.cpp's converter follows: 1-D
+    tensors (norms, biases) and learned positions in F32; for "q8_0", every other matrix in Q8_0 blocks of 32 along
+    its rows, or F16 where its rows are not whole blocks."""
+    if w.dim() < 2 or name.startswith("position_embd") or dtype == torch.float32:
+        return gguf.GGMLQuantizationType.F32
+    if dtype == "q8_0":
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
+        return gguf.GGMLQuantizationType.Q8_0 if w.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
+    return {torch.float16: gguf.GGMLQuantizationType.F16, torch.bfloat16: gguf.GGMLQuantizationType.BF16}[dtype]
+
+
+def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Family, dtype: torch.dtype | str) -> Path:
+    """One GGUF file of redline weights `state` (fp32 state dict): matrices in dtype (a torch dtype, or "q8_0":
+    llama.cpp's 8-bit blocks), 1-D tensors in fp32 (_tensor_type)."""
     gguf = require_gguf()
     arch = _arch(family, cfg)
     out = Path(out)
@@ -278,8 +291,6 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{secrets.token_hex(4)}"
-    qtype = {torch.float32: gguf.GGMLQuantizationType.F32, torch.float16: gguf.GGMLQuantizationType.F16,
-             torch.bfloat16: gguf.GGMLQuantizationType.BF16}[dtype]
     try:
         writer = gguf.GGUFWriter(str(tmp), arch)
         _metadata(writer, gguf, arch, cfg, dtype)
@@ -293,7 +304,8 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             if arch == "llama" and kind in ("attn_q", "attn_k"):
                 w = _interleave(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
             values = np.ascontiguousarray(w.numpy(), dtype=np.float32)
-            if w.dim() < 2 or qtype == gguf.GGMLQuantizationType.F32:
+            qtype = _tensor_type(gguf, name, w, dtype)
+            if qtype == gguf.GGMLQuantizationType.F32:
                 writer.add_tensor(name, values)
             else:
                 writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
