@@ -44,6 +44,7 @@ META_FILE = "redline_tokenizer.json"
 HF_FILE = "tokenizer.json"
 HF_CONFIG_FILE = "tokenizer_config.json"  # special tokens, add_bos_token, chat_template (transformers' layout)
 HF_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.50 saves the chat template instead
+HF_SPECIALS_FILE = "special_tokens_map.json"  # older transformers' special tokens, read over tokenizer_config's
 # the keys of tokenizer_config.json redline reads and writes back
 _HF_CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token", "add_eos_token",
                    "chat_template")
@@ -428,10 +429,15 @@ def _clean_hf_config(config: dict) -> dict:
 
 
 def read_hf_tokenizer_config(folder: Path) -> dict:
-    """tokenizer_config.json of a tokenizer folder, with chat_template.jinja's template where there is one."""
+    """tokenizer_config.json of a tokenizer folder, with special_tokens_map.json's tokens over its own (older
+    uploads name BOS and EOS there alone; transformers lets that file win) and chat_template.jinja's template where
+    there is one."""
     config: dict = {}
     if (folder / HF_CONFIG_FILE).is_file():
         config = _json_object(folder / HF_CONFIG_FILE, "download or save the tokenizer again")
+    if (folder / HF_SPECIALS_FILE).is_file():
+        specials = _json_object(folder / HF_SPECIALS_FILE, "download or save the tokenizer again")
+        config.update({k: v for k, v in specials.items() if k.endswith("_token") and v is not None})
     if (folder / HF_TEMPLATE_FILE).is_file():
         config["chat_template"] = (folder / HF_TEMPLATE_FILE).read_text(encoding="utf-8")
     return _clean_hf_config(config)

@@ -108,3 +108,24 @@ def test_generation_prompts_and_stop_tokens_are_the_tokenizers(kind, tmp_path):
             return [ord(c) % 7 for c in text]
 
     assert prompt_ids(Plain(), "ab") == [ord("a") % 7, ord("b") % 7] and stop_token_ids(Plain()) == [7]
+
+
+def test_special_tokens_map_names_bos_and_eos_as_transformers_reads_it(tmp_path):
+    """Older uploads name their special tokens in special_tokens_map.json, which transformers reads over
+    tokenizer_config.json's: the chat template sees the same tokens and EOS stops generation."""
+    import json
+
+    from redline.chat.template import template_for
+
+    folder = sentencepiece_style_tokenizer(tmp_path)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "eos_token": "<unk>",
+        "chat_template": "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}"
+                         "{% endfor %}"}))
+    (folder / "special_tokens_map.json").write_text(json.dumps({
+        "bos_token": {"content": "<s>", "lstrip": False, "normalized": False}, "eos_token": "</s>",
+        "unk_token": "<unk>"}))
+    ours, theirs = load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(str(folder))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert template_for(ours).render(messages) == theirs.apply_chat_template(messages, tokenize=False)
+    assert ours.stop_ids[0] == theirs.eos_token_id
