@@ -1242,3 +1242,17 @@ def test_decode_attention_tiles_fit_shared_memory():
             assert block * stages * slot_bytes <= smem - SMEM_HEADROOM
     assert [split_slots(d, e) for d, e in [(64, 2), (128, 2), (64, 4), (128, 4), (512, 4)]] == [128, 128, 128, 64, 16]
     assert [split_warps(split_slots(d, e), d, e) for d, e in [(64, 2), (128, 2), (128, 4)]] == [4, 8, 8]
+
+
+def test_model_sampling_defaults_and_their_precedence():
+    from redline.inference.sampling import model_sampling_defaults, resolve_sampling
+
+    recommended = model_sampling_defaults({"temperature": 0.7, "top_k": 20.0, "top_p": 1.5, "repetition_penalty": True,
+                                           "do_sample": False, "max_new_tokens": 9})
+    assert recommended == {"temperature": 0.7, "top_k": 20}  # top_p out of range, a boolean penalty: not taken
+    fallback = {"temperature": 0.8, "top_k": 50, "top_p": 0.95, "repetition_penalty": 1.1}
+    params, taken = resolve_sampling({"temperature": 0.0, "top_k": None, "top_p": None,
+                                      "repetition_penalty": None}, recommended, fallback, seed=4)
+    assert (params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.seed) == \
+        (0.0, 20, 0.95, 1.1, 4)
+    assert taken == ["top_k"]

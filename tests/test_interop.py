@@ -475,3 +475,27 @@ def test_imported_checkpoint_works_with_generate_and_eval_commands(tmp_path, cap
     assert code == 0, err
     row = json.loads(out.strip().splitlines()[-1])
     assert row["prompt"] == "hello world" and row["completion_tokens"] <= 5
+
+
+def test_generate_samples_as_the_imported_models_generation_config_recommends(tmp_path, capsys):
+    """An imported model's generation_config.json sets the sampling a command line leaves out (as vLLM and
+    transformers' generate use it): temperature 0 there is greedy decoding, token for token transformers'."""
+    hf = hf_folder("llama-gqa-tied", tmp_path / "hf")
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [1, 2], "temperature": 0.0, "top_p": 0.9, "top_k": "20", "do_sample": True}))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    argv = ["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "hello world", "--max-new-tokens", "6",
+            "--no-stop-at-eot", "--jsonl", "-"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "temperature 0, top_p 0.9, from the model's generation_config.json" in err  # top_k "20": not a number
+    _, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    prompt = tokenizer.encode_prompt("hello world")
+    hf.generation_config.eos_token_id = None
+    reference = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = tokenizer.decode(reference[0, len(prompt):].tolist())
+    assert json.loads(out.strip().splitlines()[-1])["completion"] == expected
+    # given on the command line, a setting is the user's: sampled with a seed, nothing taken from the model
+    code, out, err = run_cli(argv + ["--temperature", "1.5", "--top-p", "1", "--seed", "3"], capsys)
+    assert code == 0 and "generation_config" not in err, err

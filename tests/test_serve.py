@@ -1063,3 +1063,18 @@ def test_a_warm_scheduler_never_waits_for_the_device_outside_its_reads(tokenizer
     assert [s.finish_reason for s in second] == [s.finish_reason for s in first]
     assert "error" not in {s.finish_reason for s in second}
     assert [s.tokens for s in second] == [s.tokens for s in first]  # greedy, and sampled with the same seeds
+
+
+def test_requests_that_leave_sampling_out_take_the_models_recommendation():
+    """A model's generation_config.json temperature / top_p / top_k (the server's sampling_defaults) for a request
+    without them, as vLLM serves; a request's own values win; without defaults, OpenAI's."""
+    from redline.serve import protocol
+
+    defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    s = protocol.chat_job(body, defaults).sampling
+    assert (s.temperature, s.top_p, s.top_k) == (0.6, 0.95, 20)
+    s = protocol.completion_job({"prompt": "x", "temperature": 0, "top_k": -1}, defaults).sampling
+    assert (s.temperature, s.top_p, s.top_k) == (0.0, 0.95, 0)
+    s = protocol.chat_job(body).sampling
+    assert (s.temperature, s.top_p, s.top_k) == (1.0, 1.0, 0)

@@ -24,14 +24,15 @@ class ChatConfig:
     """A checkpoint folder or a run directory (its newest checkpoint). Required."""
     max_new_tokens: int | None = None
     """Most tokens per reply (None: 256, or half the model's context where that is shorter)."""
-    temperature: float = 0.8
-    """Sampling temperature (0: greedy)."""
-    top_k: int | None = 50
-    """Sample among the k most likely tokens (None or 0: all)."""
-    top_p: float = 0.95
-    """Nucleus sampling threshold (1: off)."""
-    repetition_penalty: float = 1.1
-    """> 1 discourages repeating tokens of the conversation (1: off)."""
+    temperature: float | None = None
+    """Sampling temperature (0: greedy). None: the model's generation_config.json (an imported model's), else 0.8."""
+    top_k: int | None = None
+    """Sample among the k most likely tokens (0: all). None: the model's generation_config.json, else 50."""
+    top_p: float | None = None
+    """Nucleus sampling threshold (1: off). None: the model's generation_config.json, else 0.95."""
+    repetition_penalty: float | None = None
+    """> 1 discourages repeating tokens of the conversation (1: off). None: the model's generation_config.json,
+    else 1.1."""
     seed: int | None = None
     """Sampling seed (None: different replies each run)."""
     stop: tuple[str, ...] = ("\n\n",)
@@ -48,15 +49,24 @@ class ChatConfig:
     runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
     """Device, precision, compilation and CUDA graphs."""
 
+    def sampling(self, model: dict | None = None):
+        """(SamplingParams, the settings taken from the model): what was given, else the model's recommendation,
+        else SAMPLING_DEFAULTS."""
+        from redline.inference.sampling import resolve_sampling
+
+        given = {k: getattr(self, k) for k in SAMPLING_DEFAULTS}
+        return resolve_sampling(given, model or {}, SAMPLING_DEFAULTS, self.seed)
+
     def validate(self) -> None:
         from redline.errors import UserError
-        from redline.inference.sampling import SamplingParams
 
-        SamplingParams(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed).validate()
+        self.sampling()[0].validate()
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+# redline's sampling where neither the command line nor the model's generation_config.json sets it
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 50, "top_p": 0.95, "repetition_penalty": 1.1}
 DEFAULT_REPLY_TOKENS = 256
 
 
@@ -109,8 +119,8 @@ def chat_renderer(tokenizer):
 
 def main(argv: list[str]) -> int:
     from redline.config import parse
+    from redline.commands.generate import model_sampling
     from redline.inference.runtime import expand_bool_flags, load_generator
-    from redline.inference.sampling import SamplingParams
 
     argv = expand_bool_flags(argv, ("prepend-eot",))
     cfg = parse(ChatConfig, argv, prog="redline chat", description=__doc__.strip(), default=ChatConfig())
@@ -127,7 +137,7 @@ def main(argv: list[str]) -> int:
     history = History(generator.tokenizer, ctx - cfg.max_new_tokens, cfg.prepend_eot, renderer, cfg.system)
     stop_strings = cfg.stop if renderer is None or cfg.stop != ChatConfig.stop else ()
     stop_tokens = None if renderer is None else [*renderer.stop_ids, generator.tokenizer.eot_id]
-    sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty, cfg.seed)
+    sampling = model_sampling(cfg.checkpoint, cfg.sampling, "redline chat")
     interactive = sys.stdin.isatty()
     if interactive:
         how = f"{renderer.name} chat template" if renderer is not None else "plain text (no chat template)"

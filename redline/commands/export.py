@@ -57,26 +57,6 @@ def stored_dtype(ckpt):
     return {"BF16": torch.bfloat16, "F16": torch.float16}.get(kind, torch.float32)
 
 
-def original_generation_config(ckpt, train_cfg) -> dict | None:
-    """The generation_config.json an imported model brought: in the checkpoint itself, or, for a run that started
-    from one (init_from), in that checkpoint (where it is still there)."""
-    from pathlib import Path
-
-    from redline.training.checkpoint import resolve_checkpoint
-
-    places = [ckpt]
-    if train_cfg.init_from and Path(train_cfg.init_from).exists():
-        places.append(resolve_checkpoint(train_cfg.init_from))
-    for folder in places:
-        path = Path(folder) / "generation_config.json"
-        if path.is_file():
-            try:
-                return json.loads(path.read_text(encoding="utf-8"))
-            except ValueError:
-                return None
-    return None
-
-
 def main(argv: list[str]) -> int:
     from pathlib import Path
 
@@ -84,7 +64,7 @@ def main(argv: list[str]) -> int:
     from redline.errors import UserError
     from redline.interop.families import export_family
     from redline.interop.hf import DTYPES
-    from redline.training.checkpoint import load_checkpoint_weights, resolve_checkpoint
+    from redline.training.checkpoint import generation_config, load_checkpoint_weights, resolve_checkpoint
 
     cfg = parse(ExportConfig, argv, prog="redline export", description=__doc__.strip())
     if cfg.adapter is not None:
@@ -111,7 +91,7 @@ def main(argv: list[str]) -> int:
     if cfg.format == "hf":
         from redline.interop.hf import write_folder
 
-        write_folder(out, state, train_cfg.model, tokenizer, family, dtype, original_generation_config(ckpt, train_cfg))
+        write_folder(out, state, train_cfg.model, tokenizer, family, dtype, generation_config(ckpt))
         loader = f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
     else:
         from redline.interop.gguf_file import write_gguf

@@ -31,14 +31,16 @@ class GenerateConfig:
     """For a text prompt file or stdin: each non-empty line is a prompt (off: the whole file is one prompt)."""
     max_new_tokens: int = 128
     """Most tokens to generate per prompt."""
-    temperature: float = 0.8
-    """Sampling temperature (0: greedy)."""
-    top_k: int | None = 50
-    """Sample among the k most likely tokens (None or 0: all)."""
-    top_p: float = 1.0
-    """Nucleus sampling: the smallest set of tokens whose probability reaches top_p (1: off)."""
-    repetition_penalty: float = 1.0
-    """> 1 discourages repeating tokens of the prompt and the output (1: off)."""
+    temperature: float | None = None
+    """Sampling temperature (0: greedy). None: the model's generation_config.json (an imported model's), else 0.8."""
+    top_k: int | None = None
+    """Sample among the k most likely tokens (0: all). None: the model's generation_config.json, else 50."""
+    top_p: float | None = None
+    """Nucleus sampling: the smallest set of tokens whose probability reaches top_p (1: off). None: the model's
+    generation_config.json, else 1."""
+    repetition_penalty: float | None = None
+    """> 1 discourages repeating tokens of the prompt and the output (1: off). None: the model's
+    generation_config.json, else 1."""
     seed: int = 0
     """Sampling seed (the same prompts, batch size and seed give the same output)."""
     stop: tuple[str, ...] = ()
@@ -71,7 +73,7 @@ class GenerateConfig:
         from redline.durable import check_output_file
         from redline.errors import UserError
 
-        self.sampling().validate()
+        self.sampling()[0].validate()
         if self.jsonl and self.jsonl != "-":
             check_output_file(self.jsonl, "--jsonl")
         if self.max_new_tokens < 1:
@@ -81,12 +83,17 @@ class GenerateConfig:
         if self.prompt and self.prompt_file:
             raise UserError("give prompts either with --prompt or with --prompt-file, not both")
 
-    def sampling(self):
-        from redline.inference.sampling import SamplingParams
+    def sampling(self, model: dict | None = None):
+        """(SamplingParams, the settings taken from the model): what was given, else the model's recommendation
+        (inference/sampling.py model_sampling_defaults), else SAMPLING_DEFAULTS."""
+        from redline.inference.sampling import resolve_sampling
 
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              repetition_penalty=self.repetition_penalty, seed=self.seed)
+        given = {k: getattr(self, k) for k in SAMPLING_DEFAULTS}
+        return resolve_sampling(given, model or {}, SAMPLING_DEFAULTS, self.seed)
 
+
+# redline's sampling where neither the command line nor the model's generation_config.json sets it
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 
 # the booleans that also take --no-NAME (a bare --NAME is config.parse's)
 BOOL_FLAGS = ("prompt-per-line", "stop-at-eot", "prepend-eot", "truncate", "stream", "echo-prompt", "chat")
@@ -135,6 +142,19 @@ def read_prompts(cfg: GenerateConfig) -> list[str]:
     return prompts
 
 
+def model_sampling(checkpoint: str, sampling, command: str):
+    """sampling(model_defaults) with the checkpoint's generation_config.json, saying on stderr what it took."""
+    from redline.inference.sampling import model_sampling_defaults
+    from redline.training.checkpoint import generation_config, resolve_checkpoint
+
+    params, taken = sampling(model_sampling_defaults(generation_config(resolve_checkpoint(checkpoint))))
+    if taken:
+        settings = ", ".join(f"{k} {getattr(params, k):g}" for k in taken)
+        print(f"{command}: {settings}, from the model's generation_config.json (set them to override)",
+              file=sys.stderr)
+    return params
+
+
 def main(argv: list[str]) -> int:
     from redline.config import parse
     from redline.inference.runtime import expand_bool_flags, load_generator
@@ -143,6 +163,7 @@ def main(argv: list[str]) -> int:
     cfg = parse(GenerateConfig, argv, prog="redline generate", description=__doc__.strip(), default=GenerateConfig())
     prompts = read_prompts(cfg)
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
+    sampling = model_sampling(cfg.checkpoint, cfg.sampling, "redline generate")
     # every prompt is checked before any generation starts
     stop_tokens = None
     if cfg.chat:
@@ -181,7 +202,7 @@ def main(argv: list[str]) -> int:
             if cfg.echo_prompt:
                 print(chunk[0], end="", flush=True)
         completions = generator.generate(
-            chunk, cfg.max_new_tokens, cfg.sampling(), stop_strings=cfg.stop, stop_at_eot=cfg.stop_at_eot,
+            chunk, cfg.max_new_tokens, sampling, stop_strings=cfg.stop, stop_at_eot=cfg.stop_at_eot,
             on_text=(lambda row, text: print(text, end="", flush=True)) if stream else None, encoded=chunk_encoded,
             stop_tokens=stop_tokens,
         )

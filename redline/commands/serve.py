@@ -362,11 +362,15 @@ def checkpoint_tokenizer(cfg: ServeConfig):
 
 def frontend(cfg: ServeConfig, scheduler, tokenizer, renderer: tuple):
     """(Server, the FastAPI app) over a scheduler (a Scheduler, or an EngineProcess); renderer: chat_renderer's."""
+    from redline.inference.sampling import model_sampling_defaults
     from redline.serve.api import Server, create_app
+    from redline.training.checkpoint import generation_config, resolve_checkpoint
 
+    recommended = model_sampling_defaults(generation_config(resolve_checkpoint(cfg.checkpoint)))
     server = Server(scheduler, tokenizer, cfg.model_name or served_name(cfg.checkpoint), renderer=renderer[0],
                     no_chat=renderer[1], api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
-                    max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024)
+                    max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024,
+                    sampling_defaults={k: v for k, v in recommended.items() if k != "repetition_penalty"})
     return server, create_app(server)
 
 
@@ -418,6 +422,10 @@ def main(argv: list[str]) -> int:
           f"{server.renderer.name if server.renderer else 'none'}, engine: "
           f"{f'process {pid}' if pid else 'in this process'}"
           f"{f', {cfg.api_processes} HTTP processes' if cfg.api_processes > 1 else ''})", file=sys.stderr, flush=True)
+    if server.sampling_defaults:
+        settings = ", ".join(f"{k} {v:g}" for k, v in server.sampling_defaults.items())
+        print(f"redline serve: requests that leave them out sample with {settings} (the model's "
+              f"generation_config.json)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)
     workers, sockets = [], None
     if cfg.api_processes > 1:  # the others serve the same listening socket, each over a pipe of its own

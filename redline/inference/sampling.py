@@ -45,6 +45,31 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# the sampling settings a model's generation_config.json may recommend, and the values each may take
+_MODEL_KEYS = {"temperature": lambda v: v >= 0, "top_k": lambda v: v >= 0 and float(v).is_integer(),
+               "top_p": lambda v: 0 < v <= 1, "repetition_penalty": lambda v: v > 0}
+
+
+def model_sampling_defaults(generation_config: dict | None) -> dict:
+    """The sampling settings a model's generation_config.json recommends ({"temperature": 0.6, "top_p": 0.95,
+    ...}), those of the four redline has and with valid values; as vLLM reads them, `do_sample` is not one (a
+    temperature 0 is how to ask for greedy decoding)."""
+    out = {}
+    for key, ok in _MODEL_KEYS.items():
+        value = (generation_config or {}).get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value):
+            out[key] = int(value) if key == "top_k" else float(value)
+    return out
+
+
+def resolve_sampling(given: dict, model: dict, fallback: dict, seed: int | None) -> tuple[SamplingParams, list[str]]:
+    """SamplingParams from what the user gave (None: not given), else the model's recommendation
+    (model_sampling_defaults), else redline's `fallback`; with the names taken from the model."""
+    from_model = [k for k in fallback if given.get(k) is None and k in model]
+    values = {k: given[k] if given.get(k) is not None else model.get(k, fallback[k]) for k in fallback}
+    return SamplingParams(seed=seed, **values), from_model
+
+
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     if params.greedy:
         return None

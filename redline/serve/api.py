@@ -46,6 +46,9 @@ class Server:
     """redline/chat/render.py's renderer of conversations (prompt(messages) -> ids, stop_ids); None: chat requests
     answer 400 with `no_chat` (why there is none)."""
     no_chat: str = "this model has no chat template: use /v1/completions"
+    sampling_defaults: dict = field(default_factory=dict)
+    """The model's recommended temperature / top_p / top_k (its generation_config.json) for requests that leave
+    them out."""
     api_key: str | None = None
     max_tokens: int | None = None  # the most a request may ask for (None: the context)
     max_body_bytes: int = 1 << 20
@@ -433,11 +436,13 @@ def create_app(server: Server):
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await run(server, request, protocol.chat_job(await read_body(server, request)))
+        body = await read_body(server, request)
+        return await run(server, request, protocol.chat_job(body, server.sampling_defaults))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await run(server, request, protocol.completion_job(await read_body(server, request)))
+        body = await read_body(server, request)
+        return await run(server, request, protocol.completion_job(body, server.sampling_defaults))
 
     def model_card() -> dict:
         return {"id": server.model, "object": "model", "created": server.created, "owned_by": "redline",

@@ -99,7 +99,10 @@ def _stop(body: Mapping) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
+def _common(body: Mapping, kind: str, least_tokens: int = 1, defaults: Mapping | None = None) -> dict:
+    """What chat and completion requests share. defaults: the model's recommended temperature, top_p and top_k
+    (its generation_config.json) for a request that leaves them out, as vLLM serves them; else OpenAI's."""
+    defaults = defaults or {}
     for name, harmless in (_REFUSED_IN_CHAT if kind == "chat" else _REFUSED).items():
         if name in body and body[name] not in harmless:
             raise bad(f"{name} is not supported by this server (redline serve); leave it out", name,
@@ -116,9 +119,10 @@ def _common(body: Mapping, kind: str, least_tokens: int = 1) -> dict:
         max_tokens = 16  # OpenAI's default for completions; chat goes on up to the context
     seed = _number(body, "seed", None, -2**63, 2**63 - 1, integer=True)
     # top_k is not OpenAI's; vLLM and llama.cpp's servers take it (-1 or 0: off), and clients send it as an extra
-    top_k = _number(body, "top_k", 0, -1, 2**31, integer=True)
-    sampling = SamplingParams(temperature=float(_number(body, "temperature", 1.0, 0, 2)),
-                              top_p=float(_number(body, "top_p", 1.0, 0, 1)), seed=seed, top_k=max(top_k, 0))
+    top_k = _number(body, "top_k", defaults.get("top_k", 0), -1, 2**31, integer=True)
+    sampling = SamplingParams(temperature=float(_number(body, "temperature", defaults.get("temperature", 1.0), 0, 2)),
+                              top_p=float(_number(body, "top_p", defaults.get("top_p", 1.0), 0, 1)), seed=seed,
+                              top_k=max(top_k, 0))
     if sampling.top_p == 0:
         raise bad("top_p must be > 0 (1 = off)", "top_p")
     stream = body.get("stream", False)
@@ -174,7 +178,7 @@ ROLES = ("system", "user", "assistant")  # those redline/chat/render.py renders
 ALIASES = {"developer": "system"}  # OpenAI's newer name for the system message (as vLLM reads it)
 
 
-def chat_job(body: Mapping) -> Job:
+def chat_job(body: Mapping, defaults: Mapping | None = None) -> Job:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list of {role, content} objects", "messages")
@@ -196,10 +200,10 @@ def chat_job(body: Mapping) -> Job:
     if top is not None and not logprobs:
         raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     return Job(kind="chat", prompts=[None], messages=plain, logprobs=(top or 0) if logprobs else None,
-               **_common(body, "chat"))
+               **_common(body, "chat", defaults=defaults))
 
 
-def completion_job(body: Mapping) -> Job:
+def completion_job(body: Mapping, defaults: Mapping | None = None) -> Job:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         prompts = [prompt]
@@ -220,7 +224,7 @@ def completion_job(body: Mapping) -> Job:
     # max_tokens 0 with echo and logprobs: score the prompt alone (OpenAI's legacy completions allowed it, as
     # evaluation harnesses use it)
     job = Job(kind="completion", prompts=prompts, logprobs=logprobs, echo=bool(echo),
-              **_common(body, "completion", 0 if echo and logprobs is not None else 1))
+              **_common(body, "completion", 0 if echo and logprobs is not None else 1, defaults))
     if len(prompts) * job.n > MAX_N:
         raise bad(f"prompts × n must be at most {MAX_N}, got {len(prompts)} × {job.n}", "n")
     return job

@@ -502,6 +502,27 @@ def load_config_dict(ckpt: Path) -> dict[str, Any]:
     return config
 
 
+def generation_config(ckpt: Path) -> dict | None:
+    """The generation_config.json an imported model brought: in the checkpoint itself, or, for a run that started
+    from one (init_from), in that checkpoint (where it is still there). None: none, or not a JSON object."""
+    places = [Path(ckpt)]
+    init_from = load_config_dict(Path(ckpt)).get("init_from") if (Path(ckpt) / "config.json").is_file() else None
+    if isinstance(init_from, str) and Path(init_from).exists():
+        try:
+            places.append(resolve_checkpoint(init_from))
+        except UserError:
+            pass
+    for folder in places:
+        path = folder / "generation_config.json"
+        if path.is_file():
+            try:
+                value = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+            return value if isinstance(value, dict) else None
+    return None
+
+
 def load_for_inference(path: str | Path, device: torch.device | str = "cpu"):
     """(model in eval mode, tokenizer, TrainConfig) from a checkpoint or run directory."""
     from redline.config import TrainConfig, from_dict
