@@ -499,3 +499,12 @@ def test_generate_samples_as_the_imported_models_generation_config_recommends(tm
     # given on the command line, a setting is the user's: sampled with a seed, nothing taken from the model
     code, out, err = run_cli(argv + ["--temperature", "1.5", "--top-p", "1", "--seed", "3"], capsys)
     assert code == 0 and "generation_config" not in err, err
+
+
+def test_import_shard_index_without_shards(tmp_path, capsys):
+    hf_folder("gpt2", tmp_path / "hf")
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        (tmp_path / "hf" / "model.safetensors").unlink(missing_ok=True)
+        (tmp_path / "hf" / index).write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "names no shard files")
+        (tmp_path / "hf" / index).unlink()

@@ -62,7 +62,10 @@ def _read_json(path: Path, what: str) -> dict:
 
 def _shard_list(folder: Path, index_file: str) -> tuple[list[str], dict | None]:
     """The shards an index file names (each present, or one line naming the missing one) and its weight map."""
-    weight_map = _read_json(folder / index_file, "the shard index").get("weight_map") or {}
+    weight_map = _read_json(folder / index_file, "the shard index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(s, str) for s in weight_map.values()):
+        raise UserError(f"{folder / index_file} names no shard files (its weight_map is missing, empty or not "
+                        f"tensor -> file names); download it again")
     shards = sorted(set(weight_map.values()))
     missing = [s for s in shards if not (folder / s).is_file()]
     if missing:
