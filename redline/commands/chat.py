@@ -119,8 +119,7 @@ def chat_renderer(tokenizer):
 
 def main(argv: list[str]) -> int:
     from redline.config import parse
-    from redline.commands.generate import model_sampling
-    from redline.inference.runtime import expand_bool_flags, load_generator
+    from redline.inference.runtime import checkpoint_sampling, expand_bool_flags, load_generator
 
     argv = expand_bool_flags(argv, ("prepend-eot",))
     cfg = parse(ChatConfig, argv, prog="redline chat", description=__doc__.strip(), default=ChatConfig())
@@ -137,7 +136,7 @@ def main(argv: list[str]) -> int:
     history = History(generator.tokenizer, ctx - cfg.max_new_tokens, cfg.prepend_eot, renderer, cfg.system)
     stop_strings = cfg.stop if renderer is None or cfg.stop != ChatConfig.stop else ()
     stop_tokens = None if renderer is None else [*renderer.stop_ids, generator.tokenizer.eot_id]
-    sampling = model_sampling(cfg.checkpoint, cfg.sampling, "redline chat")
+    sampling = checkpoint_sampling(cfg.checkpoint, cfg.sampling, "redline chat")
     interactive = sys.stdin.isatty()
     if interactive:
         how = f"{renderer.name} chat template" if renderer is not None else "plain text (no chat template)"

@@ -142,28 +142,15 @@ def read_prompts(cfg: GenerateConfig) -> list[str]:
     return prompts
 
 
-def model_sampling(checkpoint: str, sampling, command: str):
-    """sampling(model_defaults) with the checkpoint's generation_config.json, saying on stderr what it took."""
-    from redline.inference.sampling import model_sampling_defaults
-    from redline.training.checkpoint import generation_config, resolve_checkpoint
-
-    params, taken = sampling(model_sampling_defaults(generation_config(resolve_checkpoint(checkpoint))))
-    if taken:
-        settings = ", ".join(f"{k} {getattr(params, k):g}" for k in taken)
-        print(f"{command}: {settings}, from the model's generation_config.json (set them to override)",
-              file=sys.stderr)
-    return params
-
-
 def main(argv: list[str]) -> int:
     from redline.config import parse
-    from redline.inference.runtime import expand_bool_flags, load_generator
+    from redline.inference.runtime import checkpoint_sampling, expand_bool_flags, load_generator
 
     argv = expand_bool_flags(argv, BOOL_FLAGS)
     cfg = parse(GenerateConfig, argv, prog="redline generate", description=__doc__.strip(), default=GenerateConfig())
     prompts = read_prompts(cfg)
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
-    sampling = model_sampling(cfg.checkpoint, cfg.sampling, "redline generate")
+    sampling = checkpoint_sampling(cfg.checkpoint, cfg.sampling, "redline generate")
     # every prompt is checked before any generation starts
     stop_tokens = None
     if cfg.chat:

@@ -1,8 +1,10 @@
 """From command-line options to a ready engine: device, dtype, compile and CUDA-graph choices (checked against
-the machine), and a checkpoint loaded with its tokenizer (checked against any --tokenizer override)."""
+the machine), a checkpoint loaded with its tokenizer (checked against any --tokenizer override), and the sampling
+its generation_config.json recommends."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -111,3 +113,17 @@ def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: 
         raise UserError(f"the tokenizer stored in {ckpt} (identity {tokenizer.identity[:12]}) does not match its "
                         f"meta.json ({expected[:12]}); the checkpoint is damaged, use another one")
     return TextGenerator(runtime.engine(model), override or tokenizer), train_cfg
+
+
+def checkpoint_sampling(checkpoint: str, sampling, command: str):
+    """`sampling(recommended)` (a command config's method: SamplingParams and the settings it took from the model)
+    with the recommendation of the checkpoint's generation_config.json, saying on stderr what it took."""
+    from redline.inference.sampling import model_sampling_defaults
+    from redline.training.checkpoint import generation_config, resolve_checkpoint
+
+    params, taken = sampling(model_sampling_defaults(generation_config(resolve_checkpoint(checkpoint))))
+    if taken:
+        settings = ", ".join(f"{k} {getattr(params, k):g}" for k in taken)
+        print(f"{command}: {settings}, from the model's generation_config.json (set them to override)",
+              file=sys.stderr)
+    return params
