@@ -36,7 +36,8 @@ FAMILIES = {
                                                              max_window_layers=0)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
 }
-# for GGUF: no Llama 3 RoPE scaling (refused there), and GPT-2 at its own context (transformers' GGUF loader assumes it)
+# for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
+# its own context (the loader assumes it)
 GGUF_FAMILIES = {
     "llama-untied": ("LlamaConfig", "LlamaForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),

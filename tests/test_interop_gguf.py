@@ -160,11 +160,89 @@ def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None
             w.add_tensor(names[name], gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(names[name], data)
+    scaling = cfg.rope_parameters if cfg.rope_parameters.get("rope_type") == "llama3" else None
+    if scaling:  # llama.cpp's converter: no scaling keys, each frequency's divisor in a rope_freqs tensor
+        w.add_tensor("rope_freqs.weight", llama_cpp_rope_freqs(cfg.rope_parameters["rope_theta"], cfg.head_dim,
+                                                               scaling))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def llama_cpp_rope_freqs(theta: float, dim: int, scaling: dict) -> np.ndarray:
+    """The rope_freqs tensor llama.cpp's converter writes for Llama 3 scaling, by its own rule in float64."""
+    import math
+
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi / (1.0 / theta ** (i / dim))
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_export_gguf_with_llama3_rope_scaling(tmp_path, capsys):
+    """Llama 3.1 RoPE scaling in a GGUF: llama.cpp's rope_freqs tensor (its converter's values) and redline's own
+    key, read back exactly."""
+    hf, path = export_gguf("llama-untied-rope3", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    (freqs,) = [t for t in reader.tensors if t.name == "rope_freqs.weight"]
+    scaling = hf.config.rope_parameters
+    np.testing.assert_allclose(np.array(freqs.data), llama_cpp_rope_freqs(scaling["rope_theta"], hf.config.head_dim,
+                                                                          scaling), rtol=1e-6)
+    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
+    assert code == 0, err
+    model, _, train_cfg = load_for_inference(tmp_path / "back")
+    assert (train_cfg.model.rope_scaling, train_cfg.model.rope_original_context) == ("llama3", 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_import_llama_cpp_gguf_with_rope_freqs(tmp_path, capsys):
+    """A Llama 3.x GGUF as llama.cpp writes it (rope_freqs alone, no scaling keys): the scaling is recovered from the
+    divisors, and the model computes what transformers' Llama does with the Hugging Face config."""
+    import transformers as t
+
+    config = t.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                           rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1, tie_word_embeddings=True,
+                           rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                              "original_max_position_embeddings": 256})
+    torch.manual_seed(0)
+    hf = t.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = write_llama_cpp_style(hf, tmp_path / "model.gguf", "F32")
+    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, train_cfg = load_for_inference(tmp_path / "ckpt")
+    assert (train_cfg.model.rope_scaling, train_cfg.model.rope_factor) == ("llama3", 8.0)
+    positions = torch.randint(0, VOCAB, (1, 300), generator=torch.Generator().manual_seed(2))  # past 256
+    with torch.no_grad():
+        torch.testing.assert_close(model(positions), hf(positions).logits, rtol=1e-4, atol=1e-4)
+    # divisors that no Llama 3 scaling gives: one line, nothing written
+    reader_path = tmp_path / "bad.gguf"
+    hf.config.rope_parameters = {**hf.config.rope_parameters, "factor": 8.0}
+    bad = write_llama_cpp_style(hf, reader_path, "F32")
+    raw = bytearray(bad.read_bytes())
+    freqs = llama_cpp_rope_freqs(500000.0, 32, hf.config.rope_parameters)
+    at = bytes(raw).rfind(freqs.tobytes())
+    raw[at:at + freqs.nbytes] = np.linspace(1, 3, freqs.size, dtype=np.float32).tobytes()  # a ramp, no plateaus
+    bad.write_bytes(bytes(raw))
+    code, _, err = run_cli(["import", str(bad), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "rope_freqs" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "F16"])

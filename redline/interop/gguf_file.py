@@ -14,6 +14,7 @@ writes f32, f16 or bf16, norms and biases always f32 as llama.cpp does.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import secrets
@@ -99,8 +100,8 @@ def _fields(reader) -> dict:
     return out
 
 
-def _hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
-    """A Hugging Face config.json for the GGUF's metadata."""
+def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torch.Tensor | None = None) -> dict:
+    """A Hugging Face config.json for the GGUF's metadata (rope_freqs: its rope_freqs tensor, where it has one)."""
 
     def key(name, default=None):
         return fields.get(f"{arch}.{name}", default)
@@ -120,9 +121,6 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
     if key("rope.dimension_count", head_dim) != head_dim:
         raise UserError(f"the GGUF rotates {key('rope.dimension_count')} of {head_dim} head dimensions (partial "
                         f"RoPE), which redline does not support")
-    if "rope_freqs.weight" in tensor_names:
-        raise UserError("the GGUF scales RoPE with a rope_freqs tensor (Llama 3.1 style), which redline reads only "
-                        "from a Hugging Face folder's config; import the model's Hugging Face folder instead")
     window = key("attention.sliding_window") or 0
     config = {"model_type": "mistral" if arch == "llama" and window else arch, "vocab_size": vocab,
               "hidden_size": width, "intermediate_size": key("feed_forward_length"),
@@ -135,11 +133,70 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
         config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
     scaling = key("rope.scaling.type")
-    if scaling == "linear":
+    if rope_freqs is not None:
+        config["rope_scaling"] = _llama3_scaling(fields, rope_freqs, config)
+    elif scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
     elif scaling not in (None, "none"):
         raise UserError(f"the GGUF's RoPE scaling {scaling!r} is not supported (redline reads none and linear)")
     return config
+
+
+# redline's own GGUF key: Llama 3 RoPE scaling's [factor, low_freq_factor, high_freq_factor, original context], written
+# beside llama.cpp's rope_freqs tensor (which holds only its effect) so that redline reads the parameters back exactly
+LLAMA3_ROPE_KEY = "redline.rope.llama3"
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's (head_dim / 2,) divisors of the RoPE frequencies (Llama 3.1 style)
+
+
+def llama3_rope_freqs(cfg: ModelConfig) -> torch.Tensor:
+    """llama.cpp's rope_freqs for a model with Llama 3 scaling: each frequency's divisor, (head_dim // 2,) fp32."""
+    from dataclasses import replace
+
+    from redline.model import rope_frequencies
+
+    return rope_frequencies(replace(cfg, rope_scaling="none")) / rope_frequencies(cfg)
+
+
+def _llama3_scaling(fields: dict, divisors: torch.Tensor, config: dict) -> dict:
+    """config.json's rope_scaling for a GGUF's rope_freqs: redline's exact parameters where it wrote them, else
+    Llama 3's recovered from the divisors. The divisors are 1 for short wavelengths, `factor` for long ones and
+    1 / ((1 - s) / factor + s) between, with s linear in 1 / wavelength, so factor and that line (two unknowns) fix
+    them; the original context is the file's (llama.cpp's rope.scaling.original_context_length) or Llama 3's 8192,
+    and low/high_freq_factor follow from the line. The result must give the divisors back, or this is an error."""
+    from redline.model import ModelConfig, rope_frequencies
+
+    stored = fields.get(LLAMA3_ROPE_KEY)
+    arch = fields.get("general.architecture")
+    if stored is not None and len(stored) == 4:
+        factor, low, high, original = (float(v) for v in stored)
+    else:
+        d = divisors.double()
+        factor = float(d.max())
+        D = 2 * d.numel()
+        inv_freq = 1.0 / (float(config["rope_theta"]) ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+        band = (d > 1 + 1e-4) & (d < factor - 1e-4)
+        if factor <= 1 + 1e-6 or int(band.sum()) < 2:
+            raise UserError("the GGUF's rope_freqs tensor is not Llama 3 RoPE scaling redline can recover (fewer "
+                            "than two frequencies in its blended band); import the model's Hugging Face folder")
+        smooth = (1 / d[band] - 1 / factor) / (1 - 1 / factor)  # s = slope * inv_freq + intercept
+        x = inv_freq[band]
+        slope = float(((x - x.mean()) * (smooth - smooth.mean())).sum() / ((x - x.mean()) ** 2).sum())
+        intercept = float(smooth.mean() - slope * x.mean())
+        original = float(fields.get(f"{arch}.rope.scaling.original_context_length") or 8192)
+        width = original / (2 * math.pi * slope)  # high_freq_factor - low_freq_factor
+        low = -intercept * width
+        high, low = round(low + width, 6), round(low, 6)
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+               "original_max_position_embeddings": int(round(original))}
+    cfg = ModelConfig(n_embd=config["num_attention_heads"] * config["head_dim"], n_head=config["num_attention_heads"],
+                      head_size=config["head_dim"], rope_theta=float(config["rope_theta"]), rope_scaling="llama3",
+                      rope_factor=factor, rope_low_freq_factor=low, rope_high_freq_factor=high,
+                      rope_original_context=int(round(original)))
+    got = llama3_rope_freqs(cfg)
+    if got.shape != divisors.shape or not torch.allclose(got, divisors.float(), rtol=1e-4, atol=1e-5):
+        raise UserError("the GGUF's rope_freqs tensor is not Llama 3 RoPE scaling (its divisors do not follow that "
+                        "rule); redline cannot express it: import the model's Hugging Face folder")
+    return scaling
 
 
 def _tensor_reader(path: Path, reader, arch: str, config: dict):
@@ -147,6 +204,8 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
     gguf = require_gguf()
     by_hf, unknown = {}, []
     for t in reader.tensors:
+        if t.name == ROPE_FREQS:  # read into the config (_llama3_scaling), not a weight
+            continue
         hf = _hf_name(t.name, arch)
         (unknown.append(t.name) if hf is None else by_hf.__setitem__(hf, t))
     if unknown:
@@ -189,7 +248,11 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     arch = fields.get("general.architecture")
     if arch not in ARCHES:
         raise UserError(f"{path}: GGUF architecture {arch!r} is not supported; redline reads {', '.join(ARCHES)}")
-    config = _hf_config(fields, arch, {t.name for t in reader.tensors})
+    rope_freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if rope_freqs is not None:
+        rope_freqs = torch.from_numpy(np.array(gguf.dequantize(rope_freqs.data, rope_freqs.tensor_type),
+                                               dtype=np.float32)).reshape(-1)
+    config = _hf_config(fields, arch, {t.name for t in reader.tensors}, rope_freqs)
     if tokenizer:
         tok = load_tokenizer(tokenizer)
     else:
@@ -216,9 +279,11 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if cfg.sliding_window:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
-    if cfg.rope_scaling == "llama3":
-        raise UserError("model.rope_scaling=llama3 is not written to GGUF here; export with --format hf")
-    return {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}[family.name]
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}[family.name]
+    if cfg.rope_scaling == "llama3" and arch != "llama":
+        raise UserError(f"model.rope_scaling=llama3 with a {arch} architecture: llama.cpp applies Llama 3 RoPE "
+                        f"scaling (its rope_freqs tensor) to llama files only; export with --format hf")
+    return arch
 
 
 def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | str) -> None:
@@ -245,6 +310,9 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     if cfg.rope_scaling == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_factor)
+    elif cfg.rope_scaling == "llama3":  # llama.cpp reads the rope_freqs tensor (write_gguf); redline these too
+        writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                                           float(cfg.rope_original_context)])
 
 
 def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:
@@ -309,6 +377,8 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
                 writer.add_tensor(name, values)
             else:
                 writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        if cfg.rope_scaling == "llama3":
+            writer.add_tensor(ROPE_FREQS, llama3_rope_freqs(cfg).numpy().astype(np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
