@@ -508,3 +508,46 @@ def test_import_shard_index_without_shards(tmp_path, capsys):
         (tmp_path / "hf" / index).write_text(json.dumps({"metadata": {}, "weight_map": {}}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "names no shard files")
         (tmp_path / "hf" / index).unlink()
+
+
+def test_hub_download_fetches_the_files_the_index_names_and_nothing_else(tmp_path, capsys, monkeypatch):
+    """Online: configs and tokenizer first, then the weights the index names; a second copy of the weights that
+    some repositories hold (Mistral's consolidated.safetensors) is never fetched. The Hub is a local folder here."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    import fnmatch
+    import shutil
+
+    from huggingface_hub import errors
+
+    from redline.interop import hub
+
+    repo = tmp_path / "repo"
+    hf = hf_folder("llama-gqa-tied", repo)
+    (repo / "model.safetensors").unlink()
+    hf.save_pretrained(repo, max_shard_size="40KB")
+    (repo / "consolidated.safetensors").write_bytes(b"not fetched")
+    fetched = []
+
+    def snapshot_download(name, revision=None, allow_patterns=None, local_files_only=False):
+        if local_files_only:
+            raise errors.LocalEntryNotFoundError("not cached")
+        out = tmp_path / "snapshot"
+        out.mkdir(exist_ok=True)
+        for f in repo.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, out / f.name)
+                fetched.append(f.name)
+        return str(out)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr("redline.tokenizer._can_reach", lambda host: True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    folder = hub.download("SomeOrg/sharded")
+    shards = sorted(p.name for p in repo.glob("model-*.safetensors"))
+    assert len(shards) > 1 and sorted(f for f in fetched if f.endswith(".safetensors")) == shards
+    code, _, err = run_cli(["import", str(folder), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
