@@ -551,3 +551,24 @@ def test_hub_download_fetches_the_files_the_index_names_and_nothing_else(tmp_pat
     model, _, _ = load_for_inference(tmp_path / "ckpt")
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_export_in_shards_as_save_pretrained_writes_them(tmp_path, capsys):
+    hf, _, _, ckpt = imported("qwen2", tmp_path, capsys)
+    out = tmp_path / "exported"
+    code, _, err = run_cli(["export", str(ckpt), "--out", str(out), "--max-shard-size", "40KB"], capsys)
+    assert code == 0, err
+    shards = sorted(p.name for p in out.glob("model-*-of-*.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(shards) > 1 and not (out / "model.safetensors").exists()
+    assert sorted(set(index["weight_map"].values())) == shards
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    from safetensors.torch import load_file
+
+    stored = [t for shard in shards for t in load_file(str(out / shard)).values()]
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in stored)
+    code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "bad"), "--max-shard-size", "lots"], capsys)
+    assert code == 2 and "--max-shard-size 'lots' is not a size" in err and not (tmp_path / "bad").exists(), err

@@ -37,6 +37,9 @@ class ExportConfig:
     """A LoRA run's checkpoint only: write the merged model (base + adapters) to --out."""
     format: Literal["hf", "gguf"] = "hf"
     """hf: a Hugging Face model folder; gguf: one GGUF file."""
+    max_shard_size: str = "5GB"
+    """hf: the largest safetensors file (5GB, 500MB, 2GiB, ...); a larger model is written as shards with
+    model.safetensors.index.json, as transformers' save_pretrained writes them."""
     dtype: Literal["auto", "fp32", "bf16", "fp16", "q8_0"] = "auto"
     """Dtype of the written weights (auto: the dtype the checkpoint stores, fp32 for one redline trained). q8_0
     (GGUF only): llama.cpp's 8-bit blocks for the matrices, about a quarter of fp32's size. In a GGUF, norms and
@@ -80,6 +83,9 @@ def main(argv: list[str]) -> int:
     if cfg.dtype == "q8_0" and cfg.format != "gguf":
         raise UserError("--dtype q8_0 is a GGUF type (llama.cpp's 8-bit blocks): add --format gguf, or give fp32, "
                         "bf16 or fp16 for a Hugging Face folder")
+    from redline.interop.hf import parse_size
+
+    max_shard = parse_size(cfg.max_shard_size)  # a bad size is one line before any work
     if cfg.format == "gguf":
         from redline.interop.gguf_file import require_gguf
 
@@ -91,7 +97,7 @@ def main(argv: list[str]) -> int:
     if cfg.format == "hf":
         from redline.interop.hf import write_folder
 
-        write_folder(out, state, train_cfg.model, tokenizer, family, dtype, generation_config(ckpt))
+        write_folder(out, state, train_cfg.model, tokenizer, family, dtype, generation_config(ckpt), max_shard)
         loader = f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
     else:
         from redline.interop.gguf_file import write_gguf

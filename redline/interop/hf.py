@@ -319,18 +319,58 @@ def write_atomic_folder(out: Path, write) -> Path:
     return out
 
 
+_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size written as transformers' max_shard_size is ("5GB", "500MB", "2GiB", or a number of bytes)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", str(text), re.IGNORECASE)
+    if not m or float(m[1]) <= 0:
+        raise UserError(f"--max-shard-size {text!r} is not a size: give e.g. 5GB, 500MB or 2GiB")
+    return int(float(m[1]) * _SIZE_UNITS[(m[2] or "B").upper()])
+
+
+def shard_names(tensors: Mapping[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
+    """The tensors' names in files of at most max_bytes each, in order (a larger tensor alone in its file), as
+    transformers' save_pretrained splits them."""
+    shards, size = [[]], 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    return shards
+
+
 def write_folder(out: str | Path, state: Mapping[str, torch.Tensor], cfg: ModelConfig, tokenizer, family: Family,
-                 dtype: torch.dtype, original_generation: Mapping | None = None) -> Path:
-    """A Hugging Face model folder for redline weights `state` (its fp32 state dict) in `dtype`.
+                 dtype: torch.dtype, original_generation: Mapping | None = None,
+                 max_shard_bytes: int = 5 * 10**9) -> Path:
+    """A Hugging Face model folder for redline weights `state` (its fp32 state dict) in `dtype`: model.safetensors,
+    or shards of at most max_shard_bytes named by model.safetensors.index.json (transformers' layout).
     original_generation: the imported model's generation_config.json, kept (see generation_config)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.to(dtype).contiguous() for k, v in family.to_hf(state, cfg).items()}
     files = hf_tokenizer_files(tokenizer)
     generation = generation_config(tokenizer, original_generation)
+    shards = shard_names(tensors, max_shard_bytes)
 
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if len(shards) == 1:
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, names in enumerate(shards, 1):
+                shard = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file({n: tensors[n] for n in names}, str(tmp / shard), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(names, shard))
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         config = hf_config_json(cfg, family, tokenizer, dtype, generation)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
