@@ -1245,14 +1245,16 @@ def test_decode_attention_tiles_fit_shared_memory():
 
 
 def test_model_sampling_defaults_and_their_precedence():
-    from redline.inference.sampling import model_sampling_defaults, resolve_sampling
+    from types import SimpleNamespace
+
+    from redline.inference.sampling import model_sampling_defaults, sampling_from
 
     recommended = model_sampling_defaults({"temperature": 0.7, "top_k": 20.0, "top_p": 1.5, "repetition_penalty": True,
                                            "do_sample": False, "max_new_tokens": 9})
     assert recommended == {"temperature": 0.7, "top_k": 20}  # top_p out of range, a boolean penalty: not taken
     fallback = {"temperature": 0.8, "top_k": 50, "top_p": 0.95, "repetition_penalty": 1.1}
-    params, taken = resolve_sampling({"temperature": 0.0, "top_k": None, "top_p": None,
-                                      "repetition_penalty": None}, recommended, fallback, seed=4)
+    options = SimpleNamespace(temperature=0.0, top_k=None, top_p=None, repetition_penalty=None, seed=4)
+    params, taken = sampling_from(options, fallback, recommended)
     assert (params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.seed) == \
         (0.0, 20, 0.95, 1.1, 4)
     assert taken == ["top_k"]

@@ -49,18 +49,11 @@ class ChatConfig:
     runtime: tyro.conf.OmitArgPrefixes[RuntimeOptions] = field(default_factory=RuntimeOptions)
     """Device, precision, compilation and CUDA graphs."""
 
-    def sampling(self, model: dict | None = None):
-        """(SamplingParams, the settings taken from the model): what was given, else the model's recommendation,
-        else SAMPLING_DEFAULTS."""
-        from redline.inference.sampling import resolve_sampling
-
-        given = {k: getattr(self, k) for k in SAMPLING_DEFAULTS}
-        return resolve_sampling(given, model or {}, SAMPLING_DEFAULTS, self.seed)
-
     def validate(self) -> None:
         from redline.errors import UserError
+        from redline.inference.sampling import sampling_from
 
-        self.sampling()[0].validate()
+        sampling_from(self, SAMPLING_DEFAULTS)[0].validate()
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -136,7 +129,7 @@ def main(argv: list[str]) -> int:
     history = History(generator.tokenizer, ctx - cfg.max_new_tokens, cfg.prepend_eot, renderer, cfg.system)
     stop_strings = cfg.stop if renderer is None or cfg.stop != ChatConfig.stop else ()
     stop_tokens = None if renderer is None else [*renderer.stop_ids, generator.tokenizer.eot_id]
-    sampling = checkpoint_sampling(cfg.checkpoint, cfg.sampling, "redline chat")
+    sampling = checkpoint_sampling(cfg, SAMPLING_DEFAULTS, "redline chat")
     interactive = sys.stdin.isatty()
     if interactive:
         how = f"{renderer.name} chat template" if renderer is not None else "plain text (no chat template)"

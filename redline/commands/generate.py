@@ -72,8 +72,9 @@ class GenerateConfig:
     def validate(self) -> None:
         from redline.durable import check_output_file
         from redline.errors import UserError
+        from redline.inference.sampling import sampling_from
 
-        self.sampling()[0].validate()
+        sampling_from(self, SAMPLING_DEFAULTS)[0].validate()
         if self.jsonl and self.jsonl != "-":
             check_output_file(self.jsonl, "--jsonl")
         if self.max_new_tokens < 1:
@@ -82,14 +83,6 @@ class GenerateConfig:
             raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.prompt and self.prompt_file:
             raise UserError("give prompts either with --prompt or with --prompt-file, not both")
-
-    def sampling(self, model: dict | None = None):
-        """(SamplingParams, the settings taken from the model): what was given, else the model's recommendation
-        (inference/sampling.py model_sampling_defaults), else SAMPLING_DEFAULTS."""
-        from redline.inference.sampling import resolve_sampling
-
-        given = {k: getattr(self, k) for k in SAMPLING_DEFAULTS}
-        return resolve_sampling(given, model or {}, SAMPLING_DEFAULTS, self.seed)
 
 
 # redline's sampling where neither the command line nor the model's generation_config.json sets it
@@ -150,7 +143,7 @@ def main(argv: list[str]) -> int:
     cfg = parse(GenerateConfig, argv, prog="redline generate", description=__doc__.strip(), default=GenerateConfig())
     prompts = read_prompts(cfg)
     generator, _ = load_generator(cfg.checkpoint, cfg.tokenizer, cfg.runtime)
-    sampling = checkpoint_sampling(cfg.checkpoint, cfg.sampling, "redline generate")
+    sampling = checkpoint_sampling(cfg, SAMPLING_DEFAULTS, "redline generate")
     # every prompt is checked before any generation starts
     stop_tokens = None
     if cfg.chat:

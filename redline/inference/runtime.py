@@ -115,13 +115,14 @@ def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: 
     return TextGenerator(runtime.engine(model), override or tokenizer), train_cfg
 
 
-def checkpoint_sampling(checkpoint: str, sampling, command: str):
-    """`sampling(recommended)` (a command config's method: SamplingParams and the settings it took from the model)
-    with the recommendation of the checkpoint's generation_config.json, saying on stderr what it took."""
-    from redline.inference.sampling import model_sampling_defaults
+def checkpoint_sampling(options, fallback: dict, command: str):
+    """SamplingParams for a command's options (inference/sampling.py sampling_from: given, else the recommendation
+    of the checkpoint's generation_config.json, else `fallback`), saying on stderr what it took from the model."""
+    from redline.inference.sampling import model_sampling_defaults, sampling_from
     from redline.training.checkpoint import generation_config, resolve_checkpoint
 
-    params, taken = sampling(model_sampling_defaults(generation_config(resolve_checkpoint(checkpoint))))
+    recommended = model_sampling_defaults(generation_config(resolve_checkpoint(options.checkpoint)))
+    params, taken = sampling_from(options, fallback, recommended)
     if taken:
         settings = ", ".join(f"{k} {getattr(params, k):g}" for k in taken)
         print(f"{command}: {settings}, from the model's generation_config.json (set them to override)",

@@ -62,12 +62,15 @@ def model_sampling_defaults(generation_config: dict | None) -> dict:
     return out
 
 
-def resolve_sampling(given: dict, model: dict, fallback: dict, seed: int | None) -> tuple[SamplingParams, list[str]]:
-    """SamplingParams from what the user gave (None: not given), else the model's recommendation
-    (model_sampling_defaults), else redline's `fallback`; with the names taken from the model."""
-    from_model = [k for k in fallback if given.get(k) is None and k in model]
-    values = {k: given[k] if given.get(k) is not None else model.get(k, fallback[k]) for k in fallback}
-    return SamplingParams(seed=seed, **values), from_model
+def sampling_from(options, fallback: dict, model: dict | None = None) -> tuple[SamplingParams, list[str]]:
+    """SamplingParams from a command's options (attributes named as fallback's keys, None where not given, and
+    `seed`), else the model's recommendation (model_sampling_defaults), else redline's `fallback`; with the names
+    taken from the model."""
+    model = model or {}
+    given = {k: getattr(options, k) for k in fallback}
+    from_model = [k for k in fallback if given[k] is None and k in model]
+    values = {k: given[k] if given[k] is not None else model.get(k, fallback[k]) for k in fallback}
+    return SamplingParams(seed=options.seed, **values), from_model
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
