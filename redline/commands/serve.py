@@ -362,11 +362,10 @@ def checkpoint_tokenizer(cfg: ServeConfig):
 
 def frontend(cfg: ServeConfig, scheduler, tokenizer, renderer: tuple):
     """(Server, the FastAPI app) over a scheduler (a Scheduler, or an EngineProcess); renderer: chat_renderer's."""
-    from redline.inference.sampling import model_sampling_defaults
+    from redline.inference.runtime import recommended_sampling
     from redline.serve.api import Server, create_app
-    from redline.training.checkpoint import generation_config, resolve_checkpoint
 
-    recommended = model_sampling_defaults(generation_config(resolve_checkpoint(cfg.checkpoint)))
+    recommended = recommended_sampling(cfg.checkpoint)
     server = Server(scheduler, tokenizer, cfg.model_name or served_name(cfg.checkpoint), renderer=renderer[0],
                     no_chat=renderer[1], api_key=cfg.api_key or os.environ.get(API_KEY_ENV) or None,
                     max_tokens=cfg.max_tokens or None, max_body_bytes=cfg.max_body_kib * 1024,

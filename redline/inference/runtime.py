@@ -115,14 +115,21 @@ def load_generator(checkpoint: str | None, tokenizer_spec: str | None, runtime: 
     return TextGenerator(runtime.engine(model), override or tokenizer), train_cfg
 
 
-def checkpoint_sampling(options, fallback: dict, command: str):
-    """SamplingParams for a command's options (inference/sampling.py sampling_from: given, else the recommendation
-    of the checkpoint's generation_config.json, else `fallback`), saying on stderr what it took from the model."""
-    from redline.inference.sampling import model_sampling_defaults, sampling_from
+def recommended_sampling(checkpoint: str) -> dict:
+    """The sampling settings the checkpoint's generation_config.json recommends (inference/sampling.py
+    model_sampling_defaults): an imported model's, or that of the one a run started from."""
+    from redline.inference.sampling import model_sampling_defaults
     from redline.training.checkpoint import generation_config, resolve_checkpoint
 
-    recommended = model_sampling_defaults(generation_config(resolve_checkpoint(options.checkpoint)))
-    params, taken = sampling_from(options, fallback, recommended)
+    return model_sampling_defaults(generation_config(resolve_checkpoint(checkpoint)))
+
+
+def checkpoint_sampling(options, fallback: dict, command: str):
+    """SamplingParams for a command's options (inference/sampling.py sampling_from: given, else the checkpoint's
+    recommended_sampling, else `fallback`), saying on stderr what it took from the model."""
+    from redline.inference.sampling import sampling_from
+
+    params, taken = sampling_from(options, fallback, recommended_sampling(options.checkpoint))
     if taken:
         settings = ", ".join(f"{k} {getattr(params, k):g}" for k in taken)
         print(f"{command}: {settings}, from the model's generation_config.json (set them to override)",

@@ -9,7 +9,8 @@ other way. Two layout differences from Hugging Face's:
   interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3 files are not permuted;
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones.
 Quantized tensors are dequantized by the gguf package (a type it cannot dequantize is an error naming it); export
-writes f32, f16 or bf16, norms and biases always f32 as llama.cpp does.
+writes f32, f16, bf16 or q8_0 matrices, norms and biases always f32 as llama.cpp does. Llama 3 RoPE scaling travels
+as llama.cpp's rope_freqs tensor (each frequency's divisor), read back into the four parameters of the scaling.
 """
 
 from __future__ import annotations
@@ -163,8 +164,6 @@ def _llama3_scaling(fields: dict, divisors: torch.Tensor, config: dict) -> dict:
     1 / ((1 - s) / factor + s) between, with s linear in 1 / wavelength, so factor and that line (two unknowns) fix
     them; the original context is the file's (llama.cpp's rope.scaling.original_context_length) or Llama 3's 8192,
     and low/high_freq_factor follow from the line. The result must give the divisors back, or this is an error."""
-    from redline.model import ModelConfig, rope_frequencies
-
     stored = fields.get(LLAMA3_ROPE_KEY)
     arch = fields.get("general.architecture")
     if stored is not None and len(stored) == 4:
