@@ -51,9 +51,9 @@ NOFILL_END = {"fi", "EE", "Ed", "Ve"}
 def _mdoc_words(words: list[str], name: str) -> str:
     """mdoc's nested macro names resolved: Fl x -> -x, Nm -> the page's name, the others dropped."""
     out, flag = [], False
-    for w in words:
+    for i, w in enumerate(words):
         if w in MDOC_INLINE:
-            if w == "Nm":
+            if w == "Nm" and (i + 1 == len(words) or words[i + 1] in MDOC_INLINE):  # .Nm alone: the page's name
                 out.append(name)
             flag = w == "Fl"
             continue
@@ -93,7 +93,7 @@ def page_text(source: str) -> str:
             if macro in MDOC_INLINE:
                 line = _mdoc_words([macro] + words, name)
             elif macro[1:2].islower():  # mdoc block macros (.Sh, .Nd, .It): their arguments may nest inline ones
-                line = _mdoc_words(words, name)
+                line = ("- " if macro == "Nd" else "") + _mdoc_words(words, name)
             else:
                 line = ("" if macro in ("BR", "RB", "IR", "RI", "BI", "IB") else " ").join(words)
             if macro in ("SH", "SS", "Sh", "Ss"):
