@@ -237,6 +237,26 @@ def test_a_warmup_as_long_as_the_run_is_named(dataset, tmp_path, capsys):  # noq
     assert "is not shorter than" not in capsys.readouterr().out
 
 
+def test_the_start_says_how_many_epochs_the_budget_reads(dataset, tmp_path, capsys):  # noqa: F811
+    """The training split's size and the epochs the step budget reads of it; evaluations log the epochs so far."""
+    from types import SimpleNamespace
+
+    from redline.data.prepare import load_meta
+    from redline.training.loop import data_lines
+
+    run = train(config(dataset, tmp_path, "max_steps=12", "eval_every=6")).run_dir
+    total = load_meta(dataset)["splits"]["train"]["tokens"]
+    assert f"training data: {total:,} tokens; 12 steps of 128 tokens read {12 * 128 / total:.2f} epochs of it\n" \
+        in capsys.readouterr().out
+    windows = (total - 1) // 32
+    assert [(r["step"], r["epoch"]) for r in records(run) if r["kind"] == "eval"] == \
+        [(6, round(6 * 4 / windows, 4)), (12, round(12 * 4 / windows, 4))]
+    loader = SimpleNamespace(total_tokens=1000)
+    assert data_lines(loader, 300, 10) == ["training data: 1,000 tokens; 10 steps of 300 tokens read 3.00 epochs of "
+                                           "it (the data repeats, reshuffled, from about step 4)"]
+    assert data_lines(loader, 300, 0) == ["training data: 1,000 tokens"] and data_lines(object(), 300, 10) == []
+
+
 def test_on_a_terminal_a_progress_bar_runs_between_the_log_lines(dataset, tmp_path, monkeypatch):  # noqa: F811
     import rich.console
 

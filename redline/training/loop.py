@@ -393,7 +393,7 @@ class Run:
         if device.type == "cuda" and peak is None:
             self.log.print(f"[yellow]{gpu_name} is not in the peak table: MFU is left out")
         steps = cfg.max_steps or (-(-cfg.max_tokens // plan.tokens_per_step) if cfg.max_tokens and not at_most else 0)
-        for line in schedule_lines(cfg, steps):
+        for line in schedule_lines(cfg, steps) + data_lines(self.train_loader, plan.tokens_per_step, steps):
             self.log.print(line)
         if resumed is not None:
             self.log.print(f"resumed from {resumed.checkpoint} at step {self.step}")
@@ -570,8 +570,10 @@ class Run:
         """Validation loss, perplexity and bits per byte, without the converters (BF16); logged and printed."""
         with self.train_step.evaluation() as model:
             result = self.source.evaluate(model, self.cfg, self.info, self.device)
+        epoch = getattr(self.train_loader, "epoch", None)  # token shards: training epochs read so far
         self.log.log({"kind": "eval", "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed(),
-                      "train_time": self.train_time(), **result})
+                      "train_time": self.train_time(), **({"epoch": round(epoch, 4)} if epoch is not None else {}),
+                      **result})
         if hasattr(self.source, "eval_line"):  # a source whose evaluation measures something else (DPO, GRPO)
             self.log.print(f"[cyan]eval step {self.step}: {self.source.eval_line(result)}")
             return result
@@ -759,6 +761,22 @@ def schedule_lines(cfg: TrainConfig, steps: int) -> list[str]:
             lines.append(f"[yellow]{name}={getattr(cfg, name)} is not shorter than the run's {steps} steps: it never "
                          f"trains on full-size batches; lower {name}")
     return lines
+
+
+def data_lines(loader, tokens_per_step: int, steps: int) -> list[str]:
+    """The training split's size and how many times the step budget reads it (steps: 0 if not known): a run past
+    one epoch sees its windows again, reshuffled, and its validation loss falls less per step from there on.
+    Only for token shards (a loader with total_tokens); conversations and pairs say their own epochs."""
+    total = getattr(loader, "total_tokens", None)
+    if not total:
+        return []
+    line = f"training data: {total:,} tokens"
+    if steps:
+        epochs = steps * tokens_per_step / total
+        line += f"; {steps:,} steps of {tokens_per_step:,} tokens read {epochs:.2f} epochs of it"
+        if epochs > 1:
+            line += f" (the data repeats, reshuffled, from about step {-(-total // tokens_per_step):,})"
+    return [line]
 
 
 def budget_progress(cfg: TrainConfig, step: int, tokens: int, train_time: float) -> float:
