@@ -8,7 +8,7 @@ Features (each a field of `ModelConfig`):
   flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
-- positions: RoPE (with `rope_theta`, and Llama 3's or linear frequency scaling), learned absolute, or none;
+- positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's or linear frequency scaling), learned absolute, or none;
   explicit per-token positions (packed documents restart at 0);
 - MLP: GELU, SwiGLU or ReLU², hidden size rounded up to a multiple of 64 (SwiGLU at 2/3 of the width of
   the others so the parameter count stays comparable);
@@ -67,17 +67,26 @@ class ModelConfig:
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
-    rope_scaling: Literal["none", "linear", "llama3"] = "none"
+    rope_scaling: Literal["none", "linear", "llama3", "yarn"] = "none"
     """RoPE frequency scaling for contexts beyond the trained one: linear divides every frequency by rope_factor;
-    llama3 divides the low frequencies only and blends the middle band (Llama 3.1's rule)."""
+    llama3 divides the low frequencies only and blends the middle band (Llama 3.1's rule); yarn does the same with
+    its band set by rotation counts and scales the cos/sin tables by rope_attention_factor (YaRN)."""
     rope_factor: float = 1.0
-    """linear and llama3 scaling: the factor frequencies are divided by."""
+    """linear, llama3 and yarn scaling: the factor frequencies are divided by."""
     rope_low_freq_factor: float = 1.0
     """llama3 scaling: wavelengths above rope_original_context / this are scaled in full."""
     rope_high_freq_factor: float = 4.0
     """llama3 scaling: wavelengths below rope_original_context / this are left as they are."""
     rope_original_context: int = 8192
-    """llama3 scaling: the context length the model was first trained at."""
+    """llama3 and yarn scaling: the context length the model was first trained at."""
+    rope_beta_fast: float = 32.0
+    """yarn scaling: frequencies that turn more than this many times over rope_original_context are kept."""
+    rope_beta_slow: float = 1.0
+    """yarn scaling: frequencies that turn fewer times than this are divided by rope_factor in full."""
+    rope_attention_factor: float = 0.0
+    """yarn scaling: the factor on the cos/sin tables (0: YaRN's 0.1 ln(rope_factor) + 1)."""
+    rope_truncate: bool = True
+    """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
     mlp: Literal["gelu", "swiglu", "relu2"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, or ReLU squared."""
     fused_mlp: bool = True
@@ -171,6 +180,11 @@ class ModelConfig:
         if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
             raise UserError("rope_scaling=llama3 needs 0 < model.rope_low_freq_factor < model.rope_high_freq_factor, "
                             f"got {self.rope_low_freq_factor} and {self.rope_high_freq_factor}")
+        if self.rope_scaling == "yarn" and not (self.rope_beta_fast > self.rope_beta_slow > 0
+                                                  and self.rope_attention_factor >= 0):
+            raise UserError("rope_scaling=yarn needs model.rope_beta_fast > model.rope_beta_slow > 0 and "
+                            f"model.rope_attention_factor >= 0, got {self.rope_beta_fast}, {self.rope_beta_slow} and "
+                            f"{self.rope_attention_factor}")
         if self.logit_softcap < 0:
             raise UserError(f"model.logit_softcap must be >= 0 (0 = off), got {self.logit_softcap}")
         if self.logit_softcap and self.ce_chunk_tokens:
@@ -213,7 +227,12 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
 
     llama3: wavelengths longer than rope_original_context / rope_low_freq_factor are divided by rope_factor, those
     shorter than rope_original_context / rope_high_freq_factor are kept, and the band between blends the two
-    linearly in rope_original_context / wavelength (the rule of Meta's Llama 3.1 reference code)."""
+    linearly in rope_original_context / wavelength (the rule of Meta's Llama 3.1 reference code).
+
+    yarn (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models"; the rule of its
+    reference code and of transformers): dimension pair i turns rope_original_context / wavelength_i times over the
+    original context; pairs below the one that turns rope_beta_fast times blend into those above the one that turns
+    rope_beta_slow times (divided by rope_factor in full) along a linear ramp in i."""
     D = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
     if cfg.rope_scaling == "linear":
@@ -226,14 +245,34 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         long = wavelength > cfg.rope_original_context / cfg.rope_low_freq_factor
         short = wavelength < cfg.rope_original_context / cfg.rope_high_freq_factor
         return torch.where(long, inv_freq / cfg.rope_factor, torch.where(short, inv_freq, blended))
+    if cfg.rope_scaling == "yarn":
+        def pair_turning(turns: float) -> float:  # the (fractional) dimension whose frequency turns `turns` times
+            return D * math.log(cfg.rope_original_context / (turns * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+
+        low, high = pair_turning(cfg.rope_beta_fast), pair_turning(cfg.rope_beta_slow)
+        if cfg.rope_truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, D - 1)
+        ramp = ((torch.arange(D // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
+        return inv_freq / cfg.rope_factor * ramp + inv_freq * (1 - ramp)
     return inv_freq
+
+
+def rope_attention_factor(cfg: ModelConfig) -> float:
+    """The factor on RoPE's cos/sin tables: YaRN's (given, else 0.1 ln(factor) + 1 for a factor above 1), else 1."""
+    if cfg.rope_scaling != "yarn":
+        return 1.0
+    if cfg.rope_attention_factor:
+        return cfg.rope_attention_factor
+    return 0.1 * math.log(cfg.rope_factor) + 1.0 if cfg.rope_factor > 1 else 1.0
 
 
 def rope_tables(cfg: ModelConfig, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of shape (length, head_dim // 2), in fp32 (length: the context by default)."""
     positions = torch.arange(length or cfg.context_len, dtype=torch.float32)
     angles = torch.outer(positions, rope_frequencies(cfg))
-    return angles.cos(), angles.sin()
+    scale = rope_attention_factor(cfg)
+    return angles.cos() * scale, angles.sin() * scale
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

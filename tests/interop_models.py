@@ -24,6 +24,12 @@ FAMILIES = {
     # Qwen3: QK-norm, head_dim 24 != 64 / 4
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24,
                                                       tie_word_embeddings=False)),
+    # Qwen3 with YaRN RoPE scaling (Qwen's recipe for contexts past the trained one); the band of blended
+    # frequencies spans pairs 0-3 of 8 at this theta and original context
+    "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                           rope_theta=500.0, tie_word_embeddings=True,
+                                                           rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                                         "original_max_position_embeddings": 32})),
     # Mistral with a sliding window shorter than the test sequences
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                                    sliding_window=5, head_dim=16)),

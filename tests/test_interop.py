@@ -304,6 +304,32 @@ def test_import_llama3_rope_takes_the_context_when_the_original_is_not_given(tmp
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("extra", [{"attention_factor": 1.25, "beta_fast": 16, "beta_slow": 2},
+                                   {"mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False}])
+def test_import_yarn_reads_its_optional_parameters_as_transformers_does(extra, tmp_path, capsys):
+    """YaRN's attention factor given, or derived from DeepSeek-style mscale / mscale_all_dim, other ramp ends and an
+    untruncated band: logits equal transformers', and the export writes them back (from_pretrained: equal logits)."""
+    hf_folder("qwen3-yarn", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(config.get(key), dict):
+            config[key].update(extra)
+    path.write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert hf.model.rotary_emb.attention_scaling != 1.0
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ok")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ok")
+    code, _, err = run_cli(["export", str(tmp_path / "ok"), "--out", str(tmp_path / "back")], capsys)
+    assert code == 0, err
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_import_ignores_an_eos_id_outside_the_vocabulary_with_a_warning(tmp_path, capsys):
     """A small GPT-2 built with GPT2Config's default eos_token_id (50256): transformers warns and loads it."""
     hf_folder("gpt2", tmp_path / "hf")

@@ -207,6 +207,28 @@ def test_export_gguf_with_llama3_rope_scaling(tmp_path, capsys):
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_export_gguf_with_yarn_rope_scaling(tmp_path, capsys):
+    """YaRN in a GGUF: the keys llama.cpp's converter writes (type, factor, original context, betas) and redline's
+    own, read back to transformers' logits; a file with llama.cpp's keys alone reads as transformers' defaults."""
+    from redline.interop.gguf_file import _yarn_scaling
+
+    hf, path = export_gguf("qwen3-yarn", tmp_path, capsys)
+    fields = {name: field.contents() for name, field in gguf.GGUFReader(str(path)).fields.items()}
+    assert (fields["qwen3.rope.scaling.type"], fields["qwen3.rope.scaling.factor"],
+            fields["qwen3.rope.scaling.original_context_length"], fields["qwen3.rope.scaling.yarn_beta_fast"],
+            fields["qwen3.rope.scaling.yarn_beta_slow"]) == ("yarn", 2.0, 32, 32.0, 1.0)
+    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
+    assert code == 0, err
+    model, _, train_cfg = load_for_inference(tmp_path / "back")
+    assert (train_cfg.model.rope_scaling, train_cfg.model.rope_original_context) == ("yarn", 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    llama_cpp = {k: v for k, v in fields.items() if not k.startswith("redline.")}
+    assert _yarn_scaling(llama_cpp, lambda name, default=None: llama_cpp.get(f"qwen3.{name}", default)) == {
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32, "beta_fast": 32.0,
+        "beta_slow": 1.0}
+
+
 def test_import_llama_cpp_gguf_with_rope_freqs(tmp_path, capsys):
     """A Llama 3.x GGUF as llama.cpp writes it (rope_freqs alone, no scaling keys): the scaling is recovered from the
     divisors, and the model computes what transformers' Llama does with the Hugging Face config."""

@@ -28,7 +28,7 @@ from redline.durable import fsync_dir, fsync_file
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, family_for
 from redline.interop.hf import ImportedModel, convert_source
-from redline.model import ModelConfig
+from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "gpt2")
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
@@ -110,7 +110,7 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     tokens = fields.get("tokenizer.ggml.tokens") or []
     vocab = key("vocab_size") or len(tokens)
     if not vocab:
-        raise UserError("the GGUF gives no vocabulary size ({arch}.vocab_size or tokenizer tokens)")
+        raise UserError(f"the GGUF gives no vocabulary size ({arch}.vocab_size or tokenizer tokens)")
     tied = "output.weight" not in tensor_names
     if arch == "gpt2":
         return {"model_type": "gpt2", "vocab_size": vocab, "n_embd": key("embedding_length"),
@@ -138,14 +138,40 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
         config["rope_scaling"] = _llama3_scaling(fields, rope_freqs, config)
     elif scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    elif scaling == "yarn":
+        config["rope_scaling"] = _yarn_scaling(fields, key)
     elif scaling not in (None, "none"):
-        raise UserError(f"the GGUF's RoPE scaling {scaling!r} is not supported (redline reads none and linear)")
+        raise UserError(f"the GGUF's RoPE scaling {scaling!r} is not supported (redline reads none, linear, yarn "
+                        f"and Llama 3's rope_freqs)")
     return config
+
+
+def _yarn_scaling(fields: dict, key) -> dict:
+    """config.json's rope_scaling for a YaRN GGUF: redline's exact parameters where it wrote them, else llama.cpp's
+    keys (the keys its converter writes from a Hugging Face config's: factor, original context, beta_fast /
+    beta_slow, attention factor), each absent one at transformers' default."""
+    stored = fields.get(YARN_ROPE_KEY)
+    if stored is not None and len(stored) == 6:
+        factor, original, fast, slow, attention, truncate = (float(v) for v in stored)
+        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": int(original),
+                "beta_fast": fast, "beta_slow": slow, "attention_factor": attention, "truncate": bool(truncate)}
+    factor, original = key("rope.scaling.factor"), key("rope.scaling.original_context_length")
+    if not factor or not original:
+        raise UserError("the GGUF's YaRN RoPE scaling gives no rope.scaling.factor or "
+                        "rope.scaling.original_context_length; import the model's Hugging Face folder")
+    out = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
+    for name, gguf_name in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+                            ("attention_factor", "yarn_attn_factor")):
+        if key(f"rope.scaling.{gguf_name}") is not None:
+            out[name] = float(key(f"rope.scaling.{gguf_name}"))
+    return out
 
 
 # redline's own GGUF key: Llama 3 RoPE scaling's [factor, low_freq_factor, high_freq_factor, original context], written
 # beside llama.cpp's rope_freqs tensor (which holds only its effect) so that redline reads the parameters back exactly
 LLAMA3_ROPE_KEY = "redline.rope.llama3"
+# and YaRN's [factor, original context, beta_fast, beta_slow, attention factor, truncate] (llama.cpp has no truncate)
+YARN_ROPE_KEY = "redline.rope.yarn"
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's (head_dim / 2,) divisors of the RoPE frequencies (Llama 3.1 style)
 
 
@@ -312,6 +338,16 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     elif cfg.rope_scaling == "llama3":  # llama.cpp reads the rope_freqs tensor (write_gguf); redline these too
         writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
                                            float(cfg.rope_original_context)])
+    elif cfg.rope_scaling == "yarn":  # the keys llama.cpp's converter writes for a Hugging Face YaRN config
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(cfg.rope_factor)
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
+        writer.add_rope_scaling_yarn_beta_fast(cfg.rope_beta_fast)
+        writer.add_rope_scaling_yarn_beta_slow(cfg.rope_beta_slow)
+        if cfg.rope_attention_factor:
+            writer.add_rope_scaling_yarn_attn_factor(cfg.rope_attention_factor)
+        writer.add_array(YARN_ROPE_KEY, [cfg.rope_factor, float(cfg.rope_original_context), cfg.rope_beta_fast,
+                                         cfg.rope_beta_slow, rope_attention_factor(cfg), float(cfg.rope_truncate)])
 
 
 def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:

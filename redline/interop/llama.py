@@ -14,15 +14,16 @@ importing concatenates them, exporting splits them by their sizes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, pad_rows
-from redline.model import ModelConfig
+from redline.model import ModelConfig, rope_attention_factor
 
-_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def _rope(hf: dict) -> dict:
@@ -35,7 +36,8 @@ def _rope(hf: dict) -> dict:
     if kind not in _ROPE_TYPES:
         raise UserError(f"RoPE scaling {kind!r} is not supported; redline has {', '.join(_ROPE_TYPES)}")
     out = {"rope_theta": float(theta)}
-    needed = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+    needed = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+              "yarn": ("factor",)}.get(kind, ())
     missing = [k for k in needed if spec.get(k) is None]
     if missing:
         raise UserError(f"RoPE scaling {kind!r} needs {', '.join(missing)} in rope_parameters / rope_scaling")
@@ -50,7 +52,28 @@ def _rope(hf: dict) -> dict:
         out.update(rope_scaling="llama3", rope_factor=float(spec["factor"]),
                    rope_low_freq_factor=float(spec["low_freq_factor"]),
                    rope_high_freq_factor=float(spec["high_freq_factor"]), rope_original_context=int(original))
+    elif kind == "yarn":
+        out.update(yarn_parameters(spec, hf.get("original_max_position_embeddings")
+                                   or spec.get("original_max_position_embeddings") or hf.get("max_position_embeddings")))
     return out
+
+
+def yarn_parameters(spec: dict, original) -> dict:
+    """ModelConfig's YaRN fields from a rope_scaling dict, as transformers reads it: beta_fast / beta_slow 32 / 1 when
+    absent, and the attention factor resolved once here (given; else from mscale / mscale_all_dim as DeepSeek's
+    configs give them; else 0.1 ln(factor) + 1, which rope_attention_factor derives from 0)."""
+    if original is None:
+        raise UserError("RoPE scaling 'yarn' needs original_max_position_embeddings (or max_position_embeddings)")
+    factor = float(spec["factor"])
+    attention = spec.get("attention_factor")
+    mscale, mscale_all_dim = spec.get("mscale"), spec.get("mscale_all_dim")
+    if attention is None and mscale and mscale_all_dim:
+        def m(scale: float) -> float:
+            return 0.1 * scale * math.log(factor) + 1.0 if factor > 1 else 1.0
+        attention = m(float(mscale)) / m(float(mscale_all_dim))
+    return {"rope_scaling": "yarn", "rope_factor": factor, "rope_original_context": int(original),
+            "rope_beta_fast": float(spec.get("beta_fast") or 32.0), "rope_beta_slow": float(spec.get("beta_slow") or 1.0),
+            "rope_attention_factor": float(attention or 0.0), "rope_truncate": bool(spec.get("truncate", True))}
 
 
 def _window(hf: dict, name: str) -> int:
@@ -131,6 +154,11 @@ def hf_config_for(name: str):
                                    "low_freq_factor": cfg.rope_low_freq_factor,
                                    "high_freq_factor": cfg.rope_high_freq_factor,
                                    "original_max_position_embeddings": cfg.rope_original_context}
+        elif cfg.rope_scaling == "yarn":
+            out["rope_scaling"] = {"rope_type": "yarn", "factor": cfg.rope_factor,
+                                   "original_max_position_embeddings": cfg.rope_original_context,
+                                   "beta_fast": cfg.rope_beta_fast, "beta_slow": cfg.rope_beta_slow,
+                                   "attention_factor": rope_attention_factor(cfg), "truncate": cfg.rope_truncate}
         if name == "llama":
             out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, pretraining_tp=1)
         elif name in ("qwen2", "qwen3"):  # the window on every layer: layer_types (transformers >= 5), and
