@@ -41,6 +41,11 @@ def test_the_clock_leaves_out_evaluations_and_compilation():
     assert [e["step"] for e in clock["evals"]] == [4, 8, 10]
     assert [e["train_seconds"] for e in clock["evals"]] == pytest.approx([2.0, 4.0, 5.0])  # 0.5 s a step
     assert [e["tokens"] for e in clock["evals"]] == [400, 800, 1000]
+    assert [e["epoch"] for e in clock["evals"]] == [None] * 3  # runs logged before the trainer logged epochs
+    for r in (records := synthetic_metrics()):
+        if r["kind"] == "eval":
+            r["epoch"] = r["step"] / 5
+    assert [e["epoch"] for e in clocked_evals(records)["evals"]] == [0.8, 1.6, 2.0]
 
 
 def test_the_trainers_own_clock_is_used_where_the_records_carry_it():
@@ -206,7 +211,7 @@ def speedrun_tiny(tmp_path: Path, dataset: Path, lrs: dict[str, float], model: s
 def test_two_tiny_recipes_in_one_call(tmp_path, dataset, monkeypatch, gpus):
     """gpus=2: both recipes at once (on a CPU machine the two "GPUs" are names only: device=cpu)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    _, result, out = speedrun_tiny(tmp_path, dataset, {"fast": 3e-3, "slow": 3e-4},
+    done, result, out = speedrun_tiny(tmp_path, dataset, {"fast": 3e-3, "slow": 3e-4},
                                    "n_layer = 2\nn_embd = 64\nn_head = 4\nn_kv_head = 2", "--eval-tokens", "1024",
                                    "--gpus", str(gpus), "max_steps=12", "seq_len=64", timeout=300)
     assert result == json.loads((out / "speedrun.json").read_text())
@@ -226,6 +231,9 @@ def test_two_tiny_recipes_in_one_call(tmp_path, dataset, monkeypatch, gpus):
         config = json.loads((run / "config.json").read_text())
         assert config["eval_batches"] == 4 and config["data"]["path"] == str(dataset)
     assert (out / "speedrun.png").is_file() == ("plot" in result)
+    windows = (json.loads((dataset / "meta.json").read_text())["splits"]["train"]["tokens"] - 1) // 64
+    assert fast["epochs"] == slow["epochs"] == pytest.approx(12 * 4 / windows, abs=1e-4)
+    assert f"epochs of the training data read: fast {fast['epochs']:.2f}, slow" in done.stdout
 
 
 @pytest.mark.slow

@@ -84,7 +84,7 @@ def clocked_evals(records: list[dict[str, Any]]) -> dict[str, Any]:
     trainer's clock where the records carry it ("train_time"), else the wall time less the evaluations and the
     first logged window's excess over the steady step time (runs logged before that clock).
 
-    Returns {"evals": [{step, tokens, train_seconds, bpb, loss}], "compile_seconds", "eval_seconds",
+    Returns {"evals": [{step, tokens, train_seconds, bpb, loss, epoch}], "compile_seconds", "eval_seconds",
     "steady_step_seconds", "eval_time_known"}."""
     logs: list[tuple[int, float, float, int]] = []  # (step, elapsed, evaluation seconds before it, tokens)
     evals: list[dict[str, Any]] = []
@@ -98,7 +98,7 @@ def clocked_evals(records: list[dict[str, Any]]) -> dict[str, Any]:
                 known = False
                 continue
             evals.append({"step": step, "tokens": tokens, "elapsed": elapsed, "paused": before,
-                          "bpb": r["bpb"], "loss": r.get("loss")})
+                          "bpb": r["bpb"], "loss": r.get("loss"), "epoch": _number(r.get("epoch"))})
             paused += max(0.0, r["elapsed"] - elapsed)
     rates = [((e1 - p1) - (e0 - p0)) / (s1 - s0) for (s0, e0, p0, _), (s1, e1, p1, _) in zip(logs, logs[1:]) if s1 > s0]
     steady = median(rates) if rates else None
@@ -279,6 +279,7 @@ def _run_row(run: dict[str, Any]) -> dict[str, Any]:
             "train_seconds": evals[-1]["train_seconds"] if evals else None,
             "compile_and_warmup_seconds": clock and clock["compile_seconds"], "eval_seconds": clock and clock["eval_seconds"],
             "eval_time_known": clock and clock["eval_time_known"], "device": run.get("device"),
+            "epochs": evals[-1]["epoch"] if evals else None,  # of the training split, as the trainer logs them
             "curve": [{k: e[k] for k in ("step", "tokens", "train_seconds", "bpb")} for e in evals]}
 
 
@@ -337,6 +338,9 @@ def print_table(result: dict[str, Any], console) -> None:
                       to_target, f(r["tokens_to_target"], ",.0f"),
                       f(r["speedup_vs_baseline"], ".2f") + "×" * bool(r["speedup_vs_baseline"]))
     console.print(table)
+    read = [f"{r['recipe']} {r['epochs']:.2f}" for r in result["recipes"] if r.get("epochs")]
+    if read:  # past one epoch a run sees its data again, and how much sooner a recipe gets there depends on it
+        console.print(f"epochs of the training data read: {', '.join(read)}", markup=False)
     for r in result["recipes"]:
         if r.get("error"):
             console.print(f"{r['recipe']}: {r['status']}: {r['error']}", markup=False, soft_wrap=True)
