@@ -29,6 +29,9 @@ ARCHITECTURES = {
     "sliding-window": {"n_kv_head": 2, "sliding_window": 6},
     "post-norm-qknorm-unfused": {"n_kv_head": 2, "norm_position": "post", "qk_norm": True, "fused_qkv": False},
     "no-positions-relu2": {"pos_emb": "none", "mlp": "relu2", "n_kv_head": 1},
+    # YaRN's cos/sin tables are scaled by its attention factor (not unit length): every RoPE path must use them as given
+    "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
+                    "rope_original_context": 32},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -741,7 +744,7 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch, hidden", [("gqa", None), ("gpt2-style", None), ("sliding-window", None),
-                                          ("no-positions-relu2", None), ("gpt2-style", 2048)])
+                                          ("no-positions-relu2", None), ("gpt2-style", 2048), ("yarn-qknorm", None)])
 def test_matvec_decode_matches_full_forward(arch, hidden):
     """decode_linear triton: batch 1's blocks and head in redline's matrix-vector kernel (norms, biases,
     activations and residual adds fused), and batch 2's in its tiled kernel (the norms before it), compiled and
