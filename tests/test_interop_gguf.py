@@ -227,6 +227,9 @@ def test_export_gguf_with_yarn_rope_scaling(tmp_path, capsys):
     assert _yarn_scaling(llama_cpp, lambda name, default=None: llama_cpp.get(f"qwen3.{name}", default)) == {
         "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32, "beta_fast": 32.0,
         "beta_slow": 1.0}
+    deepseek = {**llama_cpp, "qwen3.rope.scaling.yarn_log_multiplier": 0.0707}
+    with pytest.raises(UserError, match="yarn_log_multiplier"):
+        _yarn_scaling(deepseek, lambda name, default=None: deepseek.get(f"qwen3.{name}", default))
 
 
 def test_import_llama_cpp_gguf_with_rope_freqs(tmp_path, capsys):

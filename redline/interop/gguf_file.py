@@ -159,6 +159,10 @@ def _yarn_scaling(fields: dict, key) -> dict:
     if not factor or not original:
         raise UserError("the GGUF's YaRN RoPE scaling gives no rope.scaling.factor or "
                         "rope.scaling.original_context_length; import the model's Hugging Face folder")
+    if key("rope.scaling.yarn_log_multiplier"):  # DeepSeek's mscale_all_dim: an attention factor redline's
+        # reading of these keys would leave out
+        raise UserError("the GGUF's YaRN scaling has a yarn_log_multiplier (DeepSeek-style mscale), which redline "
+                        "does not read from GGUF; import the model's Hugging Face folder")
     out = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
     for name, gguf_name in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
                             ("attention_factor", "yarn_attn_factor")):
