@@ -218,6 +218,36 @@ def test_init_point_takes_the_architecture_and_keeps_run_settings(imported):
     assert init.tokenizer.identity == load_for_inference(imported.ckpt)[1].identity
 
 
+def test_init_from_extends_a_rope_models_context(imported):
+    """Continued pretraining at a longer context: context_len and RoPE's frequencies may change on a RoPE model (no
+    weight changes shape), and YaRN switched on takes the checkpoint's context as the original one; a model with
+    learned positions refuses (its position table has a row per position of its context)."""
+    from redline.config import TrainConfig, apply_preset
+    from redline.errors import UserError
+    from redline.training.init_from import InitPoint
+
+    init = InitPoint.read(imported.ckpt)
+    cfg = TrainConfig(init_from=str(imported.ckpt))
+    apply_preset(cfg, "tiny")
+    longer = 2 * init.model.context_len
+    cfg.model.context_len, cfg.model.rope_scaling, cfg.model.rope_factor = longer, "yarn", 2.0
+    if init.model.pos_emb != "rope":
+        with pytest.raises(UserError, match="model.context_len=.*this one has learned positions"):
+            init.configure(cfg)
+        return
+    out = init.configure(cfg)
+    assert out.model == replace(init.model, context_len=longer, rope_scaling="yarn", rope_factor=2.0,
+                                rope_original_context=init.model.context_len)
+    model = GPT(out.model)
+    load_init_weights(model, imported.ckpt)
+    tokens = torch.randint(0, init.model.vocab_size, (1, longer), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert model(tokens).isfinite().all()
+    cfg.model.rope_factor = 0.5
+    with pytest.raises(UserError, match="rope_factor must be >= 1"):
+        init.configure(cfg)
+
+
 def test_init_from_conflicts_and_foreign_data_are_one_line_errors(imported, tmp_path, capsys):
     from redline.data.embedded import prepare_embedded
 

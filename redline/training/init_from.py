@@ -14,6 +14,12 @@ Precedence: the architecture (every ModelConfig field, the vocabulary size inclu
 different `--preset` is an error, and so is a `model.*` setting that changes the architecture; the settings that
 change how the same weights run and train (RUN_FIELDS: dropout, attention backend, chunked cross-entropy) may be
 given and apply. Training settings (learning rate, batch, budget) are the run's own.
+
+Context extension: a RoPE model may also be given a longer `model.context_len` with its RoPE changed
+(CONTEXT_FIELDS: a higher `rope_theta`, as Llama 3 and Qwen raised theta for long-context training, or
+`rope_scaling` yarn / llama3 / linear with its parameters): no weight changes shape, and continued pretraining at
+the new length is how such models are extended (YaRN, Peng et al. 2023, fine-tunes a few hundred steps).
+Scaling switched on without `model.rope_original_context` takes the checkpoint's context_len as the original.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from redline.model import ModelConfig
 
 # ModelConfig fields a run may set on top of the checkpoint's architecture: they change no weight's shape or meaning
 RUN_FIELDS = ("dropout", "attn_backend", "ce_chunk_tokens")
+# and, for a RoPE model, the context length and RoPE's frequencies: the same weights, at positions further apart
+CONTEXT_FIELDS = ("context_len", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+                  "rope_high_freq_factor", "rope_original_context", "rope_beta_fast", "rope_beta_slow",
+                  "rope_attention_factor", "rope_truncate")
 DEFAULT_PRESET = "tiny"  # TrainConfig.preset's default: a run that names no preset
 
 
@@ -62,15 +72,24 @@ class InitPoint:
         # what the run asked for beyond its preset: the fields where its model differs from the preset's own
         base = get_preset(cfg.preset) if cfg.preset in PRESETS else self.model
         model = dataclasses.replace(self.model)
+        allowed = RUN_FIELDS + (CONTEXT_FIELDS if self.model.pos_emb == "rope" else ())
+        given = set()
         for f in dataclasses.fields(ModelConfig):
             asked, default = getattr(cfg.model, f.name), getattr(base, f.name)
             if asked == default or asked == getattr(self.model, f.name):
                 continue
-            if f.name not in RUN_FIELDS:
+            if f.name not in allowed:
                 raise UserError(f"model.{f.name}={asked} conflicts with init_from={cfg.init_from}, whose model has "
                                 f"{f.name}={getattr(self.model, f.name)}; the architecture comes from the "
-                                f"checkpoint: drop model.{f.name}")
+                                f"checkpoint: drop model.{f.name}"
+                                + (" (a RoPE model's context can be extended; this one has "
+                                   f"{self.model.pos_emb} positions)" if f.name in CONTEXT_FIELDS else ""))
             setattr(model, f.name, asked)
+            given.add(f.name)
+        if self.model.rope_scaling == "none" and "rope_scaling" in given and "rope_original_context" not in given:
+            model.rope_original_context = self.model.context_len
+        if given & set(CONTEXT_FIELDS):
+            model.validate()  # the new RoPE settings checked as any config is
         return dataclasses.replace(cfg, model=model, preset=self.preset)
 
     def check_tokenizer(self, tokenizer, data_dir: Path) -> None:
