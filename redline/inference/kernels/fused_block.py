@@ -45,7 +45,8 @@ FIELDS_ACCOUNTED = {
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model", "rope_theta": "inputs",
     "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
-    "rope_high_freq_factor": "inputs", "rope_original_context": "inputs",
+    "rope_high_freq_factor": "inputs", "rope_original_context": "inputs", "rope_beta_fast": "inputs",
+    "rope_beta_slow": "inputs", "rope_attention_factor": "inputs", "rope_truncate": "inputs",
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
