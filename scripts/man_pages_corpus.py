@@ -5,8 +5,8 @@ holds on text it was never tuned on (the shared corpus is Linux kernel docs, Pyt
 
 Each page's roff source is reduced to its text: comment and formatting-request lines dropped, the words of the
 font macros (.B, .I, .BR, ...) and section headings kept, inline escapes (\\fB, \\(em, \\-, ...) resolved or
-removed. Pages that are only a `.so` link to another page, and copies of a page, are skipped. One page is one JSONL document
-{"text": ...}; the files are written xz-compressed as train-NNN.jsonl.xz (the speedrun's raw-text preparation
+removed. Pages that are only a `.so` link to another page, and copies of a page, are skipped. One page is one JSONL
+document {"text": ...}; the files are written xz-compressed as train-NNN.jsonl.xz (the speedrun's raw-text preparation
 holds out its own validation documents by hash, so no val file is written).
 """
 from __future__ import annotations

@@ -53,8 +53,9 @@ def _rope(hf: dict) -> dict:
                    rope_low_freq_factor=float(spec["low_freq_factor"]),
                    rope_high_freq_factor=float(spec["high_freq_factor"]), rope_original_context=int(original))
     elif kind == "yarn":
-        out.update(yarn_parameters(spec, hf.get("original_max_position_embeddings")
-                                   or spec.get("original_max_position_embeddings") or hf.get("max_position_embeddings")))
+        original = (hf.get("original_max_position_embeddings") or spec.get("original_max_position_embeddings")
+                    or hf.get("max_position_embeddings"))  # transformers' order (Phi-3 keeps it at the top level)
+        out.update(yarn_parameters(spec, original))
     return out
 
 
@@ -72,7 +73,8 @@ def yarn_parameters(spec: dict, original) -> dict:
             return 0.1 * scale * math.log(factor) + 1.0 if factor > 1 else 1.0
         attention = m(float(mscale)) / m(float(mscale_all_dim))
     return {"rope_scaling": "yarn", "rope_factor": factor, "rope_original_context": int(original),
-            "rope_beta_fast": float(spec.get("beta_fast") or 32.0), "rope_beta_slow": float(spec.get("beta_slow") or 1.0),
+            "rope_beta_fast": float(spec.get("beta_fast") or 32.0),
+            "rope_beta_slow": float(spec.get("beta_slow") or 1.0),
             "rope_attention_factor": float(attention or 0.0), "rope_truncate": bool(spec.get("truncate", True))}
 
 
