@@ -318,8 +318,9 @@ def test_import_yarn_reads_its_optional_parameters_as_transformers_does(extra, t
     path.write_text(json.dumps(config))
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert hf.model.rotary_emb.attention_scaling != 1.0
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ok")], capsys)
+    code, out, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ok")], capsys)
     assert code == 0, err
+    assert "context 64 (yarn RoPE ×2 over 32)" in out  # the summary names the scaling it read
     model, _, _ = load_for_inference(tmp_path / "ok")
     code, _, err = run_cli(["export", str(tmp_path / "ok"), "--out", str(tmp_path / "back")], capsys)
     assert code == 0, err

@@ -78,8 +78,14 @@ def main(argv: list[str]) -> int:
     write_checkpoint(imported, cfg.out, dtype)
     m = imported.cfg
     params = sum(t.numel() for t in imported.state.values())
+    context = f"context {m.context_len:,}"  # with the RoPE scaling that reaches it, where there is one
+    if m.pos_emb == "rope" and m.rope_scaling != "none":
+        context += f" ({m.rope_scaling} RoPE ×{m.rope_factor:g}" + (
+            f" over {m.rope_original_context:,})" if m.rope_scaling in ("llama3", "yarn") else ")")
+    if m.sliding_window:
+        context += f", window {m.sliding_window:,}"
     print(f"redline import: {imported.family} from {imported.source} -> {out} ({params / 1e6:.1f}M parameters, "
-          f"{m.n_layer} layers, width {m.n_embd}, {m.n_head} heads / {m.kv_heads} kv of {m.head_dim}, "
+          f"{m.n_layer} layers, width {m.n_embd}, {m.n_head} heads / {m.kv_heads} kv of {m.head_dim}, {context}, "
           f"{str(dtype).removeprefix('torch.')}; stop tokens {imported.tokenizer.stop_ids}"
           f"{'; chat template' if imported.tokenizer.chat_template else ''})")
     print(f"next: redline generate --checkpoint {out} --prompt \"...\"")
