@@ -258,13 +258,17 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     return inv_freq
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scale for a context `factor` times the original: 0.1 · mscale · ln(factor) + 1 (1 for a
+    factor up to 1)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
 def rope_attention_factor(cfg: ModelConfig) -> float:
-    """The factor on RoPE's cos/sin tables: YaRN's (given, else 0.1 ln(factor) + 1 for a factor above 1), else 1."""
+    """The factor on RoPE's cos/sin tables: YaRN's (given, else yarn_mscale(rope_factor)), else 1."""
     if cfg.rope_scaling != "yarn":
         return 1.0
-    if cfg.rope_attention_factor:
-        return cfg.rope_attention_factor
-    return 0.1 * math.log(cfg.rope_factor) + 1.0 if cfg.rope_factor > 1 else 1.0
+    return cfg.rope_attention_factor or yarn_mscale(cfg.rope_factor)
 
 
 def rope_tables(cfg: ModelConfig, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,14 +14,13 @@ importing concatenates them, exporting splits them by their sizes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, pad_rows
-from redline.model import ModelConfig, rope_attention_factor
+from redline.model import ModelConfig, rope_attention_factor, yarn_mscale
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -69,9 +68,7 @@ def yarn_parameters(spec: dict, original) -> dict:
     attention = spec.get("attention_factor")
     mscale, mscale_all_dim = spec.get("mscale"), spec.get("mscale_all_dim")
     if attention is None and mscale and mscale_all_dim:
-        def m(scale: float) -> float:
-            return 0.1 * scale * math.log(factor) + 1.0 if factor > 1 else 1.0
-        attention = m(float(mscale)) / m(float(mscale_all_dim))
+        attention = yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(mscale_all_dim))
     return {"rope_scaling": "yarn", "rope_factor": factor, "rope_original_context": int(original),
             "rope_beta_fast": float(spec.get("beta_fast") or 32.0),
             "rope_beta_slow": float(spec.get("beta_slow") or 1.0),
