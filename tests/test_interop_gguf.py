@@ -32,6 +32,13 @@ def export_gguf(kind, tmp_path, capsys, dtype="fp32"):
     return hf, out
 
 
+
+def import_gguf(path, out, capsys):
+    """`redline import` of a GGUF file -> (model, tokenizer, train config) of the checkpoint it wrote."""
+    code, _, err = run_cli(["import", str(path), "--out", str(out)], capsys)
+    assert code == 0, err
+    return load_for_inference(out)
+
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
 # to n_ctx) and llama without its attention biases: those round trips are checked through redline's reader only
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
@@ -41,9 +48,7 @@ def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
         expected = hf(TOKENS).logits
-    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
-    assert code == 0, err
-    model, tokenizer, _ = load_for_inference(tmp_path / "back")
+    model, tokenizer, _ = import_gguf(path, tmp_path / "back", capsys)
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
     assert tokenizer.chat_template and tokenizer.stop_ids == [1, 2]  # EOS, then the second as end-of-turn
@@ -78,9 +83,7 @@ def test_export_gguf_q8_0(kind, tmp_path, capsys):
     assert kinds["blk.0.attn_norm.weight"] == "F32"
     assert kinds["position_embd.weight" if kind == "gpt2-1024" else "blk.0.attn_q.bias"] == "F32"
     assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
-    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
-    assert code == 0, err
-    model, _, _ = load_for_inference(tmp_path / "back")
+    model, _, _ = import_gguf(path, tmp_path / "back", capsys)
     back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
     with torch.no_grad():
         ours, theirs, original = model(TOKENS), back(TOKENS).logits, hf(TOKENS).logits
@@ -199,9 +202,7 @@ def test_export_gguf_with_llama3_rope_scaling(tmp_path, capsys):
     scaling = hf.config.rope_parameters
     np.testing.assert_allclose(np.array(freqs.data), llama_cpp_rope_freqs(scaling["rope_theta"], hf.config.head_dim,
                                                                           scaling), rtol=1e-6)
-    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
-    assert code == 0, err
-    model, _, train_cfg = load_for_inference(tmp_path / "back")
+    model, _, train_cfg = import_gguf(path, tmp_path / "back", capsys)
     assert (train_cfg.model.rope_scaling, train_cfg.model.rope_original_context) == ("llama3", 16)
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
@@ -217,9 +218,7 @@ def test_export_gguf_with_yarn_rope_scaling(tmp_path, capsys):
     assert (fields["qwen3.rope.scaling.type"], fields["qwen3.rope.scaling.factor"],
             fields["qwen3.rope.scaling.original_context_length"], fields["qwen3.rope.scaling.yarn_beta_fast"],
             fields["qwen3.rope.scaling.yarn_beta_slow"]) == ("yarn", 2.0, 32, 32.0, 1.0)
-    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "back")], capsys)
-    assert code == 0, err
-    model, _, train_cfg = load_for_inference(tmp_path / "back")
+    model, _, train_cfg = import_gguf(path, tmp_path / "back", capsys)
     assert (train_cfg.model.rope_scaling, train_cfg.model.rope_original_context) == ("yarn", 32)
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
@@ -249,9 +248,7 @@ def test_import_llama_cpp_gguf_with_rope_freqs(tmp_path, capsys):
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     path = write_llama_cpp_style(hf, tmp_path / "model.gguf", "F32")
-    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "ckpt")], capsys)
-    assert code == 0, err
-    model, _, train_cfg = load_for_inference(tmp_path / "ckpt")
+    model, _, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
     assert (train_cfg.model.rope_scaling, train_cfg.model.rope_factor) == ("llama3", 8.0)
     positions = torch.randint(0, VOCAB, (1, 300), generator=torch.Generator().manual_seed(2))  # past 256
     with torch.no_grad():
@@ -274,9 +271,7 @@ def test_import_llama_cpp_gguf_with_rope_freqs(tmp_path, capsys):
 def test_import_llama_cpp_style_gguf_matches_transformers_loader(quant, tmp_path, capsys):
     hf = hf_model("llama-gqa-tied")
     path = write_llama_cpp_style(hf, tmp_path / "model.gguf", quant)
-    code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "ckpt")], capsys)
-    assert code == 0, err
-    model, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    model, tokenizer, _ = import_gguf(path, tmp_path / "ckpt", capsys)
     reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()
     with torch.no_grad():
         # the same dequantized weights in both: tight
