@@ -2,7 +2,8 @@
 
 Features (each a field of `ModelConfig`):
 - attention: multi-head, grouped-query or multi-query through `n_kv_head`; a head width of its own
-  (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head); one fused QKV projection or separate
+  (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
+  fused QKV projection or separate
   q/k/v, with or without biases (`qkv_bias`, as Qwen2's); optional sliding-window attention; documents packed
   into one row attend only within themselves (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn,
   flash, efficient, math);
@@ -12,7 +13,8 @@ Features (each a field of `ModelConfig`):
   explicit per-token positions (packed documents restart at 0);
 - MLP: GELU, SwiGLU or ReLU², hidden size rounded up to a multiple of 64 (SwiGLU at 2/3 of the width of
   the others so the parameter count stays comparable);
-- norm: RMSNorm or LayerNorm, pre or post;
+- norm: RMSNorm or LayerNorm, on each sublayer's input (pre), each residual sum (post) or each sublayer's output
+  (OLMo 2's);
 - tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
   logits are never sampled, and take no part in the loss), logit soft-capping, zero-initialised output projections;
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
@@ -58,7 +60,10 @@ class ModelConfig:
     """Width of one attention head. None: n_embd // n_head (n_head must divide n_embd). Qwen3, for one, sets it
     apart from the width (n_embd 1024, 16 heads of 128)."""
     qk_norm: bool = False
-    """Apply RMSNorm to q and k per head before attention (QK-norm)."""
+    """Apply RMSNorm to q and k before attention (QK-norm), over the span qk_norm_scope gives."""
+    qk_norm_scope: Literal["head", "all"] = "head"
+    """QK-norm per head (one norm of head_dim weights for every head: Qwen3's) or over the whole q projection
+    (H·D weights) and the whole k projection (KV·D) before they are split into heads (OLMo 2's)."""
     fused_qkv: bool = True
     """One fused projection for q, k and v instead of three separate ones."""
     sliding_window: int = 0
@@ -95,8 +100,10 @@ class ModelConfig:
     """MLP hidden size. None: 4·n_embd for gelu/relu2 and 8/3·n_embd for swiglu, rounded up to a multiple of 64."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
-    norm_position: Literal["pre", "post"] = "pre"
-    """Normalize the input of each sublayer (pre) or the output of each residual sum (post)."""
+    norm_position: Literal["pre", "post", "output"] = "pre"
+    """Normalize the input of each sublayer (pre), the output of each residual sum (post), or each sublayer's output
+    before it is added to the residual stream, with no norm on its input (output: OLMo 2's "reordered norm",
+    x + norm(attn(x)))."""
     norm_eps: float = 1e-5
     """Epsilon of the normalization layers."""
     tie_embeddings: bool = False
@@ -321,8 +328,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
         if cfg.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
+            whole = cfg.qk_norm_scope == "all"  # (H*D,) and (KV*D,) weights, else (D,) shared by the heads
+            self.q_norm = nn.RMSNorm(q_dim if whole else self.head_dim, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(kv_dim if whole else self.head_dim, eps=cfg.norm_eps)
 
     def project(self, x: torch.Tensor):
         """x: (B, T, C) -> q (B, T, H*D), k and v (B, T, KV*D): the projections alone, before QK-norm and RoPE."""
@@ -340,10 +348,12 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         if ve is not None:
             v = self.ve_mix[0] * v + self.ve_mix[1] * ve.to(v.dtype)
+        if self.cfg.qk_norm and self.cfg.qk_norm_scope == "all":  # before the split into heads
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        if self.cfg.qk_norm:
+        if self.cfg.qk_norm and self.cfg.qk_norm_scope == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -410,20 +420,33 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """norm1 and norm2: the norms on the attention's and the MLP's input (pre) or on the residual sums after them
+    (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output; None otherwise)."""
+
     def __init__(self, cfg: ModelConfig, value_embedding: bool = False):
         super().__init__()
-        self.pre = cfg.norm_position == "pre"
-        self.norm1, self.attn = make_norm(cfg, cfg.n_embd), Attention(cfg, value_embedding)
-        self.norm2, self.mlp = make_norm(cfg, cfg.n_embd), MLP(cfg)
+        self.position = cfg.norm_position
+        inputs, outputs = cfg.norm_position != "output", cfg.norm_position == "output"
+        self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
+        self.norm2 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
+        self.attn, self.mlp = Attention(cfg, value_embedding), MLP(cfg)
+        self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
+        self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, rope, attn_mask=None, cache=None, ve=None):
         """x: (B, T, C) -> (B, T, C); attn_mask, cache and ve as Attention.forward."""
-        if self.pre:
-            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask, cache, ve))
-            return x + self.drop(self.mlp(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache, ve)))
-        return self.norm2(x + self.drop(self.mlp(x)))
+        if self.position == "post":
+            x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache, ve)))
+            return self.norm2(x + self.drop(self.mlp(x)))
+        h = self.attn(self.norm1(x), rope, attn_mask, cache, ve)
+        if self.attn_out_norm is not None:
+            h = self.attn_out_norm(h)
+        x = x + self.drop(h)
+        h = self.mlp(self.norm2(x))
+        if self.mlp_out_norm is not None:
+            h = self.mlp_out_norm(h)
+        return x + self.drop(h)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -442,8 +465,8 @@ class GPT(nn.Module):
         # value embeddings: (padded_vocab, KV*D) tables, outside the blocks (AdamW takes them, as the embeddings)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.padded_vocab, cfg.kv_heads * cfg.head_dim)
                                           for _ in range(cfg.value_embeddings))
-        # post-norm blocks end in a norm already; pre-norm needs a final one
-        self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position == "pre" else nn.Identity()
+        # post-norm blocks end in a norm already; the others need a final one
+        self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight

@@ -30,6 +30,8 @@ ARCHITECTURES = {
     "post-norm-qknorm-unfused": {"n_kv_head": 2, "norm_position": "post", "qk_norm": True, "fused_qkv": False},
     "no-positions-relu2": {"pos_emb": "none", "mlp": "relu2", "n_kv_head": 1},
     # YaRN's cos/sin tables are scaled by its attention factor (not unit length): every RoPE path must use them as given
+    # OLMo 2's block: norms on the sublayers' outputs, QK-norm over the whole q and k projections
+    "olmo2-style": {"n_kv_head": 2, "norm_position": "output", "qk_norm": True, "qk_norm_scope": "all"},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
                     "rope_original_context": 32},
 }
@@ -82,6 +84,9 @@ def test_options_are_checked_where_they_cannot_run():
     with pytest.raises(UserError, match="decode_linear must be one of auto, torch, triton"):
         InferenceEngine(tiny_model(), decode_linear="cublas")
     assert InferenceEngine(tiny_model(), compile=True).describe()["decode_linear"] == "torch"  # auto on a CPU
+    # the attention kernel normalizes q and k per head: OLMo 2's QK-norm over whole projections is refused by name
+    with pytest.raises(UserError, match="qk_norm_scope=all"):
+        InferenceEngine(tiny_model(**ARCHITECTURES["olmo2-style"]), decode_attention="triton")
 
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),

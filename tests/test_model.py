@@ -25,7 +25,7 @@ TOGGLES = dict(
     pos_emb=["rope", "learned", "none"],
     mlp=["gelu", "swiglu", "relu2"],
     norm=["rmsnorm", "layernorm"],
-    norm_position=["pre", "post"],
+    norm_position=["pre", "post", "output"],
     tie_embeddings=[False, True],
     bias=[False, True],
     sliding_window=[0, 5],
@@ -164,7 +164,7 @@ def expected_params(cfg: ModelConfig) -> int:
     C, V, H, KV, D, F_ = cfg.n_embd, cfg.padded_vocab, cfg.n_head, cfg.kv_heads, cfg.head_dim, cfg.hidden_dim
     norm = C * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     attn = C * (H + 2 * KV) * D + H * D * C + (((H + 2 * KV) * D + C) if cfg.bias else 0)
-    qk = 2 * D if cfg.qk_norm else 0
+    qk = (H + KV if cfg.qk_norm_scope == "all" else 2) * D if cfg.qk_norm else 0
     fc_out = 2 * F_ if cfg.mlp == "swiglu" else F_
     mlp = C * fc_out + F_ * C + ((fc_out + C) if cfg.bias else 0)
     block = 2 * norm + attn + qk + mlp
@@ -268,6 +268,23 @@ def test_qkv_bias_alone():
     names = {n for n, _ in model.named_parameters() if n.endswith(".bias")}
     assert names == {f"blocks.{i}.attn.{p}.bias" for i in range(2) for p in "qkv"}
     assert not {n for n, _ in GPT(small(bias=True, qkv_bias=False)).named_parameters() if ".attn.q" in n and "bias" in n}
+
+
+def test_qk_norm_over_whole_projections():
+    """OLMo 2's QK-norm: one RMSNorm over all of q's heads (H·D weights) and one over k's (KV·D); with one head of
+    each it is the per-head norm with the same weights."""
+    model = GPT(small(qk_norm=True, qk_norm_scope="all", n_kv_head=2))
+    attn = model.blocks[0].attn
+    assert attn.q_norm.weight.shape == (4 * 8,) and attn.k_norm.weight.shape == (2 * 8,)
+    torch.manual_seed(0)
+    whole, per_head = (GPT(small(n_embd=8, n_head=1, n_kv_head=1, qk_norm=True, qk_norm_scope=scope))
+                       for scope in ("all", "head"))
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    per_head.load_state_dict(whole.state_dict())
+    idx = torch.randint(0, 101, (2, 9))
+    torch.testing.assert_close(whole(idx), per_head(idx))
 
 
 @pytest.mark.parametrize("overrides", [{}, {"pos_emb": "learned"}, {"sliding_window": 3}])

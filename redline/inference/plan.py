@@ -8,7 +8,7 @@ The choices, and what "auto" picks:
 - decode attention: "triton" (redline's kernel, kernels/decode_attention.py) where the step is compiled for a GPU
   that can run it, else "matmul" (the portable path); a model with value embeddings (model.value_embeddings) decodes
   by "matmul" and "torch": the kernels start from the raw qkv projection, before the tables are mixed into the
-  values;
+  values; so does one whose QK-norm spans whole projections (OLMo 2's; the kernel normalizes per head);
 - decode linear: "triton" (redline's product kernels with norms, biases, activations and residual adds fused in,
   kernels/fused_block.py) where decode attention is triton and the architecture is one the fused block computes,
   else "torch" (cuBLAS, or Inductor's tuned reductions under kernel_tuning);
@@ -100,6 +100,9 @@ def _triton_attention_unsupported(cfg, device: torch.device) -> str | None:
     if getattr(cfg, "value_embeddings", 0):
         return ("decode_attention triton starts from the raw qkv projection and cannot mix in the model's value "
                 "embeddings (model.value_embeddings); use decode_attention matmul (or auto)")
+    if getattr(cfg, "qk_norm", False) and getattr(cfg, "qk_norm_scope", "head") != "head":
+        return ("decode_attention triton normalizes q and k per head; this model's QK-norm spans whole projections "
+                "(model.qk_norm_scope=all, OLMo 2's); use decode_attention matmul (or auto)")
     if device.type != "cuda":
         return "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul"
     try:

@@ -26,7 +26,7 @@ MAX_ROWS = 64  # redline's product kernels take the step's products up to this b
 # and the config in step).
 FIELDS_ACCOUNTED = {
     # checked by unsupported()
-    "norm_position": "pre only: the norm is fused into the next product",
+    "norm_position": "pre only: the norm is fused into the next product (post and output are refused)",
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
     "mlp": "gelu (tanh), relu2, swiglu",
@@ -37,6 +37,8 @@ FIELDS_ACCOUNTED = {
     "bias": "each Linear's bias is added in its product's epilogue",
     "qkv_bias": "the qkv Linear's bias, as any bias",
     "qk_norm": "in the attention kernel",
+    "qk_norm_scope": "head only: the plan keeps a model with QK-norm over whole projections off the attention kernel, "
+                     "and so off this path",
     "sliding_window": "in the attention kernel",
     "n_head": "shapes", "n_kv_head": "shapes", "head_size": "shapes", "n_embd": "shapes", "mlp_hidden": "shapes",
     "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
