@@ -40,6 +40,9 @@ FAMILIES = {
     "qwen3-window": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                              head_dim=16, use_sliding_window=True, sliding_window=6,
                                                              max_window_layers=0)),
+    # OLMo 2: norms on the sublayers' outputs, QK-norm over the whole q and k projections, GQA, untied head
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                      tie_word_embeddings=False, rope_theta=500.0)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at

@@ -104,6 +104,8 @@ REDLINE_EXPORTS = {
     "Qwen2ForCausalLM": dict(qkv_bias=True, tie_embeddings=True),
     "Qwen2ForCausalLM-window": dict(qkv_bias=True, sliding_window=5),
     "Qwen3ForCausalLM-window": dict(qk_norm=True, n_kv_head=2, sliding_window=5),
+    "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
+    "Olmo2ForCausalLM-qkvbias": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", qkv_bias=True),
 }
 
 
@@ -142,6 +144,9 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm="layernorm"), "layernorm with RoPE"),
     (dict(sliding_window=8, bias=True), "sliding_window with model.bias=true"),
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GQA"),
+    (dict(norm_position="output"), "model.qk_norm_scope=all"),  # OLMo 2 always has its QK-norm
+    (dict(norm_position="output", qk_norm=True, qk_norm_scope="all", bias=True), "no MLP biases"),
+    (dict(qk_norm=True, qk_norm_scope="all"), "norm_position=output"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -232,7 +237,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gpt2, llama, mistral, qwen2")
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gpt2, llama, mistral, olmo2, qwen2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

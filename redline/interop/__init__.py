@@ -3,6 +3,7 @@
     families.py        Family: a Hugging Face model_type's config and weight-name maps; which family a model
                        imports from or exports as
     llama.py, gpt2.py  the weight maps: the Llama layout (Llama, Mistral, Qwen2, Qwen3) and GPT-2
+    olmo2.py           OLMo 2's config (the Llama layout's names, its norms on the sublayers' outputs)
     hf.py              Hugging Face folders (config.json, safetensors shards, tokenizer, generation config)
     gguf_file.py       GGUF files through the `gguf` package (dequantized on import; f32/f16/bf16 on export)
     gguf_vocab.py      a GGUF's tokenizer metadata <-> a tokenizers tokenizer

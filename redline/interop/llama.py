@@ -10,6 +10,9 @@ differ in:
 
 redline holds q/k/v as one fused projection (rows [q; k; v]) and the SwiGLU gate and up as one (rows [gate; up]):
 importing concatenates them, exporting splits them by their sizes.
+
+OLMo 2 (olmo2.py) names its tensors alike too, with its norms on the sublayers' outputs: `to_redline` and `to_hf`
+serve it, the norms' names taken from NORM_NAMES by the block's norm placement.
 """
 
 from __future__ import annotations
@@ -121,7 +124,14 @@ def model_config_for(name: str):
 
 
 def export_name(cfg: ModelConfig) -> str:
-    """Which of the four a RoPE + RMSNorm + SwiGLU redline model exports as (see the module docstring)."""
+    """Which of the four a RoPE + RMSNorm + SwiGLU redline model exports as (see the module docstring), or OLMo 2 for
+    one with its norms on the sublayers' outputs (families.export_family checks it first)."""
+    if cfg.norm_position == "output":
+        return "olmo2"
+    if cfg.qk_norm and cfg.qk_norm_scope != "head":
+        raise UserError("model.qk_norm_scope=all with pre-norm blocks: OLMo 2, the one architecture redline exports "
+                        "to with QK-norm over whole projections, has its norms on the sublayers' outputs "
+                        "(norm_position=output)")
     if cfg.qk_norm:
         if cfg.bias:
             raise UserError("model.bias=true with model.qk_norm: Qwen3 has no MLP biases")
@@ -175,6 +185,14 @@ def hf_config_for(name: str):
     return hf_config
 
 
+# redline's block norms -> Hugging Face's names (after model.layers.N.), by ModelConfig.norm_position. OLMo 2's
+# post_attention_layernorm is the attention output's norm, where Llama's of that name is the MLP input's.
+NORM_NAMES = {
+    "pre": {"norm1": "input_layernorm", "norm2": "post_attention_layernorm"},
+    "output": {"attn_out_norm": "post_attention_layernorm", "mlp_out_norm": "post_feedforward_layernorm"},
+}
+
+
 def _prefix(src: TensorSource) -> str:
     """"model." for a ForCausalLM state dict, "" for one saved from the bare model."""
     return "" if "embed_tokens.weight" in src and "model.embed_tokens.weight" not in src else "model."
@@ -189,8 +207,8 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
-        out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
+        for ours, theirs in NORM_NAMES[cfg.norm_position].items():
+            out[f"{r}{ours}.weight"] = src.take(f"{p}{theirs}.weight")
         out[r + "attn.qkv.weight"] = torch.cat([src.take(f"{attn}{x}_proj.weight") for x in "qkv"])
         if cfg.has_qkv_bias:
             out[r + "attn.qkv.bias"] = torch.cat([src.take(f"{attn}{x}_proj.bias") for x in "qkv"])
@@ -236,8 +254,8 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
-        out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
+        for ours, theirs in NORM_NAMES[cfg.norm_position].items():
+            out[f"{p}{theirs}.weight"] = state[f"{r}{ours}.weight"]
         for x, t in zip("qkv", _qkv(state, r, cfg, "weight")):
             out[f"{attn}{x}_proj.weight"] = t
         if cfg.has_qkv_bias:
@@ -246,7 +264,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         out[attn + "o_proj.weight"] = state[r + "attn.proj.weight"]
         if cfg.bias:
             out[attn + "o_proj.bias"] = state[r + "attn.proj.bias"]
-        elif name == "qwen3" and cfg.has_qkv_bias:  # Qwen3's attention_bias puts a bias on o_proj too
+        elif name in ("qwen3", "olmo2") and cfg.has_qkv_bias:  # their attention_bias puts a bias on o_proj too
             out[attn + "o_proj.bias"] = torch.zeros_like(state[r + "attn.proj.weight"][:, 0])
         if cfg.qk_norm:
             out[attn + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
