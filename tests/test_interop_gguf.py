@@ -40,10 +40,12 @@ def import_gguf(path, out, capsys):
     return load_for_inference(out)
 
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
-# to n_ctx) and llama without its attention biases: those round trips are checked through redline's reader only
+# to n_ctx) and llama without its attention biases, and has no olmo2: those round trips are checked through redline's
+# reader only
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
                                                       ("qwen2", True), ("llama-untied-bias", False),
-                                                      ("qwen3", False), ("gpt2", False), ("gpt2-1024", True)])
+                                                      ("qwen3", False), ("olmo2", False), ("gpt2", False),
+                                                      ("gpt2-1024", True)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -299,7 +301,7 @@ def test_gguf_bad_inputs(tmp_path, capsys):
     w.write_tensors_to_file()
     w.close()
     code, _, err = run_cli(["import", str(tmp_path / "falcon.gguf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, gpt2" in err
+    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gpt2" in err
 
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all" * 10)
     code, _, err = run_cli(["import", str(tmp_path / "junk.gguf"), "--out", str(tmp_path / "out")], capsys)

@@ -2,11 +2,12 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3 and gpt2 are read and written here. Reading renames the tensors to Hugging Face
+Llama-shaped models), qwen2, qwen3, olmo2 and gpt2 are read and written here. Reading renames the tensors to Hugging Face
 names and builds a Hugging Face config, so the families' own maps (llama.py, gpt2.py) do the rest; writing goes the
 other way. Two layout differences from Hugging Face's:
 - llama.cpp's converter permutes the rows of q and k of the llama architecture (each head's rotary pairs
-  interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3 files are not permuted;
+  interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not permuted
+  (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does);
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones.
 Quantized tensors are dequantized by the gguf package (a type it cannot dequantize is an error naming it); export
 writes f32, f16, bf16 or q8_0 matrices, norms and biases always f32 as llama.cpp does. Llama 3 RoPE scaling travels
@@ -30,13 +31,16 @@ from redline.interop.families import Family, TensorSource, family_for
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "gpt2")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gpt2")
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+# OLMo 2's norms are on the sublayers' outputs (llama.cpp's post_attention_norm / post_ffw_norm), with no input norms
+_OLMO2_NAMES = {**{k: v for k, v in _LLAMA_NAMES.items() if k not in ("attn_norm", "ffn_norm")},
+                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GPT2_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
                "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
@@ -64,9 +68,15 @@ def _interleave(w: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
     return w.reshape(heads, 2, D // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def _maps(arch: str) -> tuple[dict, dict, str]:
+    """(block names, top-level names, Hugging Face block prefix) of a GGUF architecture."""
+    if arch == "gpt2":
+        return _GPT2_NAMES, _GPT2_TOP, "transformer.h."
+    return (_OLMO2_NAMES if arch == "olmo2" else _LLAMA_NAMES), _LLAMA_TOP, "model.layers."
+
+
 def _hf_name(gguf_name: str, arch: str) -> str | None:
-    names, top, prefix = (_GPT2_NAMES, _GPT2_TOP, "transformer.h.") if arch == "gpt2" else \
-        (_LLAMA_NAMES, _LLAMA_TOP, "model.layers.")
+    names, top, prefix = _maps(arch)
     if m := _BLOCK.match(gguf_name):
         inner = names.get(m[2])
         return f"{prefix}{m[1]}.{inner}.{m[3]}" if inner else None
@@ -77,8 +87,7 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
 
 
 def _gguf_name(hf_name: str, arch: str) -> str:
-    names, top, prefix = (_GPT2_NAMES, _GPT2_TOP, "transformer.h.") if arch == "gpt2" else \
-        (_LLAMA_NAMES, _LLAMA_TOP, "model.layers.")
+    names, top, prefix = _maps(arch)
     if hf_name.startswith(prefix):
         layer, rest = hf_name[len(prefix):].split(".", 1)
         inner, kind = rest.rsplit(".", 1)
@@ -123,6 +132,9 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
         raise UserError(f"the GGUF rotates {key('rope.dimension_count')} of {head_dim} head dimensions (partial "
                         f"RoPE), which redline does not support")
     window = key("attention.sliding_window") or 0
+    if arch == "olmo2" and window:  # llama.cpp reads it as OLMo 3's pattern (three windowed layers to one full)
+        raise UserError("the GGUF's olmo2 architecture has a sliding window (OLMo 3's layout), which redline does "
+                        "not read from GGUF")
     config = {"model_type": "mistral" if arch == "llama" and window else arch, "vocab_size": vocab,
               "hidden_size": width, "intermediate_size": key("feed_forward_length"),
               "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
@@ -308,7 +320,13 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if cfg.sliding_window:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}[family.name]
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
+            "gpt2": "gpt2"}[family.name]
+    if arch == "olmo2" and cfg.head_dim * cfg.n_head != cfg.n_embd:
+        raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's olmo2 takes heads n_embd / n_head "
+                        "wide; export with --format hf")
+    if arch == "olmo2" and cfg.has_qkv_bias:
+        raise UserError("model.qkv_bias: llama.cpp's olmo2 has no attention biases; export with --format hf")
     if cfg.rope_scaling == "llama3" and arch != "llama":
         raise UserError(f"model.rope_scaling=llama3 with a {arch} architecture: llama.cpp applies Llama 3 RoPE "
                         f"scaling (its rope_freqs tensor) to llama files only; export with --format hf")
