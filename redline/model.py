@@ -3,20 +3,22 @@
 Features (each a field of `ModelConfig`):
 - attention: multi-head, grouped-query or multi-query through `n_kv_head`; a head width of its own
   (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
-  fused QKV projection or separate
-  q/k/v, with or without biases (`qkv_bias`, as Qwen2's); optional sliding-window attention; documents packed
-  into one row attend only within themselves (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn,
-  flash, efficient, math);
+  fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
+  (`attn_scale`, Gemma 3's); optional sliding-window attention, on every layer or interleaved with full-attention
+  layers (`sliding_window_pattern`, Gemma 3's 5:1); documents packed into one row attend only within themselves
+  (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
-- positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's or linear frequency scaling), learned absolute, or none;
+- positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's or linear frequency scaling; the sliding-window layers
+  with a base of their own, `rope_local_theta`, as Gemma 3's), learned absolute, or none;
   explicit per-token positions (packed documents restart at 0);
-- MLP: GELU, SwiGLU or ReLU², hidden size rounded up to a multiple of 64 (SwiGLU at 2/3 of the width of
-  the others so the parameter count stays comparable);
-- norm: RMSNorm or LayerNorm, on each sublayer's input (pre), each residual sum (post) or each sublayer's output
-  (OLMo 2's);
-- tied or untied embeddings, bias on/off, dropout, vocabulary padded up to a multiple of 128 (the padded
-  logits are never sampled, and take no part in the loss), logit soft-capping, zero-initialised output projections;
+- MLP: GELU, SwiGLU, GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
+  of the others so the parameter count stays comparable);
+- norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
+  residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
+- tied or untied embeddings (optionally scaled by sqrt(n_embd), Gemma's), bias on/off, dropout, vocabulary padded up
+  to a multiple of 128 (the padded logits are never sampled, and take no part in the loss), logit soft-capping,
+  zero-initialised output projections;
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -68,10 +70,18 @@ class ModelConfig:
     """One fused projection for q, k and v instead of three separate ones."""
     sliding_window: int = 0
     """Attend only to the last this-many tokens (0 = full causal attention)."""
+    sliding_window_pattern: int = 0
+    """With sliding_window: layer i attends to the whole context where (i + 1) is a multiple of this, to the window
+    elsewhere (Gemma 3: 6, five windowed layers to one full; transformers' layer_types); 0 = every layer windowed."""
+    attn_scale: float = 0.0
+    """The attention scores' scale (Gemma 3: query_pre_attn_scalar ** -0.5); 0 = 1 / sqrt(head_dim)."""
     pos_emb: Literal["rope", "learned", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
+    rope_local_theta: float = 0.0
+    """The RoPE base of the sliding-window layers, without rope_scaling (Gemma 3's rope_local_base_freq, 10000, where
+    its full layers take rope_theta with the scaling); 0 = the same RoPE as the full layers."""
     rope_scaling: Literal["none", "linear", "llama3", "yarn"] = "none"
     """RoPE frequency scaling for contexts beyond the trained one: linear divides every frequency by rope_factor;
     llama3 divides the low frequencies only and blends the middle band (Llama 3.1's rule); yarn does the same with
@@ -92,20 +102,26 @@ class ModelConfig:
     """yarn scaling: the factor on the cos/sin tables (0: YaRN's 0.1 ln(rope_factor) + 1)."""
     rope_truncate: bool = True
     """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
-    mlp: Literal["gelu", "swiglu", "relu2"] = "swiglu"
-    """MLP kind: GELU (GPT-2), SwiGLU, or ReLU squared."""
+    mlp: Literal["gelu", "swiglu", "geglu", "relu2"] = "swiglu"
+    """MLP kind: GELU (GPT-2), SwiGLU, GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's), or ReLU squared."""
     fused_mlp: bool = True
-    """SwiGLU only: the gate and up projections as one matmul (one Linear of twice the width) instead of two."""
+    """SwiGLU and GeGLU: the gate and up projections as one matmul (one Linear of twice the width) instead of two."""
     mlp_hidden: int | None = None
-    """MLP hidden size. None: 4·n_embd for gelu/relu2 and 8/3·n_embd for swiglu, rounded up to a multiple of 64."""
+    """MLP hidden size. None: 4·n_embd for gelu/relu2 and 8/3·n_embd for swiglu/geglu, rounded up to a multiple of
+    64."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
-    norm_position: Literal["pre", "post", "output"] = "pre"
-    """Normalize the input of each sublayer (pre), the output of each residual sum (post), or each sublayer's output
+    norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
+    """Normalize the input of each sublayer (pre), the output of each residual sum (post), each sublayer's output
     before it is added to the residual stream, with no norm on its input (output: OLMo 2's "reordered norm",
-    x + norm(attn(x)))."""
+    x + norm(attn(x))), or both its input and its output (sandwich: Gemma 2/3's, x + norm(attn(norm(x))))."""
     norm_eps: float = 1e-5
     """Epsilon of the normalization layers."""
+    norm_unit_offset: bool = False
+    """RMSNorm scales by (1 + weight), computed in fp32, its weights initialised to zero (Gemma's form), instead of
+    by the weight; QK-norm included."""
+    embed_scale: bool = False
+    """Multiply the token embeddings by sqrt(n_embd), that factor rounded to the embedding's dtype (Gemma's)."""
     tie_embeddings: bool = False
     """Share the token embedding matrix with the output head."""
     bias: bool = False
@@ -150,6 +166,21 @@ class ModelConfig:
         return self.bias if self.qkv_bias is None else self.qkv_bias
 
     @property
+    def gated_mlp(self) -> bool:
+        return self.mlp in ("swiglu", "geglu")
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern."""
+        if self.sliding_window_pattern and (layer + 1) % self.sliding_window_pattern == 0:
+            return 0
+        return self.sliding_window
+
+    @property
+    def windows(self) -> list[int]:
+        """The layers' distinct windows (0: full attention), each once: attention masks are built once per window."""
+        return sorted({self.layer_window(i) for i in range(self.n_layer)})
+
+    @property
     def padded_vocab(self) -> int:
         m = max(1, self.pad_vocab_to)
         return (self.vocab_size + m - 1) // m * m
@@ -158,7 +189,7 @@ class ModelConfig:
     def hidden_dim(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
-        hidden = 4 * self.n_embd if self.mlp != "swiglu" else 8 * self.n_embd / 3
+        hidden = 8 * self.n_embd / 3 if self.gated_mlp else 4 * self.n_embd
         return int(math.ceil(hidden / 64) * 64)
 
     def validate(self) -> None:
@@ -199,6 +230,12 @@ class ModelConfig:
                             "takes the head's raw logits); turn one of them off")
         if self.sliding_window < 0:
             raise UserError(f"model.sliding_window must be >= 0 (0 = off), got {self.sliding_window}")
+        if self.sliding_window_pattern < 0 or (self.sliding_window_pattern and not self.sliding_window):
+            raise UserError(f"model.sliding_window_pattern={self.sliding_window_pattern} needs a model.sliding_window "
+                            f"and must be >= 0 (0 = every layer windowed)")
+        if self.attn_scale < 0 or self.rope_local_theta < 0:
+            raise UserError(f"model.attn_scale and model.rope_local_theta must be >= 0 (0 = the default), got "
+                            f"{self.attn_scale} and {self.rope_local_theta}")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if not 0 <= self.value_embeddings <= (self.n_layer + 1) // 2:
@@ -223,9 +260,27 @@ def _divisors_near(n: int, target: int) -> list[int]:
 # building blocks
 
 
+class UnitOffsetRMSNorm(nn.Module):
+    """RMSNorm scaling by (1 + weight), all in fp32 and rounded back to the input's dtype once (Gemma's form; the
+    rule of transformers' Gemma3RMSNorm). Its weight starts at zero: the identity scale."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
+    return UnitOffsetRMSNorm(dim, cfg.norm_eps) if cfg.norm_unit_offset else nn.RMSNorm(dim, eps=cfg.norm_eps)
+
+
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(dim, eps=cfg.norm_eps)
+        return make_rmsnorm(cfg, dim)
     return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
@@ -286,6 +341,12 @@ def rope_tables(cfg: ModelConfig, length: int | None = None) -> tuple[torch.Tens
     return angles.cos() * scale, angles.sin() * scale
 
 
+def layer_rope(rope: tuple, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's (cos, sin) from GPT.embed's tables: (cos, sin), or (cos, sin, local cos, local sin) for a model whose
+    sliding-window layers have a RoPE base of their own (rope_local_theta); local: the layer is one of those."""
+    return (rope[2], rope[3]) if local else (rope[0], rope[1])
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (first half, second half) of the last dim. x: (B, heads, T, D); cos/sin: (T, D/2) or (B, 1, T, D/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)
@@ -311,10 +372,13 @@ def sdpa_context(backend: str):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, value_embedding: bool = False):
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
         super().__init__()
         self.cfg = cfg
         self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.window = cfg.layer_window(layer)  # this layer's sliding window (0: the whole context)
+        self.local_rope = bool(cfg.rope_local_theta) and self.window > 0  # the windowed layers' own RoPE tables
+        self.scale = cfg.attn_scale or None  # None: SDPA's 1 / sqrt(head_dim)
         # value embeddings: v ← λ₀·v + λ₁·ve (modded-nanogpt's `lambdas`), (2,) learned, 0.5 each at init
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
@@ -329,8 +393,8 @@ class Attention(nn.Module):
         self.proj.is_residual_out = True
         if cfg.qk_norm:
             whole = cfg.qk_norm_scope == "all"  # (H*D,) and (KV*D,) weights, else (D,) shared by the heads
-            self.q_norm = nn.RMSNorm(q_dim if whole else self.head_dim, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(kv_dim if whole else self.head_dim, eps=cfg.norm_eps)
+            self.q_norm = make_rmsnorm(cfg, q_dim if whole else self.head_dim)
+            self.k_norm = make_rmsnorm(cfg, kv_dim if whole else self.head_dim)
 
     def project(self, x: torch.Tensor):
         """x: (B, T, C) -> q (B, T, H*D), k and v (B, T, KV*D): the projections alone, before QK-norm and RoPE."""
@@ -356,7 +420,8 @@ class Attention(nn.Module):
         if self.cfg.qk_norm and self.cfg.qk_norm_scope == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            cos, sin = layer_rope(rope, self.local_rope)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
@@ -366,7 +431,7 @@ class Attention(nn.Module):
         if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
             from torch.nn.attention.flex_attention import flex_attention
 
-            y = flex_attention(q, k, v, block_mask=attn_mask, enable_gqa=gqa)
+            y = flex_attention(q, k, v, block_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
             B, _, Tq, _ = q.shape
             return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
         if gqa and self.cfg.attn_backend != "auto":
@@ -377,16 +442,17 @@ class Attention(nn.Module):
         dropout = self.cfg.dropout if self.training else 0.0
         with sdpa_context(self.cfg.attn_backend):
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=gqa
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout, scale=self.scale, enable_gqa=gqa
             )
         B, _, Tq, _ = q.shape
         return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
 
     def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None) -> torch.Tensor:
         """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
-        where query i may attend key j. cache: None, or a KV cache layer of the inference engine
-        (redline/inference/cache.py), which stores this call's keys and values and attends over all it holds:
-        `cache.attend(self, x, rope, ve) -> (B, T, H*D)`, calling back into project / project_qkv / attend.
+        where query i may attend key j (this layer's: GPT.attention_mask for its window). cache: None, or a KV cache
+        layer of the inference engine (redline/inference/cache.py), which stores this call's keys and values and
+        attends over all it holds: `cache.attend(self, x, rope, ve) -> (B, T, H*D)`, calling back into project /
+        project_qkv / attend.
         ve: this layer's value embedding (B, T, KV*D) or None."""
         if cache is not None:
             return self.proj(cache.attend(self, x, rope, ve))
@@ -400,18 +466,18 @@ class MLP(nn.Module):
         super().__init__()
         self.kind = cfg.mlp
         hidden = cfg.hidden_dim
-        fused = cfg.mlp == "swiglu" and cfg.fused_mlp  # swiglu: gate and up in one matmul
+        fused = cfg.gated_mlp and cfg.fused_mlp  # swiglu / geglu: gate and up in one matmul
         self.fc = nn.Linear(cfg.n_embd, 2 * hidden if fused else hidden, bias=cfg.bias)
-        # separate swiglu: fc is the gate, up its own Linear
-        self.up = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias) if cfg.mlp == "swiglu" and not fused else None
+        # separate gate and up: fc is the gate, up its own Linear
+        self.up = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias) if cfg.gated_mlp and not fused else None
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
-        if self.kind == "swiglu":
+        if self.kind in ("swiglu", "geglu"):
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
-            h = F.silu(gate) * up
+            h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate="tanh")) * up
         elif self.kind == "relu2":
             h = F.relu(h).square()
         else:
@@ -420,16 +486,16 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """norm1 and norm2: the norms on the attention's and the MLP's input (pre) or on the residual sums after them
-    (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output; None otherwise)."""
+    """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
+    them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
 
-    def __init__(self, cfg: ModelConfig, value_embedding: bool = False):
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
         super().__init__()
         self.position = cfg.norm_position
-        inputs, outputs = cfg.norm_position != "output", cfg.norm_position == "output"
+        inputs, outputs = cfg.norm_position != "output", cfg.norm_position in ("output", "sandwich")
         self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
         self.norm2 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
-        self.attn, self.mlp = Attention(cfg, value_embedding), MLP(cfg)
+        self.attn, self.mlp = Attention(cfg, value_embedding, layer), MLP(cfg)
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -461,7 +527,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.context_len, cfg.n_embd) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None, i) for i in range(cfg.n_layer))
         # value embeddings: (padded_vocab, KV*D) tables, outside the blocks (AdamW takes them, as the embeddings)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.padded_vocab, cfg.kv_heads * cfg.head_dim)
                                           for _ in range(cfg.value_embeddings))
@@ -471,10 +537,19 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         if cfg.pos_emb == "rope":
-            cos, sin = rope_tables(cfg)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            for name, table in zip(self._rope_names(), self._rope_tables()):
+                self.register_buffer(name, table, persistent=False)
         self.reset_parameters()
+
+    def _rope_names(self) -> tuple[str, ...]:
+        return ("rope_cos", "rope_sin") + (("rope_local_cos", "rope_local_sin") if self.cfg.rope_local_theta else ())
+
+    def _rope_tables(self) -> tuple[torch.Tensor, ...]:
+        """The fp32 RoPE tables: cos and sin, then the sliding-window layers' own (rope_local_theta, unscaled)."""
+        tables = rope_tables(self.cfg)
+        if self.cfg.rope_local_theta:
+            tables += rope_tables(replace(self.cfg, rope_theta=self.cfg.rope_local_theta, rope_scaling="none"))
+        return tables
 
     def value_table(self, layer: int) -> int | None:
         """Which value-embedding table layer `layer` mixes in: i for the first k layers and for the last k (the
@@ -495,8 +570,8 @@ class GPT(nn.Module):
         if self.cfg.tie_embeddings and self.lm_head.weight is not self.wte.weight:
             self.lm_head.weight = self.wte.weight
         if self.cfg.pos_emb == "rope" and self.rope_cos.device.type != "meta":
-            cos, sin = rope_tables(self.cfg)
-            self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+            for name, table in zip(self._rope_names(), self._rope_tables()):
+                setattr(self, name, table.to(self.rope_cos.device))
         return self
 
     @torch.no_grad()
@@ -516,6 +591,8 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, UnitOffsetRMSNorm):
+                nn.init.zeros_(module.weight)  # scale 1 + 0
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 if module.weight is not None:
                     nn.init.ones_(module.weight)
@@ -525,30 +602,33 @@ class GPT(nn.Module):
             if block.attn.ve_mix is not None:
                 block.attn.ve_mix.fill_(0.5)
         if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
-            cos, sin = rope_tables(self.cfg)
-            self.rope_cos.copy_(cos)
-            self.rope_sin.copy_(sin)
+            for name, table in zip(self._rope_names(), self._rope_tables()):
+                getattr(self, name).copy_(table)
 
     # -- forward ---------------------------------------------------------------------------------------
 
-    def sliding_mask(self, T: int, device) -> torch.Tensor | None:
-        """Boolean (T, T) mask, True where attention is allowed, or None for plain causal attention."""
-        w = self.cfg.sliding_window
+    def sliding_mask(self, T: int, device, window: int | None = None) -> torch.Tensor | None:
+        """Boolean (T, T) mask, True where attention is allowed, or None for plain causal attention. window: the
+        layers' (GPT.windows), None for cfg.sliding_window."""
+        w = self.cfg.sliding_window if window is None else window
         if w <= 0 or w >= T:
             return None
         i = torch.arange(T, device=device)
         dist = i[:, None] - i[None, :]
         return (dist >= 0) & (dist < w)
 
-    def attention_mask(self, T: int, device, doc_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+    def attention_mask(self, T: int, device, doc_ids: torch.Tensor | None = None,
+                       window: int | None = None) -> torch.Tensor | None:
         """None for plain causal attention, else a bool mask, True where query i may attend key j: (T, T) for a
         sliding window alone; (B, 1, T, T) with doc_ids (B, T), each token attending only to earlier tokens of its
-        own document (packed sequences do not see each other)."""
-        mask = self.sliding_mask(T, device)
+        own document (packed sequences do not see each other). window: the layers' whose mask this is (None:
+        cfg.sliding_window)."""
+        window = self.cfg.sliding_window if window is None else window
+        mask = self.sliding_mask(T, device, window)
         if doc_ids is None:
             return mask
         if self._flex_documents(device):
-            return self._document_block_mask(doc_ids)
+            return self._document_block_mask(doc_ids, window)
         i = torch.arange(T, device=device)
         allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])  # (B, T, T)
         if mask is not None:
@@ -562,13 +642,12 @@ class GPT(nn.Module):
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())
 
-    def _document_block_mask(self, doc_ids: torch.Tensor):
+    def _document_block_mask(self, doc_ids: torch.Tensor, window: int):
         """A flex attention BlockMask for doc_ids (B, T): causal within each document (and the sliding window);
         blocks that no document spans are skipped rather than masked (PyTorch's flex attention document masking)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         B, T = doc_ids.shape
-        window = self.cfg.sliding_window
 
         def same_document(b, h, q, kv):
             allowed = (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
@@ -580,20 +659,22 @@ class GPT(nn.Module):
         """Token (and learned position) embeddings and the RoPE tables for these positions.
 
         idx: (B, T) token ids; positions: None for 0..T-1, else (T,) or (B, T) absolute positions.
-        -> x (B, T, C), rope (cos, sin) of (T, D/2) or (B, 1, T, D/2) each, or None without RoPE.
+        -> x (B, T, C), rope (cos, sin) of (T, D/2) or (B, 1, T, D/2) each, then the sliding-window layers' own
+        (cos, sin) where rope_local_theta gives them (layer_rope picks a layer's), or None without RoPE.
         """
         T = idx.shape[1]
         if positions is None:
             positions = torch.arange(T, device=idx.device)
         x = self.wte(idx)
+        if self.cfg.embed_scale:  # sqrt(C) rounded to the embedding's dtype first, as Gemma's reference does
+            x = x * torch.tensor(self.cfg.n_embd ** 0.5, dtype=torch.float32).to(x.dtype)
         if self.wpe is not None:
             x = x + self.wpe(positions)
         rope = None
         if self.cfg.pos_emb == "rope":
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+            rope = tuple(getattr(self, name)[positions] for name in self._rope_names())
             if positions.dim() == 2:  # per-row positions: (B, T, D/2) -> (B, 1, T, D/2)
-                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            rope = (cos, sin)
+                rope = tuple(t.unsqueeze(1) for t in rope)
         return self.drop(x), rope
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -619,11 +700,11 @@ class GPT(nn.Module):
         if T > self.cfg.context_len:
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
         x, rope = self.embed(idx, positions)
-        mask = self.attention_mask(T, idx.device, doc_ids)
+        masks = {w: self.attention_mask(T, idx.device, doc_ids, w) for w in self.cfg.windows}  # one per window
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)
-            x = block(x, rope, mask, ve=None if table is None else values[table])
+            x = block(x, rope, masks[block.attn.window], ve=None if table is None else values[table])
         x = self.norm_f(x)
         V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:
@@ -660,7 +741,7 @@ class GPT(nn.Module):
         exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table, d the attention width
         n_head · head_dim; PaLM appendix B).
         exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
-        + 12·L·H·D·T_attended, where T_attended is capped by the sliding window; norms and elementwise
+        + 12·H·D·(T_attended summed over the layers), T_attended capped by each layer's window; norms and elementwise
         work are left out, as in the formula.
         """
         cfg = self.cfg
@@ -674,8 +755,8 @@ class GPT(nn.Module):
                 if isinstance(module, nn.Linear):
                     matmul += module.weight.numel()
         matmul += self.lm_head.weight.numel()
-        attended = min(T, cfg.sliding_window) if cfg.sliding_window > 0 else T
-        return 6 * matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * attended
+        attended = sum(min(T, w) if w > 0 else T for w in map(cfg.layer_window, range(cfg.n_layer)))
+        return 6 * matmul + 12 * cfg.n_head * cfg.head_dim * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------
 

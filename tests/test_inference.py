@@ -32,6 +32,12 @@ ARCHITECTURES = {
     # YaRN's cos/sin tables are scaled by its attention factor (not unit length): every RoPE path must use them as given
     # OLMo 2's block: norms on the sublayers' outputs, QK-norm over the whole q and k projections
     "olmo2-style": {"n_kv_head": 2, "norm_position": "output", "qk_norm": True, "qk_norm_scope": "all"},
+    # Gemma 3's block: sandwich norms scaling by 1 + weight, GeGLU, scaled embeddings and scores, a windowed layer
+    # with its own RoPE base before a full one with YaRN's tables
+    "gemma3-style": {"n_kv_head": 2, "head_size": 24, "norm_position": "sandwich", "norm_unit_offset": True,
+                     "qk_norm": True, "mlp": "geglu", "embed_scale": True, "attn_scale": 0.1, "sliding_window": 6,
+                     "sliding_window_pattern": 2, "rope_local_theta": 1000.0, "rope_scaling": "yarn",
+                     "rope_factor": 4.0, "rope_original_context": 32, "tie_embeddings": True},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
                     "rope_original_context": 32},
 }
@@ -84,12 +90,19 @@ def test_options_are_checked_where_they_cannot_run():
     with pytest.raises(UserError, match="decode_linear must be one of auto, torch, triton"):
         InferenceEngine(tiny_model(), decode_linear="cublas")
     assert InferenceEngine(tiny_model(), compile=True).describe()["decode_linear"] == "torch"  # auto on a CPU
-    # the attention kernel normalizes q and k per head: OLMo 2's QK-norm over whole projections is refused by name
+    # the attention kernel normalizes q and k per head: OLMo 2's QK-norm over whole projections is refused by name,
+    # and so are Gemma 3's options
     with pytest.raises(UserError, match="qk_norm_scope=all"):
         InferenceEngine(tiny_model(**ARCHITECTURES["olmo2-style"]), decode_attention="triton")
+    with pytest.raises(UserError, match="model.norm_unit_offset"):
+        InferenceEngine(tiny_model(**ARCHITECTURES["gemma3-style"]), decode_attention="triton")
+    with pytest.raises(UserError, match="model.sliding_window_pattern"):
+        InferenceEngine(tiny_model(sliding_window=4, sliding_window_pattern=2), decode_attention="triton")
 
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),
+                                            ("olmo2-style", "needs pre-norm blocks"),
+                                            ("gemma3-style", "needs pre-norm blocks"),
                                             ("mha", None), ("gpt2-style", None), ("no-positions-relu2", None)])
 def test_fused_block_architectures(arch, fragment):
     """Which architectures the fused decode block computes (it fuses each norm into the next product)."""
@@ -100,6 +113,8 @@ def test_fused_block_architectures(arch, fragment):
     assert "fused qkv" in unsupported(replace(cfg, fused_qkv=False, norm_position="pre"))
     assert "model.fused_mlp" in unsupported(replace(cfg, mlp="swiglu", fused_mlp=False, fused_qkv=True,
                                                     norm_position="pre"))
+    assert "no fused geglu activation" in unsupported(replace(BASE, mlp="geglu"))
+    assert "model.norm_unit_offset" in unsupported(replace(BASE, norm_unit_offset=True))
 
 
 def test_fused_block_accounts_for_every_model_field():

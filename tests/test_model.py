@@ -23,9 +23,12 @@ TOGGLES = dict(
     fused_qkv=[False, True],
     fused_mlp=[False, True],
     pos_emb=["rope", "learned", "none"],
-    mlp=["gelu", "swiglu", "relu2"],
+    mlp=["gelu", "swiglu", "geglu", "relu2"],
     norm=["rmsnorm", "layernorm"],
-    norm_position=["pre", "post", "output"],
+    norm_position=["pre", "post", "output", "sandwich"],
+    norm_unit_offset=[True],
+    embed_scale=[True],
+    attn_scale=[0.2],
     tie_embeddings=[False, True],
     bias=[False, True],
     sliding_window=[0, 5],
@@ -165,12 +168,12 @@ def expected_params(cfg: ModelConfig) -> int:
     norm = C * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     attn = C * (H + 2 * KV) * D + H * D * C + (((H + 2 * KV) * D + C) if cfg.bias else 0)
     qk = (H + KV if cfg.qk_norm_scope == "all" else 2) * D if cfg.qk_norm else 0
-    fc_out = 2 * F_ if cfg.mlp == "swiglu" else F_
+    fc_out = 2 * F_ if cfg.mlp in ("swiglu", "geglu") else F_
     mlp = C * fc_out + F_ * C + ((fc_out + C) if cfg.bias else 0)
-    block = 2 * norm + attn + qk + mlp
+    block = (4 if cfg.norm_position == "sandwich" else 2) * norm + attn + qk + mlp
     emb = V * C + (cfg.context_len * C if cfg.pos_emb == "learned" else 0)
     head = 0 if cfg.tie_embeddings else V * C
-    final = norm if cfg.norm_position == "pre" else 0
+    final = norm if cfg.norm_position != "post" else 0
     return cfg.n_layer * block + emb + head + final
 
 
@@ -201,6 +204,49 @@ def test_exact_flops_count_gqa_swiglu_window():
     matmul_per_layer = C * (H + 2 * KV) * D + H * D * C + C * 2 * F_ + F_ * C
     expected = 6 * (2 * matmul_per_layer + C * V) + 12 * 2 * H * D * min(24, 8)
     assert model.flops_per_token(24, exact=True) == expected
+
+
+def test_interleaved_windows_and_their_own_rope():
+    """sliding_window_pattern: layer i full where (i + 1) % pattern == 0, else windowed; rope_local_theta: the windowed
+    layers' RoPE base. Each layer's mask and tables are its own: the model equals one whose layers are run one by one
+    with a mask and tables built for that layer alone."""
+    from redline.model import rope_tables
+
+    cfg = small(n_layer=3, sliding_window=4, sliding_window_pattern=3, rope_local_theta=100.0)
+    assert [cfg.layer_window(i) for i in range(3)] == [4, 4, 0] and cfg.windows == [0, 4]
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 101, (2, 12))
+    T = idx.shape[1]
+    x = model.wte(idx)
+    for block in model.blocks:
+        layer_cfg = replace(cfg, rope_theta=100.0) if block.attn.window else cfg
+        cos, sin = (t[:T] for t in rope_tables(layer_cfg))
+        i = torch.arange(T)
+        mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < (block.attn.window or T))
+        x = block(x, (cos, sin, cos, sin), mask)
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), model.logits(model.norm_f(x))[..., :101])
+    # exact FLOPs: two layers attend to 4 of 12 tokens, one to all 12
+    C, H, D, F_, V = 32, 4, 8, cfg.hidden_dim, cfg.padded_vocab
+    matmul = 3 * (C * (H + 2 * 2) * D + H * D * C + C * 2 * F_ + F_ * C) + C * V
+    assert model.flops_per_token(12, exact=True) == 6 * matmul + 12 * H * D * (4 + 4 + 12)
+
+
+def test_gemma_norm_and_embedding_scale():
+    """norm_unit_offset: RMSNorm by 1 + weight in fp32, weights starting at zero; embed_scale: sqrt(C) rounded to the
+    embedding's dtype."""
+    model = GPT(small(norm_unit_offset=True, qk_norm=True, embed_scale=True, norm_position="sandwich"))
+    norm = model.blocks[0].attn_out_norm
+    assert torch.equal(norm.weight, torch.zeros(32)) and torch.equal(model.blocks[0].attn.q_norm.weight, torch.zeros(8))
+    with torch.no_grad():
+        norm.weight.fill_(0.5)
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(norm(x), 1.5 * x / x.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt())
+    idx = torch.randint(0, 101, (1, 5))
+    torch.testing.assert_close(model.embed(idx)[0], model.wte(idx) * 32 ** 0.5)
+    half = GPT(small(embed_scale=True)).bfloat16()
+    scale = torch.tensor(32 ** 0.5).bfloat16()
+    assert torch.equal(half.embed(idx)[0], half.wte(idx) * scale)
 
 
 def test_hidden_sizes_rounded_to_64():
@@ -287,7 +333,8 @@ def test_qk_norm_over_whole_projections():
     torch.testing.assert_close(whole(idx), per_head(idx))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"pos_emb": "learned"}, {"sliding_window": 3}])
+@pytest.mark.parametrize("overrides", [{}, {"pos_emb": "learned"}, {"sliding_window": 3},
+                                       {"sliding_window": 3, "sliding_window_pattern": 2, "rope_local_theta": 100.0}])
 def test_packed_documents_equal_each_document_alone(overrides):
     """Documents packed into one row with doc_ids and restarting positions see only themselves."""
     torch.manual_seed(3)

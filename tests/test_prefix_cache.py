@@ -63,7 +63,7 @@ def test_the_index_finds_the_longest_held_prefix_in_whole_blocks_and_never_a_sta
     assert chain_hashes(a, known=chain_hashes(a[:20])) == chain_hashes(a)  # a sequence that grew: its hashes kept
 
 
-@pytest.mark.parametrize("variant", ["plain", "fp8 cache", "sliding window"])
+@pytest.mark.parametrize("variant", ["plain", "fp8 cache", "sliding window", "interleaved windows"])
 def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
     """Row 0 prefilled and decoding, row 1 prefilled, decoded and freed while row 0 decodes on: both keep their
     prompts' keys and values; a prompt beginning as either copies that beginning into row 2 and prefills the rest,
@@ -72,6 +72,10 @@ def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
     if variant == "sliding window":
         torch.manual_seed(0)
         model = GPT(ModelConfig(**{**CFG.__dict__, "sliding_window": 24}))
+    if variant == "interleaved windows":  # Gemma 3's: a windowed layer with its own RoPE base, then a full one
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(**{**CFG.__dict__, "sliding_window": 24, "sliding_window_pattern": 2,
+                                   "rope_local_theta": 100.0}))
     engine = InferenceEngine(model, kv_cache_dtype="fp8" if variant == "fp8 cache" else "auto")
     batch = DecodeBatch(engine, rows=4, capacity=CFG.context_len)
     shared, other = tokens(40, 3), tokens(37, 4)
@@ -88,6 +92,10 @@ def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
         batch.copy_prefix(row, 2, n)
         reused = batch.prefill(2, prompt[n:], start=n)
         torch.testing.assert_close(reused, whole_prompt(batch, 3, prompt, n, variant), rtol=1e-5, atol=1e-5)
+        if variant == "interleaved windows":  # each layer's own window and tables, as the model's forward has them
+            with torch.no_grad():
+                full = model(torch.tensor([prompt]))[0, -1]
+            torch.testing.assert_close(reused, full, rtol=1e-5, atol=1e-5)
         assert batch.held[2] == batch.held[3] == prompt
     with pytest.raises(UserError, match="decoding"):
         batch.copy_prefix(1, 0, 16)

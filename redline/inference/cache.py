@@ -150,7 +150,7 @@ class PrefillLayer:
             k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
             v = v.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
         with sdpa_context(attn.cfg.attn_backend):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=attn.scale)
         B, H, T, D = q.shape
         return y.transpose(1, 2).reshape(B, T, H * D)
 
@@ -159,15 +159,16 @@ class PrefillLayer:
 # decode
 
 
-def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool
-    -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the cache is
+def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
+    """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool; scale: the
+    scores' (None: 1 / sqrt(D)) -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the cache is
     read once per kv head and never expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa):
     (B, KV, H/KV, D) @ (B, KV, D, W) -> masked fp32 softmax -> @ (B, KV, W, D)."""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
     qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g
-    scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * (D ** -0.5)  # (B, KV, H/KV, W)
+    scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * (scale or D ** -0.5)  # (B, KV, H/KV, W)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
     probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
     return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
@@ -183,7 +184,7 @@ def _scatter_slot(buf: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> Non
 
 class DecodeLayer:
     """A cache layer for one decode step: each row's new key and value go into its slot (slot (B,)), and it
-    attends to the first `width` slots under `mask` (B, 1, 1, width) ("matmul"; the "triton" kernel computes the mask
+    attends to the first `width` slots under `mask` (B, 1, 1, width), its layer's ("matmul"; the "triton" kernel computes the mask
     itself from the slots and the window). k_buf, v_buf: the layer's whole cache buffers; scales: an FP8 cache's
     (k_scale, v_scale) buffers, or None; counts: the triton kernels' int32 counters."""
 
@@ -213,7 +214,7 @@ class DecodeLayer:
                 _scatter_slot(scales, self.slot, scale)
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
-        return cached_attention(q, keys, values, self.mask)
+        return cached_attention(q, keys, values, self.mask, attn.scale)
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope) -> torch.Tensor:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D)."""

@@ -412,13 +412,14 @@ class InferenceEngine:
     def _prefill_span(self, st: DecodeState, tokens: torch.Tensor, rows: slice | torch.Tensor,
                       start: int) -> torch.Tensor:
         """One span of prompt tokens (b, t) into `rows` at slots [start, start + t) -> hidden states (b, t, C)."""
-        m, window = self.model, self.cfg.sliding_window
+        m = self.model
         b, t = tokens.shape
         positions = torch.arange(start, start + t, device=self.device)
         x, rope = m.embed(tokens, positions)
         values = value_embeddings(m, tokens)  # (b, t, KV*D) per table, looked up once for every layer
-        mask = prefill_mask(t, start, self.device, window)
-        self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()], *[(mask, 0, 1)] * (mask is not None),
+        masks = {w: prefill_mask(t, start, self.device, w) for w in self.cfg.windows}  # one per layers' window
+        self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()],
+                           *[(mask, 0, 1) for mask in masks.values() if mask is not None],
                            *[(ve, 0, 1) for ve in values])
         quantize = st.cache.quantized
         with _prefill_attention(self.device, self.cfg.attn_backend):
@@ -426,7 +427,8 @@ class InferenceEngine:
                 prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
                 if prefix[0] is not None:
                     self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2))
-                x, k, v = self._prefill_fn(block, x, rope, mask, quantize, *prefix, layer_value(m, values, layer))
+                x, k, v = self._prefill_fn(block, x, rope, masks[block.attn.window], quantize, *prefix,
+                                           layer_value(m, values, layer))
                 st.cache.write(layer, rows, start, k, v)
         return x
 

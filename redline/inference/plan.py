@@ -8,7 +8,8 @@ The choices, and what "auto" picks:
 - decode attention: "triton" (redline's kernel, kernels/decode_attention.py) where the step is compiled for a GPU
   that can run it, else "matmul" (the portable path); a model with value embeddings (model.value_embeddings) decodes
   by "matmul" and "torch": the kernels start from the raw qkv projection, before the tables are mixed into the
-  values; so does one whose QK-norm spans whole projections (OLMo 2's; the kernel normalizes per head);
+  values; so does one whose QK-norm spans whole projections (OLMo 2's; the kernel normalizes per head), and one
+  with Gemma 3's options (norm_unit_offset, attn_scale, sliding_window_pattern, rope_local_theta);
 - decode linear: "triton" (redline's product kernels with norms, biases, activations and residual adds fused in,
   kernels/fused_block.py) where decode attention is triton and the architecture is one the fused block computes,
   else "torch" (cuBLAS, or Inductor's tuned reductions under kernel_tuning);
@@ -103,6 +104,14 @@ def _triton_attention_unsupported(cfg, device: torch.device) -> str | None:
     if getattr(cfg, "qk_norm", False) and getattr(cfg, "qk_norm_scope", "head") != "head":
         return ("decode_attention triton normalizes q and k per head; this model's QK-norm spans whole projections "
                 "(model.qk_norm_scope=all, OLMo 2's); use decode_attention matmul (or auto)")
+    # Gemma 3's options, none of which the kernel computes: its scale is 1 / sqrt(D), its QK-norm scales by the
+    # weight, and it applies one window and one RoPE table to every layer
+    for name, why in (("norm_unit_offset", "its QK-norm scales by the weight, not 1 + weight"),
+                      ("attn_scale", "it scales the scores by 1 / sqrt(head_dim)"),
+                      ("sliding_window_pattern", "it applies one window to every layer"),
+                      ("rope_local_theta", "it applies one RoPE table to every layer")):
+        if getattr(cfg, name, 0):
+            return f"decode_attention triton cannot run model.{name} ({why}); use decode_attention matmul (or auto)"
     if device.type != "cuda":
         return "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul"
     try:

@@ -53,18 +53,20 @@ def last_logits(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.Tensor, impl: str = "matmul"):
-    """The step's embeddings x (B, 1, C), RoPE tables, attention mask (B, 1, 1, W) (row b attends to slots
-    0..slot_b, within the sliding window) and value embeddings ([(B, 1, KV*D)], value_embeddings'). tokens (B, 1),
-    slot (B,), slots (W,) 0..W-1. impl "triton": the kernel computes the mask itself and reads only its width, so
-    the slots stand in for it (a view: no kernel)."""
+    """The step's embeddings x (B, 1, C), RoPE tables, attention masks {window: (B, 1, 1, W)} (row b attends to
+    slots 0..slot_b, within the window; one per distinct window of the layers, ModelConfig.windows) and value
+    embeddings ([(B, 1, KV*D)], value_embeddings'). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the
+    kernel computes the mask itself and reads only its width, so the slots stand in for it (a view: no kernel)."""
     x, rope = model.embed(tokens, slot[:, None])  # a token's position is its slot
     values = value_embeddings(model, tokens)
     if impl == "triton":
-        return x, rope, slots.expand(tokens.shape[0], 1, 1, -1), values
-    mask = slots[None, :] <= slot[:, None]  # (B, W)
-    if model.cfg.sliding_window > 0:
-        mask = mask & (slot[:, None] - slots[None, :] < model.cfg.sliding_window)
-    return x, rope, mask[:, None, None, :], values
+        return x, rope, {w: slots.expand(tokens.shape[0], 1, 1, -1) for w in model.cfg.windows}, values
+    causal = slots[None, :] <= slot[:, None]  # (B, W)
+    masks = {}
+    for window in model.cfg.windows:
+        mask = causal & (slot[:, None] - slots[None, :] < window) if window > 0 else causal
+        masks[window] = mask[:, None, None, :]
+    return x, rope, masks, values
 
 
 def decode_block(block, x, rope, mask, k_buf, v_buf, slot, impl: str = "matmul", counts=None, fused: bool = False,
@@ -129,10 +131,11 @@ def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy:
     apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic; history and
     active: decode_output's."""
     inputs_fn, block_fn, output_fn = fns or (decode_inputs, decode_block, decode_output)
-    x, rope, mask, values = inputs_fn(model, tokens, slot, slots, impl)
+    x, rope, masks, values = inputs_fn(model, tokens, slot, slots, impl)
     if mark_dynamic is not None:
-        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], (mask, 0, 3), *[(v, 0) for v in values])
+        mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], *[(m, 0, 3) for m in masks.values()],
+                     *[(v, 0) for v in values])
     for i, (block, k_buf, v_buf, layer_scales) in enumerate(zip(model.blocks, ks, vs, scales or [None] * len(ks))):
-        x = block_fn(block, x, rope, mask, k_buf, v_buf, slot, impl, counts, fused, layer_scales,
+        x = block_fn(block, x, rope, masks[block.attn.window], k_buf, v_buf, slot, impl, counts, fused, layer_scales,
                      layer_value(model, values, i))
     return output_fn(model, x, tokens, greedy, fused, slot, history, active)

@@ -26,10 +26,11 @@ MAX_ROWS = 64  # redline's product kernels take the step's products up to this b
 # and the config in step).
 FIELDS_ACCOUNTED = {
     # checked by unsupported()
-    "norm_position": "pre only: the norm is fused into the next product (post and output are refused)",
+    "norm_position": "pre only: the norm is fused into the next product (post, output and sandwich are refused)",
+    "norm_unit_offset": "refused: the product kernels scale a norm by its weight, not 1 + weight",
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
-    "mlp": "gelu (tanh), relu2, swiglu",
+    "mlp": "gelu (tanh), relu2, swiglu (geglu refused: no fused activation)",
     "value_embeddings": "none: the attention kernel starts from the raw qkv output, before tables are mixed in",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
@@ -40,12 +41,16 @@ FIELDS_ACCOUNTED = {
     "qk_norm_scope": "head only: the plan keeps a model with QK-norm over whole projections off the attention kernel, "
                      "and so off this path",
     "sliding_window": "in the attention kernel",
+    "sliding_window_pattern": "the plan keeps it off the attention kernel, and so off this path",
+    "attn_scale": "the plan keeps it off the attention kernel, and so off this path",
+    "rope_local_theta": "the plan keeps it off the attention kernel, and so off this path",
     "n_head": "shapes", "n_kv_head": "shapes", "head_size": "shapes", "n_embd": "shapes", "mlp_hidden": "shapes",
     "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
     "tie_embeddings": "the head's weight, whatever it is tied to",
     "logit_softcap": "applied to the head's output",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model", "rope_theta": "inputs",
+    "embed_scale": "inputs",
     "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
     "rope_high_freq_factor": "inputs", "rope_original_context": "inputs", "rope_beta_fast": "inputs",
     "rope_beta_slow": "inputs", "rope_attention_factor": "inputs", "rope_truncate": "inputs",
@@ -65,6 +70,8 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton needs SwiGLU's gate and up in one matrix (model.fused_mlp)"
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
+    if getattr(cfg, "norm_unit_offset", False):
+        return "decode_linear triton scales a norm by its weight, not 1 + weight (model.norm_unit_offset)"
     if getattr(cfg, "value_embeddings", 0):
         return "decode_linear triton cannot mix in the model's value embeddings (model.value_embeddings)"
     return None
