@@ -43,6 +43,15 @@ FAMILIES = {
     # OLMo 2: norms on the sublayers' outputs, QK-norm over the whole q and k projections, GQA, untied head
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                       tie_word_embeddings=False, rope_theta=500.0)),
+    # Gemma 3 text: three layers, windowed - full - windowed (pattern 2) with a window shorter than the test
+    # sequences, the windowed layers rotating with their own base, linear RoPE scaling on the full one, head_dim
+    # 24 != 64 / 4, query_pre_attn_scalar 20 != head_dim
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_hidden_layers=3,
+                    query_pre_attn_scalar=20, sliding_window=5,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at

@@ -106,6 +106,11 @@ REDLINE_EXPORTS = {
     "Qwen3ForCausalLM-window": dict(qk_norm=True, n_kv_head=2, sliding_window=5),
     "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
     "Olmo2ForCausalLM-qkvbias": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", qkv_bias=True),
+    # Gemma 3 with a windowed layer before a full one, the windowed layer's own RoPE base, query_pre_attn_scalar 16
+    # and final logit soft-capping
+    "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
+                              embed_scale=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
+                              rope_local_theta=1000.0, attn_scale=0.25, tie_embeddings=True, logit_softcap=30.0),
 }
 
 
@@ -147,6 +152,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm_position="output"), "model.qk_norm_scope=all"),  # OLMo 2 always has its QK-norm
     (dict(norm_position="output", qk_norm=True, qk_norm_scope="all", bias=True), "no MLP biases"),
     (dict(qk_norm=True, qk_norm_scope="all"), "norm_position=output"),
+    (dict(norm_position="sandwich"), "model.norm_unit_offset=true"),
+    (dict(norm_unit_offset=True, embed_scale=True), "model.norm_unit_offset, model.embed_scale without "
+                                                    "norm_position=sandwich"),
+    (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True, embed_scale=True,
+          attn_scale=0.3), "integer query_pre_attn_scalar"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -237,7 +247,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gpt2, llama, mistral, olmo2, qwen2")
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gemma3_text, gpt2, llama, mistral, olmo2, qwen2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -287,6 +297,25 @@ def test_import_config_fields_missing_mistyped_or_disagreeing_with_the_weights(t
     ]:
         changed = {k: v for k, v in {**config, **edit}.items() if v is not None}
         path.write_text(json.dumps(changed))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_gemma3_options_redline_cannot_express(tmp_path, capsys):
+    """Gemma 3 configs redline cannot run as transformers does are one-line errors naming the option."""
+    hf_folder("gemma3", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    sliding, full = "sliding_attention", "full_attention"
+    for edit, fragment in [
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ({"layer_types": [full, sliding, sliding]}, "not a repeating pattern"),
+        ({"rope_parameters": {full: {"rope_type": "default", "rope_theta": 1e4},
+                              sliding: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
+         "sliding-window layers' RoPE scaling 'linear'"),
+        ({"hidden_activation": "gelu"}, "hidden_activation='gelu'"),
+    ]:
+        path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 
 

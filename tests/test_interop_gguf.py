@@ -308,6 +308,16 @@ def test_gguf_bad_inputs(tmp_path, capsys):
     assert code == 2 and "cannot read" in err and len(err.strip().splitlines()) == 1
 
 
+def test_export_gguf_refuses_gemma3_and_writes_nothing(tmp_path, capsys):
+    hf_folder("gemma3", tmp_path / "hf")
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--out", str(tmp_path / "g.gguf")],
+                           capsys)
+    assert code == 2 and "Gemma 3" in err and "--format hf" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "g.gguf").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
 def test_export_gguf_refuses_sliding_window_and_writes_nothing(tmp_path, capsys):
     hf_folder("mistral-window", tmp_path / "hf")
     run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)

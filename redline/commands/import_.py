@@ -83,7 +83,8 @@ def main(argv: list[str]) -> int:
         context += f" ({m.rope_scaling} RoPE ×{m.rope_factor:g}" + (
             f" over {m.rope_original_context:,})" if m.rope_scaling in ("llama3", "yarn") else ")")
     if m.sliding_window:
-        context += f", window {m.sliding_window:,}"
+        context += f", window {m.sliding_window:,}" + (
+            f" (one full layer in every {m.sliding_window_pattern})" if m.sliding_window_pattern else "")
     print(f"redline import: {imported.family} from {imported.source} -> {out} ({params / 1e6:.1f}M parameters, "
           f"{m.n_layer} layers, width {m.n_embd}, {m.n_head} heads / {m.kv_heads} kv of {m.head_dim}, {context}, "
           f"{str(dtype).removeprefix('torch.')}; stop tokens {imported.tokenizer.stop_ids}"

@@ -4,6 +4,7 @@
                        imports from or exports as
     llama.py, gpt2.py  the weight maps: the Llama layout (Llama, Mistral, Qwen2, Qwen3) and GPT-2
     olmo2.py           OLMo 2's config (the Llama layout's names, its norms on the sublayers' outputs)
+    gemma3.py          Gemma 3's text config (the same names; sandwich norms, windowed and full layers interleaved)
     hf.py              Hugging Face folders (config.json, safetensors shards, tokenizer, generation config)
     gguf_file.py       GGUF files through the `gguf` package (dequantized on import; f32/f16/bf16 on export)
     gguf_vocab.py      a GGUF's tokenizer metadata <-> a tokenizers tokenizer

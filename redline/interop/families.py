@@ -2,8 +2,8 @@
 
 A family is the pair (config translation, weight-name map) for one Hugging Face `model_type`. The Llama layout
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
-sliding windows and head width; olmo2.py serves OLMo 2 (the Llama names, its norms on the sublayers' outputs);
-gpt2.py serves GPT-2. `family_for(hf_config)` picks the one for an import,
+sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
+norms on the sublayers' outputs); gpt2.py serves GPT-2. `family_for(hf_config)` picks the one for an import,
 `export_family(cfg)` the one a redline model is exported as (or a UserError naming the redline option no such
 architecture has).
 
@@ -102,9 +102,9 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import gpt2, llama, olmo2
+    from redline.interop import gemma3, gpt2, llama, olmo2
 
-    return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gpt2.FAMILY)}
+    return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -124,22 +124,33 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions, OLMo 2 with norms on the sublayers'
-    outputs, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A
+    outputs, Gemma 3 with norms on their inputs and outputs, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A
     UserError names the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
-                        "exports to (GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo 2)")
-    if cfg.logit_softcap:
-        raise UserError(f"model.logit_softcap={cfg.logit_softcap}: none of the architectures redline exports to "
-                        f"(GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo 2) caps its logits")
+                        "exports to (GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3)")
+    if cfg.logit_softcap and cfg.norm_position != "sandwich":
+        raise UserError(f"model.logit_softcap={cfg.logit_softcap}: of the architectures redline exports to, only "
+                        f"Gemma 3 (norm_position=sandwich) caps its logits")
     if cfg.pos_emb == "none":
         raise UserError("model.pos_emb=none: every architecture redline exports to has positions (GPT-2 learned, "
                         "the others RoPE)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
-                        f"(GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo 2) mixes token-indexed tables into its attention "
+                        f"(GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes token-indexed tables into its attention "
                         f"values; run the model with redline generate, chat or serve instead")
+    if cfg.norm_position == "sandwich":
+        from redline.interop.gemma3 import check_exportable
+
+        check_exportable(cfg)
+        return families["gemma3_text"]
+    gemma = [f"model.{name}" for name in ("norm_unit_offset", "embed_scale", "attn_scale", "sliding_window_pattern",
+                                          "rope_local_theta") if getattr(cfg, name)] + \
+        (["model.mlp=geglu"] if cfg.mlp == "geglu" else [])
+    if gemma:
+        raise UserError(f"{', '.join(gemma)} without norm_position=sandwich: of the architectures redline exports to, "
+                        f"only Gemma 3 has {'it' if len(gemma) == 1 else 'them'}, and its norms are sandwich ones")
     if cfg.norm_position == "output":
         from redline.interop.olmo2 import check_exportable
 

@@ -317,6 +317,9 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
 
 
 def _arch(family: Family, cfg: ModelConfig) -> str:
+    if family.name == "gemma3_text":  # llama.cpp's gemma3 stores its norms as 1 + weight and has keys of its own
+        raise UserError("a Gemma 3 model (norm_position=sandwich): redline does not write GGUF for it; export with "
+                        "--format hf")
     if cfg.sliding_window:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")

@@ -11,8 +11,9 @@ differ in:
 redline holds q/k/v as one fused projection (rows [q; k; v]) and the SwiGLU gate and up as one (rows [gate; up]):
 importing concatenates them, exporting splits them by their sizes.
 
-OLMo 2 (olmo2.py) names its tensors alike too, with its norms on the sublayers' outputs: `to_redline` and `to_hf`
-serve it, the norms' names taken from NORM_NAMES by the block's norm placement.
+OLMo 2 (olmo2.py) and Gemma 3 (gemma3.py) name their tensors alike too, with norms on the sublayers' outputs (and,
+Gemma's, on their inputs as well): `to_redline` and `to_hf` serve them, the norms' names taken from NORM_NAMES by the
+block's norm placement.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ def export_name(cfg: ModelConfig) -> str:
     one with its norms on the sublayers' outputs (families.export_family checks it first)."""
     if cfg.norm_position == "output":
         return "olmo2"
+    if cfg.norm_position == "sandwich":
+        return "gemma3_text"
     if cfg.qk_norm and cfg.qk_norm_scope != "head":
         raise UserError("model.qk_norm_scope=all with pre-norm blocks: OLMo 2, the one architecture redline exports "
                         "to with QK-norm over whole projections, has its norms on the sublayers' outputs "
@@ -190,6 +193,8 @@ def hf_config_for(name: str):
 NORM_NAMES = {
     "pre": {"norm1": "input_layernorm", "norm2": "post_attention_layernorm"},
     "output": {"attn_out_norm": "post_attention_layernorm", "mlp_out_norm": "post_feedforward_layernorm"},
+    "sandwich": {"norm1": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
+                 "norm2": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"},
 }
 
 
