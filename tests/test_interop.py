@@ -319,6 +319,14 @@ def test_import_gemma3_options_redline_cannot_express(tmp_path, capsys):
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 
 
+def test_import_olmo2_attention_bias_is_refused_by_name(tmp_path, capsys):
+    """OLMo 2's attention_bias puts a bias on o_proj with none in the MLP, which redline's biases cannot express."""
+    hf_folder("olmo2", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_bias": True}))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "attention_bias=true")
+
+
 def test_import_llama3_rope_takes_the_context_when_the_original_is_not_given(tmp_path, capsys):
     """transformers reads a llama3 rope_scaling without original_max_position_embeddings as the model's
     max_position_embeddings: so does the import, logit for logit."""
