@@ -540,6 +540,12 @@ PRESET_TRAINING: dict[str, dict[str, Any]] = {
     "modern-": {"optim.name": "muon", "optim.muon_momentum_warmup_steps": 300, "optim.schedule": "wsd",
                 "optim.warmup_steps": 10, "optim.decay_fraction": 0.4, "optim.min_lr_ratio": 0.0,
                 "batch_size": 32, "seq_len": 1024, "seq_ramp_steps": 100},
+    # The tied embedding-and-head table at AdamW 1e-2 beside Muon, 10x the size's AdamW rate (modded-nanogpt and
+    # nanochat train their embeddings far faster than the rest): at modern-124m, AdamW at 1e-2 (the table and the
+    # norms' gains) reached nanogpt's final loss 1.25-1.3x sooner than at 1e-3 on both corpora measured (BENCHMARKS.md
+    # "Time to quality"); the gains keep the size's rate here. The larger presets' rate is unmeasured and stays
+    # theirs. Post-training with AdamW drops it (redline/posttrain/launch.py).
+    "modern-124m": {"optim.head_lr": 1e-2},
 }
 
 
@@ -578,10 +584,11 @@ def apply_overrides(obj, overrides: dict[str, Any], where: str = "") -> None:
 
 
 def _coerce(value, hint, name: str):
-    """Check a recipe value against a field's type (ints widen to floats; Literal choices are enforced)."""
+    """Check a recipe value against a field's type (ints widen to floats; Literal choices are enforced). An optional
+    field takes None, or the string "None" as the command line writes it (TOML has no null)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
+        if (value is None or value == "None") and type(None) in args:
             return None
         errors = []
         for arg in args:

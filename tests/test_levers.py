@@ -219,6 +219,22 @@ def test_the_fast_recipe_combines_the_levers():
     assert cfg.seq_ramp_steps == 100 and not cfg.batch_ramp_steps
 
 
+def test_modern_124m_trains_its_tied_head_at_ten_times_the_adamw_rate(tmp_path):
+    """modern-124m's default: the tied table at AdamW 1e-2 beside Muon, the gains at the size's 1e-3; the larger
+    presets keep their rate; the `adamw` recipe and the sweeps measured before it put the head back at optim.lr
+    (a recipe writes "None", as the command line does)."""
+    cfg = parse(TrainConfig, ["--preset", "modern-124m"], prog="t", description="t")
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.head_lr) == ("muon", 1e-3, 1e-2)
+    assert parse(TrainConfig, ["--preset", "modern-350m"], prog="t", description="t").optim.head_lr is None
+    assert parse(TrainConfig, ["--recipe", "adamw"], prog="t", description="t").optim.head_lr is None
+    tiny = ModelConfig(vocab_size=64, context_len=16, n_layer=1, n_head=2, n_embd=16, tie_embeddings=True)
+    adam = build_optimizers(GPT(tiny), cfg.optim, CPU)[1]
+    rates = sorted((g["lr"], sum(p.numel() for p in g["params"])) for g in adam.param_groups)
+    assert rates[-1] == (1e-2, 128 * 16) and {lr for lr, _ in rates[:-1]} == {1e-3}  # the (padded) table alone
+    for name in ("quality", "ablations", "batch"):
+        assert all(c.optim.head_lr is None for c in _variant_configs(name, tmp_path).values()), name
+
+
 # ----------------------------------------------------------------------------------------------------
 # the sweeps that measure the levers and the source design's quality claims
 

@@ -165,15 +165,20 @@ def test_dpo_and_grpo_lower_an_inherited_learning_rate_unless_told():
 
 def test_sft_of_a_muon_trained_base_takes_adamw_unless_told(capsys):
     """SFT keeps the starting run's rate; where that run used Muon (the modern presets' default) it fine-tunes with
-    AdamW at that rate and says so, unless the command line names optim.name."""
+    AdamW at that rate, every weight at it (the head's own rate beside Muon dropped), and says so, unless the
+    command line names optim.name."""
     from redline.commands.sft import switch_from_muon
     from redline.config import TrainConfig
 
     cfg = TrainConfig()
-    cfg.optim.name, cfg.optim.lr = "muon", 1e-3
+    cfg.optim.name, cfg.optim.lr, cfg.optim.head_lr = "muon", 1e-3, 1e-2  # modern-124m's head rate beside Muon
     switch_from_muon(cfg, ["max_steps=5"], "sft")
-    assert cfg.optim.name == "adamw" and cfg.optim.lr == 1e-3
+    assert cfg.optim.name == "adamw" and cfg.optim.lr == 1e-3 and cfg.optim.head_lr is None
     assert "AdamW at optim.lr 0.001 instead of the starting run's Muon" in capsys.readouterr().err
+    cfg = TrainConfig()
+    cfg.optim.name, cfg.optim.head_lr = "muon", 1e-2
+    switch_from_muon(cfg, ["optim.head_lr=1e-2"], "sft")  # a rate the command line names stays
+    assert cfg.optim.name == "adamw" and cfg.optim.head_lr == 1e-2
     for argv in (["optim.name=muon"], ["--optim.name", "muon"]):
         cfg = TrainConfig()
         cfg.optim.name = "muon"

@@ -49,9 +49,14 @@ def _base_lr(cfg: TrainConfig) -> float:
 
 def adamw_instead_of_muon(cfg: TrainConfig, argv: list[str]) -> bool:
     """Switch a run that inherited Muon (a Muon-trained base: the modern presets' default) to AdamW unless the command
-    line names optim.name; -> whether it switched. Muon's fixed-size orthogonal steps are a pretraining tool."""
+    line names optim.name; -> whether it switched. Muon's fixed-size orthogonal steps are a pretraining tool. The
+    embedding and head rates that trained beside Muon (modern-124m's head at 10x the AdamW rate) go with it, unless
+    the command line sets them: AdamW then trains every weight at optim.lr, as post-training was measured."""
     if cfg.optim.name == "muon" and not _given(argv, "optim.name"):
         cfg.optim.name = "adamw"
+        for key in ("embed_lr", "head_lr"):
+            if not _given(argv, f"optim.{key}"):
+                setattr(cfg.optim, key, None)
         return True
     return False
 
