@@ -63,6 +63,15 @@ GGUF_FAMILIES = {
                           dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
                                attention_bias=True, mlp_bias=True)),
     "gpt2-1024": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, n_positions=1024)),
+    # Gemma 3 as transformers' loader reads a gemma3 GGUF: the values the file's keys do not give at its defaults
+    # (six layers, so the default pattern of five windowed to one full shows; the windowed layers' base 10000;
+    # query_pre_attn_scalar 256, which llama.cpp's gemma3 takes as the head width), a window shorter than the test
+    # sequences and the full layer's own base
+    "gemma3-gguf": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                    dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256, num_hidden_layers=6,
+                         query_pre_attn_scalar=256, sliding_window=5,
+                         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
 }
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

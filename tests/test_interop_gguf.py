@@ -1,6 +1,7 @@
 """GGUF: redline's export read back by transformers' GGUF loader and by redline's import, a file written the way
-llama.cpp's converter writes one (permuted q/k rows, Q8_0 tensors, a vocabulary without tokenizer.json) imported
-with logits equal to transformers' loading of the same file, tokenizers rebuilt from GGUF metadata, bad files."""
+llama.cpp's converter writes one (permuted q/k rows, Q8_0 tensors, a vocabulary without tokenizer.json; Gemma 3's
+norms as 1 + weight) imported with logits equal to transformers' loading of the same file, tokenizers rebuilt from
+GGUF metadata, bad files."""
 
 from __future__ import annotations
 
@@ -42,10 +43,13 @@ def import_gguf(path, out, capsys):
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
 # to n_ctx) and llama without its attention biases, and has no olmo2: those round trips are checked through redline's
 # reader only
+# and Gemma 3 only at the defaults its loader assumes (gemma3-gguf: the window pattern, the windowed layers' base,
+# query_pre_attn_scalar), not the gemma3 model's own (redline's keys carry them)
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
                                                       ("qwen2", True), ("llama-untied-bias", False),
                                                       ("qwen3", False), ("olmo2", False), ("gpt2", False),
-                                                      ("gpt2-1024", True)])
+                                                      ("gpt2-1024", True), ("gemma3", False),
+                                                      ("gemma3-gguf", True)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -114,16 +118,28 @@ def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _add_llama_cpp_vocab(w, path, vocab_size):
+    """The test's byte-level BPE as llama.cpp's converter writes a gpt2-type vocabulary (arrays, no tokenizer.json),
+    EOS 2 and a chat template."""
+    from tests.interop_models import byte_level_tokenizer
+
+    tok = json.loads((byte_level_tokenizer(path.parent / "tok") / "tokenizer.json").read_text())
+    vocab = {i: t for t, i in tok["model"]["vocab"].items()} | {t["id"]: t["content"] for t in tok["added_tokens"]}
+    tokens = [vocab.get(i, f"[PAD{i}]") for i in range(vocab_size)]
+    types = [3 if i in {t["id"] for t in tok["added_tokens"]} else 1 if i in vocab else 5 for i in range(len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_eos_token_id(2)
+    w.add_chat_template("{{ messages[0]['content'] }}")
+
+
 def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None):
     """A llama-arch GGUF of a transformers Llama as llama.cpp's converter writes one: q/k permuted, 2-D tensors
     quantized, a gpt2-type vocabulary without tokenizer.json."""
-    from tests.interop_models import byte_level_tokenizer
-
     cfg = hf.config
-    tok = json.loads((byte_level_tokenizer(path.parent / "tok") / "tokenizer.json").read_text())
-    vocab = {i: t for t, i in tok["model"]["vocab"].items()} | {t["id"]: t["content"] for t in tok["added_tokens"]}
-    tokens = [vocab.get(i, f"[PAD{i}]") for i in range(cfg.vocab_size)]
-    types = [3 if i in {t["id"] for t in tok["added_tokens"]} else 1 if i in vocab else 5 for i in range(len(tokens))]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -134,13 +150,7 @@ def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    w.add_eos_token_id(2)
-    w.add_chat_template("{{ messages[0]['content'] }}")
+    _add_llama_cpp_vocab(w, path, cfg.vocab_size)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
@@ -301,21 +311,177 @@ def test_gguf_bad_inputs(tmp_path, capsys):
     w.write_tensors_to_file()
     w.close()
     code, _, err = run_cli(["import", str(tmp_path / "falcon.gguf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gpt2" in err
+    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gemma3, gpt2" in err
 
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all" * 10)
     code, _, err = run_cli(["import", str(tmp_path / "junk.gguf"), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "cannot read" in err and len(err.strip().splitlines()) == 1
 
 
-def test_export_gguf_refuses_gemma3_and_writes_nothing(tmp_path, capsys):
-    hf_folder("gemma3", tmp_path / "hf")
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
-    assert code == 0, err
-    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--out", str(tmp_path / "g.gguf")],
-                           capsys)
-    assert code == 2 and "Gemma 3" in err and "--format hf" in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "g.gguf").exists() and not list(tmp_path.glob(".tmp-*"))
+def write_llama_cpp_gemma3(hf, path, quant="F32", extra: dict | None = None):
+    """A gemma3 GGUF of a transformers Gemma3ForCausalLM as llama.cpp's converter writes one for Gemma3Model (the
+    keys transformers' GGUF_CONFIG_MAPPING["gemma3"] reads, key_length / value_length as head_dim, the window, no
+    pattern, local base or query_pre_attn_scalar), tensor names from the gguf package's own name map, every norm
+    stored as 1 + weight, q/k unpermuted, 2-D tensors in `quant`; `extra`: more keys, {name: (value, GGUFValueType[,
+    array item type])}."""
+    cfg = hf.config
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])
+    w.add_sliding_window(cfg.sliding_window)
+    for name, spec in (extra or {}).items():
+        w.add_key_value(name, *spec)
+    _add_llama_cpp_vocab(w, path, cfg.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, cfg.num_hidden_layers)
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        base, kind = name.rsplit(".", 1)
+        gguf_name = f"{names.get_name(base)}.{kind}"
+        data = t.float().numpy() + (1.0 if base.endswith("norm") else 0.0)
+        if data.ndim == 2 and quant != "F32":
+            qtype = getattr(gguf.GGMLQuantizationType, quant)
+            w.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_export_gguf_gemma3_layout(tmp_path, capsys):
+    """A Gemma 3 export in llama.cpp's gemma3 layout: its tensor names, norms stored as 1 + weight, q/k unpermuted,
+    the window and head width in llama.cpp's keys; the values no reader but redline's takes from the file in
+    redline's keys, and said on stderr where they differ from what the others assume."""
+    from redline.interop.gguf_file import LOCAL_ROPE_KEY, QUERY_SCALAR_KEY, WINDOW_PATTERN_KEY
+
+    hf, path = export_gguf("gemma3-gguf", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["general.architecture"] == "gemma3"
+    assert (fields["gemma3.attention.sliding_window"], fields["gemma3.attention.key_length"],
+            fields["gemma3.rope.freq_base"]) == (5, 256, 5000.0)
+    assert (fields[QUERY_SCALAR_KEY], fields[WINDOW_PATTERN_KEY], fields[LOCAL_ROPE_KEY]) == (256, 6, 10000.0)
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    assert "output.weight" not in tensors  # tied
+    state = hf.state_dict()
+    for gguf_name, hf_name in (("blk.0.attn_norm", "input_layernorm"), ("blk.0.post_attention_norm",
+                                                                          "post_attention_layernorm"),
+                               ("blk.0.ffn_norm", "pre_feedforward_layernorm"), ("blk.0.post_ffw_norm",
+                                                                                  "post_feedforward_layernorm"),
+                               ("blk.0.attn_q_norm", "self_attn.q_norm"), ("blk.0.attn_q", "self_attn.q_proj")):
+        offset = 1.0 if gguf_name.endswith("norm") else 0.0
+        np.testing.assert_allclose(tensors[f"{gguf_name}.weight"],
+                                   state[f"model.layers.0.{hf_name}.weight"].numpy() + offset, rtol=1e-6)
+    np.testing.assert_allclose(tensors["output_norm.weight"], state["model.norm.weight"].numpy() + 1, rtol=1e-6)
+
+    # the gemma3 model of the Hugging Face tests (pattern 2, local base 300, query_pre_attn_scalar 20): exact
+    # through redline's keys (test_export_gguf_read_back), and the export says what the other readers miss
+    hf_folder("gemma3", tmp_path / "hf2")
+    run_cli(["import", str(tmp_path / "hf2"), "--out", str(tmp_path / "ckpt2")], capsys)
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt2"), "--format", "gguf", "--out",
+                            str(tmp_path / "g2.gguf")], capsys)
+    assert code == 0 and "sliding_window_pattern 2" in err and "RoPE base 300" in err, err
+    assert "query_pre_attn_scalar 20" in err and "llama.cpp" in err
+    fields = {name: field.contents() for name, field in gguf.GGUFReader(str(tmp_path / "g2.gguf")).fields.items()}
+    assert (fields["gemma3.rope.scaling.type"], fields["gemma3.rope.scaling.factor"]) == ("linear", 2.0)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("fp16", 2e-2), ("bf16", 0.1), ("q8_0", 0.1)])
+def test_export_gguf_gemma3_dtypes(dtype, tolerance, tmp_path, capsys):
+    """Gemma 3 matrices in f16, bf16 or Q8_0 with its norms (1 + weight) in f32: redline's import and transformers'
+    loader read the same values (up to the bf16 checkpoint an all-bf16 file imports as), close to the model's own
+    logits."""
+    hf, path = export_gguf("gemma3-gguf", tmp_path, capsys, dtype=dtype)
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert kinds["blk.0.ffn_up.weight"] == {"fp16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}[dtype]
+    assert kinds["blk.0.post_ffw_norm.weight"] == kinds["blk.0.attn_k_norm.weight"] == "F32"
+    model, _, _ = import_gguf(path, tmp_path / "back", capsys)
+    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    same = 2e-3 if dtype == "bf16" else 1e-5  # an all-bf16 file imports as a bf16 checkpoint, its norms rounded too
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), back(TOKENS).logits, rtol=0, atol=same)
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("quant", ["F32", "Q8_0"])
+def test_import_llama_cpp_style_gemma3_gguf(quant, tmp_path, capsys):
+    """A gemma3 GGUF as llama.cpp's converter writes it (no redline keys): the implicit values at Gemma 3's defaults,
+    logits equal to transformers' loading of the same file and to the model itself."""
+    hf = hf_model("gemma3-gguf")
+    path = write_llama_cpp_gemma3(hf, tmp_path / "model.gguf", quant)
+    model, tokenizer, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
+    m = train_cfg.model
+    assert (m.sliding_window, m.sliding_window_pattern, m.rope_theta, m.rope_local_theta) == (5, 6, 5000.0, 10000.0)
+    assert m.norm_position == "sandwich" and m.attn_scale == 256 ** -0.5
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), reference(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        # the same dequantized weights as transformers: tight; Q8_0 against the model itself: close (the embedding,
+        # scaled by sqrt(width), carries its rounding into every layer)
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=0, atol=1e-5 if quant == "F32" else 0.1)
+    assert tokenizer.stop_ids == [2] and tokenizer.chat_template == "{{ messages[0]['content'] }}"
+
+
+def test_gemma3_gguf_bad_inputs(tmp_path, capsys):
+    """What a gemma3 GGUF does not say, or says and redline cannot express: one line, nothing written."""
+    import transformers as t
+
+    config = t.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5,
+                                max_position_embeddings=64, rms_norm_eps=1e-5)
+    narrow = t.Gemma3ForCausalLM(config).eval()
+    U32, F32, ARRAY = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.ARRAY
+    not_periodic = [True, False, True, True, True, False]  # windowed layers: full ones at 1 and 5
+    cases = [  # (model, extra keys, what the error names)
+        (narrow, {}, "query_pre_attn_scalar"),  # heads 16 wide: 256 would be a guess
+        (hf_model("gemma3-gguf"), {"gemma3.final_logit_softcapping": (30.0, F32)}, "final_logit_softcapping"),
+        (hf_model("gemma3-gguf"), {"gemma3.attention.sliding_window_pattern": (not_periodic, ARRAY,
+                                                                                gguf.GGUFValueType.BOOL)},
+         "layer_types"),
+    ]
+    for i, (hf, extra, named) in enumerate(cases):
+        path = write_llama_cpp_gemma3(hf, tmp_path / f"bad{i}.gguf", extra=extra)
+        code, _, err = run_cli(["import", str(path), "--out", str(tmp_path / "out")], capsys)
+        assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-*"))
+    # with redline's key the narrow heads are read, at the scale the key gives
+    path = write_llama_cpp_gemma3(narrow, tmp_path / "keyed.gguf", extra={
+        "redline.attention.query_pre_attn_scalar": (256, U32)})
+    model, _, _ = import_gguf(path, tmp_path / "keyed", capsys)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), narrow(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_export_gguf_refuses_what_gemma3_gguf_lacks(tmp_path):
+    """Logit soft-capping (llama.cpp's gemma3 has none) and windowed layers on the full ones' scaled RoPE: one
+    UserError naming the option, nothing written."""
+    from dataclasses import replace
+
+    from redline.interop.families import export_family
+    from redline.interop.gemma3 import model_config
+    from redline.interop.gguf_file import write_gguf
+    from redline.tokenizer import load_tokenizer
+
+    cfg = model_config(hf_model("gemma3").config.to_dict())
+    tokenizer = load_tokenizer(byte_level_tokenizer(tmp_path / "tok"))
+    torch.manual_seed(0)
+    state = GPT(cfg).state_dict()
+    for bad, named in ((replace(cfg, logit_softcap=30.0), "logit_softcap"),
+                       (replace(cfg, rope_local_theta=0.0), "rope_local_theta")):
+        with pytest.raises(UserError, match=named):
+            write_gguf(tmp_path / "g.gguf", state, bad, tokenizer, export_family(bad), torch.float32)
+        assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".tmp-*"))
 
 
 def test_export_gguf_refuses_sliding_window_and_writes_nothing(tmp_path, capsys):

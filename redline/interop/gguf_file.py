@@ -2,13 +2,17 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3, olmo2 and gpt2 are read and written here. Reading renames the tensors to Hugging Face
-names and builds a Hugging Face config, so the families' own maps (llama.py, gpt2.py) do the rest; writing goes the
-other way. Two layout differences from Hugging Face's:
+Llama-shaped models), qwen2, qwen3, olmo2, gemma3 (Gemma 3's text model) and gpt2 are read and written here. Reading
+renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
+gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
 - llama.cpp's converter permutes the rows of q and k of the llama architecture (each head's rotary pairs
   interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not permuted
   (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does);
-- GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones.
+- GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones;
+- gemma3 stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale Gemma's norms
+  multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
+  Gemma2TensorProcessor, citing llama.cpp's convert_hf_to_gguf.py), and so does this reader; q/k are not permuted
+  (that loader undoes no permutation for gemma3, and redline's logits equal its own on the same file).
 Quantized tensors are dequantized by the gguf package (a type it cannot dequantize is an error naming it); export
 writes f32, f16, bf16 or q8_0 matrices, norms and biases always f32 as llama.cpp does. Llama 3 RoPE scaling travels
 as llama.cpp's rope_freqs tensor (each frequency's divisor), read back into the four parameters of the scaling.
@@ -20,6 +24,7 @@ import math
 import os
 import re
 import secrets
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +36,7 @@ from redline.interop.families import Family, TensorSource, family_for
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gpt2")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2")
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -41,6 +46,10 @@ _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.l
 # OLMo 2's norms are on the sublayers' outputs (llama.cpp's post_attention_norm / post_ffw_norm), with no input norms
 _OLMO2_NAMES = {**{k: v for k, v in _LLAMA_NAMES.items() if k not in ("attn_norm", "ffn_norm")},
                 "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+# Gemma 3's sandwich norms: llama.cpp's attn_norm / post_attention_norm around attention, ffn_norm / post_ffw_norm
+# around the MLP (the gguf package's MODEL_TENSORS[GEMMA3] and its name map for Gemma3ForCausalLM)
+_GEMMA3_NAMES = {**{k: v for k, v in _LLAMA_NAMES.items() if k != "ffn_norm"}, "ffn_norm": "pre_feedforward_layernorm",
+                 "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GPT2_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
                "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
@@ -72,7 +81,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
     """(block names, top-level names, Hugging Face block prefix) of a GGUF architecture."""
     if arch == "gpt2":
         return _GPT2_NAMES, _GPT2_TOP, "transformer.h."
-    return (_OLMO2_NAMES if arch == "olmo2" else _LLAMA_NAMES), _LLAMA_TOP, "model.layers."
+    names = {"olmo2": _OLMO2_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
+    return names, _LLAMA_TOP, "model.layers."
 
 
 def _hf_name(gguf_name: str, arch: str) -> str | None:
@@ -155,7 +165,63 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     elif scaling not in (None, "none"):
         raise UserError(f"the GGUF's RoPE scaling {scaling!r} is not supported (redline reads none, linear, yarn "
                         f"and Llama 3's rope_freqs)")
-    return config
+    return _gemma3_config(fields, key, config) if arch == "gemma3" else config
+
+
+# redline's own GGUF keys for what a gemma3 file from llama.cpp's converter leaves implicit. The keys that converter
+# writes for Gemma3Model are the ones transformers' GGUF_CONFIG_MAPPING["gemma3"] reads (its note cites
+# convert_hf_to_gguf.py): context, widths, block count, heads, key_length = head_dim, rms epsilon, rope.freq_base
+# and attention.sliding_window; plus rope.scaling.* (linear) where the config scales. Nothing there gives the window
+# pattern, the windowed layers' RoPE base or query_pre_attn_scalar. Written on export, preferred on import, so a
+# Gemma 3 of any layout redline expresses comes back exactly.
+QUERY_SCALAR_KEY = "redline.attention.query_pre_attn_scalar"  # uint32: scores scaled by it ** -0.5
+WINDOW_PATTERN_KEY = "redline.attention.sliding_window_pattern"  # uint32: layer i full where (i + 1) % it == 0
+# (0: no layer full)
+LOCAL_ROPE_KEY = "redline.rope.freq_base_local"  # float32: the windowed layers' own unscaled RoPE base
+# the values a reader without those keys takes: Gemma3TextConfig's defaults (sliding_window_pattern 6,
+# rope_local_base_freq 10000, query_pre_attn_scalar 256), which transformers' GGUF loader keeps since no key maps onto
+# them; the published 270m/1b/4b/12b models have exactly these, with head_dim 256 = query_pre_attn_scalar (llama.cpp
+# scales the scores of those models by head_dim ** -0.5, so the two readers agree on them)
+GEMMA3_PATTERN, GEMMA3_LOCAL_THETA, GEMMA3_QUERY_SCALAR = 6, 10_000.0, 256
+
+
+def _gemma3_config(fields: dict, key, common: dict) -> dict:
+    """A gemma3_text config.json for a gemma3 GGUF: the common keys (block count, widths, heads, key_length as
+    head_dim, rms epsilon, rope.freq_base for the full layers, attention.sliding_window), redline's keys for the
+    rest where it wrote them, else the gguf package's generic keys where a writer gave them (rope.freq_base_swa;
+    attention.sliding_window_pattern, which its writer takes as an int period or one bool per layer, read as llama.cpp
+    reads it: true for a windowed layer), else the defaults above. What redline cannot express, or could only guess,
+    is a UserError."""
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if key(name) is not None:  # Gemma 3 has neither; a writer that adds one means a model redline cannot check
+            raise UserError(f"the GGUF's gemma3.{name} = {key(name)}: Gemma 3 soft-caps no logits and redline "
+                            f"does not read a cap from a gemma3 GGUF; import the model's Hugging Face folder")
+    scaling = common.get("rope_scaling") or {"rope_type": "default"}
+    if scaling["rope_type"] not in ("default", "linear"):  # llama.cpp's converter writes Gemma 3's linear alone
+        raise UserError(f"the GGUF's gemma3 RoPE scaling {scaling['rope_type']!r}: redline reads linear scaling "
+                        f"or none for Gemma 3 (the scaling its published models use)")
+    layers, head_dim = common["num_hidden_layers"], common["head_dim"]
+    query_scalar = fields.get(QUERY_SCALAR_KEY)
+    if query_scalar is None:
+        if head_dim != GEMMA3_QUERY_SCALAR:  # gemma-3-27b's is 168 with head_dim 128: no key in the file says so
+            raise UserError(f"the GGUF's gemma3 heads are {head_dim} wide and it gives no query_pre_attn_scalar "
+                            f"({QUERY_SCALAR_KEY}); redline takes Gemma 3's {GEMMA3_QUERY_SCALAR} only where it "
+                            f"equals the head width, as in gemma-3-270m/1b/4b/12b: import the model's Hugging Face "
+                            f"folder")
+        query_scalar = GEMMA3_QUERY_SCALAR
+    pattern = fields.get(WINDOW_PATTERN_KEY, key("attention.sliding_window_pattern", GEMMA3_PATTERN))
+    if isinstance(pattern, (list, tuple)):
+        kinds = ["sliding_attention" if windowed else "full_attention" for windowed in pattern]
+    else:
+        kinds = ["full_attention" if pattern and (i + 1) % int(pattern) == 0 else "sliding_attention"
+                 for i in range(layers)]
+    local_theta = fields.get(LOCAL_ROPE_KEY, key("rope.freq_base_swa", GEMMA3_LOCAL_THETA))
+    full = {**scaling, "rope_theta": float(key("rope.freq_base", 1_000_000.0))}
+    return {**{k: v for k, v in common.items() if k != "rope_scaling" and k != "rope_theta"},
+            "model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh", "layer_types": kinds,
+            "query_pre_attn_scalar": int(query_scalar),
+            "rope_parameters": {"full_attention": full,
+                                "sliding_attention": {"rope_type": "default", "rope_theta": float(local_theta)}}}
 
 
 def _yarn_scaling(fields: dict, key) -> dict:
@@ -265,6 +331,8 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
         if arch == "llama" and kind in ("attn_q", "attn_k"):
             heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
             w = _interleave(w, heads, inverse=True)
+        if arch == "gemma3" and kind.endswith("norm"):  # stored as the scale 1 + weight (_gemma3_config)
+            w = w - 1
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
             w = w.t().contiguous()
         return w
@@ -316,10 +384,50 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
 # writing
 
 
+def _gemma3_windowed(cfg: ModelConfig) -> bool:
+    """Whether any layer of a Gemma 3 model attends through the sliding window."""
+    return any(cfg.layer_window(i) for i in range(cfg.n_layer))
+
+
+def _check_gemma3(cfg: ModelConfig) -> None:
+    """A UserError for a Gemma 3 model a gemma3 GGUF cannot hold."""
+    from redline.interop.gemma3 import _rope_spec, query_pre_attn_scalar
+
+    _rope_spec(cfg)  # linear RoPE scaling or none, as for a Hugging Face folder
+    query_pre_attn_scalar(cfg)
+    if cfg.logit_softcap:
+        raise UserError(f"model.logit_softcap={cfg.logit_softcap}: llama.cpp's gemma3 has no final logit "
+                        f"soft-capping (Gemma 3 ships none); export with --format hf")
+    if _gemma3_windowed(cfg) and not cfg.rope_local_theta and cfg.rope_scaling != "none":
+        raise UserError("model.rope_scaling with windowed layers and no model.rope_local_theta: those layers would "
+                        "rotate with the scaled RoPE, and a gemma3 GGUF gives them an unscaled base of their own; "
+                        "set model.rope_local_theta or export with --format hf")
+
+
+def _gemma3_unread(cfg: ModelConfig) -> list[str]:
+    """What a Gemma 3 model has where a gemma3 file gives other readers nothing to read (only redline's own keys),
+    each with what transformers' GGUF loader assumes instead (Gemma3TextConfig's defaults, GEMMA3_*)."""
+    from redline.interop.gemma3 import query_pre_attn_scalar
+
+    out = []
+    if not _gemma3_windowed(cfg):  # no window key: the loader keeps Gemma3TextConfig's default window
+        out.append("no sliding window (assumed: 4096 tokens on five layers in six)")
+    if _gemma3_windowed(cfg) and cfg.sliding_window_pattern != GEMMA3_PATTERN:
+        out.append(f"sliding_window_pattern {cfg.sliding_window_pattern} (assumed: {GEMMA3_PATTERN})")
+    if _gemma3_windowed(cfg) and (cfg.rope_local_theta or cfg.rope_theta) != GEMMA3_LOCAL_THETA:
+        out.append(f"the windowed layers' RoPE base {cfg.rope_local_theta or cfg.rope_theta:g} (assumed: "
+                   f"{GEMMA3_LOCAL_THETA:g})")
+    scalar = query_pre_attn_scalar(cfg)
+    if scalar != GEMMA3_QUERY_SCALAR or cfg.head_dim != GEMMA3_QUERY_SCALAR:
+        out.append(f"query_pre_attn_scalar {scalar} with heads {cfg.head_dim} wide (assumed: "
+                   f"{GEMMA3_QUERY_SCALAR}, the head width of the published models)")
+    return out
+
+
 def _arch(family: Family, cfg: ModelConfig) -> str:
-    if family.name == "gemma3_text":  # llama.cpp's gemma3 stores its norms as 1 + weight and has keys of its own
-        raise UserError("a Gemma 3 model (norm_position=sandwich): redline does not write GGUF for it; export with "
-                        "--format hf")
+    if family.name == "gemma3_text":
+        _check_gemma3(cfg)
+        return "gemma3"
     if cfg.sliding_window:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
@@ -354,9 +462,11 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch == "qwen3":
+    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "gemma3"):
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
+    if arch == "gemma3":
+        _gemma3_metadata(writer, cfg)
     if cfg.rope_scaling == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_factor)
@@ -373,6 +483,18 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_rope_scaling_yarn_attn_factor(cfg.rope_attention_factor)
         writer.add_array(YARN_ROPE_KEY, [cfg.rope_factor, float(cfg.rope_original_context), cfg.rope_beta_fast,
                                          cfg.rope_beta_slow, rope_attention_factor(cfg), float(cfg.rope_truncate)])
+
+
+def _gemma3_metadata(writer, cfg: ModelConfig) -> None:
+    """The window as llama.cpp's converter writes it for Gemma3Model (attention.sliding_window; absent where no layer
+    is windowed), and redline's keys for the rest."""
+    from redline.interop.gemma3 import query_pre_attn_scalar
+
+    writer.add_uint32(QUERY_SCALAR_KEY, query_pre_attn_scalar(cfg))
+    if _gemma3_windowed(cfg):
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_uint32(WINDOW_PATTERN_KEY, cfg.sliding_window_pattern)
+        writer.add_float32(LOCAL_ROPE_KEY, cfg.rope_local_theta or cfg.rope_theta)
 
 
 def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:
@@ -417,6 +539,10 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
+    if arch == "gemma3" and (unread := _gemma3_unread(cfg)):
+        print(f"redline export: this model's {'; '.join(unread)}: a gemma3 GGUF has no key llama.cpp or "
+              f"transformers' GGUF loader reads for these (redline's own keys carry them), so only redline's import "
+              f"runs {out} as this model; the published Gemma 3 layouts need no such note", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{secrets.token_hex(4)}"
     try:
@@ -431,6 +557,8 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
                 w = w.t()
             if arch == "llama" and kind in ("attn_q", "attn_k"):
                 w = _interleave(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
+            if arch == "gemma3" and kind.endswith("norm"):
+                w = w + 1
             values = np.ascontiguousarray(w.numpy(), dtype=np.float32)
             qtype = _tensor_type(gguf, name, w, dtype)
             if qtype == gguf.GGMLQuantizationType.F32:
