@@ -396,8 +396,8 @@ def _check_gemma3(cfg: ModelConfig) -> None:
     _rope_spec(cfg)  # linear RoPE scaling or none, as for a Hugging Face folder
     query_pre_attn_scalar(cfg)
     if cfg.logit_softcap:
-        raise UserError(f"model.logit_softcap={cfg.logit_softcap}: llama.cpp's gemma3 has no final logit "
-                        f"soft-capping (Gemma 3 ships none); export with --format hf")
+        raise UserError(f"model.logit_softcap={cfg.logit_softcap}: Gemma 3 caps no logits and a gemma3 GGUF has no "
+                        f"cap key that transformers' GGUF loader maps; export with --format hf")
     if _gemma3_windowed(cfg) and not cfg.rope_local_theta and cfg.rope_scaling != "none":
         raise UserError("model.rope_scaling with windowed layers and no model.rope_local_theta: those layers would "
                         "rotate with the scaled RoPE, and a gemma3 GGUF gives them an unscaled base of their own; "
