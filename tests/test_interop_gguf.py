@@ -136,19 +136,25 @@ def _add_llama_cpp_vocab(w, path, vocab_size):
     w.add_chat_template("{{ messages[0]['content'] }}")
 
 
-def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None):
-    """A llama-arch GGUF of a transformers Llama as llama.cpp's converter writes one: q/k permuted, 2-D tensors
-    quantized, a gpt2-type vocabulary without tokenizer.json."""
-    cfg = hf.config
-    w = gguf.GGUFWriter(str(path), "llama")
+def _llama_cpp_header(path, arch: str, cfg):
+    """A GGUFWriter for `arch` with the shape keys llama.cpp's converter writes for every Llama-layout model."""
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    return w
+
+
+def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None):
+    """A llama-arch GGUF of a transformers Llama as llama.cpp's converter writes one: q/k permuted, 2-D tensors
+    quantized, a gpt2-type vocabulary without tokenizer.json."""
+    cfg = hf.config
+    w = _llama_cpp_header(path, "llama", cfg)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     _add_llama_cpp_vocab(w, path, cfg.vocab_size)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -325,14 +331,7 @@ def write_llama_cpp_gemma3(hf, path, quant="F32", extra: dict | None = None):
     stored as 1 + weight, q/k unpermuted, 2-D tensors in `quant`; `extra`: more keys, {name: (value, GGUFValueType[,
     array item type])}."""
     cfg = hf.config
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w = _llama_cpp_header(path, "gemma3", cfg)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])

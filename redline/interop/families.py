@@ -124,8 +124,8 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions, OLMo 2 with norms on the sublayers'
-    outputs, Gemma 3 with norms on their inputs and outputs, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A
-    UserError names the redline option that no such architecture has."""
+    outputs, Gemma 3 with norms on their inputs and outputs, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2
+    with biases on q/k/v alone, Llama otherwise. A UserError names the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
@@ -138,8 +138,8 @@ def export_family(cfg: ModelConfig) -> Family:
                         "the others RoPE)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
-                        f"(GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes token-indexed tables into its attention "
-                        f"values; run the model with redline generate, chat or serve instead")
+                        f"(GPT-2, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes token-indexed tables into its "
+                        f"attention values; run the model with redline generate, chat or serve instead")
     if cfg.norm_position == "sandwich":
         from redline.interop.gemma3 import check_exportable
 

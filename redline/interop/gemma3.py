@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from redline.errors import UserError
 from redline.interop.families import Family
-from redline.interop.llama import _ignorable, _rope, to_hf, to_redline
+from redline.interop.llama import _ignorable, _rope, shape_fields, to_hf, to_redline
 from redline.model import ModelConfig
 
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
@@ -77,20 +77,14 @@ def model_config(hf: dict) -> ModelConfig:
     for name, bad, why in refused:
         if bad:
             raise UserError(f"{name}={hf.get(name)}: {why}")
-    width, heads = hf["hidden_size"], hf["num_attention_heads"]
-    head_dim = hf.get("head_dim") or width // heads
     pattern, window = _pattern(hf), int(hf.get("sliding_window") or 0)
     if pattern == 1 or not window:  # no layer windowed: every one attends to the whole context
         pattern, window = 0, 0
     softcap = hf.get("final_logit_softcapping")
     return ModelConfig(
-        vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 131_072),
-        n_layer=hf["num_hidden_layers"], n_embd=width, n_head=heads,
-        n_kv_head=hf.get("num_key_value_heads") or heads,
-        head_size=head_dim if head_dim * heads != width else None,
-        qk_norm=True, fused_qkv=True, sliding_window=window, sliding_window_pattern=pattern,
-        attn_scale=float(hf.get("query_pre_attn_scalar", 256)) ** -0.5, pos_emb="rope", mlp="geglu",
-        fused_mlp=True, mlp_hidden=hf["intermediate_size"], norm="rmsnorm", norm_position="sandwich",
+        **shape_fields(hf, context_len=131_072), qk_norm=True, fused_qkv=True, sliding_window=window,
+        sliding_window_pattern=pattern, attn_scale=float(hf.get("query_pre_attn_scalar", 256)) ** -0.5,
+        pos_emb="rope", mlp="geglu", fused_mlp=True, norm="rmsnorm", norm_position="sandwich",
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), norm_unit_offset=True, embed_scale=True,
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)), bias=False,
         logit_softcap=float(softcap or 0.0), **_rope_fields(hf, windowed=window > 0),

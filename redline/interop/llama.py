@@ -98,25 +98,34 @@ def _window(hf: dict, name: str) -> int:
                     "supported; redline applies one sliding window to every layer")
 
 
+def check_silu(hf: dict) -> None:
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise UserError(f"hidden_act={act!r}: redline's SwiGLU uses SiLU; this model's MLP is not supported")
+
+
+def shape_fields(hf: dict, context_len: int = 2048) -> dict:
+    """The ModelConfig fields every Llama-layout config (OLMo 2's and Gemma 3's too) gives alike: vocabulary,
+    context (`context_len` where the config names none), depth, widths and heads."""
+    width, heads = hf["hidden_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or width // heads
+    return dict(vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", context_len),
+                n_layer=hf["num_hidden_layers"], n_embd=width, n_head=heads,
+                n_kv_head=hf.get("num_key_value_heads") or heads,
+                head_size=head_dim if head_dim * heads != width else None, mlp_hidden=hf["intermediate_size"])
+
+
 def model_config_for(name: str):
     def model_config(hf: dict) -> ModelConfig:
-        act = hf.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise UserError(f"hidden_act={act!r}: redline's SwiGLU uses SiLU; this model's MLP is not supported")
+        check_silu(hf)
         attention_bias = bool(hf.get("attention_bias", False))
         mlp_bias = bool(hf.get("mlp_bias", False))
         if attention_bias != mlp_bias:  # redline's `bias` covers o_proj and the MLP together
             raise UserError(f"attention_bias={attention_bias} with mlp_bias={mlp_bias}: redline has biases on "
                             f"q/k/v alone or on every Linear layer, not this mix")
-        width, heads = hf["hidden_size"], hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or width // heads
         return ModelConfig(
-            vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 2048),
-            n_layer=hf["num_hidden_layers"], n_embd=width, n_head=heads,
-            n_kv_head=hf.get("num_key_value_heads") or heads,
-            head_size=head_dim if head_dim * heads != width else None,
-            qk_norm=name == "qwen3", fused_qkv=True, sliding_window=_window(hf, name), pos_emb="rope",
-            mlp="swiglu", fused_mlp=True, mlp_hidden=hf["intermediate_size"], norm="rmsnorm",
+            **shape_fields(hf), qk_norm=name == "qwen3", fused_qkv=True, sliding_window=_window(hf, name),
+            pos_emb="rope", mlp="swiglu", fused_mlp=True, norm="rmsnorm",
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             bias=attention_bias, qkv_bias=True if name == "qwen2" else None, **_rope(hf),
         )

@@ -13,26 +13,19 @@ from __future__ import annotations
 
 from redline.errors import UserError
 from redline.interop.families import Family
-from redline.interop.llama import _ignorable, _rope, hf_config_for, to_hf, to_redline
+from redline.interop.llama import (_ignorable, _rope, check_silu, hf_config_for, shape_fields, to_hf,
+                                   to_redline)
 from redline.model import ModelConfig
 
 
 def model_config(hf: dict) -> ModelConfig:
-    act = hf.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise UserError(f"hidden_act={act!r}: redline's SwiGLU uses SiLU; this model's MLP is not supported")
+    check_silu(hf)
     if hf.get("attention_bias"):  # q/k/v/o biases with none in the MLP: redline's `bias` covers o_proj and the MLP
         raise UserError("attention_bias=true: OLMo 2 then has a bias on o_proj but none in its MLP, a mix redline "
                         "does not have (biases on q/k/v alone, or on every Linear layer)")
-    width, heads = hf["hidden_size"], hf["num_attention_heads"]
-    head_dim = hf.get("head_dim") or width // heads
     return ModelConfig(
-        vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 2048),
-        n_layer=hf["num_hidden_layers"], n_embd=width, n_head=heads,
-        n_kv_head=hf.get("num_key_value_heads") or heads,
-        head_size=head_dim if head_dim * heads != width else None,
-        qk_norm=True, qk_norm_scope="all", fused_qkv=True, pos_emb="rope", mlp="swiglu", fused_mlp=True,
-        mlp_hidden=hf["intermediate_size"], norm="rmsnorm", norm_position="output",
+        **shape_fields(hf), qk_norm=True, qk_norm_scope="all", fused_qkv=True, pos_emb="rope", mlp="swiglu",
+        fused_mlp=True, norm="rmsnorm", norm_position="output",
         norm_eps=float(hf.get("rms_norm_eps", 1e-5)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bias=False, **_rope(hf),
     )
