@@ -219,20 +219,30 @@ def test_the_fast_recipe_combines_the_levers():
     assert cfg.seq_ramp_steps == 100 and not cfg.batch_ramp_steps
 
 
-def test_modern_124m_trains_its_tied_head_at_ten_times_the_adamw_rate(tmp_path):
-    """modern-124m's default: the tied table at AdamW 1e-2 beside Muon, the gains at the size's 1e-3; the larger
-    presets keep their rate; the `adamw` recipe and the sweeps measured before it put the head back at optim.lr
-    (a recipe writes "None", as the command line does)."""
+def test_modern_124m_trains_what_adamw_trains_beside_muon_at_ten_times_its_rate(tmp_path):
+    """modern-124m's default: the tied table and the 1-D gains at AdamW 1e-2 beside Muon (optim.lr stays the size's
+    1e-3, for a switch to AdamW); the larger presets keep their rate; the `adamw` recipe and the sweeps measured
+    before it put both back at optim.lr (a recipe writes "None", as the command line does)."""
     cfg = parse(TrainConfig, ["--preset", "modern-124m"], prog="t", description="t")
-    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.head_lr) == ("muon", 1e-3, 1e-2)
-    assert parse(TrainConfig, ["--preset", "modern-350m"], prog="t", description="t").optim.head_lr is None
-    assert parse(TrainConfig, ["--recipe", "adamw"], prog="t", description="t").optim.head_lr is None
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.head_lr, cfg.optim.gain_lr) == ("muon", 1e-3, 1e-2, 1e-2)
+    for argv in (["--preset", "modern-350m"], ["--recipe", "adamw"]):
+        o = parse(TrainConfig, argv, prog="t", description="t").optim
+        assert o.head_lr is None and o.gain_lr is None, argv
     tiny = ModelConfig(vocab_size=64, context_len=16, n_layer=1, n_head=2, n_embd=16, tie_embeddings=True)
-    adam = build_optimizers(GPT(tiny), cfg.optim, CPU)[1]
-    rates = sorted((g["lr"], sum(p.numel() for p in g["params"])) for g in adam.param_groups)
-    assert rates[-1] == (1e-2, 128 * 16) and {lr for lr, _ in rates[:-1]} == {1e-3}  # the (padded) table alone
+    model = GPT(tiny)
+    adam = build_optimizers(model, cfg.optim, CPU)[1]
+    n_gains = sum(p.numel() for p in model.parameters() if p.dim() < 2)
+    assert n_gains and sorted((g["lr"], sum(p.numel() for p in g["params"])) for g in adam.param_groups) == \
+        sorted([(1e-2, 128 * 16), (1e-2, n_gains)])  # the (padded) table and the gains; nothing at optim.lr
+    # AdamW alone (no Muon): the gains' group at gain_lr, the rest at lr
+    groups = build_optimizers(model, OptimConfig(lr=1e-3, gain_lr=5e-3), CPU)[0].param_groups
+    assert sorted((g["lr"], g["weight_decay"]) for g in groups) == [(1e-3, 0.1), (5e-3, 0.0)]
+    # Prodigy shares one estimated step size at lr 1: rates set for AdamW beside Muon do not scale it
+    prodigy = build_optimizers(model, replace(cfg.optim, name="prodigy"), CPU)[0]
+    assert {g["lr"] for g in prodigy.param_groups} == {1.0}
     for name in ("quality", "ablations", "batch"):
-        assert all(c.optim.head_lr is None for c in _variant_configs(name, tmp_path).values()), name
+        assert all(c.optim.head_lr is None and c.optim.gain_lr is None
+                   for c in _variant_configs(name, tmp_path).values()), name
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -171,9 +171,10 @@ def test_sft_of_a_muon_trained_base_takes_adamw_unless_told(capsys):
     from redline.config import TrainConfig
 
     cfg = TrainConfig()
-    cfg.optim.name, cfg.optim.lr, cfg.optim.head_lr = "muon", 1e-3, 1e-2  # modern-124m's head rate beside Muon
+    cfg.optim.name, cfg.optim.lr = "muon", 1e-3
+    cfg.optim.head_lr = cfg.optim.gain_lr = 1e-2  # modern-124m's rates beside Muon
     switch_from_muon(cfg, ["max_steps=5"], "sft")
-    assert cfg.optim.name == "adamw" and cfg.optim.lr == 1e-3 and cfg.optim.head_lr is None
+    assert cfg.optim.name == "adamw" and cfg.optim.lr == 1e-3 and cfg.optim.head_lr is cfg.optim.gain_lr is None
     assert "AdamW at optim.lr 0.001 instead of the starting run's Muon" in capsys.readouterr().err
     cfg = TrainConfig()
     cfg.optim.name, cfg.optim.head_lr = "muon", 1e-2

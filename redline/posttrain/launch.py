@@ -50,11 +50,11 @@ def _base_lr(cfg: TrainConfig) -> float:
 def adamw_instead_of_muon(cfg: TrainConfig, argv: list[str]) -> bool:
     """Switch a run that inherited Muon (a Muon-trained base: the modern presets' default) to AdamW unless the command
     line names optim.name; -> whether it switched. Muon's fixed-size orthogonal steps are a pretraining tool. The
-    embedding and head rates that trained beside Muon (modern-124m's head at 10x the AdamW rate) go with it, unless
+    embedding, head and gain rates that trained beside Muon (modern-124m's at 10x the AdamW rate) go with it, unless
     the command line sets them: AdamW then trains every weight at optim.lr, as post-training was measured."""
     if cfg.optim.name == "muon" and not _given(argv, "optim.name"):
         cfg.optim.name = "adamw"
-        for key in ("embed_lr", "head_lr"):
+        for key in ("embed_lr", "head_lr", "gain_lr"):
             if not _given(argv, f"optim.{key}"):
                 setattr(cfg.optim, key, None)
         return True
@@ -74,8 +74,8 @@ def _post_training_lr(cfg: TrainConfig, argv: list[str], command: str, base: flo
     if cfg.lora.enabled or _given(argv, "optim.lr") or cfg.optim.name == "prodigy":
         return None
     switched_optimizer = adamw_instead_of_muon(cfg, argv)
-    scale = base / LR_DIVISOR[command] / start_lr  # embed_lr and head_lr keep their ratio to lr
-    for key in ("lr", "embed_lr", "head_lr"):  # optim.lr is not given (above); the other two may be
+    scale = base / LR_DIVISOR[command] / start_lr  # embed_lr, head_lr and gain_lr keep their ratio to lr
+    for key in ("lr", "embed_lr", "head_lr", "gain_lr"):  # optim.lr is not given (above); the others may be
         value = getattr(cfg.optim, key)
         if value is not None and not _given(argv, f"optim.{key}"):
             setattr(cfg.optim, key, value * scale)

@@ -58,6 +58,11 @@ def embed_head_groups(model: nn.Module, embed_head: list[nn.Parameter], cfg: Opt
     return [{"params": ps, "weight_decay": decay, "lr": cfg.lr if lr is None else lr} for ps, lr in rates if ps]
 
 
+def gain_group(gains: list[nn.Parameter], cfg: OptimConfig) -> dict:
+    """The AdamW group of the 1-D weights: never decayed, at gain_lr when it is set (else the optimizer's lr)."""
+    return {"params": gains, "weight_decay": 0.0, **({} if cfg.gain_lr is None else {"lr": cfg.gain_lr})}
+
+
 def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[torch.optim.Optimizer]:
     hidden, embed_head, gains = param_groups(model)
     fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
@@ -68,7 +73,7 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
             groups = [{"params": hidden + embed_head, "weight_decay": cfg.weight_decay}]
         else:
             groups = [{"params": hidden, "weight_decay": cfg.weight_decay}, *embed_head_groups(model, embed_head, cfg)]
-        groups.append({"params": gains, "weight_decay": 0.0})
+        groups.append(gain_group(gains, cfg))
         groups = [g for g in groups if g["params"]] or groups
         if cfg.name == "prodigy":
             return [prodigy(groups, cfg)]
@@ -84,8 +89,7 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
                 ns_steps=cfg.muon_ns_steps,
                 compile=cfg.muon_compile if cfg.muon_compile is not None else device.type == "cuda",
                 symmetric=cfg.muon_symmetric, cuda_graphs=cfg.muon_cuda_graphs)
-    adam = torch.optim.AdamW(embed_head_groups(model, embed_head, cfg) + [{"params": gains, "weight_decay": 0.0}],
-                             **adam_kwargs)
+    adam = torch.optim.AdamW(embed_head_groups(model, embed_head, cfg) + [gain_group(gains, cfg)], **adam_kwargs)
     return [muon, adam]
 
 
@@ -94,7 +98,9 @@ def prodigy(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
     prodigyopt's README advises for fine-tuning; growth_rate caps how fast d may rise (see OptimConfig)."""
     from prodigyopt import Prodigy
 
-    groups = [g for g in groups if g["params"]]  # a LoRA run may have no gains to train
+    # a LoRA run may have no gains to train; a group's own rate (embed_lr, head_lr, gain_lr: a Muon-trained base's,
+    # say) would scale Prodigy's one estimated step size, which every group shares at lr 1
+    groups = [{k: v for k, v in g.items() if k != "lr"} for g in groups if g["params"]]
     return Prodigy(groups, lr=1.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay,
                    decouple=True, use_bias_correction=True, safeguard_warmup=cfg.warmup_steps > 0,
                    d0=cfg.prodigy_d0, d_coef=cfg.prodigy_d_coef, growth_rate=cfg.prodigy_growth_rate)
