@@ -763,6 +763,24 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style"])
+def test_compiled_cuda_graph_engine_runs_the_blocks_the_decode_kernels_refuse(arch):
+    """OLMo 2's and Gemma 3's blocks on the paths `auto` plans for them (the Triton decode kernels refuse them):
+    compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay; Gemma 3's windowed
+    and full layers each read their own mask (prompts and generations longer than the window)."""
+    model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    refs = [reference_greedy(model, p, 72) for p in PROMPTS]
+    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True)
+    assert (engine.describe()["decode_attention"], engine.describe()["decode_linear"]) == ("matmul", "torch")
+    for _ in range(2):  # the second call replays the captured graphs
+        assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
+    assert engine.generate(PROMPTS[2:3], 72)[0].tokens == refs[2]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch, hidden", [("gqa", None), ("gpt2-style", None), ("sliding-window", None),
                                           ("no-positions-relu2", None), ("gpt2-style", 2048), ("yarn-qknorm", None)])
 def test_matvec_decode_matches_full_forward(arch, hidden):

