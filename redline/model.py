@@ -102,8 +102,14 @@ class ModelConfig:
     """yarn scaling: the factor on the cos/sin tables (0: YaRN's 0.1 ln(rope_factor) + 1)."""
     rope_truncate: bool = True
     """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
+    rope_dims: int = 0
+    """RoPE on the first rope_dims of each head's width, the rest left as they are (GPT-NeoX's and Pythia's
+    rotary_pct, Phi's partial_rotary_factor); 0: the whole head."""
     mlp: Literal["gelu", "swiglu", "geglu", "relu2"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's), or ReLU squared."""
+    gelu_approximate: Literal["tanh", "none"] = "tanh"
+    """The GELU of the gelu and geglu MLPs: the tanh approximation (GPT-2's gelu_new, Gemma's) or the exact erf form
+    (GPT-NeoX's and Pythia's "gelu")."""
     fused_mlp: bool = True
     """SwiGLU and GeGLU: the gate and up projections as one matmul (one Linear of twice the width) instead of two."""
     mlp_hidden: int | None = None
@@ -115,6 +121,9 @@ class ModelConfig:
     """Normalize the input of each sublayer (pre), the output of each residual sum (post), each sublayer's output
     before it is added to the residual stream, with no norm on its input (output: OLMo 2's "reordered norm",
     x + norm(attn(x))), or both its input and its output (sandwich: Gemma 2/3's, x + norm(attn(norm(x))))."""
+    parallel_residual: bool = False
+    """Attention and MLP read the same block input, each through its own norm, and both add to it:
+    x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX's use_parallel_residual, GPT-J's); pre-norm blocks only."""
     norm_eps: float = 1e-5
     """Epsilon of the normalization layers."""
     norm_unit_offset: bool = False
@@ -212,6 +221,12 @@ class ModelConfig:
             )
         if self.pos_emb == "rope" and self.head_dim % 2:
             raise UserError(f"RoPE needs an even head width, got {self.head_dim} (model.head_size or n_embd/n_head)")
+        if self.rope_dims and (self.pos_emb != "rope" or self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim):
+            raise UserError(f"model.rope_dims={self.rope_dims} needs RoPE (model.pos_emb=rope) and an even number of "
+                            f"dimensions up to the head width {self.head_dim} (0: the whole head)")
+        if self.parallel_residual and self.norm_position != "pre":
+            raise UserError(f"model.parallel_residual needs pre-norm blocks (model.norm_position=pre), got "
+                            f"{self.norm_position}")
         if self.rope_scaling != "none" and self.rope_factor < 1.0:
             raise UserError(f"model.rope_factor must be >= 1 with rope_scaling={self.rope_scaling}, "
                             f"got {self.rope_factor}")
@@ -295,7 +310,7 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     reference code and of transformers): dimension pair i turns rope_original_context / wavelength_i times over the
     original context; pairs below the one that turns rope_beta_fast times blend into those above the one that turns
     rope_beta_slow times (divided by rope_factor in full) along a linear ramp in i."""
-    D = cfg.head_dim
+    D = cfg.rope_dims or cfg.head_dim  # the dimensions that rotate
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
     if cfg.rope_scaling == "linear":
         return inv_freq / cfg.rope_factor
@@ -348,7 +363,11 @@ def layer_rope(rope: tuple, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (first half, second half) of the last dim. x: (B, heads, T, D); cos/sin: (T, D/2) or (B, 1, T, D/2)."""
+    """Rotate pairs (first half, second half) of the first R dims of the last. x: (B, heads, T, D); cos/sin: (T, R/2)
+    or (B, 1, T, R/2); R < D (model.rope_dims): the last D - R dims pass unrotated (GPT-NeoX's partial rotary)."""
+    rotated = 2 * cos.shape[-1]
+    if rotated < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rotated], cos, sin), x[..., rotated:]), dim=-1)
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.to(x.dtype)
@@ -464,7 +483,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.kind = cfg.mlp
+        self.kind, self.gelu = cfg.mlp, cfg.gelu_approximate
         hidden = cfg.hidden_dim
         fused = cfg.gated_mlp and cfg.fused_mlp  # swiglu / geglu: gate and up in one matmul
         self.fc = nn.Linear(cfg.n_embd, 2 * hidden if fused else hidden, bias=cfg.bias)
@@ -477,11 +496,11 @@ class MLP(nn.Module):
         h = self.fc(x)
         if self.kind in ("swiglu", "geglu"):
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
-            h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate="tanh")) * up
+            h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate=self.gelu)) * up
         elif self.kind == "relu2":
             h = F.relu(h).square()
         else:
-            h = F.gelu(h, approximate="tanh")
+            h = F.gelu(h, approximate=self.gelu)
         return self.proj(h)
 
 
@@ -492,6 +511,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
         super().__init__()
         self.position = cfg.norm_position
+        self.parallel = cfg.parallel_residual
         inputs, outputs = cfg.norm_position != "output", cfg.norm_position in ("output", "sandwich")
         self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
         self.norm2 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
@@ -505,6 +525,9 @@ class Block(nn.Module):
         if self.position == "post":
             x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache, ve)))
             return self.norm2(x + self.drop(self.mlp(x)))
+        if self.parallel:  # both sublayers read x (GPT-NeoX): x + attn(norm1(x)) + mlp(norm2(x))
+            h = self.drop(self.attn(self.norm1(x), rope, attn_mask, cache, ve))
+            return x + h + self.drop(self.mlp(self.norm2(x)))
         h = self.attn(self.norm1(x), rope, attn_mask, cache, ve)
         if self.attn_out_norm is not None:
             h = self.attn_out_norm(h)

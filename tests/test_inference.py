@@ -38,6 +38,9 @@ ARCHITECTURES = {
                      "qk_norm": True, "mlp": "geglu", "embed_scale": True, "attn_scale": 0.1, "sliding_window": 6,
                      "sliding_window_pattern": 2, "rope_local_theta": 1000.0, "rope_scaling": "yarn",
                      "rope_factor": 4.0, "rope_original_context": 32, "tie_embeddings": True},
+    # GPT-NeoX's (Pythia's) block: attention and MLP side by side, RoPE on 6 of each head's 16 dimensions, exact GELU
+    "neox-style": {"norm": "layernorm", "mlp": "gelu", "bias": True, "parallel_residual": True, "rope_dims": 6,
+                   "gelu_approximate": "none"},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
                     "rope_original_context": 32},
 }
@@ -98,11 +101,14 @@ def test_options_are_checked_where_they_cannot_run():
         InferenceEngine(tiny_model(**ARCHITECTURES["gemma3-style"]), decode_attention="triton")
     with pytest.raises(UserError, match="model.sliding_window_pattern"):
         InferenceEngine(tiny_model(sliding_window=4, sliding_window_pattern=2), decode_attention="triton")
+    with pytest.raises(UserError, match="model.rope_dims"):
+        InferenceEngine(tiny_model(**ARCHITECTURES["neox-style"]), decode_attention="triton")
 
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),
                                             ("olmo2-style", "needs pre-norm blocks"),
                                             ("gemma3-style", "needs pre-norm blocks"),
+                                            ("neox-style", "model.parallel_residual"),
                                             ("mha", None), ("gpt2-style", None), ("no-positions-relu2", None)])
 def test_fused_block_architectures(arch, fragment):
     """Which architectures the fused decode block computes (it fuses each norm into the next product)."""
@@ -115,6 +121,7 @@ def test_fused_block_architectures(arch, fragment):
                                                     norm_position="pre"))
     assert "no fused geglu activation" in unsupported(replace(BASE, mlp="geglu"))
     assert "model.norm_unit_offset" in unsupported(replace(BASE, norm_unit_offset=True))
+    assert "gelu_approximate=none" in unsupported(replace(BASE, mlp="gelu", gelu_approximate="none"))
 
 
 def test_fused_block_accounts_for_every_model_field():
@@ -763,10 +770,10 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style"])
+@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style"])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_decode_kernels_refuse(arch):
-    """OLMo 2's and Gemma 3's blocks on the paths `auto` plans for them (the Triton decode kernels refuse them):
-    compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay; Gemma 3's windowed
+    """OLMo 2's, Gemma 3's and GPT-NeoX's blocks on the paths `auto` plans for them (the Triton decode kernels refuse
+    them): compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay; Gemma 3's windowed
     and full layers each read their own mask (prompts and generations longer than the window)."""
     model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()
     with torch.no_grad():

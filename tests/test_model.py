@@ -249,6 +249,29 @@ def test_gemma_norm_and_embedding_scale():
     assert torch.equal(half.embed(idx)[0], half.wte(idx) * scale)
 
 
+def test_partial_rope_parallel_block_and_exact_gelu_compute_what_they_say():
+    """rope_dims: the first R dims of each head rotate as a whole-head RoPE of width R would, the rest pass as they
+    are; parallel_residual: x + attn(norm1(x)) + mlp(norm2(x)); gelu_approximate=none: the erf GELU."""
+    from redline.model import apply_rope, rope_tables
+
+    cfg = small(rope_dims=4)
+    cos, sin = rope_tables(cfg, 6)
+    assert cos.shape == (6, 2)
+    x = torch.randn(2, 4, 6, cfg.head_dim)
+    out = apply_rope(x, cos, sin)
+    torch.testing.assert_close(out[..., :4], apply_rope(x[..., :4], cos, sin))
+    assert torch.equal(out[..., 4:], x[..., 4:]) and not torch.equal(out[..., :4], x[..., :4])
+    model = GPT(small(parallel_residual=True, mlp="gelu", gelu_approximate="none")).eval()
+    block, h = model.blocks[0], torch.randn(1, 5, 32)
+    rope = tuple(t[:5] for t in rope_tables(model.cfg))
+    with torch.no_grad():
+        want = h + block.attn(block.norm1(h), rope) + block.mlp(block.norm2(h))
+        torch.testing.assert_close(block(h, rope), want)
+        u = torch.randn(3, 32)
+        mlp = block.mlp
+        torch.testing.assert_close(mlp(u), mlp.proj(torch.nn.functional.gelu(mlp.fc(u))))
+
+
 def test_hidden_sizes_rounded_to_64():
     assert small(mlp="swiglu").hidden_dim % 64 == 0
     assert get_preset("modern-124m").hidden_dim == 2048  # 8/3 · 768
@@ -262,6 +285,10 @@ def test_hidden_sizes_rounded_to_64():
         (dict(n_kv_head=3), "does not divide model.n_head"),
         (dict(dropout=1.5), "dropout"),
         (dict(n_layer=0), "n_layer"),
+        (dict(rope_dims=3), "model.rope_dims=3 needs RoPE"),  # odd
+        (dict(rope_dims=4, pos_emb="learned"), "model.rope_dims=4 needs RoPE"),
+        (dict(rope_dims=64), "up to the head width 8"),
+        (dict(parallel_residual=True, norm_position="post"), "parallel_residual needs pre-norm blocks"),
     ],
 )
 def test_invalid_configs_are_user_errors(overrides, fragment):

@@ -109,7 +109,8 @@ def _triton_attention_unsupported(cfg, device: torch.device) -> str | None:
     for name, why in (("norm_unit_offset", "its QK-norm scales by the weight, not 1 + weight"),
                       ("attn_scale", "it scales the scores by 1 / sqrt(head_dim)"),
                       ("sliding_window_pattern", "it applies one window to every layer"),
-                      ("rope_local_theta", "it applies one RoPE table to every layer")):
+                      ("rope_local_theta", "it applies one RoPE table to every layer"),
+                      ("rope_dims", "it rotates the whole head")):
         if getattr(cfg, name, 0):
             return f"decode_attention triton cannot run model.{name} ({why}); use decode_attention matmul (or auto)"
     if device.type != "cuda":

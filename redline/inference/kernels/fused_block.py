@@ -32,6 +32,9 @@ FIELDS_ACCOUNTED = {
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
     "mlp": "gelu (tanh), relu2, swiglu (geglu refused: no fused activation)",
     "value_embeddings": "none: the attention kernel starts from the raw qkv output, before tables are mixed in",
+    "parallel_residual": "refused: the MLP's norm reads the block input, not the attention's residual sum",
+    "gelu_approximate": "tanh only: the product kernels' GELU is the tanh approximation",
+    "rope_dims": "the plan keeps partial RoPE off the attention kernel, and so off this path",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
@@ -74,6 +77,10 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton scales a norm by its weight, not 1 + weight (model.norm_unit_offset)"
     if getattr(cfg, "value_embeddings", 0):
         return "decode_linear triton cannot mix in the model's value embeddings (model.value_embeddings)"
+    if getattr(cfg, "parallel_residual", False):
+        return "decode_linear triton fuses the MLP's norm onto the attention's residual sum (model.parallel_residual)"
+    if cfg.mlp in ("gelu", "geglu") and getattr(cfg, "gelu_approximate", "tanh") != "tanh":
+        return "decode_linear triton's GELU is the tanh approximation (model.gelu_approximate=none)"
     return None
 
 
