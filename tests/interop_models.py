@@ -53,6 +53,15 @@ FAMILIES = {
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+    # GPT-NeoX as Pythia is: parallel attention and MLP, RoPE on a quarter of each head (4 of 16 dimensions), exact
+    # GELU, LayerNorm with biases, untied head
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                 dict(num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                              "partial_rotary_factor": 0.25})),
+    # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
+    "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                            dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,
+                                 hidden_act="gelu_new", tie_word_embeddings=True)),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
@@ -67,6 +76,8 @@ GGUF_FAMILIES = {
     # (six layers, so the default pattern of five windowed to one full shows; the windowed layers' base 10000;
     # query_pre_attn_scalar 256, which llama.cpp's gemma3 takes as the head width), a window shorter than the test
     # sequences and the full layer's own base
+    # GPT-NeoX as Pythia is, at the RoPE base llama.cpp's converter leaves implicit (10000)
+    "gpt_neox-pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(num_attention_heads=4)),
     "gemma3-gguf": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                     dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256, num_hidden_layers=6,
                          query_pre_attn_scalar=256, sliding_window=5,

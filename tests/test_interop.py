@@ -108,6 +108,12 @@ REDLINE_EXPORTS = {
     "Olmo2ForCausalLM-qkvbias": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", qkv_bias=True),
     # Gemma 3 with a windowed layer before a full one, the windowed layer's own RoPE base, query_pre_attn_scalar 16
     # and final logit soft-capping
+    # GPT-NeoX: Pythia's block (parallel sublayers, a quarter of each head rotated, exact GELU), and a sequential one
+    # without biases, its q/k/v apart, tied, with Llama 3 RoPE scaling
+    "GPTNeoXForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4,
+                               gelu_approximate="none", rope_theta=500.0),
+    "GPTNeoXForCausalLM-plain": dict(norm="layernorm", mlp="gelu", fused_qkv=False, tie_embeddings=True,
+                                     rope_scaling="llama3", rope_factor=8.0, rope_original_context=16),
     "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
                               embed_scale=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
                               rope_local_theta=1000.0, attn_scale=0.25, tie_embeddings=True, logit_softcap=30.0),
@@ -146,7 +152,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(pos_emb="learned"), "LayerNorm"),  # learned positions with RMSNorm
     (dict(logit_softcap=30.0), "logit_softcap"),
     (dict(pos_emb="none"), "pos_emb=none"),
-    (dict(norm="layernorm"), "layernorm with RoPE"),
+    (dict(norm="layernorm"), "model.mlp=swiglu with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
+    (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
+    (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
+    (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX rotates part of each head"),
+    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", gelu_approximate="none"), "GPT-2's GELU is the tanh"),
     (dict(sliding_window=8, bias=True), "sliding_window with model.bias=true"),
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GQA"),
     (dict(norm_position="output"), "model.qk_norm_scope=all"),  # OLMo 2 always has its QK-norm
@@ -247,7 +257,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gemma3_text, gpt2, llama, mistral, olmo2, qwen2")
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, qwen2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -315,6 +325,31 @@ def test_import_gemma3_options_redline_cannot_express(tmp_path, capsys):
          "sliding-window layers' RoPE scaling 'linear'"),
         ({"hidden_activation": "gelu"}, "hidden_activation='gelu'"),
     ]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_gpt_neox_reads_pythias_config_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """A config.json as the Pythia files on the Hub have it (rotary_pct and rotary_emb_base, before transformers 5's
+    rope_parameters) reads as transformers reads it; options redline cannot run are one-line errors naming them."""
+    from redline.interop.gpt_neox import model_config
+
+    pythia = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "vocab_size": 50304,
+              "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048,
+              "hidden_act": "gelu", "rotary_pct": 0.25, "rotary_emb_base": 10000, "max_position_embeddings": 2048,
+              "layer_norm_eps": 1e-05, "use_parallel_residual": True, "tie_word_embeddings": False}
+    cfg = model_config(pythia)
+    assert (cfg.head_dim, cfg.rope_dims, cfg.rope_theta, cfg.parallel_residual, cfg.gelu_approximate, cfg.bias,
+            cfg.norm, cfg.tie_embeddings, cfg.hidden_dim) == (64, 16, 10000.0, True, "none", True, "layernorm",
+                                                              False, 2048)
+    assert model_config({**pythia, "rotary_pct": 1.0}).rope_dims == 0  # the whole head
+    hf_folder("gpt_neox", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"attention_bias": False}, "attention_bias=false"),
+                           ({"hidden_act": "relu"}, "hidden_act='relu'"),
+                           ({"rope_parameters": {**config["rope_parameters"], "partial_rotary_factor": 0.1}},
+                            "rotates 1 of each head's 16 dimensions")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 

@@ -22,6 +22,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False),
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
 }
+NEOX = dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4)
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 
 
@@ -30,7 +31,8 @@ def lora_run(tmp_path, arch: str, train_modules=()):
     from redline.tokenizer import load_tokenizer
     from tests.interop_models import byte_level_tokenizer
 
-    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4, **ARCHS[arch])
+    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4,
+                      **(NEOX if arch == "GPTNeoXForCausalLM" else ARCHS[arch]))
     tokenizer = load_tokenizer(byte_level_tokenizer(tmp_path / "tok"))
     torch.manual_seed(0)
     model = GPT(cfg)
@@ -108,3 +110,10 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     assert "not a LoRA run's checkpoint" in capsys.readouterr().err and not (tmp_path / "y").exists()
     export(str(base), "--merge", "--out", str(tmp_path / "z"))
     assert "nothing to merge" in capsys.readouterr().err and not (tmp_path / "z").exists()
+    # a GPT-NeoX base: no PEFT adapter (its fused q/k/v rows are grouped by head), the merged model instead
+    base, ckpt = lora_run(tmp_path / "neox", "GPTNeoXForCausalLM")
+    assert export(str(ckpt), "--adapter", str(tmp_path / "a")) == 2
+    err = capsys.readouterr().err
+    assert "no PEFT adapter for a GPT-NeoX model" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists()
+    assert export(str(ckpt), "--merge", "--out", str(tmp_path / "merged")) == 0

@@ -44,6 +44,10 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.norm != "layernorm", "model.norm=rmsnorm with learned positions: GPT-2, the one architecture with "
                                   "learned positions redline exports to, uses LayerNorm"),
         (cfg.mlp != "gelu", f"model.mlp={cfg.mlp} with learned positions: GPT-2's MLP is GELU"),
+        (cfg.gelu_approximate != "tanh", "model.gelu_approximate=none with learned positions: GPT-2's GELU is the "
+                                         "tanh approximation"),
+        (cfg.parallel_residual, "model.parallel_residual with learned positions: GPT-2's sublayers run one after "
+                                "the other"),
         (cfg.qk_norm, "model.qk_norm with learned positions: GPT-2 has no QK-norm"),
         (cfg.kv_heads != cfg.n_head, "model.n_kv_head with learned positions: GPT-2 is multi-head (no GQA)"),
         (cfg.sliding_window > 0, "model.sliding_window with learned positions: GPT-2 attends to the whole context"),

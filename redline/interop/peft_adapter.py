@@ -38,6 +38,9 @@ _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
     """The exported modules that redline layer `layer` becomes, each with its rows of the layer's output."""
     gpt2 = family.name == "gpt2"
+    if family.name == "gpt_neox":  # its query_key_value holds q, k and v by head: B's rows would need regrouping
+        raise UserError("redline writes no PEFT adapter for a GPT-NeoX model; export the model with the adapters "
+                        "merged (redline export RUN --merge)")
     if layer in ("lm_head",):
         return [("lm_head", slice(0, cfg.vocab_size))]
     match = _LAYER.match(layer)
