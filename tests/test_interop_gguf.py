@@ -42,14 +42,15 @@ def import_gguf(path, out, capsys):
 
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
 # to n_ctx) and llama without its attention biases, and has no olmo2: those round trips are checked through redline's
-# reader only
+# reader only, as is GPT-NeoX (no gptneox in its loader either),
 # and Gemma 3 only at the defaults its loader assumes (gemma3-gguf: the window pattern, the windowed layers' base,
 # query_pre_attn_scalar), not the gemma3 model's own (redline's keys carry them)
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
                                                       ("qwen2", True), ("llama-untied-bias", False),
                                                       ("qwen3", False), ("olmo2", False), ("gpt2", False),
                                                       ("gpt2-1024", True), ("gemma3", False),
-                                                      ("gemma3-gguf", True)])
+                                                      ("gemma3-gguf", True), ("gpt_neox", False),
+                                                      ("gpt_neox-sequential", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -430,6 +431,50 @@ def test_import_llama_cpp_style_gemma3_gguf(quant, tmp_path, capsys):
         # scaled by sqrt(width), carries its rounding into every layer)
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=0, atol=1e-5 if quant == "F32" else 0.1)
     assert tokenizer.stop_ids == [2] and tokenizer.chat_template == "{{ messages[0]['content'] }}"
+
+
+def write_llama_cpp_gptneox(hf, path):
+    """A gptneox GGUF of a transformers GPTNeoXForCausalLM as llama.cpp's converter writes one for GPTNeoXModel: its
+    keys (no RoPE base: llama.cpp takes 10000; no GELU key), query_key_value's rows regrouped from (heads, 3, head
+    width) to all q, all k, all v, names from the gguf package's own map, F32."""
+    cfg = hf.config
+    heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    w = gguf.GGUFWriter(str(path), "gptneox")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_rope_dimension_count(int(cfg.rope_parameters["partial_rotary_factor"] * head_dim))
+    w.add_head_count(heads)
+    w.add_parallel_residual(cfg.use_parallel_residual)
+    w.add_layer_norm_eps(cfg.layer_norm_eps)
+    _add_llama_cpp_vocab(w, path, cfg.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPTNEOX, cfg.num_hidden_layers)
+    for name, t in hf.state_dict().items():
+        base, kind = name.rsplit(".", 1)
+        data = t.float()
+        if base.endswith("query_key_value"):
+            data = data.reshape(heads, 3, head_dim, *data.shape[1:]).transpose(0, 1).reshape(data.shape)
+        w.add_tensor(f"{names.get_name(base)}.{kind}", data.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_import_llama_cpp_style_gptneox_gguf(tmp_path, capsys):
+    """A Pythia-style gptneox GGUF as llama.cpp's converter writes it: partial RoPE from rope.dimension_count, the
+    parallel block, the erf GELU of the model it came from; logits equal to the transformers model's."""
+    hf = hf_model("gpt_neox-pythia")
+    path = write_llama_cpp_gptneox(hf, tmp_path / "model.gguf")
+    model, tokenizer, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
+    m = train_cfg.model
+    assert (m.rope_dims, m.rope_theta, m.parallel_residual, m.gelu_approximate, m.norm) == (4, 10000.0, True, "none",
+                                                                                            "layernorm")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    assert tokenizer.stop_ids == [2]
 
 
 def test_gemma3_gguf_bad_inputs(tmp_path, capsys):

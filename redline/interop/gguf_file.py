@@ -36,7 +36,7 @@ from redline.interop.families import Family, TensorSource, family_for
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox")
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -56,6 +56,15 @@ _GPT2_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn
 _GPT2_TOP = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
              "output": "lm_head"}
 _CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 weights stored transposed
+# GPT-NeoX (the gguf package's MODEL_TENSORS[GPTNEOX]); llama.cpp's converter regroups query_key_value's rows from
+# the (heads, 3, head width) of Hugging Face's files to all queries, all keys, all values (_neox_qkv)
+_NEOX_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
+               "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
+_NEOX_TOP = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
+# redline's key for the GELU of a gptneox file: llama.cpp computes the tanh approximation, and its converter writes
+# no key for Hugging Face's hidden_act; without this key a file reads as a Pythia-style "gelu" (erf), the function
+# of the model the file was converted from
+NEOX_GELU_KEY = "redline.feed_forward.gelu_approximate"  # string: "tanh" or "none"
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
 
@@ -77,10 +86,19 @@ def _interleave(w: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
     return w.reshape(heads, 2, D // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def _neox_qkv(w: torch.Tensor, heads: int, to_file: bool) -> torch.Tensor:
+    """query_key_value's rows (weight (3·H·D, C) or bias) between Hugging Face's (H, 3, D) grouping and the GGUF's
+    (3, H, D)."""
+    shape = (heads, 3, -1) if to_file else (3, heads, -1)
+    return w.reshape(*shape, *w.shape[1:]).transpose(0, 1).reshape(w.shape).contiguous()
+
+
 def _maps(arch: str) -> tuple[dict, dict, str]:
     """(block names, top-level names, Hugging Face block prefix) of a GGUF architecture."""
     if arch == "gpt2":
         return _GPT2_NAMES, _GPT2_TOP, "transformer.h."
+    if arch == "gptneox":
+        return _NEOX_NAMES, _NEOX_TOP, "gpt_neox.layers."
     names = {"olmo2": _OLMO2_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
 
@@ -137,6 +155,20 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                 "n_positions": key("context_length", 1024), "n_inner": key("feed_forward_length"),
                 "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
     width, heads = key("embedding_length"), key("attention.head_count")
+    if arch == "gptneox":  # LayerNorm, RoPE on rope.dimension_count of each head's dimensions
+        if key("rope.scaling.type") not in (None, "none"):
+            raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a gptneox model is not read by "
+                            f"redline; import the model's Hugging Face folder")
+        gelu = fields.get(NEOX_GELU_KEY, "none")
+        return {"model_type": "gpt_neox", "vocab_size": vocab, "hidden_size": width,
+                "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
+                "num_attention_heads": heads, "max_position_embeddings": key("context_length", 2048),
+                "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5),
+                "use_parallel_residual": bool(key("use_parallel_residual", True)),
+                "hidden_act": "gelu_new" if gelu == "tanh" else "gelu", "tie_word_embeddings": tied,
+                "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
+                                    "partial_rotary_factor": key("rope.dimension_count", width // heads)
+                                    / (width // heads)}}
     head_dim = key("attention.key_length") or key("rope.dimension_count") or width // heads
     if key("rope.dimension_count", head_dim) != head_dim:
         raise UserError(f"the GGUF rotates {key('rope.dimension_count')} of {head_dim} head dimensions (partial "
@@ -335,6 +367,8 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
             w = w - 1
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
             w = w.t().contiguous()
+        if arch == "gptneox" and kind == "attn_qkv":
+            w = _neox_qkv(w, config["num_attention_heads"], to_file=False)
         return w
 
     return by_hf, read
@@ -428,6 +462,11 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
+    if family.name == "gpt_neox":
+        if cfg.rope_scaling != "none":
+            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a GPT-NeoX model: redline writes gptneox GGUF "
+                            f"files without RoPE scaling; export with --format hf")
+        return "gptneox"
     if cfg.sliding_window:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
@@ -457,6 +496,13 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "gptneox":  # the keys llama.cpp's converter writes for GPTNeoXForCausalLM, the base, and the GELU
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
+        writer.add_parallel_residual(cfg.parallel_residual)
+        writer.add_rope_freq_base(cfg.rope_theta)
+        writer.add_string(NEOX_GELU_KEY, cfg.gelu_approximate)
         return
     writer.add_head_count_kv(cfg.kv_heads)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
@@ -559,6 +605,8 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
                 w = _interleave(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
             if arch == "gemma3" and kind.endswith("norm"):
                 w = w + 1
+            if arch == "gptneox" and kind == "attn_qkv":
+                w = _neox_qkv(w, cfg.n_head, to_file=True)
             values = np.ascontiguousarray(w.numpy(), dtype=np.float32)
             qtype = _tensor_type(gguf, name, w, dtype)
             if qtype == gguf.GGMLQuantizationType.F32:
