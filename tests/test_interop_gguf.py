@@ -137,6 +137,15 @@ def _add_llama_cpp_vocab(w, path, vocab_size):
     w.add_chat_template("{{ messages[0]['content'] }}")
 
 
+def _write_out(w, path):
+    """Write a GGUFWriter's header, keys and tensors, close it; -> path."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def _llama_cpp_header(path, arch: str, cfg):
     """A GGUFWriter for `arch` with the shape keys llama.cpp's converter writes for every Llama-layout model."""
     w = gguf.GGUFWriter(str(path), arch)
@@ -186,11 +195,7 @@ def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None
     if scaling:  # llama.cpp's converter: no scaling keys, each frequency's divisor in a rope_freqs tensor
         w.add_tensor("rope_freqs.weight", llama_cpp_rope_freqs(cfg.rope_parameters["rope_theta"], cfg.head_dim,
                                                                scaling))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _write_out(w, path)
 
 
 def llama_cpp_rope_freqs(theta: float, dim: int, scaling: dict) -> np.ndarray:
@@ -313,10 +318,7 @@ def test_gguf_bad_inputs(tmp_path, capsys):
     w = gguf.GGUFWriter(str(tmp_path / "falcon.gguf"), "falcon")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_out(w, None)
     code, _, err = run_cli(["import", str(tmp_path / "falcon.gguf"), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gemma3, gpt2" in err
 
@@ -352,11 +354,7 @@ def write_llama_cpp_gemma3(hf, path, quant="F32", extra: dict | None = None):
             w.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gguf_name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _write_out(w, path)
 
 
 def test_export_gguf_gemma3_layout(tmp_path, capsys):
@@ -456,11 +454,7 @@ def write_llama_cpp_gptneox(hf, path):
         if base.endswith("query_key_value"):
             data = data.reshape(heads, 3, head_dim, *data.shape[1:]).transpose(0, 1).reshape(data.shape)
         w.add_tensor(f"{names.get_name(base)}.{kind}", data.numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _write_out(w, path)
 
 
 def test_import_llama_cpp_style_gptneox_gguf(tmp_path, capsys):

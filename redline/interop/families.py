@@ -82,6 +82,25 @@ def pad_rows(t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
+def raise_first(problems: list[tuple[bool, str]]) -> None:
+    """A UserError with the message of the first (bad, message) pair whose bad is true (an export's checks)."""
+    for bad, message in problems:
+        if bad:
+            raise UserError(message)
+
+
+def multi_head_problems(cfg: ModelConfig, when: str, arch: str) -> list[tuple[bool, str]]:
+    """What GPT-2 and GPT-NeoX (their attention alike) do not have, for raise_first: `when` names the redline options
+    that chose the architecture `arch`."""
+    return [
+        (cfg.kv_heads != cfg.n_head, f"model.n_kv_head with {when}: {arch} is multi-head (no GQA)"),
+        (cfg.sliding_window > 0, f"model.sliding_window with {when}: {arch} attends to the whole context"),
+        (cfg.head_dim * cfg.n_head != cfg.n_embd, f"model.head_size with {when}: {arch}'s heads are n_embd / n_head "
+                                                  f"wide"),
+        (cfg.has_qkv_bias != cfg.bias, f"model.qkv_bias apart from model.bias: {arch} has biases on every layer"),
+    ]
+
+
 def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str) -> None:
     """Every tensor redline's model has, with its shape: a UserError naming the first missing or mismatched one."""
     with torch.device("meta"):

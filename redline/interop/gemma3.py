@@ -18,7 +18,7 @@ models/gemma3/modeling_gemma3.py and configuration_gemma3.py):
 from __future__ import annotations
 
 from redline.errors import UserError
-from redline.interop.families import Family
+from redline.interop.families import Family, raise_first
 from redline.interop.llama import _ignorable, _rope, shape_fields, to_hf, to_redline
 from redline.model import ModelConfig
 
@@ -117,9 +117,7 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.bias or cfg.has_qkv_bias, "model.bias / model.qkv_bias with norm_position=sandwich: Gemma 3 has no "
                                        "biases redline can write"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise UserError(message)
+    raise_first(problems)
     query_pre_attn_scalar(cfg)
 
 

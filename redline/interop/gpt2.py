@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows
+from redline.interop.families import Family, TensorSource, multi_head_problems, pad_rows, raise_first
 from redline.model import ModelConfig
 
 # tanh-approximated GELU under its names in transformers' ACT2FN; "gelu" (erf) is a different function
@@ -49,15 +49,8 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.parallel_residual, "model.parallel_residual with learned positions: GPT-2's sublayers run one after "
                                 "the other"),
         (cfg.qk_norm, "model.qk_norm with learned positions: GPT-2 has no QK-norm"),
-        (cfg.kv_heads != cfg.n_head, "model.n_kv_head with learned positions: GPT-2 is multi-head (no GQA)"),
-        (cfg.sliding_window > 0, "model.sliding_window with learned positions: GPT-2 attends to the whole context"),
-        (cfg.head_dim * cfg.n_head != cfg.n_embd, "model.head_size with learned positions: GPT-2's heads are "
-                                                  "n_embd / n_head wide"),
-        (cfg.has_qkv_bias != cfg.bias, "model.qkv_bias apart from model.bias: GPT-2 has biases on every layer"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise UserError(message)
+    raise_first(problems + multi_head_problems(cfg, "learned positions", "GPT-2"))
 
 
 def hf_config(cfg: ModelConfig) -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows
+from redline.interop.families import Family, TensorSource, multi_head_problems, pad_rows, raise_first
 from redline.interop.llama import _rope, hf_config_for
 from redline.model import ModelConfig
 
@@ -64,16 +64,8 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.pos_emb != "rope", f"model.pos_emb={cfg.pos_emb}: GPT-NeoX uses RoPE"),
         (cfg.mlp != "gelu", f"model.mlp={cfg.mlp} with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
         (cfg.qk_norm, "model.qk_norm with LayerNorm and RoPE: GPT-NeoX has no QK-norm"),
-        (cfg.kv_heads != cfg.n_head, "model.n_kv_head with LayerNorm and RoPE: GPT-NeoX is multi-head (no GQA)"),
-        (cfg.sliding_window > 0, "model.sliding_window with LayerNorm and RoPE: GPT-NeoX attends to the whole "
-                                 "context"),
-        (cfg.head_dim * cfg.n_head != cfg.n_embd, "model.head_size with LayerNorm and RoPE: GPT-NeoX's heads are "
-                                                  "n_embd / n_head wide"),
-        (cfg.has_qkv_bias != cfg.bias, "model.qkv_bias apart from model.bias: GPT-NeoX has biases on every layer"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise UserError(message)
+    raise_first(problems + multi_head_problems(cfg, "LayerNorm and RoPE", "GPT-NeoX"))
 
 
 def hf_config(cfg: ModelConfig) -> dict:

@@ -12,7 +12,7 @@ for the norms). Semantics read from transformers' models/olmo2/modeling_olmo2.py
 from __future__ import annotations
 
 from redline.errors import UserError
-from redline.interop.families import Family
+from redline.interop.families import Family, raise_first
 from redline.interop.llama import (_ignorable, _rope, check_silu, hf_config_for, shape_fields, to_hf,
                                    to_redline)
 from redline.model import ModelConfig
@@ -44,9 +44,7 @@ def check_exportable(cfg: ModelConfig) -> None:
                                  "context"),
         (cfg.bias, "model.bias=true with norm_position=output: OLMo 2 has no MLP biases"),
     ]
-    for bad, message in problems:
-        if bad:
-            raise UserError(message)
+    raise_first(problems)
 
 
 def _hf_config(cfg: ModelConfig) -> dict:
