@@ -124,6 +124,9 @@ class ModelConfig:
     parallel_residual: bool = False
     """Attention and MLP read the same block input, each through its own norm, and both add to it:
     x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX's use_parallel_residual, GPT-J's); pre-norm blocks only."""
+    parallel_shared_norm: bool = False
+    """With parallel_residual: one norm feeds both sublayers, x + attn(norm1(x)) + mlp(norm1(x)) (Phi's); the block
+    has no norm2."""
     norm_eps: float = 1e-5
     """Epsilon of the normalization layers."""
     norm_unit_offset: bool = False
@@ -131,6 +134,8 @@ class ModelConfig:
     by the weight; QK-norm included."""
     embed_scale: bool = False
     """Multiply the token embeddings by sqrt(n_embd), that factor rounded to the embedding's dtype (Gemma's)."""
+    head_bias: bool = False
+    """A bias on the output head (Phi's lm_head)."""
     tie_embeddings: bool = False
     """Share the token embedding matrix with the output head."""
     bias: bool = False
@@ -224,6 +229,9 @@ class ModelConfig:
         if self.rope_dims and (self.pos_emb != "rope" or self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim):
             raise UserError(f"model.rope_dims={self.rope_dims} needs RoPE (model.pos_emb=rope) and an even number of "
                             f"dimensions up to the head width {self.head_dim} (0: the whole head)")
+        if self.parallel_shared_norm and not self.parallel_residual:
+            raise UserError("model.parallel_shared_norm needs model.parallel_residual (one norm for the two sublayers "
+                            "that read the same input)")
         if self.parallel_residual and self.norm_position != "pre":
             raise UserError(f"model.parallel_residual needs pre-norm blocks (model.norm_position=pre), got "
                             f"{self.norm_position}")
@@ -514,7 +522,8 @@ class Block(nn.Module):
         self.parallel = cfg.parallel_residual
         inputs, outputs = cfg.norm_position != "output", cfg.norm_position in ("output", "sandwich")
         self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
-        self.norm2 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
+        # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
+        self.norm2 = None if cfg.parallel_shared_norm else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
         self.attn, self.mlp = Attention(cfg, value_embedding, layer), MLP(cfg)
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
@@ -525,9 +534,10 @@ class Block(nn.Module):
         if self.position == "post":
             x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache, ve)))
             return self.norm2(x + self.drop(self.mlp(x)))
-        if self.parallel:  # both sublayers read x (GPT-NeoX): x + attn(norm1(x)) + mlp(norm2(x))
-            h = self.drop(self.attn(self.norm1(x), rope, attn_mask, cache, ve))
-            return x + h + self.drop(self.mlp(self.norm2(x)))
+        if self.parallel:  # both sublayers read x (GPT-NeoX, Phi): x + attn(norm1(x)) + mlp(norm2(x) or norm1(x))
+            u = self.norm1(x)
+            h = self.drop(self.attn(u, rope, attn_mask, cache, ve))
+            return x + h + self.drop(self.mlp(u if self.norm2 is None else self.norm2(x)))
         h = self.attn(self.norm1(x), rope, attn_mask, cache, ve)
         if self.attn_out_norm is not None:
             h = self.attn_out_norm(h)
@@ -556,7 +566,7 @@ class GPT(nn.Module):
                                           for _ in range(cfg.value_embeddings))
         # post-norm blocks end in a norm already; the others need a final one
         self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=cfg.head_bias)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         if cfg.pos_emb == "rope":

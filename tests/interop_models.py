@@ -58,6 +58,12 @@ FAMILIES = {
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                  dict(num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                               "partial_rotary_factor": 0.25})),
+    # Phi as phi-2 is (one LayerNorm feeding attention and MLP side by side, RoPE on part of each head, a bias on the
+    # head), with GQA; and with the erf GELU, a tied head and its own RoPE base
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2)),
+    "phi-tied": ("PhiConfig", "PhiForCausalLM",
+                 dict(num_attention_heads=4, hidden_act="gelu", tie_word_embeddings=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25})),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,

@@ -41,6 +41,9 @@ ARCHITECTURES = {
     # GPT-NeoX's (Pythia's) block: attention and MLP side by side, RoPE on 6 of each head's 16 dimensions, exact GELU
     "neox-style": {"norm": "layernorm", "mlp": "gelu", "bias": True, "parallel_residual": True, "rope_dims": 6,
                    "gelu_approximate": "none"},
+    # Phi's: one LayerNorm feeding both sublayers, RoPE on half of each head, a bias on the head
+    "phi-style": {"norm": "layernorm", "mlp": "gelu", "bias": True, "parallel_residual": True,
+                  "parallel_shared_norm": True, "head_bias": True, "rope_dims": 8, "n_kv_head": 2},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
                     "rope_original_context": 32},
 }
@@ -770,9 +773,9 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style"])
+@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style"])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_decode_kernels_refuse(arch):
-    """OLMo 2's, Gemma 3's and GPT-NeoX's blocks on the paths `auto` plans for them (the Triton decode kernels refuse
+    """OLMo 2's, Gemma 3's, GPT-NeoX's and Phi's blocks on the paths `auto` plans for them (the Triton decode kernels refuse
     them): compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay; Gemma 3's windowed
     and full layers each read their own mask (prompts and generations longer than the window)."""
     model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()

@@ -114,6 +114,9 @@ REDLINE_EXPORTS = {
                                gelu_approximate="none", rope_theta=500.0),
     "GPTNeoXForCausalLM-plain": dict(norm="layernorm", mlp="gelu", fused_qkv=False, tie_embeddings=True,
                                      rope_scaling="llama3", rope_factor=8.0, rope_original_context=16),
+    # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
+    "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
+                           parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
     "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
                               embed_scale=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
                               rope_local_theta=1000.0, attn_scale=0.25, tie_embeddings=True, logit_softcap=30.0),
@@ -157,6 +160,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
     (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX rotates part of each head"),
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", gelu_approximate="none"), "GPT-2's GELU is the tanh"),
+    (dict(head_bias=True), "only Phi has a bias on its head"),
+    (dict(parallel_residual=True, parallel_shared_norm=True), "Phi, the one architecture with one norm a block"),
     (dict(sliding_window=8, bias=True), "sliding_window with model.bias=true"),
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GQA"),
     (dict(norm_position="output"), "model.qk_norm_scope=all"),  # OLMo 2 always has its QK-norm
@@ -257,7 +262,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, qwen2")
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi, qwen2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -350,6 +355,28 @@ def test_import_gpt_neox_reads_pythias_config_and_refuses_what_it_cannot_run(tmp
                            ({"hidden_act": "relu"}, "hidden_act='relu'"),
                            ({"rope_parameters": {**config["rope_parameters"], "partial_rotary_factor": 0.1}},
                             "rotates 1 of each head's 16 dimensions")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_phi_reads_phi2s_config_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """phi-2's config.json as the Hub has it (rope_theta and partial_rotary_factor at the top) reads as transformers
+    reads it; options redline cannot run are one-line errors naming them."""
+    from redline.interop.phi import model_config
+
+    phi2 = {"model_type": "phi", "architectures": ["PhiForCausalLM"], "vocab_size": 51200, "hidden_size": 2560,
+            "intermediate_size": 10240, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": None, "hidden_act": "gelu_new", "max_position_embeddings": 2048,
+            "layer_norm_eps": 1e-05, "partial_rotary_factor": 0.4, "rope_theta": 10000.0, "rope_scaling": None,
+            "qk_layernorm": False, "tie_word_embeddings": False}
+    cfg = model_config(phi2)
+    assert (cfg.head_dim, cfg.rope_dims, cfg.kv_heads, cfg.parallel_shared_norm, cfg.head_bias,
+            cfg.gelu_approximate) == (80, 32, 32, True, True, "tanh")
+    hf_folder("phi", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"qk_layernorm": True}, "qk_layernorm=true"),
+                           ({"hidden_act": "relu"}, "hidden_act='relu'")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 

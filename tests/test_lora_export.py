@@ -21,6 +21,8 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),
     "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False),
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
+    "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, parallel_shared_norm=True,
+                           head_bias=True, rope_dims=8, n_kv_head=2),  # q/k/v split, dense, fc1, fc2
 }
 NEOX = dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4)
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
@@ -76,6 +78,10 @@ def test_peft_loads_the_adapter_with_redlines_logits(arch, tmp_path, capsys):
     assert (theirs - base_logits).abs().max() > 1e-3  # the adapter is applied
     # --merge: the merged model as a plain transformers folder, the same logits
     assert export(str(ckpt), "--merge", "--out", str(tmp_path / "merged")) == 0
+    # a head with a bias trained in full: the adapter would not carry the bias
+    _, ckpt = lora_run(tmp_path / "phi", "PhiForCausalLM", train_modules=("lm_head",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "b")) == 2
+    assert "whose head has a bias" in capsys.readouterr().err and not (tmp_path / "b").exists()
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     with torch.no_grad():
         torch.testing.assert_close(plain(TOKENS).logits, ours, rtol=1e-4, atol=1e-4)
@@ -117,3 +123,7 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     assert "no PEFT adapter for a GPT-NeoX model" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
     assert export(str(ckpt), "--merge", "--out", str(tmp_path / "merged")) == 0
+    # a head with a bias trained in full: the adapter would not carry the bias
+    _, ckpt = lora_run(tmp_path / "phi", "PhiForCausalLM", train_modules=("lm_head",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "b")) == 2
+    assert "whose head has a bias" in capsys.readouterr().err and not (tmp_path / "b").exists()

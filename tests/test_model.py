@@ -270,6 +270,12 @@ def test_partial_rope_parallel_block_and_exact_gelu_compute_what_they_say():
         u = torch.randn(3, 32)
         mlp = block.mlp
         torch.testing.assert_close(mlp(u), mlp.proj(torch.nn.functional.gelu(mlp.fc(u))))
+    shared = GPT(small(parallel_residual=True, parallel_shared_norm=True, head_bias=True)).eval()
+    block = shared.blocks[0]
+    assert block.norm2 is None and shared.lm_head.bias is not None
+    with torch.no_grad():
+        u = block.norm1(h)
+        torch.testing.assert_close(block(h, rope), h + block.attn(u, rope) + block.mlp(u))
 
 
 def test_hidden_sizes_rounded_to_64():
@@ -289,6 +295,7 @@ def test_hidden_sizes_rounded_to_64():
         (dict(rope_dims=4, pos_emb="learned"), "model.rope_dims=4 needs RoPE"),
         (dict(rope_dims=64), "up to the head width 8"),
         (dict(parallel_residual=True, norm_position="post"), "parallel_residual needs pre-norm blocks"),
+        (dict(parallel_shared_norm=True), "parallel_shared_norm needs model.parallel_residual"),
     ],
 )
 def test_invalid_configs_are_user_errors(overrides, fragment):

@@ -3,7 +3,7 @@
 A family is the pair (config translation, weight-name map) for one Hugging Face `model_type`. The Llama layout
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
 sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
-norms on the sublayers' outputs); gpt2.py serves GPT-2 and gpt_neox.py GPT-NeoX (Pythia). `family_for(hf_config)` picks the one for an import,
+norms on the sublayers' outputs); gpt2.py serves GPT-2, gpt_neox.py GPT-NeoX (Pythia) and phi.py Phi. `family_for(hf_config)` picks the one for an import,
 `export_family(cfg)` the one a redline model is exported as (or a UserError naming the redline option no such
 architecture has).
 
@@ -121,9 +121,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import gemma3, gpt2, gpt_neox, llama, olmo2
+    from redline.interop import gemma3, gpt2, gpt_neox, llama, olmo2, phi
 
-    return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY)}
+    return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
+                                phi.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -143,17 +144,20 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions, OLMo 2 with norms on the sublayers'
-    outputs, Gemma 3 with norms on their inputs and outputs, GPT-NeoX with RoPE and LayerNorm, partial RoPE, parallel
-    sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone,
+    outputs, Gemma 3 with norms on their inputs and outputs, Phi with one norm for parallel sublayers, GPT-NeoX with
+    RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone,
     Llama otherwise. A UserError names the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
-                        "exports to (GPT-2, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3)")
+                        "exports to (GPT-2, GPT-NeoX, Phi, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3)")
     if cfg.rope_dims and cfg.norm_position != "pre":
         raise UserError(f"model.rope_dims={cfg.rope_dims} with norm_position={cfg.norm_position}: of the "
                         f"architectures redline exports to, only GPT-NeoX rotates part of each head, and its norms "
                         f"are pre-norms")
+    if cfg.head_bias and not cfg.parallel_shared_norm:
+        raise UserError("model.head_bias without model.parallel_shared_norm: of the architectures redline exports to, "
+                        "only Phi has a bias on its head, and its blocks have one norm for both sublayers")
     if cfg.gelu_approximate != "tanh" and cfg.mlp == "geglu":
         raise UserError("model.gelu_approximate=none with model.mlp=geglu: Gemma 3, the one architecture with GeGLU "
                         "redline exports to, uses the tanh approximation")
@@ -165,8 +169,9 @@ def export_family(cfg: ModelConfig) -> Family:
                         "the others RoPE)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
-                        f"(GPT-2, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes token-indexed tables "
-                        f"into its attention values; run the model with redline generate, chat or serve instead")
+                        f"(GPT-2, GPT-NeoX, Phi, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes token-indexed "
+                        f"tables into its attention values; run the model with redline generate, chat or serve "
+                        f"instead")
     if cfg.norm_position == "sandwich":
         from redline.interop.gemma3 import check_exportable
 
@@ -183,6 +188,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         check_exportable(cfg)
         return families["olmo2"]
+    if cfg.parallel_shared_norm:
+        from redline.interop.phi import check_exportable
+
+        check_exportable(cfg)
+        return families["phi"]
     if cfg.pos_emb == "rope" and (cfg.norm == "layernorm" or cfg.rope_dims or cfg.parallel_residual
                                   or cfg.gelu_approximate != "tanh"):
         from redline.interop.gpt_neox import check_exportable

@@ -462,6 +462,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
+    if family.name == "phi":
+        raise UserError("Phi models are not written as GGUF by redline (llama.cpp's phi2 layout is not one it "
+                        "writes); export with --format hf")
     if family.name == "gpt_neox":
         if cfg.rope_scaling != "none":
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a GPT-NeoX model: redline writes gptneox GGUF "

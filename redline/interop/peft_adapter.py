@@ -5,7 +5,7 @@ Hugging Face model `redline export` writes from the run's base:
     redline export RUN --adapter adapter/               # this module
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
-Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py), as PEFT saves them:
+Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py), as PEFT saves them:
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
@@ -32,6 +32,7 @@ PREFIX = "base_model.model."
 _LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _LLAMA = {"attn.proj": "self_attn.o_proj", "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
           "attn.v": "self_attn.v_proj", "mlp.proj": "mlp.down_proj", "mlp.up": "mlp.up_proj"}
+_PHI = {"attn.proj": "self_attn.dense", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 
 
@@ -57,6 +58,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
+    if family.name == "phi":
+        if rest not in _PHI:
+            raise UserError(f"the adapter on {layer} has no counterpart in Phi; export with --merge")
+        return [(base + _PHI[rest], slice(0, out_features))]
     if rest == "mlp.fc":
         if cfg.fused_mlp:  # (gate; up) stacked, as llama.py's export splits the weight
             half = out_features // 2
@@ -74,6 +79,9 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
     if name not in top:
         raise UserError(f"lora.train_modules trained {name} in full; a PEFT adapter carries only wte or lm_head "
                         f"that way: export with --merge")
+    if name == "lm_head" and cfg.head_bias:
+        raise UserError("lm_head was trained in full in a model whose head has a bias, which the adapter does not "
+                        "carry; export with --merge")
     if cfg.tie_embeddings:
         raise UserError(f"{name} was trained in full in a model with tied embeddings, which PEFT's modules_to_save "
                         f"would untie; export with --merge")

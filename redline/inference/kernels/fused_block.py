@@ -33,6 +33,8 @@ FIELDS_ACCOUNTED = {
     "mlp": "gelu (tanh), relu2, swiglu (geglu refused: no fused activation)",
     "value_embeddings": "none: the attention kernel starts from the raw qkv output, before tables are mixed in",
     "parallel_residual": "refused: the MLP's norm reads the block input, not the attention's residual sum",
+    "parallel_shared_norm": "refused with parallel_residual",
+    "head_bias": "the head's bias is added in its product's epilogue",
     "gelu_approximate": "tanh only: the product kernels' GELU is the tanh approximation",
     "rope_dims": "the plan keeps partial RoPE off the attention kernel, and so off this path",
     # computed as the modules compute them
@@ -125,9 +127,9 @@ def fused_head(model, x: torch.Tensor) -> torch.Tensor:
     norm in the product; see fused_block), soft-capped as GPT.logits does."""
     B = x.shape[0]
     if B == 1:
-        logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, None, None, "none",
+        logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, model.lm_head.bias, None, "none",
                                         *norm_args(model.norm_f))
     else:
-        logits = torch.ops.redline.gemv(model.norm_f(x).view(B, -1), model.lm_head.weight)
+        logits = torch.ops.redline.gemv(model.norm_f(x).view(B, -1), model.lm_head.weight, model.lm_head.bias)
     cap = model.cfg.logit_softcap
     return cap * torch.tanh(logits.float() / cap) if cap else logits
