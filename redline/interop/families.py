@@ -3,9 +3,9 @@
 A family is the pair (config translation, weight-name map) for one Hugging Face `model_type`. The Llama layout
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
 sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
-norms on the sublayers' outputs); gpt2.py serves GPT-2, gpt_neox.py GPT-NeoX (Pythia) and phi.py Phi. `family_for(hf_config)` picks the one for an import,
-`export_family(cfg)` the one a redline model is exported as (or a UserError naming the redline option no such
-architecture has).
+norms on the sublayers' outputs); gpt2.py serves GPT-2, gpt_neox.py GPT-NeoX (Pythia) and phi.py Phi.
+`family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
+a UserError naming the redline option no such architecture has).
 
 Weights move as plain {name: tensor} dicts: `TensorSource` reads a source lazily by name (safetensors shards, a
 GGUF file already renamed) and remembers what was read, so tensors a family did not use are reported by name.
@@ -82,6 +82,19 @@ def pad_rows(t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
+def bias_or_zeros(state: Mapping[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
+    """state[name], or zeros of like's rows where the model has no such bias (an architecture that always has one
+    computes the same function with zeros)."""
+    return state[name] if name in state else like.new_zeros(like.shape[0])
+
+
+def take_weights_and_biases(src: TensorSource, names: Mapping[str, str], ours: str, theirs: str) -> dict:
+    """{ours + name.weight / .bias: src's theirs + their name.weight / .bias} for each (name, their name) of `names`:
+    a block's Linear and LayerNorm layers that move unchanged."""
+    return {f"{ours}{mine}.{kind}": src.take(f"{theirs}{other}.{kind}")
+            for mine, other in names.items() for kind in ("weight", "bias")}
+
+
 def raise_first(problems: list[tuple[bool, str]]) -> None:
     """A UserError with the message of the first (bad, message) pair whose bad is true (an export's checks)."""
     for bad, message in problems:
@@ -145,8 +158,9 @@ def family_for(hf_config: dict, source: str) -> Family:
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions, OLMo 2 with norms on the sublayers'
     outputs, Gemma 3 with norms on their inputs and outputs, Phi with one norm for parallel sublayers, GPT-NeoX with
-    RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone,
-    Llama otherwise. A UserError names the redline option that no such architecture has."""
+    RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding
+    window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline option that no such
+    architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "

@@ -58,8 +58,9 @@ _GPT2_TOP = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe"
 _CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2 weights stored transposed
 # GPT-NeoX (the gguf package's MODEL_TENSORS[GPTNEOX]); llama.cpp's converter regroups query_key_value's rows from
 # the (heads, 3, head width) of Hugging Face's files to all queries, all keys, all values (_neox_qkv)
-_NEOX_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
-               "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
+_NEOX_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value",
+               "attn_output": "attention.dense", "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.dense_h_to_4h",
+               "ffn_down": "mlp.dense_4h_to_h"}
 _NEOX_TOP = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
 # redline's key for the GELU of a gptneox file: llama.cpp computes the tanh approximation, and its converter writes
 # no key for Hugging Face's hidden_act; without this key a file reads as a Pythia-style "gelu" (erf), the function

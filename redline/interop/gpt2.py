@@ -12,7 +12,8 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, multi_head_problems, pad_rows, raise_first
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
+                                      raise_first)
 from redline.model import ModelConfig
 
 # tanh-approximated GELU under its names in transformers' ACT2FN; "gelu" (erf) is a different function
@@ -90,7 +91,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
 
     def bias(name: str, like: torch.Tensor) -> torch.Tensor:
-        return state[name] if name in state else like.new_zeros(like.shape[0])
+        return bias_or_zeros(state, name, like)
 
     out = {"transformer.wte.weight": state["wte.weight"][:V], "transformer.wpe.weight": state["wpe.weight"],
            "transformer.ln_f.weight": state["norm_f.weight"],

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, multi_head_problems, pad_rows, raise_first
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
+                                      raise_first, take_weights_and_biases)
 from redline.interop.llama import _rope, hf_config_for
 from redline.model import ModelConfig
 
@@ -112,16 +113,15 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         for kind in ("weight", "bias"):
             out[f"blocks.{i}.attn.qkv.{kind}"] = _regroup(src.take(f"{p}attention.query_key_value.{kind}"), cfg,
                                                           to_neox=False)
-            for ours, theirs in _LAYER.items():
-                out[f"blocks.{i}.{ours}.{kind}"] = src.take(f"{p}{theirs}.{kind}")
+        out.update(take_weights_and_biases(src, _LAYER, f"blocks.{i}.", p))
     return out
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
 
-    def bias(name: str, like: torch.Tensor) -> torch.Tensor:  # a model without biases: zeros compute the same
-        return state[name] if name in state else like.new_zeros(like.shape[0])
+    def bias(name: str, like: torch.Tensor) -> torch.Tensor:
+        return bias_or_zeros(state, name, like)
 
     out = {"gpt_neox.embed_in.weight": state["wte.weight"][:V],
            "gpt_neox.final_layer_norm.weight": state["norm_f.weight"],

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, raise_first
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, pad_rows, raise_first,
+                                      take_weights_and_biases)
 from redline.interop.llama import _rope, hf_config_for
 from redline.model import ModelConfig
 
@@ -97,16 +98,15 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         p = f"model.layers.{i}."
         for kind in ("weight", "bias"):
             out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([src.take(f"{p}self_attn.{x}_proj.{kind}") for x in "qkv"])
-            for ours, theirs in _LAYER.items():
-                out[f"blocks.{i}.{ours}.{kind}"] = src.take(f"{p}{theirs}.{kind}")
+        out.update(take_weights_and_biases(src, _LAYER, f"blocks.{i}.", p))
     return out
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
 
-    def bias(name: str, like: torch.Tensor) -> torch.Tensor:  # a model without biases: zeros compute the same
-        return state[name] if name in state else like.new_zeros(like.shape[0])
+    def bias(name: str, like: torch.Tensor) -> torch.Tensor:
+        return bias_or_zeros(state, name, like)
 
     head = state["lm_head.weight"] if "lm_head.weight" in state else state["wte.weight"]
     out = {"model.embed_tokens.weight": state["wte.weight"][:V],
