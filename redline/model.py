@@ -129,6 +129,9 @@ class ModelConfig:
     has no norm2."""
     norm_eps: float = 1e-5
     """Epsilon of the normalization layers."""
+    norm_bias: bool | None = None
+    """LayerNorm with a bias (None: as model.bias); StableLM's LayerNorms have biases where its Linear layers have
+    none."""
     norm_unit_offset: bool = False
     """RMSNorm scales by (1 + weight), computed in fp32, its weights initialised to zero (Gemma's form), instead of
     by the weight; QK-norm included."""
@@ -229,6 +232,8 @@ class ModelConfig:
         if self.rope_dims and (self.pos_emb != "rope" or self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim):
             raise UserError(f"model.rope_dims={self.rope_dims} needs RoPE (model.pos_emb=rope) and an even number of "
                             f"dimensions up to the head width {self.head_dim} (0: the whole head)")
+        if self.norm_bias and self.norm != "layernorm":
+            raise UserError("model.norm_bias needs model.norm=layernorm (an RMSNorm has no bias)")
         if self.parallel_shared_norm and not self.parallel_residual:
             raise UserError("model.parallel_shared_norm needs model.parallel_residual (one norm for the two sublayers "
                             "that read the same input)")
@@ -304,7 +309,7 @@ def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return make_rmsnorm(cfg, dim)
-    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:

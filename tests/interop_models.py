@@ -64,6 +64,15 @@ FAMILIES = {
     "phi-tied": ("PhiConfig", "PhiForCausalLM",
                  dict(num_attention_heads=4, hidden_act="gelu", tie_word_embeddings=True,
                       rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25})),
+    # StableLM as stablelm-2-1_6b is (LayerNorm with biases, a quarter of each head rotated, q/k/v biases, SwiGLU),
+    # with GQA; and the parallel block with its one norm (stablelm-3b-4e1t's option), half of each head rotated
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                               use_qkv_bias=True)),
+    "stablelm-parallel": ("StableLmConfig", "StableLmForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=4, use_parallel_residual=True,
+                               tie_word_embeddings=True,
+                               rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                "partial_rotary_factor": 0.5})),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,

@@ -114,6 +114,8 @@ REDLINE_EXPORTS = {
                                gelu_approximate="none", rope_theta=500.0),
     "GPTNeoXForCausalLM-plain": dict(norm="layernorm", mlp="gelu", fused_qkv=False, tie_embeddings=True,
                                      rope_scaling="llama3", rope_factor=8.0, rope_original_context=16),
+    # StableLM: LayerNorm with biases beside Linear layers without (but q/k/v), SwiGLU, a quarter of each head rotated
+    "StableLmForCausalLM": dict(norm="layernorm", norm_bias=True, qkv_bias=True, rope_dims=4, n_kv_head=2),
     # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
                            parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
@@ -155,12 +157,13 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(pos_emb="learned"), "LayerNorm"),  # learned positions with RMSNorm
     (dict(logit_softcap=30.0), "logit_softcap"),
     (dict(pos_emb="none"), "pos_emb=none"),
-    (dict(norm="layernorm"), "model.mlp=swiglu with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
+    (dict(norm="layernorm", mlp="relu2"), "model.mlp=relu2 with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
     (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
     (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
     (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX rotates part of each head"),
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", gelu_approximate="none"), "GPT-2's GELU is the tanh"),
     (dict(head_bias=True), "only Phi has a bias on its head"),
+    (dict(norm="layernorm", bias=True), "StableLM has biases on q, k and v alone"),
     (dict(parallel_residual=True, parallel_shared_norm=True), "Phi, the one architecture with one norm a block"),
     (dict(sliding_window=8, bias=True), "sliding_window with model.bias=true"),
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GQA"),
@@ -263,7 +266,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi, qwen2")
+                         "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi, qwen2, qwen3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -380,6 +383,25 @@ def test_import_phi_reads_phi2s_config_and_refuses_what_it_cannot_run(tmp_path, 
                            ({"hidden_act": "relu"}, "hidden_act='relu'")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_stablelm_reads_the_hubs_config_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """stablelm-2-1_6b's config.json as the Hub has it (rope_theta and partial_rotary_factor at the top) reads as
+    transformers reads it; its per-head QK LayerNorm is a one-line error naming it."""
+    from redline.interop.stablelm import model_config
+
+    hub = {"model_type": "stablelm", "architectures": ["StableLmForCausalLM"], "vocab_size": 100352,
+           "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "hidden_act": "silu", "max_position_embeddings": 4096, "layer_norm_eps": 1e-05,
+           "use_qkv_bias": True, "qk_layernorm": False, "use_parallel_residual": False, "rope_theta": 10000,
+           "partial_rotary_factor": 0.25, "tie_word_embeddings": False}
+    cfg = model_config(hub)
+    assert (cfg.head_dim, cfg.rope_dims, cfg.has_qkv_bias, cfg.bias, cfg.norm, cfg.norm_bias, cfg.parallel_residual,
+            cfg.hidden_dim) == (64, 16, True, False, "layernorm", True, False, 5632)
+    hf_folder("stablelm", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "qk_layernorm": True}))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "qk_layernorm=true")
 
 
 def test_import_olmo2_attention_bias_is_refused_by_name(tmp_path, capsys):

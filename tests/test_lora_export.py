@@ -23,6 +23,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, parallel_shared_norm=True,
                            head_bias=True, rope_dims=8, n_kv_head=2),  # q/k/v split, dense, fc1, fc2
+    "StableLmForCausalLM": dict(norm="layernorm", norm_bias=True, qkv_bias=True, rope_dims=4, n_kv_head=2),
 }
 NEOX = dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4)
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])

@@ -296,6 +296,7 @@ def test_hidden_sizes_rounded_to_64():
         (dict(rope_dims=64), "up to the head width 8"),
         (dict(parallel_residual=True, norm_position="post"), "parallel_residual needs pre-norm blocks"),
         (dict(parallel_shared_norm=True), "parallel_shared_norm needs model.parallel_residual"),
+        (dict(norm_bias=True), "model.norm_bias needs model.norm=layernorm"),
     ],
 )
 def test_invalid_configs_are_user_errors(overrides, fragment):

@@ -3,7 +3,8 @@
 A family is the pair (config translation, weight-name map) for one Hugging Face `model_type`. The Llama layout
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
 sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
-norms on the sublayers' outputs); gpt2.py serves GPT-2, gpt_neox.py GPT-NeoX (Pythia) and phi.py Phi.
+norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
+gpt_neox.py GPT-NeoX (Pythia) and phi.py Phi.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -134,10 +135,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import gemma3, gpt2, gpt_neox, llama, olmo2, phi
+    from redline.interop import gemma3, gpt2, gpt_neox, llama, olmo2, phi, stablelm
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
-                                phi.FAMILY)}
+                                phi.FAMILY, stablelm.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -157,14 +158,15 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions, OLMo 2 with norms on the sublayers'
-    outputs, Gemma 3 with norms on their inputs and outputs, Phi with one norm for parallel sublayers, GPT-NeoX with
+    outputs, Gemma 3 with norms on their inputs and outputs, StableLM with RoPE, LayerNorm and SwiGLU, Phi with one
+    norm for parallel sublayers, GPT-NeoX with
     RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding
     window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline option that no such
     architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
-                        "exports to (GPT-2, GPT-NeoX, Phi, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3)")
+                        "exports to (GPT-2, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3)")
     if cfg.rope_dims and cfg.norm_position != "pre":
         raise UserError(f"model.rope_dims={cfg.rope_dims} with norm_position={cfg.norm_position}: of the "
                         f"architectures redline exports to, only GPT-NeoX rotates part of each head, and its norms "
@@ -183,9 +185,9 @@ def export_family(cfg: ModelConfig) -> Family:
                         "the others RoPE)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
-                        f"(GPT-2, GPT-NeoX, Phi, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes token-indexed "
-                        f"tables into its attention values; run the model with redline generate, chat or serve "
-                        f"instead")
+                        f"(GPT-2, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes "
+                        f"token-indexed tables into its attention values; run the model with redline generate, chat "
+                        f"or serve instead")
     if cfg.norm_position == "sandwich":
         from redline.interop.gemma3 import check_exportable
 
@@ -202,6 +204,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         check_exportable(cfg)
         return families["olmo2"]
+    if cfg.pos_emb == "rope" and cfg.norm == "layernorm" and cfg.mlp == "swiglu":
+        from redline.interop.stablelm import check_exportable
+
+        check_exportable(cfg)
+        return families["stablelm"]
     if cfg.parallel_shared_norm:
         from redline.interop.phi import check_exportable
 

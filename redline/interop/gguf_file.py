@@ -463,6 +463,8 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
+    if family.name == "stablelm":
+        raise UserError("StableLM models are not written as GGUF by redline; export with --format hf")
     if family.name == "phi":
         raise UserError("Phi models are not written as GGUF by redline (llama.cpp's phi2 layout is not one it "
                         "writes); export with --format hf")

@@ -207,6 +207,18 @@ NORM_NAMES = {
 }
 
 
+def block_norm_names(cfg: ModelConfig) -> dict[str, str]:
+    """NORM_NAMES of the model's blocks; one norm a block for parallel sublayers (StableLM's input_layernorm alone)."""
+    names = NORM_NAMES[cfg.norm_position]
+    return {k: v for k, v in names.items() if k != "norm2"} if cfg.parallel_shared_norm else names
+
+
+def norm_kinds(cfg: ModelConfig) -> tuple[str, ...]:
+    """The tensors of each norm: a LayerNorm's weight and bias (StableLM's), else the weight."""
+    has_bias = cfg.norm == "layernorm" and (cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
+    return ("weight", "bias") if has_bias else ("weight",)
+
+
 def _prefix(src: TensorSource) -> str:
     """"model." for a ForCausalLM state dict, "" for one saved from the bare model."""
     return "" if "embed_tokens.weight" in src and "model.embed_tokens.weight" not in src else "model."
@@ -214,15 +226,17 @@ def _prefix(src: TensorSource) -> str:
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     pre = _prefix(src)
-    out = {"wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg),
-           "norm_f.weight": src.take(f"{pre}norm.weight")}
+    kinds = norm_kinds(cfg)
+    out = {f"norm_f.{kind}": src.take(f"{pre}norm.{kind}") for kind in kinds}
+    out["wte.weight"] = pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg)
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        for ours, theirs in NORM_NAMES[cfg.norm_position].items():
-            out[f"{r}{ours}.weight"] = src.take(f"{p}{theirs}.weight")
+        for ours, theirs in block_norm_names(cfg).items():
+            for kind in kinds:
+                out[f"{r}{ours}.{kind}"] = src.take(f"{p}{theirs}.{kind}")
         out[r + "attn.qkv.weight"] = torch.cat([src.take(f"{attn}{x}_proj.weight") for x in "qkv"])
         if cfg.has_qkv_bias:
             out[r + "attn.qkv.bias"] = torch.cat([src.take(f"{attn}{x}_proj.bias") for x in "qkv"])
@@ -262,14 +276,17 @@ def _qkv(state: Mapping[str, torch.Tensor], r: str, cfg: ModelConfig, kind: str)
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
     name = export_name(cfg)
-    out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.norm.weight": state["norm_f.weight"]}
+    kinds = norm_kinds(cfg)
+    out = {f"model.norm.{kind}": state[f"norm_f.{kind}"] for kind in kinds}
+    out["model.embed_tokens.weight"] = state["wte.weight"][:V]
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = state["lm_head.weight"][:V]
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        for ours, theirs in NORM_NAMES[cfg.norm_position].items():
-            out[f"{p}{theirs}.weight"] = state[f"{r}{ours}.weight"]
+        for ours, theirs in block_norm_names(cfg).items():
+            for kind in kinds:
+                out[f"{p}{theirs}.{kind}"] = state[f"{r}{ours}.{kind}"]
         for x, t in zip("qkv", _qkv(state, r, cfg, "weight")):
             out[f"{attn}{x}_proj.weight"] = t
         if cfg.has_qkv_bias:

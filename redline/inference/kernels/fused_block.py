@@ -40,6 +40,7 @@ FIELDS_ACCOUNTED = {
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
+    "norm_bias": "read from the norm modules",
     "bias": "each Linear's bias is added in its product's epilogue",
     "qkv_bias": "the qkv Linear's bias, as any bias",
     "qk_norm": "in the attention kernel",
