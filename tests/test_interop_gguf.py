@@ -42,7 +42,8 @@ def import_gguf(path, out, capsys):
 
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
 # to n_ctx) and llama without its attention biases, and has no olmo2: those round trips are checked through redline's
-# reader only, as is GPT-NeoX (no gptneox in its loader either),
+# reader only, as is GPT-NeoX (no gptneox in its loader either) and StableLM away from its loader's fixed quarter of
+# each head rotated at base 10000 (stablelm-parallel),
 # and Gemma 3 only at the defaults its loader assumes (gemma3-gguf: the window pattern, the windowed layers' base,
 # query_pre_attn_scalar), not the gemma3 model's own (redline's keys carry them)
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
@@ -50,7 +51,8 @@ def import_gguf(path, out, capsys):
                                                       ("qwen3", False), ("olmo2", False), ("gpt2", False),
                                                       ("gpt2-1024", True), ("gemma3", False),
                                                       ("gemma3-gguf", True), ("gpt_neox", False),
-                                                      ("gpt_neox-sequential", False)])
+                                                      ("gpt_neox-sequential", False), ("stablelm", True),
+                                                      ("stablelm-parallel", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():

@@ -36,7 +36,7 @@ from redline.interop.families import Family, TensorSource, family_for
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm")
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -167,6 +167,18 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                 "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5),
                 "use_parallel_residual": bool(key("use_parallel_residual", True)),
                 "hidden_act": "gelu_new" if gelu == "tanh" else "gelu", "tie_word_embeddings": tied,
+                "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
+                                    "partial_rotary_factor": key("rope.dimension_count", width // heads)
+                                    / (width // heads)}}
+    if arch == "stablelm":  # the Llama names with LayerNorm; RoPE on rope.dimension_count of each head's dimensions
+        return {"model_type": "stablelm", "vocab_size": vocab, "hidden_size": width,
+                "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
+                "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv") or heads,
+                "max_position_embeddings": key("context_length", 4096),
+                "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied,
+                # as transformers' GGUF loader reads them: q/k/v biases and the parallel block from the tensors
+                "use_qkv_bias": "blk.0.attn_q.bias" in tensor_names,
+                "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensor_names,
                 "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
                                     "partial_rotary_factor": key("rope.dimension_count", width // heads)
                                     / (width // heads)}}
@@ -464,7 +476,10 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         _check_gemma3(cfg)
         return "gemma3"
     if family.name == "stablelm":
-        raise UserError("StableLM models are not written as GGUF by redline; export with --format hf")
+        if cfg.rope_scaling != "none":
+            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a StableLM model: redline writes stablelm GGUF "
+                            f"files without RoPE scaling; export with --format hf")
+        return "stablelm"
     if family.name == "phi":
         raise UserError("Phi models are not written as GGUF by redline (llama.cpp's phi2 layout is not one it "
                         "writes); export with --format hf")
@@ -502,6 +517,13 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "stablelm":  # the keys llama.cpp's converter writes for StableLmForCausalLM, and the base
+        writer.add_head_count_kv(cfg.kv_heads)
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
+        writer.add_parallel_residual(cfg.parallel_residual)
+        writer.add_rope_freq_base(cfg.rope_theta)
         return
     if arch == "gptneox":  # the keys llama.cpp's converter writes for GPTNeoXForCausalLM, the base, and the GELU
         writer.add_layer_norm_eps(cfg.norm_eps)
