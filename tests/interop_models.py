@@ -53,6 +53,9 @@ FAMILIES = {
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+    # GPT-2's layout with the erf GELU (activation_function "gelu")
+    "gpt2-erf": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                                       activation_function="gelu")),
     # GPT-NeoX as Pythia is: parallel attention and MLP, RoPE on a quarter of each head (4 of 16 dimensions), exact
     # GELU, LayerNorm with biases, untied head
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",

@@ -161,7 +161,6 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
     (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
     (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX rotates part of each head"),
-    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", gelu_approximate="none"), "GPT-2's GELU is the tanh"),
     (dict(head_bias=True), "only Phi has a bias on its head"),
     (dict(norm="layernorm", bias=True), "StableLM has biases on q, k and v alone"),
     (dict(parallel_residual=True, parallel_shared_norm=True), "Phi, the one architecture with one norm a block"),

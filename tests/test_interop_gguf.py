@@ -459,13 +459,15 @@ def write_llama_cpp_gptneox(hf, path):
     return _write_out(w, path)
 
 
-def test_export_gguf_refuses_phi_by_name(tmp_path, capsys):
-    hf_folder("phi", tmp_path / "hf")
+@pytest.mark.parametrize("kind, named", [("phi", "Phi models are not written as GGUF"),
+                                         ("gpt2-erf", "model.gelu_approximate=none")])
+def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, capsys):
+    hf_folder(kind, tmp_path / "hf")
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
     assert code == 0, err
     out = tmp_path / "gguf" / "model.gguf"
     code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--out", str(out)], capsys)
-    assert code == 2 and "Phi models are not written as GGUF" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1
     assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
 
 

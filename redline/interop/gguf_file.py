@@ -488,6 +488,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a GPT-NeoX model: redline writes gptneox GGUF "
                             f"files without RoPE scaling; export with --format hf")
         return "gptneox"
+    if family.name == "gpt2" and cfg.gelu_approximate != "tanh":
+        raise UserError("model.gelu_approximate=none: llama.cpp's gpt2 computes the tanh GELU, and a gpt2 GGUF has no "
+                        "key for another; export with --format hf")
     if cfg.sliding_window:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")

@@ -16,15 +16,14 @@ from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi
                                       raise_first)
 from redline.model import ModelConfig
 
-# tanh-approximated GELU under its names in transformers' ACT2FN; "gelu" (erf) is a different function
-_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+# transformers' ACT2FN names of the two GELUs redline computes: the tanh approximation (GPT-2's own) and the erf form
+_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 
 def model_config(hf: dict) -> ModelConfig:
     act = hf.get("activation_function", "gelu_new")
-    if act not in _TANH_GELU:
-        raise UserError(f"activation_function={act!r}: redline's GELU is the tanh approximation "
-                        f"({', '.join(_TANH_GELU)})")
+    if act not in _GELU:
+        raise UserError(f"activation_function={act!r}: redline's GPT-2 MLP computes {', '.join(_GELU)}")
     if hf.get("scale_attn_by_inverse_layer_idx"):
         raise UserError("scale_attn_by_inverse_layer_idx=true is not supported (redline scales attention by "
                         "1/sqrt(head width) in every layer)")
@@ -34,6 +33,7 @@ def model_config(hf: dict) -> ModelConfig:
     return ModelConfig(
         vocab_size=hf["vocab_size"], context_len=hf.get("n_positions", 1024), n_layer=hf["n_layer"], n_embd=width,
         n_head=hf["n_head"], n_kv_head=None, qk_norm=False, fused_qkv=True, pos_emb="learned", mlp="gelu",
+        gelu_approximate=_GELU[act],
         mlp_hidden=hf.get("n_inner") or 4 * width, norm="layernorm", norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)), bias=True,
     )
@@ -45,8 +45,6 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.norm != "layernorm", "model.norm=rmsnorm with learned positions: GPT-2, the one architecture with "
                                   "learned positions redline exports to, uses LayerNorm"),
         (cfg.mlp != "gelu", f"model.mlp={cfg.mlp} with learned positions: GPT-2's MLP is GELU"),
-        (cfg.gelu_approximate != "tanh", "model.gelu_approximate=none with learned positions: GPT-2's GELU is the "
-                                         "tanh approximation"),
         (cfg.parallel_residual, "model.parallel_residual with learned positions: GPT-2's sublayers run one after "
                                 "the other"),
         (cfg.qk_norm, "model.qk_norm with learned positions: GPT-2 has no QK-norm"),
@@ -57,7 +55,8 @@ def check_exportable(cfg: ModelConfig) -> None:
 def hf_config(cfg: ModelConfig) -> dict:
     return {
         "model_type": "gpt2", "vocab_size": cfg.vocab_size, "n_positions": cfg.context_len, "n_embd": cfg.n_embd,
-        "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.hidden_dim, "activation_function": "gelu_new",
+        "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.hidden_dim,
+        "activation_function": "gelu" if cfg.gelu_approximate == "none" else "gelu_new",
         "layer_norm_epsilon": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings, "scale_attn_weights": True,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02, "use_cache": True,
     }
