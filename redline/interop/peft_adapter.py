@@ -5,13 +5,15 @@ Hugging Face model `redline export` writes from the run's base:
     redline export RUN --adapter adapter/               # this module
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
-Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py), as PEFT saves them:
-`base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
+Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, gpt_neox.py), as PEFT
+saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by
+lora_alpha / r.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part
 takes the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc
-are fused as redline's are (Conv1D layers: fan_in_fan_out). Modules trained in full (lora.train_modules: wte,
+are fused as redline's are (Conv1D layers: fan_in_fan_out); GPT-NeoX's query_key_value is too, its rows (B's rows)
+grouped by head. Modules trained in full (lora.train_modules: wte,
 lm_head) go in as PEFT's modules_to_save.
 """
 
@@ -33,21 +35,21 @@ _LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _LLAMA = {"attn.proj": "self_attn.o_proj", "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
           "attn.v": "self_attn.v_proj", "mlp.proj": "mlp.down_proj", "mlp.up": "mlp.up_proj"}
 _PHI = {"attn.proj": "self_attn.dense", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
+_NEOX = {"attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 
 
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
     """The exported modules that redline layer `layer` becomes, each with its rows of the layer's output."""
     gpt2 = family.name == "gpt2"
-    if family.name == "gpt_neox":  # its query_key_value holds q, k and v by head: B's rows would need regrouping
-        raise UserError("redline writes no PEFT adapter for a GPT-NeoX model; export the model with the adapters "
-                        "merged (redline export RUN --merge)")
     if layer in ("lm_head",):
         return [("lm_head", slice(0, cfg.vocab_size))]
     match = _LAYER.match(layer)
     if match is None:
         raise UserError(f"the adapter on {layer} has no counterpart in the exported {family.architecture}")
     i, rest = match.groups()
+    if family.name == "gpt_neox":
+        return _neox_parts(layer, f"gpt_neox.layers.{i}.", rest, out_features, cfg)
     base = f"transformer.h.{i}." if gpt2 else f"model.layers.{i}."
     if gpt2:
         if rest not in _GPT2:
@@ -72,9 +74,22 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     return [(base + _LLAMA[rest], slice(0, out_features))]
 
 
+def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelConfig) -> list[tuple[str, object]]:
+    """GPT-NeoX's modules for redline layer `layer`: query_key_value takes B's rows in its own order, q, k and v
+    grouped by head (gpt_neox.py regroups the weight alike), the others B as it is."""
+    from redline.interop.gpt_neox import _regroup
+
+    if rest == "attn.qkv":
+        return [(base + "attention.query_key_value", _regroup(torch.arange(out_features), cfg, to_neox=True))]
+    if rest not in _NEOX:
+        raise UserError(f"the adapter on {layer} has no counterpart in GPT-NeoX; export with --merge")
+    return [(base + _NEOX[rest], slice(0, out_features))]
+
+
 def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
     """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
-    top = {"wte": ("transformer.wte" if family.name == "gpt2" else "model.embed_tokens", cfg.vocab_size),
+    table = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in"}.get(family.name, "model.embed_tokens")
+    top = {"wte": (table, cfg.vocab_size),
            "lm_head": ("lm_head", cfg.vocab_size)}
     if name not in top:
         raise UserError(f"lora.train_modules trained {name} in full; a PEFT adapter carries only wte or lm_head "
