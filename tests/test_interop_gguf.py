@@ -42,7 +42,7 @@ def import_gguf(path, out, capsys):
 
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
 # to n_ctx) and llama without its attention biases, and has no olmo2: those round trips are checked through redline's
-# reader only, as is GPT-NeoX (no gptneox in its loader either) and StableLM away from its loader's fixed quarter of
+# reader only, as are GPT-NeoX and Phi (no gptneox or phi2 in its loader either) and StableLM away from its loader's fixed quarter of
 # each head rotated at base 10000 (stablelm-parallel),
 # and Gemma 3 only at the defaults its loader assumes (gemma3-gguf: the window pattern, the windowed layers' base,
 # query_pre_attn_scalar), not the gemma3 model's own (redline's keys carry them)
@@ -52,7 +52,7 @@ def import_gguf(path, out, capsys):
                                                       ("gpt2-1024", True), ("gemma3", False),
                                                       ("gemma3-gguf", True), ("gpt_neox", False),
                                                       ("gpt_neox-sequential", False), ("stablelm", True),
-                                                      ("stablelm-parallel", False)])
+                                                      ("stablelm-parallel", False), ("phi", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -433,23 +433,28 @@ def test_import_llama_cpp_style_gemma3_gguf(quant, tmp_path, capsys):
     assert tokenizer.stop_ids == [2] and tokenizer.chat_template == "{{ messages[0]['content'] }}"
 
 
-def write_llama_cpp_gptneox(hf, path):
-    """A gptneox GGUF of a transformers GPTNeoXForCausalLM as llama.cpp's converter writes one for GPTNeoXModel: its
-    keys (no RoPE base: llama.cpp takes 10000; no GELU key), query_key_value's rows regrouped from (heads, 3, head
-    width) to all q, all k, all v, names from the gguf package's own map, F32."""
+def write_llama_cpp_partial_rope(hf, path, arch: str):
+    """A gptneox or phi2 GGUF of a transformers GPTNeoXForCausalLM or PhiForCausalLM as llama.cpp's converter writes
+    one (GPTNeoXModel, Phi2Model): their keys (no RoPE base: llama.cpp takes 10000; no GELU key), GPT-NeoX's
+    query_key_value rows regrouped from (heads, 3, head width) to all q, all k, all v, names from the gguf package's
+    own map, F32."""
     cfg = hf.config
     heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-    w = gguf.GGUFWriter(str(path), "gptneox")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_rope_dimension_count(int(cfg.rope_parameters["partial_rotary_factor"] * head_dim))
     w.add_head_count(heads)
-    w.add_parallel_residual(cfg.use_parallel_residual)
+    if arch == "gptneox":
+        w.add_parallel_residual(cfg.use_parallel_residual)
+    else:
+        w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_eps(cfg.layer_norm_eps)
     _add_llama_cpp_vocab(w, path, cfg.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPTNEOX, cfg.num_hidden_layers)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPTNEOX if arch == "gptneox" else gguf.MODEL_ARCH.PHI2,
+                                     cfg.num_hidden_layers)
     for name, t in hf.state_dict().items():
         base, kind = name.rsplit(".", 1)
         data = t.float()
@@ -459,7 +464,7 @@ def write_llama_cpp_gptneox(hf, path):
     return _write_out(w, path)
 
 
-@pytest.mark.parametrize("kind, named", [("phi", "Phi models are not written as GGUF"),
+@pytest.mark.parametrize("kind, named", [("phi-tied", "llama.cpp's phi2 has neither"),
                                          ("gpt2-erf", "model.gelu_approximate=none")])
 def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, capsys):
     hf_folder(kind, tmp_path / "hf")
@@ -471,11 +476,23 @@ def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, ca
     assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
 
 
+def test_import_llama_cpp_style_phi2_gguf(tmp_path, capsys):
+    """A phi2 GGUF as llama.cpp's converter writes it (q, k, v apart, one norm a block, the head's bias, GQA, partial
+    RoPE from rope.dimension_count): logits equal to the transformers model's."""
+    hf = hf_model("phi")
+    path = write_llama_cpp_partial_rope(hf, tmp_path / "model.gguf", "phi2")
+    model, _, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
+    m = train_cfg.model
+    assert (m.rope_dims, m.kv_heads, m.parallel_shared_norm, m.head_bias) == (8, 2, True, True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_import_llama_cpp_style_gptneox_gguf(tmp_path, capsys):
     """A Pythia-style gptneox GGUF as llama.cpp's converter writes it: partial RoPE from rope.dimension_count, the
     parallel block, the erf GELU of the model it came from; logits equal to the transformers model's."""
     hf = hf_model("gpt_neox-pythia")
-    path = write_llama_cpp_gptneox(hf, tmp_path / "model.gguf")
+    path = write_llama_cpp_partial_rope(hf, tmp_path / "model.gguf", "gptneox")
     model, tokenizer, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
     m = train_cfg.model
     assert (m.rope_dims, m.rope_theta, m.parallel_residual, m.gelu_approximate, m.norm) == (4, 10000.0, True, "none",

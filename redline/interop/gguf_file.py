@@ -36,7 +36,7 @@ from redline.interop.families import Family, TensorSource, family_for
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2")
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -62,6 +62,11 @@ _NEOX_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_
                "attn_output": "attention.dense", "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.dense_h_to_4h",
                "ffn_down": "mlp.dense_4h_to_h"}
 _NEOX_TOP = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
+# Phi (the gguf package's MODEL_TENSORS[PHI2]): q, k and v apart, one norm a block, a bias on the head
+_PHI2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
+               "ffn_down": "mlp.fc2"}
+_PHI2_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.final_layernorm", "output": "lm_head"}
 # redline's key for the GELU of a gptneox file: llama.cpp computes the tanh approximation, and its converter writes
 # no key for Hugging Face's hidden_act; without this key a file reads as a Pythia-style "gelu" (erf), the function
 # of the model the file was converted from
@@ -100,6 +105,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _GPT2_NAMES, _GPT2_TOP, "transformer.h."
     if arch == "gptneox":
         return _NEOX_NAMES, _NEOX_TOP, "gpt_neox.layers."
+    if arch == "phi2":
+        return _PHI2_NAMES, _PHI2_TOP, "model.layers."
     names = {"olmo2": _OLMO2_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
 
@@ -167,6 +174,16 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                 "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5),
                 "use_parallel_residual": bool(key("use_parallel_residual", True)),
                 "hidden_act": "gelu_new" if gelu == "tanh" else "gelu", "tie_word_embeddings": tied,
+                "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
+                                    "partial_rotary_factor": key("rope.dimension_count", width // heads)
+                                    / (width // heads)}}
+    if arch == "phi2":  # LayerNorm, RoPE on rope.dimension_count of each head's dimensions, tanh-GELU (llama.cpp's)
+        return {"model_type": "phi", "vocab_size": vocab, "hidden_size": width,
+                "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
+                "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv") or heads,
+                "max_position_embeddings": key("context_length", 2048),
+                "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied,
+                "hidden_act": "gelu_new",
                 "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
                                     "partial_rotary_factor": key("rope.dimension_count", width // heads)
                                     / (width // heads)}}
@@ -481,8 +498,10 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
                             f"files without RoPE scaling; export with --format hf")
         return "stablelm"
     if family.name == "phi":
-        raise UserError("Phi models are not written as GGUF by redline (llama.cpp's phi2 layout is not one it "
-                        "writes); export with --format hf")
+        if cfg.rope_scaling != "none" or cfg.gelu_approximate != "tanh":
+            raise UserError("model.rope_scaling or model.gelu_approximate=none on a Phi model: llama.cpp's phi2 has "
+                            "neither (no RoPE scaling, the tanh GELU); export with --format hf")
+        return "phi2"
     if family.name == "gpt_neox":
         if cfg.rope_scaling != "none":
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a GPT-NeoX model: redline writes gptneox GGUF "
@@ -520,6 +539,12 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "phi2":  # the keys llama.cpp's converter writes for PhiForCausalLM, and the base
+        writer.add_head_count_kv(cfg.kv_heads)
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
+        writer.add_rope_freq_base(cfg.rope_theta)
         return
     if arch == "stablelm":  # the keys llama.cpp's converter writes for StableLmForCausalLM, and the base
         writer.add_head_count_kv(cfg.kv_heads)
