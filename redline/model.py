@@ -105,8 +105,9 @@ class ModelConfig:
     rope_dims: int = 0
     """RoPE on the first rope_dims of each head's width, the rest left as they are (GPT-NeoX's and Pythia's
     rotary_pct, Phi's partial_rotary_factor); 0: the whole head."""
-    mlp: Literal["gelu", "swiglu", "geglu", "relu2"] = "swiglu"
-    """MLP kind: GELU (GPT-2), SwiGLU, GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's), or ReLU squared."""
+    mlp: Literal["gelu", "swiglu", "geglu", "relu2", "relu"] = "swiglu"
+    """MLP kind: GELU (GPT-2), SwiGLU, GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's), ReLU squared, or ReLU
+    (OPT's)."""
     gelu_approximate: Literal["tanh", "none"] = "tanh"
     """The GELU of the gelu and geglu MLPs: the tanh approximation (GPT-2's gelu_new, Gemma's) or the exact erf form
     (GPT-NeoX's and Pythia's "gelu")."""
@@ -512,6 +513,8 @@ class MLP(nn.Module):
             h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate=self.gelu)) * up
         elif self.kind == "relu2":
             h = F.relu(h).square()
+        elif self.kind == "relu":
+            h = F.relu(h)
         else:
             h = F.gelu(h, approximate=self.gelu)
         return self.proj(h)

@@ -53,6 +53,9 @@ FAMILIES = {
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+    # OPT as opt-125m is: learned positions (two rows before position 0's), pre-LayerNorm, ReLU, biases, tied
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,
+                                                 max_position_embeddings=64, word_embed_proj_dim=64)),
     # GPT-2's layout with the erf GELU (activation_function "gelu")
     "gpt2-erf": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                                        activation_function="gelu")),
@@ -111,7 +114,9 @@ def hf_model(kind: str, seed: int = 0):
     import transformers
 
     config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES}[kind]
-    if kind.startswith("gpt2"):
+    if kind == "opt":
+        common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=1, dropout=0.0)
+    elif kind.startswith("gpt2"):
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0)
     else:

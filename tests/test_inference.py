@@ -44,6 +44,8 @@ ARCHITECTURES = {
     # Phi's: one LayerNorm feeding both sublayers, RoPE on half of each head, a bias on the head
     "phi-style": {"norm": "layernorm", "mlp": "gelu", "bias": True, "parallel_residual": True,
                   "parallel_shared_norm": True, "head_bias": True, "rope_dims": 8, "n_kv_head": 2},
+    # OPT's: learned positions, LayerNorm, a ReLU MLP, biases, tied
+    "opt-style": {"pos_emb": "learned", "norm": "layernorm", "mlp": "relu", "bias": True, "tie_embeddings": True},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
                     "rope_original_context": 32},
 }
@@ -112,6 +114,7 @@ def test_options_are_checked_where_they_cannot_run():
                                             ("olmo2-style", "needs pre-norm blocks"),
                                             ("gemma3-style", "needs pre-norm blocks"),
                                             ("neox-style", "model.parallel_residual"),
+                                            ("opt-style", "no fused relu activation"),
                                             ("mha", None), ("gpt2-style", None), ("no-positions-relu2", None)])
 def test_fused_block_architectures(arch, fragment):
     """Which architectures the fused decode block computes (it fuses each norm into the next product)."""

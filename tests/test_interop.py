@@ -99,6 +99,7 @@ REDLINE_EXPORTS = {
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
     "GPT2LMHeadModel-nobias": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=False),
+    "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True, tie_embeddings=True),
     "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False, head_size=8),
     "MistralForCausalLM": dict(sliding_window=5),
     "Qwen2ForCausalLM": dict(qkv_bias=True, tie_embeddings=True),
@@ -154,6 +155,7 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
 @pytest.mark.parametrize("overrides, fragment", [
     (dict(norm_position="post"), "post-norm"),
     (dict(mlp="relu2"), "model.mlp=relu2"),
+    (dict(pos_emb="learned", norm="layernorm", mlp="relu", n_kv_head=2), "OPT is multi-head"),
     (dict(pos_emb="learned"), "LayerNorm"),  # learned positions with RMSNorm
     (dict(logit_softcap=30.0), "logit_softcap"),
     (dict(pos_emb="none"), "pos_emb=none"),
@@ -265,7 +267,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi, qwen2, qwen3, stablelm")
+                         "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, opt, phi, qwen2, qwen3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -401,6 +403,20 @@ def test_import_stablelm_reads_the_hubs_config_and_refuses_what_it_cannot_run(tm
     path = tmp_path / "hf" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "qk_layernorm": True}))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "qk_layernorm=true")
+
+
+def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):
+    """opt-350m's post-norm blocks and narrow embedding, and other OPT options redline has no layer for, are one-line
+    errors naming them; the position table must hold the context plus OPT's two extra rows."""
+    hf_folder("opt", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"do_layer_norm_before": False}, "do_layer_norm_before=False"),
+                           ({"word_embed_proj_dim": 32}, "word_embed_proj_dim=32"),
+                           ({"activation_function": "gelu"}, "activation_function='gelu'"),
+                           ({"max_position_embeddings": 60}, "embed_positions has 66 rows")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 
 
 def test_import_olmo2_attention_bias_is_refused_by_name(tmp_path, capsys):

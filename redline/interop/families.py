@@ -4,7 +4,7 @@ A family is the pair (config translation, weight-name map) for one Hugging Face 
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
 sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
 norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
-gpt_neox.py GPT-NeoX (Pythia) and phi.py Phi.
+gpt_neox.py GPT-NeoX (Pythia), phi.py Phi and opt.py OPT.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -89,6 +89,18 @@ def bias_or_zeros(state: Mapping[str, torch.Tensor], name: str, like: torch.Tens
     return state[name] if name in state else like.new_zeros(like.shape[0])
 
 
+def qkv_parts(state: Mapping[str, torch.Tensor], r: str, cfg: ModelConfig) -> tuple[dict, dict]:
+    """({"q", "k", "v": weight}, {...: bias, zeros where the model has none}) of block prefix r, from redline's fused
+    qkv or its separate q/k/v layers: for the architectures that keep them apart with biases (Phi, OPT)."""
+    if cfg.fused_qkv:
+        q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        weight = state[f"{r}attn.qkv.weight"]
+        return (dict(zip("qkv", weight.split([q, kv, kv]))),
+                dict(zip("qkv", bias_or_zeros(state, f"{r}attn.qkv.bias", weight).split([q, kv, kv]))))
+    weights = {x: state[f"{r}attn.{x}.weight"] for x in "qkv"}
+    return weights, {x: bias_or_zeros(state, f"{r}attn.{x}.bias", weights[x]) for x in "qkv"}
+
+
 def take_weights_and_biases(src: TensorSource, names: Mapping[str, str], ours: str, theirs: str) -> dict:
     """{ours + name.weight / .bias: src's theirs + their name.weight / .bias} for each (name, their name) of `names`:
     a block's Linear and LayerNorm layers that move unchanged."""
@@ -135,10 +147,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import gemma3, gpt2, gpt_neox, llama, olmo2, phi, stablelm
+    from redline.interop import gemma3, gpt2, gpt_neox, llama, olmo2, opt, phi, stablelm
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
-                                phi.FAMILY, stablelm.FAMILY)}
+                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -157,7 +169,7 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 
 def export_family(cfg: ModelConfig) -> Family:
-    """The architecture a redline model exports as: GPT-2 with learned positions, OLMo 2 with norms on the sublayers'
+    """The architecture a redline model exports as: GPT-2 with learned positions, OPT with them and ReLU, OLMo 2 with norms on the sublayers'
     outputs, Gemma 3 with norms on their inputs and outputs, StableLM with RoPE, LayerNorm and SwiGLU, Phi with one
     norm for parallel sublayers, GPT-NeoX with
     RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding
@@ -166,7 +178,8 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
-                        "exports to (GPT-2, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3)")
+                        "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, OLMo 2, "
+                        "Gemma 3)")
     if cfg.rope_dims and cfg.norm_position != "pre":
         raise UserError(f"model.rope_dims={cfg.rope_dims} with norm_position={cfg.norm_position}: of the "
                         f"architectures redline exports to, only GPT-NeoX rotates part of each head, and its norms "
@@ -185,7 +198,7 @@ def export_family(cfg: ModelConfig) -> Family:
                         "the others RoPE)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
-                        f"(GPT-2, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes "
+                        f"(GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 3) mixes "
                         f"token-indexed tables into its attention values; run the model with redline generate, chat "
                         f"or serve instead")
     if cfg.norm_position == "sandwich":
@@ -220,6 +233,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         check_exportable(cfg)
         return families["gpt_neox"]
+    if cfg.pos_emb == "learned" and cfg.mlp == "relu":
+        from redline.interop.opt import check_exportable
+
+        check_exportable(cfg)
+        return families["opt"]
     if cfg.pos_emb == "learned":
         from redline.interop.gpt2 import check_exportable
 

@@ -492,6 +492,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
+    if family.name == "opt":
+        raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "
+                        "--format hf")
     if family.name == "stablelm":
         if cfg.rope_scaling != "none":
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a StableLM model: redline writes stablelm GGUF "

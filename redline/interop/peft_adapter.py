@@ -5,9 +5,9 @@ Hugging Face model `redline export` writes from the run's base:
     redline export RUN --adapter adapter/               # this module
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
-Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, gpt_neox.py), as PEFT
-saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by
-lora_alpha / r.
+Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, gpt_neox.py,
+opt.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r),
+scaled by lora_alpha / r.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part
@@ -36,6 +36,7 @@ _LLAMA = {"attn.proj": "self_attn.o_proj", "attn.q": "self_attn.q_proj", "attn.k
           "attn.v": "self_attn.v_proj", "mlp.proj": "mlp.down_proj", "mlp.up": "mlp.up_proj"}
 _PHI = {"attn.proj": "self_attn.dense", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
 _NEOX = {"attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
+_OPT = {"attn.proj": "self_attn.out_proj", "mlp.fc": "fc1", "mlp.proj": "fc2"}  # q/k/v as Llama's
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 
 
@@ -50,7 +51,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     i, rest = match.groups()
     if family.name == "gpt_neox":
         return _neox_parts(layer, f"gpt_neox.layers.{i}.", rest, out_features, cfg)
-    base = f"transformer.h.{i}." if gpt2 else f"model.layers.{i}."
+    base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
+        f"model.layers.{i}."
     if gpt2:
         if rest not in _GPT2:
             raise UserError(f"the adapter on {layer} has no counterpart in GPT-2 (whose q/k/v are one fused c_attn); "
@@ -60,10 +62,11 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
-    if family.name == "phi":
-        if rest not in _PHI:
-            raise UserError(f"the adapter on {layer} has no counterpart in Phi; export with --merge")
-        return [(base + _PHI[rest], slice(0, out_features))]
+    if family.name in ("phi", "opt"):
+        names = _PHI if family.name == "phi" else _OPT
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(base + names[rest], slice(0, out_features))]
     if rest == "mlp.fc":
         if cfg.fused_mlp:  # (gate; up) stacked, as llama.py's export splits the weight
             half = out_features // 2
@@ -88,7 +91,8 @@ def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelC
 
 def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
     """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
-    table = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in"}.get(family.name, "model.embed_tokens")
+    table = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in",
+             "opt": "model.decoder.embed_tokens"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
            "lm_head": ("lm_head", cfg.vocab_size)}
     if name not in top:

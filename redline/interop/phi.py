@@ -15,8 +15,8 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, bias_or_zeros, pad_rows, raise_first,
-                                      take_weights_and_biases)
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, pad_rows, qkv_parts,
+                                      raise_first, take_weights_and_biases)
 from redline.interop.llama import _rope, hf_config_for
 from redline.model import ModelConfig
 
@@ -115,16 +115,9 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
            "lm_head.bias": bias("lm_head.bias", head)[:V]}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = head[:V]
-    q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"model.layers.{i}."
-        if cfg.fused_qkv:
-            weight = state[f"{r}attn.qkv.weight"]
-            parts = dict(zip("qkv", weight.split([q, kv, kv])))
-            biases = dict(zip("qkv", bias(f"{r}attn.qkv.bias", weight).split([q, kv, kv])))
-        else:
-            parts = {x: state[f"{r}attn.{x}.weight"] for x in "qkv"}
-            biases = {x: bias(f"{r}attn.{x}.bias", parts[x]) for x in "qkv"}
+        parts, biases = qkv_parts(state, r, cfg)
         for x in "qkv":
             out[f"{p}self_attn.{x}_proj.weight"], out[f"{p}self_attn.{x}_proj.bias"] = parts[x], biases[x]
         for ours, theirs in _LAYER.items():

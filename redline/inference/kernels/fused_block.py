@@ -30,7 +30,7 @@ FIELDS_ACCOUNTED = {
     "norm_unit_offset": "refused: the product kernels scale a norm by its weight, not 1 + weight",
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
-    "mlp": "gelu (tanh), relu2, swiglu (geglu refused: no fused activation)",
+    "mlp": "gelu (tanh), relu2, swiglu (geglu and relu refused: no fused activation)",
     "value_embeddings": "none: the attention kernel starts from the raw qkv output, before tables are mixed in",
     "parallel_residual": "refused: the MLP's norm reads the block input, not the attention's residual sum",
     "parallel_shared_norm": "refused with parallel_residual",
