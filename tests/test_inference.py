@@ -779,8 +779,8 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style"])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_decode_kernels_refuse(arch):
     """OLMo 2's, Gemma 3's, GPT-NeoX's and Phi's blocks on the paths `auto` plans for them (the Triton decode kernels
-    refuse them): compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay; Gemma 3's windowed
-    and full layers each read their own mask (prompts and generations longer than the window)."""
+    refuse them): compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay; Gemma 3's
+    windowed and full layers each read their own mask (prompts and generations longer than the window)."""
     model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)

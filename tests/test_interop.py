@@ -267,7 +267,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, opt, phi, qwen2, qwen3, stablelm")
+                         "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, opt, phi, qwen2, "
+                         "qwen3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

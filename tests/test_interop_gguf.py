@@ -41,11 +41,10 @@ def import_gguf(path, out, capsys):
     return load_for_inference(out)
 
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
-# to n_ctx) and llama without its attention biases, and has no olmo2: those round trips are checked through redline's
-# reader only, as are GPT-NeoX and Phi (no gptneox or phi2 in its loader either) and StableLM away from its loader's fixed quarter of
-# each head rotated at base 10000 (stablelm-parallel),
-# and Gemma 3 only at the defaults its loader assumes (gemma3-gguf: the window pattern, the windowed layers' base,
-# query_pre_attn_scalar), not the gemma3 model's own (redline's keys carry them)
+# to n_ctx) and llama without its attention biases, and has no olmo2, gptneox or phi2: those round trips are checked
+# through redline's reader only, as are StableLM away from its loader's fixed quarter of each head rotated at base
+# 10000 (stablelm-parallel) and Gemma 3 away from the defaults its loader assumes (gemma3-gguf: the window pattern,
+# the windowed layers' base, query_pre_attn_scalar; redline's keys carry the gemma3 model's own)
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
                                                       ("qwen2", True), ("llama-untied-bias", False),
                                                       ("qwen3", False), ("olmo2", False), ("gpt2", False),

@@ -89,16 +89,32 @@ def bias_or_zeros(state: Mapping[str, torch.Tensor], name: str, like: torch.Tens
     return state[name] if name in state else like.new_zeros(like.shape[0])
 
 
-def qkv_parts(state: Mapping[str, torch.Tensor], r: str, cfg: ModelConfig) -> tuple[dict, dict]:
-    """({"q", "k", "v": weight}, {...: bias, zeros where the model has none}) of block prefix r, from redline's fused
-    qkv or its separate q/k/v layers: for the architectures that keep them apart with biases (Phi, OPT)."""
+def qkv_apart(state: Mapping[str, torch.Tensor], r: str, cfg: ModelConfig, theirs: str) -> dict:
+    """{theirs + q_proj / k_proj / v_proj + .weight / .bias} of block prefix r, from redline's fused qkv or its
+    separate q/k/v layers, a bias the model lacks as zeros: for the architectures that keep them apart with biases
+    (Phi, OPT; GPT-NeoX stacks them again in its own order)."""
     if cfg.fused_qkv:
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         weight = state[f"{r}attn.qkv.weight"]
-        return (dict(zip("qkv", weight.split([q, kv, kv]))),
-                dict(zip("qkv", bias_or_zeros(state, f"{r}attn.qkv.bias", weight).split([q, kv, kv]))))
-    weights = {x: state[f"{r}attn.{x}.weight"] for x in "qkv"}
-    return weights, {x: bias_or_zeros(state, f"{r}attn.{x}.bias", weights[x]) for x in "qkv"}
+        weights = dict(zip("qkv", weight.split([q, kv, kv])))
+        biases = dict(zip("qkv", bias_or_zeros(state, f"{r}attn.qkv.bias", weight).split([q, kv, kv])))
+    else:
+        weights = {x: state[f"{r}attn.{x}.weight"] for x in "qkv"}
+        biases = {x: bias_or_zeros(state, f"{r}attn.{x}.bias", weights[x]) for x in "qkv"}
+    return {f"{theirs}{x}_proj.{kind}": (weights if kind == "weight" else biases)[x]
+            for x in "qkv" for kind in ("weight", "bias")}
+
+
+def give_weights_and_biases(state: Mapping[str, torch.Tensor], names: Mapping[str, str], ours: str,
+                            theirs: str) -> dict:
+    """The export's take_weights_and_biases: {theirs + their name.weight / .bias: the model's}, a bias the model
+    lacks as zeros."""
+    out = {}
+    for mine, other in names.items():
+        weight = state[f"{ours}{mine}.weight"]
+        out[f"{theirs}{other}.weight"] = weight
+        out[f"{theirs}{other}.bias"] = bias_or_zeros(state, f"{ours}{mine}.bias", weight)
+    return out
 
 
 def take_weights_and_biases(src: TensorSource, names: Mapping[str, str], ours: str, theirs: str) -> dict:
@@ -169,12 +185,11 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 
 def export_family(cfg: ModelConfig) -> Family:
-    """The architecture a redline model exports as: GPT-2 with learned positions, OPT with them and ReLU, OLMo 2 with norms on the sublayers'
-    outputs, Gemma 3 with norms on their inputs and outputs, StableLM with RoPE, LayerNorm and SwiGLU, Phi with one
-    norm for parallel sublayers, GPT-NeoX with
-    RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding
-    window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline option that no such
-    architecture has."""
+    """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
+    with norms on the sublayers' outputs, Gemma 3 with norms on their inputs and outputs, StableLM with RoPE,
+    LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
+    parallel sublayers or exact GELU, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v
+    alone, Llama otherwise. A UserError names the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "

@@ -543,25 +543,17 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
         return
-    if arch == "phi2":  # the keys llama.cpp's converter writes for PhiForCausalLM, and the base
-        writer.add_head_count_kv(cfg.kv_heads)
+    if arch in ("phi2", "stablelm", "gptneox"):  # LayerNorm and partial RoPE: the keys llama.cpp's converter writes
+        # for these models (Phi2Model, StableLMModel, GPTNeoXModel), the base, and gptneox's GELU (NEOX_GELU_KEY)
+        if arch != "gptneox":
+            writer.add_head_count_kv(cfg.kv_heads)
         writer.add_layer_norm_eps(cfg.norm_eps)
         writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
         writer.add_rope_freq_base(cfg.rope_theta)
-        return
-    if arch == "stablelm":  # the keys llama.cpp's converter writes for StableLmForCausalLM, and the base
-        writer.add_head_count_kv(cfg.kv_heads)
-        writer.add_layer_norm_eps(cfg.norm_eps)
-        writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
-        writer.add_parallel_residual(cfg.parallel_residual)
-        writer.add_rope_freq_base(cfg.rope_theta)
-        return
-    if arch == "gptneox":  # the keys llama.cpp's converter writes for GPTNeoXForCausalLM, the base, and the GELU
-        writer.add_layer_norm_eps(cfg.norm_eps)
-        writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
-        writer.add_parallel_residual(cfg.parallel_residual)
-        writer.add_rope_freq_base(cfg.rope_theta)
-        writer.add_string(NEOX_GELU_KEY, cfg.gelu_approximate)
+        if arch != "phi2":
+            writer.add_parallel_residual(cfg.parallel_residual)
+        if arch == "gptneox":
+            writer.add_string(NEOX_GELU_KEY, cfg.gelu_approximate)
         return
     writer.add_head_count_kv(cfg.kv_heads)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
-                                      raise_first, take_weights_and_biases)
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_weights_and_biases,
+                                      multi_head_problems, pad_rows, qkv_apart, raise_first, take_weights_and_biases)
 from redline.interop.llama import _rope, hf_config_for
 from redline.model import ModelConfig
 
@@ -119,27 +119,18 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
-
-    def bias(name: str, like: torch.Tensor) -> torch.Tensor:
-        return bias_or_zeros(state, name, like)
-
     out = {"gpt_neox.embed_in.weight": state["wte.weight"][:V],
            "gpt_neox.final_layer_norm.weight": state["norm_f.weight"],
-           "gpt_neox.final_layer_norm.bias": bias("norm_f.bias", state["norm_f.weight"])}
+           "gpt_neox.final_layer_norm.bias": bias_or_zeros(state, "norm_f.bias", state["norm_f.weight"])}
     if not cfg.tie_embeddings:
         out["embed_out.weight"] = state["lm_head.weight"][:V]  # the Hub's name, which transformers 5 renames
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"gpt_neox.layers.{i}."
-        if cfg.fused_qkv:
-            qkv_w, qkv_b = state[f"{r}attn.qkv.weight"], bias(f"{r}attn.qkv.bias", state[f"{r}attn.qkv.weight"])
-        else:
-            qkv_w = torch.cat([state[f"{r}attn.{x}.weight"] for x in "qkv"])
-            qkv_b = torch.cat([bias(f"{r}attn.{x}.bias", state[f"{r}attn.{x}.weight"]) for x in "qkv"])
-        out[f"{p}attention.query_key_value.weight"] = _regroup(qkv_w, cfg, to_neox=True)
-        out[f"{p}attention.query_key_value.bias"] = _regroup(qkv_b, cfg, to_neox=True)
-        for ours, theirs in _LAYER.items():
-            weight = state[f"{r}{ours}.weight"]
-            out[f"{p}{theirs}.weight"], out[f"{p}{theirs}.bias"] = weight, bias(f"{r}{ours}.bias", weight)
+        apart = qkv_apart(state, r, cfg, "")
+        for kind in ("weight", "bias"):
+            stacked = torch.cat([apart[f"{x}_proj.{kind}"] for x in "qkv"])
+            out[f"{p}attention.query_key_value.{kind}"] = _regroup(stacked, cfg, to_neox=True)
+        out.update(give_weights_and_biases(state, _LAYER, r, p))
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -17,7 +17,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
-                                      qkv_parts, raise_first)
+                                      give_weights_and_biases, qkv_apart, raise_first)
 from redline.model import ModelConfig
 
 OFFSET = 2  # the rows of OPT's position table before position 0's
@@ -101,25 +101,17 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V, pre = cfg.vocab_size, "model.decoder."
-
-    def bias(name: str, like: torch.Tensor) -> torch.Tensor:
-        return bias_or_zeros(state, name, like)
-
     wpe = state["wpe.weight"]
     out = {pre + "embed_tokens.weight": state["wte.weight"][:V],
            pre + "embed_positions.weight": torch.cat([wpe.new_zeros(OFFSET, wpe.shape[1]), wpe]),
            pre + "final_layer_norm.weight": state["norm_f.weight"],
-           pre + "final_layer_norm.bias": bias("norm_f.bias", state["norm_f.weight"])}
+           pre + "final_layer_norm.bias": bias_or_zeros(state, "norm_f.bias", state["norm_f.weight"])}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = state["lm_head.weight"][:V]
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"{pre}layers.{i}."
-        parts, biases = qkv_parts(state, r, cfg)
-        for x in "qkv":
-            out[f"{p}self_attn.{x}_proj.weight"], out[f"{p}self_attn.{x}_proj.bias"] = parts[x], biases[x]
-        for ours, theirs in _LAYER.items():
-            weight = state[f"{r}{ours}.weight"]
-            out[f"{p}{theirs}.weight"], out[f"{p}{theirs}.bias"] = weight, bias(f"{r}{ours}.bias", weight)
+        out.update(qkv_apart(state, r, cfg, f"{p}self_attn."))
+        out.update(give_weights_and_biases(state, _LAYER, r, p))
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, bias_or_zeros, pad_rows, qkv_parts,
-                                      raise_first, take_weights_and_biases)
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_weights_and_biases, pad_rows,
+                                      qkv_apart, raise_first, take_weights_and_biases)
 from redline.interop.llama import _rope, hf_config_for
 from redline.model import ModelConfig
 
@@ -104,25 +104,17 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
-
-    def bias(name: str, like: torch.Tensor) -> torch.Tensor:
-        return bias_or_zeros(state, name, like)
-
     head = state["lm_head.weight"] if "lm_head.weight" in state else state["wte.weight"]
     out = {"model.embed_tokens.weight": state["wte.weight"][:V],
            "model.final_layernorm.weight": state["norm_f.weight"],
-           "model.final_layernorm.bias": bias("norm_f.bias", state["norm_f.weight"]),
-           "lm_head.bias": bias("lm_head.bias", head)[:V]}
+           "model.final_layernorm.bias": bias_or_zeros(state, "norm_f.bias", state["norm_f.weight"]),
+           "lm_head.bias": bias_or_zeros(state, "lm_head.bias", head)[:V]}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = head[:V]
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"model.layers.{i}."
-        parts, biases = qkv_parts(state, r, cfg)
-        for x in "qkv":
-            out[f"{p}self_attn.{x}_proj.weight"], out[f"{p}self_attn.{x}_proj.bias"] = parts[x], biases[x]
-        for ours, theirs in _LAYER.items():
-            weight = state[f"{r}{ours}.weight"]
-            out[f"{p}{theirs}.weight"], out[f"{p}{theirs}.bias"] = weight, bias(f"{r}{ours}.bias", weight)
+        out.update(qkv_apart(state, r, cfg, f"{p}self_attn."))
+        out.update(give_weights_and_biases(state, _LAYER, r, p))
     return {k: v.contiguous() for k, v in out.items()}
 
 
