@@ -163,46 +163,31 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                 "n_positions": key("context_length", 1024), "n_inner": key("feed_forward_length"),
                 "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
     width, heads = key("embedding_length"), key("attention.head_count")
-    if arch == "gptneox":  # LayerNorm, RoPE on rope.dimension_count of each head's dimensions
+    if arch in ("gptneox", "phi2", "stablelm"):  # LayerNorm, RoPE on rope.dimension_count of each head's dimensions
         if key("rope.scaling.type") not in (None, "none"):
-            raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a gptneox model is not read by "
+            raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a {arch} model is not read by "
                             f"redline; import the model's Hugging Face folder")
-        gelu = fields.get(NEOX_GELU_KEY, "none")
-        return {"model_type": "gpt_neox", "vocab_size": vocab, "hidden_size": width,
-                "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
-                "num_attention_heads": heads, "max_position_embeddings": key("context_length", 2048),
-                "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5),
-                "use_parallel_residual": bool(key("use_parallel_residual", True)),
-                "hidden_act": "gelu_new" if gelu == "tanh" else "gelu", "tie_word_embeddings": tied,
-                "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
-                                    "partial_rotary_factor": key("rope.dimension_count", width // heads)
-                                    / (width // heads)}}
-    if arch == "phi2":  # LayerNorm, RoPE on rope.dimension_count of each head's dimensions, tanh-GELU (llama.cpp's)
-        return {"model_type": "phi", "vocab_size": vocab, "hidden_size": width,
-                "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
-                "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv") or heads,
-                "max_position_embeddings": key("context_length", 2048),
-                "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied,
-                "hidden_act": "gelu_new",
-                "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
-                                    "partial_rotary_factor": key("rope.dimension_count", width // heads)
-                                    / (width // heads)}}
-    if arch == "stablelm":  # the Llama names with LayerNorm; RoPE on rope.dimension_count of each head's dimensions
-        return {"model_type": "stablelm", "vocab_size": vocab, "hidden_size": width,
-                "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
-                "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv") or heads,
-                "max_position_embeddings": key("context_length", 4096),
-                "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied,
-                # as transformers' GGUF loader reads them: q/k/v biases and the parallel block from the tensors
-                "use_qkv_bias": "blk.0.attn_q.bias" in tensor_names,
-                "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensor_names,
-                "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
-                                    "partial_rotary_factor": key("rope.dimension_count", width // heads)
-                                    / (width // heads)}}
+        config = {"vocab_size": vocab, "hidden_size": width, "intermediate_size": key("feed_forward_length"),
+                  "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
+                  "max_position_embeddings": key("context_length", 4096 if arch == "stablelm" else 2048),
+                  "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0),
+                                      "partial_rotary_factor": key("rope.dimension_count", width // heads)
+                                      / (width // heads)}}
+        if arch == "gptneox":
+            return {**config, "model_type": "gpt_neox",
+                    "use_parallel_residual": bool(key("use_parallel_residual", True)),
+                    "hidden_act": "gelu_new" if fields.get(NEOX_GELU_KEY, "none") == "tanh" else "gelu"}
+        config["num_key_value_heads"] = key("attention.head_count_kv") or heads
+        if arch == "phi2":  # llama.cpp's phi2 computes the tanh GELU
+            return {**config, "model_type": "phi", "hidden_act": "gelu_new"}
+        # as transformers' GGUF loader reads them: q/k/v biases and the parallel block from the tensors
+        return {**config, "model_type": "stablelm", "use_qkv_bias": "blk.0.attn_q.bias" in tensor_names,
+                "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensor_names}
     head_dim = key("attention.key_length") or key("rope.dimension_count") or width // heads
     if key("rope.dimension_count", head_dim) != head_dim:
         raise UserError(f"the GGUF rotates {key('rope.dimension_count')} of {head_dim} head dimensions (partial "
-                        f"RoPE), which redline does not support")
+                        f"RoPE), which redline does not read from a {arch} file")
     window = key("attention.sliding_window") or 0
     if arch == "olmo2" and window:  # llama.cpp reads it as OLMo 3's pattern (three windowed layers to one full)
         raise UserError("the GGUF's olmo2 architecture has a sliding window (OLMo 3's layout), which redline does "
