@@ -34,7 +34,7 @@ ARCHITECTURES = {
     "olmo2-style": {"n_kv_head": 2, "norm_position": "output", "qk_norm": True, "qk_norm_scope": "all"},
     # Gemma 3's block: sandwich norms scaling by 1 + weight, GeGLU, scaled embeddings and scores, a windowed layer
     # with its own RoPE base before a full one with YaRN's tables
-    "gemma3-style": {"n_kv_head": 2, "head_size": 24, "norm_position": "sandwich", "norm_unit_offset": True,
+    "gemma3-style": {"n_kv_head": 2, "head_size": 32, "norm_position": "sandwich", "norm_unit_offset": True,
                      "qk_norm": True, "mlp": "geglu", "embed_scale": True, "attn_scale": 0.1, "sliding_window": 6,
                      "sliding_window_pattern": 2, "rope_local_theta": 1000.0, "rope_scaling": "yarn",
                      "rope_factor": 4.0, "rope_original_context": 32, "tie_embeddings": True},
@@ -98,16 +98,6 @@ def test_options_are_checked_where_they_cannot_run():
     with pytest.raises(UserError, match="decode_linear must be one of auto, torch, triton"):
         InferenceEngine(tiny_model(), decode_linear="cublas")
     assert InferenceEngine(tiny_model(), compile=True).describe()["decode_linear"] == "torch"  # auto on a CPU
-    # the attention kernel normalizes q and k per head: OLMo 2's QK-norm over whole projections is refused by name,
-    # and so are Gemma 3's options
-    with pytest.raises(UserError, match="qk_norm_scope=all"):
-        InferenceEngine(tiny_model(**ARCHITECTURES["olmo2-style"]), decode_attention="triton")
-    with pytest.raises(UserError, match="model.norm_unit_offset"):
-        InferenceEngine(tiny_model(**ARCHITECTURES["gemma3-style"]), decode_attention="triton")
-    with pytest.raises(UserError, match="model.sliding_window_pattern"):
-        InferenceEngine(tiny_model(sliding_window=4, sliding_window_pattern=2), decode_attention="triton")
-    with pytest.raises(UserError, match="model.rope_dims"):
-        InferenceEngine(tiny_model(**ARCHITECTURES["neox-style"]), decode_attention="triton")
 
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),
@@ -128,6 +118,13 @@ def test_fused_block_architectures(arch, fragment):
     assert "no fused geglu activation" in unsupported(replace(BASE, mlp="geglu"))
     assert "model.norm_unit_offset" in unsupported(replace(BASE, norm_unit_offset=True))
     assert "gelu_approximate=none" in unsupported(replace(BASE, mlp="gelu", gelu_approximate="none"))
+    # what the attention kernel's prologue cannot compute from the raw projection the block hands it
+    for options, name in (({"qk_norm": True, "qk_norm_scope": "all"}, "qk_norm_scope=all"),
+                          ({"rope_dims": 8}, "model.rope_dims"),
+                          ({"sliding_window": 4, "rope_local_theta": 1e3}, "model.rope_local_theta"),
+                          ({"value_embeddings": 1}, "model.value_embeddings")):
+        assert name in unsupported(replace(BASE, **options)), options
+    assert unsupported(replace(BASE, sliding_window=4, sliding_window_pattern=2, attn_scale=0.1)) is None
 
 
 def test_fused_block_accounts_for_every_model_field():
@@ -776,17 +773,21 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style"])
-def test_compiled_cuda_graph_engine_runs_the_blocks_the_decode_kernels_refuse(arch):
-    """OLMo 2's, Gemma 3's, GPT-NeoX's and Phi's blocks on the paths `auto` plans for them (the Triton decode kernels
-    refuse them): compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay; Gemma 3's
-    windowed and full layers each read their own mask (prompts and generations longer than the window)."""
+@pytest.mark.parametrize("impl", ["matmul", "triton"])
+@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style", "opt-style"])
+def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
+    """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's and OPT's blocks, which the fused decode block refuses, with either
+    decode attention: compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay.
+    triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm over whole
+    projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE), Gemma 3's score scale and each layer's
+    window handed to the kernel; Gemma 3's windowed and full layers each attend as their own (prompts and
+    generations longer than the window)."""
     model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
     refs = [reference_greedy(model, p, 72) for p in PROMPTS]
-    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True)
-    assert (engine.describe()["decode_attention"], engine.describe()["decode_linear"]) == ("matmul", "torch")
+    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention=impl)
+    assert (engine.describe()["decode_attention"], engine.describe()["decode_linear"]) == (impl, "torch")
     for _ in range(2):  # the second call replays the captured graphs
         assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
     assert engine.generate(PROMPTS[2:3], 72)[0].tokens == refs[2]

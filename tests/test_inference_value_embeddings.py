@@ -1,8 +1,8 @@
 """The KV-cache engine on a model with value embeddings (model.value_embeddings: token-indexed tables mixed into the
 attention values of the first and last layers): greedy tokens and log-probabilities equal the full-recompute
 forward's (GPT.generate), for one row and a batch of prompts of different lengths, with the prompt prefilled whole
-or in spans, in the server's DecodeBatch too; the Triton decode paths, which cannot mix the tables in, are refused
-in one line naming the option."""
+or in spans, in the server's DecodeBatch too; on a GPU, redline's attention kernel over values the layer mixed in
+torch; the fused decode block, which cannot mix the tables in, is refused in one line naming the option."""
 
 import json
 from dataclasses import replace
@@ -72,6 +72,21 @@ def test_greedy_batch_and_single_row_equal_generate(prefill_chunk_tokens, device
     assert [engine.generate([p], n)[0].tokens for p in PROMPTS[1:3]] == refs[1:3]  # batch of one
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_triton_decode_attention_takes_values_mixed_in_torch():
+    """decode_attention triton: the layer mixes the tables into the values in torch and the kernel stores and
+    attends over them (compiled, captured): greedy equal to the full forward, batch and single row."""
+    model = ve_model(context_len=160).cuda()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # fp32: keep near-ties out of the greedy comparison
+    engine = InferenceEngine(model, dtype=torch.float32, compile=True, cuda_graphs=True, decode_attention="triton")
+    assert engine.describe()["decode_attention"] == "triton" and engine.describe()["decode_linear"] == "torch"
+    refs = [reference_greedy(model, p, 72) for p in PROMPTS]
+    assert [r.tokens for r in engine.generate(PROMPTS, 72)] == refs
+    assert engine.generate(PROMPTS[2:3], 72)[0].tokens == refs[2]
+
+
 def test_bucketed_prefill_equals_generate():
     """The GPU path's shapes on the CPU, eagerly: prompts padded to a length bucket (the padding's tables looked up
     too, never attended to), rows in chunks, widths rounded to 64 (decoding crosses one)."""
@@ -132,12 +147,15 @@ def test_decode_batch_greedy_equals_generate(device):
     assert [done[i] for i in range(len(PROMPTS))] == refs
 
 
-def test_triton_decode_paths_are_refused_in_one_line():
+def test_fused_decode_block_is_refused_in_one_line():
+    """The fused block hands the attention kernel the raw projection, before the tables are mixed in: refused by
+    name, whatever the machine (the attention kernel alone takes values mixed in torch, on a GPU)."""
     model = ve_model()
-    with pytest.raises(UserError, match="decode_attention triton .* value embeddings .*use decode_attention matmul"):
-        InferenceEngine(model, decode_attention="triton")
-    with pytest.raises(UserError, match="decode_linear triton cannot mix in the model's value embeddings"):
+    with pytest.raises(UserError, match="decode_linear triton hands the attention kernel the raw qkv projection, "
+                                        "which cannot give it value embeddings"):
         InferenceEngine(model, decode_linear="triton")
+    with pytest.raises(UserError, match="decode_attention triton runs on CUDA GPUs only"):
+        InferenceEngine(model, decode_attention="triton")
     assert InferenceEngine(model, compile=True).describe()["decode_attention"] == "matmul"
 
 

@@ -17,7 +17,9 @@ cache must hold, and attends over it:
 - `DecodeLayer`: one new token per row, written into the cache at the row's slot, attending to slots 0..slot (or
   the sliding window's last ones) of the first `width` slots of the buffer: by "matmul" (q·Kᵀ, masked fp32
   softmax, ·V; the portable path) or by "triton", redline's decode kernel (kernels/decode_attention.py), which
-  starts from the qkv projection's output and does QK-norm, RoPE, the cache write and the attention in one launch.
+  starts from the qkv projection's output and does QK-norm, RoPE, the cache write and the attention in one launch
+  (for a model whose QK-norm, RoPE or values it cannot compute there, `kernel_prologue_unsupported`, the layer
+  computes q, k and v in torch first and the kernel does the rest).
   The new key and value are scattered into the layer's whole buffer (not into a view of it): Inductor then updates
   the buffer in place, where a write into a view passed in is copied back whole.
 """
@@ -182,6 +184,25 @@ def _scatter_slot(buf: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> Non
     buf.scatter_(2, index, x)
 
 
+def kernel_prologue_unsupported(cfg) -> str | None:
+    """What of this model the decode kernel's prologue cannot compute from the raw qkv projection (it normalizes q
+    and k per head by the weight and rotates whole heads with one table), or None. The cache layer then computes q,
+    k and v in torch (Attention.project_qkv, compiled with the block, as the matmul path does) and hands the kernel
+    those, to store and attend over; redline's fused decode block, which hands the kernel the raw projection, cannot
+    run such a model."""
+    if getattr(cfg, "value_embeddings", 0):
+        return "value embeddings mixed into the values (model.value_embeddings)"
+    if cfg.qk_norm and getattr(cfg, "qk_norm_scope", "head") != "head":
+        return "QK-norm over whole projections (model.qk_norm_scope=all)"
+    if cfg.qk_norm and getattr(cfg, "norm_unit_offset", False):
+        return "QK-norm scaling by 1 + weight (model.norm_unit_offset)"
+    if getattr(cfg, "rope_dims", 0):
+        return "RoPE on part of each head (model.rope_dims)"
+    if getattr(cfg, "rope_local_theta", 0):
+        return "the windowed layers' own RoPE tables (model.rope_local_theta)"
+    return None
+
+
 class DecodeLayer:
     """A cache layer for one decode step: each row's new key and value go into its slot (slot (B,)), and it
     attends to the first `width` slots under `mask` (B, 1, 1, width), its layer's ("matmul"; the "triton" kernel computes the mask
@@ -197,6 +218,11 @@ class DecodeLayer:
         (the "triton" kernel starts from the raw qkv projection and takes none: the plan keeps value-embedding
         models on "matmul")."""
         if self.impl == "triton":
+            if kernel_prologue_unsupported(attn.cfg):  # q, k, v made here, as the matmul path makes them
+                B = x.shape[0]
+                q, k, v = attn.project_qkv(x, rope, ve)  # q (B, H, 1, D); k, v (B, KV, 1, D)
+                qkv = torch.cat([q.reshape(B, -1), k.reshape(B, -1), v.reshape(B, -1)], dim=-1)
+                return self.attend_projected(attn, qkv, None, prepared=True)[:, None]
             # one (B, (H + 2·KV)·D) input: the fused layer's output as it is (splitting it first can make Inductor
             # copy each part out); separate q, k, v layers are concatenated
             qkv = attn.qkv(x) if attn.cfg.fused_qkv else torch.cat(attn.project(x), dim=-1)
@@ -216,18 +242,18 @@ class DecodeLayer:
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
         return cached_attention(q, keys, values, self.mask, attn.scale)
 
-    def attend_projected(self, attn, qkv: torch.Tensor, rope) -> torch.Tensor:
-        """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D)."""
+    def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
+        """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the
+        kernel applying the QK-norm and RoPE; prepared: qkv holds q, k and v with them applied already."""
         B = qkv.shape[0]
-        cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None else (None, None)  # (B, D/2) each
+        cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None and not prepared else (None, None)  # (B, D/2)
         norms, eps = (None, None), 0.0
-        if attn.cfg.qk_norm:
+        if attn.cfg.qk_norm and not prepared:
             norms = (attn.q_norm.weight, attn.k_norm.weight)
             eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(qkv.dtype).eps
-        window = attn.cfg.sliding_window
+        args = (self.slot, self.counts, self.width, attn.window, eps, *norms, cos, sin)
+        scale = attn.scale or 0.0  # 0: the kernel's 1 / sqrt(D)
         if self.scales is not None:
-            return torch.ops.redline.decode_attention_fp8(qkv.view(B, -1), self.k_buf, self.v_buf, *self.scales,
-                                                          self.slot, self.counts, self.width, window, eps, *norms,
-                                                          cos, sin)
-        return torch.ops.redline.decode_attention(qkv.view(B, -1), self.k_buf, self.v_buf, self.slot, self.counts,
-                                                  self.width, window, eps, *norms, cos, sin)
+            return torch.ops.redline.decode_attention_fp8(qkv.view(B, -1), self.k_buf, self.v_buf, *self.scales, *args,
+                                                          scale=scale)
+        return torch.ops.redline.decode_attention(qkv.view(B, -1), self.k_buf, self.v_buf, *args, scale=scale)

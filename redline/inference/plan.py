@@ -6,10 +6,10 @@ The choices, and what "auto" picks:
   it already);
 - compile / cuda_graphs: on for CUDA, off on a CPU (graphs need a GPU);
 - decode attention: "triton" (redline's kernel, kernels/decode_attention.py) where the step is compiled for a GPU
-  that can run it, else "matmul" (the portable path); a model with value embeddings (model.value_embeddings) decodes
-  by "matmul" and "torch": the kernels start from the raw qkv projection, before the tables are mixed into the
-  values; so does one whose QK-norm spans whole projections (OLMo 2's; the kernel normalizes per head), and one
-  with Gemma 3's options (norm_unit_offset, attn_scale, sliding_window_pattern, rope_local_theta);
+  that can run it and the head dimension is a power of two, else "matmul" (the portable path); where the kernel's
+  prologue cannot compute a model's q, k and v from the raw projection (value embeddings, OLMo 2's QK-norm over
+  whole projections, Gemma 3's, partial RoPE: cache.kernel_prologue_unsupported), the layer computes them in torch
+  and the kernel stores and attends over them;
 - decode linear: "triton" (redline's product kernels with norms, biases, activations and residual adds fused in,
   kernels/fused_block.py) where decode attention is triton and the architecture is one the fused block computes,
   else "torch" (cuBLAS, or Inductor's tuned reductions under kernel_tuning);
@@ -77,19 +77,19 @@ def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, 
     if dtype is None:
         dtype = torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float32
     compile = on_cuda if compile is None else compile
-    attention = _attention(decode_attention, cfg, device, compile)
+    attention = _attention(decode_attention, cfg, device, compile, dtype)
     return DecodePlan(device=device, dtype=dtype, compile=compile,
                       cuda_graphs=on_cuda if cuda_graphs is None else cuda_graphs, attention=attention,
                       linear=_linear(decode_linear, cfg, device, attention, dtype), kv_cache=kv_cache_dtype,
                       kernel_tuning=kernel_tuning and compile, prefill_chunk_tokens=prefill_chunk_tokens)
 
 
-def _attention(choice: str, cfg, device: torch.device, compile: bool) -> str:
+def _attention(choice: str, cfg, device: torch.device, compile: bool, dtype: torch.dtype) -> str:
     """"triton" or "matmul": triton asked for where it cannot run is an error; auto takes it where the step is
     compiled for a GPU that runs it."""
     if choice == "matmul" or (choice == "auto" and not (compile and device.type == "cuda")):
         return "matmul"
-    reason = _triton_attention_unsupported(cfg, device)
+    reason = _triton_attention_unsupported(cfg, device, dtype)
     if reason is None:
         return "triton"
     if choice == "triton":
@@ -97,24 +97,12 @@ def _attention(choice: str, cfg, device: torch.device, compile: bool) -> str:
     return "matmul"
 
 
-def _triton_attention_unsupported(cfg, device: torch.device) -> str | None:
-    if getattr(cfg, "value_embeddings", 0):
-        return ("decode_attention triton starts from the raw qkv projection and cannot mix in the model's value "
-                "embeddings (model.value_embeddings); use decode_attention matmul (or auto)")
-    if getattr(cfg, "qk_norm", False) and getattr(cfg, "qk_norm_scope", "head") != "head":
-        return ("decode_attention triton normalizes q and k per head; this model's QK-norm spans whole projections "
-                "(model.qk_norm_scope=all, OLMo 2's); use decode_attention matmul (or auto)")
-    # Gemma 3's options, none of which the kernel computes: its scale is 1 / sqrt(D), its QK-norm scales by the
-    # weight, and it applies one window and one RoPE table to every layer
-    for name, why in (("norm_unit_offset", "its QK-norm scales by the weight, not 1 + weight"),
-                      ("attn_scale", "it scales the scores by 1 / sqrt(head_dim)"),
-                      ("sliding_window_pattern", "it applies one window to every layer"),
-                      ("rope_local_theta", "it applies one RoPE table to every layer"),
-                      ("rope_dims", "it rotates the whole head")):
-        if getattr(cfg, name, 0):
-            return f"decode_attention triton cannot run model.{name} ({why}); use decode_attention matmul (or auto)"
+def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype) -> str | None:
+    # (what the kernel's prologue cannot compute, cache.kernel_prologue_unsupported, the layer computes before it)
     if device.type != "cuda":
         return "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul"
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"decode_attention triton computes in bf16, fp16 or fp32, not {dtype}; use matmul"
     try:
         import redline.inference.kernels.decode_attention as kernel
     except ImportError as e:

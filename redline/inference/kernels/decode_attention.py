@@ -442,7 +442,7 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                      counts: torch.Tensor,
                      width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
                      k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                     sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
+                     sin: torch.Tensor | None = None, split: int = 0, scale: float = 0.0) -> torch.Tensor:
     """One decode step of attention for a layer, from the projections to the attention output.
 
     qkv (B, (H + 2·KV)·D): this step's projections as the fused qkv layer writes them, the H query heads, then
@@ -455,15 +455,15 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     explicit split above that); the split kernel counts in it and leaves it zero.
     split: cache slots per program of the split kernel, a power of two >= 16; -1: the whole-width kernel; 0: the
     split kernel for fewer than WHOLE_FROM_PROGRAMS (row, kv head) pairs (a batch of one), else the whole-width
-    kernel.
+    kernel. scale: the scores' scale (0: 1 / sqrt(D)).
     -> (B, H·D) in qkv's dtype. Query head h uses kv head h // (H/KV)."""
     return _attend(qkv, k_cache, v_cache, None, None, slot, counts, width, window, eps, q_norm, k_norm, cos, sin,
-                   split)
+                   split, scale)
 
 
 @decode_attention.register_fake
 def _(qkv, k_cache, v_cache, slot, counts, width, window, eps, q_norm=None, k_norm=None, cos=None, sin=None,
-      split=0):
+      split=0, scale=0.0):
     return _output_like(qkv, k_cache)
 
 
@@ -480,22 +480,22 @@ def decode_attention_fp8(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                          v_scale: torch.Tensor, slot: torch.Tensor, counts: torch.Tensor,
                          width: int, window: int, eps: float, q_norm: torch.Tensor | None = None,
                          k_norm: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                         sin: torch.Tensor | None = None, split: int = 0) -> torch.Tensor:
+                         sin: torch.Tensor | None = None, split: int = 0, scale: float = 0.0) -> torch.Tensor:
     """decode_attention for an FP8 cache: k_cache, v_cache (B, KV, S, D) float8_e4m3fn with their scales k_scale,
     v_scale (B, KV, S) fp32, slots contiguous (cache.quantize_kv); the new key and value are quantised and stored
     with their scales."""
     return _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width, window, eps, q_norm, k_norm,
-                   cos, sin, split)
+                   cos, sin, split, scale)
 
 
 @decode_attention_fp8.register_fake
 def _(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width, window, eps, q_norm=None, k_norm=None,
-      cos=None, sin=None, split=0):
+      cos=None, sin=None, split=0, scale=0.0):
     return _output_like(qkv, k_cache)
 
 
 def _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width: int, window: int, eps: float,
-            q_norm, k_norm, cos, sin, split: int) -> torch.Tensor:
+            q_norm, k_norm, cos, sin, split: int, scale: float = 0.0) -> torch.Tensor:
     """The two ops' launch (k_scale None: a cache in qkv's dtype)."""
     B, KV, _, D = k_cache.shape
     H = qkv.shape[1] // D - 2 * KV
@@ -516,7 +516,7 @@ def _attend(qkv, k_cache, v_cache, k_scale, v_scale, slot, counts, width: int, w
     strides = (qkv.stride(0), cos.stride(0) if rope else 0, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                k_scale.stride(0) if quant else 0, k_scale.stride(1) if quant else 0, out.stride(0))
-    qk_scale = D ** -0.5 * math.log2(math.e)  # exp2 in the kernels
+    qk_scale = (scale or D ** -0.5) * math.log2(math.e)  # exp2 in the kernels
     if whole:  # enough (row, kv head) programs to fill the GPU: one program per pair, over the whole width
         if mma:
             block, stages = WHOLE_BLOCK, WHOLE_STAGES_ONE_HEAD if G == 1 and not quant else WHOLE_STAGES

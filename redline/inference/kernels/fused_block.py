@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from redline.inference.cache import kernel_prologue_unsupported
+
 ACTIVATION = {"gelu": "gelu_tanh", "relu2": "relu2", "swiglu": "swiglu"}
 MAX_ROWS = 64  # redline's product kernels take the step's products up to this batch; above it they are cuBLAS's
 
@@ -31,12 +33,12 @@ FIELDS_ACCOUNTED = {
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
     "mlp": "gelu (tanh), relu2, swiglu (geglu and relu refused: no fused activation)",
-    "value_embeddings": "none: the attention kernel starts from the raw qkv output, before tables are mixed in",
+    "value_embeddings": "refused: the block hands the attention kernel the raw qkv output, before tables are mixed in",
     "parallel_residual": "refused: the MLP's norm reads the block input, not the attention's residual sum",
     "parallel_shared_norm": "refused with parallel_residual",
     "head_bias": "the head's bias is added in its product's epilogue",
     "gelu_approximate": "tanh only: the product kernels' GELU is the tanh approximation",
-    "rope_dims": "the plan keeps partial RoPE off the attention kernel, and so off this path",
+    "rope_dims": "refused: the attention kernel rotates whole heads of the raw qkv output",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
@@ -44,12 +46,11 @@ FIELDS_ACCOUNTED = {
     "bias": "each Linear's bias is added in its product's epilogue",
     "qkv_bias": "the qkv Linear's bias, as any bias",
     "qk_norm": "in the attention kernel",
-    "qk_norm_scope": "head only: the plan keeps a model with QK-norm over whole projections off the attention kernel, "
-                     "and so off this path",
+    "qk_norm_scope": "head only: the attention kernel normalizes the raw qkv output per head",
     "sliding_window": "in the attention kernel",
-    "sliding_window_pattern": "the plan keeps it off the attention kernel, and so off this path",
-    "attn_scale": "the plan keeps it off the attention kernel, and so off this path",
-    "rope_local_theta": "the plan keeps it off the attention kernel, and so off this path",
+    "sliding_window_pattern": "each layer's window to the attention kernel",
+    "attn_scale": "the scores' scale to the attention kernel",
+    "rope_local_theta": "refused: the attention kernel rotates the raw qkv output with one table",
     "n_head": "shapes", "n_kv_head": "shapes", "head_size": "shapes", "n_embd": "shapes", "mlp_hidden": "shapes",
     "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
     "tie_embeddings": "the head's weight, whatever it is tied to",
@@ -78,12 +79,12 @@ def unsupported(cfg) -> str | None:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):
         return "decode_linear triton scales a norm by its weight, not 1 + weight (model.norm_unit_offset)"
-    if getattr(cfg, "value_embeddings", 0):
-        return "decode_linear triton cannot mix in the model's value embeddings (model.value_embeddings)"
     if getattr(cfg, "parallel_residual", False):
         return "decode_linear triton fuses the MLP's norm onto the attention's residual sum (model.parallel_residual)"
     if cfg.mlp in ("gelu", "geglu") and getattr(cfg, "gelu_approximate", "tanh") != "tanh":
         return "decode_linear triton's GELU is the tanh approximation (model.gelu_approximate=none)"
+    if why := kernel_prologue_unsupported(cfg):  # the block hands the attention kernel the raw projection
+        return f"decode_linear triton hands the attention kernel the raw qkv projection, which cannot give it {why}"
     return None
 
 
