@@ -221,11 +221,14 @@ def test_the_fast_recipe_combines_the_levers():
 
 def test_modern_124m_trains_what_adamw_trains_beside_muon_at_ten_times_its_rate(tmp_path):
     """modern-124m's default: the tied table and the 1-D gains at AdamW 1e-2 beside Muon (optim.lr stays the size's
-    1e-3, for a switch to AdamW); the larger presets keep their rate; the `adamw` recipe and the sweeps measured
-    before it put both back at optim.lr (a recipe writes "None", as the command line does)."""
+    1e-3, for a switch to AdamW), modern-350m's at 6e-3 (its lr 6e-4); the unmeasured larger presets keep their
+    rate; the `adamw` recipe and the sweeps measured before it put both back at optim.lr (a recipe writes "None", as
+    the command line does)."""
     cfg = parse(TrainConfig, ["--preset", "modern-124m"], prog="t", description="t")
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.head_lr, cfg.optim.gain_lr) == ("muon", 1e-3, 1e-2, 1e-2)
-    for argv in (["--preset", "modern-350m"], ["--recipe", "adamw"]):
+    o = parse(TrainConfig, ["--preset", "modern-350m"], prog="t", description="t").optim
+    assert (o.lr, o.head_lr, o.gain_lr) == (6e-4, 6e-3, 6e-3)
+    for argv in (["--preset", "modern-774m"], ["--preset", "gpt2-350m"], ["--recipe", "adamw"]):
         o = parse(TrainConfig, argv, prog="t", description="t").optim
         assert o.head_lr is None and o.gain_lr is None, argv
     tiny = ModelConfig(vocab_size=64, context_len=16, n_layer=1, n_head=2, n_embd=16, tie_embeddings=True)
