@@ -105,6 +105,9 @@ class ModelConfig:
     rope_dims: int = 0
     """RoPE on the first rope_dims of each head's width, the rest left as they are (GPT-NeoX's and Pythia's
     rotary_pct, Phi's partial_rotary_factor); 0: the whole head."""
+    nope_interval: int = 0
+    """Layer i takes no RoPE where (i + 1) is a multiple of this (its attention position-free, "NoPE": SmolLM3's
+    no_rope_layers, one layer in 4); 0 = RoPE on every layer."""
     mlp: Literal["gelu", "swiglu", "geglu", "relu2", "relu"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's), ReLU squared, or ReLU
     (OPT's)."""
@@ -193,6 +196,10 @@ class ModelConfig:
             return 0
         return self.sliding_window
 
+    def layer_rope(self, layer: int) -> bool:
+        """Whether layer `layer` rotates its q and k (RoPE models): see nope_interval."""
+        return not (self.nope_interval and (layer + 1) % self.nope_interval == 0)
+
     @property
     def windows(self) -> list[int]:
         """The layers' distinct windows (0: full attention), each once: attention masks are built once per window."""
@@ -233,6 +240,9 @@ class ModelConfig:
         if self.rope_dims and (self.pos_emb != "rope" or self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim):
             raise UserError(f"model.rope_dims={self.rope_dims} needs RoPE (model.pos_emb=rope) and an even number of "
                             f"dimensions up to the head width {self.head_dim} (0: the whole head)")
+        if self.nope_interval < 0 or (self.nope_interval and self.pos_emb != "rope"):
+            raise UserError(f"model.nope_interval={self.nope_interval} needs RoPE (model.pos_emb=rope) and must be "
+                            f">= 0 (0 = RoPE on every layer)")
         if self.norm_bias and self.norm != "layernorm":
             raise UserError("model.norm_bias needs model.norm=layernorm (an RMSNorm has no bias)")
         if self.parallel_shared_norm and not self.parallel_residual:
@@ -411,6 +421,7 @@ class Attention(nn.Module):
         self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         self.window = cfg.layer_window(layer)  # this layer's sliding window (0: the whole context)
         self.local_rope = bool(cfg.rope_local_theta) and self.window > 0  # the windowed layers' own RoPE tables
+        self.use_rope = cfg.layer_rope(layer)  # False: a NoPE layer (nope_interval) ignores the RoPE tables
         self.scale = cfg.attn_scale or None  # None: SDPA's 1 / sqrt(head_dim)
         # value embeddings: v ← λ₀·v + λ₁·ve (modded-nanogpt's `lambdas`), (2,) learned, 0.5 each at init
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
@@ -452,7 +463,7 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         if self.cfg.qk_norm and self.cfg.qk_norm_scope == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
+        if rope is not None and self.use_rope:
             cos, sin = layer_rope(rope, self.local_rope)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v

@@ -79,6 +79,11 @@ FAMILIES = {
                                tie_word_embeddings=True,
                                rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                 "partial_rotary_factor": 0.5})),
+    # SmolLM3: Llama's block with RoPE left out of every second layer (its release: every fourth), GQA, tied;
+    # three layers, so the NoPE layer sits between two rotating ones
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, no_rope_layer_interval=2,
+                     tie_word_embeddings=True, pad_token_id=None)),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,
@@ -99,6 +104,9 @@ GGUF_FAMILIES = {
     # sequences and the full layer's own base
     # GPT-NeoX as Pythia is, at the RoPE base llama.cpp's converter leaves implicit (10000)
     "gpt_neox-pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(num_attention_heads=4)),
+    # SmolLM3 at llama.cpp's fixed step (RoPE left out of layer 3 of 4)
+    "smollm3-gguf": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, pad_token_id=None)),
     "gemma3-gguf": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                     dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256, num_hidden_layers=6,
                          query_pre_attn_scalar=256, sliding_window=5,

@@ -44,6 +44,8 @@ ARCHITECTURES = {
     # Phi's: one LayerNorm feeding both sublayers, RoPE on half of each head, a bias on the head
     "phi-style": {"norm": "layernorm", "mlp": "gelu", "bias": True, "parallel_residual": True,
                   "parallel_shared_norm": True, "head_bias": True, "rope_dims": 8, "n_kv_head": 2},
+    # SmolLM3's: layer 1 of 2 without RoPE (its attention position-free)
+    "smollm3-style": {"n_kv_head": 2, "nope_interval": 2},
     # OPT's: learned positions, LayerNorm, a ReLU MLP, biases, tied
     "opt-style": {"pos_emb": "learned", "norm": "layernorm", "mlp": "relu", "bias": True, "tie_embeddings": True},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
@@ -122,7 +124,8 @@ def test_fused_block_architectures(arch, fragment):
     for options, name in (({"qk_norm": True, "qk_norm_scope": "all"}, "qk_norm_scope=all"),
                           ({"rope_dims": 8}, "model.rope_dims"),
                           ({"sliding_window": 4, "rope_local_theta": 1e3}, "model.rope_local_theta"),
-                          ({"value_embeddings": 1}, "model.value_embeddings")):
+                          ({"value_embeddings": 1}, "model.value_embeddings"),
+                          ({"nope_interval": 2}, "model.nope_interval")):
         assert name in unsupported(replace(BASE, **options)), options
     assert unsupported(replace(BASE, sliding_window=4, sliding_window_pattern=2, attn_scale=0.1)) is None
 
@@ -774,14 +777,15 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("impl", ["matmul", "triton"])
-@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style", "opt-style"])
+@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style", "opt-style",
+                                  "smollm3-style"])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
-    """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's and OPT's blocks, which the fused decode block refuses, with either
-    decode attention: compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay.
-    triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm over whole
-    projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE), Gemma 3's score scale and each layer's
-    window handed to the kernel; Gemma 3's windowed and full layers each attend as their own (prompts and
-    generations longer than the window)."""
+    """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's and SmolLM3's blocks, which the fused decode block refuses, with
+    either decode attention: compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a
+    replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm over
+    whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), Gemma 3's
+    score scale and each layer's window handed to the kernel; Gemma 3's windowed and full layers each attend as their
+    own (prompts and generations longer than the window)."""
     model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)

@@ -120,6 +120,8 @@ REDLINE_EXPORTS = {
     # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
                            parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
+    # SmolLM3: RoPE on layer 0 but not 1, untied, with biases on every Linear layer
+    "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2, bias=True),
     "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
                               embed_scale=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
                               rope_local_theta=1000.0, attn_scale=0.25, tie_embeddings=True, logit_softcap=30.0),
@@ -176,6 +178,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
                                                     "norm_position=sandwich"),
     (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True, embed_scale=True,
           attn_scale=0.3), "integer query_pre_attn_scalar"),
+    (dict(nope_interval=2, qk_norm=True), "model.nope_interval with model.qk_norm"),
+    (dict(nope_interval=2, norm="layernorm", mlp="gelu"), "only SmolLM3 has layers without RoPE"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -404,6 +408,31 @@ def test_import_stablelm_reads_the_hubs_config_and_refuses_what_it_cannot_run(tm
     path = tmp_path / "hf" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "qk_layernorm": True}))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "qk_layernorm=true")
+
+
+def test_import_smollm3_reads_the_hubs_config_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """SmolLM3-3B's config.json as the Hub has it (no_rope_layers spelled out, one layer in four without RoPE) reads
+    as nope_interval 4; a list that is not every N-th layer, and a window on its NoPE layers, are one-line errors."""
+    from redline.interop.llama import model_config_for
+
+    hub = {"model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], "vocab_size": 128256,
+           "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+           "num_key_value_heads": 4, "hidden_act": "silu", "max_position_embeddings": 65536, "rms_norm_eps": 1e-06,
+           "rope_theta": 5000000.0, "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
+           "no_rope_layer_interval": 4, "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(36)],
+           "use_sliding_window": False, "sliding_window": None, "tie_word_embeddings": True}
+    cfg = model_config_for("smollm3")(hub)
+    assert (cfg.nope_interval, cfg.kv_heads, cfg.tie_embeddings, cfg.rope_theta, cfg.sliding_window) == \
+        (4, 4, True, 5e6, 0)
+    assert [cfg.layer_rope(i) for i in range(8)] == [True, True, True, False] * 2
+    hf_folder("smollm3", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"no_rope_layers": [1, 0, 0]}, "not on one layer in every 2"),
+                           ({"no_rope_layers": [1, 0]}, "no_rope_layers has 2 entries for 3 layers"),
+                           ({"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window=true")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

@@ -41,8 +41,8 @@ def import_gguf(path, out, capsys):
     return load_for_inference(out)
 
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
-# to n_ctx) and llama without its attention biases, and has no olmo2, gptneox or phi2: those round trips are checked
-# through redline's reader only, as are StableLM away from its loader's fixed quarter of each head rotated at base
+# to n_ctx) and llama without its attention biases, and has no olmo2, gptneox, phi2 or smollm3: those round trips are
+# checked through redline's reader only, as are StableLM away from its loader's fixed quarter of each head rotated at base
 # 10000 (stablelm-parallel) and Gemma 3 away from the defaults its loader assumes (gemma3-gguf: the window pattern,
 # the windowed layers' base, query_pre_attn_scalar; redline's keys carry the gemma3 model's own)
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
@@ -51,7 +51,8 @@ def import_gguf(path, out, capsys):
                                                       ("gpt2-1024", True), ("gemma3", False),
                                                       ("gemma3-gguf", True), ("gpt_neox", False),
                                                       ("gpt_neox-sequential", False), ("stablelm", True),
-                                                      ("stablelm-parallel", False), ("phi", False)])
+                                                      ("stablelm-parallel", False), ("phi", False),
+                                                      ("smollm3-gguf", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -465,7 +466,8 @@ def write_llama_cpp_partial_rope(hf, path, arch: str):
 
 @pytest.mark.parametrize("kind, named", [("phi-tied", "llama.cpp's phi2 has neither"),
                                          ("gpt2-erf", "model.gelu_approximate=none"),
-                                         ("opt", "OPT models are not written as GGUF")])
+                                         ("opt", "OPT models are not written as GGUF"),
+                                         ("smollm3", "a step no GGUF key changes")])
 def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, capsys):
     hf_folder(kind, tmp_path / "hf")
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)

@@ -200,6 +200,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
         return "RoPE on part of each head (model.rope_dims)"
     if getattr(cfg, "rope_local_theta", 0):
         return "the windowed layers' own RoPE tables (model.rope_local_theta)"
+    if getattr(cfg, "nope_interval", 0):
+        return "layers without RoPE (model.nope_interval)"
     return None
 
 

@@ -2,11 +2,12 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3, olmo2, gemma3 (Gemma 3's text model) and gpt2 are read and written here. Reading
+Llama-shaped models), qwen2, qwen3, smollm3, olmo2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm and phi2
+are read and written here. Reading
 renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
 gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
-- llama.cpp's converter permutes the rows of q and k of the llama architecture (each head's rotary pairs
-  interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not permuted
+- llama.cpp's converter permutes the rows of q and k of the llama architecture and of smollm3 (each head's rotary
+  pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not permuted
   (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does);
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones;
 - gemma3 stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale Gemma's norms
@@ -36,7 +37,9 @@ from redline.interop.families import Family, TensorSource, family_for
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "smollm3")
+# llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
+SMOLLM3_NOPE_INTERVAL = 4
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -189,6 +192,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
         raise UserError(f"the GGUF rotates {key('rope.dimension_count')} of {head_dim} head dimensions (partial "
                         f"RoPE), which redline does not read from a {arch} file")
     window = key("attention.sliding_window") or 0
+    if arch == "smollm3" and window:
+        raise UserError("the GGUF's smollm3 architecture has a sliding window, which redline does not read")
     if arch == "olmo2" and window:  # llama.cpp reads it as OLMo 3's pattern (three windowed layers to one full)
         raise UserError("the GGUF's olmo2 architecture has a sliding window (OLMo 3's layout), which redline does "
                         "not read from GGUF")
@@ -199,7 +204,9 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
               "max_position_embeddings": key("context_length", 2048),
               "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6), "rope_theta": key("rope.freq_base", 1e4),
               "tie_word_embeddings": tied, "sliding_window": window or None}
-    if arch == "llama":
+    if arch == "smollm3":
+        config["no_rope_layer_interval"] = SMOLLM3_NOPE_INTERVAL
+    if arch in ("llama", "smollm3"):
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
         config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
     scaling = key("rope.scaling.type")
@@ -375,7 +382,7 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
         w = torch.from_numpy(np.array(values, dtype=np.float32)).reshape(
             tuple(int(n) for n in reversed(t.shape.tolist())))
         kind = t.name.split(".")[-2]
-        if arch == "llama" and kind in ("attn_q", "attn_k"):
+        if arch in ("llama", "smollm3") and kind in ("attn_q", "attn_k"):  # llama.cpp's converter permutes both
             heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
             w = _interleave(w, heads, inverse=True)
         if arch == "gemma3" and kind.endswith("norm"):  # stored as the scale 1 + weight (_gemma3_config)
@@ -495,6 +502,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a GPT-NeoX model: redline writes gptneox GGUF "
                             f"files without RoPE scaling; export with --format hf")
         return "gptneox"
+    if family.name == "smollm3" and cfg.nope_interval != SMOLLM3_NOPE_INTERVAL:
+        raise UserError(f"model.nope_interval={cfg.nope_interval}: llama.cpp's smollm3 leaves RoPE out of every "
+                        f"{SMOLLM3_NOPE_INTERVAL}th layer, a step no GGUF key changes; export with --format hf")
     if family.name == "gpt2" and cfg.gelu_approximate != "tanh":
         raise UserError("model.gelu_approximate=none: llama.cpp's gpt2 computes the tanh GELU, and a gpt2 GGUF has no "
                         "key for another; export with --format hf")
@@ -502,7 +512,7 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
-            "gpt2": "gpt2"}[family.name]
+            "smollm3": "smollm3", "gpt2": "gpt2"}[family.name]
     if arch == "olmo2" and cfg.head_dim * cfg.n_head != cfg.n_embd:
         raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's olmo2 takes heads n_embd / n_head "
                         "wide; export with --format hf")
@@ -637,7 +647,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             w = t.float()
             if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
                 w = w.t()
-            if arch == "llama" and kind in ("attn_q", "attn_k"):
+            if arch in ("llama", "smollm3") and kind in ("attn_q", "attn_k"):
                 w = _interleave(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
             if arch == "gemma3" and kind.endswith("norm"):
                 w = w + 1

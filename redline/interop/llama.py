@@ -1,12 +1,13 @@
-"""The Llama layout: Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5 and Qwen3.
+"""The Llama layout: Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5, Qwen3 and SmolLM3.
 
-All four name their tensors alike (`model.layers.N.self_attn.q_proj.weight`, `mlp.gate_proj`, ...) and run the same
+All five name their tensors alike (`model.layers.N.self_attn.q_proj.weight`, `mlp.gate_proj`, ...) and run the same
 block: pre-RMSNorm, RoPE on (first half, second half) pairs as redline does, SwiGLU, grouped-query attention. They
 differ in:
 - Llama: optional biases on q/k/v/o (`attention_bias`) and the MLP (`mlp_bias`), Llama 3 RoPE scaling;
 - Mistral: a sliding window (query i attends keys j with i - j < window), no biases;
 - Qwen2: biases on q/k/v only (redline's `qkv_bias`), optionally a sliding window on every layer;
-- Qwen3: QK-norm (an RMSNorm over each head's q and k, learned weights) and a head width of its own (`head_dim`).
+- Qwen3: QK-norm (an RMSNorm over each head's q and k, learned weights) and a head width of its own (`head_dim`);
+- SmolLM3: Llama's block with RoPE left out of one layer in four (`no_rope_layers`: redline's `nope_interval`).
 
 redline holds q/k/v as one fused projection (rows [q; k; v]) and the SwiGLU gate and up as one (rows [gate; up]):
 importing concatenates them, exporting splits them by their sizes.
@@ -98,6 +99,29 @@ def _window(hf: dict, name: str) -> int:
                     "supported; redline applies one sliding window to every layer")
 
 
+def _nope_interval(hf: dict) -> int:
+    """SmolLM3's NoPE layers as ModelConfig.nope_interval: `no_rope_layers` (1 where a layer rotates, 0 where not)
+    must leave out exactly every N-th layer; transformers builds it so from `no_rope_layer_interval` when absent."""
+    n = hf["num_hidden_layers"]
+    flags = hf.get("no_rope_layers")
+    if flags is None:
+        interval = int(hf.get("no_rope_layer_interval") or 4)
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n:
+        raise UserError(f"no_rope_layers has {len(flags)} entries for {n} layers")
+    nope = [i for i, flag in enumerate(flags) if not flag]
+    if not nope:
+        return 0
+    interval = nope[0] + 1
+    if [int((i + 1) % interval != 0) for i in range(n)] != [int(bool(f)) for f in flags]:
+        raise UserError(f"no_rope_layers leaves out RoPE on layers {nope}, not on one layer in every {interval}; "
+                        f"redline takes layers without RoPE at a fixed interval (model.nope_interval)")
+    if hf.get("use_sliding_window") and hf.get("sliding_window"):
+        raise UserError("use_sliding_window=true on a SmolLM3 model (a window on its layers without RoPE) is not "
+                        "supported")
+    return interval
+
+
 def check_silu(hf: dict) -> None:
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
@@ -128,6 +152,7 @@ def model_config_for(name: str):
             pos_emb="rope", mlp="swiglu", fused_mlp=True, norm="rmsnorm",
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             bias=attention_bias, qkv_bias=True if name == "qwen2" else None, **_rope(hf),
+            nope_interval=_nope_interval(hf) if name == "smollm3" else 0,
         )
 
     return model_config
@@ -140,6 +165,14 @@ def export_name(cfg: ModelConfig) -> str:
         return "olmo2"
     if cfg.norm_position == "sandwich":
         return "gemma3_text"
+    if cfg.nope_interval:
+        others = [name for name, on in (("qk_norm", cfg.qk_norm), ("sliding_window", cfg.sliding_window),
+                                        ("qkv_bias", cfg.has_qkv_bias and not cfg.bias)) if on]
+        if others:
+            raise UserError(f"model.nope_interval with model.{others[0]}: SmolLM3, the one architecture with layers "
+                            f"without RoPE redline exports to, has Llama's attention (no QK-norm, no window, biases on "
+                            f"every Linear layer or none)")
+        return "smollm3"
     if cfg.qk_norm and cfg.qk_norm_scope != "head":
         raise UserError("model.qk_norm_scope=all with pre-norm blocks: OLMo 2, the one architecture redline exports "
                         "to with QK-norm over whole projections, has its norms on the sublayers' outputs "
@@ -182,6 +215,11 @@ def hf_config_for(name: str):
                                    "attention_factor": rope_attention_factor(cfg), "truncate": cfg.rope_truncate}
         if name == "llama":
             out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, pretraining_tp=1)
+        elif name == "smollm3":  # the token ids' defaults are SmolLM3's 128k vocabulary's: the writer sets them
+            out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, no_rope_layer_interval=cfg.nope_interval,
+                       no_rope_layers=[int(cfg.layer_rope(i)) for i in range(cfg.n_layer)], use_sliding_window=False,
+                       sliding_window=None, layer_types=["full_attention"] * cfg.n_layer, pad_token_id=None,
+                       bos_token_id=None, eos_token_id=None)
         elif name in ("qwen2", "qwen3"):  # the window on every layer: layer_types (transformers >= 5), and
             # max_window_layers 0 for older readers (layers from it on use the window)
             window = cfg.sliding_window
@@ -311,7 +349,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
 
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+                  "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 
 
 def _ignorable(name: str) -> bool:
