@@ -217,8 +217,7 @@ class DecodeLayer:
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, 1, C) -> (B, 1, H*D); ve: the layer's value embedding of the step's tokens (B, 1, KV*D), or None
-        (the "triton" kernel starts from the raw qkv projection and takes none: the plan keeps value-embedding
-        models on "matmul")."""
+        (with "triton", a model that has them gets q, k and v made here, kernel_prologue_unsupported)."""
         if self.impl == "triton":
             if kernel_prologue_unsupported(attn.cfg):  # q, k, v made here, as the matmul path makes them
                 B = x.shape[0]
@@ -248,7 +247,7 @@ class DecodeLayer:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the
         kernel applying the QK-norm and RoPE; prepared: qkv holds q, k and v with them applied already."""
         B = qkv.shape[0]
-        cos, sin = (t.reshape(B, -1) for t in rope) if rope is not None and not prepared else (None, None)  # (B, D/2)
+        cos, sin = (None, None) if rope is None or prepared else (t.reshape(B, -1) for t in rope)  # (B, D/2) each
         norms, eps = (None, None), 0.0
         if attn.cfg.qk_norm and not prepared:
             norms = (attn.q_norm.weight, attn.k_norm.weight)
