@@ -84,6 +84,11 @@ FAMILIES = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, no_rope_layer_interval=2,
                      tie_word_embeddings=True, pad_token_id=None)),
+    # ERNIE 4.5 (0.3B's layout: RoPE on interleaved pairs, GQA, head_dim 32 != 64 / 4, tied), with biases on every
+    # Linear layer and a RoPE base of its own
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, use_bias=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,

@@ -64,6 +64,10 @@ def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, caps
         assert result.tokens == reference[0, len(prompt):].tolist()
 
 
+# a family whose import maps it onto another architecture's layout exports as that one (ernie.py)
+EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM"}
+
+
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     hf, model, _, ckpt = imported(kind, tmp_path, capsys)
@@ -71,7 +75,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     assert code == 0, err
     back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    assert type(back).__name__ == FAMILIES[kind][1]
+    assert type(back).__name__ == EXPORTED_AS.get(kind, FAMILIES[kind][1])
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
@@ -271,8 +275,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, opt, phi, qwen2, "
-                         "qwen3, stablelm")
+                         "redline imports ernie4_5, gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, opt, phi, "
+                         "qwen2, qwen3, smollm3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -433,6 +437,21 @@ def test_import_smollm3_reads_the_hubs_config_and_refuses_what_it_cannot_run(tmp
                            ({"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window=true")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_ernie_writer_gives_back_ernies_layout(tmp_path, capsys):
+    """ERNIE 4.5's own folder from an imported ERNIE model (ernie.py's inverse map: q and k rows back to interleaved
+    RoPE pairs, use_bias, rope_parameters): transformers loads it as Ernie4_5ForCausalLM with the source's logits."""
+    from redline.interop.families import _families
+    from redline.interop.hf import write_folder
+
+    hf, model, tokenizer, _ = imported("ernie4_5", tmp_path, capsys)
+    write_folder(tmp_path / "out", model.state_dict(), model.cfg, tokenizer, _families()["ernie4_5"], torch.float32)
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(back).__name__ == "Ernie4_5ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

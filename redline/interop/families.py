@@ -68,6 +68,16 @@ class Family:
     """Source tensors that carry nothing a model needs (e.g. GPT-2's stored causal-mask buffers)."""
 
 
+def interleave_rope_rows(w: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
+    """q or k rows (heads * D, ...) from redline's RoPE order, each head's (first half, second half) rotary pairs,
+    to the interleaved order ((0, 1), (2, 3), ...: GPT-J's, llama.cpp's llama files', ERNIE 4.5's); inverse: back.
+    Permuting q and k alike leaves every q·k product as it was, so a model of either order runs in the other."""
+    D = w.shape[0] // heads
+    if inverse:
+        return w.reshape(heads, D // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(heads, 2, D // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
 def pad_rows(t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """An embedding or head matrix (vocab, C) padded with zero rows up to cfg.padded_vocab (redline's padded
     vocabulary)."""
@@ -163,10 +173,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import gemma3, gpt2, gpt_neox, llama, olmo2, opt, phi, stablelm
+    from redline.interop import ernie, gemma3, gpt2, gpt_neox, llama, olmo2, opt, phi, stablelm
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
-                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY)}
+                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY)}
 
 
 def supported_names() -> list[str]:

@@ -33,7 +33,7 @@ import torch
 
 from redline.durable import fsync_dir, fsync_file
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, family_for
+from redline.interop.families import Family, TensorSource, family_for, interleave_rope_rows
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
@@ -84,15 +84,6 @@ def require_gguf():
     except ImportError:
         raise UserError("GGUF files need the gguf package: pip install 'redline[interop]'") from None
     return gguf
-
-
-def _interleave(w: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
-    """llama.cpp's q/k row order: within each head, the (first half, second half) rotary pairs interleaved.
-    w: (heads * D, ...) rows; inverse undoes it."""
-    D = w.shape[0] // heads
-    if inverse:
-        return w.reshape(heads, D // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-    return w.reshape(heads, 2, D // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def _neox_qkv(w: torch.Tensor, heads: int, to_file: bool) -> torch.Tensor:
@@ -384,7 +375,7 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
         kind = t.name.split(".")[-2]
         if arch in ("llama", "smollm3") and kind in ("attn_q", "attn_k"):  # llama.cpp's converter permutes both
             heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
-            w = _interleave(w, heads, inverse=True)
+            w = interleave_rope_rows(w, heads, inverse=True)
         if arch == "gemma3" and kind.endswith("norm"):  # stored as the scale 1 + weight (_gemma3_config)
             w = w - 1
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
@@ -648,7 +639,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
                 w = w.t()
             if arch in ("llama", "smollm3") and kind in ("attn_q", "attn_k"):
-                w = _interleave(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
+                w = interleave_rope_rows(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
             if arch == "gemma3" and kind.endswith("norm"):
                 w = w + 1
             if arch == "gptneox" and kind == "attn_qkv":
