@@ -141,6 +141,13 @@ class ModelConfig:
     by the weight; QK-norm included."""
     embed_scale: bool = False
     """Multiply the token embeddings by sqrt(n_embd), that factor rounded to the embedding's dtype (Gemma's)."""
+    embed_multiplier: float = 0.0
+    """Multiply the token embeddings by this (Granite's embedding_multiplier); 0 = 1."""
+    residual_multiplier: float = 0.0
+    """Scale each sublayer's output by this before it joins the residual stream (Granite's residual_multiplier);
+    0 = 1."""
+    logit_divisor: float = 0.0
+    """Divide the output logits by this, before any soft-cap (Granite's logits_scaling); 0 = 1."""
     head_bias: bool = False
     """A bias on the output head (Phi's lm_head)."""
     tie_embeddings: bool = False
@@ -262,6 +269,14 @@ class ModelConfig:
             raise UserError("rope_scaling=yarn needs model.rope_beta_fast > model.rope_beta_slow > 0 and "
                             f"model.rope_attention_factor >= 0, got {self.rope_beta_fast}, {self.rope_beta_slow} and "
                             f"{self.rope_attention_factor}")
+        if min(self.embed_multiplier, self.residual_multiplier, self.logit_divisor) < 0:
+            raise UserError(f"model.embed_multiplier, residual_multiplier and logit_divisor must be >= 0 (0 = 1), got "
+                            f"{self.embed_multiplier}, {self.residual_multiplier} and {self.logit_divisor}")
+        if self.embed_multiplier and self.embed_scale:
+            raise UserError("model.embed_multiplier with model.embed_scale: give the embeddings' factor one way")
+        if self.logit_divisor and self.ce_chunk_tokens:
+            raise UserError("model.logit_divisor with model.ce_chunk_tokens is not implemented (the chunked loss "
+                            "takes the head's raw logits); turn one of them off")
         if self.logit_softcap < 0:
             raise UserError(f"model.logit_softcap must be >= 0 (0 = off), got {self.logit_softcap}")
         if self.logit_softcap and self.ce_chunk_tokens:
@@ -547,24 +562,39 @@ class Block(nn.Module):
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.drop = nn.Dropout(cfg.dropout)
+        self.residual_multiplier = cfg.residual_multiplier  # 0: the sublayers' outputs join the stream as they are
+
+    def out(self, h: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
+        h = self.drop(h)
+        return h * self.residual_multiplier if self.residual_multiplier else h
 
     def forward(self, x, rope, attn_mask=None, cache=None, ve=None):
         """x: (B, T, C) -> (B, T, C); attn_mask, cache and ve as Attention.forward."""
         if self.position == "post":
-            x = self.norm1(x + self.drop(self.attn(x, rope, attn_mask, cache, ve)))
-            return self.norm2(x + self.drop(self.mlp(x)))
+            x = self.norm1(x + self.out(self.attn(x, rope, attn_mask, cache, ve)))
+            return self.norm2(x + self.out(self.mlp(x)))
         if self.parallel:  # both sublayers read x (GPT-NeoX, Phi): x + attn(norm1(x)) + mlp(norm2(x) or norm1(x))
             u = self.norm1(x)
-            h = self.drop(self.attn(u, rope, attn_mask, cache, ve))
-            return x + h + self.drop(self.mlp(u if self.norm2 is None else self.norm2(x)))
+            h = self.out(self.attn(u, rope, attn_mask, cache, ve))
+            return x + h + self.out(self.mlp(u if self.norm2 is None else self.norm2(x)))
         h = self.attn(self.norm1(x), rope, attn_mask, cache, ve)
         if self.attn_out_norm is not None:
             h = self.attn_out_norm(h)
-        x = x + self.drop(h)
+        x = x + self.out(h)
         h = self.mlp(self.norm2(x))
         if self.mlp_out_norm is not None:
             h = self.mlp_out_norm(h)
-        return x + self.drop(h)
+        return x + self.out(h)
+
+
+def head_output(logits: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The head's raw product (..., padded_vocab) -> the model's logits: divided by logit_divisor, then soft-capped
+    when logit_softcap is set (then in fp32)."""
+    if cfg.logit_divisor:
+        logits = logits / cfg.logit_divisor
+    cap = cfg.logit_softcap
+    return cap * torch.tanh(logits.float() / cap) if cap else logits
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -720,6 +750,8 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.cfg.embed_scale:  # sqrt(C) rounded to the embedding's dtype first, as Gemma's reference does
             x = x * torch.tensor(self.cfg.n_embd ** 0.5, dtype=torch.float32).to(x.dtype)
+        if self.cfg.embed_multiplier:
+            x = x * self.cfg.embed_multiplier
         if self.wpe is not None:
             x = x + self.wpe(positions)
         rope = None
@@ -730,11 +762,9 @@ class GPT(nn.Module):
         return self.drop(x), rope
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (..., C), after norm_f -> logits (..., padded_vocab), soft-capped when logit_softcap
-        is set (then in fp32)."""
-        logits = self.lm_head(x)
-        cap = self.cfg.logit_softcap
-        return cap * torch.tanh(logits.float() / cap) if cap else logits
+        """Final hidden states (..., C), after norm_f -> logits (..., padded_vocab), divided by logit_divisor and
+        soft-capped when logit_softcap is set (then in fp32)."""
+        return head_output(self.lm_head(x), self.cfg)
 
     def forward(
         self,

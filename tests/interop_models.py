@@ -89,6 +89,10 @@ FAMILIES = {
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM",
                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, use_bias=True,
                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Granite 3.x: Llama's block with its four scalars (embeddings, residual adds, the scores' scale, the logits)
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,
+                     residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5)),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,
@@ -109,6 +113,11 @@ GGUF_FAMILIES = {
     # sequences and the full layer's own base
     # GPT-NeoX as Pythia is, at the RoPE base llama.cpp's converter leaves implicit (10000)
     "gpt_neox-pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(num_attention_heads=4)),
+    # Granite untied, with biases on every Linear layer (transformers' loader has no granite)
+    "granite-gguf": ("GraniteConfig", "GraniteForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True,
+                          mlp_bias=True, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3,
+                          logits_scaling=4.0)),
     # SmolLM3 at llama.cpp's fixed step (RoPE left out of layer 3 of 4)
     "smollm3-gguf": ("SmolLM3Config", "SmolLM3ForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, pad_token_id=None)),

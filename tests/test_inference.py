@@ -44,6 +44,9 @@ ARCHITECTURES = {
     # Phi's: one LayerNorm feeding both sublayers, RoPE on half of each head, a bias on the head
     "phi-style": {"norm": "layernorm", "mlp": "gelu", "bias": True, "parallel_residual": True,
                   "parallel_shared_norm": True, "head_bias": True, "rope_dims": 8, "n_kv_head": 2},
+    # Granite's: its embedding, residual, score and logit scalars
+    "granite-style": {"n_kv_head": 2, "embed_multiplier": 3.0, "residual_multiplier": 0.5, "attn_scale": 0.2,
+                      "logit_divisor": 2.0},
     # SmolLM3's: layer 1 of 2 without RoPE (its attention position-free)
     "smollm3-style": {"n_kv_head": 2, "nope_interval": 2},
     # OPT's: learned positions, LayerNorm, a ReLU MLP, biases, tied
@@ -128,6 +131,8 @@ def test_fused_block_architectures(arch, fragment):
                           ({"nope_interval": 2}, "model.nope_interval")):
         assert name in unsupported(replace(BASE, **options)), options
     assert unsupported(replace(BASE, sliding_window=4, sliding_window_pattern=2, attn_scale=0.1)) is None
+    assert "model.residual_multiplier" in unsupported(replace(BASE, residual_multiplier=0.5))
+    assert unsupported(replace(BASE, embed_multiplier=2.0, logit_divisor=3.0)) is None  # the step's inputs and head
 
 
 def test_fused_block_accounts_for_every_model_field():
@@ -778,14 +783,14 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("impl", ["matmul", "triton"])
 @pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style", "opt-style",
-                                  "smollm3-style"])
+                                  "smollm3-style", "granite-style"])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
-    """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's and SmolLM3's blocks, which the fused decode block refuses, with
-    either decode attention: compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a
-    replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm over
-    whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), Gemma 3's
-    score scale and each layer's window handed to the kernel; Gemma 3's windowed and full layers each attend as their
-    own (prompts and generations longer than the window)."""
+    """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's and Granite's blocks, which the fused decode block
+    refuses, with either decode attention: compiled and captured, greedy equal to the full forward at batch 4 and 1
+    and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
+    over whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), the
+    score scale (Gemma 3's, Granite's) and each layer's window handed to the kernel; Gemma 3's windowed and full
+    layers each attend as their own (prompts and generations longer than the window)."""
     model = tiny_model(context_len=160, **ARCHITECTURES[arch]).cuda()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)

@@ -124,6 +124,9 @@ REDLINE_EXPORTS = {
     # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
                            parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
+    # Granite: its four scalars, GQA, untied
+    "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.3, logit_divisor=3.0, attn_scale=0.2,
+                               n_kv_head=2),
     # SmolLM3: RoPE on layer 0 but not 1, untied, with biases on every Linear layer
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2, bias=True),
     "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
@@ -183,6 +186,9 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True, embed_scale=True,
           attn_scale=0.3), "integer query_pre_attn_scalar"),
     (dict(nope_interval=2, qk_norm=True), "model.nope_interval with model.qk_norm"),
+    (dict(residual_multiplier=0.5, qk_norm=True), "model.residual_multiplier: Granite, the one architecture with it "
+                                                  "redline exports to, has no QK-norm"),
+    (dict(embed_multiplier=2.0, norm="layernorm"), "has RMSNorm and SwiGLU"),
     (dict(nope_interval=2, norm="layernorm", mlp="gelu"), "only SmolLM3 has layers without RoPE"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
@@ -275,8 +281,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports ernie4_5, gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, opt, phi, "
-                         "qwen2, qwen3, smollm3, stablelm")
+                         "redline imports ernie4_5, gemma3_text, gpt2, gpt_neox, granite, llama, mistral, olmo2, "
+                         "opt, phi, qwen2, qwen3, smollm3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -452,6 +458,25 @@ def test_ernie_writer_gives_back_ernies_layout(tmp_path, capsys):
     assert type(back).__name__ == "Ernie4_5ForCausalLM"
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_import_granite_reads_the_hubs_config():
+    """granite-3.3-2b-instruct's config.json as the Hub has it: its four scalars as redline's fields (a multiplier of
+    1 is none); the scalars must be above 0."""
+    from redline.interop.granite import model_config
+
+    hub = {"model_type": "granite", "architectures": ["GraniteForCausalLM"], "vocab_size": 49159, "hidden_size": 2048,
+           "intermediate_size": 8192, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 10000000.0,
+           "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True, "embedding_multiplier": 12.0,
+           "residual_multiplier": 0.22, "attention_multiplier": 0.015625, "logits_scaling": 8.0}
+    cfg = model_config(hub)
+    assert (cfg.embed_multiplier, cfg.residual_multiplier, cfg.attn_scale, cfg.logit_divisor, cfg.kv_heads) == \
+        (12.0, 0.22, 0.015625, 8.0, 8)
+    cfg = model_config({**hub, "embedding_multiplier": 1.0, "residual_multiplier": 1, "logits_scaling": 1.0})
+    assert (cfg.embed_multiplier, cfg.residual_multiplier, cfg.logit_divisor) == (0.0, 0.0, 0.0)
+    with pytest.raises(UserError, match="logits_scaling=0.0: Granite's scalars must be above 0"):
+        model_config({**hub, "logits_scaling": 0})
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

@@ -41,10 +41,10 @@ def import_gguf(path, out, capsys):
     return load_for_inference(out)
 
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
-# to n_ctx) and llama without its attention biases, and has no olmo2, gptneox, phi2 or smollm3: those round trips are
-# checked through redline's reader only, as are StableLM away from its loader's fixed quarter of each head rotated at base
-# 10000 (stablelm-parallel) and Gemma 3 away from the defaults its loader assumes (gemma3-gguf: the window pattern,
-# the windowed layers' base, query_pre_attn_scalar; redline's keys carry the gemma3 model's own)
+# to n_ctx) and llama without its attention biases, and has no olmo2, gptneox, phi2, smollm3 or granite: those round
+# trips are checked through redline's reader only, as are StableLM away from its loader's fixed quarter of each head
+# rotated at base 10000 (stablelm-parallel) and Gemma 3 away from the defaults its loader assumes (gemma3-gguf: the
+# window pattern, the windowed layers' base, query_pre_attn_scalar; redline's keys carry the gemma3 model's own)
 @pytest.mark.parametrize("kind, transformers_reads", [("llama-gqa-tied", True), ("llama-untied", True),
                                                       ("qwen2", True), ("llama-untied-bias", False),
                                                       ("qwen3", False), ("olmo2", False), ("gpt2", False),
@@ -52,7 +52,7 @@ def import_gguf(path, out, capsys):
                                                       ("gemma3-gguf", True), ("gpt_neox", False),
                                                       ("gpt_neox-sequential", False), ("stablelm", True),
                                                       ("stablelm-parallel", False), ("phi", False),
-                                                      ("smollm3-gguf", False)])
+                                                      ("smollm3-gguf", False), ("granite-gguf", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():

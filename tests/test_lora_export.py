@@ -26,6 +26,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "StableLmForCausalLM": dict(norm="layernorm", norm_bias=True, qkv_bias=True, rope_dims=4, n_kv_head=2),
     "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True),  # q/k/v, out_proj, fc1, fc2
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2),  # Llama's names, layer 1 without RoPE
+    "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.5, logit_divisor=2.0, n_kv_head=2),
     # query_key_value: B's rows regrouped by head
     "GPTNeoXForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4),
 }

@@ -173,10 +173,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import ernie, gemma3, gpt2, gpt_neox, llama, olmo2, opt, phi, stablelm
+    from redline.interop import ernie, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi, stablelm
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
-                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY)}
+                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY, granite.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -198,14 +198,14 @@ def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
     with norms on the sublayers' outputs, Gemma 3 with norms on their inputs and outputs, StableLM with RoPE,
     LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
-    parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Qwen3 with QK-norm, Mistral with a sliding
-    window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline option that no such
-    architecture has."""
+    parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score
+    and logit scalars, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama
+    otherwise. A UserError names the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
-                        "OLMo 2, Gemma 3)")
+                        "Granite, OLMo 2, Gemma 3)")
     if cfg.rope_dims and cfg.norm_position != "pre":
         raise UserError(f"model.rope_dims={cfg.rope_dims} with norm_position={cfg.norm_position}: of the "
                         f"architectures redline exports to, only GPT-NeoX rotates part of each head, and its norms "
@@ -224,14 +224,19 @@ def export_family(cfg: ModelConfig) -> Family:
                         "the others RoPE)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
-                        f"(GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, OLMo 2, "
-                        f"Gemma 3) mixes token-indexed tables into its attention values; run the model with redline "
-                        f"generate, chat or serve instead")
+                        f"(GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, "
+                        f"OLMo 2, Gemma 3) mixes token-indexed tables into its attention values; run the model with "
+                        f"redline generate, chat or serve instead")
     if cfg.nope_interval and (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.mlp != "swiglu"
                               or cfg.parallel_residual or cfg.rope_dims):
         raise UserError(f"model.nope_interval={cfg.nope_interval}: of the architectures redline exports to, only "
                         f"SmolLM3 has layers without RoPE, and its blocks are Llama's (pre-RMSNorm, SwiGLU, "
                         f"sequential sublayers, RoPE on whole heads)")
+    from redline.interop import granite
+
+    if granite.wants_granite(cfg):
+        granite.check_exportable(cfg)
+        return families["granite"]
     if cfg.norm_position == "sandwich":
         from redline.interop.gemma3 import check_exportable
 

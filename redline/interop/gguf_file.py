@@ -2,13 +2,13 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3, smollm3, olmo2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm and phi2
-are read and written here. Reading
+Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm
+and phi2 are read and written here. Reading
 renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
 gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
-- llama.cpp's converter permutes the rows of q and k of the llama architecture and of smollm3 (each head's rotary
-  pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not permuted
-  (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does);
+- llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3 and granite (each head's
+  rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not
+  permuted (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does);
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones;
 - gemma3 stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale Gemma's norms
   multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
@@ -37,7 +37,9 @@ from redline.interop.families import Family, TensorSource, family_for, interleav
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "smollm3")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "smollm3", "granite")
+# the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
+PERMUTED = ("llama", "smollm3", "granite")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
 SMOLLM3_NOPE_INTERVAL = 4
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
@@ -197,7 +199,11 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
               "tie_word_embeddings": tied, "sliding_window": window or None}
     if arch == "smollm3":
         config["no_rope_layer_interval"] = SMOLLM3_NOPE_INTERVAL
-    if arch in ("llama", "smollm3"):
+    if arch == "granite":  # llama.cpp leaves out a scalar of 0 (and the converter one the config does not give)
+        config.update(embedding_multiplier=key("embedding_scale") or 1.0,
+                      residual_multiplier=key("residual_scale") or 1.0, logits_scaling=key("logit_scale") or 1.0,
+                      attention_multiplier=key("attention.scale") or head_dim ** -0.5)
+    if arch in PERMUTED:
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
         config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
     scaling = key("rope.scaling.type")
@@ -373,7 +379,7 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
         w = torch.from_numpy(np.array(values, dtype=np.float32)).reshape(
             tuple(int(n) for n in reversed(t.shape.tolist())))
         kind = t.name.split(".")[-2]
-        if arch in ("llama", "smollm3") and kind in ("attn_q", "attn_k"):  # llama.cpp's converter permutes both
+        if arch in PERMUTED and kind in ("attn_q", "attn_k"):
             heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
             w = interleave_rope_rows(w, heads, inverse=True)
         if arch == "gemma3" and kind.endswith("norm"):  # stored as the scale 1 + weight (_gemma3_config)
@@ -503,7 +509,10 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
-            "smollm3": "smollm3", "gpt2": "gpt2"}[family.name]
+            "smollm3": "smollm3", "granite": "granite", "gpt2": "gpt2"}[family.name]
+    if arch == "granite" and cfg.head_dim * cfg.n_head != cfg.n_embd:
+        raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's granite takes heads n_embd / n_head "
+                        "wide; export with --format hf")
     if arch == "olmo2" and cfg.head_dim * cfg.n_head != cfg.n_embd:
         raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's olmo2 takes heads n_embd / n_head "
                         "wide; export with --format hf")
@@ -550,6 +559,11 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
         writer.add_value_length(cfg.head_dim)
     if arch == "gemma3":
         _gemma3_metadata(writer, cfg)
+    if arch == "granite":  # every scalar, 1 where the model has none (llama.cpp reads 0 as none)
+        writer.add_embedding_scale(cfg.embed_multiplier or 1.0)
+        writer.add_residual_scale(cfg.residual_multiplier or 1.0)
+        writer.add_logit_scale(cfg.logit_divisor or 1.0)
+        writer.add_attention_scale(cfg.attn_scale or cfg.head_dim ** -0.5)
     if cfg.rope_scaling == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_factor)
@@ -638,7 +652,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             w = t.float()
             if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
                 w = w.t()
-            if arch in ("llama", "smollm3") and kind in ("attn_q", "attn_k"):
+            if arch in PERMUTED and kind in ("attn_q", "attn_k"):
                 w = interleave_rope_rows(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
             if arch == "gemma3" and kind.endswith("norm"):
                 w = w + 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from redline.inference.cache import kernel_prologue_unsupported
+from redline.model import head_output
 
 ACTIVATION = {"gelu": "gelu_tanh", "relu2": "relu2", "swiglu": "swiglu"}
 MAX_ROWS = 64  # redline's product kernels take the step's products up to this batch; above it they are cuBLAS's
@@ -56,6 +57,9 @@ FIELDS_ACCOUNTED = {
     "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
     "tie_embeddings": "the head's weight, whatever it is tied to",
     "logit_softcap": "applied to the head's output",
+    "logit_divisor": "applied to the head's output",
+    "embed_multiplier": "inputs",
+    "residual_multiplier": "refused: the product kernels add the sublayers' outputs to the stream unscaled",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model", "rope_theta": "inputs",
     "embed_scale": "inputs",
@@ -80,6 +84,9 @@ def unsupported(cfg) -> str | None:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):
         return "decode_linear triton scales a norm by its weight, not 1 + weight (model.norm_unit_offset)"
+    if getattr(cfg, "residual_multiplier", 0):
+        return ("decode_linear triton adds the sublayers' outputs to the residual stream unscaled "
+                "(model.residual_multiplier)")
     if getattr(cfg, "parallel_residual", False):
         return "decode_linear triton fuses the MLP's norm onto the attention's residual sum (model.parallel_residual)"
     if cfg.mlp in ("gelu", "geglu") and getattr(cfg, "gelu_approximate", "tanh") != "tanh":
@@ -127,12 +134,11 @@ def fused_block(block, x: torch.Tensor, attention, counts: torch.Tensor) -> torc
 
 def fused_head(model, x: torch.Tensor) -> torch.Tensor:
     """The final norm and the head: x (B, 1, C) -> logits (B, padded_vocab), B up to MAX_ROWS (at batch 1 with the
-    norm in the product; see fused_block), soft-capped as GPT.logits does."""
+    norm in the product; see fused_block), divided and soft-capped as GPT.logits does."""
     B = x.shape[0]
     if B == 1:
         logits = torch.ops.redline.gemv(x.view(1, -1), model.lm_head.weight, model.lm_head.bias, None, "none",
                                         *norm_args(model.norm_f))
     else:
         logits = torch.ops.redline.gemv(model.norm_f(x).view(B, -1), model.lm_head.weight, model.lm_head.bias)
-    cap = model.cfg.logit_softcap
-    return cap * torch.tanh(logits.float() / cap) if cap else logits
+    return head_output(logits, model.cfg)
