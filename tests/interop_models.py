@@ -93,6 +93,17 @@ FAMILIES = {
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,
                      residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5)),
+    # Granite 4.0's dense layout (attention layers only, no experts): shared_mlp's fused input_linear, and the NoPE
+    # form (position_embedding_type None)
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                         dict(num_attention_heads=4, num_key_value_heads=2, shared_intermediate_size=96,
+                              num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,
+                              position_embedding_type="rope", embedding_multiplier=3.0, residual_multiplier=0.4,
+                              attention_multiplier=0.2, logits_scaling=2.5, tie_word_embeddings=True)),
+    "granitemoehybrid-nope": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                              dict(num_attention_heads=4, num_key_value_heads=4, shared_intermediate_size=96,
+                                   num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,
+                                   position_embedding_type=None, residual_multiplier=0.5)),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,

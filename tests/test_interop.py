@@ -65,7 +65,7 @@ def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, caps
 
 
 # a family whose import maps it onto another architecture's layout exports as that one (ernie.py)
-EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM"}
+EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "granitemoehybrid": "GraniteForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -167,7 +167,7 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(pos_emb="learned", norm="layernorm", mlp="relu", n_kv_head=2), "OPT is multi-head"),
     (dict(pos_emb="learned"), "LayerNorm"),  # learned positions with RMSNorm
     (dict(logit_softcap=30.0), "logit_softcap"),
-    (dict(pos_emb="none"), "pos_emb=none"),
+    (dict(pos_emb="none"), "pos_emb=none: of the architectures redline exports to, only Granite 4.0"),
     (dict(norm="layernorm", mlp="relu2"), "model.mlp=relu2 with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
     (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
     (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
@@ -281,8 +281,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports ernie4_5, gemma3_text, gpt2, gpt_neox, granite, llama, mistral, olmo2, "
-                         "opt, phi, qwen2, qwen3, smollm3, stablelm")
+                         "redline imports ernie4_5, gemma3_text, gpt2, gpt_neox, granite, granitemoehybrid, llama, "
+                         "mistral, olmo2, opt, phi, qwen2, qwen3, smollm3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -477,6 +477,19 @@ def test_import_granite_reads_the_hubs_config():
     assert (cfg.embed_multiplier, cfg.residual_multiplier, cfg.logit_divisor) == (0.0, 0.0, 0.0)
     with pytest.raises(UserError, match="logits_scaling=0.0: Granite's scalars must be above 0"):
         model_config({**hub, "logits_scaling": 0})
+
+
+def test_import_granite4_refuses_its_hybrid_and_expert_layers(tmp_path, capsys):
+    """Granite 4.0's Mamba-2 layers (its -h models), experts and attention biases are one-line errors naming them."""
+    hf_folder("granitemoehybrid", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"layer_types": ["mamba", "attention"]}, "the Mamba-2 layers of its hybrid (-h) models"),
+                           ({"num_local_experts": 4}, "num_local_experts=4"),
+                           ({"attention_bias": True}, "attention_bias=true"),
+                           ({"position_embedding_type": "alibi"}, "position_embedding_type='alibi'")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

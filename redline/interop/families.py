@@ -176,7 +176,8 @@ def _families() -> dict[str, Family]:
     from redline.interop import ernie, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi, stablelm
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
-                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY, granite.FAMILY)}
+                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY, granite.FAMILY,
+                                granite.HYBRID_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -199,7 +200,7 @@ def export_family(cfg: ModelConfig) -> Family:
     with norms on the sublayers' outputs, Gemma 3 with norms on their inputs and outputs, StableLM with RoPE,
     LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score
-    and logit scalars, Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama
+    and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama
     otherwise. A UserError names the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
@@ -219,9 +220,6 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.logit_softcap and cfg.norm_position != "sandwich":
         raise UserError(f"model.logit_softcap={cfg.logit_softcap}: of the architectures redline exports to, only "
                         f"Gemma 3 (norm_position=sandwich) caps its logits")
-    if cfg.pos_emb == "none":
-        raise UserError("model.pos_emb=none: every architecture redline exports to has positions (GPT-2 learned, "
-                        "the others RoPE)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
                         f"(GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, "
@@ -236,7 +234,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
     if granite.wants_granite(cfg):
         granite.check_exportable(cfg)
-        return families["granite"]
+        return families["granitemoehybrid" if cfg.pos_emb == "none" else "granite"]
+    if cfg.pos_emb == "none":
+        raise UserError("model.pos_emb=none: of the architectures redline exports to, only Granite 4.0 has no "
+                        "positions, and it has its embedding, residual, score or logit scalars (model."
+                        "residual_multiplier, ...); the others have learned positions (GPT-2, OPT) or RoPE")
     if cfg.norm_position == "sandwich":
         from redline.interop.gemma3 import check_exportable
 

@@ -10,8 +10,10 @@ A multiplier of 1 is stored as redline's 0 (none), so a model that has none runs
 
 from __future__ import annotations
 
+import torch
+
 from redline.errors import UserError
-from redline.interop.families import Family, raise_first
+from redline.interop.families import Family, TensorSource, raise_first
 from redline.interop.llama import _ignorable, hf_config_for, model_config_for, to_hf, to_redline
 from redline.model import ModelConfig
 
@@ -53,7 +55,7 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.norm_position != "pre", f"{what} has pre-norm blocks (model.norm_position={cfg.norm_position})"),
         (cfg.norm != "rmsnorm" or cfg.mlp != "swiglu", f"{what} has RMSNorm and SwiGLU (model.norm={cfg.norm}, "
                                                        f"model.mlp={cfg.mlp})"),
-        (cfg.pos_emb != "rope" or cfg.rope_dims, f"{what} rotates whole heads with RoPE"),
+        (cfg.pos_emb == "learned" or cfg.rope_dims, f"{what} rotates whole heads with RoPE or has no positions"),
         (cfg.parallel_residual, f"{what} has sequential sublayers (model.parallel_residual)"),
         (cfg.qk_norm, f"{what} has no QK-norm (model.qk_norm)"),
         (cfg.sliding_window > 0, f"{what} attends to the whole context (model.sliding_window)"),
@@ -73,3 +75,78 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 FAMILY = Family(name="granite", architecture="GraniteForCausalLM", model_config=model_config, hf_config=hf_config,
                 to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Granite 4.0's dense models (GraniteMoeHybridForCausalLM, model_type "granitemoehybrid", with attention layers only
+# and no experts: granite-4.0-350m, granite-4.0-1b, granite-4.0-micro): Granite's block, its SwiGLU MLP named
+# shared_mlp with gate and up as one input_linear (rows [gate; up], as redline's fused fc) and down as output_linear,
+# and RoPE or no positions at all (position_embedding_type None: the NoPE form). Semantics read from transformers'
+# models/granitemoehybrid/modeling_granitemoehybrid.py; the Mamba-2 layers and the experts of its hybrid and MoE
+# models are refused by name.
+
+_FUSED, _DOWN = "shared_mlp.input_linear.weight", "shared_mlp.output_linear.weight"
+
+
+def hybrid_model_config(hf: dict) -> ModelConfig:
+    from dataclasses import replace
+
+    kinds = set(hf.get("layer_types") or hf.get("layers_block_type") or ["mamba"])  # (transformers' default: Mamba)
+    if not kinds <= {"attention", "full_attention"}:
+        raise UserError(f"layer_types {sorted(kinds)}: redline runs Granite 4.0's attention-only models; the Mamba-2 "
+                        f"layers of its hybrid (-h) models are not supported")
+    if hf.get("num_local_experts"):
+        raise UserError(f"num_local_experts={hf['num_local_experts']}: redline runs dense models; Granite's "
+                        f"mixture-of-experts layers are not supported")
+    if hf.get("attention_bias"):
+        raise UserError("attention_bias=true: Granite 4.0's MLP has no biases, and redline's biases cover both")
+    rope = hf.get("position_embedding_type")
+    if rope not in (None, "rope", "nope"):
+        raise UserError(f"position_embedding_type={rope!r}: redline reads rope or none")
+    cfg = model_config({**hf, "intermediate_size": hf["shared_intermediate_size"], "mlp_bias": False})
+    return cfg if rope == "rope" else replace(cfg, pos_emb="none")
+
+
+def _llama_view(src: TensorSource) -> TensorSource:
+    """src with each block's input_linear seen as Llama's gate_proj and up_proj (its halves) and output_linear as
+    down_proj, so that llama.py's map reads it; the real tensors are taken (marked used) as the halves are read."""
+    names: dict[str, tuple[str, int | None]] = {}
+    for name in src.names:
+        if name.endswith(_FUSED):
+            base = name[: -len(_FUSED)] + "mlp."
+            names[base + "gate_proj.weight"], names[base + "up_proj.weight"] = (name, 0), (name, 1)
+        else:
+            names[name.replace(_DOWN, "mlp.down_proj.weight")] = (name, None)
+
+    def read(name: str):
+        real, half = names[name]
+        t = src.take(real)
+        return t if half is None else t.chunk(2)[half]
+
+    return TensorSource(names, read, src.where)
+
+
+def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    return to_redline(_llama_view(src), cfg)
+
+
+def hybrid_to_hf(state, cfg: ModelConfig) -> dict:
+    out = to_hf(state, cfg)
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        out[p + _FUSED] = torch.cat([out.pop(p + "mlp.gate_proj.weight"), out.pop(p + "mlp.up_proj.weight")])
+        out[p + _DOWN] = out.pop(p + "mlp.down_proj.weight")
+    return out
+
+
+def hybrid_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config(cfg)
+    out.pop("mlp_bias", None)
+    return {**out, "model_type": "granitemoehybrid", "shared_intermediate_size": cfg.hidden_dim,
+            "num_local_experts": 0, "num_experts_per_tok": 0, "layer_types": ["attention"] * cfg.n_layer,
+            "position_embedding_type": "rope" if cfg.pos_emb == "rope" else None}
+
+
+HYBRID_FAMILY = Family(name="granitemoehybrid", architecture="GraniteMoeHybridForCausalLM",
+                       model_config=hybrid_model_config, hf_config=hybrid_hf_config, to_redline=hybrid_to_redline,
+                       to_hf=hybrid_to_hf, ignorable=_ignorable)
