@@ -4,21 +4,24 @@ Features (each a field of `ModelConfig`):
 - attention: multi-head, grouped-query or multi-query through `n_kv_head`; a head width of its own
   (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
   fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
-  (`attn_scale`, Gemma 3's); optional sliding-window attention, on every layer or interleaved with full-attention
+  (`attn_scale`, Gemma 3's and Granite's) and a soft cap on the scores (`attn_softcap`, Gemma 2's); optional
+  sliding-window attention, on every layer or interleaved with full-attention
   layers (`sliding_window_pattern`, Gemma 3's 5:1); documents packed into one row attend only within themselves
   (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
 - positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's or linear frequency scaling; the sliding-window layers
-  with a base of their own, `rope_local_theta`, as Gemma 3's), learned absolute, or none;
+  with a base of their own, `rope_local_theta`, as Gemma 3's; one layer in N without it, `nope_interval`, as
+  SmolLM3's), learned absolute, or none;
   explicit per-token positions (packed documents restart at 0);
 - MLP: GELU, SwiGLU, GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
 - norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
-- tied or untied embeddings (optionally scaled by sqrt(n_embd), Gemma's), bias on/off, dropout, vocabulary padded up
-  to a multiple of 128 (the padded logits are never sampled, and take no part in the loss), logit soft-capping,
-  zero-initialised output projections;
+- tied or untied embeddings (optionally scaled by sqrt(n_embd), Gemma's, or by a factor, Granite's), bias on/off,
+  dropout, vocabulary padded up to a multiple of 128 (the padded logits are never sampled, and take no part in the
+  loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
+  (`residual_multiplier`, Granite's), zero-initialised output projections;
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -75,6 +78,10 @@ class ModelConfig:
     elsewhere (Gemma 3: 6, five windowed layers to one full; transformers' layer_types); 0 = every layer windowed."""
     attn_scale: float = 0.0
     """The attention scores' scale (Gemma 3: query_pre_attn_scalar ** -0.5); 0 = 1 / sqrt(head_dim)."""
+    attn_softcap: float = 0.0
+    """Cap the attention scores smoothly at ±this (softcap · tanh(scores / softcap), after the scale and before the
+    mask: Gemma 2's attn_logit_softcapping); 0 = off. Such attention runs as plain PyTorch products (no fused
+    attention kernel takes the cap), or as flex attention with a score modifier for packed documents."""
     pos_emb: Literal["rope", "learned", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
@@ -287,6 +294,8 @@ class ModelConfig:
         if self.sliding_window_pattern < 0 or (self.sliding_window_pattern and not self.sliding_window):
             raise UserError(f"model.sliding_window_pattern={self.sliding_window_pattern} needs a model.sliding_window "
                             f"and must be >= 0 (0 = every layer windowed)")
+        if self.attn_softcap < 0:
+            raise UserError(f"model.attn_softcap must be >= 0 (0 = off), got {self.attn_softcap}")
         if self.attn_scale < 0 or self.rope_local_theta < 0:
             raise UserError(f"model.attn_scale and model.rope_local_theta must be >= 0 (0 = the default), got "
                             f"{self.attn_scale} and {self.rope_local_theta}")
@@ -429,6 +438,23 @@ def sdpa_context(backend: str):
     return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
 
 
+def capped_attention(q, k, v, mask: torch.Tensor | None, scale: float | None, cap: float) -> torch.Tensor:
+    """Attention with soft-capped scores, as plain products (Gemma 2's eager attention in transformers'
+    models/gemma2/modeling_gemma2.py): q (B, H, Tq, D), k/v (B, KV, Tk, D), mask None (causal, the queries being the
+    last Tq of the Tk positions) or bool, broadcastable to (B, H, Tq, Tk), True where allowed -> (B, Tq, H*D).
+    Scores and softmax in fp32 at least."""
+    B, H, Tq, D = q.shape
+    if k.shape[1] != H:
+        k, v = (t.repeat_interleave(H // k.shape[1], dim=1) for t in (k, v))
+    scores = torch.matmul(q, k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
+    scores = cap * torch.tanh(scores * (scale or D ** -0.5) / cap)
+    if mask is None:
+        Tk = k.shape[2]
+        mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+    probs = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).transpose(1, 2).reshape(B, Tq, H * D)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
         super().__init__()
@@ -487,12 +513,19 @@ class Attention(nn.Module):
         """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D). attn_mask: None, a bool tensor, or a flex
         attention BlockMask (packed documents on CUDA: GPT.attention_mask)."""
         gqa = self.n_kv != self.n_head
+        cap = self.cfg.attn_softcap
         if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
             from torch.nn.attention.flex_attention import flex_attention
 
-            y = flex_attention(q, k, v, block_mask=attn_mask, scale=self.scale, enable_gqa=gqa)
+            def capped(score, b, h, q_idx, kv_idx):
+                return cap * torch.tanh(score / cap)
+
+            y = flex_attention(q, k, v, block_mask=attn_mask, scale=self.scale, enable_gqa=gqa,
+                               score_mod=capped if cap else None)
             B, _, Tq, _ = q.shape
             return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
+        if cap:
+            return capped_attention(q, k, v, attn_mask, self.scale, cap)
         if gqa and self.cfg.attn_backend != "auto":
             # not every forced backend takes enable_gqa: expand the kv heads instead
             k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)

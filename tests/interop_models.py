@@ -52,6 +52,12 @@ FAMILIES = {
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
+    # Gemma 2: three layers, windowed - full - windowed with a window shorter than the test sequences, the scores
+    # and the logits soft-capped (low caps, so that the caps bite), head_dim 24 != 64 / 4
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_hidden_layers=3,
+                    query_pre_attn_scalar=20, sliding_window=5, attn_logit_softcapping=2.0,
+                    final_logit_softcapping=3.0, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
     # OPT as opt-125m is: learned positions (two rows before position 0's), pre-LayerNorm, ReLU, biases, tied
     "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,

@@ -44,6 +44,10 @@ ARCHITECTURES = {
     # Phi's: one LayerNorm feeding both sublayers, RoPE on half of each head, a bias on the head
     "phi-style": {"norm": "layernorm", "mlp": "gelu", "bias": True, "parallel_residual": True,
                   "parallel_shared_norm": True, "head_bias": True, "rope_dims": 8, "n_kv_head": 2},
+    # Gemma 2's: Gemma 3's block without QK-norm, the attention scores soft-capped (low, so the cap bites)
+    "gemma2-style": {"n_kv_head": 2, "norm_position": "sandwich", "norm_unit_offset": True, "mlp": "geglu",
+                     "embed_scale": True, "attn_scale": 0.2, "attn_softcap": 1.5, "sliding_window": 6,
+                     "sliding_window_pattern": 2, "logit_softcap": 20.0, "tie_embeddings": True},
     # Granite's: its embedding, residual, score and logit scalars
     "granite-style": {"n_kv_head": 2, "embed_multiplier": 3.0, "residual_multiplier": 0.5, "attn_scale": 0.2,
                       "logit_divisor": 2.0},
@@ -103,6 +107,9 @@ def test_options_are_checked_where_they_cannot_run():
     with pytest.raises(UserError, match="decode_linear must be one of auto, torch, triton"):
         InferenceEngine(tiny_model(), decode_linear="cublas")
     assert InferenceEngine(tiny_model(), compile=True).describe()["decode_linear"] == "torch"  # auto on a CPU
+    # the attention kernel has no soft-cap of the scores (Gemma 2's): refused by name, before any machine check
+    with pytest.raises(UserError, match="no soft-cap of the scores"):
+        InferenceEngine(tiny_model(**ARCHITECTURES["gemma2-style"]), decode_attention="triton")
 
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),

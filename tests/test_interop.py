@@ -129,6 +129,10 @@ REDLINE_EXPORTS = {
                                n_kv_head=2),
     # SmolLM3: RoPE on layer 0 but not 1, untied, with biases on every Linear layer
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2, bias=True),
+    # Gemma 2: Gemma 3's block without QK-norm, its attention scores and logits soft-capped, one RoPE base
+    "Gemma2ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", embed_scale=True,
+                              n_kv_head=2, sliding_window=5, sliding_window_pattern=2, attn_scale=0.25,
+                              attn_softcap=2.0, logit_softcap=30.0, tie_embeddings=True),
     "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
                               embed_scale=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
                               rope_local_theta=1000.0, attn_scale=0.25, tie_embeddings=True, logit_softcap=30.0),
@@ -186,6 +190,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True, embed_scale=True,
           attn_scale=0.3), "integer query_pre_attn_scalar"),
     (dict(nope_interval=2, qk_norm=True), "model.nope_interval with model.qk_norm"),
+    (dict(attn_softcap=50.0), "only Gemma 2 .norm_position=sandwich. caps its attention scores"),
+    (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True, embed_scale=True,
+          attn_softcap=50.0), "model.attn_softcap=50.0 with model.qk_norm: Gemma 2"),
+    (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", embed_scale=True, sliding_window=4,
+          rope_local_theta=100.0), "model.rope_local_theta without model.qk_norm"),
     (dict(residual_multiplier=0.5, qk_norm=True), "model.residual_multiplier: Granite, the one architecture with it "
                                                   "redline exports to, has no QK-norm"),
     (dict(embed_multiplier=2.0, norm="layernorm"), "has RMSNorm and SwiGLU"),
@@ -281,8 +290,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports ernie4_5, gemma3_text, gpt2, gpt_neox, granite, granitemoehybrid, llama, "
-                         "mistral, olmo2, opt, phi, qwen2, qwen3, smollm3, stablelm")
+                         "redline imports ernie4_5, gemma2, gemma3_text, gpt2, gpt_neox, granite, granitemoehybrid, "
+                         "llama, mistral, olmo2, opt, phi, qwen2, qwen3, smollm3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -342,7 +351,8 @@ def test_import_gemma3_options_redline_cannot_express(tmp_path, capsys):
     config = json.loads(path.read_text())
     sliding, full = "sliding_attention", "full_attention"
     for edit, fragment in [
-        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0: transformers' Gemma 3 caps the scores in "
+                                           "its eager attention and not in SDPA"),
         ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
         ({"layer_types": [full, sliding, sliding]}, "not a repeating pattern"),
         ({"rope_parameters": {full: {"rope_type": "default", "rope_theta": 1e4},

@@ -467,7 +467,8 @@ def write_llama_cpp_partial_rope(hf, path, arch: str):
 @pytest.mark.parametrize("kind, named", [("phi-tied", "llama.cpp's phi2 has neither"),
                                          ("gpt2-erf", "model.gelu_approximate=none"),
                                          ("opt", "OPT models are not written as GGUF"),
-                                         ("smollm3", "a step no GGUF key changes")])
+                                         ("smollm3", "a step no GGUF key changes"),
+                                         ("gemma2", "Gemma 2 models are not written as GGUF")])
 def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, capsys):
     hf_folder(kind, tmp_path / "hf")
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)

@@ -298,6 +298,7 @@ def test_hidden_sizes_rounded_to_64():
         (dict(parallel_shared_norm=True), "parallel_shared_norm needs model.parallel_residual"),
         (dict(norm_bias=True), "model.norm_bias needs model.norm=layernorm"),
         (dict(nope_interval=2, pos_emb="learned"), "model.nope_interval=2 needs RoPE"),
+        (dict(attn_softcap=-1.0), "model.attn_softcap must be >= 0"),
         (dict(residual_multiplier=-1.0), "residual_multiplier and logit_divisor must be >= 0"),
         (dict(embed_multiplier=2.0, embed_scale=True), "give the embeddings' factor one way"),
         (dict(logit_divisor=2.0, ce_chunk_tokens=64), "model.logit_divisor with model.ce_chunk_tokens"),

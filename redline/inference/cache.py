@@ -146,8 +146,8 @@ class PrefillLayer:
         self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
         if self.prefix is not None:
             k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
-        if self.mask is None:
-            return attn.attend(q, k, v, None, is_causal=True)
+        if self.mask is None or attn.cfg.attn_softcap:
+            return attn.attend(q, k, v, self.mask, is_causal=self.mask is None)
         if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
             k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
             v = v.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
@@ -162,7 +162,7 @@ class PrefillLayer:
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool; scale: the
     scores' (None: 1 / sqrt(D)) -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the cache is
     read once per kv head and never expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa):
@@ -171,7 +171,10 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     KV = k_cache.shape[1]
     qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g
     scores = torch.matmul(qg, k_cache.transpose(-1, -2)) * (scale or D ** -0.5)  # (B, KV, H/KV, W)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if softcap:  # Gemma 2's, before the mask (model.attn_softcap)
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
     probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
     return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
 
@@ -241,7 +244,7 @@ class DecodeLayer:
                 _scatter_slot(scales, self.slot, scale)
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
-        return cached_attention(q, keys, values, self.mask, attn.scale)
+        return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap)
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the

@@ -99,6 +99,9 @@ def _attention(choice: str, cfg, device: torch.device, compile: bool, dtype: tor
 
 def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype) -> str | None:
     # (what the kernel's prologue cannot compute, cache.kernel_prologue_unsupported, the layer computes before it)
+    if getattr(cfg, "attn_softcap", 0):
+        return ("decode_attention triton has no soft-cap of the scores (model.attn_softcap); use decode_attention "
+                "matmul (or auto)")
     if device.type != "cuda":
         return "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul"
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):

@@ -173,11 +173,11 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import ernie, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi, stablelm
+    from redline.interop import ernie, gemma2, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi, stablelm
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
                                 phi.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY, granite.FAMILY,
-                                granite.HYBRID_FAMILY)}
+                                granite.HYBRID_FAMILY, gemma2.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -197,11 +197,12 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
-    with norms on the sublayers' outputs, Gemma 3 with norms on their inputs and outputs, StableLM with RoPE,
-    LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
-    parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score
-    and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama
-    otherwise. A UserError names the redline option that no such architecture has."""
+    with norms on the sublayers' outputs, Gemma 3 with norms on their inputs and outputs (Gemma 2 without QK-norm),
+    StableLM with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and
+    LayerNorm, partial RoPE, parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its
+    embedding, residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm,
+    Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline
+    option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
@@ -219,7 +220,10 @@ def export_family(cfg: ModelConfig) -> Family:
                         "redline exports to, uses the tanh approximation")
     if cfg.logit_softcap and cfg.norm_position != "sandwich":
         raise UserError(f"model.logit_softcap={cfg.logit_softcap}: of the architectures redline exports to, only "
-                        f"Gemma 3 (norm_position=sandwich) caps its logits")
+                        f"Gemma 2 and 3 (norm_position=sandwich) cap their logits")
+    if cfg.attn_softcap and cfg.norm_position != "sandwich":
+        raise UserError(f"model.attn_softcap={cfg.attn_softcap}: of the architectures redline exports to, only "
+                        f"Gemma 2 (norm_position=sandwich) caps its attention scores")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
                         f"(GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, "
@@ -239,10 +243,13 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.pos_emb=none: of the architectures redline exports to, only Granite 4.0 has no "
                         "positions, and it has its embedding, residual, score or logit scalars (model."
                         "residual_multiplier, ...); the others have learned positions (GPT-2, OPT) or RoPE")
-    if cfg.norm_position == "sandwich":
-        from redline.interop.gemma3 import check_exportable
+    if cfg.norm_position == "sandwich":  # Gemma 2 without QK-norm, Gemma 3 with it
+        from redline.interop import gemma2, gemma3
 
-        check_exportable(cfg)
+        if not cfg.qk_norm:
+            gemma2.check_exportable(cfg)
+            return families["gemma2"]
+        gemma3.check_exportable(cfg)
         return families["gemma3_text"]
     gemma = [f"model.{name}" for name in ("norm_unit_offset", "embed_scale", "attn_scale", "sliding_window_pattern",
                                           "rope_local_theta") if getattr(cfg, name)] + \

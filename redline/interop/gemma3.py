@@ -12,7 +12,9 @@ models/gemma3/modeling_gemma3.py and configuration_gemma3.py):
   redline expresses the layer i is full iff (i + 1) % pattern == 0 form, which transformers' default and the published
   models follow); the windowed layers rotate with their own unscaled base, rope_local_base_freq (rope_local_theta),
   the full ones with rope_theta and its scaling;
-- final_logit_softcapping -> logit_softcap (Gemma 3 ships None); attention-score soft-capping redline does not have.
+- final_logit_softcapping -> logit_softcap (Gemma 3 ships None). attn_logit_softcapping is refused: transformers'
+  Gemma 3 applies it in its eager attention only (its SDPA path leaves it out), so such a file names no one model
+  (Gemma 2, gemma2.py, caps its scores always: transformers runs it eagerly).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def model_config(hf: dict) -> ModelConfig:
         raise UserError(f"hidden_activation={act!r}: redline's GeGLU uses the tanh-approximated GELU "
                         f"({', '.join(_TANH_GELU)})")
     refused = [("attn_logit_softcapping", hf.get("attn_logit_softcapping") is not None,
-                "redline does not soft-cap attention scores"),
+                "transformers' Gemma 3 caps the scores in its eager attention and not in SDPA, so the file names no "
+                "one model; redline caps Gemma 2's (model_type gemma2)"),
                ("use_bidirectional_attention", bool(hf.get("use_bidirectional_attention")),
                 "redline's attention is causal"),
                ("attention_bias", bool(hf.get("attention_bias")),
@@ -116,6 +119,8 @@ def check_exportable(cfg: ModelConfig) -> None:
                               "by sqrt(n_embd)"),
         (cfg.bias or cfg.has_qkv_bias, "model.bias / model.qkv_bias with norm_position=sandwich: Gemma 3 has no "
                                        "biases redline can write"),
+        (cfg.attn_softcap, f"model.attn_softcap={cfg.attn_softcap} with model.qk_norm: Gemma 2, the architecture with "
+                           f"capped attention scores redline exports to, has no QK-norm"),
     ]
     raise_first(problems)
     query_pre_attn_scalar(cfg)

@@ -499,6 +499,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a GPT-NeoX model: redline writes gptneox GGUF "
                             f"files without RoPE scaling; export with --format hf")
         return "gptneox"
+    if family.name == "gemma2":
+        raise UserError("Gemma 2 models are not written as GGUF by redline (llama.cpp's gemma2 is not among the "
+                        "layouts it writes); export with --format hf")
     if family.name == "smollm3" and cfg.nope_interval != SMOLLM3_NOPE_INTERVAL:
         raise UserError(f"model.nope_interval={cfg.nope_interval}: llama.cpp's smollm3 leaves RoPE out of every "
                         f"{SMOLLM3_NOPE_INTERVAL}th layer, a step no GGUF key changes; export with --format hf")

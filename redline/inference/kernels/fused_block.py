@@ -51,6 +51,7 @@ FIELDS_ACCOUNTED = {
     "sliding_window": "in the attention kernel",
     "sliding_window_pattern": "each layer's window to the attention kernel",
     "attn_scale": "the scores' scale to the attention kernel",
+    "attn_softcap": "the plan keeps it off the attention kernel, and so off this path",
     "rope_local_theta": "refused: the attention kernel rotates the raw qkv output with one table",
     "nope_interval": "refused: the attention kernel rotates the raw qkv output of every layer",
     "n_head": "shapes", "n_kv_head": "shapes", "head_size": "shapes", "n_embd": "shapes", "mlp_hidden": "shapes",
