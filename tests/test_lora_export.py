@@ -27,6 +27,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True),  # q/k/v, out_proj, fc1, fc2
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2),  # Llama's names, layer 1 without RoPE
     "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.5, logit_divisor=2.0, n_kv_head=2),
+    # sandwich norms: Gemma 3 with QK-norm, Gemma 2 without and with its capped scores; OLMo 2's output norms
+    "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
+                              embed_scale=True, n_kv_head=2, tie_embeddings=True),
+    "Gemma2ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", embed_scale=True,
+                              n_kv_head=2, attn_softcap=5.0, tie_embeddings=True),
+    "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
     # query_key_value: B's rows regrouped by head
     "GPTNeoXForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4),
 }

@@ -147,7 +147,9 @@ def hf_config(cfg: ModelConfig) -> dict:
         "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": cfg.context_len, "rms_norm_eps": cfg.norm_eps,
         "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "attention_dropout": 0.0,
-        "query_pre_attn_scalar": query_pre_attn_scalar(cfg), "sliding_window": cfg.sliding_window or None,
+        # without windowed layers, still a window (the context) for transformers, which builds the sliding mask
+        # whatever layer_types say (and uses none of it when every layer is full)
+        "query_pre_attn_scalar": query_pre_attn_scalar(cfg), "sliding_window": cfg.sliding_window or cfg.context_len,
         "layer_types": kinds, "final_logit_softcapping": cfg.logit_softcap or None,
         "attn_logit_softcapping": None, "use_bidirectional_attention": False,
         "rope_parameters": {"full_attention": full, "sliding_attention": local},
