@@ -10,6 +10,8 @@ A multiplier of 1 is stored as redline's 0 (none), so a model that has none runs
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from redline.errors import UserError
@@ -29,8 +31,6 @@ def _factor(hf: dict, key: str) -> float:
 
 
 def model_config(hf: dict) -> ModelConfig:
-    from dataclasses import replace
-
     scale = hf.get("attention_multiplier")
     return replace(model_config_for("granite")(hf), embed_multiplier=_factor(hf, "embedding_multiplier"),
                    residual_multiplier=_factor(hf, "residual_multiplier"),
@@ -89,8 +89,6 @@ _FUSED, _DOWN = "shared_mlp.input_linear.weight", "shared_mlp.output_linear.weig
 
 
 def hybrid_model_config(hf: dict) -> ModelConfig:
-    from dataclasses import replace
-
     kinds = set(hf.get("layer_types") or hf.get("layers_block_type") or ["mamba"])  # (transformers' default: Mamba)
     if not kinds <= {"attention", "full_attention"}:
         raise UserError(f"layer_types {sorted(kinds)}: redline runs Granite 4.0's attention-only models; the Mamba-2 "
