@@ -135,6 +135,12 @@ GGUF_FAMILIES = {
                      dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True,
                           mlp_bias=True, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3,
                           logits_scaling=4.0)),
+    # Gemma 2 as transformers' GGUF loader reads a gemma2 file: at Gemma2Config's defaults where no key maps (the
+    # caps 50 and 30, query_pre_attn_scalar 256 = the head width, layers alternating), a window shorter than the
+    # test sequences
+    "gemma2-gguf": ("Gemma2Config", "Gemma2ForCausalLM",
+                    dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                         sliding_window=5, rope_parameters={"rope_type": "default", "rope_theta": 5000.0})),
     # SmolLM3 at llama.cpp's fixed step (RoPE left out of layer 3 of 4)
     "smollm3-gguf": ("SmolLM3Config", "SmolLM3ForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, pad_token_id=None)),

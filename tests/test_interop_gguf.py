@@ -52,7 +52,8 @@ def import_gguf(path, out, capsys):
                                                       ("gemma3-gguf", True), ("gpt_neox", False),
                                                       ("gpt_neox-sequential", False), ("stablelm", True),
                                                       ("stablelm-parallel", False), ("phi", False),
-                                                      ("smollm3-gguf", False), ("granite-gguf", False)])
+                                                      ("smollm3-gguf", False), ("granite-gguf", False),
+                                                      ("gemma2", False), ("gemma2-gguf", True)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -322,7 +323,7 @@ def test_gguf_bad_inputs(tmp_path, capsys):
     w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
     _write_out(w, None)
     code, _, err = run_cli(["import", str(tmp_path / "falcon.gguf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gemma3, gpt2" in err
+    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gemma2, gemma3, gpt2" in err
 
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all" * 10)
     code, _, err = run_cli(["import", str(tmp_path / "junk.gguf"), "--out", str(tmp_path / "out")], capsys)
@@ -467,8 +468,7 @@ def write_llama_cpp_partial_rope(hf, path, arch: str):
 @pytest.mark.parametrize("kind, named", [("phi-tied", "llama.cpp's phi2 has neither"),
                                          ("gpt2-erf", "model.gelu_approximate=none"),
                                          ("opt", "OPT models are not written as GGUF"),
-                                         ("smollm3", "a step no GGUF key changes"),
-                                         ("gemma2", "Gemma 2 models are not written as GGUF")])
+                                         ("smollm3", "a step no GGUF key changes")])
 def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, capsys):
     hf_folder(kind, tmp_path / "hf")
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)

@@ -37,7 +37,8 @@ from redline.interop.families import Family, TensorSource, family_for, interleav
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "smollm3", "granite")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "smollm3",
+          "granite")
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
 PERMUTED = ("llama", "smollm3", "granite")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
@@ -103,7 +104,7 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _NEOX_NAMES, _NEOX_TOP, "gpt_neox.layers."
     if arch == "phi2":
         return _PHI2_NAMES, _PHI2_TOP, "model.layers."
-    names = {"olmo2": _OLMO2_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
+    names = {"olmo2": _OLMO2_NAMES, "gemma2": _GEMMA3_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
 
 
@@ -216,7 +217,34 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     elif scaling not in (None, "none"):
         raise UserError(f"the GGUF's RoPE scaling {scaling!r} is not supported (redline reads none, linear, yarn "
                         f"and Llama 3's rope_freqs)")
+    if arch == "gemma2":
+        return _gemma2_config(fields, key, config)
     return _gemma3_config(fields, key, config) if arch == "gemma3" else config
+
+
+def _gemma2_config(fields: dict, key, common: dict) -> dict:
+    """A gemma2 config.json for a gemma2 GGUF, as llama.cpp's converter writes one: the common keys, the two caps
+    (attn_logit_softcapping, final_logit_softcapping) and the window; llama.cpp alternates windowed and full layers
+    (the first windowed) and scales the scores by head_dim ** -0.5 where the heads are n_embd / n_head wide (gemma-2-2b
+    and 9b; query_pre_attn_scalar equals their head width), which redline's own key overrides where it wrote the
+    file. What the file leaves open (27b's scale, RoPE scaling) is a UserError."""
+    if (common.get("rope_scaling") or {"rope_type": "default"})["rope_type"] != "default":
+        raise UserError("the GGUF's gemma2 file scales its RoPE, which Gemma 2 does not; import the model's Hugging "
+                        "Face folder")
+    heads, head_dim, width = common["num_attention_heads"], common["head_dim"], common["hidden_size"]
+    query_scalar = fields.get(QUERY_SCALAR_KEY)
+    if query_scalar is None:
+        if head_dim * heads != width:  # llama.cpp's rule for 27b (n_embd / n_head) and no key in the file
+            raise UserError(f"the GGUF's gemma2 heads are {head_dim} wide, not n_embd / n_head, and it gives no "
+                            f"query_pre_attn_scalar ({QUERY_SCALAR_KEY}); import the model's Hugging Face folder")
+        query_scalar = head_dim
+    window = common.get("sliding_window")
+    kinds = ["sliding_attention" if window and i % 2 == 0 else "full_attention"
+             for i in range(common["num_hidden_layers"])]
+    return {**{k: v for k, v in common.items() if k != "rope_scaling"}, "model_type": "gemma2",
+            "hidden_activation": "gelu_pytorch_tanh", "layer_types": kinds, "query_pre_attn_scalar": int(query_scalar),
+            "attn_logit_softcapping": key("attn_logit_softcapping"),
+            "final_logit_softcapping": key("final_logit_softcapping")}
 
 
 # redline's own GGUF keys for what a gemma3 file from llama.cpp's converter leaves implicit. The keys that converter
@@ -382,7 +410,7 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
         if arch in PERMUTED and kind in ("attn_q", "attn_k"):
             heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
             w = interleave_rope_rows(w, heads, inverse=True)
-        if arch == "gemma3" and kind.endswith("norm"):  # stored as the scale 1 + weight (_gemma3_config)
+        if arch in ("gemma2", "gemma3") and kind.endswith("norm"):  # stored as the scale 1 + weight
             w = w - 1
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
             w = w.t().contiguous()
@@ -500,8 +528,13 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
                             f"files without RoPE scaling; export with --format hf")
         return "gptneox"
     if family.name == "gemma2":
-        raise UserError("Gemma 2 models are not written as GGUF by redline (llama.cpp's gemma2 is not among the "
-                        "layouts it writes); export with --format hf")
+        from redline.interop.gemma3 import query_pre_attn_scalar
+
+        query_pre_attn_scalar(cfg)
+        if any(cfg.layer_window(i) != (cfg.sliding_window if i % 2 == 0 else 0) for i in range(cfg.n_layer)):
+            raise UserError("a Gemma 2 model whose layers do not alternate windowed and full, the first windowed: "
+                            "llama.cpp's gemma2 takes that order; export with --format hf")
+        return "gemma2"
     if family.name == "smollm3" and cfg.nope_interval != SMOLLM3_NOPE_INTERVAL:
         raise UserError(f"model.nope_interval={cfg.nope_interval}: llama.cpp's smollm3 leaves RoPE out of every "
                         f"{SMOLLM3_NOPE_INTERVAL}th layer, a step no GGUF key changes; export with --format hf")
@@ -557,11 +590,20 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "gemma3"):
+    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "gemma2", "gemma3"):
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if arch == "gemma3":
         _gemma3_metadata(writer, cfg)
+    if arch == "gemma2":  # the keys llama.cpp's converter writes, and redline's scale (llama.cpp's rule above)
+        from redline.interop.gemma3 import query_pre_attn_scalar
+
+        writer.add_uint32(QUERY_SCALAR_KEY, query_pre_attn_scalar(cfg))
+        writer.add_sliding_window(cfg.sliding_window)
+        if cfg.attn_softcap:
+            writer.add_attn_logit_softcapping(cfg.attn_softcap)
+        if cfg.logit_softcap:
+            writer.add_final_logit_softcapping(cfg.logit_softcap)
     if arch == "granite":  # every scalar, 1 where the model has none (llama.cpp reads 0 as none)
         writer.add_embedding_scale(cfg.embed_multiplier or 1.0)
         writer.add_residual_scale(cfg.residual_multiplier or 1.0)
@@ -657,7 +699,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
                 w = w.t()
             if arch in PERMUTED and kind in ("attn_q", "attn_k"):
                 w = interleave_rope_rows(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
-            if arch == "gemma3" and kind.endswith("norm"):
+            if arch in ("gemma2", "gemma3") and kind.endswith("norm"):
                 w = w + 1
             if arch == "gptneox" and kind == "attn_qkv":
                 w = _neox_qkv(w, cfg.n_head, to_file=True)
