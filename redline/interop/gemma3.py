@@ -77,9 +77,7 @@ def model_config(hf: dict) -> ModelConfig:
                 "redline's attention is causal"),
                ("attention_bias", bool(hf.get("attention_bias")),
                 "a bias on o_proj without MLP biases is a mix redline does not have")]
-    for name, bad, why in refused:
-        if bad:
-            raise UserError(f"{name}={hf.get(name)}: {why}")
+    raise_first([(bad, f"{name}={hf.get(name)}: {why}") for name, bad, why in refused])
     pattern, window = _pattern(hf), int(hf.get("sliding_window") or 0)
     if pattern == 1 or not window:  # no layer windowed: every one attends to the whole context
         pattern, window = 0, 0

@@ -36,9 +36,7 @@ def model_config(hf: dict) -> ModelConfig:
                 "LayerNorms without weights are not ones redline has"),
                ("_remove_final_layer_norm", bool(hf.get("_remove_final_layer_norm")),
                 "a model without its final LayerNorm is not one redline builds")]
-    for name, bad, why in refused:
-        if bad:
-            raise UserError(f"{name}={hf.get(name)}: {why}")
+    raise_first([(bad, f"{name}={hf.get(name)}: {why}") for name, bad, why in refused])
     act = hf.get("activation_function", "relu")
     if act != "relu":
         raise UserError(f"activation_function={act!r}: redline's OPT MLP is ReLU")
