@@ -80,8 +80,9 @@ class ModelConfig:
     """The attention scores' scale (Gemma 3: query_pre_attn_scalar ** -0.5); 0 = 1 / sqrt(head_dim)."""
     attn_softcap: float = 0.0
     """Cap the attention scores smoothly at ±this (softcap · tanh(scores / softcap), after the scale and before the
-    mask: Gemma 2's attn_logit_softcapping); 0 = off. Such attention runs as plain PyTorch products (no fused
-    attention kernel takes the cap), or as flex attention with a score modifier for packed documents."""
+    mask: Gemma 2's attn_logit_softcapping); 0 = off. No SDPA kernel takes the cap: such attention runs as flex
+    attention with the cap as its score modifier where doc_attention picks flex (training on CUDA), else as plain
+    PyTorch products (O(T²) memory a layer)."""
     pos_emb: Literal["rope", "learned", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
@@ -181,7 +182,8 @@ class ModelConfig:
     doc_attention: Literal["auto", "sdpa", "flex"] = "auto"
     """How packed documents (`doc_ids`) are kept apart: sdpa with a dense (B, 1, T, T) mask (any device; the fast
     SDPA kernels do not take a mask), or flex attention with a block mask that skips the blocks no document
-    spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere."""
+    spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere.
+    The same choice runs soft-capped attention (attn_softcap) as flex, documents or not."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     ce_chunk_tokens: int = 0
@@ -739,36 +741,38 @@ class GPT(nn.Module):
         own document (packed sequences do not see each other). window: the layers' whose mask this is (None:
         cfg.sliding_window)."""
         window = self.cfg.sliding_window if window is None else window
+        # flex for what SDPA's fast kernels cannot take: a document mask, or scores capped by attn_softcap
+        if (doc_ids is not None or self.cfg.attn_softcap) and self._flex_attention(device):
+            return self._block_mask(T, device, doc_ids, window)
         mask = self.sliding_mask(T, device, window)
         if doc_ids is None:
             return mask
-        if self._flex_documents(device):
-            return self._document_block_mask(doc_ids, window)
         i = torch.arange(T, device=device)
         allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])  # (B, T, T)
         if mask is not None:
             allowed = allowed & mask
         return allowed[:, None]
 
-    def _flex_documents(self, device) -> bool:
+    def _flex_attention(self, device) -> bool:
         """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
         is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
         choice = self.cfg.doc_attention
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())
 
-    def _document_block_mask(self, doc_ids: torch.Tensor, window: int):
-        """A flex attention BlockMask for doc_ids (B, T): causal within each document (and the sliding window);
-        blocks that no document spans are skipped rather than masked (PyTorch's flex attention document masking)."""
+    def _block_mask(self, T: int, device, doc_ids: torch.Tensor | None, window: int):
+        """A flex attention BlockMask: causal (and the sliding window), within each document of doc_ids (B, T) where
+        given; blocks no query may see are skipped rather than masked (PyTorch's flex attention document masking)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        B, T = doc_ids.shape
+        def allowed(b, h, q, kv):
+            ok = q >= kv
+            if doc_ids is not None:
+                ok = ok & (doc_ids[b, q] == doc_ids[b, kv])
+            return ok & (q - kv < window) if window > 0 else ok
 
-        def same_document(b, h, q, kv):
-            allowed = (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
-            return allowed & (q - kv < window) if window > 0 else allowed
-
-        return create_block_mask(same_document, B, None, T, T, device=doc_ids.device)
+        B = None if doc_ids is None else doc_ids.shape[0]  # None: one mask for every row
+        return create_block_mask(allowed, B, None, T, T, device=device)
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
         """Token (and learned position) embeddings and the RoPE tables for these positions.

@@ -788,13 +788,14 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("impl", ["matmul", "triton"])
-@pytest.mark.parametrize("arch", ["olmo2-style", "gemma3-style", "neox-style", "phi-style", "opt-style",
-                                  "smollm3-style", "granite-style"])
+@pytest.mark.parametrize("arch, impl", [(arch, impl) for arch in ("olmo2-style", "gemma3-style", "neox-style",
+                                                                   "phi-style", "opt-style", "smollm3-style",
+                                                                   "granite-style")
+                                        for impl in ("matmul", "triton")] + [("gemma2-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's and Granite's blocks, which the fused decode block
-    refuses, with either decode attention: compiled and captured, greedy equal to the full forward at batch 4 and 1
-    and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
+    refuses, with either decode attention, and Gemma 2's capped scores with the matmul one (the kernel refuses the
+    cap): compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
     over whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), the
     score scale (Gemma 3's, Granite's) and each layer's window handed to the kernel; Gemma 3's windowed and full
     layers each attend as their own (prompts and generations longer than the window)."""

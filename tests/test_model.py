@@ -406,6 +406,58 @@ def test_llama3_rope_scaling_matches_transformers():
     torch.testing.assert_close(rope_frequencies(linear), rope_frequencies(replace(cfg, rope_scaling="none")) / 2)
 
 
+CAPPED = dict(vocab_size=101, context_len=256, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, attn_softcap=1.5,
+              attn_scale=0.3, sliding_window=40, sliding_window_pattern=2)  # Gemma 2's attention, a cap that bites
+
+
+def _capped_pair(device: str, **kw) -> tuple[GPT, GPT]:
+    """The same Gemma-2-like model with its capped scores as plain products and as flex attention."""
+    torch.manual_seed(0)
+    plain = GPT(ModelConfig(**{**CAPPED, **kw}, doc_attention="sdpa")).to(device)
+    with torch.no_grad():
+        for block in plain.blocks:  # scores of a few units (at init they are ~0.01), for the cap to bite
+            block.attn.qkv.weight.mul_(10)
+    flex = GPT(ModelConfig(**{**CAPPED, **kw}, doc_attention="flex")).to(device)
+    flex.load_state_dict(plain.state_dict())
+    return plain, flex
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+@pytest.mark.parametrize("documents", [False, True])
+def test_capped_attention_as_flex_equals_the_plain_products(documents):
+    # flex attention with the cap as its score modifier (how training runs it on CUDA) against the plain products;
+    # the CPU has no flex backward (the GPU test below compares gradients)
+    plain, flex = _capped_pair("cpu")
+    g = torch.Generator().manual_seed(1)
+    idx, targets = torch.randint(0, 101, (2, 150), generator=g), torch.randint(0, 101, (2, 150), generator=g)
+    doc_ids = (torch.arange(150) >= 70).long().expand(2, -1) if documents else None  # across flex's 128-token blocks
+    assert not isinstance(flex.attention_mask(150, "cpu", doc_ids, 40), torch.Tensor)  # a BlockMask: flex runs
+    with torch.no_grad():
+        losses = [model(idx, targets, doc_ids=doc_ids) for model in (plain, flex)]
+        torch.testing.assert_close(losses[1], losses[0])
+        uncapped = GPT(ModelConfig(**{**CAPPED, "attn_softcap": 0.0}, doc_attention="flex"))
+        uncapped.load_state_dict(plain.state_dict())
+        assert (uncapped(idx, targets, doc_ids=doc_ids) - losses[0]).abs() > 1e-3  # the cap changes the loss
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_capped_attention_trains_as_compiled_flex_on_gpu():
+    """doc_attention=auto compiled on CUDA (the training step) runs capped scores as flex attention: loss and
+    gradients against the plain products, in fp32."""
+    plain, flex = _capped_pair("cuda", n_embd=64, context_len=512)
+    flex.cfg.doc_attention = "auto"
+    idx = torch.randint(0, 101, (2, 512), device="cuda")
+    losses = []
+    for model in (plain, torch.compile(flex)):
+        loss = model(idx, idx)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    for (name, a), b in zip(plain.named_parameters(), flex.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
 def test_logit_softcap_and_zero_init_projections():
     torch.manual_seed(0)
     capped = GPT(small(logit_softcap=2.0))
