@@ -90,24 +90,36 @@ class ModelConfig:
     rope_local_theta: float = 0.0
     """The RoPE base of the sliding-window layers, without rope_scaling (Gemma 3's rope_local_base_freq, 10000, where
     its full layers take rope_theta with the scaling); 0 = the same RoPE as the full layers."""
-    rope_scaling: Literal["none", "linear", "llama3", "yarn"] = "none"
+    rope_scaling: Literal["none", "linear", "llama3", "yarn", "longrope"] = "none"
     """RoPE frequency scaling for contexts beyond the trained one: linear divides every frequency by rope_factor;
     llama3 divides the low frequencies only and blends the middle band (Llama 3.1's rule); yarn does the same with
-    its band set by rotation counts and scales the cos/sin tables by rope_attention_factor (YaRN)."""
+    its band set by rotation counts and scales the cos/sin tables by rope_attention_factor (YaRN); longrope divides
+    each pair's frequency by its own factor (rope_pair_factors) and scales the tables (Phi-3's LongRoPE)."""
     rope_factor: float = 1.0
-    """linear, llama3 and yarn scaling: the factor frequencies are divided by."""
+    """linear, llama3 and yarn scaling: the factor frequencies are divided by; longrope: the extended context over
+    rope_original_context (Phi-3's max_position_embeddings / original_max_position_embeddings), which sets the
+    tables' default factor."""
     rope_low_freq_factor: float = 1.0
     """llama3 scaling: wavelengths above rope_original_context / this are scaled in full."""
     rope_high_freq_factor: float = 4.0
     """llama3 scaling: wavelengths below rope_original_context / this are left as they are."""
     rope_original_context: int = 8192
-    """llama3 and yarn scaling: the context length the model was first trained at."""
+    """llama3, yarn and longrope scaling: the context length the model was first trained at (with longrope, the
+    longest context_len: past it LongRoPE switches every position to rope_long_pair_factors, which redline does not
+    compute)."""
     rope_beta_fast: float = 32.0
     """yarn scaling: frequencies that turn more than this many times over rope_original_context are kept."""
     rope_beta_slow: float = 1.0
     """yarn scaling: frequencies that turn fewer times than this are divided by rope_factor in full."""
     rope_attention_factor: float = 0.0
-    """yarn scaling: the factor on the cos/sin tables (0: YaRN's 0.1 ln(rope_factor) + 1)."""
+    """yarn and longrope scaling: the factor on the cos/sin tables (0: YaRN's 0.1 ln(rope_factor) + 1, LongRoPE's
+    sqrt(1 + ln(rope_factor) / ln(rope_original_context)))."""
+    rope_pair_factors: tuple[float, ...] = ()
+    """longrope scaling: each rotating dimension pair's frequency divided by its factor (Phi-3's short_factor; one per
+    pair, (rope_dims or head_dim) / 2 of them)."""
+    rope_long_pair_factors: tuple[float, ...] = ()
+    """longrope scaling: the factors past rope_original_context (Phi-3's long_factor), kept for export (a model
+    exported keeps its long context in transformers and vLLM); redline's tables use rope_pair_factors."""
     rope_truncate: bool = True
     """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
     rope_dims: int = 0
@@ -278,6 +290,20 @@ class ModelConfig:
             raise UserError("rope_scaling=yarn needs model.rope_beta_fast > model.rope_beta_slow > 0 and "
                             f"model.rope_attention_factor >= 0, got {self.rope_beta_fast}, {self.rope_beta_slow} and "
                             f"{self.rope_attention_factor}")
+        if self.rope_scaling == "longrope":
+            pairs = (self.rope_dims or self.head_dim) // 2
+            if len(self.rope_pair_factors) != pairs or min(self.rope_pair_factors) <= 0 or \
+                    len(self.rope_long_pair_factors) not in (0, pairs) or self.rope_attention_factor < 0:
+                raise UserError(f"rope_scaling=longrope needs {pairs} model.rope_pair_factors above 0 (one per rotating "
+                                f"dimension pair; model.rope_long_pair_factors none or as many), got "
+                                f"{len(self.rope_pair_factors)} and {len(self.rope_long_pair_factors)}")
+            if self.context_len > self.rope_original_context:
+                raise UserError(f"model.context_len={self.context_len} with rope_scaling=longrope: past "
+                                f"rope_original_context={self.rope_original_context} LongRoPE switches every position "
+                                f"to its long factors, which redline does not compute; keep context_len <= "
+                                f"{self.rope_original_context}")
+        elif self.rope_pair_factors or self.rope_long_pair_factors:
+            raise UserError("model.rope_pair_factors are LongRoPE's: set model.rope_scaling=longrope with them")
         if min(self.embed_multiplier, self.residual_multiplier, self.logit_divisor) < 0:
             raise UserError(f"model.embed_multiplier, residual_multiplier and logit_divisor must be >= 0 (0 = 1), got "
                             f"{self.embed_multiplier}, {self.residual_multiplier} and {self.logit_divisor}")
@@ -382,6 +408,8 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         low, high = max(low, 0), min(high, D - 1)
         ramp = ((torch.arange(D // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
         return inv_freq / cfg.rope_factor * ramp + inv_freq * (1 - ramp)
+    if cfg.rope_scaling == "longrope":  # Ding et al. 2024, "LongRoPE"; the rule of transformers' Phi-3
+        return inv_freq / torch.tensor(cfg.rope_pair_factors, dtype=torch.float32)
     return inv_freq
 
 
@@ -392,7 +420,12 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def rope_attention_factor(cfg: ModelConfig) -> float:
-    """The factor on RoPE's cos/sin tables: YaRN's (given, else yarn_mscale(rope_factor)), else 1."""
+    """The factor on RoPE's cos/sin tables: YaRN's (given, else yarn_mscale(rope_factor)), LongRoPE's (given, else
+    sqrt(1 + ln(rope_factor) / ln(rope_original_context)) past a factor of 1), else 1."""
+    if cfg.rope_scaling == "longrope":
+        if cfg.rope_attention_factor or cfg.rope_factor <= 1:
+            return cfg.rope_attention_factor or 1.0
+        return math.sqrt(1 + math.log(cfg.rope_factor) / math.log(cfg.rope_original_context))
     if cfg.rope_scaling != "yarn":
         return 1.0
     return cfg.rope_attention_factor or yarn_mscale(cfg.rope_factor)

@@ -76,6 +76,17 @@ FAMILIES = {
     "phi-tied": ("PhiConfig", "PhiForCausalLM",
                  dict(num_attention_heads=4, hidden_act="gelu", tie_word_embeddings=True,
                       rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25})),
+    # Phi-3 as Phi-4-mini and Phi-3.5-mini are: q/k/v and gate/up fused, RoPE on three quarters of each head, LongRoPE
+    # (its short factors within original_max_position_embeddings, a table factor from the extended context), GQA,
+    # tied; and as Phi-3-mini-4k is: a sliding window on every layer, whole heads rotated, untied
+    "phi3-longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=None,
+                           max_position_embeddings=128, original_max_position_embeddings=32,
+                           rope_parameters={"rope_type": "longrope", "rope_theta": 500.0, "partial_rotary_factor": 0.75,
+                                            "short_factor": [1.0, 1.4, 2.1, 2.9, 3.6, 4.8],
+                                            "long_factor": [1.2, 2.5, 4.0, 6.5, 9.0, 12.0]})),
+    "phi3-window": ("Phi3Config", "Phi3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=4,
+                                                          sliding_window=5, pad_token_id=None)),
     # StableLM as stablelm-2-1_6b is (LayerNorm with biases, a quarter of each head rotated, q/k/v biases, SwiGLU),
     # with GQA; and the parallel block with its one norm (stablelm-3b-4e1t's option), half of each head rotated
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,

@@ -64,8 +64,10 @@ def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, caps
         assert result.tokens == reference[0, len(prompt):].tolist()
 
 
-# a family whose import maps it onto another architecture's layout exports as that one (ernie.py)
-EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "granitemoehybrid": "GraniteForCausalLM"}
+# a family whose import maps it onto another architecture's layout exports as that one (ernie.py; Phi-3 with
+# whole heads rotated and no LongRoPE is a Mistral)
+EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "granitemoehybrid": "GraniteForCausalLM",
+               "phi3-window": "MistralForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -124,6 +126,8 @@ REDLINE_EXPORTS = {
     # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
                            parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
+    # Phi-3: Llama's block with RoPE on part of each head (Phi-4-mini's three quarters), GQA
+    "Phi3ForCausalLM": dict(rope_dims=12, n_kv_head=2),
     # Granite: its four scalars, GQA, untied
     "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.3, logit_divisor=3.0, attn_scale=0.2,
                                n_kv_head=2),
@@ -175,7 +179,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm="layernorm", mlp="relu2"), "model.mlp=relu2 with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
     (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
     (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
-    (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX rotates part of each head"),
+    (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX, Phi and Phi-3 rotate part"),
+    (dict(rope_dims=4, qk_norm=True), "model.rope_dims=4: Phi-3, the one architecture with it redline exports to, "
+                                      "has no QK-norm"),
+    (dict(rope_scaling="longrope", rope_pair_factors=(1.0, 2.0, 3.0, 4.0), rope_original_context=32, bias=True),
+     "model.rope_scaling=longrope: Phi-3, the one architecture with it redline exports to, has no biases"),
     (dict(head_bias=True), "only Phi has a bias on its head"),
     (dict(norm="layernorm", bias=True), "StableLM has biases on q, k and v alone"),
     (dict(parallel_residual=True, parallel_shared_norm=True), "Phi, the one architecture with one norm a block"),
@@ -291,7 +299,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports ernie4_5, gemma2, gemma3_text, gpt2, gpt_neox, granite, granitemoehybrid, "
-                         "llama, mistral, olmo2, opt, phi, qwen2, qwen3, smollm3, stablelm")
+                         "llama, mistral, olmo2, opt, phi, phi3, qwen2, qwen3, smollm3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -468,6 +476,48 @@ def test_ernie_writer_gives_back_ernies_layout(tmp_path, capsys):
     assert type(back).__name__ == "Ernie4_5ForCausalLM"
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_import_phi3_reads_the_hubs_configs_as_transformers_does(tmp_path, capsys):
+    """Phi-3-mini-128k's config.json as the Hub has it (LongRoPE as rope_scaling type "su" and the original context
+    at the top) and Phi-4-mini's (three quarters of each head rotated, tied): LongRoPE's short-factor frequencies and
+    table factor equal transformers' own; the context stops at the original one; bad factors are one-line errors."""
+    from transformers import Phi3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from redline.interop.phi3 import model_config
+    from redline.model import rope_attention_factor, rope_frequencies
+
+    short = [1.0 + 0.05 * i for i in range(48)]
+    mini128k = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+                "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 32, "hidden_act": "silu", "max_position_embeddings": 131072,
+                "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+                "rope_scaling": {"type": "su", "short_factor": short, "long_factor": [2 * f for f in short]},
+                "sliding_window": 262144, "tie_word_embeddings": False, "pad_token_id": 32000}
+    phi4mini = {**mini128k, "vocab_size": 200064, "num_attention_heads": 24, "num_key_value_heads": 8,
+                "partial_rotary_factor": 0.75, "tie_word_embeddings": True, "rope_theta": 250000.0,
+                "rope_scaling": {"type": "longrope", "short_factor": short, "long_factor": short[::-1]}}
+    for hub, rotated in ((mini128k, 0), (phi4mini, 96)):
+        cfg = model_config(hub)
+        assert (cfg.context_len, cfg.rope_scaling, cfg.rope_factor, cfg.rope_dims) == (4096, "longrope", 32.0, rotated)
+        given = {k: v for k, v in hub.items() if k not in ("model_type", "architectures")}  # transformers 5 wants
+        given["rope_scaling"] = {**hub["rope_scaling"], "original_max_position_embeddings": 4096}  # it here too
+        theirs = Phi3Config(**given)
+        inv_freq, factor = ROPE_INIT_FUNCTIONS["longrope"](theirs, "cpu")
+        torch.testing.assert_close(rope_frequencies(cfg), inv_freq)
+        assert rope_attention_factor(cfg) == pytest.approx(factor) and factor > 1.1
+    with pytest.raises(UserError, match="short_factor and long_factor need 48 entries .one per rotating dimension "
+                                        "pair., got 40 and 48"):
+        model_config({**mini128k, "rope_scaling": {"type": "su", "short_factor": short[:40], "long_factor": short}})
+    with pytest.raises(UserError, match="model.context_len=8192 with rope_scaling=longrope"):
+        replace(model_config(mini128k), context_len=8192).validate()
+    hf_folder("phi3-longrope", tmp_path / "hf")
+    code, out, _ = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0 and "context 32 (LongRoPE's short factors; its long ones, to 128, are kept for export" in out
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "g.gguf"), "--format", "gguf"],
+                           capsys)
+    assert code != 0 and "Phi-3 models are not written as GGUF" in err and not (tmp_path / "g.gguf").exists()
 
 
 def test_import_granite_reads_the_hubs_config():

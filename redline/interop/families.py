@@ -173,10 +173,11 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import ernie, gemma2, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi, stablelm
+    from redline.interop import (ernie, gemma2, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi, phi3,
+                                 stablelm)
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
-                                phi.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY, granite.FAMILY,
+                                phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY, granite.FAMILY,
                                 granite.HYBRID_FAMILY, gemma2.FAMILY)}
 
 
@@ -198,8 +199,9 @@ def family_for(hf_config: dict, source: str) -> Family:
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
     with norms on the sublayers' outputs, Gemma 3 with norms on their inputs and outputs (Gemma 2 without QK-norm),
-    StableLM with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and
-    LayerNorm, partial RoPE, parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its
+    Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM with RoPE, LayerNorm and SwiGLU, Phi with one
+    norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU,
+    SmolLM3 with layers without RoPE, Granite with its
     embedding, residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm,
     Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline
     option that no such architecture has."""
@@ -210,8 +212,8 @@ def export_family(cfg: ModelConfig) -> Family:
                         "Granite, OLMo 2, Gemma 3)")
     if cfg.rope_dims and cfg.norm_position != "pre":
         raise UserError(f"model.rope_dims={cfg.rope_dims} with norm_position={cfg.norm_position}: of the "
-                        f"architectures redline exports to, only GPT-NeoX rotates part of each head, and its norms "
-                        f"are pre-norms")
+                        f"architectures redline exports to, only GPT-NeoX, Phi and Phi-3 rotate part of each head, and "
+                        f"their norms are pre-norms")
     if cfg.head_bias and not cfg.parallel_shared_norm:
         raise UserError("model.head_bias without model.parallel_shared_norm: of the architectures redline exports to, "
                         "only Phi has a bias on its head, and its blocks have one norm for both sublayers")
@@ -262,6 +264,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         check_exportable(cfg)
         return families["olmo2"]
+    from redline.interop import phi3
+
+    if phi3.wants_phi3(cfg):
+        phi3.check_exportable(cfg)
+        return families["phi3"]
     if cfg.pos_emb == "rope" and cfg.norm == "layernorm" and cfg.mlp == "swiglu":
         from redline.interop.stablelm import check_exportable
 

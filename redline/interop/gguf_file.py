@@ -509,6 +509,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
+    if family.name == "phi3":
+        raise UserError("Phi-3 models are not written as GGUF by redline yet (llama.cpp's phi3 keeps q/k/v and the "
+                        "MLP's gate and up fused, LongRoPE's factors as tensors); export with --format hf")
     if family.name == "opt":
         raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "
                         "--format hf")

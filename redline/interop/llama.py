@@ -213,6 +213,9 @@ def hf_config_for(name: str):
                                    "original_max_position_embeddings": cfg.rope_original_context,
                                    "beta_fast": cfg.rope_beta_fast, "beta_slow": cfg.rope_beta_slow,
                                    "attention_factor": rope_attention_factor(cfg), "truncate": cfg.rope_truncate}
+        elif cfg.rope_scaling != "none":  # longrope: Phi-3's (phi3.py), the one architecture that has it
+            raise UserError(f"model.rope_scaling={cfg.rope_scaling}: the {name} architecture has no such RoPE "
+                            f"scaling; of the architectures redline exports to, Phi-3 has it")
         if name == "llama":
             out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, pretraining_tp=1)
         elif name == "smollm3":  # the token ids' defaults are SmolLM3's 128k vocabulary's: the writer sets them

@@ -5,14 +5,14 @@ Hugging Face model `redline export` writes from the run's base:
     redline export RUN --adapter adapter/               # this module
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
-Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, gpt_neox.py,
-opt.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r),
+Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py,
+gpt_neox.py, opt.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r),
 scaled by lora_alpha / r.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part
 takes the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc
-are fused as redline's are (Conv1D layers: fan_in_fan_out); GPT-NeoX's query_key_value is too, its rows (B's rows)
+are fused as redline's are (Conv1D layers: fan_in_fan_out), and so are Phi-3's qkv_proj and gate_up_proj; GPT-NeoX's query_key_value is too, its rows (B's rows)
 grouped by head. Modules trained in full (lora.train_modules: wte,
 lm_head) go in as PEFT's modules_to_save.
 """
@@ -35,6 +35,8 @@ _LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _LLAMA = {"attn.proj": "self_attn.o_proj", "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
           "attn.v": "self_attn.v_proj", "mlp.proj": "mlp.down_proj", "mlp.up": "mlp.up_proj"}
 _PHI = {"attn.proj": "self_attn.dense", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
+_PHI3 = {"attn.qkv": "self_attn.qkv_proj", "attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.gate_up_proj",
+         "mlp.proj": "mlp.down_proj"}
 _NEOX = {"attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _OPT = {"attn.proj": "self_attn.out_proj", "mlp.fc": "fc1", "mlp.proj": "fc2"}  # q/k/v as Llama's
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
@@ -58,6 +60,11 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             raise UserError(f"the adapter on {layer} has no counterpart in GPT-2 (whose q/k/v are one fused c_attn); "
                             f"export with --merge")
         return [(base + _GPT2[rest], slice(0, out_features))]
+    if family.name == "phi3":  # q/k/v and gate/up fused as redline's are (rows [q; k; v], [gate; up])
+        if rest not in _PHI3 or (rest == "mlp.fc" and not cfg.fused_mlp):
+            raise UserError(f"the adapter on {layer} has no counterpart in Phi-3 (whose q/k/v are one qkv_proj and "
+                            f"gate and up one gate_up_proj); export with --merge")
+        return [(base + _PHI3[rest], slice(0, out_features))]
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),

@@ -36,7 +36,7 @@ RUN_FIELDS = ("dropout", "attn_backend", "ce_chunk_tokens")
 # and, for a RoPE model, the context length and RoPE's frequencies: the same weights, at positions further apart
 CONTEXT_FIELDS = ("context_len", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
                   "rope_high_freq_factor", "rope_original_context", "rope_beta_fast", "rope_beta_slow",
-                  "rope_attention_factor", "rope_truncate")
+                  "rope_attention_factor", "rope_truncate", "rope_pair_factors", "rope_long_pair_factors")
 DEFAULT_PRESET = "tiny"  # TrainConfig.preset's default: a run that names no preset
 
 
