@@ -21,6 +21,9 @@ Models:
             each head, LayerNorm, GELU 4096, vocab 50304, untied).
   stablelm2 StableLM-2-1.6B's (24 layers, width 2048, 32 heads, q/k/v biases, RoPE on a quarter of each head,
             LayerNorm, SwiGLU 5632, vocab 100352, untied).
+  phi35mini Phi-3.5-mini's (32 layers, width 3072, 32 heads, SwiGLU 8192, vocab 32064, untied, LongRoPE).
+  phi4mini  Phi-4-mini's (32 layers, width 3072, 24 heads, 8 kv heads, RoPE on three quarters of each head,
+            LongRoPE, SwiGLU 8192, vocab 200064, tied).
 
     python scripts/gpu/import_bench.py --gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python scripts/gpu/import_bench.py --models qwen3 --batches 1 --out $OUT
@@ -60,12 +63,27 @@ PYTHIA_410M = dict(vocab_size=50304, hidden_size=1024, num_hidden_layers=24, num
 STABLELM2_1_6B = dict(vocab_size=100352, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
                       num_attention_heads=32, num_key_value_heads=32, partial_rotary_factor=0.25, use_qkv_bias=True,
                       max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=None, eos_token_id=100257)
+# Phi-3.5-mini's and Phi-4-mini's shapes: LongRoPE (48 factors a set, one per rotating pair), 4096 tokens of
+# original context; Phi-4-mini rotates three quarters of each head and ties its 200k-row table
+_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
+             "short_factor": [1.0 + 0.02 * i for i in range(48)], "long_factor": [1.0 + 0.5 * i for i in range(48)]}
+PHI35_MINI = dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=131072,
+                  original_max_position_embeddings=4096, rms_norm_eps=1e-5, rope_parameters=_LONGROPE,
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=32000, pad_token_id=None)
+PHI4_MINI = dict(vocab_size=200064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                 num_attention_heads=24, num_key_value_heads=8, max_position_embeddings=131072,
+                 original_max_position_embeddings=4096, rms_norm_eps=1e-5,
+                 rope_parameters={**_LONGROPE, "partial_rotary_factor": 0.75}, tie_word_embeddings=True,
+                 bos_token_id=None, eos_token_id=199999, pad_token_id=None)
 # name: (transformers config class, model class, shape)
 RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
                  "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", OLMO2_1B),
                  "pythia410m": ("GPTNeoXConfig", "GPTNeoXForCausalLM", PYTHIA_410M),
-                 "stablelm2": ("StableLmConfig", "StableLmForCausalLM", STABLELM2_1_6B)}
+                 "stablelm2": ("StableLmConfig", "StableLmForCausalLM", STABLELM2_1_6B),
+                 "phi35mini": ("Phi3Config", "Phi3ForCausalLM", PHI35_MINI),
+                 "phi4mini": ("Phi3Config", "Phi3ForCausalLM", PHI4_MINI)}
 
 
 def redline(*args: str) -> str:
@@ -184,6 +202,8 @@ def main() -> int:
         native = bench_infer(same_shape_checkpoint(imported, work / f"{name}-same-shape"), args.batches, args.prompt,
                              args.new, args.kernel_tuning)
         hf = hf_generate_speed(exported, args.batches, args.prompt, args.new)
+        # a model's four folders take about 4 bytes a parameter each, and a warm machine keeps /tmp between calls
+        subprocess.run(["rm", "-rf", *(str(p) for p in work.glob(f"{name}-*"))], check=True)
         for batch in args.batches:
             row = {"model": name, "batch": batch, "prompt": args.prompt, "new_tokens": args.new,
                    "redline_tok_s": ours[batch], "same_shape_tok_s": native[batch], "hf_static_tok_s": hf[batch],
