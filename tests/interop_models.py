@@ -152,6 +152,9 @@ GGUF_FAMILIES = {
     "gemma2-gguf": ("Gemma2Config", "Gemma2ForCausalLM",
                     dict(num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
                          sliding_window=5, rope_parameters={"rope_type": "default", "rope_theta": 5000.0})),
+    # Phi-3 as transformers' GGUF loader reads a phi3 file (whole heads rotated, no scaling, no window), untied
+    "phi3-gguf": ("Phi3Config", "Phi3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                        pad_token_id=None)),
     # SmolLM3 at llama.cpp's fixed step (RoPE left out of layer 3 of 4)
     "smollm3-gguf": ("SmolLM3Config", "SmolLM3ForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, pad_token_id=None)),

@@ -53,7 +53,8 @@ def import_gguf(path, out, capsys):
                                                       ("gpt_neox-sequential", False), ("stablelm", True),
                                                       ("stablelm-parallel", False), ("phi", False),
                                                       ("smollm3-gguf", False), ("granite-gguf", False),
-                                                      ("gemma2", False), ("gemma2-gguf", True)])
+                                                      ("gemma2", False), ("gemma2-gguf", True),
+                                                      ("phi3-longrope", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -477,6 +478,37 @@ def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, ca
     code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--out", str(out)], capsys)
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1
     assert not out.exists() and not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_phi3_gguf_as_transformers_loader_reads_it_and_with_longrope(tmp_path, capsys):
+    """A phi3 file (attn_qkv and ffn_up fused as Hugging Face's qkv_proj and gate_up_proj): transformers' GGUF loader
+    reads redline's with the source model's logits; LongRoPE's factors travel as llama.cpp's rope_factors_long /
+    rope_factors_short tensors with its attn_factor and original-context keys, and come back as the same model."""
+    from redline.interop import phi3
+    from redline.interop.gguf_file import write_gguf
+    from redline.tokenizer import load_tokenizer
+
+    hf_folder("phi3-gguf", tmp_path / "hf")
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    path = write_gguf(tmp_path / "g" / "model.gguf", model.state_dict(), model.cfg, tokenizer, phi3.FAMILY,
+                      torch.float32)
+    assert gguf.GGUFReader(str(path)).fields["general.architecture"].contents() == "phi3"
+    hf = hf_model("phi3-gguf")
+    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    _, path = export_gguf("phi3-longrope", tmp_path / "lr", capsys)
+    fields = {name: f.contents() for name, f in gguf.GGUFReader(str(path)).fields.items()
+              if name.startswith("phi3.")}
+    assert fields["phi3.rope.scaling.original_context_length"] == 32 and fields["phi3.context_length"] == 128
+    assert fields["phi3.rope.dimension_count"] == 12 and fields["phi3.rope.scaling.attn_factor"] > 1.1
+    tensors = {t.name: t.data.tolist() for t in gguf.GGUFReader(str(path)).tensors if t.name.startswith("rope_")}
+    assert tensors["rope_factors_short.weight"] == pytest.approx([1.0, 1.4, 2.1, 2.9, 3.6, 4.8])
+    assert tensors["rope_factors_long.weight"] == pytest.approx([1.2, 2.5, 4.0, 6.5, 9.0, 12.0])
+    _, _, train_cfg = import_gguf(path, tmp_path / "lr" / "back", capsys)
+    assert train_cfg.model.rope_long_pair_factors == pytest.approx((1.2, 2.5, 4.0, 6.5, 9.0, 12.0))
 
 
 def test_import_llama_cpp_style_phi2_gguf(tmp_path, capsys):

@@ -2,8 +2,8 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm
-and phi2 are read and written here. Reading
+Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox,
+stablelm, phi2 and phi3 are read and written here. Reading
 renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
 gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
 - llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3 and granite (each head's
@@ -37,8 +37,8 @@ from redline.interop.families import Family, TensorSource, family_for, interleav
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "smollm3",
-          "granite")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "phi3",
+          "smollm3", "granite")
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
 PERMUTED = ("llama", "smollm3", "granite")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
@@ -73,6 +73,11 @@ _PHI2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "at
                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
                "ffn_down": "mlp.fc2"}
 _PHI2_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.final_layernorm", "output": "lm_head"}
+# Phi-3 (MODEL_TENSORS[PHI3]): q/k/v in one attn_qkv and the MLP's gate and up in one ffn_up, as Hugging Face's
+# qkv_proj and gate_up_proj; LongRoPE's two sets of factors as (rotating pairs,) F32 tensors of their own
+_PHI3_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+               "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+ROPE_FACTORS = {"long": "rope_factors_long.weight", "short": "rope_factors_short.weight"}
 # redline's key for the GELU of a gptneox file: llama.cpp computes the tanh approximation, and its converter writes
 # no key for Hugging Face's hidden_act; without this key a file reads as a Pythia-style "gelu" (erf), the function
 # of the model the file was converted from
@@ -104,6 +109,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _NEOX_NAMES, _NEOX_TOP, "gpt_neox.layers."
     if arch == "phi2":
         return _PHI2_NAMES, _PHI2_TOP, "model.layers."
+    if arch == "phi3":
+        return _PHI3_NAMES, _LLAMA_TOP, "model.layers."
     names = {"olmo2": _OLMO2_NAMES, "gemma2": _GEMMA3_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
 
@@ -143,8 +150,10 @@ def _fields(reader) -> dict:
     return out
 
 
-def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torch.Tensor | None = None) -> dict:
-    """A Hugging Face config.json for the GGUF's metadata (rope_freqs: its rope_freqs tensor, where it has one)."""
+def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torch.Tensor | None = None,
+               rope_factors: dict | None = None) -> dict:
+    """A Hugging Face config.json for the GGUF's metadata (rope_freqs: its rope_freqs tensor, where it has one;
+    rope_factors: a phi3 file's LongRoPE factors, {"long": ..., "short": ...})."""
 
     def key(name, default=None):
         return fields.get(f"{arch}.{name}", default)
@@ -160,6 +169,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                 "n_positions": key("context_length", 1024), "n_inner": key("feed_forward_length"),
                 "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
     width, heads = key("embedding_length"), key("attention.head_count")
+    if arch == "phi3":
+        return _phi3_config(key, vocab, tied, rope_factors or {})
     if arch in ("gptneox", "phi2", "stablelm"):  # LayerNorm, RoPE on rope.dimension_count of each head's dimensions
         if key("rope.scaling.type") not in (None, "none"):
             raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a {arch} model is not read by "
@@ -220,6 +231,35 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     if arch == "gemma2":
         return _gemma2_config(fields, key, config)
     return _gemma3_config(fields, key, config) if arch == "gemma3" else config
+
+
+def _phi3_config(key, vocab: int, tied: bool, rope_factors: dict) -> dict:
+    """A phi3 config.json for a phi3 GGUF, from the keys llama.cpp's converter writes for Phi-3 (its Phi3MiniModel):
+    the context as max_position_embeddings, RoPE on rope.dimension_count of each head (heads n_embd / n_head wide),
+    the window; with LongRoPE, the factor tensors, the original context and the tables' attention factor."""
+    width, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = width // heads
+    context = key("context_length", 4096)
+    config = {"model_type": "phi3", "vocab_size": vocab, "hidden_size": width,
+              "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
+              "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv") or heads,
+              "max_position_embeddings": context, "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5),
+              "rope_theta": key("rope.freq_base", 10000.0), "tie_word_embeddings": tied,
+              "partial_rotary_factor": key("rope.dimension_count", head_dim) / head_dim,
+              "sliding_window": key("attention.sliding_window") or None}
+    if rope_factors:
+        original = key("rope.scaling.original_context_length")
+        if "short" not in rope_factors or not original:
+            raise UserError("the GGUF's phi3 LongRoPE gives no rope_factors_short tensor or "
+                            "rope.scaling.original_context_length; import the model's Hugging Face folder")
+        short = rope_factors["short"].tolist()
+        config["original_max_position_embeddings"] = int(original)
+        config["rope_scaling"] = {"rope_type": "longrope", "short_factor": short,
+                                  "long_factor": rope_factors.get("long", rope_factors["short"]).tolist(),
+                                  "factor": context / original}
+        if key("rope.scaling.attn_factor") is not None:
+            config["rope_scaling"]["attention_factor"] = float(key("rope.scaling.attn_factor"))
+    return config
 
 
 def _gemma2_config(fields: dict, key, common: dict) -> dict:
@@ -390,7 +430,7 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
     gguf = require_gguf()
     by_hf, unknown = {}, []
     for t in reader.tensors:
-        if t.name == ROPE_FREQS:  # read into the config (_llama3_scaling), not a weight
+        if t.name == ROPE_FREQS or t.name in ROPE_FACTORS.values():  # read into the config, not weights
             continue
         hf = _hf_name(t.name, arch)
         (unknown.append(t.name) if hf is None else by_hf.__setitem__(hf, t))
@@ -442,7 +482,9 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     if rope_freqs is not None:
         rope_freqs = torch.from_numpy(np.array(gguf.dequantize(rope_freqs.data, rope_freqs.tensor_type),
                                                dtype=np.float32)).reshape(-1)
-    config = _hf_config(fields, arch, {t.name for t in reader.tensors}, rope_freqs)
+    rope_factors = {kind: torch.from_numpy(np.array(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
+                    .reshape(-1) for kind, name in ROPE_FACTORS.items() for t in reader.tensors if t.name == name}
+    config = _hf_config(fields, arch, {t.name for t in reader.tensors}, rope_freqs, rope_factors)
     if tokenizer:
         tok = load_tokenizer(tokenizer)
     else:
@@ -510,8 +552,10 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         _check_gemma3(cfg)
         return "gemma3"
     if family.name == "phi3":
-        raise UserError("Phi-3 models are not written as GGUF by redline yet (llama.cpp's phi3 keeps q/k/v and the "
-                        "MLP's gate and up fused, LongRoPE's factors as tensors); export with --format hf")
+        if cfg.head_dim * cfg.n_head != cfg.n_embd:
+            raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's phi3 takes heads n_embd / n_head "
+                            "wide; export with --format hf")
+        return "phi3"
     if family.name == "opt":
         raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "
                         "--format hf")
@@ -565,7 +609,8 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
 
 def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | str) -> None:
     writer.add_name(f"redline {arch}")
-    writer.add_context_length(cfg.context_len)
+    long_context = arch == "phi3" and cfg.rope_scaling == "longrope" and cfg.rope_long_pair_factors
+    writer.add_context_length(round(cfg.rope_factor * cfg.rope_original_context) if long_context else cfg.context_len)
     writer.add_embedding_length(cfg.n_embd)
     writer.add_block_count(cfg.n_layer)
     writer.add_feed_forward_length(cfg.hidden_dim)
@@ -592,6 +637,14 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_head_count_kv(cfg.kv_heads)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
+    if arch == "phi3":  # the keys llama.cpp's converter writes for Phi-3; the factors go in as tensors (write_gguf)
+        writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
+        if cfg.sliding_window:
+            writer.add_sliding_window(cfg.sliding_window)
+        if cfg.rope_scaling == "longrope":
+            writer.add_rope_scaling_attn_factors(rope_attention_factor(cfg))
+            writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
+        return
     writer.add_rope_dimension_count(cfg.head_dim)
     if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "gemma2", "gemma3"):
         writer.add_key_length(cfg.head_dim)
@@ -714,6 +767,10 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
                 writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
         if cfg.rope_scaling == "llama3":
             writer.add_tensor(ROPE_FREQS, llama3_rope_freqs(cfg).numpy().astype(np.float32))
+        if arch == "phi3" and cfg.rope_scaling == "longrope":
+            for kind, factors in (("long", cfg.rope_long_pair_factors or cfg.rope_pair_factors),
+                                  ("short", cfg.rope_pair_factors)):
+                writer.add_tensor(ROPE_FACTORS[kind], np.array(factors, dtype=np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
