@@ -43,6 +43,18 @@ FAMILIES = {
     # OLMo 2: norms on the sublayers' outputs, QK-norm over the whole q and k projections, GQA, untied head
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                       tie_word_embeddings=False, rope_theta=500.0)),
+    # EXAONE 4.0: OLMo 2's output norms with QK-norm per head; the hybrid form (32B's: windowed layers that rotate,
+    # one full layer without RoPE in every two here, a window shorter than the test sequences) and the global one
+    # (1.2B's: every layer full and rotating, Llama 3 RoPE scaling, tied)
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, sliding_window=5,
+                     sliding_window_pattern=2, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "exaone4-global": ("Exaone4Config", "Exaone4ForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
+                            layer_types=["full_attention"] * 2, tie_word_embeddings=True,
+                            rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 16})),
     # Gemma 3 text: three layers, windowed - full - windowed (pattern 2) with a window shorter than the test
     # sequences, the windowed layers rotating with their own base, linear RoPE scaling on the full one, head_dim
     # 24 != 64 / 4, query_pre_attn_scalar 20 != head_dim

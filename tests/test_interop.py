@@ -126,6 +126,9 @@ REDLINE_EXPORTS = {
     # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
                            parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
+    # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
+    "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
+                               sliding_window_pattern=2, nope_interval=2),
     # Phi-3: Llama's block with RoPE on part of each head (Phi-4-mini's three quarters), GQA
     "Phi3ForCausalLM": dict(rope_dims=12, n_kv_head=2),
     # Granite: its four scalars, GQA, untied
@@ -180,6 +183,10 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
     (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
     (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX, Phi and Phi-3 rotate part"),
+    (dict(norm_position="output", qk_norm=True, bias=True), "per-head QK-norm: EXAONE 4.0, the one architecture "
+                                                            "with it redline exports to, has no biases"),
+    (dict(norm_position="output", qk_norm=True, sliding_window=4, sliding_window_pattern=2),
+     "leaves RoPE out of exactly its full-attention layers"),
     (dict(rope_dims=4, qk_norm=True), "model.rope_dims=4: Phi-3, the one architecture with it redline exports to, "
                                       "has no QK-norm"),
     (dict(rope_scaling="longrope", rope_pair_factors=(1.0, 2.0, 3.0, 4.0), rope_original_context=32, bias=True),
@@ -298,7 +305,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports ernie4_5, gemma2, gemma3_text, gpt2, gpt_neox, granite, granitemoehybrid, "
+                         "redline imports ernie4_5, exaone4, gemma2, gemma3_text, gpt2, gpt_neox, granite, granitemoehybrid, "
                          "llama, mistral, olmo2, opt, phi, phi3, qwen2, qwen3, smollm3, stablelm")
 
 
@@ -515,6 +522,34 @@ def test_import_phi3_reads_the_hubs_configs_as_transformers_does(tmp_path, capsy
     hf_folder("phi3-longrope", tmp_path / "hf")
     code, out, _ = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
     assert code == 0 and "context 32 (LongRoPE's short factors; its long ones, to 128, are kept for export" in out
+
+
+def test_import_exaone4_reads_its_layer_kinds_and_refuses_what_it_cannot_run():
+    """EXAONE 4.0's layers from layer_types, or from sliding_window_pattern ("LLLG" or N) as transformers builds them:
+    one full layer without RoPE in every N is sliding_window_pattern N with nope_interval N; other mixes are one-line
+    errors."""
+    from redline.interop.exaone4 import model_config
+
+    base = {"model_type": "exaone4", "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 4096,
+            "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+            "hidden_act": "silu", "max_position_embeddings": 65536, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+            "tie_word_embeddings": True}
+    for extra in ({"sliding_window": 4096, "sliding_window_pattern": "LLLG"},
+                  {"sliding_window": 4096, "sliding_window_pattern": 4},
+                  {"sliding_window": 4096, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]
+                   + ["sliding_attention"] * 3 + ["full_attention"]}):
+        cfg = model_config({**base, **extra})
+        assert (cfg.sliding_window, cfg.sliding_window_pattern, cfg.nope_interval, cfg.qk_norm_scope) == \
+            (4096, 4, 4, "head")
+    cfg = model_config({**base, "sliding_window": None, "layer_types": ["full_attention"] * 8})
+    assert (cfg.sliding_window, cfg.nope_interval, cfg.norm_position) == (0, 0, "output")
+    for extra, fragment in [({"sliding_window": 4096, "layer_types": ["full_attention"] * 8}, "with every layer full"),
+                            ({"sliding_window": 4096, "layer_types": ["sliding_attention"] * 2 + ["full_attention"]
+                              + ["sliding_attention"] * 4 + ["full_attention"]}, "not one in every 3"),
+                            ({"sliding_window": 4096}, "without layer_types or sliding_window_pattern"),
+                            ({"layer_types": ["sliding_attention"] * 8}, "sliding_window is not set")]:
+        with pytest.raises(UserError, match=fragment):
+            model_config({**base, **extra})
 
 
 def test_import_granite_reads_the_hubs_config():

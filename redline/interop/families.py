@@ -173,12 +173,12 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (ernie, gemma2, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi, phi3,
-                                 stablelm)
+    from redline.interop import (ernie, exaone4, gemma2, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi,
+                                 phi3, stablelm)
 
-    return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY,
-                                phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY, granite.FAMILY,
-                                granite.HYBRID_FAMILY, gemma2.FAMILY)}
+    return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY, gpt2.FAMILY,
+                                gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY,
+                                granite.FAMILY, granite.HYBRID_FAMILY, gemma2.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -198,12 +198,12 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
-    with norms on the sublayers' outputs, Gemma 3 with norms on their inputs and outputs (Gemma 2 without QK-norm),
-    Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM with RoPE, LayerNorm and SwiGLU, Phi with one
-    norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm, partial RoPE, parallel sublayers or exact GELU,
-    SmolLM3 with layers without RoPE, Granite with its
-    embedding, residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm,
-    Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline
+    with norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their
+    inputs and outputs (Gemma 2 without QK-norm), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
+    with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm,
+    partial RoPE, parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding,
+    residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a
+    sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline
     option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
@@ -231,6 +231,11 @@ def export_family(cfg: ModelConfig) -> Family:
                         f"(GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, "
                         f"OLMo 2, Gemma 3) mixes token-indexed tables into its attention values; run the model with "
                         f"redline generate, chat or serve instead")
+    from redline.interop import exaone4
+
+    if exaone4.wants_exaone4(cfg):
+        exaone4.check_exportable(cfg)
+        return families["exaone4"]
     if cfg.nope_interval and (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.mlp != "swiglu"
                               or cfg.parallel_residual or cfg.rope_dims):
         raise UserError(f"model.nope_interval={cfg.nope_interval}: of the architectures redline exports to, only "
