@@ -69,6 +69,8 @@ class ModelConfig:
     qk_norm_scope: Literal["head", "all"] = "head"
     """QK-norm per head (one norm of head_dim weights for every head: Qwen3's) or over the whole q projection
     (H·D weights) and the whole k projection (KV·D) before they are split into heads (OLMo 2's)."""
+    qk_norm_after_rope: bool = False
+    """Per-head QK-norm on the rotated q and k instead of before RoPE (Hunyuan's query_layernorm / key_layernorm)."""
     fused_qkv: bool = True
     """One fused projection for q, k and v instead of three separate ones."""
     sliding_window: int = 0
@@ -290,6 +292,8 @@ class ModelConfig:
             raise UserError("rope_scaling=yarn needs model.rope_beta_fast > model.rope_beta_slow > 0 and "
                             f"model.rope_attention_factor >= 0, got {self.rope_beta_fast}, {self.rope_beta_slow} and "
                             f"{self.rope_attention_factor}")
+        if self.qk_norm_after_rope and not (self.qk_norm and self.qk_norm_scope == "head"):
+            raise UserError("model.qk_norm_after_rope needs per-head QK-norm (model.qk_norm=true, qk_norm_scope=head)")
         if self.rope_scaling == "longrope":
             pairs = (self.rope_dims or self.head_dim) // 2
             if len(self.rope_pair_factors) != pairs or min(self.rope_pair_factors) <= 0 or \
@@ -537,11 +541,14 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        if self.cfg.qk_norm and self.cfg.qk_norm_scope == "head":
+        per_head = self.cfg.qk_norm and self.cfg.qk_norm_scope == "head"
+        if per_head and not self.cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and self.use_rope:
             cos, sin = layer_rope(rope, self.local_rope)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if per_head and self.cfg.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:

@@ -55,6 +55,12 @@ FAMILIES = {
                             rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0,
                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                              "original_max_position_embeddings": 16})),
+    # Hunyuan dense: Llama's block with QK-norm after RoPE, head_dim 24 != 64 / 4, tied, its "dynamic" RoPE with a
+    # fixed alpha (a stretched base)
+    "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
+                     pad_token_id=None, rope_parameters={"rope_type": "dynamic", "alpha": 5.0, "factor": 1.0,
+                                                         "rope_theta": 500.0})),
     # Gemma 3 text: three layers, windowed - full - windowed (pattern 2) with a window shorter than the test
     # sequences, the windowed layers rotating with their own base, linear RoPE scaling on the full one, head_dim
     # 24 != 64 / 4, query_pre_attn_scalar 20 != head_dim

@@ -55,6 +55,17 @@ ARCHITECTURES = {
     "smollm3-style": {"n_kv_head": 2, "nope_interval": 2},
     # OPT's: learned positions, LayerNorm, a ReLU MLP, biases, tied
     "opt-style": {"pos_emb": "learned", "norm": "layernorm", "mlp": "relu", "bias": True, "tie_embeddings": True},
+    # Phi-4-mini's: RoPE on 12 of 16 dimensions, LongRoPE's per-pair factors and scaled tables
+    "phi4-style": {"n_kv_head": 2, "rope_dims": 12, "rope_scaling": "longrope", "rope_factor": 4.0,
+                   "rope_pair_factors": (1.0, 1.5, 2.0, 2.5, 3.0, 3.5), "rope_original_context": 256},
+    # EXAONE 4.0's hybrid: output norms, QK-norm per head, windowed rotating layers and a full one without RoPE
+    "exaone4-style": {"n_kv_head": 2, "norm_position": "output", "qk_norm": True, "sliding_window": 6,
+                      "sliding_window_pattern": 2, "nope_interval": 2},
+    # Phi-3.5-mini's: LongRoPE on whole heads, which the fused decode block runs from the model's tables
+    "phi35-style": {"n_kv_head": 2, "rope_scaling": "longrope", "rope_factor": 32.0, "rope_original_context": 256,
+                    "rope_pair_factors": (1.0, 1.2, 1.5, 2.0, 2.6, 3.3, 4.1, 5.0)},
+    # Hunyuan's: QK-norm after RoPE
+    "hunyuan-style": {"n_kv_head": 2, "qk_norm": True, "qk_norm_after_rope": True},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
                     "rope_original_context": 32},
 }
@@ -790,12 +801,14 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch, impl", [(arch, impl) for arch in ("olmo2-style", "gemma3-style", "neox-style",
                                                                    "phi-style", "opt-style", "smollm3-style",
-                                                                   "granite-style")
+                                                                   "granite-style", "phi4-style", "exaone4-style",
+                                                                   "hunyuan-style")
                                         for impl in ("matmul", "triton")] + [("gemma2-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
-    """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's and Granite's blocks, which the fused decode block
-    refuses, with either decode attention, and Gemma 2's capped scores with the matmul one (the kernel refuses the
-    cap): compiled and captured, greedy equal to the full forward at batch 4 and 1 and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
+    """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
+    LongRoPE), EXAONE 4.0's and Hunyuan's (QK-norm after RoPE) blocks, which the fused decode block refuses, with
+    either decode attention, and Gemma 2's capped scores with the matmul one (the kernel refuses the cap): compiled
+    and captured, greedy equal to the full forward at batch 4 and 1 and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
     over whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), the
     score scale (Gemma 3's, Granite's) and each layer's window handed to the kernel; Gemma 3's windowed and full
     layers each attend as their own (prompts and generations longer than the window)."""
@@ -813,7 +826,8 @@ def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch, hidden", [("gqa", None), ("gpt2-style", None), ("sliding-window", None),
-                                          ("no-positions-relu2", None), ("gpt2-style", 2048), ("yarn-qknorm", None)])
+                                          ("no-positions-relu2", None), ("gpt2-style", 2048), ("yarn-qknorm", None),
+                                          ("phi35-style", None)])
 def test_matvec_decode_matches_full_forward(arch, hidden):
     """decode_linear triton: batch 1's blocks and head in redline's matrix-vector kernel (norms, biases,
     activations and residual adds fused), and batch 2's in its tiled kernel (the norms before it), compiled and

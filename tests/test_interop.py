@@ -129,6 +129,8 @@ REDLINE_EXPORTS = {
     # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
+    # Hunyuan: QK-norm after RoPE, GQA, untied
+    "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),
     # Phi-3: Llama's block with RoPE on part of each head (Phi-4-mini's three quarters), GQA
     "Phi3ForCausalLM": dict(rope_dims=12, n_kv_head=2),
     # Granite: its four scalars, GQA, untied
@@ -187,6 +189,9 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
                                                             "with it redline exports to, has no biases"),
     (dict(norm_position="output", qk_norm=True, sliding_window=4, sliding_window_pattern=2),
      "leaves RoPE out of exactly its full-attention layers"),
+    (dict(qk_norm=True, qk_norm_after_rope=True, sliding_window=8), "model.qk_norm_after_rope: Hunyuan, the one "
+                                                                    "architecture with it redline exports to, attends "
+                                                                    "to the whole context"),
     (dict(rope_dims=4, qk_norm=True), "model.rope_dims=4: Phi-3, the one architecture with it redline exports to, "
                                       "has no QK-norm"),
     (dict(rope_scaling="longrope", rope_pair_factors=(1.0, 2.0, 3.0, 4.0), rope_original_context=32, bias=True),
@@ -305,8 +310,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports ernie4_5, exaone4, gemma2, gemma3_text, gpt2, gpt_neox, granite, granitemoehybrid, "
-                         "llama, mistral, olmo2, opt, phi, phi3, qwen2, qwen3, smollm3, stablelm")
+                         "redline imports ernie4_5, exaone4, gemma2, gemma3_text, gpt2, gpt_neox, granite, "
+                         "granitemoehybrid, hunyuan_v1_dense, llama, mistral, olmo2, opt, phi, phi3, qwen2, qwen3, "
+                         "smollm3, stablelm")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -299,6 +299,10 @@ def test_hidden_sizes_rounded_to_64():
         (dict(norm_bias=True), "model.norm_bias needs model.norm=layernorm"),
         (dict(nope_interval=2, pos_emb="learned"), "model.nope_interval=2 needs RoPE"),
         (dict(attn_softcap=-1.0), "model.attn_softcap must be >= 0"),
+        (dict(qk_norm_after_rope=True), "model.qk_norm_after_rope needs per-head QK-norm"),
+        (dict(rope_scaling="longrope", rope_pair_factors=(1.0, 2.0)), "rope_scaling=longrope needs 4 "
+                                                                        "model.rope_pair_factors"),
+        (dict(rope_pair_factors=(1.0, 2.0)), "model.rope_pair_factors are LongRoPE's"),
         (dict(residual_multiplier=-1.0), "residual_multiplier and logit_divisor must be >= 0"),
         (dict(embed_multiplier=2.0, embed_scale=True), "give the embeddings' factor one way"),
         (dict(logit_divisor=2.0, ce_chunk_tokens=64), "model.logit_divisor with model.ce_chunk_tokens"),

@@ -173,12 +173,12 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (ernie, exaone4, gemma2, gemma3, gpt2, gpt_neox, granite, llama, olmo2, opt, phi,
-                                 phi3, stablelm)
+    from redline.interop import (ernie, exaone4, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, llama, olmo2, opt,
+                                 phi, phi3, stablelm)
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY, gpt2.FAMILY,
                                 gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY,
-                                granite.FAMILY, granite.HYBRID_FAMILY, gemma2.FAMILY)}
+                                granite.FAMILY, granite.HYBRID_FAMILY, gemma2.FAMILY, hunyuan.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -203,13 +203,18 @@ def export_family(cfg: ModelConfig) -> Family:
     with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm,
     partial RoPE, parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding,
     residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a
-    sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise. A UserError names the redline
-    option that no such architecture has."""
+    sliding window, Qwen2 with biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Llama otherwise. A UserError
+    names the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
                         "Granite, OLMo 2, Gemma 3)")
+    if cfg.qk_norm_after_rope:
+        from redline.interop import hunyuan
+
+        hunyuan.check_exportable(cfg)
+        return families["hunyuan_v1_dense"]
     if cfg.rope_dims and cfg.norm_position != "pre":
         raise UserError(f"model.rope_dims={cfg.rope_dims} with norm_position={cfg.norm_position}: of the "
                         f"architectures redline exports to, only GPT-NeoX, Phi and Phi-3 rotate part of each head, and "

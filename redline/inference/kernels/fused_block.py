@@ -48,6 +48,7 @@ FIELDS_ACCOUNTED = {
     "qkv_bias": "the qkv Linear's bias, as any bias",
     "qk_norm": "in the attention kernel",
     "qk_norm_scope": "head only: the attention kernel normalizes the raw qkv output per head",
+    "qk_norm_after_rope": "refused: the attention kernel normalizes q and k before it rotates them",
     "sliding_window": "in the attention kernel",
     "sliding_window_pattern": "each layer's window to the attention kernel",
     "attn_scale": "the scores' scale to the attention kernel",
