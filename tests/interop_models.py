@@ -55,6 +55,11 @@ FAMILIES = {
                             rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0,
                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                              "original_max_position_embeddings": 16})),
+    # Gemma (gemma-2b's layout: MQA, head_dim 24 != 64 / 4 here, tied) with the released configs' legacy
+    # hidden_act "gelu" (the tanh GELU)
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+                                                      hidden_act="gelu", pad_token_id=None,
+                                                      rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # Hunyuan dense: Llama's block with QK-norm after RoPE, head_dim 24 != 64 / 4, tied, its "dynamic" RoPE with a
     # fixed alpha (a stretched base)
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM",

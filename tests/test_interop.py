@@ -129,6 +129,8 @@ REDLINE_EXPORTS = {
     # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
+    # Gemma: pre-norm blocks with its norms by 1 + weight, GeGLU, scaled embeddings, MQA, tied
+    "GemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=1, tie_embeddings=True),
     # Hunyuan: QK-norm after RoPE, GQA, untied
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),
     # Phi-3: Llama's block with RoPE on part of each head (Phi-4-mini's three quarters), GQA
@@ -205,8 +207,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm_position="output", qk_norm=True, qk_norm_scope="all", bias=True), "no MLP biases"),
     (dict(qk_norm=True, qk_norm_scope="all"), "norm_position=output"),
     (dict(norm_position="sandwich"), "model.norm_unit_offset=true"),
-    (dict(norm_unit_offset=True, embed_scale=True), "model.norm_unit_offset, model.embed_scale without "
-                                                    "norm_position=sandwich"),
+    (dict(norm_unit_offset=True, embed_scale=True), "Gemma, the one architecture with them redline exports to, has "
+                                                    "a GeGLU MLP"),
+    (dict(mlp="geglu"), "model.mlp=geglu without Gemma's norms"),
+    (dict(norm_position="output", qk_norm=True, qk_norm_scope="all", norm_unit_offset=True),
+     "model.norm_unit_offset without Gemma's norms"),
     (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True, embed_scale=True,
           attn_scale=0.3), "integer query_pre_attn_scalar"),
     (dict(nope_interval=2, qk_norm=True), "model.nope_interval with model.qk_norm"),
@@ -310,7 +315,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports ernie4_5, exaone4, gemma2, gemma3_text, gpt2, gpt_neox, granite, "
+                         "redline imports ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, gpt_neox, granite, "
                          "granitemoehybrid, hunyuan_v1_dense, llama, mistral, olmo2, opt, phi, phi3, qwen2, qwen3, "
                          "smollm3, stablelm")
 

@@ -173,12 +173,12 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (ernie, exaone4, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, llama, olmo2, opt,
-                                 phi, phi3, stablelm)
+    from redline.interop import (ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, llama,
+                                 olmo2, opt, phi, phi3, stablelm)
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY, gpt2.FAMILY,
                                 gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY,
-                                granite.FAMILY, granite.HYBRID_FAMILY, gemma2.FAMILY, hunyuan.FAMILY)}
+                                granite.FAMILY, granite.HYBRID_FAMILY, gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -199,7 +199,7 @@ def family_for(hf_config: dict, source: str) -> Family:
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
     with norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their
-    inputs and outputs (Gemma 2 without QK-norm), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
+    inputs and outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks, Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
     with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm,
     partial RoPE, parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding,
     residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a
@@ -263,12 +263,17 @@ def export_family(cfg: ModelConfig) -> Family:
             return families["gemma2"]
         gemma3.check_exportable(cfg)
         return families["gemma3_text"]
-    gemma = [f"model.{name}" for name in ("norm_unit_offset", "embed_scale", "attn_scale", "sliding_window_pattern",
-                                          "rope_local_theta") if getattr(cfg, name)] + \
-        (["model.mlp=geglu"] if cfg.mlp == "geglu" else [])
-    if gemma:
-        raise UserError(f"{', '.join(gemma)} without norm_position=sandwich: of the architectures redline exports to, "
-                        f"only Gemma 3 has {'it' if len(gemma) == 1 else 'them'}, and its norms are sandwich ones")
+    from redline.interop import gemma
+
+    if gemma.wants_gemma(cfg):
+        gemma.check_exportable(cfg)
+        return families["gemma"]
+    options = [f"model.{name}" for name in ("norm_unit_offset", "embed_scale", "attn_scale", "sliding_window_pattern",
+                                            "rope_local_theta") if getattr(cfg, name)] + (["model.mlp=geglu"] if cfg.mlp == "geglu" else [])
+    if options:
+        raise UserError(f"{', '.join(options)} without Gemma's norms: of the architectures redline exports to, only "
+                        f"the Gemmas have {'it' if len(options) == 1 else 'them'}, and their norms scale by 1 + weight "
+                        f"(model.norm_unit_offset)")
     if cfg.norm_position == "output":
         from redline.interop.olmo2 import check_exportable
 
