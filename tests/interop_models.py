@@ -60,6 +60,14 @@ FAMILIES = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_attention_heads=4, num_key_value_heads=1, head_dim=24,
                                                       hidden_act="gelu", pad_token_id=None,
                                                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # StarCoder2 (starcoder2-3b's layout: LayerNorms with biases, biases everywhere, GQA, a window shorter than the
+    # test sequences, tied) and without Linear biases (use_bias false), untied, no window
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=5, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "starcoder2-nobias": ("Starcoder2Config", "Starcoder2ForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=2, use_bias=False, tie_word_embeddings=False,
+                               pad_token_id=None)),
     # Hunyuan dense: Llama's block with QK-norm after RoPE, head_dim 24 != 64 / 4, tied, its "dynamic" RoPE with a
     # fixed alpha (a stretched base)
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM",

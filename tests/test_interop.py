@@ -129,6 +129,8 @@ REDLINE_EXPORTS = {
     # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
+    # StarCoder2: RoPE, LayerNorm, GELU, biases, GQA, a window
+    "Starcoder2ForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, n_kv_head=2, sliding_window=5),
     # Gemma: pre-norm blocks with its norms by 1 + weight, GeGLU, scaled embeddings, MQA, tied
     "GemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=1, tie_embeddings=True),
     # Hunyuan: QK-norm after RoPE, GQA, untied
@@ -185,7 +187,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(pos_emb="none"), "pos_emb=none: of the architectures redline exports to, only Granite 4.0"),
     (dict(norm="layernorm", mlp="relu2"), "model.mlp=relu2 with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
     (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
-    (dict(norm="layernorm", mlp="gelu", n_kv_head=2), "GPT-NeoX is multi-head"),
+    (dict(norm="layernorm", mlp="gelu", n_kv_head=2, qkv_bias=True), "StarCoder2, the one architecture with them "
+                                                                      "redline exports to, has biases on every Linear"),
     (dict(norm_position="sandwich", norm_unit_offset=True, rope_dims=4), "only GPT-NeoX, Phi and Phi-3 rotate part"),
     (dict(norm_position="output", qk_norm=True, bias=True), "per-head QK-norm: EXAONE 4.0, the one architecture "
                                                             "with it redline exports to, has no biases"),
@@ -317,7 +320,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, gpt_neox, granite, "
                          "granitemoehybrid, hunyuan_v1_dense, llama, mistral, olmo2, opt, phi, phi3, qwen2, qwen3, "
-                         "smollm3, stablelm")
+                         "smollm3, stablelm, starcoder2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -34,6 +34,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               n_kv_head=2, attn_softcap=5.0, tie_embeddings=True),
     "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2),
+    "Starcoder2ForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, n_kv_head=2, sliding_window=8),  # c_fc
     "GemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=1, tie_embeddings=True),
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),  # query_layernorm
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head

@@ -174,11 +174,12 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, llama,
-                                 olmo2, opt, phi, phi3, stablelm)
+                                 olmo2, opt, phi, phi3, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY, gpt2.FAMILY,
                                 gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY,
-                                granite.FAMILY, granite.HYBRID_FAMILY, gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY)}
+                                granite.FAMILY, granite.HYBRID_FAMILY, gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY,
+                                starcoder2.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -200,7 +201,8 @@ def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
     with norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their
     inputs and outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks, Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
-    with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, GPT-NeoX with RoPE and LayerNorm,
+    with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, StarCoder2 with RoPE, LayerNorm and
+    GQA or a window, GPT-NeoX with RoPE and LayerNorm,
     partial RoPE, parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding,
     residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a
     sliding window, Qwen2 with biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Llama otherwise. A UserError
@@ -294,6 +296,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         check_exportable(cfg)
         return families["phi"]
+    from redline.interop import starcoder2
+
+    if starcoder2.wants_starcoder2(cfg):
+        starcoder2.check_exportable(cfg)
+        return families["starcoder2"]
     if cfg.pos_emb == "rope" and (cfg.norm == "layernorm" or cfg.rope_dims or cfg.parallel_residual
                                   or cfg.gelu_approximate != "tanh"):
         from redline.interop.gpt_neox import check_exportable

@@ -556,7 +556,7 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
             raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's phi3 takes heads n_embd / n_head "
                             "wide; export with --format hf")
         return "phi3"
-    if family.name in ("exaone4", "hunyuan_v1_dense", "gemma"):
+    if family.name in ("exaone4", "hunyuan_v1_dense", "gemma", "starcoder2"):
         raise UserError(f"{family.architecture} models are not written as GGUF by redline; export with --format hf")
     if family.name == "opt":
         raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "

@@ -6,7 +6,7 @@ Hugging Face model `redline export` writes from the run's base:
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py,
-gpt_neox.py, opt.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r),
+gpt_neox.py, opt.py, starcoder2.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r),
 scaled by lora_alpha / r.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
@@ -39,6 +39,7 @@ _PHI3 = {"attn.qkv": "self_attn.qkv_proj", "attn.proj": "self_attn.o_proj", "mlp
          "mlp.proj": "mlp.down_proj"}
 _NEOX = {"attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _OPT = {"attn.proj": "self_attn.out_proj", "mlp.fc": "fc1", "mlp.proj": "fc2"}  # q/k/v as Llama's
+_STARCODER2 = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}  # q/k/v as Llama's
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 
 
@@ -69,8 +70,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
-    if family.name in ("phi", "opt"):
-        names = _PHI if family.name == "phi" else _OPT
+    if family.name in ("phi", "opt", "starcoder2"):
+        names = {"phi": _PHI, "opt": _OPT, "starcoder2": _STARCODER2}[family.name]
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
