@@ -186,6 +186,10 @@ GGUF_FAMILIES = {
     # Phi-3 as transformers' GGUF loader reads a phi3 file (whole heads rotated, no scaling, no window), untied
     "phi3-gguf": ("Phi3Config", "Phi3ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                         pad_token_id=None)),
+    # StarCoder2 as transformers' GGUF loader reads a starcoder2 file: its default RoPE base (it maps no
+    # rope.freq_base), biases, no window
+    "starcoder2-gguf": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                                          pad_token_id=None)),
     # SmolLM3 at llama.cpp's fixed step (RoPE left out of layer 3 of 4)
     "smollm3-gguf": ("SmolLM3Config", "SmolLM3ForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, pad_token_id=None)),

@@ -54,7 +54,7 @@ def import_gguf(path, out, capsys):
                                                       ("stablelm-parallel", False), ("phi", False),
                                                       ("smollm3-gguf", False), ("granite-gguf", False),
                                                       ("gemma2", False), ("gemma2-gguf", True),
-                                                      ("phi3-longrope", False)])
+                                                      ("phi3-longrope", False), ("starcoder2-gguf", True)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -469,7 +469,8 @@ def write_llama_cpp_partial_rope(hf, path, arch: str):
 @pytest.mark.parametrize("kind, named", [("phi-tied", "llama.cpp's phi2 has neither"),
                                          ("gpt2-erf", "model.gelu_approximate=none"),
                                          ("opt", "OPT models are not written as GGUF"),
-                                         ("smollm3", "a step no GGUF key changes")])
+                                         ("smollm3", "a step no GGUF key changes"),
+                                         ("starcoder2", "llama.cpp's starcoder2 has none of these")])
 def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, capsys):
     hf_folder(kind, tmp_path / "hf")
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)

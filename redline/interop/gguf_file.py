@@ -3,7 +3,7 @@
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox,
-stablelm, phi2 and phi3 are read and written here. Reading
+stablelm, phi2, phi3 and starcoder2 are read and written here. Reading
 renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
 gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
 - llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3 and granite (each head's
@@ -38,7 +38,7 @@ from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "phi3",
-          "smollm3", "granite")
+          "smollm3", "granite", "starcoder2")
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
 PERMUTED = ("llama", "smollm3", "granite")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
@@ -77,6 +77,10 @@ _PHI2_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.final_lay
 # qkv_proj and gate_up_proj; LongRoPE's two sets of factors as (rotating pairs,) F32 tensors of their own
 _PHI3_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+# StarCoder2 (MODEL_TENSORS[STARCODER2]): Llama's attention names, LayerNorms with biases, c_fc / c_proj as ffn_up / down
+_STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                     "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 ROPE_FACTORS = {"long": "rope_factors_long.weight", "short": "rope_factors_short.weight"}
 # redline's key for the GELU of a gptneox file: llama.cpp computes the tanh approximation, and its converter writes
 # no key for Hugging Face's hidden_act; without this key a file reads as a Pythia-style "gelu" (erf), the function
@@ -111,6 +115,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _PHI2_NAMES, _PHI2_TOP, "model.layers."
     if arch == "phi3":
         return _PHI3_NAMES, _LLAMA_TOP, "model.layers."
+    if arch == "starcoder2":
+        return _STARCODER2_NAMES, _LLAMA_TOP, "model.layers."
     names = {"olmo2": _OLMO2_NAMES, "gemma2": _GEMMA3_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
 
@@ -171,6 +177,17 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     width, heads = key("embedding_length"), key("attention.head_count")
     if arch == "phi3":
         return _phi3_config(key, vocab, tied, rope_factors or {})
+    if arch == "starcoder2":  # the keys llama.cpp's converter writes; biases and the window as the tensors and keys say
+        if key("rope.scaling.type") not in (None, "none"):
+            raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a starcoder2 model is not read "
+                            f"by redline; import the model's Hugging Face folder")
+        return {"model_type": "starcoder2", "vocab_size": vocab, "hidden_size": width,
+                "intermediate_size": key("feed_forward_length"), "num_hidden_layers": key("block_count"),
+                "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv") or heads,
+                "max_position_embeddings": key("context_length", 4096),
+                "norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "rope_theta": key("rope.freq_base", 1e4),
+                "tie_word_embeddings": tied, "use_bias": "blk.0.attn_q.bias" in tensor_names,
+                "hidden_act": "gelu_pytorch_tanh", "sliding_window": key("attention.sliding_window") or None}
     if arch in ("gptneox", "phi2", "stablelm"):  # LayerNorm, RoPE on rope.dimension_count of each head's dimensions
         if key("rope.scaling.type") not in (None, "none"):
             raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a {arch} model is not read by "
@@ -556,7 +573,13 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
             raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's phi3 takes heads n_embd / n_head "
                             "wide; export with --format hf")
         return "phi3"
-    if family.name in ("exaone4", "hunyuan_v1_dense", "gemma", "starcoder2"):
+    if family.name == "starcoder2":
+        if cfg.sliding_window or not cfg.bias or cfg.rope_scaling != "none" or cfg.gelu_approximate != "tanh":
+            raise UserError("model.sliding_window, model.rope_scaling, model.gelu_approximate=none or no Linear biases "
+                            "on a StarCoder2 model: llama.cpp's starcoder2 has none of these (no window, no RoPE "
+                            "scaling, the tanh GELU, biases on every layer); export with --format hf")
+        return "starcoder2"
+    if family.name in ("exaone4", "hunyuan_v1_dense", "gemma"):
         raise UserError(f"{family.architecture} models are not written as GGUF by redline; export with --format hf")
     if family.name == "opt":
         raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "
@@ -623,6 +646,11 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "starcoder2":  # the keys llama.cpp's converter writes for StarCoder2 (LayerNorm, GQA, whole heads)
+        writer.add_head_count_kv(cfg.kv_heads)
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        writer.add_rope_freq_base(cfg.rope_theta)
         return
     if arch in ("phi2", "stablelm", "gptneox"):  # LayerNorm and partial RoPE: the keys llama.cpp's converter writes
         # for these models (Phi2Model, StableLMModel, GPTNeoXModel), the base, and gptneox's GELU (NEOX_GELU_KEY)
