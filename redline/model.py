@@ -298,8 +298,8 @@ class ModelConfig:
             pairs = (self.rope_dims or self.head_dim) // 2
             if len(self.rope_pair_factors) != pairs or min(self.rope_pair_factors) <= 0 or \
                     len(self.rope_long_pair_factors) not in (0, pairs) or self.rope_attention_factor < 0:
-                raise UserError(f"rope_scaling=longrope needs {pairs} model.rope_pair_factors above 0 (one per rotating "
-                                f"dimension pair; model.rope_long_pair_factors none or as many), got "
+                raise UserError(f"rope_scaling=longrope needs {pairs} model.rope_pair_factors above 0 (one per "
+                                f"rotating dimension pair; model.rope_long_pair_factors none or as many), got "
                                 f"{len(self.rope_pair_factors)} and {len(self.rope_long_pair_factors)}")
             if self.context_len > self.rope_original_context:
                 raise UserError(f"model.context_len={self.context_len} with rope_scaling=longrope: past "

@@ -198,15 +198,15 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 
 def export_family(cfg: ModelConfig) -> Family:
-    """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2
-    with norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their
-    inputs and outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks, Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
-    with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, StarCoder2 with RoPE, LayerNorm and
-    GQA or a window, GPT-NeoX with RoPE and LayerNorm,
-    partial RoPE, parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding,
-    residual, score and logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a
-    sliding window, Qwen2 with biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Llama otherwise. A UserError
-    names the redline option that no such architecture has."""
+    """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2 with
+    norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
+    outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks, Phi-3 with LongRoPE
+    or Llama's block with partial RoPE, StableLM with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel
+    sublayers, StarCoder2 with RoPE, LayerNorm and GQA or a window, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
+    parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
+    logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
+    biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Llama otherwise. A UserError names the redline option that
+    no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
@@ -271,7 +271,8 @@ def export_family(cfg: ModelConfig) -> Family:
         gemma.check_exportable(cfg)
         return families["gemma"]
     options = [f"model.{name}" for name in ("norm_unit_offset", "embed_scale", "attn_scale", "sliding_window_pattern",
-                                            "rope_local_theta") if getattr(cfg, name)] + (["model.mlp=geglu"] if cfg.mlp == "geglu" else [])
+                                            "rope_local_theta") if getattr(cfg, name)]
+    options += ["model.mlp=geglu"] if cfg.mlp == "geglu" else []
     if options:
         raise UserError(f"{', '.join(options)} without Gemma's norms: of the architectures redline exports to, only "
                         f"the Gemmas have {'it' if len(options) == 1 else 'them'}, and their norms scale by 1 + weight "

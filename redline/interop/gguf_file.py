@@ -77,7 +77,8 @@ _PHI2_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.final_lay
 # qkv_proj and gate_up_proj; LongRoPE's two sets of factors as (rotating pairs,) F32 tensors of their own
 _PHI3_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
-# StarCoder2 (MODEL_TENSORS[STARCODER2]): Llama's attention names, LayerNorms with biases, c_fc / c_proj as ffn_up / down
+# StarCoder2 (MODEL_TENSORS[STARCODER2]): Llama's attention names, LayerNorms with biases, c_fc / c_proj as ffn_up
+# and ffn_down
 _STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                      "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                      "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}

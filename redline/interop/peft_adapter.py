@@ -5,15 +5,15 @@ Hugging Face model `redline export` writes from the run's base:
     redline export RUN --adapter adapter/               # this module
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
-Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py,
-gpt_neox.py, opt.py, starcoder2.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r),
-scaled by lora_alpha / r.
+Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py, gpt_neox.py,
+opt.py, starcoder2.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight`
+(out, r), scaled by lora_alpha / r.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
-and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part
-takes the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc
-are fused as redline's are (Conv1D layers: fan_in_fan_out), and so are Phi-3's qkv_proj and gate_up_proj; GPT-NeoX's query_key_value is too, its rows (B's rows)
-grouped by head. Modules trained in full (lora.train_modules: wte,
+and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
+the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc are fused
+as redline's are (Conv1D layers: fan_in_fan_out), and so are Phi-3's qkv_proj and gate_up_proj; GPT-NeoX's
+query_key_value is too, its rows (B's rows) grouped by head. Modules trained in full (lora.train_modules: wte,
 lm_head) go in as PEFT's modules_to_save.
 """
 
