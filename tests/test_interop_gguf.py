@@ -54,7 +54,8 @@ def import_gguf(path, out, capsys):
                                                       ("stablelm-parallel", False), ("phi", False),
                                                       ("smollm3-gguf", False), ("granite-gguf", False),
                                                       ("gemma2", False), ("gemma2-gguf", True),
-                                                      ("phi3-longrope", False), ("starcoder2-gguf", True)])
+                                                      ("phi3-longrope", False), ("starcoder2-gguf", True),
+                                                      ("gemma", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():

@@ -2,15 +2,15 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox,
-stablelm, phi2, phi3 and starcoder2 are read and written here. Reading
+Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
+gptneox, stablelm, phi2, phi3 and starcoder2 are read and written here. Reading
 renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
 gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
 - llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3 and granite (each head's
   rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not
   permuted (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does);
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones;
-- gemma3 stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale Gemma's norms
+- gemma3 (and gemma, gemma2) stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale Gemma's norms
   multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
   Gemma2TensorProcessor, citing llama.cpp's convert_hf_to_gguf.py), and so does this reader; q/k are not permuted
   (that loader undoes no permutation for gemma3, and redline's logits equal its own on the same file).
@@ -37,10 +37,12 @@ from redline.interop.families import Family, TensorSource, family_for, interleav
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "phi3",
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "phi3",
           "smollm3", "granite", "starcoder2")
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
 PERMUTED = ("llama", "smollm3", "granite")
+# the architectures whose RMSNorm weights llama.cpp's converter stores as the scale they multiply by, 1 + weight
+GEMMAS = ("gemma", "gemma2", "gemma3")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
 SMOLLM3_NOPE_INTERVAL = 4
 _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.layers.N.)
@@ -468,7 +470,7 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
         if arch in PERMUTED and kind in ("attn_q", "attn_k"):
             heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
             w = interleave_rope_rows(w, heads, inverse=True)
-        if arch in ("gemma2", "gemma3") and kind.endswith("norm"):  # stored as the scale 1 + weight
+        if arch in GEMMAS and kind.endswith("norm"):  # stored as the scale 1 + weight
             w = w - 1
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
             w = w.t().contiguous()
@@ -580,7 +582,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
                             "on a StarCoder2 model: llama.cpp's starcoder2 has none of these (no window, no RoPE "
                             "scaling, the tanh GELU, biases on every layer); export with --format hf")
         return "starcoder2"
-    if family.name in ("exaone4", "hunyuan_v1_dense", "gemma"):
+    if family.name == "gemma":  # llama.cpp's gemma: Llama's tensor names unpermuted, norms as 1 + weight
+        return "gemma"
+    if family.name in ("exaone4", "hunyuan_v1_dense"):
         raise UserError(f"{family.architecture} models are not written as GGUF by redline; export with --format hf")
     if family.name == "opt":
         raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "
@@ -677,7 +681,7 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
         return
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "gemma2", "gemma3"):
+    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", *GEMMAS):
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if arch == "gemma3":
@@ -786,7 +790,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
                 w = w.t()
             if arch in PERMUTED and kind in ("attn_q", "attn_k"):
                 w = interleave_rope_rows(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
-            if arch in ("gemma2", "gemma3") and kind.endswith("norm"):
+            if arch in GEMMAS and kind.endswith("norm"):
                 w = w + 1
             if arch == "gptneox" and kind == "attn_qkv":
                 w = _neox_qkv(w, cfg.n_head, to_file=True)
