@@ -106,9 +106,9 @@ class ModelConfig:
     rope_high_freq_factor: float = 4.0
     """llama3 scaling: wavelengths below rope_original_context / this are left as they are."""
     rope_original_context: int = 8192
-    """llama3, yarn and longrope scaling: the context length the model was first trained at (with longrope, the
-    longest context_len: past it LongRoPE switches every position to rope_long_pair_factors, which redline does not
-    compute)."""
+    """llama3, yarn and longrope scaling: the context length the model was first trained at (with longrope: a
+    context_len past it takes rope_long_pair_factors for every position, as transformers does for a sequence that
+    long and llama.cpp for such a context)."""
     rope_beta_fast: float = 32.0
     """yarn scaling: frequencies that turn more than this many times over rope_original_context are kept."""
     rope_beta_slow: float = 1.0
@@ -118,10 +118,10 @@ class ModelConfig:
     sqrt(1 + ln(rope_factor) / ln(rope_original_context)))."""
     rope_pair_factors: tuple[float, ...] = ()
     """longrope scaling: each rotating dimension pair's frequency divided by its factor (Phi-3's short_factor; one per
-    pair, (rope_dims or head_dim) / 2 of them)."""
+    pair, (rope_dims or head_dim) / 2 of them), for a context_len up to rope_original_context."""
     rope_long_pair_factors: tuple[float, ...] = ()
-    """longrope scaling: the factors past rope_original_context (Phi-3's long_factor), kept for export (a model
-    exported keeps its long context in transformers and vLLM); redline's tables use rope_pair_factors."""
+    """longrope scaling: the factors for a context_len past rope_original_context (Phi-3's long_factor), up to
+    rope_factor times it."""
     rope_truncate: bool = True
     """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
     rope_dims: int = 0
@@ -301,10 +301,10 @@ class ModelConfig:
                 raise UserError(f"rope_scaling=longrope needs {pairs} model.rope_pair_factors above 0 (one per "
                                 f"rotating dimension pair; model.rope_long_pair_factors none or as many), got "
                                 f"{len(self.rope_pair_factors)} and {len(self.rope_long_pair_factors)}")
-            if self.context_len > self.rope_original_context:
-                raise UserError(f"model.context_len={self.context_len} with rope_scaling=longrope: past "
-                                f"rope_original_context={self.rope_original_context} LongRoPE switches every position "
-                                f"to its long factors, which redline does not compute; keep context_len <= "
+            if self.context_len > self.rope_original_context and not self.rope_long_pair_factors:
+                raise UserError(f"model.context_len={self.context_len} with rope_scaling=longrope past "
+                                f"rope_original_context={self.rope_original_context} needs model.rope_long_pair_factors "
+                                f"(LongRoPE's factors for long contexts); keep context_len <= "
                                 f"{self.rope_original_context}")
         elif self.rope_pair_factors or self.rope_long_pair_factors:
             raise UserError("model.rope_pair_factors are LongRoPE's: set model.rope_scaling=longrope with them")
@@ -413,7 +413,9 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         ramp = ((torch.arange(D // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
         return inv_freq / cfg.rope_factor * ramp + inv_freq * (1 - ramp)
     if cfg.rope_scaling == "longrope":  # Ding et al. 2024, "LongRoPE"; the rule of transformers' Phi-3
-        return inv_freq / torch.tensor(cfg.rope_pair_factors, dtype=torch.float32)
+        long = cfg.context_len > cfg.rope_original_context  # every position then takes the long factors
+        return inv_freq / torch.tensor(cfg.rope_long_pair_factors if long else cfg.rope_pair_factors,
+                                       dtype=torch.float32)
     return inv_freq
 
 

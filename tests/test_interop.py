@@ -501,8 +501,9 @@ def test_ernie_writer_gives_back_ernies_layout(tmp_path, capsys):
 
 def test_import_phi3_reads_the_hubs_configs_as_transformers_does(tmp_path, capsys):
     """Phi-3-mini-128k's config.json as the Hub has it (LongRoPE as rope_scaling type "su" and the original context
-    at the top) and Phi-4-mini's (three quarters of each head rotated, tied): LongRoPE's short-factor frequencies and
-    table factor equal transformers' own; the context stops at the original one; bad factors are one-line errors."""
+    at the top) and Phi-4-mini's (three quarters of each head rotated, tied): LongRoPE's frequencies (short factors at
+    the imported context, long ones past it) and table factor equal transformers' own; a model past the original
+    context equals transformers on a sequence that long; bad factors are one-line errors."""
     from transformers import Phi3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -531,11 +532,19 @@ def test_import_phi3_reads_the_hubs_configs_as_transformers_does(tmp_path, capsy
     with pytest.raises(UserError, match="short_factor and long_factor need 48 entries .one per rotating dimension "
                                         "pair., got 40 and 48"):
         model_config({**mini128k, "rope_scaling": {"type": "su", "short_factor": short[:40], "long_factor": short}})
-    with pytest.raises(UserError, match="model.context_len=8192 with rope_scaling=longrope"):
-        replace(model_config(mini128k), context_len=8192).validate()
-    hf_folder("phi3-longrope", tmp_path / "hf")
-    code, out, _ = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
-    assert code == 0 and "context 32 (LongRoPE's short factors; its long ones, to 128, are kept for export" in out
+        long = replace(model_config(hub), context_len=8192)  # past the original context: the long factors
+        inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](theirs, "cpu", seq_len=8192)
+        torch.testing.assert_close(rope_frequencies(long), inv_freq)
+    with pytest.raises(UserError, match="model.context_len=8192 with rope_scaling=longrope past "
+                                        "rope_original_context=4096 needs model.rope_long_pair_factors"):
+        replace(model_config(mini128k), context_len=8192, rope_long_pair_factors=()).validate()
+    hf, model, _, _ = imported("phi3-longrope", tmp_path, capsys)
+    long = GPT(replace(model.cfg, context_len=128)).eval()  # transformers switches to the long factors past 32
+    long.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(long(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+        assert (model(tokens[:, :32]) - long(tokens[:, :32])).abs().max() > 1e-2  # the two sets differ
 
 
 def test_import_exaone4_reads_its_layer_kinds_and_refuses_what_it_cannot_run():

@@ -325,7 +325,7 @@ def test_gguf_bad_inputs(tmp_path, capsys):
     w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
     _write_out(w, None)
     code, _, err = run_cli(["import", str(tmp_path / "falcon.gguf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gemma2, gemma3, gpt2" in err
+    assert code == 2 and "'falcon' is not supported" in err and "llama, qwen2, qwen3, olmo2, gemma, gemma2, gemma3, gpt2" in err
 
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all" * 10)
     code, _, err = run_cli(["import", str(tmp_path / "junk.gguf"), "--out", str(tmp_path / "out")], capsys)

@@ -80,8 +80,9 @@ def main(argv: list[str]) -> int:
     params = sum(t.numel() for t in imported.state.values())
     context = f"context {m.context_len:,}"  # with the RoPE scaling that reaches it, where there is one
     if m.rope_scaling == "longrope":
-        context += (f" (LongRoPE's short factors; its long ones, to {round(m.rope_factor * m.rope_original_context):,}"
-                    f", are kept for export, not computed)" if m.rope_long_pair_factors else " (LongRoPE)")
+        context += (f" (LongRoPE's short factors; model.context_len up to "
+                    f"{round(m.rope_factor * m.rope_original_context):,} takes its long ones)"
+                    if m.rope_long_pair_factors else " (LongRoPE)")
     elif m.pos_emb == "rope" and m.rope_scaling != "none":
         context += f" ({m.rope_scaling} RoPE ×{m.rope_factor:g}" + (
             f" over {m.rope_original_context:,})" if m.rope_scaling in ("llama3", "yarn") else ")")

@@ -6,10 +6,12 @@ the config gives one (Phi-3-mini-4k: 2047), and LongRoPE scaling (`longrope`, ol
 each dimension pair's frequency divided by its own factor and the cos/sin tables scaled.
 
 LongRoPE has two sets of factors: transformers computes every position with `short_factor` while the sequence is
-at most original_max_position_embeddings long and switches all of them to `long_factor` past it. redline computes
-the short ones (rope_pair_factors) and keeps the model's context at original_max_position_embeddings; the long
-factors travel with the checkpoint (rope_long_pair_factors) so that an exported model keeps its long context in
-transformers. Semantics read from transformers' models/phi3/modeling_phi3.py and modeling_rope_utils.py.
+at most original_max_position_embeddings long and switches all of them to `long_factor` past it (llama.cpp by the
+context it is given). redline picks by the model's context_len (rope_pair_factors up to rope_original_context,
+rope_long_pair_factors past it): an import keeps the context at original_max_position_embeddings, the short
+factors, equal to transformers on such sequences; `model.context_len` up to max_position_embeddings (training with
+`--init-from`) takes the long ones, equal to transformers on sequences past the original context. Semantics read
+from transformers' models/phi3/modeling_phi3.py and modeling_rope_utils.py.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ FIELDS_ACCOUNTED = {
     "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
     "rope_high_freq_factor": "inputs", "rope_original_context": "inputs", "rope_beta_fast": "inputs",
     "rope_beta_slow": "inputs", "rope_attention_factor": "inputs", "rope_truncate": "inputs",
-    "rope_pair_factors": "inputs", "rope_long_pair_factors": "export only",
+    "rope_pair_factors": "inputs", "rope_long_pair_factors": "inputs",
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
