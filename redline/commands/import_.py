@@ -6,9 +6,9 @@
 
 DIR is a checkpoint like the ones training writes (model.safetensors, config.json, tokenizer/ with its chat
 template, meta.json): `generate`, `chat`, `eval`, `sample` and `bench-infer` take it as --checkpoint, `export` as
-CKPT, and `train --init-from DIR` continues training it on your data. Families:
-Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5, Qwen3, GPT-2. The EOS ids of generation_config.json
-become the tokenizer's stop tokens. Older folders load too: pytorch_model.bin weights (tensors only), and a
+CKPT, and `train --init-from DIR` continues training it on your data. The families (config.json's model_type)
+are listed below and in docs/import_export.md. The EOS ids of generation_config.json become the tokenizer's stop
+tokens. Older folders load too: pytorch_model.bin weights (tensors only), and a
 vocab.json + merges.txt or tokenizer.model tokenizer converted by transformers. DIR is written atomically: on any
 error nothing is left there.
 """
@@ -69,7 +69,10 @@ def main(argv: list[str]) -> int:
     from redline.errors import UserError
     from redline.interop.source import read_source
 
-    cfg = parse(ImportConfig, argv, prog="redline import", description=__doc__.strip())
+    from redline.interop.families import supported_names
+
+    cfg = parse(ImportConfig, argv, prog="redline import",
+                description=f"{__doc__.strip()}\n\nFamilies: {', '.join(supported_names())}.")
     out = Path(cfg.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before reading gigabytes
         raise UserError(f"{out} already exists; give a new folder for --out (or remove that one)")
