@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from redline.errors import UserError
 from redline.interop.families import Family, raise_first
-from redline.interop.llama import _ignorable, _rope, hf_config_for, shape_fields, to_hf, to_redline
+from redline.interop.llama import _ignorable, _rope, rope_scaling, shape_fields, to_hf, to_redline
 from redline.model import ModelConfig
 
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu")  # "gelu": the released configs' name for the tanh one
@@ -59,7 +59,7 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    rope = {k: v for k, v in hf_config_for("llama")(cfg).items() if k in ("rope_theta", "rope_scaling")}
+    rope = {"rope_theta": cfg.rope_theta, "rope_scaling": rope_scaling(cfg, "gemma")}
     return {
         "model_type": "gemma", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
         "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,

@@ -18,7 +18,7 @@ import torch
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_weights_and_biases,
                                       multi_head_problems, pad_rows, qkv_apart, raise_first, take_weights_and_biases)
-from redline.interop.llama import _rope, hf_config_for
+from redline.interop.llama import _rope, rope_scaling
 from redline.model import ModelConfig
 
 # transformers' ACT2FN names of the two GELUs redline computes
@@ -70,7 +70,7 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    rope = {k: v for k, v in hf_config_for("llama")(cfg).items() if k in ("rope_theta", "rope_scaling")}
+    rope = {"rope_theta": cfg.rope_theta, "rope_scaling": rope_scaling(cfg, "gpt_neox")}
     fraction = (cfg.rope_dims or cfg.head_dim) / cfg.head_dim
     parameters = {**(rope["rope_scaling"] or {"rope_type": "default"}), "rope_theta": rope["rope_theta"],
                   "partial_rotary_factor": fraction}

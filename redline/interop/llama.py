@@ -191,6 +191,27 @@ def export_name(cfg: ModelConfig) -> str:
     return "llama"
 
 
+def rope_scaling(cfg: ModelConfig, arch: str) -> dict | None:
+    """config.json's rope_scaling for the model's linear, Llama 3 or YaRN scaling (None without one), as the Llama
+    layout and the architectures built like it (GPT-NeoX, Phi, Gemma, StarCoder2, ...) read it; LongRoPE is Phi-3's
+    alone (phi3.py), an error for `arch`."""
+    if cfg.rope_scaling == "linear":
+        return {"rope_type": "linear", "factor": cfg.rope_factor}
+    if cfg.rope_scaling == "llama3":
+        return {"rope_type": "llama3", "factor": cfg.rope_factor, "low_freq_factor": cfg.rope_low_freq_factor,
+                "high_freq_factor": cfg.rope_high_freq_factor,
+                "original_max_position_embeddings": cfg.rope_original_context}
+    if cfg.rope_scaling == "yarn":
+        return {"rope_type": "yarn", "factor": cfg.rope_factor,
+                "original_max_position_embeddings": cfg.rope_original_context, "beta_fast": cfg.rope_beta_fast,
+                "beta_slow": cfg.rope_beta_slow, "attention_factor": rope_attention_factor(cfg),
+                "truncate": cfg.rope_truncate}
+    if cfg.rope_scaling != "none":
+        raise UserError(f"model.rope_scaling={cfg.rope_scaling}: the {arch} architecture has no such RoPE scaling; "
+                        f"of the architectures redline exports to, Phi-3 has it")
+    return None
+
+
 def hf_config_for(name: str):
     def hf_config(cfg: ModelConfig) -> dict:
         out = {
@@ -198,24 +219,10 @@ def hf_config_for(name: str):
             "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer,
             "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
             "hidden_act": "silu", "max_position_embeddings": cfg.context_len, "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_theta, "rope_scaling": None, "tie_word_embeddings": cfg.tie_embeddings,
+            "rope_theta": cfg.rope_theta, "rope_scaling": rope_scaling(cfg, name),
+            "tie_word_embeddings": cfg.tie_embeddings,
             "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
         }
-        if cfg.rope_scaling == "linear":
-            out["rope_scaling"] = {"rope_type": "linear", "factor": cfg.rope_factor}
-        elif cfg.rope_scaling == "llama3":
-            out["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_factor,
-                                   "low_freq_factor": cfg.rope_low_freq_factor,
-                                   "high_freq_factor": cfg.rope_high_freq_factor,
-                                   "original_max_position_embeddings": cfg.rope_original_context}
-        elif cfg.rope_scaling == "yarn":
-            out["rope_scaling"] = {"rope_type": "yarn", "factor": cfg.rope_factor,
-                                   "original_max_position_embeddings": cfg.rope_original_context,
-                                   "beta_fast": cfg.rope_beta_fast, "beta_slow": cfg.rope_beta_slow,
-                                   "attention_factor": rope_attention_factor(cfg), "truncate": cfg.rope_truncate}
-        elif cfg.rope_scaling != "none":  # longrope: Phi-3's (phi3.py), the one architecture that has it
-            raise UserError(f"model.rope_scaling={cfg.rope_scaling}: the {name} architecture has no such RoPE "
-                            f"scaling; of the architectures redline exports to, Phi-3 has it")
         if name == "llama":
             out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, pretraining_tp=1)
         elif name == "smollm3":  # the token ids' defaults are SmolLM3's 128k vocabulary's: the writer sets them

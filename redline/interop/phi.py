@@ -17,7 +17,7 @@ import torch
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_weights_and_biases, pad_rows,
                                       qkv_apart, raise_first, take_weights_and_biases)
-from redline.interop.llama import _rope, hf_config_for
+from redline.interop.llama import _rope, rope_scaling
 from redline.model import ModelConfig
 
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # transformers' ACT2FN names
@@ -65,7 +65,7 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    rope = {k: v for k, v in hf_config_for("llama")(cfg).items() if k in ("rope_theta", "rope_scaling")}
+    rope = {"rope_theta": cfg.rope_theta, "rope_scaling": rope_scaling(cfg, "phi")}
     fraction = (cfg.rope_dims or cfg.head_dim) / cfg.head_dim
     return {
         "model_type": "phi", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,

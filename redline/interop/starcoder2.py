@@ -14,7 +14,7 @@ import torch
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, give_weights_and_biases, pad_rows, qkv_apart,
                                       raise_first, take_weights_and_biases)
-from redline.interop.llama import _ignorable, _rope, shape_fields
+from redline.interop.llama import _ignorable, _rope, rope_scaling, shape_fields
 from redline.model import ModelConfig
 
 _GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}  # transformers' ACT2FN names
@@ -55,9 +55,7 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    from redline.interop.llama import hf_config_for
-
-    rope = {k: v for k, v in hf_config_for("llama")(cfg).items() if k in ("rope_theta", "rope_scaling")}
+    rope = {"rope_theta": cfg.rope_theta, "rope_scaling": rope_scaling(cfg, "starcoder2")}
     return {
         "model_type": "starcoder2", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
         "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
