@@ -141,6 +141,22 @@ class ModelConfig:
     mlp_hidden: int | None = None
     """MLP hidden size. None: 4·n_embd for gelu/relu2 and 8/3·n_embd for swiglu/geglu, rounded up to a multiple of
     64."""
+    moe_experts: int = 0
+    """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
+    each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
+    probabilities (Mixtral, Qwen2/3-MoE, OLMoE); 0 = one dense MLP."""
+    moe_top_k: int = 2
+    """Mixture of experts: the experts each token passes through."""
+    moe_norm_topk: bool = True
+    """Mixture of experts: rescale the moe_top_k chosen probabilities to sum to 1 (Mixtral's; Qwen's and OLMoE's
+    norm_topk_prob); False weights each expert by its probability among all of them."""
+    moe_shared_hidden: int = 0
+    """Mixture of experts: a shared expert MLP this wide that every token passes through, its output scaled by
+    sigmoid(w·x) of a learned w (Qwen2-MoE's shared_expert and shared_expert_gate); 0 = none."""
+    moe_aux_loss: float = 0.0
+    """Mixture of experts, training: add this times the load-balancing loss (Switch Transformer's E·Σ_e f_e·P_e,
+    f_e the share of routed slots expert e takes, P_e its mean router probability; averaged over the layers) to the
+    language-model loss, so the router keeps spreading tokens (Mixtral's router_aux_loss_coef); 0 = off."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
@@ -341,6 +357,17 @@ class ModelConfig:
                             "with model.dropout")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
             raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden}")
+        if self.moe_experts < 0 or (self.moe_experts and not (
+                self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
+            raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu or geglu) and "
+                            f"1 <= model.moe_top_k <= moe_experts, got mlp={self.mlp}, moe_top_k={self.moe_top_k}")
+        if self.moe_experts and self.bias:
+            raise UserError("model.bias=true with model.moe_experts: the experts have no biases (model.qkv_bias puts "
+                            "them on q/k/v)")
+        if min(self.moe_shared_hidden, self.moe_aux_loss) < 0 or (
+                (self.moe_shared_hidden or self.moe_aux_loss) and not self.moe_experts):
+            raise UserError("model.moe_shared_hidden and model.moe_aux_loss are >= 0 and need experts "
+                            "(model.moe_experts)")
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
@@ -623,6 +650,73 @@ class MLP(nn.Module):
         return self.proj(h)
 
 
+def expert_matmul(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Each expert's rows times its weight: x (N, K) sorted by expert, w (E, M, K), ends (E,) int32, the end row of
+    each expert's rows -> (N, M), rows ends[e-1]:ends[e] times w[e]ᵀ. One grouped GEMM (torch's grouped_mm: no host
+    synchronisation, so it compiles and runs inside CUDA graphs); CUDA's takes bfloat16 alone, so other dtypes there
+    loop over the experts, reading the row counts back to the host."""
+    if x.device.type != "cuda" or x.dtype == torch.bfloat16:
+        grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
+        return grouped(x, w.transpose(1, 2), offs=ends)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1)).tolist()
+    return torch.cat([rows @ w[e].T for e, rows in enumerate(x.split(counts))])
+
+
+class MoE(nn.Module):
+    """A mixture of expert MLPs (model.moe_experts): router -> softmax -> the top k experts of each token, their
+    outputs summed, weighted by the (renormalised) probabilities; and a gated shared expert where moe_shared_hidden
+    gives one. Experts are stacked: fc (E, 2F, C) holds each expert's [gate; up] rows, proj (E, C, F) its output
+    projection, so all experts run as two grouped GEMMs over the tokens sorted by expert (Mixtral's and Qwen-MoE's
+    routing, as transformers' MixtralSparseMoeBlock and Qwen2MoeSparseMoeBlock compute it)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        E, F_, C = cfg.moe_experts, cfg.hidden_dim, cfg.n_embd
+        self.kind, self.gelu = cfg.mlp, cfg.gelu_approximate
+        self.top_k, self.norm_topk = cfg.moe_top_k, cfg.moe_norm_topk
+        self.router = nn.Linear(C, E, bias=False)
+        self.fc = nn.Parameter(torch.empty(E, 2 * F_, C))
+        self.proj = nn.Parameter(torch.empty(E, C, F_))
+        self.shared = MLP(replace(cfg, mlp_hidden=cfg.moe_shared_hidden, moe_experts=0, moe_shared_hidden=0,
+                                  moe_aux_loss=0.0, fused_mlp=True)) if cfg.moe_shared_hidden else None
+        self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden else None
+        self.balance_loss = cfg.moe_aux_loss > 0
+        self.balance: torch.Tensor | None = None
+        """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
+
+    def reset_parameters(self, std: float, proj_std: float) -> None:
+        nn.init.normal_(self.fc, mean=0.0, std=std)
+        if proj_std:
+            nn.init.normal_(self.proj, mean=0.0, std=proj_std)
+        else:
+            nn.init.zeros_(self.proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, E, k = x.shape, self.fc.shape[0], self.top_k
+        x = x.reshape(-1, shape[-1])  # (N, C)
+        probs = F.softmax(self.router(x), dim=-1, dtype=torch.float32)  # (N, E)
+        weights, experts = probs.topk(k, dim=-1)  # (N, k) each
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        flat = experts.flatten()  # (N·k,) the expert of each (token, slot)
+        order = flat.argsort(stable=True)
+        counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat, dtype=torch.int32))
+        ends = counts.cumsum(0, dtype=torch.int32)
+        token = order // k  # (N·k,) the token of each sorted slot
+        h = expert_matmul(x[token], self.fc, ends)  # (N·k, 2F)
+        gate, up = h.chunk(2, dim=-1)
+        h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate=self.gelu)) * up
+        h = expert_matmul(h, self.proj, ends) * weights.flatten()[order, None].to(x.dtype)  # (N·k, C)
+        out = torch.zeros_like(x).index_add_(0, token, h)
+        if self.shared is not None:
+            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        if self.balance_loss and self.training:
+            share = counts.float() / flat.numel()  # f_e
+            self.balance = E * (share * probs.mean(dim=0)).sum()
+        return out.view(shape)
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -635,7 +729,7 @@ class Block(nn.Module):
         self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = None if cfg.parallel_shared_norm else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
-        self.attn, self.mlp = Attention(cfg, value_embedding, layer), MLP(cfg)
+        self.attn, self.mlp = Attention(cfg, value_embedding, layer), MoE(cfg) if cfg.moe_experts else MLP(cfg)
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -750,6 +844,9 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
+                proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
+                module.reset_parameters(std, proj_std)
             elif isinstance(module, UnitOffsetRMSNorm):
                 nn.init.zeros_(module.weight)  # scale 1 + 0
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
@@ -871,7 +968,7 @@ class GPT(nn.Module):
         if targets is not None and self.cfg.ce_chunk_tokens:
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
                                          self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)
-            return loss.view(B, T) if reduction == "none" else loss
+            return loss.view(B, T) if reduction == "none" else self._balanced(loss)
         logits = self.logits(x)
         if targets is None:
             return logits[..., :V]
@@ -880,7 +977,15 @@ class GPT(nn.Module):
             logits[..., V:] = float("-inf")
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
                                reduction=reduction)
-        return loss.view(B, T) if reduction == "none" else loss
+        return loss.view(B, T) if reduction == "none" else self._balanced(loss)
+
+    def _balanced(self, loss: torch.Tensor) -> torch.Tensor:
+        """The mean loss plus model.moe_aux_loss times the experts' load-balancing loss, averaged over the layers,
+        when training a mixture of experts with it (MoE.balance); else the loss as it is."""
+        if not (self.training and self.cfg.moe_aux_loss):
+            return loss
+        balance = torch.stack([block.mlp.balance for block in self.blocks]).mean()
+        return loss + self.cfg.moe_aux_loss * balance
 
     # -- accounting ------------------------------------------------------------------------------------
 
@@ -907,14 +1012,19 @@ class GPT(nn.Module):
         """
         cfg = self.cfg
         T = seq_len or cfg.context_len
+        # a mixture of experts computes with moe_top_k of its experts a token: the others' weights do no work
+        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (b.mlp.fc.numel() + b.mlp.proj.numel())
+                   for b in self.blocks if isinstance(b.mlp, MoE))
         if not exact:
-            n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0)
+            n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
             return 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
-        matmul = 0
+        matmul = -idle
         for block in self.blocks:
             for module in block.modules():
                 if isinstance(module, nn.Linear):
                     matmul += module.weight.numel()
+                elif isinstance(module, MoE):
+                    matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
         attended = sum(min(T, w) if w > 0 else T for w in map(cfg.layer_window, range(cfg.n_layer)))
         return 6 * matmul + 12 * cfg.n_head * cfg.head_dim * attended

@@ -74,6 +74,20 @@ FAMILIES = {
                 dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
                      pad_token_id=None, rope_parameters={"rope_type": "dynamic", "alpha": 5.0, "factor": 1.0,
                                                          "rope_theta": 500.0})),
+    # mixtures of experts: Mixtral (top 2 of 4, rescaled, a window shorter than the test sequences), Qwen2-MoE (q/k/v
+    # biases, a shared expert with its sigmoid gate, top-k weights not rescaled), Qwen3-MoE (QK-norm, head_dim 24 !=
+    # 64 / 4, top 2 of 6 rescaled), OLMoE (QK-norm over whole projections, top 2 of 4 not rescaled)
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                            num_local_experts=4, num_experts_per_tok=2,
+                                                            sliding_window=5)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=48, shared_expert_intermediate_size=80, norm_topk_prob=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_experts=6, num_experts_per_tok=2,
+                       moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False)),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                                                      num_experts_per_tok=2, norm_topk_prob=False)),
     # Gemma 3 text: three layers, windowed - full - windowed (pattern 2) with a window shorter than the test
     # sequences, the windowed layers rotating with their own base, linear RoPE scaling on the full one, head_dim
     # 24 != 64 / 4, query_pre_attn_scalar 20 != head_dim

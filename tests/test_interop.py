@@ -149,6 +149,14 @@ REDLINE_EXPORTS = {
     "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
                               embed_scale=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
                               rope_local_theta=1000.0, attn_scale=0.25, tie_embeddings=True, logit_softcap=30.0),
+    # mixtures of experts: Mixtral (rescaled top k, a window), Qwen2-MoE (a shared expert, weights not rescaled),
+    # Qwen3-MoE (QK-norm per head), OLMoE (QK-norm over whole projections)
+    "MixtralForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=48, n_kv_head=2, sliding_window=5),
+    "Qwen2MoeForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_shared_hidden=48,
+                                moe_norm_topk=False, n_kv_head=2),
+    "Qwen3MoeForCausalLM": dict(moe_experts=6, moe_top_k=3, mlp_hidden=32, qk_norm=True, n_kv_head=2),
+    "OlmoeForCausalLM": dict(moe_experts=4, moe_top_k=1, mlp_hidden=32, qk_norm=True, qk_norm_scope="all",
+                             moe_norm_topk=False),
 }
 
 
@@ -319,8 +327,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, gpt_neox, granite, "
-                         "granitemoehybrid, hunyuan_v1_dense, llama, mistral, olmo2, opt, phi, phi3, qwen2, qwen3, "
-                         "smollm3, stablelm, starcoder2")
+                         "granitemoehybrid, hunyuan_v1_dense, llama, mistral, mixtral, olmo2, olmoe, opt, phi, phi3, "
+                         "qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -46,7 +46,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 
 
-def lora_run(tmp_path, arch: str, train_modules=()):
+def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
     """(base checkpoint, adapter checkpoint) as a LoRA run of `arch` writes them, with non-zero adapters."""
     from redline.tokenizer import load_tokenizer
     from tests.interop_models import byte_level_tokenizer
@@ -59,7 +59,8 @@ def lora_run(tmp_path, arch: str, train_modules=()):
     base = tmp_path / "base"
     base.mkdir()
     ckpt_io.write_weights_checkpoint(base, ckpt_io.model_weights(model), to_dict(TrainConfig(model=cfg)), tokenizer, {})
-    lora = LoRAConfig(enabled=True, rank=4, alpha=8.0, train_modules=tuple(train_modules))
+    lora = LoRAConfig(enabled=True, rank=4, alpha=8.0, train_modules=tuple(train_modules),
+                      **({} if targets is None else {"targets": tuple(targets)}))
     LoRAConverter(4, 8.0, 0.0, lora.targets, train_modules=lora.train_modules, say=lambda m: None).convert(model)
     with torch.no_grad():
         for layer in lora_layers(model).values():

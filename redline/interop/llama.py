@@ -161,6 +161,10 @@ def model_config_for(name: str):
 def export_name(cfg: ModelConfig) -> str:
     """Which of the four a RoPE + RMSNorm + SwiGLU redline model exports as (see the module docstring), or OLMo 2 for
     one with its norms on the sublayers' outputs (families.export_family checks it first)."""
+    if cfg.moe_experts:
+        from redline.interop import moe
+
+        return moe.export_name(cfg)
     if cfg.norm_position == "output":
         return "olmo2"
     if cfg.norm_position == "sandwich":
@@ -292,10 +296,16 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         if cfg.qk_norm:
             out[r + "attn.q_norm.weight"] = src.take(attn + "q_norm.weight")
             out[r + "attn.k_norm.weight"] = src.take(attn + "k_norm.weight")
+        if cfg.bias:
+            out[r + "attn.proj.bias"] = src.take(attn + "o_proj.bias")
+        if cfg.moe_experts:  # a mixture of experts (moe.py)
+            from redline.interop.moe import experts_to_redline
+
+            out.update(experts_to_redline(src, p, r, cfg))
+            continue
         out[r + "mlp.fc.weight"] = torch.cat([src.take(mlp + "gate_proj.weight"), src.take(mlp + "up_proj.weight")])
         out[r + "mlp.proj.weight"] = src.take(mlp + "down_proj.weight")
         if cfg.bias:
-            out[r + "attn.proj.bias"] = src.take(attn + "o_proj.bias")
             out[r + "mlp.fc.bias"] = torch.cat([src.take(mlp + "gate_proj.bias"), src.take(mlp + "up_proj.bias")])
             out[r + "mlp.proj.bias"] = src.take(mlp + "down_proj.bias")
     if cfg.tie_embeddings and "lm_head.weight" in src:
@@ -348,6 +358,11 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         if cfg.qk_norm:
             out[attn + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
             out[attn + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
+        if cfg.moe_experts:  # a mixture of experts (moe.py)
+            from redline.interop.moe import experts_to_hf
+
+            out.update(experts_to_hf(state, p, r, cfg, name))
+            continue
         gate, up = _mlp_parts(state, r, cfg, "weight")
         out[mlp + "gate_proj.weight"], out[mlp + "up_proj.weight"] = gate, up
         out[mlp + "down_proj.weight"] = state[r + "mlp.proj.weight"]

@@ -75,6 +75,17 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if rest == "mlp.router":
+        raise UserError(f"the adapter on {layer} adapts a mixture of experts' router, which is no Linear layer in "
+                        f"transformers' {family.architecture} (PEFT cannot load it); train with lora.targets attn.* "
+                        f"(and mlp.shared.* where there is a shared expert) or export with --merge")
+    if rest.startswith("mlp.shared"):  # Qwen2-MoE's shared expert: a SwiGLU MLP with its gate and up fused
+        shared = {"mlp.shared.proj": "mlp.shared_expert.down_proj", "mlp.shared_gate": "mlp.shared_expert_gate"}
+        if rest == "mlp.shared.fc":
+            half = out_features // 2
+            return [(base + "mlp.shared_expert.gate_proj", slice(0, half)),
+                    (base + "mlp.shared_expert.up_proj", slice(half, out_features))]
+        return [(base + shared[rest], slice(0, out_features))]
     if rest == "mlp.fc":
         if cfg.fused_mlp:  # (gate; up) stacked, as llama.py's export splits the weight
             half = out_features // 2

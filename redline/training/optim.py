@@ -19,7 +19,8 @@ from redline.errors import UserError
 
 
 def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(hidden 2-D weights of the blocks, embeddings and head, 1-D gains and biases); each parameter once."""
+    """(hidden weights of the blocks: matrices and stacked (E, rows, cols) experts; embeddings and head; 1-D gains and
+    biases); each parameter once."""
     hidden, embed_head, gains, seen = [], [], [], set()
     blocks = getattr(model, "blocks", None)
     block_params = {id(p) for p in blocks.parameters()} if blocks is not None else set()
@@ -84,12 +85,17 @@ def _build(model: nn.Module, cfg: OptimConfig, device: torch.device) -> list[tor
     if cfg.muon_symmetric and not symmetric.available(device):
         raise UserError(f"optim.muon_symmetric=True needs a CUDA GPU and the triton package (training on "
                         f"{device.type}{'' if symmetric.triton else ', no triton'}); drop it or set it to False")
+    # Muon orthogonalises matrices: a mixture of experts' stacked (E, rows, cols) expert weights train with AdamW
+    stacked = [p for p in hidden if p.dim() > 2]
+    hidden = [p for p in hidden if p.dim() == 2]
     muon = Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
                 momentum_start=cfg.muon_momentum_start, momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
                 ns_steps=cfg.muon_ns_steps,
                 compile=cfg.muon_compile if cfg.muon_compile is not None else device.type == "cuda",
                 symmetric=cfg.muon_symmetric, cuda_graphs=cfg.muon_cuda_graphs)
-    adam = torch.optim.AdamW(embed_head_groups(model, embed_head, cfg) + [gain_group(gains, cfg)], **adam_kwargs)
+    groups = [{"params": stacked, "weight_decay": cfg.weight_decay}] if stacked else []
+    adam = torch.optim.AdamW(groups + embed_head_groups(model, embed_head, cfg) + [gain_group(gains, cfg)],
+                             **adam_kwargs)
     return [muon, adam]
 
 

@@ -40,6 +40,9 @@ FIELDS_ACCOUNTED = {
     "head_bias": "the head's bias is added in its product's epilogue",
     "gelu_approximate": "tanh only: the product kernels' GELU is the tanh approximation",
     "rope_dims": "refused: the attention kernel rotates whole heads of the raw qkv output",
+    "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
+    "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
+    "moe_shared_hidden": "refused with moe_experts", "moe_aux_loss": "training only",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
@@ -83,6 +86,8 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton needs a fused qkv projection (model.fused_qkv)"
     if cfg.mlp == "swiglu" and not cfg.fused_mlp:
         return "decode_linear triton needs SwiGLU's gate and up in one matrix (model.fused_mlp)"
+    if getattr(cfg, "moe_experts", 0):
+        return "decode_linear triton runs one dense MLP a block, not a mixture of experts (model.moe_experts)"
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):

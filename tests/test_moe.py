@@ -1,0 +1,193 @@
+"""Mixtures of experts (model.moe_experts): the layer against a token-by-token reference, the load-balancing loss,
+training with AdamW and Muon, the import of stacked expert files, PEFT adapters, and the one-line refusals. Parity
+with transformers' Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE is in tests/test_interop.py (the FAMILIES and
+REDLINE_EXPORTS tables)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from redline.config import OptimConfig
+from redline.errors import UserError
+from redline.model import GPT, ModelConfig, MoE
+from redline.training.optim import build_optimizers
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+CFG = ModelConfig(vocab_size=96, context_len=32, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, mlp_hidden=24,
+                  moe_experts=5, moe_top_k=2)
+
+
+def reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """The mixture computed one token at a time, each chosen expert as a plain SwiGLU MLP."""
+    out = []
+    for row in x.reshape(-1, x.shape[-1]):
+        probs = F.softmax(moe.router(row).double(), dim=-1)
+        weights, experts = probs.topk(moe.top_k)
+        if moe.norm_topk:
+            weights = weights / weights.sum()
+        y = torch.zeros_like(row)
+        for w, e in zip(weights, experts.tolist()):
+            gate, up = (moe.fc[e] @ row).chunk(2)
+            y = y + w.float() * (moe.proj[e] @ (F.silu(gate) * up))
+        if moe.shared is not None:
+            y = y + torch.sigmoid(moe.shared_gate(row)) * moe.shared(row)
+        out.append(y)
+    return torch.stack(out).view(x.shape)
+
+
+@pytest.mark.parametrize("extra", [{}, {"moe_norm_topk": False, "moe_shared_hidden": 16, "moe_top_k": 3}])
+def test_layer_equals_a_token_by_token_reference(extra):
+    torch.manual_seed(0)
+    moe = MoE(replace(CFG, **extra))
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(3, 7, CFG.n_embd)
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x), reference(moe, x), rtol=1e-5, atol=1e-5)
+
+
+def test_balance_loss_is_added_in_training_only():
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, moe_aux_loss=0.5))
+    inputs = {}
+    for i, block in enumerate(model.blocks):
+        block.mlp.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
+    idx = torch.randint(0, 96, (2, 12))
+    model.train()
+    loss = model(idx, idx)
+    model.eval()
+    plain = model(idx, idx)
+    expected = []  # Switch Transformer's E · Σ_e f_e · P_e of each layer
+    for i, block in enumerate(model.blocks):
+        x = inputs[i].reshape(-1, CFG.n_embd)
+        probs = F.softmax(block.mlp.router(x), dim=-1)
+        chosen = F.one_hot(probs.topk(CFG.moe_top_k).indices, CFG.moe_experts).sum(1).float()  # (N, E)
+        expected.append(CFG.moe_experts * (chosen.mean(0) / CFG.moe_top_k * probs.mean(0)).sum())
+    torch.testing.assert_close(loss - plain, 0.5 * torch.stack(expected).mean(), rtol=1e-4, atol=1e-6)
+    assert loss - plain > 0.1  # the term is there (at least the coefficient times ~1)
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_training_moves_experts_and_router(name):
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, moe_aux_loss=0.01))
+    optimizers = build_optimizers(model, OptimConfig(name=name, lr=1e-2, muon_lr=0.02), torch.device("cpu"))
+    if name == "muon":  # Muon orthogonalises matrices: the stacked experts go to AdamW
+        assert all(p.dim() == 2 for g in optimizers[0].param_groups for p in g["params"])
+        assert any(p is model.blocks[0].mlp.fc for g in optimizers[1].param_groups for p in g["params"])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = torch.randint(0, 96, (4, 16))
+    for _ in range(3):
+        loss = model(idx, idx)
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad()
+    for n in ("blocks.0.mlp.fc", "blocks.1.mlp.proj", "blocks.0.mlp.router.weight"):
+        assert not torch.equal(before[n], dict(model.named_parameters())[n]), n
+
+
+def test_flops_count_the_chosen_experts_only():
+    dense = GPT(replace(CFG, moe_experts=0, mlp_hidden=2 * 24))  # two experts' worth of MLP, always on
+    sparse = GPT(CFG)  # five experts, two a token
+    router = CFG.n_layer * CFG.moe_experts * CFG.n_embd
+    assert sparse.flops_per_token(16, exact=True) == dense.flops_per_token(16, exact=True) + 6 * router
+    assert sparse.flops_per_token(16) == dense.flops_per_token(16) + 6 * router
+
+
+def test_stacked_expert_files_import_as_per_expert_ones():
+    """transformers' in-memory layout (experts.gate_up_proj (E, 2F, C), experts.down_proj (E, C, F)), as a state dict
+    saved from the model itself holds it, reads as the Hub's one tensor per expert does."""
+    transformers = pytest.importorskip("transformers")
+    from redline.interop.families import TensorSource, family_for
+    from tests.interop_models import hf_model
+
+    hf = hf_model("qwen3_moe")
+    state = hf.state_dict()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    family = family_for(hf.config.to_dict(), "test")
+    cfg = family.model_config(hf.config.to_dict())
+    ours = family.to_redline(TensorSource(state, state.__getitem__, "test"), cfg)
+    model = GPT(cfg).eval()
+    model.load_state_dict(ours, strict=False)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+    assert transformers
+
+
+@pytest.mark.parametrize("name, hf, fragment", [
+    ("qwen3_moe", {"mlp_only_layers": [1]}, "dense MLP layers among the expert layers"),
+    ("qwen2_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+    ("olmoe", {"clip_qkv": 8.0}, "clip_qkv=8.0"),
+    ("qwen3_moe", {"num_experts": None, "num_local_experts": None}, "no num_experts"),
+    ("qwen3_moe", {"attention_bias": True}, "attention_bias=true"),
+])
+def test_import_refusals_name_the_option(name, hf, fragment):
+    from redline.interop.moe import model_config_for
+
+    base = {"model_type": name, "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 4,
+            "num_experts_per_tok": 2}
+    with pytest.raises(UserError, match=fragment):
+        model_config_for(name)({**base, **hf})
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (dict(norm_position="output"), "norm_position=output"),
+    (dict(qk_norm=True, moe_shared_hidden=16), "moe_shared_hidden with QK-norm"),
+    (dict(moe_shared_hidden=16, sliding_window=4), "model.sliding_window with a shared expert"),
+    (dict(mlp="geglu"), "model.mlp=geglu"),
+])
+def test_export_refusals_name_the_option(extra, fragment):
+    from redline.interop.families import export_family
+
+    with pytest.raises(UserError, match=fragment):
+        export_family(replace(CFG, **extra))
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (dict(mlp="gelu"), "needs a gated MLP"), (dict(moe_top_k=6), "moe_top_k <= moe_experts"),
+    (dict(bias=True), "experts have no biases"), (dict(moe_experts=0, moe_shared_hidden=8), "need experts"),
+])
+def test_config_refusals(extra, fragment):
+    with pytest.raises(UserError, match=fragment):
+        replace(CFG, **extra).validate()
+
+
+def test_peft_loads_an_adapter_on_attention_and_the_shared_expert(tmp_path, capsys):
+    """Qwen2-MoE's shared expert (gate_proj, up_proj split from redline's fused fc; its sigmoid gate) and attention
+    adapted; the router, no Linear layer in transformers' model, refused by name."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from tests import test_lora_export as lora_export
+
+    arch = "Qwen2MoeForCausalLM"
+    lora_export.ARCHS[arch] = dict(moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_shared_hidden=48,
+                                   moe_norm_topk=False, n_kv_head=2)
+    try:
+        base, ckpt = lora_export.lora_run(tmp_path, arch, targets=("attn.*", "mlp.shared*"))
+        _, router_ckpt = lora_export.lora_run(tmp_path / "router", arch)  # the default targets: mlp.* has the router
+    finally:
+        del lora_export.ARCHS[arch]
+    assert lora_export.export(str(base), "--out", str(tmp_path / "base-hf")) == 0
+    assert lora_export.export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
+    modules = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["target_modules"]
+    leaves = {m.rsplit(".", 2)[-2] + "." + m.rsplit(".", 1)[-1] for m in modules}
+    assert {"mlp.shared_expert_gate", "shared_expert.gate_proj", "shared_expert.up_proj", "self_attn.q_proj"} <= leaves
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
+    tuned = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    from redline.training import checkpoint as ckpt_io
+
+    merged, _, _ = ckpt_io.load_for_inference(ckpt)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(lora_export.TOKENS).logits, merged(lora_export.TOKENS), rtol=1e-4,
+                                   atol=1e-4)
+    capsys.readouterr()
+    assert lora_export.export(str(router_ckpt), "--adapter", str(tmp_path / "bad")) != 0
+    err = capsys.readouterr().err
+    assert "router" in err and "--merge" in err and not (tmp_path / "bad").exists()
