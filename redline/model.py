@@ -652,14 +652,37 @@ class MLP(nn.Module):
 
 def expert_matmul(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """Each expert's rows times its weight: x (N, K) sorted by expert, w (E, M, K), ends (E,) int32, the end row of
-    each expert's rows -> (N, M), rows ends[e-1]:ends[e] times w[e]ᵀ. One grouped GEMM (torch's grouped_mm: no host
-    synchronisation, so it compiles and runs inside CUDA graphs); CUDA's takes bfloat16 alone, so other dtypes there
-    loop over the experts, reading the row counts back to the host."""
-    if x.device.type != "cuda" or x.dtype == torch.bfloat16:
+    each expert's rows -> (N, M), rows ends[e-1]:ends[e] times w[e]ᵀ.
+
+    One grouped GEMM (torch's grouped_mm), with no host synchronisation, so it compiles and runs inside CUDA graphs,
+    where it can: in bfloat16 (under autocast both operands are cast to its dtype, as autocast casts a matmul's), and
+    on the CPU outside torch.compile in any dtype. Elsewhere (fp32 or fp16 on CUDA, fp32 compiled): eagerly, one
+    product per expert with the row counts read back to the host; compiled or captured, where nothing may read
+    them, every expert's product over all rows, each row keeping its own expert's (E times the work, exact)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        x, w = x.to(dtype), w.to(dtype)
+    compiled = torch.compiler.is_compiling() or (device == "cuda" and torch.cuda.is_current_stream_capturing())
+    if x.dtype == torch.bfloat16 or (device == "cpu" and not compiled):
         grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
         return grouped(x, w.transpose(1, 2), offs=ends)
+    return experts_masked(x, w, ends) if compiled else experts_looped(x, w, ends)
+
+
+def experts_looped(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """expert_matmul as one product per expert, the row counts read back to the host."""
     counts = torch.diff(ends, prepend=ends.new_zeros(1)).tolist()
     return torch.cat([rows @ w[e].T for e, rows in enumerate(x.split(counts))])
+
+
+def experts_masked(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """expert_matmul as every expert's product over all rows, each row keeping its own expert's: no host reads."""
+    expert = torch.searchsorted(ends, torch.arange(x.shape[0], device=x.device), right=True)  # (N,) each row's
+    out = x.new_zeros(x.shape[0], w.shape[1])
+    for e in range(w.shape[0]):
+        out = torch.where((expert == e)[:, None], x @ w[e].T, out)
+    return out
 
 
 class MoE(nn.Module):

@@ -24,6 +24,8 @@ Models:
   phi35mini Phi-3.5-mini's (32 layers, width 3072, 32 heads, SwiGLU 8192, vocab 32064, untied, LongRoPE).
   phi4mini  Phi-4-mini's (32 layers, width 3072, 24 heads, 8 kv heads, RoPE on three quarters of each head,
             LongRoPE, SwiGLU 8192, vocab 200064, tied).
+  moe1b     Granite-3.0-1B-A400M's shape as a Mixtral (24 layers, width 1024, 16 heads, 8 kv heads, 32 SwiGLU
+            experts of 512, 8 a token, vocab 49155, tied; 1.3B parameters, 0.4B active).
 
     python scripts/gpu/import_bench.py --gguf /tmp/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python scripts/gpu/import_bench.py --models qwen3 --batches 1 --out $OUT
@@ -76,6 +78,12 @@ PHI4_MINI = dict(vocab_size=200064, hidden_size=3072, intermediate_size=8192, nu
                  original_max_position_embeddings=4096, rms_norm_eps=1e-5,
                  rope_parameters={**_LONGROPE, "partial_rotary_factor": 0.75}, tie_word_embeddings=True,
                  bos_token_id=None, eos_token_id=199999, pad_token_id=None)
+# Granite-3.0-1B-A400M's shape as a Mixtral (its multipliers left out): 32 experts of 512, 8 a token, 1.3B
+# parameters of which about 0.4B compute a token
+MOE_1B = dict(vocab_size=49155, hidden_size=1024, intermediate_size=512, num_hidden_layers=24, num_attention_heads=16,
+              num_key_value_heads=8, num_local_experts=32, num_experts_per_tok=8, max_position_embeddings=4096,
+              rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=None, tie_word_embeddings=True,
+              bos_token_id=None, eos_token_id=0)
 # name: (transformers config class, model class, shape)
 RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
@@ -83,7 +91,8 @@ RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "pythia410m": ("GPTNeoXConfig", "GPTNeoXForCausalLM", PYTHIA_410M),
                  "stablelm2": ("StableLmConfig", "StableLmForCausalLM", STABLELM2_1_6B),
                  "phi35mini": ("Phi3Config", "Phi3ForCausalLM", PHI35_MINI),
-                 "phi4mini": ("Phi3Config", "Phi3ForCausalLM", PHI4_MINI)}
+                 "phi4mini": ("Phi3Config", "Phi3ForCausalLM", PHI4_MINI),
+                 "moe1b": ("MixtralConfig", "MixtralForCausalLM", MOE_1B)}
 
 
 def redline(*args: str) -> str:
