@@ -88,6 +88,11 @@ FAMILIES = {
                        moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=4,
                                                       num_experts_per_tok=2, norm_topk_prob=False)),
+    # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                        intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.4, logits_scaling=2.5,
+                        attention_multiplier=0.2, tie_word_embeddings=False)),
     # Gemma 3 text: three layers, windowed - full - windowed (pattern 2) with a window shorter than the test
     # sequences, the windowed layers rotating with their own base, linear RoPE scaling on the full one, head_dim
     # 24 != 64 / 4, query_pre_attn_scalar 20 != head_dim

@@ -7,7 +7,7 @@
 The architecture follows the model: GPT-2 for learned positions (the gpt2 presets), Qwen3 with QK-norm (the modern
 presets), Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise, and the architecture
 whose options an imported model has (OLMo 2, EXAONE 4.0, the Gemmas, Phi, Phi-3, GPT-NeoX, StableLM, StarCoder2,
-OPT, SmolLM3, Granite, Hunyuan; a mixture of experts as Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE:
+OPT, SmolLM3, Granite, Hunyuan; a mixture of experts as Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE or GraniteMoE:
 docs/import_export.md). A redline option none of them has (post-norm, ReLU² with
 RoPE, learned positions with RMSNorm, ...) is an error that names it.
 The folder holds config.json, model.safetensors, generation_config.json (the stop, BOS and padding ids, with the

@@ -177,10 +177,10 @@ def _families() -> dict[str, Family]:
     from redline.interop import (ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, llama, moe,
                                  olmo2, opt, phi, phi3, stablelm, starcoder2)
 
-    return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY, gpt2.FAMILY,
-                                gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY, ernie.FAMILY,
-                                granite.FAMILY, granite.HYBRID_FAMILY, gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY,
-                                starcoder2.FAMILY)}
+    return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY,
+                                gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY,
+                                ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY, gemma.FAMILY,
+                                gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -207,7 +207,7 @@ def export_family(cfg: ModelConfig) -> Family:
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE or OLMoE (moe.export_name). A UserError names the redline option that
+    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name). A UserError names the redline option that
     no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":

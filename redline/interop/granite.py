@@ -94,8 +94,8 @@ def hybrid_model_config(hf: dict) -> ModelConfig:
         raise UserError(f"layer_types {sorted(kinds)}: redline runs Granite 4.0's attention-only models; the Mamba-2 "
                         f"layers of its hybrid (-h) models are not supported")
     if hf.get("num_local_experts"):
-        raise UserError(f"num_local_experts={hf['num_local_experts']}: redline runs dense models; Granite's "
-                        f"mixture-of-experts layers are not supported")
+        raise UserError(f"num_local_experts={hf['num_local_experts']}: Granite 4.0's experts beside its shared MLP "
+                        f"are not supported (redline runs its dense models, and GraniteMoE's experts: granitemoe)")
     if hf.get("attention_bias"):
         raise UserError("attention_bias=true: Granite 4.0's MLP has no biases, and redline's biases cover both")
     rope = hf.get("position_embedding_type")
@@ -148,3 +148,47 @@ def hybrid_hf_config(cfg: ModelConfig) -> dict:
 HYBRID_FAMILY = Family(name="granitemoehybrid", architecture="GraniteMoeHybridForCausalLM",
                        model_config=hybrid_model_config, hf_config=hybrid_hf_config, to_redline=hybrid_to_redline,
                        to_hf=hybrid_to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# GraniteMoE (GraniteMoeForCausalLM, model_type "granitemoe": granite-3.0-1b-a400m, granite-3.0-3b-a800m and their
+# instruct models): Granite's block and scalars with its MLP a mixture of experts (moe.py): a router (router.layer,
+# (E, C)) sending each token to num_experts_per_tok of num_local_experts SwiGLU experts, stacked as redline's
+# (input_linear (E, 2F, C), rows [gate; up]; output_linear (E, C, F)), weighted by the softmax of the chosen
+# experts' logits, the same as the top k of the softmax rescaled to sum to 1 (moe_norm_topk). Semantics read from
+# transformers' models/granitemoe/modeling_granitemoe.py.
+
+
+def moe_model_config(hf: dict) -> ModelConfig:
+    from redline.interop.moe import expert_fields
+
+    if hf.get("attention_bias"):
+        raise UserError("attention_bias=true: GraniteMoE's experts have no biases, and redline's biases cover the "
+                        "attention and the MLP together")
+    return replace(model_config({**hf, "mlp_bias": False}), **expert_fields(hf, "intermediate_size"),
+                   moe_norm_topk=True)
+
+
+def check_moe_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option of a mixture of experts with Granite's scalars that GraniteMoE lacks."""
+    from redline.interop.moe import check_exportable as check_experts
+
+    check_exportable(cfg)
+    check_experts(cfg, granite=True)
+    raise_first([
+        (cfg.moe_shared_hidden, "model.moe_shared_hidden with Granite's scalars: GraniteMoE has no shared expert"),
+        (not cfg.moe_norm_topk, "model.moe_norm_topk=false with Granite's scalars: GraniteMoE weights each token's "
+                                "experts by the softmax over the chosen ones"),
+    ])
+
+
+def moe_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config(cfg)
+    out.pop("mlp_bias", None)
+    return {**out, "model_type": "granitemoe", "attention_bias": False, "num_local_experts": cfg.moe_experts,
+            "num_experts_per_tok": cfg.moe_top_k, "output_router_logits": bool(cfg.moe_aux_loss),
+            "router_aux_loss_coef": cfg.moe_aux_loss or 0.001}
+
+
+MOE_FAMILY = Family(name="granitemoe", architecture="GraniteMoeForCausalLM", model_config=moe_model_config,
+                    hf_config=moe_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)

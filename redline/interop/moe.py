@@ -1,4 +1,5 @@
-"""Mixtures of experts on the Llama layout: Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE.
+"""Mixtures of experts on the Llama layout: Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (and GraniteMoE's experts, whose
+family is in granite.py).
 
 Each is its dense sibling's block (Mistral's, Qwen2's, Qwen3's, and Llama's with OLMo 2's QK-norm over whole
 projections) with the MLP replaced by a router and E SwiGLU experts, every token sent to the top k (redline's
@@ -31,6 +32,7 @@ from redline.model import ModelConfig
 # (router, an expert's gate, up and down) after model.layers.N., by the family's naming
 _MIXTRAL = ("block_sparse_moe.", "w1", "w3", "w2")
 _QWEN = ("mlp.", "gate_proj", "up_proj", "down_proj")
+_GRANITE = "block_sparse_moe."  # GraniteMoE: router.layer (E, C), input_linear (E, 2F, C), output_linear (E, C, F)
 NAMES = {"mixtral": _MIXTRAL, "qwen2_moe": _QWEN, "qwen3_moe": _QWEN, "olmoe": _QWEN}
 _ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                   "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
@@ -43,7 +45,7 @@ def _sparse_everywhere(hf: dict) -> None:
                         f"redline's mixtures of experts route every layer")
 
 
-def _experts(hf: dict, hidden: str) -> dict:
+def expert_fields(hf: dict, hidden: str) -> dict:
     """ModelConfig's expert fields: count (Mixtral's num_local_experts, the others' num_experts, which transformers 5
     saves under Mixtral's name), top k, each expert's width; the load-balancing loss where the config trains with it
     (output_router_logits, as transformers adds router_aux_loss_coef times it only then)."""
@@ -66,7 +68,7 @@ def model_config_for(name: str):
                                 f"experts, redline takes Mixtral's window)")
         if name == "olmoe" and hf.get("clip_qkv") is not None:
             raise UserError(f"clip_qkv={hf['clip_qkv']}: OLMoE's clamping of q, k and v is not supported")
-        experts = _experts(hf, "moe_intermediate_size" if name in ("qwen2_moe", "qwen3_moe") else "intermediate_size")
+        experts = expert_fields(hf, "moe_intermediate_size" if name in ("qwen2_moe", "qwen3_moe") else "intermediate_size")
         norm_topk = name == "mixtral" or bool(hf.get("norm_topk_prob", False))
         qkv_bias = bool(hf.get("qkv_bias", True)) if name == "qwen2_moe" else bool(hf.get("attention_bias", False))
         if qkv_bias and name in ("qwen3_moe", "olmoe"):  # attention_bias: o_proj too, where redline has q/k/v alone
@@ -86,8 +88,14 @@ def model_config_for(name: str):
 
 
 def export_name(cfg: ModelConfig) -> str:
-    """Which of the four a mixture of experts exports as: OLMoE with QK-norm over whole projections, Qwen3-MoE with
-    it per head, Qwen2-MoE with a shared expert, biases on q/k/v or unrescaled top-k weights, Mixtral otherwise."""
+    """Which family a mixture of experts exports as: GraniteMoE with Granite's scalars (granite.py), OLMoE with QK-norm
+    over whole projections, Qwen3-MoE with it per head, Qwen2-MoE with a shared expert, biases on q/k/v or
+    unrescaled top-k weights, Mixtral otherwise."""
+    from redline.interop import granite
+
+    if granite.wants_granite(cfg):
+        granite.check_moe_exportable(cfg)
+        return "granitemoe"
     check_exportable(cfg)
     if cfg.qk_norm:
         return "olmoe" if cfg.qk_norm_scope == "all" else "qwen3_moe"
@@ -100,8 +108,10 @@ def export_name(cfg: ModelConfig) -> str:
     return "mixtral"
 
 
-def check_exportable(cfg: ModelConfig) -> None:
-    """A UserError naming the option of a mixture of experts that none of Mixtral, Qwen2/3-MoE, OLMoE has."""
+def check_exportable(cfg: ModelConfig, granite: bool = False) -> None:
+    """A UserError naming the option of a mixture of experts that none of Mixtral, Qwen2/3-MoE, OLMoE has (granite:
+    GraniteMoE's scalars allowed, its other options checked by granite.check_moe_exportable)."""
+    scales = cfg.attn_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor
     problems = [
         (cfg.norm_position != "pre", f"model.norm_position={cfg.norm_position} with model.moe_experts: Mixtral, "
                                      f"Qwen2/3-MoE and OLMoE have pre-norm blocks"),
@@ -118,9 +128,9 @@ def check_exportable(cfg: ModelConfig) -> None:
                                                 "redline exports to, only Qwen2-MoE has a shared expert"),
         (cfg.qk_norm and cfg.sliding_window, "model.sliding_window with QK-norm and model.moe_experts: Qwen3-MoE and "
                                              "OLMoE attend to the whole context"),
-        (cfg.sliding_window_pattern or cfg.attn_scale or cfg.rope_local_theta or cfg.embed_multiplier
-         or cfg.residual_multiplier or cfg.logit_divisor or cfg.embed_scale,
-         "Gemma's or Granite's scales and window layouts with model.moe_experts"),
+        (cfg.sliding_window_pattern or cfg.rope_local_theta or cfg.embed_scale or (scales and not granite),
+         "Gemma's or Granite's scales and window layouts with model.moe_experts (of the mixtures of experts redline "
+         "exports to, GraniteMoE has Granite's scalars)"),
         (cfg.logit_softcap or cfg.attn_softcap or cfg.head_bias or cfg.value_embeddings or cfg.qk_norm_after_rope,
          "soft caps, a head bias, value embeddings or QK-norm after RoPE with model.moe_experts: Mixtral, Qwen2/3-MoE "
          "and OLMoE have none of them"),
@@ -157,6 +167,10 @@ def hf_config_for_moe(name: str):
 
 def experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> dict:
     """Block p's router and experts (HF names after model.layers.N.) -> redline's (r: "blocks.N.")."""
+    if f"{p}{_GRANITE}router.layer.weight" in src:  # GraniteMoE: stacked as redline's, rows [gate; up]
+        return {f"{r}mlp.router.weight": src.take(f"{p}{_GRANITE}router.layer.weight"),
+                f"{r}mlp.fc": src.take(f"{p}{_GRANITE}input_linear.weight"),
+                f"{r}mlp.proj": src.take(f"{p}{_GRANITE}output_linear.weight")}
     names = _MIXTRAL if f"{p}block_sparse_moe.gate.weight" in src else _QWEN
     moe, gate, up, down = names
     out = {f"{r}mlp.router.weight": src.take(f"{p}{moe}gate.weight")}
@@ -178,7 +192,12 @@ def experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> d
 
 
 def experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig, name: str) -> dict:
-    """redline's router and experts of block r -> the HF names of family `name` (one tensor per expert)."""
+    """redline's router and experts of block r -> the HF names of family `name` (one tensor per expert; GraniteMoE's
+    stacked)."""
+    if name == "granitemoe":
+        return {f"{p}{_GRANITE}router.layer.weight": state[f"{r}mlp.router.weight"],
+                f"{p}{_GRANITE}input_linear.weight": state[f"{r}mlp.fc"],
+                f"{p}{_GRANITE}output_linear.weight": state[f"{r}mlp.proj"]}
     moe, gate, up, down = NAMES[name]
     out = {f"{p}{moe}gate.weight": state[f"{r}mlp.router.weight"]}
     for j, (fc, proj) in enumerate(zip(state[f"{r}mlp.fc"], state[f"{r}mlp.proj"])):
