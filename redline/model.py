@@ -141,6 +141,12 @@ class ModelConfig:
     mlp_hidden: int | None = None
     """MLP hidden size. None: 4·n_embd for gelu/relu2 and 8/3·n_embd for swiglu/geglu, rounded up to a multiple of
     64."""
+    conv_layers: tuple[int, ...] = ()
+    """Layers whose token mixer is a gated short convolution instead of attention (LFM2's "conv" layers: in_proj to
+    3·C split as (b, c, h), a causal depthwise convolution of b·h over conv_kernel tokens, c times that, out_proj);
+    () = attention on every layer."""
+    conv_kernel: int = 3
+    """conv_layers: the convolution's width in tokens (LFM2's conv_L_cache)."""
     moe_experts: int = 0
     """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
     each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
@@ -357,6 +363,11 @@ class ModelConfig:
                             "with model.dropout")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
             raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden}")
+        if self.conv_layers and (sorted(set(self.conv_layers)) != list(self.conv_layers)
+                                 or not 0 <= self.conv_layers[0] <= self.conv_layers[-1] < self.n_layer
+                                 or self.conv_kernel < 1 or self.value_embeddings):
+            raise UserError(f"model.conv_layers={self.conv_layers} must name distinct layers in increasing order, each "
+                            f"in [0, n_layer={self.n_layer}), with model.conv_kernel >= 1 and no value embeddings")
         if self.moe_experts < 0 or (self.moe_experts and not (
                 self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
             raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu or geglu) and "
@@ -624,6 +635,53 @@ class Attention(nn.Module):
         return self.proj(y)
 
 
+class ShortConv(nn.Module):
+    """The token mixer of model.conv_layers (LFM2's Lfm2ShortConv): in_proj (C -> 3·C) split as (b, c, h), a causal
+    depthwise convolution of b·h over the last `kernel` tokens (weight (C, kernel), oldest token first), c times it,
+    proj (C -> C). It stands where a layer's attention would (Block.attn), and reads its cache layer's `convolve`
+    in inference (redline/inference/cache.py keeps each token's b·h in its slot)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C = cfg.n_embd
+        self.kernel, self.window = cfg.conv_kernel, cfg.layer_window(layer)  # window: the mask key callers read
+        self.in_proj = nn.Linear(C, 3 * C, bias=cfg.bias)
+        self.weight = nn.Parameter(torch.empty(C, cfg.conv_kernel))
+        self.bias = nn.Parameter(torch.zeros(C)) if cfg.bias else None
+        self.proj = nn.Linear(C, C, bias=cfg.bias)
+        self.proj.is_residual_out = True
+
+    def gated_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (..., C) -> (b·h, c), each (..., C)."""
+        b, c, h = self.in_proj(x).chunk(3, dim=-1)
+        return b * h, c
+
+    def convolve(self, u: torch.Tensor, before: torch.Tensor | None = None,
+                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The causal convolution of u (B, T, C) -> (B, T, C): token t sums weight[:, j] · u[t - (kernel - 1) + j],
+        the tokens before the first taken from `before` (B, kernel - 1, C), else zeros; with doc_ids (B, T) a token
+        reads none of another document's."""
+        K, T = self.kernel, u.shape[1]
+        full = torch.cat([before if before is not None else u.new_zeros(u.shape[0], K - 1, u.shape[2]), u], dim=1)
+        y = u * self.weight[:, K - 1]
+        for j in range(K - 1):  # the token `shift` back
+            shift = K - 1 - j
+            term = full[:, j:j + T]
+            if doc_ids is not None:
+                same = doc_ids == F.pad(doc_ids, (shift, 0), value=-1)[:, :T]
+                term = term * same[..., None]
+            y = y + term * self.weight[:, j]
+        return y + self.bias if self.bias is not None else y
+
+    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); attn_mask: the batch's doc_ids (B, T) of packed documents, or None (GPT.forward
+        hands a conv layer those instead of an attention mask); rope and ve unused."""
+        if cache is not None:
+            return cache.convolve(self, x)
+        u, c = self.gated_input(x)
+        return self.proj(c * self.convolve(u, doc_ids=attn_mask))
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -752,7 +810,10 @@ class Block(nn.Module):
         self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = None if cfg.parallel_shared_norm else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
-        self.attn, self.mlp = Attention(cfg, value_embedding, layer), MoE(cfg) if cfg.moe_experts else MLP(cfg)
+        # the token mixer: attention, or a short convolution on model.conv_layers (LFM2's)
+        self.conv = layer in cfg.conv_layers
+        self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
+        self.mlp = MoE(cfg) if cfg.moe_experts else MLP(cfg)
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -867,6 +928,10 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, ShortConv):  # its depthwise weights are a bare parameter
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)
@@ -878,7 +943,7 @@ class GPT(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
         for block in self.blocks:  # value-embedding mixing weights are bare parameters, not modules
-            if block.attn.ve_mix is not None:
+            if not block.conv and block.attn.ve_mix is not None:
                 block.attn.ve_mix.fill_(0.5)
         if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
             for name, table in zip(self._rope_names(), self._rope_tables()):
@@ -985,7 +1050,8 @@ class GPT(nn.Module):
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)
-            x = block(x, rope, masks[block.attn.window], ve=None if table is None else values[table])
+            mask = doc_ids if block.conv else masks[block.attn.window]  # a convolution keeps documents apart
+            x = block(x, rope, mask, ve=None if table is None else values[table])
         x = self.norm_f(x)
         V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:
@@ -1040,7 +1106,7 @@ class GPT(nn.Module):
                    for b in self.blocks if isinstance(b.mlp, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
-            return 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
+            return 6 * n + 12 * (cfg.n_layer - len(cfg.conv_layers)) * cfg.n_head * cfg.head_dim * T
         matmul = -idle
         for block in self.blocks:
             for module in block.modules():
@@ -1049,7 +1115,8 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
-        attended = sum(min(T, w) if w > 0 else T for w in map(cfg.layer_window, range(cfg.n_layer)))
+        attended = sum(min(T, w) if w > 0 else T for i, w in enumerate(map(cfg.layer_window, range(cfg.n_layer)))
+                       if i not in cfg.conv_layers)
         return 6 * matmul + 12 * cfg.n_head * cfg.head_dim * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------

@@ -88,6 +88,12 @@ FAMILIES = {
                        moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=4,
                                                       num_experts_per_tok=2, norm_topk_prob=False)),
+    # LFM2: short convolutions on layers 0 and 2, attention (QK-norm, GQA) on 1; the MLP width adjusted as its
+    # configs ask (two thirds of 96, rounded up to 32: 64)
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+                  layer_types=["conv", "full_attention", "conv"], block_multiple_of=32, norm_eps=1e-5,
+                  tie_word_embeddings=True, pad_token_id=None)),
     # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -179,6 +185,13 @@ FAMILIES = {
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
 GGUF_FAMILIES = {
+    # mixtures of experts as llama.cpp's files hold them: Mixtral without a window (GGUF's llama has none), Qwen3-MoE
+    # with heads width / heads wide (transformers' GGUF loader reads no head_dim for it)
+    "mixtral-gguf": ("MixtralConfig", "MixtralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                                 num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe-gguf": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                            num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
     "llama-untied": ("LlamaConfig", "LlamaForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
     "llama-untied-bias": ("LlamaConfig", "LlamaForCausalLM",

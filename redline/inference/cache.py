@@ -55,18 +55,34 @@ class KVCache:
     `scales`: per layer (k_scale, v_scale) of shape (B, KV, capacity + 1).
 
     spare: rows stored past the batch's B (rows B..B + spare - 1 of `stacked`), which no step reads or writes: a
-    server parks finished sequences' prefixes there (DecodeBatch.park) and copies them back with copy_slots."""
+    server parks finished sequences' prefixes there (DecodeBatch.park) and copies them back with copy_slots.
+
+    conv_layers: layers whose token mixer is a short convolution (model.conv_layers): each holds one (B, 1,
+    capacity + 1, conv_width) buffer, a token's convolution input b·h in its slot (ShortConv), as both its k and its
+    v, so that prefill, decode, chunked prompts and parked prefixes treat it as any layer's slots."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, spare: int = 0):
+                 dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
+                 conv_width: int = 0):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
+        attention = [i for i in range(n_layer) if i not in conv_layers]
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
-        # each kind's layers in one buffer (n_layer, *shape): copy_slots moves a prefix in every layer at once
-        self.stacked = [torch.zeros((n_layer, *shape), dtype=dtype, device=device) for _ in range(2)]
+        # each kind's layers in one buffer (layers, *shape): copy_slots moves a prefix in every layer at once
+        self.stacked = [torch.zeros((len(attention), *shape), dtype=dtype, device=device) for _ in range(2)]
         # per layer (B, KV, capacity + 1, D): the batch's rows, the first of the buffer's (a contiguous view)
-        self.k, self.v = ([layer[:batch] for layer in buf.unbind(0)] for buf in self.stacked)
+        self.k, self.v = [None] * n_layer, [None] * n_layer
+        for i, k, v in zip(attention, self.stacked[0].unbind(0), self.stacked[1].unbind(0)):
+            self.k[i], self.v[i] = k[:batch], v[:batch]
+        if conv_layers:
+            if dtype == torch.float8_e4m3fn:
+                raise ValueError("an FP8 cache has no short-convolution layers (the plan keeps such models in bf16)")
+            conv = torch.zeros((len(conv_layers), batch + spare, 1, capacity + 1, conv_width), dtype=dtype,
+                               device=device)
+            self.stacked.append(conv)
+            for i, buf in zip(conv_layers, conv.unbind(0)):
+                self.k[i] = self.v[i] = buf[:batch]
         self.scales = None
         if dtype == torch.float8_e4m3fn:
             scales = [torch.zeros((n_layer, *shape[:-1]), device=device) for _ in range(2)]
@@ -155,6 +171,19 @@ class PrefillLayer:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=attn.scale)
         B, H, T, D = q.shape
         return y.transpose(1, 2).reshape(B, T, H * D)
+
+
+    def convolve(self, conv, x: torch.Tensor) -> torch.Tensor:
+        """A short-convolution layer's (model.conv_layers) T new tokens: x (b, T, C) -> (b, T, C). Each token's b·h
+        goes to `kv` for its slot; the tokens before the first (a prompt prefilled in chunks) come from the prefix's
+        last slots."""
+        u, c = conv.gated_input(x)  # (b, T, C) each
+        self.kv = (u[:, None], u[:, None])  # (b, 1, T, C): the layer's one buffer, as k and as v
+        before = None
+        if self.prefix is not None:  # (b, 1, start, C): the last kernel - 1 slots, zeros before slot 0
+            prev = self.prefix[0][:, 0, -(conv.kernel - 1):] if conv.kernel > 1 else self.prefix[0][:, 0, :0]
+            before = F.pad(prev, (0, 0, conv.kernel - 1 - prev.shape[1], 0))
+        return conv.proj(c * conv.convolve(u, before))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -247,6 +276,20 @@ class DecodeLayer:
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
         return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap)
+
+    def convolve(self, conv, x: torch.Tensor) -> torch.Tensor:
+        """A short-convolution layer's step: x (B, 1, C) -> (B, 1, C). Each row's b·h goes into its slot of the
+        layer's buffer (B, 1, S, C); the convolution reads slots slot - kernel + 1 .. slot (none before slot 0)."""
+        u, c = conv.gated_input(x)  # (B, 1, C) each
+        _scatter_slot(self.k_buf, self.slot, u[:, None])
+        K, C = conv.kernel, u.shape[-1]
+        index = self.slot[:, None] + torch.arange(1 - K, 1, device=u.device)  # (B, K), oldest first
+        window = self.k_buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, C))  # (B, K, C)
+        window = window * (index >= 0)[:, :, None].to(window.dtype)
+        y = (window * conv.weight.t()).sum(dim=1, keepdim=True)  # weight (C, K) -> (K, C): (B, 1, C)
+        if conv.bias is not None:
+            y = y + conv.bias
+        return conv.proj(c * y)
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the

@@ -204,11 +204,12 @@ class InferenceEngine:
         return self._state.cache.nbytes if self._state is not None else 0
 
     def kv_bytes_per_token(self) -> int:
-        """Cache bytes one token of one sequence takes: 2 · layers · n_kv_head · (head_dim · itemsize, plus an
-        fp32 scale for FP8)."""
+        """Cache bytes one token of one sequence takes: 2 · attention layers · n_kv_head · (head_dim · itemsize,
+        plus an fp32 scale for FP8), and n_embd · itemsize for each short-convolution layer (its b·h)."""
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
-        per_head = c.head_dim * torch.empty((), dtype=self.plan.cache_dtype).element_size()
-        return 2 * c.n_layer * c.kv_heads * (per_head + 4 * fp8)
+        size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
+        conv = len(c.conv_layers)
+        return 2 * (c.n_layer - conv) * c.kv_heads * (c.head_dim * size + 4 * fp8) + conv * c.n_embd * size
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -258,7 +259,8 @@ class InferenceEngine:
         self.release()  # free the old cache and graphs before allocating the new ones
         c, dev = self.cfg, self.device
         self._state = DecodeState(
-            cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare),
+            cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
+                          c.conv_layers, c.n_embd),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),

@@ -5,7 +5,7 @@ A family is the pair (config translation, weight-name map) for one Hugging Face 
 sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
 norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
 gpt_neox.py GPT-NeoX (Pythia), phi.py Phi and opt.py OPT; moe.py the mixtures of experts on the Llama layout (Mixtral,
-Qwen2/3-MoE, OLMoE).
+Qwen2/3-MoE, OLMoE); lfm2.py LFM2 (attention and short convolutions).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -174,13 +174,13 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, llama, moe,
-                                 olmo2, opt, phi, phi3, stablelm, starcoder2)
+    from redline.interop import (ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, lfm2, llama,
+                                 moe, olmo2, opt, phi, phi3, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY,
                                 gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY,
                                 ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY, gemma.FAMILY,
-                                gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY)}
+                                gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -207,13 +207,18 @@ def export_family(cfg: ModelConfig) -> Family:
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name). A UserError names the redline option that
-    no such architecture has."""
+    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name); one with short-convolution layers as LFM2. A UserError names
+    the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
                         "Granite, OLMo 2, Gemma 3)")
+    if cfg.conv_layers:  # short convolutions: LFM2
+        from redline.interop import lfm2
+
+        lfm2.check_exportable(cfg)
+        return families["lfm2"]
     if cfg.moe_experts:  # Mixtral, Qwen2/3-MoE, OLMoE
         from redline.interop import moe
 

@@ -68,7 +68,8 @@ def model_config_for(name: str):
                                 f"experts, redline takes Mixtral's window)")
         if name == "olmoe" and hf.get("clip_qkv") is not None:
             raise UserError(f"clip_qkv={hf['clip_qkv']}: OLMoE's clamping of q, k and v is not supported")
-        experts = expert_fields(hf, "moe_intermediate_size" if name in ("qwen2_moe", "qwen3_moe") else "intermediate_size")
+        width = "moe_intermediate_size" if name in ("qwen2_moe", "qwen3_moe") else "intermediate_size"
+        experts = expert_fields(hf, width)
         norm_topk = name == "mixtral" or bool(hf.get("norm_topk_prob", False))
         qkv_bias = bool(hf.get("qkv_bias", True)) if name == "qwen2_moe" else bool(hf.get("attention_bias", False))
         if qkv_bias and name in ("qwen3_moe", "olmoe"):  # attention_bias: o_proj too, where redline has q/k/v alone

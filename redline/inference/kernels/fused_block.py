@@ -40,6 +40,8 @@ FIELDS_ACCOUNTED = {
     "head_bias": "the head's bias is added in its product's epilogue",
     "gelu_approximate": "tanh only: the product kernels' GELU is the tanh approximation",
     "rope_dims": "refused: the attention kernel rotates whole heads of the raw qkv output",
+    "conv_layers": "refused: the block hands the attention kernel its qkv projection, which a convolution has not",
+    "conv_kernel": "refused with conv_layers",
     "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
     "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
     "moe_shared_hidden": "refused with moe_experts", "moe_aux_loss": "training only",
@@ -86,6 +88,8 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton needs a fused qkv projection (model.fused_qkv)"
     if cfg.mlp == "swiglu" and not cfg.fused_mlp:
         return "decode_linear triton needs SwiGLU's gate and up in one matrix (model.fused_mlp)"
+    if getattr(cfg, "conv_layers", ()):
+        return "decode_linear triton runs attention blocks, not short convolutions (model.conv_layers)"
     if getattr(cfg, "moe_experts", 0):
         return "decode_linear triton runs one dense MLP a block, not a mixture of experts (model.moe_experts)"
     if cfg.mlp not in ACTIVATION:

@@ -1,0 +1,152 @@
+"""LFM2 (Liquid AI's Lfm2ForCausalLM: LFM2-350M, LFM2-700M, LFM2-1.2B and their fine-tunes): pre-norm blocks whose
+token mixer is attention on a few layers and a gated short convolution on the others (redline's model.conv_layers,
+ShortConv in model.py).
+
+A block is h = x + mixer(operator_norm(x)), out = h + mlp(ffn_norm(h)). The attention layers have GQA, RoPE and
+QK-norm per head (`q_layernorm`, `k_layernorm`) and an `out_proj`; a convolution layer projects to 3·C (`in_proj`),
+splits (b, c, h), convolves b·h causally over `conv_L_cache` tokens with a depthwise kernel (`conv.weight`
+(C, 1, L)) and returns out_proj(c · that). The MLP is SwiGLU (`w1` gate, `w3` up, `w2` down), its width adjusted from
+`intermediate_size` as transformers does (`block_auto_adjust_ff_dim`: two thirds, times `block_ffn_dim_multiplier`,
+rounded up to `block_multiple_of`); the final norm is named `embedding_norm`. Which layers attend: `layer_types`
+("full_attention" or "conv"), else `full_attn_idxs`. Semantics read from transformers' models/lfm2/modeling_lfm2.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from redline.errors import UserError
+from redline.interop.families import Family, TensorSource, pad_rows, raise_first
+from redline.interop.llama import _rope, check_silu, rope_scaling
+from redline.model import ModelConfig
+
+
+def _conv_layers(hf: dict) -> tuple[int, ...]:
+    n = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types")
+    if kinds is None:
+        full = hf.get("full_attn_idxs")
+        full = range(n) if full is None else full
+        kinds = ["full_attention" if i in full else "conv" for i in range(n)]
+    if len(kinds) != n or not set(kinds) <= {"full_attention", "conv"}:
+        raise UserError(f"layer_types {kinds}: LFM2 takes {n} entries, each full_attention or conv")
+    return tuple(i for i, kind in enumerate(kinds) if kind == "conv")
+
+
+def mlp_width(hf: dict) -> int:
+    """The SwiGLU width transformers' Lfm2MLP builds from the config."""
+    width = int(hf.get("block_ff_dim") or hf["intermediate_size"])
+    if hf.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        multiplier = hf.get("block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            multiple = int(hf.get("block_multiple_of", 256))
+            width = int(multiplier * width)
+            width = multiple * ((width + multiple - 1) // multiple)
+    return width
+
+
+def model_config(hf: dict) -> ModelConfig:
+    check_silu(hf)
+    if hf.get("conv_bias"):
+        raise UserError("conv_bias=true: LFM2's convolution layers then have biases where its attention and MLP have "
+                        "none, a mix redline does not have (biases on q/k/v alone, or on every Linear layer)")
+    width, heads = hf["hidden_size"], hf["num_attention_heads"]
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 2048),
+        n_layer=hf["num_hidden_layers"], n_embd=width, n_head=heads,
+        n_kv_head=hf.get("num_key_value_heads") or heads, mlp_hidden=mlp_width(hf), qk_norm=True, fused_qkv=True,
+        pos_emb="rope", mlp="swiglu", fused_mlp=True, norm="rmsnorm", norm_eps=float(hf.get("norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", hf.get("tie_embedding", True))),
+        bias=False, conv_layers=_conv_layers(hf),
+        conv_kernel=int(hf.get("conv_L_cache", 3)), **_rope(hf),
+    )
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option of a model with short-convolution layers that LFM2 does not have."""
+    raise_first([
+        (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.norm_unit_offset,
+         "model.conv_layers: LFM2, the one architecture with short convolutions redline exports to, has pre-RMSNorm "
+         "blocks"),
+        (cfg.mlp != "swiglu" or cfg.moe_experts, f"model.mlp={cfg.mlp} or experts with model.conv_layers: LFM2's MLP "
+                                                 f"is one SwiGLU"),
+        (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
+         "model.conv_layers without per-head QK-norm before RoPE: LFM2's attention layers normalize q and k so"),
+        (cfg.bias or cfg.has_qkv_bias, "model.bias or model.qkv_bias with model.conv_layers: LFM2's attention and "
+                                       "MLP have no biases"),
+        (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval, "model.conv_layers: LFM2 rotates every "
+                                                                      "attention layer's whole heads"),
+        (cfg.sliding_window or cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap or cfg.parallel_residual
+         or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor
+         or cfg.head_bias or cfg.head_size not in (None, cfg.n_embd // cfg.n_head),
+         "a window, scales, caps or parallel sublayers with model.conv_layers: LFM2 has none of them"),
+    ])
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    return {"model_type": "lfm2", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
+            "intermediate_size": cfg.hidden_dim, "block_auto_adjust_ff_dim": False,
+            "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.kv_heads, "max_position_embeddings": cfg.context_len,
+            "norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_scaling": rope_scaling(cfg, "lfm2"),
+            "tie_word_embeddings": cfg.tie_embeddings, "conv_bias": False, "conv_L_cache": cfg.conv_kernel,
+            "layer_types": ["conv" if i in cfg.conv_layers else "full_attention" for i in range(cfg.n_layer)],
+            "hidden_act": "silu", "initializer_range": 0.02, "use_cache": True}
+
+
+def _names(cfg: ModelConfig, i: int) -> dict[str, str]:
+    """redline's names of block i (after blocks.i.) -> Hugging Face's (after model.layers.i.), but the fused
+    projections and the convolution's kernel (shaped apart)."""
+    out = {"norm1": "operator_norm", "norm2": "ffn_norm", "mlp.proj": "feed_forward.w2"}
+    if i in cfg.conv_layers:
+        out.update({"attn.in_proj": "conv.in_proj", "attn.proj": "conv.out_proj"})
+    else:
+        out.update({"attn.proj": "self_attn.out_proj", "attn.q_norm": "self_attn.q_layernorm",
+                    "attn.k_norm": "self_attn.k_layernorm"})
+    return out
+
+
+def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
+           "norm_f.weight": src.take("model.embedding_norm.weight")}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
+    elif "lm_head.weight" in src:
+        src.take("lm_head.weight")  # some files store the tied head too: it is the embedding
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        for ours, theirs in _names(cfg, i).items():
+            out[f"{r}{ours}.weight"] = src.take(f"{p}{theirs}.weight")
+        out[r + "mlp.fc.weight"] = torch.cat([src.take(p + "feed_forward.w1.weight"),
+                                              src.take(p + "feed_forward.w3.weight")])
+        if i in cfg.conv_layers:
+            out[r + "attn.weight"] = src.take(p + "conv.conv.weight")[:, 0]  # (C, 1, L) -> (C, L)
+        else:
+            out[r + "attn.qkv.weight"] = torch.cat([src.take(f"{p}self_attn.{x}_proj.weight") for x in "qkv"])
+    return out
+
+
+def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    V = cfg.vocab_size
+    out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.embedding_norm.weight": state["norm_f.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        for ours, theirs in _names(cfg, i).items():
+            out[f"{p}{theirs}.weight"] = state[f"{r}{ours}.weight"]
+        out[p + "feed_forward.w1.weight"], out[p + "feed_forward.w3.weight"] = state[r + "mlp.fc.weight"].chunk(2)
+        if i in cfg.conv_layers:
+            out[p + "conv.conv.weight"] = state[r + "attn.weight"][:, None]
+        else:
+            q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+            for x, t in zip("qkv", state[r + "attn.qkv.weight"].split([q, kv, kv])):
+                out[f"{p}self_attn.{x}_proj.weight"] = t
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+FAMILY = Family(name="lfm2", architecture="Lfm2ForCausalLM", model_config=model_config, hf_config=hf_config,
+                to_redline=to_redline, to_hf=to_hf)
