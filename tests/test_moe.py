@@ -236,8 +236,10 @@ def test_gpu_compiled_engine_and_training_step():
     compiled = InferenceEngine(model, dtype=torch.bfloat16, compile=True, cuda_graphs=True)
     a = eager.generate(prompts, 24, SamplingParams(temperature=0))
     b = compiled.generate(prompts, 24, SamplingParams(temperature=0))
-    same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra.tokens, rb.tokens))
-    assert same >= 0.9 * 3 * 24, (a, b)  # bf16: a near-tie may flip late tokens, not most of them
+    model.eval()
+    for prompt, ra, rb in zip(prompts, a, b):  # bf16 near-ties may split the two runs: each must stay greedy
+        assert_near_greedy(model, prompt, ra.tokens)
+        assert_near_greedy(model, prompt, rb.tokens)
     model.train()
     idx = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda")
     step = torch.compile(lambda: model(idx, idx))
@@ -250,3 +252,15 @@ def test_gpu_compiled_engine_and_training_step():
     torch.testing.assert_close(loss_c, loss, rtol=2e-2, atol=2e-2)
     for g, gc in zip(grads, grads_c):  # the router's logits are bf16 products: a few near-tied tokens may take
         assert (gc - g).norm() / g.norm() < 0.1  # another expert compiled (5.5% apart measured), a wrong one ~100%
+
+
+def assert_near_greedy(model, prompt: list[int], tokens: list[int], tol: float = 0.05) -> None:
+    """Each generated token, teacher-forced through the fp32 model, within tol of the best logit at its step: what
+    bf16 rounding may flip among near-tied tokens, where a wrong cache gives tokens about the logits' spread
+    (~0.7 here) below the best."""
+    seq = torch.tensor([prompt + tokens], device="cuda")
+    with torch.no_grad():
+        logits = model(seq)[0, len(prompt) - 1:-1].float()  # (new, vocab): step i predicts tokens[i]
+    chosen = logits.gather(1, torch.tensor(tokens, device="cuda")[:, None])[:, 0]
+    gaps = logits.max(dim=-1).values - chosen
+    assert gaps.max() < tol, gaps
