@@ -3,12 +3,15 @@
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
-gptneox, stablelm, phi2, phi3 and starcoder2 are read and written here. Reading
+gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0) and hunyuan-dense (Hunyuan dense) are read and
+written here. Reading
 renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
 gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
 - llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3 and granite (each head's
   rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not
-  permuted (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does);
+  permuted (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does), nor are exaone4
+  and hunyuan-dense files (llama.cpp's converter writes both through its plain TextModel, and llama.cpp's
+  llama_rope_type gives both NeoX rotation);
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones;
 - gemma3 (and gemma, gemma2) stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale Gemma's norms
   multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
@@ -37,8 +40,8 @@ from redline.interop.families import Family, TensorSource, family_for, interleav
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
-ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2", "phi3",
-          "smollm3", "granite", "starcoder2")
+ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
+          "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense")
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
 PERMUTED = ("llama", "smollm3", "granite")
 # the architectures whose RMSNorm weights llama.cpp's converter stores as the scale they multiply by, 1 + weight
@@ -84,6 +87,17 @@ _PHI3_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj",
 _STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                      "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                      "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+# Hunyuan dense (MODEL_TENSORS[HUNYUAN_DENSE]): Llama's names, its per-head QK-norm (query_layernorm, key_layernorm in
+# Hugging Face's files) as attn_q_norm / attn_k_norm; llama.cpp applies them after RoPE, as transformers does.
+# EXAONE 4.0 (MODEL_TENSORS[EXAONE4]) names its tensors as OLMo 2 does (_OLMO2_NAMES): output norms, QK-norm per head
+_HUNYUAN_NAMES = {**_LLAMA_NAMES, "attn_q_norm": "self_attn.query_layernorm",
+                  "attn_k_norm": "self_attn.key_layernorm"}
+# the Hugging Face model_type of a GGUF architecture where the two names differ
+_MODEL_TYPES = {"hunyuan-dense": "hunyuan_v1_dense"}
+# llama.cpp's exaone4 (its load_arch_hparams for LLM_ARCH_EXAONE4) windows only a 64-layer model, EXAONE-4.0-32B's
+# layout: a 4096-token window (or attention.sliding_window) on three layers in four, the fourth full and unrotated;
+# every other depth runs with every layer full and rotating, whatever the file's window keys say
+EXAONE4_WINDOWED_LAYERS, EXAONE4_WINDOW, EXAONE4_PATTERN = 64, 4096, 4
 ROPE_FACTORS = {"long": "rope_factors_long.weight", "short": "rope_factors_short.weight"}
 # redline's key for the GELU of a gptneox file: llama.cpp computes the tanh approximation, and its converter writes
 # no key for Hugging Face's hidden_act; without this key a file reads as a Pythia-style "gelu" (erf), the function
@@ -120,7 +134,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _PHI3_NAMES, _LLAMA_TOP, "model.layers."
     if arch == "starcoder2":
         return _STARCODER2_NAMES, _LLAMA_TOP, "model.layers."
-    names = {"olmo2": _OLMO2_NAMES, "gemma2": _GEMMA3_NAMES, "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
+    names = {"olmo2": _OLMO2_NAMES, "exaone4": _OLMO2_NAMES, "hunyuan-dense": _HUNYUAN_NAMES, "gemma2": _GEMMA3_NAMES,
+             "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
 
 
@@ -222,7 +237,11 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     if arch == "olmo2" and window:  # llama.cpp reads it as OLMo 3's pattern (three windowed layers to one full)
         raise UserError("the GGUF's olmo2 architecture has a sliding window (OLMo 3's layout), which redline does "
                         "not read from GGUF")
-    config = {"model_type": "mistral" if arch == "llama" and window else arch, "vocab_size": vocab,
+    if arch == "hunyuan-dense" and window:  # llama.cpp's hunyuan-dense attends to the whole context
+        raise UserError("the GGUF's hunyuan-dense architecture has a sliding window, which Hunyuan dense models do "
+                        "not have; import the model's Hugging Face folder")
+    model_type = "mistral" if arch == "llama" and window else _MODEL_TYPES.get(arch, arch)
+    config = {"model_type": model_type, "vocab_size": vocab,
               "hidden_size": width, "intermediate_size": key("feed_forward_length"),
               "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
               "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim,
@@ -250,7 +269,40 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                         f"and Llama 3's rope_freqs)")
     if arch == "gemma2":
         return _gemma2_config(fields, key, config)
+    if arch == "exaone4":
+        return _exaone4_config(key, config)
+    if arch == "hunyuan-dense":  # no biases and QK-norm on every layer: the only tensors llama.cpp's loader creates
+        return {**config, "attention_bias": False, "use_qk_norm": True}
     return _gemma3_config(fields, key, config) if arch == "gemma3" else config
+
+
+def _exaone4_config(key, common: dict) -> dict:
+    """An exaone4 config.json for an exaone4 GGUF: the common keys and the layers' kinds. llama.cpp's converter
+    writes attention.sliding_window and attention.sliding_window_pattern as one bool per layer (true: windowed, from
+    layer_types) where the model has a window; a 64-layer file without them gets llama.cpp's own EXAONE-4.0-32B
+    layout (EXAONE4_*). At other depths the keys are read as written, the Hugging Face model's layout, though
+    llama.cpp runs such a file unwindowed (redline's export refuses to write one). Windowed layers rotate and full
+    ones do not (NoPE) where the model has a window; without one every layer is full and rotating, as llama.cpp's
+    graph (use_rope: is_swa(il) or no window at all) runs them."""
+    layers = common["num_hidden_layers"]
+    window, pattern = key("attention.sliding_window"), key("attention.sliding_window_pattern")
+    if layers == EXAONE4_WINDOWED_LAYERS:
+        window = window or EXAONE4_WINDOW
+        pattern = EXAONE4_PATTERN if pattern is None else pattern
+    if not window:
+        kinds = ["full_attention"] * layers
+    elif isinstance(pattern, (list, tuple)):
+        if len(pattern) != layers:
+            raise UserError(f"the GGUF's exaone4.attention.sliding_window_pattern has {len(pattern)} entries for "
+                            f"{layers} layers; the file is damaged")
+        kinds = ["sliding_attention" if windowed else "full_attention" for windowed in pattern]
+    elif pattern:  # a period N, as llama.cpp's set_swa_pattern takes it: layer i full where (i + 1) % N == 0
+        kinds = ["full_attention" if (i + 1) % int(pattern) == 0 else "sliding_attention" for i in range(layers)]
+    else:
+        raise UserError("the GGUF's exaone4 file gives attention.sliding_window but no "
+                        "attention.sliding_window_pattern: which layers use the window is not given; import the "
+                        "model's Hugging Face folder")
+    return {**common, "sliding_window": window or None, "layer_types": kinds}
 
 
 def _phi3_config(key, vocab: int, tied: bool, rope_factors: dict) -> dict:
@@ -567,6 +619,28 @@ def _gemma3_unread(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def _check_exaone4(cfg: ModelConfig) -> None:
+    """A UserError for an EXAONE 4.0 model llama.cpp's exaone4 does not run as itself: its loader takes o_proj as
+    (n_embd, n_embd), and its window is EXAONE-4.0-32B's alone (EXAONE4_*: 64 layers, three windowed to one full; it
+    takes the period from a scalar sliding_window_pattern, 4 where there is none, not from the per-layer array its
+    converter writes)."""
+    if cfg.head_dim * cfg.n_head != cfg.n_embd:
+        raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's exaone4 takes heads n_embd / n_head "
+                        "wide; export with --format hf")
+    if cfg.rope_scaling not in ("none", "linear", "yarn", "llama3"):
+        raise UserError(f"model.rope_scaling={cfg.rope_scaling} on an EXAONE 4.0 model: llama.cpp's exaone4 reads "
+                        f"none, linear, YaRN or Llama 3 scaling; export with --format hf")
+    windowed = cfg.n_layer == EXAONE4_WINDOWED_LAYERS
+    if cfg.sliding_window and (not windowed or cfg.sliding_window_pattern != EXAONE4_PATTERN):
+        raise UserError(f"model.sliding_window with {cfg.n_layer} layers and model.sliding_window_pattern="
+                        f"{cfg.sliding_window_pattern}: llama.cpp's exaone4 windows only "
+                        f"{EXAONE4_WINDOWED_LAYERS}-layer models, three layers in {EXAONE4_PATTERN} (EXAONE-4.0-32B's "
+                        f"layout); export with --format hf")
+    if windowed and not cfg.sliding_window:
+        raise UserError(f"no model.sliding_window on a {EXAONE4_WINDOWED_LAYERS}-layer EXAONE 4.0 model: llama.cpp's "
+                        f"exaone4 gives every model that deep EXAONE-4.0-32B's window; export with --format hf")
+
+
 def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
@@ -584,8 +658,15 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         return "starcoder2"
     if family.name == "gemma":  # llama.cpp's gemma: Llama's tensor names unpermuted, norms as 1 + weight
         return "gemma"
-    if family.name in ("exaone4", "hunyuan_v1_dense"):
-        raise UserError(f"{family.architecture} models are not written as GGUF by redline; export with --format hf")
+    if family.name == "exaone4":
+        _check_exaone4(cfg)
+        return "exaone4"
+    if family.name == "hunyuan_v1_dense":
+        # the converter's TextModel keys: none, linear or YaRN scaling; llama.cpp's hunyuan-dense loads no rope_freqs
+        if cfg.rope_scaling not in ("none", "linear", "yarn"):
+            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a Hunyuan dense model: llama.cpp's "
+                            f"hunyuan-dense reads none, linear or YaRN scaling; export with --format hf")
+        return "hunyuan-dense"
     if family.name == "opt":
         raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "
                         "--format hf")
@@ -681,11 +762,14 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
         return
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", *GEMMAS):
+    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "exaone4", "hunyuan-dense", *GEMMAS):
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if arch == "gemma3":
         _gemma3_metadata(writer, cfg)
+    if arch == "exaone4" and cfg.sliding_window:  # as llama.cpp's converter writes layer_types (Exaone4Model)
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_sliding_window_pattern([bool(cfg.layer_window(i)) for i in range(cfg.n_layer)])
     if arch == "gemma2":  # the keys llama.cpp's converter writes, and redline's scale (llama.cpp's rule above)
         from redline.interop.gemma3 import query_pre_attn_scalar
 
