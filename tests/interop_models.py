@@ -185,13 +185,14 @@ FAMILIES = {
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
 GGUF_FAMILIES = {
-    # mixtures of experts as llama.cpp's files hold them: Mixtral without a window (GGUF's llama has none), Qwen3-MoE
-    # with heads width / heads wide (transformers' GGUF loader reads no head_dim for it)
+    # mixtures of experts as llama.cpp's files hold them: Mixtral without a window (GGUF's llama has none); Qwen2-MoE
+    # with the expert and shared-expert widths of Qwen2MoeConfig's defaults, which transformers' GGUF loader takes
+    # (it reads neither width from the file)
     "mixtral-gguf": ("MixtralConfig", "MixtralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                                  num_local_experts=4, num_experts_per_tok=2)),
-    "qwen3_moe-gguf": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
-                            num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
+    "qwen2_moe-gguf": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=1408, shared_expert_intermediate_size=5632, norm_topk_prob=False)),
     "llama-untied": ("LlamaConfig", "LlamaForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
     "llama-untied-bias": ("LlamaConfig", "LlamaForCausalLM",

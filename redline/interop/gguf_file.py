@@ -3,18 +3,20 @@
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
-gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0) and hunyuan-dense (Hunyuan dense) are read and
-written here. Reading
-renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps (llama.py,
-gemma3.py, gpt2.py) do the rest; writing goes the other way. Three layout differences from Hugging Face's:
-- llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3 and granite (each head's
-  rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2 files are not
-  permuted (llama.cpp rotates them as NeoX does, (first half, second half) pairs, as redline does), nor are exaone4
-  and hunyuan-dense files (llama.cpp's converter writes both through its plain TextModel, and llama.cpp's
-  llama_rope_type gives both NeoX rotation);
+gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense) and the mixtures of
+experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
+Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
+(llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
+the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
+as llama.cpp's loaders create them. Three layout differences from Hugging Face's:
+- llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3, granite and granitemoe
+  (each head's rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2
+  files (and qwen2moe, qwen3moe, olmoe) are not permuted (llama.cpp rotates them as NeoX does, (first half, second
+  half) pairs, as redline does), nor are exaone4 and hunyuan-dense files (llama.cpp's converter writes both through
+  its plain TextModel, and llama.cpp's llama_rope_type gives both NeoX rotation);
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones;
-- gemma3 (and gemma, gemma2) stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale Gemma's norms
-  multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
+- gemma3 (and gemma, gemma2) stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale
+  Gemma's norms multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
   Gemma2TensorProcessor, citing llama.cpp's convert_hf_to_gguf.py), and so does this reader; q/k are not permuted
   (that loader undoes no permutation for gemma3, and redline's logits equal its own on the same file).
 Quantized tensors are dequantized by the gguf package (a type it cannot dequantize is an error naming it); export
@@ -41,9 +43,16 @@ from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
-          "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense")
+          "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
+          "granitemoe")
+# mixtures of experts (moe.py): llama.cpp's names for them, and whether its graph rescales each token's top-k router
+# probabilities to sum to 1 (the norm_w of each architecture's build_moe_ffn call: llama's, Mixtral's, yes; qwen2moe
+# and olmoe no; qwen3moe and granitemoe yes)
+MOE_ARCHES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",
+              "granitemoe": "granitemoe"}
+MOE_RESCALES = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True}
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
-PERMUTED = ("llama", "smollm3", "granite")
+PERMUTED = ("llama", "smollm3", "granite", "granitemoe")
 # the architectures whose RMSNorm weights llama.cpp's converter stores as the scale they multiply by, 1 + weight
 GEMMAS = ("gemma", "gemma2", "gemma3")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
@@ -53,6 +62,12 @@ _LLAMA_NAMES = {  # GGUF name (after blk.N.) -> Hugging Face name (after model.l
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    # a mixture of experts: the router, the experts stacked (E, F, C) / (E, C, F) (stack_experts), a shared expert
+    # and its gate ((C,) in the file, (1, C) in Hugging Face's)
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # OLMo 2's norms are on the sublayers' outputs (llama.cpp's post_attention_norm / post_ffw_norm), with no input norms
 _OLMO2_NAMES = {**{k: v for k, v in _LLAMA_NAMES.items() if k not in ("attn_norm", "ffn_norm")},
@@ -240,7 +255,11 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     if arch == "hunyuan-dense" and window:  # llama.cpp's hunyuan-dense attends to the whole context
         raise UserError("the GGUF's hunyuan-dense architecture has a sliding window, which Hunyuan dense models do "
                         "not have; import the model's Hugging Face folder")
-    model_type = "mistral" if arch == "llama" and window else _MODEL_TYPES.get(arch, arch)
+    experts = key("expert_count") or 0
+    if arch in MOE_ARCHES and arch != "llama" and not experts:
+        raise UserError(f"the GGUF's {arch} architecture gives no {arch}.expert_count; the file is incomplete")
+    model_type = MOE_ARCHES[arch] if experts else "mistral" if arch == "llama" and window else \
+        _MODEL_TYPES.get(arch, arch)
     config = {"model_type": model_type, "vocab_size": vocab,
               "hidden_size": width, "intermediate_size": key("feed_forward_length"),
               "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
@@ -250,7 +269,14 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
               "tie_word_embeddings": tied, "sliding_window": window or None}
     if arch == "smollm3":
         config["no_rope_layer_interval"] = SMOLLM3_NOPE_INTERVAL
-    if arch == "granite":  # llama.cpp leaves out a scalar of 0 (and the converter one the config does not give)
+    if experts:  # the keys llama.cpp's converters write for Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE
+        width = key("expert_feed_forward_length") or key("feed_forward_length")
+        config.update(num_local_experts=experts, num_experts=experts, num_experts_per_tok=key("expert_used_count"),
+                      intermediate_size=width, moe_intermediate_size=width, norm_topk_prob=MOE_RESCALES[arch],
+                      shared_expert_intermediate_size=key("expert_shared_feed_forward_length"),
+                      qkv_bias="blk.0.attn_q.bias" in tensor_names)
+    if arch in ("granite", "granitemoe"):  # llama.cpp leaves out a scalar of 0 (and the converter one the config
+        # does not give)
         config.update(embedding_multiplier=key("embedding_scale") or 1.0,
                       residual_multiplier=key("residual_scale") or 1.0, logits_scaling=key("logit_scale") or 1.0,
                       attention_multiplier=key("attention.scale") or head_dim ** -0.5)
@@ -524,6 +550,8 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
             w = interleave_rope_rows(w, heads, inverse=True)
         if arch in GEMMAS and kind.endswith("norm"):  # stored as the scale 1 + weight
             w = w - 1
+        if kind == "ffn_gate_inp_shexp":  # (C,) in the file, a Linear's (1, C) in Hugging Face's
+            w = w.reshape(1, -1)
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
             w = w.t().contiguous()
         if arch == "gptneox" and kind == "attn_qkv":
@@ -641,7 +669,49 @@ def _check_exaone4(cfg: ModelConfig) -> None:
                         f"exaone4 gives every model that deep EXAONE-4.0-32B's window; export with --format hf")
 
 
+def _moe_arch(family: Family, cfg: ModelConfig) -> str:
+    """The llama.cpp architecture of a mixture of experts, or a UserError for what it would run otherwise."""
+    arch = {v: k for k, v in MOE_ARCHES.items()}[family.name]
+    if cfg.moe_norm_topk != MOE_RESCALES[arch]:
+        raise UserError(f"model.moe_norm_topk={cfg.moe_norm_topk} on a {family.architecture}: llama.cpp's {arch} "
+                        f"{'rescales' if MOE_RESCALES[arch] else 'does not rescale'} each token's top-k router "
+                        f"probabilities; export with --format hf")
+    if arch == "qwen2moe" and (not cfg.moe_shared_hidden or cfg.tie_embeddings):
+        raise UserError("a Qwen2-MoE model without a shared expert or with a tied head: llama.cpp's qwen2moe loads "
+                        "both a shared expert and an output matrix; export with --format hf")
+    if arch in ("llama", "olmoe", "granitemoe") and cfg.head_dim * cfg.n_head != cfg.n_embd:
+        raise UserError(f"model.head_size apart from n_embd / n_head: llama.cpp's {arch} takes heads n_embd / n_head "
+                        f"wide; export with --format hf")
+    if cfg.sliding_window:
+        raise UserError(f"model.sliding_window on a mixture of experts: llama.cpp's {arch} has no window; export "
+                        f"with --format hf")
+    if cfg.rope_scaling == "llama3" and arch != "llama":
+        raise UserError(f"model.rope_scaling=llama3 with a {arch} architecture: llama.cpp applies Llama 3 RoPE "
+                        f"scaling (its rope_freqs tensor) to llama files only; export with --format hf")
+    return arch
+
+
+def stack_experts(tensors: dict, state, cfg: ModelConfig) -> dict:
+    """Hugging Face-named tensors of a mixture of experts (one tensor per expert, or GraniteMoE's stacked pairs) ->
+    the names _LLAMA_NAMES gives llama.cpp's: the router as mlp.gate, each layer's experts stacked as
+    mlp.experts.gate_proj / up_proj (E, F, C) and down_proj (E, C, F), from redline's state; shared experts as
+    they are."""
+    moe = re.compile(r"\.(block_sparse_moe\.|mlp\.experts\.|mlp\.gate\.weight$)")
+    out = {k: v for k, v in tensors.items() if not moe.search(k)}
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.mlp.", f"blocks.{i}.mlp."
+        out[p + "gate.weight"] = state[r + "router.weight"]
+        out[p + "experts.gate_proj.weight"], out[p + "experts.up_proj.weight"] = state[r + "fc"].chunk(2, dim=1)
+        out[p + "experts.down_proj.weight"] = state[r + "proj"]
+    return out
+
+
 def _arch(family: Family, cfg: ModelConfig) -> str:
+    if family.name == "lfm2":
+        raise UserError("LFM2 models are not written as GGUF by redline (llama.cpp's lfm2 layout is not "
+                        "implemented here); export with --format hf")
+    if family.name in MOE_ARCHES.values():
+        return _moe_arch(family, cfg)
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
@@ -762,7 +832,7 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
         return
     writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "exaone4", "hunyuan-dense", *GEMMAS):
+    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "qwen3moe", "exaone4", "hunyuan-dense", *GEMMAS):
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if arch == "gemma3":
@@ -779,7 +849,14 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_attn_logit_softcapping(cfg.attn_softcap)
         if cfg.logit_softcap:
             writer.add_final_logit_softcapping(cfg.logit_softcap)
-    if arch == "granite":  # every scalar, 1 where the model has none (llama.cpp reads 0 as none)
+    if cfg.moe_experts:  # the keys llama.cpp's converters write for a mixture of experts
+        writer.add_expert_count(cfg.moe_experts)
+        writer.add_expert_used_count(cfg.moe_top_k)
+        if arch in ("qwen2moe", "qwen3moe"):  # their experts' width apart from feed_forward_length
+            writer.add_expert_feed_forward_length(cfg.hidden_dim)
+        if cfg.moe_shared_hidden:
+            writer.add_expert_shared_feed_forward_length(cfg.moe_shared_hidden)
+    if arch in ("granite", "granitemoe"):  # every scalar, 1 where the model has none (llama.cpp reads 0 as none)
         writer.add_embedding_scale(cfg.embed_multiplier or 1.0)
         writer.add_residual_scale(cfg.residual_multiplier or 1.0)
         writer.add_logit_scale(cfg.logit_divisor or 1.0)
@@ -866,10 +943,15 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
         writer = gguf.GGUFWriter(str(tmp), arch)
         _metadata(writer, gguf, arch, cfg, dtype)
         _vocab_metadata(writer, tokenizer, cfg.vocab_size)
-        for hf_name, t in family.to_hf(state, cfg).items():
+        tensors = family.to_hf(state, cfg)
+        if cfg.moe_experts:
+            tensors = stack_experts(tensors, state, cfg)
+        for hf_name, t in tensors.items():
             name = _gguf_name(hf_name, arch)
             kind = name.split(".")[-2]
             w = t.float()
+            if kind == "ffn_gate_inp_shexp":  # llama.cpp's {n_embd}
+                w = w.reshape(-1)
             if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
                 w = w.t()
             if arch in PERMUTED and kind in ("attn_q", "attn_k"):

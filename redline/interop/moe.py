@@ -175,7 +175,11 @@ def experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> d
     names = _MIXTRAL if f"{p}block_sparse_moe.gate.weight" in src else _QWEN
     moe, gate, up, down = names
     out = {f"{r}mlp.router.weight": src.take(f"{p}{moe}gate.weight")}
-    if f"{p}{moe}experts.gate_up_proj" in src:  # stacked already (E, 2F, C) and (E, C, F)
+    if f"{p}{moe}experts.gate_proj.weight" in src:  # stacked apart (E, F, C) each, as GGUF files hold them
+        out[f"{r}mlp.fc"] = torch.cat([src.take(f"{p}{moe}experts.gate_proj.weight"),
+                                       src.take(f"{p}{moe}experts.up_proj.weight")], dim=1)
+        out[f"{r}mlp.proj"] = src.take(f"{p}{moe}experts.down_proj.weight")
+    elif f"{p}{moe}experts.gate_up_proj" in src:  # stacked already (E, 2F, C) and (E, C, F)
         out[f"{r}mlp.fc"] = src.take(f"{p}{moe}experts.gate_up_proj")
         out[f"{r}mlp.proj"] = src.take(f"{p}{moe}experts.down_proj")
     else:

@@ -1,0 +1,68 @@
+"""GGUF files of mixtures of experts, as llama.cpp's converter writes them: Mixtral as a llama file with expert
+keys, Qwen2-MoE (qwen2moe: its shared expert and gate), Qwen3-MoE (qwen3moe), OLMoE (olmoe) and GraniteMoE
+(granitemoe); experts stacked as ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F), the router as
+ffn_gate_inp. Read back by redline's import and, where transformers' GGUF loader reads the file as llama.cpp
+does, by it; the layouts redline does not write refused in one line (LFM2's too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_interop import TOKENS, run_cli
+from tests.test_interop_gguf import export_gguf, import_gguf
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+
+# transformers' GGUF loader (5.x) has qwen2moe and qwen3moe, but reads neither expert width from the file (its
+# configs' defaults stand) nor Qwen3-MoE's rescaled top k (llama.cpp's qwen3moe rescales; transformers' default does
+# not): its read-back is checked on a Qwen2-MoE of the default widths
+@pytest.mark.parametrize("kind, arch, transformers_reads", [
+    ("mixtral-gguf", "llama", False), ("qwen2_moe", "qwen2moe", False), ("qwen2_moe-gguf", "qwen2moe", True),
+    ("qwen3_moe", "qwen3moe", False), ("olmoe", "olmoe", False), ("granitemoe", "granitemoe", False)])
+def test_moe_gguf_read_back(kind, arch, transformers_reads, tmp_path, capsys):
+    hf, path = export_gguf(kind, tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    E = getattr(hf.config, "num_local_experts", None) or hf.config.num_experts
+    assert reader.fields["general.architecture"].contents() == arch
+    assert reader.fields[f"{arch}.expert_count"].contents() == E
+    assert reader.fields[f"{arch}.expert_used_count"].contents() == hf.config.num_experts_per_tok
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
+    assert shapes["blk.0.ffn_gate_exps.weight"][0] == E and shapes["blk.0.ffn_gate_inp.weight"] == (E, 64)
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+    model, _, _ = import_gguf(path, tmp_path / "back", capsys)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
+    if transformers_reads:
+        back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("extra, named", [
+    (dict(moe_norm_topk=True, moe_shared_hidden=16), "qwen2moe"),  # llama.cpp's qwen2moe does not rescale
+    (dict(moe_norm_topk=False, qk_norm=True), "qwen3moe"),  # llama.cpp's qwen3moe rescales
+    (dict(moe_norm_topk=False), "shared expert"),  # exported as Qwen2-MoE, whose llama.cpp form needs one
+    (dict(moe_experts=0, conv_layers=(0,), qk_norm=True), "LFM2 models are not written as GGUF"),
+])
+def test_moe_gguf_refusals(extra, named, tmp_path, capsys):
+    from redline.config import TrainConfig, to_dict
+    from redline.model import GPT, ModelConfig
+    from redline.tokenizer import load_tokenizer
+    from redline.training import checkpoint as ckpt_io
+    from tests.interop_models import VOCAB, byte_level_tokenizer
+
+    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4, n_kv_head=2,
+                      mlp_hidden=32, **{"moe_experts": 4, "moe_top_k": 2, **extra})
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ckpt_io.write_weights_checkpoint(ckpt, ckpt_io.model_weights(GPT(cfg)), to_dict(TrainConfig(model=cfg)),
+                                     load_tokenizer(byte_level_tokenizer(tmp_path / "tok")), {})
+    out = tmp_path / "x.gguf"
+    code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
