@@ -63,7 +63,8 @@ def test_the_index_finds_the_longest_held_prefix_in_whole_blocks_and_never_a_sta
     assert chain_hashes(a, known=chain_hashes(a[:20])) == chain_hashes(a)  # a sequence that grew: its hashes kept
 
 
-@pytest.mark.parametrize("variant", ["plain", "fp8 cache", "sliding window", "interleaved windows"])
+@pytest.mark.parametrize("variant", ["plain", "fp8 cache", "sliding window", "interleaved windows",
+                                     "short convolutions"])
 def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
     """Row 0 prefilled and decoding, row 1 prefilled, decoded and freed while row 0 decodes on: both keep their
     prompts' keys and values; a prompt beginning as either copies that beginning into row 2 and prefills the rest,
@@ -76,6 +77,9 @@ def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
         torch.manual_seed(0)
         model = GPT(ModelConfig(**{**CFG.__dict__, "sliding_window": 24, "sliding_window_pattern": 2,
                                    "rope_local_theta": 100.0}))
+    if variant == "short convolutions":  # LFM2's: a convolution layer's cache holds each slot's input b·h
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(**{**CFG.__dict__, "conv_layers": (0,)}))
     engine = InferenceEngine(model, kv_cache_dtype="fp8" if variant == "fp8 cache" else "auto")
     batch = DecodeBatch(engine, rows=4, capacity=CFG.context_len)
     shared, other = tokens(40, 3), tokens(37, 4)
@@ -92,7 +96,7 @@ def test_a_copied_prefix_gives_the_logits_of_the_whole_prompt(model, variant):
         batch.copy_prefix(row, 2, n)
         reused = batch.prefill(2, prompt[n:], start=n)
         torch.testing.assert_close(reused, whole_prompt(batch, 3, prompt, n, variant), rtol=1e-5, atol=1e-5)
-        if variant == "interleaved windows":  # each layer's own window and tables, as the model's forward has them
+        if variant in ("interleaved windows", "short convolutions"):  # as the model's forward computes it
             with torch.no_grad():
                 full = model(torch.tensor([prompt]))[0, -1]
             torch.testing.assert_close(reused, full, rtol=1e-5, atol=1e-5)
