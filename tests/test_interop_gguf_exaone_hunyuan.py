@@ -15,7 +15,8 @@ import torch
 from redline.errors import UserError
 from tests.interop_models import VOCAB, byte_level_tokenizer, hf_model
 from tests.test_interop import TOKENS, run_cli
-from tests.test_interop_gguf import _add_llama_cpp_vocab, _write_out, export_gguf, import_gguf, llama_cpp_rope_freqs
+from tests.test_interop_gguf import (_add_llama_cpp_vocab, _llama_cpp_header, _write_out, export_gguf, import_gguf,
+                                     llama_cpp_rope_freqs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 gguf = pytest.importorskip("gguf")
@@ -132,17 +133,10 @@ def write_converter_style(hf, path, arch: str, keys) -> None:
     `keys(writer)` for the architecture's own, tensors named by the gguf package's own map for the architecture,
     unpermuted, in F32, a gpt2-type vocabulary without tokenizer.json; a tied head left out."""
     cfg = hf.config
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    w = _llama_cpp_header(path, arch, cfg)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     keys(w)
     _add_llama_cpp_vocab(w, path, cfg.vocab_size)

@@ -15,6 +15,8 @@ from redline.errors import UserError
 from redline.model import GPT, ModelConfig, MoE
 from redline.training.optim import build_optimizers
 
+from tests.engine_checks import assert_compiled_engine_stays_greedy
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 CFG = ModelConfig(vocab_size=96, context_len=32, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, mlp_hidden=24,
@@ -223,23 +225,14 @@ def test_autocast_runs_the_experts_in_its_dtype():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_compiled_engine_and_training_step():
-    """On a GPU: the compiled, graph-captured engine decodes a mixture of experts as the eager one does (bf16), and
-    the compiled training step's loss and gradients (autocast bf16, the balance loss on) match eager ones."""
-    from redline.inference import InferenceEngine, SamplingParams
-
+    """On a GPU: the compiled, graph-captured engine decodes a mixture of experts greedily, as the eager one does
+    (tests/engine_checks.py), and the compiled training step's loss and gradients (autocast bf16, the balance loss
+    on) match eager ones."""
     torch.manual_seed(0)
     cfg = replace(CFG, n_embd=128, mlp_hidden=64, moe_experts=8, moe_top_k=2, qk_norm=True, vocab_size=512,
                   context_len=128, moe_aux_loss=0.01)
     model = GPT(cfg).cuda()
-    prompts = [list(range(1, 20)), [5, 6, 7], list(range(30, 90))]
-    eager = InferenceEngine(model, dtype=torch.bfloat16, compile=False, cuda_graphs=False)
-    compiled = InferenceEngine(model, dtype=torch.bfloat16, compile=True, cuda_graphs=True)
-    a = eager.generate(prompts, 24, SamplingParams(temperature=0))
-    b = compiled.generate(prompts, 24, SamplingParams(temperature=0))
-    model.eval()
-    for prompt, ra, rb in zip(prompts, a, b):  # bf16 near-ties may split the two runs: each must stay greedy
-        assert_near_greedy(model, prompt, ra.tokens)
-        assert_near_greedy(model, prompt, rb.tokens)
+    assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
     model.train()
     idx = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda")
     step = torch.compile(lambda: model(idx, idx))
@@ -252,15 +245,3 @@ def test_gpu_compiled_engine_and_training_step():
     torch.testing.assert_close(loss_c, loss, rtol=2e-2, atol=2e-2)
     for g, gc in zip(grads, grads_c):  # the router's logits are bf16 products: a few near-tied tokens may take
         assert (gc - g).norm() / g.norm() < 0.1  # another expert compiled (5.5% apart measured), a wrong one ~100%
-
-
-def assert_near_greedy(model, prompt: list[int], tokens: list[int], tol: float = 0.05) -> None:
-    """Each generated token, teacher-forced through the fp32 model, within tol of the best logit at its step: what
-    bf16 rounding may flip among near-tied tokens, where a wrong cache gives tokens about the logits' spread
-    (~0.7 here) below the best."""
-    seq = torch.tensor([prompt + tokens], device="cuda")
-    with torch.no_grad():
-        logits = model(seq)[0, len(prompt) - 1:-1].float()  # (new, vocab): step i predicts tokens[i]
-    chosen = logits.gather(1, torch.tensor(tokens, device="cuda")[:, None])[:, 0]
-    gaps = logits.max(dim=-1).values - chosen
-    assert gaps.max() < tol, gaps

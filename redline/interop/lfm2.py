@@ -19,7 +19,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, pad_rows, raise_first
-from redline.interop.llama import _rope, check_silu, rope_scaling
+from redline.interop.llama import _rope, _split_qkv, check_silu, rope_scaling
 from redline.model import ModelConfig
 
 
@@ -142,8 +142,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         if i in cfg.conv_layers:
             out[p + "conv.conv.weight"] = state[r + "attn.weight"][:, None]
         else:
-            q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-            for x, t in zip("qkv", state[r + "attn.qkv.weight"].split([q, kv, kv])):
+            for x, t in zip("qkv", _split_qkv(state[r + "attn.qkv.weight"], cfg)):
                 out[f"{p}self_attn.{x}_proj.weight"] = t
     return {k: v.contiguous() for k, v in out.items()}
 
