@@ -2,7 +2,8 @@
 keys, Qwen2-MoE (qwen2moe: its shared expert and gate), Qwen3-MoE (qwen3moe), OLMoE (olmoe) and GraniteMoE
 (granitemoe); experts stacked as ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F), the router as
 ffn_gate_inp. Read back by redline's import and, where transformers' GGUF loader reads the file as llama.cpp
-does, by it; the layouts redline does not write refused in one line (LFM2's too)."""
+does, by it; the layouts redline does not write refused in one line; LFM2's short convolutions as llama.cpp's
+lfm2."""
 
 from __future__ import annotations
 
@@ -47,7 +48,6 @@ def test_moe_gguf_read_back(kind, arch, transformers_reads, tmp_path, capsys):
     (dict(moe_norm_topk=True, moe_shared_hidden=16), "qwen2moe"),  # llama.cpp's qwen2moe does not rescale
     (dict(moe_norm_topk=False, qk_norm=True), "qwen3moe"),  # llama.cpp's qwen3moe rescales
     (dict(moe_norm_topk=False), "shared expert"),  # exported as Qwen2-MoE, whose llama.cpp form needs one
-    (dict(moe_experts=0, conv_layers=(0,), qk_norm=True), "LFM2 models are not written as GGUF"),
 ])
 def test_moe_gguf_refusals(extra, named, tmp_path, capsys):
     from redline.config import TrainConfig, to_dict
@@ -66,3 +66,21 @@ def test_moe_gguf_refusals(extra, named, tmp_path, capsys):
     code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_lfm2_gguf_read_back_by_redline_and_transformers(tmp_path, capsys):
+    """LFM2 as llama.cpp's lfm2: a convolution layer has no kv heads (attention.head_count_kv, one entry a layer),
+    its kernel is shortconv.conv (C, L), the final norm token_embd_norm."""
+    hf, path = export_gguf("lfm2", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    assert list(reader.fields["lfm2.attention.head_count_kv"].contents()) == [0, 2, 0]
+    assert reader.fields["lfm2.shortconv.l_cache"].contents() == 3
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
+    assert shapes["blk.0.shortconv.conv.weight"] == (64, 3) and "token_embd_norm.weight" in shapes
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+    model, _, _ = import_gguf(path, tmp_path / "back", capsys)
+    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)

@@ -3,8 +3,9 @@
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
-gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense) and the mixtures of
-experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
+gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 (LFM2: its
+convolution layers have no kv heads) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe,
+qwen3moe, olmoe, granitemoe) are read and written here.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
@@ -44,7 +45,7 @@ from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe")
+          "granitemoe", "lfm2")
 # mixtures of experts (moe.py): llama.cpp's names for them, and whether its graph rescales each token's top-k router
 # probabilities to sum to 1 (the norm_w of each architecture's build_moe_ffn call: llama's, Mixtral's, yes; qwen2moe
 # and olmoe no; qwen3moe and granitemoe yes)
@@ -97,6 +98,16 @@ _PHI2_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.final_lay
 # qkv_proj and gate_up_proj; LongRoPE's two sets of factors as (rotating pairs,) F32 tensors of their own
 _PHI3_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+# LFM2 (MODEL_TENSORS[LFM2]; llama.cpp's llama_model_lfm2): operator_norm as attn_norm, the convolution layers'
+# shortconv.in_proj / conv / out_proj, the final norm as token_embd_norm (llama.cpp's LLM_TENSOR_OUTPUT_NORM_LFM2),
+# the convolution's kernel (C, L) in the file, (C, 1, L) in Hugging Face's
+_LFM2_NAMES = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "ffn_gate": "feed_forward.w1",
+               "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2", "attn_q": "self_attn.q_proj",
+               "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.out_proj",
+               "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
+               "shortconv.conv": "conv.conv", "shortconv.in_proj": "conv.in_proj",
+               "shortconv.out_proj": "conv.out_proj"}
+_LFM2_TOP = {"token_embd": "model.embed_tokens", "token_embd_norm": "model.embedding_norm", "output": "lm_head"}
 # StarCoder2 (MODEL_TENSORS[STARCODER2]): Llama's attention names, LayerNorms with biases, c_fc / c_proj as ffn_up
 # and ffn_down
 _STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -118,7 +129,7 @@ ROPE_FACTORS = {"long": "rope_factors_long.weight", "short": "rope_factors_short
 # no key for Hugging Face's hidden_act; without this key a file reads as a Pythia-style "gelu" (erf), the function
 # of the model the file was converted from
 NEOX_GELU_KEY = "redline.feed_forward.gelu_approximate"  # string: "tanh" or "none"
-_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_BLOCK = re.compile(r"^blk\.(\d+)\.([\w.]+)\.(weight|bias)$")  # dotted inner names: LFM2's shortconv.conv
 _TOP = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
@@ -149,6 +160,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _PHI3_NAMES, _LLAMA_TOP, "model.layers."
     if arch == "starcoder2":
         return _STARCODER2_NAMES, _LLAMA_TOP, "model.layers."
+    if arch == "lfm2":
+        return _LFM2_NAMES, _LFM2_TOP, "model.layers."
     names = {"olmo2": _OLMO2_NAMES, "exaone4": _OLMO2_NAMES, "hunyuan-dense": _HUNYUAN_NAMES, "gemma2": _GEMMA3_NAMES,
              "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
@@ -210,6 +223,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     width, heads = key("embedding_length"), key("attention.head_count")
     if arch == "phi3":
         return _phi3_config(key, vocab, tied, rope_factors or {})
+    if arch == "lfm2":
+        return _lfm2_config(key, vocab, tied)
     if arch == "starcoder2":  # the keys llama.cpp's converter writes; biases and the window as the tensors and keys say
         if key("rope.scaling.type") not in (None, "none"):
             raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a starcoder2 model is not read "
@@ -329,6 +344,29 @@ def _exaone4_config(key, common: dict) -> dict:
                         "attention.sliding_window_pattern: which layers use the window is not given; import the "
                         "model's Hugging Face folder")
     return {**common, "sliding_window": window or None, "layer_types": kinds}
+
+
+def _lfm2_config(key, vocab: int, tied: bool) -> dict:
+    """An lfm2 config.json for an lfm2 GGUF: llama.cpp takes a layer with no kv heads (attention.head_count_kv, one
+    entry a layer) for a convolution layer (its llama_model_lfm2::load_arch_hparams), and feed_forward_length is the
+    MLP's width as it is (transformers' GGUF loader reads the file so too)."""
+    heads = key("attention.head_count")
+    kv = key("attention.head_count_kv") or heads
+    n = key("block_count")
+    kv = list(kv) if isinstance(kv, (list, tuple)) else [kv] * n
+    if len(kv) != n or key("attention.sliding_window"):
+        raise UserError(f"the GGUF's lfm2 file gives {len(kv)} attention.head_count_kv entries for {n} layers or a "
+                        f"sliding window; redline reads one entry a layer and no window")
+    if key("rope.scaling.type") not in (None, "none"):
+        raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on an lfm2 model is not read by "
+                        f"redline; import the model's Hugging Face folder")
+    return {"model_type": "lfm2", "vocab_size": vocab, "hidden_size": key("embedding_length"),
+            "intermediate_size": key("feed_forward_length"), "block_auto_adjust_ff_dim": False,
+            "num_hidden_layers": n, "num_attention_heads": heads, "num_key_value_heads": max(kv),
+            "layer_types": ["full_attention" if h else "conv" for h in kv],
+            "max_position_embeddings": key("context_length", 128000),
+            "norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5), "rope_theta": key("rope.freq_base", 1e6),
+            "conv_L_cache": key("shortconv.l_cache", 3), "tie_word_embeddings": tied}
 
 
 def _phi3_config(key, vocab: int, tied: bool, rope_factors: dict) -> dict:
@@ -552,6 +590,8 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
             w = w - 1
         if kind == "ffn_gate_inp_shexp":  # (C,) in the file, a Linear's (1, C) in Hugging Face's
             w = w.reshape(1, -1)
+        if t.name.endswith("shortconv.conv.weight"):  # LFM2's kernel: (C, L) in the file, (C, 1, L) in Hugging Face's
+            w = w[:, None]
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
             w = w.t().contiguous()
         if arch == "gptneox" and kind == "attn_qkv":
@@ -708,8 +748,10 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig) -> dict:
 
 def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "lfm2":
-        raise UserError("LFM2 models are not written as GGUF by redline (llama.cpp's lfm2 layout is not "
-                        "implemented here); export with --format hf")
+        if cfg.rope_scaling != "none":
+            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on an LFM2 model: redline writes lfm2 GGUF files "
+                            f"without RoPE scaling; export with --format hf")
+        return "lfm2"
     if family.name in MOE_ARCHES.values():
         return _moe_arch(family, cfg)
     if family.name == "gemma3_text":
@@ -802,6 +844,12 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "lfm2":  # the keys llama.cpp's converter writes for LFM2: no kv heads on a convolution layer
+        writer.add_head_count_kv([0 if i in cfg.conv_layers else cfg.kv_heads for i in range(cfg.n_layer)])
+        writer.add_layer_norm_rms_eps(cfg.norm_eps)
+        writer.add_rope_freq_base(cfg.rope_theta)
+        writer.add_shortconv_l_cache(cfg.conv_kernel)
         return
     if arch == "starcoder2":  # the keys llama.cpp's converter writes for StarCoder2 (LayerNorm, GQA, whole heads)
         writer.add_head_count_kv(cfg.kv_heads)
@@ -952,6 +1000,8 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             w = t.float()
             if kind == "ffn_gate_inp_shexp":  # llama.cpp's {n_embd}
                 w = w.reshape(-1)
+            if name.endswith("shortconv.conv.weight"):  # llama.cpp's {L, n_embd}
+                w = w[:, 0]
             if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
                 w = w.t()
             if arch in PERMUTED and kind in ("attn_q", "attn_k"):
