@@ -163,6 +163,20 @@ class ModelConfig:
     """Mixture of experts, training: add this times the load-balancing loss (Switch Transformer's E·Σ_e f_e·P_e,
     f_e the share of routed slots expert e takes, P_e its mean router probability; averaged over the layers) to the
     language-model loss, so the router keeps spreading tokens (Mixtral's router_aux_loss_coef); 0 = off."""
+    moe_gating: Literal["softmax", "sigmoid"] = "softmax"
+    """Mixture of experts: the router's scores, a softmax over the experts or each expert's sigmoid (LFM2-MoE's,
+    DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus 1e-6 as they compute it)."""
+    moe_expert_bias: bool = False
+    """Mixture of experts: a per-expert bias added to the scores to choose the top k (not to weight them): LFM2-MoE's
+    and DeepSeek-V3's expert_bias, a buffer imported with the model (not trained: redline has no bias-balancing
+    update)."""
+    moe_scale: float = 1.0
+    """Mixture of experts: the chosen experts' weights times this (routed_scaling_factor)."""
+    moe_dense_layers: int = 0
+    """Mixture of experts: the first this-many layers have a dense MLP instead (LFM2-MoE's num_dense_layers),
+    moe_dense_hidden wide."""
+    moe_dense_hidden: int | None = None
+    """The width of the dense MLPs of moe_dense_layers (None: mlp_hidden)."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
@@ -372,6 +386,12 @@ class ModelConfig:
                 self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
             raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu or geglu) and "
                             f"1 <= model.moe_top_k <= moe_experts, got mlp={self.mlp}, moe_top_k={self.moe_top_k}")
+        if (self.moe_gating != "softmax" or self.moe_expert_bias or self.moe_scale != 1.0 or self.moe_dense_layers
+                or self.moe_dense_hidden) and not self.moe_experts:
+            raise UserError("model.moe_gating, moe_expert_bias, moe_scale, moe_dense_layers and moe_dense_hidden "
+                            "need experts (model.moe_experts)")
+        if not 0 <= self.moe_dense_layers <= self.n_layer:
+            raise UserError(f"model.moe_dense_layers={self.moe_dense_layers} must be in [0, n_layer={self.n_layer}]")
         if self.moe_experts and self.bias:
             raise UserError("model.bias=true with model.moe_experts: the experts have no biases (model.qkv_bias puts "
                             "them on q/k/v)")
@@ -755,6 +775,9 @@ class MoE(nn.Module):
         E, F_, C = cfg.moe_experts, cfg.hidden_dim, cfg.n_embd
         self.kind, self.gelu = cfg.mlp, cfg.gelu_approximate
         self.top_k, self.norm_topk = cfg.moe_top_k, cfg.moe_norm_topk
+        self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
+        # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
+        self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
         self.router = nn.Linear(C, E, bias=False)
         self.fc = nn.Parameter(torch.empty(E, 2 * F_, C))
         self.proj = nn.Parameter(torch.empty(E, C, F_))
@@ -775,10 +798,17 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, E, k = x.shape, self.fc.shape[0], self.top_k
         x = x.reshape(-1, shape[-1])  # (N, C)
-        probs = F.softmax(self.router(x), dim=-1, dtype=torch.float32)  # (N, E)
-        weights, experts = probs.topk(k, dim=-1)  # (N, k) each
-        if self.norm_topk:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        logits = self.router(x)
+        probs = torch.sigmoid(logits.float()) if self.sigmoid else F.softmax(logits, dim=-1, dtype=torch.float32)
+        if self.expert_bias is not None:  # the bias chooses; the scores weight
+            experts = (probs + self.expert_bias).topk(k, dim=-1).indices  # (N, k)
+            weights = probs.gather(1, experts)
+        else:
+            weights, experts = probs.topk(k, dim=-1)  # (N, k) each
+        if self.norm_topk:  # sigmoid scores: with 1e-6, as LFM2-MoE's router computes it
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-6 if self.sigmoid else 0.0))
+        if self.scale != 1.0:
+            weights = weights * self.scale
         flat = experts.flatten()  # (N·k,) the expert of each (token, slot)
         order = flat.argsort(stable=True)
         counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
@@ -813,7 +843,10 @@ class Block(nn.Module):
         # the token mixer: attention, or a short convolution on model.conv_layers (LFM2's)
         self.conv = layer in cfg.conv_layers
         self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
-        self.mlp = MoE(cfg) if cfg.moe_experts else MLP(cfg)
+        if cfg.moe_experts and layer >= cfg.moe_dense_layers:
+            self.mlp = MoE(cfg)
+        else:  # a dense MLP, moe_dense_hidden wide on a mixture's first moe_dense_layers
+            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg)
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -1073,7 +1106,7 @@ class GPT(nn.Module):
         when training a mixture of experts with it (MoE.balance); else the loss as it is."""
         if not (self.training and self.cfg.moe_aux_loss):
             return loss
-        balance = torch.stack([block.mlp.balance for block in self.blocks]).mean()
+        balance = torch.stack([block.mlp.balance for block in self.blocks if isinstance(block.mlp, MoE)]).mean()
         return loss + self.cfg.moe_aux_loss * balance
 
     # -- accounting ------------------------------------------------------------------------------------

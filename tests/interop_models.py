@@ -94,6 +94,13 @@ FAMILIES = {
              dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
                   layer_types=["conv", "full_attention", "conv"], block_multiple_of=32, norm_eps=1e-5,
                   tie_word_embeddings=True, pad_token_id=None)),
+    # LFM2-MoE: LFM2's layers, the first dense (48 wide), the others top 2 of 4 sigmoid-scored experts chosen with a
+    # bias (perturbed like every tensor), rescaled, times 1.5
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, intermediate_size=48,
+                      moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                      routed_scaling_factor=1.5, layer_types=["conv", "full_attention", "conv"], norm_eps=1e-5,
+                      tie_word_embeddings=True, pad_token_id=None)),
     # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -255,6 +262,9 @@ def hf_model(kind: str, seed: int = 0):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+        for name, b in model.named_buffers():  # LFM2-MoE's routing bias, a buffer: moved so it chooses
+            if name.endswith("expert_bias"):
+                b.add_(torch.randn_like(b) * 0.1)
     return model
 
 

@@ -159,6 +159,10 @@ REDLINE_EXPORTS = {
                              moe_norm_topk=False),
     # LFM2: short convolutions on layer 0, attention with QK-norm on 1
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
+    # LFM2-MoE: layer 0 dense (80 wide), layer 1 top 2 of 4 sigmoid-scored experts chosen with a bias, times 2
+    "Lfm2MoeForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                               mlp_hidden=32, moe_dense_layers=1, moe_dense_hidden=80, moe_gating="sigmoid",
+                               moe_expert_bias=True, moe_scale=2.0),
     "GraniteMoeForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=32, embed_multiplier=2.0,
                                   residual_multiplier=0.3, logit_divisor=3.0, attn_scale=0.2, n_kv_head=2),
 }
@@ -331,8 +335,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, gpt_neox, granite, "
-                         "granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, llama, mistral, mixtral, olmo2, olmoe, "
-                         "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2")
+                         "granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, llama, mistral, mixtral, "
+                         "olmo2, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, "
+                         "starcoder2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -48,6 +48,7 @@ def test_moe_gguf_read_back(kind, arch, transformers_reads, tmp_path, capsys):
     (dict(moe_norm_topk=True, moe_shared_hidden=16), "qwen2moe"),  # llama.cpp's qwen2moe does not rescale
     (dict(moe_norm_topk=False, qk_norm=True), "qwen3moe"),  # llama.cpp's qwen3moe rescales
     (dict(moe_norm_topk=False), "shared expert"),  # exported as Qwen2-MoE, whose llama.cpp form needs one
+    (dict(conv_layers=(0,), qk_norm=True, moe_gating="sigmoid"), "LFM2-MoE models are not written as GGUF"),
 ])
 def test_moe_gguf_refusals(extra, named, tmp_path, capsys):
     from redline.config import TrainConfig, to_dict

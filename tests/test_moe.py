@@ -27,10 +27,14 @@ def reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     """The mixture computed one token at a time, each chosen expert as a plain SwiGLU MLP."""
     out = []
     for row in x.reshape(-1, x.shape[-1]):
-        probs = F.softmax(moe.router(row).double(), dim=-1)
-        weights, experts = probs.topk(moe.top_k)
+        logits = moe.router(row).double()
+        probs = torch.sigmoid(logits) if moe.sigmoid else F.softmax(logits, dim=-1)
+        bias = moe.expert_bias.double() if moe.expert_bias is not None else torch.zeros_like(probs)
+        experts = (probs + bias).topk(moe.top_k).indices  # the bias chooses, the scores weight
+        weights = probs[experts]
         if moe.norm_topk:
-            weights = weights / weights.sum()
+            weights = weights / (weights.sum() + (1e-6 if moe.sigmoid else 0.0))
+        weights = weights * moe.scale
         y = torch.zeros_like(row)
         for w, e in zip(weights, experts.tolist()):
             gate, up = (moe.fc[e] @ row).chunk(2)
@@ -41,12 +45,15 @@ def reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(out).view(x.shape)
 
 
-@pytest.mark.parametrize("extra", [{}, {"moe_norm_topk": False, "moe_shared_hidden": 16, "moe_top_k": 3}])
+@pytest.mark.parametrize("extra", [{}, {"moe_norm_topk": False, "moe_shared_hidden": 16, "moe_top_k": 3},
+                                   {"moe_gating": "sigmoid", "moe_expert_bias": True, "moe_scale": 2.5}])
 def test_layer_equals_a_token_by_token_reference(extra):
     torch.manual_seed(0)
     moe = MoE(replace(CFG, **extra))
     for p in moe.parameters():
         torch.nn.init.normal_(p, std=0.3)
+    if moe.expert_bias is not None:  # large enough to change which experts are chosen
+        moe.expert_bias.normal_(std=0.5)
     x = torch.randn(3, 7, CFG.n_embd)
     with torch.no_grad():
         torch.testing.assert_close(moe(x), reference(moe, x), rtol=1e-5, atol=1e-5)
@@ -144,6 +151,7 @@ def test_import_refusals_name_the_option(name, hf, fragment):
     (dict(qk_norm=True, moe_shared_hidden=16), "moe_shared_hidden with QK-norm"),
     (dict(moe_shared_hidden=16, sliding_window=4), "model.sliding_window with a shared expert"),
     (dict(mlp="geglu"), "model.mlp=geglu"),
+    (dict(moe_gating="sigmoid"), "LFM2-MoE's"),
 ])
 def test_export_refusals_name_the_option(extra, fragment):
     from redline.interop.families import export_family
@@ -155,6 +163,7 @@ def test_export_refusals_name_the_option(extra, fragment):
 @pytest.mark.parametrize("extra, fragment", [
     (dict(mlp="gelu"), "needs a gated MLP"), (dict(moe_top_k=6), "moe_top_k <= moe_experts"),
     (dict(bias=True), "experts have no biases"), (dict(moe_experts=0, moe_shared_hidden=8), "need experts"),
+    (dict(moe_experts=0, moe_gating="sigmoid"), "need experts"), (dict(moe_dense_layers=3), "moe_dense_layers=3"),
 ])
 def test_config_refusals(extra, fragment):
     with pytest.raises(UserError, match=fragment):

@@ -180,7 +180,8 @@ def _families() -> dict[str, Family]:
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY,
                                 gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY,
                                 ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY, gemma.FAMILY,
-                                gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY)}
+                                gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
+                                lfm2.MOE_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -218,7 +219,7 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import lfm2
 
         lfm2.check_exportable(cfg)
-        return families["lfm2"]
+        return families["lfm2_moe" if cfg.moe_experts else "lfm2"]
     if cfg.moe_experts:  # Mixtral, Qwen2/3-MoE, OLMoE
         from redline.interop import moe
 

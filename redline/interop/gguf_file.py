@@ -747,6 +747,9 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig) -> dict:
 
 
 def _arch(family: Family, cfg: ModelConfig) -> str:
+    if family.name == "lfm2_moe":
+        raise UserError("LFM2-MoE models are not written as GGUF by redline (llama.cpp's lfm2moe, with its expert "
+                        "gating keys, is not implemented here); export with --format hf")
     if family.name == "lfm2":
         if cfg.rope_scaling != "none":
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on an LFM2 model: redline writes lfm2 GGUF files "
@@ -815,7 +818,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
-            "smollm3": "smollm3", "granite": "granite", "gpt2": "gpt2"}[family.name]
+            "smollm3": "smollm3", "granite": "granite", "gpt2": "gpt2"}.get(family.name)
+    if arch is None:
+        raise UserError(f"{family.architecture} models are not written as GGUF by redline; export with --format hf")
     if arch == "granite" and cfg.head_dim * cfg.n_head != cfg.n_embd:
         raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's granite takes heads n_embd / n_head "
                         "wide; export with --format hf")

@@ -14,6 +14,7 @@ rounded up to `block_multiple_of`); the final norm is named `embedding_norm`. Wh
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -65,14 +66,30 @@ def model_config(hf: dict) -> ModelConfig:
     )
 
 
+def moe_model_config(hf: dict) -> ModelConfig:
+    """LFM2-MoE (Lfm2MoeForCausalLM: LFM2-8B-A1B): LFM2's blocks with the MLPs of all but the first num_dense_layers
+    a mixture of experts (`feed_forward.gate`, experts `feed_forward.experts.j.w1/w3/w2`), routed by each expert's
+    sigmoid score plus `expert_bias` (to choose, not to weight), the chosen scores rescaled to sum to 1 where
+    norm_topk_prob, times routed_scaling_factor; the dense MLPs intermediate_size wide, as given (no adjusting)."""
+    cfg = model_config({**hf, "block_auto_adjust_ff_dim": False})
+    return replace(cfg, moe_experts=int(hf["num_experts"]), moe_top_k=int(hf["num_experts_per_tok"]),
+                   mlp_hidden=int(hf["moe_intermediate_size"]), moe_dense_layers=int(hf.get("num_dense_layers", 0)),
+                   moe_dense_hidden=int(hf["intermediate_size"]), moe_gating="sigmoid",
+                   moe_expert_bias=bool(hf.get("use_expert_bias", True)),
+                   moe_scale=float(hf.get("routed_scaling_factor") or 1.0),
+                   moe_norm_topk=bool(hf.get("norm_topk_prob", True)))
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """A UserError naming the option of a model with short-convolution layers that LFM2 does not have."""
     raise_first([
         (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.norm_unit_offset,
          "model.conv_layers: LFM2, the one architecture with short convolutions redline exports to, has pre-RMSNorm "
          "blocks"),
-        (cfg.mlp != "swiglu" or cfg.moe_experts, f"model.mlp={cfg.mlp} or experts with model.conv_layers: LFM2's MLP "
-                                                 f"is one SwiGLU"),
+        (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp} with model.conv_layers: LFM2's MLPs are SwiGLU"),
+        (cfg.moe_experts and (cfg.moe_gating != "sigmoid" or cfg.moe_shared_hidden),
+         "experts with model.conv_layers: LFM2-MoE's route by sigmoid scores (model.moe_gating=sigmoid) and have no "
+         "shared expert"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          "model.conv_layers without per-head QK-norm before RoPE: LFM2's attention layers normalize q and k so"),
         (cfg.bias or cfg.has_qkv_bias, "model.bias or model.qkv_bias with model.conv_layers: LFM2's attention and "
@@ -87,6 +104,16 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
+    if cfg.moe_experts:
+        return {**_dense_hf_config(cfg), "model_type": "lfm2_moe", "intermediate_size": cfg.moe_dense_hidden or
+                cfg.hidden_dim, "moe_intermediate_size": cfg.hidden_dim, "num_dense_layers": cfg.moe_dense_layers,
+                "num_experts": cfg.moe_experts, "num_experts_per_tok": cfg.moe_top_k,
+                "use_expert_bias": cfg.moe_expert_bias, "routed_scaling_factor": cfg.moe_scale,
+                "norm_topk_prob": cfg.moe_norm_topk}
+    return _dense_hf_config(cfg)
+
+
+def _dense_hf_config(cfg: ModelConfig) -> dict:
     return {"model_type": "lfm2", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
             "intermediate_size": cfg.hidden_dim, "block_auto_adjust_ff_dim": False,
             "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
@@ -100,13 +127,19 @@ def hf_config(cfg: ModelConfig) -> dict:
 def _names(cfg: ModelConfig, i: int) -> dict[str, str]:
     """redline's names of block i (after blocks.i.) -> Hugging Face's (after model.layers.i.), but the fused
     projections and the convolution's kernel (shaped apart)."""
-    out = {"norm1": "operator_norm", "norm2": "ffn_norm", "mlp.proj": "feed_forward.w2"}
+    out = {"norm1": "operator_norm", "norm2": "ffn_norm"}
+    if not _moe_layer(cfg, i):
+        out["mlp.proj"] = "feed_forward.w2"
     if i in cfg.conv_layers:
         out.update({"attn.in_proj": "conv.in_proj", "attn.proj": "conv.out_proj"})
     else:
         out.update({"attn.proj": "self_attn.out_proj", "attn.q_norm": "self_attn.q_layernorm",
                     "attn.k_norm": "self_attn.k_layernorm"})
     return out
+
+
+def _moe_layer(cfg: ModelConfig, i: int) -> bool:
+    return bool(cfg.moe_experts) and i >= cfg.moe_dense_layers
 
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
@@ -120,8 +153,13 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         for ours, theirs in _names(cfg, i).items():
             out[f"{r}{ours}.weight"] = src.take(f"{p}{theirs}.weight")
-        out[r + "mlp.fc.weight"] = torch.cat([src.take(p + "feed_forward.w1.weight"),
-                                              src.take(p + "feed_forward.w3.weight")])
+        if _moe_layer(cfg, i):  # moe.py's map, LFM2-MoE's names
+            from redline.interop.moe import experts_to_redline
+
+            out.update(experts_to_redline(src, p, r, cfg))
+        else:
+            out[r + "mlp.fc.weight"] = torch.cat([src.take(p + "feed_forward.w1.weight"),
+                                                  src.take(p + "feed_forward.w3.weight")])
         if i in cfg.conv_layers:
             out[r + "attn.weight"] = src.take(p + "conv.conv.weight")[:, 0]  # (C, 1, L) -> (C, L)
         else:
@@ -138,7 +176,12 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         for ours, theirs in _names(cfg, i).items():
             out[f"{p}{theirs}.weight"] = state[f"{r}{ours}.weight"]
-        out[p + "feed_forward.w1.weight"], out[p + "feed_forward.w3.weight"] = state[r + "mlp.fc.weight"].chunk(2)
+        if _moe_layer(cfg, i):
+            from redline.interop.moe import experts_to_hf
+
+            out.update(experts_to_hf(state, p, r, cfg, "lfm2_moe"))
+        else:
+            out[p + "feed_forward.w1.weight"], out[p + "feed_forward.w3.weight"] = state[r + "mlp.fc.weight"].chunk(2)
         if i in cfg.conv_layers:
             out[p + "conv.conv.weight"] = state[r + "attn.weight"][:, None]
         else:
@@ -149,3 +192,5 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
 
 FAMILY = Family(name="lfm2", architecture="Lfm2ForCausalLM", model_config=model_config, hf_config=hf_config,
                 to_redline=to_redline, to_hf=to_hf)
+MOE_FAMILY = Family(name="lfm2_moe", architecture="Lfm2MoeForCausalLM", model_config=moe_model_config,
+                    hf_config=hf_config, to_redline=to_redline, to_hf=to_hf)

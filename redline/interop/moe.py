@@ -32,8 +32,9 @@ from redline.model import ModelConfig
 # (router, an expert's gate, up and down) after model.layers.N., by the family's naming
 _MIXTRAL = ("block_sparse_moe.", "w1", "w3", "w2")
 _QWEN = ("mlp.", "gate_proj", "up_proj", "down_proj")
+_LFM2 = ("feed_forward.", "w1", "w3", "w2")  # LFM2-MoE's (lfm2.py), with feed_forward.expert_bias
 _GRANITE = "block_sparse_moe."  # GraniteMoE: router.layer (E, C), input_linear (E, 2F, C), output_linear (E, C, F)
-NAMES = {"mixtral": _MIXTRAL, "qwen2_moe": _QWEN, "qwen3_moe": _QWEN, "olmoe": _QWEN}
+NAMES = {"mixtral": _MIXTRAL, "qwen2_moe": _QWEN, "qwen3_moe": _QWEN, "olmoe": _QWEN, "lfm2_moe": _LFM2}
 _ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                   "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
@@ -132,6 +133,9 @@ def check_exportable(cfg: ModelConfig, granite: bool = False) -> None:
         (cfg.sliding_window_pattern or cfg.rope_local_theta or cfg.embed_scale or (scales and not granite),
          "Gemma's or Granite's scales and window layouts with model.moe_experts (of the mixtures of experts redline "
          "exports to, GraniteMoE has Granite's scalars)"),
+        (cfg.moe_gating != "softmax" or cfg.moe_expert_bias or cfg.moe_scale != 1.0 or cfg.moe_dense_layers,
+         "sigmoid scores, an expert bias, a weight scale or dense first layers with model.moe_experts: LFM2-MoE's "
+         "(with model.conv_layers); Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE have none of them"),
         (cfg.logit_softcap or cfg.attn_softcap or cfg.head_bias or cfg.value_embeddings or cfg.qk_norm_after_rope,
          "soft caps, a head bias, value embeddings or QK-norm after RoPE with model.moe_experts: Mixtral, Qwen2/3-MoE "
          "and OLMoE have none of them"),
@@ -172,9 +176,11 @@ def experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> d
         return {f"{r}mlp.router.weight": src.take(f"{p}{_GRANITE}router.layer.weight"),
                 f"{r}mlp.fc": src.take(f"{p}{_GRANITE}input_linear.weight"),
                 f"{r}mlp.proj": src.take(f"{p}{_GRANITE}output_linear.weight")}
-    names = _MIXTRAL if f"{p}block_sparse_moe.gate.weight" in src else _QWEN
+    names = next((n for n in (_MIXTRAL, _LFM2) if f"{p}{n[0]}gate.weight" in src), _QWEN)
     moe, gate, up, down = names
     out = {f"{r}mlp.router.weight": src.take(f"{p}{moe}gate.weight")}
+    if cfg.moe_expert_bias:
+        out[f"{r}mlp.expert_bias"] = src.take(f"{p}{moe}expert_bias").float()
     if f"{p}{moe}experts.gate_proj.weight" in src:  # stacked apart (E, F, C) each, as GGUF files hold them
         out[f"{r}mlp.fc"] = torch.cat([src.take(f"{p}{moe}experts.gate_proj.weight"),
                                        src.take(f"{p}{moe}experts.up_proj.weight")], dim=1)
@@ -205,6 +211,8 @@ def experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelC
                 f"{p}{_GRANITE}output_linear.weight": state[f"{r}mlp.proj"]}
     moe, gate, up, down = NAMES[name]
     out = {f"{p}{moe}gate.weight": state[f"{r}mlp.router.weight"]}
+    if cfg.moe_expert_bias:
+        out[f"{p}{moe}expert_bias"] = state[f"{r}mlp.expert_bias"]
     for j, (fc, proj) in enumerate(zip(state[f"{r}mlp.fc"], state[f"{r}mlp.proj"])):
         x = f"{p}{moe}experts.{j}."
         out[f"{x}{gate}.weight"], out[f"{x}{up}.weight"] = fc.chunk(2)
