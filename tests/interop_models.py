@@ -101,6 +101,15 @@ FAMILIES = {
                       moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
                       routed_scaling_factor=1.5, layer_types=["conv", "full_attention", "conv"], norm_eps=1e-5,
                       tie_word_embeddings=True, pad_token_id=None)),
+    # Cohere (Command-R's block: parallel sublayers under one LayerNorm without a bias, RoPE on interleaved pairs, a
+    # logit scale, tied) and Cohere2 (Command R7B's: three windowed layers that rotate, then a full one without RoPE;
+    # a window shorter than the test sequences)
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                         logit_scale=0.25, layer_norm_eps=1e-5, pad_token_id=None)),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, sliding_window=5,
+                     logit_scale=0.5, layer_norm_eps=1e-5, pad_token_id=None,
+                     layer_types=["sliding_attention"] * 3 + ["full_attention"])),
     # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,

@@ -160,6 +160,12 @@ REDLINE_EXPORTS = {
     # LFM2: short convolutions on layer 0, attention with QK-norm on 1
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
     # LFM2-MoE: layer 0 dense (80 wide), layer 1 top 2 of 4 sigmoid-scored experts chosen with a bias, times 2
+    # Cohere: parallel sublayers under one LayerNorm without a bias, SwiGLU, a logit scale; Cohere2 with its window
+    "CohereForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True,
+                              logit_divisor=4.0, n_kv_head=2, tie_embeddings=True),
+    "Cohere2ForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True,
+                               logit_divisor=2.0, n_kv_head=2, tie_embeddings=True, sliding_window=5,
+                               sliding_window_pattern=2, nope_interval=2),
     "Lfm2MoeForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
                                mlp_hidden=32, moe_dense_layers=1, moe_dense_hidden=80, moe_gating="sigmoid",
                                moe_expert_bias=True, moe_scale=2.0),
@@ -334,9 +340,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, gpt_neox, granite, "
-                         "granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, llama, mistral, mixtral, "
-                         "olmo2, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, "
+                         "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, gpt_neox, "
+                         "granite, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, llama, mistral, "
+                         "mixtral, olmo2, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, "
                          "starcoder2")
 
 

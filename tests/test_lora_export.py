@@ -40,6 +40,9 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head
     "Phi3ForCausalLM": dict(rope_dims=12, rope_scaling="longrope", rope_pair_factors=(1.0, 1.5, 2.0, 2.5, 3.0, 3.5),
                             rope_original_context=64, rope_factor=4.0, n_kv_head=2),
+    # Cohere: Llama's names, q and k rows in RoPE's interleaved order (B's rows permuted alike), parallel sublayers
+    "CohereForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True,
+                              logit_divisor=4.0, n_kv_head=2, tie_embeddings=True),
     # LFM2: a short convolution (in_proj, out_proj) on layer 0, attention (out_proj) on 1, feed_forward.w1/w3/w2
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
     # query_key_value: B's rows regrouped by head

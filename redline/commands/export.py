@@ -7,9 +7,9 @@
 The architecture follows the model: GPT-2 for learned positions (the gpt2 presets), Qwen3 with QK-norm (the modern
 presets), Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise, and the architecture
 whose options an imported model has (OLMo 2, EXAONE 4.0, the Gemmas, Phi, Phi-3, GPT-NeoX, StableLM, StarCoder2,
-OPT, SmolLM3, Granite, Hunyuan; a mixture of experts as Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE or GraniteMoE:
-docs/import_export.md). A redline option none of them has (post-norm, ReLU² with
-RoPE, learned positions with RMSNorm, ...) is an error that names it.
+OPT, SmolLM3, Granite, Hunyuan, Cohere, LFM2; a mixture of experts as Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
+GraniteMoE or LFM2-MoE: docs/import_export.md). A redline option none of them has (post-norm, ReLU² with RoPE,
+learned positions with RMSNorm, ...) is an error that names it.
 The folder holds config.json, model.safetensors, generation_config.json (the stop, BOS and padding ids, with the
 rest of an imported model's own generation config), tokenizer.json and
 tokenizer_config.json (special tokens, chat template). Written atomically: on any error nothing is left at --out.

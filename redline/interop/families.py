@@ -4,8 +4,8 @@ A family is the pair (config translation, weight-name map) for one Hugging Face 
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
 sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
 norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
-gpt_neox.py GPT-NeoX (Pythia), phi.py Phi and opt.py OPT; moe.py the mixtures of experts on the Llama layout (Mixtral,
-Qwen2/3-MoE, OLMoE); lfm2.py LFM2 (attention and short convolutions).
+gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
+of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); lfm2.py LFM2 (attention and short convolutions).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -174,14 +174,14 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, lfm2, llama,
-                                 moe, olmo2, opt, phi, phi3, stablelm, starcoder2)
+    from redline.interop import (cohere, ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, lfm2,
+                                 llama, moe, olmo2, opt, phi, phi3, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY,
                                 gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY,
                                 ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY, gemma.FAMILY,
                                 gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
-                                lfm2.MOE_FAMILY)}
+                                lfm2.MOE_FAMILY, *cohere.FAMILIES)}
 
 
 def supported_names() -> list[str]:
@@ -207,7 +207,8 @@ def export_family(cfg: ModelConfig) -> Family:
     sublayers, StarCoder2 with RoPE, LayerNorm and GQA or a window, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
-    biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
+    biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
+    under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name); one with short-convolution layers as LFM2. A UserError names
     the redline option that no such architecture has."""
     families = _families()
@@ -255,6 +256,10 @@ def export_family(cfg: ModelConfig) -> Family:
     if exaone4.wants_exaone4(cfg):
         exaone4.check_exportable(cfg)
         return families["exaone4"]
+    from redline.interop import cohere
+
+    if cohere.wants_cohere(cfg):  # parallel sublayers under one norm, SwiGLU: Cohere's (Phi's MLP is GELU)
+        return families[cohere.export_name(cfg)]
     if cfg.nope_interval and (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.mlp != "swiglu"
                               or cfg.parallel_residual or cfg.rope_dims):
         raise UserError(f"model.nope_interval={cfg.nope_interval}: of the architectures redline exports to, only "

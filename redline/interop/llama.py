@@ -331,9 +331,10 @@ def _qkv(state: Mapping[str, torch.Tensor], r: str, cfg: ModelConfig, kind: str)
     return [state[f"{r}attn.{x}.{kind}"] for x in "qkv"]
 
 
-def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str | None = None) -> dict:
+    """redline's state dict -> the Llama layout's names, for architecture `name` (None: export_name's)."""
     V = cfg.vocab_size
-    name = export_name(cfg)
+    name = name or export_name(cfg)
     kinds = norm_kinds(cfg)
     out = {f"model.norm.{kind}": state[f"norm_f.{kind}"] for kind in kinds}
     out["model.embed_tokens.weight"] = state["wte.weight"][:V]

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family
+from redline.interop.families import Family, interleave_rope_rows
 from redline.model import ModelConfig
 
 PREFIX = "base_model.model."
@@ -68,6 +68,11 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return [(base + _PHI3[rest], slice(0, out_features))]
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        if family.name in ("cohere", "cohere2"):  # q and k rows in RoPE's interleaved order, as cohere.py exports
+            rows = torch.arange(q + kv)
+            return [(base + "self_attn.q_proj", interleave_rope_rows(rows[:q], cfg.n_head, inverse=False)),
+                    (base + "self_attn.k_proj", interleave_rope_rows(rows[q:], cfg.kv_heads, inverse=False)),
+                    (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
         return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
     if family.name in ("phi", "opt", "starcoder2"):
