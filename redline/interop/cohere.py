@@ -54,8 +54,10 @@ def model_config_for(name: str):
 
 
 def wants_cohere(cfg: ModelConfig) -> bool:
-    """A model only Cohere's architectures hold: parallel sublayers under one norm with a SwiGLU MLP."""
-    return cfg.parallel_shared_norm and cfg.mlp == "swiglu"
+    """A model only Cohere's architectures hold: parallel sublayers under one LayerNorm without a bias, a SwiGLU MLP
+    (StableLM's parallel form has LayerNorm biases; Phi's MLP is GELU)."""
+    norm_bias = cfg.bias if cfg.norm_bias is None else cfg.norm_bias
+    return cfg.parallel_shared_norm and cfg.mlp == "swiglu" and cfg.norm == "layernorm" and not norm_bias
 
 
 def export_name(cfg: ModelConfig) -> str:

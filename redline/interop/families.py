@@ -258,7 +258,7 @@ def export_family(cfg: ModelConfig) -> Family:
         return families["exaone4"]
     from redline.interop import cohere
 
-    if cohere.wants_cohere(cfg):  # parallel sublayers under one norm, SwiGLU: Cohere's (Phi's MLP is GELU)
+    if cohere.wants_cohere(cfg):
         return families[cohere.export_name(cfg)]
     if cfg.nope_interval and (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.mlp != "swiglu"
                               or cfg.parallel_residual or cfg.rope_dims):
