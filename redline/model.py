@@ -764,9 +764,9 @@ def experts_masked(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torc
 
 
 class MoE(nn.Module):
-    """A mixture of expert MLPs (model.moe_experts): router -> softmax -> the top k experts of each token, their
-    outputs summed, weighted by the (renormalised) probabilities; and a gated shared expert where moe_shared_hidden
-    gives one. Experts are stacked: fc (E, 2F, C) holds each expert's [gate; up] rows, proj (E, C, F) its output
+    """A mixture of expert MLPs (model.moe_experts): router -> softmax (or sigmoid, moe_gating) scores -> the top k
+    experts of each token (chosen with moe_expert_bias where given), their outputs summed, weighted by the
+    (renormalised, scaled) scores; and a gated shared expert where moe_shared_hidden gives one. Experts are stacked: fc (E, 2F, C) holds each expert's [gate; up] rows, proj (E, C, F) its output
     projection, so all experts run as two grouped GEMMs over the tokens sorted by expert (Mixtral's and Qwen-MoE's
     routing, as transformers' MixtralSparseMoeBlock and Qwen2MoeSparseMoeBlock compute it)."""
 
