@@ -101,6 +101,7 @@ def main(argv: list[str]) -> int:
     from redline.data.sources import list_files
     from redline.errors import UserError
     from redline.hardware import resolve_device
+    from redline.inference.plan import plan_decode
     from redline.training.checkpoint import load_for_inference, read_meta, resolve_checkpoint
     from redline.training.loop import resolve_data
 
@@ -129,6 +130,8 @@ def main(argv: list[str]) -> int:
     decode_from = cfg.decode_from or seq_len // 2
     if cfg.kv_cache_dtypes and not 1 <= decode_from < seq_len:  # checked before any evaluation runs
         raise UserError(f"--decode-from must be in [1, {seq_len - 1}] for seq_len {seq_len}, got {decode_from}")
+    for dtype in cfg.kv_cache_dtypes:  # a cache this model cannot hold (plan_decode's errors), before any evaluation
+        plan_decode(model.cfg, device, kv_cache_dtype=dtype)
     # text given as --data is tokenized into a folder that lives as long as this command
     with tempfile.TemporaryDirectory(prefix="redline-eval-") if raw_text else contextlib.nullcontext() as tmp:
         if raw_text:
