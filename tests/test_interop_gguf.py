@@ -40,6 +40,7 @@ def import_gguf(path, out, capsys):
     assert code == 0, err
     return load_for_inference(out)
 
+# (cohere and cohere2, llama.cpp's command-r and cohere2, have no transformers GGUF loader either)
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
 # to n_ctx) and llama without its attention biases, and has no olmo2, gptneox, phi2, smollm3 or granite: those round
 # trips are checked through redline's reader only, as are StableLM away from its loader's fixed quarter of each head
@@ -55,7 +56,7 @@ def import_gguf(path, out, capsys):
                                                       ("smollm3-gguf", False), ("granite-gguf", False),
                                                       ("gemma2", False), ("gemma2-gguf", True),
                                                       ("phi3-longrope", False), ("starcoder2-gguf", True),
-                                                      ("gemma", False)])
+                                                      ("gemma", False), ("cohere", False), ("cohere2", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -654,3 +655,16 @@ def test_gguf_export_of_redline_preset_architecture(tmp_path):
     tokens = TOKENS.clamp(max=cfg.vocab_size - 1)
     with torch.no_grad():
         torch.testing.assert_close(again(tokens), model(tokens), rtol=1e-6, atol=1e-6)
+
+
+def test_cohere_gguf_holds_transformers_rows_and_cohere2_s_layout(tmp_path, capsys):
+    """llama.cpp's command-r and cohere2 rotate consecutive pairs and their converter permutes nothing: the file's
+    q rows are transformers' own (redline permutes its own order back on export); cohere2's window and period."""
+    hf, path = export_gguf("cohere2", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    q = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
+    rows = torch.from_numpy(np.array(q.data, dtype=np.float32)).reshape(hf.config.hidden_size, -1)
+    torch.testing.assert_close(rows, hf.state_dict()["model.layers.0.self_attn.q_proj.weight"])
+    fields = {name: f.contents() for name, f in reader.fields.items() if name.startswith("cohere2.")}
+    assert fields["cohere2.attention.sliding_window"] == 5 and fields["cohere2.attention.sliding_window_pattern"] == 4
+    assert fields["cohere2.logit_scale"] == pytest.approx(0.5) and "output.weight" not in {t.name for t in reader.tensors}

@@ -4,7 +4,7 @@ A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
 gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 (LFM2: its
-convolution layers have no kv heads) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe,
+convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe,
 qwen3moe, olmoe, granitemoe) are read and written here.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
@@ -45,7 +45,12 @@ from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe", "lfm2")
+          "granitemoe", "lfm2", "command-r", "cohere2")
+# Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
+# order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
+# redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
+# tied to token_embd (llama.cpp loads no output tensor for them); cohere2's windowed layers rotate, the others do not
+COHERE = ("command-r", "cohere2")
 # mixtures of experts (moe.py): llama.cpp's names for them, and whether its graph rescales each token's top-k router
 # probabilities to sum to 1 (the norm_w of each architecture's build_moe_ffn call: llama's, Mixtral's, yes; qwen2moe
 # and olmoe no; qwen3moe and granitemoe yes)
@@ -119,7 +124,7 @@ _STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj
 _HUNYUAN_NAMES = {**_LLAMA_NAMES, "attn_q_norm": "self_attn.query_layernorm",
                   "attn_k_norm": "self_attn.key_layernorm"}
 # the Hugging Face model_type of a GGUF architecture where the two names differ
-_MODEL_TYPES = {"hunyuan-dense": "hunyuan_v1_dense"}
+_MODEL_TYPES = {"hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere"}
 # llama.cpp's exaone4 (its load_arch_hparams for LLM_ARCH_EXAONE4) windows only a 64-layer model, EXAONE-4.0-32B's
 # layout: a 4096-token window (or attention.sliding_window) on three layers in four, the fourth full and unrotated;
 # every other depth runs with every layer full and rotating, whatever the file's window keys say
@@ -282,6 +287,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
               "max_position_embeddings": key("context_length", 2048),
               "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6), "rope_theta": key("rope.freq_base", 1e4),
               "tie_word_embeddings": tied, "sliding_window": window or None}
+    if arch in COHERE:
+        _cohere_config(key, config)
     if arch == "smollm3":
         config["no_rope_layer_interval"] = SMOLLM3_NOPE_INTERVAL
     if experts:  # the keys llama.cpp's converters write for Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE
@@ -344,6 +351,22 @@ def _exaone4_config(key, common: dict) -> dict:
                         "attention.sliding_window_pattern: which layers use the window is not given; import the "
                         "model's Hugging Face folder")
     return {**common, "sliding_window": window or None, "layer_types": kinds}
+
+
+def _cohere_config(key, config: dict) -> None:
+    """A command-r or cohere2 file's own keys into `config`: the LayerNorm's epsilon, the logit scale (0 or absent:
+    none), and cohere2's layers (llama.cpp's llama_model_cohere2: attention.sliding_window_pattern a period, 4 where
+    absent, or one bool a layer, true where windowed)."""
+    config.update(layer_norm_eps=key("attention.layer_norm_epsilon", 1e-5), logit_scale=key("logit_scale") or 1.0,
+                  use_qk_norm=False)
+    if config["model_type"] != "cohere2":
+        return
+    n, pattern = config["num_hidden_layers"], key("attention.sliding_window_pattern", 4)
+    windowed = list(pattern) if isinstance(pattern, (list, tuple)) else [(i + 1) % int(pattern) != 0 for i in range(n)]
+    if len(windowed) != n or not config["sliding_window"]:
+        raise UserError(f"the GGUF's cohere2 file gives {len(windowed)} sliding_window_pattern entries for {n} layers "
+                        f"or no attention.sliding_window; redline reads one a layer and a window")
+    config["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windowed]
 
 
 def _lfm2_config(key, vocab: int, tied: bool) -> dict:
@@ -747,6 +770,12 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig) -> dict:
 
 
 def _arch(family: Family, cfg: ModelConfig) -> str:
+    if family.name in ("cohere", "cohere2"):
+        if not cfg.tie_embeddings or cfg.rope_scaling != "none":
+            raise UserError(f"an untied head or model.rope_scaling on a {family.architecture}: llama.cpp's "
+                            f"{'command-r' if family.name == 'cohere' else 'cohere2'} ties the head to token_embd and "
+                            f"reads no RoPE scaling here; export with --format hf")
+        return "command-r" if family.name == "cohere" else "cohere2"
     if family.name == "lfm2_moe":
         raise UserError("LFM2-MoE models are not written as GGUF by redline (llama.cpp's lfm2moe, with its expert "
                         "gating keys, is not implemented here); export with --format hf")
@@ -849,6 +878,15 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch in COHERE:  # the keys llama.cpp's llama_model_command_r / cohere2 read
+        writer.add_head_count_kv(cfg.kv_heads)
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        writer.add_rope_freq_base(cfg.rope_theta)
+        writer.add_logit_scale(1 / cfg.logit_divisor if cfg.logit_divisor else 1.0)
+        if arch == "cohere2":
+            writer.add_sliding_window(cfg.sliding_window)
+            writer.add_uint32(f"{arch}.attention.sliding_window_pattern", cfg.sliding_window_pattern)
         return
     if arch == "lfm2":  # the keys llama.cpp's converter writes for LFM2: no kv heads on a convolution layer
         writer.add_head_count_kv([0 if i in cfg.conv_layers else cfg.kv_heads for i in range(cfg.n_layer)])
