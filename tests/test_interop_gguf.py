@@ -667,4 +667,5 @@ def test_cohere_gguf_holds_transformers_rows_and_cohere2_s_layout(tmp_path, caps
     torch.testing.assert_close(rows, hf.state_dict()["model.layers.0.self_attn.q_proj.weight"])
     fields = {name: f.contents() for name, f in reader.fields.items() if name.startswith("cohere2.")}
     assert fields["cohere2.attention.sliding_window"] == 5 and fields["cohere2.attention.sliding_window_pattern"] == 4
-    assert fields["cohere2.logit_scale"] == pytest.approx(0.5) and "output.weight" not in {t.name for t in reader.tensors}
+    assert fields["cohere2.logit_scale"] == pytest.approx(0.5)
+    assert "output.weight" not in {t.name for t in reader.tensors}

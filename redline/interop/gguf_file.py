@@ -4,8 +4,8 @@ A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
 gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 (LFM2: its
-convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe,
-qwen3moe, olmoe, granitemoe) are read and written here.
+convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama with
+expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
