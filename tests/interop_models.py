@@ -204,6 +204,12 @@ GGUF_FAMILIES = {
     # mixtures of experts as llama.cpp's files hold them: Mixtral without a window (GGUF's llama has none); Qwen2-MoE
     # with the expert and shared-expert widths of Qwen2MoeConfig's defaults, which transformers' GGUF loader takes
     # (it reads neither width from the file)
+    # LFM2-MoE with no weight scale (llama.cpp's lfm2moe reads none)
+    "lfm2_moe-gguf": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM",
+                      dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, intermediate_size=48,
+                           moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                           layer_types=["conv", "full_attention", "conv"], norm_eps=1e-5, tie_word_embeddings=True,
+                           pad_token_id=None)),
     "mixtral-gguf": ("MixtralConfig", "MixtralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                                  num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe-gguf": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",

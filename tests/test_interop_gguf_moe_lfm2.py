@@ -48,7 +48,7 @@ def test_moe_gguf_read_back(kind, arch, transformers_reads, tmp_path, capsys):
     (dict(moe_norm_topk=True, moe_shared_hidden=16), "qwen2moe"),  # llama.cpp's qwen2moe does not rescale
     (dict(moe_norm_topk=False, qk_norm=True), "qwen3moe"),  # llama.cpp's qwen3moe rescales
     (dict(moe_norm_topk=False), "shared expert"),  # exported as Qwen2-MoE, whose llama.cpp form needs one
-    (dict(conv_layers=(0,), qk_norm=True, moe_gating="sigmoid"), "LFM2-MoE models are not written as GGUF"),
+    (dict(conv_layers=(0,), qk_norm=True, moe_gating="sigmoid", moe_scale=2.0), "llama.cpp's lfm2moe rescales"),
 ])
 def test_moe_gguf_refusals(extra, named, tmp_path, capsys):
     from redline.config import TrainConfig, to_dict
@@ -85,3 +85,20 @@ def test_lfm2_gguf_read_back_by_redline_and_transformers(tmp_path, capsys):
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_lfm2_moe_gguf_read_back(tmp_path, capsys):
+    """LFM2-MoE as llama.cpp's lfm2moe: the leading dense layer's width as feed_forward_length, the experts' as
+    expert_feed_forward_length, sigmoid gating (2), the routing bias as blk.N.exp_probs_b.bias."""
+    hf, path = export_gguf("lfm2_moe-gguf", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    fields = {name: f.contents() for name, f in reader.fields.items() if name.startswith("lfm2moe.")}
+    assert (fields["lfm2moe.feed_forward_length"], fields["lfm2moe.expert_feed_forward_length"]) == (48, 32)
+    assert fields["lfm2moe.leading_dense_block_count"] == 1 and fields["lfm2moe.expert_gating_func"] == 2
+    names = {t.name for t in reader.tensors}
+    assert "blk.1.exp_probs_b.bias" in names and "blk.0.exp_probs_b.bias" not in names
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+    model, _, _ = import_gguf(path, tmp_path / "back", capsys)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)

@@ -45,7 +45,7 @@ from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe", "lfm2", "command-r", "cohere2")
+          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2")
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -113,6 +113,12 @@ _LFM2_NAMES = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "ffn_gate":
                "shortconv.conv": "conv.conv", "shortconv.in_proj": "conv.in_proj",
                "shortconv.out_proj": "conv.out_proj"}
 _LFM2_TOP = {"token_embd": "model.embed_tokens", "token_embd_norm": "model.embedding_norm", "output": "lm_head"}
+# LFM2-MoE (llama.cpp's llama_model_lfm2moe): LFM2's names, and past the leading dense layers the router, the stacked
+# experts and the routing bias exp_probs_b (a bias of its own, Hugging Face's buffer feed_forward.expert_bias)
+_LFM2MOE_NAMES = {**_LFM2_NAMES, "ffn_gate_inp": "feed_forward.gate", "ffn_gate_exps": "feed_forward.experts.gate_proj",
+                  "ffn_up_exps": "feed_forward.experts.up_proj", "ffn_down_exps": "feed_forward.experts.down_proj",
+                  "exp_probs_b": "feed_forward.expert_bias"}
+_BARE = ("feed_forward.expert_bias",)  # Hugging Face names without a .weight / .bias of their own
 # StarCoder2 (MODEL_TENSORS[STARCODER2]): Llama's attention names, LayerNorms with biases, c_fc / c_proj as ffn_up
 # and ffn_down
 _STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -165,8 +171,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _PHI3_NAMES, _LLAMA_TOP, "model.layers."
     if arch == "starcoder2":
         return _STARCODER2_NAMES, _LLAMA_TOP, "model.layers."
-    if arch == "lfm2":
-        return _LFM2_NAMES, _LFM2_TOP, "model.layers."
+    if arch in ("lfm2", "lfm2moe"):
+        return _LFM2MOE_NAMES if arch == "lfm2moe" else _LFM2_NAMES, _LFM2_TOP, "model.layers."
     names = {"olmo2": _OLMO2_NAMES, "exaone4": _OLMO2_NAMES, "hunyuan-dense": _HUNYUAN_NAMES, "gemma2": _GEMMA3_NAMES,
              "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
@@ -176,6 +182,8 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
     names, top, prefix = _maps(arch)
     if m := _BLOCK.match(gguf_name):
         inner = names.get(m[2])
+        if inner in _BARE:
+            return f"{prefix}{m[1]}.{inner}"
         return f"{prefix}{m[1]}.{inner}.{m[3]}" if inner else None
     if m := _TOP.match(gguf_name):
         outer = top.get(m[1])
@@ -187,7 +195,7 @@ def _gguf_name(hf_name: str, arch: str) -> str:
     names, top, prefix = _maps(arch)
     if hf_name.startswith(prefix):
         layer, rest = hf_name[len(prefix):].split(".", 1)
-        inner, kind = rest.rsplit(".", 1)
+        inner, kind = (rest, "bias") if rest in _BARE else rest.rsplit(".", 1)
         return f"blk.{layer}.{ {v: k for k, v in names.items()}[inner]}.{kind}"
     outer, kind = hf_name.rsplit(".", 1)
     return f"{ {v: k for k, v in top.items()}[outer]}.{kind}"
@@ -228,8 +236,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     width, heads = key("embedding_length"), key("attention.head_count")
     if arch == "phi3":
         return _phi3_config(key, vocab, tied, rope_factors or {})
-    if arch == "lfm2":
-        return _lfm2_config(key, vocab, tied)
+    if arch in ("lfm2", "lfm2moe"):
+        return _lfm2_config(key, vocab, tied, moe=arch == "lfm2moe")
     if arch == "starcoder2":  # the keys llama.cpp's converter writes; biases and the window as the tensors and keys say
         if key("rope.scaling.type") not in (None, "none"):
             raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a starcoder2 model is not read "
@@ -369,7 +377,7 @@ def _cohere_config(key, config: dict) -> None:
     config["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windowed]
 
 
-def _lfm2_config(key, vocab: int, tied: bool) -> dict:
+def _lfm2_config(key, vocab: int, tied: bool, moe: bool = False) -> dict:
     """An lfm2 config.json for an lfm2 GGUF: llama.cpp takes a layer with no kv heads (attention.head_count_kv, one
     entry a layer) for a convolution layer (its llama_model_lfm2::load_arch_hparams), and feed_forward_length is the
     MLP's width as it is (transformers' GGUF loader reads the file so too)."""
@@ -383,13 +391,24 @@ def _lfm2_config(key, vocab: int, tied: bool) -> dict:
     if key("rope.scaling.type") not in (None, "none"):
         raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on an lfm2 model is not read by "
                         f"redline; import the model's Hugging Face folder")
-    return {"model_type": "lfm2", "vocab_size": vocab, "hidden_size": key("embedding_length"),
-            "intermediate_size": key("feed_forward_length"), "block_auto_adjust_ff_dim": False,
-            "num_hidden_layers": n, "num_attention_heads": heads, "num_key_value_heads": max(kv),
-            "layer_types": ["full_attention" if h else "conv" for h in kv],
-            "max_position_embeddings": key("context_length", 128000),
-            "norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5), "rope_theta": key("rope.freq_base", 1e6),
-            "conv_L_cache": key("shortconv.l_cache", 3), "tie_word_embeddings": tied}
+    config = {"model_type": "lfm2", "vocab_size": vocab, "hidden_size": key("embedding_length"),
+              "intermediate_size": key("feed_forward_length"), "block_auto_adjust_ff_dim": False,
+              "num_hidden_layers": n, "num_attention_heads": heads, "num_key_value_heads": max(kv),
+              "layer_types": ["full_attention" if h else "conv" for h in kv],
+              "max_position_embeddings": key("context_length", 128000),
+              "norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5), "rope_theta": key("rope.freq_base", 1e6),
+              "conv_L_cache": key("shortconv.l_cache", 3), "tie_word_embeddings": tied}
+    if not moe:
+        return config
+    # llama_model_lfm2moe: sigmoid gating (expert_gating_func 2), the chosen scores rescaled (its build_moe_ffn's
+    # norm_w), the routing bias exp_probs_b on every expert layer, no weight scale read
+    if key("expert_gating_func") != 2:
+        raise UserError(f"the GGUF's lfm2moe expert_gating_func is {key('expert_gating_func')}, not 2 (sigmoid); "
+                        f"redline reads LFM2-MoE's sigmoid routing")
+    return {**config, "model_type": "lfm2_moe", "moe_intermediate_size": key("expert_feed_forward_length"),
+            "num_dense_layers": key("leading_dense_block_count", 0), "num_experts": key("expert_count"),
+            "num_experts_per_tok": key("expert_used_count"), "use_expert_bias": True, "norm_topk_prob": True,
+            "routed_scaling_factor": 1.0}
 
 
 def _phi3_config(key, vocab: int, tied: bool, rope_factors: dict) -> dict:
@@ -759,10 +778,17 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig) -> dict:
     the names _LLAMA_NAMES gives llama.cpp's: the router as mlp.gate, each layer's experts stacked as
     mlp.experts.gate_proj / up_proj (E, F, C) and down_proj (E, C, F), from redline's state; shared experts as
     they are."""
-    moe = re.compile(r"\.(block_sparse_moe\.|mlp\.experts\.|mlp\.gate\.weight$)")
+    moe = re.compile(r"\.(block_sparse_moe\.|(mlp|feed_forward)\.experts\.|(mlp|feed_forward)\.gate\.weight$|"
+                     r"feed_forward\.expert_bias$)")
     out = {k: v for k, v in tensors.items() if not moe.search(k)}
+    lfm2 = cfg.conv_layers or "model.layers.0.feed_forward.w1.weight" in tensors  # LFM2-MoE's feed_forward names
     for i in range(cfg.n_layer):
-        p, r = f"model.layers.{i}.mlp.", f"blocks.{i}.mlp."
+        p, r = f"model.layers.{i}.{'feed_forward' if lfm2 else 'mlp'}.", f"blocks.{i}.mlp."
+        if r + "router.weight" not in state:  # a leading dense layer (model.moe_dense_layers)
+            continue
+        if lfm2:  # llama.cpp's lfm2moe loads a routing bias on every expert layer: zeros where the model has none
+            bias = state.get(r + "expert_bias")
+            out[p + "expert_bias"] = bias if bias is not None else state[r + "router.weight"].new_zeros(cfg.moe_experts)
         out[p + "gate.weight"] = state[r + "router.weight"]
         out[p + "experts.gate_proj.weight"], out[p + "experts.up_proj.weight"] = state[r + "fc"].chunk(2, dim=1)
         out[p + "experts.down_proj.weight"] = state[r + "proj"]
@@ -777,8 +803,11 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
                             f"reads no RoPE scaling here; export with --format hf")
         return "command-r" if family.name == "cohere" else "cohere2"
     if family.name == "lfm2_moe":
-        raise UserError("LFM2-MoE models are not written as GGUF by redline (llama.cpp's lfm2moe, with its expert "
-                        "gating keys, is not implemented here); export with --format hf")
+        if not cfg.moe_norm_topk or cfg.moe_scale != 1.0 or cfg.rope_scaling != "none":
+            raise UserError("model.moe_norm_topk=false, model.moe_scale or model.rope_scaling on an LFM2-MoE model: "
+                            "llama.cpp's lfm2moe rescales the chosen scores and reads no weight scale or RoPE "
+                            "scaling; export with --format hf")
+        return "lfm2moe"
     if family.name == "lfm2":
         if cfg.rope_scaling != "none":
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on an LFM2 model: redline writes lfm2 GGUF files "
@@ -870,7 +899,8 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_context_length(round(cfg.rope_factor * cfg.rope_original_context) if long_context else cfg.context_len)
     writer.add_embedding_length(cfg.n_embd)
     writer.add_block_count(cfg.n_layer)
-    writer.add_feed_forward_length(cfg.hidden_dim)
+    # lfm2moe: feed_forward_length is its leading dense layers' width (llama_model_lfm2moe)
+    writer.add_feed_forward_length(cfg.moe_dense_hidden or cfg.hidden_dim if arch == "lfm2moe" else cfg.hidden_dim)
     writer.add_head_count(cfg.n_head)
     writer.add_vocab_size(cfg.vocab_size)
     file_type = {torch.float32: gguf.LlamaFileType.ALL_F32, torch.float16: gguf.LlamaFileType.MOSTLY_F16,
@@ -888,11 +918,17 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_sliding_window(cfg.sliding_window)
             writer.add_uint32(f"{arch}.attention.sliding_window_pattern", cfg.sliding_window_pattern)
         return
-    if arch == "lfm2":  # the keys llama.cpp's converter writes for LFM2: no kv heads on a convolution layer
+    if arch in ("lfm2", "lfm2moe"):  # the keys llama.cpp's converter writes: no kv heads on a convolution layer
         writer.add_head_count_kv([0 if i in cfg.conv_layers else cfg.kv_heads for i in range(cfg.n_layer)])
         writer.add_layer_norm_rms_eps(cfg.norm_eps)
         writer.add_rope_freq_base(cfg.rope_theta)
         writer.add_shortconv_l_cache(cfg.conv_kernel)
+        if arch == "lfm2moe":  # llama_model_lfm2moe's keys
+            writer.add_expert_count(cfg.moe_experts)
+            writer.add_expert_used_count(cfg.moe_top_k)
+            writer.add_leading_dense_block_count(cfg.moe_dense_layers)
+            writer.add_expert_feed_forward_length(cfg.hidden_dim)
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         return
     if arch == "starcoder2":  # the keys llama.cpp's converter writes for StarCoder2 (LayerNorm, GQA, whole heads)
         writer.add_head_count_kv(cfg.kv_heads)
