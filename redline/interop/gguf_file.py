@@ -3,9 +3,9 @@
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
-gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 (LFM2: its
-convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama with
-expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
+gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe
+(LFM2: its convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama
+with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
@@ -14,7 +14,8 @@ as llama.cpp's loaders create them. Three layout differences from Hugging Face's
   (each head's rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2
   files (and qwen2moe, qwen3moe, olmoe) are not permuted (llama.cpp rotates them as NeoX does, (first half, second
   half) pairs, as redline does), nor are exaone4 and hunyuan-dense files (llama.cpp's converter writes both through
-  its plain TextModel, and llama.cpp's llama_rope_type gives both NeoX rotation);
+  its plain TextModel, and llama.cpp's llama_rope_type gives both NeoX rotation); command-r and cohere2 files hold
+  transformers' own rows (consecutive pairs, which llama.cpp rotates so: cohere.py permutes them, not this file);
 - GPT-2's projections are stored as (out, in) Linear weights, Hugging Face's as (in, out) Conv1D ones;
 - gemma3 (and gemma, gemma2) stores every RMSNorm weight (QK-norm and the final norm too) as 1 + weight, the scale
   Gemma's norms multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
