@@ -43,6 +43,13 @@ FAMILIES = {
     # OLMo 2: norms on the sublayers' outputs, QK-norm over the whole q and k projections, GQA, untied head
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                       tie_word_embeddings=False, rope_theta=500.0)),
+    # OLMo 3: OLMo 2's block with windowed layers (three in four, a window shorter than the test sequences) whose
+    # RoPE base is their own, the full layer's YaRN-scaled
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM",
+              dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, sliding_window=5,
+                   rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0,
+                                                       "original_max_position_embeddings": 32},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}})),
     # EXAONE 4.0: OLMo 2's output norms with QK-norm per head; the hybrid form (32B's: windowed layers that rotate,
     # one full layer without RoPE in every two here, a window shorter than the test sequences) and the global one
     # (1.2B's: every layer full and rotating, Llama 3 RoPE scaling, tied)

@@ -113,6 +113,9 @@ REDLINE_EXPORTS = {
     "Qwen3ForCausalLM-window": dict(qk_norm=True, n_kv_head=2, sliding_window=5),
     "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
     "Olmo2ForCausalLM-qkvbias": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", qkv_bias=True),
+    # OLMo 3: a windowed layer (its own RoPE base) before each full one
+    "Olmo3ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2,
+                             sliding_window=5, sliding_window_pattern=2, rope_local_theta=1000.0),
     # Gemma 3 with a windowed layer before a full one, the windowed layer's own RoPE base, query_pre_attn_scalar 16
     # and final logit soft-capping
     # GPT-NeoX: Pythia's block (parallel sublayers, a quarter of each head rotated, exact GELU), and a sequential one
@@ -340,10 +343,10 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, gpt_neox, "
-                         "granite, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, llama, mistral, "
-                         "mixtral, olmo2, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, "
-                         "starcoder2")
+                         "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, "
+                         "gpt_neox, granite, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, llama, "
+                         "mistral, mixtral, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+                         "smollm3, stablelm, starcoder2")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

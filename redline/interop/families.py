@@ -2,8 +2,8 @@
 
 A family is the pair (config translation, weight-name map) for one Hugging Face `model_type`. The Llama layout
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
-sliding windows and head width; olmo2.py serves OLMo 2 and gemma3.py Gemma 3's text model (the Llama names, their
-norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
+sliding windows and head width; olmo2.py serves OLMo 2 and 3 and gemma3.py Gemma 3's text model (the Llama names,
+their norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
 gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
 of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); lfm2.py LFM2 (attention and short convolutions).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
@@ -177,10 +177,10 @@ def _families() -> dict[str, Family]:
     from redline.interop import (cohere, ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, lfm2,
                                  llama, moe, olmo2, opt, phi, phi3, stablelm, starcoder2)
 
-    return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, exaone4.FAMILY, gemma3.FAMILY,
-                                gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY, opt.FAMILY,
-                                ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY, gemma.FAMILY,
-                                gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
+    return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
+                                gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
+                                opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
+                                gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
                                 lfm2.MOE_FAMILY, *cohere.FAMILIES)}
 
 
@@ -287,6 +287,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if gemma.wants_gemma(cfg):
         gemma.check_exportable(cfg)
         return families["gemma"]
+    if cfg.norm_position == "output" and cfg.sliding_window:  # OLMo 3: OLMo 2's block with its windowed layers
+        from redline.interop.olmo2 import check_exportable
+
+        check_exportable(cfg)
+        return families["olmo3"]
     options = [f"model.{name}" for name in ("norm_unit_offset", "embed_scale", "attn_scale", "sliding_window_pattern",
                                             "rope_local_theta") if getattr(cfg, name)]
     options += ["model.mlp=geglu"] if cfg.mlp == "geglu" else []

@@ -11,6 +11,8 @@ for the norms). Semantics read from transformers' models/olmo2/modeling_olmo2.py
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from redline.errors import UserError
 from redline.interop.families import Family, raise_first
 from redline.interop.llama import (_ignorable, _rope, check_silu, hf_config_for, shape_fields, to_hf,
@@ -40,8 +42,11 @@ def check_exportable(cfg: ModelConfig) -> None:
         (not cfg.qk_norm or cfg.qk_norm_scope != "all", "norm_position=output without model.qk_norm=true and "
                                                          "model.qk_norm_scope=all: OLMo 2 normalizes its whole q and "
                                                          "k projections"),
-        (cfg.sliding_window > 0, "model.sliding_window with norm_position=output: OLMo 2 attends to the whole "
-                                 "context"),
+        (cfg.nope_interval, "model.nope_interval with norm_position=output and QK-norm over whole projections: "
+                            "OLMo 2 and 3 rotate every layer"),
+        (cfg.sliding_window_pattern and not cfg.sliding_window, "model.sliding_window_pattern without a window"),
+        (cfg.rope_local_theta and not cfg.sliding_window, "model.rope_local_theta without windowed layers: OLMo 3 "
+                                                          "gives its windowed layers a RoPE of their own"),
         (cfg.bias, "model.bias=true with norm_position=output: OLMo 2 has no MLP biases"),
     ]
     raise_first(problems)
@@ -55,3 +60,39 @@ def _hf_config(cfg: ModelConfig) -> dict:
 
 FAMILY = Family(name="olmo2", architecture="Olmo2ForCausalLM", model_config=model_config, hf_config=_hf_config,
                 to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# OLMo 3 (Olmo3ForCausalLM, model_type "olmo3": OLMo-3-7B, OLMo-3-32B): OLMo 2's block with sliding-window layers,
+# three in every four by default (`layer_types`: redline's sliding_window_pattern), each kind of layer with RoPE
+# parameters of its own (`rope_parameters` keyed by layer type, as Gemma 3's: the full layers' base and scaling as
+# rope_theta / rope_scaling, the windowed layers' unscaled base as rope_local_theta where it differs). Semantics read
+# from transformers' models/olmo3/modeling_olmo3.py.
+
+
+def olmo3_model_config(hf: dict) -> ModelConfig:
+    from redline.interop.gemma3 import _pattern, _rope_fields
+
+    window = int(hf.get("sliding_window") or 0)
+    pattern = _pattern({"sliding_window_pattern": 4, **hf}) if window else 0
+    if not window and any(kind == "sliding_attention" for kind in hf.get("layer_types") or []):
+        raise UserError("layer_types names sliding-window layers, but sliding_window is not set")
+    cfg = replace(model_config({**hf, "rope_parameters": None}), **_rope_fields(hf, bool(window)),
+                  sliding_window=window, sliding_window_pattern=pattern)
+    if cfg.rope_scaling == "none" and cfg.rope_local_theta == cfg.rope_theta:
+        cfg = replace(cfg, rope_local_theta=0.0)  # one RoPE for every layer
+    return cfg
+
+
+def _olmo3_hf_config(cfg: ModelConfig) -> dict:
+    out = _hf_config(cfg)
+    scaling = out.pop("rope_scaling") or {}
+    full = {"rope_type": "default", "rope_theta": out.pop("rope_theta"), **scaling}
+    local = {"rope_type": "default", "rope_theta": cfg.rope_local_theta or cfg.rope_theta}
+    kinds = ["sliding_attention" if cfg.layer_window(i) else "full_attention" for i in range(cfg.n_layer)]
+    return {**out, "model_type": "olmo3", "sliding_window": cfg.sliding_window, "layer_types": kinds,
+            "rope_parameters": {"full_attention": full, "sliding_attention": local}}
+
+
+OLMO3_FAMILY = Family(name="olmo3", architecture="Olmo3ForCausalLM", model_config=olmo3_model_config,
+                      hf_config=_olmo3_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
