@@ -19,7 +19,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop import llama
-from redline.interop.ernie import _permute_qk
+from redline.interop.ernie import permute_qk
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
@@ -105,11 +105,11 @@ def hf_config_for(name: str):
 
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    return _permute_qk(llama.to_redline(src, cfg), cfg, inverse=True)
+    return permute_qk(llama.to_redline(src, cfg), cfg, inverse=True)
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    return llama.to_hf(_permute_qk(dict(state), cfg, inverse=False), cfg, name=export_name(cfg))
+    return llama.to_hf(permute_qk(dict(state), cfg, inverse=False), cfg, name=export_name(cfg))
 
 
 FAMILIES = tuple(

@@ -28,8 +28,9 @@ def model_config(hf: dict) -> ModelConfig:
                        **llama._rope(hf))
 
 
-def _permute_qk(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
-    """Each block's fused q and k rows (weight and bias) between the two RoPE pair orders."""
+def permute_qk(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
+    """Each block's fused q and k rows (weight and bias) between the two RoPE pair orders (every family whose RoPE
+    rotates interleaved pairs: ERNIE 4.5's, Cohere's)."""
     for i in range(cfg.n_layer):
         for kind in ("weight", "bias") if cfg.has_qkv_bias else ("weight",):
             name = f"blocks.{i}.attn.qkv.{kind}"
@@ -40,11 +41,11 @@ def _permute_qk(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
 
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    return _permute_qk(llama.to_redline(src, cfg), cfg, inverse=True)
+    return permute_qk(llama.to_redline(src, cfg), cfg, inverse=True)
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    return llama.to_hf(_permute_qk(dict(state), cfg, inverse=False), cfg)
+    return llama.to_hf(permute_qk(dict(state), cfg, inverse=False), cfg)
 
 
 def hf_config(cfg: ModelConfig) -> dict:

@@ -774,15 +774,16 @@ def _moe_arch(family: Family, cfg: ModelConfig) -> str:
     return arch
 
 
-def stack_experts(tensors: dict, state, cfg: ModelConfig) -> dict:
+def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
     """Hugging Face-named tensors of a mixture of experts (one tensor per expert, or GraniteMoE's stacked pairs) ->
     the names _LLAMA_NAMES gives llama.cpp's: the router as mlp.gate, each layer's experts stacked as
     mlp.experts.gate_proj / up_proj (E, F, C) and down_proj (E, C, F), from redline's state; shared experts as
-    they are."""
+    they are. arch lfm2moe: the same under feed_forward (LFM2-MoE's names), with its routing bias, on the expert
+    layers only."""
     moe = re.compile(r"\.(block_sparse_moe\.|(mlp|feed_forward)\.experts\.|(mlp|feed_forward)\.gate\.weight$|"
                      r"feed_forward\.expert_bias$)")
     out = {k: v for k, v in tensors.items() if not moe.search(k)}
-    lfm2 = cfg.conv_layers or "model.layers.0.feed_forward.w1.weight" in tensors  # LFM2-MoE's feed_forward names
+    lfm2 = arch == "lfm2moe"  # LFM2-MoE's feed_forward names
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.{'feed_forward' if lfm2 else 'mlp'}.", f"blocks.{i}.mlp."
         if r + "router.weight" not in state:  # a leading dense layer (model.moe_dense_layers)
@@ -1073,7 +1074,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
         _vocab_metadata(writer, tokenizer, cfg.vocab_size)
         tensors = family.to_hf(state, cfg)
         if cfg.moe_experts:
-            tensors = stack_experts(tensors, state, cfg)
+            tensors = stack_experts(tensors, state, cfg, arch)
         for hf_name, t in tensors.items():
             name = _gguf_name(hf_name, arch)
             kind = name.split(".")[-2]
