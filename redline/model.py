@@ -197,6 +197,11 @@ class ModelConfig:
     norm_unit_offset: bool = False
     """RMSNorm scales by (1 + weight), computed in fp32, its weights initialised to zero (Gemma's form), instead of
     by the weight; QK-norm included."""
+    norm_affine: bool = True
+    """Norms with a learned scale (and a LayerNorm's bias); false: none, every norm a fixed normalization (nanochat's
+    RMSNorm, the original OLMo's LayerNorm); QK-norm included."""
+    embed_norm: bool = False
+    """Normalize the token embeddings before the first block (nanochat's), with a norm of model.norm's kind."""
     embed_scale: bool = False
     """Multiply the token embeddings by sqrt(n_embd), that factor rounded to the embedding's dtype (Gemma's)."""
     embed_multiplier: float = 0.0
@@ -311,6 +316,9 @@ class ModelConfig:
                             f">= 0 (0 = RoPE on every layer)")
         if self.norm_bias and self.norm != "layernorm":
             raise UserError("model.norm_bias needs model.norm=layernorm (an RMSNorm has no bias)")
+        if not self.norm_affine and (self.norm_unit_offset or self.norm_bias):
+            raise UserError("model.norm_affine=false (norms without weights) with model.norm_unit_offset or "
+                            "model.norm_bias, which give them weights: drop one")
         if self.parallel_shared_norm and not self.parallel_residual:
             raise UserError("model.parallel_shared_norm needs model.parallel_residual (one norm for the two sublayers "
                             "that read the same input)")
@@ -428,13 +436,16 @@ class UnitOffsetRMSNorm(nn.Module):
 
 
 def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
-    return UnitOffsetRMSNorm(dim, cfg.norm_eps) if cfg.norm_unit_offset else nn.RMSNorm(dim, eps=cfg.norm_eps)
+    if cfg.norm_unit_offset:
+        return UnitOffsetRMSNorm(dim, cfg.norm_eps)
+    return nn.RMSNorm(dim, eps=cfg.norm_eps, elementwise_affine=cfg.norm_affine)
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return make_rmsnorm(cfg, dim)
-    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, elementwise_affine=cfg.norm_affine,
+                        bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -897,6 +908,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.context_len, cfg.n_embd) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
+        self.embed_norm = make_norm(cfg, cfg.n_embd) if cfg.embed_norm else None
         self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None, i) for i in range(cfg.n_layer))
         # value embeddings: (padded_vocab, KV*D) tables, outside the blocks (AdamW takes them, as the embeddings)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.padded_vocab, cfg.kv_heads * cfg.head_dim)
@@ -1051,6 +1063,8 @@ class GPT(nn.Module):
             x = x * self.cfg.embed_multiplier
         if self.wpe is not None:
             x = x + self.wpe(positions)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         rope = None
         if self.cfg.pos_emb == "rope":
             rope = tuple(getattr(self, name)[positions] for name in self._rope_names())

@@ -200,6 +200,13 @@ FAMILIES = {
                               dict(num_attention_heads=4, num_key_value_heads=4, shared_intermediate_size=96,
                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,
                                    position_embedding_type=None, residual_multiplier=0.5)),
+    # nanochat: weightless RMSNorms (one on the embeddings), per-head QK-norm after its reversed RoPE, ReLU², GQA, the
+    # logits capped where the test's logits reach; and the multi-head form, tied, uncapped
+    "nanochat": ("NanoChatConfig", "NanoChatForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=2, final_logit_softcapping=1.5,
+                      rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "nanochat-tied": ("NanoChatConfig", "NanoChatForCausalLM",
+                      dict(num_attention_heads=4, final_logit_softcapping=None, tie_word_embeddings=True)),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,

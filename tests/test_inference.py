@@ -29,6 +29,9 @@ ARCHITECTURES = {
     "sliding-window": {"n_kv_head": 2, "sliding_window": 6},
     "post-norm-qknorm-unfused": {"n_kv_head": 2, "norm_position": "post", "qk_norm": True, "fused_qkv": False},
     "no-positions-relu2": {"pos_emb": "none", "mlp": "relu2", "n_kv_head": 1},
+    # nanochat's: weightless norms (the kernels' norms with no weight, the QK-norm's by ones), one on the embeddings
+    "nanochat-style": {"norm_affine": False, "embed_norm": True, "qk_norm": True, "mlp": "relu2", "n_kv_head": 2,
+                       "logit_softcap": 15.0},
     # YaRN's cos/sin tables are scaled by its attention factor (not unit length): every RoPE path must use them as given
     # OLMo 2's block: norms on the sublayers' outputs, QK-norm over the whole q and k projections
     "olmo2-style": {"n_kv_head": 2, "norm_position": "output", "qk_norm": True, "qk_norm_scope": "all"},
@@ -827,7 +830,7 @@ def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch, hidden", [("gqa", None), ("gpt2-style", None), ("sliding-window", None),
                                           ("no-positions-relu2", None), ("gpt2-style", 2048), ("yarn-qknorm", None),
-                                          ("phi35-style", None)])
+                                          ("phi35-style", None), ("nanochat-style", None)])
 def test_matvec_decode_matches_full_forward(arch, hidden):
     """decode_linear triton: batch 1's blocks and head in redline's matrix-vector kernel (norms, biases,
     activations and residual adds fused), and batch 2's in its tiled kernel (the norms before it), compiled and

@@ -45,6 +45,9 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               logit_divisor=4.0, n_kv_head=2, tie_embeddings=True),
     # LFM2: a short convolution (in_proj, out_proj) on layer 0, attention (out_proj) on 1, feed_forward.w1/w3/w2
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
+    # nanochat: q and k rows (B's rows) with each head's second half negated, mlp.fc1 / fc2, weightless norms
+    "NanoChatForCausalLM": dict(norm_affine=False, embed_norm=True, qk_norm=True, mlp="relu2", n_kv_head=2,
+                                logit_softcap=3.0),
     # query_key_value: B's rows regrouped by head
     "GPTNeoXForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4),
 }

@@ -28,6 +28,8 @@ TOGGLES = dict(
     norm_position=["pre", "post", "output", "sandwich"],
     norm_unit_offset=[True],
     embed_scale=[True],
+    norm_affine=[False],
+    embed_norm=[True],
     attn_scale=[0.2],
     tie_embeddings=[False, True],
     bias=[False, True],
@@ -249,6 +251,23 @@ def test_gemma_norm_and_embedding_scale():
     assert torch.equal(half.embed(idx)[0], half.wte(idx) * scale)
 
 
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_weightless_norms_and_the_embeddings_norm(norm):
+    """norm_affine=false: no norm has a parameter (QK-norm included), each normalizes alone; embed_norm: the
+    embeddings reach the first block normalized."""
+    model = GPT(small(norm=norm, norm_affine=False, embed_norm=True, qk_norm=True))
+    assert not [name for name, _ in model.named_parameters() if "norm" in name]
+    x = torch.randn(3, 32) * 3 + 1
+    centred = x - x.mean(-1, keepdim=True) if norm == "layernorm" else x
+    expected = centred / centred.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
+    torch.testing.assert_close(model.blocks[0].norm1(x), expected)
+    torch.testing.assert_close(model.embed_norm(x), expected)
+    idx = torch.randint(0, 101, (1, 5))
+    raw = model.wte(idx)
+    torch.testing.assert_close(model.embed(idx)[0], model.embed_norm(raw))
+    assert not torch.allclose(model.embed(idx)[0], raw)
+
+
 def test_partial_rope_parallel_block_and_exact_gelu_compute_what_they_say():
     """rope_dims: the first R dims of each head rotate as a whole-head RoPE of width R would, the rest pass as they
     are; parallel_residual: x + attn(norm1(x)) + mlp(norm2(x)); gelu_approximate=none: the erf GELU."""
@@ -305,6 +324,7 @@ def test_hidden_sizes_rounded_to_64():
         (dict(rope_pair_factors=(1.0, 2.0)), "model.rope_pair_factors are LongRoPE's"),
         (dict(residual_multiplier=-1.0), "residual_multiplier and logit_divisor must be >= 0"),
         (dict(embed_multiplier=2.0, embed_scale=True), "give the embeddings' factor one way"),
+        (dict(norm_affine=False, norm_unit_offset=True), "model.norm_affine=false"),
         (dict(logit_divisor=2.0, ce_chunk_tokens=64), "model.logit_divisor with model.ce_chunk_tokens"),
     ],
 )

@@ -299,6 +299,8 @@ class DecodeLayer:
         norms, eps = (None, None), 0.0
         if attn.cfg.qk_norm and not prepared:
             norms = (attn.q_norm.weight, attn.k_norm.weight)
+            if norms[0] is None:  # norms without weights (model.norm_affine=false): the kernel scales by ones
+                norms = (qkv.new_ones(attn.head_dim),) * 2
             eps = attn.q_norm.eps if attn.q_norm.eps is not None else torch.finfo(qkv.dtype).eps
         args = (self.slot, self.counts, self.width, attn.window, eps, *norms, cos, sin)
         scale = attn.scale or 0.0  # 0: the kernel's 1 / sqrt(D)

@@ -175,13 +175,13 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (cohere, ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, lfm2,
-                                 llama, moe, olmo2, opt, phi, phi3, stablelm, starcoder2)
+                                 llama, moe, nanochat, olmo2, opt, phi, phi3, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
-                                lfm2.MOE_FAMILY, *cohere.FAMILIES)}
+                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -209,13 +209,19 @@ def export_family(cfg: ModelConfig) -> Family:
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name); one with short-convolution layers as LFM2. A UserError names
+    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name); one with short-convolution layers as LFM2; one with norms
+    without weights or a norm on its embeddings as nanochat. A UserError names
     the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
                         "Granite, OLMo 2, Gemma 3)")
+    if cfg.embed_norm or not cfg.norm_affine:  # nanochat: weightless norms, one on the embeddings
+        from redline.interop import nanochat
+
+        nanochat.check_exportable(cfg)
+        return families["nanochat"]
     if cfg.conv_layers:  # short convolutions: LFM2
         from redline.interop import lfm2
 

@@ -6,7 +6,7 @@ Hugging Face model `redline export` writes from the run's base:
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py, gpt_neox.py,
-opt.py, starcoder2.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight`
+opt.py, starcoder2.py, nanochat.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight`
 (out, r), scaled by lora_alpha / r.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
@@ -40,6 +40,7 @@ _PHI3 = {"attn.qkv": "self_attn.qkv_proj", "attn.proj": "self_attn.o_proj", "mlp
 _NEOX = {"attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _OPT = {"attn.proj": "self_attn.out_proj", "mlp.fc": "fc1", "mlp.proj": "fc2"}  # q/k/v as Llama's
 _STARCODER2 = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}  # q/k/v as Llama's
+_NANOCHAT = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 
 
@@ -75,8 +76,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                     (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
         return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
-    if family.name in ("phi", "opt", "starcoder2"):
-        names = {"phi": _PHI, "opt": _OPT, "starcoder2": _STARCODER2}[family.name]
+    if family.name in ("phi", "opt", "starcoder2", "nanochat"):
+        names = {"phi": _PHI, "opt": _OPT, "starcoder2": _STARCODER2, "nanochat": _NANOCHAT}[family.name]
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
@@ -141,6 +142,16 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
     return top[name]
 
 
+def _rows_as_exported(B: torch.Tensor, module: str, cfg: ModelConfig, family: Family) -> torch.Tensor:
+    """A part's rows of B as the exported weight's rows run: nanochat's q and k rows with each head's second half
+    negated, as nanochat.py exports the weights (B·A then adapts the weight as exported)."""
+    if family.name == "nanochat" and module.endswith(("q_proj", "k_proj")):
+        from redline.interop.nanochat import flip_rope_rows
+
+        return flip_rope_rows(B, cfg.n_head if module.endswith("q_proj") else cfg.kv_heads).contiguous()
+    return B.contiguous()
+
+
 def peft_tensors(saved: Mapping[str, torch.Tensor], cfg: ModelConfig,
                  family: Family) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """An adapter checkpoint's tensors -> (PEFT's tensors, target module names, modules_to_save)."""
@@ -151,7 +162,7 @@ def peft_tensors(saved: Mapping[str, torch.Tensor], cfg: ModelConfig,
             A, B = tensor, saved[layer + ".lora_B"]  # (r, in), (out, r)
             for module, rows in _parts(layer, B.shape[0], cfg, family):
                 tensors[f"{PREFIX}{module}.lora_A.weight"] = A.clone()  # one copy per part: safetensors refuses shared storage
-                tensors[f"{PREFIX}{module}.lora_B.weight"] = B[rows].contiguous()
+                tensors[f"{PREFIX}{module}.lora_B.weight"] = _rows_as_exported(B[rows], module, cfg, family)
                 targets.append(module)
         elif not name.endswith(".lora_B"):
             module, rows = _full_module(name.rsplit(".", 1)[0], cfg, family)

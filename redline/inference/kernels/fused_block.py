@@ -52,6 +52,9 @@ FIELDS_ACCOUNTED = {
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
     "norm_bias": "read from the norm modules",
+    "norm_affine": "read from the norm modules (no weight: the product kernels' HAS_NORM_W off; the attention "
+                   "kernel's QK-norm scales by ones)",
+    "embed_norm": "inputs (the model's embed() applies it)",
     "bias": "each Linear's bias is added in its product's epilogue",
     "qkv_bias": "the qkv Linear's bias, as any bias",
     "qk_norm": "in the attention kernel",
