@@ -200,6 +200,9 @@ FAMILIES = {
                               dict(num_attention_heads=4, num_key_value_heads=4, shared_intermediate_size=96,
                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,
                                    position_embedding_type=None, residual_multiplier=0.5)),
+    # the original OLMo: Llama's block with LayerNorms without weight or bias, untied
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
+                                                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # nanochat: weightless RMSNorms (one on the embeddings), per-head QK-norm after its reversed RoPE, ReLU², GQA, the
     # logits capped where the test's logits reach; and the multi-head form, tied, uncapped
     "nanochat": ("NanoChatConfig", "NanoChatForCausalLM",

@@ -36,6 +36,8 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2),
     "Starcoder2ForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, n_kv_head=2, sliding_window=8),  # c_fc
     "GemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=1, tie_embeddings=True),
+    "VaultGemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=2, sliding_window=8,
+                                  attn_softcap=5.0),  # Gemma's pre-norm block with Gemma 2's window and cap
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),  # query_layernorm
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head
     "Phi3ForCausalLM": dict(rope_dims=12, rope_scaling="longrope", rope_pair_factors=(1.0, 1.5, 2.0, 2.5, 3.0, 3.5),
@@ -45,6 +47,8 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               logit_divisor=4.0, n_kv_head=2, tie_embeddings=True),
     # LFM2: a short convolution (in_proj, out_proj) on layer 0, attention (out_proj) on 1, feed_forward.w1/w3/w2
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
+    # the original OLMo: Llama's names, LayerNorms without weights
+    "OlmoForCausalLM": dict(norm="layernorm", norm_affine=False, n_kv_head=2),
     # nanochat: q and k rows (B's rows) with each head's second half negated, mlp.fc1 / fc2, weightless norms
     "NanoChatForCausalLM": dict(norm_affine=False, embed_norm=True, qk_norm=True, mlp="relu2", n_kv_head=2,
                                 logit_softcap=3.0),

@@ -2,7 +2,7 @@
 
 A family is the pair (config translation, weight-name map) for one Hugging Face `model_type`. The Llama layout
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
-sliding windows and head width; olmo2.py serves OLMo 2 and 3 and gemma3.py Gemma 3's text model (the Llama names,
+sliding windows and head width; olmo2.py serves OLMo 1, 2 and 3 and gemma3.py Gemma 3's text model (the Llama names,
 their norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
 gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
 of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); lfm2.py LFM2 (attention and short convolutions).
@@ -181,7 +181,7 @@ def _families() -> dict[str, Family]:
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
-                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY)}
+                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -210,14 +210,19 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name); one with short-convolution layers as LFM2; one with norms
-    without weights or a norm on its embeddings as nanochat. A UserError names
+    without weights as OLMo (LayerNorm) or nanochat (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
                         "Granite, OLMo 2, Gemma 3)")
-    if cfg.embed_norm or not cfg.norm_affine:  # nanochat: weightless norms, one on the embeddings
+    if cfg.embed_norm or not cfg.norm_affine:  # weightless norms: nanochat (one on the embeddings) or OLMo
+        if not cfg.embed_norm and cfg.norm == "layernorm":
+            from redline.interop.olmo2 import check_olmo_exportable
+
+            check_olmo_exportable(cfg)
+            return families["olmo"]
         from redline.interop import nanochat
 
         nanochat.check_exportable(cfg)

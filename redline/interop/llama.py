@@ -266,7 +266,10 @@ def block_norm_names(cfg: ModelConfig) -> dict[str, str]:
 
 
 def norm_kinds(cfg: ModelConfig) -> tuple[str, ...]:
-    """The tensors of each norm: a LayerNorm's weight and bias (StableLM's), else the weight."""
+    """The tensors of each norm: a LayerNorm's weight and bias (StableLM's), none for norms without weights (OLMo's),
+    else the weight."""
+    if not cfg.norm_affine:
+        return ()
     has_bias = cfg.norm == "layernorm" and (cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
     return ("weight", "bias") if has_bias else ("weight",)
 

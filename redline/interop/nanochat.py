@@ -45,7 +45,8 @@ def check_exportable(cfg: ModelConfig) -> None:
     raise_first([
         (cfg.norm_affine, f"model.embed_norm with norms that have weights (model.norm_affine=true): {what} has no "
                           f"norm weights"),
-        (not cfg.embed_norm, f"model.norm_affine=false without model.embed_norm: {what} normalizes its embeddings"),
+        (not cfg.embed_norm, f"model.norm_affine=false without model.embed_norm: {what} normalizes its embeddings "
+                             f"(OLMo, with weightless norms too, has LayerNorm: model.norm=layernorm)"),
         (cfg.norm != "rmsnorm" or cfg.norm_position != "pre" or cfg.parallel_residual,
          f"{what} has pre-RMSNorm blocks of sequential sublayers"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head", f"{what} has a QK-norm per head (model.qk_norm)"),

@@ -1,4 +1,5 @@
-"""OLMo 2 (AI2's Olmo2ForCausalLM): the Llama layout with its norms moved and QK-norm over whole projections.
+"""OLMo 2 (AI2's Olmo2ForCausalLM): the Llama layout with its norms moved and QK-norm over whole projections; the
+original OLMo and OLMo 3 below.
 
 Each block is h = x + norm(attn(x)), out = h + norm(mlp(h)): the norms (post_attention_layernorm,
 post_feedforward_layernorm) sit on the sublayers' outputs, before the residual add, and nothing normalizes their
@@ -96,3 +97,57 @@ def _olmo3_hf_config(cfg: ModelConfig) -> dict:
 
 OLMO3_FAMILY = Family(name="olmo3", architecture="Olmo3ForCausalLM", model_config=olmo3_model_config,
                       hf_config=_olmo3_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# OLMo (OlmoForCausalLM, model_type "olmo": OLMo-1B-hf, OLMo-7B-hf, OLMo-1B-0724-hf, OLMo-7B-0424-hf): Llama's block
+# and names with LayerNorms that have neither weight nor bias (redline's norm_affine=false; eps fixed at 1e-5), so no
+# norm tensors at all. Semantics read from transformers' models/olmo/modular_olmo.py.
+
+OLMO_EPS = 1e-5  # OlmoLayerNorm's, fixed in its code (no config key)
+
+
+def olmo_model_config(hf: dict) -> ModelConfig:
+    check_silu(hf)
+    if hf.get("clip_qkv") is not None:
+        raise UserError(f"clip_qkv={hf['clip_qkv']}: redline does not clamp the q/k/v projections (OLMo-7B-0424's "
+                        f"option); this model is not supported")
+    if hf.get("attention_bias"):
+        raise UserError("attention_bias=true: OLMo then has a bias on o_proj but none in its MLP, a mix redline "
+                        "does not have (biases on q/k/v alone, or on every Linear layer)")
+    return ModelConfig(
+        **shape_fields(hf), fused_qkv=True, pos_emb="rope", mlp="swiglu", fused_mlp=True, norm="layernorm",
+        norm_affine=False, norm_eps=OLMO_EPS, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bias=False, **_rope(hf))
+
+
+def check_olmo_exportable(cfg: ModelConfig) -> None:
+    """The options of a model with weightless LayerNorms (chosen by norm_affine=false) that OLMo has not."""
+    what = "OLMo, the one architecture with weightless LayerNorms redline exports to,"
+    raise_first([
+        (cfg.norm_position != "pre" or cfg.parallel_residual, f"{what} has pre-norm blocks of sequential sublayers"),
+        (cfg.norm_eps != OLMO_EPS, f"model.norm_eps={cfg.norm_eps}: {what} normalizes with eps {OLMO_EPS}"),
+        (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp}: {what} has a SwiGLU MLP"),
+        (cfg.qk_norm, f"{what} has no QK-norm (model.qk_norm)"),
+        (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval or cfg.rope_local_theta,
+         f"{what} rotates every layer's whole heads with one RoPE"),
+        (cfg.sliding_window > 0, f"{what} attends to the whole context (model.sliding_window)"),
+        (cfg.bias or cfg.has_qkv_bias or cfg.head_bias, f"{what} has no biases (model.bias, qkv_bias, head_bias)"),
+        (cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap,
+         f"{what} scales its scores by 1/sqrt(head_dim) and caps nothing"),
+        (cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor,
+         f"{what} has no embedding, residual or logit scalars"),
+        (cfg.value_embeddings or cfg.moe_experts or cfg.conv_layers,
+         f"{what} has attention and one dense MLP in every layer (model.value_embeddings, moe_experts, conv_layers)"),
+    ])
+
+
+def _olmo_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config_for("olmo")(cfg)
+    out.pop("rms_norm_eps")  # OlmoLayerNorm's eps is fixed
+    return {**out, "attention_bias": False, "clip_qkv": None, "pad_token_id": None, "bos_token_id": None,
+            "eos_token_id": None}  # the writer sets the token ids
+
+
+OLMO_FAMILY = Family(name="olmo", architecture="OlmoForCausalLM", model_config=olmo_model_config,
+                     hf_config=_olmo_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
