@@ -33,6 +33,15 @@ FAMILIES = {
     # Mistral with a sliding window shorter than the test sequences
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                                    sliding_window=5, head_dim=16)),
+    # Ministral 3: Mistral's window with the released models' YaRN (the attention factor from mscale / mscale_all_dim)
+    # and Llama 4's query scale past the original context, 32 here: the import's context stops there
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=5, head_dim=16,
+                        pad_token_id=None,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                         "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                         "llama_4_scaling_beta": 0.1})),
     # Qwen2 and Qwen3 with the window on every layer (transformers' layer_types)
     "qwen2-window": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
                                                              use_sliding_window=True, sliding_window=5,
@@ -137,6 +146,12 @@ FAMILIES = {
                dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_hidden_layers=3,
                     query_pre_attn_scalar=20, sliding_window=5, attn_logit_softcapping=2.0,
                     final_logit_softcapping=3.0, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # VaultGemma: Gemma 2's (above) with pre-norm blocks, the MLP's input norm named pre_feedforward_layernorm
+    "vaultgemma": ("VaultGemmaConfig", "VaultGemmaForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_hidden_layers=3,
+                        query_pre_attn_scalar=20, sliding_window=5, attn_logit_softcapping=2.0,
+                        final_logit_softcapping=3.0, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
     # OPT as opt-125m is: learned positions (two rows before position 0's), pre-LayerNorm, ReLU, biases, tied
     "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,

@@ -65,9 +65,9 @@ def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, caps
 
 
 # a family whose import maps it onto another architecture's layout exports as that one (ernie.py; Phi-3 with
-# whole heads rotated and no LongRoPE is a Mistral)
+# whole heads rotated and no LongRoPE is a Mistral, and so is Ministral 3 within its original context)
 EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "granitemoehybrid": "GraniteForCausalLM",
-               "phi3-window": "MistralForCausalLM"}
+               "phi3-window": "MistralForCausalLM", "ministral3": "MistralForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -152,6 +152,9 @@ REDLINE_EXPORTS = {
     "Gemma3ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True,
                               embed_scale=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
                               rope_local_theta=1000.0, attn_scale=0.25, tie_embeddings=True, logit_softcap=30.0),
+    # VaultGemma: Gemma 2's without the norms on the sublayers' outputs; every layer windowed, untied
+    "VaultGemmaForCausalLM": dict(norm_unit_offset=True, mlp="geglu", embed_scale=True, n_kv_head=2, sliding_window=5,
+                                  attn_scale=0.25, attn_softcap=2.0, logit_softcap=3.0),
     # mixtures of experts: Mixtral (rescaled top k, a window), Qwen2-MoE (a shared expert, weights not rescaled),
     # Qwen3-MoE (QK-norm per head), OLMoE (QK-norm over whole projections)
     "MixtralForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=48, n_kv_head=2, sliding_window=5),
@@ -244,6 +247,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
           attn_scale=0.3), "integer query_pre_attn_scalar"),
     (dict(nope_interval=2, qk_norm=True), "model.nope_interval with model.qk_norm"),
     (dict(attn_softcap=50.0), "only Gemma 2 .norm_position=sandwich. caps its attention scores"),
+    (dict(norm_unit_offset=True, mlp="geglu", embed_scale=True, attn_softcap=50.0, qk_norm=True),
+     "VaultGemma, the one architecture with them redline exports to, has no QK-norm"),
+    (dict(norm_unit_offset=True, mlp="geglu", sliding_window=4), "VaultGemma, the one architecture with them redline "
+                                                                 "exports to, has RMSNorm by 1 . weight and scaled "
+                                                                 "embeddings"),
     (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", qk_norm=True, embed_scale=True,
           attn_softcap=50.0), "model.attn_softcap=50.0 with model.qk_norm: Gemma 2"),
     (dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", embed_scale=True, sliding_window=4,
@@ -345,8 +353,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, "
                          "gpt_neox, granite, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, llama, "
-                         "mistral, mixtral, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
-                         "smollm3, stablelm, starcoder2")
+                         "ministral3, mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
+                         "qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2, vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -573,6 +581,27 @@ def test_import_phi3_reads_the_hubs_configs_as_transformers_does(tmp_path, capsy
         assert (model(tokens[:, :32]) - long(tokens[:, :32])).abs().max() > 1e-2  # the two sets differ
 
 
+def test_import_vaultgemma_reads_gemma2s_options_on_pre_norm_blocks_and_refuses_the_rest():
+    """VaultGemma's config as Gemma 2's (caps, query_pre_attn_scalar, alternating layers) on pre-norm blocks; what
+    Gemma 2's import refuses (q/k/v/o biases, another layer order, another activation) is refused by name."""
+    from redline.interop.gemma2 import vault_model_config
+
+    base = {"model_type": "vaultgemma", "vocab_size": 256000, "hidden_size": 1152, "intermediate_size": 6912,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+            "query_pre_attn_scalar": 256, "sliding_window": 512, "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    cfg = vault_model_config(base)
+    assert (cfg.norm_position, cfg.norm_unit_offset, cfg.embed_scale, cfg.mlp, cfg.attn_softcap, cfg.logit_softcap,
+            cfg.attn_scale, cfg.sliding_window, cfg.sliding_window_pattern, cfg.qk_norm) == \
+        ("pre", True, True, "geglu", 50.0, 30.0, 1 / 16, 512, 2, False)
+    for extra, fragment in [({"attention_bias": True}, "attention_bias=True"),
+                            ({"layer_types": ["full_attention"] + ["sliding_attention"] * 3}, "layer_types"),
+                            ({"hidden_activation": "gelu"}, "hidden_activation='gelu'")]:
+        with pytest.raises(UserError, match=fragment):
+            vault_model_config({**base, **extra})
+
+
 def test_import_exaone4_reads_its_layer_kinds_and_refuses_what_it_cannot_run():
     """EXAONE 4.0's layers from layer_types, or from sliding_window_pattern ("LLLG" or N) as transformers builds them:
     one full layer without RoPE in every N is sliding_window_pattern N with nope_interval N; other mixes are one-line
@@ -699,6 +728,43 @@ def test_import_yarn_reads_its_optional_parameters_as_transformers_does(extra, t
         expected = hf(TOKENS).logits
         torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_ministral3_context_stops_where_its_query_scale_starts(tmp_path, capsys):
+    """Ministral 3 scales its queries by 1 + beta · ln(1 + floor(position / original)), which redline has not: the
+    import stops the context at the original one, below which the scale is 1 (a longer context would differ from
+    transformers from there on); its own writer gives a Ministral3ForCausalLM with the source's logits;
+    Ministral3Config's defaults read as 16,384 tokens of YaRN ×16, a config without the scale keeps its whole context."""
+    from redline.interop.families import _families
+    from redline.interop.hf import write_folder
+    from redline.interop.llama import ministral3_model_config
+
+    hf, model, tokenizer, _ = imported("ministral3", tmp_path, capsys)
+    assert model.cfg.context_len == 32  # max_position_embeddings 64, original_max_position_embeddings 32
+    longer = GPT(replace(model.cfg, context_len=64)).eval()
+    longer.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected, got = hf(tokens).logits, longer(tokens)
+    torch.testing.assert_close(got[:, :32], expected[:, :32], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[:, 32:], expected[:, 32:], rtol=1e-3, atol=1e-3)
+
+    write_folder(tmp_path / "out", model.state_dict(), model.cfg, tokenizer, _families()["ministral3"], torch.float32)
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(back).__name__ == "Ministral3ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+    defaults = transformers.Ministral3Config().to_dict()  # Ministral-3-8B's shape, YaRN and query scale
+    cfg = ministral3_model_config(defaults)
+    assert (cfg.context_len, cfg.rope_scaling, cfg.rope_factor, cfg.rope_original_context, cfg.rope_attention_factor,
+            cfg.sliding_window) == (16384, "yarn", 16.0, 16384, 1.0, 0)
+    unscaled = {**defaults, "rope_parameters": {**defaults["rope_parameters"], "llama_4_scaling_beta": 0.0}}
+    assert ministral3_model_config(unscaled).context_len == 262144
+    params = {k: v for k, v in defaults["rope_parameters"].items() if k != "original_max_position_embeddings"}
+    with pytest.raises(UserError, match="llama_4_scaling_beta without original_max_position_embeddings"):
+        ministral3_model_config({**defaults, "rope_parameters": params})
 
 
 def test_import_ignores_an_eos_id_outside_the_vocabulary_with_a_warning(tmp_path, capsys):

@@ -471,6 +471,7 @@ def write_llama_cpp_partial_rope(hf, path, arch: str):
 @pytest.mark.parametrize("kind, named", [("phi-tied", "llama.cpp's phi2 has neither"),
                                          ("gpt2-erf", "model.gelu_approximate=none"),
                                          ("opt", "OPT models are not written as GGUF"),
+                                         ("vaultgemma", "VaultGemma models are not written as GGUF"),
                                          ("smollm3", "a step no GGUF key changes"),
                                          ("starcoder2", "llama.cpp's starcoder2 has none of these")])
 def test_export_gguf_refuses_what_no_gguf_layout_holds(kind, named, tmp_path, capsys):

@@ -181,7 +181,8 @@ def _families() -> dict[str, Family]:
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
-                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY)}
+                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
+                                llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -202,9 +203,10 @@ def family_for(hf_config: dict, source: str) -> Family:
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2 with
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
-    outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks, Phi-3 with LongRoPE
-    or Llama's block with partial RoPE, StableLM with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel
-    sublayers, StarCoder2 with RoPE, LayerNorm and GQA or a window, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
+    outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
+    Gemma 2's window, score scale or caps besides), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
+    with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, StarCoder2 with RoPE, LayerNorm and
+    GQA or a window, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
@@ -251,12 +253,17 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.gelu_approximate != "tanh" and cfg.mlp == "geglu":
         raise UserError("model.gelu_approximate=none with model.mlp=geglu: Gemma 3, the one architecture with GeGLU "
                         "redline exports to, uses the tanh approximation")
-    if cfg.logit_softcap and cfg.norm_position != "sandwich":
+    from redline.interop import gemma2
+
+    vault = gemma2.wants_vaultgemma(cfg)  # Gemma 2's caps and window on Gemma's pre-norm block
+    if cfg.logit_softcap and cfg.norm_position != "sandwich" and not vault:
         raise UserError(f"model.logit_softcap={cfg.logit_softcap}: of the architectures redline exports to, only "
-                        f"Gemma 2 and 3 (norm_position=sandwich) cap their logits")
-    if cfg.attn_softcap and cfg.norm_position != "sandwich":
+                        f"Gemma 2 and 3 (norm_position=sandwich) cap their logits, and VaultGemma with Gemma's "
+                        f"pre-norm block (model.norm_unit_offset, embed_scale)")
+    if cfg.attn_softcap and cfg.norm_position != "sandwich" and not vault:
         raise UserError(f"model.attn_softcap={cfg.attn_softcap}: of the architectures redline exports to, only "
-                        f"Gemma 2 (norm_position=sandwich) caps its attention scores")
+                        f"Gemma 2 (norm_position=sandwich) caps its attention scores, and VaultGemma with Gemma's "
+                        f"pre-norm block (model.norm_unit_offset, embed_scale)")
     if cfg.value_embeddings:
         raise UserError(f"model.value_embeddings={cfg.value_embeddings}: none of the architectures redline exports to "
                         f"(GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, "
@@ -286,7 +293,7 @@ def export_family(cfg: ModelConfig) -> Family:
                         "positions, and it has its embedding, residual, score or logit scalars (model."
                         "residual_multiplier, ...); the others have learned positions (GPT-2, OPT) or RoPE")
     if cfg.norm_position == "sandwich":  # Gemma 2 without QK-norm, Gemma 3 with it
-        from redline.interop import gemma2, gemma3
+        from redline.interop import gemma3
 
         if not cfg.qk_norm:
             gemma2.check_exportable(cfg)
@@ -295,6 +302,9 @@ def export_family(cfg: ModelConfig) -> Family:
         return families["gemma3_text"]
     from redline.interop import gemma
 
+    if vault:
+        gemma2.check_vault_exportable(cfg)
+        return families["vaultgemma"]
     if gemma.wants_gemma(cfg):
         gemma.check_exportable(cfg)
         return families["gemma"]

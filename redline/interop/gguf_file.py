@@ -836,6 +836,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "exaone4":
         _check_exaone4(cfg)
         return "exaone4"
+    if family.name == "vaultgemma":  # before the window check below, which would name the llama architecture
+        raise UserError("VaultGemma models are not written as GGUF by redline (llama.cpp's gemma2 has norms on the "
+                        "sublayers' outputs, which VaultGemma has not); export with --format hf")
     if family.name == "hunyuan_v1_dense":
         # the converter's TextModel keys: none, linear or YaRN scaling; llama.cpp's hunyuan-dense loads no rope_freqs
         if cfg.rope_scaling not in ("none", "linear", "yarn"):

@@ -1,10 +1,12 @@
-"""The Llama layout: Llama (SmolLM2, TinyLlama, Llama 3), Mistral, Qwen2/2.5, Qwen3 and SmolLM3.
+"""The Llama layout: Llama (SmolLM2, TinyLlama, Llama 3), Mistral (and Ministral 3), Qwen2/2.5, Qwen3 and SmolLM3.
 
 All five name their tensors alike (`model.layers.N.self_attn.q_proj.weight`, `mlp.gate_proj`, ...) and run the same
 block: pre-RMSNorm, RoPE on (first half, second half) pairs as redline does, SwiGLU, grouped-query attention. They
 differ in:
 - Llama: optional biases on q/k/v/o (`attention_bias`) and the MLP (`mlp_bias`), Llama 3 RoPE scaling;
 - Mistral: a sliding window (query i attends keys j with i - j < window), no biases;
+- Ministral 3: Mistral with YaRN and a query scale past the original context, imported up to it (below it
+  the scale is 1: ministral3_model_config);
 - Qwen2: biases on q/k/v only (redline's `qkv_bias`), optionally a sliding window on every layer;
 - Qwen3: QK-norm (an RMSNorm over each head's q and k, learned weights) and a head width of its own (`head_dim`);
 - SmolLM3: Llama's block with RoPE left out of one layer in four (`no_rope_layers`: redline's `nope_interval`).
@@ -20,6 +22,7 @@ block's norm placement.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -390,3 +393,37 @@ FAMILIES = tuple(
            to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
     for n, arch in _ARCHITECTURES.items()
 )
+
+
+def ministral3_model_config(hf: dict) -> ModelConfig:
+    """Ministral 3: Mistral's block and names, its queries scaled by 1 + beta · ln(1 + floor(position / original))
+    after RoPE (Llama 4's attention temperature: beta rope_parameters' llama_4_scaling_beta, original its
+    original_max_position_embeddings; transformers' models/ministral3/modular_ministral3.py). redline has no such
+    scale, and below the original context the scale is exactly 1: the import's context stops there (16,384 of
+    262,144 at Ministral3Config's defaults), the model equal to transformers at every position it takes."""
+    cfg = model_config_for("mistral")(hf)
+    params = hf.get("rope_parameters") or {}
+    if not params.get("llama_4_scaling_beta"):  # no temperature: Mistral over the whole context
+        return cfg
+    original = params.get("original_max_position_embeddings")
+    if not original:
+        raise UserError("rope_parameters.llama_4_scaling_beta without original_max_position_embeddings: the "
+                        "queries' scale needs the context it starts past")
+    return replace(cfg, context_len=min(cfg.context_len, int(original)))
+
+
+def ministral3_hf_config(cfg: ModelConfig) -> dict:
+    """Mistral's config as Ministral 3's: the RoPE as rope_parameters (Ministral3Config takes no rope_scaling and
+    defaults to YaRN) with llama_4_scaling_beta 0, the queries unscaled."""
+    out = hf_config_for("mistral")(cfg)
+    scaling = out.pop("rope_scaling") or {"rope_type": "default"}
+    original = scaling.get("original_max_position_embeddings", cfg.context_len)
+    out.update(model_type="ministral3", rope_parameters={**scaling, "rope_theta": out.pop("rope_theta"),
+                                                         "llama_4_scaling_beta": 0.0,
+                                                         "original_max_position_embeddings": original})
+    return out
+
+
+MINISTRAL3_FAMILY = Family(name="ministral3", architecture="Ministral3ForCausalLM",
+                           model_config=ministral3_model_config, hf_config=ministral3_hf_config,
+                           to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
