@@ -28,6 +28,10 @@ Models:
             experts of 512, 8 a token, vocab 49155, tied; 1.3B parameters, 0.4B active).
   lfm2      LFM2-350M's (16 layers, width 1024, attention on 6 with 16 heads and 8 kv heads, short convolutions on
             10, SwiGLU 4608, vocab 65536, tied).
+  nanochat  nanochat-d20's (20 layers, width 1280, 10 heads of 128, ReLU² 5120, weightless RMSNorms, QK-norm,
+            logits capped at 15, vocab 65536, untied).
+  olmo1b    OLMo-1B-0724's (16 layers, width 2048, 16 heads, SwiGLU 8192, LayerNorms without weights, vocab 50304,
+            tied).
 Where transformers cannot make a model's cache static, its own cache is timed instead and the row says so
 (hf_cache).
 
@@ -95,6 +99,13 @@ LFM2_350M = dict(vocab_size=65536, hidden_size=1024, intermediate_size=6656, num
                  layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
                  rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, tie_word_embeddings=True,
                  conv_L_cache=3, bos_token_id=None, eos_token_id=0, pad_token_id=None)
+NANOCHAT_D20 = dict(vocab_size=65536, hidden_size=1280, intermediate_size=5120, num_hidden_layers=20,
+                    num_attention_heads=10, num_key_value_heads=10, max_position_embeddings=2048,
+                    final_logit_softcapping=15.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=0,
+                    pad_token_id=None)
+OLMO_1B = dict(vocab_size=50304, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
+               num_key_value_heads=16, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
+               bos_token_id=None, eos_token_id=50279, pad_token_id=None)
 # name: (transformers config class, model class, shape)
 RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
@@ -104,7 +115,9 @@ RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "phi35mini": ("Phi3Config", "Phi3ForCausalLM", PHI35_MINI),
                  "phi4mini": ("Phi3Config", "Phi3ForCausalLM", PHI4_MINI),
                  "moe1b": ("MixtralConfig", "MixtralForCausalLM", MOE_1B),
-                 "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2_350M)}
+                 "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2_350M),
+                 "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", NANOCHAT_D20),
+                 "olmo1b": ("OlmoConfig", "OlmoForCausalLM", OLMO_1B)}
 
 
 def redline(*args: str) -> str:
