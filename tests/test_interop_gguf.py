@@ -42,7 +42,7 @@ def import_gguf(path, out, capsys):
 
 # (cohere and cohere2, llama.cpp's command-r and cohere2, have no transformers GGUF loader either)
 # transformers' GGUF loader reads qwen3 without its head width, gpt2 without n_positions (it maps the context length
-# to n_ctx) and llama without its attention biases, and has no olmo2, gptneox, phi2, smollm3 or granite: those round
+# to n_ctx) and llama without its attention biases, and has no olmo, olmo2, gptneox, phi2, smollm3 or granite: those round
 # trips are checked through redline's reader only, as are StableLM away from its loader's fixed quarter of each head
 # rotated at base 10000 (stablelm-parallel) and Gemma 3 away from the defaults its loader assumes (gemma3-gguf: the
 # window pattern, the windowed layers' base, query_pre_attn_scalar; redline's keys carry the gemma3 model's own)
@@ -56,7 +56,8 @@ def import_gguf(path, out, capsys):
                                                       ("smollm3-gguf", False), ("granite-gguf", False),
                                                       ("gemma2", False), ("gemma2-gguf", True),
                                                       ("phi3-longrope", False), ("starcoder2-gguf", True),
-                                                      ("gemma", False), ("cohere", False), ("cohere2", False)])
+                                                      ("gemma", False), ("cohere", False), ("cohere2", False),
+                                                      ("olmo", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -670,3 +671,21 @@ def test_cohere_gguf_holds_transformers_rows_and_cohere2_s_layout(tmp_path, caps
     assert fields["cohere2.attention.sliding_window"] == 5 and fields["cohere2.attention.sliding_window_pattern"] == 4
     assert fields["cohere2.logit_scale"] == pytest.approx(0.5)
     assert "output.weight" not in {t.name for t in reader.tensors}
+
+
+def test_olmo_gguf_holds_llama_cpp_s_permuted_rows_and_no_norms(tmp_path, capsys):
+    """llama.cpp's converter writes the original OLMo as its LlamaModel does, q and k rows permuted for consecutive-
+    pair RoPE (OlmoModel.modify_tensors); its LayerNorms have no weights, so the file holds no norm tensors, and
+    llama_model_olmo reads their eps from attention.layer_norm_epsilon."""
+    from redline.interop.families import interleave_rope_rows
+
+    hf, path = export_gguf("olmo", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    q = torch.from_numpy(np.array(tensors["blk.0.attn_q.weight"].data, dtype=np.float32)).reshape(64, -1)
+    expected = hf.state_dict()["model.layers.0.self_attn.q_proj.weight"]
+    torch.testing.assert_close(q, interleave_rope_rows(expected, 4, inverse=False))
+    assert not (q - expected).abs().max() < 1e-3  # the permutation moves rows
+    assert not [name for name in tensors if "norm" in name]
+    fields = {name: f.contents() for name, f in reader.fields.items()}
+    assert fields["general.architecture"] == "olmo" and fields["olmo.attention.layer_norm_epsilon"] == pytest.approx(1e-5)

@@ -2,7 +2,7 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
+Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo (the original OLMo: no norm tensors), olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
 gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe
 (LFM2: its convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama
 with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
@@ -10,7 +10,7 @@ Reading renames the tensors to Hugging Face names and builds a Hugging Face conf
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
 as llama.cpp's loaders create them. Three layout differences from Hugging Face's:
-- llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3, granite and granitemoe
+- llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3, granite, granitemoe and olmo
   (each head's rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2
   files (and qwen2moe, qwen3moe, olmoe) are not permuted (llama.cpp rotates them as NeoX does, (first half, second
   half) pairs, as redline does), nor are exaone4 and hunyuan-dense files (llama.cpp's converter writes both through
@@ -46,7 +46,7 @@ from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2")
+          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo")
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -59,7 +59,7 @@ MOE_ARCHES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_mo
               "granitemoe": "granitemoe"}
 MOE_RESCALES = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True}
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
-PERMUTED = ("llama", "smollm3", "granite", "granitemoe")
+PERMUTED = ("llama", "smollm3", "granite", "granitemoe", "olmo")
 # the architectures whose RMSNorm weights llama.cpp's converter stores as the scale they multiply by, 1 + weight
 GEMMAS = ("gemma", "gemma2", "gemma3")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
@@ -300,6 +300,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
         _cohere_config(key, config)
     if arch == "smollm3":
         config["no_rope_layer_interval"] = SMOLLM3_NOPE_INTERVAL
+    if arch == "olmo":  # weightless LayerNorms (no norm tensors), eps fixed at 1e-5; a clamp the family refuses
+        config["clip_qkv"] = key("attention.clamp_kqv")
     if experts:  # the keys llama.cpp's converters write for Mixtral, Qwen2/3-MoE, OLMoE and GraniteMoE
         width = key("expert_feed_forward_length") or key("feed_forward_length")
         config.update(num_local_experts=experts, num_experts=experts, num_experts_per_tok=key("expert_used_count"),
@@ -881,12 +883,12 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
-            "smollm3": "smollm3", "granite": "granite", "gpt2": "gpt2"}.get(family.name)
+            "smollm3": "smollm3", "granite": "granite", "gpt2": "gpt2", "olmo": "olmo"}.get(family.name)
     if arch is None:
         raise UserError(f"{family.architecture} models are not written as GGUF by redline; export with --format hf")
-    if arch == "granite" and cfg.head_dim * cfg.n_head != cfg.n_embd:
-        raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's granite takes heads n_embd / n_head "
-                        "wide; export with --format hf")
+    if arch in ("granite", "olmo") and cfg.head_dim * cfg.n_head != cfg.n_embd:
+        raise UserError(f"model.head_size apart from n_embd / n_head: llama.cpp's {arch} takes heads n_embd / n_head "
+                        f"wide; export with --format hf")
     if arch == "olmo2" and cfg.head_dim * cfg.n_head != cfg.n_embd:
         raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's olmo2 takes heads n_embd / n_head "
                         "wide; export with --format hf")
@@ -934,6 +936,12 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_leading_dense_block_count(cfg.moe_dense_layers)
             writer.add_expert_feed_forward_length(cfg.hidden_dim)
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        return
+    if arch == "olmo":  # the keys llama_model_olmo reads: LayerNorm's eps (its norms have no weights), no clamp
+        writer.add_head_count_kv(cfg.kv_heads)
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        writer.add_rope_freq_base(cfg.rope_theta)
+        writer.add_rope_dimension_count(cfg.head_dim)
         return
     if arch == "starcoder2":  # the keys llama.cpp's converter writes for StarCoder2 (LayerNorm, GQA, whole heads)
         writer.add_head_count_kv(cfg.kv_heads)
