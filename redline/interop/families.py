@@ -94,6 +94,16 @@ def pad_rows(t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
+def take_head(src: TensorSource, cfg: ModelConfig) -> dict:
+    """{"lm_head.weight": the source's head, padded} for an untied model; {} for a tied one, whose head some files
+    store anyway (the embedding again: marked read, so not reported as unused)."""
+    if not cfg.tie_embeddings:
+        return {"lm_head.weight": pad_rows(src.take("lm_head.weight"), cfg)}
+    if "lm_head.weight" in src:
+        src.take("lm_head.weight")
+    return {}
+
+
 def bias_or_zeros(state: Mapping[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
     """state[name], or zeros of like's rows where the model has no such bias (an architecture that always has one
     computes the same function with zeros)."""

@@ -13,7 +13,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
-                                      raise_first)
+                                      raise_first, take_head)
 from redline.model import ModelConfig
 
 # transformers' ACT2FN names of the two GELUs redline computes: the tanh approximation (GPT-2's own) and the erf form
@@ -72,10 +72,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     out = {"wte.weight": pad_rows(src.take(pre + "wte.weight"), cfg),
            "wpe.weight": src.take(pre + "wpe.weight"),
            "norm_f.weight": src.take(pre + "ln_f.weight"), "norm_f.bias": src.take(pre + "ln_f.bias")}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
-    elif "lm_head.weight" in src:
-        src.take("lm_head.weight")  # the tied head, stored anyway
+    out.update(take_head(src, cfg))
     names = {"norm1": "ln_1", "norm2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
              "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
     for i in range(cfg.n_layer):

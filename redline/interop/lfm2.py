@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, raise_first
+from redline.interop.families import Family, TensorSource, pad_rows, raise_first, take_head
 from redline.interop.llama import _rope, _split_qkv, check_silu, rope_scaling
 from redline.model import ModelConfig
 
@@ -145,10 +145,7 @@ def _moe_layer(cfg: ModelConfig, i: int) -> bool:
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
            "norm_f.weight": src.take("model.embedding_norm.weight")}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
-    elif "lm_head.weight" in src:
-        src.take("lm_head.weight")  # some files store the tied head too: it is the embedding
+    out.update(take_head(src, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         for ours, theirs in _names(cfg, i).items():

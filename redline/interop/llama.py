@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows
+from redline.interop.families import Family, TensorSource, pad_rows, take_head
 from redline.model import ModelConfig, rope_attention_factor, yarn_mscale
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -287,8 +287,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     kinds = norm_kinds(cfg)
     out = {f"norm_f.{kind}": src.take(f"{pre}norm.{kind}") for kind in kinds}
     out["wte.weight"] = pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg)
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
+    out.update(take_head(src, cfg))
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
@@ -314,8 +313,6 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         if cfg.bias:
             out[r + "mlp.fc.bias"] = torch.cat([src.take(mlp + "gate_proj.bias"), src.take(mlp + "up_proj.bias")])
             out[r + "mlp.proj.bias"] = src.take(mlp + "down_proj.bias")
-    if cfg.tie_embeddings and "lm_head.weight" in src:
-        src.take("lm_head.weight")  # some files store the tied head too: it is the embedding
     return out
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, raise_first
+from redline.interop.families import Family, TensorSource, pad_rows, raise_first, take_head
 from redline.interop.llama import _ignorable, _prefix, _qkv, _rope, rope_scaling, shape_fields
 from redline.model import ModelConfig
 
@@ -88,10 +88,7 @@ def flip_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
 def _to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     pre = _prefix(src)
     out = {"wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg)}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
-    elif "lm_head.weight" in src:
-        src.take("lm_head.weight")  # some files store the tied head too: it is the embedding
+    out.update(take_head(src, cfg))
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."
         q, k, v = (src.take(f"{p}self_attn.{x}_proj.weight") for x in "qkv")

@@ -17,7 +17,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
-                                      give_weights_and_biases, qkv_apart, raise_first)
+                                      give_weights_and_biases, qkv_apart, raise_first, take_head)
 from redline.model import ModelConfig
 
 OFFSET = 2  # the rows of OPT's position table before position 0's
@@ -82,10 +82,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     out = {"wte.weight": pad_rows(src.take(pre + "embed_tokens.weight"), cfg), "wpe.weight": positions[OFFSET:],
            "norm_f.weight": src.take(pre + "final_layer_norm.weight"),
            "norm_f.bias": src.take(pre + "final_layer_norm.bias")}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
-    elif "lm_head.weight" in src:
-        src.take("lm_head.weight")  # the tied head, stored anyway
+    out.update(take_head(src, cfg))
     kinds = ("weight", "bias") if cfg.bias else ("weight",)  # enable_bias=false: no Linear biases
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."

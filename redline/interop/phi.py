@@ -16,7 +16,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_weights_and_biases, pad_rows,
-                                      qkv_apart, raise_first, take_weights_and_biases)
+                                      qkv_apart, raise_first, take_head, take_weights_and_biases)
 from redline.interop.llama import _rope, rope_scaling
 from redline.model import ModelConfig
 
@@ -90,10 +90,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
            "norm_f.weight": src.take("model.final_layernorm.weight"),
            "norm_f.bias": src.take("model.final_layernorm.bias"),
            "lm_head.bias": pad_rows(src.take("lm_head.bias"), cfg)}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
-    elif "lm_head.weight" in src:
-        src.take("lm_head.weight")  # the tied head, stored anyway
+    out.update(take_head(src, cfg))
     for i in range(cfg.n_layer):
         p = f"model.layers.{i}."
         for kind in ("weight", "bias"):

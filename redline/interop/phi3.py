@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, raise_first
+from redline.interop.families import Family, TensorSource, pad_rows, raise_first, take_head
 from redline.interop.llama import _ignorable, _mlp_parts, _qkv, _rope, check_silu, shape_fields
 from redline.model import ModelConfig, rope_attention_factor
 
@@ -137,10 +137,7 @@ def hf_config(cfg: ModelConfig) -> dict:
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
            "norm_f.weight": src.take("model.norm.weight")}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
-    elif "lm_head.weight" in src:
-        src.take("lm_head.weight")  # the tied head, stored anyway
+    out.update(take_head(src, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")

@@ -13,7 +13,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, give_weights_and_biases, pad_rows, qkv_apart,
-                                      raise_first, take_weights_and_biases)
+                                      raise_first, take_head, take_weights_and_biases)
 from redline.interop.llama import _ignorable, _rope, rope_scaling, shape_fields
 from redline.model import ModelConfig
 
@@ -71,10 +71,7 @@ def hf_config(cfg: ModelConfig) -> dict:
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
            "norm_f.weight": src.take("model.norm.weight"), "norm_f.bias": src.take("model.norm.bias")}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = pad_rows(src.take("lm_head.weight"), cfg)
-    elif "lm_head.weight" in src:
-        src.take("lm_head.weight")  # the tied head, stored anyway
+    out.update(take_head(src, cfg))
     kinds = ("weight", "bias") if cfg.bias else ("weight",)
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
