@@ -42,6 +42,18 @@ def imported(kind, tmp_path, capsys, dtype="fp32"):
     return hf, model, tokenizer, tmp_path / "ckpt"
 
 
+
+def written_and_loaded(tmp_path, model, tokenizer, family):
+    """`model` written as `family`'s Hugging Face folder (fp32) and loaded by transformers, with no missing or
+    unexpected keys, as the architecture the family names."""
+    from redline.interop.hf import write_folder
+
+    write_folder(tmp_path / "out", model.state_dict(), model.cfg, tokenizer, family, torch.float32)
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(back).__name__ == family.architecture
+    return back.eval()
+
 TOKENS = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
 
 
@@ -183,7 +195,6 @@ REDLINE_EXPORTS = {
 @pytest.mark.parametrize("arch", list(REDLINE_EXPORTS))
 def test_export_redline_architectures(arch, tmp_path, capsys):
     from redline.config import TrainConfig, to_dict
-    from redline.interop.hf import write_folder
     from redline.tokenizer import load_tokenizer
     from tests.interop_models import byte_level_tokenizer
 
@@ -196,13 +207,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
             p.add_(torch.randn_like(p) * 0.05)
     tokenizer = load_tokenizer(byte_level_tokenizer(tmp_path / "tok"))
     family = export_family(cfg)
-    write_folder(tmp_path / "out", model.state_dict(), cfg, tokenizer, family, torch.float32)
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    assert type(back).__name__ == arch.split("-")[0]
+    assert family.architecture == arch.split("-")[0]
+    back = written_and_loaded(tmp_path, model, tokenizer, family)
     tokens = TOKENS.clamp(max=cfg.vocab_size - 1)
     with torch.no_grad():
-        torch.testing.assert_close(back.eval()(tokens).logits, model(tokens), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(tokens).logits, model(tokens), rtol=1e-5, atol=1e-5)
     assert to_dict(TrainConfig(model=cfg))  # the config is a plain one (nothing export-specific)
 
 
@@ -522,15 +531,11 @@ def test_ernie_writer_gives_back_ernies_layout(tmp_path, capsys):
     """ERNIE 4.5's own folder from an imported ERNIE model (ernie.py's inverse map: q and k rows back to interleaved
     RoPE pairs, use_bias, rope_parameters): transformers loads it as Ernie4_5ForCausalLM with the source's logits."""
     from redline.interop.families import _families
-    from redline.interop.hf import write_folder
 
     hf, model, tokenizer, _ = imported("ernie4_5", tmp_path, capsys)
-    write_folder(tmp_path / "out", model.state_dict(), model.cfg, tokenizer, _families()["ernie4_5"], torch.float32)
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    assert type(back).__name__ == "Ernie4_5ForCausalLM"
+    back = written_and_loaded(tmp_path, model, tokenizer, _families()["ernie4_5"])
     with torch.no_grad():
-        torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_import_phi3_reads_the_hubs_configs_as_transformers_does(tmp_path, capsys):
@@ -736,7 +741,6 @@ def test_ministral3_context_stops_where_its_query_scale_starts(tmp_path, capsys)
     transformers from there on); its own writer gives a Ministral3ForCausalLM with the source's logits;
     Ministral3Config's defaults read as 16,384 tokens of YaRN ×16, a config without the scale keeps its whole context."""
     from redline.interop.families import _families
-    from redline.interop.hf import write_folder
     from redline.interop.llama import ministral3_model_config
 
     hf, model, tokenizer, _ = imported("ministral3", tmp_path, capsys)
@@ -749,12 +753,9 @@ def test_ministral3_context_stops_where_its_query_scale_starts(tmp_path, capsys)
     torch.testing.assert_close(got[:, :32], expected[:, :32], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got[:, 32:], expected[:, 32:], rtol=1e-3, atol=1e-3)
 
-    write_folder(tmp_path / "out", model.state_dict(), model.cfg, tokenizer, _families()["ministral3"], torch.float32)
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    assert type(back).__name__ == "Ministral3ForCausalLM"
+    back = written_and_loaded(tmp_path, model, tokenizer, _families()["ministral3"])
     with torch.no_grad():
-        torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
     defaults = transformers.Ministral3Config().to_dict()  # Ministral-3-8B's shape, YaRN and query scale
     cfg = ministral3_model_config(defaults)
