@@ -111,6 +111,32 @@ def test_export_gguf_q8_0(kind, tmp_path, capsys):
     assert _tensor_type(gguf, "position_embd.weight", torch.zeros(8, 64), "q8_0").name == "F32"
 
 
+@pytest.mark.parametrize("kind, dtype", [("qwen2", "q4_0"), ("llama-untied", "q4_1"), ("qwen2", "q5_0"),
+                                         ("llama-untied", "q5_1")])
+def test_export_gguf_4_and_5_bit_blocks(kind, dtype, tmp_path, capsys):
+    """--dtype q4_0 / q4_1 / q5_0 / q5_1: the block matrices in llama.cpp's 4- or 5-bit blocks, the head's matrix
+    (output, or token_embd where the head is tied to it) in Q8_0, norms and biases in F32; redline's import and
+    transformers' GGUF loader dequantize the same bytes to the same logits, near the model's own."""
+    hf, path = export_gguf(kind, tmp_path, capsys, dtype=dtype)
+    reader = gguf.GGUFReader(str(path))
+    kinds = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert kinds["blk.0.attn_q.weight"] == kinds["blk.1.ffn_down.weight"] == dtype.upper()
+    if kind == "llama-untied":
+        assert kinds["output.weight"] == "Q8_0" and kinds["token_embd.weight"] == dtype.upper()
+    else:
+        assert "output.weight" not in kinds and kinds["token_embd.weight"] == "Q8_0"
+    assert kinds["blk.0.attn_norm.weight"] == "F32"
+    assert reader.fields["general.file_type"].contents() == getattr(gguf.LlamaFileType, f"MOSTLY_{dtype.upper()}")
+    model, _, _ = import_gguf(path, tmp_path / "back", capsys)
+    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    with torch.no_grad():
+        ours, theirs, original = model(TOKENS), back(TOKENS).logits, hf(TOKENS).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    err = (ours - original).abs().mean()  # quantized: near the fp32 weights' logits (q4 ~0.13 of their spread,
+    assert 0 < err < 0.2 * original.std()  # q5 ~0.06; rows of another layout's weights would give ~1), not them
+    assert path.stat().st_size < 0.6 * (tmp_path / "hf" / "model.safetensors").stat().st_size
+
+
 def test_export_q8_0_is_gguf_only(tmp_path, capsys):
     hf_folder("qwen2", tmp_path / "hf")
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)

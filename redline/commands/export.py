@@ -3,11 +3,12 @@
     redline export runs/modern-124m-... --out exported/       # transformers.AutoModelForCausalLM.from_pretrained
     redline export models/smollm2 --out smol.gguf --format gguf --dtype fp16   # llama.cpp, transformers' GGUF loader
     redline export models/smollm2 --out smol-q8.gguf --format gguf --dtype q8_0  # llama.cpp's 8-bit blocks
+    redline export models/smollm2 --out smol-q4.gguf --format gguf --dtype q4_0  # 4-bit blocks, the head's 8-bit
 
 The architecture follows the model: GPT-2 for learned positions (the gpt2 presets), Qwen3 with QK-norm (the modern
 presets), Mistral with a sliding window, Qwen2 with biases on q/k/v alone, Llama otherwise, and the architecture
 whose options an imported model has (OLMo 2, EXAONE 4.0, the Gemmas, Phi, Phi-3, GPT-NeoX, StableLM, StarCoder2,
-OPT, SmolLM3, Granite, Hunyuan, Cohere, LFM2; a mixture of experts as Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
+OPT, SmolLM3, Granite, Hunyuan, Cohere, LFM2, nanochat, OLMo; a mixture of experts as Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
 GraniteMoE or LFM2-MoE: docs/import_export.md). A redline option none of them has (post-norm, ReLU² with RoPE,
 learned positions with RMSNorm, ...) is an error that names it.
 The folder holds config.json, model.safetensors, generation_config.json (the stop, BOS and padding ids, with the
@@ -43,9 +44,10 @@ class ExportConfig:
     max_shard_size: str = "5GB"
     """hf: the largest safetensors file (5GB, 500MB, 2GiB, ...); a larger model is written as shards with
     model.safetensors.index.json, as transformers' save_pretrained writes them."""
-    dtype: Literal["auto", "fp32", "bf16", "fp16", "q8_0"] = "auto"
-    """Dtype of the written weights (auto: the dtype the checkpoint stores, fp32 for one redline trained). q8_0
-    (GGUF only): llama.cpp's 8-bit blocks for the matrices, about a quarter of fp32's size. In a GGUF, norms and
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"] = "auto"
+    """Dtype of the written weights (auto: the dtype the checkpoint stores, fp32 for one redline trained). GGUF only:
+    q8_0, llama.cpp's 8-bit blocks for the matrices (about a quarter of fp32's size); q5_1, q5_0, q4_1, q4_0, its 5-
+    and 4-bit blocks, the head's matrix in q8_0 (llama-quantize keeps it above 4 bits too). In a GGUF, norms and
     biases stay fp32 as llama.cpp keeps them."""
 
 
@@ -69,6 +71,7 @@ def main(argv: list[str]) -> int:
     from redline.config import parse
     from redline.errors import UserError
     from redline.interop.families import export_family
+    from redline.interop.gguf_file import GGUF_QUANTS
     from redline.interop.hf import DTYPES
     from redline.training.checkpoint import generation_config, load_checkpoint_weights, resolve_checkpoint
 
@@ -83,9 +86,9 @@ def main(argv: list[str]) -> int:
     check_merge(cfg)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
-    if cfg.dtype == "q8_0" and cfg.format != "gguf":
-        raise UserError("--dtype q8_0 is a GGUF type (llama.cpp's 8-bit blocks): add --format gguf, or give fp32, "
-                        "bf16 or fp16 for a Hugging Face folder")
+    if cfg.dtype in GGUF_QUANTS and cfg.format != "gguf":
+        raise UserError(f"--dtype {cfg.dtype} is a GGUF type (llama.cpp's blocks of 32 weights): add --format gguf, "
+                        f"or give fp32, bf16 or fp16 for a Hugging Face folder")
     from redline.interop.hf import parse_size
 
     max_shard = parse_size(cfg.max_shard_size)  # a bad size is one line before any work
@@ -96,7 +99,8 @@ def main(argv: list[str]) -> int:
     ckpt = resolve_checkpoint(cfg.checkpoint)
     state, train_cfg, tokenizer, ckpt = load_checkpoint_weights(ckpt)
     family = export_family(train_cfg.model)  # the one-line error for an option no architecture has, early
-    dtype = stored_dtype(ckpt) if cfg.dtype == "auto" else cfg.dtype if cfg.dtype == "q8_0" else DTYPES[cfg.dtype]
+    dtype = stored_dtype(ckpt) if cfg.dtype == "auto" else cfg.dtype if cfg.dtype in GGUF_QUANTS else \
+        DTYPES[cfg.dtype]
     if cfg.format == "hf":
         from redline.interop.hf import write_folder
 
@@ -137,6 +141,7 @@ def export_adapter(cfg: ExportConfig) -> int:
     from redline.config import TrainConfig, from_dict
     from redline.errors import UserError
     from redline.interop.families import export_family
+    from redline.interop.gguf_file import GGUF_QUANTS
     from redline.interop.hf import DTYPES
     from redline.interop.peft_adapter import write_adapter
     from redline.training.adapters import META_KEY, is_adapter_checkpoint, resolve_base
@@ -144,8 +149,8 @@ def export_adapter(cfg: ExportConfig) -> int:
 
     if cfg.out is not None or cfg.merge or cfg.format != "hf":
         raise UserError("--adapter writes a PEFT adapter folder on its own; drop --out, --merge and --format")
-    if cfg.dtype == "q8_0":
-        raise UserError("--dtype q8_0 is a GGUF type; a PEFT adapter is written in fp32, bf16 or fp16")
+    if cfg.dtype in GGUF_QUANTS:
+        raise UserError(f"--dtype {cfg.dtype} is a GGUF type; a PEFT adapter is written in fp32, bf16 or fp16")
     ckpt = resolve_checkpoint(cfg.checkpoint)
     meta = verify_checkpoint(ckpt)
     if not is_adapter_checkpoint(meta):

@@ -22,7 +22,8 @@ as llama.cpp's loaders create them. Three layout differences from Hugging Face's
   Gemma2TensorProcessor, citing llama.cpp's convert_hf_to_gguf.py), and so does this reader; q/k are not permuted
   (that loader undoes no permutation for gemma3, and redline's logits equal its own on the same file).
 Quantized tensors are dequantized by the gguf package (a type it cannot dequantize is an error naming it); export
-writes f32, f16, bf16 or q8_0 matrices, norms and biases always f32 as llama.cpp does. Llama 3 RoPE scaling travels
+writes f32, f16, bf16, q8_0 or the 4- and 5-bit q4_0, q4_1, q5_0, q5_1 matrices (the head's in q8_0 then), norms
+and biases always f32 as llama.cpp does. Llama 3 RoPE scaling travels
 as llama.cpp's rope_freqs tensor (each frequency's divisor), read back into the four parameters of the scaling.
 """
 
@@ -60,6 +61,9 @@ MOE_ARCHES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_mo
 MOE_RESCALES = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True}
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
 PERMUTED = ("llama", "smollm3", "granite", "granitemoe", "olmo")
+# the block types export writes (llama.cpp's Q8_0, Q5_1, Q5_0, Q4_1, Q4_0: 32 weights a block with a scale, and an
+# offset for the _1 types), which the gguf package can quantize
+GGUF_QUANTS = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 # the architectures whose RMSNorm weights llama.cpp's converter stores as the scale they multiply by, 1 + weight
 GEMMAS = ("gemma", "gemma2", "gemma3")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
@@ -911,7 +915,8 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_head_count(cfg.n_head)
     writer.add_vocab_size(cfg.vocab_size)
     file_type = {torch.float32: gguf.LlamaFileType.ALL_F32, torch.float16: gguf.LlamaFileType.MOSTLY_F16,
-                 torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+                 torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16,
+                 **{q: getattr(gguf.LlamaFileType, f"MOSTLY_{q.upper()}") for q in GGUF_QUANTS}}[dtype]
     writer.add_file_type(file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
@@ -1053,21 +1058,23 @@ def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:
         adders[key](value)
 
 
-def _tensor_type(gguf, name: str, w: torch.Tensor, dtype: torch.dtype | str):
-    """The GGML type a tensor is stored as for the file's dtype, by the rules llama.cpp's converter follows: 1-D
-    tensors (norms, biases) and learned positions in F32; for "q8_0", every other matrix in Q8_0 blocks of 32 along
-    its rows, or F16 where its rows are not whole blocks."""
+def _tensor_type(gguf, name: str, w: torch.Tensor, dtype: torch.dtype | str, head: bool = False):
+    """The GGML type a tensor is stored as for the file's dtype, by the rules llama.cpp's converter and quantizer
+    follow: 1-D tensors (norms, biases) and learned positions in F32; for a block type (GGUF_QUANTS) every other
+    matrix in blocks of 32 along its rows, or F16 where its rows are not whole blocks. head: the matrix the logits
+    come from (output.weight, or token_embd.weight in a file without one), which llama-quantize keeps at a higher
+    precision than a 4- or 5-bit type (its Q6_K, which the gguf package cannot write): Q8_0 here."""
     if w.dim() < 2 or name.startswith("position_embd") or dtype == torch.float32:
         return gguf.GGMLQuantizationType.F32
-    if dtype == "q8_0":
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
-        return gguf.GGMLQuantizationType.Q8_0 if w.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
+    if dtype in GGUF_QUANTS:
+        qtype = gguf.GGMLQuantizationType[("q8_0" if head else dtype).upper()]
+        return qtype if w.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else gguf.GGMLQuantizationType.F16
     return {torch.float16: gguf.GGMLQuantizationType.F16, torch.bfloat16: gguf.GGMLQuantizationType.BF16}[dtype]
 
 
 def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Family, dtype: torch.dtype | str) -> Path:
-    """One GGUF file of redline weights `state` (fp32 state dict): matrices in dtype (a torch dtype, or "q8_0":
-    llama.cpp's 8-bit blocks), 1-D tensors in fp32 (_tensor_type)."""
+    """One GGUF file of redline weights `state` (fp32 state dict): matrices in dtype (a torch dtype, or one of
+    GGUF_QUANTS: llama.cpp's blocks of 32 weights and a scale), 1-D tensors in fp32 (_tensor_type)."""
     gguf = require_gguf()
     arch = _arch(family, cfg)
     out = Path(out)
@@ -1086,8 +1093,10 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
         tensors = family.to_hf(state, cfg)
         if cfg.moe_experts:
             tensors = stack_experts(tensors, state, cfg, arch)
+        names = {hf_name: _gguf_name(hf_name, arch) for hf_name in tensors}
+        untied = "output.weight" in names.values()
         for hf_name, t in tensors.items():
-            name = _gguf_name(hf_name, arch)
+            name = names[hf_name]
             kind = name.split(".")[-2]
             w = t.float()
             if kind == "ffn_gate_inp_shexp":  # llama.cpp's {n_embd}
@@ -1103,7 +1112,8 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             if arch == "gptneox" and kind == "attn_qkv":
                 w = _neox_qkv(w, cfg.n_head, to_file=True)
             values = np.ascontiguousarray(w.numpy(), dtype=np.float32)
-            qtype = _tensor_type(gguf, name, w, dtype)
+            head = name == "output.weight" or (name == "token_embd.weight" and not untied)
+            qtype = _tensor_type(gguf, name, w, dtype, head)
             if qtype == gguf.GGMLQuantizationType.F32:
                 writer.add_tensor(name, values)
             else:
