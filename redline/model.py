@@ -4,7 +4,8 @@ Features (each a field of `ModelConfig`):
 - attention: multi-head, grouped-query or multi-query through `n_kv_head`; a head width of its own
   (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
   fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
-  (`attn_scale`, Gemma 3's and Granite's) and a soft cap on the scores (`attn_softcap`, Gemma 2's); optional
+  (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
+  per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); optional
   sliding-window attention, on every layer or interleaved with full-attention
   layers (`sliding_window_pattern`, Gemma 3's 5:1); documents packed into one row attend only within themselves
   (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
@@ -14,7 +15,7 @@ Features (each a field of `ModelConfig`):
   with a base of their own, `rope_local_theta`, as Gemma 3's; one layer in N without it, `nope_interval`, as
   SmolLM3's), learned absolute, or none;
   explicit per-token positions (packed documents restart at 0);
-- MLP: GELU, SwiGLU, GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
+- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
 - norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
@@ -85,6 +86,12 @@ class ModelConfig:
     mask: Gemma 2's attn_logit_softcapping); 0 = off. No SDPA kernel takes the cap: such attention runs as flex
     attention with the cap as its score modifier where doc_attention picks flex (training on CUDA), else as plain
     PyTorch products (O(T²) memory a layer)."""
+    attn_sinks: bool = False
+    """A learned logit per query head (`attn.sinks`, (n_head,), zeros at init) that joins every query's softmax as
+    one more key with no value: probabilities exp(s_j) / (exp(sink) + Σ_k exp(s_k)), so a head can attend to nothing
+    (GPT-OSS's sinks). Computed as the plain attention's output times sigmoid(lse − sink), lse the logsumexp of the
+    query's scaled, masked scores. As attn_softcap, no SDPA kernel takes it: flex attention (which returns the lse)
+    where doc_attention picks flex, else plain PyTorch products."""
     pos_emb: Literal["rope", "learned", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
@@ -130,9 +137,12 @@ class ModelConfig:
     nope_interval: int = 0
     """Layer i takes no RoPE where (i + 1) is a multiple of this (its attention position-free, "NoPE": SmolLM3's
     no_rope_layers, one layer in 4); 0 = RoPE on every layer."""
-    mlp: Literal["gelu", "swiglu", "geglu", "relu2", "relu"] = "swiglu"
-    """MLP kind: GELU (GPT-2), SwiGLU, GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's), ReLU squared, or ReLU
-    (OPT's)."""
+    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu"] = "swiglu"
+    """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
+    ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
+    ReLU squared, or ReLU (OPT's)."""
+    swiglu_limit: float = 7.0
+    """mlp=swiglu_clamped: the clamp on the gate (above) and the up projection (both sides); GPT-OSS's 7."""
     gelu_approximate: Literal["tanh", "none"] = "tanh"
     """The GELU of the gelu and geglu MLPs: the tanh approximation (GPT-2's gelu_new, Gemma's) or the exact erf form
     (GPT-NeoX's and Pythia's "gelu")."""
@@ -170,6 +180,9 @@ class ModelConfig:
     """Mixture of experts: a per-expert bias added to the scores to choose the top k (not to weight them): LFM2-MoE's
     and DeepSeek-V3's expert_bias, a buffer imported with the model (not trained: redline has no bias-balancing
     update)."""
+    moe_bias: bool = False
+    """Mixture of experts: a bias on the router's logits and on each expert's projections (GPT-OSS's router and
+    experts; mlp.router.bias, mlp.fc_bias (E, 2F) and mlp.proj_bias (E, C), zeros at init)."""
     moe_scale: float = 1.0
     """Mixture of experts: the chosen experts' weights times this (routed_scaling_factor)."""
     moe_dense_layers: int = 0
@@ -238,7 +251,8 @@ class ModelConfig:
     """How packed documents (`doc_ids`) are kept apart: sdpa with a dense (B, 1, T, T) mask (any device; the fast
     SDPA kernels do not take a mask), or flex attention with a block mask that skips the blocks no document
     spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere.
-    The same choice runs soft-capped attention (attn_softcap) as flex, documents or not."""
+    The same choice runs soft-capped attention (attn_softcap) and attention with sinks (attn_sinks) as flex,
+    documents or not."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     ce_chunk_tokens: int = 0
@@ -259,7 +273,7 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp in ("swiglu", "geglu")
+        return self.mlp in ("swiglu", "swiglu_clamped", "geglu")
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern."""
@@ -392,7 +406,8 @@ class ModelConfig:
                             f"in [0, n_layer={self.n_layer}), with model.conv_kernel >= 1 and no value embeddings")
         if self.moe_experts < 0 or (self.moe_experts and not (
                 self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
-            raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu or geglu) and "
+            raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu, swiglu_clamped "
+                            f"or geglu) and "
                             f"1 <= model.moe_top_k <= moe_experts, got mlp={self.mlp}, moe_top_k={self.moe_top_k}")
         if (self.moe_gating != "softmax" or self.moe_expert_bias or self.moe_scale != 1.0 or self.moe_dense_layers
                 or self.moe_dense_hidden) and not self.moe_experts:
@@ -400,9 +415,14 @@ class ModelConfig:
                             "need experts (model.moe_experts)")
         if not 0 <= self.moe_dense_layers <= self.n_layer:
             raise UserError(f"model.moe_dense_layers={self.moe_dense_layers} must be in [0, n_layer={self.n_layer}]")
-        if self.moe_experts and self.bias:
-            raise UserError("model.bias=true with model.moe_experts: the experts have no biases (model.qkv_bias puts "
-                            "them on q/k/v)")
+        if self.moe_experts and self.bias and not self.moe_bias:
+            raise UserError("model.bias=true with model.moe_experts needs model.moe_bias (experts with biases, "
+                            "GPT-OSS's; model.qkv_bias puts biases on q/k/v alone)")
+        if self.moe_bias and (not self.moe_experts or self.moe_shared_hidden or self.moe_dense_layers):
+            raise UserError("model.moe_bias needs experts (model.moe_experts) and is not implemented with "
+                            "model.moe_shared_hidden or moe_dense_layers")
+        if self.swiglu_limit <= 0:
+            raise UserError(f"model.swiglu_limit must be > 0, got {self.swiglu_limit}")
         if min(self.moe_shared_hidden, self.moe_aux_loss) < 0 or (
                 (self.moe_shared_hidden or self.moe_aux_loss) and not self.moe_experts):
             raise UserError("model.moe_shared_hidden and model.moe_aux_loss are >= 0 and need experts "
@@ -548,21 +568,43 @@ def sdpa_context(backend: str):
     return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
 
 
-def capped_attention(q, k, v, mask: torch.Tensor | None, scale: float | None, cap: float) -> torch.Tensor:
-    """Attention with soft-capped scores, as plain products (Gemma 2's eager attention in transformers'
-    models/gemma2/modeling_gemma2.py): q (B, H, Tq, D), k/v (B, KV, Tk, D), mask None (causal, the queries being the
-    last Tq of the Tk positions) or bool, broadcastable to (B, H, Tq, Tk), True where allowed -> (B, Tq, H*D).
-    Scores and softmax in fp32 at least."""
+def explicit_attention(q, k, v, mask: torch.Tensor | None, scale: float | None, cap: float = 0.0,
+                       sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention as plain products, for what SDPA cannot take: soft-capped scores (cap > 0: Gemma 2's eager attention
+    in transformers' models/gemma2/modeling_gemma2.py) and sink logits (sinks (H,): GPT-OSS's, each query's
+    denominator plus exp(sink), as transformers' models/gpt_oss/modeling_gpt_oss.py appends a sink column to the
+    scores). q (B, H, Tq, D), k/v (B, KV, Tk, D), mask None (causal, the queries being the last Tq of the Tk
+    positions) or bool, broadcastable to (B, H, Tq, Tk), True where allowed -> (B, Tq, H*D). Scores and softmax in
+    fp32 at least; no attention dropout."""
     B, H, Tq, D = q.shape
     if k.shape[1] != H:
         k, v = (t.repeat_interleave(H // k.shape[1], dim=1) for t in (k, v))
     scores = torch.matmul(q, k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
-    scores = cap * torch.tanh(scores * (scale or D ** -0.5) / cap)
+    scores = scores * (scale or D ** -0.5)
+    if cap:
+        scores = cap * torch.tanh(scores / cap)
     if mask is None:
         Tk = k.shape[2]
         mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
-    probs = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).transpose(1, 2).reshape(B, Tq, H * D)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        probs = F.softmax(scores, dim=-1)
+    else:  # the denominator's log: logaddexp(lse of the scores, sink), (B, H, Tq, 1)
+        lse = scores.logsumexp(dim=-1, keepdim=True)
+        probs = torch.exp(scores - torch.logaddexp(lse, sinks.to(scores.dtype).view(1, H, 1, 1)))
+    return torch.matmul(probs.to(v.dtype), v).transpose(1, 2).reshape(B, Tq, H * D)
+
+
+def _flex_attention_lse(q, k, v, block_mask, scale, enable_gqa, score_mod):
+    """flex_attention's output (B, H, Tq, D) and logsumexp of the scores (B, H, Tq), natural log: `return_aux`
+    where torch has it (return_lse is deprecated there), `return_lse` before it."""
+    from torch.nn.attention import flex_attention as flex
+
+    kw = dict(block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, score_mod=score_mod)
+    if hasattr(flex, "AuxRequest"):
+        y, aux = flex.flex_attention(q, k, v, return_aux=flex.AuxRequest(lse=True), **kw)
+        return y, aux.lse
+    return flex.flex_attention(q, k, v, return_lse=True, **kw)
 
 
 class Attention(nn.Module):
@@ -576,6 +618,8 @@ class Attention(nn.Module):
         self.scale = cfg.attn_scale or None  # None: SDPA's 1 / sqrt(head_dim)
         # value embeddings: v ← λ₀·v + λ₁·ve (modded-nanogpt's `lambdas`), (2,) learned, 0.5 each at init
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
+        # attn_sinks: one logit a query head, (H,), zeros at init (reset_parameters)
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if cfg.attn_sinks else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
         bias = cfg.has_qkv_bias
         if cfg.fused_qkv:
@@ -633,12 +677,16 @@ class Attention(nn.Module):
             def capped(score, b, h, q_idx, kv_idx):
                 return cap * torch.tanh(score / cap)
 
-            y = flex_attention(q, k, v, block_mask=attn_mask, scale=self.scale, enable_gqa=gqa,
-                               score_mod=capped if cap else None)
+            kw = dict(block_mask=attn_mask, scale=self.scale, enable_gqa=gqa, score_mod=capped if cap else None)
+            if self.sinks is None:
+                y = flex_attention(q, k, v, **kw)
+            else:  # the sink joins the denominator: output × exp(lse) / (exp(lse) + exp(sink))
+                y, lse = _flex_attention_lse(q, k, v, **kw)  # (B, H, Tq, D), (B, H, Tq)
+                y = y * torch.sigmoid(lse - self.sinks.float()[:, None]).unsqueeze(-1).to(y.dtype)
             B, _, Tq, _ = q.shape
             return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
-        if cap:
-            return capped_attention(q, k, v, attn_mask, self.scale, cap)
+        if cap or self.sinks is not None:
+            return explicit_attention(q, k, v, attn_mask, self.scale, cap, self.sinks)
         if gqa and self.cfg.attn_backend != "auto":
             # not every forced backend takes enable_gqa: expand the kv heads instead
             k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
@@ -713,10 +761,25 @@ class ShortConv(nn.Module):
         return self.proj(c * self.convolve(u, doc_ids=attn_mask))
 
 
+SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
+
+
+def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str = "tanh",
+                     limit: float = 7.0) -> torch.Tensor:
+    """A gated MLP's hidden activation from its gate and up halves (..., F) each: SwiGLU, GeGLU, or GPT-OSS's clamped
+    SwiGLU (semantics read from transformers' models/gpt_oss/modeling_gpt_oss.py, GptOssExperts._apply_gate)."""
+    if kind == "swiglu":
+        return F.silu(gate) * up
+    if kind == "geglu":
+        return F.gelu(gate, approximate=gelu) * up
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(SWIGLU_CLAMPED_ALPHA * gate)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.kind, self.gelu = cfg.mlp, cfg.gelu_approximate
+        self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
         hidden = cfg.hidden_dim
         fused = cfg.gated_mlp and cfg.fused_mlp  # swiglu / geglu: gate and up in one matmul
         self.fc = nn.Linear(cfg.n_embd, 2 * hidden if fused else hidden, bias=cfg.bias)
@@ -727,9 +790,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
-        if self.kind in ("swiglu", "geglu"):
+        if self.kind in ("swiglu", "swiglu_clamped", "geglu"):
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
-            h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate=self.gelu)) * up
+            h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
         elif self.kind == "relu2":
             h = F.relu(h).square()
         elif self.kind == "relu":
@@ -777,21 +840,26 @@ def experts_masked(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torc
 class MoE(nn.Module):
     """A mixture of expert MLPs (model.moe_experts): router -> softmax (or sigmoid, moe_gating) scores -> the top k
     experts of each token (chosen with moe_expert_bias where given), their outputs summed, weighted by the
-    (renormalised, scaled) scores; and a gated shared expert where moe_shared_hidden gives one. Experts are stacked: fc (E, 2F, C) holds each expert's [gate; up] rows, proj (E, C, F) its output
-    projection, so all experts run as two grouped GEMMs over the tokens sorted by expert (Mixtral's and Qwen-MoE's
-    routing, as transformers' MixtralSparseMoeBlock and Qwen2MoeSparseMoeBlock compute it)."""
+    (renormalised, scaled) scores; and a gated shared expert where moe_shared_hidden gives one; with moe_bias the
+    router and each expert's two projections have biases (GPT-OSS's). Experts are stacked: fc (E, 2F, C) holds each
+    expert's [gate; up] rows, proj (E, C, F) its output projection, so all experts run as two grouped GEMMs over the
+    tokens sorted by expert (Mixtral's and Qwen-MoE's routing, as transformers' MixtralSparseMoeBlock and
+    Qwen2MoeSparseMoeBlock compute it)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         E, F_, C = cfg.moe_experts, cfg.hidden_dim, cfg.n_embd
-        self.kind, self.gelu = cfg.mlp, cfg.gelu_approximate
+        self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
         self.top_k, self.norm_topk = cfg.moe_top_k, cfg.moe_norm_topk
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
-        self.router = nn.Linear(C, E, bias=False)
+        self.router = nn.Linear(C, E, bias=cfg.moe_bias)
         self.fc = nn.Parameter(torch.empty(E, 2 * F_, C))
         self.proj = nn.Parameter(torch.empty(E, C, F_))
+        # moe_bias: each expert's fc bias (E, 2F), rows [gate; up] as fc's, and proj bias (E, C)
+        self.fc_bias = nn.Parameter(torch.zeros(E, 2 * F_)) if cfg.moe_bias else None
+        self.proj_bias = nn.Parameter(torch.zeros(E, C)) if cfg.moe_bias else None
         self.shared = MLP(replace(cfg, mlp_hidden=cfg.moe_shared_hidden, moe_experts=0, moe_shared_hidden=0,
                                   moe_aux_loss=0.0, fused_mlp=True)) if cfg.moe_shared_hidden else None
         self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden else None
@@ -805,6 +873,9 @@ class MoE(nn.Module):
             nn.init.normal_(self.proj, mean=0.0, std=proj_std)
         else:
             nn.init.zeros_(self.proj)
+        for bias in (self.fc_bias, self.proj_bias):
+            if bias is not None:
+                nn.init.zeros_(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, E, k = x.shape, self.fc.shape[0], self.top_k
@@ -825,11 +896,15 @@ class MoE(nn.Module):
         counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
             0, flat, torch.ones_like(flat, dtype=torch.int32))
         ends = counts.cumsum(0, dtype=torch.int32)
-        token = order // k  # (N·k,) the token of each sorted slot
+        token, expert = order // k, flat[order]  # (N·k,) each: the token and the expert of each sorted slot
         h = expert_matmul(x[token], self.fc, ends)  # (N·k, 2F)
+        if self.fc_bias is not None:
+            h = h + self.fc_bias[expert].to(h.dtype)
         gate, up = h.chunk(2, dim=-1)
-        h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate=self.gelu)) * up
-        h = expert_matmul(h, self.proj, ends) * weights.flatten()[order, None].to(x.dtype)  # (N·k, C)
+        h = expert_matmul(gated_activation(self.kind, gate, up, self.gelu, self.limit), self.proj, ends)  # (N·k, C)
+        if self.proj_bias is not None:  # inside the weighting, as GPT-OSS's experts add it
+            h = h + self.proj_bias[expert].to(h.dtype)
+        h = h * weights.flatten()[order, None].to(x.dtype)
         out = torch.zeros_like(x).index_add_(0, token, h)
         if self.shared is not None:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
@@ -987,9 +1062,11 @@ class GPT(nn.Module):
                     nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-        for block in self.blocks:  # value-embedding mixing weights are bare parameters, not modules
+        for block in self.blocks:  # value-embedding mixing weights and sinks are bare parameters, not modules
             if not block.conv and block.attn.ve_mix is not None:
                 block.attn.ve_mix.fill_(0.5)
+            if not block.conv and block.attn.sinks is not None:
+                block.attn.sinks.zero_()
         if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
             for name, table in zip(self._rope_names(), self._rope_tables()):
                 getattr(self, name).copy_(table)
@@ -1013,8 +1090,8 @@ class GPT(nn.Module):
         own document (packed sequences do not see each other). window: the layers' whose mask this is (None:
         cfg.sliding_window)."""
         window = self.cfg.sliding_window if window is None else window
-        # flex for what SDPA's fast kernels cannot take: a document mask, or scores capped by attn_softcap
-        if (doc_ids is not None or self.cfg.attn_softcap) and self._flex_attention(device):
+        # flex for what SDPA's fast kernels cannot take: a document mask, scores capped by attn_softcap, sinks
+        if (doc_ids is not None or self.cfg.attn_softcap or self.cfg.attn_sinks) and self._flex_attention(device):
             return self._block_mask(T, device, doc_ids, window)
         mask = self.sliding_mask(T, device, window)
         if doc_ids is None:

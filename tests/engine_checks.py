@@ -7,12 +7,13 @@ import torch
 from redline.inference import InferenceEngine, SamplingParams
 
 
-def assert_compiled_engine_stays_greedy(model, prompts: list[list[int]], new: int = 24, tol: float = 0.05) -> None:
-    """The compiled, graph-captured engine and the eager one (both bf16) each decode `prompts` greedily: every
-    token, teacher-forced through the fp32 model, within tol of the best logit at its step. bf16 near-ties may
-    split the two runs (a row that takes another token at one goes on differently from there); a wrong cache gives
-    tokens about the logits' spread below the best (~0.7 for the tests' random models)."""
-    runs = [InferenceEngine(model, dtype=torch.bfloat16, compile=compiled, cuda_graphs=compiled)
+def assert_compiled_engine_stays_greedy(model, prompts: list[list[int]], new: int = 24, tol: float = 0.05,
+                                        dtype: torch.dtype = torch.bfloat16) -> None:
+    """The compiled, graph-captured engine and the eager one (both in dtype, bf16 by default) each decode `prompts`
+    greedily: every token, teacher-forced through the fp32 model, within tol of the best logit at its step. bf16
+    near-ties may split the two runs (a row that takes another token at one goes on differently from there); a wrong
+    cache gives tokens about the logits' spread below the best (~0.7 for the tests' random models)."""
+    runs = [InferenceEngine(model, dtype=dtype, compile=compiled, cuda_graphs=compiled)
             .generate(prompts, new, SamplingParams(temperature=0)) for compiled in (False, True)]
     model.eval()
     for results in runs:

@@ -104,6 +104,15 @@ FAMILIES = {
                        moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=4,
                                                       num_experts_per_tok=2, norm_topk_prob=False)),
+    # GPT-OSS: attention sinks (perturbed like every parameter), biases on q/k/v/o, windowed and full layers in turn
+    # (a window shorter than the test sequences), YaRN without rounding its band, top 2 of 4 experts with biases,
+    # gate and up interleaved, a SwiGLU clamp low enough to bite
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                     num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.3, tie_word_embeddings=False,
+                     pad_token_id=None, rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                         "original_max_position_embeddings": 32})),
     # LFM2: short convolutions on layers 0 and 2, attention (QK-norm, GQA) on 1; the MLP width adjusted as its
     # configs ask (two thirds of 96, rounded up to 32: 64)
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",

@@ -71,6 +71,10 @@ ARCHITECTURES = {
     "hunyuan-style": {"n_kv_head": 2, "qk_norm": True, "qk_norm_after_rope": True},
     "yarn-qknorm": {"n_kv_head": 2, "qk_norm": True, "rope_theta": 500.0, "rope_scaling": "yarn", "rope_factor": 4.0,
                     "rope_original_context": 32},
+    # GPT-OSS's attention: sink logits in the softmax (the matmul decode path and the prefill's plain products),
+    # biases on q/k/v/o, windowed and full layers in turn
+    "gpt-oss-style": {"n_kv_head": 2, "attn_sinks": True, "bias": True, "sliding_window": 6,
+                      "sliding_window_pattern": 2},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -109,6 +113,24 @@ def test_greedy_matches_full_forward_batched(arch):
     assert single == results[2].tokens
 
 
+def test_greedy_with_attention_sinks_matches_full_forward():
+    """Sinks large enough to take much of a head (init leaves them at zero): the engine's prefill (plain products,
+    prompts padded to a batch) and decode (the matmul path's extra denominator term) against the full forward."""
+    model = tiny_model(**ARCHITECTURES["gpt-oss-style"])
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sinks.copy_(torch.tensor([-2.0, 1.0, 3.0, 5.0]))
+        model.lm_head.weight.mul_(30)  # logits spread apart, so a changed attention changes the tokens
+    results = InferenceEngine(model, dtype=torch.float64, compile=False).generate(PROMPTS, 24)
+    for prompt, res in zip(PROMPTS, results):
+        assert res.tokens == reference_greedy(model, prompt, 24), prompt
+    # teacher-forced: every decode step's log-probabilities, not only the argmax, are the full forward's
+    tokens = torch.randint(0, 100, (2, 30), generator=torch.Generator().manual_seed(1))
+    scored, _ = InferenceEngine(model, dtype=torch.float64, compile=False).score(tokens, 10)
+    full = torch.log_softmax(model(tokens[:, :-1])[:, 9:].float(), -1).gather(2, tokens[:, 10:, None])[..., 0]
+    torch.testing.assert_close(scored, full, atol=1e-4, rtol=1e-4)
+
+
 def test_options_are_checked_where_they_cannot_run():
     with pytest.raises(UserError, match="triton runs on CUDA GPUs only"):
         InferenceEngine(tiny_model(), decode_attention="triton")
@@ -124,6 +146,8 @@ def test_options_are_checked_where_they_cannot_run():
     # the attention kernel has no soft-cap of the scores (Gemma 2's): refused by name, before any machine check
     with pytest.raises(UserError, match="no soft-cap of the scores"):
         InferenceEngine(tiny_model(**ARCHITECTURES["gemma2-style"]), decode_attention="triton")
+    with pytest.raises(UserError, match="no sink logits"):
+        InferenceEngine(tiny_model(**ARCHITECTURES["gpt-oss-style"]), decode_attention="triton")
 
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),
@@ -806,11 +830,13 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                    "phi-style", "opt-style", "smollm3-style",
                                                                    "granite-style", "phi4-style", "exaone4-style",
                                                                    "hunyuan-style")
-                                        for impl in ("matmul", "triton")] + [("gemma2-style", "matmul")])
+                                        for impl in ("matmul", "triton")] + [("gemma2-style", "matmul"),
+                                                                             ("gpt-oss-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
     LongRoPE), EXAONE 4.0's and Hunyuan's (QK-norm after RoPE) blocks, which the fused decode block refuses, with
-    either decode attention, and Gemma 2's capped scores with the matmul one (the kernel refuses the cap): compiled
+    either decode attention, and Gemma 2's capped scores and GPT-OSS's sinks with the matmul one (the kernel refuses
+    both): compiled
     and captured, greedy equal to the full forward at batch 4 and 1 and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
     over whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), the
     score scale (Gemma 3's, Granite's) and each layer's window handed to the kernel; Gemma 3's windowed and full

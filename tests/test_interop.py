@@ -189,6 +189,13 @@ REDLINE_EXPORTS = {
                                moe_expert_bias=True, moe_scale=2.0),
     "GraniteMoeForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=32, embed_multiplier=2.0,
                                   residual_multiplier=0.3, logit_divisor=3.0, attn_scale=0.2, n_kv_head=2),
+    # GPT-OSS: sinks, biased clamped experts (a clamp that bites), windowed and full layers; and one without any
+    # bias (written as zeros) and with q, k, v apart
+    "GptOssForCausalLM": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped", swiglu_limit=0.5,
+                              mlp_hidden=32, moe_bias=True, bias=True, n_kv_head=2, sliding_window=5,
+                              sliding_window_pattern=2),
+    "GptOssForCausalLM-no-biases": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped",
+                                        mlp_hidden=32, fused_qkv=False),
 }
 
 
@@ -269,6 +276,10 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
                                                   "redline exports to, has no QK-norm"),
     (dict(embed_multiplier=2.0, norm="layernorm"), "has RMSNorm and SwiGLU"),
     (dict(nope_interval=2, norm="layernorm", mlp="gelu"), "only SmolLM3 has layers without RoPE"),
+    (dict(attn_sinks=True), "GPT-OSS, the one architecture with them redline exports to, is a mixture of experts"),
+    (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", qk_norm=True), "QK-norm, a score scale or cap"),
+    (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", moe_norm_topk=False), "softmaxes its top k"),
+    (dict(moe_experts=4, moe_bias=True), "with both sinks and clamped SwiGLU experts"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -361,8 +372,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, "
-                         "gpt_neox, granite, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, llama, "
-                         "ministral3, mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
+                         "gpt_neox, gpt_oss, granite, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, "
+                         "llama, ministral3, mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
                          "qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2, vaultgemma")
 
 
@@ -1036,3 +1047,70 @@ def test_export_in_shards_as_save_pretrained_writes_them(tmp_path, capsys):
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in stored)
     code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "bad"), "--max-shard-size", "lots"], capsys)
     assert code == 2 and "--max-shard-size 'lots' is not a size" in err and not (tmp_path / "bad").exists(), err
+
+
+def _mxfp4_packed(shape: tuple[int, ...], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random MXFP4 blocks (..., rows, cols / 32, 16) and E8M0 scales (..., rows, cols / 32) for a (..., rows, cols)
+    weight: every FP4 code, scales 2^-9 .. 2^-5 (weights of a few hundredths, as a trained model's)."""
+    *lead, cols = shape
+    blocks = torch.randint(0, 256, (*lead, cols // 32, 16), generator=generator, dtype=torch.uint8)
+    scales = torch.randint(127 - 9, 127 - 4, (*lead, cols // 32), generator=generator, dtype=torch.uint8)
+    return blocks, scales
+
+
+def test_mxfp4_dequantizes_as_transformers_does():
+    """redline's MXFP4 reader against transformers' own (integrations/mxfp4.py, which also transposes to its
+    in-memory (E, cols, rows) layout), every code and the whole scale range, NaN's 255 aside."""
+    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
+    from redline.interop.gpt_oss import dequantize_mxfp4
+
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 10, 4, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(0, 255, (3, 10, 4), generator=g, dtype=torch.uint8)
+    for dtype in (torch.float32, torch.bfloat16):
+        want = mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=dtype)  # (3, 128, 10)
+        got = dequantize_mxfp4(blocks, scales, dtype)  # (3, 10, 128)
+        assert got.dtype == dtype and torch.equal(got.transpose(1, 2), want)
+    assert dequantize_mxfp4(torch.tensor([[[0x21] + [0] * 15]], dtype=torch.uint8),
+                            torch.tensor([[128]], dtype=torch.uint8))[0, :2].tolist() == [1.0, 2.0]  # low nibble first
+
+
+def test_import_gpt_oss_with_mxfp4_experts(tmp_path, capsys):
+    """A GPT-OSS folder whose experts are MXFP4 as the released checkpoints store them (`*_blocks`, `*_scales` in
+    place of gate_up_proj and down_proj, a quantization_config): the import dequantizes them, logits equal to
+    transformers' model holding the same values; the other weights' dtype (fp32) is what the import stores. Other
+    quantizations, and GGUF export, are refused by name."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from tests.interop_models import hf_folder
+
+    folder = tmp_path / "hf"
+    hf = hf_folder("gpt_oss", folder)
+    state = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(2)
+    for i, layer in enumerate(hf.model.layers):
+        experts, x = layer.mlp.experts, f"model.layers.{i}.mlp.experts."
+        for name in ("gate_up_proj", "down_proj"):
+            param = getattr(experts, name)  # (E, cols, rows): the packed tensors hold rows of cols
+            blocks, scales = _mxfp4_packed((param.shape[0], param.shape[2], param.shape[1]), g)
+            with torch.no_grad():
+                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            del state[x + name]
+            state[x + name + "_blocks"], state[x + name + "_scales"] = blocks, scales
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(["import", str(folder), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert model.blocks[0].mlp.fc.dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--out", str(tmp_path / "g")], capsys)
+    assert code == 2 and "GPT-OSS models are not written as GGUF" in err, err
+    config["quantization_config"] = {"quant_method": "bitsandbytes"}
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(["import", str(folder), "--out", str(tmp_path / "ckpt2")], capsys)
+    assert code == 2 and "quant_method='bitsandbytes'" in err, err

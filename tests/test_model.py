@@ -34,6 +34,7 @@ TOGGLES = dict(
     tie_embeddings=[False, True],
     bias=[False, True],
     sliding_window=[0, 5],
+    attn_sinks=[True],
 )
 
 
@@ -462,6 +463,96 @@ def test_capped_attention_as_flex_equals_the_plain_products(documents):
         uncapped = GPT(ModelConfig(**{**CAPPED, "attn_softcap": 0.0}, doc_attention="flex"))
         uncapped.load_state_dict(plain.state_dict())
         assert (uncapped(idx, targets, doc_ids=doc_ids) - losses[0]).abs() > 1e-3  # the cap changes the loss
+
+
+def _sink_reference(q, k, v, allowed, sinks, scale):
+    """GPT-OSS's eager attention (transformers' models/gpt_oss/modeling_gpt_oss.py) in fp64: the sink appended to each
+    query's scores as one more column, softmax, that column dropped. q (B, H, T, D), k/v (B, KV, T, D), allowed
+    (B, 1, T, T) bool -> (B, T, H*D)."""
+    B, H, T, D = q.shape
+    k, v = (t.double().repeat_interleave(H // k.shape[1], dim=1) for t in (k, v))
+    scores = (q.double() @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
+    column = sinks.double().view(1, H, 1, 1).expand(B, H, T, 1)
+    probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    return (probs @ v).transpose(1, 2).reshape(B, T, H * D)
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+@pytest.mark.parametrize("path", ["explicit", "flex"])
+def test_attention_sinks_equal_an_extra_softmax_column(path):
+    """attn_sinks against the reference's extra column, with GQA (4 heads on 2), a window shorter than the sequence
+    and two packed documents: the plain products (the CPU's path) and flex attention with its logsumexp (training's
+    on CUDA, eager here)."""
+    cfg = ModelConfig(vocab_size=101, context_len=256, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, attn_sinks=True,
+                      sliding_window=40, doc_attention="sdpa" if path == "explicit" else "flex")
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    attn = model.blocks[0].attn
+    assert torch.equal(attn.sinks, torch.zeros(4))  # reset_parameters: zeros
+    g = torch.Generator().manual_seed(1)
+    B, T = 2, 150
+    q = torch.randn(B, 4, T, 8, generator=g) * 2
+    k, v = torch.randn(B, 2, T, 8, generator=g) * 2, torch.randn(B, 2, T, 8, generator=g)
+    doc_ids = torch.stack([(torch.arange(T) >= 70).long(), (torch.arange(T) >= 20).long()])
+    i = torch.arange(T)
+    allowed = ((doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])
+               & (i[:, None] - i[None, :] < 40))[:, None]
+    with torch.no_grad():
+        attn.sinks.copy_(torch.tensor([-1.0, 0.5, 2.0, 4.0]))  # a sink that takes most of a head, one that takes little
+        mask = model.attention_mask(T, "cpu", doc_ids, attn.window)
+        assert isinstance(mask, torch.Tensor) == (path == "explicit")
+        got = attn.attend(q, k, v, mask, is_causal=False)
+    want = _sink_reference(q, k, v, allowed, attn.sinks.detach(), 8 ** -0.5)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    plain = _sink_reference(q, k, v, allowed, torch.full((4,), -torch.inf), 8 ** -0.5)
+    assert (got.double() - plain).abs().max() > 0.1  # the sinks change the output
+
+
+def test_attention_sinks_train_as_gains():
+    """The sinks get gradients and go to the optimizer's 1-D group (AdamW, no weight decay; never Muon's)."""
+    from redline.training.optim import param_groups
+
+    torch.manual_seed(0)
+    model = GPT(small(attn_sinks=True))
+    idx = torch.randint(0, 101, (2, 9))
+    model(idx, idx).backward()
+    sinks = [block.attn.sinks for block in model.blocks]
+    assert all(s.shape == (4,) and s.grad is not None and s.grad.abs().sum() > 0 for s in sinks)
+    hidden, _, gains = param_groups(model)
+    assert all(any(s is p for p in gains) and not any(s is p for p in hidden) for s in sinks)
+    with torch.device("meta"):  # a model built on meta and materialized: reset_parameters gives zeros again
+        empty = GPT(small(attn_sinks=True))
+    empty.to_empty(device="cpu")
+    empty.reset_parameters()
+    assert all(torch.equal(block.attn.sinks, torch.zeros(4)) for block in empty.blocks)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_attention_sinks_train_as_compiled_flex_on_gpu():
+    """doc_attention=auto compiled on CUDA runs sinks as flex attention, the sink through its logsumexp: loss and
+    gradients (the sinks' included) against the plain products, in fp32."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=101, context_len=512, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, attn_sinks=True,
+                      sliding_window=40, sliding_window_pattern=2, doc_attention="sdpa")
+    plain = GPT(cfg).cuda()
+    with torch.no_grad():
+        for block in plain.blocks:
+            block.attn.sinks.normal_(0.0, 2.0)
+    flex = GPT(replace(cfg, doc_attention="auto")).cuda()
+    flex.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 101, (2, 512), device="cuda")
+    losses = []
+    for model in (plain, torch.compile(flex)):
+        loss = model(idx, idx)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    for (name, a), b in zip(plain.named_parameters(), flex.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-4, rtol=1e-3, msg=name)
+    # compiled here with attn_softcap 0, GPT.forward recompiled for another cap would take the cap as a symbolic float
+    # (dynamo's automatic dynamic), which flex attention's score_mod cannot hold: start the next test afresh
+    torch._dynamo.reset()
 
 
 @pytest.mark.gpu

@@ -162,7 +162,7 @@ class PrefillLayer:
         self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
         if self.prefix is not None:
             k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
-        if self.mask is None or attn.cfg.attn_softcap:
+        if self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None:  # SDPA takes neither
             return attn.attend(q, k, v, self.mask, is_causal=self.mask is None)
         if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
             k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
@@ -191,11 +191,14 @@ class PrefillLayer:
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
-                     scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
+                     scale: float | None = None, softcap: float = 0.0,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool; scale: the
-    scores' (None: 1 / sqrt(D)) -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as H/KV query rows of that head, so the cache is
-    read once per kv head and never expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa):
-    (B, KV, H/KV, D) @ (B, KV, D, W) -> masked fp32 softmax -> @ (B, KV, W, D)."""
+    scores' (None: 1 / sqrt(D)); sinks: None or the heads' sink logits (H,), each one more term exp(sink) in its
+    head's softmax denominator (model.attn_sinks) -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as
+    H/KV query rows of that head, so the cache is read once per kv head and never expanded (query head h uses kv
+    head h // (H/KV), as SDPA's enable_gqa): (B, KV, H/KV, D) @ (B, KV, D, W) -> masked fp32 softmax -> @ (B, KV, W,
+    D)."""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
     qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g
@@ -204,7 +207,11 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if softcap:  # Gemma 2's, before the mask (model.attn_softcap)
         scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
+    if sinks is None:
+        probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
+    else:  # head h = kv * (H/KV) + g: its sink at [kv, g]; the denominator's log logaddexp(lse, sink)
+        sink = sinks.to(scores.dtype).view(1, KV, H // KV, 1)
+        probs = torch.exp(scores - torch.logaddexp(scores.logsumexp(dim=-1, keepdim=True), sink)).to(v_cache.dtype)
     return torch.matmul(probs, v_cache).reshape(B, 1, H * D)  # (B, KV, H/KV, D) -> (B, 1, H*D)
 
 
@@ -275,7 +282,7 @@ class DecodeLayer:
                 _scatter_slot(scales, self.slot, scale)
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
-        return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap)
+        return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks)
 
     def convolve(self, conv, x: torch.Tensor) -> torch.Tensor:
         """A short-convolution layer's step: x (B, 1, C) -> (B, 1, C). Each row's b·h goes into its slot of the

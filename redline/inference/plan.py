@@ -105,6 +105,9 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if getattr(cfg, "attn_softcap", 0):
         return ("decode_attention triton has no soft-cap of the scores (model.attn_softcap); use decode_attention "
                 "matmul (or auto)")
+    if getattr(cfg, "attn_sinks", False):
+        return ("decode_attention triton has no sink logits in its softmax (model.attn_sinks); use decode_attention "
+                "matmul (or auto)")
     if device.type != "cuda":
         return "decode_attention triton runs on CUDA GPUs only; on the CPU use matmul"
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):

@@ -5,7 +5,8 @@ A family is the pair (config translation, weight-name map) for one Hugging Face 
 sliding windows and head width; olmo2.py serves OLMo 1, 2 and 3 and gemma3.py Gemma 3's text model (the Llama names,
 their norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
 gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
-of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); lfm2.py LFM2 (attention and short convolutions).
+of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS (sinks, biased and clamped
+experts); lfm2.py LFM2 (attention and short convolutions).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -184,15 +185,15 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (cohere, ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, hunyuan, lfm2,
-                                 llama, moe, nanochat, olmo2, opt, phi, phi3, stablelm, starcoder2)
+    from redline.interop import (cohere, ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, granite,
+                                 hunyuan, lfm2, llama, moe, nanochat, olmo2, opt, phi, phi3, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
                                 lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
-                                llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY)}
+                                llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -221,7 +222,8 @@ def export_family(cfg: ModelConfig) -> Family:
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name); one with short-convolution layers as LFM2; one with norms
+    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
+    SwiGLU experts; one with short-convolution layers as LFM2; one with norms
     without weights as OLMo (LayerNorm) or nanochat (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
@@ -239,6 +241,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         nanochat.check_exportable(cfg)
         return families["nanochat"]
+    if cfg.attn_sinks or cfg.moe_bias or cfg.mlp == "swiglu_clamped":  # GPT-OSS's sinks, expert biases, clamp
+        from redline.interop import gpt_oss
+
+        gpt_oss.check_exportable(cfg)
+        return families["gpt_oss"]
     if cfg.conv_layers:  # short convolutions: LFM2
         from redline.interop import lfm2
 

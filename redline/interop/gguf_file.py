@@ -821,6 +821,8 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on an LFM2 model: redline writes lfm2 GGUF files "
                             f"without RoPE scaling; export with --format hf")
         return "lfm2"
+    if family.name == "gpt_oss":  # its sinks, clamped SwiGLU and expert biases: no GGUF writer here
+        raise UserError("GPT-OSS models are not written as GGUF by redline; export with --format hf")
     if family.name in MOE_ARCHES.values():
         return _moe_arch(family, cfg)
     if family.name == "gemma3_text":

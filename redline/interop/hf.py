@@ -87,7 +87,9 @@ def _open_safetensors_files(folder: Path, shards: list[str]) -> tuple[dict[str, 
     except Exception as e:  # safetensors' own error types for a truncated or damaged file
         raise UserError(f"cannot read {folder / shard} ({e}); the file is damaged or incomplete") from None
     names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-    dtypes = {names.get(handles[s].get_slice(n).get_dtype(), "other") for n, s in where.items()}
+    # U8: MXFP4's packed blocks and scales (GPT-OSS), which dequantize exactly into bf16: no dtype of their own
+    stored = {handles[s].get_slice(n).get_dtype() for n, s in where.items()}
+    dtypes = {names.get(d, "other") for d in stored if d != "U8"}
     return where, lambda name: handles[where[name]].get_tensor(name), dtypes
 
 

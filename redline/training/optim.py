@@ -20,15 +20,15 @@ from redline.errors import UserError
 
 def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
     """(hidden weights of the blocks: matrices and stacked (E, rows, cols) experts; embeddings and head; 1-D gains and
-    biases); each parameter once."""
+    biases, the experts' stacked (E, rows) biases among them: no matrices for Muon); each parameter once."""
     hidden, embed_head, gains, seen = [], [], [], set()
     blocks = getattr(model, "blocks", None)
     block_params = {id(p) for p in blocks.parameters()} if blocks is not None else set()
-    for _, p in model.named_parameters():
+    for name, p in model.named_parameters():
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
-        if p.dim() < 2:
+        if p.dim() < 2 or name.endswith("bias"):
             gains.append(p)
         elif id(p) in block_params:
             hidden.append(p)
