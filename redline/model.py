@@ -178,8 +178,13 @@ class ModelConfig:
     DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus 1e-6 as they compute it)."""
     moe_expert_bias: bool = False
     """Mixture of experts: a per-expert bias added to the scores to choose the top k (not to weight them): LFM2-MoE's
-    and DeepSeek-V3's expert_bias, a buffer imported with the model (not trained: redline has no bias-balancing
-    update)."""
+    and DeepSeek-V3's expert_bias, a buffer (no gradient reaches it): imported with the model, and moved toward an
+    even load in training with moe_bias_update."""
+    moe_bias_update: float = 0.0
+    """Mixture of experts with moe_expert_bias: after each optimizer step every expert's bias moves by this toward an
+    even load, up where the expert took fewer than the mean of the step's token choices, down where it took more
+    (the sign of the difference: DeepSeek-V3's auxiliary-loss-free balancing, its 0.001; the converter
+    redline/converters/expert_balance.py); 0 = the bias stays as it is."""
     moe_bias: bool = False
     """Mixture of experts: a bias on the router's logits and on each expert's projections (GPT-OSS's router and
     experts; mlp.router.bias, mlp.fc_bias (E, 2F) and mlp.proj_bias (E, C), zeros at init)."""
@@ -413,6 +418,9 @@ class ModelConfig:
                 or self.moe_dense_hidden) and not self.moe_experts:
             raise UserError("model.moe_gating, moe_expert_bias, moe_scale, moe_dense_layers and moe_dense_hidden "
                             "need experts (model.moe_experts)")
+        if self.moe_bias_update < 0 or (self.moe_bias_update and not self.moe_expert_bias):
+            raise UserError(f"model.moe_bias_update={self.moe_bias_update} must be >= 0 and needs the experts' routing "
+                            f"bias (model.moe_expert_bias=true)")
         if not 0 <= self.moe_dense_layers <= self.n_layer:
             raise UserError(f"model.moe_dense_layers={self.moe_dense_layers} must be in [0, n_layer={self.n_layer}]")
         if self.moe_experts and self.bias and not self.moe_bias:
@@ -854,6 +862,9 @@ class MoE(nn.Module):
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
+        # moe_bias_update: each expert's token choices in training since the last update (fp32, not saved; the
+        # expert_balance converter reads and clears it after each optimizer step)
+        self.register_buffer("expert_load", torch.zeros(E) if cfg.moe_bias_update else None, persistent=False)
         self.router = nn.Linear(C, E, bias=cfg.moe_bias)
         self.fc = nn.Parameter(torch.empty(E, 2 * F_, C))
         self.proj = nn.Parameter(torch.empty(E, C, F_))
@@ -896,6 +907,8 @@ class MoE(nn.Module):
         counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
             0, flat, torch.ones_like(flat, dtype=torch.int32))
         ends = counts.cumsum(0, dtype=torch.int32)
+        if self.expert_load is not None and self.training:  # a recomputation (activation checkpointing) adds the
+            self.expert_load += counts  # same counts again: every expert's load doubles, the update's signs hold
         token, expert = order // k, flat[order]  # (N·k,) each: the token and the expert of each sorted slot
         h = expert_matmul(x[token], self.fc, ends)  # (N·k, 2F)
         if self.fc_bias is not None:

@@ -177,10 +177,82 @@ def test_export_refusals_name_the_option(extra, fragment):
     (dict(moe_experts=0, moe_bias=True), "moe_bias needs experts"), (dict(mlp="swiglu_clamped", swiglu_limit=0.0),
                                                                      "swiglu_limit must be > 0"),
     (dict(moe_experts=0, moe_gating="sigmoid"), "need experts"), (dict(moe_dense_layers=3), "moe_dense_layers=3"),
+    (dict(moe_bias_update=0.01), "needs the experts' routing bias"),
 ])
 def test_config_refusals(extra, fragment):
     with pytest.raises(UserError, match=fragment):
         replace(CFG, **extra).validate()
+
+
+def test_bias_update_moves_each_bias_by_the_sign_of_its_load_and_evens_skewed_choices():
+    """moe_bias_update (the expert_balance converter): after a step each expert's routing bias moves by the rate
+    toward the mean load (down for the overloaded, up for the others), the counts cleared; repeated, the biases
+    spread choices that start all on expert 0 (its bias 1) over the experts. (Sign steps large against the scores'
+    differences settle into a small oscillation around the even load: DeepSeek-V3 takes 0.001.)"""
+    from redline.converters.expert_balance import ExpertBalanceConverter
+
+    torch.manual_seed(0)
+    cfg = replace(CFG, n_layer=1, moe_expert_bias=True, moe_bias_update=0.005)
+    model = GPT(cfg).train()
+    moe = model.blocks[0].mlp
+    with torch.no_grad():
+        moe.expert_bias[0] = 1.0  # above any difference of softmax scores: every token chooses expert 0
+    converter = ExpertBalanceConverter(cfg.moe_bias_update)
+    converter.convert(model)
+    idx = torch.randint(0, cfg.vocab_size, (8, 32), generator=torch.Generator().manual_seed(1))
+    worst = []  # the busiest expert's load over the mean, each step
+    for step in range(250):
+        with torch.no_grad():
+            model(idx)
+        load = moe.expert_load.clone()
+        assert load.sum() == idx.numel() * cfg.moe_top_k  # every token's k choices counted, once
+        worst.append(float(load.max() / load.mean()))
+        before = moe.expert_bias.clone()
+        converter.after_optimizer_step(step)
+        torch.testing.assert_close(moe.expert_bias - before, 0.005 * torch.sign(load.mean() - load))
+        assert not moe.expert_load.any()
+    assert worst[0] == 2.5 and sum(worst[-20:]) / 20 < 1.5  # 2.5: all on one of 5 (k = 2); 1: even
+    model.eval()
+    with torch.no_grad():
+        model(idx)
+    assert not moe.expert_load.any()  # evaluation counts nothing
+
+
+def test_compiled_training_counts_the_choices_as_eager():
+    """The counts are a buffer the layer adds to in its forward: torch.compile keeps that mutation (forward and
+    backward of a compiled training step count each choice once, as eager does)."""
+    torch.manual_seed(0)
+    model = GPT(replace(CFG, n_layer=1, moe_expert_bias=True, moe_bias_update=0.005)).train()
+    moe = model.blocks[0].mlp
+    idx = torch.randint(0, CFG.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model(idx)
+    eager = moe.expert_load.clone()
+    moe.expert_load.zero_()
+    compiled = torch.compile(model)
+    for step in (1, 2):
+        compiled(idx, idx).backward()
+        torch.testing.assert_close(moe.expert_load, step * eager)
+
+
+def test_bias_update_trains_from_the_command_line(tmp_path, capsys):
+    """`redline train` with model.moe_bias_update: the converter is on, the routing biases leave zero and are in the
+    checkpoint; one process only."""
+    from safetensors.torch import load_file
+
+    from redline import cli
+
+    data = tmp_path / "data.txt"
+    data.write_text("the experts share the tokens between them. " * 300)
+    argv = ["train", "--preset", "tiny", f"data.path={data}", "model.moe_experts=4", "model.moe_top_k=2",
+            "model.moe_expert_bias=true", "model.moe_bias_update=0.01", "max_steps=3", "eval_every=3",
+            "eval_batches=1", "batch_size=2", "seq_len=32", f"out_dir={tmp_path / 'runs'}", "run_name=balance"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 0, capsys.readouterr().err
+    [weights] = (tmp_path / "runs" / "balance").glob("checkpoints/step_00000003/model.safetensors")
+    biases = [t for name, t in load_file(str(weights)).items() if name.endswith("mlp.expert_bias")]
+    assert biases and all(b.abs().max() > 0 for b in biases)
 
 
 def test_peft_loads_an_adapter_on_attention_and_the_shared_expert(tmp_path, capsys):

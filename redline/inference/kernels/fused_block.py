@@ -46,6 +46,7 @@ FIELDS_ACCOUNTED = {
     "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
     "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
     "moe_shared_hidden": "refused with moe_experts", "moe_aux_loss": "training only",
+    "moe_bias_update": "training only (the routing bias it moves is moe_expert_bias's)",
     "moe_gating": "refused with moe_experts", "moe_expert_bias": "refused with moe_experts",
     "moe_scale": "refused with moe_experts", "moe_bias": "refused with moe_experts", "moe_dense_layers": "refused with moe_experts",
     "moe_dense_hidden": "refused with moe_experts",
