@@ -527,6 +527,20 @@ def test_attention_sinks_train_as_gains():
     assert all(torch.equal(block.attn.sinks, torch.zeros(4)) for block in empty.blocks)
 
 
+def _assert_compiled_flex_trains_as_plain(plain: GPT, flex: GPT) -> None:
+    """One fp32 training step of `flex` compiled (its attention as flex on CUDA) against `plain`'s plain products,
+    the same weights: loss and every gradient alike."""
+    idx = torch.randint(0, 101, (2, 512), device="cuda")
+    losses = []
+    for model in (plain, torch.compile(flex)):
+        loss = model(idx, idx)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    for (name, a), b in zip(plain.named_parameters(), flex.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_attention_sinks_train_as_compiled_flex_on_gpu():
@@ -541,15 +555,7 @@ def test_attention_sinks_train_as_compiled_flex_on_gpu():
             block.attn.sinks.normal_(0.0, 2.0)
     flex = GPT(replace(cfg, doc_attention="auto")).cuda()
     flex.load_state_dict(plain.state_dict())
-    idx = torch.randint(0, 101, (2, 512), device="cuda")
-    losses = []
-    for model in (plain, torch.compile(flex)):
-        loss = model(idx, idx)
-        loss.backward()
-        losses.append(loss.item())
-    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
-    for (name, a), b in zip(plain.named_parameters(), flex.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-4, rtol=1e-3, msg=name)
+    _assert_compiled_flex_trains_as_plain(plain, flex)
     # compiled here with attn_softcap 0, GPT.forward recompiled for another cap would take the cap as a symbolic float
     # (dynamo's automatic dynamic), which flex attention's score_mod cannot hold: start the next test afresh
     torch._dynamo.reset()
@@ -562,15 +568,7 @@ def test_capped_attention_trains_as_compiled_flex_on_gpu():
     gradients against the plain products, in fp32."""
     plain, flex = _capped_pair("cuda", n_embd=64, context_len=512)
     flex.cfg.doc_attention = "auto"
-    idx = torch.randint(0, 101, (2, 512), device="cuda")
-    losses = []
-    for model in (plain, torch.compile(flex)):
-        loss = model(idx, idx)
-        loss.backward()
-        losses.append(loss.item())
-    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
-    for (name, a), b in zip(plain.named_parameters(), flex.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-4, rtol=1e-3, msg=name)
+    _assert_compiled_flex_trains_as_plain(plain, flex)
 
 
 def test_logit_softcap_and_zero_init_projections():
