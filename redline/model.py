@@ -862,9 +862,10 @@ class MoE(nn.Module):
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
-        # moe_bias_update: each expert's token choices in training since the last update (fp32, not saved; the
-        # expert_balance converter reads and clears it after each optimizer step)
-        self.register_buffer("expert_load", torch.zeros(E) if cfg.moe_bias_update else None, persistent=False)
+        # moe_bias_update: each expert's token choices in training since the last update, (E,) fp32: a tensor the
+        # expert_balance converter owns, reads and clears after each optimizer step (not a buffer: data parallelism
+        # would broadcast rank 0's over the others' counts)
+        self.expert_load: torch.Tensor | None = None
         self.router = nn.Linear(C, E, bias=cfg.moe_bias)
         self.fc = nn.Parameter(torch.empty(E, 2 * F_, C))
         self.proj = nn.Parameter(torch.empty(E, C, F_))

@@ -45,6 +45,18 @@ def test_two_ranks_match_one_process(dataset, tmp_path, parallel):  # noqa: F811
     assert close(single, double), (single, double)
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_expert_bias_updates_on_two_ranks_match_one_process(dataset, tmp_path, parallel):  # noqa: F811
+    """model.moe_bias_update under data parallelism: the choices are counted on each rank and summed before the
+    update, so the routing biases, and with them the losses, follow the one-process run's (a rank that moved its
+    biases by its own half of the batch would route otherwise from the second step on)."""
+    moe = ("model.moe_experts=4", "model.moe_top_k=2", "model.moe_expert_bias=true", "model.moe_bias_update=0.05",
+           "max_steps=6")
+    single = run_train(dataset, tmp_path, "single", 1, *moe)
+    double = run_train(dataset, tmp_path, "double", 2, *moe, f"parallel={parallel}")
+    assert close(single, double), (single, double)
+
+
 def test_warm_ups_on_two_ranks_match_one_process(dataset, tmp_path):  # noqa: F811
     """A batch-size warm-up (1 row, then 2) and a sequence-length one (rows of 8, 16, then 32 tokens): each rank
     reads its own rows of the same global batch as the one process's two micro-batches."""

@@ -219,10 +219,13 @@ def test_bias_update_moves_each_bias_by_the_sign_of_its_load_and_evens_skewed_ch
 
 
 def test_compiled_training_counts_the_choices_as_eager():
-    """The counts are a buffer the layer adds to in its forward: torch.compile keeps that mutation (forward and
-    backward of a compiled training step count each choice once, as eager does)."""
+    """The layer adds its counts to the converter's tensor in its forward: torch.compile keeps that mutation
+    (forward and backward of a compiled training step count each choice once, as eager does)."""
+    from redline.converters.expert_balance import ExpertBalanceConverter
+
     torch.manual_seed(0)
     model = GPT(replace(CFG, n_layer=1, moe_expert_bias=True, moe_bias_update=0.005)).train()
+    ExpertBalanceConverter(0.005).convert(model)
     moe = model.blocks[0].mlp
     idx = torch.randint(0, CFG.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -237,7 +240,7 @@ def test_compiled_training_counts_the_choices_as_eager():
 
 def test_bias_update_trains_from_the_command_line(tmp_path, capsys):
     """`redline train` with model.moe_bias_update: the converter is on, the routing biases leave zero and are in the
-    checkpoint; one process only."""
+    checkpoint."""
     from safetensors.torch import load_file
 
     from redline import cli

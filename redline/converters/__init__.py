@@ -206,9 +206,6 @@ def _expert_balance(cfg: TrainConfig, context: BuildContext) -> Converter | None
     """cfg.model.moe_bias_update: the experts' routing biases moved toward an even load after every step."""
     if not cfg.model.moe_bias_update:
         return None
-    if context.info.world_size > 1:  # each process counts its own tokens; the counts would need an all-reduce
-        raise UserError("model.moe_bias_update runs on one process for now (each process would count only its own "
-                        "tokens); train on one GPU, or use model.moe_aux_loss")
     from redline.converters.expert_balance import ExpertBalanceConverter
 
     return ExpertBalanceConverter(cfg.model.moe_bias_update)

@@ -4,8 +4,9 @@ not to those that weight the chosen) moves after every optimizer step by ±moe_b
 took fewer than the mean of the step's token choices, down for one that took more. An overloaded expert is chosen
 less from the next step on, without a loss term that pulls on the router's gradients (model.moe_aux_loss's).
 
-The MoE layers count their choices on the device while training (MoE.expert_load, a buffer the layer fills in its
-forward); this converter reads and clears those counts after each update: no host synchronisation.
+The MoE layers count their choices on the device while training, into a tensor this converter hands each of them
+(MoE.expert_load); after each update it sums the counts over the processes (data parallelism: every process then
+moves its biases alike, by the whole batch's load) and clears them. No host synchronisation.
 """
 
 from __future__ import annotations
@@ -29,21 +30,26 @@ class ExpertBalanceConverter:
         self.layers: list[nn.Module] = []
 
     def convert(self, model: nn.Module) -> None:
-        self.layers = [m for m in model.modules() if getattr(m, "expert_load", None) is not None]
+        self.layers = [m for m in model.modules() if getattr(m, "expert_bias", None) is not None]
         if not self.layers:
             raise UserError("model.moe_bias_update needs mixture-of-experts layers with a routing bias "
                             "(model.moe_experts, model.moe_expert_bias=true)")
+        for layer in self.layers:
+            layer.expert_load = torch.zeros(layer.expert_bias.shape, device=layer.expert_bias.device)
 
     def before_step(self, step: int) -> None:
         return None
 
     @torch.no_grad()
     def after_optimizer_step(self, step: int) -> None:
-        """Each layer's bias += rate · sign(mean load − load), then its counts cleared: all on the device."""
-        for layer in self.layers:
-            load = layer.expert_load
+        """Each layer's bias += rate · sign(mean load − load), the load summed over the processes, then its counts
+        cleared: all on the device."""
+        loads = torch.stack([layer.expert_load for layer in self.layers])  # (layers, E)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(loads)
+        for layer, load in zip(self.layers, loads):
             layer.expert_bias += self.rate * torch.sign(load.mean() - load).to(layer.expert_bias.dtype)
-            load.zero_()
+            layer.expert_load.zero_()
         return None
 
     @contextlib.contextmanager
