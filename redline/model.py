@@ -787,7 +787,7 @@ def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
+        self.kind, self.gelu, self.limit, self.gated = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit, cfg.gated_mlp
         hidden = cfg.hidden_dim
         fused = cfg.gated_mlp and cfg.fused_mlp  # swiglu / geglu: gate and up in one matmul
         self.fc = nn.Linear(cfg.n_embd, 2 * hidden if fused else hidden, bias=cfg.bias)
@@ -798,7 +798,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
-        if self.kind in ("swiglu", "swiglu_clamped", "geglu"):
+        if self.gated:
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
             h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
         elif self.kind == "relu2":

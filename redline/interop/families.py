@@ -105,6 +105,12 @@ def take_head(src: TensorSource, cfg: ModelConfig) -> dict:
     return {}
 
 
+def give_head(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str = "lm_head.weight") -> dict:
+    """The export's take_head: {name: the head without its padding rows} for an untied model, {} for a tied one (its
+    head is the embedding)."""
+    return {} if cfg.tie_embeddings else {name: state["lm_head.weight"][:cfg.vocab_size]}
+
+
 def bias_or_zeros(state: Mapping[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
     """state[name], or zeros of like's rows where the model has no such bias (an architecture that always has one
     computes the same function with zeros)."""

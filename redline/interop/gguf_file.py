@@ -2,8 +2,8 @@
 
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
-Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo (the original OLMo: no norm tensors), olmo2, gemma, gemma2, gemma3 (Gemma 3's text model), gpt2,
-gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe
+Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo (the original OLMo: no norm tensors), olmo2, gemma,
+gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe
 (LFM2: its convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama
 with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
@@ -803,7 +803,20 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
     return out
 
 
+# families redline writes no GGUF for: (their name, why)
+NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
+               "vaultgemma": ("VaultGemma", "llama.cpp's gemma2 has norms on the sublayers' outputs, which VaultGemma "
+                                            "has not"),
+               "gpt_oss": ("GPT-OSS", "no writer here for its sinks, clamped SwiGLU and expert biases")}
+# families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
+UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
+                 "gpt_neox": ("gptneox", "a GPT-NeoX")}
+
+
 def _arch(family: Family, cfg: ModelConfig) -> str:
+    if family.name in NOT_WRITTEN:
+        name, why = NOT_WRITTEN[family.name]
+        raise UserError(f"{name} models are not written as GGUF by redline ({why}); export with --format hf")
     if family.name in ("cohere", "cohere2"):
         if not cfg.tie_embeddings or cfg.rope_scaling != "none":
             raise UserError(f"an untied head or model.rope_scaling on a {family.architecture}: llama.cpp's "
@@ -816,13 +829,12 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
                             "llama.cpp's lfm2moe rescales the chosen scores and reads no weight scale or RoPE "
                             "scaling; export with --format hf")
         return "lfm2moe"
-    if family.name == "lfm2":
+    if family.name in UNSCALED_ROPE:
+        arch, name = UNSCALED_ROPE[family.name]
         if cfg.rope_scaling != "none":
-            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on an LFM2 model: redline writes lfm2 GGUF files "
+            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on {name} model: redline writes {arch} GGUF files "
                             f"without RoPE scaling; export with --format hf")
-        return "lfm2"
-    if family.name == "gpt_oss":  # its sinks, clamped SwiGLU and expert biases: no GGUF writer here
-        raise UserError("GPT-OSS models are not written as GGUF by redline; export with --format hf")
+        return arch
     if family.name in MOE_ARCHES.values():
         return _moe_arch(family, cfg)
     if family.name == "gemma3_text":
@@ -844,33 +856,17 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "exaone4":
         _check_exaone4(cfg)
         return "exaone4"
-    if family.name == "vaultgemma":  # before the window check below, which would name the llama architecture
-        raise UserError("VaultGemma models are not written as GGUF by redline (llama.cpp's gemma2 has norms on the "
-                        "sublayers' outputs, which VaultGemma has not); export with --format hf")
     if family.name == "hunyuan_v1_dense":
         # the converter's TextModel keys: none, linear or YaRN scaling; llama.cpp's hunyuan-dense loads no rope_freqs
         if cfg.rope_scaling not in ("none", "linear", "yarn"):
             raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a Hunyuan dense model: llama.cpp's "
                             f"hunyuan-dense reads none, linear or YaRN scaling; export with --format hf")
         return "hunyuan-dense"
-    if family.name == "opt":
-        raise UserError("OPT models are not written as GGUF (llama.cpp has no OPT architecture); export with "
-                        "--format hf")
-    if family.name == "stablelm":
-        if cfg.rope_scaling != "none":
-            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a StableLM model: redline writes stablelm GGUF "
-                            f"files without RoPE scaling; export with --format hf")
-        return "stablelm"
     if family.name == "phi":
         if cfg.rope_scaling != "none" or cfg.gelu_approximate != "tanh":
             raise UserError("model.rope_scaling or model.gelu_approximate=none on a Phi model: llama.cpp's phi2 has "
                             "neither (no RoPE scaling, the tanh GELU); export with --format hf")
         return "phi2"
-    if family.name == "gpt_neox":
-        if cfg.rope_scaling != "none":
-            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a GPT-NeoX model: redline writes gptneox GGUF "
-                            f"files without RoPE scaling; export with --format hf")
-        return "gptneox"
     if family.name == "gemma2":
         from redline.interop.gemma3 import query_pre_attn_scalar
 

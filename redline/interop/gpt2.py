@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_head, multi_head_problems, pad_rows,
                                       raise_first, take_head)
 from redline.model import ModelConfig
 
@@ -92,8 +92,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     out = {"transformer.wte.weight": state["wte.weight"][:V], "transformer.wpe.weight": state["wpe.weight"],
            "transformer.ln_f.weight": state["norm_f.weight"],
            "transformer.ln_f.bias": bias("norm_f.bias", state["norm_f.weight"])}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"transformer.h.{i}."
         for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):

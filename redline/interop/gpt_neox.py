@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_weights_and_biases,
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_head, give_weights_and_biases,
                                       multi_head_problems, pad_rows, qkv_apart, raise_first, take_weights_and_biases)
 from redline.interop.llama import _rope, rope_scaling
 from redline.model import ModelConfig
@@ -122,8 +122,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     out = {"gpt_neox.embed_in.weight": state["wte.weight"][:V],
            "gpt_neox.final_layer_norm.weight": state["norm_f.weight"],
            "gpt_neox.final_layer_norm.bias": bias_or_zeros(state, "norm_f.bias", state["norm_f.weight"])}
-    if not cfg.tie_embeddings:
-        out["embed_out.weight"] = state["lm_head.weight"][:V]  # the Hub's name, which transformers 5 renames
+    out.update(give_head(state, cfg, "embed_out.weight"))  # the Hub's name, which transformers 5 renames
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"gpt_neox.layers.{i}."
         apart = qkv_apart(state, r, cfg, "")

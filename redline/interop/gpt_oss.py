@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, bias_or_zeros, pad_rows, raise_first, take_head
+from redline.interop.families import Family, TensorSource, bias_or_zeros, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import _ignorable, _prefix, _rope, rope_scaling, shape_fields
 from redline.interop.moe import expert_fields
 from redline.model import SWIGLU_CLAMPED_ALPHA, ModelConfig
@@ -212,8 +212,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     the model lacks (q/k/v/o without `bias`, the router and experts without moe_bias) as zeros."""
     V = cfg.vocab_size
     out = {"model.norm.weight": state["norm_f.weight"], "model.embed_tokens.weight": state["wte.weight"][:V]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."

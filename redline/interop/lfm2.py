@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, raise_first, take_head
+from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import _rope, _split_qkv, check_silu, rope_scaling
 from redline.model import ModelConfig
 
@@ -167,8 +167,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
     out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.embedding_norm.weight": state["norm_f.weight"]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         for ours, theirs in _names(cfg, i).items():

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, take_head
+from redline.interop.families import Family, TensorSource, give_head, pad_rows, take_head
 from redline.model import ModelConfig, rope_attention_factor, yarn_mscale
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -341,8 +341,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str | None 
     kinds = norm_kinds(cfg)
     out = {f"model.norm.{kind}": state[f"norm_f.{kind}"] for kind in kinds}
     out["model.embed_tokens.weight"] = state["wte.weight"][:V]
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, raise_first, take_head
+from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import _ignorable, _prefix, _qkv, _rope, rope_scaling, shape_fields
 from redline.model import ModelConfig
 
@@ -102,8 +102,7 @@ def _to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 def _to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
     out = {"model.embed_tokens.weight": state["wte.weight"][:V]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         q, k, v = _qkv(state, r, cfg, "weight")

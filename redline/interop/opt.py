@@ -16,8 +16,8 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, bias_or_zeros, multi_head_problems, pad_rows,
-                                      give_weights_and_biases, qkv_apart, raise_first, take_head)
+from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_head, give_weights_and_biases,
+                                      multi_head_problems, pad_rows, qkv_apart, raise_first, take_head)
 from redline.model import ModelConfig
 
 OFFSET = 2  # the rows of OPT's position table before position 0's
@@ -101,8 +101,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
            pre + "embed_positions.weight": torch.cat([wpe.new_zeros(OFFSET, wpe.shape[1]), wpe]),
            pre + "final_layer_norm.weight": state["norm_f.weight"],
            pre + "final_layer_norm.bias": bias_or_zeros(state, "norm_f.bias", state["norm_f.weight"])}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"{pre}layers.{i}."
         out.update(qkv_apart(state, r, cfg, f"{p}self_attn."))

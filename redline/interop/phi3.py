@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, pad_rows, raise_first, take_head
+from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import _ignorable, _mlp_parts, _qkv, _rope, check_silu, shape_fields
 from redline.model import ModelConfig, rope_attention_factor
 
@@ -152,8 +152,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
     out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.norm.weight": state["norm_f.weight"]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]

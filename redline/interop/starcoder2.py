@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, give_weights_and_biases, pad_rows, qkv_apart,
+from redline.interop.families import (Family, TensorSource, give_head, give_weights_and_biases, pad_rows, qkv_apart,
                                       raise_first, take_head, take_weights_and_biases)
 from redline.interop.llama import _ignorable, _rope, rope_scaling, shape_fields
 from redline.model import ModelConfig
@@ -91,8 +91,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     V = cfg.vocab_size
     out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.norm.weight": state["norm_f.weight"],
            "model.norm.bias": state["norm_f.bias"]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"][:V]
+    out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"model.layers.{i}."
         layer = {**qkv_apart(state, r, cfg, f"{p}self_attn."), **give_weights_and_biases(state, _LAYER, r, p)}
