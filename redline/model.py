@@ -7,13 +7,14 @@ Features (each a field of `ModelConfig`):
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); optional
   sliding-window attention, on every layer or interleaved with full-attention
-  layers (`sliding_window_pattern`, Gemma 3's 5:1); documents packed into one row attend only within themselves
+  layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`); documents packed into one row attend only within themselves
   (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
 - positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's or linear frequency scaling; the sliding-window layers
   with a base of their own, `rope_local_theta`, as Gemma 3's; one layer in N without it, `nope_interval`, as
-  SmolLM3's), learned absolute, or none;
+  SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
+  or none;
   explicit per-token positions (packed documents restart at 0);
 - MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
@@ -79,6 +80,10 @@ class ModelConfig:
     sliding_window_pattern: int = 0
     """With sliding_window: layer i attends to the whole context where (i + 1) is a multiple of this, to the window
     elsewhere (Gemma 3: 6, five windowed layers to one full; transformers' layer_types); 0 = every layer windowed."""
+    window_layers: tuple[int, ...] = ()
+    """With sliding_window: the layers that attend to the window, in increasing order, the others to the whole
+    context: transformers' layer_types in any order (Granite SWA's, full layers first in each group of four);
+    () = as sliding_window_pattern gives."""
     attn_scale: float = 0.0
     """The attention scores' scale (Gemma 3: query_pre_attn_scalar ** -0.5); 0 = 1 / sqrt(head_dim)."""
     attn_softcap: float = 0.0
@@ -137,6 +142,10 @@ class ModelConfig:
     nope_interval: int = 0
     """Layer i takes no RoPE where (i + 1) is a multiple of this (its attention position-free, "NoPE": SmolLM3's
     no_rope_layers, one layer in 4); 0 = RoPE on every layer."""
+    rope_layer_theta: tuple[float, ...] = ()
+    """Each layer's RoPE base, 0 for a layer without RoPE (Granite SWA's layer_rope_theta): one table a distinct
+    base, each with rope_scaling, as transformers builds them; () = rope_theta for every layer (with
+    rope_local_theta and nope_interval)."""
     mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
     ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
@@ -281,14 +290,34 @@ class ModelConfig:
         return self.mlp in ("swiglu", "swiglu_clamped", "geglu")
 
     def layer_window(self, layer: int) -> int:
-        """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern."""
+        """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern
+        and window_layers."""
+        if self.window_layers:
+            return self.sliding_window if layer in self.window_layers else 0
         if self.sliding_window_pattern and (layer + 1) % self.sliding_window_pattern == 0:
             return 0
         return self.sliding_window
 
     def layer_rope(self, layer: int) -> bool:
-        """Whether layer `layer` rotates its q and k (RoPE models): see nope_interval."""
+        """Whether layer `layer` rotates its q and k (RoPE models): see nope_interval and rope_layer_theta."""
+        if self.rope_layer_theta:
+            return self.rope_layer_theta[layer] != 0
         return not (self.nope_interval and (layer + 1) % self.nope_interval == 0)
+
+    @property
+    def rope_bases(self) -> list[tuple[float, bool]]:
+        """The RoPE tables a model holds, as (base, scaled by rope_scaling): rope_theta's first, then the windowed
+        layers' (rope_local_theta, unscaled), or with rope_layer_theta each distinct base in increasing order."""
+        if self.rope_layer_theta:
+            return [(theta, True) for theta in sorted({t for t in self.rope_layer_theta if t})]
+        return [(self.rope_theta, True)] + ([(self.rope_local_theta, False)] if self.rope_local_theta else [])
+
+    def layer_rope_table(self, layer: int) -> int:
+        """The index into rope_bases of the table layer `layer` rotates by (see layer_rope for whether it does)."""
+        if self.rope_layer_theta:
+            theta = self.rope_layer_theta[layer]
+            return [base for base, _ in self.rope_bases].index(theta) if theta else 0
+        return int(bool(self.rope_local_theta) and self.layer_window(layer) > 0)
 
     @property
     def windows(self) -> list[int]:
@@ -389,6 +418,18 @@ class ModelConfig:
         if self.sliding_window_pattern < 0 or (self.sliding_window_pattern and not self.sliding_window):
             raise UserError(f"model.sliding_window_pattern={self.sliding_window_pattern} needs a model.sliding_window "
                             f"and must be >= 0 (0 = every layer windowed)")
+        if self.window_layers and (not self.sliding_window or self.sliding_window_pattern
+                                   or sorted(set(self.window_layers)) != list(self.window_layers)
+                                   or not 0 <= self.window_layers[0] <= self.window_layers[-1] < self.n_layer):
+            raise UserError(f"model.window_layers={self.window_layers} must name distinct layers in increasing order, "
+                            f"each in [0, n_layer={self.n_layer}), with a model.sliding_window and no "
+                            f"model.sliding_window_pattern (give the windowed layers one way)")
+        if self.rope_layer_theta and (self.pos_emb != "rope" or len(self.rope_layer_theta) != self.n_layer
+                                      or min(self.rope_layer_theta) < 0 or self.rope_local_theta
+                                      or self.nope_interval):
+            raise UserError(f"model.rope_layer_theta needs RoPE (model.pos_emb=rope) and one base >= 0 per layer "
+                            f"({self.n_layer}, 0 = no RoPE), got {len(self.rope_layer_theta)}, with neither "
+                            f"model.rope_local_theta nor model.nope_interval (give the layers' RoPE one way)")
         if self.attn_softcap < 0:
             raise UserError(f"model.attn_softcap must be >= 0 (0 = off), got {self.attn_softcap}")
         if self.attn_scale < 0 or self.rope_local_theta < 0:
@@ -542,10 +583,10 @@ def rope_tables(cfg: ModelConfig, length: int | None = None) -> tuple[torch.Tens
     return angles.cos() * scale, angles.sin() * scale
 
 
-def layer_rope(rope: tuple, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """A layer's (cos, sin) from GPT.embed's tables: (cos, sin), or (cos, sin, local cos, local sin) for a model whose
-    sliding-window layers have a RoPE base of their own (rope_local_theta); local: the layer is one of those."""
-    return (rope[2], rope[3]) if local else (rope[0], rope[1])
+def layer_rope(rope: tuple, table: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's (cos, sin) from GPT.embed's tables, (cos, sin) for each of cfg.rope_bases in turn; table: the
+    layer's index into them (cfg.layer_rope_table)."""
+    return rope[2 * table], rope[2 * table + 1]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -621,8 +662,8 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         self.window = cfg.layer_window(layer)  # this layer's sliding window (0: the whole context)
-        self.local_rope = bool(cfg.rope_local_theta) and self.window > 0  # the windowed layers' own RoPE tables
-        self.use_rope = cfg.layer_rope(layer)  # False: a NoPE layer (nope_interval) ignores the RoPE tables
+        self.rope_table = cfg.layer_rope_table(layer)  # which of GPT.embed's RoPE tables this layer rotates by
+        self.use_rope = cfg.layer_rope(layer)  # False: a NoPE layer (nope_interval, rope_layer_theta 0)
         self.scale = cfg.attn_scale or None  # None: SDPA's 1 / sqrt(head_dim)
         # value embeddings: v ← λ₀·v + λ₁·ve (modded-nanogpt's `lambdas`), (2,) learned, 0.5 each at init
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
@@ -668,7 +709,7 @@ class Attention(nn.Module):
         if per_head and not self.cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and self.use_rope:
-            cos, sin = layer_rope(rope, self.local_rope)
+            cos, sin = layer_rope(rope, self.rope_table)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if per_head and self.cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -1013,13 +1054,17 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def _rope_names(self) -> tuple[str, ...]:
-        return ("rope_cos", "rope_sin") + (("rope_local_cos", "rope_local_sin") if self.cfg.rope_local_theta else ())
+        """rope_cos and rope_sin, then rope_cos_1, rope_sin_1, ... for each further table of cfg.rope_bases."""
+        return tuple(f"rope_{kind}{f'_{i}' if i else ''}" for i in range(max(1, len(self.cfg.rope_bases)))
+                     for kind in ("cos", "sin"))
 
     def _rope_tables(self) -> tuple[torch.Tensor, ...]:
-        """The fp32 RoPE tables: cos and sin, then the sliding-window layers' own (rope_local_theta, unscaled)."""
-        tables = rope_tables(self.cfg)
-        if self.cfg.rope_local_theta:
-            tables += rope_tables(replace(self.cfg, rope_theta=self.cfg.rope_local_theta, rope_scaling="none"))
+        """The fp32 RoPE tables, (cos, sin) for each of cfg.rope_bases (a model whose every layer is NoPE keeps
+        one table, unread)."""
+        tables = ()
+        for theta, scaled in self.cfg.rope_bases or [(self.cfg.rope_theta, True)]:
+            tables += rope_tables(replace(self.cfg, rope_theta=theta,
+                                          rope_scaling=self.cfg.rope_scaling if scaled else "none"))
         return tables
 
     def value_table(self, layer: int) -> int | None:
@@ -1141,8 +1186,8 @@ class GPT(nn.Module):
         """Token (and learned position) embeddings and the RoPE tables for these positions.
 
         idx: (B, T) token ids; positions: None for 0..T-1, else (T,) or (B, T) absolute positions.
-        -> x (B, T, C), rope (cos, sin) of (T, D/2) or (B, 1, T, D/2) each, then the sliding-window layers' own
-        (cos, sin) where rope_local_theta gives them (layer_rope picks a layer's), or None without RoPE.
+        -> x (B, T, C), rope (cos, sin) of (T, D/2) or (B, 1, T, D/2) each, for each of cfg.rope_bases in turn
+        (layer_rope picks a layer's), or None without RoPE.
         """
         T = idx.shape[1]
         if positions is None:

@@ -113,6 +113,12 @@ FAMILIES = {
                      pad_token_id=None, rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
                                                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                                          "original_max_position_embeddings": 32})),
+    # GPT-OSS with its full layer first (window_layers: no pattern of redline's puts it there), no biases
+    "gpt_oss-full-first": ("GptOssConfig", "GptOssForCausalLM",
+                           dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                num_experts_per_tok=2, sliding_window=5, attention_bias=False,
+                                layer_types=["full_attention", "sliding_attention"], tie_word_embeddings=False,
+                                pad_token_id=None)),
     # LFM2: short convolutions on layers 0 and 2, attention (QK-norm, GQA) on 1; the MLP width adjusted as its
     # configs ask (two thirds of 96, rounded up to 32: 64)
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",
@@ -213,6 +219,14 @@ FAMILIES = {
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,
                      residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5)),
+    # Granite SWA: Granite's scalars with sinks, a full layer first in each group of windowed ones (transformers'
+    # default layer_types: i % 4 == 0) and a RoPE base per layer, none on layer 0, each with the linear scaling
+    "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=5, sliding_window=5,
+                         layer_rope_theta=[0, 500.0, 10000.0, 500.0, 0], embedding_multiplier=3.0,
+                         residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5,
+                         tie_word_embeddings=False, pad_token_id=None,
+                         rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
     # Granite 4.0's dense layout (attention layers only, no experts): shared_mlp's fused input_linear, and the NoPE
     # form (position_embedding_type None)
     "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",

@@ -75,6 +75,10 @@ ARCHITECTURES = {
     # biases on q/k/v/o, windowed and full layers in turn
     "gpt-oss-style": {"n_kv_head": 2, "attn_sinks": True, "bias": True, "sliding_window": 6,
                       "sliding_window_pattern": 2},
+    # Granite SWA's: sinks, the full layer first (window_layers) and a RoPE base per layer, none on the full one
+    "granite-swa-style": {"n_layer": 3, "n_kv_head": 2, "attn_sinks": True, "sliding_window": 6,
+                          "window_layers": (1, 2), "rope_layer_theta": (0.0, 500.0, 10000.0), "attn_scale": 0.2,
+                          "residual_multiplier": 0.5},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -831,12 +835,13 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                    "granite-style", "phi4-style", "exaone4-style",
                                                                    "hunyuan-style")
                                         for impl in ("matmul", "triton")] + [("gemma2-style", "matmul"),
-                                                                             ("gpt-oss-style", "matmul")])
+                                                                             ("gpt-oss-style", "matmul"),
+                                                                             ("granite-swa-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
     LongRoPE), EXAONE 4.0's and Hunyuan's (QK-norm after RoPE) blocks, which the fused decode block refuses, with
-    either decode attention, and Gemma 2's capped scores and GPT-OSS's sinks with the matmul one (the kernel refuses
-    both): compiled
+    either decode attention, and Gemma 2's capped scores and GPT-OSS's and Granite SWA's sinks (the latter with its
+    windowed layers after a full one and a RoPE base per layer) with the matmul one (the kernel refuses both): compiled
     and captured, greedy equal to the full forward at batch 4 and 1 and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
     over whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), the
     score scale (Gemma 3's, Granite's) and each layer's window handed to the kernel; Gemma 3's windowed and full

@@ -97,6 +97,13 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     assert json.loads((tmp_path / "exported" / "generation_config.json").read_text())["eos_token_id"] == [1, 2]
 
 
+def test_granite_swa_is_not_written_as_gguf(tmp_path, capsys):
+    _, _, _, ckpt = imported("granite_swa", tmp_path, capsys)
+    out = tmp_path / "x.gguf"
+    code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
+    assert code == 2 and "Granite SWA models are not written as GGUF" in err and not out.exists(), err
+
+
 def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
     hf, model, _, ckpt = imported("llama-gqa-tied", tmp_path, capsys, dtype="bf16")
     from safetensors import safe_open
@@ -194,6 +201,13 @@ REDLINE_EXPORTS = {
     "GptOssForCausalLM": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped", swiglu_limit=0.5,
                               mlp_hidden=32, moe_bias=True, bias=True, n_kv_head=2, sliding_window=5,
                               sliding_window_pattern=2),
+    # Granite SWA: a dense model with sinks, its windowed layers and layers without RoPE given by patterns (written
+    # as layer lists), and a RoPE base per layer
+    "GraniteSWAForCausalLM": dict(attn_sinks=True, n_kv_head=2, sliding_window=5, sliding_window_pattern=2,
+                                  nope_interval=2),
+    "GraniteSWAForCausalLM-bases": dict(attn_sinks=True, bias=True, sliding_window=3, window_layers=(0,),
+                                        rope_layer_theta=(100.0, 0.0), rope_scaling="yarn", rope_factor=2.0,
+                                        rope_original_context=16),
     "GptOssForCausalLM-no-biases": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped",
                                         mlp_hidden=32, fused_qkv=False),
 }
@@ -276,7 +290,13 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
                                                   "redline exports to, has no QK-norm"),
     (dict(embed_multiplier=2.0, norm="layernorm"), "has RMSNorm and SwiGLU"),
     (dict(nope_interval=2, norm="layernorm", mlp="gelu"), "only SmolLM3 has layers without RoPE"),
-    (dict(attn_sinks=True), "GPT-OSS, the one architecture with them redline exports to, is a mixture of experts"),
+    (dict(attn_sinks=True, moe_bias=True, mlp="swiglu_clamped"),
+     "GPT-OSS, the one architecture with them redline exports to, is a mixture of experts"),
+    (dict(attn_sinks=True, qk_norm=True), "Granite SWA, the one architecture with it redline exports to, has no QK"),
+    (dict(attn_sinks=True, sliding_window=4, rope_local_theta=5.0, rope_scaling="linear", rope_factor=2.0),
+     "scales every layer's RoPE alike"),
+    (dict(rope_layer_theta=(5.0,)), "only Granite SWA has a RoPE base per layer"),
+    (dict(sliding_window=4, window_layers=(0,)), "only Granite SWA and GPT-OSS take windowed layers in any order"),
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", qk_norm=True), "QK-norm, a score scale or cap"),
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", moe_norm_topk=False), "softmaxes its top k"),
     (dict(moe_experts=4, moe_bias=True), "with both sinks and clamped SwiGLU experts"),
@@ -372,7 +392,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, "
-                         "gpt_neox, gpt_oss, granite, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, "
+                         "gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, "
                          "llama, ministral3, mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
                          "qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2, vaultgemma")
 

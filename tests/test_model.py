@@ -235,6 +235,43 @@ def test_interleaved_windows_and_their_own_rope():
     assert model.flops_per_token(12, exact=True) == 6 * matmul + 12 * H * D * (4 + 4 + 12)
 
 
+def test_any_windowed_layers_and_a_rope_base_per_layer():
+    """window_layers: exactly the named layers attend to the window (here the first layer full, as Granite SWA's);
+    rope_layer_theta: each layer rotates by its own base's table, scaled by rope_scaling as every one is, and a 0
+    layer not at all. The model equals its layers run one by one with a mask and tables built for each alone."""
+    from redline.model import rope_tables
+
+    thetas = (0.0, 100.0, 10000.0, 100.0)
+    cfg = small(n_layer=4, sliding_window=3, window_layers=(1, 2, 3), rope_layer_theta=thetas, rope_scaling="linear",
+                rope_factor=2.0)
+    assert [cfg.layer_window(i) for i in range(4)] == [0, 3, 3, 3] and cfg.windows == [0, 3]
+    assert cfg.rope_bases == [(100.0, True), (10000.0, True)]
+    model = GPT(cfg).eval()
+    assert [b.attn.use_rope for b in model.blocks] == [False, True, True, True]
+    idx = torch.randint(0, 101, (2, 10))
+    T = idx.shape[1]
+    x = model.wte(idx)
+    i = torch.arange(T)
+    for block, theta in zip(model.blocks, thetas):
+        cos, sin = (t[:T] for t in rope_tables(replace(cfg, rope_theta=theta or 1.0)))
+        mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < (block.attn.window or T))
+        x = block(x, (cos, sin) * 2 if theta else (torch.full_like(cos, float("nan")),) * 4, mask)
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), model.logits(model.norm_f(x))[..., :101])
+    # a pattern's layers named one by one: sliding_window_pattern=2 windows layers 0 and 2
+    by_list, by_pattern = small(n_layer=4, sliding_window=3, window_layers=(0, 2)), small(
+        n_layer=4, sliding_window=3, sliding_window_pattern=2)
+    assert [by_list.layer_window(i) for i in range(4)] == [by_pattern.layer_window(i) for i in range(4)]
+    for bad in ({"window_layers": (1,)}, {"sliding_window": 3, "window_layers": (2, 1)},
+                {"sliding_window": 3, "window_layers": (4,)},
+                {"sliding_window": 3, "sliding_window_pattern": 2, "window_layers": (1,)},
+                {"rope_layer_theta": (1.0, 2.0)}, {"rope_layer_theta": (1.0, 2.0, 3.0, -1.0)},
+                {"rope_layer_theta": (1.0,) * 4, "nope_interval": 2},
+                {"rope_layer_theta": (1.0,) * 4, "rope_local_theta": 5.0}):
+        with pytest.raises(UserError, match="window_layers|rope_layer_theta"):
+            small(n_layer=4, **bad).validate()
+
+
 def test_gemma_norm_and_embedding_scale():
     """norm_unit_offset: RMSNorm by 1 + weight in fp32, weights starting at zero; embed_scale: sqrt(C) rounded to the
     embedding's dtype."""

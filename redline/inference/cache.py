@@ -243,6 +243,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
         return "the windowed layers' own RoPE tables (model.rope_local_theta)"
     if getattr(cfg, "nope_interval", 0):
         return "layers without RoPE (model.nope_interval)"
+    if getattr(cfg, "rope_layer_theta", ()):
+        return "a RoPE base of its own for each layer (model.rope_layer_theta)"
     return None
 
 

@@ -6,7 +6,8 @@ sliding windows and head width; olmo2.py serves OLMo 1, 2 and 3 and gemma3.py Ge
 their norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
 gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
 of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS (sinks, biased and clamped
-experts); lfm2.py LFM2 (attention and short convolutions).
+experts); lfm2.py LFM2 (attention and short convolutions); granite.py Granite, Granite 4.0's dense models,
+GraniteMoE and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -199,7 +200,7 @@ def _families() -> dict[str, Family]:
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
                                 lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
-                                llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY)}
+                                llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -229,7 +230,7 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; one with short-convolution layers as LFM2; one with norms
+    SwiGLU experts; a dense model with attention sinks as Granite SWA; one with short-convolution layers as LFM2; one with norms
     without weights as OLMo (LayerNorm) or nanochat (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
@@ -247,6 +248,18 @@ def export_family(cfg: ModelConfig) -> Family:
 
         nanochat.check_exportable(cfg)
         return families["nanochat"]
+    if cfg.attn_sinks and not (cfg.moe_experts or cfg.moe_bias or cfg.mlp == "swiglu_clamped"):  # dense, sinks
+        from redline.interop import granite
+
+        granite.check_exportable(cfg, swa=True)
+        return families["granite_swa"]
+    if cfg.rope_layer_theta:
+        raise UserError("model.rope_layer_theta: of the architectures redline exports to, only Granite SWA has a RoPE "
+                        "base per layer, and it is a dense model with attention sinks (model.attn_sinks, no "
+                        "model.moe_experts)")
+    if cfg.window_layers and not cfg.attn_sinks:
+        raise UserError("model.window_layers: of the architectures redline exports to, only Granite SWA and GPT-OSS "
+                        "take windowed layers in any order, and both have attention sinks (model.attn_sinks)")
     if cfg.attn_sinks or cfg.moe_bias or cfg.mlp == "swiglu_clamped":  # GPT-OSS's sinks, expert biases, clamp
         from redline.interop import gpt_oss
 

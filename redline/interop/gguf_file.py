@@ -807,7 +807,9 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                "vaultgemma": ("VaultGemma", "llama.cpp's gemma2 has norms on the sublayers' outputs, which VaultGemma "
                                             "has not"),
-               "gpt_oss": ("GPT-OSS", "no writer here for its sinks, clamped SwiGLU and expert biases")}
+               "gpt_oss": ("GPT-OSS", "no writer here for its sinks, clamped SwiGLU and expert biases"),
+               "granite_swa": ("Granite SWA", "llama.cpp has no architecture with its sinks, per-layer windows and "
+                                              "per-layer RoPE bases")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

@@ -2,7 +2,8 @@
 - attention sinks: a learned logit per query head in every softmax's denominator (`self_attn.sinks` ->
   model.attn_sinks);
 - biases on q, k, v and o_proj (`attention_bias`: redline's `bias`, the q/k/v ones in the fused qkv);
-- windowed and full layers in turn (`layer_types`, windowed first: sliding_window_pattern=2), YaRN RoPE without
+- windowed and full layers in turn (`layer_types`, windowed first: sliding_window_pattern=2; in any other order,
+  window_layers), YaRN RoPE without
   rounding its band (`truncate: false`: rope_truncate);
 - a router with a bias, top k of its logits softmaxed among themselves (the softmax over all experts, its top k
   rescaled to sum to 1: moe_norm_topk), experts with biases (moe_bias) and a clamped SwiGLU
@@ -24,7 +25,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, bias_or_zeros, give_head, pad_rows, raise_first, take_head
-from redline.interop.llama import _ignorable, _prefix, _rope, rope_scaling, shape_fields
+from redline.interop.llama import _ignorable, _prefix, _rope, layer_windows, rope_scaling, shape_fields
 from redline.interop.moe import expert_fields
 from redline.model import SWIGLU_CLAMPED_ALPHA, ModelConfig
 
@@ -57,26 +58,6 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return out.flatten(-2).to(dtype)
 
 
-def _layer_pattern(hf: dict, n_layer: int) -> tuple[int, int]:
-    """(sliding_window, sliding_window_pattern) from `layer_types` (transformers' default: windowed on even layers,
-    full on odd ones); a UserError for an order redline cannot express."""
-    window = int(hf.get("sliding_window") or 0)
-    kinds = hf.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
-                                      for i in range(n_layer)]
-    if len(kinds) != n_layer or not set(kinds) <= {"sliding_attention", "full_attention"}:
-        raise UserError(f"layer_types {kinds}: expected {n_layer} entries of sliding_attention / full_attention")
-    windowed = [k == "sliding_attention" for k in kinds]
-    if not any(windowed) or not window:
-        return 0, 0
-    if all(windowed):
-        return window, 0
-    pattern = windowed.index(False) + 1  # redline: layer i full where (i + 1) is a multiple of the pattern
-    if windowed != [(i + 1) % pattern != 0 for i in range(n_layer)]:
-        raise UserError(f"layer_types puts full attention on layers {[i for i, w in enumerate(windowed) if not w]}, "
-                        f"not on every {pattern}th; redline takes a fixed step (model.sliding_window_pattern)")
-    return window, pattern
-
-
 def model_config(hf: dict) -> ModelConfig:
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
@@ -102,10 +83,12 @@ def model_config(hf: dict) -> ModelConfig:
     elif "rope_theta" not in hf:
         hf = {**hf, "rope_theta": 150000.0}
     fields = {**shape_fields(hf), **expert_fields(hf, "intermediate_size")}
-    window, pattern = _layer_pattern(hf, fields["n_layer"])
+    # transformers' default: windowed on even layers, full on odd ones
+    windows = layer_windows(hf, fields["n_layer"], ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                                     for i in range(fields["n_layer"])])
     bias = bool(hf.get("attention_bias", True))
     return ModelConfig(
-        **fields, fused_qkv=True, sliding_window=window, sliding_window_pattern=pattern, pos_emb="rope",
+        **fields, fused_qkv=True, **windows, pos_emb="rope",
         mlp="swiglu_clamped", swiglu_limit=float(hf.get("swiglu_limit", 7.0)), fused_mlp=True, norm="rmsnorm",
         norm_eps=float(hf.get("rms_norm_eps", 1e-5)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bias=bias, qkv_bias=bias, attn_sinks=True, moe_bias=True, moe_norm_topk=True, **_rope(hf),
@@ -124,7 +107,7 @@ def check_exportable(cfg: ModelConfig) -> None:
          "GPT-OSS's blocks are pre-RMSNorm with learned weights, sublayers in turn, attention on every layer"),
         (cfg.qk_norm or cfg.attn_scale or cfg.attn_softcap or cfg.value_embeddings,
          "QK-norm, a score scale or cap, or value embeddings with model.attn_sinks: GPT-OSS has none of them"),
-        (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval or cfg.rope_local_theta
+        (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval or cfg.rope_local_theta or cfg.rope_layer_theta
          or cfg.rope_scaling not in ("none", "yarn"),
          "GPT-OSS rotates whole heads of every layer with one RoPE (none or YaRN scaling)"),
         (not cfg.moe_norm_topk or cfg.moe_gating != "softmax" or cfg.moe_expert_bias or cfg.moe_scale != 1.0

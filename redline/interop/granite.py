@@ -46,11 +46,12 @@ def wants_granite(cfg: ModelConfig) -> bool:
         cfg.attn_scale and cfg.norm_position == "pre" and not gemma)
 
 
-def check_exportable(cfg: ModelConfig) -> None:
-    """A UserError naming the option that Granite, the one architecture with these scalars, does not have."""
-    names = [f"model.{name}" for name in (*GRANITE_FIELDS, "attn_scale") if getattr(cfg, name)]
-    what = (f"{', '.join(names)}: Granite, the one architecture with {'it' if len(names) == 1 else 'them'} redline "
-            f"exports to,")
+def check_exportable(cfg: ModelConfig, swa: bool = False) -> None:
+    """A UserError naming the option that Granite, the one architecture with these scalars, does not have (swa:
+    Granite SWA, which has its windows and per-layer RoPE bases besides)."""
+    names = [f"model.{name}" for name in (*GRANITE_FIELDS, "attn_scale", "attn_sinks") if getattr(cfg, name)]
+    what = (f"{', '.join(names)}: Granite{' SWA' if swa else ''}, the one architecture with "
+            f"{'it' if len(names) == 1 else 'them'} redline exports to,")
     raise_first([
         (cfg.norm_position != "pre", f"{what} has pre-norm blocks (model.norm_position={cfg.norm_position})"),
         (cfg.norm != "rmsnorm" or cfg.mlp != "swiglu", f"{what} has RMSNorm and SwiGLU (model.norm={cfg.norm}, "
@@ -58,8 +59,12 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.pos_emb == "learned" or cfg.rope_dims, f"{what} rotates whole heads with RoPE or has no positions"),
         (cfg.parallel_residual, f"{what} has sequential sublayers (model.parallel_residual)"),
         (cfg.qk_norm, f"{what} has no QK-norm (model.qk_norm)"),
-        (cfg.sliding_window > 0, f"{what} attends to the whole context (model.sliding_window)"),
-        (cfg.nope_interval, f"{what} rotates every layer (model.nope_interval)"),
+        (cfg.sliding_window > 0 and not swa, f"{what} attends to the whole context (model.sliding_window)"),
+        (cfg.nope_interval and not swa, f"{what} rotates every layer (model.nope_interval)"),
+        (swa and cfg.rope_local_theta and cfg.rope_scaling != "none",
+         f"{what} scales every layer's RoPE alike (model.rope_local_theta, unscaled, with model.rope_scaling)"),
+        (swa and (cfg.attn_softcap or cfg.value_embeddings or cfg.moe_experts or cfg.conv_layers),
+         f"{what} has no score cap, value embeddings, experts or short convolutions"),
         (cfg.norm_unit_offset or cfg.embed_scale, f"{what} has none of Gemma's norms or embedding scale"),
         (cfg.has_qkv_bias != cfg.bias, f"{what} has biases on every Linear layer or none (model.qkv_bias)"),
     ])
@@ -192,3 +197,58 @@ def moe_hf_config(cfg: ModelConfig) -> dict:
 
 MOE_FAMILY = Family(name="granitemoe", architecture="GraniteMoeForCausalLM", model_config=moe_model_config,
                     hf_config=moe_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Granite SWA (GraniteSWAForCausalLM, model_type "granite_swa": granite-swash-2b): Granite's block, names and scalars
+# with
+# - a learned sink logit per query head (self_attn.sinks -> attn_sinks), the attention output times
+#   sigmoid(logsumexp(scores) - sink);
+# - windowed and full layers in any order (layer_types; by default full where i % 4 == 0, the first of each four:
+#   window_layers, since redline's sliding_window_pattern puts the full layer last);
+# - a RoPE base per layer, 0 for none (layer_rope_theta -> rope_layer_theta), each base with the model's RoPE
+#   scaling: transformers builds one rotary embedding a distinct base from the same rope_parameters.
+# Semantics read from transformers' models/granite_swa/modular_granite_swa.py. GraniteMoeSWA, the same attention on
+# GraniteMoeShared's experts and ungated shared MLP, is refused by name.
+
+
+def _layer_thetas(hf: dict, cfg: ModelConfig) -> dict:
+    """rope_theta alone where every layer rotates by one base, else rope_layer_theta."""
+    thetas = hf.get("layer_rope_theta")
+    if thetas is None:
+        return {}
+    if len(thetas) != cfg.n_layer or min(thetas) < 0:
+        raise UserError(f"layer_rope_theta has {len(thetas)} entries for {cfg.n_layer} layers, or one below 0")
+    if len(set(thetas)) == 1 and thetas[0]:
+        return {"rope_theta": float(thetas[0])}
+    return {"rope_layer_theta": tuple(float(t) for t in thetas)}
+
+
+def swa_model_config(hf: dict) -> ModelConfig:
+    from redline.interop.llama import layer_windows
+
+    cfg = model_config(hf)
+    n = cfg.n_layer
+    windows = layer_windows({"sliding_window": 128, **hf}, n,  # GraniteSWAConfig's defaults
+                            ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)])
+    return replace(cfg, attn_sinks=True, **windows, **_layer_thetas(hf, cfg))
+
+
+def _layer_theta(cfg: ModelConfig, layer: int) -> float:
+    """The RoPE base layer `layer` rotates by, 0 for none (nope_interval, rope_layer_theta 0)."""
+    return cfg.rope_bases[cfg.layer_rope_table(layer)][0] if cfg.layer_rope(layer) else 0.0
+
+
+def swa_hf_config(cfg: ModelConfig) -> dict:
+    return {**hf_config(cfg), "model_type": "granite_swa", "sliding_window": cfg.sliding_window or cfg.context_len,
+            "layer_types": ["sliding_attention" if cfg.layer_window(i) else "full_attention"
+                            for i in range(cfg.n_layer)],
+            "layer_rope_theta": [_layer_theta(cfg, i) for i in range(cfg.n_layer)]}
+
+
+def swa_to_hf(state, cfg: ModelConfig) -> dict:
+    return to_hf(state, cfg, "llama")  # Llama's names, whatever layers rotate or attend to a window
+
+
+SWA_FAMILY = Family(name="granite_swa", architecture="GraniteSWAForCausalLM", model_config=swa_model_config,
+                    hf_config=swa_hf_config, to_redline=to_redline, to_hf=swa_to_hf, ignorable=_ignorable)

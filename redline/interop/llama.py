@@ -102,6 +102,25 @@ def _window(hf: dict, name: str) -> int:
                     "supported; redline applies one sliding window to every layer")
 
 
+def layer_windows(hf: dict, n_layer: int, default: list[str]) -> dict:
+    """ModelConfig's window fields from `layer_types` (`default` where the config gives none): sliding_window with
+    sliding_window_pattern where the full layers fall on every N-th (redline's (i + 1) % N == 0), else with the
+    windowed layers named (window_layers); a UserError for a kind other than sliding_attention / full_attention."""
+    window = int(hf.get("sliding_window") or 0)
+    kinds = hf.get("layer_types") or default
+    if len(kinds) != n_layer or not set(kinds) <= {"sliding_attention", "full_attention"}:
+        raise UserError(f"layer_types {kinds}: expected {n_layer} entries of sliding_attention / full_attention")
+    windowed = [k == "sliding_attention" for k in kinds]
+    if not any(windowed) or not window:
+        return {"sliding_window": 0}
+    if all(windowed):
+        return {"sliding_window": window}
+    pattern = windowed.index(False) + 1
+    if windowed == [(i + 1) % pattern != 0 for i in range(n_layer)]:
+        return {"sliding_window": window, "sliding_window_pattern": pattern}
+    return {"sliding_window": window, "window_layers": tuple(i for i, w in enumerate(windowed) if w)}
+
+
 def _nope_interval(hf: dict) -> int:
     """SmolLM3's NoPE layers as ModelConfig.nope_interval: `no_rope_layers` (1 where a layer rotates, 0 where not)
     must leave out exactly every N-th layer; transformers builds it so from `no_rope_layer_interval` when absent."""
@@ -303,6 +322,8 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
             out[r + "attn.k_norm.weight"] = src.take(attn + "k_norm.weight")
         if cfg.bias:
             out[r + "attn.proj.bias"] = src.take(attn + "o_proj.bias")
+        if cfg.attn_sinks:  # (H,) logits (Granite SWA's)
+            out[r + "attn.sinks"] = src.take(attn + "sinks")
         if cfg.moe_experts:  # a mixture of experts (moe.py)
             from redline.interop.moe import experts_to_redline
 
@@ -361,6 +382,8 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str | None 
         if cfg.qk_norm:
             out[attn + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
             out[attn + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
+        if cfg.attn_sinks:
+            out[attn + "sinks"] = state[r + "attn.sinks"]
         if cfg.moe_experts:  # a mixture of experts (moe.py)
             from redline.interop.moe import experts_to_hf
 
