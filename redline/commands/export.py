@@ -44,11 +44,12 @@ class ExportConfig:
     max_shard_size: str = "5GB"
     """hf: the largest safetensors file (5GB, 500MB, 2GiB, ...); a larger model is written as shards with
     model.safetensors.index.json, as transformers' save_pretrained writes them."""
-    dtype: Literal["auto", "fp32", "bf16", "fp16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"] = "auto"
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "mxfp4"] = "auto"
     """Dtype of the written weights (auto: the dtype the checkpoint stores, fp32 for one redline trained). GGUF only:
     q8_0, llama.cpp's 8-bit blocks for the matrices (about a quarter of fp32's size); q5_1, q5_0, q4_1, q4_0, its 5-
-    and 4-bit blocks, the head's matrix in q8_0 (llama-quantize keeps it above 4 bits too). In a GGUF, norms and
-    biases stay fp32 as llama.cpp keeps them."""
+    and 4-bit blocks, the head's matrix in q8_0 (llama-quantize keeps it above 4 bits too); mxfp4 (GPT-OSS only), the
+    experts in llama.cpp's MXFP4 and the other matrices in bf16, as its converter writes the released checkpoints. In a
+    GGUF, norms and biases stay fp32 as llama.cpp keeps them."""
 
 
 def stored_dtype(ckpt):
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> int:
     from redline.config import parse
     from redline.errors import UserError
     from redline.interop.families import export_family
-    from redline.interop.gguf_file import GGUF_QUANTS
+    from redline.interop.gguf_file import GGUF_DTYPES
     from redline.interop.hf import DTYPES
     from redline.training.checkpoint import generation_config, load_checkpoint_weights, resolve_checkpoint
 
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> int:
     check_merge(cfg)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
-    if cfg.dtype in GGUF_QUANTS and cfg.format != "gguf":
+    if cfg.dtype in GGUF_DTYPES and cfg.format != "gguf":
         raise UserError(f"--dtype {cfg.dtype} is a GGUF type (llama.cpp's blocks of 32 weights): add --format gguf, "
                         f"or give fp32, bf16 or fp16 for a Hugging Face folder")
     from redline.interop.hf import parse_size
@@ -99,7 +100,7 @@ def main(argv: list[str]) -> int:
     ckpt = resolve_checkpoint(cfg.checkpoint)
     state, train_cfg, tokenizer, ckpt = load_checkpoint_weights(ckpt)
     family = export_family(train_cfg.model)  # the one-line error for an option no architecture has, early
-    dtype = stored_dtype(ckpt) if cfg.dtype == "auto" else cfg.dtype if cfg.dtype in GGUF_QUANTS else \
+    dtype = stored_dtype(ckpt) if cfg.dtype == "auto" else cfg.dtype if cfg.dtype in GGUF_DTYPES else \
         DTYPES[cfg.dtype]
     if cfg.format == "hf":
         from redline.interop.hf import write_folder
@@ -141,7 +142,7 @@ def export_adapter(cfg: ExportConfig) -> int:
     from redline.config import TrainConfig, from_dict
     from redline.errors import UserError
     from redline.interop.families import export_family
-    from redline.interop.gguf_file import GGUF_QUANTS
+    from redline.interop.gguf_file import GGUF_DTYPES
     from redline.interop.hf import DTYPES
     from redline.interop.peft_adapter import write_adapter
     from redline.training.adapters import META_KEY, is_adapter_checkpoint, resolve_base
@@ -149,7 +150,7 @@ def export_adapter(cfg: ExportConfig) -> int:
 
     if cfg.out is not None or cfg.merge or cfg.format != "hf":
         raise UserError("--adapter writes a PEFT adapter folder on its own; drop --out, --merge and --format")
-    if cfg.dtype in GGUF_QUANTS:
+    if cfg.dtype in GGUF_DTYPES:
         raise UserError(f"--dtype {cfg.dtype} is a GGUF type; a PEFT adapter is written in fp32, bf16 or fp16")
     ckpt = resolve_checkpoint(cfg.checkpoint)
     meta = verify_checkpoint(ckpt)

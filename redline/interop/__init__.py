@@ -6,7 +6,8 @@
     olmo2.py           OLMo 2's config (the Llama layout's names, its norms on the sublayers' outputs)
     gemma3.py          Gemma 3's text config (the same names; sandwich norms, windowed and full layers interleaved)
     hf.py              Hugging Face folders (config.json, safetensors shards, tokenizer, generation config)
-    gguf_file.py       GGUF files through the `gguf` package (dequantized on import; f32/f16/bf16 on export)
+    gguf_file.py       GGUF files through the `gguf` package (dequantized on import; f32, f16, bf16, Q8_0, Q5/Q4 and
+                       GPT-OSS's MXFP4 experts on export)
     gguf_vocab.py      a GGUF's tokenizer metadata <-> a tokenizers tokenizer
     hub.py             model names on the Hugging Face Hub (huggingface_hub's snapshot_download)
     tokenizer_files.py a redline tokenizer as tokenizer.json + tokenizer_config.json

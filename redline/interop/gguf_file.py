@@ -3,13 +3,14 @@
 A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and its config `{arch}.block_count`,
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo (the original OLMo: no norm tensors), olmo2, gemma,
-gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0), hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe
-(LFM2: its convolution layers have no kv heads), command-r and cohere2 (Cohere's) and the mixtures of experts (llama
-with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe) are read and written here.
+gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0),
+hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
+(Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
+gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) are read and written here.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
-as llama.cpp's loaders create them. Three layout differences from Hugging Face's:
+as llama.cpp's loaders create them. Four layout differences from Hugging Face's:
 - llama.cpp's converter permutes the rows of q and k of the llama architecture, smollm3, granite, granitemoe and olmo
   (each head's rotary pairs interleaved, for its RoPE kernel): undone on import, done on export; qwen2/qwen3/olmo2
   files (and qwen2moe, qwen3moe, olmoe) are not permuted (llama.cpp rotates them as NeoX does, (first half, second
@@ -21,9 +22,13 @@ as llama.cpp's loaders create them. Three layout differences from Hugging Face's
   Gemma's norms multiply by: transformers' GGUF loader subtracts 1 from each `*norm.weight` of a gemma3 file (its
   Gemma2TensorProcessor, citing llama.cpp's convert_hf_to_gguf.py), and so does this reader; q/k are not permuted
   (that loader undoes no permutation for gemma3, and redline's logits equal its own on the same file).
+- gpt-oss splits transformers' gate_up_proj, whose gate and up columns interleave, into ffn_gate_exps and
+  ffn_up_exps (llama.cpp's converter takes [..., ::2] and [..., 1::2]), and stores the experts as rows, the transpose
+  of transformers' (E, C, 2F) / (E, F, C).
 Quantized tensors are dequantized by the gguf package (a type it cannot dequantize is an error naming it); export
 writes f32, f16, bf16, q8_0 or the 4- and 5-bit q4_0, q4_1, q5_0, q5_1 matrices (the head's in q8_0 then), norms
-and biases always f32 as llama.cpp does. Llama 3 RoPE scaling travels
+and biases always f32 as llama.cpp does; for GPT-OSS also mxfp4, the experts in llama.cpp's MXFP4 and the rest in bf16,
+as its converter writes the released checkpoints. Llama 3 RoPE scaling travels
 as llama.cpp's rope_freqs tensor (each frequency's divisor), read back into the four parameters of the scaling.
 """
 
@@ -47,7 +52,7 @@ from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo")
+          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss")
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -64,6 +69,11 @@ PERMUTED = ("llama", "smollm3", "granite", "granitemoe", "olmo")
 # the block types export writes (llama.cpp's Q8_0, Q5_1, Q5_0, Q4_1, Q4_0: 32 weights a block with a scale, and an
 # offset for the _1 types), which the gguf package can quantize
 GGUF_QUANTS = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+# GPT-OSS's experts in llama.cpp's MXFP4 (32 FP4 E2M1 values and an E8M0 scale a block), everything else in bf16 (1-D
+# tensors f32): what llama.cpp's converter writes from the released MXFP4 checkpoints (its "auto" outtype is their
+# bf16), file type MOSTLY_MXFP4_MOE; the gguf package's MXFP4 class quantizes in Python (require_mxfp4)
+MXFP4 = "mxfp4"
+GGUF_DTYPES = (*GGUF_QUANTS, MXFP4)  # the GGUF-only values of `export --dtype`
 # the architectures whose RMSNorm weights llama.cpp's converter stores as the scale they multiply by, 1 + weight
 GEMMAS = ("gemma", "gemma2", "gemma3")
 # llama.cpp's smollm3 leaves RoPE out of every fourth layer, a step fixed in its code (no GGUF key gives it)
@@ -123,7 +133,21 @@ _LFM2_TOP = {"token_embd": "model.embed_tokens", "token_embd_norm": "model.embed
 _LFM2MOE_NAMES = {**_LFM2_NAMES, "ffn_gate_inp": "feed_forward.gate", "ffn_gate_exps": "feed_forward.experts.gate_proj",
                   "ffn_up_exps": "feed_forward.experts.up_proj", "ffn_down_exps": "feed_forward.experts.down_proj",
                   "exp_probs_b": "feed_forward.expert_bias"}
-_BARE = ("feed_forward.expert_bias",)  # Hugging Face names without a .weight / .bias of their own
+# GPT-OSS (MODEL_TENSORS[GPT_OSS], llama.cpp's openai-moe): Llama's attention names, every projection with a bias, the
+# MLP's norm as post_attention_norm (ATTN_POST_NORM), the sinks as attn_sinks.weight (n_head,), the router and its bias
+# as ffn_gate_inp, the experts stacked with their biases: ffn_gate_exps / ffn_up_exps (E, F, C) + (E, F), ffn_down_exps
+# (E, C, F) + (E, C). The mlp.experts.*_proj.weight / .bias names are the converter's own split of transformers'
+# tensors (_gpt_oss_file_experts, _gpt_oss_source); ffn_gate_up_exps is its --fuse-gate-up-exps form, [gate; up]
+_GPT_OSS_NAMES = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                  "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                  "attn_output": "self_attn.o_proj", "attn_sinks": "self_attn.sinks", "ffn_gate_inp": "mlp.router",
+                  "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+                  "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_up_exps": "mlp.experts.gate_up_proj"}
+# llama.cpp's gpt-oss clamps its SwiGLU at this limit, a constant of its graph (build_moe_ffn's
+# LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7.0) that no GGUF key changes; GPT-OSS's own swiglu_limit
+GPT_OSS_SWIGLU_LIMIT = 7.0
+# Hugging Face names without a .weight / .bias of their own -> the GGUF suffix their tensor takes
+_BARE = {"feed_forward.expert_bias": "bias", "self_attn.sinks": "weight"}
 # StarCoder2 (MODEL_TENSORS[STARCODER2]): Llama's attention names, LayerNorms with biases, c_fc / c_proj as ffn_up
 # and ffn_down
 _STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -178,6 +202,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _STARCODER2_NAMES, _LLAMA_TOP, "model.layers."
     if arch in ("lfm2", "lfm2moe"):
         return _LFM2MOE_NAMES if arch == "lfm2moe" else _LFM2_NAMES, _LFM2_TOP, "model.layers."
+    if arch == "gpt-oss":
+        return _GPT_OSS_NAMES, _LLAMA_TOP, "model.layers."
     names = {"olmo2": _OLMO2_NAMES, "exaone4": _OLMO2_NAMES, "hunyuan-dense": _HUNYUAN_NAMES, "gemma2": _GEMMA3_NAMES,
              "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
@@ -188,7 +214,7 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
     if m := _BLOCK.match(gguf_name):
         inner = names.get(m[2])
         if inner in _BARE:
-            return f"{prefix}{m[1]}.{inner}"
+            return f"{prefix}{m[1]}.{inner}" if _BARE[inner] == m[3] else None
         return f"{prefix}{m[1]}.{inner}.{m[3]}" if inner else None
     if m := _TOP.match(gguf_name):
         outer = top.get(m[1])
@@ -200,7 +226,7 @@ def _gguf_name(hf_name: str, arch: str) -> str:
     names, top, prefix = _maps(arch)
     if hf_name.startswith(prefix):
         layer, rest = hf_name[len(prefix):].split(".", 1)
-        inner, kind = (rest, "bias") if rest in _BARE else rest.rsplit(".", 1)
+        inner, kind = (rest, _BARE[rest]) if rest in _BARE else rest.rsplit(".", 1)
         return f"blk.{layer}.{ {v: k for k, v in names.items()}[inner]}.{kind}"
     outer, kind = hf_name.rsplit(".", 1)
     return f"{ {v: k for k, v in top.items()}[outer]}.{kind}"
@@ -243,6 +269,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
         return _phi3_config(key, vocab, tied, rope_factors or {})
     if arch in ("lfm2", "lfm2moe"):
         return _lfm2_config(key, vocab, tied, moe=arch == "lfm2moe")
+    if arch == "gpt-oss":
+        return _gpt_oss_config(fields, key, vocab, tied, tensor_names)
     if arch == "starcoder2":  # the keys llama.cpp's converter writes; biases and the window as the tensors and keys say
         if key("rope.scaling.type") not in (None, "none"):
             raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a starcoder2 model is not read "
@@ -382,6 +410,43 @@ def _cohere_config(key, config: dict) -> None:
         raise UserError(f"the GGUF's cohere2 file gives {len(windowed)} sliding_window_pattern entries for {n} layers "
                         f"or no attention.sliding_window; redline reads one a layer and a window")
     config["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windowed]
+
+
+def _gpt_oss_config(fields: dict, key, vocab: int, tied: bool, tensor_names: set[str]) -> dict:
+    """A gpt_oss config.json for a gpt-oss GGUF, read as llama.cpp's loader reads one (llama_model's
+    LLM_ARCH_OPENAI_MOE): heads key_length wide, the experts expert_feed_forward_length wide, the window on the even
+    layers and full attention on the odd ones (its set_swa_pattern(2), whatever the file), the SwiGLU clamped at
+    GPT_OSS_SWIGLU_LIMIT, the router's top k softmaxed among themselves. YaRN from the file's keys, with GPT-OSS's
+    own unrounded band (truncate false, which no llama.cpp key records) unless redline's key says otherwise."""
+    width, heads, layers = key("embedding_length"), key("attention.head_count"), key("block_count")
+    window, experts = key("attention.sliding_window"), key("expert_count")
+    if not window or not experts or not key("expert_used_count"):
+        raise UserError("the GGUF's gpt-oss file gives no attention.sliding_window, expert_count or "
+                        "expert_used_count, each of which llama.cpp's gpt-oss reads; the file is incomplete")
+    head_dim = key("attention.key_length") or width // heads
+    if key("rope.dimension_count", head_dim) != head_dim or key("attention.value_length", head_dim) != head_dim:
+        raise UserError(f"the GGUF's gpt-oss file gives key_length {head_dim}, value_length "
+                        f"{key('attention.value_length')} and rope.dimension_count {key('rope.dimension_count')}: "
+                        f"GPT-OSS, as llama.cpp's gpt-oss, rotates whole heads of one width")
+    base = float(key("rope.freq_base", 150000.0))
+    scaling = key("rope.scaling.type")
+    if scaling == "yarn":
+        rope = {"truncate": False, **_yarn_scaling(fields, key), "rope_theta": base}
+    elif scaling in (None, "none"):
+        rope = {"rope_type": "default", "rope_theta": base}
+    else:
+        raise UserError(f"the GGUF's RoPE scaling {scaling!r} on a gpt-oss model: GPT-OSS has YaRN or none")
+    return {"model_type": "gpt_oss", "vocab_size": vocab, "hidden_size": width,
+            "intermediate_size": key("expert_feed_forward_length") or key("feed_forward_length"),
+            "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim,
+            "max_position_embeddings": key("context_length", 131072),
+            "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5), "rope_parameters": rope,
+            "tie_word_embeddings": tied, "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+            "sliding_window": window,
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+            "num_local_experts": experts, "num_experts_per_tok": key("expert_used_count"),
+            "swiglu_limit": GPT_OSS_SWIGLU_LIMIT, "hidden_act": "silu"}
 
 
 def _lfm2_config(key, vocab: int, tied: bool, moe: bool = False) -> dict:
@@ -650,6 +715,37 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
     return by_hf, read
 
 
+def _gpt_oss_source(names: set[str], read, n_layer: int):
+    """(names, read) of a gpt-oss file's tensors under transformers' GPT-OSS names, as gpt_oss.to_redline takes
+    them: each layer's experts, split in the file (ffn_gate_exps / ffn_up_exps (E, F, C), or the fused
+    ffn_gate_up_exps [gate; up] (E, 2F, C)) and stored as rows, back in transformers' layout: gate_up_proj (E, C, 2F)
+    with gate and up interleaved (gate at even columns), gate_up_proj_bias (E, 2F) alike, down_proj (E, F, C),
+    down_proj_bias (E, C). A layer missing a part keeps its file names, which the conversion then names."""
+
+    def interleaved(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # (E, F, ...) twice -> (E, 2F, ...)
+        return torch.stack([gate, up], dim=2).flatten(1, 2)
+
+    def fused(x: str, kind: str) -> tuple[torch.Tensor, torch.Tensor]:  # (gate, up) of a layer's weight or bias
+        if f"{x}gate_up_proj.{kind}" in names:
+            return read(f"{x}gate_up_proj.{kind}").chunk(2, dim=1)
+        return read(f"{x}gate_proj.{kind}"), read(f"{x}up_proj.{kind}")
+
+    out, derived = set(names), {}
+    for i in range(n_layer):
+        x = f"model.layers.{i}.mlp.experts."
+        split = [f"{x}{p}.{k}" for p in ("gate_proj", "up_proj") for k in ("weight", "bias")]
+        parts = [f"{x}gate_up_proj.weight", f"{x}gate_up_proj.bias"] if f"{x}gate_up_proj.weight" in names else split
+        parts += [f"{x}down_proj.weight", f"{x}down_proj.bias"]
+        if not set(parts) <= names:
+            continue
+        out -= set(parts)
+        derived[f"{x}gate_up_proj"] = lambda x=x: interleaved(*fused(x, "weight")).transpose(1, 2)
+        derived[f"{x}gate_up_proj_bias"] = lambda x=x: interleaved(*fused(x, "bias"))
+        derived[f"{x}down_proj"] = lambda x=x: read(f"{x}down_proj.weight").transpose(1, 2)
+        derived[f"{x}down_proj_bias"] = lambda x=x: read(f"{x}down_proj.bias")
+    return out | set(derived), lambda name: derived[name]() if name in derived else read(name)
+
+
 def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     """A GGUF file in redline's layout, tensors dequantized to fp32, tokenizer and chat template from its
     metadata (or `tokenizer`, a tokenizer.json path or folder)."""
@@ -685,7 +781,10 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
         tok.stop_ids = stops
     family = family_for(config, str(path))
     by_hf, read = _tensor_reader(path, reader, arch, config)
-    cfg, state = convert_source(TensorSource(by_hf, read, str(path)), config, family)
+    names = set(by_hf)
+    if arch == "gpt-oss":
+        names, read = _gpt_oss_source(names, read, config["num_hidden_layers"])
+    cfg, state = convert_source(TensorSource(names, read, str(path)), config, family)
     kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
     source_dtype = torch.bfloat16 if kinds == {"BF16"} else torch.float32 if kinds == {"F32"} else None
     return ImportedModel(cfg=cfg, state=state, tokenizer=tok, family=family.name, source=str(path),
@@ -780,6 +879,55 @@ def _moe_arch(family: Family, cfg: ModelConfig) -> str:
     return arch
 
 
+def _check_gpt_oss(cfg: ModelConfig) -> None:
+    """A UserError for a GPT-OSS model llama.cpp's gpt-oss would run as another (gpt_oss.check_exportable has
+    refused what no GPT-OSS has): its loader windows the even layers and attends fully on the odd ones
+    (set_swa_pattern(2)), clamps the SwiGLU at GPT_OSS_SWIGLU_LIMIT and loads an output matrix of its own, none of
+    which a GGUF key changes."""
+    windows = [cfg.layer_window(i) for i in range(cfg.n_layer)]
+    if not cfg.sliding_window or windows != [cfg.sliding_window if i % 2 == 0 else 0 for i in range(cfg.n_layer)]:
+        raise UserError(f"a GPT-OSS model with windows {windows} on its layers: llama.cpp's gpt-oss windows the even "
+                        f"layers and attends fully on the odd ones, a layout no GGUF key changes; export with "
+                        f"--format hf")
+    if cfg.swiglu_limit != GPT_OSS_SWIGLU_LIMIT:
+        raise UserError(f"model.swiglu_limit={cfg.swiglu_limit:g}: llama.cpp's gpt-oss clamps its SwiGLU at "
+                        f"{GPT_OSS_SWIGLU_LIMIT:g}, a constant no GGUF key changes; export with --format hf")
+    if cfg.tie_embeddings:
+        raise UserError("model.tie_embeddings on a GPT-OSS model: llama.cpp's gpt-oss loads an output matrix of its "
+                        "own; export with --format hf")
+
+
+def _gpt_oss_file_experts(tensors: dict, state, cfg: ModelConfig) -> dict:
+    """transformers-named GPT-OSS tensors (gpt_oss.to_hf) -> the names _GPT_OSS_NAMES gives llama.cpp's, as its
+    converter writes them: each layer's experts from redline's state, fc's [gate; up] halves (gate_up_proj with its
+    interleaving undone) as gate_proj / up_proj (E, F, C) with their (E, F) biases, proj as down_proj (E, C, F) with
+    its (E, C) bias (zeros where the model has none); zero q/k/v/o biases where the model has none, since llama.cpp's
+    loader requires every one."""
+    widths = {"q": cfg.n_head * cfg.head_dim, "k": cfg.kv_heads * cfg.head_dim, "v": cfg.kv_heads * cfg.head_dim,
+              "o": cfg.n_embd}
+    out = {}
+    for name, t in tensors.items():
+        if m := re.match(r"model\.layers\.(\d+)\.mlp\.experts\.", name):  # transformers' layout, replaced
+            if name.endswith(".gate_up_proj"):  # the layer's first expert tensor: its experts in the file's layout
+                out.update(_file_experts(state, m[0], f"blocks.{m[1]}.mlp."))
+            continue
+        out[name] = t
+        if m := re.match(r"(model\.layers\.\d+\.self_attn\.)([qkvo])_proj\.weight$", name):
+            out.setdefault(f"{m[1]}{m[2]}_proj.bias", t.new_zeros(widths[m[2]]))
+    return out
+
+
+def _file_experts(state, x: str, r: str) -> dict:
+    """One layer's experts (redline prefix r) under names x + gate_proj / up_proj / down_proj .weight / .bias."""
+    fc, proj = state[r + "fc"], state[r + "proj"]  # (E, 2F, C), (E, C, F)
+    fc_bias = state.get(r + "fc_bias", fc.new_zeros(fc.shape[:2]))
+    out = dict(zip([x + "gate_proj.weight", x + "up_proj.weight"], fc.chunk(2, dim=1)))
+    out.update(zip([x + "gate_proj.bias", x + "up_proj.bias"], fc_bias.chunk(2, dim=1)))
+    out[x + "down_proj.weight"] = proj
+    out[x + "down_proj.bias"] = state.get(r + "proj_bias", proj.new_zeros(proj.shape[:2]))
+    return out
+
+
 def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
     """Hugging Face-named tensors of a mixture of experts (one tensor per expert, or GraniteMoE's stacked pairs) ->
     the names _LLAMA_NAMES gives llama.cpp's: the router as mlp.gate, each layer's experts stacked as
@@ -807,7 +955,6 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                "vaultgemma": ("VaultGemma", "llama.cpp's gemma2 has norms on the sublayers' outputs, which VaultGemma "
                                             "has not"),
-               "gpt_oss": ("GPT-OSS", "no writer here for its sinks, clamped SwiGLU and expert biases"),
                "granite_swa": ("Granite SWA", "llama.cpp has no architecture with its sinks, per-layer windows and "
                                               "per-layer RoPE bases")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
@@ -839,6 +986,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         return arch
     if family.name in MOE_ARCHES.values():
         return _moe_arch(family, cfg)
+    if family.name == "gpt_oss":
+        _check_gpt_oss(cfg)
+        return "gpt-oss"
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
@@ -916,8 +1066,8 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_vocab_size(cfg.vocab_size)
     file_type = {torch.float32: gguf.LlamaFileType.ALL_F32, torch.float16: gguf.LlamaFileType.MOSTLY_F16,
                  torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16,
-                 **{q: getattr(gguf.LlamaFileType, f"MOSTLY_{q.upper()}") for q in GGUF_QUANTS}}[dtype]
-    writer.add_file_type(file_type)
+                 **{q: getattr(gguf.LlamaFileType, f"MOSTLY_{q.upper()}") for q in GGUF_QUANTS}}.get(dtype)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if dtype == MXFP4 else file_type)
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
         return
@@ -968,6 +1118,16 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     writer.add_head_count_kv(cfg.kv_heads)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
+    if arch == "gpt-oss":  # the keys llama.cpp's converter writes for GptOssModel (its TextModel's, and two more)
+        writer.add_expert_count(cfg.moe_experts)
+        writer.add_expert_used_count(cfg.moe_top_k)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_expert_feed_forward_length(cfg.hidden_dim)
+        if cfg.rope_scaling == "yarn":
+            _yarn_metadata(writer, gguf, cfg)
+        return
     if arch == "phi3":  # the keys llama.cpp's converter writes for Phi-3; the factors go in as tensors (write_gguf)
         writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
         if cfg.sliding_window:
@@ -1012,16 +1172,22 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     elif cfg.rope_scaling == "llama3":  # llama.cpp reads the rope_freqs tensor (write_gguf); redline these too
         writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
                                            float(cfg.rope_original_context)])
-    elif cfg.rope_scaling == "yarn":  # the keys llama.cpp's converter writes for a Hugging Face YaRN config
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(cfg.rope_factor)
-        writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
-        writer.add_rope_scaling_yarn_beta_fast(cfg.rope_beta_fast)
-        writer.add_rope_scaling_yarn_beta_slow(cfg.rope_beta_slow)
-        if cfg.rope_attention_factor:
-            writer.add_rope_scaling_yarn_attn_factor(cfg.rope_attention_factor)
-        writer.add_array(YARN_ROPE_KEY, [cfg.rope_factor, float(cfg.rope_original_context), cfg.rope_beta_fast,
-                                         cfg.rope_beta_slow, rope_attention_factor(cfg), float(cfg.rope_truncate)])
+    elif cfg.rope_scaling == "yarn":
+        _yarn_metadata(writer, gguf, cfg)
+
+
+def _yarn_metadata(writer, gguf, cfg: ModelConfig) -> None:
+    """The keys llama.cpp's converter writes for a Hugging Face YaRN config, and redline's exact parameters
+    (YARN_ROPE_KEY: llama.cpp has no key for the attention factor's derivation or for truncate)."""
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(cfg.rope_factor)
+    writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
+    writer.add_rope_scaling_yarn_beta_fast(cfg.rope_beta_fast)
+    writer.add_rope_scaling_yarn_beta_slow(cfg.rope_beta_slow)
+    if cfg.rope_attention_factor:
+        writer.add_rope_scaling_yarn_attn_factor(cfg.rope_attention_factor)
+    writer.add_array(YARN_ROPE_KEY, [cfg.rope_factor, float(cfg.rope_original_context), cfg.rope_beta_fast,
+                                     cfg.rope_beta_slow, rope_attention_factor(cfg), float(cfg.rope_truncate)])
 
 
 def _gemma3_metadata(writer, cfg: ModelConfig) -> None:
@@ -1060,23 +1226,57 @@ def _vocab_metadata(writer, tokenizer, vocab_size: int) -> None:
 
 def _tensor_type(gguf, name: str, w: torch.Tensor, dtype: torch.dtype | str, head: bool = False):
     """The GGML type a tensor is stored as for the file's dtype, by the rules llama.cpp's converter and quantizer
-    follow: 1-D tensors (norms, biases) and learned positions in F32; for a block type (GGUF_QUANTS) every other
-    matrix in blocks of 32 along its rows, or F16 where its rows are not whole blocks. head: the matrix the logits
-    come from (output.weight, or token_embd.weight in a file without one), which llama-quantize keeps at a higher
-    precision than a 4- or 5-bit type (its Q6_K, which the gguf package cannot write): Q8_0 here."""
-    if w.dim() < 2 or name.startswith("position_embd") or dtype == torch.float32:
+    follow: 1-D tensors (norms), biases (GPT-OSS's experts' are (E, F)), a mixture's router (ffn_gate_inp) and learned
+    positions in F32; for a block type (GGUF_QUANTS) every other matrix in blocks of 32 along its rows, or F16 where
+    its rows are not whole blocks. head: the matrix the logits come from (output.weight, or token_embd.weight in a
+    file without one), which llama-quantize keeps at a higher precision than a 4- or 5-bit type (its Q6_K, which the
+    gguf package cannot write): Q8_0 here. MXFP4: the experts' matrices in MXFP4 blocks (BF16 where their rows are not
+    whole blocks), every other matrix in BF16."""
+    if (w.dim() < 2 or name.startswith("position_embd") or name.endswith(".bias")
+            or name.split(".")[-2] == "ffn_gate_inp" or dtype == torch.float32):
         return gguf.GGMLQuantizationType.F32
+    if dtype == MXFP4:
+        mxfp4 = gguf.GGMLQuantizationType.MXFP4
+        experts = name.split(".")[-2] in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
+        whole = w.shape[-1] % gguf.GGML_QUANT_SIZES[mxfp4][0] == 0
+        return mxfp4 if experts and whole else gguf.GGMLQuantizationType.BF16
     if dtype in GGUF_QUANTS:
         qtype = gguf.GGMLQuantizationType[("q8_0" if head else dtype).upper()]
         return qtype if w.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else gguf.GGMLQuantizationType.F16
     return {torch.float16: gguf.GGMLQuantizationType.F16, torch.bfloat16: gguf.GGMLQuantizationType.BF16}[dtype]
 
 
+def require_mxfp4(gguf) -> None:
+    """A UserError where this gguf package cannot write llama.cpp's MXFP4 blocks (its quants.MXFP4 class quantizes
+    in Python; older packages have no MXFP4 type)."""
+    try:
+        gguf.quants.quantize(np.zeros((1, 32), dtype=np.float32), gguf.GGMLQuantizationType.MXFP4)
+    except (AttributeError, NotImplementedError, gguf.quants.QuantError) as e:
+        raise UserError(f"this gguf package ({type(e).__name__}: {e}) cannot write MXFP4 blocks; upgrade it (pip "
+                        f"install -U gguf) or give --dtype bf16, fp16, fp32 or q8_0") from None
+
+
+def _quantize(gguf, values: np.ndarray, qtype) -> np.ndarray:
+    """gguf.quants.quantize over the rows of `values` a slice at a time: its MXFP4 compares every weight with all 16
+    codes at once (16 floats a weight), too much memory for a whole layer of experts."""
+    rows = values.reshape(-1, values.shape[-1])
+    step = max(1, (1 << 20) // rows.shape[1])
+    parts = [gguf.quants.quantize(rows[i:i + step], qtype) for i in range(0, rows.shape[0], step)]
+    return np.concatenate(parts).reshape(*values.shape[:-1], -1)
+
+
 def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Family, dtype: torch.dtype | str) -> Path:
-    """One GGUF file of redline weights `state` (fp32 state dict): matrices in dtype (a torch dtype, or one of
-    GGUF_QUANTS: llama.cpp's blocks of 32 weights and a scale), 1-D tensors in fp32 (_tensor_type)."""
+    """One GGUF file of redline weights `state` (fp32 state dict): matrices in dtype (a torch dtype, one of
+    GGUF_QUANTS: llama.cpp's blocks of 32 weights and a scale, or MXFP4 for a GPT-OSS model's experts), 1-D tensors
+    and biases in fp32 (_tensor_type)."""
     gguf = require_gguf()
     arch = _arch(family, cfg)
+    if dtype == MXFP4 and arch != "gpt-oss":
+        raise UserError(f"--dtype mxfp4 writes a GPT-OSS model's experts in llama.cpp's MXFP4, as its converter "
+                        f"writes the released checkpoints; this model is written as llama.cpp's {arch}: give fp32, "
+                        f"fp16, bf16 or one of {', '.join(GGUF_QUANTS)}")
+    if dtype == MXFP4:
+        require_mxfp4(gguf)
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} already exists; give a new path for --out (or remove that one)")
@@ -1091,7 +1291,9 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
         _metadata(writer, gguf, arch, cfg, dtype)
         _vocab_metadata(writer, tokenizer, cfg.vocab_size)
         tensors = family.to_hf(state, cfg)
-        if cfg.moe_experts:
+        if arch == "gpt-oss":
+            tensors = _gpt_oss_file_experts(tensors, state, cfg)
+        elif cfg.moe_experts:
             tensors = stack_experts(tensors, state, cfg, arch)
         names = {hf_name: _gguf_name(hf_name, arch) for hf_name in tensors}
         untied = "output.weight" in names.values()
@@ -1117,7 +1319,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             if qtype == gguf.GGMLQuantizationType.F32:
                 writer.add_tensor(name, values)
             else:
-                writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+                writer.add_tensor(name, _quantize(gguf, values, qtype), raw_dtype=qtype)
         if cfg.rope_scaling == "llama3":
             writer.add_tensor(ROPE_FREQS, llama3_rope_freqs(cfg).numpy().astype(np.float32))
         if arch == "phi3" and cfg.rope_scaling == "longrope":

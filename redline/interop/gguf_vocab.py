@@ -2,7 +2,8 @@
 
 GGUF (llama.cpp's format) keeps the vocabulary as arrays under `tokenizer.ggml.*`, in one of two shapes:
 - "gpt2": byte-level BPE. `tokens` spelled in GPT-2's byte alphabet, `merges` as "a b" strings, and `pre` naming
-  the regex that splits text before the merges (GPT-2's, Llama 3's, Qwen2's, SmolLM's digits-apart, ...);
+  the regex that splits text before the merges (GPT-2's, Llama 3's, Qwen2's, GPT-4o's o200k (GPT-OSS's), SmolLM's
+  digits-apart, ...);
 - "llama": SentencePiece-style BPE. `tokens` with "▁" for spaces and <0xNN> byte tokens (byte fallback), and
   `scores`: no merges; llama.cpp merges the adjacent pair whose concatenation scores highest, so the merges are
   recovered from the scores the same way.
@@ -28,7 +29,14 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+# OpenAI's o200k pattern (GPT-4o's, and GPT-OSS's o200k_harmony tokenizer): llama.cpp's "gpt-4o", which its converter
+# writes for GPT-OSS (its get_vocab_base_pre hash of that tokenizer)
+_O200K_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _O200K_SPLIT}
 GPT2_PRES = ("gpt-2", "default")  # GPT-2's own regex (the ByteLevel pre-tokenizer's)
 DIGITS_PRES = ("smollm", "starcoder")  # every digit apart, then GPT-2's regex
 
@@ -136,7 +144,7 @@ def _pre_name(pre_tokenizer: dict | None) -> str:
         return "smollm"
     if kinds == ["Split", "ByteLevel"]:
         pattern = (parts[0].get("pattern") or {}).get("Regex")
-        for name, split in (("llama-bpe", _LLAMA3_SPLIT), ("qwen2", _QWEN2_SPLIT)):
+        for name, split in (("llama-bpe", _LLAMA3_SPLIT), ("qwen2", _QWEN2_SPLIT), ("gpt-4o", _O200K_SPLIT)):
             if pattern == split:
                 return name
     return "default"
