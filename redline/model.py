@@ -5,13 +5,15 @@ Features (each a field of `ModelConfig`):
   (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
   fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
-  per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); optional
+  per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); a sigmoid gate on each head's output
+  (`attn_gate`, LFM3's); optional
   sliding-window attention, on every layer or interleaved with full-attention
   layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`); documents packed into one row attend only within themselves
   (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
-- positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's or linear frequency scaling; the sliding-window layers
+- positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's, LongRoPE's, linear or proportional (part of each
+  head's pairs turning) frequency scaling; the sliding-window layers
   with a base of their own, `rope_local_theta`, as Gemma 3's; one layer in N without it, `nope_interval`, as
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
   or none;
@@ -97,6 +99,9 @@ class ModelConfig:
     (GPT-OSS's sinks). Computed as the plain attention's output times sigmoid(lse − sink), lse the logsumexp of the
     query's scaled, masked scores. As attn_softcap, no SDPA kernel takes it: flex attention (which returns the lse)
     where doc_attention picks flex, else plain PyTorch products."""
+    attn_gate: Literal["none", "head"] = "none"
+    """Gate each query head's attention output before the output projection: "head", by sigmoid(g · x) of the
+    attention's input x, one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "none"."""
     pos_emb: Literal["rope", "learned", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
@@ -104,11 +109,13 @@ class ModelConfig:
     rope_local_theta: float = 0.0
     """The RoPE base of the sliding-window layers, without rope_scaling (Gemma 3's rope_local_base_freq, 10000, where
     its full layers take rope_theta with the scaling); 0 = the same RoPE as the full layers."""
-    rope_scaling: Literal["none", "linear", "llama3", "yarn", "longrope"] = "none"
+    rope_scaling: Literal["none", "linear", "llama3", "yarn", "longrope", "proportional"] = "none"
     """RoPE frequency scaling for contexts beyond the trained one: linear divides every frequency by rope_factor;
     llama3 divides the low frequencies only and blends the middle band (Llama 3.1's rule); yarn does the same with
     its band set by rotation counts and scales the cos/sin tables by rope_attention_factor (YaRN); longrope divides
-    each pair's frequency by its own factor (rope_pair_factors) and scales the tables (Phi-3's LongRoPE)."""
+    each pair's frequency by its own factor (rope_pair_factors) and scales the tables (Phi-3's LongRoPE);
+    proportional turns only the first rope_proportion of the pairs, divided by rope_factor, and leaves the others
+    still (frequency 0; transformers' "proportional" RoPE, LFM3's full layers')."""
     rope_factor: float = 1.0
     """linear, llama3 and yarn scaling: the factor frequencies are divided by; longrope: the extended context over
     rope_original_context (Phi-3's max_position_embeddings / original_max_position_embeddings), which sets the
@@ -134,6 +141,10 @@ class ModelConfig:
     rope_long_pair_factors: tuple[float, ...] = ()
     """longrope scaling: the factors for a context_len past rope_original_context (Phi-3's long_factor), up to
     rope_factor times it."""
+    rope_proportion: float = 1.0
+    """proportional scaling: the share of each head's dimension pairs (first half, second half, spanning the whole
+    head) that turn, at their unscaled frequencies base^(-2i / head_dim) over rope_factor; the rest keep frequency 0.
+    Unlike rope_dims, which rotates the first rope_dims dimensions as pairs among themselves."""
     rope_truncate: bool = True
     """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
     rope_dims: int = 0
@@ -400,6 +411,9 @@ class ModelConfig:
                                 f"{self.rope_original_context}")
         elif self.rope_pair_factors or self.rope_long_pair_factors:
             raise UserError("model.rope_pair_factors are LongRoPE's: set model.rope_scaling=longrope with them")
+        if not 0 < self.rope_proportion <= 1 or (self.rope_proportion != 1 and self.rope_scaling != "proportional"):
+            raise UserError(f"model.rope_proportion={self.rope_proportion} must be in (0, 1], and below 1 only with "
+                            f"model.rope_scaling=proportional")
         if min(self.embed_multiplier, self.residual_multiplier, self.logit_divisor) < 0:
             raise UserError(f"model.embed_multiplier, residual_multiplier and logit_divisor must be >= 0 (0 = 1), got "
                             f"{self.embed_multiplier}, {self.residual_multiplier} and {self.logit_divisor}")
@@ -550,6 +564,9 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         low, high = max(low, 0), min(high, D - 1)
         ramp = ((torch.arange(D // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
         return inv_freq / cfg.rope_factor * ramp + inv_freq * (1 - ramp)
+    if cfg.rope_scaling == "proportional":  # the first int(proportion · D / 2) pairs turn, the others stay still
+        turning = int(cfg.rope_proportion * D // 2)
+        return torch.cat([inv_freq[:turning], torch.zeros(D // 2 - turning)]) / cfg.rope_factor
     if cfg.rope_scaling == "longrope":  # Ding et al. 2024, "LongRoPE"; the rule of transformers' Phi-3
         long = cfg.context_len > cfg.rope_original_context  # every position then takes the long factors
         return inv_freq / torch.tensor(cfg.rope_long_pair_factors if long else cfg.rope_pair_factors,
@@ -669,6 +686,8 @@ class Attention(nn.Module):
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
         # attn_sinks: one logit a query head, (H,), zeros at init (reset_parameters)
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if cfg.attn_sinks else None
+        # attn_gate=head: (H, C), each head's output times sigmoid of its row · x
+        self.gate = nn.Linear(cfg.n_embd, self.n_head, bias=False) if cfg.attn_gate == "head" else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
         bias = cfg.has_qkv_bias
         if cfg.fused_qkv:
@@ -757,10 +776,17 @@ class Attention(nn.Module):
         project_qkv / attend.
         ve: this layer's value embedding (B, T, KV*D) or None."""
         if cache is not None:
-            return self.proj(cache.attend(self, x, rope, ve))
+            return self.proj(self.gated(x, cache.attend(self, x, rope, ve)))
         q, k, v = self.project_qkv(x, rope, ve)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
-        return self.proj(y)
+        return self.proj(self.gated(x, y))
+
+    def gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y (B, T, H*D), the heads' outputs, each times sigmoid(gate(x)) (B, T, H) where attn_gate=head."""
+        if self.gate is None:
+            return y
+        B, T, _ = y.shape
+        return (y.view(B, T, self.n_head, self.head_dim) * torch.sigmoid(self.gate(x)).unsqueeze(-1)).view(B, T, -1)
 
 
 class ShortConv(nn.Module):

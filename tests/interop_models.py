@@ -125,6 +125,14 @@ FAMILIES = {
              dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
                   layer_types=["conv", "full_attention", "conv"], block_multiple_of=32, norm_eps=1e-5,
                   tie_word_embeddings=True, pad_token_id=None)),
+    # LFM3: convolutions on layers 0, 1 and 3, full attention on 2 (proportional RoPE: 4 of 8 pairs turning, over a
+    # factor), a window on 4 (its own unscaled RoPE), sigmoid gates on the heads, norms on the sublayers' outputs
+    "lfm3": ("Lfm3Config", "Lfm3ForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=5, head_dim=16, sliding_window=5,
+                  conv_L_cache=3, tie_word_embeddings=False, pad_token_id=None,
+                  rope_parameters={"full_attention": {"rope_type": "proportional", "rope_theta": 100.0,
+                                                      "partial_rotary_factor": 0.5, "factor": 2.0},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
     # LFM2-MoE: LFM2's layers, the first dense (48 wide), the others top 2 of 4 sigmoid-scored experts chosen with a
     # bias (perturbed like every tensor), rescaled, times 1.5
     "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM",

@@ -79,6 +79,11 @@ ARCHITECTURES = {
     "granite-swa-style": {"n_layer": 3, "n_kv_head": 2, "attn_sinks": True, "sliding_window": 6,
                           "window_layers": (1, 2), "rope_layer_theta": (0.0, 500.0, 10000.0), "attn_scale": 0.2,
                           "residual_multiplier": 0.5},
+    # LFM3's: a short convolution, a full layer with proportional RoPE, a windowed one with its own base, sigmoid
+    # gates on the heads, norms on the sublayers' outputs
+    "lfm3-style": {"n_layer": 3, "conv_layers": (0,), "qk_norm": True, "n_kv_head": 2, "attn_gate": "head",
+                   "norm_position": "sandwich", "sliding_window": 6, "window_layers": (2,), "rope_local_theta": 500.0,
+                   "rope_scaling": "proportional", "rope_proportion": 0.5, "rope_factor": 2.0},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -833,13 +838,13 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.parametrize("arch, impl", [(arch, impl) for arch in ("olmo2-style", "gemma3-style", "neox-style",
                                                                    "phi-style", "opt-style", "smollm3-style",
                                                                    "granite-style", "phi4-style", "exaone4-style",
-                                                                   "hunyuan-style")
+                                                                   "hunyuan-style", "lfm3-style")
                                         for impl in ("matmul", "triton")] + [("gemma2-style", "matmul"),
                                                                              ("gpt-oss-style", "matmul"),
                                                                              ("granite-swa-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
-    LongRoPE), EXAONE 4.0's and Hunyuan's (QK-norm after RoPE) blocks, which the fused decode block refuses, with
+    LongRoPE), EXAONE 4.0's, Hunyuan's (QK-norm after RoPE) and LFM3's (gated heads, two RoPE tables) blocks, which the fused decode block refuses, with
     either decode attention, and Gemma 2's capped scores and GPT-OSS's and Granite SWA's sinks (the latter with its
     windowed layers after a full one and a RoPE base per layer) with the matmul one (the kernel refuses both): compiled
     and captured, greedy equal to the full forward at batch 4 and 1 and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm

@@ -97,11 +97,12 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     assert json.loads((tmp_path / "exported" / "generation_config.json").read_text())["eos_token_id"] == [1, 2]
 
 
-def test_granite_swa_is_not_written_as_gguf(tmp_path, capsys):
-    _, _, _, ckpt = imported("granite_swa", tmp_path, capsys)
+@pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3")])
+def test_not_written_as_gguf(kind, name, tmp_path, capsys):
+    _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
     code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
-    assert code == 2 and "Granite SWA models are not written as GGUF" in err and not out.exists(), err
+    assert code == 2 and f"{name} models are not written as GGUF" in err and not out.exists(), err
 
 
 def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
@@ -208,6 +209,12 @@ REDLINE_EXPORTS = {
     "GraniteSWAForCausalLM-bases": dict(attn_sinks=True, bias=True, sliding_window=3, window_layers=(0,),
                                         rope_layer_theta=(100.0, 0.0), rope_scaling="yarn", rope_factor=2.0,
                                         rope_original_context=16),
+    # LFM3: a convolution then a windowed attention layer with its own RoPE base, gated heads, output norms; and one
+    # of two full layers with proportional RoPE, neither gates nor output norms
+    "Lfm3ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, attn_gate="head", norm_position="sandwich",
+                            sliding_window=5, rope_local_theta=500.0),
+    "Lfm3ForCausalLM-proportional": dict(qk_norm=True, n_kv_head=2, head_size=32, rope_scaling="proportional",
+                                         rope_proportion=0.5, rope_factor=2.0, rope_theta=100.0),
     "GptOssForCausalLM-no-biases": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped",
                                         mlp_hidden=32, fused_qkv=False),
 }
@@ -296,6 +303,9 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(attn_sinks=True, sliding_window=4, rope_local_theta=5.0, rope_scaling="linear", rope_factor=2.0),
      "scales every layer's RoPE alike"),
     (dict(rope_layer_theta=(5.0,)), "only Granite SWA has a RoPE base per layer"),
+    (dict(attn_gate="head"), "normalizes q and k per head before RoPE"),
+    (dict(attn_gate="head", qk_norm=True, attn_sinks=True), "has no sinks, scales, caps"),
+    (dict(rope_scaling="proportional", rope_proportion=0.5, qk_norm=True, bias=True), "LFM3, the architecture"),
     (dict(sliding_window=4, window_layers=(0,)), "only Granite SWA and GPT-OSS take windowed layers in any order"),
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", qk_norm=True), "QK-norm, a score scale or cap"),
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", moe_norm_topk=False), "softmaxes its top k"),
@@ -392,7 +402,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, "
-                         "gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, "
+                         "gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, "
                          "llama, ministral3, mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
                          "qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2, vaultgemma")
 

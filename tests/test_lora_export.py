@@ -50,6 +50,9 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               logit_divisor=4.0, n_kv_head=2, tie_embeddings=True),
     # LFM2: a short convolution (in_proj, out_proj) on layer 0, attention (out_proj) on 1, feed_forward.w1/w3/w2
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
+    # LFM3: LFM2's convolution, then a windowed attention layer with Qwen3's names (o_proj), gated heads, output norms
+    "Lfm3ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, attn_gate="head", norm_position="sandwich",
+                            sliding_window=4),
     # the original OLMo: Llama's names, LayerNorms without weights
     "OlmoForCausalLM": dict(norm="layernorm", norm_affine=False, n_kv_head=2),
     # nanochat: q and k rows (B's rows) with each head's second half negated, mlp.fc1 / fc2, weightless norms

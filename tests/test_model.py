@@ -272,6 +272,34 @@ def test_any_windowed_layers_and_a_rope_base_per_layer():
             small(n_layer=4, **bad).validate()
 
 
+def test_head_gate_and_proportional_rope():
+    """attn_gate=head: each head's output times sigmoid(gate · x) before the output projection (a gate of +inf is
+    the ungated model); rope_scaling=proportional: the first rope_proportion of the pairs turn at base^(-2i/D) over
+    rope_factor, the rest stay still."""
+    from redline.model import rope_frequencies
+
+    cfg = small(attn_gate="head", n_kv_head=2)
+    gated = GPT(cfg).eval()
+    plain = GPT(replace(cfg, attn_gate="none")).eval()
+    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if ".attn.gate." not in k})
+    idx = torch.randint(0, 101, (2, 7))
+    with torch.no_grad():
+        assert not torch.allclose(gated(idx), plain(idx), atol=1e-3)
+        for block in gated.blocks:
+            block.attn.gate.weight.zero_()
+            block.attn.gate.weight[:, 0] = 1e4  # x's first feature times 1e4: sigmoid 0 or 1 by its sign
+        x = gated.blocks[0].norm1(gated.wte(idx))
+        y = torch.randn(2, 7, 32)
+        expected = y.view(2, 7, 4, 8) * (x[..., :1] > 0).float().unsqueeze(-1)
+        torch.testing.assert_close(gated.blocks[0].attn.gated(x, y), expected.view(2, 7, 32))
+    freqs = rope_frequencies(small(head_size=16, rope_theta=100.0, rope_scaling="proportional", rope_proportion=0.5,
+                                   rope_factor=2.0))
+    expected = torch.tensor([100.0 ** (-i / 16) / 2 for i in (0, 2, 4, 6)] + [0.0] * 4)
+    torch.testing.assert_close(freqs, expected)
+    with pytest.raises(UserError, match="rope_proportion"):
+        small(rope_proportion=0.5).validate()
+
+
 def test_gemma_norm_and_embedding_scale():
     """norm_unit_offset: RMSNorm by 1 + weight in fp32, weights starting at zero; embed_scale: sqrt(C) rounded to the
     embedding's dtype."""

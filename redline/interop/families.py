@@ -6,7 +6,8 @@ sliding windows and head width; olmo2.py serves OLMo 1, 2 and 3 and gemma3.py Ge
 their norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
 gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
 of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS (sinks, biased and clamped
-experts); lfm2.py LFM2 (attention and short convolutions); granite.py Granite, Granite 4.0's dense models,
+experts); lfm2.py LFM2 (attention and short convolutions) and LFM3 (with windowed layers, gated heads and output
+norms); granite.py Granite, Granite 4.0's dense models,
 GraniteMoE and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
@@ -200,7 +201,8 @@ def _families() -> dict[str, Family]:
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
                                 lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
-                                llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY)}
+                                llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
+                                lfm2.LFM3_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -230,10 +232,16 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; a dense model with attention sinks as Granite SWA; one with short-convolution layers as LFM2; one with norms
+    SwiGLU experts; a dense model with attention sinks as Granite SWA; one with a gate on its heads, proportional
+    RoPE, or short convolutions with output norms or windowed layers as LFM3; one with short-convolution layers as LFM2; one with norms
     without weights as OLMo (LayerNorm) or nanochat (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
+    from redline.interop import lfm2
+
+    if lfm2.wants_lfm3(cfg):  # first: no other architecture has a head gate or proportional RoPE
+        lfm2.check_lfm3_exportable(cfg)
+        return families["lfm3"]
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
@@ -266,8 +274,6 @@ def export_family(cfg: ModelConfig) -> Family:
         gpt_oss.check_exportable(cfg)
         return families["gpt_oss"]
     if cfg.conv_layers:  # short convolutions: LFM2
-        from redline.interop import lfm2
-
         lfm2.check_exportable(cfg)
         return families["lfm2_moe" if cfg.moe_experts else "lfm2"]
     if cfg.moe_experts:  # Mixtral, Qwen2/3-MoE, OLMoE

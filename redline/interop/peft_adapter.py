@@ -81,13 +81,15 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
-    if family.name == "lfm2":  # its own names (lfm2.py): out_proj, feed_forward.w1/w3/w2, a conv layer's in_proj
+    if family.name in ("lfm2", "lfm3"):  # their own names (lfm2.py): feed_forward.w1/w3/w2, a conv layer's in_proj
+        # and out_proj, the attention's out_proj (LFM2) or o_proj and g_proj, the head gate's module (LFM3)
         conv = int(i) in cfg.conv_layers
         if rest == "mlp.fc":
             half = out_features // 2
             return [(base + "feed_forward.w1", slice(0, half)), (base + "feed_forward.w3", slice(half, out_features))]
-        names = {"mlp.proj": "feed_forward.w2", "attn.proj": "conv.out_proj" if conv else "self_attn.out_proj",
-                 "attn.in_proj": "conv.in_proj"}
+        out_proj = "self_attn.out_proj" if family.name == "lfm2" else "self_attn.o_proj"
+        names = {"mlp.proj": "feed_forward.w2", "attn.proj": "conv.out_proj" if conv else out_proj,
+                 "attn.in_proj": "conv.in_proj", "attn.gate": "self_attn.g_proj"}
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]

@@ -68,6 +68,7 @@ FIELDS_ACCOUNTED = {
     "attn_scale": "the scores' scale to the attention kernel",
     "attn_softcap": "the plan keeps it off the attention kernel, and so off this path",
     "attn_sinks": "the plan keeps it off the attention kernel, and so off this path",
+    "attn_gate": "refused: the heads' outputs go into the output projection's kernel ungated",
     "rope_local_theta": "refused: the attention kernel rotates the raw qkv output with one table",
     "nope_interval": "refused: the attention kernel rotates the raw qkv output of every layer",
     "rope_layer_theta": "refused: the attention kernel rotates the raw qkv output of every layer with one table",
@@ -84,7 +85,7 @@ FIELDS_ACCOUNTED = {
     "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
     "rope_high_freq_factor": "inputs", "rope_original_context": "inputs", "rope_beta_fast": "inputs",
     "rope_beta_slow": "inputs", "rope_attention_factor": "inputs", "rope_truncate": "inputs",
-    "rope_pair_factors": "inputs", "rope_long_pair_factors": "inputs",
+    "rope_pair_factors": "inputs", "rope_long_pair_factors": "inputs", "rope_proportion": "inputs",
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
@@ -107,6 +108,8 @@ def unsupported(cfg) -> str | None:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):
         return "decode_linear triton scales a norm by its weight, not 1 + weight (model.norm_unit_offset)"
+    if getattr(cfg, "attn_gate", "none") != "none":
+        return "decode_linear triton hands the heads' outputs to the output projection ungated (model.attn_gate)"
     if getattr(cfg, "residual_multiplier", 0):
         return ("decode_linear triton adds the sublayers' outputs to the residual stream unscaled "
                 "(model.residual_multiplier)")
