@@ -315,7 +315,9 @@ def lfm3_hf_config(cfg: ModelConfig) -> dict:
 
     full = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling == "proportional":
-        full.update(rope_type="proportional", factor=cfg.rope_factor, partial_rotary_factor=cfg.rope_proportion)
+        full.update(rope_type="proportional", partial_rotary_factor=cfg.rope_proportion)
+        if cfg.rope_factor != 1.0:  # transformers' checks list no factor for this kind, though it divides by one
+            full["factor"] = cfg.rope_factor
     elif cfg.rope_scaling != "none":
         full.update(llama_scaling(cfg, "lfm3"))
     local = {"rope_type": "default", "rope_theta": cfg.rope_local_theta} if cfg.rope_local_theta else dict(full)

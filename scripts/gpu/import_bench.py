@@ -32,6 +32,9 @@ Models:
             logits capped at 15, vocab 65536, untied).
   olmo1b    OLMo-1B-0724's (16 layers, width 2048, 16 heads, SwiGLU 8192, LayerNorms without weights, vocab 50304,
             tied).
+  lfm3      LFM3-1.7B's (24 layers, width 2048, 16 heads of 128, 4 kv heads, 18 short convolutions, 3 full layers
+            with proportional RoPE, 3 with a 256-token window, gated heads, output norms, SwiGLU 7680, vocab 128000,
+            tied).
 Where transformers cannot make a model's cache static, its own cache is timed instead and the row says so
 (hf_cache).
 
@@ -106,6 +109,12 @@ NANOCHAT_D20 = dict(vocab_size=65536, hidden_size=1280, intermediate_size=5120, 
 OLMO_1B = dict(vocab_size=50304, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
                num_key_value_heads=16, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True,
                bos_token_id=None, eos_token_id=50279, pad_token_id=None)
+# LFM3-1.7B's shape: 24 layers, width 2048, 16 heads of 128 and 4 kv heads, Lfm3Config's default layer order
+# (convolutions, full attention on i % 4 == 2 with proportional RoPE, a 256-token window on i % 4 == 0 past 0),
+# gated heads, output norms, SwiGLU 7680, vocab 128000, tied
+LFM3_17B = dict(vocab_size=128000, hidden_size=2048, intermediate_size=7680, num_hidden_layers=24,
+                num_attention_heads=16, num_key_value_heads=4, head_dim=128, max_position_embeddings=128000,
+                norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=None, eos_token_id=0, pad_token_id=None)
 # name: (transformers config class, model class, shape)
 RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
@@ -117,7 +126,8 @@ RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "moe1b": ("MixtralConfig", "MixtralForCausalLM", MOE_1B),
                  "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2_350M),
                  "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", NANOCHAT_D20),
-                 "olmo1b": ("OlmoConfig", "OlmoForCausalLM", OLMO_1B)}
+                 "olmo1b": ("OlmoConfig", "OlmoForCausalLM", OLMO_1B),
+                 "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", LFM3_17B)}
 
 
 def redline(*args: str) -> str:
