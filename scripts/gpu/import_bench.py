@@ -247,6 +247,9 @@ def main() -> int:
         ours = bench_infer(imported, args.batches, args.prompt, args.new, args.kernel_tuning)
         native = bench_infer(same_shape_checkpoint(imported, work / f"{name}-same-shape"), args.batches, args.prompt,
                              args.new, args.kernel_tuning)
+        for batch in args.batches:  # redline's side first: a transformers run past a time limit leaves these
+            print(f"{name:8s} batch {batch:3d}: redline {ours[batch]:10,.0f} tok/s | same-shape {native[batch]:10,.0f} "
+                  f"| {ours[batch] / native[batch]:.3f} of same-shape", flush=True)
         hf_cache = "static"
         try:
             hf = hf_generate_speed(exported, args.batches, args.prompt, args.new)
