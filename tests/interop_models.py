@@ -223,6 +223,13 @@ FAMILIES = {
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM",
                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, use_bias=True,
                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # EXAONE 3.5: Llama's block with GPT-2-style names in the files (transformer.h.N.attn.attention...), tied, a Llama 3
+    # RoPE (its 2.4B's), head_dim 32 != 64 / 4
+    "exaone": ("ExaoneConfig", "LlamaForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                    pad_token_id=None, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0,
+                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 16})),
     # Granite 3.x: Llama's block with its four scalars (embeddings, residual adds, the scores' scale, the logits)
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,
@@ -290,6 +297,12 @@ GGUF_FAMILIES = {
     # sequences and the full layer's own base
     # GPT-NeoX as Pythia is, at the RoPE base llama.cpp's converter leaves implicit (10000)
     "gpt_neox-pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(num_attention_heads=4)),
+    # EXAONE 3.5 with heads hidden / heads wide (llama.cpp's converter rotates that many dimensions), Llama 3 RoPE
+    "exaone-gguf": ("ExaoneConfig", "LlamaForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=None,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 16})),
     # Granite untied, with biases on every Linear layer (transformers' loader has no granite)
     "granite-gguf": ("GraniteConfig", "GraniteForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True,

@@ -401,7 +401,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports cohere, cohere2, ernie4_5, exaone4, gemma, gemma2, gemma3_text, gpt2, "
+                         "redline imports cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, gemma3_text, gpt2, "
                          "gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, "
                          "llama, ministral3, mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
                          "qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2, vaultgemma")
@@ -674,6 +674,25 @@ def test_import_exaone4_reads_its_layer_kinds_and_refuses_what_it_cannot_run():
                             ({"layer_types": ["sliding_attention"] * 8}, "sliding_window is not set")]:
         with pytest.raises(UserError, match=fragment):
             model_config({**base, **extra})
+
+
+def test_import_exaone_reads_the_hubs_config():
+    """EXAONE-3.5-2.4B-Instruct's config.json as the Hub has it (its own names for depth, eps and activation; Llama 3
+    RoPE; head_dim 80 apart from 2560 / 32), and ExaoneConfig's base where a config gives none."""
+    from redline.interop.exaone import model_config
+
+    hub = {"model_type": "exaone", "architectures": ["ExaoneForCausalLM"], "vocab_size": 102400, "hidden_size": 2560,
+           "intermediate_size": 7168, "num_layers": 30, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "head_dim": 80, "activation_function": "silu", "layer_norm_epsilon": 1e-05,
+           "max_position_embeddings": 32768, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+           "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                            "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    cfg = model_config(hub)
+    assert (cfg.n_layer, cfg.head_dim, cfg.kv_heads, cfg.norm_eps, cfg.rope_scaling, cfg.rope_factor,
+            cfg.rope_original_context, cfg.tie_embeddings) == (30, 80, 8, 1e-5, "llama3", 8.0, 8192, True)
+    assert model_config({k: v for k, v in hub.items() if k not in ("rope_theta", "rope_scaling")}).rope_theta == 5e5
+    with pytest.raises(UserError, match="gelu"):
+        model_config({**hub, "activation_function": "gelu"})
 
 
 def test_import_granite_reads_the_hubs_config():

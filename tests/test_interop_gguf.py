@@ -192,11 +192,12 @@ def _llama_cpp_header(path, arch: str, cfg):
     return w
 
 
-def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None):
+def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None, arch: str = "llama"):
     """A llama-arch GGUF of a transformers Llama as llama.cpp's converter writes one: q/k permuted, 2-D tensors
-    quantized, a gpt2-type vocabulary without tokenizer.json."""
+    quantized, a gpt2-type vocabulary without tokenizer.json. arch="exaone": its ExaoneModel, which writes the
+    Llama layout's tensors unpermuted (llama.cpp rotates exaone's halves, NEOX)."""
     cfg = hf.config
-    w = _llama_cpp_header(path, "llama", cfg)
+    w = _llama_cpp_header(path, arch, cfg)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     _add_llama_cpp_vocab(w, path, cfg.vocab_size)
@@ -212,9 +213,9 @@ def write_llama_cpp_style(hf, path, quant="Q8_0", unsupported: str | None = None
             _, _, layer, rest = name.split(".", 3)
             names[name] = f"blk.{layer}.{parts[rest.rsplit('.', 1)[0]]}.weight"
         data = t.float().numpy()
-        if "q_proj" in name:
+        if "q_proj" in name and arch == "llama":
             data = _llama_cpp_permute(data, cfg.num_attention_heads)
-        elif "k_proj" in name:
+        elif "k_proj" in name and arch == "llama":
             data = _llama_cpp_permute(data, cfg.num_key_value_heads)
         if data.ndim == 2 and names[name] == unsupported:
             qtype = gguf.GGMLQuantizationType.Q8_1  # 32 values in 40 bytes; the gguf package cannot dequantize it
@@ -322,6 +323,18 @@ def test_import_llama_cpp_gguf_with_rope_freqs(tmp_path, capsys):
     code, _, err = run_cli(["import", str(bad), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "rope_freqs" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_import_llama_cpp_exaone_gguf(tmp_path, capsys):
+    """EXAONE 3.5 as llama.cpp's converter writes it (arch exaone: Llama's tensor names unpermuted, Llama 3 RoPE as
+    rope_freqs): imported with the logits of transformers' model (whose GGUF loader has no exaone)."""
+    hf = hf_model("exaone-gguf")
+    path = write_llama_cpp_style(hf, tmp_path / "model.gguf", "F32", arch="exaone")
+    model, _, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
+    assert (train_cfg.model.rope_scaling, train_cfg.model.rope_factor, train_cfg.model.tie_embeddings) == \
+        ("llama3", 4.0, True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "F16"])

@@ -193,8 +193,9 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (cohere, ernie, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, granite,
-                                 hunyuan, lfm2, llama, moe, nanochat, olmo2, opt, phi, phi3, stablelm, starcoder2)
+    from redline.interop import (cohere, ernie, exaone, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss,
+                                 granite, hunyuan, lfm2, llama, moe, nanochat, olmo2, opt, phi, phi3, stablelm,
+                                 starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -202,7 +203,7 @@ def _families() -> dict[str, Family]:
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
                                 lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
                                 llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
-                                lfm2.LFM3_FAMILY)}
+                                lfm2.LFM3_FAMILY, exaone.FAMILY)}
 
 
 def supported_names() -> list[str]:
