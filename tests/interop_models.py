@@ -230,6 +230,11 @@ FAMILIES = {
                     pad_token_id=None, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0,
                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                         "original_max_position_embeddings": 16})),
+    # Arcee (AFM-4.5B's layout): Llama's block with a plain ReLU² MLP (up, down), untied, YaRN
+    "arcee": ("ArceeConfig", "ArceeForCausalLM",
+              dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, pad_token_id=None,
+                   rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                    "original_max_position_embeddings": 32})),
     # Granite 3.x: Llama's block with its four scalars (embeddings, residual adds, the scores' scale, the logits)
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,

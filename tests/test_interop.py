@@ -215,6 +215,8 @@ REDLINE_EXPORTS = {
                             sliding_window=5, rope_local_theta=500.0),
     "Lfm3ForCausalLM-proportional": dict(qk_norm=True, n_kv_head=2, head_size=32, rope_scaling="proportional",
                                          rope_proportion=0.5, rope_factor=2.0, rope_theta=100.0),
+    # Arcee: a redline model with a ReLU² MLP and Llama's block, biases on every Linear layer
+    "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2, bias=True),
     "GptOssForCausalLM-no-biases": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped",
                                         mlp_hidden=32, fused_qkv=False),
 }
@@ -245,7 +247,7 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
 
 @pytest.mark.parametrize("overrides, fragment", [
     (dict(norm_position="post"), "post-norm"),
-    (dict(mlp="relu2"), "model.mlp=relu2"),
+    (dict(mlp="relu2", qk_norm=True), "model.mlp=relu2: Arcee, the one architecture with it and Llama's block"),
     (dict(pos_emb="learned", norm="layernorm", mlp="relu", n_kv_head=2), "OPT is multi-head"),
     (dict(pos_emb="learned"), "LayerNorm"),  # learned positions with RMSNorm
     (dict(logit_softcap=30.0), "logit_softcap"),
@@ -331,7 +333,7 @@ def test_export_cli_error_names_option_and_writes_nothing(tmp_path, capsys):
     from redline.training.checkpoint import save_checkpoint
 
     cfg = TrainConfig(model=ModelConfig(vocab_size=257, context_len=32, n_layer=1, n_embd=32, n_head=4,
-                                        mlp="relu2"))
+                                        mlp="relu2", qk_norm=True))
     ckpt = save_checkpoint(tmp_path / "run", 1, GPT(cfg.model), {}, to_dict(cfg), ByteTokenizer(), keep=1)
     code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "model.mlp=relu2" in err and len(err.strip().splitlines()) == 1
@@ -401,10 +403,11 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, gemma3_text, gpt2, "
-                         "gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoehybrid, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, "
-                         "llama, ministral3, mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
-                         "qwen2_moe, qwen3, qwen3_moe, smollm3, stablelm, starcoder2, vaultgemma")
+                         "redline imports arcee, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
+                         "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoehybrid, "
+                         "hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, ministral3, mistral, mixtral, nanochat, "
+                         "olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, "
+                         "stablelm, starcoder2, vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

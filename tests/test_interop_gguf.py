@@ -57,7 +57,7 @@ def import_gguf(path, out, capsys):
                                                       ("gemma2", False), ("gemma2-gguf", True),
                                                       ("phi3-longrope", False), ("starcoder2-gguf", True),
                                                       ("gemma", False), ("cohere", False), ("cohere2", False),
-                                                      ("olmo", False)])
+                                                      ("olmo", False), ("arcee", False)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -70,6 +70,20 @@ def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
         back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
         with torch.no_grad():
             torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_export_gguf_refuses_biases_on_arcee():
+    from redline.interop.families import export_family
+    from redline.interop.gguf_file import _arch
+    from redline.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4, mlp="relu2", bias=True)
+    family = export_family(cfg)
+    assert family.name == "arcee"
+    with pytest.raises(UserError, match="llama.cpp's arcee loads no biases"):
+        _arch(family, cfg)
+    assert _arch(family, ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4,
+                                     mlp="relu2")) == "arcee"
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("fp16", 2e-2), ("bf16", 5e-2)])

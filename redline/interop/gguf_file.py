@@ -4,7 +4,7 @@ A GGUF names its tensors `token_embd`, `blk.N.attn_q`, `blk.N.ffn_gate`, ... and
 `{arch}.attention.head_count_kv`, ... for an architecture `general.architecture`: llama (also Mistral and most
 Llama-shaped models), qwen2, qwen3, smollm3, granite, olmo (the original OLMo: no norm tensors), olmo2, gemma,
 gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, starcoder2, exaone4 (EXAONE 4.0; exaone,
-EXAONE 3.x, is read only: a redline model writes as llama),
+EXAONE 3.x, is read only: a redline model writes as llama), arcee (AFM),
 hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
 gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) are read and written here.
@@ -53,7 +53,7 @@ from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone")
+          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee")
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -66,7 +66,7 @@ MOE_ARCHES = {"llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_mo
               "granitemoe": "granitemoe"}
 MOE_RESCALES = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True}
 # the architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and the classes built on it)
-PERMUTED = ("llama", "smollm3", "granite", "granitemoe", "olmo")
+PERMUTED = ("llama", "smollm3", "granite", "granitemoe", "olmo", "arcee")
 # the block types export writes (llama.cpp's Q8_0, Q5_1, Q5_0, Q4_1, Q4_0: 32 weights a block with a scale, and an
 # offset for the _1 types), which the gguf package can quantize
 GGUF_QUANTS = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
@@ -1039,7 +1039,8 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         raise UserError("model.sliding_window: GGUF's llama architecture has no sliding window; export this model "
                         "with --format hf")
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "olmo2": "olmo2",
-            "smollm3": "smollm3", "granite": "granite", "gpt2": "gpt2", "olmo": "olmo"}.get(family.name)
+            "smollm3": "smollm3", "granite": "granite", "gpt2": "gpt2", "olmo": "olmo",
+            "arcee": "arcee"}.get(family.name)
     if arch is None:
         raise UserError(f"{family.architecture} models are not written as GGUF by redline; export with --format hf")
     if arch in ("granite", "olmo") and cfg.head_dim * cfg.n_head != cfg.n_embd:
@@ -1048,6 +1049,9 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if arch == "olmo2" and cfg.head_dim * cfg.n_head != cfg.n_embd:
         raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's olmo2 takes heads n_embd / n_head "
                         "wide; export with --format hf")
+    if arch == "arcee" and (cfg.bias or cfg.has_qkv_bias):  # AFM has none; llama.cpp's arcee loads none
+        raise UserError("model.bias or model.qkv_bias on an Arcee model: llama.cpp's arcee loads no biases; export "
+                        "with --format hf")
     if arch == "olmo2" and cfg.has_qkv_bias:
         raise UserError("model.qkv_bias: llama.cpp's olmo2 has no attention biases; export with --format hf")
     if cfg.rope_scaling == "llama3" and arch != "llama":

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, give_head, pad_rows, take_head
+from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.model import ModelConfig, rope_attention_factor, yarn_mscale
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -329,11 +329,13 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
             out.update(experts_to_redline(src, p, r, cfg))
             continue
-        out[r + "mlp.fc.weight"] = torch.cat([src.take(mlp + "gate_proj.weight"), src.take(mlp + "up_proj.weight")])
-        out[r + "mlp.proj.weight"] = src.take(mlp + "down_proj.weight")
-        if cfg.bias:
-            out[r + "mlp.fc.bias"] = torch.cat([src.take(mlp + "gate_proj.bias"), src.take(mlp + "up_proj.bias")])
-            out[r + "mlp.proj.bias"] = src.take(mlp + "down_proj.bias")
+        for kind in ("weight", "bias") if cfg.bias else ("weight",):
+            if cfg.gated_mlp:
+                out[f"{r}mlp.fc.{kind}"] = torch.cat([src.take(f"{mlp}gate_proj.{kind}"),
+                                                      src.take(f"{mlp}up_proj.{kind}")])
+            else:  # a plain MLP (Arcee's ReLU²): up, then down
+                out[f"{r}mlp.fc.{kind}"] = src.take(f"{mlp}up_proj.{kind}")
+            out[f"{r}mlp.proj.{kind}"] = src.take(f"{mlp}down_proj.{kind}")
     return out
 
 
@@ -389,13 +391,12 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str | None 
 
             out.update(experts_to_hf(state, p, r, cfg, name))
             continue
-        gate, up = _mlp_parts(state, r, cfg, "weight")
-        out[mlp + "gate_proj.weight"], out[mlp + "up_proj.weight"] = gate, up
-        out[mlp + "down_proj.weight"] = state[r + "mlp.proj.weight"]
-        if cfg.bias:
-            gate, up = _mlp_parts(state, r, cfg, "bias")
-            out[mlp + "gate_proj.bias"], out[mlp + "up_proj.bias"] = gate, up
-            out[mlp + "down_proj.bias"] = state[r + "mlp.proj.bias"]
+        for kind in ("weight", "bias") if cfg.bias else ("weight",):
+            if cfg.gated_mlp:
+                out[f"{mlp}gate_proj.{kind}"], out[f"{mlp}up_proj.{kind}"] = _mlp_parts(state, r, cfg, kind)
+            else:
+                out[f"{mlp}up_proj.{kind}"] = state[f"{r}mlp.fc.{kind}"]
+            out[f"{mlp}down_proj.{kind}"] = state[f"{r}mlp.proj.{kind}"]
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -446,3 +447,44 @@ def ministral3_hf_config(cfg: ModelConfig) -> dict:
 MINISTRAL3_FAMILY = Family(name="ministral3", architecture="Ministral3ForCausalLM",
                            model_config=ministral3_model_config, hf_config=ministral3_hf_config,
                            to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Arcee (ArceeForCausalLM, model_type "arcee": AFM-4.5B and its instruct models): Llama's block and names with a plain
+# ReLU² MLP, down_proj(relu(up_proj(x))²), no gate (hidden_act "relu2", Nemotron's MLP), its width intermediate_size.
+# Semantics read from transformers' models/arcee/modular_arcee.py.
+
+
+def arcee_model_config(hf: dict) -> ModelConfig:
+    act = hf.get("hidden_act", "relu2")
+    if act != "relu2":
+        raise UserError(f"hidden_act={act!r}: Arcee's MLP is ReLU² (relu2); redline's Arcee has no other")
+    return replace(model_config_for("llama")({**hf, "hidden_act": "silu"}), mlp="relu2", fused_mlp=True)
+
+
+def check_arcee_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option that Arcee, the architecture a Llama-shaped model with a ReLU² MLP exports as,
+    does not have."""
+    what = "model.mlp=relu2: Arcee, the one architecture with it and Llama's block redline exports to,"
+    raise_first([
+        (cfg.qk_norm, f"{what} has no QK-norm (model.qk_norm)"),
+        (cfg.sliding_window or cfg.nope_interval or cfg.rope_dims,
+         f"{what} attends to the whole context and rotates whole heads of every layer"),
+        (cfg.has_qkv_bias != cfg.bias, f"{what} has biases on every Linear layer or none (model.qkv_bias)"),
+        (cfg.parallel_residual or cfg.head_bias or cfg.attn_softcap or cfg.logit_softcap,
+         f"{what} has sequential sublayers, no head bias and no caps"),
+    ])
+
+
+def arcee_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config_for("llama")(cfg)
+    out.pop("pretraining_tp", None)
+    return {**out, "model_type": "arcee", "hidden_act": "relu2", "rope_scaling": rope_scaling(cfg, "arcee")}
+
+
+def arcee_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    return to_hf(state, cfg, "llama")
+
+
+ARCEE_FAMILY = Family(name="arcee", architecture="ArceeForCausalLM", model_config=arcee_model_config,
+                      hf_config=arcee_hf_config, to_redline=to_redline, to_hf=arcee_to_hf, ignorable=_ignorable)

@@ -105,6 +105,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                     (base + "mlp.shared_expert.up_proj", slice(half, out_features))]
         return [(base + shared[rest], slice(0, out_features))]
     if rest == "mlp.fc":
+        if not cfg.gated_mlp:  # a plain MLP's first product (Arcee's ReLU²): up_proj
+            return [(base + "mlp.up_proj", slice(0, out_features))]
         if cfg.fused_mlp:  # (gate; up) stacked, as llama.py's export splits the weight
             half = out_features // 2
             return [(base + "mlp.gate_proj", slice(0, half)), (base + "mlp.up_proj", slice(half, out_features))]
