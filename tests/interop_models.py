@@ -235,6 +235,14 @@ FAMILIES = {
               dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, pad_token_id=None,
                    rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
                                     "original_max_position_embeddings": 32})),
+    # Helium (Helium-1-2B's layout): Llama's block with RoPE on interleaved pairs, untied
+    "helium": ("HeliumConfig", "HeliumForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                    pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Seed-OSS: Llama's block with biases on q/k/v alone (its defaults), head_dim 32 != 64 / 4, untied
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                      pad_token_id=None, attention_dropout=0.0, residual_dropout=0.0)),
     # Granite 3.x: Llama's block with its four scalars (embeddings, residual adds, the scores' scale, the logits)
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,

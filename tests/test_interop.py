@@ -78,7 +78,8 @@ def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, caps
 
 # a family whose import maps it onto another architecture's layout exports as that one (ernie.py; Phi-3 with
 # whole heads rotated and no LongRoPE is a Mistral, and so is Ministral 3 within its original context)
-EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "granitemoehybrid": "GraniteForCausalLM",
+EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "seed_oss": "Qwen2ForCausalLM",
+               "granitemoehybrid": "GraniteForCausalLM",
                "phi3-window": "MistralForCausalLM", "ministral3": "MistralForCausalLM"}
 
 
@@ -404,10 +405,10 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports arcee, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
-                         "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, granitemoehybrid, "
-                         "hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, ministral3, mistral, mixtral, nanochat, "
-                         "olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, "
-                         "stablelm, starcoder2, vaultgemma")
+                         "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
+                         "granitemoehybrid, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, ministral3, "
+                         "mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, qwen2_moe,"
+                         " qwen3, qwen3_moe, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -7,6 +7,10 @@ Import permutes each head's q and k rows into redline's order (families.interlea
 unchanged, so the model runs as a Llama-layout one, on every fast path. `redline export` writes it as Llama (the
 same logits; transformers, vLLM and llama.cpp all load that); this module's writer is the inverse map, for a folder
 of ERNIE's own layout.
+
+Helium (Kyutai's HeliumForCausalLM, model_type "helium": Helium-1-2B) is Llama's block and names with the same
+interleaved RoPE (transformers' models/helium/modular_helium.py: rotate_half over (even, odd) pairs, each frequency
+repeated twice), read and written here alike.
 """
 
 from __future__ import annotations
@@ -59,3 +63,15 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 FAMILY = Family(name="ernie4_5", architecture="Ernie4_5ForCausalLM", model_config=model_config, hf_config=hf_config,
                 to_redline=to_redline, to_hf=to_hf, ignorable=llama._ignorable)
+
+
+def helium_hf_config(cfg: ModelConfig) -> dict:
+    out = llama.hf_config_for("llama")(cfg)
+    out.pop("pretraining_tp", None)
+    return {**out, "model_type": "helium"}
+
+
+HELIUM_FAMILY = Family(name="helium", architecture="HeliumForCausalLM", model_config=llama.model_config_for("llama"),
+                       hf_config=helium_hf_config, to_redline=to_redline,
+                       to_hf=lambda state, cfg: llama.to_hf(permute_qk(dict(state), cfg, inverse=False), cfg, "llama"),
+                       ignorable=llama._ignorable)

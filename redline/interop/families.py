@@ -203,7 +203,8 @@ def _families() -> dict[str, Family]:
                                 gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
                                 lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
                                 llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
-                                lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY)}
+                                lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY, ernie.HELIUM_FAMILY,
+                                llama.SEED_OSS_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -233,9 +234,10 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; a dense model with attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one with a gate on its heads, proportional
-    RoPE, or short convolutions with output norms or windowed layers as LFM3; one with short-convolution layers as LFM2; one with norms
-    without weights as OLMo (LayerNorm) or nanochat (RMSNorm, one on its embeddings). A UserError names
+    SwiGLU experts; a dense model with attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
+    with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
+    one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
+    (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
     from redline.interop import lfm2

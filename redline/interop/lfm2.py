@@ -287,8 +287,8 @@ def wants_lfm3(cfg: ModelConfig) -> bool:
 def check_lfm3_exportable(cfg: ModelConfig) -> None:
     """A UserError naming the option that LFM3, the one architecture with a gate on each head's output, proportional
     RoPE, or short convolutions with output norms or windows redline exports to, does not have."""
-    what = "LFM3, the architecture redline exports a model with model.attn_gate, proportional RoPE or model.conv_layers " \
-           "with norm_position=sandwich or a window to,"
+    what = ("LFM3, the architecture redline exports a model with model.attn_gate, proportional RoPE or "
+            "model.conv_layers with norm_position=sandwich or a window to,")
     raise_first([
         (cfg.norm_position not in ("pre", "sandwich") or cfg.norm != "rmsnorm" or cfg.norm_unit_offset
          or not cfg.norm_affine or cfg.embed_norm or cfg.parallel_residual,

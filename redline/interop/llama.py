@@ -488,3 +488,32 @@ def arcee_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
 
 ARCEE_FAMILY = Family(name="arcee", architecture="ArceeForCausalLM", model_config=arcee_model_config,
                       hf_config=arcee_hf_config, to_redline=to_redline, to_hf=arcee_to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Seed-OSS (ByteDance's SeedOssForCausalLM, model_type "seed_oss": Seed-OSS-36B): Llama's block and names with biases
+# on q/k/v (attention_bias, default true) apart from o_proj's (attention_out_bias) and the MLP's (mlp_bias): Qwen2's
+# layout where o_proj and the MLP have none, redline's `bias` where all three do. Its attention and residual dropout
+# are training-only. Semantics read from transformers' models/seed_oss/modular_seed_oss.py.
+
+
+def seed_oss_model_config(hf: dict) -> ModelConfig:
+    qkv, out, mlp = (bool(hf.get(k, d)) for k, d in (("attention_bias", True), ("attention_out_bias", False),
+                                                      ("mlp_bias", False)))
+    if out != mlp:  # redline's `bias` covers o_proj and the MLP together
+        raise UserError(f"attention_out_bias={out} with mlp_bias={mlp}: redline has biases on q/k/v alone or on every "
+                        f"Linear layer, not this mix")
+    cfg = model_config_for("llama")({**hf, "attention_bias": out, "mlp_bias": mlp})
+    return replace(cfg, qkv_bias=qkv if qkv != out else None)
+
+
+def seed_oss_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config_for("llama")(cfg)
+    out.pop("pretraining_tp", None)
+    return {**out, "model_type": "seed_oss", "attention_bias": cfg.has_qkv_bias, "attention_out_bias": cfg.bias,
+            "mlp_bias": cfg.bias, "attention_dropout": 0.0, "residual_dropout": 0.0}
+
+
+SEED_OSS_FAMILY = Family(name="seed_oss", architecture="SeedOssForCausalLM", model_config=seed_oss_model_config,
+                         hf_config=seed_oss_hf_config, to_redline=to_redline,
+                         to_hf=lambda state, cfg: to_hf(state, cfg, "llama"), ignorable=_ignorable)
