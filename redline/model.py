@@ -26,6 +26,8 @@ Features (each a field of `ModelConfig`):
   dropout, vocabulary padded up to a multiple of 128 (the padded logits are never sampled, and take no part in the
   loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
   (`residual_multiplier`, Granite's), zero-initialised output projections;
+- token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and gated delta nets
+  (`delta_layers`, Qwen3.5's linear attention: a recurrent state a head, computed chunk by chunk);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -99,9 +101,10 @@ class ModelConfig:
     (GPT-OSS's sinks). Computed as the plain attention's output times sigmoid(lse − sink), lse the logsumexp of the
     query's scaled, masked scores. As attn_softcap, no SDPA kernel takes it: flex attention (which returns the lse)
     where doc_attention picks flex, else plain PyTorch products."""
-    attn_gate: Literal["none", "head"] = "none"
-    """Gate each query head's attention output before the output projection: "head", by sigmoid(g · x) of the
-    attention's input x, one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "none"."""
+    attn_gate: Literal["none", "head", "element"] = "none"
+    """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
+    input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
+    dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "none"."""
     pos_emb: Literal["rope", "learned", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, or none."""
     rope_theta: float = 10000.0
@@ -177,6 +180,20 @@ class ModelConfig:
     () = attention on every layer."""
     conv_kernel: int = 3
     """conv_layers: the convolution's width in tokens (LFM2's conv_L_cache)."""
+    delta_layers: tuple[int, ...] = ()
+    """Layers whose token mixer is a gated delta net instead of attention (Yang et al. 2024, "Gated Delta Networks";
+    Qwen3.5's and Qwen3-Next's "linear_attention" layers, GatedDeltaNet below): a recurrent (key, value) state a head
+    that decays and is corrected toward each token's value, no KV cache; () = none."""
+    delta_heads: int = 0
+    """delta_layers: value heads (linear_num_value_heads); each reads key head h · delta_key_heads // delta_heads."""
+    delta_key_heads: int = 0
+    """delta_layers: query/key heads (linear_num_key_heads), dividing delta_heads."""
+    delta_key_dim: int = 128
+    """delta_layers: the width of a query/key head (linear_key_head_dim)."""
+    delta_value_dim: int = 128
+    """delta_layers: the width of a value head (linear_value_head_dim)."""
+    delta_conv_kernel: int = 4
+    """delta_layers: the causal depthwise convolution over q, k and v, in tokens (linear_conv_kernel_dim)."""
     moe_experts: int = 0
     """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
     each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
@@ -464,6 +481,16 @@ class ModelConfig:
                                  or self.conv_kernel < 1 or self.value_embeddings):
             raise UserError(f"model.conv_layers={self.conv_layers} must name distinct layers in increasing order, each "
                             f"in [0, n_layer={self.n_layer}), with model.conv_kernel >= 1 and no value embeddings")
+        if self.delta_layers and (sorted(set(self.delta_layers)) != list(self.delta_layers)
+                                  or not 0 <= self.delta_layers[0] <= self.delta_layers[-1] < self.n_layer
+                                  or set(self.delta_layers) & set(self.conv_layers) or self.delta_heads < 1
+                                  or self.delta_key_heads < 1 or self.delta_heads % self.delta_key_heads
+                                  or min(self.delta_key_dim, self.delta_value_dim, self.delta_conv_kernel) < 1
+                                  or self.value_embeddings):
+            raise UserError(f"model.delta_layers={self.delta_layers} must name distinct layers in increasing order, "
+                            f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
+                            f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
+                            f"kernel, and no value embeddings")
         if self.moe_experts < 0 or (self.moe_experts and not (
                 self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
             raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu, swiglu_clamped "
@@ -686,8 +713,9 @@ class Attention(nn.Module):
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
         # attn_sinks: one logit a query head, (H,), zeros at init (reset_parameters)
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if cfg.attn_sinks else None
-        # attn_gate=head: (H, C), each head's output times sigmoid of its row · x
-        self.gate = nn.Linear(cfg.n_embd, self.n_head, bias=False) if cfg.attn_gate == "head" else None
+        # attn_gate: (H, C) each head's output, or (H*D, C) each of its elements, times sigmoid of its row · x
+        gates = {"head": self.n_head, "element": self.n_head * self.head_dim}.get(cfg.attn_gate)
+        self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
         bias = cfg.has_qkv_bias
         if cfg.fused_qkv:
@@ -782,9 +810,12 @@ class Attention(nn.Module):
         return self.proj(self.gated(x, y))
 
     def gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y (B, T, H*D), the heads' outputs, each times sigmoid(gate(x)) (B, T, H) where attn_gate=head."""
+        """y (B, T, H*D), the heads' outputs, times sigmoid(gate(x)): (B, T, H) a head where attn_gate=head,
+        (B, T, H*D) an element where attn_gate=element."""
         if self.gate is None:
             return y
+        if self.cfg.attn_gate == "element":  # (B, T, H*D) each
+            return y * torch.sigmoid(self.gate(x))
         B, T, _ = y.shape
         return (y.view(B, T, self.n_head, self.head_dim) * torch.sigmoid(self.gate(x)).unsqueeze(-1)).view(B, T, -1)
 
@@ -834,6 +865,117 @@ class ShortConv(nn.Module):
             return cache.convolve(self, x)
         u, c = self.gated_input(x)
         return self.proj(c * self.convolve(u, doc_ids=attn_mask))
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+                     chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule (Yang, Kautz and Hatamizadeh 2024, "Gated Delta Networks"), a (Dk, Dv) state S a head:
+    for each token t in turn, S ← exp(g_t)·S, δ_t = β_t·(v_t − Sᵀk_t), S ← S + k_t δ_tᵀ, o_t = Sᵀq_t.
+
+    Computed chunk by chunk (the WY form of DeltaNet's chunked algorithm, Yang et al. 2024): with Γ the cumulative
+    log decay within a chunk, δ solves the unit lower-triangular system δ_t + Σ_{s<t} β_t e^{Γ_t−Γ_s} (k_t·k_s) δ_s =
+    β_t (v_t − e^{Γ_t} S₀ᵀk_t); then o_t = e^{Γ_t} S₀ᵀq_t + Σ_{s≤t} e^{Γ_t−Γ_s} (q_t·k_s) δ_s and the chunk's last
+    state follows, all in fp32.
+    q, k (B, T, H, Dk), v (B, T, H, Dv), g (≤ 0) and beta (B, T, H); state (B, H, Dk, Dv) or None (zeros); starts
+    (B, T) bool or None: a packed document begins at token t, the state before it zeroed.
+    -> o (B, T, H, Dv) in v's dtype, the final state (B, H, Dk, Dv) fp32."""
+    B, T, H, Dk = k.shape
+    q, k, v, g, beta = (t.float().transpose(1, 2) for t in (q, k, v, g, beta))  # (B, H, T, ...)
+    S = q.new_zeros(B, H, Dk, v.shape[-1]) if state is None else state.float()
+    outs = []
+    for c0 in range(0, T, chunk):
+        qc, kc, vc, gc, bc = (t[:, :, c0:c0 + chunk] for t in (q, k, v, g, beta))
+        L = kc.shape[2]
+        gamma = gc.cumsum(-1)  # (B, H, L)
+        causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        seg = None
+        if starts is not None:  # the chunk's documents: token pairs of one document interact, S₀ reaches the first
+            seg = starts[:, c0:c0 + L].long().cumsum(-1)[:, None]  # (B, 1, L): 0 until the chunk's first start
+            causal = causal & (seg[..., :, None] == seg[..., None, :])
+        decay = torch.where(causal, gamma[..., :, None] - gamma[..., None, :], float("-inf")).exp()  # (B, H, L, L)
+        first = torch.ones_like(gamma) if seg is None else (seg == 0).float().expand_as(gamma)
+        carried = gamma.exp() * first  # e^{Γ_t} where S₀ still counts
+        rhs = bc[..., None] * (vc - carried[..., None] * (kc @ S))  # (B, H, L, Dv)
+        A = (bc[..., None] * decay * (kc @ kc.transpose(-1, -2))).tril(-1)
+        eye = torch.eye(L, device=q.device)
+        delta = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+        outs.append(carried[..., None] * (qc @ S) + (decay * (qc @ kc.transpose(-1, -2))) @ delta)
+        last = decay[..., -1, :]  # e^{Γ_L−Γ_s} for s in the last token's document, (B, H, L)
+        S = carried[..., -1, None, None] * S + (kc * last[..., None]).transpose(-1, -2) @ delta
+    return torch.cat(outs, dim=2).transpose(1, 2).to(v.dtype), S
+
+
+class GatedDeltaNet(nn.Module):
+    """The token mixer of model.delta_layers (Qwen3.5's Qwen3_5GatedDeltaNet): in_proj (C -> 2·Hk·Dk + H·Dv) makes q,
+    k and v, through a causal depthwise convolution (weight (channels, kernel), oldest token first) and SiLU; q and k
+    are L2-normalized per head (q times Dk^-0.5) and shared by H // Hk value heads; beta = sigmoid(b(x)) and the
+    decay g = −exp(A_log)·softplus(a(x) + dt_bias) per value head drive gated_delta_rule; its output (B, T, H, Dv) is
+    RMS-normalized per head (weight norm, (Dv,)), times SiLU(z(x)), and projected back (proj, H·Dv -> C)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, H, Hk = cfg.n_embd, cfg.delta_heads, cfg.delta_key_heads
+        self.heads, self.key_heads, self.dk, self.dv = H, Hk, cfg.delta_key_dim, cfg.delta_value_dim
+        self.kernel, self.window, self.eps = cfg.delta_conv_kernel, 0, cfg.norm_eps  # window: the mask key
+        channels = 2 * Hk * self.dk + H * self.dv
+        self.in_proj = nn.Linear(C, channels, bias=False)
+        self.z = nn.Linear(C, H * self.dv, bias=False)
+        self.b = nn.Linear(C, H, bias=False)
+        self.a = nn.Linear(C, H, bias=False)
+        self.conv = nn.Parameter(torch.empty(channels, self.kernel))
+        self.A_log = nn.Parameter(torch.zeros(H))
+        self.dt_bias = nn.Parameter(torch.ones(H))
+        self.norm = nn.Parameter(torch.ones(self.dv))
+        self.proj = nn.Linear(H * self.dv, C, bias=False)
+        self.proj.is_residual_out = True
+
+    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); attn_mask: the batch's doc_ids (B, T) of packed documents, or None (as a
+        short convolution's); rope and ve unused. cache: an inference engine's cache layer, whose `delta` keeps the
+        convolution's inputs and the state (redline/inference/cache.py)."""
+        if cache is not None:
+            return cache.delta(self, x)
+        return self.mix(x, doc_ids=attn_mask)[0]
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """x (B, T, C) -> (y (B, T, C), u (B, T, channels) the convolution's inputs, the final state (B, H, Dk, Dv)
+        fp32). before: the inputs of the kernel - 1 tokens before x's first (B, kernel - 1, channels), zeros if
+        None; state: the state before x's first token, zeros if None; doc_ids (B, T): packed documents, none
+        reading another's; valid (B, T) bool: tokens past a row's end (a right-padded prompt's padding), which
+        leave the state as it is."""
+        B, T, _ = x.shape
+        u = self.in_proj(x)  # (B, T, channels)
+        K = self.kernel
+        full = torch.cat([before.to(u.dtype) if before is not None else u.new_zeros(B, K - 1, u.shape[-1]), u], 1)
+        starts = None
+        if doc_ids is not None:  # no token reads another document's, through the convolution or the state
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
+        conv = u * self.conv[:, K - 1]
+        for j in range(K - 1):
+            shift = K - 1 - j
+            term = full[:, j:j + T] * self.conv[:, j]
+            if doc_ids is not None:
+                term = term * (doc_ids == F.pad(doc_ids, (shift, 0), value=-1)[:, :T])[..., None]
+            conv = conv + term
+        q, k, v = F.silu(conv).split([self.key_heads * self.dk, self.key_heads * self.dk, self.heads * self.dv], -1)
+        # L2 norms as flash-linear-attention's l2norm computes them: x · rsqrt(Σx² + 1e-6)
+        q, k = (t.float().view(B, T, self.key_heads, self.dk) for t in (q, k))
+        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * self.dk ** -0.5
+        k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+        if self.heads != self.key_heads:  # each q/k head serves heads // key_heads consecutive value heads
+            q = q.repeat_interleave(self.heads // self.key_heads, dim=2)
+            k = k.repeat_interleave(self.heads // self.key_heads, dim=2)
+        beta = torch.sigmoid(self.b(x).float())
+        g = -self.A_log.float().exp() * F.softplus(self.a(x).float() + self.dt_bias.float())
+        if valid is not None:  # no decay and no correction: the state passes these tokens by
+            beta, g = beta * valid[..., None], g * valid[..., None]
+        o, state = gated_delta_rule(q, k, v.view(B, T, self.heads, self.dv), g, beta, state=state, starts=starts)
+        o = o.float()
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)
+        o = (self.norm * o.to(x.dtype)).float() * F.silu(self.z(x).float().view(B, T, self.heads, self.dv))
+        return self.proj(o.to(x.dtype).reshape(B, T, -1)), u, state
 
 
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
@@ -1007,9 +1149,13 @@ class Block(nn.Module):
         self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = None if cfg.parallel_shared_norm else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
-        # the token mixer: attention, or a short convolution on model.conv_layers (LFM2's)
-        self.conv = layer in cfg.conv_layers
-        self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
+        # the token mixer: attention, a short convolution on model.conv_layers (LFM2's) or a gated delta net on
+        # model.delta_layers (Qwen3.5's); conv: not attention, handed the batch's doc_ids instead of a mask
+        self.conv = layer in cfg.conv_layers or layer in cfg.delta_layers
+        if layer in cfg.delta_layers:
+            self.attn = GatedDeltaNet(cfg, layer)
+        else:
+            self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
         if cfg.moe_experts and layer >= cfg.moe_dense_layers:
             self.mlp = MoE(cfg)
         else:  # a dense MLP, moe_dense_hidden wide on a mixture's first moe_dense_layers
@@ -1137,6 +1283,11 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, GatedDeltaNet):  # bare parameters: Qwen3-Next's initial values
+                nn.init.normal_(module.conv, mean=0.0, std=std)
+                module.A_log.copy_(torch.empty_like(module.A_log).uniform_(1.0, 16.0).log())
+                nn.init.ones_(module.dt_bias)
+                nn.init.ones_(module.norm)
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)
@@ -1305,8 +1456,8 @@ class GPT(nn.Module):
         exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table, d the attention width
         n_head · head_dim; PaLM appendix B).
         exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
-        + 12·H·D·(T_attended summed over the layers), T_attended capped by each layer's window; norms and elementwise
-        work are left out, as in the formula.
+        + 12·H·D·(T_attended summed over the attention layers), T_attended capped by each layer's window; norms,
+        elementwise work and the delta nets' state updates are left out, as in the formula.
         """
         cfg = self.cfg
         T = seq_len or cfg.context_len
@@ -1315,7 +1466,8 @@ class GPT(nn.Module):
                    for b in self.blocks if isinstance(b.mlp, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
-            return 6 * n + 12 * (cfg.n_layer - len(cfg.conv_layers)) * cfg.n_head * cfg.head_dim * T
+            attention = cfg.n_layer - len(cfg.conv_layers) - len(cfg.delta_layers)
+            return 6 * n + 12 * attention * cfg.n_head * cfg.head_dim * T
         matmul = -idle
         for block in self.blocks:
             for module in block.modules():
@@ -1325,7 +1477,7 @@ class GPT(nn.Module):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
         attended = sum(min(T, w) if w > 0 else T for i, w in enumerate(map(cfg.layer_window, range(cfg.n_layer)))
-                       if i not in cfg.conv_layers)
+                       if i not in cfg.conv_layers and i not in cfg.delta_layers)
         return 6 * matmul + 12 * cfg.n_head * cfg.head_dim * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------

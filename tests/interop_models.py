@@ -243,6 +243,15 @@ FAMILIES = {
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM",
                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
                       pad_token_id=None, attention_dropout=0.0, residual_dropout=0.0)),
+    # Qwen3.5's text model: gated delta nets on layers 0, 1 and 3 (2 key heads shared by 4 value heads), gated
+    # full attention on 2 (QK-norm, RoPE on half of each head), norms by 1 + weight, untied
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                          layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                          linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                          linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+                          pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                              "partial_rotary_factor": 0.5})),
     # Granite 3.x: Llama's block with its four scalars (embeddings, residual adds, the scores' scale, the logits)
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,

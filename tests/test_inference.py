@@ -84,6 +84,11 @@ ARCHITECTURES = {
     "lfm3-style": {"n_layer": 3, "conv_layers": (0,), "qk_norm": True, "n_kv_head": 2, "attn_gate": "head",
                    "norm_position": "sandwich", "sliding_window": 6, "window_layers": (2,), "rope_local_theta": 500.0,
                    "rope_scaling": "proportional", "rope_proportion": 0.5, "rope_factor": 2.0},
+    # Qwen3.5's: gated delta nets (a recurrent state a row, the convolution's inputs in slots) around a full layer
+    # whose heads are gated element-wise, RoPE on half of each head, norms by 1 + weight
+    "qwen3.5-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_heads": 4, "delta_key_heads": 2,
+                      "delta_key_dim": 8, "delta_value_dim": 8, "attn_gate": "element", "qk_norm": True,
+                      "norm_unit_offset": True, "rope_dims": 8, "n_kv_head": 2},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 

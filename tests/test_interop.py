@@ -218,6 +218,10 @@ REDLINE_EXPORTS = {
                                          rope_proportion=0.5, rope_factor=2.0, rope_theta=100.0),
     # Arcee: a redline model with a ReLU² MLP and Llama's block, biases on every Linear layer
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2, bias=True),
+    # Qwen3.5: a gated delta net, then a full layer whose heads are gated element-wise, norms by 1 + weight
+    "Qwen3_5ForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                               delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
+                               rope_dims=8, n_kv_head=2),
     "GptOssForCausalLM-no-biases": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped",
                                         mlp_hidden=32, fused_qkv=False),
 }
@@ -307,6 +311,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
      "scales every layer's RoPE alike"),
     (dict(rope_layer_theta=(5.0,)), "only Granite SWA has a RoPE base per layer"),
     (dict(attn_gate="head"), "normalizes q and k per head before RoPE"),
+    (dict(attn_gate="element", qk_norm=True), "pre-RMSNorms scaling by 1 "),
+    (dict(attn_gate="element", qk_norm=True, norm_unit_offset=True, sliding_window=4), "has no window, sinks"),
     (dict(attn_gate="head", qk_norm=True, attn_sinks=True), "has no sinks, scales, caps"),
     (dict(rope_scaling="proportional", rope_proportion=0.5, qk_norm=True, bias=True), "LFM3, the architecture"),
     (dict(sliding_window=4, window_layers=(0,)), "only Granite SWA and GPT-OSS take windowed layers in any order"),
@@ -408,7 +414,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, ministral3, "
                          "mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, qwen2_moe,"
-                         " qwen3, qwen3_moe, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
+                         " qwen3, qwen3_5, qwen3_5_text, qwen3_moe, seed_oss, smollm3, stablelm, starcoder2, "
+                         "vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -697,6 +704,30 @@ def test_import_exaone_reads_the_hubs_config():
     assert model_config({k: v for k, v in hub.items() if k not in ("rope_theta", "rope_scaling")}).rope_theta == 5e5
     with pytest.raises(UserError, match="gelu"):
         model_config({**hub, "activation_function": "gelu"})
+
+
+def test_import_qwen3_5_multimodal_folder_reads_its_text_model(tmp_path, capsys):
+    """A Qwen3_5ForConditionalGeneration folder as the Hub holds Qwen3.5: config.json nests the text model's config
+    (text_config) and the weights sit under model.language_model. beside a vision tower, which is left unread."""
+    from safetensors.torch import load_file, save_file
+
+    hf = hf_folder("qwen3_5_text", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    text = {k: v for k, v in config.items() if k not in ("architectures", "transformers_version")}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "tie_word_embeddings": config["tie_word_embeddings"], "text_config": {**text, "model_type": "qwen3_5_text"},
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1}}))
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    moved = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+             for k, v in weights.items()}
+    save_file({**moved, "model.visual.patch_embed.proj.weight": torch.zeros(4, 3)},
+              str(tmp_path / "hf" / "model.safetensors"))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_import_granite_reads_the_hubs_config():

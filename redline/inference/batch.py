@@ -179,7 +179,10 @@ class DecodeBatch:
     def match(self, tokens: list[int], exclude=(), parked: bool = True) -> tuple[int, int]:
         """(row, n): a row, not in exclude, whose cache holds tokens[:n] (n in whole blocks of
         prefix_cache.BLOCK tokens), or (-1, 0); a parked row too unless parked=False. The row may be decoding: its
-        first slots stay as they are."""
+        first slots stay as they are. None for a model with gated delta nets: their state belongs to a row's whole
+        sequence, not to its slots, and a copied prefix would not carry it."""
+        if self.state.cache.states:
+            return -1, 0
         return self.prefixes.match(tokens, exclude if parked else set(exclude).union(self.parked))
 
     def forget(self) -> None:

@@ -59,15 +59,22 @@ class KVCache:
 
     conv_layers: layers whose token mixer is a short convolution (model.conv_layers): each holds one (B, 1,
     capacity + 1, conv_width) buffer, a token's convolution input b·h in its slot (ShortConv), as both its k and its
-    v, so that prefill, decode, chunked prompts and parked prefixes treat it as any layer's slots."""
+    v, so that prefill, decode, chunked prompts and parked prefixes treat it as any layer's slots.
+
+    delta_layers: layers whose token mixer is a gated delta net (model.delta_layers): each holds its convolution's
+    inputs as a conv layer does, (B, 1, capacity + 1, delta_width), and each row's recurrent state after its last
+    token, `states[layer]` (B, *delta_state) fp32. A state belongs to a row's whole sequence, not to slots: a prefix
+    copied by copy_slots does not carry it (DecodeBatch reuses no prefixes for such models); a delta-net layer's
+    (k, v) in write and read are (its convolution inputs, the rows' states)."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
-                 conv_width: int = 0):
+                 conv_width: int = 0, delta_layers: tuple[int, ...] = (), delta_width: int = 0,
+                 delta_state: tuple[int, ...] = ()):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
-        attention = [i for i in range(n_layer) if i not in conv_layers]
+        attention = [i for i in range(n_layer) if i not in conv_layers and i not in delta_layers]
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
         # each kind's layers in one buffer (layers, *shape): copy_slots moves a prefix in every layer at once
         self.stacked = [torch.zeros((len(attention), *shape), dtype=dtype, device=device) for _ in range(2)]
@@ -83,6 +90,18 @@ class KVCache:
             self.stacked.append(conv)
             for i, buf in zip(conv_layers, conv.unbind(0)):
                 self.k[i] = self.v[i] = buf[:batch]
+        self.states: dict[int, torch.Tensor] = {}
+        if delta_layers:
+            if dtype == torch.float8_e4m3fn:
+                raise ValueError("an FP8 cache has no gated delta-net layers (the plan keeps such models in bf16)")
+            inputs = torch.zeros((len(delta_layers), batch + spare, 1, capacity + 1, delta_width), dtype=dtype,
+                                 device=device)
+            states = torch.zeros((len(delta_layers), batch + spare, *delta_state), device=device)
+            self.stacked.append(inputs)
+            self.delta_states = states
+            for i, buf, state in zip(delta_layers, inputs.unbind(0), states.unbind(0)):
+                self.k[i] = self.v[i] = buf[:batch]
+                self.states[i] = state[:batch]
         self.scales = None
         if dtype == torch.float8_e4m3fn:
             scales = [torch.zeros((n_layer, *shape[:-1]), device=device) for _ in range(2)]
@@ -96,12 +115,25 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.stacked)
+        states = self.delta_states.numel() * 4 if self.states else 0
+        return sum(t.numel() * t.element_size() for t in self.stacked) + states
+
+    @property
+    def layer_extras(self) -> list | None:
+        """Per layer what a decode step's cache layer takes beside its k and v buffers: an FP8 cache's (k_scale,
+        v_scale), a delta-net layer's states (B, H, Dk, Dv), else None; None for a cache with neither."""
+        if self.scales is not None:
+            return self.scales
+        return [self.states.get(i) for i in range(len(self.k))] if self.states else None
 
     def write(self, layer: int, rows: slice | torch.Tensor, start: int, k, v) -> None:
         """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows` (a slice, or the b row indices as a long
         tensor: rows that are not contiguous); for an FP8 cache k and v are quantize_kv's pairs."""
         # item assignment, not [...].copy_(): with a tensor of rows the indexing would copy, and the write be lost
+        if layer in self.states:  # the convolution's inputs into the slots, the state after the span into the rows
+            self.k[layer][rows, :, start:start + k.shape[2]] = k
+            self.states[layer][rows] = v
+            return
         if not self.quantized:
             T = k.shape[2]
             self.k[layer][rows, :, start:start + T] = k
@@ -121,7 +153,10 @@ class KVCache:
             buf[:, dst, :, :n] = buf[:, src, :, :n]
 
     def read(self, layer: int, rows: slice | torch.Tensor, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8)."""
+        """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8); a delta-net layer's
+        as (its convolution inputs of those slots, the rows' states)."""
+        if layer in self.states:
+            return self.k[layer][rows, :, :end], self.states[layer][rows]
         k, v = self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]
         if not self.quantized:
             return k, v
@@ -152,8 +187,8 @@ class PrefillLayer:
     new keys and values in `kv` for the engine to store (quantize_kv's pairs when `quantize`)."""
 
     def __init__(self, mask: torch.Tensor | None, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 quantize: bool = False):
-        self.mask, self.prefix, self.quantize = mask, prefix, quantize
+                 quantize: bool = False, valid: torch.Tensor | None = None):
+        self.mask, self.prefix, self.quantize, self.valid = mask, prefix, quantize, valid
         self.kv = None
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,6 +219,20 @@ class PrefillLayer:
             prev = self.prefix[0][:, 0, -(conv.kernel - 1):] if conv.kernel > 1 else self.prefix[0][:, 0, :0]
             before = F.pad(prev, (0, 0, conv.kernel - 1 - prev.shape[1], 0))
         return conv.proj(c * conv.convolve(u, before))
+
+    def delta(self, net, x: torch.Tensor) -> torch.Tensor:
+        """A gated delta-net layer's (model.delta_layers) T new tokens: x (b, T, C) -> (b, T, C). Its convolution's
+        inputs go to `kv` for their slots and the state after each row's last valid token (`valid`: (b, T), the
+        padding of a shorter prompt leaves it as it is) as the second of the pair; a prompt prefilled in chunks starts
+        from the prefix's last slots and the rows' states."""
+        before = state = None
+        if self.prefix is not None:  # (b, 1, start, channels), (b, H, Dk, Dv)
+            K = net.kernel
+            prev = self.prefix[0][:, 0, -(K - 1):] if K > 1 else self.prefix[0][:, 0, :0]
+            before, state = F.pad(prev, (0, 0, K - 1 - prev.shape[1], 0)), self.prefix[1]
+        y, u, state = net.mix(x, before, state, valid=self.valid)
+        self.kv = (u[:, None], state)
+        return y
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -299,6 +348,23 @@ class DecodeLayer:
         if conv.bias is not None:
             y = y + conv.bias
         return conv.proj(c * y)
+
+    def delta(self, net, x: torch.Tensor) -> torch.Tensor:
+        """A gated delta-net layer's step: x (B, 1, C) -> (B, 1, C). Each row's convolution input goes into its slot
+        of the layer's buffer (B, 1, S, channels); the convolution reads the kernel - 1 slots before it (none before
+        slot 0); the rows' states (`scales`: (B, H, Dk, Dv) fp32) move on by the token, in place, but for rows
+        parked at the buffer's last usable slot (a free row, or one between the spans of its prompt: DecodeBatch),
+        whose states stay as they are."""
+        B, K = x.shape[0], net.kernel
+        index = self.slot[:, None] + torch.arange(1 - K, 0, device=x.device)  # (B, K - 1), oldest first
+        width = self.k_buf.shape[-1]
+        before = self.k_buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, width))
+        before = before * (index >= 0)[:, :, None].to(before.dtype)
+        active = self.slot != self.k_buf.shape[2] - 2  # (B,): the last usable slot is where rows are parked
+        y, u, state = net.mix(x, before, self.scales, valid=active[:, None])
+        _scatter_slot(self.k_buf, self.slot, u[:, None])
+        self.scales.copy_(state)
+        return y
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the

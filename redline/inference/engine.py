@@ -150,6 +150,11 @@ def _evaluating(model: GPT):
         model.train(was_training)
 
 
+def _delta_width(cfg) -> int:
+    """The channels of a gated delta net's convolution (its q, k and v), which its cache layer keeps a token."""
+    return 2 * cfg.delta_key_heads * cfg.delta_key_dim + cfg.delta_heads * cfg.delta_value_dim
+
+
 def _prefill_attention(device: torch.device, backend: str):
     """SDPA's backends for a prefill on a GPU when the model leaves the choice to PyTorch: flash, memory-efficient
     or math, not cuDNN's. cuDNN attention builds an execution plan for each new shape it meets, milliseconds of host
@@ -205,11 +210,14 @@ class InferenceEngine:
 
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one token of one sequence takes: 2 · attention layers · n_kv_head · (head_dim · itemsize,
-        plus an fp32 scale for FP8), and n_embd · itemsize for each short-convolution layer (its b·h)."""
+        plus an fp32 scale for FP8), n_embd · itemsize for each short-convolution layer (its b·h) and the
+        convolution's channels · itemsize for each gated delta-net layer (whose state a row holds once, whatever
+        its length)."""
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
         size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
-        conv = len(c.conv_layers)
-        return 2 * (c.n_layer - conv) * c.kv_heads * (c.head_dim * size + 4 * fp8) + conv * c.n_embd * size
+        conv, delta = len(c.conv_layers), len(c.delta_layers)
+        return (2 * (c.n_layer - conv - delta) * c.kv_heads * (c.head_dim * size + 4 * fp8) + conv * c.n_embd * size
+                + delta * _delta_width(c) * size)
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -260,7 +268,8 @@ class InferenceEngine:
         c, dev = self.cfg, self.device
         self._state = DecodeState(
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
-                          c.conv_layers, c.n_embd),
+                          c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
+                          (c.delta_heads, c.delta_key_dim, c.delta_value_dim)),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
@@ -304,8 +313,9 @@ class InferenceEngine:
         slots = st.slots[:width]
         scales = [t for pair in cache.scales or () for t in pair]
         self._mark_dynamic((st.tokens, 0), (st.slot, 0), (slots, 0), (st.history, 0, 1), (st.active, 0),
-                           *[(t, 0, 2) for t in cache.k + cache.v + scales])
-        return decode_layers(self.model, st.tokens, st.slot, slots, cache.k, cache.v, cache.scales,
+                           *[(t, 0, 2) for t in cache.k + cache.v + scales],
+                           *[(t, 0) for t in cache.states.values()])
+        return decode_layers(self.model, st.tokens, st.slot, slots, cache.k, cache.v, cache.layer_extras,
                              self.plan.attention, greedy, self._decode_fns,
                              self._mark_dynamic if self._decode_fns else None, st.counts,
                              self.plan.linear == "triton", st.history, st.active)
@@ -360,7 +370,7 @@ class InferenceEngine:
             final = None
             for s0 in range(0, T, span):
                 where = slice(row0 + r0, row0 + r1) if at is None else at[r0:r1]
-                h = self._prefill_span(st, tokens[r0:r1, s0:s0 + span], where, start + s0)
+                h = self._prefill_span(st, tokens[r0:r1, s0:s0 + span], where, start + s0, last[r0:r1])
                 inside = (last[r0:r1] >= start + s0) & (last[r0:r1] < start + s0 + h.shape[1])
                 index = (last[r0:r1] - start - s0).clamp(0, h.shape[1] - 1)
                 picked = h[torch.arange(r1 - r0, device=self.device), index]  # (rows, C)
@@ -408,12 +418,13 @@ class InferenceEngine:
     def _prefill_final(self, st: DecodeState, tokens: torch.Tensor, rows: torch.Tensor,
                        last: torch.Tensor, start: int = 0) -> torch.Tensor:
         """prefill_rows' forward -> the hidden states (b, C) at index `last` of each row's span."""
-        h = self._prefill_span(st, tokens, rows, start)  # (b, T, C)
+        h = self._prefill_span(st, tokens, rows, start, start + last)  # (b, T, C)
         return h[torch.arange(tokens.shape[0], device=self.device), last]
 
     def _prefill_span(self, st: DecodeState, tokens: torch.Tensor, rows: slice | torch.Tensor,
-                      start: int) -> torch.Tensor:
-        """One span of prompt tokens (b, t) into `rows` at slots [start, start + t) -> hidden states (b, t, C)."""
+                      start: int, last: torch.Tensor | None = None) -> torch.Tensor:
+        """One span of prompt tokens (b, t) into `rows` at slots [start, start + t) -> hidden states (b, t, C).
+        last (b,): each row's last prompt slot, past which a gated delta net's state takes no token (padding)."""
         m = self.model
         b, t = tokens.shape
         positions = torch.arange(start, start + t, device=self.device)
@@ -424,13 +435,19 @@ class InferenceEngine:
                            *[(mask, 0, 1) for mask in masks.values() if mask is not None],
                            *[(ve, 0, 1) for ve in values])
         quantize = st.cache.quantized
+        valid = None
+        if st.cache.states and last is not None:  # (b, t): the rows' prompt tokens, padding after them
+            valid = positions[None, :] <= last[:, None]
+            self._mark_dynamic((valid, 0, 1))
         with _prefill_attention(self.device, self.cfg.attn_backend):
             for layer, block in enumerate(m.blocks):
                 prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
                 if prefix[0] is not None:
-                    self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2))
+                    self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2) if layer not in st.cache.states
+                                       else (prefix[1], 0))
+                delta = layer in st.cache.states
                 x, k, v = self._prefill_fn(block, x, rope, masks[block.attn.window], quantize, *prefix,
-                                           layer_value(m, values, layer))
+                                           layer_value(m, values, layer), valid if delta else None)
                 st.cache.write(layer, rows, start, k, v)
         return x
 

@@ -72,9 +72,10 @@ def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, 
                                  ("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)):
         if value not in choices:
             raise UserError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    if kv_cache_dtype == "fp8" and getattr(cfg, "conv_layers", ()):
-        raise UserError("kv_cache_dtype=fp8 with short-convolution layers (model.conv_layers, LFM2's): their cache "
-                        "holds the convolution's inputs, which are not stored in FP8; use kv_cache_dtype=auto")
+    if kv_cache_dtype == "fp8" and (getattr(cfg, "conv_layers", ()) or getattr(cfg, "delta_layers", ())):
+        raise UserError("kv_cache_dtype=fp8 with short-convolution or gated delta-net layers (model.conv_layers, "
+                        "model.delta_layers): their cache holds the convolutions' inputs, which are not stored in "
+                        "FP8; use kv_cache_dtype=auto")
     if prefill_chunk_tokens < 1:
         raise UserError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
     if dtype is None:

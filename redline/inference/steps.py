@@ -34,13 +34,14 @@ def layer_value(model, values: list[torch.Tensor], layer: int) -> torch.Tensor |
 
 
 def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, prefix_k=None, prefix_v=None,
-                  ve=None):
+                  ve=None, valid=None):
     """x (b, T, C) -> (x, k, v): the block's output and the new tokens' keys and values (b, KV, T, D) for the cache
     (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k, prefix_v: the rows'
     cached slots before these tokens (a prompt prefilled in chunks), attended to as well. ve: the layer's value
-    embedding of these tokens (b, T, KV*D), or None."""
+    embedding of these tokens (b, T, KV*D), or None. A gated delta-net layer's (k, v) and prefix are its convolution
+    inputs and its rows' states (KVCache); valid (b, T): its rows' prompt tokens, the padding after them past."""
     prefix = (prefix_k, prefix_v) if prefix_k is not None else None
-    layer = PrefillLayer(mask, prefix, quantize)
+    layer = PrefillLayer(mask, prefix, quantize, valid)
     x = block(x, rope, cache=layer, ve=ve)
     k, v = layer.kv
     return x, k, v
@@ -73,7 +74,8 @@ def decode_block(block, x, rope, mask, k_buf, v_buf, slot, impl: str = "matmul",
                  scales=None, ve=None):
     """x (B, 1, C) -> (B, 1, C): writes each row's key and value into its slot of the layer's whole cache buffers
     and attends over their first W = mask.shape[-1] slots. fused: up to MAX_ROWS rows, the block in redline's
-    product kernels (kernels/fused_block.py); scales: an FP8 cache's (k_scale, v_scale) buffers, or None; ve: the
+    product kernels (kernels/fused_block.py); scales: an FP8 cache's (k_scale, v_scale) buffers, a gated delta-net
+    layer's states (KVCache.layer_extras), or None; ve: the
     layer's value embedding of the step's tokens (B, 1, KV*D), or None (the plan never fuses a model that has
     them)."""
     layer = DecodeLayer(k_buf, v_buf, scales, slot, mask, mask.shape[-1], counts, impl)

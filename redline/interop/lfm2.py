@@ -280,7 +280,7 @@ def lfm3_model_config(hf: dict) -> ModelConfig:
 def wants_lfm3(cfg: ModelConfig) -> bool:
     """A model only LFM3 holds: a gate on the heads, proportional RoPE, or short convolutions with output norms, a
     window or the windowed layers' own RoPE."""
-    return cfg.attn_gate != "none" or cfg.rope_scaling == "proportional" or bool(cfg.conv_layers and (
+    return cfg.attn_gate == "head" or cfg.rope_scaling == "proportional" or bool(cfg.conv_layers and (
         cfg.norm_position == "sandwich" or cfg.sliding_window or cfg.rope_local_theta))
 
 

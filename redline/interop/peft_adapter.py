@@ -81,6 +81,21 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if family.name in ("qwen3_5", "qwen3_5_text"):  # qwen3_5.py's names; q_proj holds queries and gates together
+        if int(i) in cfg.delta_layers:
+            names = {"attn.in_proj": "linear_attn.in_proj_qkv", "attn.z": "linear_attn.in_proj_z",
+                     "attn.b": "linear_attn.in_proj_b", "attn.a": "linear_attn.in_proj_a",
+                     "attn.proj": "linear_attn.out_proj"}
+            if rest not in names and not rest.startswith("mlp."):
+                raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with "
+                                f"--merge")
+            if rest in names:
+                return [(base + names[rest], slice(0, out_features))]
+        elif rest in ("attn.qkv", "attn.gate"):
+            raise UserError(f"the adapter on {layer}: Qwen3.5's q_proj holds each head's queries and its output gate "
+                            f"together, which redline adapts apart (attn.qkv, attn.gate), so the pair does not make "
+                            f"one PEFT adapter of the same rank; export with --merge, or train with lora.targets "
+                            f"that leave attn.qkv and attn.gate out (e.g. attn.proj attn.in_proj attn.z mlp.*)")
     if family.name in ("lfm2", "lfm3"):  # their own names (lfm2.py): feed_forward.w1/w3/w2, a conv layer's in_proj
         # and out_proj, the attention's out_proj (LFM2) or o_proj and g_proj, the head gate's module (LFM3)
         conv = int(i) in cfg.conv_layers

@@ -1,0 +1,204 @@
+"""Qwen3.5 (Qwen's dense Qwen3.5 models: Qwen3_5ForCausalLM, model_type "qwen3_5_text", and the text model of
+Qwen3_5ForConditionalGeneration, model_type "qwen3_5", whose weights sit under model.language_model.): a hybrid of
+gated delta nets and gated full attention, three to one by default (layer_types "linear_attention" /
+"full_attention", else every full_attention_interval-th layer full).
+
+- linear_attention layers: redline's GatedDeltaNet (model.delta_layers), its tensors linear_attn.in_proj_qkv
+  (q, k, v rows), in_proj_z, in_proj_b, in_proj_a, conv1d.weight (channels, 1, kernel), A_log, dt_bias, norm.weight
+  (the gated RMSNorm's, a head's width) and out_proj;
+- full_attention layers: Qwen3's attention (per-head QK-norm before RoPE) whose q_proj holds, head by head, the
+  head's queries then its output gate (H·2D rows: attn_gate=element, the gate rows split out into attn.gate), RoPE
+  on the first partial_rotary_factor of each head (rope_dims; the text model's multimodal RoPE sections all take the
+  token's one position, so they are plain RoPE);
+- every RMSNorm scales by 1 + weight in fp32 (Gemma's: norm_unit_offset), QK-norm included; SwiGLU MLPs.
+Semantics read from transformers' models/qwen3_5/modular_qwen3_5.py and models/qwen3_next/modular_qwen3_next.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from redline.errors import UserError
+from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
+from redline.interop.llama import check_silu, shape_fields
+from redline.model import ModelConfig
+
+_DELTA = {"attn.in_proj": "in_proj_qkv", "attn.z": "in_proj_z", "attn.b": "in_proj_b", "attn.a": "in_proj_a",
+          "attn.proj": "out_proj"}  # redline's Linear layers of a delta net -> linear_attn.*
+
+
+def text_config(hf: dict) -> dict:
+    """The text model's config: Qwen3_5Config's text_config (the head's tying given beside it), or hf itself."""
+    if "text_config" not in hf:
+        return hf
+    text = dict(hf["text_config"])
+    text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+    return text
+
+
+def _kinds(hf: dict) -> list[str]:
+    n = hf["num_hidden_layers"]
+    interval = int(hf.get("full_attention_interval", 4))
+    kinds = hf.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                      for i in range(n)]
+    if len(kinds) != n or not set(kinds) <= {"linear_attention", "full_attention"}:
+        raise UserError(f"layer_types {kinds}: Qwen3.5 takes {n} entries, each linear_attention or full_attention")
+    return kinds
+
+
+def model_config(hf: dict) -> ModelConfig:
+    hf = text_config(hf)
+    check_silu(hf)
+    if hf.get("attention_bias"):
+        raise UserError("attention_bias=true: Qwen3.5's attention biases are not supported (its other layers have "
+                        "none)")
+    params = dict(hf.get("rope_parameters") or {})
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise UserError(f"rope_parameters.rope_type={kind!r}: redline reads Qwen3.5's default RoPE only")
+    fields = shape_fields(hf)
+    head_dim = hf.get("head_dim") or fields["n_embd"] // fields["n_head"]
+    fraction = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)))
+    rotated = int(head_dim * fraction)
+    kinds = _kinds(hf)
+    return ModelConfig(
+        **fields, qk_norm=True, fused_qkv=True, attn_gate="element", pos_emb="rope",
+        rope_theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rope_dims=rotated if rotated != head_dim else 0, mlp="swiglu", fused_mlp=True, norm="rmsnorm",
+        norm_unit_offset=True, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        delta_layers=tuple(i for i, k in enumerate(kinds) if k == "linear_attention"),
+        delta_heads=int(hf.get("linear_num_value_heads", 32)), delta_key_heads=int(hf.get("linear_num_key_heads", 16)),
+        delta_key_dim=int(hf.get("linear_key_head_dim", 128)),
+        delta_value_dim=int(hf.get("linear_value_head_dim", 128)),
+        delta_conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
+    )
+
+
+def wants_qwen3_5(cfg: ModelConfig) -> bool:
+    """A model only Qwen3.5 holds: gated delta nets, or an output gate on each element of the heads."""
+    return bool(cfg.delta_layers) or cfg.attn_gate == "element"
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option that Qwen3.5, the one architecture with gated delta nets and element-wise
+    attention gates redline exports to, does not have."""
+    what = "model.delta_layers or model.attn_gate=element: Qwen3.5, the one architecture with them redline exports to,"
+    raise_first([
+        (cfg.attn_gate != "element", f"{what} gates every element of its attention heads (model.attn_gate=element)"),
+        (cfg.norm != "rmsnorm" or cfg.norm_position != "pre" or not cfg.norm_unit_offset or cfg.parallel_residual
+         or cfg.embed_norm, f"{what} has pre-RMSNorms scaling by 1 + weight (model.norm_unit_offset), sublayers in "
+                            f"turn"),
+        (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
+         f"{what} normalizes q and k per head before RoPE (model.qk_norm)"),
+        (cfg.mlp != "swiglu" or cfg.moe_experts or cfg.conv_layers, f"{what} has dense SwiGLU MLPs and no "
+                                                                    f"convolution layers"),
+        (cfg.bias or cfg.has_qkv_bias, f"{what} has no biases (model.bias, model.qkv_bias)"),
+        (cfg.pos_emb != "rope" or cfg.rope_scaling != "none" or cfg.nope_interval or cfg.rope_local_theta
+         or cfg.rope_layer_theta, f"{what} rotates the first rope_dims of every attention layer's heads with one "
+                                  f"unscaled RoPE"),
+        (cfg.sliding_window or cfg.attn_sinks or cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap
+         or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor or cfg.head_bias,
+         f"{what} has no window, sinks, scales, caps or scalars"),
+    ])
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    return {
+        "model_type": "qwen3_5_text", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
+        "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": cfg.context_len, "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                            "partial_rotary_factor": (cfg.rope_dims or cfg.head_dim) / cfg.head_dim},
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "attention_dropout": 0.0,
+        "layer_types": ["linear_attention" if i in cfg.delta_layers else "full_attention" for i in range(cfg.n_layer)],
+        "linear_num_value_heads": cfg.delta_heads or 1, "linear_num_key_heads": cfg.delta_key_heads or 1,
+        "linear_key_head_dim": cfg.delta_key_dim, "linear_value_head_dim": cfg.delta_value_dim,
+        "linear_conv_kernel_dim": cfg.delta_conv_kernel, "initializer_range": 0.02, "use_cache": True,
+    }
+
+
+def _text_view(src: TensorSource) -> TensorSource:
+    """src with Qwen3_5ForConditionalGeneration's model.language_model. read as model. (its vision tower and
+    multi-token-prediction head are left unread: ignorable)."""
+    names = {n.replace("model.language_model.", "model.", 1): n for n in src.names}
+    return TensorSource(names, lambda name: src.take(names[name]), src.where)
+
+
+def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    src = _text_view(src)
+    out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
+           "norm_f.weight": src.take("model.norm.weight")}
+    out.update(take_head(src, cfg))
+    H, D = cfg.n_head, cfg.head_dim
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
+        out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
+        mlp = p + "mlp."
+        out[r + "mlp.fc.weight"] = torch.cat([src.take(mlp + "gate_proj.weight"), src.take(mlp + "up_proj.weight")])
+        out[r + "mlp.proj.weight"] = src.take(mlp + "down_proj.weight")
+        if i in cfg.delta_layers:
+            d = p + "linear_attn."
+            for ours, theirs in _DELTA.items():
+                out[f"{r}{ours}.weight"] = src.take(f"{d}{theirs}.weight")
+            out[r + "attn.conv"] = src.take(d + "conv1d.weight")[:, 0]  # (channels, 1, K) -> (channels, K)
+            for name in ("A_log", "dt_bias"):
+                out[f"{r}attn.{name}"] = src.take(d + name)
+            out[r + "attn.norm"] = src.take(d + "norm.weight")
+            continue
+        a = p + "self_attn."
+        q, gate = src.take(a + "q_proj.weight").view(H, 2, D, -1).unbind(1)  # each head: its queries, its gate
+        out[r + "attn.qkv.weight"] = torch.cat([q.reshape(H * D, -1), src.take(a + "k_proj.weight"),
+                                                src.take(a + "v_proj.weight")])
+        out[r + "attn.gate.weight"] = gate.reshape(H * D, -1)
+        out[r + "attn.proj.weight"] = src.take(a + "o_proj.weight")
+        out[r + "attn.q_norm.weight"] = src.take(a + "q_norm.weight")
+        out[r + "attn.k_norm.weight"] = src.take(a + "k_norm.weight")
+    return out
+
+
+def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    V, H, D = cfg.vocab_size, cfg.n_head, cfg.head_dim
+    out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.norm.weight": state["norm_f.weight"]}
+    out.update(give_head(state, cfg))
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
+        out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
+        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
+        out[p + "mlp.down_proj.weight"] = state[r + "mlp.proj.weight"]
+        if i in cfg.delta_layers:
+            d = p + "linear_attn."
+            for ours, theirs in _DELTA.items():
+                out[f"{d}{theirs}.weight"] = state[f"{r}{ours}.weight"]
+            out[d + "conv1d.weight"] = state[r + "attn.conv"][:, None]
+            for name in ("A_log", "dt_bias"):
+                out[d + name] = state[f"{r}attn.{name}"]
+            out[d + "norm.weight"] = state[r + "attn.norm"]
+            continue
+        a = p + "self_attn."
+        q, k, v = state[r + "attn.qkv.weight"].split([H * D, cfg.kv_heads * D, cfg.kv_heads * D])
+        gate = state[r + "attn.gate.weight"]
+        out[a + "q_proj.weight"] = torch.stack([q.view(H, D, -1), gate.view(H, D, -1)], dim=1).reshape(2 * H * D, -1)
+        out[a + "k_proj.weight"], out[a + "v_proj.weight"] = k, v
+        out[a + "o_proj.weight"] = state[r + "attn.proj.weight"]
+        out[a + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
+        out[a + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _ignorable(name: str) -> bool:
+    """The multimodal checkpoints' vision tower and multi-token-prediction layers, which the text model does not
+    run."""
+    return name.startswith(("model.visual.", "mtp.", "visual."))
+
+
+TEXT_FAMILY = Family(name="qwen3_5_text", architecture="Qwen3_5ForCausalLM", model_config=model_config,
+                     hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+# Qwen3_5ForConditionalGeneration's folders: the text model is read; exports are the text model (TEXT_FAMILY)
+FAMILY = Family(name="qwen3_5", architecture="Qwen3_5ForCausalLM", model_config=model_config, hf_config=hf_config,
+                to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)

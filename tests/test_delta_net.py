@@ -1,0 +1,161 @@
+"""Gated delta-net layers (model.delta_layers, Qwen3.5's linear attention): the chunked gated delta rule against the
+token-by-token recurrence, packed documents kept apart in training, the inference engine's cache (each row's state,
+each token's convolution input in its slot) against full recompute, prefilled whole, in chunks and through a decode
+batch whose other rows decode meanwhile, the refusals. Parity with transformers' Qwen3.5 is in
+tests/test_interop.py (the FAMILIES table)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from redline.errors import UserError
+from redline.inference import InferenceEngine, SamplingParams
+from redline.model import GPT, ModelConfig, gated_delta_rule
+
+from tests.engine_checks import assert_compiled_engine_stays_greedy
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+CFG = ModelConfig(vocab_size=96, context_len=64, n_layer=3, n_embd=32, n_head=4, n_kv_head=2, qk_norm=True,
+                  norm_unit_offset=True, attn_gate="element", rope_dims=4, delta_layers=(0, 2), delta_heads=4,
+                  delta_key_heads=2, delta_key_dim=8, delta_value_dim=8)
+
+
+def recurrence(q, k, v, g, beta, state=None, starts=None):
+    """The rule token by token: S ← exp(g_t)·S, S ← S + k_t (β_t (v_t − Sᵀk_t))ᵀ, o_t = Sᵀq_t (zeroed at a start)."""
+    B, T, H, Dk = k.shape
+    S = torch.zeros(B, H, Dk, v.shape[-1]) if state is None else state.clone()
+    out = []
+    for t in range(T):
+        if starts is not None:
+            S = S * (~starts[:, t]).float()[:, None, None, None]
+        S = S * g[:, t].exp()[..., None, None]
+        delta = (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t])) * beta[:, t][..., None]
+        S = S + k[:, t][..., None] * delta[..., None, :]
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
+    return torch.stack(out, 1), S
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_chunked_rule_is_the_recurrence(chunk):
+    """Outputs and final state, with a state carried in and documents starting mid-chunk, equal the token loop's."""
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, Dk, Dv = 2, 23, 3, 8, 5
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=gen), dim=-1) for _ in range(2))
+    v = torch.randn(B, T, H, Dv, generator=gen)
+    g, beta = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+    state = torch.randn(B, H, Dk, Dv, generator=gen)
+    starts = torch.zeros(B, T, dtype=torch.bool)
+    starts[0, 7], starts[1, 3], starts[1, 16] = True, True, True
+    for s0, st in ((None, None), (state, starts)):
+        want_o, want_s = recurrence(q, k, v, g, beta, s0, st)
+        got_o, got_s = gated_delta_rule(q, k, v, g, beta, s0, st, chunk=chunk)
+        torch.testing.assert_close(got_o, want_o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_s, want_s, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_documents_do_not_see_each_other():
+    torch.manual_seed(0)
+    model = GPT(CFG).eval()
+    idx = torch.randint(0, 96, (2, 12))
+    doc_ids = torch.tensor([[0] * 5 + [1] * 7] * 2)
+    positions = torch.cat([torch.arange(5), torch.arange(7)])
+    with torch.no_grad():
+        packed = model(idx, positions=positions, doc_ids=doc_ids)
+        torch.testing.assert_close(packed[:, :5], model(idx[:, :5]))
+        torch.testing.assert_close(packed[:, 5:], model(idx[:, 5:]))
+        assert (model(idx)[:, 5:] - packed[:, 5:]).abs().max() > 1e-3  # unpacked, the second reads the first
+
+
+def long_memory(model: GPT) -> GPT:
+    """The model with its delta nets' decay slow (A = 0.02: a state that lasts hundreds of tokens, where GPT's
+    initial A of 1..16 forgets within a few) and their outputs and the logits scaled up, so that a state that took a
+    wrong token, or missed one, changes the greedy tokens."""
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.attn.__class__.__name__ == "GatedDeltaNet":
+                block.attn.A_log.fill_(-3.9)
+                block.attn.proj.weight.mul_(8)
+        model.lm_head.weight.mul_(10)
+    return model.eval()
+
+
+def full_recompute(model, prompt, n):
+    return model.generate(torch.tensor([prompt]), n, temperature=0)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("chunk", [32768, 4, 1])
+def test_engine_decodes_as_full_recompute(chunk):
+    """Prompts of different lengths in one batch (the shorter ones' padding passing their states by), prefilled
+    whole or in chunks of `chunk` tokens (each chunk starting from the rows' states and the convolution's inputs
+    before it), then decoded one token at a time."""
+    torch.manual_seed(0)
+    model = long_memory(GPT(CFG))
+    prompts = [list(range(1, 12)), [5, 6], [40]]
+    engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=chunk)
+    got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
+    assert got == [full_recompute(model, p, 10) for p in prompts]
+    # fp32: one attention layer's k and v (2 kv heads of 8), two delta nets' convolution inputs (2·2·8 + 4·8)
+    assert engine.kv_bytes_per_token() == (2 * 1 * 2 * 8 + 2 * 64) * 4
+
+
+def test_decode_batch_rows_keep_their_states():
+    """A server's batch: one row decodes while another's prompt goes in over two spans, the decoding steps between
+    them leaving the parked row's state as it is; then both decode, and a freed row is refilled from a fresh state.
+    Each row's tokens are the full recompute's; no prefix is reused (a state is not held in slots)."""
+    from redline.inference.batch import DecodeBatch
+
+    torch.manual_seed(0)
+    model = long_memory(GPT(CFG))
+    engine = InferenceEngine(model, compile=False)
+    batch = DecodeBatch(engine, rows=2, capacity=48)
+    a, b = list(range(3, 14)), [7, 1, 8, 2, 8, 1, 8, 2, 9]
+    first = int(batch.prefill(0, a).argmax())
+    batch.start(0, first, len(a))
+    got_a = [first] + [int(batch.step()[0]) for _ in range(3)]
+    batch.prefill(1, b[:4])
+    got_a += [int(batch.step()[0]) for _ in range(2)]  # row 1 is parked between its spans
+    second = int(batch.prefill(1, b[4:], start=4).argmax())
+    batch.start(1, second, len(b))
+    got_b = [second]
+    for _ in range(4):
+        nxt = batch.step()
+        got_a.append(int(nxt[0]))
+        got_b.append(int(nxt[1]))
+    assert got_a == full_recompute(model, a, len(got_a)) and got_b == full_recompute(model, b, len(got_b))
+    batch.free(0)
+    assert batch.match(a) == (-1, 0)
+    c = [11, 12, 13]
+    third = int(batch.prefill(0, c).argmax())
+    batch.start(0, third, len(c))
+    assert [third] + [int(batch.step()[0]) for _ in range(3)] == full_recompute(model, c, 4)
+
+
+def test_refusals():
+    with pytest.raises(UserError, match="kv_cache_dtype=fp8 with short-convolution or gated delta-net layers"):
+        InferenceEngine(GPT(CFG), compile=False, kv_cache_dtype="fp8")
+    for bad in (dict(delta_layers=(2, 0)), dict(delta_layers=(3,)), dict(delta_heads=3),
+                dict(conv_layers=(0,)), dict(delta_key_heads=0)):
+        with pytest.raises(UserError, match="model.delta_layers"):
+            replace(CFG, **bad).validate()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_compiled_engine_and_training_step():
+    """On a GPU: the compiled, graph-captured engine decodes greedily, as the eager one does (tests/engine_checks.py);
+    the compiled training step's loss and gradients match eager ones."""
+    torch.manual_seed(0)
+    cfg = replace(CFG, n_embd=128, vocab_size=512, context_len=128, delta_key_dim=32, delta_value_dim=32)
+    model = GPT(cfg).cuda()
+    assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
+    model.train()
+    idx = torch.randint(0, cfg.vocab_size, (4, 96), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)
+    grad = torch.autograd.grad(loss, model.blocks[0].attn.in_proj.weight)[0]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss_c = torch.compile(model)(idx, idx)
+    grad_c = torch.autograd.grad(loss_c, model.blocks[0].attn.in_proj.weight)[0]
+    torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
+    assert (grad_c - grad).norm() / grad.norm() < 0.05
