@@ -843,7 +843,7 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.parametrize("arch, impl", [(arch, impl) for arch in ("olmo2-style", "gemma3-style", "neox-style",
                                                                    "phi-style", "opt-style", "smollm3-style",
                                                                    "granite-style", "phi4-style", "exaone4-style",
-                                                                   "hunyuan-style", "lfm3-style")
+                                                                   "hunyuan-style", "lfm3-style", "qwen3.5-style")
                                         for impl in ("matmul", "triton")] + [("gemma2-style", "matmul"),
                                                                              ("gpt-oss-style", "matmul"),
                                                                              ("granite-swa-style", "matmul")])
