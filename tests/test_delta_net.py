@@ -14,6 +14,7 @@ from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, ModelConfig, gated_delta_rule
 
 from tests.engine_checks import assert_compiled_engine_stays_greedy
+from tests.test_short_conv import assert_documents_apart
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -56,16 +57,9 @@ def test_chunked_rule_is_the_recurrence(chunk):
 
 
 def test_packed_documents_do_not_see_each_other():
+    """The state and the convolution restart at a packed document's first token."""
     torch.manual_seed(0)
-    model = GPT(CFG).eval()
-    idx = torch.randint(0, 96, (2, 12))
-    doc_ids = torch.tensor([[0] * 5 + [1] * 7] * 2)
-    positions = torch.cat([torch.arange(5), torch.arange(7)])
-    with torch.no_grad():
-        packed = model(idx, positions=positions, doc_ids=doc_ids)
-        torch.testing.assert_close(packed[:, :5], model(idx[:, :5]))
-        torch.testing.assert_close(packed[:, 5:], model(idx[:, 5:]))
-        assert (model(idx)[:, 5:] - packed[:, 5:]).abs().max() > 1e-3  # unpacked, the second reads the first
+    assert_documents_apart(long_memory(GPT(CFG)))
 
 
 def long_memory(model: GPT) -> GPT:

@@ -24,13 +24,18 @@ transformers = pytest.importorskip("transformers")
 
 def export_gguf(kind, tmp_path, capsys, dtype="fp32"):
     hf = hf_folder(kind, tmp_path / "hf")
+    return hf, imported_as_gguf(tmp_path, capsys, dtype)
+
+
+def imported_as_gguf(tmp_path, capsys, dtype="fp32"):
+    """`redline import` of the folder tmp_path/hf, then `redline export --format gguf` -> the GGUF's path."""
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
     assert code == 0, err
     out = tmp_path / "gguf" / "model.gguf"
     code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--dtype", dtype, "--out",
                             str(out)], capsys)
     assert code == 0, err
-    return hf, out
+    return out
 
 
 

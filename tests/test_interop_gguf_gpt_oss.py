@@ -18,6 +18,7 @@ from redline.errors import UserError
 from redline.training.checkpoint import load_for_inference
 from tests.interop_models import VOCAB, byte_level_tokenizer
 from tests.test_interop import TOKENS, run_cli
+from tests.test_interop_gguf import imported_as_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 gguf = pytest.importorskip("gguf")
@@ -53,13 +54,7 @@ def gpt_oss_folder(path, clamp_bites=True, **overrides):
 def export(tmp_path, capsys, dtype="fp32", clamp_bites=True, **overrides):
     """(transformers model, GGUF path) after `redline import` of its folder and `redline export --format gguf`."""
     hf = gpt_oss_folder(tmp_path / "hf", clamp_bites, **overrides)
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
-    assert code == 0, err
-    out = tmp_path / "gguf" / "model.gguf"
-    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", "gguf", "--dtype", dtype, "--out",
-                            str(out)], capsys)
-    assert code == 0, err
-    return hf, out
+    return hf, imported_as_gguf(tmp_path, capsys, dtype)
 
 
 def import_logits(path, out, capsys) -> torch.Tensor:

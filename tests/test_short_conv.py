@@ -22,7 +22,12 @@ CFG = ModelConfig(vocab_size=96, context_len=64, n_layer=4, n_embd=32, n_head=4,
 
 def test_packed_documents_do_not_see_each_other():
     torch.manual_seed(0)
-    model = GPT(CFG).eval()
+    assert_documents_apart(GPT(CFG).eval())
+
+
+def assert_documents_apart(model) -> None:
+    """Two documents packed in one row (doc_ids, positions restarting) give each its own logits; unpacked, the second
+    reads the first."""
     idx = torch.randint(0, 96, (2, 12))
     doc_ids = torch.tensor([[0] * 5 + [1] * 7] * 2)
     positions = torch.cat([torch.arange(5), torch.arange(7)])
