@@ -6,10 +6,10 @@ Features (each a field of `ModelConfig`):
   fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); a sigmoid gate on each head's output
-  (`attn_gate`, LFM3's); optional
-  sliding-window attention, on every layer or interleaved with full-attention
-  layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`); documents packed into one row attend only within themselves
-  (`doc_ids`); PyTorch SDPA with a selectable backend (auto, cudnn, flash, efficient, math);
+  or each of its elements (`attn_gate`, LFM3's and Qwen3.5's); optional sliding-window attention, on every layer or
+  interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
+  documents packed into one row attend only within themselves (`doc_ids`); PyTorch SDPA with a selectable backend
+  (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
 - positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's, LongRoPE's, linear or proportional (part of each

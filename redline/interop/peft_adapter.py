@@ -6,8 +6,10 @@ Hugging Face model `redline export` writes from the run's base:
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py, gpt_neox.py,
-opt.py, starcoder2.py, nanochat.py), as PEFT saves them: `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight`
-(out, r), scaled by lora_alpha / r.
+opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py), as PEFT saves them:
+`base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
+Qwen3.5's q_proj, whose rows hold each head's queries and output gate, takes redline's attn.qkv and attn.gate
+adapters together at the sum of their ranks (rank_pattern, alpha_pattern).
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
@@ -67,6 +69,22 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             raise UserError(f"the adapter on {layer} has no counterpart in Phi-3 (whose q/k/v are one qkv_proj and "
                             f"gate and up one gate_up_proj); export with --merge")
         return [(base + _PHI3[rest], slice(0, out_features))]
+    if family.name in ("qwen3_5", "qwen3_5_text"):  # qwen3_5.py's names; q_proj holds queries and gates together
+        if int(i) in cfg.delta_layers:
+            names = {"attn.in_proj": "linear_attn.in_proj_qkv", "attn.z": "linear_attn.in_proj_z",
+                     "attn.b": "linear_attn.in_proj_b", "attn.a": "linear_attn.in_proj_a",
+                     "attn.proj": "linear_attn.out_proj"}
+            if rest not in names and not rest.startswith("mlp."):
+                raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with "
+                                f"--merge")
+            if rest in names:
+                return [(base + names[rest], slice(0, out_features))]
+        elif rest == "attn.gate":  # into q_proj by _qwen3_5_q_proj, with the queries' adapter
+            return []
+        elif rest == "attn.qkv":  # k and v as Llama's; the queries into q_proj by _qwen3_5_q_proj
+            q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+            return [(base + "self_attn.k_proj", slice(q, q + kv)),
+                    (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         if family.name in ("cohere", "cohere2"):  # q and k rows in RoPE's interleaved order, as cohere.py exports
@@ -81,21 +99,6 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
-    if family.name in ("qwen3_5", "qwen3_5_text"):  # qwen3_5.py's names; q_proj holds queries and gates together
-        if int(i) in cfg.delta_layers:
-            names = {"attn.in_proj": "linear_attn.in_proj_qkv", "attn.z": "linear_attn.in_proj_z",
-                     "attn.b": "linear_attn.in_proj_b", "attn.a": "linear_attn.in_proj_a",
-                     "attn.proj": "linear_attn.out_proj"}
-            if rest not in names and not rest.startswith("mlp."):
-                raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with "
-                                f"--merge")
-            if rest in names:
-                return [(base + names[rest], slice(0, out_features))]
-        elif rest in ("attn.qkv", "attn.gate"):
-            raise UserError(f"the adapter on {layer}: Qwen3.5's q_proj holds each head's queries and its output gate "
-                            f"together, which redline adapts apart (attn.qkv, attn.gate), so the pair does not make "
-                            f"one PEFT adapter of the same rank; export with --merge, or train with lora.targets "
-                            f"that leave attn.qkv and attn.gate out (e.g. attn.proj attn.in_proj attn.z mlp.*)")
     if family.name in ("lfm2", "lfm3"):  # their own names (lfm2.py): feed_forward.w1/w3/w2, a conv layer's in_proj
         # and out_proj, the attention's out_proj (LFM2) or o_proj and g_proj, the head gate's module (LFM3)
         conv = int(i) in cfg.conv_layers
@@ -171,10 +174,42 @@ def _rows_as_exported(B: torch.Tensor, module: str, cfg: ModelConfig, family: Fa
     return B.contiguous()
 
 
+def _qwen3_5_q_proj(saved: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Qwen3.5's q_proj of each attention layer -> (A, B): its rows hold, head by head, the head's queries then its
+    output gate, which redline adapts apart (attn.qkv's first H·D rows, attn.gate). Each adapter's A stacked, B's
+    rows put where the exported weight has them, block by block: the same update, at the sum of the two ranks
+    (adapter_config's rank_pattern, its alpha_pattern keeping the scale alpha / r)."""
+    H, D = cfg.n_head, cfg.head_dim
+    rows = torch.arange(2 * H * D).view(H, 2, D)  # q_proj's row of (head, queries or gate, dimension)
+    out = {}
+    for i in range(cfg.n_layer):
+        parts = [(saved[f"blocks.{i}.attn.{name}.lora_A"], saved[f"blocks.{i}.attn.{name}.lora_B"][:H * D], at)
+                 for name, at in (("qkv", rows[:, 0].flatten()), ("gate", rows[:, 1].flatten()))
+                 if f"blocks.{i}.attn.{name}.lora_A" in saved]
+        if not parts:
+            continue
+        A = torch.cat([a for a, _, _ in parts])
+        B = A.new_zeros(2 * H * D, A.shape[0])
+        col = 0
+        for a, b, at in parts:
+            B[at, col:col + a.shape[0]] = b
+            col += a.shape[0]
+        out[f"model.layers.{i}.self_attn.q_proj"] = (A, B)
+    return out
+
+
 def peft_tensors(saved: Mapping[str, torch.Tensor], cfg: ModelConfig,
-                 family: Family) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
-    """An adapter checkpoint's tensors -> (PEFT's tensors, target module names, modules_to_save)."""
-    tensors, targets, full = {}, [], []
+                 family: Family) -> tuple[dict[str, torch.Tensor], list[str], list[str], dict[str, int]]:
+    """An adapter checkpoint's tensors -> (PEFT's tensors, target module names, modules_to_save, the ranks of
+    modules that take more than one redline adapter (rank_pattern))."""
+    tensors, targets, full, ranks = {}, [], [], {}
+    if family.name in ("qwen3_5", "qwen3_5_text"):
+        r = next((t.shape[0] for n, t in saved.items() if n.endswith(".lora_A")), 0)
+        for module, (A, B) in _qwen3_5_q_proj(saved, cfg).items():
+            tensors[f"{PREFIX}{module}.lora_A.weight"], tensors[f"{PREFIX}{module}.lora_B.weight"] = A, B
+            targets.append(module)
+            if A.shape[0] != r:
+                ranks[module] = A.shape[0]
     for name, tensor in saved.items():
         if name.endswith(".lora_A"):
             layer = name.removesuffix(".lora_A")
@@ -187,17 +222,21 @@ def peft_tensors(saved: Mapping[str, torch.Tensor], cfg: ModelConfig,
             module, rows = _full_module(name.rsplit(".", 1)[0], cfg, family)
             tensors[f"{PREFIX}{module}.weight"] = tensor[:rows].contiguous()
             full.append(module.rsplit(".", 1)[-1])
-    return tensors, targets, full
+    return tensors, targets, full, ranks
 
 
-def adapter_config(cfg, targets: list[str], modules_to_save: list[str], family: Family, base: str) -> dict:
-    """adapter_config.json as peft's LoraConfig writes it. cfg: the run's TrainConfig."""
+def adapter_config(cfg, targets: list[str], modules_to_save: list[str], family: Family, base: str,
+                   ranks: dict[str, int] | None = None) -> dict:
+    """adapter_config.json as peft's LoraConfig writes it. cfg: the run's TrainConfig; ranks: modules of another rank
+    than lora.rank (rank_pattern, by full name), each with alpha scaled alike (alpha_pattern: the same alpha / r)."""
+    ranks = ranks or {}
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "revision": None,
             "r": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "lora_dropout": cfg.lora.dropout,
             "target_modules": sorted(set(targets)), "modules_to_save": sorted(set(modules_to_save)) or None,
             "fan_in_fan_out": family.name == "gpt2", "bias": "none", "use_rslora": False, "use_dora": False,
             "init_lora_weights": True, "inference_mode": True, "layers_to_transform": None, "layers_pattern": None,
-            "rank_pattern": {}, "alpha_pattern": {}}
+            "rank_pattern": {re.escape(m): r for m, r in ranks.items()},  # peft matches them at a name's end
+            "alpha_pattern": {re.escape(m): cfg.lora.alpha * r / cfg.lora.rank for m, r in ranks.items()}}
 
 
 def write_adapter(out: str | Path, saved: Mapping[str, torch.Tensor], cfg, family: Family, base: str,
@@ -207,9 +246,9 @@ def write_adapter(out: str | Path, saved: Mapping[str, torch.Tensor], cfg, famil
 
     from redline.interop.hf import write_atomic_folder
 
-    tensors, targets, full = peft_tensors(saved, cfg.model, family)
+    tensors, targets, full, ranks = peft_tensors(saved, cfg.model, family)
     tensors = {k: v.to(dtype) for k, v in tensors.items()}
-    config = adapter_config(cfg, targets, full, family, base)
+    config = adapter_config(cfg, targets, full, family, base, ranks)
 
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
