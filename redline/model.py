@@ -250,8 +250,8 @@ class ModelConfig:
     """LayerNorm with a bias (None: as model.bias); StableLM's LayerNorms have biases where its Linear layers have
     none."""
     norm_unit_offset: bool = False
-    """RMSNorm scales by (1 + weight), computed in fp32, its weights initialised to zero (Gemma's form), instead of
-    by the weight; QK-norm included."""
+    """Norms scale by (1 + weight), their weights initialised to zero, instead of by the weight: RMSNorm computed in
+    fp32 (Gemma's form; QK-norm included), LayerNorm in the input's dtype (Nemotron's LayerNorm1P)."""
     norm_affine: bool = True
     """Norms with a learned scale (and a LayerNorm's bias); false: none, every norm a fixed normalization (nanochat's
     RMSNorm, the original OLMo's LayerNorm); QK-norm included."""
@@ -545,6 +545,14 @@ class UnitOffsetRMSNorm(nn.Module):
         return (normed * (1.0 + self.weight.float())).type_as(x)
 
 
+class UnitOffsetLayerNorm(nn.LayerNorm):
+    """LayerNorm scaling by (1 + weight), its weight starting at zero (Nemotron's LayerNorm1P, the rule of
+    transformers' models/nemotron/modeling_nemotron.py, computed in the input's dtype)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
+
+
 def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm_unit_offset:
         return UnitOffsetRMSNorm(dim, cfg.norm_eps)
@@ -554,6 +562,8 @@ def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return make_rmsnorm(cfg, dim)
+    if cfg.norm_unit_offset:
+        return UnitOffsetLayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
     return nn.LayerNorm(dim, eps=cfg.norm_eps, elementwise_affine=cfg.norm_affine,
                         bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
 
@@ -1309,8 +1319,10 @@ class GPT(nn.Module):
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)
-            elif isinstance(module, UnitOffsetRMSNorm):
+            elif isinstance(module, (UnitOffsetRMSNorm, UnitOffsetLayerNorm)):
                 nn.init.zeros_(module.weight)  # scale 1 + 0
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 if module.weight is not None:
                     nn.init.ones_(module.weight)

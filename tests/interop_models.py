@@ -252,6 +252,12 @@ FAMILIES = {
                           linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=False,
                           pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                               "partial_rotary_factor": 0.5})),
+    # Nemotron (Nemotron-Mini-4B's layout): LayerNorms by 1 + weight with biases, a plain ReLU² MLP, RoPE on half of
+    # each head, GQA, untied
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, pad_token_id=None,
+                      norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                      "partial_rotary_factor": 0.5})),
     # Granite 3.x: Llama's block with its four scalars (embeddings, residual adds, the scores' scale, the logits)
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=3.0,

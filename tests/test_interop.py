@@ -222,6 +222,9 @@ REDLINE_EXPORTS = {
     "Qwen3_5ForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
                                delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
                                rope_dims=8, n_kv_head=2),
+    # Nemotron: LayerNorms by 1 + weight with biases, a ReLU² MLP, RoPE on a quarter of each head
+    "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
+                                n_kv_head=2),
     "GptOssForCausalLM-no-biases": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped",
                                         mlp_hidden=32, fused_qkv=False),
 }
@@ -311,6 +314,7 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
      "scales every layer's RoPE alike"),
     (dict(rope_layer_theta=(5.0,)), "only Granite SWA has a RoPE base per layer"),
     (dict(attn_gate="head"), "normalizes q and k per head before RoPE"),
+    (dict(norm="layernorm", norm_unit_offset=True, mlp="gelu"), "Nemotron, the one architecture with it"),
     (dict(attn_gate="element", qk_norm=True), "pre-RMSNorms scaling by 1 "),
     (dict(attn_gate="element", qk_norm=True, norm_unit_offset=True, sliding_window=4), "has no window, sinks"),
     (dict(attn_gate="head", qk_norm=True, attn_sinks=True), "has no sinks, scales, caps"),
@@ -413,9 +417,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports arcee, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, ministral3, "
-                         "mistral, mixtral, nanochat, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, qwen2_moe,"
-                         " qwen3, qwen3_5, qwen3_5_text, qwen3_moe, seed_oss, smollm3, stablelm, starcoder2, "
-                         "vaultgemma")
+                         "mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
+                         "qwen2_moe, qwen3, qwen3_5, qwen3_5_text, qwen3_moe, seed_oss, smollm3, stablelm, "
+                         "starcoder2, vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -28,6 +28,8 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2),  # Llama's names, layer 1 without RoPE
     "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.5, logit_divisor=2.0, n_kv_head=2),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
+    "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
+                                n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight
     # Granite SWA: sinks (not adapted), a windowed layer and a RoPE base per layer
     "GraniteSWAForCausalLM": dict(attn_sinks=True, sliding_window=4, window_layers=(1,), rope_layer_theta=(0.0, 50.0),
                                   n_kv_head=2),

@@ -205,7 +205,8 @@ def _families() -> dict[str, Family]:
                                 lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
                                 llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
                                 lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY, ernie.HELIUM_FAMILY,
-                                llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY)}
+                                llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,
+                                llama.NEMOTRON_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -235,7 +236,8 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; one with gated delta nets or element-wise attention gates as Qwen3.5; a dense model with
+    SwiGLU experts; one with gated delta nets or element-wise attention gates as Qwen3.5; one with LayerNorms by
+    1 + weight as Nemotron; a dense model with
     attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
@@ -247,6 +249,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if qwen3_5.wants_qwen3_5(cfg):  # first: no other architecture has gated delta nets or element-wise gates
         qwen3_5.check_exportable(cfg)
         return families["qwen3_5_text"]
+    from redline.interop import llama
+
+    if llama.wants_nemotron(cfg):  # LayerNorms by 1 + weight: Nemotron's alone
+        llama.check_nemotron_exportable(cfg)
+        return families["nemotron"]
     if lfm2.wants_lfm3(cfg):  # first: no other architecture has a head gate or proportional RoPE
         lfm2.check_lfm3_exportable(cfg)
         return families["lfm3"]

@@ -517,3 +517,60 @@ def seed_oss_hf_config(cfg: ModelConfig) -> dict:
 SEED_OSS_FAMILY = Family(name="seed_oss", architecture="SeedOssForCausalLM", model_config=seed_oss_model_config,
                          hf_config=seed_oss_hf_config, to_redline=to_redline,
                          to_hf=lambda state, cfg: to_hf(state, cfg, "llama"), ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Nemotron (NVIDIA's NemotronForCausalLM, model_type "nemotron": Nemotron-Mini-4B-Instruct, Minitron-4B/8B-Base):
+# Llama's names with LayerNorms that scale by 1 + weight and have biases (LayerNorm1P: norm_unit_offset with
+# norm=layernorm), a plain ReLU² MLP (up_proj, down_proj), and RoPE on the first partial_rotary_factor of each head
+# (0.5 by default: rope_dims). Semantics read from transformers' models/nemotron/modeling_nemotron.py.
+
+
+def nemotron_model_config(hf: dict) -> ModelConfig:
+    act = hf.get("hidden_act", "relu2")
+    if act != "relu2":
+        raise UserError(f"hidden_act={act!r}: Nemotron's MLP is ReLU² (relu2); redline's Nemotron has no other")
+    params = hf.get("rope_parameters") or {}
+    fraction = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.5)))
+    cfg = model_config_for("llama")({**hf, "hidden_act": "silu", "rms_norm_eps": hf.get("norm_eps", 1e-5)})
+    rotated = int(cfg.head_dim * fraction)
+    return replace(cfg, mlp="relu2", norm="layernorm", norm_unit_offset=True, norm_bias=True,
+                   rope_dims=rotated if rotated != cfg.head_dim else 0)
+
+
+def wants_nemotron(cfg: ModelConfig) -> bool:
+    return cfg.norm == "layernorm" and cfg.norm_unit_offset
+
+
+def check_nemotron_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option that Nemotron, the one architecture with LayerNorms by 1 + weight redline exports
+    to, does not have."""
+    what = "model.norm_unit_offset with LayerNorm: Nemotron, the one architecture with it redline exports to,"
+    raise_first([
+        (cfg.norm_position != "pre" or cfg.parallel_residual or not cfg.norm_affine or cfg.embed_norm,
+         f"{what} has pre-norm blocks with learned LayerNorms, sublayers in turn"),
+        (cfg.norm_bias is False, f"{what} has LayerNorm biases (model.norm_bias)"),
+        (cfg.mlp != "relu2" or cfg.moe_experts or cfg.conv_layers or cfg.delta_layers,
+         f"{what} has a dense ReLU² MLP (model.mlp={cfg.mlp}) and attention on every layer"),
+        (cfg.qk_norm or cfg.sliding_window or cfg.nope_interval or cfg.rope_local_theta or cfg.rope_layer_theta
+         or cfg.pos_emb != "rope" or cfg.rope_scaling not in ("none", "linear", "llama3", "yarn"),
+         f"{what} has no QK-norm or window, and one RoPE on every layer"),
+        (cfg.has_qkv_bias != cfg.bias, f"{what} has biases on every Linear layer or none (model.qkv_bias)"),
+        (cfg.attn_sinks or cfg.attn_gate != "none" or cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap
+         or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor or cfg.head_bias
+         or cfg.value_embeddings, f"{what} has no sinks, gates, scales, caps or scalars"),
+    ])
+
+
+def nemotron_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config_for("llama")(cfg)
+    out.pop("pretraining_tp", None)
+    rope = {"rope_type": "default", "rope_theta": out.pop("rope_theta"), **(out.pop("rope_scaling") or {}),
+            "partial_rotary_factor": (cfg.rope_dims or cfg.head_dim) / cfg.head_dim}
+    out.pop("rms_norm_eps")
+    return {**out, "model_type": "nemotron", "hidden_act": "relu2", "norm_eps": cfg.norm_eps, "rope_parameters": rope}
+
+
+NEMOTRON_FAMILY = Family(name="nemotron", architecture="NemotronForCausalLM", model_config=nemotron_model_config,
+                         hf_config=nemotron_hf_config, to_redline=to_redline,
+                         to_hf=lambda state, cfg: to_hf(state, cfg, "llama"), ignorable=_ignorable)
