@@ -830,6 +830,25 @@ class Attention(nn.Module):
         return (y.view(B, T, self.n_head, self.head_dim) * torch.sigmoid(self.gate(x)).unsqueeze(-1)).view(B, T, -1)
 
 
+def causal_conv(u: torch.Tensor, weight: torch.Tensor, before: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """A causal depthwise convolution of u (B, T, C) by weight (C, K), oldest token first -> (B, T, C): token t sums
+    weight[:, j] · u[t - (K - 1) + j], the tokens before the first taken from `before` (B, K - 1, C), else zeros;
+    with doc_ids (B, T) a token reads none of another document's (ShortConv's and GatedDeltaNet's)."""
+    K, T = weight.shape[1], u.shape[1]
+    full = torch.cat([before.to(u.dtype) if before is not None else u.new_zeros(u.shape[0], K - 1, u.shape[2]), u],
+                     dim=1)
+    y = u * weight[:, K - 1]
+    for j in range(K - 1):  # the token `shift` back
+        shift = K - 1 - j
+        term = full[:, j:j + T]
+        if doc_ids is not None:
+            same = doc_ids == F.pad(doc_ids, (shift, 0), value=-1)[:, :T]
+            term = term * same[..., None]
+        y = y + term * weight[:, j]
+    return y
+
+
 class ShortConv(nn.Module):
     """The token mixer of model.conv_layers (LFM2's Lfm2ShortConv): in_proj (C -> 3·C) split as (b, c, h), a causal
     depthwise convolution of b·h over the last `kernel` tokens (weight (C, kernel), oldest token first), c times it,
@@ -853,19 +872,8 @@ class ShortConv(nn.Module):
 
     def convolve(self, u: torch.Tensor, before: torch.Tensor | None = None,
                  doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The causal convolution of u (B, T, C) -> (B, T, C): token t sums weight[:, j] · u[t - (kernel - 1) + j],
-        the tokens before the first taken from `before` (B, kernel - 1, C), else zeros; with doc_ids (B, T) a token
-        reads none of another document's."""
-        K, T = self.kernel, u.shape[1]
-        full = torch.cat([before if before is not None else u.new_zeros(u.shape[0], K - 1, u.shape[2]), u], dim=1)
-        y = u * self.weight[:, K - 1]
-        for j in range(K - 1):  # the token `shift` back
-            shift = K - 1 - j
-            term = full[:, j:j + T]
-            if doc_ids is not None:
-                same = doc_ids == F.pad(doc_ids, (shift, 0), value=-1)[:, :T]
-                term = term * same[..., None]
-            y = y + term * self.weight[:, j]
+        """causal_conv of u (B, T, C) by the layer's weight, plus its bias."""
+        y = causal_conv(u, self.weight, before, doc_ids)
         return y + self.bias if self.bias is not None else y
 
     def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
@@ -975,19 +983,10 @@ class GatedDeltaNet(nn.Module):
         leave the state as it is."""
         B, T, _ = x.shape
         u = self.in_proj(x)  # (B, T, channels)
-        K = self.kernel
-        full = torch.cat([before.to(u.dtype) if before is not None else u.new_zeros(B, K - 1, u.shape[-1]), u], 1)
         starts = None
         if doc_ids is not None:  # no token reads another document's, through the convolution or the state
             starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
-        conv = u * self.conv[:, K - 1]
-        for j in range(K - 1):
-            shift = K - 1 - j
-            term = full[:, j:j + T] * self.conv[:, j]
-            if doc_ids is not None:
-                term = term * (doc_ids == F.pad(doc_ids, (shift, 0), value=-1)[:, :T])[..., None]
-            conv = conv + term
-        q, k, v = F.silu(conv).split([self.key_heads * self.dk, self.key_heads * self.dk, self.heads * self.dv], -1)
+        q, k, v = F.silu(causal_conv(u, self.conv, before, doc_ids)).split([self.key_heads * self.dk, self.key_heads * self.dk, self.heads * self.dv], -1)
         # L2 norms as flash-linear-attention's l2norm computes them: x · rsqrt(Σx² + 1e-6)
         q, k = (t.float().view(B, T, self.key_heads, self.dk) for t in (q, k))
         q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * self.dk ** -0.5

@@ -181,6 +181,13 @@ def prefill_mask(T: int, start: int, device, window: int) -> torch.Tensor | None
     return allowed
 
 
+def _last_slots(slots: torch.Tensor, kernel: int) -> torch.Tensor:
+    """A convolution layer's cached inputs of slots [0, start), (b, 1, start, C) -> the last kernel - 1 of them
+    (b, kernel - 1, C), zeros before slot 0: what a causal convolution reads before a span that starts there."""
+    prev = slots[:, 0, -(kernel - 1):] if kernel > 1 else slots[:, 0, :0]
+    return F.pad(prev, (0, 0, kernel - 1 - prev.shape[1], 0))
+
+
 class PrefillLayer:
     """A cache layer for T new tokens per row at slots [start, start + T): attends over `prefix` (the rows' cached
     (k, v) of slots [0, start), or None at start 0) and the new tokens under `mask` (prefill_mask), and keeps the
@@ -214,10 +221,7 @@ class PrefillLayer:
         last slots."""
         u, c = conv.gated_input(x)  # (b, T, C) each
         self.kv = (u[:, None], u[:, None])  # (b, 1, T, C): the layer's one buffer, as k and as v
-        before = None
-        if self.prefix is not None:  # (b, 1, start, C): the last kernel - 1 slots, zeros before slot 0
-            prev = self.prefix[0][:, 0, -(conv.kernel - 1):] if conv.kernel > 1 else self.prefix[0][:, 0, :0]
-            before = F.pad(prev, (0, 0, conv.kernel - 1 - prev.shape[1], 0))
+        before = None if self.prefix is None else _last_slots(self.prefix[0], conv.kernel)
         return conv.proj(c * conv.convolve(u, before))
 
     def delta(self, net, x: torch.Tensor) -> torch.Tensor:
@@ -227,9 +231,7 @@ class PrefillLayer:
         from the prefix's last slots and the rows' states."""
         before = state = None
         if self.prefix is not None:  # (b, 1, start, channels), (b, H, Dk, Dv)
-            K = net.kernel
-            prev = self.prefix[0][:, 0, -(K - 1):] if K > 1 else self.prefix[0][:, 0, :0]
-            before, state = F.pad(prev, (0, 0, K - 1 - prev.shape[1], 0)), self.prefix[1]
+            before, state = _last_slots(self.prefix[0], net.kernel), self.prefix[1]
         y, u, state = net.mix(x, before, state, valid=self.valid)
         self.kv = (u[:, None], state)
         return y
@@ -339,15 +341,17 @@ class DecodeLayer:
         """A short-convolution layer's step: x (B, 1, C) -> (B, 1, C). Each row's b·h goes into its slot of the
         layer's buffer (B, 1, S, C); the convolution reads slots slot - kernel + 1 .. slot (none before slot 0)."""
         u, c = conv.gated_input(x)  # (B, 1, C) each
+        before = self._slots_before(conv.kernel)
         _scatter_slot(self.k_buf, self.slot, u[:, None])
-        K, C = conv.kernel, u.shape[-1]
-        index = self.slot[:, None] + torch.arange(1 - K, 1, device=u.device)  # (B, K), oldest first
-        window = self.k_buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, C))  # (B, K, C)
-        window = window * (index >= 0)[:, :, None].to(window.dtype)
-        y = (window * conv.weight.t()).sum(dim=1, keepdim=True)  # weight (C, K) -> (K, C): (B, 1, C)
-        if conv.bias is not None:
-            y = y + conv.bias
-        return conv.proj(c * y)
+        return conv.proj(c * conv.convolve(u, before))
+
+    def _slots_before(self, kernel: int) -> torch.Tensor:
+        """A convolution layer's inputs in the kernel - 1 slots before each row's (B, kernel - 1, C), oldest first,
+        zeros before slot 0."""
+        index = self.slot[:, None] + torch.arange(1 - kernel, 0, device=self.slot.device)  # (B, kernel - 1)
+        width = self.k_buf.shape[-1]
+        before = self.k_buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, width))
+        return before * (index >= 0)[:, :, None].to(before.dtype)
 
     def delta(self, net, x: torch.Tensor) -> torch.Tensor:
         """A gated delta-net layer's step: x (B, 1, C) -> (B, 1, C). Each row's convolution input goes into its slot
@@ -355,11 +359,7 @@ class DecodeLayer:
         slot 0); the rows' states (`scales`: (B, H, Dk, Dv) fp32) move on by the token, in place, but for rows
         parked at the buffer's last usable slot (a free row, or one between the spans of its prompt: DecodeBatch),
         whose states stay as they are."""
-        B, K = x.shape[0], net.kernel
-        index = self.slot[:, None] + torch.arange(1 - K, 0, device=x.device)  # (B, K - 1), oldest first
-        width = self.k_buf.shape[-1]
-        before = self.k_buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, width))
-        before = before * (index >= 0)[:, :, None].to(before.dtype)
+        before = self._slots_before(net.kernel)
         active = self.slot != self.k_buf.shape[2] - 2  # (B,): the last usable slot is where rows are parked
         y, u, state = net.mix(x, before, self.scales, valid=active[:, None])
         _scatter_slot(self.k_buf, self.slot, u[:, None])

@@ -66,9 +66,7 @@ FAMILY = Family(name="ernie4_5", architecture="Ernie4_5ForCausalLM", model_confi
 
 
 def helium_hf_config(cfg: ModelConfig) -> dict:
-    out = llama.hf_config_for("llama")(cfg)
-    out.pop("pretraining_tp", None)
-    return {**out, "model_type": "helium"}
+    return llama.llama_shaped_hf_config(cfg, "helium")
 
 
 HELIUM_FAMILY = Family(name="helium", architecture="HeliumForCausalLM", model_config=llama.model_config_for("llama"),

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.interop.families import Family, TensorSource
-from redline.interop.llama import _ignorable, hf_config_for, model_config_for, to_hf, to_redline
+from redline.interop.llama import _ignorable, llama_shaped_hf_config, model_config_for, to_llama_hf, to_redline
 from redline.model import ModelConfig
 
 # the files' names -> Llama's, applied in order (transformers' renaming for "exaone")
@@ -58,13 +58,11 @@ def _to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 
 def _to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    return {_renamed(k, _TO_FILE): v for k, v in to_hf(state, cfg, "llama").items()}
+    return {_renamed(k, _TO_FILE): v for k, v in to_llama_hf(state, cfg).items()}
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    out = hf_config_for("llama")(cfg)
-    out.pop("pretraining_tp", None)
-    return {**out, "model_type": "exaone"}
+    return llama_shaped_hf_config(cfg, "exaone")
 
 
 # transformers runs model_type "exaone" as LlamaForCausalLM (its auto mapping); an export of any redline model picks

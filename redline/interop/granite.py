@@ -16,7 +16,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, raise_first
-from redline.interop.llama import _ignorable, hf_config_for, model_config_for, to_hf, to_redline
+from redline.interop.llama import _ignorable, llama_shaped_hf_config, model_config_for, to_hf, to_llama_hf, to_redline
 from redline.model import ModelConfig
 
 GRANITE_FIELDS = ("embed_multiplier", "residual_multiplier", "logit_divisor")
@@ -71,9 +71,7 @@ def check_exportable(cfg: ModelConfig, swa: bool = False) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    out = hf_config_for("llama")(cfg)
-    out.pop("pretraining_tp", None)
-    return {**out, "model_type": "granite", "embedding_multiplier": cfg.embed_multiplier or 1.0,
+    return {**llama_shaped_hf_config(cfg, "granite"), "embedding_multiplier": cfg.embed_multiplier or 1.0,
             "residual_multiplier": cfg.residual_multiplier or 1.0, "logits_scaling": cfg.logit_divisor or 1.0,
             "attention_multiplier": cfg.attn_scale or cfg.head_dim ** -0.5}
 
@@ -246,9 +244,5 @@ def swa_hf_config(cfg: ModelConfig) -> dict:
             "layer_rope_theta": [_layer_theta(cfg, i) for i in range(cfg.n_layer)]}
 
 
-def swa_to_hf(state, cfg: ModelConfig) -> dict:
-    return to_hf(state, cfg, "llama")  # Llama's names, whatever layers rotate or attend to a window
-
-
 SWA_FAMILY = Family(name="granite_swa", architecture="GraniteSWAForCausalLM", model_config=swa_model_config,
-                    hf_config=swa_hf_config, to_redline=to_redline, to_hf=swa_to_hf, ignorable=_ignorable)
+                    hf_config=swa_hf_config, to_redline=to_redline, to_hf=to_llama_hf, ignorable=_ignorable)

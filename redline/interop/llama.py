@@ -271,6 +271,19 @@ def hf_config_for(name: str):
     return hf_config
 
 
+def llama_shaped_hf_config(cfg: ModelConfig, model_type: str) -> dict:
+    """Llama's config.json entries for a family of Llama's names and block (Granite, Arcee, Nemotron, Helium, ...),
+    as `model_type`, without the pretraining_tp Llama's own config keeps."""
+    out = hf_config_for("llama")(cfg)
+    out.pop("pretraining_tp", None)
+    return {**out, "model_type": model_type}
+
+
+def to_llama_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    """to_hf in Llama's names whatever export_name would pick (families whose layers Llama's names cover)."""
+    return to_hf(state, cfg, "llama")
+
+
 # redline's block norms -> Hugging Face's names (after model.layers.N.), by ModelConfig.norm_position. OLMo 2's
 # post_attention_layernorm is the attention output's norm, where Llama's of that name is the MLP input's.
 NORM_NAMES = {
@@ -477,17 +490,11 @@ def check_arcee_exportable(cfg: ModelConfig) -> None:
 
 
 def arcee_hf_config(cfg: ModelConfig) -> dict:
-    out = hf_config_for("llama")(cfg)
-    out.pop("pretraining_tp", None)
-    return {**out, "model_type": "arcee", "hidden_act": "relu2", "rope_scaling": rope_scaling(cfg, "arcee")}
-
-
-def arcee_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    return to_hf(state, cfg, "llama")
+    return {**llama_shaped_hf_config(cfg, "arcee"), "hidden_act": "relu2", "rope_scaling": rope_scaling(cfg, "arcee")}
 
 
 ARCEE_FAMILY = Family(name="arcee", architecture="ArceeForCausalLM", model_config=arcee_model_config,
-                      hf_config=arcee_hf_config, to_redline=to_redline, to_hf=arcee_to_hf, ignorable=_ignorable)
+                      hf_config=arcee_hf_config, to_redline=to_redline, to_hf=to_llama_hf, ignorable=_ignorable)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -508,15 +515,13 @@ def seed_oss_model_config(hf: dict) -> ModelConfig:
 
 
 def seed_oss_hf_config(cfg: ModelConfig) -> dict:
-    out = hf_config_for("llama")(cfg)
-    out.pop("pretraining_tp", None)
-    return {**out, "model_type": "seed_oss", "attention_bias": cfg.has_qkv_bias, "attention_out_bias": cfg.bias,
-            "mlp_bias": cfg.bias, "attention_dropout": 0.0, "residual_dropout": 0.0}
+    return {**llama_shaped_hf_config(cfg, "seed_oss"), "attention_bias": cfg.has_qkv_bias,
+            "attention_out_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": 0.0, "residual_dropout": 0.0}
 
 
 SEED_OSS_FAMILY = Family(name="seed_oss", architecture="SeedOssForCausalLM", model_config=seed_oss_model_config,
-                         hf_config=seed_oss_hf_config, to_redline=to_redline,
-                         to_hf=lambda state, cfg: to_hf(state, cfg, "llama"), ignorable=_ignorable)
+                         hf_config=seed_oss_hf_config, to_redline=to_redline, to_hf=to_llama_hf,
+                         ignorable=_ignorable)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -563,14 +568,13 @@ def check_nemotron_exportable(cfg: ModelConfig) -> None:
 
 
 def nemotron_hf_config(cfg: ModelConfig) -> dict:
-    out = hf_config_for("llama")(cfg)
-    out.pop("pretraining_tp", None)
+    out = llama_shaped_hf_config(cfg, "nemotron")
     rope = {"rope_type": "default", "rope_theta": out.pop("rope_theta"), **(out.pop("rope_scaling") or {}),
             "partial_rotary_factor": (cfg.rope_dims or cfg.head_dim) / cfg.head_dim}
     out.pop("rms_norm_eps")
-    return {**out, "model_type": "nemotron", "hidden_act": "relu2", "norm_eps": cfg.norm_eps, "rope_parameters": rope}
+    return {**out, "hidden_act": "relu2", "norm_eps": cfg.norm_eps, "rope_parameters": rope}
 
 
 NEMOTRON_FAMILY = Family(name="nemotron", architecture="NemotronForCausalLM", model_config=nemotron_model_config,
-                         hf_config=nemotron_hf_config, to_redline=to_redline,
-                         to_hf=lambda state, cfg: to_hf(state, cfg, "llama"), ignorable=_ignorable)
+                         hf_config=nemotron_hf_config, to_redline=to_redline, to_hf=to_llama_hf,
+                         ignorable=_ignorable)
