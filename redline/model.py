@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from redline.chunked_cross_entropy import chunked_cross_entropy
 from redline.errors import UserError
+from redline.recurrent import gated_delta_rule
 
 
 @dataclass
@@ -883,63 +884,6 @@ class ShortConv(nn.Module):
             return cache.convolve(self, x)
         u, c = self.gated_input(x)
         return self.proj(c * self.convolve(u, doc_ids=attn_mask))
-
-
-@torch.compiler.disable
-def _chunk_states(S: torch.Tensor, end: torch.Tensor, last: torch.Tensor, U: torch.Tensor, W: torch.Tensor):
-    """gated_delta_rule's one sequential part: the state before each of N chunks, S_{n+1} = end_n·S_n + last_n·(U_n −
-    W_n·S_n). S (B, H, Dk, Dv); end (B, H, N); last (B, H, N, Dk, L); U (B, H, N, L, Dv); W (B, H, N, L, Dk) ->
-    ((B, H, N, Dk, Dv), the final state). Left out of torch.compile's graphs: unrolled, its loop would make their
-    compile time grow with the sequence (a few small products a chunk run as well uncompiled)."""
-    before = []
-    for n in range(end.shape[2]):
-        before.append(S)
-        S = end[:, :, n, None, None] * S + last[:, :, n] @ (U[:, :, n] - W[:, :, n] @ S)
-    return torch.stack(before, dim=2), S
-
-
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor | None = None, starts: torch.Tensor | None = None,
-                     chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule (Yang, Kautz and Hatamizadeh 2024, "Gated Delta Networks"), a (Dk, Dv) state S a head:
-    for each token t in turn, S ← exp(g_t)·S, δ_t = β_t·(v_t − Sᵀk_t), S ← S + k_t δ_tᵀ, o_t = Sᵀq_t.
-
-    Computed in chunks of `chunk` tokens (the WY form of DeltaNet's chunked algorithm, Yang et al. 2024), all in
-    fp32. With Γ the cumulative log decay within a chunk and S₀ the state before it, δ solves the unit
-    lower-triangular system δ_t + Σ_{s<t} β_t e^{Γ_t−Γ_s} (k_t·k_s) δ_s = β_t (v_t − e^{Γ_t} S₀ᵀk_t), so
-    δ = U − W·S₀ with U and W solved for every chunk at once; then only S₀ passes from chunk to chunk (two small
-    products each), and o_t = e^{Γ_t} S₀ᵀq_t + Σ_{s≤t} e^{Γ_t−Γ_s} (q_t·k_s) δ_s for every chunk at once again.
-    q, k (B, T, H, Dk), v (B, T, H, Dv), g (≤ 0) and beta (B, T, H); state (B, H, Dk, Dv) or None (zeros); starts
-    (B, T) bool or None: a packed document begins at token t, the state before it zeroed.
-    -> o (B, T, H, Dv) in v's dtype, the final state (B, H, Dk, Dv) fp32."""
-    B, T, H, Dk = k.shape
-    Dv = v.shape[-1]
-    L = min(chunk, T)
-    pad = -T % L  # padding tokens with β = 0 and g = 0 leave the state as it is
-    q, k, v, g, beta = (F.pad(t.float().transpose(1, 2), (0, 0, 0, pad) if t.dim() == 4 else (0, pad))
-                        for t in (q, k, v, g, beta))  # (B, H, T + pad, ...)
-    N = (T + pad) // L
-    q, k, v = (t.reshape(B, H, N, L, -1) for t in (q, k, v))
-    g, beta = g.reshape(B, H, N, L), beta.reshape(B, H, N, L)
-    gamma = g.cumsum(-1)  # (B, H, N, L)
-    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-    first = torch.ones_like(gamma)
-    if starts is not None:  # the chunk's documents: token pairs of one document interact, S₀ reaches the first
-        seg = F.pad(starts, (0, pad)).reshape(B, 1, N, L).long().cumsum(-1)  # 0 until the chunk's first start
-        causal = causal & (seg[..., :, None] == seg[..., None, :])
-        first = (seg == 0).float().expand_as(gamma)
-    decay = torch.where(causal, gamma[..., :, None] - gamma[..., None, :], float("-inf")).exp()  # (B, H, N, L, L)
-    carried = gamma.exp() * first  # e^{Γ_t} where S₀ still counts
-    A = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
-    eye = torch.eye(L, device=q.device)
-    U = torch.linalg.solve_triangular(eye + A, beta[..., None] * v, upper=False, unitriangular=True)
-    W = torch.linalg.solve_triangular(eye + A, (beta * carried)[..., None] * k, upper=False, unitriangular=True)
-    last = (k * decay[..., -1, :, None]).transpose(-1, -2)  # (B, H, N, Dk, L): e^{Γ_L−Γ_s} k_s of the last document
-    S = q.new_zeros(B, H, Dk, Dv) if state is None else state.float()
-    S0, S = _chunk_states(S, carried[..., -1], last, U, W)  # (B, H, N, Dk, Dv), the final state
-    delta = U - W @ S0
-    o = carried[..., None] * (q @ S0) + (decay * (q @ k.transpose(-1, -2))) @ delta  # (B, H, N, L, Dv)
-    return o.reshape(B, H, N * L, Dv)[:, :, :T].transpose(1, 2).to(v.dtype), S
 
 
 class GatedDeltaNet(nn.Module):

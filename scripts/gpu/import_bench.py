@@ -35,6 +35,8 @@ Models:
   lfm3      LFM3-1.7B's (24 layers, width 2048, 16 heads of 128, 4 kv heads, 18 short convolutions, 3 full layers
             with proportional RoPE, 3 with a 256-token window, gated heads, output norms, SwiGLU 7680, vocab 128000,
             tied).
+  qwen35    a Qwen3.5 small model's shape (24 layers, width 1024, gated delta nets on 18 with 16 heads of 128, full
+            attention on 6 with 8 gated heads of 256 and 2 kv heads, SwiGLU 3584, vocab 248320, tied).
 Where transformers cannot make a model's cache static, its own cache is timed instead and the row says so
 (hf_cache).
 
@@ -115,6 +117,15 @@ OLMO_1B = dict(vocab_size=50304, hidden_size=2048, intermediate_size=8192, num_h
 LFM3_17B = dict(vocab_size=128000, hidden_size=2048, intermediate_size=7680, num_hidden_layers=24,
                 num_attention_heads=16, num_key_value_heads=4, head_dim=128, max_position_embeddings=128000,
                 norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=None, eos_token_id=0, pad_token_id=None)
+# A Qwen3.5 small model's shape: 24 layers, width 1024, gated delta nets on three layers of four (16 heads of 128,
+# keys and values alike), full attention on every fourth (8 heads of 256, 2 kv heads, output gates, RoPE on a
+# quarter of each head), SwiGLU 3584, vocab 248320, tied
+QWEN35_SMALL = dict(vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+                    num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                    linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                    max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                    layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(24)],
+                    bos_token_id=None, eos_token_id=0, pad_token_id=None)
 # name: (transformers config class, model class, shape)
 RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
@@ -127,7 +138,8 @@ RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2_350M),
                  "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", NANOCHAT_D20),
                  "olmo1b": ("OlmoConfig", "OlmoForCausalLM", OLMO_1B),
-                 "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", LFM3_17B)}
+                 "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", LFM3_17B),
+                 "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35_SMALL)}
 
 
 def redline(*args: str) -> str:
