@@ -26,8 +26,9 @@ Features (each a field of `ModelConfig`):
   dropout, vocabulary padded up to a multiple of 128 (the padded logits are never sampled, and take no part in the
   loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
   (`residual_multiplier`, Granite's), zero-initialised output projections;
-- token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and gated delta nets
-  (`delta_layers`, Qwen3.5's linear attention: a recurrent state a head, computed chunk by chunk);
+- token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
+  (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, computed chunk by
+  chunk: redline/recurrent.py);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -51,7 +52,7 @@ import torch.nn.functional as F
 
 from redline.chunked_cross_entropy import chunked_cross_entropy
 from redline.errors import UserError
-from redline.recurrent import gated_delta_rule
+from redline.recurrent import gated_delta_rule, ssd
 
 
 @dataclass
@@ -182,19 +183,30 @@ class ModelConfig:
     conv_kernel: int = 3
     """conv_layers: the convolution's width in tokens (LFM2's conv_L_cache)."""
     delta_layers: tuple[int, ...] = ()
-    """Layers whose token mixer is a gated delta net instead of attention (Yang et al. 2024, "Gated Delta Networks";
-    Qwen3.5's and Qwen3-Next's "linear_attention" layers, GatedDeltaNet below): a recurrent (key, value) state a head
-    that decays and is corrected toward each token's value, no KV cache; () = none."""
+    """Layers whose token mixer is a recurrent linear attention instead of attention, no KV cache but a (key, value)
+    state a head, of the kind delta_rule names; () = none."""
+    delta_rule: Literal["gated_delta", "mamba2"] = "gated_delta"
+    """delta_layers' mixer: "gated_delta", a gated delta net (Yang et al. 2024, "Gated Delta Networks"; Qwen3.5's and
+    Qwen3-Next's "linear_attention" layers, GatedDeltaNet below), whose state decays and is corrected toward each
+    token's value; "mamba2", Mamba-2's selective state space layer (Dao and Gu 2024; Granite 4.0's hybrid "mamba"
+    layers, Mamba2 below), whose state decays and adds each token's input: keys B and queries C of
+    delta_key_dim = d_state shared by groups (delta_key_heads = n_groups), values of delta_value_dim = head_dim."""
     delta_heads: int = 0
-    """delta_layers: value heads (linear_num_value_heads); each reads key head h · delta_key_heads // delta_heads."""
+    """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
+    h · delta_key_heads // delta_heads."""
     delta_key_heads: int = 0
-    """delta_layers: query/key heads (linear_num_key_heads), dividing delta_heads."""
+    """delta_layers: query/key heads (linear_num_key_heads; Mamba-2's n_groups), dividing delta_heads."""
     delta_key_dim: int = 128
-    """delta_layers: the width of a query/key head (linear_key_head_dim)."""
+    """delta_layers: the width of a query/key head (linear_key_head_dim; Mamba-2's d_state)."""
     delta_value_dim: int = 128
-    """delta_layers: the width of a value head (linear_value_head_dim)."""
+    """delta_layers: the width of a value head (linear_value_head_dim; Mamba-2's head_dim)."""
     delta_conv_kernel: int = 4
-    """delta_layers: the causal depthwise convolution over q, k and v, in tokens (linear_conv_kernel_dim)."""
+    """delta_layers: the causal depthwise convolution over q, k and v (Mamba-2's x, B and C), in tokens
+    (linear_conv_kernel_dim, d_conv)."""
+    delta_conv_bias: bool = False
+    """delta_layers, mamba2: the convolution has a bias (Mamba-2's conv_bias)."""
+    delta_proj_bias: bool = False
+    """delta_layers, mamba2: its input and output projections have biases (Mamba-2's proj_bias / bias)."""
     moe_experts: int = 0
     """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
     each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
@@ -492,6 +504,9 @@ class ModelConfig:
                             f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
                             f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
                             f"kernel, and no value embeddings")
+        if self.delta_rule != "mamba2" and (self.delta_conv_bias or self.delta_proj_bias):
+            raise UserError("model.delta_conv_bias and model.delta_proj_bias are Mamba-2's: they take "
+                            "model.delta_rule=mamba2")
         if self.moe_experts < 0 or (self.moe_experts and not (
                 self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
             raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu, swiglu_clamped "
@@ -949,6 +964,64 @@ class GatedDeltaNet(nn.Module):
         return self.proj(o.to(x.dtype).reshape(B, T, -1)), u, state
 
 
+class Mamba2(nn.Module):
+    """The token mixer of model.delta_layers with delta_rule=mamba2 (Mamba-2's mixer, as transformers' BambaMixer and
+    GraniteMoeHybridMambaLayer run it): in_proj (C -> I + (I + 2·G·N) + H, I = H·P) gives the gate z, the
+    convolution's input xBC and dt; a causal depthwise convolution (weight (channels, kernel), oldest token first,
+    plus conv_bias) and SiLU give x (H heads of P), B and C (G groups of N, each shared by H // G heads); the scan
+    (recurrent.ssd) with dt = softplus(dt + dt_bias) and A = −exp(A_log), plus D·x; then y·SiLU(z) RMS-normalized in
+    G groups of I / G (weight norm, (I,)) and out_proj (I -> C). The engine's cache holds it as a gated delta net's:
+    xBC a slot, the (N, P) states (redline/inference/cache.py)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, H, G = cfg.n_embd, cfg.delta_heads, cfg.delta_key_heads
+        self.heads, self.key_heads, self.dk, self.dv = H, G, cfg.delta_key_dim, cfg.delta_value_dim
+        self.kernel, self.window, self.eps = cfg.delta_conv_kernel, 0, cfg.norm_eps  # window: the mask key
+        self.inner = H * self.dv
+        channels = self.inner + 2 * G * self.dk
+        self.in_proj = nn.Linear(C, self.inner + channels + H, bias=cfg.delta_proj_bias)
+        self.conv = nn.Parameter(torch.empty(channels, self.kernel))
+        self.conv_bias = nn.Parameter(torch.zeros(channels)) if cfg.delta_conv_bias else None
+        self.A_log = nn.Parameter(torch.zeros(H))
+        self.dt_bias = nn.Parameter(torch.ones(H))
+        self.D = nn.Parameter(torch.ones(H))
+        self.norm = nn.Parameter(torch.ones(self.inner))
+        self.proj = nn.Linear(self.inner, C, bias=cfg.delta_proj_bias)
+        self.proj.is_residual_out = True
+
+    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
+        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
+        if cache is not None:
+            return cache.delta(self, x)
+        return self.mix(x, doc_ids=attn_mask)[0]
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As GatedDeltaNet.mix: x (B, T, C) -> (y (B, T, C), u (B, T, channels) the convolution's inputs, the final
+        state (B, H, N, P) fp32); before, state, doc_ids and valid alike."""
+        B, T, _ = x.shape
+        G, N, H, P = self.key_heads, self.dk, self.heads, self.dv
+        z, u, dt = self.in_proj(x).split([self.inner, self.inner + 2 * G * N, H], dim=-1)
+        starts = None
+        if doc_ids is not None:  # no token reads another document's, through the convolution or the state
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
+        xbc = causal_conv(u, self.conv, before, doc_ids)
+        xbc = F.silu(xbc + self.conv_bias if self.conv_bias is not None else xbc)
+        xs, Bs, Cs = xbc.split([self.inner, G * N, G * N], dim=-1)
+        xs = xs.reshape(B, T, H, P)
+        Bs, Cs = (t.reshape(B, T, G, N).repeat_interleave(H // G, dim=2) for t in (Bs, Cs))
+        dt = F.softplus(dt.float() + self.dt_bias.float())  # (B, T, H)
+        if valid is not None:  # dt = 0: no decay and no input, the state passes these tokens by
+            dt = dt * valid[..., None]
+        y, state = ssd(xs, dt, -self.A_log.float().exp(), Bs, Cs, state=state, starts=starts)
+        y = (y + self.D.float()[:, None] * xs.float()).reshape(B, T, self.inner)
+        y = y * F.silu(z.float())  # the gate before the norm (norm_before_gate=False)
+        y = y.view(B, T, G, -1)
+        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).view(B, T, self.inner)
+        return self.proj((self.norm * y).to(x.dtype)), u, state
+
+
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
 
 
@@ -1124,7 +1197,7 @@ class Block(nn.Module):
         # model.delta_layers (Qwen3.5's); conv: not attention, handed the batch's doc_ids instead of a mask
         self.conv = layer in cfg.conv_layers or layer in cfg.delta_layers
         if layer in cfg.delta_layers:
-            self.attn = GatedDeltaNet(cfg, layer)
+            self.attn = Mamba2(cfg, layer) if cfg.delta_rule == "mamba2" else GatedDeltaNet(cfg, layer)
         else:
             self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
         if cfg.moe_experts and layer >= cfg.moe_dense_layers:
@@ -1257,6 +1330,14 @@ class GPT(nn.Module):
             elif isinstance(module, GatedDeltaNet):  # bare parameters: Qwen3-Next's initial values
                 nn.init.normal_(module.conv, mean=0.0, std=std)
                 module.A_log.copy_(torch.empty_like(module.A_log).uniform_(1.0, 16.0).log())
+                nn.init.ones_(module.dt_bias)
+                nn.init.ones_(module.norm)
+            elif isinstance(module, Mamba2):  # bare parameters: Mamba-2's initial values (transformers' Bamba's)
+                nn.init.normal_(module.conv, mean=0.0, std=std)
+                if module.conv_bias is not None:
+                    nn.init.zeros_(module.conv_bias)
+                module.A_log.copy_(torch.arange(1, module.heads + 1, dtype=torch.float32).log())
+                nn.init.ones_(module.D)
                 nn.init.ones_(module.dt_bias)
                 nn.init.ones_(module.norm)
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'

@@ -115,3 +115,48 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     o = carried[..., None] * (q @ S0) + (decay * (q @ k.transpose(-1, -2))) @ delta  # (B, H, N, L, Dv)
     return o.reshape(B, H, N * L, Dv)[:, :, :T].transpose(1, 2).to(v.dtype), S
 
+
+
+def _segment_sums(a: torch.Tensor) -> torch.Tensor:
+    """a (..., L) -> (..., L, L): entry (t, s) = Σ_{s<j≤t} a_j for s ≤ t, −inf above the diagonal. Summed, never
+    differenced, so that an a_j of −inf (a state reset) zeroes exactly the pairs it separates."""
+    L = a.shape[-1]
+    x = a[..., None, :].expand(*a.shape, L).transpose(-1, -2)  # (..., t, s) = a_t
+    x = x.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=a.device).tril(-1), 0).cumsum(-2)
+    return x.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=a.device).tril(), float("-inf"))
+
+
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+        state: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+        chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-2's selective state space scan (Dao and Gu 2024, "Transformers are SSMs"), an (N, P) state S a head: for
+    each token t in turn, S ← exp(dt_t·A)·S + B_t (dt_t·x_t)ᵀ, y_t = Sᵀ C_t — linear attention with keys B, queries
+    C, values dt·x and a scalar decay a head.
+
+    Computed in chunks of `chunk` tokens by its state space duality (the "SSD minimal" form of the paper): within a
+    chunk the masked products (C_t·B_s) e^{Σ_{s<j≤t} a_j}; between chunks the states at their ends, each chunk's
+    start state a decayed sum over every earlier chunk's (one (N_chunks + 1)² product, no loop), read by the queries.
+    x (B, T, H, P), dt (B, T, H) (≥ 0), A (H,) (≤ 0), B and C (B, T, H, N); state (B, H, N, P) or None (zeros);
+    starts (B, T) bool or None: a packed document begins at token t, the state before it zeroed. All in fp32.
+    -> y (B, T, H, P) fp32 (without Mamba-2's D·x skip), the final state (B, H, N, P) fp32."""
+    Bt, T, H, P = x.shape
+    N = B.shape[-1]
+    L = min(chunk, T)
+    pad = -T % L  # padding tokens with dt = 0: no decay, no input
+    a = dt.float() * A.float()  # (B, T, H) log decay
+    if starts is not None:
+        a = a.masked_fill(starts[..., None], float("-inf"))
+    xd = x.float() * dt.float()[..., None]
+    xd, B, C = (F.pad(t.float().transpose(1, 2), (0, 0, 0, pad)) for t in (xd, B, C))  # (B, H, T + pad, ·)
+    a = F.pad(a.transpose(1, 2), (0, pad))
+    n = (T + pad) // L
+    xd, B, C = (t.reshape(Bt, H, n, L, -1) for t in (xd, B, C))
+    a = a.reshape(Bt, H, n, L)
+    seg = _segment_sums(a)  # (B, H, n, L, L)
+    y = ((C @ B.transpose(-1, -2)) * seg.exp()) @ xd  # within chunks
+    ends = (B * seg[..., -1, :, None].exp()).transpose(-1, -2) @ xd  # (B, H, n, N, P): each chunk's own end state
+    S0 = x.new_zeros(Bt, H, 1, N, P, dtype=torch.float32) if state is None else state.float()[:, :, None]
+    totals = _segment_sums(F.pad(a.sum(-1), (1, 0)))  # (B, H, n + 1, n + 1): decay from chunk end to chunk end
+    states = torch.einsum("bhcz,bhznp->bhcnp", totals.exp(), torch.cat([S0, ends], dim=2))  # (B, H, n + 1, N, P)
+    y = y + a.cumsum(-1).exp()[..., None] * (C @ states[:, :, :-1])  # what each chunk's start state gives
+    return y.reshape(Bt, H, n * L, P)[:, :, :T].transpose(1, 2), states[:, :, -1]

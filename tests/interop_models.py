@@ -277,6 +277,16 @@ FAMILIES = {
                               num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,
                               position_embedding_type="rope", embedding_multiplier=3.0, residual_multiplier=0.4,
                               attention_multiplier=0.2, logits_scaling=2.5, tie_word_embeddings=True)),
+    # Granite 4.0's hybrid layout (its -h models): Mamba-2 layers on 0, 2 and 3 (8 heads of 16, 2 groups of B and C
+    # of 8, chunks of 8 in transformers' scan), attention on 1 without positions, Granite's scalars
+    "granitemoehybrid-mamba": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                               dict(num_attention_heads=4, num_key_value_heads=2, shared_intermediate_size=96,
+                                    num_hidden_layers=4, num_local_experts=0, num_experts_per_tok=0,
+                                    layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8,
+                                    mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16, mamba_d_conv=4,
+                                    mamba_expand=2, mamba_chunk_size=8, position_embedding_type=None,
+                                    embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.2,
+                                    logits_scaling=2.5, tie_word_embeddings=True)),
     "granitemoehybrid-nope": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
                               dict(num_attention_heads=4, num_key_value_heads=4, shared_intermediate_size=96,
                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,

@@ -1,5 +1,5 @@
-"""Gated delta-net layers (model.delta_layers, Qwen3.5's linear attention): the chunked gated delta rule against the
-token-by-token recurrence, packed documents kept apart in training, the inference engine's cache (each row's state,
+"""Recurrent layers (model.delta_layers: Qwen3.5's gated delta nets and Granite 4.0's Mamba-2 layers): the chunked
+gated delta rule and Mamba-2's chunked scan against their token-by-token recurrences, packed documents kept apart in training, the inference engine's cache (each row's state,
 each token's convolution input in its slot) against full recompute, prefilled whole, in chunks and through a decode
 batch whose other rows decode meanwhile, the refusals. Parity with transformers' Qwen3.5 is in
 tests/test_interop.py (the FAMILIES table)."""
@@ -12,7 +12,7 @@ import torch
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, ModelConfig
-from redline.recurrent import _chunk_states, gated_delta_rule
+from redline.recurrent import _chunk_states, gated_delta_rule, ssd
 
 from tests.engine_checks import assert_compiled_engine_stays_greedy
 from tests.test_short_conv import assert_documents_apart
@@ -22,6 +22,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CFG = ModelConfig(vocab_size=96, context_len=64, n_layer=3, n_embd=32, n_head=4, n_kv_head=2, qk_norm=True,
                   norm_unit_offset=True, attn_gate="element", rope_dims=4, delta_layers=(0, 2), delta_heads=4,
                   delta_key_heads=2, delta_key_dim=8, delta_value_dim=8)
+# Granite 4.0's hybrid: Mamba-2 layers (4 heads of 16, 2 groups of B and C of 8, a conv bias) around attention
+# without positions
+MAMBA = replace(CFG, qk_norm=False, norm_unit_offset=False, attn_gate="none", rope_dims=0, pos_emb="none",
+                delta_rule="mamba2", delta_value_dim=16, delta_conv_bias=True)
+RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA], ids=["gated_delta", "mamba2"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
@@ -78,21 +83,61 @@ def test_chunk_state_op_gradients_and_whole_graph_compile():
     torch.testing.assert_close(grad_c, grad, rtol=1e-5, atol=1e-5)
 
 
-def test_packed_documents_do_not_see_each_other():
+def ssd_recurrence(x, dt, A, B, C, state=None, starts=None):
+    """Mamba-2 token by token: S ← exp(dt_t·A)·S + B_t (dt_t·x_t)ᵀ, y_t = Sᵀ C_t (S zeroed at a start)."""
+    Bt, T, H, P = x.shape
+    S = torch.zeros(Bt, H, B.shape[-1], P) if state is None else state.clone()
+    out = []
+    for t in range(T):
+        if starts is not None:
+            S = S * (~starts[:, t]).float()[:, None, None, None]
+        S = S * torch.exp(dt[:, t] * A)[..., None, None] + B[:, t][..., None] * (dt[:, t, :, None] * x[:, t])[..., None, :]
+        out.append(torch.einsum("bhnp,bhn->bhp", S, C[:, t]))
+    return torch.stack(out, 1), S
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_chunked_scan_is_the_recurrence(chunk):
+    """Mamba-2's scan: outputs and final state, with a state carried in and documents starting mid-chunk, equal the
+    token loop's; gradients stay finite where a start resets the state."""
+    gen = torch.Generator().manual_seed(0)
+    Bt, T, H, P, N = 2, 23, 3, 4, 5
+    x, B, C = torch.randn(Bt, T, H, P, generator=gen), torch.randn(Bt, T, H, N, generator=gen), torch.randn(Bt, T, H, N, generator=gen)
+    dt, A = torch.rand(Bt, T, H, generator=gen), -2 * torch.rand(H, generator=gen)
+    state = torch.randn(Bt, H, N, P, generator=gen)
+    starts = torch.zeros(Bt, T, dtype=torch.bool)
+    starts[0, 7], starts[1, 3], starts[1, 16] = True, True, True
+    for s0, st in ((None, None), (state, starts)):
+        want_y, want_s = ssd_recurrence(x, dt, A, B, C, s0, st)
+        got_y, got_s = ssd(x, dt, A, B, C, s0, st, chunk=chunk)
+        torch.testing.assert_close(got_y, want_y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_s, want_s, rtol=1e-5, atol=1e-5)
+    leaves = [t.clone().requires_grad_() for t in (x, dt, B, C)]
+    y, s = ssd(leaves[0], leaves[1], A, leaves[2], leaves[3], state, starts, chunk=chunk)
+    for grad in torch.autograd.grad(y.square().sum() + s.sum(), leaves):
+        assert torch.isfinite(grad).all()
+
+
+@RULES
+def test_packed_documents_do_not_see_each_other(cfg):
     """The state and the convolution restart at a packed document's first token."""
     torch.manual_seed(0)
-    assert_documents_apart(long_memory(GPT(CFG)))
+    assert_documents_apart(long_memory(GPT(cfg)))
 
 
 def long_memory(model: GPT) -> GPT:
-    """The model with its delta nets' decay slow (A = 0.02: a state that lasts hundreds of tokens, where GPT's
+    """The model with its recurrent layers' decay slow (A = 0.02: a state that lasts hundreds of tokens, where GPT's
     initial A of 1..16 forgets within a few) and their outputs and the logits scaled up, so that a state that took a
     wrong token, or missed one, changes the greedy tokens."""
     with torch.no_grad():
         for block in model.blocks:
-            if block.attn.__class__.__name__ == "GatedDeltaNet":
+            kind = block.attn.__class__.__name__
+            if kind in ("GatedDeltaNet", "Mamba2"):
                 block.attn.A_log.fill_(-3.9)
                 block.attn.proj.weight.mul_(8)
+            if kind == "Mamba2":  # x, B and C of order 1 (GPT's init makes them ~1e-3), no skip: what the layer
+                block.attn.conv.mul_(50)  # gives is the state's
+                block.attn.D.zero_()
         model.lm_head.weight.mul_(10)
     return model.eval()
 
@@ -101,29 +146,32 @@ def full_recompute(model, prompt, n):
     return model.generate(torch.tensor([prompt]), n, temperature=0)[0, len(prompt):].tolist()
 
 
+@RULES
 @pytest.mark.parametrize("chunk", [32768, 4, 1])
-def test_engine_decodes_as_full_recompute(chunk):
+def test_engine_decodes_as_full_recompute(chunk, cfg):
     """Prompts of different lengths in one batch (the shorter ones' padding passing their states by), prefilled
     whole or in chunks of `chunk` tokens (each chunk starting from the rows' states and the convolution's inputs
     before it), then decoded one token at a time."""
     torch.manual_seed(0)
-    model = long_memory(GPT(CFG))
+    model = long_memory(GPT(cfg))
     prompts = [list(range(1, 12)), [5, 6], [40]]
     engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=chunk)
     got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
     assert got == [full_recompute(model, p, 10) for p in prompts]
-    # fp32: one attention layer's k and v (2 kv heads of 8), two delta nets' convolution inputs (2·2·8 + 4·8)
-    assert engine.kv_bytes_per_token() == (2 * 1 * 2 * 8 + 2 * 64) * 4
+    # fp32: one attention layer's k and v (2 kv heads of 8), two recurrent layers' convolution inputs (q, k, v:
+    # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8)
+    assert engine.kv_bytes_per_token() == (2 * 1 * 2 * 8 + 2 * (64 if cfg is CFG else 96)) * 4
 
 
-def test_decode_batch_rows_keep_their_states():
+@RULES
+def test_decode_batch_rows_keep_their_states(cfg):
     """A server's batch: one row decodes while another's prompt goes in over two spans, the decoding steps between
     them leaving the parked row's state as it is; then both decode, and a freed row is refilled from a fresh state.
     Each row's tokens are the full recompute's; no prefix is reused (a state is not held in slots)."""
     from redline.inference.batch import DecodeBatch
 
     torch.manual_seed(0)
-    model = long_memory(GPT(CFG))
+    model = long_memory(GPT(cfg))
     engine = InferenceEngine(model, compile=False)
     batch = DecodeBatch(engine, rows=2, capacity=48)
     a, b = list(range(3, 14)), [7, 1, 8, 2, 8, 1, 8, 2, 9]
@@ -149,20 +197,23 @@ def test_decode_batch_rows_keep_their_states():
 
 
 def test_refusals():
-    with pytest.raises(UserError, match="kv_cache_dtype=fp8 with short-convolution or gated delta-net layers"):
+    with pytest.raises(UserError, match="kv_cache_dtype=fp8 with short-convolution or recurrent layers"):
         InferenceEngine(GPT(CFG), compile=False, kv_cache_dtype="fp8")
     for bad in (dict(delta_layers=(2, 0)), dict(delta_layers=(3,)), dict(delta_heads=3),
                 dict(conv_layers=(0,)), dict(delta_key_heads=0)):
         with pytest.raises(UserError, match="model.delta_layers"):
             replace(CFG, **bad).validate()
+    with pytest.raises(UserError, match="they take model.delta_rule=mamba2"):
+        replace(CFG, delta_conv_bias=True).validate()
 
 
+@RULES
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_compiled_engine_and_training_step():
+def test_gpu_compiled_engine_and_training_step(cfg):
     """On a GPU: the compiled, graph-captured engine decodes greedily, as the eager one does (tests/engine_checks.py);
     the compiled training step's loss and gradients match eager ones."""
     torch.manual_seed(0)
-    cfg = replace(CFG, n_embd=128, vocab_size=512, context_len=128, delta_key_dim=32, delta_value_dim=32)
+    cfg = replace(cfg, n_embd=128, vocab_size=512, context_len=128, delta_key_dim=32, delta_value_dim=32)
     model = GPT(cfg).cuda()
     assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
     model.train()

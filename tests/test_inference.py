@@ -89,6 +89,11 @@ ARCHITECTURES = {
     "qwen3.5-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_heads": 4, "delta_key_heads": 2,
                       "delta_key_dim": 8, "delta_value_dim": 8, "attn_gate": "element", "qk_norm": True,
                       "norm_unit_offset": True, "rope_dims": 8, "n_kv_head": 2},
+    # Granite 4.0's hybrid: Mamba-2 layers (the convolution's x, B and C in slots, an (N, P) state a row) around
+    # attention without positions, Granite's scalars
+    "granite-hybrid-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_rule": "mamba2", "delta_heads": 4,
+                             "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16,
+                             "delta_conv_bias": True, "pos_emb": "none", "n_kv_head": 2, "residual_multiplier": 0.5},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -843,7 +848,8 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
 @pytest.mark.parametrize("arch, impl", [(arch, impl) for arch in ("olmo2-style", "gemma3-style", "neox-style",
                                                                    "phi-style", "opt-style", "smollm3-style",
                                                                    "granite-style", "phi4-style", "exaone4-style",
-                                                                   "hunyuan-style", "lfm3-style", "qwen3.5-style")
+                                                                   "hunyuan-style", "lfm3-style", "qwen3.5-style",
+                                                                   "granite-hybrid-style")
                                         for impl in ("matmul", "triton")] + [("gemma2-style", "matmul"),
                                                                              ("gpt-oss-style", "matmul"),
                                                                              ("granite-swa-style", "matmul")])

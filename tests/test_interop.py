@@ -753,12 +753,15 @@ def test_import_granite_reads_the_hubs_config():
         model_config({**hub, "logits_scaling": 0})
 
 
-def test_import_granite4_refuses_its_hybrid_and_expert_layers(tmp_path, capsys):
-    """Granite 4.0's Mamba-2 layers (its -h models), experts and attention biases are one-line errors naming them."""
-    hf_folder("granitemoehybrid", tmp_path / "hf")
+def test_import_granite4_refuses_what_it_cannot_run(tmp_path, capsys):
+    """Granite 4.0's experts, attention biases, a clamped time step and Mamba-2 widths that do not add up are
+    one-line errors naming them."""
+    hf_folder("granitemoehybrid-mamba", tmp_path / "hf")
     path = tmp_path / "hf" / "config.json"
     config = json.loads(path.read_text())
-    for edit, fragment in [({"layer_types": ["mamba", "attention"]}, "the Mamba-2 layers of its hybrid (-h) models"),
+    for edit, fragment in [({"layer_types": ["mamba", "attention"]}, "Granite 4.0 takes 4 entries"),
+                           ({"time_step_limit": [0.001, 0.1]}, "time_step_limit=[0.001, 0.1]"),
+                           ({"mamba_d_head": 8}, "mamba_n_heads=8 x mamba_d_head=8 != mamba_expand x hidden_size"),
                            ({"num_local_experts": 4}, "num_local_experts=4"),
                            ({"attention_bias": True}, "attention_bias=true"),
                            ({"position_embedding_type": "alibi"}, "position_embedding_type='alibi'")]:

@@ -56,6 +56,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # LFM3: LFM2's convolution, then a windowed attention layer with Qwen3's names (o_proj), gated heads, output norms
     "Lfm3ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, attn_gate="head", norm_position="sandwich",
                             sliding_window=4),
+    # Granite 4.0's hybrid: a Mamba-2 layer (mamba.in_proj, out_proj) on layer 0, attention without positions on 1,
+    # shared_mlp's fused input_linear
+    "GraniteMoeHybridForCausalLM": dict(delta_layers=(0,), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
+                                        delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, pos_emb="none",
+                                        residual_multiplier=0.5, n_kv_head=2),
     # the original OLMo: Llama's names, LayerNorms without weights
     "OlmoForCausalLM": dict(norm="layernorm", norm_affine=False, n_kv_head=2),
     # nanochat: q and k rows (B's rows) with each head's second half negated, mlp.fc1 / fc2, weightless norms

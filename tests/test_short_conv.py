@@ -53,7 +53,7 @@ def test_engine_decodes_as_full_recompute(chunk):
 
 
 def test_refusals():
-    with pytest.raises(UserError, match="kv_cache_dtype=fp8 with short-convolution or gated delta-net layers"):
+    with pytest.raises(UserError, match="kv_cache_dtype=fp8 with short-convolution or recurrent layers"):
         InferenceEngine(GPT(CFG), compile=False, kv_cache_dtype="fp8")
     for bad in ((3, 1), (0, 4), (-1,)):
         with pytest.raises(UserError, match="model.conv_layers"):

@@ -93,7 +93,7 @@ class KVCache:
         self.states: dict[int, torch.Tensor] = {}
         if delta_layers:
             if dtype == torch.float8_e4m3fn:
-                raise ValueError("an FP8 cache has no gated delta-net layers (the plan keeps such models in bf16)")
+                raise ValueError("an FP8 cache has no recurrent layers (the plan keeps such models in bf16)")
             inputs = torch.zeros((len(delta_layers), batch + spare, 1, capacity + 1, delta_width), dtype=dtype,
                                  device=device)
             states = torch.zeros((len(delta_layers), batch + spare, *delta_state), device=device)

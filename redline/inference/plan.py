@@ -73,7 +73,7 @@ def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, 
         if value not in choices:
             raise UserError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     if kv_cache_dtype == "fp8" and (getattr(cfg, "conv_layers", ()) or getattr(cfg, "delta_layers", ())):
-        raise UserError("kv_cache_dtype=fp8 with short-convolution or gated delta-net layers (model.conv_layers, "
+        raise UserError("kv_cache_dtype=fp8 with short-convolution or recurrent layers (model.conv_layers, "
                         "model.delta_layers): their cache holds the convolutions' inputs, which are not stored in "
                         "FP8; use kv_cache_dtype=auto")
     if prefill_chunk_tokens < 1:

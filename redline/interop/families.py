@@ -8,7 +8,7 @@ gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and
 of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS (sinks, biased and clamped
 experts); lfm2.py LFM2 (attention and short convolutions) and LFM3 (with windowed layers, gated heads and output
 norms); granite.py Granite, Granite 4.0's dense models,
-GraniteMoE and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer); qwen3_5.py Qwen3.5 (gated
+Granite 4.0 (its Mamba-2 hybrids too), GraniteMoE and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer); qwen3_5.py Qwen3.5 (gated
 delta nets, gated attention); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
@@ -236,7 +236,8 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; one with gated delta nets or element-wise attention gates as Qwen3.5; one with LayerNorms by
+    SwiGLU experts; one with Mamba-2 layers as Granite 4.0; one with gated delta nets or element-wise attention gates
+    as Qwen3.5; one with LayerNorms by
     1 + weight as Nemotron; a dense model with
     attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
@@ -246,6 +247,11 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import lfm2, qwen3_5
 
+    if cfg.delta_layers and cfg.delta_rule == "mamba2":  # Mamba-2 layers: Granite 4.0's hybrids alone
+        from redline.interop import granite
+
+        granite.check_hybrid_exportable(cfg)
+        return families["granitemoehybrid"]
     if qwen3_5.wants_qwen3_5(cfg):  # first: no other architecture has gated delta nets or element-wise gates
         qwen3_5.check_exportable(cfg)
         return families["qwen3_5_text"]

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, raise_first
+from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import _ignorable, llama_shaped_hf_config, model_config_for, to_hf, to_llama_hf, to_redline
 from redline.model import ModelConfig
 
@@ -81,71 +81,156 @@ FAMILY = Family(name="granite", architecture="GraniteForCausalLM", model_config=
 
 
 # ----------------------------------------------------------------------------------------------------
-# Granite 4.0's dense models (GraniteMoeHybridForCausalLM, model_type "granitemoehybrid", with attention layers only
-# and no experts: granite-4.0-350m, granite-4.0-1b, granite-4.0-micro): Granite's block, its SwiGLU MLP named
-# shared_mlp with gate and up as one input_linear (rows [gate; up], as redline's fused fc) and down as output_linear,
-# and RoPE or no positions at all (position_embedding_type None: the NoPE form). Semantics read from transformers'
-# models/granitemoehybrid/modeling_granitemoehybrid.py; the Mamba-2 layers and the experts of its hybrid and MoE
-# models are refused by name.
+# Granite 4.0 (GraniteMoeHybridForCausalLM, model_type "granitemoehybrid"): its hybrid models (granite-4.0-h-350m,
+# -h-1b, -h-micro: Mamba-2 layers with attention on a few, layer_types "mamba" / "attention", or transformers'
+# "linear_attention" / "full_attention") and its dense ones (attention only: granite-4.0-350m, -1b, -micro).
+# - Granite's block and scalars, its SwiGLU MLP named shared_mlp with gate and up as one input_linear (rows
+#   [gate; up], as redline's fused fc) and down as output_linear;
+# - attention layers with RoPE or no positions at all (position_embedding_type None: the NoPE form);
+# - Mamba-2 layers (mamba.*: in_proj, conv1d with its bias, dt_bias, A_log, D, the gated norm, out_proj) as
+#   model.delta_layers with delta_rule=mamba2: n_heads heads of d_head, n_groups groups of B and C of d_state.
+# Semantics read from transformers' models/granitemoehybrid/modular_granitemoehybrid.py and models/bamba (its
+# mixer). The experts of its MoE models (num_local_experts > 0: -h-tiny, -h-small) are refused by name.
 
 _FUSED, _DOWN = "shared_mlp.input_linear.weight", "shared_mlp.output_linear.weight"
+_MAMBA_KINDS, _ATTENTION_KINDS = {"mamba", "linear_attention"}, {"attention", "full_attention"}
+
+
+def _hybrid_kinds(hf: dict) -> list[bool]:
+    """Each layer: True for Mamba-2, False for attention (transformers' default: Mamba-2 everywhere)."""
+    n = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types") or hf.get("layers_block_type") or ["mamba"] * n
+    if len(kinds) != n or not set(kinds) <= _MAMBA_KINDS | _ATTENTION_KINDS:
+        raise UserError(f"layer_types {kinds}: Granite 4.0 takes {n} entries, each mamba or attention")
+    return [kind in _MAMBA_KINDS for kind in kinds]
+
+
+def _mamba_fields(hf: dict, mamba: list[bool]) -> dict:
+    if not any(mamba):
+        return {}
+    width, heads = int(hf.get("mamba_expand", 2)) * hf["hidden_size"], int(hf.get("mamba_n_heads", 128))
+    head = hf.get("mamba_d_head", "auto")
+    head = width // heads if head in (None, "auto") else int(head)
+    groups = int(hf.get("mamba_n_groups", 1))
+    if head * heads != width or heads % groups:
+        raise UserError(f"mamba_n_heads={heads} x mamba_d_head={head} != mamba_expand x hidden_size = {width}, or "
+                        f"mamba_n_groups={groups} does not divide the heads: not a Mamba-2 layer redline can build")
+    limit = hf.get("time_step_limit")
+    if limit is not None:  # transformers writes infinity as {"__float__": "Infinity"}, older files as Infinity
+        limit = [float(x["__float__"]) if isinstance(x, dict) and "__float__" in x else float(x) for x in limit]
+        if limit != [0.0, float("inf")]:
+            raise UserError(f"time_step_limit={limit}: redline's Mamba-2 layers leave the time step unclamped "
+                            f"(0, inf)")
+    return dict(delta_layers=tuple(i for i, m in enumerate(mamba) if m), delta_rule="mamba2", delta_heads=heads,
+                delta_key_heads=groups, delta_key_dim=int(hf.get("mamba_d_state", 256)), delta_value_dim=head,
+                delta_conv_kernel=int(hf.get("mamba_d_conv", 4)),
+                delta_conv_bias=bool(hf.get("mamba_conv_bias", True)),
+                delta_proj_bias=bool(hf.get("mamba_proj_bias", False)))
 
 
 def hybrid_model_config(hf: dict) -> ModelConfig:
-    kinds = set(hf.get("layer_types") or hf.get("layers_block_type") or ["mamba"])  # (transformers' default: Mamba)
-    if not kinds <= {"attention", "full_attention"}:
-        raise UserError(f"layer_types {sorted(kinds)}: redline runs Granite 4.0's attention-only models; the Mamba-2 "
-                        f"layers of its hybrid (-h) models are not supported")
+    mamba = _hybrid_kinds(hf)
     if hf.get("num_local_experts"):
         raise UserError(f"num_local_experts={hf['num_local_experts']}: Granite 4.0's experts beside its shared MLP "
-                        f"are not supported (redline runs its dense models, and GraniteMoE's experts: granitemoe)")
+                        f"are not supported (redline runs its dense and hybrid models, and GraniteMoE's experts: "
+                        f"granitemoe)")
     if hf.get("attention_bias"):
         raise UserError("attention_bias=true: Granite 4.0's MLP has no biases, and redline's biases cover both")
     rope = hf.get("position_embedding_type")
     if rope not in (None, "rope", "nope"):
         raise UserError(f"position_embedding_type={rope!r}: redline reads rope or none")
     cfg = model_config({**hf, "intermediate_size": hf["shared_intermediate_size"], "mlp_bias": False})
-    return cfg if rope == "rope" else replace(cfg, pos_emb="none")
+    return replace(cfg, pos_emb="rope" if rope == "rope" else "none", **_mamba_fields(hf, mamba))
 
 
-def _llama_view(src: TensorSource) -> TensorSource:
-    """src with each block's input_linear seen as Llama's gate_proj and up_proj (its halves) and output_linear as
-    down_proj, so that llama.py's map reads it; the real tensors are taken (marked used) as the halves are read."""
-    names: dict[str, tuple[str, int | None]] = {}
-    for name in src.names:
-        if name.endswith(_FUSED):
-            base = name[: -len(_FUSED)] + "mlp."
-            names[base + "gate_proj.weight"], names[base + "up_proj.weight"] = (name, 0), (name, 1)
-        else:
-            names[name.replace(_DOWN, "mlp.down_proj.weight")] = (name, None)
+# redline's names in a Mamba-2 layer (after blocks.N.attn.) -> transformers' (after model.layers.N.mamba.)
+_MAMBA = {"in_proj.weight": "in_proj.weight", "proj.weight": "out_proj.weight", "conv": "conv1d.weight",
+          "A_log": "A_log", "dt_bias": "dt_bias", "D": "D", "norm": "norm.weight"}
+_MAMBA_CONV_BIAS = {"conv_bias": "conv1d.bias"}
+_MAMBA_PROJ_BIAS = {"in_proj.bias": "in_proj.bias", "proj.bias": "out_proj.bias"}
 
-    def read(name: str):
-        real, half = names[name]
-        t = src.take(real)
-        return t if half is None else t.chunk(2)[half]
 
-    return TensorSource(names, read, src.where)
+def _mamba_names(cfg: ModelConfig) -> dict:
+    return {**_MAMBA, **(_MAMBA_CONV_BIAS if cfg.delta_conv_bias else {}),
+            **(_MAMBA_PROJ_BIAS if cfg.delta_proj_bias else {})}
 
 
 def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    return to_redline(_llama_view(src), cfg)
+    out = {"norm_f.weight": src.take("model.norm.weight"),
+           "wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg), **take_head(src, cfg)}
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
+        out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
+        out[r + "mlp.fc.weight"], out[r + "mlp.proj.weight"] = src.take(p + _FUSED), src.take(p + _DOWN)
+        if i in cfg.delta_layers:
+            for ours, theirs in _mamba_names(cfg).items():
+                out[f"{r}attn.{ours}"] = src.take(f"{p}mamba.{theirs}")
+            out[r + "attn.conv"] = out[r + "attn.conv"][:, 0]  # (channels, 1, kernel) -> (channels, kernel)
+            continue
+        a = p + "self_attn."
+        out[r + "attn.qkv.weight"] = torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"])
+        out[r + "attn.proj.weight"] = src.take(a + "o_proj.weight")
+    return out
 
 
 def hybrid_to_hf(state, cfg: ModelConfig) -> dict:
-    out = to_hf(state, cfg)
+    out = {"model.norm.weight": state["norm_f.weight"], "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size],
+           **give_head(state, cfg)}
+    D, KV = cfg.head_dim, cfg.kv_heads
     for i in range(cfg.n_layer):
-        p = f"model.layers.{i}."
-        out[p + _FUSED] = torch.cat([out.pop(p + "mlp.gate_proj.weight"), out.pop(p + "mlp.up_proj.weight")])
-        out[p + _DOWN] = out.pop(p + "mlp.down_proj.weight")
-    return out
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
+        out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
+        out[p + _FUSED], out[p + _DOWN] = state[r + "mlp.fc.weight"], state[r + "mlp.proj.weight"]
+        if i in cfg.delta_layers:
+            for ours, theirs in _mamba_names(cfg).items():
+                out[f"{p}mamba.{theirs}"] = state[f"{r}attn.{ours}"]
+            out[p + "mamba.conv1d.weight"] = out[p + "mamba.conv1d.weight"][:, None]
+            continue
+        a = p + "self_attn."
+        q, k, v = state[r + "attn.qkv.weight"].split([cfg.n_head * D, KV * D, KV * D])
+        out.update({a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
+                    a + "o_proj.weight": state[r + "attn.proj.weight"]})
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def check_hybrid_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option of a model with Mamba-2 layers that Granite 4.0, the one architecture with them
+    redline exports to, does not have."""
+    what = "model.delta_rule=mamba2: Granite 4.0, the one architecture with Mamba-2 layers redline exports to,"
+    raise_first([
+        (cfg.moe_experts or cfg.conv_layers or cfg.attn_gate != "none" or cfg.value_embeddings,
+         f"{what} has dense MLPs, no short convolutions, gates on attention or value embeddings"),
+        ((cfg.delta_heads * cfg.delta_value_dim) % cfg.n_embd,
+         f"{what} makes its layers' inner width (model.delta_heads x model.delta_value_dim = "
+         f"{cfg.delta_heads * cfg.delta_value_dim}) a whole multiple of model.n_embd={cfg.n_embd} (mamba_expand)"),
+        (cfg.rope_dims or cfg.rope_scaling != "none", f"{what} rotates whole heads with unscaled RoPE, or has no "
+                                                      f"positions"),
+    ])
+    if wants_granite(cfg) or cfg.attn_scale:
+        check_exportable(cfg)
+    else:  # the block's shape alone, every scalar 1
+        raise_first([(cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.mlp != "swiglu" or cfg.qk_norm
+                      or cfg.parallel_residual or cfg.norm_unit_offset or cfg.embed_scale or cfg.bias
+                      or cfg.has_qkv_bias or cfg.sliding_window or cfg.attn_sinks or cfg.attn_softcap
+                      or cfg.logit_softcap or cfg.pos_emb == "learned",
+                      f"{what} has pre-RMSNorm blocks, SwiGLU, no QK-norm, biases, windows, sinks or caps")])
 
 
 def hybrid_hf_config(cfg: ModelConfig) -> dict:
     out = hf_config(cfg)
     out.pop("mlp_bias", None)
-    return {**out, "model_type": "granitemoehybrid", "shared_intermediate_size": cfg.hidden_dim,
-            "num_local_experts": 0, "num_experts_per_tok": 0, "layer_types": ["attention"] * cfg.n_layer,
-            "position_embedding_type": "rope" if cfg.pos_emb == "rope" else None}
+    out = {**out, "model_type": "granitemoehybrid", "shared_intermediate_size": cfg.hidden_dim,
+           "num_local_experts": 0, "num_experts_per_tok": 0,
+           "layer_types": ["mamba" if i in cfg.delta_layers else "attention" for i in range(cfg.n_layer)],
+           "position_embedding_type": "rope" if cfg.pos_emb == "rope" else None}
+    if cfg.delta_layers:
+        out.update(mamba_n_heads=cfg.delta_heads, mamba_n_groups=cfg.delta_key_heads, mamba_d_state=cfg.delta_key_dim,
+                   mamba_d_head=cfg.delta_value_dim, mamba_d_conv=cfg.delta_conv_kernel,
+                   mamba_expand=cfg.delta_heads * cfg.delta_value_dim // cfg.n_embd,
+                   mamba_conv_bias=cfg.delta_conv_bias, mamba_proj_bias=cfg.delta_proj_bias)
+    return out
 
 
 HYBRID_FAMILY = Family(name="granitemoehybrid", architecture="GraniteMoeHybridForCausalLM",

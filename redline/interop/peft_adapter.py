@@ -85,6 +85,16 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
             return [(base + "self_attn.k_proj", slice(q, q + kv)),
                     (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
+    if family.name == "granitemoehybrid":  # granite.py's names: shared_mlp's fused input_linear, Mamba-2's mamba.*
+        names = {"mlp.fc": "shared_mlp.input_linear", "mlp.proj": "shared_mlp.output_linear"}
+        if int(i) in cfg.delta_layers:
+            names.update({"attn.in_proj": "mamba.in_proj", "attn.proj": "mamba.out_proj"})
+        elif rest != "attn.qkv":  # the attention's q/k/v as Llama's, below
+            names["attn.proj"] = "self_attn.o_proj"
+        if rest in names:
+            return [(base + names[rest], slice(0, out_features))]
+        if rest != "attn.qkv":
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         if family.name in ("cohere", "cohere2"):  # q and k rows in RoPE's interleaved order, as cohere.py exports

@@ -37,6 +37,8 @@ Models:
             tied).
   qwen35    a Qwen3.5 small model's shape (24 layers, width 1024, gated delta nets on 18 with 16 heads of 128, full
             attention on 6 with 8 gated heads of 256 and 2 kv heads, SwiGLU 3584, vocab 248320, tied).
+  granite4h a Granite 4.0 hybrid shape (40 layers, width 1536, Mamba-2 on 36 with 48 heads of 64 and a state of
+            128, attention without positions on 4, SwiGLU 4096, vocab 100352, tied; about 1.5B parameters).
 Where transformers cannot make a model's cache static, its own cache is timed instead and the row says so
 (hf_cache).
 
@@ -126,6 +128,17 @@ QWEN35_SMALL = dict(vocab_size=248320, hidden_size=1024, intermediate_size=3584,
                     max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
                     layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(24)],
                     bos_token_id=None, eos_token_id=0, pad_token_id=None)
+# A Granite 4.0 hybrid shape of about 1.5B parameters: 40 layers, width 1536, Mamba-2 on all but 4 (48 heads of 64,
+# one group of B and C of 128, a 4-token convolution), attention without positions on layers 9, 19, 29 and 39 (12
+# heads, 4 kv heads), SwiGLU 4096, vocab 100352, tied
+GRANITE4_HYBRID = dict(vocab_size=100352, hidden_size=1536, shared_intermediate_size=4096, intermediate_size=4096,
+                       num_hidden_layers=40, num_attention_heads=12, num_key_value_heads=4, num_local_experts=0,
+                       num_experts_per_tok=0, layer_types=["attention" if i % 10 == 9 else "mamba" for i in range(40)],
+                       mamba_n_heads=48, mamba_n_groups=1, mamba_d_state=128, mamba_d_head=64, mamba_d_conv=4,
+                       mamba_expand=2, position_embedding_type=None, max_position_embeddings=32768,
+                       rms_norm_eps=1e-5, embedding_multiplier=12.0, residual_multiplier=0.22,
+                       attention_multiplier=0.0078125, logits_scaling=6.0, tie_word_embeddings=True,
+                       bos_token_id=None, eos_token_id=0, pad_token_id=None)
 # name: (transformers config class, model class, shape)
 RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3_270M),
@@ -139,7 +152,8 @@ RANDOM_SHAPES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B),
                  "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", NANOCHAT_D20),
                  "olmo1b": ("OlmoConfig", "OlmoForCausalLM", OLMO_1B),
                  "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", LFM3_17B),
-                 "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35_SMALL)}
+                 "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35_SMALL),
+                 "granite4h": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", GRANITE4_HYBRID)}
 
 
 def redline(*args: str) -> str:

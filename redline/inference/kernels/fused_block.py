@@ -46,7 +46,8 @@ FIELDS_ACCOUNTED = {
     "delta_layers": "refused: the block hands the attention kernel its qkv projection, which a delta net has not",
     "delta_heads": "refused with delta_layers", "delta_key_heads": "refused with delta_layers",
     "delta_key_dim": "refused with delta_layers", "delta_value_dim": "refused with delta_layers",
-    "delta_conv_kernel": "refused with delta_layers",
+    "delta_conv_kernel": "refused with delta_layers", "delta_rule": "refused with delta_layers",
+    "delta_conv_bias": "refused with delta_layers", "delta_proj_bias": "refused with delta_layers",
     "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
     "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
     "moe_shared_hidden": "refused with moe_experts", "moe_aux_loss": "training only",
@@ -109,7 +110,7 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "moe_experts", 0):
         return "decode_linear triton runs one dense MLP a block, not a mixture of experts (model.moe_experts)"
     if getattr(cfg, "delta_layers", ()):
-        return "decode_linear triton runs attention blocks, not gated delta nets (model.delta_layers)"
+        return "decode_linear triton runs attention blocks, not recurrent layers (model.delta_layers)"
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):
