@@ -218,7 +218,10 @@ class ModelConfig:
     norm_topk_prob); False weights each expert by its probability among all of them."""
     moe_shared_hidden: int = 0
     """Mixture of experts: a shared expert MLP this wide that every token passes through, its output scaled by
-    sigmoid(w·x) of a learned w (Qwen2-MoE's shared_expert and shared_expert_gate); 0 = none."""
+    sigmoid(w·x) of a learned w (Qwen2-MoE's shared_expert and shared_expert_gate) or added as it is
+    (moe_shared_gate=false: GraniteMoeShared's and Granite 4.0's shared_mlp); 0 = none."""
+    moe_shared_gate: bool = True
+    """moe_shared_hidden: the shared expert's output is scaled by its sigmoid gate (False: added ungated)."""
     moe_aux_loss: float = 0.0
     """Mixture of experts, training: add this times the load-balancing loss (Switch Transformer's E·Σ_e f_e·P_e,
     f_e the share of routed slots expert e takes, P_e its mean router probability; averaged over the layers) to the
@@ -945,7 +948,8 @@ class GatedDeltaNet(nn.Module):
         starts = None
         if doc_ids is not None:  # no token reads another document's, through the convolution or the state
             starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
-        q, k, v = F.silu(causal_conv(u, self.conv, before, doc_ids)).split([self.key_heads * self.dk, self.key_heads * self.dk, self.heads * self.dv], -1)
+        qk = self.key_heads * self.dk
+        q, k, v = F.silu(causal_conv(u, self.conv, before, doc_ids)).split([qk, qk, self.heads * self.dv], -1)
         # L2 norms as flash-linear-attention's l2norm computes them: x · rsqrt(Σx² + 1e-6)
         q, k = (t.float().view(B, T, self.key_heads, self.dk) for t in (q, k))
         q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * self.dk ** -0.5
@@ -1127,7 +1131,7 @@ class MoE(nn.Module):
         self.proj_bias = nn.Parameter(torch.zeros(E, C)) if cfg.moe_bias else None
         self.shared = MLP(replace(cfg, mlp_hidden=cfg.moe_shared_hidden, moe_experts=0, moe_shared_hidden=0,
                                   moe_aux_loss=0.0, fused_mlp=True)) if cfg.moe_shared_hidden else None
-        self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden else None
+        self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden and cfg.moe_shared_gate else None
         self.balance_loss = cfg.moe_aux_loss > 0
         self.balance: torch.Tensor | None = None
         """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
@@ -1174,7 +1178,8 @@ class MoE(nn.Module):
         h = h * weights.flatten()[order, None].to(x.dtype)
         out = torch.zeros_like(x).index_add_(0, token, h)
         if self.shared is not None:
-            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+            shared = self.shared(x)
+            out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
         if self.balance_loss and self.training:
             share = counts.float() / flat.numel()  # f_e
             self.balance = E * (share * probs.mean(dim=0)).sum()

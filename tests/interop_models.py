@@ -154,6 +154,12 @@ FAMILIES = {
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
                         intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.4, logits_scaling=2.5,
                         attention_multiplier=0.2, tie_word_embeddings=False)),
+    # GraniteMoeShared: GraniteMoE's experts with an ungated SwiGLU MLP beside them
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM",
+                         dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                              intermediate_size=48, shared_intermediate_size=40, embedding_multiplier=3.0,
+                              residual_multiplier=0.4, logits_scaling=2.5, attention_multiplier=0.2,
+                              tie_word_embeddings=False)),
     # Gemma 3 text: three layers, windowed - full - windowed (pattern 2) with a window shorter than the test
     # sequences, the windowed layers rotating with their own base, linear RoPE scaling on the full one, head_dim
     # 24 != 64 / 4, query_pre_attn_scalar 20 != head_dim
@@ -287,6 +293,16 @@ FAMILIES = {
                                     mamba_expand=2, mamba_chunk_size=8, position_embedding_type=None,
                                     embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.2,
                                     logits_scaling=2.5, tie_word_embeddings=True)),
+    # Granite 4.0's hybrid MoE layout (its -h-tiny and -h-small): Mamba-2 and attention layers, each MLP top 2 of 4
+    # experts and the shared MLP beside them
+    "granitemoehybrid-moe": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                             dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                                  shared_intermediate_size=40, num_hidden_layers=3, num_local_experts=4,
+                                  num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8,
+                                  mamba_n_groups=1, mamba_d_state=8, mamba_d_head=16, mamba_d_conv=4, mamba_expand=2,
+                                  mamba_chunk_size=8, position_embedding_type=None, embedding_multiplier=3.0,
+                                  residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5,
+                                  tie_word_embeddings=False)),
     "granitemoehybrid-nope": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
                               dict(num_attention_heads=4, num_key_value_heads=4, shared_intermediate_size=96,
                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,

@@ -1,8 +1,8 @@
 """Recurrent layers (model.delta_layers: Qwen3.5's gated delta nets and Granite 4.0's Mamba-2 layers): the chunked
-gated delta rule and Mamba-2's chunked scan against their token-by-token recurrences, packed documents kept apart in training, the inference engine's cache (each row's state,
-each token's convolution input in its slot) against full recompute, prefilled whole, in chunks and through a decode
-batch whose other rows decode meanwhile, the refusals. Parity with transformers' Qwen3.5 is in
-tests/test_interop.py (the FAMILIES table)."""
+gated delta rule and Mamba-2's chunked scan against their token-by-token recurrences, packed documents kept apart in
+training, the inference engine's cache (each row's state, each token's convolution input in its slot) against full
+recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile, the refusals.
+Parity with transformers' Qwen3.5 and Granite 4.0 is in tests/test_interop.py (the FAMILIES table)."""
 
 from dataclasses import replace
 
@@ -91,7 +91,8 @@ def ssd_recurrence(x, dt, A, B, C, state=None, starts=None):
     for t in range(T):
         if starts is not None:
             S = S * (~starts[:, t]).float()[:, None, None, None]
-        S = S * torch.exp(dt[:, t] * A)[..., None, None] + B[:, t][..., None] * (dt[:, t, :, None] * x[:, t])[..., None, :]
+        S = S * torch.exp(dt[:, t] * A)[..., None, None]
+        S = S + B[:, t][..., None] * (dt[:, t, :, None] * x[:, t])[..., None, :]
         out.append(torch.einsum("bhnp,bhn->bhp", S, C[:, t]))
     return torch.stack(out, 1), S
 
@@ -102,7 +103,8 @@ def test_chunked_scan_is_the_recurrence(chunk):
     token loop's; gradients stay finite where a start resets the state."""
     gen = torch.Generator().manual_seed(0)
     Bt, T, H, P, N = 2, 23, 3, 4, 5
-    x, B, C = torch.randn(Bt, T, H, P, generator=gen), torch.randn(Bt, T, H, N, generator=gen), torch.randn(Bt, T, H, N, generator=gen)
+    x = torch.randn(Bt, T, H, P, generator=gen)
+    B, C = torch.randn(Bt, T, H, N, generator=gen), torch.randn(Bt, T, H, N, generator=gen)
     dt, A = torch.rand(Bt, T, H, generator=gen), -2 * torch.rand(H, generator=gen)
     state = torch.randn(Bt, H, N, P, generator=gen)
     starts = torch.zeros(Bt, T, dtype=torch.bool)

@@ -416,9 +416,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports arcee, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
-                         "granitemoehybrid, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, ministral3, "
-                         "mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, qwen2, "
-                         "qwen2_moe, qwen3, qwen3_5, qwen3_5_text, qwen3_moe, seed_oss, smollm3, stablelm, "
+                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
+                         "ministral3, mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, "
+                         "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_text, qwen3_moe, seed_oss, smollm3, stablelm, "
                          "starcoder2, vaultgemma")
 
 
@@ -754,15 +754,14 @@ def test_import_granite_reads_the_hubs_config():
 
 
 def test_import_granite4_refuses_what_it_cannot_run(tmp_path, capsys):
-    """Granite 4.0's experts, attention biases, a clamped time step and Mamba-2 widths that do not add up are
-    one-line errors naming them."""
+    """Granite 4.0's attention biases, a clamped time step, Mamba-2 widths that do not add up and a layer list of the
+    wrong length are one-line errors naming them."""
     hf_folder("granitemoehybrid-mamba", tmp_path / "hf")
     path = tmp_path / "hf" / "config.json"
     config = json.loads(path.read_text())
     for edit, fragment in [({"layer_types": ["mamba", "attention"]}, "Granite 4.0 takes 4 entries"),
                            ({"time_step_limit": [0.001, 0.1]}, "time_step_limit=[0.001, 0.1]"),
                            ({"mamba_d_head": 8}, "mamba_n_heads=8 x mamba_d_head=8 != mamba_expand x hidden_size"),
-                           ({"num_local_experts": 4}, "num_local_experts=4"),
                            ({"attention_bias": True}, "attention_bias=true"),
                            ({"position_embedding_type": "alibi"}, "position_embedding_type='alibi'")]:
         path.write_text(json.dumps({**config, **edit}))

@@ -61,6 +61,9 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "GraniteMoeHybridForCausalLM": dict(delta_layers=(0,), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
                                         delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, pos_emb="none",
                                         residual_multiplier=0.5, n_kv_head=2),
+    # GraniteMoeShared: the experts (not adapted: no Linear layers) and the ungated shared MLP (shared_mlp.*)
+    "GraniteMoeSharedForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_shared_hidden=48,
+                                        moe_shared_gate=False, embed_multiplier=2.0, n_kv_head=2),
     # the original OLMo: Llama's names, LayerNorms without weights
     "OlmoForCausalLM": dict(norm="layernorm", norm_affine=False, n_kv_head=2),
     # nanochat: q and k rows (B's rows) with each head's second half negated, mlp.fc1 / fc2, weightless norms
@@ -70,6 +73,8 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "GPTNeoXForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4),
 }
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
+# a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP
+TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
@@ -106,7 +111,7 @@ def export(*argv) -> int:
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_peft_loads_the_adapter_with_redlines_logits(arch, tmp_path, capsys):
-    base, ckpt = lora_run(tmp_path, arch)
+    base, ckpt = lora_run(tmp_path, arch, targets=TARGETS.get(arch))
     assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
     assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

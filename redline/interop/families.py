@@ -7,9 +7,9 @@ their norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names
 gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
 of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS (sinks, biased and clamped
 experts); lfm2.py LFM2 (attention and short convolutions) and LFM3 (with windowed layers, gated heads and output
-norms); granite.py Granite, Granite 4.0's dense models,
-Granite 4.0 (its Mamba-2 hybrids too), GraniteMoE and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer); qwen3_5.py Qwen3.5 (gated
-delta nets, gated attention); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
+norms); granite.py Granite, Granite 4.0 (dense, and its hybrids with Mamba-2 layers and experts), GraniteMoE,
+GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer); qwen3_5.py Qwen3.5
+(gated delta nets, gated attention); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -201,8 +201,8 @@ def _families() -> dict[str, Family]:
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
-                                gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY,
-                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
+                                granite.SHARED_FAMILY, gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY,
+                                lfm2.FAMILY,                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
                                 llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
                                 lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY, ernie.HELIUM_FAMILY,
                                 llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,

@@ -90,7 +90,7 @@ FAMILY = Family(name="granite", architecture="GraniteForCausalLM", model_config=
 # - Mamba-2 layers (mamba.*: in_proj, conv1d with its bias, dt_bias, A_log, D, the gated norm, out_proj) as
 #   model.delta_layers with delta_rule=mamba2: n_heads heads of d_head, n_groups groups of B and C of d_state.
 # Semantics read from transformers' models/granitemoehybrid/modular_granitemoehybrid.py and models/bamba (its
-# mixer). The experts of its MoE models (num_local_experts > 0: -h-tiny, -h-small) are refused by name.
+# mixer). Its MoE models (-h-tiny, -h-small: num_local_experts > 0) have GraniteMoeShared's experts and shared MLP.
 
 _FUSED, _DOWN = "shared_mlp.input_linear.weight", "shared_mlp.output_linear.weight"
 _MAMBA_KINDS, _ATTENTION_KINDS = {"mamba", "linear_attention"}, {"attention", "full_attention"}
@@ -130,16 +130,15 @@ def _mamba_fields(hf: dict, mamba: list[bool]) -> dict:
 
 def hybrid_model_config(hf: dict) -> ModelConfig:
     mamba = _hybrid_kinds(hf)
-    if hf.get("num_local_experts"):
-        raise UserError(f"num_local_experts={hf['num_local_experts']}: Granite 4.0's experts beside its shared MLP "
-                        f"are not supported (redline runs its dense and hybrid models, and GraniteMoE's experts: "
-                        f"granitemoe)")
     if hf.get("attention_bias"):
         raise UserError("attention_bias=true: Granite 4.0's MLP has no biases, and redline's biases cover both")
     rope = hf.get("position_embedding_type")
     if rope not in (None, "rope", "nope"):
         raise UserError(f"position_embedding_type={rope!r}: redline reads rope or none")
-    cfg = model_config({**hf, "intermediate_size": hf["shared_intermediate_size"], "mlp_bias": False})
+    if hf.get("num_local_experts"):  # GraniteMoeShared's experts and shared MLP
+        cfg = shared_model_config(hf)
+    else:
+        cfg = model_config({**hf, "intermediate_size": hf["shared_intermediate_size"], "mlp_bias": False})
     return replace(cfg, pos_emb="rope" if rope == "rope" else "none", **_mamba_fields(hf, mamba))
 
 
@@ -162,7 +161,12 @@ def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
         out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
-        out[r + "mlp.fc.weight"], out[r + "mlp.proj.weight"] = src.take(p + _FUSED), src.take(p + _DOWN)
+        if cfg.moe_experts:
+            from redline.interop.moe import experts_to_redline
+
+            out.update(experts_to_redline(src, p, r, cfg), **_shared_to_redline(src, p, r))
+        else:
+            out[r + "mlp.fc.weight"], out[r + "mlp.proj.weight"] = src.take(p + _FUSED), src.take(p + _DOWN)
         if i in cfg.delta_layers:
             for ours, theirs in _mamba_names(cfg).items():
                 out[f"{r}attn.{ours}"] = src.take(f"{p}mamba.{theirs}")
@@ -175,14 +179,19 @@ def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 
 def hybrid_to_hf(state, cfg: ModelConfig) -> dict:
-    out = {"model.norm.weight": state["norm_f.weight"], "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size],
-           **give_head(state, cfg)}
+    out = {"model.norm.weight": state["norm_f.weight"],
+           "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size], **give_head(state, cfg)}
     D, KV = cfg.head_dim, cfg.kv_heads
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
         out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
-        out[p + _FUSED], out[p + _DOWN] = state[r + "mlp.fc.weight"], state[r + "mlp.proj.weight"]
+        if cfg.moe_experts:
+            from redline.interop.moe import experts_to_hf
+
+            out.update(experts_to_hf(state, p, r, cfg, "granitemoe"), **_shared_to_hf(state, p, r))
+        else:
+            out[p + _FUSED], out[p + _DOWN] = state[r + "mlp.fc.weight"], state[r + "mlp.proj.weight"]
         if i in cfg.delta_layers:
             for ours, theirs in _mamba_names(cfg).items():
                 out[f"{p}mamba.{theirs}"] = state[f"{r}attn.{ours}"]
@@ -199,9 +208,13 @@ def check_hybrid_exportable(cfg: ModelConfig) -> None:
     """A UserError naming the option of a model with Mamba-2 layers that Granite 4.0, the one architecture with them
     redline exports to, does not have."""
     what = "model.delta_rule=mamba2: Granite 4.0, the one architecture with Mamba-2 layers redline exports to,"
+    if cfg.moe_experts:  # GraniteMoeShared's experts, the shared MLP beside them always there
+        check_moe_exportable(replace(cfg, pos_emb="rope"))
+        raise_first([(not cfg.moe_shared_hidden, f"{what} has a shared MLP beside its experts "
+                                                 f"(model.moe_shared_hidden, model.moe_shared_gate=false)")])
     raise_first([
-        (cfg.moe_experts or cfg.conv_layers or cfg.attn_gate != "none" or cfg.value_embeddings,
-         f"{what} has dense MLPs, no short convolutions, gates on attention or value embeddings"),
+        (cfg.conv_layers or cfg.attn_gate != "none" or cfg.value_embeddings,
+         f"{what} has no short convolutions, gates on attention or value embeddings"),
         ((cfg.delta_heads * cfg.delta_value_dim) % cfg.n_embd,
          f"{what} makes its layers' inner width (model.delta_heads x model.delta_value_dim = "
          f"{cfg.delta_heads * cfg.delta_value_dim}) a whole multiple of model.n_embd={cfg.n_embd} (mamba_expand)"),
@@ -223,6 +236,10 @@ def hybrid_hf_config(cfg: ModelConfig) -> dict:
     out.pop("mlp_bias", None)
     out = {**out, "model_type": "granitemoehybrid", "shared_intermediate_size": cfg.hidden_dim,
            "num_local_experts": 0, "num_experts_per_tok": 0,
+           **({"shared_intermediate_size": cfg.moe_shared_hidden, "intermediate_size": cfg.hidden_dim,
+               "num_local_experts": cfg.moe_experts, "num_experts_per_tok": cfg.moe_top_k,
+               "output_router_logits": bool(cfg.moe_aux_loss), "router_aux_loss_coef": cfg.moe_aux_loss or 0.001}
+              if cfg.moe_experts else {}),
            "layer_types": ["mamba" if i in cfg.delta_layers else "attention" for i in range(cfg.n_layer)],
            "position_embedding_type": "rope" if cfg.pos_emb == "rope" else None}
     if cfg.delta_layers:
@@ -258,28 +275,82 @@ def moe_model_config(hf: dict) -> ModelConfig:
 
 
 def check_moe_exportable(cfg: ModelConfig) -> None:
-    """A UserError naming the option of a mixture of experts with Granite's scalars that GraniteMoE lacks."""
+    """A UserError naming the option of a mixture of experts with Granite's scalars (or an ungated shared expert)
+    that GraniteMoE and GraniteMoeShared lack."""
     from redline.interop.moe import check_exportable as check_experts
 
     check_exportable(cfg)
     check_experts(cfg, granite=True)
     raise_first([
-        (cfg.moe_shared_hidden, "model.moe_shared_hidden with Granite's scalars: GraniteMoE has no shared expert"),
+        (cfg.moe_shared_hidden and cfg.moe_shared_gate,
+         "model.moe_shared_hidden with Granite's scalars: GraniteMoeShared adds its shared MLP ungated "
+         "(model.moe_shared_gate=false); Qwen2-MoE, whose shared expert is gated, has no Granite scalars"),
         (not cfg.moe_norm_topk, "model.moe_norm_topk=false with Granite's scalars: GraniteMoE weights each token's "
                                 "experts by the softmax over the chosen ones"),
     ])
 
 
+def moe_export_name(cfg: ModelConfig) -> str:
+    """GraniteMoeShared where there is a shared MLP, GraniteMoE otherwise (after check_moe_exportable)."""
+    check_moe_exportable(cfg)
+    return "granitemoeshared" if cfg.moe_shared_hidden else "granitemoe"
+
+
 def moe_hf_config(cfg: ModelConfig) -> dict:
     out = hf_config(cfg)
     out.pop("mlp_bias", None)
-    return {**out, "model_type": "granitemoe", "attention_bias": False, "num_local_experts": cfg.moe_experts,
-            "num_experts_per_tok": cfg.moe_top_k, "output_router_logits": bool(cfg.moe_aux_loss),
-            "router_aux_loss_coef": cfg.moe_aux_loss or 0.001}
+    out = {**out, "model_type": "granitemoe", "attention_bias": False, "num_local_experts": cfg.moe_experts,
+           "num_experts_per_tok": cfg.moe_top_k, "output_router_logits": bool(cfg.moe_aux_loss),
+           "router_aux_loss_coef": cfg.moe_aux_loss or 0.001}
+    if cfg.moe_shared_hidden:
+        out.update(model_type="granitemoeshared", shared_intermediate_size=cfg.moe_shared_hidden)
+    return out
 
 
 MOE_FAMILY = Family(name="granitemoe", architecture="GraniteMoeForCausalLM", model_config=moe_model_config,
                     hf_config=moe_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+
+
+# GraniteMoeShared (GraniteMoeSharedForCausalLM, model_type "granitemoeshared"): GraniteMoE with a SwiGLU MLP beside
+# the experts that every token passes through, its output added ungated (shared_mlp.input_linear (2F, C), rows
+# [gate; up], and output_linear: moe_shared_hidden with moe_shared_gate=false). Semantics read from transformers'
+# models/granitemoeshared/modular_granitemoeshared.py.
+
+
+def _shared_fields(hf: dict) -> dict:
+    width = int(hf.get("shared_intermediate_size") or 0)
+    return dict(moe_shared_hidden=width, moe_shared_gate=False) if width else {}
+
+
+def shared_model_config(hf: dict) -> ModelConfig:
+    return replace(moe_model_config(hf), **_shared_fields(hf))
+
+
+def _shared_to_redline(src: TensorSource, p: str, r: str) -> dict:
+    return {f"{r}mlp.shared.fc.weight": src.take(p + _FUSED), f"{r}mlp.shared.proj.weight": src.take(p + _DOWN)}
+
+
+def _shared_to_hf(state, p: str, r: str) -> dict:
+    return {p + _FUSED: state[f"{r}mlp.shared.fc.weight"], p + _DOWN: state[f"{r}mlp.shared.proj.weight"]}
+
+
+def shared_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    out = to_redline(src, cfg)
+    for i in range(cfg.n_layer if cfg.moe_shared_hidden else 0):
+        out.update(_shared_to_redline(src, f"model.layers.{i}.", f"blocks.{i}."))
+    return out
+
+
+def shared_to_hf(state, cfg: ModelConfig) -> dict:
+    out = to_hf(state, cfg, "granitemoe")
+    for i in range(cfg.n_layer if cfg.moe_shared_hidden else 0):
+        out.update(_shared_to_hf(state, f"model.layers.{i}.", f"blocks.{i}."))
+    return out
+
+
+SHARED_FAMILY = Family(name="granitemoeshared", architecture="GraniteMoeSharedForCausalLM",
+                       model_config=shared_model_config, hf_config=moe_hf_config, to_redline=shared_to_redline,
+                       to_hf=shared_to_hf, ignorable=_ignorable)
 
 
 # ----------------------------------------------------------------------------------------------------

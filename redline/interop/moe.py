@@ -95,9 +95,8 @@ def export_name(cfg: ModelConfig) -> str:
     unrescaled top-k weights, Mixtral otherwise."""
     from redline.interop import granite
 
-    if granite.wants_granite(cfg):
-        granite.check_moe_exportable(cfg)
-        return "granitemoe"
+    if granite.wants_granite(cfg) or (cfg.moe_shared_hidden and not cfg.moe_shared_gate):
+        return granite.moe_export_name(cfg)  # GraniteMoE, or GraniteMoeShared (its shared MLP is ungated)
     check_exportable(cfg)
     if cfg.qk_norm:
         return "olmoe" if cfg.qk_norm_scope == "all" else "qwen3_moe"

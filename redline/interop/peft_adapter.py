@@ -43,6 +43,7 @@ _NEOX = {"attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.pro
 _OPT = {"attn.proj": "self_attn.out_proj", "mlp.fc": "fc1", "mlp.proj": "fc2"}  # q/k/v as Llama's
 _STARCODER2 = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}  # q/k/v as Llama's
 _NANOCHAT = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
+_GRANITE_SHARED = {"mlp.shared.fc": "shared_mlp.input_linear", "mlp.shared.proj": "shared_mlp.output_linear"}
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 
 
@@ -86,7 +87,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             return [(base + "self_attn.k_proj", slice(q, q + kv)),
                     (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
     if family.name == "granitemoehybrid":  # granite.py's names: shared_mlp's fused input_linear, Mamba-2's mamba.*
-        names = {"mlp.fc": "shared_mlp.input_linear", "mlp.proj": "shared_mlp.output_linear"}
+        names = {"mlp.fc": "shared_mlp.input_linear", "mlp.proj": "shared_mlp.output_linear", **_GRANITE_SHARED}
         if int(i) in cfg.delta_layers:
             names.update({"attn.in_proj": "mamba.in_proj", "attn.proj": "mamba.out_proj"})
         elif rest != "attn.qkv":  # the attention's q/k/v as Llama's, below
@@ -125,6 +126,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         raise UserError(f"the adapter on {layer} adapts a mixture of experts' router, which is no Linear layer in "
                         f"transformers' {family.architecture} (PEFT cannot load it); train with lora.targets attn.* "
                         f"(and mlp.shared.* where there is a shared expert) or export with --merge")
+    if rest.startswith("mlp.shared") and family.name == "granitemoeshared":
+        return [(base + _GRANITE_SHARED[rest], slice(0, out_features))]
     if rest.startswith("mlp.shared"):  # Qwen2-MoE's shared expert: a SwiGLU MLP with its gate and up fused
         shared = {"mlp.shared.proj": "mlp.shared_expert.down_proj", "mlp.shared_gate": "mlp.shared_expert_gate"}
         if rest == "mlp.shared.fc":
