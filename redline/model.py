@@ -1073,15 +1073,16 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch
 
     One grouped GEMM (torch's grouped_mm), with no host synchronisation, so it compiles and runs inside CUDA graphs,
     where it can: in bfloat16 (under autocast both operands are cast to its dtype, as autocast casts a matmul's), and
-    on the CPU outside torch.compile in any dtype. Elsewhere (fp32 or fp16 on CUDA, fp32 compiled): eagerly, one
-    product per expert with the row counts read back to the host; compiled or captured, where nothing may read
-    them, every expert's product over all rows, each row keeping its own expert's (E times the work, exact)."""
+    on the CPU outside torch.compile in fp32 and fp16 (grouped_mm takes no fp64). Elsewhere (fp32 or fp16 on CUDA,
+    fp32 compiled, fp64): eagerly, one product per expert with the row counts read back to the host; compiled or
+    captured, where nothing may read them, every expert's product over all rows, each row keeping its own expert's
+    (E times the work, exact)."""
     device = x.device.type
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
         x, w = x.to(dtype), w.to(dtype)
     compiled = torch.compiler.is_compiling() or (device == "cuda" and torch.cuda.is_current_stream_capturing())
-    if x.dtype == torch.bfloat16 or (device == "cpu" and not compiled):
+    if x.dtype == torch.bfloat16 or (device == "cpu" and not compiled and x.dtype != torch.float64):
         grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
         return grouped(x, w.transpose(1, 2), offs=ends)
     return experts_masked(x, w, ends) if compiled else experts_looped(x, w, ends)

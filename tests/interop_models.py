@@ -258,6 +258,27 @@ FAMILIES = {
                           linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=False,
                           pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                               "partial_rotary_factor": 0.5})),
+    # Qwen3.5-MoE's text model: a gated delta net on layers 0 and 2, gated full attention on 1, every MLP top 2 of 4
+    # experts (rescaled) plus a shared expert under its sigmoid gate, tied
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+                         dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                              layer_types=["linear_attention", "full_attention", "linear_attention"],
+                              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                              linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                              shared_expert_intermediate_size=48, tie_word_embeddings=True, pad_token_id=None,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                               "partial_rotary_factor": 0.5})),
+    # Qwen3-Next: delta nets on layers 0, 1 and 3 (in_proj_qkvz / in_proj_ba grouped by key head: 2 key heads of 2
+    # value heads each, Dk != Dv), gated full attention on 2, the first layer dense (mlp_only_layers), the others top
+    # 2 of 4 experts not rescaled plus the shared expert, untied
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                        linear_value_head_dim=12, mlp_only_layers=[0], num_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, shared_expert_intermediate_size=40, norm_topk_prob=False,
+                        tie_word_embeddings=False, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
     # Nemotron (Nemotron-Mini-4B's layout): LayerNorms by 1 + weight with biases, a plain ReLU² MLP, RoPE on half of
     # each head, GQA, untied
     "nemotron": ("NemotronConfig", "NemotronForCausalLM",

@@ -94,6 +94,12 @@ ARCHITECTURES = {
     "granite-hybrid-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_rule": "mamba2", "delta_heads": 4,
                              "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16,
                              "delta_conv_bias": True, "pos_emb": "none", "n_kv_head": 2, "residual_multiplier": 0.5},
+    # Qwen3-Next's (Qwen3.5-MoE's with a dense first layer): Qwen3.5's layers, top 2 of 4 experts and a gated shared
+    # expert after the first
+    "qwen3-next-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_heads": 4, "delta_key_heads": 2,
+                         "delta_key_dim": 8, "delta_value_dim": 8, "attn_gate": "element", "qk_norm": True,
+                         "norm_unit_offset": True, "rope_dims": 8, "n_kv_head": 2, "moe_experts": 4, "moe_top_k": 2,
+                         "mlp_hidden": 32, "moe_shared_hidden": 48, "moe_dense_layers": 1, "moe_dense_hidden": 64},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 

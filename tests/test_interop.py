@@ -222,6 +222,20 @@ REDLINE_EXPORTS = {
     "Qwen3_5ForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
                                delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
                                rope_dims=8, n_kv_head=2),
+    # Qwen3.5-MoE: Qwen3.5's layers with top 2 of 4 experts (rescaled) and a shared expert on each; Qwen3-Next where
+    # the first layer is dense or the top-k weights are not rescaled (its delta nets' projections grouped by key head)
+    "Qwen3_5MoeForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                  delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
+                                  rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                                  moe_shared_hidden=48),
+    "Qwen3NextForCausalLM": dict(delta_layers=(1,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                 delta_value_dim=12, attn_gate="element", qk_norm=True, norm_unit_offset=True,
+                                 rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                                 moe_shared_hidden=48, moe_dense_layers=1, moe_dense_hidden=80),
+    "Qwen3NextForCausalLM-unrescaled": dict(delta_layers=(0,), delta_heads=2, delta_key_heads=2, delta_key_dim=8,
+                                            delta_value_dim=8, attn_gate="element", qk_norm=True,
+                                            norm_unit_offset=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                                            mlp_hidden=32, moe_shared_hidden=48, moe_norm_topk=False),
     # Nemotron: LayerNorms by 1 + weight with biases, a ReLU² MLP, RoPE on a quarter of each head
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),
@@ -314,6 +328,19 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
      "scales every layer's RoPE alike"),
     (dict(rope_layer_theta=(5.0,)), "only Granite SWA has a RoPE base per layer"),
     (dict(attn_gate="head"), "normalizes q and k per head before RoPE"),
+    (dict(delta_layers=(0,), delta_heads=2, delta_key_heads=2, attn_gate="element", qk_norm=True,
+          norm_unit_offset=True, moe_experts=4), "Qwen3.5-MoE and Qwen3-Next, the architectures with both redline "
+                                                 "exports to, have a shared expert"),
+    (dict(attn_gate="element", qk_norm=True, norm_unit_offset=True, moe_experts=4, moe_shared_hidden=32,
+          moe_gating="sigmoid"), "weight their experts by a softmax"),
+    (dict(attn_gate="element", qk_norm=True, norm_unit_offset=True, moe_experts=4, moe_shared_hidden=32,
+          moe_shared_gate=False), "have a shared expert under a sigmoid gate"),
+    (dict(delta_layers=(0,), delta_rule="mamba2", delta_heads=2, delta_key_heads=1, delta_value_dim=40),
+     "a whole multiple of model.n_embd"),
+    (dict(delta_layers=(0,), delta_rule="mamba2", delta_heads=2, delta_key_heads=1, delta_value_dim=32,
+          qk_norm=True), "Granite 4.0, the one architecture with Mamba-2 layers"),
+    (dict(moe_experts=4, moe_shared_hidden=32, moe_shared_gate=False, embed_multiplier=2.0, moe_norm_topk=False),
+     "GraniteMoE weights each token's experts"),
     (dict(norm="layernorm", norm_unit_offset=True, mlp="gelu"), "Nemotron, the one architecture with it"),
     (dict(attn_gate="element", qk_norm=True), "pre-RMSNorms scaling by 1 "),
     (dict(attn_gate="element", qk_norm=True, norm_unit_offset=True, sliding_window=4), "has no window, sinks"),
@@ -418,8 +445,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
                          "ministral3, mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, "
-                         "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_text, qwen3_moe, seed_oss, smollm3, stablelm, "
-                         "starcoder2, vaultgemma")
+                         "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
+                         "qwen3_next, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -710,18 +737,22 @@ def test_import_exaone_reads_the_hubs_config():
         model_config({**hub, "activation_function": "gelu"})
 
 
-def test_import_qwen3_5_multimodal_folder_reads_its_text_model(tmp_path, capsys):
-    """A Qwen3_5ForConditionalGeneration folder as the Hub holds Qwen3.5: config.json nests the text model's config
-    (text_config) and the weights sit under model.language_model. beside a vision tower, which is left unread."""
+@pytest.mark.parametrize("kind, model_type, architecture", [
+    ("qwen3_5_text", "qwen3_5", "Qwen3_5ForConditionalGeneration"),
+    ("qwen3_5_moe_text", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")])
+def test_import_qwen3_5_multimodal_folder_reads_its_text_model(kind, model_type, architecture, tmp_path, capsys):
+    """A Qwen3_5ForConditionalGeneration folder as the Hub holds Qwen3.5 (Qwen3_5MoeForConditionalGeneration:
+    Qwen3.5-MoE): config.json nests the text model's config (text_config) and the weights sit under
+    model.language_model. beside a vision tower, which is left unread."""
     from safetensors.torch import load_file, save_file
 
-    hf = hf_folder("qwen3_5_text", tmp_path / "hf")
+    hf = hf_folder(kind, tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     text = {k: v for k, v in config.items() if k not in ("architectures", "transformers_version")}
     (tmp_path / "hf" / "config.json").write_text(json.dumps({
-        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "tie_word_embeddings": config["tie_word_embeddings"], "text_config": {**text, "model_type": "qwen3_5_text"},
-        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1}}))
+        "model_type": model_type, "architectures": [architecture],
+        "tie_word_embeddings": config["tie_word_embeddings"], "text_config": {**text, "model_type": kind},
+        "vision_config": {"model_type": f"{model_type}_vision", "depth": 1}}))
     weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
     moved = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
              for k, v in weights.items()}
@@ -732,6 +763,38 @@ def test_import_qwen3_5_multimodal_folder_reads_its_text_model(tmp_path, capsys)
     model, _, _ = load_for_inference(tmp_path / "ckpt")
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_import_qwen3_next_reads_its_dense_layers_and_refuses_the_layouts_redline_cannot_express():
+    """Qwen3-Next's configs as transformers writes them (Qwen3NextConfig's defaults: 48 layers, a full one in four,
+    512 experts): dense MLP layers (mlp_only_layers, decoder_sparse_step) as redline's dense first layers, dense layers
+    anywhere else and a shared expert of width 0 refused by name; num_experts 0 is a dense model. Qwen3.5-MoE's
+    config has no norm_topk_prob: its top k are always rescaled."""
+    from redline.interop import qwen3_5, qwen3_next
+
+    def config(name, **overrides):
+        return getattr(transformers, name)(**overrides).to_dict()
+
+    cfg = qwen3_next.model_config(config("Qwen3NextConfig"))
+    assert (cfg.n_layer, len(cfg.delta_layers), cfg.delta_layers[:4], cfg.head_dim, cfg.rope_dims, cfg.kv_heads,
+            cfg.moe_experts, cfg.moe_top_k, cfg.hidden_dim, cfg.moe_shared_hidden, cfg.moe_norm_topk,
+            cfg.moe_dense_layers) == (48, 36, (0, 1, 2, 4), 256, 64, 2, 512, 10, 512, 512, True, 0)
+    cfg = qwen3_next.model_config(config("Qwen3NextConfig", mlp_only_layers=[0, 1], norm_topk_prob=False))
+    assert (cfg.moe_dense_layers, cfg.moe_dense_hidden, cfg.moe_norm_topk) == (2, 5632, False)
+    dense = qwen3_next.model_config(config("Qwen3NextConfig", num_experts=0))
+    assert (dense.moe_experts, dense.hidden_dim) == (0, 5632)
+    with pytest.raises(UserError, match=r"decoder_sparse_step=2 / mlp_only_layers=\[\]: dense MLPs on layers "
+                                        r"\[0, 2, 4, .*have their dense layers first"):
+        qwen3_next.model_config(config("Qwen3NextConfig", decoder_sparse_step=2))
+    with pytest.raises(UserError, match=r"mlp_only_layers=\[0, 3\]: dense MLPs on layers \[0, 3\]"):
+        qwen3_next.model_config(config("Qwen3NextConfig", mlp_only_layers=[3, 0]))
+    with pytest.raises(UserError, match="shared_expert_intermediate_size=0: redline reads"):
+        qwen3_next.model_config(config("Qwen3NextConfig", shared_expert_intermediate_size=0))
+    with pytest.raises(UserError, match="attention_bias=true"):
+        qwen3_next.model_config(config("Qwen3NextConfig", attention_bias=True))
+    moe = qwen3_5.moe_model_config(config("Qwen3_5MoeTextConfig"))
+    assert (moe.moe_experts, moe.moe_top_k, moe.moe_norm_topk, moe.moe_dense_layers, moe.n_layer) == (
+        256, 8, True, 0, 40)
 
 
 def test_import_granite_reads_the_hubs_config():

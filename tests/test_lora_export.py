@@ -2,6 +2,7 @@
 export` writes from the base, with redline's logits; `--merge`: the merged model; the one-line refusals."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -160,6 +161,53 @@ def test_qwen3_5_adapter_with_its_query_gate_projection(targets, tmp_path, capsy
         theirs = tuned(TOKENS).logits
         torch.testing.assert_close(theirs, merged(TOKENS), rtol=1e-4, atol=1e-4)
     assert (theirs - base_logits).abs().max() > 1e-3
+
+
+_HYBRID = dict(delta_heads=4, delta_key_heads=2, delta_key_dim=8, delta_value_dim=8, attn_gate="element",
+               qk_norm=True, norm_unit_offset=True, rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2,
+               mlp_hidden=32, moe_shared_hidden=48)
+
+
+@pytest.mark.parametrize("arch, fields, targets", [
+    # every delta-net projection, the gated q_proj, the shared expert
+    ("Qwen3_5MoeForCausalLM", dict(delta_layers=(0,)), ("attn.*", "mlp.shared*")),
+    # the gated q_proj, the delta net's out_proj, the shared expert's gate (PEFT moves adapters on any gate_proj,
+    # up_proj or down_proj of Qwen3-Next onto its experts: refused)
+    ("Qwen3NextForCausalLM", dict(delta_layers=(1,), moe_dense_layers=1, moe_dense_hidden=40),
+     ("attn.qkv", "attn.gate", "attn.proj", "mlp.shared_gate")),
+])
+def test_qwen3_5_moe_and_qwen3_next_adapters(arch, fields, targets, tmp_path, capsys):
+    """Qwen3.5-MoE and Qwen3-Next take Qwen3.5's adapters (q_proj's queries and gate together) and Qwen2-MoE's
+    shared-expert ones; Qwen3-Next's in_proj_qkvz, whose rows interleave several of redline's layers, and its
+    gate_proj / up_proj / down_proj, which PEFT takes for its experts', are refused by name."""
+    ARCHS[arch] = {**_HYBRID, **fields}
+    try:
+        base, ckpt = lora_run(tmp_path, arch, targets=targets)
+        _, whole = lora_run(tmp_path / "whole", arch, targets=("attn.*",))
+        _, shared = lora_run(tmp_path / "shared", arch, targets=("mlp.shared.*",))
+    finally:
+        del ARCHS[arch]
+    assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
+    assert type(hf).__name__ == arch
+    with torch.no_grad():
+        base_logits = hf(TOKENS).logits
+    tuned = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    merged, _, _ = ckpt_io.load_for_inference(ckpt)
+    with torch.no_grad():
+        theirs = tuned(TOKENS).logits
+        torch.testing.assert_close(theirs, merged(TOKENS), rtol=1e-4, atol=1e-4)
+    assert (theirs - base_logits).abs().max() > 1e-3
+    capsys.readouterr()
+    for run, fragment in ((whole, "in_proj_qkvz"), (shared, "PEFT moves onto Qwen3-Next's experts")):
+        code = export(str(run), "--adapter", str(tmp_path / "refused"))
+        err = capsys.readouterr().err
+        if arch == "Qwen3NextForCausalLM":
+            assert code == 2 and fragment in err and "--merge" in err and not (tmp_path / "refused").exists(), err
+        else:
+            assert code == 0, err
+            shutil.rmtree(tmp_path / "refused")
 
 
 def test_trained_head_goes_in_as_modules_to_save(tmp_path, capsys):

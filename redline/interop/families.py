@@ -9,7 +9,9 @@ of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS
 experts); lfm2.py LFM2 (attention and short convolutions) and LFM3 (with windowed layers, gated heads and output
 norms); granite.py Granite, Granite 4.0 (dense, and its hybrids with Mamba-2 layers and experts), GraniteMoE,
 GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer); qwen3_5.py Qwen3.5
-(gated delta nets, gated attention); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
+and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
+Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); exaone.py EXAONE 3.x;
+ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -196,7 +198,7 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 def _families() -> dict[str, Family]:
     from redline.interop import (cohere, ernie, exaone, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss,
                                  granite, hunyuan, lfm2, llama, moe, nanochat, olmo2, opt, phi, phi3, qwen3_5,
-                                 stablelm, starcoder2)
+                                 qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -206,6 +208,7 @@ def _families() -> dict[str, Family]:
                                 llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
                                 lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY, ernie.HELIUM_FAMILY,
                                 llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,
+                                qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
                                 llama.NEMOTRON_FAMILY)}
 
 
@@ -237,8 +240,8 @@ def export_family(cfg: ModelConfig) -> Family:
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
     SwiGLU experts; one with Mamba-2 layers as Granite 4.0; one with gated delta nets or element-wise attention gates
-    as Qwen3.5; one with LayerNorms by
-    1 + weight as Nemotron; a dense model with
+    as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
+    rescaled); one with LayerNorms by 1 + weight as Nemotron; a dense model with
     attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
@@ -253,8 +256,7 @@ def export_family(cfg: ModelConfig) -> Family:
         granite.check_hybrid_exportable(cfg)
         return families["granitemoehybrid"]
     if qwen3_5.wants_qwen3_5(cfg):  # first: no other architecture has gated delta nets or element-wise gates
-        qwen3_5.check_exportable(cfg)
-        return families["qwen3_5_text"]
+        return families[qwen3_5.export_name(cfg)]
     from redline.interop import llama
 
     if llama.wants_nemotron(cfg):  # LayerNorms by 1 + weight: Nemotron's alone

@@ -8,8 +8,10 @@ Hugging Face model `redline export` writes from the run's base:
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py, gpt_neox.py,
 opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py), as PEFT saves them:
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
-Qwen3.5's q_proj, whose rows hold each head's queries and output gate, takes redline's attn.qkv and attn.gate
-adapters together at the sum of their ranks (rank_pattern, alpha_pattern).
+Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
+redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
+Qwen3-Next's delta nets take adapters on out_proj alone, and none go on its gate_proj, up_proj or down_proj layers
+(PEFT moves those onto its experts).
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
@@ -45,6 +47,7 @@ _STARCODER2 = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.c_fc", "mlp.proj"
 _NANOCHAT = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
 _GRANITE_SHARED = {"mlp.shared.fc": "shared_mlp.input_linear", "mlp.shared.proj": "shared_mlp.output_linear"}
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
 
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
@@ -70,14 +73,22 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             raise UserError(f"the adapter on {layer} has no counterpart in Phi-3 (whose q/k/v are one qkv_proj and "
                             f"gate and up one gate_up_proj); export with --merge")
         return [(base + _PHI3[rest], slice(0, out_features))]
-    if family.name in ("qwen3_5", "qwen3_5_text"):  # qwen3_5.py's names; q_proj holds queries and gates together
+    if family.name == "qwen3_next" and rest.startswith(("mlp.fc", "mlp.up", "mlp.proj", "mlp.shared.")):
+        raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter, which PEFT moves "
+                        f"onto Qwen3-Next's experts (their fused gate_up_proj and down_proj) as it loads them; export "
+                        f"with --merge")
+    if family.name in _QWEN3_5:  # qwen3_5.py's names; q_proj holds queries and gates together
         if int(i) in cfg.delta_layers:
             names = {"attn.in_proj": "linear_attn.in_proj_qkv", "attn.z": "linear_attn.in_proj_z",
                      "attn.b": "linear_attn.in_proj_b", "attn.a": "linear_attn.in_proj_a",
                      "attn.proj": "linear_attn.out_proj"}
+            why = ""
+            if family.name == "qwen3_next":  # one module's rows hold several of redline's layers, interleaved
+                names = {"attn.proj": "linear_attn.out_proj"}
+                why = " (its in_proj_qkvz and in_proj_ba hold q, k, v, z and b, a interleaved by key head)"
             if rest not in names and not rest.startswith("mlp."):
-                raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with "
-                                f"--merge")
+                raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}{why}; export "
+                                f"with --merge")
             if rest in names:
                 return [(base + names[rest], slice(0, out_features))]
         elif rest == "attn.gate":  # into q_proj by _qwen3_5_q_proj, with the queries' adapter
@@ -216,7 +227,7 @@ def peft_tensors(saved: Mapping[str, torch.Tensor], cfg: ModelConfig,
     """An adapter checkpoint's tensors -> (PEFT's tensors, target module names, modules_to_save, the ranks of
     modules that take more than one redline adapter (rank_pattern))."""
     tensors, targets, full, ranks = {}, [], [], {}
-    if family.name in ("qwen3_5", "qwen3_5_text"):
+    if family.name in _QWEN3_5:
         r = next((t.shape[0] for n, t in saved.items() if n.endswith(".lora_A")), 0)
         for module, (A, B) in _qwen3_5_q_proj(saved, cfg).items():
             tensors[f"{PREFIX}{module}.lora_A.weight"], tensors[f"{PREFIX}{module}.lora_B.weight"] = A, B

@@ -1,7 +1,8 @@
-"""Qwen3.5 (Qwen's dense Qwen3.5 models: Qwen3_5ForCausalLM, model_type "qwen3_5_text", and the text model of
-Qwen3_5ForConditionalGeneration, model_type "qwen3_5", whose weights sit under model.language_model.): a hybrid of
-gated delta nets and gated full attention, three to one by default (layer_types "linear_attention" /
-"full_attention", else every full_attention_interval-th layer full).
+"""Qwen3.5 (Qwen's Qwen3.5 models: Qwen3_5ForCausalLM, model_type "qwen3_5_text", and the text model of
+Qwen3_5ForConditionalGeneration, model_type "qwen3_5", whose weights sit under model.language_model.; the mixtures of
+experts Qwen3_5MoeForCausalLM, "qwen3_5_moe_text", and Qwen3_5MoeForConditionalGeneration's text model,
+"qwen3_5_moe"): a hybrid of gated delta nets and gated full attention, three to one by default (layer_types
+"linear_attention" / "full_attention", else every full_attention_interval-th layer full).
 
 - linear_attention layers: redline's GatedDeltaNet (model.delta_layers), its tensors linear_attn.in_proj_qkv
   (q, k, v rows), in_proj_z, in_proj_b, in_proj_a, conv1d.weight (channels, 1, kernel), A_log, dt_bias, norm.weight
@@ -10,13 +11,20 @@ gated delta nets and gated full attention, three to one by default (layer_types 
   head's queries then its output gate (H·2D rows: attn_gate=element, the gate rows split out into attn.gate), RoPE
   on the first partial_rotary_factor of each head (rope_dims; the text model's multimodal RoPE sections all take the
   token's one position, so they are plain RoPE);
-- every RMSNorm scales by 1 + weight in fp32 (Gemma's: norm_unit_offset), QK-norm included; SwiGLU MLPs.
-Semantics read from transformers' models/qwen3_5/modular_qwen3_5.py and models/qwen3_next/modular_qwen3_next.py.
+- every RMSNorm scales by 1 + weight in fp32 (Gemma's: norm_unit_offset), QK-norm included;
+- MLPs: dense SwiGLU (mlp.gate_proj / up_proj / down_proj), or in Qwen3.5-MoE on every layer num_experts SwiGLU
+  experts (mlp.experts.j.*, moe_intermediate_size wide), the top num_experts_per_tok of a softmax router (mlp.gate)
+  always rescaled to sum to 1, plus a shared expert (mlp.shared_expert.*) scaled by sigmoid(mlp.shared_expert_gate
+  · x): redline's MoE with moe_norm_topk and moe_shared_hidden, Qwen2-MoE's tensor names (moe.py, which also reads
+  experts saved stacked). transformers' save_pretrained writes one tensor per expert, and so do exports.
+Qwen3-Next (qwen3_next.py) is the same hybrid with its delta nets' projections interleaved; it shares this module's
+conversions. Semantics read from transformers' models/qwen3_5/modular_qwen3_5.py, qwen3_5_moe/modular_qwen3_5_moe.py
+and qwen3_next/modular_qwen3_next.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -25,8 +33,8 @@ from redline.interop.families import Family, TensorSource, give_head, pad_rows, 
 from redline.interop.llama import check_silu, shape_fields
 from redline.model import ModelConfig
 
-_DELTA = {"attn.in_proj": "in_proj_qkv", "attn.z": "in_proj_z", "attn.b": "in_proj_b", "attn.a": "in_proj_a",
-          "attn.proj": "out_proj"}  # redline's Linear layers of a delta net -> linear_attn.*
+_DELTA = {"attn.in_proj": "in_proj_qkv", "attn.z": "in_proj_z", "attn.b": "in_proj_b", "attn.a": "in_proj_a"}
+# redline's input projections of a delta net -> linear_attn.* (out_proj moves as it is)
 
 
 def text_config(hf: dict) -> dict:
@@ -48,8 +56,9 @@ def _kinds(hf: dict) -> list[str]:
     return kinds
 
 
-def model_config(hf: dict) -> ModelConfig:
-    hf = text_config(hf)
+def hybrid_config(hf: dict, mlp: dict) -> ModelConfig:
+    """The ModelConfig of a Qwen3.5-layout text config (Qwen3-Next's too), its MLP fields `mlp` given by the caller
+    (mlp_hidden and, for a mixture of experts, the moe_* fields)."""
     check_silu(hf)
     if hf.get("attention_bias"):
         raise UserError("attention_bias=true: Qwen3.5's attention biases are not supported (its other layers have "
@@ -58,7 +67,7 @@ def model_config(hf: dict) -> ModelConfig:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
         raise UserError(f"rope_parameters.rope_type={kind!r}: redline reads Qwen3.5's default RoPE only")
-    fields = shape_fields(hf)
+    fields = {**shape_fields({"intermediate_size": None, **hf}), **mlp}
     head_dim = hf.get("head_dim") or fields["n_embd"] // fields["n_head"]
     fraction = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)))
     rotated = int(head_dim * fraction)
@@ -77,15 +86,49 @@ def model_config(hf: dict) -> ModelConfig:
     )
 
 
+def model_config(hf: dict) -> ModelConfig:
+    hf = text_config(hf)
+    return hybrid_config(hf, {"mlp_hidden": int(hf["intermediate_size"])})
+
+
+def shared_expert_fields(hf: dict) -> dict:
+    """The expert fields of a Qwen3.5-MoE / Qwen3-Next config (moe.expert_fields), with its shared expert."""
+    from redline.interop.moe import expert_fields
+
+    shared = int(hf.get("shared_expert_intermediate_size") or 0)
+    if shared <= 0:
+        raise UserError(f"shared_expert_intermediate_size={hf.get('shared_expert_intermediate_size')}: redline reads "
+                        f"Qwen3.5-MoE and Qwen3-Next with their shared expert (a width above 0)")
+    return {**expert_fields(hf, "moe_intermediate_size"), "moe_shared_hidden": shared}
+
+
+def moe_model_config(hf: dict) -> ModelConfig:
+    """Qwen3.5-MoE: every layer a mixture of experts, its router's top k always rescaled to sum to 1."""
+    hf = text_config(hf)
+    return hybrid_config(hf, {**shared_expert_fields(hf), "moe_norm_topk": True})
+
+
 def wants_qwen3_5(cfg: ModelConfig) -> bool:
-    """A model only Qwen3.5 holds: gated delta nets, or an output gate on each element of the heads."""
+    """A model only Qwen3.5 (and Qwen3-Next) holds: gated delta nets, or an output gate on each element of the
+    heads."""
     return bool(cfg.delta_layers) or cfg.attn_gate == "element"
 
 
+def export_name(cfg: ModelConfig) -> str:
+    """The family a model with delta nets or element-wise gates exports as: Qwen3.5 with dense MLPs, Qwen3.5-MoE
+    with experts on every layer whose top k are rescaled, Qwen3-Next with dense first layers or top-k weights not
+    rescaled (a UserError naming the option none of them has)."""
+    check_exportable(cfg)
+    if not cfg.moe_experts:
+        return "qwen3_5_text"
+    return "qwen3_5_moe_text" if cfg.moe_norm_topk and not cfg.moe_dense_layers else "qwen3_next"
+
+
 def check_exportable(cfg: ModelConfig) -> None:
-    """A UserError naming the option that Qwen3.5, the one architecture with gated delta nets and element-wise
-    attention gates redline exports to, does not have."""
+    """A UserError naming the option that Qwen3.5, Qwen3.5-MoE and Qwen3-Next, the architectures with gated delta
+    nets and element-wise attention gates redline exports to, do not have."""
     what = "model.delta_layers or model.attn_gate=element: Qwen3.5, the one architecture with them redline exports to,"
+    experts = "model.moe_experts with model.delta_layers or attn_gate=element: Qwen3.5-MoE and Qwen3-Next"
     raise_first([
         (cfg.attn_gate != "element", f"{what} gates every element of its attention heads (model.attn_gate=element)"),
         (cfg.norm != "rmsnorm" or cfg.norm_position != "pre" or not cfg.norm_unit_offset or cfg.parallel_residual
@@ -93,8 +136,7 @@ def check_exportable(cfg: ModelConfig) -> None:
                             f"turn"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          f"{what} normalizes q and k per head before RoPE (model.qk_norm)"),
-        (cfg.mlp != "swiglu" or cfg.moe_experts or cfg.conv_layers, f"{what} has dense SwiGLU MLPs and no "
-                                                                    f"convolution layers"),
+        (cfg.mlp != "swiglu" or cfg.conv_layers, f"{what} has SwiGLU MLPs (or experts) and no convolution layers"),
         (cfg.bias or cfg.has_qkv_bias, f"{what} has no biases (model.bias, model.qkv_bias)"),
         (cfg.pos_emb != "rope" or cfg.rope_scaling != "none" or cfg.nope_interval or cfg.rope_local_theta
          or cfg.rope_layer_theta, f"{what} rotates the first rope_dims of every attention layer's heads with one "
@@ -102,6 +144,13 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.sliding_window or cfg.attn_sinks or cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap
          or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor or cfg.head_bias,
          f"{what} has no window, sinks, scales, caps or scalars"),
+        (cfg.moe_experts and not (cfg.moe_shared_hidden and cfg.moe_shared_gate),
+         f"{experts}, the architectures with both redline exports to, have a shared expert under a sigmoid gate "
+         f"(model.moe_shared_hidden, model.moe_shared_gate)"),
+        (cfg.moe_experts and (cfg.moe_gating != "softmax" or cfg.moe_expert_bias or cfg.moe_scale != 1.0
+                              or cfg.moe_bias),
+         f"{experts} weight their experts by a softmax over the router's logits: no sigmoid scores "
+         f"(model.moe_gating), expert bias, weight scale or expert biases"),
     ])
 
 
@@ -121,6 +170,19 @@ def hf_config(cfg: ModelConfig) -> dict:
     }
 
 
+def expert_config(cfg: ModelConfig) -> dict:
+    """The expert entries Qwen3.5-MoE's and Qwen3-Next's configs share."""
+    return {"num_experts": cfg.moe_experts, "num_experts_per_tok": cfg.moe_top_k,
+            "moe_intermediate_size": cfg.hidden_dim, "shared_expert_intermediate_size": cfg.moe_shared_hidden,
+            "output_router_logits": bool(cfg.moe_aux_loss), "router_aux_loss_coef": cfg.moe_aux_loss or 0.001}
+
+
+def moe_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config(cfg)
+    del out["intermediate_size"]  # Qwen3_5MoeTextConfig has none: every layer's MLP is experts
+    return {**out, **expert_config(cfg), "model_type": "qwen3_5_moe_text"}
+
+
 def _text_view(src: TensorSource) -> TensorSource:
     """src with Qwen3_5ForConditionalGeneration's model.language_model. read as model. (its vision tower and
     multi-token-prediction head are left unread: ignorable)."""
@@ -128,7 +190,42 @@ def _text_view(src: TensorSource) -> TensorSource:
     return TensorSource(names, lambda name: src.take(names[name]), src.where)
 
 
-def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+def take_delta_projections(src: TensorSource, d: str, cfg: ModelConfig) -> dict:
+    """Qwen3.5's delta-net input projections under prefix d (…linear_attn.) -> {redline's layer (attn.in_proj, attn.z,
+    attn.b, attn.a): weight}."""
+    return {ours: src.take(f"{d}{theirs}.weight") for ours, theirs in _DELTA.items()}
+
+
+def give_delta_projections(weights: Mapping[str, torch.Tensor], d: str, cfg: ModelConfig) -> dict:
+    """take_delta_projections' inverse: {d + their name.weight: weight}."""
+    return {f"{d}{theirs}.weight": weights[ours] for ours, theirs in _DELTA.items()}
+
+
+def _mlp_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig, i: int) -> dict:
+    if cfg.moe_experts and i >= cfg.moe_dense_layers:
+        from redline.interop.moe import experts_to_redline
+
+        return experts_to_redline(src, p, r, cfg)
+    mlp = p + "mlp."
+    return {r + "mlp.fc.weight": torch.cat([src.take(mlp + "gate_proj.weight"), src.take(mlp + "up_proj.weight")]),
+            r + "mlp.proj.weight": src.take(mlp + "down_proj.weight")}
+
+
+def _mlp_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig, i: int) -> dict:
+    if cfg.moe_experts and i >= cfg.moe_dense_layers:
+        from redline.interop.moe import experts_to_hf
+
+        return experts_to_hf(state, p, r, cfg, "qwen2_moe")  # Qwen2-MoE's names, its shared expert and gate
+    out = {}
+    out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
+    out[p + "mlp.down_proj.weight"] = state[r + "mlp.proj.weight"]
+    return out
+
+
+def to_redline(src: TensorSource, cfg: ModelConfig,
+               take_projections: Callable[[TensorSource, str, ModelConfig], dict] = take_delta_projections) -> dict:
+    """HF-named tensors -> redline's; take_projections reads a delta net's input projections (Qwen3-Next's are laid
+    out otherwise)."""
     src = _text_view(src)
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
            "norm_f.weight": src.take("model.norm.weight")}
@@ -138,13 +235,12 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
         out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
-        mlp = p + "mlp."
-        out[r + "mlp.fc.weight"] = torch.cat([src.take(mlp + "gate_proj.weight"), src.take(mlp + "up_proj.weight")])
-        out[r + "mlp.proj.weight"] = src.take(mlp + "down_proj.weight")
+        out.update(_mlp_to_redline(src, p, r, cfg, i))
         if i in cfg.delta_layers:
             d = p + "linear_attn."
-            for ours, theirs in _DELTA.items():
-                out[f"{r}{ours}.weight"] = src.take(f"{d}{theirs}.weight")
+            for ours, weight in take_projections(src, d, cfg).items():
+                out[f"{r}{ours}.weight"] = weight
+            out[r + "attn.proj.weight"] = src.take(d + "out_proj.weight")
             out[r + "attn.conv"] = src.take(d + "conv1d.weight")[:, 0]  # (channels, 1, K) -> (channels, K)
             for name in ("A_log", "dt_bias"):
                 out[f"{r}attn.{name}"] = src.take(d + name)
@@ -161,7 +257,10 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     return out
 
 
-def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig,
+          give_projections: Callable[[Mapping[str, torch.Tensor], str, ModelConfig], dict] = give_delta_projections
+          ) -> dict:
+    """redline's tensors -> HF-named ones; give_projections writes a delta net's input projections."""
     V, H, D = cfg.vocab_size, cfg.n_head, cfg.head_dim
     out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.norm.weight": state["norm_f.weight"]}
     out.update(give_head(state, cfg))
@@ -169,12 +268,11 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
         out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
-        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
-        out[p + "mlp.down_proj.weight"] = state[r + "mlp.proj.weight"]
+        out.update(_mlp_to_hf(state, p, r, cfg, i))
         if i in cfg.delta_layers:
             d = p + "linear_attn."
-            for ours, theirs in _DELTA.items():
-                out[f"{d}{theirs}.weight"] = state[f"{r}{ours}.weight"]
+            out.update(give_projections({ours: state[f"{r}{ours}.weight"] for ours in _DELTA}, d, cfg))
+            out[d + "out_proj.weight"] = state[r + "attn.proj.weight"]
             out[d + "conv1d.weight"] = state[r + "attn.conv"][:, None]
             for name in ("A_log", "dt_bias"):
                 out[d + name] = state[f"{r}attn.{name}"]
@@ -191,14 +289,19 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def _ignorable(name: str) -> bool:
+def ignorable(name: str) -> bool:
     """The multimodal checkpoints' vision tower and multi-token-prediction layers, which the text model does not
     run."""
     return name.startswith(("model.visual.", "mtp.", "visual."))
 
 
 TEXT_FAMILY = Family(name="qwen3_5_text", architecture="Qwen3_5ForCausalLM", model_config=model_config,
-                     hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+                     hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)
 # Qwen3_5ForConditionalGeneration's folders: the text model is read; exports are the text model (TEXT_FAMILY)
 FAMILY = Family(name="qwen3_5", architecture="Qwen3_5ForCausalLM", model_config=model_config, hf_config=hf_config,
-                to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+                to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)
+MOE_TEXT_FAMILY = Family(name="qwen3_5_moe_text", architecture="Qwen3_5MoeForCausalLM", model_config=moe_model_config,
+                         hf_config=moe_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)
+# Qwen3_5MoeForConditionalGeneration's folders, read and exported as FAMILY's are
+MOE_FAMILY = Family(name="qwen3_5_moe", architecture="Qwen3_5MoeForCausalLM", model_config=moe_model_config,
+                    hf_config=moe_hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)
