@@ -110,14 +110,13 @@ def export(*argv) -> int:
     return e.value.code
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-def test_peft_loads_the_adapter_with_redlines_logits(arch, tmp_path, capsys):
-    base, ckpt = lora_run(tmp_path, arch, targets=TARGETS.get(arch))
+def assert_peft_gives_redlines_logits(tmp_path, base, ckpt, arch: str | None = None) -> torch.Tensor:
+    """`redline export` of the base and `--adapter` of the run; PEFT's model (the exported base, as `arch` if given,
+    with the adapter) gives the logits redline's merged model gives, which the adapter changed. -> redline's logits."""
     assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
     assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
-    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
+    assert arch is None or type(hf).__name__ == arch
     with torch.no_grad():
         base_logits = hf(TOKENS).logits
     tuned = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
@@ -127,6 +126,15 @@ def test_peft_loads_the_adapter_with_redlines_logits(arch, tmp_path, capsys):
         theirs = tuned(TOKENS).logits
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
     assert (theirs - base_logits).abs().max() > 1e-3  # the adapter is applied
+    return ours
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_peft_loads_the_adapter_with_redlines_logits(arch, tmp_path, capsys):
+    base, ckpt = lora_run(tmp_path, arch, targets=TARGETS.get(arch))
+    ours = assert_peft_gives_redlines_logits(tmp_path, base, ckpt)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
     # --merge: the merged model as a plain transformers folder, the same logits
     assert export(str(ckpt), "--merge", "--out", str(tmp_path / "merged")) == 0
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
@@ -147,20 +155,10 @@ def test_qwen3_5_adapter_with_its_query_gate_projection(targets, tmp_path, capsy
         base, ckpt = lora_run(tmp_path, arch, targets=targets)
     finally:
         del ARCHS[arch]
-    assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
-    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
+    assert_peft_gives_redlines_logits(tmp_path, base, ckpt)
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     both = targets is None  # the default targets (attn.*, mlp.*) adapt attn.qkv and attn.gate
     assert config["rank_pattern"] == ({r"model\.layers\.1\.self_attn\.q_proj": 8} if both else {})
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
-    with torch.no_grad():
-        base_logits = hf(TOKENS).logits
-    tuned = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
-    merged, _, _ = ckpt_io.load_for_inference(ckpt)
-    with torch.no_grad():
-        theirs = tuned(TOKENS).logits
-        torch.testing.assert_close(theirs, merged(TOKENS), rtol=1e-4, atol=1e-4)
-    assert (theirs - base_logits).abs().max() > 1e-3
 
 
 _HYBRID = dict(delta_heads=4, delta_key_heads=2, delta_key_dim=8, delta_value_dim=8, attn_gate="element",
@@ -187,18 +185,7 @@ def test_qwen3_5_moe_and_qwen3_next_adapters(arch, fields, targets, tmp_path, ca
         _, shared = lora_run(tmp_path / "shared", arch, targets=("mlp.shared.*",))
     finally:
         del ARCHS[arch]
-    assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
-    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
-    assert type(hf).__name__ == arch
-    with torch.no_grad():
-        base_logits = hf(TOKENS).logits
-    tuned = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
-    merged, _, _ = ckpt_io.load_for_inference(ckpt)
-    with torch.no_grad():
-        theirs = tuned(TOKENS).logits
-        torch.testing.assert_close(theirs, merged(TOKENS), rtol=1e-4, atol=1e-4)
-    assert (theirs - base_logits).abs().max() > 1e-3
+    assert_peft_gives_redlines_logits(tmp_path, base, ckpt, arch)
     capsys.readouterr()
     for run, fragment in ((whole, "in_proj_qkvz"), (shared, "PEFT moves onto Qwen3-Next's experts")):
         code = export(str(run), "--adapter", str(tmp_path / "refused"))
