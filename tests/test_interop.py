@@ -816,6 +816,35 @@ def test_import_granite_reads_the_hubs_config():
         model_config({**hub, "logits_scaling": 0})
 
 
+def test_import_granite4_hybrid_reads_a_hub_style_config():
+    """A Granite 4.0 hybrid MoE config.json as the Hub writes them (legacy layer_types "mamba" / "attention",
+    position_embedding_type "nope", no time_step_limit, rope_scaling null): Mamba-2 layers as delta_layers with
+    delta_rule=mamba2 (heads of mamba_d_head, one group, a state of mamba_d_state), no positions, experts with the
+    ungated shared MLP, Granite's scalars."""
+    from redline.interop.granite import hybrid_model_config
+
+    hub = {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "vocab_size": 49152,
+           "hidden_size": 512, "intermediate_size": 1024, "shared_intermediate_size": 512, "num_hidden_layers": 8,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_act": "silu", "max_position_embeddings": 4096,
+           "rms_norm_eps": 1e-05, "rope_theta": 10000, "rope_scaling": None, "attention_bias": False,
+           "tie_word_embeddings": True, "embedding_multiplier": 12, "residual_multiplier": 0.22,
+           "attention_multiplier": 0.015625, "logits_scaling": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "router_aux_loss_coef": 0.0, "output_router_logits": False, "position_embedding_type": "nope",
+           "layer_types": ["mamba", "mamba", "mamba", "attention"] * 2, "mamba_chunk_size": 256,
+           "mamba_conv_bias": True, "mamba_d_conv": 4, "mamba_d_head": 128, "mamba_d_state": 128, "mamba_expand": 2,
+           "mamba_n_groups": 1, "mamba_n_heads": 8, "mamba_proj_bias": False, "normalization_function": "rmsnorm"}
+    cfg = hybrid_model_config(hub)
+    assert cfg.delta_layers == (0, 1, 2, 4, 5, 6) and cfg.delta_rule == "mamba2" and cfg.pos_emb == "none"
+    assert (cfg.delta_heads, cfg.delta_key_heads, cfg.delta_key_dim, cfg.delta_value_dim, cfg.delta_conv_kernel,
+            cfg.delta_conv_bias, cfg.delta_proj_bias) == (8, 1, 128, 128, 4, True, False)
+    assert (cfg.moe_experts, cfg.moe_top_k, cfg.hidden_dim, cfg.moe_shared_hidden, cfg.moe_shared_gate) == \
+        (8, 2, 1024, 512, False)
+    assert (cfg.embed_multiplier, cfg.residual_multiplier, cfg.attn_scale, cfg.logit_divisor) == \
+        (12.0, 0.22, 0.015625, 2.0)
+    dense = hybrid_model_config({**hub, "num_local_experts": 0, "mamba_d_head": "auto"})
+    assert (dense.moe_experts, dense.hidden_dim, dense.delta_value_dim) == (0, 512, 128)
+
+
 def test_import_granite4_refuses_what_it_cannot_run(tmp_path, capsys):
     """Granite 4.0's attention biases, a clamped time step, Mamba-2 widths that do not add up and a layer list of the
     wrong length are one-line errors naming them."""
