@@ -88,6 +88,14 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     -> o (B, T, H, Dv) in v's dtype, the final state (B, H, Dk, Dv) fp32."""
     B, T, H, Dk = k.shape
     Dv = v.shape[-1]
+    if T == 1 and starts is None:  # a decode step: the recurrence itself, a few small products
+        S = q.new_zeros(B, H, Dk, Dv, dtype=torch.float32) if state is None else state.float()
+        dtype = v.dtype
+        q, k, v, g, beta = (t[:, 0].float() for t in (q, k, v, g, beta))  # (B, H, ·)
+        S = S * g.exp()[..., None, None]
+        delta = beta[..., None] * (v - (k[..., None, :] @ S)[..., 0, :])  # (B, H, Dv)
+        S = S + k[..., :, None] * delta[..., None, :]
+        return (q[..., None, :] @ S).transpose(1, 2).to(dtype), S
     L = min(chunk, T)
     pad = -T % L  # padding tokens with β = 0 and g = 0 leave the state as it is
     q, k, v, g, beta = (F.pad(t.float().transpose(1, 2), (0, 0, 0, pad) if t.dim() == 4 else (0, pad))
@@ -141,6 +149,11 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
     -> y (B, T, H, P) fp32 (without Mamba-2's D·x skip), the final state (B, H, N, P) fp32."""
     Bt, T, H, P = x.shape
     N = B.shape[-1]
+    if T == 1 and starts is None:  # a decode step: the recurrence itself
+        S = x.new_zeros(Bt, H, N, P, dtype=torch.float32) if state is None else state.float()
+        x, dt, B, C = (t[:, 0].float() for t in (x, dt, B, C))  # (B, H, ·)
+        S = S * (dt * A.float()).exp()[..., None, None] + B[..., :, None] * (dt[..., None] * x)[..., None, :]
+        return (C[..., None, :] @ S).transpose(1, 2), S
     L = min(chunk, T)
     pad = -T % L  # padding tokens with dt = 0: no decay, no input
     a = dt.float() * A.float()  # (B, T, H) log decay

@@ -120,6 +120,31 @@ def test_chunked_scan_is_the_recurrence(chunk):
         assert torch.isfinite(grad).all()
 
 
+def test_one_token_steps_are_the_recurrence():
+    """A decode step (one token, the recurrence itself rather than the chunked form) of either rule, a state carried
+    in, token after token, equals the token loop over the whole sequence; and keeps v's dtype."""
+    gen = torch.Generator().manual_seed(0)
+    Bt, T, H, Dk, Dv = 2, 5, 3, 4, 6
+    q, k = (torch.nn.functional.normalize(torch.randn(Bt, T, H, Dk, generator=gen), dim=-1) for _ in range(2))
+    v = torch.randn(Bt, T, H, Dv, generator=gen)
+    g, beta = -torch.rand(Bt, T, H, generator=gen), torch.rand(Bt, T, H, generator=gen)
+    dt, A = torch.rand(Bt, T, H, generator=gen), -torch.rand(H, generator=gen)
+    s_delta, s_ssd = torch.randn(Bt, H, Dk, Dv, generator=gen), torch.randn(Bt, H, Dk, Dv, generator=gen)
+    want_delta, want_ssd = recurrence(q, k, v, g, beta, s_delta), ssd_recurrence(v, dt, A, k, q, s_ssd)
+    got_delta, got_ssd = [], []
+    for t in range(T):
+        o, s_delta = gated_delta_rule(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1],
+                                      s_delta)
+        y, s_ssd = ssd(v[:, t:t + 1], dt[:, t:t + 1], A, k[:, t:t + 1], q[:, t:t + 1], s_ssd)
+        got_delta.append(o)
+        got_ssd.append(y)
+    for got, (want, state), final in ((got_delta, want_delta, s_delta), (got_ssd, want_ssd, s_ssd)):
+        torch.testing.assert_close(torch.cat(got, 1), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(final, state, rtol=1e-5, atol=1e-5)
+    half = gated_delta_rule(q[:, :1], k[:, :1], v[:, :1].bfloat16(), g[:, :1], beta[:, :1])[0]
+    assert half.dtype == torch.bfloat16
+
+
 @RULES
 def test_packed_documents_do_not_see_each_other(cfg):
     """The state and the convolution restart at a packed document's first token."""
