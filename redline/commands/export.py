@@ -111,11 +111,26 @@ def main(argv: list[str]) -> int:
         from redline.interop.gguf_file import write_gguf
 
         write_gguf(out, state, train_cfg.model, tokenizer, family, dtype)
-        loader = f"AutoModelForCausalLM.from_pretrained({str(out.parent)!r}, gguf_file={out.name!r}) or llama.cpp"
+        loader = "llama.cpp"
+        if transformers_reads_gguf(train_cfg.model, family):
+            loader = f"AutoModelForCausalLM.from_pretrained({str(out.parent)!r}, gguf_file={out.name!r}) or llama.cpp"
     name = str(dtype).removeprefix("torch.")
     print(f"redline export: {ckpt} -> {out} as {family.architecture} ({cfg.format}, {name}); load it with {loader}")
     print(json.dumps({"out": str(out), "format": cfg.format, "architecture": family.architecture, "dtype": name}))
     return 0
+
+
+def transformers_reads_gguf(model_cfg, family) -> bool:
+    """Whether the installed transformers' GGUF loader has the architecture the file is written as (its list names
+    some with underscores where llama.cpp has none, e.g. qwen2_moe for qwen2moe); False without transformers."""
+    from redline.interop.gguf_file import _arch
+
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except Exception:  # not installed, or a version that keeps the list elsewhere: name llama.cpp alone
+        return False
+    known = {name.replace("_", "") for name in GGUF_SUPPORTED_ARCHITECTURES}
+    return _arch(family, model_cfg).replace("-", "").replace("_", "") in known
 
 
 def check_merge(cfg: ExportConfig) -> None:

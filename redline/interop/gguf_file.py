@@ -7,7 +7,9 @@ gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, star
 EXAONE 3.x, is read only: a redline model writes as llama), arcee (AFM),
 hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
-gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) are read and written here.
+gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) are read and written here; so are the recurrent
+hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets), whose tensors and keys
+gguf_recurrent.py maps.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
@@ -48,12 +50,14 @@ import torch
 from redline.durable import fsync_dir, fsync_file
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, family_for, interleave_rope_rows
+from redline.interop.gguf_recurrent import RECURRENT_ARCHES
 from redline.interop.hf import ImportedModel, convert_source
 from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee")
+          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee",
+          *RECURRENT_ARCHES)
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -747,6 +751,29 @@ def _gpt_oss_source(names: set[str], read, n_layer: int):
     return out | set(derived), lambda name: derived[name]() if name in derived else read(name)
 
 
+def _recurrent_source(path: Path, reader, arch: str, config: dict):
+    """(Hugging Face names, read) of a granitehybrid or qwen35 file (gguf_recurrent.hf_tensors)."""
+    from redline.interop.gguf_recurrent import hf_tensors
+
+    gguf = require_gguf()
+    by_name = {t.name: t for t in reader.tensors}
+
+    def read_file(name: str) -> torch.Tensor:  # the file's layout: torch shape = the GGUF shape reversed
+        t = by_name[name]
+        try:
+            values = gguf.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise UserError(f"{path}: tensor {t.name} is {t.tensor_type.name}, a type the gguf package cannot "
+                            f"dequantize; use a file quantized otherwise (Q8_0, Q4_K_M, F16, ...)") from None
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(
+            tuple(int(n) for n in reversed(t.shape.tolist())))
+
+    try:
+        return hf_tensors(set(by_name), read_file, arch, config)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
 def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     """A GGUF file in redline's layout, tensors dequantized to fp32, tokenizer and chat template from its
     metadata (or `tokenizer`, a tokenizer.json path or folder)."""
@@ -770,7 +797,12 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
                                                dtype=np.float32)).reshape(-1)
     rope_factors = {kind: torch.from_numpy(np.array(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
                     .reshape(-1) for kind, name in ROPE_FACTORS.items() for t in reader.tensors if t.name == name}
-    config = _hf_config(fields, arch, {t.name for t in reader.tensors}, rope_freqs, rope_factors)
+    if arch in RECURRENT_ARCHES:
+        from redline.interop import gguf_recurrent
+
+        config = gguf_recurrent.hf_config(fields, arch, {t.name for t in reader.tensors})
+    else:
+        config = _hf_config(fields, arch, {t.name for t in reader.tensors}, rope_freqs, rope_factors)
     if tokenizer:
         tok = load_tokenizer(tokenizer)
     else:
@@ -781,8 +813,11 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     if stops:
         tok.stop_ids = stops
     family = family_for(config, str(path))
-    by_hf, read = _tensor_reader(path, reader, arch, config)
-    names = set(by_hf)
+    if arch in RECURRENT_ARCHES:
+        names, read = _recurrent_source(path, reader, arch, config)
+    else:
+        by_hf, read = _tensor_reader(path, reader, arch, config)
+        names = set(by_hf)
     if arch == "gpt-oss":
         names, read = _gpt_oss_source(names, read, config["num_hidden_layers"])
     cfg, state = convert_source(TensorSource(names, read, str(path)), config, family)
@@ -968,6 +1003,10 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name in NOT_WRITTEN:
         name, why = NOT_WRITTEN[family.name]
         raise UserError(f"{name} models are not written as GGUF by redline ({why}); export with --format hf")
+    from redline.interop.gguf_recurrent import recurrent_arch
+
+    if arch := recurrent_arch(family, cfg):
+        return arch
     if family.name in ("cohere", "cohere2"):
         if not cfg.tie_embeddings or cfg.rope_scaling != "none":
             raise UserError(f"an untied head or model.rope_scaling on a {family.architecture}: llama.cpp's "
@@ -1063,7 +1102,13 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
 def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | str) -> None:
     writer.add_name(f"redline {arch}")
     long_context = arch == "phi3" and cfg.rope_scaling == "longrope" and cfg.rope_long_pair_factors
-    writer.add_context_length(round(cfg.rope_factor * cfg.rope_original_context) if long_context else cfg.context_len)
+    if arch in RECURRENT_ARCHES:
+        from redline.interop.gguf_recurrent import context_length
+
+        writer.add_context_length(context_length(cfg, arch))
+    else:
+        writer.add_context_length(round(cfg.rope_factor * cfg.rope_original_context) if long_context
+                                  else cfg.context_len)
     writer.add_embedding_length(cfg.n_embd)
     writer.add_block_count(cfg.n_layer)
     # lfm2moe: feed_forward_length is its leading dense layers' width (llama_model_lfm2moe)
@@ -1074,6 +1119,11 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
                  torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16,
                  **{q: getattr(gguf.LlamaFileType, f"MOSTLY_{q.upper()}") for q in GGUF_QUANTS}}.get(dtype)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if dtype == MXFP4 else file_type)
+    if arch in RECURRENT_ARCHES:
+        from redline.interop.gguf_recurrent import write_metadata
+
+        write_metadata(writer, gguf, arch, cfg)
+        return
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
         return
@@ -1238,8 +1288,12 @@ def _tensor_type(gguf, name: str, w: torch.Tensor, dtype: torch.dtype | str, hea
     file without one), which llama-quantize keeps at a higher precision than a 4- or 5-bit type (its Q6_K, which the
     gguf package cannot write): Q8_0 here. MXFP4: the experts' matrices in MXFP4 blocks (BF16 where their rows are not
     whole blocks), every other matrix in BF16."""
+    from redline.interop.gguf_recurrent import F32_KINDS
+
+    parts = name.split(".")
     if (w.dim() < 2 or name.startswith("position_embd") or name.endswith(".bias")
-            or name.split(".")[-2] == "ffn_gate_inp" or dtype == torch.float32):
+            or parts[-2] == "ffn_gate_inp" or dtype == torch.float32
+            or (parts[0] == "blk" and parts[2] in F32_KINDS)):
         return gguf.GGMLQuantizationType.F32
     if dtype == MXFP4:
         mxfp4 = gguf.GGMLQuantizationType.MXFP4
@@ -1297,11 +1351,15 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
         _metadata(writer, gguf, arch, cfg, dtype)
         _vocab_metadata(writer, tokenizer, cfg.vocab_size)
         tensors = family.to_hf(state, cfg)
-        if arch == "gpt-oss":
+        if arch in RECURRENT_ARCHES:  # already in the file's names and layout
+            from redline.interop.gguf_recurrent import file_tensors
+
+            tensors = file_tensors(tensors, cfg, arch)
+        elif arch == "gpt-oss":
             tensors = _gpt_oss_file_experts(tensors, state, cfg)
         elif cfg.moe_experts:
             tensors = stack_experts(tensors, state, cfg, arch)
-        names = {hf_name: _gguf_name(hf_name, arch) for hf_name in tensors}
+        names = {n: n if arch in RECURRENT_ARCHES else _gguf_name(n, arch) for n in tensors}
         untied = "output.weight" in names.values()
         for hf_name, t in tensors.items():
             name = names[hf_name]

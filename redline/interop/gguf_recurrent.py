@@ -1,0 +1,383 @@
+"""GGUF files of the recurrent hybrids, as llama.cpp's converter writes them and its loaders read them: Granite 4.0's
+Mamba-2 hybrids (granitehybrid) and Qwen3.5's gated delta nets (qwen35). gguf_file.py calls in here for these two
+architectures; the tensors pass through Hugging Face's names (granite.hybrid_to_hf, qwen3_5.to_hf), so each map
+below is the converter's own from those names.
+
+granitehybrid (llama.cpp's convert_hf_to_gguf.py GraniteHybridModel, built on Mamba2Model and GraniteMoeModel; its
+loader's LLM_ARCH_GRANITE_HYBRID case and src/models/granite-hybrid.cpp):
+- a Mamba-2 layer is one with no kv heads: attention.head_count_kv is one entry a layer, 0 on those;
+- ssm_in / ssm_out are in_proj / out_proj; ssm_conv1d.weight (channels, kernel) with its bias (channels,);
+  ssm_dt.bias the (H,) dt_bias; ssm_a the (H, 1) A = −exp(A_log) and ssm_d the (H, 1) D, both without a .weight
+  suffix; ssm_norm.weight the gated norm's (I,) weight as (G, I / G), one row a group;
+- ssm.conv_kernel, ssm.state_size (N), ssm.group_count (G), ssm.inner_size (I = H·P), ssm.time_step_rank (H, the
+  head count: the converter's note says mamba_dt_rank is not what llama.cpp means by it);
+- attention q/k rows permuted as llama's (llama.cpp rotates granitehybrid as NORM RoPE); rope.scaling.finetuned is
+  the switch for RoPE (llama.cpp's loader reads it so, true where absent). The converter writes it false for every
+  model with a Mamba layer (Granite 4.0-H's attention has no positions) and then the context as 2**20; redline writes
+  the model's own (true for a hybrid with RoPE, which llama.cpp then rotates) and keeps its context in
+  CONTEXT_KEY;
+- Granite's four scalars (as granite files), the MLP's input_linear split into ffn_gate / ffn_up and output_linear
+  as ffn_down, expert_shared_feed_forward_length = shared_intermediate_size (the converter writes it for the dense
+  models too); with experts, GraniteMoE's router and stacked experts (ffn_gate_inp, ffn_{gate,up,down}_exps of width
+  feed_forward_length) and the shared MLP as ffn_{gate,up,down}_shexp, added ungated (llama.cpp's graph:
+  softmax, the top k rescaled).
+The converter writes an attention-only Granite 4.0 as granite / granitemoe (with rope.scaling.finetuned true even
+for the NoPE form). redline's export routes one with RoPE to Granite 3 or GraniteMoeShared, so to granite /
+granitemoe too (families.export_family); one without positions it writes as granitehybrid with the key false, which
+llama.cpp runs unrotated.
+
+qwen35 (the converter's Qwen3_5TextModel: _LinearAttentionVReorderBase on Qwen3NextModel; llama.cpp's
+src/models/qwen35.cpp):
+- every RMSNorm but the delta net's gated one is stored as its scale, 1 + weight (Qwen3NextModel.modify_tensors);
+- the delta net: in_proj_qkv as attn_qkv, in_proj_z as attn_gate, in_proj_b / in_proj_a as ssm_beta / ssm_alpha,
+  conv1d (channels, kernel) as ssm_conv1d, A_log as ssm_a (H,) = −exp(A_log), dt_bias as ssm_dt.bias, norm as
+  ssm_norm, out_proj as ssm_out; where key heads are fewer than value heads, the value heads are reordered from
+  grouped by key head (Hugging Face's [k0: v0..v(r-1), k1: ...]) to tiled ([v0 of every k, v1 of every k, ...]) in
+  v's rows of attn_qkv and of ssm_conv1d, attn_gate's rows, ssm_beta / ssm_alpha / ssm_a / ssm_dt's entries and
+  ssm_out's columns (_reorder_v_heads, for ggml's broadcast);
+- the attention's q_proj as it is, each head's queries then its output gate (attn_q, 2·H·D rows), q/k unpermuted
+  (llama.cpp rotates qwen35 as interleaved multimodal RoPE: text positions make it NeoX rotation), QK-norm as
+  attn_q_norm / attn_k_norm, the MLP's norm as post_attention_norm;
+- keys: ssm.conv_kernel, ssm.state_size (the key heads' width, which llama.cpp takes for the value heads' too),
+  ssm.group_count (key heads), ssm.time_step_rank (value heads), ssm.inner_size (value heads x width),
+  full_attention_interval (llama.cpp's loader makes layer i full attention where (i + 1) % it == 0: the only
+  layout it holds), rope.dimension_count (the rotated dimensions), rope.dimension_sections (the converter's default
+  [11, 11, 10, 0] where the config gives no mrope_section), key_length / value_length.
+transformers' GGUF loader (5.x) has neither architecture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from redline.errors import UserError
+from redline.interop.families import Family, interleave_rope_rows
+from redline.model import ModelConfig
+
+GRANITE_HYBRID, QWEN35 = "granitehybrid", "qwen35"
+RECURRENT_ARCHES = (GRANITE_HYBRID, QWEN35)
+# redline's own key: the model's context, where a granitehybrid file without RoPE carries the converter's 2**20
+CONTEXT_KEY = "redline.context_length"
+NOPE_CONTEXT = 2 ** 20  # what llama.cpp's converter writes as a NoPE Granite 4.0-H's context
+MROPE_SECTIONS = [11, 11, 10, 0]  # the converter's _QWEN35_DEFAULT_MROPE_SECTION
+# tensors llama.cpp's converter and kernels keep in F32 whatever the file's type: the convolution (ggml_ssm_conv),
+# A, D, dt's bias and the grouped norm
+F32_KINDS = ("ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt", "ssm_norm")
+
+
+def recurrent_arch(family: Family, cfg: ModelConfig) -> str | None:
+    """granitehybrid or qwen35 for a family written so (after families.export_family's checks), else None; a
+    UserError for what llama.cpp's architecture cannot hold."""
+    if family.name == "granitemoehybrid":
+        if cfg.head_dim * cfg.n_head != cfg.n_embd:
+            raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's granitehybrid takes heads "
+                            "n_embd / n_head wide; export with --format hf")
+        if cfg.delta_layers and (cfg.delta_proj_bias or not cfg.delta_conv_bias):
+            raise UserError("model.delta_proj_bias or model.delta_conv_bias=false: llama.cpp's granitehybrid loads "
+                            "no in/out projection biases and a convolution bias; export with --format hf")
+        return GRANITE_HYBRID
+    if family.name in ("qwen3_5_text", "qwen3_5"):
+        if cfg.delta_layers and cfg.delta_key_dim != cfg.delta_value_dim:
+            raise UserError(f"model.delta_key_dim={cfg.delta_key_dim} apart from model.delta_value_dim="
+                            f"{cfg.delta_value_dim}: llama.cpp's qwen35 takes both head widths from ssm.state_size; "
+                            f"export with --format hf")
+        full_attention_interval(cfg)
+        return QWEN35
+    return None
+
+
+def full_attention_interval(cfg: ModelConfig) -> int:
+    """The k with layer i full attention exactly where (i + 1) % k == 0 (n_layer + 1 for none), or a UserError:
+    llama.cpp's qwen35 takes the layers' kinds from full_attention_interval alone."""
+    full = [i not in cfg.delta_layers for i in range(cfg.n_layer)]
+    for k in range(1, cfg.n_layer + 2):
+        if full == [(i + 1) % k == 0 for i in range(cfg.n_layer)]:
+            return k
+    raise UserError(f"model.delta_layers={list(cfg.delta_layers)}: llama.cpp's qwen35 makes every "
+                    f"full_attention_interval-th layer full attention (its only key for the layers' kinds), and "
+                    f"these layers follow no such period; export with --format hf")
+
+
+# ----------------------------------------------------------------------------------------------------
+# metadata
+
+
+def write_metadata(writer, gguf, arch: str, cfg: ModelConfig) -> None:
+    """The keys after gguf_file._metadata's common ones (context, widths, block count, heads, vocabulary size, file
+    type) that llama.cpp's converter writes for the architecture."""
+    writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    H, P = cfg.delta_heads, cfg.delta_value_dim
+    if arch == QWEN35:
+        writer.add_head_count_kv(cfg.kv_heads)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
+        writer.add_rope_dimension_sections(MROPE_SECTIONS)
+        writer.add_full_attention_interval(full_attention_interval(cfg))
+        # Qwen3NextModel's ssm keys: the key heads' width as the state size, the value heads as time_step_rank
+        writer.add_ssm_conv_kernel(cfg.delta_conv_kernel)
+        writer.add_ssm_state_size(cfg.delta_key_dim)
+        writer.add_ssm_group_count(cfg.delta_key_heads or 1)
+        writer.add_ssm_time_step_rank(H or 1)
+        writer.add_ssm_inner_size(H * P)
+        return
+    # granitehybrid: LlamaModel's keys (rope.dimension_count n_embd / n_head), Granite's scalars, the shared MLP's
+    # width, the experts', the ssm keys and one head_count_kv a layer
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_embedding_scale(cfg.embed_multiplier or 1.0)
+    writer.add_residual_scale(cfg.residual_multiplier or 1.0)
+    writer.add_logit_scale(cfg.logit_divisor or 1.0)
+    writer.add_attention_scale(cfg.attn_scale or cfg.head_dim ** -0.5)
+    writer.add_expert_count(cfg.moe_experts)
+    writer.add_expert_used_count(cfg.moe_top_k if cfg.moe_experts else 0)
+    writer.add_expert_shared_feed_forward_length(cfg.moe_shared_hidden if cfg.moe_experts else cfg.hidden_dim)
+    if cfg.delta_layers:
+        writer.add_ssm_conv_kernel(cfg.delta_conv_kernel)
+        writer.add_ssm_state_size(cfg.delta_key_dim)
+        writer.add_ssm_group_count(cfg.delta_key_heads)
+        writer.add_ssm_inner_size(H * P)
+        writer.add_ssm_time_step_rank(H)
+    writer.add_head_count_kv([0 if i in cfg.delta_layers else cfg.kv_heads for i in range(cfg.n_layer)])
+    writer.add_rope_scaling_finetuned(cfg.pos_emb == "rope")
+    if cfg.pos_emb != "rope":
+        writer.add_uint32(CONTEXT_KEY, cfg.context_len)
+
+
+def context_length(cfg: ModelConfig, arch: str) -> int:
+    """The file's {arch}.context_length: the converter's 2**20 for a granitehybrid model without RoPE."""
+    return NOPE_CONTEXT if arch == GRANITE_HYBRID and cfg.pos_emb != "rope" else cfg.context_len
+
+
+def hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
+    """A Hugging Face config.json (granitemoehybrid or qwen3_5_text) for a granitehybrid or qwen35 file."""
+
+    def key(name, default=None):
+        return fields.get(f"{arch}.{name}", default)
+
+    tokens = fields.get("tokenizer.ggml.tokens") or []
+    vocab = key("vocab_size") or len(tokens)
+    if not vocab:
+        raise UserError(f"the GGUF gives no vocabulary size ({arch}.vocab_size or tokenizer tokens)")
+    if key("rope.scaling.type") not in (None, "none"):
+        raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a {arch} model is not read by "
+                        f"redline; import the model's Hugging Face folder")
+    width, heads, n = key("embedding_length"), key("attention.head_count"), key("block_count")
+    tied = "output.weight" not in tensor_names
+    inner, value_heads = key("ssm.inner_size") or 0, key("ssm.time_step_rank") or 1
+    common = {"vocab_size": vocab, "hidden_size": width, "num_hidden_layers": n, "num_attention_heads": heads,
+              "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6), "tie_word_embeddings": tied,
+              "hidden_act": "silu"}
+    if arch == QWEN35:
+        head_dim = key("attention.key_length") or width // heads
+        interval = key("full_attention_interval", 4)
+        return {**common, "model_type": "qwen3_5_text", "intermediate_size": key("feed_forward_length"),
+                "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim,
+                "max_position_embeddings": key("context_length", 4096),
+                "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 1e7),
+                                    "partial_rotary_factor": key("rope.dimension_count", head_dim) / head_dim},
+                "layer_types": ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                for i in range(n)],
+                "linear_num_key_heads": key("ssm.group_count") or 1, "linear_num_value_heads": value_heads,
+                "linear_key_head_dim": key("ssm.state_size"), "linear_value_head_dim": inner // value_heads,
+                "linear_conv_kernel_dim": key("ssm.conv_kernel", 4)}
+    kv = key("attention.head_count_kv") or heads
+    kv = list(kv) if isinstance(kv, (list, tuple)) else [kv] * n
+    if len(kv) != n:
+        raise UserError(f"the GGUF's granitehybrid file gives {len(kv)} attention.head_count_kv entries for {n} "
+                        f"layers; the file is damaged")
+    experts = key("expert_count") or 0
+    rope = bool(key("rope.scaling.finetuned", True))  # llama.cpp's switch for RoPE, true where absent
+    context = fields.get(CONTEXT_KEY) or key("context_length", NOPE_CONTEXT)
+    config = {**common, "model_type": "granitemoehybrid", "intermediate_size": key("feed_forward_length"),
+              "shared_intermediate_size": key("expert_shared_feed_forward_length") or key("feed_forward_length"),
+              "num_key_value_heads": max(kv) or heads, "max_position_embeddings": context,
+              "rope_theta": key("rope.freq_base", 1e4), "position_embedding_type": "rope" if rope else None,
+              "layer_types": ["attention" if h else "mamba" for h in kv], "num_local_experts": experts,
+              "num_experts_per_tok": key("expert_used_count") or 0, "attention_bias": False,
+              "embedding_multiplier": key("embedding_scale") or 1.0, "residual_multiplier": key("residual_scale") or 1.0,
+              "logits_scaling": key("logit_scale") or 1.0,
+              "attention_multiplier": key("attention.scale") or (width // heads) ** -0.5}
+    if not all(kv):
+        mamba = kv.index(0)
+        config.update(mamba_n_heads=value_heads, mamba_n_groups=key("ssm.group_count") or 1,
+                      mamba_d_state=key("ssm.state_size"), mamba_d_head=inner // value_heads,
+                      mamba_d_conv=key("ssm.conv_kernel", 4), mamba_expand=inner // width,
+                      mamba_conv_bias=f"blk.{mamba}.ssm_conv1d.bias" in tensor_names, mamba_proj_bias=False)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------
+# tensors
+
+
+def _reorder_v_heads(t: torch.Tensor, dim: int, key_heads: int, per_key: int, width: int,
+                     inverse: bool = False) -> torch.Tensor:
+    """t's value heads along dim (key_heads·per_key heads of `width`) from Hugging Face's grouping by key head to the
+    tiled order llama.cpp's converter stores (its _reorder_v_heads: (Hk, r, width) -> (r, Hk, width)); inverse: back."""
+    shape = list(t.shape)
+    dim %= len(shape)
+    groups = [per_key, key_heads] if inverse else [key_heads, per_key]
+    t = t.reshape(*shape[:dim], *groups, width, *shape[dim + 1:])
+    return t.transpose(dim, dim + 1).reshape(shape).contiguous()
+
+
+# Hugging Face names (after model.layers.N.) -> GGUF names (after blk.N.) kept as they are but for the renaming
+_GRANITE_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "mamba.in_proj.weight": "ssm_in.weight", "mamba.out_proj.weight": "ssm_out.weight",
+    "mamba.conv1d.weight": "ssm_conv1d.weight", "mamba.conv1d.bias": "ssm_conv1d.bias",
+    "mamba.dt_bias": "ssm_dt.bias", "mamba.A_log": "ssm_a", "mamba.D": "ssm_d", "mamba.norm.weight": "ssm_norm.weight",
+    "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.output_linear.weight": "ffn_down_exps.weight",
+}
+# input_linear (rows [gate; up]) -> the two GGUF halves; output_linear, by whether the layer has experts
+_GRANITE_SPLIT = {"block_sparse_moe.input_linear.weight": ("ffn_gate_exps.weight", "ffn_up_exps.weight")}
+_QWEN35_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight", "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight", "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+}
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight"}
+
+
+def _qwen35_dims(cfg_or_hf) -> tuple[int, int, int, int]:
+    """(key heads, value heads per key head, key width, value width) of a ModelConfig or a qwen3_5_text config."""
+    if isinstance(cfg_or_hf, ModelConfig):
+        c = cfg_or_hf
+        return c.delta_key_heads or 1, (c.delta_heads or 1) // (c.delta_key_heads or 1), c.delta_key_dim, \
+            c.delta_value_dim
+    h = cfg_or_hf
+    return (h["linear_num_key_heads"], h["linear_num_value_heads"] // h["linear_num_key_heads"],
+            h["linear_key_head_dim"], h["linear_value_head_dim"])
+
+
+def _qwen35_tensor(inner: str, w: torch.Tensor, dims: tuple[int, int, int, int], to_file: bool) -> torch.Tensor:
+    """One Qwen3.5 block tensor between Hugging Face's layout and the file's (to_file) or back: the norms' 1 + weight,
+    −exp(A_log), the convolution's kernel axis, the value heads' order (_reorder_v_heads)."""
+    Hk, r, Dk, Dv = dims
+    if inner.endswith("norm.weight") and inner != "linear_attn.norm.weight":
+        return w + 1 if to_file else w - 1
+    if inner == "linear_attn.conv1d.weight":
+        w = w[:, 0] if to_file else w
+    if inner == "linear_attn.A_log" and to_file:
+        w = -w.exp()
+    if r > 1 and inner.startswith("linear_attn."):  # grouped value heads <-> tiled, as the converter stores them
+        inverse = not to_file
+        if inner in ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight"):
+            qk = 2 * Hk * Dk
+            w = torch.cat([w[:qk], _reorder_v_heads(w[qk:], 0, Hk, r, Dv, inverse)])
+        elif inner == "linear_attn.in_proj_z.weight":
+            w = _reorder_v_heads(w, 0, Hk, r, Dv, inverse)
+        elif inner in ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight", "linear_attn.A_log",
+                       "linear_attn.dt_bias"):
+            w = _reorder_v_heads(w, 0, Hk, r, 1, inverse)
+        elif inner == "linear_attn.out_proj.weight":
+            w = _reorder_v_heads(w, 1, Hk, r, Dv, inverse)
+    if inner == "linear_attn.A_log" and not to_file:
+        w = (-w).log()
+    if inner == "linear_attn.conv1d.weight" and not to_file:
+        w = w[:, None]
+    return w
+
+
+def file_tensors(tensors: dict, cfg: ModelConfig, arch: str) -> dict:
+    """Hugging Face-named tensors (the family's to_hf) -> {GGUF name: fp32 tensor in the file's layout}, as llama.cpp's
+    converter writes them (the module docstring)."""
+    out, dims = {}, _qwen35_dims(cfg)
+    for name, t in tensors.items():
+        w = t.float()
+        if name in _TOP:
+            out[_TOP[name]] = w + 1 if arch == QWEN35 and name == "model.norm.weight" else w
+            continue
+        layer, inner = name[len("model.layers."):].split(".", 1)
+        b = f"blk.{layer}."
+        if arch == QWEN35:
+            out[b + _QWEN35_NAMES[inner]] = _qwen35_tensor(inner, w, dims, to_file=True)
+            continue
+        experts = cfg.moe_experts > 0
+        if inner in _GRANITE_SPLIT or inner == "shared_mlp.input_linear.weight":  # rows [gate; up]
+            gate, up = _GRANITE_SPLIT.get(inner, ("ffn_gate_shexp.weight", "ffn_up_shexp.weight") if experts
+                                          else ("ffn_gate.weight", "ffn_up.weight"))
+            out[b + gate], out[b + up] = w.chunk(2, dim=-2)
+            continue
+        if inner == "shared_mlp.output_linear.weight":
+            out[b + ("ffn_down_shexp.weight" if experts else "ffn_down.weight")] = w
+            continue
+        kind = _GRANITE_NAMES[inner]
+        if kind in ("attn_q.weight", "attn_k.weight"):  # llama's rows, interleaved for llama.cpp's NORM RoPE
+            w = interleave_rope_rows(w, cfg.n_head if kind == "attn_q.weight" else cfg.kv_heads, inverse=False)
+        elif kind == "ssm_conv1d.weight":
+            w = w[:, 0]  # (channels, 1, kernel) -> (channels, kernel)
+        elif kind == "ssm_a":
+            w = -w.exp()[:, None]  # (H,) A_log -> (H, 1) A
+        elif kind == "ssm_d":
+            w = w[:, None]
+        elif kind == "ssm_norm.weight":
+            w = w.reshape(cfg.delta_key_heads, -1)  # (G, I / G)
+        out[b + kind] = w
+    return out
+
+
+def hf_tensors(file_names: set[str], read_file, arch: str, config: dict):
+    """(Hugging Face names, read) for a granitehybrid / qwen35 file's tensors: read_file(GGUF name) gives a tensor
+    in the file's layout (fp32, torch shape = reversed GGUF shape); read(HF name) gives it in Hugging Face's."""
+    top = {v: k for k, v in _TOP.items()}
+    names = {v: k for k, v in (_QWEN35_NAMES if arch == QWEN35 else _GRANITE_NAMES).items()}
+    derived, unknown = {}, []
+    dims = _qwen35_dims(config) if arch == QWEN35 and "linear_num_key_heads" in config else None
+    experts = bool(config.get("num_local_experts"))
+    for name in sorted(file_names):
+        if name in top:
+            hf = top[name]
+            fix = (lambda w: w - 1) if arch == QWEN35 and hf == "model.norm.weight" else (lambda w: w)
+            derived[hf] = lambda name=name, fix=fix: fix(read_file(name))
+            continue
+        parts = name.split(".", 2)
+        if len(parts) < 3 or parts[0] != "blk" or not parts[1].isdigit():
+            unknown.append(name)
+            continue
+        p, kind = f"model.layers.{parts[1]}.", parts[2]
+        if arch == QWEN35 and kind in names:
+            derived[p + names[kind]] = lambda name=name, inner=names[kind]: _qwen35_tensor(
+                inner, read_file(name), dims, to_file=False)
+        elif arch == GRANITE_HYBRID and kind in names:
+            derived[p + names[kind]] = lambda name=name, kind=kind: _granite_from_file(kind, read_file(name), config)
+        elif arch == GRANITE_HYBRID and kind in ("ffn_gate.weight", "ffn_gate_shexp.weight", "ffn_gate_exps.weight"):
+            up, hf = kind.replace("gate", "up", 1), ("block_sparse_moe.input_linear.weight"
+                                                      if kind == "ffn_gate_exps.weight"
+                                                      else "shared_mlp.input_linear.weight")
+            derived[p + hf] = lambda g=name, u=f"blk.{parts[1]}.{up}": torch.cat([read_file(g), read_file(u)], -2)
+        elif arch == GRANITE_HYBRID and kind in ("ffn_up.weight", "ffn_up_shexp.weight", "ffn_up_exps.weight"):
+            continue  # read with its gate
+        elif arch == GRANITE_HYBRID and kind == ("ffn_down_shexp.weight" if experts else "ffn_down.weight"):
+            derived[p + "shared_mlp.output_linear.weight"] = lambda name=name: read_file(name)
+        else:
+            unknown.append(name)
+    if unknown:
+        raise UserError(f"tensors {', '.join(unknown[:3])} have no place in a {arch} model redline builds")
+    return set(derived), lambda hf_name: derived[hf_name]()
+
+
+def _granite_from_file(kind: str, w: torch.Tensor, config: dict) -> torch.Tensor:
+    """One granitehybrid tensor from the file's layout back to Hugging Face's."""
+    if kind in ("attn_q.weight", "attn_k.weight"):
+        heads = config["num_attention_heads"] if kind == "attn_q.weight" else config["num_key_value_heads"]
+        return interleave_rope_rows(w, heads, inverse=True)
+    if kind == "ssm_conv1d.weight":
+        return w[:, None]
+    if kind == "ssm_a":
+        return (-w.reshape(-1)).log()
+    if kind in ("ssm_d", "ssm_norm.weight"):
+        return w.reshape(-1)
+    return w
