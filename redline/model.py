@@ -207,6 +207,14 @@ class ModelConfig:
     """delta_layers, mamba2: the convolution has a bias (Mamba-2's conv_bias)."""
     delta_proj_bias: bool = False
     """delta_layers, mamba2: its input and output projections have biases (Mamba-2's proj_bias / bias)."""
+    delta_beta_scale: float = 1.0
+    """delta_layers, gated_delta: the correction β = sigmoid(b(x)) times this; 2 lets β reach (0, 2), the state's
+    transition then taking negative eigenvalues (OLMo Hybrid's linear_allow_neg_eigval)."""
+    delta_norm_eps: float = 0.0
+    """delta_layers: the epsilon of the gated output norm (OLMo Hybrid's 1e-5 beside its blocks' 1e-6); 0 = norm_eps."""
+    delta_norm_position: Literal["", "pre", "output", "sandwich"] = ""
+    """delta_layers: where their blocks' norms sit, when not where norm_position puts the others' (OLMo Hybrid's
+    delta-net blocks are pre-norm, its attention blocks OLMo 3's, norms on the sublayers' outputs); "" = the same."""
     moe_experts: int = 0
     """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
     each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
@@ -332,6 +340,13 @@ class ModelConfig:
     @property
     def gated_mlp(self) -> bool:
         return self.mlp in ("swiglu", "swiglu_clamped", "geglu")
+
+    def layer_norm_position(self, layer: int) -> str:
+        """Where layer `layer`'s block puts its norms: delta_norm_position on a delta layer where it is given, else
+        norm_position."""
+        if self.delta_norm_position and layer in self.delta_layers:
+            return self.delta_norm_position
+        return self.norm_position
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern
@@ -510,6 +525,12 @@ class ModelConfig:
         if self.delta_rule != "mamba2" and (self.delta_conv_bias or self.delta_proj_bias):
             raise UserError("model.delta_conv_bias and model.delta_proj_bias are Mamba-2's: they take "
                             "model.delta_rule=mamba2")
+        if self.delta_rule == "mamba2" and self.delta_beta_scale != 1.0:
+            raise UserError("model.delta_beta_scale scales a gated delta net's correction; Mamba-2 "
+                            "(model.delta_rule=mamba2) has none")
+        if self.delta_norm_position and (self.norm_position == "post" or self.parallel_residual):
+            raise UserError(f"model.delta_norm_position={self.delta_norm_position} takes blocks whose norms are on "
+                            f"the sublayers (model.norm_position pre, output or sandwich) run in turn")
         if self.moe_experts < 0 or (self.moe_experts and not (
                 self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
             raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu, swiglu_clamped "
@@ -915,7 +936,8 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         C, H, Hk = cfg.n_embd, cfg.delta_heads, cfg.delta_key_heads
         self.heads, self.key_heads, self.dk, self.dv = H, Hk, cfg.delta_key_dim, cfg.delta_value_dim
-        self.kernel, self.window, self.eps = cfg.delta_conv_kernel, 0, cfg.norm_eps  # window: the mask key
+        self.kernel, self.window, self.eps = cfg.delta_conv_kernel, 0, cfg.delta_norm_eps or cfg.norm_eps
+        self.beta_scale = cfg.delta_beta_scale  # (window: the mask key callers read)
         channels = 2 * Hk * self.dk + H * self.dv
         self.in_proj = nn.Linear(C, channels, bias=False)
         self.z = nn.Linear(C, H * self.dv, bias=False)
@@ -957,7 +979,7 @@ class GatedDeltaNet(nn.Module):
         if self.heads != self.key_heads:  # each q/k head serves heads // key_heads consecutive value heads
             q = q.repeat_interleave(self.heads // self.key_heads, dim=2)
             k = k.repeat_interleave(self.heads // self.key_heads, dim=2)
-        beta = torch.sigmoid(self.b(x).float())
+        beta = torch.sigmoid(self.b(x).float()) * self.beta_scale
         g = -self.A_log.float().exp() * F.softplus(self.a(x).float() + self.dt_bias.float())
         if valid is not None:  # no decay and no correction: the state passes these tokens by
             beta, g = beta * valid[..., None], g * valid[..., None]
@@ -981,7 +1003,8 @@ class Mamba2(nn.Module):
         super().__init__()
         C, H, G = cfg.n_embd, cfg.delta_heads, cfg.delta_key_heads
         self.heads, self.key_heads, self.dk, self.dv = H, G, cfg.delta_key_dim, cfg.delta_value_dim
-        self.kernel, self.window, self.eps = cfg.delta_conv_kernel, 0, cfg.norm_eps  # window: the mask key
+        self.kernel, self.window = cfg.delta_conv_kernel, 0  # window: the mask key callers read
+        self.eps = cfg.delta_norm_eps or cfg.norm_eps
         self.inner = H * self.dv
         channels = self.inner + 2 * G * self.dk
         self.in_proj = nn.Linear(C, self.inner + channels + H, bias=cfg.delta_proj_bias)
@@ -1193,9 +1216,10 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
         super().__init__()
-        self.position = cfg.norm_position
+        position = cfg.layer_norm_position(layer)
+        self.position = position
         self.parallel = cfg.parallel_residual
-        inputs, outputs = cfg.norm_position != "output", cfg.norm_position in ("output", "sandwich")
+        inputs, outputs = position != "output", position in ("output", "sandwich")
         self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = None if cfg.parallel_shared_norm else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()

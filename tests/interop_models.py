@@ -304,6 +304,26 @@ FAMILIES = {
                               num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,
                               position_embedding_type="rope", embedding_multiplier=3.0, residual_multiplier=0.4,
                               attention_multiplier=0.2, logits_scaling=2.5, tie_word_embeddings=True)),
+    # OLMo Hybrid: gated delta nets (pre-norm blocks, q/k/v/g/a/b projections apart, 2 key heads of 8 shared by 4
+    # value heads of 16, β up to 2) on layers 0, 1 and 3, OLMo 3's output-norm attention with whole-projection
+    # QK-norm and RoPE on 2; and the released checkpoints' NoPE form
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+                         layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                         linear_value_head_dim=16, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+                         pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "olmo_hybrid-nope": ("OlmoHybridConfig", "OlmoHybridForCausalLM",
+                         dict(num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                              layer_types=["linear_attention", "full_attention"], linear_allow_neg_eigval=False,
+                              tie_word_embeddings=True, pad_token_id=None, rope_parameters=None)),
+    # Bamba: Granite 4.0's Mamba-2 layers (8 heads of 16, 2 groups) and attention on layer 1 with RoPE on half of
+    # each head, Llama's MLP and pre-norms under Bamba's names
+    "bamba": ("BambaConfig", "BambaForCausalLM",
+              dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, attn_layer_indices=[1],
+                   mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16, mamba_d_conv=4,
+                   mamba_expand=2, mamba_chunk_size=8, tie_word_embeddings=False, pad_token_id=None,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
     # Granite 4.0's hybrid layout (its -h models): Mamba-2 layers on 0, 2 and 3 (8 heads of 16, 2 groups of B and C
     # of 8, chunks of 8 in transformers' scan), attention on 1 without positions, Granite's scalars
     "granitemoehybrid-mamba": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",

@@ -89,6 +89,11 @@ ARCHITECTURES = {
     "qwen3.5-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_heads": 4, "delta_key_heads": 2,
                       "delta_key_dim": 8, "delta_value_dim": 8, "attn_gate": "element", "qk_norm": True,
                       "norm_unit_offset": True, "rope_dims": 8, "n_kv_head": 2},
+    # OLMo Hybrid's: gated delta nets in pre-norm blocks (β up to 2) around OLMo 3's output-norm attention
+    "olmo-hybrid-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_heads": 4, "delta_key_heads": 2,
+                          "delta_key_dim": 8, "delta_value_dim": 16, "delta_norm_position": "pre",
+                          "delta_beta_scale": 2.0, "norm_position": "output", "qk_norm": True, "qk_norm_scope": "all",
+                          "n_kv_head": 2},
     # Granite 4.0's hybrid: Mamba-2 layers (the convolution's x, B and C in slots, an (N, P) state a row) around
     # attention without positions, Granite's scalars
     "granite-hybrid-style": {"n_layer": 3, "delta_layers": (0, 2), "delta_rule": "mamba2", "delta_heads": 4,

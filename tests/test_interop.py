@@ -341,6 +341,10 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
           qk_norm=True), "Granite 4.0, the one architecture with Mamba-2 layers"),
     (dict(moe_experts=4, moe_shared_hidden=32, moe_shared_gate=False, embed_multiplier=2.0, moe_norm_topk=False),
      "GraniteMoE weights each token's experts"),
+    (dict(delta_layers=(0,), delta_heads=2, delta_key_heads=2, norm_position="output", qk_norm=True,
+          qk_norm_scope="all", delta_norm_position="pre"), "fixes its gated output norm's epsilon at 1e-05"),
+    (dict(delta_layers=(0,), delta_heads=2, delta_key_heads=2, norm_position="output", qk_norm=True),
+     "puts its attention blocks' norms on the sublayers' outputs"),
     (dict(norm="layernorm", norm_unit_offset=True, mlp="gelu"), "Nemotron, the one architecture with it"),
     (dict(attn_gate="element", qk_norm=True), "pre-RMSNorms scaling by 1 "),
     (dict(attn_gate="element", qk_norm=True, norm_unit_offset=True, sliding_window=4), "has no window, sinks"),
@@ -441,11 +445,12 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports arcee, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
+                         "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
-                         "ministral3, mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmoe, opt, phi, phi3, "
-                         "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
+                         "ministral3, mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmo_hybrid, olmoe, "
+                         "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
+                         "qwen3_5_text, qwen3_moe, "
                          "qwen3_next, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
 
 

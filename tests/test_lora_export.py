@@ -65,6 +65,15 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # GraniteMoeShared: the experts (not adapted: no Linear layers) and the ungated shared MLP (shared_mlp.*)
     "GraniteMoeSharedForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_shared_hidden=48,
                                         moe_shared_gate=False, embed_multiplier=2.0, n_kv_head=2),
+    # Bamba: Granite 4.0's Mamba-2 layer (mamba.in_proj, out_proj) on layer 0, attention with RoPE on half of each
+    # head on 1, feed_forward.gate_proj / up_proj / down_proj
+    "BambaForCausalLM": dict(delta_layers=(0,), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
+                             delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, rope_dims=8, n_kv_head=2),
+    # OLMo Hybrid: a gated delta net (q/k/v_proj apart, g_proj, a_proj, b_proj, o_proj) in a pre-norm block on layer
+    # 0, OLMo 3's output-norm attention on 1
+    "OlmoHybridForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", delta_layers=(0,),
+                                  delta_norm_position="pre", delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                  delta_value_dim=16, delta_beta_scale=2.0, delta_norm_eps=1e-5, n_kv_head=2),
     # the original OLMo: Llama's names, LayerNorms without weights
     "OlmoForCausalLM": dict(norm="layernorm", norm_affine=False, n_kv_head=2),
     # nanochat: q and k rows (B's rows) with each head's second half negated, mlp.fc1 / fc2, weightless norms

@@ -10,8 +10,9 @@ experts); lfm2.py LFM2 (attention and short convolutions) and LFM3 (with windowe
 norms); granite.py Granite, Granite 4.0 (dense, and its hybrids with Mamba-2 layers and experts), GraniteMoE,
 GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer); qwen3_5.py Qwen3.5
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
-Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); exaone.py EXAONE 3.x;
-ernie.py ERNIE 4.5 and Helium.
+Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); olmo_hybrid.py OLMo
+Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
+with partial RoPE); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -197,19 +198,20 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (cohere, ernie, exaone, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss,
-                                 granite, hunyuan, lfm2, llama, moe, nanochat, olmo2, opt, phi, phi3, qwen3_5,
-                                 qwen3_next, stablelm, starcoder2)
+                                 granite, hunyuan, lfm2, llama, moe, nanochat, olmo2, olmo_hybrid, opt, phi, phi3,
+                                 qwen3_5, qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
-                                granite.SHARED_FAMILY, gemma.FAMILY, gemma2.FAMILY, hunyuan.FAMILY, starcoder2.FAMILY,
-                                lfm2.FAMILY,                                lfm2.MOE_FAMILY, *cohere.FAMILIES, nanochat.FAMILY, olmo2.OLMO_FAMILY,
+                                granite.SHARED_FAMILY, granite.BAMBA_FAMILY, gemma.FAMILY, gemma2.FAMILY,
+                                hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY, lfm2.MOE_FAMILY, *cohere.FAMILIES,
+                                nanochat.FAMILY, olmo2.OLMO_FAMILY,
                                 llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
                                 lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY, ernie.HELIUM_FAMILY,
                                 llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
-                                llama.NEMOTRON_FAMILY)}
+                                llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -239,7 +241,8 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; one with Mamba-2 layers as Granite 4.0; one with gated delta nets or element-wise attention gates
+    SwiGLU experts; one with Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
+    delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets or element-wise attention gates
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; a dense model with
     attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
@@ -250,11 +253,19 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import lfm2, qwen3_5
 
-    if cfg.delta_layers and cfg.delta_rule == "mamba2":  # Mamba-2 layers: Granite 4.0's hybrids alone
+    if cfg.delta_layers and cfg.delta_rule == "mamba2":  # Mamba-2 layers: Granite 4.0's hybrids, or Bamba's
         from redline.interop import granite
 
+        if granite.wants_bamba(cfg):
+            granite.check_bamba_exportable(cfg)
+            return families["bamba"]
         granite.check_hybrid_exportable(cfg)
         return families["granitemoehybrid"]
+    from redline.interop import olmo_hybrid
+
+    if olmo_hybrid.wants_olmo_hybrid(cfg):  # gated delta nets beside OLMo's output-norm blocks
+        olmo_hybrid.check_exportable(cfg)
+        return families["olmo_hybrid"]
     if qwen3_5.wants_qwen3_5(cfg):  # first: no other architecture has gated delta nets or element-wise gates
         return families[qwen3_5.export_name(cfg)]
     from redline.interop import llama

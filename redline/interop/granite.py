@@ -167,21 +167,38 @@ def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
             out.update(experts_to_redline(src, p, r, cfg), **_shared_to_redline(src, p, r))
         else:
             out[r + "mlp.fc.weight"], out[r + "mlp.proj.weight"] = src.take(p + _FUSED), src.take(p + _DOWN)
-        if i in cfg.delta_layers:
-            for ours, theirs in _mamba_names(cfg).items():
-                out[f"{r}attn.{ours}"] = src.take(f"{p}mamba.{theirs}")
-            out[r + "attn.conv"] = out[r + "attn.conv"][:, 0]  # (channels, 1, kernel) -> (channels, kernel)
-            continue
-        a = p + "self_attn."
-        out[r + "attn.qkv.weight"] = torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"])
-        out[r + "attn.proj.weight"] = src.take(a + "o_proj.weight")
+        out.update(_mixer_to_redline(src, cfg, i))
     return out
+
+
+def _mixer_to_redline(src: TensorSource, cfg: ModelConfig, i: int) -> dict:
+    """Layer i's Mamba-2 mixer (mamba.*) or attention (self_attn.q/k/v/o_proj) -> redline's blocks.i.attn.*."""
+    p, r = f"model.layers.{i}.", f"blocks.{i}.attn."
+    if i in cfg.delta_layers:
+        out = {f"{r}{ours}": src.take(f"{p}mamba.{theirs}") for ours, theirs in _mamba_names(cfg).items()}
+        out[r + "conv"] = out[r + "conv"][:, 0]  # (channels, 1, kernel) -> (channels, kernel)
+        return out
+    a = p + "self_attn."
+    return {r + "qkv.weight": torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"]),
+            r + "proj.weight": src.take(a + "o_proj.weight")}
+
+
+def _mixer_to_hf(state, cfg: ModelConfig, i: int) -> dict:
+    """_mixer_to_redline's inverse."""
+    p, r = f"model.layers.{i}.", f"blocks.{i}.attn."
+    if i in cfg.delta_layers:
+        out = {f"{p}mamba.{theirs}": state[f"{r}{ours}"] for ours, theirs in _mamba_names(cfg).items()}
+        out[p + "mamba.conv1d.weight"] = out[p + "mamba.conv1d.weight"][:, None]
+        return out
+    D, KV, a = cfg.head_dim, cfg.kv_heads, p + "self_attn."
+    q, k, v = state[r + "qkv.weight"].split([cfg.n_head * D, KV * D, KV * D])
+    return {a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
+            a + "o_proj.weight": state[r + "proj.weight"]}
 
 
 def hybrid_to_hf(state, cfg: ModelConfig) -> dict:
     out = {"model.norm.weight": state["norm_f.weight"],
            "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size], **give_head(state, cfg)}
-    D, KV = cfg.head_dim, cfg.kv_heads
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
@@ -192,15 +209,7 @@ def hybrid_to_hf(state, cfg: ModelConfig) -> dict:
             out.update(experts_to_hf(state, p, r, cfg, "granitemoe"), **_shared_to_hf(state, p, r))
         else:
             out[p + _FUSED], out[p + _DOWN] = state[r + "mlp.fc.weight"], state[r + "mlp.proj.weight"]
-        if i in cfg.delta_layers:
-            for ours, theirs in _mamba_names(cfg).items():
-                out[f"{p}mamba.{theirs}"] = state[f"{r}attn.{ours}"]
-            out[p + "mamba.conv1d.weight"] = out[p + "mamba.conv1d.weight"][:, None]
-            continue
-        a = p + "self_attn."
-        q, k, v = state[r + "attn.qkv.weight"].split([cfg.n_head * D, KV * D, KV * D])
-        out.update({a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
-                    a + "o_proj.weight": state[r + "attn.proj.weight"]})
+        out.update(_mixer_to_hf(state, cfg, i))
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -253,6 +262,107 @@ def hybrid_hf_config(cfg: ModelConfig) -> dict:
 HYBRID_FAMILY = Family(name="granitemoehybrid", architecture="GraniteMoeHybridForCausalLM",
                        model_config=hybrid_model_config, hf_config=hybrid_hf_config, to_redline=hybrid_to_redline,
                        to_hf=hybrid_to_hf, ignorable=_ignorable)
+
+
+# Bamba (BambaForCausalLM, model_type "bamba": ibm-ai-platform/Bamba-9B), the hybrid whose Mamba-2 mixer Granite 4.0
+# took: the same mamba.* and self_attn.* layers (attention on attn_layer_indices, Mamba-2 elsewhere), Llama's SwiGLU
+# MLP as feed_forward.gate_proj / up_proj / down_proj, pre-norms input_layernorm and pre_ff_layernorm, the last one
+# final_layernorm, RoPE on partial_rotary_factor of each head (rope_dims), no scalars. Semantics read from
+# transformers' models/bamba/modular_bamba.py.
+
+
+def bamba_model_config(hf: dict) -> ModelConfig:
+    from redline.interop.llama import _rope, check_silu, shape_fields
+
+    check_silu(hf)
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise UserError("attention_bias / mlp_bias=true: Bamba's released models have no biases; redline reads none")
+    n = hf["num_hidden_layers"]
+    attention = set(hf.get("attn_layer_indices") or ())
+    if not attention <= set(range(n)):
+        raise UserError(f"attn_layer_indices={sorted(attention)}: each must be a layer of {n}")
+    fields = shape_fields(hf)
+    head_dim = fields["n_embd"] // fields["n_head"]
+    params = hf.get("rope_parameters") or {}
+    rotated = int(head_dim * float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.5))))
+    return ModelConfig(
+        **fields, fused_qkv=True, pos_emb="rope", **_rope(hf), rope_dims=rotated if rotated != head_dim else 0,
+        mlp="swiglu", fused_mlp=True, norm="rmsnorm", norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), bias=False,
+        **_mamba_fields(hf, [i not in attention for i in range(n)]))
+
+
+def bamba_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    out = {"norm_f.weight": src.take("model.final_layernorm.weight"),
+           "wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg), **take_head(src, cfg)}
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
+        out[r + "norm2.weight"] = src.take(p + "pre_ff_layernorm.weight")
+        f = p + "feed_forward."
+        out[r + "mlp.fc.weight"] = torch.cat([src.take(f + "gate_proj.weight"), src.take(f + "up_proj.weight")])
+        out[r + "mlp.proj.weight"] = src.take(f + "down_proj.weight")
+        out.update(_mixer_to_redline(src, cfg, i))
+    return out
+
+
+def bamba_to_hf(state, cfg: ModelConfig) -> dict:
+    out = {"model.final_layernorm.weight": state["norm_f.weight"],
+           "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size], **give_head(state, cfg)}
+    for i in range(cfg.n_layer):
+        p, r = f"model.layers.{i}.", f"blocks.{i}."
+        out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
+        out[p + "pre_ff_layernorm.weight"] = state[r + "norm2.weight"]
+        f = p + "feed_forward."
+        out[f + "gate_proj.weight"], out[f + "up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
+        out[f + "down_proj.weight"] = state[r + "mlp.proj.weight"]
+        out.update(_mixer_to_hf(state, cfg, i))
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def bamba_hf_config(cfg: ModelConfig) -> dict:
+    return {
+        "model_type": "bamba", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
+        "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.kv_heads, "hidden_act": "silu", "max_position_embeddings": cfg.context_len,
+        "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
+        "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                            "partial_rotary_factor": (cfg.rope_dims or cfg.head_dim) / cfg.head_dim},
+        "attn_layer_indices": [i for i in range(cfg.n_layer) if i not in cfg.delta_layers],
+        "mamba_n_heads": cfg.delta_heads, "mamba_n_groups": cfg.delta_key_heads, "mamba_d_state": cfg.delta_key_dim,
+        "mamba_d_head": cfg.delta_value_dim, "mamba_d_conv": cfg.delta_conv_kernel,
+        "mamba_expand": cfg.delta_heads * cfg.delta_value_dim // cfg.n_embd, "mamba_conv_bias": cfg.delta_conv_bias,
+        "mamba_proj_bias": cfg.delta_proj_bias,
+    }
+
+
+def wants_bamba(cfg: ModelConfig) -> bool:
+    """Mamba-2 layers with RoPE on part of each head: Bamba's (Granite 4.0 rotates whole heads, or none)."""
+    return bool(cfg.delta_layers) and cfg.delta_rule == "mamba2" and cfg.pos_emb == "rope" and bool(cfg.rope_dims)
+
+
+def check_bamba_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option of a Mamba-2 model with partial RoPE that Bamba does not have."""
+    what = "Mamba-2 layers with RoPE on part of each head: Bamba, the architecture with them,"
+    raise_first([
+        (cfg.moe_experts or cfg.conv_layers or cfg.attn_gate != "none" or cfg.value_embeddings or cfg.qk_norm
+         or cfg.bias or cfg.has_qkv_bias or cfg.norm != "rmsnorm" or cfg.norm_position != "pre"
+         or cfg.norm_unit_offset or cfg.mlp != "swiglu" or cfg.parallel_residual,
+         f"{what} has pre-RMSNorm blocks, SwiGLU MLPs, no QK-norm, biases, experts, gates or convolution layers"),
+        (cfg.rope_scaling != "none" or cfg.sliding_window or cfg.attn_sinks or cfg.attn_scale or cfg.attn_softcap
+         or cfg.logit_softcap or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier
+         or cfg.logit_divisor or cfg.head_bias or cfg.nope_interval or cfg.rope_layer_theta,
+         f"{what} has one unscaled RoPE and no windows, sinks, scales, caps or scalars"),
+        ((cfg.delta_heads * cfg.delta_value_dim) % cfg.n_embd,
+         f"{what} makes its layers' inner width (model.delta_heads x model.delta_value_dim) a whole multiple of "
+         f"model.n_embd (mamba_expand)"),
+    ])
+
+
+BAMBA_FAMILY = Family(name="bamba", architecture="BambaForCausalLM", model_config=bamba_model_config,
+                      hf_config=bamba_hf_config, to_redline=bamba_to_redline, to_hf=bamba_to_hf,
+                      ignorable=_ignorable)
 
 
 # ----------------------------------------------------------------------------------------------------

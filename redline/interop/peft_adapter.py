@@ -97,6 +97,26 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
             return [(base + "self_attn.k_proj", slice(q, q + kv)),
                     (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
+    if family.name == "olmo_hybrid" and int(i) in cfg.delta_layers:  # olmo_hybrid.py's names: q/k/v apart
+        if rest == "attn.in_proj":
+            qk, v = cfg.delta_key_heads * cfg.delta_key_dim, cfg.delta_heads * cfg.delta_value_dim
+            return [(f"{base}linear_attn.{x}_proj", slice(start, start + width))
+                    for x, start, width in (("q", 0, qk), ("k", qk, qk), ("v", 2 * qk, v))]
+        names = {"attn.z": "linear_attn.g_proj", "attn.b": "linear_attn.b_proj", "attn.a": "linear_attn.a_proj",
+                 "attn.proj": "linear_attn.o_proj"}
+        if rest in names:
+            return [(base + names[rest], slice(0, out_features))]
+    if family.name == "bamba" and rest != "attn.qkv":  # granite.py's Bamba names; q/k/v as Llama's, below
+        names = {"mlp.proj": "feed_forward.down_proj", "attn.proj": "self_attn.o_proj"}
+        if int(i) in cfg.delta_layers:
+            names.update({"attn.in_proj": "mamba.in_proj", "attn.proj": "mamba.out_proj"})
+        if rest == "mlp.fc":
+            half = out_features // 2
+            return [(base + "feed_forward.gate_proj", slice(0, half)),
+                    (base + "feed_forward.up_proj", slice(half, out_features))]
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(base + names[rest], slice(0, out_features))]
     if family.name == "granitemoehybrid":  # granite.py's names: shared_mlp's fused input_linear, Mamba-2's mamba.*
         names = {"mlp.fc": "shared_mlp.input_linear", "mlp.proj": "shared_mlp.output_linear", **_GRANITE_SHARED}
         if int(i) in cfg.delta_layers:
