@@ -747,3 +747,23 @@ def test_olmo_gguf_holds_llama_cpp_s_permuted_rows_and_no_norms(tmp_path, capsys
     assert not [name for name in tensors if "norm" in name]
     fields = {name: f.contents() for name, f in reader.fields.items()}
     assert fields["general.architecture"] == "olmo" and fields["olmo.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+
+
+def assert_gguf_export_refused(cfg, named: str, tmp_path, capsys) -> None:
+    """A checkpoint of `cfg` (random weights) refused by `redline export --format gguf` in one line naming `named`,
+    nothing written."""
+    from redline.config import TrainConfig, to_dict
+    from redline.model import GPT
+    from redline.tokenizer import load_tokenizer
+    from redline.training import checkpoint as ckpt_io
+    from tests.interop_models import byte_level_tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ckpt_io.write_weights_checkpoint(ckpt, ckpt_io.model_weights(GPT(cfg)), to_dict(TrainConfig(model=cfg)),
+                                     load_tokenizer(byte_level_tokenizer(tmp_path / "tok")), {})
+    out = tmp_path / "x.gguf"
+    code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_interop import TOKENS, run_cli
-from tests.test_interop_gguf import export_gguf, import_gguf
+from tests.test_interop import TOKENS
+from tests.test_interop_gguf import assert_gguf_export_refused, export_gguf, import_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 gguf = pytest.importorskip("gguf")
@@ -51,22 +51,12 @@ def test_moe_gguf_read_back(kind, arch, transformers_reads, tmp_path, capsys):
     (dict(conv_layers=(0,), qk_norm=True, moe_gating="sigmoid", moe_scale=2.0), "llama.cpp's lfm2moe rescales"),
 ])
 def test_moe_gguf_refusals(extra, named, tmp_path, capsys):
-    from redline.config import TrainConfig, to_dict
-    from redline.model import GPT, ModelConfig
-    from redline.tokenizer import load_tokenizer
-    from redline.training import checkpoint as ckpt_io
-    from tests.interop_models import VOCAB, byte_level_tokenizer
+    from redline.model import ModelConfig
+    from tests.interop_models import VOCAB
 
     cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4, n_kv_head=2,
                       mlp_hidden=32, **{"moe_experts": 4, "moe_top_k": 2, **extra})
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    ckpt_io.write_weights_checkpoint(ckpt, ckpt_io.model_weights(GPT(cfg)), to_dict(TrainConfig(model=cfg)),
-                                     load_tokenizer(byte_level_tokenizer(tmp_path / "tok")), {})
-    out = tmp_path / "x.gguf"
-    code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
-    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
-    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+    assert_gguf_export_refused(cfg, named, tmp_path, capsys)
 
 
 def test_lfm2_gguf_read_back_by_redline_and_transformers(tmp_path, capsys):

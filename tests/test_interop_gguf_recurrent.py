@@ -13,7 +13,7 @@ import torch
 from redline.training.checkpoint import load_for_inference
 from tests.test_interop import TOKENS, run_cli
 from tests.interop_models import hf_folder
-from tests.test_interop_gguf import export_gguf, import_gguf
+from tests.test_interop_gguf import assert_gguf_export_refused, export_gguf, import_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 gguf = pytest.importorskip("gguf")
@@ -189,25 +189,14 @@ def test_qwen35_tensors_hold_the_converters_values(tmp_path, capsys):
 def test_recurrent_gguf_refusals(extra, named, tmp_path, capsys):
     from dataclasses import replace
 
-    from redline.config import TrainConfig, to_dict
-    from redline.model import GPT, ModelConfig
-    from redline.tokenizer import load_tokenizer
-    from redline.training import checkpoint as ckpt_io
-    from tests.interop_models import VOCAB, byte_level_tokenizer
+    from redline.model import ModelConfig
+    from tests.interop_models import VOCAB
 
     qwen = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=4, n_embd=64, n_head=4, n_kv_head=2,
                        head_size=16, mlp_hidden=32, qk_norm=True, fused_qkv=True, attn_gate="element",
                        rope_dims=8, norm_unit_offset=True, delta_heads=4, delta_key_heads=2, delta_key_dim=8,
                        delta_value_dim=8, delta_conv_kernel=4)
-    cfg = replace(qwen, **extra)
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    ckpt_io.write_weights_checkpoint(ckpt, ckpt_io.model_weights(GPT(cfg)), to_dict(TrainConfig(model=cfg)),
-                                     load_tokenizer(byte_level_tokenizer(tmp_path / "tok")), {})
-    out = tmp_path / "x.gguf"
-    code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
-    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
-    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+    assert_gguf_export_refused(replace(qwen, **extra), named, tmp_path, capsys)
 
 
 def test_export_names_the_loaders_that_read_the_file(tmp_path, capsys):

@@ -42,6 +42,7 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -251,18 +252,25 @@ def _fields(reader) -> dict:
     return out
 
 
+def arch_keys(fields: dict, arch: str) -> tuple[Callable, int]:
+    """(key(name, default): the GGUF's `arch.name` field, the vocabulary size from arch.vocab_size or the
+    tokenizer's tokens); a UserError where neither gives one."""
+
+    def key(name, default=None):
+        return fields.get(f"{arch}.{name}", default)
+
+    vocab = key("vocab_size") or len(fields.get("tokenizer.ggml.tokens") or [])
+    if not vocab:
+        raise UserError(f"the GGUF gives no vocabulary size ({arch}.vocab_size or tokenizer tokens)")
+    return key, vocab
+
+
 def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torch.Tensor | None = None,
                rope_factors: dict | None = None) -> dict:
     """A Hugging Face config.json for the GGUF's metadata (rope_freqs: its rope_freqs tensor, where it has one;
     rope_factors: a phi3 file's LongRoPE factors, {"long": ..., "short": ...})."""
 
-    def key(name, default=None):
-        return fields.get(f"{arch}.{name}", default)
-
-    tokens = fields.get("tokenizer.ggml.tokens") or []
-    vocab = key("vocab_size") or len(tokens)
-    if not vocab:
-        raise UserError(f"the GGUF gives no vocabulary size ({arch}.vocab_size or tokenizer tokens)")
+    key, vocab = arch_keys(fields, arch)
     tied = "output.weight" not in tensor_names
     if arch == "gpt2":
         return {"model_type": "gpt2", "vocab_size": vocab, "n_embd": key("embedding_length"),

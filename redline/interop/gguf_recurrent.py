@@ -152,13 +152,9 @@ def context_length(cfg: ModelConfig, arch: str) -> int:
 def hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
     """A Hugging Face config.json (granitemoehybrid or qwen3_5_text) for a granitehybrid or qwen35 file."""
 
-    def key(name, default=None):
-        return fields.get(f"{arch}.{name}", default)
+    from redline.interop.gguf_file import arch_keys
 
-    tokens = fields.get("tokenizer.ggml.tokens") or []
-    vocab = key("vocab_size") or len(tokens)
-    if not vocab:
-        raise UserError(f"the GGUF gives no vocabulary size ({arch}.vocab_size or tokenizer tokens)")
+    key, vocab = arch_keys(fields, arch)
     if key("rope.scaling.type") not in (None, "none"):
         raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a {arch} model is not read by "
                         f"redline; import the model's Hugging Face folder")
