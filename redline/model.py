@@ -215,6 +215,15 @@ class ModelConfig:
     delta_norm_position: Literal["", "pre", "output", "sandwich"] = ""
     """delta_layers: where their blocks' norms sit, when not where norm_position puts the others' (OLMo Hybrid's
     delta-net blocks are pre-norm, its attention blocks OLMo 3's, norms on the sublayers' outputs); "" = the same."""
+    delta_dt_min: float = 0.0
+    """delta_layers, mamba2: the least time step, dt = max(softplus(dt + dt_bias), this) (Mamba-2's time_step_limit
+    (min, inf); Nemotron-H's time_step_min as transformers runs its prompts); 0 = none."""
+    mlp_free_layers: tuple[int, ...] = ()
+    """Layers that are a token mixer alone, with no MLP after it: x + mixer(norm(x)) (every block of a Mamba-2
+    model; Nemotron-H's Mamba-2 and attention layers); () = none."""
+    mixer_free_layers: tuple[int, ...] = ()
+    """Layers that are an MLP alone, with no token mixer before it: x + mlp(norm(x)) (Nemotron-H's MLP layers); they
+    hold nothing in the inference cache; () = none."""
     moe_experts: int = 0
     """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
     each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
@@ -379,6 +388,13 @@ class ModelConfig:
         return int(bool(self.rope_local_theta) and self.layer_window(layer) > 0)
 
     @property
+    def attention_layers(self) -> list[int]:
+        """The layers whose token mixer is attention (not a convolution, a recurrent layer or none): those with a KV
+        cache."""
+        other = set(self.conv_layers) | set(self.delta_layers) | set(self.mixer_free_layers)
+        return [i for i in range(self.n_layer) if i not in other]
+
+    @property
     def windows(self) -> list[int]:
         """The layers' distinct windows (0: full attention), each once: attention masks are built once per window."""
         return sorted({self.layer_window(i) for i in range(self.n_layer)})
@@ -528,6 +544,22 @@ class ModelConfig:
         if self.delta_rule == "mamba2" and self.delta_beta_scale != 1.0:
             raise UserError("model.delta_beta_scale scales a gated delta net's correction; Mamba-2 "
                             "(model.delta_rule=mamba2) has none")
+        if self.delta_dt_min < 0 or (self.delta_dt_min and self.delta_rule != "mamba2"):
+            raise UserError(f"model.delta_dt_min={self.delta_dt_min} is Mamba-2's least time step: >= 0, with "
+                            f"model.delta_rule=mamba2")
+        for name in ("mlp_free_layers", "mixer_free_layers"):
+            layers = getattr(self, name)
+            if layers and (sorted(set(layers)) != list(layers) or not 0 <= layers[0] <= layers[-1] < self.n_layer):
+                raise UserError(f"model.{name}={layers} must name distinct layers in increasing order, each in "
+                                f"[0, n_layer={self.n_layer})")
+        if set(self.mixer_free_layers) & (set(self.mlp_free_layers) | set(self.conv_layers) | set(self.delta_layers)):
+            raise UserError(f"model.mixer_free_layers={self.mixer_free_layers} names a layer that has a token mixer "
+                            f"(model.mlp_free_layers, conv_layers or delta_layers) or would have nothing at all")
+        if (self.mlp_free_layers or self.mixer_free_layers) and (
+                self.norm_position != "pre" or self.delta_norm_position not in ("", "pre") or self.parallel_residual
+                or self.value_embeddings):
+            raise UserError("model.mlp_free_layers and mixer_free_layers take pre-norm blocks run in turn "
+                            "(model.norm_position=pre, no parallel_residual) and no value embeddings")
         if self.delta_norm_position and (self.norm_position == "post" or self.parallel_residual):
             raise UserError(f"model.delta_norm_position={self.delta_norm_position} takes blocks whose norms are on "
                             f"the sublayers (model.norm_position pre, output or sandwich) run in turn")
@@ -1004,7 +1036,7 @@ class Mamba2(nn.Module):
         C, H, G = cfg.n_embd, cfg.delta_heads, cfg.delta_key_heads
         self.heads, self.key_heads, self.dk, self.dv = H, G, cfg.delta_key_dim, cfg.delta_value_dim
         self.kernel, self.window = cfg.delta_conv_kernel, 0  # window: the mask key callers read
-        self.eps = cfg.delta_norm_eps or cfg.norm_eps
+        self.eps, self.dt_min = cfg.delta_norm_eps or cfg.norm_eps, cfg.delta_dt_min
         self.inner = H * self.dv
         channels = self.inner + 2 * G * self.dk
         self.in_proj = nn.Linear(C, self.inner + channels + H, bias=cfg.delta_proj_bias)
@@ -1039,6 +1071,8 @@ class Mamba2(nn.Module):
         xs = xs.reshape(B, T, H, P)
         Bs, Cs = (t.reshape(B, T, G, N).repeat_interleave(H // G, dim=2) for t in (Bs, Cs))
         dt = F.softplus(dt.float() + self.dt_bias.float())  # (B, T, H)
+        if self.dt_min:
+            dt = dt.clamp_min(self.dt_min)
         if valid is not None:  # dt = 0: no decay and no input, the state passes these tokens by
             dt = dt * valid[..., None]
         y, state = ssd(xs, dt, -self.A_log.float().exp(), Bs, Cs, state=state, starts=starts)
@@ -1220,17 +1254,26 @@ class Block(nn.Module):
         self.position = position
         self.parallel = cfg.parallel_residual
         inputs, outputs = position != "output", position in ("output", "sandwich")
-        self.norm1 = make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
+        # a block of one sublayer (model.mixer_free_layers, mlp_free_layers: Mamba-2's, Nemotron-H's) has only its
+        # norm (pre-norm blocks alone) and its attn or mlp None
+        mixer, mlp = layer not in cfg.mixer_free_layers, layer not in cfg.mlp_free_layers
+        self.norm1 = (make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()) if mixer else None
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
-        self.norm2 = None if cfg.parallel_shared_norm else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()
+        self.norm2 = (None if cfg.parallel_shared_norm or not mlp
+                      else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
         # the token mixer: attention, a short convolution on model.conv_layers (LFM2's) or a gated delta net on
         # model.delta_layers (Qwen3.5's); conv: not attention, handed the batch's doc_ids instead of a mask
-        self.conv = layer in cfg.conv_layers or layer in cfg.delta_layers
-        if layer in cfg.delta_layers:
+        self.conv = layer in cfg.conv_layers or layer in cfg.delta_layers or not mixer
+        if not mixer:
+            self.attn = None
+        elif layer in cfg.delta_layers:
             self.attn = Mamba2(cfg, layer) if cfg.delta_rule == "mamba2" else GatedDeltaNet(cfg, layer)
         else:
             self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
-        if cfg.moe_experts and layer >= cfg.moe_dense_layers:
+        self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
+        if not mlp:
+            self.mlp = None
+        elif cfg.moe_experts and layer >= cfg.moe_dense_layers:
             self.mlp = MoE(cfg)
         else:  # a dense MLP, moe_dense_hidden wide on a mixture's first moe_dense_layers
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg)
@@ -1253,10 +1296,13 @@ class Block(nn.Module):
             u = self.norm1(x)
             h = self.out(self.attn(u, rope, attn_mask, cache, ve))
             return x + h + self.out(self.mlp(u if self.norm2 is None else self.norm2(x)))
-        h = self.attn(self.norm1(x), rope, attn_mask, cache, ve)
-        if self.attn_out_norm is not None:
-            h = self.attn_out_norm(h)
-        x = x + self.out(h)
+        if self.attn is not None:
+            h = self.attn(self.norm1(x), rope, attn_mask, cache, ve)
+            if self.attn_out_norm is not None:
+                h = self.attn_out_norm(h)
+            x = x + self.out(h)
+        if self.mlp is None:
+            return x
         h = self.mlp(self.norm2(x))
         if self.mlp_out_norm is not None:
             h = self.mlp_out_norm(h)
@@ -1494,7 +1540,7 @@ class GPT(nn.Module):
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)
-            mask = doc_ids if block.conv else masks[block.attn.window]  # a convolution keeps documents apart
+            mask = doc_ids if block.conv else masks[block.window]  # a convolution keeps documents apart
             x = block(x, rope, mask, ve=None if table is None else values[table])
         x = self.norm_f(x)
         V = self.cfg.vocab_size
@@ -1550,8 +1596,7 @@ class GPT(nn.Module):
                    for b in self.blocks if isinstance(b.mlp, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
-            attention = cfg.n_layer - len(cfg.conv_layers) - len(cfg.delta_layers)
-            return 6 * n + 12 * attention * cfg.n_head * cfg.head_dim * T
+            return 6 * n + 12 * len(cfg.attention_layers) * cfg.n_head * cfg.head_dim * T
         matmul = -idle
         for block in self.blocks:
             for module in block.modules():
@@ -1560,8 +1605,7 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
-        attended = sum(min(T, w) if w > 0 else T for i, w in enumerate(map(cfg.layer_window, range(cfg.n_layer)))
-                       if i not in cfg.conv_layers and i not in cfg.delta_layers)
+        attended = sum(min(T, w) if w > 0 else T for w in map(cfg.layer_window, cfg.attention_layers))
         return 6 * matmul + 12 * cfg.n_head * cfg.head_dim * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------

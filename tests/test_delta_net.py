@@ -4,6 +4,7 @@ training, the inference engine's cache (each row's state, each token's convoluti
 recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile, the refusals.
 Parity with transformers' Qwen3.5 and Granite 4.0 is in tests/test_interop.py (the FAMILIES table)."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -26,7 +27,10 @@ CFG = ModelConfig(vocab_size=96, context_len=64, n_layer=3, n_embd=32, n_head=4,
 # without positions
 MAMBA = replace(CFG, qk_norm=False, norm_unit_offset=False, attn_gate="none", rope_dims=0, pos_emb="none",
                 delta_rule="mamba2", delta_value_dim=16, delta_conv_bias=True)
-RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA], ids=["gated_delta", "mamba2"])
+# Nemotron-H's: blocks of one sublayer each (Mamba-2, an MLP alone, attention alone, Mamba-2)
+NEMOTRON_H = replace(MAMBA, n_layer=4, delta_layers=(0, 3), mlp_free_layers=(0, 2, 3), mixer_free_layers=(1,),
+                     mlp="relu2", delta_dt_min=0.001)
+RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H], ids=["gated_delta", "mamba2", "nemotron_h"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
@@ -232,6 +236,53 @@ def test_refusals():
             replace(CFG, **bad).validate()
     with pytest.raises(UserError, match="they take model.delta_rule=mamba2"):
         replace(CFG, delta_conv_bias=True).validate()
+    with pytest.raises(UserError, match="model.delta_dt_min=0.1 is Mamba-2's least time step"):
+        replace(CFG, delta_dt_min=0.1).validate()
+    for bad, fragment in ((dict(mixer_free_layers=(0,)), "names a layer that has a token mixer"),
+                          (dict(mixer_free_layers=(1,), mlp_free_layers=(1,)), "would have nothing at all"),
+                          (dict(mlp_free_layers=(4,)), r"model.mlp_free_layers=\(4,\) must name distinct layers"),
+                          (dict(mlp_free_layers=(1,), norm_position="output"), "take pre-norm blocks")):
+        with pytest.raises(UserError, match=fragment):
+            replace(MAMBA, **bad).validate()
+
+
+def test_blocks_of_one_sublayer():
+    """model.mlp_free_layers and mixer_free_layers (Nemotron-H's blocks, Mamba-2's): x + mixer(norm1(x)) and
+    x + mlp(norm2(x)), each block computed by hand from its own modules; the absent sublayers hold no weights and a
+    block without a mixer no cache. delta_dt_min floors dt: a layer whose time steps all fall below it computes
+    another output."""
+    torch.manual_seed(0)
+    model = GPT(NEMOTRON_H).eval()
+    blocks = model.blocks
+    assert blocks[0].mlp is None and blocks[0].norm2 is None and blocks[1].attn is None and blocks[1].norm1 is None
+    assert not any(name.startswith(("blocks.1.attn", "blocks.0.mlp", "blocks.2.mlp")) for name in model.state_dict())
+    idx = torch.randint(0, 96, (2, 12))
+    with torch.no_grad():
+        x, _ = model.embed(idx)
+        x = x + blocks[0].attn(blocks[0].norm1(x))
+        x = x + blocks[1].mlp(blocks[1].norm2(x))
+        x = x + blocks[2].attn(blocks[2].norm1(x), None)
+        x = x + blocks[3].attn(blocks[3].norm1(x))
+        torch.testing.assert_close(model(idx), model.logits(model.norm_f(x))[..., :96])
+        engine = InferenceEngine(model, compile=False, dtype=torch.float64)
+        engine.generate([[1, 2, 3]], 4)
+        cache = engine._state.cache
+        assert cache.k[1] is None and cache.read(1, slice(0, 1), 3, torch.float64) == (None, None)
+        assert cache.k[2] is not None and set(cache.states) == {0, 3}
+        # dt's rows of in_proj zeroed: dt = softplus(dt_bias), one per head. Under a floor (softplus(-20) ~ 2e-9)
+        # it is the floor, as a dt_bias that gives the floor itself without one
+        mixer, x = blocks[0].attn, torch.randn(2, 12, 32)
+        mixer.in_proj.weight[-mixer.heads:] = 0.0
+        mixer.conv.mul_(50.0)  # x, B and C of order one, and no D·x: the scan's output is all there is
+        mixer.D.zero_()
+        mixer.dt_bias.fill_(-20.0)
+        mixer.dt_min = 0.5
+        floored = mixer(x)
+        mixer.dt_min = 0.0
+        unfloored = mixer(x)
+        mixer.dt_bias.fill_(math.log(math.expm1(0.5)))
+        torch.testing.assert_close(floored, mixer(x), rtol=1e-4, atol=1e-6)
+        assert (floored - unfloored).abs().max() > 0.01
 
 
 @RULES

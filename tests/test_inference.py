@@ -105,6 +105,16 @@ ARCHITECTURES = {
                          "delta_key_dim": 8, "delta_value_dim": 8, "attn_gate": "element", "qk_norm": True,
                          "norm_unit_offset": True, "rope_dims": 8, "n_kv_head": 2, "moe_experts": 4, "moe_top_k": 2,
                          "mlp_hidden": 32, "moe_shared_hidden": 48, "moe_dense_layers": 1, "moe_dense_hidden": 64},
+    # Nemotron-H's: blocks of one sublayer each, Mamba-2 (M), an MLP alone (-), attention without positions (*):
+    # the pattern M-*M-, dt floored at time_step_min
+    "nemotron-h-style": {"n_layer": 5, "delta_layers": (0, 3), "delta_rule": "mamba2", "delta_heads": 4,
+                         "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16, "delta_conv_bias": True,
+                         "delta_dt_min": 0.001, "mlp_free_layers": (0, 2, 3), "mixer_free_layers": (1, 4),
+                         "pos_emb": "none", "mlp": "relu2", "n_kv_head": 2},
+    # Mamba-2's: Mamba-2 mixers alone, no attention and no MLP
+    "mamba2-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba2", "delta_heads": 4,
+                     "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16, "delta_conv_bias": True,
+                     "mlp_free_layers": (0, 1), "pos_emb": "none"},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -863,7 +873,9 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                    "granite-hybrid-style")
                                         for impl in ("matmul", "triton")] + [("gemma2-style", "matmul"),
                                                                              ("gpt-oss-style", "matmul"),
-                                                                             ("granite-swa-style", "matmul")])
+                                                                             ("granite-swa-style", "matmul"),
+                                                                             ("olmo-hybrid-style", "matmul"),
+                                                                             ("qwen3-next-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
     LongRoPE), EXAONE 4.0's, Hunyuan's (QK-norm after RoPE) and LFM3's (gated heads, two RoPE tables) blocks, which the fused decode block refuses, with

@@ -65,16 +65,19 @@ class KVCache:
     inputs as a conv layer does, (B, 1, capacity + 1, delta_width), and each row's recurrent state after its last
     token, `states[layer]` (B, *delta_state) fp32. A state belongs to a row's whole sequence, not to slots: a prefix
     copied by copy_slots does not carry it (DecodeBatch reuses no prefixes for such models); a delta-net layer's
-    (k, v) in write and read are (its convolution inputs, the rows' states)."""
+    (k, v) in write and read are (its convolution inputs, the rows' states).
+
+    mixer_free: layers with no token mixer (model.mixer_free_layers): they hold nothing; their k and v are None,
+    write ignores them and read gives (None, None)."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
                  conv_width: int = 0, delta_layers: tuple[int, ...] = (), delta_width: int = 0,
-                 delta_state: tuple[int, ...] = ()):
+                 delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = ()):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
-        attention = [i for i in range(n_layer) if i not in conv_layers and i not in delta_layers]
+        attention = [i for i in range(n_layer) if i not in {*conv_layers, *delta_layers, *mixer_free}]
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
         # each kind's layers in one buffer (layers, *shape): copy_slots moves a prefix in every layer at once
         self.stacked = [torch.zeros((len(attention), *shape), dtype=dtype, device=device) for _ in range(2)]
@@ -130,6 +133,8 @@ class KVCache:
         """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows` (a slice, or the b row indices as a long
         tensor: rows that are not contiguous); for an FP8 cache k and v are quantize_kv's pairs."""
         # item assignment, not [...].copy_(): with a tensor of rows the indexing would copy, and the write be lost
+        if self.k[layer] is None:  # a layer without a token mixer
+            return
         if layer in self.states:  # the convolution's inputs into the slots, the state after the span into the rows
             self.k[layer][rows, :, start:start + k.shape[2]] = k
             self.states[layer][rows] = v
@@ -154,7 +159,9 @@ class KVCache:
 
     def read(self, layer: int, rows: slice | torch.Tensor, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8); a delta-net layer's
-        as (its convolution inputs of those slots, the rows' states)."""
+        as (its convolution inputs of those slots, the rows' states); a layer without a token mixer's as (None, None)."""
+        if self.k[layer] is None:
+            return None, None
         if layer in self.states:
             return self.k[layer][rows, :, :end], self.states[layer][rows]
         k, v = self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]

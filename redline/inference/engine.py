@@ -216,7 +216,7 @@ class InferenceEngine:
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
         size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
         conv, delta = len(c.conv_layers), len(c.delta_layers)
-        return (2 * (c.n_layer - conv - delta) * c.kv_heads * (c.head_dim * size + 4 * fp8) + conv * c.n_embd * size
+        return (2 * len(c.attention_layers) * c.kv_heads * (c.head_dim * size + 4 * fp8) + conv * c.n_embd * size
                 + delta * _delta_width(c) * size)
 
     # -- validation ------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ class InferenceEngine:
         self._state = DecodeState(
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
-                          (c.delta_heads, c.delta_key_dim, c.delta_value_dim)),
+                          (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
@@ -446,7 +446,7 @@ class InferenceEngine:
                     self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2) if layer not in st.cache.states
                                        else (prefix[1], 0))
                 delta = layer in st.cache.states
-                x, k, v = self._prefill_fn(block, x, rope, masks[block.attn.window], quantize, *prefix,
+                x, k, v = self._prefill_fn(block, x, rope, masks[block.window], quantize, *prefix,
                                            layer_value(m, values, layer), valid if delta else None)
                 st.cache.write(layer, rows, start, k, v)
         return x

@@ -43,7 +43,7 @@ def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, pr
     prefix = (prefix_k, prefix_v) if prefix_k is not None else None
     layer = PrefillLayer(mask, prefix, quantize, valid)
     x = block(x, rope, cache=layer, ve=ve)
-    k, v = layer.kv
+    k, v = layer.kv or (None, None)  # None: a block without a token mixer (model.mixer_free_layers)
     return x, k, v
 
 
@@ -138,6 +138,6 @@ def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], *[(m, 0, 3) for m in masks.values()],
                      *[(v, 0) for v in values])
     for i, (block, k_buf, v_buf, layer_scales) in enumerate(zip(model.blocks, ks, vs, scales or [None] * len(ks))):
-        x = block_fn(block, x, rope, masks[block.attn.window], k_buf, v_buf, slot, impl, counts, fused, layer_scales,
+        x = block_fn(block, x, rope, masks[block.window], k_buf, v_buf, slot, impl, counts, fused, layer_scales,
                      layer_value(model, values, i))
     return output_fn(model, x, tokens, greedy, fused, slot, history, active)

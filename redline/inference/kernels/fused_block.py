@@ -43,6 +43,9 @@ FIELDS_ACCOUNTED = {
     "rope_dims": "refused: the attention kernel rotates whole heads of the raw qkv output",
     "conv_layers": "refused: the block hands the attention kernel its qkv projection, which a convolution has not",
     "conv_kernel": "refused with conv_layers",
+    "mlp_free_layers": "refused: the block is five kernels, attention then the MLP",
+    "mixer_free_layers": "refused: the block is five kernels, attention then the MLP",
+    "delta_dt_min": "refused with delta_layers",
     "delta_layers": "refused: the block hands the attention kernel its qkv projection, which a delta net has not",
     "delta_heads": "refused with delta_layers", "delta_key_heads": "refused with delta_layers",
     "delta_key_dim": "refused with delta_layers", "delta_value_dim": "refused with delta_layers",
@@ -114,6 +117,9 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton runs one dense MLP a block, not a mixture of experts (model.moe_experts)"
     if getattr(cfg, "delta_layers", ()):
         return "decode_linear triton runs attention blocks, not recurrent layers (model.delta_layers)"
+    if getattr(cfg, "mlp_free_layers", ()) or getattr(cfg, "mixer_free_layers", ()):
+        return ("decode_linear triton runs blocks of attention and an MLP, not one of them alone "
+                "(model.mlp_free_layers, mixer_free_layers)")
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):
