@@ -875,7 +875,9 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                              ("gpt-oss-style", "matmul"),
                                                                              ("granite-swa-style", "matmul"),
                                                                              ("olmo-hybrid-style", "matmul"),
-                                                                             ("qwen3-next-style", "matmul")])
+                                                                             ("qwen3-next-style", "matmul"),
+                                                                             ("nemotron-h-style", "matmul"),
+                                                                             ("mamba2-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
     LongRoPE), EXAONE 4.0's, Hunyuan's (QK-norm after RoPE) and LFM3's (gated heads, two RoPE tables) blocks, which the fused decode block refuses, with
