@@ -39,11 +39,11 @@ def isolated_compile(fn: Callable, **options) -> Callable:
 def mark_dynamic(*specs) -> None:
     """Batch, length and width dims are dynamic for torch.compile: one compilation for all sizes (instead of
     dynamic=True, which would make head counts symbolic too; dynamo still specialises size-1 dims, so batch 1
-    compiles apart). specs: (tensor, dim, ...)."""
+    compiles apart). specs: (tensor, dim, ...); a None tensor (a layer that holds no cache) is passed over."""
     from torch._dynamo import maybe_mark_dynamic
 
     for tensor, *dims in specs:
-        for d in dims:
+        for d in dims if tensor is not None else ():
             maybe_mark_dynamic(tensor, d)
 
 
