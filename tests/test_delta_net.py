@@ -1,8 +1,9 @@
 """Recurrent layers (model.delta_layers: Qwen3.5's gated delta nets and Granite 4.0's Mamba-2 layers): the chunked
 gated delta rule and Mamba-2's chunked scan against their token-by-token recurrences, packed documents kept apart in
 training, the inference engine's cache (each row's state, each token's convolution input in its slot) against full
-recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile, the refusals.
-Parity with transformers' Qwen3.5 and Granite 4.0 is in tests/test_interop.py (the FAMILIES table)."""
+recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile (Falcon-H1's
+layers, Mamba-2 beside attention, holding a KV cache besides), the refusals. Parity with transformers' Qwen3.5,
+Granite 4.0 and Falcon-H1 is in tests/test_interop.py (the FAMILIES table)."""
 
 import math
 from dataclasses import replace
