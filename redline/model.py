@@ -224,6 +224,15 @@ class ModelConfig:
     mixer_free_layers: tuple[int, ...] = ()
     """Layers that are an MLP alone, with no token mixer before it: x + mlp(norm(x)) (Nemotron-H's MLP layers); they
     hold nothing in the inference cache; () = none."""
+    delta_parallel: bool = False
+    """delta_layers, mamba2: each runs attention and its Mamba-2 mixer side by side on the same normed input, their
+    outputs summed into the residual stream, then its MLP: x + attn(norm1(x)) + mamba(norm1(x)) (Falcon-H1's layers,
+    every one of them). The mixer is the block's `mamba`, attention its `attn`; the layer holds both a KV cache and
+    the mixer's (convolution inputs and states). False: the mixer stands in attention's place."""
+    delta_gate_norm: Literal["after_gate", "before_gate", "none"] = "after_gate"
+    """delta_layers, mamba2: the mixer's output y gated by z: RMSNorm(y·SiLU(z)) in delta_key_heads groups (Granite
+    4.0's, Bamba's: norm_before_gate=False), RMSNorm(y)·SiLU(z) (Falcon-H1's mamba_norm_before_gate=True), or
+    y·SiLU(z) with no norm and no weight (Falcon-H1's mamba_rms_norm=False)."""
     moe_experts: int = 0
     """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
     each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
@@ -391,7 +400,9 @@ class ModelConfig:
     def attention_layers(self) -> list[int]:
         """The layers whose token mixer is attention (not a convolution, a recurrent layer or none): those with a KV
         cache."""
-        other = set(self.conv_layers) | set(self.delta_layers) | set(self.mixer_free_layers)
+        other = set(self.conv_layers) | set(self.mixer_free_layers)
+        if not self.delta_parallel:  # a parallel delta layer attends as well
+            other |= set(self.delta_layers)
         return [i for i in range(self.n_layer) if i not in other]
 
     @property
@@ -546,6 +557,17 @@ class ModelConfig:
                             "(model.delta_rule=mamba2) has none")
         if self.delta_dt_min < 0 or (self.delta_dt_min and self.delta_rule != "mamba2"):
             raise UserError(f"model.delta_dt_min={self.delta_dt_min} is Mamba-2's least time step: >= 0, with "
+                            f"model.delta_rule=mamba2")
+        if self.delta_parallel and (not self.delta_layers or self.delta_rule != "mamba2"
+                                    or self.norm_position != "pre" or self.delta_norm_position not in ("", "pre")
+                                    or self.parallel_residual or self.mlp_free_layers or self.mixer_free_layers):
+            raise UserError("model.delta_parallel runs Mamba-2 beside attention (Falcon-H1's layers): it takes "
+                            "model.delta_layers with delta_rule=mamba2 in pre-norm blocks of both sublayers (no "
+                            "parallel_residual, mlp_free_layers or mixer_free_layers)")
+        if self.delta_gate_norm not in ("after_gate", "before_gate", "none"):
+            raise UserError(f"model.delta_gate_norm={self.delta_gate_norm!r}: one of after_gate, before_gate, none")
+        if self.delta_gate_norm != "after_gate" and self.delta_rule != "mamba2":
+            raise UserError(f"model.delta_gate_norm={self.delta_gate_norm} places Mamba-2's output norm: it takes "
                             f"model.delta_rule=mamba2")
         for name in ("mlp_free_layers", "mixer_free_layers"):
             layers = getattr(self, name)
@@ -1028,15 +1050,16 @@ class Mamba2(nn.Module):
     convolution's input xBC and dt; a causal depthwise convolution (weight (channels, kernel), oldest token first,
     plus conv_bias) and SiLU give x (H heads of P), B and C (G groups of N, each shared by H // G heads); the scan
     (recurrent.ssd) with dt = softplus(dt + dt_bias) and A = −exp(A_log), plus D·x; then y·SiLU(z) RMS-normalized in
-    G groups of I / G (weight norm, (I,)) and out_proj (I -> C). The engine's cache holds it as a gated delta net's:
-    xBC a slot, the (N, P) states (redline/inference/cache.py)."""
+    G groups of I / G (weight norm, (I,)), or as model.delta_gate_norm places the norm (Falcon-H1's
+    FalconH1RMSNormGated: before the gate, or none and no weight), and out_proj (I -> C). The engine's cache holds it
+    as a gated delta net's: xBC a slot, the (N, P) states (redline/inference/cache.py)."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         C, H, G = cfg.n_embd, cfg.delta_heads, cfg.delta_key_heads
         self.heads, self.key_heads, self.dk, self.dv = H, G, cfg.delta_key_dim, cfg.delta_value_dim
         self.kernel, self.window = cfg.delta_conv_kernel, 0  # window: the mask key callers read
-        self.eps, self.dt_min = cfg.delta_norm_eps or cfg.norm_eps, cfg.delta_dt_min
+        self.eps, self.dt_min, self.gate_norm = cfg.delta_norm_eps or cfg.norm_eps, cfg.delta_dt_min, cfg.delta_gate_norm
         self.inner = H * self.dv
         channels = self.inner + 2 * G * self.dk
         self.in_proj = nn.Linear(C, self.inner + channels + H, bias=cfg.delta_proj_bias)
@@ -1045,7 +1068,7 @@ class Mamba2(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(H))
         self.dt_bias = nn.Parameter(torch.ones(H))
         self.D = nn.Parameter(torch.ones(H))
-        self.norm = nn.Parameter(torch.ones(self.inner))
+        self.norm = nn.Parameter(torch.ones(self.inner)) if self.gate_norm != "none" else None
         self.proj = nn.Linear(self.inner, C, bias=cfg.delta_proj_bias)
         self.proj.is_residual_out = True
 
@@ -1076,11 +1099,20 @@ class Mamba2(nn.Module):
         if valid is not None:  # dt = 0: no decay and no input, the state passes these tokens by
             dt = dt * valid[..., None]
         y, state = ssd(xs, dt, -self.A_log.float().exp(), Bs, Cs, state=state, starts=starts)
-        y = (y + self.D.float()[:, None] * xs.float()).reshape(B, T, self.inner)
-        y = y * F.silu(z.float())  # the gate before the norm (norm_before_gate=False)
-        y = y.view(B, T, G, -1)
-        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).view(B, T, self.inner)
-        return self.proj((self.norm * y).to(x.dtype)), u, state
+        y = (y + self.D.float()[:, None] * xs.float()).reshape(B, T, self.inner)  # fp32
+        if self.gate_norm == "after_gate":  # Granite's, Bamba's (norm_before_gate=False)
+            y = self._group_norm(y * F.silu(z.float()))
+        elif self.gate_norm == "before_gate":  # Falcon-H1's mamba_norm_before_gate=True
+            y = self._group_norm(y) * F.silu(z.float())
+        else:  # Falcon-H1's mamba_rms_norm=False: the gate alone
+            y = y * F.silu(z.float())
+        return self.proj(y.to(x.dtype)), u, state
+
+    def _group_norm(self, y: torch.Tensor) -> torch.Tensor:
+        """(B, T, I) fp32 RMS-normalized in its G groups of I / G, times the weight norm (I,)."""
+        B, T, _ = y.shape
+        y = y.view(B, T, self.key_heads, -1)
+        return self.norm * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).view(B, T, self.inner)
 
 
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
@@ -1263,10 +1295,14 @@ class Block(nn.Module):
                       else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
         # the token mixer: attention, a short convolution on model.conv_layers (LFM2's) or a gated delta net on
         # model.delta_layers (Qwen3.5's); conv: not attention, handed the batch's doc_ids instead of a mask
-        self.conv = layer in cfg.conv_layers or layer in cfg.delta_layers or not mixer
+        # delta_parallel (Falcon-H1's): attention in attn and the Mamba-2 mixer beside it in mamba, both on norm1's
+        # output; else mamba is None
+        parallel = layer in cfg.delta_layers and cfg.delta_parallel
+        self.conv = layer in cfg.conv_layers or (layer in cfg.delta_layers and not parallel) or not mixer
+        self.mamba = Mamba2(cfg, layer) if parallel else None
         if not mixer:
             self.attn = None
-        elif layer in cfg.delta_layers:
+        elif layer in cfg.delta_layers and not parallel:
             self.attn = Mamba2(cfg, layer) if cfg.delta_rule == "mamba2" else GatedDeltaNet(cfg, layer)
         else:
             self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
@@ -1287,8 +1323,9 @@ class Block(nn.Module):
         h = self.drop(h)
         return h * self.residual_multiplier if self.residual_multiplier else h
 
-    def forward(self, x, rope, attn_mask=None, cache=None, ve=None):
-        """x: (B, T, C) -> (B, T, C); attn_mask, cache and ve as Attention.forward."""
+    def forward(self, x, rope, attn_mask=None, cache=None, ve=None, doc_ids=None):
+        """x: (B, T, C) -> (B, T, C); attn_mask, cache and ve as Attention.forward; doc_ids (B, T) or None: the packed
+        documents, which a Mamba-2 mixer beside attention (mamba) keeps apart as attn_mask does attention's."""
         if self.position == "post":
             x = self.norm1(x + self.out(self.attn(x, rope, attn_mask, cache, ve)))
             return self.norm2(x + self.out(self.mlp(x)))
@@ -1297,7 +1334,10 @@ class Block(nn.Module):
             h = self.out(self.attn(u, rope, attn_mask, cache, ve))
             return x + h + self.out(self.mlp(u if self.norm2 is None else self.norm2(x)))
         if self.attn is not None:
-            h = self.attn(self.norm1(x), rope, attn_mask, cache, ve)
+            u = self.norm1(x)
+            h = self.attn(u, rope, attn_mask, cache, ve)
+            if self.mamba is not None:  # Falcon-H1's: the mixer reads the same input and its output joins attention's
+                h = h + self.mamba(u, None, doc_ids, cache)
             if self.attn_out_norm is not None:
                 h = self.attn_out_norm(h)
             x = x + self.out(h)
@@ -1415,7 +1455,8 @@ class GPT(nn.Module):
                 module.A_log.copy_(torch.arange(1, module.heads + 1, dtype=torch.float32).log())
                 nn.init.ones_(module.D)
                 nn.init.ones_(module.dt_bias)
-                nn.init.ones_(module.norm)
+                if module.norm is not None:
+                    nn.init.ones_(module.norm)
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)
@@ -1541,7 +1582,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)
             mask = doc_ids if block.conv else masks[block.window]  # a convolution keeps documents apart
-            x = block(x, rope, mask, ve=None if table is None else values[table])
+            x = block(x, rope, mask, ve=None if table is None else values[table], doc_ids=doc_ids)
         x = self.norm_f(x)
         V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:

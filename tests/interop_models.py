@@ -324,6 +324,30 @@ FAMILIES = {
                    mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16, mamba_d_conv=4,
                    mamba_expand=2, mamba_chunk_size=8, tie_word_embeddings=False, pad_token_id=None,
                    rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # Falcon-H1: attention (RoPE, GQA, head_dim 24) and a Mamba-2 mixer (8 heads of 8: mamba_d_ssm 64 apart from
+    # mamba_expand, 2 groups of B and C of 8, chunks of 8) side by side in each of 3 layers, the mixer's output gated
+    # without a norm (the released models' mamba_rms_norm=False), every µP multiplier away from 1, untied
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_hidden_layers=3,
+                       mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8,
+                       mamba_d_conv=4, mamba_expand=3, mamba_chunk_size=8, tie_word_embeddings=False,
+                       pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                       embedding_multiplier=2.5, lm_head_multiplier=0.6, key_multiplier=0.7,
+                       attention_in_multiplier=1.3, attention_out_multiplier=0.8, ssm_in_multiplier=1.4,
+                       ssm_out_multiplier=2.0, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9], mlp_multipliers=[1.6, 0.7])),
+    # Falcon-H1 tied, a gated group RMSNorm before the gate (mamba_norm_before_gate), biases on the projections,
+    # attention and MLP, a conv without bias, one group
+    "falcon_h1-norm": ("FalconH1Config", "FalconH1ForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, mamba_d_ssm=64,
+                            mamba_n_heads=4, mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=3, mamba_chunk_size=8,
+                            mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_conv_bias=False,
+                            mamba_proj_bias=True, projectors_bias=True, attention_bias=True, mlp_bias=True,
+                            tie_word_embeddings=True, pad_token_id=None,
+                            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                            embedding_multiplier=2.5, lm_head_multiplier=0.6, key_multiplier=0.7,
+                            attention_in_multiplier=1.3, attention_out_multiplier=0.8, ssm_in_multiplier=1.4,
+                            ssm_out_multiplier=2.0, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9],
+                            mlp_multipliers=[1.6, 0.7])),
     # Granite 4.0's hybrid layout (its -h models): Mamba-2 layers on 0, 2 and 3 (8 heads of 16, 2 groups of B and C
     # of 8, chunks of 8 in transformers' scan), attention on 1 without positions, Granite's scalars
     "granitemoehybrid-mamba": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",

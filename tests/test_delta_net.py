@@ -1,14 +1,16 @@
 """Recurrent layers (model.delta_layers: Qwen3.5's gated delta nets and Granite 4.0's Mamba-2 layers): the chunked
 gated delta rule and Mamba-2's chunked scan against their token-by-token recurrences, packed documents kept apart in
 training, the inference engine's cache (each row's state, each token's convolution input in its slot) against full
-recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile, the refusals.
-Parity with transformers' Qwen3.5 and Granite 4.0 is in tests/test_interop.py (the FAMILIES table)."""
+recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile (Falcon-H1's
+layers, Mamba-2 beside attention, holding a KV cache besides), the refusals. Parity with transformers' Qwen3.5,
+Granite 4.0 and Falcon-H1 is in tests/test_interop.py (the FAMILIES table)."""
 
 import math
 from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
@@ -30,7 +32,11 @@ MAMBA = replace(CFG, qk_norm=False, norm_unit_offset=False, attn_gate="none", ro
 # Nemotron-H's: blocks of one sublayer each (Mamba-2, an MLP alone, attention alone, Mamba-2)
 NEMOTRON_H = replace(MAMBA, n_layer=4, delta_layers=(0, 3), mlp_free_layers=(0, 2, 3), mixer_free_layers=(1,),
                      mlp="relu2", delta_dt_min=0.001)
-RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H], ids=["gated_delta", "mamba2", "nemotron_h"])
+# Falcon-H1's: every layer Mamba-2 beside RoPE attention on the same normed input (model.delta_parallel), the
+# mixer's output gated without a norm (mamba_rms_norm=False)
+FALCON_H1 = replace(MAMBA, pos_emb="rope", delta_layers=(0, 1, 2), delta_parallel=True, delta_gate_norm="none")
+RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1],
+                                ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
@@ -162,13 +168,14 @@ def long_memory(model: GPT) -> GPT:
     wrong token, or missed one, changes the greedy tokens."""
     with torch.no_grad():
         for block in model.blocks:
-            kind = block.attn.__class__.__name__
+            mixer = block.mamba or block.attn  # a Mamba-2 mixer beside attention (model.delta_parallel) or alone
+            kind = mixer.__class__.__name__
             if kind in ("GatedDeltaNet", "Mamba2"):
-                block.attn.A_log.fill_(-3.9)
-                block.attn.proj.weight.mul_(8)
+                mixer.A_log.fill_(-3.9)
+                mixer.proj.weight.mul_(8)
             if kind == "Mamba2":  # x, B and C of order 1 (GPT's init makes them ~1e-3), no skip: what the layer
-                block.attn.conv.mul_(50)  # gives is the state's
-                block.attn.D.zero_()
+                mixer.conv.mul_(50)  # gives is the state's
+                mixer.D.zero_()
         model.lm_head.weight.mul_(10)
     return model.eval()
 
@@ -190,8 +197,9 @@ def test_engine_decodes_as_full_recompute(chunk, cfg):
     got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
     assert got == [full_recompute(model, p, 10) for p in prompts]
     # fp32: one attention layer's k and v (2 kv heads of 8), two recurrent layers' convolution inputs (q, k, v:
-    # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8)
-    assert engine.kv_bytes_per_token() == (2 * 1 * 2 * 8 + 2 * (64 if cfg is CFG else 96)) * 4
+    # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8); Falcon-H1's three layers hold both
+    attention, recurrent = (3, 3) if cfg.delta_parallel else (1, 2)
+    assert engine.kv_bytes_per_token() == (2 * attention * 2 * 8 + recurrent * (64 if cfg is CFG else 96)) * 4
 
 
 @RULES
@@ -246,6 +254,57 @@ def test_refusals():
             replace(MAMBA, **bad).validate()
 
 
+def test_parallel_refusals():
+    for bad in (dict(delta_layers=()), dict(delta_rule="gated_delta", delta_conv_bias=False),
+                dict(norm_position="output"), dict(parallel_residual=True), dict(mlp_free_layers=(1,))):
+        with pytest.raises(UserError, match="model.delta_parallel runs Mamba-2 beside attention"):
+            replace(FALCON_H1, **bad).validate()
+    with pytest.raises(UserError, match="model.delta_gate_norm=before_gate places Mamba-2's output norm"):
+        replace(CFG, delta_gate_norm="before_gate").validate()
+
+
+@pytest.mark.parametrize("gate_norm", ["after_gate", "before_gate", "none"])
+def test_parallel_layers_and_gate_norms(gate_norm):
+    """model.delta_parallel (Falcon-H1's layers): x + attn(norm1(x)) + mamba(norm1(x)), then x + mlp(norm2(x)), each
+    block computed by hand from its own modules; model.delta_gate_norm's three outputs by hand from the mixer's
+    scan (D·x included) and gate, the norm's weight made uneven so that its place shows."""
+    torch.manual_seed(0)
+    model = long_memory(GPT(replace(FALCON_H1, delta_gate_norm=gate_norm)))
+    blocks = model.blocks
+    assert all(type(b.attn).__name__ == "Attention" and type(b.mamba).__name__ == "Mamba2" for b in blocks)
+    assert model.cfg.attention_layers == [0, 1, 2]
+    assert (blocks[0].mamba.norm is None) == (gate_norm == "none")
+    idx = torch.randint(0, 96, (2, 12))
+    with torch.no_grad():
+        x, rope = model.embed(idx)
+        for block in blocks:
+            u = block.norm1(x)
+            x = x + block.attn(u, rope) + block.mamba(u)
+            x = x + block.mlp(block.norm2(x))
+        torch.testing.assert_close(model(idx), model.logits(model.norm_f(x))[..., :96])
+        mixer = blocks[1].mamba
+        if mixer.norm is not None:
+            mixer.norm.copy_(torch.rand(mixer.inner) + 0.5)
+        mixer.D.fill_(0.7)
+        mixer.proj = torch.nn.Identity()  # the output before out_proj (2, 12, inner)
+        h = torch.randn(2, 12, 32)
+        gate = F.silu(mixer.in_proj(h)[..., :mixer.inner])
+        got = mixer(h)
+        mixer.gate_norm = "none"
+        gated = mixer(h)  # y·silu(z)
+        y = gated / gate  # the scan's output plus D·x, before the gate (fp32: the quotient is exact to rounding)
+
+        def group_norm(t):  # RMSNorm in the G groups of the inner width, times the weight
+            g = t.view(2, 12, mixer.key_heads, -1)
+            return mixer.norm * (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + mixer.eps)).view(2, 12, -1)
+
+        expected = {"none": lambda: gated, "after_gate": lambda: group_norm(gated),
+                    "before_gate": lambda: group_norm(y) * gate}[gate_norm]()
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        if gate_norm != "none":  # the two places differ
+            assert (group_norm(gated) - group_norm(y) * gate).abs().max() > 0.1
+
+
 def test_blocks_of_one_sublayer():
     """model.mlp_free_layers and mixer_free_layers (Nemotron-H's blocks, Mamba-2's): x + mixer(norm1(x)) and
     x + mlp(norm2(x)), each block computed by hand from its own modules; the absent sublayers hold no weights and a
@@ -298,10 +357,11 @@ def test_gpu_compiled_engine_and_training_step(cfg):
     idx = torch.randint(0, cfg.vocab_size, (4, 96), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = model(idx, idx)
-    grad = torch.autograd.grad(loss, model.blocks[0].attn.in_proj.weight)[0]
+    weight = (model.blocks[0].mamba or model.blocks[0].attn).in_proj.weight
+    grad = torch.autograd.grad(loss, weight)[0]
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss_c = torch.compile(model)(idx, idx)
-    grad_c = torch.autograd.grad(loss_c, model.blocks[0].attn.in_proj.weight)[0]
+    grad_c = torch.autograd.grad(loss_c, weight)[0]
     torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
     assert (grad_c - grad).norm() / grad.norm() < 0.05
 

@@ -111,6 +111,11 @@ ARCHITECTURES = {
                          "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16, "delta_conv_bias": True,
                          "delta_dt_min": 0.001, "mlp_free_layers": (0, 2, 3), "mixer_free_layers": (1, 4),
                          "pos_emb": "none", "mlp": "relu2", "n_kv_head": 2},
+    # Falcon-H1's: every layer Mamba-2 beside RoPE attention on the same normed input (a KV cache and the mixer's
+    # convolution inputs and state a layer), the mixer's output normed before its gate
+    "falcon-h1-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba2", "delta_parallel": True,
+                        "delta_heads": 4, "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16,
+                        "delta_conv_bias": True, "delta_gate_norm": "before_gate", "n_kv_head": 2},
     # Mamba-2's: Mamba-2 mixers alone, no attention and no MLP
     "mamba2-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba2", "delta_heads": 4,
                      "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16, "delta_conv_bias": True,
@@ -870,7 +875,7 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                    "phi-style", "opt-style", "smollm3-style",
                                                                    "granite-style", "phi4-style", "exaone4-style",
                                                                    "hunyuan-style", "lfm3-style", "qwen3.5-style",
-                                                                   "granite-hybrid-style")
+                                                                   "granite-hybrid-style", "falcon-h1-style")
                                         for impl in ("matmul", "triton")] + [("gemma2-style", "matmul"),
                                                                              ("gpt-oss-style", "matmul"),
                                                                              ("granite-swa-style", "matmul"),

@@ -98,7 +98,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     assert json.loads((tmp_path / "exported" / "generation_config.json").read_text())["eos_token_id"] == [1, 2]
 
 
-@pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3")])
+@pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -445,7 +445,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
+                         "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, falcon_h1, gemma, gemma2, "
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
                          "ministral3, mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmo_hybrid, olmoe, "
@@ -863,6 +863,75 @@ def test_import_granite4_refuses_what_it_cannot_run(tmp_path, capsys):
                            ({"position_embedding_type": "alibi"}, "position_embedding_type='alibi'")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_falcon_h1_reads_a_hub_style_config_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """Falcon-H1-0.5B's config.json as the Hub writes it (mamba_d_ssm apart from mamba_expand, mamba_d_head given,
+    µP multipliers, the time step unclamped in {"__float__": "Infinity"} form): every layer attention and Mamba-2 side
+    by side, the mixer's output gated without a norm; a clamped time step, in_proj and out_proj biases that differ
+    and widths that do not add up are one-line errors naming them."""
+    from redline.interop.falcon_h1 import model_config
+
+    hub = {"model_type": "falcon_h1", "vocab_size": 32784, "hidden_size": 1024, "intermediate_size": 2048,
+           "num_hidden_layers": 36, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+           "hidden_act": "silu", "max_position_embeddings": 16384, "rms_norm_eps": 1e-05, "rope_theta": 100000000000.0,
+           "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "projectors_bias": False,
+           "mamba_d_ssm": 1536, "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128,
+           "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 128, "mamba_conv_bias": True,
+           "mamba_proj_bias": False, "mamba_rms_norm": False, "mamba_norm_before_gate": False,
+           "time_step_limit": [0.0, {"__float__": "Infinity"}], "embedding_multiplier": 5.656854249492381,
+           "lm_head_multiplier": 0.0390625, "key_multiplier": 0.390625, "attention_in_multiplier": 1.0,
+           "attention_out_multiplier": 0.9375, "ssm_in_multiplier": 1.25, "ssm_out_multiplier": 0.23570226039551587,
+           "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+           "mlp_multipliers": [0.8838834764831844, 0.5859375]}
+    cfg = model_config(hub)
+    cfg.validate()
+    assert cfg.delta_parallel and cfg.delta_layers == tuple(range(36)) and cfg.attention_layers == list(range(36))
+    assert (cfg.delta_heads, cfg.delta_key_heads, cfg.delta_key_dim, cfg.delta_value_dim, cfg.delta_gate_norm,
+            cfg.delta_dt_min, cfg.head_dim, cfg.kv_heads, cfg.rope_theta) == (24, 1, 128, 64, "none", 0.0, 64, 2, 1e11)
+    assert cfg.embed_multiplier == cfg.logit_divisor == 0.0  # untied: folded into the embedding and the head
+    tied = model_config({**hub, "tie_word_embeddings": True})
+    assert (tied.embed_multiplier, tied.logit_divisor) == (5.656854249492381, 25.6)
+    assert model_config({**hub, "time_step_limit": [0.001, float("inf")]}).delta_dt_min == 0.001
+    assert model_config({**hub, "mamba_rms_norm": True}).delta_gate_norm == "after_gate"
+
+    hf_folder("falcon_h1", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"time_step_limit": [0.001, 0.1]}, "time_step_limit=[0.001, 0.1]"),
+                           ({"projectors_bias": True}, "mamba_proj_bias=False with projectors_bias=True"),
+                           ({"mamba_d_head": 16}, "mamba_n_heads=8 x mamba_d_head=16 != mamba_d_ssm=64"),
+                           ({"attention_bias": True}, "attention_bias=True with mlp_bias=False"),
+                           ({"ssm_multipliers": [1.0, 2.0]}, "Falcon-H1 takes 5 (z, x, B, C, dt)"),
+                           ({"hidden_act": "gelu"}, "hidden_act='gelu'")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (dict(delta_layers=(1,)), r"has both on every layer \(model.delta_layers=\(1,\) of 2\)"),
+    (dict(residual_multiplier=0.5), "has no residual multiplier"),
+    (dict(qk_norm=True), "no QK-norm"),
+    (dict(qkv_bias=True), "biases on every attention and MLP Linear layer or none"),
+    (dict(rope_dims=4), "rotates whole heads of every layer with one RoPE"),
+    (dict(mlp="geglu"), "RMSNorms with weights and SwiGLU MLPs"),
+    (dict(delta_norm_eps=1e-3), "model.delta_norm_eps=0.001"),
+])
+def test_export_falcon_h1_refuses_what_it_has_not(overrides, fragment):
+    """A model with Mamba-2 beside attention (model.delta_parallel) goes to Falcon-H1 alone, which refuses by name
+    what it cannot hold; the other Mamba-2 architectures refuse the mixer's other norm places."""
+    cfg = ModelConfig(vocab_size=100, context_len=32, n_layer=2, n_embd=32, n_head=4, delta_layers=(0, 1),
+                      delta_rule="mamba2", delta_parallel=True, delta_heads=4, delta_key_heads=1, delta_key_dim=8,
+                      delta_value_dim=8)
+    assert export_family(cfg).name == "falcon_h1"
+    with pytest.raises(UserError, match=fragment):
+        export_family(replace(cfg, **overrides))
+    for gate_norm in ("before_gate", "none"):
+        for rope_dims in (0, 4):  # Granite 4.0's, Bamba's
+            alone = replace(cfg, delta_parallel=False, delta_layers=(0,), delta_gate_norm=gate_norm,
+                            rope_dims=rope_dims)
+            with pytest.raises(UserError, match=f"after its gate \\(model.delta_gate_norm={gate_norm}\\)"):
+                export_family(alone)
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

@@ -69,6 +69,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # head on 1, feed_forward.gate_proj / up_proj / down_proj
     "BambaForCausalLM": dict(delta_layers=(0,), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
                              delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, rope_dims=8, n_kv_head=2),
+    # Falcon-H1: attention (q/k/v, o_proj) and a Mamba-2 mixer (mamba.in_proj, out_proj) side by side on both
+    # layers, feed_forward.gate_proj / up_proj / down_proj, the mixer normed before its gate, biases on every layer
+    "FalconH1ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_parallel=True, delta_heads=4,
+                                delta_key_heads=2, delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True,
+                                delta_proj_bias=True, delta_gate_norm="before_gate", bias=True, n_kv_head=2),
     # OLMo Hybrid: a gated delta net (q/k/v_proj apart, g_proj, a_proj, b_proj, o_proj) in a pre-norm block on layer
     # 0, OLMo 3's output-norm attention on 1
     "OlmoHybridForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", delta_layers=(0,),
@@ -84,7 +89,9 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
 }
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP
-TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*")}
+TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
+           # the Mamba-2 mixer's in_proj too (PEFT refuses its out_proj: test_export_refusals_are_one_line)
+           "FalconH1ForCausalLM": ("attn.*", "mlp.*", "mamba.in_proj")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
@@ -239,3 +246,9 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     _, ckpt = lora_run(tmp_path / "phi", "PhiForCausalLM", train_modules=("lm_head",))
     assert export(str(ckpt), "--adapter", str(tmp_path / "b")) == 2
     assert "whose head has a bias" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    # Falcon-H1's Mamba-2 out_proj, which PEFT will not adapt: refused by name (the merged model carries it)
+    _, ckpt = lora_run(tmp_path / "falcon", "FalconH1ForCausalLM", targets=("mamba.*",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "f")) == 2
+    assert "blocks.0.mamba.proj would be the Mamba-2 mixer's out_proj" in capsys.readouterr().err
+    assert not (tmp_path / "f").exists()
+    assert export(str(ckpt), "--merge", "--out", str(tmp_path / "fm")) == 0

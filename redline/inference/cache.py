@@ -26,6 +26,8 @@ cache must hold, and attends over it:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -68,16 +70,23 @@ class KVCache:
     (k, v) in write and read are (its convolution inputs, the rows' states).
 
     mixer_free: layers with no token mixer (model.mixer_free_layers): they hold nothing; their k and v are None,
-    write ignores them and read gives (None, None)."""
+    write ignores them and read gives (None, None).
+
+    delta_parallel: the delta layers run their mixer beside attention (model.delta_parallel, Falcon-H1's): each holds
+    an attention layer's k and v buffers and, apart, the mixer's convolution inputs (`delta_inputs[layer]`) and
+    states; their (k, v) in write and read are attention's, the mixer's part going to write's `delta` and coming from
+    read_delta, and a decode step's cache layer is handed it as layer_extras' DeltaSide."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
                  conv_width: int = 0, delta_layers: tuple[int, ...] = (), delta_width: int = 0,
-                 delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = ()):
+                 delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = (), delta_parallel: bool = False):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
-        attention = [i for i in range(n_layer) if i not in {*conv_layers, *delta_layers, *mixer_free}]
+        self.parallel = set(delta_layers) if delta_parallel else set()  # delta layers that attend as well
+        alone = set(delta_layers) - self.parallel
+        attention = [i for i in range(n_layer) if i not in {*conv_layers, *alone, *mixer_free}]
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
         # each kind's layers in one buffer (layers, *shape): copy_slots moves a prefix in every layer at once
         self.stacked = [torch.zeros((len(attention), *shape), dtype=dtype, device=device) for _ in range(2)]
@@ -94,6 +103,7 @@ class KVCache:
             for i, buf in zip(conv_layers, conv.unbind(0)):
                 self.k[i] = self.v[i] = buf[:batch]
         self.states: dict[int, torch.Tensor] = {}
+        self.delta_inputs: dict[int, torch.Tensor] = {}  # per delta layer (B, 1, capacity + 1, delta_width)
         if delta_layers:
             if dtype == torch.float8_e4m3fn:
                 raise ValueError("an FP8 cache has no recurrent layers (the plan keeps such models in bf16)")
@@ -103,7 +113,9 @@ class KVCache:
             self.stacked.append(inputs)
             self.delta_states = states
             for i, buf, state in zip(delta_layers, inputs.unbind(0), states.unbind(0)):
-                self.k[i] = self.v[i] = buf[:batch]
+                self.delta_inputs[i] = buf[:batch]
+                if i not in self.parallel:  # the mixer in attention's place: its buffer is the layer's k and v
+                    self.k[i] = self.v[i] = buf[:batch]
                 self.states[i] = state[:batch]
         self.scales = None
         if dtype == torch.float8_e4m3fn:
@@ -124,20 +136,28 @@ class KVCache:
     @property
     def layer_extras(self) -> list | None:
         """Per layer what a decode step's cache layer takes beside its k and v buffers: an FP8 cache's (k_scale,
-        v_scale), a delta-net layer's states (B, H, Dk, Dv), else None; None for a cache with neither."""
+        v_scale), a delta-net layer's states (B, H, Dk, Dv), a parallel delta layer's DeltaSide (its mixer's
+        convolution inputs and states), else None; None for a cache with neither."""
         if self.scales is not None:
             return self.scales
-        return [self.states.get(i) for i in range(len(self.k))] if self.states else None
+        if not self.states:
+            return None
+        return [DeltaSide(self.delta_inputs[i], self.states[i]) if i in self.parallel else self.states.get(i)
+                for i in range(len(self.k))]
 
-    def write(self, layer: int, rows: slice | torch.Tensor, start: int, k, v) -> None:
+    def write(self, layer: int, rows: slice | torch.Tensor, start: int, k, v, delta=None) -> None:
         """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows` (a slice, or the b row indices as a long
-        tensor: rows that are not contiguous); for an FP8 cache k and v are quantize_kv's pairs."""
+        tensor: rows that are not contiguous); for an FP8 cache k and v are quantize_kv's pairs. delta: a parallel
+        delta layer's mixer part (its convolution inputs (b, 1, T, channels), the rows' states after the span)."""
         # item assignment, not [...].copy_(): with a tensor of rows the indexing would copy, and the write be lost
         if self.k[layer] is None:  # a layer without a token mixer
             return
-        if layer in self.states:  # the convolution's inputs into the slots, the state after the span into the rows
-            self.k[layer][rows, :, start:start + k.shape[2]] = k
-            self.states[layer][rows] = v
+        if layer in self.states and layer not in self.parallel:  # the mixer alone: (k, v) is its part
+            delta, k = (k, v), None
+        if delta is not None:  # the convolution's inputs into the slots, the state after the span into the rows
+            self.delta_inputs[layer][rows, :, start:start + delta[0].shape[2]] = delta[0]
+            self.states[layer][rows] = delta[1]
+        if k is None:
             return
         if not self.quantized:
             T = k.shape[2]
@@ -162,13 +182,26 @@ class KVCache:
         as (its convolution inputs of those slots, the rows' states); a layer without a token mixer's as (None, None)."""
         if self.k[layer] is None:
             return None, None
-        if layer in self.states:
-            return self.k[layer][rows, :, :end], self.states[layer][rows]
+        if layer in self.states and layer not in self.parallel:
+            return self.read_delta(layer, rows, end)
         k, v = self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]
         if not self.quantized:
             return k, v
         k_scale, v_scale = (s[rows, :, :end] for s in self.scales[layer])
         return dequantize_kv(k, k_scale, dtype), dequantize_kv(v, v_scale, dtype)
+
+    def read_delta(self, layer: int, rows: slice | torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A delta layer's mixer part: its convolution inputs of slots [0, end) (b, 1, end, channels) and the rows'
+        states."""
+        return self.delta_inputs[layer][rows, :, :end], self.states[layer][rows]
+
+
+class DeltaSide(NamedTuple):
+    """What a decode step's cache layer takes for a Mamba-2 mixer beside attention (model.delta_parallel) besides
+    attention's k and v buffers: the mixer's convolution inputs (B, 1, S, channels) and its rows' states."""
+
+    inputs: torch.Tensor
+    states: torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -198,12 +231,16 @@ def _last_slots(slots: torch.Tensor, kernel: int) -> torch.Tensor:
 class PrefillLayer:
     """A cache layer for T new tokens per row at slots [start, start + T): attends over `prefix` (the rows' cached
     (k, v) of slots [0, start), or None at start 0) and the new tokens under `mask` (prefill_mask), and keeps the
-    new keys and values in `kv` for the engine to store (quantize_kv's pairs when `quantize`)."""
+    new keys and values in `kv` for the engine to store (quantize_kv's pairs when `quantize`). A delta layer's mixer
+    keeps its part in `delta_kv` (its convolution inputs, the rows' states after the span), starting from
+    `delta_prefix` (a layer whose mixer stands in attention's place: from `prefix`)."""
 
     def __init__(self, mask: torch.Tensor | None, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 quantize: bool = False, valid: torch.Tensor | None = None):
+                 quantize: bool = False, valid: torch.Tensor | None = None,
+                 delta_prefix: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.mask, self.prefix, self.quantize, self.valid = mask, prefix, quantize, valid
-        self.kv = None
+        self.delta_prefix = delta_prefix
+        self.kv = self.delta_kv = None
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
         """x (b, T, C) -> (b, T, H*D); ve: the layer's value embedding of these tokens (b, T, KV*D), or None."""
@@ -233,14 +270,15 @@ class PrefillLayer:
 
     def delta(self, net, x: torch.Tensor) -> torch.Tensor:
         """A gated delta-net layer's (model.delta_layers) T new tokens: x (b, T, C) -> (b, T, C). Its convolution's
-        inputs go to `kv` for their slots and the state after each row's last valid token (`valid`: (b, T), the
+        inputs go to `delta_kv` for their slots and the state after each row's last valid token (`valid`: (b, T), the
         padding of a shorter prompt leaves it as it is) as the second of the pair; a prompt prefilled in chunks starts
-        from the prefix's last slots and the rows' states."""
+        from the prefix's last slots and the rows' states (delta_prefix, or prefix for a mixer alone)."""
         before = state = None
-        if self.prefix is not None:  # (b, 1, start, channels), (b, H, Dk, Dv)
-            before, state = _last_slots(self.prefix[0], net.kernel), self.prefix[1]
+        prefix = self.delta_prefix if self.delta_prefix is not None else self.prefix
+        if prefix is not None:  # (b, 1, start, channels), (b, H, Dk, Dv)
+            before, state = _last_slots(prefix[0], net.kernel), prefix[1]
         y, u, state = net.mix(x, before, state, valid=self.valid)
-        self.kv = (u[:, None], state)
+        self.delta_kv = (u[:, None], state)
         return y
 
 
@@ -315,6 +353,12 @@ class DecodeLayer:
     def __init__(self, k_buf, v_buf, scales, slot, mask, width: int, counts=None, impl: str = "matmul"):
         self.k_buf, self.v_buf, self.scales, self.slot = k_buf, v_buf, scales, slot
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
+        # a delta layer's mixer part: a mixer beside attention hands its own (DeltaSide), one alone has its
+        # convolution inputs as k_buf and its states as scales
+        self.delta_inputs, self.states = k_buf, scales
+        if isinstance(scales, DeltaSide):
+            self.delta_inputs, self.states = scales
+            self.scales = None
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, 1, C) -> (B, 1, H*D); ve: the layer's value embedding of the step's tokens (B, 1, KV*D), or None
@@ -348,29 +392,30 @@ class DecodeLayer:
         """A short-convolution layer's step: x (B, 1, C) -> (B, 1, C). Each row's b·h goes into its slot of the
         layer's buffer (B, 1, S, C); the convolution reads slots slot - kernel + 1 .. slot (none before slot 0)."""
         u, c = conv.gated_input(x)  # (B, 1, C) each
-        before = self._slots_before(conv.kernel)
+        before = self._slots_before(self.k_buf, conv.kernel)
         _scatter_slot(self.k_buf, self.slot, u[:, None])
         return conv.proj(c * conv.convolve(u, before))
 
-    def _slots_before(self, kernel: int) -> torch.Tensor:
-        """A convolution layer's inputs in the kernel - 1 slots before each row's (B, kernel - 1, C), oldest first,
-        zeros before slot 0."""
+    def _slots_before(self, buf: torch.Tensor, kernel: int) -> torch.Tensor:
+        """A convolution's inputs (buf (B, 1, S, C)) in the kernel - 1 slots before each row's (B, kernel - 1, C),
+        oldest first, zeros before slot 0."""
         index = self.slot[:, None] + torch.arange(1 - kernel, 0, device=self.slot.device)  # (B, kernel - 1)
-        width = self.k_buf.shape[-1]
-        before = self.k_buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, width))
+        width = buf.shape[-1]
+        before = buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, width))
         return before * (index >= 0)[:, :, None].to(before.dtype)
 
     def delta(self, net, x: torch.Tensor) -> torch.Tensor:
         """A gated delta-net layer's step: x (B, 1, C) -> (B, 1, C). Each row's convolution input goes into its slot
-        of the layer's buffer (B, 1, S, channels); the convolution reads the kernel - 1 slots before it (none before
-        slot 0); the rows' states (`scales`: (B, H, Dk, Dv) fp32) move on by the token, in place, but for rows
-        parked at the buffer's last usable slot (a free row, or one between the spans of its prompt: DecodeBatch),
-        whose states stay as they are."""
-        before = self._slots_before(net.kernel)
-        active = self.slot != self.k_buf.shape[2] - 2  # (B,): the last usable slot is where rows are parked
-        y, u, state = net.mix(x, before, self.scales, valid=active[:, None])
-        _scatter_slot(self.k_buf, self.slot, u[:, None])
-        self.scales.copy_(state)
+        of the layer's buffer (delta_inputs (B, 1, S, channels)); the convolution reads the kernel - 1 slots before
+        it (none before slot 0); the rows' states (`states`: (B, H, Dk, Dv) fp32) move on by the token, in place, but
+        for rows parked at the buffer's last usable slot (a free row, or one between the spans of its prompt:
+        DecodeBatch), whose states stay as they are."""
+        buf = self.delta_inputs
+        before = self._slots_before(buf, net.kernel)
+        active = self.slot != buf.shape[2] - 2  # (B,): the last usable slot is where rows are parked
+        y, u, state = net.mix(x, before, self.states, valid=active[:, None])
+        _scatter_slot(buf, self.slot, u[:, None])
+        self.states.copy_(state)
         return y
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:

@@ -269,7 +269,8 @@ class InferenceEngine:
         self._state = DecodeState(
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
-                          (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers),
+                          (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
+                          c.delta_parallel),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
@@ -314,7 +315,8 @@ class InferenceEngine:
         scales = [t for pair in cache.scales or () for t in pair]
         self._mark_dynamic((st.tokens, 0), (st.slot, 0), (slots, 0), (st.history, 0, 1), (st.active, 0),
                            *[(t, 0, 2) for t in cache.k + cache.v + scales],
-                           *[(t, 0) for t in cache.states.values()])
+                           *[(t, 0) for t in cache.states.values()],
+                           *[(cache.delta_inputs[i], 0, 2) for i in cache.parallel])
         return decode_layers(self.model, st.tokens, st.slot, slots, cache.k, cache.v, cache.layer_extras,
                              self.plan.attention, greedy, self._decode_fns,
                              self._mark_dynamic if self._decode_fns else None, st.counts,
@@ -444,11 +446,15 @@ class InferenceEngine:
                 prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
                 if prefix[0] is not None:
                     self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2) if layer not in st.cache.states
-                                       else (prefix[1], 0))
+                                       or layer in st.cache.parallel else (prefix[1], 0))
                 delta = layer in st.cache.states
-                x, k, v = self._prefill_fn(block, x, rope, masks[block.window], quantize, *prefix,
-                                           layer_value(m, values, layer), valid if delta else None)
-                st.cache.write(layer, rows, start, k, v)
+                mixer = None  # a Mamba-2 mixer beside attention: its own part of the cache (model.delta_parallel)
+                if layer in st.cache.parallel and start:
+                    mixer = st.cache.read_delta(layer, rows, start)
+                    self._mark_dynamic((mixer[0], 0, 2), (mixer[1], 0))
+                x, k, v, side = self._prefill_fn(block, x, rope, masks[block.window], quantize, *prefix,
+                                                 layer_value(m, values, layer), valid if delta else None, mixer)
+                st.cache.write(layer, rows, start, k, v, side)
         return x
 
     # -- generation ------------------------------------------------------------------------------------

@@ -34,17 +34,21 @@ def layer_value(model, values: list[torch.Tensor], layer: int) -> torch.Tensor |
 
 
 def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, prefix_k=None, prefix_v=None,
-                  ve=None, valid=None):
-    """x (b, T, C) -> (x, k, v): the block's output and the new tokens' keys and values (b, KV, T, D) for the cache
-    (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k, prefix_v: the rows'
-    cached slots before these tokens (a prompt prefilled in chunks), attended to as well. ve: the layer's value
+                  ve=None, valid=None, delta_prefix=None):
+    """x (b, T, C) -> (x, k, v, delta): the block's output and the new tokens' keys and values (b, KV, T, D) for the
+    cache (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k, prefix_v: the
+    rows' cached slots before these tokens (a prompt prefilled in chunks), attended to as well. ve: the layer's value
     embedding of these tokens (b, T, KV*D), or None. A gated delta-net layer's (k, v) and prefix are its convolution
-    inputs and its rows' states (KVCache); valid (b, T): its rows' prompt tokens, the padding after them past."""
+    inputs and its rows' states (KVCache); valid (b, T): its rows' prompt tokens, the padding after them past. A
+    Mamba-2 mixer beside attention (model.delta_parallel) starts from delta_prefix and gives its part as delta (else
+    None): KVCache.write's."""
     prefix = (prefix_k, prefix_v) if prefix_k is not None else None
-    layer = PrefillLayer(mask, prefix, quantize, valid)
+    layer = PrefillLayer(mask, prefix, quantize, valid, delta_prefix)
     x = block(x, rope, cache=layer, ve=ve)
-    k, v = layer.kv or (None, None)  # None: a block without a token mixer (model.mixer_free_layers)
-    return x, k, v
+    if layer.kv is None:  # a mixer alone (its part is the layer's k, v) or no mixer (model.mixer_free_layers)
+        k, v = layer.delta_kv or (None, None)
+        return x, k, v, None
+    return x, *layer.kv, layer.delta_kv
 
 
 def last_logits(model, x: torch.Tensor) -> torch.Tensor:

@@ -1001,7 +1001,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                             "has not"),
                "granite_swa": ("Granite SWA", "llama.cpp has no architecture with its sinks, per-layer windows and "
                                               "per-layer RoPE bases"),
-               "lfm3": ("LFM3", "no writer here for its gated heads, output norms and per-kind RoPE")}
+               "lfm3": ("LFM3", "no writer here for its gated heads, output norms and per-kind RoPE"),
+               "falcon_h1": ("Falcon-H1", "no writer here for its layers of attention and Mamba-2 side by side")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

@@ -150,8 +150,11 @@ _MAMBA_PROJ_BIAS = {"in_proj.bias": "in_proj.bias", "proj.bias": "out_proj.bias"
 
 
 def _mamba_names(cfg: ModelConfig) -> dict:
-    return {**_MAMBA, **(_MAMBA_CONV_BIAS if cfg.delta_conv_bias else {}),
-            **(_MAMBA_PROJ_BIAS if cfg.delta_proj_bias else {})}
+    names = {**_MAMBA, **(_MAMBA_CONV_BIAS if cfg.delta_conv_bias else {}),
+             **(_MAMBA_PROJ_BIAS if cfg.delta_proj_bias else {})}
+    if cfg.delta_gate_norm == "none":  # a mixer without the output norm has no weight for it (Falcon-H1's)
+        del names["norm"]
+    return names
 
 
 def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
@@ -171,29 +174,42 @@ def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     return out
 
 
-def _mixer_to_redline(src: TensorSource, cfg: ModelConfig, i: int) -> dict:
-    """Layer i's Mamba-2 mixer (mamba.*) or attention (self_attn.q/k/v/o_proj) -> redline's blocks.i.attn.*."""
-    p, r = f"model.layers.{i}.", f"blocks.{i}.attn."
-    if i in cfg.delta_layers:
+def _mixer_to_redline(src: TensorSource, cfg: ModelConfig, i: int, mamba: bool | None = None,
+                      module: str = "attn") -> dict:
+    """Layer i's Mamba-2 mixer (mamba.*) or attention (self_attn.q/k/v/o_proj, with their biases where the model has
+    them) -> redline's blocks.i.<module>.*. mamba: which of the two (None: the mixer on model.delta_layers,
+    attention elsewhere; Falcon-H1's layers have both, the mixer as blocks.i.mamba)."""
+    p, r = f"model.layers.{i}.", f"blocks.{i}.{module}."
+    if i in cfg.delta_layers if mamba is None else mamba:
         out = {f"{r}{ours}": src.take(f"{p}mamba.{theirs}") for ours, theirs in _mamba_names(cfg).items()}
         out[r + "conv"] = out[r + "conv"][:, 0]  # (channels, 1, kernel) -> (channels, kernel)
         return out
     a = p + "self_attn."
-    return {r + "qkv.weight": torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"]),
-            r + "proj.weight": src.take(a + "o_proj.weight")}
+    out = {r + "qkv.weight": torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"]),
+           r + "proj.weight": src.take(a + "o_proj.weight")}
+    if cfg.has_qkv_bias:
+        out[r + "qkv.bias"] = torch.cat([src.take(f"{a}{x}_proj.bias") for x in "qkv"])
+    if cfg.bias:
+        out[r + "proj.bias"] = src.take(a + "o_proj.bias")
+    return out
 
 
-def _mixer_to_hf(state, cfg: ModelConfig, i: int) -> dict:
+def _mixer_to_hf(state, cfg: ModelConfig, i: int, mamba: bool | None = None, module: str = "attn") -> dict:
     """_mixer_to_redline's inverse."""
-    p, r = f"model.layers.{i}.", f"blocks.{i}.attn."
-    if i in cfg.delta_layers:
+    p, r = f"model.layers.{i}.", f"blocks.{i}.{module}."
+    if i in cfg.delta_layers if mamba is None else mamba:
         out = {f"{p}mamba.{theirs}": state[f"{r}{ours}"] for ours, theirs in _mamba_names(cfg).items()}
         out[p + "mamba.conv1d.weight"] = out[p + "mamba.conv1d.weight"][:, None]
         return out
     D, KV, a = cfg.head_dim, cfg.kv_heads, p + "self_attn."
-    q, k, v = state[r + "qkv.weight"].split([cfg.n_head * D, KV * D, KV * D])
-    return {a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
-            a + "o_proj.weight": state[r + "proj.weight"]}
+    sizes = [cfg.n_head * D, KV * D, KV * D]
+    out = dict(zip((a + f"{x}_proj.weight" for x in "qkv"), state[r + "qkv.weight"].split(sizes)))
+    out[a + "o_proj.weight"] = state[r + "proj.weight"]
+    if cfg.has_qkv_bias:
+        out.update(zip((a + f"{x}_proj.bias" for x in "qkv"), state[r + "qkv.bias"].split(sizes)))
+    if cfg.bias:
+        out[a + "o_proj.bias"] = state[r + "proj.bias"]
+    return out
 
 
 def hybrid_to_hf(state, cfg: ModelConfig) -> dict:
@@ -222,6 +238,8 @@ def check_hybrid_exportable(cfg: ModelConfig) -> None:
         raise_first([(not cfg.moe_shared_hidden, f"{what} has a shared MLP beside its experts "
                                                  f"(model.moe_shared_hidden, model.moe_shared_gate=false)")])
     raise_first([
+        (cfg.delta_gate_norm != "after_gate", f"{what} normalizes the mixer's output after its gate "
+                                              f"(model.delta_gate_norm={cfg.delta_gate_norm})"),
         (cfg.conv_layers or cfg.attn_gate != "none" or cfg.value_embeddings,
          f"{what} has no short convolutions, gates on attention or value embeddings"),
         ((cfg.delta_heads * cfg.delta_value_dim) % cfg.n_embd,
@@ -346,6 +364,8 @@ def check_bamba_exportable(cfg: ModelConfig) -> None:
     """A UserError naming the option of a Mamba-2 model with partial RoPE that Bamba does not have."""
     what = "Mamba-2 layers with RoPE on part of each head: Bamba, the architecture with them,"
     raise_first([
+        (cfg.delta_gate_norm != "after_gate", f"{what} normalizes the mixer's output after its gate "
+                                              f"(model.delta_gate_norm={cfg.delta_gate_norm})"),
         (cfg.moe_experts or cfg.conv_layers or cfg.attn_gate != "none" or cfg.value_embeddings or cfg.qk_norm
          or cfg.bias or cfg.has_qkv_bias or cfg.norm != "rmsnorm" or cfg.norm_position != "pre"
          or cfg.norm_unit_offset or cfg.mlp != "swiglu" or cfg.parallel_residual,

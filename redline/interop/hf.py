@@ -165,6 +165,8 @@ def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[
                         f"numbers") from None
     try:
         state = family.to_redline(src, cfg)
+        if family.fold is not None:
+            state = family.fold(hf_config, cfg, state)
     except RuntimeError as e:  # torch.cat / view / transpose of a tensor whose shape the config does not give
         raise UserError(f"{src.where}: the tensors read up to {src.last} do not have the shapes the config gives "
                         f"({str(e).splitlines()[0][:160]}); the weights do not match the config") from None

@@ -6,7 +6,8 @@ Hugging Face model `redline export` writes from the run's base:
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py, gpt_neox.py,
-opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py), as PEFT saves them:
+opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py, falcon_h1.py: its Mamba-2 mixer's blocks.N.mamba.in_proj
+as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1), as PEFT saves them:
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -110,6 +111,20 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         names = {"mlp.proj": "feed_forward.down_proj", "attn.proj": "self_attn.o_proj"}
         if int(i) in cfg.delta_layers:
             names.update({"attn.in_proj": "mamba.in_proj", "attn.proj": "mamba.out_proj"})
+        if rest == "mlp.fc":
+            half = out_features // 2
+            return [(base + "feed_forward.gate_proj", slice(0, half)),
+                    (base + "feed_forward.up_proj", slice(half, out_features))]
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(base + names[rest], slice(0, out_features))]
+    if family.name == "falcon_h1" and rest != "attn.qkv":  # falcon_h1.py's names; q/k/v as Llama's, below
+        names = {"attn.proj": "self_attn.o_proj", "mlp.proj": "feed_forward.down_proj",
+                 "mamba.in_proj": "mamba.in_proj"}  # the mixer beside attention
+        if rest == "mamba.proj":  # peft refuses out_proj (and conv1d) targets in the Mamba models it knows
+            raise UserError(f"the adapter on {layer} would be the Mamba-2 mixer's out_proj, which PEFT refuses to "
+                            f"adapt in {family.architecture}; train with lora.targets leaving mamba.proj out (attn.*, "
+                            f"mlp.*, mamba.in_proj) or export with --merge")
         if rest == "mlp.fc":
             half = out_features // 2
             return [(base + "feed_forward.gate_proj", slice(0, half)),

@@ -46,6 +46,7 @@ FIELDS_ACCOUNTED = {
     "mlp_free_layers": "refused: the block is five kernels, attention then the MLP",
     "mixer_free_layers": "refused: the block is five kernels, attention then the MLP",
     "delta_dt_min": "refused with delta_layers",
+    "delta_parallel": "refused with delta_layers", "delta_gate_norm": "refused with delta_layers",
     "delta_layers": "refused: the block hands the attention kernel its qkv projection, which a delta net has not",
     "delta_heads": "refused with delta_layers", "delta_key_heads": "refused with delta_layers",
     "delta_key_dim": "refused with delta_layers", "delta_value_dim": "refused with delta_layers",
