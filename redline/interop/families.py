@@ -198,8 +198,8 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (cohere, ernie, exaone, exaone4, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss,
-                                 granite, hunyuan, lfm2, llama, moe, nanochat, olmo2, olmo_hybrid, opt, phi, phi3,
-                                 qwen3_5, qwen3_next, stablelm, starcoder2)
+                                 granite, hunyuan, lfm2, llama, moe, nanochat, nemotron_h, olmo2, olmo_hybrid, opt,
+                                 phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -211,7 +211,8 @@ def _families() -> dict[str, Family]:
                                 lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY, ernie.HELIUM_FAMILY,
                                 llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
-                                llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY)}
+                                llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, nemotron_h.FAMILY,
+                                nemotron_h.MAMBA2_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -253,6 +254,10 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import lfm2, qwen3_5
 
+    if cfg.mlp_free_layers or cfg.mixer_free_layers:  # blocks of one sublayer: Mamba2's or Nemotron-H's alone
+        from redline.interop import nemotron_h
+
+        return families[nemotron_h.export_name(cfg)]
     if cfg.delta_layers and cfg.delta_rule == "mamba2":  # Mamba-2 layers: Granite 4.0's hybrids, or Bamba's
         from redline.interop import granite
 
