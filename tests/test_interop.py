@@ -367,7 +367,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(moe_experts=4, moe_bias=True), "with both sinks and clamped SwiGLU experts"),
     # blocks of one sublayer: Nemotron-H's and Mamba2's
     (dict(n_layer=2, mlp_free_layers=(0,), pos_emb="none", mlp="relu2"),
-     "Nemotron-H, the architecture with them, has a token mixer or an MLP on each layer, never both .layers .1. have both"),
+     "Nemotron-H, the architecture with them, has a token mixer or an MLP on each layer, never both "
+     ".layers .1. have both"),
     (dict(n_layer=2, mixer_free_layers=(1,), mlp_free_layers=(0,), pos_emb="none"),
      "Nemotron-H, the architecture with them, has ReLU² MLPs .model.mlp=swiglu"),
     (dict(n_layer=2, mixer_free_layers=(1,), mlp_free_layers=(0,), mlp="relu2"),
@@ -477,7 +478,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, gemma, gemma2, "
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
-                         "ministral3, mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmo_hybrid, olmoe, "
+                         "mamba2, ministral3, mistral, mixtral, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
                          "qwen3_next, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")

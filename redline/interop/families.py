@@ -12,7 +12,8 @@ GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE ba
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
 Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); olmo_hybrid.py OLMo
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
-with partial RoPE); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
+with partial RoPE); nemotron_h.py Nemotron-H (Mamba-2, attention without positions and ReLU² MLPs, one
+sublayer a layer) and Mamba2 (Mamba-2 mixers alone); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -242,7 +243,9 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; one with Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
+    SwiGLU experts; one of blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every
+    layer is a Mamba-2 mixer alone, as Nemotron-H otherwise (a UserError where a layer has both sublayers); one with
+    Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
     delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets or element-wise attention gates
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; a dense model with
