@@ -317,12 +317,13 @@ FAMILIES = {
                          dict(num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
                               layer_types=["linear_attention", "full_attention"], linear_allow_neg_eigval=False,
                               tie_word_embeddings=True, pad_token_id=None, rope_parameters=None)),
-    # Bamba: Granite 4.0's Mamba-2 layers (8 heads of 16, 2 groups) and attention on layer 1 with RoPE on half of
-    # each head, Llama's MLP and pre-norms under Bamba's names
+    # Bamba: Granite 4.0's Mamba-2 layers (8 heads of 16, 2 groups, dt floored by time_step_limit) and attention on
+    # layer 1 with RoPE on half of each head, Llama's MLP and pre-norms under Bamba's names
     "bamba": ("BambaConfig", "BambaForCausalLM",
               dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, attn_layer_indices=[1],
                    mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16, mamba_d_conv=4,
                    mamba_expand=2, mamba_chunk_size=8, tie_word_embeddings=False, pad_token_id=None,
+                   time_step_limit=(0.01, float("inf")),
                    rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
     # Falcon-H1: attention (RoPE, GQA, head_dim 24) and a Mamba-2 mixer (8 heads of 8: mamba_d_ssm 64 apart from
     # mamba_expand, 2 groups of B and C of 8, chunks of 8) side by side in each of 3 layers, the mixer's output gated
@@ -372,6 +373,28 @@ FAMILIES = {
                               dict(num_attention_heads=4, num_key_value_heads=4, shared_intermediate_size=96,
                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["attention"] * 2,
                                    position_embedding_type=None, residual_multiplier=0.5)),
+    # Nemotron-H: one sublayer a layer, M-*M- as layers_block_type (Mamba-2: 8 heads of 16, 2 groups of B and C of 8,
+    # chunks of 8 in transformers' scan; attention without positions, head_dim 24; a ReLU² MLP alone), dt floored
+    # at time_step_min, untied
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM",
+                   dict(layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"],
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=24, mamba_num_heads=8,
+                        mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=8,
+                        time_step_min=0.01, layer_norm_epsilon=1e-5, pad_token_id=None)),
+    # Nemotron-H from a config with the legacy names: hybrid_override_pattern, mamba_n_groups, mamba_d_conv, and no
+    # conv bias (mamba_conv_bias false)
+    "nemotron_h-legacy": ("NemotronHConfig", "NemotronHForCausalLM",
+                          dict(hybrid_override_pattern="M*-", num_attention_heads=4, num_key_value_heads=4,
+                               head_dim=16, mamba_num_heads=4, mamba_head_dim=32, mamba_n_groups=1, ssm_state_size=8,
+                               mamba_d_conv=3, mamba_conv_bias=False, chunk_size=8, pad_token_id=None)),
+    # Mamba-2: Mamba-2 mixers alone on two layers (8 heads of 16, 2 groups, chunks of 8), time_step_limit's floor,
+    # untied; and tied, with biases on in_proj and out_proj and one group
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM",
+               dict(num_heads=8, head_dim=16, n_groups=2, state_size=8, chunk_size=8, layer_norm_epsilon=1e-5,
+                    time_step_limit=(0.01, float("inf")), tie_word_embeddings=False, pad_token_id=None)),
+    "mamba2-tied": ("Mamba2Config", "Mamba2ForCausalLM",
+                    dict(num_heads=4, head_dim=32, n_groups=1, state_size=8, chunk_size=8, layer_norm_epsilon=1e-5,
+                         use_bias=True, tie_word_embeddings=True, pad_token_id=None)),
     # the original OLMo: Llama's block with LayerNorms without weight or bias, untied
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
                                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})),

@@ -98,7 +98,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     assert json.loads((tmp_path / "exported" / "generation_config.json").read_text())["eos_token_id"] == [1, 2]
 
 
-@pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1")])
+@pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1"),
+                                        ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -241,6 +242,16 @@ REDLINE_EXPORTS = {
                                 n_kv_head=2),
     "GptOssForCausalLM-no-biases": dict(attn_sinks=True, moe_experts=4, moe_top_k=2, mlp="swiglu_clamped",
                                         mlp_hidden=32, fused_qkv=False),
+    # Nemotron-H: Mamba-2 alone, attention alone without positions (q/k/v apart), a ReLU² MLP alone; a tied head
+    # (written out as lm_head), dt floored
+    "NemotronHForCausalLM": dict(n_layer=3, delta_layers=(0,), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
+                                 delta_key_dim=8, delta_value_dim=16, delta_conv_bias=True, delta_dt_min=0.02,
+                                 mlp_free_layers=(0, 1), mixer_free_layers=(2,), pos_emb="none", mlp="relu2",
+                                 n_kv_head=2, fused_qkv=False, tie_embeddings=True),
+    # Mamba-2 mixers alone, tied, biases on in_proj and out_proj, dt floored
+    "Mamba2ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_heads=8, delta_key_heads=2,
+                              delta_key_dim=8, delta_value_dim=16, delta_conv_bias=True, delta_proj_bias=True,
+                              delta_dt_min=0.02, mlp_free_layers=(0, 1), pos_emb="none", tie_embeddings=True),
 }
 
 
@@ -250,8 +261,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     from redline.tokenizer import load_tokenizer
     from tests.interop_models import byte_level_tokenizer
 
-    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4,
-                      **REDLINE_EXPORTS[arch])
+    cfg = ModelConfig(**{"vocab_size": VOCAB - 8, "context_len": 64, "n_layer": 2, "n_embd": 64, "n_head": 4,
+                         **REDLINE_EXPORTS[arch]})
     torch.manual_seed(0)
     model = GPT(cfg).eval()
     with torch.no_grad():
@@ -354,6 +365,25 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", qk_norm=True), "QK-norm, a score scale or cap"),
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", moe_norm_topk=False), "softmaxes its top k"),
     (dict(moe_experts=4, moe_bias=True), "with both sinks and clamped SwiGLU experts"),
+    # blocks of one sublayer: Nemotron-H's and Mamba2's
+    (dict(n_layer=2, mlp_free_layers=(0,), pos_emb="none", mlp="relu2"),
+     "Nemotron-H, the architecture with them, has a token mixer or an MLP on each layer, never both "
+     ".layers .1. have both"),
+    (dict(n_layer=2, mixer_free_layers=(1,), mlp_free_layers=(0,), pos_emb="none"),
+     "Nemotron-H, the architecture with them, has ReLU² MLPs .model.mlp=swiglu"),
+    (dict(n_layer=2, mixer_free_layers=(1,), mlp_free_layers=(0,), mlp="relu2"),
+     "has attention without positions .model.pos_emb=rope"),
+    (dict(n_layer=2, mixer_free_layers=(1,), mlp_free_layers=(0,), mlp="relu2", pos_emb="none", qk_norm=True),
+     "has plain attention: no QK-norm"),
+    (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba2", delta_heads=2, delta_key_heads=1, delta_value_dim=32,
+          mixer_free_layers=(1,), mlp_free_layers=(0,), mlp="relu2", pos_emb="none"),
+     "model.delta_dt_min=0: Nemotron-H floors Mamba-2's time step at time_step_min"),
+    (dict(n_layer=2, delta_layers=(0, 1), delta_rule="mamba2", delta_heads=2, delta_key_heads=1, delta_value_dim=24,
+          mlp_free_layers=(0, 1), pos_emb="none"), "Mamba2, the architecture of them, makes its layers' inner width"),
+    (dict(n_layer=2, delta_layers=(0, 1), delta_rule="mamba2", delta_heads=2, delta_key_heads=1, delta_value_dim=32,
+          mlp_free_layers=(0, 1), pos_emb="none", norm="layernorm"), "Mamba2, the architecture of them, has RMSNorms"),
+    (dict(n_layer=2, delta_layers=(0, 1), delta_heads=2, delta_key_heads=1, mlp_free_layers=(0, 1), pos_emb="none",
+          mlp="relu2", delta_dt_min=0.0), "has Mamba-2 mixers, not gated delta nets"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -448,7 +478,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, falcon_h1, gemma, gemma2, "
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
-                         "ministral3, mistral, mixtral, nanochat, nemotron, olmo, olmo2, olmo3, olmo_hybrid, olmoe, "
+                         "mamba2, ministral3, mistral, mixtral, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
                          "qwen3_next, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
@@ -857,7 +888,8 @@ def test_import_granite4_refuses_what_it_cannot_run(tmp_path, capsys):
     path = tmp_path / "hf" / "config.json"
     config = json.loads(path.read_text())
     for edit, fragment in [({"layer_types": ["mamba", "attention"]}, "Granite 4.0 takes 4 entries"),
-                           ({"time_step_limit": [0.001, 0.1]}, "time_step_limit=[0.001, 0.1]"),
+                           ({"time_step_limit": [0.001, 0.1]}, "time_step_limit=[0.001, 0.1]: redline's Mamba-2 "
+                                                                "layers floor the time step"),
                            ({"mamba_d_head": 8}, "mamba_n_heads=8 x mamba_d_head=8 != mamba_expand x hidden_size"),
                            ({"attention_bias": True}, "attention_bias=true"),
                            ({"position_embedding_type": "alibi"}, "position_embedding_type='alibi'")]:
@@ -932,6 +964,63 @@ def test_export_falcon_h1_refuses_what_it_has_not(overrides, fragment):
                             rope_dims=rope_dims)
             with pytest.raises(UserError, match=f"after its gate \\(model.delta_gate_norm={gate_norm}\\)"):
                 export_family(alone)
+@pytest.mark.parametrize("kind", ["nemotron_h", "mamba2", "bamba"])
+def test_import_time_step_floor_is_delta_dt_min(kind, tmp_path, capsys):
+    """Nemotron-H's time_step_min and Mamba2's and Bamba's time_step_limit (min, inf) are model.delta_dt_min: with a
+    floor of 2, above these models' time steps, the logits are transformers', and without it they are not."""
+    hf_folder(kind, tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    edit = {"time_step_min": 2.0} if kind == "nemotron_h" else {"time_step_limit": [2.0, {"__float__": "Infinity"}]}
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert model.cfg.delta_dt_min == 2.0
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
+        for i in model.cfg.delta_layers:
+            model.blocks[i].attn.dt_min = 0.0
+        assert (model(TOKENS) - expected).abs().max() > 1e-3
+
+
+def test_import_nemotron_h_and_mamba2_refuse_what_they_cannot_run(tmp_path, capsys):
+    """Nemotron-H's experts (moe, E), Mamba-2 clamps with an upper bound, activations other than theirs and Mamba-2
+    models of LayerNorm blocks are one-line errors naming them; Nemotron-H's multi-token-prediction weights are
+    ignored, as transformers ignores them."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.interop.nemotron_h import mamba2_model_config, model_config
+
+    hf_folder("nemotron_h-legacy", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"layers_block_type": ["linear_attention", "moe", "full_attention"]},
+                            "Nemotron-H layers [1] are mixtures of experts (moe, E)"),
+                           ({"mlp_hidden_act": "silu"}, "mlp_hidden_act='silu': Nemotron-H's is relu2"),
+                           ({"mlp_bias": True}, "mlp_bias=true"),
+                           ({"mamba_n_groups": 3}, "3 groups do not divide 4 heads")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+    with pytest.raises(UserError, match=r"mixtures of experts \(moe, E\)"):
+        model_config({**config, "layers_block_type": None, "hybrid_override_pattern": "M-E*"})
+    # multi-token-prediction layers: their weights are read by nothing, and the model imports as without them
+    path.write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    weights = tmp_path / "hf" / "model.safetensors"
+    save_file({**load_file(weights), "mtp.layers.0.norm.weight": torch.ones(64)}, weights, metadata={"format": "pt"})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    mamba = {"model_type": "mamba2", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4,
+             "head_dim": 16, "n_groups": 1, "state_size": 8, "expand": 2}
+    assert mamba2_model_config(mamba).n_head == 4
+    for edit, fragment in [({"time_step_limit": [0.0, 0.1]}, r"time_step_limit=\[0.0, 0.1\]: redline's Mamba-2 "
+                                                             r"layers floor the time step"),
+                           ({"rms_norm": False}, "rms_norm=false"), ({"norm_before_gate": True}, "norm_before_gate"),
+                           ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+                           ({"head_dim": 8}, "num_heads=4 x head_dim=8 != expand x hidden_size = 64")]:
+        with pytest.raises(UserError, match=fragment):
+            mamba2_model_config({**mamba, **edit})
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

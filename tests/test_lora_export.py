@@ -74,6 +74,16 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "FalconH1ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_parallel=True, delta_heads=4,
                                 delta_key_heads=2, delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True,
                                 delta_proj_bias=True, delta_gate_norm="before_gate", bias=True, n_kv_head=2),
+    # Nemotron-H: a Mamba-2 mixer alone (mixer.in_proj, out_proj) on layer 0, attention alone without positions
+    # (mixer.q/k/v/o_proj) on 1, a ReLU² MLP alone (mixer.up_proj, down_proj) on 2
+    "NemotronHForCausalLM": dict(n_layer=3, delta_layers=(0,), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
+                                 delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, delta_dt_min=0.001,
+                                 mlp_free_layers=(0, 1), mixer_free_layers=(2,), pos_emb="none", mlp="relu2",
+                                 n_kv_head=2),
+    # Mamba-2: its mixers alone (backbone.layers.i.mixer.in_proj, out_proj)
+    "Mamba2ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
+                              delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, mlp_free_layers=(0, 1),
+                              pos_emb="none"),
     # OLMo Hybrid: a gated delta net (q/k/v_proj apart, g_proj, a_proj, b_proj, o_proj) in a pre-norm block on layer
     # 0, OLMo 3's output-norm attention on 1
     "OlmoHybridForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", delta_layers=(0,),
@@ -91,7 +101,9 @@ TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP
 TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # the Mamba-2 mixer's in_proj too (PEFT refuses its out_proj: test_export_refusals_are_one_line)
-           "FalconH1ForCausalLM": ("attn.*", "mlp.*", "mamba.in_proj")}
+           "FalconH1ForCausalLM": ("attn.*", "mlp.*", "mamba.in_proj"),
+           # PEFT adapts no Mamba-2 out_proj in these two (their attn.proj; Nemotron-H's attention o_proj goes too)
+           "NemotronHForCausalLM": ("attn.in_proj", "attn.qkv", "mlp.*"), "Mamba2ForCausalLM": ("attn.in_proj",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
@@ -99,8 +111,8 @@ def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
     from redline.tokenizer import load_tokenizer
     from tests.interop_models import byte_level_tokenizer
 
-    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4,
-                      **ARCHS[arch])
+    cfg = ModelConfig(**{"vocab_size": VOCAB - 8, "context_len": 64, "n_layer": 2, "n_embd": 64, "n_head": 4,
+                         **ARCHS[arch]})
     tokenizer = load_tokenizer(byte_level_tokenizer(tmp_path / "tok"))
     torch.manual_seed(0)
     model = GPT(cfg)
@@ -252,3 +264,9 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     assert "blocks.0.mamba.proj would be the Mamba-2 mixer's out_proj" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()
     assert export(str(ckpt), "--merge", "--out", str(tmp_path / "fm")) == 0
+    # a Mamba-2 layer's out_proj, which PEFT will not adapt in Nemotron-H or Mamba2
+    _, ckpt = lora_run(tmp_path / "mamba2", "Mamba2ForCausalLM", targets=("attn.*",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "m")) == 2
+    err = capsys.readouterr().err
+    assert "is on a Mamba-2 layer's out_proj, which PEFT refuses to adapt in Mamba2ForCausalLM" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m").exists()

@@ -102,7 +102,8 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         if cfg.bias:
             out[r + "mlp.fc.bias"] = torch.cat([src.take(f + "gate_proj.bias"), src.take(f + "up_proj.bias")])
             out[r + "mlp.proj.bias"] = src.take(f + "down_proj.bias")
-        out.update(_mixer_to_redline(src, cfg, i, mamba=False), **_mixer_to_redline(src, cfg, i, True, "mamba"))
+        out.update(_mixer_to_redline(src, cfg, i, recurrent=False),
+                   **_mixer_to_redline(src, cfg, i, recurrent=True, module="mamba"))
     return out
 
 
@@ -156,7 +157,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         if cfg.bias:
             out[f + "gate_proj.bias"], out[f + "up_proj.bias"] = state[r + "mlp.fc.bias"].chunk(2)
             out[f + "down_proj.bias"] = state[r + "mlp.proj.bias"]
-        out.update(_mixer_to_hf(state, cfg, i, mamba=False), **_mixer_to_hf(state, cfg, i, True, "mamba"))
+        out.update(_mixer_to_hf(state, cfg, i, recurrent=False), **_mixer_to_hf(state, cfg, i, recurrent=True, module="mamba"))
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -88,7 +88,9 @@ FAMILY = Family(name="granite", architecture="GraniteForCausalLM", model_config=
 #   [gate; up], as redline's fused fc) and down as output_linear;
 # - attention layers with RoPE or no positions at all (position_embedding_type None: the NoPE form);
 # - Mamba-2 layers (mamba.*: in_proj, conv1d with its bias, dt_bias, A_log, D, the gated norm, out_proj) as
-#   model.delta_layers with delta_rule=mamba2: n_heads heads of d_head, n_groups groups of B and C of d_state.
+#   model.delta_layers with delta_rule=mamba2: n_heads heads of d_head, n_groups groups of B and C of d_state;
+#   time_step_limit (min, inf), the floor transformers' chunked scan clamps dt to, as model.delta_dt_min (an
+#   upper bound refused), written back from it.
 # Semantics read from transformers' models/granitemoehybrid/modular_granitemoehybrid.py and models/bamba (its
 # mixer). Its MoE models (-h-tiny, -h-small: num_local_experts > 0) have GraniteMoeShared's experts and shared MLP.
 
@@ -115,17 +117,36 @@ def _mamba_fields(hf: dict, mamba: list[bool]) -> dict:
     if head * heads != width or heads % groups:
         raise UserError(f"mamba_n_heads={heads} x mamba_d_head={head} != mamba_expand x hidden_size = {width}, or "
                         f"mamba_n_groups={groups} does not divide the heads: not a Mamba-2 layer redline can build")
-    limit = hf.get("time_step_limit")
-    if limit is not None:  # transformers writes infinity as {"__float__": "Infinity"}, older files as Infinity
-        limit = [float(x["__float__"]) if isinstance(x, dict) and "__float__" in x else float(x) for x in limit]
-        if limit != [0.0, float("inf")]:
-            raise UserError(f"time_step_limit={limit}: redline's Mamba-2 layers leave the time step unclamped "
-                            f"(0, inf)")
     return dict(delta_layers=tuple(i for i, m in enumerate(mamba) if m), delta_rule="mamba2", delta_heads=heads,
                 delta_key_heads=groups, delta_key_dim=int(hf.get("mamba_d_state", 256)), delta_value_dim=head,
                 delta_conv_kernel=int(hf.get("mamba_d_conv", 4)),
                 delta_conv_bias=bool(hf.get("mamba_conv_bias", True)),
-                delta_proj_bias=bool(hf.get("mamba_proj_bias", False)))
+                delta_proj_bias=bool(hf.get("mamba_proj_bias", False)), delta_dt_min=time_step_floor(hf))
+
+
+def _json_float(x) -> float:
+    """A float of config.json: transformers writes infinity as {"__float__": "Infinity"}, older files Infinity."""
+    return float(x["__float__"]) if isinstance(x, dict) and "__float__" in x else float(x)
+
+
+def time_step_floor(hf: dict) -> float:
+    """A Mamba-2 config's time_step_limit (min, max), which transformers' chunked scan clamps dt = softplus(dt +
+    dt_bias) to (Bamba's, Granite 4.0's and Mamba2's mixers) -> model.delta_dt_min = min; None or absent: (0, inf).
+    An upper bound is refused: redline floors the time step and never caps it."""
+    limit = hf.get("time_step_limit")
+    if limit is None:
+        return 0.0
+    low, high = (_json_float(x) for x in limit)
+    if high != float("inf") or not low >= 0:
+        raise UserError(f"time_step_limit={[low, high]}: redline's Mamba-2 layers floor the time step "
+                        f"(model.delta_dt_min) but never cap it; only (min >= 0, inf) is supported")
+    return low
+
+
+def time_step_limit(cfg: ModelConfig) -> list:
+    """time_step_limit for config.json from model.delta_dt_min: [min, infinity], infinity as transformers writes it
+    (strict JSON has no Infinity)."""
+    return [cfg.delta_dt_min, {"__float__": "Infinity"}]
 
 
 def hybrid_model_config(hf: dict) -> ModelConfig:
@@ -174,17 +195,19 @@ def hybrid_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     return out
 
 
-def _mixer_to_redline(src: TensorSource, cfg: ModelConfig, i: int, mamba: bool | None = None,
+def _mixer_to_redline(src: TensorSource, cfg: ModelConfig, i: int, layer: str = "model.layers.{i}.",
+                      mamba: str = "mamba.", attention: str = "self_attn.", *, recurrent: bool | None = None,
                       module: str = "attn") -> dict:
     """Layer i's Mamba-2 mixer (mamba.*) or attention (self_attn.q/k/v/o_proj, with their biases where the model has
-    them) -> redline's blocks.i.<module>.*. mamba: which of the two (None: the mixer on model.delta_layers,
-    attention elsewhere; Falcon-H1's layers have both, the mixer as blocks.i.mamba)."""
-    p, r = f"model.layers.{i}.", f"blocks.{i}.{module}."
-    if i in cfg.delta_layers if mamba is None else mamba:
-        out = {f"{r}{ours}": src.take(f"{p}mamba.{theirs}") for ours, theirs in _mamba_names(cfg).items()}
+    them) -> redline's blocks.i.<module>.*. layer, mamba and attention: the names of another architecture with these
+    mixers (Nemotron-H's and Mamba2's backbone.layers.{i}.mixer.*). recurrent: which of the two (None: the mixer on
+    model.delta_layers, attention elsewhere; Falcon-H1's layers have both, the mixer as blocks.i.mamba)."""
+    p, r = layer.format(i=i), f"blocks.{i}.{module}."
+    if i in cfg.delta_layers if recurrent is None else recurrent:
+        out = {f"{r}{ours}": src.take(f"{p}{mamba}{theirs}") for ours, theirs in _mamba_names(cfg).items()}
         out[r + "conv"] = out[r + "conv"][:, 0]  # (channels, 1, kernel) -> (channels, kernel)
         return out
-    a = p + "self_attn."
+    a = p + attention
     out = {r + "qkv.weight": torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"]),
            r + "proj.weight": src.take(a + "o_proj.weight")}
     if cfg.has_qkv_bias:
@@ -194,14 +217,15 @@ def _mixer_to_redline(src: TensorSource, cfg: ModelConfig, i: int, mamba: bool |
     return out
 
 
-def _mixer_to_hf(state, cfg: ModelConfig, i: int, mamba: bool | None = None, module: str = "attn") -> dict:
+def _mixer_to_hf(state, cfg: ModelConfig, i: int, layer: str = "model.layers.{i}.", mamba: str = "mamba.",
+                 attention: str = "self_attn.", *, recurrent: bool | None = None, module: str = "attn") -> dict:
     """_mixer_to_redline's inverse."""
-    p, r = f"model.layers.{i}.", f"blocks.{i}.{module}."
-    if i in cfg.delta_layers if mamba is None else mamba:
-        out = {f"{p}mamba.{theirs}": state[f"{r}{ours}"] for ours, theirs in _mamba_names(cfg).items()}
-        out[p + "mamba.conv1d.weight"] = out[p + "mamba.conv1d.weight"][:, None]
+    p, r = layer.format(i=i), f"blocks.{i}.{module}."
+    if i in cfg.delta_layers if recurrent is None else recurrent:
+        out = {f"{p}{mamba}{theirs}": state[f"{r}{ours}"] for ours, theirs in _mamba_names(cfg).items()}
+        out[f"{p}{mamba}conv1d.weight"] = out[f"{p}{mamba}conv1d.weight"][:, None]
         return out
-    D, KV, a = cfg.head_dim, cfg.kv_heads, p + "self_attn."
+    D, KV, a = cfg.head_dim, cfg.kv_heads, p + attention
     sizes = [cfg.n_head * D, KV * D, KV * D]
     out = dict(zip((a + f"{x}_proj.weight" for x in "qkv"), state[r + "qkv.weight"].split(sizes)))
     out[a + "o_proj.weight"] = state[r + "proj.weight"]
@@ -273,7 +297,8 @@ def hybrid_hf_config(cfg: ModelConfig) -> dict:
         out.update(mamba_n_heads=cfg.delta_heads, mamba_n_groups=cfg.delta_key_heads, mamba_d_state=cfg.delta_key_dim,
                    mamba_d_head=cfg.delta_value_dim, mamba_d_conv=cfg.delta_conv_kernel,
                    mamba_expand=cfg.delta_heads * cfg.delta_value_dim // cfg.n_embd,
-                   mamba_conv_bias=cfg.delta_conv_bias, mamba_proj_bias=cfg.delta_proj_bias)
+                   mamba_conv_bias=cfg.delta_conv_bias, mamba_proj_bias=cfg.delta_proj_bias,
+                   time_step_limit=time_step_limit(cfg))
     return out
 
 
@@ -351,7 +376,7 @@ def bamba_hf_config(cfg: ModelConfig) -> dict:
         "mamba_n_heads": cfg.delta_heads, "mamba_n_groups": cfg.delta_key_heads, "mamba_d_state": cfg.delta_key_dim,
         "mamba_d_head": cfg.delta_value_dim, "mamba_d_conv": cfg.delta_conv_kernel,
         "mamba_expand": cfg.delta_heads * cfg.delta_value_dim // cfg.n_embd, "mamba_conv_bias": cfg.delta_conv_bias,
-        "mamba_proj_bias": cfg.delta_proj_bias,
+        "mamba_proj_bias": cfg.delta_proj_bias, "time_step_limit": time_step_limit(cfg),
     }
 
 

@@ -6,8 +6,10 @@ Hugging Face model `redline export` writes from the run's base:
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py, gpt_neox.py,
-opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py, falcon_h1.py: its Mamba-2 mixer's blocks.N.mamba.in_proj
-as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1), as PEFT saves them:
+opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py, falcon_h1.py: its Mamba-2
+mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
+saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
+down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -142,6 +144,23 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             return [(base + names[rest], slice(0, out_features))]
         if rest != "attn.qkv":
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+    if family.name in ("nemotron_h", "mamba2"):  # nemotron_h.py's names: each layer's one sublayer is its mixer.*
+        base = f"{'backbone' if family.name == 'mamba2' else 'model'}.layers.{i}.mixer."
+        if rest == "attn.proj" and int(i) in cfg.delta_layers:
+            raise UserError(f"the adapter on {layer} is on a Mamba-2 layer's out_proj, which PEFT refuses to adapt in "
+                            f"{family.architecture} (the fused Mamba kernels read its weight directly); train with "
+                            f"lora.targets that leave attn.proj out (e.g. attn.in_proj attn.qkv mlp.*) or export with "
+                            f"--merge")
+        if rest == "attn.qkv":
+            q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+            return [(base + "q_proj", slice(0, q)), (base + "k_proj", slice(q, q + kv)),
+                    (base + "v_proj", slice(q + kv, q + 2 * kv))]
+        names = {"attn.in_proj": "in_proj", "attn.proj": "out_proj" if int(i) in cfg.delta_layers else "o_proj",
+                 "attn.q": "q_proj", "attn.k": "k_proj", "attn.v": "v_proj", "mlp.fc": "up_proj",
+                 "mlp.proj": "down_proj"}
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(base + names[rest], slice(0, out_features))]
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         if family.name in ("cohere", "cohere2"):  # q and k rows in RoPE's interleaved order, as cohere.py exports
@@ -208,7 +227,8 @@ def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelC
 def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
     """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
     table = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in",
-             "opt": "model.decoder.embed_tokens"}.get(family.name, "model.embed_tokens")
+             "opt": "model.decoder.embed_tokens", "nemotron_h": "model.embeddings",
+             "mamba2": "backbone.embeddings"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
            "lm_head": ("lm_head", cfg.vocab_size)}
     if name not in top:
