@@ -1,10 +1,12 @@
 """Training step time of recurrent layers on one GPU: a 12-layer, width-768 model (vocab 32768, 12 heads of 64, 4 kv
 heads) with attention on every layer, against the same model with gated delta nets on 9 of its 12 layers (Qwen3.5's
 3:1: 12 value heads of 64 reading 6 key heads of 64, gated attention on the others) and with Mamba-2 layers there
-(Granite 4.0's: 24 heads of 64, one group of B and C with a state of 128, attention without positions on the others).
+(Granite 4.0's: 24 heads of 64, one group of B and C with a state of 128, attention without positions on the others);
+the same split into Nemotron-H's blocks of one sublayer each (24 blocks), and Falcon-H1's layers (attention with
+RoPE and a Mamba-2 mixer side by side in all 12).
 Compiled, bf16 autocast, fused AdamW, batch 8 x 2048 random tokens; 8 steps, the median of steps 3-8.
 
-    python scripts/gpu/recurrent_step.py                 # all three
+    python scripts/gpu/recurrent_step.py                 # all five
     python scripts/gpu/recurrent_step.py --only mamba2   # one (a substring of its name)
 """
 
@@ -30,6 +32,14 @@ MODELS = {
                           delta_layers=RECURRENT, delta_heads=24, delta_key_heads=1, delta_key_dim=128,
                           delta_value_dim=64, delta_conv_bias=True),
 }
+# Nemotron-H's blocks of one sublayer: the Mamba-2 3:1 model above split into 24 blocks, each mixer (Mamba-2, or
+# attention on every fourth) and each MLP a block of its own
+MODELS["nemotron-h 3:1 (one sublayer a block)"] = replace(
+    MODELS["mamba2 3:1"], n_layer=24, delta_layers=tuple(2 * i for i in RECURRENT),
+    mlp_free_layers=tuple(range(0, 24, 2)), mixer_free_layers=tuple(range(1, 24, 2)))
+# Falcon-H1's: attention and Mamba-2 side by side in every one of the 12 layers
+MODELS["falcon-h1 parallel"] = replace(MODELS["mamba2 3:1"], delta_layers=tuple(range(12)), delta_parallel=True,
+                                       pos_emb="rope")
 
 
 def main() -> int:
