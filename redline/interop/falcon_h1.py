@@ -26,8 +26,9 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
-from redline.interop.granite import _mixer_to_hf, _mixer_to_redline
+from redline.interop.families import Family, TensorSource, raise_first
+from redline.interop.granite import (_mixer_to_hf, _mixer_to_redline, bamba_ffn_to_hf, bamba_ffn_to_redline,
+                                     bamba_outside_to_hf, bamba_outside_to_redline)
 from redline.interop.llama import _ignorable, model_config_for, rope_scaling
 from redline.model import ModelConfig
 
@@ -90,19 +91,11 @@ def model_config(hf: dict) -> ModelConfig:
 
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    out = {"norm_f.weight": src.take("model.final_layernorm.weight"),
-           "wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg), **take_head(src, cfg)}
+    """Bamba's layout (granite.py's maps), each layer with both mixers: attention as blocks.i.attn, the Mamba-2
+    mixer as blocks.i.mamba."""
+    out = bamba_outside_to_redline(src, cfg)
     for i in range(cfg.n_layer):
-        p, r = f"model.layers.{i}.", f"blocks.{i}."
-        out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
-        out[r + "norm2.weight"] = src.take(p + "pre_ff_layernorm.weight")
-        f = p + "feed_forward."
-        out[r + "mlp.fc.weight"] = torch.cat([src.take(f + "gate_proj.weight"), src.take(f + "up_proj.weight")])
-        out[r + "mlp.proj.weight"] = src.take(f + "down_proj.weight")
-        if cfg.bias:
-            out[r + "mlp.fc.bias"] = torch.cat([src.take(f + "gate_proj.bias"), src.take(f + "up_proj.bias")])
-            out[r + "mlp.proj.bias"] = src.take(f + "down_proj.bias")
-        out.update(_mixer_to_redline(src, cfg, i, recurrent=False),
+        out.update(bamba_ffn_to_redline(src, cfg, i), **_mixer_to_redline(src, cfg, i, recurrent=False),
                    **_mixer_to_redline(src, cfg, i, recurrent=True, module="mamba"))
     return out
 
@@ -145,19 +138,10 @@ def fold(hf: dict, cfg: ModelConfig, state: dict) -> dict:
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    out = {"model.final_layernorm.weight": state["norm_f.weight"],
-           "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size], **give_head(state, cfg)}
+    out = bamba_outside_to_hf(state, cfg)
     for i in range(cfg.n_layer):
-        p, r = f"model.layers.{i}.", f"blocks.{i}."
-        out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
-        out[p + "pre_ff_layernorm.weight"] = state[r + "norm2.weight"]
-        f = p + "feed_forward."
-        out[f + "gate_proj.weight"], out[f + "up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
-        out[f + "down_proj.weight"] = state[r + "mlp.proj.weight"]
-        if cfg.bias:
-            out[f + "gate_proj.bias"], out[f + "up_proj.bias"] = state[r + "mlp.fc.bias"].chunk(2)
-            out[f + "down_proj.bias"] = state[r + "mlp.proj.bias"]
-        out.update(_mixer_to_hf(state, cfg, i, recurrent=False), **_mixer_to_hf(state, cfg, i, recurrent=True, module="mamba"))
+        out.update(bamba_ffn_to_hf(state, cfg, i), **_mixer_to_hf(state, cfg, i, recurrent=False),
+                   **_mixer_to_hf(state, cfg, i, recurrent=True, module="mamba"))
     return {k: v.contiguous() for k, v in out.items()}
 
 

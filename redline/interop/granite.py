@@ -336,31 +336,54 @@ def bamba_model_config(hf: dict) -> ModelConfig:
 
 
 def bamba_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    out = {"norm_f.weight": src.take("model.final_layernorm.weight"),
-           "wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg), **take_head(src, cfg)}
-    for i in range(cfg.n_layer):
-        p, r = f"model.layers.{i}.", f"blocks.{i}."
-        out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
-        out[r + "norm2.weight"] = src.take(p + "pre_ff_layernorm.weight")
-        f = p + "feed_forward."
-        out[r + "mlp.fc.weight"] = torch.cat([src.take(f + "gate_proj.weight"), src.take(f + "up_proj.weight")])
-        out[r + "mlp.proj.weight"] = src.take(f + "down_proj.weight")
-        out.update(_mixer_to_redline(src, cfg, i))
+    return {**bamba_outside_to_redline(src, cfg),
+            **{k: v for i in range(cfg.n_layer) for k, v in bamba_ffn_to_redline(src, cfg, i).items()},
+            **{k: v for i in range(cfg.n_layer) for k, v in _mixer_to_redline(src, cfg, i).items()}}
+
+
+def bamba_outside_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    """Bamba's (and Falcon-H1's) embeddings, final norm and head -> redline's."""
+    return {"norm_f.weight": src.take("model.final_layernorm.weight"),
+            "wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg), **take_head(src, cfg)}
+
+
+def bamba_ffn_to_redline(src: TensorSource, cfg: ModelConfig, i: int) -> dict:
+    """Layer i's norms (input_layernorm, pre_ff_layernorm) and SwiGLU feed_forward, with biases where the model has
+    them (Falcon-H1's mlp_bias), -> redline's blocks.i.norm1, norm2 and mlp: Bamba's layout, Falcon-H1's too."""
+    p, r, f = f"model.layers.{i}.", f"blocks.{i}.", f"model.layers.{i}.feed_forward."
+    out = {r + "norm1.weight": src.take(p + "input_layernorm.weight"),
+           r + "norm2.weight": src.take(p + "pre_ff_layernorm.weight"),
+           r + "mlp.fc.weight": torch.cat([src.take(f + "gate_proj.weight"), src.take(f + "up_proj.weight")]),
+           r + "mlp.proj.weight": src.take(f + "down_proj.weight")}
+    if cfg.bias:
+        out[r + "mlp.fc.bias"] = torch.cat([src.take(f + "gate_proj.bias"), src.take(f + "up_proj.bias")])
+        out[r + "mlp.proj.bias"] = src.take(f + "down_proj.bias")
     return out
 
 
 def bamba_to_hf(state, cfg: ModelConfig) -> dict:
-    out = {"model.final_layernorm.weight": state["norm_f.weight"],
-           "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size], **give_head(state, cfg)}
+    out = bamba_outside_to_hf(state, cfg)
     for i in range(cfg.n_layer):
-        p, r = f"model.layers.{i}.", f"blocks.{i}."
-        out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
-        out[p + "pre_ff_layernorm.weight"] = state[r + "norm2.weight"]
-        f = p + "feed_forward."
-        out[f + "gate_proj.weight"], out[f + "up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
-        out[f + "down_proj.weight"] = state[r + "mlp.proj.weight"]
-        out.update(_mixer_to_hf(state, cfg, i))
+        out.update(bamba_ffn_to_hf(state, cfg, i), **_mixer_to_hf(state, cfg, i))
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def bamba_outside_to_hf(state, cfg: ModelConfig) -> dict:
+    """bamba_outside_to_redline's inverse."""
+    return {"model.final_layernorm.weight": state["norm_f.weight"],
+            "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size], **give_head(state, cfg)}
+
+
+def bamba_ffn_to_hf(state, cfg: ModelConfig, i: int) -> dict:
+    """bamba_ffn_to_redline's inverse."""
+    p, r, f = f"model.layers.{i}.", f"blocks.{i}.", f"model.layers.{i}.feed_forward."
+    out = {p + "input_layernorm.weight": state[r + "norm1.weight"],
+           p + "pre_ff_layernorm.weight": state[r + "norm2.weight"], f + "down_proj.weight": state[r + "mlp.proj.weight"]}
+    out[f + "gate_proj.weight"], out[f + "up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
+    if cfg.bias:
+        out[f + "gate_proj.bias"], out[f + "up_proj.bias"] = state[r + "mlp.fc.bias"].chunk(2)
+        out[f + "down_proj.bias"] = state[r + "mlp.proj.bias"]
+    return out
 
 
 def bamba_hf_config(cfg: ModelConfig) -> dict:

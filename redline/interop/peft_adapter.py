@@ -109,20 +109,11 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                  "attn.proj": "linear_attn.o_proj"}
         if rest in names:
             return [(base + names[rest], slice(0, out_features))]
-    if family.name == "bamba" and rest != "attn.qkv":  # granite.py's Bamba names; q/k/v as Llama's, below
-        names = {"mlp.proj": "feed_forward.down_proj", "attn.proj": "self_attn.o_proj"}
-        if int(i) in cfg.delta_layers:
+    if family.name in ("bamba", "falcon_h1") and rest != "attn.qkv":  # granite.py's Bamba names; q/k/v as Llama's
+        names = {"mlp.proj": "feed_forward.down_proj", "attn.proj": "self_attn.o_proj",
+                 "mamba.in_proj": "mamba.in_proj"}  # Falcon-H1's mixer beside attention
+        if int(i) in cfg.delta_layers and not cfg.delta_parallel:  # Bamba's mixer in attention's place
             names.update({"attn.in_proj": "mamba.in_proj", "attn.proj": "mamba.out_proj"})
-        if rest == "mlp.fc":
-            half = out_features // 2
-            return [(base + "feed_forward.gate_proj", slice(0, half)),
-                    (base + "feed_forward.up_proj", slice(half, out_features))]
-        if rest not in names:
-            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
-        return [(base + names[rest], slice(0, out_features))]
-    if family.name == "falcon_h1" and rest != "attn.qkv":  # falcon_h1.py's names; q/k/v as Llama's, below
-        names = {"attn.proj": "self_attn.o_proj", "mlp.proj": "feed_forward.down_proj",
-                 "mamba.in_proj": "mamba.in_proj"}  # the mixer beside attention
         if rest == "mamba.proj":  # peft refuses out_proj (and conv1d) targets in the Mamba models it knows
             raise UserError(f"the adapter on {layer} would be the Mamba-2 mixer's out_proj, which PEFT refuses to "
                             f"adapt in {family.architecture}; train with lora.targets leaving mamba.proj out (attn.*, "
