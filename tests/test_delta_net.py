@@ -1,8 +1,8 @@
 """Recurrent layers (model.delta_layers: Qwen3.5's gated delta nets, Granite 4.0's Mamba-2 layers and Mamba-1's):
-the chunked gated delta rule and Mamba-2's and Mamba-1's chunked scans against their token-by-token recurrences, packed documents kept apart in
-training, the inference engine's cache (each row's state, each token's convolution input in its slot) against full
-recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile (Falcon-H1's
-layers, Mamba-2 beside attention, holding a KV cache besides), the refusals. Parity with transformers' Qwen3.5,
+the chunked gated delta rule and Mamba-2's and Mamba-1's chunked scans against their token-by-token recurrences,
+packed documents kept apart in training, the inference engine's cache (each row's state, each token's convolution
+input in its slot) against full recompute, prefilled whole, in chunks and through a decode batch whose other rows
+decode meanwhile (Falcon-H1's layers, Mamba-2 beside attention, holding a KV cache besides), the refusals. Parity with transformers' Qwen3.5,
 Granite 4.0, Falcon-H1, Mamba and Falcon-Mamba is in tests/test_interop.py (the FAMILIES table)."""
 
 import math

@@ -249,7 +249,8 @@ def export_family(cfg: ModelConfig) -> Family:
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
     SwiGLU experts; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
-    dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone; one with Mamba-2 beside attention in its layers (model.delta_parallel) as Falcon-H1; one of
+    dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone; one with Mamba-2 beside attention in
+    its layers (model.delta_parallel) as Falcon-H1; one of
     blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every layer is a Mamba-2 mixer
     alone, as Nemotron-H otherwise (a UserError where a layer has both sublayers); one with
     Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
