@@ -27,8 +27,8 @@ Features (each a field of `ModelConfig`):
   loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
-  (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, computed chunk by
-  chunk: redline/recurrent.py);
+  (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's
+  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from redline.chunked_cross_entropy import chunked_cross_entropy
 from redline.errors import UserError
-from redline.recurrent import gated_delta_rule, ssd
+from redline.recurrent import gated_delta_rule, selective_scan, ssd
 
 
 @dataclass
@@ -185,12 +185,16 @@ class ModelConfig:
     delta_layers: tuple[int, ...] = ()
     """Layers whose token mixer is a recurrent linear attention instead of attention, no KV cache but a (key, value)
     state a head, of the kind delta_rule names; () = none."""
-    delta_rule: Literal["gated_delta", "mamba2"] = "gated_delta"
+    delta_rule: Literal["gated_delta", "mamba2", "mamba1"] = "gated_delta"
     """delta_layers' mixer: "gated_delta", a gated delta net (Yang et al. 2024, "Gated Delta Networks"; Qwen3.5's and
     Qwen3-Next's "linear_attention" layers, GatedDeltaNet below), whose state decays and is corrected toward each
     token's value; "mamba2", Mamba-2's selective state space layer (Dao and Gu 2024; Granite 4.0's hybrid "mamba"
     layers, Mamba2 below), whose state decays and adds each token's input: keys B and queries C of
-    delta_key_dim = d_state shared by groups (delta_key_heads = n_groups), values of delta_value_dim = head_dim."""
+    delta_key_dim = d_state shared by groups (delta_key_heads = n_groups), values of delta_value_dim = head_dim;
+    "mamba1", Mamba-1's selective scan (Gu and Dao 2023; state-spaces' mamba-*-hf models, Falcon-Mamba; Mamba1
+    below): Mamba-2 with heads of one channel (delta_heads = the inner width I, delta_value_dim = 1, one group of B
+    and C: delta_key_heads = 1) and a decay of its own for each of a channel's delta_key_dim = N state entries, dt
+    through a low-rank projection (delta_dt_rank)."""
     delta_heads: int = 0
     """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
     h · delta_key_heads // delta_heads."""
@@ -204,9 +208,9 @@ class ModelConfig:
     """delta_layers: the causal depthwise convolution over q, k and v (Mamba-2's x, B and C), in tokens
     (linear_conv_kernel_dim, d_conv)."""
     delta_conv_bias: bool = False
-    """delta_layers, mamba2: the convolution has a bias (Mamba-2's conv_bias)."""
+    """delta_layers, mamba2 and mamba1: the convolution has a bias (Mamba's conv_bias)."""
     delta_proj_bias: bool = False
-    """delta_layers, mamba2: its input and output projections have biases (Mamba-2's proj_bias / bias)."""
+    """delta_layers, mamba2 and mamba1: its input and output projections have biases (Mamba's proj_bias / bias)."""
     delta_beta_scale: float = 1.0
     """delta_layers, gated_delta: the correction β = sigmoid(b(x)) times this; 2 lets β reach (0, 2), the state's
     transition then taking negative eigenvalues (OLMo Hybrid's linear_allow_neg_eigval)."""
@@ -229,6 +233,12 @@ class ModelConfig:
     outputs summed into the residual stream, then its MLP: x + attn(norm1(x)) + mamba(norm1(x)) (Falcon-H1's layers,
     every one of them). The mixer is the block's `mamba`, attention its `attn`; the layer holds both a KV cache and
     the mixer's (convolution inputs and states). False: the mixer stands in attention's place."""
+    delta_dt_rank: int = 0
+    """delta_layers, mamba1: the rank of dt's projection, x_proj's first delta_dt_rank outputs through dt_proj
+    (Mamba's time_step_rank); 0 = ceil(n_embd / 16), Mamba's "auto"."""
+    delta_bcdt_norm_eps: float = 0.0
+    """delta_layers, mamba1: RMS norms without weights on dt, B and C after x_proj, at this epsilon (Falcon-Mamba's,
+    its mixer_rms_eps); 0 = none (Mamba's)."""
     delta_gate_norm: Literal["after_gate", "before_gate", "none"] = "after_gate"
     """delta_layers, mamba2: the mixer's output y gated by z: RMSNorm(y·SiLU(z)) in delta_key_heads groups (Granite
     4.0's, Bamba's: norm_before_gate=False), RMSNorm(y)·SiLU(z) (Falcon-H1's mamba_norm_before_gate=True), or
@@ -346,6 +356,11 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def dt_rank(self) -> int:
+        """Mamba-1's dt rank: delta_dt_rank, or Mamba's "auto" ceil(n_embd / 16)."""
+        return self.delta_dt_rank or -(-self.n_embd // 16)
 
     @property
     def head_dim(self) -> int:
@@ -549,12 +564,28 @@ class ModelConfig:
                             f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
                             f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
                             f"kernel, and no value embeddings")
-        if self.delta_rule != "mamba2" and (self.delta_conv_bias or self.delta_proj_bias):
-            raise UserError("model.delta_conv_bias and model.delta_proj_bias are Mamba-2's: they take "
-                            "model.delta_rule=mamba2")
-        if self.delta_rule == "mamba2" and self.delta_beta_scale != 1.0:
-            raise UserError("model.delta_beta_scale scales a gated delta net's correction; Mamba-2 "
-                            "(model.delta_rule=mamba2) has none")
+        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1"):
+            raise UserError(f"model.delta_rule={self.delta_rule!r}: one of gated_delta, mamba2, mamba1")
+        if self.delta_rule == "gated_delta" and (self.delta_conv_bias or self.delta_proj_bias):
+            raise UserError("model.delta_conv_bias and model.delta_proj_bias are Mamba's: they take "
+                            "model.delta_rule=mamba2 or mamba1")
+        if self.delta_rule != "gated_delta" and self.delta_beta_scale != 1.0:
+            raise UserError(f"model.delta_beta_scale scales a gated delta net's correction; Mamba "
+                            f"(model.delta_rule={self.delta_rule}) has none")
+        if self.delta_rule == "mamba1" and self.delta_layers and (self.delta_value_dim != 1
+                                                                  or self.delta_key_heads != 1):
+            raise UserError(f"model.delta_rule=mamba1 has heads of one channel and one group of B and C: set "
+                            f"model.delta_value_dim=1 (not {self.delta_value_dim}) and delta_key_heads=1 (not "
+                            f"{self.delta_key_heads}); delta_heads is the inner width, delta_key_dim the state size")
+        if self.delta_rule == "mamba1" and self.delta_norm_eps:
+            raise UserError(f"model.delta_norm_eps={self.delta_norm_eps}: Mamba-1 (model.delta_rule=mamba1) has no "
+                            f"output norm; its B, C and dt norms' epsilon is model.delta_bcdt_norm_eps")
+        if self.delta_dt_rank < 0 or (self.delta_dt_rank and self.delta_rule != "mamba1"):
+            raise UserError(f"model.delta_dt_rank={self.delta_dt_rank} is Mamba-1's dt rank: >= 0 (0: "
+                            f"ceil(n_embd / 16)), with model.delta_rule=mamba1")
+        if self.delta_bcdt_norm_eps < 0 or (self.delta_bcdt_norm_eps and self.delta_rule != "mamba1"):
+            raise UserError(f"model.delta_bcdt_norm_eps={self.delta_bcdt_norm_eps} is Falcon-Mamba's B, C and dt "
+                            f"norms' epsilon: > 0 to have them, with model.delta_rule=mamba1")
         if self.delta_dt_min < 0 or (self.delta_dt_min and self.delta_rule != "mamba2"):
             raise UserError(f"model.delta_dt_min={self.delta_dt_min} is Mamba-2's least time step: >= 0, with "
                             f"model.delta_rule=mamba2")
@@ -1115,6 +1146,66 @@ class Mamba2(nn.Module):
         return self.norm * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).view(B, T, self.inner)
 
 
+class Mamba1(nn.Module):
+    """The token mixer of model.delta_layers with delta_rule=mamba1 (Mamba-1's, Gu and Dao 2023; as transformers'
+    MambaMixer and FalconMambaMixer run it): in_proj (C -> 2·I) gives x and the gate z; a causal depthwise
+    convolution of x (weight (I, kernel), oldest token first, plus conv_bias) and SiLU; x_proj (I -> R + 2·N, no
+    bias) gives the low-rank dt (R = model.dt_rank) and B and C (N = delta_key_dim), each RMS-normalized without a
+    weight where model.delta_bcdt_norm_eps is set (Falcon-Mamba's); dt = softplus(dt_proj(dt)) (R -> I, with a bias);
+    the scan (recurrent.selective_scan) with A = −exp(A_log) (I, N), plus D·x; then y·SiLU(z) and out_proj (I -> C).
+    The engine's cache holds it as the other delta layers: x a slot (I channels), each row's state (I, N, 1), the
+    (delta_heads, delta_key_dim, delta_value_dim) state of Mamba-2's heads of one channel."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, I, N, R = cfg.n_embd, cfg.delta_heads, cfg.delta_key_dim, cfg.dt_rank
+        self.inner, self.dk, self.rank = I, N, R
+        self.kernel, self.window = cfg.delta_conv_kernel, 0  # window: the mask key callers read
+        self.eps = cfg.delta_bcdt_norm_eps  # 0: no norms on dt, B and C
+        self.in_proj = nn.Linear(C, 2 * I, bias=cfg.delta_proj_bias)
+        self.conv = nn.Parameter(torch.empty(I, self.kernel))
+        self.conv_bias = nn.Parameter(torch.zeros(I)) if cfg.delta_conv_bias else None
+        self.x_proj = nn.Linear(I, R + 2 * N, bias=False)
+        self.dt_proj = nn.Linear(R, I, bias=True)
+        self.A_log = nn.Parameter(torch.zeros(I, N))
+        self.D = nn.Parameter(torch.ones(I))
+        self.proj = nn.Linear(I, C, bias=cfg.delta_proj_bias)
+        self.proj.is_residual_out = True
+
+    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
+        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
+        if cache is not None:
+            return cache.delta(self, x)
+        return self.mix(x, doc_ids=attn_mask)[0]
+
+    def _norm(self, t: torch.Tensor) -> torch.Tensor:
+        """Falcon-Mamba's weightless RMSNorm over the last dimension, in fp32, back in t's dtype."""
+        f = t.float()
+        return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(t.dtype)
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As GatedDeltaNet.mix: x (B, T, C) -> (y (B, T, C), u (B, T, I) the convolution's inputs, the final state
+        (B, I, N, 1) fp32); before (B, kernel - 1, I), state (B, I, N, 1), doc_ids and valid alike."""
+        T = x.shape[1]
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, I) each: x first, the gate second
+        starts = None
+        if doc_ids is not None:  # no token reads another document's, through the convolution or the state
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
+        xs = causal_conv(u, self.conv, before, doc_ids)
+        xs = F.silu(xs + self.conv_bias if self.conv_bias is not None else xs)
+        dt, Bs, Cs = self.x_proj(xs).split([self.rank, self.dk, self.dk], dim=-1)
+        if self.eps:  # Falcon-Mamba's: dt (still R wide), B and C each normalized before use
+            dt, Bs, Cs = self._norm(dt), self._norm(Bs), self._norm(Cs)
+        dt = F.softplus(self.dt_proj(dt).float())  # (B, T, I)
+        if valid is not None:  # dt = 0: no decay and no input, the state passes these tokens by
+            dt = dt * valid[..., None]
+        y, state = selective_scan(xs, dt, -self.A_log.float().exp(), Bs, Cs,
+                                  state=None if state is None else state[..., 0], starts=starts)
+        y = (y + self.D.float() * xs.float()) * F.silu(z.float())
+        return self.proj(y.to(x.dtype)), u, state[..., None]
+
+
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
 
 
@@ -1303,7 +1394,7 @@ class Block(nn.Module):
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
-            self.attn = Mamba2(cfg, layer) if cfg.delta_rule == "mamba2" else GatedDeltaNet(cfg, layer)
+            self.attn = {"mamba2": Mamba2, "mamba1": Mamba1}.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         else:
             self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
@@ -1457,6 +1548,12 @@ class GPT(nn.Module):
                 nn.init.ones_(module.dt_bias)
                 if module.norm is not None:
                     nn.init.ones_(module.norm)
+            elif isinstance(module, Mamba1):  # bare parameters: Mamba's S4D-real A (1..N a channel), D = 1
+                nn.init.normal_(module.conv, mean=0.0, std=std)
+                if module.conv_bias is not None:
+                    nn.init.zeros_(module.conv_bias)
+                module.A_log.copy_(torch.arange(1, module.dk + 1, dtype=torch.float32).log().expand_as(module.A_log))
+                nn.init.ones_(module.D)
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)
@@ -1469,6 +1566,10 @@ class GPT(nn.Module):
                     nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+        for module in self.modules():  # after the Linear layers' zero biases (modules() visits a mixer first)
+            if isinstance(module, Mamba1):  # dt_proj's bias: softplus⁻¹ of steps log-uniform in [0.001, 0.1]
+                dt = torch.empty_like(module.dt_proj.bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
+                module.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # (Mamba's time_step_min/max)
         for block in self.blocks:  # value-embedding mixing weights and sinks are bare parameters, not modules
             if not block.conv and block.attn.ve_mix is not None:
                 block.attn.ve_mix.fill_(0.5)

@@ -1,6 +1,7 @@
-"""Recurrent token mixers' sequence kernels: the gated delta rule of model.delta_layers (Qwen3.5's linear attention),
-computed chunk by chunk in PyTorch. Its sequential chunk-to-chunk part is an opaque op inside torch.compile's graphs
-(the inference engine compiles whole graphs): unrolled, it would make their compile time grow with the sequence.
+"""Recurrent token mixers' sequence kernels: the gated delta rule of model.delta_layers (Qwen3.5's linear attention)
+and Mamba-2's scan, computed chunk by chunk in PyTorch, and Mamba-1's selective scan (a state per channel). The
+gated delta rule's sequential chunk-to-chunk part is an opaque op inside torch.compile's graphs (the inference
+engine compiles whole graphs): unrolled, it would make their compile time grow with the sequence.
 """
 
 from __future__ import annotations
@@ -173,3 +174,60 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
     states = torch.einsum("bhcz,bhznp->bhcnp", totals.exp(), torch.cat([S0, ends], dim=2))  # (B, H, n + 1, N, P)
     y = y + a.cumsum(-1).exp()[..., None] * (C @ states[:, :, :-1])  # what each chunk's start state gives
     return y.reshape(Bt, H, n * L, P)[:, :, :T].transpose(1, 2), states[:, :, -1]
+
+
+def _linear_scan(a: torch.Tensor, b: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence h_t = a_t·h_{t−1} + b_t along `dim` from h = 0, by recursive doubling (Hillis and Steele
+    1986): after the step of distance d, position t holds the composition of the tokens (t − 2d, t]. log2(length)
+    elementwise steps; only products of the a's, so decays in [0, 1] never overflow.
+    -> (the cumulative products Π_{s≤t} a_s, h_t), each a's shape."""
+    n, d = a.shape[dim], 1
+    while d < n:
+        a_tail, b_tail = a.narrow(dim, d, n - d), b.narrow(dim, d, n - d)
+        b = torch.cat([b.narrow(dim, 0, d), b_tail + a_tail * b.narrow(dim, 0, n - d)], dim)
+        a = torch.cat([a.narrow(dim, 0, d), a_tail * a.narrow(dim, 0, n - d)], dim)
+        d *= 2
+    return a, b
+
+
+def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   state: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+                   chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-1's selective scan (Gu and Dao 2023, "Mamba", Algorithm 2; transformers' mamba_selective_scan), an
+    N-wide state h a channel, its own decay per (channel, state) entry: for each token t in turn,
+    h_t = exp(dt_t·A)∘h_{t−1} + (dt_t·x_t) B_t, y_t = h_t·C_t.
+
+    Computed in chunks of `chunk` tokens, in fp32: within every chunk at once the recurrence from a zero state by
+    recursive doubling (_linear_scan: log2(chunk) elementwise steps), giving each token's state h⁰_t and decay
+    product P_t since the chunk's start; then the chunks' end states by the same doubling over the chunks, the
+    state carried in added with the decay since the start; each token's state is h⁰_t + P_t∘S_c with S_c its
+    chunk's start state. Decays are multiplied, never divided (the exp(cumA_t)·Σ exp(−cumA_s) form overflows fp32
+    once a chunk decays by more than ~88 nats, which trained Mamba channels do).
+    x and dt (B, T, I) (dt ≥ 0), A (I, N) (≤ 0), B and C (B, T, N); state (B, I, N) or None (zeros); starts (B, T)
+    bool or None: a packed document begins at token t, the state before it zeroed.
+    -> y (B, T, I) fp32 (without Mamba's D·x skip), the final state (B, I, N) fp32."""
+    Bt, T, I = x.shape
+    N = A.shape[-1]
+    x, dt, A, B, C = (t.float() for t in (x, dt, A, B, C))
+    if T == 1 and starts is None:  # a decode step: the recurrence itself
+        S = x.new_zeros(Bt, I, N) if state is None else state.float()
+        S = S * (dt[:, 0, :, None] * A).exp() + (dt[:, 0] * x[:, 0])[..., None] * B[:, 0, None, :]
+        return (S @ C[:, 0, :, None])[:, None, :, 0], S  # (B, 1, I)
+    L = min(chunk, T)
+    pad = -T % L  # padding tokens: decay 1, no input
+    a = (dt[..., None] * A).exp()  # (B, T, I, N)
+    if starts is not None:
+        a = a.masked_fill(starts[..., None, None], 0.0)
+    b = (dt * x)[..., None] * B[:, :, None, :]  # (B, T, I, N)
+    n = (T + pad) // L
+    a = F.pad(a, (0, 0, 0, 0, 0, pad), value=1.0).reshape(Bt, n, L, I, N)
+    b = F.pad(b, (0, 0, 0, 0, 0, pad)).reshape(Bt, n, L, I, N)
+    P, h = _linear_scan(a, b, 2)  # within the chunks, each from a zero state
+    ends_P, ends = _linear_scan(P[:, :, -1], h[:, :, -1], 1)  # (B, n, I, N): the chunks' end states from zero
+    if state is not None:
+        ends = ends + ends_P * state.float()[:, None]
+    start = torch.cat([x.new_zeros(Bt, 1, I, N) if state is None else state.float()[:, None], ends[:, :-1]], 1)
+    h = h + P * start[:, :, None]  # (B, n, L, I, N)
+    C = F.pad(C, (0, 0, 0, pad)).reshape(Bt, n, L, 1, N)
+    y = (h * C).sum(-1).reshape(Bt, n * L, I)[:, :T]
+    return y, ends[:, -1]

@@ -395,6 +395,18 @@ FAMILIES = {
     "mamba2-tied": ("Mamba2Config", "Mamba2ForCausalLM",
                     dict(num_heads=4, head_dim=32, n_groups=1, state_size=8, chunk_size=8, layer_norm_epsilon=1e-5,
                          use_bias=True, tie_word_embeddings=True, pad_token_id=None)),
+    # Mamba: Mamba-1 mixers alone on two layers (128 channels, a state of 8, dt of rank 4 != "auto"'s), a conv bias,
+    # tied; and with biases on in_proj and out_proj, no conv bias, a kernel of 3, untied
+    "mamba": ("MambaConfig", "MambaForCausalLM",
+              dict(state_size=8, time_step_rank=4, layer_norm_epsilon=1e-5, pad_token_id=None)),
+    "mamba-biases": ("MambaConfig", "MambaForCausalLM",
+                     dict(state_size=8, conv_kernel=3, use_bias=True, use_conv_bias=False, expand=1,
+                          tie_word_embeddings=False, layer_norm_epsilon=1e-5, pad_token_id=None)),
+    # Falcon-Mamba: Mamba's layers with RMS norms without weights on dt, B and C (a large epsilon, so that it
+    # shows), untied
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM",
+                     dict(state_size=8, mixer_rms_eps=1e-2, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+                          pad_token_id=None)),
     # the original OLMo: Llama's block with LayerNorms without weight or bias, untied
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
                                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})),

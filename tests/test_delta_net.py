@@ -1,9 +1,9 @@
-"""Recurrent layers (model.delta_layers: Qwen3.5's gated delta nets and Granite 4.0's Mamba-2 layers): the chunked
-gated delta rule and Mamba-2's chunked scan against their token-by-token recurrences, packed documents kept apart in
-training, the inference engine's cache (each row's state, each token's convolution input in its slot) against full
-recompute, prefilled whole, in chunks and through a decode batch whose other rows decode meanwhile (Falcon-H1's
-layers, Mamba-2 beside attention, holding a KV cache besides), the refusals. Parity with transformers' Qwen3.5,
-Granite 4.0 and Falcon-H1 is in tests/test_interop.py (the FAMILIES table)."""
+"""Recurrent layers (model.delta_layers: Qwen3.5's gated delta nets, Granite 4.0's Mamba-2 layers and Mamba-1's):
+the chunked gated delta rule and Mamba-2's and Mamba-1's chunked scans against their token-by-token recurrences,
+packed documents kept apart in training, the inference engine's cache (each row's state, each token's convolution
+input in its slot) against full recompute, prefilled whole, in chunks and through a decode batch whose other rows
+decode meanwhile (Falcon-H1's layers, Mamba-2 beside attention, holding a KV cache besides), the refusals. Parity with transformers' Qwen3.5,
+Granite 4.0, Falcon-H1, Mamba and Falcon-Mamba is in tests/test_interop.py (the FAMILIES table)."""
 
 import math
 from dataclasses import replace
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, ModelConfig
-from redline.recurrent import _chunk_states, gated_delta_rule, ssd
+from redline.recurrent import _chunk_states, gated_delta_rule, selective_scan, ssd
 
 from tests.engine_checks import assert_compiled_engine_stays_greedy
 from tests.test_short_conv import assert_documents_apart
@@ -35,8 +35,15 @@ NEMOTRON_H = replace(MAMBA, n_layer=4, delta_layers=(0, 3), mlp_free_layers=(0, 
 # Falcon-H1's: every layer Mamba-2 beside RoPE attention on the same normed input (model.delta_parallel), the
 # mixer's output gated without a norm (mamba_rms_norm=False)
 FALCON_H1 = replace(MAMBA, pos_emb="rope", delta_layers=(0, 1, 2), delta_parallel=True, delta_gate_norm="none")
-RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1],
-                                ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1"])
+# Mamba-1 layers (an inner width of 64 channels, a state of 8 each, dt of rank 2, biases on the convolution and
+# the projections) around attention without positions
+MAMBA1 = replace(MAMBA, delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_key_dim=8, delta_value_dim=1,
+                 delta_dt_rank=2, delta_proj_bias=True)
+# Falcon-Mamba's: every layer a Mamba-1 mixer alone, B, C and dt RMS-normalized without weights
+FALCON_MAMBA = replace(MAMBA1, delta_layers=(0, 1, 2), mlp_free_layers=(0, 1, 2), delta_proj_bias=False,
+                       delta_bcdt_norm_eps=1e-6)
+RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA],
+                                ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1", "mamba1", "falcon_mamba"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
@@ -130,6 +137,50 @@ def test_chunked_scan_is_the_recurrence(chunk):
         assert torch.isfinite(grad).all()
 
 
+def selective_recurrence(x, dt, A, B, C, state=None, starts=None):
+    """Mamba-1 token by token: h ← exp(dt_t·A)∘h + (dt_t·x_t) B_t, y_t = h·C_t (h zeroed at a start)."""
+    Bt, T, I = x.shape
+    h = torch.zeros(Bt, I, A.shape[-1]) if state is None else state.clone()
+    out = []
+    for t in range(T):
+        if starts is not None:
+            h = h * (~starts[:, t]).float()[:, None, None]
+        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * x[:, t])[..., None] * B[:, t, None, :]
+        out.append((h * C[:, t, None, :]).sum(-1))
+    return torch.stack(out, 1), h
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 64])
+def test_selective_scan_is_the_recurrence(chunk):
+    """Mamba-1's scan: outputs and final state, with a state carried in and documents starting mid-chunk, equal the
+    token loop's, decays of up to ~60 nats a token included (a chunk's total far past fp32's exp range); one-token
+    steps, token after token, too; gradients stay finite where a start resets the state."""
+    gen = torch.Generator().manual_seed(0)
+    Bt, T, I, N = 2, 23, 6, 5
+    x, dt = torch.randn(Bt, T, I, generator=gen), 3 * torch.rand(Bt, T, I, generator=gen)
+    A = -20 * torch.rand(I, N, generator=gen)
+    B, C = torch.randn(Bt, T, N, generator=gen), torch.randn(Bt, T, N, generator=gen)
+    state = torch.randn(Bt, I, N, generator=gen)
+    starts = torch.zeros(Bt, T, dtype=torch.bool)
+    starts[0, 7], starts[1, 3], starts[1, 16] = True, True, True
+    for s0, st in ((None, None), (state, starts)):
+        want_y, want_s = selective_recurrence(x, dt, A, B, C, s0, st)
+        got_y, got_s = selective_scan(x, dt, A, B, C, s0, st, chunk=chunk)
+        torch.testing.assert_close(got_y, want_y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_s, want_s, rtol=1e-5, atol=1e-5)
+    s, steps = state, []
+    for t in range(T):
+        y, s = selective_scan(x[:, t:t + 1], dt[:, t:t + 1], A, B[:, t:t + 1], C[:, t:t + 1], s)
+        steps.append(y)
+    want_y, want_s = selective_recurrence(x, dt, A, B, C, state)
+    torch.testing.assert_close(torch.cat(steps, 1), want_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, want_s, rtol=1e-5, atol=1e-5)
+    leaves = [t.clone().requires_grad_() for t in (x, dt, B, C)]
+    y, s = selective_scan(leaves[0], leaves[1], A, leaves[2], leaves[3], state, starts, chunk=chunk)
+    for grad in torch.autograd.grad(y.square().sum() + s.sum(), leaves):
+        assert torch.isfinite(grad).all()
+
+
 def test_one_token_steps_are_the_recurrence():
     """A decode step (one token, the recurrence itself rather than the chunked form) of either rule, a state carried
     in, token after token, equals the token loop over the whole sequence; and keeps v's dtype."""
@@ -170,12 +221,14 @@ def long_memory(model: GPT) -> GPT:
         for block in model.blocks:
             mixer = block.mamba or block.attn  # a Mamba-2 mixer beside attention (model.delta_parallel) or alone
             kind = mixer.__class__.__name__
-            if kind in ("GatedDeltaNet", "Mamba2"):
+            if kind in ("GatedDeltaNet", "Mamba2", "Mamba1"):
                 mixer.A_log.fill_(-3.9)
                 mixer.proj.weight.mul_(8)
-            if kind == "Mamba2":  # x, B and C of order 1 (GPT's init makes them ~1e-3), no skip: what the layer
-                mixer.conv.mul_(50)  # gives is the state's
+            if kind in ("Mamba2", "Mamba1"):  # x, B and C of order 1 (GPT's init makes them ~1e-3), no skip: what
+                mixer.conv.mul_(50)  # the layer gives is the state's
                 mixer.D.zero_()
+            if kind == "Mamba1":  # B and C come from x through x_proj
+                mixer.x_proj.weight.mul_(50)
         model.lm_head.weight.mul_(10)
     return model.eval()
 
@@ -197,9 +250,11 @@ def test_engine_decodes_as_full_recompute(chunk, cfg):
     got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
     assert got == [full_recompute(model, p, 10) for p in prompts]
     # fp32: one attention layer's k and v (2 kv heads of 8), two recurrent layers' convolution inputs (q, k, v:
-    # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8); Falcon-H1's three layers hold both
-    attention, recurrent = (3, 3) if cfg.delta_parallel else (1, 2)
-    assert engine.kv_bytes_per_token() == (2 * attention * 2 * 8 + recurrent * (64 if cfg is CFG else 96)) * 4
+    # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8; Mamba-1's x: 64); Falcon-H1's three layers hold both,
+    # Falcon-Mamba's three only the recurrent part
+    attention, recurrent = (3, 3) if cfg is FALCON_H1 else (0, 3) if cfg is FALCON_MAMBA else (1, 2)
+    width = 64 if cfg.delta_rule != "mamba2" else 96
+    assert engine.kv_bytes_per_token() == (2 * attention * 2 * 8 + recurrent * width) * 4
 
 
 @RULES
@@ -246,6 +301,20 @@ def test_refusals():
         replace(CFG, delta_conv_bias=True).validate()
     with pytest.raises(UserError, match="model.delta_dt_min=0.1 is Mamba-2's least time step"):
         replace(CFG, delta_dt_min=0.1).validate()
+    for bad, fragment in ((dict(delta_value_dim=2), "set model.delta_value_dim=1 .not 2."),
+                          (dict(delta_key_heads=2, delta_heads=64), "and delta_key_heads=1 .not 2."),
+                          (dict(delta_norm_eps=1e-5), "Mamba-1 .model.delta_rule=mamba1. has no output norm"),
+                          (dict(delta_beta_scale=2.0), "Mamba .model.delta_rule=mamba1. has none"),
+                          (dict(delta_dt_rank=-1), "model.delta_dt_rank=-1 is Mamba-1's dt rank"),
+                          (dict(delta_bcdt_norm_eps=-1.0), "model.delta_bcdt_norm_eps=-1.0 is Falcon-Mamba's"),
+                          (dict(delta_rule="mamba3"), "model.delta_rule='mamba3': one of")):
+        with pytest.raises(UserError, match=fragment):
+            replace(MAMBA1, **bad).validate()
+    for bad, fragment in ((dict(delta_dt_rank=4), "with model.delta_rule=mamba1"),
+                          (dict(delta_bcdt_norm_eps=1e-6), "with model.delta_rule=mamba1")):
+        with pytest.raises(UserError, match=fragment):
+            replace(MAMBA, **bad).validate()
+    assert replace(MAMBA1, delta_dt_rank=0).dt_rank == 2  # Mamba's "auto": ceil(32 / 16)
     for bad, fragment in ((dict(mixer_free_layers=(0,)), "names a layer that has a token mixer"),
                           (dict(mixer_free_layers=(1,), mlp_free_layers=(1,)), "would have nothing at all"),
                           (dict(mlp_free_layers=(4,)), r"model.mlp_free_layers=\(4,\) must name distinct layers"),
@@ -350,7 +419,8 @@ def test_gpu_compiled_engine_and_training_step(cfg):
     """On a GPU: the compiled, graph-captured engine decodes greedily, as the eager one does (tests/engine_checks.py);
     the compiled training step's loss and gradients match eager ones."""
     torch.manual_seed(0)
-    cfg = replace(cfg, n_embd=128, vocab_size=512, context_len=128, delta_key_dim=32, delta_value_dim=32)
+    cfg = replace(cfg, n_embd=128, vocab_size=512, context_len=128, delta_key_dim=32,
+                  delta_value_dim=1 if cfg.delta_rule == "mamba1" else 32)
     model = GPT(cfg).cuda()
     assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
     model.train()

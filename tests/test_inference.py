@@ -120,6 +120,15 @@ ARCHITECTURES = {
     "mamba2-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba2", "delta_heads": 4,
                      "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16, "delta_conv_bias": True,
                      "mlp_free_layers": (0, 1), "pos_emb": "none"},
+    # Mamba's: Mamba-1 mixers alone (an inner width of 128 channels a slot, an (I, N) state a row), biases on the
+    # convolution and projections, tied
+    "mamba1-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba1", "delta_heads": 128,
+                     "delta_key_heads": 1, "delta_key_dim": 8, "delta_value_dim": 1, "delta_conv_bias": True,
+                     "delta_proj_bias": True, "mlp_free_layers": (0, 1), "pos_emb": "none", "tie_embeddings": True},
+    # Falcon-Mamba's: Mamba-1 mixers alone with RMS norms without weights on dt, B and C, an untied head
+    "falcon-mamba-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba1", "delta_heads": 128,
+                           "delta_key_heads": 1, "delta_key_dim": 8, "delta_value_dim": 1, "delta_conv_bias": True,
+                           "delta_bcdt_norm_eps": 1e-6, "mlp_free_layers": (0, 1), "pos_emb": "none"},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -882,7 +891,9 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                              ("olmo-hybrid-style", "matmul"),
                                                                              ("qwen3-next-style", "matmul"),
                                                                              ("nemotron-h-style", "matmul"),
-                                                                             ("mamba2-style", "matmul")])
+                                                                             ("mamba2-style", "matmul"),
+                                                                             ("mamba1-style", "matmul"),
+                                                                             ("falcon-mamba-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
     LongRoPE), EXAONE 4.0's, Hunyuan's (QK-norm after RoPE) and LFM3's (gated heads, two RoPE tables) blocks, which the fused decode block refuses, with

@@ -99,7 +99,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1"),
-                                        ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2")])
+                                        ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"), ("mamba", "Mamba"),
+                                        ("falcon_mamba", "Falcon-Mamba")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -252,6 +253,14 @@ REDLINE_EXPORTS = {
     "Mamba2ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_heads=8, delta_key_heads=2,
                               delta_key_dim=8, delta_value_dim=16, delta_conv_bias=True, delta_proj_bias=True,
                               delta_dt_min=0.02, mlp_free_layers=(0, 1), pos_emb="none", tie_embeddings=True),
+    # Mamba-1 mixers alone: 96 channels (not a multiple of n_embd: intermediate_size written as it is), biases on
+    # in_proj and out_proj, tied; Falcon-Mamba's with its B, C and dt norms, untied, dt of "auto" rank
+    "MambaForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba1", delta_heads=96, delta_key_heads=1,
+                             delta_key_dim=8, delta_value_dim=1, delta_dt_rank=3, delta_conv_bias=True,
+                             delta_proj_bias=True, mlp_free_layers=(0, 1), pos_emb="none", tie_embeddings=True),
+    "FalconMambaForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba1", delta_heads=128, delta_key_heads=1,
+                                   delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-3,
+                                   mlp_free_layers=(0, 1), pos_emb="none"),
 }
 
 
@@ -384,6 +393,15 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
           mlp_free_layers=(0, 1), pos_emb="none", norm="layernorm"), "Mamba2, the architecture of them, has RMSNorms"),
     (dict(n_layer=2, delta_layers=(0, 1), delta_heads=2, delta_key_heads=1, mlp_free_layers=(0, 1), pos_emb="none",
           mlp="relu2", delta_dt_min=0.0), "has Mamba-2 mixers, not gated delta nets"),
+    # Mamba-1 layers: Mamba's and Falcon-Mamba's alone, every layer one
+    (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          mlp_free_layers=(0,), pos_emb="none"), "have a Mamba-1 mixer alone on every layer .model.delta_layers and "
+                                                 "mlp_free_layers naming every layer, not .0,. and .0,.."),
+    (dict(n_layer=2, delta_layers=(0, 1), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          mlp_free_layers=(0, 1), pos_emb="none", norm_unit_offset=True), "Mamba and Falcon-Mamba, the architectures "
+                                                                          "with them, have RMSNorms with a weight"),
+    (dict(n_layer=2, delta_layers=(0, 1), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          mlp_free_layers=(0, 1), pos_emb="none", logit_softcap=5.0), "have no embedding scale, scalars, logit cap"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -475,10 +493,10 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, falcon_h1, gemma, gemma2, "
+                         "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, falcon_h1, falcon_mamba, gemma, gemma2, "
                          "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
-                         "mamba2, ministral3, mistral, mixtral, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "mamba, mamba2, ministral3, mistral, mixtral, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
@@ -1021,6 +1039,25 @@ def test_import_nemotron_h_and_mamba2_refuse_what_they_cannot_run(tmp_path, caps
                            ({"head_dim": 8}, "num_heads=4 x head_dim=8 != expand x hidden_size = 64")]:
         with pytest.raises(UserError, match=fragment):
             mamba2_model_config({**mamba, **edit})
+
+
+def test_import_mamba_refuses_what_it_cannot_run():
+    """A convolution activation other than SiLU is refused by name, for either family; "auto" time_step_rank is
+    ceil(hidden_size / 16); intermediate_size wins over expand where given (as transformers' config lets it);
+    Falcon-Mamba's mixer_rms_eps becomes model.delta_bcdt_norm_eps and must be above 0."""
+    from redline.interop.mamba import falcon_model_config, model_config
+
+    hf = {"model_type": "mamba", "vocab_size": 64, "hidden_size": 40, "num_hidden_layers": 2, "state_size": 8,
+          "expand": 2, "time_step_rank": "auto"}
+    cfg = model_config(hf)
+    assert (cfg.delta_heads, cfg.dt_rank, cfg.delta_bcdt_norm_eps, cfg.tie_embeddings) == (80, 3, 0.0, True)
+    assert model_config({**hf, "intermediate_size": 72}).delta_heads == 72
+    assert falcon_model_config({**hf, "mixer_rms_eps": 1e-5}).delta_bcdt_norm_eps == 1e-5
+    for build in (model_config, falcon_model_config):
+        with pytest.raises(UserError, match="hidden_act='gelu': Mamba's convolution is followed by SiLU"):
+            build({**hf, "hidden_act": "gelu"})
+    with pytest.raises(UserError, match="mixer_rms_eps=0.0: Falcon-Mamba's B, C and dt norms"):
+        falcon_model_config({**hf, "mixer_rms_eps": 0.0})
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

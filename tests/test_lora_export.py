@@ -84,6 +84,13 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Mamba2ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
                               delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, mlp_free_layers=(0, 1),
                               pos_emb="none"),
+    # Mamba and Falcon-Mamba: Mamba-1 mixers alone (backbone.layers.i.mixer.in_proj, x_proj, dt_proj)
+    "MambaForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba1", delta_heads=128, delta_key_heads=1,
+                             delta_key_dim=8, delta_value_dim=1, delta_conv_bias=True, mlp_free_layers=(0, 1),
+                             pos_emb="none", tie_embeddings=True),
+    "FalconMambaForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba1", delta_heads=128, delta_key_heads=1,
+                                   delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-6,
+                                   mlp_free_layers=(0, 1), pos_emb="none"),
     # OLMo Hybrid: a gated delta net (q/k/v_proj apart, g_proj, a_proj, b_proj, o_proj) in a pre-norm block on layer
     # 0, OLMo 3's output-norm attention on 1
     "OlmoHybridForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", delta_layers=(0,),
@@ -103,7 +110,10 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # the Mamba-2 mixer's in_proj too (PEFT refuses its out_proj: test_export_refusals_are_one_line)
            "FalconH1ForCausalLM": ("attn.*", "mlp.*", "mamba.in_proj"),
            # PEFT adapts no Mamba-2 out_proj in these two (their attn.proj; Nemotron-H's attention o_proj goes too)
-           "NemotronHForCausalLM": ("attn.in_proj", "attn.qkv", "mlp.*"), "Mamba2ForCausalLM": ("attn.in_proj",)}
+           "NemotronHForCausalLM": ("attn.in_proj", "attn.qkv", "mlp.*"), "Mamba2ForCausalLM": ("attn.in_proj",),
+           # nor a Mamba-1 out_proj (Mamba's, Falcon-Mamba's attn.proj)
+           "MambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
+           "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
@@ -270,3 +280,10 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is on a Mamba-2 layer's out_proj, which PEFT refuses to adapt in Mamba2ForCausalLM" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m").exists()
+    # and a Mamba-1 layer's, in Mamba
+    _, ckpt = lora_run(tmp_path / "mamba1", "MambaForCausalLM", targets=("attn.*",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "m1")) == 2
+    err = capsys.readouterr().err
+    assert "blocks.0.attn.proj is on a Mamba-1 layer's out_proj, which PEFT refuses to adapt in MambaForCausalLM" \
+        in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m1").exists()

@@ -151,7 +151,10 @@ def _evaluating(model: GPT):
 
 
 def _delta_width(cfg) -> int:
-    """The channels of a gated delta net's convolution (its q, k and v), which its cache layer keeps a token."""
+    """The channels of a delta layer's convolution, which its cache layer keeps a token: a gated delta net's q, k
+    and v, Mamba-2's x, B and C, Mamba-1's x alone (delta_heads channels)."""
+    if cfg.delta_rule == "mamba1":
+        return cfg.delta_heads
     return 2 * cfg.delta_key_heads * cfg.delta_key_dim + cfg.delta_heads * cfg.delta_value_dim
 
 

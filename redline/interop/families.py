@@ -14,7 +14,8 @@ Qwen3-Next (the same, its delta nets' projections grouped by key head, dense lay
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
 with partial RoPE); falcon_h1.py Falcon-H1 (attention and a Mamba-2 mixer side by side in every layer, its µP
 multipliers folded into the weights); nemotron_h.py Nemotron-H (Mamba-2, attention without positions and ReLU²
-MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
+MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone); mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers
+alone, Falcon-Mamba's with RMS norms on B, C and dt); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -203,8 +204,8 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (cohere, ernie, exaone, exaone4, falcon_h1, gemma, gemma2, gemma3, gpt2, gpt_neox,
-                                 gpt_oss, granite, hunyuan, lfm2, llama, moe, nanochat, nemotron_h, olmo2, olmo_hybrid,
-                                 opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
+                                 gpt_oss, granite, hunyuan, lfm2, llama, mamba, moe, nanochat, nemotron_h, olmo2,
+                                 olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -217,7 +218,7 @@ def _families() -> dict[str, Family]:
                                 llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
-                                nemotron_h.MAMBA2_FAMILY)}
+                                nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -247,7 +248,9 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; one with Mamba-2 beside attention in its layers (model.delta_parallel) as Falcon-H1; one of
+    SwiGLU experts; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
+    dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone; one with Mamba-2 beside attention in
+    its layers (model.delta_parallel) as Falcon-H1; one of
     blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every layer is a Mamba-2 mixer
     alone, as Nemotron-H otherwise (a UserError where a layer has both sublayers); one with
     Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
@@ -262,6 +265,10 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import lfm2, qwen3_5
 
+    if cfg.delta_layers and cfg.delta_rule == "mamba1":  # Mamba-1 layers: Mamba's or Falcon-Mamba's alone
+        from redline.interop import mamba
+
+        return families[mamba.export_name(cfg)]
     if cfg.delta_parallel:  # Mamba-2 beside attention in every layer: Falcon-H1's alone
         from redline.interop import falcon_h1
 

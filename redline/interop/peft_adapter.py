@@ -9,7 +9,8 @@ Names follow the exported architecture's modules (redline/interop/llama.py, gpt2
 opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py, falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
-down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there):
+down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
+Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT refuses in them too):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -135,6 +136,16 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             return [(base + names[rest], slice(0, out_features))]
         if rest != "attn.qkv":
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+    if family.name in ("mamba", "falcon_mamba"):  # mamba.py's names: each layer a Mamba-1 mixer alone, mixer.*
+        if rest == "attn.proj":
+            raise UserError(f"the adapter on {layer} is on a Mamba-1 layer's out_proj, which PEFT refuses to adapt in "
+                            f"{family.architecture} (the fused Mamba kernels read its weight directly); train with "
+                            f"lora.targets that leave attn.proj out (attn.in_proj attn.x_proj attn.dt_proj) or export "
+                            f"with --merge")
+        names = {"attn.in_proj": "in_proj", "attn.x_proj": "x_proj", "attn.dt_proj": "dt_proj"}
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(f"backbone.layers.{i}.mixer.{names[rest]}", slice(0, out_features))]
     if family.name in ("nemotron_h", "mamba2"):  # nemotron_h.py's names: each layer's one sublayer is its mixer.*
         base = f"{'backbone' if family.name == 'mamba2' else 'model'}.layers.{i}.mixer."
         if rest == "attn.proj" and int(i) in cfg.delta_layers:
@@ -219,7 +230,8 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
     """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
     table = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in",
              "opt": "model.decoder.embed_tokens", "nemotron_h": "model.embeddings",
-             "mamba2": "backbone.embeddings"}.get(family.name, "model.embed_tokens")
+             "mamba2": "backbone.embeddings", "mamba": "backbone.embeddings",
+             "falcon_mamba": "backbone.embeddings"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
            "lm_head": ("lm_head", cfg.vocab_size)}
     if name not in top:

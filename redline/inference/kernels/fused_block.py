@@ -54,6 +54,7 @@ FIELDS_ACCOUNTED = {
     "delta_conv_bias": "refused with delta_layers", "delta_proj_bias": "refused with delta_layers",
     "delta_beta_scale": "refused with delta_layers", "delta_norm_eps": "refused with delta_layers",
     "delta_norm_position": "refused with delta_layers",
+    "delta_dt_rank": "refused with delta_layers", "delta_bcdt_norm_eps": "refused with delta_layers",
     "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
     "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
     "moe_shared_hidden": "refused with moe_experts", "moe_shared_gate": "refused with moe_experts",
