@@ -417,6 +417,34 @@ FAMILIES = {
                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     "nanochat-tied": ("NanoChatConfig", "NanoChatForCausalLM",
                       dict(num_attention_heads=4, final_logit_softcapping=None, tie_word_embeddings=True)),
+    # GPTBigCode as SantaCoder and StarCoderBase are: multi-query attention (c_attn [q; k; v]), tanh-GELU, tied; and
+    # its multi-head form (c_attn by head), untied, the erf GELU, scores left unscaled (scale_attn_weights false)
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM",
+                    dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64)),
+    "gpt_bigcode-mha": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM",
+                        dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64, multi_query=False,
+                             tie_word_embeddings=False, activation_function="gelu", scale_attn_weights=False)),
+    # GPT-Neo as gpt-neo-125m is: global and local layers in turn (a window shorter than the test sequences), scores
+    # unscaled, q/k/v without biases, tanh-GELU, tied; and every layer local, untied, the erf GELU
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM",
+                dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=96, max_position_embeddings=64,
+                     attention_types=[[["global", "local"], 1]], window_size=5)),
+    "gpt_neo-local": ("GPTNeoConfig", "GPTNeoForCausalLM",
+                      dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=96, max_position_embeddings=64,
+                           attention_types=[[["local"], 2]], window_size=6, activation_function="gelu",
+                           tie_word_embeddings=False)),
+    # GPT-J as GPT-J-6B is (one LayerNorm for parallel sublayers, RoPE on the first rotary_dim of each head in
+    # interleaved pairs, no q/k/v/out biases, an untied head with a bias), with 6 of 16 dimensions rotated; and whole
+    # heads rotated, the erf GELU, a tied head
+    "gptj": ("GPTJConfig", "GPTJForCausalLM",
+             dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64, rotary_dim=6)),
+    "gptj-whole": ("GPTJConfig", "GPTJForCausalLM",
+                   dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64, rotary_dim=16,
+                        activation_function="gelu", tie_word_embeddings=True)),
+    # CodeGen as codegen-350M is: GPT-J's block with q, v, k in one qkv_proj of 4 model-parallel blocks; 8 of 16
+    # dimensions rotated (exported as GPT-J)
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM",
+                dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64, n_ctx=64, rotary_dim=8)),
     # the sequential block, RoPE on half of each head, tanh-GELU and a tied head
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,
@@ -488,6 +516,9 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+_CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig")  # GPT-2's names, sizes given
+
+
 def hf_model(kind: str, seed: int = 0):
     """A transformers model of family `kind` with random weights (every parameter perturbed, norms included)."""
     import transformers
@@ -495,7 +526,7 @@ def hf_model(kind: str, seed: int = 0):
     config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES}[kind]
     if kind == "opt":
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=1, dropout=0.0)
-    elif kind.startswith("gpt2"):
+    elif kind.startswith("gpt2") or config_name in _CLASSIC:
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0)
     else:

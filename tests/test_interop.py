@@ -80,7 +80,7 @@ def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, caps
 # whole heads rotated and no LongRoPE is a Mistral, and so is Ministral 3 within its original context)
 EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "seed_oss": "Qwen2ForCausalLM",
                "granitemoehybrid": "GraniteForCausalLM",
-               "phi3-window": "MistralForCausalLM", "ministral3": "MistralForCausalLM"}
+               "phi3-window": "MistralForCausalLM", "ministral3": "MistralForCausalLM", "codegen": "GPTJForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -100,7 +100,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
 
 @pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1"),
                                         ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"), ("mamba", "Mamba"),
-                                        ("falcon_mamba", "Falcon-Mamba")])
+                                        ("falcon_mamba", "Falcon-Mamba"), ("gpt_bigcode", "GPTBigCode"),
+                                        ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -249,6 +250,28 @@ REDLINE_EXPORTS = {
                                  delta_key_dim=8, delta_value_dim=16, delta_conv_bias=True, delta_dt_min=0.02,
                                  mlp_free_layers=(0, 1), mixer_free_layers=(2,), pos_emb="none", mlp="relu2",
                                  n_kv_head=2, fused_qkv=False, tie_embeddings=True),
+    # GPTBigCode: learned positions with multi-query attention, tied; multi-head with unscaled scores, q/k/v apart,
+    # no biases (written as zeros), the erf GELU
+    "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
+                                  tie_embeddings=True),
+    "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
+                                      fused_qkv=False, gelu_approximate="none"),
+    # GPT-Neo: learned positions with a windowed layer after a full one (window_layers), unscaled scores, biases on
+    # out_proj and the MLP alone; and every layer windowed, no biases (written as zeros), the erf GELU, untied
+    "GPTNeoForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
+                              qkv_bias=False, sliding_window=5, window_layers=(1,), tie_embeddings=True),
+    "GPTNeoForCausalLM-local": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0,
+                                    sliding_window=4, gelu_approximate="none"),
+    # GPT-Neo from a window pattern (layer 0 windowed, layer 1 full), written as its layer types
+    "GPTNeoForCausalLM-pattern": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0,
+                                      sliding_window=3, sliding_window_pattern=2),
+    # GPT-J: one LayerNorm for parallel sublayers, a quarter of each head rotated (GPT-J's interleaved pairs on
+    # export), biases on the MLP and attn.proj (folded into fc_out's) but not q/k/v, a head bias; and q/k/v apart,
+    # whole heads rotated, tied, no head bias (written as zeros)
+    "GPTJForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, parallel_residual=True,
+                            parallel_shared_norm=True, head_bias=True, rope_dims=4),
+    "GPTJForCausalLM-whole": dict(norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, parallel_residual=True,
+                                  parallel_shared_norm=True, fused_qkv=False, tie_embeddings=True),
     # Mamba-2 mixers alone, tied, biases on in_proj and out_proj, dt floored
     "Mamba2ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_heads=8, delta_key_heads=2,
                               delta_key_dim=8, delta_value_dim=16, delta_conv_bias=True, delta_proj_bias=True,
@@ -292,6 +315,18 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(mlp="relu2", qk_norm=True), "model.mlp=relu2: Arcee, the one architecture with it and Llama's block"),
     (dict(pos_emb="learned", norm="layernorm", mlp="relu", n_kv_head=2), "OPT is multi-head"),
     (dict(pos_emb="learned"), "LayerNorm"),  # learned positions with RMSNorm
+    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=1, attn_scale=1.0, sliding_window=4),
+     "model.n_kv_head=1 with learned positions and windowed layers: GPT-Neo is multi-head"),
+    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", sliding_window=4),
+     "model.attn_scale=0.0 with learned positions and windowed layers: GPT-Neo leaves its scores unscaled"),
+    (dict(norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, parallel_residual=True, parallel_shared_norm=True,
+          rope_theta=500.0), "model.rope_theta=500.0 with one norm for parallel sublayers and no q/k/v biases: GPT-J"),
+    (dict(norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, parallel_residual=True, parallel_shared_norm=True,
+          n_kv_head=2), "model.n_kv_head=2 with one norm for parallel sublayers and no q/k/v biases: GPT-J is multi"),
+    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", sliding_window=4, attn_scale=1.0, bias=True),
+     "q/k/v biases .model.bias or model.qkv_bias. with learned positions and windowed layers: GPT-Neo's q/k/v"),
+    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, embed_scale=True),
+     "model.embed_scale with learned positions"),
     (dict(logit_softcap=30.0), "logit_softcap"),
     (dict(pos_emb="none"), "pos_emb=none: of the architectures redline exports to, only Granite 4.0"),
     (dict(norm="layernorm", mlp="relu2"), "model.mlp=relu2 with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
@@ -314,7 +349,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm="layernorm", bias=True), "StableLM has biases on q, k and v alone"),
     (dict(parallel_residual=True, parallel_shared_norm=True), "Phi, the one architecture with one norm a block"),
     (dict(sliding_window=8, bias=True), "sliding_window with model.bias=true"),
-    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GQA"),
+    (dict(pos_emb="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "GPTBigCode's attention is multi-query .one "
+                                                                        "KV head. or multi-head, not grouped .GQA."),
     (dict(norm_position="output"), "model.qk_norm_scope=all"),  # OLMo 2 always has its QK-norm
     (dict(norm_position="output", qk_norm=True, qk_norm_scope="all", bias=True), "no MLP biases"),
     (dict(qk_norm=True, qk_norm_scope="all"), "norm_position=output"),
@@ -493,8 +529,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports arcee, bamba, cohere, cohere2, ernie4_5, exaone, exaone4, falcon_h1, falcon_mamba, gemma, gemma2, "
-                         "gemma3_text, gpt2, gpt_neox, gpt_oss, granite, granite_swa, granitemoe, "
+                         "redline imports arcee, bamba, codegen, cohere, cohere2, ernie4_5, exaone, exaone4, "
+                         "falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neo, gpt_neox, "
+                         "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
                          "mamba, mamba2, ministral3, mistral, mixtral, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
@@ -1070,6 +1107,77 @@ def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):
                            ({"word_embed_proj_dim": 32}, "word_embed_proj_dim=32"),
                            ({"activation_function": "gelu"}, "activation_function='gelu'"),
                            ({"max_position_embeddings": 60}, "embed_positions has 66 rows")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_gpt_bigcode_reads_santacoders_config_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """SantaCoder's config.json as the Hub has it (transformers-format: multi-query, tanh-GELU) reads as
+    transformers reads it; options redline cannot run are one-line errors naming them."""
+    from redline.interop.gpt_bigcode import model_config
+
+    santacoder = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"], "vocab_size": 49280,
+                  "n_positions": 2048, "n_embd": 2048, "n_layer": 24, "n_head": 16, "n_inner": 8192,
+                  "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-05, "multi_query": True,
+                  "scale_attn_weights": True, "attention_softmax_in_fp32": True}
+    cfg = model_config(santacoder)
+    assert (cfg.kv_heads, cfg.head_dim, cfg.hidden_dim, cfg.attn_scale, cfg.gelu_approximate, cfg.tie_embeddings,
+            cfg.bias) == (1, 128, 8192, 0.0, "tanh", True, True)
+    assert model_config({**santacoder, "multi_query": False, "scale_attn_weights": False}).kv_heads == 16
+    hf_folder("gpt_bigcode", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"activation_function": "relu"}, "activation_function='relu'"),
+                           ({"add_cross_attention": True}, "add_cross_attention=true")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_gpt_neo_reads_its_layer_types_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """gpt-neo-1.3B's config.json as the Hub has it (attention_types as pattern and repeats) reads as transformers
+    expands it: the local layers windowed, scores unscaled; bad layer types are one-line errors naming them."""
+    from redline.interop.gpt_neo import model_config
+
+    neo = {"model_type": "gpt_neo", "architectures": ["GPTNeoForCausalLM"], "vocab_size": 50257,
+           "max_position_embeddings": 2048, "hidden_size": 2048, "num_layers": 24, "num_heads": 16,
+           "attention_types": [[["global", "local"], 12]], "window_size": 256, "intermediate_size": None,
+           "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05}
+    cfg = model_config(neo)
+    assert (cfg.sliding_window, cfg.window_layers, cfg.attn_scale, cfg.has_qkv_bias, cfg.bias, cfg.hidden_dim,
+            cfg.tie_embeddings) == (256, tuple(range(1, 24, 2)), 1.0, False, True, 8192, True)
+    every = model_config({**neo, "attention_types": [[["global"], 24]]})
+    assert (every.sliding_window, every.window_layers) == (0, ())
+    hf_folder("gpt_neo", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"attention_types": [[["global", "sparse"], 1]]}, "attention_types holds 'sparse'"),
+                           ({"attention_types": [[["global"], 3]]}, "gives 3 layers, num_layers is 2"),
+                           ({"activation_function": "relu"}, "activation_function='relu'")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_import_gptj_and_codegen_read_the_hubs_configs_and_refuse_what_they_cannot_run(tmp_path, capsys):
+    """GPT-J-6B's and codegen-350M-mono's config.json as the Hub has them read as transformers reads them (RoPE on the
+    first rotary_dim of each head, base 10000); options redline cannot run are one-line errors naming them."""
+    from redline.interop.gptj import codegen_model_config, model_config
+
+    gptj6b = {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "vocab_size": 50400, "n_positions": 2048,
+              "n_embd": 4096, "n_layer": 28, "n_head": 16, "rotary_dim": 64, "n_inner": None,
+              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05, "tie_word_embeddings": False}
+    cfg = model_config(gptj6b)
+    assert (cfg.head_dim, cfg.rope_dims, cfg.rope_theta, cfg.parallel_shared_norm, cfg.head_bias, cfg.has_qkv_bias,
+            cfg.bias, cfg.hidden_dim, cfg.tie_embeddings) == (256, 64, 10000.0, True, True, False, True, 16384, False)
+    codegen = {**gptj6b, "model_type": "codegen", "n_embd": 1024, "n_layer": 20, "rotary_dim": 32, "n_ctx": 2048,
+               "vocab_size": 51200}
+    assert (codegen_model_config(codegen).head_dim, codegen_model_config(codegen).rope_dims) == (64, 32)
+    with pytest.raises(UserError, match="n_embd=1022: CodeGen's qkv_proj is 4 blocks"):
+        codegen_model_config({**codegen, "n_embd": 1022, "n_head": 2})
+    hf_folder("gptj", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"rotary_dim": None}, "rotary_dim=null"), ({"rotary_dim": 5}, "rotary_dim=5"),
+                           ({"activation_function": "relu"}, "activation_function='relu'")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
 

@@ -101,6 +101,16 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # nanochat: q and k rows (B's rows) with each head's second half negated, mlp.fc1 / fc2, weightless norms
     "NanoChatForCausalLM": dict(norm_affine=False, embed_norm=True, qk_norm=True, mlp="relu2", n_kv_head=2,
                                 logit_softcap=3.0),
+    # GPTBigCode: c_attn (nn.Linear) with B's rows as redline's (multi-query) or regrouped by head (multi-head)
+    "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
+                                  tie_embeddings=True),
+    "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, attn_scale=1.0),
+    # GPT-Neo: q/k/v_proj and out_proj under attn.attention, mlp.c_fc / c_proj; a windowed layer, scores unscaled
+    "GPTNeoForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, qkv_bias=False,
+                              attn_scale=1.0, sliding_window=4, window_layers=(1,), tie_embeddings=True),
+    # GPT-J: q/k/v_proj apart (q and k rows, B's rows, in its interleaved RoPE order), out_proj, mlp.fc_in / fc_out
+    "GPTJForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, parallel_residual=True,
+                            parallel_shared_norm=True, head_bias=True, rope_dims=6),
     # query_key_value: B's rows regrouped by head
     "GPTNeoXForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4),
 }

@@ -4,7 +4,10 @@ A family is the pair (config translation, weight-name map) for one Hugging Face 
 (llama.py) serves Llama, Mistral, Qwen2 and Qwen3, which name their tensors alike and differ in biases, QK-norm,
 sliding windows and head width; olmo2.py serves OLMo 1, 2 and 3 and gemma3.py Gemma 3's text model (the Llama names,
 their norms on the sublayers' outputs) and stablelm.py StableLM (the Llama names, LayerNorm); gpt2.py serves GPT-2,
-gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; moe.py the mixtures
+gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and opt.py OPT; gpt_bigcode.py
+GPTBigCode (SantaCoder, StarCoderBase: GPT-2's block with multi-query attention) and gpt_neo.py GPT-Neo (global and
+local layers, unscaled scores); gptj.py GPT-J and CodeGen (parallel sublayers under one LayerNorm, RoPE on part of
+each head in interleaved pairs, CodeGen's qkv_proj in its 4 model-parallel blocks); moe.py the mixtures
 of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS (sinks, biased and clamped
 experts); lfm2.py LFM2 (attention and short convolutions) and LFM3 (with windowed layers, gated heads and output
 norms); granite.py Granite, Granite 4.0 (dense, and its hybrids with Mamba-2 layers and experts), GraniteMoE,
@@ -183,6 +186,25 @@ def multi_head_problems(cfg: ModelConfig, when: str, arch: str) -> list[tuple[bo
     ]
 
 
+def plain_block_problems(cfg: ModelConfig, when: str, arch: str) -> list[tuple[bool, str]]:
+    """What the classic LayerNorm + GELU architectures (GPT-BigCode, GPT-Neo, GPT-J, CodeGen) have none of, for
+    raise_first: `when` names the redline options that chose the architecture `arch`."""
+    named = [(name, getattr(cfg, name)) for name in (
+        "norm_unit_offset", "embed_norm", "embed_scale", "embed_multiplier", "residual_multiplier", "logit_divisor",
+        "logit_softcap", "attn_softcap", "attn_sinks", "qk_norm", "value_embeddings", "moe_experts", "conv_layers",
+        "delta_layers", "nope_interval", "rope_layer_theta", "rope_local_theta")]
+    return [(bool(value), f"model.{name} with {when}: {arch} has no such option") for name, value in named] + [
+        (cfg.norm_position != "pre", f"model.norm_position={cfg.norm_position} with {when}: {arch}'s norms are "
+                                     f"pre-norms"),
+        (cfg.norm != "layernorm", f"model.norm={cfg.norm} with {when}: {arch} uses LayerNorm"),
+        (not cfg.norm_affine, f"model.norm_affine=false with {when}: {arch}'s LayerNorms have weights"),
+        (cfg.mlp != "gelu", f"model.mlp={cfg.mlp} with {when}: {arch}'s MLP is GELU"),
+        (cfg.attn_gate != "none", f"model.attn_gate={cfg.attn_gate} with {when}: {arch} has no gate on its heads"),
+        (cfg.head_dim * cfg.n_head != cfg.n_embd, f"model.head_size with {when}: {arch}'s heads are n_embd / n_head "
+                                                  f"wide"),
+    ]
+
+
 def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str) -> None:
     """Every tensor redline's model has, with its shape: a UserError naming the first missing or mismatched one."""
     with torch.device("meta"):
@@ -203,9 +225,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (cohere, ernie, exaone, exaone4, falcon_h1, gemma, gemma2, gemma3, gpt2, gpt_neox,
-                                 gpt_oss, granite, hunyuan, lfm2, llama, mamba, moe, nanochat, nemotron_h, olmo2,
-                                 olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
+    from redline.interop import (cohere, ernie, exaone, exaone4, falcon_h1, gemma, gemma2, gemma3, gpt2,
+                                 gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, lfm2, llama, mamba,
+                                 moe, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next,
+                                 stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -218,7 +241,8 @@ def _families() -> dict[str, Family]:
                                 llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
-                                nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY)}
+                                nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
+                                gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -236,8 +260,34 @@ def family_for(hf_config: dict, source: str) -> Family:
     return families[model_type]
 
 
+def classic_export_name(cfg: ModelConfig) -> str | None:
+    """The classic architecture a model exports as, checked (a UserError naming what it lacks), or None: GPT-J for
+    one LayerNorm for parallel sublayers with RoPE, a GELU MLP and biases on the Linear layers but not on q/k/v
+    (CodeGen's models among them); GPT-Neo for learned positions with windowed layers, or unscaled multi-head scores
+    without q/k/v biases; GPTBigCode for learned positions with multi-query attention or unscaled scores. Their
+    options are the architecture's own: no other that redline exports to has them together."""
+    if cfg.attn_sinks or cfg.moe_experts or cfg.conv_layers:  # the architectures that have these decide
+        return None
+    from redline.interop import gpt_neo, gptj
+
+    if gptj.wants_gptj(cfg):
+        gptj.check_exportable(cfg)
+        return "gptj"
+    if gpt_neo.wants_gpt_neo(cfg):
+        gpt_neo.check_exportable(cfg)
+        return "gpt_neo"
+    if cfg.pos_emb == "learned" and cfg.mlp == "gelu" and (cfg.kv_heads != cfg.n_head or cfg.attn_scale == 1.0):
+        from redline.interop import gpt_bigcode
+
+        gpt_bigcode.check_exportable(cfg)
+        return "gpt_bigcode"
+    return None
+
+
 def export_family(cfg: ModelConfig) -> Family:
-    """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU), OLMo 2 with
+    """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU, GPT-Neo
+    with them, a GELU MLP and windowed layers or unscaled scores, GPTBigCode with one KV head or biased q/k/v and
+    unscaled scores), GPT-J with one LayerNorm for parallel sublayers, RoPE, GELU and no q/k/v biases, OLMo 2 with
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
     outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
     Gemma 2's window, score scale or caps besides), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
@@ -315,6 +365,9 @@ def export_family(cfg: ModelConfig) -> Family:
 
         nanochat.check_exportable(cfg)
         return families["nanochat"]
+    classic = classic_export_name(cfg)
+    if classic:  # the classic LayerNorm + GELU architectures: the options that choose them are theirs alone
+        return families[classic]
     if cfg.attn_sinks and not (cfg.moe_experts or cfg.moe_bias or cfg.mlp == "swiglu_clamped"):  # dense, sinks
         from redline.interop import granite
 

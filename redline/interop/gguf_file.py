@@ -997,6 +997,9 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 
 # families redline writes no GGUF for: (their name, why)
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
+               "gpt_bigcode": ("GPTBigCode", "no writer here for llama.cpp's starcoder layout"),
+               "gpt_neo": ("GPT-Neo", "no GGUF architecture here with its local layers and unscaled scores"),
+               "gptj": ("GPT-J", "no writer here for llama.cpp's gptj layout"),
                "vaultgemma": ("VaultGemma", "llama.cpp's gemma2 has norms on the sublayers' outputs, which VaultGemma "
                                             "has not"),
                "granite_swa": ("Granite SWA", "llama.cpp has no architecture with its sinks, per-layer windows and "

@@ -5,8 +5,9 @@ Hugging Face model `redline export` writes from the run's base:
     redline export RUN --adapter adapter/               # this module
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
-Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, phi.py, phi3.py, gpt_neox.py,
-opt.py, starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py, falcon_h1.py: its Mamba-2
+Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, gpt_bigcode.py, gpt_neo.py,
+gptj.py: q and k rows (B's rows) in GPT-J's interleaved RoPE order; phi.py, phi3.py, gpt_neox.py, opt.py,
+starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py, falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
 down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
@@ -21,7 +22,8 @@ Fused layers split exactly: redline's one qkv projection is three in Llama-famil
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
 the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc are fused
 as redline's are (Conv1D layers: fan_in_fan_out), and so are Phi-3's qkv_proj and gate_up_proj; GPT-NeoX's
-query_key_value is too, its rows (B's rows) grouped by head. Modules trained in full (lora.train_modules: wte,
+query_key_value is too, its rows (B's rows) grouped by head, and GPTBigCode's c_attn (nn.Linear: B's rows as redline's
+where it is multi-query, grouped by head where multi-head). Modules trained in full (lora.train_modules: wte,
 lm_head) go in as PEFT's modules_to_save.
 """
 
@@ -50,6 +52,11 @@ _OPT = {"attn.proj": "self_attn.out_proj", "mlp.fc": "fc1", "mlp.proj": "fc2"}  
 _STARCODER2 = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}  # q/k/v as Llama's
 _NANOCHAT = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
 _GRANITE_SHARED = {"mlp.shared.fc": "shared_mlp.input_linear", "mlp.shared.proj": "shared_mlp.output_linear"}
+_NEO = {"attn.q": "attn.attention.q_proj", "attn.k": "attn.attention.k_proj", "attn.v": "attn.attention.v_proj",
+        "attn.proj": "attn.attention.out_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_GPTJ = {"attn.q": "attn.q_proj", "attn.k": "attn.k_proj", "attn.v": "attn.v_proj", "attn.proj": "attn.out_proj",
+         "mlp.fc": "mlp.fc_in", "mlp.proj": "mlp.fc_out"}
+_BIGCODE = {"attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}  # c_attn apart
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 _QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
@@ -65,6 +72,31 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     i, rest = match.groups()
     if family.name == "gpt_neox":
         return _neox_parts(layer, f"gpt_neox.layers.{i}.", rest, out_features, cfg)
+    if family.name == "gpt_bigcode":
+        return _bigcode_parts(layer, f"transformer.h.{i}.", rest, out_features, cfg)
+    if family.name == "gptj":  # q/k/v apart, q and k rows in GPT-J's interleaved RoPE order (as gptj.py exports)
+        from redline.interop.gptj import rope_rows
+
+        base = f"transformer.h.{i}."
+        if rest == "attn.qkv":
+            C = cfg.n_head * cfg.head_dim
+            rows = torch.arange(3 * C)
+            return [(base + "attn.q_proj", rope_rows(rows[:C], cfg, to_hf=True)),
+                    (base + "attn.k_proj", rope_rows(rows[C:2 * C], cfg, to_hf=True)),
+                    (base + "attn.v_proj", slice(2 * C, 3 * C))]
+        if rest not in _GPTJ:
+            raise UserError(f"the adapter on {layer} has no counterpart in GPT-J; export with --merge")
+        if rest in ("attn.q", "attn.k"):
+            return [(base + _GPTJ[rest], rope_rows(torch.arange(out_features), cfg, to_hf=True))]
+        return [(base + _GPTJ[rest], slice(0, out_features))]
+    if family.name == "gpt_neo":  # q/k/v apart under attn.attention, the rest GPT-2's names as nn.Linear
+        base = f"transformer.h.{i}."
+        if rest == "attn.qkv":
+            C = cfg.n_head * cfg.head_dim
+            return [(f"{base}attn.attention.{x}_proj", slice(j * C, (j + 1) * C)) for j, x in enumerate("qkv")]
+        if rest not in _NEO:
+            raise UserError(f"the adapter on {layer} has no counterpart in GPT-Neo; export with --merge")
+        return [(base + _NEO[rest], slice(0, out_features))]
     base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
         f"model.layers.{i}."
     if gpt2:
@@ -226,9 +258,23 @@ def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelC
     return [(base + _NEOX[rest], slice(0, out_features))]
 
 
+def _bigcode_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelConfig) -> list[tuple[str, object]]:
+    """GPTBigCode's modules (nn.Linear, not GPT-2's Conv1D) for redline layer `layer`: c_attn takes B's rows in its
+    own order (multi-head: grouped by head, as gpt_bigcode.py regroups the weight), the others B as it is."""
+    from redline.interop.gpt_bigcode import _regroup
+
+    if rest == "attn.qkv":
+        return [(base + "attn.c_attn", _regroup(torch.arange(out_features), cfg, to_hf=True))]
+    if rest not in _BIGCODE:
+        raise UserError(f"the adapter on {layer} has no counterpart in GPTBigCode (whose q/k/v are one fused c_attn); "
+                        f"export with --merge")
+    return [(base + _BIGCODE[rest], slice(0, out_features))]
+
+
 def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
     """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
-    table = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in",
+    table = {"gpt2": "transformer.wte", "gpt_bigcode": "transformer.wte", "gpt_neo": "transformer.wte",
+             "gptj": "transformer.wte", "gpt_neox": "gpt_neox.embed_in",
              "opt": "model.decoder.embed_tokens", "nemotron_h": "model.embeddings",
              "mamba2": "backbone.embeddings", "mamba": "backbone.embeddings",
              "falcon_mamba": "backbone.embeddings"}.get(family.name, "model.embed_tokens")
