@@ -99,7 +99,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1"),
-                                        ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2")])
+                                        ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"), ("bloom", "BLOOM"),
+                                        ("mpt", "MPT")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
