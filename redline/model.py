@@ -16,7 +16,7 @@ Features (each a field of `ModelConfig`):
   head's pairs turning) frequency scaling; the sliding-window layers
   with a base of their own, `rope_local_theta`, as Gemma 3's; one layer in N without it, `nope_interval`, as
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
-  or none;
+  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
   explicit per-token positions (packed documents restart at 0);
 - MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
