@@ -297,10 +297,10 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool; scale: the
     scores' (None: 1 / sqrt(D)); sinks: None or the heads' sink logits (H,), each one more term exp(sink) in its
     head's softmax denominator (model.attn_sinks); alibi_slot: None or each row's query slot (B,) (model.pos_emb=
-    alibi: head h's scores plus -m_h·(slot - j) for slot j, a slot being a position) -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as
-    H/KV query rows of that head, so the cache is read once per kv head and never expanded (query head h uses kv
-    head h // (H/KV), as SDPA's enable_gqa): (B, KV, H/KV, D) @ (B, KV, D, W) -> masked fp32 softmax -> @ (B, KV, W,
-    D)."""
+    alibi: head h's scores plus -m_h·(slot - j) for slot j, a slot being a position) -> (B, 1, H*D). The H/KV query
+    heads of a kv head are laid out as H/KV query rows of that head, so the cache is read once per kv head and never
+    expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa): (B, KV, H/KV, D) @ (B, KV, D, W) ->
+    masked fp32 softmax -> @ (B, KV, W, D)."""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
     qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g

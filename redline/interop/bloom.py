@@ -37,7 +37,8 @@ def _inert(name: str, cfg: ModelConfig) -> bool:
     """A field that has no effect on this config (RoPE's without RoPE, the experts' without experts, ...)."""
     return (name.startswith("rope_") or (name.startswith("delta_") and name != "delta_layers" and not cfg.delta_layers)
             or (name.startswith("moe_") and name != "moe_experts" and not cfg.moe_experts)
-            or (name == "conv_kernel" and not cfg.conv_layers) or (name == "swiglu_limit" and cfg.mlp != "swiglu_clamped")
+            or (name == "conv_kernel" and not cfg.conv_layers)
+            or (name == "swiglu_limit" and cfg.mlp != "swiglu_clamped")
             or (name in ("qk_norm_scope", "qk_norm_after_rope") and not cfg.qk_norm)
             or (name == "gelu_approximate" and cfg.mlp not in ("gelu", "geglu")))
 
@@ -103,7 +104,8 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 
 def _regroup(t: torch.Tensor, heads: int, to_redline: bool) -> torch.Tensor:
-    """query_key_value's rows (H, 3, D) <-> redline's qkv rows (3, H, D); t: the weight (3·H·D, C) or bias (3·H·D,)."""
+    """query_key_value's rows (H, 3, D) <-> redline's qkv rows (3, H, D); t: the weight (3·H·D, C) or the bias
+    (3·H·D,)."""
     rows = t.shape[0]
     D = rows // (3 * heads)
     shape = (heads, 3, D) if to_redline else (3, heads, D)
@@ -135,7 +137,8 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         return {f"{theirs}.weight": weight, f"{theirs}.bias": bias_or_zeros(state, f"{ours}.bias", weight)}
 
     out = {pre + "word_embeddings.weight": state["wte.weight"][:V],
-           **weight_and_bias("embed_norm", pre + "word_embeddings_layernorm"), **weight_and_bias("norm_f", pre + "ln_f")}
+           **weight_and_bias("embed_norm", pre + "word_embeddings_layernorm"),
+           **weight_and_bias("norm_f", pre + "ln_f")}
     out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"{pre}h.{i}."
@@ -144,7 +147,8 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         else:  # separate q/k/v layers: their rows stacked, as the fused layer's
             weights = [state[f"{r}attn.{x}.weight"] for x in "qkv"]
             qkv = {"qkv.weight": torch.cat(weights),
-                   "qkv.bias": torch.cat([bias_or_zeros(state, f"{r}attn.{x}.bias", w) for x, w in zip("qkv", weights)])}
+                   "qkv.bias": torch.cat([bias_or_zeros(state, f"{r}attn.{x}.bias", w)
+                                          for x, w in zip("qkv", weights)])}
         for kind in ("weight", "bias"):
             out[f"{p}self_attention.query_key_value.{kind}"] = _regroup(qkv[f"qkv.{kind}"], cfg.n_head,
                                                                          to_redline=False)

@@ -12,9 +12,10 @@ GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE ba
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
 Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); olmo_hybrid.py OLMo
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
-with partial RoPE); bloom.py BLOOM and mpt.py MPT (ALiBi positions); falcon_h1.py Falcon-H1 (attention and a Mamba-2 mixer side by side in every layer, its µP
-multipliers folded into the weights); nemotron_h.py Nemotron-H (Mamba-2, attention without positions and ReLU²
-MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
+with partial RoPE); bloom.py BLOOM and mpt.py MPT (ALiBi positions); falcon_h1.py Falcon-H1 (attention and a
+Mamba-2 mixer side by side in every layer, its µP multipliers folded into the weights); nemotron_h.py Nemotron-H
+(Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
+exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -237,9 +238,10 @@ def family_for(hf_config: dict, source: str) -> Family:
 
 def export_family(cfg: ModelConfig) -> Family:
     """The architecture a redline model exports as: BLOOM with ALiBi positions and a LayerNorm on its embeddings,
-    MPT with ALiBi and no such norm (each refusing, by name, any other option of the model); GPT-2 with learned positions (OPT with them and ReLU), OLMo 2 with
-    norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
-    outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
+    MPT with ALiBi and no such norm (each refusing, by name, any other option of the model); GPT-2 with learned
+    positions (OPT with them and ReLU), OLMo 2 with norms on the sublayers' outputs (EXAONE 4.0 with them and
+    QK-norm per head), Gemma 3 with norms on their inputs and outputs (Gemma 2 without QK-norm), Gemma with its
+    norms and embedding scale on pre-norm blocks (VaultGemma with
     Gemma 2's window, score scale or caps besides), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
     with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, StarCoder2 with RoPE, LayerNorm and
     GQA or a window, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
