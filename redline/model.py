@@ -16,7 +16,7 @@ Features (each a field of `ModelConfig`):
   head's pairs turning) frequency scaling; the sliding-window layers
   with a base of their own, `rope_local_theta`, as Gemma 3's; one layer in N without it, `nope_interval`, as
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
-  or none;
+  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
   explicit per-token positions (packed documents restart at 0);
 - MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
@@ -107,8 +107,12 @@ class ModelConfig:
     """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
     input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
     dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "none"."""
-    pos_emb: Literal["rope", "learned", "none"] = "rope"
-    """Position information: rotary (RoPE), a learned absolute table, or none."""
+    pos_emb: Literal["rope", "learned", "alibi", "none"] = "rope"
+    """Position information: rotary (RoPE), a learned absolute table, ALiBi, or none. alibi (Press et al. 2022,
+    "Train Short, Test Long"; BLOOM's and MPT's): no position table; head h adds -m_h·(i - j) to the score of query
+    position i for key position j, m_h from alibi_slopes. It runs as SDPA with a float additive mask of
+    (B or 1, H, T, T) (no flash kernel: the memory-efficient or math one), the inference engine's matmul decode
+    path adding the bias by slot distance; the Triton decode kernel and fused decode block refuse it."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
     rope_local_theta: float = 0.0
@@ -536,6 +540,10 @@ class ModelConfig:
                             f"model.rope_local_theta nor model.nope_interval (give the layers' RoPE one way)")
         if self.attn_softcap < 0:
             raise UserError(f"model.attn_softcap must be >= 0 (0 = off), got {self.attn_softcap}")
+        if self.pos_emb == "alibi" and (self.attn_softcap or self.attn_sinks or self.doc_attention == "flex"):
+            raise UserError("model.pos_emb=alibi adds its bias through SDPA's float mask: it does not take "
+                            "model.attn_softcap, model.attn_sinks or model.doc_attention=flex (use doc_attention "
+                            "auto or sdpa)")
         if self.attn_scale < 0 or self.rope_local_theta < 0:
             raise UserError(f"model.attn_scale and model.rope_local_theta must be >= 0 (0 = the default), got "
                             f"{self.attn_scale} and {self.rope_local_theta}")
@@ -736,6 +744,41 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     return inv_freq
 
 
+def alibi_slopes(n_head: int, device=None) -> torch.Tensor:
+    """ALiBi's per-head slopes m_h, (n_head,) fp32: with P = n_head rounded up to a power of two, the P slopes
+    2^(-8·i/P), i = 1..P; for P = n_head all of them, else the even-indexed ones (i = 2, 4, ..., the geometric series
+    of the power of two below n_head) followed by the first odd-indexed ones (i = 1, 3, ...: the interleaved extra
+    slopes). This is MPT's build_mpt_alibi_tensor at its alibi_bias_max 8, which gives the same slopes as BLOOM's
+    _get_alibi_slopes (Press et al.'s reference code) for every head count (transformers' models/mpt and
+    models/bloom/modeling_bloom.py; checked against both in tests/test_model.py)."""
+    P = 2 ** math.ceil(math.log2(n_head))
+    slopes = torch.exp2(-torch.arange(1, P + 1, dtype=torch.float32, device=device) * (8.0 / P))
+    if P != n_head:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n_head]
+    return slopes
+
+
+def alibi_bias(n_head: int, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """ALiBi's additive scores -m_h·(i - j), fp32: q_pos (..., Tq) and k_pos (..., Tk) positions (a batch dim or
+    none) -> (..., H, Tq, Tk). Softmax is shift-invariant per query, so a bias by key position alone (BLOOM's m_h·j,
+    MPT's m_h·(j - last)) attends the same."""
+    dist = (q_pos[..., None, :, None] - k_pos[..., None, None, :]).float()  # (..., 1, Tq, Tk)
+    return -alibi_slopes(n_head, q_pos.device)[:, None, None] * dist
+
+
+def alibi_mask(n_head: int, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """The float mask SDPA adds to the scores for ALiBi: alibi_bias where `allowed` (bool, broadcastable to
+    (..., Tq, Tk); None: causal, the queries being the last Tq of the Tk keys), -inf elsewhere -> (..., H, Tq, Tk)
+    fp32. Memory: H·Tq·Tk·4 bytes a distinct row of positions or mask (64 MiB for 16 heads at 1024 tokens, four
+    times that at 2048): fine for modest lengths, O(T²) as any dense mask."""
+    if allowed is None:
+        Tq, Tk = q_pos.shape[-1], k_pos.shape[-1]
+        allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=q_pos.device).tril(Tk - Tq)
+    if allowed.dim() >= 3:  # (B, 1, Tq, Tk): its head dim is there already
+        allowed = allowed.squeeze(-3)
+    return alibi_bias(n_head, q_pos, k_pos).masked_fill(~allowed.unsqueeze(-3), float("-inf"))
+
+
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's attention scale for a context `factor` times the original: 0.1 · mscale · ln(factor) + 1 (1 for a
     factor up to 1)."""
@@ -902,6 +945,8 @@ class Attention(nn.Module):
         attention BlockMask (packed documents on CUDA: GPT.attention_mask)."""
         gqa = self.n_kv != self.n_head
         cap = self.cfg.attn_softcap
+        if isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point():  # ALiBi's additive mask (fp32)
+            attn_mask = attn_mask.to(q.dtype)  # SDPA takes a float mask of the queries' dtype
         if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
             from torch.nn.attention.flex_attention import flex_attention
 
@@ -1592,15 +1637,25 @@ class GPT(nn.Module):
         return (dist >= 0) & (dist < w)
 
     def attention_mask(self, T: int, device, doc_ids: torch.Tensor | None = None,
-                       window: int | None = None) -> torch.Tensor | None:
+                       window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor | None:
         """None for plain causal attention, else a bool mask, True where query i may attend key j: (T, T) for a
         sliding window alone; (B, 1, T, T) with doc_ids (B, T), each token attending only to earlier tokens of its
         own document (packed sequences do not see each other). window: the layers' whose mask this is (None:
-        cfg.sliding_window)."""
+        cfg.sliding_window). pos_emb=alibi: always a float mask, ALiBi's bias where allowed and -inf elsewhere
+        (alibi_mask), (1 or B, H, T, T), by positions (T,) or (B, T) (None: 0..T-1; packed documents' restarting
+        positions give the same distances within a document)."""
         window = self.cfg.sliding_window if window is None else window
+        if self.cfg.pos_emb == "alibi":
+            pos = torch.arange(T, device=device) if positions is None else positions.to(device)
+            bias = alibi_mask(self.cfg.n_head, pos, pos, self._allowed(T, device, doc_ids, window))
+            return bias if bias.dim() == 4 else bias[None]
         # flex for what SDPA's fast kernels cannot take: a document mask, scores capped by attn_softcap, sinks
         if (doc_ids is not None or self.cfg.attn_softcap or self.cfg.attn_sinks) and self._flex_attention(device):
             return self._block_mask(T, device, doc_ids, window)
+        return self._allowed(T, device, doc_ids, window)
+
+    def _allowed(self, T: int, device, doc_ids: torch.Tensor | None, window: int) -> torch.Tensor | None:
+        """attention_mask's bool mask (T, T) or (B, 1, T, T), or None for plain causal attention."""
         mask = self.sliding_mask(T, device, window)
         if doc_ids is None:
             return mask
@@ -1614,6 +1669,8 @@ class GPT(nn.Module):
         """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
         is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
         choice = self.cfg.doc_attention
+        if self.cfg.pos_emb == "alibi":  # its bias goes in SDPA's float mask (validate refuses flex with it)
+            return False
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())
 
@@ -1678,7 +1735,8 @@ class GPT(nn.Module):
         if T > self.cfg.context_len:
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
         x, rope = self.embed(idx, positions)
-        masks = {w: self.attention_mask(T, idx.device, doc_ids, w) for w in self.cfg.windows}  # one per window
+        masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions)  # one per window
+                 for w in self.cfg.windows}
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)

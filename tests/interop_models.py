@@ -185,6 +185,11 @@ FAMILIES = {
     # OPT as opt-125m is: learned positions (two rows before position 0's), pre-LayerNorm, ReLU, biases, tied
     "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,
                                                  max_position_embeddings=64, word_embed_proj_dim=64)),
+    # BLOOM: ALiBi with 6 heads (not a power of two: the interleaved extra slopes), a LayerNorm on the embeddings,
+    # query_key_value grouped by head, biases, tanh-GELU, tied
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=48, n_head=6)),
+    # MPT: ALiBi with 4 heads, LayerNorms without biases, no Linear biases, exact GELU, its own softmax_scale, tied
+    "mpt": ("MptConfig", "MptForCausalLM", dict(n_heads=4, attn_config={"softmax_scale": 0.2})),
     # GPT-2's layout with the erf GELU (activation_function "gelu")
     "gpt2-erf": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                                        activation_function="gelu")),
@@ -526,6 +531,8 @@ def hf_model(kind: str, seed: int = 0):
     config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES}[kind]
     if kind == "opt":
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=1, dropout=0.0)
+    elif kind.startswith("mpt"):  # MPT's own names (transformers 5 maps hidden_size and the like onto them too)
+        common = dict(vocab_size=VOCAB, d_model=64, n_layers=2, max_seq_len=64, bos_token_id=0, eos_token_id=1)
     elif kind.startswith("gpt2") or config_name in _CLASSIC:
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0)

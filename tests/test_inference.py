@@ -116,6 +116,13 @@ ARCHITECTURES = {
     "falcon-h1-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba2", "delta_parallel": True,
                         "delta_heads": 4, "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16,
                         "delta_conv_bias": True, "delta_gate_norm": "before_gate", "n_kv_head": 2},
+    # ALiBi: a bias by distance on every head's scores, no position table; 6 heads (not a power of two: the
+    # interleaved extra slopes), GQA, windowed and full layers in turn
+    "alibi": {"pos_emb": "alibi", "n_head": 6, "head_size": 16, "n_kv_head": 2, "sliding_window": 6,
+              "sliding_window_pattern": 2},
+    # BLOOM's: ALiBi, a LayerNorm on the embeddings, pre-LayerNorm blocks with biases, tanh-GELU, tied
+    "bloom-style": {"pos_emb": "alibi", "embed_norm": True, "norm": "layernorm", "mlp": "gelu", "bias": True,
+                    "tie_embeddings": True},
     # Mamba-2's: Mamba-2 mixers alone, no attention and no MLP
     "mamba2-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba2", "delta_heads": 4,
                      "delta_key_heads": 2, "delta_key_dim": 8, "delta_value_dim": 16, "delta_conv_bias": True,
@@ -202,6 +209,8 @@ def test_options_are_checked_where_they_cannot_run():
         InferenceEngine(tiny_model(**ARCHITECTURES["gemma2-style"]), decode_attention="triton")
     with pytest.raises(UserError, match="no sink logits"):
         InferenceEngine(tiny_model(**ARCHITECTURES["gpt-oss-style"]), decode_attention="triton")
+    with pytest.raises(UserError, match=r"no ALiBi bias to its scores \(model.pos_emb=alibi\)"):
+        InferenceEngine(tiny_model(**ARCHITECTURES["alibi"]), decode_attention="triton")
 
 
 @pytest.mark.parametrize("arch, fragment", [("post-norm-qknorm-unfused", "needs pre-norm blocks"),
@@ -275,9 +284,11 @@ def test_greedy_matches_in_fp32_default_dtype():
     assert [r.tokens for r in results] == [reference_greedy(model, p, 20) for p in PROMPTS]
 
 
-def test_bucketed_prefill_and_chunked_rows_match():
-    """The GPU path pads prompts up to a length bucket and prefills rows in chunks; check both on CPU, eagerly."""
-    model = tiny_model(n_kv_head=2, sliding_window=9, context_len=128)
+@pytest.mark.parametrize("pos_emb", ["rope", "alibi"])
+def test_bucketed_prefill_and_chunked_rows_match(pos_emb):
+    """The GPU path pads prompts up to a length bucket and prefills rows in chunks; check both on CPU, eagerly.
+    alibi: each span's bias reaches back into the cached spans by slot distance."""
+    model = tiny_model(n_kv_head=2, sliding_window=9, context_len=128, pos_emb=pos_emb)
     refs = [reference_greedy(model, p, 48) for p in PROMPTS]
     engine = InferenceEngine(model, dtype=torch.float64, prefill_chunk_tokens=40)
     # bucketed lengths, capacity and widths as compiling has them; the block functions stay eager
@@ -893,11 +904,13 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                              ("nemotron-h-style", "matmul"),
                                                                              ("mamba2-style", "matmul"),
                                                                              ("mamba1-style", "matmul"),
-                                                                             ("falcon-mamba-style", "matmul")])
+                                                                             ("falcon-mamba-style", "matmul"),
+                                                                             ("alibi", "matmul"),
+                                                                             ("bloom-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):
     """OLMo 2's, Gemma 3's, GPT-NeoX's, Phi's, OPT's, SmolLM3's, Granite's, Phi-4-mini's (partial RoPE with
     LongRoPE), EXAONE 4.0's, Hunyuan's (QK-norm after RoPE) and LFM3's (gated heads, two RoPE tables) blocks, which the fused decode block refuses, with
-    either decode attention, and Gemma 2's capped scores and GPT-OSS's and Granite SWA's sinks (the latter with its
+    either decode attention, and Gemma 2's capped scores, ALiBi's bias (alone and in BLOOM's block) and GPT-OSS's and Granite SWA's sinks (the latter with its
     windowed layers after a full one and a RoPE base per layer) with the matmul one (the kernel refuses both): compiled
     and captured, greedy equal to the full forward at batch 4 and 1 and on a replay. triton: q, k and v made in torch where the kernel's prologue cannot make them (OLMo 2's QK-norm
     over whole projections, Gemma 3's QK-norm and per-layer RoPE tables, partial RoPE, layers without RoPE), the

@@ -101,7 +101,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
 @pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1"),
                                         ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"), ("mamba", "Mamba"),
                                         ("falcon_mamba", "Falcon-Mamba"), ("gpt_bigcode", "GPTBigCode"),
-                                        ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J")])
+                                        ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J"),
+                                        ("bloom", "BLOOM"), ("mpt", "MPT")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -284,6 +285,14 @@ REDLINE_EXPORTS = {
     "FalconMambaForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba1", delta_heads=128, delta_key_heads=1,
                                    delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-3,
                                    mlp_free_layers=(0, 1), pos_emb="none"),
+    # ALiBi: BLOOM where the embeddings have a LayerNorm (with biases; and without any, written as zeros, q/k/v
+    # apart, untied, 6 heads), MPT where they have none (no biases, exact GELU, a score scale)
+    "BloomForCausalLM": dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu", bias=True,
+                             tie_embeddings=True),
+    "BloomForCausalLM-no-biases": dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu",
+                                       fused_qkv=False, n_head=6, n_embd=48),
+    "MptForCausalLM": dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none", attn_scale=0.3,
+                           tie_embeddings=True),
 }
 
 
@@ -438,6 +447,21 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
                                                                           "with them, have RMSNorms with a weight"),
     (dict(n_layer=2, delta_layers=(0, 1), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
           mlp_free_layers=(0, 1), pos_emb="none", logit_softcap=5.0), "have no embedding scale, scalars, logit cap"),
+    # ALiBi: BLOOM with a norm on the embeddings, MPT without; whatever else neither has, refused by name
+    (dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu", n_kv_head=2),
+     "model.n_kv_head=2: BLOOM, the architecture a model with model.pos_emb=alibi exports as here, has n_kv_head=4"),
+    (dict(pos_emb="alibi", embed_norm=True), "model.mlp='swiglu': BLOOM"),
+    (dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu", gelu_approximate="none"),
+     "model.gelu_approximate='none': BLOOM"),
+    (dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none", bias=True),
+     "model.bias .or qkv_bias, norm_bias. with model.pos_emb=alibi: MPT has no biases"),
+    (dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none", sliding_window=8),
+     "model.sliding_window=8: MPT"),
+    (dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none", logit_divisor=2.0),
+     "model.logit_divisor=2.0: MPT's logit_scale is left out by transformers"),
+    (dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none", mlp_hidden=64),
+     "model.mlp_hidden=64: transformers' MPT builds its MLP 4 × d_model = 128 wide"),
+    (dict(pos_emb="alibi", mlp="gelu", gelu_approximate="none"), "model.norm='rmsnorm': MPT"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -529,11 +553,11 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports arcee, bamba, codegen, cohere, cohere2, ernie4_5, exaone, exaone4, "
+                         "redline imports arcee, bamba, bloom, codegen, cohere, cohere2, ernie4_5, exaone, exaone4, "
                          "falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neo, gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
-                         "mamba, mamba2, ministral3, mistral, mixtral, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "mamba, mamba2, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
@@ -1180,6 +1204,47 @@ def test_import_gptj_and_codegen_read_the_hubs_configs_and_refuse_what_they_cann
                            ({"activation_function": "relu"}, "activation_function='relu'")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+def test_import_bloom_and_mpt_refuse_what_they_cannot_express(tmp_path, capsys):
+    """BLOOM's residual after the norm and MPT's options that transformers does not compute or redline has no layer
+    for are one-line errors naming them."""
+    for kind, edits in [("bloom", [({"apply_residual_connection_post_layernorm": True},
+                                    "apply_residual_connection_post_layernorm=true")]),
+                        ("mpt", [({"attn_config": {"clip_qkv": 6.0}}, "attn_config.clip_qkv=6.0"),
+                                 ({"attn_config": {"qk_ln": True}}, "attn_config.qk_ln=true"),
+                                 ({"attn_config": {"alibi": False}}, "attn_config.alibi=false"),
+                                 ({"attn_config": {"alibi_bias_max": 16}}, "attn_config.alibi_bias_max=16"),
+                                 ({"attn_config": {"prefix_lm": True}}, "attn_config.prefix_lm=true"),
+                                 ({"attn_config": {"attn_type": "multiquery_attention"}}, "multiquery_attention"),
+                                 ({"no_bias": False}, "no_bias=false"),
+                                 ({"norm_type": "rmsnorm"}, "norm_type='rmsnorm'"),
+                                 ({"logit_scale": "sqrt"}, "logit_scale='sqrt'")])]:
+        hf_folder(kind, tmp_path / kind)
+        path = tmp_path / kind / "config.json"
+        config = json.loads(path.read_text())
+        for edit, fragment in edits:
+            path.write_text(json.dumps({**config, **edit}))
+            _expect_import_error(tmp_path / kind, tmp_path / "out", capsys, fragment)
+
+
+def test_import_bloom_reads_n_embed_and_mpt_its_logit_scale(tmp_path, capsys):
+    """BLOOM's older configs name the width n_embed (bloom-560m's); MPT's logit_scale multiplies the logits in
+    MosaicML's code (transformers leaves it out): imported as logit_divisor, the logits transformers' times it."""
+    from redline.interop.bloom import model_config
+
+    hub = {"model_type": "bloom", "vocab_size": 250880, "n_embed": 1024, "n_head": 16, "n_layer": 24,
+           "layer_norm_epsilon": 1e-5, "apply_residual_connection_post_layernorm": False, "pretraining_tp": 1,
+           "slow_but_exact": False, "offset_alibi": 100}
+    cfg = model_config(hub)
+    assert (cfg.n_embd, cfg.n_head, cfg.n_layer, cfg.hidden_dim, cfg.context_len) == (1024, 16, 24, 4096, 2048)
+    hf = hf_folder("mpt", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "logit_scale": "inv_sqrt_d_model"}))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert model.cfg.logit_divisor == 8.0  # sqrt(64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits / 8.0, rtol=1e-5, atol=1e-5)
 
 
 def test_import_olmo2_attention_bias_is_refused_by_name(tmp_path, capsys):

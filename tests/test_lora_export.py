@@ -113,6 +113,10 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                             parallel_shared_norm=True, head_bias=True, rope_dims=6),
     # query_key_value: B's rows regrouped by head
     "GPTNeoXForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True, rope_dims=4),
+    # ALiBi: BLOOM's query_key_value (B's rows regrouped by head, [q_h, k_h, v_h]), dense, dense_h_to_4h / 4h_to_h;
+    # MPT's Wqkv as redline's, out_proj, ffn.up_proj / down_proj
+    "BloomForCausalLM": dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu", bias=True),
+    "MptForCausalLM": dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none"),
 }
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP

@@ -22,7 +22,7 @@ TOGGLES = dict(
     qk_norm=[False, True],
     fused_qkv=[False, True],
     fused_mlp=[False, True],
-    pos_emb=["rope", "learned", "none"],
+    pos_emb=["rope", "learned", "alibi", "none"],
     mlp=["gelu", "swiglu", "geglu", "relu2"],
     norm=["rmsnorm", "layernorm"],
     norm_position=["pre", "post", "output", "sandwich"],
@@ -106,6 +106,10 @@ def reference_attention(model: GPT, x: torch.Tensor) -> torch.Tensor:
     v = v.repeat_interleave(H // KV, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)
     i = torch.arange(T)
+    if cfg.pos_emb == "alibi":  # Press et al.'s slopes for 6 heads: 4's (2^-2, 2^-4, 2^-6, 2^-8), then 8's odd ones
+        assert H == 6
+        slopes = torch.tensor([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3], dtype=torch.float64)
+        scores = scores - slopes[:, None, None] * (i[:, None] - i[None, :])
     allowed = i[:, None] >= i[None, :]
     if cfg.sliding_window:
         allowed &= (i[:, None] - i[None, :]) < cfg.sliding_window
@@ -115,17 +119,19 @@ def reference_attention(model: GPT, x: torch.Tensor) -> torch.Tensor:
     return y @ attn.proj.weight.double().T
 
 
-@pytest.mark.parametrize("kv,qk_norm,window", [(4, False, 0), (2, True, 0), (1, True, 0), (2, False, 6)])
-def test_attention_matches_fp64_reference(kv, qk_norm, window):
+@pytest.mark.parametrize("kv,qk_norm,window,alibi", [(4, False, 0, False), (2, True, 0, False), (1, True, 0, False),
+                                                     (2, False, 6, False), (6, False, 0, True), (3, True, 6, True)])
+def test_attention_matches_fp64_reference(kv, qk_norm, window, alibi):
     torch.manual_seed(1)
-    model = GPT(small(n_kv_head=kv, qk_norm=qk_norm, sliding_window=window)).double()
+    heads = dict(n_head=6, n_embd=48, pos_emb="alibi") if alibi else {}
+    model = GPT(small(n_kv_head=kv, qk_norm=qk_norm, sliding_window=window, **heads)).double()
     for p in model.parameters():  # non-trivial norm gains
         if p.dim() == 1:
             torch.nn.init.uniform_(p, 0.5, 1.5)
-    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    x = torch.randn(2, 20, model.cfg.n_embd, dtype=torch.float64)
     _, rope = model.embed(torch.zeros(2, 20, dtype=torch.long))
-    mask = model.sliding_mask(20, x.device)
-    ours = model.blocks[0].attn(x, tuple(t.double() for t in rope), mask)
+    mask = model.attention_mask(20, x.device) if alibi else model.sliding_mask(20, x.device)
+    ours = model.blocks[0].attn(x, rope and tuple(t.double() for t in rope), mask)
     ref = reference_attention(model, x)
     assert torch.allclose(ours, ref, atol=1e-10, rtol=1e-8)
 
@@ -392,6 +398,8 @@ def test_hidden_sizes_rounded_to_64():
         (dict(embed_multiplier=2.0, embed_scale=True), "give the embeddings' factor one way"),
         (dict(norm_affine=False, norm_unit_offset=True), "model.norm_affine=false"),
         (dict(logit_divisor=2.0, ce_chunk_tokens=64), "model.logit_divisor with model.ce_chunk_tokens"),
+        (dict(pos_emb="alibi", attn_softcap=5.0), "model.pos_emb=alibi adds its bias through SDPA"),
+        (dict(pos_emb="alibi", doc_attention="flex"), "does not take .*doc_attention=flex"),
     ],
 )
 def test_invalid_configs_are_user_errors(overrides, fragment):
@@ -463,7 +471,8 @@ def test_qk_norm_over_whole_projections():
     torch.testing.assert_close(whole(idx), per_head(idx))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"pos_emb": "learned"}, {"sliding_window": 3},
+@pytest.mark.parametrize("overrides", [{}, {"pos_emb": "learned"}, {"sliding_window": 3}, {"pos_emb": "alibi"},
+                                       {"pos_emb": "alibi", "sliding_window": 3, "n_head": 2, "n_kv_head": 1},
                                        {"sliding_window": 3, "sliding_window_pattern": 2, "rope_local_theta": 100.0}])
 def test_packed_documents_equal_each_document_alone(overrides):
     """Documents packed into one row with doc_ids and restarting positions see only themselves."""
@@ -646,3 +655,35 @@ def test_logit_softcap_and_zero_init_projections():
                for block in zero.blocks)
     with pytest.raises(UserError, match="logit_softcap"):
         GPT(small(logit_softcap=2.0, ce_chunk_tokens=8))
+
+
+@pytest.mark.parametrize("heads", [8, 12, 6])
+def test_alibi_slopes_are_bloom_and_mpt_slopes(heads):
+    """redline's ALiBi slopes against transformers' own: BLOOM's _get_alibi_slopes (the interleaved extra slopes of a
+    head count that is not a power of two) and MPT's build_mpt_alibi_tensor at its default alibi_bias_max 8, whose
+    key-position bias (..., j - (T - 1)) is the slope times the distance to the last key."""
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    from redline.model import alibi_bias, alibi_slopes
+
+    ours = alibi_slopes(heads)
+    torch.testing.assert_close(ours, _get_alibi_slopes(heads, torch.device("cpu")), rtol=1e-6, atol=0)
+    mpt = build_mpt_alibi_tensor(heads, 5)  # (H, 1, 5): slope · (j - 4)
+    torch.testing.assert_close(ours, -mpt[:, 0, 0] / 4, rtol=1e-6, atol=0)
+    assert len(set(ours.tolist())) == heads and (ours > 0).all()
+    # the bias: -m_h (i - j), (H, Tq, Tk)
+    bias = alibi_bias(heads, torch.tensor([3]), torch.arange(5))
+    torch.testing.assert_close(bias[:, 0], ours[:, None] * (torch.arange(5) - 3.0))
+
+
+def test_alibi_attends_by_distance_alone():
+    """ALiBi has no position table, and the bias depends on distance only: a sequence's logits do not change with
+    the positions it is given as long as they keep their spacing; spacing them apart changes them."""
+    torch.manual_seed(4)
+    model = GPT(small(pos_emb="alibi", n_head=6, n_embd=48, n_kv_head=3)).eval()
+    assert model.wpe is None and not any("rope" in n for n, _ in model.named_buffers())
+    idx = torch.randint(0, 101, (2, 11))
+    base = model(idx)
+    torch.testing.assert_close(model(idx, positions=torch.arange(11) + 9), base)
+    assert (model(idx, positions=torch.arange(11) * 2) - base).abs().max() > 1e-3

@@ -29,7 +29,8 @@ def _model(**kw) -> GPT:
 
 
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
-@pytest.mark.parametrize("pos_emb,doc_attention", [("rope", "sdpa"), ("learned", "sdpa"), ("rope", "flex")])
+@pytest.mark.parametrize("pos_emb,doc_attention", [("rope", "sdpa"), ("learned", "sdpa"), ("rope", "flex"),
+                                                   ("alibi", "sdpa")])
 def test_packed_row_logits_equal_each_conversation_alone(pos_emb, doc_attention):
     model = _model(pos_emb=pos_emb, doc_attention=doc_attention)
     g = torch.Generator().manual_seed(1)

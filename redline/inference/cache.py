@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from redline.model import sdpa_context
+from redline.model import alibi_mask, alibi_slopes, sdpa_context
 
 FP8_MAX = 448.0  # the largest float8_e4m3fn
 
@@ -248,13 +248,18 @@ class PrefillLayer:
         self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
         if self.prefix is not None:
             k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
-        if self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None:  # SDPA takes neither
+        mask = self.mask
+        if attn.cfg.pos_emb == "alibi":  # new token i at slot start + i, key j at slot j: the bias by slot distance
+            S, T = k.shape[2], q.shape[2]  # (1, H, T, S) fp32 (alibi_mask's cost), S = start + T
+            slots = torch.arange(S, device=q.device)
+            mask = alibi_mask(attn.n_head, slots[S - T:], slots, self.mask)[None].to(q.dtype)
+        elif self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None:  # SDPA takes neither
             return attn.attend(q, k, v, self.mask, is_causal=self.mask is None)
         if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
             k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
             v = v.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
         with sdpa_context(attn.cfg.attn_backend):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=attn.scale)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
         B, H, T, D = q.shape
         return y.transpose(1, 2).reshape(B, T, H * D)
 
@@ -288,13 +293,14 @@ class PrefillLayer:
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
                      scale: float | None = None, softcap: float = 0.0,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, alibi_slot: torch.Tensor | None = None) -> torch.Tensor:
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool; scale: the
     scores' (None: 1 / sqrt(D)); sinks: None or the heads' sink logits (H,), each one more term exp(sink) in its
-    head's softmax denominator (model.attn_sinks) -> (B, 1, H*D). The H/KV query heads of a kv head are laid out as
-    H/KV query rows of that head, so the cache is read once per kv head and never expanded (query head h uses kv
-    head h // (H/KV), as SDPA's enable_gqa): (B, KV, H/KV, D) @ (B, KV, D, W) -> masked fp32 softmax -> @ (B, KV, W,
-    D)."""
+    head's softmax denominator (model.attn_sinks); alibi_slot: None or each row's query slot (B,) (model.pos_emb=
+    alibi: head h's scores plus -m_h·(slot - j) for slot j, a slot being a position) -> (B, 1, H*D). The H/KV query
+    heads of a kv head are laid out as H/KV query rows of that head, so the cache is read once per kv head and never
+    expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa): (B, KV, H/KV, D) @ (B, KV, D, W) ->
+    masked fp32 softmax -> @ (B, KV, W, D)."""
     B, H, _, D = q.shape
     KV = k_cache.shape[1]
     qg = q.reshape(B, KV, H // KV, D)  # head h = kv * (H/KV) + g
@@ -302,6 +308,10 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     if softcap:  # Gemma 2's, before the mask (model.attn_softcap)
         scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slot is not None:  # head h = kv * (H/KV) + g: its slope at [kv, g]; (B, KV, H/KV, W)
+        dist = alibi_slot[:, None] - torch.arange(scores.shape[-1], device=scores.device)  # (B, W)
+        slopes = alibi_slopes(H, scores.device).view(1, KV, H // KV, 1)
+        scores = scores - slopes * dist[:, None, None, :].to(scores.dtype)
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is None:
         probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
@@ -386,7 +396,8 @@ class DecodeLayer:
                 _scatter_slot(scales, self.slot, scale)
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
-        return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks)
+        alibi = self.slot if attn.cfg.pos_emb == "alibi" else None
+        return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks, alibi)
 
     def convolve(self, conv, x: torch.Tensor) -> torch.Tensor:
         """A short-convolution layer's step: x (B, 1, C) -> (B, 1, C). Each row's b·h goes into its slot of the

@@ -15,10 +15,11 @@ GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE ba
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
 Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); olmo_hybrid.py OLMo
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
-with partial RoPE); falcon_h1.py Falcon-H1 (attention and a Mamba-2 mixer side by side in every layer, its µP
-multipliers folded into the weights); nemotron_h.py Nemotron-H (Mamba-2, attention without positions and ReLU²
-MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone); mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers
-alone, Falcon-Mamba's with RMS norms on B, C and dt); exaone.py EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
+with partial RoPE); bloom.py BLOOM and mpt.py MPT (ALiBi positions); falcon_h1.py Falcon-H1 (attention and a
+Mamba-2 mixer side by side in every layer, its µP multipliers folded into the weights); nemotron_h.py Nemotron-H
+(Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
+mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); exaone.py
+EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -225,10 +226,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (cohere, ernie, exaone, exaone4, falcon_h1, gemma, gemma2, gemma3, gpt2,
+    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon_h1, gemma, gemma2, gemma3, gpt2,
                                  gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, lfm2, llama, mamba,
-                                 moe, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next,
-                                 stablelm, starcoder2)
+                                 moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
+                                 qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -242,7 +243,7 @@ def _families() -> dict[str, Family]:
                                 qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
-                                gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY)}
+                                gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -285,9 +286,11 @@ def classic_export_name(cfg: ModelConfig) -> str | None:
 
 
 def export_family(cfg: ModelConfig) -> Family:
-    """The architecture a redline model exports as: GPT-2 with learned positions (OPT with them and ReLU, GPT-Neo
-    with them, a GELU MLP and windowed layers or unscaled scores, GPTBigCode with one KV head or biased q/k/v and
-    unscaled scores), GPT-J with one LayerNorm for parallel sublayers, RoPE, GELU and no q/k/v biases, OLMo 2 with
+    """The architecture a redline model exports as: BLOOM with ALiBi positions and a LayerNorm on its embeddings,
+    MPT with ALiBi and no such norm (each refusing, by name, any other option of the model); GPT-2 with learned
+    positions (OPT with them and ReLU, GPT-Neo with them, a GELU MLP and windowed layers or unscaled scores,
+    GPTBigCode with one KV head or biased q/k/v and unscaled scores), GPT-J with one LayerNorm for parallel
+    sublayers, RoPE, GELU and no q/k/v biases, OLMo 2 with
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
     outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
     Gemma 2's window, score scale or caps besides), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
@@ -319,6 +322,14 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import mamba
 
         return families[mamba.export_name(cfg)]
+    if cfg.pos_emb == "alibi":  # ALiBi: BLOOM's (a LayerNorm on the embeddings, biases) or MPT's (neither)
+        from redline.interop import bloom, mpt
+
+        if cfg.embed_norm:
+            bloom.check_exportable(cfg)
+            return families["bloom"]
+        mpt.check_exportable(cfg)
+        return families["mpt"]
     if cfg.delta_parallel:  # Mamba-2 beside attention in every layer: Falcon-H1's alone
         from redline.interop import falcon_h1
 

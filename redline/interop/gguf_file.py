@@ -1009,7 +1009,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "nemotron_h": ("Nemotron-H", "no writer here for llama.cpp's nemotron_h layout of one-sublayer blocks"),
                 "mamba2": ("Mamba-2", "no writer here for llama.cpp's mamba2 layout"),
                 "mamba": ("Mamba", "no writer here for llama.cpp's mamba layout"),
-                "falcon_mamba": ("Falcon-Mamba", "no writer here for llama.cpp's mamba layout")}
+                "falcon_mamba": ("Falcon-Mamba", "no writer here for llama.cpp's mamba layout"),
+                "bloom": ("BLOOM", "no writer here for llama.cpp's bloom layout (ALiBi, the embeddings' norm)"),
+                "mpt": ("MPT", "no writer here for llama.cpp's mpt layout (ALiBi)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

@@ -7,7 +7,7 @@ Hugging Face model `redline export` writes from the run's base:
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, gpt_bigcode.py, gpt_neo.py,
 gptj.py: q and k rows (B's rows) in GPT-J's interleaved RoPE order; phi.py, phi3.py, gpt_neox.py, opt.py,
-starcoder2.py, nanochat.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py, falcon_h1.py: its Mamba-2
+starcoder2.py, nanochat.py, bloom.py, mpt.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py, falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
 down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
@@ -22,8 +22,9 @@ Fused layers split exactly: redline's one qkv projection is three in Llama-famil
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
 the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc are fused
 as redline's are (Conv1D layers: fan_in_fan_out), and so are Phi-3's qkv_proj and gate_up_proj; GPT-NeoX's
-query_key_value is too, its rows (B's rows) grouped by head, and GPTBigCode's c_attn (nn.Linear: B's rows as redline's
-where it is multi-query, grouped by head where multi-head). Modules trained in full (lora.train_modules: wte,
+query_key_value is too, its rows (B's rows) grouped by head, GPTBigCode's c_attn (nn.Linear: B's rows as redline's
+where it is multi-query, grouped by head where multi-head), BLOOM's query_key_value (grouped by head alike) and
+MPT's Wqkv. Modules trained in full (lora.train_modules: wte,
 lm_head) go in as PEFT's modules_to_save.
 """
 
@@ -58,6 +59,8 @@ _GPTJ = {"attn.q": "attn.q_proj", "attn.k": "attn.k_proj", "attn.v": "attn.v_pro
          "mlp.fc": "mlp.fc_in", "mlp.proj": "mlp.fc_out"}
 _BIGCODE = {"attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}  # c_attn apart
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
+_BLOOM = {"attn.proj": "self_attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
+_MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.down_proj"}
 _QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
 
@@ -97,6 +100,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in _NEO:
             raise UserError(f"the adapter on {layer} has no counterpart in GPT-Neo; export with --merge")
         return [(base + _NEO[rest], slice(0, out_features))]
+    if family.name in ("bloom", "mpt"):
+        return _alibi_parts(layer, i, rest, out_features, cfg, family)
     base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
         f"model.layers.{i}."
     if gpt2:
@@ -269,6 +274,22 @@ def _bigcode_parts(layer: str, base: str, rest: str, out_features: int, cfg: Mod
         raise UserError(f"the adapter on {layer} has no counterpart in GPTBigCode (whose q/k/v are one fused c_attn); "
                         f"export with --merge")
     return [(base + _BIGCODE[rest], slice(0, out_features))]
+def _alibi_parts(layer: str, i: str, rest: str, out_features: int, cfg: ModelConfig,
+                 family: Family) -> list[tuple[str, object]]:
+    """BLOOM's and MPT's modules for redline layer `layer`: both fuse q, k and v in one module, BLOOM's
+    query_key_value taking B's rows grouped by head (bloom.py regroups the weight alike), MPT's Wqkv as redline's."""
+    from redline.interop.bloom import _regroup
+
+    bloom = family.name == "bloom"
+    base, names = (f"transformer.h.{i}.", _BLOOM) if bloom else (f"transformer.blocks.{i}.", _MPT)
+    if rest == "attn.qkv":
+        if bloom:
+            return [(base + "self_attention.query_key_value", _regroup(torch.arange(out_features), cfg.n_head, False))]
+        return [(base + "attn.Wqkv", slice(0, out_features))]
+    if rest not in names:
+        raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture} (whose q/k/v are one "
+                        f"fused module); export with --merge")
+    return [(base + names[rest], slice(0, out_features))]
 
 
 def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
@@ -277,7 +298,8 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
              "gptj": "transformer.wte", "gpt_neox": "gpt_neox.embed_in",
              "opt": "model.decoder.embed_tokens", "nemotron_h": "model.embeddings",
              "mamba2": "backbone.embeddings", "mamba": "backbone.embeddings",
-             "falcon_mamba": "backbone.embeddings"}.get(family.name, "model.embed_tokens")
+             "falcon_mamba": "backbone.embeddings",
+             "bloom": "transformer.word_embeddings", "mpt": "transformer.wte"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
            "lm_head": ("lm_head", cfg.vocab_size)}
     if name not in top:

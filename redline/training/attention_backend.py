@@ -32,7 +32,8 @@ def cache_path() -> Path:
 
 def shape_key(cfg: ModelConfig, batch: int, seq_len: int, device_name: str, dtype: torch.dtype) -> str:
     return (f"{device_name}|torch {torch.__version__}|B={batch} T={seq_len} H={cfg.n_head} KV={cfg.kv_heads} "
-            f"D={cfg.head_dim} window={cfg.sliding_window} dropout={cfg.dropout > 0} {str(dtype).replace('torch.', '')}")
+            f"D={cfg.head_dim} window={cfg.sliding_window} dropout={cfg.dropout > 0} {str(dtype).replace('torch.', '')}"
+            + (" alibi" if cfg.pos_emb == "alibi" else ""))  # ALiBi's float mask: flash cannot run it
 
 
 def _time_attend(attn: Attention, q, k, v, mask, reps: int) -> float:
@@ -132,6 +133,8 @@ def resolve_attention_backend(model: torch.nn.Module, batch: int, seq_len: int, 
     if not enabled or device.type != "cuda":
         return {"backend": "auto", "source": "pytorch"}
     mask = model.sliding_mask(seq_len, device) if hasattr(model, "sliding_mask") else None
+    if cfg.pos_emb == "alibi" and hasattr(model, "attention_mask"):  # measured with the float mask it trains with
+        mask = model.attention_mask(seq_len, device)
     try:
         winner, timings, cached = choose_backend(cfg, batch, seq_len, device, mask, dtype or torch.float32)
     except (RuntimeError, ValueError) as e:  # PyTorch's own choice always works: a failed measurement costs only speed

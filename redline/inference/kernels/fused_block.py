@@ -93,7 +93,8 @@ FIELDS_ACCOUNTED = {
     "embed_multiplier": "inputs",
     "residual_multiplier": "refused: the product kernels add the sublayers' outputs to the stream unscaled",
     # not part of the block's decode step
-    "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model", "rope_theta": "inputs",
+    "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model; alibi refused (the plan keeps it "
+               "off the attention kernel, whose scores take no bias)", "rope_theta": "inputs",
     "embed_scale": "inputs",
     "rope_scaling": "inputs", "rope_factor": "inputs", "rope_low_freq_factor": "inputs",
     "rope_high_freq_factor": "inputs", "rope_original_context": "inputs", "rope_beta_fast": "inputs",
@@ -135,6 +136,8 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton fuses the MLP's norm onto the attention's residual sum (model.parallel_residual)"
     if cfg.mlp in ("gelu", "geglu") and getattr(cfg, "gelu_approximate", "tanh") != "tanh":
         return "decode_linear triton's GELU is the tanh approximation (model.gelu_approximate=none)"
+    if getattr(cfg, "pos_emb", "rope") == "alibi":
+        return "decode_linear triton hands the attention kernel scores it adds no ALiBi bias to (model.pos_emb=alibi)"
     if why := kernel_prologue_unsupported(cfg):  # the block hands the attention kernel the raw projection
         return f"decode_linear triton hands the attention kernel the raw qkv projection, which cannot give it {why}"
     return None
