@@ -1135,7 +1135,8 @@ class Mamba2(nn.Module):
         C, H, G = cfg.n_embd, cfg.delta_heads, cfg.delta_key_heads
         self.heads, self.key_heads, self.dk, self.dv = H, G, cfg.delta_key_dim, cfg.delta_value_dim
         self.kernel, self.window = cfg.delta_conv_kernel, 0  # window: the mask key callers read
-        self.eps, self.dt_min, self.gate_norm = cfg.delta_norm_eps or cfg.norm_eps, cfg.delta_dt_min, cfg.delta_gate_norm
+        self.eps, self.dt_min = cfg.delta_norm_eps or cfg.norm_eps, cfg.delta_dt_min
+        self.gate_norm = cfg.delta_gate_norm
         self.inner = H * self.dv
         channels = self.inner + 2 * G * self.dk
         self.in_proj = nn.Linear(C, self.inner + channels + H, bias=cfg.delta_proj_bias)

@@ -179,7 +179,8 @@ class KVCache:
 
     def read(self, layer: int, rows: slice | torch.Tensor, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, end) of `rows` as (k, v) (b, KV, end, D) in dtype (dequantised from FP8); a delta-net layer's
-        as (its convolution inputs of those slots, the rows' states); a layer without a token mixer's as (None, None)."""
+        as (its convolution inputs of those slots, the rows' states); a layer without a token mixer's as
+        (None, None)."""
         if self.k[layer] is None:
             return None, None
         if layer in self.states and layer not in self.parallel:

@@ -117,7 +117,8 @@ def fold(hf: dict, cfg: ModelConfig, state: dict) -> dict:
     Linear layer, y = W(x·a) + b = (aW)x + b, y·m = (mW)x + mb (exact up to one rounding of each weight)."""
     m, state = _multipliers({**_DEFAULTS, **hf}), dict(state)
     q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    inner, groups, heads = cfg.delta_heads * cfg.delta_value_dim, cfg.delta_key_heads * cfg.delta_key_dim, cfg.delta_heads
+    inner, heads = cfg.delta_heads * cfg.delta_value_dim, cfg.delta_heads
+    groups = cfg.delta_key_heads * cfg.delta_key_dim
     # in_proj's output sections: z (inner), x (inner), B (groups), C (groups), dt (heads)
     bounds = [0, inner, 2 * inner, 2 * inner + groups, 2 * inner + 2 * groups, 2 * inner + 2 * groups + heads]
     for i in range(cfg.n_layer):

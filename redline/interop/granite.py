@@ -378,7 +378,8 @@ def bamba_ffn_to_hf(state, cfg: ModelConfig, i: int) -> dict:
     """bamba_ffn_to_redline's inverse."""
     p, r, f = f"model.layers.{i}.", f"blocks.{i}.", f"model.layers.{i}.feed_forward."
     out = {p + "input_layernorm.weight": state[r + "norm1.weight"],
-           p + "pre_ff_layernorm.weight": state[r + "norm2.weight"], f + "down_proj.weight": state[r + "mlp.proj.weight"]}
+           p + "pre_ff_layernorm.weight": state[r + "norm2.weight"],
+           f + "down_proj.weight": state[r + "mlp.proj.weight"]}
     out[f + "gate_proj.weight"], out[f + "up_proj.weight"] = state[r + "mlp.fc.weight"].chunk(2)
     if cfg.bias:
         out[f + "gate_proj.bias"], out[f + "up_proj.bias"] = state[r + "mlp.fc.bias"].chunk(2)
