@@ -190,6 +190,26 @@ FAMILIES = {
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=48, n_head=6)),
     # MPT: ALiBi with 4 heads, LayerNorms without biases, no Linear biases, exact GELU, its own softmax_scale, tied
     "mpt": ("MptConfig", "MptForCausalLM", dict(n_heads=4, attn_config={"softmax_scale": 0.2})),
+    # Falcon as falcon-7b is: one LayerNorm for parallel sublayers, multi-query ([q_0 .. q_3, k, v] rows), no biases,
+    # exact GELU, tied; as falcon-40b/180B is (the new decoder architecture): parallel sublayers under ln_attn and
+    # ln_mlp, 2 KV heads (rows in KV groups [q, q, k, v]), an untied head; Falcon2-11B's one norm with GQA
+    # (num_ln_in_parallel_attn=1), with biases; and sequential blocks, plain multi-head ([q_h, k_h, v_h] rows),
+    # biases, tanh-GELU
+    "falcon": ("FalconConfig", "FalconForCausalLM",
+               dict(num_attention_heads=4, ffn_hidden_size=96, rope_parameters={"rope_type": "default",
+                                                                                "rope_theta": 500.0})),
+    "falcon-new": ("FalconConfig", "FalconForCausalLM",
+                   dict(num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True, ffn_hidden_size=96,
+                        tie_word_embeddings=False)),
+    "falcon-new-one-norm": ("FalconConfig", "FalconForCausalLM",
+                            dict(num_attention_heads=4, num_kv_heads=1, new_decoder_architecture=True,
+                                 num_ln_in_parallel_attn=1, ffn_hidden_size=96, bias=True)),
+    "falcon-sequential": ("FalconConfig", "FalconForCausalLM",
+                          dict(num_attention_heads=4, multi_query=False, parallel_attn=False, bias=True,
+                               activation="gelu_pytorch_tanh")),
+    # sequential blocks with multi-query attention, no biases (exported as StarCoder2)
+    "falcon-sequential-mqa": ("FalconConfig", "FalconForCausalLM",
+                              dict(num_attention_heads=4, parallel_attn=False, ffn_hidden_size=80)),
     # GPT-2's layout with the erf GELU (activation_function "gelu")
     "gpt2-erf": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                                        activation_function="gelu")),

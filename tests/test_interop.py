@@ -80,7 +80,11 @@ def test_import_logits_and_greedy_tokens_equal_transformers(kind, tmp_path, caps
 # whole heads rotated and no LongRoPE is a Mistral, and so is Ministral 3 within its original context)
 EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "seed_oss": "Qwen2ForCausalLM",
                "granitemoehybrid": "GraniteForCausalLM",
-               "phi3-window": "MistralForCausalLM", "ministral3": "MistralForCausalLM", "codegen": "GPTJForCausalLM"}
+               "phi3-window": "MistralForCausalLM", "ministral3": "MistralForCausalLM", "codegen": "GPTJForCausalLM",
+               # Falcon's one norm for parallel sublayers is Phi's block (Phi takes GQA and zero biases); its
+               # sequential block GPT-NeoX's (multi-head) or StarCoder2's (multi-query)
+               "falcon": "PhiForCausalLM", "falcon-new-one-norm": "PhiForCausalLM",
+               "falcon-sequential": "GPTNeoXForCausalLM", "falcon-sequential-mqa": "Starcoder2ForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -102,7 +106,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"), ("mamba", "Mamba"),
                                         ("falcon_mamba", "Falcon-Mamba"), ("gpt_bigcode", "GPTBigCode"),
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J"),
-                                        ("bloom", "BLOOM"), ("mpt", "MPT")])
+                                        ("bloom", "BLOOM"), ("mpt", "MPT"), ("falcon-new", "Falcon")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -293,6 +297,13 @@ REDLINE_EXPORTS = {
                                        fused_qkv=False, n_head=6, n_embd=48),
     "MptForCausalLM": dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none", attn_scale=0.3,
                            tie_embeddings=True),
+    # Falcon (its new decoder architecture): parallel sublayers under two LayerNorms with 2 KV heads, exact GELU, no
+    # biases (written without), tied; and multi-query with biases on q/k/v alone (written with zeros elsewhere),
+    # q/k/v apart, tanh-GELU, untied
+    "FalconForCausalLM": dict(norm="layernorm", mlp="gelu", gelu_approximate="none", parallel_residual=True,
+                              n_kv_head=2, tie_embeddings=True),
+    "FalconForCausalLM-mqa": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=1, qkv_bias=True,
+                                  fused_qkv=False, rope_theta=500.0),
 }
 
 
@@ -462,6 +473,14 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none", mlp_hidden=64),
      "model.mlp_hidden=64: transformers' MPT builds its MLP 4 × d_model = 128 wide"),
     (dict(pos_emb="alibi", mlp="gelu", gelu_approximate="none"), "model.norm='rmsnorm': MPT"),
+    # Falcon's new decoder architecture: parallel sublayers under two LayerNorms with GQA; what else it lacks, by name
+    (dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, sliding_window=8),
+     "model.sliding_window=8: Falcon, the architecture a model with parallel sublayers under two LayerNorms with GQA "
+     "and GELU exports as here, has sliding_window=0"),
+    (dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, rope_dims=4),
+     "model.rope_dims=4: Falcon"),
+    (dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, head_size=16),
+     "model.head_size=16: Falcon"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -550,11 +569,12 @@ def _expect_import_error(src, out, capsys, fragment):
 def test_import_unsupported_architecture(tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    config["model_type"] = "falcon"
+    config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports arcee, bamba, bloom, codegen, cohere, cohere2, ernie4_5, exaone, exaone4, "
-                         "falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neo, gpt_neox, "
+                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neo, "
+                         "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
                          "mamba, mamba2, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
@@ -1224,6 +1244,66 @@ def test_import_bloom_and_mpt_refuse_what_they_cannot_express(tmp_path, capsys):
         for edit, fragment in edits:
             path.write_text(json.dumps({**config, **edit}))
             _expect_import_error(tmp_path / kind, tmp_path / "out", capsys, fragment)
+
+
+def test_import_falcon_refuses_what_transformers_or_redline_cannot_run(tmp_path, capsys):
+    """Falcon-RW's ALiBi (scaled with the scores, bfloat16-rounded: not redline's), the flag combinations
+    transformers' layer fails on, and activations other than the GELUs are one-line errors naming them."""
+    hf_folder("falcon", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    for edit, fragment in [({"alibi": True}, "alibi=true (Falcon-RW)"),
+                           ({"new_decoder_architecture": True, "parallel_attn": False},
+                            "new_decoder_architecture=true with parallel_attn=false"),
+                           ({"num_ln_in_parallel_attn": 2}, "num_ln_in_parallel_attn=2 without new_decoder"),
+                           ({"multi_query": False, "num_kv_heads": 2}, "num_kv_heads=2 with multi_query=false"),
+                           ({"activation": "relu"}, "activation='relu'")]:
+        path.write_text(json.dumps({**config, **edit}))
+        _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
+
+
+def test_falcon_alibi_is_not_redlines():
+    """Why alibi=true is refused: Falcon's bias per key position, as its model adds it to the scaled scores (divided
+    by sqrt(head width), rounded to bfloat16), is not redline's ALiBi bias for any shift along a query's row; both
+    taken for 4 heads 8 wide, the last query of 40 positions."""
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    from redline.model import alibi_bias
+
+    H, D, T = 4, 8, 40
+    theirs = build_alibi_tensor(torch.ones(1, T, dtype=torch.long), H, torch.float32)[:, 0] / D ** 0.5  # (H, T)
+    pos = torch.arange(T)
+    ours = alibi_bias(H, pos, pos)[:, -1]  # (H, T): the last query's row, -m_h·(T - 1 - j)
+    shift = (theirs - ours)[:, :1]
+    assert not torch.allclose(theirs - shift, ours, atol=1e-4)
+    # the slopes are BLOOM's: what differs is the scale and the rounding (to bfloat16's 8 bits)
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor as bloom_alibi
+
+    bloom = bloom_alibi(torch.ones(1, T, dtype=torch.long), H, torch.float32)[:, 0]
+    torch.testing.assert_close(theirs * D ** 0.5, bloom, rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(bloom - bloom[:, -1:], ours, rtol=1e-6, atol=1e-6)
+
+
+def test_import_falcon_reads_the_hubs_configs():
+    """falcon-7b's and falcon-40b's config.json as the Hub has them (falcon-7b without num_kv_heads or
+    max_position_embeddings; falcon-40b without num_ln_in_parallel_attn: two norms), and Falcon2-11B's."""
+    from redline.interop.falcon import model_config
+
+    base = {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "alibi": False,
+            "apply_residual_connection_post_layernorm": False, "bias": False, "layer_norm_epsilon": 1e-5,
+            "vocab_size": 65024}
+    f7 = model_config({**base, "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+                       "multi_query": True, "new_decoder_architecture": False, "parallel_attn": True})
+    assert (f7.kv_heads, f7.head_dim, f7.hidden_dim, f7.context_len, f7.rope_theta) == (1, 64, 18176, 2048, 10000.0)
+    assert f7.parallel_residual and f7.parallel_shared_norm and not f7.bias and f7.tie_embeddings
+    assert f7.gelu_approximate == "none"
+    f40 = model_config({**base, "hidden_size": 8192, "num_attention_heads": 128, "num_hidden_layers": 60,
+                        "num_kv_heads": 8, "new_decoder_architecture": True, "parallel_attn": True})
+    assert (f40.kv_heads, f40.parallel_residual, f40.parallel_shared_norm) == (8, True, False)
+    f11 = model_config({**base, "hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 60,
+                        "num_kv_heads": 8, "new_decoder_architecture": True, "num_ln_in_parallel_attn": 1,
+                        "rope_theta": 500042, "max_position_embeddings": 8192, "tie_word_embeddings": False})
+    assert (f11.kv_heads, f11.parallel_shared_norm, f11.rope_theta, f11.context_len) == (8, True, 500042.0, 8192)
 
 
 def test_import_bloom_reads_n_embed_and_mpt_its_logit_scale(tmp_path, capsys):

@@ -117,6 +117,8 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # MPT's Wqkv as redline's, out_proj, ffn.up_proj / down_proj
     "BloomForCausalLM": dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu", bias=True),
     "MptForCausalLM": dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none"),
+    # Falcon: query_key_value (B's rows regrouped by KV head, [q, q, k, v] a group), dense, dense_h_to_4h / 4h_to_h
+    "FalconForCausalLM": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, bias=True),
 }
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP

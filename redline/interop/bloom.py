@@ -35,7 +35,11 @@ _NOT_ARCHITECTURE = {"dropout", "attn_backend", "doc_attention", "pad_vocab_to",
 
 def _inert(name: str, cfg: ModelConfig) -> bool:
     """A field that has no effect on this config (RoPE's without RoPE, the experts' without experts, ...)."""
-    return (name.startswith("rope_") or (name.startswith("delta_") and name != "delta_layers" and not cfg.delta_layers)
+    # a RoPE scaling's parameters without that scaling (rope_factor, rope_beta_fast, ...)
+    unscaled = cfg.rope_scaling == "none" and name not in ("rope_theta", "rope_scaling", "rope_dims",
+                                                            "rope_local_theta", "rope_layer_theta")
+    return ((name.startswith("rope_") and (cfg.pos_emb != "rope" or unscaled))
+            or (name.startswith("delta_") and name != "delta_layers" and not cfg.delta_layers)
             or (name.startswith("moe_") and name != "moe_experts" and not cfg.moe_experts)
             or (name == "conv_kernel" and not cfg.conv_layers)
             or (name == "swiglu_limit" and cfg.mlp != "swiglu_clamped")
@@ -52,11 +56,12 @@ def _effective(cfg: ModelConfig) -> dict:
 
 
 def check_round_trip(cfg: ModelConfig, arch: str, model_config: Callable[[dict], ModelConfig],
-                     hf_config: Callable[[ModelConfig], dict], free: tuple[str, ...] = ()) -> None:
+                     hf_config: Callable[[ModelConfig], dict], free: tuple[str, ...] = (),
+                     chosen_by: str = "model.pos_emb=alibi", fix: str = "change it or train without ALiBi") -> None:
     """A UserError naming the first option of `cfg` that the architecture cannot hold: the config written for it
     (hf_config) and read back (model_config) must be cfg again, field by field, but for those that do not change the
     function (_NOT_ARCHITECTURE, inert ones) and `free` (options the writer expresses some other way, such as zero
-    biases for a model without them)."""
+    biases for a model without them); `chosen_by` names the options that chose the architecture, `fix` the way out."""
     try:
         back = model_config(hf_config(cfg))
     except UserError as e:
@@ -65,8 +70,8 @@ def check_round_trip(cfg: ModelConfig, arch: str, model_config: Callable[[dict],
     for name, value in ours.items():
         if name in _NOT_ARCHITECTURE or name in free or _inert(name, cfg) or value == theirs[name]:
             continue
-        raise UserError(f"model.{name}={value!r}: {arch}, the architecture a model with model.pos_emb=alibi exports "
-                        f"as here, has {name}={theirs[name]!r}; change it or train without ALiBi")
+        raise UserError(f"model.{name}={value!r}: {arch}, the architecture a model with {chosen_by} exports as "
+                        f"here, has {name}={theirs[name]!r}; {fix}")
 
 
 def model_config(hf: dict) -> ModelConfig:

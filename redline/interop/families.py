@@ -15,7 +15,9 @@ GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE ba
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
 Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); olmo_hybrid.py OLMo
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
-with partial RoPE); bloom.py BLOOM and mpt.py MPT (ALiBi positions); falcon_h1.py Falcon-H1 (attention and a
+with partial RoPE); bloom.py BLOOM and mpt.py MPT (ALiBi positions); falcon.py Falcon (RoPE, multi-query or KV-grouped
+query_key_value, parallel sublayers under one or two LayerNorms; Falcon-RW's ALiBi refused); falcon_h1.py
+Falcon-H1 (attention and a
 Mamba-2 mixer side by side in every layer, its µP multipliers folded into the weights); nemotron_h.py Nemotron-H
 (Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
 mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); exaone.py
@@ -226,7 +228,7 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon_h1, gemma, gemma2, gemma3, gpt2,
+    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gpt2,
                                  gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, lfm2, llama, mamba,
                                  moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
                                  qwen3_next, stablelm, starcoder2)
@@ -243,7 +245,8 @@ def _families() -> dict[str, Family]:
                                 qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
-                                gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY)}
+                                gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
+                                falcon.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -294,7 +297,8 @@ def export_family(cfg: ModelConfig) -> Family:
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
     outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
     Gemma 2's window, score scale or caps besides), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
-    with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, StarCoder2 with RoPE, LayerNorm and
+    with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, Falcon with two LayerNorms for parallel
+    sublayers, GQA or multi-query attention and GELU, StarCoder2 with RoPE, LayerNorm and
     GQA or a window, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
@@ -505,8 +509,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         check_exportable(cfg)
         return families["phi"]
-    from redline.interop import starcoder2
+    from redline.interop import falcon, starcoder2
 
+    if falcon.wants_falcon(cfg):  # parallel sublayers under two norms with GQA: Falcon's new decoder architecture
+        falcon.check_exportable(cfg)
+        return families["falcon"]
     if starcoder2.wants_starcoder2(cfg):
         starcoder2.check_exportable(cfg)
         return families["starcoder2"]

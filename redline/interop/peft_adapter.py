@@ -7,7 +7,8 @@ Hugging Face model `redline export` writes from the run's base:
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, gpt_bigcode.py, gpt_neo.py,
 gptj.py: q and k rows (B's rows) in GPT-J's interleaved RoPE order; phi.py, phi3.py, gpt_neox.py, opt.py,
-starcoder2.py, nanochat.py, bloom.py, mpt.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py, falcon_h1.py: its Mamba-2
+starcoder2.py, nanochat.py, bloom.py, falcon.py, mpt.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py,
+falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
 down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
@@ -23,8 +24,8 @@ and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks
 the shared A and its own rows of B: the same update, at the same rank and scale. GPT-2's c_attn and c_fc are fused
 as redline's are (Conv1D layers: fan_in_fan_out), and so are Phi-3's qkv_proj and gate_up_proj; GPT-NeoX's
 query_key_value is too, its rows (B's rows) grouped by head, GPTBigCode's c_attn (nn.Linear: B's rows as redline's
-where it is multi-query, grouped by head where multi-head), BLOOM's query_key_value (grouped by head alike) and
-MPT's Wqkv. Modules trained in full (lora.train_modules: wte,
+where it is multi-query, grouped by head where multi-head), BLOOM's query_key_value (grouped by head alike), Falcon's
+(grouped by KV head: each group's queries, key, value) and MPT's Wqkv. Modules trained in full (lora.train_modules: wte,
 lm_head) go in as PEFT's modules_to_save.
 """
 
@@ -100,7 +101,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in _NEO:
             raise UserError(f"the adapter on {layer} has no counterpart in GPT-Neo; export with --merge")
         return [(base + _NEO[rest], slice(0, out_features))]
-    if family.name in ("bloom", "mpt"):
+    if family.name in ("bloom", "mpt", "falcon"):
         return _alibi_parts(layer, i, rest, out_features, cfg, family)
     base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
         f"model.layers.{i}."
@@ -276,15 +277,20 @@ def _bigcode_parts(layer: str, base: str, rest: str, out_features: int, cfg: Mod
     return [(base + _BIGCODE[rest], slice(0, out_features))]
 def _alibi_parts(layer: str, i: str, rest: str, out_features: int, cfg: ModelConfig,
                  family: Family) -> list[tuple[str, object]]:
-    """BLOOM's and MPT's modules for redline layer `layer`: both fuse q, k and v in one module, BLOOM's
-    query_key_value taking B's rows grouped by head (bloom.py regroups the weight alike), MPT's Wqkv as redline's."""
-    from redline.interop.bloom import _regroup
+    """BLOOM's, Falcon's and MPT's modules for redline layer `layer`: all fuse q, k and v in one module, BLOOM's
+    query_key_value taking B's rows grouped by head (bloom.py regroups the weight alike), Falcon's (BLOOM's names)
+    grouped by KV head (falcon.py's regrouping), MPT's Wqkv as redline's."""
+    from redline.interop import bloom as bloom_layout, falcon
 
-    bloom = family.name == "bloom"
+    bloom = family.name in ("bloom", "falcon")
     base, names = (f"transformer.h.{i}.", _BLOOM) if bloom else (f"transformer.blocks.{i}.", _MPT)
     if rest == "attn.qkv":
+        rows = torch.arange(out_features)
+        if family.name == "falcon":
+            return [(base + "self_attention.query_key_value",
+                     falcon._regroup(rows, cfg.n_head, cfg.kv_heads, to_redline=False))]
         if bloom:
-            return [(base + "self_attention.query_key_value", _regroup(torch.arange(out_features), cfg.n_head, False))]
+            return [(base + "self_attention.query_key_value", bloom_layout._regroup(rows, cfg.n_head, False))]
         return [(base + "attn.Wqkv", slice(0, out_features))]
     if rest not in names:
         raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture} (whose q/k/v are one "
@@ -299,7 +305,8 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
              "opt": "model.decoder.embed_tokens", "nemotron_h": "model.embeddings",
              "mamba2": "backbone.embeddings", "mamba": "backbone.embeddings",
              "falcon_mamba": "backbone.embeddings",
-             "bloom": "transformer.word_embeddings", "mpt": "transformer.wte"}.get(family.name, "model.embed_tokens")
+             "bloom": "transformer.word_embeddings", "falcon": "transformer.word_embeddings",
+             "mpt": "transformer.wte"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
            "lm_head": ("lm_head", cfg.vocab_size)}
     if name not in top:
