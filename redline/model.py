@@ -243,6 +243,9 @@ class ModelConfig:
     delta_bcdt_norm_eps: float = 0.0
     """delta_layers, mamba1: RMS norms without weights on dt, B and C after x_proj, at this epsilon (Falcon-Mamba's,
     its mixer_rms_eps); 0 = none (Mamba's)."""
+    delta_bcdt_norm_weight: bool = False
+    """delta_layers, mamba1, with delta_bcdt_norm_eps: the dt, B and C norms have learned weights (Jamba's
+    dt_layernorm (R), b_layernorm and c_layernorm (N)); False: none (Falcon-Mamba's)."""
     delta_gate_norm: Literal["after_gate", "before_gate", "none"] = "after_gate"
     """delta_layers, mamba2: the mixer's output y gated by z: RMSNorm(y·SiLU(z)) in delta_key_heads groups (Granite
     4.0's, Bamba's: norm_before_gate=False), RMSNorm(y)·SiLU(z) (Falcon-H1's mamba_norm_before_gate=True), or
@@ -288,6 +291,9 @@ class ModelConfig:
     moe_dense_hidden wide."""
     moe_dense_hidden: int | None = None
     """The width of the dense MLPs of moe_dense_layers (None: mlp_hidden)."""
+    moe_layers: tuple[int, ...] = ()
+    """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP mlp_hidden wide (Jamba's
+    every expert_layer_period-th layer from expert_layer_offset); () = every layer from moe_dense_layers on."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
@@ -360,6 +366,13 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    def layer_has_experts(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is the mixture of experts: one of model.moe_layers where they are given,
+        else any from moe_dense_layers on (with model.moe_experts)."""
+        if not self.moe_experts:
+            return False
+        return layer in self.moe_layers if self.moe_layers else layer >= self.moe_dense_layers
 
     @property
     def dt_rank(self) -> int:
@@ -594,6 +607,9 @@ class ModelConfig:
         if self.delta_bcdt_norm_eps < 0 or (self.delta_bcdt_norm_eps and self.delta_rule != "mamba1"):
             raise UserError(f"model.delta_bcdt_norm_eps={self.delta_bcdt_norm_eps} is Falcon-Mamba's B, C and dt "
                             f"norms' epsilon: > 0 to have them, with model.delta_rule=mamba1")
+        if self.delta_bcdt_norm_weight and not self.delta_bcdt_norm_eps:
+            raise UserError("model.delta_bcdt_norm_weight puts weights on Mamba-1's dt, B and C norms: it takes the "
+                            "norms, model.delta_bcdt_norm_eps > 0 (with model.delta_rule=mamba1)")
         if self.delta_dt_min < 0 or (self.delta_dt_min and self.delta_rule != "mamba2"):
             raise UserError(f"model.delta_dt_min={self.delta_dt_min} is Mamba-2's least time step: >= 0, with "
                             f"model.delta_rule=mamba2")
@@ -636,6 +652,15 @@ class ModelConfig:
         if self.moe_bias_update < 0 or (self.moe_bias_update and not self.moe_expert_bias):
             raise UserError(f"model.moe_bias_update={self.moe_bias_update} must be >= 0 and needs the experts' routing "
                             f"bias (model.moe_expert_bias=true)")
+        if self.moe_layers and (not self.moe_experts or self.moe_dense_layers or self.moe_dense_hidden
+                                or sorted(set(self.moe_layers)) != list(self.moe_layers)
+                                or not 0 <= self.moe_layers[0] <= self.moe_layers[-1] < self.n_layer):
+            raise UserError(f"model.moe_layers={self.moe_layers} must name distinct layers in increasing order, each "
+                            f"in [0, n_layer={self.n_layer}), with experts (model.moe_experts) and without "
+                            f"model.moe_dense_layers or moe_dense_hidden (moe_layers says which layers are dense)")
+        if set(self.moe_layers) & set(self.mlp_free_layers):
+            raise UserError(f"model.moe_layers={self.moe_layers} names a layer without an MLP (model.mlp_free_layers="
+                            f"{self.mlp_free_layers})")
         if not 0 <= self.moe_dense_layers <= self.n_layer:
             raise UserError(f"model.moe_dense_layers={self.moe_dense_layers} must be in [0, n_layer={self.n_layer}]")
         if self.moe_experts and self.bias and not self.moe_bias:
@@ -1197,7 +1222,8 @@ class Mamba1(nn.Module):
     MambaMixer and FalconMambaMixer run it): in_proj (C -> 2·I) gives x and the gate z; a causal depthwise
     convolution of x (weight (I, kernel), oldest token first, plus conv_bias) and SiLU; x_proj (I -> R + 2·N, no
     bias) gives the low-rank dt (R = model.dt_rank) and B and C (N = delta_key_dim), each RMS-normalized without a
-    weight where model.delta_bcdt_norm_eps is set (Falcon-Mamba's); dt = softplus(dt_proj(dt)) (R -> I, with a bias);
+    weight where model.delta_bcdt_norm_eps is set (Falcon-Mamba's), with one (dt_norm, B_norm, C_norm) where
+    model.delta_bcdt_norm_weight is (Jamba's); dt = softplus(dt_proj(dt)) (R -> I, with a bias);
     the scan (recurrent.selective_scan) with A = −exp(A_log) (I, N), plus D·x; then y·SiLU(z) and out_proj (I -> C).
     The engine's cache holds it as the other delta layers: x a slot (I channels), each row's state (I, N, 1), the
     (delta_heads, delta_key_dim, delta_value_dim) state of Mamba-2's heads of one channel."""
@@ -1217,6 +1243,11 @@ class Mamba1(nn.Module):
         self.D = nn.Parameter(torch.ones(I))
         self.proj = nn.Linear(I, C, bias=cfg.delta_proj_bias)
         self.proj.is_residual_out = True
+        # delta_bcdt_norm_weight (Jamba's dt_layernorm, b_layernorm, c_layernorm): the norms' weights, (R,), (N,), (N,)
+        weighted = cfg.delta_bcdt_norm_weight
+        self.dt_norm = nn.Parameter(torch.ones(R)) if weighted else None
+        self.B_norm = nn.Parameter(torch.ones(N)) if weighted else None
+        self.C_norm = nn.Parameter(torch.ones(N)) if weighted else None
 
     def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
         """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
@@ -1224,10 +1255,12 @@ class Mamba1(nn.Module):
             return cache.delta(self, x)
         return self.mix(x, doc_ids=attn_mask)[0]
 
-    def _norm(self, t: torch.Tensor) -> torch.Tensor:
-        """Falcon-Mamba's weightless RMSNorm over the last dimension, in fp32, back in t's dtype."""
+    def _norm(self, t: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """An RMSNorm over the last dimension in fp32, back in t's dtype, then times weight where there is one
+        (Jamba's JambaRMSNorm scales the rounded result); none: Falcon-Mamba's weightless norm."""
         f = t.float()
-        return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(t.dtype)
+        out = (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(t.dtype)
+        return out if weight is None else weight * out
 
     def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
             doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
@@ -1241,8 +1274,8 @@ class Mamba1(nn.Module):
         xs = causal_conv(u, self.conv, before, doc_ids)
         xs = F.silu(xs + self.conv_bias if self.conv_bias is not None else xs)
         dt, Bs, Cs = self.x_proj(xs).split([self.rank, self.dk, self.dk], dim=-1)
-        if self.eps:  # Falcon-Mamba's: dt (still R wide), B and C each normalized before use
-            dt, Bs, Cs = self._norm(dt), self._norm(Bs), self._norm(Cs)
+        if self.eps:  # Falcon-Mamba's and Jamba's: dt (still R wide), B and C each normalized before use
+            dt, Bs, Cs = self._norm(dt, self.dt_norm), self._norm(Bs, self.B_norm), self._norm(Cs, self.C_norm)
         dt = F.softplus(self.dt_proj(dt).float())  # (B, T, I)
         if valid is not None:  # dt = 0: no decay and no input, the state passes these tokens by
             dt = dt * valid[..., None]
@@ -1446,9 +1479,9 @@ class Block(nn.Module):
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
             self.mlp = None
-        elif cfg.moe_experts and layer >= cfg.moe_dense_layers:
+        elif cfg.layer_has_experts(layer):
             self.mlp = MoE(cfg)
-        else:  # a dense MLP, moe_dense_hidden wide on a mixture's first moe_dense_layers
+        else:  # a dense MLP, moe_dense_hidden wide on a mixture's first moe_dense_layers, mlp_hidden off moe_layers
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg)
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
@@ -1600,6 +1633,9 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.conv_bias)
                 module.A_log.copy_(torch.arange(1, module.dk + 1, dtype=torch.float32).log().expand_as(module.A_log))
                 nn.init.ones_(module.D)
+                for weight in (module.dt_norm, module.B_norm, module.C_norm):  # Jamba's norms start at scale 1
+                    if weight is not None:
+                        nn.init.ones_(weight)
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)

@@ -432,6 +432,19 @@ FAMILIES = {
     "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM",
                      dict(state_size=8, mixer_rms_eps=1e-2, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
                           pad_token_id=None)),
+    # Jamba: Mamba-1 mixers (128 channels, a state of 8, dt of "auto" rank 4, weighted dt/B/C norms) on layers 0, 1
+    # and 3, attention without positions (GQA) on layer 2, experts (top 2 of 4, unrenormalized) on layers 1 and 3 and
+    # a SwiGLU on 0 and 2, untied; and tied, attention on layers 0 and 2, experts on every layer (top 1 of 3), biases
+    # on in_proj and out_proj, no conv bias, a kernel of 3, dt of rank 6
+    "jamba": ("JambaConfig", "JambaForCausalLM",
+              dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, attn_layer_period=4,
+                   attn_layer_offset=2, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+                   num_experts_per_tok=2, mamba_d_state=8, pad_token_id=None)),
+    "jamba-tied": ("JambaConfig", "JambaForCausalLM",
+                   dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, attn_layer_period=2,
+                        attn_layer_offset=0, expert_layer_period=1, expert_layer_offset=0, num_experts=3,
+                        num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=3, mamba_dt_rank=6,
+                        mamba_conv_bias=False, mamba_proj_bias=True, tie_word_embeddings=True, pad_token_id=None)),
     # the original OLMo: Llama's block with LayerNorms without weight or bias, untied
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
                                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})),

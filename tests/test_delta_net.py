@@ -42,8 +42,13 @@ MAMBA1 = replace(MAMBA, delta_rule="mamba1", delta_heads=64, delta_key_heads=1, 
 # Falcon-Mamba's: every layer a Mamba-1 mixer alone, B, C and dt RMS-normalized without weights
 FALCON_MAMBA = replace(MAMBA1, delta_layers=(0, 1, 2), mlp_free_layers=(0, 1, 2), delta_proj_bias=False,
                        delta_bcdt_norm_eps=1e-6)
-RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA],
-                                ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1", "mamba1", "falcon_mamba"])
+# Jamba's: Mamba-1 layers with weighted dt, B and C norms around attention without positions, experts (top 2 of 4,
+# unrenormalized) on the middle layer alone
+JAMBA = replace(MAMBA1, delta_proj_bias=False, delta_bcdt_norm_eps=1e-5, delta_bcdt_norm_weight=True, moe_experts=4,
+                moe_top_k=2, moe_norm_topk=False, moe_layers=(1,))
+RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA, JAMBA],
+                                ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1", "mamba1", "falcon_mamba",
+                                     "jamba"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
@@ -229,6 +234,9 @@ def long_memory(model: GPT) -> GPT:
                 mixer.D.zero_()
             if kind == "Mamba1":  # B and C come from x through x_proj
                 mixer.x_proj.weight.mul_(50)
+                for weight in (mixer.dt_norm, mixer.B_norm, mixer.C_norm):  # Jamba's norm weights away from one
+                    if weight is not None:
+                        weight.uniform_(0.5, 1.5)
         model.lm_head.weight.mul_(10)
     return model.eval()
 
@@ -307,7 +315,9 @@ def test_refusals():
                           (dict(delta_beta_scale=2.0), "Mamba .model.delta_rule=mamba1. has none"),
                           (dict(delta_dt_rank=-1), "model.delta_dt_rank=-1 is Mamba-1's dt rank"),
                           (dict(delta_bcdt_norm_eps=-1.0), "model.delta_bcdt_norm_eps=-1.0 is Falcon-Mamba's"),
-                          (dict(delta_rule="mamba3"), "model.delta_rule='mamba3': one of")):
+                          (dict(delta_rule="mamba3"), "model.delta_rule='mamba3': one of"),
+                          (dict(delta_bcdt_norm_weight=True), "model.delta_bcdt_norm_weight puts weights on "
+                                                              "Mamba-1's dt, B and C norms: it takes the norms")):
         with pytest.raises(UserError, match=fragment):
             replace(MAMBA1, **bad).validate()
     for bad, fragment in ((dict(delta_dt_rank=4), "with model.delta_rule=mamba1"),

@@ -136,6 +136,12 @@ ARCHITECTURES = {
     "falcon-mamba-style": {"n_layer": 2, "delta_layers": (0, 1), "delta_rule": "mamba1", "delta_heads": 128,
                            "delta_key_heads": 1, "delta_key_dim": 8, "delta_value_dim": 1, "delta_conv_bias": True,
                            "delta_bcdt_norm_eps": 1e-6, "mlp_free_layers": (0, 1), "pos_emb": "none"},
+    # Jamba's: Mamba-1 mixers (weighted dt, B and C norms) with attention without positions on layer 2 (GQA), each
+    # followed by an MLP: top 2 of 4 experts, unrenormalized, on layers 1 and 3, a dense SwiGLU on the others
+    "jamba-style": {"n_layer": 4, "delta_layers": (0, 1, 3), "delta_rule": "mamba1", "delta_heads": 128,
+                    "delta_key_heads": 1, "delta_key_dim": 8, "delta_value_dim": 1, "delta_bcdt_norm_eps": 1e-6,
+                    "delta_bcdt_norm_weight": True, "pos_emb": "none", "n_kv_head": 2, "moe_experts": 4,
+                    "moe_top_k": 2, "moe_norm_topk": False, "mlp_hidden": 32, "moe_layers": (1, 3)},
 }
 PROMPTS = [[5, 6, 7, 8, 9], [42], list(range(10, 33)), [3, 1, 4, 1, 5, 9, 2, 6]]
 
@@ -905,6 +911,7 @@ def test_compiled_cuda_graph_engine_matches_full_forward(impl, tuning):
                                                                              ("mamba2-style", "matmul"),
                                                                              ("mamba1-style", "matmul"),
                                                                              ("falcon-mamba-style", "matmul"),
+                                                                             ("jamba-style", "matmul"),
                                                                              ("alibi", "matmul"),
                                                                              ("bloom-style", "matmul")])
 def test_compiled_cuda_graph_engine_runs_the_blocks_the_fused_block_refuses(arch, impl):

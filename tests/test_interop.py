@@ -106,7 +106,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"), ("mamba", "Mamba"),
                                         ("falcon_mamba", "Falcon-Mamba"), ("gpt_bigcode", "GPTBigCode"),
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J"),
-                                        ("bloom", "BLOOM"), ("mpt", "MPT"), ("falcon-new", "Falcon")])
+                                        ("bloom", "BLOOM"), ("mpt", "MPT"), ("falcon-new", "Falcon"),
+                                        ("jamba", "Jamba")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -289,6 +290,17 @@ REDLINE_EXPORTS = {
     "FalconMambaForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba1", delta_heads=128, delta_key_heads=1,
                                    delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-3,
                                    mlp_free_layers=(0, 1), pos_emb="none"),
+    # Jamba from a redline model: Mamba-1 layers with weightless dt/B/C norms (written as weights of one), attention
+    # on layer 2 with q/k/v apart, gate and up apart, experts on layers 1 and 3 (top 2, unrenormalized); and every
+    # layer dense, attention on layers 0 and 2, weighted norms, tied
+    "JambaForCausalLM": dict(n_layer=4, delta_layers=(0, 1, 3), delta_rule="mamba1", delta_heads=128,
+                             delta_key_heads=1, delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-5,
+                             pos_emb="none", n_kv_head=2, fused_qkv=False, fused_mlp=False, moe_experts=4,
+                             moe_top_k=2, moe_norm_topk=False, mlp_hidden=32, moe_layers=(1, 3)),
+    "JambaForCausalLM-dense": dict(n_layer=3, delta_layers=(1,), delta_rule="mamba1", delta_heads=64,
+                                   delta_key_heads=1, delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-5,
+                                   delta_bcdt_norm_weight=True, delta_conv_bias=True, pos_emb="none",
+                                   tie_embeddings=True),
     # ALiBi: BLOOM where the embeddings have a LayerNorm (with biases; and without any, written as zeros, q/k/v
     # apart, untied, 6 heads), MPT where they have none (no biases, exact GELU, a score scale)
     "BloomForCausalLM": dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu", bias=True,
@@ -450,9 +462,35 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(n_layer=2, delta_layers=(0, 1), delta_heads=2, delta_key_heads=1, mlp_free_layers=(0, 1), pos_emb="none",
           mlp="relu2", delta_dt_min=0.0), "has Mamba-2 mixers, not gated delta nets"),
     # Mamba-1 layers: Mamba's and Falcon-Mamba's alone, every layer one
+    # Mamba-1 beside attention (layer 1): Jamba's, which has an MLP on every layer
     (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
-          mlp_free_layers=(0,), pos_emb="none"), "have a Mamba-1 mixer alone on every layer .model.delta_layers and "
-                                                 "mlp_free_layers naming every layer, not .0,. and .0,.."),
+          mlp_free_layers=(0,), pos_emb="none"),
+     "model.mlp_free_layers: Jamba, the architecture with Mamba-1 layers beside attention and MLPs, has no such"),
+    # the rest of what Jamba cannot express, refused by name
+    (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          pos_emb="none"), "Mamba-1 layers without dt, B and C norms .model.delta_bcdt_norm_eps=0, Mamba's.: Jamba"),
+    (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          delta_bcdt_norm_eps=1e-6), "model.pos_emb=rope: Jamba, the architecture with Mamba-1 layers beside "
+                                     "attention and MLPs, has no positional encoding"),
+    (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          delta_bcdt_norm_eps=1e-6, pos_emb="none"), "model.delta_bcdt_norm_eps=1e-06 apart from model.norm_eps=1e-05"),
+    (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba1", delta_heads=48, delta_key_heads=1, delta_value_dim=1,
+          delta_bcdt_norm_eps=1e-5, pos_emb="none"), "model.delta_heads=48: Jamba.* mamba_expand x n_embd=32"),
+    (dict(n_layer=5, delta_layers=(0, 1, 3), delta_rule="mamba1", delta_heads=64, delta_key_heads=1,
+          delta_value_dim=1, delta_bcdt_norm_eps=1e-5, pos_emb="none"),
+     "attention on layers .2, 4. .those off model.delta_layers.: Jamba.* every attn_layer_period-th layer"),
+    (dict(n_layer=4, delta_layers=(0, 1, 3), delta_rule="mamba1", delta_heads=64, delta_key_heads=1,
+          delta_value_dim=1, delta_bcdt_norm_eps=1e-5, pos_emb="none", moe_experts=4, moe_layers=(0, 1)),
+     "experts on layers .0, 1. .model.moe_layers.: Jamba"),
+    (dict(n_layer=2, delta_layers=(0,), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          delta_bcdt_norm_eps=1e-5, pos_emb="none", moe_experts=4), "model.moe_norm_topk, moe_gating=softmax, "
+                                                                    "moe_scale=1.0: Jamba"),
+    (dict(n_layer=2, delta_layers=(0, 1), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
+          mlp_free_layers=(0, 1), pos_emb="none", delta_bcdt_norm_eps=1e-5, delta_bcdt_norm_weight=True),
+     "model.mlp_free_layers: Jamba"),
+    # experts on some layers without Mamba-1: no architecture
+    (dict(moe_experts=4, moe_layers=(0,)), "model.moe_layers=.0,.: of the architectures redline exports to, only "
+                                           "Jamba"),
     (dict(n_layer=2, delta_layers=(0, 1), delta_rule="mamba1", delta_heads=64, delta_key_heads=1, delta_value_dim=1,
           mlp_free_layers=(0, 1), pos_emb="none", norm_unit_offset=True), "Mamba and Falcon-Mamba, the architectures "
                                                                           "with them, have RMSNorms with a weight"),
@@ -576,7 +614,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
-                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, lfm2, lfm2_moe, lfm3, llama, "
+                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, jamba, lfm2, lfm2_moe, lfm3, "
+                         "llama, "
                          "mamba, mamba2, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
@@ -1139,6 +1178,50 @@ def test_import_mamba_refuses_what_it_cannot_run():
             build({**hf, "hidden_act": "gelu"})
     with pytest.raises(UserError, match="mixer_rms_eps=0.0: Falcon-Mamba's B, C and dt norms"):
         falcon_model_config({**hf, "mixer_rms_eps": 0.0})
+
+
+def test_import_jamba_reads_hub_configs_and_stacked_experts_and_refuses_what_it_cannot_run():
+    """Jamba-v0.1's config.json as the Hub has it: attention every 8th layer from 4, experts every 2nd from 1 (16,
+    top 2, not renormalized), dt of "auto" rank, the B, C and dt norms at rms_norm_eps; a layers_block_type list
+    (newer configs) wins over the periods; a file with the experts stacked (transformers' in-memory layout) imports
+    with transformers' logits; what Jamba's config says wrong, or redline cannot run, is one line naming it."""
+    from redline.interop.families import TensorSource
+    from redline.interop.jamba import model_config, to_redline
+    from tests.interop_models import hf_model
+
+    hub = {"model_type": "jamba", "vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 14336,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "attn_layer_period": 8,
+           "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 16,
+           "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+           "mamba_dt_rank": "auto", "mamba_conv_bias": True, "mamba_proj_bias": False, "rms_norm_eps": 1e-6,
+           "use_mamba_kernels": True, "max_position_embeddings": 262144, "tie_word_embeddings": False}
+    cfg = model_config(hub)
+    assert [i for i in range(32) if i not in cfg.delta_layers] == [4, 12, 20, 28] and cfg.pos_emb == "none"
+    assert cfg.moe_layers == tuple(range(1, 32, 2)) and (cfg.moe_experts, cfg.moe_top_k) == (16, 2)
+    assert not cfg.moe_norm_topk and cfg.kv_heads == 8 and cfg.mlp_hidden == 14336
+    assert (cfg.delta_heads, cfg.dt_rank, cfg.delta_key_dim, cfg.delta_bcdt_norm_eps) == (8192, 256, 16, 1e-6)
+    assert cfg.delta_bcdt_norm_weight and cfg.context_len == 262144
+    listed = model_config({**hub, "num_hidden_layers": 3, "layers_block_type": ["mamba", "attention", "mamba"],
+                           "layers_num_experts": [1, 1, 16]})
+    assert listed.delta_layers == (0, 2) and listed.moe_layers == (2,)
+    assert not model_config({**hub, "num_experts": 1}).moe_experts  # one expert: a SwiGLU on every layer
+    for edit, fragment in [({"hidden_act": "gelu"}, "hidden_act='gelu': Jamba's MLPs and Mamba convolution run SiLU"),
+                           ({"attn_layer_offset": 8}, "attn_layer_offset=8 with attn_layer_period=8: Jamba takes "
+                                                      "0 <= offset < period"),
+                           ({"layers_block_type": ["mamba"]}, "layers_block_type=.'mamba'.: Jamba takes "
+                                                              "num_hidden_layers=32 entries")]:
+        with pytest.raises(UserError, match=fragment):
+            model_config({**hub, **edit})
+    hf = hf_model("jamba")
+    state = hf.state_dict()  # transformers' in-memory names: experts.gate_up_proj (E, 2F, C), experts.down_proj
+    assert "model.layers.1.feed_forward.experts.gate_up_proj" in state
+    cfg = model_config(hf.config.to_dict())
+    src = TensorSource(state, state.__getitem__, "state")
+    model = GPT(cfg)
+    model.load_state_dict(to_redline(src, cfg))
+    assert not src.unused(lambda name: False)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_import_opt_refuses_the_layouts_it_cannot_express(tmp_path, capsys):

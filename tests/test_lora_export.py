@@ -91,6 +91,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "FalconMambaForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba1", delta_heads=128, delta_key_heads=1,
                                    delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-6,
                                    mlp_free_layers=(0, 1), pos_emb="none"),
+    # Jamba: Mamba-1 mixers (mamba.in_proj, x_proj, dt_proj, out_proj) on layers 0 and 2, attention without
+    # positions on 1, a dense SwiGLU on 0 and 2 and experts on 1 (the attention, the mixers and the dense MLPs adapted)
+    "JambaForCausalLM": dict(n_layer=3, delta_layers=(0, 2), delta_rule="mamba1", delta_heads=128, delta_key_heads=1,
+                             delta_key_dim=8, delta_value_dim=1, delta_bcdt_norm_eps=1e-5, delta_bcdt_norm_weight=True,
+                             norm_eps=1e-5, pos_emb="none", n_kv_head=2, moe_experts=4, moe_top_k=2,
+                             moe_norm_topk=False, mlp_hidden=32, moe_layers=(1,)),
     # OLMo Hybrid: a gated delta net (q/k/v_proj apart, g_proj, a_proj, b_proj, o_proj) in a pre-norm block on layer
     # 0, OLMo 3's output-norm attention on 1
     "OlmoHybridForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", delta_layers=(0,),
@@ -129,7 +135,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "NemotronHForCausalLM": ("attn.in_proj", "attn.qkv", "mlp.*"), "Mamba2ForCausalLM": ("attn.in_proj",),
            # nor a Mamba-1 out_proj (Mamba's, Falcon-Mamba's attn.proj)
            "MambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
-           "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj")}
+           "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
+           # Jamba's out_proj too, which PEFT adapts there; never the router (mlp.fc on a mixture: no Linear)
+           "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
@@ -303,3 +311,10 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     assert "blocks.0.attn.proj is on a Mamba-1 layer's out_proj, which PEFT refuses to adapt in MambaForCausalLM" \
         in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m1").exists()
+    # Jamba's router, a bare weight in transformers
+    _, ckpt = lora_run(tmp_path / "jamba", "JambaForCausalLM", targets=("attn.*", "mlp.*"))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "j")) == 2
+    err = capsys.readouterr().err
+    assert "blocks.1.mlp.router adapts a mixture of experts' router, which is no Linear layer in transformers' " \
+           "JambaForCausalLM" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "j").exists()

@@ -119,6 +119,21 @@ def test_flops_count_the_chosen_experts_only():
     assert sparse.flops_per_token(16) == dense.flops_per_token(16) + 6 * router
 
 
+def test_moe_layers_put_experts_on_those_layers_alone():
+    """model.moe_layers (Jamba's expert layers): the mixture on the layers named, a dense MLP mlp_hidden wide on the
+    others; flops count each layer as it is built."""
+    cfg = replace(CFG, n_layer=3, moe_layers=(1,))
+    model = GPT(cfg)
+    assert [type(b.mlp).__name__ for b in model.blocks] == ["MLP", "MoE", "MLP"]
+    assert model.blocks[0].mlp.proj.weight.shape == (32, 24)
+    assert [cfg.layer_has_experts(i) for i in range(3)] == [False, True, False]
+    assert [replace(CFG, n_layer=3, moe_dense_layers=1).layer_has_experts(i) for i in range(3)] == [False, True, True]
+    # against every layer dense: the mixture's layer adds its router and a second chosen expert's SwiGLU (3·F·C)
+    dense = GPT(replace(CFG, n_layer=3, moe_experts=0))
+    extra = cfg.moe_experts * cfg.n_embd + 3 * 24 * cfg.n_embd
+    assert model.flops_per_token(16, exact=True) == dense.flops_per_token(16, exact=True) + 6 * extra
+
+
 def test_stacked_expert_files_import_as_per_expert_ones():
     """transformers' in-memory layout (experts.gate_up_proj (E, 2F, C), experts.down_proj (E, C, F)), as a state dict
     saved from the model itself holds it, reads as the Hub's one tensor per expert does."""
@@ -178,6 +193,11 @@ def test_export_refusals_name_the_option(extra, fragment):
                                                                      "swiglu_limit must be > 0"),
     (dict(moe_experts=0, moe_gating="sigmoid"), "need experts"), (dict(moe_dense_layers=3), "moe_dense_layers=3"),
     (dict(moe_bias_update=0.01), "needs the experts' routing bias"),
+    (dict(moe_layers=(1, 0)), r"model.moe_layers=\(1, 0\) must name distinct layers in increasing order"),
+    (dict(moe_layers=(2,)), "each in .0, n_layer=2."), (dict(moe_layers=(1,), moe_dense_layers=1), "without "
+                                                                                                   "model.moe_dense"),
+    (dict(moe_experts=0, moe_layers=(1,)), "with experts .model.moe_experts."),
+    (dict(moe_layers=(1,), mlp_free_layers=(1,), pos_emb="none"), "names a layer without an MLP"),
 ])
 def test_config_refusals(extra, fragment):
     with pytest.raises(UserError, match=fragment):

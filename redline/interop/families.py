@@ -20,7 +20,9 @@ query_key_value, parallel sublayers under one or two LayerNorms; Falcon-RW's ALi
 Falcon-H1 (attention and a
 Mamba-2 mixer side by side in every layer, its µP multipliers folded into the weights); nemotron_h.py Nemotron-H
 (Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
-mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); exaone.py
+mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); jamba.py
+Jamba (Mamba-1 mixers with weighted dt, B and C norms and attention without positions, each followed by a SwiGLU or
+a mixture of experts on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
@@ -229,8 +231,8 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gpt2,
-                                 gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, lfm2, llama, mamba,
-                                 moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
+                                 gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba, lfm2, llama,
+                                 mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
                                  qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
@@ -246,7 +248,7 @@ def _families() -> dict[str, Family]:
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
-                                falcon.FAMILY)}
+                                falcon.FAMILY, jamba.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -306,7 +308,9 @@ def export_family(cfg: ModelConfig) -> Family:
     under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
     SwiGLU experts; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
-    dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone; one with Mamba-2 beside attention in
+    dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone, and as Jamba where some layer has
+    attention or an MLP, the norms have weights (model.delta_bcdt_norm_weight) or there are experts (on the layers
+    model.moe_layers names, which no other architecture takes); one with Mamba-2 beside attention in
     its layers (model.delta_parallel) as Falcon-H1; one of
     blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every layer is a Mamba-2 mixer
     alone, as Nemotron-H otherwise (a UserError where a layer has both sublayers); one with
@@ -322,10 +326,19 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import lfm2, qwen3_5
 
-    if cfg.delta_layers and cfg.delta_rule == "mamba1":  # Mamba-1 layers: Mamba's or Falcon-Mamba's alone
+    from redline.interop import jamba
+
+    if jamba.wants_jamba(cfg):  # Mamba-1 layers beside attention or MLPs, weighted dt/B/C norms, experts: Jamba's
+        jamba.check_exportable(cfg)
+        return families["jamba"]
+    if cfg.delta_layers and cfg.delta_rule == "mamba1":  # Mamba-1 layers alone: Mamba's or Falcon-Mamba's
         from redline.interop import mamba
 
         return families[mamba.export_name(cfg)]
+    if cfg.moe_layers:
+        raise UserError(f"model.moe_layers={cfg.moe_layers}: of the architectures redline exports to, only Jamba has "
+                        f"experts on some layers in any pattern, and it has Mamba-1 layers (model.delta_rule=mamba1); "
+                        f"use model.moe_dense_layers for dense first layers")
     if cfg.pos_emb == "alibi":  # ALiBi: BLOOM's (a LayerNorm on the embeddings, biases) or MPT's (neither)
         from redline.interop import bloom, mpt
 

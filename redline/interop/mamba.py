@@ -33,6 +33,8 @@ from redline.interop.families import Family, TensorSource, give_head, pad_rows, 
 from redline.model import ModelConfig
 
 _MIXER = ("in_proj", "x_proj", "dt_proj")  # Linear layers of the same name in both (weights; in_proj's bias apart)
+# Jamba's weighted norms on dt (R,), B and C (N,) after x_proj: redline's name -> Jamba's (a .weight each)
+BCDT_NORMS = {"dt_norm": "dt_layernorm", "B_norm": "b_layernorm", "C_norm": "c_layernorm"}
 
 
 def _model_config(hf: dict, falcon: bool) -> ModelConfig:
@@ -66,6 +68,37 @@ def falcon_model_config(hf: dict) -> ModelConfig:
     return _model_config(hf, falcon=True)
 
 
+def mixer_to_redline(src: TensorSource, m: str, a: str, cfg: ModelConfig) -> dict:
+    """One Mamba-1 mixer's tensors under HF prefix m (".../mixer." here, Jamba's ".../mamba.") -> redline's under a
+    ("blocks.i.attn."); Jamba's weighted dt, B and C norms where model.delta_bcdt_norm_weight says."""
+    out = {f"{a}{name}.weight": src.take(f"{m}{name}.weight") for name in _MIXER}
+    out[a + "dt_proj.bias"] = src.take(m + "dt_proj.bias")
+    out[a + "conv"] = src.take(m + "conv1d.weight").reshape(cfg.delta_heads, cfg.delta_conv_kernel)
+    out[a + "A_log"], out[a + "D"] = src.take(m + "A_log"), src.take(m + "D")
+    out[a + "proj.weight"] = src.take(m + "out_proj.weight")
+    if cfg.delta_conv_bias:
+        out[a + "conv_bias"] = src.take(m + "conv1d.bias")
+    if cfg.delta_proj_bias:
+        out[a + "in_proj.bias"], out[a + "proj.bias"] = src.take(m + "in_proj.bias"), src.take(m + "out_proj.bias")
+    if cfg.delta_bcdt_norm_weight:
+        out.update({a + ours: src.take(f"{m}{theirs}.weight") for ours, theirs in BCDT_NORMS.items()})
+    return out
+
+
+def mixer_to_hf(state: Mapping[str, torch.Tensor], m: str, a: str, cfg: ModelConfig) -> dict:
+    """mixer_to_redline's inverse (no dt, B and C norm weights: the caller writes what its architecture wants)."""
+    out = {f"{m}{name}.weight": state[f"{a}{name}.weight"] for name in _MIXER}
+    out[m + "dt_proj.bias"] = state[a + "dt_proj.bias"]
+    out[m + "conv1d.weight"] = state[a + "conv"][:, None, :]  # (I, 1, K): a depthwise Conv1d's
+    out[m + "A_log"], out[m + "D"] = state[a + "A_log"], state[a + "D"]
+    out[m + "out_proj.weight"] = state[a + "proj.weight"]
+    if cfg.delta_conv_bias:
+        out[m + "conv1d.bias"] = state[a + "conv_bias"]
+    if cfg.delta_proj_bias:
+        out[m + "in_proj.bias"], out[m + "out_proj.bias"] = state[a + "in_proj.bias"], state[a + "proj.bias"]
+    return out
+
+
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     embed = "backbone.embeddings.weight" if "backbone.embeddings.weight" in src else "backbone.embedding.weight"
     out = {"norm_f.weight": src.take("backbone.norm_f.weight"), "wte.weight": pad_rows(src.take(embed), cfg),
@@ -73,17 +106,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     for i in range(cfg.n_layer):
         p, r = f"backbone.layers.{i}.", f"blocks.{i}."
         out[r + "norm1.weight"] = src.take(p + "norm.weight")
-        m, a = p + "mixer.", r + "attn."
-        for name in _MIXER:
-            out[f"{a}{name}.weight"] = src.take(f"{m}{name}.weight")
-        out[a + "dt_proj.bias"] = src.take(m + "dt_proj.bias")
-        out[a + "conv"] = src.take(m + "conv1d.weight").reshape(cfg.delta_heads, cfg.delta_conv_kernel)
-        out[a + "A_log"], out[a + "D"] = src.take(m + "A_log"), src.take(m + "D")
-        out[a + "proj.weight"] = src.take(m + "out_proj.weight")
-        if cfg.delta_conv_bias:
-            out[a + "conv_bias"] = src.take(m + "conv1d.bias")
-        if cfg.delta_proj_bias:
-            out[a + "in_proj.bias"], out[a + "proj.bias"] = src.take(m + "in_proj.bias"), src.take(m + "out_proj.bias")
+        out.update(mixer_to_redline(src, p + "mixer.", r + "attn.", cfg))
     return out
 
 
@@ -93,17 +116,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     for i in range(cfg.n_layer):
         p, r = f"backbone.layers.{i}.", f"blocks.{i}."
         out[p + "norm.weight"] = state[r + "norm1.weight"]
-        m, a = p + "mixer.", r + "attn."
-        for name in _MIXER:
-            out[f"{m}{name}.weight"] = state[f"{a}{name}.weight"]
-        out[m + "dt_proj.bias"] = state[a + "dt_proj.bias"]
-        out[m + "conv1d.weight"] = state[a + "conv"][:, None, :]  # (I, 1, K): a depthwise Conv1d's
-        out[m + "A_log"], out[m + "D"] = state[a + "A_log"], state[a + "D"]
-        out[m + "out_proj.weight"] = state[a + "proj.weight"]
-        if cfg.delta_conv_bias:
-            out[m + "conv1d.bias"] = state[a + "conv_bias"]
-        if cfg.delta_proj_bias:
-            out[m + "in_proj.bias"], out[m + "out_proj.bias"] = state[a + "in_proj.bias"], state[a + "proj.bias"]
+        out.update(mixer_to_hf(state, p + "mixer.", r + "attn.", cfg))
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -136,6 +149,8 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.norm != "rmsnorm" or not cfg.norm_affine or cfg.norm_unit_offset or cfg.norm_bias or cfg.embed_norm,
          f"{what} have RMSNorms with a weight and no offset or bias (model.norm={cfg.norm}, norm_unit_offset, "
          f"norm_bias, norm_affine, embed_norm)"),
+        (cfg.delta_bcdt_norm_weight, f"{what} have no weights on the dt, B and C norms "
+                                     f"(model.delta_bcdt_norm_weight: Jamba's)"),
         (cfg.moe_experts or cfg.conv_layers or cfg.value_embeddings,
          f"{what} have no experts, short convolutions or value embeddings (model.moe_experts, conv_layers, "
          f"value_embeddings)"),

@@ -12,7 +12,9 @@ falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
 down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
-Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT refuses in them too):
+Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT refuses in them too; jamba.py:
+Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, its dense feed_forward's
+gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -184,6 +186,22 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(f"backbone.layers.{i}.mixer.{names[rest]}", slice(0, out_features))]
+    if family.name == "jamba" and rest != "attn.qkv":  # jamba.py's names; the attention's q/k/v as Llama's, below
+        if rest == "mlp.router":  # JambaTopKRouter holds a bare weight, no Linear layer PEFT could adapt
+            raise UserError(f"the adapter on {layer} adapts a mixture of experts' router, which is no Linear layer in "
+                            f"transformers' JambaForCausalLM (PEFT cannot load it); train with lora.targets that "
+                            f"leave mlp.router out (attn.*, mlp.fc, mlp.proj) or export with --merge")
+        # PEFT refuses no Jamba out_proj (its mixer calls out_proj as a module, the fused Mamba path unused there)
+        names = {"attn.in_proj": "mamba.in_proj", "attn.x_proj": "mamba.x_proj", "attn.dt_proj": "mamba.dt_proj",
+                 "attn.proj": "mamba.out_proj"} if int(i) in cfg.delta_layers else {"attn.proj": "self_attn.o_proj"}
+        names["mlp.proj"] = "feed_forward.down_proj"
+        if rest == "mlp.fc" and cfg.fused_mlp:
+            half = out_features // 2
+            return [(base + "feed_forward.gate_proj", slice(0, half)),
+                    (base + "feed_forward.up_proj", slice(half, out_features))]
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(base + names[rest], slice(0, out_features))]
     if family.name in ("nemotron_h", "mamba2"):  # nemotron_h.py's names: each layer's one sublayer is its mixer.*
         base = f"{'backbone' if family.name == 'mamba2' else 'model'}.layers.{i}.mixer."
         if rest == "attn.proj" and int(i) in cfg.delta_layers:

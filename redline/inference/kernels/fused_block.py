@@ -55,6 +55,7 @@ FIELDS_ACCOUNTED = {
     "delta_beta_scale": "refused with delta_layers", "delta_norm_eps": "refused with delta_layers",
     "delta_norm_position": "refused with delta_layers",
     "delta_dt_rank": "refused with delta_layers", "delta_bcdt_norm_eps": "refused with delta_layers",
+    "delta_bcdt_norm_weight": "refused with delta_layers",
     "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
     "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
     "moe_shared_hidden": "refused with moe_experts", "moe_shared_gate": "refused with moe_experts",
@@ -62,7 +63,7 @@ FIELDS_ACCOUNTED = {
     "moe_bias_update": "training only (the routing bias it moves is moe_expert_bias's)",
     "moe_gating": "refused with moe_experts", "moe_expert_bias": "refused with moe_experts",
     "moe_scale": "refused with moe_experts", "moe_bias": "refused with moe_experts", "moe_dense_layers": "refused with moe_experts",
-    "moe_dense_hidden": "refused with moe_experts",
+    "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
