@@ -67,12 +67,25 @@ def _prefix(src: TensorSource) -> str:
     return "" if "wte.weight" in src and "transformer.wte.weight" not in src else "transformer."
 
 
+def outside_to_redline(src: TensorSource, cfg: ModelConfig, pre: str = "transformer.") -> dict:
+    """GPT-2's embeddings (wte), position table (wpe), final LayerNorm (ln_f) and head -> redline's; GPTBigCode and
+    GPT-Neo name them alike."""
+    return {"wte.weight": pad_rows(src.take(pre + "wte.weight"), cfg), "wpe.weight": src.take(pre + "wpe.weight"),
+            "norm_f.weight": src.take(pre + "ln_f.weight"), "norm_f.bias": src.take(pre + "ln_f.bias"),
+            **take_head(src, cfg)}
+
+
+def outside_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    """outside_to_redline's inverse (a LayerNorm without a bias written with zeros)."""
+    return {"transformer.wte.weight": state["wte.weight"][:cfg.vocab_size],
+            "transformer.wpe.weight": state["wpe.weight"], "transformer.ln_f.weight": state["norm_f.weight"],
+            "transformer.ln_f.bias": bias_or_zeros(state, "norm_f.bias", state["norm_f.weight"]),
+            **give_head(state, cfg)}
+
+
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     pre = _prefix(src)
-    out = {"wte.weight": pad_rows(src.take(pre + "wte.weight"), cfg),
-           "wpe.weight": src.take(pre + "wpe.weight"),
-           "norm_f.weight": src.take(pre + "ln_f.weight"), "norm_f.bias": src.take(pre + "ln_f.bias")}
-    out.update(take_head(src, cfg))
+    out = outside_to_redline(src, cfg, pre)
     names = {"norm1": "ln_1", "norm2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
              "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
     for i in range(cfg.n_layer):
@@ -84,15 +97,10 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    V = cfg.vocab_size
-
     def bias(name: str, like: torch.Tensor) -> torch.Tensor:
         return bias_or_zeros(state, name, like)
 
-    out = {"transformer.wte.weight": state["wte.weight"][:V], "transformer.wpe.weight": state["wpe.weight"],
-           "transformer.ln_f.weight": state["norm_f.weight"],
-           "transformer.ln_f.bias": bias("norm_f.bias", state["norm_f.weight"])}
-    out.update(give_head(state, cfg))
+    out = outside_to_hf(state, cfg)
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"transformer.h.{i}."
         for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
-from redline.interop.families import (Family, TensorSource, bias_or_zeros, give_head, give_weights_and_biases,
-                                      pad_rows, plain_block_problems, qkv_apart, raise_first, take_head,
-                                      take_weights_and_biases)
+from redline.interop.families import (Family, TensorSource, give_weights_and_biases, plain_block_problems,
+                                      qkv_apart, raise_first, take_weights_and_biases)
+from redline.interop.gpt2 import outside_to_hf, outside_to_redline
 from redline.model import ModelConfig
 
 # transformers' ACT2FN names of the two GELUs redline computes: the tanh approximation and the erf form
@@ -96,10 +96,7 @@ _LAYER = {"norm1": "ln_1", "norm2": "ln_2", "attn.proj": "attn.c_proj", "mlp.fc"
 
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    out = {"wte.weight": pad_rows(src.take("transformer.wte.weight"), cfg),
-           "wpe.weight": src.take("transformer.wpe.weight"),
-           "norm_f.weight": src.take("transformer.ln_f.weight"), "norm_f.bias": src.take("transformer.ln_f.bias")}
-    out.update(take_head(src, cfg))
+    out = outside_to_redline(src, cfg)
     for i in range(cfg.n_layer):
         p = f"transformer.h.{i}."
         for kind in ("weight", "bias"):
@@ -109,11 +106,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    V = cfg.vocab_size
-    out = {"transformer.wte.weight": state["wte.weight"][:V], "transformer.wpe.weight": state["wpe.weight"],
-           "transformer.ln_f.weight": state["norm_f.weight"],
-           "transformer.ln_f.bias": bias_or_zeros(state, "norm_f.bias", state["norm_f.weight"])}
-    out.update(give_head(state, cfg))
+    out = outside_to_hf(state, cfg)
     for i in range(cfg.n_layer):
         r, p = f"blocks.{i}.", f"transformer.h.{i}."
         apart = qkv_apart(state, r, cfg, "")  # fused or separate q/k/v, a missing bias as zeros

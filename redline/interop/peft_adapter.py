@@ -160,9 +160,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                             f"adapt in {family.architecture}; train with lora.targets leaving mamba.proj out (attn.*, "
                             f"mlp.*, mamba.in_proj) or export with --merge")
         if rest == "mlp.fc":
-            half = out_features // 2
-            return [(base + "feed_forward.gate_proj", slice(0, half)),
-                    (base + "feed_forward.up_proj", slice(half, out_features))]
+            return _gate_up(base + "feed_forward.", out_features)
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
@@ -196,9 +194,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                  "attn.proj": "mamba.out_proj"} if int(i) in cfg.delta_layers else {"attn.proj": "self_attn.o_proj"}
         names["mlp.proj"] = "feed_forward.down_proj"
         if rest == "mlp.fc" and cfg.fused_mlp:
-            half = out_features // 2
-            return [(base + "feed_forward.gate_proj", slice(0, half)),
-                    (base + "feed_forward.up_proj", slice(half, out_features))]
+            return _gate_up(base + "feed_forward.", out_features)
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
@@ -254,16 +250,13 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     if rest.startswith("mlp.shared"):  # Qwen2-MoE's shared expert: a SwiGLU MLP with its gate and up fused
         shared = {"mlp.shared.proj": "mlp.shared_expert.down_proj", "mlp.shared_gate": "mlp.shared_expert_gate"}
         if rest == "mlp.shared.fc":
-            half = out_features // 2
-            return [(base + "mlp.shared_expert.gate_proj", slice(0, half)),
-                    (base + "mlp.shared_expert.up_proj", slice(half, out_features))]
+            return _gate_up(base + "mlp.shared_expert.", out_features)
         return [(base + shared[rest], slice(0, out_features))]
     if rest == "mlp.fc":
         if not cfg.gated_mlp:  # a plain MLP's first product (Arcee's ReLU²): up_proj
             return [(base + "mlp.up_proj", slice(0, out_features))]
         if cfg.fused_mlp:  # (gate; up) stacked, as llama.py's export splits the weight
-            half = out_features // 2
-            return [(base + "mlp.gate_proj", slice(0, half)), (base + "mlp.up_proj", slice(half, out_features))]
+            return _gate_up(base + "mlp.", out_features)
         return [(base + "mlp.gate_proj", slice(0, out_features))]
     if rest not in _LLAMA:
         raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
@@ -280,6 +273,12 @@ def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelC
     if rest not in _NEOX:
         raise UserError(f"the adapter on {layer} has no counterpart in GPT-NeoX; export with --merge")
     return [(base + _NEOX[rest], slice(0, out_features))]
+
+
+def _gate_up(prefix: str, out_features: int) -> list[tuple[str, slice]]:
+    """A fused (gate; up) layer's B rows as prefix + gate_proj's and up_proj's halves."""
+    half = out_features // 2
+    return [(prefix + "gate_proj", slice(0, half)), (prefix + "up_proj", slice(half, out_features))]
 
 
 def _bigcode_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelConfig) -> list[tuple[str, object]]:
