@@ -103,7 +103,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"), ("falcon_h1", "Falcon-H1"),
-                                        ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"), ("mamba", "Mamba"),
+                                        ("nemotron_h", "Nemotron-H"), ("mamba2", "Mamba-2"),
                                         ("falcon_mamba", "Falcon-Mamba"), ("gpt_bigcode", "GPTBigCode"),
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J"),
                                         ("bloom", "BLOOM"), ("mpt", "MPT"), ("falcon-new", "Falcon"),

@@ -2,8 +2,8 @@
 (granitehybrid, dense and with experts) and Qwen3.5's gated delta nets (qwen35). Exported by redline, read back by
 the gguf package and by redline's import with the logits of the transformers model they came from; the keys and the
 tensors' names and shapes checked against those llama.cpp's converter writes; what llama.cpp's architectures cannot
-hold refused in one line. transformers' GGUF loader (5.x) has neither architecture, so no test loads these files
-with it."""
+hold refused in one line. transformers' GGUF loader (5.x) has mamba, not the hybrids: the mamba files are loaded
+with it too, the parity that shows the layout is llama.cpp's."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _fields(reader, arch) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["granitemoehybrid-mamba", "granitemoehybrid-moe", "granitemoehybrid-nope",
-                                  "qwen3_5_text"])
+                                  "qwen3_5_text", "mamba"])
 def test_recurrent_gguf_round_trip(kind, tmp_path, capsys):
     """export -> import gives back the redline model it came from: its config, and logits equal to transformers'."""
     hf, path = export_gguf(kind, tmp_path, capsys)
@@ -44,6 +44,11 @@ def test_recurrent_gguf_round_trip(kind, tmp_path, capsys):
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
     assert tokenizer.chat_template and tokenizer.stop_ids == [1, 2]
+    if kind == "mamba":  # transformers' own GGUF loader reads the same file to the same logits
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+        assert type(theirs).__name__ == "MambaForCausalLM"
+        with torch.no_grad():
+            torch.testing.assert_close(theirs(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("fp16", 2e-2), ("bf16", 5e-2)])
@@ -151,6 +156,36 @@ def test_qwen35_keys_and_tensors_follow_llama_cpp(tmp_path, capsys):
     assert shapes == expected
 
 
+def test_mamba_keys_and_tensors_follow_llama_cpp(tmp_path, capsys):
+    """mamba (MambaModel; llama.cpp's LLM_ARCH_MAMBA): two layers of I=96 channels from C=64, a state of N=8, dt of
+    rank 4, kernel 4, the conv bias, tied; feed_forward_length and head_count 0, the context 2**20; the values:
+    ssm_a = −exp(A_log), the convolution squeezed."""
+    hf, path = export_gguf("mamba", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "mamba"
+    keys = _fields(reader, "mamba")
+    assert {k: keys[k] for k in keys if k != "attention.layer_norm_rms_epsilon"} == {
+        "context_length": 2 ** 20, "embedding_length": 64, "block_count": 2, "feed_forward_length": 0,
+        "attention.head_count": 0, "vocab_size": keys["vocab_size"], "ssm.conv_kernel": 4, "ssm.inner_size": 96,
+        "ssm.state_size": 8, "ssm.time_step_rank": 4, "ssm.dt_b_c_rms": False}
+    assert keys["attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    shapes = _shapes(reader)
+    C, I, N, R = 64, 96, 8, 4
+    block = {"attn_norm.weight": (C,), "ssm_in.weight": (C, 2 * I), "ssm_conv1d.weight": (4, I),
+             "ssm_conv1d.bias": (I,), "ssm_x.weight": (I, R + 2 * N), "ssm_dt.weight": (R, I), "ssm_dt.bias": (I,),
+             "ssm_a": (N, I), "ssm_d": (I,), "ssm_out.weight": (I, C)}
+    expected = {"token_embd.weight": (C, shapes["token_embd.weight"][1]), "output_norm.weight": (C,)}
+    for i in range(2):
+        expected.update({f"blk.{i}.{n}": s for n, s in block.items()})
+    assert shapes == expected
+    tensors = {t.name: torch.from_numpy(t.data.copy()).reshape(tuple(reversed([int(n) for n in t.shape])))
+               for t in reader.tensors}
+    m = "backbone.layers.1.mixer."
+    sd = {k: v.detach() for k, v in hf.state_dict().items()}
+    torch.testing.assert_close(tensors["blk.1.ssm_a"], -sd[m + "A_log"].exp())
+    torch.testing.assert_close(tensors["blk.1.ssm_conv1d.weight"], sd[m + "conv1d.weight"][:, 0])
+
+
 def test_qwen35_tensors_hold_the_converters_values(tmp_path, capsys):
     """The values as Qwen3NextModel / _LinearAttentionVReorderBase write them from transformers' tensors: norms as
     1 + weight (not the delta net's), ssm_a = −exp(A_log), the value heads tiled ([v0 of each key head, v1 of
@@ -199,10 +234,23 @@ def test_recurrent_gguf_refusals(extra, named, tmp_path, capsys):
     assert_gguf_export_refused(replace(qwen, **extra), named, tmp_path, capsys)
 
 
+def test_mamba_gguf_refuses_projection_biases(tmp_path, capsys):
+    """llama.cpp's mamba loads no in/out projection biases and requires the conv bias: a model with them refused."""
+    from redline.model import ModelConfig
+    from tests.interop_models import VOCAB
+
+    layers = (0, 1)
+    cfg = ModelConfig(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=32, n_head=1, pos_emb="none",
+                      norm="rmsnorm", mlp_free_layers=layers, delta_layers=layers, delta_rule="mamba1",
+                      delta_heads=64, delta_key_heads=1, delta_value_dim=1, delta_key_dim=8, delta_conv_kernel=3,
+                      delta_conv_bias=False, delta_proj_bias=True, delta_dt_rank=2)
+    assert_gguf_export_refused(cfg, "delta_proj_bias", tmp_path, capsys)
+
+
 def test_export_names_the_loaders_that_read_the_file(tmp_path, capsys):
     """`redline export --format gguf` names transformers' GGUF loader only for an architecture it has: a
-    granitehybrid file is llama.cpp's alone, a llama file both's."""
-    for kind, transformers_reads in (("granitemoehybrid-mamba", False), ("llama-gqa-tied", True)):
+    granitehybrid file is llama.cpp's alone, a llama or mamba file both's."""
+    for kind, transformers_reads in (("granitemoehybrid-mamba", False), ("llama-gqa-tied", True), ("mamba", True)):
         folder = tmp_path / kind
         hf_folder(kind, folder / "hf")
         assert run_cli(["import", str(folder / "hf"), "--out", str(folder / "ckpt")], capsys)[0] == 0

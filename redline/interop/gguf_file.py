@@ -8,8 +8,8 @@ EXAONE 3.x, is read only: a redline model writes as llama), arcee (AFM),
 hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
 gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) are read and written here; so are the recurrent
-hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets), whose tensors and keys
-gguf_recurrent.py maps.
+hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets) and mamba (Mamba-1),
+whose tensors and keys gguf_recurrent.py maps.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
@@ -1008,8 +1008,7 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "falcon_h1": ("Falcon-H1", "no writer here for its layers of attention and Mamba-2 side by side"),
                 "nemotron_h": ("Nemotron-H", "no writer here for llama.cpp's nemotron_h layout of one-sublayer blocks"),
                 "mamba2": ("Mamba-2", "no writer here for llama.cpp's mamba2 layout"),
-                "mamba": ("Mamba", "no writer here for llama.cpp's mamba layout"),
-                "falcon_mamba": ("Falcon-Mamba", "no writer here for llama.cpp's mamba layout"),
+                "falcon_mamba": ("Falcon-Mamba", "no writer here for llama.cpp's mamba layout with ssm.dt_b_c_rms"),
                 "bloom": ("BLOOM", "no writer here for llama.cpp's bloom layout (ALiBi, the embeddings' norm)"),
                 "mpt": ("MPT", "no writer here for llama.cpp's mpt layout (ALiBi)"),
                 "falcon": ("Falcon", "no writer here for llama.cpp's falcon layout (KV-grouped query_key_value, "
@@ -1133,9 +1132,15 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
                                   else cfg.context_len)
     writer.add_embedding_length(cfg.n_embd)
     writer.add_block_count(cfg.n_layer)
-    # lfm2moe: feed_forward_length is its leading dense layers' width (llama_model_lfm2moe)
-    writer.add_feed_forward_length(cfg.moe_dense_hidden or cfg.hidden_dim if arch == "lfm2moe" else cfg.hidden_dim)
-    writer.add_head_count(cfg.n_head)
+    if arch in RECURRENT_ARCHES:
+        from redline.interop.gguf_recurrent import widths
+
+        ffn, heads = widths(cfg, arch)
+    else:  # lfm2moe: feed_forward_length is its leading dense layers' width (llama_model_lfm2moe)
+        ffn = cfg.moe_dense_hidden or cfg.hidden_dim if arch == "lfm2moe" else cfg.hidden_dim
+        heads = cfg.n_head
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
     writer.add_vocab_size(cfg.vocab_size)
     file_type = {torch.float32: gguf.LlamaFileType.ALL_F32, torch.float16: gguf.LlamaFileType.MOSTLY_F16,
                  torch.bfloat16: gguf.LlamaFileType.MOSTLY_BF16,

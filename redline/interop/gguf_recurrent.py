@@ -43,7 +43,16 @@ src/models/qwen35.cpp):
   full_attention_interval (llama.cpp's loader makes layer i full attention where (i + 1) % it == 0: the only
   layout it holds), rope.dimension_count (the rotated dimensions), rope.dimension_sections (the converter's default
   [11, 11, 10, 0] where the config gives no mrope_section), key_length / value_length.
-transformers' GGUF loader (5.x) has neither architecture.
+mamba (the converter's MambaModel; llama.cpp's LLM_ARCH_MAMBA loader and src/models/mamba.cpp): Mamba-1 alone on every
+layer, redline's model_type "mamba" (delta_rule=mamba1):
+- backbone.layers.N.norm as attn_norm, the mixer's in_proj / x_proj / dt_proj / out_proj as ssm_in / ssm_x / ssm_dt
+  (weight and bias) / ssm_out, conv1d as ssm_conv1d (channels, kernel) with its bias, A_log as ssm_a (I, N) =
+  −exp(A_log), D as ssm_d (I,), both without a .weight suffix; norm_f as output_norm, the head tied unless untied;
+- keys: ssm.conv_kernel, ssm.inner_size (I), ssm.state_size (N), ssm.time_step_rank (dt's rank R),
+  attention.layer_norm_rms_epsilon, ssm.dt_b_c_rms false (true is Falcon-Mamba's, which redline does not write);
+  feed_forward_length and attention.head_count 0 and context_length 2**20, as the converter writes them (the model's
+  own context in CONTEXT_KEY). llama.cpp's mamba loads no in/out projection biases and requires the conv bias.
+transformers' GGUF loader (5.x) has mamba (its MambaTensorProcessor undoes the conv squeeze and A), not the other two.
 """
 
 from __future__ import annotations
@@ -54,19 +63,20 @@ from redline.errors import UserError
 from redline.interop.families import Family, interleave_rope_rows
 from redline.model import ModelConfig
 
-GRANITE_HYBRID, QWEN35 = "granitehybrid", "qwen35"
-RECURRENT_ARCHES = (GRANITE_HYBRID, QWEN35)
-# redline's own key: the model's context, where a granitehybrid file without RoPE carries the converter's 2**20
+GRANITE_HYBRID, QWEN35, MAMBA = "granitehybrid", "qwen35", "mamba"
+RECURRENT_ARCHES = (GRANITE_HYBRID, QWEN35, MAMBA)
+# redline's own key: the model's context, where a granitehybrid file without RoPE or a mamba file carries the
+# converter's 2**20
 CONTEXT_KEY = "redline.context_length"
-NOPE_CONTEXT = 2 ** 20  # what llama.cpp's converter writes as a NoPE Granite 4.0-H's context
+NOPE_CONTEXT = 2 ** 20  # what llama.cpp's converter writes as a NoPE Granite 4.0-H's or a Mamba's context
 MROPE_SECTIONS = [11, 11, 10, 0]  # the converter's _QWEN35_DEFAULT_MROPE_SECTION
 # tensors llama.cpp's converter and kernels keep in F32 whatever the file's type: the convolution (ggml_ssm_conv),
-# A, D, dt's bias and the grouped norm
+# A, D, dt (Mamba's projection too) and the grouped norm
 F32_KINDS = ("ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt", "ssm_norm")
 
 
 def recurrent_arch(family: Family, cfg: ModelConfig) -> str | None:
-    """granitehybrid or qwen35 for a family written so (after families.export_family's checks), else None; a
+    """granitehybrid, qwen35 or mamba for a family written so (after families.export_family's checks), else None; a
     UserError for what llama.cpp's architecture cannot hold."""
     if family.name == "granitemoehybrid":
         if cfg.head_dim * cfg.n_head != cfg.n_embd:
@@ -76,6 +86,11 @@ def recurrent_arch(family: Family, cfg: ModelConfig) -> str | None:
             raise UserError("model.delta_proj_bias or model.delta_conv_bias=false: llama.cpp's granitehybrid loads "
                             "no in/out projection biases and a convolution bias; export with --format hf")
         return GRANITE_HYBRID
+    if family.name == "mamba":
+        if cfg.delta_proj_bias or not cfg.delta_conv_bias:
+            raise UserError("model.delta_proj_bias or model.delta_conv_bias=false: llama.cpp's mamba loads no in/out "
+                            "projection biases and a convolution bias; export with --format hf")
+        return MAMBA
     if family.name in ("qwen3_5_text", "qwen3_5"):
         if cfg.delta_layers and cfg.delta_key_dim != cfg.delta_value_dim:
             raise UserError(f"model.delta_key_dim={cfg.delta_key_dim} apart from model.delta_value_dim="
@@ -106,6 +121,14 @@ def write_metadata(writer, gguf, arch: str, cfg: ModelConfig) -> None:
     """The keys after gguf_file._metadata's common ones (context, widths, block count, heads, vocabulary size, file
     type) that llama.cpp's converter writes for the architecture."""
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    if arch == MAMBA:  # MambaModel.set_gguf_parameters' keys
+        writer.add_ssm_conv_kernel(cfg.delta_conv_kernel)
+        writer.add_ssm_inner_size(cfg.delta_heads)
+        writer.add_ssm_state_size(cfg.delta_key_dim)
+        writer.add_ssm_time_step_rank(cfg.dt_rank)
+        writer.add_ssm_dt_b_c_rms(False)
+        writer.add_uint32(CONTEXT_KEY, cfg.context_len)
+        return
     writer.add_rope_freq_base(cfg.rope_theta)
     H, P = cfg.delta_heads, cfg.delta_value_dim
     if arch == QWEN35:
@@ -145,12 +168,18 @@ def write_metadata(writer, gguf, arch: str, cfg: ModelConfig) -> None:
 
 
 def context_length(cfg: ModelConfig, arch: str) -> int:
-    """The file's {arch}.context_length: the converter's 2**20 for a granitehybrid model without RoPE."""
-    return NOPE_CONTEXT if arch == GRANITE_HYBRID and cfg.pos_emb != "rope" else cfg.context_len
+    """The file's {arch}.context_length: the converter's 2**20 for a granitehybrid model without RoPE and a mamba."""
+    return NOPE_CONTEXT if arch == MAMBA or (arch == GRANITE_HYBRID and cfg.pos_emb != "rope") else cfg.context_len
+
+
+def widths(cfg: ModelConfig, arch: str) -> tuple[int, int]:
+    """The file's (feed_forward_length, attention.head_count): 0 and 0 for mamba, as the converter writes them."""
+    return (0, 0) if arch == MAMBA else (cfg.hidden_dim, cfg.n_head)
 
 
 def hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
-    """A Hugging Face config.json (granitemoehybrid or qwen3_5_text) for a granitehybrid or qwen35 file."""
+    """A Hugging Face config.json (granitemoehybrid, qwen3_5_text or mamba) for a granitehybrid, qwen35 or mamba
+    file."""
 
     from redline.interop.gguf_file import arch_keys
 
@@ -160,6 +189,8 @@ def hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
                         f"redline; import the model's Hugging Face folder")
     width, heads, n = key("embedding_length"), key("attention.head_count"), key("block_count")
     tied = "output.weight" not in tensor_names
+    if arch == MAMBA:
+        return _mamba_config(fields, key, vocab, tied, tensor_names)
     inner, value_heads = key("ssm.inner_size") or 0, key("ssm.time_step_rank") or 1
     common = {"vocab_size": vocab, "hidden_size": width, "num_hidden_layers": n, "num_attention_heads": heads,
               "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6), "tie_word_embeddings": tied,
@@ -203,6 +234,24 @@ def hf_config(fields: dict, arch: str, tensor_names: set[str]) -> dict:
     return config
 
 
+def _mamba_config(fields: dict, key, vocab: int, tied: bool, tensor_names: set[str]) -> dict:
+    """A mamba config.json for a mamba file (Falcon-Mamba's ssm.dt_b_c_rms refused: redline reads no such file)."""
+    if key("ssm.dt_b_c_rms"):
+        raise UserError("the GGUF's mamba file has ssm.dt_b_c_rms (Falcon-Mamba's dt, B and C norms), which redline "
+                        "does not read; import the model's Hugging Face folder")
+    if "blk.0.ssm_in.bias" in tensor_names or "blk.0.ssm_conv1d.bias" not in tensor_names:
+        raise UserError("the GGUF's mamba file has in_proj biases or no convolution bias, which llama.cpp's mamba "
+                        "has not; the file is damaged")
+    width = key("embedding_length")
+    inner = key("ssm.inner_size")
+    return {"model_type": "mamba", "vocab_size": vocab, "hidden_size": width, "num_hidden_layers": key("block_count"),
+            "state_size": key("ssm.state_size"), "intermediate_size": inner, "expand": max(1, round(inner / width)),
+            "conv_kernel": key("ssm.conv_kernel", 4), "time_step_rank": key("ssm.time_step_rank"),
+            "layer_norm_epsilon": key("attention.layer_norm_rms_epsilon", 1e-5), "use_bias": False,
+            "use_conv_bias": True, "hidden_act": "silu", "tie_word_embeddings": tied,
+            "max_position_embeddings": fields.get(CONTEXT_KEY) or key("context_length", NOPE_CONTEXT)}
+
+
 # ----------------------------------------------------------------------------------------------------
 # tensors
 
@@ -243,8 +292,28 @@ _QWEN35_NAMES = {
     "linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.norm.weight": "ssm_norm.weight",
     "linear_attn.out_proj.weight": "ssm_out.weight",
 }
+# Mamba (after backbone.layers.N.)
+_MAMBA_NAMES = {
+    "norm.weight": "attn_norm.weight", "mixer.in_proj.weight": "ssm_in.weight", "mixer.x_proj.weight": "ssm_x.weight",
+    "mixer.dt_proj.weight": "ssm_dt.weight", "mixer.dt_proj.bias": "ssm_dt.bias",
+    "mixer.conv1d.weight": "ssm_conv1d.weight", "mixer.conv1d.bias": "ssm_conv1d.bias", "mixer.A_log": "ssm_a",
+    "mixer.D": "ssm_d", "mixer.out_proj.weight": "ssm_out.weight",
+}
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
+_MAMBA_TOP = {"backbone.embeddings.weight": "token_embd.weight", "backbone.norm_f.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}
+_PREFIX = {MAMBA: "backbone.layers."}  # Hugging Face's block prefix where it is not model.layers.
+
+
+def _mamba_tensor(inner: str, w: torch.Tensor, to_file: bool) -> torch.Tensor:
+    """One Mamba mixer tensor between Hugging Face's layout and the file's: conv1d (I, 1, K) <-> (I, K), A_log (I, N)
+    <-> A = −exp(A_log) (MambaModel.modify_tensors)."""
+    if inner == "mixer.conv1d.weight":
+        return w[:, 0] if to_file else w[:, None]
+    if inner == "mixer.A_log":
+        return -w.exp() if to_file else (-w).log()
+    return w
 
 
 def _qwen35_dims(cfg_or_hf) -> tuple[int, int, int, int]:
@@ -293,6 +362,13 @@ def file_tensors(tensors: dict, cfg: ModelConfig, arch: str) -> dict:
     out, dims = {}, _qwen35_dims(cfg)
     for name, t in tensors.items():
         w = t.float()
+        if arch == MAMBA:
+            if name in _MAMBA_TOP:
+                out[_MAMBA_TOP[name]] = w
+                continue
+            layer, inner = name[len(_PREFIX[MAMBA]):].split(".", 1)
+            out[f"blk.{layer}.{_MAMBA_NAMES[inner]}"] = _mamba_tensor(inner, w, to_file=True)
+            continue
         if name in _TOP:
             out[_TOP[name]] = w + 1 if arch == QWEN35 and name == "model.norm.weight" else w
             continue
@@ -326,10 +402,10 @@ def file_tensors(tensors: dict, cfg: ModelConfig, arch: str) -> dict:
 
 
 def hf_tensors(file_names: set[str], read_file, arch: str, config: dict):
-    """(Hugging Face names, read) for a granitehybrid / qwen35 file's tensors: read_file(GGUF name) gives a tensor
+    """(Hugging Face names, read) for a granitehybrid / qwen35 / mamba file's tensors: read_file(GGUF name) gives a tensor
     in the file's layout (fp32, torch shape = reversed GGUF shape); read(HF name) gives it in Hugging Face's."""
-    top = {v: k for k, v in _TOP.items()}
-    names = {v: k for k, v in (_QWEN35_NAMES if arch == QWEN35 else _GRANITE_NAMES).items()}
+    top = {v: k for k, v in (_MAMBA_TOP if arch == MAMBA else _TOP).items()}
+    names = {v: k for k, v in {QWEN35: _QWEN35_NAMES, MAMBA: _MAMBA_NAMES}.get(arch, _GRANITE_NAMES).items()}
     derived, unknown = {}, []
     dims = _qwen35_dims(config) if arch == QWEN35 and "linear_num_key_heads" in config else None
     experts = bool(config.get("num_local_experts"))
@@ -343,8 +419,11 @@ def hf_tensors(file_names: set[str], read_file, arch: str, config: dict):
         if len(parts) < 3 or parts[0] != "blk" or not parts[1].isdigit():
             unknown.append(name)
             continue
-        p, kind = f"model.layers.{parts[1]}.", parts[2]
-        if arch == QWEN35 and kind in names:
+        p, kind = f"{_PREFIX.get(arch, 'model.layers.')}{parts[1]}.", parts[2]
+        if arch == MAMBA and kind in names:
+            derived[p + names[kind]] = lambda name=name, inner=names[kind]: _mamba_tensor(
+                inner, read_file(name), to_file=False)
+        elif arch == QWEN35 and kind in names:
             derived[p + names[kind]] = lambda name=name, inner=names[kind]: _qwen35_tensor(
                 inner, read_file(name), dims, to_file=False)
         elif arch == GRANITE_HYBRID and kind in names:
