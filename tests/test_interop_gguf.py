@@ -62,7 +62,7 @@ def import_gguf(path, out, capsys):
                                                       ("gemma2", False), ("gemma2-gguf", True),
                                                       ("phi3-longrope", False), ("starcoder2-gguf", True),
                                                       ("gemma", False), ("cohere", False), ("cohere2", False),
-                                                      ("olmo", False), ("arcee", False)])
+                                                      ("olmo", False), ("arcee", False), ("bloom", True)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():
@@ -75,6 +75,34 @@ def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
         back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
         with torch.no_grad():
             torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bloom_gguf_follows_llama_cpp(tmp_path, capsys):
+    """bloom (the converter's BloomModel): its keys, the embeddings' norm as token_embd_norm, biases everywhere, the
+    head tied (no output tensor: llama.cpp's loader falls back to token_embd), query_key_value's (heads, 3, width)
+    rows regrouped to all q, all k, all v."""
+    hf, path = export_gguf("bloom", tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "bloom"
+    keys = {k[len("bloom."):]: f.contents() for k, f in reader.fields.items() if k.startswith("bloom.")}
+    C, H, V = 48, 6, keys["vocab_size"]
+    assert {k: v for k, v in keys.items() if k != "attention.layer_norm_epsilon"} == {
+        "context_length": 2048, "embedding_length": C, "block_count": 2, "feed_forward_length": 4 * C,
+        "attention.head_count": H, "attention.head_count_kv": H, "vocab_size": V}
+    assert keys["attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+    shapes = {t.name: tuple(int(n) for n in t.shape.tolist()) for t in reader.tensors}
+    block = {"attn_norm": (C,), "attn_qkv": (C, 3 * C), "attn_output": (C, C), "ffn_norm": (C,),
+             "ffn_up": (C, 4 * C), "ffn_down": (4 * C, C)}
+    expected = {"token_embd.weight": (C, V), "token_embd_norm.weight": (C,), "token_embd_norm.bias": (C,),
+                "output_norm.weight": (C,), "output_norm.bias": (C,)}
+    for i in range(2):
+        for n, s in block.items():
+            expected[f"blk.{i}.{n}.weight"] = s
+            expected[f"blk.{i}.{n}.bias"] = s[-1:]
+    assert shapes == expected
+    qkv = next(t for t in reader.tensors if t.name == "blk.1.attn_qkv.bias").data
+    theirs = hf.state_dict()["transformer.h.1.self_attention.query_key_value.bias"].detach()
+    torch.testing.assert_close(torch.from_numpy(qkv.copy()), theirs.reshape(H, 3, -1).transpose(0, 1).reshape(-1))
 
 
 def test_export_gguf_refuses_biases_on_arcee():

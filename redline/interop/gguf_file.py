@@ -7,7 +7,8 @@ gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, star
 EXAONE 3.x, is read only: a redline model writes as llama), arcee (AFM),
 hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
-gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) are read and written here; so are the recurrent
+gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) and bloom (BLOOM: ALiBi, the embeddings' LayerNorm) are
+read and written here; so are the recurrent
 hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets) and mamba (Mamba-1),
 whose tensors and keys gguf_recurrent.py maps.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
@@ -57,7 +58,7 @@ from redline.model import ModelConfig, rope_attention_factor
 
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
-          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee",
+          "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee", "bloom",
           *RECURRENT_ARCHES)
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
@@ -115,6 +116,16 @@ _NEOX_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_
                "attn_output": "attention.dense", "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.dense_h_to_4h",
                "ffn_down": "mlp.dense_4h_to_h"}
 _NEOX_TOP = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
+# BLOOM (MODEL_TENSORS[BLOOM], the converter's BloomModel): LayerNorms and Linear layers with biases, the embeddings'
+# LayerNorm as token_embd_norm; query_key_value regrouped from (heads, 3, head width) rows to (3, heads, head width),
+# as GPT-NeoX's (_neox_qkv). ALiBi needs no tensor or key: llama.cpp's bloom fixes its maximum bias at 8, BLOOM's
+_BLOOM_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
+                "attn_output": "self_attention.dense", "ffn_norm": "post_attention_layernorm",
+                "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
+_BLOOM_TOP = {"token_embd": "transformer.word_embeddings", "token_embd_norm": "transformer.word_embeddings_layernorm",
+              "output_norm": "transformer.ln_f", "output": "lm_head"}
+# the architectures whose attn_qkv rows the converter regroups from Hugging Face's per-head (q, k, v) (_neox_qkv)
+HEAD_GROUPED_QKV = ("gptneox", "bloom")
 # Phi (the gguf package's MODEL_TENSORS[PHI2]): q, k and v apart, one norm a block, a bias on the head
 _PHI2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
@@ -200,6 +211,8 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
         return _GPT2_NAMES, _GPT2_TOP, "transformer.h."
     if arch == "gptneox":
         return _NEOX_NAMES, _NEOX_TOP, "gpt_neox.layers."
+    if arch == "bloom":
+        return _BLOOM_NAMES, _BLOOM_TOP, "transformer.h."
     if arch == "phi2":
         return _PHI2_NAMES, _PHI2_TOP, "model.layers."
     if arch == "phi3":
@@ -278,6 +291,10 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                 "n_positions": key("context_length", 1024), "n_inner": key("feed_forward_length"),
                 "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
     width, heads = key("embedding_length"), key("attention.head_count")
+    if arch == "bloom":  # BloomModel's keys; the context as written (the converter's is seq_length, else the width)
+        return {"model_type": "bloom", "vocab_size": vocab, "hidden_size": width, "n_head": heads,
+                "n_layer": key("block_count"), "seq_length": key("context_length", 2048),
+                "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
     if arch == "phi3":
         return _phi3_config(key, vocab, tied, rope_factors or {})
     if arch in ("lfm2", "lfm2moe"):
@@ -721,8 +738,8 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
             w = w[:, None]
         if arch == "gpt2" and kind in _CONV1D and w.dim() == 2:
             w = w.t().contiguous()
-        if arch == "gptneox" and kind == "attn_qkv":
-            w = _neox_qkv(w, config["num_attention_heads"], to_file=False)
+        if arch in HEAD_GROUPED_QKV and kind == "attn_qkv":
+            w = _neox_qkv(w, config["num_attention_heads"] if arch == "gptneox" else config["n_head"], to_file=False)
         return w
 
     return by_hf, read
@@ -1009,7 +1026,6 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "nemotron_h": ("Nemotron-H", "no writer here for llama.cpp's nemotron_h layout of one-sublayer blocks"),
                 "mamba2": ("Mamba-2", "no writer here for llama.cpp's mamba2 layout"),
                 "falcon_mamba": ("Falcon-Mamba", "no writer here for llama.cpp's mamba layout with ssm.dt_b_c_rms"),
-                "bloom": ("BLOOM", "no writer here for llama.cpp's bloom layout (ALiBi, the embeddings' norm)"),
                 "mpt": ("MPT", "no writer here for llama.cpp's mpt layout (ALiBi)"),
                 "falcon": ("Falcon", "no writer here for llama.cpp's falcon layout (KV-grouped query_key_value, "
                                      "two norms a block)"),
@@ -1065,6 +1081,8 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
                             "on a StarCoder2 model: llama.cpp's starcoder2 has none of these (no window, no RoPE "
                             "scaling, the tanh GELU, biases on every layer); export with --format hf")
         return "starcoder2"
+    if family.name == "bloom":  # bloom.check_exportable (export_family) has refused what BLOOM lacks
+        return "bloom"
     if family.name == "gemma":  # llama.cpp's gemma: Llama's tensor names unpermuted, norms as 1 + weight
         return "gemma"
     if family.name == "exaone4":
@@ -1152,6 +1170,10 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
         write_metadata(writer, gguf, arch, cfg)
         return
     if arch == "gpt2":
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "bloom":  # BloomModel.set_gguf_parameters' keys after the common ones
+        writer.add_head_count_kv(cfg.n_head)
         writer.add_layer_norm_eps(cfg.norm_eps)
         return
     if arch in COHERE:  # the keys llama.cpp's llama_model_command_r / cohere2 read
@@ -1402,7 +1424,7 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
                 w = interleave_rope_rows(w, cfg.n_head if kind == "attn_q" else cfg.kv_heads, inverse=False)
             if arch in GEMMAS and kind.endswith("norm"):
                 w = w + 1
-            if arch == "gptneox" and kind == "attn_qkv":
+            if arch in HEAD_GROUPED_QKV and kind == "attn_qkv":
                 w = _neox_qkv(w, cfg.n_head, to_file=True)
             values = np.ascontiguousarray(w.numpy(), dtype=np.float32)
             head = name == "output.weight" or (name == "token_embd.weight" and not untied)
