@@ -705,9 +705,21 @@ def _llama3_scaling(fields: dict, divisors: torch.Tensor, config: dict) -> dict:
     return scaling
 
 
+def _dequantized(path: Path, t) -> torch.Tensor:
+    """One GGUF tensor as fp32 in the file's layout (torch's shape = the GGUF shape reversed); a type the gguf package
+    cannot dequantize is a one-line UserError."""
+    gguf = require_gguf()
+    try:
+        values = gguf.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise UserError(f"{path}: tensor {t.name} is {t.tensor_type.name}, a type the gguf package cannot "
+                        f"dequantize; use a file quantized otherwise (Q8_0, Q4_K_M, F16, ...)") from None
+    shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+    return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
+
+
 def _tensor_reader(path: Path, reader, arch: str, config: dict):
     """(HF name -> GGUF tensor, function reading one as an fp32 torch tensor in Hugging Face's layout)."""
-    gguf = require_gguf()
     by_hf, unknown = {}, []
     for t in reader.tensors:
         if t.name == ROPE_FREQS or t.name in ROPE_FACTORS.values():  # read into the config, not weights
@@ -719,13 +731,7 @@ def _tensor_reader(path: Path, reader, arch: str, config: dict):
 
     def read(hf_name: str) -> torch.Tensor:
         t = by_hf[hf_name]
-        try:
-            values = gguf.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise UserError(f"{path}: tensor {t.name} is {t.tensor_type.name}, a type the gguf package cannot "
-                            f"dequantize; use a file quantized otherwise (Q8_0, Q4_K_M, F16, ...)") from None
-        w = torch.from_numpy(np.array(values, dtype=np.float32)).reshape(
-            tuple(int(n) for n in reversed(t.shape.tolist())))
+        w = _dequantized(path, t)
         kind = t.name.split(".")[-2]
         if arch in PERMUTED and kind in ("attn_q", "attn_k"):
             heads = config["num_attention_heads"] if kind == "attn_q" else config["num_key_value_heads"]
@@ -780,18 +786,10 @@ def _recurrent_source(path: Path, reader, arch: str, config: dict):
     """(Hugging Face names, read) of a granitehybrid or qwen35 file (gguf_recurrent.hf_tensors)."""
     from redline.interop.gguf_recurrent import hf_tensors
 
-    gguf = require_gguf()
     by_name = {t.name: t for t in reader.tensors}
 
-    def read_file(name: str) -> torch.Tensor:  # the file's layout: torch shape = the GGUF shape reversed
-        t = by_name[name]
-        try:
-            values = gguf.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise UserError(f"{path}: tensor {t.name} is {t.tensor_type.name}, a type the gguf package cannot "
-                            f"dequantize; use a file quantized otherwise (Q8_0, Q4_K_M, F16, ...)") from None
-        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(
-            tuple(int(n) for n in reversed(t.shape.tolist())))
+    def read_file(name: str) -> torch.Tensor:  # the file's layout
+        return _dequantized(path, by_name[name])
 
     try:
         return hf_tensors(set(by_name), read_file, arch, config)
