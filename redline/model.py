@@ -291,6 +291,12 @@ class ModelConfig:
     moe_dense_hidden wide."""
     moe_dense_hidden: int | None = None
     """The width of the dense MLPs of moe_dense_layers (None: mlp_hidden)."""
+    moe_groups: int = 1
+    """Mixture of experts: the experts in this many equal groups, and each token choosing its top k only among the
+    moe_topk_groups groups whose two best (biased) scores sum highest (DeepSeek-V3's n_group, group-limited routing);
+    1 = no groups."""
+    moe_topk_groups: int = 1
+    """Mixture of experts with moe_groups > 1: the groups each token's experts are chosen from (topk_group)."""
     moe_layers: tuple[int, ...] = ()
     """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP mlp_hidden wide (Jamba's
     every expert_layer_period-th layer from expert_layer_offset); () = every layer from moe_dense_layers on."""
@@ -640,11 +646,20 @@ class ModelConfig:
         if self.delta_norm_position and (self.norm_position == "post" or self.parallel_residual):
             raise UserError(f"model.delta_norm_position={self.delta_norm_position} takes blocks whose norms are on "
                             f"the sublayers (model.norm_position pre, output or sandwich) run in turn")
-        if self.moe_experts < 0 or (self.moe_experts and not (
-                self.gated_mlp and 1 <= self.moe_top_k <= self.moe_experts)):
-            raise UserError(f"model.moe_experts={self.moe_experts} needs a gated MLP (model.mlp=swiglu, swiglu_clamped "
-                            f"or geglu) and "
-                            f"1 <= model.moe_top_k <= moe_experts, got mlp={self.mlp}, moe_top_k={self.moe_top_k}")
+        if self.moe_experts < 0 or (self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts):
+            raise UserError(f"model.moe_experts={self.moe_experts} needs 1 <= model.moe_top_k <= moe_experts, got "
+                            f"moe_top_k={self.moe_top_k}")
+        if self.moe_experts and self.moe_bias and not self.gated_mlp:
+            raise UserError(f"model.moe_bias takes gated experts (model.mlp=swiglu, swiglu_clamped or geglu), got "
+                            f"mlp={self.mlp}")
+        if self.moe_groups < 1 or (self.moe_groups > 1 and not (
+                self.moe_experts and self.moe_experts % self.moe_groups == 0
+                and 1 <= self.moe_topk_groups <= self.moe_groups
+                and self.moe_top_k <= self.moe_topk_groups * self.moe_experts // self.moe_groups
+                and self.moe_experts // self.moe_groups >= 2)):
+            raise UserError(f"model.moe_groups={self.moe_groups} must divide model.moe_experts={self.moe_experts} into "
+                            f"groups of 2 or more, with 1 <= moe_topk_groups={self.moe_topk_groups} <= moe_groups "
+                            f"holding moe_top_k={self.moe_top_k} experts")
         if (self.moe_gating != "softmax" or self.moe_expert_bias or self.moe_scale != 1.0 or self.moe_dense_layers
                 or self.moe_dense_hidden) and not self.moe_experts:
             raise UserError("model.moe_gating, moe_expert_bias, moe_scale, moe_dense_layers and moe_dense_hidden "
@@ -1300,6 +1315,15 @@ def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str 
     return (up + 1) * gate * torch.sigmoid(SWIGLU_CLAMPED_ALPHA * gate)
 
 
+def plain_activation(kind: str, h: torch.Tensor, gelu: str = "tanh") -> torch.Tensor:
+    """An ungated MLP's hidden activation: squared ReLU (Primer's; Nemotron-H's), ReLU or GELU."""
+    if kind == "relu2":
+        return F.relu(h).square()
+    if kind == "relu":
+        return F.relu(h)
+    return F.gelu(h, approximate=gelu)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -1317,12 +1341,8 @@ class MLP(nn.Module):
         if self.gated:
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
             h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
-        elif self.kind == "relu2":
-            h = F.relu(h).square()
-        elif self.kind == "relu":
-            h = F.relu(h)
         else:
-            h = F.gelu(h, approximate=self.gelu)
+            h = plain_activation(self.kind, h, self.gelu)
         return self.proj(h)
 
 
@@ -1364,10 +1384,12 @@ def experts_masked(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torc
 
 class MoE(nn.Module):
     """A mixture of expert MLPs (model.moe_experts): router -> softmax (or sigmoid, moe_gating) scores -> the top k
-    experts of each token (chosen with moe_expert_bias where given), their outputs summed, weighted by the
+    experts of each token (chosen with moe_expert_bias where given, among the best moe_topk_groups of moe_groups
+    groups where given), their outputs summed, weighted by the
     (renormalised, scaled) scores; and a gated shared expert where moe_shared_hidden gives one; with moe_bias the
     router and each expert's two projections have biases (GPT-OSS's). Experts are stacked: fc (E, 2F, C) holds each
-    expert's [gate; up] rows, proj (E, C, F) its output projection, so all experts run as two grouped GEMMs over the
+    expert's [gate; up] rows (its up rows alone, fc (E, F, C), for an ungated kind such as relu2), proj (E, C, F) its
+    output projection, so all experts run as two grouped GEMMs over the
     tokens sorted by expert (Mixtral's and Qwen-MoE's routing, as transformers' MixtralSparseMoeBlock and
     Qwen2MoeSparseMoeBlock compute it)."""
 
@@ -1377,6 +1399,7 @@ class MoE(nn.Module):
         self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
         self.top_k, self.norm_topk = cfg.moe_top_k, cfg.moe_norm_topk
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
+        self.gated, self.groups, self.topk_groups = cfg.gated_mlp, cfg.moe_groups, cfg.moe_topk_groups
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
         # moe_bias_update: each expert's token choices in training since the last update, (E,) fp32: a tensor the
@@ -1384,7 +1407,7 @@ class MoE(nn.Module):
         # would broadcast rank 0's over the others' counts)
         self.expert_load: torch.Tensor | None = None
         self.router = nn.Linear(C, E, bias=cfg.moe_bias)
-        self.fc = nn.Parameter(torch.empty(E, 2 * F_, C))
+        self.fc = nn.Parameter(torch.empty(E, 2 * F_ if cfg.gated_mlp else F_, C))  # ungated: up rows alone
         self.proj = nn.Parameter(torch.empty(E, C, F_))
         # moe_bias: each expert's fc bias (E, 2F), rows [gate; up] as fc's, and proj bias (E, C)
         self.fc_bias = nn.Parameter(torch.zeros(E, 2 * F_)) if cfg.moe_bias else None
@@ -1411,8 +1434,14 @@ class MoE(nn.Module):
         x = x.reshape(-1, shape[-1])  # (N, C)
         logits = self.router(x)
         probs = torch.sigmoid(logits.float()) if self.sigmoid else F.softmax(logits, dim=-1, dtype=torch.float32)
-        if self.expert_bias is not None:  # the bias chooses; the scores weight
-            experts = (probs + self.expert_bias).topk(k, dim=-1).indices  # (N, k)
+        if self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
+            choice = probs if self.expert_bias is None else probs + self.expert_bias
+            if self.groups > 1:  # DeepSeek-V3's group-limited routing: the best groups by their two best scores
+                grouped = choice.view(-1, self.groups, E // self.groups)  # (N, G, E/G)
+                best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.topk_groups, dim=-1).indices  # (N, g)
+                keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)  # (N, G)
+                choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(-1, E)
+            experts = choice.topk(k, dim=-1).indices  # (N, k)
             weights = probs.gather(1, experts)
         else:
             weights, experts = probs.topk(k, dim=-1)  # (N, k) each
@@ -1431,8 +1460,12 @@ class MoE(nn.Module):
         h = expert_matmul(x[token], self.fc, ends)  # (N·k, 2F)
         if self.fc_bias is not None:
             h = h + self.fc_bias[expert].to(h.dtype)
-        gate, up = h.chunk(2, dim=-1)
-        h = expert_matmul(gated_activation(self.kind, gate, up, self.gelu, self.limit), self.proj, ends)  # (N·k, C)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
+        else:
+            h = plain_activation(self.kind, h, self.gelu)
+        h = expert_matmul(h, self.proj, ends)  # (N·k, C)
         if self.proj_bias is not None:  # inside the weighting, as GPT-OSS's experts add it
             h = h + self.proj_bias[expert].to(h.dtype)
         h = h * weights.flatten()[order, None].to(x.dtype)

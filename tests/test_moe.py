@@ -31,7 +31,15 @@ def reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
         logits = moe.router(row).double()
         probs = torch.sigmoid(logits) if moe.sigmoid else F.softmax(logits, dim=-1)
         bias = moe.expert_bias.double() if moe.expert_bias is not None else torch.zeros_like(probs)
-        experts = (probs + bias).topk(moe.top_k).indices  # the bias chooses, the scores weight
+        choice = probs + bias  # the bias chooses, the scores weight
+        if moe.groups > 1:  # only experts of the topk_groups groups whose two best choice scores sum highest
+            size = choice.numel() // moe.groups
+            sums = [choice[g * size:(g + 1) * size].sort(descending=True).values[:2].sum().item()
+                    for g in range(moe.groups)]
+            kept = sorted(range(moe.groups), key=lambda g: -sums[g])[:moe.topk_groups]
+            choice = torch.tensor([choice[e].item() if e // size in kept else float("-inf")
+                                   for e in range(choice.numel())], dtype=choice.dtype)
+        experts = choice.topk(moe.top_k).indices
         weights = probs[experts]
         if moe.norm_topk:
             weights = weights / (weights.sum() + (1e-6 if moe.sigmoid else 0.0))
@@ -39,8 +47,10 @@ def reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
         y = torch.zeros_like(row)
         for w, e in zip(weights, experts.tolist()):
             h = moe.fc[e] @ row + (moe.fc_bias[e] if moe.fc_bias is not None else 0)
-            gate, up = h.chunk(2)
-            if moe.kind == "swiglu_clamped":
+            gate, up = h.chunk(2) if moe.gated else (h, None)
+            if moe.kind == "relu2":  # ungated: fc holds the up rows alone
+                h = F.relu(gate) ** 2
+            elif moe.kind == "swiglu_clamped":
                 gate, up = gate.clamp(max=moe.limit), up.clamp(-moe.limit, moe.limit)
                 h = (up + 1) * gate * torch.sigmoid(1.702 * gate)
             else:
@@ -48,14 +58,21 @@ def reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
             out_e = moe.proj[e] @ h + (moe.proj_bias[e] if moe.proj_bias is not None else 0)
             y = y + w.float() * out_e
         if moe.shared is not None:
-            y = y + torch.sigmoid(moe.shared_gate(row)) * moe.shared(row)
+            y = y + (1 if moe.shared_gate is None else torch.sigmoid(moe.shared_gate(row))) * moe.shared(row)
         out.append(y)
     return torch.stack(out).view(x.shape)
 
 
 @pytest.mark.parametrize("extra", [{}, {"moe_norm_topk": False, "moe_shared_hidden": 16, "moe_top_k": 3},
                                    {"moe_gating": "sigmoid", "moe_expert_bias": True, "moe_scale": 2.5},
-                                   {"moe_bias": True, "mlp": "swiglu_clamped", "swiglu_limit": 0.8}])
+                                   {"moe_bias": True, "mlp": "swiglu_clamped", "swiglu_limit": 0.8},
+                                   # DeepSeek-V3's routing: 8 experts in 4 groups, 3 of 2 groups' 4
+                                   {"moe_experts": 8, "moe_top_k": 3, "moe_groups": 4, "moe_topk_groups": 2,
+                                    "moe_gating": "sigmoid", "moe_expert_bias": True, "moe_scale": 2.5},
+                                   {"moe_experts": 6, "moe_groups": 3, "moe_topk_groups": 1},
+                                   # Nemotron-H's ungated squared-ReLU experts beside an ungated shared one
+                                   {"mlp": "relu2", "moe_shared_hidden": 16, "moe_shared_gate": False,
+                                    "moe_gating": "sigmoid", "moe_expert_bias": True}])
 def test_layer_equals_a_token_by_token_reference(extra):
     torch.manual_seed(0)
     moe = MoE(replace(CFG, **extra))
@@ -178,6 +195,8 @@ def test_import_refusals_name_the_option(name, hf, fragment):
     (dict(moe_shared_hidden=16, sliding_window=4), "model.sliding_window with a shared expert"),
     (dict(mlp="geglu"), "model.mlp=geglu"),
     (dict(moe_gating="sigmoid"), "LFM2-MoE's"),
+    (dict(moe_experts=6, moe_groups=2), "model.moe_groups=2: none of the architectures"),
+    (dict(mlp="relu2"), "the mixtures redline exports to have gated experts"),
 ])
 def test_export_refusals_name_the_option(extra, fragment):
     from redline.interop.families import export_family
@@ -187,7 +206,7 @@ def test_export_refusals_name_the_option(extra, fragment):
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (dict(mlp="gelu"), "needs a gated MLP"), (dict(moe_top_k=6), "moe_top_k <= moe_experts"),
+    (dict(moe_top_k=6), "moe_top_k <= moe_experts"),
     (dict(bias=True), "needs model.moe_bias"), (dict(moe_experts=0, moe_shared_hidden=8), "need experts"),
     (dict(moe_experts=0, moe_bias=True), "moe_bias needs experts"), (dict(mlp="swiglu_clamped", swiglu_limit=0.0),
                                                                      "swiglu_limit must be > 0"),
@@ -198,6 +217,11 @@ def test_export_refusals_name_the_option(extra, fragment):
                                                                                                    "model.moe_dense"),
     (dict(moe_experts=0, moe_layers=(1,)), "with experts .model.moe_experts."),
     (dict(moe_layers=(1,), mlp_free_layers=(1,), pos_emb="none"), "names a layer without an MLP"),
+    (dict(moe_groups=2), r"moe_groups=2 must divide model.moe_experts=5"),
+    (dict(moe_experts=6, moe_groups=2, moe_topk_groups=3), "1 <= moe_topk_groups=3 <= moe_groups"),
+    (dict(moe_experts=6, moe_top_k=4, moe_groups=2), "holding moe_top_k=4 experts"),
+    (dict(moe_experts=6, moe_groups=6), "groups of 2 or more"),
+    (dict(moe_bias=True, mlp="relu2"), "model.moe_bias takes gated experts"),
 ])
 def test_config_refusals(extra, fragment):
     with pytest.raises(UserError, match=fragment):

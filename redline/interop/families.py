@@ -326,6 +326,13 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import lfm2, qwen3_5
 
+    if cfg.moe_groups > 1:
+        raise UserError(f"model.moe_groups={cfg.moe_groups}: none of the architectures redline exports to chooses "
+                        f"experts within groups; set model.moe_groups=1")
+    if cfg.moe_experts and not cfg.gated_mlp:
+        raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
+                        f"experts (model.mlp=swiglu, swiglu_clamped or geglu)")
+
     from redline.interop import jamba
 
     if jamba.wants_jamba(cfg):  # Mamba-1 layers beside attention or MLPs, weighted dt/B/C norms, experts: Jamba's
