@@ -151,3 +151,36 @@ def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     out = tmp_path / "x.gguf"
     code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
     assert code == 2 and f"{name} models are not written as GGUF" in err and not out.exists(), err
+
+
+def test_glm4_moe_layers_train():
+    """An imported GLM-4-MoE's layers (grouped sigmoid routing, routing bias, shared experts, a dense first layer,
+    QK-norm, q/k/v biases, partial RoPE) are differentiable: every trained tensor gets a gradient, and a few AdamW
+    steps on one batch lower its loss."""
+    cfg = replace(ModelConfig(**BASE), **{**MOE, "moe_experts": 8}, n_layer=3, qk_norm=True, moe_groups=4,
+                  moe_topk_groups=2, moe_scale=2.5, moe_dense_layers=1, moe_dense_hidden=48)
+    from redline.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(cfg).train()
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    loss = model(idx, idx)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    for name in ("blocks.1.mlp.router.weight", "blocks.1.mlp.fc", "blocks.1.mlp.shared.fc.weight",
+                 "blocks.0.mlp.fc.weight", "blocks.2.attn.qkv.bias", "blocks.2.attn.q_norm.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = loss.item()
+    for _ in range(5):
+        opt.zero_grad()
+        loss = model(idx, idx)
+        loss.backward()
+        opt.step()
+    assert loss.item() < first
+
+
+def test_moe_norm_eps_is_checked():
+    with pytest.raises(UserError, match="model.moe_norm_eps=-1.0 must be in"):
+        ModelConfig(**BASE, moe_experts=4, moe_norm_eps=-1.0).validate()
