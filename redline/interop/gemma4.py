@@ -116,7 +116,7 @@ def model_config(hf: dict) -> ModelConfig:
     raise_first([(bad, f"{name}={hf.get(name)!r}: {why}") for name, bad, why in refused])
     kinds = _kinds(hf)
     sliding = [i for i, kind in enumerate(kinds) if kind == _SLIDING]
-    window = int(hf.get("sliding_window") or 0) if sliding else 0
+    window = int(hf.get("sliding_window", 512) or 0) if sliding else 0  # Gemma4TextConfig's default
     if sliding and not window:
         raise UserError("layer_types names sliding layers but sliding_window is 0; give the window")
     heads, kv = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"]
