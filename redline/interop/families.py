@@ -230,10 +230,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gemma4,
-                                 gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba, lfm2, llama,
-                                 mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
-                                 qwen3_next, stablelm, starcoder2)
+    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3,
+                                 gemma4, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba,
+                                 lfm2, llama, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi,
+                                 phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,

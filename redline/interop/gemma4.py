@@ -262,8 +262,8 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    out = {"model.norm.weight": state["norm_f.weight"], "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size],
-           **give_head(state, cfg)}
+    out = {"model.norm.weight": state["norm_f.weight"],
+           "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size], **give_head(state, cfg)}
     if cfg.per_layer_embd:
         out["model.embed_tokens_per_layer.weight"] = state["ple_table.weight"]
         out["model.per_layer_model_projection.weight"] = state["ple_proj.weight"]
