@@ -29,6 +29,11 @@ Features (each a field of `ModelConfig`):
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's
   selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py);
+- Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
+  `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
+  (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
+  `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
+  (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -376,6 +381,11 @@ class ModelConfig:
     n_embd^-0.5, both times 2^-0.5; after its MLP each block adds norm(proj(gelu(gate(x)) · its P-wide input))."""
     per_layer_vocab: int = 0
     """Rows of the per-layer input table (0: vocab_size; Gemma 4's vocab_size_per_layer_input)."""
+    moe_beside_dense: bool = False
+    """Each layer's experts run beside a dense MLP (moe_dense_hidden wide) rather than in its place (Gemma 4's MoE
+    block, norm_position=sandwich): the MLP reads norm2(x), the experts a norm of x of their own, the router RMS(x)
+    times a learned (C,) scale and C^-0.5; the top-k weights are renormalized, then times a learned scale of each
+    chosen expert; each output is normed and their sum goes through the MLP's output norm."""
     layer_scalars: bool = False
     """Each block's output, the whole residual stream, times a stored scalar of its own (Gemma 4's layer_scalar
     buffer; 1 at init, not trained)."""
@@ -772,9 +782,17 @@ class ModelConfig:
         if self.kv_shared_layers and self.qk_norm and (self.qk_norm_scope != "head" or self.qk_norm_after_rope):
             raise UserError("model.kv_shared_layers takes per-head QK-norm before RoPE (model.qk_norm_scope=head, "
                             "no qk_norm_after_rope)")
-        if (self.per_layer_embd or self.kv_shared_mlp_hidden) and (self.moe_experts or self.mlp_free_layers):
+        if (self.per_layer_embd or self.kv_shared_mlp_hidden) and (
+                (self.moe_experts and not self.moe_beside_dense) or self.mlp_free_layers):
             raise UserError("model.per_layer_embd and kv_shared_mlp_hidden take dense MLPs on every layer (no "
-                            "model.moe_experts or mlp_free_layers)")
+                            "model.moe_experts in their place, no mlp_free_layers)")
+        if self.moe_beside_dense and (
+                not self.moe_experts or not self.moe_dense_hidden or self.norm_position != "sandwich"
+                or self.moe_layers or self.moe_dense_layers or self.moe_shared_hidden or self.moe_groups > 1
+                or self.moe_gating != "softmax" or self.moe_expert_bias or self.moe_bias or self.parallel_residual):
+            raise UserError("model.moe_beside_dense (Gemma 4's MoE block) takes model.moe_experts beside a dense MLP "
+                            "moe_dense_hidden wide on every layer of sandwich-norm blocks, softmax routing and no "
+                            "shared expert, groups, routing bias, expert biases or moe_layers / moe_dense_layers")
 
 
 def _divisors_near(n: int, target: int) -> list[int]:
@@ -1526,6 +1544,12 @@ class MoE(nn.Module):
         self.shared = MLP(replace(cfg, mlp_hidden=cfg.moe_shared_hidden, moe_experts=0, moe_shared_hidden=0,
                                   moe_aux_loss=0.0, fused_mlp=True)) if cfg.moe_shared_hidden else None
         self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden and cfg.moe_shared_gate else None
+        # moe_beside_dense (Gemma 4's): the experts' own input norm, the router's (C,) input scale, each expert's
+        # scale on its weight (E,)
+        self.input_norm = make_norm(cfg, C) if cfg.moe_beside_dense else None
+        self.router_scale = nn.Parameter(torch.ones(C)) if cfg.moe_beside_dense else None
+        self.expert_scale = nn.Parameter(torch.ones(E)) if cfg.moe_beside_dense else None
+        self.norm_eps = cfg.norm_eps
         self.balance_loss = cfg.moe_aux_loss > 0
         self.balance: torch.Tensor | None = None
         """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
@@ -1539,11 +1563,20 @@ class MoE(nn.Module):
         for bias in (self.fc_bias, self.proj_bias):
             if bias is not None:
                 nn.init.zeros_(bias)
+        for scale in (self.router_scale, self.expert_scale):
+            if scale is not None:
+                nn.init.ones_(scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, E, k = x.shape, self.fc.shape[0], self.top_k
         x = x.reshape(-1, shape[-1])  # (N, C)
-        logits = self.router(x)
+        if self.input_norm is None:
+            logits = self.router(x)
+        else:  # Gemma 4's: the router reads RMS(x) · scale · C^-0.5, the experts their own norm of x
+            C = shape[-1]
+            routed = F.rms_norm(x.float(), (C,), eps=self.norm_eps).type_as(x)
+            logits = self.router(routed * self.router_scale * C ** -0.5)
+            x = self.input_norm(x)
         probs = torch.sigmoid(logits.float()) if self.sigmoid else F.softmax(logits, dim=-1, dtype=torch.float32)
         if self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
             choice = probs if self.expert_bias is None else probs + self.expert_bias
@@ -1560,6 +1593,8 @@ class MoE(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-6 if self.sigmoid else 0.0))
         if self.scale != 1.0:
             weights = weights * self.scale
+        if self.expert_scale is not None:  # (N, k): each chosen expert's own scale
+            weights = weights * self.expert_scale[experts]
         flat = experts.flatten()  # (N·k,) the expert of each (token, slot)
         order = flat.argsort(stable=True)
         counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
@@ -1623,7 +1658,7 @@ class Block(nn.Module):
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
             self.mlp = None
-        elif cfg.layer_has_experts(layer):
+        elif cfg.layer_has_experts(layer) and not cfg.moe_beside_dense:
             self.mlp = MoE(cfg)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
@@ -1643,6 +1678,11 @@ class Block(nn.Module):
             self.layer_scalar = None
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
+        # moe_beside_dense (Gemma 4's MoE block): the experts beside the dense MLP, each output normed before the sum
+        self.moe = self.dense_out_norm = self.moe_out_norm = None
+        if cfg.moe_beside_dense and mlp:
+            self.moe = MoE(cfg)
+            self.dense_out_norm, self.moe_out_norm = make_norm(cfg, cfg.n_embd), make_norm(cfg, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.residual_multiplier = cfg.residual_multiplier  # 0: the sublayers' outputs join the stream as they are
 
@@ -1681,6 +1721,8 @@ class Block(nn.Module):
         if self.mlp is None:
             return x
         h = self.mlp(self.norm2(x))
+        if self.moe is not None:  # the experts read the stream itself (their norms inside), as transformers' Gemma 4
+            h = self.dense_out_norm(h) + self.moe_out_norm(self.moe(x))
         if self.mlp_out_norm is not None:
             h = self.mlp_out_norm(h)
         return x + self.out(h)
@@ -1994,7 +2036,7 @@ class GPT(nn.Module):
         when training a mixture of experts with it (MoE.balance); else the loss as it is."""
         if not (self.training and self.cfg.moe_aux_loss):
             return loss
-        balance = torch.stack([block.mlp.balance for block in self.blocks if isinstance(block.mlp, MoE)]).mean()
+        balance = torch.stack([m.balance for m in self.modules() if isinstance(m, MoE)]).mean()
         return loss + self.cfg.moe_aux_loss * balance
 
     # -- accounting ------------------------------------------------------------------------------------
@@ -2025,8 +2067,8 @@ class GPT(nn.Module):
         cfg = self.cfg
         T = seq_len or cfg.context_len
         # a mixture of experts computes with moe_top_k of its experts a token: the others' weights do no work
-        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (b.mlp.fc.numel() + b.mlp.proj.numel())
-                   for b in self.blocks if isinstance(b.mlp, MoE))
+        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
+                   for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
             return 6 * n + 12 * len(cfg.attention_layers) * cfg.n_head * cfg.head_dim * T

@@ -207,6 +207,14 @@ FAMILIES = {
                            rope_parameters={"full_attention": {"rope_type": "proportional",
                                                                "partial_rotary_factor": 0.5, "rope_theta": 5000.0},
                                             "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
+    # Gemma 4 text, as gemma-4-26B-A4B is: each layer's top 2 of 4 experts (moe_intermediate_size 32) beside its
+    # dense MLP, the full layers' values from their keys
+    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=24,
+                        num_global_key_value_heads=1, attention_k_eq_v=True, num_hidden_layers=3, sliding_window=5,
+                        pad_token_id=None, hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4,
+                        top_k_experts=2, moe_intermediate_size=32,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
     # OPT as opt-125m is: learned positions (two rows before position 0's), pre-LayerNorm, ReLU, biases, tied
     "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,

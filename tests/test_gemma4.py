@@ -28,6 +28,8 @@ CFG = ModelConfig(vocab_size=96, context_len=64, n_layer=5, n_embd=32, n_head=4,
                   kv_shared_layers=2, kv_shared_mlp_hidden=96, per_layer_embd=8, layer_scalars=True,
                   logit_softcap=5.0)
 PROMPTS = [list(range(1, 12)), [5, 6], [40], list(range(20, 37))]
+# Gemma 4's MoE block: each layer's top 2 of 4 experts (16 wide) beside its dense MLP (48 wide)
+EXPERTS = dict(moe_beside_dense=True, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_hidden=48)
 
 
 def gemma4_model(seed: int = 0, **overrides) -> GPT:
@@ -54,12 +56,12 @@ def test_layers_are_as_configured():
     assert (model.rope_sin[:, 3:] == 0).all() and (model.rope_sin[1:, :3] != 0).all()
 
 
-@pytest.mark.parametrize("chunk", [32768, 5, 1])
-def test_engine_decodes_as_full_recompute(chunk):
+@pytest.mark.parametrize("chunk, experts", [(32768, False), (5, False), (1, False), (5, True)])
+def test_engine_decodes_as_full_recompute(chunk, experts):
     """Prompts of different lengths in one batch, prefilled whole or in chunks (a shared layer reading its source's
     slots written by the chunk before), then decoded (the shared layers reading the step's key and value their
-    source wrote)."""
-    model = gemma4_model()
+    source wrote); with experts beside the dense MLPs too."""
+    model = gemma4_model(**(EXPERTS if experts else {}))
     engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=chunk)
     got = [r.tokens for r in engine.generate(PROMPTS, 12, SamplingParams(temperature=0))]
     expected = [model.generate(torch.tensor([p]), 12, temperature=0)[0, len(p):].tolist() for p in PROMPTS]
@@ -127,10 +129,12 @@ def test_shared_layers_read_their_sources_keys_and_values():
     assert got == model.generate(tokens, 6, temperature=0)[0, len(PROMPTS[3]):].tolist()
 
 
-def test_training_gradients_reach_every_parameter():
-    """The forward is differentiable through the shared keys and values and the per-layer inputs: every parameter
-    gets a gradient (the shared layers' sources' k from the shared layers' queries too), the layer scalars none."""
-    model = gemma4_model().train()
+@pytest.mark.parametrize("experts", [False, True])
+def test_training_gradients_reach_every_parameter(experts):
+    """The forward is differentiable through the shared keys and values, the per-layer inputs and the experts beside
+    the MLPs: every parameter gets a gradient (the shared layers' sources' k from the shared layers' queries too), the
+    layer scalars none."""
+    model = gemma4_model(**(EXPERTS if experts else {})).train()
     idx = torch.randint(0, CFG.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
     loss = model(idx, idx)
     loss.backward()
@@ -155,6 +159,9 @@ def test_training_gradients_reach_every_parameter():
     (dict(value_embeddings=1), "no value embeddings"),
     (dict(qk_norm_after_rope=True), "model.kv_shared_layers takes per-head QK-norm"),
     (dict(moe_experts=4, moe_top_k=2), "model.per_layer_embd and kv_shared_mlp_hidden take dense MLPs"),
+    ({**EXPERTS, "moe_dense_hidden": None}, "model.moe_beside_dense"),
+    ({**EXPERTS, "moe_shared_hidden": 16}, "model.moe_beside_dense"),
+    ({**EXPERTS, "norm_position": "pre"}, "model.moe_beside_dense"),
 ])
 def test_refusals(overrides, fragment):
     with pytest.raises(UserError, match=fragment):
@@ -181,7 +188,7 @@ def _hf_text_config(**overrides) -> dict:
 @pytest.mark.parametrize("overrides, fragment", [
     (dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
     (dict(use_bidirectional_attention="vision"), "use_bidirectional_attention='vision'"),
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2), "enable_moe_block=True"),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2), "enable_moe_block=True: the experts need"),
     (dict(attention_bias=True), "attention_bias=True"),
     (dict(hidden_activation="gelu"), "hidden_activation='gelu'"),
     (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6},

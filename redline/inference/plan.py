@@ -109,7 +109,7 @@ def layerwise_attention(cfg) -> str | None:
     """Gemma 4's attention and block options, which redline's decode kernels and FP8 cache do not take, by name, or
     None."""
     for name in ("global_head_size", "global_kv_head", "global_values_from_keys", "v_norm", "kv_shared_layers",
-                 "per_layer_embd", "layer_scalars"):
+                 "per_layer_embd", "layer_scalars", "moe_beside_dense"):
         if getattr(cfg, name, 0):
             return f"model.{name}"
     return None

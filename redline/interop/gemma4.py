@@ -16,9 +16,12 @@ models/gemma4/modeling_gemma4.py and configuration_gemma4.py):
   (kv_shared_layers), with twice the MLP width where use_double_wide_mlp (kv_shared_mlp_hidden);
 - per-layer inputs (hidden_size_per_layer_input -> per_layer_embd, vocab_size_per_layer_input -> per_layer_vocab)
   and each layer's stored output scale (layer_scalar -> layer_scalars);
-- final_logit_softcapping -> logit_softcap.
-Refused by name: bidirectional attention (use_bidirectional_attention; redline is a causal LM), the mixture-of-
-experts block beside the MLP (enable_moe_block), biases (attention_bias), RoPE kinds the published models do not use.
+- final_logit_softcapping -> logit_softcap;
+- enable_moe_block (gemma-4-26B-A4B): num_experts GeGLU experts moe_intermediate_size wide beside each layer's dense
+  MLP (moe_beside_dense, moe_dense_hidden = intermediate_size), the top_k_experts of a softmax router renormalized
+  and scaled by each expert's per_expert_scale, the router reading RMS(x) · scale · hidden_size^-0.5.
+Refused by name: bidirectional attention (use_bidirectional_attention; redline is a causal LM), biases
+(attention_bias), RoPE kinds the published models do not use.
 """
 
 from __future__ import annotations
@@ -107,8 +110,9 @@ def model_config(hf: dict) -> ModelConfig:
     refused = [
         ("use_bidirectional_attention", bool(hf.get("use_bidirectional_attention")),
          "redline is a causal language model; import a causal Gemma 4"),
-        ("enable_moe_block", bool(hf.get("enable_moe_block")),
-         "Gemma 4's experts beside the dense MLP are not implemented in redline; import a dense Gemma 4"),
+        ("enable_moe_block", bool(hf.get("enable_moe_block")) and not (
+            hf.get("num_experts") and hf.get("top_k_experts") and hf.get("moe_intermediate_size")),
+         "the experts need num_experts, top_k_experts and moe_intermediate_size"),
         ("attention_bias", bool(hf.get("attention_bias")), "Gemma 4's published models have none and redline has no "
                                                             "bias on q/k/v/o without the MLP's"),
         ("hidden_activation", act not in _TANH_GELU, "redline's GeGLU uses the tanh-approximated GELU"),
@@ -127,11 +131,16 @@ def model_config(hf: dict) -> ModelConfig:
         geometry = dict(head_size=full_dim, n_kv_head=full_kv, global_head_size=0, global_kv_head=0)
     shared = int(hf.get("num_kv_shared_layers") or 0)
     width = int(hf["intermediate_size"])
+    experts = {}
+    if hf.get("enable_moe_block"):  # the experts beside each layer's dense MLP (intermediate_size wide)
+        experts = dict(moe_experts=int(hf["num_experts"]), moe_top_k=int(hf["top_k_experts"]), moe_norm_topk=True,
+                       moe_beside_dense=True, moe_dense_hidden=width, mlp_hidden=int(hf["moe_intermediate_size"]))
     per_layer = int(hf.get("hidden_size_per_layer_input") or 0)
     softcap = hf.get("final_logit_softcapping")
     return ModelConfig(
         vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 131_072),
-        n_layer=hf["num_hidden_layers"], n_embd=hf["hidden_size"], n_head=heads, mlp_hidden=width, **geometry,
+        n_layer=hf["num_hidden_layers"], n_embd=hf["hidden_size"], n_head=heads, **{"mlp_hidden": width, **experts},
+        **geometry,
         global_values_from_keys=bool(hf.get("attention_k_eq_v")), v_norm=True,
         qk_norm=True, fused_qkv=False, sliding_window=window, window_layers=tuple(sliding) if window else (),
         attn_scale=1.0, pos_emb="rope", mlp="geglu", fused_mlp=True, norm="rmsnorm", norm_position="sandwich",
@@ -150,8 +159,13 @@ def model_config(hf: dict) -> ModelConfig:
 
 def wants_gemma4(cfg: ModelConfig) -> bool:
     """Whether a model is Gemma 4's: an option of its own that no other architecture redline writes has."""
-    return bool(cfg.v_norm or cfg.layer_scalars or cfg.per_layer_embd or cfg.kv_shared_layers
+    return bool(cfg.v_norm or cfg.layer_scalars or cfg.per_layer_embd or cfg.kv_shared_layers or cfg.moe_beside_dense
                 or cfg.global_head_size or cfg.global_kv_head or cfg.global_values_from_keys)
+
+
+def dense_width(cfg: ModelConfig) -> int:
+    """Gemma 4's intermediate_size: the dense MLP's width (beside the experts, moe_dense_hidden)."""
+    return cfg.moe_dense_hidden if cfg.moe_beside_dense else cfg.hidden_dim
 
 
 def check_exportable(cfg: ModelConfig) -> None:
@@ -172,11 +186,14 @@ def check_exportable(cfg: ModelConfig) -> None:
         (not cfg.v_norm or not cfg.layer_scalars or not cfg.embed_scale or cfg.attn_scale != 1.0,
          "Gemma 4 norms its values (model.v_norm), scales each layer's output (layer_scalars) and its embeddings "
          "(embed_scale) and leaves its scores unscaled (attn_scale=1)"),
+        (cfg.moe_experts and (not cfg.moe_beside_dense or not cfg.moe_norm_topk or cfg.moe_scale != 1.0),
+         "Gemma 4's experts run beside the dense MLP (model.moe_beside_dense) with their top-k weights renormalized "
+         "(moe_norm_topk) and no moe_scale"),
         (cfg.bias or cfg.has_qkv_bias or cfg.attn_softcap or cfg.attn_sinks or cfg.attn_gate != "none"
-         or cfg.moe_experts or cfg.logit_divisor or cfg.embed_multiplier or cfg.residual_multiplier
+         or cfg.logit_divisor or cfg.embed_multiplier or cfg.residual_multiplier
          or cfg.embed_norm or cfg.head_bias or cfg.parallel_residual,
          "Gemma 4 has no biases, score caps, sinks, gates, experts or multipliers"),
-        (cfg.kv_shared_mlp_hidden not in (0, 2 * cfg.hidden_dim),
+        (cfg.kv_shared_mlp_hidden not in (0, 2 * dense_width(cfg)),
          f"model.kv_shared_mlp_hidden={cfg.kv_shared_mlp_hidden}: Gemma 4's shared layers' MLP is twice the others' "
          f"(use_double_wide_mlp) or as wide"),
         (cfg.layer_window(cfg.n_layer - 1) > 0, "a windowed last layer: Gemma 4's last layer attends to the whole "
@@ -196,7 +213,7 @@ def hf_config(cfg: ModelConfig) -> dict:
     full_dim, full_kv = cfg.layer_head_dim(kinds.index(_FULL)), cfg.layer_kv_heads(kinds.index(_FULL))
     return {
         "model_type": "gemma4_text", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
-        "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+        "intermediate_size": dense_width(cfg), "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
         "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": cfg.context_len, "rms_norm_eps": cfg.norm_eps,
         "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "attention_dropout": 0.0,
@@ -206,7 +223,9 @@ def hf_config(cfg: ModelConfig) -> dict:
         "hidden_size_per_layer_input": cfg.per_layer_embd,
         "vocab_size_per_layer_input": cfg.per_layer_vocab or cfg.vocab_size,
         "attention_k_eq_v": cfg.global_values_from_keys, "num_kv_shared_layers": cfg.kv_shared_layers,
-        "use_double_wide_mlp": bool(cfg.kv_shared_mlp_hidden), "enable_moe_block": False,
+        "use_double_wide_mlp": bool(cfg.kv_shared_mlp_hidden), "enable_moe_block": cfg.moe_beside_dense,
+        **({"num_experts": cfg.moe_experts, "top_k_experts": cfg.moe_top_k, "moe_intermediate_size": cfg.hidden_dim}
+           if cfg.moe_beside_dense else {}),
         # the full layers' geometry as transformers 5 writes it (its __post_init__ reads no global_head_dim then)
         "per_layer_config": {str(i): {"head_dim": full_dim, "num_key_value_heads": full_kv}
                              for i, kind in enumerate(kinds) if kind == _FULL},
@@ -217,6 +236,14 @@ def hf_config(cfg: ModelConfig) -> dict:
 # -- weights -----------------------------------------------------------------------------------------------------
 
 _KV = ("k_proj", "v_proj", "k_norm", "v_norm")  # what a kv-shared layer's attention reads from its source
+# redline's experts beside the dense MLP (moe_beside_dense) -> transformers' Gemma4TextDecoderLayer names: the
+# stacked experts' [gate; up] rows and output projections as redline stacks them, the router's parts, the norms
+_EXPERTS = {"moe.fc": "experts.gate_up_proj", "moe.proj": "experts.down_proj",
+            "moe.router.weight": "router.proj.weight", "moe.router_scale": "router.scale",
+            "moe.expert_scale": "router.per_expert_scale",
+            "moe.input_norm.weight": "pre_feedforward_layernorm_2.weight",
+            "dense_out_norm.weight": "post_feedforward_layernorm_1.weight",
+            "moe_out_norm.weight": "post_feedforward_layernorm_2.weight"}
 
 
 def _text_view(src: TensorSource) -> TensorSource:
@@ -257,6 +284,8 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
             out[r + "ple_gate.weight"] = src.take(p + "per_layer_input_gate.weight")
             out[r + "ple_proj.weight"] = src.take(p + "per_layer_projection.weight")
             out[r + "ple_norm.weight"] = src.take(p + "post_per_layer_input_norm.weight")
+        if cfg.moe_beside_dense:
+            out.update({r + ours: src.take(p + theirs) for ours, theirs in _EXPERTS.items()})
         out[r + "layer_scalar"] = src.take(p + "layer_scalar").reshape(1)
     return out
 
@@ -288,6 +317,8 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
             out[p + "per_layer_input_gate.weight"] = state[r + "ple_gate.weight"]
             out[p + "per_layer_projection.weight"] = state[r + "ple_proj.weight"]
             out[p + "post_per_layer_input_norm.weight"] = state[r + "ple_norm.weight"]
+        if cfg.moe_beside_dense:
+            out.update({p + theirs: state[r + ours] for ours, theirs in _EXPERTS.items()})
         out[p + "layer_scalar"] = state[r + "layer_scalar"]
     return {k: v.contiguous() for k, v in out.items()}
 
