@@ -2059,9 +2059,9 @@ class GPT(nn.Module):
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table, d the attention width
-        n_head · head_dim; PaLM appendix B).
+        n_head · head_dim, each layer's own with global_head_size; PaLM appendix B).
         exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
-        + 12·H·D·(T_attended summed over the attention layers), T_attended capped by each layer's window; norms,
+        + 12·H·(D·T_attended summed over the attention layers), T_attended capped by each layer's window; norms,
         elementwise work and the delta nets' state updates are left out, as in the formula.
         """
         cfg = self.cfg
@@ -2071,7 +2071,8 @@ class GPT(nn.Module):
                    for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
-            return 6 * n + 12 * len(cfg.attention_layers) * cfg.n_head * cfg.head_dim * T
+            # each attention layer at its own head width (model.global_head_size)
+            return 6 * n + 12 * cfg.n_head * sum(map(cfg.layer_head_dim, cfg.attention_layers)) * T
         matmul = -idle
         for block in self.blocks:
             for module in block.modules():
@@ -2080,8 +2081,9 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
-        attended = sum(min(T, w) if w > 0 else T for w in map(cfg.layer_window, cfg.attention_layers))
-        return 6 * matmul + 12 * cfg.n_head * cfg.head_dim * attended
+        attended = sum(cfg.layer_head_dim(i) * (min(T, w) if w > 0 else T)  # head width x keys, layer by layer
+                       for i, w in zip(cfg.attention_layers, map(cfg.layer_window, cfg.attention_layers)))
+        return 6 * matmul + 12 * cfg.n_head * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------
 
