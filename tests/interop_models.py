@@ -197,12 +197,13 @@ FAMILIES = {
                                                         "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     # Gemma 4 text, as gemma-4-31B is: the full layers' values their keys' projection (attention_k_eq_v) with one
-    # KV head of their own (num_global_key_value_heads), no per-layer inputs or shared layers, untied
+    # KV head of their own (num_global_key_value_heads), no per-layer inputs or shared layers, untied; bidirectional
+    # attention over image tokens alone ("vision"), which leaves text causal
     "gemma4-k-eq-v": ("Gemma4TextConfig", "Gemma4ForCausalLM",
                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=24,
                            num_global_key_value_heads=1, attention_k_eq_v=True, num_hidden_layers=4,
                            sliding_window=5, pad_token_id=None, hidden_size_per_layer_input=0,
-                           tie_word_embeddings=False,
+                           tie_word_embeddings=False, use_bidirectional_attention="vision",
                            layer_types=["sliding_attention", "sliding_attention", "full_attention", "full_attention"],
                            rope_parameters={"full_attention": {"rope_type": "proportional",
                                                                "partial_rotary_factor": 0.5, "rope_theta": 5000.0},

@@ -212,7 +212,6 @@ def _hf_text_config(**overrides) -> dict:
 
 @pytest.mark.parametrize("overrides, fragment", [
     (dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
-    (dict(use_bidirectional_attention="vision"), "use_bidirectional_attention='vision'"),
     (dict(enable_moe_block=True, num_experts=4, top_k_experts=2), "enable_moe_block=True: the experts need"),
     (dict(attention_bias=True), "attention_bias=True"),
     (dict(hidden_activation="gelu"), "hidden_activation='gelu'"),
@@ -234,11 +233,13 @@ def test_import_refuses_what_redline_cannot_run(overrides, fragment):
 def test_import_reads_older_configs_and_the_defaults():
     """A config without per_layer_config (as the Hub's first Gemma 4 uploads give global_head_dim and
     num_global_key_value_heads) and transformers' defaults: five sliding layers to one full, the full ones 512 wide
-    with proportional RoPE on a quarter of their pairs (theta 1e6), the sliding ones at theta 1e4."""
+    with proportional RoPE on a quarter of their pairs (theta 1e6), the sliding ones at theta 1e4; bidirectional
+    attention over image tokens alone ("vision") leaves the text model causal."""
     from redline.interop import gemma4
 
     cfg = gemma4.model_config(_hf_text_config(num_hidden_layers=7, attention_k_eq_v=True,
-                                              num_global_key_value_heads=1, sliding_window=512))
+                                              num_global_key_value_heads=1, sliding_window=512,
+                                              use_bidirectional_attention="vision"))  # text stays causal
     assert cfg.window_layers == (0, 1, 2, 3, 4) and cfg.layer_window(6) == 0  # the last forced full
     assert (cfg.global_head_size, cfg.global_kv_head, cfg.global_values_from_keys) == (512, 1, True)
     assert (cfg.rope_scaling, cfg.rope_proportion, cfg.rope_theta, cfg.rope_local_theta) == (

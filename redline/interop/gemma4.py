@@ -20,7 +20,8 @@ models/gemma4/modeling_gemma4.py and configuration_gemma4.py):
 - enable_moe_block (gemma-4-26B-A4B): num_experts GeGLU experts moe_intermediate_size wide beside each layer's dense
   MLP (moe_beside_dense, moe_dense_hidden = intermediate_size), the top_k_experts of a softmax router renormalized
   and scaled by each expert's per_expert_scale, the router reading RMS(x) · scale · hidden_size^-0.5.
-Refused by name: bidirectional attention (use_bidirectional_attention; redline is a causal LM), biases
+Refused by name: bidirectional attention over text (use_bidirectional_attention "all"; redline is a causal LM;
+"vision", bidirectional over image tokens alone, leaves text causal and is read), biases
 (attention_bias), RoPE kinds the published models do not use.
 """
 
@@ -108,7 +109,8 @@ def model_config(hf: dict) -> ModelConfig:
     hf = text_config(hf)
     act = hf.get("hidden_activation") or "gelu_pytorch_tanh"
     refused = [
-        ("use_bidirectional_attention", bool(hf.get("use_bidirectional_attention")),
+        # "vision" makes image tokens attend both ways and leaves text causal: the text model redline imports
+        ("use_bidirectional_attention", hf.get("use_bidirectional_attention") not in (None, False, "vision"),
          "redline is a causal language model; import a causal Gemma 4"),
         ("enable_moe_block", bool(hf.get("enable_moe_block")) and not (
             hf.get("num_experts") and hf.get("top_k_experts") and hf.get("moe_intermediate_size")),
