@@ -201,6 +201,29 @@ def test_engine_refusals():
         InferenceEngine(model, compile=False, decode_attention="triton")
 
 
+@pytest.mark.parametrize("overrides, fragment", [
+    ({}, None), (EXPERTS, None),
+    (dict(layer_scalars=False), "layer_scalars"),
+    (dict(attn_scale=0.5), "attn_scale=1"),
+    (dict(mlp="swiglu"), "model.mlp=swiglu: Gemma 4's MLP is tanh GeGLU"),
+    (dict(kv_shared_mlp_hidden=50), "model.kv_shared_mlp_hidden=50"),
+    (dict(norm_unit_offset=True), "no norm_unit_offset"),
+    (dict(rope_scaling="linear", rope_proportion=1.0, rope_factor=2.0), "model.rope_scaling=linear"),
+    (dict(window_layers=(0, 2, 3, 4), kv_shared_layers=1, kv_shared_mlp_hidden=0), "a windowed last layer"),
+    ({**EXPERTS, "moe_norm_topk": False}, "moe_norm_topk"),
+])
+def test_export_takes_gemma4s_options_and_refuses_what_it_has_not(overrides, fragment):
+    """Any of Gemma 4's options makes a model Gemma 4's to export; what Gemma 4 has not is named."""
+    from redline.interop.families import export_family
+
+    cfg = replace(CFG, **overrides)
+    if fragment is None:
+        assert export_family(cfg).architecture == "Gemma4ForCausalLM"
+        return
+    with pytest.raises(UserError, match=fragment):
+        export_family(cfg)
+
+
 transformers = pytest.importorskip("transformers")
 
 
