@@ -1033,7 +1033,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "glm4": ("GLM-4", "no writer here for llama.cpp's glm4 layout (sandwich norms, interleaved partial "
                                   "RoPE)"),
                 "glm4_moe": ("GLM-4-MoE", "no writer here for llama.cpp's glm4moe layout (grouped sigmoid routing, "
-                                          "shared experts, multi-token prediction layers)")}
+                                          "shared experts, multi-token prediction layers)"),
+                "gemma4_text": ("Gemma 4", "no writer here for llama.cpp's gemma4 layout (per-layer inputs, shared "
+                                           "KV layers, the full layers' own head width)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}
