@@ -491,6 +491,9 @@ FAMILIES = {
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
 GGUF_FAMILIES = {
+    # MPT as llama.cpp's mpt runs it: scores scaled by head_dim ** -0.5 (no softmax_scale), ALiBi, tied; and untied
+    "mpt-gguf": ("MptConfig", "MptForCausalLM", dict(n_heads=4)),
+    "mpt-gguf-untied": ("MptConfig", "MptForCausalLM", dict(n_heads=8, tie_word_embeddings=False)),
     # mixtures of experts as llama.cpp's files hold them: Mixtral without a window (GGUF's llama has none); Qwen2-MoE
     # with the expert and shared-expert widths of Qwen2MoeConfig's defaults, which transformers' GGUF loader takes
     # (it reads neither width from the file)
