@@ -125,3 +125,18 @@ def test_mpt_refuses_a_score_scale(tmp_path, capsys):
                       pos_emb="alibi", attn_scale=0.2, mlp="gelu", gelu_approximate="none", norm="layernorm",
                       norm_bias=False, bias=False)
     assert_gguf_export_refused(cfg, "model.attn_scale=0.2", tmp_path, capsys)
+
+
+@pytest.mark.parametrize("kind", ["gpt_bigcode", "mpt-gguf", "falcon_h1"])
+def test_gguf_half_precision(kind, tmp_path, capsys):
+    """fp16 files: matrices in F16; norms, biases, learned positions and the Mamba-2 convolution, A, D and dt in
+    F32, as llama.cpp's converter keeps them; read back within fp16's rounding."""
+    hf, path = export_gguf(kind, tmp_path, capsys, dtype="fp16")
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert kinds["token_embd.weight"] == "F16" and kinds["output_norm.weight"] == "F32"
+    kept = ("norm", "position_embd", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt")
+    f32 = [n for n in kinds if n.endswith(".bias") or any(k in n for k in kept)]
+    assert f32 and {kinds[n] for n in f32} == {"F32"}
+    model, _, _ = import_gguf(path, tmp_path / "back", capsys)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=0, atol=2e-2)

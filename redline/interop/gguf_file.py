@@ -8,10 +8,10 @@ EXAONE 3.x, is read only: a redline model writes as llama), arcee (AFM),
 hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
 gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU), bloom (BLOOM: ALiBi, the embeddings' LayerNorm),
-starcoder (GPTBigCode: multi-query, learned positions) and mpt (MPT: ALiBi, no biases) are read and written here; so are the recurrent
-hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets), mamba (Mamba-1),
-mamba2 (Mamba-2) and nemotron_h (Nemotron-H's one-sublayer blocks),
-whose tensors and keys gguf_recurrent.py maps.
+starcoder (GPTBigCode: multi-query, learned positions) and mpt (MPT: ALiBi, no biases) are read and written here; so
+are the recurrent hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets),
+mamba (Mamba-1 and Falcon-Mamba), mamba2 (Mamba-2), nemotron_h (Nemotron-H's one-sublayer blocks) and falcon-h1
+(Falcon-H1: attention and Mamba-2 side by side), whose tensors and keys gguf_recurrent.py maps.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
@@ -1087,14 +1087,16 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 # families redline writes no GGUF for: (their name, why)
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                "gpt_neo": ("GPT-Neo", "no GGUF architecture here with its local layers and unscaled scores"),
-               "gptj": ("GPT-J", "no writer here for llama.cpp's gptj layout"),
+               # gguf's MODEL_TENSORS[GPTJ] names tensors, but llama.cpp's converter registers no GPTJForCausalLM
+               # (nor CodeGen) and its gptj is an architecture name with no hyperparameters, tensors or graph loaded
+               # (llama_model_rope_type even gives it no RoPE): a file would have no reader to be checked against
+               "gptj": ("GPT-J", "llama.cpp's converter writes no GPT-J and its gptj architecture loads and runs "
+                                 "nothing (no tensors, no graph, no RoPE)"),
                "vaultgemma": ("VaultGemma", "llama.cpp's gemma2 has norms on the sublayers' outputs, which VaultGemma "
                                             "has not"),
                "granite_swa": ("Granite SWA", "llama.cpp has no architecture with its sinks, per-layer windows and "
                                               "per-layer RoPE bases"),
                "lfm3": ("LFM3", "no writer here for its gated heads, output norms and per-kind RoPE"),
-                "falcon_h1": ("Falcon-H1", "no writer here for its layers of attention and Mamba-2 side by side"),
-                "falcon_mamba": ("Falcon-Mamba", "no writer here for llama.cpp's mamba layout with ssm.dt_b_c_rms"),
                 "falcon": ("Falcon", "no writer here for llama.cpp's falcon layout (KV-grouped query_key_value, "
                                      "two norms a block)"),
                 "jamba": ("Jamba", "no writer here for llama.cpp's jamba layout (Mamba-1 beside attention, experts on "
@@ -1242,11 +1244,14 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
         return
-    if arch == "starcoder":  # StarCoderModel.set_gguf_parameters' keys: multi-query, LayerNorm's epsilon
+    if arch == "starcoder":  # StarCoderModel.set_gguf_parameters' keys: multi-query, LayerNorm's epsilon (its
+        # feed_forward_length is 4 * n_embd, every StarCoder's n_inner; redline writes the model's own, which
+        # llama.cpp's loader sizes ffn_up / ffn_down by)
         writer.add_head_count_kv(1)
         writer.add_layer_norm_eps(cfg.norm_eps)
         return
-    if arch == "mpt":  # MPTModel.set_gguf_parameters' keys for an MPT with ALiBi (no kv_n_heads, no clip_qkv)
+    if arch == "mpt":  # MPTModel.set_gguf_parameters' keys for an MPT with ALiBi (no kv_n_heads, no clip_qkv); it
+        # writes the epsilon as 1e-5, MPT's LayerNorm default, redline the model's own
         writer.add_layer_norm_eps(cfg.norm_eps)
         writer.add_max_alibi_bias(MPT_ALIBI_BIAS_MAX)
         return
