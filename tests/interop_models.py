@@ -491,6 +491,13 @@ FAMILIES = {
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
 GGUF_FAMILIES = {
+    # Granite 4.0's hybrid with a Mamba-2 time-step floor (time_step_limit's min), which llama.cpp has no key for
+    "granitemoehybrid-floor": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                               dict(num_attention_heads=4, num_key_value_heads=2, shared_intermediate_size=96,
+                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["mamba", "attention"],
+                                    mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16,
+                                    mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, position_embedding_type=None,
+                                    time_step_limit=(0.05, float("inf")), tie_word_embeddings=True)),
     # Falcon-H1 as llama.cpp's falcon-h1 runs it: tied with its embedding and head multipliers, the gated group norm
     # after the gate (mamba_norm_before_gate false), no biases, a time-step floor
     "falcon_h1-gguf": ("FalconH1Config", "FalconH1ForCausalLM",

@@ -229,3 +229,14 @@ def test_falcon_mamba_gguf_round_trip(tmp_path, capsys):
     assert cfg.model.delta_bcdt_norm_eps == pytest.approx(1e-2)
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_granitehybrid_keeps_its_time_step_floor(tmp_path, capsys):
+    """A granitehybrid file keeps a Mamba-2 time-step floor in redline's key (llama.cpp's has none) and reads it
+    back: the model's config and logits as they were."""
+    hf, path = export_gguf("granitemoehybrid-floor", tmp_path, capsys)
+    assert gguf.GGUFReader(str(path)).fields["redline.ssm.dt_min"].contents() == pytest.approx(0.05)
+    model, _, back_cfg = import_gguf(path, tmp_path / "back", capsys)
+    assert back_cfg.model.delta_dt_min == pytest.approx(0.05)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
