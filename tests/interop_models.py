@@ -548,6 +548,28 @@ FAMILIES = {
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
 GGUF_FAMILIES = {
+    # Granite 4.0's hybrid with a Mamba-2 time-step floor (time_step_limit's min), which llama.cpp has no key for
+    "granitemoehybrid-floor": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                               dict(num_attention_heads=4, num_key_value_heads=2, shared_intermediate_size=96,
+                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["mamba", "attention"],
+                                    mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16,
+                                    mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, position_embedding_type=None,
+                                    time_step_limit=(0.05, float("inf")), tie_word_embeddings=True)),
+    # Falcon-H1 as llama.cpp's falcon-h1 runs it: tied with its embedding and head multipliers, the gated group norm
+    # after the gate (mamba_norm_before_gate false), no biases, a time-step floor
+    "falcon_h1-gguf": ("FalconH1Config", "FalconH1ForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, mamba_d_ssm=64,
+                            mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=8,
+                            mamba_rms_norm=True, mamba_norm_before_gate=False, tie_word_embeddings=True,
+                            pad_token_id=None, time_step_limit=(0.01, float("inf")),
+                            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                            embedding_multiplier=2.5, lm_head_multiplier=0.6, key_multiplier=0.7,
+                            attention_in_multiplier=1.3, attention_out_multiplier=0.8, ssm_in_multiplier=1.4,
+                            ssm_out_multiplier=2.0, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9],
+                            mlp_multipliers=[1.6, 0.7])),
+    # MPT as llama.cpp's mpt runs it: scores scaled by head_dim ** -0.5 (no softmax_scale), ALiBi, tied; and untied
+    "mpt-gguf": ("MptConfig", "MptForCausalLM", dict(n_heads=4)),
+    "mpt-gguf-untied": ("MptConfig", "MptForCausalLM", dict(n_heads=8, tie_word_embeddings=False)),
     # mixtures of experts as llama.cpp's files hold them: Mixtral without a window (GGUF's llama has none); Qwen2-MoE
     # with the expert and shared-expert widths of Qwen2MoeConfig's defaults, which transformers' GGUF loader takes
     # (it reads neither width from the file)
