@@ -487,6 +487,13 @@ FAMILIES = {
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,
                                  hidden_act="gelu_new", tie_word_embeddings=True)),
+    # Apertus: the xIELU MLP (its learned scalars perturbed with the rest), QK-norm, GQA, Llama 3 RoPE scaling past an
+    # original context shorter than the test sequences, untied
+    "apertus": ("ApertusConfig", "ApertusForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
+                     rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                      "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0})),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)

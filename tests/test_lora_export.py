@@ -46,6 +46,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "VaultGemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=2, sliding_window=8,
                                   attn_softcap=5.0),  # Gemma's pre-norm block with Gemma 2's window and cap
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),  # query_layernorm
+    "ApertusForCausalLM": dict(mlp="xielu", qk_norm=True, n_kv_head=2),  # up_proj the xIELU MLP's first product
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head
     "Phi3ForCausalLM": dict(rope_dims=12, rope_scaling="longrope", rope_pair_factors=(1.0, 1.5, 2.0, 2.5, 3.0, 3.5),
                             rope_original_context=64, rope_factor=4.0, n_kv_head=2),

@@ -234,6 +234,7 @@ def _families() -> dict[str, Family]:
                                  gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba, lfm2, llama,
                                  mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
                                  qwen3_next, stablelm, starcoder2)
+    from redline.interop import apertus
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -248,7 +249,8 @@ def _families() -> dict[str, Family]:
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
-                                falcon.FAMILY, jamba.FAMILY)}
+                                falcon.FAMILY, jamba.FAMILY,
+                                apertus.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -333,6 +335,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu)")
 
+    if cfg.mlp == "xielu":  # the xIELU MLP: Apertus's alone
+        from redline.interop import apertus
+
+        apertus.check_exportable(cfg)
+        return families["apertus"]
     from redline.interop import jamba
 
     if jamba.wants_jamba(cfg):  # Mamba-1 layers beside attention or MLPs, weighted dt/B/C norms, experts: Jamba's
