@@ -494,6 +494,18 @@ FAMILIES = {
                      rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
                                       "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0})),
+    # ERNIE 4.5 MoE as ERNIE-4.5-21B-A3B is laid out: a dense first layer (96 wide), then experts (top 2 of 4, 32
+    # wide, chosen with the correction bias, moved so that it chooses) and 2 shared ones on the others, tied; and
+    # experts on every second layer among dense ones as wide, untied, no shared experts
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, moe_num_experts=4,
+                          moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2, moe_layer_start_index=1,
+                          pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "ernie4_5_moe-interval": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                              dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+                                   moe_num_experts=4, moe_k=2, moe_intermediate_size=96, moe_num_shared_experts=0,
+                                   moe_layer_start_index=0, moe_layer_interval=2, tie_word_embeddings=False,
+                                   pad_token_id=None)),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
@@ -585,8 +597,9 @@ def hf_model(kind: str, seed: int = 0):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-        for name, b in model.named_buffers():  # LFM2-MoE's routing bias, a buffer: moved so it chooses
-            if name.endswith("expert_bias"):
+        # LFM2-MoE's routing bias (a buffer) and ERNIE 4.5 MoE's (a frozen parameter): moved so that they choose
+        for name, b in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith(("expert_bias", "e_score_correction_bias")):
                 b.add_(torch.randn_like(b) * 0.1)
     return model
 

@@ -47,6 +47,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                   attn_softcap=5.0),  # Gemma's pre-norm block with Gemma 2's window and cap
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),  # query_layernorm
     "ApertusForCausalLM": dict(mlp="xielu", qk_norm=True, n_kv_head=2),  # up_proj the xIELU MLP's first product
+    # ERNIE 4.5 MoE: q and k rows (B's rows) in RoPE's interleaved order (its attention alone: PEFT moves adapters on
+    # any gate_proj, up_proj or down_proj onto its experts), a dense first layer, experts with ungated shared ones
+    "Ernie4_5_MoeForCausalLM": dict(n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,
+                                    moe_dense_layers=1, moe_dense_hidden=48, moe_shared_hidden=64,
+                                    moe_shared_gate=False, tie_embeddings=True),
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head
     "Phi3ForCausalLM": dict(rope_dims=12, rope_scaling="longrope", rope_pair_factors=(1.0, 1.5, 2.0, 2.5, 3.0, 3.5),
                             rope_original_context=64, rope_factor=4.0, n_kv_head=2),
@@ -138,7 +143,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "MambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            # Jamba's out_proj too, which PEFT adapts there; never the router (mlp.fc on a mixture: no Linear)
-           "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj")}
+           "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj"),
+           "Ernie4_5_MoeForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -250,7 +250,7 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY,
-                                apertus.FAMILY)}
+                                apertus.FAMILY, ernie.MOE_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -326,7 +326,7 @@ def export_family(cfg: ModelConfig) -> Family:
     (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
-    from redline.interop import lfm2, qwen3_5
+    from redline.interop import ernie, lfm2, qwen3_5
 
     if cfg.moe_groups > 1:
         raise UserError(f"model.moe_groups={cfg.moe_groups}: none of the architectures redline exports to chooses "
@@ -349,10 +349,14 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import mamba
 
         return families[mamba.export_name(cfg)]
+    if cfg.moe_layers and ernie.wants_ernie_moe(cfg):  # experts among dense layers: ERNIE 4.5 MoE's interval
+        ernie.check_moe_exportable(cfg)
+        return families["ernie4_5_moe"]
     if cfg.moe_layers:
         raise UserError(f"model.moe_layers={cfg.moe_layers}: of the architectures redline exports to, only Jamba has "
-                        f"experts on some layers in any pattern, and it has Mamba-1 layers (model.delta_rule=mamba1); "
-                        f"use model.moe_dense_layers for dense first layers")
+                        f"experts on some layers in any pattern, and it has Mamba-1 layers (model.delta_rule=mamba1), "
+                        f"and ERNIE 4.5 MoE on every N-th, with softmax scores and model.moe_expert_bias; use "
+                        f"model.moe_dense_layers for dense first layers")
     if cfg.pos_emb == "alibi":  # ALiBi: BLOOM's (a LayerNorm on the embeddings, biases) or MPT's (neither)
         from redline.interop import bloom, mpt
 
@@ -430,6 +434,9 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.conv_layers:  # short convolutions: LFM2
         lfm2.check_exportable(cfg)
         return families["lfm2_moe" if cfg.moe_experts else "lfm2"]
+    if ernie.wants_ernie_moe(cfg):  # softmax scores with an expert bias that chooses: ERNIE 4.5 MoE's
+        ernie.check_moe_exportable(cfg)
+        return families["ernie4_5_moe"]
     if cfg.moe_experts:  # Mixtral, Qwen2/3-MoE, OLMoE
         from redline.interop import moe
 

@@ -337,7 +337,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
             out[r + "attn.proj.bias"] = src.take(attn + "o_proj.bias")
         if cfg.attn_sinks:  # (H,) logits (Granite SWA's)
             out[r + "attn.sinks"] = src.take(attn + "sinks")
-        if cfg.moe_experts:  # a mixture of experts (moe.py)
+        if cfg.layer_has_experts(i):  # a mixture of experts (moe.py); its dense first layers below
             from redline.interop.moe import experts_to_redline
 
             out.update(experts_to_redline(src, p, r, cfg))
@@ -399,7 +399,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str | None 
             out[attn + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
         if cfg.attn_sinks:
             out[attn + "sinks"] = state[r + "attn.sinks"]
-        if cfg.moe_experts:  # a mixture of experts (moe.py)
+        if cfg.layer_has_experts(i):  # a mixture of experts (moe.py); its dense first layers below
             from redline.interop.moe import experts_to_hf
 
             out.update(experts_to_hf(state, p, r, cfg, name))
