@@ -506,6 +506,13 @@ FAMILIES = {
                                    moe_num_experts=4, moe_k=2, moe_intermediate_size=96, moe_num_shared_experts=0,
                                    moe_layer_start_index=0, moe_layer_interval=2, tie_word_embeddings=False,
                                    pad_token_id=None)),
+    # Hunyuan MoE: the dense model's attention (QK-norm after RoPE, head_dim 24 != 64 / 4, its stretched RoPE base)
+    # with experts on every layer (top 2 of 4, rescaled) beside an ungated shared MLP, untied
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_experts=4, moe_topk=2,
+                            intermediate_size=32, pad_token_id=None,
+                            rope_parameters={"rope_type": "dynamic", "alpha": 5.0, "factor": 1.0,
+                                             "rope_theta": 500.0})),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)

@@ -52,6 +52,10 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Ernie4_5_MoeForCausalLM": dict(n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,
                                     moe_dense_layers=1, moe_dense_hidden=48, moe_shared_hidden=64,
                                     moe_shared_gate=False, tie_embeddings=True),
+    # Hunyuan MoE: query_layernorm, experts with an ungated shared MLP on every layer (its attention adapted alone, as
+    # ERNIE 4.5 MoE's)
+    "HunYuanMoEV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                                    mlp_hidden=32, moe_shared_hidden=32, moe_shared_gate=False),
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head
     "Phi3ForCausalLM": dict(rope_dims=12, rope_scaling="longrope", rope_pair_factors=(1.0, 1.5, 2.0, 2.5, 3.0, 3.5),
                             rope_original_context=64, rope_factor=4.0, n_kv_head=2),
@@ -144,7 +148,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            # Jamba's out_proj too, which PEFT adapts there; never the router (mlp.fc on a mixture: no Linear)
            "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj"),
-           "Ernie4_5_MoeForCausalLM": ("attn.*",)}
+           "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

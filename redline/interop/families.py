@@ -250,7 +250,7 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY,
-                                apertus.FAMILY, ernie.MOE_FAMILY)}
+                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -437,6 +437,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if ernie.wants_ernie_moe(cfg):  # softmax scores with an expert bias that chooses: ERNIE 4.5 MoE's
         ernie.check_moe_exportable(cfg)
         return families["ernie4_5_moe"]
+    from redline.interop import hunyuan
+
+    if hunyuan.wants_hunyuan_moe(cfg):  # experts with QK-norm after RoPE: Hunyuan MoE's
+        hunyuan.check_moe_exportable(cfg)
+        return families["hunyuan_v1_moe"]
     if cfg.moe_experts:  # Mixtral, Qwen2/3-MoE, OLMoE
         from redline.interop import moe
 
