@@ -513,6 +513,15 @@ FAMILIES = {
                             intermediate_size=32, pad_token_id=None,
                             rope_parameters={"rope_type": "dynamic", "alpha": 5.0, "factor": 1.0,
                                              "rope_theta": 500.0})),
+    # Ministral: Mistral's block with every third layer full, the others windowed (a window shorter than the test
+    # sequences), head_dim 16; and windowed layers in no fixed pattern (the first full, the others windowed)
+    "ministral": ("MinistralConfig", "MinistralForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5,
+                       head_dim=16, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "ministral-layers": ("MinistralConfig", "MinistralForCausalLM",
+                         dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=4,
+                              head_dim=16, layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)

@@ -250,7 +250,7 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY,
-                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY)}
+                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -423,6 +423,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.rope_layer_theta: of the architectures redline exports to, only Granite SWA has a RoPE "
                         "base per layer, and it is a dense model with attention sinks (model.attn_sinks, no "
                         "model.moe_experts)")
+    from redline.interop import llama
+
+    if llama.wants_ministral(cfg):  # windowed and full layers in Mistral's block
+        llama.check_ministral_exportable(cfg)
+        return families["ministral"]
     if cfg.window_layers and not cfg.attn_sinks:
         raise UserError("model.window_layers: of the architectures redline exports to, only Granite SWA and GPT-OSS "
                         "take windowed layers in any order, and both have attention sinks (model.attn_sinks)")
