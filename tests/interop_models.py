@@ -522,6 +522,22 @@ FAMILIES = {
     "ministral-layers": ("MinistralConfig", "MinistralForCausalLM",
                          dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=4,
                               head_dim=16, layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
+    # Cohere2 MoE: RMSNorms, a dense first layer (48 wide) that rotates though full (force_rope), then experts (top 2
+    # of 4, 32 wide) averaged with 2 shared ones on windowed layers and a full one without RoPE (a window shorter than
+    # the test sequences), the logits scaled, tied; and its LayerNorm form, sigmoid scores, the shared expert summed,
+    # every second layer full without RoPE, untied
+    "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                         intermediate_size=32, prefix_dense_intermediate_size=48, num_experts=4,
+                         num_experts_per_tok=2, num_shared_experts=2, sliding_window=5, logit_scale=0.5,
+                         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                         mlp_layer_types=["dense", "sparse", "sparse", "sparse"], pad_token_id=None)),
+    "cohere2_moe-layernorm": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM",
+                              dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+                                   num_experts=4, num_experts_per_tok=2, num_shared_experts=1, sliding_window=5,
+                                   rms_norm_eps=None, expert_selection_fn="sigmoid", norm_topk_prob=False,
+                                   shared_expert_combination_strategy="sum", sliding_window_pattern=2,
+                                   tie_word_embeddings=False, pad_token_id=None)),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)

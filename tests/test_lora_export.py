@@ -57,6 +57,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # ERNIE 4.5 MoE's)
     "HunYuanMoEV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
                                     mlp_hidden=32, moe_shared_hidden=32, moe_shared_gate=False),
+    # Cohere2 MoE: Cohere's q and k rows (B's rows) in RoPE's interleaved order, its attention alone adapted as ERNIE
+    # 4.5 MoE's; a windowed layer that rotates, a full one that does not
+    "Cohere2MoeForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True,
+                                  n_kv_head=2, sliding_window=4, sliding_window_pattern=2, nope_interval=2,
+                                  moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_shared_hidden=32,
+                                  moe_shared_gate=False, moe_scale=0.5, logit_divisor=2.0),
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head
     "Phi3ForCausalLM": dict(rope_dims=12, rope_scaling="longrope", rope_pair_factors=(1.0, 1.5, 2.0, 2.5, 3.0, 3.5),
                             rope_original_context=64, rope_factor=4.0, n_kv_head=2),
@@ -149,7 +155,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            # Jamba's out_proj too, which PEFT adapts there; never the router (mlp.fc on a mixture: no Linear)
            "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj"),
-           "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",)}
+           "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",),
+           "Cohere2MoeForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

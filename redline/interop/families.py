@@ -250,7 +250,8 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY,
-                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY)}
+                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
+                                cohere.MOE_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -349,6 +350,11 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import mamba
 
         return families[mamba.export_name(cfg)]
+    from redline.interop import cohere
+
+    if cohere.wants_cohere2_moe(cfg):  # experts in Cohere's parallel block, in any layer and window layout
+        cohere.check_moe_exportable(cfg)
+        return families["cohere2_moe"]
     if cfg.moe_layers and ernie.wants_ernie_moe(cfg):  # experts among dense layers: ERNIE 4.5 MoE's interval
         ernie.check_moe_exportable(cfg)
         return families["ernie4_5_moe"]

@@ -65,7 +65,8 @@ _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c
 _BLOOM = {"attn.proj": "self_attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.down_proj"}
 # the architectures whose gate_proj, up_proj and down_proj adapters PEFT moves onto the experts' fused parameters
-_EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE"}
+_EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE",
+                 "cohere2_moe": "Cohere2 MoE"}
 _QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
 
@@ -219,7 +220,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return [(base + names[rest], slice(0, out_features))]
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        if family.name in ("cohere", "cohere2", "ernie4_5_moe"):  # q and k rows in RoPE's interleaved order, as
+        if family.name in ("cohere", "cohere2", "cohere2_moe", "ernie4_5_moe"):  # q and k rows in RoPE's interleaved order, as
             # cohere.py and ernie.py export them
             rows = torch.arange(q + kv)
             return [(base + "self_attn.q_proj", interleave_rope_rows(rows[:q], cfg.n_head, inverse=False)),
