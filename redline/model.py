@@ -18,7 +18,8 @@ Features (each a field of `ModelConfig`):
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
   ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
   explicit per-token positions (packed documents restart at 0);
-- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² or xIELU (learned, Apertus's), hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
+- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² or xIELU (learned scalars, Apertus's), hidden
+  size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
 - norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);

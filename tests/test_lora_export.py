@@ -47,7 +47,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                   attn_softcap=5.0),  # Gemma's pre-norm block with Gemma 2's window and cap
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),  # query_layernorm
     "ApertusForCausalLM": dict(mlp="xielu", qk_norm=True, n_kv_head=2),  # up_proj the xIELU MLP's first product
-    "MinistralForCausalLM": dict(sliding_window=4, window_layers=(1,), n_kv_head=2),  # Mistral's names, a windowed layer
+    "MinistralForCausalLM": dict(sliding_window=4, window_layers=(1,), n_kv_head=2),  # Mistral's names, windowed 1
     # ERNIE 4.5 MoE: q and k rows (B's rows) in RoPE's interleaved order (its attention alone: PEFT moves adapters on
     # any gate_proj, up_proj or down_proj onto its experts), a dense first layer, experts with ungated shared ones
     "Ernie4_5_MoeForCausalLM": dict(n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,

@@ -260,7 +260,8 @@ def check_moe_exportable(cfg: ModelConfig) -> None:
 
 def moe_hf_config(cfg: ModelConfig) -> dict:
     out = {"model_type": "cohere2_moe", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
-           "intermediate_size": cfg.hidden_dim, "prefix_dense_intermediate_size": cfg.moe_dense_hidden or cfg.hidden_dim,
+           "intermediate_size": cfg.hidden_dim,
+           "prefix_dense_intermediate_size": cfg.moe_dense_hidden or cfg.hidden_dim,
            "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads,
            "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": cfg.context_len,
            "rms_norm_eps": cfg.norm_eps if cfg.norm == "rmsnorm" else None, "layer_norm_eps": cfg.norm_eps,

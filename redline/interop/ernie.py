@@ -21,7 +21,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop import llama
-from redline.interop.families import Family, TensorSource, interleave_rope_rows
+from redline.interop.families import Family, TensorSource, interleave_rope_rows, raise_first
 from redline.model import ModelConfig
 
 
@@ -144,9 +144,8 @@ def wants_ernie_moe(cfg: ModelConfig) -> bool:
 
 
 def check_moe_exportable(cfg: ModelConfig) -> None:
-    from redline.interop.families import raise_first
-
-    what = "softmax scores with model.moe_expert_bias: ERNIE 4.5 MoE, the one architecture with them redline exports to,"
+    what = ("softmax scores with model.moe_expert_bias: ERNIE 4.5 MoE, the one architecture with them redline exports "
+            "to,")
     shared = cfg.moe_shared_hidden
     raise_first([
         (cfg.norm_position != "pre" or cfg.parallel_residual or cfg.norm != "rmsnorm" or cfg.norm_unit_offset
