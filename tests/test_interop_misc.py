@@ -188,6 +188,8 @@ def test_export_redline_configs_as_the_new_architectures(arch, tmp_path):
                                                        "none"),
     (dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True, moe_experts=4,
           sliding_window=4, moe_gating="sigmoid"), "leaves sigmoid scores as they are"),
+    (dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True, moe_experts=4,
+          sliding_window=4, rope_layer_theta=(500.0, 500.0)), "rotates whole heads with one RoPE (model.rope_theta's)"),
 ])
 def test_export_refuses_what_the_new_architectures_have_not(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=2, n_embd=32, n_head=4), **overrides)

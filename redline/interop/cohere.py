@@ -235,8 +235,9 @@ def check_moe_exportable(cfg: ModelConfig) -> None:
          or (cfg.norm == "layernorm" and norm_bias), f"{what} has RMSNorms or LayerNorms without biases"),
         (cfg.mlp != "swiglu" or cfg.bias or cfg.has_qkv_bias or cfg.moe_bias,
          f"{what} has SwiGLU experts and no Linear biases"),
-        (cfg.qk_norm or cfg.pos_emb != "rope" or cfg.rope_dims or cfg.rope_local_theta,
-         f"{what} has no QK-norm and rotates whole heads with one RoPE"),
+        (cfg.qk_norm or cfg.pos_emb != "rope" or cfg.rope_dims or cfg.rope_local_theta
+         or any(theta not in (0.0, cfg.rope_theta) for theta in cfg.rope_layer_theta),
+         f"{what} has no QK-norm and rotates whole heads with one RoPE (model.rope_theta's)"),
         (not cfg.sliding_window, f"{what} rotates its windowed layers alone: it needs model.sliding_window"),
         (any(cfg.layer_rope(i) != (bool(cfg.layer_window(i)) or (force and not cfg.layer_has_experts(i)))
              for i in range(cfg.n_layer)),
