@@ -107,7 +107,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("falcon_mamba", "Falcon-Mamba"), ("gpt_bigcode", "GPTBigCode"),
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J"),
                                         ("mpt", "MPT"), ("falcon-new", "Falcon"),
-                                        ("jamba", "Jamba")])
+                                        ("jamba", "Jamba"), ("deepseek_v3", "DeepSeek-V3"),
+                                        ("deepseek_v2", "DeepSeek-V2")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"

@@ -134,20 +134,54 @@ def _expert_fields(hf: dict, name: str) -> dict:
     return dict(out, moe_norm_topk=False)
 
 
-def _rope_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
-    """Each layer's rotated rows, q_b's (q's) last rope_dims of each head and kv_a's last rope_dims, from the
-    interleaved pair order to redline's halves (inverse) or back; the other rows as they are."""
+def q_rope_rows(w: torch.Tensor, cfg: ModelConfig, inverse: bool) -> torch.Tensor:
+    """q_b's (q's) rows (H·D, ...), each head's last rope_dims from redline's (first half, second half) pair order to
+    the interleaved one, or back (inverse); the other rows as they are."""
     H, D, R = cfg.n_head, cfg.head_dim, cfg.rope_dims
+    heads = w.reshape(H, D, -1)
+    rot = interleave_rope_rows(heads[:, D - R:].reshape(H * R, -1), H, inverse).reshape(H, R, -1)
+    return torch.cat([heads[:, :D - R], rot], dim=1).reshape(w.shape)
+
+
+def kv_rope_rows(w: torch.Tensor, cfg: ModelConfig, inverse: bool) -> torch.Tensor:
+    """kv_a's rows (L + R, ...), the shared key part's R last ones reordered as q_rope_rows reorders a head's."""
+    R = cfg.rope_dims
+    return torch.cat([w[:-R], interleave_rope_rows(w[-R:], 1, inverse)])
+
+
+def _rope_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
+    """Each layer's rotated rows of q_b (q) and kv_a, from the interleaved pair order to redline's halves (inverse)
+    or back."""
     out = dict(state)
     for i in range(cfg.n_layer):
         r = f"blocks.{i}.attn."
         q = r + ("q_b.weight" if cfg.q_lora_rank else "q.weight")
-        w = out[q].reshape(H, D, -1)
-        rot = interleave_rope_rows(w[:, D - R:].reshape(H * R, -1), H, inverse).reshape(H, R, -1)
-        out[q] = torch.cat([w[:, :D - R], rot], dim=1).reshape(H * D, -1)
-        kv = out[r + "kv_a.weight"]
-        out[r + "kv_a.weight"] = torch.cat([kv[:-R], interleave_rope_rows(kv[-R:], 1, inverse)])
+        out[q] = q_rope_rows(out[q], cfg, inverse)
+        out[r + "kv_a.weight"] = kv_rope_rows(out[r + "kv_a.weight"], cfg, inverse)
     return out
+
+
+def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: ModelConfig, name: str):
+    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name`, each with its B
+    rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's rotated rows interleaved
+    again, as to_hf writes them); a UserError for the MLPs' layers, whose adapters PEFT would move onto the experts
+    (its weight conversion for transformers' DeepSeek models, as for Qwen3-Next's)."""
+    if rest.startswith("attn."):
+        module = rest[len("attn."):]
+        if module not in _ATTN or module.endswith("_norm"):
+            raise UserError(f"the adapter on {layer} has no counterpart in {_ARCHITECTURES[name]}; export "
+                            f"with --merge")
+        rows = torch.arange(out_features)
+        if name == "deepseek_v2" and module in ("q", "q_b"):
+            rows = q_rope_rows(rows[:, None], cfg, inverse=False)[:, 0]
+        elif name == "deepseek_v2" and module == "kv_a":
+            rows = kv_rope_rows(rows, cfg, inverse=False)
+        return [(f"{base}self_attn.{_ATTN[module]}", rows)]
+    if rest.startswith("mlp."):
+        raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter (or the "
+                        f"router's), which PEFT moves onto {_ARCHITECTURES[name]}'s experts as it loads them; train "
+                        f"with lora.targets attn.* or export with --merge")
+    return None
 
 
 def interleaved(hf: dict, name: str) -> bool:

@@ -1028,7 +1028,11 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "falcon": ("Falcon", "no writer here for llama.cpp's falcon layout (KV-grouped query_key_value, "
                                      "two norms a block)"),
                 "jamba": ("Jamba", "no writer here for llama.cpp's jamba layout (Mamba-1 beside attention, experts on "
-                                   "some layers)")}
+                                   "some layers)"),
+                "deepseek_v3": ("DeepSeek-V3", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
+                                               "kv_b split into k_b and v_b)"),
+                "deepseek_v2": ("DeepSeek-V2", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
+                                               "kv_b split into k_b and v_b)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}
