@@ -611,7 +611,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports arcee, bamba, bloom, codegen, cohere, cohere2, ernie4_5, exaone, exaone4, "
+                         "redline imports arcee, bamba, bloom, codegen, cohere, cohere2, deepseek_v2, deepseek_v3, "
+                         "ernie4_5, exaone, exaone4, "
                          "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
