@@ -264,3 +264,29 @@ def test_gpu_compiled_engine_and_training_step(cfg):
     grad_c = torch.autograd.grad(loss_c, weight)[0]
     torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
     assert (grad_c - grad).norm() / grad.norm() < 0.05
+
+
+@pytest.fixture(scope="module")
+def imported_v3(tmp_path_factory):
+    from tests.test_interop_commands import Imported
+
+    return Imported("deepseek_v3", tmp_path_factory.mktemp("deepseek_v3"))
+
+
+@pytest.mark.slow
+def test_train_init_from_resumes_and_exports(imported_v3, tmp_path, capsys):
+    """`redline train --init-from` an imported DeepSeek-V3 (latent attention, group-routed experts): the first step's
+    loss is transformers', --resume goes on, and the trained run exports back with its logits (the check
+    tests/test_interop_commands.py runs on a Llama and a GPT-2)."""
+    from tests import test_interop_commands as commands
+
+    commands.test_train_init_from_starts_at_the_imported_models_loss_resumes_and_exports(imported_v3, tmp_path, capsys)
+
+
+@pytest.mark.slow
+def test_generate_greedy_equals_transformers(imported_v3, capsys):
+    """`redline generate --temperature 0` on the imported checkpoint: transformers' greedy tokens, stopping at the
+    model's EOS ids."""
+    from tests import test_interop_commands as commands
+
+    commands.test_generate_greedy_equals_transformers_and_stops_at_the_models_eos(imported_v3, capsys)
