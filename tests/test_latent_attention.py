@@ -5,6 +5,7 @@ each refusal one line naming its option."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -150,13 +151,14 @@ HUB_V3 = {
 
 
 def test_hub_deepseek_v3_and_moonlight_configs():
-    """The Hub's DeepSeek-V3 config: fp8 refused by name; its bf16 form read with the score scale's mscale², YaRN's
-    table factor 1 (mscale / mscale_all_dim), DeepSeek-V3's router. Moonlight's (q_proj alone, one group, no RoPE
-    scaling) too."""
+    """The Hub's DeepSeek-V3 config: read with the score scale's mscale², YaRN's table factor 1 (mscale /
+    mscale_all_dim), DeepSeek-V3's router; a quantization other than its fp8 blocks refused by name. Moonlight's
+    (q_proj alone, one group, no RoPE scaling) too."""
     family = _families()["deepseek_v3"]
-    with pytest.raises(UserError, match="quant_method='fp8'.*weight_scale_inv.*import a bf16 checkpoint"):
-        family.model_config(HUB_V3)
-    cfg = family.model_config({k: v for k, v in HUB_V3.items() if k != "quantization_config"})
+    for quant in ({"quant_method": "fp8", "weight_block_size": [64, 64]}, {"quant_method": "gptq"}):
+        with pytest.raises(UserError, match="redline dequantizes DeepSeek's fp8 e4m3 weights in 128 x 128 blocks"):
+            family.model_config(dict(HUB_V3, quantization_config=quant))
+    cfg = family.model_config(HUB_V3)
     cfg.validate()
     assert cfg.attn_scale == pytest.approx(24 ** -0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-12)
     assert (cfg.rope_scaling, cfg.rope_factor, cfg.rope_original_context, cfg.rope_attention_factor) == \
@@ -172,6 +174,51 @@ def test_hub_deepseek_v3_and_moonlight_configs():
     cfg.validate()
     assert (cfg.q_lora_rank, cfg.moe_groups, cfg.attn_scale, cfg.rope_scaling, cfg.moe_shared_hidden) == \
         (0, 1, 24 ** -0.5, "none", 64)
+
+
+def test_fp8_checkpoint_dequantizes_as_transformers_does(tmp_path, capsys):
+    """DeepSeek-V3's fp8 checkpoints: every Linear weight of the layers e4m3 with a weight_scale_inv a 128 x 128
+    block (here shapes under 128: one block a matrix, the scale its absolute maximum over 448), the router, norms,
+    embedding and head as they are. The import gives transformers' logits for the same folder (which dequantizes it
+    on the CPU), and the dequantization follows the blocks of a matrix wider than 128 with cut-short last blocks."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.interop.deepseek import dequantize_fp8
+    from redline.training.checkpoint import load_for_inference
+    from tests.interop_models import hf_folder
+    from tests.test_interop import TOKENS, run_cli
+
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers' fp8 loader needs it
+    original = hf_folder("deepseek_v3", tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    for name in list(weights):
+        if ".layers." in name and name.endswith("proj.weight") or ".experts." in name and name.endswith("weight"):
+            w = weights[name]
+            scale = (w.abs().amax() / 448.0).reshape(1, 1)
+            weights[name] = (w / scale).to(torch.float8_e4m3fn)
+            weights[name + "_scale_inv"] = scale
+    assert sum(n.endswith("_scale_inv") for n in weights) > 10
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        assert (hf(TOKENS).logits - original(TOKENS).logits).abs().max() > 1e-3  # the fp8 rounding is there
+    # a 200 x 300 matrix: scales (2, 3), the last row and column blocks 72 and 44 wide
+    w = torch.randn(200, 300).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 3) + 0.5
+    expected = w.float().clone()
+    for i, rows in enumerate((slice(0, 128), slice(128, 200))):
+        for j, cols in enumerate((slice(0, 128), slice(128, 256), slice(256, 300))):
+            expected[rows, cols] *= scale[i, j]
+    assert torch.equal(dequantize_fp8(w, scale), expected)
 
 
 def test_multi_token_prediction_layers_are_left_out(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 (DeepSeek-V3/R1, Kimi K2, Moonlight) and DeepSeek-V2 (DeepSeek-V2-Lite): multi-head latent attention
+"""DeepSeek-V3 (DeepSeek-V3/R1, Moonlight) and DeepSeek-V2 (DeepSeek-V2-Lite): multi-head latent attention
 with a mixture of experts, as transformers' models/deepseek_v3 and models/deepseek_v2 compute them.
 
 - attention (`self_attn.`): q from `q_a_proj` -> `q_a_layernorm` -> `q_b_proj` (or one `q_proj` where
@@ -20,11 +20,13 @@ with a mixture of experts, as transformers' models/deepseek_v3 and models/deepse
   DeepSeek-V2's: softmax, `topk_method` greedy (group_limited_greedy where it keeps every group), never rescaled
   (transformers' router does not read norm_topk_prob).
 
-Refused by name: attention_bias, mlp_bias, num_key_value_heads other than the heads, v_head_dim wider than a q/k
-head, moe_layer_freq other than 1, no shared expert, DeepSeek-V2's group_limited_greedy over fewer groups than
-all (its groups scored by their best expert, redline's by their two best), fp8 checkpoints (DeepSeek-V3's
-`quantization_config` with `weight_scale_inv` blocks: import the bf16 weights). The Hub's multi-token-prediction
-layers past the last (`num_nextn_predict_layers`) are left out, as transformers leaves them out.
+DeepSeek-V3's fp8 checkpoints (`quantization_config` fp8, e4m3 weights with a `weight_scale_inv` a 128 x 128 block)
+are dequantized on import, each weight times its blocks' scales in fp32 (dequantize_fp8), as transformers does where
+it cannot run fp8 (the CPU). Refused by name: another quantization, attention_bias, mlp_bias, num_key_value_heads
+other than the heads, v_head_dim wider than a q/k head, moe_layer_freq other than 1, no shared expert, DeepSeek-V2's
+group_limited_greedy over fewer groups than all (its groups scored by their best expert, redline's by their two
+best). The Hub's multi-token-prediction layers past the last (`num_nextn_predict_layers`) are left out, as
+transformers leaves them out.
 """
 
 from __future__ import annotations
@@ -73,9 +75,11 @@ def model_config_for(name: str):
     def model_config(hf: dict) -> ModelConfig:
         check_silu(hf)
         quant = hf.get("quantization_config")
-        if quant:
-            raise UserError(f"quantization_config.quant_method={quant.get('quant_method')!r}: redline does not "
-                            f"dequantize {name}'s fp8 block-scaled weights (weight_scale_inv); import a bf16 "
+        if quant and (quant.get("quant_method") != "fp8" or list(quant.get("weight_block_size") or []) != [128, 128]
+                      or quant.get("fmt", "e4m3") != "e4m3"):
+            raise UserError(f"quantization_config (quant_method={quant.get('quant_method')!r}, weight_block_size="
+                            f"{quant.get('weight_block_size')}, fmt={quant.get('fmt')!r}): redline dequantizes "
+                            f"DeepSeek's fp8 e4m3 weights in 128 x 128 blocks (weight_scale_inv) alone; import a bf16 "
                             f"checkpoint of the model")
         for key in ("attention_bias", "mlp_bias"):
             if hf.get(key):
@@ -197,12 +201,43 @@ def fold_for(name: str):
     return fold
 
 
+FP8_BLOCK = 128
+"""DeepSeek-V3's fp8 weights: one weight_scale_inv a block of 128 x 128 (the last blocks of a matrix whose sides are
+no multiple of 128 cut short)."""
+
+
+def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """An fp8 e4m3 weight (..., rows, cols) times its blocks' scales (..., ceil(rows / 128), ceil(cols / 128)) ->
+    fp32, the product in fp32 as transformers' Fp8Dequantize and DeepSeek's weight_dequant compute it (transformers
+    then rounds to the model's dtype, as the import's --dtype does)."""
+    rows, cols = weight.shape[-2:]
+    scale = scale_inv.float().repeat_interleave(FP8_BLOCK, dim=-2)[..., :rows, :]
+    return weight.float() * scale.repeat_interleave(FP8_BLOCK, dim=-1)[..., :cols]
+
+
+class _Dequantizing:
+    """A TensorSource's take, dequantizing a weight that has a `<name>_scale_inv` beside it (the fp8 checkpoints'
+    Linear layers); every other tensor as it is."""
+
+    def __init__(self, src: TensorSource):
+        self.src = src
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.src
+
+    def take(self, name: str) -> torch.Tensor:
+        t = self.src.take(name)
+        scale = f"{name}_scale_inv"
+        return dequantize_fp8(t, self.src.take(scale)) if scale in self.src else t
+
+
 def _prefix(src: TensorSource) -> str:
     return "" if "embed_tokens.weight" in src and "model.embed_tokens.weight" not in src else "model."
 
 
-def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    pre = _prefix(src)
+def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
+    pre = _prefix(source)
+    src = _Dequantizing(source)
     out = {"norm_f.weight": src.take(f"{pre}norm.weight"),
            "wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg), **take_head(src, cfg)}
     for i in range(cfg.n_layer):
@@ -214,11 +249,11 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         out.update(_mlp_to_redline(src, p + "mlp.", r + "mlp.", cfg, cfg.layer_has_experts(i)))
     # DeepSeek-V3's multi-token-prediction layers after the last (num_nextn_predict_layers): no part of the causal
     # LM; transformers ignores them on load too (marked used unread)
-    src.used.update(n for n in src.names if n.startswith(f"{pre}layers.{cfg.n_layer}."))
+    source.used.update(n for n in source.names if n.startswith(f"{pre}layers.{cfg.n_layer}."))
     return out
 
 
-def _mlp_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig, experts: bool) -> dict:
+def _mlp_to_redline(src: _Dequantizing, p: str, r: str, cfg: ModelConfig, experts: bool) -> dict:
     """A layer's dense MLP or mixture (p: its HF "….mlp.", r: redline's "blocks.N.mlp.")."""
     if not experts:
         return {f"{r}fc.weight": torch.cat([src.take(p + "gate_proj.weight"), src.take(p + "up_proj.weight")]),
