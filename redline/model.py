@@ -297,9 +297,6 @@ class ModelConfig:
     moe_bias: bool = False
     """Mixture of experts: a bias on the router's logits and on each expert's projections (GPT-OSS's router and
     experts; mlp.router.bias, mlp.fc_bias (E, 2F) and mlp.proj_bias (E, C), zeros at init)."""
-    moe_norm_eps: float = 0.0
-    """Mixture of experts with moe_gating=sigmoid and moe_norm_topk: the epsilon added to the chosen scores' sum
-    before they are rescaled (DeepSeek-V3's 1e-20); 0 = LFM2-MoE's 1e-6."""
     moe_scale: float = 1.0
     """Mixture of experts: the chosen experts' weights times this (routed_scaling_factor)."""
     moe_dense_layers: int = 0
@@ -313,6 +310,9 @@ class ModelConfig:
     1 = no groups."""
     moe_topk_groups: int = 1
     """Mixture of experts with moe_groups > 1: the groups each token's experts are chosen from (topk_group)."""
+    moe_norm_eps: float = 1e-6
+    """Mixture of experts with sigmoid scores and moe_norm_topk: the term added to the chosen scores' sum before they
+    are divided by it (LFM2-MoE's 1e-6; GLM-4-MoE's and DeepSeek-V3's 1e-20)."""
     moe_layers: tuple[int, ...] = ()
     """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP mlp_hidden wide (Jamba's
     every expert_layer_period-th layer from expert_layer_offset); () = every layer from moe_dense_layers on."""
@@ -512,8 +512,6 @@ class ModelConfig:
                                   or self.has_qkv_bias or self.bias or self.nope_interval or self.rope_layer_theta):
             raise UserError("model.kv_lora_rank (latent attention) takes no QK-norm, attn_gate, value_embeddings, "
                             "biases (model.bias, qkv_bias) or layers without RoPE (nope_interval, rope_layer_theta)")
-        if self.moe_norm_eps < 0:
-            raise UserError(f"model.moe_norm_eps must be >= 0 (0 = 1e-6), got {self.moe_norm_eps}")
         if self.nope_interval < 0 or (self.nope_interval and self.pos_emb != "rope"):
             raise UserError(f"model.nope_interval={self.nope_interval} needs RoPE (model.pos_emb=rope) and must be "
                             f">= 0 (0 = RoPE on every layer)")
@@ -695,6 +693,8 @@ class ModelConfig:
                 or self.moe_dense_hidden) and not self.moe_experts:
             raise UserError("model.moe_gating, moe_expert_bias, moe_scale, moe_dense_layers and moe_dense_hidden "
                             "need experts (model.moe_experts)")
+        if not 0 <= self.moe_norm_eps < 1e-3:
+            raise UserError(f"model.moe_norm_eps={self.moe_norm_eps} must be in [0, 1e-3): a guard against a zero sum")
         if self.moe_bias_update < 0 or (self.moe_bias_update and not self.moe_expert_bias):
             raise UserError(f"model.moe_bias_update={self.moe_bias_update} must be >= 0 and needs the experts' routing "
                             f"bias (model.moe_expert_bias=true)")
@@ -1508,7 +1508,7 @@ class MoE(nn.Module):
         self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
         self.top_k, self.norm_topk = cfg.moe_top_k, cfg.moe_norm_topk
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
-        self.norm_eps = cfg.moe_norm_eps or 1e-6
+        self.norm_eps = cfg.moe_norm_eps if self.sigmoid else 0.0  # softmax scores: their sum is above 0 already
         self.gated, self.groups, self.topk_groups = cfg.gated_mlp, cfg.moe_groups, cfg.moe_topk_groups
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
@@ -1555,8 +1555,8 @@ class MoE(nn.Module):
             weights = probs.gather(1, experts)
         else:
             weights, experts = probs.topk(k, dim=-1)  # (N, k) each
-        if self.norm_topk:  # sigmoid scores: with 1e-6, as LFM2-MoE's router computes it
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + (self.norm_eps if self.sigmoid else 0.0))
+        if self.norm_topk:  # sigmoid scores: with moe_norm_eps, as LFM2-MoE's and GLM-4-MoE's routers compute it
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.norm_eps)
         if self.scale != 1.0:
             weights = weights * self.scale
         flat = experts.flatten()  # (N·k,) the expert of each (token, slot)

@@ -125,7 +125,6 @@ def test_training_reaches_every_latent_projection():
     (dict(qk_norm=True), "model.kv_lora_rank (latent attention) takes no QK-norm"),
     (dict(value_embeddings=1), "model.kv_lora_rank (latent attention) takes no QK-norm, attn_gate, value_embeddings"),
     (dict(kv_lora_rank=0), "model.q_lora_rank and v_head_dim are latent attention's"),
-    (dict(moe_norm_eps=-1.0), "model.moe_norm_eps must be >= 0"),
 ])
 def test_config_refusals(overrides, fragment):
     with pytest.raises(UserError) as e:

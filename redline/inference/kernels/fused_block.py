@@ -63,9 +63,9 @@ FIELDS_ACCOUNTED = {
     "moe_bias_update": "training only (the routing bias it moves is moe_expert_bias's)",
     "moe_gating": "refused with moe_experts", "moe_expert_bias": "refused with moe_experts",
     "moe_scale": "refused with moe_experts", "moe_bias": "refused with moe_experts", "moe_dense_layers": "refused with moe_experts",
+    "moe_norm_eps": "refused with moe_experts", "moe_groups": "refused with moe_experts",
+    "moe_topk_groups": "refused with moe_experts",
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
-    "moe_groups": "refused with moe_experts", "moe_topk_groups": "refused with moe_experts",
-    "moe_norm_eps": "refused with moe_experts",
     "kv_lora_rank": "refused (kernel_prologue_unsupported): latent attention has no raw qkv projection",
     "q_lora_rank": "refused with kv_lora_rank", "v_head_dim": "refused with kv_lora_rank",
     # computed as the modules compute them
