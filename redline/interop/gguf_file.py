@@ -1113,7 +1113,11 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                                   "bias, shared experts and dense layers)"),
                 "hunyuan_v1_moe": ("Hunyuan MoE", "no writer here for llama.cpp's hunyuan-moe layout"),
                 "ministral": ("Ministral", "GGUF's llama architecture has no windowed layers"),
-                "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block")}
+                "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block"),
+                "deepseek_v3": ("DeepSeek-V3", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
+                                               "kv_b split into k_b and v_b)"),
+                "deepseek_v2": ("DeepSeek-V2", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
+                                               "kv_b split into k_b and v_b)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

@@ -69,6 +69,8 @@ FIELDS_ACCOUNTED = {
     "moe_norm_eps": "refused with moe_experts", "moe_groups": "refused with moe_experts",
     "moe_topk_groups": "refused with moe_experts",
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
+    "kv_lora_rank": "refused (kernel_prologue_unsupported): latent attention has no raw qkv projection",
+    "q_lora_rank": "refused with kv_lora_rank", "v_head_dim": "refused with kv_lora_rank",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
