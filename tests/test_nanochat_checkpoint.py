@@ -357,6 +357,7 @@ def test_tokenizer_pickle_read_as_its_state_alone(tmp_path, tokenizer_json, caps
     original = Tokenizer.from_file(str(tokenizer_json))
     text = "hello world, the model says hi"
     assert tok.encode(text) == [i - len(specials) for i in original.encode(text, add_special_tokens=False).ids]
+    assert tok.encode_prompt(text) == [moved["<|bos|>"], *tok.encode(text)]  # nanochat's prompts begin so
     assert tok.stop_ids == [moved["<|assistant_end|>"], moved["<|bos|>"]]
     from redline.chat.template import template_for
 

@@ -246,7 +246,13 @@ def read_pickled_tokenizer(path: Path):
     specials = state["special_tokens"]
     text = tiktoken_tokenizer_json(state["mergeable_ranks"], specials, state["pat_str"])
     config = {"tokenizer_class": "PreTrainedTokenizerFast"}
-    if "<|bos|>" in specials:  # nanochat begins every document with <|bos|>, and ends none otherwise
+    if "<|bos|>" in specials:  # nanochat begins every document, and every prompt it samples from, with <|bos|>
+        from tokenizers import Tokenizer, processors
+
+        hf = Tokenizer.from_str(text)
+        hf.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", specials["<|bos|>"])])
+        text = hf.to_str()
         config |= {"bos_token": "<|bos|>", "eos_token": "<|bos|>", "add_bos_token": True}
     if all(t in specials for t in CHAT_SPECIALS):
         config["chat_template"] = CHAT_TEMPLATE
