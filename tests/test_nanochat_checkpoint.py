@@ -367,6 +367,17 @@ def test_tokenizer_pickle_read_as_its_state_alone(tmp_path, tokenizer_json, caps
     assert text == ("<|bos|><|user_start|>be brief\n\nhi<|user_end|><|assistant_start|>hello<|assistant_end|>"
                     "<|user_start|>bye<|user_end|><|assistant_start|>")  # nanochat's render_conversation
 
+    code, out, err = run_cli(["generate", "--checkpoint", tmp_path / "ckpt", "--prompt", "hello world",
+                              "--temperature", "0", "--max-new-tokens", "4", "--jsonl", "-", "--device", "cpu"],
+                             capsys)
+    assert code == 0, err
+    row = json.loads(out.strip().splitlines()[-1])
+    prompt = [moved["<|bos|>"], *tok.encode("hello world")]
+    assert row["prompt_tokens"] == len(prompt)
+    reference = reference_greedy(nanochat_state(True), prompt, 4)
+    stop = next((k for k, t in enumerate(reference) if t in tok.stop_ids), len(reference))
+    assert row["completion_tokens"] == stop and row["completion"] == tok.decode(reference[:stop])
+
     (base / "tokenizer" / "evil.pkl").write_bytes(pickle.dumps(types.SimpleNamespace(a=1)))
     expect_error(["import", folder, "--out", tmp_path / "no", "--tokenizer", base / "tokenizer" / "evil.pkl"],
                  tmp_path / "no", capsys, "names types.SimpleNamespace")
