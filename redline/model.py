@@ -827,7 +827,7 @@ class ModelConfig:
             raise UserError("model.global_values_from_keys and model.kv_shared_layers take separate q, k and v "
                             "projections (model.fused_qkv=false)")
         if (self.global_head_size or self.global_kv_head or self.kv_shared_layers or self.per_layer_embd) and (
-                self.value_embeddings or self.attention_layers != list(range(self.n_layer))):
+                self.value_tables or self.attention_layers != list(range(self.n_layer))):
             raise UserError("model.global_head_size, global_kv_head, kv_shared_layers and per_layer_embd take "
                             "attention on every layer and no value embeddings")
         if self.kv_shared_layers > self.n_layer or any(

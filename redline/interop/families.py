@@ -341,7 +341,7 @@ def export_family(cfg: ModelConfig) -> Family:
     (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
-    native = [name for name in ("value_embed_layers", "smear_gate", "layer_scalars", "backout") if getattr(cfg, name)]
+    native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
                         f"to) has no value-embedding gates, smear, per-layer scalars or backout; run the model with "

@@ -144,7 +144,7 @@ def model_config(meta: dict, state: dict[str, torch.Tensor], source: str) -> Mod
         value_embed_layers=ve_layers,
         value_embed_gate=int(gates[0].shape[1]) if ve_layers and gates[0] is not None and gates[0].dim() == 2 else 0,
         smear_gate=int(state["smear_gate.weight"].shape[-1]) if current else 0,
-        layer_scalars=current, backout=current)
+        layer_lambdas=current, backout=current)
 
 
 def to_redline(state: dict[str, torch.Tensor], cfg: ModelConfig, source: str) -> dict[str, torch.Tensor]:
