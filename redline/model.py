@@ -38,7 +38,11 @@ Features (each a field of `ModelConfig`):
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
-  last layers (modded-nanogpt's lever), training and full-recompute generation only;
+  last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
+  `value_embed_layers`, `value_embed_gate`);
+- nanochat's stream scalars: each token's predecessor smeared into its embedding (`smear_gate`), per-layer
+  residual and embedding scalars before each block (`layer_lambdas`), the middle block's output subtracted before
+  the final norm (`backout`);
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
   (`ce_chunk_tokens`, redline/chunked_cross_entropy.py);
 - parameter counts (with and without embeddings) and FLOPs per token, by the 6N + 12·L·d·T formula and
@@ -413,6 +417,23 @@ class ModelConfig:
     layer_scalars: bool = False
     """Each block's output, the whole residual stream, times a stored scalar of its own (Gemma 4's layer_scalar
     buffer; 1 at init, not trained)."""
+    value_embed_layers: tuple[int, ...] = ()
+    """Value embeddings on these layers instead, a table of its own each (nanochat's placement: every other layer,
+    the last among them); table i serves the i-th layer named. () = as model.value_embeddings gives."""
+    value_embed_gate: int = 0
+    """Mix each layer's value embedding in through a gate instead of value_embeddings' two scalars (nanochat's):
+    v ← v + 3·sigmoid(ve_gate(x[..., :this])) · ve, one gate a kv head (ve_gate: (KV, this), no bias; x the block's
+    normed input), so a table's share ranges over (0, 3). 0 = the scalars."""
+    smear_gate: int = 0
+    """Smear each token's predecessor into it (nanochat's): for t ≥ 1, x[t] ← x[t] + smear_lambda ·
+    sigmoid(smear_gate(x[t, :this])) · x[t − 1], on the (normed) token embeddings, before the first block;
+    smear_gate (1, this), smear_lambda (1,), zero at init. 0 = off."""
+    layer_lambdas: bool = False
+    """Before each block i, x ← resid_lambdas[i] · x + x0_lambdas[i] · x0, x0 the stream entering the first block
+    (nanochat's per-layer residual and embedding scalars; ones and zeros at init, the plain residual stream)."""
+    backout: bool = False
+    """Subtract backout_lambda times the stream after block n_layer // 2 from the last block's output, before the
+    final norm (nanochat's backout; backout_lambda (1,), zero at init)."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches (training only)."""
     attn_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
@@ -428,6 +449,11 @@ class ModelConfig:
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
+
+    @property
+    def value_tables(self) -> int:
+        """How many value-embedding tables the model holds (value_embed_layers' or value_embeddings')."""
+        return len(self.value_embed_layers) or self.value_embeddings
 
     @property
     def kv_heads(self) -> int:
@@ -662,6 +688,20 @@ class ModelConfig:
         if not 0 <= self.value_embeddings <= (self.n_layer + 1) // 2:
             raise UserError(f"model.value_embeddings must be in [0, ceil(n_layer / 2) = {(self.n_layer + 1) // 2}] "
                             f"(each table serves one early and one late layer), got {self.value_embeddings}")
+        ve_layers = self.value_embed_layers
+        if ve_layers and (self.value_embeddings or sorted(set(ve_layers)) != list(ve_layers)
+                          or not 0 <= ve_layers[0] <= ve_layers[-1] < self.n_layer):
+            raise UserError(f"model.value_embed_layers={self.value_embed_layers} must name distinct layers in "
+                            f"increasing order, each in [0, n_layer={self.n_layer}), without model.value_embeddings")
+        if min(self.value_embed_gate, self.smear_gate) < 0 or max(self.value_embed_gate, self.smear_gate) > self.n_embd:
+            raise UserError(f"model.value_embed_gate and model.smear_gate read that many leading channels: each in "
+                            f"[0, n_embd={self.n_embd}], got {self.value_embed_gate} and {self.smear_gate}")
+        if self.smear_gate and self.pos_emb == "learned":
+            raise UserError("model.smear_gate with model.pos_emb=learned: the smear reads token vectors alone; use "
+                            "pos_emb=rope or none")
+        if self.value_embed_gate and not self.value_tables:
+            raise UserError("model.value_embed_gate gates value embeddings: set model.value_embed_layers (or "
+                            "model.value_embeddings) with it")
         if self.doc_attention == "flex" and self.dropout:
             raise UserError("model.doc_attention=flex has no attention dropout; use doc_attention=sdpa (or auto) "
                             "with model.dropout")
@@ -669,7 +709,7 @@ class ModelConfig:
             raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden}")
         if self.conv_layers and (sorted(set(self.conv_layers)) != list(self.conv_layers)
                                  or not 0 <= self.conv_layers[0] <= self.conv_layers[-1] < self.n_layer
-                                 or self.conv_kernel < 1 or self.value_embeddings):
+                                 or self.conv_kernel < 1 or self.value_tables):
             raise UserError(f"model.conv_layers={self.conv_layers} must name distinct layers in increasing order, each "
                             f"in [0, n_layer={self.n_layer}), with model.conv_kernel >= 1 and no value embeddings")
         if self.delta_layers and (sorted(set(self.delta_layers)) != list(self.delta_layers)
@@ -677,7 +717,7 @@ class ModelConfig:
                                   or set(self.delta_layers) & set(self.conv_layers) or self.delta_heads < 1
                                   or self.delta_key_heads < 1 or self.delta_heads % self.delta_key_heads
                                   or min(self.delta_key_dim, self.delta_value_dim, self.delta_conv_kernel) < 1
-                                  or self.value_embeddings):
+                                  or self.value_tables):
             raise UserError(f"model.delta_layers={self.delta_layers} must name distinct layers in increasing order, "
                             f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
                             f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
@@ -731,7 +771,7 @@ class ModelConfig:
                             f"(model.mlp_free_layers, conv_layers or delta_layers) or would have nothing at all")
         if (self.mlp_free_layers or self.mixer_free_layers) and (
                 self.norm_position != "pre" or self.delta_norm_position not in ("", "pre") or self.parallel_residual
-                or self.value_embeddings):
+                or self.value_tables):
             raise UserError("model.mlp_free_layers and mixer_free_layers take pre-norm blocks run in turn "
                             "(model.norm_position=pre, no parallel_residual) and no value embeddings")
         if self.delta_norm_position and (self.norm_position == "post" or self.parallel_residual):
@@ -813,7 +853,7 @@ class ModelConfig:
             raise UserError("model.global_values_from_keys and model.kv_shared_layers take separate q, k and v "
                             "projections (model.fused_qkv=false)")
         if (self.global_head_size or self.global_kv_head or self.kv_shared_layers or self.per_layer_embd) and (
-                self.value_embeddings or self.attention_layers != list(range(self.n_layer))):
+                self.value_tables or self.attention_layers != list(range(self.n_layer))):
             raise UserError("model.global_head_size, global_kv_head, kv_shared_layers and per_layer_embd take "
                             "attention on every layer and no value embeddings")
         if self.kv_shared_layers > self.n_layer or any(
@@ -1078,8 +1118,11 @@ class Attention(nn.Module):
         self.rope_table = cfg.layer_rope_table(layer)  # which of GPT.embed's RoPE tables this layer rotates by
         self.use_rope = cfg.layer_rope(layer)  # False: a NoPE layer (nope_interval, rope_layer_theta 0)
         self.scale = cfg.attn_scale or None  # None: SDPA's 1 / sqrt(head_dim)
-        # value embeddings: v ← λ₀·v + λ₁·ve (modded-nanogpt's `lambdas`), (2,) learned, 0.5 each at init
-        self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding else None
+        # value embeddings: v ← λ₀·v + λ₁·ve (modded-nanogpt's `lambdas`), (2,) learned, 0.5 each at init; or with
+        # value_embed_gate, v ← v + 3·sigmoid(ve_gate(x[..., :g])) · ve, ve_gate (KV, g) (nanochat's)
+        gated_ve = value_embedding and cfg.value_embed_gate > 0
+        self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding and not gated_ve else None
+        self.ve_gate = nn.Linear(cfg.value_embed_gate, self.n_kv, bias=False) if gated_ve else None
         # attn_sinks: one logit a query head, (H,), zeros at init (reset_parameters)
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if cfg.attn_sinks else None
         # attn_gate: (H, C) each head's output, or (H*D, C) each of its elements, times sigmoid of its row · x
@@ -1130,7 +1173,10 @@ class Attention(nn.Module):
             if rope is not None and self.use_rope:
                 q = apply_rope(q, *layer_rope(rope, self.rope_table))
             return q, None, None
-        if ve is not None:
+        if ve is not None and self.ve_gate is not None:  # (B, T, KV) gates, each over its kv head's D channels
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.cfg.value_embed_gate]))
+            v = v + (gate.unsqueeze(-1) * ve.to(v.dtype).view(B, T, self.n_kv, self.head_dim)).view(B, T, -1)
+        elif ve is not None:
             v = self.ve_mix[0] * v + self.ve_mix[1] * ve.to(v.dtype)
         if self.cfg.qk_norm and self.cfg.qk_norm_scope == "all":  # before the split into heads
             q, k = self.q_norm(q), self.k_norm(k)
@@ -1906,7 +1952,14 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None, i) for i in range(cfg.n_layer))
         # value embeddings: (padded_vocab, KV*D) tables, outside the blocks (AdamW takes them, as the embeddings)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.padded_vocab, cfg.kv_heads * cfg.head_dim)
-                                          for _ in range(cfg.value_embeddings))
+                                          for _ in range(cfg.value_tables))
+        # nanochat's scalars (reset_parameters sets them): smear (smear_gate (1, g), smear_lambda (1,)), per-layer
+        # resid_lambdas and x0_lambdas (L,), backout_lambda (1,); None where the config has them off
+        self.smear_gate = nn.Linear(cfg.smear_gate, 1, bias=False) if cfg.smear_gate else None
+        self.smear_lambda = nn.Parameter(torch.zeros(1)) if cfg.smear_gate else None
+        self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer)) if cfg.layer_lambdas else None
+        self.x0_lambdas = nn.Parameter(torch.zeros(cfg.n_layer)) if cfg.layer_lambdas else None
+        self.backout_lambda = nn.Parameter(torch.zeros(1)) if cfg.backout else None
         # per_layer_embd (Gemma 4's per-layer inputs): a (rows, n_layer·P) token table and the (n_layer·P, C)
         # projection of the embeddings, normed per layer by ple_norm (P,); per_layer_inputs combines them
         self.ple_table = self.ple_proj = self.ple_norm = None
@@ -1944,6 +1997,9 @@ class GPT(nn.Module):
     def value_table(self, layer: int) -> int | None:
         """Which value-embedding table layer `layer` mixes in: i for the first k layers and for the last k (the
         U-net pairing of modded-nanogpt, k = cfg.value_embeddings), None for the layers between."""
+        if self.cfg.value_embed_layers:
+            layers = self.cfg.value_embed_layers
+            return layers.index(layer) if layer in layers else None
         k, n = self.cfg.value_embeddings, self.cfg.n_layer
         if layer < k:
             return layer
@@ -2033,6 +2089,10 @@ class GPT(nn.Module):
                 block.attn.ve_mix.fill_(0.5)
             if not block.conv and block.attn.sinks is not None:
                 block.attn.sinks.zero_()
+        for scalar, value in ((self.smear_lambda, 0.0), (self.resid_lambdas, 1.0), (self.x0_lambdas, 0.0),
+                              (self.backout_lambda, 0.0)):  # the plain residual stream at init
+            if scalar is not None:
+                scalar.fill_(value)
         if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
             for name, table in zip(self._rope_names(), self._rope_tables()):
                 getattr(self, name).copy_(table)
@@ -2101,16 +2161,40 @@ class GPT(nn.Module):
         B = None if doc_ids is None else doc_ids.shape[0]  # None: one mask for every row
         return create_block_mask(allowed, B, None, T, T, device=device)
 
-    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
+    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None, before: torch.Tensor | None = None):
         """Token (and learned position) embeddings and the RoPE tables for these positions.
 
-        idx: (B, T) token ids; positions: None for 0..T-1, else (T,) or (B, T) absolute positions.
+        idx: (B, T) token ids; positions: None for 0..T-1, else (T,) or (B, T) absolute positions; before: with
+        smear_gate, the (B, 1) ids of the tokens before idx's first (a prompt's later span, a decode step: the
+        engine's cache keeps them), else None.
         -> x (B, T, C), rope (cos, sin) of (T, D/2) or (B, 1, T, D/2) each, for each of cfg.rope_bases in turn
         (layer_rope picks a layer's), or None without RoPE.
         """
         T = idx.shape[1]
         if positions is None:
             positions = torch.arange(T, device=idx.device)
+        x = self.token_vectors(idx, positions)
+        if self.smear_gate is not None:
+            x = self.smear(x, positions, None if before is None else self.token_vectors(before))
+        rope = None
+        if self.cfg.pos_emb == "rope":
+            rope = tuple(getattr(self, name)[positions] for name in self._rope_names())
+            if positions.dim() == 2:  # per-row positions: (B, T, D/2) -> (B, 1, T, D/2)
+                rope = tuple(t.unsqueeze(1) for t in rope)
+        return self.drop(x), rope
+
+    def smear(self, x: torch.Tensor, positions: torch.Tensor, before: torch.Tensor | None) -> torch.Tensor:
+        """x (B, T, C) with each token's predecessor smeared in (model.smear_gate, nanochat's gpt.py): x[t] +
+        smear_lambda · sigmoid(smear_gate(x[t, :g])) · x[t − 1], none at position 0; before (B, 1, C): the vector
+        of the token before x[:, 0] (None: zeros, x[:, 0] being at position 0 or taking none)."""
+        gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(x[..., :self.cfg.smear_gate]))
+        gate = gate * (positions > 0).to(x.dtype).unsqueeze(-1)  # (B or 1, T, 1): position 0 has no predecessor
+        previous = torch.cat([x[:, :1] * 0 if before is None else before.to(x.dtype), x[:, :-1]], dim=1)
+        return x + gate * previous
+
+    def token_vectors(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> the stream's input (B, T, C) before any smear: the token (and learned position)
+        embeddings, scaled and normed as the config says. positions: as embed's (needed with pos_emb=learned)."""
         x = self.wte(idx)
         if self.cfg.embed_scale:  # sqrt(C) rounded to the embedding's dtype first, as Gemma's reference does
             x = x * torch.tensor(self.cfg.n_embd ** 0.5, dtype=torch.float32).to(x.dtype)
@@ -2120,12 +2204,24 @@ class GPT(nn.Module):
             x = x + self.wpe(positions)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        rope = None
-        if self.cfg.pos_emb == "rope":
-            rope = tuple(getattr(self, name)[positions] for name in self._rope_names())
-            if positions.dim() == 2:  # per-row positions: (B, T, D/2) -> (B, 1, T, D/2)
-                rope = tuple(t.unsqueeze(1) for t in rope)
-        return self.drop(x), rope
+        return x
+
+    def stream_in(self, layer: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """The stream (B, T, C) entering block `layer`: resid_lambdas[layer] · x + x0_lambdas[layer] · x0 with
+        model.layer_lambdas (x0 the stream entering the first block), else x."""
+        if self.resid_lambdas is None:
+            return x
+        return self.resid_lambdas[layer].to(x.dtype) * x + self.x0_lambdas[layer].to(x.dtype) * x0
+
+    @property
+    def backout_layer(self) -> int:
+        """The block whose output model.backout subtracts from the last's (-1: none)."""
+        return self.cfg.n_layer // 2 if self.backout_lambda is not None else -1
+
+    def stream_out(self, x: torch.Tensor, mid: torch.Tensor | None) -> torch.Tensor:
+        """The last block's output (B, T, C) less backout_lambda times block backout_layer's, `mid` (model.backout);
+        x as it is without."""
+        return x if mid is None else x - self.backout_lambda.to(x.dtype) * mid
 
     def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """Each layer's per-layer input (model.per_layer_embd), as transformers' Gemma4TextModel computes it: idx
@@ -2165,12 +2261,15 @@ class GPT(nn.Module):
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         ple = self.per_layer_inputs(idx, x)  # (B, T, n_layer, P) or None
         shared = {} if self.cfg.kv_shared_layers else None  # the layers' (k, v) for the kv-shared ones
+        x0, mid = x, None
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)
             mask = doc_ids if block.conv else masks[block.window]  # a convolution keeps documents apart
-            x = block(x, rope, mask, ve=None if table is None else values[table], doc_ids=doc_ids,
-                      ple=None if ple is None else ple[:, :, i], shared=shared)
-        x = self.norm_f(x)
+            x = block(self.stream_in(i, x, x0), rope, mask, ve=None if table is None else values[table],
+                      doc_ids=doc_ids, ple=None if ple is None else ple[:, :, i], shared=shared)
+            if i == self.backout_layer:
+                mid = x
+        x = self.norm_f(self.stream_out(x, mid))
         V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),

@@ -3,6 +3,7 @@
     redline import path/to/hf-folder --out models/smollm2        # config.json + safetensors (+ shards) + tokenizer
     redline import HuggingFaceTB/SmolLM2-135M --out models/smol  # a Hub name (downloads when online)
     redline import model-Q4_K_M.gguf --out models/q4 --dtype bf16 # GGUF: tensors dequantized
+    redline import ~/.cache/nanochat/base_checkpoints/d20 --out models/d20  # nanochat's own model_*.pt + meta_*.json
 
 DIR is a checkpoint like the ones training writes (model.safetensors, config.json, tokenizer/ with its chat
 template, meta.json): `generate`, `chat`, `eval`, `sample` and `bench-infer` take it as --checkpoint, `export` as
@@ -25,16 +26,20 @@ import tyro
 @dataclass
 class ImportConfig:
     src: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SRC")]
-    """A Hugging Face model folder, a .gguf file, or a model name on the Hugging Face Hub (owner/name)."""
+    """A Hugging Face model folder, a .gguf file, a model name on the Hugging Face Hub (owner/name), or a nanochat
+    checkpoint folder (model_NNNNNN.pt + meta_NNNNNN.json)."""
     out: str
     """The checkpoint folder to write (must not exist yet, or be empty)."""
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """Dtype of the stored weights. auto: the source's own where it is bf16 or fp32, fp32 otherwise (fp16,
     dequantized GGUF)."""
     tokenizer: str | None = None
-    """Use this tokenizer.json (or folder) instead of the one that comes with SRC."""
+    """Use this tokenizer.json (or folder) instead of the one that comes with SRC; for a nanochat checkpoint folder,
+    its tokenizer.pkl (a pickle, read for a tiktoken Encoding's state alone) or a tokenizer.json."""
     revision: str | None = None
     """Hub names only: a branch, tag or commit."""
+    step: int | None = None
+    """nanochat checkpoint folders only: the step to import (model_NNNNNN.pt); default the latest."""
 
 
 def stored_dtype(choice: str, source_dtype):
@@ -76,7 +81,7 @@ def main(argv: list[str]) -> int:
     out = Path(cfg.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before reading gigabytes
         raise UserError(f"{out} already exists; give a new folder for --out (or remove that one)")
-    imported = read_source(cfg.src, cfg.tokenizer, cfg.revision)
+    imported = read_source(cfg.src, cfg.tokenizer, cfg.revision, cfg.step)
     dtype = stored_dtype(cfg.dtype, imported.source_dtype)
     write_checkpoint(imported, cfg.out, dtype)
     m = imported.cfg

@@ -80,13 +80,18 @@ class KVCache:
     geometry: per layer its (kv heads, head width) where they differ between layers (Gemma 4's full-attention layers:
     model.global_head_size, global_kv_head), else None (kv_heads and head_dim for all): the layers of each geometry
     share one stacked buffer. kv_sources: {layer: the layer whose keys and values it reads} (model.kv_shared_layers):
-    such a layer holds no buffer of its own, its k and v being its source's (the engine writes none for it)."""
+    such a layer holds no buffer of its own, its k and v being its source's (the engine writes none for it).
+
+    token_ids: the token id in each slot, `token_ids` (B, capacity + 1) long, for a model that smears each token's
+    predecessor into it (model.smear_gate, nanochat's): a span or step reads the id before its first slot, and a
+    prefix copied by copy_slots carries its ids (the buffer is one of `stacked`); None for other models."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
                  conv_width: int = 0, delta_layers: tuple[int, ...] = (), delta_width: int = 0,
                  delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = (), delta_parallel: bool = False,
-                 geometry: list[tuple[int, int]] | None = None, kv_sources: dict[int, int] | None = None):
+                 geometry: list[tuple[int, int]] | None = None, kv_sources: dict[int, int] | None = None,
+                 token_ids: bool = False):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
@@ -135,6 +140,11 @@ class KVCache:
                 if i not in self.parallel:  # the mixer in attention's place: its buffer is the layer's k and v
                     self.k[i] = self.v[i] = buf[:batch]
                 self.states[i] = state[:batch]
+        self.token_ids = None
+        if token_ids:  # (1, B + spare, 1, capacity + 1): copy_slots' [:, rows, :, :n] indexing, as the others'
+            ids = torch.zeros((1, batch + spare, 1, capacity + 1), dtype=torch.long, device=device)
+            self.stacked.append(ids)
+            self.token_ids = ids[0, :batch, 0]
         self.scales = None
         if dtype == torch.float8_e4m3fn:
             scales = [torch.zeros((n_layer, *shape[:-1]), device=device) for _ in range(2)]
@@ -359,8 +369,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
     run such a model."""
     if getattr(cfg, "kv_lora_rank", 0):
         return "latent attention (model.kv_lora_rank: keys and values expanded from a latent)"
-    if getattr(cfg, "value_embeddings", 0):
-        return "value embeddings mixed into the values (model.value_embeddings)"
+    if getattr(cfg, "value_tables", 0):
+        return "value embeddings mixed into the values (model.value_embeddings, value_embed_layers)"
     if cfg.qk_norm and getattr(cfg, "qk_norm_scope", "head") != "head":
         return "QK-norm over whole projections (model.qk_norm_scope=all)"
     if cfg.qk_norm and getattr(cfg, "qk_norm_after_rope", False):

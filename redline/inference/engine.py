@@ -276,7 +276,8 @@ class InferenceEngine:
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
                           (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
                           c.delta_parallel, [(c.layer_kv_heads(i), c.layer_head_dim(i)) for i in range(c.n_layer)],
-                          {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None}),
+                          {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None},
+                          bool(c.smear_gate)),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
@@ -326,7 +327,7 @@ class InferenceEngine:
         return decode_layers(self.model, st.tokens, st.slot, slots, cache.k, cache.v, cache.layer_extras,
                              self.plan.attention, greedy, self._decode_fns,
                              self._mark_dynamic if self._decode_fns else None, st.counts,
-                             self.plan.linear == "triton", st.history, st.active)
+                             self.plan.linear == "triton", st.history, st.active, cache.token_ids)
 
     def _warm_step(self, st: DecodeState, width: int, greedy: bool, step=None) -> None:
         """Run the step (or `step()`, another that feeds its tokens back as a greedy one does) without advancing
@@ -436,7 +437,11 @@ class InferenceEngine:
         m = self.model
         b, t = tokens.shape
         positions = torch.arange(start, start + t, device=self.device)
-        x, rope = m.embed(tokens, positions)
+        ids = st.cache.token_ids  # model.smear_gate: the token before the span's first, then the span's own in
+        before = ids[rows, start - 1][:, None] if ids is not None and start else None
+        if ids is not None:
+            ids[rows, start:start + t] = tokens
+        x, rope = m.embed(tokens, positions, before)
         values = value_embeddings(m, tokens)  # (b, t, KV*D) per table, looked up once for every layer
         ple = m.per_layer_inputs(tokens, x)  # (b, t, n_layer, P) or None
         masks = {w: prefill_mask(t, start, self.device, w) for w in self.cfg.windows}  # one per layers' window
@@ -448,8 +453,10 @@ class InferenceEngine:
         if st.cache.states and last is not None:  # (b, t): the rows' prompt tokens, padding after them
             valid = positions[None, :] <= last[:, None]
             self._mark_dynamic((valid, 0, 1))
+        x0, mid = x, None  # model.layer_lambdas' and model.backout's streams (GPT.forward's)
         with _prefill_attention(self.device, self.cfg.attn_backend):
             for layer, block in enumerate(m.blocks):
+                x = m.stream_in(layer, x, x0)
                 source = self.cfg.kv_source(layer)
                 if source is not None:  # a kv-shared layer: its source's slots, this span's included (written)
                     prefix = st.cache.read(source, rows, start + t, self.dtype)
@@ -467,7 +474,9 @@ class InferenceEngine:
                                                  layer_value(m, values, layer), valid if delta else None, mixer,
                                                  None if ple is None else ple[:, :, layer])
                 st.cache.write(layer, rows, start, k, v, side)
-        return x
+                if layer == m.backout_layer:
+                    mid = x
+        return m.stream_out(x, mid)
 
     # -- generation ------------------------------------------------------------------------------------
 

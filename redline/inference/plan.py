@@ -148,7 +148,7 @@ def _linear(choice: str, cfg, device: torch.device, attention: str, dtype: torch
     from redline.inference.kernels.fused_block import unsupported
 
     reason = unsupported(cfg)
-    if getattr(cfg, "value_embeddings", 0):  # no machine or other option lifts this one: name it first
+    if getattr(cfg, "value_tables", 0):  # no machine or other option lifts this one: name it first
         pass
     elif device.type != "cuda":
         reason = "decode_linear triton runs on CUDA GPUs only"

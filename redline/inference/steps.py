@@ -58,13 +58,20 @@ def last_logits(model, x: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.Tensor, impl: str = "matmul"):
+def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.Tensor, impl: str = "matmul",
+                  token_ids: torch.Tensor | None = None):
     """The step's embeddings x (B, 1, C), RoPE tables, attention masks {window: (B, 1, 1, W)} (row b attends to
     slots 0..slot_b, within the window; one per distinct window of the layers, ModelConfig.windows), value
     embeddings ([(B, 1, KV*D)], value_embeddings') and per-layer inputs ((B, 1, n_layer, P), GPT.per_layer_inputs,
     or None). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the kernel computes the mask itself and
-    reads only its width, so the slots stand in for it (a view: no kernel)."""
-    x, rope = model.embed(tokens, slot[:, None])  # a token's position is its slot
+    reads only its width, so the slots stand in for it (a view: no kernel).
+    token_ids: the cache's (B, S + 1) token ids (model.smear_gate: KVCache.token_ids), or None: the step reads the
+    token before each row's slot and writes its own into the slot."""
+    before = None
+    if token_ids is not None:
+        before = token_ids.gather(1, (slot - 1).clamp(min=0)[:, None])  # (B, 1); a row at slot 0 smears none
+        token_ids.scatter_(1, slot[:, None], tokens)
+    x, rope = model.embed(tokens, slot[:, None], before)  # a token's position is its slot
     values = value_embeddings(model, tokens)
     ple = model.per_layer_inputs(tokens, x)
     if impl == "triton":
@@ -133,19 +140,23 @@ def feed_back(nxt: torch.Tensor, tokens: torch.Tensor, history: torch.Tensor, sl
 
 
 def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy: bool, fns=None, mark_dynamic=None,
-                  counts=None, fused: bool = False, history=None, active=None):
+                  counts=None, fused: bool = False, history=None, active=None, token_ids=None):
     """One decode step through the whole model: tokens (B, 1) at each row's slot -> decode_output's pair.
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers; scales: per
     layer an FP8 cache's (k_scale, v_scale), or None. fns: the (inputs, block, output) functions, each compiled
     apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic; history and
-    active: decode_output's."""
+    active: decode_output's; token_ids: decode_inputs'.
+    Between the blocks, the model's own stream scalars (GPT.stream_in, stream_out: model.layer_lambdas, backout)."""
     inputs_fn, block_fn, output_fn = fns or (decode_inputs, decode_block, decode_output)
-    x, rope, masks, values, ple = inputs_fn(model, tokens, slot, slots, impl)
+    x, rope, masks, values, ple = inputs_fn(model, tokens, slot, slots, impl, token_ids)
     if mark_dynamic is not None:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], *[(m, 0, 3) for m in masks.values()],
                      *[(v, 0) for v in values], *([] if ple is None else [(ple, 0)]))
+    x0, mid = x, None
     for i, (block, k_buf, v_buf, layer_scales) in enumerate(zip(model.blocks, ks, vs, scales or [None] * len(ks))):
-        x = block_fn(block, x, rope, masks[block.window], k_buf, v_buf, slot, impl, counts, fused, layer_scales,
-                     layer_value(model, values, i), None if ple is None else ple[:, :, i])
-    return output_fn(model, x, tokens, greedy, fused, slot, history, active)
+        x = block_fn(block, model.stream_in(i, x, x0), rope, masks[block.window], k_buf, v_buf, slot, impl, counts,
+                     fused, layer_scales, layer_value(model, values, i), None if ple is None else ple[:, :, i])
+        if i == model.backout_layer:
+            mid = x
+    return output_fn(model, model.stream_out(x, mid), tokens, greedy, fused, slot, history, active)

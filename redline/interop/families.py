@@ -342,6 +342,11 @@ def export_family(cfg: ModelConfig) -> Family:
     (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
+    native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
+    if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
+        raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
+                        f"to) has no value-embedding gates, smear, per-layer scalars or backout; run the model with "
+                        f"redline generate, chat or serve instead")
     from redline.interop import ernie, lfm2, qwen3_5
 
     if cfg.kv_lora_rank:  # latent attention: DeepSeek's alone (V3 with sigmoid scores or dense, V2 with softmax)

@@ -11,10 +11,20 @@ from redline.interop.hf import ImportedModel
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Hub spells repositories
 
 
-def read_source(src: str, tokenizer: str | None = None, revision: str | None = None) -> ImportedModel:
+def read_source(src: str, tokenizer: str | None = None, revision: str | None = None,
+                step: int | None = None) -> ImportedModel:
     """The model SRC names, in redline's layout. tokenizer: a tokenizer.json or folder to use instead of the one
-    that comes with SRC; revision: a Hub branch, tag or commit."""
+    that comes with SRC (a nanochat checkpoint's: its tokenizer.pkl too); revision: a Hub branch, tag or commit;
+    step: a nanochat checkpoint folder's step (None: the latest)."""
     path = Path(src).expanduser()
+    if path.is_dir():
+        from redline.interop.nanochat_checkpoint import is_checkpoint_folder, read_checkpoint
+
+        if is_checkpoint_folder(path):
+            return read_checkpoint(path, step, tokenizer)
+    if step is not None:
+        raise UserError(f"--step picks a step of a nanochat checkpoint folder (model_NNNNNN.pt, meta_NNNNNN.json); "
+                        f"{src} is not one")
     if path.is_dir():
         from redline.interop.hf import read_folder
 
