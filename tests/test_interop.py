@@ -615,7 +615,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, jamba, lfm2, lfm2_moe, lfm3, "
-                         "llama, "
+                         "llama, llama4, llama4_text, "
                          "mamba, mamba2, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "

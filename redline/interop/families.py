@@ -22,7 +22,8 @@ Mamba-2 mixer side by side in every layer, its µP multipliers folded into the w
 (Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
 mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); jamba.py
 Jamba (Mamba-1 mixers with weighted dt, B and C norms and attention without positions, each followed by a SwiGLU or
-a mixture of experts on some layers); exaone.py
+a mixture of experts on some layers); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
+attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
@@ -232,7 +233,7 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 def _families() -> dict[str, Family]:
     from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gpt2,
                                  gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba, lfm2, llama,
-                                 mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
+                                 llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
                                  qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
@@ -248,7 +249,7 @@ def _families() -> dict[str, Family]:
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
-                                falcon.FAMILY, jamba.FAMILY)}
+                                falcon.FAMILY, jamba.FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -333,8 +334,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu)")
 
-    from redline.interop import jamba
+    from redline.interop import jamba, llama4
 
+    if llama4.wants_llama4(cfg):  # chunked attention, the NoPE layers' temperature, input-weighted experts: Llama 4's
+        llama4.check_exportable(cfg)
+        return families["llama4_text"]
     if jamba.wants_jamba(cfg):  # Mamba-1 layers beside attention or MLPs, weighted dt/B/C norms, experts: Jamba's
         jamba.check_exportable(cfg)
         return families["jamba"]
