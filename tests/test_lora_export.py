@@ -125,6 +125,13 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "MptForCausalLM": dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none"),
     # Falcon: query_key_value (B's rows regrouped by KV head, [q, q, k, v] a group), dense, dense_h_to_4h / 4h_to_h
     "FalconForCausalLM": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, bias=True),
+    # Llama 4: q and k rows (B's rows) in its interleaved RoPE order, chunked attention and weightless QK-norm on layer
+    # 0, the temperature on layer 1 (no RoPE); a dense feed_forward on 0, input-weighted experts with a shared one
+    # (feed_forward.shared_expert.*) on 1
+    "Llama4ForCausalLM": dict(n_kv_head=2, nope_interval=2, attn_chunk=4, rope_qk_norm=True, nope_temperature=0.5,
+                              nope_temperature_floor=3, moe_experts=4, moe_top_k=1, moe_gating="sigmoid",
+                              moe_norm_topk=False, mlp_hidden=32, moe_shared_hidden=32, moe_shared_gate=False,
+                              moe_weight_input=True, moe_layers=(1,), moe_dense_hidden=80),
 }
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP
@@ -137,7 +144,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "MambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            # Jamba's out_proj too, which PEFT adapts there; never the router (mlp.fc on a mixture: no Linear)
-           "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj")}
+           "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj"),
+           # Llama 4's router's forward returns a pair, which no LoRA layer can wrap
+           "Llama4ForCausalLM": ("attn.*", "mlp.fc", "mlp.proj", "mlp.shared.*")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
