@@ -8,6 +8,9 @@ Features (each a field of `ModelConfig`):
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); a sigmoid gate on each head's output
   or each of its elements (`attn_gate`, LFM3's and Qwen3.5's); optional sliding-window attention, on every layer or
   interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
+  attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
+  normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
+  (`nope_temperature`, Llama 4's attention temperature);
   documents packed into one row attend only within themselves (`doc_ids`); PyTorch SDPA with a selectable backend
   (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
@@ -1448,7 +1451,8 @@ class MoE(nn.Module):
     (renormalised, scaled) scores; and a gated shared expert where moe_shared_hidden gives one; with moe_bias the
     router and each expert's two projections have biases (GPT-OSS's). Experts are stacked: fc (E, 2F, C) holds each
     expert's [gate; up] rows (its up rows alone, fc (E, F, C), for an ungated kind such as relu2), proj (E, C, F) its
-    output projection, so all experts run as two grouped GEMMs over the
+    output projection; with moe_weight_input each chosen expert's weight scales the token it takes instead of its
+    output (Llama 4's Llama4TextMoe). All experts run as two grouped GEMMs over the
     tokens sorted by expert (Mixtral's and Qwen-MoE's routing, as transformers' MixtralSparseMoeBlock and
     Qwen2MoeSparseMoeBlock compute it)."""
 

@@ -107,7 +107,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("falcon_mamba", "Falcon-Mamba"), ("gpt_bigcode", "GPTBigCode"),
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"), ("codegen", "GPT-J"),
                                         ("mpt", "MPT"), ("falcon-new", "Falcon"),
-                                        ("jamba", "Jamba")])
+                                        ("jamba", "Jamba"), ("llama4_text", "Llama 4")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"

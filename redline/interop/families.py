@@ -311,7 +311,9 @@ def export_family(cfg: ModelConfig) -> Family:
     SwiGLU experts; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
     dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone, and as Jamba where some layer has
     attention or an MLP, the norms have weights (model.delta_bcdt_norm_weight) or there are experts (on the layers
-    model.moe_layers names, which no other architecture takes); one with Mamba-2 beside attention in
+    model.moe_layers names, which no other architecture takes but Llama 4); one with chunked attention, the layers
+    without RoPE's query temperature, weightless QK-norm after RoPE or input-weighted experts as Llama 4's text
+    model; one with Mamba-2 beside attention in
     its layers (model.delta_parallel) as Falcon-H1; one of
     blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every layer is a Mamba-2 mixer
     alone, as Nemotron-H otherwise (a UserError where a layer has both sublayers); one with

@@ -1028,7 +1028,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "falcon": ("Falcon", "no writer here for llama.cpp's falcon layout (KV-grouped query_key_value, "
                                      "two norms a block)"),
                 "jamba": ("Jamba", "no writer here for llama.cpp's jamba layout (Mamba-1 beside attention, experts on "
-                                   "some layers)")}
+                                   "some layers)"),
+                "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
+                                           "without RoPE and their query temperature, input-weighted experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}
