@@ -183,6 +183,10 @@ def test_refusals():
                            ({"hidden_act": "gelu"}, "hidden_act='gelu'")]:
         with pytest.raises(UserError, match=fragment):
             model_config({**hf, **edit})
+    from redline.inference.plan import plan_decode
+
+    with pytest.raises(UserError, match=r"triton masks by a sliding window, not by chunks \(model.attn_chunk\)"):
+        plan_decode(LLAMA4, torch.device("cpu"), decode_attention="triton")
     for bad, fragment in [(dict(moe_gating="softmax"), "unrescaled sigmoid scores"),
                           (dict(moe_shared_gate=True), "ungated shared expert"),
                           (dict(qk_norm=True), "no learned QK-norm"),
@@ -210,16 +214,3 @@ def test_gpu_compiled_engine_and_training_step():
     grad_c = torch.autograd.grad(loss_c, weight)[0]
     torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
     assert (grad_c - grad).norm() / grad.norm() < 0.05
-
-
-def test_adapter_on_the_router_is_refused(tmp_path, capsys):
-    """Llama4Router's forward returns (scores, logits): PEFT cannot wrap it, so an adapter on mlp.router is refused by
-    name at export (PEFT parity of the other adapters: tests/test_lora_export.py's Llama4ForCausalLM)."""
-    pytest.importorskip("peft")
-    from tests.test_lora_export import export, lora_run
-
-    _, ckpt = lora_run(tmp_path, "Llama4ForCausalLM", targets=("mlp.router",))
-    capsys.readouterr()
-    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 2
-    err = capsys.readouterr().err
-    assert "adapts Llama 4's router" in err and "--merge" in err and not (tmp_path / "adapter").exists(), err

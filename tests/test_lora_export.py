@@ -327,3 +327,13 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     assert "blocks.1.mlp.router adapts a mixture of experts' router, which is no Linear layer in transformers' " \
            "JambaForCausalLM" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "j").exists()
+
+
+def test_llama4_adapter_on_the_router_is_refused(tmp_path, capsys):
+    """Llama4Router's forward returns (scores, logits): PEFT cannot wrap it, so an adapter on mlp.router is refused by
+    name at export (PEFT parity of the other adapters: ARCHS' Llama4ForCausalLM)."""
+    _, ckpt = lora_run(tmp_path, "Llama4ForCausalLM", targets=("mlp.router",))
+    capsys.readouterr()
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 2
+    err = capsys.readouterr().err
+    assert "adapts Llama 4's router" in err and "--merge" in err and not (tmp_path / "adapter").exists(), err
