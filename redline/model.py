@@ -317,6 +317,9 @@ class ModelConfig:
     1 = no groups."""
     moe_topk_groups: int = 1
     """Mixture of experts with moe_groups > 1: the groups each token's experts are chosen from (topk_group)."""
+    moe_norm_eps: float = 1e-6
+    """Mixture of experts with sigmoid scores and moe_norm_topk: the term added to the chosen scores' sum before they
+    are divided by it (LFM2-MoE's 1e-6; GLM-4-MoE's and DeepSeek-V3's 1e-20)."""
     moe_layers: tuple[int, ...] = ()
     """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP mlp_hidden wide (Jamba's
     every expert_layer_period-th layer from expert_layer_offset); () = every layer from moe_dense_layers on."""
@@ -703,6 +706,8 @@ class ModelConfig:
                 or self.moe_dense_hidden or self.moe_weight_input) and not self.moe_experts:
             raise UserError("model.moe_gating, moe_expert_bias, moe_scale, moe_dense_layers, moe_dense_hidden and "
                             "moe_weight_input need experts (model.moe_experts)")
+        if not 0 <= self.moe_norm_eps < 1e-3:
+            raise UserError(f"model.moe_norm_eps={self.moe_norm_eps} must be in [0, 1e-3): a guard against a zero sum")
         if self.moe_bias_update < 0 or (self.moe_bias_update and not self.moe_expert_bias):
             raise UserError(f"model.moe_bias_update={self.moe_bias_update} must be >= 0 and needs the experts' routing "
                             f"bias (model.moe_expert_bias=true)")
@@ -1463,6 +1468,7 @@ class MoE(nn.Module):
         self.top_k, self.norm_topk = cfg.moe_top_k, cfg.moe_norm_topk
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
         self.weight_input = cfg.moe_weight_input  # the weights scale each expert's input (Llama 4's), not its output
+        self.norm_eps = cfg.moe_norm_eps if self.sigmoid else 0.0  # softmax scores: their sum is above 0 already
         self.gated, self.groups, self.topk_groups = cfg.gated_mlp, cfg.moe_groups, cfg.moe_topk_groups
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
@@ -1509,8 +1515,8 @@ class MoE(nn.Module):
             weights = probs.gather(1, experts)
         else:
             weights, experts = probs.topk(k, dim=-1)  # (N, k) each
-        if self.norm_topk:  # sigmoid scores: with 1e-6, as LFM2-MoE's router computes it
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-6 if self.sigmoid else 0.0))
+        if self.norm_topk:  # sigmoid scores: with moe_norm_eps, as LFM2-MoE's and GLM-4-MoE's routers compute it
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.norm_eps)
         if self.scale != 1.0:
             weights = weights * self.scale
         flat = experts.flatten()  # (N·k,) the expert of each (token, slot)

@@ -140,6 +140,28 @@ FAMILIES = {
                       moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
                       routed_scaling_factor=1.5, layer_types=["conv", "full_attention", "conv"], norm_eps=1e-5,
                       tie_word_embeddings=True, pad_token_id=None)),
+    # GLM (glm-4-9b-chat-hf's block: biases on q/k/v, half of each head rotated in interleaved pairs, gate and up
+    # fused), GLM-4 (GLM-4-0414's: the same with RMSNorms on the sublayers' outputs too; head_dim 24 != 64 / 4, tied)
+    "glm": ("GlmConfig", "GlmForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                pad_token_id=None, rope_parameters={"rope_type": "default",
+                                                                                    "rope_theta": 500.0,
+                                                                                    "partial_rotary_factor": 0.5})),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                                   tie_word_embeddings=True, pad_token_id=None)),
+    # GLM-4-MoE (GLM-4.5's layout): a dense first layer (96 wide), then top 2 of 8 sigmoid-scored experts chosen
+    # with a bias (perturbed like every tensor) within the best 2 of 4 groups, rescaled, times 2.5, beside one
+    # ungated shared expert; QK-norm per head, q/k/v biases, half of each head rotated; and GLM-4.5-Air's (no
+    # QK-norm, every layer's experts in one group, weights not rescaled, two shared experts)
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                      n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                      first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                      use_qk_norm=True, attention_bias=True, pad_token_id=None)),
+    "glm4_moe-air": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, n_routed_experts=4,
+                          num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=2,
+                          first_k_dense_replace=0, norm_topk_prob=False, tie_word_embeddings=False,
+                          pad_token_id=None)),
     # Cohere (Command-R's block: parallel sublayers under one LayerNorm without a bias, RoPE on interleaved pairs, a
     # logit scale, tied) and Cohere2 (Command R7B's: three windowed layers that rotate, then a full one without RoPE;
     # a window shorter than the test sequences)
@@ -617,7 +639,7 @@ def hf_model(kind: str, seed: int = 0):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
         for name, b in model.named_buffers():  # LFM2-MoE's routing bias, a buffer: moved so it chooses
-            if name.endswith("expert_bias"):
+            if name.endswith(("expert_bias", "e_score_correction_bias")):  # GLM-4-MoE's
                 b.add_(torch.randn_like(b) * 0.1)
     return model
 

@@ -170,6 +170,17 @@ REDLINE_EXPORTS = {
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),
     # Phi-3: Llama's block with RoPE on part of each head (Phi-4-mini's three quarters), GQA
     "Phi3ForCausalLM": dict(rope_dims=12, n_kv_head=2),
+    # GLM: Phi-3's block with biases on q/k/v (half of each head rotated, written in GLM's interleaved pairs); GLM-4:
+    # the same with plain RMSNorms on the sublayers' inputs and outputs; GLM-4-MoE: top 2 of 8 sigmoid-scored experts
+    # chosen with a bias within the best 2 of 4 groups, rescaled (1e-20, as GLM's router), times 2, two ungated
+    # shared experts, a dense first layer, QK-norm per head
+    "GlmForCausalLM": dict(rope_dims=8, qkv_bias=True, n_kv_head=2),
+    "Glm4ForCausalLM": dict(norm_position="sandwich", rope_dims=8, qkv_bias=True, n_kv_head=2, tie_embeddings=True),
+    "Glm4MoeForCausalLM": dict(n_layer=3, rope_dims=8, qkv_bias=True, qk_norm=True, n_kv_head=2, moe_experts=8,
+                               moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                               moe_groups=4, moe_topk_groups=2, moe_norm_eps=1e-20, moe_scale=2.0,
+                               moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                               moe_dense_hidden=80),
     # Granite: its four scalars, GQA, untied
     "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.3, logit_divisor=3.0, attn_scale=0.2,
                                n_kv_head=2),
@@ -611,7 +622,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports arcee, bamba, bloom, codegen, cohere, cohere2, ernie4_5, exaone, exaone4, "
-                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neo, "
+                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, glm, glm4, glm4_moe, gpt2, gpt_bigcode, "
+                         "gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, jamba, lfm2, lfm2_moe, lfm3, "

@@ -190,7 +190,8 @@ def test_refusals():
     for bad, fragment in [(dict(moe_gating="softmax"), "unrescaled sigmoid scores"),
                           (dict(moe_shared_gate=True), "ungated shared expert"),
                           (dict(qk_norm=True), "no learned QK-norm"),
-                          (dict(moe_weight_input=False), "weights its experts' input")]:
+                          (dict(moe_weight_input=False), "weights its experts' input"),
+                          (dict(rope_dims=4), "rotates whole heads")]:  # not GLM-4-MoE's partial RoPE
         with pytest.raises(UserError, match=fragment):
             export_family(replace(LLAMA4, **bad))
 

@@ -123,6 +123,13 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # MPT's Wqkv as redline's, out_proj, ffn.up_proj / down_proj
     "BloomForCausalLM": dict(pos_emb="alibi", embed_norm=True, norm="layernorm", mlp="gelu", bias=True),
     "MptForCausalLM": dict(pos_emb="alibi", norm="layernorm", mlp="gelu", gelu_approximate="none"),
+    # GLM and GLM-4: q/k/v_proj apart (q and k rows, B's rows, in GLM's interleaved order on half of each head),
+    # o_proj, gate_up_proj fused as redline's fc; GLM-4-MoE: its attention's q/k/v_proj (Llama's order) and o_proj
+    "GlmForCausalLM": dict(rope_dims=8, qkv_bias=True, n_kv_head=2),
+    "Glm4ForCausalLM": dict(norm_position="sandwich", rope_dims=8, qkv_bias=True, n_kv_head=2),
+    "Glm4MoeForCausalLM": dict(rope_dims=8, qkv_bias=True, qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                               mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                               moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=80),
     # Falcon: query_key_value (B's rows regrouped by KV head, [q, q, k, v] a group), dense, dense_h_to_4h / 4h_to_h
     "FalconForCausalLM": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, bias=True),
     # Llama 4: q and k rows (B's rows) in its interleaved RoPE order, chunked attention and weightless QK-norm on layer
@@ -146,7 +153,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # Jamba's out_proj too, which PEFT adapts there; never the router (mlp.fc on a mixture: no Linear)
            "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj"),
            # Llama 4's router's forward returns a pair, which no LoRA layer can wrap
-           "Llama4ForCausalLM": ("attn.*", "mlp.fc", "mlp.proj", "mlp.shared.*")}
+           "Llama4ForCausalLM": ("attn.*", "mlp.fc", "mlp.proj", "mlp.shared.*"),
+           # PEFT moves GLM-4-MoE's MLP adapters (dense, shared) onto its experts: its attention alone
+           "Glm4MoeForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -370,9 +370,17 @@ GPT_OSS_STYLE = dict(qk_norm=False, attn_sinks=True, bias=True, moe_bias=True, m
                      sliding_window=16, sliding_window_pattern=2)
 
 
+# DeepSeek-V3's routing: sigmoid scores, a choosing bias, 8 experts in 4 groups of which 2 are kept, scaled weights,
+# an ungated shared expert; and the same with Nemotron-H's ungated squared-ReLU experts
+DEEPSEEK_STYLE = dict(moe_gating="sigmoid", moe_expert_bias=True, moe_groups=4, moe_topk_groups=2, moe_scale=2.5,
+                      moe_shared_hidden=32, moe_shared_gate=False)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("extra, dtype, tol", [({}, torch.bfloat16, 0.05), (GPT_OSS_STYLE, torch.float32, 1e-4)],
-                         ids=["mixtral-style", "gpt-oss-style"])
+@pytest.mark.parametrize("extra, dtype, tol", [({}, torch.bfloat16, 0.05), (GPT_OSS_STYLE, torch.float32, 1e-4),
+                                               (DEEPSEEK_STYLE, torch.bfloat16, 0.05),
+                                               ({**DEEPSEEK_STYLE, "mlp": "relu2"}, torch.bfloat16, 0.05)],
+                         ids=["mixtral-style", "gpt-oss-style", "deepseek-style", "relu2-experts"])
 def test_gpu_compiled_engine_and_training_step(extra, dtype, tol):
     """On a GPU: the compiled, graph-captured engine decodes a mixture of experts greedily, as the eager one does
     (tests/engine_checks.py), and the compiled training step's loss and gradients (the balance loss on) match eager

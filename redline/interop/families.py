@@ -24,7 +24,8 @@ mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS n
 Jamba (Mamba-1 mixers with weighted dt, B and C norms and attention without positions, each followed by a SwiGLU or
 a mixture of experts on some layers); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
 attention, input-weighted experts with a shared one on some layers); exaone.py
-EXAONE 3.x; ernie.py ERNIE 4.5 and Helium.
+EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
+GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -231,10 +232,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gpt2,
-                                 gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba, lfm2, llama,
-                                 llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5,
-                                 qwen3_next, stablelm, starcoder2)
+    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, glm,
+                                 gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba, lfm2,
+                                 llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi,
+                                 phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -249,7 +250,8 @@ def _families() -> dict[str, Family]:
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
-                                falcon.FAMILY, jamba.FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY)}
+                                falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
+                                llama4.TEXT_FAMILY, llama4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -260,6 +262,10 @@ def family_for(hf_config: dict, source: str) -> Family:
     """The family of a Hugging Face config.json (its model_type)."""
     model_type = hf_config.get("model_type")
     families = _families()
+    if model_type == "glm4_moe_lite":
+        from redline.interop.glm import LITE_REFUSAL
+
+        raise UserError(f"{source}: {LITE_REFUSAL}")
     if model_type not in families:
         arch = ", ".join(hf_config.get("architectures") or []) or "no architectures field"
         raise UserError(f"{source}: model_type {model_type!r} ({arch}) is not supported; redline imports "
@@ -299,7 +305,9 @@ def export_family(cfg: ModelConfig) -> Family:
     sublayers, RoPE, GELU and no q/k/v biases, OLMo 2 with
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
     outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
-    Gemma 2's window, score scale or caps besides), Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
+    Gemma 2's window, score scale or caps besides), GLM-4-MoE with sigmoid-scored experts and partial RoPE (the one
+    export of grouped routing), GLM-4 with plain RMSNorms on the sublayers' inputs and outputs and partial RoPE, GLM
+    with Llama's block, partial RoPE and q/k/v biases, Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
     with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, Falcon with two LayerNorms for parallel
     sublayers, GQA or multi-query attention and GELU, StarCoder2 with RoPE, LayerNorm and
     GQA or a window, GPT-NeoX with RoPE and LayerNorm, partial RoPE,
@@ -329,6 +337,15 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import lfm2, qwen3_5
 
+    from redline.interop import glm, llama4
+
+    # first: chunked attention, the NoPE layers' temperature, input-weighted experts are Llama 4's alone
+    if llama4.wants_llama4(cfg):
+        llama4.check_exportable(cfg)
+        return families["llama4_text"]
+    if glm.wants_glm4_moe(cfg):  # sigmoid-scored experts beside attention with partial RoPE: GLM-4-MoE's alone
+        glm.check_glm4_moe_exportable(cfg)
+        return families["glm4_moe"]
     if cfg.moe_groups > 1:
         raise UserError(f"model.moe_groups={cfg.moe_groups}: none of the architectures redline exports to chooses "
                         f"experts within groups; set model.moe_groups=1")
@@ -336,11 +353,8 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu)")
 
-    from redline.interop import jamba, llama4
+    from redline.interop import jamba
 
-    if llama4.wants_llama4(cfg):  # chunked attention, the NoPE layers' temperature, input-weighted experts: Llama 4's
-        llama4.check_exportable(cfg)
-        return families["llama4_text"]
     if jamba.wants_jamba(cfg):  # Mamba-1 layers beside attention or MLPs, weighted dt/B/C norms, experts: Jamba's
         jamba.check_exportable(cfg)
         return families["jamba"]
@@ -392,6 +406,9 @@ def export_family(cfg: ModelConfig) -> Family:
     if lfm2.wants_lfm3(cfg):  # first: no other architecture has a head gate or proportional RoPE
         lfm2.check_lfm3_exportable(cfg)
         return families["lfm3"]
+    if glm.wants_glm4(cfg):  # sandwich norms with plain RMSNorm weights: GLM-4's (the Gemmas' scale by 1 + weight)
+        glm.check_glm4_exportable(cfg)
+        return families["glm4"]
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
@@ -522,6 +539,9 @@ def export_family(cfg: ModelConfig) -> Family:
         return families["olmo2"]
     from redline.interop import phi3
 
+    if glm.wants_glm(cfg):  # Phi-3's block with biases on q/k/v: GLM's
+        glm.check_glm_exportable(cfg)
+        return families["glm"]
     if phi3.wants_phi3(cfg):
         phi3.check_exportable(cfg)
         return families["phi3"]

@@ -1029,6 +1029,11 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                      "two norms a block)"),
                 "jamba": ("Jamba", "no writer here for llama.cpp's jamba layout (Mamba-1 beside attention, experts on "
                                    "some layers)"),
+                "glm": ("GLM", "no writer here for llama.cpp's chatglm layout (interleaved partial RoPE)"),
+                "glm4": ("GLM-4", "no writer here for llama.cpp's glm4 layout (sandwich norms, interleaved partial "
+                                  "RoPE)"),
+                "glm4_moe": ("GLM-4-MoE", "no writer here for llama.cpp's glm4moe layout (grouped sigmoid routing, "
+                                          "shared experts, multi-token prediction layers)"),
                 "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
                                            "without RoPE and their query temperature, input-weighted experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")

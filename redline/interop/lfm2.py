@@ -90,6 +90,9 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.moe_experts and (cfg.moe_gating != "sigmoid" or cfg.moe_shared_hidden),
          "experts with model.conv_layers: LFM2-MoE's route by sigmoid scores (model.moe_gating=sigmoid) and have no "
          "shared expert"),
+        (cfg.moe_experts and cfg.moe_norm_topk and cfg.moe_norm_eps != 1e-6,
+         f"model.moe_norm_eps={cfg.moe_norm_eps} with model.conv_layers: LFM2-MoE rescales the chosen scores with "
+         f"1e-6; set model.moe_norm_eps=1e-6"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          "model.conv_layers without per-head QK-norm before RoPE: LFM2's attention layers normalize q and k so"),
         (cfg.bias or cfg.has_qkv_bias, "model.bias or model.qkv_bias with model.conv_layers: LFM2's attention and "

@@ -21,7 +21,8 @@ feed_forward.shared_expert.*, never the router, whose forward returns a pair):
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
 Qwen3-Next's delta nets take adapters on out_proj alone, and none go on its gate_proj, up_proj or down_proj layers
-(PEFT moves those onto its experts).
+(PEFT moves those onto its experts), nor on GLM-4-MoE's (glm.py) for that reason; GLM's and GLM-4's q and k rows
+(B's rows) are in their interleaved RoPE order on each head's first rope_dims rows.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
@@ -217,6 +218,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if family.name in ("glm", "glm4", "glm4_moe"):
+        return _glm_parts(layer, base, rest, out_features, cfg, family)
     if family.name in ("llama4_text", "llama4") and rest != "attn.qkv":  # llama4.py's names: feed_forward.*
         if rest == "mlp.router":  # Llama4Router returns (scores, logits): a LoRA layer around it cannot add to that
             raise UserError(f"the adapter on {layer} adapts Llama 4's router, whose forward returns its scores and "
@@ -289,6 +292,35 @@ def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelC
     if rest not in _NEOX:
         raise UserError(f"the adapter on {layer} has no counterpart in GPT-NeoX; export with --merge")
     return [(base + _NEOX[rest], slice(0, out_features))]
+
+
+def _glm_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelConfig,
+               family: Family) -> list[tuple[str, object]]:
+    """glm.py's names: q/k/v apart (GLM's and GLM-4's q and k rows in their interleaved RoPE order, as glm.py exports
+    them), o_proj; GLM's and GLM-4's gate and up fused in gate_up_proj. GLM-4-MoE's attention alone: PEFT renames
+    its MLP adapters (dense layers' and shared experts' gate_proj / up_proj / down_proj) onto the experts."""
+    from redline.interop.glm import rope_rows
+
+    if rest == "attn.qkv":
+        q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        rows = torch.arange(q + 2 * kv)
+        q_rows, k_rows = rows[:q], rows[q:q + kv]
+        if family.name != "glm4_moe":
+            q_rows, k_rows = rope_rows(q_rows, cfg.n_head, cfg, to_hf=True), rope_rows(k_rows, cfg.kv_heads, cfg,
+                                                                                         to_hf=True)
+        return [(base + "self_attn.q_proj", q_rows), (base + "self_attn.k_proj", k_rows),
+                (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
+    if family.name == "glm4_moe" and rest.startswith("mlp."):
+        raise UserError(f"the adapter on {layer} would be a router, gate_proj, up_proj or down_proj adapter, which "
+                        f"PEFT moves onto GLM-4-MoE's experts (their fused gate_up_proj and down_proj) as it loads "
+                        f"them; train with lora.targets attn.* or export with --merge")
+    if rest == "mlp.fc" and cfg.fused_mlp:
+        return [(base + "mlp.gate_up_proj", slice(0, out_features))]
+    names = {"attn.proj": "self_attn.o_proj", "mlp.proj": "mlp.down_proj"}
+    if rest not in names:
+        raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture} (whose q/k/v are rows "
+                        f"of redline's fused attn.qkv, its gate and up of mlp.fc); export with --merge")
+    return [(base + names[rest], slice(0, out_features))]
 
 
 def _gate_up(prefix: str, out_features: int) -> list[tuple[str, slice]]:

@@ -63,6 +63,8 @@ FIELDS_ACCOUNTED = {
     "moe_bias_update": "training only (the routing bias it moves is moe_expert_bias's)",
     "moe_gating": "refused with moe_experts", "moe_expert_bias": "refused with moe_experts",
     "moe_scale": "refused with moe_experts", "moe_bias": "refused with moe_experts", "moe_dense_layers": "refused with moe_experts",
+    "moe_norm_eps": "refused with moe_experts", "moe_groups": "refused with moe_experts",
+    "moe_topk_groups": "refused with moe_experts",
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
