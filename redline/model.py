@@ -531,8 +531,8 @@ class ModelConfig:
         if self.rope_scaling != "none" and self.rope_factor < 1.0:
             raise UserError(f"model.rope_factor must be >= 1 with rope_scaling={self.rope_scaling}, "
                             f"got {self.rope_factor}")
-        if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
-            raise UserError("rope_scaling=llama3 needs 0 < model.rope_low_freq_factor < model.rope_high_freq_factor, "
+        if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor <= self.rope_high_freq_factor:
+            raise UserError("rope_scaling=llama3 needs 0 < model.rope_low_freq_factor <= model.rope_high_freq_factor, "
                             f"got {self.rope_low_freq_factor} and {self.rope_high_freq_factor}")
         if self.rope_scaling == "yarn" and not (self.rope_beta_fast > self.rope_beta_slow > 0
                                                   and self.rope_attention_factor >= 0):
@@ -802,8 +802,10 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         return inv_freq / cfg.rope_factor
     if cfg.rope_scaling == "llama3":
         wavelength = 2 * math.pi / inv_freq
+        # equal factors (Llama 4 Scout's 1 and 1): no band to blend, every wavelength long or short (the `or`
+        # keeps the unused blend finite)
         smooth = (cfg.rope_original_context / wavelength - cfg.rope_low_freq_factor) / (
-            cfg.rope_high_freq_factor - cfg.rope_low_freq_factor)
+            (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor) or 1.0)
         blended = (1 - smooth) * inv_freq / cfg.rope_factor + smooth * inv_freq
         long = wavelength > cfg.rope_original_context / cfg.rope_low_freq_factor
         short = wavelength < cfg.rope_original_context / cfg.rope_high_freq_factor

@@ -467,7 +467,8 @@ FAMILIES = {
                         attn_layer_offset=0, expert_layer_period=1, expert_layer_offset=0, num_experts=3,
                         num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=3, mamba_dt_rank=6,
                         mamba_conv_bias=False, mamba_proj_bias=True, tie_word_embeddings=True, pad_token_id=None)),
-    # Llama 4 (Scout's layout, small): interleaved RoPE with Llama 3 scaling, layer 3 without it (one in four) and
+    # Llama 4 (Scout's layout, small): interleaved RoPE with Scout's Llama 3 scaling (low and high frequency factors
+    # both 1: no blended band; the longest wavelengths past the original context here), layer 3 without it and
     # with the query temperature (its steps every 4 positions), chunked attention on the layers that rotate (chunks
     # of 5, shorter than the test sequences), weightless QK-norm, top-1 experts on layers 1 and 3 with a shared one
     # (Maverick's interleave step), dense SwiGLUs of intermediate_size_mlp on 0 and 2, untied; and tied, layers
@@ -477,8 +478,8 @@ FAMILIES = {
                          intermediate_size=32, intermediate_size_mlp=80, num_local_experts=4, num_experts_per_tok=1,
                          interleave_moe_layer_step=2, attention_chunk_size=5, floor_scale=4, attn_scale=0.5,
                          pad_token_id=None,
-                         rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
-                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 16.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 1.0,
                                           "original_max_position_embeddings": 16})),
     "llama4_text-tied": ("Llama4TextConfig", "Llama4ForCausalLM",
                          dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, head_dim=16,

@@ -162,6 +162,30 @@ def test_multimodal_folder_reads_its_text_model(tmp_path, capsys):
         torch.testing.assert_close(back.eval()(tokens).logits, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_scout_shaped_config():
+    """Llama 4 Scout's text_config values (its Llama 3 RoPE with both frequency factors 1, a 10M context, chunks of
+    8192, RoPE left out of one layer in four, experts on every layer): the fields redline derives, valid as they are
+    (the model itself, whose RoPE tables alone would take 5 GB at that context, is not built here)."""
+    from redline.interop.llama4 import model_config
+
+    scout = {"model_type": "llama4_text", "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+             "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+             "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 10485760, "rms_norm_eps": 1e-5,
+             "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "use_qk_norm": True,
+             "attention_chunk_size": 8192, "attn_temperature_tuning": 4, "floor_scale": 8192, "attn_scale": 0.1,
+             "rope_theta": 500000.0, "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                                                      "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    cfg = model_config({"model_type": "llama4", "text_config": scout})
+    cfg.validate()
+    assert (cfg.nope_interval, cfg.attn_chunk, cfg.rope_qk_norm, cfg.nope_temperature) == (4, 8192, True, 0.1)
+    assert (cfg.rope_scaling, cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor) == (
+        "llama3", 16.0, 1.0, 1.0)
+    assert (cfg.moe_experts, cfg.moe_layers, cfg.hidden_dim, cfg.moe_shared_hidden) == (16, (), 8192, 8192)
+    from redline.model import rope_frequencies
+
+    assert torch.isfinite(rope_frequencies(cfg)).all()
+
+
 def test_refusals():
     """What redline cannot run or Llama 4 cannot hold is one line naming it."""
     from redline.interop.families import export_family
