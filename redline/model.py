@@ -32,6 +32,11 @@ Features (each a field of `ModelConfig`):
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's
   selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py);
+- Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
+  `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
+  (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
+  `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
+  (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), training and full-recompute generation only;
 - the loss: the head's logits for the whole batch at once, or in chunks of tokens that are never all in memory
@@ -376,6 +381,37 @@ class ModelConfig:
     is mixed into the attention values of layer i and of layer n_layer − k + i (the first k and last k layers, k =
     this, U-net style) as v ← λ₀·v + λ₁·ve with two learned scalars per layer (initialised 0.5 each). 0 = off.
     The KV-cache inference engine does not take them (generation falls back to `GPT.generate`)."""
+    global_head_size: int = 0
+    """Head width of the full-attention layers (those outside the sliding window) in a model with windowed ones; 0 =
+    head_dim (Gemma 4's global_head_dim). rope_theta's table is built for this width, so it takes rope_local_theta
+    for the windowed layers' own."""
+    global_kv_head: int = 0
+    """KV heads of the full-attention layers; 0 = n_kv_head (Gemma 4's num_global_key_value_heads)."""
+    global_values_from_keys: bool = False
+    """The full-attention layers have no value projection: their values are the key projection's output, before the
+    keys' norm and RoPE (Gemma 4's attention_k_eq_v). Needs fused_qkv=false."""
+    v_norm: bool = False
+    """RMSNorm without a weight on each head's values (Gemma 4's v_norm), before they are cached."""
+    kv_shared_layers: int = 0
+    """The last this many layers compute no keys or values: each attends, with its own queries and window, over those
+    of the last earlier layer of the same window (Gemma 4's num_kv_shared_layers). The inference engine's cache holds
+    them once, the shared layers reading their source layer's slots. Needs fused_qkv=false."""
+    kv_shared_mlp_hidden: int = 0
+    """The MLP width of the kv_shared_layers; 0 = the others' (Gemma 4's use_double_wide_mlp: twice theirs)."""
+    per_layer_embd: int = 0
+    """Per-layer inputs of this width P (Gemma 4's and Gemma 3n's hidden_size_per_layer_input; 0 = off): a token's
+    (n_layer, P) row of a table times sqrt(P), plus the RMS-normed (n_layer, P) projection of its embedding times
+    n_embd^-0.5, both times 2^-0.5; after its MLP each block adds norm(proj(gelu(gate(x)) · its P-wide input))."""
+    per_layer_vocab: int = 0
+    """Rows of the per-layer input table (0: vocab_size; Gemma 4's vocab_size_per_layer_input)."""
+    moe_beside_dense: bool = False
+    """Each layer's experts run beside a dense MLP (moe_dense_hidden wide) rather than in its place (Gemma 4's MoE
+    block, norm_position=sandwich): the MLP reads norm2(x), the experts a norm of x of their own, the router RMS(x)
+    times a learned (C,) scale and C^-0.5; the top-k weights are renormalized, then times a learned scale of each
+    chosen expert; each output is normed and their sum goes through the MLP's output norm."""
+    layer_scalars: bool = False
+    """Each block's output, the whole residual stream, times a stored scalar of its own (Gemma 4's layer_scalar
+    buffer; 1 at init, not trained)."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches (training only)."""
     attn_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
@@ -402,6 +438,24 @@ class ModelConfig:
         if not self.moe_experts:
             return False
         return layer in self.moe_layers if self.moe_layers else layer >= self.moe_dense_layers
+
+    def layer_head_dim(self, layer: int) -> int:
+        """Layer `layer`'s head width: global_head_size on a full-attention layer where it is given, else head_dim."""
+        return self.global_head_size if self.global_head_size and not self.layer_window(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """Layer `layer`'s KV heads: global_kv_head on a full-attention layer where it is given, else kv_heads."""
+        return self.global_kv_head if self.global_kv_head and not self.layer_window(layer) else self.kv_heads
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose keys and values layer `layer` attends over (one of the last kv_shared_layers: the last
+        earlier layer of its window that computes its own), or None (it computes its own)."""
+        first = self.n_layer - self.kv_shared_layers
+        if layer < first:
+            return None
+        window = self.layer_window(layer)
+        sources = [i for i in range(first) if self.layer_window(i) == window]
+        return sources[-1] if sources else None
 
     @property
     def dt_rank(self) -> int:
@@ -734,9 +788,55 @@ class ModelConfig:
                 (self.moe_shared_hidden or self.moe_aux_loss) and not self.moe_experts):
             raise UserError("model.moe_shared_hidden and model.moe_aux_loss are >= 0 and need experts "
                             "(model.moe_experts)")
+        self._validate_layerwise_attention()
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
+
+    def _validate_layerwise_attention(self) -> None:
+        """Gemma 4's fields: the full-attention layers' own geometry, shared keys and values, per-layer inputs."""
+        if min(self.global_head_size, self.global_kv_head, self.kv_shared_layers, self.kv_shared_mlp_hidden,
+               self.per_layer_embd, self.per_layer_vocab) < 0:
+            raise UserError("model.global_head_size, global_kv_head, kv_shared_layers, kv_shared_mlp_hidden, "
+                            "per_layer_embd and per_layer_vocab must be >= 0 (0 = off)")
+        if self.global_head_size and (not self.sliding_window or self.global_head_size % 2 or (
+                self.pos_emb == "rope" and (not self.rope_local_theta or self.rope_dims or self.rope_layer_theta))):
+            raise UserError(f"model.global_head_size={self.global_head_size} needs windowed layers (model.sliding_"
+                            f"window), an even width and with RoPE model.rope_local_theta (their own table), no "
+                            f"rope_dims or rope_layer_theta")
+        if self.global_kv_head and (not self.sliding_window or self.n_head % self.global_kv_head):
+            raise UserError(f"model.global_kv_head={self.global_kv_head} needs windowed layers (model.sliding_window) "
+                            f"and must divide model.n_head={self.n_head}")
+        if (self.global_values_from_keys or self.kv_shared_layers) and self.fused_qkv:
+            raise UserError("model.global_values_from_keys and model.kv_shared_layers take separate q, k and v "
+                            "projections (model.fused_qkv=false)")
+        if (self.global_head_size or self.global_kv_head or self.kv_shared_layers or self.per_layer_embd) and (
+                self.value_embeddings or self.attention_layers != list(range(self.n_layer))):
+            raise UserError("model.global_head_size, global_kv_head, kv_shared_layers and per_layer_embd take "
+                            "attention on every layer and no value embeddings")
+        if self.kv_shared_layers > self.n_layer or any(
+                self.kv_source(i) is None for i in range(self.n_layer - self.kv_shared_layers, self.n_layer)):
+            raise UserError(f"model.kv_shared_layers={self.kv_shared_layers}: each shared layer needs an earlier "
+                            f"layer of its window (sliding or full) before the last {self.kv_shared_layers} layers")
+        if self.kv_shared_mlp_hidden and not self.kv_shared_layers:
+            raise UserError("model.kv_shared_mlp_hidden sets the kv_shared_layers' MLP width: it needs "
+                            "model.kv_shared_layers")
+        if self.per_layer_vocab and not self.per_layer_embd:
+            raise UserError("model.per_layer_vocab sizes the per-layer input table: it needs model.per_layer_embd")
+        if self.kv_shared_layers and self.qk_norm and (self.qk_norm_scope != "head" or self.qk_norm_after_rope):
+            raise UserError("model.kv_shared_layers takes per-head QK-norm before RoPE (model.qk_norm_scope=head, "
+                            "no qk_norm_after_rope)")
+        if (self.per_layer_embd or self.kv_shared_mlp_hidden) and (
+                (self.moe_experts and not self.moe_beside_dense) or self.mlp_free_layers):
+            raise UserError("model.per_layer_embd and kv_shared_mlp_hidden take dense MLPs on every layer (no "
+                            "model.moe_experts in their place, no mlp_free_layers)")
+        if self.moe_beside_dense and (
+                not self.moe_experts or not self.moe_dense_hidden or self.norm_position != "sandwich"
+                or self.moe_layers or self.moe_dense_layers or self.moe_shared_hidden or self.moe_groups > 1
+                or self.moe_gating != "softmax" or self.moe_expert_bias or self.moe_bias or self.parallel_residual):
+            raise UserError("model.moe_beside_dense (Gemma 4's MoE block) takes model.moe_experts beside a dense MLP "
+                            "moe_dense_hidden wide on every layer of sandwich-norm blocks, softmax routing and no "
+                            "shared expert, groups, routing bias, expert biases or moe_layers / moe_dense_layers")
 
 
 def _divisors_near(n: int, target: int) -> list[int]:
@@ -986,8 +1086,13 @@ def _flex_attention_lse(q, k, v, block_mask, scale, enable_gqa, score_mod):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
         super().__init__()
-        self.cfg = cfg
-        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.cfg, self.layer = cfg, layer
+        # a full-attention layer's own width and KV heads where the model gives them (Gemma 4's global_head_dim)
+        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.layer_kv_heads(layer), cfg.layer_head_dim(layer)
+        # kv_shared_layers: the layer whose keys and values this one attends over (None: its own)
+        self.kv_source = cfg.kv_source(layer)
+        # global_values_from_keys: v is k's projection (Gemma 4's attention_k_eq_v), no v weight
+        self.values_from_keys = cfg.global_values_from_keys and not cfg.layer_window(layer)
         self.window = cfg.layer_mask(layer)  # this layer's mask key: sliding window, 0 (the whole context), -chunk
         self.rope_table = cfg.layer_rope_table(layer)  # which of GPT.embed's RoPE tables this layer rotates by
         self.use_rope = cfg.layer_rope(layer)  # False: a NoPE layer (nope_interval, rope_layer_theta 0)
@@ -1001,33 +1106,49 @@ class Attention(nn.Module):
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
         bias = cfg.has_qkv_bias
+        own_kv = self.kv_source is None
         if cfg.fused_qkv:
             self.qkv = nn.Linear(cfg.n_embd, q_dim + 2 * kv_dim, bias=bias)
         else:
             self.q = nn.Linear(cfg.n_embd, q_dim, bias=bias)
-            self.k = nn.Linear(cfg.n_embd, kv_dim, bias=bias)
-            self.v = nn.Linear(cfg.n_embd, kv_dim, bias=bias)
+            self.k = nn.Linear(cfg.n_embd, kv_dim, bias=bias) if own_kv else None
+            self.v = nn.Linear(cfg.n_embd, kv_dim, bias=bias) if own_kv and not self.values_from_keys else None
+        # v_norm: RMS over each head's values, no weight (Gemma 4's)
+        self.v_norm = (nn.RMSNorm(self.head_dim, eps=cfg.norm_eps, elementwise_affine=False)
+                       if cfg.v_norm and own_kv else None)
         self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
         if cfg.qk_norm:
             whole = cfg.qk_norm_scope == "all"  # (H*D,) and (KV*D,) weights, else (D,) shared by the heads
             self.q_norm = make_rmsnorm(cfg, q_dim if whole else self.head_dim)
-            self.k_norm = make_rmsnorm(cfg, kv_dim if whole else self.head_dim)
+            self.k_norm = make_rmsnorm(cfg, kv_dim if whole else self.head_dim) if own_kv else None
 
     def project(self, x: torch.Tensor):
-        """x: (B, T, C) -> q (B, T, H*D), k and v (B, T, KV*D): the projections alone, before QK-norm and RoPE."""
+        """x: (B, T, C) -> q (B, T, H*D), k and v (B, T, KV*D): the projections alone, before QK-norm and RoPE; k and
+        v None on a layer that reads another's (kv_source), v k's projection where values_from_keys."""
         if self.cfg.fused_qkv:
             return self.qkv(x).split(
                 [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
             )
-        return self.q(x), self.k(x), self.v(x)
+        if self.k is None:
+            return self.q(x), None, None
+        k = self.k(x)
+        return self.q(x), k, k if self.v is None else self.v(x)
 
     def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                     ve: torch.Tensor | None = None):
-        """x: (B, T, C) -> q (B, H, T, D), k and v (B, KV, T, D), with QK-norm and RoPE applied; ve: None, or this
-        layer's value embedding (B, T, KV*D), mixed into v."""
+        """x: (B, T, C) -> q (B, H, T, D), k and v (B, KV, T, D), with QK-norm and RoPE applied (k and v None on a
+        layer that reads another's, kv_source); ve: None, or this layer's value embedding (B, T, KV*D), mixed into
+        v."""
         B, T, _ = x.shape
         q, k, v = self.project(x)
+        if k is None:  # a kv-shared layer: its queries alone
+            q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            if self.cfg.qk_norm:  # validate keeps these to per-head QK-norm before RoPE
+                q = self.q_norm(q)
+            if rope is not None and self.use_rope:
+                q = apply_rope(q, *layer_rope(rope, self.rope_table))
+            return q, None, None
         if ve is not None:
             v = self.ve_mix[0] * v + self.ve_mix[1] * ve.to(v.dtype)
         if self.cfg.qk_norm and self.cfg.qk_norm_scope == "all":  # before the split into heads
@@ -1035,6 +1156,8 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         per_head = self.cfg.qk_norm and self.cfg.qk_norm_scope == "head"
         if per_head and not self.cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -1085,16 +1208,22 @@ class Attention(nn.Module):
         B, _, Tq, _ = q.shape
         return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
 
-    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None) -> torch.Tensor:
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
+                shared: dict | None = None) -> torch.Tensor:
         """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
         where query i may attend key j (this layer's: GPT.attention_mask for its window). cache: None, or a KV cache
         layer of the inference engine (redline/inference/cache.py), which stores this call's keys and values and
         attends over all it holds: `cache.attend(self, x, rope, ve) -> (B, T, H*D)`, calling back into project /
         project_qkv / attend.
-        ve: this layer's value embedding (B, T, KV*D) or None."""
+        ve: this layer's value embedding (B, T, KV*D) or None. shared: without a cache, the forward's {layer: (k, v)}
+        (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's."""
         if cache is not None:
             return self.proj(self.gated(x, cache.attend(self, x, rope, ve)))
         q, k, v = self.project_qkv(x, rope, ve)
+        if k is None:
+            k, v = shared[self.kv_source]
+        elif shared is not None:
+            shared[self.layer] = (k, v)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
         return self.proj(self.gated(x, y))
 
@@ -1487,6 +1616,12 @@ class MoE(nn.Module):
         self.shared = MLP(replace(cfg, mlp_hidden=cfg.moe_shared_hidden, moe_experts=0, moe_shared_hidden=0,
                                   moe_aux_loss=0.0, fused_mlp=True)) if cfg.moe_shared_hidden else None
         self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden and cfg.moe_shared_gate else None
+        # moe_beside_dense (Gemma 4's): the experts' own input norm, the router's (C,) input scale, each expert's
+        # scale on its weight (E,)
+        self.input_norm = make_norm(cfg, C) if cfg.moe_beside_dense else None
+        self.router_scale = nn.Parameter(torch.ones(C)) if cfg.moe_beside_dense else None
+        self.expert_scale = nn.Parameter(torch.ones(E)) if cfg.moe_beside_dense else None
+        self.router_norm_eps = cfg.norm_eps  # moe_beside_dense: the router's input norm
         self.balance_loss = cfg.moe_aux_loss > 0
         self.balance: torch.Tensor | None = None
         """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
@@ -1500,11 +1635,20 @@ class MoE(nn.Module):
         for bias in (self.fc_bias, self.proj_bias):
             if bias is not None:
                 nn.init.zeros_(bias)
+        for scale in (self.router_scale, self.expert_scale):
+            if scale is not None:
+                nn.init.ones_(scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, E, k = x.shape, self.fc.shape[0], self.top_k
         x = x.reshape(-1, shape[-1])  # (N, C)
-        logits = self.router(x)
+        if self.input_norm is None:
+            logits = self.router(x)
+        else:  # Gemma 4's: the router reads RMS(x) · scale · C^-0.5, the experts their own norm of x
+            C = shape[-1]
+            routed = F.rms_norm(x.float(), (C,), eps=self.router_norm_eps).type_as(x)
+            logits = self.router(routed * self.router_scale * C ** -0.5)
+            x = self.input_norm(x)
         probs = torch.sigmoid(logits.float()) if self.sigmoid else F.softmax(logits, dim=-1, dtype=torch.float32)
         if self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
             choice = probs if self.expert_bias is None else probs + self.expert_bias
@@ -1521,6 +1665,8 @@ class MoE(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + self.norm_eps)
         if self.scale != 1.0:
             weights = weights * self.scale
+        if self.expert_scale is not None:  # (N, k): each chosen expert's own scale
+            weights = weights * self.expert_scale[experts]
         flat = experts.flatten()  # (N·k,) the expert of each (token, slot)
         order = flat.argsort(stable=True)
         counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
@@ -1586,12 +1732,31 @@ class Block(nn.Module):
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
             self.mlp = None
-        elif cfg.layer_has_experts(layer):
+        elif cfg.layer_has_experts(layer) and not cfg.moe_beside_dense:
             self.mlp = MoE(cfg)
+        elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
+            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
         else:  # a dense MLP, moe_dense_hidden wide on a mixture's first moe_dense_layers, mlp_hidden off moe_layers
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg)
+        # per_layer_embd (Gemma 4's per-layer inputs): after the MLP, x + norm(ple_proj(gelu(ple_gate(x)) · input))
+        self.ple_gate = self.ple_proj = self.ple_norm = None
+        if cfg.per_layer_embd:
+            self.ple_gate = nn.Linear(cfg.n_embd, cfg.per_layer_embd, bias=False)
+            self.ple_proj = nn.Linear(cfg.per_layer_embd, cfg.n_embd, bias=False)
+            self.ple_norm = make_norm(cfg, cfg.n_embd)
+        self.gelu = cfg.gelu_approximate
+        # layer_scalars: (1,) the block's output scale, a buffer (stored with the weights, not trained)
+        if cfg.layer_scalars:
+            self.register_buffer("layer_scalar", torch.ones(1))
+        else:
+            self.layer_scalar = None
         self.attn_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
         self.mlp_out_norm = make_norm(cfg, cfg.n_embd) if outputs else None
+        # moe_beside_dense (Gemma 4's MoE block): the experts beside the dense MLP, each output normed before the sum
+        self.moe = self.dense_out_norm = self.moe_out_norm = None
+        if cfg.moe_beside_dense and mlp:
+            self.moe = MoE(cfg)
+            self.dense_out_norm, self.moe_out_norm = make_norm(cfg, cfg.n_embd), make_norm(cfg, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.residual_multiplier = cfg.residual_multiplier  # 0: the sublayers' outputs join the stream as they are
 
@@ -1600,19 +1765,28 @@ class Block(nn.Module):
         h = self.drop(h)
         return h * self.residual_multiplier if self.residual_multiplier else h
 
-    def forward(self, x, rope, attn_mask=None, cache=None, ve=None, doc_ids=None):
-        """x: (B, T, C) -> (B, T, C); attn_mask, cache and ve as Attention.forward; doc_ids (B, T) or None: the packed
-        documents, which a Mamba-2 mixer beside attention (mamba) keeps apart as attn_mask does attention's."""
+    def forward(self, x, rope, attn_mask=None, cache=None, ve=None, doc_ids=None, ple=None, shared=None):
+        """x: (B, T, C) -> (B, T, C); attn_mask, cache, ve and shared as Attention.forward; doc_ids (B, T) or None: the
+        packed documents, which a Mamba-2 mixer beside attention (mamba) keeps apart as attn_mask does attention's;
+        ple: this layer's per-layer input (B, T, per_layer_embd) (model.per_layer_embd) or None."""
+        x = self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared)
+        if self.ple_gate is not None:  # as transformers' Gemma4TextDecoderLayer adds its per-layer input
+            h = F.gelu(self.ple_gate(x), approximate=self.gelu) * ple
+            x = x + self.ple_norm(self.ple_proj(h))
+        return x if self.layer_scalar is None else x * self.layer_scalar
+
+    def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared):
+        kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
         if self.position == "post":
-            x = self.norm1(x + self.out(self.attn(x, rope, attn_mask, cache, ve)))
+            x = self.norm1(x + self.out(self.attn(x, rope, attn_mask, cache, ve, **kw)))
             return self.norm2(x + self.out(self.mlp(x)))
         if self.parallel:  # both sublayers read x (GPT-NeoX, Phi): x + attn(norm1(x)) + mlp(norm2(x) or norm1(x))
             u = self.norm1(x)
-            h = self.out(self.attn(u, rope, attn_mask, cache, ve))
+            h = self.out(self.attn(u, rope, attn_mask, cache, ve, **kw))
             return x + h + self.out(self.mlp(u if self.norm2 is None else self.norm2(x)))
         if self.attn is not None:
             u = self.norm1(x)
-            h = self.attn(u, rope, attn_mask, cache, ve)
+            h = self.attn(u, rope, attn_mask, cache, ve, **kw)
             if self.mamba is not None:  # Falcon-H1's: the mixer reads the same input and its output joins attention's
                 h = h + self.mamba(u, None, doc_ids, cache)
             if self.attn_out_norm is not None:
@@ -1621,6 +1795,8 @@ class Block(nn.Module):
         if self.mlp is None:
             return x
         h = self.mlp(self.norm2(x))
+        if self.moe is not None:  # the experts read the stream itself (their norms inside), as transformers' Gemma 4
+            h = self.dense_out_norm(h) + self.moe_out_norm(self.moe(x))
         if self.mlp_out_norm is not None:
             h = self.mlp_out_norm(h)
         return x + self.out(h)
@@ -1652,6 +1828,14 @@ class GPT(nn.Module):
         # value embeddings: (padded_vocab, KV*D) tables, outside the blocks (AdamW takes them, as the embeddings)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.padded_vocab, cfg.kv_heads * cfg.head_dim)
                                           for _ in range(cfg.value_embeddings))
+        # per_layer_embd (Gemma 4's per-layer inputs): a (rows, n_layer·P) token table and the (n_layer·P, C)
+        # projection of the embeddings, normed per layer by ple_norm (P,); per_layer_inputs combines them
+        self.ple_table = self.ple_proj = self.ple_norm = None
+        if cfg.per_layer_embd:
+            width = cfg.n_layer * cfg.per_layer_embd
+            self.ple_table = nn.Embedding(cfg.per_layer_vocab or cfg.vocab_size, width)
+            self.ple_proj = nn.Linear(cfg.n_embd, width, bias=False)
+            self.ple_norm = make_norm(cfg, cfg.per_layer_embd)
         # post-norm blocks end in a norm already; the others need a final one
         self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=cfg.head_bias)
@@ -1675,7 +1859,9 @@ class GPT(nn.Module):
         one table, unread)."""
         tables = ()
         for theta, scaled in self.cfg.rope_bases or [(self.cfg.rope_theta, True)]:
-            tables += rope_tables(replace(self.cfg, rope_theta=theta,
+            # rope_theta's table serves the full-attention layers: global_head_size wide where it is given
+            width = self.cfg.global_head_size if scaled and self.cfg.global_head_size else self.cfg.head_dim
+            tables += rope_tables(replace(self.cfg, rope_theta=theta, head_size=width,
                                           rope_scaling=self.cfg.rope_scaling if scaled else "none"))
         if self.cfg.nope_temperature:
             tables += (nope_temperature_table(self.cfg),)
@@ -1765,6 +1951,8 @@ class GPT(nn.Module):
                 dt = torch.empty_like(module.dt_proj.bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
                 module.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # (Mamba's time_step_min/max)
         for block in self.blocks:  # value-embedding mixing weights and sinks are bare parameters, not modules
+            if block.layer_scalar is not None:
+                block.layer_scalar.fill_(1.0)
             if not block.conv and block.attn.ve_mix is not None:
                 block.attn.ve_mix.fill_(0.5)
             if not block.conv and block.attn.sinks is not None:
@@ -1862,6 +2050,18 @@ class GPT(nn.Module):
                 rope = tuple(t.unsqueeze(1) for t in rope)
         return self.drop(x), rope
 
+    def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """Each layer's per-layer input (model.per_layer_embd), as transformers' Gemma4TextModel computes it: idx
+        (B, T) and their embeddings x (B, T, C), embed's -> (B, T, n_layer, P), or None without them."""
+        if self.ple_table is None:
+            return None
+        B, T = idx.shape
+        P = self.cfg.per_layer_embd
+        scale = torch.tensor(P ** 0.5, dtype=torch.float32).to(self.ple_table.weight.dtype)  # rounded as wte's
+        tokens = (self.ple_table(idx) * scale).view(B, T, -1, P)
+        context = self.ple_norm((self.ple_proj(x) * self.cfg.n_embd ** -0.5).view(B, T, -1, P))
+        return (context + tokens) * 2 ** -0.5
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states (..., C), after norm_f -> logits (..., padded_vocab), divided by logit_divisor and
         soft-capped when logit_softcap is set (then in fp32)."""
@@ -1886,10 +2086,13 @@ class GPT(nn.Module):
         masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions)  # one per window
                  for w in self.cfg.windows}
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
+        ple = self.per_layer_inputs(idx, x)  # (B, T, n_layer, P) or None
+        shared = {} if self.cfg.kv_shared_layers else None  # the layers' (k, v) for the kv-shared ones
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)
             mask = doc_ids if block.conv else masks[block.window]  # a convolution keeps documents apart
-            x = block(x, rope, mask, ve=None if table is None else values[table], doc_ids=doc_ids)
+            x = block(x, rope, mask, ve=None if table is None else values[table], doc_ids=doc_ids,
+                      ple=None if ple is None else ple[:, :, i], shared=shared)
         x = self.norm_f(x)
         V = self.cfg.vocab_size
         if targets is not None and self.cfg.ce_chunk_tokens:
@@ -1911,7 +2114,7 @@ class GPT(nn.Module):
         when training a mixture of experts with it (MoE.balance); else the loss as it is."""
         if not (self.training and self.cfg.moe_aux_loss):
             return loss
-        balance = torch.stack([block.mlp.balance for block in self.blocks if isinstance(block.mlp, MoE)]).mean()
+        balance = torch.stack([m.balance for m in self.modules() if isinstance(m, MoE)]).mean()
         return loss + self.cfg.moe_aux_loss * balance
 
     # -- accounting ------------------------------------------------------------------------------------
@@ -1922,6 +2125,8 @@ class GPT(nn.Module):
         if embeddings:
             return total
         total -= self.wte.weight.numel() + sum(t.weight.numel() for t in self.value_embeds)
+        if self.ple_table is not None:
+            total -= self.ple_table.weight.numel()
         if self.wpe is not None:
             total -= self.wpe.weight.numel()
         if not self.cfg.tie_embeddings:
@@ -1932,19 +2137,20 @@ class GPT(nn.Module):
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table, d the attention width
-        n_head · head_dim; PaLM appendix B).
+        n_head · head_dim, each layer's own with global_head_size; PaLM appendix B).
         exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
-        + 12·H·D·(T_attended summed over the attention layers), T_attended capped by each layer's window; norms,
+        + 12·H·(D·T_attended summed over the attention layers), T_attended capped by each layer's window; norms,
         elementwise work and the delta nets' state updates are left out, as in the formula.
         """
         cfg = self.cfg
         T = seq_len or cfg.context_len
         # a mixture of experts computes with moe_top_k of its experts a token: the others' weights do no work
-        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (b.mlp.fc.numel() + b.mlp.proj.numel())
-                   for b in self.blocks if isinstance(b.mlp, MoE))
+        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
+                   for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
-            return 6 * n + 12 * len(cfg.attention_layers) * cfg.n_head * cfg.head_dim * T
+            # each attention layer at its own head width (model.global_head_size)
+            return 6 * n + 12 * cfg.n_head * sum(map(cfg.layer_head_dim, cfg.attention_layers)) * T
         matmul = -idle
         for block in self.blocks:
             for module in block.modules():
@@ -1953,8 +2159,9 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
-        attended = sum(min(T, abs(w)) if w else T for w in map(cfg.layer_mask, cfg.attention_layers))
-        return 6 * matmul + 12 * cfg.n_head * cfg.head_dim * attended
+        attended = sum(cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # head width x keys, layer by layer
+                       for i, w in zip(cfg.attention_layers, map(cfg.layer_mask, cfg.attention_layers)))
+        return 6 * matmul + 12 * cfg.n_head * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------
 

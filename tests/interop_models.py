@@ -203,6 +203,41 @@ FAMILIES = {
                         query_pre_attn_scalar=20, sliding_window=5, attn_logit_softcapping=2.0,
                         final_logit_softcapping=3.0, pad_token_id=None,
                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Gemma 4 text, as gemma-4-E2B is: five layers sliding - full - sliding - sliding - full with a window shorter
+    # than the test sequences, the full layers' heads twice as wide (global_head_dim 32 != head_dim 16) rotating
+    # with proportional RoPE on a quarter of their pairs, the sliding ones with their own base; the last two layers
+    # reading layers 2's and 1's keys and values (num_kv_shared_layers) with double-wide MLPs; per-layer inputs of
+    # width 8; the logits soft-capped low, so that the cap bites
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                    num_hidden_layers=5, sliding_window=5, pad_token_id=None,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                                 "full_attention"],
+                    num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+                    vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0,
+                    rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 5000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
+    # Gemma 4 text, as gemma-4-31B is: the full layers' values their keys' projection (attention_k_eq_v) with one
+    # KV head of their own (num_global_key_value_heads), no per-layer inputs or shared layers, untied; bidirectional
+    # attention over image tokens alone ("vision"), which leaves text causal
+    "gemma4-k-eq-v": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=24,
+                           num_global_key_value_heads=1, attention_k_eq_v=True, num_hidden_layers=4,
+                           sliding_window=5, pad_token_id=None, hidden_size_per_layer_input=0,
+                           tie_word_embeddings=False, use_bidirectional_attention="vision",
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention", "full_attention"],
+                           rope_parameters={"full_attention": {"rope_type": "proportional",
+                                                               "partial_rotary_factor": 0.5, "rope_theta": 5000.0},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
+    # Gemma 4 text, as gemma-4-26B-A4B is: each layer's top 2 of 4 experts (moe_intermediate_size 32) beside its
+    # dense MLP, the full layers' values from their keys
+    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=24,
+                        num_global_key_value_heads=1, attention_k_eq_v=True, num_hidden_layers=3, sliding_window=5,
+                        pad_token_id=None, hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4,
+                        top_k_experts=2, moe_intermediate_size=32,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
     # OPT as opt-125m is: learned positions (two rows before position 0's), pre-LayerNorm, ReLU, biases, tied
     "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,
@@ -544,6 +579,28 @@ MULTIMODAL_FAMILIES = {
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
 GGUF_FAMILIES = {
+    # Granite 4.0's hybrid with a Mamba-2 time-step floor (time_step_limit's min), which llama.cpp has no key for
+    "granitemoehybrid-floor": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                               dict(num_attention_heads=4, num_key_value_heads=2, shared_intermediate_size=96,
+                                    num_local_experts=0, num_experts_per_tok=0, layer_types=["mamba", "attention"],
+                                    mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=8, mamba_d_head=16,
+                                    mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, position_embedding_type=None,
+                                    time_step_limit=(0.05, float("inf")), tie_word_embeddings=True)),
+    # Falcon-H1 as llama.cpp's falcon-h1 runs it: tied with its embedding and head multipliers, the gated group norm
+    # after the gate (mamba_norm_before_gate false), no biases, a time-step floor
+    "falcon_h1-gguf": ("FalconH1Config", "FalconH1ForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, mamba_d_ssm=64,
+                            mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=8,
+                            mamba_rms_norm=True, mamba_norm_before_gate=False, tie_word_embeddings=True,
+                            pad_token_id=None, time_step_limit=(0.01, float("inf")),
+                            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                            embedding_multiplier=2.5, lm_head_multiplier=0.6, key_multiplier=0.7,
+                            attention_in_multiplier=1.3, attention_out_multiplier=0.8, ssm_in_multiplier=1.4,
+                            ssm_out_multiplier=2.0, ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9],
+                            mlp_multipliers=[1.6, 0.7])),
+    # MPT as llama.cpp's mpt runs it: scores scaled by head_dim ** -0.5 (no softmax_scale), ALiBi, tied; and untied
+    "mpt-gguf": ("MptConfig", "MptForCausalLM", dict(n_heads=4)),
+    "mpt-gguf-untied": ("MptConfig", "MptForCausalLM", dict(n_heads=8, tie_word_embeddings=False)),
     # mixtures of experts as llama.cpp's files hold them: Mixtral without a window (GGUF's llama has none); Qwen2-MoE
     # with the expert and shared-expert widths of Qwen2MoeConfig's defaults, which transformers' GGUF loader takes
     # (it reads neither width from the file)
@@ -641,6 +698,8 @@ def hf_model(kind: str, seed: int = 0):
             p.add_(torch.randn_like(p) * 0.05)
         for name, b in model.named_buffers():  # LFM2-MoE's routing bias, a buffer: moved so it chooses
             if name.endswith(("expert_bias", "e_score_correction_bias")):  # GLM-4-MoE's
+                b.add_(torch.randn_like(b) * 0.1)
+            if name.endswith("layer_scalar"):  # Gemma 4's stored output scale of each layer
                 b.add_(torch.randn_like(b) * 0.1)
     return model
 

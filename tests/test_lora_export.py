@@ -39,6 +39,14 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               embed_scale=True, n_kv_head=2, tie_embeddings=True),
     "Gemma2ForCausalLM": dict(norm_position="sandwich", norm_unit_offset=True, mlp="geglu", embed_scale=True,
                               n_kv_head=2, attn_softcap=5.0, tie_embeddings=True),
+    # Gemma 4: Llama's names with the full layers' own heads (values from keys: no v_proj there), the last layer
+    # reading layer 1's keys and values (no k/v_proj), the per-layer input layers adapted too
+    "Gemma4ForCausalLM": dict(n_layer=4, norm_position="sandwich", mlp="geglu", mlp_hidden=64, qk_norm=True,
+                              v_norm=True, layer_scalars=True, embed_scale=True, attn_scale=1.0, fused_qkv=False,
+                              n_kv_head=2, sliding_window=4, window_layers=(0, 2), rope_local_theta=100.0,
+                              rope_scaling="proportional", rope_proportion=0.5, global_head_size=32,
+                              global_kv_head=1, global_values_from_keys=True, kv_shared_layers=1,
+                              kv_shared_mlp_hidden=128, per_layer_embd=8, tie_embeddings=True),
     "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2),
     "Starcoder2ForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, n_kv_head=2, sliding_window=8),  # c_fc
@@ -155,7 +163,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # Llama 4's router's forward returns a pair, which no LoRA layer can wrap
            "Llama4ForCausalLM": ("attn.*", "mlp.fc", "mlp.proj", "mlp.shared.*"),
            # PEFT moves GLM-4-MoE's MLP adapters (dense, shared) onto its experts: its attention alone
-           "Glm4MoeForCausalLM": ("attn.*",)}
+           "Glm4MoeForCausalLM": ("attn.*",),
+           # the per-layer input layers: each block's ple_gate and ple_proj, the model's ple_proj
+           "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -75,25 +75,43 @@ class KVCache:
     delta_parallel: the delta layers run their mixer beside attention (model.delta_parallel, Falcon-H1's): each holds
     an attention layer's k and v buffers and, apart, the mixer's convolution inputs (`delta_inputs[layer]`) and
     states; their (k, v) in write and read are attention's, the mixer's part going to write's `delta` and coming from
-    read_delta, and a decode step's cache layer is handed it as layer_extras' DeltaSide."""
+    read_delta, and a decode step's cache layer is handed it as layer_extras' DeltaSide.
+
+    geometry: per layer its (kv heads, head width) where they differ between layers (Gemma 4's full-attention layers:
+    model.global_head_size, global_kv_head), else None (kv_heads and head_dim for all): the layers of each geometry
+    share one stacked buffer. kv_sources: {layer: the layer whose keys and values it reads} (model.kv_shared_layers):
+    such a layer holds no buffer of its own, its k and v being its source's (the engine writes none for it)."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
                  conv_width: int = 0, delta_layers: tuple[int, ...] = (), delta_width: int = 0,
-                 delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = (), delta_parallel: bool = False):
+                 delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = (), delta_parallel: bool = False,
+                 geometry: list[tuple[int, int]] | None = None, kv_sources: dict[int, int] | None = None):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
         self.parallel = set(delta_layers) if delta_parallel else set()  # delta layers that attend as well
         alone = set(delta_layers) - self.parallel
-        attention = [i for i in range(n_layer) if i not in {*conv_layers, *alone, *mixer_free}]
+        kv_sources = kv_sources or {}
+        attention = [i for i in range(n_layer) if i not in {*conv_layers, *alone, *mixer_free, *kv_sources}]
         # zeros, not empty: masked slots are multiplied by 0 in p @ V, and 0 * NaN from stale memory is NaN
         # each kind's layers in one buffer (layers, *shape): copy_slots moves a prefix in every layer at once
-        self.stacked = [torch.zeros((len(attention), *shape), dtype=dtype, device=device) for _ in range(2)]
+        geometry = geometry or [(kv_heads, head_dim)] * n_layer
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i in attention:
+            groups.setdefault(geometry[i], []).append(i)
+        self.stacked = []
         # per layer (B, KV, capacity + 1, D): the batch's rows, the first of the buffer's (a contiguous view)
         self.k, self.v = [None] * n_layer, [None] * n_layer
-        for i, k, v in zip(attention, self.stacked[0].unbind(0), self.stacked[1].unbind(0)):
-            self.k[i], self.v[i] = k[:batch], v[:batch]
+        for (heads, width), layers in groups.items():
+            bufs = [torch.zeros((len(layers), batch + spare, heads, capacity + 1, width), dtype=dtype, device=device)
+                    for _ in range(2)]
+            self.stacked += bufs
+            for i, k, v in zip(layers, bufs[0].unbind(0), bufs[1].unbind(0)):
+                self.k[i], self.v[i] = k[:batch], v[:batch]
+        for i, source in kv_sources.items():  # a kv-shared layer reads its source's buffers
+            self.k[i], self.v[i] = self.k[source], self.v[source]
+        self.kv_sources = kv_sources
         if conv_layers:
             if dtype == torch.float8_e4m3fn:
                 raise ValueError("an FP8 cache has no short-convolution layers (the plan keeps such models in bf16)")
@@ -150,7 +168,7 @@ class KVCache:
         tensor: rows that are not contiguous); for an FP8 cache k and v are quantize_kv's pairs. delta: a parallel
         delta layer's mixer part (its convolution inputs (b, 1, T, channels), the rows' states after the span)."""
         # item assignment, not [...].copy_(): with a tensor of rows the indexing would copy, and the write be lost
-        if self.k[layer] is None:  # a layer without a token mixer
+        if self.k[layer] is None or layer in self.kv_sources:  # no token mixer, or another layer's keys and values
             return
         if layer in self.states and layer not in self.parallel:  # the mixer alone: (k, v) is its part
             delta, k = (k, v), None
@@ -244,9 +262,12 @@ class PrefillLayer:
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
         """x (b, T, C) -> (b, T, H*D); ve: the layer's value embedding of these tokens (b, T, KV*D), or None."""
         q, k, v = attn.project_qkv(x, rope, ve)  # q (b, H, T, D); k, v (b, KV, T, D)
-        self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
-        if self.prefix is not None:
-            k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
+        if k is None:  # a kv-shared layer: prefix is its source's slots [0, start + T), these tokens' included
+            k, v = self.prefix
+        else:
+            self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
+            if self.prefix is not None:
+                k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
         mask = self.mask
         if attn.cfg.pos_emb == "alibi":  # new token i at slot start + i, key j at slot j: the bias by slot distance
             S, T = k.shape[2], q.shape[2]  # (1, H, T, S) fp32 (alibi_mask's cost), S = start + T
@@ -388,7 +409,9 @@ class DecodeLayer:
             return self.attend_projected(attn, qkv, rope)[:, None]
         q, k, v = attn.project_qkv(x, rope, ve)  # q (B, H, 1, D); k, v (B, KV, 1, D)
         W = self.width
-        if self.scales is None:
+        if k is None:  # a kv-shared layer: its source wrote this step's key and value into these buffers already
+            keys, values = self.k_buf[:, :, :W], self.v_buf[:, :, :W]
+        elif self.scales is None:
             _scatter_slot(self.k_buf, self.slot, k)
             _scatter_slot(self.v_buf, self.slot, v)
             keys, values = self.k_buf[:, :, :W], self.v_buf[:, :, :W]

@@ -219,8 +219,10 @@ class InferenceEngine:
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
         size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
         conv, delta = len(c.conv_layers), len(c.delta_layers)
-        return (2 * len(c.attention_layers) * c.kv_heads * (c.head_dim * size + 4 * fp8) + conv * c.n_embd * size
-                + delta * _delta_width(c) * size)
+        # each layer its own heads and width (model.global_head_size); a kv-shared layer holds none of its own
+        attention = sum(c.layer_kv_heads(i) * (c.layer_head_dim(i) * size + 4 * fp8)
+                        for i in c.attention_layers if c.kv_source(i) is None)
+        return 2 * attention + conv * c.n_embd * size + delta * _delta_width(c) * size
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -273,7 +275,8 @@ class InferenceEngine:
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
                           (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
-                          c.delta_parallel),
+                          c.delta_parallel, [(c.layer_kv_heads(i), c.layer_head_dim(i)) for i in range(c.n_layer)],
+                          {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None}),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
@@ -435,10 +438,11 @@ class InferenceEngine:
         positions = torch.arange(start, start + t, device=self.device)
         x, rope = m.embed(tokens, positions)
         values = value_embeddings(m, tokens)  # (b, t, KV*D) per table, looked up once for every layer
+        ple = m.per_layer_inputs(tokens, x)  # (b, t, n_layer, P) or None
         masks = {w: prefill_mask(t, start, self.device, w) for w in self.cfg.windows}  # one per layers' window
         self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()],
                            *[(mask, 0, 1) for mask in masks.values() if mask is not None],
-                           *[(ve, 0, 1) for ve in values])
+                           *[(ve, 0, 1) for ve in values], *([] if ple is None else [(ple, 0, 1)]))
         quantize = st.cache.quantized
         valid = None
         if st.cache.states and last is not None:  # (b, t): the rows' prompt tokens, padding after them
@@ -446,7 +450,11 @@ class InferenceEngine:
             self._mark_dynamic((valid, 0, 1))
         with _prefill_attention(self.device, self.cfg.attn_backend):
             for layer, block in enumerate(m.blocks):
-                prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
+                source = self.cfg.kv_source(layer)
+                if source is not None:  # a kv-shared layer: its source's slots, this span's included (written)
+                    prefix = st.cache.read(source, rows, start + t, self.dtype)
+                else:
+                    prefix = st.cache.read(layer, rows, start, self.dtype) if start else (None, None)
                 if prefix[0] is not None:
                     self._mark_dynamic((prefix[0], 0, 2), (prefix[1], 0, 2) if layer not in st.cache.states
                                        or layer in st.cache.parallel else (prefix[1], 0))
@@ -456,7 +464,8 @@ class InferenceEngine:
                     mixer = st.cache.read_delta(layer, rows, start)
                     self._mark_dynamic((mixer[0], 0, 2), (mixer[1], 0))
                 x, k, v, side = self._prefill_fn(block, x, rope, masks[block.window], quantize, *prefix,
-                                                 layer_value(m, values, layer), valid if delta else None, mixer)
+                                                 layer_value(m, values, layer), valid if delta else None, mixer,
+                                                 None if ple is None else ple[:, :, layer])
                 st.cache.write(layer, rows, start, k, v, side)
         return x
 

@@ -76,6 +76,10 @@ def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, 
         raise UserError("kv_cache_dtype=fp8 with short-convolution or recurrent layers (model.conv_layers, "
                         "model.delta_layers): their cache holds the convolutions' inputs, which are not stored in "
                         "FP8; use kv_cache_dtype=auto")
+    layerwise = layerwise_attention(cfg)
+    if kv_cache_dtype == "fp8" and layerwise:
+        raise UserError(f"kv_cache_dtype=fp8 with {layerwise}: the FP8 cache has one geometry for every layer and no "
+                        f"shared layers; use kv_cache_dtype=auto")
     if prefill_chunk_tokens < 1:
         raise UserError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
     if dtype is None:
@@ -101,8 +105,21 @@ def _attention(choice: str, cfg, device: torch.device, compile: bool, dtype: tor
     return "matmul"
 
 
+def layerwise_attention(cfg) -> str | None:
+    """Gemma 4's attention and block options, which redline's decode kernels and FP8 cache do not take, by name, or
+    None."""
+    for name in ("global_head_size", "global_kv_head", "global_values_from_keys", "v_norm", "kv_shared_layers",
+                 "per_layer_embd", "layer_scalars", "moe_beside_dense"):
+        if getattr(cfg, name, 0):
+            return f"model.{name}"
+    return None
+
+
 def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype) -> str | None:
     # (what the kernel's prologue cannot compute, cache.kernel_prologue_unsupported, the layer computes before it)
+    if layerwise_attention(cfg):
+        return (f"decode_attention triton has no {layerwise_attention(cfg)} (Gemma 4's layers); use decode_attention "
+                f"matmul (or auto)")
     if getattr(cfg, "attn_softcap", 0):
         return ("decode_attention triton has no soft-cap of the scores (model.attn_softcap); use decode_attention "
                 "matmul (or auto)")

@@ -35,17 +35,18 @@ def layer_value(model, values: list[torch.Tensor], layer: int) -> torch.Tensor |
 
 
 def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, prefix_k=None, prefix_v=None,
-                  ve=None, valid=None, delta_prefix=None):
+                  ve=None, valid=None, delta_prefix=None, ple=None):
     """x (b, T, C) -> (x, k, v, delta): the block's output and the new tokens' keys and values (b, KV, T, D) for the
     cache (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k, prefix_v: the
     rows' cached slots before these tokens (a prompt prefilled in chunks), attended to as well. ve: the layer's value
     embedding of these tokens (b, T, KV*D), or None. A gated delta-net layer's (k, v) and prefix are its convolution
     inputs and its rows' states (KVCache); valid (b, T): its rows' prompt tokens, the padding after them past. A
     Mamba-2 mixer beside attention (model.delta_parallel) starts from delta_prefix and gives its part as delta (else
-    None): KVCache.write's."""
+    None): KVCache.write's. A kv-shared layer (model.kv_shared_layers) is handed its source's slots up to these tokens'
+    end as the prefix and gives no k, v. ple: the layer's per-layer input (b, T, P) (model.per_layer_embd), or None."""
     prefix = (prefix_k, prefix_v) if prefix_k is not None else None
     layer = PrefillLayer(mask, prefix, quantize, valid, delta_prefix)
-    x = block(x, rope, cache=layer, ve=ve)
+    x = block(x, rope, cache=layer, ve=ve, ple=ple)
     if layer.kv is None:  # a mixer alone (its part is the layer's k, v) or no mixer (model.mixer_free_layers)
         k, v = layer.delta_kv or (None, None)
         return x, k, v, None
@@ -60,33 +61,36 @@ def last_logits(model, x: torch.Tensor) -> torch.Tensor:
 
 def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.Tensor, impl: str = "matmul"):
     """The step's embeddings x (B, 1, C), RoPE tables, attention masks {window: (B, 1, 1, W)} (row b attends to
-    slots 0..slot_b, within the window; one per distinct window of the layers, ModelConfig.windows) and value
-    embeddings ([(B, 1, KV*D)], value_embeddings'). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the
-    kernel computes the mask itself and reads only its width, so the slots stand in for it (a view: no kernel)."""
+    slots 0..slot_b, within the window; one per distinct window of the layers, ModelConfig.windows), value
+    embeddings ([(B, 1, KV*D)], value_embeddings') and per-layer inputs ((B, 1, n_layer, P), GPT.per_layer_inputs,
+    or None). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the kernel computes the mask itself and
+    reads only its width, so the slots stand in for it (a view: no kernel)."""
     x, rope = model.embed(tokens, slot[:, None])  # a token's position is its slot
     values = value_embeddings(model, tokens)
+    ple = model.per_layer_inputs(tokens, x)
     if impl == "triton":
-        return x, rope, {w: slots.expand(tokens.shape[0], 1, 1, -1) for w in model.cfg.windows}, values
+        return x, rope, {w: slots.expand(tokens.shape[0], 1, 1, -1) for w in model.cfg.windows}, values, ple
     causal = slots[None, :] <= slot[:, None]  # (B, W)
     masks = {}
     for window in model.cfg.windows:  # a window, 0 or a negative chunk size (ModelConfig.layer_mask)
         mask = causal & mask_allows(slot[:, None], slots[None, :], window) if window else causal
         masks[window] = mask[:, None, None, :]
-    return x, rope, masks, values
+    return x, rope, masks, values, ple
 
 
 def decode_block(block, x, rope, mask, k_buf, v_buf, slot, impl: str = "matmul", counts=None, fused: bool = False,
-                 scales=None, ve=None):
+                 scales=None, ve=None, ple=None):
     """x (B, 1, C) -> (B, 1, C): writes each row's key and value into its slot of the layer's whole cache buffers
     and attends over their first W = mask.shape[-1] slots. fused: up to MAX_ROWS rows, the block in redline's
     product kernels (kernels/fused_block.py); scales: an FP8 cache's (k_scale, v_scale) buffers, a gated delta-net
     layer's states (KVCache.layer_extras), or None; ve: the
     layer's value embedding of the step's tokens (B, 1, KV*D), or None (the plan never fuses a model that has
-    them)."""
+    them); ple: the layer's per-layer input (B, 1, P), or None (the plan fuses no model that has them). A kv-shared
+    layer's buffers are its source's, which it reads and does not write."""
     layer = DecodeLayer(k_buf, v_buf, scales, slot, mask, mask.shape[-1], counts, impl)
     if fused and x.shape[0] <= MAX_ROWS:
         return fused_block(block, x, lambda attn, qkv: layer.attend_projected(attn, qkv, rope), counts)
-    return block(x, rope, cache=layer, ve=ve)
+    return block(x, rope, cache=layer, ve=ve, ple=ple)
 
 
 def chunked_argmax(logits: torch.Tensor, chunks: int = 64) -> torch.Tensor:
@@ -138,11 +142,11 @@ def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy:
     apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic; history and
     active: decode_output's."""
     inputs_fn, block_fn, output_fn = fns or (decode_inputs, decode_block, decode_output)
-    x, rope, masks, values = inputs_fn(model, tokens, slot, slots, impl)
+    x, rope, masks, values, ple = inputs_fn(model, tokens, slot, slots, impl)
     if mark_dynamic is not None:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], *[(m, 0, 3) for m in masks.values()],
-                     *[(v, 0) for v in values])
+                     *[(v, 0) for v in values], *([] if ple is None else [(ple, 0)]))
     for i, (block, k_buf, v_buf, layer_scales) in enumerate(zip(model.blocks, ks, vs, scales or [None] * len(ks))):
         x = block_fn(block, x, rope, masks[block.window], k_buf, v_buf, slot, impl, counts, fused, layer_scales,
-                     layer_value(model, values, i))
+                     layer_value(model, values, i), None if ple is None else ple[:, :, i])
     return output_fn(model, x, tokens, greedy, fused, slot, history, active)

@@ -232,9 +232,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, glm,
-                                 gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan, jamba, lfm2,
-                                 llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid, opt, phi,
+    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3,
+                                 gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan,
+                                 jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid,
+                                 opt, phi,
                                  phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
@@ -251,7 +252,7 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                llama4.TEXT_FAMILY, llama4.FAMILY)}
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -328,7 +329,9 @@ def export_family(cfg: ModelConfig) -> Family:
     Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
     delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets or element-wise attention gates
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
-    rescaled); one with LayerNorms by 1 + weight as Nemotron; a dense model with
+    rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
+    layer_scalars, per_layer_embd, kv_shared_layers, the full layers' global_head_size, global_kv_head and
+    global_values_from_keys) as Gemma 4's text model; a dense model with
     attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
@@ -353,6 +356,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu)")
 
+    from redline.interop import gemma4
+
+    if gemma4.wants_gemma4(cfg):  # values normed, layer scalars, per-layer inputs, shared KV, full layers' geometry
+        gemma4.check_exportable(cfg)
+        return families["gemma4_text"]
     from redline.interop import jamba
 
     if jamba.wants_jamba(cfg):  # Mamba-1 layers beside attention or MLPs, weighted dt/B/C norms, experts: Jamba's

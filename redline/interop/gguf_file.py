@@ -7,10 +7,11 @@ gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, star
 EXAONE 3.x, is read only: a redline model writes as llama), arcee (AFM),
 hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
-gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU) and bloom (BLOOM: ALiBi, the embeddings' LayerNorm) are
-read and written here; so are the recurrent
-hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets) and mamba (Mamba-1),
-whose tensors and keys gguf_recurrent.py maps.
+gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU), bloom (BLOOM: ALiBi, the embeddings' LayerNorm),
+starcoder (GPTBigCode: multi-query, learned positions) and mpt (MPT: ALiBi, no biases) are read and written here; so
+are the recurrent hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets),
+mamba (Mamba-1 and Falcon-Mamba), mamba2 (Mamba-2), nemotron_h (Nemotron-H's one-sublayer blocks) and falcon-h1
+(Falcon-H1: attention and Mamba-2 side by side), whose tensors and keys gguf_recurrent.py maps.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
@@ -59,7 +60,7 @@ from redline.model import ModelConfig, rope_attention_factor
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
           "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee", "bloom",
-          *RECURRENT_ARCHES)
+          "starcoder", "mpt", *RECURRENT_ARCHES)
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -124,6 +125,19 @@ _BLOOM_NAMES = {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.quer
                 "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
 _BLOOM_TOP = {"token_embd": "transformer.word_embeddings", "token_embd_norm": "transformer.word_embeddings_layernorm",
               "output_norm": "transformer.ln_f", "output": "lm_head"}
+# StarCoder (MODEL_TENSORS[STARCODER], the converter's StarCoderModel for GPTBigCodeForCausalLM): GPT-2's names and
+# learned positions, but nn.Linear (out, in) weights stored as they are; c_attn's multi-query rows [q (C); k (D);
+# v (D)] are the q, k and v views llama.cpp's starcoder graph takes of attn_qkv, so they move unchanged
+_STARCODER_NAMES = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+                    "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+# MPT (MODEL_TENSORS[MPT], the converter's MPTModel): Wqkv's [q; k; v] rows as attn_qkv unchanged (llama.cpp's mpt
+# graph views them so), LayerNorms and Linear layers without biases, the head tied (no output tensor: llama.cpp's
+# loader falls back to token_embd)
+_MPT_NAMES = {"attn_norm": "norm_1", "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "ffn_norm": "norm_2",
+              "ffn_up": "ffn.up_proj", "ffn_down": "ffn.down_proj"}
+_MPT_TOP = {"token_embd": "transformer.wte", "output_norm": "transformer.norm_f", "output": "lm_head"}
+# llama.cpp's ALiBi maximum bias (attention.max_alibi_bias): MPT's alibi_bias_max, 8 in every MPT transformers builds
+MPT_ALIBI_BIAS_MAX = 8.0
 # the architectures whose attn_qkv rows the converter regroups from Hugging Face's per-head (q, k, v) (_neox_qkv)
 HEAD_GROUPED_QKV = ("gptneox", "bloom")
 # Phi (the gguf package's MODEL_TENSORS[PHI2]): q, k and v apart, one norm a block, a bias on the head
@@ -209,6 +223,10 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
     """(block names, top-level names, Hugging Face block prefix) of a GGUF architecture."""
     if arch == "gpt2":
         return _GPT2_NAMES, _GPT2_TOP, "transformer.h."
+    if arch == "starcoder":
+        return _STARCODER_NAMES, _GPT2_TOP, "transformer.h."
+    if arch == "mpt":
+        return _MPT_NAMES, _MPT_TOP, "transformer.blocks."
     if arch == "gptneox":
         return _NEOX_NAMES, _NEOX_TOP, "gpt_neox.layers."
     if arch == "bloom":
@@ -291,6 +309,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
                 "n_positions": key("context_length", 1024), "n_inner": key("feed_forward_length"),
                 "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
     width, heads = key("embedding_length"), key("attention.head_count")
+    if arch in ("starcoder", "mpt"):
+        return _starcoder_mpt_config(key, arch, vocab, tied, tensor_names)
     if arch == "bloom":  # BloomModel's keys; the context as written (the converter's is seq_length, else the width)
         return {"model_type": "bloom", "vocab_size": vocab, "hidden_size": width, "n_head": heads,
                 "n_layer": key("block_count"), "seq_length": key("context_length", 2048),
@@ -395,6 +415,40 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
     if arch == "hunyuan-dense":  # no biases and QK-norm on every layer: the only tensors llama.cpp's loader creates
         return {**config, "attention_bias": False, "use_qk_norm": True}
     return _gemma3_config(fields, key, config) if arch == "gemma3" else config
+
+
+def _starcoder_mpt_config(key, arch: str, vocab: int, tied: bool, tensor_names: set[str]) -> dict:
+    """A gpt_bigcode or mpt config.json for a starcoder or mpt GGUF, from the keys llama.cpp's converter writes
+    (StarCoderModel, MPTModel). llama.cpp's starcoder and mpt graphs compute the tanh GELU (ggml_gelu); a starcoder
+    file reads as GPTBigCode's gelu_pytorch_tanh, an mpt file as MPT's exact GELU, the function of the model it was
+    converted from (llama.cpp's approximation differs from it by < 1e-3)."""
+    width, heads, layers = key("embedding_length"), key("attention.head_count"), key("block_count")
+    kv = key("attention.head_count_kv") or (1 if arch == "starcoder" else heads)
+    if arch == "starcoder":
+        if kv != 1:  # the converter writes 1 whatever the model: c_attn's rows are [q; k; v] only for multi-query
+            raise UserError(f"the GGUF's starcoder file gives {kv} kv heads; redline reads multi-query starcoder "
+                            f"files (head_count_kv 1), as llama.cpp's converter writes them")
+        return {"model_type": "gpt_bigcode", "vocab_size": vocab, "n_embd": width, "n_layer": layers, "n_head": heads,
+                "n_positions": key("context_length", 8192), "n_inner": key("feed_forward_length"),
+                "multi_query": True, "activation_function": "gelu_pytorch_tanh",
+                "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "tie_word_embeddings": tied}
+    biased = sorted(n for n in tensor_names if n.endswith(".bias"))
+    problems = [(key("attention.clamp_kqv") is not None, f"attention.clamp_kqv={key('attention.clamp_kqv')} (MPT's "
+                                                         f"clip_qkv, which redline does not compute)"),
+                (key("attention.max_alibi_bias", MPT_ALIBI_BIAS_MAX) != MPT_ALIBI_BIAS_MAX,
+                 f"attention.max_alibi_bias={key('attention.max_alibi_bias')} (redline's ALiBi slopes are those of "
+                 f"{MPT_ALIBI_BIAS_MAX:g}; 0 is an MPT without ALiBi)"),
+                (kv != heads, f"{kv} kv heads (transformers' MPT is multi-head)"),
+                (bool(biased), f"biases ({biased[0] if biased else ''}: transformers' MPT has none)")]
+    for bad, what in problems:
+        if bad:
+            raise UserError(f"the GGUF's mpt file has {what}; import the model's Hugging Face folder")
+    ffn = key("feed_forward_length") or 4 * width
+    return {"model_type": "mpt", "vocab_size": vocab, "d_model": width, "n_heads": heads, "n_layers": layers,
+            "max_seq_len": key("context_length", 2048), "expansion_ratio": ffn / width,
+            "layer_norm_epsilon": key("attention.layer_norm_epsilon", 1e-5), "no_bias": True,
+            "norm_type": "low_precision_layernorm", "tie_word_embeddings": tied,
+            "attn_config": {"alibi": True, "alibi_bias_max": 8, "softmax_scale": None, "clip_qkv": None}}
 
 
 def _exaone4_config(key, common: dict) -> dict:
@@ -916,6 +970,26 @@ def _check_exaone4(cfg: ModelConfig) -> None:
                         f"exaone4 gives every model that deep EXAONE-4.0-32B's window; export with --format hf")
 
 
+def _check_starcoder_mpt(family: Family, cfg: ModelConfig) -> str:
+    """starcoder or mpt for a GPTBigCode or MPT model (after the family's check_exportable), or a UserError for what
+    llama.cpp's architecture would run as another model: both scale the scores by head_dim ** -0.5 (no key changes
+    it), starcoder files are multi-query (the converter writes head_count_kv 1 and c_attn's rows as they are, which
+    are [q; k; v] only then) and its graph computes the tanh GELU."""
+    if family.name == "gpt_bigcode":
+        if cfg.kv_heads != 1 or cfg.n_head == 1:
+            raise UserError("multi-head attention on a GPTBigCode model (multi_query=false): llama.cpp's converter "
+                            "writes every starcoder file as multi-query (head_count_kv 1, c_attn's rows unchanged); "
+                            "export with --format hf")
+        if cfg.gelu_approximate != "tanh":
+            raise UserError("model.gelu_approximate=none on a GPTBigCode model: llama.cpp's starcoder computes the "
+                            "tanh GELU and a starcoder GGUF has no key for another; export with --format hf")
+    if cfg.attn_scale:
+        raise UserError(f"model.attn_scale={cfg.attn_scale} on a {family.architecture} model: llama.cpp's "
+                        f"{'starcoder' if family.name == 'gpt_bigcode' else 'mpt'} scales the scores by "
+                        f"head_dim ** -0.5 and no GGUF key changes it; export with --format hf")
+    return "starcoder" if family.name == "gpt_bigcode" else "mpt"
+
+
 def _moe_arch(family: Family, cfg: ModelConfig) -> str:
     """The llama.cpp architecture of a mixture of experts, or a UserError for what it would run otherwise."""
     arch = {v: k for k, v in MOE_ARCHES.items()}[family.name]
@@ -1012,19 +1086,17 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 
 # families redline writes no GGUF for: (their name, why)
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
-               "gpt_bigcode": ("GPTBigCode", "no writer here for llama.cpp's starcoder layout"),
                "gpt_neo": ("GPT-Neo", "no GGUF architecture here with its local layers and unscaled scores"),
-               "gptj": ("GPT-J", "no writer here for llama.cpp's gptj layout"),
+               # gguf's MODEL_TENSORS[GPTJ] names tensors, but llama.cpp's converter registers no GPTJForCausalLM
+               # (nor CodeGen) and its gptj is an architecture name with no hyperparameters, tensors or graph loaded
+               # (llama_model_rope_type even gives it no RoPE): a file would have no reader to be checked against
+               "gptj": ("GPT-J", "llama.cpp's converter writes no GPT-J and its gptj architecture loads and runs "
+                                 "nothing (no tensors, no graph, no RoPE)"),
                "vaultgemma": ("VaultGemma", "llama.cpp's gemma2 has norms on the sublayers' outputs, which VaultGemma "
                                             "has not"),
                "granite_swa": ("Granite SWA", "llama.cpp has no architecture with its sinks, per-layer windows and "
                                               "per-layer RoPE bases"),
                "lfm3": ("LFM3", "no writer here for its gated heads, output norms and per-kind RoPE"),
-                "falcon_h1": ("Falcon-H1", "no writer here for its layers of attention and Mamba-2 side by side"),
-                "nemotron_h": ("Nemotron-H", "no writer here for llama.cpp's nemotron_h layout of one-sublayer blocks"),
-                "mamba2": ("Mamba-2", "no writer here for llama.cpp's mamba2 layout"),
-                "falcon_mamba": ("Falcon-Mamba", "no writer here for llama.cpp's mamba layout with ssm.dt_b_c_rms"),
-                "mpt": ("MPT", "no writer here for llama.cpp's mpt layout (ALiBi)"),
                 "falcon": ("Falcon", "no writer here for llama.cpp's falcon layout (KV-grouped query_key_value, "
                                      "two norms a block)"),
                 "jamba": ("Jamba", "no writer here for llama.cpp's jamba layout (Mamba-1 beside attention, experts on "
@@ -1034,6 +1106,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                   "RoPE)"),
                 "glm4_moe": ("GLM-4-MoE", "no writer here for llama.cpp's glm4moe layout (grouped sigmoid routing, "
                                           "shared experts, multi-token prediction layers)"),
+                "gemma4_text": ("Gemma 4", "no writer here for llama.cpp's gemma4 layout (per-layer inputs, shared "
+                                           "KV layers, the full layers' own head width)"),
                 "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
                                            "without RoPE and their query temperature, input-weighted experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
@@ -1086,6 +1160,8 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
                             "on a StarCoder2 model: llama.cpp's starcoder2 has none of these (no window, no RoPE "
                             "scaling, the tanh GELU, biases on every layer); export with --format hf")
         return "starcoder2"
+    if family.name in ("gpt_bigcode", "mpt"):
+        return _check_starcoder_mpt(family, cfg)
     if family.name == "bloom":  # bloom.check_exportable (export_family) has refused what BLOOM lacks
         return "bloom"
     if family.name == "gemma":  # llama.cpp's gemma: Llama's tensor names unpermuted, norms as 1 + weight
@@ -1176,6 +1252,17 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
         return
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "starcoder":  # StarCoderModel.set_gguf_parameters' keys: multi-query, LayerNorm's epsilon (its
+        # feed_forward_length is 4 * n_embd, every StarCoder's n_inner; redline writes the model's own, which
+        # llama.cpp's loader sizes ffn_up / ffn_down by)
+        writer.add_head_count_kv(1)
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        return
+    if arch == "mpt":  # MPTModel.set_gguf_parameters' keys for an MPT with ALiBi (no kv_n_heads, no clip_qkv); it
+        # writes the epsilon as 1e-5, MPT's LayerNorm default, redline the model's own
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        writer.add_max_alibi_bias(MPT_ALIBI_BIAS_MAX)
         return
     if arch == "bloom":  # BloomModel.set_gguf_parameters' keys after the common ones
         writer.add_head_count_kv(cfg.n_head)
@@ -1398,6 +1485,12 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
         print(f"redline export: this model's {'; '.join(unread)}: a gemma3 GGUF has no key llama.cpp or "
               f"transformers' GGUF loader reads for these (redline's own keys carry them), so only redline's import "
               f"runs {out} as this model; the published Gemma 3 layouts need no such note", file=sys.stderr)
+    if arch in RECURRENT_ARCHES:
+        from redline.interop.gguf_recurrent import export_note
+
+        if note := export_note(cfg, arch):
+            print(f"redline export: this model's {note}; only redline's import runs {out} as this model",
+                  file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{secrets.token_hex(4)}"
     try:

@@ -8,7 +8,8 @@ Hugging Face model `redline export` writes from the run's base:
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, gpt_bigcode.py, gpt_neo.py,
 gptj.py: q and k rows (B's rows) in GPT-J's interleaved RoPE order; phi.py, phi3.py, gpt_neox.py, opt.py,
 starcoder2.py, nanochat.py, bloom.py, falcon.py, mpt.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py,
-falcon_h1.py: its Mamba-2
+gemma4.py: Llama's attention and MLP names, each block's ple_gate and ple_proj as per_layer_input_gate and
+per_layer_projection, the model's ple_proj as model.per_layer_model_projection; falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
 down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
@@ -67,6 +68,9 @@ _BIGCODE = {"attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 _BLOOM = {"attn.proj": "self_attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.down_proj"}
+# Gemma 4's per-layer input layers (gemma4.py): each block's gate and projection (the model's own projection of the
+# embeddings: _parts)
+_GEMMA4_PLE = {"ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projection"}
 _QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
 
@@ -75,6 +79,9 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     gpt2 = family.name == "gpt2"
     if layer in ("lm_head",):
         return [("lm_head", slice(0, cfg.vocab_size))]
+    gemma4 = family.name in ("gemma4_text", "gemma4")
+    if gemma4 and layer == "ple_proj":
+        return [("model.per_layer_model_projection", slice(0, out_features))]
     match = _LAYER.match(layer)
     if match is None:
         raise UserError(f"the adapter on {layer} has no counterpart in the exported {family.architecture}")
@@ -220,6 +227,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return [(base + names[rest], slice(0, out_features))]
     if family.name in ("glm", "glm4", "glm4_moe"):
         return _glm_parts(layer, base, rest, out_features, cfg, family)
+    if gemma4 and rest in _GEMMA4_PLE:
+        return [(base + _GEMMA4_PLE[rest], slice(0, out_features))]
     if family.name in ("llama4_text", "llama4") and rest != "attn.qkv":  # llama4.py's names: feed_forward.*
         if rest == "mlp.router":  # Llama4Router returns (scores, logits): a LoRA layer around it cannot add to that
             raise UserError(f"the adapter on {layer} adapts Llama 4's router, whose forward returns its scores and "

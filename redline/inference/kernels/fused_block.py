@@ -100,6 +100,17 @@ FIELDS_ACCOUNTED = {
     "logit_divisor": "applied to the head's output",
     "embed_multiplier": "inputs",
     "residual_multiplier": "refused: the product kernels add the sublayers' outputs to the stream unscaled",
+    # Gemma 4's (plan.layerwise_attention names them; sandwich norms and separate q/k/v are refused besides)
+    "global_head_size": "refused: one head width for every layer's qkv product",
+    "global_kv_head": "refused: one KV head count for every layer's qkv product",
+    "global_values_from_keys": "refused: the qkv product gives values of their own",
+    "v_norm": "refused: the attention kernel stores the values as the product gives them",
+    "kv_shared_layers": "refused: every layer's kernel writes the key and value it computes",
+    "kv_shared_mlp_hidden": "refused with kv_shared_layers",
+    "per_layer_embd": "refused: the block is five kernels, attention then the MLP, nothing after",
+    "per_layer_vocab": "refused with per_layer_embd",
+    "layer_scalars": "refused: the block's output leaves the last product unscaled",
+    "moe_beside_dense": "refused with moe_experts",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model; alibi refused (the plan keeps it "
                "off the attention kernel, whose scores take no bias)", "rope_theta": "inputs",
@@ -116,6 +127,10 @@ FIELDS_ACCOUNTED = {
 
 def unsupported(cfg) -> str | None:
     """Why the fused block cannot compute this architecture, or None."""
+    from redline.inference.plan import layerwise_attention
+
+    if gemma4 := layerwise_attention(cfg):
+        return f"decode_linear triton runs none of Gemma 4's layer options ({gemma4})"
     if cfg.norm_position != "pre":
         return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
     if not cfg.fused_qkv:
