@@ -21,7 +21,8 @@ Features (each a field of `ModelConfig`):
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
   ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
   explicit per-token positions (packed documents restart at 0);
-- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU or ReLU², hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
+- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² or xIELU (learned scalars, Apertus's), hidden
+  size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
 - norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
@@ -187,10 +188,14 @@ class ModelConfig:
     """Each layer's RoPE base, 0 for a layer without RoPE (Granite SWA's layer_rope_theta): one table a distinct
     base, each with rope_scaling, as transformers builds them; () = rope_theta for every layer (with
     rope_local_theta and nope_interval)."""
-    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu"] = "swiglu"
+    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu", "xielu"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
     ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
-    ReLU squared, or ReLU (OPT's)."""
+    ReLU squared, ReLU (OPT's), or xIELU (Apertus's: ungated, two learned scalars a layer, xielu() below)."""
+    xielu_beta: float = 0.5
+    """mlp=xielu: the fixed slope beta of both branches (Apertus's 0.5)."""
+    xielu_eps: float = -1e-6
+    """mlp=xielu: the negative branch's clamp, expm1(min(x, eps)) (Apertus's -1e-6, as its checkpoints store it)."""
     swiglu_limit: float = 7.0
     """mlp=swiglu_clamped: the clamp on the gate (above) and the up projection (both sides); GPT-OSS's 7."""
     gelu_approximate: Literal["tanh", "none"] = "tanh"
@@ -305,6 +310,9 @@ class ModelConfig:
     moe_bias: bool = False
     """Mixture of experts: a bias on the router's logits and on each expert's projections (GPT-OSS's router and
     experts; mlp.router.bias, mlp.fc_bias (E, 2F) and mlp.proj_bias (E, C), zeros at init)."""
+    moe_norm_min: float = 0.0
+    """Mixture of experts with softmax scores and moe_norm_topk: the chosen weights' sum floored at this before they
+    are divided by it (ERNIE 4.5's moe_norm_min); 0 = none."""
     moe_scale: float = 1.0
     """Mixture of experts: the chosen experts' weights times this (routed_scaling_factor)."""
     moe_weight_input: bool = False
@@ -762,6 +770,10 @@ class ModelConfig:
                             "moe_weight_input need experts (model.moe_experts)")
         if not 0 <= self.moe_norm_eps < 1e-3:
             raise UserError(f"model.moe_norm_eps={self.moe_norm_eps} must be in [0, 1e-3): a guard against a zero sum")
+        if self.moe_norm_min < 0 or (self.moe_norm_min and not (self.moe_experts and self.moe_gating == "softmax"
+                                                                and self.moe_norm_topk)):
+            raise UserError(f"model.moe_norm_min={self.moe_norm_min} must be >= 0 and needs experts with softmax "
+                            f"scores rescaled to sum to 1 (model.moe_experts, moe_gating=softmax, moe_norm_topk)")
         if self.moe_bias_update < 0 or (self.moe_bias_update and not self.moe_expert_bias):
             raise UserError(f"model.moe_bias_update={self.moe_bias_update} must be >= 0 and needs the experts' routing "
                             f"bias (model.moe_expert_bias=true)")
@@ -782,6 +794,9 @@ class ModelConfig:
         if self.moe_bias and (not self.moe_experts or self.moe_shared_hidden or self.moe_dense_layers):
             raise UserError("model.moe_bias needs experts (model.moe_experts) and is not implemented with "
                             "model.moe_shared_hidden or moe_dense_layers")
+        if self.mlp == "xielu" and (self.moe_experts or not self.xielu_beta < 0.8 or self.xielu_eps > 0):
+            raise UserError(f"model.mlp=xielu takes a dense MLP (no model.moe_experts), model.xielu_beta < 0.8 and "
+                            f"model.xielu_eps <= 0, got beta={self.xielu_beta}, eps={self.xielu_eps}")
         if self.swiglu_limit <= 0:
             raise UserError(f"model.swiglu_limit must be > 0, got {self.swiglu_limit}")
         if min(self.moe_shared_hidden, self.moe_aux_loss) < 0 or (
@@ -1522,10 +1537,27 @@ def plain_activation(kind: str, h: torch.Tensor, gelu: str = "tanh") -> torch.Te
     return F.gelu(h, approximate=gelu)
 
 
+XIELU_ALPHA_INIT = 0.8  # xIELU's alpha_p and alpha_n at init (transformers' XIELUActivation defaults)
+
+
+def xielu(h: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: float, eps: float) -> torch.Tensor:
+    """xIELU (Huang et al. 2024, arXiv 2411.13010), from the raw learned scalars alpha_p, alpha_n (1,) each:
+    a_p·x² + beta·x for x > 0, a_n·(expm1(min(x, eps)) - x) + beta·x otherwise, with a_p = softplus(alpha_p) and
+    a_n = beta + softplus(alpha_n), as transformers' XIELUActivation computes it (its Python path)."""
+    a_p = F.softplus(alpha_p).to(h.dtype)
+    a_n = (beta + F.softplus(alpha_n)).to(h.dtype)
+    return torch.where(h > 0, a_p * h * h + beta * h, (torch.expm1(h.clamp(max=eps)) - h) * a_n + beta * h)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.kind, self.gelu, self.limit, self.gated = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit, cfg.gated_mlp
+        # mlp=xielu: the activation's two learned scalars (1,) each, stored raw as Apertus's checkpoints hold them
+        # (the softplus inverses of alpha_p and alpha_n - beta); beta and eps are the config's
+        self.alpha_p = nn.Parameter(torch.empty(1)) if cfg.mlp == "xielu" else None
+        self.alpha_n = nn.Parameter(torch.empty(1)) if cfg.mlp == "xielu" else None
+        self.beta, self.eps = cfg.xielu_beta, cfg.xielu_eps
         hidden = cfg.hidden_dim
         fused = cfg.gated_mlp and cfg.fused_mlp  # swiglu / geglu: gate and up in one matmul
         self.fc = nn.Linear(cfg.n_embd, 2 * hidden if fused else hidden, bias=cfg.bias)
@@ -1539,9 +1571,18 @@ class MLP(nn.Module):
         if self.gated:
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
             h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
+        elif self.alpha_p is not None:
+            h = xielu(h, self.alpha_p, self.alpha_n, self.beta, self.eps)
         else:
             h = plain_activation(self.kind, h, self.gelu)
         return self.proj(h)
+
+    @torch.no_grad()
+    def reset_xielu(self) -> None:
+        """alpha_p and alpha_n at XIELU_ALPHA_INIT (through softplus's inverse, log(expm1(a)), as transformers'
+        XIELUActivation initialises them)."""
+        self.alpha_p.fill_(math.log(math.expm1(XIELU_ALPHA_INIT)))
+        self.alpha_n.fill_(math.log(math.expm1(XIELU_ALPHA_INIT - self.beta)))
 
 
 def expert_matmul(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -1596,7 +1637,7 @@ class MoE(nn.Module):
         super().__init__()
         E, F_, C = cfg.moe_experts, cfg.hidden_dim, cfg.n_embd
         self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
-        self.top_k, self.norm_topk = cfg.moe_top_k, cfg.moe_norm_topk
+        self.top_k, self.norm_topk, self.norm_min = cfg.moe_top_k, cfg.moe_norm_topk, cfg.moe_norm_min
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
         self.weight_input = cfg.moe_weight_input  # the weights scale each expert's input (Llama 4's), not its output
         self.norm_eps = cfg.moe_norm_eps if self.sigmoid else 0.0  # softmax scores: their sum is above 0 already
@@ -1661,8 +1702,9 @@ class MoE(nn.Module):
             weights = probs.gather(1, experts)
         else:
             weights, experts = probs.topk(k, dim=-1)  # (N, k) each
-        if self.norm_topk:  # sigmoid scores: with moe_norm_eps, as LFM2-MoE's and GLM-4-MoE's routers compute it
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.norm_eps)
+        if self.norm_topk:  # sigmoid scores: plus moe_norm_eps, as LFM2-MoE's and GLM-4-MoE's routers compute it;
+            total = weights.sum(dim=-1, keepdim=True)  # softmax: floored at moe_norm_min, as ERNIE 4.5's clamps it
+            weights = weights / (total + self.norm_eps if self.sigmoid else total.clamp(min=self.norm_min))
         if self.scale != 1.0:
             weights = weights * self.scale
         if self.expert_scale is not None:  # (N, k): each chosen expert's own scale
@@ -1934,6 +1976,8 @@ class GPT(nn.Module):
                 for weight in (module.dt_norm, module.B_norm, module.C_norm):  # Jamba's norms start at scale 1
                     if weight is not None:
                         nn.init.ones_(weight)
+            elif isinstance(module, MLP) and module.alpha_p is not None:  # xIELU's scalars
+                module.reset_xielu()
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)

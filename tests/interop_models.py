@@ -564,6 +564,57 @@ FAMILIES = {
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                             dict(num_attention_heads=4, rotary_pct=0.5, use_parallel_residual=False,
                                  hidden_act="gelu_new", tie_word_embeddings=True)),
+    # Apertus: the xIELU MLP (its learned scalars perturbed with the rest), QK-norm, GQA, Llama 3 RoPE scaling past an
+    # original context shorter than the test sequences, untied
+    "apertus": ("ApertusConfig", "ApertusForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
+                     rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                      "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0})),
+    # ERNIE 4.5 MoE as ERNIE-4.5-21B-A3B is laid out: a dense first layer (96 wide), then experts (top 2 of 4, 32
+    # wide, chosen with the correction bias, moved so that it chooses) and 2 shared ones on the others, tied; and
+    # experts on every second layer among dense ones as wide, untied, no shared experts
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, moe_num_experts=4,
+                          moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2, moe_layer_start_index=1,
+                          pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "ernie4_5_moe-interval": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                              dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+                                   moe_num_experts=4, moe_k=2, moe_intermediate_size=96, moe_num_shared_experts=0,
+                                   moe_layer_start_index=0, moe_layer_interval=2, tie_word_embeddings=False,
+                                   pad_token_id=None)),
+    # Hunyuan MoE: the dense model's attention (QK-norm after RoPE, head_dim 24 != 64 / 4, its stretched RoPE base)
+    # with experts on every layer (top 2 of 4, rescaled) beside an ungated shared MLP, untied
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_experts=4, moe_topk=2,
+                            intermediate_size=32, pad_token_id=None,
+                            rope_parameters={"rope_type": "dynamic", "alpha": 5.0, "factor": 1.0,
+                                             "rope_theta": 500.0})),
+    # Ministral: Mistral's block with every third layer full, the others windowed (a window shorter than the test
+    # sequences), head_dim 16; and windowed layers in no fixed pattern (the first full, the others windowed)
+    "ministral": ("MinistralConfig", "MinistralForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5,
+                       head_dim=16, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "ministral-layers": ("MinistralConfig", "MinistralForCausalLM",
+                         dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=4,
+                              head_dim=16, layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
+    # Cohere2 MoE: RMSNorms, a dense first layer (48 wide) that rotates though full (force_rope), then experts (top 2
+    # of 4, 32 wide) averaged with 2 shared ones on windowed layers and a full one without RoPE (a window shorter than
+    # the test sequences), the logits scaled, tied; and its LayerNorm form, sigmoid scores, the shared expert summed,
+    # every second layer full without RoPE, untied
+    "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                         intermediate_size=32, prefix_dense_intermediate_size=48, num_experts=4,
+                         num_experts_per_tok=2, num_shared_experts=2, sliding_window=5, logit_scale=0.5,
+                         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                         mlp_layer_types=["dense", "sparse", "sparse", "sparse"], pad_token_id=None)),
+    "cohere2_moe-layernorm": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM",
+                              dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+                                   num_experts=4, num_experts_per_tok=2, num_shared_experts=1, sliding_window=5,
+                                   rms_norm_eps=None, expert_selection_fn="sigmoid", norm_topk_prob=False,
+                                   shared_expert_combination_strategy="sum", sliding_window_pattern=2,
+                                   tie_word_embeddings=False, pad_token_id=None)),
 }
 # multimodal folders whose text model redline reads: compared with that model alone (Llama 4's forward with its
 # vision tower fails on text alone in transformers 5.24: its output class lacks image_outputs)
@@ -696,8 +747,10 @@ def hf_model(kind: str, seed: int = 0):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-        for name, b in model.named_buffers():  # LFM2-MoE's routing bias, a buffer: moved so it chooses
-            if name.endswith(("expert_bias", "e_score_correction_bias")):  # GLM-4-MoE's
+        # LFM2-MoE's and GLM-4-MoE's routing bias (a buffer) and ERNIE 4.5 MoE's (a frozen parameter): moved so that
+        # they choose
+        for name, b in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith(("expert_bias", "e_score_correction_bias")):
                 b.add_(torch.randn_like(b) * 0.1)
             if name.endswith("layer_scalar"):  # Gemma 4's stored output scale of each layer
                 b.add_(torch.randn_like(b) * 0.1)

@@ -447,7 +447,8 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(attn_gate="element", qk_norm=True, norm_unit_offset=True, sliding_window=4), "has no window, sinks"),
     (dict(attn_gate="head", qk_norm=True, attn_sinks=True), "has no sinks, scales, caps"),
     (dict(rope_scaling="proportional", rope_proportion=0.5, qk_norm=True, bias=True), "LFM3, the architecture"),
-    (dict(sliding_window=4, window_layers=(0,)), "only Granite SWA and GPT-OSS take windowed layers in any order"),
+    (dict(sliding_window=4, window_layers=(0,), norm="layernorm"),
+     "only Granite SWA and GPT-OSS take windowed layers in any order"),  # Ministral's block has RMSNorm
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", qk_norm=True), "QK-norm, a score scale or cap"),
     (dict(attn_sinks=True, moe_experts=4, mlp="swiglu_clamped", moe_norm_topk=False), "softmaxes its top k"),
     (dict(moe_experts=4, moe_bias=True), "with both sinks and clamped SwiGLU experts"),
@@ -619,14 +620,16 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports arcee, bamba, bloom, codegen, cohere, cohere2, ernie4_5, exaone, exaone4, "
-                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gemma4, gemma4_text, glm, glm4, glm4_moe, gpt2, "
-                         "gpt_bigcode, gpt_neo, "
+                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "ernie4_5, ernie4_5_moe, exaone, exaone4, "
+                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gemma4, gemma4_text, glm, glm4, "
+                         "glm4_moe, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
-                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, jamba, lfm2, lfm2_moe, lfm3, "
+                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
+                         "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
-                         "mamba, mamba2, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "mamba, mamba2, ministral, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "

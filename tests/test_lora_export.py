@@ -54,6 +54,23 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "VaultGemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=2, sliding_window=8,
                                   attn_softcap=5.0),  # Gemma's pre-norm block with Gemma 2's window and cap
     "HunYuanDenseV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2),  # query_layernorm
+    "ApertusForCausalLM": dict(mlp="xielu", qk_norm=True, n_kv_head=2),  # up_proj the xIELU MLP's first product
+    "MinistralForCausalLM": dict(sliding_window=4, window_layers=(1,), n_kv_head=2),  # Mistral's names, windowed 1
+    # ERNIE 4.5 MoE: q and k rows (B's rows) in RoPE's interleaved order (its attention alone: PEFT moves adapters on
+    # any gate_proj, up_proj or down_proj onto its experts), a dense first layer, experts with ungated shared ones
+    "Ernie4_5_MoeForCausalLM": dict(n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,
+                                    moe_dense_layers=1, moe_dense_hidden=48, moe_shared_hidden=64,
+                                    moe_shared_gate=False, tie_embeddings=True),
+    # Hunyuan MoE: query_layernorm, experts with an ungated shared MLP on every layer (its attention adapted alone, as
+    # ERNIE 4.5 MoE's)
+    "HunYuanMoEV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                                    mlp_hidden=32, moe_shared_hidden=32, moe_shared_gate=False),
+    # Cohere2 MoE: Cohere's q and k rows (B's rows) in RoPE's interleaved order, its attention alone adapted as ERNIE
+    # 4.5 MoE's; a windowed layer that rotates, a full one that does not
+    "Cohere2MoeForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True,
+                                  n_kv_head=2, sliding_window=4, sliding_window_pattern=2, nope_interval=2,
+                                  moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_shared_hidden=32,
+                                  moe_shared_gate=False, moe_scale=0.5, logit_divisor=2.0),
     # qkv_proj and gate_up_proj fused as redline's; LongRoPE on three quarters of each head
     "Phi3ForCausalLM": dict(rope_dims=12, rope_scaling="longrope", rope_pair_factors=(1.0, 1.5, 2.0, 2.5, 3.0, 3.5),
                             rope_original_context=64, rope_factor=4.0, n_kv_head=2),
@@ -165,7 +182,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # PEFT moves GLM-4-MoE's MLP adapters (dense, shared) onto its experts: its attention alone
            "Glm4MoeForCausalLM": ("attn.*",),
            # the per-layer input layers: each block's ple_gate and ple_proj, the model's ple_proj
-           "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*")}
+           "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*"),
+           "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",),
+           "Cohere2MoeForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -117,3 +117,187 @@ FAMILIES = tuple(
            to_redline=to_redline, to_hf=to_hf, ignorable=llama._ignorable)
     for n, arch in (("cohere", "CohereForCausalLM"), ("cohere2", "Cohere2ForCausalLM"))
 )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cohere2 MoE (Cohere2MoeForCausalLM, model_type "cohere2_moe"): Cohere2's parallel block (one norm, an RMSNorm where
+# rms_norm_eps is given, else Cohere's LayerNorm without a bias; interleaved RoPE on the windowed layers alone) with a
+# mixture of experts as each layer's MLP, as transformers' Cohere2MoeSparseMoeBlock computes it:
+# - routing: the top k of the router's logits, their softmax (the top k of the softmax scores rescaled to sum to 1:
+#   moe_norm_topk) or their sigmoid (moe_gating sigmoid, unrescaled; rescaled is refused: redline adds 1e-6 to that
+#   sum, as LFM2-MoE does);
+# - num_shared_experts SwiGLU experts fused into one ungated shared MLP (mlp.shared_experts.*), added to the routed
+#   sum ("sum") or averaged with it ("average": moe_scale 0.5 on the routed weights, the shared MLP's down_proj halved
+#   on import, doubled on export, both exact);
+# - dense SwiGLU MLPs (prefix_dense_intermediate_size wide) on the layers mlp_layer_types names "dense": first layers
+#   (moe_dense_layers), or any where they are as wide as the experts (moe_layers); a dense layer rotates even when
+#   full where prefix_dense_sliding_window_pattern is 1 (force_rope), so the layers without RoPE are the full layers
+#   otherwise: nope_interval where they fall on every N-th layer, else a base per layer (rope_layer_theta, 0 for
+#   none).
+# Semantics read from transformers' models/cohere2_moe/modeling_cohere2_moe.py.
+
+
+def _moe_layer_kinds(hf: dict) -> tuple[list[str], list[str]]:
+    """(layer_types, mlp_layer_types), built from first_k_dense_replace and the two window patterns where the config
+    does not give them, as Cohere2MoeConfig builds them."""
+    n, dense = hf["num_hidden_layers"], int(hf.get("first_k_dense_replace") or 0)
+    kinds = hf.get("layer_types")
+    if kinds is None:
+        prefix, rest = int(hf.get("prefix_dense_sliding_window_pattern") or 1), int(hf.get("sliding_window_pattern", 4))
+        kinds = (["full_attention" if (i + 1) % prefix == 0 else "sliding_attention" for i in range(dense)]
+                 + ["full_attention" if (i + 1) % rest == 0 else "sliding_attention" for i in range(n - dense)])
+    mlp = hf.get("mlp_layer_types") or ["dense" if i < dense else "sparse" for i in range(n)]
+    if len(kinds) != n or len(mlp) != n or not set(mlp) <= {"dense", "sparse"}:
+        raise UserError(f"layer_types / mlp_layer_types {kinds} / {mlp}: expected {n} entries each, of "
+                        f"sliding_attention / full_attention and dense / sparse")
+    return list(kinds), list(mlp)
+
+
+def moe_model_config(hf: dict) -> ModelConfig:
+    from redline.interop.moe import expert_fields
+
+    llama.check_silu(hf)
+    if hf.get("attention_bias"):
+        raise UserError("attention_bias=true: Cohere then has q/k/v/o biases with none in its MLP, a mix redline "
+                        "does not have")
+    window = int(hf.get("sliding_window") or 0)
+    if not window:
+        raise UserError("a cohere2_moe config without sliding_window: its full-attention layers do not rotate, so "
+                        "every layer would be position-free; redline does not run such a model")
+    n = hf["num_hidden_layers"]
+    kinds, mlp = _moe_layer_kinds(hf)
+    force = int(hf.get("prefix_dense_sliding_window_pattern") or 1) == 1
+    rope = [kind == "sliding_attention" or (mlp[i] == "dense" and force) for i, kind in enumerate(kinds)]
+    fields = llama.layer_windows({**hf, "layer_types": kinds}, n, kinds)
+    interval = next((i + 1 for i, r in enumerate(rope) if not r), 0)
+    if interval and rope != [(i + 1) % interval != 0 for i in range(n)]:  # no fixed step: a base per layer
+        theta = llama._rope(hf)["rope_theta"]
+        fields["rope_layer_theta"] = tuple(theta if r else 0.0 for r in rope)
+    elif interval:
+        fields["nope_interval"] = interval
+    selection = hf.get("expert_selection_fn", "softmax")
+    if selection not in ("softmax", "sigmoid") or (selection == "sigmoid" and hf.get("norm_topk_prob", True)):
+        raise UserError(f"expert_selection_fn={selection!r} with norm_topk_prob={hf.get('norm_topk_prob', True)}: "
+                        f"redline takes softmax, or sigmoid scores not rescaled (it adds 1e-6 to their sum, as "
+                        f"LFM2-MoE does)")
+    strategy = hf.get("shared_expert_combination_strategy", "average")
+    shared = int(hf.get("num_shared_experts") or 0) * int(hf["intermediate_size"])
+    if shared and strategy not in ("sum", "average"):
+        raise UserError(f"shared_expert_combination_strategy={strategy!r}: redline takes sum or average")
+    width, dense_width = int(hf["intermediate_size"]), int(hf.get("prefix_dense_intermediate_size") or
+                                                           hf["intermediate_size"])
+    dense = [i for i, kind in enumerate(mlp) if kind == "dense"]
+    if not dense or dense == list(range(len(dense))):
+        placement = dict(moe_dense_layers=len(dense), moe_dense_hidden=dense_width if dense_width != width else None)
+    elif dense_width == width:
+        placement = dict(moe_layers=tuple(i for i, kind in enumerate(mlp) if kind == "sparse"))
+    else:
+        raise UserError(f"mlp_layer_types={mlp} with prefix_dense_intermediate_size={dense_width} != "
+                        f"intermediate_size={width}: redline's dense layers among the expert layers are as wide as "
+                        f"the experts")
+    scale = float(hf.get("logit_scale") or 1.0)
+    norm = dict(norm="rmsnorm", norm_eps=float(hf["rms_norm_eps"])) if hf.get("rms_norm_eps") is not None else \
+        dict(norm="layernorm", norm_bias=False, norm_eps=float(hf.get("layer_norm_eps", 1e-5)))
+    return ModelConfig(
+        **{**llama.shape_fields(hf), **expert_fields(hf, "intermediate_size")}, **placement, **norm, **fields,
+        fused_qkv=True, pos_emb="rope", mlp="swiglu", fused_mlp=True, parallel_residual=True,
+        parallel_shared_norm=True, bias=False, tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        logit_divisor=0.0 if scale == 1.0 else 1 / scale, moe_gating=selection, moe_norm_topk=selection == "softmax",
+        moe_shared_hidden=shared, moe_shared_gate=False,
+        moe_scale=0.5 if shared and strategy == "average" else 1.0, **llama._rope(hf))
+
+
+def _halve_shared(hf: dict, cfg: ModelConfig, state: dict) -> dict:
+    """"average": the shared MLP's output halved, folded into its down_proj (exact: a power of 2)."""
+    if cfg.moe_shared_hidden and cfg.moe_scale == 0.5:
+        for name in [n for n in state if n.endswith("mlp.shared.proj.weight")]:
+            state[name] = state[name] * 0.5
+    return state
+
+
+def wants_cohere2_moe(cfg: ModelConfig) -> bool:
+    """Experts in a parallel block under one norm: Cohere2 MoE's alone among the architectures redline exports to."""
+    return bool(cfg.moe_experts and cfg.parallel_shared_norm)
+
+
+def _force_rope(cfg: ModelConfig) -> bool:
+    """Whether the exported config forces RoPE on its full dense layers (prefix_dense_sliding_window_pattern 1)."""
+    return any(not cfg.layer_has_experts(i) and not cfg.layer_window(i) and cfg.layer_rope(i)
+               for i in range(cfg.n_layer))
+
+
+def check_moe_exportable(cfg: ModelConfig) -> None:
+    what = "experts in a parallel block under one norm: Cohere2 MoE, the one architecture with them redline exports to,"
+    norm_bias = cfg.bias if cfg.norm_bias is None else cfg.norm_bias
+    force = _force_rope(cfg)
+    raise_first([
+        (not cfg.parallel_residual or cfg.norm_unit_offset or not cfg.norm_affine or cfg.embed_norm
+         or (cfg.norm == "layernorm" and norm_bias), f"{what} has RMSNorms or LayerNorms without biases"),
+        (cfg.mlp != "swiglu" or cfg.bias or cfg.has_qkv_bias or cfg.moe_bias,
+         f"{what} has SwiGLU experts and no Linear biases"),
+        (cfg.qk_norm or cfg.pos_emb != "rope" or cfg.rope_dims or cfg.rope_local_theta
+         or any(theta not in (0.0, cfg.rope_theta) for theta in cfg.rope_layer_theta),
+         f"{what} has no QK-norm and rotates whole heads with one RoPE (model.rope_theta's)"),
+        (not cfg.sliding_window, f"{what} rotates its windowed layers alone: it needs model.sliding_window"),
+        (any(cfg.layer_rope(i) != (bool(cfg.layer_window(i)) or (force and not cfg.layer_has_experts(i)))
+             for i in range(cfg.n_layer)),
+         f"{what} rotates its windowed layers, and its full dense layers all or none, and no full expert layer"),
+        (cfg.moe_expert_bias or cfg.moe_groups > 1 or cfg.moe_norm_min
+         or (cfg.moe_gating == "softmax") != cfg.moe_norm_topk,
+         f"{what} rescales the top k of softmax scores, or leaves sigmoid scores as they are, with no bias, floor or "
+         f"groups"),
+        (cfg.moe_scale != (0.5 if cfg.moe_shared_hidden else 1.0) and cfg.moe_scale != 1.0,
+         f"{what} scales the routed weights by 0.5 alone, averaging them with its shared experts (model.moe_scale)"),
+        (cfg.moe_shared_hidden and (cfg.moe_shared_gate or cfg.moe_shared_hidden % cfg.hidden_dim),
+         f"{what} has ungated shared experts as wide as the routed ones (model.moe_shared_gate=false, "
+         f"moe_shared_hidden a multiple of mlp_hidden)"),
+        (cfg.moe_layers and cfg.moe_dense_hidden, f"{what} has dense layers among its expert layers only as wide"),
+        (cfg.attn_sinks or cfg.attn_gate != "none" or cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap
+         or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.head_bias or cfg.value_embeddings
+         or cfg.conv_layers or cfg.delta_layers or cfg.qk_norm_after_rope,
+         f"{what} has no sinks, gates, scales other than the logits', caps or other token mixers"),
+    ])
+
+
+def moe_hf_config(cfg: ModelConfig) -> dict:
+    out = {"model_type": "cohere2_moe", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
+           "intermediate_size": cfg.hidden_dim,
+           "prefix_dense_intermediate_size": cfg.moe_dense_hidden or cfg.hidden_dim,
+           "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads,
+           "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": cfg.context_len,
+           "rms_norm_eps": cfg.norm_eps if cfg.norm == "rmsnorm" else None, "layer_norm_eps": cfg.norm_eps,
+           "logit_scale": 1 / cfg.logit_divisor if cfg.logit_divisor else 1.0, "rope_theta": cfg.rope_theta,
+           "rope_scaling": llama.rope_scaling(cfg, "cohere2_moe"), "tie_word_embeddings": cfg.tie_embeddings,
+           "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+           "sliding_window": cfg.sliding_window, "num_experts": cfg.moe_experts, "num_experts_per_tok": cfg.moe_top_k,
+           "num_shared_experts": cfg.moe_shared_hidden // cfg.hidden_dim,
+           "shared_expert_combination_strategy": "average" if cfg.moe_scale == 0.5 else "sum",
+           "expert_selection_fn": cfg.moe_gating, "norm_topk_prob": cfg.moe_norm_topk,
+           "prefix_dense_sliding_window_pattern": 1 if _force_rope(cfg) else 2,
+           "layer_types": ["sliding_attention" if cfg.layer_window(i) else "full_attention"
+                           for i in range(cfg.n_layer)],
+           "mlp_layer_types": ["sparse" if cfg.layer_has_experts(i) else "dense" for i in range(cfg.n_layer)],
+           "output_router_logits": bool(cfg.moe_aux_loss), "router_aux_loss_coef": cfg.moe_aux_loss or 0.001}
+    return out
+
+
+_SHARED = (".mlp.shared_experts.", ".mlp.shared_expert.")  # Cohere2 MoE's name, moe.py's
+
+
+def moe_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    theirs = {name.replace(*_SHARED): name for name in src.names}
+    return to_redline(TensorSource(theirs, lambda name: src.take(theirs[name]), src.where), cfg)
+
+
+def moe_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    out = {}  # llama.to_hf names the experts as Qwen-MoE's, which Cohere2 MoE's are
+    average = cfg.moe_shared_hidden and cfg.moe_scale == 0.5
+    for name, t in llama.to_hf(permute_qk(dict(state), cfg, inverse=False), cfg, name="qwen2_moe").items():
+        name = name.replace(_SHARED[1], _SHARED[0])
+        out[name] = t * 2.0 if average and name.endswith("shared_experts.down_proj.weight") else t
+    return out
+
+
+MOE_FAMILY = Family(name="cohere2_moe", architecture="Cohere2MoeForCausalLM", model_config=moe_model_config,
+                    hf_config=moe_hf_config, to_redline=moe_to_redline, to_hf=moe_to_hf, ignorable=llama._ignorable,
+                    fold=_halve_shared)

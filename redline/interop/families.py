@@ -26,6 +26,8 @@ a mixture of experts on some layers); llama4.py Llama 4's text model (interleave
 attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
+EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
+MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -237,6 +239,7 @@ def _families() -> dict[str, Family]:
                                  jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid,
                                  opt, phi,
                                  phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
+    from redline.interop import apertus
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
@@ -252,7 +255,9 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY)}
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
+                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
+                                cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -315,9 +320,11 @@ def export_family(cfg: ModelConfig) -> Family:
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
-    under one norm and SwiGLU, Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
+    under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
+    Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
-    SwiGLU experts; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
+    SwiGLU experts, as ERNIE 4.5 MoE with softmax scores and a bias that chooses (on every N-th layer too), as Hunyuan
+    MoE with QK-norm after RoPE, as Cohere2 MoE in a parallel block under one norm; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
     dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone, and as Jamba where some layer has
     attention or an MLP, the norms have weights (model.delta_bcdt_norm_weight) or there are experts (on the layers
     model.moe_layers names, which no other architecture takes but Llama 4); one with chunked attention, the layers
@@ -338,7 +345,7 @@ def export_family(cfg: ModelConfig) -> Family:
     (RMSNorm, one on its embeddings). A UserError names
     the redline option that no such architecture has."""
     families = _families()
-    from redline.interop import lfm2, qwen3_5
+    from redline.interop import ernie, lfm2, qwen3_5
 
     from redline.interop import glm, llama4
 
@@ -361,6 +368,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if gemma4.wants_gemma4(cfg):  # values normed, layer scalars, per-layer inputs, shared KV, full layers' geometry
         gemma4.check_exportable(cfg)
         return families["gemma4_text"]
+    if cfg.mlp == "xielu":  # the xIELU MLP: Apertus's alone
+        from redline.interop import apertus
+
+        apertus.check_exportable(cfg)
+        return families["apertus"]
     from redline.interop import jamba
 
     if jamba.wants_jamba(cfg):  # Mamba-1 layers beside attention or MLPs, weighted dt/B/C norms, experts: Jamba's
@@ -370,10 +382,19 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import mamba
 
         return families[mamba.export_name(cfg)]
+    from redline.interop import cohere
+
+    if cohere.wants_cohere2_moe(cfg):  # experts in Cohere's parallel block, in any layer and window layout
+        cohere.check_moe_exportable(cfg)
+        return families["cohere2_moe"]
+    if cfg.moe_layers and ernie.wants_ernie_moe(cfg):  # experts among dense layers: ERNIE 4.5 MoE's interval
+        ernie.check_moe_exportable(cfg)
+        return families["ernie4_5_moe"]
     if cfg.moe_layers:
         raise UserError(f"model.moe_layers={cfg.moe_layers}: of the architectures redline exports to, only Jamba has "
-                        f"experts on some layers in any pattern, and it has Mamba-1 layers (model.delta_rule=mamba1); "
-                        f"use model.moe_dense_layers for dense first layers")
+                        f"experts on some layers in any pattern, and it has Mamba-1 layers (model.delta_rule=mamba1), "
+                        f"and ERNIE 4.5 MoE on every N-th, with softmax scores and model.moe_expert_bias; use "
+                        f"model.moe_dense_layers for dense first layers")
     if cfg.pos_emb == "alibi":  # ALiBi: BLOOM's (a LayerNorm on the embeddings, biases) or MPT's (neither)
         from redline.interop import bloom, mpt
 
@@ -443,6 +464,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.rope_layer_theta: of the architectures redline exports to, only Granite SWA has a RoPE "
                         "base per layer, and it is a dense model with attention sinks (model.attn_sinks, no "
                         "model.moe_experts)")
+    from redline.interop import llama
+
+    if llama.wants_ministral(cfg):  # windowed and full layers in Mistral's block
+        llama.check_ministral_exportable(cfg)
+        return families["ministral"]
     if cfg.window_layers and not cfg.attn_sinks:
         raise UserError("model.window_layers: of the architectures redline exports to, only Granite SWA and GPT-OSS "
                         "take windowed layers in any order, and both have attention sinks (model.attn_sinks)")
@@ -454,6 +480,14 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.conv_layers:  # short convolutions: LFM2
         lfm2.check_exportable(cfg)
         return families["lfm2_moe" if cfg.moe_experts else "lfm2"]
+    if ernie.wants_ernie_moe(cfg):  # softmax scores with an expert bias that chooses: ERNIE 4.5 MoE's
+        ernie.check_moe_exportable(cfg)
+        return families["ernie4_5_moe"]
+    from redline.interop import hunyuan
+
+    if hunyuan.wants_hunyuan_moe(cfg):  # experts with QK-norm after RoPE: Hunyuan MoE's
+        hunyuan.check_moe_exportable(cfg)
+        return families["hunyuan_v1_moe"]
     if cfg.moe_experts:  # Mixtral, Qwen2/3-MoE, OLMoE
         from redline.interop import moe
 

@@ -1108,6 +1108,12 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                           "shared experts, multi-token prediction layers)"),
                 "gemma4_text": ("Gemma 4", "no writer here for llama.cpp's gemma4 layout (per-layer inputs, shared "
                                            "KV layers, the full layers' own head width)"),
+                "apertus": ("Apertus", "no writer here for llama.cpp's apertus layout (xIELU's scalars per layer)"),
+                "ernie4_5_moe": ("ERNIE 4.5 MoE", "no writer here for llama.cpp's ernie4_5-moe layout (its expert "
+                                                  "bias, shared experts and dense layers)"),
+                "hunyuan_v1_moe": ("Hunyuan MoE", "no writer here for llama.cpp's hunyuan-moe layout"),
+                "ministral": ("Ministral", "GGUF's llama architecture has no windowed layers"),
+                "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block"),
                 "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
                                            "without RoPE and their query temperature, input-weighted experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")

@@ -337,7 +337,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
             out[r + "attn.proj.bias"] = src.take(attn + "o_proj.bias")
         if cfg.attn_sinks:  # (H,) logits (Granite SWA's)
             out[r + "attn.sinks"] = src.take(attn + "sinks")
-        if cfg.moe_experts:  # a mixture of experts (moe.py)
+        if cfg.layer_has_experts(i):  # a mixture of experts (moe.py); its dense first layers below
             from redline.interop.moe import experts_to_redline
 
             out.update(experts_to_redline(src, p, r, cfg))
@@ -399,7 +399,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str | None 
             out[attn + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
         if cfg.attn_sinks:
             out[attn + "sinks"] = state[r + "attn.sinks"]
-        if cfg.moe_experts:  # a mixture of experts (moe.py)
+        if cfg.layer_has_experts(i):  # a mixture of experts (moe.py); its dense first layers below
             from redline.interop.moe import experts_to_hf
 
             out.update(experts_to_hf(state, p, r, cfg, name))
@@ -578,3 +578,57 @@ def nemotron_hf_config(cfg: ModelConfig) -> dict:
 NEMOTRON_FAMILY = Family(name="nemotron", architecture="NemotronForCausalLM", model_config=nemotron_model_config,
                          hf_config=nemotron_hf_config, to_redline=to_redline, to_hf=to_llama_hf,
                          ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ministral (MinistralForCausalLM, model_type "ministral": Ministral-8B-Instruct-2410): Mistral's block and names with
+# a kind per layer (`layer_types`: sliding_attention with Mistral's window, or full_attention), as redline's
+# sliding_window with sliding_window_pattern where every N-th layer is full, else with the windowed layers named
+# (window_layers). Without layer_types every layer has the window where the config gives one. Semantics read from
+# transformers' models/ministral/modular_ministral.py.
+
+
+def ministral_model_config(hf: dict) -> ModelConfig:
+    n = hf["num_hidden_layers"]
+    cfg = model_config_for("mistral")({**hf, "sliding_window": None})
+    default = ["sliding_attention" if hf.get("sliding_window") else "full_attention"] * n
+    return replace(cfg, **layer_windows(hf, n, default))
+
+
+def wants_ministral(cfg: ModelConfig) -> bool:
+    """Windowed and full layers mixed in Mistral's pre-RMSNorm block without sinks: Ministral's alone among the
+    architectures redline exports to (Gemma's norms scale by 1 + weight, Cohere2's block is parallel, EXAONE 4.0's
+    and OLMo 3's norms are on the sublayers' outputs, Granite SWA and GPT-OSS have sinks)."""
+    return bool(cfg.sliding_window and (cfg.sliding_window_pattern or cfg.window_layers) and not cfg.attn_sinks
+                and cfg.norm_position == "pre" and cfg.norm == "rmsnorm" and not cfg.norm_unit_offset
+                and not cfg.parallel_residual)
+
+
+def check_ministral_exportable(cfg: ModelConfig) -> None:
+    what = "windowed and full layers in Llama's block: Ministral, the one architecture with them redline exports to,"
+    raise_first([
+        (cfg.qk_norm, f"{what} has no QK-norm (model.qk_norm)"),
+        (cfg.bias or cfg.has_qkv_bias, f"{what} has no Linear biases (model.bias, model.qkv_bias)"),
+        (cfg.mlp != "swiglu", f"{what} has a SwiGLU MLP (model.mlp={cfg.mlp})"),
+        (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval or cfg.rope_local_theta or cfg.rope_layer_theta,
+         f"{what} rotates every layer's whole heads with one RoPE"),
+        (cfg.moe_experts or cfg.conv_layers or cfg.delta_layers or cfg.mlp_free_layers or cfg.mixer_free_layers
+         or not cfg.norm_affine or cfg.embed_norm, f"{what} has attention and a dense MLP on every layer, learned "
+                                                   f"norms"),
+        (cfg.attn_gate != "none" or cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap or cfg.embed_scale
+         or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor or cfg.head_bias
+         or cfg.value_embeddings, f"{what} has no gates, scales, caps or scalars"),
+    ])
+
+
+def ministral_hf_config(cfg: ModelConfig) -> dict:
+    out = hf_config_for("mistral")(cfg)
+    rope = {"rope_type": "default", "rope_theta": out.pop("rope_theta"), **(out.pop("rope_scaling") or {})}
+    return {**out, "model_type": "ministral", "rope_parameters": rope, "sliding_window": cfg.sliding_window,
+            "layer_types": ["sliding_attention" if cfg.layer_window(i) else "full_attention"
+                            for i in range(cfg.n_layer)]}
+
+
+MINISTRAL_FAMILY = Family(name="ministral", architecture="MinistralForCausalLM", model_config=ministral_model_config,
+                          hf_config=ministral_hf_config, to_redline=to_redline, to_hf=to_llama_hf,
+                          ignorable=_ignorable)

@@ -197,7 +197,8 @@ def experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> d
         out[f"{r}mlp.shared.fc.weight"] = torch.cat([src.take(shared + "gate_proj.weight"),
                                                      src.take(shared + "up_proj.weight")])
         out[f"{r}mlp.shared.proj.weight"] = src.take(shared + "down_proj.weight")
-        out[f"{r}mlp.shared_gate.weight"] = src.take(f"{p}mlp.shared_expert_gate.weight")
+        if cfg.moe_shared_gate:
+            out[f"{r}mlp.shared_gate.weight"] = src.take(f"{p}mlp.shared_expert_gate.weight")
     return out
 
 
@@ -220,7 +221,8 @@ def experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelC
         shared = f"{p}mlp.shared_expert."
         out[shared + "gate_proj.weight"], out[shared + "up_proj.weight"] = state[f"{r}mlp.shared.fc.weight"].chunk(2)
         out[shared + "down_proj.weight"] = state[f"{r}mlp.shared.proj.weight"]
-        out[f"{p}mlp.shared_expert_gate.weight"] = state[f"{r}mlp.shared_gate.weight"]
+        if cfg.moe_shared_gate:
+            out[f"{p}mlp.shared_expert_gate.weight"] = state[f"{r}mlp.shared_gate.weight"]
     return out
 
 

@@ -71,6 +71,9 @@ _MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.
 # Gemma 4's per-layer input layers (gemma4.py): each block's gate and projection (the model's own projection of the
 # embeddings: _parts)
 _GEMMA4_PLE = {"ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projection"}
+# the architectures whose gate_proj, up_proj and down_proj adapters PEFT moves onto the experts' fused parameters
+_EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE",
+                 "cohere2_moe": "Cohere2 MoE"}
 _QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
 
@@ -127,9 +130,9 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             raise UserError(f"the adapter on {layer} has no counterpart in Phi-3 (whose q/k/v are one qkv_proj and "
                             f"gate and up one gate_up_proj); export with --merge")
         return [(base + _PHI3[rest], slice(0, out_features))]
-    if family.name == "qwen3_next" and rest.startswith(("mlp.fc", "mlp.up", "mlp.proj", "mlp.shared.")):
+    if family.name in _EXPERT_NAMES and rest.startswith(("mlp.fc", "mlp.up", "mlp.proj", "mlp.shared.")):
         raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter, which PEFT moves "
-                        f"onto Qwen3-Next's experts (their fused gate_up_proj and down_proj) as it loads them; export "
+                        f"onto {_EXPERT_NAMES[family.name]}'s experts (their fused gate_up_proj and down_proj) as it loads them; export "
                         f"with --merge")
     if family.name in _QWEN3_5:  # qwen3_5.py's names; q_proj holds queries and gates together
         if int(i) in cfg.delta_layers:
@@ -244,8 +247,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return [(base + "self_attn.o_proj", slice(0, out_features))]
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        # q and k rows in RoPE's interleaved order, as cohere.py and llama4.py export them
-        if family.name in ("cohere", "cohere2", "llama4_text", "llama4"):
+        # q and k rows in RoPE's interleaved order, as cohere.py, ernie.py and llama4.py export them
+        if family.name in ("cohere", "cohere2", "cohere2_moe", "ernie4_5_moe", "llama4_text", "llama4"):
             rows = torch.arange(q + kv)
             return [(base + "self_attn.q_proj", interleave_rope_rows(rows[:q], cfg.n_head, inverse=False)),
                     (base + "self_attn.k_proj", interleave_rope_rows(rows[q:], cfg.kv_heads, inverse=False)),
