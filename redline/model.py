@@ -11,7 +11,9 @@ Features (each a field of `ModelConfig`):
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
   normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
   (`nope_temperature`, Llama 4's attention temperature);
-  documents packed into one row attend only within themselves (`doc_ids`); PyTorch SDPA with a selectable backend
+  documents packed into one row attend only within themselves (`doc_ids`); multi-head latent attention (keys and
+  values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA);
+  PyTorch SDPA with a selectable backend
   (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
@@ -129,6 +131,17 @@ class ModelConfig:
     """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
     input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
     dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "none"."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2's MLA, DeepSeek-V3's, Kimi K2's) where > 0: keys and values come from
+    a latent this wide (kv_a, C -> kv_lora_rank + rope_dims, its first part RMS-normalized and expanded by kv_b into
+    each head's unrotated key part and value) and one rotated key part of rope_dims shared by every head; a head's
+    q and k are head_size wide (DeepSeek's qk_nope_head_dim + qk_rope_head_dim), RoPE on rope_dims of them, its value
+    v_head_dim wide. Needs n_kv_head = n_head (the expanded keys are per head); 0 = ordinary attention."""
+    q_lora_rank: int = 0
+    """Latent attention: q through a low-rank bottleneck this wide (q_a, C -> q_lora_rank, RMS-normalized, then q_b
+    to H·head_size: DeepSeek-V3's); 0 = one q projection (DeepSeek-V2-Lite's)."""
+    v_head_dim: int = 0
+    """Latent attention: the width of a head's value (DeepSeek's v_head_dim, up to head_size); 0 = head_size."""
     pos_emb: Literal["rope", "learned", "alibi", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, ALiBi, or none. alibi (Press et al. 2022,
     "Train Short, Test Long"; BLOOM's and MPT's): no position table; head h adds -m_h·(i - j) to the score of query
@@ -576,6 +589,19 @@ class ModelConfig:
         if self.rope_dims and (self.pos_emb != "rope" or self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim):
             raise UserError(f"model.rope_dims={self.rope_dims} needs RoPE (model.pos_emb=rope) and an even number of "
                             f"dimensions up to the head width {self.head_dim} (0: the whole head)")
+        if min(self.kv_lora_rank, self.q_lora_rank, self.v_head_dim) < 0 or (
+                (self.q_lora_rank or self.v_head_dim) and not self.kv_lora_rank):
+            raise UserError("model.q_lora_rank and v_head_dim are latent attention's (>= 0, with model.kv_lora_rank "
+                            "> 0)")
+        if self.kv_lora_rank and not (self.pos_emb == "rope" and self.rope_dims and self.kv_heads == self.n_head
+                                      and self.v_head_dim <= self.head_dim):
+            raise UserError(f"model.kv_lora_rank={self.kv_lora_rank} (latent attention) needs RoPE on part of each head "
+                            f"(model.pos_emb=rope, rope_dims > 0), model.n_kv_head = n_head and model.v_head_dim <= "
+                            f"the head width {self.head_dim}")
+        if self.kv_lora_rank and (self.qk_norm or self.attn_gate != "none" or self.value_embeddings
+                                  or self.has_qkv_bias or self.bias or self.nope_interval or self.rope_layer_theta):
+            raise UserError("model.kv_lora_rank (latent attention) takes no QK-norm, attn_gate, value_embeddings, "
+                            "biases (model.bias, qkv_bias) or layers without RoPE (nope_interval, rope_layer_theta)")
         if self.nope_interval < 0 or (self.nope_interval and self.pos_emb != "rope"):
             raise UserError(f"model.nope_interval={self.nope_interval} needs RoPE (model.pos_emb=rope) and must be "
                             f">= 0 (0 = RoPE on every layer)")
@@ -653,9 +679,11 @@ class ModelConfig:
         if self.attn_softcap < 0:
             raise UserError(f"model.attn_softcap must be >= 0 (0 = off), got {self.attn_softcap}")
         if self.attn_chunk < 0 or (self.attn_chunk and (self.pos_emb != "rope" or self.sliding_window
-                                                        or self.conv_layers or self.delta_layers)):
+                                                        or self.conv_layers or self.delta_layers
+                                                        or self.kv_lora_rank)):
             raise UserError(f"model.attn_chunk={self.attn_chunk} must be >= 0 (0 = off) and takes RoPE "
-                            f"(model.pos_emb=rope) with attention on every layer and no model.sliding_window")
+                            f"(model.pos_emb=rope) with attention on every layer, no model.sliding_window and no "
+                            f"latent attention (model.kv_lora_rank)")
         if self.nope_temperature < 0 or self.nope_temperature_floor < 1 or (
                 self.nope_temperature and self.pos_emb != "rope"):
             raise UserError(f"model.nope_temperature={self.nope_temperature} must be >= 0 (0 = off) with RoPE "
@@ -1253,6 +1281,84 @@ class Attention(nn.Module):
         return (y.view(B, T, self.n_head, self.head_dim) * torch.sigmoid(self.gate(x)).unsqueeze(-1)).view(B, T, -1)
 
 
+LATENT_NORM_EPS = 1e-6
+"""The epsilon of latent attention's q_a_norm and kv_a_norm: DeepSeek's reference code and transformers' DeepseekV2/V3
+Attention build them with the RMSNorm's default 1e-6, apart from the blocks' rms_norm_eps."""
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention (model.kv_lora_rank; DeepSeek-V2's MLA), as transformers' DeepseekV3Attention
+    computes it: q from q_a (C -> q_lora_rank), its RMSNorm q_a_norm and q_b (-> H·D), or from one q (C -> H·D) where
+    model.q_lora_rank is 0; kv_a (C -> L + R) gives the latent (L = kv_lora_rank), RMS-normalized (kv_a_norm) and
+    expanded by kv_b (L -> H·(Dn + Dv)) into each head's unrotated key part and value, and one key part of R =
+    rope_dims that every head shares; RoPE turns q's and k's R dims alone; proj (H·Dv -> C). D = head_size = Dn + R.
+    The weights keep DeepSeek's row order (a head's [nope; rope] rows in q_b, [nope; value] in kv_b, the shared
+    key part last in kv_a), so they import and export as they are; the heads handed on are laid out [rope; nope]
+    (apply_rope turns a head's first dims): q·k sums over the dims, in any order.
+
+    The heads it hands on are those of multi-head attention (B, H, T, D), the value padded with zeros from Dv to D, so
+    the inference engine's cache, prefill, decode and kernels serve it unchanged (as transformers pads the value for
+    flash attention): the padded columns of each head's output are zeros, sliced off before proj. The cache holds the
+    up-projected keys and values, H·2D a token where MLA's own cache would hold the latent's L + R: simple and exact,
+    not the memory MLA saves."""
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        nn.Module.__init__(self)
+        self.cfg = cfg
+        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.n_head, cfg.head_dim
+        self.rope_dims, self.rank, self.v_dim = cfg.rope_dims, cfg.kv_lora_rank, cfg.v_head_dim or cfg.head_dim
+        self.window = cfg.layer_window(layer)
+        self.rope_table = cfg.layer_rope_table(layer)
+        self.use_rope = True
+        self.scale = cfg.attn_scale or None  # DeepSeek's softmax_scale (YaRN's mscale² in it) where set
+        self.ve_mix = self.sinks = self.gate = None  # what Attention's callers read: none of them here
+        H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
+        if cfg.q_lora_rank:
+            self.q_a = nn.Linear(C, cfg.q_lora_rank, bias=False)
+            self.q_a_norm = nn.RMSNorm(cfg.q_lora_rank, eps=LATENT_NORM_EPS)
+            self.q_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
+        else:
+            self.q = nn.Linear(C, H * D, bias=False)
+        self.kv_a = nn.Linear(C, self.rank + self.rope_dims, bias=False)
+        self.kv_a_norm = nn.RMSNorm(self.rank, eps=LATENT_NORM_EPS)
+        self.kv_b = nn.Linear(self.rank, H * (D - self.rope_dims + self.v_dim), bias=False)
+        self.proj = nn.Linear(H * self.v_dim, C, bias=False)
+        self.proj.is_residual_out = True
+
+    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                    ve: torch.Tensor | None = None):
+        """x: (B, T, C) -> q, k, v (B, H, T, D) each, q and k [rope; nope] with RoPE applied, v zero-padded from Dv
+        to D; ve unused (validate refuses value embeddings)."""
+        B, T, _ = x.shape
+        H, D, R = self.n_head, self.head_dim, self.rope_dims
+        q = self.q(x) if self.cfg.q_lora_rank == 0 else self.q_b(self.q_a_norm(self.q_a(x)))
+        q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
+        latent, k_pe = self.kv_a(x).split([self.rank, R], dim=-1)  # (B, T, L), (B, T, R)
+        kv = self.kv_b(self.kv_a_norm(latent)).view(B, T, H, D - R + self.v_dim).transpose(1, 2)
+        k_nope, v = kv.split([D - R, self.v_dim], dim=-1)  # (B, H, T, Dn), (B, H, T, Dv)
+        k_pe = k_pe.view(B, 1, T, R)  # one key part for every head
+        if rope is not None:
+            cos, sin = layer_rope(rope, self.rope_table)
+            q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
+        q = torch.cat([q_pe, q_nope], dim=-1)
+        k = torch.cat([k_pe.expand(B, H, T, R), k_nope], dim=-1)
+        return q, k, F.pad(v, (0, D - self.v_dim))
+
+    def project(self, x: torch.Tensor):
+        raise NotImplementedError("latent attention has no raw q/k/v projection: use project_qkv")
+
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None) -> torch.Tensor:
+        """As Attention.forward: x (B, T, C) -> (B, T, C); the heads' outputs (B, T, H·D) cut to their values' Dv
+        columns before proj."""
+        if cache is not None:
+            y = cache.attend(self, x, rope, ve)
+        else:
+            q, k, v = self.project_qkv(x, rope, ve)
+            y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
+        B, T, _ = y.shape
+        return self.proj(y.view(B, T, self.n_head, self.head_dim)[..., :self.v_dim].reshape(B, T, -1))
+
+
 def causal_conv(u: torch.Tensor, weight: torch.Tensor, before: torch.Tensor | None = None,
                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """A causal depthwise convolution of u (B, T, C) by weight (C, K), oldest token first -> (B, T, C): token t sums
@@ -1770,7 +1876,8 @@ class Block(nn.Module):
         elif layer in cfg.delta_layers and not parallel:
             self.attn = {"mamba2": Mamba2, "mamba1": Mamba1}.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         else:
-            self.attn = ShortConv(cfg, layer) if self.conv else Attention(cfg, value_embedding, layer)
+            attention = LatentAttention if cfg.kv_lora_rank else Attention
+            self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
             self.mlp = None

@@ -107,6 +107,32 @@ FAMILIES = {
     # GPT-OSS: attention sinks (perturbed like every parameter), biases on q/k/v/o, windowed and full layers in turn
     # (a window shorter than the test sequences), YaRN without rounding its band, top 2 of 4 experts with biases,
     # gate and up interleaved, a SwiGLU clamp low enough to bite
+    # DeepSeek-V3's latent attention (q through its low-rank bottleneck, values narrower than q/k heads, RoPE on
+    # interleaved pairs) on dense layers alone (first_k_dense_replace covers them all)
+    "deepseek_v3-dense": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                               qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=2,
+                               pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # DeepSeek-V3 with its router (sigmoid scores, e_score_correction_bias, 2 of 4 groups, rescaled and scaled by
+    # routed_scaling_factor), a dense first layer and a shared expert, YaRN with mscale_all_dim (the score scale's
+    # mscale²) and RoPE on (first half, second half) pairs
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, first_k_dense_replace=1,
+                         n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2, n_shared_experts=1,
+                         moe_intermediate_size=32, routed_scaling_factor=2.5, norm_topk_prob=True,
+                         rope_interleave=False, pad_token_id=None,
+                         rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                          "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                          "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707})),
+    # DeepSeek-V2(-Lite): one q_proj (no q_lora_rank), softmax routing greedy over the experts, never rescaled,
+    # scaled by routed_scaling_factor, two shared experts' width, a dense first layer
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
+                    dict(num_attention_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16,
+                         qk_rope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, n_routed_experts=4,
+                         num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=32,
+                         routed_scaling_factor=2.0, topk_method="greedy", pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
                      num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.3, tie_word_embeddings=False,
@@ -747,7 +773,7 @@ def hf_model(kind: str, seed: int = 0):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-        # LFM2-MoE's and GLM-4-MoE's routing bias (a buffer) and ERNIE 4.5 MoE's (a frozen parameter): moved so that
+        # LFM2-MoE's, GLM-4-MoE's and DeepSeek-V3's routing bias (a buffer) and ERNIE 4.5 MoE's (a frozen parameter): moved so that
         # they choose
         for name, b in [*model.named_buffers(), *model.named_parameters()]:
             if name.endswith(("expert_bias", "e_score_correction_bias")):

@@ -105,7 +105,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
 @pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"),
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"),
                                         ("codegen", "GPT-J"), ("falcon-new", "Falcon"), ("jamba", "Jamba"),
-                                        ("gemma4", "Gemma 4"), ("llama4_text", "Llama 4")])
+                                        ("gemma4", "Gemma 4"), ("deepseek_v3", "DeepSeek-V3"),
+                                        ("deepseek_v2", "DeepSeek-V2"), ("llama4_text", "Llama 4")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -620,7 +621,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
+                         "deepseek_v3, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, "
                          "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gemma4, gemma4_text, glm, glm4, "
                          "glm4_moe, gpt2, gpt_bigcode, gpt_neo, "

@@ -164,6 +164,17 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               nope_temperature_floor=3, moe_experts=4, moe_top_k=1, moe_gating="sigmoid",
                               moe_norm_topk=False, mlp_hidden=32, moe_shared_hidden=32, moe_shared_gate=False,
                               moe_weight_input=True, moe_layers=(1,), moe_dense_hidden=80),
+    # DeepSeek-V3: latent attention (q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj adapted), a dense
+    # first layer and experts with a shared one
+    "DeepseekV3ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                  fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                                  moe_expert_bias=True, moe_groups=2, moe_topk_groups=1, moe_norm_eps=1e-20,
+                                  moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                                  moe_dense_hidden=64, moe_scale=2.5),
+    # DeepSeek-V2: one q_proj, its rotated rows and kv_a_proj_with_mqa's (B's rows) in interleaved pairs again
+    "DeepseekV2ForCausalLM": dict(kv_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=12, fused_qkv=False,
+                                  moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_norm_topk=False,
+                                  moe_shared_hidden=64, moe_shared_gate=False, moe_dense_layers=1, moe_scale=2.0),
 }
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP
@@ -184,7 +195,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # the per-layer input layers: each block's ple_gate and ple_proj, the model's ple_proj
            "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*"),
            "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",),
-           "Cohere2MoeForCausalLM": ("attn.*",)}
+           "Cohere2MoeForCausalLM": ("attn.*",),
+           # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
+           "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -355,6 +355,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
     k and v in torch (Attention.project_qkv, compiled with the block, as the matmul path does) and hands the kernel
     those, to store and attend over; redline's fused decode block, which hands the kernel the raw projection, cannot
     run such a model."""
+    if getattr(cfg, "kv_lora_rank", 0):
+        return "latent attention (model.kv_lora_rank: keys and values expanded from a latent)"
     if getattr(cfg, "value_embeddings", 0):
         return "value embeddings mixed into the values (model.value_embeddings)"
     if cfg.qk_norm and getattr(cfg, "qk_norm_scope", "head") != "head":

@@ -234,14 +234,14 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (bloom, cohere, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3,
-                                 gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, hunyuan,
-                                 jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2, olmo_hybrid,
-                                 opt, phi,
-                                 phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
+    from redline.interop import (bloom, cohere, deepseek, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2,
+                                 gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite,
+                                 hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2,
+                                 olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus
 
-    return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY, exaone4.FAMILY,
+    return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
+                                exaone4.FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 granite.SHARED_FAMILY, granite.BAMBA_FAMILY, gemma.FAMILY, gemma2.FAMILY,
@@ -353,12 +353,18 @@ def export_family(cfg: ModelConfig) -> Family:
     if llama4.wants_llama4(cfg):
         llama4.check_exportable(cfg)
         return families["llama4_text"]
+    if cfg.kv_lora_rank:  # latent attention: DeepSeek's alone (V3 with sigmoid scores or dense, V2 with softmax)
+        from redline.interop import deepseek
+
+        return families[deepseek.export_name(cfg)]
     if glm.wants_glm4_moe(cfg):  # sigmoid-scored experts beside attention with partial RoPE: GLM-4-MoE's alone
         glm.check_glm4_moe_exportable(cfg)
         return families["glm4_moe"]
     if cfg.moe_groups > 1:
-        raise UserError(f"model.moe_groups={cfg.moe_groups}: none of the architectures redline exports to chooses "
-                        f"experts within groups; set model.moe_groups=1")
+        raise UserError(f"model.moe_groups={cfg.moe_groups}: of the architectures redline exports to, only "
+                        f"DeepSeek-V3 (latent attention, model.kv_lora_rank) and GLM-4-MoE (sigmoid scores, RoPE on "
+                        f"part of each head: model.moe_gating=sigmoid, rope_dims) choose experts within groups; set "
+                        f"model.moe_groups=1")
     if cfg.moe_experts and not cfg.gated_mlp:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu)")

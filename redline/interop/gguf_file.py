@@ -1114,6 +1114,10 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "hunyuan_v1_moe": ("Hunyuan MoE", "no writer here for llama.cpp's hunyuan-moe layout"),
                 "ministral": ("Ministral", "GGUF's llama architecture has no windowed layers"),
                 "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block"),
+                "deepseek_v3": ("DeepSeek-V3", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
+                                               "kv_b split into k_b and v_b)"),
+                "deepseek_v2": ("DeepSeek-V2", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
+                                               "kv_b split into k_b and v_b)"),
                 "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
                                            "without RoPE and their query temperature, input-weighted experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")

@@ -199,6 +199,7 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.mlp != "swiglu" or cfg.bias or cfg.has_qkv_bias or cfg.head_bias,
          f"{what} has SwiGLU MLPs and no biases (model.mlp={cfg.mlp}, bias, qkv_bias, head_bias)"),
         (cfg.qk_norm, f"{what} has no learned QK-norm (model.qk_norm; its own is model.rope_qk_norm)"),
+        (cfg.kv_lora_rank, f"{what} has no latent attention (model.kv_lora_rank)"),
         (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.rope_local_theta or len(thetas) > 1
          or cfg.rope_scaling not in ("none", "llama3") or (thetas and thetas != {cfg.rope_theta}),
          f"{what} rotates whole heads by one RoPE (Llama 3 scaling or none) on the layers that rotate"),

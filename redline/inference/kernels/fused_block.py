@@ -74,6 +74,8 @@ FIELDS_ACCOUNTED = {
     "nope_temperature": "refused (kernel_prologue_unsupported): the attention kernel scales no queries by position",
     "nope_temperature_floor": "refused with nope_temperature",
     "attn_chunk": "refused: the plan keeps chunked attention off the attention kernel, and so off this path",
+    "kv_lora_rank": "refused (kernel_prologue_unsupported): latent attention has no raw qkv projection",
+    "q_lora_rank": "refused with kv_lora_rank", "v_head_dim": "refused with kv_lora_rank",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
