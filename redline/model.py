@@ -8,6 +8,9 @@ Features (each a field of `ModelConfig`):
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); a sigmoid gate on each head's output
   or each of its elements (`attn_gate`, LFM3's and Qwen3.5's); optional sliding-window attention, on every layer or
   interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
+  attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
+  normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
+  (`nope_temperature`, Llama 4's attention temperature);
   documents packed into one row attend only within themselves (`doc_ids`); multi-head latent attention (keys and
   values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA);
   PyTorch SDPA with a selectable backend
@@ -91,6 +94,9 @@ class ModelConfig:
     (H·D weights) and the whole k projection (KV·D) before they are split into heads (OLMo 2's)."""
     qk_norm_after_rope: bool = False
     """Per-head QK-norm on the rotated q and k instead of before RoPE (Hunyuan's query_layernorm / key_layernorm)."""
+    rope_qk_norm: bool = False
+    """RMS-normalize each head's q and k without a weight, in fp32, after RoPE, on the layers that rotate alone
+    (Llama 4's use_qk_norm, its Llama4TextL2Norm at norm_eps); independent of qk_norm."""
     fused_qkv: bool = True
     """One fused projection for q, k and v instead of three separate ones."""
     sliding_window: int = 0
@@ -102,6 +108,16 @@ class ModelConfig:
     """With sliding_window: the layers that attend to the window, in increasing order, the others to the whole
     context: transformers' layer_types in any order (Granite SWA's, full layers first in each group of four);
     () = as sliding_window_pattern gives."""
+    attn_chunk: int = 0
+    """The layers that rotate (RoPE) attend only within chunks of this many tokens: query i sees key j <= i where
+    i // attn_chunk == j // attn_chunk (Llama 4's attention_chunk_size on its "chunked_attention" layers); the
+    layers without RoPE attend to the whole context; 0 = off."""
+    nope_temperature: float = 0.0
+    """The queries of the layers without RoPE times 1 + this · ln(1 + floor((p + 1) / nope_temperature_floor)) at
+    position p, in fp32 (Llama 4's attn_temperature_tuning with its attn_scale; Nakanishi 2025, "Scalable-Softmax Is
+    Superior for Attention"): sharper attention far into a long context; 0 = off."""
+    nope_temperature_floor: int = 8192
+    """nope_temperature: the positions each step of the scale spans (Llama 4's floor_scale)."""
     attn_scale: float = 0.0
     """The attention scores' scale (Gemma 3: query_pre_attn_scalar ** -0.5); 0 = 1 / sqrt(head_dim)."""
     attn_softcap: float = 0.0
@@ -316,11 +332,15 @@ class ModelConfig:
     are divided by it (ERNIE 4.5's moe_norm_min); 0 = none."""
     moe_scale: float = 1.0
     """Mixture of experts: the chosen experts' weights times this (routed_scaling_factor)."""
+    moe_weight_input: bool = False
+    """Mixture of experts: each chosen expert's weight multiplies the token it takes instead of the expert's output
+    (Llama 4's router scores scale the experts' input: through a gated MLP that is not the same as scaling its
+    output)."""
     moe_dense_layers: int = 0
     """Mixture of experts: the first this-many layers have a dense MLP instead (LFM2-MoE's num_dense_layers),
     moe_dense_hidden wide."""
     moe_dense_hidden: int | None = None
-    """The width of the dense MLPs of moe_dense_layers (None: mlp_hidden)."""
+    """The width of the dense MLPs of moe_dense_layers, or of the layers off moe_layers (None: mlp_hidden)."""
     moe_groups: int = 1
     """Mixture of experts: the experts in this many equal groups, and each token choosing its top k only among the
     moe_topk_groups groups whose two best (biased) scores sum highest (DeepSeek-V3's n_group, group-limited routing);
@@ -547,10 +567,18 @@ class ModelConfig:
             other |= set(self.delta_layers)
         return [i for i in range(self.n_layer) if i not in other]
 
+    def layer_mask(self, layer: int) -> int:
+        """The key of layer `layer`'s attention mask: its sliding window (> 0), 0 for the whole context, or
+        -attn_chunk for attention within chunks (a layer that rotates, with attn_chunk); `mask_allows` reads it."""
+        if self.attn_chunk and self.layer_rope(layer):
+            return -self.attn_chunk
+        return self.layer_window(layer)
+
     @property
     def windows(self) -> list[int]:
-        """The layers' distinct windows (0: full attention), each once: attention masks are built once per window."""
-        return sorted({self.layer_window(i) for i in range(self.n_layer)})
+        """The layers' distinct mask keys (layer_mask: a window, 0 for full attention, a negative chunk size), each
+        once: attention masks are built once per key."""
+        return sorted({self.layer_mask(i) for i in range(self.n_layer)})
 
     @property
     def padded_vocab(self) -> int:
@@ -617,8 +645,8 @@ class ModelConfig:
         if self.rope_scaling != "none" and self.rope_factor < 1.0:
             raise UserError(f"model.rope_factor must be >= 1 with rope_scaling={self.rope_scaling}, "
                             f"got {self.rope_factor}")
-        if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
-            raise UserError("rope_scaling=llama3 needs 0 < model.rope_low_freq_factor < model.rope_high_freq_factor, "
+        if self.rope_scaling == "llama3" and not 0 < self.rope_low_freq_factor <= self.rope_high_freq_factor:
+            raise UserError("rope_scaling=llama3 needs 0 < model.rope_low_freq_factor <= model.rope_high_freq_factor, "
                             f"got {self.rope_low_freq_factor} and {self.rope_high_freq_factor}")
         if self.rope_scaling == "yarn" and not (self.rope_beta_fast > self.rope_beta_slow > 0
                                                   and self.rope_attention_factor >= 0):
@@ -676,6 +704,19 @@ class ModelConfig:
                             f"model.rope_local_theta nor model.nope_interval (give the layers' RoPE one way)")
         if self.attn_softcap < 0:
             raise UserError(f"model.attn_softcap must be >= 0 (0 = off), got {self.attn_softcap}")
+        if self.attn_chunk < 0 or (self.attn_chunk and (self.pos_emb != "rope" or self.sliding_window
+                                                        or self.conv_layers or self.delta_layers
+                                                        or self.kv_lora_rank)):
+            raise UserError(f"model.attn_chunk={self.attn_chunk} must be >= 0 (0 = off) and takes RoPE "
+                            f"(model.pos_emb=rope) with attention on every layer, no model.sliding_window and no "
+                            f"latent attention (model.kv_lora_rank)")
+        if self.nope_temperature < 0 or self.nope_temperature_floor < 1 or (
+                self.nope_temperature and self.pos_emb != "rope"):
+            raise UserError(f"model.nope_temperature={self.nope_temperature} must be >= 0 (0 = off) with RoPE "
+                            f"(model.pos_emb=rope) and nope_temperature_floor >= 1, got {self.nope_temperature_floor}")
+        if self.rope_qk_norm and self.pos_emb != "rope":
+            raise UserError("model.rope_qk_norm normalizes q and k on the layers that rotate: it takes RoPE "
+                            "(model.pos_emb=rope)")
         if self.pos_emb == "alibi" and (self.attn_softcap or self.attn_sinks or self.doc_attention == "flex"):
             raise UserError("model.pos_emb=alibi adds its bias through SDPA's float mask: it does not take "
                             "model.attn_softcap, model.attn_sinks or model.doc_attention=flex (use doc_attention "
@@ -792,9 +833,9 @@ class ModelConfig:
                             f"groups of 2 or more, with 1 <= moe_topk_groups={self.moe_topk_groups} <= moe_groups "
                             f"holding moe_top_k={self.moe_top_k} experts")
         if (self.moe_gating != "softmax" or self.moe_expert_bias or self.moe_scale != 1.0 or self.moe_dense_layers
-                or self.moe_dense_hidden) and not self.moe_experts:
-            raise UserError("model.moe_gating, moe_expert_bias, moe_scale, moe_dense_layers and moe_dense_hidden "
-                            "need experts (model.moe_experts)")
+                or self.moe_dense_hidden or self.moe_weight_input) and not self.moe_experts:
+            raise UserError("model.moe_gating, moe_expert_bias, moe_scale, moe_dense_layers, moe_dense_hidden and "
+                            "moe_weight_input need experts (model.moe_experts)")
         if not 0 <= self.moe_norm_eps < 1e-3:
             raise UserError(f"model.moe_norm_eps={self.moe_norm_eps} must be in [0, 1e-3): a guard against a zero sum")
         if self.moe_norm_min < 0 or (self.moe_norm_min and not (self.moe_experts and self.moe_gating == "softmax"
@@ -804,12 +845,12 @@ class ModelConfig:
         if self.moe_bias_update < 0 or (self.moe_bias_update and not self.moe_expert_bias):
             raise UserError(f"model.moe_bias_update={self.moe_bias_update} must be >= 0 and needs the experts' routing "
                             f"bias (model.moe_expert_bias=true)")
-        if self.moe_layers and (not self.moe_experts or self.moe_dense_layers or self.moe_dense_hidden
+        if self.moe_layers and (not self.moe_experts or self.moe_dense_layers
                                 or sorted(set(self.moe_layers)) != list(self.moe_layers)
                                 or not 0 <= self.moe_layers[0] <= self.moe_layers[-1] < self.n_layer):
             raise UserError(f"model.moe_layers={self.moe_layers} must name distinct layers in increasing order, each "
                             f"in [0, n_layer={self.n_layer}), with experts (model.moe_experts) and without "
-                            f"model.moe_dense_layers or moe_dense_hidden (moe_layers says which layers are dense)")
+                            f"model.moe_dense_layers (moe_layers says which layers are dense)")
         if set(self.moe_layers) & set(self.mlp_free_layers):
             raise UserError(f"model.moe_layers={self.moe_layers} names a layer without an MLP (model.mlp_free_layers="
                             f"{self.mlp_free_layers})")
@@ -944,8 +985,10 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         return inv_freq / cfg.rope_factor
     if cfg.rope_scaling == "llama3":
         wavelength = 2 * math.pi / inv_freq
+        # equal factors (Llama 4 Scout's 1 and 1): no band to blend, every wavelength long or short (the `or`
+        # keeps the unused blend finite)
         smooth = (cfg.rope_original_context / wavelength - cfg.rope_low_freq_factor) / (
-            cfg.rope_high_freq_factor - cfg.rope_low_freq_factor)
+            (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor) or 1.0)
         blended = (1 - smooth) * inv_freq / cfg.rope_factor + smooth * inv_freq
         long = wavelength > cfg.rope_original_context / cfg.rope_low_freq_factor
         short = wavelength < cfg.rope_original_context / cfg.rope_high_freq_factor
@@ -968,6 +1011,25 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         return inv_freq / torch.tensor(cfg.rope_long_pair_factors if long else cfg.rope_pair_factors,
                                        dtype=torch.float32)
     return inv_freq
+
+
+def mask_allows(i: torch.Tensor, j: torch.Tensor, key: int) -> torch.Tensor | bool:
+    """Where query position i may attend key position j (j <= i assumed; broadcastable tensors) under a layer's mask
+    key (ModelConfig.layer_mask): within the sliding window (key > 0), within the same chunk of -key tokens (key < 0:
+    Llama 4's chunked attention, as transformers' create_chunked_causal_mask cuts it), anywhere (0: True)."""
+    if key > 0:
+        return i - j < key
+    if key < 0:
+        return torch.div(i, -key, rounding_mode="floor") == torch.div(j, -key, rounding_mode="floor")
+    return True
+
+
+def nope_temperature_table(cfg: ModelConfig, length: int | None = None) -> torch.Tensor:
+    """The layers without RoPE's query scale by position (cfg.nope_temperature), (length, 1) fp32: 1 + t ·
+    ln(1 + floor((p + 1) / floor)), as transformers' Llama4TextAttention computes its attn_scales."""
+    positions = torch.arange(length or cfg.context_len, dtype=torch.float32)
+    scale = torch.log1p(torch.floor((positions + 1.0) / cfg.nope_temperature_floor)) * cfg.nope_temperature + 1.0
+    return scale[:, None]
 
 
 def alibi_slopes(n_head: int, device=None) -> torch.Tensor:
@@ -1114,7 +1176,7 @@ class Attention(nn.Module):
         self.kv_source = cfg.kv_source(layer)
         # global_values_from_keys: v is k's projection (Gemma 4's attention_k_eq_v), no v weight
         self.values_from_keys = cfg.global_values_from_keys and not cfg.layer_window(layer)
-        self.window = cfg.layer_window(layer)  # this layer's sliding window (0: the whole context)
+        self.window = cfg.layer_mask(layer)  # this layer's mask key: sliding window, 0 (the whole context), -chunk
         self.rope_table = cfg.layer_rope_table(layer)  # which of GPT.embed's RoPE tables this layer rotates by
         self.use_rope = cfg.layer_rope(layer)  # False: a NoPE layer (nope_interval, rope_layer_theta 0)
         self.scale = cfg.attn_scale or None  # None: SDPA's 1 / sqrt(head_dim)
@@ -1191,8 +1253,12 @@ class Attention(nn.Module):
         if rope is not None and self.use_rope:
             cos, sin = layer_rope(rope, self.rope_table)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if self.cfg.rope_qk_norm:  # weightless, fp32 (Llama 4's Llama4TextL2Norm, an RMS norm despite its name)
+                q, k = (F.rms_norm(t.float(), (self.head_dim,), eps=self.cfg.norm_eps).to(t.dtype) for t in (q, k))
         if per_head and self.cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None and not self.use_rope and self.cfg.nope_temperature:  # rope[-1]: (T, 1) or (B, 1, T, 1)
+            q = (q.float() * rope[-1]).to(q.dtype)
         return q, k, v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
@@ -1714,7 +1780,8 @@ class MoE(nn.Module):
     (renormalised, scaled) scores; and a gated shared expert where moe_shared_hidden gives one; with moe_bias the
     router and each expert's two projections have biases (GPT-OSS's). Experts are stacked: fc (E, 2F, C) holds each
     expert's [gate; up] rows (its up rows alone, fc (E, F, C), for an ungated kind such as relu2), proj (E, C, F) its
-    output projection, so all experts run as two grouped GEMMs over the
+    output projection; with moe_weight_input each chosen expert's weight scales the token it takes instead of its
+    output (Llama 4's Llama4TextMoe). All experts run as two grouped GEMMs over the
     tokens sorted by expert (Mixtral's and Qwen-MoE's routing, as transformers' MixtralSparseMoeBlock and
     Qwen2MoeSparseMoeBlock compute it)."""
 
@@ -1724,6 +1791,7 @@ class MoE(nn.Module):
         self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
         self.top_k, self.norm_topk, self.norm_min = cfg.moe_top_k, cfg.moe_norm_topk, cfg.moe_norm_min
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
+        self.weight_input = cfg.moe_weight_input  # the weights scale each expert's input (Llama 4's), not its output
         self.norm_eps = cfg.moe_norm_eps if self.sigmoid else 0.0  # softmax scores: their sum is above 0 already
         self.gated, self.groups, self.topk_groups = cfg.gated_mlp, cfg.moe_groups, cfg.moe_topk_groups
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
@@ -1801,7 +1869,8 @@ class MoE(nn.Module):
         if self.expert_load is not None and self.training:  # a recomputation (activation checkpointing) adds the
             self.expert_load += counts  # same counts again: every expert's load doubles, the update's signs hold
         token, expert = order // k, flat[order]  # (N·k,) each: the token and the expert of each sorted slot
-        h = expert_matmul(x[token], self.fc, ends)  # (N·k, 2F)
+        weight = weights.flatten()[order, None].to(x.dtype)  # (N·k, 1)
+        h = expert_matmul(x[token] * weight if self.weight_input else x[token], self.fc, ends)  # (N·k, 2F)
         if self.fc_bias is not None:
             h = h + self.fc_bias[expert].to(h.dtype)
         if self.gated:
@@ -1812,7 +1881,8 @@ class MoE(nn.Module):
         h = expert_matmul(h, self.proj, ends)  # (N·k, C)
         if self.proj_bias is not None:  # inside the weighting, as GPT-OSS's experts add it
             h = h + self.proj_bias[expert].to(h.dtype)
-        h = h * weights.flatten()[order, None].to(x.dtype)
+        if not self.weight_input:
+            h = h * weight
         out = torch.zeros_like(x).index_add_(0, token, h)
         if self.shared is not None:
             shared = self.shared(x)
@@ -1979,9 +2049,12 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def _rope_names(self) -> tuple[str, ...]:
-        """rope_cos and rope_sin, then rope_cos_1, rope_sin_1, ... for each further table of cfg.rope_bases."""
-        return tuple(f"rope_{kind}{f'_{i}' if i else ''}" for i in range(max(1, len(self.cfg.rope_bases)))
-                     for kind in ("cos", "sin"))
+        """rope_cos and rope_sin, then rope_cos_1, rope_sin_1, ... for each further table of cfg.rope_bases; last,
+        with cfg.nope_temperature, the layers without RoPE's query scales (nope_temperature_table), which embed
+        indexes by position as it does the RoPE tables."""
+        names = tuple(f"rope_{kind}{f'_{i}' if i else ''}" for i in range(max(1, len(self.cfg.rope_bases)))
+                      for kind in ("cos", "sin"))
+        return names + (("nope_temperature",) if self.cfg.nope_temperature else ())
 
     def _rope_tables(self) -> tuple[torch.Tensor, ...]:
         """The fp32 RoPE tables, (cos, sin) for each of cfg.rope_bases (a model whose every layer is NoPE keeps
@@ -1992,6 +2065,8 @@ class GPT(nn.Module):
             width = self.cfg.global_head_size if scaled and self.cfg.global_head_size else self.cfg.head_dim
             tables += rope_tables(replace(self.cfg, rope_theta=theta, head_size=width,
                                           rope_scaling=self.cfg.rope_scaling if scaled else "none"))
+        if self.cfg.nope_temperature:
+            tables += (nope_temperature_table(self.cfg),)
         return tables
 
     def value_table(self, layer: int) -> int | None:
@@ -2101,13 +2176,12 @@ class GPT(nn.Module):
 
     def sliding_mask(self, T: int, device, window: int | None = None) -> torch.Tensor | None:
         """Boolean (T, T) mask, True where attention is allowed, or None for plain causal attention. window: the
-        layers' (GPT.windows), None for cfg.sliding_window."""
+        layers' mask key (GPT.windows: a window, or a negative chunk size), None for cfg.sliding_window."""
         w = self.cfg.sliding_window if window is None else window
-        if w <= 0 or w >= T:
+        if w == 0 or abs(w) >= T:  # (a negative key: attention within chunks of -w tokens, ModelConfig.layer_mask)
             return None
         i = torch.arange(T, device=device)
-        dist = i[:, None] - i[None, :]
-        return (dist >= 0) & (dist < w)
+        return (i[:, None] >= i[None, :]) & mask_allows(i[:, None], i[None, :], w)
 
     def attention_mask(self, T: int, device, doc_ids: torch.Tensor | None = None,
                        window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -2156,7 +2230,7 @@ class GPT(nn.Module):
             ok = q >= kv
             if doc_ids is not None:
                 ok = ok & (doc_ids[b, q] == doc_ids[b, kv])
-            return ok & (q - kv < window) if window > 0 else ok
+            return ok & mask_allows(q, kv, window) if window else ok
 
         B = None if doc_ids is None else doc_ids.shape[0]  # None: one mask for every row
         return create_block_mask(allowed, B, None, T, T, device=device)
@@ -2335,8 +2409,8 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
-        attended = sum(cfg.layer_head_dim(i) * (min(T, w) if w > 0 else T)  # head width x keys, layer by layer
-                       for i, w in zip(cfg.attention_layers, map(cfg.layer_window, cfg.attention_layers)))
+        attended = sum(cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # head width x keys, layer by layer
+                       for i, w in zip(cfg.attention_layers, map(cfg.layer_mask, cfg.attention_layers)))
         return 6 * matmul + 12 * cfg.n_head * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------

@@ -528,6 +528,26 @@ FAMILIES = {
                         attn_layer_offset=0, expert_layer_period=1, expert_layer_offset=0, num_experts=3,
                         num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=3, mamba_dt_rank=6,
                         mamba_conv_bias=False, mamba_proj_bias=True, tie_word_embeddings=True, pad_token_id=None)),
+    # Llama 4 (Scout's layout, small): interleaved RoPE with Scout's Llama 3 scaling (low and high frequency factors
+    # both 1: no blended band; the longest wavelengths past the original context here), layer 3 without it and
+    # with the query temperature (its steps every 4 positions), chunked attention on the layers that rotate (chunks
+    # of 5, shorter than the test sequences), weightless QK-norm, top-1 experts on layers 1 and 3 with a shared one
+    # (Maverick's interleave step), dense SwiGLUs of intermediate_size_mlp on 0 and 2, untied; and tied, layers
+    # without RoPE in no fixed pattern, no chunks or QK-norm, top-2 experts on every layer
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
+                    dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         intermediate_size=32, intermediate_size_mlp=80, num_local_experts=4, num_experts_per_tok=1,
+                         interleave_moe_layer_step=2, attention_chunk_size=5, floor_scale=4, attn_scale=0.5,
+                         pad_token_id=None,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 16.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                                          "original_max_position_embeddings": 16})),
+    "llama4_text-tied": ("Llama4TextConfig", "Llama4ForCausalLM",
+                         dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                              intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                              no_rope_layers=[0, 1, 1], attention_chunk_size=None, use_qk_norm=False, floor_scale=2,
+                              attn_scale=0.5, tie_word_embeddings=True, pad_token_id=None,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # the original OLMo: Llama's block with LayerNorms without weight or bias, untied
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
                                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
@@ -621,6 +641,17 @@ FAMILIES = {
                                    rms_norm_eps=None, expert_selection_fn="sigmoid", norm_topk_prob=False,
                                    shared_expert_combination_strategy="sum", sliding_window_pattern=2,
                                    tie_word_embeddings=False, pad_token_id=None)),
+}
+# multimodal folders whose text model redline reads: compared with that model alone (Llama 4's forward with its
+# vision tower fails on text alone in transformers 5.24: its output class lacks image_outputs)
+MULTIMODAL_FAMILIES = {
+    # Llama 4's multimodal folder (Llama4ForConditionalGeneration, a one-layer vision tower): its text model, as
+    # llama4_text's first, RoPE unscaled
+    "llama4": ("Llama4Config", "Llama4ForConditionalGeneration",
+               dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=32, intermediate_size_mlp=80, num_local_experts=4, num_experts_per_tok=1,
+                    interleave_moe_layer_step=2, attention_chunk_size=5, floor_scale=4, attn_scale=0.5,
+                    pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
 }
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
@@ -717,7 +748,7 @@ def hf_model(kind: str, seed: int = 0):
     """A transformers model of family `kind` with random weights (every parameter perturbed, norms included)."""
     import transformers
 
-    config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES}[kind]
+    config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES, **MULTIMODAL_FAMILIES}[kind]
     if kind == "opt":
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=1, dropout=0.0)
     elif kind.startswith("mpt"):  # MPT's own names (transformers 5 maps hidden_size and the like onto them too)
@@ -728,7 +759,15 @@ def hf_model(kind: str, seed: int = 0):
     else:
         common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1)
-    config = getattr(transformers, config_name)(**{**common, **extra})
+    if config_name == "Llama4Config":  # the text model's fields in text_config, beside a tiny vision tower
+        vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                      vision_output_dim=32, image_size=28, patch_size=14, projector_input_dim=32,
+                      projector_output_dim=64)
+        config = transformers.Llama4Config(text_config={**common, **extra}, vision_config=vision,
+                                           image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2,
+                                           eoi_token_index=VOCAB - 3)
+    else:
+        config = getattr(transformers, config_name)(**{**common, **extra})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():

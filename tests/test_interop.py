@@ -106,7 +106,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"),
                                         ("codegen", "GPT-J"), ("falcon-new", "Falcon"), ("jamba", "Jamba"),
                                         ("gemma4", "Gemma 4"), ("deepseek_v3", "DeepSeek-V3"),
-                                        ("deepseek_v2", "DeepSeek-V2")])
+                                        ("deepseek_v2", "DeepSeek-V2"), ("llama4_text", "Llama 4")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -630,7 +630,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
-                         "llama, "
+                         "llama, llama4, llama4_text, "
                          "mamba, mamba2, ministral, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "

@@ -157,6 +157,13 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=80),
     # Falcon: query_key_value (B's rows regrouped by KV head, [q, q, k, v] a group), dense, dense_h_to_4h / 4h_to_h
     "FalconForCausalLM": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, bias=True),
+    # Llama 4: q and k rows (B's rows) in its interleaved RoPE order, chunked attention and weightless QK-norm on layer
+    # 0, the temperature on layer 1 (no RoPE); a dense feed_forward on 0, input-weighted experts with a shared one
+    # (feed_forward.shared_expert.*) on 1
+    "Llama4ForCausalLM": dict(n_kv_head=2, nope_interval=2, attn_chunk=4, rope_qk_norm=True, nope_temperature=0.5,
+                              nope_temperature_floor=3, moe_experts=4, moe_top_k=1, moe_gating="sigmoid",
+                              moe_norm_topk=False, mlp_hidden=32, moe_shared_hidden=32, moe_shared_gate=False,
+                              moe_weight_input=True, moe_layers=(1,), moe_dense_hidden=80),
     # DeepSeek-V3: latent attention (q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj adapted), a dense
     # first layer and experts with a shared one
     "DeepseekV3ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
@@ -181,6 +188,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            # Jamba's out_proj too, which PEFT adapts there; never the router (mlp.fc on a mixture: no Linear)
            "JambaForCausalLM": ("attn.*", "mlp.fc", "mlp.proj"),
+           # Llama 4's router's forward returns a pair, which no LoRA layer can wrap
+           "Llama4ForCausalLM": ("attn.*", "mlp.fc", "mlp.proj", "mlp.shared.*"),
            # PEFT moves GLM-4-MoE's MLP adapters (dense, shared) onto its experts: its attention alone
            "Glm4MoeForCausalLM": ("attn.*",),
            # the per-layer input layers: each block's ple_gate and ple_proj, the model's ple_proj
@@ -369,3 +378,13 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     assert "blocks.1.mlp.router adapts a mixture of experts' router, which is no Linear layer in transformers' " \
            "JambaForCausalLM" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "j").exists()
+
+
+def test_llama4_adapter_on_the_router_is_refused(tmp_path, capsys):
+    """Llama4Router's forward returns (scores, logits): PEFT cannot wrap it, so an adapter on mlp.router is refused by
+    name at export (PEFT parity of the other adapters: ARCHS' Llama4ForCausalLM)."""
+    _, ckpt = lora_run(tmp_path, "Llama4ForCausalLM", targets=("mlp.router",))
+    capsys.readouterr()
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 2
+    err = capsys.readouterr().err
+    assert "adapts Llama 4's router" in err and "--merge" in err and not (tmp_path / "adapter").exists(), err

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from redline.model import alibi_mask, alibi_slopes, sdpa_context
+from redline.model import alibi_mask, alibi_slopes, mask_allows, sdpa_context
 
 FP8_MAX = 448.0  # the largest float8_e4m3fn
 
@@ -239,15 +239,13 @@ class DeltaSide(NamedTuple):
 
 def prefill_mask(T: int, start: int, device, window: int) -> torch.Tensor | None:
     """(T, start + T) bool, True where new token i (at slot start + i) may attend slot j: j <= start + i, within
-    the window; None where that is plain causal attention over the new tokens alone (start 0, no window cut)."""
-    if start == 0 and not 0 < window < T:
+    the window (window > 0) or the chunk (window < 0: chunks of -window slots, ModelConfig.layer_mask); None where
+    that is plain causal attention over the new tokens alone (start 0, no window or chunk cut)."""
+    if start == 0 and not 0 < abs(window) < T:
         return None
     i = torch.arange(T, device=device)[:, None] + start
     j = torch.arange(start + T, device=device)[None, :]
-    allowed = j <= i
-    if window > 0:
-        allowed = allowed & (i - j < window)
-    return allowed
+    return (j <= i) & mask_allows(i, j, window)
 
 
 def _last_slots(slots: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -385,6 +383,10 @@ def kernel_prologue_unsupported(cfg) -> str | None:
         return "layers without RoPE (model.nope_interval)"
     if getattr(cfg, "rope_layer_theta", ()):
         return "a RoPE base of its own for each layer (model.rope_layer_theta)"
+    if getattr(cfg, "rope_qk_norm", False):
+        return "weightless QK-norm after RoPE on the layers that rotate (model.rope_qk_norm)"
+    if getattr(cfg, "nope_temperature", 0):
+        return "query scales by position on the layers without RoPE (model.nope_temperature)"
     return None
 
 

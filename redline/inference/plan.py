@@ -126,6 +126,9 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if getattr(cfg, "attn_sinks", False):
         return ("decode_attention triton has no sink logits in its softmax (model.attn_sinks); use decode_attention "
                 "matmul (or auto)")
+    if getattr(cfg, "attn_chunk", 0):
+        return ("decode_attention triton masks by a sliding window, not by chunks (model.attn_chunk); use "
+                "decode_attention matmul")
     if getattr(cfg, "pos_emb", "rope") == "alibi":
         return ("decode_attention triton adds no ALiBi bias to its scores (model.pos_emb=alibi); use "
                 "decode_attention matmul (or auto)")

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from redline.inference.cache import DecodeLayer, PrefillLayer
 from redline.inference.kernels.fused_block import MAX_ROWS, fused_block, fused_head
+from redline.model import mask_allows
 
 # the greedy step's argmax over a large vocabulary in spans (chunked_argmax) up to this batch (beyond it, a
 # program per row is enough to spread the work over the GPU)
@@ -78,8 +79,8 @@ def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.
         return x, rope, {w: slots.expand(tokens.shape[0], 1, 1, -1) for w in model.cfg.windows}, values, ple
     causal = slots[None, :] <= slot[:, None]  # (B, W)
     masks = {}
-    for window in model.cfg.windows:
-        mask = causal & (slot[:, None] - slots[None, :] < window) if window > 0 else causal
+    for window in model.cfg.windows:  # a window, 0 or a negative chunk size (ModelConfig.layer_mask)
+        mask = causal & mask_allows(slot[:, None], slots[None, :], window) if window else causal
         masks[window] = mask[:, None, None, :]
     return x, rope, masks, values, ple
 

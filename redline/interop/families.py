@@ -22,7 +22,8 @@ Mamba-2 mixer side by side in every layer, its µP multipliers folded into the w
 (Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
 mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); jamba.py
 Jamba (Mamba-1 mixers with weighted dt, B and C norms and attention without positions, each followed by a SwiGLU or
-a mixture of experts on some layers); exaone.py
+a mixture of experts on some layers); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
+attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
@@ -235,7 +236,7 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 def _families() -> dict[str, Family]:
     from redline.interop import (bloom, cohere, deepseek, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2,
                                  gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite,
-                                 hunyuan, jamba, lfm2, llama, mamba, moe, mpt, nanochat, nemotron_h, olmo2,
+                                 hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2,
                                  olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus
 
@@ -256,7 +257,7 @@ def _families() -> dict[str, Family]:
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
-                                cohere.MOE_FAMILY)}
+                                cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -326,7 +327,9 @@ def export_family(cfg: ModelConfig) -> Family:
     MoE with QK-norm after RoPE, as Cohere2 MoE in a parallel block under one norm; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
     dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone, and as Jamba where some layer has
     attention or an MLP, the norms have weights (model.delta_bcdt_norm_weight) or there are experts (on the layers
-    model.moe_layers names, which no other architecture takes); one with Mamba-2 beside attention in
+    model.moe_layers names, which no other architecture takes but Llama 4); one with chunked attention, the layers
+    without RoPE's query temperature, weightless QK-norm after RoPE or input-weighted experts as Llama 4's text
+    model; one with Mamba-2 beside attention in
     its layers (model.delta_parallel) as Falcon-H1; one of
     blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every layer is a Mamba-2 mixer
     alone, as Nemotron-H otherwise (a UserError where a layer has both sublayers); one with
@@ -349,12 +352,16 @@ def export_family(cfg: ModelConfig) -> Family:
                         f"redline generate, chat or serve instead")
     from redline.interop import ernie, lfm2, qwen3_5
 
+    from redline.interop import glm, llama4
+
+    # first: chunked attention, the NoPE layers' temperature, input-weighted experts are Llama 4's alone
+    if llama4.wants_llama4(cfg):
+        llama4.check_exportable(cfg)
+        return families["llama4_text"]
     if cfg.kv_lora_rank:  # latent attention: DeepSeek's alone (V3 with sigmoid scores or dense, V2 with softmax)
         from redline.interop import deepseek
 
         return families[deepseek.export_name(cfg)]
-    from redline.interop import glm
-
     if glm.wants_glm4_moe(cfg):  # sigmoid-scored experts beside attention with partial RoPE: GLM-4-MoE's alone
         glm.check_glm4_moe_exportable(cfg)
         return families["glm4_moe"]

@@ -17,7 +17,9 @@ saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj,
 down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
 Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT refuses in them too; jamba.py:
 Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, its dense feed_forward's
-gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers):
+gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers; llama4.py:
+Llama 4's q and k rows in its interleaved RoPE order as Cohere's, feed_forward.gate/up/down_proj and
+feed_forward.shared_expert.*, never the router, whose forward returns a pair):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -238,10 +240,23 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return _glm_parts(layer, base, rest, out_features, cfg, family)
     if gemma4 and rest in _GEMMA4_PLE:
         return [(base + _GEMMA4_PLE[rest], slice(0, out_features))]
+    if family.name in ("llama4_text", "llama4") and rest != "attn.qkv":  # llama4.py's names: feed_forward.*
+        if rest == "mlp.router":  # Llama4Router returns (scores, logits): a LoRA layer around it cannot add to that
+            raise UserError(f"the adapter on {layer} adapts Llama 4's router, whose forward returns its scores and "
+                            f"logits together (PEFT cannot wrap it); train with lora.targets that leave mlp.router out "
+                            f"(attn.*, mlp.fc, mlp.proj, mlp.shared.*) or export with --merge")
+        shared = "shared_expert." if rest.startswith("mlp.shared.") else ""
+        if rest in ("mlp.fc", "mlp.shared.fc"):
+            return _gate_up(f"{base}feed_forward.{shared}", out_features)
+        if rest in ("mlp.proj", "mlp.shared.proj"):
+            return [(f"{base}feed_forward.{shared}down_proj", slice(0, out_features))]
+        if rest != "attn.proj":
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(base + "self_attn.o_proj", slice(0, out_features))]
     if rest == "attn.qkv":
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        if family.name in ("cohere", "cohere2", "cohere2_moe", "ernie4_5_moe"):  # q and k rows in RoPE's interleaved order, as
-            # cohere.py and ernie.py export them
+        # q and k rows in RoPE's interleaved order, as cohere.py, ernie.py and llama4.py export them
+        if family.name in ("cohere", "cohere2", "cohere2_moe", "ernie4_5_moe", "llama4_text", "llama4"):
             rows = torch.arange(q + kv)
             return [(base + "self_attn.q_proj", interleave_rope_rows(rows[:q], cfg.n_head, inverse=False)),
                     (base + "self_attn.k_proj", interleave_rope_rows(rows[q:], cfg.kv_heads, inverse=False)),

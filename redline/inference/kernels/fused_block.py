@@ -73,6 +73,11 @@ FIELDS_ACCOUNTED = {
     "moe_norm_eps": "refused with moe_experts", "moe_groups": "refused with moe_experts",
     "moe_topk_groups": "refused with moe_experts",
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
+    "moe_weight_input": "refused with moe_experts",
+    "rope_qk_norm": "refused (kernel_prologue_unsupported): the attention kernel normalizes by a weight before RoPE",
+    "nope_temperature": "refused (kernel_prologue_unsupported): the attention kernel scales no queries by position",
+    "nope_temperature_floor": "refused with nope_temperature",
+    "attn_chunk": "refused: the plan keeps chunked attention off the attention kernel, and so off this path",
     "kv_lora_rank": "refused (kernel_prologue_unsupported): latent attention has no raw qkv projection",
     "q_lora_rank": "refused with kv_lora_rank", "v_head_dim": "refused with kv_lora_rank",
     # computed as the modules compute them
