@@ -314,7 +314,7 @@ class ModelConfig:
     language-model loss, so the router keeps spreading tokens (Mixtral's router_aux_loss_coef); 0 = off."""
     moe_gating: Literal["softmax", "sigmoid"] = "softmax"
     """Mixture of experts: the router's scores, a softmax over the experts or each expert's sigmoid (LFM2-MoE's,
-    DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus 1e-6 as they compute it)."""
+    DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus moe_norm_eps)."""
     moe_expert_bias: bool = False
     """Mixture of experts: a per-expert bias added to the scores to choose the top k (not to weight them): LFM2-MoE's
     and DeepSeek-V3's expert_bias, a buffer (no gradient reaches it): imported with the model, and moved toward an
@@ -351,8 +351,9 @@ class ModelConfig:
     """Mixture of experts with sigmoid scores and moe_norm_topk: the term added to the chosen scores' sum before they
     are divided by it (LFM2-MoE's 1e-6; GLM-4-MoE's and DeepSeek-V3's 1e-20)."""
     moe_layers: tuple[int, ...] = ()
-    """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP mlp_hidden wide (Jamba's
-    every expert_layer_period-th layer from expert_layer_offset); () = every layer from moe_dense_layers on."""
+    """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP moe_dense_hidden wide (Jamba's
+    every expert_layer_period-th layer from expert_layer_offset, Nemotron-H's E layers); () = every layer from
+    moe_dense_layers on."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
@@ -1931,7 +1932,7 @@ class Block(nn.Module):
             self.mlp = MoE(cfg)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
-        else:  # a dense MLP, moe_dense_hidden wide on a mixture's first moe_dense_layers, mlp_hidden off moe_layers
+        else:  # a dense MLP, moe_dense_hidden wide beside a mixture's experts (first moe_dense_layers, off moe_layers)
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg)
         # per_layer_embd (Gemma 4's per-layer inputs): after the MLP, x + norm(ple_proj(gelu(ple_gate(x)) · input))
         self.ple_gate = self.ple_proj = self.ple_norm = None

@@ -489,6 +489,16 @@ FAMILIES = {
                         num_attention_heads=4, num_key_value_heads=2, head_dim=24, mamba_num_heads=8,
                         mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=8,
                         time_step_min=0.01, layer_norm_epsilon=1e-5, pad_token_id=None)),
+    # Nemotron-H with expert layers (Nemotron 3 Nano's E): ME*-E, 8 ReLU² experts 32 wide in 2 groups (top 2 from the
+    # best group), routing bias, scores renormalised and scaled by 2.5, a shared expert 48 wide; the "-" layer's MLP
+    # intermediate_size (96) wide
+    "nemotron_h-experts": ("NemotronHConfig", "NemotronHForCausalLM",
+                           dict(hybrid_override_pattern="ME*-E", num_attention_heads=4, num_key_value_heads=2,
+                                head_dim=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=8,
+                                conv_kernel=4, chunk_size=8, time_step_min=0.01, n_routed_experts=8,
+                                num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32,
+                                moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5,
+                                norm_topk_prob=True, layer_norm_epsilon=1e-5, pad_token_id=None)),
     # Nemotron-H from a config with the legacy names: hybrid_override_pattern, mamba_n_groups, mamba_d_conv, and no
     # conv bias (mamba_conv_bias false)
     "nemotron_h-legacy": ("NemotronHConfig", "NemotronHForCausalLM",

@@ -268,6 +268,15 @@ REDLINE_EXPORTS = {
                                  n_kv_head=2, fused_qkv=False, tie_embeddings=True),
     # GPTBigCode: learned positions with multi-query attention, tied; multi-head with unscaled scores, q/k/v apart,
     # no biases (written as zeros), the erf GELU
+    # Nemotron-H with E layers: Mamba-2, experts (ReLU², 6 in 3 groups, the best 2 groups' top 2, sigmoid scores
+    # with a routing bias, scaled, an ungated shared expert 24 wide), attention, a dense ReLU² MLP 80 wide
+    "NemotronHForCausalLM-experts": dict(n_layer=4, delta_layers=(0,), delta_rule="mamba2", delta_heads=4,
+                                         delta_key_heads=2, delta_key_dim=8, delta_value_dim=16, delta_dt_min=0.01,
+                                         mlp_free_layers=(0, 2), mixer_free_layers=(1, 3), pos_emb="none",
+                                         mlp="relu2", n_kv_head=2, moe_experts=6, moe_top_k=2, moe_groups=3,
+                                         moe_topk_groups=2, moe_layers=(1,), mlp_hidden=16, moe_dense_hidden=80,
+                                         moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                                         moe_scale=1.5, moe_shared_hidden=24, moe_shared_gate=False),
     "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
                                   tie_embeddings=True),
     "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
@@ -1139,7 +1148,7 @@ def test_import_time_step_floor_is_delta_dt_min(kind, tmp_path, capsys):
 
 
 def test_import_nemotron_h_and_mamba2_refuse_what_they_cannot_run(tmp_path, capsys):
-    """Nemotron-H's experts (moe, E), Mamba-2 clamps with an upper bound, activations other than theirs and Mamba-2
+    """Nemotron-H's experts in a latent space (moe_latent_size), Mamba-2 clamps with an upper bound, activations other than theirs and Mamba-2
     models of LayerNorm blocks are one-line errors naming them; Nemotron-H's multi-token-prediction weights are
     ignored, as transformers ignores them."""
     from safetensors.torch import load_file, save_file
@@ -1149,15 +1158,15 @@ def test_import_nemotron_h_and_mamba2_refuse_what_they_cannot_run(tmp_path, caps
     hf_folder("nemotron_h-legacy", tmp_path / "hf")
     path = tmp_path / "hf" / "config.json"
     config = json.loads(path.read_text())
-    for edit, fragment in [({"layers_block_type": ["linear_attention", "moe", "full_attention"]},
-                            "Nemotron-H layers [1] are mixtures of experts (moe, E)"),
+    for edit, fragment in [({"layers_block_type": ["linear_attention", "moe", "full_attention"], "moe_latent_size": 16},
+                            "moe_latent_size=16: Nemotron-H's experts then work in a latent space"),
                            ({"mlp_hidden_act": "silu"}, "mlp_hidden_act='silu': Nemotron-H's is relu2"),
                            ({"mlp_bias": True}, "mlp_bias=true"),
                            ({"mamba_n_groups": 3}, "3 groups do not divide 4 heads")]:
         path.write_text(json.dumps({**config, **edit}))
         _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, fragment)
-    with pytest.raises(UserError, match=r"mixtures of experts \(moe, E\)"):
-        model_config({**config, "layers_block_type": None, "hybrid_override_pattern": "M-E*"})
+    cfg = model_config({**config, "layers_block_type": None, "hybrid_override_pattern": "M-E*"})
+    assert (cfg.moe_layers, cfg.mixer_free_layers, cfg.moe_dense_hidden) == ((2,), (1, 2), config["intermediate_size"])
     # multi-token-prediction layers: their weights are read by nothing, and the model imports as without them
     path.write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
     weights = tmp_path / "hf" / "model.safetensors"

@@ -106,6 +106,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                  mlp_free_layers=(0, 1), mixer_free_layers=(2,), pos_emb="none", mlp="relu2",
                                  n_kv_head=2),
     # Mamba-2: its mixers alone (backbone.layers.i.mixer.in_proj, out_proj)
+    "NemotronHForCausalLM-experts": dict(n_layer=3, delta_layers=(0,), delta_rule="mamba2", delta_heads=4,
+                                         delta_key_heads=2, delta_key_dim=8, delta_value_dim=32, delta_dt_min=0.001,
+                                         mlp_free_layers=(0, 1), mixer_free_layers=(2,), pos_emb="none", mlp="relu2",
+                                         n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_groups=2,
+                                         moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                                         moe_shared_hidden=48, moe_shared_gate=False),
     "Mamba2ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
                               delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, mlp_free_layers=(0, 1),
                               pos_emb="none"),
@@ -182,7 +188,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # the Mamba-2 mixer's in_proj too (PEFT refuses its out_proj: test_export_refusals_are_one_line)
            "FalconH1ForCausalLM": ("attn.*", "mlp.*", "mamba.in_proj"),
            # PEFT adapts no Mamba-2 out_proj in these two (their attn.proj; Nemotron-H's attention o_proj goes too)
-           "NemotronHForCausalLM": ("attn.in_proj", "attn.qkv", "mlp.*"), "Mamba2ForCausalLM": ("attn.in_proj",),
+           "NemotronHForCausalLM": ("attn.in_proj", "attn.qkv", "mlp.*"),
+           "NemotronHForCausalLM-experts": ("attn.in_proj", "attn.qkv", "mlp.shared.*"), "Mamba2ForCausalLM": ("attn.in_proj",),
            # nor a Mamba-1 out_proj (Mamba's, Falcon-Mamba's attn.proj)
            "MambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),

@@ -332,7 +332,8 @@ def export_family(cfg: ModelConfig) -> Family:
     model; one with Mamba-2 beside attention in
     its layers (model.delta_parallel) as Falcon-H1; one of
     blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every layer is a Mamba-2 mixer
-    alone, as Nemotron-H otherwise (a UserError where a layer has both sublayers); one with
+    alone, as Nemotron-H otherwise (its E layers: experts, ungated or grouped, on MLP-only layers; a UserError where
+    a layer has both sublayers); one with
     Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
     delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets or element-wise attention gates
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
@@ -365,14 +366,19 @@ def export_family(cfg: ModelConfig) -> Family:
     if glm.wants_glm4_moe(cfg):  # sigmoid-scored experts beside attention with partial RoPE: GLM-4-MoE's alone
         glm.check_glm4_moe_exportable(cfg)
         return families["glm4_moe"]
-    if cfg.moe_groups > 1:
+    # blocks of one sublayer without Mamba-1 layers: Nemotron-H's (whose E layers choose within groups, with ungated
+    # experts, on the layers model.moe_layers names) or Mamba2's, checked by nemotron_h.export_name
+    one_sublayer = bool(cfg.mlp_free_layers or cfg.mixer_free_layers) and not (
+        cfg.delta_layers and cfg.delta_rule == "mamba1")
+    if cfg.moe_groups > 1 and not one_sublayer:
         raise UserError(f"model.moe_groups={cfg.moe_groups}: of the architectures redline exports to, only "
-                        f"DeepSeek-V3 (latent attention, model.kv_lora_rank) and GLM-4-MoE (sigmoid scores, RoPE on "
-                        f"part of each head: model.moe_gating=sigmoid, rope_dims) choose experts within groups; set "
-                        f"model.moe_groups=1")
-    if cfg.moe_experts and not cfg.gated_mlp:
+                        f"DeepSeek-V3 (latent attention, model.kv_lora_rank), GLM-4-MoE (RoPE on part of each head: "
+                        f"rope_dims) and Nemotron-H (blocks of one sublayer: model.mixer_free_layers) choose experts "
+                        f"within groups, all by sigmoid scores (model.moe_gating=sigmoid); set model.moe_groups=1")
+    if cfg.moe_experts and not cfg.gated_mlp and not one_sublayer:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
-                        f"experts (model.mlp=swiglu, swiglu_clamped or geglu)")
+                        f"experts (model.mlp=swiglu, swiglu_clamped or geglu), but for Nemotron-H's ReLU² experts on "
+                        f"blocks of one sublayer (model.mixer_free_layers)")
 
     from redline.interop import gemma4
 
@@ -401,10 +407,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.moe_layers and ernie.wants_ernie_moe(cfg):  # experts among dense layers: ERNIE 4.5 MoE's interval
         ernie.check_moe_exportable(cfg)
         return families["ernie4_5_moe"]
-    if cfg.moe_layers:
+    if cfg.moe_layers and not one_sublayer:
         raise UserError(f"model.moe_layers={cfg.moe_layers}: of the architectures redline exports to, only Jamba has "
                         f"experts on some layers in any pattern, and it has Mamba-1 layers (model.delta_rule=mamba1), "
-                        f"and ERNIE 4.5 MoE on every N-th, with softmax scores and model.moe_expert_bias; use "
+                        f"Nemotron-H too, on blocks of one sublayer (model.mixer_free_layers), and ERNIE 4.5 MoE on "
+                        f"every N-th, with softmax scores and model.moe_expert_bias; use "
                         f"model.moe_dense_layers for dense first layers")
     if cfg.pos_emb == "alibi":  # ALiBi: BLOOM's (a LayerNorm on the embeddings, biases) or MPT's (neither)
         from redline.interop import bloom, mpt

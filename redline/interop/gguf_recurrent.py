@@ -142,6 +142,9 @@ def recurrent_arch(family: Family, cfg: ModelConfig) -> str | None:
                             f"files without RoPE scaling; export with --format hf")
         return FALCON_H1
     if family.name in (MAMBA2, NEMOTRON_H):
+        if cfg.moe_experts:  # llama.cpp's nemotron_h_moe: its own architecture, with no writer here
+            raise UserError("Nemotron-H's expert (E) layers are not written as GGUF by redline (no writer here for "
+                            "llama.cpp's nemotron_h_moe layout); export with --format hf")
         if cfg.delta_layers and (cfg.delta_proj_bias or not cfg.delta_conv_bias):
             raise UserError(f"model.delta_proj_bias or model.delta_conv_bias=false: llama.cpp's {family.name} loads "
                             f"no in/out projection biases and a convolution bias; export with --format hf")
@@ -384,8 +387,8 @@ def _nemotron_h_config(fields: dict, key, vocab: int, tied: bool, tensor_names: 
     kv = _per_layer(key("attention.head_count_kv"), n, "attention.head_count_kv")
     ff = _per_layer(key("feed_forward_length"), n, "feed_forward_length")
     if key("expert_count"):
-        raise UserError("the GGUF's nemotron_h file has experts, which redline's Nemotron-H (gated experts only) does "
-                        "not build; import the model's Hugging Face folder")
+        raise UserError("the GGUF's nemotron_h file has experts, which redline reads from Hugging Face folders alone "
+                        "(no reader here for llama.cpp's expert layers); import the model's Hugging Face folder")
     kinds = ["full_attention" if h else "mlp" if f else "linear_attention" for h, f in zip(kv, ff)]
     dt_min = float(fields.get(DT_MIN_KEY, NEMOTRON_H_DT_MIN))
     config = {"model_type": "nemotron_h", "vocab_size": vocab, "hidden_size": key("embedding_length"),

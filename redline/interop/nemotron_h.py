@@ -9,7 +9,16 @@ layers by layers_block_type (or the legacy hybrid_override_pattern string, one l
   layer_norm_epsilon;
 - "full_attention" / "*": attention without positions (no RoPE), q/k/v/o_proj without biases, head_dim wide;
 - "mlp" / "-": up_proj, ReLU², down_proj (mlp_hidden_act relu2), no gate;
-- "moe" / "E": refused. Its experts are ReLU² MLPs without a gate, and redline's experts are gated MLPs.
+- "moe" / "E": a mixture of experts alone (model.moe_layers; the "-" layers' MLPs are model.moe_dense_hidden =
+  intermediate_size wide), as transformers' NemotronHMoE computes it (DeepSeek-V3's router): mixer.gate.weight
+  (E, C) scores each expert by its sigmoid (model.moe_gating=sigmoid), mixer.gate.e_score_correction_bias
+  (model.moe_expert_bias) added to choose the top num_experts_per_tok among the topk_group best of n_group groups
+  (model.moe_groups, moe_topk_groups), the chosen scores renormalised with 1e-20 where norm_topk_prob
+  (model.moe_norm_eps) and scaled by routed_scaling_factor (model.moe_scale); n_routed_experts ungated ReLU² experts
+  moe_intermediate_size wide (mixer.experts.j.up_proj, down_proj, as the Hub's files hold them, or stacked as
+  transformers' module holds them: model.mlp=relu2 with experts, fc the up rows alone) and an ungated ReLU² shared
+  expert moe_shared_expert_intermediate_size wide (mixer.shared_experts.*: model.moe_shared_hidden,
+  moe_shared_gate=false). Latent projections around the experts (moe_latent_size, fc1/fc2_latent_proj) are refused.
 transformers' mixer ignores time_step_limit and floors dt at time_step_min in its chunked (prompt) scan,
 (time_step_min, inf): that is model.delta_dt_min. Its one-token decode step has no floor; redline floors every
 token, which is the same wherever softplus(dt + dt_bias) is above time_step_min (0.001 in the released models).
@@ -73,11 +82,28 @@ def layer_kinds(hf: dict) -> list[str]:
     if not set(kinds) <= _KINDS:
         raise UserError(f"layers_block_type {sorted(set(kinds) - _KINDS)}: Nemotron-H's layers are "
                         f"linear_attention, full_attention, mlp or moe")
-    experts = [i for i, k in enumerate(kinds) if k == "moe"]
-    if experts:
-        raise UserError(f"Nemotron-H layers {experts} are mixtures of experts (moe, E): their experts are ReLU² MLPs "
-                        f"without a gate, and redline's experts are gated MLPs; not supported")
     return kinds
+
+
+def _expert_fields(hf: dict, experts: tuple[int, ...], dense: bool) -> dict:
+    """The ModelConfig fields of the mixtures of experts on layers `experts` (dense: there are "-" layers too)."""
+    if not experts:
+        return {}
+    if hf.get("moe_latent_size") is not None:
+        raise UserError(f"moe_latent_size={hf['moe_latent_size']}: Nemotron-H's experts then work in a latent space "
+                        f"between fc1_latent_proj and fc2_latent_proj, which redline's experts do not have")
+    count, top_k = int(hf.get("n_routed_experts", 8)), int(hf.get("num_experts_per_tok", 2))
+    groups, topk_groups = int(hf.get("n_group") or 1), int(hf.get("topk_group") or 1)
+    shared = int(hf.get("moe_shared_expert_intermediate_size", 7688))
+    if shared <= 0:
+        raise UserError(f"moe_shared_expert_intermediate_size={shared}: Nemotron-H's expert layers have a shared "
+                        f"expert")
+    return dict(moe_experts=count, moe_top_k=top_k, moe_layers=experts, mlp_hidden=int(hf.get("moe_intermediate_size",
+                                                                                                 7688)),
+                moe_dense_hidden=int(hf.get("intermediate_size", 21504)) if dense else None, moe_gating="sigmoid",
+                moe_expert_bias=True, moe_norm_topk=bool(hf.get("norm_topk_prob", True)), moe_norm_eps=1e-20,
+                moe_scale=float(hf.get("routed_scaling_factor", 1.0)), moe_groups=groups,
+                moe_topk_groups=topk_groups if groups > 1 else 1, moe_shared_hidden=shared, moe_shared_gate=False)
 
 
 def _mamba2_fields(layers: tuple[int, ...], heads: int, head: int, groups: int, state: int, kernel: int,
@@ -102,12 +128,12 @@ def model_config(hf: dict) -> ModelConfig:
     width, heads = hf["hidden_size"], hf.get("num_attention_heads", 32)
     head_dim = hf.get("head_dim") or 128  # NemotronHConfig's default
     mamba = tuple(i for i, k in enumerate(kinds) if k == "linear_attention")
-    fields = {}
+    fields = _expert_fields(hf, tuple(i for i, k in enumerate(kinds) if k == "moe"), "mlp" in kinds)
     if mamba:
         dt_min = float(_legacy(hf, "mamba_dt_min", "time_step_min", 0.001))
         if dt_min < 0:
             raise UserError(f"time_step_min={dt_min}: Mamba-2's least time step is not below 0")
-        fields = _mamba2_fields(
+        fields |= _mamba2_fields(
             mamba, int(hf.get("mamba_num_heads", 128)), int(hf.get("mamba_head_dim", 64)),
             int(_legacy(hf, "mamba_n_groups", "n_groups", 8)), int(hf.get("ssm_state_size", 128)),
             int(_legacy(hf, "mamba_d_conv", "conv_kernel", 4)), bool(_legacy(hf, "mamba_conv_bias", "use_conv_bias",
@@ -116,11 +142,11 @@ def model_config(hf: dict) -> ModelConfig:
     return ModelConfig(
         vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 4096), n_layer=len(kinds),
         n_embd=width, n_head=heads, n_kv_head=hf.get("num_key_value_heads") or heads,
-        head_size=head_dim if head_dim * heads != width else None, mlp_hidden=hf.get("intermediate_size", 21504),
-        fused_qkv=True, pos_emb="none", mlp="relu2", norm="rmsnorm", norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        head_size=head_dim if head_dim * heads != width else None,
+        **{"mlp_hidden": hf.get("intermediate_size", 21504), **fields}, fused_qkv=True, pos_emb="none", mlp="relu2", norm="rmsnorm", norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), bias=False,
-        mlp_free_layers=tuple(i for i, k in enumerate(kinds) if k != "mlp"),
-        mixer_free_layers=tuple(i for i, k in enumerate(kinds) if k == "mlp"), **fields)
+        mlp_free_layers=tuple(i for i, k in enumerate(kinds) if k not in ("mlp", "moe")),
+        mixer_free_layers=tuple(i for i, k in enumerate(kinds) if k in ("mlp", "moe")))
 
 
 def _prefix(src: TensorSource) -> str:
@@ -135,13 +161,45 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
            "wte.weight": pad_rows(src.take(pre + "embeddings.weight"), cfg), **take_head(src, cfg)}
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."
-        if i in cfg.mixer_free_layers:  # an MLP alone: its norm is the block's MLP norm
+        if i in cfg.mixer_free_layers and cfg.layer_has_experts(i):  # experts alone
+            out[r + "norm2.weight"] = src.take(p + "norm.weight")
+            out.update(_experts_to_redline(src, p + "mixer.", r + "mlp.", cfg))
+        elif i in cfg.mixer_free_layers:  # an MLP alone: its norm is the block's MLP norm
             out[r + "norm2.weight"] = src.take(p + "norm.weight")
             out[r + "mlp.fc.weight"] = src.take(p + "mixer.up_proj.weight")
             out[r + "mlp.proj.weight"] = src.take(p + "mixer.down_proj.weight")
         else:  # Mamba-2 or attention, under mixer. alike
             out[r + "norm1.weight"] = src.take(p + "norm.weight")
             out.update(_mixer_to_redline(src, cfg, i, pre + "layers.{i}.", "mixer.", "mixer."))
+    return out
+
+
+def _experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> dict:
+    """An E layer's router, experts and shared expert (p: "backbone.layers.N.mixer.") -> redline's MoE (r:
+    "blocks.N.mlp."): fc (E, F, C) the experts' up_proj, proj (E, C, F) their down_proj."""
+    out = {r + "router.weight": src.take(p + "gate.weight"),
+           r + "expert_bias": src.take(p + "gate.e_score_correction_bias").float()}
+    if p + "experts.up_proj" in src:  # stacked, as transformers' module holds them
+        out[r + "fc"], out[r + "proj"] = src.take(p + "experts.up_proj"), src.take(p + "experts.down_proj")
+    else:  # one tensor per expert, as the Hub's files hold them
+        e = [f"{p}experts.{j}." for j in range(cfg.moe_experts)]
+        out[r + "fc"] = torch.stack([src.take(x + "up_proj.weight") for x in e])
+        out[r + "proj"] = torch.stack([src.take(x + "down_proj.weight") for x in e])
+    out[r + "shared.fc.weight"] = src.take(p + "shared_experts.up_proj.weight")
+    out[r + "shared.proj.weight"] = src.take(p + "shared_experts.down_proj.weight")
+    return out
+
+
+def _experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig) -> dict:
+    """redline's MoE of block r -> an E layer's names (one tensor per expert, the Hub's layout, which transformers
+    stacks as it loads them); a model without the routing bias gets zeros, which choose as none does."""
+    bias = state.get(r + "expert_bias")
+    out = {p + "gate.weight": state[r + "router.weight"],
+           p + "gate.e_score_correction_bias": torch.zeros(cfg.moe_experts) if bias is None else bias.float(),
+           p + "shared_experts.up_proj.weight": state[r + "shared.fc.weight"],
+           p + "shared_experts.down_proj.weight": state[r + "shared.proj.weight"]}
+    for j, (fc, proj) in enumerate(zip(state[r + "fc"], state[r + "proj"])):
+        out[f"{p}experts.{j}.up_proj.weight"], out[f"{p}experts.{j}.down_proj.weight"] = fc, proj
     return out
 
 
@@ -166,7 +224,10 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
            "backbone.embeddings.weight": state["wte.weight"][:cfg.vocab_size], "lm_head.weight": head[:cfg.vocab_size]}
     for i in range(cfg.n_layer):
         p, r = f"backbone.layers.{i}.", f"blocks.{i}."
-        if i in cfg.mixer_free_layers:
+        if i in cfg.mixer_free_layers and cfg.layer_has_experts(i):
+            out[p + "norm.weight"] = state[r + "norm2.weight"]
+            out.update(_experts_to_hf(state, p + "mixer.", r + "mlp.", cfg))
+        elif i in cfg.mixer_free_layers:
             out[p + "norm.weight"] = state[r + "norm2.weight"]
             out[p + "mixer.up_proj.weight"] = state[r + "mlp.fc.weight"]
             out[p + "mixer.down_proj.weight"] = state[r + "mlp.proj.weight"]
@@ -178,7 +239,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
 
 def _kind(cfg: ModelConfig, i: int) -> str:
     if i in cfg.mixer_free_layers:
-        return "mlp"
+        return "moe" if cfg.layer_has_experts(i) else "mlp"
     return "linear_attention" if i in cfg.delta_layers else "full_attention"
 
 
@@ -187,7 +248,7 @@ def hf_config(cfg: ModelConfig) -> dict:
            "layers_block_type": [_kind(cfg, i) for i in range(cfg.n_layer)],
            "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
            "max_position_embeddings": cfg.context_len, "attention_bias": False, "attention_dropout": 0.0,
-           "intermediate_size": cfg.hidden_dim, "mlp_hidden_act": "relu2", "mlp_bias": False,
+           "intermediate_size": cfg.moe_dense_hidden or cfg.hidden_dim, "mlp_hidden_act": "relu2", "mlp_bias": False,
            "layer_norm_epsilon": cfg.norm_eps, "tie_word_embeddings": False, "residual_in_fp32": False,
            "num_nextn_predict_layers": 0, "use_cache": True, "initializer_range": 0.02}
     if cfg.delta_layers:
@@ -198,6 +259,11 @@ def hf_config(cfg: ModelConfig) -> dict:
                    time_step_min=cfg.delta_dt_min, time_step_limit=time_step_limit(cfg),
                    time_step_max=max(0.1, cfg.delta_dt_min),  # the dt_bias initialisation's range, above the floor
                    **({"expand": inner // cfg.n_embd} if inner % cfg.n_embd == 0 else {}))
+    if cfg.moe_experts:
+        out.update(n_routed_experts=cfg.moe_experts, num_experts_per_tok=cfg.moe_top_k,
+                   moe_intermediate_size=cfg.hidden_dim, moe_shared_expert_intermediate_size=cfg.moe_shared_hidden,
+                   n_shared_experts=1, moe_latent_size=None, n_group=cfg.moe_groups, topk_group=cfg.moe_topk_groups,
+                   norm_topk_prob=cfg.moe_norm_topk, routed_scaling_factor=cfg.moe_scale)
     return out
 
 
@@ -213,14 +279,29 @@ def _one_sublayer_problems(cfg: ModelConfig, what: str) -> list[tuple[bool, str]
          f"norm_bias, norm_affine, embed_norm)"),
         (cfg.delta_layers and cfg.delta_rule != "mamba2",
          f"{what} has Mamba-2 mixers, not gated delta nets (model.delta_rule={cfg.delta_rule})"),
-        (cfg.moe_experts or cfg.conv_layers or cfg.value_embeddings,
-         f"{what} has no experts, short convolutions or value embeddings (model.moe_experts, conv_layers, "
-         f"value_embeddings)"),
+        (cfg.conv_layers or cfg.value_embeddings,
+         f"{what} has no short convolutions or value embeddings (model.conv_layers, value_embeddings)"),
         (cfg.delta_norm_eps not in (0.0, cfg.norm_eps),
          f"{what} gives its Mamba-2 layers' gated norm the blocks' epsilon (model.delta_norm_eps="
          f"{cfg.delta_norm_eps}, model.norm_eps={cfg.norm_eps})"),
         (cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor or cfg.logit_softcap
          or cfg.head_bias, f"{what} has no embedding scale, scalars, logit cap or head bias"),
+    ]
+
+
+def _expert_problems(cfg: ModelConfig, what: str) -> list[tuple[bool, str]]:
+    """What Nemotron-H's expert layers (NemotronHMoE: DeepSeek-V3's router, ReLU² experts) do not have."""
+    if not cfg.moe_experts:
+        return []
+    return [  # (a layer with a mixer and an MLP is refused by check_exportable)
+        (cfg.moe_gating != "sigmoid", f"{what} scores its experts by their sigmoid (model.moe_gating={cfg.moe_gating})"),
+        (cfg.moe_norm_topk and cfg.moe_norm_eps > 1e-20,
+         f"{what} adds 1e-20 to the chosen scores' sum (model.moe_norm_eps={cfg.moe_norm_eps}: set it to 1e-20)"),
+        (not cfg.moe_shared_hidden or cfg.moe_shared_gate,
+         f"{what} has an ungated shared expert on each expert layer (model.moe_shared_hidden="
+         f"{cfg.moe_shared_hidden}, moe_shared_gate={cfg.moe_shared_gate}: set moe_shared_hidden and "
+         f"moe_shared_gate=false)"),
+        (cfg.moe_bias, f"{what} has no biases on its router or experts (model.moe_bias)"),
     ]
 
 
@@ -239,6 +320,7 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.attention_layers and (cfg.qk_norm or cfg.attn_gate != "none" or cfg.sliding_window or cfg.attn_sinks
                                    or cfg.attn_scale or cfg.attn_softcap),
          f"{what} has plain attention: no QK-norm, gates, window, sinks, score scale or cap"),
+        *_expert_problems(cfg, what),
         (cfg.delta_layers and not cfg.delta_dt_min,
          "model.delta_dt_min=0: Nemotron-H floors Mamba-2's time step at time_step_min, which transformers needs above "
          "0 (it takes its logarithm); set model.delta_dt_min (Nemotron-H's default is 0.001)"),
@@ -323,6 +405,7 @@ def check_mamba2_exportable(cfg: ModelConfig) -> None:
     """A UserError naming the option of a model of Mamba-2 mixers alone that Mamba2 does not have."""
     what = "Mamba-2 mixers alone on every layer: Mamba2, the architecture of them,"
     raise_first([
+        (cfg.moe_experts, f"{what} has no experts (model.moe_experts)"),
         *_one_sublayer_problems(cfg, what),
         ((cfg.delta_heads * cfg.delta_value_dim) % cfg.n_embd,
          f"{what} makes its layers' inner width (model.delta_heads x model.delta_value_dim = "

@@ -14,7 +14,7 @@ attention's q_a_proj, q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj,
 rows) interleaved again, no MLP adapter (PEFT moves them onto the experts); falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
-down_proj; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
+down_proj, an E layer's shared_experts.up_proj and down_proj, never its router; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
 Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT refuses in them too; jamba.py:
 Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, its dense feed_forward's
 gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers; llama4.py:
@@ -224,9 +224,14 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
             return [(base + "q_proj", slice(0, q)), (base + "k_proj", slice(q, q + kv)),
                     (base + "v_proj", slice(q + kv, q + 2 * kv))]
+        if rest == "mlp.router":  # NemotronHTopkRouter holds a bare weight, no Linear layer PEFT could adapt
+            raise UserError(f"the adapter on {layer} adapts a mixture of experts' router, which is no Linear layer in "
+                            f"transformers' {family.architecture} (PEFT cannot load it); train with lora.targets that "
+                            f"leave mlp.router out (attn.*, mlp.fc, mlp.proj, mlp.shared.*) or export with --merge")
         names = {"attn.in_proj": "in_proj", "attn.proj": "out_proj" if int(i) in cfg.delta_layers else "o_proj",
                  "attn.q": "q_proj", "attn.k": "k_proj", "attn.v": "v_proj", "mlp.fc": "up_proj",
-                 "mlp.proj": "down_proj"}
+                 "mlp.proj": "down_proj", "mlp.shared.fc": "shared_experts.up_proj",
+                 "mlp.shared.proj": "shared_experts.down_proj"}  # an E layer's shared expert
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
