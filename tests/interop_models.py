@@ -489,6 +489,20 @@ FAMILIES = {
                         num_attention_heads=4, num_key_value_heads=2, head_dim=24, mamba_num_heads=8,
                         mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=8,
                         time_step_min=0.01, layer_norm_epsilon=1e-5, pad_token_id=None)),
+    # dots.llm1: Qwen3's attention (QK-norm, head_dim 16), a dense first layer, then DeepSeek-V3's experts: 8 SwiGLUs
+    # 16 wide in 4 groups (top 3 from the best 2 groups), routing bias, renormalised and scaled by 2.0, two shared
+    # experts' width (32); untied
+    "dots1": ("Dots1Config", "Dots1ForCausalLM",
+              dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+                   n_shared_experts=2, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.0,
+                   tie_word_embeddings=False, pad_token_id=None)),
+    # dots.llm1 with windowed layers from max_window_layers on (a window shorter than the test sequences), no groups,
+    # top-k scores as they are (norm_topk_prob false, its default), every layer experts, tied
+    "dots1-window": ("Dots1Config", "Dots1ForCausalLM",
+                     dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=24,
+                          n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, sliding_window=5,
+                          max_window_layers=1, tie_word_embeddings=True, pad_token_id=None)),
     # Nemotron-H with expert layers (Nemotron 3 Nano's E): ME*-E, 8 ReLU² experts 32 wide in 2 groups (top 2 from the
     # best group), routing bias, scores renormalised and scaled by 2.5, a shared expert 48 wide; the "-" layer's MLP
     # intermediate_size (96) wide

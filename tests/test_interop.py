@@ -106,7 +106,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"),
                                         ("codegen", "GPT-J"), ("falcon-new", "Falcon"), ("jamba", "Jamba"),
                                         ("gemma4", "Gemma 4"), ("deepseek_v3", "DeepSeek-V3"),
-                                        ("deepseek_v2", "DeepSeek-V2"), ("llama4_text", "Llama 4")])
+                                        ("deepseek_v2", "DeepSeek-V2"), ("llama4_text", "Llama 4"),
+                                        ("dots1", "dots.llm1")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -277,6 +278,13 @@ REDLINE_EXPORTS = {
                                          moe_topk_groups=2, moe_layers=(1,), mlp_hidden=16, moe_dense_hidden=80,
                                          moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                          moe_scale=1.5, moe_shared_hidden=24, moe_shared_gate=False),
+    # dots.llm1: Qwen3's attention, a dense first layer 80 wide, then sigmoid-scored SwiGLU experts (8 in 4 groups,
+    # the best 2 groups' top 2) with a routing bias, scaled, and an ungated shared expert of two experts' width; the
+    # last layer windowed
+    "Dots1ForCausalLM": dict(n_layer=3, qk_norm=True, n_kv_head=2, moe_experts=8, moe_top_k=2, moe_groups=4,
+                             moe_topk_groups=2, mlp_hidden=16, moe_dense_layers=1, moe_dense_hidden=80,
+                             moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20, moe_scale=1.5,
+                             moe_shared_hidden=32, moe_shared_gate=False, sliding_window=5, window_layers=(2,)),
     "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
                                   tie_embeddings=True),
     "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
@@ -631,7 +639,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
-                         "deepseek_v3, "
+                         "deepseek_v3, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, "
                          "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gemma4, gemma4_text, glm, glm4, "
                          "glm4_moe, gpt2, gpt_bigcode, gpt_neo, "

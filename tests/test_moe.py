@@ -194,7 +194,7 @@ def test_import_refusals_name_the_option(name, hf, fragment):
     (dict(qk_norm=True, moe_shared_hidden=16), "moe_shared_hidden with QK-norm"),
     (dict(moe_shared_hidden=16, sliding_window=4), "model.sliding_window with a shared expert"),
     (dict(mlp="geglu"), "model.mlp=geglu"),
-    (dict(moe_gating="sigmoid"), "LFM2-MoE's"),
+    (dict(moe_gating="sigmoid"), "sigmoid-scored experts .*: dots.llm1, the architecture with them, has Qwen3's"),
     (dict(moe_experts=6, moe_groups=2), "model.moe_groups=2: of the architectures redline exports to, only "
                                         "DeepSeek-V3"),
     (dict(mlp="relu2"), "the mixtures redline exports to have gated experts"),

@@ -115,10 +115,12 @@ def test_gguf_refuses_expert_layers_by_name():
 
 
 def test_grouped_ungated_experts_off_one_sublayer_blocks_stay_refused():
-    """Outside blocks of one sublayer, grouped or ungated experts and moe_layers still have no architecture."""
+    """Outside blocks of one sublayer (and dots.llm1's sigmoid scores), grouped or ungated experts and moe_layers
+    still have no architecture."""
     from redline.interop.families import export_family
 
-    plain = dict(mlp_free_layers=(), mixer_free_layers=(), moe_layers=(), moe_dense_hidden=None)
+    plain = dict(mlp_free_layers=(), mixer_free_layers=(), moe_layers=(), moe_dense_hidden=None, moe_gating="softmax",
+                 moe_expert_bias=False)
     for extra, fragment in [(dict(), "model.moe_groups=2: of the architectures redline exports to, only DeepSeek-V3"),
                             (dict(moe_groups=1), "but for Nemotron-H's ReLU² experts"),
                             (dict(moe_groups=1, mlp="swiglu", moe_layers=(1,)), "Nemotron-H too, on blocks of one sublayer")]:

@@ -234,10 +234,10 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 
 def _families() -> dict[str, Family]:
-    from redline.interop import (bloom, cohere, deepseek, ernie, exaone, exaone4, falcon, falcon_h1, gemma, gemma2,
-                                 gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite,
-                                 hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h, olmo2,
-                                 olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
+    from redline.interop import (bloom, cohere, deepseek, dots1, ernie, exaone, exaone4, falcon, falcon_h1, gemma,
+                                 gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
+                                 granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
+                                 olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
@@ -257,7 +257,8 @@ def _families() -> dict[str, Family]:
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
-                                cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY)}
+                                cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
+                                dots1.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -322,7 +323,8 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), or GPT-OSS with attention sinks, expert biases or clamped
+    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), dots.llm1 with sigmoid scores
+    (DeepSeek-V3's routing: a bias, groups, a scale, an ungated shared expert), or GPT-OSS with attention sinks, expert biases or clamped
     SwiGLU experts, as ERNIE 4.5 MoE with softmax scores and a bias that chooses (on every N-th layer too), as Hunyuan
     MoE with QK-norm after RoPE, as Cohere2 MoE in a parallel block under one norm; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
     dt norms (model.delta_bcdt_norm_eps), every layer a Mamba-1 mixer alone, and as Jamba where some layer has
@@ -370,11 +372,17 @@ def export_family(cfg: ModelConfig) -> Family:
     # experts, on the layers model.moe_layers names) or Mamba2's, checked by nemotron_h.export_name
     one_sublayer = bool(cfg.mlp_free_layers or cfg.mixer_free_layers) and not (
         cfg.delta_layers and cfg.delta_rule == "mamba1")
+    from redline.interop import dots1
+
+    if dots1.wants_dots1(cfg):  # sigmoid-scored experts beside attention: dots.llm1's (DeepSeek-V3's routing)
+        dots1.check_exportable(cfg)
+        return families["dots1"]
     if cfg.moe_groups > 1 and not one_sublayer:
         raise UserError(f"model.moe_groups={cfg.moe_groups}: of the architectures redline exports to, only "
                         f"DeepSeek-V3 (latent attention, model.kv_lora_rank), GLM-4-MoE (RoPE on part of each head: "
-                        f"rope_dims) and Nemotron-H (blocks of one sublayer: model.mixer_free_layers) choose experts "
-                        f"within groups, all by sigmoid scores (model.moe_gating=sigmoid); set model.moe_groups=1")
+                        f"rope_dims), dots.llm1 (whole heads, per-head QK-norm) and Nemotron-H (blocks of one "
+                        f"sublayer: model.mixer_free_layers) choose experts within groups, all by sigmoid scores "
+                        f"(model.moe_gating=sigmoid); set model.moe_groups=1")
     if cfg.moe_experts and not cfg.gated_mlp and not one_sublayer:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu), but for Nemotron-H's ReLU² experts on "

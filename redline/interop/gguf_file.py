@@ -1119,7 +1119,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "deepseek_v2": ("DeepSeek-V2", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
                                                "kv_b split into k_b and v_b)"),
                 "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
-                                           "without RoPE and their query temperature, input-weighted experts)")}
+                                           "without RoPE and their query temperature, input-weighted experts)"),
+                "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
+                                       "scores, a routing bias, groups, shared experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

@@ -19,13 +19,14 @@ Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT ref
 Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, its dense feed_forward's
 gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers; llama4.py:
 Llama 4's q and k rows in its interleaved RoPE order as Cohere's, feed_forward.gate/up/down_proj and
-feed_forward.shared_expert.*, never the router, whose forward returns a pair):
+feed_forward.shared_expert.*, never the router, whose forward returns a pair; dots1.py: the attention's, as
+Llama's):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
 Qwen3-Next's delta nets take adapters on out_proj alone, and none go on its gate_proj, up_proj or down_proj layers
-(PEFT moves those onto its experts), nor on GLM-4-MoE's (glm.py) for that reason; GLM's and GLM-4's q and k rows
-(B's rows) are in their interleaved RoPE order on each head's first rope_dims rows.
+(PEFT moves those onto its experts), nor on GLM-4-MoE's (glm.py) or dots.llm1's for that reason; GLM's and GLM-4's q
+and k rows (B's rows) are in their interleaved RoPE order on each head's first rope_dims rows.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
@@ -75,7 +76,7 @@ _MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.
 _GEMMA4_PLE = {"ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projection"}
 # the architectures whose gate_proj, up_proj and down_proj adapters PEFT moves onto the experts' fused parameters
 _EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE",
-                 "cohere2_moe": "Cohere2 MoE"}
+                 "cohere2_moe": "Cohere2 MoE", "dots1": "dots.llm1"}
 _QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
 
