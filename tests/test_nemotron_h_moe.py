@@ -158,3 +158,23 @@ def test_bias_update_trains_on_nemotron_h_expert_layers():
         opt.zero_grad()
         converter.after_optimizer_step(step)
     assert moe.expert_bias.abs().min() > 0 and not torch.equal(fc, moe.fc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["nemotron_h-experts", "dots1"])
+def test_train_init_from_an_imported_expert_model(kind, tmp_path):
+    """`redline train --init-from` an imported Nemotron-H with E layers (and a dots.llm1): the first step's loss is
+    transformers' on the same batch, and training runs through the experts' routing and weights."""
+    import json
+
+    from redline.data.loader import TokenLoader
+    from tests.test_interop_commands import Imported, call
+
+    imported = Imported(kind, tmp_path)
+    assert call(["train", "--init-from", imported.ckpt, "--data.path", imported.data, "max_steps=2", "seq_len=32",
+                 "batch_size=2", "eval_every=0", "optim.warmup_steps=0", "optim.lr=1e-3", f"out_dir={tmp_path}",
+                 "run_name=run", "eval_batches=1", "sample_tokens=0", "device=cpu"]) == 0
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in steps if r.get("kind") == "train" and r["step"] == 1)
+    x, y = TokenLoader(imported.data, "train", 2, 32, seed=1337, prefetch=False).next_batch()
+    assert first["loss"] == pytest.approx(imported.loss(x, y), abs=1e-4)
