@@ -98,8 +98,8 @@ def _expert_fields(hf: dict, experts: tuple[int, ...], dense: bool) -> dict:
     if shared <= 0:
         raise UserError(f"moe_shared_expert_intermediate_size={shared}: Nemotron-H's expert layers have a shared "
                         f"expert")
-    return dict(moe_experts=count, moe_top_k=top_k, moe_layers=experts, mlp_hidden=int(hf.get("moe_intermediate_size",
-                                                                                                 7688)),
+    width = int(hf.get("moe_intermediate_size", 7688))
+    return dict(moe_experts=count, moe_top_k=top_k, moe_layers=experts, mlp_hidden=width,
                 moe_dense_hidden=int(hf.get("intermediate_size", 21504)) if dense else None, moe_gating="sigmoid",
                 moe_expert_bias=True, moe_norm_topk=bool(hf.get("norm_topk_prob", True)), moe_norm_eps=1e-20,
                 moe_scale=float(hf.get("routed_scaling_factor", 1.0)), moe_groups=groups,
@@ -143,7 +143,8 @@ def model_config(hf: dict) -> ModelConfig:
         vocab_size=hf["vocab_size"], context_len=hf.get("max_position_embeddings", 4096), n_layer=len(kinds),
         n_embd=width, n_head=heads, n_kv_head=hf.get("num_key_value_heads") or heads,
         head_size=head_dim if head_dim * heads != width else None,
-        **{"mlp_hidden": hf.get("intermediate_size", 21504), **fields}, fused_qkv=True, pos_emb="none", mlp="relu2", norm="rmsnorm", norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        **{"mlp_hidden": hf.get("intermediate_size", 21504), **fields},  # the experts' width where there are some
+        fused_qkv=True, pos_emb="none", mlp="relu2", norm="rmsnorm", norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), bias=False,
         mlp_free_layers=tuple(i for i, k in enumerate(kinds) if k not in ("mlp", "moe")),
         mixer_free_layers=tuple(i for i, k in enumerate(kinds) if k in ("mlp", "moe")))
