@@ -89,7 +89,7 @@ CFG = ModelConfig(vocab_size=64, context_len=32, n_layer=2, n_embd=32, n_head=4,
     (dict(moe_norm_eps=1e-6), r"adds 1e-20 to the chosen scores' sum \(model.moe_norm_eps=1e-06"),
     (dict(moe_layers=(1,)), "has its dense layers first"),
     (dict(mlp="geglu"), "has SwiGLU experts and MLPs"),
-    (dict(rope_dims=4), "rotates every layer's whole heads"),
+    (dict(nope_interval=2), "rotates every layer's whole heads"),  # (partial RoPE: GLM-4-MoE's)
 ])
 def test_export_refusals_name_the_option(extra, fragment):
     from redline.interop.families import export_family
