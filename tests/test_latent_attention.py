@@ -260,12 +260,13 @@ def test_import_refusals_name_the_option(name, changes, fragment):
 
 def test_export_dispatch_and_refusals():
     """Latent attention exports as DeepSeek-V3 (sigmoid scores or dense) or DeepSeek-V2 (softmax experts); group
-    routing without it (or GLM-4-MoE's layout) is refused naming both; what neither holds is refused by name."""
+    routing without it (or GLM-4-MoE's, dots.llm1's or Nemotron-H's layout) is refused naming them; what neither holds is refused by name."""
     assert export_family(MLA).name == "deepseek_v3" and export_family(MLA_MOE).name == "deepseek_v3"
     assert export_family(MLA_V2).name == "deepseek_v2"
     plain = ModelConfig(n_layer=2, n_embd=64, n_head=4, moe_experts=4, moe_groups=2, moe_gating="sigmoid")
     for cfg, fragment in [
-        (plain, "only DeepSeek-V3 (latent attention, model.kv_lora_rank) and GLM-4-MoE"),
+        (plain, "dots.llm1, the architecture with them, has Qwen3's QK-norm"),  # whole heads, sigmoid scores
+        (replace(plain, moe_gating="softmax"), "only DeepSeek-V3 (latent attention, model.kv_lora_rank), GLM-4-MoE"),
         (replace(MLA_MOE, moe_norm_eps=0.0), "DeepSeek-V3 adds 1e-20 to their sum"),
         (replace(MLA, sliding_window=8), "windows, soft caps, sinks"),
         (replace(MLA, attn_scale=0.5), "model.attn_scale=0.5 with latent attention"),
