@@ -40,6 +40,7 @@ from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, give_head, interleave_rope_rows, pad_rows, raise_first,
                                       take_head)
 from redline.interop.llama import _rope, check_silu, rope_scaling
+from redline.interop.moe import deepseek_experts_to_hf, deepseek_experts_to_redline
 from redline.model import ModelConfig, yarn_mscale
 
 _ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM"}
@@ -246,7 +247,7 @@ def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
         out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
         for ours in _attn_modules(cfg):
             out[f"{r}attn.{ours}.weight"] = src.take(f"{p}self_attn.{_ATTN[ours]}.weight")
-        out.update(_mlp_to_redline(src, p + "mlp.", r + "mlp.", cfg, cfg.layer_has_experts(i)))
+        out.update(_mlp_to_redline(src, p, r, cfg, cfg.layer_has_experts(i)))
     # DeepSeek-V3's multi-token-prediction layers after the last (num_nextn_predict_layers): no part of the causal
     # LM; transformers ignores them on load too (marked used unread)
     source.used.update(n for n in source.names if n.startswith(f"{pre}layers.{cfg.n_layer}."))
@@ -254,26 +255,12 @@ def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
 
 
 def _mlp_to_redline(src: _Dequantizing, p: str, r: str, cfg: ModelConfig, experts: bool) -> dict:
-    """A layer's dense MLP or mixture (p: its HF "….mlp.", r: redline's "blocks.N.mlp.")."""
+    """A layer's dense MLP or mixture (p: its HF "model.layers.N.", r: redline's "blocks.N.")."""
     if not experts:
-        return {f"{r}fc.weight": torch.cat([src.take(p + "gate_proj.weight"), src.take(p + "up_proj.weight")]),
-                f"{r}proj.weight": src.take(p + "down_proj.weight")}
-    out = {f"{r}router.weight": src.take(p + "gate.weight")}
-    if cfg.moe_expert_bias:
-        out[f"{r}expert_bias"] = src.take(p + "gate.e_score_correction_bias").float()
-    if f"{p}experts.gate_up_proj" in src:  # stacked already (E, 2F, C) and (E, C, F): transformers' in-memory layout
-        out[f"{r}fc"] = src.take(f"{p}experts.gate_up_proj")
-        out[f"{r}proj"] = src.take(f"{p}experts.down_proj")
-    else:  # one tensor per expert, as the Hub's files hold them
-        e = [f"{p}experts.{j}." for j in range(cfg.moe_experts)]
-        out[f"{r}fc"] = torch.stack([torch.cat([src.take(x + "gate_proj.weight"), src.take(x + "up_proj.weight")])
-                                     for x in e])
-        out[f"{r}proj"] = torch.stack([src.take(x + "down_proj.weight") for x in e])
-    shared = p + "shared_experts."
-    out[f"{r}shared.fc.weight"] = torch.cat([src.take(shared + "gate_proj.weight"),
-                                             src.take(shared + "up_proj.weight")])
-    out[f"{r}shared.proj.weight"] = src.take(shared + "down_proj.weight")
-    return out
+        return {f"{r}mlp.fc.weight": torch.cat([src.take(p + "mlp.gate_proj.weight"),
+                                                src.take(p + "mlp.up_proj.weight")]),
+                f"{r}mlp.proj.weight": src.take(p + "mlp.down_proj.weight")}
+    return deepseek_experts_to_redline(src, p, r, cfg)
 
 
 def to_hf_for(name: str):
@@ -294,18 +281,8 @@ def to_hf_for(name: str):
                 out[m + "gate_proj.weight"], out[m + "up_proj.weight"] = state[rm + "fc.weight"].chunk(2)
                 out[m + "down_proj.weight"] = state[rm + "proj.weight"]
                 continue
-            out[m + "gate.weight"] = state[rm + "router.weight"]
-            if name == "deepseek_v3":  # transformers' router always has the bias: zeros where redline has none
-                bias = state.get(rm + "expert_bias")
-                out[m + "gate.e_score_correction_bias"] = (bias if bias is not None
-                                                           else torch.zeros(cfg.moe_experts, dtype=torch.float32))
-            for j, (fc, proj) in enumerate(zip(state[rm + "fc"], state[rm + "proj"])):
-                x = f"{m}experts.{j}."
-                out[x + "gate_proj.weight"], out[x + "up_proj.weight"] = fc.chunk(2)
-                out[x + "down_proj.weight"] = proj
-            s = m + "shared_experts."
-            out[s + "gate_proj.weight"], out[s + "up_proj.weight"] = state[rm + "shared.fc.weight"].chunk(2)
-            out[s + "down_proj.weight"] = state[rm + "shared.proj.weight"]
+            # transformers' V3 router always has the bias (zeros where redline has none); V2's has none
+            out.update(deepseek_experts_to_hf(state, p, r, cfg, bias=name == "deepseek_v3"))
         return out
 
     return to_hf

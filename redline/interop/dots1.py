@@ -28,7 +28,8 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
-from redline.interop.llama import (_mlp_parts, _qkv, _rope, check_silu, hf_config_for, layer_windows, shape_fields)
+from redline.interop.llama import _mlp_parts, _qkv, _rope, check_silu, hf_config_for, layer_windows, shape_fields
+from redline.interop.moe import deepseek_experts_to_hf, deepseek_experts_to_redline
 from redline.model import ModelConfig
 
 
@@ -80,20 +81,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
             out[r + "mlp.fc.weight"] = torch.cat([src.take(mlp + "gate_proj.weight"), src.take(mlp + "up_proj.weight")])
             out[r + "mlp.proj.weight"] = src.take(mlp + "down_proj.weight")
             continue
-        out[r + "mlp.router.weight"] = src.take(mlp + "gate.weight")
-        out[r + "mlp.expert_bias"] = src.take(mlp + "gate.e_score_correction_bias").float()
-        if mlp + "experts.gate_up_proj" in src:  # stacked, as transformers' module holds them
-            out[r + "mlp.fc"], out[r + "mlp.proj"] = src.take(mlp + "experts.gate_up_proj"), src.take(
-                mlp + "experts.down_proj")
-        else:  # one tensor per expert (the Hub's files)
-            e = [f"{mlp}experts.{j}." for j in range(cfg.moe_experts)]
-            out[r + "mlp.fc"] = torch.stack([torch.cat([src.take(x + "gate_proj.weight"),
-                                                        src.take(x + "up_proj.weight")]) for x in e])
-            out[r + "mlp.proj"] = torch.stack([src.take(x + "down_proj.weight") for x in e])
-        shared = mlp + "shared_experts."
-        out[r + "mlp.shared.fc.weight"] = torch.cat([src.take(shared + "gate_proj.weight"),
-                                                     src.take(shared + "up_proj.weight")])
-        out[r + "mlp.shared.proj.weight"] = src.take(shared + "down_proj.weight")
+        out.update(deepseek_experts_to_redline(src, p, r, cfg))
     return out
 
 
@@ -114,16 +102,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
             out[mlp + "gate_proj.weight"], out[mlp + "up_proj.weight"] = _mlp_parts(state, r, cfg, "weight")
             out[mlp + "down_proj.weight"] = state[r + "mlp.proj.weight"]
             continue
-        bias = state.get(r + "mlp.expert_bias")  # none: zeros, which choose as no bias does
-        out[mlp + "gate.weight"] = state[r + "mlp.router.weight"]
-        out[mlp + "gate.e_score_correction_bias"] = torch.zeros(cfg.moe_experts) if bias is None else bias.float()
-        for j, (fc, proj) in enumerate(zip(state[r + "mlp.fc"], state[r + "mlp.proj"])):
-            x = f"{mlp}experts.{j}."
-            out[x + "gate_proj.weight"], out[x + "up_proj.weight"] = fc.chunk(2)
-            out[x + "down_proj.weight"] = proj
-        shared = mlp + "shared_experts."
-        out[shared + "gate_proj.weight"], out[shared + "up_proj.weight"] = state[r + "mlp.shared.fc.weight"].chunk(2)
-        out[shared + "down_proj.weight"] = state[r + "mlp.shared.proj.weight"]
+        out.update(deepseek_experts_to_hf(state, p, r, cfg))
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 
 import torch
 
@@ -38,6 +37,7 @@ from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, give_head, interleave_rope_rows, pad_rows, raise_first,
                                       take_head)
 from redline.interop.llama import _ignorable, _mlp_parts, _qkv, check_silu, shape_fields
+from redline.interop.moe import deepseek_experts_to_hf, deepseek_experts_to_redline
 from redline.model import ModelConfig
 
 GLM4_MOE_NORM_EPS = 1e-20  # the rescaled top-k weights' guard, as transformers' Glm4MoeTopkRouter adds it
@@ -296,7 +296,7 @@ def to_redline_for(family: str):
                 out[r + "attn.q_norm.weight"] = src.take(attn + "q_norm.weight")
                 out[r + "attn.k_norm.weight"] = src.take(attn + "k_norm.weight")
             if cfg.layer_has_experts(i):
-                out.update(_experts_to_redline(src, p, r, cfg))
+                out.update(deepseek_experts_to_redline(src, p, r, cfg))
             elif f"{mlp}gate_up_proj.weight" in src:  # GLM's and GLM-4's fused [gate; up]
                 out[r + "mlp.fc.weight"] = src.take(f"{mlp}gate_up_proj.weight")
                 out[r + "mlp.proj.weight"] = src.take(f"{mlp}down_proj.weight")
@@ -309,20 +309,6 @@ def to_redline_for(family: str):
         return out
 
     return to_redline
-
-
-def _experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> dict:
-    from redline.interop.moe import experts_to_redline
-
-    # the router and experts under Qwen-MoE's names (one tensor per expert, or stacked); the bias and shared experts
-    # under GLM's own
-    out = experts_to_redline(src, p, r, replace(cfg, moe_expert_bias=False, moe_shared_hidden=0))
-    out[f"{r}mlp.expert_bias"] = src.take(f"{p}mlp.gate.e_score_correction_bias").float()
-    shared = f"{p}mlp.shared_experts."
-    out[f"{r}mlp.shared.fc.weight"] = torch.cat([src.take(shared + "gate_proj.weight"),
-                                                 src.take(shared + "up_proj.weight")])
-    out[f"{r}mlp.shared.proj.weight"] = src.take(shared + "down_proj.weight")
-    return out
 
 
 def to_hf_for(family: str):
@@ -346,7 +332,7 @@ def to_hf_for(family: str):
                 out[attn + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
                 out[attn + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
             if cfg.layer_has_experts(i):
-                out.update(_experts_to_hf(state, p, r, cfg))
+                out.update(deepseek_experts_to_hf(state, p, r, cfg))
             elif family == "glm4_moe":
                 out[mlp + "gate_proj.weight"], out[mlp + "up_proj.weight"] = _mlp_parts(state, r, cfg, "weight")
                 out[mlp + "down_proj.weight"] = state[r + "mlp.proj.weight"]
@@ -356,17 +342,6 @@ def to_hf_for(family: str):
         return {k: v.contiguous() for k, v in out.items()}
 
     return to_hf
-
-
-def _experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig) -> dict:
-    from redline.interop.moe import experts_to_hf
-
-    out = experts_to_hf(state, p, r, replace(cfg, moe_expert_bias=False, moe_shared_hidden=0), "qwen3_moe")
-    out[f"{p}mlp.gate.e_score_correction_bias"] = state[f"{r}mlp.expert_bias"]
-    shared = f"{p}mlp.shared_experts."
-    out[shared + "gate_proj.weight"], out[shared + "up_proj.weight"] = state[f"{r}mlp.shared.fc.weight"].chunk(2)
-    out[shared + "down_proj.weight"] = state[f"{r}mlp.shared.proj.weight"]
-    return out
 
 
 GLM_FAMILY = Family(name="glm", architecture="GlmForCausalLM", model_config=glm_model_config,

@@ -21,6 +21,7 @@ transformers' models/mixtral, qwen2_moe, qwen3_moe and olmoe modeling files.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -223,6 +224,35 @@ def experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelC
         out[shared + "down_proj.weight"] = state[f"{r}mlp.shared.proj.weight"]
         if cfg.moe_shared_gate:
             out[f"{p}mlp.shared_expert_gate.weight"] = state[f"{r}mlp.shared_gate.weight"]
+    return out
+
+
+def deepseek_experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> dict:
+    """DeepSeek-V3's mixture as GLM-4-MoE and dots.llm1 name it too: Qwen-MoE's router and experts (one tensor per
+    expert, or stacked), the choosing bias as mlp.gate.e_score_correction_bias, and the ungated shared experts as one
+    MLP, mlp.shared_experts (p: "model.layers.N.", r: "blocks.N.")."""
+    out = experts_to_redline(src, p, r, replace(cfg, moe_expert_bias=False, moe_shared_hidden=0))
+    if cfg.moe_expert_bias:
+        out[f"{r}mlp.expert_bias"] = src.take(f"{p}mlp.gate.e_score_correction_bias").float()
+    shared = f"{p}mlp.shared_experts."
+    out[f"{r}mlp.shared.fc.weight"] = torch.cat([src.take(shared + "gate_proj.weight"),
+                                                 src.take(shared + "up_proj.weight")])
+    out[f"{r}mlp.shared.proj.weight"] = src.take(shared + "down_proj.weight")
+    return out
+
+
+def deepseek_experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig,
+                           bias: bool = True) -> dict:
+    """deepseek_experts_to_redline's inverse; bias: the architecture's router holds e_score_correction_bias (written
+    as zeros where redline has none: they choose as no bias does), as DeepSeek-V3's, GLM-4-MoE's and dots.llm1's do
+    and DeepSeek-V2's does not."""
+    out = experts_to_hf(state, p, r, replace(cfg, moe_expert_bias=False, moe_shared_hidden=0), "qwen3_moe")
+    if bias:
+        b = state.get(f"{r}mlp.expert_bias")
+        out[f"{p}mlp.gate.e_score_correction_bias"] = torch.zeros(cfg.moe_experts) if b is None else b.float()
+    shared = f"{p}mlp.shared_experts."
+    out[shared + "gate_proj.weight"], out[shared + "up_proj.weight"] = state[f"{r}mlp.shared.fc.weight"].chunk(2)
+    out[shared + "down_proj.weight"] = state[f"{r}mlp.shared.proj.weight"]
     return out
 
 
