@@ -73,14 +73,6 @@ def test_import_refuses_what_redline_cannot_express(read, hf, fragment):
         read(hf)
 
 
-def test_glm4_moe_lite_is_refused_by_name(tmp_path, capsys):
-    hf_folder("glm4_moe-air", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": "glm4_moe_lite"}))
-    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "'glm4_moe_lite' (GLM-4.7-Flash) has DeepSeek's multi-head latent attention")
-
-
 def test_multi_token_prediction_layers_are_left_unread(tmp_path, capsys):
     """GLM-4.5's files hold its next-token-prediction layer as model.layers.<num_hidden_layers>: the import leaves it
     out (transformers ignores it too), and still reports any other tensor it does not use."""
