@@ -47,8 +47,9 @@ HUB_MINICPM3 = {
 
 def test_hub_glm_4_7_flash_config_reads_as_deepseek_v3():
     """GLM-4.7-Flash: DeepSeek-V3's attention (whole heads of qk_rope_head_dim rotated, the plain score scale) and
-    router (sigmoid, the bias choosing, rescaled with 1e-20, times 1.8), its dense first layer from
-    first_k_dense_replace or mlp_layer_types; Glm4MoeLiteConfig's defaults where a field is absent."""
+    router (sigmoid, the bias choosing, rescaled with 1e-20, times 1.8), its dense first layers from mlp_layer_types
+    (the first alone without it, first_k_dense_replace unread as transformers leaves it); Glm4MoeLiteConfig's
+    defaults where a field is absent."""
     lite = _families()["glm4_moe_lite"]
     cfg = lite.model_config(HUB_FLASH)
     cfg.validate()
@@ -61,6 +62,7 @@ def test_hub_glm_4_7_flash_config_reads_as_deepseek_v3():
     # transformers' Glm4MoeLiteConfig writes mlp_layer_types and reads first_k_dense_replace not at all
     typed = {k: v for k, v in HUB_FLASH.items() if k != "first_k_dense_replace"}
     assert lite.model_config({**typed, "mlp_layer_types": ["dense", "dense", "sparse"]}).moe_dense_layers == 2
+    assert lite.model_config({**HUB_FLASH, "first_k_dense_replace": 2}).moe_dense_layers == 1
     assert lite.model_config({k: v for k, v in typed.items() if k != "rms_norm_eps"}).norm_eps == 1e-5
     deepseek = _families()["deepseek_v3"].model_config({**HUB_FLASH, "model_type": "deepseek_v3"})
     assert replace(deepseek, norm_eps=cfg.norm_eps) == cfg

@@ -1,5 +1,8 @@
 """DeepSeek-V3 (DeepSeek-V3/R1, Moonlight) and DeepSeek-V2 (DeepSeek-V2-Lite): multi-head latent attention
-with a mixture of experts, as transformers' models/deepseek_v3 and models/deepseek_v2 compute them.
+with a mixture of experts, as transformers' models/deepseek_v3 and models/deepseek_v2 compute them; and GLM-4.7-Flash
+(model_type "glm4_moe_lite"), which transformers' models/glm4_moe_lite builds from DeepseekV3Attention and
+Glm4MoeTopkRouter (DeepSeek-V3's routing): read as DeepSeek-V3 (lite_as_deepseek_v3), written back as DeepSeek-V3.
+minicpm3.py reads MiniCPM3's latent attention with these functions too.
 
 - attention (`self_attn.`): q from `q_a_proj` -> `q_a_layernorm` -> `q_b_proj` (or one `q_proj` where
   q_lora_rank is null), keys and values from `kv_a_proj_with_mqa` (the latent, then one key part of qk_rope_head_dim
@@ -91,8 +94,9 @@ def lite_as_deepseek_v3(hf: dict) -> dict:
                     num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True, rope_interleave=True,
                     max_position_embeddings=202752, q_lora_rank=768, moe_intermediate_size=1536, kv_lora_rank=512,
                     qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)
+    # transformers reads no first_k_dense_replace here: mlp_layer_types alone (by default the first layer dense)
     return {**defaults, **{k: v for k, v in hf.items() if v is not None or k == "q_lora_rank"},
-            "first_k_dense_replace": dense, "mlp_layer_types": None}
+            "first_k_dense_replace": dense}
 
 
 def model_config_for(name: str):

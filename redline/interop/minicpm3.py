@@ -101,7 +101,8 @@ def hf_config(cfg: ModelConfig) -> dict:
         "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
         "num_key_value_heads": cfg.n_head, "kv_lora_rank": cfg.kv_lora_rank, "q_lora_rank": cfg.q_lora_rank or None,
         "qk_nope_head_dim": D - R, "qk_rope_head_dim": R, "v_head_dim": cfg.v_head_dim or D,
-        "scale_emb": cfg.embed_multiplier or 1.0, "scale_depth": (cfg.residual_multiplier or 1.0) * math.sqrt(cfg.n_layer),
+        "scale_emb": cfg.embed_multiplier or 1.0,
+        "scale_depth": (cfg.residual_multiplier or 1.0) * math.sqrt(cfg.n_layer),  # divided by it again
         "dim_model_base": round(cfg.n_embd / (cfg.logit_divisor or 1.0)), "hidden_act": "silu",
         "max_position_embeddings": context, "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
         "rope_parameters": params, "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
