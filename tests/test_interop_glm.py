@@ -3,7 +3,6 @@ read as transformers reads them, the multi-token prediction layers left unread, 
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -15,7 +14,7 @@ from redline.interop.glm import glm4_model_config, glm4_moe_model_config, glm_mo
 from redline.model import ModelConfig
 from redline.training.checkpoint import load_for_inference
 from tests.interop_models import hf_folder
-from tests.test_interop import TOKENS, _expect_import_error, imported, run_cli
+from tests.test_interop import TOKENS, imported, run_cli
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,6 +15,7 @@ import torch
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.interop.families import _families, export_family
+from tests.interop_models import hf_folder
 from tests.test_interop import _expect_import_error, imported, run_cli
 from tests.test_latent_attention import MLA, MLA_MOE, full_recompute, sharp
 
@@ -85,10 +86,10 @@ def test_glm4_moe_lite_refusals_are_one_line(overrides, fragment):
 
 def test_glm4_moe_lite_folder_refusal_writes_nothing(tmp_path, capsys):
     """A refusal at import names the option and leaves no output folder."""
-    imported("glm4_moe_lite", tmp_path, capsys)
+    hf_folder("glm4_moe_lite", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "mlp_layer_types": ["sparse", "dense"]}))
-    _expect_import_error(tmp_path / "hf", tmp_path / "out2", capsys, "mlp_layer_types=['sparse', 'dense']")
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "mlp_layer_types=['sparse', 'dense']")
 
 
 def test_hub_minicpm3_config_reads_its_scalars_and_longrope():
@@ -190,3 +191,18 @@ def test_minicpm3_export_writes_its_scalars_and_longrope(tmp_path, capsys):
     assert written["model_type"] == "minicpm3" and written["dim_model_base"] == 32
     assert written["scale_depth"] == pytest.approx(1.2) and written["scale_emb"] == 2.5
     assert written["rope_parameters"]["rope_type"] == "longrope"
+
+
+def test_glm_4_7_flash_adapter_loads_on_deepseek_v3_with_redlines_logits(tmp_path, capsys, monkeypatch):
+    """A LoRA run on GLM-4.7-Flash's layout (as its import reads it) exports its adapter for the DeepSeek-V3 the base
+    exports as: PEFT loads it onto transformers' DeepseekV3ForCausalLM with redline's logits (the latent attention
+    adapted; PEFT moves MLP adapters onto the experts)."""
+    from dataclasses import asdict
+
+    from tests import test_lora_export
+
+    cfg = _families()["glm4_moe_lite"].model_config({**HUB_FLASH, "num_hidden_layers": 2})
+    fields = {k: v for k, v in asdict(cfg).items() if k not in ("vocab_size", "context_len")}
+    monkeypatch.setitem(test_lora_export.ARCHS, "glm4_moe_lite", fields)
+    base, ckpt = test_lora_export.lora_run(tmp_path, "glm4_moe_lite", targets=("attn.*",))
+    test_lora_export.assert_peft_gives_redlines_logits(tmp_path, base, ckpt, arch="DeepseekV3ForCausalLM")
