@@ -108,6 +108,10 @@ def test_hub_minicpm3_config_reads_its_scalars_and_longrope():
     # scale_depth and dim_model_base null: no scaling (MiniCPM3Config's sqrt(layers) and hidden_size)
     plain = _families()["minicpm3"].model_config({**HUB_MINICPM3, "scale_depth": None, "dim_model_base": None})
     assert (plain.residual_multiplier, plain.logit_divisor) == (1.0, 1.0)
+    # left out: MiniCPM3Config's defaults (scale_emb 12, scale_depth 1.4, dim_model_base 256)
+    bare = {k: v for k, v in HUB_MINICPM3.items() if k not in ("scale_emb", "scale_depth", "dim_model_base")}
+    cfg = _families()["minicpm3"].model_config({**bare, "hidden_size": 512, "v_head_dim": 16})
+    assert (cfg.embed_multiplier, cfg.residual_multiplier, cfg.logit_divisor) == (12.0, 1.4 / math.sqrt(62), 2.0)
     assert export_family(cfg).name == "minicpm3"
 
 

@@ -35,7 +35,15 @@ def _rope_spec(hf: dict) -> dict:
     return params if params.get("rope_type", "default") != "default" else dict(hf.get("rope_scaling") or {})
 
 
+_DEFAULTS = dict(kv_lora_rank=256, q_lora_rank=768, qk_nope_head_dim=64, qk_rope_head_dim=32, scale_emb=12,
+                 scale_depth=1.4, dim_model_base=256, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                 max_position_embeddings=32768)
+"""MiniCPM3Config's defaults for the fields a config.json may leave out (null scale_depth and dim_model_base, given,
+mean no scaling; a null q_lora_rank one q_proj)."""
+
+
 def model_config(hf: dict) -> ModelConfig:
+    hf = {**_DEFAULTS, **hf}
     for key in ("n_routed_experts", "num_local_experts"):
         if hf.get(key):
             raise UserError(f"{key}={hf[key]} on minicpm3: MiniCPM3's MLPs are dense")
@@ -46,14 +54,11 @@ def model_config(hf: dict) -> ModelConfig:
     theta = float((hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0)))
     heads, n = hf["num_attention_heads"], hf["num_hidden_layers"]
     plain = {**hf, "rope_parameters": {"rope_type": "default", "rope_theta": theta}, "rope_scaling": None,
-             "v_head_dim": hf.get("v_head_dim") or hf["hidden_size"] // heads,
-             "rms_norm_eps": hf.get("rms_norm_eps", 1e-5), "tie_word_embeddings": hf.get("tie_word_embeddings", True),
-             "max_position_embeddings": hf.get("max_position_embeddings", 32768)}
+             "v_head_dim": hf.get("v_head_dim") or hf["hidden_size"] // heads}
     cfg = deepseek.model_config_for("deepseek_v2")(plain)  # dense layers: its latent attention and SwiGLU alone
-    depth = hf.get("scale_depth")
-    depth = math.sqrt(n) if depth is None else float(depth)  # MiniCPM3Config: None means no scaling
-    base = hf.get("dim_model_base") or hf["hidden_size"]
-    fields = dict(embed_multiplier=float(hf.get("scale_emb", 12)), residual_multiplier=depth / math.sqrt(n),
+    depth = math.sqrt(n) if hf["scale_depth"] is None else float(hf["scale_depth"])
+    base = hf["dim_model_base"] or hf["hidden_size"]
+    fields = dict(embed_multiplier=float(hf["scale_emb"]), residual_multiplier=depth / math.sqrt(n),
                   logit_divisor=hf["hidden_size"] / base)
     if kind != "default":
         fields.update(phi3._longrope(hf, spec, theta, cfg.rope_dims))
