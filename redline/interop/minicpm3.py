@@ -31,6 +31,7 @@ from redline.model import ModelConfig
 
 
 def _rope_spec(hf: dict) -> dict:
+    """The RoPE scaling dict: rope_parameters (transformers >= 5) where it scales, else rope_scaling (the Hub's)."""
     params = dict(hf.get("rope_parameters") or {})
     return params if params.get("rope_type", "default") != "default" else dict(hf.get("rope_scaling") or {})
 
@@ -72,7 +73,8 @@ def check_exportable(cfg: ModelConfig) -> None:
                           f"MiniCPM3's MLPs are dense"),
         (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.norm_unit_offset or not cfg.norm_affine
          or cfg.parallel_residual or cfg.mlp != "swiglu",
-         "norms other than pre-norm RMSNorms or MLPs other than SwiGLU with latent attention: MiniCPM3 has them"),
+         "norms other than pre-norm RMSNorms or MLPs other than SwiGLU with MiniCPM3's scalars: MiniCPM3's blocks "
+         "have those alone"),
         (cfg.sliding_window or cfg.attn_softcap or cfg.attn_sinks or cfg.logit_softcap or cfg.embed_scale
          or cfg.head_bias or cfg.rope_local_theta or cfg.embed_norm,
          "windows, soft caps, sinks, embed_scale or head biases with latent attention: MiniCPM3 has none of them"),
