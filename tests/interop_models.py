@@ -133,6 +133,30 @@ FAMILIES = {
                          num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=32,
                          routed_scaling_factor=2.0, topk_method="greedy", pad_token_id=None,
                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # GLM-4.7-Flash (glm4_moe_lite): DeepSeek-V3's latent attention (RoPE on interleaved pairs, its default) with
+    # GLM-4-MoE's router (sigmoid scores chosen with a bias, the best 2 of 4 groups, rescaled, times 1.8), the dense
+    # first layer given as mlp_layer_types, one shared expert
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",
+                      dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_group=4,
+                           topk_group=2, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                           routed_scaling_factor=1.8, mlp_layer_types=["dense", "sparse"], pad_token_id=None,
+                           rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # MiniCPM3: latent attention (RoPE on (first half, second half) pairs, values hidden / heads wide) with µP
+    # scalars: embeddings times scale_emb, each sublayer's output times scale_depth / sqrt(layers), the last hidden
+    # state divided by hidden_size / dim_model_base; tied; and with LongRoPE (MiniCPM3-4B's rope_scaling)
+    "minicpm3": ("MiniCPM3Config", "MiniCPM3ForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                      qk_nope_head_dim=16, qk_rope_head_dim=8, scale_emb=12, scale_depth=1.4, dim_model_base=16,
+                      pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "minicpm3-longrope": ("MiniCPM3Config", "MiniCPM3ForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16,
+                               qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, scale_emb=2.5,
+                               scale_depth=1.2, dim_model_base=32, tie_word_embeddings=False, pad_token_id=None,
+                               rope_parameters={"rope_type": "longrope", "rope_theta": 500.0,
+                                                "short_factor": [1.0, 1.3, 1.9, 2.7],
+                                                "long_factor": [1.1, 2.0, 3.5, 5.0],
+                                                "original_max_position_embeddings": 32})),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
                 dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
                      num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.3, tie_word_embeddings=False,

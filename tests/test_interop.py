@@ -84,7 +84,9 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # Falcon's one norm for parallel sublayers is Phi's block (Phi takes GQA and zero biases); its
                # sequential block GPT-NeoX's (multi-head) or StarCoder2's (multi-query)
                "falcon": "PhiForCausalLM", "falcon-new-one-norm": "PhiForCausalLM",
-               "falcon-sequential": "GPTNeoXForCausalLM", "falcon-sequential-mqa": "Starcoder2ForCausalLM"}
+               "falcon-sequential": "GPTNeoXForCausalLM", "falcon-sequential-mqa": "Starcoder2ForCausalLM",
+               # GLM-4.7-Flash is DeepSeek-V3's attention and router: transformers' DeepSeek-V3 gives its logits
+               "glm4_moe_lite": "DeepseekV3ForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -107,7 +109,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("codegen", "GPT-J"), ("falcon-new", "Falcon"), ("jamba", "Jamba"),
                                         ("gemma4", "Gemma 4"), ("deepseek_v3", "DeepSeek-V3"),
                                         ("deepseek_v2", "DeepSeek-V2"), ("llama4_text", "Llama 4"),
-                                        ("dots1", "dots.llm1")])
+                                        ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
+                                        ("minicpm3-longrope", "MiniCPM3")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -642,13 +645,13 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "deepseek_v3, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, "
                          "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gemma4, gemma4_text, glm, glm4, "
-                         "glm4_moe, gpt2, gpt_bigcode, gpt_neo, "
+                         "glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
-                         "mamba, mamba2, ministral, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "

@@ -3,7 +3,6 @@ read as transformers reads them, the multi-token prediction layers left unread, 
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -15,7 +14,7 @@ from redline.interop.glm import glm4_model_config, glm4_moe_model_config, glm_mo
 from redline.model import ModelConfig
 from redline.training.checkpoint import load_for_inference
 from tests.interop_models import hf_folder
-from tests.test_interop import TOKENS, _expect_import_error, imported, run_cli
+from tests.test_interop import TOKENS, imported, run_cli
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,14 +70,6 @@ def test_the_hubs_configs_read_as_transformers_reads_them():
 def test_import_refuses_what_redline_cannot_express(read, hf, fragment):
     with pytest.raises(UserError, match=fragment):
         read(hf)
-
-
-def test_glm4_moe_lite_is_refused_by_name(tmp_path, capsys):
-    hf_folder("glm4_moe-air", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": "glm4_moe_lite"}))
-    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "'glm4_moe_lite' (GLM-4.7-Flash) has DeepSeek's multi-head latent attention")
 
 
 def test_multi_token_prediction_layers_are_left_unread(tmp_path, capsys):

@@ -185,6 +185,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "DeepseekV2ForCausalLM": dict(kv_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=12, fused_qkv=False,
                                   moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_norm_topk=False,
                                   moe_shared_hidden=64, moe_shared_gate=False, moe_dense_layers=1, moe_scale=2.0),
+    # MiniCPM3: the latent attention's modules beside Llama's MLP names (gate_proj and up_proj B's halves), with its
+    # µP scalars (embedding, residual, logit) and LongRoPE
+    "MiniCPM3ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                fused_qkv=False, embed_multiplier=12.0, residual_multiplier=0.7, logit_divisor=4.0,
+                                rope_scaling="longrope", rope_original_context=64, rope_factor=1.0,
+                                rope_pair_factors=(1.0, 1.5, 2.0, 3.0)),
 }
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP

@@ -1,5 +1,8 @@
 """DeepSeek-V3 (DeepSeek-V3/R1, Moonlight) and DeepSeek-V2 (DeepSeek-V2-Lite): multi-head latent attention
-with a mixture of experts, as transformers' models/deepseek_v3 and models/deepseek_v2 compute them.
+with a mixture of experts, as transformers' models/deepseek_v3 and models/deepseek_v2 compute them; and GLM-4.7-Flash
+(model_type "glm4_moe_lite"), which transformers' models/glm4_moe_lite builds from DeepseekV3Attention and
+Glm4MoeTopkRouter (DeepSeek-V3's routing): read as DeepSeek-V3 (lite_as_deepseek_v3), written back as DeepSeek-V3.
+minicpm3.py reads MiniCPM3's latent attention with these functions too.
 
 - attention (`self_attn.`): q from `q_a_proj` -> `q_a_layernorm` -> `q_b_proj` (or one `q_proj` where
   q_lora_rank is null), keys and values from `kv_a_proj_with_mqa` (the latent, then one key part of qk_rope_head_dim
@@ -72,8 +75,34 @@ def score_scale(hf: dict) -> float:
     return scale
 
 
+def lite_as_deepseek_v3(hf: dict) -> dict:
+    """A glm4_moe_lite config (GLM-4.7-Flash) as the deepseek_v3 config it computes as: transformers' Glm4MoeLite
+    model is DeepSeek-V3's attention (rope_interleave) with GLM-4-MoE's router, which routes as DeepSeek-V3's does;
+    its dense layers given as mlp_layer_types, its defaults Glm4MoeLiteConfig's. A UserError for what differs."""
+    n = hf["num_hidden_layers"]
+    kinds = list(hf.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1))
+    dense = kinds.count("dense")
+    if len(kinds) != n or kinds != ["dense"] * dense + ["sparse"] * (n - dense):
+        raise UserError(f"mlp_layer_types={kinds}: redline runs dense MLPs on the first layers and experts on all "
+                        f"the others (num_hidden_layers={n})")
+    params = dict(hf.get("rope_parameters") or {})
+    fraction = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    if fraction != 1.0:
+        raise UserError(f"partial_rotary_factor={fraction} on glm4_moe_lite: redline rotates the whole "
+                        f"qk_rope_head_dim of each head")
+    defaults = dict(rms_norm_eps=1e-5, n_shared_experts=1, n_routed_experts=64, routed_scaling_factor=1.8,
+                    num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True, rope_interleave=True,
+                    max_position_embeddings=202752, q_lora_rank=768, moe_intermediate_size=1536, kv_lora_rank=512,
+                    qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)
+    # transformers reads no first_k_dense_replace here: mlp_layer_types alone (by default the first layer dense)
+    return {**defaults, **{k: v for k, v in hf.items() if v is not None or k == "q_lora_rank"},
+            "first_k_dense_replace": dense}
+
+
 def model_config_for(name: str):
     def model_config(hf: dict) -> ModelConfig:
+        if name == "glm4_moe_lite":
+            return model_config_for("deepseek_v3")(lite_as_deepseek_v3(hf))
         check_silu(hf)
         quant = hf.get("quantization_config")
         if quant and (quant.get("quant_method") != "fp8" or list(quant.get("weight_block_size") or []) != [128, 128]
@@ -167,24 +196,25 @@ def _rope_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
 
 
 def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: ModelConfig, name: str):
-    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name`, each with its B
-    rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's rotated rows interleaved
-    again, as to_hf writes them); a UserError for the MLPs' layers, whose adapters PEFT would move onto the experts
-    (its weight conversion for transformers' DeepSeek models, as for Qwen3-Next's)."""
+    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name` (DeepSeek's or
+    MiniCPM3's), each with its B rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's
+    rotated rows interleaved again, as to_hf writes them); a UserError for DeepSeek's MLPs' layers, whose adapters
+    PEFT would move onto the experts (its weight conversion for transformers' DeepSeek models, as for Qwen3-Next's);
+    None for MiniCPM3's dense MLPs (Llama's names)."""
+    arch = _ARCHITECTURES.get(name, "MiniCPM3ForCausalLM")
     if rest.startswith("attn."):
         module = rest[len("attn."):]
         if module not in _ATTN or module.endswith("_norm"):
-            raise UserError(f"the adapter on {layer} has no counterpart in {_ARCHITECTURES[name]}; export "
-                            f"with --merge")
+            raise UserError(f"the adapter on {layer} has no counterpart in {arch}; export with --merge")
         rows = torch.arange(out_features)
         if name == "deepseek_v2" and module in ("q", "q_b"):
             rows = q_rope_rows(rows[:, None], cfg, inverse=False)[:, 0]
         elif name == "deepseek_v2" and module == "kv_a":
             rows = kv_rope_rows(rows, cfg, inverse=False)
         return [(f"{base}self_attn.{_ATTN[module]}", rows)]
-    if rest.startswith("mlp."):
+    if rest.startswith("mlp.") and name != "minicpm3":  # MiniCPM3's dense MLPs: Llama's names (peft_adapter's)
         raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter (or the "
-                        f"router's), which PEFT moves onto {_ARCHITECTURES[name]}'s experts as it loads them; train "
+                        f"router's), which PEFT moves onto {arch}'s experts as it loads them; train "
                         f"with lora.targets attn.* or export with --merge")
     return None
 
@@ -383,3 +413,9 @@ FAMILIES = tuple(
            to_redline=to_redline, to_hf=to_hf_for(n), ignorable=_ignorable, fold=fold_for(n))
     for n, arch in _ARCHITECTURES.items()
 )
+LITE_FAMILY = Family(name="glm4_moe_lite", architecture="Glm4MoeLiteForCausalLM",
+                     model_config=model_config_for("glm4_moe_lite"), hf_config=hf_config_for("deepseek_v3"),
+                     to_redline=to_redline, to_hf=to_hf_for("deepseek_v3"), ignorable=_ignorable,
+                     fold=fold_for("glm4_moe_lite"))
+"""GLM-4.7-Flash: read as the DeepSeek-V3 it computes as (lite_as_deepseek_v3), and written back as DeepSeek-V3 (its
+tensors and config say the same model there; export_family never picks this family)."""

@@ -238,7 +238,7 @@ def _families() -> dict[str, Family]:
                                  gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus
+    from redline.interop import apertus, minicpm3
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY,
@@ -258,7 +258,7 @@ def _families() -> dict[str, Family]:
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
-                                dots1.FAMILY)}
+                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -269,10 +269,6 @@ def family_for(hf_config: dict, source: str) -> Family:
     """The family of a Hugging Face config.json (its model_type)."""
     model_type = hf_config.get("model_type")
     families = _families()
-    if model_type == "glm4_moe_lite":
-        from redline.interop.glm import LITE_REFUSAL
-
-        raise UserError(f"{source}: {LITE_REFUSAL}")
     if model_type not in families:
         arch = ", ".join(hf_config.get("architectures") or []) or "no architectures field"
         raise UserError(f"{source}: model_type {model_type!r} ({arch}) is not supported; redline imports "
@@ -361,6 +357,10 @@ def export_family(cfg: ModelConfig) -> Family:
     if llama4.wants_llama4(cfg):
         llama4.check_exportable(cfg)
         return families["llama4_text"]
+    from redline.interop import minicpm3
+
+    if minicpm3.wants_minicpm3(cfg):  # latent attention with µP scalars or LongRoPE: MiniCPM3's alone
+        return families["minicpm3"]
     if cfg.kv_lora_rank:  # latent attention: DeepSeek's alone (V3 with sigmoid scores or dense, V2 with softmax)
         from redline.interop import deepseek
 

@@ -23,7 +23,7 @@ config gives none, as transformers' configs default it; redline's rope_dims). Wh
   moe_shared_gate=false). The first layers' dense MLPs are intermediate_size wide (moe_dense_hidden). Its multi-token
   prediction layers (model.layers.N for N >= num_hidden_layers, num_nextn_predict_layers of them) are for
   speculative decoding and training: read as unused, as transformers ignores them too.
-GLM-4.7-Flash (model_type "glm4_moe_lite") has DeepSeek's multi-head latent attention and is refused by name.
+GLM-4.7-Flash (model_type "glm4_moe_lite") has DeepSeek's multi-head latent attention: deepseek.py reads it.
 """
 
 from __future__ import annotations
@@ -123,11 +123,6 @@ def glm4_moe_model_config(hf: dict) -> ModelConfig:
         moe_scale=float(hf.get("routed_scaling_factor", 1.0)), moe_groups=int(hf.get("n_group") or 1),
         moe_topk_groups=int(hf.get("topk_group") or 1), moe_shared_hidden=width * shared, moe_shared_gate=False,
         moe_dense_layers=dense, moe_dense_hidden=int(hf.get("intermediate_size", 10944)) if dense else None)
-
-
-LITE_REFUSAL = ("model_type 'glm4_moe_lite' (GLM-4.7-Flash) has DeepSeek's multi-head latent attention (kv_lora_rank, "
-                "q_lora_rank), which redline's GLM import does not read")
-"""family_for's one-line refusal of GLM-4-MoE-Lite, by name (its attention is none that redline's GLM import reads)."""
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ starcoder2.py, nanochat.py, bloom.py, falcon.py, mpt.py, lfm2.py, qwen3_5.py, gr
 gemma4.py: Llama's attention and MLP names, each block's ple_gate and ple_proj as per_layer_input_gate and
 per_layer_projection, the model's ple_proj as model.per_layer_model_projection; deepseek.py: the latent
 attention's q_a_proj, q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, DeepSeek-V2's rotated rows (B's
-rows) interleaved again, no MLP adapter (PEFT moves them onto the experts); falcon_h1.py: its Mamba-2
+rows) interleaved again, no MLP adapter (PEFT moves them onto the experts); minicpm3.py: that latent attention
+beside Llama's MLP names; falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
 down_proj, an E layer's shared_experts.up_proj and down_proj, never its router; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
@@ -236,7 +237,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
-    if family.name in ("deepseek_v3", "deepseek_v2"):  # deepseek.py's latent attention; its MLPs refused
+    if family.name in ("deepseek_v3", "deepseek_v2", "minicpm3"):  # deepseek.py's latent attention
         from redline.interop.deepseek import adapter_parts
 
         parts = adapter_parts(layer, rest, base, out_features, cfg, family.name)
