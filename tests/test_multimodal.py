@@ -1,9 +1,9 @@
-"""The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration and
-Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower, saved by transformers with their processor
-files beside them; import -> the multimodal model's logits on text and its greedy tokens through redline's engine,
-in both save layouts (language_model.model., which transformers 5.24's save_pretrained writes for Gemma 3 and
-Mistral 3 as their Hub folders have it, and model.language_model., Qwen3-VL's); export -> the text-only family, loaded with no missing or unexpected keys; the
-refusals."""
+"""The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration,
+Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower, saved by
+transformers with their processor files beside them; import -> the multimodal model's logits on text and its greedy
+tokens through redline's engine, in both save layouts (language_model.model., which transformers 5.24's
+save_pretrained writes for Gemma 3 and Mistral 3 as their Hub folders have it, and model.language_model., Qwen3-VL's);
+export -> the text-only family, loaded with no missing or unexpected keys; the head's tying; the refusals."""
 
 from __future__ import annotations
 
@@ -44,15 +44,27 @@ def _gemma3_config(**text):
 
 def _mistral3_config(**text):
     """Mistral Small 3.1's layout: a mistral text model (untied head, a window shorter than the test sequences)
-    beside a Pixtral tower."""
+    beside a Pixtral tower; `text` overrides text_config's fields (None: left out)."""
     return transformers.Mistral3Config(
-        text_config=dict(model_type="mistral", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         sliding_window=5, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
-                         **text),
+        text_config={k: v for k, v in {**dict(model_type="mistral", vocab_size=VOCAB, hidden_size=64,
+                                                 intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, head_dim=16, sliding_window=5,
+                                                 max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0),
+                                          **text}.items() if v is not None},
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            head_dim=16, image_size=28, patch_size=14),
         image_token_index=VOCAB - 1, tie_word_embeddings=False)
+
+
+def _ministral3_config():
+    """Ministral 3's layout: Mistral3ForConditionalGeneration around a ministral3 text model (YaRN with Llama 4's
+    query scale past the original context of 32), as tests/interop_models.py's ministral3: read, as a ministral3
+    folder is, up to that context, where it is Mistral's model."""
+    return _mistral3_config(model_type="ministral3", rope_theta=None,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                             "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                             "llama_4_scaling_beta": 0.1})
 
 
 def _qwen3_vl_config(**text):
@@ -72,6 +84,7 @@ def _qwen3_vl_config(**text):
 
 CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
+         "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
          "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM")}
 
 
@@ -125,7 +138,7 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
                            capsys)
     assert code == 0, err
     left_out = [line for line in err.splitlines() if "vision tower" in line]
-    assert len(left_out) == 1 and f"multimodal {kind} folder" in left_out[0], err
+    assert len(left_out) == 1 and f"multimodal {hf.config.model_type} folder" in left_out[0], err
     model, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
     assert tokenizer.chat_template == PROCESSOR_TEMPLATE
     tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))  # no image tokens
@@ -147,8 +160,8 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
 
 def test_head_tying_follows_transformers(tmp_path, capsys):
     """The multimodal config's tie_word_embeddings decides (text_config's only where it says none); a head the
-    folder stores apart from the embedding under a tying config (Mistral Small 3.1's config.json names no tying,
-    true by default) is read untied, as transformers reads it."""
+    folder stores apart from the embedding under a tying config (a config.json that names no tying, true by
+    default) is read untied, as transformers reads it."""
     from redline.interop.multimodal import families, text_config
 
     assert text_config({"text_config": {"tie_word_embeddings": False}, "tie_word_embeddings": True})[

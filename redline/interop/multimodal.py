@@ -22,7 +22,7 @@ MistralForCausalLM / Qwen3ForCausalLM.
 Whether the head is tied is the multimodal config's own tie_word_embeddings (true by default for Gemma 3 and Mistral
 3, false for Qwen3-VL), which transformers 5 reads rather than text_config's; text_config's where only it says.
 transformers leaves a stored head that differs from the embedding untied whatever the config says, and so does redline
-(Family.settle): Mistral Small 3.1's config.json names no tying, true by default, beside its own head.
+(Family.settle): a config.json that names no tying (true by default) beside a head of its own reads untied.
 """
 
 from __future__ import annotations
