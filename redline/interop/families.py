@@ -28,7 +28,8 @@ EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
 MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP); multimodal.py the text
-model of Gemma 3's and Mistral 3's multimodal folders (read as gemma3_text and mistral / ministral3).
+model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
+qwen3).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -398,7 +399,7 @@ def export_family(cfg: ModelConfig) -> Family:
         gemma4.check_exportable(cfg)
         return families["gemma4_text"]
     if cfg.mlp == "xielu":  # the xIELU MLP: Apertus's alone
-        from redline.interop import apertus, multimodal
+        from redline.interop import apertus
 
         apertus.check_exportable(cfg)
         return families["apertus"]

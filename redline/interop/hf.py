@@ -180,8 +180,8 @@ def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[
     check_state(state, cfg, src.where)
     if "vision_config" in hf_config:  # a multimodal folder: what was left out, said once
         skipped = len(src.names - src.used)
-        print(f"{src.where}: a multimodal {family.name} folder; its text model is read, its vision tower and "
-              f"projector ({skipped} tensors) left out", file=sys.stderr)
+        print(f"{src.where}: a multimodal {family.name} folder; its text model is read, the {skipped} tensors "
+              f"outside it (vision tower, projector) left out", file=sys.stderr)
     return cfg, state
 
 

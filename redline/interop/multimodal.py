@@ -35,8 +35,9 @@ from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
-_TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's save_pretrained
-                  ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))  # earlier saves
+_TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
+                  # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them
+                  ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
            "model.visual.", "visual.")  # Gemma 3's and Mistral 3's; Qwen3-VL's tower and mergers
 
@@ -53,7 +54,8 @@ def text_config(hf: dict, tie_default: bool = True) -> dict:
 
 def text_view(src: TensorSource) -> TensorSource:
     """src with the text model's tensors read under the text-only names (model.*, lm_head.weight); the rest (vision
-    tower, projector) keep their names and are left unread."""
+    tower, projector) keep their names and are left unread. Qwen3.5's, Gemma 4's and Llama 4's multimodal folders
+    are read through it too."""
     names = {}
     for n in src.names:
         for theirs, ours in _TEXT_PREFIXES:
