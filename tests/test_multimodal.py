@@ -232,3 +232,25 @@ def test_hub_shaped_configs():
     cfg = family_for(qwen, "qwen3-vl-2b").model_config(qwen)
     assert (cfg.qk_norm, cfg.rope_theta, cfg.rope_scaling, cfg.tie_embeddings, cfg.head_dim) == (
         True, 5_000_000.0, "none", True, 128)
+
+
+@pytest.mark.parametrize("kind, sparse", [
+    # Gemma 3 4B's text_config as its Hub folder gives it: no vocab_size, norm eps or context
+    ("gemma3", {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34, "head_dim": 256,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "query_pre_attn_scalar": 256,
+                "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}),
+    ("gemma3", {"hidden_size": 64, "num_hidden_layers": 2}),  # the window, heads and vocabulary by default
+    ("mistral3", {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("mistral3", {"model_type": "mistral", "sliding_window": None, "vocab_size": 131072}),
+    ("qwen3_vl", {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
+])
+def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
+    """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):
+    the model redline reads is the one of the config transformers fills in."""
+    from redline.interop.families import family_for
+
+    config_class = getattr(transformers, CASES[kind][1].replace("ForConditionalGeneration", "Config"))
+    given = {"model_type": kind, "text_config": sparse, "vision_config": {}}
+    filled = config_class.from_dict(given).to_dict()
+    family = family_for(given, "folder")
+    assert family.model_config(given) == family.model_config(filled)

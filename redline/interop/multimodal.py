@@ -42,12 +42,30 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.visual.", "visual.")  # Gemma 3's and Mistral 3's; Qwen3-VL's tower and mergers
 
 
+# The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
+# text_config leaves them out (save_pretrained writes a nested config's fields that differ from them; Gemma 3's Hub
+# folders give no vocab_size, for one): Gemma3TextConfig's, MistralConfig's, Qwen3VLTextConfig's
+_TEXT_DEFAULTS = {
+    "gemma3_text": dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131_072,
+                        rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096),
+    "mistral": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131_072, rms_norm_eps=1e-6,
+                    sliding_window=4096),
+    "qwen3_vl_text": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=32, head_dim=128,
+                          max_position_embeddings=128_000, rms_norm_eps=1e-6, rope_theta=500_000.0),
+}
+
+
 def text_config(hf: dict, tie_default: bool = True) -> dict:
-    """The text model's config: text_config with the head's tying (the multimodal config's, else text_config's,
-    else tie_default), or hf itself where it nests none."""
+    """The text model's config: text_config, its class's defaults where it leaves a field out (_TEXT_DEFAULTS), with
+    the head's tying (the multimodal config's, else text_config's, else tie_default); or hf itself where it nests
+    none."""
     if "text_config" not in hf:
         return hf
-    text = dict(hf["text_config"])
+    given = hf["text_config"]
+    text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
     text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", tie_default)))
     return text
 
@@ -93,6 +111,8 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
                       f"text_config.model_type={kind!r}: redline reads a {name} folder's text model as "
                       f"{' or '.join(sorted(text_families))}")])
         check(hf)
+        if "text_config" in hf:  # its class's defaults by the model_type it names or implies
+            hf = {**hf, "text_config": {"model_type": kind, **hf["text_config"]}}
         return text_families[kind].model_config(text_config(hf, tie_default))
 
     def settle(hf: dict, src: TensorSource) -> dict:
