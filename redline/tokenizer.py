@@ -44,6 +44,8 @@ META_FILE = "redline_tokenizer.json"
 HF_FILE = "tokenizer.json"
 HF_CONFIG_FILE = "tokenizer_config.json"  # special tokens, add_bos_token, chat_template (transformers' layout)
 HF_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.50 saves the chat template instead
+# a multimodal folder's processor template ({"chat_template": ...}), read where the tokenizer's files give none
+HF_PROCESSOR_TEMPLATE_FILE = "chat_template.json"
 HF_SPECIALS_FILE = "special_tokens_map.json"  # older transformers' special tokens, read over tokenizer_config's
 # the keys of tokenizer_config.json redline reads and writes back
 _HF_CONFIG_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token", "add_eos_token",
@@ -431,7 +433,7 @@ def _clean_hf_config(config: dict) -> dict:
 def read_hf_tokenizer_config(folder: Path) -> dict:
     """tokenizer_config.json of a tokenizer folder, with special_tokens_map.json's tokens over its own (older
     uploads name BOS and EOS there alone; transformers lets that file win) and chat_template.jinja's template where
-    there is one."""
+    there is one, else a multimodal processor's chat_template.json's where the tokenizer's files give none."""
     config: dict = {}
     if (folder / HF_CONFIG_FILE).is_file():
         config = _json_object(folder / HF_CONFIG_FILE, "download or save the tokenizer again")
@@ -440,6 +442,9 @@ def read_hf_tokenizer_config(folder: Path) -> dict:
         config.update({k: v for k, v in specials.items() if k.endswith("_token") and v is not None})
     if (folder / HF_TEMPLATE_FILE).is_file():
         config["chat_template"] = (folder / HF_TEMPLATE_FILE).read_text(encoding="utf-8")
+    elif not config.get("chat_template") and (folder / HF_PROCESSOR_TEMPLATE_FILE).is_file():
+        template = _json_object(folder / HF_PROCESSOR_TEMPLATE_FILE, "download or save the processor again")
+        config["chat_template"] = template.get("chat_template")
     return _clean_hf_config(config)
 
 

@@ -644,18 +644,19 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
                          "deepseek_v3, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, "
-                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3_text, gemma4, gemma4_text, glm, glm4, "
-                         "glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, gpt_neo, "
+                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3, gemma3_text, gemma4, gemma4_text, "
+                         "glm, glm4, glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
-                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mistral3, mixtral, mpt, nanochat, "
+                         "nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
+                         "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

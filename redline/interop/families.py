@@ -27,7 +27,9 @@ attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
-MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP).
+MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP); multimodal.py the text
+model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
+qwen3).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -92,6 +94,9 @@ class Family:
     fold: Callable[[dict, ModelConfig, dict], dict] | None = None
     """(HF config, ModelConfig, redline's state dict) -> the state dict with the config's multipliers that are linear
     maps of weights folded into them (Falcon-H1's µP multipliers), after to_redline; None: none to fold."""
+    settle: Callable[[dict, TensorSource], dict] | None = None
+    """(HF config, source) -> the config as the weights settle it, before model_config (a multimodal folder's head,
+    which transformers leaves untied where it is stored apart from the embedding: multimodal.py); None: as given."""
 
 
 def interleave_rope_rows(w: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
@@ -238,7 +243,7 @@ def _families() -> dict[str, Family]:
                                  gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus, minicpm3
+    from redline.interop import apertus, minicpm3, multimodal
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY,
@@ -258,7 +263,7 @@ def _families() -> dict[str, Family]:
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
-                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY)}
+                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}
 
 
 def supported_names() -> list[str]:

@@ -34,11 +34,11 @@ import torch
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import NORM_NAMES
+from redline.interop.multimodal import text_view
 from redline.model import ModelConfig
 
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
 _FULL, _SLIDING = "full_attention", "sliding_attention"
-_PREFIX = "model.language_model."  # Gemma4ForConditionalGeneration's text model
 _TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 
 
@@ -248,15 +248,8 @@ _EXPERTS = {"moe.fc": "experts.gate_up_proj", "moe.proj": "experts.down_proj",
             "moe_out_norm.weight": "post_feedforward_layernorm_2.weight"}
 
 
-def _text_view(src: TensorSource) -> TensorSource:
-    """src with Gemma4ForConditionalGeneration's model.language_model. read as model. (its towers left unread)."""
-    names = {n.replace(_PREFIX, "model.", 1): n for n in src.names}
-    return TensorSource(names, lambda name: src.take(names[name]), src.where)
-
-
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    if any(n.startswith(_PREFIX) for n in src.names):
-        src = _text_view(src)
+    src = text_view(src)  # Gemma4ForConditionalGeneration's model.language_model. read as model.
     out = {"norm_f.weight": src.take("model.norm.weight"),
            "wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg), **take_head(src, cfg)}
     if cfg.per_layer_embd:

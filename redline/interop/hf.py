@@ -153,6 +153,8 @@ def _open_weights(folder: Path) -> tuple[TensorSource, torch.dtype | None]:
 
 def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[ModelConfig, dict]:
     """(ModelConfig, redline state dict) from a HF config and HF-named tensors; every tensor used or named."""
+    if family.settle is not None:
+        hf_config = family.settle(hf_config, src)
     try:
         cfg = family.model_config(hf_config)
         cfg.validate()
@@ -176,6 +178,10 @@ def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[
                         f"place in a {family.name} model as its config describes it (an option redline does not "
                         f"support, or a config that does not match the weights)")
     check_state(state, cfg, src.where)
+    if "vision_config" in hf_config:  # a multimodal folder: what was left out, said once
+        skipped = len(src.names - src.used)
+        print(f"{src.where}: a multimodal {family.name} folder; its text model is read, the {skipped} tensors "
+              f"outside it (vision tower, projector) left out", file=sys.stderr)
     return cfg, state
 
 

@@ -33,6 +33,7 @@ from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, interleave_rope_rows, pad_rows, raise_first
 from redline.interop.families import take_head
 from redline.interop.llama import _rope, check_silu, rope_scaling, shape_fields
+from redline.interop.multimodal import text_view
 from redline.model import ModelConfig
 
 
@@ -118,13 +119,6 @@ def _permute_qk(qkv: torch.Tensor, cfg: ModelConfig, inverse: bool) -> torch.Ten
                       v])
 
 
-def _text_view(src: TensorSource) -> TensorSource:
-    """src with Llama4ForConditionalGeneration's language_model.model. / language_model.lm_head read as model. /
-    lm_head (its vision model and projector are left unread: ignorable)."""
-    names = {n.replace("language_model.", "", 1) if n.startswith("language_model.") else n: n for n in src.names}
-    return TensorSource(names, lambda name: src.take(names[name]), src.where)
-
-
 def _mlp_names(cfg: ModelConfig, i: int) -> dict[str, str]:
     """redline's names of layer i's feed-forward weights -> Llama 4's after model.layers.i.feed_forward."""
     if cfg.layer_has_experts(i):
@@ -135,7 +129,7 @@ def _mlp_names(cfg: ModelConfig, i: int) -> dict[str, str]:
 
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    src = _text_view(src)
+    src = text_view(src)  # Llama4ForConditionalGeneration's language_model.model. / .lm_head read as model. / lm_head
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
            "norm_f.weight": src.take("model.norm.weight")}
     out.update(take_head(src, cfg))

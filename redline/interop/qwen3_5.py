@@ -31,6 +31,7 @@ import torch
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import check_silu, shape_fields
+from redline.interop.multimodal import text_view
 from redline.model import ModelConfig
 
 _DELTA = {"attn.in_proj": "in_proj_qkv", "attn.z": "in_proj_z", "attn.b": "in_proj_b", "attn.a": "in_proj_a"}
@@ -183,13 +184,6 @@ def moe_hf_config(cfg: ModelConfig) -> dict:
     return {**out, **expert_config(cfg), "model_type": "qwen3_5_moe_text"}
 
 
-def _text_view(src: TensorSource) -> TensorSource:
-    """src with Qwen3_5ForConditionalGeneration's model.language_model. read as model. (its vision tower and
-    multi-token-prediction head are left unread: ignorable)."""
-    names = {n.replace("model.language_model.", "model.", 1): n for n in src.names}
-    return TensorSource(names, lambda name: src.take(names[name]), src.where)
-
-
 def take_delta_projections(src: TensorSource, d: str, cfg: ModelConfig) -> dict:
     """Qwen3.5's delta-net input projections under prefix d (…linear_attn.) -> {redline's layer (attn.in_proj, attn.z,
     attn.b, attn.a): weight}."""
@@ -226,7 +220,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig,
                take_projections: Callable[[TensorSource, str, ModelConfig], dict] = take_delta_projections) -> dict:
     """HF-named tensors -> redline's; take_projections reads a delta net's input projections (Qwen3-Next's are laid
     out otherwise)."""
-    src = _text_view(src)
+    src = text_view(src)  # Qwen3_5ForConditionalGeneration's model.language_model. read as model.
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
            "norm_f.weight": src.take("model.norm.weight")}
     out.update(take_head(src, cfg))

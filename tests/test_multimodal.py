@@ -1,0 +1,256 @@
+"""The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration,
+Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower, saved by
+transformers with their processor files beside them; import -> the multimodal model's logits on text and its greedy
+tokens through redline's engine, in both save layouts (language_model.model., which transformers 5.24's
+save_pretrained writes for Gemma 3 and Mistral 3 as their Hub folders have it, and model.language_model., Qwen3-VL's);
+export -> the text-only family, loaded with no missing or unexpected keys; the head's tying; the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from redline.errors import UserError
+from redline.inference import InferenceEngine, SamplingParams
+from redline.training.checkpoint import load_for_inference
+from tests.interop_models import VOCAB, byte_level_tokenizer
+from tests.test_interop import run_cli
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+PROCESSOR_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+
+
+def _gemma3_config(**text):
+    """Gemma 3's text model as tests/interop_models.py's gemma3 (windowed - full - windowed, the full layer's linear
+    RoPE scaling, head_dim 24, query_pre_attn_scalar 20), the image tokens the vocabulary's last three."""
+    return transformers.Gemma3Config(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=24, query_pre_attn_scalar=20,
+                         sliding_window=5, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                             "rope_theta": 5000.0},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}},
+                         **text),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3)
+
+
+def _mistral3_config(**text):
+    """Mistral Small 3.1's layout: a mistral text model (untied head, a window shorter than the test sequences)
+    beside a Pixtral tower; `text` overrides text_config's fields (None: left out)."""
+    return transformers.Mistral3Config(
+        text_config={k: v for k, v in {**dict(model_type="mistral", vocab_size=VOCAB, hidden_size=64,
+                                                 intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, head_dim=16, sliding_window=5,
+                                                 max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0),
+                                          **text}.items() if v is not None},
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           head_dim=16, image_size=28, patch_size=14),
+        image_token_index=VOCAB - 1, tie_word_embeddings=False)
+
+
+def _ministral3_config():
+    """Ministral 3's layout: Mistral3ForConditionalGeneration around a ministral3 text model (YaRN with Llama 4's
+    query scale past the original context of 32), as tests/interop_models.py's ministral3: read, as a ministral3
+    folder is, up to that context, where it is Mistral's model."""
+    return _mistral3_config(model_type="ministral3", rope_theta=None,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                             "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                             "llama_4_scaling_beta": 0.1})
+
+
+def _qwen3_vl_config(**text):
+    """Qwen3-VL's layout: a Qwen3 text model (QK-norm, untied head) whose RoPE takes interleaved sections of three
+    positions (mrope_section 2 + 2 + 4 = head_dim / 2), beside a one-block vision tower with one deepstack merger."""
+    return transformers.Qwen3VLConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                         rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                             "mrope_section": [2, 2, 4], "mrope_interleaved": True},
+                         **text),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                           patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 4, tie_word_embeddings=False)
+
+
+CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
+         "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
+         "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
+         "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM")}
+
+
+def _other_layout(name: str) -> str:
+    """A tensor's name in the other save layout: language_model.model.* / language_model.lm_head.weight / vision_tower.*
+    (the Hub's Gemma 3 and Mistral 3 folders) <-> model.language_model.* / lm_head.weight / model.vision_tower.*
+    (transformers 5's module names; the Hub's Qwen3-VL folders)."""
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name[len("language_model.model."):]
+    if name.startswith("model.language_model."):
+        return "language_model.model." + name[len("model.language_model."):]
+    if name == "language_model.lm_head.weight":
+        return "lm_head.weight"
+    if name == "lm_head.weight":
+        return "language_model.lm_head.weight"
+    return name[len("model."):] if name.startswith("model.") else "model." + name
+
+
+def _folder(kind, path, layout="saved"):
+    """save_pretrained of a tiny multimodal model of `kind` (every parameter perturbed), a tokenizer without a
+    chat template and the processor's files (its chat_template.json among them); layout "renamed": the tensors
+    under the other save layout's names."""
+    make_config, architecture, _ = CASES[kind]
+    torch.manual_seed(0)
+    hf = getattr(transformers, architecture)(make_config()).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.save_pretrained(path)
+    byte_level_tokenizer(path, template=None)
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": PROCESSOR_TEMPLATE}))
+    (path / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "SiglipImageProcessor",
+                                                               "size": {"height": 28, "width": 28}}))
+    (path / "processor_config.json").write_text(json.dumps({"processor_class": "Gemma3Processor"}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2], "bos_token_id": 0}))
+    if layout == "renamed":
+        weights = load_file(str(path / "model.safetensors"))
+        save_file({_other_layout(k): v for k, v in weights.items()}, str(path / "model.safetensors"),
+                  metadata={"format": "pt"})
+    return hf
+
+
+@pytest.mark.parametrize("kind", CASES)
+@pytest.mark.parametrize("layout", ["saved", "renamed"])
+def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, tmp_path, capsys):
+    """The imported model's logits are the multimodal model's on text, its greedy tokens through the engine
+    transformers' generate's; one stderr line says the vision tower was left out; the processor's chat template
+    travels; the export loads as the text-only model with the same logits."""
+    hf = _folder(kind, tmp_path / "hf", layout)
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", "fp32"],
+                           capsys)
+    assert code == 0, err
+    left_out = [line for line in err.splitlines() if "vision tower" in line]
+    assert len(left_out) == 1 and f"multimodal {hf.config.model_type} folder" in left_out[0], err
+    model, tokenizer, _ = load_for_inference(tmp_path / "ckpt")
+    assert tokenizer.chat_template == PROCESSOR_TEMPLATE
+    tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))  # no image tokens
+    with torch.no_grad():
+        expected = hf(input_ids=tokens).logits
+        torch.testing.assert_close(model(tokens), expected, rtol=1e-5, atol=1e-5)
+    prompt = tokens[0, :9].tolist()
+    result = InferenceEngine(model, compile=False).generate([prompt], 10, SamplingParams(temperature=0))[0]
+    hf.generation_config.eos_token_id = None
+    reference = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert result.tokens == reference[0, len(prompt):].tolist()
+    code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert type(back).__name__ == CASES[kind][2] and not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_head_tying_follows_transformers(tmp_path, capsys):
+    """The multimodal config's tie_word_embeddings decides (text_config's only where it says none); a head the
+    folder stores apart from the embedding under a tying config (a config.json that names no tying, true by
+    default) is read untied, as transformers reads it."""
+    from redline.interop.multimodal import families, text_config
+
+    assert text_config({"text_config": {"tie_word_embeddings": False}, "tie_word_embeddings": True})[
+        "tie_word_embeddings"] is True
+    assert text_config({"text_config": {"tie_word_embeddings": False}})["tie_word_embeddings"] is False
+    assert text_config({"text_config": {}}, tie_default=True)["tie_word_embeddings"] is True
+    assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl"}
+    hf = _folder("mistral3", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    config["text_config"].pop("tie_word_embeddings", None)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    loaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "hf").eval()
+    assert loaded.config.tie_word_embeddings
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", "fp32"],
+                           capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert not model.cfg.tie_embeddings
+    tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(input_ids=tokens).logits
+        torch.testing.assert_close(loaded(input_ids=tokens).logits, expected)
+        torch.testing.assert_close(model(tokens), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind, hf, fragment", [
+    ("gemma3", {"text_config": {"final_logit_softcapping": 30.0}}, "text_config.final_logit_softcapping=30.0"),
+    ("gemma3", {"text_config": {"model_type": "gemma2"}}, "text_config.model_type='gemma2'.*gemma3_text"),
+    ("mistral3", {"text_config": {"model_type": "llama"}}, "text_config.model_type='llama'.*ministral3 or mistral"),
+    ("gemma3", {"text_config": {"attn_logit_softcapping": 50.0}}, "attn_logit_softcapping=50.0"),
+])
+def test_refusals_name_the_option(kind, hf, fragment):
+    from redline.interop.families import family_for
+
+    config = CASES[kind][0]().to_dict()
+    config["text_config"].update(hf["text_config"])
+    with pytest.raises(UserError, match=fragment):
+        family_for(config, "folder").model_config(config)
+
+
+def test_hub_shaped_configs():
+    """The text_config fields of Gemma 3 4B's folder as the Hub holds it (sliding_window_pattern 6 without
+    layer_types, linear RoPE scaling 8 on the full layers, rope_local_base_freq 10000, a tied head) and of Qwen3-VL's
+    (interleaved MRoPE sections on default RoPE): the fields redline derives."""
+    from redline.interop.families import family_for
+
+    gemma = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256,
+             "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+             "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                             "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+                             "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 1024,
+                             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "vocab_size": 262208,
+                             "final_logit_softcapping": None, "attn_logit_softcapping": None},
+             "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}
+    cfg = family_for(gemma, "gemma-3-4b").model_config(gemma)
+    cfg.validate()
+    assert (cfg.n_layer, cfg.sliding_window, cfg.sliding_window_pattern, cfg.rope_scaling, cfg.rope_factor,
+            cfg.rope_theta, cfg.rope_local_theta, cfg.tie_embeddings, cfg.logit_softcap, cfg.vocab_size) == (
+        34, 1024, 6, "linear", 8.0, 1_000_000.0, 10_000.0, True, 0.0, 262208)
+    qwen = {"model_type": "qwen3_vl", "tie_word_embeddings": True,
+            "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 2048, "intermediate_size": 6144,
+                            "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                            "head_dim": 128, "vocab_size": 151936, "rope_theta": 5_000_000,
+                            "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20],
+                                             "rope_type": "default"}},
+            "vision_config": {"model_type": "qwen3_vl", "depth": 24}}
+    cfg = family_for(qwen, "qwen3-vl-2b").model_config(qwen)
+    assert (cfg.qk_norm, cfg.rope_theta, cfg.rope_scaling, cfg.tie_embeddings, cfg.head_dim) == (
+        True, 5_000_000.0, "none", True, 128)
+
+
+@pytest.mark.parametrize("kind, sparse", [
+    # Gemma 3 4B's text_config as its Hub folder gives it: no vocab_size, norm eps or context
+    ("gemma3", {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34, "head_dim": 256,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "query_pre_attn_scalar": 256,
+                "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}),
+    ("gemma3", {"hidden_size": 64, "num_hidden_layers": 2}),  # the window, heads and vocabulary by default
+    ("mistral3", {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("mistral3", {"model_type": "mistral", "sliding_window": None, "vocab_size": 131072}),
+    ("qwen3_vl", {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
+])
+def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
+    """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):
+    the model redline reads is the one of the config transformers fills in."""
+    from redline.interop.families import family_for
+
+    config_class = getattr(transformers, CASES[kind][1].replace("ForConditionalGeneration", "Config"))
+    given = {"model_type": kind, "text_config": sparse, "vision_config": {}}
+    filled = config_class.from_dict(given).to_dict()
+    family = family_for(given, "folder")
+    assert family.model_config(given) == family.model_config(filled)
