@@ -198,6 +198,7 @@ def test_import_refusals_name_the_option(name, hf, fragment):
     (dict(moe_experts=6, moe_groups=2), "model.moe_groups=2: of the architectures redline exports to, only "
                                         "DeepSeek-V3"),
     (dict(mlp="relu2"), "the mixtures redline exports to have gated experts"),
+    (dict(moe_norm_min=0.5), "only ERNIE 4.5 MoE floors the sum"),
 ])
 def test_export_refusals_name_the_option(extra, fragment):
     from redline.interop.families import export_family

@@ -388,6 +388,10 @@ def export_family(cfg: ModelConfig) -> Family:
                         f"rope_dims), dots.llm1 (whole heads, per-head QK-norm) and Nemotron-H (blocks of one "
                         f"sublayer: model.mixer_free_layers) choose experts within groups, all by sigmoid scores "
                         f"(model.moe_gating=sigmoid); set model.moe_groups=1")
+    if cfg.moe_norm_min and not ernie.wants_ernie_moe(cfg):
+        raise UserError(f"model.moe_norm_min={cfg.moe_norm_min}: of the architectures redline exports to, only ERNIE 4.5 "
+                        f"MoE floors the sum of the chosen softmax scores, and it chooses with an expert bias "
+                        f"(model.moe_expert_bias); set model.moe_norm_min=0")
     if cfg.moe_experts and not cfg.gated_mlp and not one_sublayer:
         raise UserError(f"model.mlp={cfg.mlp} with model.moe_experts: the mixtures redline exports to have gated "
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu), but for Nemotron-H's ReLU² experts on "
