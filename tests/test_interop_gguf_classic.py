@@ -38,28 +38,35 @@ def _names_in_gguf_package(reader, arch: str) -> None:
         assert (stem if parts[0] != "blk" else f"blk.{{bid}}.{'.'.join(parts[2:])}") in allowed, t.name
 
 
-@pytest.mark.parametrize("kind, arch", [("gpt_bigcode", "starcoder"), ("mpt-gguf", "mpt"),
-                                        ("mpt-gguf-untied", "mpt")])
-def test_classic_gguf_round_trip(kind, arch, tmp_path, capsys):
-    """export -> import: logits equal to transformers' in fp32, greedy tokens equal through redline's engine."""
+def assert_reads_back_as(hf, path, tmp_path, capsys, new: int = 8):
+    """The GGUF file at path, imported by redline: fp32 logits equal to transformers' model hf, the chat template and
+    stop ids kept, and greedy tokens through redline's engine equal to hf.generate's; returns the import's config."""
     from redline.inference import InferenceEngine, SamplingParams
 
-    hf, path = export_gguf(kind, tmp_path, capsys)
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == arch
-    _names_in_gguf_package(reader, arch)
     with torch.no_grad():
         expected = hf(TOKENS).logits
-    model, tokenizer, _ = import_gguf(path, tmp_path / "back", capsys)
+    model, tokenizer, cfg = import_gguf(path, tmp_path / "back", capsys)
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
     assert tokenizer.chat_template and tokenizer.stop_ids == [1, 2]
     prompts = [TOKENS[0, :9].tolist(), TOKENS[1, :4].tolist()]
-    results = InferenceEngine(model, compile=False).generate(prompts, 8, SamplingParams(temperature=0))
+    results = InferenceEngine(model, compile=False).generate(prompts, new, SamplingParams(temperature=0))
     hf.generation_config.eos_token_id = None
     for prompt, result in zip(prompts, results):
-        reference = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+        reference = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0)
         assert result.tokens == reference[0, len(prompt):].tolist()
+    return cfg
+
+
+@pytest.mark.parametrize("kind, arch", [("gpt_bigcode", "starcoder"), ("mpt-gguf", "mpt"),
+                                        ("mpt-gguf-untied", "mpt")])
+def test_classic_gguf_round_trip(kind, arch, tmp_path, capsys):
+    """export -> import: logits equal to transformers' in fp32, greedy tokens equal through redline's engine."""
+    hf, path = export_gguf(kind, tmp_path, capsys)
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == arch
+    _names_in_gguf_package(reader, arch)
+    assert_reads_back_as(hf, path, tmp_path, capsys)
 
 
 def test_starcoder_keys_and_tensors_follow_llama_cpp(tmp_path, capsys):

@@ -13,7 +13,7 @@ import torch
 
 from tests.test_interop import TOKENS, run_cli
 from tests.test_interop_gguf import export_gguf, import_gguf
-from tests.test_interop_gguf_classic import _fields, _names_in_gguf_package, _shapes
+from tests.test_interop_gguf_classic import _fields, _names_in_gguf_package, _shapes, assert_reads_back_as
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 gguf = pytest.importorskip("gguf")
@@ -23,28 +23,15 @@ transformers = pytest.importorskip("transformers")
 def test_mamba2_gguf_round_trip(tmp_path, capsys):
     """export -> import: logits equal to transformers' in fp32, greedy tokens equal through redline's engine, the
     time-step floor back from redline's key (and the export saying llama.cpp has none)."""
-    from redline.inference import InferenceEngine, SamplingParams
     from redline.training.checkpoint import load_for_inference
 
     hf, path = export_gguf("mamba2", tmp_path, capsys)
-    reader = gguf.GGUFReader(str(path))
-    _names_in_gguf_package(reader, "mamba2")
-    with torch.no_grad():
-        expected = hf(TOKENS).logits
-    model, tokenizer, back_cfg = import_gguf(path, tmp_path / "back", capsys)
+    _names_in_gguf_package(gguf.GGUFReader(str(path)), "mamba2")
+    back_cfg = assert_reads_back_as(hf, path, tmp_path, capsys)
     _, _, cfg = load_for_inference(tmp_path / "ckpt")
     back, ours = (vars(c.model) for c in (back_cfg, cfg))  # GGUF keeps float keys as float32
     assert back == {k: pytest.approx(v, rel=1e-6) if isinstance(v, float) else v for k, v in ours.items()}
     assert ours["delta_dt_min"] == pytest.approx(0.01)
-    with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
-    assert tokenizer.chat_template and tokenizer.stop_ids == [1, 2]
-    prompts = [TOKENS[0, :9].tolist(), TOKENS[1, :4].tolist()]
-    results = InferenceEngine(model, compile=False).generate(prompts, 8, SamplingParams(temperature=0))
-    hf.generation_config.eos_token_id = None
-    for prompt, result in zip(prompts, results):
-        reference = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
-        assert result.tokens == reference[0, len(prompt):].tolist()
 
 
 def test_mamba2_keys_and_tensors_follow_llama_cpp(tmp_path, capsys):
@@ -87,23 +74,10 @@ def test_mamba2_gguf_refuses_projection_biases(tmp_path, capsys):
 def test_nemotron_h_gguf_round_trip(tmp_path, capsys):
     """nemotron_h: Mamba-2, MLP, attention, Mamba-2, MLP layers; export -> import gives logits equal to
     transformers' in fp32 and the same greedy tokens through redline's engine."""
-    from redline.inference import InferenceEngine, SamplingParams
-
     hf, path = export_gguf("nemotron_h", tmp_path, capsys)
     reader = gguf.GGUFReader(str(path))
     _names_in_gguf_package(reader, "nemotron_h")
-    with torch.no_grad():
-        expected = hf(TOKENS).logits
-    model, tokenizer, _ = import_gguf(path, tmp_path / "back", capsys)
-    with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
-    assert tokenizer.chat_template and tokenizer.stop_ids == [1, 2]
-    prompts = [TOKENS[0, :9].tolist(), TOKENS[1, :4].tolist()]
-    results = InferenceEngine(model, compile=False).generate(prompts, 6, SamplingParams(temperature=0))
-    hf.generation_config.eos_token_id = None
-    for prompt, result in zip(prompts, results):
-        reference = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
-        assert result.tokens == reference[0, len(prompt):].tolist()
+    assert_reads_back_as(hf, path, tmp_path, capsys, new=6)
 
 
 def test_nemotron_h_keys_and_tensors_follow_llama_cpp(tmp_path, capsys):
@@ -149,25 +123,12 @@ def test_falcon_h1_gguf_round_trip(kind, tmp_path, capsys):
     """falcon-h1: untied with every µP multiplier away from 1 and no gated norm; tied with its embedding and head
     multipliers (written untied, both folded, as the converter writes them), the norm after the gate and a time-step
     floor. Logits equal to transformers' in fp32, greedy tokens through redline's engine."""
-    from redline.inference import InferenceEngine, SamplingParams
-
     hf, path = export_gguf(kind, tmp_path, capsys)
     reader = gguf.GGUFReader(str(path))
     _names_in_gguf_package(reader, "falcon-h1")
     names = {t.name for t in reader.tensors}
     assert "output.weight" in names and ("blk.0.ssm_norm.weight" in names) == (kind == "falcon_h1-gguf")
-    with torch.no_grad():
-        expected = hf(TOKENS).logits
-    model, tokenizer, _ = import_gguf(path, tmp_path / "back", capsys)
-    with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), expected, rtol=1e-5, atol=1e-5)
-    assert tokenizer.chat_template and tokenizer.stop_ids == [1, 2]
-    prompts = [TOKENS[0, :9].tolist(), TOKENS[1, :4].tolist()]
-    results = InferenceEngine(model, compile=False).generate(prompts, 6, SamplingParams(temperature=0))
-    hf.generation_config.eos_token_id = None
-    for prompt, result in zip(prompts, results):
-        reference = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
-        assert result.tokens == reference[0, len(prompt):].tolist()
+    assert_reads_back_as(hf, path, tmp_path, capsys, new=6)
 
 
 def test_falcon_h1_keys_and_tensors_follow_llama_cpp(tmp_path, capsys):
