@@ -104,6 +104,19 @@ FAMILIES = {
                        moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=4,
                                                       num_experts_per_tok=2, norm_topk_prob=False)),
+    # EXAONE-MoE: EXAONE 4.0's attention (windowed layers rotating, the last of each three full without RoPE, a window
+    # shorter than the test sequences) in pre-norm blocks, a dense first layer, then DeepSeek-V3's sigmoid-scored top
+    # 2 of 4 experts chosen with a bias, rescaled and scaled, beside a shared expert
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5,
+                        sliding_window_pattern=3, first_k_dense_replace=1, intermediate_size=80,
+                        moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=2,
+                        routed_scaling_factor=1.5, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # FlexOlmo: OLMoE's attention and experts in OLMo 2's block (norms on the sublayers' outputs), top 2 of 4 rescaled
+    "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                               num_experts=4, num_experts_per_tok=2,
+                                                               norm_topk_prob=True, pad_token_id=None)),
     # GPT-OSS: attention sinks (perturbed like every parameter), biases on q/k/v/o, windowed and full layers in turn
     # (a window shorter than the test sequences), YaRN without rounding its band, top 2 of 4 experts with biases,
     # gate and up interleaved, a SwiGLU clamp low enough to bite
@@ -429,6 +442,19 @@ FAMILIES = {
                          residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5,
                          tie_word_embeddings=False, pad_token_id=None,
                          rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
+    # GraniteMoeSWA: Granite SWA's attention (sinks, its default layer_types: full first in each four, a RoPE base a
+    # layer, 0 for none) on GraniteMoeShared's experts, top 2 of 4, with and without the ungated shared MLP
+    "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=5, sliding_window=5,
+                            layer_rope_theta=[0, 500.0, 10000.0, 500.0, 0], num_local_experts=4,
+                            num_experts_per_tok=2, intermediate_size=32, embedding_multiplier=3.0,
+                            residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5,
+                            tie_word_embeddings=False, pad_token_id=None)),
+    "granitemoe_swa-shared": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM",
+                              dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                   num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                   shared_intermediate_size=40, tie_word_embeddings=False, pad_token_id=None)),
     # Granite 4.0's dense layout (attention layers only, no experts): shared_mlp's fused input_linear, and the NoPE
     # form (position_embedding_type None)
     "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",

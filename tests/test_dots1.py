@@ -89,7 +89,11 @@ CFG = ModelConfig(vocab_size=64, context_len=32, n_layer=2, n_embd=32, n_head=4,
     (dict(moe_norm_eps=1e-6), r"adds 1e-20 to the chosen scores' sum \(model.moe_norm_eps=1e-06"),
     (dict(moe_layers=(1,)), "has its dense layers first"),
     (dict(mlp="geglu"), "has SwiGLU experts and MLPs"),
-    (dict(nope_interval=2), "rotates every layer's whole heads"),  # (partial RoPE: GLM-4-MoE's)
+    (dict(rope_local_theta=50.0, sliding_window=4, sliding_window_pattern=2),
+     "rotates every layer's whole heads"),  # (partial RoPE: GLM-4-MoE's)
+    # layers without RoPE: EXAONE-MoE's, its full layers among windowed ones alone
+    (dict(nope_interval=2), "EXAONE-MoE, the one architecture with both redline exports to, leaves RoPE out of "
+                            "exactly its full-attention layers"),
 ])
 def test_export_refusals_name_the_option(extra, fragment):
     from redline.interop.families import export_family

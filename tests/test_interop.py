@@ -110,7 +110,9 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("gemma4", "Gemma 4"), ("deepseek_v3", "DeepSeek-V3"),
                                         ("deepseek_v2", "DeepSeek-V2"), ("llama4_text", "Llama 4"),
                                         ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
-                                        ("minicpm3-longrope", "MiniCPM3")])
+                                        ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
+                                        ("exaone_moe", "EXAONE-MoE"),
+                                        ("granitemoe_swa", "GraniteMoeSWA")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -207,6 +209,20 @@ REDLINE_EXPORTS = {
     "Qwen3MoeForCausalLM": dict(moe_experts=6, moe_top_k=3, mlp_hidden=32, qk_norm=True, n_kv_head=2),
     "OlmoeForCausalLM": dict(moe_experts=4, moe_top_k=1, mlp_hidden=32, qk_norm=True, qk_norm_scope="all",
                              moe_norm_topk=False),
+    # FlexOlmo: OLMoE's experts in OLMo 2's block (norms on the sublayers' outputs)
+    "FlexOlmoForCausalLM": dict(moe_experts=4, moe_top_k=2, mlp_hidden=32, qk_norm=True, qk_norm_scope="all",
+                                norm_position="output", n_kv_head=2),
+    # GraniteMoeSWA: sinks on a mixture of plain SwiGLU experts (GPT-OSS's are clamped), a windowed layer, a RoPE
+    # base per layer, an ungated shared MLP
+    "GraniteMoeSWAForCausalLM": dict(attn_sinks=True, sliding_window=4, window_layers=(1,),
+                                     rope_layer_theta=(0.0, 50.0), n_kv_head=2, moe_experts=4, moe_top_k=2,
+                                     mlp_hidden=32, moe_shared_hidden=48, moe_shared_gate=False, embed_multiplier=2.0),
+    # EXAONE-MoE: dots.llm1's experts (a dense first layer, sigmoid scores with a bias, a shared expert) with EXAONE
+    # 4.0's attention (layer 1 full without RoPE, layer 0 windowed)
+    "ExaoneMoeForCausalLM": dict(qk_norm=True, n_kv_head=2, sliding_window=4, sliding_window_pattern=2,
+                                 nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1,
+                                 moe_dense_hidden=48, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                                 moe_shared_hidden=32, moe_shared_gate=False, moe_scale=2.0),
     # LFM2: short convolutions on layer 0, attention with QK-norm on 1
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
     # LFM2-MoE: layer 0 dense (80 wide), layer 1 top 2 of 4 sigmoid-scored experts chosen with a bias, times 2
@@ -643,11 +659,12 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
                          "deepseek_v3, dots1, "
-                         "ernie4_5, ernie4_5_moe, exaone, exaone4, "
-                         "falcon, falcon_h1, falcon_mamba, gemma, gemma2, gemma3, gemma3_text, gemma4, gemma4_text, "
+                         "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
+                         "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma4, "
+                         "gemma4_text, "
                          "glm, glm4, glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
-                         "gpt_oss, gptj, granite, granite_swa, granitemoe, "
+                         "gpt_oss, gptj, granite, granite_swa, granitemoe, granitemoe_swa, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "

@@ -49,6 +49,19 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               kv_shared_mlp_hidden=128, per_layer_embd=8, tie_embeddings=True),
     "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2),
+    # GraniteMoeSWA: Granite SWA's attention on experts with an ungated shared MLP
+    "GraniteMoeSWAForCausalLM": dict(attn_sinks=True, sliding_window=4, window_layers=(1,),
+                                     rope_layer_theta=(0.0, 50.0), n_kv_head=2, moe_experts=4, moe_top_k=2,
+                                     mlp_hidden=32, moe_shared_hidden=48, moe_shared_gate=False),
+    # EXAONE-MoE: EXAONE 4.0's attention on dots.llm1's experts (its attention adapted: PEFT moves MLP adapters onto
+    # the experts)
+    "ExaoneMoeForCausalLM": dict(qk_norm=True, n_kv_head=2, sliding_window=4, sliding_window_pattern=2,
+                                 nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1,
+                                 moe_dense_hidden=48, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                                 moe_shared_hidden=32, moe_shared_gate=False),
+    # FlexOlmo: OLMo 2's block with OLMoE's experts (its attention adapted: a router is no Linear layer)
+    "FlexOlmoForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2, moe_experts=4,
+                                moe_top_k=2, mlp_hidden=32),
     "Starcoder2ForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, n_kv_head=2, sliding_window=8),  # c_fc
     "GemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=1, tie_embeddings=True),
     "VaultGemmaForCausalLM": dict(norm_unit_offset=True, embed_scale=True, mlp="geglu", n_kv_head=2, sliding_window=8,
@@ -214,6 +227,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*"),
            "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",),
            "Cohere2MoeForCausalLM": ("attn.*",),
+           "FlexOlmoForCausalLM": ("attn.*",), "ExaoneMoeForCausalLM": ("attn.*",),
+           "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",)}
 

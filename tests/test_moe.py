@@ -178,6 +178,7 @@ def test_stacked_expert_files_import_as_per_expert_ones():
     ("olmoe", {"clip_qkv": 8.0}, "clip_qkv=8.0"),
     ("qwen3_moe", {"num_experts": None, "num_local_experts": None}, "no num_experts"),
     ("qwen3_moe", {"attention_bias": True}, "attention_bias=true"),
+    ("flex_olmo", {"attention_bias": True}, "attention_bias=true"),
 ])
 def test_import_refusals_name_the_option(name, hf, fragment):
     from redline.interop.moe import model_config_for
@@ -408,3 +409,17 @@ def test_gpu_compiled_engine_and_training_step(extra, dtype, tol):
     for g, gc in zip(grads, grads_c):  # bf16: the router's logits are bf16 products, a few near-tied tokens may take
         # another expert compiled (5.5% apart measured), a wrong one ~100%; fp32: one computation
         assert (gc - g).norm() / g.norm() < (0.1 if dtype == torch.bfloat16 else 1e-3)
+
+
+@pytest.mark.parametrize("hf, fragment", [
+    ({"mlp_layer_types": ["sparse", "dense"]}, "mlp_layer_types="),
+    ({"num_shared_experts": 0}, "num_shared_experts=0"),
+])
+def test_exaone_moe_import_refusals_name_the_option(hf, fragment):
+    from redline.interop.exaone4 import moe_model_config
+
+    base = {"model_type": "exaone_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 4,
+            "num_experts_per_tok": 2, "num_shared_experts": 1, "sliding_window": None}
+    with pytest.raises(UserError, match=fragment):
+        moe_model_config({**base, **hf})

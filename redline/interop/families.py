@@ -8,10 +8,11 @@ gpt_neox.py GPT-NeoX (Pythia), phi.py Phi, cohere.py Cohere's Command models and
 GPTBigCode (SantaCoder, StarCoderBase: GPT-2's block with multi-query attention) and gpt_neo.py GPT-Neo (global and
 local layers, unscaled scores); gptj.py GPT-J and CodeGen (parallel sublayers under one LayerNorm, RoPE on part of
 each head in interleaved pairs, CodeGen's qkv_proj in its 4 model-parallel blocks); moe.py the mixtures
-of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE); gpt_oss.py GPT-OSS (sinks, biased and clamped
+of experts on the Llama layout (Mixtral, Qwen2/3-MoE, OLMoE, FlexOlmo); gpt_oss.py GPT-OSS (sinks, biased and clamped
 experts); lfm2.py LFM2 (attention and short convolutions) and LFM3 (with windowed layers, gated heads and output
 norms); granite.py Granite, Granite 4.0 (dense, and its hybrids with Mamba-2 layers and experts), GraniteMoE,
-GraniteMoeShared and Granite SWA (sinks, windowed layers in any order, a RoPE base per layer); qwen3_5.py Qwen3.5
+GraniteMoeShared, Granite SWA (sinks, windowed layers in any order, a RoPE base per layer) and GraniteMoeSWA
+(its attention on experts); qwen3_5.py Qwen3.5
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
 Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); olmo_hybrid.py OLMo
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
@@ -246,14 +247,15 @@ def _families() -> dict[str, Family]:
     from redline.interop import apertus, minicpm3, multimodal
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
-                                exaone4.FAMILY,
+                                exaone4.FAMILY, exaone4.MOE_FAMILY,
                                 gemma3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, phi.FAMILY, phi3.FAMILY, stablelm.FAMILY,
                                 opt.FAMILY, ernie.FAMILY, granite.FAMILY, granite.HYBRID_FAMILY, granite.MOE_FAMILY,
                                 granite.SHARED_FAMILY, granite.BAMBA_FAMILY, gemma.FAMILY, gemma2.FAMILY,
                                 hunyuan.FAMILY, starcoder2.FAMILY, lfm2.FAMILY, lfm2.MOE_FAMILY, *cohere.FAMILIES,
                                 nanochat.FAMILY, olmo2.OLMO_FAMILY,
                                 llama.MINISTRAL3_FAMILY, gemma2.VAULT_FAMILY, gpt_oss.FAMILY, granite.SWA_FAMILY,
-                                lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY, ernie.HELIUM_FAMILY,
+                                granite.MOE_SWA_FAMILY, lfm2.LFM3_FAMILY, exaone.FAMILY, llama.ARCEE_FAMILY,
+                                ernie.HELIUM_FAMILY,
                                 llama.SEED_OSS_FAMILY, qwen3_5.TEXT_FAMILY, qwen3_5.FAMILY,
                                 qwen3_5.MOE_TEXT_FAMILY, qwen3_5.MOE_FAMILY, qwen3_next.FAMILY,
                                 llama.NEMOTRON_FAMILY, olmo_hybrid.FAMILY, falcon_h1.FAMILY, nemotron_h.FAMILY,
@@ -324,7 +326,7 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE, OLMoE or GraniteMoE (moe.export_name), dots.llm1 with sigmoid scores
+    Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), dots.llm1 with sigmoid scores
     (DeepSeek-V3's routing: a bias, groups, a scale, an ungated shared expert), or GPT-OSS with attention sinks, expert biases or clamped
     SwiGLU experts, as ERNIE 4.5 MoE with softmax scores and a bias that chooses (on every N-th layer too), as Hunyuan
     MoE with QK-norm after RoPE, as Cohere2 MoE in a parallel block under one norm; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
@@ -377,8 +379,11 @@ def export_family(cfg: ModelConfig) -> Family:
     # experts, on the layers model.moe_layers names) or Mamba2's, checked by nemotron_h.export_name
     one_sublayer = bool(cfg.mlp_free_layers or cfg.mixer_free_layers) and not (
         cfg.delta_layers and cfg.delta_rule == "mamba1")
-    from redline.interop import dots1
+    from redline.interop import dots1, exaone4
 
+    if exaone4.wants_exaone_moe(cfg):  # those experts with EXAONE 4.0's NoPE full layers among windowed ones
+        exaone4.check_moe_exportable(cfg)
+        return families["exaone_moe"]
     if dots1.wants_dots1(cfg):  # sigmoid-scored experts beside attention: dots.llm1's (DeepSeek-V3's routing)
         dots1.check_exportable(cfg)
         return families["dots1"]
@@ -490,9 +495,12 @@ def export_family(cfg: ModelConfig) -> Family:
     classic = classic_export_name(cfg)
     if classic:  # the classic LayerNorm + GELU architectures: the options that choose them are theirs alone
         return families[classic]
-    if cfg.attn_sinks and not (cfg.moe_experts or cfg.moe_bias or cfg.mlp == "swiglu_clamped"):  # dense, sinks
+    if cfg.attn_sinks and not (cfg.moe_bias or cfg.mlp == "swiglu_clamped"):  # sinks: Granite SWA's, not GPT-OSS's
         from redline.interop import granite
 
+        if cfg.moe_experts:  # plain SwiGLU experts without biases: GraniteMoeSWA
+            granite.check_moe_exportable(cfg, swa=True)
+            return families["granitemoe_swa"]
         granite.check_exportable(cfg, swa=True)
         return families["granite_swa"]
     if cfg.rope_layer_theta:

@@ -1096,6 +1096,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                             "has not"),
                "granite_swa": ("Granite SWA", "llama.cpp has no architecture with its sinks, per-layer windows and "
                                               "per-layer RoPE bases"),
+               "granitemoe_swa": ("GraniteMoeSWA", "llama.cpp has no architecture with Granite SWA's sinks, "
+                                                   "per-layer windows and per-layer RoPE bases"),
                "lfm3": ("LFM3", "no writer here for its gated heads, output norms and per-kind RoPE"),
                 "falcon": ("Falcon", "no writer here for llama.cpp's falcon layout (KV-grouped query_key_value, "
                                      "two norms a block)"),
@@ -1113,6 +1115,10 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                                   "bias, shared experts and dense layers)"),
                 "hunyuan_v1_moe": ("Hunyuan MoE", "no writer here for llama.cpp's hunyuan-moe layout"),
                 "ministral": ("Ministral", "GGUF's llama architecture has no windowed layers"),
+                "exaone_moe": ("EXAONE-MoE", "no writer here for llama.cpp's exaone-moe layout (sigmoid routing with a "
+                                             "bias, shared experts, dense first layers)"),
+                "flex_olmo": ("FlexOlmo", "no writer here for experts in OLMo 2's output-norm block (llama.cpp's "
+                                          "olmoe has pre-norm blocks)"),
                 "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block"),
                 "deepseek_v3": ("DeepSeek-V3", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
                                                "kv_b split into k_b and v_b)"),

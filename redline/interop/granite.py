@@ -46,9 +46,10 @@ def wants_granite(cfg: ModelConfig) -> bool:
         cfg.attn_scale and cfg.norm_position == "pre" and not gemma)
 
 
-def check_exportable(cfg: ModelConfig, swa: bool = False) -> None:
+def check_exportable(cfg: ModelConfig, swa: bool = False, experts: bool = False) -> None:
     """A UserError naming the option that Granite, the one architecture with these scalars, does not have (swa:
-    Granite SWA, which has its windows and per-layer RoPE bases besides)."""
+    Granite SWA, which has its windows and per-layer RoPE bases besides; experts: GraniteMoeSWA, its experts checked
+    by check_moe_exportable)."""
     names = [f"model.{name}" for name in (*GRANITE_FIELDS, "attn_scale", "attn_sinks") if getattr(cfg, name)]
     what = (f"{', '.join(names)}: Granite{' SWA' if swa else ''}, the one architecture with "
             f"{'it' if len(names) == 1 else 'them'} redline exports to,")
@@ -63,7 +64,7 @@ def check_exportable(cfg: ModelConfig, swa: bool = False) -> None:
         (cfg.nope_interval and not swa, f"{what} rotates every layer (model.nope_interval)"),
         (swa and cfg.rope_local_theta and cfg.rope_scaling != "none",
          f"{what} scales every layer's RoPE alike (model.rope_local_theta, unscaled, with model.rope_scaling)"),
-        (swa and (cfg.attn_softcap or cfg.value_embeddings or cfg.moe_experts or cfg.conv_layers),
+        (swa and (cfg.attn_softcap or cfg.value_embeddings or (cfg.moe_experts and not experts) or cfg.conv_layers),
          f"{what} has no score cap, value embeddings, experts or short convolutions"),
         (cfg.norm_unit_offset or cfg.embed_scale, f"{what} has none of Gemma's norms or embedding scale"),
         (cfg.has_qkv_bias != cfg.bias, f"{what} has biases on every Linear layer or none (model.qkv_bias)"),
@@ -453,13 +454,15 @@ def moe_model_config(hf: dict) -> ModelConfig:
                    moe_norm_topk=True)
 
 
-def check_moe_exportable(cfg: ModelConfig) -> None:
+def check_moe_exportable(cfg: ModelConfig, swa: bool = False) -> None:
     """A UserError naming the option of a mixture of experts with Granite's scalars (or an ungated shared expert)
-    that GraniteMoE and GraniteMoeShared lack."""
+    that GraniteMoE and GraniteMoeShared lack (swa: GraniteMoeSWA, with Granite SWA's sinks, windows and RoPE
+    bases)."""
     from redline.interop.moe import check_exportable as check_experts
 
-    check_exportable(cfg)
-    check_experts(cfg, granite=True)
+    check_exportable(cfg, swa=swa, experts=swa)
+    # Granite SWA's windows are written as per-layer lists (swa_fields), whatever redline's layout of them
+    check_experts(replace(cfg, sliding_window_pattern=0, rope_local_theta=0.0) if swa else cfg, granite=True)
     raise_first([
         (cfg.moe_shared_hidden and cfg.moe_shared_gate,
          "model.moe_shared_hidden with Granite's scalars: GraniteMoeShared adds its shared MLP ungated "
@@ -520,8 +523,8 @@ def shared_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     return out
 
 
-def shared_to_hf(state, cfg: ModelConfig) -> dict:
-    out = to_hf(state, cfg, "granitemoe")
+def shared_to_hf(state, cfg: ModelConfig, name: str = "granitemoe") -> dict:
+    out = to_hf(state, cfg, name)
     for i in range(cfg.n_layer if cfg.moe_shared_hidden else 0):
         out.update(_shared_to_hf(state, f"model.layers.{i}.", f"blocks.{i}."))
     return out
@@ -541,8 +544,8 @@ SHARED_FAMILY = Family(name="granitemoeshared", architecture="GraniteMoeSharedFo
 #   window_layers, since redline's sliding_window_pattern puts the full layer last);
 # - a RoPE base per layer, 0 for none (layer_rope_theta -> rope_layer_theta), each base with the model's RoPE
 #   scaling: transformers builds one rotary embedding a distinct base from the same rope_parameters.
-# Semantics read from transformers' models/granite_swa/modular_granite_swa.py. GraniteMoeSWA, the same attention on
-# GraniteMoeShared's experts and ungated shared MLP, is refused by name.
+# Semantics read from transformers' models/granite_swa/modular_granite_swa.py. GraniteMoeSWA (below) is the same
+# attention on GraniteMoeShared's experts.
 
 
 def _layer_thetas(hf: dict, cfg: ModelConfig) -> dict:
@@ -557,14 +560,18 @@ def _layer_thetas(hf: dict, cfg: ModelConfig) -> dict:
     return {"rope_layer_theta": tuple(float(t) for t in thetas)}
 
 
-def swa_model_config(hf: dict) -> ModelConfig:
+def _with_swa(hf: dict, cfg: ModelConfig) -> ModelConfig:
+    """cfg with Granite SWA's sinks, windowed layers and per-layer RoPE bases."""
     from redline.interop.llama import layer_windows
 
-    cfg = model_config(hf)
     n = cfg.n_layer
     windows = layer_windows({"sliding_window": 128, **hf}, n,  # GraniteSWAConfig's defaults
                             ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)])
     return replace(cfg, attn_sinks=True, **windows, **_layer_thetas(hf, cfg))
+
+
+def swa_model_config(hf: dict) -> ModelConfig:
+    return _with_swa(hf, model_config(hf))
 
 
 def _layer_theta(cfg: ModelConfig, layer: int) -> float:
@@ -572,12 +579,42 @@ def _layer_theta(cfg: ModelConfig, layer: int) -> float:
     return cfg.rope_bases[cfg.layer_rope_table(layer)][0] if cfg.layer_rope(layer) else 0.0
 
 
-def swa_hf_config(cfg: ModelConfig) -> dict:
-    return {**hf_config(cfg), "model_type": "granite_swa", "sliding_window": cfg.sliding_window or cfg.context_len,
+def _swa_fields(cfg: ModelConfig) -> dict:
+    """Granite SWA's config.json entries for the windows and RoPE bases, one a layer."""
+    return {"sliding_window": cfg.sliding_window or cfg.context_len,
             "layer_types": ["sliding_attention" if cfg.layer_window(i) else "full_attention"
                             for i in range(cfg.n_layer)],
             "layer_rope_theta": [_layer_theta(cfg, i) for i in range(cfg.n_layer)]}
 
 
+def swa_hf_config(cfg: ModelConfig) -> dict:
+    return {**hf_config(cfg), "model_type": "granite_swa", **_swa_fields(cfg)}
+
+
 SWA_FAMILY = Family(name="granite_swa", architecture="GraniteSWAForCausalLM", model_config=swa_model_config,
                     hf_config=swa_hf_config, to_redline=to_redline, to_hf=to_llama_hf, ignorable=_ignorable)
+
+
+# GraniteMoeSWA (GraniteMoeSWAForCausalLM, model_type "granitemoe_swa": granite-swash-3b-a600m): GraniteMoeShared's
+# experts (and its ungated shared MLP where shared_intermediate_size > 0, none by default) under Granite SWA's
+# attention: sinks, windowed and full layers in any order, a RoPE base per layer. Its experts' tensors carry
+# transformers' in-memory names (moe._GRANITE_STACKED). Semantics read from transformers'
+# models/granitemoe_swa/modular_granitemoe_swa.py.
+
+
+def moe_swa_model_config(hf: dict) -> ModelConfig:
+    return _with_swa(hf, shared_model_config(hf))
+
+
+def moe_swa_hf_config(cfg: ModelConfig) -> dict:
+    return {**moe_hf_config(cfg), "model_type": "granitemoe_swa", "shared_intermediate_size": cfg.moe_shared_hidden,
+            **_swa_fields(cfg)}
+
+
+def moe_swa_to_hf(state, cfg: ModelConfig) -> dict:
+    return shared_to_hf(state, cfg, "granitemoe_swa")
+
+
+MOE_SWA_FAMILY = Family(name="granitemoe_swa", architecture="GraniteMoeSWAForCausalLM",
+                        model_config=moe_swa_model_config, hf_config=moe_swa_hf_config, to_redline=shared_to_redline,
+                        to_hf=moe_swa_to_hf, ignorable=_ignorable)

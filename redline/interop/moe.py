@@ -10,12 +10,14 @@ model.moe_experts, model.moe_top_k; MoE in model.py):
   through (`mlp.shared_expert.*`), scaled by sigmoid(`mlp.shared_expert_gate` · x); biases on q/k/v (`qkv_bias`);
   `norm_topk_prob` says whether the top k are rescaled;
 - Qwen3-MoE: Qwen3's attention (QK-norm per head, its own head width) with Qwen2-MoE's experts and no shared one;
-- OLMoE: QK-norm over the whole q and k projections (OLMo 2's), pre-norm blocks, Qwen-MoE's expert names.
+- OLMoE: QK-norm over the whole q and k projections (OLMo 2's), pre-norm blocks, Qwen-MoE's expert names;
+- FlexOlmo: OLMoE's attention and experts in OLMo 2's block (norms on the sublayers' outputs, norm_position
+  "output", olmo2.py), with no clip_qkv.
 Every layer sparse: configs with dense layers among the sparse ones (`mlp_only_layers`, `decoder_sparse_step` > 1)
 are refused by name. Files saved with the experts already stacked (`mlp.experts.gate_up_proj` (E, 2F, C) and
 `mlp.experts.down_proj` (E, C, F), transformers' in-memory layout) are read as well; exports write one tensor per
 expert, the layout of the Hub's checkpoints, which transformers stacks as it loads them. Semantics read from
-transformers' models/mixtral, qwen2_moe, qwen3_moe and olmoe modeling files.
+transformers' models/mixtral, qwen2_moe, qwen3_moe, olmoe and flex_olmo modeling files.
 """
 
 from __future__ import annotations
@@ -35,9 +37,15 @@ _MIXTRAL = ("block_sparse_moe.", "w1", "w3", "w2")
 _QWEN = ("mlp.", "gate_proj", "up_proj", "down_proj")
 _LFM2 = ("feed_forward.", "w1", "w3", "w2")  # LFM2-MoE's (lfm2.py), with feed_forward.expert_bias
 _GRANITE = "block_sparse_moe."  # GraniteMoE: router.layer (E, C), input_linear (E, 2F, C), output_linear (E, C, F)
-NAMES = {"mixtral": _MIXTRAL, "qwen2_moe": _QWEN, "qwen3_moe": _QWEN, "olmoe": _QWEN, "lfm2_moe": _LFM2}
+# GraniteMoeSWA's: transformers' in-memory names of the same tensors, as it saves them (no conversion mapping renames
+# them on loading): router (E, C), experts.gate_up_proj (E, 2F, C), experts.down_proj (E, C, F)
+_GRANITE_STACKED = ("router.weight", "experts.gate_up_proj", "experts.down_proj")
+NAMES = {"mixtral": _MIXTRAL, "qwen2_moe": _QWEN, "qwen3_moe": _QWEN, "olmoe": _QWEN, "flex_olmo": _QWEN,
+         "lfm2_moe": _LFM2}
 _ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+                  "flex_olmo": "FlexOlmoForCausalLM"}
+_WHOLE_QK_NORM = ("olmoe", "flex_olmo")  # OLMo 2's QK-norm over whole projections
 
 
 def _sparse_everywhere(hf: dict) -> None:
@@ -74,12 +82,15 @@ def model_config_for(name: str):
         experts = expert_fields(hf, width)
         norm_topk = name == "mixtral" or bool(hf.get("norm_topk_prob", False))
         qkv_bias = bool(hf.get("qkv_bias", True)) if name == "qwen2_moe" else bool(hf.get("attention_bias", False))
-        if qkv_bias and name in ("qwen3_moe", "olmoe"):  # attention_bias: o_proj too, where redline has q/k/v alone
+        # attention_bias: o_proj too, where redline has q/k/v alone
+        if qkv_bias and name in ("qwen3_moe", *_WHOLE_QK_NORM):
             raise UserError(f"attention_bias=true: {name} then has a bias on o_proj as well, which redline's mixtures "
                             f"of experts do not have (biases on q/k/v alone)")
         fields = {**shape_fields(hf), **experts}
         return ModelConfig(
-            **fields, qk_norm=name in ("qwen3_moe", "olmoe"), qk_norm_scope="all" if name == "olmoe" else "head",
+            **fields, qk_norm=name in ("qwen3_moe", *_WHOLE_QK_NORM),
+            qk_norm_scope="all" if name in _WHOLE_QK_NORM else "head",
+            norm_position="output" if name == "flex_olmo" else "pre",
             fused_qkv=True, sliding_window=_window(hf, "mistral") if name == "mixtral" else 0, pos_emb="rope",
             mlp="swiglu", fused_mlp=True, norm="rmsnorm", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)), bias=False, qkv_bias=qkv_bias,
@@ -92,12 +103,18 @@ def model_config_for(name: str):
 
 def export_name(cfg: ModelConfig) -> str:
     """Which family a mixture of experts exports as: GraniteMoE with Granite's scalars (granite.py), OLMoE with QK-norm
-    over whole projections, Qwen3-MoE with it per head, Qwen2-MoE with a shared expert, biases on q/k/v or
-    unrescaled top-k weights, Mixtral otherwise."""
+    over whole projections, FlexOlmo with that and OLMo 2's norms on the sublayers' outputs, Qwen3-MoE with QK-norm
+    per head, Qwen2-MoE with a shared expert, biases on q/k/v or unrescaled top-k weights, Mixtral otherwise."""
     from redline.interop import granite
 
     if granite.wants_granite(cfg) or (cfg.moe_shared_hidden and not cfg.moe_shared_gate):
         return granite.moe_export_name(cfg)  # GraniteMoE, or GraniteMoeShared (its shared MLP is ungated)
+    if cfg.norm_position == "output":  # FlexOlmo: OLMoE in OLMo 2's block
+        check_exportable(replace(cfg, norm_position="pre"))
+        if not cfg.qk_norm or cfg.qk_norm_scope != "all":
+            raise UserError("model.norm_position=output with model.moe_experts needs model.qk_norm=true and "
+                            "model.qk_norm_scope=all: FlexOlmo normalizes its whole q and k projections")
+        return "flex_olmo"
     check_exportable(cfg)
     if cfg.qk_norm:
         return "olmoe" if cfg.qk_norm_scope == "all" else "qwen3_moe"
@@ -116,7 +133,7 @@ def check_exportable(cfg: ModelConfig, granite: bool = False) -> None:
     scales = cfg.attn_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor
     problems = [
         (cfg.norm_position != "pre", f"model.norm_position={cfg.norm_position} with model.moe_experts: Mixtral, "
-                                     f"Qwen2/3-MoE and OLMoE have pre-norm blocks"),
+                                     f"Qwen2/3-MoE and OLMoE have pre-norm blocks (FlexOlmo output norms)"),
         (cfg.norm != "rmsnorm" or cfg.norm_unit_offset, "a LayerNorm or 1 + weight norm with model.moe_experts: the "
                                                         "mixtures of experts redline exports to use RMSNorm"),
         (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp} with model.moe_experts: their experts are SwiGLU"),
@@ -157,8 +174,10 @@ def hf_config_for_moe(name: str):
             return out
         out.update(num_experts=cfg.moe_experts, norm_topk_prob=cfg.moe_norm_topk, decoder_sparse_step=1,
                    mlp_only_layers=[])
-        if name == "olmoe":  # its experts are intermediate_size wide
-            out.update(attention_bias=False, clip_qkv=None)
+        if name in _WHOLE_QK_NORM:  # their experts are intermediate_size wide
+            out["attention_bias"] = False
+            if name == "olmoe":
+                out["clip_qkv"] = None
         else:
             out["moe_intermediate_size"] = cfg.hidden_dim
         if name == "qwen2_moe":
@@ -176,6 +195,9 @@ def experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> d
         return {f"{r}mlp.router.weight": src.take(f"{p}{_GRANITE}router.layer.weight"),
                 f"{r}mlp.fc": src.take(f"{p}{_GRANITE}input_linear.weight"),
                 f"{r}mlp.proj": src.take(f"{p}{_GRANITE}output_linear.weight")}
+    if f"{p}{_GRANITE}router.weight" in src:
+        router, fc, proj = (src.take(p + _GRANITE + n) for n in _GRANITE_STACKED)
+        return {f"{r}mlp.router.weight": router, f"{r}mlp.fc": fc, f"{r}mlp.proj": proj}
     names = next((n for n in (_MIXTRAL, _LFM2) if f"{p}{n[0]}gate.weight" in src), _QWEN)
     moe, gate, up, down = names
     out = {f"{r}mlp.router.weight": src.take(f"{p}{moe}gate.weight")}
@@ -206,6 +228,9 @@ def experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig) -> d
 def experts_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig, name: str) -> dict:
     """redline's router and experts of block r -> the HF names of family `name` (one tensor per expert; GraniteMoE's
     stacked)."""
+    if name == "granitemoe_swa":
+        return {p + _GRANITE + n: state[f"{r}mlp.{t}"]
+                for n, t in zip(_GRANITE_STACKED, ("router.weight", "fc", "proj"))}
     if name == "granitemoe":
         return {f"{p}{_GRANITE}router.layer.weight": state[f"{r}mlp.router.weight"],
                 f"{p}{_GRANITE}input_linear.weight": state[f"{r}mlp.fc"],
@@ -232,8 +257,9 @@ def deepseek_experts_to_redline(src: TensorSource, p: str, r: str, cfg: ModelCon
     expert, or stacked), the choosing bias as mlp.gate.e_score_correction_bias, and the ungated shared experts as one
     MLP, mlp.shared_experts (p: "model.layers.N.", r: "blocks.N.")."""
     out = experts_to_redline(src, p, r, replace(cfg, moe_expert_bias=False, moe_shared_hidden=0))
-    if cfg.moe_expert_bias:
-        out[f"{r}mlp.expert_bias"] = src.take(f"{p}mlp.gate.e_score_correction_bias").float()
+    if cfg.moe_expert_bias:  # EXAONE-MoE's Hub files hold it as mlp.e_score_correction_bias
+        bias = f"{p}mlp.gate.e_score_correction_bias"
+        out[f"{r}mlp.expert_bias"] = src.take(bias if bias in src else f"{p}mlp.e_score_correction_bias").float()
     shared = f"{p}mlp.shared_experts."
     out[f"{r}mlp.shared.fc.weight"] = torch.cat([src.take(shared + "gate_proj.weight"),
                                                  src.take(shared + "up_proj.weight")])

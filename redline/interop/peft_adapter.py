@@ -291,7 +291,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         raise UserError(f"the adapter on {layer} adapts a mixture of experts' router, which is no Linear layer in "
                         f"transformers' {family.architecture} (PEFT cannot load it); train with lora.targets attn.* "
                         f"(and mlp.shared.* where there is a shared expert) or export with --merge")
-    if rest.startswith("mlp.shared") and family.name == "granitemoeshared":
+    if rest.startswith("mlp.shared") and family.name in ("granitemoeshared", "granitemoe_swa"):
         return [(base + _GRANITE_SHARED[rest], slice(0, out_features))]
     if rest.startswith("mlp.shared"):  # Qwen2-MoE's shared expert: a SwiGLU MLP with its gate and up fused
         shared = {"mlp.shared.proj": "mlp.shared_expert.down_proj", "mlp.shared_gate": "mlp.shared_expert_gate"}
