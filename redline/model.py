@@ -1884,7 +1884,7 @@ class MoE(nn.Module):
             h = h + self.proj_bias[expert].to(h.dtype)
         if not self.weight_input:
             h = h * weight
-        out = torch.zeros_like(x).index_add_(0, token, h)
+        out = torch.zeros_like(x).index_add_(0, token, h.to(x.dtype))  # (autocast: h bf16, x fp32)
         if self.shared is not None:
             shared = self.shared(x)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)

@@ -132,6 +132,20 @@ def test_training_reaches_every_weight():
     assert any(b.mlp.fc.grad.abs().sum() > 0 for b in model.blocks if not isinstance(b.mlp, MLP))
 
 
+def test_training_under_autocast_follows_fp32():
+    """Under bf16 autocast (training's default), the input-weighted experts' bf16 products are summed into the fp32
+    stream: the loss is fp32's within bf16 rounding."""
+    model = model_of()
+    model.train()
+    idx = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    exact = model(idx, idx)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(idx, idx)
+    loss.backward()
+    torch.testing.assert_close(loss.float(), exact, rtol=2e-2, atol=2e-2)
+    assert all(b.mlp.fc.grad is not None for b in model.blocks if not isinstance(b.mlp, MLP))
+
+
 def test_multimodal_folder_reads_its_text_model(tmp_path, capsys):
     """A Llama4ForConditionalGeneration folder: its text model imported (the vision tower left unread), with the
     logits and greedy tokens of transformers' language model, and exported as Llama4ForCausalLM."""

@@ -47,15 +47,18 @@ def mark_dynamic(*specs) -> None:
             maybe_mark_dynamic(tensor, d)
 
 
-def decode_options(device: torch.device, kernel_tuning: bool) -> dict:
+def decode_options(device: torch.device, kernel_tuning: bool, grouped_gemm: bool = False) -> dict:
     """Inductor options for the decode step's functions: coordinate-descent tuning when asked (Inductor then also
     computes one-row matrix products as tuned Triton reductions instead of cuBLAS calls), and programmatic
     dependent launch for the kernels it generates, as redline's own kernels use it (kernels/launch.py), where the
-    GPU and this torch's Inductor have it."""
+    GPU and this torch's Inductor have it, and the step holds no grouped GEMM (grouped_gemm: a mixture of experts'
+    torch grouped_mm). With Inductor's kernels launched so around grouped_mm, a graph-captured decode step reads
+    stale values: tokens up to a logit below the best one in bf16, found on an H200 with torch 2.11 for Jamba's,
+    Cohere2 MoE's and Llama 4's experts, gone with the attribute off (docs/results/h200-2026-11-29g/)."""
     import torch._inductor.config as inductor_config
 
     options = {"coordinate_descent_tuning": kernel_tuning}
-    if device.type == "cuda" and hasattr(inductor_config.triton, "enable_pdl"):
+    if device.type == "cuda" and hasattr(inductor_config.triton, "enable_pdl") and not grouped_gemm:
         try:
             from redline.inference.kernels.launch import use_pdl
         except ImportError:  # (no triton: nothing is compiled for a GPU)

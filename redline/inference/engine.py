@@ -196,7 +196,7 @@ class InferenceEngine:
         self._prefill_fn, self._decode_fns = prefill_block, None
         if self.plan.compile:
             self._prefill_fn = isolated_compile(prefill_block)
-            options = decode_options(device, self.plan.kernel_tuning)
+            options = decode_options(device, self.plan.kernel_tuning, grouped_gemm=model.cfg.moe_experts > 0)
             self._decode_fns = tuple(isolated_compile(fn, options=options)
                                      for fn in (decode_inputs, decode_block, decode_output))
         self._state: DecodeState | None = None
