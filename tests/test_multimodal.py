@@ -159,15 +159,22 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
 
 
 def test_head_tying_follows_transformers(tmp_path, capsys):
-    """The multimodal config's tie_word_embeddings decides (text_config's only where it says none); a head the
-    folder stores apart from the embedding under a tying config (a config.json that names no tying, true by
-    default) is read untied, as transformers reads it."""
+    """The multimodal config's tie_word_embeddings decides, else its class's default, whatever text_config says (as
+    transformers' tie_weights reads it); a head the folder stores apart from the embedding under a tying config (a
+    config.json that names no tying, true by default) is read untied, as transformers reads it."""
+    from redline.interop import gemma4, llama4, qwen3_5
     from redline.interop.multimodal import families, text_config
 
     assert text_config({"text_config": {"tie_word_embeddings": False}, "tie_word_embeddings": True})[
         "tie_word_embeddings"] is True
-    assert text_config({"text_config": {"tie_word_embeddings": False}})["tie_word_embeddings"] is False
-    assert text_config({"text_config": {}}, tie_default=True)["tie_word_embeddings"] is True
+    assert text_config({"text_config": {"tie_word_embeddings": False}})["tie_word_embeddings"] is True
+    assert text_config({"text_config": {"tie_word_embeddings": True}}, tie_default=False)["tie_word_embeddings"] is False
+    for module, config in ((qwen3_5, transformers.Qwen3_5Config), (gemma4, transformers.Gemma4Config),
+                           (llama4, transformers.Llama4Config)):  # their folders' reader follows the same rule
+        for top, text in ((True, False), (False, True), (None, not config().tie_word_embeddings)):
+            hf = {"text_config": {"tie_word_embeddings": text}, **({} if top is None else {"tie_word_embeddings": top})}
+            expected = config().tie_word_embeddings if top is None else top
+            assert module.text_config(hf)["tie_word_embeddings"] is expected, (module.__name__, top, text)
     assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl"}
     hf = _folder("mistral3", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -186,6 +193,28 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
         expected = hf(input_ids=tokens).logits
         torch.testing.assert_close(loaded(input_ids=tokens).logits, expected)
         torch.testing.assert_close(model(tokens), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
+    """A Mistral 3 folder whose config.json names no top-level tying (true by default) and whose text_config says
+    false, with no head stored: transformers ties the head to the embedding; so does the import."""
+    _folder("mistral3", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    config["text_config"]["tie_word_embeddings"] = False
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if "lm_head" not in k}, str(tmp_path / "hf" / "model.safetensors"),
+              metadata={"format": "pt"})
+    loaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "hf").eval()
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", "fp32"],
+                           capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert model.cfg.tie_embeddings
+    tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), loaded(input_ids=tokens).logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind, hf, fragment", [

@@ -34,6 +34,7 @@ import torch
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import NORM_NAMES
+from redline.interop import multimodal
 from redline.interop.multimodal import text_view
 from redline.model import ModelConfig
 
@@ -43,12 +44,9 @@ _TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "
 
 
 def text_config(hf: dict) -> dict:
-    """The text model's config: Gemma4Config's text_config (the head's tying given beside it), or hf itself."""
-    if "text_config" not in hf:
-        return hf
-    text = dict(hf["text_config"])
-    text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", True))
-    return text
+    """The text model's config: Gemma4Config's text_config (the head's tying the top-level flag's, as
+    transformers reads it: multimodal.text_config), or hf itself."""
+    return multimodal.text_config(hf, tie_default=True)
 
 
 def _kinds(hf: dict) -> list[str]:

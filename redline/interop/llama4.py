@@ -33,13 +33,15 @@ from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, interleave_rope_rows, pad_rows, raise_first
 from redline.interop.families import take_head
 from redline.interop.llama import _rope, check_silu, rope_scaling, shape_fields
+from redline.interop import multimodal
 from redline.interop.multimodal import text_view
 from redline.model import ModelConfig
 
 
 def text_config(hf: dict) -> dict:
-    """The text model's config: Llama4Config's text_config, or hf itself (a llama4_text config)."""
-    return dict(hf["text_config"]) if "text_config" in hf else hf
+    """The text model's config: Llama4Config's text_config (the head's tying the top-level flag's, as transformers
+    reads it: multimodal.text_config), or hf itself (a llama4_text config)."""
+    return multimodal.text_config(hf, tie_default=False)
 
 
 def _rope_flags(hf: dict) -> list[int]:

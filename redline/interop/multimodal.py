@@ -20,7 +20,7 @@ Qwen3VLModel forwards). Imports export as the text-only family, which transforme
 MistralForCausalLM / Qwen3ForCausalLM.
 
 Whether the head is tied is the multimodal config's own tie_word_embeddings (true by default for Gemma 3 and Mistral
-3, false for Qwen3-VL), which transformers 5 reads rather than text_config's; text_config's where only it says.
+3, false for Qwen3-VL), which transformers 5 reads rather than text_config's, whatever text_config says.
 transformers leaves a stored head that differs from the embedding untied whatever the config says, and so does redline
 (Family.settle): a config.json that names no tying (true by default) beside a head of its own reads untied.
 """
@@ -60,13 +60,13 @@ _TEXT_DEFAULTS = {
 
 def text_config(hf: dict, tie_default: bool = True) -> dict:
     """The text model's config: text_config, its class's defaults where it leaves a field out (_TEXT_DEFAULTS), with
-    the head's tying (the multimodal config's, else text_config's, else tie_default); or hf itself where it nests
-    none."""
+    the head's tying the multimodal config's, else its class's default (tie_default): transformers' tie_weights reads
+    the top-level config's flag, which text_config's does not set; or hf itself where it nests none."""
     if "text_config" not in hf:
         return hf
     given = hf["text_config"]
     text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
-    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", tie_default)))
+    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", tie_default))
     return text
 
 

@@ -31,6 +31,7 @@ import torch
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import check_silu, shape_fields
+from redline.interop import multimodal
 from redline.interop.multimodal import text_view
 from redline.model import ModelConfig
 
@@ -39,12 +40,9 @@ _DELTA = {"attn.in_proj": "in_proj_qkv", "attn.z": "in_proj_z", "attn.b": "in_pr
 
 
 def text_config(hf: dict) -> dict:
-    """The text model's config: Qwen3_5Config's text_config (the head's tying given beside it), or hf itself."""
-    if "text_config" not in hf:
-        return hf
-    text = dict(hf["text_config"])
-    text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
-    return text
+    """The text model's config: Qwen3_5Config's text_config (the head's tying the top-level flag's, as
+    transformers reads it: multimodal.text_config), or hf itself."""
+    return multimodal.text_config(hf, tie_default=False)
 
 
 def _kinds(hf: dict) -> list[str]:
