@@ -17,7 +17,8 @@ from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, ModelConfig
 from redline.recurrent import _chunk_states, gated_delta_rule, selective_scan, ssd
 
-from tests.engine_checks import assert_compiled_engine_stays_greedy
+from tests.engine_checks import (assert_compiled_engine_stays_greedy, assert_decode_batch_parks_rows,
+                                 assert_freed_row_refills, full_recompute)
 from tests.test_short_conv import assert_documents_apart
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -241,10 +242,6 @@ def long_memory(model: GPT) -> GPT:
     return model.eval()
 
 
-def full_recompute(model, prompt, n):
-    return model.generate(torch.tensor([prompt]), n, temperature=0)[0, len(prompt):].tolist()
-
-
 @RULES
 @pytest.mark.parametrize("chunk", [32768, 4, 1])
 def test_engine_decodes_as_full_recompute(chunk, cfg):
@@ -270,32 +267,12 @@ def test_decode_batch_rows_keep_their_states(cfg):
     """A server's batch: one row decodes while another's prompt goes in over two spans, the decoding steps between
     them leaving the parked row's state as it is; then both decode, and a freed row is refilled from a fresh state.
     Each row's tokens are the full recompute's; no prefix is reused (a state is not held in slots)."""
-    from redline.inference.batch import DecodeBatch
-
     torch.manual_seed(0)
     model = long_memory(GPT(cfg))
-    engine = InferenceEngine(model, compile=False)
-    batch = DecodeBatch(engine, rows=2, capacity=48)
-    a, b = list(range(3, 14)), [7, 1, 8, 2, 8, 1, 8, 2, 9]
-    first = int(batch.prefill(0, a).argmax())
-    batch.start(0, first, len(a))
-    got_a = [first] + [int(batch.step()[0]) for _ in range(3)]
-    batch.prefill(1, b[:4])
-    got_a += [int(batch.step()[0]) for _ in range(2)]  # row 1 is parked between its spans
-    second = int(batch.prefill(1, b[4:], start=4).argmax())
-    batch.start(1, second, len(b))
-    got_b = [second]
-    for _ in range(4):
-        nxt = batch.step()
-        got_a.append(int(nxt[0]))
-        got_b.append(int(nxt[1]))
-    assert got_a == full_recompute(model, a, len(got_a)) and got_b == full_recompute(model, b, len(got_b))
+    batch = assert_decode_batch_parks_rows(InferenceEngine(model, compile=False), model)
     batch.free(0)
-    assert batch.match(a) == (-1, 0)
-    c = [11, 12, 13]
-    third = int(batch.prefill(0, c).argmax())
-    batch.start(0, third, len(c))
-    assert [third] + [int(batch.step()[0]) for _ in range(3)] == full_recompute(model, c, 4)
+    assert batch.match(list(range(3, 14))) == (-1, 0)
+    assert_freed_row_refills(batch, model)
 
 
 def test_refusals():

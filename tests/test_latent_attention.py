@@ -16,7 +16,8 @@ from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.interop.families import _families, export_family
 from redline.model import GPT, ModelConfig
-from tests.engine_checks import assert_compiled_engine_stays_greedy
+from tests.engine_checks import (assert_compiled_engine_stays_greedy, assert_decode_batch_parks_rows,
+                                 assert_freed_row_refills, full_recompute)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -47,10 +48,6 @@ def sharp(cfg: ModelConfig) -> GPT:
     return model.eval()
 
 
-def full_recompute(model, prompt, n):
-    return model.generate(torch.tensor([prompt]), n, temperature=0)[0, len(prompt):].tolist()
-
-
 @CONFIGS
 @pytest.mark.parametrize("chunk", [32768, 3])
 def test_engine_decodes_as_full_recompute(chunk, cfg):
@@ -69,29 +66,9 @@ def test_engine_decodes_as_full_recompute(chunk, cfg):
 def test_decode_batch_rows_and_spans(cfg):
     """A server's batch: one row decodes while another's prompt goes in over two spans; then both decode, and a
     freed row is refilled. Each row's tokens are the full recompute's."""
-    from redline.inference.batch import DecodeBatch
-
     model = sharp(cfg)
-    batch = DecodeBatch(InferenceEngine(model, compile=False), rows=2, capacity=48)
-    a, b = list(range(3, 14)), [7, 1, 8, 2, 8, 1, 8, 2, 9]
-    first = int(batch.prefill(0, a).argmax())
-    batch.start(0, first, len(a))
-    got_a = [first] + [int(batch.step()[0]) for _ in range(3)]
-    batch.prefill(1, b[:4])
-    got_a += [int(batch.step()[0]) for _ in range(2)]
-    second = int(batch.prefill(1, b[4:], start=4).argmax())
-    batch.start(1, second, len(b))
-    got_b = [second]
-    for _ in range(4):
-        nxt = batch.step()
-        got_a.append(int(nxt[0]))
-        got_b.append(int(nxt[1]))
-    assert got_a == full_recompute(model, a, len(got_a)) and got_b == full_recompute(model, b, len(got_b))
-    batch.free(0)
-    c = [11, 12, 13]
-    third = int(batch.prefill(0, c).argmax())
-    batch.start(0, third, len(c))
-    assert [third] + [int(batch.step()[0]) for _ in range(3)] == full_recompute(model, c, 4)
+    batch = assert_decode_batch_parks_rows(InferenceEngine(model, compile=False), model)
+    assert_freed_row_refills(batch, model)
 
 
 def test_training_reaches_every_latent_projection():

@@ -13,7 +13,7 @@ import torch
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, MLP, ModelConfig
-from tests.engine_checks import assert_compiled_engine_stays_greedy
+from tests.engine_checks import assert_compiled_engine_stays_greedy, assert_decode_batch_parks_rows, full_recompute
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -35,10 +35,6 @@ def model_of(cfg: ModelConfig = LLAMA4) -> GPT:
         for block in model.blocks:
             block.attn.proj.weight.mul_(20)
     return model.eval()
-
-
-def full_recompute(model, prompt, n):
-    return model.generate(torch.tensor([prompt]), n, temperature=0)[0, len(prompt):].tolist()
 
 
 def test_chunk_mask_attends_within_chunks():
@@ -97,27 +93,11 @@ def test_engine_decodes_as_full_recompute(chunk):
     assert got == [full_recompute(model, p, 12) for p in prompts]
 
 
-def test_decode_batch_reuses_prefixes_and_parks_rows():
-    """A server's batch: a row decodes while another's prompt goes in over two spans, then a freed row's prefix is
-    reused by a prompt that extends it; every row's tokens are the full recompute's."""
-    from redline.inference.batch import DecodeBatch
-
+def test_decode_batch_parks_rows():
+    """A server's batch: a row decodes while another's prompt goes in over two spans, across a chunk boundary;
+    every row's tokens are the full recompute's."""
     model = model_of()
-    batch = DecodeBatch(InferenceEngine(model, compile=False), rows=2, capacity=48)
-    a, b = list(range(3, 14)), [7, 1, 8, 2, 8, 1, 8, 2, 9]
-    first = int(batch.prefill(0, a).argmax())
-    batch.start(0, first, len(a))
-    got_a = [first] + [int(batch.step()[0]) for _ in range(3)]
-    batch.prefill(1, b[:4])
-    got_a += [int(batch.step()[0]) for _ in range(2)]
-    second = int(batch.prefill(1, b[4:], start=4).argmax())
-    batch.start(1, second, len(b))
-    got_b = [second]
-    for _ in range(6):
-        nxt = batch.step()
-        got_a.append(int(nxt[0]))
-        got_b.append(int(nxt[1]))
-    assert got_a == full_recompute(model, a, len(got_a)) and got_b == full_recompute(model, b, len(got_b))
+    assert_decode_batch_parks_rows(InferenceEngine(model, compile=False), model, steps=6)
 
 
 def test_training_reaches_every_weight():
