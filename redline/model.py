@@ -495,6 +495,14 @@ class ModelConfig:
         """Layer `layer`'s KV heads: global_kv_head on a full-attention layer where it is given, else kv_heads."""
         return self.global_kv_head if self.global_kv_head and not self.layer_window(layer) else self.kv_heads
 
+    def layer_cache_geometry(self, layer: int) -> tuple[int, int]:
+        """The (heads, width) layer `layer` keeps in the inference engine's cache for each token: latent attention's
+        one head of its normalized latent and shared rotated key part (kv_lora_rank + rope_dims; LatentAttention.
+        latent_heads), else its KV heads and head width."""
+        if self.kv_lora_rank:
+            return 1, self.kv_lora_rank + self.rope_dims
+        return self.layer_kv_heads(layer), self.layer_head_dim(layer)
+
     def kv_source(self, layer: int) -> int | None:
         """The layer whose keys and values layer `layer` attends over (one of the last kv_shared_layers: the last
         earlier layer of its window that computes its own), or None (it computes its own)."""
@@ -1343,11 +1351,11 @@ class LatentAttention(Attention):
     key part last in kv_a), so they import and export as they are; the heads handed on are laid out [rope; nope]
     (apply_rope turns a head's first dims): q·k sums over the dims, in any order.
 
-    The heads it hands on are those of multi-head attention (B, H, T, D), the value padded with zeros from Dv to D, so
-    the inference engine's cache, prefill, decode and kernels serve it unchanged (as transformers pads the value for
-    flash attention): the padded columns of each head's output are zeros, sliced off before proj. The cache holds the
-    up-projected keys and values, H·2D a token where MLA's own cache would hold the latent's L + R: simple and exact,
-    not the memory MLA saves."""
+    Without a cache (training, a full forward) the heads it hands on are those of multi-head attention (B, H, T, D),
+    the value padded with zeros from Dv to D (as transformers pads the value for flash attention): the padded columns
+    of each head's output are zeros, sliced off before proj. With the inference engine's cache it runs in MLA's
+    absorbed form (latent_heads): the cache keeps one head of L + R a token (the normalized latent and the shared
+    rotated key part) where the expanded heads would take 2·H·D, and every query head attends over it."""
 
     def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
         nn.Module.__init__(self)
@@ -1394,16 +1402,68 @@ class LatentAttention(Attention):
     def project(self, x: torch.Tensor):
         raise NotImplementedError("latent attention has no raw q/k/v projection: use project_qkv")
 
+    def _kv_b_weight(self) -> torch.Tensor:
+        """kv_b's weight (H·(Dn + Dv), L) as the layer applies it: an adapted layer's (LoRA, NF4: a LoRALinear) is its
+        output for the identity, which takes its update in."""
+        if not hasattr(self.kv_b, "lora_A"):
+            return self.kv_b.weight
+        eye = torch.eye(self.rank, dtype=self.kv_a.weight.dtype, device=self.kv_a.weight.device)
+        return self.kv_b(eye).T
+
+    def latent_heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, ve=None):
+        """The absorbed form (DeepSeek-V2's paper, section 2.1.2): x (B, T, C) -> q (B, H, T, R + L), k and v (B, 1, T,
+        R + L). Each head's unrotated query part takes its keys' up-projection in (q_nope (Dn) @ W_uk (Dn, L) -> L),
+        so that q·k over [rope; latent] is the expanded heads' q·k; the one key head is [k_pe; c], c the normalized
+        latent, and the one value head [0; c]: a head's output's latent part goes through its W_uv after attention
+        (latent_output). The scores keep the expanded heads' scale (LatentHeads.scale)."""
+        B, T, _ = x.shape
+        H, D, R, L = self.n_head, self.head_dim, self.rope_dims, self.rank
+        q = self.q(x) if self.cfg.q_lora_rank == 0 else self.q_b(self.q_a_norm(self.q_a(x)))
+        q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
+        latent, k_pe = self.kv_a(x).split([L, R], dim=-1)  # (B, T, L), (B, T, R)
+        c = self.kv_a_norm(latent).view(B, 1, T, L)
+        k_pe = k_pe.view(B, 1, T, R)
+        if rope is not None:
+            cos, sin = layer_rope(rope, self.rope_table)
+            q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
+        w_uk = self._kv_b_weight().view(H, D - R + self.v_dim, L)[:, :D - R]  # (H, Dn, L)
+        q = torch.cat([q_pe, torch.matmul(q_nope, w_uk.to(q_nope.dtype))], dim=-1)  # (B, H, T, R + L)
+        return q, torch.cat([k_pe.to(c.dtype), c], dim=-1), F.pad(c, (R, 0))
+
+    def latent_output(self, y: torch.Tensor) -> torch.Tensor:
+        """The absorbed heads' outputs y (B, T, H·(R + L)) -> (B, T, H·Dv): each head's latent part through its W_uv
+        (L -> Dv), the value rows of kv_b."""
+        B, T, _ = y.shape
+        H, R, L = self.n_head, self.rope_dims, self.rank
+        w_uv = self._kv_b_weight().view(H, self.head_dim - R + self.v_dim, L)[:, self.head_dim - R:]  # (H, Dv, L)
+        y = y.view(B, T, H, R + L)[..., R:].transpose(1, 2)  # (B, H, T, L)
+        return torch.matmul(y, w_uv.transpose(1, 2).to(y.dtype)).transpose(1, 2).reshape(B, T, H * self.v_dim)
+
     def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None) -> torch.Tensor:
         """As Attention.forward: x (B, T, C) -> (B, T, C); the heads' outputs (B, T, H·D) cut to their values' Dv
-        columns before proj."""
+        columns before proj; with a cache, the absorbed heads' (LatentHeads) through latent_output."""
         if cache is not None:
-            y = cache.attend(self, x, rope, ve)
-        else:
-            q, k, v = self.project_qkv(x, rope, ve)
-            y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
+            return self.proj(self.latent_output(cache.attend(LatentHeads(self), x, rope, ve)))
+        q, k, v = self.project_qkv(x, rope, ve)
+        y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
         B, T, _ = y.shape
         return self.proj(y.view(B, T, self.n_head, self.head_dim)[..., :self.v_dim].reshape(B, T, -1))
+
+
+class LatentHeads:
+    """A LatentAttention layer as the inference engine's cache layers see it (redline/inference/cache.py): H query
+    heads over one key/value head of R + L (latent_heads), scored at the expanded heads' scale (model.attn_scale, else
+    1 / sqrt(head_size))."""
+
+    sinks = None
+    training = False
+    attend = Attention.attend
+
+    def __init__(self, attn: LatentAttention):
+        self.cfg, self.window, self.use_rope = attn.cfg, attn.window, True
+        self.n_head, self.n_kv, self.head_dim = attn.n_head, 1, attn.rope_dims + attn.rank
+        self.scale = attn.scale or attn.head_dim ** -0.5
+        self.project_qkv = attn.latent_heads
 
 
 def causal_conv(u: torch.Tensor, weight: torch.Tensor, before: torch.Tensor | None = None,

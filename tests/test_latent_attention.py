@@ -52,14 +52,40 @@ def sharp(cfg: ModelConfig) -> GPT:
 @pytest.mark.parametrize("chunk", [32768, 3])
 def test_engine_decodes_as_full_recompute(chunk, cfg):
     """Prompts of different lengths in one batch, prefilled whole or in chunks of `chunk` tokens, then decoded one
-    token at a time: the full recompute's tokens. The cache holds each head's key and its value padded to the key's
-    width: 2 · H · head_size a layer and token."""
+    token at a time: the full recompute's tokens. The cache holds one head of the latent and the rotated key part
+    (as keys, and as values behind zeros): 2 · (kv_lora_rank + rope_dims) a layer and token."""
     model = sharp(cfg)
     prompts = [list(range(1, 12)), [5, 6], [40]]
     engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=chunk)
     got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
     assert got == [full_recompute(model, p, 10) for p in prompts]
-    assert engine.kv_bytes_per_token() == cfg.n_layer * 2 * cfg.n_head * cfg.head_dim * 4
+    assert engine.kv_bytes_per_token() == cfg.n_layer * 2 * (cfg.kv_lora_rank + cfg.rope_dims) * 4
+
+
+@pytest.mark.parametrize("adapted", [False, True], ids=["plain", "lora-on-kv_b"])
+def test_absorbed_heads_give_the_expanded_heads_logits(adapted):
+    """The engine's absorbed form (the queries taking the keys' up-projection in, the values' applied after
+    attention) gives the full forward's logits in fp32, prefilled and decoded; with a LoRA adapter on kv_b (its
+    update in W_uk and W_uv) too."""
+    from redline.converters.lora import LoRAConverter
+    from redline.inference.batch import DecodeBatch
+
+    model = sharp(MLA_MOE)
+    if adapted:
+        LoRAConverter(4, 8.0, 0.0, ("attn.kv_b",), say=lambda m: None).convert(model)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.2)
+    batch = DecodeBatch(InferenceEngine(model, compile=False), rows=1, capacity=32)
+    prompt = [3, 9, 4, 17, 5, 60, 2, 11]
+    logits = batch.prefill(0, prompt)
+    with torch.no_grad():
+        full = model(torch.tensor([prompt + [int(logits.argmax())]]))[0]
+    torch.testing.assert_close(logits.float().flatten(), full[-2], rtol=1e-5, atol=1e-5)
+    batch.start(0, int(logits.argmax()), len(prompt))
+    step = batch.step()
+    assert int(step[0]) == int(full[-1].argmax())
 
 
 @CONFIGS

@@ -219,9 +219,10 @@ class InferenceEngine:
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
         size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
         conv, delta = len(c.conv_layers), len(c.delta_layers)
-        # each layer its own heads and width (model.global_head_size); a kv-shared layer holds none of its own
-        attention = sum(c.layer_kv_heads(i) * (c.layer_head_dim(i) * size + 4 * fp8)
-                        for i in c.attention_layers if c.kv_source(i) is None)
+        # each layer its own heads and width (model.global_head_size, latent attention's one head: layer_cache_geometry);
+        # a kv-shared layer holds none of its own
+        attention = sum(heads * (width * size + 4 * fp8) for heads, width in
+                        (c.layer_cache_geometry(i) for i in c.attention_layers if c.kv_source(i) is None))
         return 2 * attention + conv * c.n_embd * size + delta * _delta_width(c) * size
 
     # -- validation ------------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class InferenceEngine:
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
                           (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
-                          c.delta_parallel, [(c.layer_kv_heads(i), c.layer_head_dim(i)) for i in range(c.n_layer)],
+                          c.delta_parallel, [c.layer_cache_geometry(i) for i in range(c.n_layer)],
                           {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None},
                           bool(c.smear_gate)),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
