@@ -241,7 +241,7 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (bloom, cohere, deepseek, dots1, ernie, exaone, exaone4, falcon, falcon_h1, gemma,
-                                 gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
+                                 gemma2, gemma3, gemma3n, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus, minicpm3, multimodal
@@ -262,7 +262,7 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY, gemma3n.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}
@@ -402,8 +402,11 @@ def export_family(cfg: ModelConfig) -> Family:
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu), but for Nemotron-H's ReLU² experts on "
                         f"blocks of one sublayer (model.mixer_free_layers)")
 
-    from redline.interop import gemma4
+    from redline.interop import gemma3n, gemma4
 
+    if gemma3n.wants_gemma3n(cfg):  # AltUp streams, LAuReL, activation sparsity: Gemma 3n's alone
+        gemma3n.check_exportable(cfg)
+        return families["gemma3n_text"]
     if gemma4.wants_gemma4(cfg):  # values normed, layer scalars, per-layer inputs, shared KV, full layers' geometry
         gemma4.check_exportable(cfg)
         return families["gemma4_text"]
