@@ -2059,16 +2059,18 @@ class Block(nn.Module):
         routed = self.altup_router(self.altup_router_norm(x) * x.shape[-1] ** -1.0)
         return torch.tanh(routed.float()).type_as(x)
 
-    def altup_coefs(self, layer: nn.Linear) -> torch.Tensor:
-        """A coefficient layer's weight, clamped to ± model.altup_coef_clip in training as transformers' Gemma3nTextAltUp
-        clamps it: the prediction weights in place (their stored values), the correction ones in the forward."""
-        if not (self.training and self.altup_clip):
-            return layer.weight
+    def altup_coefs(self, layer: nn.Linear, modalities: torch.Tensor) -> torch.Tensor:
+        """A coefficient layer (altup_predict or altup_correct) applied to the router's weights (B, T, N), its weight
+        clamped to ± model.altup_coef_clip in training as transformers' Gemma3nTextAltUp clamps it: the prediction
+        weights in place (their stored values), the correction ones in the forward. A LoRA-wrapped layer runs as it
+        is (its base weight frozen)."""
+        if not (self.training and self.altup_clip) or type(layer) is not nn.Linear:
+            return layer(modalities)
         if layer is self.altup_predict:
             with torch.no_grad():
                 layer.weight.clamp_(-self.altup_clip, self.altup_clip)
-            return layer.weight
-        return layer.weight.clamp(-self.altup_clip, self.altup_clip)
+            return layer(modalities)
+        return F.linear(modalities, layer.weight.clamp(-self.altup_clip, self.altup_clip))
 
     def altup_forward(self, xs, rope, attn_mask, cache, ve, ple, shared):
         """Gemma 3n's decoder layer (transformers' Gemma3nTextDecoderLayer): xs (B, T, N, C), the N AltUp streams ->
@@ -2078,7 +2080,7 @@ class Block(nn.Module):
         output normed. Correct: every prediction adds (1 + c_p) times the change y' - y, c (B, T, N) routed by y'.
         Last, the per-layer input's term, read from the (scaled) first corrected stream, joins streams 1..N-1."""
         B, T, N, C = xs.shape
-        a = F.linear(self.altup_modalities(xs[:, :, 0]), self.altup_coefs(self.altup_predict)).view(B, T, N, N)
+        a = self.altup_coefs(self.altup_predict, self.altup_modalities(xs[:, :, 0])).view(B, T, N, N)
         predictions = (torch.matmul(a, xs) + xs).type_as(xs)  # (B, T, N, C)
         y = predictions[:, :, 0]
         u = self.norm1(y)
@@ -2087,7 +2089,7 @@ class Block(nn.Module):
         if self.laurel_left is not None:
             h = (h + (u + self.laurel_norm(self.laurel_right(self.laurel_left(u))))) / math.sqrt(2)
         h = h + self.out(self.mlp_out_norm(self.mlp(self.norm2(h))))
-        c = F.linear(self.altup_modalities(h), self.altup_coefs(self.altup_correct)) + 1.0  # (B, T, N)
+        c = self.altup_coefs(self.altup_correct, self.altup_modalities(h)) + 1.0  # (B, T, N)
         corrected = (predictions + c.unsqueeze(-1) * (h - y).unsqueeze(2)).type_as(h)
         if self.ple_gate is None:
             return corrected

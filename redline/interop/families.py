@@ -241,7 +241,8 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (bloom, cohere, deepseek, dots1, ernie, exaone, exaone4, falcon, falcon_h1, gemma,
-                                 gemma2, gemma3, gemma3n, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
+                                 gemma2, gemma3, gemma3n, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss,
+                                 gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus, minicpm3, multimodal
@@ -262,7 +263,8 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY, gemma3n.MULTIMODAL_FAMILY,
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY,
+                                gemma3n.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}

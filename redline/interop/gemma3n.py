@@ -170,6 +170,9 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.global_head_size or cfg.global_kv_head or cfg.global_values_from_keys or cfg.kv_shared_mlp_hidden,
          "Gemma 3n's layers share one head geometry and MLP width (no model.global_head_size, global_kv_head, "
          "global_values_from_keys or kv_shared_mlp_hidden)"),
+        (not cfg.logit_softcap or not cfg.altup_coef_clip,
+         "Gemma 3n soft-caps its logits (model.logit_softcap) and clamps its AltUp coefficients in training "
+         "(altup_coef_clip; the published models': 30 and 120): transformers' Gemma3nTextConfig takes no None"),
         (cfg.bias or cfg.has_qkv_bias or cfg.attn_softcap or cfg.attn_sinks or cfg.attn_gate != "none"
          or cfg.logit_divisor or cfg.embed_multiplier or cfg.residual_multiplier or cfg.embed_norm or cfg.head_bias,
          "Gemma 3n has no biases, score caps, sinks, gates or multipliers"),
@@ -187,13 +190,13 @@ def hf_config(cfg: ModelConfig) -> dict:
         "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": cfg.context_len,
         "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
         "attention_dropout": 0.0, "sliding_window": cfg.sliding_window or cfg.context_len, "layer_types": kinds,
-        "final_logit_softcapping": cfg.logit_softcap or None,
+        "final_logit_softcapping": cfg.logit_softcap,
         "rope_parameters": {_FULL: {"rope_type": "default", "rope_theta": cfg.rope_theta},
                             _SLIDING: {"rope_type": "default", "rope_theta": cfg.rope_local_theta or cfg.rope_theta}},
         "hidden_size_per_layer_input": cfg.per_layer_embd,
         "vocab_size_per_layer_input": cfg.per_layer_vocab or cfg.vocab_size,
         "altup_active_idx": 0, "altup_num_inputs": cfg.altup_streams, "altup_correct_scale": cfg.altup_correct_scale,
-        "altup_coef_clip": cfg.altup_coef_clip or None, "laurel_rank": cfg.laurel_rank,
+        "altup_coef_clip": cfg.altup_coef_clip, "laurel_rank": cfg.laurel_rank,
         "num_kv_shared_layers": cfg.kv_shared_layers,
         "activation_sparsity_pattern": list(cfg.mlp_sparsity) or [0.0] * cfg.n_layer,
         "initializer_range": 0.02, "use_cache": True,
