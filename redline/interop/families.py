@@ -23,7 +23,8 @@ Mamba-2 mixer side by side in every layer, its µP multipliers folded into the w
 (Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
 mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); jamba.py
 Jamba (Mamba-1 mixers with weighted dt, B and C norms and attention without positions, each followed by a SwiGLU or
-a mixture of experts on some layers); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
+a mixture of experts on some layers); gemma4.py Gemma 4's text model and gemma3n.py Gemma 3n's (Gemma 4's attention
+and per-layer inputs inside AltUp streams, with LAuReL and sparse MLP gates); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
 attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
@@ -346,7 +347,8 @@ def export_family(cfg: ModelConfig) -> Family:
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
     layer_scalars, per_layer_embd, kv_shared_layers, the full layers' global_head_size, global_kv_head and
-    global_values_from_keys) as Gemma 4's text model; a dense model with
+    global_values_from_keys) as Gemma 4's text model, unless it has Gemma 3n's (altup_streams, laurel_rank,
+    mlp_sparsity): then as Gemma 3n's; a dense model with
     attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
