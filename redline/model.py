@@ -2569,6 +2569,8 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
+        for proj in (*(self.altup_in or ()), *(self.altup_out or ())):  # AltUp's streams in and out
+            matmul += proj.weight.numel()
         attended = sum(cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # head width x keys, layer by layer
                        for i, w in zip(cfg.attention_layers, map(cfg.layer_mask, cfg.attention_layers)))
         return 6 * matmul + 12 * cfg.n_head * attended

@@ -226,6 +226,22 @@ def test_import_reads_transformers_defaults():
     assert gemma3n.model_config(_hf_text_config(num_hidden_layers=5)).mlp_sparsity == ()  # 10 layers or fewer
 
 
+def test_import_reads_the_hubs_config():
+    """gemma-3n-E2B's config.json as the Hub holds it (small): the RoPE bases as rope_theta and rope_local_base_freq,
+    intermediate_size a list, query_pre_attn_scalar (which transformers' Gemma 3n does not read: its scores are
+    unscaled) and altup_lr_multiplier (a training hint) beside the rest."""
+    from redline.interop import gemma3n
+
+    kinds = ["sliding_attention"] * 4 + ["full_attention"]
+    cfg = gemma3n.model_config(_hf_text_config(
+        num_hidden_layers=10, layer_types=kinds * 2, intermediate_size=[48] * 10, rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0, rope_scaling=None, query_pre_attn_scalar=256, altup_lr_multiplier=1.0,
+        activation_sparsity_pattern=[0.95] * 3 + [0.0] * 7, num_kv_shared_layers=4, vocab_size_per_layer_input=90))
+    assert (cfg.mlp_hidden, cfg.attn_scale, cfg.rope_theta, cfg.rope_local_theta) == (48, 1.0, 1e6, 1e4)
+    assert cfg.window_layers == (0, 1, 2, 3, 5, 6, 7, 8) and cfg.mlp_sparsity == (0.95,) * 3 + (0.0,) * 7
+    assert [cfg.kv_source(i) for i in range(6, 10)] == [5, 5, 5, 4] and cfg.per_layer_vocab == 90
+
+
 def test_multimodal_folder_imports_its_text_model(tmp_path, capsys):
     """A Gemma3nForConditionalGeneration folder (text_config nested in config.json, the text model under
     model.language_model., vision and audio towers and embedders beside it, left unread): the imported model's
