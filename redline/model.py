@@ -40,6 +40,9 @@ Features (each a field of `ModelConfig`):
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
+- Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
+  (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
+  MLP gates (`mlp_sparsity`);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
   `value_embed_layers`, `value_embed_gate`);
