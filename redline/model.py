@@ -40,6 +40,9 @@ Features (each a field of `ModelConfig`):
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
+- Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
+  (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
+  MLP gates (`mlp_sparsity`);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
   `value_embed_layers`, `value_embed_gate`);
@@ -438,6 +441,26 @@ class ModelConfig:
     layer_scalars: bool = False
     """Each block's output, the whole residual stream, times a stored scalar of its own (Gemma 4's layer_scalar
     buffer; 1 at init, not trained)."""
+    altup_streams: int = 0
+    """AltUp (Baykal et al. 2023, "Alternating Updates for Efficient Transformers"; Gemma 3n's altup_num_inputs):
+    the residual stream is this many (B, T, C) streams, the embeddings' and N - 1 learned projections of them
+    rescaled to their RMS; each block predicts every stream as a token-routed mix of all of them, runs its sublayers
+    on the first prediction alone and corrects every prediction by a routed share of what the sublayers changed; the
+    last streams are projected back, rescaled and averaged before the final norm. Needs sandwich norms; 0 = off."""
+    altup_correct_scale: bool = True
+    """altup_streams: the first corrected stream times a learned (C,) scale before the per-layer input's gate reads
+    it (Gemma 3n's altup_correct_scale)."""
+    altup_coef_clip: float = 0.0
+    """altup_streams: in training, the prediction and correction coefficients' weights clamped to ± this, as Gemma
+    3n's altup_coef_clip (the prediction weights in place, the correction ones in the forward); 0 = no clamp."""
+    laurel_rank: int = 0
+    """LAuReL (Menghani et al. 2024, "Learned Augmented Residual Layer"; Gemma 3n's laurel_rank): in each AltUp block
+    the normed input u adds u + norm(right(left(u))) (a rank-r branch) to the attention's residual sum, which is then
+    divided by sqrt(2). Needs altup_streams; 0 = off."""
+    mlp_sparsity: tuple[float, ...] = ()
+    """Per layer, a gated MLP's activation sparsity s (Gemma 3n's activation_sparsity_pattern): where s > 0 the gate
+    keeps only what exceeds its mean plus Φ⁻¹(s) standard deviations over the hidden units, less that cutoff
+    (relu(g - cutoff): a Gaussian top-k); () = none."""
     value_embed_layers: tuple[int, ...] = ()
     """Value embeddings on these layers instead, a table of its own each (nanochat's placement: every other layer,
     the last among them); table i serves the i-th layer named. () = as model.value_embeddings gives."""
@@ -881,9 +904,29 @@ class ModelConfig:
             raise UserError("model.moe_shared_hidden and model.moe_aux_loss are >= 0 and need experts "
                             "(model.moe_experts)")
         self._validate_layerwise_attention()
+        self._validate_altup()
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
+
+    def _validate_altup(self) -> None:
+        """Gemma 3n's fields: AltUp streams, LAuReL, activation sparsity."""
+        if self.altup_streams < 0 or self.laurel_rank < 0 or self.altup_coef_clip < 0:
+            raise UserError("model.altup_streams, laurel_rank and altup_coef_clip must be >= 0 (0 = off)")
+        if self.laurel_rank and not self.altup_streams:
+            raise UserError("model.laurel_rank: the LAuReL branch is part of Gemma 3n's AltUp block; it needs "
+                            "model.altup_streams")
+        if self.altup_streams and (
+                self.norm_position != "sandwich" or self.parallel_residual or self.layer_lambdas or self.backout
+                or self.value_tables or self.smear_gate or self.layer_scalars or self.moe_experts
+                or self.attention_layers != list(range(self.n_layer)) or self.mlp_free_layers):
+            raise UserError("model.altup_streams (Gemma 3n's AltUp) takes sandwich-norm blocks of attention and a "
+                            "dense MLP on every layer, without parallel_residual, layer_lambdas, backout, value "
+                            "embeddings, smear_gate, layer_scalars or experts")
+        if self.mlp_sparsity and (len(self.mlp_sparsity) != self.n_layer or not self.gated_mlp
+                                  or any(not 0 <= s < 1 for s in self.mlp_sparsity) or self.moe_experts):
+            raise UserError(f"model.mlp_sparsity needs one value in [0, 1) for each of the {self.n_layer} layers and "
+                            f"a dense gated MLP (swiglu or geglu)")
 
     def _validate_layerwise_attention(self) -> None:
         """Gemma 4's fields: the full-attention layers' own geometry, shared keys and values, per-layer inputs."""
@@ -1762,9 +1805,25 @@ def xielu(h: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: f
     return torch.where(h > 0, a_p * h * h + beta * h, (torch.expm1(h.clamp(max=eps)) - h) * a_n + beta * h)
 
 
+def gaussian_top_k(gate: torch.Tensor, std_multiplier: float) -> torch.Tensor:
+    """A gate's pre-activations (..., F) less their cutoff, mean + std_multiplier · std over F (the population
+    std), negatives zeroed: the units past the sparsity's quantile of a Gaussian fitted to each token's gate, as
+    transformers' Gemma3nTextMLP._gaussian_topk computes it (the multiplier rounded to the gate's dtype)."""
+    multiplier = torch.tensor(std_multiplier, dtype=torch.float32, device=gate.device).to(gate.dtype)
+    cutoff = gate.mean(dim=-1, keepdim=True) + gate.std(dim=-1, keepdim=True, unbiased=False) * multiplier
+    return F.relu(gate - cutoff)
+
+
+def normal_quantile(p: float) -> float:
+    """Φ⁻¹(p) in fp32, as torch.distributions.Normal(0, 1).icdf computes it (sqrt(2) · erfinv(2p - 1))."""
+    return float(torch.erfinv(2 * torch.tensor(p, dtype=torch.float32, device="cpu") - 1) * math.sqrt(2))
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, sparsity: float = 0.0):
         super().__init__()
+        # model.mlp_sparsity: the gate's Gaussian top-k cutoff in standard deviations, or None (dense)
+        self.std_multiplier = normal_quantile(sparsity) if sparsity > 0 else None
         self.kind, self.gelu, self.limit, self.gated = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit, cfg.gated_mlp
         # mlp=xielu: the activation's two learned scalars (1,) each, stored raw as Apertus's checkpoints hold them
         # (the softplus inverses of alpha_p and alpha_n - beta); beta and eps are the config's
@@ -1783,6 +1842,8 @@ class MLP(nn.Module):
         h = self.fc(x)
         if self.gated:
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
+            if self.std_multiplier is not None:
+                gate = gaussian_top_k(gate, self.std_multiplier)
             h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
         elif self.alpha_p is not None:
             h = xielu(h, self.alpha_p, self.alpha_n, self.beta, self.eps)
@@ -1993,7 +2054,8 @@ class Block(nn.Module):
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
         else:  # a dense MLP, moe_dense_hidden wide beside a mixture's experts (first moe_dense_layers, off moe_layers)
-            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg)
+            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg,
+                           cfg.mlp_sparsity[layer] if cfg.mlp_sparsity else 0.0)
         # per_layer_embd (Gemma 4's per-layer inputs): after the MLP, x + norm(ple_proj(gelu(ple_gate(x)) · input))
         self.ple_gate = self.ple_proj = self.ple_norm = None
         if cfg.per_layer_embd:
@@ -2015,6 +2077,24 @@ class Block(nn.Module):
             self.dense_out_norm, self.moe_out_norm = make_norm(cfg, cfg.n_embd), make_norm(cfg, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.residual_multiplier = cfg.residual_multiplier  # 0: the sublayers' outputs join the stream as they are
+        # altup_streams (Gemma 3n's AltUp, N streams): the router (N, C) reading RMSNorm(x) / C, the prediction
+        # coefficients (N·N, N) and correction coefficients (N, N) it drives, the first corrected stream's scale (C,)
+        self.altup_router = self.altup_router_norm = self.altup_predict = self.altup_correct = None
+        self.altup_scale = None
+        self.altup_clip = cfg.altup_coef_clip
+        if cfg.altup_streams:
+            N = cfg.altup_streams
+            self.altup_router = nn.Linear(cfg.n_embd, N, bias=False)
+            self.altup_router_norm = make_norm(cfg, cfg.n_embd)
+            self.altup_predict = nn.Linear(N, N * N, bias=False)
+            self.altup_correct = nn.Linear(N, N, bias=False)
+            self.altup_scale = nn.Parameter(torch.zeros(cfg.n_embd)) if cfg.altup_correct_scale else None
+        # laurel_rank (Gemma 3n's LAuReL): a (C -> r -> C) branch beside attention, normed
+        self.laurel_left = self.laurel_right = self.laurel_norm = None
+        if cfg.laurel_rank:
+            self.laurel_left = nn.Linear(cfg.n_embd, cfg.laurel_rank, bias=False)
+            self.laurel_right = nn.Linear(cfg.laurel_rank, cfg.n_embd, bias=False)
+            self.laurel_norm = make_norm(cfg, cfg.n_embd)
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
@@ -2024,12 +2104,63 @@ class Block(nn.Module):
     def forward(self, x, rope, attn_mask=None, cache=None, ve=None, doc_ids=None, ple=None, shared=None):
         """x: (B, T, C) -> (B, T, C); attn_mask, cache, ve and shared as Attention.forward; doc_ids (B, T) or None: the
         packed documents, which a Mamba-2 mixer beside attention (mamba) keeps apart as attn_mask does attention's;
-        ple: this layer's per-layer input (B, T, per_layer_embd) (model.per_layer_embd) or None."""
+        ple: this layer's per-layer input (B, T, per_layer_embd) (model.per_layer_embd) or None.
+        With model.altup_streams, x is the N streams (B, T, N, C) in and out (altup_forward)."""
+        if self.altup_router is not None:
+            return self.altup_forward(x, rope, attn_mask, cache, ve, ple, shared)
         x = self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared)
         if self.ple_gate is not None:  # as transformers' Gemma4TextDecoderLayer adds its per-layer input
-            h = F.gelu(self.ple_gate(x), approximate=self.gelu) * ple
-            x = x + self.ple_norm(self.ple_proj(h))
+            x = x + self.per_layer_term(x, ple)
         return x if self.layer_scalar is None else x * self.layer_scalar
+
+    def per_layer_term(self, x: torch.Tensor, ple: torch.Tensor) -> torch.Tensor:
+        """What the per-layer input adds to the stream x (B, T, C): norm(proj(gelu(gate(x)) · ple))."""
+        return self.ple_norm(self.ple_proj(F.gelu(self.ple_gate(x), approximate=self.gelu) * ple))
+
+    def altup_modalities(self, x: torch.Tensor) -> torch.Tensor:
+        """The AltUp router's (B, T, N) weights of a stream (B, T, C): tanh(router(norm(x) / C)), the tanh in fp32."""
+        routed = self.altup_router(self.altup_router_norm(x) * x.shape[-1] ** -1.0)
+        return torch.tanh(routed.float()).type_as(x)
+
+    def altup_coefs(self, layer: nn.Linear, modalities: torch.Tensor) -> torch.Tensor:
+        """A coefficient layer (altup_predict or altup_correct) applied to the router's weights (B, T, N), its weight
+        clamped to ± model.altup_coef_clip in training as transformers' Gemma3nTextAltUp clamps it: the prediction
+        weights in place (their stored values), the correction ones in the forward. A LoRA-wrapped layer runs as it
+        is (its base weight frozen)."""
+        if not (self.training and self.altup_clip) or type(layer) is not nn.Linear:
+            return layer(modalities)
+        if layer is self.altup_predict:
+            with torch.no_grad():
+                layer.weight.clamp_(-self.altup_clip, self.altup_clip)
+            return layer(modalities)
+        return F.linear(modalities, layer.weight.clamp(-self.altup_clip, self.altup_clip))
+
+    def altup_forward(self, xs, rope, attn_mask, cache, ve, ple, shared):
+        """Gemma 3n's decoder layer (transformers' Gemma3nTextDecoderLayer): xs (B, T, N, C), the N AltUp streams ->
+        the corrected streams (B, T, N, C).
+        Predict: each stream p becomes xs_p + Σ_q a_pq · xs_q, a (B, T, N, N) routed by stream 0. The sublayers run on
+        the first prediction y: attention (and the LAuReL branch beside it, the sum over sqrt(2)) then the MLP, each
+        output normed. Correct: every prediction adds (1 + c_p) times the change y' - y, c (B, T, N) routed by y'.
+        Last, the per-layer input's term, read from the (scaled) first corrected stream, joins streams 1..N-1."""
+        B, T, N, C = xs.shape
+        a = self.altup_coefs(self.altup_predict, self.altup_modalities(xs[:, :, 0])).view(B, T, N, N)
+        predictions = (torch.matmul(a, xs) + xs).type_as(xs)  # (B, T, N, C)
+        y = predictions[:, :, 0]
+        u = self.norm1(y)
+        kw = {} if shared is None else {"shared": shared}
+        h = y + self.out(self.attn_out_norm(self.attn(u, rope, attn_mask, cache, ve, **kw)))
+        if self.laurel_left is not None:
+            h = (h + (u + self.laurel_norm(self.laurel_right(self.laurel_left(u))))) / math.sqrt(2)
+        h = h + self.out(self.mlp_out_norm(self.mlp(self.norm2(h))))
+        c = self.altup_coefs(self.altup_correct, self.altup_modalities(h)) + 1.0  # (B, T, N)
+        corrected = (predictions + c.unsqueeze(-1) * (h - y).unsqueeze(2)).type_as(h)
+        if self.ple_gate is None:
+            return corrected
+        first = corrected[:, :, 0]
+        if self.altup_scale is not None:
+            first = (first.type_as(self.altup_scale) * self.altup_scale).type_as(first)
+        return torch.cat([corrected[:, :, :1], corrected[:, :, 1:] + self.per_layer_term(first, ple).unsqueeze(2)],
+                         dim=2)
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
@@ -2099,6 +2230,14 @@ class GPT(nn.Module):
             self.ple_table = nn.Embedding(cfg.per_layer_vocab or cfg.vocab_size, width)
             self.ple_proj = nn.Linear(cfg.n_embd, width, bias=False)
             self.ple_norm = make_norm(cfg, cfg.per_layer_embd)
+        # altup_streams (Gemma 3n's AltUp): N - 1 (C, C) projections of the embeddings into the further streams and
+        # N - 1 back out of them (stream_in, stream_out)
+        self.altup_in = self.altup_out = None
+        if cfg.altup_streams:
+            self.altup_in = nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+                                          for _ in range(cfg.altup_streams - 1))
+            self.altup_out = nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+                                           for _ in range(cfg.altup_streams - 1))
         # post-norm blocks end in a norm already; the others need a final one
         self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=cfg.head_bias)
@@ -2221,6 +2360,8 @@ class GPT(nn.Module):
         for block in self.blocks:  # value-embedding mixing weights and sinks are bare parameters, not modules
             if block.layer_scalar is not None:
                 block.layer_scalar.fill_(1.0)
+            if block.altup_scale is not None:  # AltUp's first corrected stream unscaled into the per-layer gate: 0
+                block.altup_scale.zero_()
             if not block.conv and block.attn.ve_mix is not None:
                 block.attn.ve_mix.fill_(0.5)
             if not block.conv and block.attn.sinks is not None:
@@ -2343,10 +2484,24 @@ class GPT(nn.Module):
 
     def stream_in(self, layer: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         """The stream (B, T, C) entering block `layer`: resid_lambdas[layer] · x + x0_lambdas[layer] · x0 with
-        model.layer_lambdas (x0 the stream entering the first block), else x."""
+        model.layer_lambdas (x0 the stream entering the first block), else x. With model.altup_streams the first
+        block's input is the N AltUp streams (B, T, N, C) (altup_widen), the others' the stream as it is."""
+        if self.altup_in is not None:
+            return self.altup_widen(x0) if layer == 0 else x
         if self.resid_lambdas is None:
             return x
         return self.resid_lambdas[layer].to(x.dtype) * x + self.x0_lambdas[layer].to(x.dtype) * x0
+
+    @staticmethod
+    def rescaled(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """y (B, T, C) rescaled to the RMS target (B, T, 1), its own RMS floored at sqrt(1e-5) (Gemma 3n's)."""
+        return y * target / torch.sqrt(torch.mean(y ** 2, dim=-1, keepdim=True).clamp(min=1e-5))
+
+    def altup_widen(self, x: torch.Tensor) -> torch.Tensor:
+        """The embeddings x (B, T, C) -> the AltUp streams (B, T, N, C): x, then each of altup_in's projections of
+        it rescaled to x's RMS, as transformers' Gemma3nTextModel stacks them."""
+        target = torch.mean(x ** 2, dim=-1, keepdim=True) ** 0.5
+        return torch.stack([x, *(self.rescaled(proj(x), target) for proj in self.altup_in)], dim=2)
 
     @property
     def backout_layer(self) -> int:
@@ -2355,7 +2510,12 @@ class GPT(nn.Module):
 
     def stream_out(self, x: torch.Tensor, mid: torch.Tensor | None) -> torch.Tensor:
         """The last block's output (B, T, C) less backout_lambda times block backout_layer's, `mid` (model.backout);
-        x as it is without."""
+        x as it is without. AltUp streams (B, T, N, C) (model.altup_streams) -> (B, T, C): stream 0 and altup_out's
+        projections of the others, each rescaled to stream 0's RMS, averaged."""
+        if self.altup_out is not None:
+            target = torch.mean(x[:, :, 0] ** 2, dim=-1, keepdim=True) ** 0.5
+            outs = [self.rescaled(proj(x[:, :, i + 1]), target) for i, proj in enumerate(self.altup_out)]
+            return torch.stack([x[:, :, 0], *outs]).mean(dim=0)
         return x if mid is None else x - self.backout_lambda.to(x.dtype) * mid
 
     def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
@@ -2366,6 +2526,8 @@ class GPT(nn.Module):
         B, T = idx.shape
         P = self.cfg.per_layer_embd
         scale = torch.tensor(P ** 0.5, dtype=torch.float32).to(self.ple_table.weight.dtype)  # rounded as wte's
+        # tokens past the table read row 0, as transformers' Gemma3nTextModel reads them (Gemma 3n's multimodal ids)
+        idx = torch.where(idx < self.ple_table.num_embeddings, idx, 0)
         tokens = (self.ple_table(idx) * scale).view(B, T, -1, P)
         context = self.ple_norm((self.ple_proj(x) * self.cfg.n_embd ** -0.5).view(B, T, -1, P))
         return (context + tokens) * 2 ** -0.5
@@ -2470,6 +2632,8 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
+        for proj in (*(self.altup_in or ()), *(self.altup_out or ())):  # AltUp's streams in and out
+            matmul += proj.weight.numel()
         attended = sum(cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # head width x keys, layer by layer
                        for i, w in zip(cfg.attention_layers, map(cfg.layer_mask, cfg.attention_layers)))
         return 6 * matmul + 12 * cfg.n_head * attended

@@ -301,6 +301,19 @@ FAMILIES = {
                         pad_token_id=None, hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4,
                         top_k_experts=2, moe_intermediate_size=32,
                         layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    # Gemma 3n text, as gemma-3n-E2B is in small: four AltUp streams, LAuReL of rank 8, per-layer inputs of width 8
+    # from a table shorter than the vocabulary (the test tokens past it read row 0), five layers sliding - sliding -
+    # full - sliding - full with a window shorter than the test sequences and a base of their own, the last two
+    # reading layers 2's and 1's keys and values, the first two MLPs' gates sparse; the logits soft-capped low
+    "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=5,
+                     sliding_window=5, pad_token_id=None, laurel_rank=8, hidden_size_per_layer_input=8,
+                     vocab_size_per_layer_input=300, num_kv_shared_layers=2, final_logit_softcapping=3.0,
+                     activation_sparsity_pattern=[0.95, 0.6, 0.0, 0.0, 0.0],
+                     layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                                  "full_attention"],
+                     rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64)),
     # OPT as opt-125m is: learned positions (two rows before position 0's), pre-LayerNorm, ReLU, biases, tied
     "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,

@@ -107,7 +107,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
 @pytest.mark.parametrize("kind, name", [("granite_swa", "Granite SWA"), ("lfm3", "LFM3"),
                                         ("gpt_neo", "GPT-Neo"), ("gptj", "GPT-J"),
                                         ("codegen", "GPT-J"), ("falcon-new", "Falcon"), ("jamba", "Jamba"),
-                                        ("gemma4", "Gemma 4"), ("deepseek_v3", "DeepSeek-V3"),
+                                        ("gemma4", "Gemma 4"), ("gemma3n", "Gemma 3n"),
+                                        ("deepseek_v3", "DeepSeek-V3"),
                                         ("deepseek_v2", "DeepSeek-V2"), ("llama4_text", "Llama 4"),
                                         ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
@@ -660,8 +661,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
                          "deepseek_v3, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
-                         "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma4, "
-                         "gemma4_text, "
+                         "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma3n, "
+                         "gemma3n_text, gemma4, gemma4_text, "
                          "glm, glm4, glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, granitemoe_swa, "

@@ -47,6 +47,13 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                               rope_scaling="proportional", rope_proportion=0.5, global_head_size=32,
                               global_kv_head=1, global_values_from_keys=True, kv_shared_layers=1,
                               kv_shared_mlp_hidden=128, per_layer_embd=8, tie_embeddings=True),
+    # Gemma 3n: Gemma 4's names inside AltUp streams, the LAuReL branch and the per-layer input layers adapted too,
+    # the first layer's MLP gate sparse
+    "Gemma3nForCausalLM": dict(n_layer=3, norm_position="sandwich", mlp="geglu", mlp_hidden=64, qk_norm=True,
+                               v_norm=True, embed_scale=True, attn_scale=1.0, fused_qkv=False, n_kv_head=2,
+                               sliding_window=4, window_layers=(0, 2), rope_local_theta=100.0, kv_shared_layers=1,
+                               per_layer_embd=8, altup_streams=3, laurel_rank=4, mlp_sparsity=(0.9, 0.0, 0.0),
+                               altup_coef_clip=120.0, logit_softcap=5.0, tie_embeddings=True),
     "Olmo2ForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2),
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2),
     # GraniteMoeSWA: Granite SWA's attention on experts with an ungated shared MLP
@@ -225,6 +232,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "Glm4MoeForCausalLM": ("attn.*",),
            # the per-layer input layers: each block's ple_gate and ple_proj, the model's ple_proj
            "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*"),
+           "Gemma3nForCausalLM": ("attn.*", "mlp.*", "ple_*", "laurel_*"),
            "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",),
            "Cohere2MoeForCausalLM": ("attn.*",),
            "FlexOlmoForCausalLM": ("attn.*",), "ExaoneMoeForCausalLM": ("attn.*",),

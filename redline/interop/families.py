@@ -23,7 +23,8 @@ Mamba-2 mixer side by side in every layer, its µP multipliers folded into the w
 (Mamba-2, attention without positions and ReLU² MLPs, one sublayer a layer) and Mamba2 (Mamba-2 mixers alone);
 mamba.py Mamba and Falcon-Mamba (Mamba-1 mixers alone, Falcon-Mamba's with RMS norms on B, C and dt); jamba.py
 Jamba (Mamba-1 mixers with weighted dt, B and C norms and attention without positions, each followed by a SwiGLU or
-a mixture of experts on some layers); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
+a mixture of experts on some layers); gemma4.py Gemma 4's text model and gemma3n.py Gemma 3n's (Gemma 4's attention
+and per-layer inputs inside AltUp streams, with LAuReL and sparse MLP gates); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
 attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
@@ -241,7 +242,8 @@ def check_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
 
 def _families() -> dict[str, Family]:
     from redline.interop import (bloom, cohere, deepseek, dots1, ernie, exaone, exaone4, falcon, falcon_h1, gemma,
-                                 gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
+                                 gemma2, gemma3, gemma3n, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss,
+                                 gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus, minicpm3, multimodal
@@ -262,7 +264,8 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY,
+                                gemma3n.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}
@@ -344,7 +347,8 @@ def export_family(cfg: ModelConfig) -> Family:
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
     layer_scalars, per_layer_embd, kv_shared_layers, the full layers' global_head_size, global_kv_head and
-    global_values_from_keys) as Gemma 4's text model; a dense model with
+    global_values_from_keys) as Gemma 4's text model, unless it has Gemma 3n's (altup_streams, laurel_rank,
+    mlp_sparsity): then as Gemma 3n's; a dense model with
     attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
@@ -402,8 +406,11 @@ def export_family(cfg: ModelConfig) -> Family:
                         f"experts (model.mlp=swiglu, swiglu_clamped or geglu), but for Nemotron-H's ReLU² experts on "
                         f"blocks of one sublayer (model.mixer_free_layers)")
 
-    from redline.interop import gemma4
+    from redline.interop import gemma3n, gemma4
 
+    if gemma3n.wants_gemma3n(cfg):  # AltUp streams, LAuReL, activation sparsity: Gemma 3n's alone
+        gemma3n.check_exportable(cfg)
+        return families["gemma3n_text"]
     if gemma4.wants_gemma4(cfg):  # values normed, layer scalars, per-layer inputs, shared KV, full layers' geometry
         gemma4.check_exportable(cfg)
         return families["gemma4_text"]

@@ -1110,6 +1110,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                           "shared experts, multi-token prediction layers)"),
                 "gemma4_text": ("Gemma 4", "no writer here for llama.cpp's gemma4 layout (per-layer inputs, shared "
                                            "KV layers, the full layers' own head width)"),
+                "gemma3n_text": ("Gemma 3n", "no writer here for llama.cpp's gemma3n layout (AltUp streams, LAuReL, "
+                                             "per-layer inputs, shared KV layers, activation sparsity)"),
                 "apertus": ("Apertus", "no writer here for llama.cpp's apertus layout (xIELU's scalars per layer)"),
                 "ernie4_5_moe": ("ERNIE 4.5 MoE", "no writer here for llama.cpp's ernie4_5-moe layout (its expert "
                                                   "bias, shared experts and dense layers)"),

@@ -9,7 +9,8 @@ Names follow the exported architecture's modules (redline/interop/llama.py, gpt2
 gptj.py: q and k rows (B's rows) in GPT-J's interleaved RoPE order; phi.py, phi3.py, gpt_neox.py, opt.py,
 starcoder2.py, nanochat.py, bloom.py, falcon.py, mpt.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py,
 gemma4.py: Llama's attention and MLP names, each block's ple_gate and ple_proj as per_layer_input_gate and
-per_layer_projection, the model's ple_proj as model.per_layer_model_projection; deepseek.py: the latent
+per_layer_projection, the model's ple_proj as model.per_layer_model_projection; gemma3n.py: Gemma 4's and each
+block's laurel_left and laurel_right as laurel.linear_left and linear_right (AltUp's layers refused by name); deepseek.py: the latent
 attention's q_a_proj, q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, DeepSeek-V2's rotated rows (B's
 rows) interleaved again, no MLP adapter (PEFT moves them onto the experts); minicpm3.py: that latent attention
 beside Llama's MLP names; falcon_h1.py: its Mamba-2
@@ -75,6 +76,8 @@ _MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.
 # Gemma 4's per-layer input layers (gemma4.py): each block's gate and projection (the model's own projection of the
 # embeddings: _parts)
 _GEMMA4_PLE = {"ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projection"}
+# Gemma 3n's LAuReL branch (gemma3n.py); its AltUp router, coefficients and stream projections take no adapter
+_LAUREL = {"laurel_left": "laurel.linear_left", "laurel_right": "laurel.linear_right"}
 # the architectures whose gate_proj, up_proj and down_proj adapters PEFT moves onto the experts' fused parameters
 _EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE",
                  "cohere2_moe": "Cohere2 MoE", "dots1": "dots.llm1"}
@@ -86,7 +89,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     gpt2 = family.name == "gpt2"
     if layer in ("lm_head",):
         return [("lm_head", slice(0, cfg.vocab_size))]
-    gemma4 = family.name in ("gemma4_text", "gemma4")
+    gemma4 = family.name in ("gemma4_text", "gemma4", "gemma3n_text", "gemma3n")  # gemma3n.py: Gemma 4's names
     if gemma4 and layer == "ple_proj":
         return [("model.per_layer_model_projection", slice(0, out_features))]
     match = _LAYER.match(layer)
@@ -247,6 +250,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return _glm_parts(layer, base, rest, out_features, cfg, family)
     if gemma4 and rest in _GEMMA4_PLE:
         return [(base + _GEMMA4_PLE[rest], slice(0, out_features))]
+    if family.name in ("gemma3n_text", "gemma3n") and rest in _LAUREL:
+        return [(base + _LAUREL[rest], slice(0, out_features))]
     if family.name in ("llama4_text", "llama4") and rest != "attn.qkv":  # llama4.py's names: feed_forward.*
         if rest == "mlp.router":  # Llama4Router returns (scores, logits): a LoRA layer around it cannot add to that
             raise UserError(f"the adapter on {layer} adapts Llama 4's router, whose forward returns its scores and "

@@ -120,6 +120,11 @@ FIELDS_ACCOUNTED = {
     "per_layer_vocab": "refused with per_layer_embd",
     "layer_scalars": "refused: the block's output leaves the last product unscaled",
     "moe_beside_dense": "refused with moe_experts",
+    # Gemma 3n's (plan.layerwise_attention names them)
+    "altup_streams": "refused: the block runs on one residual stream, not AltUp's several",
+    "altup_correct_scale": "refused with altup_streams", "altup_coef_clip": "training only",
+    "laurel_rank": "refused: the block has no branch beside attention",
+    "mlp_sparsity": "refused: the MLP's product kernel applies no top-k cutoff to its gate",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model; alibi refused (the plan keeps it "
                "off the attention kernel, whose scores take no bias)", "rope_theta": "inputs",
