@@ -16,7 +16,7 @@ from redline.errors import UserError
 from redline.interop.families import export_family
 from redline.model import GPT, ModelConfig
 from redline.training.checkpoint import load_for_inference
-from tests.interop_models import FAMILIES, VOCAB, hf_folder
+from tests.interop_models import FAMILIES, VOCAB, causal_lm_class, hf_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,7 +49,7 @@ def written_and_loaded(tmp_path, model, tokenizer, family):
     from redline.interop.hf import write_folder
 
     write_folder(tmp_path / "out", model.state_dict(), model.cfg, tokenizer, family, torch.float32)
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    back, info = causal_lm_class(family.architecture).from_pretrained(tmp_path / "out", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert type(back).__name__ == family.architecture
     return back.eval()
@@ -86,7 +86,11 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                "falcon": "PhiForCausalLM", "falcon-new-one-norm": "PhiForCausalLM",
                "falcon-sequential": "GPTNeoXForCausalLM", "falcon-sequential-mqa": "Starcoder2ForCausalLM",
                # GLM-4.7-Flash is DeepSeek-V3's attention and router: transformers' DeepSeek-V3 gives its logits
-               "glm4_moe_lite": "DeepseekV3ForCausalLM"}
+               "glm4_moe_lite": "DeepseekV3ForCausalLM",
+               # Youtu is a dense DeepSeek-V3; DeepSeek-V3.2 and GLM-5 within index_topk keys DeepSeek-V3 (their
+               # indexer not kept: deepseek_kin.py)
+               "youtu": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV3ForCausalLM",
+               "glm_moe_dsa": "DeepseekV3ForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -94,9 +98,10 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     hf, model, _, ckpt = imported(kind, tmp_path, capsys)
     code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "exported")], capsys)
     assert code == 0, err
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    arch = EXPORTED_AS.get(kind, FAMILIES[kind][1])
+    back, info = causal_lm_class(arch).from_pretrained(tmp_path / "exported", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    assert type(back).__name__ == EXPORTED_AS.get(kind, FAMILIES[kind][1])
+    assert type(back).__name__ == arch
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")

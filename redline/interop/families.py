@@ -244,7 +244,7 @@ def _families() -> dict[str, Family]:
                                  gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus, minicpm3, multimodal
+    from redline.interop import apertus, deepseek_kin, minicpm3, multimodal
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -265,7 +265,9 @@ def _families() -> dict[str, Family]:
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
-                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}
+                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
+                                deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
+                                *deepseek_kin.DSA_FAMILIES)}
 
 
 def supported_names() -> list[str]:
