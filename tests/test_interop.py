@@ -117,7 +117,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
-                                        ("granitemoe_swa", "GraniteMoeSWA")])
+                                        ("granitemoe_swa", "GraniteMoeSWA"), ("mistral4", "Mistral 4"),
+                                        ("youtu", "DeepSeek-V3"), ("deepseek_v32", "DeepSeek-V3")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -169,6 +170,17 @@ REDLINE_EXPORTS = {
     # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
                            parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
+    # Mistral 4: latent attention with softmax-scored experts chosen within groups and rescaled (its router alone),
+    # or rescaled alone; DeepSeek-V2 where they are taken as they are (its router)
+    "Mistral4ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                fused_qkv=False, moe_experts=8, moe_top_k=2, mlp_hidden=32, moe_groups=4,
+                                moe_topk_groups=2, moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                                moe_dense_hidden=48, moe_scale=1.5),
+    "Mistral4ForCausalLM-ungrouped": dict(kv_lora_rank=16, head_size=24, rope_dims=8, fused_qkv=False, moe_experts=4,
+                                          moe_top_k=2, mlp_hidden=32, moe_shared_hidden=64, moe_shared_gate=False),
+    "DeepseekV2ForCausalLM": dict(kv_lora_rank=16, head_size=24, rope_dims=8, fused_qkv=False, moe_experts=4,
+                                  moe_top_k=2, mlp_hidden=32, moe_norm_topk=False, moe_shared_hidden=64,
+                                  moe_shared_gate=False),
     # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
@@ -663,22 +675,22 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
-                         "deepseek_v3, dots1, "
+                         "deepseek_v3, deepseek_v32, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma4, "
                          "gemma4_text, "
-                         "glm, glm4, glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, gpt_neo, "
+                         "glm, glm4, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, granitemoe_swa, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
-                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mistral3, mixtral, mpt, nanochat, "
+                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, nanochat, "
                          "nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
+                         "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma, youtu")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -198,12 +198,12 @@ def _rope_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
 
 
 def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: ModelConfig, name: str):
-    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name` (DeepSeek's or
-    MiniCPM3's), each with its B rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's
+    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name` (DeepSeek's, Mistral
+    4's or MiniCPM3's), each with its B rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's
     rotated rows interleaved again, as to_hf writes them); a UserError for DeepSeek's MLPs' layers, whose adapters
     PEFT would move onto the experts (its weight conversion for transformers' DeepSeek models, as for Qwen3-Next's);
     None for MiniCPM3's dense MLPs (Llama's names)."""
-    arch = _ARCHITECTURES.get(name, "MiniCPM3ForCausalLM")
+    arch = {**_ARCHITECTURES, "mistral4": "Mistral4ForCausalLM"}.get(name, "MiniCPM3ForCausalLM")
     if rest.startswith("attn."):
         module = rest[len("attn."):]
         if module not in _ATTN or module.endswith("_norm"):

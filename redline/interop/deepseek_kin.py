@@ -76,6 +76,10 @@ def mistral4_model_config(hf: dict) -> ModelConfig:
                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
                   "llama_4_scaling_beta": 0.1}
         hf["rope_parameters"] = params
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "yarn":  # its other RoPE tables ignore partial_rotary_factor: a whole head's, qk_rope_head_dim wide
+        raise UserError(f"rope_parameters.rope_type={kind!r} on mistral4: transformers' Mistral 4 rotates "
+                        f"qk_rope_head_dim alone with YaRN only (Mistral4Config's default)")
     # DeepSeek-V3's reading, then the router's softmax in place of its sigmoid and bias (module docstring)
     cfg = deepseek.model_config_for("deepseek_v3")(hf)
     if cfg.moe_experts:
@@ -102,6 +106,8 @@ def check_mistral4_exportable(cfg: ModelConfig) -> None:
         (cfg.moe_expert_bias, "model.moe_expert_bias with softmax scores and latent attention: Mistral 4's router "
                               "has no routing bias"),
         (cfg.moe_norm_min, f"model.moe_norm_min={cfg.moe_norm_min}: Mistral 4 does not floor the chosen scores' sum"),
+        (cfg.rope_scaling not in ("none", "yarn"), f"model.rope_scaling={cfg.rope_scaling} with Mistral 4's router: "
+                                                  f"transformers' Mistral 4 takes YaRN alone"),
     ])
     # the rest as DeepSeek-V3's checks read it: its blocks, attention and shared expert are Mistral 4's
     deepseek.check_exportable(dataclasses.replace(cfg, moe_gating="sigmoid", moe_norm_eps=1e-20), "deepseek_v3")
@@ -112,7 +118,8 @@ def mistral4_hf_config(cfg: ModelConfig) -> dict:
     out = deepseek.hf_config_for("deepseek_v3")(cfg)
     # llama_4_scaling_beta 0: the queries unscaled at every position (transformers reads the key unguarded)
     params = {**out["rope_parameters"], "llama_4_scaling_beta": 0.0}
-    params.setdefault("original_max_position_embeddings", cfg.context_len)
+    if cfg.rope_scaling == "none":  # YaRN by 1: the plain table (pos / 1 both ways, attention factor 1), the one
+        params.update(rope_type="yarn", factor=1.0, original_max_position_embeddings=cfg.context_len)  # it rotates
     out.update(model_type="mistral4", rope_parameters=params, pretraining_tp=1)
     return out
 

@@ -1,0 +1,106 @@
+"""Youtu, Mistral 4, DeepSeek-V3.2 and GLM-5 (redline/interop/deepseek_kin.py) beyond the import / export tables of
+test_interop.py: the contexts the imports stop at, what each reads as, the one-line refusals."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from redline.errors import UserError
+from redline.interop.families import _families, export_family
+from tests.interop_models import hf_folder
+from tests.test_interop import TOKENS, imported, run_cli
+
+transformers = pytest.importorskip("transformers")
+
+HUB_V32 = {  # DeepSeek-V3.2-Exp's config.json, its sizes cut down
+    "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "vocab_size": 320,
+    "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 8,
+    "routed_scaling_factor": 2.5, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+    "qk_nope_head_dim": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, "first_k_dense_replace": 3,
+    "norm_topk_prob": True, "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "index_topk": 2048,
+    "index_head_dim": 128, "index_n_heads": 64, "tie_word_embeddings": False,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+
+
+def test_dsa_import_stops_at_index_topk_and_says_the_indexer_is_left_out(tmp_path, capsys):
+    from redline.training.checkpoint import load_for_inference
+
+    hf_folder("glm_moe_dsa", tmp_path / "hf")
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert model.cfg.context_len == 32  # index_topk, below max_position_embeddings 64
+    assert "indexer (5 tensors) is left out" in err and "index_topk = 32" in err  # layer 0's alone: 1 is "shared"
+    cfg = _families()["deepseek_v32"].model_config(HUB_V32)
+    assert cfg.context_len == 2048 and cfg.moe_dense_layers == 3 and cfg.moe_groups == 4
+    # the rest is DeepSeek-V3's reading of the same fields, RoPE on interleaved pairs
+    v3 = _families()["deepseek_v3"].model_config({**HUB_V32, "model_type": "deepseek_v3"})
+    assert dataclasses.replace(v3, context_len=2048) == cfg
+    assert export_family(cfg).name == "deepseek_v3"
+
+
+def test_dsa_import_matches_transformers_up_to_index_topk(tmp_path, capsys):
+    """At index_topk tokens, the longest context the import takes, the indexer still keeps every key."""
+    hf, model, _, _ = imported("deepseek_v32", tmp_path, capsys)
+    tokens = torch.randint(0, 320, (1, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(UserError, match="exceeds the model.s context_len 32"):  # past it DSA would drop keys
+        model(torch.cat([tokens, tokens[:, :1]], dim=1))
+
+
+def test_mistral4_context_stops_where_its_query_scale_starts(tmp_path, capsys):
+    hf, model, _, _ = imported("mistral4", tmp_path, capsys)
+    assert model.cfg.context_len == 32  # rope_parameters' original_max_position_embeddings
+    assert model.cfg.moe_gating == "softmax" and not model.cfg.moe_expert_bias and model.cfg.moe_groups == 4
+    tokens = torch.randint(0, 320, (1, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+    # Mistral4Config's defaults: YaRN by 128 from 8192 with the query scale from there
+    cfg = _families()["mistral4"].model_config({"model_type": "mistral4", "num_hidden_layers": 2, "hidden_size": 64,
+                                                "intermediate_size": 96, "num_attention_heads": 4})
+    assert cfg.context_len == 8192 and cfg.rope_scaling == "yarn" and cfg.rope_factor == 128.0
+
+
+def test_youtu_reads_as_dense_deepseek_v3(tmp_path, capsys):
+    _, model, _, _ = imported("youtu", tmp_path, capsys)
+    assert model.cfg.kv_lora_rank == 16 and not model.cfg.moe_experts and model.cfg.tie_embeddings
+    assert export_family(model.cfg).name == "deepseek_v3"
+
+
+@pytest.mark.parametrize("kind, change, fragment", [
+    ("mistral4", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+     "rope_parameters.rope_type='default' on mistral4"),
+    ("mistral4", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                      "llama_4_scaling_beta": 0.1}},
+     "llama_4_scaling_beta without original_max_position_embeddings"),
+    ("youtu", {"n_routed_experts": 4}, "n_routed_experts=4 on youtu"),
+    ("deepseek_v32", {"mlp_layer_types": ["sparse", "dense"]}, "mlp_layer_types=['sparse', 'dense']"),
+    ("glm_moe_dsa", {"index_topk": 0}, "index_topk=0 on glm_moe_dsa"),
+])
+def test_import_refusals_are_one_line(kind, change, fragment, tmp_path, capsys):
+    import json
+
+    hf_folder(kind, tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_mistral4_export_refusals(tmp_path, capsys):
+    _, model, _, _ = imported("mistral4", tmp_path, capsys)
+    biased = dataclasses.replace(model.cfg, moe_expert_bias=True)
+    with pytest.raises(UserError, match="Mistral 4's router has no routing bias"):
+        export_family(biased)
+    with pytest.raises(UserError, match="model.rope_scaling=linear with Mistral 4's router"):
+        export_family(dataclasses.replace(model.cfg, rope_scaling="linear", rope_factor=2.0))
+    # rescaled scores without groups are Mistral 4's too; taken as they are, DeepSeek-V2's
+    ungrouped = dataclasses.replace(model.cfg, moe_groups=1, moe_topk_groups=1)
+    assert export_family(ungrouped).name == "mistral4"
+    assert export_family(dataclasses.replace(ungrouped, moe_norm_topk=False)).name == "deepseek_v2"
+    assert TOKENS.shape[1] <= model.cfg.context_len
