@@ -39,7 +39,8 @@ Features (each a field of `ModelConfig`):
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
-  (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
+  (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
+  (`moe_post_norm`, A.X-K1's);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
   `value_embed_layers`, `value_embed_gate`);
@@ -354,6 +355,9 @@ class ModelConfig:
     """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP moe_dense_hidden wide (Jamba's
     every expert_layer_period-th layer from expert_layer_offset, Nemotron-H's E layers); () = every layer from
     moe_dense_layers on."""
+    moe_post_norm: bool = False
+    """Mixture of experts: a norm (model.norm's kind, with weights) on the mixture's output, shared expert included,
+    before it joins the residual stream (mlp.post_norm: A.X-K1's post_mlp_layernorm); the dense layers have none."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
@@ -914,6 +918,9 @@ class ModelConfig:
                 (self.moe_experts and not self.moe_beside_dense) or self.mlp_free_layers):
             raise UserError("model.per_layer_embd and kv_shared_mlp_hidden take dense MLPs on every layer (no "
                             "model.moe_experts in their place, no mlp_free_layers)")
+        if self.moe_post_norm and (not self.moe_experts or self.moe_beside_dense):
+            raise UserError("model.moe_post_norm needs experts (model.moe_experts) in place of the MLP (no "
+                            "moe_beside_dense, whose outputs have norms of their own)")
         if self.moe_beside_dense and (
                 not self.moe_experts or not self.moe_dense_hidden or self.norm_position != "sandwich"
                 or self.moe_layers or self.moe_dense_layers or self.moe_shared_hidden or self.moe_groups > 1
@@ -1816,6 +1823,7 @@ class MoE(nn.Module):
         self.router_scale = nn.Parameter(torch.ones(C)) if cfg.moe_beside_dense else None
         self.expert_scale = nn.Parameter(torch.ones(E)) if cfg.moe_beside_dense else None
         self.router_norm_eps = cfg.norm_eps  # moe_beside_dense: the router's input norm
+        self.post_norm = make_norm(cfg, C) if cfg.moe_post_norm else None  # on the whole output (A.X-K1's)
         self.balance_loss = cfg.moe_aux_loss > 0
         self.balance: torch.Tensor | None = None
         """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
@@ -1888,6 +1896,8 @@ class MoE(nn.Module):
         if self.shared is not None:
             shared = self.shared(x)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
+        if self.post_norm is not None:
+            out = self.post_norm(out)
         if self.balance_loss and self.training:
             share = counts.float() / flat.numel()  # f_e
             self.balance = E * (share * probs.mean(dim=0)).sum()

@@ -189,6 +189,14 @@ FAMILIES = {
                          moe_intermediate_size=32, routed_scaling_factor=1.8, index_topk=32, index_head_dim=16,
                          index_n_heads=2, indexer_types=["full", "shared"], pad_token_id=None,
                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # A.X-K1: DeepSeek-V3 (RoPE on interleaved pairs, its router with a bias, grouped) with an RMSNorm on each
+    # mixture's output (post_mlp_layernorm), the dense first layer as mlp_layer_types
+    "axk1": ("AXK1Config", "AXK1ForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16,
+                  qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, n_group=4, topk_group=2,
+                  num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=2.5,
+                  mlp_layer_types=["dense", "sparse"], pad_token_id=None,
+                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # MiniCPM3: latent attention (RoPE on (first half, second half) pairs, values hidden / heads wide) with µP
     # scalars: embeddings times scale_emb, each sublayer's output times scale_depth / sqrt(layers), the last hidden
     # state divided by hidden_size / dim_model_base; tied; and with LongRoPE (MiniCPM3-4B's rope_scaling)

@@ -118,7 +118,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
                                         ("granitemoe_swa", "GraniteMoeSWA"), ("mistral4", "Mistral 4"),
-                                        ("youtu", "DeepSeek-V3"), ("deepseek_v32", "DeepSeek-V3")])
+                                        ("youtu", "DeepSeek-V3"), ("deepseek_v32", "DeepSeek-V3"),
+                                        ("axk1", "A.X-K1")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -181,6 +182,12 @@ REDLINE_EXPORTS = {
     "DeepseekV2ForCausalLM": dict(kv_lora_rank=16, head_size=24, rope_dims=8, fused_qkv=False, moe_experts=4,
                                   moe_top_k=2, mlp_hidden=32, moe_norm_topk=False, moe_shared_hidden=64,
                                   moe_shared_gate=False),
+    # A.X-K1: DeepSeek-V3's attention and router with a norm on each mixture's output (its alone)
+    "AXK1ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                            fused_qkv=False, moe_experts=8, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                            moe_expert_bias=True, moe_groups=4, moe_topk_groups=2, moe_norm_eps=1e-20,
+                            moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=48,
+                            moe_scale=2.5, moe_post_norm=True),
     # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
@@ -674,7 +681,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
+                         "redline imports apertus, arcee, axk1, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
                          "deepseek_v3, deepseek_v32, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma4, "

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from redline.errors import UserError
+from redline.model import ModelConfig
 from redline.interop.families import _families, export_family
 from tests.interop_models import hf_folder
 from tests.test_interop import TOKENS, imported, run_cli
@@ -104,3 +105,34 @@ def test_mistral4_export_refusals(tmp_path, capsys):
     assert export_family(ungrouped).name == "mistral4"
     assert export_family(dataclasses.replace(ungrouped, moe_norm_topk=False)).name == "deepseek_v2"
     assert TOKENS.shape[1] <= model.cfg.context_len
+
+
+def test_axk1_hub_files_without_routing_bias_and_with_dense_layer_norms(tmp_path, capsys):
+    """A.X-K1's Hub files route without e_score_correction_bias (transformers holds zeros) and store a
+    post_mlp_layernorm on the dense layers too, which nothing uses."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.training.checkpoint import load_for_inference
+
+    hf = hf_folder("axk1", tmp_path / "hf")
+    with torch.no_grad():
+        hf.model.layers[1].mlp.gate.e_score_correction_bias.zero_()
+    path = tmp_path / "hf" / "model.safetensors"
+    state = {k: v for k, v in load_file(path).items() if not k.endswith("e_score_correction_bias")}
+    state["model.layers.0.post_mlp_layernorm.weight"] = torch.ones(64)
+    save_file(state, path, metadata={"format": "pt"})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert model.cfg.moe_post_norm and model.cfg.moe_dense_layers == 1
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_post_norm_exports_as_axk1_alone():
+    cfg = ModelConfig(vocab_size=100, context_len=32, n_layer=2, n_embd=32, n_head=4, moe_experts=4, moe_top_k=2,
+                      mlp_hidden=16, moe_post_norm=True)
+    with pytest.raises(UserError, match="model.moe_post_norm: of the architectures redline exports to, A.X-K1 alone"):
+        export_family(cfg)
+    with pytest.raises(UserError, match="model.moe_post_norm needs experts"):
+        dataclasses.replace(cfg, moe_experts=0).validate()

@@ -199,11 +199,12 @@ def _rope_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
 
 def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: ModelConfig, name: str):
     """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name` (DeepSeek's, Mistral
-    4's or MiniCPM3's), each with its B rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's
+    4's, A.X-K1's or MiniCPM3's), each with its B rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's
     rotated rows interleaved again, as to_hf writes them); a UserError for DeepSeek's MLPs' layers, whose adapters
     PEFT would move onto the experts (its weight conversion for transformers' DeepSeek models, as for Qwen3-Next's);
     None for MiniCPM3's dense MLPs (Llama's names)."""
-    arch = {**_ARCHITECTURES, "mistral4": "Mistral4ForCausalLM"}.get(name, "MiniCPM3ForCausalLM")
+    arch = {**_ARCHITECTURES, "mistral4": "Mistral4ForCausalLM", "axk1": "AXK1ForCausalLM"}.get(
+        name, "MiniCPM3ForCausalLM")
     if rest.startswith("attn."):
         module = rest[len("attn."):]
         if module not in _ATTN or module.endswith("_norm"):
@@ -321,10 +322,13 @@ def to_hf_for(name: str):
 
 
 def export_name(cfg: ModelConfig) -> str:
-    """Mistral 4 for a mixture with softmax scores rescaled or chosen within groups (deepseek_kin.py), DeepSeek-V2 for
+    """A.X-K1 for mixtures with normed outputs, Mistral 4 for a mixture with softmax scores rescaled or chosen within groups (deepseek_kin.py), DeepSeek-V2 for
     one with softmax scores taken as they are, DeepSeek-V3 otherwise (sigmoid scores, or dense)."""
     from redline.interop import deepseek_kin
 
+    if cfg.moe_post_norm:  # a norm on the mixtures' outputs: A.X-K1's alone
+        deepseek_kin.check_axk1_exportable(cfg)
+        return "axk1"
     if deepseek_kin.wants_mistral4(cfg):
         deepseek_kin.check_mistral4_exportable(cfg)
         return "mistral4"

@@ -201,3 +201,93 @@ def _dsa_family(name: str, architecture: str) -> Family:
 
 DSA_FAMILIES = (_dsa_family("deepseek_v32", "DeepseekV32ForCausalLM"),
                 _dsa_family("glm_moe_dsa", "GlmMoeDsaForCausalLM"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A.X-K1
+
+_AXK1_DEFAULTS = dict(vocab_size=163840, moe_intermediate_size=2048, n_shared_experts=1, n_routed_experts=192,
+                      routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+                      v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
+                      norm_topk_prob=True, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_interleave=True)
+"""AXK1Config's defaults for the fields a config.json may leave out."""
+_POST_MLP_NORM = "post_mlp_layernorm.weight"
+"""A.X-K1's norm on a mixture's output, after model.layers.N.: where the Hub's files and save_pretrained put it
+(transformers' module holds it as mlp.post_mlp_layernorm, which older files may name)."""
+
+
+def axk1_model_config(hf: dict) -> ModelConfig:
+    """DeepSeek-V3's reading (its dense layers as mlp_layer_types, from first_k_dense_replace and moe_layer_freq
+    where absent, as AXK1Config derives them), the mixtures' outputs normed (model.moe_post_norm)."""
+    hf = {**_AXK1_DEFAULTS, **{k: v for k, v in hf.items() if v is not None or k == "q_lora_rank"}}
+    n = hf["num_hidden_layers"]
+    if not hf.get("mlp_layer_types"):
+        first, every = int(hf.get("first_k_dense_replace", 1)), int(hf.get("moe_layer_freq", 1))
+        hf["mlp_layer_types"] = ["sparse" if i >= first and i % every == 0 else "dense" for i in range(n)]
+    plain = deepseek.lite_as_deepseek_v3({k: v for k, v in hf.items() if k != "moe_layer_freq"}, defaults={})
+    cfg = deepseek.model_config_for("deepseek_v3")(plain)
+    return dataclasses.replace(cfg, moe_post_norm=True) if cfg.moe_experts else cfg
+
+
+class _ZeroRoutingBias:
+    """A source whose mixtures' missing e_score_correction_bias reads as zeros: A.X-K1's Hub files route without
+    one, which transformers' DeepSeek-V3 router then holds as zeros (AXK1PreTrainedModel's missing keys)."""
+
+    def __init__(self, src: TensorSource, cfg: ModelConfig):
+        self.src, self.where = src, src.where
+        self.zeros = {f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in range(cfg.n_layer)
+                      if cfg.layer_has_experts(i)} - src.names
+        self.names, self.used = src.names | self.zeros, src.used
+        self.experts = cfg.moe_experts
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def take(self, name: str) -> torch.Tensor:
+        return torch.zeros(self.experts) if name in self.zeros else self.src.take(name)
+
+
+def axk1_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    out = deepseek.to_redline(_ZeroRoutingBias(src, cfg), cfg)  # type: ignore[arg-type]: take / names / used
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        names = [n for n in (p + _POST_MLP_NORM, p + "mlp." + _POST_MLP_NORM) if n in src]
+        if cfg.layer_has_experts(i):
+            if not names:
+                raise UserError(f"{src.where} has no tensor {p + _POST_MLP_NORM}; the file is incomplete or not of "
+                                f"the architecture its config names")
+            out[f"blocks.{i}.mlp.post_norm.weight"] = src.take(names[0])
+        else:  # the Hub's dense layers store one too, which transformers' A.X-K1 does not use
+            src.used.update(names)
+    return out
+
+
+def check_axk1_exportable(cfg: ModelConfig) -> None:
+    raise_first([
+        (not (cfg.kv_lora_rank and cfg.moe_experts), "model.moe_post_norm: of the architectures redline exports "
+                                                     "to, A.X-K1 alone norms a mixture's output, and it has latent "
+                                                     "attention (model.kv_lora_rank) and experts"),
+        (cfg.norm != "rmsnorm", f"model.norm={cfg.norm} with model.moe_post_norm: A.X-K1's norms are RMSNorms"),
+    ])
+    deepseek.check_exportable(cfg, "deepseek_v3")
+
+
+def axk1_hf_config(cfg: ModelConfig) -> dict:
+    check_axk1_exportable(cfg)
+    out = deepseek.hf_config_for("deepseek_v3")(cfg)
+    dense = out.pop("first_k_dense_replace")  # AXK1Config takes mlp_layer_types alone
+    return {**out, "model_type": "axk1",
+            "mlp_layer_types": ["dense"] * dense + ["sparse"] * (cfg.n_layer - dense)}
+
+
+def axk1_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    out = deepseek.to_hf_for("deepseek_v3")(state, cfg)
+    for i in range(cfg.n_layer):
+        if cfg.layer_has_experts(i):
+            out[f"model.layers.{i}.{_POST_MLP_NORM}"] = state[f"blocks.{i}.mlp.post_norm.weight"]
+    return out
+
+
+AXK1_FAMILY = Family(name="axk1", architecture="AXK1ForCausalLM", model_config=axk1_model_config,
+                     hf_config=axk1_hf_config, to_redline=axk1_to_redline, to_hf=axk1_to_hf,
+                     ignorable=deepseek._ignorable, fold=deepseek.fold_for("deepseek_v3"))

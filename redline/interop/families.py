@@ -267,7 +267,7 @@ def _families() -> dict[str, Family]:
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
-                                *deepseek_kin.DSA_FAMILIES)}
+                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -358,6 +358,9 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
                         f"to) has no value-embedding gates, smear, per-layer scalars or backout; run the model with "
                         f"redline generate, chat or serve instead")
+    if cfg.moe_post_norm and not cfg.kv_lora_rank:  # checked here: no other exporter knows the field
+        raise UserError("model.moe_post_norm: of the architectures redline exports to, A.X-K1 alone norms a "
+                        "mixture's output, and it has latent attention (model.kv_lora_rank)")
     from redline.interop import ernie, lfm2, qwen3_5
 
     from redline.interop import glm, llama4

@@ -1130,6 +1130,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                        "scores, a routing bias, groups, shared experts)"),
                 "minicpm3": ("MiniCPM3", "no writer here for llama.cpp's minicpm3 layout (latent attention, µP "
                                          "scalars, LongRoPE)"),
+                "axk1": ("A.X-K1", "no writer here for llama.cpp's deepseek2 layout (latent attention, kv_b split "
+                                   "into k_b and v_b), nor a norm on the experts' output"),
                 "mistral4": ("Mistral 4", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
                                           "kv_b split into k_b and v_b; grouped softmax routing)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
