@@ -291,3 +291,18 @@ def axk1_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
 AXK1_FAMILY = Family(name="axk1", architecture="AXK1ForCausalLM", model_config=axk1_model_config,
                      hf_config=axk1_hf_config, to_redline=axk1_to_redline, to_hf=axk1_to_hf,
                      ignorable=deepseek._ignorable, fold=deepseek.fold_for("deepseek_v3"))
+
+
+REFUSED = {
+    "longcat_flash": "LongCat-Flash's layers hold two attention and MLP sublayers each, with a mixture of experts "
+                     "that reads the first MLP's input and joins after the second (its shortcut MoE), beside "
+                     "zero-computation (identity) experts; redline's blocks have one of each sublayer and every "
+                     "expert an MLP",
+    "mimo_v2_flash": "MiMo-V2-Flash's windowed layers have twice the full layers' KV heads and attention sinks the "
+                     "full layers lack, and values narrower than keys on grouped-query attention; redline has "
+                     "sinks on every layer or none and values as wide as keys outside latent attention",
+    "axk2": "A.X-K2's norms are gated by a low-rank MLP of their output, and its query projection (q_gate_proj) "
+            "reads the latent before and after its norm and gates the heads' outputs; redline has no such norm "
+            "or gate on latent attention",
+}
+"""model_types of DeepSeek-derived architectures redline cannot express exactly: family_for's one-line refusal."""
