@@ -151,3 +151,18 @@ def test_refused_architectures_say_why_in_one_line(model_type, fragment, tmp_pat
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and f"model_type {model_type!r} is not supported" in err and fragment in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_moe_post_norm_trains():
+    """The mixture's output norm is on the differentiable path: its weight gets a finite, non-zero gradient."""
+    from redline.model import GPT
+
+    cfg = ModelConfig(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, moe_experts=4, moe_top_k=2,
+                      mlp_hidden=16, moe_dense_layers=1, moe_post_norm=True)
+    torch.manual_seed(0)
+    model = GPT(cfg).train()
+    idx = torch.randint(0, 64, (2, 12))
+    model(idx, idx).backward()
+    grad = model.blocks[1].mlp.post_norm.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    assert model.blocks[0].mlp.__class__.__name__ == "MLP"  # the dense layer has no such norm

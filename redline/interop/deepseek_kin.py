@@ -10,8 +10,11 @@ read as the DeepSeek model it computes as, with what it adds mapped onto a Model
   chosen scores rescaled to sum to 1 where `norm_topk_prob` (its + 1e-20 is below an fp32 sum's last bit), times
   `routed_scaling_factor`; no routing bias. Its queries are scaled by Llama 4's 1 + beta · ln(1 + floor(p /
   original)) (rope_parameters' llama_4_scaling_beta, Ministral 3's), which is exactly 1 below the original
-  context: the import's context stops there, as llama.py's Ministral 3 import does. Exported as Mistral 4 from
-  latent attention with softmax experts rescaled or grouped (DeepSeek-V2 has neither), the beta written as 0;
+  context: the import's context stops there, as llama.py's Ministral 3 import does. transformers' Mistral 4
+  rotates qk_rope_head_dim alone under YaRN only (its other tables ignore partial_rotary_factor). Exported as
+  Mistral 4 from latent attention with softmax experts rescaled or grouped (DeepSeek-V2 has neither), the beta
+  written as 0, unscaled RoPE as YaRN by 1, the experts stacked; AutoModelForCausalLM maps no mistral4, so the
+  folder loads with Mistral4ForCausalLM;
 - DeepSeek-V3.2 (DeepseekV32ForCausalLM, "deepseek_v32") and GLM-5 (GlmMoeDsaForCausalLM, "glm_moe_dsa"):
   DeepSeek-V3 (RoPE always on interleaved pairs, dense layers as mlp_layer_types) with DeepSeek Sparse Attention,
   a lightning indexer per layer (`self_attn.indexer.*`; GLM-5's "shared" layers reuse an earlier layer's choice)
@@ -19,9 +22,13 @@ read as the DeepSeek model it computes as, with what it adds mapped onto a Model
   attention is DeepSeek-V3's dense latent attention exactly (transformers' models/deepseek_v32 masks nothing
   then), so the import runs that: the context stops at index_topk, and the indexer's weights are left out, said
   in one line. Written back as DeepSeek-V3, the dense attention redline computes at every length; never as
-  DeepSeek-V3.2 or GLM-5, whose indexer redline does not keep.
+  DeepSeek-V3.2 or GLM-5, whose indexer redline does not keep;
+- A.X-K1 (AXK1ForCausalLM, "axk1"): DeepSeek-V3 with an RMSNorm on each mixture's output (post_mlp_layernorm,
+  transformers' AXK1MoE): model.moe_post_norm; the Hub's files route without e_score_correction_bias (zeros) and
+  store the norm on dense layers too (unused). Exported as A.X-K1 wherever a model has moe_post_norm.
 
-Refused by name: what deepseek.py refuses, and per family what is named below.
+Refused by name: what deepseek.py refuses, and per family what is named below; LongCat-Flash, MiMo-V2-Flash and
+A.X-K2 as a whole (REFUSED, each with what redline lacks).
 """
 
 from __future__ import annotations
