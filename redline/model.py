@@ -5,7 +5,8 @@ Features (each a field of `ModelConfig`):
   (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
   fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
-  per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); a sigmoid gate on each head's output
+  per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's; on the windowed layers alone,
+  `attn_sinks_windowed`, MiMo-V2-Flash's); a sigmoid gate on each head's output
   or each of its elements (`attn_gate`, LFM3's and Qwen3.5's); optional sliding-window attention, on every layer or
   interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
@@ -132,6 +133,8 @@ class ModelConfig:
     (GPT-OSS's sinks). Computed as the plain attention's output times sigmoid(lse − sink), lse the logsumexp of the
     query's scaled, masked scores. As attn_softcap, no SDPA kernel takes it: flex attention (which returns the lse)
     where doc_attention picks flex, else plain PyTorch products."""
+    attn_sinks_windowed: bool = False
+    """With attn_sinks: the sinks on the windowed layers alone (MiMo-V2-Flash's), the full layers' softmax as it is."""
     attn_gate: Literal["none", "head", "element"] = "none"
     """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
     input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
@@ -709,6 +712,9 @@ class ModelConfig:
                             f"model.rope_local_theta nor model.nope_interval (give the layers' RoPE one way)")
         if self.attn_softcap < 0:
             raise UserError(f"model.attn_softcap must be >= 0 (0 = off), got {self.attn_softcap}")
+        if self.attn_sinks_windowed and not (self.attn_sinks and self.sliding_window):
+            raise UserError("model.attn_sinks_windowed puts the sinks on the windowed layers alone: it needs "
+                            "model.attn_sinks and a model.sliding_window")
         if self.attn_chunk < 0 or (self.attn_chunk and (self.pos_emb != "rope" or self.sliding_window
                                                         or self.conv_layers or self.delta_layers
                                                         or self.kv_lora_rank)):
@@ -1194,7 +1200,8 @@ class Attention(nn.Module):
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding and not gated_ve else None
         self.ve_gate = nn.Linear(cfg.value_embed_gate, self.n_kv, bias=False) if gated_ve else None
         # attn_sinks: one logit a query head, (H,), zeros at init (reset_parameters)
-        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if cfg.attn_sinks else None
+        sinks = cfg.attn_sinks and (not cfg.attn_sinks_windowed or cfg.layer_window(layer) > 0)
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if sinks else None
         # attn_gate: (H, C) each head's output, or (H*D, C) each of its elements, times sigmoid of its row · x
         gates = {"head": self.n_head, "element": self.n_head * self.head_dim}.get(cfg.attn_gate)
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None

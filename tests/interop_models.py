@@ -197,6 +197,21 @@ FAMILIES = {
                   num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=2.5,
                   mlp_layer_types=["dense", "sparse"], pad_token_id=None,
                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # MiMo-V2-Flash: a full layer (2 KV heads, no sinks, RoPE base 5e6) then windowed ones (4 KV heads, sinks, a
+    # window shorter than the test sequences, base 1e4), q/k heads 24 wide with RoPE on 8 (int(24 · 0.334)), values
+    # 16 wide times attention_value_scale; a dense first layer, DeepSeek-V3's router (2 of 4 groups) without a shared
+    # expert
+    "mimo_v2_flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM",
+                      dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                           v_head_dim=16, sliding_window=5,
+                           layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                           mlp_layer_types=["dense", "sparse", "sparse"], n_routed_experts=8, n_group=4, topk_group=2,
+                           num_experts_per_tok=2, moe_intermediate_size=32, routed_scaling_factor=2.0,
+                           attention_value_scale=0.707, pad_token_id=None,
+                           rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e6,
+                                                               "partial_rotary_factor": 0.334},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                                                  "partial_rotary_factor": 0.334}})),
     # MiniCPM3: latent attention (RoPE on (first half, second half) pairs, values hidden / heads wide) with µP
     # scalars: embeddings times scale_emb, each sublayer's output times scale_depth / sqrt(layers), the last hidden
     # state divided by hidden_size / dim_model_base; tied; and with LongRoPE (MiniCPM3-4B's rope_scaling)

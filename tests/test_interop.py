@@ -119,7 +119,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("exaone_moe", "EXAONE-MoE"),
                                         ("granitemoe_swa", "GraniteMoeSWA"), ("mistral4", "Mistral 4"),
                                         ("youtu", "DeepSeek-V3"), ("deepseek_v32", "DeepSeek-V3"),
-                                        ("axk1", "A.X-K1")])
+                                        ("axk1", "A.X-K1"), ("mimo_v2_flash", "MiMo-V2-Flash")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -188,6 +188,13 @@ REDLINE_EXPORTS = {
                             moe_expert_bias=True, moe_groups=4, moe_topk_groups=2, moe_norm_eps=1e-20,
                             moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=48,
                             moe_scale=2.5, moe_post_norm=True),
+    # MiMo-V2-Flash: sinks on the windowed layers alone (its alone), twice the full layer's KV heads there, a RoPE
+    # base per layer kind on a third of each head, DeepSeek-V3's router without a shared expert
+    "MiMoV2FlashForCausalLM": dict(n_layer=3, n_kv_head=4, global_kv_head=2, head_size=24, rope_dims=8,
+                                   fused_qkv=False, sliding_window=5, window_layers=(1, 2), rope_local_theta=100.0,
+                                   attn_sinks=True, attn_sinks_windowed=True, moe_experts=8, moe_top_k=2,
+                                   mlp_hidden=32, moe_gating="sigmoid", moe_expert_bias=True, moe_groups=4,
+                                   moe_topk_groups=2, moe_norm_eps=1e-20, moe_dense_layers=1, moe_dense_hidden=48),
     # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
@@ -692,7 +699,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
-                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, nanochat, "
+                         "mamba, mamba2, mimo_v2_flash, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, nanochat, "
                          "nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "

@@ -139,8 +139,7 @@ def test_moe_post_norm_exports_as_axk1_alone():
 
 
 @pytest.mark.parametrize("model_type, fragment", [
-    ("longcat_flash", "its shortcut MoE"), ("mimo_v2_flash", "attention sinks the full layers lack"),
-    ("axk2", "gated by a low-rank MLP"),
+    ("longcat_flash", "its shortcut MoE"), ("axk2", "gated by a low-rank MLP"),
 ])
 def test_refused_architectures_say_why_in_one_line(model_type, fragment, tmp_path, capsys):
     import json
@@ -166,3 +165,70 @@ def test_moe_post_norm_trains():
     grad = model.blocks[1].mlp.post_norm.weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
     assert model.blocks[0].mlp.__class__.__name__ == "MLP"  # the dense layer has no such norm
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"attention_bias": True}, "attention_bias=true on mimo_v2_flash"),
+    ({"v_head_dim": 32}, "v_head_dim=32 wider than head_dim=24"),
+    ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, "mlp_layer_types=['sparse', 'dense', 'sparse']"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 5e6, "factor": 2.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "rope_parameters.full_attention.rope_type='yarn' on mimo_v2_flash"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.3},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                                "partial_rotary_factor": 0.3}}},
+     "gives [7] rotated dimensions of 24"),
+])
+def test_mimo_import_refusals(change, fragment):
+    from tests.interop_models import FAMILIES
+
+    hf = {"model_type": "mimo_v2_flash", "vocab_size": 320, "hidden_size": 64, "intermediate_size": 96,
+          "max_position_embeddings": 64, **FAMILIES["mimo_v2_flash"][2], **change}
+    with pytest.raises(UserError) as e:
+        _families()["mimo_v2_flash"].model_config(hf)
+    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_mimo_reads_the_hub_window_and_pads_values(tmp_path, capsys):
+    """sliding_window_size (the Hub's) is one key fewer than the window; values 16 wide are padded to the keys' 24
+    with zero rows (v) and columns (o_proj), attention_value_scale folded into v."""
+    from tests.interop_models import FAMILIES
+
+    hf = {"model_type": "mimo_v2_flash", "vocab_size": 320, "hidden_size": 64, "intermediate_size": 96,
+          "max_position_embeddings": 64, **FAMILIES["mimo_v2_flash"][2]}
+    assert _families()["mimo_v2_flash"].model_config({**hf, "sliding_window_size": 128}).sliding_window == 129
+    source, model, _, _ = imported("mimo_v2_flash", tmp_path, capsys)
+    cfg = model.cfg
+    assert (cfg.n_kv_head, cfg.global_kv_head, cfg.rope_dims, cfg.window_layers) == (4, 2, 8, (1, 2))
+    assert model.blocks[0].attn.sinks is None and model.blocks[1].attn.sinks is not None
+    v = model.blocks[1].attn.v.weight.reshape(4, 24, 64)
+    assert v[:, 16:].abs().max() == 0
+    theirs = source.model.layers[1].self_attn.v_proj.weight.reshape(4, 16, 64)
+    torch.testing.assert_close(v[:, :16], theirs * 0.707)
+    assert model.blocks[1].attn.proj.weight.reshape(64, 4, 24)[:, :, 16:].abs().max() == 0
+
+
+@pytest.mark.parametrize("chunk", [32768, 3])
+def test_mimo_engine_decodes_as_full_recompute(chunk, tmp_path, capsys):
+    """Prompts longer than the window, prefilled whole or in chunks, decoded by the engine: the full recompute's
+    tokens (the windowed layers' own KV heads and sinks, the full layer's)."""
+    from redline.inference import InferenceEngine, SamplingParams
+
+    _, model, _, _ = imported("mimo_v2_flash", tmp_path, capsys)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)  # no near-ties
+    prompts = [list(range(1, 12)), [5, 6], [40]]
+    engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=chunk)
+    got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
+    want = [model.generate(torch.tensor([p]), 10, temperature=0)[0, len(p):].tolist() for p in prompts]
+    assert got == want
+
+
+def test_mimo_export_refusals(tmp_path, capsys):
+    _, model, _, _ = imported("mimo_v2_flash", tmp_path, capsys)
+    with pytest.raises(UserError, match="MiMo-V2-Flash's windowed layers have twice the full layers' KV heads"):
+        export_family(dataclasses.replace(model.cfg, global_kv_head=1))
+    with pytest.raises(UserError, match="MiMo-V2-Flash routes as DeepSeek-V3"):
+        export_family(dataclasses.replace(model.cfg, moe_shared_hidden=32, moe_shared_gate=False))
+    with pytest.raises(UserError, match="model.attn_sinks_windowed puts the sinks on the windowed layers alone"):
+        dataclasses.replace(model.cfg, attn_sinks=False).validate()

@@ -208,6 +208,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                             fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
                             moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
                             moe_dense_layers=1, moe_dense_hidden=64, moe_post_norm=True),
+    # MiMo-V2-Flash: Llama's attention names (v_proj as wide as the keys), sinks on the windowed layer alone (not
+    # adapted), experts after a dense first layer
+    "MiMoV2FlashForCausalLM": dict(n_kv_head=4, global_kv_head=2, rope_dims=8, fused_qkv=False, sliding_window=4,
+                                   window_layers=(1,), attn_sinks=True, attn_sinks_windowed=True, moe_experts=4,
+                                   moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid", moe_expert_bias=True,
+                                   moe_norm_eps=1e-20, moe_dense_layers=1, moe_dense_hidden=64),
     # MiniCPM3: the latent attention's modules beside Llama's MLP names (gate_proj and up_proj B's halves), with its
     # µP scalars (embedding, residual, logit) and LongRoPE
     "MiniCPM3ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
@@ -241,7 +247,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
-           "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",)}
+           "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
+           "MiMoV2FlashForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -244,7 +244,7 @@ def _families() -> dict[str, Family]:
                                  gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus, deepseek_kin, minicpm3, multimodal
+    from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -267,7 +267,7 @@ def _families() -> dict[str, Family]:
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
-                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY)}
+                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -362,6 +362,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
                         f"to) has no value-embedding gates, smear, per-layer scalars or backout; run the model with "
                         f"redline generate, chat or serve instead")
+    if cfg.attn_sinks_windowed:  # sinks on the windowed layers alone: MiMo-V2-Flash's (mimo.py)
+        from redline.interop import mimo
+
+        mimo.check_exportable(cfg)
+        return families["mimo_v2_flash"]
     if cfg.moe_post_norm and not cfg.kv_lora_rank:  # checked here: no other exporter knows the field
         raise UserError("model.moe_post_norm: of the architectures redline exports to, A.X-K1 alone norms a "
                         "mixture's output, and it has latent attention (model.kv_lora_rank)")

@@ -1132,6 +1132,7 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                          "scalars, LongRoPE)"),
                 "axk1": ("A.X-K1", "no writer here for llama.cpp's deepseek2 layout (latent attention, kv_b split "
                                    "into k_b and v_b), nor a norm on the experts' output"),
+                "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
                 "mistral4": ("Mistral 4", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
                                           "kv_b split into k_b and v_b; grouped softmax routing)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
