@@ -1,5 +1,6 @@
-"""Youtu, Mistral 4, DeepSeek-V3.2 and GLM-5 (redline/interop/deepseek_kin.py) beyond the import / export tables of
-test_interop.py: the contexts the imports stop at, what each reads as, the one-line refusals."""
+"""Youtu, Mistral 4, DeepSeek-V3.2, GLM-5, A.X-K1 (redline/interop/deepseek_kin.py) and MiMo-V2-Flash
+(redline/interop/mimo.py) beyond the import / export tables of test_interop.py: the contexts the imports stop at,
+what each reads as, the engine on MiMo's layers, the one-line refusals."""
 
 import dataclasses
 
@@ -208,17 +209,16 @@ def test_mimo_reads_the_hub_window_and_pads_values(tmp_path, capsys):
     assert model.blocks[1].attn.proj.weight.reshape(64, 4, 24)[:, :, 16:].abs().max() == 0
 
 
-@pytest.mark.parametrize("chunk", [32768, 3])
-def test_mimo_engine_decodes_as_full_recompute(chunk, tmp_path, capsys):
-    """Prompts longer than the window, prefilled whole or in chunks, decoded by the engine: the full recompute's
-    tokens (the windowed layers' own KV heads and sinks, the full layer's)."""
+def test_mimo_engine_decodes_as_full_recompute(tmp_path, capsys):
+    """Prompts longer than the window, prefilled in chunks of 3 tokens (test_interop.py prefills whole), decoded by
+    the engine: the full recompute's tokens (the windowed layers' own KV heads and sinks, the full layer's)."""
     from redline.inference import InferenceEngine, SamplingParams
 
     _, model, _, _ = imported("mimo_v2_flash", tmp_path, capsys)
     with torch.no_grad():
         model.lm_head.weight.mul_(20)  # no near-ties
     prompts = [list(range(1, 12)), [5, 6], [40]]
-    engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=chunk)
+    engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=3)
     got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
     want = [model.generate(torch.tensor([p]), 10, temperature=0)[0, len(p):].tolist() for p in prompts]
     assert got == want
