@@ -30,7 +30,9 @@ GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid ro
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
 MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
-qwen3).
+qwen3); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
+DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
+A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
