@@ -5,7 +5,8 @@ Features (each a field of `ModelConfig`):
   (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
   fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
-  per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's); a sigmoid gate on each head's output
+  per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's; on the windowed layers alone,
+  `attn_sinks_windowed`, MiMo-V2-Flash's); a sigmoid gate on each head's output
   or each of its elements (`attn_gate`, LFM3's and Qwen3.5's); optional sliding-window attention, on every layer or
   interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
@@ -39,7 +40,8 @@ Features (each a field of `ModelConfig`):
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
-  (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
+  (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
+  (`moe_post_norm`, A.X-K1's);
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
@@ -134,6 +136,8 @@ class ModelConfig:
     (GPT-OSS's sinks). Computed as the plain attention's output times sigmoid(lse − sink), lse the logsumexp of the
     query's scaled, masked scores. As attn_softcap, no SDPA kernel takes it: flex attention (which returns the lse)
     where doc_attention picks flex, else plain PyTorch products."""
+    attn_sinks_windowed: bool = False
+    """With attn_sinks: the sinks on the windowed layers alone (MiMo-V2-Flash's), the full layers' softmax as it is."""
     attn_gate: Literal["none", "head", "element"] = "none"
     """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
     input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
@@ -357,6 +361,9 @@ class ModelConfig:
     """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP moe_dense_hidden wide (Jamba's
     every expert_layer_period-th layer from expert_layer_offset, Nemotron-H's E layers); () = every layer from
     moe_dense_layers on."""
+    moe_post_norm: bool = False
+    """Mixture of experts: a norm (model.norm's kind, with weights) on the mixture's output, shared expert included,
+    before it joins the residual stream (mlp.post_norm: A.X-K1's post_mlp_layernorm); the dense layers have none."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
@@ -736,6 +743,9 @@ class ModelConfig:
                             f"model.rope_local_theta nor model.nope_interval (give the layers' RoPE one way)")
         if self.attn_softcap < 0:
             raise UserError(f"model.attn_softcap must be >= 0 (0 = off), got {self.attn_softcap}")
+        if self.attn_sinks_windowed and not (self.attn_sinks and self.sliding_window):
+            raise UserError("model.attn_sinks_windowed puts the sinks on the windowed layers alone: it needs "
+                            "model.attn_sinks and a model.sliding_window")
         if self.attn_chunk < 0 or (self.attn_chunk and (self.pos_emb != "rope" or self.sliding_window
                                                         or self.conv_layers or self.delta_layers
                                                         or self.kv_lora_rank)):
@@ -965,6 +975,9 @@ class ModelConfig:
                 (self.moe_experts and not self.moe_beside_dense) or self.mlp_free_layers):
             raise UserError("model.per_layer_embd and kv_shared_mlp_hidden take dense MLPs on every layer (no "
                             "model.moe_experts in their place, no mlp_free_layers)")
+        if self.moe_post_norm and (not self.moe_experts or self.moe_beside_dense):
+            raise UserError("model.moe_post_norm needs experts (model.moe_experts) in place of the MLP (no "
+                            "moe_beside_dense, whose outputs have norms of their own)")
         if self.moe_beside_dense and (
                 not self.moe_experts or not self.moe_dense_hidden or self.norm_position != "sandwich"
                 or self.moe_layers or self.moe_dense_layers or self.moe_shared_hidden or self.moe_groups > 1
@@ -1238,7 +1251,8 @@ class Attention(nn.Module):
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if value_embedding and not gated_ve else None
         self.ve_gate = nn.Linear(cfg.value_embed_gate, self.n_kv, bias=False) if gated_ve else None
         # attn_sinks: one logit a query head, (H,), zeros at init (reset_parameters)
-        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if cfg.attn_sinks else None
+        sinks = cfg.attn_sinks and (not cfg.attn_sinks_windowed or cfg.layer_window(layer) > 0)
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if sinks else None
         # attn_gate: (H, C) each head's output, or (H*D, C) each of its elements, times sigmoid of its row · x
         gates = {"head": self.n_head, "element": self.n_head * self.head_dim}.get(cfg.attn_gate)
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
@@ -1937,6 +1951,7 @@ class MoE(nn.Module):
         self.router_scale = nn.Parameter(torch.ones(C)) if cfg.moe_beside_dense else None
         self.expert_scale = nn.Parameter(torch.ones(E)) if cfg.moe_beside_dense else None
         self.router_norm_eps = cfg.norm_eps  # moe_beside_dense: the router's input norm
+        self.post_norm = make_norm(cfg, C) if cfg.moe_post_norm else None  # on the whole output (A.X-K1's)
         self.balance_loss = cfg.moe_aux_loss > 0
         self.balance: torch.Tensor | None = None
         """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
@@ -2009,6 +2024,8 @@ class MoE(nn.Module):
         if self.shared is not None:
             shared = self.shared(x)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
+        if self.post_norm is not None:
+            out = self.post_norm(out)
         if self.balance_loss and self.training:
             share = counts.float() / flat.numel()  # f_e
             self.balance = E * (share * probs.mean(dim=0)).sum()

@@ -155,6 +155,63 @@ FAMILIES = {
                            topk_group=2, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
                            routed_scaling_factor=1.8, mlp_layer_types=["dense", "sparse"], pad_token_id=None,
                            rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Youtu: DeepSeek-V3's latent attention (RoPE on interleaved pairs, its default) on Llama's dense SwiGLU blocks,
+    # tied embeddings (YoutuConfig's default)
+    "youtu": ("YoutuConfig", "YoutuForCausalLM",
+              dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16,
+                   qk_rope_head_dim=8, v_head_dim=12, pad_token_id=None,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Mistral 4: DeepSeek-V3's attention and experts with a softmax router choosing within the best 2 of 4 groups
+    # (by their two best scores), rescaled, times routed_scaling_factor, no bias; a dense first layer; YaRN with
+    # mscale_all_dim and Llama 4's query scale past the original context, 32 here: the import's context stops there
+    "mistral4": ("Mistral4Config", "Mistral4ForCausalLM",
+                 dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                      qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, first_k_dense_replace=1,
+                      n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2, n_shared_experts=1,
+                      moe_intermediate_size=32, routed_scaling_factor=1.5, norm_topk_prob=True, pad_token_id=None,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                       "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "mscale": 0.707, "mscale_all_dim": 0.707, "llama_4_scaling_beta": 0.1})),
+    # DeepSeek-V3.2 and GLM-5: DeepSeek-V3 with a lightning indexer keeping each query's index_topk = 32 best keys:
+    # every key of the test sequences (the import's context stops at 32); the router DeepSeek-V3's (sigmoid,
+    # grouped, biased); GLM-5's second layer reusing the first one's choice (no indexer of its own)
+    "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                          qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, first_k_dense_replace=1,
+                          n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2, n_shared_experts=1,
+                          moe_intermediate_size=32, routed_scaling_factor=2.5, index_topk=32, index_head_dim=16,
+                          index_n_heads=2, pad_token_id=None,
+                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=1,
+                         n_routed_experts=8, n_group=1, topk_group=1, num_experts_per_tok=2, n_shared_experts=1,
+                         moe_intermediate_size=32, routed_scaling_factor=1.8, index_topk=32, index_head_dim=16,
+                         index_n_heads=2, indexer_types=["full", "shared"], pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # A.X-K1: DeepSeek-V3 (RoPE on interleaved pairs, its router with a bias, grouped) with an RMSNorm on each
+    # mixture's output (post_mlp_layernorm), the dense first layer as mlp_layer_types
+    "axk1": ("AXK1Config", "AXK1ForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16,
+                  qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, n_group=4, topk_group=2,
+                  num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=2.5,
+                  mlp_layer_types=["dense", "sparse"], pad_token_id=None,
+                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # MiMo-V2-Flash: a full layer (2 KV heads, no sinks, RoPE base 5e6) then windowed ones (4 KV heads, sinks, a
+    # window shorter than the test sequences, base 1e4), q/k heads 24 wide with RoPE on 8 (int(24 · 0.334)), values
+    # 16 wide times attention_value_scale; a dense first layer, DeepSeek-V3's router (2 of 4 groups) without a shared
+    # expert
+    "mimo_v2_flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM",
+                      dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                           v_head_dim=16, sliding_window=5,
+                           layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                           mlp_layer_types=["dense", "sparse", "sparse"], n_routed_experts=8, n_group=4, topk_group=2,
+                           num_experts_per_tok=2, moe_intermediate_size=32, routed_scaling_factor=2.0,
+                           attention_value_scale=0.707, pad_token_id=None,
+                           rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e6,
+                                                               "partial_rotary_factor": 0.334},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                                                  "partial_rotary_factor": 0.334}})),
     # MiniCPM3: latent attention (RoPE on (first half, second half) pairs, values hidden / heads wide) with µP
     # scalars: embeddings times scale_emb, each sublayer's output times scale_depth / sqrt(layers), the last hidden
     # state divided by hidden_size / dim_model_base; tied; and with LongRoPE (MiniCPM3-4B's rope_scaling)
@@ -829,6 +886,17 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
 
 
 _CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig")  # GPT-2's names, sizes given
+
+
+NOT_AUTO_LOADED = ("Mistral4ForCausalLM",)
+"""Causal LMs transformers' AutoModelForCausalLM does not map (it maps mistral4 for pretraining alone)."""
+
+
+def causal_lm_class(architecture: str):
+    """The transformers class that loads a folder of `architecture`: AutoModelForCausalLM, or the class itself."""
+    import transformers
+
+    return getattr(transformers, architecture if architecture in NOT_AUTO_LOADED else "AutoModelForCausalLM")
 
 
 def hf_model(kind: str, seed: int = 0):

@@ -16,7 +16,7 @@ from redline.errors import UserError
 from redline.interop.families import export_family
 from redline.model import GPT, ModelConfig
 from redline.training.checkpoint import load_for_inference
-from tests.interop_models import FAMILIES, VOCAB, hf_folder
+from tests.interop_models import FAMILIES, VOCAB, causal_lm_class, hf_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,7 +49,7 @@ def written_and_loaded(tmp_path, model, tokenizer, family):
     from redline.interop.hf import write_folder
 
     write_folder(tmp_path / "out", model.state_dict(), model.cfg, tokenizer, family, torch.float32)
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    back, info = causal_lm_class(family.architecture).from_pretrained(tmp_path / "out", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert type(back).__name__ == family.architecture
     return back.eval()
@@ -86,7 +86,11 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                "falcon": "PhiForCausalLM", "falcon-new-one-norm": "PhiForCausalLM",
                "falcon-sequential": "GPTNeoXForCausalLM", "falcon-sequential-mqa": "Starcoder2ForCausalLM",
                # GLM-4.7-Flash is DeepSeek-V3's attention and router: transformers' DeepSeek-V3 gives its logits
-               "glm4_moe_lite": "DeepseekV3ForCausalLM"}
+               "glm4_moe_lite": "DeepseekV3ForCausalLM",
+               # Youtu is a dense DeepSeek-V3; DeepSeek-V3.2 and GLM-5 within index_topk keys DeepSeek-V3 (their
+               # indexer not kept: deepseek_kin.py)
+               "youtu": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV3ForCausalLM",
+               "glm_moe_dsa": "DeepseekV3ForCausalLM"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -94,9 +98,10 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     hf, model, _, ckpt = imported(kind, tmp_path, capsys)
     code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "exported")], capsys)
     assert code == 0, err
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    arch = EXPORTED_AS.get(kind, FAMILIES[kind][1])
+    back, info = causal_lm_class(arch).from_pretrained(tmp_path / "exported", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    assert type(back).__name__ == EXPORTED_AS.get(kind, FAMILIES[kind][1])
+    assert type(back).__name__ == arch
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
@@ -113,7 +118,9 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
-                                        ("granitemoe_swa", "GraniteMoeSWA")])
+                                        ("granitemoe_swa", "GraniteMoeSWA"), ("mistral4", "Mistral 4"),
+                                        ("youtu", "DeepSeek-V3"), ("deepseek_v32", "DeepSeek-V3"),
+                                        ("axk1", "A.X-K1"), ("mimo_v2_flash", "MiMo-V2-Flash")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -165,6 +172,30 @@ REDLINE_EXPORTS = {
     # Phi: one norm a block for its parallel sublayers, a head bias, GQA, a third of each head rotated
     "PhiForCausalLM": dict(norm="layernorm", mlp="gelu", bias=True, parallel_residual=True,
                            parallel_shared_norm=True, head_bias=True, rope_dims=6, n_kv_head=2),
+    # Mistral 4: latent attention with softmax-scored experts chosen within groups and rescaled (its router alone),
+    # or rescaled alone; DeepSeek-V2 where they are taken as they are (its router)
+    "Mistral4ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                fused_qkv=False, moe_experts=8, moe_top_k=2, mlp_hidden=32, moe_groups=4,
+                                moe_topk_groups=2, moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                                moe_dense_hidden=48, moe_scale=1.5),
+    "Mistral4ForCausalLM-ungrouped": dict(kv_lora_rank=16, head_size=24, rope_dims=8, fused_qkv=False, moe_experts=4,
+                                          moe_top_k=2, mlp_hidden=32, moe_shared_hidden=64, moe_shared_gate=False),
+    "DeepseekV2ForCausalLM": dict(kv_lora_rank=16, head_size=24, rope_dims=8, fused_qkv=False, moe_experts=4,
+                                  moe_top_k=2, mlp_hidden=32, moe_norm_topk=False, moe_shared_hidden=64,
+                                  moe_shared_gate=False),
+    # A.X-K1: DeepSeek-V3's attention and router with a norm on each mixture's output (its alone)
+    "AXK1ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                            fused_qkv=False, moe_experts=8, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                            moe_expert_bias=True, moe_groups=4, moe_topk_groups=2, moe_norm_eps=1e-20,
+                            moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=48,
+                            moe_scale=2.5, moe_post_norm=True),
+    # MiMo-V2-Flash: sinks on the windowed layers alone (its alone), twice the full layer's KV heads there, a RoPE
+    # base per layer kind on a third of each head, DeepSeek-V3's router without a shared expert
+    "MiMoV2FlashForCausalLM": dict(n_layer=3, n_kv_head=4, global_kv_head=2, head_size=24, rope_dims=8,
+                                   fused_qkv=False, sliding_window=5, window_layers=(1, 2), rope_local_theta=100.0,
+                                   attn_sinks=True, attn_sinks_windowed=True, moe_experts=8, moe_top_k=2,
+                                   mlp_hidden=32, moe_gating="sigmoid", moe_expert_bias=True, moe_groups=4,
+                                   moe_topk_groups=2, moe_norm_eps=1e-20, moe_dense_layers=1, moe_dense_hidden=48),
     # EXAONE 4.0's hybrid layers: output norms, QK-norm per head, windowed layers rotating, every second full and NoPE
     "Exaone4ForCausalLM": dict(norm_position="output", qk_norm=True, n_kv_head=2, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
@@ -658,23 +689,23 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
-                         "deepseek_v3, dots1, "
+                         "redline imports apertus, arcee, axk1, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
+                         "deepseek_v3, deepseek_v32, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma3n, "
                          "gemma3n_text, gemma4, gemma4_text, "
-                         "glm, glm4, glm4_moe, glm4_moe_lite, gpt2, gpt_bigcode, gpt_neo, "
+                         "glm, glm4, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, granitemoe_swa, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
-                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mistral3, mixtral, mpt, nanochat, "
+                         "mamba, mamba2, mimo_v2_flash, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, nanochat, "
                          "nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
+                         "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma, youtu")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -33,7 +33,11 @@ MLA_MOE = replace(MLA, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="si
 # DeepSeek-V2-Lite's: one q projection, softmax routing never rescaled
 MLA_V2 = replace(MLA, q_lora_rank=0, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_norm_topk=False,
                  moe_shared_hidden=64, moe_shared_gate=False, moe_dense_layers=1, moe_scale=2.0)
-CONFIGS = pytest.mark.parametrize("cfg", [MLA, MLA_MOE, MLA_V2], ids=["dense", "v3-moe", "v2-moe"])
+# A.X-K1's: DeepSeek-V3's layout with each mixture's output normed; Mistral 4's: softmax routing within groups
+MLA_AXK1 = replace(MLA_MOE, moe_post_norm=True)
+MLA_MISTRAL4 = replace(MLA_MOE, moe_gating="softmax", moe_expert_bias=False, moe_norm_eps=1e-6)
+CONFIGS = pytest.mark.parametrize("cfg", [MLA, MLA_MOE, MLA_V2, MLA_AXK1, MLA_MISTRAL4],
+                                  ids=["dense", "v3-moe", "v2-moe", "axk1", "mistral4"])
 
 
 def sharp(cfg: ModelConfig) -> GPT:
@@ -262,10 +266,14 @@ def test_import_refusals_name_the_option(name, changes, fragment):
 
 
 def test_export_dispatch_and_refusals():
-    """Latent attention exports as DeepSeek-V3 (sigmoid scores or dense) or DeepSeek-V2 (softmax experts); group
+    """Latent attention exports as DeepSeek-V3 (sigmoid scores or dense), DeepSeek-V2 (softmax experts taken as they
+    are), Mistral 4 (softmax experts rescaled or grouped) or A.X-K1 (normed mixture outputs); group
     routing without it (or GLM-4-MoE's, dots.llm1's or Nemotron-H's layout) is refused naming them; what neither holds is refused by name."""
     assert export_family(MLA).name == "deepseek_v3" and export_family(MLA_MOE).name == "deepseek_v3"
     assert export_family(MLA_V2).name == "deepseek_v2"
+    # softmax scores rescaled or chosen within groups: Mistral 4's router (deepseek_kin.py)
+    assert export_family(replace(MLA_V2, moe_norm_topk=True)).name == "mistral4"
+    assert export_family(MLA_MISTRAL4).name == "mistral4" and export_family(MLA_AXK1).name == "axk1"
     plain = ModelConfig(n_layer=2, n_embd=64, n_head=4, moe_experts=4, moe_groups=2, moe_gating="sigmoid")
     for cfg, fragment in [
         (plain, "dots.llm1, the architecture with them, has Qwen3's QK-norm"),  # whole heads, sigmoid scores
@@ -274,7 +282,7 @@ def test_export_dispatch_and_refusals():
         (replace(MLA, sliding_window=8), "windows, soft caps, sinks"),
         (replace(MLA, attn_scale=0.5), "model.attn_scale=0.5 with latent attention"),
         (replace(MLA_MOE, moe_shared_gate=True), "an ungated shared expert"),
-        (replace(MLA_V2, moe_norm_topk=True), "DeepSeek-V2's router takes the top k of the softmax as they are"),
+        (replace(MLA_V2, moe_expert_bias=True), "DeepSeek-V2's router takes the top k of the softmax as they are"),
     ]:
         with pytest.raises(UserError) as e:
             export_family(cfg)

@@ -13,7 +13,7 @@ from redline.converters.lora import LoRAConverter, lora_layers
 from redline.model import GPT, ModelConfig
 from redline.training import adapters
 from redline.training import checkpoint as ckpt_io
-from tests.interop_models import VOCAB
+from tests.interop_models import VOCAB, causal_lm_class
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -205,6 +205,22 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "DeepseekV2ForCausalLM": dict(kv_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=12, fused_qkv=False,
                                   moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_norm_topk=False,
                                   moe_shared_hidden=64, moe_shared_gate=False, moe_dense_layers=1, moe_scale=2.0),
+    # Mistral 4: DeepSeek-V3's latent attention's modules (rows as they are) on softmax experts chosen within groups
+    "Mistral4ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_groups=2,
+                                moe_topk_groups=1, moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                                moe_dense_hidden=64, moe_scale=1.5),
+    # A.X-K1: DeepSeek-V3's latent attention's modules, its mixture's output normed
+    "AXK1ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                            fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                            moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
+                            moe_dense_layers=1, moe_dense_hidden=64, moe_post_norm=True),
+    # MiMo-V2-Flash: Llama's attention names (v_proj as wide as the keys), sinks on the windowed layer alone (not
+    # adapted), experts after a dense first layer
+    "MiMoV2FlashForCausalLM": dict(n_kv_head=4, global_kv_head=2, rope_dims=8, fused_qkv=False, sliding_window=4,
+                                   window_layers=(1,), attn_sinks=True, attn_sinks_windowed=True, moe_experts=4,
+                                   moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid", moe_expert_bias=True,
+                                   moe_norm_eps=1e-20, moe_dense_layers=1, moe_dense_hidden=64),
     # MiniCPM3: the latent attention's modules beside Llama's MLP names (gate_proj and up_proj B's halves), with its
     # µP scalars (embedding, residual, logit) and LongRoPE
     "MiniCPM3ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
@@ -238,7 +254,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "FlexOlmoForCausalLM": ("attn.*",), "ExaoneMoeForCausalLM": ("attn.*",),
            "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
-           "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",)}
+           "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
+           "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
+           "MiMoV2FlashForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
@@ -278,7 +296,8 @@ def assert_peft_gives_redlines_logits(tmp_path, base, ckpt, arch: str | None = N
     with the adapter) gives the logits redline's merged model gives, which the adapter changed. -> redline's logits."""
     assert export(str(base), "--out", str(tmp_path / "base-hf")) == 0
     assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 0
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base-hf").eval()
+    loaded = json.loads((tmp_path / "base-hf" / "config.json").read_text())["architectures"][0]
+    hf = causal_lm_class(loaded).from_pretrained(tmp_path / "base-hf").eval()
     assert arch is None or type(hf).__name__ == arch
     with torch.no_grad():
         base_logits = hf(TOKENS).logits
@@ -300,7 +319,7 @@ def test_peft_loads_the_adapter_with_redlines_logits(arch, tmp_path, capsys):
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
     # --merge: the merged model as a plain transformers folder, the same logits
     assert export(str(ckpt), "--merge", "--out", str(tmp_path / "merged")) == 0
-    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    plain = causal_lm_class(arch).from_pretrained(tmp_path / "merged").eval()
     with torch.no_grad():
         torch.testing.assert_close(plain(TOKENS).logits, ours, rtol=1e-4, atol=1e-4)
 

@@ -106,7 +106,9 @@ def main(argv: list[str]) -> int:
         from redline.interop.hf import write_folder
 
         write_folder(out, state, train_cfg.model, tokenizer, family, dtype, generation_config(ckpt), max_shard)
-        loader = f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
+        # transformers' AutoModelForCausalLM maps no mistral4 (Mistral 4 loads by its class: deepseek_kin.py)
+        auto = "AutoModelForCausalLM" if family.name != "mistral4" else family.architecture
+        loader = f"{auto}.from_pretrained({str(out)!r})"
     else:
         from redline.interop.gguf_file import write_gguf
 

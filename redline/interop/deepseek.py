@@ -75,10 +75,11 @@ def score_scale(hf: dict) -> float:
     return scale
 
 
-def lite_as_deepseek_v3(hf: dict) -> dict:
+def lite_as_deepseek_v3(hf: dict, defaults: dict | None = None) -> dict:
     """A glm4_moe_lite config (GLM-4.7-Flash) as the deepseek_v3 config it computes as: transformers' Glm4MoeLite
     model is DeepSeek-V3's attention (rope_interleave) with GLM-4-MoE's router, which routes as DeepSeek-V3's does;
-    its dense layers given as mlp_layer_types, its defaults Glm4MoeLiteConfig's. A UserError for what differs."""
+    its dense layers given as mlp_layer_types, its defaults Glm4MoeLiteConfig's (or `defaults`: the DSA families'
+    in deepseek_kin.py, which read their mlp_layer_types so too). A UserError for what differs."""
     n = hf["num_hidden_layers"]
     kinds = list(hf.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1))
     dense = kinds.count("dense")
@@ -88,12 +89,13 @@ def lite_as_deepseek_v3(hf: dict) -> dict:
     params = dict(hf.get("rope_parameters") or {})
     fraction = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
     if fraction != 1.0:
-        raise UserError(f"partial_rotary_factor={fraction} on glm4_moe_lite: redline rotates the whole "
+        raise UserError(f"partial_rotary_factor={fraction} on {hf.get('model_type') or 'glm4_moe_lite'}: redline rotates the whole "
                         f"qk_rope_head_dim of each head")
-    defaults = dict(rms_norm_eps=1e-5, n_shared_experts=1, n_routed_experts=64, routed_scaling_factor=1.8,
-                    num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True, rope_interleave=True,
-                    max_position_embeddings=202752, q_lora_rank=768, moe_intermediate_size=1536, kv_lora_rank=512,
-                    qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)
+    if defaults is None:  # Glm4MoeLiteConfig's
+        defaults = dict(rms_norm_eps=1e-5, n_shared_experts=1, n_routed_experts=64, routed_scaling_factor=1.8,
+                        num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True, rope_interleave=True,
+                        max_position_embeddings=202752, q_lora_rank=768, moe_intermediate_size=1536,
+                        kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)
     # transformers reads no first_k_dense_replace here: mlp_layer_types alone (by default the first layer dense)
     return {**defaults, **{k: v for k, v in hf.items() if v is not None or k == "q_lora_rank"},
             "first_k_dense_replace": dense}
@@ -196,12 +198,13 @@ def _rope_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
 
 
 def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: ModelConfig, name: str):
-    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name` (DeepSeek's or
-    MiniCPM3's), each with its B rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's
+    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.) of family `name` (DeepSeek's, Mistral
+    4's, A.X-K1's or MiniCPM3's), each with its B rows (peft_adapter's _parts): the latent attention's under self_attn. (DeepSeek-V2's
     rotated rows interleaved again, as to_hf writes them); a UserError for DeepSeek's MLPs' layers, whose adapters
     PEFT would move onto the experts (its weight conversion for transformers' DeepSeek models, as for Qwen3-Next's);
     None for MiniCPM3's dense MLPs (Llama's names)."""
-    arch = _ARCHITECTURES.get(name, "MiniCPM3ForCausalLM")
+    arch = {**_ARCHITECTURES, "mistral4": "Mistral4ForCausalLM", "axk1": "AXK1ForCausalLM"}.get(
+        name, "MiniCPM3ForCausalLM")
     if rest.startswith("attn."):
         module = rest[len("attn."):]
         if module not in _ATTN or module.endswith("_norm"):
@@ -319,7 +322,16 @@ def to_hf_for(name: str):
 
 
 def export_name(cfg: ModelConfig) -> str:
-    """DeepSeek-V2 for a mixture with softmax scores, DeepSeek-V3 otherwise (sigmoid scores, or dense)."""
+    """A.X-K1 for mixtures with normed outputs, Mistral 4 for a mixture with softmax scores rescaled or chosen within groups (deepseek_kin.py), DeepSeek-V2 for
+    one with softmax scores taken as they are, DeepSeek-V3 otherwise (sigmoid scores, or dense)."""
+    from redline.interop import deepseek_kin
+
+    if cfg.moe_post_norm:  # a norm on the mixtures' outputs: A.X-K1's alone
+        deepseek_kin.check_axk1_exportable(cfg)
+        return "axk1"
+    if deepseek_kin.wants_mistral4(cfg):
+        deepseek_kin.check_mistral4_exportable(cfg)
+        return "mistral4"
     name = "deepseek_v2" if cfg.moe_experts and cfg.moe_gating == "softmax" else "deepseek_v3"
     check_exportable(cfg, name)
     return name

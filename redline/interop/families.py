@@ -31,7 +31,9 @@ GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid ro
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
 MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
-qwen3).
+qwen3); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
+DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
+A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -246,7 +248,7 @@ def _families() -> dict[str, Family]:
                                  gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus, minicpm3, multimodal
+    from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -268,7 +270,9 @@ def _families() -> dict[str, Family]:
                                 gemma3n.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
-                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}
+                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
+                                deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
+                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -279,6 +283,10 @@ def family_for(hf_config: dict, source: str) -> Family:
     """The family of a Hugging Face config.json (its model_type)."""
     model_type = hf_config.get("model_type")
     families = _families()
+    from redline.interop.deepseek_kin import REFUSED
+
+    if model_type in REFUSED:  # architectures redline knows and cannot express: why, in one line
+        raise UserError(f"{source}: model_type {model_type!r} is not supported: {REFUSED[model_type]}")
     if model_type not in families:
         arch = ", ".join(hf_config.get("architectures") or []) or "no architectures field"
         raise UserError(f"{source}: model_type {model_type!r} ({arch}) is not supported; redline imports "
@@ -360,6 +368,14 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
                         f"to) has no value-embedding gates, smear, per-layer scalars or backout; run the model with "
                         f"redline generate, chat or serve instead")
+    if cfg.attn_sinks_windowed:  # sinks on the windowed layers alone: MiMo-V2-Flash's (mimo.py)
+        from redline.interop import mimo
+
+        mimo.check_exportable(cfg)
+        return families["mimo_v2_flash"]
+    if cfg.moe_post_norm and not cfg.kv_lora_rank:  # checked here: no other exporter knows the field
+        raise UserError("model.moe_post_norm: of the architectures redline exports to, A.X-K1 alone norms a "
+                        "mixture's output, and it has latent attention (model.kv_lora_rank)")
     from redline.interop import ernie, lfm2, qwen3_5
 
     from redline.interop import glm, llama4

@@ -1131,7 +1131,12 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
                                        "scores, a routing bias, groups, shared experts)"),
                 "minicpm3": ("MiniCPM3", "no writer here for llama.cpp's minicpm3 layout (latent attention, µP "
-                                         "scalars, LongRoPE)")}
+                                         "scalars, LongRoPE)"),
+                "axk1": ("A.X-K1", "no writer here for llama.cpp's deepseek2 layout (latent attention, kv_b split "
+                                   "into k_b and v_b), nor a norm on the experts' output"),
+                "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
+                "mistral4": ("Mistral 4", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
+                                          "kv_b split into k_b and v_b; grouped softmax routing)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

@@ -240,7 +240,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
-    if family.name in ("deepseek_v3", "deepseek_v2", "minicpm3"):  # deepseek.py's latent attention
+    if family.name in ("deepseek_v3", "deepseek_v2", "minicpm3", "mistral4", "axk1"):  # deepseek.py's latent attention
         from redline.interop.deepseek import adapter_parts
 
         parts = adapter_parts(layer, rest, base, out_features, cfg, family.name)
