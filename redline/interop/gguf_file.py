@@ -1129,7 +1129,14 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
                                        "scores, a routing bias, groups, shared experts)"),
                 "minicpm3": ("MiniCPM3", "no writer here for llama.cpp's minicpm3 layout (latent attention, µP "
-                                         "scalars, LongRoPE)")}
+                                         "scalars, LongRoPE)"),
+                "jais2": ("Jais 2", "no writer here for its layout (LayerNorms with biases, a ReLU² MLP)"),
+                "hyperclovax": ("HyperCLOVA X", "no writer here for its norms on the sublayers' outputs with Granite's "
+                                                "scalars"),
+                "persimmon": ("Persimmon", "no writer here for llama.cpp's persimmon layout (LayerNorm QK-norm, "
+                                           "partial RoPE)"),
+                "solar_open": ("Solar Open", "no writer here for its layout (DeepSeek-V3's routing: sigmoid scores, "
+                                             "a routing bias, groups, shared experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}
