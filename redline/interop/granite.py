@@ -10,6 +10,7 @@ A multiplier of 1 is stored as redline's 0 (none), so a model that has none runs
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -682,9 +683,8 @@ def check_hyperclovax_exportable(cfg: ModelConfig) -> None:
 
 
 def hyperclovax_hf_config(cfg: ModelConfig) -> dict:
-    out = {**hf_config(cfg), "model_type": "hyperclovax", "use_post_norm": cfg.norm_position == "sandwich",
-           "logits_scaling": 1.0 / cfg.logit_divisor if cfg.logit_divisor else 1.0}
-    return out
+    return {**hf_config(cfg), "model_type": "hyperclovax", "use_post_norm": cfg.norm_position == "sandwich",
+            "logits_scaling": 1.0 / cfg.logit_divisor if cfg.logit_divisor else 1.0}
 
 
 def hyperclovax_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
@@ -696,7 +696,7 @@ def hyperclovax_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     return to_redline(view, cfg)
 
 
-def hyperclovax_to_hf(state, cfg: ModelConfig) -> dict:
+def hyperclovax_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     out = to_hf(state, cfg, "llama")
     return {_hcx_renamed(k, _HCX_NORMS): v for k, v in out.items()} if cfg.norm_position == "sandwich" else out
 
