@@ -2,7 +2,7 @@
 
 Features (each a field of `ModelConfig`):
 - attention: multi-head, grouped-query or multi-query through `n_kv_head`; a head width of its own
-  (`head_size`, as Qwen3's); QK-norm (RMSNorm on q and k per head, or over all heads at once as OLMo 2's); one
+  (`head_size`, as Qwen3's); QK-norm (RMSNorm per head, over all heads as OLMo 2's, or Persimmon's LayerNorm); one
   fused QKV projection or separate q/k/v, with or without biases (`qkv_bias`, as Qwen2's); a score scale of its own
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's; on the windowed layers alone,
@@ -99,6 +99,9 @@ class ModelConfig:
     (H·D weights) and the whole k projection (KV·D) before they are split into heads (OLMo 2's)."""
     qk_norm_after_rope: bool = False
     """Per-head QK-norm on the rotated q and k instead of before RoPE (Hunyuan's query_layernorm / key_layernorm)."""
+    qk_layernorm: bool = False
+    """Per-head QK-norm before RoPE as a LayerNorm with a weight and a bias (at norm_eps) instead of an RMSNorm
+    (Persimmon's q_layernorm / k_layernorm); needs qk_norm with qk_norm_scope=head."""
     rope_qk_norm: bool = False
     """RMS-normalize each head's q and k without a weight, in fp32, after RoPE, on the layers that rotate alone
     (Llama 4's use_qk_norm, its Llama4TextL2Norm at norm_eps); independent of qk_norm."""
@@ -694,6 +697,10 @@ class ModelConfig:
                             f"{self.rope_attention_factor}")
         if self.qk_norm_after_rope and not (self.qk_norm and self.qk_norm_scope == "head"):
             raise UserError("model.qk_norm_after_rope needs per-head QK-norm (model.qk_norm=true, qk_norm_scope=head)")
+        if self.qk_layernorm and not (self.qk_norm and self.qk_norm_scope == "head" and not self.qk_norm_after_rope
+                                      and not self.norm_unit_offset and self.norm_affine):
+            raise UserError("model.qk_layernorm needs per-head QK-norm before RoPE with learned weights (model.qk_norm="
+                            "true, qk_norm_scope=head; no qk_norm_after_rope, norm_unit_offset or norm_affine=false)")
         if self.rope_scaling == "longrope":
             pairs = (self.rope_dims or self.head_dim) // 2
             if len(self.rope_pair_factors) != pairs or min(self.rope_pair_factors) <= 0 or \
@@ -1270,7 +1277,10 @@ class Attention(nn.Module):
                        if cfg.v_norm and own_kv else None)
         self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
-        if cfg.qk_norm:
+        if cfg.qk_layernorm:  # (D,) weight and bias shared by the heads (Persimmon's)
+            self.q_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps)
+            self.k_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps) if own_kv else None
+        elif cfg.qk_norm:
             whole = cfg.qk_norm_scope == "all"  # (H*D,) and (KV*D,) weights, else (D,) shared by the heads
             self.q_norm = make_rmsnorm(cfg, q_dim if whole else self.head_dim)
             self.k_norm = make_rmsnorm(cfg, kv_dim if whole else self.head_dim) if own_kv else None

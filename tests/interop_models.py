@@ -617,6 +617,22 @@ FAMILIES = {
                    moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
                    n_shared_experts=2, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.0,
                    tie_word_embeddings=False, pad_token_id=None)),
+    # Solar Open: GLM-4-MoE's experts on every layer (8 SwiGLUs 16 wide in 4 groups, top 3 from the best 2 groups,
+    # routing bias, renormalised and scaled by 2.0, two shared experts' width) under Llama's attention with biases on
+    # q/k/v, whole heads rotated with YaRN; untied
+    "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, moe_intermediate_size=16,
+                        n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=2,
+                        routed_scaling_factor=2.0, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                         "original_max_position_embeddings": 32})),
+    # HY-V3: Qwen3's attention (QK-norm, head_dim 16), HYV3Config's default dense first layer, then 8 SwiGLU experts
+    # 16 wide (top 3, sigmoid scores with a routing bias, rescaled, times 2.0) and two shared experts' width; untied
+    "hy_v3": ("HYV3Config", "HYV3ForCausalLM",
+              dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3, num_shared_experts=2,
+                   router_scaling_factor=2.0, tie_word_embeddings=False, pad_token_id=None,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # dots.llm1 with windowed layers from max_window_layers on (a window shorter than the test sequences), no groups,
     # top-k scores as they are (norm_topk_prob false, its default), every layer experts, tied
     "dots1-window": ("Dots1Config", "Dots1ForCausalLM",
@@ -769,6 +785,37 @@ FAMILIES = {
     "ministral-layers": ("MinistralConfig", "MinistralForCausalLM",
                          dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=4,
                               head_dim=16, layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
+    # Persimmon: GPT-NeoX's query_key_value (per head q, k, v), LayerNorm QK-norm, half of each head rotated, ReLU²,
+    # biases everywhere, multi-head, untied
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM",
+                  dict(num_attention_heads=4, layer_norm_eps=1e-5, pad_token_id=None,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # XGLM: sinusoidal positions (offset 2), embeddings scaled by sqrt(d_model), pre-LayerNorm, exact GELU, biases,
+    # tied
+    "xglm": ("XGLMConfig", "XGLMForCausalLM",
+             dict(d_model=64, ffn_dim=96, num_layers=2, attention_heads=4, max_position_embeddings=64, dropout=0.0,
+                  attention_dropout=0.0, pad_token_id=None)),
+    # HyperCLOVA X: Granite's scalars (its logits multiplied, not divided) with RMSNorms on the sublayers' outputs
+    # before the residual multiplier, GQA, untied; and without those norms (Granite's block, its logits scaled)
+    "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=2.0,
+                         residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=0.25,
+                         tie_word_embeddings=False, pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "hyperclovax-pre": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=4, use_post_norm=False, logits_scaling=4.0,
+                             tie_word_embeddings=True, pad_token_id=None)),
+    # Jais 2: Llama's block with LayerNorms (biases), a ReLU² MLP, biases on every Linear layer (its defaults), GQA
+    "jais2": ("Jais2Config", "Jais2ForCausalLM",
+              dict(num_attention_heads=4, num_key_value_heads=2, layer_norm_eps=1e-5, pad_token_id=None,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # CWM: Llama's block without biases, Llama 3 RoPE scaling that bites at this theta and original context, and
+    # CwmConfig's default layer kinds (every fourth layer from the first full: full, windowed, windowed) with a window
+    # shorter than the test sequences
+    "cwm": ("CwmConfig", "CwmForCausalLM",
+            dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5, head_dim=16,
+                 rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
     # Cohere2 MoE: RMSNorms, a dense first layer (48 wide) that rotates though full (force_rope), then experts (top 2
     # of 4, 32 wide) averaged with 2 shared ones on windowed layers and a full one without RoPE (a window shorter than
     # the test sequences), the logits scaled, tied; and its LayerNorm form, sigmoid scores, the shared expert summed,

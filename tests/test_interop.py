@@ -90,13 +90,27 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # Youtu is a dense DeepSeek-V3; DeepSeek-V3.2 and GLM-5 within index_topk keys DeepSeek-V3 (their
                # indexer not kept: deepseek_kin.py)
                "youtu": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV3ForCausalLM",
-               "glm_moe_dsa": "DeepseekV3ForCausalLM"}
+               "glm_moe_dsa": "DeepseekV3ForCausalLM",
+               # CWM is Ministral's block with windowed and full layers in any order
+               "cwm": "MinistralForCausalLM",
+               # HY-V3 is dots.llm1's layout (its groupless routing, its choosing bias named beside the router)
+               "hy_v3": "Dots1ForCausalLM",
+               # HyperCLOVA X without its post norms is Granite's block, its logits scaled
+               "hyperclovax-pre": "GraniteForCausalLM"}
+
+
+# families imported but not exported, with the export's one-line refusal (XGLM's positions are a fixed sinusoid, which
+# redline holds as a learned table: xglm.py)
+IMPORT_ONLY = {"xglm": "model.embed_scale with learned positions"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
     hf, model, _, ckpt = imported(kind, tmp_path, capsys)
     code, _, err = run_cli(["export", str(ckpt), "--out", str(tmp_path / "exported")], capsys)
+    if kind in IMPORT_ONLY:
+        assert code == 2 and IMPORT_ONLY[kind] in err and len(err.strip().splitlines()) == 1, err
+        return
     assert code == 0, err
     arch = EXPORTED_AS.get(kind, FAMILIES[kind][1])
     back, info = causal_lm_class(arch).from_pretrained(tmp_path / "exported", output_loading_info=True)
@@ -120,7 +134,10 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("exaone_moe", "EXAONE-MoE"),
                                         ("granitemoe_swa", "GraniteMoeSWA"), ("mistral4", "Mistral 4"),
                                         ("youtu", "DeepSeek-V3"), ("deepseek_v32", "DeepSeek-V3"),
-                                        ("axk1", "A.X-K1"), ("mimo_v2_flash", "MiMo-V2-Flash")])
+                                        ("axk1", "A.X-K1"), ("mimo_v2_flash", "MiMo-V2-Flash"), ("cwm", "Ministral"),
+                                        ("solar_open", "Solar Open"), ("hy_v3", "dots.llm1"),
+                                        ("jais2", "Jais 2"), ("hyperclovax", "HyperCLOVA X"),
+                                        ("persimmon", "Persimmon")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -336,6 +353,20 @@ REDLINE_EXPORTS = {
                              moe_topk_groups=2, mlp_hidden=16, moe_dense_layers=1, moe_dense_hidden=80,
                              moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20, moe_scale=1.5,
                              moe_shared_hidden=32, moe_shared_gate=False, sliding_window=5, window_layers=(2,)),
+    # HyperCLOVA X: Granite's scalars with plain RMSNorms on the sublayers' outputs too, GQA
+    "HyperCLOVAXForCausalLM": dict(norm_position="sandwich", embed_multiplier=2.0, residual_multiplier=0.3,
+                                   logit_divisor=3.0, attn_scale=0.2, n_kv_head=2),
+    # Persimmon: a LayerNorm QK-norm, a quarter of each head rotated, LayerNorms and ReLU², tied, no biases (written
+    # as zeros)
+    "PersimmonForCausalLM": dict(norm="layernorm", mlp="relu2", qk_norm=True, qk_layernorm=True, rope_dims=4,
+                                 tie_embeddings=True),
+    # Jais 2: RoPE, LayerNorm without biases (written as zeros) and a ReLU² MLP, GQA, untied
+    "Jais2ForCausalLM": dict(norm="layernorm", mlp="relu2", n_kv_head=2),
+    # Solar Open: sigmoid-scored SwiGLU experts on every layer (8 in 4 groups, the best 2 groups' top 2) with a routing
+    # bias, scaled, and an ungated shared expert, under Llama's attention with q/k/v biases (no QK-norm, whole heads)
+    "SolarOpenForCausalLM": dict(qkv_bias=True, n_kv_head=2, moe_experts=8, moe_top_k=2, moe_groups=4,
+                                 moe_topk_groups=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                                 moe_norm_eps=1e-20, moe_scale=1.5, moe_shared_hidden=32, moe_shared_gate=False),
     "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
                                   tie_embeddings=True),
     "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
@@ -439,7 +470,9 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
      "model.embed_scale with learned positions"),
     (dict(logit_softcap=30.0), "logit_softcap"),
     (dict(pos_emb="none"), "pos_emb=none: of the architectures redline exports to, only Granite 4.0"),
-    (dict(norm="layernorm", mlp="relu2"), "model.mlp=relu2 with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
+    # (sequential: Jais 2's)
+    (dict(norm="layernorm", mlp="relu2", parallel_residual=True),
+     "model.mlp=relu2 with LayerNorm and RoPE: GPT-NeoX's MLP is GELU"),
     (dict(parallel_residual=True), "GPT-NeoX, the one architecture with these redline exports to, uses LayerNorm"),
     (dict(norm="layernorm", mlp="gelu", n_kv_head=2, qkv_bias=True), "StarCoder2, the one architecture with them "
                                                                       "redline exports to, has biases on every Linear"),
@@ -464,7 +497,7 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm_position="output"), "model.qk_norm_scope=all"),  # OLMo 2 always has its QK-norm
     (dict(norm_position="output", qk_norm=True, qk_norm_scope="all", bias=True), "no MLP biases"),
     (dict(qk_norm=True, qk_norm_scope="all"), "norm_position=output"),
-    (dict(norm_position="sandwich"), "model.norm_unit_offset=true"),
+    (dict(norm_position="sandwich", qk_norm=True), "model.norm_unit_offset=true"),  # (without QK-norm: HyperCLOVA X)
     (dict(norm_unit_offset=True, embed_scale=True), "Gemma, the one architecture with them redline exports to, has "
                                                     "a GeGLU MLP"),
     (dict(mlp="geglu"), "model.mlp=geglu without Gemma's norms"),
@@ -689,23 +722,26 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, axk1, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
-                         "deepseek_v3, deepseek_v32, dots1, "
+                         "redline imports apertus, arcee, axk1, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, cwm, "
+                         "deepseek_v2, deepseek_v3, deepseek_v32, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma3n, "
                          "gemma3n_text, gemma4, gemma4_text, "
                          "glm, glm4, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, "
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, granitemoe_swa, "
-                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
+                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3, hyperclovax, "
+                         "jais2, jamba, "
+                         "lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
                          "mamba, mamba2, mimo_v2_flash, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, nanochat, "
                          "nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
-                         "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
+                         "opt, persimmon, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma, youtu")
+                         "qwen3_next, qwen3_vl, seed_oss, smollm3, solar_open, stablelm, starcoder2, vaultgemma, xglm, "
+                         "youtu")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -136,6 +136,18 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Dots1ForCausalLM": dict(qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1,
                              moe_dense_hidden=48, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                              moe_shared_hidden=32, moe_shared_gate=False),  # Llama's names, attention alone
+    # HyperCLOVA X: Llama's names with Granite's scalars and norms on the sublayers' outputs (post_norm1, post_norm2)
+    "HyperCLOVAXForCausalLM": dict(norm_position="sandwich", embed_multiplier=2.0, residual_multiplier=0.5,
+                                   logit_divisor=2.0, n_kv_head=2),
+    # Persimmon: GPT-NeoX's query_key_value (B's rows grouped by head), self_attn.dense, mlp.dense_h_to_4h / 4h_to_h
+    "PersimmonForCausalLM": dict(norm="layernorm", mlp="relu2", qk_norm=True, qk_layernorm=True, rope_dims=8,
+                                 bias=True),
+    # Jais 2: Llama's names, LayerNorms, up_proj the ReLU² MLP's first product, biases on every Linear layer
+    "Jais2ForCausalLM": dict(norm="layernorm", mlp="relu2", bias=True, n_kv_head=2),
+    # Solar Open: GLM-4-MoE's experts on every layer under Llama's attention with q/k/v biases (its attention alone)
+    "SolarOpenForCausalLM": dict(qkv_bias=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
+                                 moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                                 moe_shared_hidden=32, moe_shared_gate=False),
     "Mamba2ForCausalLM": dict(delta_layers=(0, 1), delta_rule="mamba2", delta_heads=4, delta_key_heads=2,
                               delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True, mlp_free_layers=(0, 1),
                               pos_emb="none"),
@@ -236,7 +248,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # PEFT adapts no Mamba-2 out_proj in these two (their attn.proj; Nemotron-H's attention o_proj goes too)
            "NemotronHForCausalLM": ("attn.in_proj", "attn.qkv", "mlp.*"),
            "NemotronHForCausalLM-experts": ("attn.in_proj", "attn.qkv", "mlp.fc", "mlp.proj", "mlp.shared.*"),
-           "Dots1ForCausalLM": ("attn.*",), "Mamba2ForCausalLM": ("attn.in_proj",),
+           "Dots1ForCausalLM": ("attn.*",), "SolarOpenForCausalLM": ("attn.*",),
+           "Mamba2ForCausalLM": ("attn.in_proj",),
            # nor a Mamba-1 out_proj (Mamba's, Falcon-Mamba's attn.proj)
            "MambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),
            "FalconMambaForCausalLM": ("attn.in_proj", "attn.x_proj", "attn.dt_proj"),

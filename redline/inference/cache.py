@@ -373,6 +373,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
         return "QK-norm over whole projections (model.qk_norm_scope=all)"
     if cfg.qk_norm and getattr(cfg, "qk_norm_after_rope", False):
         return "QK-norm after RoPE (model.qk_norm_after_rope)"
+    if getattr(cfg, "qk_layernorm", False):
+        return "LayerNorm QK-norm (model.qk_layernorm: the kernel's is an RMSNorm)"
     if cfg.qk_norm and getattr(cfg, "norm_unit_offset", False):
         return "QK-norm scaling by 1 + weight (model.norm_unit_offset)"
     if getattr(cfg, "rope_dims", 0):

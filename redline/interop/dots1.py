@@ -28,7 +28,8 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
-from redline.interop.llama import _mlp_parts, _qkv, _rope, check_silu, hf_config_for, layer_windows, shape_fields
+from redline.interop.llama import (_mlp_parts, _qkv, _rope, check_silu, hf_config_for, layer_windows, rope_scaling,
+                                   shape_fields)
 from redline.interop.moe import deepseek_experts_to_hf, deepseek_experts_to_redline
 from redline.model import ModelConfig
 
@@ -166,3 +167,102 @@ def _ignorable(name: str) -> bool:
 
 FAMILY = Family(name="dots1", architecture="Dots1ForCausalLM", model_config=model_config, hf_config=hf_config,
                 to_redline=to_redline, to_hf=to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# HY-V3 (Tencent's HYV3ForCausalLM, model_type "hy_v3": Hy3-preview): dots.llm1's layout under other names and
+# defaults. Apertus's attention (q/k/v/o_proj, per-head q_norm / k_norm RMSNorms before RoPE: Qwen3's), a kind per
+# layer's MLP (`mlp_layer_types`: "dense", a SwiGLU intermediate_size wide, or "sparse"; without it the first layer
+# dense), and DeepSeek-V3's routing without groups: sigmoid scores, the choosing bias as mlp.e_score_correction_bias
+# (beside the router, not in it), the chosen scores always rescaled to sum to 1 (plus 1e-20), times
+# router_scaling_factor; Qwen3-MoE's stacked SwiGLU experts and an ungated shared SwiGLU moe_intermediate_size x
+# num_shared_experts wide (intermediate_size where that product is 0: HYV3MLP takes a width of 0 as "the config's").
+# transformers adds the shared expert to the routed sum in fp32 (enable_moe_fp32_combine), one rounding as redline's
+# add in the model's dtype. Its multi-token prediction layers (model.layers.N past the last) are left unread, as
+# transformers leaves them. A model of this layout exports as dots.llm1. Semantics read from transformers'
+# models/hy_v3/modular_hy_v3.py.
+
+HY_V3_THETA = 11_158_840.0  # HYV3Config.default_theta
+
+
+def hy_v3_model_config(hf: dict) -> ModelConfig:
+    check_silu(hf)
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            raise UserError(f"{key}=true on a HY-V3 model: redline's mixtures of experts have no attention or MLP "
+                            f"biases")
+    n = hf["num_hidden_layers"]
+    kinds = hf.get("mlp_layer_types") or ["dense"] * min(n, 1) + ["sparse"] * max(n - 1, 0)
+    if len(kinds) != n or not set(kinds) <= {"dense", "sparse"} or "sparse" not in kinds:
+        raise UserError(f"mlp_layer_types {kinds}: expected {n} entries of dense / sparse, at least one sparse")
+    sparse = tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
+    dense = sparse[0] if sparse == tuple(range(sparse[0], n)) else 0  # dense layers first: moe_dense_layers
+    experts, top_k = int(hf.get("num_experts") or 0), int(hf.get("num_experts_per_tok") or 0)
+    if not experts or not top_k:
+        raise UserError(f"num_experts={hf.get('num_experts')}, num_experts_per_tok={hf.get('num_experts_per_tok')}: "
+                        f"HY-V3's mixtures need both")
+    width, dense_width = int(hf.get("moe_intermediate_size", 1536)), int(hf.get("intermediate_size", 13312))
+    shared = width * int(hf.get("num_shared_experts") or 0) or dense_width
+    params = dict(hf.get("rope_parameters") or {})
+    if "rope_theta" not in params and "rope_theta" not in hf:
+        params["rope_theta"] = HY_V3_THETA
+    return ModelConfig(
+        **{**shape_fields({**hf, "head_dim": hf.get("head_dim") or 128}, context_len=131_072), "mlp_hidden": width},
+        qk_norm=True, qk_norm_scope="head", fused_qkv=True, pos_emb="rope", mlp="swiglu", fused_mlp=True,
+        norm="rmsnorm", norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), bias=False, moe_experts=experts, moe_top_k=top_k, moe_dense_layers=dense,
+        moe_layers=() if dense or len(sparse) == n else sparse,
+        moe_dense_hidden=dense_width if len(sparse) < n else None, moe_gating="sigmoid", moe_expert_bias=True,
+        moe_norm_topk=True, moe_norm_eps=1e-20, moe_scale=float(hf.get("router_scaling_factor", 2.826)),
+        moe_shared_hidden=shared, moe_shared_gate=False, **_rope({**hf, "rope_parameters": params or None}))
+
+
+# the Hub's names (what save_pretrained writes) -> transformers' in-memory ones, which to_redline reads (transformers'
+# conversion_mapping.py renames them so as it loads a checkpoint)
+_HY_V3_NAMES = ((".mlp.router.gate.weight", ".mlp.gate.weight"), (".mlp.expert_bias", ".mlp.e_score_correction_bias"),
+                (".mlp.shared_mlp.", ".mlp.shared_experts."))
+
+
+def _hy_v3_renamed(name: str, to_hub: bool) -> str:
+    for hub, memory in _HY_V3_NAMES:
+        old, new = (memory, hub) if to_hub else (hub, memory)
+        if old in name:
+            return name.replace(old, new)
+    return name
+
+
+def hy_v3_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    names = {_hy_v3_renamed(n, to_hub=False): n for n in src.names}
+    view = TensorSource(names, lambda n: src.take(names[n]), src.where)
+    out = to_redline(view, cfg)  # dots.llm1's, which takes the choosing bias beside the router too
+    # the multi-token prediction layers past the last one: not part of the causal model
+    pre = _prefix(src) + "layers."
+    src.used.update(n for n in src.names if n.startswith(pre) and int(n[len(pre):].split(".")[0]) >= cfg.n_layer)
+    return out
+
+
+def hy_v3_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    """to_hf's tensors in the Hub's names, as save_pretrained writes a HY-V3 checkpoint (the router as
+    mlp.router.gate, the choosing bias as mlp.expert_bias, the shared expert as mlp.shared_mlp)."""
+    out = {k.replace("mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"): v
+           for k, v in to_hf(state, cfg).items()}
+    return {_hy_v3_renamed(k, to_hub=True): v for k, v in out.items()}
+
+
+def hy_v3_hf_config(cfg: ModelConfig) -> dict:
+    """HY-V3's config.json for a model of its layout (export_family sends one to dots.llm1, which has it)."""
+    out = {key: value for key, value in hf_config_for("qwen3")(cfg).items()
+           if key not in ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "rope_theta",
+                          "rope_scaling")}
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, **(rope_scaling(cfg, "hy_v3") or {})}
+    out.update(model_type="hy_v3", intermediate_size=cfg.moe_dense_hidden or cfg.hidden_dim,
+               moe_intermediate_size=cfg.hidden_dim, num_experts=cfg.moe_experts, num_experts_per_tok=cfg.moe_top_k,
+               num_shared_experts=cfg.moe_shared_hidden // cfg.hidden_dim, router_scaling_factor=cfg.moe_scale,
+               mlp_layer_types=["sparse" if cfg.layer_has_experts(i) else "dense" for i in range(cfg.n_layer)],
+               attention_bias=False, mlp_bias=False, rope_parameters=rope, output_router_logits=False)
+    return out
+
+
+HY_V3_FAMILY = Family(name="hy_v3", architecture="HYV3ForCausalLM", model_config=hy_v3_model_config,
+                      hf_config=hy_v3_hf_config, to_redline=hy_v3_to_redline, to_hf=hy_v3_to_hf,
+                      ignorable=_ignorable)

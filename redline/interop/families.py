@@ -29,7 +29,11 @@ attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
-MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP); multimodal.py the text
+MoE; llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
+(LayerNorm, ReLU²); glm.py also Solar Open (GLM-4-MoE's experts on every layer under Llama's attention); dots1.py also
+HY-V3 (dots.llm1's layout, other names); persimmon.py Persimmon (GPT-NeoX's query_key_value, LayerNorm QK-norm,
+ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, import only); granite.py also HyperCLOVA X (Granite's with norms on the sublayers'
+outputs); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
 qwen3); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
@@ -248,7 +252,7 @@ def _families() -> dict[str, Family]:
                                  gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal
+    from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal, persimmon, xglm
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -272,7 +276,9 @@ def _families() -> dict[str, Family]:
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
-                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY)}
+                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
+                                llama.CWM_FAMILY, glm.SOLAR_OPEN_FAMILY, dots1.HY_V3_FAMILY, llama.JAIS2_FAMILY,
+                                granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -337,7 +343,8 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), dots.llm1 with sigmoid scores
+    Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), Solar Open with sigmoid scores and an ungated shared
+    expert on every layer of Llama's attention (no QK-norm, whole heads), dots.llm1 with sigmoid scores
     (DeepSeek-V3's routing: a bias, groups, a scale, an ungated shared expert), or GPT-OSS with attention sinks, expert biases or clamped
     SwiGLU experts, as ERNIE 4.5 MoE with softmax scores and a bias that chooses (on every N-th layer too), as Hunyuan
     MoE with QK-norm after RoPE, as Cohere2 MoE in a parallel block under one norm; one with Mamba-1 layers (model.delta_rule=mamba1) as Mamba, or as Falcon-Mamba with its B, C and
@@ -356,11 +363,13 @@ def export_family(cfg: ModelConfig) -> Family:
     rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
     layer_scalars, per_layer_embd, kv_shared_layers, the full layers' global_head_size, global_kv_head and
     global_values_from_keys) as Gemma 4's text model, unless it has Gemma 3n's (altup_streams, laurel_rank,
-    mlp_sparsity): then as Gemma 3n's; a dense model with
-    attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee; one
+    mlp_sparsity): then as Gemma 3n's; plain RMSNorms on the sublayers' inputs and outputs rotating whole heads as
+    HyperCLOVA X; a dense model with
+    attention sinks as Granite SWA; Llama's block with a ReLU² MLP as Arcee (as Jais 2 with LayerNorm); one
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
-    (RMSNorm, one on its embeddings). A UserError names
+    (RMSNorm, one on its embeddings); one with a LayerNorm QK-norm, or partial RoPE with LayerNorm and ReLU², as
+    Persimmon. A UserError names
     the redline option that no such architecture has."""
     families = _families()
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
@@ -376,8 +385,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.moe_post_norm and not cfg.kv_lora_rank:  # checked here: no other exporter knows the field
         raise UserError("model.moe_post_norm: of the architectures redline exports to, A.X-K1 alone norms a "
                         "mixture's output, and it has latent attention (model.kv_lora_rank)")
-    from redline.interop import ernie, lfm2, qwen3_5
+    from redline.interop import ernie, lfm2, persimmon, qwen3_5
 
+    if persimmon.wants_persimmon(cfg):  # first: a LayerNorm QK-norm would lose its bias in any other architecture
+        persimmon.check_exportable(cfg)
+        return families["persimmon"]
     from redline.interop import glm, llama4
 
     # first: chunked attention, the NoPE layers' temperature, input-weighted experts are Llama 4's alone
@@ -404,6 +416,9 @@ def export_family(cfg: ModelConfig) -> Family:
     if exaone4.wants_exaone_moe(cfg):  # those experts with EXAONE 4.0's NoPE full layers among windowed ones
         exaone4.check_moe_exportable(cfg)
         return families["exaone_moe"]
+    if glm.wants_solar_open(cfg):  # sigmoid-scored experts on every layer, whole heads, no QK-norm: Solar Open's
+        glm.check_solar_open_exportable(cfg)
+        return families["solar_open"]
     if dots1.wants_dots1(cfg):  # sigmoid-scored experts beside attention: dots.llm1's (DeepSeek-V3's routing)
         dots1.check_exportable(cfg)
         return families["dots1"]
@@ -501,6 +516,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if glm.wants_glm4(cfg):  # sandwich norms with plain RMSNorm weights: GLM-4's (the Gemmas' scale by 1 + weight)
         glm.check_glm4_exportable(cfg)
         return families["glm4"]
+    from redline.interop import granite
+
+    if granite.wants_hyperclovax(cfg):  # those norms rotating whole heads without QK-norm: HyperCLOVA X's
+        granite.check_hyperclovax_exportable(cfg)
+        return families["hyperclovax"]
     if cfg.norm_position == "post":
         raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
                         "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
@@ -515,6 +535,10 @@ def export_family(cfg: ModelConfig) -> Family:
 
         nanochat.check_exportable(cfg)
         return families["nanochat"]
+    if cfg.pos_emb == "learned" and cfg.embed_scale:  # XGLM's block (xglm.py): its positions are no weights
+        raise UserError("model.embed_scale with learned positions: none of the architectures redline exports to scales "
+                        "its embeddings beside a position table (XGLM's is a fixed sinusoid, not weights: redline "
+                        "does not write XGLM)")
     classic = classic_export_name(cfg)
     if classic:  # the classic LayerNorm + GELU architectures: the options that choose them are theirs alone
         return families[classic]
@@ -653,6 +677,9 @@ def export_family(cfg: ModelConfig) -> Family:
     if phi3.wants_phi3(cfg):
         phi3.check_exportable(cfg)
         return families["phi3"]
+    if llama.wants_jais2(cfg):  # RoPE, LayerNorm and a ReLU² MLP: Jais 2's
+        llama.check_jais2_exportable(cfg)
+        return families["jais2"]
     if cfg.pos_emb == "rope" and cfg.norm == "layernorm" and cfg.mlp == "swiglu":
         from redline.interop.stablelm import check_exportable
 

@@ -1136,7 +1136,14 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                    "into k_b and v_b), nor a norm on the experts' output"),
                 "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
                 "mistral4": ("Mistral 4", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
-                                          "kv_b split into k_b and v_b; grouped softmax routing)")}
+                                          "kv_b split into k_b and v_b; grouped softmax routing)"),
+                "jais2": ("Jais 2", "no writer here for its layout (LayerNorms with biases, a ReLU² MLP)"),
+                "hyperclovax": ("HyperCLOVA X", "no writer here for its norms on the sublayers' outputs with Granite's "
+                                                "scalars"),
+                "persimmon": ("Persimmon", "no writer here for llama.cpp's persimmon layout (LayerNorm QK-norm, "
+                                           "partial RoPE)"),
+                "solar_open": ("Solar Open", "no writer here for its layout (DeepSeek-V3's routing: sigmoid scores, "
+                                             "a routing bias, groups, shared experts)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

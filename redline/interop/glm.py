@@ -24,19 +24,22 @@ config gives none, as transformers' configs default it; redline's rope_dims). Wh
   prediction layers (model.layers.N for N >= num_hidden_layers, num_nextn_predict_layers of them) are for
   speculative decoding and training: read as unused, as transformers ignores them too.
 GLM-4.7-Flash (model_type "glm4_moe_lite") has DeepSeek's multi-head latent attention: deepseek.py reads it.
+Solar Open (model_type "solar_open") is GLM-4-MoE's mixture on every layer under Llama's attention (its section
+below).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
 from redline.errors import UserError
 from redline.interop.families import (Family, TensorSource, give_head, interleave_rope_rows, pad_rows, raise_first,
                                       take_head)
-from redline.interop.llama import _ignorable, _mlp_parts, _qkv, check_silu, shape_fields
+from redline.interop.llama import _ignorable, _mlp_parts, _qkv, _rope, check_silu, rope_scaling, shape_fields
 from redline.interop.moe import deepseek_experts_to_hf, deepseek_experts_to_redline
 from redline.model import ModelConfig
 
@@ -348,3 +351,80 @@ GLM4_FAMILY = Family(name="glm4", architecture="Glm4ForCausalLM", model_config=g
 GLM4_MOE_FAMILY = Family(name="glm4_moe", architecture="Glm4MoeForCausalLM", model_config=glm4_moe_model_config,
                          hf_config=glm4_moe_hf_config, to_redline=to_redline_for("glm4_moe"),
                          to_hf=to_hf_for("glm4_moe"), ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Solar Open (Upstage's SolarOpenForCausalLM, model_type "solar_open": Solar-Open-100B): GLM-4-MoE's names, router and
+# experts on Llama's attention: experts on every layer (no first_k_dense_replace), no QK-norm, RoPE on whole heads in
+# (first half, second half) pairs with any of Llama's scalings, biases on q/k/v alone where attention_bias says
+# (o_proj never has one), RoPE base 1e6 where the config gives none. Semantics read from transformers'
+# models/solar_open/modular_solar_open.py (SolarOpenAttention is LlamaAttention without the o_proj bias,
+# SolarOpenMoE is Glm4MoeMoE). Its rotary embedding takes a partial_rotary_factor that its attention then cannot
+# apply (the cos/sin tables would be narrower than the heads): anything but 1 is refused.
+
+SOLAR_OPEN_THETA = 1_000_000.0  # SolarOpenConfig.default_theta
+
+
+def solar_open_model_config(hf: dict) -> ModelConfig:
+    params = dict(hf.get("rope_parameters") or {})
+    fraction = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    if fraction != 1.0:
+        raise UserError(f"partial_rotary_factor={fraction} on a Solar Open model: its attention rotates whole heads "
+                        f"(transformers' SolarOpenAttention fails on narrower tables); redline reads 1 alone")
+    if "rope_theta" not in params and "rope_theta" not in hf:
+        params["rope_theta"] = SOLAR_OPEN_THETA
+    hf = {**hf, "rope_parameters": params or None}
+    cfg = glm4_moe_model_config({**hf, "first_k_dense_replace": 0, "use_qk_norm": False,
+                                 "partial_rotary_factor": 1.0, "rope_parameters": None, "rope_scaling": None})
+    return replace(cfg, moe_dense_hidden=None, **_rope(hf))
+
+
+def wants_solar_open(cfg: ModelConfig) -> bool:
+    """Sigmoid-scored experts with an ungated shared expert on every layer of Llama's attention, without QK-norm,
+    rotating whole heads: Solar Open's (GLM-4-MoE rotates part of each head, dots.llm1 has QK-norm)."""
+    return bool(cfg.moe_experts and cfg.moe_gating == "sigmoid" and cfg.moe_shared_hidden and not cfg.moe_shared_gate
+                and not cfg.rope_dims and not cfg.qk_norm
+                and not cfg.moe_dense_layers and not cfg.moe_layers and not cfg.conv_layers and not cfg.delta_layers
+                and not cfg.mlp_free_layers and not cfg.mixer_free_layers and cfg.attn_gate == "none"
+                and not cfg.parallel_residual and not cfg.qk_norm_after_rope)
+
+
+def check_solar_open_exportable(cfg: ModelConfig) -> None:
+    what = ("sigmoid-scored experts on Llama's attention without QK-norm: Solar Open, the architecture with them "
+            "redline exports to,")
+    shared = cfg.moe_shared_hidden
+    named = [name for name in (
+        "norm_unit_offset", "embed_norm", "embed_scale", "embed_multiplier", "residual_multiplier", "logit_divisor",
+        "logit_softcap", "attn_softcap", "attn_scale", "attn_sinks", "value_embeddings", "nope_interval",
+        "rope_layer_theta", "rope_local_theta", "sliding_window", "head_bias", "moe_bias", "moe_aux_loss", "bias")
+        if getattr(cfg, name)]
+    raise_first([
+        (bool(named), f"{what} has no model.{named[0] if named else ''}"),
+        (cfg.pos_emb != "rope" or cfg.rope_scaling not in ("none", "linear", "llama3", "yarn"),
+         f"{what} rotates with RoPE (model.pos_emb={cfg.pos_emb}, rope_scaling={cfg.rope_scaling})"),
+        (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or not cfg.norm_affine,
+         f"{what} has pre-RMSNorm blocks with weights (model.norm_position, norm, norm_affine)"),
+        (cfg.mlp != "swiglu", f"{what} has SwiGLU experts (model.mlp={cfg.mlp})"),
+        (not shared or shared % cfg.hidden_dim or cfg.moe_shared_gate,
+         f"{what} has ungated shared experts (moe_shared_gate=false), n_shared_experts of them moe_intermediate_size "
+         f"(model.mlp_hidden) wide (model.moe_shared_hidden={shared})"),
+        (cfg.moe_norm_topk and cfg.moe_norm_eps != GLM4_MOE_NORM_EPS,
+         f"{what} rescales the chosen weights with {GLM4_MOE_NORM_EPS:g} (model.moe_norm_eps={cfg.moe_norm_eps}); set "
+         f"model.moe_norm_eps={GLM4_MOE_NORM_EPS:g}"),
+    ])
+
+
+def solar_open_hf_config(cfg: ModelConfig) -> dict:
+    out = glm4_moe_hf_config(cfg)
+    for key in ("intermediate_size", "first_k_dense_replace", "use_qk_norm", "num_nextn_predict_layers",
+                "partial_rotary_factor", "rope_theta"):
+        out.pop(key)
+    out["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                              **(rope_scaling(cfg, "solar_open") or {})}
+    return {**out, "model_type": "solar_open"}
+
+
+SOLAR_OPEN_FAMILY = Family(name="solar_open", architecture="SolarOpenForCausalLM",
+                           model_config=solar_open_model_config, hf_config=solar_open_hf_config,
+                           to_redline=to_redline_for("solar_open"), to_hf=to_hf_for("solar_open"),
+                           ignorable=_ignorable)

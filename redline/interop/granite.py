@@ -10,6 +10,7 @@ A multiplier of 1 is stored as redline's 0 (none), so a model that has none runs
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -618,3 +619,88 @@ def moe_swa_to_hf(state, cfg: ModelConfig) -> dict:
 MOE_SWA_FAMILY = Family(name="granitemoe_swa", architecture="GraniteMoeSWAForCausalLM",
                         model_config=moe_swa_model_config, hf_config=moe_swa_hf_config, to_redline=shared_to_redline,
                         to_hf=moe_swa_to_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# HyperCLOVA X (NAVER's HyperCLOVAXForCausalLM, model_type "hyperclovax": HyperCLOVAX-SEED-Think-14B): Granite's block,
+# names and scalars with two differences (transformers' models/hyperclovax/modular_hyperclovax.py):
+# - the logits are multiplied by logits_scaling where Granite divides by it: logit_divisor = 1 / logits_scaling;
+# - use_post_norm (its default true): an RMSNorm on each sublayer's output before the residual multiplier (Peri-LN:
+#   post_norm1, post_norm2), redline's sandwich norms with plain weights, the MLP input's norm keeping Llama's name
+#   (post_attention_layernorm).
+# Without post norms a model is Granite's with its logits scaled, and exports as Granite.
+
+# redline's sandwich norms (llama.NORM_NAMES, Gemma's names) -> HyperCLOVA X's, after model.layers.N.
+_HCX_NORMS = {"post_attention_layernorm": "post_norm1", "pre_feedforward_layernorm": "post_attention_layernorm",
+              "post_feedforward_layernorm": "post_norm2"}
+
+
+def _hcx_renamed(name: str, names: dict) -> str:
+    """`name` with its block norm's segment renamed by `names` (other tensors as they are)."""
+    head, dot, rest = name.rpartition(".layers.")
+    if not dot:
+        return name
+    layer, _, tail = rest.partition(".")
+    module, _, kind = tail.partition(".")
+    return f"{head}{dot}{layer}.{names.get(module, module)}.{kind}" if module in names else name
+
+
+def hyperclovax_model_config(hf: dict) -> ModelConfig:
+    scaling = hf.get("logits_scaling")
+    scaling = 1.0 if scaling is None else float(scaling)
+    if scaling <= 0:
+        raise UserError(f"logits_scaling={scaling}: HyperCLOVA X's logit multiplier must be above 0")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    scale = hf.get("attention_multiplier")
+    cfg = model_config({**hf, "head_dim": head_dim, "logits_scaling": 1.0,
+                        "attention_multiplier": head_dim ** -0.5 if scale is None else scale})
+    return replace(cfg, logit_divisor=0.0 if scaling == 1.0 else 1.0 / scaling,
+                   norm_position="sandwich" if hf.get("use_post_norm", True) else "pre")
+
+
+def wants_hyperclovax(cfg: ModelConfig) -> bool:
+    """Plain RMSNorms on the sublayers' inputs and outputs rotating whole heads, without QK-norm: HyperCLOVA X's
+    (GLM-4 rotates part of each head, the Gemmas' norms scale by 1 + weight, LFM3 has QK-norm)."""
+    return bool(cfg.norm_position == "sandwich" and cfg.norm == "rmsnorm" and not cfg.norm_unit_offset
+                and not cfg.rope_dims and not cfg.qk_norm)
+
+
+def check_hyperclovax_exportable(cfg: ModelConfig) -> None:
+    what = ("plain RMSNorms on the sublayers' inputs and outputs (norm_position=sandwich): HyperCLOVA X, the one "
+            "architecture with them and whole heads rotated redline exports to,")
+    named = [name for name in ("attn_sinks", "attn_softcap", "logit_softcap", "embed_scale", "embed_norm",
+                               "value_embeddings", "head_bias", "moe_experts", "conv_layers", "delta_layers",
+                               "sliding_window", "nope_interval", "rope_local_theta", "rope_layer_theta",
+                               "parallel_residual") if getattr(cfg, name)]
+    raise_first([
+        (bool(named), f"{what} has no model.{named[0] if named else ''}"),
+        (not cfg.norm_affine, f"{what} has learned norms (model.norm_affine)"),
+        (cfg.mlp != "swiglu", f"{what} has a SwiGLU MLP (model.mlp={cfg.mlp})"),
+        (cfg.attn_gate != "none", f"{what} has no gate on its heads (model.attn_gate)"),
+        (cfg.pos_emb != "rope", f"{what} rotates with RoPE (model.pos_emb={cfg.pos_emb})"),
+        (cfg.has_qkv_bias != cfg.bias, f"{what} has biases on every Linear layer or none (model.qkv_bias)"),
+    ])
+
+
+def hyperclovax_hf_config(cfg: ModelConfig) -> dict:
+    return {**hf_config(cfg), "model_type": "hyperclovax", "use_post_norm": cfg.norm_position == "sandwich",
+            "logits_scaling": 1.0 / cfg.logit_divisor if cfg.logit_divisor else 1.0}
+
+
+def hyperclovax_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    theirs = {v: k for k, v in _HCX_NORMS.items()}
+    if cfg.norm_position != "sandwich":
+        return to_redline(src, cfg)
+    names = {_hcx_renamed(n, theirs): n for n in src.names}
+    view = TensorSource(names, lambda n: src.take(names[n]), src.where)
+    return to_redline(view, cfg)
+
+
+def hyperclovax_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    out = to_hf(state, cfg, "llama")
+    return {_hcx_renamed(k, _HCX_NORMS): v for k, v in out.items()} if cfg.norm_position == "sandwich" else out
+
+
+HYPERCLOVAX_FAMILY = Family(name="hyperclovax", architecture="HyperCLOVAXForCausalLM",
+                            model_config=hyperclovax_model_config, hf_config=hyperclovax_hf_config,
+                            to_redline=hyperclovax_to_redline, to_hf=hyperclovax_to_hf, ignorable=_ignorable)

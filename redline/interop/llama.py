@@ -632,3 +632,98 @@ def ministral_hf_config(cfg: ModelConfig) -> dict:
 MINISTRAL_FAMILY = Family(name="ministral", architecture="MinistralForCausalLM", model_config=ministral_model_config,
                           hf_config=ministral_hf_config, to_redline=to_redline, to_hf=to_llama_hf,
                           ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CWM (Meta's CwmForCausalLM, model_type "cwm": facebook/cwm, Code World Model 32B): Llama's block and names without
+# biases (q/k/v/o_proj never have one; an mlp_bias alone is refused), Llama 3 RoPE scaling, and a kind per layer
+# (`layer_types`: sliding_attention with the config's window, or full_attention; without it every fourth layer from
+# the first is full), as Ministral's, which is the architecture a CWM model exports as. Semantics read from
+# transformers' models/cwm/modular_cwm.py (CwmAttention is Qwen2's without the q/k/v biases).
+
+# CwmConfig's defaults where a config.json leaves them out (its __post_init__ fills them in)
+CWM_ROPE = {"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+CWM_WINDOW, CWM_FULL_EVERY = 8192, 4
+
+
+def cwm_model_config(hf: dict) -> ModelConfig:
+    if hf.get("mlp_bias"):
+        raise UserError("mlp_bias=true on a CWM model: its attention has no biases, and redline has biases on every "
+                        "Linear layer or on q/k/v alone, not on the MLP alone")
+    n = hf["num_hidden_layers"]
+    rope = hf.get("rope_parameters") or (None if hf.get("rope_scaling") or hf.get("rope_theta") else CWM_ROPE)
+    window = hf.get("sliding_window", CWM_WINDOW)
+    hf = {**hf, "rope_parameters": rope, "sliding_window": window, "attention_bias": False, "mlp_bias": False}
+    cfg = model_config_for("llama")({**hf, "sliding_window": None})
+    default = ["full_attention" if i % CWM_FULL_EVERY == 0 else "sliding_attention" for i in range(n)]
+    return replace(cfg, **layer_windows(hf, n, default))
+
+
+def cwm_hf_config(cfg: ModelConfig) -> dict:
+    """Ministral's config as CWM's (which takes the same keys): for writing a CWM folder; export_family sends a model
+    of this layout to Ministral, the architecture that has it."""
+    return {**ministral_hf_config(cfg), "model_type": "cwm"}
+
+
+CWM_FAMILY = Family(name="cwm", architecture="CwmForCausalLM", model_config=cwm_model_config,
+                    hf_config=cwm_hf_config, to_redline=to_redline, to_hf=to_llama_hf, ignorable=_ignorable)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Jais 2 (Inception's Jais2ForCausalLM, model_type "jais2": Jais-2-8B-Chat): Llama's block and names with LayerNorms
+# that have biases (input_layernorm, post_attention_layernorm, the final norm: nn.LayerNorm at layer_norm_eps) and
+# Nemotron's plain MLP, down_proj(relu(up_proj(x))²) (hidden_act "relu2"), biases on q/k/v/o_proj (attention_bias) and
+# on the MLP (mlp_bias), both true by default. Semantics read from transformers' models/jais2/modular_jais2.py.
+
+
+def jais2_model_config(hf: dict) -> ModelConfig:
+    act = hf.get("hidden_act", "relu2")
+    if act != "relu2":
+        raise UserError(f"hidden_act={act!r}: Jais 2's MLP is ReLU² (relu2); redline's Jais 2 has no other")
+    hf = {**hf, "hidden_act": "silu", "attention_bias": hf.get("attention_bias", True),
+          "mlp_bias": hf.get("mlp_bias", True), "rms_norm_eps": hf.get("layer_norm_eps", 1e-5)}
+    return replace(model_config_for("llama")(hf), mlp="relu2", norm="layernorm", norm_bias=True)
+
+
+def wants_jais2(cfg: ModelConfig) -> bool:
+    """Llama's pre-norm block with LayerNorm and a ReLU² MLP rotating whole heads: Jais 2's (Nemotron's LayerNorms
+    scale by 1 + weight, Arcee's are RMSNorms, Persimmon rotates part of each head)."""
+    return bool(cfg.pos_emb == "rope" and cfg.norm == "layernorm" and cfg.mlp == "relu2" and not cfg.norm_unit_offset
+                and cfg.norm_position == "pre" and not cfg.parallel_residual and not cfg.rope_dims)
+
+
+def check_jais2_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming the option that Jais 2, the architecture a RoPE + LayerNorm + ReLU² model exports as, does
+    not have."""
+    what = "model.mlp=relu2 with LayerNorm and RoPE: Jais 2, the one architecture with them redline exports to,"
+    raise_first([
+        (not cfg.norm_affine or cfg.embed_norm, f"{what} has learned LayerNorms, none on the embeddings"),
+        (cfg.qk_norm, f"{what} has no QK-norm (model.qk_norm)"),
+        (cfg.sliding_window or cfg.nope_interval or cfg.rope_dims or cfg.rope_local_theta or cfg.rope_layer_theta,
+         f"{what} attends to the whole context and rotates whole heads of every layer"),
+        (cfg.has_qkv_bias != cfg.bias, f"{what} has biases on every Linear layer or none (model.qkv_bias)"),
+        (cfg.moe_experts or cfg.conv_layers or cfg.delta_layers or cfg.mlp_free_layers or cfg.mixer_free_layers,
+         f"{what} has attention and a dense MLP on every layer"),
+        (cfg.attn_sinks or cfg.attn_gate != "none" or cfg.attn_scale or cfg.attn_softcap or cfg.logit_softcap
+         or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.logit_divisor or cfg.head_bias
+         or cfg.value_embeddings, f"{what} has no sinks, gates, scales, caps or scalars"),
+    ])
+
+
+def jais2_hf_config(cfg: ModelConfig) -> dict:
+    out = llama_shaped_hf_config(cfg, "jais2")
+    out.pop("rms_norm_eps")
+    return {**out, "hidden_act": "relu2", "layer_norm_eps": cfg.norm_eps, "rope_scaling": rope_scaling(cfg, "jais2")}
+
+
+def jais2_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    """Llama's names, a LayerNorm without a bias (model.norm_bias=false) with a zero one: Jais 2's always have one."""
+    out = to_hf(state, cfg, "llama")
+    for name in [n for n in out if n.endswith("norm.weight")]:
+        out.setdefault(name[:-len("weight")] + "bias", torch.zeros_like(out[name]))
+    return out
+
+
+JAIS2_FAMILY = Family(name="jais2", architecture="Jais2ForCausalLM", model_config=jais2_model_config,
+                      hf_config=jais2_hf_config, to_redline=to_redline, to_hf=jais2_to_hf, ignorable=_ignorable)

@@ -6,7 +6,8 @@ Hugging Face model `redline export` writes from the run's base:
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base-hf"), "adapter")
 
 Names follow the exported architecture's modules (redline/interop/llama.py, gpt2.py, gpt_bigcode.py, gpt_neo.py,
-gptj.py: q and k rows (B's rows) in GPT-J's interleaved RoPE order; phi.py, phi3.py, gpt_neox.py, opt.py,
+gptj.py: q and k rows (B's rows) in GPT-J's interleaved RoPE order; phi.py, phi3.py, gpt_neox.py (persimmon.py's
+query_key_value alike), opt.py,
 starcoder2.py, nanochat.py, bloom.py, falcon.py, mpt.py, lfm2.py, qwen3_5.py, granite.py, olmo_hybrid.py,
 gemma4.py: Llama's attention and MLP names, each block's ple_gate and ple_proj as per_layer_input_gate and
 per_layer_projection, the model's ple_proj as model.per_layer_model_projection; gemma3n.py: Gemma 4's and each
@@ -21,14 +22,14 @@ Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT ref
 Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, its dense feed_forward's
 gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers; llama4.py:
 Llama 4's q and k rows in its interleaved RoPE order as Cohere's, feed_forward.gate/up/down_proj and
-feed_forward.shared_expert.*, never the router, whose forward returns a pair; dots1.py: the attention's, as
-Llama's):
+feed_forward.shared_expert.*, never the router, whose forward returns a pair; dots1.py and glm.py's Solar Open:
+the attention's, as Llama's):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
 Qwen3-Next's delta nets take adapters on out_proj alone, and none go on its gate_proj, up_proj or down_proj layers
-(PEFT moves those onto its experts), nor on GLM-4-MoE's (glm.py) or dots.llm1's for that reason; GLM's and GLM-4's q
-and k rows (B's rows) are in their interleaved RoPE order on each head's first rope_dims rows.
+(PEFT moves those onto its experts), nor on GLM-4-MoE's (glm.py), Solar Open's or dots.llm1's for that reason; GLM's
+and GLM-4's q and k rows (B's rows) are in their interleaved RoPE order on each head's first rope_dims rows.
 
 Fused layers split exactly: redline's one qkv projection is three in Llama-family models (q_proj, k_proj, v_proj)
 and its fused SwiGLU fc is gate_proj and up_proj. B·A of the fused layer stacks the parts' rows, so each part takes
@@ -61,6 +62,7 @@ _PHI = {"attn.proj": "self_attn.dense", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc
 _PHI3 = {"attn.qkv": "self_attn.qkv_proj", "attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.gate_up_proj",
          "mlp.proj": "mlp.down_proj"}
 _NEOX = {"attn.proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
+_PERSIMMON = {"attn.proj": "self_attn.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _OPT = {"attn.proj": "self_attn.out_proj", "mlp.fc": "fc1", "mlp.proj": "fc2"}  # q/k/v as Llama's
 _STARCODER2 = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}  # q/k/v as Llama's
 _NANOCHAT = {"attn.proj": "self_attn.o_proj", "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2"}  # q/k/v as Llama's
@@ -80,7 +82,7 @@ _GEMMA4_PLE = {"ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projec
 _LAUREL = {"laurel_left": "laurel.linear_left", "laurel_right": "laurel.linear_right"}
 # the architectures whose gate_proj, up_proj and down_proj adapters PEFT moves onto the experts' fused parameters
 _EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE",
-                 "cohere2_moe": "Cohere2 MoE", "dots1": "dots.llm1"}
+                 "cohere2_moe": "Cohere2 MoE", "dots1": "dots.llm1", "solar_open": "Solar Open"}
 _QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
 
 
@@ -98,6 +100,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     i, rest = match.groups()
     if family.name == "gpt_neox":
         return _neox_parts(layer, f"gpt_neox.layers.{i}.", rest, out_features, cfg)
+    if family.name == "persimmon":  # GPT-NeoX's query_key_value under Llama's prefixes (persimmon.py)
+        return _neox_parts(layer, f"model.layers.{i}.", rest, out_features, cfg, persimmon=True)
     if family.name == "gpt_bigcode":
         return _bigcode_parts(layer, f"transformer.h.{i}.", rest, out_features, cfg)
     if family.name == "gptj":  # q/k/v apart, q and k rows in GPT-J's interleaved RoPE order (as gptj.py exports)
@@ -314,16 +318,19 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     return [(base + _LLAMA[rest], slice(0, out_features))]
 
 
-def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelConfig) -> list[tuple[str, object]]:
-    """GPT-NeoX's modules for redline layer `layer`: query_key_value takes B's rows in its own order, q, k and v
-    grouped by head (gpt_neox.py regroups the weight alike), the others B as it is."""
+def _neox_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelConfig,
+                persimmon: bool = False) -> list[tuple[str, object]]:
+    """GPT-NeoX's modules for redline layer `layer` (persimmon: Persimmon's names for the same layout):
+    query_key_value takes B's rows in its own order, q, k and v grouped by head (gpt_neox.py regroups the weight
+    alike), the others B as it is."""
     from redline.interop.gpt_neox import _regroup
 
+    attention, names, arch = ("self_attn.", _PERSIMMON, "Persimmon") if persimmon else ("attention.", _NEOX, "GPT-NeoX")
     if rest == "attn.qkv":
-        return [(base + "attention.query_key_value", _regroup(torch.arange(out_features), cfg, to_neox=True))]
-    if rest not in _NEOX:
-        raise UserError(f"the adapter on {layer} has no counterpart in GPT-NeoX; export with --merge")
-    return [(base + _NEOX[rest], slice(0, out_features))]
+        return [(base + attention + "query_key_value", _regroup(torch.arange(out_features), cfg, to_neox=True))]
+    if rest not in names:
+        raise UserError(f"the adapter on {layer} has no counterpart in {arch}; export with --merge")
+    return [(base + names[rest], slice(0, out_features))]
 
 
 def _glm_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelConfig,
