@@ -494,6 +494,15 @@ FAMILIES = {
                         moe_intermediate_size=32, shared_expert_intermediate_size=40, norm_topk_prob=False,
                         tie_word_embeddings=False, pad_token_id=None,
                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # Lara Mini: Qwen3.5's delta nets on layers 0 and 2 (in_proj fused as the Hub holds it, Dk != Dv), windowed
+    # attention with RoPE on 1 and 4 (a window shorter than the test sequences), NoPE full attention on 3, plain
+    # RMSNorms, every MLP top 2 of 4 experts (stacked) plus an ungated shared expert, tied
+    "lara_mini": ("LaraMiniConfig", "LaraMiniForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=5,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                       linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=40, sliding_window=5, pad_token_id=None,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # Nemotron (Nemotron-Mini-4B's layout): LayerNorms by 1 + weight with biases, a plain ReLU² MLP, RoPE on half of
     # each head, GQA, untied
     "nemotron": ("NemotronConfig", "NemotronForCausalLM",

@@ -81,6 +81,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Ernie4_5_MoeForCausalLM": dict(n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,
                                     moe_dense_layers=1, moe_dense_hidden=48, moe_shared_hidden=64,
                                     moe_shared_gate=False, tie_embeddings=True),
+    # Lara Mini: Qwen3.5's delta net on layer 0 (its fused in_proj split by transformers into in_proj_qkv, z, b, a),
+    # a windowed attention layer with Llama's names, experts with an ungated shared expert
+    "LaraMiniForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                delta_value_dim=8, qk_norm=True, n_kv_head=2, sliding_window=4, window_layers=(1,),
+                                rope_layer_theta=(0.0, 500.0), moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                                moe_shared_hidden=48, moe_shared_gate=False),
     # Hunyuan MoE: query_layernorm, experts with an ungated shared MLP on every layer (its attention adapted alone, as
     # ERNIE 4.5 MoE's)
     "HunYuanMoEV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
@@ -266,6 +272,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "Cohere2MoeForCausalLM": ("attn.*",),
            "FlexOlmoForCausalLM": ("attn.*",), "ExaoneMoeForCausalLM": ("attn.*",),
            "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
+           # Lara Mini: the delta net's projections, the attention, the shared expert (the router is no Linear layer)
+           "LaraMiniForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),

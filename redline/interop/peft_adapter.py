@@ -145,7 +145,9 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter, which PEFT moves "
                         f"onto {_EXPERT_NAMES[family.name]}'s experts (their fused gate_up_proj and down_proj) as it loads them; export "
                         f"with --merge")
-    if family.name in _QWEN3_5:  # qwen3_5.py's names; q_proj holds queries and gates together
+    if family.name in _QWEN3_5 or (family.name == "lara_mini" and int(i) in cfg.delta_layers):
+        # qwen3_5.py's names (Lara Mini's delta nets as transformers splits their fused in_proj, its attention
+        # Llama's); q_proj holds queries and gates together
         if int(i) in cfg.delta_layers:
             names = {"attn.in_proj": "linear_attn.in_proj_qkv", "attn.z": "linear_attn.in_proj_z",
                      "attn.b": "linear_attn.in_proj_b", "attn.a": "linear_attn.in_proj_a",
