@@ -401,7 +401,8 @@ def test_shared_block_calls():
     torch.testing.assert_close(model.blocks[1](h, rope, ple=x0), expected)
     model(idx, targets=idx).backward()
     for name in ("shared_blocks.0.qkv.weight", "shared_blocks.1.mlp_fc.weight", "blocks.2.attn.adapters.q_a.weight",
-                 "blocks.1.attn.adapters.fc_b.weight", "blocks.0.attn.shared_in.weight", "blocks.1.mamba.in_proj.weight"):
+                 "blocks.1.attn.adapters.fc_b.weight", "blocks.0.attn.shared_in.weight",
+                 "blocks.1.mamba.in_proj.weight"):
         assert model.get_parameter(name).grad.abs().sum() > 0, name
     for overrides, fragment in ((dict(shared_attn_layers=(1,), mlp_free_layers=(0, 2)), "shared_attn_layers=(1,)"),
                                 (dict(qk_norm=True), "QK-norm"),

@@ -1171,6 +1171,8 @@ def test_import_lara_mini_reads_its_layer_kinds_and_refuses_what_it_cannot_run(t
                 window_layers=(1,), rope_layer_theta=(0.0, 500.0), moe_experts=4, moe_top_k=2, mlp_hidden=32,
                 moe_shared_hidden=32, moe_shared_gate=False)
     assert export_family(ModelConfig(**base)).name == "lara_mini"
+    nope = dict(window_layers=(), sliding_window=0, rope_layer_theta=(), pos_emb="none")  # full layers alone
+    assert export_family(ModelConfig(**{**base, **nope})).name == "lara_mini"
     for overrides, fragment in ((dict(norm_unit_offset=True), "plain weights"),
                                 (dict(window_layers=(), sliding_window=0, rope_layer_theta=()), "windowed"),
                                 (dict(moe_shared_gate=True), "shared expert without a gate")):

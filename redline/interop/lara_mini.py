@@ -98,7 +98,7 @@ def check_exportable(cfg: ModelConfig) -> None:
     ungated attention to, does not have."""
     what = "model.delta_layers without model.attn_gate=element: Lara Mini, the architecture with them redline " \
            "exports to,"
-    rotating = [i for i in cfg.attention_layers if cfg.layer_rope(i)]
+    rotating = [i for i in cfg.attention_layers if cfg.layer_rope(i)] if cfg.pos_emb == "rope" else []
     windowed = [i for i in cfg.attention_layers if cfg.layer_window(i)]
     raise_first([
         (cfg.attn_gate != "none", f"{what} has no output gate on its attention (model.attn_gate)"),
