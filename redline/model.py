@@ -303,6 +303,22 @@ class ModelConfig:
     """delta_layers, mamba2: the mixer's output y gated by z: RMSNorm(y·SiLU(z)) in delta_key_heads groups (Granite
     4.0's, Bamba's: norm_before_gate=False), RMSNorm(y)·SiLU(z) (Falcon-H1's mamba_norm_before_gate=True), or
     y·SiLU(z) with no norm and no weight (Falcon-H1's mamba_rms_norm=False)."""
+    shared_attn_layers: tuple[int, ...] = ()
+    """Zamba2's hybrid layers, in increasing order: Mamba-2 layers alone (delta_layers with delta_rule=mamba2,
+    mlp_free_layers) that first call a transformer block whose weights several layers share (GPT.shared_blocks):
+    t = shared_in(block(cat(x, x0))), x0 the token embeddings, then x + mixer(norm1(x + t)) (no residual inside the
+    block, whose attention reads 2·n_embd channels in heads of head_size and writes n_embd). Each call has its own
+    KV cache, adapters and shared_in; () = none."""
+    shared_attn_blocks: int = 1
+    """shared_attn_layers: the number of distinct shared blocks; the j-th of those layers calls block
+    j % shared_attn_blocks (Zamba2's num_mem_blocks)."""
+    shared_attn_adapter_rank: int = 0
+    """shared_attn_layers: each call's own low-rank adapter (B(A(u)) added, LoRA's form trained as part of the
+    base model) on the block's gate and up projection, and with shared_attn_qkv_adapters on q, k and v, of this
+    rank (Zamba2's adapter_rank); 0 = none."""
+    shared_attn_qkv_adapters: bool = False
+    """shared_attn_layers, shared_attn_adapter_rank: adapters on q, k and v too (Zamba2's
+    use_shared_attention_adapter)."""
     moe_experts: int = 0
     """Mixture of experts: each block's MLP is this many expert MLPs of the gated kind `mlp` names (mlp_hidden wide
     each), a router sending every token to moe_top_k of them and summing their outputs weighted by its softmax
@@ -605,9 +621,14 @@ class ModelConfig:
         """The layers whose token mixer is attention (not a convolution, a recurrent layer or none): those with a KV
         cache."""
         other = set(self.conv_layers) | set(self.mixer_free_layers)
-        if not self.delta_parallel:  # a parallel delta layer attends as well
-            other |= set(self.delta_layers)
+        other |= set(self.delta_layers) - set(self.parallel_delta_layers)  # a parallel delta layer attends as well
         return [i for i in range(self.n_layer) if i not in other]
+
+    @property
+    def parallel_delta_layers(self) -> tuple[int, ...]:
+        """The delta layers that attend as well, their mixer beside attention in the block's `mamba`: every one with
+        delta_parallel (Falcon-H1's), shared_attn_layers' calls of a shared block (Zamba2's)."""
+        return tuple(self.delta_layers) if self.delta_parallel else tuple(self.shared_attn_layers)
 
     def layer_mask(self, layer: int) -> int:
         """The key of layer `layer`'s attention mask: its sliding window (> 0), 0 for the whole context, or
@@ -848,6 +869,24 @@ class ModelConfig:
                             "parallel_residual, mlp_free_layers or mixer_free_layers)")
         if self.delta_gate_norm not in ("after_gate", "before_gate", "none"):
             raise UserError(f"model.delta_gate_norm={self.delta_gate_norm!r}: one of after_gate, before_gate, none")
+        shared = self.shared_attn_layers
+        if shared and (self.delta_rule != "mamba2" or not set(shared) <= set(self.delta_layers) & set(
+                self.mlp_free_layers) or list(shared) != sorted(set(shared)) or self.delta_parallel
+                       or not self.gated_mlp or not self.fused_qkv or self.kv_lora_rank or self.qk_norm
+                       or self.attn_gate != "none" or self.sliding_window or self.attn_sinks or self.attn_softcap
+                       or self.norm != "rmsnorm" or self.norm_position != "pre" or self.bias or self.has_qkv_bias
+                       or self.per_layer_embd or self.layer_scalars):
+            raise UserError(f"model.shared_attn_layers={shared} (Zamba2's hybrid layers) must be Mamba-2 layers alone "
+                            f"(model.delta_layers with delta_rule=mamba2, mlp_free_layers), in increasing order, "
+                            f"calling a pre-RMSNorm block of fused-qkv attention without biases, QK-norm, gates, "
+                            f"sinks, caps or a window and a gated MLP (and no per-layer inputs or scalars)")
+        if self.shared_attn_blocks < 1 or (shared and self.shared_attn_blocks > len(shared)) or (
+                self.shared_attn_adapter_rank < 0) or (
+                self.shared_attn_qkv_adapters and not self.shared_attn_adapter_rank):
+            raise UserError(f"model.shared_attn_blocks={self.shared_attn_blocks} must be >= 1 and at most the "
+                            f"layers that call them (model.shared_attn_layers), and "
+                            f"model.shared_attn_adapter_rank={self.shared_attn_adapter_rank} >= 0 (> 0 with "
+                            f"model.shared_attn_qkv_adapters)")
         if self.delta_gate_norm != "after_gate" and self.delta_rule != "mamba2":
             raise UserError(f"model.delta_gate_norm={self.delta_gate_norm} places Mamba-2's output norm: it takes "
                             f"model.delta_rule=mamba2")
@@ -1796,6 +1835,81 @@ class Mamba1(nn.Module):
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
 
 
+class SharedBlock(nn.Module):
+    """A transformer block whose weights several layers share (model.shared_attn_layers: Zamba2's shared
+    transformer, as transformers' Zamba2AttentionDecoderLayer computes it): norm1 over the 2C channels of
+    cat(x, x0), attention (qkv: 2C -> (H + 2·KV)·D, heads of D = head_size; proj: H·D -> C), norm2, then a gated MLP
+    (mlp_fc: C -> 2F, [gate; up]; mlp_proj: F -> C); no residual inside. Each layer calls it through its own
+    SharedBlockCall, which adds its adapters and keeps its own KV cache."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C, F, D = cfg.n_embd, cfg.hidden_dim, cfg.head_dim
+        self.norm1 = make_norm(cfg, 2 * C)
+        self.qkv = nn.Linear(2 * C, (cfg.n_head + 2 * cfg.kv_heads) * D, bias=False)
+        self.proj = nn.Linear(cfg.n_head * D, C, bias=False)
+        self.norm2 = make_norm(cfg, C)
+        self.mlp_fc = nn.Linear(C, 2 * F, bias=False)
+        self.mlp_proj = nn.Linear(F, C, bias=False)
+
+
+class SharedBlockCall(Attention):
+    """Layer `layer`'s call of a SharedBlock (model.shared_attn_layers): x, x0 (B, T, C) each -> t (B, T, C) =
+    shared_in(block(cat(x, x0))), where the block's q, k and v (with shared_attn_qkv_adapters) and its MLP's gate and
+    up each add this layer's adapter, B(A(u)) ((r, in) and (out, r) Linear layers: q_a, q_b, ..., fc_a, fc_b).
+    An Attention to the engine's cache: project adds the adapters to the shared projection, the rest is
+    Attention's. The block is bound by GPT (bind), not registered here: its weights are stored once, under
+    GPT.shared_blocks."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        nn.Module.__init__(self)  # Attention's fields without its weights (the shared block holds them)
+        self.cfg, self.layer = cfg, layer
+        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.kv_source, self.values_from_keys = None, False
+        self.window, self.rope_table, self.use_rope = 0, 0, True
+        self.scale = cfg.attn_scale or None
+        self.ve_mix = self.ve_gate = self.sinks = self.gate = self.v_norm = None
+        C, r = cfg.n_embd, cfg.shared_attn_adapter_rank
+        widths = (self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
+        self.widths = widths
+        self.adapters = nn.ModuleDict()
+        if cfg.shared_attn_qkv_adapters:
+            for name, width in zip("qkv", widths):
+                self.adapters[f"{name}_a"] = nn.Linear(2 * C, r, bias=False)
+                self.adapters[f"{name}_b"] = nn.Linear(r, width, bias=False)
+        if r:
+            self.adapters["fc_a"] = nn.Linear(C, r, bias=False)
+            self.adapters["fc_b"] = nn.Linear(r, 2 * cfg.hidden_dim, bias=False)
+        self.shared_in = nn.Linear(C, C, bias=False)  # Zamba2's per-layer `linear` on the block's output
+        self.bound: list[SharedBlock] = []  # [the shared block], a plain list: not this module's parameters
+
+    def bind(self, block: SharedBlock) -> None:
+        self.bound[:] = [block]
+
+    def _adapted(self, name: str, u: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if f"{name}_a" not in self.adapters:
+            return y
+        return y + self.adapters[f"{name}_b"](self.adapters[f"{name}_a"](u))
+
+    def project(self, x: torch.Tensor):
+        """x: (B, T, 2C), the normed cat(x, x0) -> q (B, T, H*D), k and v (B, T, KV*D), each plus its adapter."""
+        q, k, v = self.bound[0].qkv(x).split(self.widths, dim=-1)
+        return self._adapted("q", x, q), self._adapted("k", x, k), self._adapted("v", x, v)
+
+    def forward(self, x, rope, attn_mask=None, cache=None, x0=None) -> torch.Tensor:
+        """x, x0 (B, T, C) -> t (B, T, C); attn_mask and cache as Attention.forward's."""
+        block = self.bound[0]
+        u = block.norm1(torch.cat([x, x0], dim=-1))  # (B, T, 2C)
+        if cache is not None:
+            y = cache.attend(self, u, rope)
+        else:
+            q, k, v = self.project_qkv(u, rope)
+            y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
+        h = block.norm2(block.proj(y))
+        gate, up = self._adapted("fc", h, block.mlp_fc(h)).chunk(2, dim=-1)
+        return self.shared_in(block.mlp_proj(gated_activation(self.cfg.mlp, gate, up, self.cfg.gelu_approximate)))
+
+
 def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str = "tanh",
                      limit: float = 7.0) -> torch.Tensor:
     """A gated MLP's hidden activation from its gate and up halves (..., F) each: SwiGLU, GeGLU, or GPT-OSS's clamped
@@ -2063,13 +2177,15 @@ class Block(nn.Module):
         # model.delta_layers (Qwen3.5's); conv: not attention, handed the batch's doc_ids instead of a mask
         # delta_parallel (Falcon-H1's): attention in attn and the Mamba-2 mixer beside it in mamba, both on norm1's
         # output; else mamba is None
-        parallel = layer in cfg.delta_layers and cfg.delta_parallel
+        parallel = layer in cfg.parallel_delta_layers
         self.conv = layer in cfg.conv_layers or (layer in cfg.delta_layers and not parallel) or not mixer
         self.mamba = Mamba2(cfg, layer) if parallel else None
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
             self.attn = {"mamba2": Mamba2, "mamba1": Mamba1}.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
+        elif layer in cfg.shared_attn_layers:  # Zamba2's: a shared block's call before the mixer in mamba
+            self.attn = SharedBlockCall(cfg, layer)
         else:
             attention = LatentAttention if cfg.kv_lora_rank else Attention
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
@@ -2131,10 +2247,14 @@ class Block(nn.Module):
     def forward(self, x, rope, attn_mask=None, cache=None, ve=None, doc_ids=None, ple=None, shared=None):
         """x: (B, T, C) -> (B, T, C); attn_mask, cache, ve and shared as Attention.forward; doc_ids (B, T) or None: the
         packed documents, which a Mamba-2 mixer beside attention (mamba) keeps apart as attn_mask does attention's;
-        ple: this layer's per-layer input (B, T, per_layer_embd) (model.per_layer_embd) or None.
+        ple: this layer's per-layer input (B, T, per_layer_embd) (model.per_layer_embd), the token embeddings x0
+        (B, T, C) of a layer that calls a shared block (model.shared_attn_layers), or None.
         With model.altup_streams, x is the N streams (B, T, N, C) in and out (altup_forward)."""
         if self.altup_router is not None:
             return self.altup_forward(x, rope, attn_mask, cache, ve, ple, shared)
+        if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
+            t = self.attn(x, rope, attn_mask, cache, ple)
+            return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
         x = self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared)
         if self.ple_gate is not None:  # as transformers' Gemma4TextDecoderLayer adds its per-layer input
             x = x + self.per_layer_term(x, ple)
@@ -2239,6 +2359,12 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.embed_norm = make_norm(cfg, cfg.n_embd) if cfg.embed_norm else None
         self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None, i) for i in range(cfg.n_layer))
+        # shared_attn_layers (Zamba2's): the shared blocks, stored once; the j-th such layer calls block j % count
+        self.shared_blocks = None
+        if cfg.shared_attn_layers:
+            self.shared_blocks = nn.ModuleList(SharedBlock(cfg) for _ in range(cfg.shared_attn_blocks))
+            for j, i in enumerate(cfg.shared_attn_layers):
+                self.blocks[i].attn.bind(self.shared_blocks[j % cfg.shared_attn_blocks])
         # value embeddings: (padded_vocab, KV*D) tables, outside the blocks (AdamW takes them, as the embeddings)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.padded_vocab, cfg.kv_heads * cfg.head_dim)
                                           for _ in range(cfg.value_tables))
@@ -2548,6 +2674,8 @@ class GPT(nn.Module):
     def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """Each layer's per-layer input (model.per_layer_embd), as transformers' Gemma4TextModel computes it: idx
         (B, T) and their embeddings x (B, T, C), embed's -> (B, T, n_layer, P), or None without them."""
+        if self.cfg.shared_attn_layers:  # Zamba2's: every layer's is x0, the token embeddings (a view)
+            return x.unsqueeze(2).expand(-1, -1, self.cfg.n_layer, -1)
         if self.ple_table is None:
             return None
         B, T = idx.shape

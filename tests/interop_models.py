@@ -494,6 +494,29 @@ FAMILIES = {
                         moe_intermediate_size=32, shared_expert_intermediate_size=40, norm_topk_prob=False,
                         tie_word_embeddings=False, pad_token_id=None,
                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # Lara Mini: Qwen3.5's delta nets on layers 0 and 2 (in_proj fused as the Hub holds it, Dk != Dv), windowed
+    # attention with RoPE on 1 and 4 (a window shorter than the test sequences), NoPE full attention on 3, plain
+    # RMSNorms, every MLP top 2 of 4 experts (stacked) plus an ungated shared expert, tied
+    "lara_mini": ("LaraMiniConfig", "LaraMiniForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=5,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                       linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=40, sliding_window=5, pad_token_id=None,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Zamba2: Mamba-2 layers (4 heads of 16, 2 groups, chunks of 8), layers 1, 3 and 4 calling two shared blocks (4
+    # heads of 2·32 / 4 = 16, RoPE) in turn, each call with its adapters on q, k, v and gate_up, tied; and one shared
+    # block without RoPE or q/k/v adapters, with GQA and tanh-GELU, called by layers 0 and 2, untied
+    "zamba2": ("Zamba2Config", "Zamba2ForCausalLM",
+               dict(hidden_size=32, num_hidden_layers=5, mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=2,
+                    layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid"],
+                    num_attention_heads=4, num_key_value_heads=4, intermediate_size=48, num_mem_blocks=2,
+                    use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True, chunk_size=8,
+                    pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "zamba2-gqa": ("Zamba2Config", "Zamba2ForCausalLM",
+                   dict(hidden_size=32, num_hidden_layers=3, mamba_d_state=8, n_mamba_heads=2, mamba_ngroups=1,
+                        layers_block_type=["hybrid", "linear_attention", "hybrid"], num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=40, num_mem_blocks=1, adapter_rank=2,
+                        hidden_act="gelu_pytorch_tanh", chunk_size=8, tie_word_embeddings=False, pad_token_id=None)),
     # Nemotron (Nemotron-Mini-4B's layout): LayerNorms by 1 + weight with biases, a plain ReLU² MLP, RoPE on half of
     # each head, GQA, untied
     "nemotron": ("NemotronConfig", "NemotronForCausalLM",

@@ -6,6 +6,7 @@ decode meanwhile (Falcon-H1's layers, Mamba-2 beside attention, holding a KV cac
 Granite 4.0, Falcon-H1, Mamba and Falcon-Mamba is in tests/test_interop.py (the FAMILIES table)."""
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
-from redline.model import GPT, ModelConfig
+from redline.model import GPT, ModelConfig, apply_rope
 from redline.recurrent import _chunk_states, gated_delta_rule, selective_scan, ssd
 
 from tests.engine_checks import (assert_compiled_engine_stays_greedy, assert_decode_batch_parks_rows,
@@ -47,9 +48,15 @@ FALCON_MAMBA = replace(MAMBA1, delta_layers=(0, 1, 2), mlp_free_layers=(0, 1, 2)
 # unrenormalized) on the middle layer alone
 JAMBA = replace(MAMBA1, delta_proj_bias=False, delta_bcdt_norm_eps=1e-5, delta_bcdt_norm_weight=True, moe_experts=4,
                 moe_top_k=2, moe_norm_topk=False, moe_layers=(1,))
-RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA, JAMBA],
+# Zamba2's: every layer a Mamba-2 mixer alone, layers 1 and 2 first calling one shared block (RoPE attention from
+# 2·32 channels in heads of 16, GQA, a GeGLU MLP), each call with its own adapters on q, k, v and gate_up, its own
+# KV cache and its own output projection (model.shared_attn_layers)
+ZAMBA2 = replace(MAMBA, pos_emb="rope", delta_layers=(0, 1, 2), mlp_free_layers=(0, 1, 2), shared_attn_layers=(1, 2),
+                 shared_attn_adapter_rank=4, shared_attn_qkv_adapters=True, head_size=16, attn_scale=8 ** -0.5,
+                 mlp="geglu", mlp_hidden=48, delta_norm_eps=1e-5, delta_dt_min=0.001)
+RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA, JAMBA, ZAMBA2],
                                 ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1", "mamba1", "falcon_mamba",
-                                     "jamba"])
+                                     "jamba", "zamba2"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
@@ -256,8 +263,11 @@ def test_engine_decodes_as_full_recompute(chunk, cfg):
     assert got == [full_recompute(model, p, 10) for p in prompts]
     # fp32: one attention layer's k and v (2 kv heads of 8), two recurrent layers' convolution inputs (q, k, v:
     # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8; Mamba-1's x: 64); Falcon-H1's three layers hold both,
-    # Falcon-Mamba's three only the recurrent part
+    # Falcon-Mamba's three only the recurrent part; Zamba2's two callers of the shared block hold k and v of 2 heads
+    # of 16 besides their mixers' part
     attention, recurrent = (3, 3) if cfg is FALCON_H1 else (0, 3) if cfg is FALCON_MAMBA else (1, 2)
+    if cfg is ZAMBA2:
+        attention, recurrent = 2 * 2, 3
     width = 64 if cfg.delta_rule != "mamba2" else 96
     assert engine.kv_bytes_per_token() == (2 * attention * 2 * 8 + recurrent * width) * 4
 
@@ -359,6 +369,47 @@ def test_parallel_layers_and_gate_norms(gate_norm):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
         if gate_norm != "none":  # the two places differ
             assert (group_norm(gated) - group_norm(y) * gate).abs().max() > 0.1
+
+
+def test_shared_block_calls():
+    """model.shared_attn_layers (Zamba2's): the shared block's weights are stored once and its callers' adapters and
+    output projections apart; each caller computes x + mixer(norm1(x + shared_in(block(cat(x, x0))))); training
+    reaches the block (through both calls), the adapters and the mixers; the options the block cannot have are
+    refused by name."""
+    torch.manual_seed(0)
+    model = GPT(replace(ZAMBA2, shared_attn_layers=(0, 1, 2), shared_attn_blocks=2))
+    names = [n for n, _ in model.named_parameters()]
+    assert sum(n.startswith("shared_blocks.") for n in names) == 2 * 6
+    assert not any("bound" in n for n in model.state_dict())
+    assert model.blocks[0].attn.bound[0] is model.blocks[2].attn.bound[0] is model.shared_blocks[0]
+    idx = torch.randint(0, 96, (2, 9))
+    # layer 1 by hand, from the stream entering it
+    x, rope = model.embed(idx)
+    x0 = x
+    h = model.blocks[0](x, rope, ple=x0)
+    call, block = model.blocks[1].attn, model.shared_blocks[1]
+    u = block.norm1(torch.cat([h, x0], dim=-1))
+    q, k, v = (w + call.adapters[f"{n}_b"](call.adapters[f"{n}_a"](u))
+               for n, w in zip("qkv", block.qkv(u).split(call.widths, -1)))
+    q, k = (apply_rope(t.view(2, 9, -1, 16).transpose(1, 2), *rope[:2]) for t in (q, k))
+    y = F.scaled_dot_product_attention(q, k, v.view(2, 9, -1, 16).transpose(1, 2), is_causal=True,
+                                       scale=8 ** -0.5, enable_gqa=True).transpose(1, 2).reshape(2, 9, -1)
+    a = block.norm2(block.proj(y))
+    gate, up = (block.mlp_fc(a) + call.adapters["fc_b"](call.adapters["fc_a"](a))).chunk(2, dim=-1)
+    t = call.shared_in(block.mlp_proj(F.gelu(gate, approximate="tanh") * up))
+    expected = h + model.blocks[1].mamba(model.blocks[1].norm1(h + t))
+    torch.testing.assert_close(model.blocks[1](h, rope, ple=x0), expected)
+    model(idx, targets=idx).backward()
+    for name in ("shared_blocks.0.qkv.weight", "shared_blocks.1.mlp_fc.weight", "blocks.2.attn.adapters.q_a.weight",
+                 "blocks.1.attn.adapters.fc_b.weight", "blocks.0.attn.shared_in.weight",
+                 "blocks.1.mamba.in_proj.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name
+    for overrides, fragment in ((dict(shared_attn_layers=(1,), mlp_free_layers=(0, 2)), "shared_attn_layers=(1,)"),
+                                (dict(qk_norm=True), "QK-norm"),
+                                (dict(shared_attn_blocks=3, shared_attn_layers=(1, 2)), "shared_attn_blocks=3"),
+                                (dict(shared_attn_adapter_rank=0), "shared_attn_adapter_rank=0")):
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            replace(ZAMBA2, **overrides).validate()
 
 
 def test_blocks_of_one_sublayer():

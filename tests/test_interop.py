@@ -5,6 +5,7 @@ exported folders loaded by `from_pretrained` with no missing or unexpected keys,
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from fractions import Fraction
 
@@ -137,7 +138,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("axk1", "A.X-K1"), ("mimo_v2_flash", "MiMo-V2-Flash"), ("cwm", "Ministral"),
                                         ("solar_open", "Solar Open"), ("hy_v3", "dots.llm1"),
                                         ("jais2", "Jais 2"), ("hyperclovax", "HyperCLOVA X"),
-                                        ("persimmon", "Persimmon")])
+                                        ("persimmon", "Persimmon"), ("lara_mini", "Lara Mini"),
+                                        ("zamba2-gqa", "Zamba2")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -316,6 +318,25 @@ REDLINE_EXPORTS = {
                                   delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
                                   rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
                                   moe_shared_hidden=48),
+    # Lara Mini: a gated delta net, then a windowed layer with RoPE and no output gate (plain norms), top 2 of 4
+    # experts with an ungated shared expert
+    "LaraMiniForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                delta_value_dim=12, qk_norm=True, n_kv_head=2, sliding_window=5, window_layers=(1,),
+                                rope_layer_theta=(0.0, 500.0), moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                                moe_shared_hidden=48, moe_shared_gate=False),
+    # Zamba2: Mamba-2 layers alone, the second calling a shared block (heads of 2·64 / 4, GQA, adapters on q, k, v
+    # and gate_up; tied, so transformers ties the block to its first caller); untied with two callers of one block
+    "Zamba2ForCausalLM": dict(delta_layers=(0, 1), mlp_free_layers=(0, 1), delta_rule="mamba2", delta_heads=4,
+                              delta_key_heads=2, delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True,
+                              delta_dt_min=0.001, delta_norm_eps=1e-5, shared_attn_layers=(1,),
+                              shared_attn_adapter_rank=4, head_size=32, attn_scale=16 ** -0.5, mlp="geglu",
+                              mlp_hidden=96, n_kv_head=2, tie_embeddings=True),
+    "Zamba2ForCausalLM-untied": dict(delta_layers=(0, 1), mlp_free_layers=(0, 1), delta_rule="mamba2",
+                                     delta_heads=4, delta_key_heads=2, delta_key_dim=8, delta_value_dim=32,
+                                     delta_dt_min=0.001, delta_norm_eps=1e-5, shared_attn_layers=(0, 1),
+                                     shared_attn_adapter_rank=4, shared_attn_qkv_adapters=True, n_kv_head=4,
+                                     head_size=32, attn_scale=16 ** -0.5, mlp="geglu", mlp_hidden=96,
+                                     pos_emb="none"),
     "Qwen3NextForCausalLM": dict(delta_layers=(1,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
                                  delta_value_dim=12, attn_gate="element", qk_norm=True, norm_unit_offset=True,
                                  rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
@@ -731,7 +752,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gpt_neox, "
                          "gpt_oss, gptj, granite, granite_swa, granitemoe, granitemoe_swa, "
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3, hyperclovax, "
-                         "jais2, jamba, "
+                         "jais2, jamba, lara_mini, "
                          "lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
@@ -741,7 +762,18 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "opt, persimmon, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
                          "qwen3_next, qwen3_vl, seed_oss, smollm3, solar_open, stablelm, starcoder2, vaultgemma, xglm, "
-                         "youtu")
+                         "youtu, zamba2")
+
+
+@pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
+                                                   ("bailing_hybrid", "decay their state per key channel"),
+                                                   ("zamba", "n_mamba_heads heads")])
+def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, f"model_type {model_type!r} is not supported: ")
+    _expect_import_error(tmp_path / "hf", tmp_path / "out2", capsys, fragment)
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):
@@ -1090,6 +1122,103 @@ def test_import_qwen3_next_reads_its_dense_layers_and_refuses_the_layouts_redlin
     moe = qwen3_5.moe_model_config(config("Qwen3_5MoeTextConfig"))
     assert (moe.moe_experts, moe.moe_top_k, moe.moe_norm_topk, moe.moe_dense_layers, moe.n_layer) == (
         256, 8, True, 0, 40)
+
+
+def test_import_lara_mini_reads_its_layer_kinds_and_refuses_what_it_cannot_run(tmp_path, capsys):
+    """Lara Mini's config as transformers writes it (LaraMiniConfig's defaults: 34 layers of the period-5 pattern,
+    128 experts): windowed layers rotate, full layers are NoPE, the shared expert is ungated; a file with Qwen3.5's
+    split delta-net names reads alike; what transformers' model cannot run or redline cannot express is refused by
+    name, and so is an export that Lara Mini cannot hold."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.interop import lara_mini
+
+    def config(**overrides):
+        return transformers.LaraMiniConfig(**overrides).to_dict()
+
+    cfg = lara_mini.model_config(config())
+    assert (cfg.n_layer, cfg.delta_layers[:3], cfg.window_layers[:3], cfg.sliding_window, cfg.layer_rope(1),
+            cfg.layer_rope(3), cfg.moe_experts, cfg.moe_top_k, cfg.moe_shared_gate, cfg.norm_unit_offset,
+            cfg.attn_gate) == (34, (0, 2, 5), (1, 4, 6), 512, True, False, 128, 4, False, False, "none")
+    for overrides, fragment in ((dict(attention_bias=True), "attention_bias=true"),
+                                (dict(shared_expert_intermediate_size=0), "shared_expert_intermediate_size=0"),
+                                (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                       "partial_rotary_factor": 0.5}), "partial_rotary_factor=0.5"),
+                                (dict(hidden_act="gelu"), "hidden_act='gelu'")):
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            lara_mini.model_config(config(**overrides))
+    with pytest.raises(UserError, match="layer_types"):
+        lara_mini.model_config({**config(), "layer_types": ["mamba"] * 34})
+    # the split names transformers holds in memory (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, norm)
+    hf = hf_folder("lara_mini", tmp_path / "hf")
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    for i in (0, 2):
+        d = f"model.layers.{i}.linear_attn."
+        for name, t in zip(("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
+                           weights.pop(d + "in_proj.weight").split([2 * 2 * 8 + 4 * 12, 4 * 12, 4, 4])):
+            weights[f"{d}{name}.weight"] = t
+        weights[d + "norm.weight"] = weights.pop(d + "out_norm.weight")
+    save_file(weights, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    # exports: a gated delta net beside ungated attention is Lara Mini's, which has no norms by 1 + weight and
+    # rotates its windowed layers alone
+    base = dict(vocab_size=100, context_len=32, n_layer=2, n_embd=32, n_head=4, delta_layers=(0,), delta_heads=2,
+                delta_key_heads=2, delta_key_dim=8, delta_value_dim=8, qk_norm=True, sliding_window=4,
+                window_layers=(1,), rope_layer_theta=(0.0, 500.0), moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                moe_shared_hidden=32, moe_shared_gate=False)
+    assert export_family(ModelConfig(**base)).name == "lara_mini"
+    nope = dict(window_layers=(), sliding_window=0, rope_layer_theta=(), pos_emb="none")  # full layers alone
+    assert export_family(ModelConfig(**{**base, **nope})).name == "lara_mini"
+    for overrides, fragment in ((dict(norm_unit_offset=True), "plain weights"),
+                                (dict(window_layers=(), sliding_window=0, rope_layer_theta=()), "windowed"),
+                                (dict(moe_shared_gate=True), "shared expert without a gate")):
+        with pytest.raises(UserError, match=f"Lara Mini.*{fragment}"):
+            export_family(ModelConfig(**{**base, **overrides}))
+
+
+def test_import_zamba2_reads_its_configs_and_refuses_what_it_cannot_run():
+    """Zamba2's config as transformers writes it (Zamba2Config's defaults: Zamba2-2.7B's 54 layers, 9 hybrid, one
+    shared block, adapters on the MLP alone): every layer a Mamba-2 mixer alone, the hybrid ones calling the shared
+    block; untied embeddings give every caller a block of its own (transformers ties the blocks only with tied
+    embeddings); what transformers cannot run or redline's block has not is refused by name, and so is an export
+    Zamba2 cannot hold."""
+    from redline.interop import zamba2
+
+    def config(**overrides):
+        return transformers.Zamba2Config(**overrides).to_dict()
+
+    cfg = zamba2.model_config(config())
+    assert (cfg.n_layer, cfg.shared_attn_layers[:3], len(cfg.shared_attn_layers), cfg.shared_attn_blocks,
+            cfg.head_dim, cfg.attn_scale, cfg.delta_heads, cfg.delta_value_dim, cfg.delta_norm_eps, cfg.mlp,
+            cfg.gelu_approximate, cfg.shared_attn_adapter_rank, cfg.shared_attn_qkv_adapters, cfg.pos_emb) == (
+        54, (6, 12, 18), 9, 1, 160, 80 ** -0.5, 8, 640, 1e-5, "geglu", "none", 128, False, "none")
+    assert cfg.attention_layers == list(cfg.shared_attn_layers) == list(cfg.parallel_delta_layers)
+    untied = zamba2.model_config(config(tie_word_embeddings=False, num_mem_blocks=2))
+    assert untied.shared_attn_blocks == 9
+    assert zamba2.model_config(config(num_mem_blocks=2)).shared_attn_blocks == 2
+    for overrides, fragment in ((dict(add_bias_linear=True), "add_bias_linear=true"),
+                                (dict(hidden_act="silu"), "hidden_act='silu'"),
+                                (dict(adapter_rank=0), "adapter_rank=0"),
+                                (dict(use_shared_attention_adapter=True, num_key_value_heads=8),
+                                 "num_key_value_heads=8 with use_shared_attention_adapter=true"),
+                                (dict(use_mem_rope=True, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                          "rope_theta": 1e4}),
+                                 "rope_type='linear'")):
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            zamba2.model_config(config(**overrides))
+    with pytest.raises(UserError, match="layers_block_type"):
+        zamba2.model_config({**config(), "layers_block_type": ["attention"] * 54})
+    for overrides, fragment in ((dict(mlp="swiglu"), "GeGLU MLP"),
+                                (dict(delta_dt_min=0.0), "model.delta_dt_min=0.0"),
+                                (dict(attn_scale=0.0), "(model.attn_scale)"),
+                                (dict(delta_norm_eps=1e-6), "1e-05")):
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            export_family(replace(cfg, **overrides))
+    assert export_family(cfg).name == "zamba2"
 
 
 def test_import_granite_reads_the_hubs_config():

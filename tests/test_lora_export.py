@@ -81,6 +81,18 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Ernie4_5_MoeForCausalLM": dict(n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,
                                     moe_dense_layers=1, moe_dense_hidden=48, moe_shared_hidden=64,
                                     moe_shared_gate=False, tie_embeddings=True),
+    # Lara Mini: Qwen3.5's delta net on layer 0 (its fused in_proj split by transformers into in_proj_qkv, z, b, a),
+    # a windowed attention layer with Llama's names, experts with an ungated shared expert
+    "LaraMiniForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                delta_value_dim=8, qk_norm=True, n_kv_head=2, sliding_window=4, window_layers=(1,),
+                                rope_layer_theta=(0.0, 500.0), moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                                moe_shared_hidden=48, moe_shared_gate=False),
+    # Zamba2: a Mamba-2 layer, then one calling the shared block (heads of 2·64 / 4, adapters on q, k, v, gate_up)
+    "Zamba2ForCausalLM": dict(delta_layers=(0, 1), mlp_free_layers=(0, 1), delta_rule="mamba2", delta_heads=4,
+                              delta_key_heads=2, delta_key_dim=8, delta_value_dim=32, delta_conv_bias=True,
+                              delta_dt_min=0.001, delta_norm_eps=1e-5, shared_attn_layers=(1,),
+                              shared_attn_adapter_rank=4, shared_attn_qkv_adapters=True, head_size=32,
+                              attn_scale=16 ** -0.5, mlp="geglu", mlp_hidden=96, pos_emb="none"),
     # Hunyuan MoE: query_layernorm, experts with an ungated shared MLP on every layer (its attention adapted alone, as
     # ERNIE 4.5 MoE's)
     "HunYuanMoEV1ForCausalLM": dict(qk_norm=True, qk_norm_after_rope=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
@@ -266,6 +278,10 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "Cohere2MoeForCausalLM": ("attn.*",),
            "FlexOlmoForCausalLM": ("attn.*",), "ExaoneMoeForCausalLM": ("attn.*",),
            "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
+           # Zamba2: its mixers and each caller's output projection (the shared block is one module in transformers)
+           "Zamba2ForCausalLM": ("attn.in_proj", "attn.proj", "mamba.*", "attn.shared_in"),
+           # Lara Mini: the delta net's projections, the attention, the shared expert (the router is no Linear layer)
+           "LaraMiniForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),

@@ -72,7 +72,8 @@ class KVCache:
     mixer_free: layers with no token mixer (model.mixer_free_layers): they hold nothing; their k and v are None,
     write ignores them and read gives (None, None).
 
-    delta_parallel: the delta layers run their mixer beside attention (model.delta_parallel, Falcon-H1's): each holds
+    delta_parallel: True where every delta layer runs its mixer beside attention (model.delta_parallel, Falcon-H1's),
+    else the delta layers that do (ModelConfig.parallel_delta_layers: Zamba2's shared-block calls): each holds
     an attention layer's k and v buffers and, apart, the mixer's convolution inputs (`delta_inputs[layer]`) and
     states; their (k, v) in write and read are attention's, the mixer's part going to write's `delta` and coming from
     read_delta, and a decode step's cache layer is handed it as layer_extras' DeltaSide.
@@ -89,13 +90,15 @@ class KVCache:
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
                  conv_width: int = 0, delta_layers: tuple[int, ...] = (), delta_width: int = 0,
-                 delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = (), delta_parallel: bool = False,
+                 delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = (),
+                 delta_parallel: bool | tuple[int, ...] = False,
                  geometry: list[tuple[int, int]] | None = None, kv_sources: dict[int, int] | None = None,
                  token_ids: bool = False):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
-        self.parallel = set(delta_layers) if delta_parallel else set()  # delta layers that attend as well
+        # delta layers that attend as well: True for every one, else those named (ModelConfig.parallel_delta_layers)
+        self.parallel = set(delta_layers) if delta_parallel is True else set(delta_parallel or ())
         alone = set(delta_layers) - self.parallel
         kv_sources = kv_sources or {}
         attention = [i for i in range(n_layer) if i not in {*conv_layers, *alone, *mixer_free, *kv_sources}]
@@ -367,6 +370,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
     run such a model."""
     if getattr(cfg, "kv_lora_rank", 0):
         return "latent attention (model.kv_lora_rank: keys and values expanded from a latent)"
+    if getattr(cfg, "shared_attn_layers", ()):
+        return "a shared block's calls, each adding its own adapters to q, k and v (model.shared_attn_layers)"
     if getattr(cfg, "value_tables", 0):
         return "value embeddings mixed into the values (model.value_embeddings, value_embed_layers)"
     if cfg.qk_norm and getattr(cfg, "qk_norm_scope", "head") != "head":

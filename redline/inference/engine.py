@@ -276,7 +276,7 @@ class InferenceEngine:
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
                           (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
-                          c.delta_parallel, [c.layer_cache_geometry(i) for i in range(c.n_layer)],
+                          c.parallel_delta_layers, [c.layer_cache_geometry(i) for i in range(c.n_layer)],
                           {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None},
                           bool(c.smear_gate)),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),

@@ -14,7 +14,9 @@ norms); granite.py Granite, Granite 4.0 (dense, and its hybrids with Mamba-2 lay
 GraniteMoeShared, Granite SWA (sinks, windowed layers in any order, a RoPE base per layer) and GraniteMoeSWA
 (its attention on experts); qwen3_5.py Qwen3.5
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
-Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); olmo_hybrid.py OLMo
+Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); lara_mini.py Lara Mini
+(Qwen3.5's delta nets beside ungated windowed and NoPE attention, experts with an ungated shared one); zamba2.py
+Zamba2 (Mamba-2 layers, some calling shared transformer blocks with adapters of their own); olmo_hybrid.py OLMo
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
 with partial RoPE); bloom.py BLOOM and mpt.py MPT (ALiBi positions); falcon.py Falcon (RoPE, multi-query or KV-grouped
 query_key_value, parallel sublayers under one or two LayerNorms; Falcon-RW's ALiBi refused); falcon_h1.py
@@ -250,8 +252,10 @@ def _families() -> dict[str, Family]:
     from redline.interop import (bloom, cohere, deepseek, dots1, ernie, exaone, exaone4, falcon, falcon_h1, gemma,
                                  gemma2, gemma3, gemma3n, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss,
                                  gptj,
-                                 granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
-                                 olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
+                                 granite, hunyuan, jamba, lara_mini, lfm2, llama, llama4, mamba, moe, mpt, nanochat,
+                                 nemotron_h,
+                                 olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2,
+                                 zamba2)
     from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal, persimmon, xglm
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
@@ -278,16 +282,30 @@ def _families() -> dict[str, Family]:
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
                                 *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
                                 llama.CWM_FAMILY, glm.SOLAR_OPEN_FAMILY, dots1.HY_V3_FAMILY, llama.JAIS2_FAMILY,
-                                granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY)}
+                                granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY, lara_mini.FAMILY,
+                                zamba2.FAMILY)}
 
 
 def supported_names() -> list[str]:
     return sorted(_families())
 
 
+# architectures transformers has that redline cannot express, by model_type: why (their import is refused by name)
+NOT_READ = {
+    "kimi_linear": "Kimi Delta Attention decays its state per key channel (a gate per head and key dimension), "
+                   "which redline's gated delta nets (one decay per head) cannot express",
+    "bailing_hybrid": "its KDA layers decay their state per key channel (Kimi Delta Attention's gates), which "
+                      "redline's gated delta nets (one decay per head) cannot express",
+    "zamba": "Zamba (v1)'s Mamba-1 mixers split their channels into n_mamba_heads heads, each with its own x_proj "
+             "and dt_proj, which redline's Mamba-1 layers (one x_proj and dt_proj) do not; Zamba2 is read",
+}
+
+
 def family_for(hf_config: dict, source: str) -> Family:
     """The family of a Hugging Face config.json (its model_type)."""
     model_type = hf_config.get("model_type")
+    if model_type in NOT_READ:
+        raise UserError(f"{source}: model_type {model_type!r} is not supported: {NOT_READ[model_type]}")
     families = _families()
     from redline.interop.deepseek_kin import REFUSED
 
@@ -358,7 +376,9 @@ def export_family(cfg: ModelConfig) -> Family:
     alone, as Nemotron-H otherwise (its E layers: experts, ungated or grouped, on MLP-only layers; a UserError where
     a layer has both sublayers); one with
     Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
-    delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets or element-wise attention gates
+    delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets beside attention without an output
+    gate as Lara Mini; one with blocks that several layers share (model.shared_attn_layers) as Zamba2; one with gated
+    delta nets or element-wise attention gates
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
     layer_scalars, per_layer_embd, kv_shared_layers, the full layers' global_head_size, global_kv_head and
@@ -372,6 +392,11 @@ def export_family(cfg: ModelConfig) -> Family:
     Persimmon. A UserError names
     the redline option that no such architecture has."""
     families = _families()
+    if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba2's alone
+        from redline.interop import zamba2
+
+        zamba2.check_exportable(cfg)
+        return families["zamba2"]
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
@@ -503,6 +528,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if olmo_hybrid.wants_olmo_hybrid(cfg):  # gated delta nets beside OLMo's output-norm blocks
         olmo_hybrid.check_exportable(cfg)
         return families["olmo_hybrid"]
+    from redline.interop import lara_mini
+
+    if lara_mini.wants_lara_mini(cfg):  # gated delta nets beside attention without an output gate: Lara Mini's
+        lara_mini.check_exportable(cfg)
+        return families["lara_mini"]
     if qwen3_5.wants_qwen3_5(cfg):  # first: no other architecture has gated delta nets or element-wise gates
         return families[qwen3_5.export_name(cfg)]
     from redline.interop import llama

@@ -1143,7 +1143,11 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "persimmon": ("Persimmon", "no writer here for llama.cpp's persimmon layout (LayerNorm QK-norm, "
                                            "partial RoPE)"),
                 "solar_open": ("Solar Open", "no writer here for its layout (DeepSeek-V3's routing: sigmoid scores, "
-                                             "a routing bias, groups, shared experts)")}
+                                             "a routing bias, groups, shared experts)"),
+                "lara_mini": ("Lara Mini", "llama.cpp has no architecture with gated delta nets beside windowed "
+                                           "and NoPE attention"),
+                "zamba2": ("Zamba2", "llama.cpp has no architecture with transformer blocks shared between layers, "
+                                     "each call with its own adapters")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

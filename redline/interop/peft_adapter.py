@@ -17,7 +17,9 @@ rows) interleaved again, no MLP adapter (PEFT moves them onto the experts); mini
 beside Llama's MLP names; falcon_h1.py: its Mamba-2
 mixer's blocks.N.mamba.in_proj as mamba.in_proj; PEFT adapts no out_proj of a Falcon-H1; nemotron_h.py), as PEFT
 saves them (Nemotron-H's and Mamba2's every sublayer under mixer.: q/k/v/o_proj, in_proj and out_proj, up_proj and
-down_proj, an E layer's shared_experts.up_proj and down_proj, never its router; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there; mamba.py: Mamba's and
+down_proj, an E layer's shared_experts.up_proj and down_proj, never its router; no adapter on a Mamba-2 layer's out_proj, which PEFT refuses there;
+zamba2.py: Zamba2's mixers' in_proj and out_proj, a hybrid layer's linear, never the shared blocks (one module for
+all their callers in transformers); mamba.py: Mamba's and
 Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT refuses in them too; jamba.py:
 Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, its dense feed_forward's
 gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers; llama4.py:
@@ -145,7 +147,9 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter, which PEFT moves "
                         f"onto {_EXPERT_NAMES[family.name]}'s experts (their fused gate_up_proj and down_proj) as it loads them; export "
                         f"with --merge")
-    if family.name in _QWEN3_5:  # qwen3_5.py's names; q_proj holds queries and gates together
+    if family.name in _QWEN3_5 or (family.name == "lara_mini" and int(i) in cfg.delta_layers):
+        # qwen3_5.py's names (Lara Mini's delta nets as transformers splits their fused in_proj, its attention
+        # Llama's); q_proj holds queries and gates together
         if int(i) in cfg.delta_layers:
             names = {"attn.in_proj": "linear_attn.in_proj_qkv", "attn.z": "linear_attn.in_proj_z",
                      "attn.b": "linear_attn.in_proj_b", "attn.a": "linear_attn.in_proj_a",
@@ -222,6 +226,17 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if family.name == "zamba2":  # zamba2.py's names: a mixer under mamba. (a caller's under mamba_decoder.mamba.)
+        caller = int(i) in cfg.shared_attn_layers
+        mixer, module = (base + "mamba_decoder.mamba.", "mamba.") if caller else (base + "mamba.", "attn.")
+        names = {module + "in_proj": mixer + "in_proj", module + "proj": mixer + "out_proj"}
+        if caller:
+            names["attn.shared_in"] = base + "linear"
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in Zamba2 (whose shared blocks and their "
+                            f"adapter lists are one module for all their callers, as PEFT sees them); train with "
+                            f"lora.targets attn.in_proj attn.proj mamba.* attn.shared_in or export with --merge")
+        return [(names[rest], slice(0, out_features))]
     if family.name in ("nemotron_h", "mamba2"):  # nemotron_h.py's names: each layer's one sublayer is its mixer.*
         base = f"{'backbone' if family.name == 'mamba2' else 'model'}.layers.{i}.mixer."
         if rest == "attn.proj" and int(i) in cfg.delta_layers:
