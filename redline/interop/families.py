@@ -304,13 +304,12 @@ NOT_READ = {
 def family_for(hf_config: dict, source: str) -> Family:
     """The family of a Hugging Face config.json (its model_type)."""
     model_type = hf_config.get("model_type")
-    if model_type in NOT_READ:
-        raise UserError(f"{source}: model_type {model_type!r} is not supported: {NOT_READ[model_type]}")
-    families = _families()
     from redline.interop.deepseek_kin import REFUSED
 
-    if model_type in REFUSED:  # architectures redline knows and cannot express: why, in one line
-        raise UserError(f"{source}: model_type {model_type!r} is not supported: {REFUSED[model_type]}")
+    refused = {**NOT_READ, **REFUSED}  # architectures redline knows and cannot express: why, in one line
+    if model_type in refused:
+        raise UserError(f"{source}: model_type {model_type!r} is not supported: {refused[model_type]}")
+    families = _families()
     if model_type not in families:
         arch = ", ".join(hf_config.get("architectures") or []) or "no architectures field"
         raise UserError(f"{source}: model_type {model_type!r} ({arch}) is not supported; redline imports "
