@@ -23,7 +23,9 @@ Features (each a field of `ModelConfig`):
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
   ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
   explicit per-token positions (packed documents restart at 0);
-- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² or xIELU (learned scalars, Apertus's), hidden
+- BitNet b1.58's projections: ternary weights and 8-bit inputs, rounded on the fly or stored ternary (`bitlinear`),
+  and an RMSNorm before each output projection (`sub_norms`);
+- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² (gated or not) or xIELU (learned scalars, Apertus's), hidden
   size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
 - norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
@@ -40,6 +42,8 @@ Features (each a field of `ModelConfig`):
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`);
+- differential attention (`diff_attention`, DiffLlama's): two maps' outputs subtracted with a learned λ, paired heads
+  RMS-normed;
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
   `value_embed_layers`, `value_embed_gate`);
@@ -205,10 +209,11 @@ class ModelConfig:
     """Each layer's RoPE base, 0 for a layer without RoPE (Granite SWA's layer_rope_theta): one table a distinct
     base, each with rope_scaling, as transformers builds them; () = rope_theta for every layer (with
     rope_local_theta and nope_interval)."""
-    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu", "xielu"] = "swiglu"
+    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu2_glu", "relu", "xielu"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
     ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
-    ReLU squared, ReLU (OPT's), or xIELU (Apertus's: ungated, two learned scalars a layer, xielu() below)."""
+    ReLU squared, ReLU squared gated like SwiGLU (relu(gate)² · up: BitNet's), ReLU (OPT's), or xIELU (Apertus's:
+    ungated, two learned scalars a layer, xielu() below)."""
     xielu_beta: float = 0.5
     """mlp=xielu: the fixed slope beta of both branches (Apertus's 0.5)."""
     xielu_eps: float = -1e-6
@@ -467,6 +472,25 @@ class ModelConfig:
     documents or not."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
+    diff_attention: bool = False
+    """Differential attention (Ye et al. 2024, "Differential Transformer"; transformers' DiffLlama): query head h's
+    attention map, over the first half of the KV heads' values and over the second half (each half tiled back to KV
+    heads) side by side, 2·head_dim wide; heads h and h + H/2 paired as out_h − λ·out_{h + H/2}, RMS-normed over those
+    2·head_dim without a weight (norm_eps) and times 1 − λ_init, H·D wide again for the output projection.
+    λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init from four learned (head_dim,) vectors a layer (attn.lambda_q1, ...),
+    λ_init = 0.8 − 0.6·exp(−0.3·layer). Needs an even n_head and n_kv_head."""
+    bitlinear: Literal["off", "online", "offline"] = "off"
+    """BitNet b1.58's linear layers (Ma et al. 2024, "The Era of 1-bit LLMs") for every block's attention and MLP
+    projections, as transformers' integrations/bitnet.py computes them: each token's input to a projection rounded
+    to 8 bits by its absolute maximum (round(x · 127 / max|x|), clamped to [-128, 127], scaled back), and the weight
+    "online": rounded on the fly to {-1, 0, 1} times its mean absolute value, one scale a projection (AutoBitLinear
+    online; training updates the full-precision weights through a straight-through estimator, the BitNet papers'),
+    or "offline": stored already ternary times its scale (a packed checkpoint's, unpacked at import) and used as it
+    is, not trained; "off": plain Linear layers. Needs separate q/k/v and gate/up projections (fused_qkv=false,
+    fused_mlp=false), each with a scale of its own."""
+    sub_norms: bool = False
+    """An RMSNorm on the input of each block's output projections: the heads' outputs (H·D) before attn.proj and the
+    MLP's hidden activation before mlp.proj, held as each proj's `norm` (BitNet's attn_sub_norm and ffn_sub_norm)."""
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
@@ -528,7 +552,7 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp in ("swiglu", "swiglu_clamped", "geglu")
+        return self.mlp in ("swiglu", "swiglu_clamped", "geglu", "relu2_glu")
 
     def layer_norm_position(self, layer: int) -> str:
         """Where layer `layer`'s block puts its norms: delta_norm_position on a delta layer where it is given, else
@@ -881,9 +905,30 @@ class ModelConfig:
             raise UserError("model.moe_shared_hidden and model.moe_aux_loss are >= 0 and need experts "
                             "(model.moe_experts)")
         self._validate_layerwise_attention()
+        self._validate_bitnet()
+        if self.diff_attention and (self.n_head % 2 or self.kv_heads % 2 or self.kv_lora_rank or self.conv_layers
+                                    or self.delta_layers or self.attn_sinks or self.attn_gate != "none"
+                                    or self.kv_shared_layers or self.global_head_size or self.value_embeddings
+                                    or self.dropout):
+            raise UserError(f"model.diff_attention pairs heads and halves the values: it needs an even model.n_head and "
+                            f"n_kv_head (got {self.n_head} and {self.kv_heads}), plain attention on every layer (no "
+                            f"kv_lora_rank, conv_layers, delta_layers, attn_sinks, attn_gate, kv_shared_layers, "
+                            f"global_head_size, value_embeddings) and no dropout")
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
+
+    def _validate_bitnet(self) -> None:
+        if not (self.bitlinear != "off" or self.sub_norms):
+            return
+        what = f"model.bitlinear={self.bitlinear}" if self.bitlinear != "off" else "model.sub_norms"
+        if self.bitlinear != "off" and (self.fused_qkv or (self.gated_mlp and self.fused_mlp)):
+            raise UserError(f"{what} scales each projection's weights by their own mean: set model.fused_qkv=false and "
+                            f"model.fused_mlp=false")
+        if (self.moe_experts or self.conv_layers or self.delta_layers or self.mixer_free_layers or self.mlp_free_layers
+                or self.kv_lora_rank or self.attn_gate != "none" or self.kv_shared_layers or self.mlp == "xielu"):
+            raise UserError(f"{what} is BitNet's: a dense MLP and plain attention on every layer (no moe_experts, "
+                            f"conv_layers, delta_layers, kv_lora_rank, attn_gate, kv_shared_layers or mlp=xielu)")
 
     def _validate_layerwise_attention(self) -> None:
         """Gemma 4's fields: the full-attention layers' own geometry, shared keys and values, per-layer inputs."""
@@ -1336,6 +1381,51 @@ class Attention(nn.Module):
         return (y.view(B, T, self.n_head, self.head_dim) * torch.sigmoid(self.gate(x)).unsqueeze(-1)).view(B, T, -1)
 
 
+class DiffAttention(Attention):
+    """Differential attention (model.diff_attention), as transformers' DiffLlamaAttention computes it: each query head's
+    map once over the values of KV heads [0, KV/2) and once over [KV/2, KV) (each half tiled to KV heads, so query
+    head h reads kv head h // (H/KV) of each tiled half), then heads h and h + H/2 paired: out_h − λ·out_{h + H/2},
+    each 2·D wide (its two outputs side by side), RMS-normed without a weight and times 1 − λ_init. The engine's
+    caches hold k and v as for plain attention and call value_halves and combine (redline/inference/cache.py)."""
+
+    differential = True
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        super().__init__(cfg, value_embedding, layer)
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+        D = self.head_dim
+        self.lambda_q1, self.lambda_k1 = nn.Parameter(torch.zeros(D)), nn.Parameter(torch.zeros(D))
+        self.lambda_q2, self.lambda_k2 = nn.Parameter(torch.zeros(D)), nn.Parameter(torch.zeros(D))
+
+    @torch.no_grad()
+    def reset_lambdas(self) -> None:
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(p, mean=0.0, std=0.1)
+
+    def value_halves(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """v (B, KV, S, D) -> its first and second halves of kv heads, each tiled back to (B, KV, S, D)."""
+        first, second = v.chunk(2, dim=1)
+        return first.repeat(1, 2, 1, 1), second.repeat(1, 2, 1, 1)
+
+    def combine(self, y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs over each value half, (B, T, H*D) each -> the paired, normed output (B, T, H*D)."""
+        B, T, _ = y1.shape
+        H, D = self.n_head, self.head_dim
+        y = torch.cat([y1.view(B, T, H, D), y2.view(B, T, H, D)], dim=-1)  # (B, T, H, 2D)
+        first, second = y.chunk(2, dim=2)  # heads [0, H/2) and [H/2, H): (B, T, H/2, 2D) each
+        dtype = y.dtype
+        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=torch.float32)).to(dtype)
+               - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1, dtype=torch.float32)).to(dtype)
+               + self.lambda_init)
+        out = F.rms_norm(first - lam * second, (2 * D,), eps=self.cfg.norm_eps) * (1 - self.lambda_init)
+        return out.reshape(B, T, H * D)
+
+    def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        v1, v2 = self.value_halves(v)
+        return self.combine(super().attend(q, k, v1, attn_mask, is_causal), super().attend(q, k, v2, attn_mask,
+                                                                                          is_causal))
+
+
 LATENT_NORM_EPS = 1e-6
 """The epsilon of latent attention's q_a_norm and kv_a_norm: DeepSeek's reference code and transformers' DeepseekV2/V3
 Attention build them with the RMSNorm's default 1e-6, apart from the blocks' rms_norm_eps."""
@@ -1737,6 +1827,8 @@ def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str 
         return F.silu(gate) * up
     if kind == "geglu":
         return F.gelu(gate, approximate=gelu) * up
+    if kind == "relu2_glu":
+        return F.relu(gate).square() * up
     gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
     return (up + 1) * gate * torch.sigmoid(SWIGLU_CLAMPED_ALPHA * gate)
 
@@ -1954,6 +2046,64 @@ class MoE(nn.Module):
         return out.view(shape)
 
 
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x (..., K) with each row rounded to 8 bits by its absolute maximum and scaled back, in fp32 (transformers'
+    ActQuant): round(x · 127 / max|x|) clamped to [-128, 127], times max|x| / 127. The gradient passes straight
+    through (the forward's value is the rounded one exactly: q + (x - x) adds zero)."""
+    xf = x.float()
+    scale = 127 / xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+    q = ((xf * scale).round().clamp(-128, 127) / scale).to(x.dtype)
+    return q.detach() + (x - x.detach())
+
+
+def ternary_weights(w: torch.Tensor) -> torch.Tensor:
+    """w (out, in) rounded to {-1, 0, 1} times its mean absolute value, in fp32 (transformers' WeightQuant, BitNet
+    b1.58's absmean quantization): round(w / mean|w|) clamped to [-1, 1], times mean|w|; the gradient passes straight
+    through."""
+    wf = w.float()
+    scale = 1.0 / wf.abs().mean().clamp(min=1e-5)
+    q = ((wf * scale).round().clamp(-1, 1) / scale).to(w.dtype)
+    return q.detach() + (w - w.detach())
+
+
+class BitLinear(nn.Linear):
+    """A block's projection with BitNet's options (model.bitlinear, model.sub_norms): an RMSNorm on its input
+    (`norm`, or None), then the input's 8-bit rounding and the weights' ternary one where `mode` is online, the
+    input's alone where offline (the weights stored ternary), neither where off. A subclass of nn.Linear, so its
+    `weight` and `bias` keep their names, initialisation and FLOP counts."""
+
+    def __init__(self, linear: nn.Linear, cfg: ModelConfig, norm: bool):
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        self.is_residual_out = getattr(linear, "is_residual_out", False)
+        self.mode = cfg.bitlinear
+        self.norm = make_rmsnorm(cfg, linear.in_features) if norm else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.mode == "off":
+            return F.linear(x, self.weight, self.bias)
+        if self.mode == "offline" and self.training:
+            raise UserError("model.bitlinear=offline holds a packed checkpoint's ternary weights, which transformers "
+                            "does not train either; train a model of model.bitlinear=online (its full-precision "
+                            "weights)")
+        weight = ternary_weights(self.weight) if self.mode == "online" else self.weight
+        return F.linear(int8_activations(x), weight, self.bias)
+
+
+def bitnet_projections(blocks: nn.ModuleList, cfg: ModelConfig) -> None:
+    """Each block's q/k/v, output, gate/up and down projections as BitLinear layers (model.bitlinear), the output
+    projections normed on their input where model.sub_norms (BitNet's sub-norms sit just before o_proj and
+    down_proj)."""
+    for block in blocks:
+        for sub, names in ((block.attn, ("q", "k", "v", "proj")), (block.mlp, ("fc", "up", "proj"))):
+            for name in names:
+                linear = getattr(sub, name, None)
+                if linear is None or (cfg.bitlinear == "off" and name != "proj"):
+                    continue
+                setattr(sub, name, BitLinear(linear, cfg, norm=cfg.sub_norms and name == "proj"))
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -1983,7 +2133,7 @@ class Block(nn.Module):
         elif layer in cfg.delta_layers and not parallel:
             self.attn = {"mamba2": Mamba2, "mamba1": Mamba1}.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         else:
-            attention = LatentAttention if cfg.kv_lora_rank else Attention
+            attention = LatentAttention if cfg.kv_lora_rank else DiffAttention if cfg.diff_attention else Attention
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
@@ -2101,6 +2251,8 @@ class GPT(nn.Module):
             self.ple_norm = make_norm(cfg, cfg.per_layer_embd)
         # post-norm blocks end in a norm already; the others need a final one
         self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
+        if cfg.bitlinear != "off" or cfg.sub_norms:
+            bitnet_projections(self.blocks, cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=cfg.head_bias)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -2200,6 +2352,8 @@ class GPT(nn.Module):
                 for weight in (module.dt_norm, module.B_norm, module.C_norm):  # Jamba's norms start at scale 1
                     if weight is not None:
                         nn.init.ones_(weight)
+            elif isinstance(module, DiffAttention):  # λ's vectors: N(0, 0.1), transformers' lambda_std_dev
+                module.reset_lambdas()
             elif isinstance(module, MLP) and module.alpha_p is not None:  # xIELU's scalars
                 module.reset_xielu()
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'

@@ -112,7 +112,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
-                                        ("granitemoe_swa", "GraniteMoeSWA")])
+                                        ("granitemoe_swa", "GraniteMoeSWA"), ("bitnet", "BitNet"),
+                                        ("diffllama", "DiffLlama")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -137,6 +138,8 @@ def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
 
 
 REDLINE_EXPORTS = {
+    "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
+    "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
     "GPT2LMHeadModel-nobias": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=False),
@@ -657,8 +660,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
-                         "deepseek_v3, dots1, "
+                         "redline imports apertus, arcee, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
+                         "deepseek_v3, diffllama, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma4, "
                          "gemma4_text, "

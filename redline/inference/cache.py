@@ -283,7 +283,8 @@ class PrefillLayer:
             S, T = k.shape[2], q.shape[2]  # (1, H, T, S) fp32 (alibi_mask's cost), S = start + T
             slots = torch.arange(S, device=q.device)
             mask = alibi_mask(attn.n_head, slots[S - T:], slots, self.mask)[None].to(q.dtype)
-        elif self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None:  # SDPA takes neither
+        elif (self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None
+              or getattr(attn, "differential", False)):  # SDPA takes neither (DiffAttention.attend: two calls)
             return attn.attend(q, k, v, self.mask, is_causal=self.mask is None)
         if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
             k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
@@ -435,6 +436,10 @@ class DecodeLayer:
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
         alibi = self.slot if attn.cfg.pos_emb == "alibi" else None
+        if getattr(attn, "differential", False):  # model.diff_attention: the map over each half of the values
+            return attn.combine(*(cached_attention(q, keys, half, self.mask, attn.scale, attn.cfg.attn_softcap,
+                                                   attn.sinks, alibi).view(q.shape[0], 1, -1)
+                                  for half in attn.value_halves(values)))
         return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks, alibi)
 
     def convolve(self, conv, x: torch.Tensor) -> torch.Tensor:

@@ -245,6 +245,7 @@ def _families() -> dict[str, Family]:
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus, minicpm3, multimodal
+    from redline.interop import bitnet, diffllama
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -265,7 +266,8 @@ def _families() -> dict[str, Family]:
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
-                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}
+                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
+                                bitnet.FAMILY, diffllama.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -325,6 +327,8 @@ def export_family(cfg: ModelConfig) -> Family:
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
+    BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
+    attention,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), dots.llm1 with sigmoid scores
     (DeepSeek-V3's routing: a bias, groups, a scale, an ungated shared expert), or GPT-OSS with attention sinks, expert biases or clamped
@@ -356,6 +360,16 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
                         f"to) has no value-embedding gates, smear, per-layer scalars or backout; run the model with "
                         f"redline generate, chat or serve instead")
+    from redline.interop import bitnet
+
+    if bitnet.wants_bitnet(cfg):  # sub-norms, ternary projections, the gated ReLU² MLP: BitNet's alone
+        bitnet.check_exportable(cfg)
+        return families["bitnet"]
+    if cfg.diff_attention:  # differential attention: DiffLlama's alone
+        from redline.interop import diffllama
+
+        diffllama.check_exportable(cfg)
+        return families["diffllama"]
     from redline.interop import ernie, lfm2, qwen3_5
 
     from redline.interop import glm, llama4

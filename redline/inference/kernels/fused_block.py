@@ -140,6 +140,9 @@ def unsupported(cfg) -> str | None:
 
     if gemma4 := layerwise_attention(cfg):
         return f"decode_linear triton runs none of Gemma 4's layer options ({gemma4})"
+    if getattr(cfg, "bitlinear", "off") != "off" or getattr(cfg, "sub_norms", False):
+        return ("decode_linear triton multiplies by the stored weights with no norm before the output projections "
+                "(model.bitlinear, model.sub_norms)")
     if cfg.norm_position != "pre":
         return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
     if not cfg.fused_qkv:

@@ -1,0 +1,108 @@
+"""Differential attention (model.diff_attention, DiffLlama's): the engine's prefill, chunked prefill, decode and
+DecodeBatch give the full recompute's tokens, training reaches λ's vectors, and what it cannot take is refused by
+name. Import and export parity with transformers run in the shared tables (tests/interop_models.py "diffllama",
+REDLINE_EXPORTS, test_lora_export.ARCHS)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from redline.errors import UserError
+from redline.inference import InferenceEngine, SamplingParams
+from redline.interop import diffllama
+from redline.model import GPT, ModelConfig
+from tests.test_latent_attention import full_recompute, sharp
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+DIFF = ModelConfig(vocab_size=96, context_len=64, n_layer=3, n_embd=48, n_head=4, n_kv_head=2, mlp_hidden=64,
+                   diff_attention=True)
+DIFF_GQA = replace(DIFF, n_head=8, n_kv_head=4, head_size=8, n_layer=2)  # two query heads a kv head
+
+
+def assert_engine_decodes_as_full_recompute(model, chunk: int) -> None:
+    """Prompts of different lengths in one batch, prefilled whole or in chunks of `chunk` tokens, then decoded one
+    token at a time: the full recompute's tokens."""
+    prompts = [list(range(1, 12)), [5, 6], [40]]
+    engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=chunk)
+    got = [r.tokens for r in engine.generate(prompts, 10, SamplingParams(temperature=0))]
+    assert got == [full_recompute(model, p, 10) for p in prompts]
+
+
+def assert_decode_batch_follows_full_recompute(model) -> None:
+    """A server's batch: one row decodes while another's prompt goes in over two spans, then both decode."""
+    from redline.inference.batch import DecodeBatch
+
+    batch = DecodeBatch(InferenceEngine(model, compile=False), rows=2, capacity=48)
+    a, b = list(range(3, 14)), [7, 1, 8, 2, 8, 1, 8, 2, 9]
+    first = int(batch.prefill(0, a).argmax())
+    batch.start(0, first, len(a))
+    got_a = [first] + [int(batch.step()[0]) for _ in range(3)]
+    batch.prefill(1, b[:4])
+    second = int(batch.prefill(1, b[4:], start=4).argmax())
+    batch.start(1, second, len(b))
+    got_b = [second]
+    for _ in range(4):
+        nxt = batch.step()
+        got_a.append(int(nxt[0]))
+        got_b.append(int(nxt[1]))
+    assert got_a == full_recompute(model, a, len(got_a)) and got_b == full_recompute(model, b, len(got_b))
+
+
+@pytest.mark.parametrize("cfg", [DIFF, DIFF_GQA], ids=["mha-pairs", "gqa"])
+@pytest.mark.parametrize("chunk", [32768, 3])
+def test_engine_decodes_as_full_recompute(chunk, cfg):
+    assert_engine_decodes_as_full_recompute(sharp(cfg), chunk)
+
+
+def test_decode_batch_rows_and_spans():
+    assert_decode_batch_follows_full_recompute(sharp(DIFF_GQA))
+
+
+def test_pairs_heads_over_value_halves():
+    """Against the paper's form written out: head i's map over [v of kv heads 0..KV/2 | KV/2..KV] minus λ times head
+    i + H/2's, RMS-normed, times 1 − λ_init (one layer, 2 heads, 2 kv heads: each half one head)."""
+    torch.manual_seed(0)
+    cfg = replace(DIFF, n_layer=1, n_head=2, n_kv_head=2, n_embd=16, pos_emb="none")
+    attn = GPT(cfg).blocks[0].attn.eval()
+    x = torch.randn(1, 5, 16)
+    q, k, v = (t.view(1, 5, 2, 8).transpose(1, 2) for t in attn.project(x))  # (1, 2, 5, 8)
+    maps = torch.softmax((q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~torch.ones(5, 5).tril().bool(),
+                                                                          float("-inf")), dim=-1)
+    wide = maps @ torch.cat([v[:, :1], v[:, 1:]], dim=-1)  # (1, 2, 5, 16): each head's map over both halves
+    lam = (torch.exp(attn.lambda_q1 @ attn.lambda_k1) - torch.exp(attn.lambda_q2 @ attn.lambda_k2)
+           + attn.lambda_init)
+    y = wide[:, 0] - lam * wide[:, 1]
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * (1 - attn.lambda_init)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, None), attn.proj(y), rtol=1e-5, atol=1e-6)
+    assert attn.lambda_init == pytest.approx(0.2)  # 0.8 − 0.6·exp(0) on layer 0
+
+
+def test_training_reaches_the_lambdas():
+    torch.manual_seed(0)
+    model = GPT(DIFF).train()
+    idx = torch.randint(0, DIFF.vocab_size, (2, 24))
+    model(idx, idx).backward()
+    for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+        g = getattr(model.blocks[1].attn, name).grad
+        assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
+
+
+def test_refusals():
+    from redline.inference.plan import _triton_attention_unsupported
+
+    with pytest.raises(UserError, match="model.diff_attention"):
+        replace(DIFF, n_kv_head=1).validate()
+    with pytest.raises(UserError, match="model.diff_attention"):
+        replace(DIFF, attn_sinks=True).validate()
+    assert "model.diff_attention" in _triton_attention_unsupported(DIFF, torch.device("cuda"), torch.bfloat16)
+    hub = dict(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2)
+    with pytest.raises(UserError, match="attention_bias=true"):
+        diffllama.model_config({**hub, "attention_bias": True})
+    with pytest.raises(UserError, match="attention_dropout=0.1"):
+        diffllama.model_config({**hub, "attention_dropout": 0.1})
+    with pytest.raises(UserError, match="DiffLlama.*sliding_window"):
+        diffllama.check_exportable(replace(DIFF, sliding_window=8))
