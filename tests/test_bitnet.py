@@ -178,13 +178,15 @@ def test_fp8_leaves_bitnets_projections_alone():
 def test_engine_decodes_as_full_recompute(mode):
     """Prefill whole and in chunks, decode, a server's batch: the full recompute's tokens (each token's 8-bit input
     rounding is its own, whichever path computes it)."""
-    from tests.test_diffllama import assert_decode_batch_follows_full_recompute, assert_engine_decodes_as_full_recompute
+    from redline.inference import InferenceEngine
+    from tests.engine_checks import assert_decode_batch_parks_rows
+    from tests.test_diffllama import assert_engine_decodes_as_full_recompute
     from tests.test_latent_attention import sharp
 
     model = sharp(_tiny(bitlinear=mode))
     for chunk in (32768, 3):
         assert_engine_decodes_as_full_recompute(model, chunk)
-    assert_decode_batch_follows_full_recompute(model)
+    assert_decode_batch_parks_rows(InferenceEngine(model, compile=False), model)
 
 
 def test_lora_refuses_bitnets_projections():

@@ -12,7 +12,8 @@ from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.interop import diffllama
 from redline.model import GPT, ModelConfig
-from tests.test_latent_attention import full_recompute, sharp
+from tests.engine_checks import assert_decode_batch_parks_rows, assert_freed_row_refills, full_recompute
+from tests.test_latent_attention import sharp
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -30,26 +31,6 @@ def assert_engine_decodes_as_full_recompute(model, chunk: int) -> None:
     assert got == [full_recompute(model, p, 10) for p in prompts]
 
 
-def assert_decode_batch_follows_full_recompute(model) -> None:
-    """A server's batch: one row decodes while another's prompt goes in over two spans, then both decode."""
-    from redline.inference.batch import DecodeBatch
-
-    batch = DecodeBatch(InferenceEngine(model, compile=False), rows=2, capacity=48)
-    a, b = list(range(3, 14)), [7, 1, 8, 2, 8, 1, 8, 2, 9]
-    first = int(batch.prefill(0, a).argmax())
-    batch.start(0, first, len(a))
-    got_a = [first] + [int(batch.step()[0]) for _ in range(3)]
-    batch.prefill(1, b[:4])
-    second = int(batch.prefill(1, b[4:], start=4).argmax())
-    batch.start(1, second, len(b))
-    got_b = [second]
-    for _ in range(4):
-        nxt = batch.step()
-        got_a.append(int(nxt[0]))
-        got_b.append(int(nxt[1]))
-    assert got_a == full_recompute(model, a, len(got_a)) and got_b == full_recompute(model, b, len(got_b))
-
-
 @pytest.mark.parametrize("cfg", [DIFF, DIFF_GQA], ids=["mha-pairs", "gqa"])
 @pytest.mark.parametrize("chunk", [32768, 3])
 def test_engine_decodes_as_full_recompute(chunk, cfg):
@@ -57,7 +38,8 @@ def test_engine_decodes_as_full_recompute(chunk, cfg):
 
 
 def test_decode_batch_rows_and_spans():
-    assert_decode_batch_follows_full_recompute(sharp(DIFF_GQA))
+    model = sharp(DIFF_GQA)
+    assert_freed_row_refills(assert_decode_batch_parks_rows(InferenceEngine(model, compile=False), model), model)
 
 
 def test_pairs_heads_over_value_halves():
