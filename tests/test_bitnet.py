@@ -5,6 +5,7 @@ to (the ternary ones), and what redline cannot compute is refused by name. The u
 tables (tests/interop_models.py "bitnet", REDLINE_EXPORTS, test_lora_export.ARCHS)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -195,3 +196,28 @@ def test_lora_refuses_bitnets_projections():
     for fields, target in ((dict(), "attn.*"), (dict(bitlinear="online"), "attn.q")):
         with pytest.raises(UserError, match=r"lora.targets match blocks.0.attn.(proj|q), a BitNet projection"):
             LoRAConverter(rank=4, alpha=8.0, dropout=0.0, targets=(target,)).convert(GPT(_tiny(**fields)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_gpu_compiled_engine_and_training_step(mode):
+    """On a GPU: the compiled, graph-captured engine decodes greedily, as the eager one does (tests/engine_checks.py);
+    with the master weights, the compiled training step's loss and gradients match eager ones."""
+    from tests.engine_checks import assert_compiled_engine_stays_greedy
+
+    torch.manual_seed(0)
+    model = GPT(replace(_tiny(bitlinear=mode), n_embd=128, context_len=128)).cuda()
+    assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
+    if mode == "offline":
+        return
+    model.train()
+    idx = torch.randint(0, VOCAB, (4, 96), device="cuda")
+    weight = model.blocks[0].attn.q.weight
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)
+    grad = torch.autograd.grad(loss, weight)[0]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss_c = torch.compile(model)(idx, idx)
+    grad_c = torch.autograd.grad(loss_c, weight)[0]
+    torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
+    assert (grad_c - grad).norm() / grad.norm() < 0.05

@@ -79,7 +79,10 @@ def test_refusals():
         replace(DIFF, n_kv_head=1).validate()
     with pytest.raises(UserError, match="model.diff_attention"):
         replace(DIFF, attn_sinks=True).validate()
+    from redline.inference.kernels.fused_block import unsupported
+
     assert "model.diff_attention" in _triton_attention_unsupported(DIFF, torch.device("cuda"), torch.bfloat16)
+    assert "model.diff_attention" in unsupported(DIFF)
     hub = dict(vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2)
     with pytest.raises(UserError, match="attention_bias=true"):
@@ -88,3 +91,26 @@ def test_refusals():
         diffllama.model_config({**hub, "attention_dropout": 0.1})
     with pytest.raises(UserError, match="DiffLlama.*sliding_window"):
         diffllama.check_exportable(replace(DIFF, sliding_window=8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_compiled_engine_and_training_step():
+    """On a GPU: the compiled, graph-captured engine decodes greedily, as the eager one does (tests/engine_checks.py);
+    the compiled training step's loss and λ's gradients match eager ones."""
+    from tests.engine_checks import assert_compiled_engine_stays_greedy
+
+    torch.manual_seed(0)
+    cfg = replace(DIFF_GQA, n_embd=128, vocab_size=512, context_len=128)
+    model = GPT(cfg).cuda()
+    assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
+    model.train()
+    idx = torch.randint(0, cfg.vocab_size, (4, 96), device="cuda")
+    weight = model.blocks[1].attn.lambda_q1
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)
+    grad = torch.autograd.grad(loss, weight)[0]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss_c = torch.compile(model)(idx, idx)
+    grad_c = torch.autograd.grad(loss_c, weight)[0]
+    torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
+    assert (grad_c - grad).norm() / grad.norm() < 0.05
