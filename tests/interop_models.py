@@ -726,6 +726,15 @@ FAMILIES = {
     "diffllama-gqa": ("DiffLlamaConfig", "DiffLlamaForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4,
                                                                      head_dim=16, tie_word_embeddings=True,
                                                                      pad_token_id=None)),
+    # RecurrentGemma: recurrent, recurrent, attention layers (an RG-LRU in 4 gate blocks; local attention over a
+    # window shorter than the test sequences, multi-query, RoPE on half of each head), its logits soft-capped, tied
+    "recurrent_gemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=3,
+                             attention_window_size=6, logits_soft_cap=3.0, pad_token_id=None)),
+    # Doge: dynamic mask attention (its A and dt_proj perturbed so that the keys' biases differ), QK-norm, GQA,
+    # residual scales, biases on every Linear layer, a context at its keep_window_size (24, above the test sequences)
+    "doge": ("DogeConfig", "DogeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, keep_window_size=24,
+                                                   attention_bias=True, mlp_bias=True, pad_token_id=None)),
 }
 # multimodal folders whose text model redline reads: compared with that model alone (Llama 4's forward with its
 # vision tower fails on text alone in transformers 5.24: its output class lacks image_outputs)

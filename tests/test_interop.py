@@ -113,7 +113,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
                                         ("granitemoe_swa", "GraniteMoeSWA"), ("bitnet", "BitNet"),
-                                        ("diffllama", "DiffLlama")])
+                                        ("diffllama", "DiffLlama"), ("recurrent_gemma", "RecurrentGemma"),
+                                        ("doge", "Doge")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -661,7 +662,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports apertus, arcee, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
-                         "deepseek_v3, diffllama, dots1, "
+                         "deepseek_v3, diffllama, doge, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma4, "
                          "gemma4_text, "
@@ -676,7 +677,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "olmo_hybrid, olmoe, "
                          "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
+                         "qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

@@ -31,6 +31,14 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # BitNet's sub-norms and gated ReLU² MLP (its output projections, normed on their input, are no plain Linear)
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", fused_qkv=False, fused_mlp=False, n_kv_head=2),
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2),  # Llama's names, differential attention
+    # RecurrentGemma: an RG-LRU layer (linear_x, linear_y, linear_out adapted) and a local attention layer
+    "RecurrentGemmaForCausalLM": dict(delta_layers=(0,), delta_rule="rglru", delta_heads=4, delta_key_heads=1,
+                                      delta_key_dim=1, delta_value_dim=16, delta_conv_bias=True, delta_proj_bias=True,
+                                      bias=True, qkv_bias=False, norm_unit_offset=True, mlp="geglu", rope_dims=8,
+                                      sliding_window=6, n_kv_head=1, logit_softcap=3.0, tie_embeddings=True,
+                                      embed_multiplier=8.0),
+    # Doge: Llama's names with its dynamic mask's dt_proj adapted too, QK-norm, residual scales
+    "DogeForCausalLM": dict(qk_norm=True, attn_key_bias=True, residual_scales=True, n_kv_head=2),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight

@@ -245,7 +245,7 @@ def _families() -> dict[str, Family]:
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
     from redline.interop import apertus, minicpm3, multimodal
-    from redline.interop import bitnet, diffllama
+    from redline.interop import bitnet, diffllama, doge, recurrent_gemma
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -267,7 +267,7 @@ def _families() -> dict[str, Family]:
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
-                                bitnet.FAMILY, diffllama.FAMILY)}
+                                bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -328,7 +328,7 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
-    attention,
+    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), dots.llm1 with sigmoid scores
     (DeepSeek-V3's routing: a bias, groups, a scale, an ungated shared expert), or GPT-OSS with attention sinks, expert biases or clamped
@@ -365,6 +365,16 @@ def export_family(cfg: ModelConfig) -> Family:
     if bitnet.wants_bitnet(cfg):  # sub-norms, ternary projections, the gated ReLU² MLP: BitNet's alone
         bitnet.check_exportable(cfg)
         return families["bitnet"]
+    from redline.interop import recurrent_gemma
+
+    if recurrent_gemma.wants_recurrent_gemma(cfg):  # Griffin's RG-LRU layers: RecurrentGemma's alone
+        recurrent_gemma.check_exportable(cfg)
+        return families["recurrent_gemma"]
+    from redline.interop import doge
+
+    if doge.wants_doge(cfg):  # key biases from the values and residual scales: Doge's alone
+        doge.check_exportable(cfg)
+        return families["doge"]
     if cfg.diff_attention:  # differential attention: DiffLlama's alone
         from redline.interop import diffllama
 

@@ -53,6 +53,8 @@ FIELDS_ACCOUNTED = {
     "bitlinear": "refused: the product kernels multiply by the stored weights, unrounded inputs",
     "sub_norms": "refused: no norm before the output projections",
     "diff_attention": "refused: the attention kernel computes one map over the values",
+    "attn_key_bias": "refused: the attention kernel adds no key biases",
+    "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
     "delta_dt_min": "refused with delta_layers",
     "delta_parallel": "refused with delta_layers", "delta_gate_norm": "refused with delta_layers",
     "delta_layers": "refused: the block hands the attention kernel its qkv projection, which a delta net has not",
@@ -145,6 +147,9 @@ def unsupported(cfg) -> str | None:
         return f"decode_linear triton runs none of Gemma 4's layer options ({gemma4})"
     if getattr(cfg, "diff_attention", False):
         return "decode_linear triton hands the attention kernel plain heads (model.diff_attention)"
+    if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
+        return ("decode_linear triton adds no key biases and scales no residual stream (model.attn_key_bias, "
+                "model.residual_scales)")
     if getattr(cfg, "bitlinear", "off") != "off" or getattr(cfg, "sub_norms", False):
         return ("decode_linear triton multiplies by the stored weights with no norm before the output projections "
                 "(model.bitlinear, model.sub_norms)")
