@@ -25,8 +25,8 @@ Features (each a field of `ModelConfig`):
   explicit per-token positions (packed documents restart at 0);
 - BitNet b1.58's projections: ternary weights and 8-bit inputs, rounded on the fly or stored ternary (`bitlinear`),
   and an RMSNorm before each output projection (`sub_norms`);
-- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² (gated or not) or xIELU (learned scalars, Apertus's), hidden
-  size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
+- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² (gated or not) or xIELU (learned scalars,
+  Apertus's), hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
 - norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
@@ -932,15 +932,15 @@ class ModelConfig:
                                                               or self.pos_emb == "alibi" or self.diff_attention
                                                               or self.kv_shared_layers):
             raise UserError("model.attn_key_bias and model.residual_scales are Doge's: pre-norm blocks of sequential "
-                            "sublayers with plain attention on every layer (no kv_lora_rank, conv_layers, delta_layers, "
-                            "attn_softcap, attn_sinks, alibi, diff_attention or kv_shared_layers)")
+                            "sublayers with plain attention on every layer (no kv_lora_rank, conv_layers, "
+                            "delta_layers, attn_softcap, attn_sinks, alibi, diff_attention or kv_shared_layers)")
         if self.diff_attention and (self.n_head % 2 or self.kv_heads % 2 or self.kv_lora_rank or self.conv_layers
                                     or self.delta_layers or self.attn_sinks or self.attn_gate != "none"
                                     or self.kv_shared_layers or self.global_head_size or self.value_embeddings
                                     or self.dropout):
-            raise UserError(f"model.diff_attention pairs heads and halves the values: it needs an even model.n_head and "
-                            f"n_kv_head (got {self.n_head} and {self.kv_heads}), plain attention on every layer (no "
-                            f"kv_lora_rank, conv_layers, delta_layers, attn_sinks, attn_gate, kv_shared_layers, "
+            raise UserError(f"model.diff_attention pairs heads and halves the values: it needs an even model.n_head "
+                            f"and n_kv_head (got {self.n_head} and {self.kv_heads}), plain attention on every layer "
+                            f"(no kv_lora_rank, conv_layers, delta_layers, attn_sinks, attn_gate, kv_shared_layers, "
                             f"global_head_size, value_embeddings) and no dropout")
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "

@@ -90,8 +90,8 @@ def unpack_ternary(packed: torch.Tensor) -> torch.Tensor:
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     pre = llama._prefix(src)
-    out = {"norm_f.weight": src.take(f"{pre}norm.weight"), "wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"),
-                                                                                   cfg)}
+    out = {"norm_f.weight": src.take(f"{pre}norm.weight"),
+           "wte.weight": pad_rows(src.take(f"{pre}embed_tokens.weight"), cfg)}
     out.update(take_head(src, cfg))
     for i in range(cfg.n_layer):
         p, r = f"{pre}layers.{i}.", f"blocks.{i}."
@@ -137,7 +137,8 @@ def ternary_parts(w: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tenso
 
 
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
-    out = {"model.norm.weight": state["norm_f.weight"], "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size]}
+    out = {"model.norm.weight": state["norm_f.weight"],
+           "model.embed_tokens.weight": state["wte.weight"][:cfg.vocab_size]}
     out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
@@ -167,8 +168,8 @@ def check_exportable(cfg: ModelConfig) -> None:
     ReLU² MLP redline exports to, does not have."""
     what = "BitNet, the one architecture with model.bitlinear, sub_norms or mlp=relu2_glu redline exports to,"
     raise_first([
-        (not cfg.sub_norms or cfg.mlp != "relu2_glu", f"{what} has both sub-norms (model.sub_norms) and the gated ReLU² "
-                                                      f"MLP (model.mlp=relu2_glu)"),
+        (not cfg.sub_norms or cfg.mlp != "relu2_glu",
+         f"{what} has both sub-norms (model.sub_norms) and the gated ReLU² MLP (model.mlp=relu2_glu)"),
         (cfg.norm_position != "pre" or cfg.parallel_residual or cfg.norm != "rmsnorm" or cfg.norm_unit_offset
          or not cfg.norm_affine or cfg.embed_norm, f"{what} has pre-RMSNorm blocks of sequential sublayers"),
         (cfg.qk_norm or cfg.v_norm, f"{what} has no QK-norm"),

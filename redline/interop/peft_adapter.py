@@ -202,7 +202,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest == "mlp.fc":
             return _gate_up(base + "mlp_block.", out_features)
         names = {"attn.proj": t + ("linear_out" if int(i) in cfg.delta_layers else "o_proj"),
-                 "attn.linear_x": t + "linear_x", "attn.linear_y": t + "linear_y", "mlp.proj": base + "mlp_block.down_proj"}
+                 "attn.linear_x": t + "linear_x", "attn.linear_y": t + "linear_y",
+                 "mlp.proj": base + "mlp_block.down_proj"}
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(names[rest], slice(0, out_features))]
