@@ -24,8 +24,10 @@ Features (each a field of `ModelConfig`):
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
   ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
   explicit per-token positions (packed documents restart at 0);
-- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² or xIELU (learned scalars, Apertus's), hidden
-  size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
+- BitNet b1.58's projections: ternary weights and 8-bit inputs, rounded on the fly or stored ternary (`bitlinear`),
+  and an RMSNorm before each output projection (`sub_norms`);
+- MLP: GELU, SwiGLU (or GPT-OSS's clamped SwiGLU), GeGLU, ReLU² (gated or not) or xIELU (learned scalars,
+  Apertus's), hidden size rounded up to a multiple of 64 (the gated ones at 2/3 of the width
   of the others so the parameter count stays comparable);
 - norm: RMSNorm (optionally scaling by 1 + weight, Gemma's) or LayerNorm, on each sublayer's input (pre), each
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
@@ -35,7 +37,8 @@ Features (each a field of `ModelConfig`):
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's
-  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py);
+  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py; or Griffin's RG-LRU,
+  RecurrentGemma's);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
@@ -45,6 +48,9 @@ Features (each a field of `ModelConfig`):
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
+- differential attention (`diff_attention`, DiffLlama's): two maps' outputs subtracted with a learned λ, paired heads
+  RMS-normed; a learned bias on each key's scores from its values (`attn_key_bias`, Doge's dynamic mask) and learned
+  scales on the residual stream (`residual_scales`, Doge's);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
   `value_embed_layers`, `value_embed_gate`);
@@ -72,7 +78,7 @@ import torch.nn.functional as F
 
 from redline.chunked_cross_entropy import chunked_cross_entropy
 from redline.errors import UserError
-from redline.recurrent import gated_delta_rule, selective_scan, ssd
+from redline.recurrent import _linear_scan, gated_delta_rule, selective_scan, ssd
 
 
 @dataclass
@@ -215,10 +221,11 @@ class ModelConfig:
     """Each layer's RoPE base, 0 for a layer without RoPE (Granite SWA's layer_rope_theta): one table a distinct
     base, each with rope_scaling, as transformers builds them; () = rope_theta for every layer (with
     rope_local_theta and nope_interval)."""
-    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu", "xielu"] = "swiglu"
+    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu2_glu", "relu", "xielu"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
     ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
-    ReLU squared, ReLU (OPT's), or xIELU (Apertus's: ungated, two learned scalars a layer, xielu() below)."""
+    ReLU squared, ReLU squared gated like SwiGLU (relu(gate)² · up: BitNet's), ReLU (OPT's), or xIELU (Apertus's:
+    ungated, two learned scalars a layer, xielu() below)."""
     xielu_beta: float = 0.5
     """mlp=xielu: the fixed slope beta of both branches (Apertus's 0.5)."""
     xielu_eps: float = -1e-6
@@ -242,7 +249,7 @@ class ModelConfig:
     delta_layers: tuple[int, ...] = ()
     """Layers whose token mixer is a recurrent linear attention instead of attention, no KV cache but a (key, value)
     state a head, of the kind delta_rule names; () = none."""
-    delta_rule: Literal["gated_delta", "mamba2", "mamba1"] = "gated_delta"
+    delta_rule: Literal["gated_delta", "mamba2", "mamba1", "rglru"] = "gated_delta"
     """delta_layers' mixer: "gated_delta", a gated delta net (Yang et al. 2024, "Gated Delta Networks"; Qwen3.5's and
     Qwen3-Next's "linear_attention" layers, GatedDeltaNet below), whose state decays and is corrected toward each
     token's value; "mamba2", Mamba-2's selective state space layer (Dao and Gu 2024; Granite 4.0's hybrid "mamba"
@@ -251,7 +258,10 @@ class ModelConfig:
     "mamba1", Mamba-1's selective scan (Gu and Dao 2023; state-spaces' mamba-*-hf models, Falcon-Mamba; Mamba1
     below): Mamba-2 with heads of one channel (delta_heads = the inner width I, delta_value_dim = 1, one group of B
     and C: delta_key_heads = 1) and a decay of its own for each of a channel's delta_key_dim = N state entries, dt
-    through a low-rank projection (delta_dt_rank)."""
+    through a low-rank projection (delta_dt_rank); "rglru", Griffin's recurrent block (De et al. 2024; RecurrentGemma's
+    "recurrent" layers, RGLRU below): a GELU branch times a causal convolution's output through a real-gated linear
+    recurrence, a state a channel, its gates block-diagonal in delta_heads blocks of delta_value_dim channels
+    (delta_key_dim = 1)."""
     delta_heads: int = 0
     """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
     h · delta_key_heads // delta_heads."""
@@ -516,6 +526,34 @@ class ModelConfig:
     documents or not."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
+    diff_attention: bool = False
+    """Differential attention (Ye et al. 2024, "Differential Transformer"; transformers' DiffLlama): query head h's
+    attention map, over the first half of the KV heads' values and over the second half (each half tiled back to KV
+    heads) side by side, 2·head_dim wide; heads h and h + H/2 paired as out_h − λ·out_{h + H/2}, RMS-normed over those
+    2·head_dim without a weight (norm_eps) and times 1 − λ_init, H·D wide again for the output projection.
+    λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init from four learned (head_dim,) vectors a layer (attn.lambda_q1, ...),
+    λ_init = 0.8 − 0.6·exp(−0.3·layer). Needs an even n_head and n_kv_head."""
+    attn_key_bias: bool = False
+    """Doge's dynamic mask attention (transformers' DogeAttention): every key's scores, for each query head of its
+    KV head, plus exp(A_kv · softplus(dt_proj(v))_kv), v the key's token's values over all KV heads (KV·D) and dt_proj
+    (KV·D -> KV, with a bias where qkv_bias) and A (KV,) learned (attn.dt_proj, attn.A). Doge keeps only the top
+    keep_window_size keys of a longer context: redline's context_len stays within it (the import sets it so)."""
+    residual_scales: bool = False
+    """Each block scales its residual stream before a sublayer's output joins it: x ← s₁ ⊙ x + attn(norm1(x)), then
+    s₂ ⊙ x + mlp(norm2(x)), s₁ and s₂ (C,) learned, ones at init (Doge's input_residual and post_attention_residual;
+    pre-norm blocks)."""
+    bitlinear: Literal["off", "online", "offline"] = "off"
+    """BitNet b1.58's linear layers (Ma et al. 2024, "The Era of 1-bit LLMs") for every block's attention and MLP
+    projections, as transformers' integrations/bitnet.py computes them: each token's input to a projection rounded
+    to 8 bits by its absolute maximum (round(x · 127 / max|x|), clamped to [-128, 127], scaled back), and the weight
+    "online": rounded on the fly to {-1, 0, 1} times its mean absolute value, one scale a projection (AutoBitLinear
+    online; training updates the full-precision weights through a straight-through estimator, the BitNet papers'),
+    or "offline": stored already ternary times its scale (a packed checkpoint's, unpacked at import) and used as it
+    is, not trained; "off": plain Linear layers. Needs separate q/k/v and gate/up projections (fused_qkv=false,
+    fused_mlp=false), each with a scale of its own."""
+    sub_norms: bool = False
+    """An RMSNorm on the input of each block's output projections: the heads' outputs (H·D) before attn.proj and the
+    MLP's hidden activation before mlp.proj, held as each proj's `norm` (BitNet's attn_sub_norm and ffn_sub_norm)."""
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
@@ -577,7 +615,7 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp in ("swiglu", "swiglu_clamped", "geglu")
+        return self.mlp in ("swiglu", "swiglu_clamped", "geglu", "relu2_glu")
 
     def layer_norm_position(self, layer: int) -> str:
         """Where layer `layer`'s block puts its norms: delta_norm_position on a delta layer where it is given, else
@@ -833,8 +871,13 @@ class ModelConfig:
                             f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
                             f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
                             f"kernel, and no value embeddings")
-        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1"):
-            raise UserError(f"model.delta_rule={self.delta_rule!r}: one of gated_delta, mamba2, mamba1")
+        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1", "rglru"):
+            raise UserError(f"model.delta_rule={self.delta_rule!r}: one of gated_delta, mamba2, mamba1, rglru")
+        if self.delta_rule == "rglru" and self.delta_layers and (self.delta_key_dim != 1 or self.delta_parallel
+                                                                 or self.delta_heads <= 0 or self.delta_value_dim <= 0):
+            raise UserError(f"model.delta_rule=rglru keeps a state a channel in delta_heads blocks of delta_value_dim "
+                            f"channels: set model.delta_key_dim=1 (got {self.delta_key_dim}), delta_heads and "
+                            f"delta_value_dim > 0, no delta_parallel")
         if self.delta_rule == "gated_delta" and (self.delta_conv_bias or self.delta_proj_bias):
             raise UserError("model.delta_conv_bias and model.delta_proj_bias are Mamba's: they take "
                             "model.delta_rule=mamba2 or mamba1")
@@ -961,6 +1004,24 @@ class ModelConfig:
                             "(model.moe_experts)")
         self._validate_layerwise_attention()
         self._validate_altup()
+        self._validate_bitnet()
+        if (self.attn_key_bias or self.residual_scales) and (self.kv_lora_rank or self.conv_layers or self.delta_layers
+                                                              or self.mixer_free_layers or self.mlp_free_layers
+                                                              or self.norm_position != "pre" or self.parallel_residual
+                                                              or self.attn_softcap or self.attn_sinks
+                                                              or self.pos_emb == "alibi" or self.diff_attention
+                                                              or self.kv_shared_layers):
+            raise UserError("model.attn_key_bias and model.residual_scales are Doge's: pre-norm blocks of sequential "
+                            "sublayers with plain attention on every layer (no kv_lora_rank, conv_layers, "
+                            "delta_layers, attn_softcap, attn_sinks, alibi, diff_attention or kv_shared_layers)")
+        if self.diff_attention and (self.n_head % 2 or self.kv_heads % 2 or self.kv_lora_rank or self.conv_layers
+                                    or self.delta_layers or self.attn_sinks or self.attn_gate != "none"
+                                    or self.kv_shared_layers or self.global_head_size or self.value_embeddings
+                                    or self.dropout):
+            raise UserError(f"model.diff_attention pairs heads and halves the values: it needs an even model.n_head "
+                            f"and n_kv_head (got {self.n_head} and {self.kv_heads}), plain attention on every layer "
+                            f"(no kv_lora_rank, conv_layers, delta_layers, attn_sinks, attn_gate, kv_shared_layers, "
+                            f"global_head_size, value_embeddings) and no dropout")
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
@@ -983,6 +1044,18 @@ class ModelConfig:
                                   or any(not 0 <= s < 1 for s in self.mlp_sparsity) or self.moe_experts):
             raise UserError(f"model.mlp_sparsity needs one value in [0, 1) for each of the {self.n_layer} layers and "
                             f"a dense gated MLP (swiglu or geglu)")
+
+    def _validate_bitnet(self) -> None:
+        if not (self.bitlinear != "off" or self.sub_norms):
+            return
+        what = f"model.bitlinear={self.bitlinear}" if self.bitlinear != "off" else "model.sub_norms"
+        if self.bitlinear != "off" and (self.fused_qkv or (self.gated_mlp and self.fused_mlp)):
+            raise UserError(f"{what} scales each projection's weights by their own mean: set model.fused_qkv=false and "
+                            f"model.fused_mlp=false")
+        if (self.moe_experts or self.conv_layers or self.delta_layers or self.mixer_free_layers or self.mlp_free_layers
+                or self.kv_lora_rank or self.attn_gate != "none" or self.kv_shared_layers or self.mlp == "xielu"):
+            raise UserError(f"{what} is BitNet's: a dense MLP and plain attention on every layer (no moe_experts, "
+                            f"conv_layers, delta_layers, kv_lora_rank, attn_gate, kv_shared_layers or mlp=xielu)")
 
     def _validate_layerwise_attention(self) -> None:
         """Gemma 4's fields: the full-attention layers' own geometry, shared keys and values, per-layer inputs."""
@@ -1442,6 +1515,83 @@ class Attention(nn.Module):
         return (y.view(B, T, self.n_head, self.head_dim) * torch.sigmoid(self.gate(x)).unsqueeze(-1)).view(B, T, -1)
 
 
+class DiffAttention(Attention):
+    """Differential attention (model.diff_attention), as transformers' DiffLlamaAttention computes it: each query head's
+    map once over the values of KV heads [0, KV/2) and once over [KV/2, KV) (each half tiled to KV heads, so query
+    head h reads kv head h // (H/KV) of each tiled half), then heads h and h + H/2 paired: out_h − λ·out_{h + H/2},
+    each 2·D wide (its two outputs side by side), RMS-normed without a weight and times 1 − λ_init. The engine's
+    caches hold k and v as for plain attention and call value_halves and combine (redline/inference/cache.py)."""
+
+    differential = True
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        super().__init__(cfg, value_embedding, layer)
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+        D = self.head_dim
+        self.lambda_q1, self.lambda_k1 = nn.Parameter(torch.zeros(D)), nn.Parameter(torch.zeros(D))
+        self.lambda_q2, self.lambda_k2 = nn.Parameter(torch.zeros(D)), nn.Parameter(torch.zeros(D))
+
+    @torch.no_grad()
+    def reset_lambdas(self) -> None:
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(p, mean=0.0, std=0.1)
+
+    def value_halves(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """v (B, KV, S, D) -> its first and second halves of kv heads, each tiled back to (B, KV, S, D)."""
+        first, second = v.chunk(2, dim=1)
+        return first.repeat(1, 2, 1, 1), second.repeat(1, 2, 1, 1)
+
+    def combine(self, y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs over each value half, (B, T, H*D) each -> the paired, normed output (B, T, H*D)."""
+        B, T, _ = y1.shape
+        H, D = self.n_head, self.head_dim
+        y = torch.cat([y1.view(B, T, H, D), y2.view(B, T, H, D)], dim=-1)  # (B, T, H, 2D)
+        first, second = y.chunk(2, dim=2)  # heads [0, H/2) and [H/2, H): (B, T, H/2, 2D) each
+        dtype = y.dtype
+        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1, dtype=torch.float32)).to(dtype)
+               - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1, dtype=torch.float32)).to(dtype)
+               + self.lambda_init)
+        out = F.rms_norm(first - lam * second, (2 * D,), eps=self.cfg.norm_eps) * (1 - self.lambda_init)
+        return out.reshape(B, T, H * D)
+
+    def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        v1, v2 = self.value_halves(v)
+        return self.combine(super().attend(q, k, v1, attn_mask, is_causal), super().attend(q, k, v2, attn_mask,
+                                                                                          is_causal))
+
+
+class KeyBiasAttention(Attention):
+    """Attention whose every key adds a learned bias of its own to its scores (model.attn_key_bias, Doge's dynamic
+    mask, as transformers' DogeAttention computes it): exp(A · softplus(dt_proj(v))) a KV head and key, v the key's
+    values over all KV heads. The engine's caches hold k and v as for plain attention and read key_bias from the
+    cached values (redline/inference/cache.py)."""
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        super().__init__(cfg, value_embedding, layer)
+        self.dt_proj = nn.Linear(self.n_kv * self.head_dim, self.n_kv, bias=cfg.has_qkv_bias)
+        self.A = nn.Parameter(torch.zeros(self.n_kv))
+
+    def key_bias(self, v: torch.Tensor) -> torch.Tensor:
+        """v (B, KV, S, D), the keys' values -> their biases (B, KV, S)."""
+        B, KV, S, D = v.shape
+        dt = self.dt_proj(v.transpose(1, 2).reshape(B, S, KV * D))  # (B, S, KV)
+        return torch.exp(self.A * F.softplus(dt)).transpose(1, 2)
+
+    def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        """As Attention.attend, the keys' biases in a float mask (B, H, Tq, S): a bias where attn_mask (or causality)
+        allows the key, -inf elsewhere."""
+        Tq, S = q.shape[2], k.shape[2]
+        if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+            raise UserError("model.attn_key_bias puts the keys' biases in a dense mask, which flex attention's block "
+                            "mask is not: set model.doc_attention=sdpa")
+        if attn_mask is None:  # causal, the queries the last Tq of the S positions
+            i = torch.arange(Tq, device=q.device)[:, None] + (S - Tq)
+            attn_mask = i >= torch.arange(S, device=q.device)[None, :]
+        bias = self.key_bias(v).repeat_interleave(self.n_head // self.n_kv, dim=1)[:, :, None, :]  # (B, H, 1, S)
+        mask = torch.where(attn_mask, bias.to(q.dtype), torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
+        return super().attend(q, k, v, mask, is_causal=False)
+
+
 LATENT_NORM_EPS = 1e-6
 """The epsilon of latent attention's q_a_norm and kv_a_norm: DeepSeek's reference code and transformers' DeepseekV2/V3
 Attention build them with the RMSNorm's default 1e-6, apart from the blocks' rms_norm_eps."""
@@ -1832,6 +1982,107 @@ class Mamba1(nn.Module):
         return self.proj(y.to(x.dtype)), u, state[..., None]
 
 
+class _SqrtBoundDerivative(torch.autograd.Function):
+    """sqrt(x), its gradient clipped at 1000 where x nears 0 (transformers' RecurrentGemma SqrtBoundDerivative, from
+    Griffin's reference code): 1 / sqrt(max(4x, 1e-6))."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.sqrt(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / torch.sqrt(torch.clip(4.0 * x, min=1e-6))
+
+
+class RGLRU(nn.Module):
+    """The token mixer of model.delta_layers with delta_rule=rglru (Griffin's recurrent block, De et al. 2024; as
+    transformers' RecurrentGemmaRecurrentBlock runs it): y = gelu_tanh(linear_y(x)); u = linear_x(x) (C -> I) through
+    a causal depthwise convolution (weight (I, kernel), oldest token first, plus conv_bias); the real-gated linear
+    recurrence over it, with input and recurrence gates sigmoid(u_h @ W_h + b_h) block-diagonal in H blocks of I/H
+    channels (input_gate, (H, I/H, I/H), applied as u @ W), log a = −8 · r · softplus(recurrent_param), state
+    h_t = a_t · h_{t−1} + sqrt(1 − a_t²) · i_t · u_t (in fp32; the first token of a sequence or document takes i · u
+    alone, its state reset; computed by recursive doubling, recurrent._linear_scan); then linear_out(h · y). The
+    engine's cache holds u a slot (I channels) and each row's state (H, 1, I/H)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, H, W = cfg.n_embd, cfg.delta_heads, cfg.delta_value_dim
+        I = H * W
+        self.heads, self.width, self.inner = H, W, I
+        # window: the mask key callers look up (and this mixer never reads): the layer's, which the engine's masks
+        # have even where every attention layer is windowed (RecurrentGemma's)
+        self.kernel, self.window = cfg.delta_conv_kernel, cfg.layer_mask(layer)
+        self.linear_y = nn.Linear(C, I, bias=cfg.delta_proj_bias)
+        self.linear_x = nn.Linear(C, I, bias=cfg.delta_proj_bias)
+        self.conv = nn.Parameter(torch.empty(I, self.kernel))
+        self.conv_bias = nn.Parameter(torch.zeros(I)) if cfg.delta_conv_bias else None
+        self.input_gate = nn.Parameter(torch.empty(H, W, W))
+        self.input_gate_bias = nn.Parameter(torch.zeros(H, W))
+        self.recurrent_gate = nn.Parameter(torch.empty(H, W, W))
+        self.recurrent_gate_bias = nn.Parameter(torch.zeros(H, W))
+        self.recurrent_param = nn.Parameter(torch.empty(I))
+        self.proj = nn.Linear(I, C, bias=cfg.delta_proj_bias)
+        self.proj.is_residual_out = True
+
+    @torch.no_grad()
+    def reset_recurrence(self, std: float) -> None:
+        """Griffin's initial values, as transformers' _init_weights draws them: the gates N(0, std), recurrent_param
+        such that softplus(recurrent_param) = −½ ln a², a² uniform in [0.9², 0.999²]."""
+        for w in (self.input_gate, self.recurrent_gate):
+            nn.init.normal_(w, mean=0.0, std=std)
+        a2 = torch.empty_like(self.recurrent_param).uniform_(0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8)
+        self.recurrent_param.copy_(a2.log().mul(0.5).neg().exp().sub(1.0).log())
+
+    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
+        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
+        if cache is not None:
+            return cache.delta(self, x)
+        return self.mix(x, doc_ids=attn_mask)[0]
+
+    def _gate(self, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """sigmoid of u (B, T, I) through the block-diagonal (H, W, W) weight and (H, W) bias -> (B, T, I)."""
+        B, T, _ = u.shape
+        blocks = u.reshape(B, T, self.heads, self.width)
+        return torch.sigmoid(torch.einsum("bthi,hij->bthj", blocks, weight) + bias).reshape(B, T, -1)
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As Mamba1.mix: x (B, T, C) -> (out (B, T, C), u (B, T, I) the convolution's inputs, the final state
+        (B, H, 1, W) fp32); before (B, kernel - 1, I) and state (B, H, 1, W) of the tokens before (None: the
+        sequence starts at x's first token, whose state is reset); doc_ids and valid alike."""
+        B, T, _ = x.shape
+        y = F.gelu(self.linear_y(x), approximate="tanh")
+        u = self.linear_x(x)
+        xs = causal_conv(u, self.conv, before, doc_ids)
+        if self.conv_bias is not None:
+            xs = xs + self.conv_bias
+        i_gate = self._gate(xs, self.input_gate, self.input_gate_bias)
+        r_gate = self._gate(xs, self.recurrent_gate, self.recurrent_gate_bias)
+        log_a = -8.0 * r_gate * F.softplus(self.recurrent_param)  # (B, T, I)
+        a = torch.exp(log_a)
+        reset = torch.zeros(B, T, 1, dtype=torch.bool, device=x.device)
+        if state is None:
+            reset[:, 0] = True
+        if doc_ids is not None:  # each document's first token starts its state afresh
+            reset = reset | (doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T])[..., None]
+        scale = _SqrtBoundDerivative.apply(1 - torch.exp(2 * log_a))
+        normed = xs * i_gate * torch.where(reset, torch.ones_like(scale), scale).to(x.dtype)
+        a = (a * ~reset).float()
+        if valid is not None:  # padding: a = 1 and no input, the state passes these tokens by
+            a = torch.where(valid[..., None], a, torch.ones_like(a))
+            normed = normed * valid[..., None]
+        # h_t = a_t·h_{t−1} + normed_t in fp32 (transformers' _rnn_scan, one token at a time), by recursive doubling
+        # from a zero state, the carried-in state added with the decay since the first token
+        decay, hs = _linear_scan(a, normed.float(), 1)  # (B, T, I) each
+        if state is not None:
+            hs = hs + decay * state.reshape(B, 1, -1).float()
+        last = hs[:, -1].reshape(B, self.heads, 1, self.width)
+        return self.proj(hs.to(x.dtype) * y), u, last
+
+
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
 
 
@@ -1918,6 +2169,8 @@ def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str 
         return F.silu(gate) * up
     if kind == "geglu":
         return F.gelu(gate, approximate=gelu) * up
+    if kind == "relu2_glu":
+        return F.relu(gate).square() * up
     gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
     return (up + 1) * gate * torch.sigmoid(SWIGLU_CLAMPED_ALPHA * gate)
 
@@ -2156,6 +2409,64 @@ class MoE(nn.Module):
         return out.view(shape)
 
 
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x (..., K) with each row rounded to 8 bits by its absolute maximum and scaled back, in fp32 (transformers'
+    ActQuant): round(x · 127 / max|x|) clamped to [-128, 127], times max|x| / 127. The gradient passes straight
+    through (the forward's value is the rounded one exactly: q + (x - x) adds zero)."""
+    xf = x.float()
+    scale = 127 / xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+    q = ((xf * scale).round().clamp(-128, 127) / scale).to(x.dtype)
+    return q.detach() + (x - x.detach())
+
+
+def ternary_weights(w: torch.Tensor) -> torch.Tensor:
+    """w (out, in) rounded to {-1, 0, 1} times its mean absolute value, in fp32 (transformers' WeightQuant, BitNet
+    b1.58's absmean quantization): round(w / mean|w|) clamped to [-1, 1], times mean|w|; the gradient passes straight
+    through."""
+    wf = w.float()
+    scale = 1.0 / wf.abs().mean().clamp(min=1e-5)
+    q = ((wf * scale).round().clamp(-1, 1) / scale).to(w.dtype)
+    return q.detach() + (w - w.detach())
+
+
+class BitLinear(nn.Linear):
+    """A block's projection with BitNet's options (model.bitlinear, model.sub_norms): an RMSNorm on its input
+    (`norm`, or None), then the input's 8-bit rounding and the weights' ternary one where `mode` is online, the
+    input's alone where offline (the weights stored ternary), neither where off. A subclass of nn.Linear, so its
+    `weight` and `bias` keep their names, initialisation and FLOP counts."""
+
+    def __init__(self, linear: nn.Linear, cfg: ModelConfig, norm: bool):
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        self.is_residual_out = getattr(linear, "is_residual_out", False)
+        self.mode = cfg.bitlinear
+        self.norm = make_rmsnorm(cfg, linear.in_features) if norm else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.mode == "off":
+            return F.linear(x, self.weight, self.bias)
+        if self.mode == "offline" and self.training:
+            raise UserError("model.bitlinear=offline holds a packed checkpoint's ternary weights, which transformers "
+                            "does not train either; train a model of model.bitlinear=online (its full-precision "
+                            "weights)")
+        weight = ternary_weights(self.weight) if self.mode == "online" else self.weight
+        return F.linear(int8_activations(x), weight, self.bias)
+
+
+def bitnet_projections(blocks: nn.ModuleList, cfg: ModelConfig) -> None:
+    """Each block's q/k/v, output, gate/up and down projections as BitLinear layers (model.bitlinear), the output
+    projections normed on their input where model.sub_norms (BitNet's sub-norms sit just before o_proj and
+    down_proj)."""
+    for block in blocks:
+        for sub, names in ((block.attn, ("q", "k", "v", "proj")), (block.mlp, ("fc", "up", "proj"))):
+            for name in names:
+                linear = getattr(sub, name, None)
+                if linear is None or (cfg.bitlinear == "off" and name != "proj"):
+                    continue
+                setattr(sub, name, BitLinear(linear, cfg, norm=cfg.sub_norms and name == "proj"))
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -2183,11 +2494,13 @@ class Block(nn.Module):
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
-            self.attn = {"mamba2": Mamba2, "mamba1": Mamba1}.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
+            self.attn = {"mamba2": Mamba2, "mamba1": Mamba1, "rglru": RGLRU}.get(cfg.delta_rule, GatedDeltaNet)(cfg,
+                                                                                                         layer)
         elif layer in cfg.shared_attn_layers:  # Zamba2's: a shared block's call before the mixer in mamba
             self.attn = SharedBlockCall(cfg, layer)
         else:
-            attention = LatentAttention if cfg.kv_lora_rank else Attention
+            attention = (LatentAttention if cfg.kv_lora_rank else DiffAttention if cfg.diff_attention
+                         else KeyBiasAttention if cfg.attn_key_bias else Attention)
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
@@ -2238,6 +2551,9 @@ class Block(nn.Module):
             self.laurel_left = nn.Linear(cfg.n_embd, cfg.laurel_rank, bias=False)
             self.laurel_right = nn.Linear(cfg.laurel_rank, cfg.n_embd, bias=False)
             self.laurel_norm = make_norm(cfg, cfg.n_embd)
+        # residual_scales (Doge's): (C,) each, the stream's scale before the attention's and the MLP's outputs join it
+        self.attn_residual = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_scales else None
+        self.mlp_residual = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_scales else None
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
@@ -2325,7 +2641,7 @@ class Block(nn.Module):
                 h = h + self.mamba(u, None, doc_ids, cache)
             if self.attn_out_norm is not None:
                 h = self.attn_out_norm(h)
-            x = x + self.out(h)
+            x = (x if self.attn_residual is None else self.attn_residual * x) + self.out(h)
         if self.mlp is None:
             return x
         h = self.mlp(self.norm2(x))
@@ -2333,7 +2649,7 @@ class Block(nn.Module):
             h = self.dense_out_norm(h) + self.moe_out_norm(self.moe(x))
         if self.mlp_out_norm is not None:
             h = self.mlp_out_norm(h)
-        return x + self.out(h)
+        return (x if self.mlp_residual is None else self.mlp_residual * x) + self.out(h)
 
 
 def head_output(logits: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
@@ -2393,6 +2709,8 @@ class GPT(nn.Module):
                                            for _ in range(cfg.altup_streams - 1))
         # post-norm blocks end in a norm already; the others need a final one
         self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
+        if cfg.bitlinear != "off" or cfg.sub_norms:
+            bitnet_projections(self.blocks, cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=cfg.head_bias)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -2492,6 +2810,15 @@ class GPT(nn.Module):
                 for weight in (module.dt_norm, module.B_norm, module.C_norm):  # Jamba's norms start at scale 1
                     if weight is not None:
                         nn.init.ones_(weight)
+            elif isinstance(module, RGLRU):  # bare parameters: Griffin's initial values
+                nn.init.normal_(module.conv, mean=0.0, std=std)
+                if module.conv_bias is not None:
+                    nn.init.zeros_(module.conv_bias)
+                module.reset_recurrence(math.sqrt(0.01 / module.width))
+                nn.init.zeros_(module.input_gate_bias)
+                nn.init.zeros_(module.recurrent_gate_bias)
+            elif isinstance(module, DiffAttention):  # λ's vectors: N(0, 0.1), transformers' lambda_std_dev
+                module.reset_lambdas()
             elif isinstance(module, MLP) and module.alpha_p is not None:  # xIELU's scalars
                 module.reset_xielu()
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
@@ -2511,6 +2838,11 @@ class GPT(nn.Module):
                 dt = torch.empty_like(module.dt_proj.bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
                 module.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # (Mamba's time_step_min/max)
         for block in self.blocks:  # value-embedding mixing weights and sinks are bare parameters, not modules
+            for scale in (block.attn_residual, block.mlp_residual):  # residual_scales: the plain stream at init
+                if scale is not None:
+                    scale.fill_(1.0)
+            if isinstance(block.attn, KeyBiasAttention):  # A = 0: every key's bias exp(0) = 1 at init
+                block.attn.A.zero_()
             if block.layer_scalar is not None:
                 block.layer_scalar.fill_(1.0)
             if block.altup_scale is not None:  # AltUp's first corrected stream unscaled into the per-layer gate: 0

@@ -855,6 +855,26 @@ FAMILIES = {
                                    rms_norm_eps=None, expert_selection_fn="sigmoid", norm_topk_prob=False,
                                    shared_expert_combination_strategy="sum", sliding_window_pattern=2,
                                    tie_word_embeddings=False, pad_token_id=None)),
+    # BitNet without a quantization_config (transformers' plain Linear layers): sub-norms before o_proj and
+    # down_proj, the gated ReLU² MLP, GQA, its default RoPE base 500000; tests/test_bitnet.py quantizes it
+    "bitnet": ("BitNetConfig", "BitNetForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                         pad_token_id=None)),
+    # DiffLlama: differential attention over 4 heads and 2 KV heads (each value half one head), three layers (λ_init
+    # by layer), its λ vectors perturbed with the rest; and 8 heads over 4 KV heads with a head width of its own
+    "diffllama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2,
+                                                                 num_hidden_layers=3, pad_token_id=None)),
+    "diffllama-gqa": ("DiffLlamaConfig", "DiffLlamaForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4,
+                                                                     head_dim=16, tie_word_embeddings=True,
+                                                                     pad_token_id=None)),
+    # RecurrentGemma: recurrent, recurrent, attention layers (an RG-LRU in 4 gate blocks; local attention over a
+    # window shorter than the test sequences, multi-query, RoPE on half of each head), its logits soft-capped, tied
+    "recurrent_gemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=3,
+                             attention_window_size=6, logits_soft_cap=3.0, pad_token_id=None)),
+    # Doge: dynamic mask attention (its A and dt_proj perturbed so that the keys' biases differ), QK-norm, GQA,
+    # residual scales, biases on every Linear layer, a context at its keep_window_size (24, above the test sequences)
+    "doge": ("DogeConfig", "DogeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, keep_window_size=24,
+                                                   attention_bias=True, mlp_bias=True, pad_token_id=None)),
 }
 # multimodal folders whose text model redline reads: compared with that model alone (Llama 4's forward with its
 # vision tower fails on text alone in transformers 5.24: its output class lacks image_outputs)

@@ -139,7 +139,9 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("solar_open", "Solar Open"), ("hy_v3", "dots.llm1"),
                                         ("jais2", "Jais 2"), ("hyperclovax", "HyperCLOVA X"),
                                         ("persimmon", "Persimmon"), ("lara_mini", "Lara Mini"),
-                                        ("zamba2-gqa", "Zamba2")])
+                                        ("zamba2-gqa", "Zamba2"), ("bitnet", "BitNet"),
+                                        ("diffllama", "DiffLlama"), ("recurrent_gemma", "RecurrentGemma"),
+                                        ("doge", "Doge")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -164,6 +166,8 @@ def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
 
 
 REDLINE_EXPORTS = {
+    "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
+    "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
     "GPT2LMHeadModel-nobias": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=False),
@@ -743,26 +747,18 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, axk1, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, cwm, "
-                         "deepseek_v2, deepseek_v3, deepseek_v32, dots1, "
-                         "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
-                         "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma3n, "
-                         "gemma3n_text, gemma4, gemma4_text, "
-                         "glm, glm4, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, "
-                         "gpt_neox, "
-                         "gpt_oss, gptj, granite, granite_swa, granitemoe, granitemoe_swa, "
-                         "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3, hyperclovax, "
-                         "jais2, jamba, lara_mini, "
-                         "lfm2, "
-                         "lfm2_moe, lfm3, "
-                         "llama, llama4, llama4_text, "
-                         "mamba, mamba2, mimo_v2_flash, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, nanochat, "
-                         "nemotron, nemotron_h, olmo, olmo2, olmo3, "
-                         "olmo_hybrid, olmoe, "
-                         "opt, persimmon, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
-                         "qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, seed_oss, smollm3, solar_open, stablelm, starcoder2, vaultgemma, xglm, "
-                         "youtu, zamba2")
+                         "redline imports apertus, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "cwm, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone,"
+                         " exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, "
+                         "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
+                         "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
+                         "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
+                         " hyperclovax, jais2, jamba, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
+                         "mamba2, mimo_v2_flash, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, "
+                         "nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon, phi, phi3, "
+                         "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
+                         "qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, stablelm, starcoder2, "
+                         "vaultgemma, xglm, youtu, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),

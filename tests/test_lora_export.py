@@ -28,6 +28,17 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True),  # q/k/v, out_proj, fc1, fc2
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2),  # Llama's names, layer 1 without RoPE
     "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.5, logit_divisor=2.0, n_kv_head=2),
+    # BitNet's sub-norms and gated ReLU² MLP (its output projections, normed on their input, are no plain Linear)
+    "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", fused_qkv=False, fused_mlp=False, n_kv_head=2),
+    "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2),  # Llama's names, differential attention
+    # RecurrentGemma: an RG-LRU layer (linear_x, linear_y, linear_out adapted) and a local attention layer
+    "RecurrentGemmaForCausalLM": dict(delta_layers=(0,), delta_rule="rglru", delta_heads=4, delta_key_heads=1,
+                                      delta_key_dim=1, delta_value_dim=16, delta_conv_bias=True, delta_proj_bias=True,
+                                      bias=True, qkv_bias=False, norm_unit_offset=True, mlp="geglu", rope_dims=8,
+                                      sliding_window=6, n_kv_head=1, logit_softcap=3.0, tie_embeddings=True,
+                                      embed_multiplier=8.0),
+    # Doge: Llama's names with its dynamic mask's dt_proj adapted too, QK-norm, residual scales
+    "DogeForCausalLM": dict(qk_norm=True, attn_key_bias=True, residual_scales=True, n_kv_head=2),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight
@@ -255,6 +266,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP
 TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
+           "BitNetForCausalLM": ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.up"),
            # the Mamba-2 mixer's in_proj too (PEFT refuses its out_proj: test_export_refusals_are_one_line)
            "FalconH1ForCausalLM": ("attn.*", "mlp.*", "mamba.in_proj"),
            # PEFT adapts no Mamba-2 out_proj in these two (their attn.proj; Nemotron-H's attention o_proj goes too)

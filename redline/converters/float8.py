@@ -99,11 +99,16 @@ def resolve_mode(mode: str, recipe: str, device: torch.device, say: Callable[[st
 
 
 def candidate_linears(model: nn.Module, recipe: str = "tensorwise") -> dict[str, nn.Linear]:
-    """Linear layers whose in/out sizes FP8 GEMMs accept (multiples of 16; 32 for mxfp8's blocks), by name."""
+    """Linear layers whose in/out sizes FP8 GEMMs accept (multiples of 16; 32 for mxfp8's blocks), by name; never
+    BitNet's projections (model.bitlinear, sub_norms), whose forward rounds and norms of its own an FP8 layer would
+    drop."""
+    from redline.model import BitLinear
+
     multiple = 32 if recipe == "mxfp8" else 16
     return {
         name: mod for name, mod in model.named_modules()
-        if isinstance(mod, nn.Linear) and mod.in_features % multiple == 0 and mod.out_features % multiple == 0
+        if isinstance(mod, nn.Linear) and not isinstance(mod, BitLinear) and mod.in_features % multiple == 0
+        and mod.out_features % multiple == 0
     }
 
 

@@ -307,6 +307,13 @@ class LoRAConverter:
     def convert(self, model: nn.Module) -> None:
         raw = getattr(model, "_orig_mod", model)
         linears = {n: m for n, m in raw.named_modules() if type(m) is nn.Linear}
+        from redline.model import BitLinear
+
+        bitnet = [n for n, m in raw.named_modules() if isinstance(m, BitLinear) and matches(n, self.targets)]
+        if bitnet:  # an adapter beside it would see neither its norm nor its rounding
+            raise UserError(f"lora.targets match {bitnet[0]}, a BitNet projection (model.bitlinear, model.sub_norms: "
+                            f"its input normed or rounded inside it), which takes no adapter; target the plain Linear "
+                            f"layers alone")
         chosen = [n for n in linears if matches(n, self.targets)]
         if not chosen:
             some = ", ".join(list(linears)[:4])

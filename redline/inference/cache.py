@@ -286,7 +286,9 @@ class PrefillLayer:
             S, T = k.shape[2], q.shape[2]  # (1, H, T, S) fp32 (alibi_mask's cost), S = start + T
             slots = torch.arange(S, device=q.device)
             mask = alibi_mask(attn.n_head, slots[S - T:], slots, self.mask)[None].to(q.dtype)
-        elif self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None:  # SDPA takes neither
+        elif (self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None
+              or getattr(attn, "differential", False)  # SDPA takes neither (DiffAttention.attend: two calls)
+              or hasattr(attn, "key_bias")):  # KeyBiasAttention.attend: the keys' biases in its mask
             return attn.attend(q, k, v, self.mask, is_causal=self.mask is None)
         if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
             k = k.repeat_interleave(attn.n_head // attn.n_kv, dim=1)
@@ -326,11 +328,13 @@ class PrefillLayer:
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
                      scale: float | None = None, softcap: float = 0.0,
-                     sinks: torch.Tensor | None = None, alibi_slot: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, alibi_slot: torch.Tensor | None = None,
+                     key_bias: torch.Tensor | None = None) -> torch.Tensor:
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool; scale: the
     scores' (None: 1 / sqrt(D)); sinks: None or the heads' sink logits (H,), each one more term exp(sink) in its
     head's softmax denominator (model.attn_sinks); alibi_slot: None or each row's query slot (B,) (model.pos_emb=
-    alibi: head h's scores plus -m_h·(slot - j) for slot j, a slot being a position) -> (B, 1, H*D). The H/KV query
+    alibi: head h's scores plus -m_h·(slot - j) for slot j, a slot being a position); key_bias: None or each kv
+    head's keys' biases (B, KV, W) added to their scores (model.attn_key_bias) -> (B, 1, H*D). The H/KV query
     heads of a kv head are laid out as H/KV query rows of that head, so the cache is read once per kv head and never
     expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa): (B, KV, H/KV, D) @ (B, KV, D, W) ->
     masked fp32 softmax -> @ (B, KV, W, D)."""
@@ -345,6 +349,8 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         dist = alibi_slot[:, None] - torch.arange(scores.shape[-1], device=scores.device)  # (B, W)
         slopes = alibi_slopes(H, scores.device).view(1, KV, H // KV, 1)
         scores = scores - slopes * dist[:, None, None, :].to(scores.dtype)
+    if key_bias is not None:  # model.attn_key_bias: (B, KV, W), each kv head's keys' own bias
+        scores = scores + key_bias[:, :, None, :].to(scores.dtype)
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is None:
         probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
@@ -442,6 +448,13 @@ class DecodeLayer:
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
         alibi = self.slot if attn.cfg.pos_emb == "alibi" else None
+        if hasattr(attn, "key_bias"):  # model.attn_key_bias: each cached key's bias from its cached values
+            return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks, alibi,
+                                    key_bias=attn.key_bias(values))
+        if getattr(attn, "differential", False):  # model.diff_attention: the map over each half of the values
+            return attn.combine(*(cached_attention(q, keys, half, self.mask, attn.scale, attn.cfg.attn_softcap,
+                                                   attn.sinks, alibi).view(q.shape[0], 1, -1)
+                                  for half in attn.value_halves(values)))
         return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks, alibi)
 
     def convolve(self, conv, x: torch.Tensor) -> torch.Tensor:

@@ -155,6 +155,8 @@ def _delta_width(cfg) -> int:
     and v, Mamba-2's x, B and C, Mamba-1's x alone (delta_heads channels)."""
     if cfg.delta_rule == "mamba1":
         return cfg.delta_heads
+    if cfg.delta_rule == "rglru":  # Griffin's: its linear_x output, delta_heads blocks of delta_value_dim
+        return cfg.delta_heads * cfg.delta_value_dim
     return 2 * cfg.delta_key_heads * cfg.delta_key_dim + cfg.delta_heads * cfg.delta_value_dim
 
 

@@ -121,6 +121,12 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if layerwise_attention(cfg):
         return (f"decode_attention triton has no {layerwise_attention(cfg)} (Gemma 4's layers); use decode_attention "
                 f"matmul (or auto)")
+    if getattr(cfg, "attn_key_bias", False):
+        return ("decode_attention triton adds no key biases to its scores (model.attn_key_bias); use decode_attention "
+                "matmul (or auto)")
+    if getattr(cfg, "diff_attention", False):
+        return ("decode_attention triton has no differential attention (model.diff_attention); use decode_attention "
+                "matmul (or auto)")
     if getattr(cfg, "attn_softcap", 0):
         return ("decode_attention triton has no soft-cap of the scores (model.attn_softcap); use decode_attention "
                 "matmul (or auto)")

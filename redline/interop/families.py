@@ -257,6 +257,7 @@ def _families() -> dict[str, Family]:
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2,
                                  zamba2)
     from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal, persimmon, xglm
+    from redline.interop import bitnet, diffllama, doge, recurrent_gemma
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -283,7 +284,7 @@ def _families() -> dict[str, Family]:
                                 *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
                                 llama.CWM_FAMILY, glm.SOLAR_OPEN_FAMILY, dots1.HY_V3_FAMILY, llama.JAIS2_FAMILY,
                                 granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY, lara_mini.FAMILY,
-                                zamba2.FAMILY)}
+                                zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -359,6 +360,8 @@ def export_family(cfg: ModelConfig) -> Family:
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
+    BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
+    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), Solar Open with sigmoid scores and an ungated shared
     expert on every layer of Llama's attention (no QK-norm, whole heads), dots.llm1 with sigmoid scores
@@ -401,6 +404,26 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
                         f"to) has no value-embedding gates, smear, per-layer scalars or backout; run the model with "
                         f"redline generate, chat or serve instead")
+    from redline.interop import bitnet
+
+    if bitnet.wants_bitnet(cfg):  # sub-norms, ternary projections, the gated ReLU² MLP: BitNet's alone
+        bitnet.check_exportable(cfg)
+        return families["bitnet"]
+    from redline.interop import recurrent_gemma
+
+    if recurrent_gemma.wants_recurrent_gemma(cfg):  # Griffin's RG-LRU layers: RecurrentGemma's alone
+        recurrent_gemma.check_exportable(cfg)
+        return families["recurrent_gemma"]
+    from redline.interop import doge
+
+    if doge.wants_doge(cfg):  # key biases from the values and residual scales: Doge's alone
+        doge.check_exportable(cfg)
+        return families["doge"]
+    if cfg.diff_attention:  # differential attention: DiffLlama's alone
+        from redline.interop import diffllama
+
+        diffllama.check_exportable(cfg)
+        return families["diffllama"]
     if cfg.attn_sinks_windowed:  # sinks on the windowed layers alone: MiMo-V2-Flash's (mimo.py)
         from redline.interop import mimo
 

@@ -1086,6 +1086,12 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 
 # families redline writes no GGUF for: (their name, why)
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
+               "diffllama": ("DiffLlama", "llama.cpp has no differential attention"),
+               "doge": ("Doge", "llama.cpp has no dynamic mask attention"),
+               "recurrent_gemma": ("RecurrentGemma", "no writer here for llama.cpp's recurrent-gemma layout "
+                                                     "(RG-LRU layers beside local attention)"),
+               "bitnet": ("BitNet", "no writer here for llama.cpp's bitnet layout (sub-norms, ternary weights as "
+                                    "TQ1_0/TQ2_0 with their scales)"),
                "gpt_neo": ("GPT-Neo", "no GGUF architecture here with its local layers and unscaled scores"),
                # gguf's MODEL_TENSORS[GPTJ] names tensors, but llama.cpp's converter registers no GPTJForCausalLM
                # (nor CodeGen) and its gptj is an architecture name with no hyperparameters, tensors or graph loaded

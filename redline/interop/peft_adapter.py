@@ -202,6 +202,22 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             return [(base + names[rest], slice(0, out_features))]
         if rest != "attn.qkv":
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+    if family.name == "doge" and rest == "attn.dt_proj":  # the dynamic mask's projection; the rest Llama's
+        return [(base + "self_attn.dt_proj", slice(0, out_features))]
+    if family.name == "recurrent_gemma":  # recurrent_gemma.py's names: temporal_block.*, mlp_block.*
+        t = base + "temporal_block."
+        if rest == "attn.qkv":
+            q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+            return [(t + "q_proj", slice(0, q)), (t + "k_proj", slice(q, q + kv)),
+                    (t + "v_proj", slice(q + kv, q + 2 * kv))]
+        if rest == "mlp.fc":
+            return _gate_up(base + "mlp_block.", out_features)
+        names = {"attn.proj": t + ("linear_out" if int(i) in cfg.delta_layers else "o_proj"),
+                 "attn.linear_x": t + "linear_x", "attn.linear_y": t + "linear_y",
+                 "mlp.proj": base + "mlp_block.down_proj"}
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(names[rest], slice(0, out_features))]
     if family.name in ("mamba", "falcon_mamba"):  # mamba.py's names: each layer a Mamba-1 mixer alone, mixer.*
         if rest == "attn.proj":
             raise UserError(f"the adapter on {layer} is on a Mamba-1 layer's out_proj, which PEFT refuses to adapt in "

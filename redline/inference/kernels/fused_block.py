@@ -50,6 +50,11 @@ FIELDS_ACCOUNTED = {
     "conv_kernel": "refused with conv_layers",
     "mlp_free_layers": "refused: the block is five kernels, attention then the MLP",
     "mixer_free_layers": "refused: the block is five kernels, attention then the MLP",
+    "bitlinear": "refused: the product kernels multiply by the stored weights, unrounded inputs",
+    "sub_norms": "refused: no norm before the output projections",
+    "diff_attention": "refused: the attention kernel computes one map over the values",
+    "attn_key_bias": "refused: the attention kernel adds no key biases",
+    "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
     "delta_dt_min": "refused with delta_layers",
     "delta_parallel": "refused with delta_layers", "delta_gate_norm": "refused with delta_layers",
     "shared_attn_layers": "refused with delta_layers (its callers are Mamba-2 layers)",
@@ -151,6 +156,14 @@ def unsupported(cfg) -> str | None:
 
     if gemma4 := layerwise_attention(cfg):
         return f"decode_linear triton runs none of Gemma 4's layer options ({gemma4})"
+    if getattr(cfg, "diff_attention", False):
+        return "decode_linear triton hands the attention kernel plain heads (model.diff_attention)"
+    if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
+        return ("decode_linear triton adds no key biases and scales no residual stream (model.attn_key_bias, "
+                "model.residual_scales)")
+    if getattr(cfg, "bitlinear", "off") != "off" or getattr(cfg, "sub_norms", False):
+        return ("decode_linear triton multiplies by the stored weights with no norm before the output projections "
+                "(model.bitlinear, model.sub_norms)")
     if cfg.norm_position != "pre":
         return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
     if not cfg.fused_qkv:
