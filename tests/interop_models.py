@@ -553,6 +553,27 @@ FAMILIES = {
                      dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=24,
                           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, sliding_window=5,
                           max_window_layers=1, tie_word_embeddings=True, pad_token_id=None)),
+    # MiniMax-M2: QK-norm over the whole q and k projections, RoPE on 8 of each head's 16 dimensions, top 2 of 4
+    # sigmoid-scored experts chosen with the routing bias and rescaled; untied
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+                        num_local_experts=4, num_experts_per_tok=2, rotary_dim=8, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # PhiMoE as Phi-3.5-MoE is laid out: LayerNorms with biases, biases on q/k/v/o and the head, LongRoPE (short
+    # factors, the tables times short_mscale) up to an original context past the test sequences, SparseMixer's top 2
+    # of 4 with a threshold wide enough (router_jitter_noise 0.5) that some second choices weigh several experts;
+    # and unscaled RoPE, no biases, a window shorter than the test sequences, tied
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, num_local_experts=4,
+                    attention_bias=True, lm_head_bias=True, router_jitter_noise=0.5, input_jitter_noise=0.01,
+                    pad_token_id=None, rope_parameters={
+                        "rope_type": "longrope", "rope_theta": 500.0, "short_factor": [1.0 + 0.2 * i for i in range(8)],
+                        "long_factor": [2.0 + 0.1 * i for i in range(8)], "short_mscale": 1.2, "long_mscale": 1.3,
+                        "original_max_position_embeddings": 32})),
+    "phimoe-plain": ("PhimoeConfig", "PhimoeForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=32, num_local_experts=4,
+                          sliding_window=5, tie_word_embeddings=True, pad_token_id=None,
+                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # Nemotron-H with expert layers (Nemotron 3 Nano's E): ME*-E, 8 ReLU² experts 32 wide in 2 groups (top 2 from the
     # best group), routing bias, scores renormalised and scaled by 2.5, a shared expert 48 wide; the "-" layer's MLP
     # intermediate_size (96) wide

@@ -112,7 +112,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
-                                        ("granitemoe_swa", "GraniteMoeSWA")])
+                                        ("granitemoe_swa", "GraniteMoeSWA"), ("phimoe", "PhiMoE")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -304,6 +304,20 @@ REDLINE_EXPORTS = {
                              moe_topk_groups=2, mlp_hidden=16, moe_dense_layers=1, moe_dense_hidden=80,
                              moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20, moe_scale=1.5,
                              moe_shared_hidden=32, moe_shared_gate=False, sliding_window=5, window_layers=(2,)),
+    # MiniMax-M2: QK-norm over whole projections, a quarter of each head rotated, top 2 of 4 sigmoid-scored experts
+    # chosen with a routing bias and rescaled with no epsilon
+    "MiniMaxM2ForCausalLM": dict(qk_norm=True, qk_norm_scope="all", rope_dims=4, n_kv_head=2, moe_experts=4,
+                                 moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                                 moe_norm_eps=0.0),
+    # PhiMoE: SparseMixer's top 2 of 4 (a threshold some second choices share), LayerNorms and attention with biases,
+    # a head bias, LongRoPE's short factors and table scale; and biases on q/k/v alone (zeros on o_proj), LayerNorms
+    # without biases (zeros), a window, unscaled RoPE
+    "PhimoeForCausalLM": dict(norm="layernorm", bias=True, head_bias=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                              mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3,
+                              rope_scaling="longrope", rope_pair_factors=(1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4),
+                              rope_original_context=64, rope_factor=4.0, rope_attention_factor=1.2),
+    "PhimoeForCausalLM-plain": dict(norm="layernorm", norm_bias=False, qkv_bias=True, moe_experts=4, moe_top_k=2,
+                                    mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, sliding_window=5),
     "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
                                   tie_embeddings=True),
     "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
@@ -566,6 +580,18 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
      "model.rope_dims=4: Falcon"),
     (dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, head_size=16),
      "model.head_size=16: Falcon"),
+    # MiniMax-M2: sigmoid-scored experts with QK-norm over whole projections; what else it lacks, by name
+    (dict(qk_norm=True, qk_norm_scope="all", moe_experts=4, moe_gating="sigmoid", moe_shared_hidden=32,
+          moe_shared_gate=False), "model.moe_shared_hidden with sigmoid-scored experts with QK-norm over whole "
+                                  "projections: MiniMax-M2"),
+    (dict(qk_norm=True, qk_norm_scope="all", moe_experts=4, moe_gating="sigmoid", moe_norm_eps=1e-6),
+     "moe_norm_eps=1e-06: sigmoid-scored experts with QK-norm over whole projections: MiniMax-M2"),
+    (dict(qk_norm=True, qk_norm_scope="all", moe_experts=4, moe_gating="sigmoid", moe_norm_eps=0.0, moe_scale=2.0),
+     "model.moe_scale=2.0, moe_groups=1: sigmoid-scored"),
+    # PhiMoE: SparseMixer routing; what else it lacks, by name
+    (dict(moe_experts=4, moe_gating="sparsemixer", moe_norm_topk=False), "model.norm=rmsnorm"),
+    (dict(norm="layernorm", moe_experts=4, moe_gating="sparsemixer", moe_norm_topk=False, qk_norm=True),
+     "model.qk_norm with SparseMixer routing"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -668,10 +694,10 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, jamba, lfm2, "
                          "lfm2_moe, lfm3, "
                          "llama, llama4, llama4_text, "
-                         "mamba, mamba2, minicpm3, ministral, ministral3, mistral, mistral3, mixtral, mpt, nanochat, "
+                         "mamba, mamba2, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mixtral, mpt, nanochat, "
                          "nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, "
-                         "opt, phi, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
+                         "opt, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, "
                          "qwen3_next, qwen3_vl, seed_oss, smollm3, stablelm, starcoder2, vaultgemma")
 

@@ -126,6 +126,14 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                          moe_layers=(3,), moe_dense_hidden=48, moe_groups=2,
                                          moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                          moe_shared_hidden=48, moe_shared_gate=False),
+    # PhiMoE: Llama's attention names with biases, LayerNorms, SparseMixer's experts (not adapted)
+    "PhimoeForCausalLM": dict(norm="layernorm", bias=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
+                              moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3),
+    # MiniMax-M2: Llama's attention names (q/k/v apart, o_proj) beside whole-projection QK-norm, partial RoPE and
+    # sigmoid-scored experts (not adapted: no Linear layers in transformers)
+    "MiniMaxM2ForCausalLM": dict(qk_norm=True, qk_norm_scope="all", rope_dims=4, n_kv_head=2, moe_experts=4,
+                                 moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                                 moe_norm_eps=0.0),
     "Dots1ForCausalLM": dict(qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1,
                              moe_dense_hidden=48, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                              moe_shared_hidden=32, moe_shared_gate=False),  # Llama's names, attention alone
@@ -230,7 +238,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "FlexOlmoForCausalLM": ("attn.*",), "ExaoneMoeForCausalLM": ("attn.*",),
            "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
-           "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",)}
+           "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
+           "MiniMaxM2ForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

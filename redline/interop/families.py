@@ -26,7 +26,9 @@ Jamba (Mamba-1 mixers with weighted dt, B and C norms and attention without posi
 a mixture of experts on some layers); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
 attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
-GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
+GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts);
+minimax_m2.py MiniMax-M2 (Mixtral's names, QK-norm over whole projections, partial RoPE, sigmoid routing with a
+bias); phimoe.py PhiMoE (Mixtral's names, LayerNorms and attention with biases, SparseMixer routing, LongRoPE).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
 MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
@@ -244,7 +246,7 @@ def _families() -> dict[str, Family]:
                                  gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus, minicpm3, multimodal
+    from redline.interop import apertus, minicpm3, minimax_m2, multimodal, phimoe
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -265,7 +267,8 @@ def _families() -> dict[str, Family]:
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
-                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families())}
+                                dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, minimax_m2.FAMILY,
+                                phimoe.FAMILY, *multimodal.families())}
 
 
 def supported_names() -> list[str]:
@@ -315,8 +318,8 @@ def export_family(cfg: ModelConfig) -> Family:
     sublayers, RoPE, GELU and no q/k/v biases, OLMo 2 with
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
     outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
-    Gemma 2's window, score scale or caps besides), GLM-4-MoE with sigmoid-scored experts and partial RoPE (the one
-    export of grouped routing), GLM-4 with plain RMSNorms on the sublayers' inputs and outputs and partial RoPE, GLM
+    Gemma 2's window, score scale or caps besides), PhiMoE with SparseMixer routing, MiniMax-M2 with sigmoid-scored experts and QK-norm over whole
+    projections, GLM-4-MoE with sigmoid-scored experts and partial RoPE (the one export of grouped routing), GLM-4 with plain RMSNorms on the sublayers' inputs and outputs and partial RoPE, GLM
     with Llama's block, partial RoPE and q/k/v biases, Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
     with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, Falcon with two LayerNorms for parallel
     sublayers, GQA or multi-query attention and GELU, StarCoder2 with RoPE, LayerNorm and
@@ -372,6 +375,14 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import deepseek
 
         return families[deepseek.export_name(cfg)]
+    from redline.interop import minimax_m2, phimoe
+
+    if phimoe.wants_phimoe(cfg):  # SparseMixer routing: PhiMoE's alone
+        phimoe.check_exportable(cfg)
+        return families["phimoe"]
+    if minimax_m2.wants_minimax_m2(cfg):  # sigmoid-scored experts with QK-norm over whole projections: MiniMax-M2's
+        minimax_m2.check_exportable(cfg)
+        return families["minimax_m2"]
     if glm.wants_glm4_moe(cfg):  # sigmoid-scored experts beside attention with partial RoPE: GLM-4-MoE's alone
         glm.check_glm4_moe_exportable(cfg)
         return families["glm4_moe"]
