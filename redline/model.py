@@ -321,8 +321,9 @@ class ModelConfig:
     """Mixture of experts with moe_gating=sparsemixer: the relative distance 2·eps below a chosen expert's logit past
     which an expert leaves that choice's softmax (PhiMoE's router_jitter_noise)."""
     moe_input_jitter: float = 0.0
-    """Mixture of experts with moe_gating=sparsemixer, training: the mixture's input times uniform noise in
-    [1 - eps, 1 + eps], twice (PhiMoE's input_jitter_noise, which its block and its router both apply); 0 = none."""
+    """Mixture of experts, training: the mixture's input (router's and experts') times uniform noise in
+    [1 - eps, 1 + eps] (DBRX's moe_jitter_eps); with moe_gating=sparsemixer twice (PhiMoE's input_jitter_noise,
+    which its block and its router both apply); 0 = none."""
     moe_expert_bias: bool = False
     """Mixture of experts: a per-expert bias added to the scores to choose the top k (not to weight them): LFM2-MoE's
     and DeepSeek-V3's expert_bias, a buffer (no gradient reaches it): imported with the model, and moved toward an
@@ -404,6 +405,8 @@ class ModelConfig:
     """Biases in the Linear layers (and LayerNorm)."""
     qkv_bias: bool | None = None
     """Biases in the q/k/v projections alone (Qwen2's layout). None: as `bias`."""
+    qkv_clip: float = 0.0
+    """Clamp every q, k and v projection output to ±this before QK-norm and RoPE (DBRX's clip_qkv); 0 = none."""
     logit_softcap: float = 0.0
     """Cap the output logits smoothly at ±this (softcap · tanh(logits / softcap), as Gemma 2 and modded-nanogpt do);
     0 = off."""
@@ -875,10 +878,15 @@ class ModelConfig:
                 or self.moe_scale != 1.0 or self.moe_weight_input or self.moe_aux_loss or self.moe_beside_dense):
             raise UserError("model.moe_gating=sparsemixer takes moe_top_k=2 and moe_norm_topk=false, with no expert "
                             "bias, groups, weight scale, input weighting, load-balancing loss or moe_beside_dense")
-        if self.moe_jitter_eps < 0 or self.moe_input_jitter < 0 or (
-                (self.moe_jitter_eps or self.moe_input_jitter) and self.moe_gating != "sparsemixer"):
-            raise UserError(f"model.moe_jitter_eps={self.moe_jitter_eps} and moe_input_jitter="
-                            f"{self.moe_input_jitter} are >= 0 and need model.moe_gating=sparsemixer")
+        if self.moe_jitter_eps < 0 or (self.moe_jitter_eps and self.moe_gating != "sparsemixer"):
+            raise UserError(f"model.moe_jitter_eps={self.moe_jitter_eps} must be >= 0 and needs "
+                            f"model.moe_gating=sparsemixer")
+        if not 0 <= self.moe_input_jitter < 1 or (self.moe_input_jitter and not self.moe_experts):
+            raise UserError(f"model.moe_input_jitter={self.moe_input_jitter} must be in [0, 1) and needs experts "
+                            f"(model.moe_experts)")
+        if self.qkv_clip < 0 or (self.qkv_clip and self.kv_lora_rank):
+            raise UserError(f"model.qkv_clip={self.qkv_clip} must be >= 0 and takes q/k/v projections (no "
+                            f"model.kv_lora_rank)")
         if self.moe_bias and (not self.moe_experts or self.moe_shared_hidden or self.moe_dense_layers):
             raise UserError("model.moe_bias needs experts (model.moe_experts) and is not implemented with "
                             "model.moe_shared_hidden or moe_dense_layers")
@@ -1232,14 +1240,17 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor):
         """x: (B, T, C) -> q (B, T, H*D), k and v (B, T, KV*D): the projections alone, before QK-norm and RoPE; k and
         v None on a layer that reads another's (kv_source), v k's projection where values_from_keys."""
+        clip = self.cfg.qkv_clip  # DBRX's clip_qkv: every projection output clamped, as DbrxAttention does
         if self.cfg.fused_qkv:
-            return self.qkv(x).split(
+            qkv = self.qkv(x)
+            return (qkv.clamp(-clip, clip) if clip else qkv).split(
                 [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
             )
         if self.k is None:
-            return self.q(x), None, None
-        k = self.k(x)
-        return self.q(x), k, k if self.v is None else self.v(x)
+            return self.q(x).clamp(-clip, clip) if clip else self.q(x), None, None
+        q, k = self.q(x), self.k(x)
+        v = k if self.v is None else self.v(x)
+        return tuple(t.clamp(-clip, clip) for t in (q, k, v)) if clip else (q, k, v)
 
     def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                     ve: torch.Tensor | None = None):
@@ -1910,8 +1921,8 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, E, k = x.shape, self.fc.shape[0], self.top_k
         x = x.reshape(-1, shape[-1])  # (N, C)
-        if self.input_jitter and self.training:  # PhiMoE's block and then its router scale the input in place
-            for _ in range(2):
+        if self.input_jitter and self.training:  # DBRX's router scales the input in place; PhiMoE's block and then
+            for _ in range(2 if self.sparsemixer else 1):  # its router do
                 x = x * torch.empty_like(x).uniform_(1.0 - self.input_jitter, 1.0 + self.input_jitter)
         if self.input_norm is None:
             logits = self.router(x)

@@ -112,7 +112,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dots1", "dots.llm1"), ("glm4_moe_lite", "DeepSeek-V3"),
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
-                                        ("granitemoe_swa", "GraniteMoeSWA"), ("phimoe", "PhiMoE")])
+                                        ("granitemoe_swa", "GraniteMoeSWA"), ("phimoe", "PhiMoE"),
+                                        ("dbrx", "DBRX")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -318,6 +319,12 @@ REDLINE_EXPORTS = {
                               rope_original_context=64, rope_factor=4.0, rope_attention_factor=1.2),
     "PhimoeForCausalLM-plain": dict(norm="layernorm", norm_bias=False, qkv_bias=True, moe_experts=4, moe_top_k=2,
                                     mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, sliding_window=5),
+    # DBRX: q/k/v clamped, LayerNorms without biases, top 2 of 4 experts rescaled, GQA; and no clamp (written as a
+    # bound past every float), top 1 of 3 not rescaled
+    "DbrxForCausalLM": dict(norm="layernorm", norm_bias=False, qkv_clip=0.2, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                            mlp_hidden=16),
+    "DbrxForCausalLM-noclip": dict(norm="layernorm", norm_bias=False, moe_experts=3, moe_top_k=1, moe_norm_topk=False,
+                                   mlp_hidden=16, rope_theta=500.0),
     "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
                                   tie_embeddings=True),
     "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
@@ -592,6 +599,11 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(moe_experts=4, moe_gating="sparsemixer", moe_norm_topk=False), "model.norm=rmsnorm"),
     (dict(norm="layernorm", moe_experts=4, moe_gating="sparsemixer", moe_norm_topk=False, qk_norm=True),
      "model.qk_norm with SparseMixer routing"),
+    # DBRX: clamped q/k/v, or softmax-routed experts with LayerNorm; what else it lacks, by name
+    (dict(qkv_clip=1.0), "model.qkv_clip: DBRX, the architecture with it, has experts on every layer"),
+    (dict(qkv_clip=1.0, moe_experts=4, sliding_window=8), "model.sliding_window with model.qkv_clip: DBRX"),
+    (dict(norm="layernorm", moe_experts=4, norm_bias=True), "model.norm_bias with softmax-routed experts with "
+                                                            "LayerNorm: DBRX"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -683,7 +695,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, deepseek_v2, "
+                         "redline imports apertus, arcee, bamba, bloom, codegen, cohere, cohere2, cohere2_moe, dbrx, deepseek_v2, "
                          "deepseek_v3, dots1, "
                          "ernie4_5, ernie4_5_moe, exaone, exaone4, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, gemma3_text, gemma4, "

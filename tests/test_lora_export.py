@@ -126,6 +126,9 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                          moe_layers=(3,), moe_dense_hidden=48, moe_groups=2,
                                          moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                          moe_shared_hidden=48, moe_shared_gate=False),
+    # DBRX: Wqkv (redline's qkv as it is) and out_proj under norm_attn_norm.attn, the router's ffn.router.layer
+    "DbrxForCausalLM": dict(norm="layernorm", norm_bias=False, qkv_clip=0.5, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                            mlp_hidden=16),
     # PhiMoE: Llama's attention names with biases, LayerNorms, SparseMixer's experts (not adapted)
     "PhimoeForCausalLM": dict(norm="layernorm", bias=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
                               moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3),
@@ -239,7 +242,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
-           "MiniMaxM2ForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",)}
+           "MiniMaxM2ForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
+           "DbrxForCausalLM": ("attn.*", "mlp.router")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

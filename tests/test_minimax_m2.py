@@ -1,6 +1,7 @@
 """MiniMax-M2 beyond the shared tables (tests/test_interop.py: import, engine, export, its redline export and
 refusals): GGUF both ways as llama.cpp's minimax-m2, read back by redline and by transformers' GGUF loader with
-transformers' logits; the config options redline cannot express refused by name at import."""
+transformers' logits; the config options redline cannot express refused by name at import; MiniMax-Text-01 (model_type
+minimax) refused by name."""
 
 from __future__ import annotations
 
@@ -101,3 +102,13 @@ def test_minimax_m2_reads_rotary_dim_and_stacked_experts():
     assert torch.equal(state["blocks.0.mlp.expert_bias"], tensors[p + "mlp.e_score_correction_bias"])
     with pytest.raises(UserError, match="num_local_experts"):
         model_config({**hf, "num_local_experts": None})
+
+
+def test_minimax_text_01_is_refused_by_name(tmp_path, capsys):
+    """MiniMax-Text-01 (model_type minimax): its lightning attention layers have no counterpart in redline."""
+    hf_folder("llama-gqa-tied", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": "minimax"}))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "model_type 'minimax' is not supported: MiniMax-Text-01's lightning attention" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -111,5 +111,5 @@ def test_sparsemixer_options_are_checked():
                 moe_gating="sparsemixer", moe_norm_topk=False)
     with pytest.raises(UserError, match="moe_top_k=2 and moe_norm_topk=false"):
         ModelConfig(**{**base, "moe_top_k": 3}).validate()
-    with pytest.raises(UserError, match="need model.moe_gating=sparsemixer"):
+    with pytest.raises(UserError, match="needs model.moe_gating=sparsemixer"):
         ModelConfig(**{**base, "moe_gating": "softmax", "moe_jitter_eps": 0.01}).validate()

@@ -28,7 +28,8 @@ attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
 GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts);
 minimax_m2.py MiniMax-M2 (Mixtral's names, QK-norm over whole projections, partial RoPE, sigmoid routing with a
-bias); phimoe.py PhiMoE (Mixtral's names, LayerNorms and attention with biases, SparseMixer routing, LongRoPE).
+bias); phimoe.py PhiMoE (Mixtral's names, LayerNorms and attention with biases, SparseMixer routing, LongRoPE); dbrx.py
+DBRX (clamped fused q/k/v, LayerNorms without biases, experts fused into one tensor per projection).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
 MoE; llama.py also Ministral (windowed and full layers); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
@@ -246,7 +247,7 @@ def _families() -> dict[str, Family]:
                                  gemma2, gemma3, gemma4, glm, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj,
                                  granite, hunyuan, jamba, lfm2, llama, llama4, mamba, moe, mpt, nanochat, nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2)
-    from redline.interop import apertus, minicpm3, minimax_m2, multimodal, phimoe
+    from redline.interop import apertus, dbrx, minicpm3, minimax_m2, multimodal, phimoe
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -268,16 +269,24 @@ def _families() -> dict[str, Family]:
                                 apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, minimax_m2.FAMILY,
-                                phimoe.FAMILY, *multimodal.families())}
+                                phimoe.FAMILY, dbrx.FAMILY, *multimodal.families())}
 
 
 def supported_names() -> list[str]:
     return sorted(_families())
 
 
+# model_types redline knows and does not import, each with the reason (a one-line UserError before any weight is read)
+REFUSED = {"minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, "
+                      "normed and gated, on most layers beside softmax attention every few) has no counterpart in "
+                      "redline's token mixers or the engine's recurrent state caches"}
+
+
 def family_for(hf_config: dict, source: str) -> Family:
     """The family of a Hugging Face config.json (its model_type)."""
     model_type = hf_config.get("model_type")
+    if model_type in REFUSED:
+        raise UserError(f"{source}: model_type {model_type!r} is not supported: {REFUSED[model_type]}")
     families = _families()
     if model_type not in families:
         arch = ", ".join(hf_config.get("architectures") or []) or "no architectures field"
@@ -318,7 +327,8 @@ def export_family(cfg: ModelConfig) -> Family:
     sublayers, RoPE, GELU and no q/k/v biases, OLMo 2 with
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
     outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
-    Gemma 2's window, score scale or caps besides), PhiMoE with SparseMixer routing, MiniMax-M2 with sigmoid-scored experts and QK-norm over whole
+    Gemma 2's window, score scale or caps besides), PhiMoE with SparseMixer routing, DBRX with clamped q/k/v or
+    softmax-routed experts in LayerNorm blocks, MiniMax-M2 with sigmoid-scored experts and QK-norm over whole
     projections, GLM-4-MoE with sigmoid-scored experts and partial RoPE (the one export of grouped routing), GLM-4 with plain RMSNorms on the sublayers' inputs and outputs and partial RoPE, GLM
     with Llama's block, partial RoPE and q/k/v biases, Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
     with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, Falcon with two LayerNorms for parallel
@@ -375,11 +385,14 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import deepseek
 
         return families[deepseek.export_name(cfg)]
-    from redline.interop import minimax_m2, phimoe
+    from redline.interop import dbrx, minimax_m2, phimoe
 
     if phimoe.wants_phimoe(cfg):  # SparseMixer routing: PhiMoE's alone
         phimoe.check_exportable(cfg)
         return families["phimoe"]
+    if dbrx.wants_dbrx(cfg):  # clamped q/k/v, or softmax-routed experts with LayerNorm: DBRX's alone
+        dbrx.check_exportable(cfg)
+        return families["dbrx"]
     if minimax_m2.wants_minimax_m2(cfg):  # sigmoid-scored experts with QK-norm over whole projections: MiniMax-M2's
         minimax_m2.check_exportable(cfg)
         return families["minimax_m2"]

@@ -1163,6 +1163,7 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                        "scores, a routing bias, groups, shared experts)"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "
                                      "two, not SparseMixer's thresholded softmaxes"),
+                "dbrx": ("DBRX", "no writer here for llama.cpp's dbrx layout (clamped fused q/k/v, experts)"),
                 "minicpm3": ("MiniCPM3", "no writer here for llama.cpp's minicpm3 layout (latent attention, µP "
                                          "scalars, LongRoPE)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
