@@ -57,8 +57,9 @@ def test_minimax_m2_gguf_refuses_rope_scaling(tmp_path, capsys):
 @pytest.mark.parametrize("change, fragment", [
     (dict(output_router_logits=True), "output_router_logits=true"),
     (dict(router_jitter_noise=0.1), "router_jitter_noise=0.1"),
-    (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
-     "quantization_config (quant_method='fp8')"),
+    (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [64, 64]}),
+     "quantization_config (quant_method='fp8', weight_block_size=[64, 64]"),
+    (dict(quantization_config={"quant_method": "gptq"}), "quantization_config (quant_method='gptq'"),
     (dict(hidden_act="gelu"), "hidden_act='gelu'"),
     (dict(scoring_func="softmax"), "scoring_func='softmax'"),
     (dict(rotary_dim=7, rope_parameters={"rope_type": "default", "rope_theta": 500.0}), "rotates 7 of each head's 16"),
@@ -112,3 +113,57 @@ def test_minimax_text_01_is_refused_by_name(tmp_path, capsys):
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "model_type 'minimax' is not supported: MiniMax-Text-01's lightning attention" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_minimax_m2_fp8_checkpoint_dequantizes(tmp_path, capsys):
+    """The released fp8 checkpoints: the attention's and experts' weights e4m3 with a weight_scale_inv a 128 x 128
+    block (here one block a matrix, the scale its absolute maximum over 448), the router, its bias, norms, embedding
+    and head as they are: the import gives the logits of the same model with every weight dequantized (weight times
+    its block's scale, deepseek.dequantize_fp8)."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.training.checkpoint import load_for_inference
+
+    original_model = hf_folder("minimax_m2", tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    dequantized = dict(weights)
+    for name in list(weights):
+        if name.endswith(("proj.weight", "w1.weight", "w2.weight", "w3.weight")):
+            w = weights[name]
+            scale = (w.abs().amax() / 448.0).reshape(1, 1)
+            weights[name] = (w / scale).to(torch.float8_e4m3fn)
+            weights[name + "_scale_inv"] = scale
+            dequantized[name] = weights[name].float() * scale
+    assert sum(n.endswith("_scale_inv") for n in weights) > 10
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "float8_e4m3fn", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    reference = transformers.MiniMaxM2ForCausalLM(transformers.MiniMaxM2Config(
+        **{k: v for k, v in config.items() if k not in ("quantization_config", "architectures", "dtype",
+                                                         "transformers_version")})).eval()
+    original = {n: t.clone() for n, t in reference.state_dict().items()}
+    reference.load_state_dict({**original, **_in_memory(dequantized, reference.config)})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), reference(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        assert (reference(TOKENS).logits - original_model(TOKENS).logits).abs().max() > 1e-3  # fp8's rounding
+
+
+def _in_memory(hub: dict, config) -> dict:
+    """The Hub's MiniMax-M2 tensors (block_sparse_moe.*, one tensor per expert) in transformers' in-memory names."""
+    out = {}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        moe = p + "block_sparse_moe."
+        experts = range(config.num_local_experts)
+        out[p + "mlp.gate.weight"] = hub.pop(moe + "gate.weight")
+        out[p + "mlp.e_score_correction_bias"] = hub.pop(moe + "e_score_correction_bias")
+        out[p + "mlp.experts.gate_up_proj"] = torch.stack([torch.cat([hub.pop(f"{moe}experts.{j}.w1.weight"),
+                                                                      hub.pop(f"{moe}experts.{j}.w3.weight")])
+                                                           for j in experts])
+        out[p + "mlp.experts.down_proj"] = torch.stack([hub.pop(f"{moe}experts.{j}.w2.weight") for j in experts])
+    return {**hub, **out}

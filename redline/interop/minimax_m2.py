@@ -10,8 +10,9 @@ with three changes, as transformers' models/minimax_m2 computes them:
   (model.moe_norm_topk, moe_norm_eps=0), as MiniMaxM2TopKRouter computes them; every layer has the experts, SwiGLUs
   intermediate_size wide (block_sparse_moe.experts.j.w1 / w3 / w2, the Hub's and transformers' saved layout; the
   in-memory mlp.experts.gate_up_proj / down_proj stacks, and the bias as mlp.e_score_correction_bias, are read too).
-Refused by name: a quantization_config (the released checkpoints' fp8 blocks: import a bf16 copy), an activation
-other than SiLU, output_router_logits (transformers' load-balancing loss softmaxes the router logits; redline's is
+The released checkpoints' fp8 weights (quantization_config fp8, e4m3 with a weight_scale_inv a 128 x 128 block, as
+DeepSeek-V3's) are dequantized on import as deepseek.py dequantizes those. Refused by name: another quantization, an
+activation other than SiLU, output_router_logits (transformers' load-balancing loss softmaxes the router logits; redline's is
 over the sigmoid scores) and router_jitter_noise (noise on the experts' input in training). A redline model with
 sigmoid-scored experts and QK-norm over whole projections exports as MiniMax-M2; PEFT adapters on the attention as
 Llama's (the experts and router are no Linear layers in transformers); GGUF both ways as llama.cpp's minimax-m2
@@ -27,6 +28,7 @@ import torch
 
 from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
+from redline.interop.deepseek import _Dequantizing
 from redline.interop.llama import _qkv, _rope, check_silu, shape_fields
 from redline.interop.moe import experts_to_hf, experts_to_redline
 from redline.model import ModelConfig
@@ -48,10 +50,12 @@ def _rotary_dims(hf: dict, head_dim: int) -> int:
 
 def model_config(hf: dict) -> ModelConfig:
     check_silu(hf)
-    if hf.get("quantization_config"):
-        quant = hf["quantization_config"]
-        raise UserError(f"quantization_config (quant_method={quant.get('quant_method')!r}): redline does not "
-                        f"dequantize MiniMax-M2's quantized weights; import a bf16 checkpoint of the model")
+    quant = hf.get("quantization_config")
+    if quant and (quant.get("quant_method") != "fp8" or list(quant.get("weight_block_size") or []) != [128, 128]
+                  or quant.get("fmt", "e4m3") not in ("e4m3", "float8_e4m3fn")):
+        raise UserError(f"quantization_config (quant_method={quant.get('quant_method')!r}, weight_block_size="
+                        f"{quant.get('weight_block_size')}, fmt={quant.get('fmt')!r}): redline dequantizes fp8 e4m3 "
+                        f"weights in 128 x 128 blocks (weight_scale_inv) alone; import a bf16 checkpoint of the model")
     if hf.get("output_router_logits"):
         raise UserError("output_router_logits=true: transformers' MiniMax-M2 trains with a load-balancing loss over "
                         "the softmax of the router logits, redline's over the sigmoid scores; set it to false")
@@ -83,8 +87,9 @@ def _prefix(src: TensorSource) -> str:
     return "" if "embed_tokens.weight" in src and "model.embed_tokens.weight" not in src else "model."
 
 
-def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    pre = _prefix(src)
+def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
+    pre = _prefix(source)
+    src = _Dequantizing(source)  # fp8 weights with a weight_scale_inv beside them: dequantized; the rest as stored
     out = {"norm_f.weight": src.take(pre + "norm.weight"),
            "wte.weight": pad_rows(src.take(pre + "embed_tokens.weight"), cfg), **take_head(src, cfg)}
     for i in range(cfg.n_layer):
