@@ -434,3 +434,13 @@ def test_llama4_adapter_on_the_router_is_refused(tmp_path, capsys):
     assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 2
     err = capsys.readouterr().err
     assert "adapts Llama 4's router" in err and "--merge" in err and not (tmp_path / "adapter").exists(), err
+
+
+def test_phimoe_adapter_on_the_router_is_refused(tmp_path, capsys):
+    """PhimoeTopKRouter is an nn.Linear whose forward returns (logits, weights, experts): PEFT cannot wrap it, so an
+    adapter on mlp.router is refused by name at export."""
+    _, ckpt = lora_run(tmp_path, "PhimoeForCausalLM", targets=("mlp.router",))
+    capsys.readouterr()
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 2
+    err = capsys.readouterr().err
+    assert "adapts PhiMoE's router" in err and "--merge" in err and not (tmp_path / "adapter").exists(), err

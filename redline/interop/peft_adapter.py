@@ -294,6 +294,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if rest == "mlp.router" and family.name == "phimoe":  # an nn.Linear whose forward returns a triple
+        raise UserError(f"the adapter on {layer} adapts PhiMoE's router (PhimoeTopKRouter, whose forward returns its "
+                        f"logits, weights and experts together: PEFT cannot wrap it); train with lora.targets that "
+                        f"leave mlp.router out (attn.*) or export with --merge")
     if rest == "mlp.router":
         raise UserError(f"the adapter on {layer} adapts a mixture of experts' router, which is no Linear layer in "
                         f"transformers' {family.architecture} (PEFT cannot load it); train with lora.targets attn.* "
