@@ -348,9 +348,18 @@ class ModelConfig:
     """Mixture of experts, training: add this times the load-balancing loss (Switch Transformer's E·Σ_e f_e·P_e,
     f_e the share of routed slots expert e takes, P_e its mean router probability; averaged over the layers) to the
     language-model loss, so the router keeps spreading tokens (Mixtral's router_aux_loss_coef); 0 = off."""
-    moe_gating: Literal["softmax", "sigmoid"] = "softmax"
+    moe_gating: Literal["softmax", "sigmoid", "sparsemixer"] = "softmax"
     """Mixture of experts: the router's scores, a softmax over the experts or each expert's sigmoid (LFM2-MoE's,
-    DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus moe_norm_eps)."""
+    DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus moe_norm_eps), or SparseMixer's top 2
+    (PhiMoE's, sparsemixer below: each weight a softmax over the experts whose logits lie within moe_jitter_eps of the
+    chosen one's; moe_top_k 2, no rescaling)."""
+    moe_jitter_eps: float = 0.0
+    """Mixture of experts with moe_gating=sparsemixer: the relative distance 2·eps below a chosen expert's logit past
+    which an expert leaves that choice's softmax (PhiMoE's router_jitter_noise)."""
+    moe_input_jitter: float = 0.0
+    """Mixture of experts, training: the mixture's input (router's and experts') times uniform noise in
+    [1 - eps, 1 + eps] (DBRX's moe_jitter_eps); with moe_gating=sparsemixer twice (PhiMoE's input_jitter_noise,
+    which its block and its router both apply); 0 = none."""
     moe_expert_bias: bool = False
     """Mixture of experts: a per-expert bias added to the scores to choose the top k (not to weight them): LFM2-MoE's
     and DeepSeek-V3's expert_bias, a buffer (no gradient reaches it): imported with the model, and moved toward an
@@ -435,6 +444,8 @@ class ModelConfig:
     """Biases in the Linear layers (and LayerNorm)."""
     qkv_bias: bool | None = None
     """Biases in the q/k/v projections alone (Qwen2's layout). None: as `bias`."""
+    qkv_clip: float = 0.0
+    """Clamp every q, k and v projection output to ±this before QK-norm and RoPE (DBRX's clip_qkv); 0 = none."""
     logit_softcap: float = 0.0
     """Cap the output logits smoothly at ±this (softcap · tanh(logits / softcap), as Gemma 2 and modded-nanogpt do);
     0 = off."""
@@ -987,9 +998,25 @@ class ModelConfig:
                             f"{self.mlp_free_layers})")
         if not 0 <= self.moe_dense_layers <= self.n_layer:
             raise UserError(f"model.moe_dense_layers={self.moe_dense_layers} must be in [0, n_layer={self.n_layer}]")
-        if self.moe_experts and self.bias and not self.moe_bias:
-            raise UserError("model.bias=true with model.moe_experts needs model.moe_bias (experts with biases, "
-                            "GPT-OSS's; model.qkv_bias puts biases on q/k/v alone)")
+        if self.moe_experts and self.bias and not self.moe_bias and (
+                self.moe_shared_hidden or self.moe_dense_layers or self.moe_layers or self.moe_beside_dense):
+            raise UserError("model.bias=true with model.moe_experts and dense or shared MLPs needs model.moe_bias "
+                            "(experts with biases, GPT-OSS's; model.qkv_bias puts biases on q/k/v alone; with every "
+                            "MLP a mixture of experts without them, bias=true is the attention's alone, PhiMoE's)")
+        if self.moe_gating == "sparsemixer" and (
+                self.moe_top_k != 2 or self.moe_norm_topk or self.moe_expert_bias or self.moe_groups > 1
+                or self.moe_scale != 1.0 or self.moe_weight_input or self.moe_aux_loss or self.moe_beside_dense):
+            raise UserError("model.moe_gating=sparsemixer takes moe_top_k=2 and moe_norm_topk=false, with no expert "
+                            "bias, groups, weight scale, input weighting, load-balancing loss or moe_beside_dense")
+        if self.moe_jitter_eps < 0 or (self.moe_jitter_eps and self.moe_gating != "sparsemixer"):
+            raise UserError(f"model.moe_jitter_eps={self.moe_jitter_eps} must be >= 0 and needs "
+                            f"model.moe_gating=sparsemixer")
+        if not 0 <= self.moe_input_jitter < 1 or (self.moe_input_jitter and not self.moe_experts):
+            raise UserError(f"model.moe_input_jitter={self.moe_input_jitter} must be in [0, 1) and needs experts "
+                            f"(model.moe_experts)")
+        if self.qkv_clip < 0 or (self.qkv_clip and self.kv_lora_rank):
+            raise UserError(f"model.qkv_clip={self.qkv_clip} must be >= 0 and takes q/k/v projections (no "
+                            f"model.kv_lora_rank)")
         if self.moe_bias and (not self.moe_experts or self.moe_shared_hidden or self.moe_dense_layers):
             raise UserError("model.moe_bias needs experts (model.moe_experts) and is not implemented with "
                             "model.moe_shared_hidden or moe_dense_layers")
@@ -1400,14 +1427,17 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor):
         """x: (B, T, C) -> q (B, T, H*D), k and v (B, T, KV*D): the projections alone, before QK-norm and RoPE; k and
         v None on a layer that reads another's (kv_source), v k's projection where values_from_keys."""
+        clip = self.cfg.qkv_clip  # DBRX's clip_qkv: every projection output clamped, as DbrxAttention does
         if self.cfg.fused_qkv:
-            return self.qkv(x).split(
+            qkv = self.qkv(x)
+            return (qkv.clamp(-clip, clip) if clip else qkv).split(
                 [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
             )
         if self.k is None:
-            return self.q(x), None, None
-        k = self.k(x)
-        return self.q(x), k, k if self.v is None else self.v(x)
+            return self.q(x).clamp(-clip, clip) if clip else self.q(x), None, None
+        q, k = self.q(x), self.k(x)
+        v = k if self.v is None else self.v(x)
+        return tuple(t.clamp(-clip, clip) for t in (q, k, v)) if clip else (q, k, v)
 
     def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                     ve: torch.Tensor | None = None):
@@ -2286,6 +2316,58 @@ def experts_masked(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torc
     return out
 
 
+class _ScaledWeight(torch.autograd.Function):
+    """weight · factor whose gradient skips the factor (SparseMixer's training multiplier, as transformers'
+    PhimoeMultiplier computes it: the constant 1 or 1/3 of Heun's third-order step scales the value, not the
+    gradient)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        return weight * factor
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def _sparsemixer_choice(scores: torch.Tensor, candidates: torch.Tensor, eps: float, training: bool,
+                        second: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One of SparseMixer's two choices over router logits `scores` (N, E), among `candidates` (scores with the
+    expert chosen already at -inf for the second) -> (weight (N, 1), expert (N, 1)). The experts whose logit lies
+    more than 2·eps (relative to max(|logit|, the best)) below the best candidate's leave the softmax that weights
+    the choice; eval takes the best candidate, training samples one (Gumbel noise) and scales its weight by 1 or
+    1/3 (Heun's third-order step), as transformers' sparsemixer (models/phimoe) computes it, RNG draws in its order."""
+    with torch.no_grad():
+        top, best = candidates.max(dim=-1, keepdim=True)  # (N, 1) each
+        far = ((top - scores) / scores.abs().clamp(min=top)) > 2 * eps
+    gates = candidates.masked_fill(far, float("-inf"))
+    if training:
+        noise = torch.empty_like(gates, memory_format=torch.legacy_contiguous_format).exponential_().log()
+        expert = (gates - noise).max(dim=-1)[1].unsqueeze(-1)
+    else:
+        expert = best
+    probs = torch.softmax(gates, dim=-1)
+    weight = probs.gather(dim=-1, index=expert)
+    if training:
+        top_prob, top_expert = probs.max(dim=-1, keepdim=True)
+        coin = torch.rand_like(top_prob)
+        if second:  # transformers draws a rand_like and then uniform_ over it for the second choice
+            coin.uniform_()
+        keep = torch.logical_or(expert == top_expert, coin > 0.75)
+        weight = _ScaledWeight.apply(weight, torch.add(0.3333, keep, alpha=0.6667).type_as(probs))
+    return weight, expert
+
+
+def sparsemixer(logits: torch.Tensor, eps: float, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's top-2 routing (Liu et al. 2024, "GRIN: GRadient-INformed MoE", SparseMixer-v2) over router logits
+    (N, E) -> (weights (N, 2), experts (N, 2)): the first choice over every expert, the second over the others, each
+    weighted by its own masked softmax (not rescaled together)."""
+    weight, expert = _sparsemixer_choice(logits, logits, eps, training, second=False)
+    others = torch.scatter(logits, -1, expert, float("-inf"))
+    weight2, expert2 = _sparsemixer_choice(logits, others, eps, training, second=True)
+    return torch.cat([weight, weight2], dim=-1), torch.cat([expert, expert2], dim=-1)
+
+
 class MoE(nn.Module):
     """A mixture of expert MLPs (model.moe_experts): router -> softmax (or sigmoid, moe_gating) scores -> the top k
     experts of each token (chosen with moe_expert_bias where given, among the best moe_topk_groups of moe_groups
@@ -2306,6 +2388,9 @@ class MoE(nn.Module):
         self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
         self.weight_input = cfg.moe_weight_input  # the weights scale each expert's input (Llama 4's), not its output
         self.norm_eps = cfg.moe_norm_eps if self.sigmoid else 0.0  # softmax scores: their sum is above 0 already
+        # moe_gating=sparsemixer (PhiMoE's): its threshold and its training-time input noise
+        self.sparsemixer = cfg.moe_gating == "sparsemixer"
+        self.jitter_eps, self.input_jitter = cfg.moe_jitter_eps, cfg.moe_input_jitter
         self.gated, self.groups, self.topk_groups = cfg.gated_mlp, cfg.moe_groups, cfg.moe_topk_groups
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
@@ -2349,6 +2434,9 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, E, k = x.shape, self.fc.shape[0], self.top_k
         x = x.reshape(-1, shape[-1])  # (N, C)
+        if self.input_jitter and self.training:  # DBRX's router scales the input in place; PhiMoE's block and then
+            for _ in range(2 if self.sparsemixer else 1):  # its router do
+                x = x * torch.empty_like(x).uniform_(1.0 - self.input_jitter, 1.0 + self.input_jitter)
         if self.input_norm is None:
             logits = self.router(x)
         else:  # Gemma 4's: the router reads RMS(x) · scale · C^-0.5, the experts their own norm of x
@@ -2357,7 +2445,9 @@ class MoE(nn.Module):
             logits = self.router(routed * self.router_scale * C ** -0.5)
             x = self.input_norm(x)
         probs = torch.sigmoid(logits.float()) if self.sigmoid else F.softmax(logits, dim=-1, dtype=torch.float32)
-        if self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
+        if self.sparsemixer:  # the weights from the logits in their own dtype, as PhiMoE's router computes them
+            weights, experts = sparsemixer(logits, self.jitter_eps, self.training)
+        elif self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
             choice = probs if self.expert_bias is None else probs + self.expert_bias
             if self.groups > 1:  # DeepSeek-V3's group-limited routing: the best groups by their two best scores
                 grouped = choice.view(-1, self.groups, E // self.groups)  # (N, G, E/G)

@@ -662,6 +662,40 @@ FAMILIES = {
                      dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=24,
                           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, sliding_window=5,
                           max_window_layers=1, tie_word_embeddings=True, pad_token_id=None)),
+    # MiniMax-M2: QK-norm over the whole q and k projections, RoPE on 8 of each head's 16 dimensions, top 2 of 4
+    # sigmoid-scored experts chosen with the routing bias and rescaled; untied
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+                        num_local_experts=4, num_experts_per_tok=2, rotary_dim=8, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # PhiMoE as Phi-3.5-MoE is laid out: LayerNorms with biases, biases on q/k/v/o and the head, LongRoPE (short
+    # factors, the tables times short_mscale) up to an original context past the test sequences, SparseMixer's top 2
+    # of 4 with a threshold wide enough (router_jitter_noise 0.5) that some second choices weigh several experts;
+    # and unscaled RoPE, no biases, a window shorter than the test sequences, tied
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, num_local_experts=4,
+                    attention_bias=True, lm_head_bias=True, router_jitter_noise=0.5, input_jitter_noise=0.01,
+                    pad_token_id=None, rope_parameters={
+                        "rope_type": "longrope", "rope_theta": 500.0, "short_factor": [1.0 + 0.2 * i for i in range(8)],
+                        "long_factor": [2.0 + 0.1 * i for i in range(8)], "short_mscale": 1.2, "long_mscale": 1.3,
+                        "original_max_position_embeddings": 32})),
+    "phimoe-plain": ("PhimoeConfig", "PhimoeForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=32, num_local_experts=4,
+                          sliding_window=5, tie_word_embeddings=True, pad_token_id=None,
+                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # DBRX: q/k/v clamped at a bound the test's projections cross, GQA, top 2 of 4 experts rescaled by their sum (p = 1);
+    # and top 1 of 3 not rescaled (moe_normalize_expert_weights null), multi-head, a clamp no projection reaches
+    # (transformers' DbrxAttention fails without one)
+    "dbrx": ("DbrxConfig", "DbrxForCausalLM",
+             dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=64,
+                  attn_config={"kv_n_heads": 2, "clip_qkv": 0.15, "rope_theta": 500.0},
+                  ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "dbrx-unscaled": ("DbrxConfig", "DbrxForCausalLM",
+                      dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=64,
+                           attn_config={"kv_n_heads": 4, "clip_qkv": 8.0, "rope_theta": 10000.0},
+                           ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 3, "moe_top_k": 1,
+                                       "moe_normalize_expert_weights": None, "moe_jitter_eps": 0.01})),
     # Nemotron-H with expert layers (Nemotron 3 Nano's E): ME*-E, 8 ReLU² experts 32 wide in 2 groups (top 2 from the
     # best group), routing bias, scores renormalised and scaled by 2.5, a shared expert 48 wide; the "-" layer's MLP
     # intermediate_size (96) wide
@@ -996,6 +1030,8 @@ def hf_model(kind: str, seed: int = 0):
     config_name, model_name, extra = {**FAMILIES, **GGUF_FAMILIES, **MULTIMODAL_FAMILIES}[kind]
     if kind == "opt":
         common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=1, dropout=0.0)
+    elif kind.startswith("dbrx"):  # DBRX's own names (its attention and experts in sub-configs)
+        common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1)
     elif kind.startswith("mpt"):  # MPT's own names (transformers 5 maps hidden_size and the like onto them too)
         common = dict(vocab_size=VOCAB, d_model=64, n_layers=2, max_seq_len=64, bos_token_id=0, eos_token_id=1)
     elif kind.startswith("gpt2") or config_name in _CLASSIC:

@@ -141,7 +141,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("persimmon", "Persimmon"), ("lara_mini", "Lara Mini"),
                                         ("zamba2-gqa", "Zamba2"), ("bitnet", "BitNet"),
                                         ("diffllama", "DiffLlama"), ("recurrent_gemma", "RecurrentGemma"),
-                                        ("doge", "Doge")])
+                                        ("doge", "Doge"), ("phimoe", "PhiMoE"),
+                                        ("dbrx", "DBRX")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -392,6 +393,26 @@ REDLINE_EXPORTS = {
     "SolarOpenForCausalLM": dict(qkv_bias=True, n_kv_head=2, moe_experts=8, moe_top_k=2, moe_groups=4,
                                  moe_topk_groups=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
                                  moe_norm_eps=1e-20, moe_scale=1.5, moe_shared_hidden=32, moe_shared_gate=False),
+    # MiniMax-M2: QK-norm over whole projections, a quarter of each head rotated, top 2 of 4 sigmoid-scored experts
+    # chosen with a routing bias and rescaled with no epsilon
+    "MiniMaxM2ForCausalLM": dict(qk_norm=True, qk_norm_scope="all", rope_dims=4, n_kv_head=2, moe_experts=4,
+                                 moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                                 moe_norm_eps=0.0),
+    # PhiMoE: SparseMixer's top 2 of 4 (a threshold some second choices share), LayerNorms and attention with biases,
+    # a head bias, LongRoPE's short factors and table scale; and biases on q/k/v alone (zeros on o_proj), LayerNorms
+    # without biases (zeros), a window, unscaled RoPE
+    "PhimoeForCausalLM": dict(norm="layernorm", bias=True, head_bias=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                              mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3,
+                              rope_scaling="longrope", rope_pair_factors=(1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4),
+                              rope_original_context=64, rope_factor=4.0, rope_attention_factor=1.2),
+    "PhimoeForCausalLM-plain": dict(norm="layernorm", norm_bias=False, qkv_bias=True, moe_experts=4, moe_top_k=2,
+                                    mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, sliding_window=5),
+    # DBRX: q/k/v clamped, LayerNorms without biases, top 2 of 4 experts rescaled, GQA; and no clamp (written as a
+    # bound past every float), top 1 of 3 not rescaled
+    "DbrxForCausalLM": dict(norm="layernorm", norm_bias=False, qkv_clip=0.2, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                            mlp_hidden=16),
+    "DbrxForCausalLM-noclip": dict(norm="layernorm", norm_bias=False, moe_experts=3, moe_top_k=1, moe_norm_topk=False,
+                                   mlp_hidden=16, rope_theta=500.0),
     "GPTBigCodeForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, n_kv_head=1,
                                   tie_embeddings=True),
     "GPTBigCodeForCausalLM-mha": dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, bias=True,
@@ -656,6 +677,23 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
      "model.rope_dims=4: Falcon"),
     (dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, head_size=16),
      "model.head_size=16: Falcon"),
+    # MiniMax-M2: sigmoid-scored experts with QK-norm over whole projections; what else it lacks, by name
+    (dict(qk_norm=True, qk_norm_scope="all", moe_experts=4, moe_gating="sigmoid", moe_shared_hidden=32,
+          moe_shared_gate=False), "model.moe_shared_hidden with sigmoid-scored experts with QK-norm over whole "
+                                  "projections: MiniMax-M2"),
+    (dict(qk_norm=True, qk_norm_scope="all", moe_experts=4, moe_gating="sigmoid", moe_norm_eps=1e-6),
+     "moe_norm_eps=1e-06: sigmoid-scored experts with QK-norm over whole projections: MiniMax-M2"),
+    (dict(qk_norm=True, qk_norm_scope="all", moe_experts=4, moe_gating="sigmoid", moe_norm_eps=0.0, moe_scale=2.0),
+     "model.moe_scale=2.0, moe_groups=1: sigmoid-scored"),
+    # PhiMoE: SparseMixer routing; what else it lacks, by name
+    (dict(moe_experts=4, moe_gating="sparsemixer", moe_norm_topk=False), "model.norm=rmsnorm"),
+    (dict(norm="layernorm", moe_experts=4, moe_gating="sparsemixer", moe_norm_topk=False, qk_norm=True),
+     "model.qk_norm with SparseMixer routing"),
+    # DBRX: clamped q/k/v, or softmax-routed experts with LayerNorm; what else it lacks, by name
+    (dict(qkv_clip=1.0), "model.qkv_clip: DBRX, the architecture with it, has experts on every layer"),
+    (dict(qkv_clip=1.0, moe_experts=4, sliding_window=8), "model.sliding_window with model.qkv_clip: DBRX"),
+    (dict(norm="layernorm", moe_experts=4, norm_bias=True), "model.norm_bias with softmax-routed experts with "
+                                                            "LayerNorm: DBRX"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -748,17 +786,17 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports apertus, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
-                         "cwm, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone,"
-                         " exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, "
+                         "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
+                         "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, "
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
                          "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
                          " hyperclovax, jais2, jamba, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
-                         "mamba2, mimo_v2_flash, minicpm3, ministral, ministral3, mistral, mistral3, mistral4, mixtral, mpt, "
-                         "nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon, phi, phi3, "
-                         "qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, stablelm, starcoder2, "
-                         "vaultgemma, xglm, youtu, zamba2")
+                         "mamba2, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
+                         "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
+                         "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
+                         "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, "
+                         "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),

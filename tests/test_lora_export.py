@@ -156,6 +156,17 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                          moe_layers=(3,), moe_dense_hidden=48, moe_groups=2,
                                          moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                          moe_shared_hidden=48, moe_shared_gate=False),
+    # DBRX: Wqkv (redline's qkv as it is) and out_proj under norm_attn_norm.attn, the router's ffn.router.layer
+    "DbrxForCausalLM": dict(norm="layernorm", norm_bias=False, qkv_clip=0.5, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                            mlp_hidden=16),
+    # PhiMoE: Llama's attention names with biases, LayerNorms, SparseMixer's experts (not adapted)
+    "PhimoeForCausalLM": dict(norm="layernorm", bias=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
+                              moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3),
+    # MiniMax-M2: Llama's attention names (q/k/v apart, o_proj) beside whole-projection QK-norm, partial RoPE and
+    # sigmoid-scored experts (not adapted: no Linear layers in transformers)
+    "MiniMaxM2ForCausalLM": dict(qk_norm=True, qk_norm_scope="all", rope_dims=4, n_kv_head=2, moe_experts=4,
+                                 moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                                 moe_norm_eps=0.0),
     "Dots1ForCausalLM": dict(qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1,
                              moe_dense_hidden=48, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                              moe_shared_hidden=32, moe_shared_gate=False),  # Llama's names, attention alone
@@ -297,7 +308,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
-           "MiMoV2FlashForCausalLM": ("attn.*",)}
+           "MiMoV2FlashForCausalLM": ("attn.*",),
+           "MiniMaxM2ForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
+           "DbrxForCausalLM": ("attn.*", "mlp.router")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):
@@ -489,3 +502,13 @@ def test_llama4_adapter_on_the_router_is_refused(tmp_path, capsys):
     assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 2
     err = capsys.readouterr().err
     assert "adapts Llama 4's router" in err and "--merge" in err and not (tmp_path / "adapter").exists(), err
+
+
+def test_phimoe_adapter_on_the_router_is_refused(tmp_path, capsys):
+    """PhimoeTopKRouter is an nn.Linear whose forward returns (logits, weights, experts): PEFT cannot wrap it, so an
+    adapter on mlp.router is refused by name at export."""
+    _, ckpt = lora_run(tmp_path, "PhimoeForCausalLM", targets=("mlp.router",))
+    capsys.readouterr()
+    assert export(str(ckpt), "--adapter", str(tmp_path / "adapter")) == 2
+    err = capsys.readouterr().err
+    assert "adapts PhiMoE's router" in err and "--merge" in err and not (tmp_path / "adapter").exists(), err

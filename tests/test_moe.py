@@ -210,7 +210,8 @@ def test_export_refusals_name_the_option(extra, fragment):
 
 @pytest.mark.parametrize("extra, fragment", [
     (dict(moe_top_k=6), "moe_top_k <= moe_experts"),
-    (dict(bias=True), "needs model.moe_bias"), (dict(moe_experts=0, moe_shared_hidden=8), "need experts"),
+    (dict(bias=True, moe_shared_hidden=8), "needs model.moe_bias"),
+    (dict(moe_experts=0, moe_shared_hidden=8), "need experts"),
     (dict(moe_experts=0, moe_bias=True), "moe_bias needs experts"), (dict(mlp="swiglu_clamped", swiglu_limit=0.0),
                                                                      "swiglu_limit must be > 0"),
     (dict(moe_experts=0, moe_gating="sigmoid"), "need experts"), (dict(moe_dense_layers=3), "moe_dense_layers=3"),

@@ -388,6 +388,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
         return "LayerNorm QK-norm (model.qk_layernorm: the kernel's is an RMSNorm)"
     if cfg.qk_norm and getattr(cfg, "norm_unit_offset", False):
         return "QK-norm scaling by 1 + weight (model.norm_unit_offset)"
+    if getattr(cfg, "qkv_clip", 0):
+        return "q, k and v clamped (model.qkv_clip)"
     if getattr(cfg, "rope_dims", 0):
         return "RoPE on part of each head (model.rope_dims)"
     if getattr(cfg, "rope_local_theta", 0):

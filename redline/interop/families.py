@@ -29,7 +29,10 @@ a mixture of experts on some layers); gemma4.py Gemma 4's text model and gemma3n
 and per-layer inputs inside AltUp streams, with LAuReL and sparse MLP gates); llama4.py Llama 4's text model (interleaved RoPE, layers without it, chunked
 attention, input-weighted experts with a shared one on some layers); exaone.py
 EXAONE 3.x; ernie.py ERNIE 4.5 and Helium; glm.py GLM and GLM-4 (RoPE on part of each head in interleaved pairs,
-GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts).
+GLM-4 with plain sandwich norms) and GLM-4-MoE (DeepSeek-V3's grouped sigmoid routing with shared experts);
+minimax_m2.py MiniMax-M2 (Mixtral's names, QK-norm over whole projections, partial RoPE, sigmoid routing with a
+bias); phimoe.py PhiMoE (Mixtral's names, LayerNorms and attention with biases, SparseMixer routing, LongRoPE); dbrx.py
+DBRX (clamped fused q/k/v, LayerNorms without biases, experts fused into one tensor per projection).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
 MoE; llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
 (LayerNorm, ReLU²); glm.py also Solar Open (GLM-4-MoE's experts on every layer under Llama's attention); dots1.py also
@@ -258,6 +261,7 @@ def _families() -> dict[str, Family]:
                                  zamba2)
     from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal, persimmon, xglm
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
+    from redline.interop import dbrx, minimax_m2, phimoe
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -284,7 +288,8 @@ def _families() -> dict[str, Family]:
                                 *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
                                 llama.CWM_FAMILY, glm.SOLAR_OPEN_FAMILY, dots1.HY_V3_FAMILY, llama.JAIS2_FAMILY,
                                 granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY, lara_mini.FAMILY,
-                                zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY)}
+                                zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
+                                minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -299,6 +304,9 @@ NOT_READ = {
                       "redline's gated delta nets (one decay per head) cannot express",
     "zamba": "Zamba (v1)'s Mamba-1 mixers split their channels into n_mamba_heads heads, each with its own x_proj "
              "and dt_proj, which redline's Mamba-1 layers (one x_proj and dt_proj) do not; Zamba2 is read",
+    "minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, normed "
+               "and gated, on most layers beside softmax attention every few) has no counterpart in redline's token "
+               "mixers or the engine's recurrent state caches",
 }
 
 
@@ -350,8 +358,9 @@ def export_family(cfg: ModelConfig) -> Family:
     sublayers, RoPE, GELU and no q/k/v biases, OLMo 2 with
     norms on the sublayers' outputs (EXAONE 4.0 with them and QK-norm per head), Gemma 3 with norms on their inputs and
     outputs (Gemma 2 without QK-norm), Gemma with its norms and embedding scale on pre-norm blocks (VaultGemma with
-    Gemma 2's window, score scale or caps besides), GLM-4-MoE with sigmoid-scored experts and partial RoPE (the one
-    export of grouped routing), GLM-4 with plain RMSNorms on the sublayers' inputs and outputs and partial RoPE, GLM
+    Gemma 2's window, score scale or caps besides), PhiMoE with SparseMixer routing, DBRX with clamped q/k/v or
+    softmax-routed experts in LayerNorm blocks, MiniMax-M2 with sigmoid-scored experts and QK-norm over whole
+    projections, GLM-4-MoE with sigmoid-scored experts and partial RoPE (the one export of grouped routing), GLM-4 with plain RMSNorms on the sublayers' inputs and outputs and partial RoPE, GLM
     with Llama's block, partial RoPE and q/k/v biases, Phi-3 with LongRoPE or Llama's block with partial RoPE, StableLM
     with RoPE, LayerNorm and SwiGLU, Phi with one norm for parallel sublayers, Falcon with two LayerNorms for parallel
     sublayers, GQA or multi-query attention and GELU, StarCoder2 with RoPE, LayerNorm and
@@ -451,6 +460,17 @@ def export_family(cfg: ModelConfig) -> Family:
         from redline.interop import deepseek
 
         return families[deepseek.export_name(cfg)]
+    from redline.interop import dbrx, minimax_m2, phimoe
+
+    if phimoe.wants_phimoe(cfg):  # SparseMixer routing: PhiMoE's alone
+        phimoe.check_exportable(cfg)
+        return families["phimoe"]
+    if dbrx.wants_dbrx(cfg):  # clamped q/k/v, or softmax-routed experts with LayerNorm: DBRX's alone
+        dbrx.check_exportable(cfg)
+        return families["dbrx"]
+    if minimax_m2.wants_minimax_m2(cfg):  # sigmoid-scored experts with QK-norm over whole projections: MiniMax-M2's
+        minimax_m2.check_exportable(cfg)
+        return families["minimax_m2"]
     if glm.wants_glm4_moe(cfg):  # sigmoid-scored experts beside attention with partial RoPE: GLM-4-MoE's alone
         glm.check_glm4_moe_exportable(cfg)
         return families["glm4_moe"]

@@ -7,7 +7,8 @@ gemma2, gemma3 (Gemma 3's text model), gpt2, gptneox, stablelm, phi2, phi3, star
 EXAONE 3.x, is read only: a redline model writes as llama), arcee (AFM),
 hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers have no kv heads), command-r and cohere2
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
-gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU), bloom (BLOOM: ALiBi, the embeddings' LayerNorm),
+gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU; minimax-m2, MiniMax-M2: partial RoPE, whole-projection
+QK-norm, sigmoid routing with its bias as exp_probs_b), bloom (BLOOM: ALiBi, the embeddings' LayerNorm),
 starcoder (GPTBigCode: multi-query, learned positions) and mpt (MPT: ALiBi, no biases) are read and written here; so
 are the recurrent hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets),
 mamba (Mamba-1 and Falcon-Mamba), mamba2 (Mamba-2), nemotron_h (Nemotron-H's one-sublayer blocks) and falcon-h1
@@ -60,7 +61,7 @@ from redline.model import ModelConfig, rope_attention_factor
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
           "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee", "bloom",
-          "starcoder", "mpt", *RECURRENT_ARCHES)
+          "starcoder", "mpt", "minimax-m2", *RECURRENT_ARCHES)
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -177,8 +178,12 @@ _GPT_OSS_NAMES = {"attn_norm": "input_layernorm", "post_attention_norm": "post_a
 # llama.cpp's gpt-oss clamps its SwiGLU at this limit, a constant of its graph (build_moe_ffn's
 # LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7.0) that no GGUF key changes; GPT-OSS's own swiglu_limit
 GPT_OSS_SWIGLU_LIMIT = 7.0
+# MiniMax-M2 (MODEL_TENSORS[MINIMAXM2], llama.cpp's llama_model_minimax_m2): Llama's names with the QK-norm over whole
+# projections (attn_q_norm (H·D,), attn_k_norm (KV·D,)), the experts stacked, the routing bias as exp_probs_b.bias
+# (transformers' mlp.e_score_correction_bias, as its GGUF loader's MiniMaxM2TensorProcessor maps it)
+_MINIMAX_M2_NAMES = {**_LLAMA_NAMES, "exp_probs_b": "mlp.e_score_correction_bias"}
 # Hugging Face names without a .weight / .bias of their own -> the GGUF suffix their tensor takes
-_BARE = {"feed_forward.expert_bias": "bias", "self_attn.sinks": "weight"}
+_BARE = {"feed_forward.expert_bias": "bias", "self_attn.sinks": "weight", "mlp.e_score_correction_bias": "bias"}
 # StarCoder2 (MODEL_TENSORS[STARCODER2]): Llama's attention names, LayerNorms with biases, c_fc / c_proj as ffn_up
 # and ffn_down
 _STARCODER2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -242,7 +247,7 @@ def _maps(arch: str) -> tuple[dict, dict, str]:
     if arch == "gpt-oss":
         return _GPT_OSS_NAMES, _LLAMA_TOP, "model.layers."
     names = {"olmo2": _OLMO2_NAMES, "exaone4": _OLMO2_NAMES, "hunyuan-dense": _HUNYUAN_NAMES, "gemma2": _GEMMA3_NAMES,
-             "gemma3": _GEMMA3_NAMES}.get(arch, _LLAMA_NAMES)
+             "gemma3": _GEMMA3_NAMES, "minimax-m2": _MINIMAX_M2_NAMES}.get(arch, _LLAMA_NAMES)
     return names, _LLAMA_TOP, "model.layers."
 
 
@@ -321,6 +326,8 @@ def _hf_config(fields: dict, arch: str, tensor_names: set[str], rope_freqs: torc
         return _lfm2_config(key, vocab, tied, moe=arch == "lfm2moe")
     if arch == "gpt-oss":
         return _gpt_oss_config(fields, key, vocab, tied, tensor_names)
+    if arch == "minimax-m2":
+        return _minimax_m2_config(key, vocab, tied)
     if arch == "starcoder2":  # the keys llama.cpp's converter writes; biases and the window as the tensors and keys say
         if key("rope.scaling.type") not in (None, "none"):
             raise UserError(f"the GGUF's RoPE scaling {key('rope.scaling.type')!r} on a starcoder2 model is not read "
@@ -565,6 +572,30 @@ def _lfm2_config(key, vocab: int, tied: bool, moe: bool = False) -> dict:
             "num_dense_layers": key("leading_dense_block_count", 0), "num_experts": key("expert_count"),
             "num_experts_per_tok": key("expert_used_count"), "use_expert_bias": True, "norm_topk_prob": True,
             "routed_scaling_factor": 1.0}
+
+
+def _minimax_m2_config(key, vocab: int, tied: bool) -> dict:
+    """A minimax_m2 config.json for a minimax-m2 GGUF, as llama.cpp's llama_model_minimax_m2 reads the file: heads
+    attention.key_length wide, RoPE (NeoX pairs) on rope.dimension_count of them, the experts
+    expert_feed_forward_length wide (else feed_forward_length, which its converter writes alike), sigmoid gating with
+    the chosen scores rescaled (its build_moe_ffn's norm_w) and the routing bias exp_probs_b on every layer."""
+    heads = key("attention.head_count")
+    head_dim = key("attention.key_length") or key("embedding_length") // heads
+    if key("expert_gating_func", 2) != 2:
+        raise UserError(f"the GGUF's minimax-m2 expert_gating_func is {key('expert_gating_func')}, not 2 (sigmoid); "
+                        f"redline reads MiniMax-M2's sigmoid routing")
+    if key("rope.scaling.type") not in (None, "none") or key("attention.sliding_window"):
+        raise UserError("the GGUF's minimax-m2 file has RoPE scaling or a sliding window, which redline does not read "
+                        "from it; import the model's Hugging Face folder")
+    return {"model_type": "minimax_m2", "vocab_size": vocab, "hidden_size": key("embedding_length"),
+            "intermediate_size": key("expert_feed_forward_length") or key("feed_forward_length"),
+            "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
+            "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim,
+            "max_position_embeddings": key("context_length", 196608),
+            "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6), "tie_word_embeddings": tied,
+            "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", 1e4),
+                                "partial_rotary_factor": key("rope.dimension_count", head_dim) / head_dim},
+            "num_local_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count")}
 
 
 def _phi3_config(key, vocab: int, tied: bool, rope_factors: dict) -> dict:
@@ -1066,7 +1097,8 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
     the names _LLAMA_NAMES gives llama.cpp's: the router as mlp.gate, each layer's experts stacked as
     mlp.experts.gate_proj / up_proj (E, F, C) and down_proj (E, C, F), from redline's state; shared experts as
     they are. arch lfm2moe: the same under feed_forward (LFM2-MoE's names), with its routing bias, on the expert
-    layers only."""
+    layers only; arch minimax-m2: the routing bias as mlp.e_score_correction_bias (zeros where the model has none:
+    llama.cpp's minimax-m2 loads one on every layer)."""
     moe = re.compile(r"\.(block_sparse_moe\.|(mlp|feed_forward)\.experts\.|(mlp|feed_forward)\.gate\.weight$|"
                      r"feed_forward\.expert_bias$)")
     out = {k: v for k, v in tensors.items() if not moe.search(k)}
@@ -1075,9 +1107,10 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
         p, r = f"model.layers.{i}.{'feed_forward' if lfm2 else 'mlp'}.", f"blocks.{i}.mlp."
         if r + "router.weight" not in state:  # a leading dense layer (model.moe_dense_layers)
             continue
-        if lfm2:  # llama.cpp's lfm2moe loads a routing bias on every expert layer: zeros where the model has none
+        if lfm2 or arch == "minimax-m2":  # a routing bias on every expert layer: zeros where the model has none
             bias = state.get(r + "expert_bias")
-            out[p + "expert_bias"] = bias if bias is not None else state[r + "router.weight"].new_zeros(cfg.moe_experts)
+            bias = bias if bias is not None else state[r + "router.weight"].new_zeros(cfg.moe_experts)
+            out[p + ("expert_bias" if lfm2 else "e_score_correction_bias")] = bias
         out[p + "gate.weight"] = state[r + "router.weight"]
         out[p + "experts.gate_proj.weight"], out[p + "experts.up_proj.weight"] = state[r + "fc"].chunk(2, dim=1)
         out[p + "experts.down_proj.weight"] = state[r + "proj"]
@@ -1136,6 +1169,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                            "without RoPE and their query temperature, input-weighted experts)"),
                 "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
                                        "scores, a routing bias, groups, shared experts)"),
+                "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "
+                                     "two, not SparseMixer's thresholded softmaxes"),
+                "dbrx": ("DBRX", "no writer here for llama.cpp's dbrx layout (clamped fused q/k/v, experts)"),
                 "minicpm3": ("MiniCPM3", "no writer here for llama.cpp's minicpm3 layout (latent attention, µP "
                                          "scalars, LongRoPE)"),
                 "axk1": ("A.X-K1", "no writer here for llama.cpp's deepseek2 layout (latent attention, kv_b split "
@@ -1187,6 +1223,11 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         return arch
     if family.name in MOE_ARCHES.values():
         return _moe_arch(family, cfg)
+    if family.name == "minimax_m2":  # minimax_m2.check_exportable (export_family) has refused what MiniMax-M2 lacks
+        if cfg.rope_scaling != "none":
+            raise UserError(f"model.rope_scaling={cfg.rope_scaling} on a MiniMax-M2 model: redline writes minimax-m2 "
+                            f"GGUF files without RoPE scaling; export with --format hf")
+        return "minimax-m2"
     if family.name == "gpt_oss":
         _check_gpt_oss(cfg)
         return "gpt-oss"
@@ -1377,8 +1418,9 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
             writer.add_rope_scaling_attn_factors(rope_attention_factor(cfg))
             writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
         return
-    writer.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "qwen3moe", "exaone4", "hunyuan-dense", *GEMMAS):
+    writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)  # minimax-m2's partial RoPE (no other here)
+    if cfg.head_dim * cfg.n_head != cfg.n_embd or arch in ("qwen3", "qwen3moe", "exaone4", "hunyuan-dense", "minimax-m2",
+                                                           *GEMMAS):
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if arch == "gemma3":
@@ -1398,8 +1440,10 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
     if cfg.moe_experts:  # the keys llama.cpp's converters write for a mixture of experts
         writer.add_expert_count(cfg.moe_experts)
         writer.add_expert_used_count(cfg.moe_top_k)
-        if arch in ("qwen2moe", "qwen3moe"):  # their experts' width apart from feed_forward_length
+        if arch in ("qwen2moe", "qwen3moe", "minimax-m2"):  # their experts' width apart from feed_forward_length
             writer.add_expert_feed_forward_length(cfg.hidden_dim)
+        if arch == "minimax-m2":  # as MiniMaxM2Model.set_gguf_parameters writes a sigmoid scoring_func
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         if cfg.moe_shared_hidden:
             writer.add_expert_shared_feed_forward_length(cfg.moe_shared_hidden)
     if arch in ("granite", "granitemoe"):  # every scalar, 1 where the model has none (llama.cpp reads 0 as none)

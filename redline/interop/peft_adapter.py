@@ -24,8 +24,9 @@ Falcon-Mamba's mixer.in_proj, x_proj and dt_proj, never out_proj, which PEFT ref
 Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, its dense feed_forward's
 gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers; llama4.py:
 Llama 4's q and k rows in its interleaved RoPE order as Cohere's, feed_forward.gate/up/down_proj and
-feed_forward.shared_expert.*, never the router, whose forward returns a pair; dots1.py and glm.py's Solar Open:
-the attention's, as Llama's):
+feed_forward.shared_expert.*, never the router, whose forward returns a pair; dots1.py, glm.py's Solar Open,
+minimax_m2.py, phimoe.py: the attention's, as Llama's; dbrx.py: Wqkv (redline's qkv as it is), out_proj and the
+router's ffn.router.layer):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -131,6 +132,13 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return [(base + _NEO[rest], slice(0, out_features))]
     if family.name in ("bloom", "mpt", "falcon"):
         return _alibi_parts(layer, i, rest, out_features, cfg, family)
+    if family.name == "dbrx":  # dbrx.py's names: Wqkv fused as redline's qkv, the router's Linear layer
+        names = {"attn.qkv": "norm_attn_norm.attn.Wqkv", "attn.proj": "norm_attn_norm.attn.out_proj",
+                 "mlp.router": "ffn.router.layer"}
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in DBRX (its experts are fused tensors, no "
+                            f"Linear layers); export with --merge")
+        return [(f"transformer.blocks.{i}.{names[rest]}", slice(0, out_features))]
     base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
         f"model.layers.{i}."
     if gpt2:
@@ -327,6 +335,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if rest == "mlp.router" and family.name == "phimoe":  # an nn.Linear whose forward returns a triple
+        raise UserError(f"the adapter on {layer} adapts PhiMoE's router (PhimoeTopKRouter, whose forward returns its "
+                        f"logits, weights and experts together: PEFT cannot wrap it); train with lora.targets that "
+                        f"leave mlp.router out (attn.*) or export with --merge")
     if rest == "mlp.router":
         raise UserError(f"the adapter on {layer} adapts a mixture of experts' router, which is no Linear layer in "
                         f"transformers' {family.architecture} (PEFT cannot load it); train with lora.targets attn.* "
@@ -441,7 +453,7 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
              "mamba2": "backbone.embeddings", "mamba": "backbone.embeddings",
              "falcon_mamba": "backbone.embeddings",
              "bloom": "transformer.word_embeddings", "falcon": "transformer.word_embeddings",
-             "mpt": "transformer.wte"}.get(family.name, "model.embed_tokens")
+             "mpt": "transformer.wte", "dbrx": "transformer.wte"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
            "lm_head": ("lm_head", cfg.vocab_size)}
     if name not in top:

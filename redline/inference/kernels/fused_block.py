@@ -83,6 +83,8 @@ FIELDS_ACCOUNTED = {
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     "moe_post_norm": "refused with moe_experts",
     "moe_weight_input": "refused with moe_experts",
+    "moe_jitter_eps": "refused with moe_experts", "moe_input_jitter": "training only (and refused with moe_experts)",
+    "qkv_clip": "refused by kernel_prologue_unsupported (the clamp sits between the projection and the kernel)",
     "rope_qk_norm": "refused (kernel_prologue_unsupported): the attention kernel normalizes by a weight before RoPE",
     "nope_temperature": "refused (kernel_prologue_unsupported): the attention kernel scales no queries by position",
     "nope_temperature_floor": "refused with nope_temperature",
