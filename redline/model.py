@@ -151,6 +151,9 @@ class ModelConfig:
     """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
     input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
     dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "none"."""
+    attn_gate_fn: Literal["sigmoid", "softplus"] = "sigmoid"
+    """attn_gate: the gate's function of g · x, sigmoid (LFM3's, Qwen3.5's, AFMoE's) or softplus, computed in fp32
+    (Laguna's), which can scale a head's output up as well as down."""
     kv_lora_rank: int = 0
     """Multi-head latent attention (DeepSeek-V2's MLA, DeepSeek-V3's, Kimi K2's) where > 0: keys and values come from
     a latent this wide (kv_a, C -> kv_lora_rank + rope_dims, its first part RMS-normalized and expanded by kv_b into
@@ -173,6 +176,10 @@ class ModelConfig:
     rope_local_theta: float = 0.0
     """The RoPE base of the sliding-window layers, without rope_scaling (Gemma 3's rope_local_base_freq, 10000, where
     its full layers take rope_theta with the scaling); 0 = the same RoPE as the full layers."""
+    rope_local_dims: int = 0
+    """With rope_local_theta: RoPE on the first this-many of each head's dimensions on the sliding-window layers,
+    where rope_dims gives the full layers' (Laguna's partial_rotary_factor per layer type: half of each full layer's
+    head, all of a windowed one's); 0 = rope_dims."""
     rope_scaling: Literal["none", "linear", "llama3", "yarn", "longrope", "proportional"] = "none"
     """RoPE frequency scaling for contexts beyond the trained one: linear divides every frequency by rope_factor;
     llama3 divides the low frequencies only and blends the middle band (Llama 3.1's rule); yarn does the same with
@@ -364,6 +371,10 @@ class ModelConfig:
     """Mixture of experts: a per-expert bias added to the scores to choose the top k (not to weight them): LFM2-MoE's
     and DeepSeek-V3's expert_bias, a buffer (no gradient reaches it): imported with the model, and moved toward an
     even load in training with moe_bias_update."""
+    moe_bias_on_logits: bool = False
+    """Mixture of experts with moe_expert_bias and sigmoid scores: the bias is added to the router's logits, not to
+    their sigmoid, to choose (Kolibri-1's router: top k of logits + bias, weighted by the chosen logits' sigmoid).
+    The sigmoid is monotonic but not linear, so the two choose differently wherever the bias is not zero."""
     moe_bias_update: float = 0.0
     """Mixture of experts with moe_expert_bias: after each optimizer step every expert's bias moves by this toward an
     even load, up where the expert took fewer than the mean of the step's token choices, down where it took more
@@ -984,6 +995,16 @@ class ModelConfig:
                                                                 and self.moe_norm_topk)):
             raise UserError(f"model.moe_norm_min={self.moe_norm_min} must be >= 0 and needs experts with softmax "
                             f"scores rescaled to sum to 1 (model.moe_experts, moe_gating=softmax, moe_norm_topk)")
+        if self.attn_gate_fn != "sigmoid" and self.attn_gate == "none":
+            raise UserError(f"model.attn_gate_fn={self.attn_gate_fn} needs a gate on the heads (model.attn_gate)")
+        if self.rope_local_dims and (not self.rope_local_theta or self.rope_local_dims % 2
+                                     or not 0 < self.rope_local_dims <= self.head_dim):
+            raise UserError(f"model.rope_local_dims={self.rope_local_dims} needs the windowed layers' own RoPE table "
+                            f"(model.rope_local_theta) and an even number of dimensions up to the head width "
+                            f"{self.head_dim}")
+        if self.moe_bias_on_logits and not (self.moe_expert_bias and self.moe_gating == "sigmoid"):
+            raise UserError("model.moe_bias_on_logits needs a routing bias on sigmoid scores (model.moe_expert_bias, "
+                            "moe_gating=sigmoid)")
         if self.moe_bias_update < 0 or (self.moe_bias_update and not self.moe_expert_bias):
             raise UserError(f"model.moe_bias_update={self.moe_bias_update} must be >= 0 and needs the experts' routing "
                             f"bias (model.moe_expert_bias=true)")
@@ -1535,14 +1556,17 @@ class Attention(nn.Module):
         return self.proj(self.gated(x, y))
 
     def gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y (B, T, H*D), the heads' outputs, times sigmoid(gate(x)): (B, T, H) a head where attn_gate=head,
-        (B, T, H*D) an element where attn_gate=element."""
+        """y (B, T, H*D), the heads' outputs, times sigmoid(gate(x)) (softplus: attn_gate_fn): (B, T, H) a head
+        where attn_gate=head, (B, T, H*D) an element where attn_gate=element."""
         if self.gate is None:
             return y
+        g = self.gate(x)
+        # softplus (Laguna's) in fp32, cast back, as transformers' LagunaAttention computes it
+        g = torch.sigmoid(g) if self.cfg.attn_gate_fn == "sigmoid" else F.softplus(g.float()).to(y.dtype)
         if self.cfg.attn_gate == "element":  # (B, T, H*D) each
-            return y * torch.sigmoid(self.gate(x))
+            return y * g
         B, T, _ = y.shape
-        return (y.view(B, T, self.n_head, self.head_dim) * torch.sigmoid(self.gate(x)).unsqueeze(-1)).view(B, T, -1)
+        return (y.view(B, T, self.n_head, self.head_dim) * g.unsqueeze(-1)).view(B, T, -1)
 
 
 class DiffAttention(Attention):
@@ -2394,6 +2418,7 @@ class MoE(nn.Module):
         self.gated, self.groups, self.topk_groups = cfg.gated_mlp, cfg.moe_groups, cfg.moe_topk_groups
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
+        self.bias_on_logits = cfg.moe_bias_on_logits  # the bias joins the logits, before the sigmoid (Kolibri-1's)
         # moe_bias_update: each expert's token choices in training since the last update, (E,) fp32: a tensor the
         # expert_balance converter owns, reads and clears after each optimizer step (not a buffer: data parallelism
         # would broadcast rank 0's over the others' counts)
@@ -2448,7 +2473,10 @@ class MoE(nn.Module):
         if self.sparsemixer:  # the weights from the logits in their own dtype, as PhiMoE's router computes them
             weights, experts = sparsemixer(logits, self.jitter_eps, self.training)
         elif self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
-            choice = probs if self.expert_bias is None else probs + self.expert_bias
+            if self.expert_bias is None:
+                choice = probs
+            else:  # (N, E) fp32
+                choice = (logits.float() if self.bias_on_logits else probs) + self.expert_bias
             if self.groups > 1:  # DeepSeek-V3's group-limited routing: the best groups by their two best scores
                 grouped = choice.view(-1, self.groups, E // self.groups)  # (N, G, E/G)
                 best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.topk_groups, dim=-1).indices  # (N, g)
@@ -2824,7 +2852,9 @@ class GPT(nn.Module):
         for theta, scaled in self.cfg.rope_bases or [(self.cfg.rope_theta, True)]:
             # rope_theta's table serves the full-attention layers: global_head_size wide where it is given
             width = self.cfg.global_head_size if scaled and self.cfg.global_head_size else self.cfg.head_dim
-            tables += rope_tables(replace(self.cfg, rope_theta=theta, head_size=width,
+            # the windowed layers' table: rope_local_dims of each head where given (Laguna's)
+            dims = self.cfg.rope_dims if scaled else (self.cfg.rope_local_dims or self.cfg.rope_dims)
+            tables += rope_tables(replace(self.cfg, rope_theta=theta, head_size=width, rope_dims=dims,
                                           rope_scaling=self.cfg.rope_scaling if scaled else "none"))
         if self.cfg.nope_temperature:
             tables += (nope_temperature_table(self.cfg),)

@@ -696,6 +696,81 @@ FAMILIES = {
                            attn_config={"kv_n_heads": 4, "clip_qkv": 8.0, "rope_theta": 10000.0},
                            ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 3, "moe_top_k": 1,
                                        "moe_normalize_expert_weights": None, "moe_jitter_eps": 0.01})),
+    # AFMoE: gated heads (an element each), sandwich norms, QK-norm; layers 0-2 windowed (a window shorter than the
+    # test sequences) and rotating, layer 3 full without RoPE; a dense first layer, then top 2 of 4 sigmoid-scored
+    # experts chosen with a bias, rescaled, times route_scale 1.5, beside two shared experts; µP embedding scale
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM",
+              dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=2,
+                   num_dense_layers=1, route_scale=1.5, global_attn_every_n_layers=4, sliding_window=5,
+                   mup_enabled=True, tie_word_embeddings=False, pad_token_id=None,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # AFMoE with full layers 0 and 2 out of a repeating pattern (rope_layer_theta, window_layers), every layer
+    # experts, tied, no µP scale
+    "afmoe-layers": ("AfmoeConfig", "AfmoeForCausalLM",
+                     dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                          moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+                          num_dense_layers=0, sliding_window=4, tie_word_embeddings=True, pad_token_id=None,
+                          layer_types=["full_attention", "sliding_attention", "full_attention"])),
+    # Mellum: Qwen3-MoE's block with layers 1 and 3 windowed (a window shorter than the test sequences; their own
+    # RoPE base, the full layers' YaRN-scaled), layer 2's MLP dense, top 2 of 4 softmax experts rescaled
+    "mellum": ("MellumConfig", "MellumForCausalLM",
+               dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, sliding_window=5,
+                    layer_types=["full_attention", "sliding_attention"] * 2,
+                    mlp_layer_types=["sparse", "sparse", "dense", "sparse"], tie_word_embeddings=False,
+                    pad_token_id=None,
+                    rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                                        "original_max_position_embeddings": 32},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}})),
+    # Mellum with every layer full, a dense first layer, top-k weights not rescaled, tied
+    "mellum-dense-first": ("MellumConfig", "MellumForCausalLM",
+                           dict(num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=24,
+                                num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
+                                mlp_layer_types=["dense", "sparse"], tie_word_embeddings=True, pad_token_id=None)),
+    # Flint: Qwen3-MoE's attention with sinks (perturbed like every parameter), layers 0, 1 and 5 full without RoPE,
+    # 2-4 windowed and rotating (a window shorter than the test sequences), layers 0 and 1 dense, top 2 of 4
+    # sigmoid-scored experts rescaled beside an ungated shared expert
+    "flint": ("FlintConfig", "FlintForCausalLM",
+              dict(num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4,
+                   num_experts_per_tok=2, sliding_window=5, tie_word_embeddings=False, pad_token_id=None,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Kolibri-1: GLM-4's sandwich norms, EXAONE 4.0's attention (QK-norm; layers 0-2 windowed and rotating, a window
+    # shorter than the test sequences, layer 3 full without RoPE), top 2 of 4 experts chosen by logits plus a bias,
+    # weighted by the chosen logits' sigmoid, rescaled, beside an ungated shared expert
+    "kolibri1": ("Kolibri1Config", "Kolibri1ForCausalLM",
+                 dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4,
+                      num_experts_per_tok=2, norm_topk_prob=True, sliding_window=5, tie_word_embeddings=False,
+                      layer_types=["sliding_attention"] * 3 + ["full_attention"], pad_token_id=None,
+                      rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Kolibri-1 with layer 0 full without RoPE, layer 1 windowed and rotating, top-k weights not rescaled, tied
+    "kolibri1-first-full": ("Kolibri1Config", "Kolibri1ForCausalLM",
+                            dict(num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=24,
+                                 shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                                 sliding_window=4, layer_types=["full_attention", "sliding_attention"],
+                                 tie_word_embeddings=True, pad_token_id=None)),
+    # Laguna: a softplus gate a head, QK-norm, layers 1 and 3 windowed (a window shorter than the test sequences) with
+    # their own RoPE base on whole heads, the full layers' on half of each head, YaRN-scaled; a dense first layer, then
+    # top 2 of 4 sigmoid-scored experts chosen with a bias, rescaled, times 1.5, beside an ungated shared expert
+    "laguna": ("LagunaConfig", "LagunaForCausalLM",
+               dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4,
+                    num_experts_per_tok=2, moe_routed_scaling_factor=1.5, sliding_window=5,
+                    layer_types=["full_attention", "sliding_attention"] * 2, tie_word_embeddings=False,
+                    pad_token_id=None,
+                    rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0,
+                                                        "original_max_position_embeddings": 32,
+                                                        "partial_rotary_factor": 0.5},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0,
+                                                           "partial_rotary_factor": 1.0}})),
+    # Laguna with a softplus gate on every element, every layer full and experts (mlp_layer_types), tied
+    "laguna-element": ("LagunaConfig", "LagunaForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=24,
+                            shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                            gating="per-element", mlp_layer_types=["sparse", "sparse"], tie_word_embeddings=True,
+                            pad_token_id=None)),
     # Nemotron-H with expert layers (Nemotron 3 Nano's E): ME*-E, 8 ReLU² experts 32 wide in 2 groups (top 2 from the
     # best group), routing bias, scores renormalised and scaled by 2.5, a shared expert 48 wide; the "-" layer's MLP
     # intermediate_size (96) wide

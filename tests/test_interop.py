@@ -142,7 +142,9 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("zamba2-gqa", "Zamba2"), ("bitnet", "BitNet"),
                                         ("diffllama", "DiffLlama"), ("recurrent_gemma", "RecurrentGemma"),
                                         ("doge", "Doge"), ("phimoe", "PhiMoE"),
-                                        ("dbrx", "DBRX")])
+                                        ("dbrx", "DBRX"),
+                                        ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
+                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -279,6 +281,45 @@ REDLINE_EXPORTS = {
                                  nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1,
                                  moe_dense_hidden=48, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                  moe_shared_hidden=32, moe_shared_gate=False, moe_scale=2.0),
+    # AFMoE: gated heads, sandwich norms, layer 0 windowed and rotating, layer 1 full without RoPE, sigmoid-scored
+    # experts chosen with a bias beside a shared one, µP embedding scale
+    "AfmoeForCausalLM": dict(norm_position="sandwich", attn_gate="element", qk_norm=True, n_kv_head=2,
+                             sliding_window=4, sliding_window_pattern=2, nope_interval=2, moe_experts=4, moe_top_k=2,
+                             mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                             moe_shared_hidden=32, moe_shared_gate=False, moe_scale=2.0, embed_multiplier=8.0),
+    # Mellum: Qwen3-MoE's block with layer 0 windowed (its own RoPE base), layer 1 full, the first MLP dense; and
+    # with experts on layer 1 alone after a dense one, every layer full (moe_layers)
+    "MellumForCausalLM": dict(qk_norm=True, n_kv_head=2, sliding_window=4, window_layers=(0,), rope_local_theta=50.0,
+                              moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1, moe_dense_hidden=48),
+    "MellumForCausalLM-layers": dict(qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
+                                     moe_layers=(1,), moe_dense_hidden=48, moe_norm_topk=False, rope_theta=500.0),
+    # Flint: sinks on Qwen3-MoE's attention, layer 0 windowed and rotating, layer 1 full without RoPE, top 2 of 4
+    # sigmoid-scored experts rescaled without an epsilon beside an ungated shared expert
+    "FlintForCausalLM": dict(qk_norm=True, attn_sinks=True, n_kv_head=2, sliding_window=4, sliding_window_pattern=2,
+                             nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid",
+                             moe_norm_eps=0.0, moe_shared_hidden=24, moe_shared_gate=False),
+    # Kolibri-1: sandwich norms, QK-norm, layer 0 windowed and rotating, layer 1 full without RoPE, experts chosen by
+    # logits plus a bias beside an ungated shared one; and every layer rotating without a window
+    "Kolibri1ForCausalLM": dict(norm_position="sandwich", qk_norm=True, n_kv_head=2, sliding_window=4,
+                                sliding_window_pattern=2, nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
+                                moe_gating="sigmoid", moe_expert_bias=True, moe_bias_on_logits=True, moe_norm_eps=0.0,
+                                moe_shared_hidden=24, moe_shared_gate=False),
+    "Kolibri1ForCausalLM-rope": dict(norm_position="sandwich", qk_norm=True, moe_experts=4, moe_top_k=2, mlp_hidden=16,
+                                     moe_gating="sigmoid", moe_expert_bias=True, moe_bias_on_logits=True,
+                                     moe_norm_topk=False, moe_shared_hidden=16, moe_shared_gate=False,
+                                     tie_embeddings=True),
+    # Laguna: a softplus gate a head, layer 0 windowed with its own base on whole heads, layer 1 full on half of each
+    # head, a dense first MLP, sigmoid experts chosen with a bias, times 2, beside a shared one; and a softplus gate
+    # an element, every layer full and experts
+    "LagunaForCausalLM": dict(qk_norm=True, n_kv_head=2, attn_gate="head", attn_gate_fn="softplus", sliding_window=4,
+                              window_layers=(0,), rope_dims=8, rope_local_theta=50.0, rope_local_dims=16,
+                              moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                              moe_norm_eps=0.0, moe_scale=2.0, moe_shared_hidden=24, moe_shared_gate=False,
+                              moe_dense_layers=1, moe_dense_hidden=48),
+    "LagunaForCausalLM-element": dict(qk_norm=True, attn_gate="element", attn_gate_fn="softplus", moe_experts=4,
+                                      moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                                      moe_norm_eps=0.0, moe_shared_hidden=24, moe_shared_gate=False,
+                                      tie_embeddings=True),
     # LFM2: short convolutions on layer 0, attention with QK-norm on 1
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
     # LFM2-MoE: layer 0 dense (80 wide), layer 1 top 2 of 4 sigmoid-scored experts chosen with a bias, times 2
@@ -785,14 +826,14 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports apertus, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "redline imports afmoe, apertus, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
-                         "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, gemma, gemma2, gemma3, "
+                         "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, "
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
                          "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
-                         " hyperclovax, jais2, jamba, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
-                         "mamba2, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
+                         " hyperclovax, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
+                         "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
                          "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, "

@@ -77,6 +77,28 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                  nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_dense_layers=1,
                                  moe_dense_hidden=48, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                  moe_shared_hidden=32, moe_shared_gate=False),
+    # AFMoE: its attention's q/k/v and o_proj adapted (TARGETS); a dense first layer
+    "AfmoeForCausalLM": dict(norm_position="sandwich", attn_gate="element", qk_norm=True, n_kv_head=2,
+                             sliding_window=4, sliding_window_pattern=2, nope_interval=2, moe_experts=4, moe_top_k=2,
+                             mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                             moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=48),
+    # Mellum: Qwen3-MoE's attention with a windowed layer, a dense first MLP (its attention adapted: PEFT moves MLP
+    # adapters onto the experts); Flint: the same with sinks (not adapted) and sigmoid-scored experts
+    "MellumForCausalLM": dict(qk_norm=True, n_kv_head=2, sliding_window=4, window_layers=(0,), moe_experts=4,
+                              moe_top_k=2, mlp_hidden=16, moe_dense_layers=1, moe_dense_hidden=48),
+    "FlintForCausalLM": dict(qk_norm=True, attn_sinks=True, n_kv_head=2, sliding_window=4, sliding_window_pattern=2,
+                             nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid",
+                             moe_norm_eps=0.0, moe_shared_hidden=24, moe_shared_gate=False),
+    # Kolibri-1: sandwich norms, experts chosen by logits plus a bias (its attention adapted)
+    "Kolibri1ForCausalLM": dict(norm_position="sandwich", qk_norm=True, n_kv_head=2, sliding_window=4,
+                                sliding_window_pattern=2, nope_interval=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
+                                moe_gating="sigmoid", moe_expert_bias=True, moe_bias_on_logits=True, moe_norm_eps=0.0,
+                                moe_shared_hidden=24, moe_shared_gate=False),
+    # Laguna: its attention adapted, the softplus head gate (self_attn.g_proj) with it
+    "LagunaForCausalLM": dict(qk_norm=True, n_kv_head=2, attn_gate="head", attn_gate_fn="softplus", sliding_window=4,
+                              window_layers=(0,), rope_dims=8, rope_local_theta=50.0, rope_local_dims=16,
+                              moe_experts=4, moe_top_k=2, mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True,
+                              moe_norm_eps=0.0, moe_shared_hidden=24, moe_shared_gate=False),
     # FlexOlmo: OLMo 2's block with OLMoE's experts (its attention adapted: a router is no Linear layer)
     "FlexOlmoForCausalLM": dict(norm_position="output", qk_norm=True, qk_norm_scope="all", n_kv_head=2, moe_experts=4,
                                 moe_top_k=2, mlp_hidden=32),
@@ -300,6 +322,10 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "Ernie4_5_MoeForCausalLM": ("attn.*",), "HunYuanMoEV1ForCausalLM": ("attn.*",),
            "Cohere2MoeForCausalLM": ("attn.*",),
            "FlexOlmoForCausalLM": ("attn.*",), "ExaoneMoeForCausalLM": ("attn.*",),
+           # AFMoE's head gate (self_attn.gate_proj) is refused: PEFT takes it for an expert's gate_proj
+           "AfmoeForCausalLM": ("attn.qkv", "attn.proj"),
+           "MellumForCausalLM": ("attn.*",), "FlintForCausalLM": ("attn.*",), "Kolibri1ForCausalLM": ("attn.*",),
+           "LagunaForCausalLM": ("attn.*",),
            "GraniteMoeSWAForCausalLM": ("attn.*", "mlp.shared.*"),
            # Zamba2: its mixers and each caller's output projection (the shared block is one module in transformers)
            "Zamba2ForCausalLM": ("attn.in_proj", "attn.proj", "mamba.*", "attn.shared_in"),
@@ -492,6 +518,12 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     assert "blocks.1.mlp.router adapts a mixture of experts' router, which is no Linear layer in transformers' " \
            "JambaForCausalLM" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "j").exists()
+    # AFMoE's head gate: self_attn.gate_proj, which PEFT takes for an expert's gate_proj
+    _, ckpt = lora_run(tmp_path / "afmoe", "AfmoeForCausalLM", targets=("attn.*",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "a")) == 2
+    err = capsys.readouterr().err
+    assert "blocks.0.attn.gate adapts AFMoE's head gate, self_attn.gate_proj" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
 
 
 def test_llama4_adapter_on_the_router_is_refused(tmp_path, capsys):

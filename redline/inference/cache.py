@@ -392,6 +392,8 @@ def kernel_prologue_unsupported(cfg) -> str | None:
         return "q, k and v clamped (model.qkv_clip)"
     if getattr(cfg, "rope_dims", 0):
         return "RoPE on part of each head (model.rope_dims)"
+    if getattr(cfg, "rope_local_dims", 0):
+        return "RoPE on part of each windowed layer's heads (model.rope_local_dims)"
     if getattr(cfg, "rope_local_theta", 0):
         return "the windowed layers' own RoPE tables (model.rope_local_theta)"
     if getattr(cfg, "nope_interval", 0):

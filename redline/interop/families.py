@@ -42,7 +42,11 @@ outputs); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
 qwen3); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
-A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers).
+A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
+afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
+windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
+Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
+Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -262,6 +266,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal, persimmon, xglm
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
+    from redline.interop import afmoe, kolibri1, laguna, windowed_moe
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -289,7 +294,9 @@ def _families() -> dict[str, Family]:
                                 llama.CWM_FAMILY, glm.SOLAR_OPEN_FAMILY, dots1.HY_V3_FAMILY, llama.JAIS2_FAMILY,
                                 granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY, lara_mini.FAMILY,
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
-                                minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY)}
+                                minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
+                                afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
+                                laguna.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -307,6 +314,10 @@ NOT_READ = {
     "minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, normed "
                "and gated, on most layers beside softmax attention every few) has no counterpart in redline's token "
                "mixers or the engine's recurrent state caches",
+    "jetmoe": "JetMoE's mixture of attention heads (each token's query and output projections routed among "
+              "experts, keys and values shared) is an attention kind redline's model has not",
+    "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
+            "delayed state), its MLP router and its residual scaling are layers redline's model has not",
 }
 
 
@@ -372,7 +383,10 @@ def export_family(cfg: ModelConfig) -> Family:
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
     attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
-    Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), Solar Open with sigmoid scores and an ungated shared
+    Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), Kolibri-1 with a routing bias on the logits, Laguna with softplus
+    head gates or the windowed layers' own partial RoPE, AFMoE with sigmoid scores under element-wise attention
+    gates or sandwich norms, Flint with sigmoid scores and attention sinks, Mellum with softmax scores, QK-norm and
+    windowed or dense layers, Solar Open with sigmoid scores and an ungated shared
     expert on every layer of Llama's attention (no QK-norm, whole heads), dots.llm1 with sigmoid scores
     (DeepSeek-V3's routing: a bias, groups, a scale, an ungated shared expert), or GPT-OSS with attention sinks, expert biases or clamped
     SwiGLU experts, as ERNIE 4.5 MoE with softmax scores and a bias that chooses (on every N-th layer too), as Hunyuan
@@ -448,6 +462,17 @@ def export_family(cfg: ModelConfig) -> Family:
         return families["persimmon"]
     from redline.interop import glm, llama4
 
+    from redline.interop import kolibri1, laguna
+
+    # first: a routing bias on the logits is Kolibri-1's alone (every other export would choose by the scores), a
+    # softplus head gate or the windowed layers' own partial RoPE Laguna's (every other would gate by a sigmoid or
+    # rotate one width)
+    if kolibri1.wants_kolibri1(cfg):
+        kolibri1.check_exportable(cfg)
+        return families["kolibri1"]
+    if laguna.wants_laguna(cfg):
+        laguna.check_exportable(cfg)
+        return families["laguna"]
     # first: chunked attention, the NoPE layers' temperature, input-weighted experts are Llama 4's alone
     if llama4.wants_llama4(cfg):
         llama4.check_exportable(cfg)
@@ -471,6 +496,16 @@ def export_family(cfg: ModelConfig) -> Family:
     if minimax_m2.wants_minimax_m2(cfg):  # sigmoid-scored experts with QK-norm over whole projections: MiniMax-M2's
         minimax_m2.check_exportable(cfg)
         return families["minimax_m2"]
+    from redline.interop import afmoe
+
+    if afmoe.wants_afmoe(cfg):  # sigmoid-scored experts under element-wise gates or sandwich norms: AFMoE's alone
+        afmoe.check_exportable(cfg)
+        return families["afmoe"]
+    from redline.interop import windowed_moe
+
+    if windowed_moe.wants_flint(cfg):  # sigmoid-scored experts with attention sinks: Flint's alone
+        windowed_moe.check_flint_exportable(cfg)
+        return families["flint"]
     if glm.wants_glm4_moe(cfg):  # sigmoid-scored experts beside attention with partial RoPE: GLM-4-MoE's alone
         glm.check_glm4_moe_exportable(cfg)
         return families["glm4_moe"]
@@ -531,6 +566,9 @@ def export_family(cfg: ModelConfig) -> Family:
     if cohere.wants_cohere2_moe(cfg):  # experts in Cohere's parallel block, in any layer and window layout
         cohere.check_moe_exportable(cfg)
         return families["cohere2_moe"]
+    if windowed_moe.wants_mellum(cfg):  # softmax experts, Qwen3's attention, windowed or dense layers: Mellum's
+        windowed_moe.check_mellum_exportable(cfg)
+        return families["mellum"]
     if cfg.moe_layers and ernie.wants_ernie_moe(cfg):  # experts among dense layers: ERNIE 4.5 MoE's interval
         ernie.check_moe_exportable(cfg)
         return families["ernie4_5_moe"]

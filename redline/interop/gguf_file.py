@@ -1167,6 +1167,15 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                                "kv_b split into k_b and v_b)"),
                 "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
                                            "without RoPE and their query temperature, input-weighted experts)"),
+                "afmoe": ("AFMoE", "no writer here for llama.cpp's afmoe layout (gated heads, sandwich norms, NoPE "
+                                   "full layers, sigmoid routing with a bias)"),
+                "mellum": ("Mellum", "no writer here for experts with windowed layers, a RoPE base of their own "
+                                     "and dense layers among them (GGUF's qwen3moe has none of them)"),
+                "flint": ("Flint", "no writer here for Qwen3-MoE's attention with sinks, NoPE full layers and "
+                                   "sigmoid-scored experts beside a shared one"),
+                "kolibri1": ("Kolibri-1", "no writer here for experts chosen by logits plus a bias in GLM-4's "
+                                          "sandwich blocks"),
+                "laguna": ("Laguna", "no writer here for its softplus head gates and per-type partial RoPE"),
                 "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
                                        "scores, a routing bias, groups, shared experts)"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "

@@ -41,7 +41,8 @@ _GRANITE = "block_sparse_moe."  # GraniteMoE: router.layer (E, C), input_linear 
 # them on loading): router (E, C), experts.gate_up_proj (E, 2F, C), experts.down_proj (E, C, F)
 _GRANITE_STACKED = ("router.weight", "experts.gate_up_proj", "experts.down_proj")
 NAMES = {"mixtral": _MIXTRAL, "qwen2_moe": _QWEN, "qwen3_moe": _QWEN, "olmoe": _QWEN, "flex_olmo": _QWEN,
-         "lfm2_moe": _LFM2}
+         "lfm2_moe": _LFM2, "mellum": _QWEN, "flint": _QWEN,  # Mellum's and Flint's: windowed_moe.py
+         "laguna": _QWEN}
 _ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                   "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
                   "flex_olmo": "FlexOlmoForCausalLM"}

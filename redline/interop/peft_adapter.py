@@ -335,6 +335,12 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if family.name == "laguna" and rest == "attn.gate":  # Laguna's softplus head gate (laguna.py)
+        return [(base + "self_attn.g_proj", slice(0, out_features))]
+    if family.name == "afmoe" and rest == "attn.gate":  # AFMoE's element-wise head gate, self_attn.gate_proj
+        raise UserError(f"the adapter on {layer} adapts AFMoE's head gate, self_attn.gate_proj, which PEFT takes for "
+                        f"an expert's gate_proj and refuses without up_proj (fused into the experts' gate_up_proj); "
+                        f"train with lora.targets attn.qkv attn.proj or export with --merge")
     if rest == "mlp.router" and family.name == "phimoe":  # an nn.Linear whose forward returns a triple
         raise UserError(f"the adapter on {layer} adapts PhiMoE's router (PhimoeTopKRouter, whose forward returns its "
                         f"logits, weights and experts together: PEFT cannot wrap it); train with lora.targets that "
