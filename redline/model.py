@@ -7,7 +7,8 @@ Features (each a field of `ModelConfig`):
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's; on the windowed layers alone,
   `attn_sinks_windowed`, MiMo-V2-Flash's); a sigmoid gate on each head's output
-  or each of its elements (`attn_gate`, LFM3's and Qwen3.5's); optional sliding-window attention, on every layer or
+  or each of its elements (`attn_gate`, LFM3's and Qwen3.5's; a softplus, `attn_gate_fn`, Laguna's); optional
+  sliding-window attention, on every layer or
   interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
   normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
@@ -20,7 +21,8 @@ Features (each a field of `ModelConfig`):
   engine's, redline/inference/cache.py), so the engine runs the model's own blocks;
 - positions: RoPE (with `rope_theta`, and Llama 3's, YaRN's, LongRoPE's, linear or proportional (part of each
   head's pairs turning) frequency scaling; the sliding-window layers
-  with a base of their own, `rope_local_theta`, as Gemma 3's; one layer in N without it, `nope_interval`, as
+  with a base of their own, `rope_local_theta`, as Gemma 3's, on a part of each head of their own,
+  `rope_local_dims`, as Laguna's; one layer in N without it, `nope_interval`, as
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
   ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
   explicit per-token positions (packed documents restart at 0);

@@ -175,9 +175,10 @@ def hf_config(cfg: ModelConfig) -> dict:
 def wants_afmoe(cfg: ModelConfig) -> bool:
     """Sigmoid-scored experts under element-wise attention gates or sandwich norms: of the architectures redline
     exports to, AFMoE alone (Qwen3.5-MoE's gated attention has softmax experts and norms by 1 + weight, Gemma 4's
-    sandwich experts run beside a dense MLP; gated delta nets and short convolutions are theirs: their checks name
-    what they lack)."""
-    return bool(cfg.moe_experts and cfg.moe_gating == "sigmoid" and not (cfg.moe_beside_dense or cfg.norm_unit_offset)
+    sandwich experts run beside a dense MLP, partial RoPE is GLM-4-MoE's; gated delta nets and short convolutions are
+    theirs: their checks name what they lack)."""
+    return bool(cfg.moe_experts and cfg.moe_gating == "sigmoid"
+                and not (cfg.moe_beside_dense or cfg.norm_unit_offset or cfg.rope_dims)
                 and (cfg.attn_gate == "element" or cfg.norm_position == "sandwich")
                 and not (cfg.conv_layers or cfg.delta_layers or cfg.mlp_free_layers or cfg.mixer_free_layers))
 

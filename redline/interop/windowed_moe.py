@@ -112,9 +112,9 @@ def _mellum_hf_config(cfg: ModelConfig) -> dict:
 def wants_mellum(cfg: ModelConfig) -> bool:
     """A softmax-scored mixture with Qwen3's attention and windowed or dense layers (or a RoPE base of the windowed
     layers' own): Mellum's alone among the architectures redline exports to (Qwen3-MoE attends to the whole context
-    with experts on every layer)."""
+    with experts on every layer; QK-norm after RoPE is Hunyuan MoE's, whose check names what it lacks)."""
     return bool(cfg.moe_experts and cfg.moe_gating == "softmax" and cfg.qk_norm and cfg.qk_norm_scope == "head"
-                and not (cfg.moe_expert_bias or cfg.attn_sinks or cfg.parallel_shared_norm or cfg.conv_layers
+                and not (cfg.qk_norm_after_rope or cfg.moe_expert_bias or cfg.attn_sinks or cfg.parallel_shared_norm or cfg.conv_layers
                          or cfg.delta_layers or cfg.mlp_free_layers or cfg.mixer_free_layers)
                 and (cfg.sliding_window or cfg.moe_dense_layers or cfg.moe_layers or cfg.rope_local_theta))
 
@@ -128,7 +128,6 @@ def check_mellum_exportable(cfg: ModelConfig) -> None:
          f"{what} has pre-RMSNorm blocks run in turn (model.norm_position, norm, norm_unit_offset, norm_affine, "
          f"embed_norm, parallel_residual)"),
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts and MLPs (model.mlp={cfg.mlp})"),
-        (cfg.qk_norm_after_rope, f"{what} has QK-norm before RoPE (model.qk_norm_after_rope)"),
         (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval or cfg.rope_layer_theta,
          f"{what} rotates every layer's whole heads (model.pos_emb, rope_dims, nope_interval, rope_layer_theta)"),
         (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
