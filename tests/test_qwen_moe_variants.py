@@ -52,6 +52,7 @@ _SIGMOID = dict(vocab_size=64, n_layer=2, n_embd=32, n_head=4, qk_norm=True, moe
     (dict(sliding_window=0, sliding_window_pattern=0), "layers without RoPE among rotating ones need a window"),
     (dict(moe_shared_gate=True), "ungated shared expert"),
     (dict(embed_multiplier=3.0), "sqrt.n_embd."),
+    (dict(v_norm=True), "has no such layers .model.v_norm."),
 ])
 def test_afmoe_export_refusals_name_the_option(extra, fragment):
     with pytest.raises(UserError, match=fragment):

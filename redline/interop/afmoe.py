@@ -202,6 +202,17 @@ def rotation_problems(cfg: ModelConfig, what: str) -> list[tuple[bool, str]]:
     ]
 
 
+def other_layer_problems(cfg: ModelConfig, what: str) -> list[tuple[bool, str]]:
+    """For raise_first: the layers of other architectures (Gemma 4's and Gemma 3n's, recurrent and convolution
+    layers, blocks of one sublayer) that AFMoE, Flint, Mellum, Kolibri-1 and Laguna have none of."""
+    named = [name for name in ("v_norm", "layer_scalars", "per_layer_embd", "kv_shared_layers", "global_head_size",
+                               "global_kv_head", "global_values_from_keys", "altup_streams", "laurel_rank",
+                               "mlp_sparsity", "conv_layers", "delta_layers", "mlp_free_layers", "mixer_free_layers",
+                               "moe_beside_dense", "attn_chunk", "nope_temperature", "rope_qk_norm")
+             if getattr(cfg, name, None)]
+    return [(bool(named), f"{what} has no such layers (model.{named[0] if named else ''})")]
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """A UserError naming the option of a model wants_afmoe chose that AFMoE does not have."""
     what = "sigmoid-scored experts with element-wise attention gates or sandwich norms: AFMoE, the architecture with them,"
@@ -214,7 +225,7 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts and MLPs (model.mlp={cfg.mlp})"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
-        *rotation_problems(cfg, what),
+        *rotation_problems(cfg, what), *other_layer_problems(cfg, what),
         (cfg.embed_multiplier and abs(cfg.embed_multiplier - math.sqrt(cfg.n_embd)) > 1e-9 * cfg.embed_multiplier,
          f"{what} scales its embeddings by sqrt(n_embd) or not at all (model.embed_multiplier="
          f"{cfg.embed_multiplier})"),

@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.afmoe import _rotation, rotation_problems
+from redline.interop.afmoe import _rotation, other_layer_problems, rotation_problems
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import _qkv, _rope, check_silu, layer_windows, rope_scaling, shape_fields
 from redline.interop.moe import experts_to_hf, experts_to_redline, expert_fields
@@ -153,7 +153,7 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts (model.mlp={cfg.mlp})"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
-        *rotation_problems(cfg, what),
+        *rotation_problems(cfg, what), *other_layer_problems(cfg, what),
         (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
          f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
         (not cfg.moe_shared_hidden or cfg.moe_shared_gate,

@@ -26,6 +26,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
+from redline.interop.afmoe import other_layer_problems
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.interop.gemma3 import _rope_fields
 from redline.interop.llama import _ignorable, check_silu, layer_windows, rope_scaling, shape_fields, to_hf, to_redline
@@ -164,6 +165,7 @@ def check_exportable(cfg: ModelConfig) -> None:
          f"{what} has sigmoid-scored SwiGLU experts (model.moe_experts, mlp, moe_gating=sigmoid)"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
+        *other_layer_problems(cfg, what),
         (cfg.pos_emb != "rope" or cfg.nope_interval or cfg.rope_layer_theta,
          f"{what} rotates every layer (model.pos_emb, nope_interval, rope_layer_theta)"),
         (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,

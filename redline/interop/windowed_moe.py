@@ -28,7 +28,7 @@ and rotary embedding) and models/flint/modular_flint.py.
 from __future__ import annotations
 
 from redline.errors import UserError
-from redline.interop.afmoe import _rotation
+from redline.interop.afmoe import _rotation, other_layer_problems, rotation_problems
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.interop.gemma3 import _rope_fields
 from redline.interop.llama import _ignorable, _rope, check_silu, layer_windows, rope_scaling, shape_fields, to_hf, \
@@ -128,6 +128,7 @@ def check_mellum_exportable(cfg: ModelConfig) -> None:
          f"{what} has pre-RMSNorm blocks run in turn (model.norm_position, norm, norm_unit_offset, norm_affine, "
          f"embed_norm, parallel_residual)"),
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts and MLPs (model.mlp={cfg.mlp})"),
+        *other_layer_problems(cfg, what),
         (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval or cfg.rope_layer_theta,
          f"{what} rotates every layer's whole heads (model.pos_emb, rope_dims, nope_interval, rope_layer_theta)"),
         (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
@@ -197,7 +198,6 @@ def wants_flint(cfg: ModelConfig) -> bool:
 
 
 def check_flint_exportable(cfg: ModelConfig) -> None:
-    from redline.interop.afmoe import rotation_problems
 
     what = "sigmoid-scored experts with attention sinks: Flint, the architecture with them redline exports to,"
     raise_first([
@@ -208,7 +208,7 @@ def check_flint_exportable(cfg: ModelConfig) -> None:
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts and MLPs (model.mlp={cfg.mlp})"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
-        *rotation_problems(cfg, what),
+        *rotation_problems(cfg, what), *other_layer_problems(cfg, what),
         (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
          f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
         (not cfg.moe_shared_hidden or cfg.moe_shared_gate,
