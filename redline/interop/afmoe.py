@@ -204,12 +204,17 @@ def rotation_problems(cfg: ModelConfig, what: str) -> list[tuple[bool, str]]:
 
 def other_layer_problems(cfg: ModelConfig, what: str) -> list[tuple[bool, str]]:
     """For raise_first: the layers of other architectures (Gemma 4's and Gemma 3n's, recurrent and convolution
-    layers, blocks of one sublayer) that AFMoE, Flint, Mellum, Kolibri-1 and Laguna have none of."""
+    layers, blocks of one sublayer, shared attention blocks, differential attention, BitNet's) that AFMoE, Flint,
+    Mellum, Kolibri-1 and Laguna have none of."""
     named = [name for name in ("v_norm", "layer_scalars", "per_layer_embd", "kv_shared_layers", "global_head_size",
                                "global_kv_head", "global_values_from_keys", "altup_streams", "laurel_rank",
                                "mlp_sparsity", "conv_layers", "delta_layers", "mlp_free_layers", "mixer_free_layers",
-                               "moe_beside_dense", "attn_chunk", "nope_temperature", "rope_qk_norm")
+                               "moe_beside_dense", "attn_chunk", "nope_temperature", "rope_qk_norm", "qk_layernorm",
+                               "attn_sinks_windowed", "shared_attn_layers", "moe_post_norm", "diff_attention",
+                               "attn_key_bias", "residual_scales", "sub_norms")
              if getattr(cfg, name, None)]
+    if getattr(cfg, "bitlinear", "off") != "off":
+        named.append("bitlinear")
     return [(bool(named), f"{what} has no such layers (model.{named[0] if named else ''})")]
 
 
