@@ -277,6 +277,13 @@ FAMILIES = {
                       n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                       first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
                       use_qk_norm=True, attention_bias=True, pad_token_id=None)),
+    # GLM-4-MoE in the layout llama.cpp's glm4moe runs (GLM-4.5's: one group of experts, which its loader assumes),
+    # with the QK-norm and q/k/v biases of the model above
+    "glm4_moe-gguf": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                           first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+                           pad_token_id=None)),
     "glm4_moe-air": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, n_routed_experts=4,
                           num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=2,

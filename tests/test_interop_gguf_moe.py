@@ -1,10 +1,13 @@
-"""GGUF files of Gemma 4's text model as llama.cpp's gemma4 holds them (redline/interop/gguf_gemma4.py): exported by
-redline and read back with the logits and greedy tokens of the transformers model they came from (per-layer inputs,
-shared KV layers with double-wide MLPs, the full layers' own head width, values from keys, the experts beside the
-dense MLP); the tensor names against the gguf package's MODEL_TENSORS[GEMMA4] and the keys against those llama.cpp's
-converter writes (ggml-org/llama.cpp convert_hf_to_gguf.py Gemma4Model); transformers' GGUF loader reading the same
-file; a file written the way that converter writes one imported by redline; what llama.cpp's gemma4 would run
-otherwise refused in one line, both ways."""
+"""GGUF files of the mixtures of experts llama.cpp holds in architectures of their own: DeepSeek-V2/V3's latent
+attention and experts as its deepseek2 (redline/interop/gguf_deepseek2.py; GLM-4.7-Flash through it as DeepSeek-V3)
+and GLM-4-MoE as its glm4moe (gguf_glm4moe.py). Exported by redline and read back with the logits and greedy tokens
+of the transformers model they came from (deepseek2: kv_b split into k_b / v_b, interleaved RoPE rows, sigmoid or
+softmax routers; glm4moe: partial RoPE, QK-norm, q/k/v biases, the routing bias); the tensor names against the gguf
+package's MODEL_TENSORS and the keys against those llama.cpp's converter writes (ggml-org/llama.cpp
+convert_hf_to_gguf.py DeepseekV2Model, Glm4MoeModel); files written the way that converter writes them (deepseek2:
+its current split kv_b and its older whole attn_kv_b; glm4moe with a multi-token-prediction layer) imported by
+redline; what llama.cpp would run otherwise refused in one line, both ways. transformers' GGUF loader has neither
+architecture: redline's reader is the check. Gemma 4 (gemma4) is in tests/test_interop_gguf_gemma4.py."""
 
 from __future__ import annotations
 
@@ -12,10 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from redline.model import ModelConfig
 from tests.interop_models import VOCAB, hf_model
-from tests.test_interop import TOKENS, run_cli
-from tests.test_interop_gguf import _add_llama_cpp_vocab, _write_out, assert_gguf_export_refused, import_gguf
+from tests.test_interop import TOKENS
+from tests.test_interop_gguf import _add_llama_cpp_vocab, _write_out, import_gguf
 from tests.test_interop_gguf_classic import assert_reads_back_as
 from tests.test_interop_gguf_exaone_hunyuan import export_folder, fields_of, tensors_of
 
@@ -24,226 +26,239 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 
-def _unit_layer_scalars(hf):
-    """hf with every layer_scalar 1: transformers' GGUF loader (5.24) looks for blk.N.layer_output_scale without the
-    .weight suffix llama.cpp's converter writes and its loader reads, so it leaves layer_scalar at its initial 1."""
-    with torch.no_grad():
-        for layer in hf.model.layers:
-            layer.layer_scalar.fill_(1.0)
-    return hf
-
-
-def _names_in_gguf_package(reader) -> None:
-    """Every tensor's name (less its .weight or llama.cpp's .scale suffix) is one MODEL_TENSORS[GEMMA4] gives."""
-    allowed = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.GEMMA4]}
+def names_in_gguf_package(reader, arch) -> None:
+    """Every tensor's name (less its .weight, .bias or llama.cpp's .scale suffix) is one MODEL_TENSORS gives arch."""
+    allowed = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch]}
     for t in reader.tensors:
         parts = t.name.rsplit(".", 1)[0].split(".")
         assert (".".join(parts) if parts[0] != "blk" else f"blk.{{bid}}.{'.'.join(parts[2:])}") in allowed, t.name
 
 
-@pytest.mark.parametrize("kind", ["gemma4-gguf", "gemma4-k-eq-v", "gemma4-moe"])
-def test_gemma4_gguf_read_back(kind, tmp_path, capsys):
+# -- deepseek2 ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v3-dense", "glm4_moe_lite"])
+def test_deepseek2_gguf_read_back(kind, tmp_path, capsys):
     hf = hf_model(kind)
     (code, _, err), path = export_folder(hf, tmp_path, capsys)
     assert code == 0, err
     reader = gguf.GGUFReader(str(path))
-    _names_in_gguf_package(reader)
+    assert reader.fields["general.architecture"].contents() == "deepseek2"
+    names_in_gguf_package(reader, gguf.MODEL_ARCH.DEEPSEEK2)
     assert_reads_back_as(hf, path, tmp_path, capsys)
 
 
-def test_gemma4_gguf_layout(tmp_path, capsys):
-    """The keys llama.cpp's converter writes for Gemma4Model and its loader reads, norms as they are (no 1 +),
-    proportional RoPE as rope_freqs, the layer scalars and the per-layer inputs under llama.cpp's names."""
-    hf = hf_model("gemma4-gguf")
+def test_deepseek2_gguf_layout(tmp_path, capsys):
+    """GLM-4.7-Flash's layout (DeepSeek-V3's attention and router, RoPE rows interleaved as its checkpoints hold
+    them, which llama.cpp's deepseek2 rotates so): q and kv_a as transformers holds them, kv_b split per head into
+    attn_k_b (H, kv_lora_rank, nope) and attn_v_b (H, v, kv_lora_rank) with one KV head of kv_lora_rank + rope in the
+    keys, the heads' own widths as key_length_mla / value_length_mla; the router's keys and bias, stacked experts."""
+    hf = hf_model("glm4_moe_lite")
     (code, _, err), path = export_folder(hf, tmp_path, capsys)
     assert code == 0, err
-    f = fields_of(path)
-    assert f["general.architecture"] == "gemma4"
-    assert (f["gemma4.attention.key_length"], f["gemma4.attention.key_length_swa"],
-            f["gemma4.attention.value_length"], f["gemma4.attention.value_length_swa"]) == (32, 16, 32, 16)
-    assert (f["gemma4.rope.dimension_count"], f["gemma4.rope.dimension_count_swa"]) == (32, 16)
-    assert (f["gemma4.rope.freq_base"], f["gemma4.rope.freq_base_swa"]) == (5000.0, 300.0)
-    assert f["gemma4.attention.sliding_window_pattern"] == [True, True, False, True, False]
-    assert (f["gemma4.attention.sliding_window"], f["gemma4.attention.shared_kv_layers"]) == (5, 2)
-    assert f["gemma4.feed_forward_length"] == [96, 96, 96, 192, 192]  # the shared layers' double-wide MLPs
-    assert (f["gemma4.attention.head_count_kv"], f["gemma4.embedding_length_per_layer_input"]) == (2, 8)
-    assert f["gemma4.final_logit_softcapping"] == pytest.approx(3.0)
-    t = tensors_of(path)
-    # 16 pairs over the full layers' 32-wide heads, a quarter turning: llama.cpp's 1e30 leaves the rest still
-    np.testing.assert_array_equal(t["rope_freqs.weight"], np.array([1.0] * 4 + [1e30] * 12, dtype=np.float32))
-    state = hf.state_dict()
-    for name, theirs in (("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
-                         ("blk.2.attn_k_norm.weight", "model.layers.2.self_attn.k_norm.weight"),
-                         ("blk.1.layer_output_scale.weight", "model.layers.1.layer_scalar"),
-                         ("per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"),
-                         ("blk.0.inp_gate.weight", "model.layers.0.per_layer_input_gate.weight")):
-        np.testing.assert_array_equal(t[name], state[theirs].numpy())
-    assert not any(f"blk.{i}.attn_{p}.weight" in t for i in (3, 4) for p in ("k", "v"))  # the shared layers'
-    assert "output.weight" not in t  # tied
+    f = {k.removeprefix("deepseek2."): v for k, v in fields_of(path).items()}
+    assert (f["attention.head_count_kv"], f["attention.key_length"], f["attention.value_length"]) == (1, 24, 16)
+    assert (f["attention.key_length_mla"], f["attention.value_length_mla"], f["rope.dimension_count"]) == (24, 16, 8)
+    assert (f["attention.q_lora_rank"], f["attention.kv_lora_rank"], f["leading_dense_block_count"]) == (16, 16, 1)
+    assert (f["expert_count"], f["expert_used_count"], f["expert_shared_count"], f["expert_gating_func"]) == \
+        (8, 2, 1, 2)
+    assert (f["expert_group_count"], f["expert_group_used_count"], f["expert_weights_norm"]) == (4, 2, True)
+    assert f["expert_weights_scale"] == pytest.approx(1.8)
+    t, state = tensors_of(path), hf.state_dict()
+    p = "model.layers.1."
+    kv_b = state[p + "self_attn.kv_b_proj.weight"].reshape(4, 32, 16)  # (H, nope + v, kv_lora_rank)
+    for name, want in (("blk.1.attn_q_b.weight", state[p + "self_attn.q_b_proj.weight"]),
+                       ("blk.1.attn_kv_a_mqa.weight", state[p + "self_attn.kv_a_proj_with_mqa.weight"]),
+                       ("blk.1.attn_k_b.weight", kv_b[:, :16].transpose(1, 2)), ("blk.1.attn_v_b.weight", kv_b[:, 16:]),
+                       ("blk.1.exp_probs_b.bias", state[p + "mlp.gate.e_score_correction_bias"]),
+                       ("blk.1.ffn_up_exps.weight", state[p + "mlp.experts.gate_up_proj"][:, 32:]),
+                       ("blk.1.ffn_down_exps.weight", state[p + "mlp.experts.down_proj"]),
+                       ("blk.1.ffn_gate_shexp.weight", state[p + "mlp.shared_experts.gate_proj.weight"])):
+        np.testing.assert_allclose(t[name], want.numpy(), rtol=1e-6, err_msg=name)
 
 
-def test_gemma4_moe_gguf_layout(tmp_path, capsys):
-    """The experts as llama.cpp's gemma4 loads them: gate and up in one ffn_gate_up_exps (E, 2F, C), the router's
-    scale and the per-expert scale as .scale tensors of ffn_gate_inp and ffn_down_exps; a full layer's values its
-    keys (no attn_v) and one KV head a full layer (head_count_kv one entry a layer)."""
-    hf = hf_model("gemma4-moe")
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    f, t = fields_of(path), tensors_of(path)
-    assert (f["gemma4.expert_count"], f["gemma4.expert_used_count"], f["gemma4.expert_feed_forward_length"]) == \
-        (4, 2, 32)
-    assert f["gemma4.attention.head_count_kv"] == [2, 2, 1]
-    state = hf.state_dict()
-    for name, theirs in (("blk.1.ffn_gate_up_exps.weight", "model.layers.1.experts.gate_up_proj"),
-                         ("blk.1.ffn_down_exps.weight", "model.layers.1.experts.down_proj"),
-                         ("blk.1.ffn_gate_inp.scale", "model.layers.1.router.scale"),
-                         ("blk.1.ffn_down_exps.scale", "model.layers.1.router.per_expert_scale"),
-                         ("blk.1.pre_ffw_norm_2.weight", "model.layers.1.pre_feedforward_layernorm_2.weight")):
-        np.testing.assert_array_equal(t[name], state[theirs].numpy())
-    assert "blk.2.attn_v.weight" not in t and "blk.1.attn_v.weight" in t
-
-
-@pytest.mark.parametrize("kind", ["gemma4-gguf", "gemma4-k-eq-v"])
-def test_gemma4_gguf_read_by_transformers_loader(kind, tmp_path, capsys):
-    """transformers' GGUF loader reads redline's gemma4 file into the model's own config with the model's logits.
-    Its GGUF_CONFIG_MAPPING["gemma4"] maps only the common keys (key_length as global_head_dim), takes no per-layer
-    array (feed_forward_length with double-wide MLPs, head_count_kv with num_global_key_value_heads, as llama.cpp's
-    converter writes them) and leaves the rest at Gemma4TextConfig's defaults, whose 262144 × 256·L per-layer table no
-    tiny model has: the config is given.
-    (The experts' router.scale and per_expert_scale have no place in its name map: the MoE file is read by redline.)"""
-    hf = _unit_layer_scalars(hf_model(kind))
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    back = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=hf.config).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
-
-
-def write_converter_style_gemma4(hf, path, quant="F32", split_experts=False):
-    """A gemma4 GGUF of a transformers Gemma4ForCausalLM as llama.cpp's converter writes one for Gemma4Model: its keys,
-    tensor names from the gguf package's name map for GEMMA4 (layer_scalar with a .weight suffix, the router's scale
-    and per_expert_scale as .scale tensors), norms as they are, rope_freqs for proportional RoPE, 2-D tensors in
-    `quant`; split_experts: gate and up apart (ffn_gate_exps / ffn_up_exps, which llama.cpp's loader also takes)."""
-    from types import SimpleNamespace
-
-    c = SimpleNamespace(**hf.config.to_dict())  # transformers 5's config refuses c.head_dim where layers differ
-    kinds = c.layer_types
-    full = c.per_layer_config[next(k for k in c.per_layer_config)]
-    head_full, kv_full = full["head_dim"], full.get("num_key_value_heads", c.num_key_value_heads)
-    w = gguf.GGUFWriter(str(path), "gemma4")
+def write_converter_style_deepseek2(hf, path, absorbed=True):
+    """A deepseek2 GGUF of a transformers DeepSeek-V2 / GLM-4.7-Flash model as llama.cpp's converter writes one
+    (DeepseekV2Model): its keys, tensor names from the gguf package's name map for DEEPSEEK2, rows as the checkpoint
+    holds them (interleaved RoPE pairs), the experts stacked; absorbed: kv_b split into attn_k_b / attn_v_b with one KV
+    head (the current converter), else kv_b whole as attn_kv_b with the heads' widths in key_length / value_length
+    (older converters)."""
+    c = hf.config
+    H, L, R, nope, v = (c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim)
+    sigmoid = c.model_type != "deepseek_v2"
+    dense = c.mlp_layer_types.count("dense") if hasattr(c, "mlp_layer_types") else c.first_k_dense_replace
+    w = gguf.GGUFWriter(str(path), "deepseek2")
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
-    first = c.num_hidden_layers - c.num_kv_shared_layers
-    w.add_feed_forward_length([c.intermediate_size * (2 if c.use_double_wide_mlp and i >= first else 1)
-                               for i in range(c.num_hidden_layers)] if c.use_double_wide_mlp else c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    swa = [k == "sliding_attention" for k in kinds]
-    w.add_head_count_kv([c.num_key_value_heads if s else kv_full for s in swa] if kv_full != c.num_key_value_heads
-                        else c.num_key_value_heads)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(H)
+    w.add_head_count_kv(1 if absorbed else H)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_key_length(head_full)
-    w.add_value_length(head_full)
-    w.add_key_length_swa(c.head_dim)
-    w.add_value_length_swa(c.head_dim)
-    w.add_rope_dimension_count(head_full)
-    w.add_rope_dimension_count_swa(c.head_dim)
-    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
-    w.add_rope_freq_base_swa(c.rope_parameters["sliding_attention"]["rope_theta"])
-    if c.final_logit_softcapping:
-        w.add_final_logit_softcapping(c.final_logit_softcapping)
-    w.add_sliding_window(c.sliding_window)
-    w.add_sliding_window_pattern(swa)
-    w.add_shared_kv_layers(c.num_kv_shared_layers)
-    w.add_embedding_length_per_layer_input(c.hidden_size_per_layer_input or 0)
-    if c.enable_moe_block:
-        w.add_expert_count(c.num_experts)
-        w.add_expert_used_count(c.top_k_experts)
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_rope_dimension_count(R)
+    if c.q_lora_rank:
+        w.add_q_lora_rank(c.q_lora_rank)
+    w.add_kv_lora_rank(L)
+    w.add_key_length(L + R if absorbed else nope + R)
+    w.add_value_length(L if absorbed else v)
+    if absorbed:
+        w.add_key_length_mla(nope + R)
+        w.add_value_length_mla(v)
+    w.add_leading_dense_block_count(dense)
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_expert_count(c.n_routed_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_shared_count(c.n_shared_experts)
+    w.add_expert_weights_scale(c.routed_scaling_factor)
+    w.add_expert_weights_norm(bool(sigmoid and c.norm_topk_prob))
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX)
+    if sigmoid:
+        w.add_expert_group_count(c.n_group)
+        w.add_expert_group_used_count(c.topk_group)
     _add_llama_cpp_vocab(w, path, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, c.num_hidden_layers)
-
-    def add(name, data):
-        if data.ndim == 2 and quant != "F32" and data.shape[-1] % 32 == 0:
-            qtype = getattr(gguf.GGMLQuantizationType, quant)
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, data)
-
-    rope = c.rope_parameters["full_attention"]
-    turning = int(head_full * rope.get("partial_rotary_factor", 1.0) / 2)
-    add("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (head_full // 2 - turning), dtype=np.float32))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, c.num_hidden_layers)
     for name, t in hf.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        data = t.float().numpy()
+        data = t.float()
         bid = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name.endswith("router.scale"):
-            add(f"blk.{bid}.ffn_gate_inp.scale", data)
-        elif name.endswith("router.per_expert_scale"):
-            add(f"blk.{bid}.ffn_down_exps.scale", data)
-        elif name.endswith("experts.gate_up_proj") and split_experts:
-            gate, up = np.split(data, 2, axis=1)
-            add(f"blk.{bid}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
-            add(f"blk.{bid}.ffn_up_exps.weight", np.ascontiguousarray(up))
+        if name.endswith("kv_b_proj.weight") and absorbed:
+            kv = data.reshape(H, nope + v, L)
+            w.add_tensor(f"blk.{bid}.attn_k_b.weight", kv[:, :nope].transpose(1, 2).contiguous().numpy())
+            w.add_tensor(f"blk.{bid}.attn_v_b.weight", kv[:, nope:].contiguous().numpy())
+        elif name.endswith("experts.gate_up_proj"):
+            gate, up = data.chunk(2, dim=1)
+            w.add_tensor(f"blk.{bid}.ffn_gate_exps.weight", gate.contiguous().numpy())
+            w.add_tensor(f"blk.{bid}.ffn_up_exps.weight", up.contiguous().numpy())
+        elif name.endswith("e_score_correction_bias"):
+            w.add_tensor(f"blk.{bid}.exp_probs_b.bias", data.numpy())
         else:
             base = name.rsplit(".", 1)[0] if name.endswith(".weight") else name
-            add(f"{names.get_name(base)}.weight", data)
+            w.add_tensor(f"{names.get_name(base)}.weight", data.numpy())
     return _write_out(w, path)
 
 
-@pytest.mark.parametrize("kind, quant", [("gemma4-gguf", "F32"), ("gemma4-gguf", "Q8_0"), ("gemma4-k-eq-v", "F32"),
-                                         ("gemma4-k-eq-v", "Q8_0"), ("gemma4-moe", "F32")])
-def test_import_converter_style_gemma4_gguf(kind, quant, tmp_path, capsys):
-    """A gemma4 file as llama.cpp's converter writes one imports with the transformers model's logits (F32), or with
-    those of transformers' loader reading the same Q8_0 file (the same dequantized weights; its layer scalars 1, which
-    that loader does not find: _unit_layer_scalars); the MoE file with its experts' gate and up apart."""
+@pytest.mark.parametrize("kind", ["deepseek_v2", "glm4_moe_lite"])
+@pytest.mark.parametrize("absorbed", [True, False])
+def test_import_converter_style_deepseek2_gguf(kind, absorbed, tmp_path, capsys):
+    """A deepseek2 file as llama.cpp's converter writes one, kv_b split (current) or whole (older), imports with the
+    transformers model's logits: DeepSeek-V2's softmax router read as DeepSeek-V2, GLM-4.7-Flash's sigmoid one as
+    DeepSeek-V3."""
     hf = hf_model(kind)
-    if quant != "F32":
-        _unit_layer_scalars(hf)
-    path = write_converter_style_gemma4(hf, tmp_path / "model.gguf", quant, split_experts=kind == "gemma4-moe")
+    path = write_converter_style_deepseek2(hf, tmp_path / "model.gguf", absorbed)
+    model, _, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
+    assert train_cfg.model.moe_gating == ("softmax" if kind == "deepseek_v2" else "sigmoid")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_deepseek2_gguf_refusals(tmp_path, capsys):
+    """YaRN (DeepSeek-V3's: llama.cpp's deepseek2 takes yarn_log_multiplier and its own attention factor), refused in
+    one line with nothing written; a file with it, or with a softmax router that rescales, refused on import."""
+    from redline.errors import UserError
+    from redline.interop.gguf_deepseek2 import hf_config
+
+    (code, _, err), path = export_folder(hf_model("deepseek_v3"), tmp_path, capsys)
+    assert code == 2 and "model.rope_scaling=yarn" in err and len(err.strip().splitlines()) == 1, err
+    assert not path.exists()
+    fields = {"block_count": 2, "attention.head_count": 4, "attention.key_length_mla": 24,
+              "attention.value_length_mla": 16, "rope.dimension_count": 8, "expert_count": 4,
+              "leading_dense_block_count": 1, "expert_gating_func": 1, "attention.kv_lora_rank": 16}
+    hf_config(lambda n, d=None: fields.get(n, d), VOCAB, set())  # as it is: DeepSeek-V2
+    for change, named in ((dict(expert_weights_norm=True), "expert_weights_norm"),
+                          ({"rope.scaling.type": "yarn"}, "RoPE scaling 'yarn'")):
+        with pytest.raises(UserError, match=named):
+            hf_config(lambda n, d=None, f={**fields, **change}: f.get(n, d), VOCAB, set())
+
+
+# -- glm4moe -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["glm4_moe-gguf", "glm4_moe-air"])
+def test_glm4moe_gguf_read_back(kind, tmp_path, capsys):
+    hf = hf_model(kind)
+    (code, _, err), path = export_folder(hf, tmp_path, capsys)
+    assert code == 0, err
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "glm4moe"
+    names_in_gguf_package(reader, gguf.MODEL_ARCH.GLM4_MOE)
+    assert_reads_back_as(hf, path, tmp_path, capsys)
+
+
+def write_converter_style_glm4moe(hf, path, nextn: int = 1):
+    """A glm4moe GGUF of a transformers Glm4MoeForCausalLM as llama.cpp's converter writes one (Glm4MoeModel): its
+    keys, names from the gguf package's name map for GLM4_MOE, the experts stacked, and `nextn` multi-token-prediction
+    layers after the last (block_count counting them), which llama.cpp loads and does not run."""
+    c = hf.config
+    n = c.num_hidden_layers
+    w = gguf.GGUFWriter(str(path), "glm4moe")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(n + nextn)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_leading_dense_block_count(c.first_k_dense_replace)
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_expert_count(c.n_routed_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_shared_count(c.n_shared_experts)
+    w.add_expert_weights_scale(c.routed_scaling_factor)
+    w.add_expert_weights_norm(c.norm_topk_prob)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_nextn_predict_layers(nextn)
+    _add_llama_cpp_vocab(w, path, c.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4_MOE, n + nextn)
+    for name, t in hf.state_dict().items():
+        data = t.float()
+        bid = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = data.chunk(2, dim=1)
+            w.add_tensor(f"blk.{bid}.ffn_gate_exps.weight", gate.contiguous().numpy())
+            w.add_tensor(f"blk.{bid}.ffn_up_exps.weight", up.contiguous().numpy())
+        elif name.endswith("e_score_correction_bias"):
+            w.add_tensor(f"blk.{bid}.exp_probs_b.bias", data.numpy())
+        else:
+            base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
+            w.add_tensor(f"{names.get_name(base)}.{kind}", data.numpy())
+    for i in range(n, n + nextn):  # a multi-token-prediction layer's own parts
+        w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", np.ones((c.hidden_size, 2 * c.hidden_size), np.float32))
+        w.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(c.hidden_size, np.float32))
+    return _write_out(w, path)
+
+
+def test_import_converter_style_glm4moe_gguf(tmp_path, capsys):
+    """A glm4moe file as llama.cpp's converter writes one, with a multi-token-prediction layer after the last (left
+    out, as transformers and llama.cpp's graph leave it out), imports with the transformers model's logits."""
+    hf = hf_model("glm4_moe-gguf")
+    path = write_converter_style_glm4moe(hf, tmp_path / "model.gguf")
     model, _, train_cfg = import_gguf(path, tmp_path / "ckpt", capsys)
     m = train_cfg.model
-    assert m.v_norm and m.layer_scalars and m.attn_scale == 1.0
-    reference = hf if quant == "F32" else transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, gguf_file=path.name, config=hf.config).eval()
+    assert (m.n_layer, m.rope_dims, m.qk_norm, m.has_qkv_bias, m.moe_gating) == (3, 8, True, True, "sigmoid")
     with torch.no_grad():
-        torch.testing.assert_close(model(TOKENS), reference(TOKENS).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_gemma4_gguf_export_refusals(tmp_path, capsys):
-    """What llama.cpp's gemma4 would run otherwise, refused in one line with nothing written: shared layers whose
-    source is not llama.cpp's (the "gemma4" test model: windowed layer 3 reads layer 2, llama.cpp gives it layer 1),
-    a per-layer table narrower than the vocabulary."""
-    hf = hf_model("gemma4")
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 2 and "model.kv_shared_layers=2" in err and "layer 1's" in err and not path.exists(), err
-    from redline.interop.gemma4 import model_config
-
-    cfg = model_config({**hf_model("gemma4-gguf").config.to_dict(), "vocab_size_per_layer_input": VOCAB - 8})
-    (tmp_path / "v").mkdir()
-    assert_gguf_export_refused(cfg, "model.per_layer_vocab", tmp_path / "v", capsys)
-
-
-@pytest.mark.parametrize("change, named", [
-    (lambda f: f.pop("gemma4.attention.key_length_swa"), "gemma4.attention.key_length_swa"),
-    (lambda f: f.update({"gemma4.rope.dimension_count_swa": 8}), "rope.dimension_count_swa"),
-    (lambda f: f.update({"gemma4.attention.sliding_window_pattern": 6}), "sliding_window_pattern"),
-    (lambda f: f.update({"gemma4.attention.shared_kv_layers": 1}), "layer 4"),
-])
-def test_gemma4_gguf_import_refusals(change, named):
-    """A gemma4 file redline would read otherwise than llama.cpp: one line naming the key."""
-    from redline.errors import UserError
-    from redline.interop.gguf_gemma4 import hf_config
-
-    fields = {"gemma4.block_count": 5, "gemma4.embedding_length": 64, "gemma4.feed_forward_length": 96,
-              "gemma4.attention.head_count": 4, "gemma4.attention.head_count_kv": 2,
-              "gemma4.attention.key_length": 32, "gemma4.attention.key_length_swa": 16,
-              "gemma4.attention.sliding_window": 5, "gemma4.embedding_length_per_layer_input": 0,
-              "gemma4.attention.sliding_window_pattern": [True, True, False, True, False]}
-    names = {f"blk.{i}.attn_{p}.weight" for i in range(5) for p in ("k", "v")} | {"blk.0.attn_q.weight"}
-    hf_config(fields, lambda n, d=None: fields.get(f"gemma4.{n}", d), VOCAB, names, None)  # as it is: read
-    change(fields)
-    with pytest.raises(UserError, match=named) as e:
-        hf_config(fields, lambda n, d=None: fields.get(f"gemma4.{n}", d), VOCAB, names, None)
-    assert "\n" not in str(e.value)
+def test_glm4moe_gguf_layout_and_refusal(tmp_path, capsys):
+    """The keys llama.cpp's glm4moe reads (partial RoPE as rope.dimension_count, the router's, no
+    multi-token-prediction layers) and the MLP's norm as post_attention_norm; a model with expert groups (the
+    "glm4_moe" test model's 4), which llama.cpp's glm4moe does not read, refused in one line."""
+    hf = hf_model("glm4_moe-gguf")
+    (code, _, err), path = export_folder(hf, tmp_path / "a", capsys)
+    assert code == 0, err
+    f = {k.removeprefix("glm4moe."): v for k, v in fields_of(path).items()}
+    assert (f["rope.dimension_count"], f["attention.key_length"], f["leading_dense_block_count"]) == (8, 16, 1)
+    assert (f["expert_count"], f["expert_shared_count"], f["expert_gating_func"], f["nextn_predict_layers"]) == \
+        (8, 1, 2, 0)
+    assert f["expert_weights_norm"] is True and f["expert_weights_scale"] == pytest.approx(2.5)
+    t, state = tensors_of(path), hf.state_dict()
+    for name, theirs in (("blk.1.post_attention_norm.weight", "model.layers.1.post_attention_layernorm.weight"),
+                         ("blk.1.attn_q.bias", "model.layers.1.self_attn.q_proj.bias"),
+                         ("blk.1.exp_probs_b.bias", "model.layers.1.mlp.gate.e_score_correction_bias")):
+        np.testing.assert_array_equal(t[name], state[theirs].numpy())
+    (code, _, err), path = export_folder(hf_model("glm4_moe"), tmp_path / "b", capsys)
+    assert code == 2 and "model.moe_groups=4" in err and len(err.strip().splitlines()) == 1 and not path.exists()

@@ -131,6 +131,13 @@ def file_tensors(state, cfg: ModelConfig) -> dict:
             out[f"blk.{i}.{_BLOCK[rest]}"] = t
         else:
             out[_TOP[name]] = t
+    return {**out, **file_experts(state, cfg)}
+
+
+def file_experts(state, cfg: ModelConfig) -> dict:
+    """Each expert layer's experts from redline's (E, 2F, C) / (E, C, F) as ffn_gate_exps / ffn_up_exps (E, F, C) and
+    ffn_down_exps (E, C, F), with the routing bias as exp_probs_b.bias where the model has one."""
+    out = {}
     for i in range(cfg.n_layer):
         r = f"blocks.{i}.mlp."
         if not cfg.layer_has_experts(i):

@@ -118,7 +118,7 @@ def feed_forward_length(cfg: ModelConfig) -> int | list[int]:
     return [width if i < first else cfg.kv_shared_mlp_hidden for i in range(cfg.n_layer)]
 
 
-def write_metadata(writer, cfg: ModelConfig) -> None:
+def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
     """The keys llama.cpp's converter writes for Gemma4Model past the common ones (context, widths, blocks, heads)."""
     full = _full_layer(cfg)
     windowed = [bool(cfg.layer_window(i)) for i in range(cfg.n_layer)]
