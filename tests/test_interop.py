@@ -131,7 +131,6 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
                                         ("granitemoe_swa", "GraniteMoeSWA"), ("mistral4", "Mistral 4"),
-                                        ("youtu", "DeepSeek-V3"), ("deepseek_v32", "DeepSeek-V3"),
                                         ("axk1", "A.X-K1"), ("mimo_v2_flash", "MiMo-V2-Flash"), ("cwm", "Ministral"),
                                         ("solar_open", "Solar Open"), ("hy_v3", "dots.llm1"),
                                         ("jais2", "Jais 2"), ("hyperclovax", "HyperCLOVA X"),
