@@ -277,6 +277,13 @@ FAMILIES = {
                       n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                       first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
                       use_qk_norm=True, attention_bias=True, pad_token_id=None)),
+    # GLM-4-MoE in the layout llama.cpp's glm4moe runs (GLM-4.5's: one group of experts, which its loader assumes),
+    # with the QK-norm and q/k/v biases of the model above
+    "glm4_moe-gguf": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                           first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+                           pad_token_id=None)),
     "glm4_moe-air": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, n_routed_experts=4,
                           num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=2,
@@ -338,6 +345,19 @@ FAMILIES = {
                     rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                         "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
+    # Gemma 4 text in a layout llama.cpp's gemma4 runs as transformers does (gemma-4-E2B's): the two layers before
+    # the shared ones windowed then full, whose keys and values the shared windowed and full layers read
+    # (llama.cpp's KV-cache reuse rule); per-layer inputs, double-wide shared MLPs, proportional RoPE, a soft cap
+    "gemma4-gguf": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                         num_hidden_layers=5, sliding_window=5, pad_token_id=None,
+                         layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                      "sliding_attention", "full_attention"],
+                         num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+                         vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0,
+                         rope_parameters={"full_attention": {"rope_type": "proportional",
+                                                             "partial_rotary_factor": 0.25, "rope_theta": 5000.0},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     # Gemma 4 text, as gemma-4-31B is: the full layers' values their keys' projection (attention_k_eq_v) with one
     # KV head of their own (num_global_key_value_heads), no per-layer inputs or shared layers, untied; bidirectional
     # attention over image tokens alone ("vision"), which leaves text causal

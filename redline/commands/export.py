@@ -132,6 +132,9 @@ def transformers_reads_gguf(model_cfg, family) -> bool:
     except Exception:  # not installed, or a version that keeps the list elsewhere: name llama.cpp alone
         return False
     known = {name.replace("_", "") for name in GGUF_SUPPORTED_ARCHITECTURES}
+    # its gemma4 maps the common keys alone (no per-layer arrays, none of the per-layer inputs' or window's keys) and
+    # no name for the router's scales: it builds Gemma 4 models apart from the file's
+    known.discard("gemma4")
     return _arch(family, model_cfg).replace("-", "").replace("_", "") in known
 
 

@@ -9,10 +9,12 @@ hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers ha
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
 gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU; minimax-m2, MiniMax-M2: partial RoPE, whole-projection
 QK-norm, sigmoid routing with its bias as exp_probs_b), bloom (BLOOM: ALiBi, the embeddings' LayerNorm),
-starcoder (GPTBigCode: multi-query, learned positions) and mpt (MPT: ALiBi, no biases) are read and written here; so
-are the recurrent hybrids granitehybrid (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets),
-mamba (Mamba-1 and Falcon-Mamba), mamba2 (Mamba-2), nemotron_h (Nemotron-H's one-sublayer blocks) and falcon-h1
-(Falcon-H1: attention and Mamba-2 side by side), whose tensors and keys gguf_recurrent.py maps.
+gemma4 (Gemma 4's text model), deepseek2 (DeepSeek-V2/V3's latent attention) and glm4moe (GLM-4-MoE), whose tensors
+and keys gguf_gemma4.py, gguf_deepseek2.py and gguf_glm4moe.py map, starcoder (GPTBigCode: multi-query, learned
+positions) and mpt (MPT: ALiBi, no biases) are read and written here; so are the recurrent hybrids granitehybrid
+(Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets), mamba (Mamba-1 and Falcon-Mamba), mamba2
+(Mamba-2), nemotron_h (Nemotron-H's one-sublayer blocks) and falcon-h1 (Falcon-H1: attention and Mamba-2 side by
+side), whose tensors and keys gguf_recurrent.py maps.
 Reading renames the tensors to Hugging Face names and builds a Hugging Face config, so the families' own maps
 (llama.py, gemma3.py, gpt2.py, moe.py) do the rest; writing goes the other way. A mixture's experts are stacked in
 the file, ffn_gate_exps / ffn_up_exps (E, F, C) and ffn_down_exps (E, C, F) beside the router ffn_gate_inp (E, C),
@@ -61,7 +63,10 @@ from redline.model import ModelConfig, rope_attention_factor
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
           "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee", "bloom",
-          "starcoder", "mpt", "minimax-m2", *RECURRENT_ARCHES)
+          "starcoder", "mpt", "minimax-m2", "gemma4", "deepseek2", "glm4moe", *RECURRENT_ARCHES)
+# the architectures a module of their own maps (gguf_gemma4.py, gguf_deepseek2.py, gguf_glm4moe.py: _named_module),
+# their tensors passed along under the file's names
+NAMED_ARCHES = ("gemma4", "deepseek2", "glm4moe")
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -882,6 +887,23 @@ def _recurrent_source(path: Path, reader, arch: str, config: dict):
         raise UserError(f"{path}: {e}") from None
 
 
+def _named_module(arch: str):
+    """The module that maps one of NAMED_ARCHES: check, feed_forward_length, write_metadata, file_tensors, hf_config,
+    hf_tensors."""
+    from redline.interop import gguf_deepseek2, gguf_gemma4, gguf_glm4moe
+
+    return {"gemma4": gguf_gemma4, "deepseek2": gguf_deepseek2, "glm4moe": gguf_glm4moe}[arch]
+
+
+def _named_source(path: Path, reader, arch: str, config: dict):
+    """(transformers names, read) of a file of one of NAMED_ARCHES (its module's hf_tensors)."""
+    by_name = {t.name: t for t in reader.tensors}
+    try:
+        return _named_module(arch).hf_tensors(set(by_name), lambda name: _dequantized(path, by_name[name]), config)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
 def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     """A GGUF file in redline's layout, tensors dequantized to fp32, tokenizer and chat template from its
     metadata (or `tokenizer`, a tokenizer.json path or folder)."""
@@ -909,6 +931,12 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
         from redline.interop import gguf_recurrent
 
         config = gguf_recurrent.hf_config(fields, arch, {t.name for t in reader.tensors})
+    elif arch == "gemma4":
+        from redline.interop import gguf_gemma4
+
+        config = gguf_gemma4.hf_config(fields, *arch_keys(fields, arch), {t.name for t in reader.tensors}, rope_freqs)
+    elif arch in NAMED_ARCHES:
+        config = _named_module(arch).hf_config(*arch_keys(fields, arch), {t.name for t in reader.tensors})
     else:
         config = _hf_config(fields, arch, {t.name for t in reader.tensors}, rope_freqs, rope_factors)
     if tokenizer:
@@ -923,6 +951,8 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     family = family_for(config, str(path))
     if arch in RECURRENT_ARCHES:
         names, read = _recurrent_source(path, reader, arch, config)
+    elif arch in NAMED_ARCHES:
+        names, read = _named_source(path, reader, arch, config)
     else:
         by_hf, read = _tensor_reader(path, reader, arch, config)
         names = set(by_hf)
@@ -1145,10 +1175,6 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "glm": ("GLM", "no writer here for llama.cpp's chatglm layout (interleaved partial RoPE)"),
                 "glm4": ("GLM-4", "no writer here for llama.cpp's glm4 layout (sandwich norms, interleaved partial "
                                   "RoPE)"),
-                "glm4_moe": ("GLM-4-MoE", "no writer here for llama.cpp's glm4moe layout (grouped sigmoid routing, "
-                                          "shared experts, multi-token prediction layers)"),
-                "gemma4_text": ("Gemma 4", "no writer here for llama.cpp's gemma4 layout (per-layer inputs, shared "
-                                           "KV layers, the full layers' own head width)"),
                 "gemma3n_text": ("Gemma 3n", "no writer here for llama.cpp's gemma3n layout (AltUp streams, LAuReL, "
                                              "per-layer inputs, shared KV layers, activation sparsity)"),
                 "apertus": ("Apertus", "no writer here for llama.cpp's apertus layout (xIELU's scalars per layer)"),
@@ -1161,10 +1187,6 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "flex_olmo": ("FlexOlmo", "no writer here for experts in OLMo 2's output-norm block (llama.cpp's "
                                           "olmoe has pre-norm blocks)"),
                 "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block"),
-                "deepseek_v3": ("DeepSeek-V3", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
-                                               "kv_b split into k_b and v_b)"),
-                "deepseek_v2": ("DeepSeek-V2", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
-                                               "kv_b split into k_b and v_b)"),
                 "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
                                            "without RoPE and their query temperature, input-weighted experts)"),
                 "afmoe": ("AFMoE", "no writer here for llama.cpp's afmoe layout (gated heads, sandwich norms, NoPE "
@@ -1243,6 +1265,11 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     if family.name == "gemma3_text":
         _check_gemma3(cfg)
         return "gemma3"
+    named = {"deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2", "glm4_moe_lite": "deepseek2",
+             "gemma4_text": "gemma4", "gemma4": "gemma4", "glm4_moe": "glm4moe"}.get(family.name)
+    if named:  # llama.cpp's deepseek2, gemma4, glm4moe
+        _named_module(named).check(cfg)
+        return named
     if family.name == "phi3":
         if cfg.head_dim * cfg.n_head != cfg.n_embd:
             raise UserError("model.head_size apart from n_embd / n_head: llama.cpp's phi3 takes heads n_embd / n_head "
@@ -1329,6 +1356,8 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
         from redline.interop.gguf_recurrent import widths
 
         ffn, heads = widths(cfg, arch)
+    elif arch in NAMED_ARCHES:
+        ffn, heads = _named_module(arch).feed_forward_length(cfg), cfg.n_head
     else:  # lfm2moe: feed_forward_length is its leading dense layers' width (llama_model_lfm2moe)
         ffn = cfg.moe_dense_hidden or cfg.hidden_dim if arch == "lfm2moe" else cfg.hidden_dim
         heads = cfg.n_head
@@ -1343,6 +1372,9 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
         from redline.interop.gguf_recurrent import write_metadata
 
         write_metadata(writer, gguf, arch, cfg)
+        return
+    if arch in NAMED_ARCHES:
+        _named_module(arch).write_metadata(writer, gguf, cfg)
         return
     if arch == "gpt2":
         writer.add_layer_norm_eps(cfg.norm_eps)
@@ -1599,11 +1631,14 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             from redline.interop.gguf_recurrent import file_tensors
 
             tensors = file_tensors(tensors, cfg, arch)
+        elif arch in NAMED_ARCHES:  # gemma4 from the family's names, the others from redline's state
+            tensors = _named_module(arch).file_tensors(tensors if arch == "gemma4" else state, cfg)
         elif arch == "gpt-oss":
             tensors = _gpt_oss_file_experts(tensors, state, cfg)
         elif cfg.moe_experts:
             tensors = stack_experts(tensors, state, cfg, arch)
-        names = {n: n if arch in RECURRENT_ARCHES else _gguf_name(n, arch) for n in tensors}
+        named = arch in (*RECURRENT_ARCHES, *NAMED_ARCHES)  # already in the file's names and layout
+        names = {n: n if named else _gguf_name(n, arch) for n in tensors}
         untied = "output.weight" in names.values()
         for hf_name, t in tensors.items():
             name = names[hf_name]
