@@ -1205,11 +1205,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "dbrx": ("DBRX", "no writer here for llama.cpp's dbrx layout (clamped fused q/k/v, experts)"),
                 "minicpm3": ("MiniCPM3", "no writer here for llama.cpp's minicpm3 layout (latent attention, µP "
                                          "scalars, LongRoPE)"),
-                "axk1": ("A.X-K1", "no writer here for llama.cpp's deepseek2 layout (latent attention, kv_b split "
-                                   "into k_b and v_b), nor a norm on the experts' output"),
+                "axk1": ("A.X-K1", "llama.cpp's deepseek2 has no norm on the experts' output"),
                 "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
-                "mistral4": ("Mistral 4", "no writer here for llama.cpp's deepseek2 layout (latent attention, "
-                                          "kv_b split into k_b and v_b; grouped softmax routing)"),
+                "mistral4": ("Mistral 4", "llama.cpp's deepseek2 routes no softmax scores within groups"),
                 "jais2": ("Jais 2", "no writer here for its layout (LayerNorms with biases, a ReLU² MLP)"),
                 "hyperclovax": ("HyperCLOVA X", "no writer here for its norms on the sublayers' outputs with Granite's "
                                                 "scalars"),
