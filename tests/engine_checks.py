@@ -62,3 +62,64 @@ def assert_freed_row_refills(batch, model) -> None:
     third = int(batch.prefill(0, c).argmax())
     batch.start(0, third, len(c))
     assert [third] + [int(batch.step()[0]) for _ in range(3)] == full_recompute(model, c, 4)
+
+
+def assert_scores_equal_full_forward(model, vocab_size: int) -> None:
+    """The engine's teacher-forced log-probabilities (fp64, 7 tokens prefilled, the rest scored) equal the full
+    forward's log-softmax at the same positions."""
+    tokens = torch.randint(0, vocab_size, (3, 30), generator=torch.Generator().manual_seed(1))
+    logps, _ = InferenceEngine(model, dtype=torch.float64).score(tokens, prefill=7)
+    with torch.no_grad():
+        full = torch.log_softmax(model.double()(tokens), dim=-1)
+    expected = full[:, 6:-1].gather(2, tokens[:, 7:, None])[..., 0]
+    torch.testing.assert_close(logps, expected.float(), rtol=0, atol=1e-6)
+
+
+def assert_decode_batch_serves_like_generate(model, prompts: list[list[int]], n: int = 10) -> None:
+    """The server's DecodeBatch (fp64, four rows) greedy-equal to the model's own generate for four prompts: prompt
+    0 prefilled whole, prompt 3 in spans of 5, prompts 2 and 1 together with prefill_many two steps later, rows freed
+    as they finish while the others decode."""
+    from redline.inference.batch import DecodeBatch
+
+    model = model.double()
+    refs = [full_recompute(model, p, n) for p in prompts]
+    batch = DecodeBatch(InferenceEngine(model, dtype=torch.float64), rows=4, capacity=64)
+    got, done = {}, {}
+
+    def started(rows, prompts_at, logits):
+        for row, i, t in zip(rows, prompts_at, logits.argmax(-1).tolist()):
+            batch.start(row, t, len(prompts[i]))
+            got[row] = (i, [t])
+
+    started([0], [0], batch.prefill(0, prompts[0])[None])
+    for s in range(0, len(prompts[3]), 5):
+        logits = batch.prefill(3, prompts[3][s:s + 5], start=s)
+    started([3], [3], logits[None])
+    for step in range(40):
+        if step == 2:
+            started([2, 1], [2, 1], batch.prefill_many([2, 1], [prompts[2], prompts[1]]))
+        out = batch.step()
+        for row, (i, tokens) in list(got.items()):
+            tokens.append(int(out[row]))
+            if len(tokens) == n:
+                batch.free(row)
+                done[i] = tokens
+                del got[row]
+        if not got:
+            break
+    assert [done[i] for i in range(len(prompts))] == refs
+
+
+def assert_compiled_training_step_matches(model, weight: torch.Tensor, length: int = 96, tol: float = 0.05) -> None:
+    """On a GPU, under bf16 autocast: the compiled training forward's loss within 1e-2 of eager's on a random (4,
+    length) batch, and `weight`'s gradient within tol of eager's (relative norm)."""
+    model.train()
+    idx = torch.randint(0, model.cfg.vocab_size, (4, length), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)
+    grad = torch.autograd.grad(loss, weight)[0]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss_c = torch.compile(model)(idx, idx)
+    grad_c = torch.autograd.grad(loss_c, weight)[0]
+    torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
+    assert (grad_c - grad).norm() / grad.norm() < tol

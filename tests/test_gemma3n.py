@@ -13,8 +13,8 @@ import torch
 
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
-from redline.inference.batch import DecodeBatch
 from redline.model import GPT, ModelConfig, gaussian_top_k, normal_quantile
+from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -74,46 +74,13 @@ def test_engine_decodes_as_full_recompute(chunk):
 
 
 def test_teacher_forced_log_probabilities_equal_the_full_forward():
-    model = gemma3n_model()
-    tokens = torch.randint(0, CFG.vocab_size, (3, 30), generator=torch.Generator().manual_seed(1))
-    logps, _ = InferenceEngine(model, dtype=torch.float64).score(tokens, prefill=7)
-    with torch.no_grad():
-        full = torch.log_softmax(model.double()(tokens), dim=-1)
-    expected = full[:, 6:-1].gather(2, tokens[:, 7:, None])[..., 0]
-    torch.testing.assert_close(logps, expected.float(), rtol=0, atol=1e-6)
+    assert_scores_equal_full_forward(gemma3n_model(), CFG.vocab_size)
 
 
 def test_decode_batch_greedy_equals_generate():
     """The server's DecodeBatch: one row prefilled whole, one in spans, two together with prefill_many, rows freed
     and refilled while the others decode."""
-    model = gemma3n_model().double()
-    n = 10
-    refs = [model.generate(torch.tensor([p]), n, temperature=0)[0, len(p):].tolist() for p in PROMPTS]
-    batch = DecodeBatch(InferenceEngine(model, dtype=torch.float64), rows=4, capacity=64)
-    got, done = {}, {}
-
-    def started(rows, prompts_at, logits):
-        for row, i, t in zip(rows, prompts_at, logits.argmax(-1).tolist()):
-            batch.start(row, t, len(PROMPTS[i]))
-            got[row] = (i, [t])
-
-    started([0], [0], batch.prefill(0, PROMPTS[0])[None])
-    for s in range(0, len(PROMPTS[3]), 5):
-        logits = batch.prefill(3, PROMPTS[3][s:s + 5], start=s)
-    started([3], [3], logits[None])
-    for step in range(40):
-        if step == 2:
-            started([2, 1], [2, 1], batch.prefill_many([2, 1], [PROMPTS[2], PROMPTS[1]]))
-        out = batch.step()
-        for row, (i, tokens) in list(got.items()):
-            tokens.append(int(out[row]))
-            if len(tokens) == n:
-                batch.free(row)
-                done[i] = tokens
-                del got[row]
-        if not got:
-            break
-    assert [done[i] for i in range(len(PROMPTS))] == refs
+    assert_decode_batch_serves_like_generate(gemma3n_model(), PROMPTS)
 
 
 def test_training_gradients_reach_every_parameter_and_the_clip_holds():
