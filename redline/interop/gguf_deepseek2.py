@@ -45,12 +45,15 @@ _BLOCK = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernor
           "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight", "self_attn.q_b_proj.weight": "attn_q_b.weight",
           "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
           "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight", "self_attn.kv_b_proj.weight": "attn_kv_b.weight",
-          "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-          "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-          "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
-          "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
-          "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
-          "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight"}
+          "self_attn.o_proj.weight": "attn_output.weight"}
+# the dense MLP's, the router's and the shared experts' names, DeepSeek's and GLM-4-MoE's alike (gguf_glm4moe.py)
+MLP_NAMES = {"mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+             "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+             "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+             "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+             "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+             "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight"}
+_BLOCK.update(MLP_NAMES)
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
@@ -92,6 +95,14 @@ def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
     if not cfg.moe_experts:
         writer.add_leading_dense_block_count(cfg.n_layer)
         return
+    write_expert_metadata(writer, gguf, cfg)
+    writer.add_expert_group_count(cfg.moe_groups)
+    writer.add_expert_group_used_count(cfg.moe_topk_groups if cfg.moe_groups > 1 else cfg.moe_groups)
+
+
+def write_expert_metadata(writer, gguf, cfg: ModelConfig) -> None:
+    """The experts' keys deepseek2 and glm4moe share: dense first layers, widths and counts, shared experts (whole
+    multiples of an expert's width), the weights' scale and rescaling, sigmoid or softmax scores."""
     writer.add_leading_dense_block_count(cfg.moe_dense_layers)
     writer.add_expert_feed_forward_length(cfg.hidden_dim)
     writer.add_expert_count(cfg.moe_experts)
@@ -101,8 +112,6 @@ def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
     writer.add_expert_weights_norm(cfg.moe_norm_topk)
     writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if cfg.moe_gating == "sigmoid"
                                   else gguf.ExpertGatingFuncType.SOFTMAX)
-    writer.add_expert_group_count(cfg.moe_groups)
-    writer.add_expert_group_used_count(cfg.moe_topk_groups if cfg.moe_groups > 1 else cfg.moe_groups)
 
 
 def feed_forward_length(cfg: ModelConfig) -> int:
@@ -206,21 +215,41 @@ def hf_tensors(file_names: set[str], read_file, config: dict):
     """(transformers names, read) of a deepseek2 file's tensors: attn_k_b / attn_v_b (or an older file's attn_kv_b)
     back into kv_b_proj, the stacked experts as mlp.experts.gate_up_proj (E, 2F, C) / down_proj (E, C, F), a zero
     routing bias where a sigmoid router's file holds none. A name outside the map is a UserError."""
-    block = {v: k for k, v in _BLOCK.items()}
-    top = {v: k for k, v in _TOP.items()}
     H, L = config["num_attention_heads"], config["kv_lora_rank"]
-    names, unknown = {}, []
+    own: dict = {}  # kv_b_proj, made from the file's two halves
 
     def kv_b(i: str) -> torch.Tensor:  # (H, L, nope) and (H, v, L) -> (H·(nope + v), L)
         k = read_file(f"blk.{i}.attn_k_b.weight").reshape(H, L, -1).transpose(1, 2)
         return torch.cat([k, read_file(f"blk.{i}.attn_v_b.weight").reshape(H, -1, L)], dim=1).reshape(-1, L)
 
+    def special(i: str, rest: str, p: str) -> bool:
+        if rest in ("attn_k_b.weight", "attn_v_b.weight"):
+            own[p + "self_attn.kv_b_proj.weight"] = lambda i=i: kv_b(i)
+            return True
+        return False
+
+    names = {**map_file_tensors(file_names, read_file, _BLOCK, _TOP, ARCH, special), **own}
+    if config["model_type"] == "deepseek_v3" and config.get("n_routed_experts"):
+        for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
+            names.setdefault(f"model.layers.{i}.mlp.gate.e_score_correction_bias",
+                             lambda: torch.zeros(config["n_routed_experts"]))
+    return set(names), lambda name: names[name]()
+
+
+def map_file_tensors(file_names: set[str], read_file, block: dict, top: dict, arch: str, special=None,
+                     layers: int | None = None) -> dict:
+    """{transformers name: read} for a file's tensors under llama.cpp's names (block: transformers' name after
+    model.layers.N. -> the file's after blk.N.; top: the rest), the stacked experts as mlp.experts.gate_up_proj
+    (E, 2F, C) / down_proj (E, C, F); special(i, rest, p) takes a block tensor of its own first (True: placed);
+    blocks from `layers` on left out (multi-token prediction layers). A name outside the maps is a UserError."""
+    block, top = {v: k for k, v in block.items()}, {v: k for k, v in top.items()}
+    names, unknown = {}, []
     for name in file_names:
         if m := re.match(r"blk\.(\d+)\.(.+)$", name):
             i, rest, p = m[1], m[2], f"model.layers.{m[1]}."
-            if rest in ("attn_k_b.weight", "attn_v_b.weight"):
-                names[p + "self_attn.kv_b_proj.weight"] = lambda i=i: kv_b(i)
-            elif rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+            if layers is not None and int(i) >= layers or special is not None and special(i, rest, p):
+                continue
+            if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
                 names[p + "mlp.experts.gate_up_proj"] = lambda i=i: torch.cat(
                     [read_file(f"blk.{i}.ffn_gate_exps.weight"), read_file(f"blk.{i}.ffn_up_exps.weight")], dim=1)
             elif rest == "ffn_down_exps.weight":
@@ -234,9 +263,5 @@ def hf_tensors(file_names: set[str], read_file, config: dict):
         else:
             unknown.append(name)
     if unknown:
-        raise UserError(f"tensors {', '.join(sorted(unknown)[:3])} have no place in a deepseek2 model redline builds")
-    if config["model_type"] == "deepseek_v3" and config.get("n_routed_experts"):
-        for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
-            names.setdefault(f"model.layers.{i}.mlp.gate.e_score_correction_bias",
-                             lambda: torch.zeros(config["n_routed_experts"]))
-    return set(names), lambda name: names[name]()
+        raise UserError(f"tensors {', '.join(sorted(unknown)[:3])} have no place in a {arch} model redline builds")
+    return names

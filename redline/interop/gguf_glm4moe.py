@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 from redline.errors import UserError
+from redline.interop.gguf_deepseek2 import MLP_NAMES, file_experts, map_file_tensors, write_expert_metadata
 from redline.model import ModelConfig
 
 ARCH = "glm4moe"
@@ -32,12 +31,7 @@ _BLOCK = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernor
           "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
           "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
           "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
-          "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-          "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-          "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
-          "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
-          "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
-          "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight"}
+          "self_attn.k_norm.weight": "attn_k_norm.weight", **MLP_NAMES}
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
@@ -57,14 +51,7 @@ def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
     writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_leading_dense_block_count(cfg.moe_dense_layers)
-    writer.add_expert_feed_forward_length(cfg.hidden_dim)
-    writer.add_expert_count(cfg.moe_experts)
-    writer.add_expert_used_count(cfg.moe_top_k)
-    writer.add_expert_shared_count(cfg.moe_shared_hidden // cfg.hidden_dim)
-    writer.add_expert_weights_scale(cfg.moe_scale)
-    writer.add_expert_weights_norm(cfg.moe_norm_topk)
-    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    write_expert_metadata(writer, gguf, cfg)  # (sigmoid scores: GLM-4-MoE's, export_family has checked)
     writer.add_nextn_predict_layers(0)
 
 
@@ -75,7 +62,6 @@ def feed_forward_length(cfg: ModelConfig) -> int:
 def file_tensors(state, cfg: ModelConfig) -> dict:
     """redline's state -> {GGUF name: tensor} in llama.cpp's layout (gguf_deepseek2.file_experts for the experts)."""
     from redline.interop.glm import to_hf_for
-    from redline.interop.gguf_deepseek2 import file_experts
 
     out = {}
     for name, t in to_hf_for("glm4_moe")(state, cfg).items():
@@ -123,27 +109,5 @@ def hf_tensors(file_names: set[str], read_file, config: dict):
     """(transformers names, read) of a glm4moe file's tensors: the stacked experts as mlp.experts.gate_up_proj
     (E, 2F, C) / down_proj (E, C, F); the multi-token-prediction layers past the last left out. A name outside the
     map is a UserError."""
-    block = {v: k for k, v in _BLOCK.items()}
-    top = {v: k for k, v in _TOP.items()}
-    names, unknown = {}, []
-    for name in file_names:
-        if m := re.match(r"blk\.(\d+)\.(.+)$", name):
-            i, rest, p = m[1], m[2], f"model.layers.{m[1]}."
-            if int(i) >= config["num_hidden_layers"]:  # nextn_predict_layers: llama.cpp loads them and skips them
-                continue
-            if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
-                names[p + "mlp.experts.gate_up_proj"] = lambda i=i: torch.cat(
-                    [read_file(f"blk.{i}.ffn_gate_exps.weight"), read_file(f"blk.{i}.ffn_up_exps.weight")], dim=1)
-            elif rest == "ffn_down_exps.weight":
-                names[p + "mlp.experts.down_proj"] = lambda name=name: read_file(name)
-            elif rest in block:
-                names[p + block[rest]] = lambda name=name: read_file(name)
-            else:
-                unknown.append(name)
-        elif name in top:
-            names[top[name]] = lambda name=name: read_file(name)
-        else:
-            unknown.append(name)
-    if unknown:
-        raise UserError(f"tensors {', '.join(sorted(unknown)[:3])} have no place in a glm4moe model redline builds")
+    names = map_file_tensors(file_names, read_file, _BLOCK, _TOP, ARCH, layers=config["num_hidden_layers"])
     return set(names), lambda name: names[name]()
