@@ -80,6 +80,25 @@ class Imported:
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()).item()
 
 
+def trained_two_steps(imported: Imported, tmp_path, capsys):
+    """`redline train --init-from` the imported checkpoint for two steps at a high rate: the first step's loss is
+    transformers' on that batch. Returns the models (before, after) for the caller to check what moved."""
+    from redline.data.loader import TokenLoader
+
+    before, _, _ = load_for_inference(imported.ckpt)
+    common = [f"out_dir={tmp_path}", "run_name=run", "eval_batches=1", "sample_tokens=0", "device=cpu"]
+    code, _, err = run_cli(["train", "--init-from", str(imported.ckpt), "--data.path", str(imported.data),
+                            "max_steps=2", f"seq_len={SEQ}", f"batch_size={BATCH}", "eval_every=0",
+                            "optim.warmup_steps=0", "optim.lr=1e-2", *common], capsys)
+    assert code == 0, err
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in steps if r.get("kind") == "train" and r["step"] == 1)
+    x, y = TokenLoader(imported.data, "train", BATCH, SEQ, seed=1337, prefetch=False).next_batch()
+    assert first["loss"] == pytest.approx(imported.loss(x, y), abs=1e-4)
+    after, _, _ = load_for_inference(tmp_path / "run")
+    return before, after
+
+
 @pytest.fixture(scope="module", params=["llama-gqa-tied", "gpt2"])
 def imported(request, tmp_path_factory):
     return Imported(request.param, tmp_path_factory.mktemp(request.param))

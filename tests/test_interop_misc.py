@@ -278,21 +278,8 @@ def test_new_families_are_not_written_as_gguf(kind, name, tmp_path, capsys):
 def test_train_init_from_an_imported_apertus_trains_its_xielu_scalars(tmp_path, capsys):
     """`redline train --init-from` on an imported Apertus: the first step's loss is transformers' on the same batch,
     and training moves every layer's xIELU scalars (parameters with the rest)."""
-    from redline.data.loader import TokenLoader
-    from redline.training.checkpoint import load_for_inference
-    from tests.test_interop_commands import BATCH, SEQ, Imported
+    from tests.test_interop_commands import Imported, trained_two_steps
 
-    imported = Imported("apertus", tmp_path / "src")
-    before, _, _ = load_for_inference(imported.ckpt)
-    common = [f"out_dir={tmp_path}", "run_name=run", "eval_batches=1", "sample_tokens=0", "device=cpu"]
-    code, _, err = run_cli(["train", "--init-from", str(imported.ckpt), "--data.path", str(imported.data),
-                            "max_steps=2", f"seq_len={SEQ}", f"batch_size={BATCH}", "eval_every=0",
-                            "optim.warmup_steps=0", "optim.lr=1e-2", *common], capsys)
-    assert code == 0, err
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    first = next(r for r in steps if r.get("kind") == "train" and r["step"] == 1)
-    x, y = TokenLoader(imported.data, "train", BATCH, SEQ, seed=1337, prefetch=False).next_batch()
-    assert first["loss"] == pytest.approx(imported.loss(x, y), abs=1e-4)
-    after, _, _ = load_for_inference(tmp_path / "run")
+    before, after = trained_two_steps(Imported("apertus", tmp_path / "src"), tmp_path, capsys)
     for old, new in zip(before.blocks, after.blocks):
         assert not torch.equal(old.mlp.alpha_p, new.mlp.alpha_p) and not torch.equal(old.mlp.alpha_n, new.mlp.alpha_n)

@@ -340,6 +340,26 @@ def test_peft_loads_an_adapter_on_attention_and_the_shared_expert(tmp_path, caps
     assert "router" in err and "--merge" in err and not (tmp_path / "bad").exists()
 
 
+def assert_training_mixture_matches(theirs, ours, grads) -> None:
+    """A transformers mixture block `theirs` and redline's MoE `ours` in training mode, their random draws replayed
+    from one seed (transformers' blocks scale their input in place: they get a copy): outputs equal, and the
+    gradients of the input and of each (ours, theirs) parameter pair in `grads`."""
+    theirs.train(), ours.train()
+    x = torch.randn(2, 9, ours.router.weight.shape[1])
+    theirs_in, ours_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(3)
+    expected = theirs(theirs_in * 1.0)
+    torch.manual_seed(3)
+    got = ours(ours_in)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    upstream = torch.randn_like(expected)
+    (expected * upstream).sum().backward()
+    (got * upstream).sum().backward()
+    torch.testing.assert_close(ours_in.grad, theirs_in.grad, rtol=1e-4, atol=1e-6)
+    for mine, other in grads:
+        torch.testing.assert_close(mine.grad, other.grad, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("path", ["expert_matmul", "experts_looped", "experts_masked"])
 def test_expert_matmul_paths_agree(path):
     """The grouped GEMM (expert_matmul on the CPU), the per-expert loop (eager non-bf16 CUDA tensors) and the
