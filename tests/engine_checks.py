@@ -110,16 +110,27 @@ def assert_decode_batch_serves_like_generate(model, prompts: list[list[int]], n:
     assert [done[i] for i in range(len(prompts))] == refs
 
 
-def assert_compiled_training_step_matches(model, weight: torch.Tensor, length: int = 96, tol: float = 0.05) -> None:
+def assert_compiled_training_step_matches(model, weight: torch.Tensor, length: int = 96) -> None:
     """On a GPU, under bf16 autocast: the compiled training forward's loss within 1e-2 of eager's on a random (4,
-    length) batch, and `weight`'s gradient within tol of eager's (relative norm)."""
+    length) batch, and `weight`'s gradient about as close to the fp32 eager gradient as eager bf16's is.
+
+    Eager and compiled bf16 round differently, and on models with many paths into one weight (clamps, differential
+    heads, experts) the two bf16 gradients differ from each other by 5-20%; both are measured against fp32 eager
+    instead, which a wrong compiled computation misses by ~100%. The compiled step is fp32-free (Triton 3.6 fails to
+    build some fp32 fused norm kernels) and compiled with static shapes, as `redline train` compiles, after a
+    dynamo reset, so that an earlier test's compiles in the same process do not make its shapes dynamic."""
     model.train()
     idx = torch.randint(0, model.cfg.vocab_size, (4, length), device="cuda")
+    exact = torch.autograd.grad(model(idx, idx), weight)[0]
+    assert exact.norm() > 0, "the loss does not reach this weight: check one it reaches"
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = model(idx, idx)
     grad = torch.autograd.grad(loss, weight)[0]
+    torch._dynamo.reset()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss_c = torch.compile(model)(idx, idx)
+        loss_c = torch.compile(model, dynamic=False)(idx, idx)
     grad_c = torch.autograd.grad(loss_c, weight)[0]
     torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
-    assert (grad_c - grad).norm() / grad.norm() < tol
+    eager_error, compiled_error = ((g - exact).norm() / exact.norm() for g in (grad, grad_c))
+    assert compiled_error < 2 * eager_error + 0.02, (f"compiled bf16 gradient {compiled_error:.4f} from fp32 eager's, "
+                                                     f"eager bf16 {eager_error:.4f}")

@@ -266,7 +266,7 @@ def test_gpu_compiled_engine_and_training_step():
     """On a GPU: the compiled, graph-captured engine decodes greedily as the eager one does (tests/engine_checks.py),
     the AltUp streams between its compiled blocks; the compiled training step (the prediction coefficients clamped in
     place inside it) gives eager's loss and gradients."""
-    from tests.engine_checks import assert_compiled_engine_stays_greedy
+    from tests.engine_checks import assert_compiled_engine_stays_greedy, assert_compiled_training_step_matches
 
     torch.manual_seed(0)
     cfg = replace(CFG, n_embd=128, vocab_size=512, context_len=128)
@@ -276,13 +276,5 @@ def test_gpu_compiled_engine_and_training_step():
             block.altup_predict.weight.normal_(0, 1.0)
             block.altup_scale.normal_(0, 1.0)
     assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
-    model.train()
-    idx = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda")
-    weight = model.blocks[1].laurel_left.weight
-    loss = model(idx, idx)
-    grad = torch.autograd.grad(loss, weight)[0]
+    assert_compiled_training_step_matches(model, model.blocks[1].laurel_left.weight, length=64)
     assert all(b.altup_predict.weight.abs().max() <= cfg.altup_coef_clip for b in model.blocks)
-    loss_c = torch.compile(model)(idx, idx)
-    grad_c = torch.autograd.grad(loss_c, weight)[0]
-    torch.testing.assert_close(loss_c, loss, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(grad_c, grad, rtol=1e-3, atol=1e-5)

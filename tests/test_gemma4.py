@@ -141,30 +141,15 @@ def test_gpu_compiled_engine_and_training_step(experts):
     """On a GPU: the compiled, graph-captured engine decodes greedily as the eager one does (tests/engine_checks.py),
     the shared layers reading their source's buffers inside the captured step; the compiled training step's loss and
     gradients (a source layer's keys included) match eager ones."""
-    from tests.engine_checks import assert_compiled_engine_stays_greedy
+    from tests.engine_checks import assert_compiled_engine_stays_greedy, assert_compiled_training_step_matches
 
     torch.manual_seed(0)
     cfg = replace(CFG, n_embd=128, vocab_size=512, context_len=128, **(EXPERTS if experts else {}))
     model = GPT(cfg).cuda()
     assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
-    model.train()
-    idx = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda")
-    weight = model.blocks[1].attn.k.weight
-    # Under bf16 autocast this keys weight's gradient differs from eager's by 10-22% (9% on the CPU, where in fp32
-    # the two agree to 5e-6): the rounding of its many paths (values normed, shared layers' reads, the full layers'
-    # values from keys). In fp32 Triton 3.6 fails to compile one of the step's norm kernels. So both bf16 steps are
-    # measured against the fp32 eager one: the compiled step must be about as close to it as eager bf16 is (a
-    # wrong computation is ~100% off).
-    exact = torch.autograd.grad(model(idx, idx), weight)[0]
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(idx, idx)
-    grad = torch.autograd.grad(loss, weight)[0]
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss_c = torch.compile(model)(idx, idx)
-    grad_c = torch.autograd.grad(loss_c, weight)[0]
-    torch.testing.assert_close(loss_c, loss, rtol=1e-2, atol=1e-2)
-    eager_error, compiled_error = ((g - exact).norm() / exact.norm() for g in (grad, grad_c))
-    assert compiled_error < 2 * eager_error + 0.02, (compiled_error, eager_error)
+    # the keys weight's bf16 gradient takes many paths (values normed, shared layers' reads, the full layers' values
+    # from keys): eager and compiled bf16 differ by 10-22%, so both are held to the fp32 gradient
+    assert_compiled_training_step_matches(model, model.blocks[1].attn.k.weight, length=64)
 
 
 def test_engine_refusals():
