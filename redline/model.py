@@ -50,6 +50,8 @@ Features (each a field of `ModelConfig`):
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
+- DeepSeek-V4's stream: manifold-constrained hyper-connections (`mhc_streams`), several streams summed into each
+  sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them;
 - differential attention (`diff_attention`, DiffLlama's): two maps' outputs subtracted with a learned λ, paired heads
   RMS-normed; a learned bias on each key's scores from its values (`attn_key_bias`, Doge's dynamic mask) and learned
   scales on the residual stream (`residual_scales`, Doge's);
@@ -517,6 +519,19 @@ class ModelConfig:
     """LAuReL (Menghani et al. 2024, "Learned Augmented Residual Layer"; Gemma 3n's laurel_rank): in each AltUp block
     the normed input u adds u + norm(right(left(u))) (a rank-r branch) to the attention's residual sum, which is then
     divided by sqrt(2). Needs altup_streams; 0 = off."""
+    mhc_streams: int = 0
+    """Manifold-constrained hyper-connections (mHC: Xie et al. 2026; DeepSeek-V4's hc_mult): the residual stream is
+    this many (B, T, C) streams, each starting as the embeddings. Before each sublayer one projection of all the
+    streams, RMS-normed together without a weight, gives per token a `pre` (N,) that sums them into the sublayer's
+    input, a `post` (N,) that spreads its output back over them, and an (N, N) matrix, made doubly stochastic by
+    mhc_sinkhorn_iters Sinkhorn-Knopp steps, that mixes the streams the output joins; a last projection (mhc_head)
+    sums them before the final norm. Needs pre-norm blocks of attention and an MLP; 0 = off."""
+    mhc_sinkhorn_iters: int = 20
+    """mhc_streams: the Sinkhorn-Knopp steps (columns, then rows and columns again) that normalise the mixing matrix
+    (DeepSeek-V4's hc_sinkhorn_iters)."""
+    mhc_eps: float = 1e-6
+    """mhc_streams: the floor added to `pre`, to the mixing matrix's entries and to every Sinkhorn step's sums
+    (DeepSeek-V4's hc_eps); the streams' norm takes norm_eps."""
     mlp_sparsity: tuple[float, ...] = ()
     """Per layer, a gated MLP's activation sparsity s (Gemma 3n's activation_sparsity_pattern): where s > 0 the gate
     keeps only what exceeds its mean plus Φ⁻¹(s) standard deviations over the hidden units, less that cutoff
@@ -1054,6 +1069,7 @@ class ModelConfig:
                             "(model.moe_experts)")
         self._validate_layerwise_attention()
         self._validate_altup()
+        self._validate_mhc()
         self._validate_bitnet()
         if (self.attn_key_bias or self.residual_scales) and (self.kv_lora_rank or self.conv_layers or self.delta_layers
                                                               or self.mixer_free_layers or self.mlp_free_layers
@@ -1094,6 +1110,21 @@ class ModelConfig:
                                   or any(not 0 <= s < 1 for s in self.mlp_sparsity) or self.moe_experts):
             raise UserError(f"model.mlp_sparsity needs one value in [0, 1) for each of the {self.n_layer} layers and "
                             f"a dense gated MLP (swiglu or geglu)")
+
+    def _validate_mhc(self) -> None:
+        """Manifold-constrained hyper-connections (DeepSeek-V4's): the streams around pre-norm blocks of two
+        sublayers."""
+        if self.mhc_streams < 0 or self.mhc_sinkhorn_iters < 1 or self.mhc_eps < 0:
+            raise UserError(f"model.mhc_streams must be >= 0 (0 = off), mhc_sinkhorn_iters >= 1 and mhc_eps >= 0, got "
+                            f"{self.mhc_streams}, {self.mhc_sinkhorn_iters}, {self.mhc_eps}")
+        clash = [name for name in ("parallel_residual", "altup_streams", "layer_lambdas", "backout", "layer_scalars",
+                                   "per_layer_embd", "residual_scales", "mlp_free_layers", "mixer_free_layers",
+                                   "shared_attn_layers", "moe_beside_dense", "delta_parallel", "delta_norm_position")
+                 if getattr(self, name)]
+        if self.mhc_streams and (clash or self.norm_position != "pre"):
+            raise UserError(f"model.mhc_streams (DeepSeek-V4's hyper-connections) takes pre-norm blocks of a mixer "
+                            f"and an MLP on one plain stream each, without model.{clash[0] if clash else 'norm_position'}"
+                            f"{'' if clash else ' ' + repr(self.norm_position)}")
 
     def _validate_bitnet(self) -> None:
         if not (self.bitlinear != "off" or self.sub_norms):
@@ -2587,6 +2618,71 @@ def bitnet_projections(blocks: nn.ModuleList, cfg: ModelConfig) -> None:
                 setattr(sub, name, BitLinear(linear, cfg, norm=cfg.sub_norms and name == "proj"))
 
 
+def unweighted_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (..., D) in fp32 over its RMS, no weight (DeepSeek-V4's UnweightedRMSNorm)."""
+    x = x.float()
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+class ManifoldHyperConnection(nn.Module):
+    """One sublayer's manifold-constrained hyper-connection (model.mhc_streams; DeepSeek-V4's attn_hc / ffn_hc):
+    the N streams (B, T, N, C) -> the sublayer's input (B, T, C) and the weights that put its output back.
+
+    fn ((2 + N)·N, N·C) projects the streams, flattened and RMS-normed, to per-token logits for pre (N), post (N)
+    and the mixing matrix (N·N), each times its own scale (3,) plus base ((2 + N)·N,): pre = sigmoid(·) + eps,
+    post = 2·sigmoid(·), comb = softmax over its rows + eps, then divided by its column sums and mhc_sinkhorn_iters - 1
+    times by its row sums and column sums (Sinkhorn-Knopp), each sum plus eps. All of it in fp32, as transformers'
+    DeepseekV4HyperConnection computes it (its parameters kept in fp32)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        N, C = cfg.mhc_streams, cfg.n_embd
+        self.iters, self.eps, self.norm_eps = cfg.mhc_sinkhorn_iters, cfg.mhc_eps, cfg.norm_eps
+        self.fn = nn.Parameter(torch.empty((2 + N) * N, N * C))
+        self.base = nn.Parameter(torch.zeros((2 + N) * N))
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """xs (B, T, N, C) -> (the sublayer's input (B, T, C) in xs' dtype, post (B, T, N), comb (B, T, N, N))."""
+        B, T, N, C = xs.shape
+        mixes = F.linear(unweighted_rms(xs.reshape(B, T, N * C), self.norm_eps), self.fn.float())
+        pre, post, comb = mixes.split([N, N, N * N], dim=-1)  # (B, T, N), (B, T, N), (B, T, N·N)
+        pre_base, post_base, comb_base = self.base.float().split([N, N, N * N])
+        pre_scale, post_scale, comb_scale = self.scale.float().unbind(0)
+        pre = torch.sigmoid(pre * pre_scale + pre_base) + self.eps
+        post = 2 * torch.sigmoid(post * post_scale + post_base)
+        comb = torch.softmax(comb.view(B, T, N, N) * comb_scale + comb_base.view(N, N), dim=-1) + self.eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        for _ in range(self.iters - 1):
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype), post, comb
+
+    @staticmethod
+    def merge(xs: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        """The streams after the sublayer: xs (B, T, N, C), its output h (B, T, C) -> post_i · h + Σ_j comb_ji · xs_j
+        (comb read transposed, as DeepseekV4DecoderLayer mixes them), in xs' dtype."""
+        return post.to(xs.dtype).unsqueeze(-1) * h.unsqueeze(-2) + torch.matmul(comb.to(xs.dtype).transpose(-1, -2), xs)
+
+
+class ManifoldHyperHead(nn.Module):
+    """The streams (B, T, N, C) -> (B, T, C) before the final norm (model.mhc_streams; DeepSeek-V4's hc_head):
+    weighted by sigmoid(fn · rms(streams) · scale + base) + eps, per token, in fp32 (DeepseekV4HyperHead's)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        N = cfg.mhc_streams
+        self.eps, self.norm_eps = cfg.mhc_eps, cfg.norm_eps
+        self.fn = nn.Parameter(torch.empty(N, N * cfg.n_embd))
+        self.base = nn.Parameter(torch.zeros(N))
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        mixes = F.linear(unweighted_rms(xs.flatten(2), self.norm_eps), self.fn.float())
+        pre = torch.sigmoid(mixes * self.scale.float() + self.base.float()) + self.eps  # (B, T, N)
+        return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype)
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -2674,6 +2770,9 @@ class Block(nn.Module):
         # residual_scales (Doge's): (C,) each, the stream's scale before the attention's and the MLP's outputs join it
         self.attn_residual = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_scales else None
         self.mlp_residual = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_scales else None
+        # mhc_streams (DeepSeek-V4's hyper-connections): one for each sublayer, taking the N streams to its input
+        self.attn_mhc = ManifoldHyperConnection(cfg) if cfg.mhc_streams else None
+        self.mlp_mhc = ManifoldHyperConnection(cfg) if cfg.mhc_streams else None
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
@@ -2685,9 +2784,12 @@ class Block(nn.Module):
         packed documents, which a Mamba-2 mixer beside attention (mamba) keeps apart as attn_mask does attention's;
         ple: this layer's per-layer input (B, T, per_layer_embd) (model.per_layer_embd), the token embeddings x0
         (B, T, C) of a layer that calls a shared block (model.shared_attn_layers), or None.
-        With model.altup_streams, x is the N streams (B, T, N, C) in and out (altup_forward)."""
+        With model.altup_streams, x is the N streams (B, T, N, C) in and out (altup_forward); with model.mhc_streams
+        too (mhc_forward)."""
         if self.altup_router is not None:
             return self.altup_forward(x, rope, attn_mask, cache, ve, ple, shared)
+        if self.attn_mhc is not None:
+            return self.mhc_forward(x, rope, attn_mask, cache, ve, shared)
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
@@ -2744,6 +2846,16 @@ class Block(nn.Module):
             first = (first.type_as(self.altup_scale) * self.altup_scale).type_as(first)
         return torch.cat([corrected[:, :, :1], corrected[:, :, 1:] + self.per_layer_term(first, ple).unsqueeze(2)],
                          dim=2)
+
+    def mhc_forward(self, xs, rope, attn_mask, cache, ve, shared):
+        """DeepSeek-V4's decoder layer around redline's sublayers (transformers' DeepseekV4DecoderLayer): xs
+        (B, T, N, C), the N streams -> the streams after each sublayer read its hyper-connection's sum of them
+        (normed) and its output joined their mix (ManifoldHyperConnection.merge)."""
+        kw = {} if shared is None else {"shared": shared}
+        u, post, comb = self.attn_mhc(xs)
+        xs = self.attn_mhc.merge(xs, self.out(self.attn(self.norm1(u), rope, attn_mask, cache, ve, **kw)), post, comb)
+        u, post, comb = self.mlp_mhc(xs)
+        return self.mlp_mhc.merge(xs, self.out(self.mlp(self.norm2(u))), post, comb)
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
@@ -2819,6 +2931,8 @@ class GPT(nn.Module):
             self.ple_table = nn.Embedding(cfg.per_layer_vocab or cfg.vocab_size, width)
             self.ple_proj = nn.Linear(cfg.n_embd, width, bias=False)
             self.ple_norm = make_norm(cfg, cfg.per_layer_embd)
+        # mhc_streams (DeepSeek-V4's hyper-connections): the embeddings copied into every stream, the head summing them
+        self.mhc_head = ManifoldHyperHead(cfg) if cfg.mhc_streams else None
         # altup_streams (Gemma 3n's AltUp): N - 1 (C, C) projections of the embeddings into the further streams and
         # N - 1 back out of them (stream_in, stream_out)
         self.altup_in = self.altup_out = None
@@ -2943,6 +3057,10 @@ class GPT(nn.Module):
                 module.reset_lambdas()
             elif isinstance(module, MLP) and module.alpha_p is not None:  # xIELU's scalars
                 module.reset_xielu()
+            elif isinstance(module, (ManifoldHyperConnection, ManifoldHyperHead)):  # DeepSeek-V4's initial values
+                nn.init.normal_(module.fn, mean=0.0, std=std)
+                nn.init.zeros_(module.base)
+                nn.init.ones_(module.scale)
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)
@@ -3092,9 +3210,12 @@ class GPT(nn.Module):
     def stream_in(self, layer: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         """The stream (B, T, C) entering block `layer`: resid_lambdas[layer] · x + x0_lambdas[layer] · x0 with
         model.layer_lambdas (x0 the stream entering the first block), else x. With model.altup_streams the first
-        block's input is the N AltUp streams (B, T, N, C) (altup_widen), the others' the stream as it is."""
+        block's input is the N AltUp streams (B, T, N, C) (altup_widen), with model.mhc_streams the N hyper-connection
+        streams (the embeddings in each), the others' the stream as it is."""
         if self.altup_in is not None:
             return self.altup_widen(x0) if layer == 0 else x
+        if self.mhc_head is not None:  # the N hyper-connection streams (B, T, N, C), each the embeddings at first
+            return x.unsqueeze(2).expand(-1, -1, self.cfg.mhc_streams, -1) if layer == 0 else x
         if self.resid_lambdas is None:
             return x
         return self.resid_lambdas[layer].to(x.dtype) * x + self.x0_lambdas[layer].to(x.dtype) * x0
@@ -3119,6 +3240,8 @@ class GPT(nn.Module):
         """The last block's output (B, T, C) less backout_lambda times block backout_layer's, `mid` (model.backout);
         x as it is without. AltUp streams (B, T, N, C) (model.altup_streams) -> (B, T, C): stream 0 and altup_out's
         projections of the others, each rescaled to stream 0's RMS, averaged."""
+        if self.mhc_head is not None:  # hyper-connection streams (B, T, N, C) (model.mhc_streams): the head's sum
+            return self.mhc_head(x)
         if self.altup_out is not None:
             target = torch.mean(x[:, :, 0] ** 2, dim=-1, keepdim=True) ** 0.5
             outs = [self.rescaled(proj(x[:, :, i + 1]), target) for i, proj in enumerate(self.altup_out)]

@@ -839,7 +839,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
                                                    ("bailing_hybrid", "decay their state per key channel"),
-                                                   ("zamba", "n_mamba_heads heads")])
+                                                   ("zamba", "n_mamba_heads heads"),
+                                                   ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

@@ -318,6 +318,10 @@ NOT_READ = {
               "experts, keys and values shared) is an attention kind redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
+    "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "
+                   "projection over o_groups, keys compressed window by window at compress_rates and picked by a "
+                   "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
+                   "redline's model and engine have not (its hyper-connections, hc_mult, are: model.mhc_streams)",
 }
 
 
@@ -422,6 +426,10 @@ def export_family(cfg: ModelConfig) -> Family:
 
         zamba2.check_exportable(cfg)
         return families["zamba2"]
+    if cfg.mhc_streams:  # checked here: no exporter knows the field
+        raise UserError("model.mhc_streams: no architecture redline exports to has manifold-constrained "
+                        "hyper-connections (DeepSeek-V4's, which transformers has and redline does not read); run "
+                        "the model with redline generate, chat or serve instead")
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "

@@ -140,6 +140,9 @@ FIELDS_ACCOUNTED = {
     "altup_correct_scale": "refused with altup_streams", "altup_coef_clip": "training only",
     "laurel_rank": "refused: the block has no branch beside attention",
     "mlp_sparsity": "refused: the MLP's product kernel applies no top-k cutoff to its gate",
+    # DeepSeek-V4's (unsupported() names them)
+    "mhc_streams": "refused: the block runs on one residual stream, not mHC's several",
+    "mhc_sinkhorn_iters": "refused with mhc_streams", "mhc_eps": "refused with mhc_streams",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model; alibi refused (the plan keeps it "
                "off the attention kernel, whose scores take no bias)", "rope_theta": "inputs",
@@ -160,6 +163,9 @@ def unsupported(cfg) -> str | None:
 
     if gemma4 := layerwise_attention(cfg):
         return f"decode_linear triton runs none of Gemma 4's layer options ({gemma4})"
+    if getattr(cfg, "mhc_streams", 0):
+        return ("decode_linear triton adds the sublayers' outputs to one residual stream, not to hyper-connection "
+                "streams (model.mhc_streams)")
     if getattr(cfg, "diff_attention", False):
         return "decode_linear triton hands the attention kernel plain heads (model.diff_attention)"
     if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
