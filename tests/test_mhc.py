@@ -16,6 +16,7 @@ from tests.engine_checks import (assert_decode_batch_parks_rows, assert_decode_b
                                  assert_freed_row_refills, assert_scores_equal_full_forward)
 from tests.test_diffllama import assert_engine_decodes_as_full_recompute
 from tests.test_latent_attention import sharp
+from tests.test_train import dataset  # noqa: F401  (a pytest fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -131,6 +132,19 @@ def test_training_reaches_every_mhc_weight():
     for name, module in named:
         for p in (module.fn, module.base, module.scale):
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_training_run_with_hyper_connections(dataset, tmp_path):
+    """redline's training loop (its default optimizer, activation checkpointing, the sample at the end) on a model
+    with hyper-connections: the loss falls."""
+    from redline.training.loop import train
+    from tests.test_train import config, train_losses
+
+    result = train(config(dataset, tmp_path, "model.mhc_streams=2", "model.mhc_sinkhorn_iters=4", "max_steps=30",
+                          "optim.lr=3e-3", "sample_tokens=8", "activation_checkpointing=full"))
+    assert result.status == "completed" and result.sample
+    losses = list(train_losses(result.run_dir).values())
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
 
 
 def test_refusals():
