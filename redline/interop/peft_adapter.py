@@ -86,7 +86,8 @@ _LAUREL = {"laurel_left": "laurel.linear_left", "laurel_right": "laurel.linear_r
 # the architectures whose gate_proj, up_proj and down_proj adapters PEFT moves onto the experts' fused parameters
 _EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE",
                  "cohere2_moe": "Cohere2 MoE", "dots1": "dots.llm1", "solar_open": "Solar Open"}
-_QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
+_QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next",  # qwen3_5.py's layout
+            "qwen4_exp", "qwen4_exp_text")  # (Qwen4-Exp's: qwen4_exp.py; its mixers and indexer take no adapter)
 
 
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
