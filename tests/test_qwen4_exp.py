@@ -84,7 +84,7 @@ def test_refused_by_name():
     hf = {"model_type": "qwen4_exp_text", "vocab_size": 96, "hidden_size": 48, "num_hidden_layers": 3,
           "max_position_embeddings": 64, **FAMILIES["qwen4_exp_text"][2]}
     cfg = qwen4_exp.model_config(hf)
-    assert (cfg.hc_streams, cfg.hc_rank, cfg.qsa_heads, cfg.context_len) == (3, 8, 2, 19)  # 16 + 4 - 1
+    assert (cfg.hc_streams, cfg.hc_rank, cfg.qsa_heads, cfg.context_len) == (3, 8, 2, 35)  # 32 + 4 - 1
     for change, fragment in [({"ple_layer_ids": [1]}, "ple_layer_ids=\\[1\\]: Qwen4-Exp's Per-Layer Embeddings"),
                              ({"output_gate_type": "sigmoid"}, "output_gate_type='sigmoid'"),
                              ({"indexer_budget": None}, "indexer_budget unset"),
@@ -92,6 +92,20 @@ def test_refused_by_name():
                              ({"num_experts": 0}, "num_experts=0")]:
         with pytest.raises(UserError, match=fragment):
             qwen4_exp.model_config({**hf, **change})
+
+
+@pytest.mark.slow  # a training run: about 15 s on 2 CPU cores
+def test_train_init_from_an_imported_qwen4_exp_trains_its_streams(tmp_path, capsys):
+    """`redline train --init-from` on an imported Qwen4-Exp: the first step's loss is transformers' on the same batch,
+    and training moves the hyper-connection mixers, the delta nets and the experts; the indexer's weights stay."""
+    from tests.test_interop_commands import Imported, trained_two_steps
+
+    before, after = trained_two_steps(Imported("qwen4_exp_text", tmp_path / "src"), tmp_path, capsys)
+    old, new = before.state_dict(), after.state_dict()
+    for name in ("blocks.0.attn_hc.down.weight", "blocks.1.mlp_hc.inject.weight", "blocks.2.attn_hc.norm",
+                 "hc_out.up.weight", "blocks.0.attn.in_proj.weight", "blocks.1.mlp.fc"):
+        assert not torch.equal(old[name], new[name]), name
+    assert torch.equal(old["blocks.1.attn.qsa_qk"], new["blocks.1.attn.qsa_qk"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
