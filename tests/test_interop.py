@@ -362,6 +362,13 @@ REDLINE_EXPORTS = {
                                   delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
                                   rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
                                   moe_shared_hidden=48),
+    # Qwen4-Exp: Qwen3.5-MoE's layers on 3 hyper-connected streams, the attention layer's QSA indexer (zeros: within
+    # its budget of 64 keys it keeps them all) written back
+    "Qwen4ExpForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
+                                rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                                moe_shared_hidden=48, hc_streams=3, hc_rank=8, qsa_heads=2, qsa_head_dim=16,
+                                qsa_budget=64, qsa_block=1),
     # Lara Mini: a gated delta net, then a windowed layer with RoPE and no output gate (plain norms), top 2 of 4
     # experts with an ungated shared expert
     "LaraMiniForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,

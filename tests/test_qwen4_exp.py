@@ -78,6 +78,8 @@ def test_refused_by_name():
         replace(QWEN4, qsa_block=0).validate()
     with pytest.raises(UserError, match="QSA indexer on every attention layer"):
         qwen4_exp.check_exportable(replace(QWEN4, qsa_heads=0, qsa_head_dim=0, qsa_budget=0, qsa_block=0))
+    with pytest.raises(UserError, match="has no such option \\(model.smear_gate\\)"):
+        qwen4_exp.check_exportable(replace(QWEN4, smear_gate=8))
     with pytest.raises(UserError, match="experts on every layer"):
         qwen4_exp.check_exportable(replace(QWEN4, moe_experts=0, moe_top_k=0, moe_shared_hidden=0,
                                            moe_shared_gate=False))

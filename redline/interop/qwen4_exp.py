@@ -96,7 +96,14 @@ def check_exportable(cfg: ModelConfig) -> None:
     """Qwen3.5's exportable options (qwen3_5.check_exportable) and what Qwen4-Exp's layers add."""
     qwen3_5.check_exportable(cfg)
     what = "model.hc_streams or model.qsa_heads: Qwen4-Exp, the one architecture with them,"
+    named = [name for name in ("v_norm", "kv_shared_layers", "global_head_size", "global_kv_head",
+                               "global_values_from_keys", "mlp_sparsity", "attn_chunk", "nope_temperature",
+                               "rope_qk_norm", "qk_layernorm", "moe_post_norm", "sub_norms", "value_embeddings",
+                               "value_embed_layers", "smear_gate", "moe_expert_bias")
+             if getattr(cfg, name, None)]
+    named += ["moe_groups"] * (cfg.moe_groups > 1) + ["bitlinear"] * (cfg.bitlinear != "off")
     raise_first([
+        (bool(named), f"{what} has no such option (model.{named[0] if named else ''})"),
         (not cfg.hc_streams, f"{what} runs every layer on hyper-connected streams (model.hc_streams)"),
         (not cfg.moe_experts or cfg.moe_dense_layers, f"{what} has experts on every layer (model.moe_experts)"),
         (cfg.delta_rule != "gated_delta" or cfg.delta_beta_scale != 1.0 or cfg.delta_norm_eps
