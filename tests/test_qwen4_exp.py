@@ -120,4 +120,4 @@ def test_gpu_compiled_engine_and_training_step():
     cfg = replace(QWEN4, n_embd=128, vocab_size=512, context_len=128, qsa_budget=128)
     model = GPT(cfg).cuda()
     assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
-    assert_compiled_training_step_matches(model, model.blocks[0].attn_hc.down.weight)
+    assert_compiled_training_step_matches(model, model.blocks[1].attn_hc.inject.weight)
