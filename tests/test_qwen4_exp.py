@@ -87,6 +87,11 @@ def test_refused_by_name():
           "max_position_embeddings": 64, **FAMILIES["qwen4_exp_text"][2]}
     cfg = qwen4_exp.model_config(hf)
     assert (cfg.hc_streams, cfg.hc_rank, cfg.qsa_heads, cfg.context_len) == (3, 8, 2, 35)  # 32 + 4 - 1
+    hub = qwen4_exp.model_config({"model_type": "qwen4_exp_text", "num_hidden_layers": 4, "ple_layer_ids": None,
+                                  "indexer_n_heads": 32, "indexer_kv_heads": 1, "indexer_head_dim": 128,
+                                  "indexer_budget": 2048, "indexer_compress_ratio": 64})  # the class's defaults
+    assert (hub.n_embd, hub.head_dim, hub.moe_experts, hub.hc_rank, hub.context_len) == (2048, 256, 512, 320, 2111)
+    assert hub.delta_layers == (0, 1, 2) and hub.rope_dims == 0  # a full layer in four, RoPE on whole heads
     for change, fragment in [({"ple_layer_ids": [1]}, "ple_layer_ids=\\[1\\]: Qwen4-Exp's Per-Layer Embeddings"),
                              ({"output_gate_type": "sigmoid"}, "output_gate_type='sigmoid'"),
                              ({"indexer_budget": None}, "indexer_budget unset"),

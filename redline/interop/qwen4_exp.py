@@ -25,6 +25,7 @@ and what qwen3_5.py refuses. Semantics read from transformers' models/qwen4_exp/
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -41,6 +42,12 @@ _INDEXER = {"attn.qsa_qk": "index_qk_proj.weight", "attn.qsa_q_norm": "q_layerno
 _HC = {"norm": "hc_norm.weight", "down.weight": "input_mix_weight_down.weight",
        "up.weight": "input_mix_weight_up.weight", "inject.weight": "block_inject_weight.weight"}
 """A HyperConnection's tensors -> a Qwen4ExpTextGatedResidual's."""
+_DEFAULTS = dict(vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                 num_key_value_heads=2, head_dim=256, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                 linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                 linear_num_value_heads=32, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                 num_experts_per_tok=10, num_experts=512, norm_topk_prob=True, hc_count=4, hc_lowrank=320)
+"""Qwen4ExpTextConfig's defaults for the fields a config.json may leave out."""
 _QSA_FIELDS = ("indexer_n_heads", "indexer_kv_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio")
 
 
@@ -49,7 +56,7 @@ def text_config(hf: dict) -> dict:
 
 
 def model_config(hf: dict) -> ModelConfig:
-    hf = text_config(hf)
+    hf = {**_DEFAULTS, **{k: v for k, v in text_config(hf).items() if v is not None}}
     n = hf["num_hidden_layers"]
     kinds = hf.get("layer_types") or ["indexed_attention" if (i + 1) % int(hf.get("full_attention_interval", 4)) == 0
                                       else "linear_attention" for i in range(n)]
@@ -127,6 +134,10 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     src = text_view(src)  # Qwen4ExpForConditionalGeneration's model.language_model. read as model.
+    if cfg.qsa_heads:
+        print(f"{src.where}: the QSA indexer keeps every key within indexer_budget + indexer_compress_ratio - 1 = "
+              f"{cfg.qsa_budget + cfg.qsa_block - 1} tokens, so redline attends densely and its context stops at "
+              f"{cfg.context_len}; the indexer's weights are kept to be written back", file=sys.stderr)
     N, C = cfg.hc_streams, cfg.n_embd
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg)}
     out.update(take_head(src, cfg))
