@@ -52,6 +52,9 @@ Features (each a field of `ModelConfig`):
   MLP gates (`mlp_sparsity`);
 - DeepSeek-V4's stream: manifold-constrained hyper-connections (`mhc_streams`), several streams summed into each
   sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them;
+- hyper-connections (`hc_streams`, Qwen4-Exp's): several residual streams, each sublayer reading a low-rank gated mix of
+  them and writing its output into each with a weight of its own; an attention layer may carry a QSA token indexer
+  (`qsa_heads`), which selects every key within its budget and so attends densely up to the context it caps;
 - differential attention (`diff_attention`, DiffLlama's): two maps' outputs subtracted with a learned λ, paired heads
   RMS-normed; a learned bias on each key's scores from its values (`attn_key_bias`, Doge's dynamic mask) and learned
   scales on the residual stream (`residual_scales`, Doge's);
@@ -532,6 +535,25 @@ class ModelConfig:
     mhc_eps: float = 1e-6
     """mhc_streams: the floor added to `pre`, to the mixing matrix's entries and to every Sinkhorn step's sums
     (DeepSeek-V4's hc_eps); the streams' norm takes norm_eps."""
+    hc_streams: int = 0
+    """Hyper-connections (Zhu et al. 2024, "Hyper-Connections"; Qwen4-Exp's hc_count): the residual stream is this
+    many (B, T, C) streams, the embeddings copied into each. Before each sublayer, the streams are RMS-normed one by
+    one (1 + weight with norm_unit_offset) and averaged under gates sigmoid(up(silu(down(normed) / N))) (a rank
+    hc_rank mixer), which replaces the sublayer's input norm; its output joins stream n times 2·sigmoid(inject_n ·
+    normed / N). A last mixer without injection collapses the streams, in place of the final norm. 0 = off."""
+    hc_rank: int = 0
+    """hc_streams: the rank of the hyper-connection mixers' down and up projections (Qwen4-Exp's hc_lowrank)."""
+    qsa_heads: int = 0
+    """A QSA token indexer on every attention layer (Qwen4-Exp's indexer_n_heads): its query heads. The indexer keeps,
+    for each query, the qsa_budget / qsa_block best blocks of qsa_block keys and the unfinished last block: every key
+    while a query sees fewer than qsa_budget + qsa_block, so redline attends densely and caps context_len there. Its
+    weights are kept (buffers, not trained: the selection passes no gradient) to be written back. 0 = none."""
+    qsa_head_dim: int = 0
+    """qsa_heads: the width of the indexer's query heads and its one key head (indexer_head_dim)."""
+    qsa_budget: int = 0
+    """qsa_heads: the keys the indexer keeps from whole blocks (indexer_budget), a multiple of qsa_block."""
+    qsa_block: int = 0
+    """qsa_heads: the keys averaged into one indexed block (indexer_compress_ratio)."""
     mlp_sparsity: tuple[float, ...] = ()
     """Per layer, a gated MLP's activation sparsity s (Gemma 3n's activation_sparsity_pattern): where s > 0 the gate
     keeps only what exceeds its mean plus Φ⁻¹(s) standard deviations over the hidden units, less that cutoff
@@ -1070,6 +1092,7 @@ class ModelConfig:
         self._validate_layerwise_attention()
         self._validate_altup()
         self._validate_mhc()
+        self._validate_hyper_connections()
         self._validate_bitnet()
         if (self.attn_key_bias or self.residual_scales) and (self.kv_lora_rank or self.conv_layers or self.delta_layers
                                                               or self.mixer_free_layers or self.mlp_free_layers
@@ -1119,12 +1142,43 @@ class ModelConfig:
                             f"{self.mhc_streams}, {self.mhc_sinkhorn_iters}, {self.mhc_eps}")
         clash = [name for name in ("parallel_residual", "altup_streams", "layer_lambdas", "backout", "layer_scalars",
                                    "per_layer_embd", "residual_scales", "mlp_free_layers", "mixer_free_layers",
-                                   "shared_attn_layers", "moe_beside_dense", "delta_parallel", "delta_norm_position")
+                                   "shared_attn_layers", "moe_beside_dense", "delta_parallel", "delta_norm_position",
+                                   "hc_streams")
                  if getattr(self, name)]
         if self.mhc_streams and (clash or self.norm_position != "pre"):
             raise UserError(f"model.mhc_streams (DeepSeek-V4's hyper-connections) takes pre-norm blocks of a mixer "
                             f"and an MLP on one plain stream each, without model.{clash[0] if clash else 'norm_position'}"
                             f"{'' if clash else ' ' + repr(self.norm_position)}")
+    def _validate_hyper_connections(self) -> None:
+        """Qwen4-Exp's fields: hyper-connections and the QSA indexer."""
+        if min(self.hc_streams, self.hc_rank, self.qsa_heads, self.qsa_head_dim, self.qsa_budget, self.qsa_block) < 0:
+            raise UserError("model.hc_streams, hc_rank, qsa_heads, qsa_head_dim, qsa_budget and qsa_block must be >= 0")
+        if bool(self.hc_streams) != bool(self.hc_rank) or self.hc_streams == 1:
+            raise UserError(f"model.hc_streams={self.hc_streams} and hc_rank={self.hc_rank}: hyper-connections take "
+                            f"2 or more streams and a mixer rank of 1 or more, both or neither")
+        if self.hc_streams and (
+                self.norm != "rmsnorm" or self.norm_position != "pre" or self.parallel_residual or self.layer_lambdas
+                or self.backout or self.altup_streams or self.per_layer_embd or self.layer_scalars
+                or self.moe_beside_dense or self.residual_scales or self.residual_multiplier or self.mixer_free_layers
+                or self.mlp_free_layers or self.shared_attn_layers or self.delta_parallel or self.embed_norm
+                or self.mhc_streams or self.delta_norm_position not in ("", "pre")):
+            raise UserError("model.hc_streams (Qwen4-Exp's hyper-connections) takes pre-RMSNorm blocks of two "
+                            "sublayers in turn, without parallel_residual, layer_lambdas, backout, altup_streams, "
+                            "per_layer_embd, layer_scalars, moe_beside_dense, residual scales or multipliers, "
+                            "embed_norm, mixer- or MLP-free layers, shared blocks, delta_parallel or mhc_streams")
+        qsa = (self.qsa_heads, self.qsa_head_dim, self.qsa_budget, self.qsa_block)
+        if any(qsa) and not all(qsa):
+            raise UserError("model.qsa_heads, qsa_head_dim, qsa_budget and qsa_block describe one QSA indexer: set "
+                            "all of them or none")
+        if self.qsa_heads and (self.qsa_budget % self.qsa_block
+                               or self.context_len > self.qsa_budget + self.qsa_block - 1):
+            raise UserError(f"model.qsa_budget={self.qsa_budget} with qsa_block={self.qsa_block}: a multiple of the "
+                            f"block, and context_len={self.context_len} at most qsa_budget + qsa_block - 1 = "
+                            f"{self.qsa_budget + self.qsa_block - 1}, within which the indexer keeps every key")
+        if self.qsa_heads and (self.kv_lora_rank or self.diff_attention or self.attn_key_bias
+                               or self.shared_attn_layers):
+            raise UserError("model.qsa_heads: the QSA indexer sits on plain attention (no kv_lora_rank, "
+                            "diff_attention, attn_key_bias or shared_attn_layers)")
 
     def _validate_bitnet(self) -> None:
         if not (self.bitlinear != "off" or self.sub_norms):
@@ -1470,6 +1524,12 @@ class Attention(nn.Module):
                        if cfg.v_norm and own_kv else None)
         self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
+        # qsa_heads (Qwen4-Exp's QSA indexer): its weights, kept but never read, since within context_len it keeps
+        # every key (ModelConfig.qsa_heads): the query and key projection ((Hi + 1)·Di, C), its q and k norms (Di,)
+        if cfg.qsa_heads:
+            self.register_buffer("qsa_qk", torch.zeros((cfg.qsa_heads + 1) * cfg.qsa_head_dim, cfg.n_embd))
+            self.register_buffer("qsa_q_norm", torch.zeros(cfg.qsa_head_dim))
+            self.register_buffer("qsa_k_norm", torch.zeros(cfg.qsa_head_dim))
         if cfg.qk_layernorm:  # (D,) weight and bias shared by the heads (Persimmon's)
             self.q_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps)
             self.k_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps) if own_kv else None
@@ -2681,6 +2741,30 @@ class ManifoldHyperHead(nn.Module):
         mixes = F.linear(unweighted_rms(xs.flatten(2), self.norm_eps), self.fn.float())
         pre = torch.sigmoid(mixes * self.scale.float() + self.base.float()) + self.eps  # (B, T, N)
         return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype)
+class HyperConnection(nn.Module):
+    """One hyper-connection (model.hc_streams, as transformers' Qwen4ExpTextGatedResidual computes it): the N streams
+    (B, T, N, C) -> the sublayer's input (B, T, C), their normed average under learned gates, and, with inject, each
+    stream's weight (B, T, N) for the sublayer's output, in (0, 2)."""
+
+    def __init__(self, cfg: ModelConfig, inject: bool = True):
+        super().__init__()
+        N, C = cfg.hc_streams, cfg.n_embd
+        self.unit_offset, self.eps = cfg.norm_unit_offset, cfg.norm_eps
+        self.norm = nn.Parameter(torch.zeros(N, C) if cfg.norm_unit_offset else torch.ones(N, C))  # each stream's
+        self.down = nn.Linear(N * C, cfg.hc_rank, bias=False)
+        self.up = nn.Linear(cfg.hc_rank, N * C, bias=False)
+        self.inject = nn.Linear(N * C, N, bias=False) if inject else None
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T, N, C = xs.shape
+        scale = (1.0 + self.norm.float()) if self.unit_offset else self.norm.float()
+        normed = (F.rms_norm(xs.float(), (C,), eps=self.eps) * scale).type_as(xs)  # (B, T, N, C), in fp32 first
+        flat = normed.reshape(B, T, N * C)
+        gates = torch.sigmoid(self.up(F.silu(self.down(flat) / N))).view(B, T, N, C)
+        mixed = (gates * normed).mean(dim=2)  # (B, T, C)
+        if self.inject is None:
+            return mixed, None
+        return mixed, 2 * torch.sigmoid(self.inject(flat) / N)
 
 
 class Block(nn.Module):
@@ -2773,6 +2857,11 @@ class Block(nn.Module):
         # mhc_streams (DeepSeek-V4's hyper-connections): one for each sublayer, taking the N streams to its input
         self.attn_mhc = ManifoldHyperConnection(cfg) if cfg.mhc_streams else None
         self.mlp_mhc = ManifoldHyperConnection(cfg) if cfg.mhc_streams else None
+        # hc_streams (Qwen4-Exp's hyper-connections): each sublayer's mixer, in place of norm1 and norm2
+        self.attn_hc = self.mlp_hc = None
+        if cfg.hc_streams:
+            self.norm1, self.norm2 = nn.Identity(), nn.Identity()
+            self.attn_hc, self.mlp_hc = HyperConnection(cfg), HyperConnection(cfg)
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
@@ -2790,6 +2879,8 @@ class Block(nn.Module):
             return self.altup_forward(x, rope, attn_mask, cache, ve, ple, shared)
         if self.attn_mhc is not None:
             return self.mhc_forward(x, rope, attn_mask, cache, ve, shared)
+        if self.attn_hc is not None:
+            return self.hyper_forward(x, rope, attn_mask, cache, ve)
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
@@ -2856,6 +2947,14 @@ class Block(nn.Module):
         xs = self.attn_mhc.merge(xs, self.out(self.attn(self.norm1(u), rope, attn_mask, cache, ve, **kw)), post, comb)
         u, post, comb = self.mlp_mhc(xs)
         return self.mlp_mhc.merge(xs, self.out(self.mlp(self.norm2(u))), post, comb)
+    def hyper_forward(self, xs, rope, attn_mask, cache, ve):
+        """Qwen4-Exp's decoder layer (transformers' Qwen4ExpTextDecoderLayer, without PLE): xs (B, T, N, C), the N
+        streams -> (B, T, N, C). Each sublayer reads its mixer's average of the streams and its output joins every
+        stream n scaled by the mixer's weight w_n."""
+        u, w = self.attn_hc(xs)
+        xs = xs + w.unsqueeze(-1) * self.out(self.attn(u, rope, attn_mask, cache, ve)).unsqueeze(2)
+        u, w = self.mlp_hc(xs)
+        return xs + w.unsqueeze(-1) * self.out(self.mlp(u)).unsqueeze(2)
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
@@ -2943,6 +3042,10 @@ class GPT(nn.Module):
                                            for _ in range(cfg.altup_streams - 1))
         # post-norm blocks end in a norm already; the others need a final one
         self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
+        # hc_streams: the last mixer collapses the streams (its per-stream norms in place of norm_f)
+        self.hc_out = None
+        if cfg.hc_streams:
+            self.norm_f, self.hc_out = nn.Identity(), HyperConnection(cfg, inject=False)
         if cfg.bitlinear != "off" or cfg.sub_norms:
             bitnet_projections(self.blocks, cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=cfg.head_bias)
@@ -3064,6 +3167,8 @@ class GPT(nn.Module):
             elif isinstance(module, MoE):  # stacked expert weights are bare parameters: as the Linear layers'
                 proj_std = 0.0 if self.cfg.zero_init_proj else std / math.sqrt(2 * self.cfg.n_layer)
                 module.reset_parameters(std, proj_std)
+            elif isinstance(module, HyperConnection):  # its per-stream norms' bare weights: scale 1
+                module.norm.fill_(0.0 if module.unit_offset else 1.0)
             elif isinstance(module, (UnitOffsetRMSNorm, UnitOffsetLayerNorm)):
                 nn.init.zeros_(module.weight)  # scale 1 + 0
                 if getattr(module, "bias", None) is not None:
@@ -3216,6 +3321,8 @@ class GPT(nn.Module):
             return self.altup_widen(x0) if layer == 0 else x
         if self.mhc_head is not None:  # the N hyper-connection streams (B, T, N, C), each the embeddings at first
             return x.unsqueeze(2).expand(-1, -1, self.cfg.mhc_streams, -1) if layer == 0 else x
+        if self.hc_out is not None:  # model.hc_streams: the embeddings copied into each stream (B, T, N, C)
+            return x0.unsqueeze(2).repeat(1, 1, self.cfg.hc_streams, 1) if layer == 0 else x
         if self.resid_lambdas is None:
             return x
         return self.resid_lambdas[layer].to(x.dtype) * x + self.x0_lambdas[layer].to(x.dtype) * x0
@@ -3242,6 +3349,8 @@ class GPT(nn.Module):
         projections of the others, each rescaled to stream 0's RMS, averaged."""
         if self.mhc_head is not None:  # hyper-connection streams (B, T, N, C) (model.mhc_streams): the head's sum
             return self.mhc_head(x)
+        if self.hc_out is not None:  # model.hc_streams: (B, T, N, C) -> the last mixer's average (B, T, C)
+            return self.hc_out(x)[0]
         if self.altup_out is not None:
             target = torch.mean(x[:, :, 0] ** 2, dim=-1, keepdim=True) ** 0.5
             outs = [self.rescaled(proj(x[:, :, i + 1]), target) for i, proj in enumerate(self.altup_out)]
@@ -3364,7 +3473,8 @@ class GPT(nn.Module):
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
         matmul += self.lm_head.weight.numel()
-        for proj in (*(self.altup_in or ()), *(self.altup_out or ())):  # AltUp's streams in and out
+        hc_out = () if self.hc_out is None else (self.hc_out.down, self.hc_out.up)  # the last streams' mixer
+        for proj in (*(self.altup_in or ()), *(self.altup_out or ()), *hc_out):  # AltUp's streams in and out
             matmul += proj.weight.numel()
         attended = sum(cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # head width x keys, layer by layer
                        for i, w in zip(cfg.attention_layers, map(cfg.layer_mask, cfg.attention_layers)))

@@ -503,6 +503,20 @@ FAMILIES = {
                               shared_expert_intermediate_size=48, tie_word_embeddings=True, pad_token_id=None,
                               rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                "partial_rotary_factor": 0.5})),
+    # Qwen4-Exp's text model: Qwen3.5-MoE's layers (delta nets on 0 and 2, gated attention with a QSA indexer on
+    # 1, top 2 of 4 experts not rescaled plus the gated shared expert) on 3 hyper-connected streams (mixers of rank
+    # 8); the indexer's budget of 32 keys in blocks of 4 caps the context at 35 (test_interop_commands' training
+    # runs take 32)
+    "qwen4_exp_text": ("Qwen4ExpTextConfig", "Qwen4ExpForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                            layer_types=["linear_attention", "full_attention", "linear_attention"],
+                            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                            linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=48, norm_topk_prob=False, hc_count=3, hc_lowrank=8,
+                            indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=32,
+                            indexer_compress_ratio=4, tie_word_embeddings=False, pad_token_id=None,
+                            rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                             "partial_rotary_factor": 0.5})),
     # Qwen3-Next: delta nets on layers 0, 1 and 3 (in_proj_qkvz / in_proj_ba grouped by key head: 2 key heads of 2
     # value heads each, Dk != Dv), gated full attention on 2, the first layer dense (mlp_only_layers), the others top
     # 2 of 4 experts not rescaled plus the shared expert, untied

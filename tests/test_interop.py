@@ -141,7 +141,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("doge", "Doge"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
-                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna")])
+                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
+                                        ("qwen4_exp_text", "Qwen4-Exp")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -361,6 +362,13 @@ REDLINE_EXPORTS = {
                                   delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
                                   rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
                                   moe_shared_hidden=48),
+    # Qwen4-Exp: Qwen3.5-MoE's layers on 3 hyper-connected streams, the attention layer's QSA indexer (zeros: within
+    # its budget of 64 keys it keeps them all) written back
+    "Qwen4ExpForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                                delta_value_dim=8, attn_gate="element", qk_norm=True, norm_unit_offset=True,
+                                rope_dims=8, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=32,
+                                moe_shared_hidden=48, hc_streams=3, hc_rank=8, qsa_heads=2, qsa_head_dim=16,
+                                qsa_budget=64, qsa_block=1),
     # Lara Mini: a gated delta net, then a windowed layer with RoPE and no output gate (plain norms), top 2 of 4
     # experts with an ungated shared expert
     "LaraMiniForCausalLM": dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
@@ -833,7 +841,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
                          "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
-                         "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, "
+                         "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, solar_open, "
                          "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba2")
 
 
@@ -1139,10 +1147,11 @@ def test_import_exaone_reads_the_hubs_config():
 
 @pytest.mark.parametrize("kind, model_type, architecture", [
     ("qwen3_5_text", "qwen3_5", "Qwen3_5ForConditionalGeneration"),
-    ("qwen3_5_moe_text", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")])
+    ("qwen3_5_moe_text", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
+    ("qwen4_exp_text", "qwen4_exp", "Qwen4ExpForConditionalGeneration")])
 def test_import_qwen3_5_multimodal_folder_reads_its_text_model(kind, model_type, architecture, tmp_path, capsys):
     """A Qwen3_5ForConditionalGeneration folder as the Hub holds Qwen3.5 (Qwen3_5MoeForConditionalGeneration:
-    Qwen3.5-MoE): config.json nests the text model's config (text_config) and the weights sit under
+    Qwen3.5-MoE; Qwen4ExpForConditionalGeneration: Qwen4-Exp): config.json nests the text model's config (text_config) and the weights sit under
     model.language_model. beside a vision tower, which is left unread."""
     from safetensors.torch import load_file, save_file
 

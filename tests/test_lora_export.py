@@ -435,9 +435,14 @@ _HYBRID = dict(delta_heads=4, delta_key_heads=2, delta_key_dim=8, delta_value_di
     # up_proj or down_proj of Qwen3-Next onto its experts: refused)
     ("Qwen3NextForCausalLM", dict(delta_layers=(1,), moe_dense_layers=1, moe_dense_hidden=40),
      ("attn.qkv", "attn.gate", "attn.proj", "mlp.shared_gate")),
+    # Qwen3.5-MoE's adapters on Qwen4-Exp's hyper-connected layers (its indexer within the context: keeps every key),
+    # and on the hyper-connection mixers (the layers' and the last one's)
+    ("Qwen4ExpForCausalLM", dict(delta_layers=(0,), hc_streams=3, hc_rank=8, qsa_heads=2, qsa_head_dim=16,
+                                 qsa_budget=64, qsa_block=1),
+     ("attn.*", "mlp.shared*", "attn_hc.*", "mlp_hc.*", "hc_out.*")),
 ])
 def test_qwen3_5_moe_and_qwen3_next_adapters(arch, fields, targets, tmp_path, capsys):
-    """Qwen3.5-MoE and Qwen3-Next take Qwen3.5's adapters (q_proj's queries and gate together) and Qwen2-MoE's
+    """Qwen3.5-MoE, Qwen3-Next and Qwen4-Exp take Qwen3.5's adapters (q_proj's queries and gate together) and Qwen2-MoE's
     shared-expert ones; Qwen3-Next's in_proj_qkvz, whose rows interleave several of redline's layers, and its
     gate_proj / up_proj / down_proj, which PEFT takes for its experts', are refused by name."""
     ARCHS[arch] = {**_HYBRID, **fields}

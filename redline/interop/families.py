@@ -14,7 +14,8 @@ norms); granite.py Granite, Granite 4.0 (dense, and its hybrids with Mamba-2 lay
 GraniteMoeShared, Granite SWA (sinks, windowed layers in any order, a RoPE base per layer) and GraniteMoeSWA
 (its attention on experts); qwen3_5.py Qwen3.5
 and Qwen3.5-MoE (gated delta nets, gated attention; dense MLPs or experts with a shared one) and qwen3_next.py
-Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); lara_mini.py Lara Mini
+Qwen3-Next (the same, its delta nets' projections grouped by key head, dense layers first); qwen4_exp.py Qwen4-Exp
+(Qwen3.5-MoE's layers on hyper-connected streams, a QSA indexer read dense within its budget); lara_mini.py Lara Mini
 (Qwen3.5's delta nets beside ungated windowed and NoPE attention, experts with an ungated shared one); zamba2.py
 Zamba2 (Mamba-2 layers, some calling shared transformer blocks with adapters of their own); olmo_hybrid.py OLMo
 Hybrid (gated delta nets in pre-norm blocks beside OLMo 3's); granite.py also Bamba (Granite 4.0's Mamba-2 layers
@@ -267,6 +268,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
+    from redline.interop import qwen4_exp
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -296,7 +298,7 @@ def _families() -> dict[str, Family]:
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
-                                laguna.FAMILY)}
+                                laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -408,7 +410,7 @@ def export_family(cfg: ModelConfig) -> Family:
     delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets beside attention without an output
     gate as Lara Mini; one with blocks that several layers share (model.shared_attn_layers) as Zamba2; one with gated
     delta nets or element-wise attention gates
-    as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
+    as Qwen3.5 (as Qwen4-Exp with hyper-connected streams or a QSA indexer) (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
     layer_scalars, per_layer_embd, kv_shared_layers, the full layers' global_head_size, global_kv_head and
     global_values_from_keys) as Gemma 4's text model, unless it has Gemma 3n's (altup_streams, laurel_rank,
@@ -430,6 +432,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.mhc_streams: no architecture redline exports to has manifold-constrained "
                         "hyper-connections (DeepSeek-V4's, which transformers has and redline does not read); run "
                         "the model with redline generate, chat or serve instead")
+    from redline.interop import qwen4_exp
+
+    if qwen4_exp.wants_qwen4_exp(cfg):  # hyper-connections and the QSA indexer: Qwen4-Exp's alone
+        qwen4_exp.check_exportable(cfg)
+        return families["qwen4_exp_text"]
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "

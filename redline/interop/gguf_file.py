@@ -1218,7 +1218,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "lara_mini": ("Lara Mini", "llama.cpp has no architecture with gated delta nets beside windowed "
                                            "and NoPE attention"),
                 "zamba2": ("Zamba2", "llama.cpp has no architecture with transformer blocks shared between layers, "
-                                     "each call with its own adapters")}
+                                     "each call with its own adapters"),
+                "qwen4_exp_text": ("Qwen4-Exp", "llama.cpp has no architecture with hyper-connected residual streams "
+                                                "or a QSA indexer")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

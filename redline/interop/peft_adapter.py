@@ -86,7 +86,10 @@ _LAUREL = {"laurel_left": "laurel.linear_left", "laurel_right": "laurel.linear_r
 # the architectures whose gate_proj, up_proj and down_proj adapters PEFT moves onto the experts' fused parameters
 _EXPERT_NAMES = {"qwen3_next": "Qwen3-Next", "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_moe": "Hunyuan MoE",
                  "cohere2_moe": "Cohere2 MoE", "dots1": "dots.llm1", "solar_open": "Solar Open"}
-_QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")  # qwen3_5.py's layout
+_QWEN3_5 = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next",  # qwen3_5.py's layout
+            "qwen4_exp", "qwen4_exp_text")  # (Qwen4-Exp's: qwen4_exp.py)
+# Qwen4-Exp's hyper-connection mixers (qwen4_exp.py) -> their Qwen4ExpTextGatedResidual's Linear layers
+_HYPER = {"down": "input_mix_weight_down", "up": "input_mix_weight_up", "inject": "block_inject_weight"}
 
 
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
@@ -97,6 +100,9 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     gemma4 = family.name in ("gemma4_text", "gemma4", "gemma3n_text", "gemma3n")  # gemma3n.py: Gemma 4's names
     if gemma4 and layer == "ple_proj":
         return [("model.per_layer_model_projection", slice(0, out_features))]
+    qwen4 = family.name in ("qwen4_exp", "qwen4_exp_text")
+    if qwen4 and layer.startswith("hc_out."):  # the last mixer, before the head
+        return [(f"model.hyper_connection_mixer.{_HYPER[layer.split('.')[1]]}", slice(0, out_features))]
     match = _LAYER.match(layer)
     if match is None:
         raise UserError(f"the adapter on {layer} has no counterpart in the exported {family.architecture}")
@@ -155,6 +161,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter, which PEFT moves "
                         f"onto {_EXPERT_NAMES[family.name]}'s experts (their fused gate_up_proj and down_proj) as it loads them; export "
                         f"with --merge")
+    if qwen4 and rest.startswith(("attn_hc.", "mlp_hc.")):  # a layer's hyper-connection mixers
+        where, part = rest.split(".")
+        side = "attn_hyper_connection" if where == "attn_hc" else "mlp_hyper_connection"
+        return [(f"{base}{side}.{_HYPER[part]}", slice(0, out_features))]
     if family.name in _QWEN3_5 or (family.name == "lara_mini" and int(i) in cfg.delta_layers):
         # qwen3_5.py's names (Lara Mini's delta nets as transformers splits their fused in_proj, its attention
         # Llama's); q_proj holds queries and gates together

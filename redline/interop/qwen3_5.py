@@ -214,6 +214,60 @@ def _mlp_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConf
     return out
 
 
+def layer_to_redline(src: TensorSource, p: str, r: str, cfg: ModelConfig, i: int,
+                     take_projections: Callable[[TensorSource, str, ModelConfig], dict] = take_delta_projections
+                     ) -> dict:
+    """Layer i's token mixer and MLP (HF names after p, model.layers.i.) -> redline's (after r, blocks.i.), its norms
+    left to the caller (Qwen4-Exp's layers have hyper-connections instead: qwen4_exp.py)."""
+    H, D = cfg.n_head, cfg.head_dim
+    out = _mlp_to_redline(src, p, r, cfg, i)
+    if i in cfg.delta_layers:
+        d = p + "linear_attn."
+        for ours, weight in take_projections(src, d, cfg).items():
+            out[f"{r}{ours}.weight"] = weight
+        out[r + "attn.proj.weight"] = src.take(d + "out_proj.weight")
+        out[r + "attn.conv"] = src.take(d + "conv1d.weight")[:, 0]  # (channels, 1, K) -> (channels, K)
+        for name in ("A_log", "dt_bias"):
+            out[f"{r}attn.{name}"] = src.take(d + name)
+        out[r + "attn.norm"] = src.take(d + "norm.weight")
+        return out
+    a = p + "self_attn."
+    q, gate = src.take(a + "q_proj.weight").view(H, 2, D, -1).unbind(1)  # each head: its queries, its gate
+    out[r + "attn.qkv.weight"] = torch.cat([q.reshape(H * D, -1), src.take(a + "k_proj.weight"),
+                                            src.take(a + "v_proj.weight")])
+    out[r + "attn.gate.weight"] = gate.reshape(H * D, -1)
+    out[r + "attn.proj.weight"] = src.take(a + "o_proj.weight")
+    out[r + "attn.q_norm.weight"] = src.take(a + "q_norm.weight")
+    out[r + "attn.k_norm.weight"] = src.take(a + "k_norm.weight")
+    return out
+
+
+def layer_to_hf(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig, i: int,
+                give_projections: Callable[[Mapping[str, torch.Tensor], str, ModelConfig], dict]
+                = give_delta_projections) -> dict:
+    """layer_to_redline's inverse."""
+    H, D = cfg.n_head, cfg.head_dim
+    out = _mlp_to_hf(state, p, r, cfg, i)
+    if i in cfg.delta_layers:
+        d = p + "linear_attn."
+        out.update(give_projections({ours: state[f"{r}{ours}.weight"] for ours in _DELTA}, d, cfg))
+        out[d + "out_proj.weight"] = state[r + "attn.proj.weight"]
+        out[d + "conv1d.weight"] = state[r + "attn.conv"][:, None]
+        for name in ("A_log", "dt_bias"):
+            out[d + name] = state[f"{r}attn.{name}"]
+        out[d + "norm.weight"] = state[r + "attn.norm"]
+        return out
+    a = p + "self_attn."
+    q, k, v = state[r + "attn.qkv.weight"].split([H * D, cfg.kv_heads * D, cfg.kv_heads * D])
+    gate = state[r + "attn.gate.weight"]
+    out[a + "q_proj.weight"] = torch.stack([q.view(H, D, -1), gate.view(H, D, -1)], dim=1).reshape(2 * H * D, -1)
+    out[a + "k_proj.weight"], out[a + "v_proj.weight"] = k, v
+    out[a + "o_proj.weight"] = state[r + "attn.proj.weight"]
+    out[a + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
+    out[a + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
+    return out
+
+
 def to_redline(src: TensorSource, cfg: ModelConfig,
                take_projections: Callable[[TensorSource, str, ModelConfig], dict] = take_delta_projections) -> dict:
     """HF-named tensors -> redline's; take_projections reads a delta net's input projections (Qwen3-Next's are laid
@@ -222,30 +276,11 @@ def to_redline(src: TensorSource, cfg: ModelConfig,
     out = {"wte.weight": pad_rows(src.take("model.embed_tokens.weight"), cfg),
            "norm_f.weight": src.take("model.norm.weight")}
     out.update(take_head(src, cfg))
-    H, D = cfg.n_head, cfg.head_dim
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
         out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
-        out.update(_mlp_to_redline(src, p, r, cfg, i))
-        if i in cfg.delta_layers:
-            d = p + "linear_attn."
-            for ours, weight in take_projections(src, d, cfg).items():
-                out[f"{r}{ours}.weight"] = weight
-            out[r + "attn.proj.weight"] = src.take(d + "out_proj.weight")
-            out[r + "attn.conv"] = src.take(d + "conv1d.weight")[:, 0]  # (channels, 1, K) -> (channels, K)
-            for name in ("A_log", "dt_bias"):
-                out[f"{r}attn.{name}"] = src.take(d + name)
-            out[r + "attn.norm"] = src.take(d + "norm.weight")
-            continue
-        a = p + "self_attn."
-        q, gate = src.take(a + "q_proj.weight").view(H, 2, D, -1).unbind(1)  # each head: its queries, its gate
-        out[r + "attn.qkv.weight"] = torch.cat([q.reshape(H * D, -1), src.take(a + "k_proj.weight"),
-                                                src.take(a + "v_proj.weight")])
-        out[r + "attn.gate.weight"] = gate.reshape(H * D, -1)
-        out[r + "attn.proj.weight"] = src.take(a + "o_proj.weight")
-        out[r + "attn.q_norm.weight"] = src.take(a + "q_norm.weight")
-        out[r + "attn.k_norm.weight"] = src.take(a + "k_norm.weight")
+        out.update(layer_to_redline(src, p, r, cfg, i, take_projections))
     return out
 
 
@@ -253,31 +288,14 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig,
           give_projections: Callable[[Mapping[str, torch.Tensor], str, ModelConfig], dict] = give_delta_projections
           ) -> dict:
     """redline's tensors -> HF-named ones; give_projections writes a delta net's input projections."""
-    V, H, D = cfg.vocab_size, cfg.n_head, cfg.head_dim
+    V = cfg.vocab_size
     out = {"model.embed_tokens.weight": state["wte.weight"][:V], "model.norm.weight": state["norm_f.weight"]}
     out.update(give_head(state, cfg))
     for i in range(cfg.n_layer):
         p, r = f"model.layers.{i}.", f"blocks.{i}."
         out[p + "input_layernorm.weight"] = state[r + "norm1.weight"]
         out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
-        out.update(_mlp_to_hf(state, p, r, cfg, i))
-        if i in cfg.delta_layers:
-            d = p + "linear_attn."
-            out.update(give_projections({ours: state[f"{r}{ours}.weight"] for ours in _DELTA}, d, cfg))
-            out[d + "out_proj.weight"] = state[r + "attn.proj.weight"]
-            out[d + "conv1d.weight"] = state[r + "attn.conv"][:, None]
-            for name in ("A_log", "dt_bias"):
-                out[d + name] = state[f"{r}attn.{name}"]
-            out[d + "norm.weight"] = state[r + "attn.norm"]
-            continue
-        a = p + "self_attn."
-        q, k, v = state[r + "attn.qkv.weight"].split([H * D, cfg.kv_heads * D, cfg.kv_heads * D])
-        gate = state[r + "attn.gate.weight"]
-        out[a + "q_proj.weight"] = torch.stack([q.view(H, D, -1), gate.view(H, D, -1)], dim=1).reshape(2 * H * D, -1)
-        out[a + "k_proj.weight"], out[a + "v_proj.weight"] = k, v
-        out[a + "o_proj.weight"] = state[r + "attn.proj.weight"]
-        out[a + "q_norm.weight"] = state[r + "attn.q_norm.weight"]
-        out[a + "k_norm.weight"] = state[r + "attn.k_norm.weight"]
+        out.update(layer_to_hf(state, p, r, cfg, i, give_projections))
     return {k: v.contiguous() for k, v in out.items()}
 
 

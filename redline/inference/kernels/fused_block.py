@@ -143,6 +143,11 @@ FIELDS_ACCOUNTED = {
     # DeepSeek-V4's (unsupported() names them)
     "mhc_streams": "refused: the block runs on one residual stream, not mHC's several",
     "mhc_sinkhorn_iters": "refused with mhc_streams", "mhc_eps": "refused with mhc_streams",
+    # Qwen4-Exp's
+    "hc_streams": "refused: the block runs on one residual stream, not hyper-connections' several",
+    "hc_rank": "refused with hc_streams",
+    "qsa_heads": "the indexer's weights are never read (it keeps every key within context_len)",
+    "qsa_head_dim": "with qsa_heads", "qsa_budget": "with qsa_heads (caps context_len)", "qsa_block": "with qsa_heads",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model; alibi refused (the plan keeps it "
                "off the attention kernel, whose scores take no bias)", "rope_theta": "inputs",
@@ -186,6 +191,8 @@ def unsupported(cfg) -> str | None:
         return "decode_linear triton runs one dense MLP a block, not a mixture of experts (model.moe_experts)"
     if getattr(cfg, "delta_layers", ()):
         return "decode_linear triton runs attention blocks, not recurrent layers (model.delta_layers)"
+    if getattr(cfg, "hc_streams", 0):
+        return "decode_linear triton runs one residual stream, not hyper-connections' several (model.hc_streams)"
     if getattr(cfg, "mlp_free_layers", ()) or getattr(cfg, "mixer_free_layers", ()):
         return ("decode_linear triton runs blocks of attention and an MLP, not one of them alone "
                 "(model.mlp_free_layers, mixer_free_layers)")

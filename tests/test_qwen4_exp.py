@@ -1,0 +1,128 @@
+"""Qwen4-Exp's hyper-connected streams and QSA indexer (model.hc_streams, model.qsa_heads): the engine's prefill,
+chunked prefill, decode, scoring and DecodeBatch give the full recompute's tokens, training reaches the mixers, and
+what redline cannot express is refused by name. Import, export and engine parity with transformers run in the shared
+tables (tests/interop_models.py "qwen4_exp_text", test_lora_export.py)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from redline.errors import UserError
+from redline.inference import InferenceEngine
+from redline.interop import qwen4_exp
+from redline.model import GPT, ModelConfig
+from tests.engine_checks import (assert_decode_batch_parks_rows, assert_decode_batch_serves_like_generate,
+                                 assert_freed_row_refills, assert_scores_equal_full_forward)
+from tests.interop_models import FAMILIES
+from tests.test_diffllama import assert_engine_decodes_as_full_recompute
+from tests.test_latent_attention import sharp
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+# delta nets on layers 0 and 2, gated attention with its indexer on 1, experts with a gated shared expert, 3 streams
+QWEN4 = ModelConfig(vocab_size=96, context_len=64, n_layer=3, n_embd=48, n_head=4, n_kv_head=2, head_size=16,
+                    qk_norm=True, attn_gate="element", rope_dims=8, mlp="swiglu", norm="rmsnorm",
+                    norm_unit_offset=True, delta_layers=(0, 2), delta_heads=4, delta_key_heads=2, delta_key_dim=8,
+                    delta_value_dim=12, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_shared_hidden=40,
+                    moe_shared_gate=True, hc_streams=3, hc_rank=8, qsa_heads=2, qsa_head_dim=16, qsa_budget=64,
+                    qsa_block=1)
+
+
+def qwen4_model(cfg: ModelConfig = QWEN4) -> GPT:
+    """sharp's model with the streams' norms moved off 1, so that every stream is mixed with weights of its own."""
+    model = sharp(cfg)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(getattr(module, "norm", None), torch.nn.Parameter) and module.norm.dim() == 2:
+                module.norm.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("chunk", [32768, 3])
+def test_engine_decodes_as_full_recompute(chunk):
+    assert_engine_decodes_as_full_recompute(qwen4_model(), chunk)
+
+
+def test_decode_batch_rows_spans_and_scores():
+    model = qwen4_model()
+    assert_freed_row_refills(assert_decode_batch_parks_rows(InferenceEngine(model, compile=False), model), model)
+    assert_scores_equal_full_forward(qwen4_model(), QWEN4.vocab_size)
+    assert_decode_batch_serves_like_generate(qwen4_model(), [[3, 4, 5], list(range(10, 22)), [7], [9, 1, 2, 3, 4]])
+
+
+def test_streams_are_mixed_and_trained():
+    """The streams differ after a block (each takes the sublayers' outputs by its own weight), the last mixer
+    averages them, and a training step's gradients reach every mixer while the indexer's weights stay buffers."""
+    model = qwen4_model().train()
+    idx = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    x, rope = model.embed(idx)
+    xs = model.blocks[0](model.stream_in(0, x, x), rope, model.attention_mask(12, idx.device, None, 0, None))
+    assert xs.shape == (2, 12, 3, 48) and not torch.allclose(xs[:, :, 0], xs[:, :, 1])
+    model(idx, idx).backward()
+    for name, p in model.named_parameters():
+        if "_hc." in name or name.startswith("hc_out."):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    names = {n for n, _ in model.named_parameters()}
+    assert "blocks.1.attn.qsa_qk" in model.state_dict() and "blocks.1.attn.qsa_qk" not in names
+
+
+def test_refused_by_name():
+    with pytest.raises(UserError, match="hc_streams=1"):
+        replace(QWEN4, hc_streams=1).validate()
+    with pytest.raises(UserError, match="model.hc_streams .*parallel_residual"):
+        replace(QWEN4, parallel_residual=True).validate()
+    with pytest.raises(UserError, match="context_len=80 at most qsa_budget"):
+        replace(QWEN4, context_len=80).validate()
+    with pytest.raises(UserError, match="describe one QSA indexer"):
+        replace(QWEN4, qsa_block=0).validate()
+    with pytest.raises(UserError, match="QSA indexer on every attention layer"):
+        qwen4_exp.check_exportable(replace(QWEN4, qsa_heads=0, qsa_head_dim=0, qsa_budget=0, qsa_block=0))
+    with pytest.raises(UserError, match="has no such option \\(model.smear_gate\\)"):
+        qwen4_exp.check_exportable(replace(QWEN4, smear_gate=8))
+    with pytest.raises(UserError, match="experts on every layer"):
+        qwen4_exp.check_exportable(replace(QWEN4, moe_experts=0, moe_top_k=0, moe_shared_hidden=0,
+                                           moe_shared_gate=False))
+    hf = {"model_type": "qwen4_exp_text", "vocab_size": 96, "hidden_size": 48, "num_hidden_layers": 3,
+          "max_position_embeddings": 64, **FAMILIES["qwen4_exp_text"][2]}
+    cfg = qwen4_exp.model_config(hf)
+    assert (cfg.hc_streams, cfg.hc_rank, cfg.qsa_heads, cfg.context_len) == (3, 8, 2, 35)  # 32 + 4 - 1
+    hub = qwen4_exp.model_config({"model_type": "qwen4_exp_text", "num_hidden_layers": 4, "ple_layer_ids": None,
+                                  "indexer_n_heads": 32, "indexer_kv_heads": 1, "indexer_head_dim": 128,
+                                  "indexer_budget": 2048, "indexer_compress_ratio": 64})  # the class's defaults
+    assert (hub.n_embd, hub.head_dim, hub.moe_experts, hub.hc_rank, hub.context_len) == (2048, 256, 512, 320, 2111)
+    assert hub.delta_layers == (0, 1, 2) and hub.rope_dims == 0  # a full layer in four, RoPE on whole heads
+    for change, fragment in [({"ple_layer_ids": [1]}, "ple_layer_ids=\\[1\\]: Qwen4-Exp's Per-Layer Embeddings"),
+                             ({"output_gate_type": "sigmoid"}, "output_gate_type='sigmoid'"),
+                             ({"indexer_budget": None}, "indexer_budget unset"),
+                             ({"indexer_kv_heads": 2}, "indexer_kv_heads=2"),
+                             ({"num_experts": 0}, "num_experts=0")]:
+        with pytest.raises(UserError, match=fragment):
+            qwen4_exp.model_config({**hf, **change})
+
+
+@pytest.mark.slow  # a training run: about 15 s on 2 CPU cores
+def test_train_init_from_an_imported_qwen4_exp_trains_its_streams(tmp_path, capsys):
+    """`redline train --init-from` on an imported Qwen4-Exp: the first step's loss is transformers' on the same batch,
+    and training moves the hyper-connection mixers, the delta nets and the experts; the indexer's weights stay."""
+    from tests.test_interop_commands import Imported, trained_two_steps
+
+    before, after = trained_two_steps(Imported("qwen4_exp_text", tmp_path / "src"), tmp_path, capsys)
+    old, new = before.state_dict(), after.state_dict()
+    for name in ("blocks.0.attn_hc.down.weight", "blocks.1.mlp_hc.inject.weight", "blocks.2.attn_hc.norm",
+                 "hc_out.up.weight", "blocks.0.attn.in_proj.weight", "blocks.1.mlp.fc"):
+        assert not torch.equal(old[name], new[name]), name
+    assert torch.equal(old["blocks.1.attn.qsa_qk"], new["blocks.1.attn.qsa_qk"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_compiled_engine_and_training_step():
+    """On a GPU: the compiled, graph-captured engine decodes greedily, as the eager one does (tests/engine_checks.py);
+    the compiled training step's loss and a mixer's gradients match eager ones."""
+    from tests.engine_checks import assert_compiled_engine_stays_greedy, assert_compiled_training_step_matches
+
+    torch.manual_seed(0)
+    cfg = replace(QWEN4, n_embd=128, vocab_size=512, context_len=128, qsa_budget=128)
+    model = GPT(cfg).cuda()
+    assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
+    assert_compiled_training_step_matches(model, model.blocks[1].attn_hc.inject.weight)
