@@ -1048,6 +1048,10 @@ GGUF_FAMILIES = {
                         moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2,
                         first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.0,
                         tie_word_embeddings=False, pad_token_id=None)),
+    # Jais 2 as llama.cpp's jais2 loads it: as many KV heads as heads (its attention biases all n_embd wide)
+    "jais2-gguf": ("Jais2Config", "Jais2ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=4, layer_norm_eps=1e-5, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     "llama4_text-gguf-tied": ("Llama4TextConfig", "Llama4ForCausalLM",
                               dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
                                    intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,

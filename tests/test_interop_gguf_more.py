@@ -433,3 +433,30 @@ def test_dots1_gguf_layout_and_refusals(tmp_path, capsys):
     for kind, named in (("dots1", "model.moe_groups=4"), ("dots1-window", "windowed layers [1, 2]")):
         (code, _, err), path = export_folder(hf_model(kind), tmp_path / kind, capsys)
         assert code == 2 and named in err and len(err.strip().splitlines()) == 1 and not path.exists(), err
+
+
+# -- jais2 ---------------------------------------------------------------------------------------------------------
+
+
+def test_jais2_gguf_read_back(tmp_path, capsys):
+    """Jais 2 as llama.cpp's jais2: LayerNorms with biases, q/k/v/o and MLP biases, the ReLU² MLP, q/k rows as
+    transformers holds them; the LayerNorm epsilon as attention.layer_norm_epsilon."""
+    hf = hf_model("jais2-gguf")
+    (code, _, err), path = export_folder(hf, tmp_path, capsys)
+    assert code == 0, err
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "jais2"
+    names_in_gguf_package(reader, gguf.MODEL_ARCH.JAIS2)
+    t, state = tensors_of(path), hf.state_dict()
+    for name, theirs in (("blk.1.attn_norm.bias", "input_layernorm.bias"), ("blk.1.attn_k.bias", "self_attn.k_proj.bias"),
+                         ("blk.1.ffn_up.weight", "mlp.up_proj.weight")):
+        np.testing.assert_array_equal(t[name], state[f"model.layers.1.{theirs}"].numpy())
+    assert fields_of(path)["jais2.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+    assert_reads_back_as(hf, path, tmp_path, capsys)
+
+
+def test_jais2_gguf_refusal(tmp_path, capsys):
+    """Grouped KV heads (the "jais2" model's 2 of 4), whose biases llama.cpp's jais2 loader sizes n_embd wide and so
+    cannot load, refused in one line."""
+    (code, _, err), path = export_folder(hf_model("jais2"), tmp_path, capsys)
+    assert code == 2 and "model.kv_heads=2" in err and len(err.strip().splitlines()) == 1 and not path.exists(), err

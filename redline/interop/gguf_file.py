@@ -11,8 +11,9 @@ gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU; minimax-m2, MiniMax
 QK-norm, sigmoid routing with its bias as exp_probs_b), bloom (BLOOM: ALiBi, the embeddings' LayerNorm),
 gemma4 (Gemma 4's text model), deepseek2 (DeepSeek-V2/V3's latent attention), glm4moe (GLM-4-MoE), llama4 (Llama 4's
 text model), glm4 (GLM-4), ernie4_5-moe (ERNIE 4.5 MoE), hunyuan-moe (Hunyuan MoE), apertus (Apertus: xIELU's
-scalars as keys) and dots1 (dots.llm1), whose tensors and keys gguf_gemma4.py, gguf_deepseek2.py, gguf_glm4moe.py,
-gguf_llama4.py, gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py and gguf_dots1.py map, starcoder (GPTBigCode: multi-query, learned
+scalars as keys), dots1 (dots.llm1) and jais2 (Jais 2), whose tensors and keys gguf_gemma4.py, gguf_deepseek2.py,
+gguf_glm4moe.py, gguf_llama4.py, gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py and
+gguf_jais2.py map, starcoder (GPTBigCode: multi-query, learned
 positions) and mpt (MPT: ALiBi, no biases) are read and written here; so are the recurrent hybrids granitehybrid
 (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets), mamba (Mamba-1 and Falcon-Mamba), mamba2
 (Mamba-2), nemotron_h (Nemotron-H's one-sublayer blocks) and falcon-h1 (Falcon-H1: attention and Mamba-2 side by
@@ -66,11 +67,12 @@ ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
           "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee", "bloom",
           "starcoder", "mpt", "minimax-m2", "gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe",
-          "hunyuan-moe", "apertus", "dots1", *RECURRENT_ARCHES)
+          "hunyuan-moe", "apertus", "dots1", "jais2", *RECURRENT_ARCHES)
 # the architectures a module of their own maps (gguf_gemma4.py, gguf_deepseek2.py, gguf_glm4moe.py, gguf_llama4.py,
-# gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py: _named_module), their tensors
-# passed along under the file's names
-NAMED_ARCHES = ("gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe", "hunyuan-moe", "apertus", "dots1")
+# gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py, gguf_jais2.py: _named_module),
+# their tensors passed along under the file's names
+NAMED_ARCHES = ("gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe", "hunyuan-moe", "apertus", "dots1",
+                "jais2")
 # those of them whose config takes the rope_freqs tensor (gemma4's proportional RoPE, llama4's and apertus's Llama 3
 # scaling), and those with tensors held in keys (apertus's xIELU scalars, one entry a layer)
 ROPE_FREQS_ARCHES = ("gemma4", "llama4", "apertus")
@@ -899,11 +901,11 @@ def _named_module(arch: str):
     """The module that maps one of NAMED_ARCHES: check, feed_forward_length, write_metadata, file_tensors, hf_config,
     hf_tensors."""
     from redline.interop import (gguf_apertus, gguf_deepseek2, gguf_dots1, gguf_ernie, gguf_gemma4, gguf_glm4,
-                                 gguf_glm4moe, gguf_hunyuan_moe, gguf_llama4)
+                                 gguf_glm4moe, gguf_hunyuan_moe, gguf_jais2, gguf_llama4)
 
     return {"gemma4": gguf_gemma4, "deepseek2": gguf_deepseek2, "glm4moe": gguf_glm4moe, "llama4": gguf_llama4,
             "glm4": gguf_glm4, "ernie4_5-moe": gguf_ernie, "hunyuan-moe": gguf_hunyuan_moe,
-            "apertus": gguf_apertus, "dots1": gguf_dots1}[arch]
+            "apertus": gguf_apertus, "dots1": gguf_dots1, "jais2": gguf_jais2}[arch]
 
 
 def _named_source(path: Path, reader, arch: str, config: dict, fields: dict):
@@ -1211,7 +1213,6 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "axk1": ("A.X-K1", "llama.cpp's deepseek2 has no norm on the experts' output"),
                 "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
                 "mistral4": ("Mistral 4", "llama.cpp's deepseek2 routes no softmax scores within groups"),
-                "jais2": ("Jais 2", "no writer here for its layout (LayerNorms with biases, a ReLU² MLP)"),
                 "hyperclovax": ("HyperCLOVA X", "no writer here for its norms on the sublayers' outputs with Granite's "
                                                 "scalars"),
                 "persimmon": ("Persimmon", "no writer here for llama.cpp's persimmon layout (LayerNorm QK-norm, "
@@ -1269,8 +1270,8 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
     named = {"deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2", "glm4_moe_lite": "deepseek2",
              "gemma4_text": "gemma4", "gemma4": "gemma4", "glm4_moe": "glm4moe", "llama4_text": "llama4",
              "llama4": "llama4", "glm4": "glm4", "ernie4_5_moe": "ernie4_5-moe",
-             "hunyuan_v1_moe": "hunyuan-moe", "apertus": "apertus", "dots1": "dots1"}.get(family.name)
-    if named:  # llama.cpp's deepseek2, gemma4, glm4moe, llama4, glm4, ernie4_5-moe, hunyuan-moe, apertus, dots1
+             "hunyuan_v1_moe": "hunyuan-moe", "apertus": "apertus", "dots1": "dots1", "jais2": "jais2"}.get(family.name)
+    if named:  # llama.cpp's deepseek2, gemma4, glm4moe, llama4, glm4, ernie4_5-moe, hunyuan-moe, apertus, dots1, jais2
         _named_module(named).check(cfg)
         return named
     if family.name == "phi3":
