@@ -1033,6 +1033,44 @@ MULTIMODAL_FAMILIES = {
 # for GGUF, read back by transformers' loader too: no Llama 3 RoPE scaling (it does not read rope_freqs), and GPT-2 at
 # its own context (the loader assumes it)
 GGUF_FAMILIES = {
+    # Llama 4 as llama.cpp's llama4 runs it: chunks of 8192 on three layers of four, the fourth without RoPE and with
+    # the query temperature (0.1, floor 8192), weightless QK-norm, top-1 experts on layers 1 and 3 beside a shared one,
+    # dense SwiGLUs of intermediate_size_mlp on 0 and 2, Llama 3 scaling, untied; and tied, top-2 experts everywhere
+    "llama4_text-gguf": ("Llama4TextConfig", "Llama4ForCausalLM",
+                         dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              intermediate_size=32, intermediate_size_mlp=80, num_local_experts=4,
+                              num_experts_per_tok=1, interleave_moe_layer_step=2, pad_token_id=None,
+                              rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 16.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 16})),
+    # GLM-4 untied, without q/k/v biases, a quarter of each head rotated (the "glm4" model is tied with biases)
+    "glm4-gguf": ("Glm4Config", "Glm4ForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=False, tie_word_embeddings=False,
+                       pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                           "partial_rotary_factor": 0.25})),
+    # ERNIE 4.5 MoE with the converter's shared-expert width rule holding (intermediate_size / num_key_value_heads =
+    # two experts 32 wide): a dense first layer 128 wide, then top 2 of 4 experts with the routing bias, untied
+    "ernie4_5_moe-gguf": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, intermediate_size=128,
+                               moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
+                               moe_layer_start_index=1, tie_word_embeddings=False, pad_token_id=None,
+                               rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # dots.llm1 as llama.cpp's dots1 runs it: the "dots1" model without expert groups (top 3 of 8 sigmoid-scored
+    # experts chosen with the routing bias, rescaled, times 2.0, two shared experts' width, a dense first layer), untied
+    "dots1-gguf": ("Dots1Config", "Dots1ForCausalLM",
+                   dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2,
+                        first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.0,
+                        tie_word_embeddings=False, pad_token_id=None)),
+    # Jais 2 as llama.cpp's jais2 loads it: as many KV heads as heads (its attention biases all n_embd wide)
+    "jais2-gguf": ("Jais2Config", "Jais2ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=4, layer_norm_eps=1e-5, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "llama4_text-gguf-tied": ("Llama4TextConfig", "Llama4ForCausalLM",
+                              dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                                   intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                                   interleave_moe_layer_step=1, tie_word_embeddings=True, pad_token_id=None,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # Granite 4.0's hybrid with a Mamba-2 time-step floor (time_step_limit's min), which llama.cpp has no key for
     "granitemoehybrid-floor": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
                                dict(num_attention_heads=4, num_key_value_heads=2, shared_intermediate_size=96,

@@ -9,8 +9,11 @@ hunyuan-dense (Hunyuan dense), lfm2 and lfm2moe (LFM2: its convolution layers ha
 (Cohere's) and the mixtures of experts (llama with expert_count: Mixtral; qwen2moe, qwen3moe, olmoe, granitemoe;
 gpt-oss, GPT-OSS: sinks, biased experts, its clamped SwiGLU; minimax-m2, MiniMax-M2: partial RoPE, whole-projection
 QK-norm, sigmoid routing with its bias as exp_probs_b), bloom (BLOOM: ALiBi, the embeddings' LayerNorm),
-gemma4 (Gemma 4's text model), deepseek2 (DeepSeek-V2/V3's latent attention) and glm4moe (GLM-4-MoE), whose tensors
-and keys gguf_gemma4.py, gguf_deepseek2.py and gguf_glm4moe.py map, starcoder (GPTBigCode: multi-query, learned
+gemma4 (Gemma 4's text model), deepseek2 (DeepSeek-V2/V3's latent attention), glm4moe (GLM-4-MoE), llama4 (Llama 4's
+text model), glm4 (GLM-4), ernie4_5-moe (ERNIE 4.5 MoE), hunyuan-moe (Hunyuan MoE), apertus (Apertus: xIELU's
+scalars as keys), dots1 (dots.llm1) and jais2 (Jais 2), whose tensors and keys gguf_gemma4.py, gguf_deepseek2.py,
+gguf_glm4moe.py, gguf_llama4.py, gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py and
+gguf_jais2.py map, starcoder (GPTBigCode: multi-query, learned
 positions) and mpt (MPT: ALiBi, no biases) are read and written here; so are the recurrent hybrids granitehybrid
 (Granite 4.0's Mamba-2 layers) and qwen35 (Qwen3.5's gated delta nets), mamba (Mamba-1 and Falcon-Mamba), mamba2
 (Mamba-2), nemotron_h (Nemotron-H's one-sublayer blocks) and falcon-h1 (Falcon-H1: attention and Mamba-2 side by
@@ -63,10 +66,17 @@ from redline.model import ModelConfig, rope_attention_factor
 ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2", "gptneox", "stablelm", "phi2",
           "phi3", "smollm3", "granite", "starcoder2", "exaone4", "hunyuan-dense", "qwen2moe", "qwen3moe", "olmoe",
           "granitemoe", "lfm2", "lfm2moe", "command-r", "cohere2", "olmo", "gpt-oss", "exaone", "arcee", "bloom",
-          "starcoder", "mpt", "minimax-m2", "gemma4", "deepseek2", "glm4moe", *RECURRENT_ARCHES)
-# the architectures a module of their own maps (gguf_gemma4.py, gguf_deepseek2.py, gguf_glm4moe.py: _named_module),
+          "starcoder", "mpt", "minimax-m2", "gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe",
+          "hunyuan-moe", "apertus", "dots1", "jais2", *RECURRENT_ARCHES)
+# the architectures a module of their own maps (gguf_gemma4.py, gguf_deepseek2.py, gguf_glm4moe.py, gguf_llama4.py,
+# gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py, gguf_jais2.py: _named_module),
 # their tensors passed along under the file's names
-NAMED_ARCHES = ("gemma4", "deepseek2", "glm4moe")
+NAMED_ARCHES = ("gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe", "hunyuan-moe", "apertus", "dots1",
+                "jais2")
+# those of them whose config takes the rope_freqs tensor (gemma4's proportional RoPE, llama4's and apertus's Llama 3
+# scaling), and those with tensors held in keys (apertus's xIELU scalars, one entry a layer)
+ROPE_FREQS_ARCHES = ("gemma4", "llama4", "apertus")
+KEYED_TENSOR_ARCHES = ("apertus",)
 # Cohere's Command models (cohere.py): llama.cpp's command-r and cohere2 rotate consecutive pairs (its NORM RoPE), the
 # order of Hugging Face's own rows, so their q/k are stored as transformers holds them (cohere.py permutes them into
 # redline's order); one LayerNorm without a bias a block, parallel sublayers, the logits times logit_scale, the head
@@ -890,16 +900,22 @@ def _recurrent_source(path: Path, reader, arch: str, config: dict):
 def _named_module(arch: str):
     """The module that maps one of NAMED_ARCHES: check, feed_forward_length, write_metadata, file_tensors, hf_config,
     hf_tensors."""
-    from redline.interop import gguf_deepseek2, gguf_gemma4, gguf_glm4moe
+    from redline.interop import (gguf_apertus, gguf_deepseek2, gguf_dots1, gguf_ernie, gguf_gemma4, gguf_glm4,
+                                 gguf_glm4moe, gguf_hunyuan_moe, gguf_jais2, gguf_llama4)
 
-    return {"gemma4": gguf_gemma4, "deepseek2": gguf_deepseek2, "glm4moe": gguf_glm4moe}[arch]
+    return {"gemma4": gguf_gemma4, "deepseek2": gguf_deepseek2, "glm4moe": gguf_glm4moe, "llama4": gguf_llama4,
+            "glm4": gguf_glm4, "ernie4_5-moe": gguf_ernie, "hunyuan-moe": gguf_hunyuan_moe,
+            "apertus": gguf_apertus, "dots1": gguf_dots1, "jais2": gguf_jais2}[arch]
 
 
-def _named_source(path: Path, reader, arch: str, config: dict):
-    """(transformers names, read) of a file of one of NAMED_ARCHES (its module's hf_tensors)."""
+def _named_source(path: Path, reader, arch: str, config: dict, fields: dict):
+    """(transformers names, read) of a file of one of NAMED_ARCHES (its module's hf_tensors; with the file's fields
+    for KEYED_TENSOR_ARCHES)."""
     by_name = {t.name: t for t in reader.tensors}
+    keyed = (fields,) if arch in KEYED_TENSOR_ARCHES else ()
     try:
-        return _named_module(arch).hf_tensors(set(by_name), lambda name: _dequantized(path, by_name[name]), config)
+        return _named_module(arch).hf_tensors(set(by_name), lambda name: _dequantized(path, by_name[name]), config,
+                                              *keyed)
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
 
@@ -931,10 +947,9 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
         from redline.interop import gguf_recurrent
 
         config = gguf_recurrent.hf_config(fields, arch, {t.name for t in reader.tensors})
-    elif arch == "gemma4":
-        from redline.interop import gguf_gemma4
-
-        config = gguf_gemma4.hf_config(fields, *arch_keys(fields, arch), {t.name for t in reader.tensors}, rope_freqs)
+    elif arch in ROPE_FREQS_ARCHES:
+        config = _named_module(arch).hf_config(fields, *arch_keys(fields, arch), {t.name for t in reader.tensors},
+                                               rope_freqs)
     elif arch in NAMED_ARCHES:
         config = _named_module(arch).hf_config(*arch_keys(fields, arch), {t.name for t in reader.tensors})
     else:
@@ -952,7 +967,7 @@ def read_gguf(path: str | Path, tokenizer: str | None = None) -> ImportedModel:
     if arch in RECURRENT_ARCHES:
         names, read = _recurrent_source(path, reader, arch, config)
     elif arch in NAMED_ARCHES:
-        names, read = _named_source(path, reader, arch, config)
+        names, read = _named_source(path, reader, arch, config, fields)
     else:
         by_hf, read = _tensor_reader(path, reader, arch, config)
         names = set(by_hf)
@@ -1173,22 +1188,14 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "jamba": ("Jamba", "no writer here for llama.cpp's jamba layout (Mamba-1 beside attention, experts on "
                                    "some layers)"),
                 "glm": ("GLM", "no writer here for llama.cpp's chatglm layout (interleaved partial RoPE)"),
-                "glm4": ("GLM-4", "no writer here for llama.cpp's glm4 layout (sandwich norms, interleaved partial "
-                                  "RoPE)"),
                 "gemma3n_text": ("Gemma 3n", "no writer here for llama.cpp's gemma3n layout (AltUp streams, LAuReL, "
                                              "per-layer inputs, shared KV layers, activation sparsity)"),
-                "apertus": ("Apertus", "no writer here for llama.cpp's apertus layout (xIELU's scalars per layer)"),
-                "ernie4_5_moe": ("ERNIE 4.5 MoE", "no writer here for llama.cpp's ernie4_5-moe layout (its expert "
-                                                  "bias, shared experts and dense layers)"),
-                "hunyuan_v1_moe": ("Hunyuan MoE", "no writer here for llama.cpp's hunyuan-moe layout"),
                 "ministral": ("Ministral", "GGUF's llama architecture has no windowed layers"),
                 "exaone_moe": ("EXAONE-MoE", "no writer here for llama.cpp's exaone-moe layout (sigmoid routing with a "
                                              "bias, shared experts, dense first layers)"),
                 "flex_olmo": ("FlexOlmo", "no writer here for experts in OLMo 2's output-norm block (llama.cpp's "
                                           "olmoe has pre-norm blocks)"),
                 "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block"),
-                "llama4_text": ("Llama 4", "no writer here for llama.cpp's llama4 layout (chunked attention, layers "
-                                           "without RoPE and their query temperature, input-weighted experts)"),
                 "afmoe": ("AFMoE", "no writer here for llama.cpp's afmoe layout (gated heads, sandwich norms, NoPE "
                                    "full layers, sigmoid routing with a bias)"),
                 "mellum": ("Mellum", "no writer here for experts with windowed layers, a RoPE base of their own "
@@ -1198,8 +1205,6 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "kolibri1": ("Kolibri-1", "no writer here for experts chosen by logits plus a bias in GLM-4's "
                                           "sandwich blocks"),
                 "laguna": ("Laguna", "no writer here for its softplus head gates and per-type partial RoPE"),
-                "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
-                                       "scores, a routing bias, groups, shared experts)"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "
                                      "two, not SparseMixer's thresholded softmaxes"),
                 "dbrx": ("DBRX", "no writer here for llama.cpp's dbrx layout (clamped fused q/k/v, experts)"),
@@ -1208,7 +1213,6 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "axk1": ("A.X-K1", "llama.cpp's deepseek2 has no norm on the experts' output"),
                 "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
                 "mistral4": ("Mistral 4", "llama.cpp's deepseek2 routes no softmax scores within groups"),
-                "jais2": ("Jais 2", "no writer here for its layout (LayerNorms with biases, a ReLU² MLP)"),
                 "hyperclovax": ("HyperCLOVA X", "no writer here for its norms on the sublayers' outputs with Granite's "
                                                 "scalars"),
                 "persimmon": ("Persimmon", "no writer here for llama.cpp's persimmon layout (LayerNorm QK-norm, "
@@ -1266,8 +1270,10 @@ def _arch(family: Family, cfg: ModelConfig) -> str:
         _check_gemma3(cfg)
         return "gemma3"
     named = {"deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2", "glm4_moe_lite": "deepseek2",
-             "gemma4_text": "gemma4", "gemma4": "gemma4", "glm4_moe": "glm4moe"}.get(family.name)
-    if named:  # llama.cpp's deepseek2, gemma4, glm4moe
+             "gemma4_text": "gemma4", "gemma4": "gemma4", "glm4_moe": "glm4moe", "llama4_text": "llama4",
+             "llama4": "llama4", "glm4": "glm4", "ernie4_5_moe": "ernie4_5-moe",
+             "hunyuan_v1_moe": "hunyuan-moe", "apertus": "apertus", "dots1": "dots1", "jais2": "jais2"}.get(family.name)
+    if named:  # llama.cpp's deepseek2, gemma4, glm4moe, llama4, glm4, ernie4_5-moe, hunyuan-moe, apertus, dots1, jais2
         _named_module(named).check(cfg)
         return named
     if family.name == "phi3":
@@ -1633,6 +1639,8 @@ def write_gguf(out: str | Path, state, cfg: ModelConfig, tokenizer, family: Fami
             tensors = file_tensors(tensors, cfg, arch)
         elif arch in NAMED_ARCHES:  # gemma4 from the family's names, the others from redline's state
             tensors = _named_module(arch).file_tensors(tensors if arch == "gemma4" else state, cfg)
+            if arch in KEYED_TENSOR_ARCHES:
+                _named_module(arch).write_keyed_tensors(writer, state, cfg)
         elif arch == "gpt-oss":
             tensors = _gpt_oss_file_experts(tensors, state, cfg)
         elif cfg.moe_experts:
