@@ -36,10 +36,14 @@ from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
 _TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
-                  # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them
-                  ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+                  # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
+                  ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                  ("model.text_model.", "model."))  # SmolVLM's and Idefics3's
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
-           "model.visual.", "visual.")  # Gemma 3's and Mistral 3's; Qwen3-VL's tower and mergers
+           "model.visual.", "visual.",  # Gemma 3's, Mistral 3's, LLaVA's; Qwen2-VL's and Qwen3-VL's tower and mergers
+           "model.image_newline", "image_newline",  # LLaVA-NeXT's row separator between image tiles
+           "model.vision_model.", "model.connector.",  # SmolVLM's and Idefics3's
+           "model.image_tower.", "image_tower.", "model.video_tower.", "video_tower.")  # Video-LLaVA's
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -55,18 +59,46 @@ _TEXT_DEFAULTS = {
     "qwen3_vl_text": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=32, head_dim=128,
                           max_position_embeddings=128_000, rms_norm_eps=1e-6, rope_theta=500_000.0),
+    # the text models of the LLaVA-like folders (LlamaConfig's and CohereConfig's heads default to the query heads;
+    # Qwen2-VL's and Qwen2.5-VL's text configs share one set of defaults)
+    "llama": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                  num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "qwen2": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=32_768, rms_norm_eps=1e-6,
+                  sliding_window=4096, tie_word_embeddings=False),
+    "qwen3": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, max_position_embeddings=32_768,
+                  rms_norm_eps=1e-6, sliding_window=4096, tie_word_embeddings=False),
+    **dict.fromkeys(("qwen2_vl_text", "qwen2_5_vl_text"), dict(
+        vocab_size=152_064, hidden_size=8192, intermediate_size=29_568, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, max_position_embeddings=32_768, rms_norm_eps=1e-5, rope_theta=1_000_000.0,
+        sliding_window=4096, tie_word_embeddings=False)),
+    "qwen3_vl_moe_text": dict(vocab_size=151_936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                              num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=128_000,
+                              rms_norm_eps=1e-6, rope_theta=500_000.0, moe_intermediate_size=1408,
+                              num_experts_per_tok=4, num_experts=60, tie_word_embeddings=True),
+    "cohere2": dict(vocab_size=256_000, hidden_size=8192, intermediate_size=22_528, num_hidden_layers=40,
+                    num_attention_heads=64, max_position_embeddings=8192, layer_norm_eps=1e-5, sliding_window=4096,
+                    sliding_window_pattern=4, logit_scale=0.0625, tie_word_embeddings=True),
+    "lfm2": dict(vocab_size=65_536, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5,
+                 rope_theta=1_000_000.0, tie_word_embeddings=True),
 }
 
 
-def text_config(hf: dict, tie_default: bool = True) -> dict:
+def text_config(hf: dict, tie_default: bool | None = True, text_tie: bool = False) -> dict:
     """The text model's config: text_config, its class's defaults where it leaves a field out (_TEXT_DEFAULTS), with
     the head's tying the multimodal config's, else its class's default (tie_default): transformers' tie_weights reads
-    the top-level config's flag, which text_config's does not set; or hf itself where it nests none."""
+    the top-level config's flag, which text_config's does not set; or hf itself where it nests none. text_tie: the
+    multimodal config takes text_config's true where its own is false (LlavaConfig's and Qwen2VLConfig's
+    __post_init__); tie_default None: its class defaults to text_config's (PerceptionLMConfig's)."""
     if "text_config" not in hf:
         return hf
     given = hf["text_config"]
     text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
-    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", tie_default))
+    own = bool(text.get("tie_word_embeddings", False))
+    top = hf.get("tie_word_embeddings", tie_default)
+    text["tie_word_embeddings"] = own if top is None else bool(top) or (text_tie and own)
     return text
 
 
@@ -99,11 +131,23 @@ def _stored_head_differs(src: TensorSource) -> bool:
 
 
 def multimodal_family(name: str, architecture: str, text_families: dict[str, Family], default_text: str,
-                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True) -> Family:
+                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool | None = True,
+                      text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
+                      view: Callable[[TensorSource, ModelConfig], TensorSource] = lambda src, cfg: text_view(src),
+                      ) -> Family:
     """The Family of a multimodal folder (model_type `name`) whose text model is one of `text_families` (by
     text_config's model_type, `default_text` where it names none; all of them must share their tensor names);
-    check(hf) raises a UserError for a multimodal config whose text model is not the text family's."""
+    check(hf) raises a UserError for a multimodal config whose text model is not the text family's; tie_default and
+    text_tie as text_config takes them; adapt(text config): the text config as the multimodal model
+    computes it, where that differs from the text family's reading (Qwen2-VL's MRoPE, Aya Vision's logit scale);
+    view(src, cfg): the text model's tensors under the text family's names and layouts."""
     text = text_families[default_text]
+
+    def text_of(hf: dict) -> dict:
+        if "text_config" in hf:  # its class's defaults by the model_type it names or implies
+            kind = hf["text_config"].get("model_type", default_text)
+            hf = {**hf, "text_config": {"model_type": kind, **hf["text_config"]}}
+        return text_config(hf, tie_default, text_tie)
 
     def model_config(hf: dict) -> ModelConfig:
         kind = hf.get("text_config", {}).get("model_type", default_text)
@@ -111,19 +155,19 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
                       f"text_config.model_type={kind!r}: redline reads a {name} folder's text model as "
                       f"{' or '.join(sorted(text_families))}")])
         check(hf)
-        if "text_config" in hf:  # its class's defaults by the model_type it names or implies
-            hf = {**hf, "text_config": {"model_type": kind, **hf["text_config"]}}
-        return text_families[kind].model_config(text_config(hf, tie_default))
+        return text_families[kind].model_config(adapt(text_of(hf)))
 
     def settle(hf: dict, src: TensorSource) -> dict:
         """hf untied where it ties the head but the folder stores one of other values, as transformers reads it
         (PreTrainedModel.tie_weights leaves such a pair apart)."""
-        if text_config(hf, tie_default)["tie_word_embeddings"] and _stored_head_differs(text_view(src)):
-            return {**hf, "tie_word_embeddings": False}
-        return hf
+        if not (text_of(hf)["tie_word_embeddings"] and _stored_head_differs(text_view(src))):
+            return hf
+        if "text_config" in hf:  # text_config's own flag too, which a text_tie config would take
+            hf = {**hf, "text_config": {**hf["text_config"], "tie_word_embeddings": False}}
+        return {**hf, "tie_word_embeddings": False}
 
     def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-        return text.to_redline(text_view(src), cfg)
+        return text.to_redline(view(src, cfg), cfg)
 
     def ignorable(n: str) -> bool:
         return is_tower(n) or text.ignorable(n)
@@ -141,16 +185,85 @@ def _check_gemma3(hf: dict) -> None:
                                    f"(Gemma3ForCausalLM) applies it, so the file names no one model")])
 
 
+def _plain_rope(text: dict) -> dict:
+    """Qwen2-VL's and Qwen2.5-VL's text config with its multimodal RoPE read as plain RoPE: its rope type "mrope"
+    (the Hub's configs; transformers 5 renames it "default") rotates each frequency by the temporal, height or width
+    position as mrope_section assigns it, in the rotate-half layout. On text alone the three are the token's one
+    position (Qwen2VLModel leaves position_ids to the text model, which expands arange positions to all three where
+    no image or video grid is given), so the rotation is Qwen2's."""
+    def plain(spec):
+        if isinstance(spec, dict) and spec.get("rope_type", spec.get("type")) == "mrope":
+            return {k: v for k, v in spec.items() if k != "type"} | {"rope_type": "default"}
+        return spec
+    return {**text, **{k: plain(text[k]) for k in ("rope_parameters", "rope_scaling") if k in text}}
+
+
+def _unscaled_logits(text: dict) -> dict:
+    """Aya Vision's and Command A Vision's text config as their ForConditionalGeneration computes it: the logits are
+    lm_head's alone (transformers' AyaVisionForConditionalGeneration and Cohere2VisionForConditionalGeneration), the
+    text model's logit_scale, which Cohere2ForCausalLM applies, left out; the export (Cohere2ForCausalLM with
+    logit_scale 1) gives the multimodal model's logits."""
+    return {**text, "logit_scale": 1.0}
+
+
+def _experts_rowwise(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """text_view(src) with Qwen3-VL-MoE's stacked experts as its module holds them, gate_up_proj (E, 2F, C) and
+    down_proj (E, C, F), which Qwen3-MoE's reader takes: its Hub folders store their transposes, (E, C, 2F) and
+    (E, F, C), and save_pretrained the module's; transformers' conversion mapping for qwen3_vl_moe transposes a
+    tensor on loading unless its shape is already the module's (so a square one is read as it is), and so does this."""
+    text = text_view(src)
+
+    def take(name: str) -> torch.Tensor:
+        t = text.take(name)
+        if name.endswith("mlp.experts.gate_up_proj") and t.shape[2] != cfg.n_embd:
+            return t.transpose(1, 2)
+        if name.endswith("mlp.experts.down_proj") and t.shape[1] != cfg.n_embd:
+            return t.transpose(1, 2)
+        return t
+
+    return TensorSource(text.names, take, src.where)
+
+
+def _renormed_top_k(text: dict) -> dict:
+    """Qwen3-VL-MoE's text config as Qwen3-MoE's reader takes it: its router always rescales the chosen top-k
+    softmax weights to sum to one (Qwen3VLMoeTextTopKRouter), which Qwen3-MoE does where norm_topk_prob says so."""
+    return {**text, "norm_topk_prob": True}
+
+
 def families() -> tuple[Family, ...]:
     """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral or ministral3), qwen3_vl
-    (qwen3)."""
-    from redline.interop import gemma3, llama
+    (qwen3); the LLaVA-like folders, whose text model is transformers' AutoModel of text_config under a plain
+    lm_head: llava, llava_next, vipllava, video_llava, llava_next_video (llama by default), llava_onevision and
+    internvl (qwen2), each read where text_config is llama, mistral, qwen2 or qwen3; smolvlm and idefics3 (llama,
+    under model.text_model.), aya_vision and cohere2_vision (cohere2), lfm2_vl (lfm2); qwen2_vl and qwen2_5_vl
+    (qwen2, their multimodal RoPE plain on text); qwen3_vl_moe (qwen3_moe, its experts transposed)."""
+    from redline.interop import cohere, gemma3, lfm2, llama, moe
 
     llamas = {f.name: f for f in llama.FAMILIES}
+    moes = {f.name: f for f in moe.FAMILIES}
+    llama_layout = {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}
+    cohere2 = {f.name: f for f in cohere.FAMILIES}["cohere2"]
+    # (model_type, default text model, whether its config takes text_config's tying where its own is false,
+    # its class's tying default): the LlavaConfig-like classes' __post_init__ and fields
+    llava_like = (("llava", "llama", True, False), ("llava_next", "llama", False, False),
+                  ("vipllava", "llama", False, False), ("video_llava", "llama", False, False),
+                  ("llava_next_video", "llama", True, False), ("llava_onevision", "qwen2", True, False),
+                  ("internvl", "qwen2", False, True))
     return (multimodal_family("gemma3", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
                               _check_gemma3),
             multimodal_family("mistral3", "MistralForCausalLM",
                               {"mistral": llamas["mistral"], "ministral3": llama.MINISTRAL3_FAMILY}, "mistral"),
             multimodal_family("qwen3_vl", "Qwen3ForCausalLM", {"qwen3_vl_text": llamas["qwen3"]}, "qwen3_vl_text",
-                              tie_default=False))
-
+                              tie_default=False),
+            *(multimodal_family(name, llama_layout[text].architecture, llama_layout, text, tie_default=tie,
+                                text_tie=text_tie) for name, text, text_tie, tie in llava_like),
+            *(multimodal_family(name, "LlamaForCausalLM", llama_layout, "llama", tie_default=False)
+              for name in ("smolvlm", "idefics3")),
+            *(multimodal_family(name, "Cohere2ForCausalLM", {"cohere2": cohere2}, "cohere2",
+                                adapt=_unscaled_logits) for name in ("aya_vision", "cohere2_vision")),
+            multimodal_family("lfm2_vl", "Lfm2ForCausalLM", {"lfm2": lfm2.FAMILY}, "lfm2"),
+            multimodal_family("qwen3_vl_moe", "Qwen3MoeForCausalLM", {"qwen3_vl_moe_text": moes["qwen3_moe"]},
+                              "qwen3_vl_moe_text", tie_default=False, adapt=_renormed_top_k, view=_experts_rowwise),
+            *(multimodal_family(name, "Qwen2ForCausalLM", {text: llamas["qwen2"]}, text, tie_default=False,
+                                text_tie=True, adapt=_plain_rope)
+              for name, text in (("qwen2_vl", "qwen2_vl_text"), ("qwen2_5_vl", "qwen2_5_vl_text"))))
