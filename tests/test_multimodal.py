@@ -1,13 +1,14 @@
 """The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration,
 Mistral3ForConditionalGeneration, Qwen3VLForConditionalGeneration and the LLaVA-like ForConditionalGeneration models
 (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, InternVL, SmolVLM, Idefics3, Aya Vision, Command A
-Vision, LFM2-VL, VipLLaVA, Video-LLaVA, LLaVA-NeXT-Video) with a one-layer vision tower, saved by transformers with
+Vision, LFM2-VL, VipLLaVA, Video-LLaVA, LLaVA-NeXT-Video, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, HunYuan-VL, EXAONE 4.5,
+Granite 4.0 Vision, Llama 3.2 Vision) with a one-layer vision tower, saved by transformers with
 their processor files beside them, in one table (CASES); import -> the multimodal model's logits on text and its
 greedy tokens through redline's engine, in both save layouts where the Hub's differs from save_pretrained's
 (language_model.model., which transformers 5.24's save_pretrained writes for Gemma 3 and Mistral 3 as their Hub
 folders have it, and model.language_model., Qwen3-VL's; Qwen2-VL's model. and visual.); export -> the text-only
 family, loaded with no missing or unexpected keys; the head's tying as each config class settles it; the
-refusals (PaliGemma, Mllama)."""
+refusals (PaliGemma, Mistral Large 4)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,28 @@ _TEXTS = {
                     sliding_window=5, logit_scale=0.5, layer_types=["sliding_attention", "full_attention"]),
     "lfm2": dict(model_type="lfm2", **{**_LLAMA_TEXT, "rms_norm_eps": None, "head_dim": None}, norm_eps=1e-5,
                  layer_types=["conv", "full_attention"], block_multiple_of=32),
+    "glm4v_text": dict(model_type="glm4v_text", **{**_LLAMA_TEXT, "head_dim": None, "rope_theta": None},
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5,
+                                        "mrope_section": [1, 1, 2]}),
+    "glm4v_moe_text": dict(model_type="glm4v_moe_text", **{**_LLAMA_TEXT, "rope_theta": None},
+                           rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5,
+                                            "mrope_section": [1, 1, 2]},
+                           n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, first_k_dense_replace=1,
+                           routed_scaling_factor=1.5),
+    "hunyuan_vl_text": dict(model_type="hunyuan_vl_text", **{**_LLAMA_TEXT, "rope_theta": None},
+                            rope_parameters={"rope_type": "dynamic", "alpha": 2.0, "factor": 1.0, "rope_theta": 500.0,
+                                             "mrope_section": [2, 2, 2, 2]}),
+    "exaone4": dict(model_type="exaone4", **{**_LLAMA_TEXT, "rope_theta": None}, sliding_window=5,
+                    layer_types=["sliding_attention", "full_attention"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+    "granite4_vision_text": dict(model_type="granite4_vision_text", **_LLAMA_TEXT, embedding_multiplier=3.0,
+                                 residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5),
+    "mllama_text_model": dict(model_type="mllama_text_model", **{**_LLAMA_TEXT, "head_dim": None, "rope_theta": None,
+                                                                 "num_hidden_layers": 4},
+                              cross_attention_layers=[1, 3], pad_token_id=0,
+                              rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 16}),
     "qwen2_vl_text": dict(model_type="qwen2_vl_text", **{**_LLAMA_TEXT, "rope_theta": None},
                           rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]}),
 }
@@ -172,6 +195,31 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "qwen3_vl_moe": (lambda: _qwen3_vl_config_of(transformers.Qwen3VLMoeConfig, num_experts=4,
                                                      num_experts_per_tok=2, moe_intermediate_size=24),
                           "Qwen3VLMoeForConditionalGeneration", "Qwen3MoeForCausalLM", _qwen3_vl_moe_hub),
+         "glm4v": _llava_like("glm4v", "Glm4vForConditionalGeneration", "glm4v_text", "Glm4ForCausalLM",
+                              dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                                   patch_size=14, image_size=28), renamed=None),
+         "glm4v_moe": _llava_like("glm4v_moe", "Glm4vMoeForConditionalGeneration", "glm4v_moe_text",
+                                  "Glm4MoeForCausalLM", dict(depth=1, hidden_size=16, intermediate_size=32,
+                                                             num_heads=2, out_hidden_size=64, patch_size=14,
+                                                             image_size=28), renamed=None),
+         "hunyuan_vl": _llava_like("hunyuan_vl", "HunYuanVLForConditionalGeneration", "hunyuan_vl_text",
+                                   "HunYuanDenseV1ForCausalLM",
+                                   dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2, out_hidden_size=64,
+                                        text_hidden_size=64, patch_size=14), renamed=None),
+         "exaone4_5": _llava_like("exaone4_5", "Exaone4_5_ForConditionalGeneration", "exaone4", "Exaone4ForCausalLM",
+                                  dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, num_key_value_heads=2,
+                                       out_hidden_size=64, patch_size=14, window_size=28, fullatt_block_indexes=[0]),
+                                  renamed=None),
+         "granite4_vision": _llava_like("granite4_vision", "Granite4VisionForConditionalGeneration",
+                                        "granite4_vision_text", "GraniteForCausalLM", dict(_TOWER, hidden_size=64),
+                                        renamed=None, qformer_config=dict(intermediate_size=32),
+                                        spatial_target_layers=[0, 1], deepstack_layer_map=[[-1, 0]],
+                                        downsample_rate="1/2"),
+         "mllama": _llava_like("mllama", "MllamaForConditionalGeneration", "mllama_text_model", "LlamaForCausalLM",
+                               dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_global_layers=1,
+                                    num_attention_heads=2, image_size=28, patch_size=14, max_num_tiles=4,
+                                    vision_output_dim=32, intermediate_layers_indices=[0]), _other_layout),
          "internvl": _llava_like("internvl", "InternVLForConditionalGeneration", "qwen2", "Qwen2ForCausalLM",
                                  tie_word_embeddings=False),
          "smolvlm": _llava_like("smolvlm", "SmolVLMForConditionalGeneration", "llama", "LlamaForCausalLM",
@@ -203,6 +251,9 @@ def _folder(kind, path, layout="saved"):
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+        for name, b in hf.named_buffers():  # GLM-4.5V's routing bias, which only chooses: saved, zero at init
+            if name.endswith("e_score_correction_bias"):
+                b.add_(torch.randn_like(b) * 0.05)
     hf.save_pretrained(path)
     byte_level_tokenizer(path, template=None)
     (path / "chat_template.json").write_text(json.dumps({"chat_template": PROCESSOR_TEMPLATE}))
@@ -219,7 +270,7 @@ def _folder(kind, path, layout="saved"):
 
 
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "llava", "llava_next", "llava_onevision", "qwen2_vl",
-          "qwen2_5_vl", "qwen3_vl_moe", "internvl", "smolvlm")  # the rest, and their other layouts, run as slow tests
+          "qwen2_5_vl", "qwen3_vl_moe", "internvl", "smolvlm", "glm4v", "hunyuan_vl", "mllama")  # the rest, and their other layouts, run as slow tests
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -294,11 +345,12 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", ["llava", "llava_next", "llava_onevision", "qwen2_vl", "internvl", "aya_vision",
-                                  "lfm2_vl", "smolvlm"])
+                                  "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl"])
 def test_head_tying_of_llava_like_configs_follows_their_class(kind):
     """Whether the head is tied, for each pair of top-level and text_config flags (either left out): as the
-    multimodal config class settles it (LlavaConfig and Qwen2VLConfig take text_config's true where their own is
-    false; LlavaNextConfig, InternVLConfig, AyaVisionConfig, Lfm2VlConfig and SmolVLMConfig their own alone)."""
+    multimodal config class settles it (LlavaConfig, Qwen2VLConfig, Glm4vConfig and HunYuanVLConfig take
+    text_config's true where their own is false; LlavaNextConfig, InternVLConfig, AyaVisionConfig, Lfm2VlConfig and
+    SmolVLMConfig their own alone)."""
     from redline.interop.families import family_for
 
     base = CASES[kind][0]().to_dict()
@@ -401,6 +453,11 @@ def test_hub_shaped_configs():
     ("aya_vision", {"model_type": "cohere2", "hidden_size": 64, "num_attention_heads": 4}),
     ("lfm2_vl", {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 2}),
     ("qwen3_vl_moe", {"model_type": "qwen3_vl_moe_text", "hidden_size": 64, "num_experts": 8}),
+    ("glm4v", {"model_type": "glm4v_text", "hidden_size": 64, "num_attention_heads": 4}),
+    ("exaone4_5", {"model_type": "exaone4", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 8}),
+    ("glm4v_moe", {"model_type": "glm4v_moe_text", "hidden_size": 64, "num_attention_heads": 4}),
+    ("hunyuan_vl", {"model_type": "hunyuan_vl_text", "hidden_size": 64, "num_attention_heads": 4,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 2, 2, 2]}}),
 ])
 def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):
@@ -431,9 +488,10 @@ def test_qwen2_vl_hub_flat_config():
             cfg.tie_embeddings) == (28, 2, True, 1_000_000.0, "none", 0, True)
 
 
-@pytest.mark.parametrize("model_type, fragment", [("paligemma", "prefix-LM"), ("mllama", "cross-attention layers")])
+@pytest.mark.parametrize("model_type, fragment", [("paligemma", "prefix-LM"),
+                                                   ("mistral_large4", "KV caches reused across layers")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """PaliGemma (its prompt attends both ways) and Mllama (cross-attention layers among its text layers) are
+    """PaliGemma (its prompt attends both ways) and Mistral Large 4 (sparse latent attention with shared KV) are
     refused by name at import."""
     from redline.interop.families import family_for
 

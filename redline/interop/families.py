@@ -41,8 +41,9 @@ ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, import only); gr
 outputs); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
 qwen3) and of the LLaVA-like ones (LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA, Video-LLaVA, LLaVA-NeXT-Video,
-InternVL, SmolVLM, Idefics3, Aya Vision, Command A Vision, LFM2-VL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL-MoE:
-read as their text model's family); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
+InternVL, SmolVLM, Idefics3, Aya Vision, Command A Vision, LFM2-VL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL-MoE,
+GLM-4.1V, GLM-4.5V, HunYuan-VL, EXAONE 4.5, Granite 4.0 Vision, Llama 3.2 Vision (its self-attention
+layers): read as their text model's family); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
 A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
@@ -321,9 +322,9 @@ NOT_READ = {
     "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
                  "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
                  "express",
-    "mllama": "Mllama's text model interleaves cross-attention layers (which text alone skips) among its "
-              "self-attention layers, with an embedding of 8 more rows than its head; redline does not map that "
-              "layout onto its layers",
+    "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
+                      "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
+                      "attention",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
 }

@@ -2,7 +2,22 @@
 Gemma3ForConditionalGeneration (model_type "gemma3", its text model gemma3_text: Gemma 3 4B, 12B, 27B), Mistral 3's
 Mistral3ForConditionalGeneration (model_type "mistral3", its text model mistral or ministral3: Mistral Small 3.1 and
 3.2, Magistral) and Qwen3-VL's Qwen3VLForConditionalGeneration (model_type "qwen3_vl", its text model qwen3_vl_text,
-read as qwen3).
+read as qwen3); and the LLaVA-like folders, whose model.language_model (model.text_model for SmolVLM and Idefics3)
+is transformers' AutoModel of text_config under a plain lm_head: LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA,
+Video-LLaVA, LLaVA-NeXT-Video and InternVL (read as llama, mistral, qwen2 or qwen3), SmolVLM and Idefics3 (the same),
+Aya Vision and Command A Vision (cohere2, their logits lm_head's without the text model's logit_scale), LFM2-VL
+(lfm2); Qwen2-VL and Qwen2.5-VL (qwen2, their multimodal RoPE plain on text, as below) and Qwen3-VL-MoE (qwen3_moe,
+Qwen3-VL's RoPE, its stacked experts transposed as transformers loads them); GLM-4.1V (glm4: GLM-4's interleaved
+partial RoPE) and GLM-4.5V (glm4_moe), HunYuan-VL (hunyuan_v1_dense), their multimodal RoPE plain on text as
+Qwen2-VL's; EXAONE 4.5 (exaone4), Granite 4.0 Vision (granite, its multipliers and logit scaling as
+GraniteForCausalLM's), Llama 3.2 Vision (Mllama: llama, its self-attention layers alone, the cross-attention layers
+among them skipped on text as MllamaTextModel skips them). On text alone each of their forwards is the text model's
+(image and video tokens' rows, or deepstack features, are added only where pixel values are given). PaliGemma (a
+prefix-LM) and Mistral Large 4 are refused by name (families.NOT_READ).
+
+Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
+mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
+Qwen2's RoPE.
 
 Qwen3-VL's text model is Qwen3's (QK-norm per head) with interleaved multimodal RoPE: each rotary frequency takes the
 temporal, height or width position as mrope_section assigns it. On text alone the three are the token's one position
@@ -27,6 +42,7 @@ transformers leaves a stored head that differs from the embedding untied whateve
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -42,8 +58,12 @@ _TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's modul
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
            "model.visual.", "visual.",  # Gemma 3's, Mistral 3's, LLaVA's; Qwen2-VL's and Qwen3-VL's tower and mergers
            "model.image_newline", "image_newline",  # LLaVA-NeXT's row separator between image tiles
-           "model.vision_model.", "model.connector.",  # SmolVLM's and Idefics3's
-           "model.image_tower.", "image_tower.", "model.video_tower.", "video_tower.")  # Video-LLaVA's
+           "model.vision_model.", "model.connector.",  # SmolVLM's and Idefics3's (Mllama's too)
+           "vision_model.",  # Mllama's as its Hub folders (and save_pretrained) name it
+           "model.image_tower.", "image_tower.", "model.video_tower.", "video_tower.",  # Video-LLaVA's
+           "vit.",  # HunYuan-VL's tower and projector as its Hub folders (and save_pretrained) name them
+           # Granite 4.0 Vision's deepstack and spatial projectors
+           "model.layerwise_projectors.", "layerwise_projectors.", "model.spatial_projectors.", "spatial_projectors.")
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -77,6 +97,26 @@ _TEXT_DEFAULTS = {
                               num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=128_000,
                               rms_norm_eps=1e-6, rope_theta=500_000.0, moe_intermediate_size=1408,
                               num_experts_per_tok=4, num_experts=60, tie_word_embeddings=True),
+    "glm4v_text": dict(vocab_size=151_552, hidden_size=4096, intermediate_size=13_696, num_hidden_layers=40,
+                       num_attention_heads=32, num_key_value_heads=2, max_position_embeddings=32_768,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "glm4v_moe_text": dict(vocab_size=151_424, hidden_size=4096, intermediate_size=10_944, num_hidden_layers=46,
+                           num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=65_536,
+                           rms_norm_eps=1e-5, attention_bias=True, moe_intermediate_size=1408, num_experts_per_tok=8,
+                           n_shared_experts=1, n_routed_experts=128, first_k_dense_replace=1,
+                           tie_word_embeddings=False),
+    "hunyuan_vl_text": dict(vocab_size=290_943, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                            num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                            tie_word_embeddings=True),
+    "exaone4": dict(vocab_size=102_400, hidden_size=4096, intermediate_size=16_384, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                    sliding_window=4096, sliding_window_pattern=4, tie_word_embeddings=False),
+    "granite4_vision_text": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                                 num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                                 tie_word_embeddings=False),
+    "mllama_text_model": dict(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=40,
+                              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131_072,
+                              rms_norm_eps=1e-5, tie_word_embeddings=False),
     "cohere2": dict(vocab_size=256_000, hidden_size=8192, intermediate_size=22_528, num_hidden_layers=40,
                     num_attention_heads=64, max_position_embeddings=8192, layer_norm_eps=1e-5, sliding_window=4096,
                     sliding_window_pattern=4, logit_scale=0.0625, tie_word_embeddings=True),
@@ -230,14 +270,73 @@ def _renormed_top_k(text: dict) -> dict:
     return {**text, "norm_topk_prob": True}
 
 
+def _glm4v_text(text: dict) -> dict:
+    """GLM-4.1V's text config as GLM-4's reader takes it, as transformers' Glm4vTextAttention and
+    Glm4vTextRotaryEmbedding compute it: biases on q/k/v always, heads hidden_size / num_attention_heads wide (any
+    head_dim unread), RoPE on the first partial_rotary_factor of each head, the whole head where none is given (GLM-4's
+    config defaults it to half). Its multimodal RoPE takes each frequency's temporal, height or width position as
+    mrope_section assigns it, each repeated for an interleaved pair as GLM-4 rotates; on text alone the three are the
+    token's one position (Glm4vModel's, as Qwen2-VL's), so it is GLM-4's RoPE."""
+    params = dict(text.get("rope_parameters") or {})
+    fraction = params.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+    return {**text, "attention_bias": True, "head_dim": text["hidden_size"] // text["num_attention_heads"],
+            "partial_rotary_factor": fraction, "rope_parameters": {**params, "partial_rotary_factor": fraction}}
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(.*)")
+
+
+def _mllama_text(text: dict) -> dict:
+    """Mllama's text config as Llama's reader takes it: its self-attention layers alone (num_hidden_layers counts the
+    cross-attention layers among them, which MllamaTextModel skips where no image states are given or cached, so a
+    text-only prompt runs the others in order)."""
+    n = int(text["num_hidden_layers"])
+    cross = text.get("cross_attention_layers")
+    cross = [3, 8, 13, 18, 23, 28, 33, 38] if cross is None else cross  # MllamaTextConfig's default
+    raise_first([(any(not 0 <= int(i) < n for i in cross), f"text_config.cross_attention_layers={cross}: not "
+                                                            f"layers of its {n}")])
+    return {**text, "num_hidden_layers": n - len(set(cross))}
+
+
+def _mllama_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """text_view(src) as a Llama of Mllama's self-attention layers: layer j the j-th layer without cross_attn
+    tensors (the cross-attention layers' tensors marked read, as text alone skips them), the embedding's first
+    vocab_size rows (MllamaTextModel's table has 8 more, for the image tokens, which its head (vocab_size rows) never
+    predicts and a text prompt does not hold)."""
+    text = text_view(src)
+    layers: dict[int, set[str]] = {}
+    for name in text.names:
+        if m := _LAYER.fullmatch(name):
+            layers.setdefault(int(m.group(1)), set()).add(m.group(2))
+    cross = {i for i, rest in layers.items() if any(r.startswith("cross_attn") for r in rest)}
+    own = sorted(set(layers) - cross)
+    names = {}
+    for name in text.names:
+        m = _LAYER.fullmatch(name)
+        if m is None:
+            names[name] = name
+        elif int(m.group(1)) in cross:
+            text.take(name)  # text alone skips these layers
+        else:
+            names[f"model.layers.{own.index(int(m.group(1)))}.{m.group(2)}"] = name
+
+    def take(name: str) -> torch.Tensor:
+        t = text.take(names[name])
+        return t[:cfg.vocab_size] if name == "model.embed_tokens.weight" else t
+
+    return TensorSource(names, take, src.where)
+
+
 def families() -> tuple[Family, ...]:
     """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral or ministral3), qwen3_vl
     (qwen3); the LLaVA-like folders, whose text model is transformers' AutoModel of text_config under a plain
     lm_head: llava, llava_next, vipllava, video_llava, llava_next_video (llama by default), llava_onevision and
     internvl (qwen2), each read where text_config is llama, mistral, qwen2 or qwen3; smolvlm and idefics3 (llama,
     under model.text_model.), aya_vision and cohere2_vision (cohere2), lfm2_vl (lfm2); qwen2_vl and qwen2_5_vl
-    (qwen2, their multimodal RoPE plain on text); qwen3_vl_moe (qwen3_moe, its experts transposed)."""
-    from redline.interop import cohere, gemma3, lfm2, llama, moe
+    (qwen2, their multimodal RoPE plain on text); qwen3_vl_moe (qwen3_moe, its experts transposed); glm4v (glm4),
+    glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
+    (llama)."""
+    from redline.interop import cohere, exaone4, gemma3, glm, granite, hunyuan, lfm2, llama, moe
 
     llamas = {f.name: f for f in llama.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
@@ -262,8 +361,30 @@ def families() -> tuple[Family, ...]:
             *(multimodal_family(name, "Cohere2ForCausalLM", {"cohere2": cohere2}, "cohere2",
                                 adapt=_unscaled_logits) for name in ("aya_vision", "cohere2_vision")),
             multimodal_family("lfm2_vl", "Lfm2ForCausalLM", {"lfm2": lfm2.FAMILY}, "lfm2"),
+            # Granite 4.0 Vision: Granite's text model (its embedding, residual and attention multipliers; the logits
+            # divided by logits_scaling in Granite4VisionForConditionalGeneration as GraniteForCausalLM divides them),
+            # its deepstack features added only where images are given
+            multimodal_family("granite4_vision", "GraniteForCausalLM", {"granite4_vision_text": granite.FAMILY},
+                              "granite4_vision_text", tie_default=False),
+            # Llama 3.2 Vision: Llama's self-attention layers, its cross-attention layers skipped on text
+            multimodal_family("mllama", "LlamaForCausalLM", {"mllama_text_model": llamas["llama"]},
+                              "mllama_text_model", tie_default=False, adapt=_mllama_text, view=_mllama_view),
+            # EXAONE 4.5: AutoModel of an exaone4 text_config under a plain lm_head, on arange positions
+            multimodal_family("exaone4_5", "Exaone4ForCausalLM", {"exaone4": exaone4.FAMILY}, "exaone4",
+                              tie_default=False),
             multimodal_family("qwen3_vl_moe", "Qwen3MoeForCausalLM", {"qwen3_vl_moe_text": moes["qwen3_moe"]},
                               "qwen3_vl_moe_text", tie_default=False, adapt=_renormed_top_k, view=_experts_rowwise),
+            multimodal_family("glm4v", "Glm4ForCausalLM", {"glm4v_text": glm.GLM4_FAMILY}, "glm4v_text",
+                              tie_default=False, text_tie=True, adapt=_glm4v_text),
+            # GLM-4.5V: GLM-4-MoE's text model, its multimodal RoPE in the rotate-half layout plain on text (as
+            # Qwen2-VL's)
+            multimodal_family("glm4v_moe", "Glm4MoeForCausalLM", {"glm4v_moe_text": glm.GLM4_MOE_FAMILY},
+                              "glm4v_moe_text", tie_default=False, text_tie=True),
+            # HunYuan-VL: Hunyuan's dense text model (QK-norm after RoPE, its NTK alpha), its multimodal RoPE over
+            # len(mrope_section) axes in the rotate-half layout plain on text: HunYuanVLTextModel expands arange
+            # positions to every axis where none are given
+            multimodal_family("hunyuan_vl", "HunYuanDenseV1ForCausalLM", {"hunyuan_vl_text": hunyuan.FAMILY},
+                              "hunyuan_vl_text", text_tie=True),
             *(multimodal_family(name, "Qwen2ForCausalLM", {text: llamas["qwen2"]}, text, tie_default=False,
                                 text_tie=True, adapt=_plain_rope)
               for name, text in (("qwen2_vl", "qwen2_vl_text"), ("qwen2_5_vl", "qwen2_5_vl_text"))))
