@@ -394,6 +394,11 @@ def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
     ("gemma3", {"text_config": {"model_type": "gemma2"}}, "text_config.model_type='gemma2'.*gemma3_text"),
     ("mistral3", {"text_config": {"model_type": "llama"}}, "text_config.model_type='llama'.*ministral3 or mistral"),
     ("gemma3", {"text_config": {"attn_logit_softcapping": 50.0}}, "attn_logit_softcapping=50.0"),
+    ("llava", {"text_config": {"model_type": "gemma"}}, "text_config.model_type='gemma'.*llama or mistral or qwen2"),
+    ("mllama", {"text_config": {"cross_attention_layers": [1, 9]}}, r"cross_attention_layers=\[1, 9\]: not layers"),
+    ("qwen2_vl", {"text_config": {"use_sliding_window": True, "sliding_window": 4,
+                                  "layer_types": ["full_attention", "sliding_attention"]}},
+     "a mix of full and sliding-window attention layers"),
 ])
 def test_refusals_name_the_option(kind, hf, fragment):
     from redline.interop.families import family_for

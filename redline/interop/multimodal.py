@@ -126,19 +126,18 @@ _TEXT_DEFAULTS = {
 }
 
 
-def text_config(hf: dict, tie_default: bool | None = True, text_tie: bool = False) -> dict:
+def text_config(hf: dict, tie_default: bool = True, text_tie: bool = False) -> dict:
     """The text model's config: text_config, its class's defaults where it leaves a field out (_TEXT_DEFAULTS), with
     the head's tying the multimodal config's, else its class's default (tie_default): transformers' tie_weights reads
     the top-level config's flag, which text_config's does not set; or hf itself where it nests none. text_tie: the
     multimodal config takes text_config's true where its own is false (LlavaConfig's and Qwen2VLConfig's
-    __post_init__); tie_default None: its class defaults to text_config's (PerceptionLMConfig's)."""
+    __post_init__), text_config's own flag its class's default where it gives none (_TEXT_DEFAULTS)."""
     if "text_config" not in hf:
         return hf
     given = hf["text_config"]
     text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
     own = bool(text.get("tie_word_embeddings", False))
-    top = hf.get("tie_word_embeddings", tie_default)
-    text["tie_word_embeddings"] = own if top is None else bool(top) or (text_tie and own)
+    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", tie_default)) or (text_tie and own)
     return text
 
 
@@ -146,15 +145,16 @@ def text_view(src: TensorSource) -> TensorSource:
     """src with the text model's tensors read under the text-only names (model.*, lm_head.weight); the rest (vision
     tower, projector) keep their names and are left unread. Qwen3.5's, Gemma 4's and Llama 4's multimodal folders
     are read through it too."""
-    names = {}
-    for n in src.names:
-        for theirs, ours in _TEXT_PREFIXES:
-            if n.startswith(theirs):
-                names[ours + n[len(theirs):]] = n
-                break
-        else:
-            names[n] = n
+    names = {_text_name(n): n for n in src.names}
     return TensorSource(names, lambda name: src.take(names[name]), src.where)
+
+
+def _text_name(name: str) -> str:
+    """A folder's tensor name as text_view reads it."""
+    for theirs, ours in _TEXT_PREFIXES:
+        if name.startswith(theirs):
+            return ours + name[len(theirs):]
+    return name
 
 
 def is_tower(name: str) -> bool:
@@ -171,7 +171,7 @@ def _stored_head_differs(src: TensorSource) -> bool:
 
 
 def multimodal_family(name: str, architecture: str, text_families: dict[str, Family], default_text: str,
-                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool | None = True,
+                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True,
                       text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
                       view: Callable[[TensorSource, ModelConfig], TensorSource] = lambda src, cfg: text_view(src),
                       ) -> Family:
@@ -303,25 +303,25 @@ def _mllama_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
     tensors (the cross-attention layers' tensors marked read, as text alone skips them), the embedding's first
     vocab_size rows (MllamaTextModel's table has 8 more, for the image tokens, which its head (vocab_size rows) never
     predicts and a text prompt does not hold)."""
-    text = text_view(src)
     layers: dict[int, set[str]] = {}
-    for name in text.names:
-        if m := _LAYER.fullmatch(name):
+    for raw in src.names:
+        if m := _LAYER.fullmatch(_text_name(raw)):
             layers.setdefault(int(m.group(1)), set()).add(m.group(2))
     cross = {i for i, rest in layers.items() if any(r.startswith("cross_attn") for r in rest)}
     own = sorted(set(layers) - cross)
     names = {}
-    for name in text.names:
+    for raw in src.names:
+        name = _text_name(raw)
         m = _LAYER.fullmatch(name)
         if m is None:
-            names[name] = name
+            names[name] = raw
         elif int(m.group(1)) in cross:
-            text.take(name)  # text alone skips these layers
+            src.used.add(raw)  # text alone skips these layers: accounted for, not read
         else:
-            names[f"model.layers.{own.index(int(m.group(1)))}.{m.group(2)}"] = name
+            names[f"model.layers.{own.index(int(m.group(1)))}.{m.group(2)}"] = raw
 
     def take(name: str) -> torch.Tensor:
-        t = text.take(names[name])
+        t = src.take(names[name])
         return t[:cfg.vocab_size] if name == "model.embed_tokens.weight" else t
 
     return TensorSource(names, take, src.where)
