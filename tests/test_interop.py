@@ -829,18 +829,21 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
-                         "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
-                         "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, "
-                         "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
-                         "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
-                         "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
-                         " hyperclovax, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
-                         "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
-                         "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
-                         "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
-                         "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, solar_open, "
-                         "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba2")
+                         "redline imports afmoe, apertus, arcee, axk1, aya_vision, bamba, bitnet, bloom, codegen, cohere, "
+                         "cohere2, cohere2_moe, cohere2_vision, cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, "
+                         "doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, "
+                         "falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, "
+                         "gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, gpt_bigcode, "
+                         "gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, granitemoe_swa,"
+                         " granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, "
+                         "hyperclovax, idefics3, internvl, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl,"
+                         " lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, mamba, "
+                         "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, "
+                         "mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, "
+                         "olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, "
+                         "qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, "
+                         "qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, smolvlm, solar_open, stablelm, "
+                         "starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),

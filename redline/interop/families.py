@@ -41,7 +41,10 @@ HY-V3 (dots.llm1's layout, other names); persimmon.py Persimmon (GPT-NeoX's quer
 ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, import only); granite.py also HyperCLOVA X (Granite's with norms on the sublayers'
 outputs); apertus.py Apertus (the xIELU MLP); multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
-qwen3); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
+qwen3) and of the LLaVA-like ones (LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA, Video-LLaVA, LLaVA-NeXT-Video,
+InternVL, SmolVLM, Idefics3, Aya Vision, Command A Vision, LFM2-VL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL-MoE,
+GLM-4.1V, GLM-4.5V, HunYuan-VL, EXAONE 4.5, Granite 4.0 Vision, Llama 3.2 Vision (its self-attention
+layers): read as their text model's family); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
 A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
@@ -318,6 +321,12 @@ NOT_READ = {
                "mixers or the engine's recurrent state caches",
     "jetmoe": "JetMoE's mixture of attention heads (each token's query and output projections routed among "
               "experts, keys and values shared) is an attention kind redline's model has not",
+    "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
+                 "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
+                 "express",
+    "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
+                      "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
+                      "attention",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "

@@ -2,7 +2,22 @@
 Gemma3ForConditionalGeneration (model_type "gemma3", its text model gemma3_text: Gemma 3 4B, 12B, 27B), Mistral 3's
 Mistral3ForConditionalGeneration (model_type "mistral3", its text model mistral or ministral3: Mistral Small 3.1 and
 3.2, Magistral) and Qwen3-VL's Qwen3VLForConditionalGeneration (model_type "qwen3_vl", its text model qwen3_vl_text,
-read as qwen3).
+read as qwen3); and the LLaVA-like folders, whose model.language_model (model.text_model for SmolVLM and Idefics3)
+is transformers' AutoModel of text_config under a plain lm_head: LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA,
+Video-LLaVA, LLaVA-NeXT-Video and InternVL (read as llama, mistral, qwen2 or qwen3), SmolVLM and Idefics3 (the same),
+Aya Vision and Command A Vision (cohere2, their logits lm_head's without the text model's logit_scale), LFM2-VL
+(lfm2); Qwen2-VL and Qwen2.5-VL (qwen2, their multimodal RoPE plain on text, as below) and Qwen3-VL-MoE (qwen3_moe,
+Qwen3-VL's RoPE, its stacked experts transposed as transformers loads them); GLM-4.1V (glm4: GLM-4's interleaved
+partial RoPE) and GLM-4.5V (glm4_moe), HunYuan-VL (hunyuan_v1_dense), their multimodal RoPE plain on text as
+Qwen2-VL's; EXAONE 4.5 (exaone4), Granite 4.0 Vision (granite, its multipliers and logit scaling as
+GraniteForCausalLM's), Llama 3.2 Vision (Mllama: llama, its self-attention layers alone, the cross-attention layers
+among them skipped on text as MllamaTextModel skips them). On text alone each of their forwards is the text model's
+(image and video tokens' rows, or deepstack features, are added only where pixel values are given). PaliGemma (a
+prefix-LM) and Mistral Large 4 are refused by name (families.NOT_READ).
+
+Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
+mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
+Qwen2's RoPE.
 
 Qwen3-VL's text model is Qwen3's (QK-norm per head) with interleaved multimodal RoPE: each rotary frequency takes the
 temporal, height or width position as mrope_section assigns it. On text alone the three are the token's one position
@@ -27,6 +42,7 @@ transformers leaves a stored head that differs from the embedding untied whateve
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -36,10 +52,18 @@ from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
 _TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
-                  # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them
-                  ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+                  # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
+                  ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                  ("model.text_model.", "model."))  # SmolVLM's and Idefics3's
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
-           "model.visual.", "visual.")  # Gemma 3's and Mistral 3's; Qwen3-VL's tower and mergers
+           "model.visual.", "visual.",  # Gemma 3's, Mistral 3's, LLaVA's; Qwen2-VL's and Qwen3-VL's tower and mergers
+           "model.image_newline", "image_newline",  # LLaVA-NeXT's row separator between image tiles
+           "model.vision_model.", "model.connector.",  # SmolVLM's and Idefics3's (Mllama's too)
+           "vision_model.",  # Mllama's as its Hub folders (and save_pretrained) name it
+           "model.image_tower.", "image_tower.", "model.video_tower.", "video_tower.",  # Video-LLaVA's
+           "vit.",  # HunYuan-VL's tower and projector as its Hub folders (and save_pretrained) name them
+           # Granite 4.0 Vision's deepstack and spatial projectors
+           "model.layerwise_projectors.", "layerwise_projectors.", "model.spatial_projectors.", "spatial_projectors.")
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -55,18 +79,65 @@ _TEXT_DEFAULTS = {
     "qwen3_vl_text": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=32, head_dim=128,
                           max_position_embeddings=128_000, rms_norm_eps=1e-6, rope_theta=500_000.0),
+    # the text models of the LLaVA-like folders (LlamaConfig's and CohereConfig's heads default to the query heads;
+    # Qwen2-VL's and Qwen2.5-VL's text configs share one set of defaults)
+    "llama": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                  num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "qwen2": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=32_768, rms_norm_eps=1e-6,
+                  sliding_window=4096, tie_word_embeddings=False),
+    "qwen3": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, max_position_embeddings=32_768,
+                  rms_norm_eps=1e-6, sliding_window=4096, tie_word_embeddings=False),
+    **dict.fromkeys(("qwen2_vl_text", "qwen2_5_vl_text"), dict(
+        vocab_size=152_064, hidden_size=8192, intermediate_size=29_568, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, max_position_embeddings=32_768, rms_norm_eps=1e-5, rope_theta=1_000_000.0,
+        sliding_window=4096, tie_word_embeddings=False)),
+    "qwen3_vl_moe_text": dict(vocab_size=151_936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                              num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=128_000,
+                              rms_norm_eps=1e-6, rope_theta=500_000.0, moe_intermediate_size=1408,
+                              num_experts_per_tok=4, num_experts=60, tie_word_embeddings=True),
+    "glm4v_text": dict(vocab_size=151_552, hidden_size=4096, intermediate_size=13_696, num_hidden_layers=40,
+                       num_attention_heads=32, num_key_value_heads=2, max_position_embeddings=32_768,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "glm4v_moe_text": dict(vocab_size=151_424, hidden_size=4096, intermediate_size=10_944, num_hidden_layers=46,
+                           num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=65_536,
+                           rms_norm_eps=1e-5, attention_bias=True, moe_intermediate_size=1408, num_experts_per_tok=8,
+                           n_shared_experts=1, n_routed_experts=128, first_k_dense_replace=1,
+                           tie_word_embeddings=False),
+    "hunyuan_vl_text": dict(vocab_size=290_943, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                            num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                            tie_word_embeddings=True),
+    "exaone4": dict(vocab_size=102_400, hidden_size=4096, intermediate_size=16_384, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                    sliding_window=4096, sliding_window_pattern=4, tie_word_embeddings=False),
+    "granite4_vision_text": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                                 num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                                 tie_word_embeddings=False),
+    "mllama_text_model": dict(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=40,
+                              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131_072,
+                              rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "cohere2": dict(vocab_size=256_000, hidden_size=8192, intermediate_size=22_528, num_hidden_layers=40,
+                    num_attention_heads=64, max_position_embeddings=8192, layer_norm_eps=1e-5, sliding_window=4096,
+                    sliding_window_pattern=4, logit_scale=0.0625, tie_word_embeddings=True),
+    "lfm2": dict(vocab_size=65_536, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5,
+                 rope_theta=1_000_000.0, tie_word_embeddings=True),
 }
 
 
-def text_config(hf: dict, tie_default: bool = True) -> dict:
+def text_config(hf: dict, tie_default: bool = True, text_tie: bool = False) -> dict:
     """The text model's config: text_config, its class's defaults where it leaves a field out (_TEXT_DEFAULTS), with
     the head's tying the multimodal config's, else its class's default (tie_default): transformers' tie_weights reads
-    the top-level config's flag, which text_config's does not set; or hf itself where it nests none."""
+    the top-level config's flag, which text_config's does not set; or hf itself where it nests none. text_tie: the
+    multimodal config takes text_config's true where its own is false (LlavaConfig's and Qwen2VLConfig's
+    __post_init__), text_config's own flag its class's default where it gives none (_TEXT_DEFAULTS)."""
     if "text_config" not in hf:
         return hf
     given = hf["text_config"]
     text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
-    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", tie_default))
+    own = bool(text.get("tie_word_embeddings", False))
+    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", tie_default)) or (text_tie and own)
     return text
 
 
@@ -74,15 +145,16 @@ def text_view(src: TensorSource) -> TensorSource:
     """src with the text model's tensors read under the text-only names (model.*, lm_head.weight); the rest (vision
     tower, projector) keep their names and are left unread. Qwen3.5's, Gemma 4's and Llama 4's multimodal folders
     are read through it too."""
-    names = {}
-    for n in src.names:
-        for theirs, ours in _TEXT_PREFIXES:
-            if n.startswith(theirs):
-                names[ours + n[len(theirs):]] = n
-                break
-        else:
-            names[n] = n
+    names = {_text_name(n): n for n in src.names}
     return TensorSource(names, lambda name: src.take(names[name]), src.where)
+
+
+def _text_name(name: str) -> str:
+    """A folder's tensor name as text_view reads it."""
+    for theirs, ours in _TEXT_PREFIXES:
+        if name.startswith(theirs):
+            return ours + name[len(theirs):]
+    return name
 
 
 def is_tower(name: str) -> bool:
@@ -99,11 +171,23 @@ def _stored_head_differs(src: TensorSource) -> bool:
 
 
 def multimodal_family(name: str, architecture: str, text_families: dict[str, Family], default_text: str,
-                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True) -> Family:
+                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True,
+                      text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
+                      view: Callable[[TensorSource, ModelConfig], TensorSource] = lambda src, cfg: text_view(src),
+                      ) -> Family:
     """The Family of a multimodal folder (model_type `name`) whose text model is one of `text_families` (by
     text_config's model_type, `default_text` where it names none; all of them must share their tensor names);
-    check(hf) raises a UserError for a multimodal config whose text model is not the text family's."""
+    check(hf) raises a UserError for a multimodal config whose text model is not the text family's; tie_default and
+    text_tie as text_config takes them; adapt(text config): the text config as the multimodal model
+    computes it, where that differs from the text family's reading (Qwen2-VL's MRoPE, Aya Vision's logit scale);
+    view(src, cfg): the text model's tensors under the text family's names and layouts."""
     text = text_families[default_text]
+
+    def text_of(hf: dict) -> dict:
+        if "text_config" in hf:  # its class's defaults by the model_type it names or implies
+            kind = hf["text_config"].get("model_type", default_text)
+            hf = {**hf, "text_config": {"model_type": kind, **hf["text_config"]}}
+        return text_config(hf, tie_default, text_tie)
 
     def model_config(hf: dict) -> ModelConfig:
         kind = hf.get("text_config", {}).get("model_type", default_text)
@@ -111,19 +195,19 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
                       f"text_config.model_type={kind!r}: redline reads a {name} folder's text model as "
                       f"{' or '.join(sorted(text_families))}")])
         check(hf)
-        if "text_config" in hf:  # its class's defaults by the model_type it names or implies
-            hf = {**hf, "text_config": {"model_type": kind, **hf["text_config"]}}
-        return text_families[kind].model_config(text_config(hf, tie_default))
+        return text_families[kind].model_config(adapt(text_of(hf)))
 
     def settle(hf: dict, src: TensorSource) -> dict:
         """hf untied where it ties the head but the folder stores one of other values, as transformers reads it
         (PreTrainedModel.tie_weights leaves such a pair apart)."""
-        if text_config(hf, tie_default)["tie_word_embeddings"] and _stored_head_differs(text_view(src)):
-            return {**hf, "tie_word_embeddings": False}
-        return hf
+        if not (text_of(hf)["tie_word_embeddings"] and _stored_head_differs(text_view(src))):
+            return hf
+        if "text_config" in hf:  # text_config's own flag too, which a text_tie config would take
+            hf = {**hf, "text_config": {**hf["text_config"], "tie_word_embeddings": False}}
+        return {**hf, "tie_word_embeddings": False}
 
     def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-        return text.to_redline(text_view(src), cfg)
+        return text.to_redline(view(src, cfg), cfg)
 
     def ignorable(n: str) -> bool:
         return is_tower(n) or text.ignorable(n)
@@ -141,16 +225,166 @@ def _check_gemma3(hf: dict) -> None:
                                    f"(Gemma3ForCausalLM) applies it, so the file names no one model")])
 
 
+def _plain_rope(text: dict) -> dict:
+    """Qwen2-VL's and Qwen2.5-VL's text config with its multimodal RoPE read as plain RoPE: its rope type "mrope"
+    (the Hub's configs; transformers 5 renames it "default") rotates each frequency by the temporal, height or width
+    position as mrope_section assigns it, in the rotate-half layout. On text alone the three are the token's one
+    position (Qwen2VLModel leaves position_ids to the text model, which expands arange positions to all three where
+    no image or video grid is given), so the rotation is Qwen2's."""
+    def plain(spec):
+        if isinstance(spec, dict) and spec.get("rope_type", spec.get("type")) == "mrope":
+            return {k: v for k, v in spec.items() if k != "type"} | {"rope_type": "default"}
+        return spec
+    return {**text, **{k: plain(text[k]) for k in ("rope_parameters", "rope_scaling") if k in text}}
+
+
+def _unscaled_logits(text: dict) -> dict:
+    """Aya Vision's and Command A Vision's text config as their ForConditionalGeneration computes it: the logits are
+    lm_head's alone (transformers' AyaVisionForConditionalGeneration and Cohere2VisionForConditionalGeneration), the
+    text model's logit_scale, which Cohere2ForCausalLM applies, left out; the export (Cohere2ForCausalLM with
+    logit_scale 1) gives the multimodal model's logits."""
+    return {**text, "logit_scale": 1.0}
+
+
+def _experts_rowwise(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """text_view(src) with Qwen3-VL-MoE's stacked experts as its module holds them, gate_up_proj (E, 2F, C) and
+    down_proj (E, C, F), which Qwen3-MoE's reader takes: its Hub folders store their transposes, (E, C, 2F) and
+    (E, F, C), and save_pretrained the module's; transformers' conversion mapping for qwen3_vl_moe transposes a
+    tensor on loading unless its shape is already the module's (so a square one is read as it is), and so does this."""
+    text = text_view(src)
+
+    def take(name: str) -> torch.Tensor:
+        t = text.take(name)
+        if name.endswith("mlp.experts.gate_up_proj") and t.shape[2] != cfg.n_embd:
+            return t.transpose(1, 2)
+        if name.endswith("mlp.experts.down_proj") and t.shape[1] != cfg.n_embd:
+            return t.transpose(1, 2)
+        return t
+
+    return TensorSource(text.names, take, src.where)
+
+
+def _renormed_top_k(text: dict) -> dict:
+    """Qwen3-VL-MoE's text config as Qwen3-MoE's reader takes it: its router always rescales the chosen top-k
+    softmax weights to sum to one (Qwen3VLMoeTextTopKRouter), which Qwen3-MoE does where norm_topk_prob says so."""
+    return {**text, "norm_topk_prob": True}
+
+
+def _glm4v_text(text: dict) -> dict:
+    """GLM-4.1V's text config as GLM-4's reader takes it, as transformers' Glm4vTextAttention and
+    Glm4vTextRotaryEmbedding compute it: biases on q/k/v always, heads hidden_size / num_attention_heads wide (any
+    head_dim unread), RoPE on the first partial_rotary_factor of each head, the whole head where none is given (GLM-4's
+    config defaults it to half). Its multimodal RoPE takes each frequency's temporal, height or width position as
+    mrope_section assigns it, each repeated for an interleaved pair as GLM-4 rotates; on text alone the three are the
+    token's one position (Glm4vModel's, as Qwen2-VL's), so it is GLM-4's RoPE."""
+    params = dict(text.get("rope_parameters") or {})
+    fraction = params.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+    return {**text, "attention_bias": True, "head_dim": text["hidden_size"] // text["num_attention_heads"],
+            "partial_rotary_factor": fraction, "rope_parameters": {**params, "partial_rotary_factor": fraction}}
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(.*)")
+
+
+def _mllama_text(text: dict) -> dict:
+    """Mllama's text config as Llama's reader takes it: its self-attention layers alone (num_hidden_layers counts the
+    cross-attention layers among them, which MllamaTextModel skips where no image states are given or cached, so a
+    text-only prompt runs the others in order)."""
+    n = int(text["num_hidden_layers"])
+    cross = text.get("cross_attention_layers")
+    cross = [3, 8, 13, 18, 23, 28, 33, 38] if cross is None else cross  # MllamaTextConfig's default
+    raise_first([(any(not 0 <= int(i) < n for i in cross), f"text_config.cross_attention_layers={cross}: not "
+                                                            f"layers of its {n}")])
+    return {**text, "num_hidden_layers": n - len(set(cross))}
+
+
+def _mllama_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """text_view(src) as a Llama of Mllama's self-attention layers: layer j the j-th layer without cross_attn
+    tensors (the cross-attention layers' tensors marked read, as text alone skips them), the embedding's first
+    vocab_size rows (MllamaTextModel's table has 8 more, for the image tokens, which its head (vocab_size rows) never
+    predicts and a text prompt does not hold)."""
+    layers: dict[int, set[str]] = {}
+    for raw in src.names:
+        if m := _LAYER.fullmatch(_text_name(raw)):
+            layers.setdefault(int(m.group(1)), set()).add(m.group(2))
+    cross = {i for i, rest in layers.items() if any(r.startswith("cross_attn") for r in rest)}
+    own = sorted(set(layers) - cross)
+    names = {}
+    for raw in src.names:
+        name = _text_name(raw)
+        m = _LAYER.fullmatch(name)
+        if m is None:
+            names[name] = raw
+        elif int(m.group(1)) in cross:
+            src.used.add(raw)  # text alone skips these layers: accounted for, not read
+        else:
+            names[f"model.layers.{own.index(int(m.group(1)))}.{m.group(2)}"] = raw
+
+    def take(name: str) -> torch.Tensor:
+        t = src.take(names[name])
+        return t[:cfg.vocab_size] if name == "model.embed_tokens.weight" else t
+
+    return TensorSource(names, take, src.where)
+
+
 def families() -> tuple[Family, ...]:
     """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral or ministral3), qwen3_vl
-    (qwen3)."""
-    from redline.interop import gemma3, llama
+    (qwen3); the LLaVA-like folders, whose text model is transformers' AutoModel of text_config under a plain
+    lm_head: llava, llava_next, vipllava, video_llava, llava_next_video (llama by default), llava_onevision and
+    internvl (qwen2), each read where text_config is llama, mistral, qwen2 or qwen3; smolvlm and idefics3 (llama,
+    under model.text_model.), aya_vision and cohere2_vision (cohere2), lfm2_vl (lfm2); qwen2_vl and qwen2_5_vl
+    (qwen2, their multimodal RoPE plain on text); qwen3_vl_moe (qwen3_moe, its experts transposed); glm4v (glm4),
+    glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
+    (llama)."""
+    from redline.interop import cohere, exaone4, gemma3, glm, granite, hunyuan, lfm2, llama, moe
 
     llamas = {f.name: f for f in llama.FAMILIES}
+    moes = {f.name: f for f in moe.FAMILIES}
+    llama_layout = {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}
+    cohere2 = {f.name: f for f in cohere.FAMILIES}["cohere2"]
+    # (model_type, default text model, whether its config takes text_config's tying where its own is false,
+    # its class's tying default): the LlavaConfig-like classes' __post_init__ and fields
+    llava_like = (("llava", "llama", True, False), ("llava_next", "llama", False, False),
+                  ("vipllava", "llama", False, False), ("video_llava", "llama", False, False),
+                  ("llava_next_video", "llama", True, False), ("llava_onevision", "qwen2", True, False),
+                  ("internvl", "qwen2", False, True))
     return (multimodal_family("gemma3", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
                               _check_gemma3),
             multimodal_family("mistral3", "MistralForCausalLM",
                               {"mistral": llamas["mistral"], "ministral3": llama.MINISTRAL3_FAMILY}, "mistral"),
             multimodal_family("qwen3_vl", "Qwen3ForCausalLM", {"qwen3_vl_text": llamas["qwen3"]}, "qwen3_vl_text",
-                              tie_default=False))
-
+                              tie_default=False),
+            *(multimodal_family(name, llama_layout[text].architecture, llama_layout, text, tie_default=tie,
+                                text_tie=text_tie) for name, text, text_tie, tie in llava_like),
+            *(multimodal_family(name, "LlamaForCausalLM", llama_layout, "llama", tie_default=False)
+              for name in ("smolvlm", "idefics3")),
+            *(multimodal_family(name, "Cohere2ForCausalLM", {"cohere2": cohere2}, "cohere2",
+                                adapt=_unscaled_logits) for name in ("aya_vision", "cohere2_vision")),
+            multimodal_family("lfm2_vl", "Lfm2ForCausalLM", {"lfm2": lfm2.FAMILY}, "lfm2"),
+            # Granite 4.0 Vision: Granite's text model (its embedding, residual and attention multipliers; the logits
+            # divided by logits_scaling in Granite4VisionForConditionalGeneration as GraniteForCausalLM divides them),
+            # its deepstack features added only where images are given
+            multimodal_family("granite4_vision", "GraniteForCausalLM", {"granite4_vision_text": granite.FAMILY},
+                              "granite4_vision_text", tie_default=False),
+            # Llama 3.2 Vision: Llama's self-attention layers, its cross-attention layers skipped on text
+            multimodal_family("mllama", "LlamaForCausalLM", {"mllama_text_model": llamas["llama"]},
+                              "mllama_text_model", tie_default=False, adapt=_mllama_text, view=_mllama_view),
+            # EXAONE 4.5: AutoModel of an exaone4 text_config under a plain lm_head, on arange positions
+            multimodal_family("exaone4_5", "Exaone4ForCausalLM", {"exaone4": exaone4.FAMILY}, "exaone4",
+                              tie_default=False),
+            multimodal_family("qwen3_vl_moe", "Qwen3MoeForCausalLM", {"qwen3_vl_moe_text": moes["qwen3_moe"]},
+                              "qwen3_vl_moe_text", tie_default=False, adapt=_renormed_top_k, view=_experts_rowwise),
+            multimodal_family("glm4v", "Glm4ForCausalLM", {"glm4v_text": glm.GLM4_FAMILY}, "glm4v_text",
+                              tie_default=False, text_tie=True, adapt=_glm4v_text),
+            # GLM-4.5V: GLM-4-MoE's text model, its multimodal RoPE in the rotate-half layout plain on text (as
+            # Qwen2-VL's)
+            multimodal_family("glm4v_moe", "Glm4MoeForCausalLM", {"glm4v_moe_text": glm.GLM4_MOE_FAMILY},
+                              "glm4v_moe_text", tie_default=False, text_tie=True),
+            # HunYuan-VL: Hunyuan's dense text model (QK-norm after RoPE, its NTK alpha), its multimodal RoPE over
+            # len(mrope_section) axes in the rotate-half layout plain on text: HunYuanVLTextModel expands arange
+            # positions to every axis where none are given
+            multimodal_family("hunyuan_vl", "HunYuanDenseV1ForCausalLM", {"hunyuan_vl_text": hunyuan.FAMILY},
+                              "hunyuan_vl_text", text_tie=True),
+            *(multimodal_family(name, "Qwen2ForCausalLM", {text: llamas["qwen2"]}, text, tie_default=False,
+                                text_tie=True, adapt=_plain_rope)
+              for name, text in (("qwen2_vl", "qwen2_vl_text"), ("qwen2_5_vl", "qwen2_5_vl_text"))))
