@@ -7,7 +7,9 @@ Features (each a field of `ModelConfig`):
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's; on the windowed layers alone,
   `attn_sinks_windowed`, MiMo-V2-Flash's); a sigmoid gate on each head's output
-  or each of its elements (`attn_gate`, LFM3's and Qwen3.5's; a softplus, `attn_gate_fn`, Laguna's); optional
+  or each of its elements (`attn_gate`, LFM3's and Qwen3.5's; a softplus, `attn_gate_fn`, Laguna's); heads routed
+  as experts, each token's chosen ones weighted by a router (`attn_gate=routed`, `attn_experts`, JetMoE's mixture of
+  attention heads); optional
   sliding-window attention, on every layer or
   interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
@@ -149,13 +151,21 @@ class ModelConfig:
     where doc_attention picks flex, else plain PyTorch products."""
     attn_sinks_windowed: bool = False
     """With attn_sinks: the sinks on the windowed layers alone (MiMo-V2-Flash's), the full layers' softmax as it is."""
-    attn_gate: Literal["none", "head", "element"] = "none"
+    attn_gate: Literal["none", "head", "element", "routed"] = "none"
     """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
     input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
-    dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "none"."""
+    dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "routed",
+    a router's weights on experts of heads (attn_experts); "none"."""
     attn_gate_fn: Literal["sigmoid", "softplus"] = "sigmoid"
     """attn_gate: the gate's function of g · x, sigmoid (LFM3's, Qwen3.5's, AFMoE's) or softplus, computed in fp32
     (Laguna's), which can scale a head's output up as well as down."""
+    attn_experts: int = 0
+    """attn_gate=routed, JetMoE's mixture of attention heads (MoA): the n_head query heads are this many experts of
+    n_kv_head heads each, query head h·attn_experts + e expert e's head over KV head h (so grouped-query attention
+    pairs them); a router (attn.gate, (attn_experts, n_embd)) takes the moe_top_k experts of highest logit for each
+    token and weights their heads' outputs by the softmax over those logits, the other experts' by 0, before the
+    output projection. Every expert's heads are computed and the unchosen ones zeroed: JetMoE's sparse result
+    exactly, at attn_experts / moe_top_k times its attention work; 0 = no routing."""
     kv_lora_rank: int = 0
     """Multi-head latent attention (DeepSeek-V2's MLA, DeepSeek-V3's, Kimi K2's) where > 0: keys and values come from
     a latent this wide (kv_a, C -> kv_lora_rank + rope_dims, its first part RMS-normalized and expanded by kv_b into
@@ -412,6 +422,9 @@ class ModelConfig:
     """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP moe_dense_hidden wide (Jamba's
     every expert_layer_period-th layer from expert_layer_offset, Nemotron-H's E layers); () = every layer from
     moe_dense_layers on."""
+    moe_out_bias: bool = False
+    """Mixture of experts: a learned bias (mlp.out_bias, (n_embd,), zeros at init) added to the experts' weighted sum
+    (JetMoE's JetMoeMoE.bias); False = none."""
     moe_post_norm: bool = False
     """Mixture of experts: a norm (model.norm's kind, with weights) on the mixture's output, shared expert included,
     before it joins the residual stream (mlp.post_norm: A.X-K1's post_mlp_layernorm); the dense layers have none."""
@@ -997,8 +1010,18 @@ class ModelConfig:
                                                                 and self.moe_norm_topk)):
             raise UserError(f"model.moe_norm_min={self.moe_norm_min} must be >= 0 and needs experts with softmax "
                             f"scores rescaled to sum to 1 (model.moe_experts, moe_gating=softmax, moe_norm_topk)")
-        if self.attn_gate_fn != "sigmoid" and self.attn_gate == "none":
-            raise UserError(f"model.attn_gate_fn={self.attn_gate_fn} needs a gate on the heads (model.attn_gate)")
+        if self.attn_gate_fn != "sigmoid" and self.attn_gate in ("none", "routed"):
+            raise UserError(f"model.attn_gate_fn={self.attn_gate_fn} needs a gate on the heads (model.attn_gate=head "
+                            f"or element)")
+        if (self.attn_gate == "routed") != (self.attn_experts != 0) or (self.attn_experts and (
+                self.attn_experts < 2 or self.n_head != self.attn_experts * self.kv_heads
+                or not 1 <= self.moe_top_k <= self.attn_experts)):
+            raise UserError(f"model.attn_gate=routed and model.attn_experts go together: at least 2 experts, "
+                            f"n_head = attn_experts · n_kv_head and 1 <= moe_top_k <= attn_experts (got attn_gate="
+                            f"{self.attn_gate}, attn_experts={self.attn_experts}, n_head={self.n_head}, n_kv_head="
+                            f"{self.kv_heads}, moe_top_k={self.moe_top_k})")
+        if self.moe_out_bias and not self.moe_experts:
+            raise UserError("model.moe_out_bias is a bias on a mixture's output: it needs model.moe_experts")
         if self.rope_local_dims and (not self.rope_local_theta or self.rope_local_dims % 2
                                      or not 0 < self.rope_local_dims <= self.head_dim):
             raise UserError(f"model.rope_local_dims={self.rope_local_dims} needs the windowed layers' own RoPE table "
@@ -1423,7 +1446,9 @@ class Attention(nn.Module):
         sinks = cfg.attn_sinks and (not cfg.attn_sinks_windowed or cfg.layer_window(layer) > 0)
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if sinks else None
         # attn_gate: (H, C) each head's output, or (H*D, C) each of its elements, times sigmoid of its row · x
-        gates = {"head": self.n_head, "element": self.n_head * self.head_dim}.get(cfg.attn_gate)
+        # attn_gate=routed: the router over the attn_experts experts of heads, (E, C)
+        gates = {"head": self.n_head, "element": self.n_head * self.head_dim,
+                 "routed": cfg.attn_experts}.get(cfg.attn_gate)
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
         bias = cfg.has_qkv_bias
@@ -1562,6 +1587,8 @@ class Attention(nn.Module):
         where attn_gate=head, (B, T, H*D) an element where attn_gate=element."""
         if self.gate is None:
             return y
+        if self.cfg.attn_gate == "routed":
+            return self.routed(x, y)
         g = self.gate(x)
         # softplus (Laguna's) in fp32, cast back, as transformers' LagunaAttention computes it
         g = torch.sigmoid(g) if self.cfg.attn_gate_fn == "sigmoid" else F.softplus(g.float()).to(y.dtype)
@@ -1569,6 +1596,18 @@ class Attention(nn.Module):
             return y * g
         B, T, _ = y.shape
         return (y.view(B, T, self.n_head, self.head_dim) * g.unsqueeze(-1)).view(B, T, -1)
+
+
+    def routed(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """attn_gate=routed: y (B, T, H*D), heads ordered (KV head, expert), times each token's expert weights: the
+        softmax over its top-k router logits (fp32) at the chosen experts, 0 at the others, as transformers'
+        JetMoeTopKGating weights JetMoeMoA's experts."""
+        B, T, _ = y.shape
+        E = self.cfg.attn_experts
+        top = self.gate(x).float().topk(self.cfg.moe_top_k, dim=-1)  # (B, T, k) each
+        weights = torch.zeros(B, T, E, device=y.device).scatter(-1, top.indices, F.softmax(top.values, dim=-1))
+        heads = y.view(B, T, self.n_kv, E, self.head_dim) * weights.to(y.dtype)[:, :, None, :, None]
+        return heads.view(B, T, -1)
 
 
 class DiffAttention(Attention):
@@ -2441,6 +2480,7 @@ class MoE(nn.Module):
         self.expert_scale = nn.Parameter(torch.ones(E)) if cfg.moe_beside_dense else None
         self.router_norm_eps = cfg.norm_eps  # moe_beside_dense: the router's input norm
         self.post_norm = make_norm(cfg, C) if cfg.moe_post_norm else None  # on the whole output (A.X-K1's)
+        self.out_bias = nn.Parameter(torch.zeros(C)) if cfg.moe_out_bias else None  # on the sum (JetMoE's)
         self.balance_loss = cfg.moe_aux_loss > 0
         self.balance: torch.Tensor | None = None
         """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
@@ -2451,7 +2491,7 @@ class MoE(nn.Module):
             nn.init.normal_(self.proj, mean=0.0, std=proj_std)
         else:
             nn.init.zeros_(self.proj)
-        for bias in (self.fc_bias, self.proj_bias):
+        for bias in (self.fc_bias, self.proj_bias, self.out_bias):
             if bias is not None:
                 nn.init.zeros_(bias)
         for scale in (self.router_scale, self.expert_scale):
@@ -2518,6 +2558,8 @@ class MoE(nn.Module):
         if not self.weight_input:
             h = h * weight
         out = torch.zeros_like(x).index_add_(0, token, h.to(x.dtype))  # (autocast: h bf16, x fp32)
+        if self.out_bias is not None:
+            out = out + self.out_bias.to(out.dtype)
         if self.shared is not None:
             shared = self.shared(x)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)

@@ -141,7 +141,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("doge", "Doge"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
-                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna")])
+                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"), ("jetmoe", "JetMoE")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -443,6 +443,13 @@ REDLINE_EXPORTS = {
                               mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3,
                               rope_scaling="longrope", rope_pair_factors=(1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4),
                               rope_original_context=64, rope_factor=4.0, rope_attention_factor=1.2),
+    # JetMoE: 4 attention experts of 2 KV heads (routed, top 2), 4 SwiGLU experts with a bias on their sum, the
+    # output projection's bias; and top 1 of 2 over 2 KV heads without biases (written as zeros), tied
+    "JetMoeForCausalLM": dict(n_head=8, n_kv_head=2, head_size=16, attn_gate="routed", attn_experts=4, bias=True,
+                              qkv_bias=False, norm_bias=False, norm_eps=1e-6, moe_experts=4, moe_top_k=2,
+                              mlp_hidden=16, moe_out_bias=True),
+    "JetMoeForCausalLM-plain": dict(n_kv_head=2, attn_gate="routed", attn_experts=2, norm_eps=1e-6, moe_experts=2,
+                                    moe_top_k=1, mlp_hidden=16, tie_embeddings=True),
     "PhimoeForCausalLM-plain": dict(norm="layernorm", norm_bias=False, qkv_bias=True, moe_experts=4, moe_top_k=2,
                                     mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, sliding_window=5),
     # DBRX: q/k/v clamped, LayerNorms without biases, top 2 of 4 experts rescaled, GQA; and no clamp (written as a
@@ -829,7 +836,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
                          "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
-                         " hyperclovax, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
+                         " hyperclovax, jais2, jamba, jetmoe, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
                          "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
                          "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "

@@ -46,7 +46,8 @@ A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed lay
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
-Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one).
+Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); jetmoe.py JetMoE
+(a mixture of attention heads routed per token beside a mixture of SwiGLU experts).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -267,6 +268,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
+    from redline.interop import jetmoe
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -296,7 +298,7 @@ def _families() -> dict[str, Family]:
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
-                                laguna.FAMILY)}
+                                laguna.FAMILY, jetmoe.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -314,8 +316,6 @@ NOT_READ = {
     "minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, normed "
                "and gated, on most layers beside softmax attention every few) has no counterpart in redline's token "
                "mixers or the engine's recurrent state caches",
-    "jetmoe": "JetMoE's mixture of attention heads (each token's query and output projections routed among "
-              "experts, keys and values shared) is an attention kind redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
 }
@@ -414,7 +414,7 @@ def export_family(cfg: ModelConfig) -> Family:
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
     (RMSNorm, one on its embeddings); one with a LayerNorm QK-norm, or partial RoPE with LayerNorm and ReLU², as
-    Persimmon. A UserError names
+    Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE. A UserError names
     the redline option that no such architecture has."""
     families = _families()
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba2's alone
@@ -422,6 +422,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         zamba2.check_exportable(cfg)
         return families["zamba2"]
+    if cfg.attn_gate == "routed":  # routed attention heads: JetMoE's alone
+        from redline.interop import jetmoe
+
+        jetmoe.check_exportable(cfg)
+        return families["jetmoe"]
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
