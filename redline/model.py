@@ -285,7 +285,9 @@ class ModelConfig:
     """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
     h · delta_key_heads // delta_heads."""
     delta_key_heads: int = 0
-    """delta_layers: query/key heads (linear_num_key_heads; Mamba-2's n_groups), dividing delta_heads."""
+    """delta_layers: query/key heads (linear_num_key_heads; Mamba-2's n_groups), dividing delta_heads. With
+    delta_rule=mamba1, the heads of the inner channels (Zamba's n_mamba_heads): each group of delta_heads /
+    delta_key_heads channels has its own x_proj and dt_proj, so its own dt, B and C (1: Mamba's one of each)."""
     delta_key_dim: int = 128
     """delta_layers: the width of a query/key head (linear_key_head_dim; Mamba-2's d_state)."""
     delta_value_dim: int = 128
@@ -333,8 +335,8 @@ class ModelConfig:
     4.0's, Bamba's: norm_before_gate=False), RMSNorm(y)·SiLU(z) (Falcon-H1's mamba_norm_before_gate=True), or
     y·SiLU(z) with no norm and no weight (Falcon-H1's mamba_rms_norm=False)."""
     shared_attn_layers: tuple[int, ...] = ()
-    """Zamba2's hybrid layers, in increasing order: Mamba-2 layers alone (delta_layers with delta_rule=mamba2,
-    mlp_free_layers) that first call a transformer block whose weights several layers share (GPT.shared_blocks):
+    """Zamba2's hybrid layers (Zamba's, with Mamba-1 mixers), in increasing order: Mamba layers alone (delta_layers
+    with delta_rule=mamba2 or mamba1, mlp_free_layers) that first call a transformer block whose weights several layers share (GPT.shared_blocks):
     t = shared_in(block(cat(x, x0))), x0 the token embeddings, then x + mixer(norm1(x + t)) (no residual inside the
     block, whose attention reads 2·n_embd channels in heads of head_size and writes n_embd). Each call has its own
     KV cache, adapters and shared_in; () = none."""
@@ -921,11 +923,14 @@ class ModelConfig:
         if self.delta_rule != "gated_delta" and self.delta_beta_scale != 1.0:
             raise UserError(f"model.delta_beta_scale scales a gated delta net's correction; Mamba "
                             f"(model.delta_rule={self.delta_rule}) has none")
-        if self.delta_rule == "mamba1" and self.delta_layers and (self.delta_value_dim != 1
-                                                                  or self.delta_key_heads != 1):
-            raise UserError(f"model.delta_rule=mamba1 has heads of one channel and one group of B and C: set "
-                            f"model.delta_value_dim=1 (not {self.delta_value_dim}) and delta_key_heads=1 (not "
-                            f"{self.delta_key_heads}); delta_heads is the inner width, delta_key_dim the state size")
+        if self.delta_rule == "mamba1" and self.delta_layers and (
+                self.delta_value_dim != 1 or self.delta_key_heads < 1 or self.delta_heads % self.delta_key_heads
+                or (self.delta_key_heads > 1 and self.delta_bcdt_norm_eps)):
+            raise UserError(f"model.delta_rule=mamba1 has states of one channel in delta_key_heads groups, each with "
+                            f"its own x_proj and dt_proj (Zamba's n_mamba_heads; no dt, B and C norms with more than "
+                            f"one): set model.delta_value_dim=1 (not {self.delta_value_dim}) and delta_key_heads >= 1 "
+                            f"dividing delta_heads={self.delta_heads} (not {self.delta_key_heads}); delta_heads is the "
+                            f"inner width, delta_key_dim the state size")
         if self.delta_rule == "mamba1" and self.delta_norm_eps:
             raise UserError(f"model.delta_norm_eps={self.delta_norm_eps}: Mamba-1 (model.delta_rule=mamba1) has no "
                             f"output norm; its B, C and dt norms' epsilon is model.delta_bcdt_norm_eps")
@@ -950,14 +955,14 @@ class ModelConfig:
         if self.delta_gate_norm not in ("after_gate", "before_gate", "none"):
             raise UserError(f"model.delta_gate_norm={self.delta_gate_norm!r}: one of after_gate, before_gate, none")
         shared = self.shared_attn_layers
-        if shared and (self.delta_rule != "mamba2" or not set(shared) <= set(self.delta_layers) & set(
+        if shared and (self.delta_rule not in ("mamba2", "mamba1") or not set(shared) <= set(self.delta_layers) & set(
                 self.mlp_free_layers) or list(shared) != sorted(set(shared)) or self.delta_parallel
                        or not self.gated_mlp or not self.fused_qkv or self.kv_lora_rank or self.qk_norm
                        or self.attn_gate != "none" or self.sliding_window or self.attn_sinks or self.attn_softcap
                        or self.norm != "rmsnorm" or self.norm_position != "pre" or self.bias or self.has_qkv_bias
                        or self.per_layer_embd or self.layer_scalars):
-            raise UserError(f"model.shared_attn_layers={shared} (Zamba2's hybrid layers) must be Mamba-2 layers alone "
-                            f"(model.delta_layers with delta_rule=mamba2, mlp_free_layers), in increasing order, "
+            raise UserError(f"model.shared_attn_layers={shared} (Zamba's hybrid layers) must be Mamba layers alone "
+                            f"(model.delta_layers with delta_rule=mamba2 or mamba1, mlp_free_layers), in increasing order, "
                             f"calling a pre-RMSNorm block of fused-qkv attention without biases, QK-norm, gates, "
                             f"sinks, caps or a window and a gated MLP (and no per-layer inputs or scalars)")
         if self.shared_attn_blocks < 1 or (shared and self.shared_attn_blocks > len(shared)) or (
@@ -2009,6 +2014,20 @@ class Mamba2(nn.Module):
         return self.norm * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).view(B, T, self.inner)
 
 
+class HeadLinear(nn.Module):
+    """One Linear layer a head, bare stacked weights: x (..., heads, in) -> (..., heads, out), weight (heads, out,
+    in), bias (heads·out,) or None (Zamba's x_proj_weight and dt_proj_weight / dt_proj_bias, a Mamba-1 head each)."""
+
+    def __init__(self, heads: int, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(heads, out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(heads * out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.einsum("...hi,hoi->...ho", x, self.weight)
+        return y if self.bias is None else y + self.bias.view(self.weight.shape[:2])
+
+
 class Mamba1(nn.Module):
     """The token mixer of model.delta_layers with delta_rule=mamba1 (Mamba-1's, Gu and Dao 2023; as transformers'
     MambaMixer and FalconMambaMixer run it): in_proj (C -> 2·I) gives x and the gate z; a causal depthwise
@@ -2017,6 +2036,9 @@ class Mamba1(nn.Module):
     weight where model.delta_bcdt_norm_eps is set (Falcon-Mamba's), with one (dt_norm, B_norm, C_norm) where
     model.delta_bcdt_norm_weight is (Jamba's); dt = softplus(dt_proj(dt)) (R -> I, with a bias);
     the scan (recurrent.selective_scan) with A = −exp(A_log) (I, N), plus D·x; then y·SiLU(z) and out_proj (I -> C).
+    With delta_key_heads > 1 (Zamba's n_mamba_heads) the I channels are that many heads, each with its own x_proj
+    (HeadLinear, (heads, R + 2N, I / heads)) and dt_proj ((heads, I / heads, R)), each scanned with its own B and C,
+    as transformers' ZambaMambaMixer runs them.
     The engine's cache holds it as the other delta layers: x a slot (I channels), each row's state (I, N, 1), the
     (delta_heads, delta_key_dim, delta_value_dim) state of Mamba-2's heads of one channel."""
 
@@ -2029,8 +2051,13 @@ class Mamba1(nn.Module):
         self.in_proj = nn.Linear(C, 2 * I, bias=cfg.delta_proj_bias)
         self.conv = nn.Parameter(torch.empty(I, self.kernel))
         self.conv_bias = nn.Parameter(torch.zeros(I)) if cfg.delta_conv_bias else None
-        self.x_proj = nn.Linear(I, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, I, bias=True)
+        self.heads = max(cfg.delta_key_heads, 1)
+        if self.heads == 1:
+            self.x_proj = nn.Linear(I, R + 2 * N, bias=False)
+            self.dt_proj = nn.Linear(R, I, bias=True)
+        else:
+            self.x_proj = HeadLinear(self.heads, I // self.heads, R + 2 * N, bias=False)
+            self.dt_proj = HeadLinear(self.heads, R, I // self.heads, bias=True)
         self.A_log = nn.Parameter(torch.zeros(I, N))
         self.D = nn.Parameter(torch.ones(I))
         self.proj = nn.Linear(I, C, bias=cfg.delta_proj_bias)
@@ -2065,14 +2092,26 @@ class Mamba1(nn.Module):
             starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
         xs = causal_conv(u, self.conv, before, doc_ids)
         xs = F.silu(xs + self.conv_bias if self.conv_bias is not None else xs)
-        dt, Bs, Cs = self.x_proj(xs).split([self.rank, self.dk, self.dk], dim=-1)
+        heads = self.heads
+        # (B, T, R), (B, T, N) each; with heads, (B, T, heads, R) and (B, T, heads, N), one a head
+        dt, Bs, Cs = self.x_proj(xs if heads == 1 else xs.unflatten(-1, (heads, -1))).split(
+            [self.rank, self.dk, self.dk], dim=-1)
         if self.eps:  # Falcon-Mamba's and Jamba's: dt (still R wide), B and C each normalized before use
             dt, Bs, Cs = self._norm(dt, self.dt_norm), self._norm(Bs, self.B_norm), self._norm(Cs, self.C_norm)
-        dt = F.softplus(self.dt_proj(dt).float())  # (B, T, I)
+        dt = F.softplus(self.dt_proj(dt).flatten(2).float())  # (B, T, I)
         if valid is not None:  # dt = 0: no decay and no input, the state passes these tokens by
             dt = dt * valid[..., None]
-        y, state = selective_scan(xs, dt, -self.A_log.float().exp(), Bs, Cs,
-                                  state=None if state is None else state[..., 0], starts=starts)
+        A = -self.A_log.float().exp()
+        if state is not None:
+            state = state[..., 0]
+        if heads == 1:
+            y, state = selective_scan(xs, dt, A, Bs, Cs, state=state, starts=starts)
+        else:  # each head's channels scanned with its own B and C
+            w = self.inner // heads
+            parts = [selective_scan(xs[..., j * w:(j + 1) * w], dt[..., j * w:(j + 1) * w], A[j * w:(j + 1) * w],
+                                    Bs[:, :, j], Cs[:, :, j], state=None if state is None else
+                                    state[:, j * w:(j + 1) * w], starts=starts) for j in range(heads)]
+            y, state = torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=1)
         y = (y + self.D.float() * xs.float()) * F.silu(z.float())
         return self.proj(y.to(x.dtype)), u, state[..., None]
 
@@ -2652,7 +2691,8 @@ class Block(nn.Module):
         # output; else mamba is None
         parallel = layer in cfg.parallel_delta_layers
         self.conv = layer in cfg.conv_layers or (layer in cfg.delta_layers and not parallel) or not mixer
-        self.mamba = Mamba2(cfg, layer) if parallel else None
+        # Zamba's (v1) hybrid layers call Mamba-1 mixers
+        self.mamba = (Mamba1 if cfg.delta_rule == "mamba1" else Mamba2)(cfg, layer) if parallel else None
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
@@ -2981,6 +3021,10 @@ class GPT(nn.Module):
                 module.reset_recurrence(math.sqrt(0.01 / module.width))
                 nn.init.zeros_(module.input_gate_bias)
                 nn.init.zeros_(module.recurrent_gate_bias)
+            elif isinstance(module, HeadLinear):  # a Mamba-1 head's x_proj or dt_proj (Zamba's), as a Linear layer's
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, DiffAttention):  # λ's vectors: N(0, 0.1), transformers' lambda_std_dev
                 module.reset_lambdas()
             elif isinstance(module, MLP) and module.alpha_p is not None:  # xIELU's scalars

@@ -141,7 +141,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("doge", "Doge"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
-                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"), ("jetmoe", "JetMoE")])
+                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"), ("jetmoe", "JetMoE"),
+                                        ("zamba", "Zamba")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -450,6 +451,18 @@ REDLINE_EXPORTS = {
                               mlp_hidden=16, moe_out_bias=True),
     "JetMoeForCausalLM-plain": dict(n_kv_head=2, attn_gate="routed", attn_experts=2, norm_eps=1e-6, moe_experts=2,
                                     moe_top_k=1, mlp_hidden=16, tie_embeddings=True),
+    # Zamba: Mamba-1 mixers in 2 heads, layers 0 and 2 calling one shared block (no positions, GeGLU), tied; and
+    # untied (a block each), SwiGLU, one head, mixer biases
+    "ZambaForCausalLM": dict(n_layer=3, n_embd=32, n_head=4, n_kv_head=2, head_size=16, attn_scale=(16 / 2) ** -0.5,
+                             pos_emb="none", mlp="geglu", gelu_approximate="none", mlp_hidden=48,
+                             delta_layers=(0, 1, 2), mlp_free_layers=(0, 1, 2), delta_rule="mamba1", delta_heads=64,
+                             delta_key_heads=2, delta_key_dim=8, delta_value_dim=1, delta_conv_bias=True,
+                             delta_dt_rank=4, shared_attn_layers=(0, 2), tie_embeddings=True),
+    "ZambaForCausalLM-untied": dict(n_layer=3, n_embd=32, n_head=4, head_size=16, attn_scale=(16 / 2) ** -0.5,
+                                    pos_emb="none", mlp="swiglu", mlp_hidden=48, delta_layers=(0, 1, 2),
+                                    mlp_free_layers=(0, 1, 2), delta_rule="mamba1", delta_heads=64,
+                                    delta_key_heads=1, delta_key_dim=8, delta_value_dim=1, delta_proj_bias=True,
+                                    shared_attn_layers=(0, 2), shared_attn_blocks=2, tie_embeddings=False),
     "PhimoeForCausalLM-plain": dict(norm="layernorm", norm_bias=False, qkv_bias=True, moe_experts=4, moe_top_k=2,
                                     mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, sliding_window=5),
     # DBRX: q/k/v clamped, LayerNorms without biases, top 2 of 4 experts rescaled, GQA; and no clamp (written as a
@@ -841,12 +854,12 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, "
-                         "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba2")
+                         "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
                                                    ("bailing_hybrid", "decay their state per key channel"),
-                                                   ("zamba", "n_mamba_heads heads")])
+                                                   ("dory", "keep the hidden state on the unit sphere")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

@@ -47,7 +47,8 @@ afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-score
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
 Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); jetmoe.py JetMoE
-(a mixture of attention heads routed per token beside a mixture of SwiGLU experts).
+(a mixture of attention heads routed per token beside a mixture of SwiGLU experts); zamba.py Zamba (v1: Mamba-1 mixers
+in heads, some layers calling one shared transformer block first).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -268,7 +269,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
-    from redline.interop import jetmoe
+    from redline.interop import jetmoe, zamba
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -298,7 +299,7 @@ def _families() -> dict[str, Family]:
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
-                                laguna.FAMILY, jetmoe.FAMILY)}
+                                laguna.FAMILY, jetmoe.FAMILY, zamba.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -311,11 +312,13 @@ NOT_READ = {
                    "which redline's gated delta nets (one decay per head) cannot express",
     "bailing_hybrid": "its KDA layers decay their state per key channel (Kimi Delta Attention's gates), which "
                       "redline's gated delta nets (one decay per head) cannot express",
-    "zamba": "Zamba (v1)'s Mamba-1 mixers split their channels into n_mamba_heads heads, each with its own x_proj "
-             "and dt_proj, which redline's Mamba-1 layers (one x_proj and dt_proj) do not; Zamba2 is read",
     "minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, normed "
                "and gated, on most layers beside softmax attention every few) has no counterpart in redline's token "
                "mixers or the engine's recurrent state caches",
+    "dory": "Dory's nGPT layers keep the hidden state on the unit sphere (weightless L2 norms, each sublayer's "
+            "output interpolated toward at learned per-channel rates instead of added), scale queries per channel "
+            "after RoPE and pass through a recurrent section of layers n_recurrent_loops times; redline's blocks add "
+            "their sublayers' outputs to an unnormalized residual stream, each layer once",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
 }
@@ -402,7 +405,8 @@ def export_family(cfg: ModelConfig) -> Family:
     a layer has both sublayers); one with
     Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
     delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets beside attention without an output
-    gate as Lara Mini; one with blocks that several layers share (model.shared_attn_layers) as Zamba2; one with gated
+    gate as Lara Mini; one with blocks that several layers share (model.shared_attn_layers) as Zamba2 (as Zamba
+    where its mixers are Mamba-1's); one with gated
     delta nets or element-wise attention gates
     as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
@@ -417,8 +421,12 @@ def export_family(cfg: ModelConfig) -> Family:
     Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE. A UserError names
     the redline option that no such architecture has."""
     families = _families()
-    if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba2's alone
-        from redline.interop import zamba2
+    if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
+        from redline.interop import zamba, zamba2
+
+        if zamba.wants_zamba(cfg):
+            zamba.check_exportable(cfg)
+            return families["zamba"]
 
         zamba2.check_exportable(cfg)
         return families["zamba2"]

@@ -1199,6 +1199,7 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                           "sandwich blocks"),
                 "laguna": ("Laguna", "no writer here for its softplus head gates and per-type partial RoPE"),
                 "jetmoe": ("JetMoE", "llama.cpp has no JetMoE architecture (routed attention heads)"),
+                "zamba": ("Zamba", "llama.cpp has no Zamba architecture (Mamba-1 heads, a shared attention block)"),
                 "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
                                        "scores, a routing bias, groups, shared experts)"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "
