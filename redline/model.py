@@ -41,14 +41,14 @@ Features (each a field of `ModelConfig`):
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's
-  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py; or Griffin's RG-LRU,
-  RecurrentGemma's);
+  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py, its channels in heads with their
+  own dt, B and C where `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
-  (`moe_post_norm`, A.X-K1's);
+  (`moe_post_norm`, A.X-K1's); a bias on the experts' weighted sum (`moe_out_bias`, JetMoE's);
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
