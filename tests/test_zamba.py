@@ -92,6 +92,17 @@ def test_export_refuses_what_zamba_has_not(overrides, fragment):
 
 
 @pytest.mark.parametrize("overrides, fragment", [
+    (dict(shared_attn_layers=()), "model.delta_key_heads=2: Mamba-1 layers"),  # as Mamba
+    (dict(shared_attn_layers=(), mlp_free_layers=(), attn_scale=0.0), "model.delta_key_heads=2: Jamba"),  # MLPs
+])
+def test_mamba1_heads_export_as_zamba_alone(overrides, fragment):
+    from redline.interop.families import export_family
+
+    with pytest.raises(UserError, match=fragment):
+        export_family(ModelConfig(**{**_ZAMBA, "mlp": "swiglu", **overrides}))
+
+
+@pytest.mark.parametrize("overrides, fragment", [
     (dict(delta_key_heads=3), "a multiple of model.delta_key_heads"),
     (dict(delta_bcdt_norm_eps=1e-6), "no dt, B and C norms with more than one"),
 ])
