@@ -107,6 +107,16 @@ def test_export_refuses_what_jetmoe_has_not(overrides, fragment):
         export_family(ModelConfig(**{**_ROUTED, **overrides}))
 
 
+def test_moe_out_bias_without_routed_heads_is_refused_at_export():
+    """No other architecture has the bias on the experts' sum: a Mixtral-shaped model with it is refused by name, not
+    written without it."""
+    from redline.interop.families import export_family
+
+    cfg = ModelConfig(**{**_ROUTED, "attn_gate": "none", "attn_experts": 0, "moe_out_bias": True})
+    with pytest.raises(UserError, match="model.moe_out_bias: of the architectures redline exports to, JetMoE alone"):
+        export_family(cfg)
+
+
 @pytest.mark.parametrize("overrides, fragment", [
     (dict(attn_experts=0), "go together"),
     (dict(attn_gate="none"), "go together"),

@@ -435,6 +435,9 @@ def export_family(cfg: ModelConfig) -> Family:
 
         jetmoe.check_exportable(cfg)
         return families["jetmoe"]
+    if cfg.moe_out_bias:  # checked here: no other exporter knows the field (jetmoe.py took routed heads above)
+        raise UserError("model.moe_out_bias: of the architectures redline exports to, JetMoE alone has a bias on its "
+                        "experts' sum, and it routes its attention heads (model.attn_gate=routed)")
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "
