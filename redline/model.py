@@ -7,7 +7,9 @@ Features (each a field of `ModelConfig`):
   (`attn_scale`, Gemma 3's and Granite's), a soft cap on the scores (`attn_softcap`, Gemma 2's) and a learned
   per-head sink logit in the softmax's denominator (`attn_sinks`, GPT-OSS's; on the windowed layers alone,
   `attn_sinks_windowed`, MiMo-V2-Flash's); a sigmoid gate on each head's output
-  or each of its elements (`attn_gate`, LFM3's and Qwen3.5's; a softplus, `attn_gate_fn`, Laguna's); optional
+  or each of its elements (`attn_gate`, LFM3's and Qwen3.5's; a softplus, `attn_gate_fn`, Laguna's); heads routed
+  as experts, each token's chosen ones weighted by a router (`attn_gate=routed`, `attn_experts`, JetMoE's mixture of
+  attention heads); optional
   sliding-window attention, on every layer or
   interleaved with full-attention layers (`sliding_window_pattern`, Gemma 3's 5:1, or any layers, `window_layers`);
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
@@ -39,14 +41,14 @@ Features (each a field of `ModelConfig`):
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's
-  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py; or Griffin's RG-LRU,
-  RecurrentGemma's);
+  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py, its channels in heads with their
+  own dt, B and C where `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
-  (`moe_post_norm`, A.X-K1's);
+  (`moe_post_norm`, A.X-K1's); a bias on the experts' weighted sum (`moe_out_bias`, JetMoE's);
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
@@ -154,13 +156,21 @@ class ModelConfig:
     where doc_attention picks flex, else plain PyTorch products."""
     attn_sinks_windowed: bool = False
     """With attn_sinks: the sinks on the windowed layers alone (MiMo-V2-Flash's), the full layers' softmax as it is."""
-    attn_gate: Literal["none", "head", "element"] = "none"
+    attn_gate: Literal["none", "head", "element", "routed"] = "none"
     """Gate each query head's attention output before the output projection by sigmoid(g · x) of the attention's
     input x: "head", one learned row a head (attn.gate, (n_head, n_embd), LFM3's g_proj); "element", one a head
-    dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "none"."""
+    dimension (attn.gate, (n_head·head_dim, n_embd), Qwen3-Next's and Qwen3.5's, which hold it in q_proj); "routed",
+    a router's weights on experts of heads (attn_experts); "none"."""
     attn_gate_fn: Literal["sigmoid", "softplus"] = "sigmoid"
     """attn_gate: the gate's function of g · x, sigmoid (LFM3's, Qwen3.5's, AFMoE's) or softplus, computed in fp32
     (Laguna's), which can scale a head's output up as well as down."""
+    attn_experts: int = 0
+    """attn_gate=routed, JetMoE's mixture of attention heads (MoA): the n_head query heads are this many experts of
+    n_kv_head heads each, query head h·attn_experts + e expert e's head over KV head h (so grouped-query attention
+    pairs them); a router (attn.gate, (attn_experts, n_embd)) takes the moe_top_k experts of highest logit for each
+    token and weights their heads' outputs by the softmax over those logits, the other experts' by 0, before the
+    output projection. Every expert's heads are computed and the unchosen ones zeroed: JetMoE's sparse result
+    exactly, at attn_experts / moe_top_k times its attention work; 0 = no routing."""
     kv_lora_rank: int = 0
     """Multi-head latent attention (DeepSeek-V2's MLA, DeepSeek-V3's, Kimi K2's) where > 0: keys and values come from
     a latent this wide (kv_a, C -> kv_lora_rank + rope_dims, its first part RMS-normalized and expanded by kv_b into
@@ -280,7 +290,9 @@ class ModelConfig:
     """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
     h · delta_key_heads // delta_heads."""
     delta_key_heads: int = 0
-    """delta_layers: query/key heads (linear_num_key_heads; Mamba-2's n_groups), dividing delta_heads."""
+    """delta_layers: query/key heads (linear_num_key_heads; Mamba-2's n_groups), dividing delta_heads. With
+    delta_rule=mamba1, the heads of the inner channels (Zamba's n_mamba_heads): each group of delta_heads /
+    delta_key_heads channels has its own x_proj and dt_proj, so its own dt, B and C (1: Mamba's one of each)."""
     delta_key_dim: int = 128
     """delta_layers: the width of a query/key head (linear_key_head_dim; Mamba-2's d_state)."""
     delta_value_dim: int = 128
@@ -328,8 +340,8 @@ class ModelConfig:
     4.0's, Bamba's: norm_before_gate=False), RMSNorm(y)·SiLU(z) (Falcon-H1's mamba_norm_before_gate=True), or
     y·SiLU(z) with no norm and no weight (Falcon-H1's mamba_rms_norm=False)."""
     shared_attn_layers: tuple[int, ...] = ()
-    """Zamba2's hybrid layers, in increasing order: Mamba-2 layers alone (delta_layers with delta_rule=mamba2,
-    mlp_free_layers) that first call a transformer block whose weights several layers share (GPT.shared_blocks):
+    """Zamba2's hybrid layers (Zamba's, with Mamba-1 mixers), in increasing order: Mamba layers alone (delta_layers
+    with delta_rule=mamba2 or mamba1, mlp_free_layers) that first call a transformer block whose weights several layers share (GPT.shared_blocks):
     t = shared_in(block(cat(x, x0))), x0 the token embeddings, then x + mixer(norm1(x + t)) (no residual inside the
     block, whose attention reads 2·n_embd channels in heads of head_size and writes n_embd). Each call has its own
     KV cache, adapters and shared_in; () = none."""
@@ -417,6 +429,9 @@ class ModelConfig:
     """Mixture of experts: the layers whose MLP is the mixture, the others a dense MLP moe_dense_hidden wide (Jamba's
     every expert_layer_period-th layer from expert_layer_offset, Nemotron-H's E layers); () = every layer from
     moe_dense_layers on."""
+    moe_out_bias: bool = False
+    """Mixture of experts: a learned bias (mlp.out_bias, (n_embd,), zeros at init) added to the experts' weighted sum
+    (JetMoE's JetMoeMoE.bias); False = none."""
     moe_post_norm: bool = False
     """Mixture of experts: a norm (model.norm's kind, with weights) on the mixture's output, shared expert included,
     before it joins the residual stream (mlp.post_norm: A.X-K1's post_mlp_layernorm); the dense layers have none."""
@@ -945,11 +960,14 @@ class ModelConfig:
         if self.delta_rule != "gated_delta" and self.delta_beta_scale != 1.0:
             raise UserError(f"model.delta_beta_scale scales a gated delta net's correction; Mamba "
                             f"(model.delta_rule={self.delta_rule}) has none")
-        if self.delta_rule == "mamba1" and self.delta_layers and (self.delta_value_dim != 1
-                                                                  or self.delta_key_heads != 1):
-            raise UserError(f"model.delta_rule=mamba1 has heads of one channel and one group of B and C: set "
-                            f"model.delta_value_dim=1 (not {self.delta_value_dim}) and delta_key_heads=1 (not "
-                            f"{self.delta_key_heads}); delta_heads is the inner width, delta_key_dim the state size")
+        if self.delta_rule == "mamba1" and self.delta_layers and (
+                self.delta_value_dim != 1 or self.delta_key_heads < 1 or self.delta_heads % self.delta_key_heads
+                or (self.delta_key_heads > 1 and self.delta_bcdt_norm_eps)):
+            raise UserError(f"model.delta_rule=mamba1 has states of one channel in delta_key_heads groups, each with "
+                            f"its own x_proj and dt_proj (Zamba's n_mamba_heads; no dt, B and C norms with more than "
+                            f"one): set model.delta_value_dim=1 (not {self.delta_value_dim}) and delta_key_heads >= 1 "
+                            f"dividing delta_heads={self.delta_heads} (not {self.delta_key_heads}); delta_heads is the "
+                            f"inner width, delta_key_dim the state size")
         if self.delta_rule == "mamba1" and self.delta_norm_eps:
             raise UserError(f"model.delta_norm_eps={self.delta_norm_eps}: Mamba-1 (model.delta_rule=mamba1) has no "
                             f"output norm; its B, C and dt norms' epsilon is model.delta_bcdt_norm_eps")
@@ -974,14 +992,14 @@ class ModelConfig:
         if self.delta_gate_norm not in ("after_gate", "before_gate", "none"):
             raise UserError(f"model.delta_gate_norm={self.delta_gate_norm!r}: one of after_gate, before_gate, none")
         shared = self.shared_attn_layers
-        if shared and (self.delta_rule != "mamba2" or not set(shared) <= set(self.delta_layers) & set(
+        if shared and (self.delta_rule not in ("mamba2", "mamba1") or not set(shared) <= set(self.delta_layers) & set(
                 self.mlp_free_layers) or list(shared) != sorted(set(shared)) or self.delta_parallel
                        or not self.gated_mlp or not self.fused_qkv or self.kv_lora_rank or self.qk_norm
                        or self.attn_gate != "none" or self.sliding_window or self.attn_sinks or self.attn_softcap
                        or self.norm != "rmsnorm" or self.norm_position != "pre" or self.bias or self.has_qkv_bias
                        or self.per_layer_embd or self.layer_scalars):
-            raise UserError(f"model.shared_attn_layers={shared} (Zamba2's hybrid layers) must be Mamba-2 layers alone "
-                            f"(model.delta_layers with delta_rule=mamba2, mlp_free_layers), in increasing order, "
+            raise UserError(f"model.shared_attn_layers={shared} (Zamba's hybrid layers) must be Mamba layers alone "
+                            f"(model.delta_layers with delta_rule=mamba2 or mamba1, mlp_free_layers), in increasing order, "
                             f"calling a pre-RMSNorm block of fused-qkv attention without biases, QK-norm, gates, "
                             f"sinks, caps or a window and a gated MLP (and no per-layer inputs or scalars)")
         if self.shared_attn_blocks < 1 or (shared and self.shared_attn_blocks > len(shared)) or (
@@ -1034,8 +1052,18 @@ class ModelConfig:
                                                                 and self.moe_norm_topk)):
             raise UserError(f"model.moe_norm_min={self.moe_norm_min} must be >= 0 and needs experts with softmax "
                             f"scores rescaled to sum to 1 (model.moe_experts, moe_gating=softmax, moe_norm_topk)")
-        if self.attn_gate_fn != "sigmoid" and self.attn_gate == "none":
-            raise UserError(f"model.attn_gate_fn={self.attn_gate_fn} needs a gate on the heads (model.attn_gate)")
+        if self.attn_gate_fn != "sigmoid" and self.attn_gate in ("none", "routed"):
+            raise UserError(f"model.attn_gate_fn={self.attn_gate_fn} needs a gate on the heads (model.attn_gate=head "
+                            f"or element)")
+        if (self.attn_gate == "routed") != (self.attn_experts != 0) or (self.attn_experts and (
+                self.attn_experts < 2 or self.n_head != self.attn_experts * self.kv_heads
+                or not 1 <= self.moe_top_k <= self.attn_experts)):
+            raise UserError(f"model.attn_gate=routed and model.attn_experts go together: at least 2 experts, "
+                            f"n_head = attn_experts · n_kv_head and 1 <= moe_top_k <= attn_experts (got attn_gate="
+                            f"{self.attn_gate}, attn_experts={self.attn_experts}, n_head={self.n_head}, n_kv_head="
+                            f"{self.kv_heads}, moe_top_k={self.moe_top_k})")
+        if self.moe_out_bias and not self.moe_experts:
+            raise UserError("model.moe_out_bias is a bias on a mixture's output: it needs model.moe_experts")
         if self.rope_local_dims and (not self.rope_local_theta or self.rope_local_dims % 2
                                      or not 0 < self.rope_local_dims <= self.head_dim):
             raise UserError(f"model.rope_local_dims={self.rope_local_dims} needs the windowed layers' own RoPE table "
@@ -1508,7 +1536,9 @@ class Attention(nn.Module):
         sinks = cfg.attn_sinks and (not cfg.attn_sinks_windowed or cfg.layer_window(layer) > 0)
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if sinks else None
         # attn_gate: (H, C) each head's output, or (H*D, C) each of its elements, times sigmoid of its row · x
-        gates = {"head": self.n_head, "element": self.n_head * self.head_dim}.get(cfg.attn_gate)
+        # attn_gate=routed: the router over the attn_experts experts of heads, (E, C)
+        gates = {"head": self.n_head, "element": self.n_head * self.head_dim,
+                 "routed": cfg.attn_experts}.get(cfg.attn_gate)
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
         bias = cfg.has_qkv_bias
@@ -1653,6 +1683,8 @@ class Attention(nn.Module):
         where attn_gate=head, (B, T, H*D) an element where attn_gate=element."""
         if self.gate is None:
             return y
+        if self.cfg.attn_gate == "routed":
+            return self.routed(x, y)
         g = self.gate(x)
         # softplus (Laguna's) in fp32, cast back, as transformers' LagunaAttention computes it
         g = torch.sigmoid(g) if self.cfg.attn_gate_fn == "sigmoid" else F.softplus(g.float()).to(y.dtype)
@@ -1660,6 +1692,18 @@ class Attention(nn.Module):
             return y * g
         B, T, _ = y.shape
         return (y.view(B, T, self.n_head, self.head_dim) * g.unsqueeze(-1)).view(B, T, -1)
+
+
+    def routed(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """attn_gate=routed: y (B, T, H*D), heads ordered (KV head, expert), times each token's expert weights: the
+        softmax over its top-k router logits (fp32) at the chosen experts, 0 at the others, as transformers'
+        JetMoeTopKGating weights JetMoeMoA's experts."""
+        B, T, _ = y.shape
+        E = self.cfg.attn_experts
+        top = self.gate(x).float().topk(self.cfg.moe_top_k, dim=-1)  # (B, T, k) each
+        weights = torch.zeros(B, T, E, device=y.device).scatter(-1, top.indices, F.softmax(top.values, dim=-1))
+        heads = y.view(B, T, self.n_kv, E, self.head_dim) * weights.to(y.dtype)[:, :, None, :, None]
+        return heads.view(B, T, -1)
 
 
 class DiffAttention(Attention):
@@ -2061,6 +2105,20 @@ class Mamba2(nn.Module):
         return self.norm * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).view(B, T, self.inner)
 
 
+class HeadLinear(nn.Module):
+    """One Linear layer a head, bare stacked weights: x (..., heads, in) -> (..., heads, out), weight (heads, out,
+    in), bias (heads·out,) or None (Zamba's x_proj_weight and dt_proj_weight / dt_proj_bias, a Mamba-1 head each)."""
+
+    def __init__(self, heads: int, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(heads, out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(heads * out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.einsum("...hi,hoi->...ho", x, self.weight)
+        return y if self.bias is None else y + self.bias.view(self.weight.shape[:2])
+
+
 class Mamba1(nn.Module):
     """The token mixer of model.delta_layers with delta_rule=mamba1 (Mamba-1's, Gu and Dao 2023; as transformers'
     MambaMixer and FalconMambaMixer run it): in_proj (C -> 2·I) gives x and the gate z; a causal depthwise
@@ -2069,6 +2127,9 @@ class Mamba1(nn.Module):
     weight where model.delta_bcdt_norm_eps is set (Falcon-Mamba's), with one (dt_norm, B_norm, C_norm) where
     model.delta_bcdt_norm_weight is (Jamba's); dt = softplus(dt_proj(dt)) (R -> I, with a bias);
     the scan (recurrent.selective_scan) with A = −exp(A_log) (I, N), plus D·x; then y·SiLU(z) and out_proj (I -> C).
+    With delta_key_heads > 1 (Zamba's n_mamba_heads) the I channels are that many heads, each with its own x_proj
+    (HeadLinear, (heads, R + 2N, I / heads)) and dt_proj ((heads, I / heads, R)), each scanned with its own B and C,
+    as transformers' ZambaMambaMixer runs them.
     The engine's cache holds it as the other delta layers: x a slot (I channels), each row's state (I, N, 1), the
     (delta_heads, delta_key_dim, delta_value_dim) state of Mamba-2's heads of one channel."""
 
@@ -2081,8 +2142,13 @@ class Mamba1(nn.Module):
         self.in_proj = nn.Linear(C, 2 * I, bias=cfg.delta_proj_bias)
         self.conv = nn.Parameter(torch.empty(I, self.kernel))
         self.conv_bias = nn.Parameter(torch.zeros(I)) if cfg.delta_conv_bias else None
-        self.x_proj = nn.Linear(I, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, I, bias=True)
+        self.heads = max(cfg.delta_key_heads, 1)
+        if self.heads == 1:
+            self.x_proj = nn.Linear(I, R + 2 * N, bias=False)
+            self.dt_proj = nn.Linear(R, I, bias=True)
+        else:
+            self.x_proj = HeadLinear(self.heads, I // self.heads, R + 2 * N, bias=False)
+            self.dt_proj = HeadLinear(self.heads, R, I // self.heads, bias=True)
         self.A_log = nn.Parameter(torch.zeros(I, N))
         self.D = nn.Parameter(torch.ones(I))
         self.proj = nn.Linear(I, C, bias=cfg.delta_proj_bias)
@@ -2117,14 +2183,26 @@ class Mamba1(nn.Module):
             starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
         xs = causal_conv(u, self.conv, before, doc_ids)
         xs = F.silu(xs + self.conv_bias if self.conv_bias is not None else xs)
-        dt, Bs, Cs = self.x_proj(xs).split([self.rank, self.dk, self.dk], dim=-1)
+        heads = self.heads
+        # (B, T, R), (B, T, N) each; with heads, (B, T, heads, R) and (B, T, heads, N), one a head
+        dt, Bs, Cs = self.x_proj(xs if heads == 1 else xs.unflatten(-1, (heads, -1))).split(
+            [self.rank, self.dk, self.dk], dim=-1)
         if self.eps:  # Falcon-Mamba's and Jamba's: dt (still R wide), B and C each normalized before use
             dt, Bs, Cs = self._norm(dt, self.dt_norm), self._norm(Bs, self.B_norm), self._norm(Cs, self.C_norm)
-        dt = F.softplus(self.dt_proj(dt).float())  # (B, T, I)
+        dt = F.softplus(self.dt_proj(dt).flatten(2).float())  # (B, T, I)
         if valid is not None:  # dt = 0: no decay and no input, the state passes these tokens by
             dt = dt * valid[..., None]
-        y, state = selective_scan(xs, dt, -self.A_log.float().exp(), Bs, Cs,
-                                  state=None if state is None else state[..., 0], starts=starts)
+        A = -self.A_log.float().exp()
+        if state is not None:
+            state = state[..., 0]
+        if heads == 1:
+            y, state = selective_scan(xs, dt, A, Bs, Cs, state=state, starts=starts)
+        else:  # each head's channels scanned with its own B and C
+            w = self.inner // heads
+            parts = [selective_scan(xs[..., j * w:(j + 1) * w], dt[..., j * w:(j + 1) * w], A[j * w:(j + 1) * w],
+                                    Bs[:, :, j], Cs[:, :, j], state=None if state is None else
+                                    state[:, j * w:(j + 1) * w], starts=starts) for j in range(heads)]
+            y, state = torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=1)
         y = (y + self.D.float() * xs.float()) * F.silu(z.float())
         return self.proj(y.to(x.dtype)), u, state[..., None]
 
@@ -2532,6 +2610,7 @@ class MoE(nn.Module):
         self.expert_scale = nn.Parameter(torch.ones(E)) if cfg.moe_beside_dense else None
         self.router_norm_eps = cfg.norm_eps  # moe_beside_dense: the router's input norm
         self.post_norm = make_norm(cfg, C) if cfg.moe_post_norm else None  # on the whole output (A.X-K1's)
+        self.out_bias = nn.Parameter(torch.zeros(C)) if cfg.moe_out_bias else None  # on the sum (JetMoE's)
         self.balance_loss = cfg.moe_aux_loss > 0
         self.balance: torch.Tensor | None = None
         """The last training forward's load-balancing loss (a scalar), where model.moe_aux_loss asks for it."""
@@ -2542,7 +2621,7 @@ class MoE(nn.Module):
             nn.init.normal_(self.proj, mean=0.0, std=proj_std)
         else:
             nn.init.zeros_(self.proj)
-        for bias in (self.fc_bias, self.proj_bias):
+        for bias in (self.fc_bias, self.proj_bias, self.out_bias):
             if bias is not None:
                 nn.init.zeros_(bias)
         for scale in (self.router_scale, self.expert_scale):
@@ -2609,6 +2688,8 @@ class MoE(nn.Module):
         if not self.weight_input:
             h = h * weight
         out = torch.zeros_like(x).index_add_(0, token, h.to(x.dtype))  # (autocast: h bf16, x fp32)
+        if self.out_bias is not None:
+            out = out + self.out_bias.to(out.dtype)
         if self.shared is not None:
             shared = self.shared(x)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
@@ -2790,7 +2871,8 @@ class Block(nn.Module):
         # output; else mamba is None
         parallel = layer in cfg.parallel_delta_layers
         self.conv = layer in cfg.conv_layers or (layer in cfg.delta_layers and not parallel) or not mixer
-        self.mamba = Mamba2(cfg, layer) if parallel else None
+        # Zamba's (v1) hybrid layers call Mamba-1 mixers
+        self.mamba = (Mamba1 if cfg.delta_rule == "mamba1" else Mamba2)(cfg, layer) if parallel else None
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
@@ -3156,6 +3238,10 @@ class GPT(nn.Module):
                 module.reset_recurrence(math.sqrt(0.01 / module.width))
                 nn.init.zeros_(module.input_gate_bias)
                 nn.init.zeros_(module.recurrent_gate_bias)
+            elif isinstance(module, HeadLinear):  # a Mamba-1 head's x_proj or dt_proj (Zamba's), as a Linear layer's
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, DiffAttention):  # λ's vectors: N(0, 0.1), transformers' lambda_std_dev
                 module.reset_lambdas()
             elif isinstance(module, MLP) and module.alpha_p is not None:  # xIELU's scalars

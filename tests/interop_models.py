@@ -713,6 +713,27 @@ FAMILIES = {
                         "rope_type": "longrope", "rope_theta": 500.0, "short_factor": [1.0 + 0.2 * i for i in range(8)],
                         "long_factor": [2.0 + 0.1 * i for i in range(8)], "short_mscale": 1.2, "long_mscale": 1.3,
                         "original_max_position_embeddings": 32})),
+    # JetMoE: 4 attention experts of 2 KV heads 16 wide and 4 SwiGLU experts 32 wide, top 2 of each, untied; and top 3
+    # of 4 over one KV head 24 wide, tied (the biases perturbed with every parameter)
+    "jetmoe": ("JetMoeConfig", "JetMoeForCausalLM",
+               dict(num_key_value_heads=2, kv_channels=16, intermediate_size=32, num_local_experts=4,
+                    num_experts_per_tok=2, rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=None,
+                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "jetmoe-top3": ("JetMoeConfig", "JetMoeForCausalLM",
+                    dict(num_key_value_heads=1, kv_channels=24, intermediate_size=32, num_local_experts=4,
+                         num_experts_per_tok=3, rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=None)),
+    # Zamba (v1): Mamba-1 mixers in 2 heads (own x_proj / dt_proj each), layers 1 and 3 calling one shared block
+    # first (GQA, GeGLU), tied; and untied (each hybrid layer its own block), 4 heads, SwiGLU, mixer biases
+    "zamba": ("ZambaConfig", "ZambaForCausalLM",
+              dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=48, n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=4, pad_token_id=None,
+                   layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], tie_word_embeddings=True)),
+    "zamba-untied": ("ZambaConfig", "ZambaForCausalLM",
+                     dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
+                          intermediate_size=48,
+                          n_mamba_heads=4, mamba_d_state=4, hidden_act="silu", mamba_proj_bias=True,
+                          pad_token_id=None, layers_block_type=["hybrid", "mamba", "hybrid"],
+                          tie_word_embeddings=False)),
     "phimoe-plain": ("PhimoeConfig", "PhimoeForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=32, num_local_experts=4,
                           sliding_window=5, tie_word_embeddings=True, pad_token_id=None,

@@ -297,7 +297,8 @@ def test_refusals():
     with pytest.raises(UserError, match="model.delta_dt_min=0.1 is Mamba-2's least time step"):
         replace(CFG, delta_dt_min=0.1).validate()
     for bad, fragment in ((dict(delta_value_dim=2), "set model.delta_value_dim=1 .not 2."),
-                          (dict(delta_key_heads=2, delta_heads=64), "and delta_key_heads=1 .not 2."),
+                          (dict(delta_key_heads=2, delta_heads=64, delta_bcdt_norm_eps=1e-6),
+                           "no dt, B and C norms with more than one"),  # Zamba's heads have none
                           (dict(delta_norm_eps=1e-5), "Mamba-1 .model.delta_rule=mamba1. has no output norm"),
                           (dict(delta_beta_scale=2.0), "Mamba .model.delta_rule=mamba1. has none"),
                           (dict(delta_dt_rank=-1), "model.delta_dt_rank=-1 is Mamba-1's dt rank"),

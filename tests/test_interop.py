@@ -140,7 +140,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
-                                        ("qwen4_exp_text", "Qwen4-Exp")])
+                                        ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -449,6 +449,25 @@ REDLINE_EXPORTS = {
                               mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3,
                               rope_scaling="longrope", rope_pair_factors=(1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4),
                               rope_original_context=64, rope_factor=4.0, rope_attention_factor=1.2),
+    # JetMoE: 4 attention experts of 2 KV heads (routed, top 2), 4 SwiGLU experts with a bias on their sum, the
+    # output projection's bias; and top 1 of 2 over 2 KV heads without biases (written as zeros), tied
+    "JetMoeForCausalLM": dict(n_head=8, n_kv_head=2, head_size=16, attn_gate="routed", attn_experts=4, bias=True,
+                              qkv_bias=False, norm_bias=False, norm_eps=1e-6, moe_experts=4, moe_top_k=2,
+                              mlp_hidden=16, moe_out_bias=True),
+    "JetMoeForCausalLM-plain": dict(n_kv_head=2, attn_gate="routed", attn_experts=2, norm_eps=1e-6, moe_experts=2,
+                                    moe_top_k=1, mlp_hidden=16, tie_embeddings=True),
+    # Zamba: Mamba-1 mixers in 2 heads, layers 0 and 2 calling one shared block (no positions, GeGLU), tied; and
+    # untied (a block each), SwiGLU, one head, mixer biases
+    "ZambaForCausalLM": dict(n_layer=3, n_embd=32, n_head=4, n_kv_head=2, head_size=16, attn_scale=(16 / 2) ** -0.5,
+                             pos_emb="none", mlp="geglu", gelu_approximate="none", mlp_hidden=48,
+                             delta_layers=(0, 1, 2), mlp_free_layers=(0, 1, 2), delta_rule="mamba1", delta_heads=64,
+                             delta_key_heads=2, delta_key_dim=8, delta_value_dim=1, delta_conv_bias=True,
+                             delta_dt_rank=4, shared_attn_layers=(0, 2), tie_embeddings=True),
+    "ZambaForCausalLM-untied": dict(n_layer=3, n_embd=32, n_head=4, head_size=16, attn_scale=(16 / 2) ** -0.5,
+                                    pos_emb="none", mlp="swiglu", mlp_hidden=48, delta_layers=(0, 1, 2),
+                                    mlp_free_layers=(0, 1, 2), delta_rule="mamba1", delta_heads=64,
+                                    delta_key_heads=1, delta_key_dim=8, delta_value_dim=1, delta_proj_bias=True,
+                                    shared_attn_layers=(0, 2), shared_attn_blocks=2, tie_embeddings=False),
     "PhimoeForCausalLM-plain": dict(norm="layernorm", norm_bias=False, qkv_bias=True, moe_experts=4, moe_top_k=2,
                                     mlp_hidden=16, moe_gating="sparsemixer", moe_norm_topk=False, sliding_window=5),
     # DBRX: q/k/v clamped, LayerNorms without biases, top 2 of 4 experts rescaled, GQA; and no clamp (written as a
@@ -836,20 +855,20 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, gpt_bigcode, "
                          "gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, granitemoe_swa,"
                          " granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, "
-                         "hyperclovax, idefics3, internvl, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl,"
-                         " lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, mamba, "
-                         "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, "
-                         "mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, "
-                         "olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, "
-                         "qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, "
-                         "qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, smolvlm, solar_open, stablelm, "
-                         "starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba2")
+                         "hyperclovax, idefics3, internvl, jais2, jamba, jetmoe, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, "
+                         "lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, "
+                         "mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, "
+                         "mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "olmo_hybrid, olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, "
+                         "qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, "
+                         "qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, smolvlm, solar_open, "
+                         "stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
                                                    ("bailing_hybrid", "decay their state per key channel"),
-                                                   ("zamba", "n_mamba_heads heads"),
-                                                   ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe")])
+                                                   ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
+                                                   ("dory", "keep the hidden state on the unit sphere")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

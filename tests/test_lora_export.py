@@ -181,6 +181,10 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # DBRX: Wqkv (redline's qkv as it is) and out_proj under norm_attn_norm.attn, the router's ffn.router.layer
     "DbrxForCausalLM": dict(norm="layernorm", norm_bias=False, qkv_clip=0.5, n_kv_head=2, moe_experts=4, moe_top_k=2,
                             mlp_hidden=16),
+    # JetMoE: the routers of its attention heads and of its experts (its other weights are bare tensors)
+    "JetMoeForCausalLM": dict(n_head=8, n_kv_head=2, head_size=16, attn_gate="routed", attn_experts=4, bias=True,
+                              qkv_bias=False, norm_bias=False, norm_eps=1e-6, moe_experts=4, moe_top_k=2,
+                              mlp_hidden=16, moe_out_bias=True),
     # PhiMoE: Llama's attention names with biases, LayerNorms, SparseMixer's experts (not adapted)
     "PhimoeForCausalLM": dict(norm="layernorm", bias=True, n_kv_head=2, moe_experts=4, moe_top_k=2, mlp_hidden=16,
                               moe_gating="sparsemixer", moe_norm_topk=False, moe_jitter_eps=0.3),
@@ -336,7 +340,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
            "MiMoV2FlashForCausalLM": ("attn.*",),
            "MiniMaxM2ForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
-           "DbrxForCausalLM": ("attn.*", "mlp.router")}
+           "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -50,7 +50,9 @@ A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed lay
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
-Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one).
+Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); jetmoe.py JetMoE
+(a mixture of attention heads routed per token beside a mixture of SwiGLU experts); zamba.py Zamba (v1: Mamba-1 mixers
+in heads, some layers calling one shared transformer block first).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -272,6 +274,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
     from redline.interop import qwen4_exp
+    from redline.interop import jetmoe, zamba
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -301,7 +304,7 @@ def _families() -> dict[str, Family]:
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
-                                laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY)}
+                                laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -314,19 +317,19 @@ NOT_READ = {
                    "which redline's gated delta nets (one decay per head) cannot express",
     "bailing_hybrid": "its KDA layers decay their state per key channel (Kimi Delta Attention's gates), which "
                       "redline's gated delta nets (one decay per head) cannot express",
-    "zamba": "Zamba (v1)'s Mamba-1 mixers split their channels into n_mamba_heads heads, each with its own x_proj "
-             "and dt_proj, which redline's Mamba-1 layers (one x_proj and dt_proj) do not; Zamba2 is read",
     "minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, normed "
                "and gated, on most layers beside softmax attention every few) has no counterpart in redline's token "
                "mixers or the engine's recurrent state caches",
-    "jetmoe": "JetMoE's mixture of attention heads (each token's query and output projections routed among "
-              "experts, keys and values shared) is an attention kind redline's model has not",
     "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
                  "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
                  "express",
     "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
                       "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
                       "attention",
+    "dory": "Dory's nGPT layers keep the hidden state on the unit sphere (weightless L2 norms, each sublayer's "
+            "output interpolated toward at learned per-channel rates instead of added), scale queries per channel "
+            "after RoPE and pass through a recurrent section of layers n_recurrent_loops times; redline's blocks add "
+            "their sublayers' outputs to an unnormalized residual stream, each layer once",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "
@@ -414,12 +417,12 @@ def export_family(cfg: ModelConfig) -> Family:
     its layers (model.delta_parallel) as Falcon-H1; one of
     blocks of one sublayer (model.mlp_free_layers, mixer_free_layers) as Mamba2 where every layer is a Mamba-2 mixer
     alone, as Nemotron-H otherwise (its E layers: experts, ungated or grouped, on MLP-only layers; a UserError where
-    a layer has both sublayers); one with
-    Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one with gated
-    delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets beside attention without an output
-    gate as Lara Mini; one with blocks that several layers share (model.shared_attn_layers) as Zamba2; one with gated
-    delta nets or element-wise attention gates
-    as Qwen3.5 (as Qwen4-Exp with hyper-connected streams or a QSA indexer) (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
+    a layer has both sublayers); one with Mamba-2 layers as Granite 4.0 (as Bamba with RoPE on part of each head); one
+    with gated delta nets beside output-norm blocks as OLMo Hybrid; one with gated delta nets beside attention without
+    an output gate as Lara Mini; one with blocks that several layers share (model.shared_attn_layers) as Zamba2 (as
+    Zamba where its mixers are Mamba-1's); one with hyper-connected streams (model.hc_streams) or a QSA indexer as
+    Qwen4-Exp; one with routed attention heads as JetMoE; one with gated delta nets or element-wise attention gates
+    as Qwen3.5 (Qwen3.5-MoE with experts on every layer, Qwen3-Next with dense first layers or top-k weights not
     rescaled); one with LayerNorms by 1 + weight as Nemotron; one with Gemma 4's options (model.v_norm,
     layer_scalars, per_layer_embd, kv_shared_layers, the full layers' global_head_size, global_kv_head and
     global_values_from_keys) as Gemma 4's text model, unless it has Gemma 3n's (altup_streams, laurel_rank,
@@ -429,11 +432,15 @@ def export_family(cfg: ModelConfig) -> Family:
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
     (RMSNorm, one on its embeddings); one with a LayerNorm QK-norm, or partial RoPE with LayerNorm and ReLU², as
-    Persimmon. A UserError names
+    Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE. A UserError names
     the redline option that no such architecture has."""
     families = _families()
-    if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba2's alone
-        from redline.interop import zamba2
+    if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
+        from redline.interop import zamba, zamba2
+
+        if zamba.wants_zamba(cfg):
+            zamba.check_exportable(cfg)
+            return families["zamba"]
 
         zamba2.check_exportable(cfg)
         return families["zamba2"]
@@ -446,6 +453,14 @@ def export_family(cfg: ModelConfig) -> Family:
     if qwen4_exp.wants_qwen4_exp(cfg):  # hyper-connections and the QSA indexer: Qwen4-Exp's alone
         qwen4_exp.check_exportable(cfg)
         return families["qwen4_exp_text"]
+    if cfg.attn_gate == "routed":  # routed attention heads: JetMoE's alone
+        from redline.interop import jetmoe
+
+        jetmoe.check_exportable(cfg)
+        return families["jetmoe"]
+    if cfg.moe_out_bias:  # checked here: no other exporter knows the field (jetmoe.py took routed heads above)
+        raise UserError("model.moe_out_bias: of the architectures redline exports to, JetMoE alone has a bias on its "
+                        "experts' sum, and it routes its attention heads (model.attn_gate=routed)")
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "

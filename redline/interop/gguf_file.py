@@ -1205,6 +1205,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "kolibri1": ("Kolibri-1", "no writer here for experts chosen by logits plus a bias in GLM-4's "
                                           "sandwich blocks"),
                 "laguna": ("Laguna", "no writer here for its softplus head gates and per-type partial RoPE"),
+                "jetmoe": ("JetMoE", "llama.cpp has no JetMoE architecture (routed attention heads)"),
+                "zamba": ("Zamba", "llama.cpp has no Zamba architecture (Mamba-1 heads, a shared attention block)"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "
                                      "two, not SparseMixer's thresholded softmaxes"),
                 "dbrx": ("DBRX", "no writer here for llama.cpp's dbrx layout (clamped fused q/k/v, experts)"),

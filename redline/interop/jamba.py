@@ -203,6 +203,8 @@ def check_exportable(cfg: ModelConfig) -> None:
          f"model.norm={cfg.norm}, norm_affine, norm_position={cfg.norm_position}, parallel_residual: {what} has "
          f"pre-RMSNorm blocks with weights, its sublayers in turn"),
         (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp}: {what} has SwiGLU MLPs"),
+        (cfg.delta_key_heads > 1, f"model.delta_key_heads={cfg.delta_key_heads}: {what} has one x_proj and dt_proj a "
+                                  f"Mamba-1 layer (Mamba-1 heads are Zamba's)"),
         (cfg.has_qkv_bias, f"q/k/v biases (model.qkv_bias): {what} has none"),
         (cfg.attn_gate != "none", f"model.attn_gate={cfg.attn_gate}: {what} has no gate on its heads"),
         (cfg.pos_emb != "none", f"model.pos_emb={cfg.pos_emb}: {what} has no positional encoding (set "

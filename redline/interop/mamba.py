@@ -151,6 +151,9 @@ def check_exportable(cfg: ModelConfig) -> None:
          f"norm_bias, norm_affine, embed_norm)"),
         (cfg.delta_bcdt_norm_weight, f"{what} have no weights on the dt, B and C norms "
                                      f"(model.delta_bcdt_norm_weight: Jamba's)"),
+        (cfg.delta_key_heads > 1, f"model.delta_key_heads={cfg.delta_key_heads}: {what} have one x_proj and dt_proj "
+                                  f"a layer (Mamba-1 heads are Zamba's, whose layers call shared blocks: "
+                                  f"model.shared_attn_layers)"),
         (cfg.moe_experts or cfg.conv_layers or cfg.value_embeddings,
          f"{what} have no experts, short convolutions or value embeddings (model.moe_experts, conv_layers, "
          f"value_embeddings)"),

@@ -26,7 +26,9 @@ gate/up/down_proj and attention as Llama's, never the experts' router, a bare we
 Llama 4's q and k rows in its interleaved RoPE order as Cohere's, feed_forward.gate/up/down_proj and
 feed_forward.shared_expert.*, never the router, whose forward returns a pair; dots1.py, glm.py's Solar Open,
 minimax_m2.py, phimoe.py: the attention's, as Llama's; dbrx.py: Wqkv (redline's qkv as it is), out_proj and the
-router's ffn.router.layer):
+router's ffn.router.layer; jetmoe.py: the two routers' Linear layers, self_attention.experts.router.layer and
+mlp.router.layer, JetMoE's queries, output projections and experts being bare tensors; zamba.py: none, refused by
+name):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -145,6 +147,17 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             raise UserError(f"the adapter on {layer} has no counterpart in DBRX (its experts are fused tensors, no "
                             f"Linear layers); export with --merge")
         return [(f"transformer.blocks.{i}.{names[rest]}", slice(0, out_features))]
+    if family.name == "zamba":  # in_proj's rows interleave x and the gate; x_proj and dt_proj are bare tensors
+        raise UserError(f"the adapter on {layer} has no counterpart in Zamba (its in_proj interleaves each channel's "
+                        f"x and gate, its heads' x_proj and dt_proj are bare tensors, its shared block one module for "
+                        f"all callers); export with --merge")
+    if family.name == "jetmoe":  # jetmoe.py's names: a block's Linear layers are its routers and kv_proj
+        names = {"attn.gate": "self_attention.experts.router.layer", "mlp.router": "mlp.router.layer"}
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in JetMoE (its queries, output projections "
+                            f"and experts are bare tensors, and kv_proj holds no queries); train with lora.targets "
+                            f"attn.gate mlp.router or export with --merge")
+        return [(f"model.layers.{i}.{names[rest]}", slice(0, out_features))]
     base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
         f"model.layers.{i}."
     if gpt2:
