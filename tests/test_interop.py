@@ -141,7 +141,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("doge", "Doge"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
-                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna")])
+                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
+                                        ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -166,6 +167,16 @@ def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
 
 
 REDLINE_EXPORTS = {
+    # Kimi Delta Attention beside NoPE latent attention, the head tied (Kimi Linear writes it as its own)
+    "KimiLinearForCausalLM": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4,
+                                  v_head_dim=8, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+                                  delta_value_dim=8, delta_decay="channel", delta_gate_rank=8,
+                                  tie_embeddings=True),
+    "KimiLinearForCausalLM-attention": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4),
+    # KDA with full-rank gates and a bounded decay beside RoPE latent attention with gated heads (Ling 3's)
+    "BailingHybridForCausalLM": dict(n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4, attn_gate="head",
+                                     delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+                                     delta_value_dim=8, delta_decay="bounded", delta_decay_floor=-5.0),
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
@@ -553,6 +564,17 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, embed_scale=True),
      "model.embed_scale with learned positions"),
     (dict(logit_softcap=30.0), "logit_softcap"),
+    (dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8, delta_value_dim=8,
+          delta_decay="channel", delta_gate_rank=8, pos_emb="none", n_kv_head=4, kv_lora_rank=16, rope_dims=4),
+     "Kimi Linear, the one architecture with them, has as many key heads as value heads"),
+    (dict(n_layer=2, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8, delta_value_dim=8,
+          delta_decay="channel", delta_gate_rank=8),
+     "attends on its other layers with latent attention without positions"),
+    (dict(delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8, delta_value_dim=8, pos_emb="none",
+          n_kv_head=4, kv_lora_rank=16, rope_dims=4), "runs Kimi Delta Attention on its linear layers"),
+    (dict(n_layer=2, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8, delta_value_dim=8,
+          delta_decay="bounded", delta_decay_floor=-5.0), "attends on its other layers with latent attention under "
+                                                          "RoPE, its heads gated"),
     (dict(pos_emb="none"), "pos_emb=none: of the architectures redline exports to, only Granite 4.0"),
     # (sequential: Jais 2's)
     (dict(norm="layernorm", mlp="relu2", parallel_residual=True),
@@ -823,13 +845,13 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "redline imports afmoe, apertus, arcee, axk1, bailing_hybrid, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
                          "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, "
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
                          "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
-                         " hyperclovax, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
+                         " hyperclovax, jais2, jamba, kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
                          "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
                          "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
@@ -837,9 +859,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba2")
 
 
-@pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
-                                                   ("bailing_hybrid", "decay their state per key channel"),
-                                                   ("zamba", "n_mamba_heads heads")])
+@pytest.mark.parametrize("model_type, fragment", [("zamba", "n_mamba_heads heads")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

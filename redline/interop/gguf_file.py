@@ -1198,6 +1198,10 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "kolibri1": ("Kolibri-1", "no writer here for experts chosen by logits plus a bias in GLM-4's "
                                           "sandwich blocks"),
                 "laguna": ("Laguna", "no writer here for its softplus head gates and per-type partial RoPE"),
+                "bailing_hybrid": ("Ling 3", "no writer here for Kimi Delta Attention's layers (decays per key "
+                                             "channel) beside gated latent attention"),
+                "kimi_linear": ("Kimi Linear", "no writer here for Kimi Delta Attention's layers (decays per key "
+                                               "channel, low-rank gates) beside NoPE latent attention"),
                 "dots1": ("dots.llm1", "no writer here for llama.cpp's dots1 layout (DeepSeek-V3's routing: sigmoid "
                                        "scores, a routing bias, groups, shared experts)"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "
