@@ -24,3 +24,24 @@ def test_train_init_from_an_imported_kda_model_moves_its_gates(kind, gates, tmp_
     old, new = before.state_dict(), after.state_dict()
     for name in (*gates, "attn.dt_bias", "attn.A_log", "attn.in_proj.weight", "attn.conv"):
         assert not torch.equal(old[f"blocks.0.{name}"], new[f"blocks.0.{name}"]), name
+
+
+@pytest.mark.parametrize("kind", ["kimi_linear", "bailing_hybrid"])
+def test_imported_kda_model_serves_as_transformers_generates(kind, tmp_path, capsys):
+    """The imported model through the engine: prompts prefilled in chunks of 3 tokens (each chunk starting from the
+    rows' KDA states and convolution inputs) then decoded greedily give transformers' tokens; the server's
+    DecodeBatch (rows parked and refilled) gives the model's own; teacher-forced scores are the full forward's."""
+    from redline.inference import InferenceEngine, SamplingParams
+    from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
+    from tests.interop_models import VOCAB
+    from tests.test_interop import imported
+
+    hf, model, _, _ = imported(kind, tmp_path, capsys)
+    prompts = [list(range(3, 14)), [7, 8], list(range(40, 47)), list(range(60, 72))]
+    engine = InferenceEngine(model, compile=False, prefill_chunk_tokens=3)
+    for prompt, result in zip(prompts, engine.generate(prompts, 8, SamplingParams(temperature=0))):
+        reference = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0,
+                                eos_token_id=None)
+        assert result.tokens == reference[0, len(prompt):].tolist()
+    assert_scores_equal_full_forward(model, VOCAB)
+    assert_decode_batch_serves_like_generate(model, prompts)
