@@ -299,6 +299,36 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
+def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: ModelConfig):
+    """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.; base: "model.layers.N."), each with
+    its rows, under transformers' in-memory names (the module paths PEFT adapts): a KDA layer's q/k/v (in_proj's
+    rows), b_proj, g_proj, forget_gate.f_proj and o_proj; the latent attention's, their rotated rows interleaved again
+    as to_hf writes them; a UserError for the MLPs (PEFT moves gate/up/down_proj adapters onto the experts)."""
+    from redline.interop.deepseek import kv_rope_rows, q_rope_rows
+
+    i, a = int(base.split(".")[2]), base + "self_attn."
+    kda = {"attn.b": "b_proj", "attn.z": "g_proj", "attn.a": "forget_gate.f_proj", "attn.proj": "o_proj"}
+    if rest.startswith("attn.") and i in cfg.delta_layers:
+        if rest == "attn.in_proj":
+            width = cfg.delta_heads * cfg.delta_key_dim
+            return [(f"{a}{x}_proj", slice(j * width, (j + 1) * width)) for j, x in enumerate("qkv")]
+        if rest in kda:
+            return [(a + kda[rest], slice(0, out_features))]
+    elif rest.startswith("attn."):
+        module = rest[len("attn."):]
+        if module in _MLA and not module.endswith("_norm"):
+            rows = torch.arange(out_features)
+            if module in ("q", "q_b"):
+                rows = q_rope_rows(rows[:, None], cfg, inverse=False)[:, 0]
+            elif module == "kv_a":
+                rows = kv_rope_rows(rows, cfg, inverse=False)
+            name = "o_proj" if module == "proj" else _MLA[module]
+            return [(a + name, rows)]
+    raise UserError(f"the adapter on {layer} has no counterpart PEFT loads onto BailingHybridForCausalLM (the MLPs, "
+                    f"whose gate_proj / up_proj / down_proj adapters PEFT moves onto the experts); train with "
+                    f"lora.targets attn.* or export with --merge")
+
+
 def _ignorable(name: str) -> bool:
     return name.endswith("rotary_emb.inv_freq")
 

@@ -316,9 +316,9 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
 
 def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: ModelConfig):
     """PEFT's modules for redline layer `layer` (rest: its name after blocks.N.; base: "model.layers.N."), each with
-    its rows: a KDA layer's q/k/v (in_proj's rows), b_proj, g_a_proj, g_b_proj and o_proj, the latent attention's
-    DeepSeek names; a UserError for the forget gate's projections (transformers moves them under forget_gate., a
-    path the Hub's names do not say) and for the MLPs (PEFT moves gate/up/down_proj adapters onto the experts)."""
+    its rows, under transformers' in-memory module paths: a KDA layer's q/k/v (in_proj's rows), b_proj, g_a_proj,
+    g_b_proj, forget_gate.f_a_proj / f_b_proj and o_proj, the latent attention's DeepSeek names; a UserError for the
+    MLPs (PEFT moves gate/up/down_proj adapters onto the experts)."""
     i = int(base.split(".")[2])
     if rest.startswith("attn.") and i in cfg.delta_layers:
         if rest == "attn.in_proj":
@@ -326,14 +326,15 @@ def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: Mode
             return [(f"{base}self_attn.{x}_proj", slice(j * width, (j + 1) * width)) for j, x in enumerate("qkv")]
         if rest in _KDA:
             return [(f"{base}self_attn.{_KDA[rest]}", slice(0, out_features))]
+        if rest in _GATE:
+            return [(f"{base}self_attn.forget_gate.{_GATE[rest]}", slice(0, out_features))]
     elif rest.startswith("attn."):
         module = rest[len("attn."):]
         if module in _MLA and not module.endswith("_norm"):
             return [(f"{base}self_attn.{_MLA[module]}", slice(0, out_features))]
-    raise UserError(f"the adapter on {layer} has no counterpart PEFT loads onto KimiLinearForCausalLM (the forget "
-                    f"gate's f_a_proj / f_b_proj, the MLPs, whose gate_proj / up_proj / down_proj adapters PEFT moves "
-                    f"onto the experts); train with lora.targets attn.in_proj attn.b attn.z* attn.proj attn.q* "
-                    f"attn.kv* or export with --merge")
+    raise UserError(f"the adapter on {layer} has no counterpart PEFT loads onto KimiLinearForCausalLM (the MLPs, "
+                    f"whose gate_proj / up_proj / down_proj adapters PEFT moves onto the experts); train with "
+                    f"lora.targets attn.* or export with --merge")
 
 
 def _ignorable(name: str) -> bool:
