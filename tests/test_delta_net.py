@@ -110,8 +110,9 @@ def test_chunked_rule_is_the_recurrence(chunk, per_channel):
 
 
 def test_chunk_state_op_gradients_and_whole_graph_compile():
-    """The chunk-to-chunk op's hand-written backward against finite differences (fp64), and the rule compiled as one
-    graph (as the inference engine compiles its steps), equal to eager, gradients included."""
+    """The chunk-to-chunk op's hand-written backward against finite differences (fp64; ends a head's or a key
+    channel's), and the rule compiled as one graph (as the inference engine compiles its steps), with decays a head
+    and a key channel, equal to eager, gradients included."""
     gen = torch.Generator().manual_seed(0)
     B, H, N, L, Dk, Dv = 1, 2, 3, 4, 3, 2
     for ends in (1, Dk):  # a decay a head, or one a key channel
@@ -122,13 +123,14 @@ def test_chunk_state_op_gradients_and_whole_graph_compile():
     B, T, H, Dk, Dv = 2, 21, 2, 4, 3
     q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=gen), dim=-1) for _ in range(2))
     v = torch.randn(B, T, H, Dv, generator=gen, requires_grad=True)
-    g, beta = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen)
     compiled = torch.compile(gated_delta_rule, fullgraph=True, dynamic=False)
-    (o, s), (o_c, s_c) = (f(q, k, v, g, beta, chunk=8) for f in (gated_delta_rule, compiled))
-    torch.testing.assert_close(o_c, o, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(s_c, s, rtol=1e-5, atol=1e-5)
-    grad, grad_c = (torch.autograd.grad((out * out).sum() + st.sum(), v)[0] for out, st in ((o, s), (o_c, s_c)))
-    torch.testing.assert_close(grad_c, grad, rtol=1e-5, atol=1e-5)
+    for g in (-torch.rand(B, T, H, generator=gen), -torch.rand(B, T, H, Dk, generator=gen)):  # a head's, a channel's
+        (o, s), (o_c, s_c) = (f(q, k, v, g, beta, chunk=8) for f in (gated_delta_rule, compiled))
+        torch.testing.assert_close(o_c, o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s_c, s, rtol=1e-5, atol=1e-5)
+        grad, grad_c = (torch.autograd.grad((out * out).sum() + st.sum(), v)[0] for out, st in ((o, s), (o_c, s_c)))
+        torch.testing.assert_close(grad_c, grad, rtol=1e-5, atol=1e-5)
 
 
 def test_per_channel_gradients_are_the_recurrences():
