@@ -45,3 +45,25 @@ def test_imported_kda_model_serves_as_transformers_generates(kind, tmp_path, cap
         assert result.tokens == reference[0, len(prompt):].tolist()
     assert_scores_equal_full_forward(model, VOCAB)
     assert_decode_batch_serves_like_generate(model, prompts)
+
+
+def test_ling3_multi_token_prediction_layers_are_left_out(tmp_path, capsys):
+    """Ling 3's files hold num_mtp_layers layers past the last, which transformers leaves out: the import does too
+    (marked read, not reported as unused), with the same logits."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.interop_models import hf_folder
+    from tests.test_interop import TOKENS, run_cli
+    from redline.training.checkpoint import load_for_inference
+
+    hf = hf_folder("bailing_hybrid", tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    for name in [n for n in weights if n.startswith("model.layers.2.")]:  # two copies of the last layer past it
+        for j in (3, 4):
+            weights[name.replace("model.layers.2.", f"model.layers.{j}.")] = weights[name].clone()
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)

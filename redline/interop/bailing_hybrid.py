@@ -254,8 +254,10 @@ def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
             out[r + "mlp.fc.weight"] = torch.cat([src.take(p + "mlp.gate_proj.weight"),
                                                   src.take(p + "mlp.up_proj.weight")])
             out[r + "mlp.proj.weight"] = src.take(p + "mlp.down_proj.weight")
-    # the multi-token-prediction layers past the last: no part of the causal LM (transformers ignores them too)
-    source.used.update(n for n in source.names if n.startswith(f"model.layers.{cfg.n_layer}."))
+    # the multi-token-prediction layers past the last (num_mtp_layers of them): no part of the causal LM
+    # (transformers ignores them too)
+    source.used.update(n for n in source.names if n.startswith("model.layers.")
+                       and int(n.split(".")[2]) >= cfg.n_layer)
     return _rotated_rows(out, cfg, inverse=True)
 
 
