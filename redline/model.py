@@ -16,7 +16,8 @@ Features (each a field of `ModelConfig`):
   normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
   (`nope_temperature`, Llama 4's attention temperature);
   documents packed into one row attend only within themselves (`doc_ids`); multi-head latent attention (keys and
-  values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA);
+  values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA; without
+  positions, Kimi Linear's; its heads gated, Ling 3's);
   PyTorch SDPA with a selectable backend
   (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
@@ -40,9 +41,10 @@ Features (each a field of `ModelConfig`):
   loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
-  (`delta_layers`: Qwen3.5's gated delta nets or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's
-  selective scan, a state a channel, computed chunk by chunk: redline/recurrent.py, its channels in heads with their
-  own dt, B and C where `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's);
+  (`delta_layers`: Qwen3.5's gated delta nets, Kimi Delta Attention's decays per key channel (`delta_decay`: Kimi
+  Linear's, Ling 3's) or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's selective scan, a state a channel,
+  computed chunk by chunk: redline/recurrent.py, its channels in heads with their own dt, B and C where
+  `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
@@ -176,7 +178,8 @@ class ModelConfig:
     a latent this wide (kv_a, C -> kv_lora_rank + rope_dims, its first part RMS-normalized and expanded by kv_b into
     each head's unrotated key part and value) and one rotated key part of rope_dims shared by every head; a head's
     q and k are head_size wide (DeepSeek's qk_nope_head_dim + qk_rope_head_dim), RoPE on rope_dims of them, its value
-    v_head_dim wide. Needs n_kv_head = n_head (the expanded keys are per head); 0 = ordinary attention."""
+    v_head_dim wide. Needs n_kv_head = n_head (the expanded keys are per head); with pos_emb=none the shared key
+    part of rope_dims is left unrotated (Kimi Linear's NoPE latent attention); 0 = ordinary attention."""
     q_lora_rank: int = 0
     """Latent attention: q through a low-rank bottleneck this wide (q_a, C -> q_lora_rank, RMS-normalized, then q_b
     to H·head_size: DeepSeek-V3's); 0 = one q projection (DeepSeek-V2-Lite's)."""
@@ -237,7 +240,7 @@ class ModelConfig:
     """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
     rope_dims: int = 0
     """RoPE on the first rope_dims of each head's width, the rest left as they are (GPT-NeoX's and Pythia's
-    rotary_pct, Phi's partial_rotary_factor); 0: the whole head."""
+    rotary_pct, Phi's partial_rotary_factor); 0: the whole head. Latent attention: its shared key part's width."""
     nope_interval: int = 0
     """Layer i takes no RoPE where (i + 1) is a multiple of this (its attention position-free, "NoPE": SmolLM3's
     no_rope_layers, one layer in 4); 0 = RoPE on every layer."""
@@ -307,6 +310,18 @@ class ModelConfig:
     delta_beta_scale: float = 1.0
     """delta_layers, gated_delta: the correction β = sigmoid(b(x)) times this; 2 lets β reach (0, 2), the state's
     transition then taking negative eigenvalues (OLMo Hybrid's linear_allow_neg_eigval)."""
+    delta_decay: Literal["head", "channel", "bounded"] = "head"
+    """delta_layers, gated_delta: the state's decay. "head": one a value head, g = −exp(A_log)·softplus(a(x) +
+    dt_bias) (Qwen3.5's gated delta net); "channel": Kimi Delta Attention's (KDA: Kimi Linear's), one a key channel
+    of each head, g = −exp(A_log)·softplus(a(x) + dt_bias) (B, T, H, Dk) with dt_bias (H·Dk,) and A_log one a head;
+    "bounded": KDA's bounded in (delta_decay_floor, 0), g = floor·sigmoid(exp(A_log)·(a(x) + dt_bias)) (Ling 3's
+    kda_safe_gate). With either KDA decay the output gate is sigmoid(z(x)) in place of SiLU(z(x))."""
+    delta_gate_rank: int = 0
+    """delta_layers with a KDA decay (delta_decay channel or bounded): the decay's and the output gate's projections
+    through this rank, a(a_down(x)) and z(z_down(x)) (C -> R -> H·Dk, H·Dv: Kimi Linear's f_a/f_b and g_a/g_b);
+    0 = full-rank a and z (Ling 3's f_proj, g_proj)."""
+    delta_decay_floor: float = 0.0
+    """delta_layers, delta_decay=bounded: the least log decay a token (< 0; Ling 3's kda_lower_bound, -5)."""
     delta_norm_eps: float = 0.0
     """delta_layers: the epsilon of the gated output norm (OLMo Hybrid's 1e-5 beside its blocks' 1e-6); 0 = norm_eps."""
     delta_norm_position: Literal["", "pre", "output", "sandwich"] = ""
@@ -789,22 +804,27 @@ class ModelConfig:
             )
         if self.pos_emb == "rope" and self.head_dim % 2:
             raise UserError(f"RoPE needs an even head width, got {self.head_dim} (model.head_size or n_embd/n_head)")
-        if self.rope_dims and (self.pos_emb != "rope" or self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim):
+        if self.rope_dims and not (self.pos_emb == "rope" or self.kv_lora_rank and self.pos_emb == "none") or (
+                self.rope_dims % 2 or not 0 <= self.rope_dims <= self.head_dim):
             raise UserError(f"model.rope_dims={self.rope_dims} needs RoPE (model.pos_emb=rope) and an even number of "
                             f"dimensions up to the head width {self.head_dim} (0: the whole head)")
         if min(self.kv_lora_rank, self.q_lora_rank, self.v_head_dim) < 0 or (
                 (self.q_lora_rank or self.v_head_dim) and not self.kv_lora_rank):
             raise UserError("model.q_lora_rank and v_head_dim are latent attention's (>= 0, with model.kv_lora_rank "
                             "> 0)")
-        if self.kv_lora_rank and not (self.pos_emb == "rope" and self.rope_dims and self.kv_heads == self.n_head
+        if self.kv_lora_rank and not (self.pos_emb in ("rope", "none") and self.rope_dims
+                                      and self.kv_heads == self.n_head
                                       and self.v_head_dim <= self.head_dim):
-            raise UserError(f"model.kv_lora_rank={self.kv_lora_rank} (latent attention) needs RoPE on part of each head "
-                            f"(model.pos_emb=rope, rope_dims > 0), model.n_kv_head = n_head and model.v_head_dim <= "
+            raise UserError(f"model.kv_lora_rank={self.kv_lora_rank} (latent attention) needs a shared key part of "
+                            f"each head (rope_dims > 0; rotated with model.pos_emb=rope, as it is with pos_emb=none), "
+                            f"model.n_kv_head = n_head and model.v_head_dim <= "
                             f"the head width {self.head_dim}")
-        if self.kv_lora_rank and (self.qk_norm or self.attn_gate != "none" or self.value_embeddings
+        if self.kv_lora_rank and (self.qk_norm or self.attn_gate == "element" or self.attn_gate_fn != "sigmoid"
+                                  or self.value_embeddings
                                   or self.has_qkv_bias or self.bias or self.nope_interval or self.rope_layer_theta):
-            raise UserError("model.kv_lora_rank (latent attention) takes no QK-norm, attn_gate, value_embeddings, "
-                            "biases (model.bias, qkv_bias) or layers without RoPE (nope_interval, rope_layer_theta)")
+            raise UserError("model.kv_lora_rank (latent attention) takes no QK-norm, element-wise or softplus "
+                            "attn_gate (a sigmoid one a head: Ling 3's), value_embeddings, biases (model.bias, "
+                            "qkv_bias) or layers without RoPE (nope_interval, rope_layer_theta)")
         if self.nope_interval < 0 or (self.nope_interval and self.pos_emb != "rope"):
             raise UserError(f"model.nope_interval={self.nope_interval} needs RoPE (model.pos_emb=rope) and must be "
                             f">= 0 (0 = RoPE on every layer)")
@@ -957,6 +977,18 @@ class ModelConfig:
         if self.delta_rule == "gated_delta" and (self.delta_conv_bias or self.delta_proj_bias):
             raise UserError("model.delta_conv_bias and model.delta_proj_bias are Mamba's: they take "
                             "model.delta_rule=mamba2 or mamba1")
+        if self.delta_decay not in ("head", "channel", "bounded"):
+            raise UserError(f"model.delta_decay={self.delta_decay!r}: one of head, channel, bounded")
+        kda = self.delta_decay != "head"
+        if kda and (self.delta_rule != "gated_delta" or not self.delta_layers):
+            raise UserError(f"model.delta_decay={self.delta_decay} is Kimi Delta Attention's: it takes "
+                            f"model.delta_layers with delta_rule=gated_delta")
+        if self.delta_gate_rank < 0 or (self.delta_gate_rank and not kda):
+            raise UserError(f"model.delta_gate_rank={self.delta_gate_rank} is Kimi Delta Attention's gate rank: >= 0, "
+                            f"with model.delta_decay channel or bounded")
+        if (self.delta_decay == "bounded") != (self.delta_decay_floor < 0) or self.delta_decay_floor > 0:
+            raise UserError(f"model.delta_decay_floor={self.delta_decay_floor} bounds a KDA decay: < 0, with "
+                            f"model.delta_decay=bounded (and only there)")
         if self.delta_rule != "gated_delta" and self.delta_beta_scale != 1.0:
             raise UserError(f"model.delta_beta_scale scales a gated delta net's correction; Mamba "
                             f"(model.delta_rule={self.delta_rule}) has none")
@@ -1813,8 +1845,10 @@ class LatentAttention(Attention):
         self.rope_table = cfg.layer_rope_table(layer)
         self.use_rope = True
         self.scale = cfg.attn_scale or None  # DeepSeek's softmax_scale (YaRN's mscale² in it) where set
-        self.ve_mix = self.sinks = self.gate = None  # what Attention's callers read: none of them here
+        self.ve_mix = self.sinks = None  # what Attention's callers read: none of them here
         H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
+        # model.attn_gate=head: sigmoid(gate(x)) scales each head's output (Ling 3's g_proj, (H, C))
+        self.gate = nn.Linear(C, H, bias=False) if cfg.attn_gate == "head" else None
         if cfg.q_lora_rank:
             self.q_a = nn.Linear(C, cfg.q_lora_rank, bias=False)
             self.q_a_norm = nn.RMSNorm(cfg.q_lora_rank, eps=LATENT_NORM_EPS)
@@ -1890,11 +1924,21 @@ class LatentAttention(Attention):
         """As Attention.forward: x (B, T, C) -> (B, T, C); the heads' outputs (B, T, H·D) cut to their values' Dv
         columns before proj; with a cache, the absorbed heads' (LatentHeads) through latent_output."""
         if cache is not None:
-            return self.proj(self.latent_output(cache.attend(LatentHeads(self), x, rope, ve)))
+            return self.proj(self.head_gated(x, self.latent_output(cache.attend(LatentHeads(self), x, rope, ve))))
         q, k, v = self.project_qkv(x, rope, ve)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
         B, T, _ = y.shape
-        return self.proj(y.view(B, T, self.n_head, self.head_dim)[..., :self.v_dim].reshape(B, T, -1))
+        y = y.view(B, T, self.n_head, self.head_dim)[..., :self.v_dim].reshape(B, T, -1)  # (B, T, H·Dv)
+        return self.proj(self.head_gated(x, y))
+
+    def head_gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y (B, T, H·Dv), the heads' values, times sigmoid(gate(x)) (B, T, H) a head where model.attn_gate=head, in
+        fp32 cast back (as transformers' BailingHybridAttention computes it)."""
+        if self.gate is None:
+            return y
+        B, T, _ = y.shape
+        g = torch.sigmoid(self.gate(x).float()).to(y.dtype)
+        return (y.view(B, T, self.n_head, self.v_dim) * g.unsqueeze(-1)).view(B, T, -1)
 
 
 class LatentHeads:
@@ -1973,7 +2017,11 @@ class GatedDeltaNet(nn.Module):
     k and v, through a causal depthwise convolution (weight (channels, kernel), oldest token first) and SiLU; q and k
     are L2-normalized per head (q times Dk^-0.5) and shared by H // Hk value heads; beta = sigmoid(b(x)) and the
     decay g = −exp(A_log)·softplus(a(x) + dt_bias) per value head drive gated_delta_rule; its output (B, T, H, Dv) is
-    RMS-normalized per head (weight norm, (Dv,)), times SiLU(z(x)), and projected back (proj, H·Dv -> C)."""
+    RMS-normalized per head (weight norm, (Dv,)), times SiLU(z(x)), and projected back (proj, H·Dv -> C).
+    With model.delta_decay channel, Kimi Delta Attention (transformers' KimiLinearDeltaAttention): the decay one per
+    key channel, g = −exp(A_log)·softplus(a(x) + dt_bias) (B, T, H, Dk) with dt_bias (H·Dk,), and the output gate
+    sigmoid(z(x)); bounded, floor·sigmoid(exp(A_log)·(a(x) + dt_bias)) (BailingHybridForgetGate's safe gate). a and
+    z through rank model.delta_gate_rank where it is given (a_down, z_down: C -> R)."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
@@ -1981,14 +2029,18 @@ class GatedDeltaNet(nn.Module):
         self.heads, self.key_heads, self.dk, self.dv = H, Hk, cfg.delta_key_dim, cfg.delta_value_dim
         self.kernel, self.window, self.eps = cfg.delta_conv_kernel, 0, cfg.delta_norm_eps or cfg.norm_eps
         self.beta_scale = cfg.delta_beta_scale  # (window: the mask key callers read)
+        self.decay, self.floor, R = cfg.delta_decay, cfg.delta_decay_floor, cfg.delta_gate_rank
+        kda = self.decay != "head"  # Kimi Delta Attention: decays per key channel, a sigmoid output gate
         channels = 2 * Hk * self.dk + H * self.dv
         self.in_proj = nn.Linear(C, channels, bias=False)
-        self.z = nn.Linear(C, H * self.dv, bias=False)
+        self.z_down = nn.Linear(C, R, bias=False) if R else None
+        self.z = nn.Linear(R or C, H * self.dv, bias=False)
         self.b = nn.Linear(C, H, bias=False)
-        self.a = nn.Linear(C, H, bias=False)
+        self.a_down = nn.Linear(C, R, bias=False) if R else None
+        self.a = nn.Linear(R or C, H * self.dk if kda else H, bias=False)
         self.conv = nn.Parameter(torch.empty(channels, self.kernel))
         self.A_log = nn.Parameter(torch.zeros(H))
-        self.dt_bias = nn.Parameter(torch.ones(H))
+        self.dt_bias = nn.Parameter(torch.ones(H * self.dk if kda else H))
         self.norm = nn.Parameter(torch.ones(self.dv))
         self.proj = nn.Linear(H * self.dv, C, bias=False)
         self.proj.is_residual_out = True
@@ -2023,13 +2075,23 @@ class GatedDeltaNet(nn.Module):
             q = q.repeat_interleave(self.heads // self.key_heads, dim=2)
             k = k.repeat_interleave(self.heads // self.key_heads, dim=2)
         beta = torch.sigmoid(self.b(x).float()) * self.beta_scale
-        g = -self.A_log.float().exp() * F.softplus(self.a(x).float() + self.dt_bias.float())
+        a = self.a(x if self.a_down is None else self.a_down(x)).float() + self.dt_bias.float()
+        if self.decay == "head":  # (B, T, H)
+            g = -self.A_log.float().exp() * F.softplus(a)
+        else:  # (B, T, H, Dk): a decay for each key channel, A_log's one a head
+            a, rate = a.view(B, T, self.heads, self.dk), self.A_log.float().exp()[:, None]
+            g = -rate * F.softplus(a) if self.decay == "channel" else self.floor * torch.sigmoid(rate * a)
         if valid is not None:  # no decay and no correction: the state passes these tokens by
-            beta, g = beta * valid[..., None], g * valid[..., None]
+            beta = beta * valid[..., None]
+            g = g * valid.view(B, T, *(1,) * (g.dim() - 2))
         o, state = gated_delta_rule(q, k, v.view(B, T, self.heads, self.dv), g, beta, state=state, starts=starts)
         o = o.float()
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)
-        o = (self.norm * o.to(x.dtype)).float() * F.silu(self.z(x).float().view(B, T, self.heads, self.dv))
+        if self.decay != "head":  # KDA's gated norm: fp32 throughout, a sigmoid gate (KimiLinearRMSNormGated)
+            z = self.z(x if self.z_down is None else self.z_down(x)).float().view(B, T, self.heads, self.dv)
+            o = self.norm.float() * o * torch.sigmoid(z)
+        else:
+            o = (self.norm * o.to(x.dtype)).float() * F.silu(self.z(x).float().view(B, T, self.heads, self.dv))
         return self.proj(o.to(x.dtype).reshape(B, T, -1)), u, state
 
 

@@ -14,7 +14,7 @@ def _chunk_states_loop(S, end, last, U, W):
     before = []
     for n in range(end.shape[2]):
         before.append(S)
-        S = end[:, :, n, None, None] * S + last[:, :, n] @ (U[:, :, n] - W[:, :, n] @ S)
+        S = end[:, :, n, :, None] * S + last[:, :, n] @ (U[:, :, n] - W[:, :, n] @ S)
     return torch.stack(before, dim=2), S
 
 
@@ -25,8 +25,9 @@ def _chunk_states_loop(S, end, last, U, W):
 def _chunk_states(S: torch.Tensor, end: torch.Tensor, last: torch.Tensor, U: torch.Tensor,
                   W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """gated_delta_rule's one sequential part: the state before each of N chunks, S_{n+1} = end_n·S_n + last_n·(U_n −
-    W_n·S_n). S (B, H, Dk, Dv); end (B, H, N); last (B, H, N, Dk, L); U (B, H, N, L, Dv); W (B, H, N, L, Dk) ->
-    ((B, H, N, Dk, Dv), the final state)."""
+    W_n·S_n), end_n scaling the state's rows. S (B, H, Dk, Dv); end (B, H, N, 1) (a decay a head) or (B, H, N, Dk) (one
+    a key channel); last (B, H, N, Dk, L); U (B, H, N, L, Dv); W (B, H, N, L, Dk) -> ((B, H, N, Dk, Dv), the final
+    state)."""
     return _chunk_states_loop(S, end, last, U, W)
 
 
@@ -40,18 +41,18 @@ def _(S, end, last, U, W):
 def _chunk_states_backward(before: torch.Tensor, end: torch.Tensor, last: torch.Tensor, U: torch.Tensor,
                            W: torch.Tensor, d_before: torch.Tensor, d_final: torch.Tensor) -> list[torch.Tensor]:
     """Gradients of (S, end, last, U, W) from those of _chunk_states' outputs, chunk N − 1 down to 0: with R_n =
-    U_n − W_n·S_n and G = dS_{n+1}: d end_n = Σ G∘S_n, d last_n = G·R_nᵀ, dU_n = last_nᵀ·G, dW_n = −dU_n·S_nᵀ,
-    dS_n = end_n·G − W_nᵀ·dU_n + d before_n."""
+    U_n − W_n·S_n and G = dS_{n+1}: d end_n = Σ G∘S_n (over each row, or all of it for a decay a head),
+    d last_n = G·R_nᵀ, dU_n = last_nᵀ·G, dW_n = −dU_n·S_nᵀ, dS_n = end_n·G − W_nᵀ·dU_n + d before_n."""
     d_end, d_last, d_U, d_W = (torch.empty_like(t) for t in (end, last, U, W))
     G = d_final
     for n in reversed(range(end.shape[2])):
         S = before[:, :, n]
         dU = last[:, :, n].transpose(-1, -2) @ G
-        d_end[:, :, n] = (G * S).sum((-1, -2))
+        d_end[:, :, n] = (G * S).sum(-1).sum(-1, keepdim=True) if end.shape[-1] == 1 else (G * S).sum(-1)
         d_last[:, :, n] = G @ (U[:, :, n] - W[:, :, n] @ S).transpose(-1, -2)
         d_U[:, :, n] = dU
         d_W[:, :, n] = -dU @ S.transpose(-1, -2)
-        G = end[:, :, n, None, None] * G - W[:, :, n].transpose(-1, -2) @ dU + d_before[:, :, n]
+        G = end[:, :, n, :, None] * G - W[:, :, n].transpose(-1, -2) @ dU + d_before[:, :, n]
     return [G, d_end, d_last, d_U, d_W]
 
 
@@ -77,53 +78,68 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      state: torch.Tensor | None = None, starts: torch.Tensor | None = None,
                      chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule (Yang, Kautz and Hatamizadeh 2024, "Gated Delta Networks"), a (Dk, Dv) state S a head:
-    for each token t in turn, S ← exp(g_t)·S, δ_t = β_t·(v_t − Sᵀk_t), S ← S + k_t δ_tᵀ, o_t = Sᵀq_t.
+    for each token t in turn, S ← diag(exp(g_t))·S, δ_t = β_t·(v_t − Sᵀk_t), S ← S + k_t δ_tᵀ, o_t = Sᵀq_t; g_t one
+    log decay a head (Gated DeltaNet's), or one a key channel, scaling each row of S (Kimi Delta Attention's, Kimi
+    Team 2025, "Kimi Linear").
 
     Computed in chunks of `chunk` tokens (the WY form of DeltaNet's chunked algorithm, Yang et al. 2024), all in
     fp32. With Γ the cumulative log decay within a chunk and S₀ the state before it, δ solves the unit
-    lower-triangular system δ_t + Σ_{s<t} β_t e^{Γ_t−Γ_s} (k_t·k_s) δ_s = β_t (v_t − e^{Γ_t} S₀ᵀk_t), so
+    lower-triangular system δ_t + Σ_{s<t} β_t (k_t·e^{Γ_t−Γ_s}∘k_s) δ_s = β_t (v_t − S₀ᵀ(e^{Γ_t}∘k_t)), so
     δ = U − W·S₀ with U and W solved for every chunk at once; then only S₀ passes from chunk to chunk (two small
-    products each), and o_t = e^{Γ_t} S₀ᵀq_t + Σ_{s≤t} e^{Γ_t−Γ_s} (q_t·k_s) δ_s for every chunk at once again.
-    q, k (B, T, H, Dk), v (B, T, H, Dv), g (≤ 0) and beta (B, T, H); state (B, H, Dk, Dv) or None (zeros); starts
-    (B, T) bool or None: a packed document begins at token t, the state before it zeroed.
+    products each), and o_t = S₀ᵀ(e^{Γ_t}∘q_t) + Σ_{s≤t} (q_t·e^{Γ_t−Γ_s}∘k_s) δ_s for every chunk at once again.
+    Per-channel decays take their pairs' products over (L, L, Dk) decays, each e^{Γ_t−Γ_s} ≤ 1 (never the
+    factors e^{Γ_t}·e^{−Γ_s}, which overflow fp32 on fast-decaying channels), in chunks of at most 16 tokens to
+    bound that memory.
+    q, k (B, T, H, Dk), v (B, T, H, Dv), beta (B, T, H), g (≤ 0) (B, T, H) or (B, T, H, Dk); state (B, H, Dk, Dv) or
+    None (zeros); starts (B, T) bool or None: a packed document begins at token t, the state before it zeroed.
     -> o (B, T, H, Dv) in v's dtype, the final state (B, H, Dk, Dv) fp32."""
     B, T, H, Dk = k.shape
     Dv = v.shape[-1]
+    per_channel = g.dim() == 4
     if T == 1 and starts is None:  # a decode step: the recurrence itself, a few small products
         S = q.new_zeros(B, H, Dk, Dv, dtype=torch.float32) if state is None else state.float()
         dtype = v.dtype
         q, k, v, g, beta = (t[:, 0].float() for t in (q, k, v, g, beta))  # (B, H, ·)
-        S = S * g.exp()[..., None, None]
+        S = S * (g.exp()[..., :, None] if per_channel else g.exp()[..., None, None])
         delta = beta[..., None] * (v - (k[..., None, :] @ S)[..., 0, :])  # (B, H, Dv)
         S = S + k[..., :, None] * delta[..., None, :]
         return (q[..., None, :] @ S).transpose(1, 2).to(dtype), S
-    L = min(chunk, T)
+    if not per_channel:
+        g = g[..., None]  # (B, T, H, 1): one decay for every key channel
+    L = min(chunk, 16 if per_channel else chunk, T)
     pad = -T % L  # padding tokens with β = 0 and g = 0 leave the state as it is
     q, k, v, g, beta = (F.pad(t.float().transpose(1, 2), (0, 0, 0, pad) if t.dim() == 4 else (0, pad))
                         for t in (q, k, v, g, beta))  # (B, H, T + pad, ...)
     N = (T + pad) // L
-    q, k, v = (t.reshape(B, H, N, L, -1) for t in (q, k, v))
-    g, beta = g.reshape(B, H, N, L), beta.reshape(B, H, N, L)
-    gamma = g.cumsum(-1)  # (B, H, N, L)
+    q, k, v, g = (t.reshape(B, H, N, L, -1) for t in (q, k, v, g))
+    beta = beta.reshape(B, H, N, L)
+    gamma = g.cumsum(-2)  # (B, H, N, L, Dk or 1)
     causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-    first = torch.ones_like(gamma)
+    first = torch.ones_like(beta)
     if starts is not None:  # the chunk's documents: token pairs of one document interact, S₀ reaches the first
         seg = F.pad(starts, (0, pad)).reshape(B, 1, N, L).long().cumsum(-1)  # 0 until the chunk's first start
         causal = causal & (seg[..., :, None] == seg[..., None, :])
-        first = (seg == 0).float().expand_as(gamma)
-    decay = torch.where(causal, gamma[..., :, None] - gamma[..., None, :], float("-inf")).exp()  # (B, H, N, L, L)
-    carried = gamma.exp() * first  # e^{Γ_t} where S₀ still counts
-    A = (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)
+        first = (seg == 0).float().expand_as(beta)
+    # e^{Γ_t−Γ_s} of each channel (B, H, N, L, L, Dk or 1), zero across documents and above the diagonal
+    decay = torch.where(causal[..., None], gamma[..., :, None, :] - gamma[..., None, :, :], float("-inf")).exp()
+
+    def pairs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, L, Dk) twice -> (B, H, N, L, L): Σ_d a_t[d] e^{Γ_t[d]−Γ_s[d]} b_s[d]."""
+        if per_channel:
+            return torch.einsum("...tsd,...td,...sd->...ts", decay, a, b)
+        return decay[..., 0] * (a @ b.transpose(-1, -2))
+
+    carried = gamma.exp() * first[..., None]  # e^{Γ_t} where S₀ still counts (B, H, N, L, Dk or 1)
+    A = beta[..., None] * pairs(k, k).tril(-1)
     eye = torch.eye(L, device=q.device)
     U = torch.linalg.solve_triangular(eye + A, beta[..., None] * v, upper=False, unitriangular=True)
-    W = torch.linalg.solve_triangular(eye + A, (beta * carried)[..., None] * k, upper=False, unitriangular=True)
-    last = (k * decay[..., -1, :, None]).transpose(-1, -2)  # (B, H, N, Dk, L): e^{Γ_L−Γ_s} k_s of the last document
+    W = torch.linalg.solve_triangular(eye + A, beta[..., None] * carried * k, upper=False, unitriangular=True)
+    last = (k * decay[..., -1, :, :]).transpose(-1, -2)  # (B, H, N, Dk, L): e^{Γ_L−Γ_s}∘k_s of the last document
     S = q.new_zeros(B, H, Dk, Dv) if state is None else state.float()
-    S0, S = _chunk_states(S, carried[..., -1], last, U, W)  # (B, H, N, Dk, Dv), the final state
+    S0, S = _chunk_states(S, carried[..., -1, :].contiguous(), last, U, W)  # (B, H, N, Dk, Dv), the final state
     delta = U - W @ S0
-    o = carried[..., None] * (q @ S0) + (decay * (q @ k.transpose(-1, -2))) @ delta  # (B, H, N, L, Dv)
+    o = (carried * q) @ S0 + pairs(q, k) @ delta  # (B, H, N, L, Dv)
     return o.reshape(B, H, N * L, Dv)[:, :, :T].transpose(1, 2).to(v.dtype), S
-
 
 
 def _segment_sums(a: torch.Tensor) -> torch.Tensor:

@@ -528,6 +528,44 @@ FAMILIES = {
                         moe_intermediate_size=32, shared_expert_intermediate_size=40, norm_topk_prob=False,
                         tie_word_embeddings=False, pad_token_id=None,
                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # Kimi Linear: Kimi Delta Attention (4 heads of 8, decays per key channel, gates of rank 8) on layers 0, 1 and 3
+    # as the Hub's linear_attn_config numbers them (from 1), NoPE latent attention (q through one q_proj, values
+    # narrower than q/k heads) on 2, a dense first layer, then DeepSeek-V3's router (2 of 4 groups, top 2 of 8,
+    # rescaled, scaled) with a shared expert
+    "kimi_linear": ("KimiLinearConfig", "KimiLinearForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=4, kv_lora_rank=16,
+                         q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                         linear_attn_config={"head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4,
+                                             "full_attn_layers": [3], "kda_layers": [1, 2, 4]},
+                         num_experts=8, num_experts_per_token=2, n_group=4, topk_group=2, moe_intermediate_size=32,
+                         routed_scaling_factor=2.5, first_k_dense_replace=1, pad_token_id=None,
+                         tie_word_embeddings=False)),
+    # Kimi Linear with q through its low-rank bottleneck, every MLP dense, the default layer kinds (layer 0 KDA, 1 full)
+    "kimi_linear-dense": ("KimiLinearConfig", "KimiLinearForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2, kv_lora_rank=16,
+                               q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24,
+                               linear_head_dim=16, linear_num_heads=2, linear_conv_kernel_dim=3,
+                               layer_types=["linear_attention", "full_attention"], first_k_dense_replace=2,
+                               num_experts=4, pad_token_id=None, tie_word_embeddings=True)),
+    # Ling 3 (Bailing hybrid): Kimi Delta Attention (4 heads of 8, full-rank gates, the decay bounded in (-5, 0): its
+    # safe gate) on layers 0 and 1, latent attention with RoPE on interleaved pairs and a sigmoid gate a head on 2, a
+    # dense first layer, then DeepSeek-V3's router (2 of 4 groups, top 2 of 8) with a shared expert
+    "bailing_hybrid": ("BailingHybridConfig", "BailingHybridForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3, kv_lora_rank=16,
+                            q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, head_dim=8,
+                            layer_group_size=3, num_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                            moe_intermediate_size=32, routed_scaling_factor=2.5, first_k_dense_replace=1,
+                            num_mtp_layers=0, pad_token_id=None,
+                            rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Ling 3 with q through its bottleneck, the unbounded softplus decay (kda_safe_gate false), every MLP dense
+    # (head_dim = qk_rope_head_dim: transformers' config overwrites head_dim so, and reads its KDA width from it)
+    "bailing_hybrid-softplus": ("BailingHybridConfig", "BailingHybridForCausalLM",
+                                dict(num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                                     kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                     v_head_dim=24, head_dim=8, layer_group_size=2, kda_safe_gate=False,
+                                     first_k_dense_replace=2, num_experts=4, num_mtp_layers=0, pad_token_id=None,
+                                     short_conv_kernel_size=3,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # Lara Mini: Qwen3.5's delta nets on layers 0 and 2 (in_proj fused as the Hub holds it, Dk != Dv), windowed
     # attention with RoPE on 1 and 4 (a window shorter than the test sequences), NoPE full attention on 3, plain
     # RMSNorms, every MLP top 2 of 4 experts (stacked) plus an ungated shared expert, tied

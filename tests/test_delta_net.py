@@ -8,6 +8,7 @@ Granite 4.0, Falcon-H1, Mamba and Falcon-Mamba is in tests/test_interop.py (the 
 import math
 import re
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -54,34 +55,50 @@ JAMBA = replace(MAMBA1, delta_proj_bias=False, delta_bcdt_norm_eps=1e-5, delta_b
 ZAMBA2 = replace(MAMBA, pos_emb="rope", delta_layers=(0, 1, 2), mlp_free_layers=(0, 1, 2), shared_attn_layers=(1, 2),
                  shared_attn_adapter_rank=4, shared_attn_qkv_adapters=True, head_size=16, attn_scale=8 ** -0.5,
                  mlp="geglu", mlp_hidden=48, delta_norm_eps=1e-5, delta_dt_min=0.001)
-RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA, JAMBA, ZAMBA2],
+# Kimi Linear's: Kimi Delta Attention (decays per key channel, gates through rank 8) around NoPE latent attention
+KDA = replace(CFG, qk_norm=False, norm_unit_offset=False, attn_gate="none", pos_emb="none", n_kv_head=4,
+              kv_lora_rank=16, head_size=12, rope_dims=4, v_head_dim=8, delta_decay="channel",
+              delta_gate_rank=8)
+# Ling 3's: KDA with full-rank gates and its decay bounded in (-5, 0), beside RoPE latent attention whose heads are
+# gated
+LING3 = replace(KDA, pos_emb="rope", attn_gate="head", delta_decay="bounded", delta_decay_floor=-5.0,
+                delta_gate_rank=0)
+RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA, JAMBA, ZAMBA2, KDA,
+                                        LING3],
                                 ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1", "mamba1", "falcon_mamba",
-                                     "jamba", "zamba2"])
+                                     "jamba", "zamba2", "kda", "ling3"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
-    """The rule token by token: S ← exp(g_t)·S, S ← S + k_t (β_t (v_t − Sᵀk_t))ᵀ, o_t = Sᵀq_t (zeroed at a start)."""
+    """The rule token by token: S ← diag(exp(g_t))·S (g_t a head's or a key channel's), S ← S + k_t (β_t (v_t −
+    Sᵀk_t))ᵀ, o_t = Sᵀq_t (zeroed at a start)."""
     B, T, H, Dk = k.shape
     S = torch.zeros(B, H, Dk, v.shape[-1]) if state is None else state.clone()
     out = []
     for t in range(T):
         if starts is not None:
             S = S * (~starts[:, t]).float()[:, None, None, None]
-        S = S * g[:, t].exp()[..., None, None]
+        S = S * (g[:, t].exp()[..., None] if g.dim() == 4 else g[:, t].exp()[..., None, None])
         delta = (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t])) * beta[:, t][..., None]
         S = S + k[:, t][..., None] * delta[..., None, :]
         out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
     return torch.stack(out, 1), S
 
 
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_chunked_rule_is_the_recurrence(chunk):
-    """Outputs and final state, with a state carried in and documents starting mid-chunk, equal the token loop's."""
+def test_chunked_rule_is_the_recurrence(chunk, per_channel):
+    """Outputs and final state, with a state carried in and documents starting mid-chunk, equal the token loop's;
+    decays one a head (Gated DeltaNet's) or one a key channel (Kimi Delta Attention's), some fast enough that
+    e^{−Γ} over a chunk would overflow fp32."""
     gen = torch.Generator().manual_seed(0)
     B, T, H, Dk, Dv = 2, 23, 3, 8, 5
     q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=gen), dim=-1) for _ in range(2))
     v = torch.randn(B, T, H, Dv, generator=gen)
-    g, beta = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+    g = -torch.rand(B, T, H, *(Dk,) * per_channel, generator=gen)
+    if per_channel:
+        g[..., 0] *= 60.0  # a channel that forgets within a token
+    beta = torch.rand(B, T, H, generator=gen)
     state = torch.randn(B, H, Dk, Dv, generator=gen)
     starts = torch.zeros(B, T, dtype=torch.bool)
     starts[0, 7], starts[1, 3], starts[1, 16] = True, True, True
@@ -93,24 +110,46 @@ def test_chunked_rule_is_the_recurrence(chunk):
 
 
 def test_chunk_state_op_gradients_and_whole_graph_compile():
-    """The chunk-to-chunk op's hand-written backward against finite differences (fp64), and the rule compiled as one
-    graph (as the inference engine compiles its steps), equal to eager, gradients included."""
+    """The chunk-to-chunk op's hand-written backward against finite differences (fp64; ends a head's or a key
+    channel's), and the rule compiled as one graph (as the inference engine compiles its steps), with decays a head
+    and a key channel, equal to eager, gradients included."""
     gen = torch.Generator().manual_seed(0)
     B, H, N, L, Dk, Dv = 1, 2, 3, 4, 3, 2
-    ins = [torch.randn(B, H, Dk, Dv, generator=gen), torch.rand(B, H, N, generator=gen),
-           0.3 * torch.randn(B, H, N, Dk, L, generator=gen), torch.randn(B, H, N, L, Dv, generator=gen),
-           0.3 * torch.randn(B, H, N, L, Dk, generator=gen)]
-    assert torch.autograd.gradcheck(_chunk_states, [t.double().requires_grad_() for t in ins])
+    for ends in (1, Dk):  # a decay a head, or one a key channel
+        ins = [torch.randn(B, H, Dk, Dv, generator=gen), torch.rand(B, H, N, ends, generator=gen),
+               0.3 * torch.randn(B, H, N, Dk, L, generator=gen), torch.randn(B, H, N, L, Dv, generator=gen),
+               0.3 * torch.randn(B, H, N, L, Dk, generator=gen)]
+        assert torch.autograd.gradcheck(_chunk_states, [t.double().requires_grad_() for t in ins])
     B, T, H, Dk, Dv = 2, 21, 2, 4, 3
     q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=gen), dim=-1) for _ in range(2))
     v = torch.randn(B, T, H, Dv, generator=gen, requires_grad=True)
-    g, beta = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen)
     compiled = torch.compile(gated_delta_rule, fullgraph=True, dynamic=False)
-    (o, s), (o_c, s_c) = (f(q, k, v, g, beta, chunk=8) for f in (gated_delta_rule, compiled))
-    torch.testing.assert_close(o_c, o, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(s_c, s, rtol=1e-5, atol=1e-5)
-    grad, grad_c = (torch.autograd.grad((out * out).sum() + st.sum(), v)[0] for out, st in ((o, s), (o_c, s_c)))
-    torch.testing.assert_close(grad_c, grad, rtol=1e-5, atol=1e-5)
+    for g in (-torch.rand(B, T, H, generator=gen), -torch.rand(B, T, H, Dk, generator=gen)):  # a head's, a channel's
+        (o, s), (o_c, s_c) = (f(q, k, v, g, beta, chunk=8) for f in (gated_delta_rule, compiled))
+        torch.testing.assert_close(o_c, o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s_c, s, rtol=1e-5, atol=1e-5)
+        grad, grad_c = (torch.autograd.grad((out * out).sum() + st.sum(), v)[0] for out, st in ((o, s), (o_c, s_c)))
+        torch.testing.assert_close(grad_c, grad, rtol=1e-5, atol=1e-5)
+
+
+def test_per_channel_gradients_are_the_recurrences():
+    """Kimi Delta Attention's chunked rule (decays per key channel, documents and a state carried in) trains as the
+    token loop does: the gradients of every input equal the loop's."""
+    gen = torch.Generator().manual_seed(1)
+    B, T, H, Dk, Dv = 2, 11, 2, 4, 3
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=gen), dim=-1) for _ in range(2))
+    ins = [q, k, torch.randn(B, T, H, Dv, generator=gen), -torch.rand(B, T, H, Dk, generator=gen),
+           torch.rand(B, T, H, generator=gen), torch.randn(B, H, Dk, Dv, generator=gen)]
+    starts = torch.zeros(B, T, dtype=torch.bool)
+    starts[1, 6] = True
+    grads = []
+    for rule in (recurrence, partial(gated_delta_rule, chunk=4)):
+        leaves = [t.clone().requires_grad_() for t in ins]
+        o, s = rule(*leaves, starts=starts)
+        grads.append(torch.autograd.grad((o * o).sum() + (s * s).sum(), leaves))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def ssd_recurrence(x, dt, A, B, C, state=None, starts=None):
@@ -217,6 +256,14 @@ def test_one_token_steps_are_the_recurrence():
         torch.testing.assert_close(final, state, rtol=1e-5, atol=1e-5)
     half = gated_delta_rule(q[:, :1], k[:, :1], v[:, :1].bfloat16(), g[:, :1], beta[:, :1])[0]
     assert half.dtype == torch.bfloat16
+    g = -torch.rand(Bt, T, H, Dk, generator=gen)  # Kimi Delta Attention's decays, one a key channel
+    want, state = recurrence(q, k, v, g, beta, s_ssd)
+    steps, s = [], s_ssd
+    for t in range(T):
+        o, s = gated_delta_rule(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], s)
+        steps.append(o)
+    torch.testing.assert_close(torch.cat(steps, 1), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, state, rtol=1e-5, atol=1e-5)
 
 
 @RULES
@@ -264,12 +311,14 @@ def test_engine_decodes_as_full_recompute(chunk, cfg):
     # fp32: one attention layer's k and v (2 kv heads of 8), two recurrent layers' convolution inputs (q, k, v:
     # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8; Mamba-1's x: 64); Falcon-H1's three layers hold both,
     # Falcon-Mamba's three only the recurrent part; Zamba2's two callers of the shared block hold k and v of 2 heads
-    # of 16 besides their mixers' part
+    # of 16 besides their mixers' part; Kimi Linear's latent attention one head of its latent and shared key part
+    # (16 + 4) as k and as v
     attention, recurrent = (3, 3) if cfg is FALCON_H1 else (0, 3) if cfg is FALCON_MAMBA else (1, 2)
     if cfg is ZAMBA2:
         attention, recurrent = 2 * 2, 3
     width = 64 if cfg.delta_rule != "mamba2" else 96
-    assert engine.kv_bytes_per_token() == (2 * attention * 2 * 8 + recurrent * width) * 4
+    keys = 2 * (16 + 4) if cfg in (KDA, LING3) else 2 * attention * 2 * 8
+    assert engine.kv_bytes_per_token() == (keys + recurrent * width) * 4
 
 
 @RULES
@@ -313,6 +362,15 @@ def test_refusals():
         with pytest.raises(UserError, match=fragment):
             replace(MAMBA, **bad).validate()
     assert replace(MAMBA1, delta_dt_rank=0).dt_rank == 2  # Mamba's "auto": ceil(32 / 16)
+    for bad, fragment in ((dict(delta_decay="channel", delta_rule="mamba2"), "delta_decay=channel is Kimi Delta"),
+                          (dict(delta_gate_rank=4), "model.delta_gate_rank=4 is Kimi Delta Attention's gate rank"),
+                          (dict(delta_decay="bounded"), "model.delta_decay_floor=0.0 bounds a KDA decay"),
+                          (dict(delta_decay_floor=-5.0), "model.delta_decay_floor=-5.0 bounds a KDA decay"),
+                          (dict(delta_decay="fast"), "model.delta_decay='fast': one of head, channel, bounded")):
+        with pytest.raises(UserError, match=fragment):
+            replace(CFG, **bad).validate()
+    with pytest.raises(UserError, match="takes no QK-norm, element-wise or softplus attn_gate"):
+        replace(KDA, attn_gate="element").validate()
     for bad, fragment in ((dict(mixer_free_layers=(0,)), "names a layer that has a token mixer"),
                           (dict(mixer_free_layers=(1,), mlp_free_layers=(1,)), "would have nothing at all"),
                           (dict(mlp_free_layers=(4,)), r"model.mlp_free_layers=\(4,\) must name distinct layers"),

@@ -140,7 +140,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
-                                        ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba")])
+                                        ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
+                                        ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -165,6 +166,16 @@ def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
 
 
 REDLINE_EXPORTS = {
+    # Kimi Delta Attention beside NoPE latent attention, the head tied (Kimi Linear writes it as its own)
+    "KimiLinearForCausalLM": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4,
+                                  v_head_dim=8, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+                                  delta_value_dim=8, delta_decay="channel", delta_gate_rank=8,
+                                  tie_embeddings=True),
+    "KimiLinearForCausalLM-attention": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4),
+    # KDA with full-rank gates and a bounded decay beside RoPE latent attention with gated heads (Ling 3's)
+    "BailingHybridForCausalLM": dict(n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4, attn_gate="head",
+                                     delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+                                     delta_value_dim=8, delta_decay="bounded", delta_decay_floor=-5.0),
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
@@ -578,6 +589,17 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(pos_emb="learned", norm="layernorm", mlp="gelu", attn_scale=1.0, embed_scale=True),
      "model.embed_scale with learned positions"),
     (dict(logit_softcap=30.0), "logit_softcap"),
+    (dict(delta_layers=(0,), delta_heads=4, delta_key_heads=2, delta_key_dim=8, delta_value_dim=8,
+          delta_decay="channel", delta_gate_rank=8, pos_emb="none", n_kv_head=4, kv_lora_rank=16, rope_dims=4),
+     "Kimi Linear, the one architecture with them, has as many key heads as value heads"),
+    (dict(n_layer=2, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8, delta_value_dim=8,
+          delta_decay="channel", delta_gate_rank=8),
+     "attends on its other layers with latent attention without positions"),
+    (dict(delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8, delta_value_dim=8, pos_emb="none",
+          n_kv_head=4, kv_lora_rank=16, rope_dims=4), "runs Kimi Delta Attention on its linear layers"),
+    (dict(n_layer=2, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8, delta_value_dim=8,
+          delta_decay="bounded", delta_decay_floor=-5.0), "attends on its other layers with latent attention under "
+                                                          "RoPE, its heads gated"),
     (dict(pos_emb="none"), "pos_emb=none: of the architectures redline exports to, only Granite 4.0"),
     # (sequential: Jais 2's)
     (dict(norm="layernorm", mlp="relu2", parallel_residual=True),
@@ -848,26 +870,25 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, arcee, axk1, aya_vision, bamba, bitnet, bloom, codegen, cohere, "
-                         "cohere2, cohere2_moe, cohere2_vision, cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, "
-                         "doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, "
-                         "falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, "
-                         "gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, gpt_bigcode, "
-                         "gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, granitemoe_swa,"
-                         " granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, "
-                         "hyperclovax, idefics3, internvl, jais2, jamba, jetmoe, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, "
-                         "lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, "
-                         "mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, "
-                         "mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
-                         "olmo_hybrid, olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, "
-                         "qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, "
-                         "qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, smolvlm, solar_open, "
-                         "stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
+                         "redline imports afmoe, apertus, arcee, axk1, aya_vision, bailing_hybrid, bamba, bitnet, bloom, "
+                         "codegen, cohere, cohere2, cohere2_moe, cohere2_vision, cwm, dbrx, deepseek_v2, deepseek_v3, "
+                         "deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, "
+                         "exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, gemma3_text, "
+                         "gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, "
+                         "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, "
+                         "granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, helium, "
+                         "hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, idefics3, internvl, jais2, jamba, "
+                         "jetmoe, kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, "
+                         "llama4_text, llava, llava_next, llava_next_video, llava_onevision, mamba, mamba2, mellum, "
+                         "mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, mixtral, "
+                         "mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon,"
+                         " phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, "
+                         "qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, "
+                         "qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, smolvlm, solar_open, stablelm, starcoder2, "
+                         "vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
 
 
-@pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
-                                                   ("bailing_hybrid", "decay their state per key channel"),
-                                                   ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
+@pytest.mark.parametrize("model_type, fragment", [("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
                                                    ("dory", "keep the hidden state on the unit sphere")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")

@@ -37,6 +37,15 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                       bias=True, qkv_bias=False, norm_unit_offset=True, mlp="geglu", rope_dims=8,
                                       sliding_window=6, n_kv_head=1, logit_softcap=3.0, tie_embeddings=True,
                                       embed_multiplier=8.0),
+    # Kimi Linear: Kimi Delta Attention on layer 0, NoPE latent attention on 1
+    "KimiLinearForCausalLM": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4,
+                                  delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+                                  delta_value_dim=8, delta_decay="channel", delta_gate_rank=8),
+    # Ling 3: KDA with full-rank gates and a bounded decay on layer 0, latent attention with RoPE on interleaved
+    # pairs and gated heads on 1
+    "BailingHybridForCausalLM": dict(n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4, attn_gate="head",
+                                     delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+                                     delta_value_dim=8, delta_decay="bounded", delta_decay_floor=-5.0),
     # Doge: Llama's names with its dynamic mask's dt_proj adapted too, QK-norm, residual scales
     "DogeForCausalLM": dict(qk_norm=True, attn_key_bias=True, residual_scales=True, n_kv_head=2),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
@@ -336,6 +345,10 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # Lara Mini: the delta net's projections, the attention, the shared expert (the router is no Linear layer)
            "LaraMiniForCausalLM": ("attn.*", "mlp.shared.*"),
            # DeepSeek's latent attention alone: PEFT moves gate/up/down_proj adapters onto the experts (refused)
+           # Kimi Linear: every KDA projection (the forget gate's under forget_gate.), the latent attention
+           "KimiLinearForCausalLM": ("attn.*",),
+           # Ling 3: every KDA and latent-attention projection (the forget gate's f_proj, the heads' gate included)
+           "BailingHybridForCausalLM": ("attn.*",),
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
            "MiMoV2FlashForCausalLM": ("attn.*",),
@@ -533,6 +546,18 @@ def test_export_refusals_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "blocks.0.attn.gate adapts AFMoE's head gate, self_attn.gate_proj" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
+    # Kimi Linear's MLPs (PEFT would move their adapters onto the experts)
+    _, ckpt = lora_run(tmp_path / "kimi", "KimiLinearForCausalLM", targets=("mlp.*",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "k")) == 2
+    err = capsys.readouterr().err
+    assert "the adapter on blocks.0.mlp.fc has no counterpart PEFT loads onto KimiLinearForCausalLM" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "k").exists()
+    # Ling 3's MLPs (PEFT would move their adapters onto the experts)
+    _, ckpt = lora_run(tmp_path / "ling3", "BailingHybridForCausalLM", targets=("mlp.*",))
+    assert export(str(ckpt), "--adapter", str(tmp_path / "l")) == 2
+    err = capsys.readouterr().err
+    assert "the adapter on blocks.0.mlp.fc has no counterpart PEFT loads onto BailingHybridForCausalLM" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "l").exists()
 
 
 def test_llama4_adapter_on_the_router_is_refused(tmp_path, capsys):

@@ -274,7 +274,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
     from redline.interop import qwen4_exp
-    from redline.interop import jetmoe, zamba
+    from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -304,7 +304,8 @@ def _families() -> dict[str, Family]:
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
-                                laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY)}
+                                laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY,
+                                kimi_linear.FAMILY, bailing_hybrid.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -313,10 +314,6 @@ def supported_names() -> list[str]:
 
 # architectures transformers has that redline cannot express, by model_type: why (their import is refused by name)
 NOT_READ = {
-    "kimi_linear": "Kimi Delta Attention decays its state per key channel (a gate per head and key dimension), "
-                   "which redline's gated delta nets (one decay per head) cannot express",
-    "bailing_hybrid": "its KDA layers decay their state per key channel (Kimi Delta Attention's gates), which "
-                      "redline's gated delta nets (one decay per head) cannot express",
     "minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, normed "
                "and gated, on most layers beside softmax attention every few) has no counterpart in redline's token "
                "mixers or the engine's recurrent state caches",
@@ -399,7 +396,9 @@ def export_family(cfg: ModelConfig) -> Family:
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
     under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
-    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales,
+    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales, Kimi Linear with
+    Kimi Delta Attention through low-rank gates (model.delta_gate_rank), Ling 3 (Bailing hybrid) with KDA's bounded
+    decay or full-rank gates, or latent attention with its heads gated,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), Kolibri-1 with a routing bias on the logits, Laguna with softplus
     head gates or the windowed layers' own partial RoPE, AFMoE with sigmoid scores under element-wise attention
@@ -481,6 +480,14 @@ def export_family(cfg: ModelConfig) -> Family:
     if doge.wants_doge(cfg):  # key biases from the values and residual scales: Doge's alone
         doge.check_exportable(cfg)
         return families["doge"]
+    from redline.interop import bailing_hybrid, kimi_linear
+
+    if bailing_hybrid.wants_bailing_hybrid(cfg):  # bounded or full-rank KDA gates, gated latent heads: Ling 3's
+        bailing_hybrid.check_exportable(cfg)
+        return families["bailing_hybrid"]
+    if kimi_linear.wants_kimi_linear(cfg):  # Kimi Delta Attention (decays per key channel): Kimi Linear's alone
+        kimi_linear.check_exportable(cfg)
+        return families["kimi_linear"]
     if cfg.diff_attention:  # differential attention: DiffLlama's alone
         from redline.interop import diffllama
 

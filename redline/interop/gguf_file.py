@@ -1207,6 +1207,10 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "laguna": ("Laguna", "no writer here for its softplus head gates and per-type partial RoPE"),
                 "jetmoe": ("JetMoE", "llama.cpp has no JetMoE architecture (routed attention heads)"),
                 "zamba": ("Zamba", "llama.cpp has no Zamba architecture (Mamba-1 heads, a shared attention block)"),
+                "bailing_hybrid": ("Ling 3", "no writer here for Kimi Delta Attention's layers (decays per key "
+                                             "channel) beside gated latent attention"),
+                "kimi_linear": ("Kimi Linear", "no writer here for Kimi Delta Attention's layers (decays per key "
+                                               "channel, low-rank gates) beside NoPE latent attention"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "
                                      "two, not SparseMixer's thresholded softmaxes"),
                 "dbrx": ("DBRX", "no writer here for llama.cpp's dbrx layout (clamped fused q/k/v, experts)"),

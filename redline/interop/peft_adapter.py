@@ -306,6 +306,14 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
+    if family.name == "bailing_hybrid":  # bailing_hybrid.py: transformers' in-memory module paths
+        from redline.interop.bailing_hybrid import adapter_parts as ling3_parts
+
+        return ling3_parts(layer, rest, base, out_features, cfg)
+    if family.name == "kimi_linear":  # kimi_linear.py's names: KDA's q/k/v apart, DeepSeek's latent attention
+        from redline.interop.kimi_linear import adapter_parts as kimi_parts
+
+        return kimi_parts(layer, rest, base, out_features, cfg)
     if family.name in ("deepseek_v3", "deepseek_v2", "minicpm3", "mistral4", "axk1"):  # deepseek.py's latent attention
         from redline.interop.deepseek import adapter_parts
 

@@ -66,6 +66,8 @@ FIELDS_ACCOUNTED = {
     "delta_conv_kernel": "refused with delta_layers", "delta_rule": "refused with delta_layers",
     "delta_conv_bias": "refused with delta_layers", "delta_proj_bias": "refused with delta_layers",
     "delta_beta_scale": "refused with delta_layers", "delta_norm_eps": "refused with delta_layers",
+    "delta_gate_rank": "refused with delta_layers", "delta_decay": "refused with delta_layers",
+    "delta_decay_floor": "refused with delta_layers",
     "delta_norm_position": "refused with delta_layers",
     "delta_dt_rank": "refused with delta_layers", "delta_bcdt_norm_eps": "refused with delta_layers",
     "delta_bcdt_norm_weight": "refused with delta_layers",
