@@ -298,6 +298,28 @@ FAMILIES = {
                 dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, sliding_window=5,
                      logit_scale=0.5, layer_norm_eps=1e-5, pad_token_id=None,
                      layer_types=["sliding_attention"] * 3 + ["full_attention"])),
+    # Cohere Compass's text model: Cohere2's block with RoPE on half-split pairs per layer type: windowed layers that
+    # rotate, the full one in three that does not (exported as Cohere2); windowed and full layers rotating by bases
+    # of their own, logits scaled, untied (exported as Cohere Compass); every layer full, one base, tied (as Cohere)
+    "cohere_compass_text": ("CohereCompassTextConfig", "CohereCompassForCausalLM",
+                            dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5,
+                                 layer_norm_eps=1e-5, pad_token_id=None,
+                                 layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                                                  "full_attention": None})),
+    "cohere_compass_text-bases": ("CohereCompassTextConfig", "CohereCompassForCausalLM",
+                                  dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
+                                       logit_scale=0.5, tie_word_embeddings=False, pad_token_id=None,
+                                       layer_types=["sliding_attention", "full_attention"],
+                                       rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                                              "rope_theta": 50.0},
+                                                        "full_attention": {"rope_type": "default",
+                                                                           "rope_theta": 300.0}})),
+    "cohere_compass_text-full": ("CohereCompassTextConfig", "CohereCompassForCausalLM",
+                                 dict(num_attention_heads=4, num_key_value_heads=2, logit_scale=0.25,
+                                      pad_token_id=None,
+                                      rope_parameters={"full_attention": {"rope_type": "default",
+                                                                          "rope_theta": 500.0}})),
     # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -909,6 +931,12 @@ FAMILIES = {
                      rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
                                       "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0})),
+    # Apertus 1.5's text model: Apertus's (as above), its head unpruned (output_vocab_size null)
+    "apertus1p5_text": ("Apertus1p5TextConfig", "Apertus1p5TextForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
+                             rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                              "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0})),
     # ERNIE 4.5 MoE as ERNIE-4.5-21B-A3B is laid out: a dense first layer (96 wide), then experts (top 2 of 4, 32
     # wide, chosen with the correction bias, moved so that it chooses) and 2 shared ones on the others, tied; and
     # experts on every second layer among dense ones as wide, untied, no shared experts

@@ -110,6 +110,35 @@ def test_apertus_import_checks_the_stored_beta_and_eps(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_apertus1p5_text_writes_its_own_folder_and_refuses_a_pruned_head(tmp_path, capsys):
+    """An Apertus 1.5 text import exports as Apertus (tests/test_interop.py); written as its own family it loads as
+    Apertus1p5TextForCausalLM with the same logits. A head pruned to the text ids is refused at import, by name. Its
+    tensors are read under a multimodal save's model.language_model.* too."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.interop.apertus import TEXT_1P5_FAMILY
+    from redline.training.checkpoint import load_for_inference
+
+    hf, model, tokenizer, _ = imported("apertus1p5_text", tmp_path, capsys)
+    back = written_and_loaded(tmp_path, model, tokenizer, TEXT_1P5_FAMILY)
+    with torch.no_grad():
+        torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    with pytest.raises(UserError, match="output_vocab_size=300 below vocab_size=320: Apertus 1.5's head pruned"):
+        TEXT_1P5_FAMILY.model_config({**config, "output_vocab_size": 300})
+    assert TEXT_1P5_FAMILY.model_config({**config, "output_vocab_size": VOCAB}) == TEXT_1P5_FAMILY.model_config(config)
+    # the text model's tensors under a multimodal save's names, which Apertus1p5TextForCausalLM loads too
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    save_file({k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()},
+              tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    renamed = transformers.Apertus1p5TextForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "again")], capsys)
+    assert code == 0, err
+    again, _, _ = load_for_inference(tmp_path / "again")
+    with torch.no_grad():
+        torch.testing.assert_close(again(TOKENS), renamed(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------------
 # the engine on each layout: chunked prefill and decode against the model's own greedy choice
 

@@ -1,5 +1,7 @@
 """The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration,
-Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower, saved by
+Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower (and
+Apertus1p5ForConditionalGeneration with one-stage image and audio tokenizers, CohereCompassForConditionalGeneration
+with Qwen3-VL's), saved by
 transformers with their processor files beside them; import -> the multimodal model's logits on text and its greedy
 tokens through redline's engine, in both save layouts (language_model.model., which transformers 5.24's
 save_pretrained writes for Gemma 3 and Mistral 3 as their Hub folders have it, and model.language_model., Qwen3-VL's);
@@ -82,10 +84,48 @@ def _qwen3_vl_config(**text):
         vision_end_token_id=VOCAB - 4, tie_word_embeddings=False)
 
 
+def _apertus1p5_config(**text):
+    """Apertus 1.5's layout: an Apertus text model (the xIELU MLP, QK-norm, Llama 3 RoPE scaling past an original
+    context shorter than the test sequences, untied) beside one-stage image and audio tokenizers, whose code ranges
+    (16 ids each from 200) and placeholder ids (the vocabulary's last two) lie in the text model's vocabulary."""
+    return transformers.Apertus1p5Config(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         pad_token_id=None, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0,
+                                                             "factor": 8.0, "original_max_position_embeddings": 8,
+                                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+                         **text),
+        vision_config=dict(codebook_size=16, embed_dim=32, latent_channels=32, base_channels=32,
+                           channel_multiplier=[1], num_res_blocks=1, attn_resolutions=[], resolution=16),
+        audio_config=dict(model_type="wavtokenizer_encoder", num_filters=4, upsampling_ratios=[2], hidden_size=8,
+                          codebook_size=16, codebook_dim=8, num_lstm_layers=1),
+        image_token_id=VOCAB - 1, audio_token_id=VOCAB - 2, image_token_offset=200, audio_token_offset=216)
+
+
+def _cohere_compass_config(**text):
+    """Cohere Compass's layout (North-Micro-Vision): Qwen3-VL's one-block vision tower with one deepstack merger around
+    a cohere_compass_text model (windowed layers rotating on interleaved MRoPE sections, the full one without RoPE,
+    logits scaled, untied)."""
+    return transformers.CohereCompassConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, layer_norm_eps=1e-5,
+                         sliding_window=5, logit_scale=0.5, pad_token_id=None,
+                         layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0,
+                                                                "mrope_section": [2, 3, 3]},
+                                          "full_attention": None}, **text),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                           patch_size=14, num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 4, tie_word_embeddings=False)
+
+
 CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
          "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
-         "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM")}
+         "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"),
+         "apertus1p5": (_apertus1p5_config, "Apertus1p5ForConditionalGeneration", "ApertusForCausalLM"),
+         "cohere_compass": (_cohere_compass_config, "CohereCompassForConditionalGeneration", "Cohere2ForCausalLM")}
 
 
 def _other_layout(name: str) -> str:
@@ -175,7 +215,8 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
             hf = {"text_config": {"tie_word_embeddings": text}, **({} if top is None else {"tie_word_embeddings": top})}
             expected = config().tie_word_embeddings if top is None else top
             assert module.text_config(hf)["tie_word_embeddings"] is expected, (module.__name__, top, text)
-    assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl"}
+    assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl", "apertus1p5",
+                                               "cohere_compass"}
     hf = _folder("mistral3", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     del config["tie_word_embeddings"]
@@ -222,6 +263,13 @@ def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
     ("gemma3", {"text_config": {"model_type": "gemma2"}}, "text_config.model_type='gemma2'.*gemma3_text"),
     ("mistral3", {"text_config": {"model_type": "llama"}}, "text_config.model_type='llama'.*ministral3 or mistral"),
     ("gemma3", {"text_config": {"attn_logit_softcapping": 50.0}}, "attn_logit_softcapping=50.0"),
+    # Apertus 1.5's head pruned to the text ids, as its released checkpoints have it
+    ("apertus1p5", {"text_config": {"output_vocab_size": 300}}, "output_vocab_size=300 below vocab_size=320"),
+    ("cohere_compass", {"text_config": {"rope_parameters": {"sliding_attention": None, "full_attention": None}}},
+     "rope_parameters rotates no layer type"),
+    ("cohere_compass", {"text_config": {"rope_parameters": {
+        "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50.0}, "full_attention": None}}},
+     "rope_parameters\\['sliding_attention'\\].rope_type='linear'"),
 ])
 def test_refusals_name_the_option(kind, hf, fragment):
     from redline.interop.families import family_for
@@ -272,6 +320,9 @@ def test_hub_shaped_configs():
     ("mistral3", {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2}),
     ("mistral3", {"model_type": "mistral", "sliding_window": None, "vocab_size": 131072}),
     ("qwen3_vl", {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("apertus1p5", {"model_type": "apertus1p5_text", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("cohere_compass", {"model_type": "cohere_compass_text", "hidden_size": 64, "num_hidden_layers": 2,
+                        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 50.0}}}),
 ])
 def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):

@@ -34,13 +34,13 @@ minimax_m2.py MiniMax-M2 (Mixtral's names, QK-norm over whole projections, parti
 bias); phimoe.py PhiMoE (Mixtral's names, LayerNorms and attention with biases, SparseMixer routing, LongRoPE); dbrx.py
 DBRX (clamped fused q/k/v, LayerNorms without biases, experts fused into one tensor per projection).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
-MoE; llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
+MoE and Cohere Compass's text model (a RoPE base per layer type); llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
 (LayerNorm, ReLU²); glm.py also Solar Open (GLM-4-MoE's experts on every layer under Llama's attention); dots1.py also
 HY-V3 (dots.llm1's layout, other names); persimmon.py Persimmon (GPT-NeoX's query_key_value, LayerNorm QK-norm,
 ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, import only); granite.py also HyperCLOVA X (Granite's with norms on the sublayers'
-outputs); apertus.py Apertus (the xIELU MLP); multimodal.py the text
-model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
-qwen3); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
+outputs); apertus.py Apertus (the xIELU MLP) and Apertus 1.5's text model; multimodal.py the text
+model of Gemma 3's, Mistral 3's, Qwen3-VL's and Apertus 1.5's multimodal folders (read as gemma3_text, mistral /
+ministral3, qwen3 and apertus1p5_text); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
 A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
@@ -286,8 +286,8 @@ def _families() -> dict[str, Family]:
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY,
                                 gemma3n.MULTIMODAL_FAMILY,
-                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
-                                cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
+                                apertus.FAMILY, apertus.TEXT_1P5_FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
+                                cohere.MOE_FAMILY, cohere.COMPASS_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
                                 *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
@@ -379,7 +379,7 @@ def export_family(cfg: ModelConfig) -> Family:
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
-    under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
+    under one norm and SwiGLU (Cohere Compass with a RoPE base per layer type), Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
     attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
@@ -566,6 +566,9 @@ def export_family(cfg: ModelConfig) -> Family:
     if cohere.wants_cohere2_moe(cfg):  # experts in Cohere's parallel block, in any layer and window layout
         cohere.check_moe_exportable(cfg)
         return families["cohere2_moe"]
+    if cohere.wants_compass(cfg):  # Cohere's dense parallel block with a RoPE base per layer type: Cohere Compass's
+        cohere.check_compass_exportable(cfg)
+        return families["cohere_compass_text"]
     if windowed_moe.wants_mellum(cfg):  # softmax experts, Qwen3's attention, windowed or dense layers: Mellum's
         windowed_moe.check_mellum_exportable(cfg)
         return families["mellum"]

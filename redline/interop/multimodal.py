@@ -1,8 +1,11 @@
 """The text model of multimodal folders whose language model is a family redline already reads: Gemma 3's
 Gemma3ForConditionalGeneration (model_type "gemma3", its text model gemma3_text: Gemma 3 4B, 12B, 27B), Mistral 3's
 Mistral3ForConditionalGeneration (model_type "mistral3", its text model mistral or ministral3: Mistral Small 3.1 and
-3.2, Magistral) and Qwen3-VL's Qwen3VLForConditionalGeneration (model_type "qwen3_vl", its text model qwen3_vl_text,
-read as qwen3).
+3.2, Magistral), Qwen3-VL's Qwen3VLForConditionalGeneration (model_type "qwen3_vl", its text model qwen3_vl_text,
+read as qwen3), Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "apertus1p5", its text model
+apertus1p5_text: apertus.py, whose image and audio tokens are ids of the text model's own vocabulary) and Cohere
+Compass's CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower
+and forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is).
 
 Qwen3-VL's text model is Qwen3's (QK-norm per head) with interleaved multimodal RoPE: each rotary frequency takes the
 temporal, height or width position as mrope_section assigns it. On text alone the three are the token's one position
@@ -39,7 +42,9 @@ _TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's modul
                   # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them
                   ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
-           "model.visual.", "visual.")  # Gemma 3's and Mistral 3's; Qwen3-VL's tower and mergers
+           "model.visual.", "visual.",  # Gemma 3's and Mistral 3's; Qwen3-VL's tower and mergers
+           # Apertus 1.5's image and audio tokenizers
+           "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.")
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -143,8 +148,8 @@ def _check_gemma3(hf: dict) -> None:
 
 def families() -> tuple[Family, ...]:
     """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral or ministral3), qwen3_vl
-    (qwen3)."""
-    from redline.interop import gemma3, llama
+    (qwen3), apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py)."""
+    from redline.interop import apertus, cohere, gemma3, llama
 
     llamas = {f.name: f for f in llama.FAMILIES}
     return (multimodal_family("gemma3", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
@@ -152,5 +157,10 @@ def families() -> tuple[Family, ...]:
             multimodal_family("mistral3", "MistralForCausalLM",
                               {"mistral": llamas["mistral"], "ministral3": llama.MINISTRAL3_FAMILY}, "mistral"),
             multimodal_family("qwen3_vl", "Qwen3ForCausalLM", {"qwen3_vl_text": llamas["qwen3"]}, "qwen3_vl_text",
+                              tie_default=False),
+            multimodal_family("apertus1p5", "Apertus1p5TextForCausalLM",
+                              {"apertus1p5_text": apertus.TEXT_1P5_FAMILY}, "apertus1p5_text", tie_default=False),
+            multimodal_family("cohere_compass", "CohereCompassForCausalLM",
+                              {"cohere_compass_text": cohere.COMPASS_FAMILY}, "cohere_compass_text",
                               tie_default=False))
 
