@@ -320,6 +320,12 @@ FAMILIES = {
                                       pad_token_id=None,
                                       rope_parameters={"full_attention": {"rope_type": "default",
                                                                           "rope_theta": 500.0}})),
+    # Aria's text model: Llama's attention (GQA), every layer's MLP top 2 of 4 experts stacked transposed beside 2
+    # shared ones fused into an ungated MLP, untied
+    "aria_text": ("AriaTextConfig", "AriaTextForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, moe_num_experts=4,
+                       moe_topk=2, moe_num_shared_experts=2, pad_token_id=None,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,

@@ -101,7 +101,9 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # Apertus 1.5's text model is Apertus's
                "apertus1p5_text": "ApertusForCausalLM",
                # Cohere Compass with Cohere2's layout (NoPE full layers one in every N) or Cohere's (no window)
-               "cohere_compass_text": "Cohere2ForCausalLM", "cohere_compass_text-full": "CohereForCausalLM"}
+               "cohere_compass_text": "Cohere2ForCausalLM", "cohere_compass_text-full": "CohereForCausalLM",
+               # Aria's text model is GraniteMoeShared's mixture without Granite's scalars
+               "aria_text": "GraniteMoeSharedForCausalLM"}
 
 
 # families imported but not exported, with the export's one-line refusal (XGLM's positions are a fixed sinusoid, which
@@ -842,7 +844,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, cohere_compass, cohere_compass_text, "
+                         "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, cohere_compass, cohere_compass_text, "
                          "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
                          "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, "
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "

@@ -139,6 +139,35 @@ def test_apertus1p5_text_writes_its_own_folder_and_refuses_a_pruned_head(tmp_pat
         torch.testing.assert_close(again(TOKENS), renamed(TOKENS).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_aria_text_writes_its_own_folder_and_reads_both_expert_names(tmp_path, capsys):
+    """An Aria text import exports as GraniteMoeShared (tests/test_interop.py); written as its own family it loads as
+    AriaTextForCausalLM with the same logits; the experts under transformers' in-memory names (gate_up_proj,
+    down_proj) read as under the names its save_pretrained writes (fc1, fc2); q/k/v/o biases are refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.interop.aria import FAMILY
+    from redline.training.checkpoint import load_for_inference
+
+    hf, model, tokenizer, _ = imported("aria_text", tmp_path, capsys)
+    back = written_and_loaded(tmp_path, model, tokenizer, FAMILY)
+    with torch.no_grad():
+        expected = hf(TOKENS).logits
+        torch.testing.assert_close(back(TOKENS).logits, expected, rtol=1e-5, atol=1e-5)
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    renamed = {k.replace(".mlp.experts.fc1.weight", ".mlp.experts.gate_up_proj")
+                .replace(".mlp.experts.fc2.weight", ".mlp.experts.down_proj"): v for k, v in weights.items()}
+    assert renamed.keys() != weights.keys()
+    save_file(renamed, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "again")], capsys)
+    assert code == 0, err
+    again, _, _ = load_for_inference(tmp_path / "again")
+    with torch.no_grad():
+        torch.testing.assert_close(again(TOKENS), expected, rtol=1e-5, atol=1e-5)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    with pytest.raises(UserError, match="attention_bias=true: Aria then has q/k/v/o biases"):
+        FAMILY.model_config({**config, "attention_bias": True})
+
+
 # ----------------------------------------------------------------------------------------------------
 # the engine on each layout: chunked prefill and decode against the model's own greedy choice
 

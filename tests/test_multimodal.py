@@ -1,7 +1,7 @@
 """The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration,
 Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower (and
 Apertus1p5ForConditionalGeneration with one-stage image and audio tokenizers, CohereCompassForConditionalGeneration
-with Qwen3-VL's), saved by
+with Qwen3-VL's, AriaForConditionalGeneration with Idefics3's and a cross-attention projector), saved by
 transformers with their processor files beside them; import -> the multimodal model's logits on text and its greedy
 tokens through redline's engine, in both save layouts (language_model.model., which transformers 5.24's
 save_pretrained writes for Gemma 3 and Mistral 3 as their Hub folders have it, and model.language_model., Qwen3-VL's);
@@ -120,12 +120,26 @@ def _cohere_compass_config(**text):
         vision_end_token_id=VOCAB - 4, tie_word_embeddings=False)
 
 
+def _aria_config(**text):
+    """Aria's layout: an aria_text model (top 2 of 4 experts beside 2 shared ones, untied) after a one-layer Idefics3
+    vision tower and the cross-attention projector into it (4 queries)."""
+    return transformers.AriaConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         moe_num_experts=4, moe_topk=2, moe_num_shared_experts=2, pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **text),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        projector_patch_to_query_dict={4: 4}, image_token_index=VOCAB - 1)
+
+
 CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
          "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
          "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"),
          "apertus1p5": (_apertus1p5_config, "Apertus1p5ForConditionalGeneration", "ApertusForCausalLM"),
-         "cohere_compass": (_cohere_compass_config, "CohereCompassForConditionalGeneration", "Cohere2ForCausalLM")}
+         "cohere_compass": (_cohere_compass_config, "CohereCompassForConditionalGeneration", "Cohere2ForCausalLM"),
+         "aria": (_aria_config, "AriaForConditionalGeneration", "GraniteMoeSharedForCausalLM")}
 
 
 def _other_layout(name: str) -> str:
@@ -216,7 +230,7 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
             expected = config().tie_word_embeddings if top is None else top
             assert module.text_config(hf)["tie_word_embeddings"] is expected, (module.__name__, top, text)
     assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl", "apertus1p5",
-                                               "cohere_compass"}
+                                               "cohere_compass", "aria"}
     hf = _folder("mistral3", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     del config["tie_word_embeddings"]
@@ -265,6 +279,8 @@ def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
     ("gemma3", {"text_config": {"attn_logit_softcapping": 50.0}}, "attn_logit_softcapping=50.0"),
     # Apertus 1.5's head pruned to the text ids, as its released checkpoints have it
     ("apertus1p5", {"text_config": {"output_vocab_size": 300}}, "output_vocab_size=300 below vocab_size=320"),
+    ("aria", {"text_config": {"mlp_bias": True}}, "mlp_bias=true: Aria's shared experts then have biases"),
+    ("aria", {"text_config": {"moe_num_shared_experts": 0}}, "moe_num_shared_experts=0"),
     ("cohere_compass", {"text_config": {"rope_parameters": {"sliding_attention": None, "full_attention": None}}},
      "rope_parameters rotates no layer type"),
     ("cohere_compass", {"text_config": {"rope_parameters": {
@@ -321,6 +337,7 @@ def test_hub_shaped_configs():
     ("mistral3", {"model_type": "mistral", "sliding_window": None, "vocab_size": 131072}),
     ("qwen3_vl", {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
     ("apertus1p5", {"model_type": "apertus1p5_text", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("aria", {"model_type": "aria_text", "hidden_size": 64, "num_hidden_layers": 2}),
     ("cohere_compass", {"model_type": "cohere_compass_text", "hidden_size": 64, "num_hidden_layers": 2,
                         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 50.0}}}),
 ])

@@ -3,9 +3,10 @@ Gemma3ForConditionalGeneration (model_type "gemma3", its text model gemma3_text:
 Mistral3ForConditionalGeneration (model_type "mistral3", its text model mistral or ministral3: Mistral Small 3.1 and
 3.2, Magistral), Qwen3-VL's Qwen3VLForConditionalGeneration (model_type "qwen3_vl", its text model qwen3_vl_text,
 read as qwen3), Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "apertus1p5", its text model
-apertus1p5_text: apertus.py, whose image and audio tokens are ids of the text model's own vocabulary) and Cohere
+apertus1p5_text: apertus.py, whose image and audio tokens are ids of the text model's own vocabulary), Cohere
 Compass's CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower
-and forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is).
+and forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is)
+and Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py).
 
 Qwen3-VL's text model is Qwen3's (QK-norm per head) with interleaved multimodal RoPE: each rotary frequency takes the
 temporal, height or width position as mrope_section assigns it. On text alone the three are the token's one position
@@ -148,8 +149,9 @@ def _check_gemma3(hf: dict) -> None:
 
 def families() -> tuple[Family, ...]:
     """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral or ministral3), qwen3_vl
-    (qwen3), apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py)."""
-    from redline.interop import apertus, cohere, gemma3, llama
+    (qwen3), apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py), aria
+    (aria_text: aria.py)."""
+    from redline.interop import apertus, aria, cohere, gemma3, llama
 
     llamas = {f.name: f for f in llama.FAMILIES}
     return (multimodal_family("gemma3", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
@@ -162,5 +164,7 @@ def families() -> tuple[Family, ...]:
                               {"apertus1p5_text": apertus.TEXT_1P5_FAMILY}, "apertus1p5_text", tie_default=False),
             multimodal_family("cohere_compass", "CohereCompassForCausalLM",
                               {"cohere_compass_text": cohere.COMPASS_FAMILY}, "cohere_compass_text",
+                              tie_default=False),
+            multimodal_family("aria", "AriaTextForCausalLM", {"aria_text": aria.FAMILY}, "aria_text",
                               tie_default=False))
 
