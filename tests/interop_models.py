@@ -326,6 +326,18 @@ FAMILIES = {
                   dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, moe_num_experts=4,
                        moe_topk=2, moe_num_shared_experts=2, pad_token_id=None,
                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # MiniMax-M3's text model: a dense first layer (48 wide), then top 2 of 4 sigmoid-scored experts chosen with the
+    # correction bias, scaled by 2, beside an ungated shared expert, clamped SwiGLUs, Gemma's norms and per-head
+    # QK-norm, RoPE on half of each head; its middle layer sparse (blocks of 4 keys, the best 8 kept: dense within 32
+    # tokens, the context read)
+    "minimax_m3_vl_text": ("MiniMaxM3VLTextConfig", "MiniMaxM3VLForCausalLM",
+                           dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                                intermediate_size=32, dense_intermediate_size=48, shared_intermediate_size=24,
+                                num_local_experts=4, num_experts_per_tok=2, index_n_heads=2, index_head_dim=8,
+                                index_block_size=4, index_topk_blocks=8, mlp_layer_types=["dense", "sparse", "sparse"],
+                                layer_types=["full_attention", "minimax_m3_sparse", "full_attention"],
+                                rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                 "partial_rotary_factor": 0.5})),
     # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,

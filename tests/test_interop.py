@@ -108,7 +108,9 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
 
 # families imported but not exported, with the export's one-line refusal (XGLM's positions are a fixed sinusoid, which
 # redline holds as a learned table: xglm.py)
-IMPORT_ONLY = {"xglm": "model.embed_scale with learned positions"}
+IMPORT_ONLY = {"xglm": "model.embed_scale with learned positions",
+               # MiniMax-M3's Gemma norms with sigmoid-scored experts: no architecture redline writes has both
+               "minimax_m3_vl_text": "model.norm_unit_offset"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -851,7 +853,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
                          " hyperclovax, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
-                         "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
+                         "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, mistral4, "
                          "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, "
@@ -860,7 +862,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
                                                    ("bailing_hybrid", "decay their state per key channel"),
-                                                   ("zamba", "n_mamba_heads heads")])
+                                                   ("zamba", "n_mamba_heads heads"),
+                                                   ("gemma4_assistant", "multi-token-prediction drafter"),
+                                                   ("gemma4_unified_assistant", "multi-token-prediction drafter")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

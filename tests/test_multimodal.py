@@ -1,7 +1,8 @@
 """The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration,
 Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower (and
 Apertus1p5ForConditionalGeneration with one-stage image and audio tokenizers, CohereCompassForConditionalGeneration
-with Qwen3-VL's, AriaForConditionalGeneration with Idefics3's and a cross-attention projector), saved by
+with Qwen3-VL's, AriaForConditionalGeneration with Idefics3's and a cross-attention projector,
+MiniMaxM3SparseForConditionalGeneration), saved by
 transformers with their processor files beside them; import -> the multimodal model's logits on text and its greedy
 tokens through redline's engine, in both save layouts (language_model.model., which transformers 5.24's
 save_pretrained writes for Gemma 3 and Mistral 3 as their Hub folders have it, and model.language_model., Qwen3-VL's);
@@ -133,13 +134,27 @@ def _aria_config(**text):
         projector_patch_to_query_dict={4: 4}, image_token_index=VOCAB - 1)
 
 
+def _minimax_m3_config(**text):
+    """MiniMax-M3's layout: tests/interop_models.py's minimax_m3_vl_text model after a one-layer vision tower and its
+    projector."""
+    from tests.interop_models import FAMILIES
+
+    return transformers.MiniMaxM3VLConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         **FAMILIES["minimax_m3_vl_text"][2], **text),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        projector_hidden_size=64, image_token_index=VOCAB - 1, video_token_index=VOCAB - 2)
+
+
 CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
          "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
          "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"),
          "apertus1p5": (_apertus1p5_config, "Apertus1p5ForConditionalGeneration", "ApertusForCausalLM"),
          "cohere_compass": (_cohere_compass_config, "CohereCompassForConditionalGeneration", "Cohere2ForCausalLM"),
-         "aria": (_aria_config, "AriaForConditionalGeneration", "GraniteMoeSharedForCausalLM")}
+         "aria": (_aria_config, "AriaForConditionalGeneration", "GraniteMoeSharedForCausalLM"),
+         "minimax_m3_vl": (_minimax_m3_config, "MiniMaxM3SparseForConditionalGeneration", None)}  # import only
 
 
 def _other_layout(name: str) -> str:
@@ -205,6 +220,9 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
     reference = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
     assert result.tokens == reference[0, len(prompt):].tolist()
     code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")], capsys)
+    if CASES[kind][2] is None:  # import only: the export's one-line refusal
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        return
     assert code == 0, err
     back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
     assert type(back).__name__ == CASES[kind][2] and not info["missing_keys"] and not info["unexpected_keys"]
@@ -280,6 +298,9 @@ def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
     # Apertus 1.5's head pruned to the text ids, as its released checkpoints have it
     ("apertus1p5", {"text_config": {"output_vocab_size": 300}}, "output_vocab_size=300 below vocab_size=320"),
     ("aria", {"text_config": {"mlp_bias": True}}, "mlp_bias=true: Aria's shared experts then have biases"),
+    ("minimax_m3_vl", {"text_config": {"swiglu_alpha": 1.5}}, "swiglu_alpha=1.5: redline's clamped SwiGLU"),
+    ("minimax_m3_vl", {"text_config": {"mlp_layer_types": ["sparse", "dense", "sparse"]}},
+     "dense_intermediate_size=48 != intermediate_size=32"),
     ("aria", {"text_config": {"moe_num_shared_experts": 0}}, "moe_num_shared_experts=0"),
     ("cohere_compass", {"text_config": {"rope_parameters": {"sliding_attention": None, "full_attention": None}}},
      "rope_parameters rotates no layer type"),
@@ -338,6 +359,7 @@ def test_hub_shaped_configs():
     ("qwen3_vl", {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
     ("apertus1p5", {"model_type": "apertus1p5_text", "hidden_size": 64, "num_hidden_layers": 2}),
     ("aria", {"model_type": "aria_text", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("minimax_m3_vl", {"model_type": "minimax_m3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
     ("cohere_compass", {"model_type": "cohere_compass_text", "hidden_size": 64, "num_hidden_layers": 2,
                         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 50.0}}}),
 ])
@@ -346,7 +368,7 @@ def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     the model redline reads is the one of the config transformers fills in."""
     from redline.interop.families import family_for
 
-    config_class = getattr(transformers, CASES[kind][1].replace("ForConditionalGeneration", "Config"))
+    config_class = transformers.AutoConfig.for_model(kind).__class__
     given = {"model_type": kind, "text_config": sparse, "vision_config": {}}
     filled = config_class.from_dict(given).to_dict()
     family = family_for(given, "folder")

@@ -46,8 +46,9 @@ def model_config(hf: dict) -> ModelConfig:
     ])
     width = int(hf["intermediate_size"])
     return ModelConfig(
-        **{**llama.shape_fields(hf), "mlp_hidden": width}, fused_qkv=True, pos_emb="rope", mlp="swiglu", fused_mlp=True, norm="rmsnorm",
-        norm_eps=float(hf["rms_norm_eps"]), tie_embeddings=bool(hf["tie_word_embeddings"]), bias=False,
+        **{**llama.shape_fields(hf), "mlp_hidden": width}, fused_qkv=True, pos_emb="rope", mlp="swiglu",
+        fused_mlp=True, norm="rmsnorm", norm_eps=float(hf["rms_norm_eps"]),
+        tie_embeddings=bool(hf["tie_word_embeddings"]), bias=False,
         moe_experts=int(hf["moe_num_experts"]), moe_top_k=int(hf["moe_topk"]), moe_norm_topk=True,
         moe_shared_hidden=int(hf["moe_num_shared_experts"]) * width, moe_shared_gate=False, **llama._rope(hf))
 

@@ -34,20 +34,23 @@ minimax_m2.py MiniMax-M2 (Mixtral's names, QK-norm over whole projections, parti
 bias); phimoe.py PhiMoE (Mixtral's names, LayerNorms and attention with biases, SparseMixer routing, LongRoPE); dbrx.py
 DBRX (clamped fused q/k/v, LayerNorms without biases, experts fused into one tensor per projection).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
-MoE and Cohere Compass's text model (a RoPE base per layer type); llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
+MoE and Cohere Compass's text model (a RoPE base per layer type);
+llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
 (LayerNorm, ReLU²); glm.py also Solar Open (GLM-4-MoE's experts on every layer under Llama's attention); dots1.py also
 HY-V3 (dots.llm1's layout, other names); persimmon.py Persimmon (GPT-NeoX's query_key_value, LayerNorm QK-norm,
 ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, import only); granite.py also HyperCLOVA X (Granite's with norms on the sublayers'
 outputs); apertus.py Apertus (the xIELU MLP) and Apertus 1.5's text model; multimodal.py the text
-model of Gemma 3's, Mistral 3's, Qwen3-VL's and Apertus 1.5's multimodal folders (read as gemma3_text, mistral /
-ministral3, qwen3 and apertus1p5_text); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
+model of Gemma 3's, Mistral 3's, Qwen3-VL's, Apertus 1.5's, Cohere Compass's, Aria's and MiniMax-M3's multimodal
+folders (read as gemma3_text, mistral / ministral3, qwen3, apertus1p5_text, cohere_compass_text, aria_text and
+minimax_m3_vl_text); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
 A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
 Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); aria.py
-Aria's text model (experts stacked transposed beside an ungated shared MLP).
+Aria's text model (experts stacked transposed beside an ungated shared MLP); minimax_m3.py MiniMax-M3's text
+model (import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -268,7 +271,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
-    from redline.interop import aria
+    from redline.interop import aria, minimax_m3
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -288,7 +291,8 @@ def _families() -> dict[str, Family]:
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
                                 gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY,
                                 gemma3n.MULTIMODAL_FAMILY,
-                                apertus.FAMILY, apertus.TEXT_1P5_FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
+                                apertus.FAMILY, apertus.TEXT_1P5_FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY,
+                                llama.MINISTRAL_FAMILY,
                                 cohere.MOE_FAMILY, cohere.COMPASS_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
@@ -298,7 +302,7 @@ def _families() -> dict[str, Family]:
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
-                                laguna.FAMILY, aria.FAMILY)}
+                                laguna.FAMILY, aria.FAMILY, minimax_m3.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -318,6 +322,11 @@ NOT_READ = {
                "mixers or the engine's recurrent state caches",
     "jetmoe": "JetMoE's mixture of attention heads (each token's query and output projections routed among "
               "experts, keys and values shared) is an attention kind redline's model has not",
+    "gemma4_assistant": "Gemma 4's assistant is a multi-token-prediction drafter: it runs on the main model's "
+                        "hidden states and its last layers' keys and values (no input ids of its own), not on tokens "
+                        "alone; redline reads the main model (gemma4, gemma4_text)",
+    "gemma4_unified_assistant": "Gemma 4 Unified's assistant is a multi-token-prediction drafter: it runs on the main "
+                                "model's hidden states and its last layers' keys and values, not on tokens alone",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
 }
@@ -381,7 +390,8 @@ def export_family(cfg: ModelConfig) -> Family:
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
-    under one norm and SwiGLU (Cohere Compass with a RoPE base per layer type), Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
+    under one norm and SwiGLU (Cohere Compass with a RoPE base per layer type),
+    Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
     attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,

@@ -6,7 +6,9 @@ read as qwen3), Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "ap
 apertus1p5_text: apertus.py, whose image and audio tokens are ids of the text model's own vocabulary), Cohere
 Compass's CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower
 and forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is)
-and Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py).
+Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py) and MiniMax-M3's
+MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text model minimax_m3_vl_text:
+minimax_m3.py, import only).
 
 Qwen3-VL's text model is Qwen3's (QK-norm per head) with interleaved multimodal RoPE: each rotary frequency takes the
 temporal, height or width position as mrope_section assigns it. On text alone the three are the token's one position
@@ -45,7 +47,8 @@ _TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's modul
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
            "model.visual.", "visual.",  # Gemma 3's and Mistral 3's; Qwen3-VL's tower and mergers
            # Apertus 1.5's image and audio tokenizers
-           "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.")
+           "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.",
+           "patch_merge_mlp.", "model.patch_merge_mlp.")  # MiniMax-M3's patch merger, as its Hub folders name it
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -150,8 +153,8 @@ def _check_gemma3(hf: dict) -> None:
 def families() -> tuple[Family, ...]:
     """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral or ministral3), qwen3_vl
     (qwen3), apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py), aria
-    (aria_text: aria.py)."""
-    from redline.interop import apertus, aria, cohere, gemma3, llama
+    (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py)."""
+    from redline.interop import apertus, aria, cohere, gemma3, llama, minimax_m3
 
     llamas = {f.name: f for f in llama.FAMILIES}
     return (multimodal_family("gemma3", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
@@ -166,5 +169,7 @@ def families() -> tuple[Family, ...]:
                               {"cohere_compass_text": cohere.COMPASS_FAMILY}, "cohere_compass_text",
                               tie_default=False),
             multimodal_family("aria", "AriaTextForCausalLM", {"aria_text": aria.FAMILY}, "aria_text",
-                              tie_default=False))
+                              tie_default=False),
+            multimodal_family("minimax_m3_vl", "MiniMaxM3VLForCausalLM", {"minimax_m3_vl_text": minimax_m3.FAMILY},
+                              "minimax_m3_vl_text", tie_default=False))
 
