@@ -385,6 +385,20 @@ FAMILIES = {
                     rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                         "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
+    # Gemma 4 Unified's text model: Gemma 4's above without per-layer inputs (it has none) and without shared KV
+    # layers (transformers 5.24's Gemma4ForCausalLM, the export, fails on shared KV layers without per-layer inputs:
+    # its _maybe_slice_kv_shared_inputs slices them)
+    "gemma4_unified_text": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedForCausalLM",
+                            dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                                 num_hidden_layers=4, sliding_window=5, pad_token_id=None,
+                                 layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                              "full_attention"],
+                                 final_logit_softcapping=3.0,
+                                 rope_parameters={"full_attention": {"rope_type": "proportional",
+                                                                     "partial_rotary_factor": 0.25,
+                                                                     "rope_theta": 5000.0},
+                                                  "sliding_attention": {"rope_type": "default",
+                                                                        "rope_theta": 300.0}})),
     # Gemma 4 text in a layout llama.cpp's gemma4 runs as transformers does (gemma-4-E2B's): the two layers before
     # the shared ones windowed then full, whose keys and values the shared windowed and full layers read
     # (llama.cpp's KV-cache reuse rule); per-layer inputs, double-wide shared MLPs, proportional RoPE, a soft cap

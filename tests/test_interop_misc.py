@@ -168,6 +168,42 @@ def test_aria_text_writes_its_own_folder_and_reads_both_expert_names(tmp_path, c
         FAMILY.model_config({**config, "attention_bias": True})
 
 
+def test_gemma4_unified_text_with_shared_kv_layers_reads_as_transformers_runs_it(tmp_path, capsys):
+    """Gemma 4 Unified's text model with its last two layers reading earlier layers' keys and values (double-wide
+    MLPs there): the import's logits and greedy tokens through the engine are transformers' (its export, as
+    Gemma4ForCausalLM, is tested without shared layers: tests/interop_models.py)."""
+    from redline.inference import InferenceEngine, SamplingParams
+    from tests.interop_models import FAMILIES, byte_level_tokenizer
+
+    extra = {**FAMILIES["gemma4_unified_text"][2], "num_hidden_layers": 5, "num_kv_shared_layers": 2,
+             "use_double_wide_mlp": True,
+             "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                             "full_attention"]}
+    config = transformers.Gemma4UnifiedTextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                                                  max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0,
+                                                  eos_token_id=1, **extra)
+    torch.manual_seed(0)
+    hf = transformers.Gemma4UnifiedForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.save_pretrained(tmp_path / "hf")
+    byte_level_tokenizer(tmp_path / "hf")
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    assert code == 0, err
+    from redline.training.checkpoint import load_for_inference
+
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    assert model.cfg.kv_shared_layers == 2
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
+    prompt = TOKENS[0, :9].tolist()
+    result = InferenceEngine(model, compile=False).generate([prompt], 8, SamplingParams(temperature=0))[0]
+    hf.generation_config.eos_token_id = None
+    reference = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert result.tokens == reference[0, len(prompt):].tolist()
+
+
 # ----------------------------------------------------------------------------------------------------
 # the engine on each layout: chunked prefill and decode against the model's own greedy choice
 

@@ -248,7 +248,7 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
             expected = config().tie_word_embeddings if top is None else top
             assert module.text_config(hf)["tie_word_embeddings"] is expected, (module.__name__, top, text)
     assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl", "apertus1p5",
-                                               "cohere_compass", "aria"}
+                                               "cohere_compass", "aria", "minimax_m3_vl"}
     hf = _folder("mistral3", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     del config["tie_word_embeddings"]

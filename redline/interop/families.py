@@ -289,7 +289,7 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY,
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma4.UNIFIED_TEXT_FAMILY, gemma3n.FAMILY,
                                 gemma3n.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, apertus.TEXT_1P5_FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY,
                                 llama.MINISTRAL_FAMILY,

@@ -323,6 +323,20 @@ def ignorable(name: str) -> bool:
 
 FAMILY = Family(name="gemma4_text", architecture="Gemma4ForCausalLM", model_config=model_config,
                 hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)
+# Gemma 4 Unified's text model (Gemma4UnifiedForCausalLM, model_type "gemma4_unified_text"): Gemma 4's text model
+# without per-layer inputs or experts (its config has neither field), the same names and layers (transformers'
+# models/gemma4_unified/modular_gemma4_unified.py); its class's own defaults filled in where a config leaves them out.
+# It exports as Gemma 4's text model, the same model.
+_UNIFIED_DEFAULTS = {"sliding_window": 1024, "max_position_embeddings": 262_144}
+
+
+def unified_model_config(hf: dict) -> ModelConfig:
+    return model_config({**_UNIFIED_DEFAULTS, **hf})
+
+
+UNIFIED_TEXT_FAMILY = Family(name="gemma4_unified_text", architecture="Gemma4ForCausalLM",
+                             model_config=unified_model_config, hf_config=hf_config, to_redline=to_redline,
+                             to_hf=to_hf, ignorable=ignorable)
 # Gemma4ForConditionalGeneration's folders: the text model is read; exports are the text model (FAMILY's)
 MULTIMODAL_FAMILY = Family(name="gemma4", architecture="Gemma4ForCausalLM", model_config=model_config,
                            hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)
