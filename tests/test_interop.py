@@ -851,7 +851,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, cohere_compass, cohere_compass_text, "
                          "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
                          "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, "
-                         "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified_text, glm, glm4, glm4_moe, glm4_moe_lite, "
+                         "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, gemma4_unified_text, glm, glm4, glm4_moe, glm4_moe_lite, "
                          "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
                          " hyperclovax, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "

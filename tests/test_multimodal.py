@@ -2,7 +2,8 @@
 Mistral3ForConditionalGeneration and Qwen3VLForConditionalGeneration models with a one-layer vision tower (and
 Apertus1p5ForConditionalGeneration with one-stage image and audio tokenizers, CohereCompassForConditionalGeneration
 with Qwen3-VL's, AriaForConditionalGeneration with Idefics3's and a cross-attention projector,
-MiniMaxM3SparseForConditionalGeneration), saved by
+MiniMaxM3SparseForConditionalGeneration, Gemma4UnifiedForConditionalGeneration with its embedders), saved
+by
 transformers with their processor files beside them; import -> the multimodal model's logits on text and its greedy
 tokens through redline's engine, in both save layouts (language_model.model., which transformers 5.24's
 save_pretrained writes for Gemma 3 and Mistral 3 as their Hub folders have it, and model.language_model., Qwen3-VL's);
@@ -147,6 +148,20 @@ def _minimax_m3_config(**text):
         projector_hidden_size=64, image_token_index=VOCAB - 1, video_token_index=VOCAB - 2)
 
 
+def _gemma4_unified_config(**text):
+    """Gemma 4 Unified's layout: tests/interop_models.py's gemma4_unified_text model (a pad id, which its multimodal
+    forward writes over image and audio tokens) beside its patch and audio embedders (no towers), tied."""
+    from tests.interop_models import FAMILIES
+
+    return transformers.Gemma4UnifiedConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, max_position_embeddings=64,
+                         rms_norm_eps=1e-5, **{**FAMILIES["gemma4_unified_text"][2], "pad_token_id": 0}, **text),
+        vision_config=dict(patch_size=4, pooling_kernel_size=1, mm_embed_dim=16, mm_posemb_size=8,
+                           output_proj_dims=16),
+        audio_config=dict(audio_embed_dim=8), image_token_id=VOCAB - 1, audio_token_id=VOCAB - 2,
+        boi_token_id=VOCAB - 3, eoi_token_id=VOCAB - 4, tie_word_embeddings=True)
+
+
 CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
          "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
@@ -154,7 +169,8 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "apertus1p5": (_apertus1p5_config, "Apertus1p5ForConditionalGeneration", "ApertusForCausalLM"),
          "cohere_compass": (_cohere_compass_config, "CohereCompassForConditionalGeneration", "Cohere2ForCausalLM"),
          "aria": (_aria_config, "AriaForConditionalGeneration", "GraniteMoeSharedForCausalLM"),
-         "minimax_m3_vl": (_minimax_m3_config, "MiniMaxM3SparseForConditionalGeneration", None)}  # import only
+         "minimax_m3_vl": (_minimax_m3_config, "MiniMaxM3SparseForConditionalGeneration", None),  # import only
+         "gemma4_unified": (_gemma4_unified_config, "Gemma4UnifiedForConditionalGeneration", "Gemma4ForCausalLM")}
 
 
 def _other_layout(name: str) -> str:

@@ -49,8 +49,8 @@ afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-score
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
 Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); aria.py
-Aria's text model (experts stacked transposed beside an ungated shared MLP); minimax_m3.py MiniMax-M3's text
-model (import only).
+Aria's text model (experts stacked transposed beside an ungated shared MLP); gemma4.py also Gemma 4 Unified's
+text model (and its multimodal folders'); minimax_m3.py MiniMax-M3's text model (import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -289,7 +289,8 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma4.UNIFIED_TEXT_FAMILY, gemma3n.FAMILY,
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma4.UNIFIED_TEXT_FAMILY,
+                                gemma4.UNIFIED_FAMILY, gemma3n.FAMILY,
                                 gemma3n.MULTIMODAL_FAMILY,
                                 apertus.FAMILY, apertus.TEXT_1P5_FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY,
                                 llama.MINISTRAL_FAMILY,
