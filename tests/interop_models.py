@@ -298,6 +298,46 @@ FAMILIES = {
                 dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, sliding_window=5,
                      logit_scale=0.5, layer_norm_eps=1e-5, pad_token_id=None,
                      layer_types=["sliding_attention"] * 3 + ["full_attention"])),
+    # Cohere Compass's text model: Cohere2's block with RoPE on half-split pairs per layer type: windowed layers that
+    # rotate, the full one in three that does not (exported as Cohere2); windowed and full layers rotating by bases
+    # of their own, logits scaled, untied (exported as Cohere Compass); every layer full, one base, tied (as Cohere)
+    "cohere_compass_text": ("CohereCompassTextConfig", "CohereCompassForCausalLM",
+                            dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5,
+                                 layer_norm_eps=1e-5, pad_token_id=None,
+                                 layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                                                  "full_attention": None})),
+    "cohere_compass_text-bases": ("CohereCompassTextConfig", "CohereCompassForCausalLM",
+                                  dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
+                                       logit_scale=0.5, tie_word_embeddings=False, pad_token_id=None,
+                                       layer_types=["sliding_attention", "full_attention"],
+                                       rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                                              "rope_theta": 50.0},
+                                                        "full_attention": {"rope_type": "default",
+                                                                           "rope_theta": 300.0}})),
+    "cohere_compass_text-full": ("CohereCompassTextConfig", "CohereCompassForCausalLM",
+                                 dict(num_attention_heads=4, num_key_value_heads=2, logit_scale=0.25,
+                                      pad_token_id=None,
+                                      rope_parameters={"full_attention": {"rope_type": "default",
+                                                                          "rope_theta": 500.0}})),
+    # Aria's text model: Llama's attention (GQA), every layer's MLP top 2 of 4 experts stacked transposed beside 2
+    # shared ones fused into an ungated MLP, untied
+    "aria_text": ("AriaTextConfig", "AriaTextForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, moe_num_experts=4,
+                       moe_topk=2, moe_num_shared_experts=2, pad_token_id=None,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # MiniMax-M3's text model: a dense first layer (48 wide), then top 2 of 4 sigmoid-scored experts chosen with the
+    # correction bias, scaled by 2, beside an ungated shared expert, clamped SwiGLUs, Gemma's norms and per-head
+    # QK-norm, RoPE on half of each head; its middle layer sparse (blocks of 4 keys, the best 8 kept: dense within 32
+    # tokens, the context read)
+    "minimax_m3_vl_text": ("MiniMaxM3VLTextConfig", "MiniMaxM3VLForCausalLM",
+                           dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                                intermediate_size=32, dense_intermediate_size=48, shared_intermediate_size=24,
+                                num_local_experts=4, num_experts_per_tok=2, index_n_heads=2, index_head_dim=8,
+                                index_block_size=4, index_topk_blocks=8, mlp_layer_types=["dense", "sparse", "sparse"],
+                                layer_types=["full_attention", "minimax_m3_sparse", "full_attention"],
+                                rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                 "partial_rotary_factor": 0.5})),
     # GraniteMoE: Granite's four scalars, top 2 of 4 experts (softmax over the chosen logits), untied
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -345,6 +385,20 @@ FAMILIES = {
                     rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                         "rope_theta": 5000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
+    # Gemma 4 Unified's text model: Gemma 4's above without per-layer inputs (it has none) and without shared KV
+    # layers (transformers 5.24's Gemma4ForCausalLM, the export, fails on shared KV layers without per-layer inputs:
+    # its _maybe_slice_kv_shared_inputs slices them)
+    "gemma4_unified_text": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedForCausalLM",
+                            dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                                 num_hidden_layers=4, sliding_window=5, pad_token_id=None,
+                                 layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                              "full_attention"],
+                                 final_logit_softcapping=3.0,
+                                 rope_parameters={"full_attention": {"rope_type": "proportional",
+                                                                     "partial_rotary_factor": 0.25,
+                                                                     "rope_theta": 5000.0},
+                                                  "sliding_attention": {"rope_type": "default",
+                                                                        "rope_theta": 300.0}})),
     # Gemma 4 text in a layout llama.cpp's gemma4 runs as transformers does (gemma-4-E2B's): the two layers before
     # the shared ones windowed then full, whose keys and values the shared windowed and full layers read
     # (llama.cpp's KV-cache reuse rule); per-layer inputs, double-wide shared MLPs, proportional RoPE, a soft cap
@@ -982,6 +1036,12 @@ FAMILIES = {
                      rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
                                       "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0})),
+    # Apertus 1.5's text model: Apertus's (as above), its head unpruned (output_vocab_size null)
+    "apertus1p5_text": ("Apertus1p5TextConfig", "Apertus1p5TextForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
+                             rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                              "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0})),
     # ERNIE 4.5 MoE as ERNIE-4.5-21B-A3B is laid out: a dense first layer (96 wide), then experts (top 2 of 4, 32
     # wide, chosen with the correction bias, moved so that it chooses) and 2 shared ones on the others, tied; and
     # experts on every second layer among dense ones as wide, untied, no shared experts

@@ -97,12 +97,22 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # HY-V3 is dots.llm1's layout (its groupless routing, its choosing bias named beside the router)
                "hy_v3": "Dots1ForCausalLM",
                # HyperCLOVA X without its post norms is Granite's block, its logits scaled
-               "hyperclovax-pre": "GraniteForCausalLM"}
+               "hyperclovax-pre": "GraniteForCausalLM",
+               # Apertus 1.5's text model is Apertus's
+               "apertus1p5_text": "ApertusForCausalLM",
+               # Cohere Compass with Cohere2's layout (NoPE full layers one in every N) or Cohere's (no window)
+               "cohere_compass_text": "Cohere2ForCausalLM", "cohere_compass_text-full": "CohereForCausalLM",
+               # Aria's text model is GraniteMoeShared's mixture without Granite's scalars
+               "aria_text": "GraniteMoeSharedForCausalLM",
+               # Gemma 4 Unified's text model is Gemma 4's without per-layer inputs
+               "gemma4_unified_text": "Gemma4ForCausalLM"}
 
 
 # families imported but not exported, with the export's one-line refusal (XGLM's positions are a fixed sinusoid, which
 # redline holds as a learned table: xglm.py)
-IMPORT_ONLY = {"xglm": "model.embed_scale with learned positions"}
+IMPORT_ONLY = {"xglm": "model.embed_scale with learned positions",
+               # MiniMax-M3's Gemma norms with sigmoid-scored experts: no architecture redline writes has both
+               "minimax_m3_vl_text": "model.norm_unit_offset"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -141,7 +151,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
                                         ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
-                                        ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3")])
+                                        ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
+                                        ("cohere_compass_text-bases", "Cohere Compass")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -336,6 +347,13 @@ REDLINE_EXPORTS = {
     "Cohere2ForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True,
                                logit_divisor=2.0, n_kv_head=2, tie_embeddings=True, sliding_window=5,
                                sliding_window_pattern=2, nope_interval=2),
+    # Cohere Compass: Cohere's block with windowed layers that rotate by a base of their own beside full ones; with
+    # windowed layers alone, every one rotating
+    "CohereCompassForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True,
+                                     parallel_shared_norm=True, logit_divisor=2.0, n_kv_head=2, sliding_window=5,
+                                     sliding_window_pattern=2, rope_local_theta=50.0),
+    "CohereCompassForCausalLM-windowed": dict(norm="layernorm", norm_bias=False, parallel_residual=True,
+                                              parallel_shared_norm=True, n_kv_head=2, sliding_window=5),
     "Lfm2MoeForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
                                mlp_hidden=32, moe_dense_layers=1, moe_dense_hidden=80, moe_gating="sigmoid",
                                moe_expert_bias=True, moe_scale=2.0),
@@ -779,6 +797,13 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(qkv_clip=1.0, moe_experts=4, sliding_window=8), "model.sliding_window with model.qkv_clip: DBRX"),
     (dict(norm="layernorm", moe_experts=4, norm_bias=True), "model.norm_bias with softmax-routed experts with "
                                                             "LayerNorm: DBRX"),
+    # Cohere's block with a RoPE base per layer: Cohere Compass's, one base a layer type, unscaled
+    (dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True, n_layer=3,
+          sliding_window=4, window_layers=(0, 1), rope_layer_theta=(10.0, 20.0, 30.0)),
+     "model.rope_layer_theta with Cohere's parallel block: Cohere Compass"),
+    (dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True, sliding_window=4,
+          rope_local_theta=10.0, rope_scaling="linear", rope_factor=2.0),
+     "model.rope_scaling=linear with Cohere's parallel block and a RoPE base per layer type"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -870,25 +895,29 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, arcee, axk1, aya_vision, bailing_hybrid, bamba, bitnet, bloom, "
-                         "codegen, cohere, cohere2, cohere2_moe, cohere2_vision, cwm, dbrx, deepseek_v2, deepseek_v3, "
+                         "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, "
+                         "aya_vision, bailing_hybrid, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "cohere2_vision, cohere_compass, cohere_compass_text, cwm, dbrx, deepseek_v2, deepseek_v3, "
                          "deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, "
                          "exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, gemma3_text, "
-                         "gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, "
-                         "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, "
-                         "granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, helium, "
-                         "hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, idefics3, internvl, jais2, jamba, "
-                         "jetmoe, kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, "
-                         "llama4_text, llava, llava_next, llava_next_video, llava_onevision, mamba, mamba2, mellum, "
-                         "mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, mixtral, "
-                         "mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon,"
-                         " phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, "
-                         "qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, "
-                         "qwen4_exp_text, recurrent_gemma, seed_oss, smollm3, smolvlm, solar_open, stablelm, starcoder2, "
-                         "vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
+                         "gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, gemma4_unified_text, glm, glm4, "
+                         "glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, "
+                         "gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, "
+                         "granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, "
+                         "idefics3, internvl, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, "
+                         "lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, "
+                         "mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, "
+                         "ministral, ministral3, mistral, mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, "
+                         "nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, "
+                         "qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, "
+                         "qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss,"
+                         " smollm3, smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu,"
+                         " zamba, zamba2")
 
 
-@pytest.mark.parametrize("model_type, fragment", [("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
+@pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),
+                                                   ("gemma4_unified_assistant", "multi-token-prediction drafter"),
+                                                   ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
                                                    ("dory", "keep the hidden state on the unit sphere")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")

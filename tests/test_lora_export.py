@@ -151,6 +151,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     # Cohere: Llama's names, q and k rows in RoPE's interleaved order (B's rows permuted alike), parallel sublayers
     "CohereForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True,
                               logit_divisor=4.0, n_kv_head=2, tie_embeddings=True),
+    # Cohere Compass: Cohere's block and names with q and k rows in redline's own RoPE order, its windowed layer
+    # rotating by a base of its own
+    "CohereCompassForCausalLM": dict(norm="layernorm", norm_bias=False, parallel_residual=True,
+                                     parallel_shared_norm=True, logit_divisor=2.0, n_kv_head=2, sliding_window=4,
+                                     sliding_window_pattern=2, rope_local_theta=50.0),
     # LFM2: a short convolution (in_proj, out_proj) on layer 0, attention (out_proj) on 1, feed_forward.w1/w3/w2
     "Lfm2ForCausalLM": dict(conv_layers=(0,), qk_norm=True, n_kv_head=2, tie_embeddings=True),
     # LFM3: LFM2's convolution, then a windowed attention layer with Qwen3's names (o_proj), gated heads, output norms

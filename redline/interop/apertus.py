@@ -8,6 +8,14 @@ the slopes it uses, and beta and eps as 0-d buffers that every checkpoint stores
 each MLP's parameters and beta and eps as config fields (model.xielu_beta, xielu_eps), so an import checks that every
 layer's stored beta and eps are the config's (rounded to the stored dtype) and refuses a checkpoint whose layers
 differ. Semantics read from transformers' models/apertus/modeling_apertus.py.
+
+Apertus 1.5 (model_type "apertus1p5_text", Apertus1p5TextForCausalLM; and "apertus1p5", its multimodal
+Apertus1p5ForConditionalGeneration) is Apertus's text model unchanged over a vocabulary extended with image and audio
+code ranges: images and audio are tokenized by a VQ image tokenizer and a WavTokenizer encoder (model.vision_tokenizer,
+model.audio_tokenizer, left unread) into ids of that vocabulary, whose rows of the shared embedding are the features,
+so on text the multimodal model is its text model (transformers' models/apertus1p5/modular_apertus1p5.py). Both
+export as Apertus. Its head pruned to the text ids (output_vocab_size below vocab_size, the released checkpoints')
+gives logits narrower than the embedding, a head redline does not have: refused by name.
 """
 
 from __future__ import annotations
@@ -109,5 +117,44 @@ def hf_config(cfg: ModelConfig) -> dict:
             "bos_token_id": None, "eos_token_id": None}  # the writer sets the token ids
 
 
+# Apertus1p5TextConfig's defaults for the fields redline reads, which transformers fills in where a config leaves
+# them out (save_pretrained writes a nested text_config's fields that differ from them)
+_APERTUS1P5_DEFAULTS = dict(
+    vocab_size=266_752, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32, num_attention_heads=32,
+    max_position_embeddings=65_536, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    rope_parameters={"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
+                     "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0})
+
+
+def apertus1p5_config(hf: dict) -> ModelConfig:
+    """Apertus 1.5's text config (its class's defaults where it leaves a field out): Apertus's, its head one row a
+    token."""
+    hf = {**_APERTUS1P5_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+    rows, vocab = hf.get("output_vocab_size"), hf["vocab_size"]
+    if rows is not None and rows != vocab:
+        raise UserError(f"output_vocab_size={rows} below vocab_size={vocab}: Apertus 1.5's head pruned to the text "
+                        f"ids gives logits narrower than its embedding, a head redline does not have (one row a token)")
+    return model_config(hf)
+
+
+def apertus1p5_hf_config(cfg: ModelConfig) -> dict:
+    return {**hf_config(cfg), "model_type": "apertus1p5_text", "output_vocab_size": None}
+
+
 FAMILY = Family(name="apertus", architecture="ApertusForCausalLM", model_config=model_config, hf_config=hf_config,
                 to_redline=to_redline, to_hf=to_hf, ignorable=llama._ignorable)
+
+def apertus1p5_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    """The text model's tensors, under model.* or, as Apertus1p5TextForCausalLM also loads them, under a multimodal
+    save's model.language_model.*."""
+    from redline.interop.multimodal import text_view
+
+    return to_redline(text_view(src), cfg)
+
+
+TEXT_1P5_FAMILY = Family(name="apertus1p5_text", architecture="Apertus1p5TextForCausalLM",
+                         model_config=apertus1p5_config, hf_config=apertus1p5_hf_config,
+                         to_redline=apertus1p5_to_redline, to_hf=to_hf,
+                         # Apertus1p5TextForCausalLM leaves a multimodal save's tokenizers unread too
+                         ignorable=lambda n: llama._ignorable(n) or n.startswith(_TOKENIZERS))
+_TOKENIZERS = ("model.vision_tokenizer.", "model.audio_tokenizer.")

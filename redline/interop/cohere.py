@@ -8,12 +8,14 @@ redline's (first half, second half) order as ernie.py does (every q·k product u
 Cohere2 interleaves sliding-window layers, which rotate, with full layers, which do not (NoPE): `layer_types` (or the
 older `sliding_window_pattern`) with one full layer in every N is redline's sliding_window_pattern N with
 nope_interval N, as EXAONE 4.0's (exaone4._layers). Semantics read from transformers' models/cohere and
-models/cohere2 modeling files.
+models/cohere2 modeling files. Cohere2 MoE and Cohere Compass (below) are Cohere2's block with experts, and with
+RoPE per layer type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -75,6 +77,8 @@ def export_name(cfg: ModelConfig) -> str:
          "block: Cohere has none of them"),
         (cfg.head_size not in (None, cfg.n_embd // cfg.n_head), "model.head_size apart from n_embd / n_head: "
                                                                   "Cohere's heads are n_embd / n_head wide"),
+        (cfg.rope_layer_theta or cfg.rope_local_theta, "a RoPE base per layer with Cohere's parallel block: "
+                                                       "Cohere rotates by one base"),
         (windowed and not (cfg.sliding_window_pattern and cfg.nope_interval == cfg.sliding_window_pattern),
          "model.sliding_window with Cohere's block: Cohere2 has windowed layers that rotate and one full layer "
          "without RoPE in every N (model.sliding_window_pattern N with model.nope_interval N)"),
@@ -117,6 +121,123 @@ FAMILIES = tuple(
            to_redline=to_redline, to_hf=to_hf, ignorable=llama._ignorable)
     for n, arch in (("cohere", "CohereForCausalLM"), ("cohere2", "Cohere2ForCausalLM"))
 )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cohere Compass (CohereCompassForCausalLM, model_type "cohere_compass_text"; its multimodal
+# CohereCompassForConditionalGeneration, "cohere_compass": North-Micro-Vision) is Cohere2's parallel block and names
+# with
+# - RoPE on (first half, second half) pairs, redline's own order (Qwen3's apply_rotary_pos_emb: nothing to permute),
+#   its multimodal sections (mrope_section) one position on text, as Qwen3-VL's (multimodal.py);
+# - rope_parameters given per layer type, {"sliding_attention": {...}, "full_attention": {...} or None}: a base per
+#   kind, None for a kind that does not rotate, so NoPE full layers one in every N (nope_interval N), one base for all
+#   (rope_theta), or a base per layer (rope_layer_theta);
+# - the window on the layers layer_types calls sliding (every layer full when it names none), heads hidden_size /
+#   num_attention_heads wide whatever head_dim says, logits times logit_scale where given.
+# Semantics read from transformers' models/cohere_compass/modular_cohere_compass.py. Imports export as Cohere
+# (every layer rotating by one base, no window) or Cohere2 (windowed layers rotating, the full one in every N not);
+# other layouts as Cohere Compass.
+
+# CohereCompassTextConfig's defaults for the fields redline reads, which transformers fills in where a config leaves
+# them out
+_COMPASS_DEFAULTS = dict(vocab_size=256_000, hidden_size=8192, intermediate_size=22_528, num_hidden_layers=40,
+                         num_attention_heads=64, max_position_embeddings=8192, layer_norm_eps=1e-5,
+                         sliding_window=4096, tie_word_embeddings=True)
+
+
+def _compass_thetas(hf: dict, kinds: list[str]) -> list[float]:
+    """Each layer's RoPE base, 0 for a layer that does not rotate, from rope_parameters keyed by layer type."""
+    params = hf.get("rope_parameters") or {}
+    thetas = []
+    for kind in kinds:
+        if kind not in params:
+            raise UserError(f"rope_parameters names no {kind!r}: Cohere Compass takes RoPE parameters per layer type "
+                            f"(None for a kind that does not rotate)")
+        spec = params[kind]
+        if spec is None:
+            thetas.append(0.0)
+            continue
+        kind_of = spec.get("rope_type", "default")
+        if kind_of != "default":
+            raise UserError(f"rope_parameters[{kind!r}].rope_type={kind_of!r}: redline reads Cohere Compass's "
+                            f"unscaled RoPE (default) alone")
+        thetas.append(float(spec["rope_theta"]))
+    if not any(thetas):
+        raise UserError("rope_parameters rotates no layer type: every layer would be position-free, which redline "
+                        "does not run")
+    return thetas
+
+
+def compass_model_config(hf: dict) -> ModelConfig:
+    hf = {**_COMPASS_DEFAULTS, **hf}
+    hf.pop("head_dim", None)  # CohereCompassTextConfig sets it to hidden_size / num_attention_heads
+    n = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types") or ["full_attention"] * n
+    windows = llama.layer_windows(hf, n, kinds)
+    thetas = _compass_thetas(hf, kinds)
+    nope = [i for i, t in enumerate(thetas) if not t]
+    bases = {t for t in thetas if t}
+    interval = nope[0] + 1 if nope else 0
+    if len(bases) == 1 and (not nope or nope == [i for i in range(n) if (i + 1) % interval == 0]):
+        rope = dict(rope_theta=bases.pop(), nope_interval=interval)
+    else:
+        rope = dict(rope_theta=max(bases), rope_layer_theta=tuple(thetas))
+    cfg = model_config_for("cohere")({**hf, "rope_parameters": None, "rope_theta": rope["rope_theta"]})
+    return replace(cfg, **windows, **rope)
+
+
+def _compass_theta(cfg: ModelConfig, layer: int) -> float:
+    """The RoPE base layer `layer` rotates by, 0 for none (nope_interval, rope_local_theta, rope_layer_theta)."""
+    return cfg.rope_bases[cfg.layer_rope_table(layer)][0] if cfg.layer_rope(layer) else 0.0
+
+
+def wants_compass(cfg: ModelConfig) -> bool:
+    """Cohere's parallel block (wants_cohere) with what only Cohere Compass's RoPE per layer type gives: a base per
+    layer or for the windowed layers, windowed layers beside full ones that rotate too, or windows on other layers
+    than all but every N-th."""
+    if not wants_cohere(cfg) or cfg.moe_experts or cfg.attn_sinks:  # Cohere2 MoE's; Granite SWA's sinks
+        return False
+    cohere2 = cfg.sliding_window_pattern and cfg.nope_interval == cfg.sliding_window_pattern and not cfg.window_layers
+    return bool(cfg.rope_layer_theta or cfg.rope_local_theta or (cfg.sliding_window and not cohere2))
+
+
+def check_compass_exportable(cfg: ModelConfig) -> None:
+    """A UserError naming what Cohere Compass's layer types cannot give: one base (or none) for the windowed layers
+    and one for the full ones, unscaled."""
+    kinds = {}
+    for i in range(cfg.n_layer):
+        kinds.setdefault(cfg.layer_window(i) > 0, set()).add(_compass_theta(cfg, i))
+    export_name(replace(cfg, sliding_window=0, nope_interval=0, rope_layer_theta=(), rope_local_theta=0.0))
+    raise_first([
+        (any(len(t) > 1 for t in kinds.values()),
+         "model.rope_layer_theta with Cohere's parallel block: Cohere Compass, the architecture with a RoPE base per "
+         "layer type redline exports to, takes one base (or none) for its windowed layers and one for its full ones"),
+        (cfg.rope_scaling != "none", f"model.rope_scaling={cfg.rope_scaling} with Cohere's parallel block and a RoPE "
+                                     f"base per layer type: Cohere Compass's RoPE is unscaled"),
+    ])
+
+
+def compass_hf_config(cfg: ModelConfig) -> dict:
+    check_compass_exportable(cfg)
+    out = hf_config_for("cohere")(cfg)
+    for key in ("rope_theta", "rope_scaling", "use_qk_norm"):
+        out.pop(key)
+    kinds = ["sliding_attention" if cfg.layer_window(i) else "full_attention" for i in range(cfg.n_layer)]
+    rope = {}
+    for i, kind in enumerate(kinds):
+        theta = _compass_theta(cfg, i)
+        rope[kind] = {"rope_type": "default", "rope_theta": theta} if theta else None
+    return {**out, "model_type": "cohere_compass_text", "layer_types": kinds, "rope_parameters": rope,
+            "sliding_window": cfg.sliding_window or cfg.context_len}
+
+
+def compass_to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    return llama.to_hf(state, cfg, name="cohere")
+
+
+COMPASS_FAMILY = Family(name="cohere_compass_text", architecture="CohereCompassForCausalLM",
+                        model_config=compass_model_config, hf_config=compass_hf_config, to_redline=llama.to_redline,
+                        to_hf=compass_to_hf, ignorable=llama._ignorable)
 
 
 # ----------------------------------------------------------------------------------------------------

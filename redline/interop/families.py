@@ -35,16 +35,17 @@ minimax_m2.py MiniMax-M2 (Mixtral's names, QK-norm over whole projections, parti
 bias); phimoe.py PhiMoE (Mixtral's names, LayerNorms and attention with biases, SparseMixer routing, LongRoPE); dbrx.py
 DBRX (clamped fused q/k/v, LayerNorms without biases, experts fused into one tensor per projection).
 EXAONE 3.x; ernie.py ERNIE 4.5 (dense and MoE) and Helium; hunyuan.py Hunyuan (dense and MoE); cohere.py also Cohere2
-MoE; llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
+MoE and Cohere Compass's text model (a RoPE base per layer type);
+llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
 (LayerNorm, ReLU²); glm.py also Solar Open (GLM-4-MoE's experts on every layer under Llama's attention); dots1.py also
 HY-V3 (dots.llm1's layout, other names); persimmon.py Persimmon (GPT-NeoX's query_key_value, LayerNorm QK-norm,
 ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, import only); granite.py also HyperCLOVA X (Granite's with norms on the sublayers'
-outputs); apertus.py Apertus (the xIELU MLP); multimodal.py the text
+outputs); apertus.py Apertus (the xIELU MLP) and Apertus 1.5's text model; multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
 qwen3) and of the LLaVA-like ones (LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA, Video-LLaVA, LLaVA-NeXT-Video,
 InternVL, SmolVLM, Idefics3, Aya Vision, Command A Vision, LFM2-VL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL-MoE,
 GLM-4.1V, GLM-4.5V, HunYuan-VL, EXAONE 4.5, Granite 4.0 Vision, Llama 3.2 Vision (its self-attention
-layers): read as their text model's family); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
+layers), Apertus 1.5, Cohere Compass, Aria and MiniMax-M3: read as their text model's family); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
 A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
@@ -52,7 +53,9 @@ windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense 
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
 Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); jetmoe.py JetMoE
 (a mixture of attention heads routed per token beside a mixture of SwiGLU experts); zamba.py Zamba (v1: Mamba-1 mixers
-in heads, some layers calling one shared transformer block first).
+in heads, some layers calling one shared transformer block first); aria.py
+Aria's text model (experts stacked transposed beside an ungated shared MLP); gemma4.py also Gemma 4 Unified's
+text model (and its multimodal folders'); minimax_m3.py MiniMax-M3's text model (import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -275,6 +278,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
     from redline.interop import qwen4_exp
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
+    from redline.interop import aria, minimax_m3
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -292,10 +296,12 @@ def _families() -> dict[str, Family]:
                                 nemotron_h.MAMBA2_FAMILY, mamba.FAMILY, mamba.FALCON_FAMILY, gpt_bigcode.FAMILY,
                                 gpt_neo.FAMILY, gptj.FAMILY, gptj.CODEGEN_FAMILY, bloom.FAMILY, mpt.FAMILY,
                                 falcon.FAMILY, jamba.FAMILY, glm.GLM_FAMILY, glm.GLM4_FAMILY, glm.GLM4_MOE_FAMILY,
-                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma3n.FAMILY,
+                                gemma4.FAMILY, gemma4.MULTIMODAL_FAMILY, gemma4.UNIFIED_TEXT_FAMILY,
+                                gemma4.UNIFIED_FAMILY, gemma3n.FAMILY,
                                 gemma3n.MULTIMODAL_FAMILY,
-                                apertus.FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY, llama.MINISTRAL_FAMILY,
-                                cohere.MOE_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
+                                apertus.FAMILY, apertus.TEXT_1P5_FAMILY, ernie.MOE_FAMILY, hunyuan.MOE_FAMILY,
+                                llama.MINISTRAL_FAMILY,
+                                cohere.MOE_FAMILY, cohere.COMPASS_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
                                 *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
@@ -305,7 +311,8 @@ def _families() -> dict[str, Family]:
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
                                 laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY,
-                                kimi_linear.FAMILY, bailing_hybrid.FAMILY)}
+                                kimi_linear.FAMILY, bailing_hybrid.FAMILY,
+                                aria.FAMILY, minimax_m3.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -327,6 +334,11 @@ NOT_READ = {
             "output interpolated toward at learned per-channel rates instead of added), scale queries per channel "
             "after RoPE and pass through a recurrent section of layers n_recurrent_loops times; redline's blocks add "
             "their sublayers' outputs to an unnormalized residual stream, each layer once",
+    "gemma4_assistant": "Gemma 4's assistant is a multi-token-prediction drafter: it runs on the main model's "
+                        "hidden states and its last layers' keys and values (no input ids of its own), not on tokens "
+                        "alone; redline reads the main model (gemma4, gemma4_text)",
+    "gemma4_unified_assistant": "Gemma 4 Unified's assistant is a multi-token-prediction drafter: it runs on the main "
+                                "model's hidden states and its last layers' keys and values, not on tokens alone",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "
@@ -394,7 +406,8 @@ def export_family(cfg: ModelConfig) -> Family:
     parallel sublayers or exact GELU, SmolLM3 with layers without RoPE, Granite with its embedding, residual, score and
     logit scalars (Granite 4.0 where it has no positions), Qwen3 with QK-norm, Mistral with a sliding window, Qwen2 with
     biases on q/k/v alone, Hunyuan with QK-norm after RoPE, Cohere (Cohere2 with its window) with parallel sublayers
-    under one norm and SwiGLU, Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
+    under one norm and SwiGLU (Cohere Compass with a RoPE base per layer type),
+    Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
     attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales, Kimi Linear with
     Kimi Delta Attention through low-rank gates (model.delta_gate_rank), Ling 3 (Bailing hybrid) with KDA's bounded
@@ -612,6 +625,9 @@ def export_family(cfg: ModelConfig) -> Family:
     if cohere.wants_cohere2_moe(cfg):  # experts in Cohere's parallel block, in any layer and window layout
         cohere.check_moe_exportable(cfg)
         return families["cohere2_moe"]
+    if cohere.wants_compass(cfg):  # Cohere's dense parallel block with a RoPE base per layer type: Cohere Compass's
+        cohere.check_compass_exportable(cfg)
+        return families["cohere_compass_text"]
     if windowed_moe.wants_mellum(cfg):  # softmax experts, Qwen3's attention, windowed or dense layers: Mellum's
         windowed_moe.check_mellum_exportable(cfg)
         return families["mellum"]

@@ -323,6 +323,35 @@ def ignorable(name: str) -> bool:
 
 FAMILY = Family(name="gemma4_text", architecture="Gemma4ForCausalLM", model_config=model_config,
                 hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)
+# Gemma 4 Unified's text model (Gemma4UnifiedForCausalLM, model_type "gemma4_unified_text"): Gemma 4's text model
+# without per-layer inputs or experts (its config has neither field), the same names and layers (transformers'
+# models/gemma4_unified/modular_gemma4_unified.py); its class's own defaults filled in where a config leaves them out.
+# It exports as Gemma 4's text model, the same model.
+_UNIFIED_DEFAULTS = {"sliding_window": 1024, "max_position_embeddings": 262_144}
+
+
+def unified_model_config(hf: dict) -> ModelConfig:
+    """Gemma4UnifiedTextConfig's fields, its defaults where the config (or a multimodal config's text_config) leaves
+    them out."""
+    if "text_config" in hf:
+        return model_config({**hf, "text_config": {**_UNIFIED_DEFAULTS, **hf["text_config"]}})
+    return model_config({**_UNIFIED_DEFAULTS, **hf})
+
+
+def unified_ignorable(name: str) -> bool:
+    """The multimodal folder's patch embedder (Gemma 4 Unified has no vision or audio tower: its embedders project
+    raw patches and audio frames), which the text model does not run."""
+    return ignorable(name) or name.startswith(("model.vision_embedder.", "vision_embedder.", "embed_vision.",
+                                               "embed_audio."))
+
+
+UNIFIED_TEXT_FAMILY = Family(name="gemma4_unified_text", architecture="Gemma4ForCausalLM",
+                             model_config=unified_model_config, hf_config=hf_config, to_redline=to_redline,
+                             to_hf=to_hf, ignorable=ignorable)
+# Gemma4UnifiedForConditionalGeneration's folders (model_type "gemma4_unified"): the text model under
+# model.language_model.* is read as Gemma 4's multimodal folders' is, the embedders left out
+UNIFIED_FAMILY = Family(name="gemma4_unified", architecture="Gemma4ForCausalLM", model_config=unified_model_config,
+                        hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=unified_ignorable)
 # Gemma4ForConditionalGeneration's folders: the text model is read; exports are the text model (FAMILY's)
 MULTIMODAL_FAMILY = Family(name="gemma4", architecture="Gemma4ForCausalLM", model_config=model_config,
                            hf_config=hf_config, to_redline=to_redline, to_hf=to_hf, ignorable=ignorable)

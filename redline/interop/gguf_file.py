@@ -1196,6 +1196,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "flex_olmo": ("FlexOlmo", "no writer here for experts in OLMo 2's output-norm block (llama.cpp's "
                                           "olmoe has pre-norm blocks)"),
                 "cohere2_moe": ("Cohere2 MoE", "no writer here for experts in Cohere2's parallel block"),
+                "cohere_compass_text": ("Cohere Compass", "llama.cpp's command-r and cohere2 rotate by one base, "
+                                                          "not by a base per layer type"),
                 "afmoe": ("AFMoE", "no writer here for llama.cpp's afmoe layout (gated heads, sandwich norms, NoPE "
                                    "full layers, sigmoid routing with a bias)"),
                 "mellum": ("Mellum", "no writer here for experts with windowed layers, a RoPE base of their own "

@@ -14,6 +14,13 @@ GraniteForCausalLM's), Llama 3.2 Vision (Mllama: llama, its self-attention layer
 among them skipped on text as MllamaTextModel skips them). On text alone each of their forwards is the text model's
 (image and video tokens' rows, or deepstack features, are added only where pixel values are given). PaliGemma (a
 prefix-LM) and Mistral Large 4 are refused by name (families.NOT_READ).
+Also Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "apertus1p5", its text model apertus1p5_text:
+apertus.py, whose image and audio tokens are ids of the text model's own vocabulary), Cohere Compass's
+CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower and
+forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is),
+Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py) and MiniMax-M3's
+MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text model minimax_m3_vl_text:
+minimax_m3.py, import only).
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
 mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
@@ -63,7 +70,10 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.image_tower.", "image_tower.", "model.video_tower.", "video_tower.",  # Video-LLaVA's
            "vit.",  # HunYuan-VL's tower and projector as its Hub folders (and save_pretrained) name them
            # Granite 4.0 Vision's deepstack and spatial projectors
-           "model.layerwise_projectors.", "layerwise_projectors.", "model.spatial_projectors.", "spatial_projectors.")
+           "model.layerwise_projectors.", "layerwise_projectors.", "model.spatial_projectors.", "spatial_projectors.",
+           # Apertus 1.5's image and audio tokenizers
+           "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.",
+           "patch_merge_mlp.", "model.patch_merge_mlp.")  # MiniMax-M3's patch merger, as its Hub folders name it
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -335,8 +345,10 @@ def families() -> tuple[Family, ...]:
     under model.text_model.), aya_vision and cohere2_vision (cohere2), lfm2_vl (lfm2); qwen2_vl and qwen2_5_vl
     (qwen2, their multimodal RoPE plain on text); qwen3_vl_moe (qwen3_moe, its experts transposed); glm4v (glm4),
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
-    (llama)."""
-    from redline.interop import cohere, exaone4, gemma3, glm, granite, hunyuan, lfm2, llama, moe
+    (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
+    aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py)."""
+    from redline.interop import (apertus, aria, cohere, exaone4, gemma3, glm, granite, hunyuan, lfm2, llama, minimax_m3,
+                                 moe)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
@@ -387,4 +399,13 @@ def families() -> tuple[Family, ...]:
                               "hunyuan_vl_text", text_tie=True),
             *(multimodal_family(name, "Qwen2ForCausalLM", {text: llamas["qwen2"]}, text, tie_default=False,
                                 text_tie=True, adapt=_plain_rope)
-              for name, text in (("qwen2_vl", "qwen2_vl_text"), ("qwen2_5_vl", "qwen2_5_vl_text"))))
+              for name, text in (("qwen2_vl", "qwen2_vl_text"), ("qwen2_5_vl", "qwen2_5_vl_text"))),
+            multimodal_family("apertus1p5", "Apertus1p5TextForCausalLM",
+                              {"apertus1p5_text": apertus.TEXT_1P5_FAMILY}, "apertus1p5_text", tie_default=False),
+            multimodal_family("cohere_compass", "CohereCompassForCausalLM",
+                              {"cohere_compass_text": cohere.COMPASS_FAMILY}, "cohere_compass_text",
+                              tie_default=False),
+            multimodal_family("aria", "AriaTextForCausalLM", {"aria_text": aria.FAMILY}, "aria_text",
+                              tie_default=False),
+            multimodal_family("minimax_m3_vl", "MiniMaxM3VLForCausalLM", {"minimax_m3_vl_text": minimax_m3.FAMILY},
+                              "minimax_m3_vl_text", tie_default=False))
