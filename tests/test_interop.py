@@ -97,7 +97,9 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # HY-V3 is dots.llm1's layout (its groupless routing, its choosing bias named beside the router)
                "hy_v3": "Dots1ForCausalLM",
                # HyperCLOVA X without its post norms is Granite's block, its logits scaled
-               "hyperclovax-pre": "GraniteForCausalLM"}
+               "hyperclovax-pre": "GraniteForCausalLM",
+               # Sarvam MoE with QK-norm and no biases is dots.llm1's layout (its router, whole heads rotated)
+               "sarvam_moe": "Dots1ForCausalLM"}
 
 
 # families imported but not exported, with the export's one-line refusal (XGLM's positions are a fixed sinusoid, which
@@ -141,7 +143,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("doge", "Doge"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
-                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna")])
+                                        ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
+                                        ("sarvam_moe-bias", "Sarvam MoE")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -829,11 +832,11 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
                          "glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
-                         " hyperclovax, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
+                         " hyperclovax, internlm3, iquestcoder, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
                          "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
                          "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
-                         "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, seed_oss, smollm3, solar_open, "
+                         "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, solar_open, "
                          "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba2")
 
 

@@ -253,6 +253,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Glm4MoeForCausalLM": dict(rope_dims=8, qkv_bias=True, qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
                                mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=80),
+    # Sarvam MoE: GLM-4-MoE's modules rotating whole heads, q/k/v biases beside QK-norm (which dots.llm1 has not)
+    "Glm4MoeForCausalLM-sarvam": dict(qkv_bias=True, qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                                      mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                                      moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                                      moe_dense_hidden=80),
     # Falcon: query_key_value (B's rows regrouped by KV head, [q, q, k, v] a group), dense, dense_h_to_4h / 4h_to_h
     "FalconForCausalLM": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, bias=True),
     # Llama 4: q and k rows (B's rows) in its interleaved RoPE order, chunked attention and weightless QK-norm on layer
@@ -315,7 +320,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # Llama 4's router's forward returns a pair, which no LoRA layer can wrap
            "Llama4ForCausalLM": ("attn.*", "mlp.fc", "mlp.proj", "mlp.shared.*"),
            # PEFT moves GLM-4-MoE's MLP adapters (dense, shared) onto its experts: its attention alone
-           "Glm4MoeForCausalLM": ("attn.*",),
+           "Glm4MoeForCausalLM": ("attn.*",), "Glm4MoeForCausalLM-sarvam": ("attn.*",),
            # the per-layer input layers: each block's ple_gate and ple_proj, the model's ple_proj
            "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*"),
            "Gemma3nForCausalLM": ("attn.*", "mlp.*", "ple_*", "laurel_*"),

@@ -46,7 +46,9 @@ A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed lay
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
-Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one).
+Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); llama_kin.py
+InternLM3 and IQuest-Coder (configs of their own that transformers runs as Llama); sarvam.py Sarvam MoE
+(GLM-4-MoE's layout rotating whole heads) and Sarvam MLA (DeepSeek-V3's).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -267,6 +269,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
+    from redline.interop import llama_kin, sarvam
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -296,7 +299,8 @@ def _families() -> dict[str, Family]:
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
-                                laguna.FAMILY)}
+                                laguna.FAMILY, *llama_kin.FAMILIES, sarvam.MOE_FAMILY,
+                                sarvam.MLA_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -521,6 +525,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if glm.wants_solar_open(cfg):  # sigmoid-scored experts on every layer, whole heads, no QK-norm: Solar Open's
         glm.check_solar_open_exportable(cfg)
         return families["solar_open"]
+    from redline.interop import sarvam
+
+    if sarvam.wants_sarvam_moe(cfg):  # whole heads with q/k/v biases and QK-norm, or dense layers without it
+        sarvam.check_moe_exportable(cfg)
+        return families["sarvam_moe"]
     if dots1.wants_dots1(cfg):  # sigmoid-scored experts beside attention: dots.llm1's (DeepSeek-V3's routing)
         dots1.check_exportable(cfg)
         return families["dots1"]

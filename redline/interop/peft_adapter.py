@@ -289,7 +289,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         parts = adapter_parts(layer, rest, base, out_features, cfg, family.name)
         if parts is not None:
             return parts
-    if family.name in ("glm", "glm4", "glm4_moe"):
+    if family.name in ("glm", "glm4", "glm4_moe", "sarvam_moe"):  # Sarvam MoE: GLM-4-MoE's modules (sarvam.py)
         return _glm_parts(layer, base, rest, out_features, cfg, family)
     if gemma4 and rest in _GEMMA4_PLE:
         return [(base + _GEMMA4_PLE[rest], slice(0, out_features))]
@@ -393,12 +393,12 @@ def _glm_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelCo
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         rows = torch.arange(q + 2 * kv)
         q_rows, k_rows = rows[:q], rows[q:q + kv]
-        if family.name != "glm4_moe":
+        if family.name not in ("glm4_moe", "sarvam_moe"):
             q_rows, k_rows = rope_rows(q_rows, cfg.n_head, cfg, to_hf=True), rope_rows(k_rows, cfg.kv_heads, cfg,
                                                                                          to_hf=True)
         return [(base + "self_attn.q_proj", q_rows), (base + "self_attn.k_proj", k_rows),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
-    if family.name == "glm4_moe" and rest.startswith("mlp."):
+    if family.name in ("glm4_moe", "sarvam_moe") and rest.startswith("mlp."):
         raise UserError(f"the adapter on {layer} would be a router, gate_proj, up_proj or down_proj adapter, which "
                         f"PEFT moves onto GLM-4-MoE's experts (their fused gate_up_proj and down_proj) as it loads "
                         f"them; train with lora.targets attn.* or export with --merge")
