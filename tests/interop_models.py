@@ -998,6 +998,14 @@ FAMILIES = {
                         qk_rope_head_dim=8, v_head_dim=12, num_hidden_layers=3, n_routed_experts=8,
                         num_experts_per_tok=2, moe_intermediate_size=32, pad_token_id=None,
                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # GPT-1: post-LayerNorm blocks without a final norm, learned positions, tanh-GELU, biases, tied
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel",
+                   dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, layer_norm_epsilon=1e-5)),
+    # BioGPT: XGLM's block (embeddings times sqrt(64), pre-LayerNorm, exact GELU, biases) with a learned position
+    # table two rows longer than its context, tied
+    "biogpt": ("BioGptConfig", "BioGptForCausalLM",
+               dict(num_attention_heads=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                    pad_token_id=None)),
     # Cohere2 MoE: RMSNorms, a dense first layer (48 wide) that rotates though full (force_rope), then experts (top 2
     # of 4, 32 wide) averaged with 2 shared ones on windowed layers and a full one without RoPE (a window shorter than
     # the test sequences), the logits scaled, tied; and its LayerNorm form, sigmoid scores, the shared expert summed,
@@ -1134,7 +1142,7 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-_CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig")  # GPT-2's names, sizes given
+_CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig", "OpenAIGPTConfig")  # GPT-2's names, sizes given
 
 
 NOT_AUTO_LOADED = ("Mistral4ForCausalLM",)

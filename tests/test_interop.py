@@ -99,12 +99,14 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # HyperCLOVA X without its post norms is Granite's block, its logits scaled
                "hyperclovax-pre": "GraniteForCausalLM",
                # Sarvam MoE with QK-norm and no biases is dots.llm1's layout (its router, whole heads rotated)
-               "sarvam_moe": "Dots1ForCausalLM"}
+               "sarvam_moe": "Dots1ForCausalLM",
+               # XGLM's sinusoid, held as a learned table, is BioGPT's block and positions (biogpt.py)
+               "xglm": "BioGptForCausalLM"}
 
 
-# families imported but not exported, with the export's one-line refusal (XGLM's positions are a fixed sinusoid, which
-# redline holds as a learned table: xglm.py)
-IMPORT_ONLY = {"xglm": "model.embed_scale with learned positions"}
+# families imported but not exported, with the export's one-line refusal (none now: XGLM, whose positions redline holds
+# as a learned table, exports as BioGPT)
+IMPORT_ONLY = {}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -144,7 +146,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
-                                        ("sarvam_moe-bias", "Sarvam MoE")])
+                                        ("sarvam_moe-bias", "Sarvam MoE"), ("openai-gpt", "GPT-1"),
+                                        ("biogpt", "BioGPT")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -175,6 +178,11 @@ REDLINE_EXPORTS = {
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
     "GPT2LMHeadModel-nobias": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=False),
     "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True, tie_embeddings=True),
+    # BioGPT: learned positions beside embeddings times sqrt(n_embd), exact GELU, biases
+    "BioGptForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", gelu_approximate="none", bias=True,
+                              embed_scale=True),
+    # GPT-1: post-norm blocks (no final norm), a ReLU MLP, learned positions, untied
+    "OpenAIGPTLMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True, norm_position="post"),
     "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False, head_size=8),
     "MistralForCausalLM": dict(sliding_window=5),
     "Qwen2ForCausalLM": dict(qkv_bias=True, tie_embeddings=True),
@@ -826,7 +834,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, arcee, axk1, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "redline imports afmoe, apertus, arcee, axk1, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
                          "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, "
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "
@@ -834,7 +842,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hy_v3,"
                          " hyperclovax, internlm3, iquestcoder, jais2, jamba, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm3, llama, llama4, llama4_text, mamba, "
                          "mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, ministral, ministral3, mistral, mistral3, mistral4, "
-                         "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, "
+                         "mixtral, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, "
                          "persimmon, phi, phi3, phimoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, solar_open, "
                          "stablelm, starcoder2, vaultgemma, xglm, youtu, zamba2")
@@ -842,7 +850,10 @@ def test_import_unsupported_architecture(tmp_path, capsys):
 
 @pytest.mark.parametrize("model_type, fragment", [("kimi_linear", "decays its state per key channel"),
                                                    ("bailing_hybrid", "decay their state per key channel"),
-                                                   ("zamba", "n_mamba_heads heads")])
+                                                   ("zamba", "n_mamba_heads heads"),
+                                                   ("hy_v4", "iHC hyper-connections"),
+                                                   ("gpt_neox_japanese", "on the last layer's output"),
+                                                   ("modernbert-decoder", "prediction head")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

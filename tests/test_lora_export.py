@@ -26,6 +26,10 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                            head_bias=True, rope_dims=8, n_kv_head=2),  # q/k/v split, dense, fc1, fc2
     "StableLmForCausalLM": dict(norm="layernorm", norm_bias=True, qkv_bias=True, rope_dims=4, n_kv_head=2),
     "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True),  # q/k/v, out_proj, fc1, fc2
+    # BioGPT: OPT's module names under biogpt.layers (q/k/v_proj, out_proj, fc1, fc2), the head output_projection
+    "BioGptForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, embed_scale=True),
+    # GPT-1: GPT-2's Conv1D module names (c_attn, c_proj, c_fc), post-norm blocks
+    "OpenAIGPTLMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, norm_position="post"),
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2),  # Llama's names, layer 1 without RoPE
     "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.5, logit_divisor=2.0, n_kv_head=2),
     # BitNet's sub-norms and gated ReLU² MLP (its output projections, normed on their input, are no plain Linear)

@@ -12,8 +12,8 @@ chooses, groups, a routed scale, ungated shared experts, dense first layers). Wh
 Its checkpoints hold the original names (what save_pretrained writes back: transformers' conversion_mapping.py renames
 them as it loads): `model.word_embeddings`, `attention.query_key_value` (rows [q; k; v], as redline's fused qkv),
 `attention.dense`, `attention.query_layernorm` / `key_layernorm`, the router's choosing bias `mlp.gate.expert_bias`;
-folders in GLM-4-MoE's names are read too. Its multi-token prediction layers are none in the released checkpoints (num_mtp_layers): read as unused if present,
-as GLM-4-MoE's are.
+folders in GLM-4-MoE's names are read too. Its multi-token prediction layers are none in the released checkpoints
+(num_mtp_layers): read as unused if present, as GLM-4-MoE's are.
 
 Export: a Sarvam model with QK-norm and no biases is dots.llm1's layout (the same computation: export_family sends it
 there), without QK-norm on experts alone Solar Open's; where neither fits (q/k/v biases beside QK-norm, or dense first
@@ -27,7 +27,8 @@ differ from DeepseekV3Config's (one q_proj: q_lora_rank null; 128 experts in one
 multi-token prediction layers), its original config names num_experts / num_shared_experts, and the original format
 (the remote code's) gives `head_dim` = kv_lora_rank + qk_rope_head_dim for vLLM and `q_head_dim`, both derived and
 ignored, and YaRN as rope_scaling type "deepseek_yarn", which is YaRN (SarvamMLAConfig.__post_init__). Every option of
-it is DeepSeek-V3's: exported as DeepSeek-V3, the same logits; PEFT adapters and GGUF (llama.cpp's deepseek2) as DeepSeek-V3's.
+it is DeepSeek-V3's: exported as DeepSeek-V3, the same logits; PEFT adapters and GGUF (llama.cpp's deepseek2) as
+DeepSeek-V3's.
 Semantics read from transformers' models/sarvam_mla/modular_sarvam_mla.py.
 """
 
@@ -69,7 +70,8 @@ def moe_model_config(hf: dict) -> ModelConfig:
 
 # the Hub's names -> GLM-4-MoE's (transformers' in-memory ones, which glm.py reads), as conversion_mapping.py renames
 _HUB_NAMES = (("model.word_embeddings.", "model.embed_tokens."), (".attention.dense.", ".self_attn.o_proj."),
-              (".attention.query_layernorm.", ".self_attn.q_norm."), (".attention.key_layernorm.", ".self_attn.k_norm."),
+              (".attention.query_layernorm.", ".self_attn.q_norm."),
+              (".attention.key_layernorm.", ".self_attn.k_norm."),
               (".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias"))
 _FUSED = ".attention.query_key_value."
 
