@@ -1006,6 +1006,9 @@ FAMILIES = {
     "biogpt": ("BioGptConfig", "BioGptForCausalLM",
                dict(num_attention_heads=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                     pad_token_id=None)),
+    # CTRL: embeddings times sqrt(64) beside a sinusoidal table (held as a learned one), pre-LayerNorm, a ReLU MLP,
+    # biases, the tied head with a bias of its own
+    "ctrl": ("CTRLConfig", "CTRLLMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, dff=96)),
     # Cohere2 MoE: RMSNorms, a dense first layer (48 wide) that rotates though full (force_rope), then experts (top 2
     # of 4, 32 wide) averaged with 2 shared ones on windowed layers and a full one without RoPE (a window shorter than
     # the test sequences), the logits scaled, tied; and its LayerNorm form, sigmoid scores, the shared expert summed,
@@ -1142,7 +1145,7 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-_CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig", "OpenAIGPTConfig")  # GPT-2's names, sizes given
+_CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig", "OpenAIGPTConfig", "CTRLConfig")  # GPT-2's names, sizes given
 
 
 NOT_AUTO_LOADED = ("Mistral4ForCausalLM",)

@@ -104,9 +104,9 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                "xglm": "BioGptForCausalLM"}
 
 
-# families imported but not exported, with the export's one-line refusal (none now: XGLM, whose positions redline holds
-# as a learned table, exports as BioGPT)
-IMPORT_ONLY = {}
+# families imported but not exported, with the export's one-line refusal (CTRL's head bias beside scaled embeddings:
+# ctrl.py; XGLM, whose positions redline holds as a learned table, exports as BioGPT)
+IMPORT_ONLY = {"ctrl": "has no model.head_bias"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -835,6 +835,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports afmoe, apertus, arcee, axk1, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "ctrl, "
                          "cwm, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, "
                          "exaone, exaone4, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, "
                          "gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, glm, glm4, glm4_moe, glm4_moe_lite, "

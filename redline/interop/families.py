@@ -49,7 +49,8 @@ Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by 
 Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts beside a shared one); llama_kin.py
 InternLM3 and IQuest-Coder (configs of their own that transformers runs as Llama); sarvam.py Sarvam MoE
 (GLM-4-MoE's layout rotating whole heads) and Sarvam MLA (DeepSeek-V3's); openai_gpt.py GPT-1 (post-LayerNorm blocks,
-learned positions); biogpt.py BioGPT (XGLM's block with learned positions).
+learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl.py CTRL (sinusoidal positions as a
+learned table, a head bias; import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -270,7 +271,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
-    from redline.interop import biogpt, llama_kin, openai_gpt, sarvam
+    from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -302,7 +303,7 @@ def _families() -> dict[str, Family]:
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
                                 laguna.FAMILY, *llama_kin.FAMILIES, sarvam.MOE_FAMILY,
                                 sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY)}
 
 
 def supported_names() -> list[str]:
