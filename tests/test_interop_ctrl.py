@@ -41,3 +41,14 @@ def test_export_refused_in_one_line(fmt, tmp_path, capsys):
     code, _, err = run_cli(["export", str(tmp_path / "ckpt"), "--format", fmt, "--out", str(out)], capsys)
     assert code == 2 and "has no model.head_bias" in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_train_init_from_an_imported_ctrl(tmp_path, capsys):
+    """`redline train --init-from` on an imported CTRL: the first step's loss is transformers' on the same batch, and
+    training moves the head's bias and the position table the sinusoid was written into."""
+    from tests.test_interop_commands import Imported, trained_two_steps
+
+    before, after = trained_two_steps(Imported("ctrl", tmp_path / "src"), tmp_path, capsys)
+    old, new = before.state_dict(), after.state_dict()
+    for name in ("lm_head.bias", "wpe.weight", "blocks.0.mlp.fc.weight"):
+        assert not torch.equal(old[name], new[name]), name

@@ -58,3 +58,14 @@ def test_export_refusals_name_the_option(overrides, fragment):
     assert export_family(ModelConfig(**base)).name == "openai-gpt"
     with pytest.raises(UserError, match=fragment):
         export_family(ModelConfig(**{**base, **overrides}))
+
+
+def test_train_init_from_an_imported_gpt1(tmp_path, capsys):
+    """`redline train --init-from` on an imported GPT-1: the first step's loss is transformers' on the same batch, and
+    training moves the post-norm blocks' LayerNorms and the position table."""
+    from tests.test_interop_commands import Imported, trained_two_steps
+
+    before, after = trained_two_steps(Imported("openai-gpt", tmp_path / "src"), tmp_path, capsys)
+    old, new = before.state_dict(), after.state_dict()
+    for name in ("blocks.0.norm1.weight", "blocks.1.norm2.bias", "wpe.weight", "blocks.0.attn.qkv.weight"):
+        assert not torch.equal(old[name], new[name]), name
