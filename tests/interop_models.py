@@ -1101,6 +1101,47 @@ FAMILIES = {
             dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, sliding_window=5, head_dim=16,
                  rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    # InternLM3 (transformers runs it as Llama): biases on every Linear layer, head_dim 32 != 64 / 4, the released
+    # model's dynamic NTK RoPE (plain RoPE up to max_position_embeddings, which the test sequences stay within)
+    "internlm3": ("InternLM3Config", "LlamaForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=True, mlp_bias=True,
+                       pad_token_id=None, rope_parameters={"rope_type": "dynamic", "rope_theta": 500.0,
+                                                           "factor": 6.0})),
+    # IQuest-Coder (transformers runs it as Llama): no biases, GQA, head_dim 16, untied (its defaults)
+    "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Sarvam MoE (transformers runs it as GLM-4-MoE): its default QK-norm and whole heads rotated, a dense first layer,
+    # then top 2 of 8 experts (32 wide) chosen within the best 2 of 4 groups, a routing bias, rescaled and times 2.5,
+    # one shared expert; and with q/k/v biases (the original config's use_qkv_bias), which only Sarvam MoE writes
+    "sarvam_moe": ("SarvamMoEConfig", "Glm4MoeForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                        first_k_dense_replace=1, n_group=4, topk_group=2, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "sarvam_moe-bias": ("SarvamMoEConfig", "Glm4MoeForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                             n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                             n_shared_experts=2, first_k_dense_replace=1, use_qkv_bias=True, pad_token_id=None,
+                             rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Sarvam MLA (transformers runs it as DeepSeek-V3): latent attention with one q_proj (its default), RoPE on
+    # interleaved pairs, a dense first layer, then top 2 of 8 experts in one group with a routing bias, times 2.5
+    "sarvam_mla": ("SarvamMLAConfig", "DeepseekV3ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=12, num_hidden_layers=3, n_routed_experts=8,
+                        num_experts_per_tok=2, moe_intermediate_size=32, pad_token_id=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # GPT-1: post-LayerNorm blocks without a final norm, learned positions, tanh-GELU, biases, tied
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel",
+                   dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, layer_norm_epsilon=1e-5)),
+    # BioGPT: XGLM's block (embeddings times sqrt(64), pre-LayerNorm, exact GELU, biases) with a learned position
+    # table two rows longer than its context, tied
+    "biogpt": ("BioGptConfig", "BioGptForCausalLM",
+               dict(num_attention_heads=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                    pad_token_id=None)),
+    # CTRL: embeddings times sqrt(64) beside a sinusoidal table (held as a learned one), pre-LayerNorm, a ReLU MLP,
+    # biases, the tied head with a bias of its own
+    "ctrl": ("CTRLConfig", "CTRLLMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, dff=96)),
     # Cohere2 MoE: RMSNorms, a dense first layer (48 wide) that rotates though full (force_rope), then experts (top 2
     # of 4, 32 wide) averaged with 2 shared ones on windowed layers and a full one without RoPE (a window shorter than
     # the test sequences), the logits scaled, tied; and its LayerNorm form, sigmoid scores, the shared expert summed,
@@ -1275,7 +1316,7 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-_CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig")  # GPT-2's names, sizes given
+_CLASSIC = ("GPTBigCodeConfig", "GPTNeoConfig", "GPTJConfig", "CodeGenConfig", "OpenAIGPTConfig", "CTRLConfig")  # GPT-2's names, sizes given
 
 
 NOT_AUTO_LOADED = ("Mistral4ForCausalLM",)

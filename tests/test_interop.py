@@ -105,12 +105,16 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # Aria's text model is GraniteMoeShared's mixture without Granite's scalars
                "aria_text": "GraniteMoeSharedForCausalLM",
                # Gemma 4 Unified's text model is Gemma 4's without per-layer inputs
-               "gemma4_unified_text": "Gemma4ForCausalLM"}
+               "gemma4_unified_text": "Gemma4ForCausalLM",
+               # Sarvam MoE with QK-norm and no biases is dots.llm1's layout (its router, whole heads rotated)
+               "sarvam_moe": "Dots1ForCausalLM",
+               # XGLM's sinusoid, held as a learned table, is BioGPT's block and positions (biogpt.py)
+               "xglm": "BioGptForCausalLM"}
 
 
-# families imported but not exported, with the export's one-line refusal (XGLM's positions are a fixed sinusoid, which
-# redline holds as a learned table: xglm.py)
-IMPORT_ONLY = {"xglm": "model.embed_scale with learned positions",
+# families imported but not exported, with the export's one-line refusal (CTRL's head bias beside scaled embeddings:
+# ctrl.py; XGLM, whose positions redline holds as a learned table, exports as BioGPT)
+IMPORT_ONLY = {"ctrl": "has no model.head_bias",
                # MiniMax-M3's Gemma norms with sigmoid-scored experts: no architecture redline writes has both
                "minimax_m3_vl_text": "model.norm_unit_offset"}
 
@@ -152,7 +156,9 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
                                         ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
-                                        ("cohere_compass_text-bases", "Cohere Compass")])
+                                        ("cohere_compass_text-bases", "Cohere Compass"),
+                                        ("sarvam_moe-bias", "Sarvam MoE"), ("openai-gpt", "GPT-1"),
+                                        ("biogpt", "BioGPT")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -193,6 +199,11 @@ REDLINE_EXPORTS = {
     "GPT2LMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, tie_embeddings=True),
     "GPT2LMHeadModel-nobias": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=False),
     "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True, tie_embeddings=True),
+    # BioGPT: learned positions beside embeddings times sqrt(n_embd), exact GELU, biases
+    "BioGptForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", gelu_approximate="none", bias=True,
+                              embed_scale=True),
+    # GPT-1: post-norm blocks (no final norm), a ReLU MLP, learned positions, untied
+    "OpenAIGPTLMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True, norm_position="post"),
     "LlamaForCausalLM": dict(n_kv_head=2, fused_qkv=False, fused_mlp=False, head_size=8),
     "MistralForCausalLM": dict(sliding_window=5),
     "Qwen2ForCausalLM": dict(qkv_bias=True, tie_embeddings=True),
@@ -896,29 +907,32 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, "
-                         "aya_vision, bailing_hybrid, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
-                         "cohere2_vision, cohere_compass, cohere_compass_text, cwm, dbrx, deepseek_v2, deepseek_v3, "
+                         "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
+                         "cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, deepseek_v2, deepseek_v3, "
                          "deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, "
                          "exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, gemma3_text, "
                          "gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, gemma4_unified_text, glm, glm4, "
                          "glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, "
                          "gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, "
                          "granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, "
-                         "idefics3, internvl, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, "
-                         "lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, "
-                         "mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, "
-                         "ministral, ministral3, mistral, mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, "
-                         "nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, "
-                         "qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, "
-                         "qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, seed_oss,"
-                         " smollm3, smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu,"
-                         " zamba, zamba2")
+                         "idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, "
+                         "lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, "
+                         "llava_next_video, llava_onevision, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, "
+                         "minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, mistral4, mixtral, "
+                         "mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, "
+                         "opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, "
+                         "qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, "
+                         "qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, "
+                         "solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),
                                                    ("gemma4_unified_assistant", "multi-token-prediction drafter"),
                                                    ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
-                                                   ("dory", "keep the hidden state on the unit sphere")])
+                                                   ("dory", "keep the hidden state on the unit sphere"),
+                                                   ("hy_v4", "iHC hyper-connections"),
+                                                   ("gpt_neox_japanese", "on the last layer's output"),
+                                                   ("modernbert-decoder", "prediction head")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

@@ -62,7 +62,8 @@ def import_gguf(path, out, capsys):
                                                       ("gemma2", False), ("gemma2-gguf", True),
                                                       ("phi3-longrope", False), ("starcoder2-gguf", True),
                                                       ("gemma", False), ("cohere", False), ("cohere2", False),
-                                                      ("olmo", False), ("arcee", False), ("bloom", True)])
+                                                      ("olmo", False), ("arcee", False), ("bloom", True),
+                                                      ("internlm3", False), ("iquestcoder", True)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():

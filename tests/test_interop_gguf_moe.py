@@ -37,8 +37,10 @@ def names_in_gguf_package(reader, arch) -> None:
 # -- deepseek2 ---------------------------------------------------------------------------------------------------
 
 
-# Youtu-LLM and DeepSeek-V3.2 are read as the DeepSeek-V3 they compute as (deepseek_kin.py), and written so
-@pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v3-dense", "glm4_moe_lite", "youtu", "deepseek_v32"])
+# Youtu-LLM, DeepSeek-V3.2 and Sarvam MLA are read as the DeepSeek-V3 they compute as (deepseek_kin.py, sarvam.py),
+# and written so
+@pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v3-dense", "glm4_moe_lite", "youtu", "deepseek_v32",
+                                  "sarvam_mla"])
 def test_deepseek2_gguf_read_back(kind, tmp_path, capsys):
     hf = hf_model(kind)
     (code, _, err), path = export_folder(hf, tmp_path, capsys)

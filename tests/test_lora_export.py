@@ -26,6 +26,10 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                            head_bias=True, rope_dims=8, n_kv_head=2),  # q/k/v split, dense, fc1, fc2
     "StableLmForCausalLM": dict(norm="layernorm", norm_bias=True, qkv_bias=True, rope_dims=4, n_kv_head=2),
     "OPTForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="relu", bias=True),  # q/k/v, out_proj, fc1, fc2
+    # BioGPT: OPT's module names under biogpt.layers (q/k/v_proj, out_proj, fc1, fc2), the head output_projection
+    "BioGptForCausalLM": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, embed_scale=True),
+    # GPT-1: GPT-2's Conv1D module names (c_attn, c_proj, c_fc), post-norm blocks
+    "OpenAIGPTLMHeadModel": dict(pos_emb="learned", norm="layernorm", mlp="gelu", bias=True, norm_position="post"),
     "SmolLM3ForCausalLM": dict(nope_interval=2, n_kv_head=2),  # Llama's names, layer 1 without RoPE
     "GraniteForCausalLM": dict(embed_multiplier=2.0, residual_multiplier=0.5, logit_divisor=2.0, n_kv_head=2),
     # BitNet's sub-norms and gated ReLU² MLP (its output projections, normed on their input, are no plain Linear)
@@ -271,6 +275,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "Glm4MoeForCausalLM": dict(rope_dims=8, qkv_bias=True, qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
                                mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
                                moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1, moe_dense_hidden=80),
+    # Sarvam MoE: GLM-4-MoE's modules rotating whole heads, q/k/v biases beside QK-norm (which dots.llm1 has not)
+    "Glm4MoeForCausalLM-sarvam": dict(qkv_bias=True, qk_norm=True, n_kv_head=2, moe_experts=4, moe_top_k=2,
+                                      mlp_hidden=16, moe_gating="sigmoid", moe_expert_bias=True, moe_norm_eps=1e-20,
+                                      moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                                      moe_dense_hidden=80),
     # Falcon: query_key_value (B's rows regrouped by KV head, [q, q, k, v] a group), dense, dense_h_to_4h / 4h_to_h
     "FalconForCausalLM": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=2, bias=True),
     # Llama 4: q and k rows (B's rows) in its interleaved RoPE order, chunked attention and weightless QK-norm on layer
@@ -333,7 +342,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # Llama 4's router's forward returns a pair, which no LoRA layer can wrap
            "Llama4ForCausalLM": ("attn.*", "mlp.fc", "mlp.proj", "mlp.shared.*"),
            # PEFT moves GLM-4-MoE's MLP adapters (dense, shared) onto its experts: its attention alone
-           "Glm4MoeForCausalLM": ("attn.*",),
+           "Glm4MoeForCausalLM": ("attn.*",), "Glm4MoeForCausalLM-sarvam": ("attn.*",),
            # the per-layer input layers: each block's ple_gate and ple_proj, the model's ple_proj
            "Gemma4ForCausalLM": ("attn.*", "mlp.*", "ple_*"),
            "Gemma3nForCausalLM": ("attn.*", "mlp.*", "ple_*", "laurel_*"),

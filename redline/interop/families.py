@@ -39,7 +39,7 @@ MoE and Cohere Compass's text model (a RoPE base per layer type);
 llama.py also Ministral (windowed and full layers), CWM (Ministral's layout, its own defaults) and Jais 2
 (LayerNorm, ReLU²); glm.py also Solar Open (GLM-4-MoE's experts on every layer under Llama's attention); dots1.py also
 HY-V3 (dots.llm1's layout, other names); persimmon.py Persimmon (GPT-NeoX's query_key_value, LayerNorm QK-norm,
-ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, import only); granite.py also HyperCLOVA X (Granite's with norms on the sublayers'
+ReLU²); xglm.py XGLM (sinusoidal positions as a learned table, exported as BioGPT); granite.py also HyperCLOVA X (Granite's with norms on the sublayers'
 outputs); apertus.py Apertus (the xIELU MLP) and Apertus 1.5's text model; multimodal.py the text
 model of Gemma 3's, Mistral 3's and Qwen3-VL's multimodal folders (read as gemma3_text, mistral / ministral3 and
 qwen3) and of the LLaVA-like ones (LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA, Video-LLaVA, LLaVA-NeXT-Video,
@@ -55,7 +55,11 @@ Laguna (softplus-gated heads, a partial RoPE per layer type, sigmoid experts bes
 (a mixture of attention heads routed per token beside a mixture of SwiGLU experts); zamba.py Zamba (v1: Mamba-1 mixers
 in heads, some layers calling one shared transformer block first); aria.py
 Aria's text model (experts stacked transposed beside an ungated shared MLP); gemma4.py also Gemma 4 Unified's
-text model (and its multimodal folders'); minimax_m3.py MiniMax-M3's text model (import only).
+text model (and its multimodal folders'); minimax_m3.py MiniMax-M3's text model (import only); llama_kin.py
+InternLM3 and IQuest-Coder (configs of their own that transformers runs as Llama); sarvam.py Sarvam MoE
+(GLM-4-MoE's layout rotating whole heads) and Sarvam MLA (DeepSeek-V3's); openai_gpt.py GPT-1 (post-LayerNorm blocks,
+learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl.py CTRL (sinusoidal positions as a
+learned table, a head bias; import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -279,6 +283,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import qwen4_exp
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
     from redline.interop import aria, minimax_m3
+    from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -312,7 +317,9 @@ def _families() -> dict[str, Family]:
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
                                 laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY,
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY,
-                                aria.FAMILY, minimax_m3.FAMILY)}
+                                aria.FAMILY, minimax_m3.FAMILY,
+                                *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
+                                biogpt.FAMILY, ctrl.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -339,6 +346,14 @@ NOT_READ = {
                         "alone; redline reads the main model (gemma4, gemma4_text)",
     "gemma4_unified_assistant": "Gemma 4 Unified's assistant is a multi-token-prediction drafter: it runs on the main "
                                 "model's hidden states and its last layers' keys and values, not on tokens alone",
+    "gpt_neox_japanese": "GPT-NeoX-Japanese has one bias in its attention layers, on the last layer's output "
+                         "(dense_bias), and none elsewhere; redline's biases (model.bias) sit on every layer's output "
+                         "projection and MLP",
+    "modernbert-decoder": "ModernBERT-Decoder's prediction head (a dense layer, its activation and a LayerNorm "
+                          "between the final norm and the decoder) is a head redline's model has not",
+    "hy_v4": "HY-V4's iHC hyper-connections (hc_mult residual streams gated around every sublayer without "
+             "DeepSeek-V4's Sinkhorn-mixed matrix, the post gate times hc_magnitude), its DSA indexer and its gated "
+             "latent attention with sinks are layers redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "
@@ -444,8 +459,10 @@ def export_family(cfg: ModelConfig) -> Family:
     with a gate on its heads, proportional RoPE, or short convolutions with output norms or windowed layers as LFM3;
     one with short-convolution layers as LFM2; one with norms without weights as OLMo (LayerNorm) or nanochat
     (RMSNorm, one on its embeddings); one with a LayerNorm QK-norm, or partial RoPE with LayerNorm and ReLU², as
-    Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE. A UserError names
-    the redline option that no such architecture has."""
+    Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE; one with post-norm blocks as GPT-1;
+    learned positions beside scaled embeddings as BioGPT; GLM-4-MoE's experts on whole heads with q/k/v biases beside
+    QK-norm, or dense layers without QK-norm, as Sarvam MoE. A UserError names the redline option that no such
+    architecture has."""
     families = _families()
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
@@ -580,6 +597,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if glm.wants_solar_open(cfg):  # sigmoid-scored experts on every layer, whole heads, no QK-norm: Solar Open's
         glm.check_solar_open_exportable(cfg)
         return families["solar_open"]
+    from redline.interop import sarvam
+
+    if sarvam.wants_sarvam_moe(cfg):  # whole heads with q/k/v biases and QK-norm, or dense layers without it
+        sarvam.check_moe_exportable(cfg)
+        return families["sarvam_moe"]
     if dots1.wants_dots1(cfg):  # sigmoid-scored experts beside attention: dots.llm1's (DeepSeek-V3's routing)
         dots1.check_exportable(cfg)
         return families["dots1"]
@@ -693,10 +715,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if granite.wants_hyperclovax(cfg):  # those norms rotating whole heads without QK-norm: HyperCLOVA X's
         granite.check_hyperclovax_exportable(cfg)
         return families["hyperclovax"]
-    if cfg.norm_position == "post":
-        raise UserError("model.norm_position=post: post-norm blocks exist in none of the architectures redline "
-                        "exports to (GPT-2, OPT, GPT-NeoX, Phi, StableLM, Llama, Mistral, Qwen2, Qwen3, SmolLM3, "
-                        "Granite, OLMo 2, Gemma 3)")
+    if cfg.norm_position == "post":  # post-norm blocks: GPT-1's alone
+        from redline.interop import openai_gpt
+
+        openai_gpt.check_exportable(cfg)
+        return families["openai-gpt"]
     if cfg.embed_norm or not cfg.norm_affine:  # weightless norms: nanochat (one on the embeddings) or OLMo
         if not cfg.embed_norm and cfg.norm == "layernorm":
             from redline.interop.olmo2 import check_olmo_exportable
@@ -707,10 +730,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         nanochat.check_exportable(cfg)
         return families["nanochat"]
-    if cfg.pos_emb == "learned" and cfg.embed_scale:  # XGLM's block (xglm.py): its positions are no weights
-        raise UserError("model.embed_scale with learned positions: none of the architectures redline exports to scales "
-                        "its embeddings beside a position table (XGLM's is a fixed sinusoid, not weights: redline "
-                        "does not write XGLM)")
+    if cfg.pos_emb == "learned" and cfg.embed_scale:  # scaled embeddings beside a position table: BioGPT's
+        from redline.interop import biogpt
+
+        biogpt.check_exportable(cfg)
+        return families["biogpt"]
     classic = classic_export_name(cfg)
     if classic:  # the classic LayerNorm + GELU architectures: the options that choose them are theirs alone
         return families[classic]

@@ -1227,6 +1227,10 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                            "partial RoPE)"),
                 "solar_open": ("Solar Open", "no writer here for its layout (DeepSeek-V3's routing: sigmoid scores, "
                                              "a routing bias, groups, shared experts)"),
+                "sarvam_moe": ("Sarvam MoE", "no writer here for GLM-4-MoE's experts under attention that "
+                                             "rotates whole heads"),
+                "openai-gpt": ("GPT-1", "llama.cpp has no architecture with post-norm blocks"),
+                "biogpt": ("BioGPT", "llama.cpp has no BioGPT architecture"),
                 "lara_mini": ("Lara Mini", "llama.cpp has no architecture with gated delta nets beside windowed "
                                            "and NoPE attention"),
                 "zamba2": ("Zamba2", "llama.cpp has no architecture with transformer blocks shared between layers, "

@@ -96,9 +96,9 @@ _HYPER = {"down": "input_mix_weight_down", "up": "input_mix_weight_up", "inject"
 
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
     """The exported modules that redline layer `layer` becomes, each with its rows of the layer's output."""
-    gpt2 = family.name == "gpt2"
-    if layer in ("lm_head",):
-        return [("lm_head", slice(0, cfg.vocab_size))]
+    gpt2 = family.name in ("gpt2", "openai-gpt")  # GPT-1's Conv1D modules are named as GPT-2's (openai_gpt.py)
+    if layer in ("lm_head",):  # BioGPT's head is output_projection (biogpt.py)
+        return [("output_projection" if family.name == "biogpt" else "lm_head", slice(0, cfg.vocab_size))]
     gemma4 = family.name in ("gemma4_text", "gemma4", "gemma3n_text", "gemma3n")  # gemma3n.py: Gemma 4's names
     if gemma4 and layer == "ple_proj":
         return [("model.per_layer_model_projection", slice(0, out_features))]
@@ -159,7 +159,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                             f"attn.gate mlp.router or export with --merge")
         return [(f"model.layers.{i}.{names[rest]}", slice(0, out_features))]
     base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
-        f"model.layers.{i}."
+        f"biogpt.layers.{i}." if family.name == "biogpt" else f"model.layers.{i}."
     if gpt2:
         if rest not in _GPT2:
             raise UserError(f"the adapter on {layer} has no counterpart in GPT-2 (whose q/k/v are one fused c_attn); "
@@ -320,7 +320,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         parts = adapter_parts(layer, rest, base, out_features, cfg, family.name)
         if parts is not None:
             return parts
-    if family.name in ("glm", "glm4", "glm4_moe"):
+    if family.name in ("glm", "glm4", "glm4_moe", "sarvam_moe"):  # Sarvam MoE: GLM-4-MoE's modules (sarvam.py)
         return _glm_parts(layer, base, rest, out_features, cfg, family)
     if gemma4 and rest in _GEMMA4_PLE:
         return [(base + _GEMMA4_PLE[rest], slice(0, out_features))]
@@ -349,8 +349,9 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                     (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
         return [(base + "self_attn.q_proj", slice(0, q)), (base + "self_attn.k_proj", slice(q, q + kv)),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
-    if family.name in ("phi", "opt", "starcoder2", "nanochat"):
-        names = {"phi": _PHI, "opt": _OPT, "starcoder2": _STARCODER2, "nanochat": _NANOCHAT}[family.name]
+    if family.name in ("phi", "opt", "starcoder2", "nanochat", "biogpt"):  # BioGPT: OPT's names (biogpt.py)
+        names = {"phi": _PHI, "opt": _OPT, "starcoder2": _STARCODER2, "nanochat": _NANOCHAT,
+                 "biogpt": _OPT}[family.name]
         if rest not in names:
             raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
         return [(base + names[rest], slice(0, out_features))]
@@ -424,12 +425,12 @@ def _glm_parts(layer: str, base: str, rest: str, out_features: int, cfg: ModelCo
         q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         rows = torch.arange(q + 2 * kv)
         q_rows, k_rows = rows[:q], rows[q:q + kv]
-        if family.name != "glm4_moe":
+        if family.name not in ("glm4_moe", "sarvam_moe"):
             q_rows, k_rows = rope_rows(q_rows, cfg.n_head, cfg, to_hf=True), rope_rows(k_rows, cfg.kv_heads, cfg,
                                                                                          to_hf=True)
         return [(base + "self_attn.q_proj", q_rows), (base + "self_attn.k_proj", k_rows),
                 (base + "self_attn.v_proj", slice(q + kv, q + 2 * kv))]
-    if family.name == "glm4_moe" and rest.startswith("mlp."):
+    if family.name in ("glm4_moe", "sarvam_moe") and rest.startswith("mlp."):
         raise UserError(f"the adapter on {layer} would be a router, gate_proj, up_proj or down_proj adapter, which "
                         f"PEFT moves onto GLM-4-MoE's experts (their fused gate_up_proj and down_proj) as it loads "
                         f"them; train with lora.targets attn.* or export with --merge")
@@ -490,9 +491,10 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
              "mamba2": "backbone.embeddings", "mamba": "backbone.embeddings",
              "falcon_mamba": "backbone.embeddings",
              "bloom": "transformer.word_embeddings", "falcon": "transformer.word_embeddings",
-             "mpt": "transformer.wte", "dbrx": "transformer.wte"}.get(family.name, "model.embed_tokens")
+             "mpt": "transformer.wte", "dbrx": "transformer.wte", "openai-gpt": "transformer.tokens_embed",
+             "biogpt": "biogpt.embed_tokens"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
-           "lm_head": ("lm_head", cfg.vocab_size)}
+           "lm_head": ("output_projection" if family.name == "biogpt" else "lm_head", cfg.vocab_size)}
     if name not in top:
         raise UserError(f"lora.train_modules trained {name} in full; a PEFT adapter carries only wte or lm_head "
                         f"that way: export with --merge")
@@ -574,7 +576,8 @@ def adapter_config(cfg, targets: list[str], modules_to_save: list[str], family: 
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "revision": None,
             "r": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "lora_dropout": cfg.lora.dropout,
             "target_modules": sorted(set(targets)), "modules_to_save": sorted(set(modules_to_save)) or None,
-            "fan_in_fan_out": family.name == "gpt2", "bias": "none", "use_rslora": False, "use_dora": False,
+            "fan_in_fan_out": family.name in ("gpt2", "openai-gpt"), "bias": "none", "use_rslora": False,
+            "use_dora": False,
             "init_lora_weights": True, "inference_mode": True, "layers_to_transform": None, "layers_pattern": None,
             "rank_pattern": {re.escape(m): r for m, r in ranks.items()},  # peft matches them at a name's end
             "alpha_pattern": {re.escape(m): cfg.lora.alpha * r / cfg.lora.rank for m, r in ranks.items()}}

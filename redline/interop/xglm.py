@@ -9,8 +9,8 @@ fixed sinusoidal positions.
 - multi-head attention with biases on q/k/v and out_proj, an exact-GELU MLP (fc1, fc2) with biases, LayerNorms with
   biases (self_attn_layer_norm, final_layer_norm, the model's layer_norm), the head tied to the embedding (its
   default).
-The export is refused by name (model.embed_scale with learned positions): XGLM's positions are not weights, so a
-model whose table trained has no XGLM form. Semantics read from transformers' models/xglm/modeling_xglm.py.
+redline does not write XGLM (its positions are not weights, so a model whose table trained has no XGLM form): the
+export goes to BioGPT (biogpt.py), the same block with a learned table, which holds the sinusoid's rows. Semantics read from transformers' models/xglm/modeling_xglm.py.
 """
 
 from __future__ import annotations
