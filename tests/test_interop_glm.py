@@ -139,7 +139,7 @@ def test_glm4_moe_adapters_on_mlps_are_refused_by_name(layer):
         _parts(layer, 16, cfg, export_family(cfg))
 
 
-@pytest.mark.parametrize("kind, name", [("glm", "GLM"), ("glm4", "GLM-4")])  # GLM-4-MoE: test_interop_gguf_moe.py
+@pytest.mark.parametrize("kind, name", [("glm", "GLM")])  # GLM-4 and GLM-4-MoE: test_interop_gguf_more.py, _moe.py
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"

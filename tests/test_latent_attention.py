@@ -127,11 +127,12 @@ def test_training_reaches_every_latent_projection():
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (dict(rope_dims=0), "model.kv_lora_rank=12 (latent attention) needs RoPE on part of each head"),
+    (dict(rope_dims=0), "model.kv_lora_rank=12 (latent attention) needs a shared key part of each head"),
     (dict(n_kv_head=2), "model.n_kv_head = n_head"),
     (dict(v_head_dim=32), "model.v_head_dim <= the head width 24"),
     (dict(qk_norm=True), "model.kv_lora_rank (latent attention) takes no QK-norm"),
-    (dict(value_embeddings=1), "model.kv_lora_rank (latent attention) takes no QK-norm, attn_gate, value_embeddings"),
+    (dict(value_embeddings=1), "model.kv_lora_rank (latent attention) takes no QK-norm, element-wise or softplus "
+                               "attn_gate (a sigmoid one a head: Ling 3's), value_embeddings"),
     (dict(kv_lora_rank=0), "model.q_lora_rank and v_head_dim are latent attention's"),
 ])
 def test_config_refusals(overrides, fragment):
