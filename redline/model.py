@@ -2416,7 +2416,9 @@ class Lightning(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         C, H, D = cfg.n_embd, cfg.delta_heads, cfg.delta_key_dim
-        self.heads, self.dk, self.kernel, self.window = H, D, 1, 0  # (window: the mask key callers read)
+        # window: the mask key callers look up (and this mixer never reads): the layer's, which the engine's masks
+        # have even where every attention layer is windowed
+        self.heads, self.dk, self.kernel, self.window = H, D, 1, cfg.layer_mask(layer)
         self.eps = cfg.delta_norm_eps or cfg.norm_eps
         self.slopes = lightning_slopes(H, layer, cfg.n_layer)
         self.qkv_proj = nn.Linear(C, 3 * H * D, bias=False)

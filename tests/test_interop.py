@@ -152,6 +152,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
                                         ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
+                                        ("minimax", "MiniMax"),
                                         ("cohere_compass_text-bases", "Cohere Compass")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
@@ -187,6 +188,10 @@ REDLINE_EXPORTS = {
     "BailingHybridForCausalLM": dict(n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4, attn_gate="head",
                                      delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
                                      delta_value_dim=8, delta_decay="bounded", delta_decay_floor=-5.0),
+    # lightning attention beside RoPE attention, Mixtral's experts, residuals from the normed inputs (MiniMax's)
+    "MiniMaxForCausalLM": dict(n_kv_head=2, delta_layers=(0,), delta_rule="lightning", delta_heads=4,
+                               delta_key_heads=4, delta_key_dim=16, delta_value_dim=16, delta_norm_eps=1e-6,
+                               moe_experts=4, moe_top_k=2, normed_residual=(1.0, 0.9, 1.1, 1.2, 0.8, 1.0)),
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
@@ -906,7 +911,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, "
                          "idefics3, internvl, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, "
                          "lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, "
-                         "mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, "
+                         "mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, "
                          "ministral, ministral3, mistral, mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, "
                          "nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, "
                          "qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, "
