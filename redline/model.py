@@ -2395,13 +2395,14 @@ class RGLRU(nn.Module):
         return self.proj(hs.to(x.dtype) * y), u, last
 
 
-def lightning_slopes(heads: int, layer: int, n_layer: int) -> list[float]:
-    """Lightning attention's decay rate a head (H,), as transformers' MiniMaxLightningAttention.get_slope_rate
-    computes it in fp32: ALiBi's slopes (1 / 2^(8/H))^(h+1), times 1 - layer / (n_layer - 1) (plus 1e-5 twice), so
-    that the decays shrink with depth and the last layer's state barely decays. On the CPU whatever the default device
-    (a model built on the meta device still needs the numbers)."""
-    rate = (1 / (2 ** (8 / heads))) ** (torch.arange(heads, device="cpu") + 1)
-    return (rate * (1 - layer / (n_layer - 1 + 1e-5) + 1e-5)).tolist()
+def lightning_slopes(heads: int, layer: int, n_layer: int, device=None) -> torch.Tensor:
+    """Lightning attention's decay rate a head (H,) fp32, as transformers' MiniMaxLightningAttention.get_slope_rate
+    computes it: ALiBi's slopes (1 / 2^(8/H))^(h+1), times 1 - layer / (n_layer - 1) (plus 1e-5 twice), so that the
+    decays shrink with depth and the last layer's state barely decays. Computed where it is used (device; the CPU by
+    default, whatever the default device): no buffer to restore after a meta-device init, no host copy in a captured
+    CUDA graph."""
+    rate = (1 / (2 ** (8 / heads))) ** (torch.arange(heads, device=device or "cpu") + 1)
+    return rate * (1 - layer / (n_layer - 1 + 1e-5) + 1e-5)
 
 
 class Lightning(nn.Module):
@@ -2420,7 +2421,7 @@ class Lightning(nn.Module):
         # have even where every attention layer is windowed
         self.heads, self.dk, self.kernel, self.window = H, D, 1, cfg.layer_mask(layer)
         self.eps = cfg.delta_norm_eps or cfg.norm_eps
-        self.slopes = lightning_slopes(H, layer, cfg.n_layer)
+        self.layer, self.n_layer = layer, cfg.n_layer
         self.qkv_proj = nn.Linear(C, 3 * H * D, bias=False)
         self.output_gate = nn.Linear(C, H * D, bias=False)
         self.norm = nn.Parameter(torch.ones(H * D))
@@ -2446,7 +2447,7 @@ class Lightning(nn.Module):
         dt = x.new_ones(B, T, self.heads, dtype=torch.float32)
         if valid is not None:
             dt = dt * valid[..., None]
-        rate = torch.tensor(self.slopes, dtype=torch.float32, device=x.device)
+        rate = lightning_slopes(self.heads, self.layer, self.n_layer, x.device)
         o, state = ssd(v, dt, -rate, k, q, state=state, starts=starts)  # (B, T, H, D) fp32
         o = o.reshape(B, T, -1)
         # MiniMaxRMSNorm over all H·D channels at once, in fp32, its weight times the input dtype's values

@@ -809,6 +809,13 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True, sliding_window=4,
           rope_local_theta=10.0, rope_scaling="linear", rope_factor=2.0),
      "model.rope_scaling=linear with Cohere's parallel block and a RoPE base per layer type"),
+    # lightning attention: MiniMax's, whose residuals come from the normed inputs and whose MLPs are experts
+    (dict(delta_layers=(0,), delta_rule="lightning", delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+          delta_value_dim=8, delta_norm_eps=1e-6, moe_experts=4, moe_top_k=2),
+     "MiniMax, the architecture with lightning attention and normed residuals, has residuals from the normed inputs"),
+    (dict(delta_layers=(0,), delta_rule="lightning", delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+          delta_value_dim=8, delta_norm_eps=1e-6, normed_residual=(1.0,) * 6),
+     "has a mixture of experts in every layer"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)

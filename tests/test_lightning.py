@@ -24,7 +24,7 @@ def lightning_loop(mixer: Lightning, x, state=None, valid=None, starts=None):
     B, T, _ = x.shape
     H, D = mixer.heads, mixer.dk
     q, k, v = F.silu(mixer.qkv_proj(x)).view(B, T, H, 3 * D).split(D, -1)
-    decay = torch.exp(-torch.tensor(mixer.slopes))[:, None, None]  # (H, 1, 1)
+    decay = torch.exp(-lightning_slopes(mixer.heads, mixer.layer, mixer.n_layer))[:, None, None]  # (H, 1, 1)
     S = torch.zeros(B, H, D, D) if state is None else state.clone()
     out = []
     for t in range(T):
@@ -47,7 +47,7 @@ def test_slopes_are_transformers():
     config = MiniMaxConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=5, head_dim=8, block_size=8)
     for layer in range(5):
         want = MiniMaxLightningAttention(config, layer).get_slope_rate().flatten()
-        torch.testing.assert_close(torch.tensor(lightning_slopes(4, layer, 5)), want, rtol=0, atol=0)
+        torch.testing.assert_close(lightning_slopes(4, layer, 5), want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("length", [1, 7, 70, 150])

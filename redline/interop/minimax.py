@@ -69,7 +69,7 @@ def _decays(cfg: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
     """Transformers' lightning buffers of layer `layer` (MiniMaxLightningAttention.decay_factors, blocks of
     _BLOCK_SIZE tokens): slope_rate (H, 1, 1), query_decay and key_decay (H, block, 1), diagonal_decay
     (1, H, block, block)."""
-    rate = torch.tensor(lightning_slopes(cfg.delta_heads, layer, cfg.n_layer))[:, None, None]
+    rate = lightning_slopes(cfg.delta_heads, layer, cfg.n_layer)[:, None, None]
     steps = torch.arange(_BLOCK_SIZE) + 1
     gaps = (steps[:, None] - steps[None, :])[None, None] * rate
     return {"slope_rate": rate, "query_decay": torch.exp(-rate * steps[:, None]),
@@ -91,7 +91,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
             out[r + "attn.norm"] = src.take(a + "norm.weight")
             if a + "slope_rate" in src:  # transformers runs the stored rates: they must be redline's
                 stored = src.take(a + "slope_rate").float().flatten()
-                want = torch.tensor(lightning_slopes(cfg.delta_heads, i, cfg.n_layer))
+                want = lightning_slopes(cfg.delta_heads, i, cfg.n_layer)
                 if stored.shape != want.shape or not torch.allclose(stored, want, rtol=1e-5, atol=0):
                     raise UserError(f"{a}slope_rate holds decay rates other than MiniMax's for layer {i} of "
                                     f"{cfg.n_layer}; redline's lightning attention fixes them by layer and depth")
