@@ -44,7 +44,8 @@ Features (each a field of `ModelConfig`):
   (`delta_layers`: Qwen3.5's gated delta nets, Kimi Delta Attention's decays per key channel (`delta_decay`: Kimi
   Linear's, Ling 3's) or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's selective scan, a state a channel,
   computed chunk by chunk: redline/recurrent.py, its channels in heads with their own dt, B and C where
-  `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's);
+  `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's; or MiniMax's lightning attention, a fixed
+  decay a head);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
@@ -276,7 +277,7 @@ class ModelConfig:
     delta_layers: tuple[int, ...] = ()
     """Layers whose token mixer is a recurrent linear attention instead of attention, no KV cache but a (key, value)
     state a head, of the kind delta_rule names; () = none."""
-    delta_rule: Literal["gated_delta", "mamba2", "mamba1", "rglru"] = "gated_delta"
+    delta_rule: Literal["gated_delta", "mamba2", "mamba1", "rglru", "lightning"] = "gated_delta"
     """delta_layers' mixer: "gated_delta", a gated delta net (Yang et al. 2024, "Gated Delta Networks"; Qwen3.5's and
     Qwen3-Next's "linear_attention" layers, GatedDeltaNet below), whose state decays and is corrected toward each
     token's value; "mamba2", Mamba-2's selective state space layer (Dao and Gu 2024; Granite 4.0's hybrid "mamba"
@@ -288,7 +289,10 @@ class ModelConfig:
     through a low-rank projection (delta_dt_rank); "rglru", Griffin's recurrent block (De et al. 2024; RecurrentGemma's
     "recurrent" layers, RGLRU below): a GELU branch times a causal convolution's output through a real-gated linear
     recurrence, a state a channel, its gates block-diagonal in delta_heads blocks of delta_value_dim channels
-    (delta_key_dim = 1)."""
+    (delta_key_dim = 1); "lightning", MiniMax's lightning attention (Qin et al. 2024, "Lightning Attention-2";
+    MiniMax-Text-01's "linear_attention" layers, Lightning below): linear attention with SiLU'd q, k and v and a
+    fixed decay a head (ALiBi-like slopes shrinking with the layer's depth), its output normed and sigmoid-gated
+    (delta_key_heads = delta_heads, delta_key_dim = delta_value_dim; no convolution)."""
     delta_heads: int = 0
     """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
     h · delta_key_heads // delta_heads."""
@@ -350,6 +354,11 @@ class ModelConfig:
     delta_bcdt_norm_weight: bool = False
     """delta_layers, mamba1, with delta_bcdt_norm_eps: the dt, B and C norms have learned weights (Jamba's
     dt_layernorm (R), b_layernorm and c_layernorm (N)); False: none (Falcon-Mamba's)."""
+    normed_residual: tuple[float, ...] = ()
+    """Each sublayer's normed input replaces the stream its output joins, each term scaled: x ← α·u + β·f(u),
+    u = norm(x), for the token mixer and then the MLP (MiniMax's decoder layer: its residual is the normed input,
+    layernorm_*_alpha / beta). () = off (x + f(norm(x))); else six scales: (α, β) of attention layers, of
+    delta_layers, of the MLPs. Pre-norm blocks run in turn."""
     delta_gate_norm: Literal["after_gate", "before_gate", "none"] = "after_gate"
     """delta_layers, mamba2: the mixer's output y gated by z: RMSNorm(y·SiLU(z)) in delta_key_heads groups (Granite
     4.0's, Bamba's: norm_before_gate=False), RMSNorm(y)·SiLU(z) (Falcon-H1's mamba_norm_before_gate=True), or
@@ -967,8 +976,24 @@ class ModelConfig:
                             f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
                             f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
                             f"kernel, and no value embeddings")
-        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1", "rglru"):
-            raise UserError(f"model.delta_rule={self.delta_rule!r}: one of gated_delta, mamba2, mamba1, rglru")
+        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1", "rglru", "lightning"):
+            raise UserError(f"model.delta_rule={self.delta_rule!r}: one of gated_delta, mamba2, mamba1, rglru, "
+                            f"lightning")
+        if self.delta_rule == "lightning" and self.delta_layers and (
+                self.delta_key_heads != self.delta_heads or self.delta_key_dim != self.delta_value_dim
+                or self.delta_parallel or self.delta_conv_bias or self.delta_proj_bias):
+            raise UserError(f"model.delta_rule=lightning has one q, k and v a head, all of one width, and no "
+                            f"convolution or biases: set model.delta_key_heads = delta_heads ({self.delta_heads}), "
+                            f"delta_key_dim = delta_value_dim ({self.delta_value_dim}), no delta_parallel")
+        if self.normed_residual and (len(self.normed_residual) != 6 or self.norm_position != "pre"
+                                     or self.delta_norm_position not in ("", "pre") or self.parallel_residual
+                                     or self.residual_scales or self.residual_multiplier or self.mlp_free_layers
+                                     or self.mixer_free_layers or self.delta_parallel or self.hc_streams
+                                     or self.mhc_streams or self.altup_streams):
+            raise UserError(f"model.normed_residual={self.normed_residual} takes six scales (α, β of attention, of "
+                            f"delta layers, of MLPs) and pre-norm blocks of both sublayers run in turn on one stream "
+                            f"(no parallel_residual, residual_scales, residual_multiplier, mlp_free or mixer_free "
+                            f"layers, delta_parallel or hyper-connections)")
         if self.delta_rule == "rglru" and self.delta_layers and (self.delta_key_dim != 1 or self.delta_parallel
                                                                  or self.delta_heads <= 0 or self.delta_value_dim <= 0):
             raise UserError(f"model.delta_rule=rglru keeps a state a channel in delta_heads blocks of delta_value_dim "
@@ -2370,6 +2395,67 @@ class RGLRU(nn.Module):
         return self.proj(hs.to(x.dtype) * y), u, last
 
 
+def lightning_slopes(heads: int, layer: int, n_layer: int, device=None) -> torch.Tensor:
+    """Lightning attention's decay rate a head (H,) fp32, as transformers' MiniMaxLightningAttention.get_slope_rate
+    computes it: ALiBi's slopes (1 / 2^(8/H))^(h+1), times 1 - layer / (n_layer - 1) (plus 1e-5 twice), so that the
+    decays shrink with depth and the last layer's state barely decays. Computed where it is used (device; the CPU by
+    default, whatever the default device): no buffer to restore after a meta-device init, no host copy in a captured
+    CUDA graph."""
+    rate = (1 / (2 ** (8 / heads))) ** (torch.arange(heads, device=device or "cpu") + 1)
+    return rate * (1 - layer / (n_layer - 1 + 1e-5) + 1e-5)
+
+
+class Lightning(nn.Module):
+    """The token mixer of model.delta_layers with delta_rule=lightning (MiniMax's lightning attention, as
+    transformers' MiniMaxLightningAttention computes it): qkv_proj (C -> H·3D, each head's [q; k; v] in turn), SiLU on
+    all three; per head a (D, D) state S ← λ·S + kᵀv, output q·S, λ = exp(−slope) fixed (lightning_slopes: not
+    learned, not stored); the heads' outputs (B, T, H·D) RMS-normed as one vector (weight norm (H·D,)), times
+    sigmoid(output_gate(x)), then out_proj (H·D -> C). This is recurrent.ssd with keys k, queries q, values v,
+    dt = 1 and A = −slope, so it shares Mamba-2's exact chunked form and decode step. No convolution: the engine's
+    cache keeps no inputs a slot (kernel 1, zero channels), only each row's state (H, D, D)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, H, D = cfg.n_embd, cfg.delta_heads, cfg.delta_key_dim
+        # window: the mask key callers look up (and this mixer never reads): the layer's, which the engine's masks
+        # have even where every attention layer is windowed
+        self.heads, self.dk, self.kernel, self.window = H, D, 1, cfg.layer_mask(layer)
+        self.eps = cfg.delta_norm_eps or cfg.norm_eps
+        self.layer, self.n_layer = layer, cfg.n_layer
+        self.qkv_proj = nn.Linear(C, 3 * H * D, bias=False)
+        self.output_gate = nn.Linear(C, H * D, bias=False)
+        self.norm = nn.Parameter(torch.ones(H * D))
+        self.out_proj = nn.Linear(H * D, C, bias=False)
+        self.out_proj.is_residual_out = True
+
+    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
+        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
+        if cache is not None:
+            return cache.delta(self, x)
+        return self.mix(x, doc_ids=attn_mask)[0]
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As GatedDeltaNet.mix: x (B, T, C) -> (y (B, T, C), no convolution inputs (B, T, 0), the final state
+        (B, H, D, D) fp32); `before` unused (no convolution); state, doc_ids and valid alike (a padding token:
+        dt = 0, no decay and no input)."""
+        B, T, _ = x.shape
+        q, k, v = F.silu(self.qkv_proj(x)).view(B, T, self.heads, 3 * self.dk).split(self.dk, -1)
+        starts = None
+        if doc_ids is not None:  # each document's first token starts its state afresh
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
+        dt = x.new_ones(B, T, self.heads, dtype=torch.float32)
+        if valid is not None:
+            dt = dt * valid[..., None]
+        rate = lightning_slopes(self.heads, self.layer, self.n_layer, x.device)
+        o, state = ssd(v, dt, -rate, k, q, state=state, starts=starts)  # (B, T, H, D) fp32
+        o = o.reshape(B, T, -1)
+        # MiniMaxRMSNorm over all H·D channels at once, in fp32, its weight times the input dtype's values
+        o = self.norm * (o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        o = torch.sigmoid(self.output_gate(x)) * o
+        return self.out_proj(o.to(x.dtype)), x.new_zeros(B, T, 0), state
+
+
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
 
 
@@ -2938,8 +3024,8 @@ class Block(nn.Module):
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
-            self.attn = {"mamba2": Mamba2, "mamba1": Mamba1, "rglru": RGLRU}.get(cfg.delta_rule, GatedDeltaNet)(cfg,
-                                                                                                         layer)
+            mixers = {"mamba2": Mamba2, "mamba1": Mamba1, "rglru": RGLRU, "lightning": Lightning}
+            self.attn = mixers.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         elif layer in cfg.shared_attn_layers:  # Zamba2's: a shared block's call before the mixer in mamba
             self.attn = SharedBlockCall(cfg, layer)
         else:
@@ -2997,6 +3083,11 @@ class Block(nn.Module):
             self.laurel_norm = make_norm(cfg, cfg.n_embd)
         # residual_scales (Doge's): (C,) each, the stream's scale before the attention's and the MLP's outputs join it
         self.attn_residual = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_scales else None
+        # normed_residual (MiniMax's): (α, β) of this block's mixer and of its MLP, x ← α·norm(x) + β·f(norm(x))
+        self.normed_scales = None
+        if cfg.normed_residual:
+            mixer_scales = cfg.normed_residual[2:4] if layer in cfg.delta_layers else cfg.normed_residual[:2]
+            self.normed_scales = (*mixer_scales, *cfg.normed_residual[4:])
         self.mlp_residual = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_scales else None
         # mhc_streams (DeepSeek-V4's hyper-connections): one for each sublayer, taking the N streams to its input
         self.attn_mhc = ManifoldHyperConnection(cfg) if cfg.mhc_streams else None
@@ -3109,6 +3200,12 @@ class Block(nn.Module):
             u = self.norm1(x)
             h = self.out(self.attn(u, rope, attn_mask, cache, ve, **kw))
             return x + h + self.out(self.mlp(u if self.norm2 is None else self.norm2(x)))
+        if self.normed_scales is not None:  # MiniMax's: the normed input is the stream each output joins
+            a1, b1, a2, b2 = self.normed_scales
+            u = self.norm1(x)
+            u = a1 * u + b1 * self.out(self.attn(u, rope, attn_mask, cache, ve, **kw))
+            u = self.norm2(u)
+            return a2 * u + b2 * self.out(self.mlp(u))
         if self.attn is not None:
             u = self.norm1(x)
             h = self.attn(u, rope, attn_mask, cache, ve, **kw)
@@ -3293,6 +3390,8 @@ class GPT(nn.Module):
                 for weight in (module.dt_norm, module.B_norm, module.C_norm):  # Jamba's norms start at scale 1
                     if weight is not None:
                         nn.init.ones_(weight)
+            elif isinstance(module, Lightning):  # its norm's weight is a bare parameter
+                nn.init.ones_(module.norm)
             elif isinstance(module, RGLRU):  # bare parameters: Griffin's initial values
                 nn.init.normal_(module.conv, mean=0.0, std=std)
                 if module.conv_bias is not None:

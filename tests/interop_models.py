@@ -582,6 +582,21 @@ FAMILIES = {
                         moe_intermediate_size=32, shared_expert_intermediate_size=40, norm_topk_prob=False,
                         tie_word_embeddings=False, pad_token_id=None,
                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
+    # MiniMax-Text-01: lightning attention (4 heads of 16) on layers 0 and 2 beside Mixtral's attention (GQA) on 1,
+    # Mixtral's experts (top 2 of 4), every residual scale apart from 1; blocks of 4 tokens, so that transformers'
+    # lightning attention runs over several
+    "minimax": ("MiniMaxConfig", "MiniMaxForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, num_local_experts=4,
+                     num_experts_per_tok=2, block_size=4,
+                     layer_types=["linear_attention", "full_attention", "linear_attention"],
+                     full_attn_alpha_factor=1.3, full_attn_beta_factor=0.8, linear_attn_alpha_factor=0.9,
+                     linear_attn_beta_factor=1.2, mlp_alpha_factor=1.1, mlp_beta_factor=0.7,
+                     tie_word_embeddings=False)),
+    # MiniMax with the default layer kinds (full, then linear), heads of 12 (not 64 / 4), its default scales, a
+    # window of 5 on its attention, tied
+    "minimax-default": ("MiniMaxConfig", "MiniMaxForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=4, head_dim=12, num_local_experts=4,
+                             num_experts_per_tok=2, block_size=8, sliding_window=5, tie_word_embeddings=True)),
     # Kimi Linear: Kimi Delta Attention (4 heads of 8, decays per key channel, gates of rank 8) on layers 0, 1 and 3
     # as the Hub's linear_attn_config numbers them (from 1), NoPE latent attention (q through one q_proj, values
     # narrower than q/k heads) on 2, a dense first layer, then DeepSeek-V3's router (2 of 4 groups, top 2 of 8,

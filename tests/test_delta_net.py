@@ -63,10 +63,15 @@ KDA = replace(CFG, qk_norm=False, norm_unit_offset=False, attn_gate="none", pos_
 # gated
 LING3 = replace(KDA, pos_emb="rope", attn_gate="head", delta_decay="bounded", delta_decay_floor=-5.0,
                 delta_gate_rank=0)
+# MiniMax's: lightning attention (fixed decays a head, no convolution) around RoPE attention, experts (top 2 of 4)
+# on every layer, each sublayer's normed input the stream its scaled output joins (model.normed_residual)
+LIGHTNING = replace(CFG, qk_norm=False, norm_unit_offset=False, attn_gate="none", rope_dims=0, delta_rule="lightning",
+                    delta_key_heads=4, delta_norm_eps=1e-6, moe_experts=4, moe_top_k=2,
+                    normed_residual=(1.0, 0.9, 1.1, 0.7, 0.8, 1.2))
 RULES = pytest.mark.parametrize("cfg", [CFG, MAMBA, NEMOTRON_H, FALCON_H1, MAMBA1, FALCON_MAMBA, JAMBA, ZAMBA2, KDA,
-                                        LING3],
+                                        LING3, LIGHTNING],
                                 ids=["gated_delta", "mamba2", "nemotron_h", "falcon_h1", "mamba1", "falcon_mamba",
-                                     "jamba", "zamba2", "kda", "ling3"])
+                                     "jamba", "zamba2", "kda", "ling3", "lightning"])
 
 
 def recurrence(q, k, v, g, beta, state=None, starts=None):
@@ -292,6 +297,8 @@ def long_memory(model: GPT) -> GPT:
                 for weight in (mixer.dt_norm, mixer.B_norm, mixer.C_norm):  # Jamba's norm weights away from one
                     if weight is not None:
                         weight.uniform_(0.5, 1.5)
+            if kind == "Lightning":  # its decays are fixed (slow on the last layers): its output scaled up alone
+                mixer.out_proj.weight.mul_(8)
         model.lm_head.weight.mul_(10)
     return model.eval()
 
@@ -312,11 +319,11 @@ def test_engine_decodes_as_full_recompute(chunk, cfg):
     # 2·2·8 + 4·8; Mamba-2's x, B, C: 4·16 + 2·2·8; Mamba-1's x: 64); Falcon-H1's three layers hold both,
     # Falcon-Mamba's three only the recurrent part; Zamba2's two callers of the shared block hold k and v of 2 heads
     # of 16 besides their mixers' part; Kimi Linear's latent attention one head of its latent and shared key part
-    # (16 + 4) as k and as v
+    # (16 + 4) as k and as v; lightning attention no convolution, nothing a token
     attention, recurrent = (3, 3) if cfg is FALCON_H1 else (0, 3) if cfg is FALCON_MAMBA else (1, 2)
     if cfg is ZAMBA2:
         attention, recurrent = 2 * 2, 3
-    width = 64 if cfg.delta_rule != "mamba2" else 96
+    width = {"mamba2": 96, "lightning": 0}.get(cfg.delta_rule, 64)
     keys = 2 * (16 + 4) if cfg in (KDA, LING3) else 2 * attention * 2 * 8
     assert engine.kv_bytes_per_token() == (keys + recurrent * width) * 4
 
@@ -520,5 +527,7 @@ def test_gpu_compiled_engine_and_training_step(cfg):
                   delta_value_dim=1 if cfg.delta_rule == "mamba1" else 32)
     model = GPT(cfg).cuda()
     assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
-    assert_compiled_training_step_matches(model, (model.blocks[0].mamba or model.blocks[0].attn).in_proj.weight)
+    mixer = model.blocks[0].mamba or model.blocks[0].attn
+    assert_compiled_training_step_matches(model, (mixer.qkv_proj if cfg.delta_rule == "lightning" else
+                                                  mixer.in_proj).weight)
 

@@ -158,7 +158,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
                                         ("cohere_compass_text-bases", "Cohere Compass"),
                                         ("sarvam_moe-bias", "Sarvam MoE"), ("openai-gpt", "GPT-1"),
-                                        ("biogpt", "BioGPT")])
+                                        ("biogpt", "BioGPT"),
+                                        ("minimax", "MiniMax")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -193,6 +194,10 @@ REDLINE_EXPORTS = {
     "BailingHybridForCausalLM": dict(n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4, attn_gate="head",
                                      delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
                                      delta_value_dim=8, delta_decay="bounded", delta_decay_floor=-5.0),
+    # lightning attention beside RoPE attention, Mixtral's experts, residuals from the normed inputs (MiniMax's)
+    "MiniMaxForCausalLM": dict(n_kv_head=2, delta_layers=(0,), delta_rule="lightning", delta_heads=4,
+                               delta_key_heads=4, delta_key_dim=16, delta_value_dim=16, delta_norm_eps=1e-6,
+                               moe_experts=4, moe_top_k=2, normed_residual=(1.0, 0.9, 1.1, 1.2, 0.8, 1.0)),
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
@@ -815,6 +820,13 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(norm="layernorm", norm_bias=False, parallel_residual=True, parallel_shared_norm=True, sliding_window=4,
           rope_local_theta=10.0, rope_scaling="linear", rope_factor=2.0),
      "model.rope_scaling=linear with Cohere's parallel block and a RoPE base per layer type"),
+    # lightning attention: MiniMax's, whose residuals come from the normed inputs and whose MLPs are experts
+    (dict(delta_layers=(0,), delta_rule="lightning", delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+          delta_value_dim=8, delta_norm_eps=1e-6, moe_experts=4, moe_top_k=2),
+     "MiniMax, the architecture with lightning attention and normed residuals, has residuals from the normed inputs"),
+    (dict(delta_layers=(0,), delta_rule="lightning", delta_heads=4, delta_key_heads=4, delta_key_dim=8,
+          delta_value_dim=8, delta_norm_eps=1e-6, normed_residual=(1.0,) * 6),
+     "has a mixture of experts in every layer"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -917,12 +929,12 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, "
                          "idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, "
                          "lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, "
-                         "llava_next_video, llava_onevision, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, "
-                         "minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, mistral4, mixtral, "
-                         "mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, "
-                         "opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, "
-                         "qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, "
-                         "qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, "
+                         "llava_next_video, llava_onevision, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax, "
+                         "minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, mistral4, "
+                         "mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, "
+                         "openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, "
+                         "qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe,"
+                         " qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, "
                          "solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
 
 

@@ -50,6 +50,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
     "BailingHybridForCausalLM": dict(n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4, attn_gate="head",
                                      delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
                                      delta_value_dim=8, delta_decay="bounded", delta_decay_floor=-5.0),
+    # MiniMax: lightning attention on layer 0 (qkv_proj, output_gate, out_proj under its own names), Mixtral's
+    # attention on 1, experts, residuals from the normed inputs
+    "MiniMaxForCausalLM": dict(n_kv_head=2, delta_layers=(0,), delta_rule="lightning", delta_heads=4,
+                               delta_key_heads=4, delta_key_dim=16, delta_value_dim=16, delta_norm_eps=1e-6,
+                               moe_experts=4, moe_top_k=2, normed_residual=(1.0, 0.9, 1.1, 1.2, 0.8, 1.0)),
     # Doge: Llama's names with its dynamic mask's dt_proj adapted too, QK-norm, residual scales
     "DogeForCausalLM": dict(qk_norm=True, attn_key_bias=True, residual_scales=True, n_kv_head=2),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
@@ -366,7 +371,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
            "MiMoV2FlashForCausalLM": ("attn.*",),
-           "MiniMaxM2ForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
+           "MiniMaxM2ForCausalLM": ("attn.*",), "MiniMaxForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
            "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router")}
 
 

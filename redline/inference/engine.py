@@ -157,6 +157,8 @@ def _delta_width(cfg) -> int:
         return cfg.delta_heads
     if cfg.delta_rule == "rglru":  # Griffin's: its linear_x output, delta_heads blocks of delta_value_dim
         return cfg.delta_heads * cfg.delta_value_dim
+    if cfg.delta_rule == "lightning":  # no convolution: only the state
+        return 0
     return 2 * cfg.delta_key_heads * cfg.delta_key_dim + cfg.delta_heads * cfg.delta_value_dim
 
 

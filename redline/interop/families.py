@@ -59,7 +59,8 @@ text model (and its multimodal folders'); minimax_m3.py MiniMax-M3's text model 
 InternLM3 and IQuest-Coder (configs of their own that transformers runs as Llama); sarvam.py Sarvam MoE
 (GLM-4-MoE's layout rotating whole heads) and Sarvam MLA (DeepSeek-V3's); openai_gpt.py GPT-1 (post-LayerNorm blocks,
 learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl.py CTRL (sinusoidal positions as a
-learned table, a head bias; import only).
+learned table, a head bias; import only); minimax.py
+MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -284,6 +285,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
     from redline.interop import aria, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
+    from redline.interop import minimax
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -319,7 +321,7 @@ def _families() -> dict[str, Family]:
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -328,9 +330,6 @@ def supported_names() -> list[str]:
 
 # architectures transformers has that redline cannot express, by model_type: why (their import is refused by name)
 NOT_READ = {
-    "minimax": "MiniMax-Text-01's lightning attention (linear attention with a per-head exponential decay, normed "
-               "and gated, on most layers beside softmax attention every few) has no counterpart in redline's token "
-               "mixers or the engine's recurrent state caches",
     "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
                  "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
                  "express",
@@ -424,7 +423,8 @@ def export_family(cfg: ModelConfig) -> Family:
     under one norm and SwiGLU (Cohere Compass with a RoPE base per layer type),
     Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
-    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales, Kimi Linear with
+    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales, MiniMax with
+    lightning attention or residuals from the normed inputs (model.normed_residual), Kimi Linear with
     Kimi Delta Attention through low-rank gates (model.delta_gate_rank), Ling 3 (Bailing hybrid) with KDA's bounded
     decay or full-rank gates, or latent attention with its heads gated,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
@@ -510,6 +510,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if doge.wants_doge(cfg):  # key biases from the values and residual scales: Doge's alone
         doge.check_exportable(cfg)
         return families["doge"]
+    from redline.interop import minimax
+
+    if minimax.wants_minimax(cfg):  # lightning attention and residuals from the normed inputs: MiniMax's alone
+        minimax.check_exportable(cfg)
+        return families["minimax"]
     from redline.interop import bailing_hybrid, kimi_linear
 
     if bailing_hybrid.wants_bailing_hybrid(cfg):  # bounded or full-rank KDA gates, gated latent heads: Ling 3's

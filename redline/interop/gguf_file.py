@@ -1211,6 +1211,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "zamba": ("Zamba", "llama.cpp has no Zamba architecture (Mamba-1 heads, a shared attention block)"),
                 "bailing_hybrid": ("Ling 3", "no writer here for Kimi Delta Attention's layers (decays per key "
                                              "channel) beside gated latent attention"),
+                "minimax": ("MiniMax", "llama.cpp has no lightning attention (linear attention with a fixed decay a "
+                                       "head) nor residuals from the normed inputs"),
                 "kimi_linear": ("Kimi Linear", "no writer here for Kimi Delta Attention's layers (decays per key "
                                                "channel, low-rank gates) beside NoPE latent attention"),
                 "phimoe": ("PhiMoE", "llama.cpp's phimoe weights the top 2 experts by a softmax rescaled over the "

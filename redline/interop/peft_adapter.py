@@ -25,7 +25,8 @@ Jamba's mamba.in_proj, x_proj, dt_proj and out_proj, which PEFT adapts there, it
 gate/up/down_proj and attention as Llama's, never the experts' router, a bare weight in transformers; llama4.py:
 Llama 4's q and k rows in its interleaved RoPE order as Cohere's, feed_forward.gate/up/down_proj and
 feed_forward.shared_expert.*, never the router, whose forward returns a pair; dots1.py, glm.py's Solar Open,
-minimax_m2.py, phimoe.py: the attention's, as Llama's; dbrx.py: Wqkv (redline's qkv as it is), out_proj and the
+minimax_m2.py, phimoe.py: the attention's, as Llama's; minimax.py: that and lightning attention's qkv_proj,
+output_gate and out_proj under their own names; dbrx.py: Wqkv (redline's qkv as it is), out_proj and the
 router's ffn.router.layer; jetmoe.py: the two routers' Linear layers, self_attention.experts.router.layer and
 mlp.router.layer, JetMoE's queries, output projections and experts being bare tensors; zamba.py: none, refused by
 name):
@@ -170,6 +171,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
             raise UserError(f"the adapter on {layer} has no counterpart in Phi-3 (whose q/k/v are one qkv_proj and "
                             f"gate and up one gate_up_proj); export with --merge")
         return [(base + _PHI3[rest], slice(0, out_features))]
+    if family.name == "minimax" and int(i) in cfg.delta_layers and rest.startswith("attn."):  # minimax.py: Lightning's
+        if rest not in ("attn.qkv_proj", "attn.output_gate", "attn.out_proj"):  # names, as transformers' are
+            raise UserError(f"the adapter on {layer} has no counterpart in {family.architecture}; export with --merge")
+        return [(f"{base}self_attn.{rest[len('attn.'):]}", slice(0, out_features))]
     if family.name in _EXPERT_NAMES and rest.startswith(("mlp.fc", "mlp.up", "mlp.proj", "mlp.shared.")):
         raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter, which PEFT moves "
                         f"onto {_EXPERT_NAMES[family.name]}'s experts (their fused gate_up_proj and down_proj) as it loads them; export "

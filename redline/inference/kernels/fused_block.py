@@ -55,6 +55,7 @@ FIELDS_ACCOUNTED = {
     "diff_attention": "refused: the attention kernel computes one map over the values",
     "attn_key_bias": "refused: the attention kernel adds no key biases",
     "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
+    "normed_residual": "refused: the sublayers' outputs join the stream itself, not its normed and scaled copy",
     "delta_dt_min": "refused with delta_layers",
     "delta_parallel": "refused with delta_layers", "delta_gate_norm": "refused with delta_layers",
     "shared_attn_layers": "refused with delta_layers (its callers are Mamba-2 layers)",
@@ -180,6 +181,9 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
         return ("decode_linear triton adds no key biases and scales no residual stream (model.attn_key_bias, "
                 "model.residual_scales)")
+    if getattr(cfg, "normed_residual", ()):
+        return ("decode_linear triton adds the sublayers' outputs to the stream, not to its normed input "
+                "(model.normed_residual)")
     if getattr(cfg, "bitlinear", "off") != "off" or getattr(cfg, "sub_norms", False):
         return ("decode_linear triton multiplies by the stored weights with no norm before the output projections "
                 "(model.bitlinear, model.sub_norms)")
