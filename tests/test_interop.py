@@ -150,7 +150,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
-                                        ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
+                                        ("qwen4_exp_text", "Qwen4-Exp"), ("qwen4_exp_text-ple", "Qwen4-Exp"),
+                                        ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
                                         ("cohere_compass_text-bases", "Cohere Compass")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
