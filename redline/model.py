@@ -2976,14 +2976,20 @@ def ngram_multipliers(vocab_size: int, size: int, index: int, seed: int) -> list
     return [2 * (_splitmix64((base + 0x9E3779B97F4A7C15 * (j + 2)) & _MASK64) % half) + 1 for j in range(size)]
 
 
+_PRIMES: dict[int, list[int]] = {}
+"""_primes_after's primes found so far, by start: every n-gram layer's tables extend the same list."""
+
+
 def _primes_after(start: int, count: int) -> list[int]:
-    """The first `count` primes greater than start, by trial division (a few dozen near 2·10⁷ at most)."""
-    found, n = [], start
+    """The first `count` primes greater than start, by trial division (a few hundred near 2·10⁷ for a model with
+    many n-gram layers), those found before reused."""
+    found = _PRIMES.setdefault(start, [])
+    n = found[-1] if found else start
     while len(found) < count:
         n += 1
         if n >= 2 and all(n % d for d in range(2, math.isqrt(n) + 1)):
             found.append(n)
-    return found
+    return found[:count]
 
 
 def ngram_table_sizes(cfg: ModelConfig, index: int) -> list[int]:
@@ -3046,10 +3052,16 @@ class NGramEmbedding(nn.Module):
             out.append(torch.remainder(mixed[..., None], self.sizes[part]) + self.offsets[part])
         return torch.cat(out, dim=-1)
 
-    def forward(self, xs: torch.Tensor, windows: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, xs: torch.Tensor, windows: torch.Tensor, cache=None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """xs (B, T, N, C), the streams; windows: ids' (B, T, ngram_size) -> (B, T, N, C). cache: an inference
-        engine's cache layer, whose `ngram_before` keeps the convolution's inputs (redline/inference/cache.py)."""
+        engine's cache layer, whose `ngram_before` keeps the convolution's inputs (redline/inference/cache.py).
+        doc_ids (B, T): packed documents, each read as a sequence of its own (the tokens before its first as eos,
+        the convolution's inputs before it as zeros)."""
         B, T, N, C = xs.shape
+        if doc_ids is not None:  # another document's tokens in a window read as eos
+            docs = F.pad(doc_ids, (self.size - 1, 0), value=-1).unfold(1, self.size, 1)  # (B, T, ngram_size)
+            windows = torch.where(docs == doc_ids[..., None], windows, self.eos)
         e = self.table(self.ids(windows)).flatten(-2)  # (B, T, ngram_dim)
         key = _stream_norm(self.key(e).view(B, T, N, C), self.key_norm, self.eps)
         query = _stream_norm(xs, self.query_norm, self.eps)
@@ -3061,7 +3073,11 @@ class NGramEmbedding(nn.Module):
         full = torch.cat([before.to(u.dtype) if before is not None else u.new_zeros(B, self.span, N * C), u], 1)
         y = u * self.conv[:, -1]
         for j in range(self.kernel - 1):  # tap j reads the token (kernel - 1 - j)·dilation back
-            y = y + full[:, j * self.dilation:j * self.dilation + T] * self.conv[:, j]
+            term = full[:, j * self.dilation:j * self.dilation + T]
+            if doc_ids is not None:
+                back = (self.kernel - 1 - j) * self.dilation
+                term = term * (doc_ids == F.pad(doc_ids, (back, 0), value=-1)[:, :T])[..., None]
+            y = y + term * self.conv[:, j]
         return gated + F.silu(y).view(B, T, N, C)
 
 
@@ -3186,7 +3202,7 @@ class Block(nn.Module):
         if self.attn_mhc is not None:
             return self.mhc_forward(x, rope, attn_mask, cache, ve, shared)
         if self.attn_hc is not None:
-            return self.hyper_forward(x, rope, attn_mask, cache, ve, ple)
+            return self.hyper_forward(x, rope, attn_mask, cache, ve, ple, doc_ids)
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
@@ -3253,13 +3269,13 @@ class Block(nn.Module):
         xs = self.attn_mhc.merge(xs, self.out(self.attn(self.norm1(u), rope, attn_mask, cache, ve, **kw)), post, comb)
         u, post, comb = self.mlp_mhc(xs)
         return self.mlp_mhc.merge(xs, self.out(self.mlp(self.norm2(u))), post, comb)
-    def hyper_forward(self, xs, rope, attn_mask, cache, ve, windows=None):
+    def hyper_forward(self, xs, rope, attn_mask, cache, ve, windows=None, doc_ids=None):
         """Qwen4-Exp's decoder layer (transformers' Qwen4ExpTextDecoderLayer): xs (B, T, N, C), the N streams ->
         (B, T, N, C). A layer of model.ngram_layers first adds its n-gram embedding of windows (B, T, ngram_size),
-        GPT.ngram_windows'. Each sublayer reads its mixer's average of the streams and its output joins every
-        stream n scaled by the mixer's weight w_n."""
+        GPT.ngram_windows', keeping packed documents (doc_ids (B, T)) apart. Each sublayer reads its mixer's average
+        of the streams and its output joins every stream n scaled by the mixer's weight w_n."""
         if self.ngram is not None:
-            xs = xs + self.ngram(xs, windows, cache)
+            xs = xs + self.ngram(xs, windows, cache, doc_ids)
         u, w = self.attn_hc(xs)
         xs = xs + w.unsqueeze(-1) * self.out(self.attn(u, rope, attn_mask, cache, ve)).unsqueeze(2)
         u, w = self.mlp_hc(xs)

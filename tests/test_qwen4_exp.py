@@ -105,6 +105,19 @@ def test_streams_are_mixed_and_trained():
     assert "blocks.1.attn.qsa_qk" in model.state_dict() and "blocks.1.attn.qsa_qk" not in names
 
 
+def test_packed_documents_equal_each_document_alone():
+    """Documents packed into one row (doc_ids, restarting positions) see only themselves through the n-gram
+    embeddings too: the tokens before each one's first read as eos, its convolution starting from zeros."""
+    model = qwen4_model(PLE)
+    a, b = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(2)), torch.tensor([[8, 9, 10, 11, 12]])
+    doc_ids = torch.tensor([[0] * 9 + [1] * 5])
+    positions = torch.tensor([list(range(9)) + list(range(5))])
+    with torch.no_grad():
+        together = model(torch.cat([a, b], dim=1), positions=positions, doc_ids=doc_ids)
+        torch.testing.assert_close(together[:, :9], model(a), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(together[:, 9:], model(b), atol=1e-5, rtol=1e-5)
+
+
 def test_ngram_embeddings_are_trained():
     """A training step's gradients reach every part of both layers' n-gram embeddings (the table's looked-up rows
     alone), while the hash's constants are buffers derived from the config, not stored."""

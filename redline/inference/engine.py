@@ -218,7 +218,7 @@ class InferenceEngine:
         """Cache bytes one token of one sequence takes: 2 · attention layers · n_kv_head · (head_dim · itemsize,
         plus an fp32 scale for FP8), n_embd · itemsize for each short-convolution layer (its b·h) and the
         convolution's channels · itemsize for each gated delta-net layer (whose state a row holds once, whatever
-        its length)."""
+        its length), and N·C · itemsize for each n-gram embedding's convolution (model.ngram_layers)."""
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
         size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
         conv, delta = len(c.conv_layers), len(c.delta_layers)
