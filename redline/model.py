@@ -3783,13 +3783,15 @@ class GPT(nn.Module):
     # -- accounting ------------------------------------------------------------------------------------
 
     def num_params(self, embeddings: bool = True) -> int:
-        """Unique parameters. embeddings=False leaves out the token, value and position tables and an untied head."""
+        """Unique parameters. embeddings=False leaves out the token, value, position and n-gram tables and an untied
+        head."""
         total = sum(p.numel() for p in self.parameters())
         if embeddings:
             return total
         total -= self.wte.weight.numel() + sum(t.weight.numel() for t in self.value_embeds)
         if self.ple_table is not None:
             total -= self.ple_table.weight.numel()
+        total -= sum(b.ngram.table.weight.numel() for b in self.blocks if b.ngram is not None)  # n-gram tables
         if self.wpe is not None:
             total -= self.wpe.weight.numel()
         if not self.cfg.tie_embeddings:

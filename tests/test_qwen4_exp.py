@@ -12,6 +12,7 @@ from redline.errors import UserError
 from redline.inference import InferenceEngine
 from redline.interop import qwen4_exp
 from redline.model import GPT, ModelConfig, NGramEmbedding
+from redline.training.optim import param_groups
 from tests.engine_checks import (assert_decode_batch_parks_rows, assert_decode_batch_serves_like_generate,
                                  assert_freed_row_refills, assert_scores_equal_full_forward)
 from tests.interop_models import FAMILIES
@@ -131,6 +132,11 @@ def test_ngram_embeddings_are_trained():
     table = model.blocks[2].ngram.table.weight.grad
     assert 0 < int((table.abs().sum(-1) > 0).sum()) <= 2 * 12 * 4  # a row for each token and table at most
     assert not any("multipliers" in k or "sizes" in k or "offsets" in k for k in model.state_dict())
+    hidden, tables, _ = param_groups(model)  # the tables trained as embeddings (AdamW), not as Muon's matrices
+    table = model.blocks[0].ngram.table.weight
+    assert any(p is table for p in tables) and not any(p is table for p in hidden)
+    assert model.num_params() - model.num_params(embeddings=False) == sum(
+        t.numel() for t in (model.wte.weight, model.lm_head.weight, table, model.blocks[2].ngram.table.weight))
 
 
 def test_refused_by_name():
