@@ -59,7 +59,9 @@ Features (each a field of `ModelConfig`):
   sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them;
 - hyper-connections (`hc_streams`, Qwen4-Exp's): several residual streams, each sublayer reading a low-rank gated mix of
   them and writing its output into each with a weight of its own; an attention layer may carry a QSA token indexer
-  (`qsa_heads`), which selects every key within its budget and so attends densely up to the context it caps;
+  (`qsa_heads`), which selects every key within its budget and so attends densely up to the context it caps, and a
+  delta-net layer per-layer n-gram embeddings (`ngram_layers`, Qwen4-Exp's PLE): each token's last few ids hashed
+  into tables whose vectors gate a value into each stream, with a dilated causal convolution of them;
 - differential attention (`diff_attention`, DiffLlama's): two maps' outputs subtracted with a learned λ, paired heads
   RMS-normed; a learned bias on each key's scores from its values (`attn_key_bias`, Doge's dynamic mask) and learned
   scales on the residual stream (`residual_scales`, Doge's);
@@ -593,6 +595,32 @@ class ModelConfig:
     """qsa_heads: the keys the indexer keeps from whole blocks (indexer_budget), a multiple of qsa_block."""
     qsa_block: int = 0
     """qsa_heads: the keys averaged into one indexed block (indexer_compress_ratio)."""
+    ngram_layers: tuple[int, ...] = ()
+    """Per-layer n-gram embeddings (Qwen4-Exp's PLE, ple_layer_ids less one) on these layers, gated delta-net layers
+    of hyper-connected streams: before the layer's mixers, each stream n gains g_n·v + silu(conv(norm(g·v)))_n, v =
+    value(e) (C,) and g_n = sigmoid(signed √(norm_n(key(e)) · norm_n(stream n) / √C)), e the layer's hashed n-gram
+    embedding of the token's last ngram_size tokens (ngram_heads tables for each n of 2..ngram_size, each table's
+    ids the XOR of tokens times multipliers derived from ngram_seed, modulo a prime) and conv a causal depthwise
+    convolution of ngram_conv_kernel taps ngram_size tokens apart. () = none."""
+    ngram_dim: int = 0
+    """ngram_layers: the width of e, the layer's tables' vectors concatenated (ple_embed_dim), a multiple of
+    (ngram_size - 1)·ngram_heads."""
+    ngram_size: int = 3
+    """ngram_layers: the longest n-gram hashed (ngram_size); the convolution's taps stand this many tokens apart."""
+    ngram_heads: int = 8
+    """ngram_layers: the tables for each n-gram length (heads_per_ngram)."""
+    ngram_vocab_base: int = 20_000_000
+    """ngram_layers: each table's rows are a prime after this (the layer's k-th table overall: the k-th prime of
+    ngram_vocab_size_base), the layer's tables stacked in one table padded to a multiple of ngram_vocab_multiple."""
+    ngram_vocab_multiple: int = 128
+    """ngram_layers: the stacked table's rows are padded to a multiple of this (make_ngram_vocab_size_divisible_by)."""
+    ngram_seed: int = 1234
+    """ngram_layers: the seed of the layers' hash multipliers (Qwen4-Exp's seed)."""
+    ngram_conv_kernel: int = 4
+    """ngram_layers: the taps of the dilated convolution (ple_conv_kernel_size)."""
+    ngram_eos: int = -1
+    """ngram_layers: the end-of-text id (eos_token_id): no n-gram reaches back past it, and the tokens before a
+    sequence's first read as it."""
     mlp_sparsity: tuple[float, ...] = ()
     """Per layer, a gated MLP's activation sparsity s (Gemma 3n's activation_sparsity_pattern): where s > 0 the gate
     keeps only what exceeds its mean plus Φ⁻¹(s) standard deviations over the hidden units, less that cutoff
@@ -1234,6 +1262,23 @@ class ModelConfig:
             raise UserError(f"model.mhc_streams (DeepSeek-V4's hyper-connections) takes pre-norm blocks of a mixer "
                             f"and an MLP on one plain stream each, without model.{clash[0] if clash else 'norm_position'}"
                             f"{'' if clash else ' ' + repr(self.norm_position)}")
+    def _validate_ngrams(self) -> None:
+        """Qwen4-Exp's Per-Layer Embeddings (model.ngram_layers)."""
+        heads = (self.ngram_size - 1) * self.ngram_heads
+        if (self.ngram_size < 2 or self.ngram_heads < 1 or self.ngram_dim < 1 or self.ngram_dim % heads
+                or self.ngram_vocab_base < 2 or self.ngram_vocab_multiple < 1 or self.ngram_conv_kernel < 1):
+            raise UserError(f"model.ngram_size={self.ngram_size}, ngram_heads={self.ngram_heads}, ngram_dim="
+                            f"{self.ngram_dim}: n-grams of 2 or more tokens, 1 or more tables each, ngram_dim a "
+                            f"multiple of the {heads} tables, ngram_vocab_base >= 2, ngram_vocab_multiple and "
+                            f"ngram_conv_kernel >= 1")
+        if not 0 <= self.ngram_eos < self.vocab_size:
+            raise UserError(f"model.ngram_eos={self.ngram_eos}: per-layer n-gram embeddings need the end-of-text id "
+                            f"in [0, vocab_size={self.vocab_size})")
+        if (list(self.ngram_layers) != sorted(set(self.ngram_layers)) or not self.hc_streams
+                or any(i not in self.delta_layers or i in self.parallel_delta_layers for i in self.ngram_layers)):
+            raise UserError(f"model.ngram_layers={self.ngram_layers}: distinct layers in order, each a gated "
+                            f"delta-net layer (model.delta_layers) of hyper-connected streams (model.hc_streams)")
+
     def _validate_hyper_connections(self) -> None:
         """Qwen4-Exp's fields: hyper-connections and the QSA indexer."""
         if min(self.hc_streams, self.hc_rank, self.qsa_heads, self.qsa_head_dim, self.qsa_budget, self.qsa_block) < 0:
@@ -1251,6 +1296,8 @@ class ModelConfig:
                             "sublayers in turn, without parallel_residual, layer_lambdas, backout, altup_streams, "
                             "per_layer_embd, layer_scalars, moe_beside_dense, residual scales or multipliers, "
                             "embed_norm, mixer- or MLP-free layers, shared blocks, delta_parallel or mhc_streams")
+        if self.ngram_layers:
+            self._validate_ngrams()
         qsa = (self.qsa_heads, self.qsa_head_dim, self.qsa_budget, self.qsa_block)
         if any(qsa) and not all(qsa):
             raise UserError("model.qsa_heads, qsa_head_dim, qsa_budget and qsa_block describe one QSA indexer: set "
@@ -2996,6 +3043,135 @@ class HyperConnection(nn.Module):
         return mixed, 2 * torch.sigmoid(self.inject(flat) / N)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function of x (the state already advanced), in Python's exact integers."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def ngram_multipliers(vocab_size: int, size: int, index: int, seed: int) -> list[int]:
+    """The odd hash multipliers of the index-th n-gram layer's tokens, newest first (model.ngram_layers), as
+    transformers' Qwen4-Exp _build_layer_multipliers derives them: SplitMix64 of seed + 10007·index + (j + 1)·γ
+    (γ the golden-ratio increment), modulo half the largest multiplier whose product with a token id fits an int64."""
+    half = max(1, ((1 << 63) - 1) // max(vocab_size, 1) // 2)
+    base = seed + 10007 * index
+    return [2 * (_splitmix64((base + 0x9E3779B97F4A7C15 * (j + 2)) & _MASK64) % half) + 1 for j in range(size)]
+
+
+_PRIMES: dict[int, list[int]] = {}
+"""_primes_after's primes found so far, by start: every n-gram layer's tables extend the same list."""
+
+
+def _primes_after(start: int, count: int) -> list[int]:
+    """The first `count` primes greater than start, by trial division (a few hundred near 2·10⁷ for a model with
+    many n-gram layers), those found before reused."""
+    found = _PRIMES.setdefault(start, [])
+    n = found[-1] if found else start
+    while len(found) < count:
+        n += 1
+        if n >= 2 and all(n % d for d in range(2, math.isqrt(n) + 1)):
+            found.append(n)
+    return found[:count]
+
+
+def ngram_table_sizes(cfg: ModelConfig, index: int) -> list[int]:
+    """The rows of each of the index-th n-gram layer's (ngram_size - 1)·ngram_heads tables: that layer's tables are
+    the k-th primes after ngram_vocab_base - 1 for k counted over every layer's tables (Qwen4-Exp's heads)."""
+    heads = (cfg.ngram_size - 1) * cfg.ngram_heads
+    return _primes_after(cfg.ngram_vocab_base - 1, (index + 1) * heads)[index * heads:]
+
+
+class NGramEmbedding(nn.Module):
+    """One layer's per-layer n-gram embedding (model.ngram_layers; transformers' Qwen4ExpTextNGramEmbedding and
+    Qwen4ExpTextPLELayer): each token's last ngram_size ids (GPT.ngram_windows) hashed into the layer's tables, the
+    rows concatenated to e (B, T, ngram_dim), which gates a value into each stream; a causal depthwise convolution,
+    its taps ngram_size tokens apart, of the normed gated values adds local context. `forward` returns the streams'
+    addition (B, T, N, C)."""
+
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        N, C, E = cfg.hc_streams, cfg.n_embd, cfg.ngram_dim
+        self.size, self.heads, self.eos = cfg.ngram_size, cfg.ngram_heads, cfg.ngram_eos
+        self.kernel, self.dilation, self.eps = cfg.ngram_conv_kernel, cfg.ngram_size, cfg.norm_eps
+        sizes = ngram_table_sizes(cfg, index)
+        rows = -(-sum(sizes) // cfg.ngram_vocab_multiple) * cfg.ngram_vocab_multiple
+        self.table = nn.Embedding(rows, E // len(sizes))
+        # the hash's constants (multipliers, sizes, offsets), derived from the config alone: not trained and not
+        # stored (the export writes them back), set again wherever the module lands (GPT._apply)
+        self.constants = (ngram_multipliers(cfg.vocab_size, cfg.ngram_size, index, cfg.ngram_seed), sizes,
+                          [sum(sizes[:k]) for k in range(len(sizes))])
+        for name in ("multipliers", "sizes", "offsets"):
+            self.register_buffer(name, None, persistent=False)
+        self.derive_constants()
+        self.key = nn.Linear(E, N * C, bias=False)
+        self.value = nn.Linear(E, C, bias=False)
+        # RMSNorms of each stream by 1 + weight (N, C): on the keys, the streams (queries) and the gated values
+        self.key_norm, self.query_norm, self.conv_norm = (nn.Parameter(torch.zeros(N, C)) for _ in range(3))
+        self.conv = nn.Parameter(torch.zeros(N * C, cfg.ngram_conv_kernel))  # oldest tap first; zero at init
+        self.span = (self.kernel - 1) * self.dilation  # the convolution's reach back, in tokens
+
+    def derive_constants(self) -> None:
+        """The hash's constants as int64 buffers on the table's device (none while it is on the meta device)."""
+        device = self.table.weight.device
+        for name, values in zip(("multipliers", "sizes", "offsets"), self.constants):
+            setattr(self, name, None if device.type == "meta" else torch.tensor(values, device=device))
+
+    def ids(self, windows: torch.Tensor) -> torch.Tensor:
+        """windows (B, T, ngram_size) long, each token's ids oldest first (itself last) -> its rows in the table
+        (B, T, tables). A token s back reads as eos where any of the s tokens before the current one is eos (each
+        n-gram stays within its document); the n-gram of length n mixes the n newest, newest first, by XOR of id ×
+        multiplier, as transformers' Qwen4ExpTextNGramEmbedding.forward computes it."""
+        n = self.size
+        eos = torch.full_like(windows[..., :1], self.eos)
+        # broken[..., j]: an eos among the window's tokens j .. n - 2 (those between token j and the current one)
+        broken = (windows[..., :-1] == self.eos).flip(-1).cummax(-1).values.flip(-1)
+        back = torch.where(broken, eos, windows[..., :-1])  # (B, T, n - 1)
+        tokens = [windows[..., -1], *back.unbind(-1)[::-1]]  # newest first
+        out, mixed = [], tokens[0] * self.multipliers[0]
+        for length in range(2, n + 1):
+            mixed = torch.bitwise_xor(mixed, tokens[length - 1] * self.multipliers[length - 1])
+            part = slice((length - 2) * self.heads, (length - 1) * self.heads)
+            out.append(torch.remainder(mixed[..., None], self.sizes[part]) + self.offsets[part])
+        return torch.cat(out, dim=-1)
+
+    def forward(self, xs: torch.Tensor, windows: torch.Tensor, cache=None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """xs (B, T, N, C), the streams; windows: ids' (B, T, ngram_size) -> (B, T, N, C). cache: an inference
+        engine's cache layer, whose `ngram_before` keeps the convolution's inputs (redline/inference/cache.py).
+        doc_ids (B, T): packed documents, each read as a sequence of its own (the tokens before its first as eos,
+        the convolution's inputs before it as zeros)."""
+        B, T, N, C = xs.shape
+        if doc_ids is not None:  # another document's tokens in a window read as eos
+            docs = F.pad(doc_ids, (self.size - 1, 0), value=-1).unfold(1, self.size, 1)  # (B, T, ngram_size)
+            windows = torch.where(docs == doc_ids[..., None], windows, self.eos)
+        e = self.table(self.ids(windows)).flatten(-2)  # (B, T, ngram_dim)
+        key = _stream_norm(self.key(e).view(B, T, N, C), self.key_norm, self.eps)
+        query = _stream_norm(xs, self.query_norm, self.eps)
+        gate = (key * query).sum(-1, keepdim=True) / math.sqrt(C)  # (B, T, N, 1)
+        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
+        gated = torch.sigmoid(gate) * self.value(e).unsqueeze(2)  # (B, T, N, C)
+        u = _stream_norm(gated, self.conv_norm, self.eps).reshape(B, T, N * C)
+        before = None if cache is None else cache.ngram_before(self, u)  # (B, span, N·C) or None: zeros
+        full = torch.cat([before.to(u.dtype) if before is not None else u.new_zeros(B, self.span, N * C), u], 1)
+        y = u * self.conv[:, -1]
+        for j in range(self.kernel - 1):  # tap j reads the token (kernel - 1 - j)·dilation back
+            term = full[:, j * self.dilation:j * self.dilation + T]
+            if doc_ids is not None:
+                back = (self.kernel - 1 - j) * self.dilation
+                term = term * (doc_ids == F.pad(doc_ids, (back, 0), value=-1)[:, :T])[..., None]
+            y = y + term * self.conv[:, j]
+        return gated + F.silu(y).view(B, T, N, C)
+
+
+def _stream_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each stream of x (..., N, C) by 1 + weight (N, C), in fp32 (Qwen4ExpTextRMSNorm's, grouped)."""
+    return (F.rms_norm(x.float(), (x.shape[-1],), eps=eps) * (1.0 + weight.float())).type_as(x)
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -3097,6 +3273,8 @@ class Block(nn.Module):
         if cfg.hc_streams:
             self.norm1, self.norm2 = nn.Identity(), nn.Identity()
             self.attn_hc, self.mlp_hc = HyperConnection(cfg), HyperConnection(cfg)
+        # ngram_layers (Qwen4-Exp's Per-Layer Embeddings): the layer's n-gram embedding, added to the streams first
+        self.ngram = NGramEmbedding(cfg, cfg.ngram_layers.index(layer)) if layer in cfg.ngram_layers else None
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
@@ -3115,7 +3293,7 @@ class Block(nn.Module):
         if self.attn_mhc is not None:
             return self.mhc_forward(x, rope, attn_mask, cache, ve, shared)
         if self.attn_hc is not None:
-            return self.hyper_forward(x, rope, attn_mask, cache, ve)
+            return self.hyper_forward(x, rope, attn_mask, cache, ve, ple, doc_ids)
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
@@ -3182,10 +3360,13 @@ class Block(nn.Module):
         xs = self.attn_mhc.merge(xs, self.out(self.attn(self.norm1(u), rope, attn_mask, cache, ve, **kw)), post, comb)
         u, post, comb = self.mlp_mhc(xs)
         return self.mlp_mhc.merge(xs, self.out(self.mlp(self.norm2(u))), post, comb)
-    def hyper_forward(self, xs, rope, attn_mask, cache, ve):
-        """Qwen4-Exp's decoder layer (transformers' Qwen4ExpTextDecoderLayer, without PLE): xs (B, T, N, C), the N
-        streams -> (B, T, N, C). Each sublayer reads its mixer's average of the streams and its output joins every
-        stream n scaled by the mixer's weight w_n."""
+    def hyper_forward(self, xs, rope, attn_mask, cache, ve, windows=None, doc_ids=None):
+        """Qwen4-Exp's decoder layer (transformers' Qwen4ExpTextDecoderLayer): xs (B, T, N, C), the N streams ->
+        (B, T, N, C). A layer of model.ngram_layers first adds its n-gram embedding of windows (B, T, ngram_size),
+        GPT.ngram_windows', keeping packed documents (doc_ids (B, T)) apart. Each sublayer reads its mixer's average
+        of the streams and its output joins every stream n scaled by the mixer's weight w_n."""
+        if self.ngram is not None:
+            xs = xs + self.ngram(xs, windows, cache, doc_ids)
         u, w = self.attn_hc(xs)
         xs = xs + w.unsqueeze(-1) * self.out(self.attn(u, rope, attn_mask, cache, ve)).unsqueeze(2)
         u, w = self.mlp_hc(xs)
@@ -3344,6 +3525,9 @@ class GPT(nn.Module):
         if self.cfg.pos_emb == "rope" and self.rope_cos.device.type != "meta":
             for name, table in zip(self._rope_names(), self._rope_tables()):
                 setattr(self, name, table.to(self.rope_cos.device))
+        for block in self.blocks:  # the n-gram hash's constants, which to_empty() leaves empty too
+            if block.ngram is not None:
+                block.ngram.derive_constants()
         return self
 
     @torch.no_grad()
@@ -3416,6 +3600,9 @@ class GPT(nn.Module):
                 module.reset_parameters(std, proj_std)
             elif isinstance(module, HyperConnection):  # its per-stream norms' bare weights: scale 1
                 module.norm.fill_(0.0 if module.unit_offset else 1.0)
+            elif isinstance(module, NGramEmbedding):  # norms by 1 + weight at scale 1, the convolution off
+                for weight in (module.key_norm, module.query_norm, module.conv_norm, module.conv):
+                    nn.init.zeros_(weight)
             elif isinstance(module, (UnitOffsetRMSNorm, UnitOffsetLayerNorm)):
                 nn.init.zeros_(module.weight)  # scale 1 + 0
                 if getattr(module, "bias", None) is not None:
@@ -3604,9 +3791,13 @@ class GPT(nn.Module):
             return torch.stack([x[:, :, 0], *outs]).mean(dim=0)
         return x if mid is None else x - self.backout_lambda.to(x.dtype) * mid
 
-    def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor,
+                         before: torch.Tensor | None = None) -> torch.Tensor | None:
         """Each layer's per-layer input (model.per_layer_embd), as transformers' Gemma4TextModel computes it: idx
-        (B, T) and their embeddings x (B, T, C), embed's -> (B, T, n_layer, P), or None without them."""
+        (B, T) and their embeddings x (B, T, C), embed's -> (B, T, n_layer, P), or None without them. With
+        model.ngram_layers, every layer's is ngram_windows(idx, before) (B, T, n_layer, ngram_size) (a view)."""
+        if self.cfg.ngram_layers:
+            return self.ngram_windows(idx, before).unsqueeze(2).expand(-1, -1, self.cfg.n_layer, -1)
         if self.cfg.shared_attn_layers:  # Zamba2's: every layer's is x0, the token embeddings (a view)
             return x.unsqueeze(2).expand(-1, -1, self.cfg.n_layer, -1)
         if self.ple_table is None:
@@ -3619,6 +3810,16 @@ class GPT(nn.Module):
         tokens = (self.ple_table(idx) * scale).view(B, T, -1, P)
         context = self.ple_norm((self.ple_proj(x) * self.cfg.n_embd ** -0.5).view(B, T, -1, P))
         return (context + tokens) * 2 ** -0.5
+
+    def ngram_windows(self, idx: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> each token's last ngram_size ids, oldest first (B, T, ngram_size) (model.ngram_layers);
+        before: the ngram_size - 1 ids before idx's first (B, ngram_size - 1) (a later span, a decode step: the
+        engine's cache keeps them), None at a sequence's start, where they read as ngram_eos (transformers' empty
+        n-gram context)."""
+        n = self.cfg.ngram_size
+        if before is None:
+            before = idx.new_full((idx.shape[0], n - 1), self.cfg.ngram_eos)
+        return torch.cat([before, idx], dim=1).unfold(1, n, 1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states (..., C), after norm_f -> logits (..., padded_vocab), divided by logit_divisor and
@@ -3681,13 +3882,15 @@ class GPT(nn.Module):
     # -- accounting ------------------------------------------------------------------------------------
 
     def num_params(self, embeddings: bool = True) -> int:
-        """Unique parameters. embeddings=False leaves out the token, value and position tables and an untied head."""
+        """Unique parameters. embeddings=False leaves out the token, value, position and n-gram tables and an untied
+        head."""
         total = sum(p.numel() for p in self.parameters())
         if embeddings:
             return total
         total -= self.wte.weight.numel() + sum(t.weight.numel() for t in self.value_embeds)
         if self.ple_table is not None:
             total -= self.ple_table.weight.numel()
+        total -= sum(b.ngram.table.weight.numel() for b in self.blocks if b.ngram is not None)  # n-gram tables
         if self.wpe is not None:
             total -= self.wpe.weight.numel()
         if not self.cfg.tie_embeddings:

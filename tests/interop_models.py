@@ -571,6 +571,21 @@ FAMILIES = {
                             indexer_compress_ratio=4, tie_word_embeddings=False, pad_token_id=None,
                             rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                              "partial_rotary_factor": 0.5})),
+    # Qwen4-Exp with Per-Layer Embeddings on both delta-net layers (ple_layer_ids one-indexed): 2 tables of each
+    # n-gram length 2 and 3 (primes after 49: small tables, many ids sharing rows), a 3-tap convolution 3 tokens apart,
+    # the tables in 4 shards on disk; eos_token_id 1 (common) cuts the n-grams
+    "qwen4_exp_text-ple": ("Qwen4ExpTextConfig", "Qwen4ExpForCausalLM",
+                           dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                                layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=48, hc_count=3,
+                                hc_lowrank=8, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
+                                indexer_budget=32, indexer_compress_ratio=4, tie_word_embeddings=False,
+                                pad_token_id=None, ple_layer_ids=[3, 1], ple_embed_dim=24, ngram_size=3,
+                                heads_per_ngram=2, ngram_vocab_size_base=50, make_ngram_vocab_size_divisible_by=8,
+                                split_ngram_parts=4, ple_conv_kernel_size=3, seed=77,
+                                rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # Qwen3-Next: delta nets on layers 0, 1 and 3 (in_proj_qkvz / in_proj_ba grouped by key head: 2 key heads of 2
     # value heads each, Dk != Dv), gated full attention on 2, the first layer dense (mlp_only_layers), the others top
     # 2 of 4 experts not rescaled plus the shared expert, untied

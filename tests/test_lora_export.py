@@ -476,6 +476,11 @@ _HYBRID = dict(delta_heads=4, delta_key_heads=2, delta_key_dim=8, delta_value_di
     ("Qwen4ExpForCausalLM", dict(delta_layers=(0,), hc_streams=3, hc_rank=8, qsa_heads=2, qsa_head_dim=16,
                                  qsa_budget=64, qsa_block=1),
      ("attn.*", "mlp.shared*", "attn_hc.*", "mlp_hc.*", "hc_out.*")),
+    # and on a Per-Layer Embedding's key and value projections (ple.key_proj, value_proj)
+    ("Qwen4ExpForCausalLM", dict(delta_layers=(0,), hc_streams=3, hc_rank=8, qsa_heads=2, qsa_head_dim=16,
+                                 qsa_budget=64, qsa_block=1, ngram_layers=(0,), ngram_dim=16, ngram_heads=2,
+                                 ngram_vocab_base=40, ngram_vocab_multiple=8, ngram_eos=1),
+     ("attn.*", "ngram.*")),
 ])
 def test_qwen3_5_moe_and_qwen3_next_adapters(arch, fields, targets, tmp_path, capsys):
     """Qwen3.5-MoE, Qwen3-Next and Qwen4-Exp take Qwen3.5's adapters (q_proj's queries and gate together) and Qwen2-MoE's

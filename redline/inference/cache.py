@@ -84,8 +84,14 @@ class KVCache:
     such a layer holds no buffer of its own, its k and v being its source's (the engine writes none for it).
 
     token_ids: the token id in each slot, `token_ids` (B, capacity + 1) long, for a model that smears each token's
-    predecessor into it (model.smear_gate, nanochat's): a span or step reads the id before its first slot, and a
-    prefix copied by copy_slots carries its ids (the buffer is one of `stacked`); None for other models."""
+    predecessor into it (model.smear_gate, nanochat's) or hashes its last tokens (model.ngram_layers): a span or step
+    reads the ids before its first slot, and a prefix copied by copy_slots carries its ids (the buffer is one of
+    `stacked`); None for other models.
+
+    ngram_layers: layers with a per-layer n-gram embedding (model.ngram_layers, Qwen4-Exp's PLE): each holds its
+    dilated convolution's inputs, a token's normed gated values (ngram_width = N·C) in its slot,
+    `ngram_inputs[layer]` (B, 1, capacity + 1, ngram_width), beside the layer's delta-net buffers; write's `ngram`
+    fills them, a decode step's cache layer reads them through layer_extras' NGramSide."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
@@ -93,7 +99,7 @@ class KVCache:
                  delta_state: tuple[int, ...] = (), mixer_free: tuple[int, ...] = (),
                  delta_parallel: bool | tuple[int, ...] = False,
                  geometry: list[tuple[int, int]] | None = None, kv_sources: dict[int, int] | None = None,
-                 token_ids: bool = False):
+                 token_ids: bool = False, ngram_layers: tuple[int, ...] = (), ngram_width: int = 0):
         # one slot more than is ever attended over: every width is then a strict view of the buffer, which
         # keeps the compiled decode step from specialising (and recompiling) on the full-buffer case
         shape = (batch + spare, kv_heads, capacity + 1, head_dim)
@@ -143,6 +149,13 @@ class KVCache:
                 if i not in self.parallel:  # the mixer in attention's place: its buffer is the layer's k and v
                     self.k[i] = self.v[i] = buf[:batch]
                 self.states[i] = state[:batch]
+        self.ngram_inputs: dict[int, torch.Tensor] = {}
+        if ngram_layers:
+            inputs = torch.zeros((len(ngram_layers), batch + spare, 1, capacity + 1, ngram_width), dtype=dtype,
+                                 device=device)
+            self.stacked.append(inputs)
+            for i, buf in zip(ngram_layers, inputs.unbind(0)):
+                self.ngram_inputs[i] = buf[:batch]
         self.token_ids = None
         if token_ids:  # (1, B + spare, 1, capacity + 1): copy_slots' [:, rows, :, :n] indexing, as the others'
             ids = torch.zeros((1, batch + spare, 1, capacity + 1), dtype=torch.long, device=device)
@@ -173,14 +186,18 @@ class KVCache:
             return self.scales
         if not self.states:
             return None
-        return [DeltaSide(self.delta_inputs[i], self.states[i]) if i in self.parallel else self.states.get(i)
+        return [DeltaSide(self.delta_inputs[i], self.states[i]) if i in self.parallel
+                else NGramSide(self.states[i], self.ngram_inputs[i]) if i in self.ngram_inputs else self.states.get(i)
                 for i in range(len(self.k))]
 
-    def write(self, layer: int, rows: slice | torch.Tensor, start: int, k, v, delta=None) -> None:
+    def write(self, layer: int, rows: slice | torch.Tensor, start: int, k, v, delta=None, ngram=None) -> None:
         """Store k, v (b, KV, T, D) in slots [start, start + T) of `rows` (a slice, or the b row indices as a long
         tensor: rows that are not contiguous); for an FP8 cache k and v are quantize_kv's pairs. delta: a parallel
-        delta layer's mixer part (its convolution inputs (b, 1, T, channels), the rows' states after the span)."""
+        delta layer's mixer part (its convolution inputs (b, 1, T, channels), the rows' states after the span);
+        ngram: an n-gram layer's convolution inputs (b, 1, T, ngram_width), or None."""
         # item assignment, not [...].copy_(): with a tensor of rows the indexing would copy, and the write be lost
+        if ngram is not None:
+            self.ngram_inputs[layer][rows, :, start:start + ngram.shape[2]] = ngram
         if self.k[layer] is None or layer in self.kv_sources:  # no token mixer, or another layer's keys and values
             return
         if layer in self.states and layer not in self.parallel:  # the mixer alone: (k, v) is its part
@@ -228,6 +245,15 @@ class KVCache:
         return self.delta_inputs[layer][rows, :, :end], self.states[layer][rows]
 
 
+class NGramSide(NamedTuple):
+    """What a decode step's cache layer takes for a delta-net layer with a per-layer n-gram embedding
+    (model.ngram_layers) besides its convolution inputs: the rows' states and the n-gram convolution's inputs
+    (B, 1, S, ngram_width)."""
+
+    states: torch.Tensor
+    inputs: torch.Tensor
+
+
 class DeltaSide(NamedTuple):
     """What a decode step's cache layer takes for a Mamba-2 mixer beside attention (model.delta_parallel) besides
     attention's k and v buffers: the mixer's convolution inputs (B, 1, S, channels) and its rows' states."""
@@ -263,14 +289,17 @@ class PrefillLayer:
     (k, v) of slots [0, start), or None at start 0) and the new tokens under `mask` (prefill_mask), and keeps the
     new keys and values in `kv` for the engine to store (quantize_kv's pairs when `quantize`). A delta layer's mixer
     keeps its part in `delta_kv` (its convolution inputs, the rows' states after the span), starting from
-    `delta_prefix` (a layer whose mixer stands in attention's place: from `prefix`)."""
+    `delta_prefix` (a layer whose mixer stands in attention's place: from `prefix`). An n-gram embedding's
+    convolution (model.ngram_layers) keeps its inputs in `ngram_kv`, reading those of slots [0, start) in
+    `ngram_prefix` (b, 1, start, ngram_width), or None at start 0."""
 
     def __init__(self, mask: torch.Tensor | None, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
                  quantize: bool = False, valid: torch.Tensor | None = None,
-                 delta_prefix: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 delta_prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 ngram_prefix: torch.Tensor | None = None):
         self.mask, self.prefix, self.quantize, self.valid = mask, prefix, quantize, valid
-        self.delta_prefix = delta_prefix
-        self.kv = self.delta_kv = None
+        self.delta_prefix, self.ngram_prefix = delta_prefix, ngram_prefix
+        self.kv = self.delta_kv = self.ngram_kv = None
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
         """x (b, T, C) -> (b, T, H*D); ve: the layer's value embedding of these tokens (b, T, KV*D), or None."""
@@ -307,6 +336,13 @@ class PrefillLayer:
         self.kv = (u[:, None], u[:, None])  # (b, 1, T, C): the layer's one buffer, as k and as v
         before = None if self.prefix is None else _last_slots(self.prefix[0], conv.kernel)
         return conv.proj(c * conv.convolve(u, before))
+
+    def ngram_before(self, ngram, u: torch.Tensor) -> torch.Tensor | None:
+        """An n-gram embedding's (model.ngram_layers) convolution inputs of the T new tokens u (b, T, N·C) go to
+        `ngram_kv` for their slots -> those of the ngram.span tokens before the first (b, span, N·C), zeros before
+        slot 0, or None at start 0 (zeros)."""
+        self.ngram_kv = u[:, None]
+        return None if self.ngram_prefix is None else _last_slots(self.ngram_prefix, ngram.span + 1)
 
     def delta(self, net, x: torch.Tensor) -> torch.Tensor:
         """A gated delta-net layer's (model.delta_layers) T new tokens: x (b, T, C) -> (b, T, C). Its convolution's
@@ -418,9 +454,12 @@ class DecodeLayer:
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
         # a delta layer's mixer part: a mixer beside attention hands its own (DeltaSide), one alone has its
         # convolution inputs as k_buf and its states as scales
-        self.delta_inputs, self.states = k_buf, scales
+        self.delta_inputs, self.states, self.ngram_inputs = k_buf, scales, None
         if isinstance(scales, DeltaSide):
             self.delta_inputs, self.states = scales
+            self.scales = None
+        elif isinstance(scales, NGramSide):  # model.ngram_layers: the n-gram convolution's inputs too
+            self.states, self.ngram_inputs = scales
             self.scales = None
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
@@ -476,6 +515,14 @@ class DecodeLayer:
         width = buf.shape[-1]
         before = buf[:, 0].gather(1, index.clamp_min(0)[:, :, None].expand(-1, -1, width))
         return before * (index >= 0)[:, :, None].to(before.dtype)
+
+    def ngram_before(self, ngram, u: torch.Tensor) -> torch.Tensor:
+        """An n-gram embedding's (model.ngram_layers) step: u (B, 1, N·C) goes into each row's slot of
+        ngram_inputs (B, 1, S, N·C) -> the inputs of the ngram.span slots before it (B, span, N·C), zeros before
+        slot 0."""
+        before = self._slots_before(self.ngram_inputs, ngram.span + 1)
+        _scatter_slot(self.ngram_inputs, self.slot, u[:, None])
+        return before
 
     def delta(self, net, x: torch.Tensor) -> torch.Tensor:
         """A gated delta-net layer's step: x (B, 1, C) -> (B, 1, C). Each row's convolution input goes into its slot

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from redline.errors import UserError
 from redline.inference.cache import KVCache, prefill_mask
@@ -219,7 +220,7 @@ class InferenceEngine:
         """Cache bytes one token of one sequence takes: 2 · attention layers · n_kv_head · (head_dim · itemsize,
         plus an fp32 scale for FP8), n_embd · itemsize for each short-convolution layer (its b·h) and the
         convolution's channels · itemsize for each gated delta-net layer (whose state a row holds once, whatever
-        its length)."""
+        its length), and N·C · itemsize for each n-gram embedding's convolution (model.ngram_layers)."""
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
         size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
         conv, delta = len(c.conv_layers), len(c.delta_layers)
@@ -227,7 +228,8 @@ class InferenceEngine:
         # a kv-shared layer holds none of its own
         attention = sum(heads * (width * size + 4 * fp8) for heads, width in
                         (c.layer_cache_geometry(i) for i in c.attention_layers if c.kv_source(i) is None))
-        return 2 * attention + conv * c.n_embd * size + delta * _delta_width(c) * size
+        ngram = len(c.ngram_layers) * c.hc_streams * c.n_embd  # model.ngram_layers' convolution inputs
+        return 2 * attention + conv * c.n_embd * size + delta * _delta_width(c) * size + ngram * size
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -282,7 +284,7 @@ class InferenceEngine:
                           (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
                           c.parallel_delta_layers, [c.layer_cache_geometry(i) for i in range(c.n_layer)],
                           {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None},
-                          bool(c.smear_gate)),
+                          bool(c.smear_gate or c.ngram_layers), c.ngram_layers, c.hc_streams * c.n_embd),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),
@@ -328,7 +330,8 @@ class InferenceEngine:
         self._mark_dynamic((st.tokens, 0), (st.slot, 0), (slots, 0), (st.history, 0, 1), (st.active, 0),
                            *[(t, 0, 2) for t in cache.k + cache.v + scales],
                            *[(t, 0) for t in cache.states.values()],
-                           *[(cache.delta_inputs[i], 0, 2) for i in cache.parallel])
+                           *[(cache.delta_inputs[i], 0, 2) for i in cache.parallel],
+                           *[(t, 0, 2) for t in cache.ngram_inputs.values()])
         return decode_layers(self.model, st.tokens, st.slot, slots, cache.k, cache.v, cache.layer_extras,
                              self.plan.attention, greedy, self._decode_fns,
                              self._mark_dynamic if self._decode_fns else None, st.counts,
@@ -444,11 +447,15 @@ class InferenceEngine:
         positions = torch.arange(start, start + t, device=self.device)
         ids = st.cache.token_ids  # model.smear_gate: the token before the span's first, then the span's own in
         before = ids[rows, start - 1][:, None] if ids is not None and start else None
+        window = None  # model.ngram_layers: the ngram_size - 1 ids before the span's first, ngram_eos before slot 0
+        if self.cfg.ngram_layers and start:
+            window = ids[rows, max(0, start - self.cfg.ngram_size + 1):start]
+            window = F.pad(window, (self.cfg.ngram_size - 1 - window.shape[1], 0), value=self.cfg.ngram_eos)
         if ids is not None:
             ids[rows, start:start + t] = tokens
         x, rope = m.embed(tokens, positions, before)
         values = value_embeddings(m, tokens)  # (b, t, KV*D) per table, looked up once for every layer
-        ple = m.per_layer_inputs(tokens, x)  # (b, t, n_layer, P) or None
+        ple = m.per_layer_inputs(tokens, x, window)  # (b, t, n_layer, P) or None
         masks = {w: prefill_mask(t, start, self.device, w) for w in self.cfg.windows}  # one per layers' window
         self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()],
                            *[(mask, 0, 1) for mask in masks.values() if mask is not None],
@@ -475,10 +482,14 @@ class InferenceEngine:
                 if layer in st.cache.parallel and start:
                     mixer = st.cache.read_delta(layer, rows, start)
                     self._mark_dynamic((mixer[0], 0, 2), (mixer[1], 0))
-                x, k, v, side = self._prefill_fn(block, x, rope, masks[block.window], quantize, *prefix,
-                                                 layer_value(m, values, layer), valid if delta else None, mixer,
-                                                 None if ple is None else ple[:, :, layer])
-                st.cache.write(layer, rows, start, k, v, side)
+                ngram = st.cache.ngram_inputs.get(layer)  # an n-gram layer's convolution inputs before the span
+                ngram = ngram[rows, :, :start] if ngram is not None and start else None
+                if ngram is not None:
+                    self._mark_dynamic((ngram, 0, 2))
+                x, k, v, side, ngram = self._prefill_fn(block, x, rope, masks[block.window], quantize, *prefix,
+                                                        layer_value(m, values, layer), valid if delta else None,
+                                                        mixer, None if ple is None else ple[:, :, layer], ngram)
+                st.cache.write(layer, rows, start, k, v, side, ngram)
                 if layer == m.backout_layer:
                     mid = x
         return m.stream_out(x, mid)

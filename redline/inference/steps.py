@@ -35,22 +35,25 @@ def layer_value(model, values: list[torch.Tensor], layer: int) -> torch.Tensor |
 
 
 def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, prefix_k=None, prefix_v=None,
-                  ve=None, valid=None, delta_prefix=None, ple=None):
-    """x (b, T, C) -> (x, k, v, delta): the block's output and the new tokens' keys and values (b, KV, T, D) for the
-    cache (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k, prefix_v: the
-    rows' cached slots before these tokens (a prompt prefilled in chunks), attended to as well. ve: the layer's value
-    embedding of these tokens (b, T, KV*D), or None. A gated delta-net layer's (k, v) and prefix are its convolution
+                  ve=None, valid=None, delta_prefix=None, ple=None, ngram_prefix=None):
+    """x (b, T, C) -> (x, k, v, delta, ngram): the block's output and the new tokens' keys and values (b, KV, T, D)
+    for the cache (quantize: quantize_kv's pairs, for an FP8 cache, in the same compiled function). prefix_k,
+    prefix_v: the rows' cached slots before these tokens (a prompt prefilled in chunks), attended to as well. ve: the
+    layer's value embedding of these tokens (b, T, KV*D), or None. A gated delta-net layer's (k, v) and prefix are its convolution
     inputs and its rows' states (KVCache); valid (b, T): its rows' prompt tokens, the padding after them past. A
     Mamba-2 mixer beside attention (model.delta_parallel) starts from delta_prefix and gives its part as delta (else
     None): KVCache.write's. A kv-shared layer (model.kv_shared_layers) is handed its source's slots up to these tokens'
-    end as the prefix and gives no k, v. ple: the layer's per-layer input (b, T, P) (model.per_layer_embd), or None."""
+    end as the prefix and gives no k, v. ple: the layer's per-layer input (b, T, P) (model.per_layer_embd), or None;
+    with model.ngram_layers each token's n-gram window (b, T, ngram_size), and an n-gram layer's convolution starts
+    from ngram_prefix (its inputs of slots [0, start), (b, 1, start, N·C)) and gives its inputs as ngram (else
+    None): KVCache.write's."""
     prefix = (prefix_k, prefix_v) if prefix_k is not None else None
-    layer = PrefillLayer(mask, prefix, quantize, valid, delta_prefix)
+    layer = PrefillLayer(mask, prefix, quantize, valid, delta_prefix, ngram_prefix)
     x = block(x, rope, cache=layer, ve=ve, ple=ple)
     if layer.kv is None:  # a mixer alone (its part is the layer's k, v) or no mixer (model.mixer_free_layers)
         k, v = layer.delta_kv or (None, None)
-        return x, k, v, None
-    return x, *layer.kv, layer.delta_kv
+        return x, k, v, None, layer.ngram_kv
+    return x, *layer.kv, layer.delta_kv, layer.ngram_kv
 
 
 def last_logits(model, x: torch.Tensor) -> torch.Tensor:
@@ -66,15 +69,18 @@ def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.
     embeddings ([(B, 1, KV*D)], value_embeddings') and per-layer inputs ((B, 1, n_layer, P), GPT.per_layer_inputs,
     or None). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the kernel computes the mask itself and
     reads only its width, so the slots stand in for it (a view: no kernel).
-    token_ids: the cache's (B, S + 1) token ids (model.smear_gate: KVCache.token_ids), or None: the step reads the
-    token before each row's slot and writes its own into the slot."""
-    before = None
+    token_ids: the cache's (B, S + 1) token ids (model.smear_gate, ngram_layers: KVCache.token_ids), or None: the
+    step reads the tokens before each row's slot (ngram_eos before slot 0) and writes its own into the slot."""
+    before = window = None
+    if token_ids is not None and model.cfg.ngram_layers:  # the ngram_size - 1 ids before each row's slot
+        index = slot[:, None] + torch.arange(1 - model.cfg.ngram_size, 0, device=slot.device)  # (B, n - 1)
+        window = torch.where(index >= 0, token_ids.gather(1, index.clamp(min=0)), model.cfg.ngram_eos)
     if token_ids is not None:
         before = token_ids.gather(1, (slot - 1).clamp(min=0)[:, None])  # (B, 1); a row at slot 0 smears none
         token_ids.scatter_(1, slot[:, None], tokens)
     x, rope = model.embed(tokens, slot[:, None], before)  # a token's position is its slot
     values = value_embeddings(model, tokens)
-    ple = model.per_layer_inputs(tokens, x)
+    ple = model.per_layer_inputs(tokens, x, window)
     if impl == "triton":
         return x, rope, {w: slots.expand(tokens.shape[0], 1, 1, -1) for w in model.cfg.windows}, values, ple
     causal = slots[None, :] <= slot[:, None]  # (B, W)

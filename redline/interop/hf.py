@@ -288,8 +288,13 @@ def generation_config(tokenizer, original: Mapping | None = None) -> dict:
 def hf_config_json(cfg: ModelConfig, family: Family, tokenizer, dtype: torch.dtype,
                    generation: Mapping | None = None) -> dict:
     config = {"architectures": [family.architecture], **family.hf_config(cfg), "torch_dtype": HF_DTYPE_NAMES[dtype]}
+    own = config.get("eos_token_id")  # a family's own (Qwen4-Exp's n-gram hash stops at it: model.ngram_eos)
     ids = generation or generation_config(tokenizer)
     config.update({k: ids[k] for k in ("eos_token_id", "bos_token_id", "pad_token_id") if k in ids})
+    if own is not None:  # first in the list, where transformers reads it; the tokenizer's stop ids after it
+        stops = config.get("eos_token_id")
+        stops = [s for s in (stops if isinstance(stops, list) else [stops]) if s is not None and s != own]
+        config["eos_token_id"] = [own, *stops] if stops else own
     return config
 
 
@@ -364,7 +369,9 @@ def write_folder(out: str | Path, state: Mapping[str, torch.Tensor], cfg: ModelC
     original_generation: the imported model's generation_config.json, kept (see generation_config)."""
     from safetensors.torch import save_file
 
-    tensors = {k: v.to(dtype).contiguous() for k, v in family.to_hf(state, cfg).items()}
+    # integer tensors (Qwen4-Exp's hash constants) stay as they are: a float would round them
+    tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
+               for k, v in family.to_hf(state, cfg).items()}
     files = hf_tokenizer_files(tokenizer)
     generation = generation_config(tokenizer, original_generation)
     shards = shard_names(tensors, max_shard_bytes)

@@ -179,6 +179,8 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         raise UserError(f"the adapter on {layer} would be a gate_proj, up_proj or down_proj adapter, which PEFT moves "
                         f"onto {_EXPERT_NAMES[family.name]}'s experts (their fused gate_up_proj and down_proj) as it loads them; export "
                         f"with --merge")
+    if qwen4 and rest in ("ngram.key", "ngram.value"):  # a layer's Per-Layer Embedding's projections
+        return [(f"{base}ple.{rest[6:]}_proj", slice(0, out_features))]
     if qwen4 and rest.startswith(("attn_hc.", "mlp_hc.")):  # a layer's hyper-connection mixers
         where, part = rest.split(".")
         side = "attn_hyper_connection" if where == "attn_hc" else "mlp_hyper_connection"

@@ -16,8 +16,14 @@ layer with a shared expert under a sigmoid gate) on hyper-connected residual str
   attends densely, as deepseek_kin.py does for DeepSeek Sparse Attention; the indexer's weights (index_qk_proj,
   q_layernorm, k_layernorm) are kept as the attention's qsa_* buffers and written back on export.
 
-Refused by name: Per-Layer Embeddings (ple_layer_ids: hashed n-gram tables and a dilated convolution, which redline's
-model and engine have not), an output gate other than SiLU on the delta nets (output_gate_type), attention layers
+- Per-Layer Embeddings (ple_layer_ids, one-indexed: model.ngram_layers, zero-indexed; Qwen4ExpTextPLELayer as
+  redline's NGramEmbedding): the hashed n-gram table (ple_embedding.ngram_embedding, on disk split_ngram_parts
+  shards ngram_embedding.shard_K.weight concatenated in order, written back so), key_proj, value_proj, norm_key,
+  norm_query, norm_conv ((N·C,) read as (N, C)) and conv1d ((N·C, 1, K) as (N·C, K)); the hash's multipliers,
+  table sizes and offsets are derived from the config (ngram_multipliers, ngram_table_sizes), checked against the
+  checkpoint's buffers on import and written back on export.
+
+Refused by name: an output gate other than SiLU on the delta nets (output_gate_type), attention layers
 without the indexer's fields (transformers builds none), indexer_kv_heads other than 1, RoPE other than default;
 and what qwen3_5.py refuses. Semantics read from transformers' models/qwen4_exp/modular_qwen4_exp.py.
 """
@@ -25,6 +31,7 @@ and what qwen3_5.py refuses. Semantics read from transformers' models/qwen4_exp/
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Mapping
 
@@ -34,7 +41,7 @@ from redline.errors import UserError
 from redline.interop import multimodal, qwen3_5
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.multimodal import text_view
-from redline.model import ModelConfig
+from redline.model import ModelConfig, ngram_multipliers, ngram_table_sizes
 
 _INDEXER = {"attn.qsa_qk": "index_qk_proj.weight", "attn.qsa_q_norm": "q_layernorm.weight",
             "attn.qsa_k_norm": "k_layernorm.weight"}
@@ -64,10 +71,12 @@ def model_config(hf: dict) -> ModelConfig:
     gate = hf.get("output_gate_type") or hf.get("hidden_act", "silu")
     qsa = {name: hf.get(name) for name in _QSA_FIELDS}
     attention = "full_attention" in kinds
+    ple = sorted({int(i) for i in hf.get("ple_layer_ids") or ()})
+    eos = hf.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
     raise_first([
-        (bool(hf.get("ple_layer_ids")), f"ple_layer_ids={hf.get('ple_layer_ids')}: Qwen4-Exp's Per-Layer Embeddings "
-                                        f"(hashed n-gram tables and a dilated convolution) are not in redline's model "
-                                        f"or engine; read a config without them"),
+        (bool(ple) and eos is None, "eos_token_id unset: Qwen4-Exp's Per-Layer Embeddings (ple_layer_ids) need the "
+                                    "end-of-text id, where every n-gram stops"),
         (gate != "silu", f"output_gate_type={gate!r}: redline's gated delta nets gate their output by SiLU"),
         (int(hf.get("hc_count", 4)) < 2, f"hc_count={hf.get('hc_count')}: Qwen4-Exp has 2 or more residual streams"),
         (attention and any(v is None for v in qsa.values()),
@@ -86,6 +95,13 @@ def model_config(hf: dict) -> ModelConfig:
     fields = {**qwen3_5.shared_expert_fields(hf), "moe_norm_topk": bool(hf.get("norm_topk_prob", True))}
     cfg = qwen3_5.hybrid_config(plain, fields)
     extra = dict(hc_streams=int(hf.get("hc_count", 4)), hc_rank=int(hf.get("hc_lowrank", 320)))
+    if ple:  # one-indexed layers (Qwen4ExpTextDecoderLayer) -> redline's zero-indexed
+        extra.update(ngram_layers=tuple(i - 1 for i in ple), ngram_dim=int(hf.get("ple_embed_dim") or cfg.n_embd),
+                     ngram_size=int(hf.get("ngram_size", 3)), ngram_heads=int(hf.get("heads_per_ngram", 8)),
+                     ngram_vocab_base=int(hf.get("ngram_vocab_size_base", 20_000_000)),
+                     ngram_vocab_multiple=int(hf.get("make_ngram_vocab_size_divisible_by", 128)),
+                     ngram_seed=int(hf.get("seed", 1234)), ngram_conv_kernel=int(hf.get("ple_conv_kernel_size", 4)),
+                     ngram_eos=int(eos))
     if attention:
         budget, block = int(qsa["indexer_budget"]), int(qsa["indexer_compress_ratio"])
         extra.update(qsa_heads=int(qsa["indexer_n_heads"]), qsa_head_dim=int(qsa["indexer_head_dim"]),
@@ -123,12 +139,86 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 def hf_config(cfg: ModelConfig) -> dict:
     out = {**qwen3_5.moe_hf_config(cfg), "model_type": "qwen4_exp_text", "norm_topk_prob": cfg.moe_norm_topk,
-           "hc_count": cfg.hc_streams, "hc_lowrank": cfg.hc_rank, "ple_layer_ids": []}
+           "hc_count": cfg.hc_streams, "hc_lowrank": cfg.hc_rank, "ple_layer_ids": [i + 1 for i in cfg.ngram_layers]}
+    if cfg.ngram_layers:
+        out.update(ple_embed_dim=cfg.ngram_dim, ngram_size=cfg.ngram_size, heads_per_ngram=cfg.ngram_heads,
+                   ngram_vocab_size_base=cfg.ngram_vocab_base,
+                   make_ngram_vocab_size_divisible_by=cfg.ngram_vocab_multiple, seed=cfg.ngram_seed,
+                   ple_conv_kernel_size=cfg.ngram_conv_kernel, split_ngram_parts=ngram_parts(cfg),
+                   eos_token_id=cfg.ngram_eos)
     out["layer_types"] = ["linear_attention" if i in cfg.delta_layers else "indexed_attention"
                           for i in range(cfg.n_layer)]
     if cfg.qsa_heads:
         out.update(indexer_n_heads=cfg.qsa_heads, indexer_kv_heads=1, indexer_head_dim=cfg.qsa_head_dim,
                    indexer_budget=cfg.qsa_budget, indexer_compress_ratio=cfg.qsa_block)
+    return out
+
+
+_PLE = {"key.weight": "key_proj.weight", "value.weight": "value_proj.weight", "key_norm": "norm_key.weight",
+        "query_norm": "norm_query.weight", "conv_norm": "norm_conv.weight", "conv": "conv1d.weight"}
+"""An NGramEmbedding's tensors -> a Qwen4ExpTextPLELayer's (after model.layers.N.ple.), but for the table."""
+_PLE_TABLE = "ple_embedding.ngram_embedding"
+
+
+def ngram_parts(cfg: ModelConfig) -> int:
+    """The shards each n-gram table is written in (split_ngram_parts): the most, up to transformers' default 512,
+    that split every layer's table into equal ones (torch.chunk's, as transformers' Chunk writes them)."""
+    parts = 512
+    for i in cfg.ngram_layers:
+        rows = sum(ngram_table_sizes(cfg, cfg.ngram_layers.index(i)))
+        parts = math.gcd(parts, -(-rows // cfg.ngram_vocab_multiple) * cfg.ngram_vocab_multiple)
+    return parts
+
+
+def _ngram_buffers(cfg: ModelConfig, index: int) -> dict[str, torch.Tensor]:
+    """The hash's constants transformers keeps as the index-th PLE layer's buffers (after ple.ple_embedding.)."""
+    sizes = ngram_table_sizes(cfg, index)
+    return {"layer_multipliers": torch.tensor(ngram_multipliers(cfg.vocab_size, cfg.ngram_size, index,
+                                                                cfg.ngram_seed)),
+            "ngram_heads_vocab_sizes": torch.tensor(sizes),
+            "ngram_heads_offsets": torch.tensor([sum(sizes[:k]) for k in range(len(sizes))])}
+
+
+def _take_ngrams(src: TensorSource, p: str, r: str, cfg: ModelConfig, i: int) -> dict:
+    """Layer i's PLE (model.layers.i.ple.) -> redline's blocks.i.ngram.; the table from its shards where the
+    checkpoint has them (ngram_embedding.shard_0.weight, ...), concatenated in order."""
+    N, C = cfg.hc_streams, cfg.n_embd
+    out = {}
+    for ours, theirs in _PLE.items():
+        t = src.take(f"{p}ple.{theirs}")
+        if ours.endswith("norm"):
+            t = t.view(N, C)
+        elif ours == "conv":  # (N·C, 1, K) -> (N·C, K)
+            t = t.reshape(N * C, -1)
+        out[r + "ngram." + ours] = t
+    table = f"{p}ple.{_PLE_TABLE}."
+    if table + "weight" in src:
+        out[r + "ngram.table.weight"] = src.take(table + "weight")
+    else:
+        shards, k = [], 0
+        while f"{table}shard_{k}.weight" in src:
+            shards.append(src.take(f"{table}shard_{k}.weight"))
+            k += 1
+        out[r + "ngram.table.weight"] = torch.cat(shards) if shards else src.take(table + "weight")
+    index = cfg.ngram_layers.index(i)
+    for name, derived in _ngram_buffers(cfg, index).items():
+        where = f"{p}ple.ple_embedding.{name}"
+        if where in src and not torch.equal(src.take(where).long(), derived):
+            raise UserError(f"{src.where}: {where} differs from what the config derives (seed, vocab_size, "
+                            f"ngram_size, ngram_vocab_size_base): the hash cannot be reproduced")
+    return out
+
+
+def _give_ngrams(state: Mapping[str, torch.Tensor], p: str, r: str, cfg: ModelConfig, i: int) -> dict:
+    """redline's blocks.i.ngram. -> model.layers.i.ple., the table in ngram_parts shards."""
+    out = {}
+    for ours, theirs in _PLE.items():
+        t = state[r + "ngram." + ours]
+        out[f"{p}ple.{theirs}"] = t.reshape(-1) if ours.endswith("norm") else t[:, None] if ours == "conv" else t
+    for k, shard in enumerate(torch.chunk(state[r + "ngram.table.weight"], ngram_parts(cfg))):
+        out[f"{p}ple.{_PLE_TABLE}.shard_{k}.weight"] = shard
+    for name, t in _ngram_buffers(cfg, cfg.ngram_layers.index(i)).items():
+        out[f"{p}ple.ple_embedding.{name}"] = t
     return out
 
 
@@ -155,6 +245,8 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         take_hc(p + "attn_hyper_connection.", r + "attn_hc.")
         take_hc(p + "mlp_hyper_connection.", r + "mlp_hc.")
         out.update(qwen3_5.layer_to_redline(src, p, r, cfg, i))
+        if i in cfg.ngram_layers:
+            out.update(_take_ngrams(src, p, r, cfg, i))
         if i not in cfg.delta_layers:
             for ours, theirs in _INDEXER.items():
                 out[r + ours] = src.take(f"{p}self_attn.indexer.{theirs}")
@@ -178,6 +270,8 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         give_hc(r + "attn_hc.", p + "attn_hyper_connection.")
         give_hc(r + "mlp_hc.", p + "mlp_hyper_connection.")
         out.update(qwen3_5.layer_to_hf(state, p, r, cfg, i))
+        if i in cfg.ngram_layers:
+            out.update(_give_ngrams(state, p, r, cfg, i))
         if i not in cfg.delta_layers:
             for ours, theirs in _INDEXER.items():
                 out[f"{p}self_attn.indexer.{theirs}"] = state[r + ours]

@@ -19,11 +19,15 @@ from redline.errors import UserError
 
 
 def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(hidden weights of the blocks: matrices and stacked (E, rows, cols) experts; embeddings and head; 1-D gains and
-    biases, the experts' stacked (E, rows) biases among them: no matrices for Muon); each parameter once."""
+    """(hidden weights of the blocks: matrices and stacked (E, rows, cols) experts; embeddings (a block's tables too)
+    and head; 1-D gains and biases, the experts' stacked (E, rows) biases among them: no matrices for Muon); each
+    parameter once."""
     hidden, embed_head, gains, seen = [], [], [], set()
     blocks = getattr(model, "blocks", None)
     block_params = {id(p) for p in blocks.parameters()} if blocks is not None else set()
+    # a block's lookup tables (model.ngram_layers' n-gram tables) are embeddings, not matrices for Muon
+    block_params -= {id(m.weight) for m in (blocks.modules() if blocks is not None else ())
+                     if isinstance(m, nn.Embedding)}
     for name, p in model.named_parameters():
         if id(p) in seen or not p.requires_grad:
             continue

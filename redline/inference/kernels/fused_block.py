@@ -153,6 +153,10 @@ FIELDS_ACCOUNTED = {
     "hc_rank": "refused with hc_streams",
     "qsa_heads": "the indexer's weights are never read (it keeps every key within context_len)",
     "qsa_head_dim": "with qsa_heads", "qsa_budget": "with qsa_heads (caps context_len)", "qsa_block": "with qsa_heads",
+    "ngram_layers": "refused with hc_streams (the n-gram embeddings add to the hyper-connected streams)",
+    "ngram_dim": "with ngram_layers", "ngram_size": "with ngram_layers", "ngram_heads": "with ngram_layers",
+    "ngram_vocab_base": "with ngram_layers", "ngram_vocab_multiple": "with ngram_layers",
+    "ngram_seed": "with ngram_layers", "ngram_conv_kernel": "with ngram_layers", "ngram_eos": "with ngram_layers",
     # not part of the block's decode step
     "pos_emb": "the step's inputs (embedding, RoPE tables) come from the model; alibi refused (the plan keeps it "
                "off the attention kernel, whose scores take no bias)", "rope_theta": "inputs",
