@@ -150,6 +150,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
+                                        ("longcat_flash", "LongCat-Flash"),
                                         ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
                                         ("cohere_compass_text-bases", "Cohere Compass")])
@@ -187,6 +188,11 @@ REDLINE_EXPORTS = {
     "BailingHybridForCausalLM": dict(n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4, attn_gate="head",
                                      delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
                                      delta_value_dim=8, delta_decay="bounded", delta_decay_floor=-5.0),
+    # LongCat-Flash: the shortcut MoE over two blocks, identity experts, latent attention through a query rank
+    "LongcatFlashForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                    fused_qkv=False, moe_experts=4, moe_identity_experts=2, moe_top_k=3, mlp_hidden=32,
+                                    moe_expert_bias=True, moe_norm_topk=False, moe_scale=2.0, moe_shortcut=True,
+                                    moe_dense_hidden=48),
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
@@ -906,6 +912,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, "
                          "idefics3, internvl, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, "
                          "lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, llava_next_video, llava_onevision, "
+                         "longcat_flash, "
                          "mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, "
                          "ministral, ministral3, mistral, mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, "
                          "nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, opt, persimmon, phi, phi3, phimoe, qwen2, "

@@ -272,7 +272,7 @@ def _families() -> dict[str, Family]:
                                  nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2,
                                  zamba2)
-    from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal, persimmon, xglm
+    from redline.interop import apertus, deepseek_kin, longcat_flash, mimo, minicpm3, multimodal, persimmon, xglm
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
@@ -304,7 +304,8 @@ def _families() -> dict[str, Family]:
                                 cohere.MOE_FAMILY, cohere.COMPASS_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
-                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
+                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, longcat_flash.FAMILY,
+                                mimo.FAMILY,
                                 llama.CWM_FAMILY, glm.SOLAR_OPEN_FAMILY, dots1.HY_V3_FAMILY, llama.JAIS2_FAMILY,
                                 granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY, lara_mini.FAMILY,
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
@@ -473,6 +474,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.moe_out_bias:  # checked here: no other exporter knows the field (jetmoe.py took routed heads above)
         raise UserError("model.moe_out_bias: of the architectures redline exports to, JetMoE alone has a bias on its "
                         "experts' sum, and it routes its attention heads (model.attn_gate=routed)")
+    if cfg.moe_shortcut or cfg.moe_identity_experts:  # LongCat-Flash's alone
+        from redline.interop import longcat_flash
+
+        longcat_flash.check_exportable(cfg)
+        return families["longcat_flash"]
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "

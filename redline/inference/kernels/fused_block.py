@@ -85,6 +85,8 @@ FIELDS_ACCOUNTED = {
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     "moe_post_norm": "refused with moe_experts",
     "moe_out_bias": "refused with moe_experts",
+    "moe_identity_experts": "refused with moe_experts",
+    "moe_shortcut": "refused with moe_experts",
     "moe_weight_input": "refused with moe_experts", "moe_bias_on_logits": "refused with moe_experts",
     "moe_jitter_eps": "refused with moe_experts", "moe_input_jitter": "training only (and refused with moe_experts)",
     "qkv_clip": "refused by kernel_prologue_unsupported (the clamp sits between the projection and the kernel)",
