@@ -54,6 +54,8 @@ Features (each a field of `ModelConfig`):
 - LongCat-Flash's mixture: zero-computation experts that return their input (`moe_identity_experts`), and blocks in
   pairs whose first runs the experts beside its MLP and whose second adds their output after its own
   (`moe_shortcut`, the experts' output carried between them as a second stream);
+- A.X-K2's gates: norms gated by a low-rank MLP of their output (`norm_gate_rank`), latent attention's heads gated
+  from the query latent (`q_latent_gate`);
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
@@ -186,6 +188,10 @@ class ModelConfig:
     q_lora_rank: int = 0
     """Latent attention: q through a low-rank bottleneck this wide (q_a, C -> q_lora_rank, RMS-normalized, then q_b
     to H·head_size: DeepSeek-V3's); 0 = one q projection (DeepSeek-V2-Lite's)."""
+    q_latent_gate: bool = False
+    """Latent attention with q_lora_rank (A.X-K2's q_gate_proj): q_b reads the query latent after and before its norm,
+    [q_a_norm(l); l] (2·q_lora_rank), and gives each head's query and a gate as wide as its value ([q; g] rows,
+    H·(head_size + Dv)); each head's output times sigmoid(g) (fp32) before proj."""
     v_head_dim: int = 0
     """Latent attention: the width of a head's value (DeepSeek's v_head_dim, up to head_size); 0 = head_size."""
     pos_emb: Literal["rope", "learned", "alibi", "none"] = "rope"
@@ -453,6 +459,9 @@ class ModelConfig:
     moe_post_norm: bool = False
     """Mixture of experts: a norm (model.norm's kind, with weights) on the mixture's output, shared expert included,
     before it joins the residual stream (mlp.post_norm: A.X-K1's post_mlp_layernorm); the dense layers have none."""
+    norm_gate_rank: int = 0
+    """Gated norms (A.X-K2's AXK2GatedRMSNorm): every block's norm1, and norm2 of the blocks with experts, scale their
+    output y by sigmoid(gate_up(silu(gate_down(y)))) (C -> this rank -> C, the sigmoid in fp32); 0 = plain norms."""
     moe_identity_experts: int = 0
     """Mixture of experts: this many zero-computation experts past the moe_experts MLPs (LongCat-Flash's
     zero_expert_num), which the router scores and chooses as it does the others (its logits, scores and
@@ -1166,6 +1175,14 @@ class ModelConfig:
                             "(model.moe_experts)")
         self._validate_layerwise_attention()
         self._validate_shortcut_moe()
+        if self.norm_gate_rank < 0 or (self.norm_gate_rank and (
+                self.norm != "rmsnorm" or self.norm_position != "pre" or self.norm_unit_offset or not self.norm_affine
+                or self.parallel_residual)):
+            raise UserError(f"model.norm_gate_rank={self.norm_gate_rank} (A.X-K2's gated norms) is >= 0 and takes "
+                            f"pre-norm blocks of plain RMSNorms with weights, not parallel_residual")
+        if self.q_latent_gate and not (self.kv_lora_rank and self.q_lora_rank and self.attn_gate == "none"):
+            raise UserError("model.q_latent_gate gates latent attention's heads from its query latent: it needs "
+                            "model.kv_lora_rank and model.q_lora_rank, and no other gate (model.attn_gate=none)")
         self._validate_altup()
         self._validate_mhc()
         self._validate_hyper_connections()
@@ -1368,6 +1385,20 @@ class UnitOffsetLayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
+
+
+class GatedRMSNorm(nn.RMSNorm):
+    """An RMSNorm whose output y (..., C) is scaled by a low-rank gate of itself, y · sigmoid(gate_up(silu(gate_down(
+    y)))), the sigmoid in fp32 (model.norm_gate_rank; as transformers' AXK2GatedRMSNorm computes it)."""
+
+    def __init__(self, dim: int, eps: float, rank: int):
+        super().__init__(dim, eps=eps)
+        self.gate_down = nn.Linear(dim, rank, bias=False)
+        self.gate_up = nn.Linear(rank, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return (y * torch.sigmoid(self.gate_up(F.silu(self.gate_down(y))).float())).to(y.dtype)
 
 
 def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
@@ -1887,10 +1918,13 @@ class LatentAttention(Attention):
         H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
         # model.attn_gate=head: sigmoid(gate(x)) scales each head's output (Ling 3's g_proj, (H, C))
         self.gate = nn.Linear(C, H, bias=False) if cfg.attn_gate == "head" else None
+        # model.q_latent_gate (A.X-K2's q_gate_proj): q_b reads [norm(l); l] and gives each head [q (D); gate (Dv)]
+        self.latent_gate = cfg.q_latent_gate
         if cfg.q_lora_rank:
             self.q_a = nn.Linear(C, cfg.q_lora_rank, bias=False)
             self.q_a_norm = nn.RMSNorm(cfg.q_lora_rank, eps=LATENT_NORM_EPS)
-            self.q_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
+            self.q_b = (nn.Linear(2 * cfg.q_lora_rank, H * (D + self.v_dim), bias=False) if self.latent_gate
+                        else nn.Linear(cfg.q_lora_rank, H * D, bias=False))
         else:
             self.q = nn.Linear(C, H * D, bias=False)
         self.kv_a = nn.Linear(C, self.rank + self.rope_dims, bias=False)
@@ -1899,13 +1933,26 @@ class LatentAttention(Attention):
         self.proj = nn.Linear(H * self.v_dim, C, bias=False)
         self.proj.is_residual_out = True
 
+    def queries_and_gate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, C) -> the queries (B, T, H·D) and, with model.q_latent_gate, the heads' gates (B, T, H·Dv) (else
+        None)."""
+        if self.cfg.q_lora_rank == 0:
+            return self.q(x), None
+        latent = self.q_a(x)
+        if not self.latent_gate:
+            return self.q_b(self.q_a_norm(latent)), None
+        B, T, _ = x.shape
+        qg = self.q_b(torch.cat([self.q_a_norm(latent), latent], dim=-1)).view(B, T, self.n_head, -1)
+        q, g = qg.split([self.head_dim, self.v_dim], dim=-1)
+        return q.reshape(B, T, -1), g.reshape(B, T, -1)
+
     def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                     ve: torch.Tensor | None = None):
         """x: (B, T, C) -> q, k, v (B, H, T, D) each, q and k [rope; nope] with RoPE applied, v zero-padded from Dv
         to D; ve unused (validate refuses value embeddings)."""
         B, T, _ = x.shape
         H, D, R = self.n_head, self.head_dim, self.rope_dims
-        q = self.q(x) if self.cfg.q_lora_rank == 0 else self.q_b(self.q_a_norm(self.q_a(x)))
+        q = self.queries_and_gate(x)[0]
         q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
         latent, k_pe = self.kv_a(x).split([self.rank, R], dim=-1)  # (B, T, L), (B, T, R)
         kv = self.kv_b(self.kv_a_norm(latent)).view(B, T, H, D - R + self.v_dim).transpose(1, 2)
@@ -1937,7 +1984,7 @@ class LatentAttention(Attention):
         (latent_output). The scores keep the expanded heads' scale (LatentHeads.scale)."""
         B, T, _ = x.shape
         H, D, R, L = self.n_head, self.head_dim, self.rope_dims, self.rank
-        q = self.q(x) if self.cfg.q_lora_rank == 0 else self.q_b(self.q_a_norm(self.q_a(x)))
+        q = self.queries_and_gate(x)[0]
         q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
         latent, k_pe = self.kv_a(x).split([L, R], dim=-1)  # (B, T, L), (B, T, R)
         c = self.kv_a_norm(latent).view(B, 1, T, L)
@@ -1971,7 +2018,11 @@ class LatentAttention(Attention):
 
     def head_gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (B, T, H·Dv), the heads' values, times sigmoid(gate(x)) (B, T, H) a head where model.attn_gate=head, in
-        fp32 cast back (as transformers' BailingHybridAttention computes it)."""
+        fp32 cast back (as transformers' BailingHybridAttention computes it); with model.q_latent_gate times
+        sigmoid(g) (B, T, H·Dv) of q_b's gate rows, in fp32 cast back (AXK2Attention's; q_b runs again for them, so
+        that an adapter on q_b reaches them too)."""
+        if self.latent_gate:
+            return (y * torch.sigmoid(self.queries_and_gate(x)[1].float())).to(y.dtype)
         if self.gate is None:
             return y
         B, T, _ = y.shape
@@ -2975,6 +3026,11 @@ class Block(nn.Module):
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = (None if cfg.parallel_shared_norm or not mlp
                       else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
+        if cfg.norm_gate_rank:  # A.X-K2's gated norms: norm1 everywhere, norm2 before experts
+            gated = lambda: GatedRMSNorm(cfg.n_embd, cfg.norm_eps, cfg.norm_gate_rank)  # noqa: E731
+            self.norm1 = gated() if mixer else None
+            if mlp and cfg.layer_has_experts(layer):
+                self.norm2 = gated()
         # the token mixer: attention, a short convolution on model.conv_layers (LFM2's) or a gated delta net on
         # model.delta_layers (Qwen3.5's); conv: not attention, handed the batch's doc_ids instead of a mask
         # delta_parallel (Falcon-H1's): attention in attn and the Mamba-2 mixer beside it in mamba, both on norm1's

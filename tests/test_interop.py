@@ -150,7 +150,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
-                                        ("longcat_flash", "LongCat-Flash"),
+                                        ("longcat_flash", "LongCat-Flash"), ("axk2", "A.X-K2"),
                                         ("qwen4_exp_text", "Qwen4-Exp"), ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
                                         ("cohere_compass_text-bases", "Cohere Compass")])
@@ -193,6 +193,11 @@ REDLINE_EXPORTS = {
                                     fused_qkv=False, moe_experts=4, moe_identity_experts=2, moe_top_k=3, mlp_hidden=32,
                                     moe_expert_bias=True, moe_norm_topk=False, moe_scale=2.0, moe_shortcut=True,
                                     moe_dense_hidden=48),
+    # A.X-K2: gated norms and the latent query gate on DeepSeek-V3's layers (an indexer of zeros written)
+    "AXK2ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                            fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                            moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
+                            moe_dense_layers=1, moe_dense_hidden=64, q_latent_gate=True, norm_gate_rank=8),
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
@@ -901,7 +906,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, "
+                         "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
                          "aya_vision, bailing_hybrid, bamba, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cohere2_vision, cohere_compass, cohere_compass_text, cwm, dbrx, deepseek_v2, deepseek_v3, "
                          "deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, "

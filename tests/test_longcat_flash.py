@@ -6,7 +6,6 @@ by name at import, export and config validation."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest

@@ -301,6 +301,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                             fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
                             moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
                             moe_dense_layers=1, moe_dense_hidden=64, moe_post_norm=True),
+    # A.X-K2: DeepSeek-V3's layers with gated norms and the latent query gate (q_gate_proj's query and gate rows)
+    "AXK2ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                            fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                            moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
+                            moe_dense_layers=1, moe_dense_hidden=64, q_latent_gate=True, norm_gate_rank=8),
     # LongCat-Flash: one layer of two latent attention + dense MLP pairs (self_attn.S, mlps.S) and a shortcut MoE
     "LongcatFlashForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
                                     fused_qkv=False, moe_experts=4, moe_identity_experts=2, moe_top_k=3, mlp_hidden=32,
@@ -363,7 +368,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
            "MiMoV2FlashForCausalLM": ("attn.*",),
            # LongCat-Flash's latent attention alone, as DeepSeek's (PEFT moves its MLPs' adapters onto the experts)
-           "LongcatFlashForCausalLM": ("attn.*",),
+           "LongcatFlashForCausalLM": ("attn.*",), "AXK2ForCausalLM": ("attn.*",),
            "MiniMaxM2ForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
            "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router")}
 
