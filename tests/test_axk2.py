@@ -95,6 +95,8 @@ _GATED = dict(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, kv_
     (dict(q_latent_gate=False), "A.X-K2 alone has them"),
     (dict(moe_post_norm=True), "model.moe_post_norm with A.X-K2's gates"),
     (dict(moe_groups=2, moe_topk_groups=1), "model.moe_groups=2 with A.X-K2's gates"),
+    (dict(moe_layers=(0, 1), moe_dense_layers=0, moe_dense_hidden=None, moe_shortcut=True, moe_gating="softmax",
+          moe_shared_hidden=0), "are LongCat-Flash's: A.X-K2 has neither"),
 ])
 def test_export_refuses_what_axk2_has_not(overrides, fragment):
     with pytest.raises(UserError, match=fragment):

@@ -123,6 +123,8 @@ _SHORTCUT = dict(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, 
     (dict(moe_gating="sigmoid"), "LongCat-Flash's router"),
     (dict(moe_shared_hidden=16), "LongCat-Flash's router"),
     (dict(moe_dense_hidden=None), "model.moe_dense_hidden"),
+    (dict(moe_groups=2, moe_topk_groups=2, moe_identity_experts=0), "LongCat-Flash's router"),
+    (dict(norm_gate_rank=4), "are LongCat-Flash's: A.X-K2 has neither"),  # export_family asks A.X-K2's first
 ])
 def test_export_refuses_what_longcat_has_not(overrides, fragment):
     with pytest.raises(UserError, match=fragment):

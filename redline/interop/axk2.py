@@ -152,6 +152,8 @@ def wants_axk2(cfg: ModelConfig) -> bool:
 
 def check_exportable(cfg: ModelConfig) -> None:
     raise_first([
+        (cfg.moe_shortcut or cfg.moe_identity_experts, "model.moe_shortcut and model.moe_identity_experts are "
+                                                       "LongCat-Flash's: A.X-K2 has neither"),
         (not (cfg.kv_lora_rank and cfg.q_latent_gate and cfg.norm_gate_rank and cfg.moe_experts),
          "model.q_latent_gate and model.norm_gate_rank: of the architectures redline exports to, A.X-K2 alone has "
          "them, and it has both, with latent attention (model.kv_lora_rank) and experts (model.moe_experts)"),

@@ -149,10 +149,14 @@ def check_exportable(cfg: ModelConfig) -> None:
          "model.moe_shortcut and model.moe_identity_experts: of the architectures redline exports to, LongCat-Flash "
          "alone has them, and it has the shortcut MoE (model.moe_shortcut) with latent attention through a query "
          "rank (model.kv_lora_rank, q_lora_rank)"),
+        (cfg.q_latent_gate or cfg.norm_gate_rank, "model.q_latent_gate and model.norm_gate_rank are A.X-K2's: "
+                                                  "LongCat-Flash has neither"),
         (cfg.moe_gating != "softmax" or not cfg.moe_expert_bias or cfg.moe_norm_topk or cfg.moe_shared_hidden
-         or cfg.moe_post_norm or cfg.moe_out_bias,
+         or cfg.moe_post_norm or cfg.moe_out_bias or cfg.moe_groups > 1 or cfg.moe_bias or cfg.moe_weight_input
+         or cfg.moe_bias_on_logits,
          "LongCat-Flash's router: softmax scores (model.moe_gating=softmax) chosen with a bias "
-         "(moe_expert_bias=true), not rescaled (moe_norm_topk=false), no shared expert, post norm or output bias"),
+         "(moe_expert_bias=true), not rescaled (moe_norm_topk=false), no groups, router or expert biases, input "
+         "weighting, shared expert, post norm or output bias"),
         (cfg.rope_scaling not in ("none", "yarn"), f"model.rope_scaling={cfg.rope_scaling}: redline writes "
                                                    f"LongCat-Flash's RoPE plain or YaRN"),
         (not cfg.moe_dense_hidden, "model.moe_shortcut without model.moe_dense_hidden: LongCat-Flash's dense MLPs "
