@@ -52,6 +52,11 @@ Features (each a field of `ModelConfig`):
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
   (`moe_post_norm`, A.X-K1's); a bias on the experts' weighted sum (`moe_out_bias`, JetMoE's);
+- LongCat-Flash's mixture: zero-computation experts that return their input (`moe_identity_experts`), and blocks in
+  pairs whose first runs the experts beside its MLP and whose second adds their output after its own
+  (`moe_shortcut`, the experts' output carried between them as a second stream);
+- A.X-K2's gates: norms gated by a low-rank MLP of their output (`norm_gate_rank`), latent attention's heads gated
+  from the query latent (`q_latent_gate`);
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
@@ -186,6 +191,10 @@ class ModelConfig:
     q_lora_rank: int = 0
     """Latent attention: q through a low-rank bottleneck this wide (q_a, C -> q_lora_rank, RMS-normalized, then q_b
     to H·head_size: DeepSeek-V3's); 0 = one q projection (DeepSeek-V2-Lite's)."""
+    q_latent_gate: bool = False
+    """Latent attention with q_lora_rank (A.X-K2's q_gate_proj): q_b reads the query latent after and before its norm,
+    [q_a_norm(l); l] (2·q_lora_rank), and gives each head's query and a gate as wide as its value ([q; g] rows,
+    H·(head_size + Dv)); each head's output times sigmoid(g) (fp32) before proj."""
     v_head_dim: int = 0
     """Latent attention: the width of a head's value (DeepSeek's v_head_dim, up to head_size); 0 = head_size."""
     pos_emb: Literal["rope", "learned", "alibi", "none"] = "rope"
@@ -461,6 +470,18 @@ class ModelConfig:
     moe_post_norm: bool = False
     """Mixture of experts: a norm (model.norm's kind, with weights) on the mixture's output, shared expert included,
     before it joins the residual stream (mlp.post_norm: A.X-K1's post_mlp_layernorm); the dense layers have none."""
+    norm_gate_rank: int = 0
+    """Gated norms (A.X-K2's AXK2GatedRMSNorm): every block's norm1, and norm2 of the blocks with experts, scale their
+    output y by sigmoid(gate_up(silu(gate_down(y)))) (C -> this rank -> C, the sigmoid in fp32); 0 = plain norms."""
+    moe_identity_experts: int = 0
+    """Mixture of experts: this many zero-computation experts past the moe_experts MLPs (LongCat-Flash's
+    zero_expert_num), which the router scores and chooses as it does the others (its logits, scores and
+    moe_expert_bias E + Z wide) and each of which returns its input: a chosen one adds weight · x; 0 = none."""
+    moe_shortcut: bool = False
+    """LongCat-Flash's shortcut-connected MoE: the blocks pair up (block 2j and 2j + 1 are one LongCat layer), every
+    block has a dense MLP (moe_dense_hidden wide), and block 2j's experts (moe) read its MLP's input, norm2's output,
+    their output joining the stream after block 2j + 1's MLP. Between the blocks the stream carries it: (B, T, 2, C),
+    the stream and the experts' output waiting to join it (GPT.stream_in, stream_out)."""
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """Normalization layer kind."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
@@ -697,9 +718,12 @@ class ModelConfig:
 
     def layer_has_experts(self, layer: int) -> bool:
         """Whether layer `layer`'s MLP is the mixture of experts: one of model.moe_layers where they are given,
-        else any from moe_dense_layers on (with model.moe_experts)."""
+        else any from moe_dense_layers on (with model.moe_experts); with model.moe_shortcut, whether the layer's
+        block runs the experts beside its MLP (the even ones)."""
         if not self.moe_experts:
             return False
+        if self.moe_shortcut:
+            return layer % 2 == 0
         return layer in self.moe_layers if self.moe_layers else layer >= self.moe_dense_layers
 
     def layer_head_dim(self, layer: int) -> int:
@@ -1203,6 +1227,15 @@ class ModelConfig:
             raise UserError("model.moe_shared_hidden and model.moe_aux_loss are >= 0 and need experts "
                             "(model.moe_experts)")
         self._validate_layerwise_attention()
+        self._validate_shortcut_moe()
+        if self.norm_gate_rank < 0 or (self.norm_gate_rank and (
+                self.norm != "rmsnorm" or self.norm_position != "pre" or self.norm_unit_offset or not self.norm_affine
+                or self.parallel_residual)):
+            raise UserError(f"model.norm_gate_rank={self.norm_gate_rank} (A.X-K2's gated norms) is >= 0 and takes "
+                            f"pre-norm blocks of plain RMSNorms with weights, not parallel_residual")
+        if self.q_latent_gate and not (self.kv_lora_rank and self.q_lora_rank and self.attn_gate == "none"):
+            raise UserError("model.q_latent_gate gates latent attention's heads from its query latent: it needs "
+                            "model.kv_lora_rank and model.q_lora_rank, and no other gate (model.attn_gate=none)")
         self._validate_altup()
         self._validate_mhc()
         self._validate_hyper_connections()
@@ -1246,6 +1279,28 @@ class ModelConfig:
                                   or any(not 0 <= s < 1 for s in self.mlp_sparsity) or self.moe_experts):
             raise UserError(f"model.mlp_sparsity needs one value in [0, 1) for each of the {self.n_layer} layers and "
                             f"a dense gated MLP (swiglu or geglu)")
+
+    def _validate_shortcut_moe(self) -> None:
+        """LongCat-Flash's fields: identity experts and the shortcut-connected MoE."""
+        if self.moe_identity_experts < 0:
+            raise UserError(f"model.moe_identity_experts must be >= 0 (0 = none), got {self.moe_identity_experts}")
+        if self.moe_identity_experts and (
+                not self.moe_experts or self.moe_gating == "sparsemixer" or self.moe_groups > 1 or self.moe_bias
+                or self.moe_weight_input or self.moe_beside_dense or self.moe_aux_loss or self.moe_bias_update):
+            raise UserError("model.moe_identity_experts (LongCat-Flash's zero-computation experts) need MLP experts "
+                            "(model.moe_experts) routed by softmax or sigmoid scores, without moe_groups, moe_bias, "
+                            "moe_weight_input, moe_beside_dense, moe_aux_loss or moe_bias_update")
+        if not self.moe_shortcut:
+            return
+        clash = [name for name in ("moe_layers", "moe_dense_layers", "moe_beside_dense", "parallel_residual",
+                                   "altup_streams", "mhc_streams", "hc_streams", "layer_lambdas", "backout",
+                                   "shared_attn_layers", "mixer_free_layers", "mlp_free_layers", "conv_layers",
+                                   "delta_layers", "per_layer_embd", "layer_scalars", "residual_scales")
+                 if getattr(self, name)]
+        if not self.moe_experts or self.n_layer % 2 or self.norm_position != "pre" or clash:
+            raise UserError(f"model.moe_shortcut (LongCat-Flash's shortcut MoE) takes experts (model.moe_experts) and "
+                            f"an even n_layer of pre-norm blocks of attention and an MLP, without "
+                            f"model.{clash[0] if clash else 'norm_position ' + repr(self.norm_position)}")
 
     def _validate_mhc(self) -> None:
         """Manifold-constrained hyper-connections (DeepSeek-V4's): the streams around pre-norm blocks of two
@@ -1402,6 +1457,20 @@ class UnitOffsetLayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
+
+
+class GatedRMSNorm(nn.RMSNorm):
+    """An RMSNorm whose output y (..., C) is scaled by a low-rank gate of itself, y · sigmoid(gate_up(silu(gate_down(
+    y)))), the sigmoid in fp32 (model.norm_gate_rank; as transformers' AXK2GatedRMSNorm computes it)."""
+
+    def __init__(self, dim: int, eps: float, rank: int):
+        super().__init__(dim, eps=eps)
+        self.gate_down = nn.Linear(dim, rank, bias=False)
+        self.gate_up = nn.Linear(rank, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return (y * torch.sigmoid(self.gate_up(F.silu(self.gate_down(y))).float())).to(y.dtype)
 
 
 def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
@@ -1921,10 +1990,13 @@ class LatentAttention(Attention):
         H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
         # model.attn_gate=head: sigmoid(gate(x)) scales each head's output (Ling 3's g_proj, (H, C))
         self.gate = nn.Linear(C, H, bias=False) if cfg.attn_gate == "head" else None
+        # model.q_latent_gate (A.X-K2's q_gate_proj): q_b reads [norm(l); l] and gives each head [q (D); gate (Dv)]
+        self.latent_gate = cfg.q_latent_gate
         if cfg.q_lora_rank:
             self.q_a = nn.Linear(C, cfg.q_lora_rank, bias=False)
             self.q_a_norm = nn.RMSNorm(cfg.q_lora_rank, eps=LATENT_NORM_EPS)
-            self.q_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
+            self.q_b = (nn.Linear(2 * cfg.q_lora_rank, H * (D + self.v_dim), bias=False) if self.latent_gate
+                        else nn.Linear(cfg.q_lora_rank, H * D, bias=False))
         else:
             self.q = nn.Linear(C, H * D, bias=False)
         self.kv_a = nn.Linear(C, self.rank + self.rope_dims, bias=False)
@@ -1933,13 +2005,26 @@ class LatentAttention(Attention):
         self.proj = nn.Linear(H * self.v_dim, C, bias=False)
         self.proj.is_residual_out = True
 
+    def queries_and_gate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, C) -> the queries (B, T, H·D) and, with model.q_latent_gate, the heads' gates (B, T, H·Dv) (else
+        None)."""
+        if self.cfg.q_lora_rank == 0:
+            return self.q(x), None
+        latent = self.q_a(x)
+        if not self.latent_gate:
+            return self.q_b(self.q_a_norm(latent)), None
+        B, T, _ = x.shape
+        qg = self.q_b(torch.cat([self.q_a_norm(latent), latent], dim=-1)).view(B, T, self.n_head, -1)
+        q, g = qg.split([self.head_dim, self.v_dim], dim=-1)
+        return q.reshape(B, T, -1), g.reshape(B, T, -1)
+
     def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                     ve: torch.Tensor | None = None):
         """x: (B, T, C) -> q, k, v (B, H, T, D) each, q and k [rope; nope] with RoPE applied, v zero-padded from Dv
         to D; ve unused (validate refuses value embeddings)."""
         B, T, _ = x.shape
         H, D, R = self.n_head, self.head_dim, self.rope_dims
-        q = self.q(x) if self.cfg.q_lora_rank == 0 else self.q_b(self.q_a_norm(self.q_a(x)))
+        q = self.queries_and_gate(x)[0]
         q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
         latent, k_pe = self.kv_a(x).split([self.rank, R], dim=-1)  # (B, T, L), (B, T, R)
         kv = self.kv_b(self.kv_a_norm(latent)).view(B, T, H, D - R + self.v_dim).transpose(1, 2)
@@ -1971,7 +2056,7 @@ class LatentAttention(Attention):
         (latent_output). The scores keep the expanded heads' scale (LatentHeads.scale)."""
         B, T, _ = x.shape
         H, D, R, L = self.n_head, self.head_dim, self.rope_dims, self.rank
-        q = self.q(x) if self.cfg.q_lora_rank == 0 else self.q_b(self.q_a_norm(self.q_a(x)))
+        q = self.queries_and_gate(x)[0]
         q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
         latent, k_pe = self.kv_a(x).split([L, R], dim=-1)  # (B, T, L), (B, T, R)
         c = self.kv_a_norm(latent).view(B, 1, T, L)
@@ -2005,7 +2090,11 @@ class LatentAttention(Attention):
 
     def head_gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (B, T, H·Dv), the heads' values, times sigmoid(gate(x)) (B, T, H) a head where model.attn_gate=head, in
-        fp32 cast back (as transformers' BailingHybridAttention computes it)."""
+        fp32 cast back (as transformers' BailingHybridAttention computes it); with model.q_latent_gate times
+        sigmoid(g) (B, T, H·Dv) of q_b's gate rows, in fp32 cast back (AXK2Attention's; q_b runs again for them, so
+        that an adapter on q_b reaches them too)."""
+        if self.latent_gate:
+            return (y * torch.sigmoid(self.queries_and_gate(x)[1].float())).to(y.dtype)
         if self.gate is None:
             return y
         B, T, _ = y.shape
@@ -2782,14 +2871,17 @@ class MoE(nn.Module):
         self.sparsemixer = cfg.moe_gating == "sparsemixer"
         self.jitter_eps, self.input_jitter = cfg.moe_jitter_eps, cfg.moe_input_jitter
         self.gated, self.groups, self.topk_groups = cfg.gated_mlp, cfg.moe_groups, cfg.moe_topk_groups
+        # moe_identity_experts (LongCat-Flash's zero-computation experts): Z more experts the router scores, each
+        # returning its input; the router's logits and the bias are E + Z wide, fc and proj hold the E MLPs alone
+        self.identity_experts = cfg.moe_identity_experts
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
-        self.register_buffer("expert_bias", torch.zeros(E) if cfg.moe_expert_bias else None)
+        self.register_buffer("expert_bias", torch.zeros(E + self.identity_experts) if cfg.moe_expert_bias else None)
         self.bias_on_logits = cfg.moe_bias_on_logits  # the bias joins the logits, before the sigmoid (Kolibri-1's)
         # moe_bias_update: each expert's token choices in training since the last update, (E,) fp32: a tensor the
         # expert_balance converter owns, reads and clears after each optimizer step (not a buffer: data parallelism
         # would broadcast rank 0's over the others' counts)
         self.expert_load: torch.Tensor | None = None
-        self.router = nn.Linear(C, E, bias=cfg.moe_bias)
+        self.router = nn.Linear(C, E + self.identity_experts, bias=cfg.moe_bias)
         self.fc = nn.Parameter(torch.empty(E, 2 * F_ if cfg.gated_mlp else F_, C))  # ungated: up rows alone
         self.proj = nn.Parameter(torch.empty(E, C, F_))
         # moe_bias: each expert's fc bias (E, 2F), rows [gate; up] as fc's, and proj bias (E, C)
@@ -2860,6 +2952,11 @@ class MoE(nn.Module):
             weights = weights * self.scale
         if self.expert_scale is not None:  # (N, k): each chosen expert's own scale
             weights = weights * self.expert_scale[experts]
+        identity = None
+        if self.identity_experts:  # a chosen identity expert adds weight · x (as LongcatFlashExperts' identity_expert);
+            mlp = experts < E  # its slot goes to expert 0 weighted 0, which keeps the grouped GEMMs' shapes
+            identity = x * (weights * ~mlp).sum(dim=-1, keepdim=True).to(x.dtype)  # (N, C)
+            experts, weights = torch.where(mlp, experts, 0), weights * mlp
         flat = experts.flatten()  # (N·k,) the expert of each (token, slot)
         order = flat.argsort(stable=True)
         counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
@@ -2883,6 +2980,8 @@ class MoE(nn.Module):
         if not self.weight_input:
             h = h * weight
         out = torch.zeros_like(x).index_add_(0, token, h.to(x.dtype))  # (autocast: h bf16, x fp32)
+        if identity is not None:
+            out = out + identity
         if self.out_bias is not None:
             out = out + self.out_bias.to(out.dtype)
         if self.shared is not None:
@@ -3189,6 +3288,11 @@ class Block(nn.Module):
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = (None if cfg.parallel_shared_norm or not mlp
                       else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
+        if cfg.norm_gate_rank:  # A.X-K2's gated norms: norm1 everywhere, norm2 before experts
+            gated = lambda: GatedRMSNorm(cfg.n_embd, cfg.norm_eps, cfg.norm_gate_rank)  # noqa: E731
+            self.norm1 = gated() if mixer else None
+            if mlp and cfg.layer_has_experts(layer):
+                self.norm2 = gated()
         # the token mixer: attention, a short convolution on model.conv_layers (LFM2's) or a gated delta net on
         # model.delta_layers (Qwen3.5's); conv: not attention, handed the batch's doc_ids instead of a mask
         # delta_parallel (Falcon-H1's): attention in attn and the Mamba-2 mixer beside it in mamba, both on norm1's
@@ -3211,7 +3315,7 @@ class Block(nn.Module):
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
             self.mlp = None
-        elif cfg.layer_has_experts(layer) and not cfg.moe_beside_dense:
+        elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
             self.mlp = MoE(cfg)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
@@ -3237,6 +3341,10 @@ class Block(nn.Module):
         if cfg.moe_beside_dense and mlp:
             self.moe = MoE(cfg)
             self.dense_out_norm, self.moe_out_norm = make_norm(cfg, cfg.n_embd), make_norm(cfg, cfg.n_embd)
+        # moe_shortcut (LongCat-Flash's): the even blocks' experts beside the MLP, their output carried to the next
+        self.shortcut = cfg.moe_shortcut
+        if cfg.moe_shortcut and cfg.layer_has_experts(layer):
+            self.moe = MoE(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.residual_multiplier = cfg.residual_multiplier  # 0: the sublayers' outputs join the stream as they are
         # altup_streams (Gemma 3n's AltUp, N streams): the router (N, C) reading RMSNorm(x) / C, the prediction
@@ -3294,6 +3402,8 @@ class Block(nn.Module):
             return self.mhc_forward(x, rope, attn_mask, cache, ve, shared)
         if self.attn_hc is not None:
             return self.hyper_forward(x, rope, attn_mask, cache, ve, ple, doc_ids)
+        if self.shortcut:
+            return self.shortcut_forward(x, rope, attn_mask, cache, ve)
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
@@ -3301,6 +3411,19 @@ class Block(nn.Module):
         if self.ple_gate is not None:  # as transformers' Gemma4TextDecoderLayer adds its per-layer input
             x = x + self.per_layer_term(x, ple)
         return x if self.layer_scalar is None else x * self.layer_scalar
+
+    def shortcut_forward(self, xs, rope, attn_mask, cache, ve):
+        """One half of LongCat-Flash's decoder layer (transformers' LongcatFlashDecoderLayer; model.moe_shortcut):
+        xs (B, T, 2, C), the stream and the shortcut output waiting to join it -> (B, T, 2, C). Attention, then the
+        dense MLP, each on its pre-norm; the even block's experts read the MLP's input too and their output waits,
+        the odd block adds the waiting output after its MLP's (then nothing waits)."""
+        x, waiting = xs.unbind(dim=2)
+        x = x + self.out(self.attn(self.norm1(x), rope, attn_mask, cache, ve))
+        u = self.norm2(x)
+        x = x + self.out(self.mlp(u))
+        if self.moe is not None:
+            return torch.stack([x, self.out(self.moe(u))], dim=2)
+        return torch.stack([x + waiting, torch.zeros_like(x)], dim=2)
 
     def per_layer_term(self, x: torch.Tensor, ple: torch.Tensor) -> torch.Tensor:
         """What the per-layer input adds to the stream x (B, T, C): norm(proj(gelu(gate(x)) · ple))."""
@@ -3750,13 +3873,16 @@ class GPT(nn.Module):
         """The stream (B, T, C) entering block `layer`: resid_lambdas[layer] · x + x0_lambdas[layer] · x0 with
         model.layer_lambdas (x0 the stream entering the first block), else x. With model.altup_streams the first
         block's input is the N AltUp streams (B, T, N, C) (altup_widen), with model.mhc_streams the N hyper-connection
-        streams (the embeddings in each), the others' the stream as it is."""
+        streams (the embeddings in each), with model.moe_shortcut (B, T, 2, C): the stream and the shortcut experts'
+        output waiting to join it (zeros at first), the others' the stream as it is."""
         if self.altup_in is not None:
             return self.altup_widen(x0) if layer == 0 else x
         if self.mhc_head is not None:  # the N hyper-connection streams (B, T, N, C), each the embeddings at first
             return x.unsqueeze(2).expand(-1, -1, self.cfg.mhc_streams, -1) if layer == 0 else x
         if self.hc_out is not None:  # model.hc_streams: the embeddings copied into each stream (B, T, N, C)
             return x0.unsqueeze(2).repeat(1, 1, self.cfg.hc_streams, 1) if layer == 0 else x
+        if self.cfg.moe_shortcut:  # the stream and no shortcut output waiting yet (B, T, 2, C)
+            return torch.stack([x, torch.zeros_like(x)], dim=2) if layer == 0 else x
         if self.resid_lambdas is None:
             return x
         return self.resid_lambdas[layer].to(x.dtype) * x + self.x0_lambdas[layer].to(x.dtype) * x0
@@ -3785,6 +3911,8 @@ class GPT(nn.Module):
             return self.mhc_head(x)
         if self.hc_out is not None:  # model.hc_streams: (B, T, N, C) -> the last mixer's average (B, T, C)
             return self.hc_out(x)[0]
+        if self.cfg.moe_shortcut:  # (B, T, 2, C): the last block's odd, nothing waits after it
+            return x[:, :, 0]
         if self.altup_out is not None:
             target = torch.mean(x[:, :, 0] ** 2, dim=-1, keepdim=True) ** 0.5
             outs = [self.rescaled(proj(x[:, :, i + 1]), target) for i, proj in enumerate(self.altup_out)]

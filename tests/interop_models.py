@@ -197,6 +197,23 @@ FAMILIES = {
                   num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=2.5,
                   mlp_layer_types=["dense", "sparse"], pad_token_id=None,
                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # A.X-K2: DeepSeek-V3.2's layers (an indexer keeping every key within index_topk) with gated norms and the
+    # latent query gate; the dense first layer as mlp_layer_types, no groups (A.X-K2-Light's routing)
+    "axk2": ("AXK2Config", "AXK2ForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16,
+                  qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                  moe_intermediate_size=32, routed_scaling_factor=2.5, mlp_layer_types=["dense", "sparse"],
+                  index_topk=64, index_head_dim=16, index_n_heads=2, gated_norm_rank=8, pad_token_id=None,
+                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # LongCat-Flash: each of 2 layers two latent attention + dense MLP pairs and a shortcut MoE of 4 MLP experts and
+    # 3 identity experts (top 3, so identity ones are chosen), a routing bias; q and the latent scaled by
+    # sqrt(hidden / rank)
+    "longcat_flash": ("LongcatFlashConfig", "LongcatFlashForCausalLM",
+                      dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16,
+                           kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, v_head_dim=12,
+                           ffn_hidden_size=48, expert_ffn_hidden_size=32, n_routed_experts=4, zero_expert_num=3,
+                           moe_topk=3, routed_scaling_factor=2.0, pad_token_id=None,
+                           rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # MiMo-V2-Flash: a full layer (2 KV heads, no sinks, RoPE base 5e6) then windowed ones (4 KV heads, sinks, a
     # window shorter than the test sequences, base 1e4), q/k heads 24 wide with RoPE on 8 (int(24 · 0.334)), values
     # 16 wide times attention_value_scale; a dense first layer, DeepSeek-V3's router (2 of 4 groups) without a shared

@@ -154,6 +154,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
+                                        ("longcat_flash", "LongCat-Flash"), ("axk2", "A.X-K2"),
                                         ("qwen4_exp_text", "Qwen4-Exp"), ("qwen4_exp_text-ple", "Qwen4-Exp"),
                                         ("jetmoe", "JetMoE"), ("zamba", "Zamba"),
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
@@ -199,6 +200,16 @@ REDLINE_EXPORTS = {
     "MiniMaxForCausalLM": dict(n_kv_head=2, delta_layers=(0,), delta_rule="lightning", delta_heads=4,
                                delta_key_heads=4, delta_key_dim=16, delta_value_dim=16, delta_norm_eps=1e-6,
                                moe_experts=4, moe_top_k=2, normed_residual=(1.0, 0.9, 1.1, 1.2, 0.8, 1.0)),
+    # LongCat-Flash: the shortcut MoE over two blocks, identity experts, latent attention through a query rank
+    "LongcatFlashForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                    fused_qkv=False, moe_experts=4, moe_identity_experts=2, moe_top_k=3, mlp_hidden=32,
+                                    moe_expert_bias=True, moe_norm_topk=False, moe_scale=2.0, moe_shortcut=True,
+                                    moe_dense_hidden=48),
+    # A.X-K2: gated norms and the latent query gate on DeepSeek-V3's layers (an indexer of zeros written)
+    "AXK2ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                            fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                            moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
+                            moe_dense_layers=1, moe_dense_hidden=64, q_latent_gate=True, norm_gate_rank=8),
     "BitNetForCausalLM": dict(sub_norms=True, mlp="relu2_glu", n_kv_head=2),  # sub-norms, the gated ReLU² MLP
     "DiffLlamaForCausalLM": dict(diff_attention=True, n_kv_head=2, n_layer=3),  # differential attention
     "Qwen3ForCausalLM": dict(qk_norm=True, n_kv_head=2),  # the modern presets
@@ -919,7 +930,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     config["model_type"] = "falcon2"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
-                         "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, "
+                         "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
                          "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, deepseek_v2, deepseek_v3, "
                          "deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, "
@@ -930,13 +941,14 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, "
                          "idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, "
                          "lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, "
-                         "llava_next_video, llava_onevision, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax, "
-                         "minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, mistral4, "
-                         "mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, "
-                         "openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, "
-                         "qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe,"
-                         " qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, "
-                         "solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
+                         "llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, "
+                         "minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, "
+                         "mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, "
+                         "olmoe, openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3,"
+                         " qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, "
+                         "qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3,"
+                         " smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, "
+                         "zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),

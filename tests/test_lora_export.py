@@ -315,6 +315,16 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                             fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
                             moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
                             moe_dense_layers=1, moe_dense_hidden=64, moe_post_norm=True),
+    # A.X-K2: DeepSeek-V3's layers with gated norms and the latent query gate (q_gate_proj's query and gate rows)
+    "AXK2ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                            fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
+                            moe_expert_bias=True, moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False,
+                            moe_dense_layers=1, moe_dense_hidden=64, q_latent_gate=True, norm_gate_rank=8),
+    # LongCat-Flash: one layer of two latent attention + dense MLP pairs (self_attn.S, mlps.S) and a shortcut MoE
+    "LongcatFlashForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                    fused_qkv=False, moe_experts=4, moe_identity_experts=2, moe_top_k=3, mlp_hidden=32,
+                                    moe_expert_bias=True, moe_norm_topk=False, moe_scale=2.0, moe_shortcut=True,
+                                    moe_dense_hidden=48),
     # MiMo-V2-Flash: Llama's attention names (v_proj as wide as the keys), sinks on the windowed layer alone (not
     # adapted), experts after a dense first layer
     "MiMoV2FlashForCausalLM": dict(n_kv_head=4, global_kv_head=2, rope_dims=8, fused_qkv=False, sliding_window=4,
@@ -371,6 +381,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
            "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
            "MiMoV2FlashForCausalLM": ("attn.*",),
+           # LongCat-Flash's latent attention alone, as DeepSeek's (PEFT moves its MLPs' adapters onto the experts)
+           "LongcatFlashForCausalLM": ("attn.*",), "AXK2ForCausalLM": ("attn.*",),
            "MiniMaxM2ForCausalLM": ("attn.*",), "MiniMaxForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
            "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router")}
 

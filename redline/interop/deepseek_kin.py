@@ -27,8 +27,8 @@ read as the DeepSeek model it computes as, with what it adds mapped onto a Model
   transformers' AXK1MoE): model.moe_post_norm; the Hub's files route without e_score_correction_bias (zeros) and
   store the norm on dense layers too (unused). Exported as A.X-K1 wherever a model has moe_post_norm.
 
-Refused by name: what deepseek.py refuses, and per family what is named below; LongCat-Flash and A.X-K2 as a
-whole (REFUSED, each with what redline lacks).
+Refused by name: what deepseek.py refuses, and per family what is named below. LongCat-Flash and A.X-K2 have
+modules of their own (longcat_flash.py, axk2.py).
 """
 
 from __future__ import annotations
@@ -300,13 +300,5 @@ AXK1_FAMILY = Family(name="axk1", architecture="AXK1ForCausalLM", model_config=a
                      ignorable=deepseek._ignorable, fold=deepseek.fold_for("deepseek_v3"))
 
 
-REFUSED = {
-    "longcat_flash": "LongCat-Flash's layers hold two attention and MLP sublayers each, with a mixture of experts "
-                     "that reads the first MLP's input and joins after the second (its shortcut MoE), beside "
-                     "zero-computation (identity) experts; redline's blocks have one of each sublayer and every "
-                     "expert an MLP",
-    "axk2": "A.X-K2's norms are gated by a low-rank MLP of their output, and its query projection (q_gate_proj) "
-            "reads the latent before and after its norm and gates the heads' outputs; redline has no such norm "
-            "or gate on latent attention",
-}
+REFUSED: dict[str, str] = {}
 """model_types of DeepSeek-derived architectures redline cannot express exactly: family_for's one-line refusal."""

@@ -46,8 +46,8 @@ qwen3) and of the LLaVA-like ones (LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA,
 InternVL, SmolVLM, Idefics3, Aya Vision, Command A Vision, LFM2-VL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL-MoE,
 GLM-4.1V, GLM-4.5V, HunYuan-VL, EXAONE 4.5, Granite 4.0 Vision, Llama 3.2 Vision (its self-attention
 layers), Apertus 1.5, Cohere Compass, Aria and MiniMax-M3: read as their text model's family); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
-DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1) and those refused by name (LongCat-Flash,
-A.X-K2); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
+DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1); longcat_flash.py LongCat-Flash (two
+blocks a layer, the shortcut MoE, identity experts); axk2.py A.X-K2 (gated norms, the latent query gate); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
@@ -277,7 +277,7 @@ def _families() -> dict[str, Family]:
                                  nemotron_h,
                                  olmo2, olmo_hybrid, opt, phi, phi3, qwen3_5, qwen3_next, stablelm, starcoder2,
                                  zamba2)
-    from redline.interop import apertus, deepseek_kin, mimo, minicpm3, multimodal, persimmon, xglm
+    from redline.interop import apertus, axk2, deepseek_kin, longcat_flash, mimo, minicpm3, multimodal, persimmon, xglm
     from redline.interop import bitnet, diffllama, doge, recurrent_gemma
     from redline.interop import dbrx, minimax_m2, phimoe
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
@@ -311,7 +311,8 @@ def _families() -> dict[str, Family]:
                                 cohere.MOE_FAMILY, cohere.COMPASS_FAMILY, llama4.TEXT_FAMILY, llama4.FAMILY,
                                 dots1.FAMILY, deepseek.LITE_FAMILY, minicpm3.FAMILY, *multimodal.families(),
                                 deepseek_kin.YOUTU_FAMILY, deepseek_kin.MISTRAL4_FAMILY,
-                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, mimo.FAMILY,
+                                *deepseek_kin.DSA_FAMILIES, deepseek_kin.AXK1_FAMILY, axk2.FAMILY, longcat_flash.FAMILY,
+                                mimo.FAMILY,
                                 llama.CWM_FAMILY, glm.SOLAR_OPEN_FAMILY, dots1.HY_V3_FAMILY, llama.JAIS2_FAMILY,
                                 granite.HYPERCLOVAX_FAMILY, persimmon.FAMILY, xglm.FAMILY, lara_mini.FAMILY,
                                 zamba2.FAMILY, bitnet.FAMILY, diffllama.FAMILY, recurrent_gemma.FAMILY, doge.FAMILY,
@@ -461,8 +462,9 @@ def export_family(cfg: ModelConfig) -> Family:
     (RMSNorm, one on its embeddings); one with a LayerNorm QK-norm, or partial RoPE with LayerNorm and ReLU², as
     Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE; one with post-norm blocks as GPT-1;
     learned positions beside scaled embeddings as BioGPT; GLM-4-MoE's experts on whole heads with q/k/v biases beside
-    QK-norm, or dense layers without QK-norm, as Sarvam MoE. A UserError names the redline option that no such
-    architecture has."""
+    QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
+    one with the shortcut MoE as LongCat-Flash (identity experts without it refused). A UserError names the redline
+    option that no such architecture has."""
     families = _families()
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
@@ -490,6 +492,16 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.moe_out_bias:  # checked here: no other exporter knows the field (jetmoe.py took routed heads above)
         raise UserError("model.moe_out_bias: of the architectures redline exports to, JetMoE alone has a bias on its "
                         "experts' sum, and it routes its attention heads (model.attn_gate=routed)")
+    from redline.interop import axk2
+
+    if axk2.wants_axk2(cfg):  # gated norms, the latent query gate: A.X-K2's alone
+        axk2.check_exportable(cfg)
+        return families["axk2"]
+    if cfg.moe_shortcut or cfg.moe_identity_experts:  # LongCat-Flash's alone
+        from redline.interop import longcat_flash
+
+        longcat_flash.check_exportable(cfg)
+        return families["longcat_flash"]
     native = [name for name in ("value_embed_layers", "smear_gate", "layer_lambdas", "backout") if getattr(cfg, name)]
     if native:  # a native nanochat checkpoint's (redline/interop/nanochat_checkpoint.py)
         raise UserError(f"model.{native[0]}: transformers' NanoChat (and every other architecture redline exports "

@@ -1221,6 +1221,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "minicpm3": ("MiniCPM3", "no writer here for llama.cpp's minicpm3 layout (latent attention, µP "
                                          "scalars, LongRoPE)"),
                 "axk1": ("A.X-K1", "llama.cpp's deepseek2 has no norm on the experts' output"),
+                "axk2": ("A.X-K2", "llama.cpp's deepseek2 has no gated norms or query gate"),
+                "longcat_flash": ("LongCat-Flash", "llama.cpp has no shortcut-connected MoE or zero-computation "
+                                                   "experts"),
                 "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
                 "mistral4": ("Mistral 4", "llama.cpp's deepseek2 routes no softmax scores within groups"),
                 "hyperclovax": ("HyperCLOVA X", "no writer here for its norms on the sublayers' outputs with Granite's "

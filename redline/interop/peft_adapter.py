@@ -159,6 +159,14 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                             f"and experts are bare tensors, and kv_proj holds no queries); train with lora.targets "
                             f"attn.gate mlp.router or export with --merge")
         return [(f"model.layers.{i}.{names[rest]}", slice(0, out_features))]
+    if family.name == "axk2":  # axk2.py's names: DeepSeek's latent attention, q_b as q_gate_proj
+        from redline.interop.axk2 import adapter_parts as axk2_parts
+
+        return axk2_parts(layer, rest, f"model.layers.{i}.", out_features, cfg)
+    if family.name == "longcat_flash":  # longcat_flash.py's names: block 2j + s is layer j's sublayers s
+        from redline.interop.longcat_flash import adapter_parts as longcat_parts
+
+        return longcat_parts(layer, int(i), rest, out_features, cfg)
     base = f"transformer.h.{i}." if gpt2 else f"model.decoder.layers.{i}." if family.name == "opt" else \
         f"biogpt.layers.{i}." if family.name == "biogpt" else f"model.layers.{i}."
     if gpt2:

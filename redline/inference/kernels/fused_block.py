@@ -86,6 +86,10 @@ FIELDS_ACCOUNTED = {
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     "moe_post_norm": "refused with moe_experts",
     "moe_out_bias": "refused with moe_experts",
+    "moe_identity_experts": "refused with moe_experts",
+    "norm_gate_rank": "refused (unsupported): the product kernels fold plain norms into the next product",
+    "q_latent_gate": "refused with kv_lora_rank (latent attention: fused_qkv off)",
+    "moe_shortcut": "refused with moe_experts",
     "moe_weight_input": "refused with moe_experts", "moe_bias_on_logits": "refused with moe_experts",
     "moe_jitter_eps": "refused with moe_experts", "moe_input_jitter": "training only (and refused with moe_experts)",
     "qkv_clip": "refused by kernel_prologue_unsupported (the clamp sits between the projection and the kernel)",
@@ -193,6 +197,8 @@ def unsupported(cfg) -> str | None:
                 "(model.bitlinear, model.sub_norms)")
     if cfg.norm_position != "pre":
         return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
+    if getattr(cfg, "norm_gate_rank", 0):
+        return "decode_linear triton fuses plain norms into the next product, not gated ones (model.norm_gate_rank)"
     if not cfg.fused_qkv:
         return "decode_linear triton needs a fused qkv projection (model.fused_qkv)"
     if cfg.mlp == "swiglu" and not cfg.fused_mlp:
