@@ -756,6 +756,13 @@ YARN_ROPE_KEY = "redline.rope.yarn"
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's (head_dim / 2,) divisors of the RoPE frequencies (Llama 3.1 style)
 
 
+def write_llama3_rope(writer, cfg: ModelConfig) -> None:
+    """LLAMA3_ROPE_KEY for a model with Llama 3 scaling (write_gguf adds the rope_freqs tensor llama.cpp reads)."""
+    if cfg.rope_scaling == "llama3":
+        writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                                           float(cfg.rope_original_context)])
+
+
 def llama3_rope_freqs(cfg: ModelConfig) -> torch.Tensor:
     """llama.cpp's rope_freqs for a model with Llama 3 scaling: each frequency's divisor, (head_dim // 2,) fp32."""
     from dataclasses import replace
@@ -1514,8 +1521,7 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_factor)
     elif cfg.rope_scaling == "llama3":  # llama.cpp reads the rope_freqs tensor (write_gguf); redline these too
-        writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                                           float(cfg.rope_original_context)])
+        write_llama3_rope(writer, cfg)
     elif cfg.rope_scaling == "yarn":
         _yarn_metadata(writer, gguf, cfg)
 
