@@ -178,29 +178,12 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    D, R = cfg.head_dim, cfg.rope_dims
-    experts = cfg.moe_experts
-    dense = cfg.moe_dense_layers if experts else cfg.n_layer
-    return {
-        "model_type": "bailing_hybrid", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
-        "intermediate_size": (cfg.moe_dense_hidden or cfg.hidden_dim) if experts else cfg.hidden_dim,
-        "moe_intermediate_size": cfg.hidden_dim,
-        "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head,
-        "kv_lora_rank": cfg.kv_lora_rank, "q_lora_rank": cfg.q_lora_rank or None, "qk_rope_head_dim": R,
-        "qk_nope_head_dim": D - R, "v_head_dim": cfg.v_head_dim or D, "head_dim": cfg.delta_key_dim,
-        "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "model_max_length": cfg.context_len,
-        "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "use_cache": True, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "layer_types": ["linear_attention" if i in cfg.delta_layers else "full_attention" for i in range(cfg.n_layer)],
-        "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(cfg.n_layer)],
-        "first_k_dense_replace": dense, "short_conv_kernel_size": cfg.delta_conv_kernel,
-        "kda_safe_gate": cfg.delta_decay == "bounded", "kda_lower_bound": cfg.delta_decay_floor or -5.0,
-        "num_experts": experts or 1, "num_experts_per_token": cfg.moe_top_k if experts else 1,
-        "num_shared_experts": cfg.moe_shared_hidden // cfg.hidden_dim if experts else 1,
-        "num_expert_group": cfg.moe_groups,
-        "topk_group": cfg.moe_topk_groups, "moe_renormalize": cfg.moe_norm_topk,
-        "routed_scaling_factor": cfg.moe_scale, "num_nextn_predict_layers": 0,
-    }
+    from redline.interop.kimi_linear import hybrid_config
+
+    return {**hybrid_config(cfg, "bailing_hybrid"), "head_dim": cfg.delta_key_dim,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "short_conv_kernel_size": cfg.delta_conv_kernel, "kda_safe_gate": cfg.delta_decay == "bounded",
+            "kda_lower_bound": cfg.delta_decay_floor or -5.0, "num_nextn_predict_layers": 0}
 
 
 def _rotated_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:

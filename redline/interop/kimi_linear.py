@@ -178,12 +178,14 @@ def check_exportable(cfg: ModelConfig) -> None:
     ])
 
 
-def hf_config(cfg: ModelConfig) -> dict:
+def hybrid_config(cfg: ModelConfig, model_type: str) -> dict:
+    """The config.json entries Kimi Linear and Ling 3 (bailing_hybrid.py) name alike: widths, the latent
+    attention's, the layers' kinds (KDA or latent attention; dense or experts), DeepSeek-V3's routing."""
     D, R = cfg.head_dim, cfg.rope_dims
     experts = cfg.moe_experts
     dense = cfg.moe_dense_layers if experts else cfg.n_layer
     return {
-        "model_type": "kimi_linear", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
+        "model_type": model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
         "intermediate_size": (cfg.moe_dense_hidden or cfg.hidden_dim) if experts else cfg.hidden_dim,
         "moe_intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head, "kv_lora_rank": cfg.kv_lora_rank,
@@ -193,13 +195,17 @@ def hf_config(cfg: ModelConfig) -> dict:
         "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
         "layer_types": ["linear_attention" if i in cfg.delta_layers else "full_attention" for i in range(cfg.n_layer)],
         "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(cfg.n_layer)],
-        "first_k_dense_replace": dense, "linear_head_dim": cfg.delta_key_dim, "linear_num_heads": cfg.delta_heads,
-        "linear_conv_kernel_dim": cfg.delta_conv_kernel,
+        "first_k_dense_replace": dense,
         "num_experts": experts or 1, "num_experts_per_token": cfg.moe_top_k if experts else 1,
         "num_shared_experts": cfg.moe_shared_hidden // cfg.hidden_dim if experts else 1,
         "num_expert_group": cfg.moe_groups, "topk_group": cfg.moe_topk_groups, "moe_renormalize": cfg.moe_norm_topk,
         "routed_scaling_factor": cfg.moe_scale,
     }
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    return {**hybrid_config(cfg, "kimi_linear"), "linear_head_dim": cfg.delta_key_dim,
+            "linear_num_heads": cfg.delta_heads, "linear_conv_kernel_dim": cfg.delta_conv_kernel}
 
 
 class _EitherPrefix:
