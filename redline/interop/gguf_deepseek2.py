@@ -30,13 +30,11 @@ grouped (DeepSeek-V2's transformers router does none of these).
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from redline.errors import UserError
-from redline.interop.gguf_named import (TOP_NAMES, file_experts, map_file_tensors, refuse_rope_scaling, source,
-                                        swiglu_names, write_expert_counts)
+from redline.interop.gguf_named import (TOP_NAMES, expert_tensor, file_experts, in_file_names, map_file_tensors,
+                                        refuse_rope_scaling, source, swiglu_names, write_expert_counts)
 from redline.model import ModelConfig
 
 ARCH = "deepseek2"
@@ -129,21 +127,12 @@ def file_tensors(state, cfg: ModelConfig) -> dict:
     from redline.interop.deepseek import _rope_rows, to_hf_for
 
     tensors = to_hf_for("deepseek_v3")(_rope_rows(dict(state), cfg, inverse=False), cfg)
-    D, R = cfg.head_dim, cfg.rope_dims
-    out = {}
-    for name, t in tensors.items():
-        if m := re.match(r"model\.layers\.(\d+)\.(.+)$", name):
-            i, rest = m[1], m[2]
-            if rest.startswith("mlp.experts.") or rest == "mlp.gate.e_score_correction_bias":
-                continue
-            if rest == "self_attn.kv_b_proj.weight":  # (H·(nope + v), L) -> per head, as the converter splits it
-                kv = t.reshape(cfg.n_head, -1, cfg.kv_lora_rank)
-                out[f"blk.{i}.attn_k_b.weight"] = kv[:, :D - R].transpose(1, 2).contiguous()
-                out[f"blk.{i}.attn_v_b.weight"] = kv[:, D - R:].contiguous()
-                continue
-            out[f"blk.{i}.{_BLOCK[rest]}"] = t
-        else:
-            out[TOP_NAMES[name]] = t
+    D, R, kv_b = cfg.head_dim, cfg.rope_dims, "self_attn.kv_b_proj.weight"
+    out = in_file_names(tensors, _BLOCK, skip=lambda rest: expert_tensor(rest) or rest == kv_b)
+    for i in range(cfg.n_layer):  # kv_b (H·(nope + v), L) -> per head, as the converter splits it
+        kv = tensors[f"model.layers.{i}.{kv_b}"].reshape(cfg.n_head, -1, cfg.kv_lora_rank)
+        out[f"blk.{i}.attn_k_b.weight"] = kv[:, :D - R].transpose(1, 2).contiguous()
+        out[f"blk.{i}.attn_v_b.weight"] = kv[:, D - R:].contiguous()
     return {**out, **file_experts(state, cfg)}
 
 

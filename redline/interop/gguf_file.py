@@ -69,8 +69,8 @@ ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2
           "starcoder", "mpt", "minimax-m2", "gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe",
           "hunyuan-moe", "apertus", "dots1", "jais2", *RECURRENT_ARCHES)
 # the architectures a module of their own maps (gguf_gemma4.py, gguf_deepseek2.py, gguf_glm4moe.py, gguf_llama4.py,
-# gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py, gguf_jais2.py: _named_module),
-# their tensors passed along under the file's names
+# gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py, gguf_jais2.py: _named_module;
+# what they share in gguf_named.py), their tensors passed along under the file's names
 NAMED_ARCHES = ("gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe", "hunyuan-moe", "apertus", "dots1",
                 "jais2")
 # those of them whose config takes the rope_freqs tensor (gemma4's proportional RoPE, llama4's and apertus's Llama 3
