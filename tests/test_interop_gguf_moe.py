@@ -67,10 +67,10 @@ def add_converter_tensors(w, hf, arch, blocks: int, transposed: bool = False, sp
     ffn_down_exps (E, C, F) (from (E, C, 2F) / (E, F, C) where transposed: Llama 4's), the routing bias as
     exp_probs_b; special(name, data, bid) writes a tensor its own way first (True: written)."""
     names = gguf.get_tensor_name_map(arch, blocks)
+    turn = (lambda x: x.transpose(1, 2)) if transposed else (lambda x: x)
     for name, t in hf.state_dict().items():
         data = t.float()
         bid = name.split(".")[2] if name.startswith("model.layers.") else None
-        turn = (lambda x: x.transpose(1, 2)) if transposed else (lambda x: x)
         if name == "lm_head.weight" and hf.config.tie_word_embeddings or special and special(name, data, bid):
             continue
         if name.endswith("experts.gate_up_proj"):
