@@ -223,6 +223,13 @@ def test_train_init_from_starts_at_the_imported_models_loss_resumes_and_exports(
         torch.testing.assert_close(fresh(tokens), model(tokens))
 
 
+def check_train_init_from(kind: str, tmp_path, capsys) -> None:
+    """The test above on an imported `kind` (a test model of tests/interop_models.py), for a family's own tests."""
+    imported = Imported(kind, tmp_path / "imported")
+    (tmp_path / "train").mkdir()
+    test_train_init_from_starts_at_the_imported_models_loss_resumes_and_exports(imported, tmp_path / "train", capsys)
+
+
 def test_init_point_takes_the_architecture_and_keeps_run_settings(imported):
     from redline.config import TrainConfig, apply_preset
     from redline.training.init_from import InitPoint

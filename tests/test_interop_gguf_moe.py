@@ -34,6 +34,58 @@ def names_in_gguf_package(reader, arch) -> None:
         assert (".".join(parts) if parts[0] != "blk" else f"blk.{{bid}}.{'.'.join(parts[2:])}") in allowed, t.name
 
 
+def export_checked(hf, tmp_path, capsys, arch):
+    """The GGUF redline exports for hf: written, its general.architecture arch's, every tensor named as the gguf
+    package's MODEL_TENSORS gives that architecture (arch: the gguf package's MODEL_ARCH)."""
+    (code, _, err), path = export_folder(hf, tmp_path, capsys)
+    assert code == 0, err
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == gguf.MODEL_ARCH_NAMES[arch]
+    names_in_gguf_package(reader, arch)
+    return path
+
+
+def converter_writer(path, arch: str, c, blocks: int, ffn: int, kv_heads: int | None = None):
+    """A GGUFWriter for arch with the keys llama.cpp's converter writes for every text model (TextModel's) from
+    transformers' config c: context, width, blocks, feed_forward_length, heads, KV heads (c's unless given), the RoPE
+    base and RMSNorm's epsilon."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(blocks)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads if kv_heads is None else kv_heads)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    return w
+
+
+def add_converter_tensors(w, hf, arch, blocks: int, transposed: bool = False, special=None) -> None:
+    """hf's tensors as llama.cpp's converter writes them: names from the gguf package's name map for arch (the tied
+    head left out), the experts' gate_up_proj split into ffn_gate_exps / ffn_up_exps (E, F, C) and down_proj as
+    ffn_down_exps (E, C, F) (from (E, C, 2F) / (E, F, C) where transposed: Llama 4's), the routing bias as
+    exp_probs_b; special(name, data, bid) writes a tensor its own way first (True: written)."""
+    names = gguf.get_tensor_name_map(arch, blocks)
+    turn = (lambda x: x.transpose(1, 2)) if transposed else (lambda x: x)
+    for name, t in hf.state_dict().items():
+        data = t.float()
+        bid = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name == "lm_head.weight" and hf.config.tie_word_embeddings or special and special(name, data, bid):
+            continue
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = turn(data).chunk(2, dim=1)
+            w.add_tensor(f"blk.{bid}.ffn_gate_exps.weight", gate.contiguous().numpy())
+            w.add_tensor(f"blk.{bid}.ffn_up_exps.weight", up.contiguous().numpy())
+        elif name.endswith("experts.down_proj"):
+            w.add_tensor(f"blk.{bid}.ffn_down_exps.weight", turn(data).contiguous().numpy())
+        elif name.endswith("e_score_correction_bias"):
+            w.add_tensor(f"blk.{bid}.exp_probs_b.bias", data.numpy())
+        else:
+            base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
+            w.add_tensor(f"{names.get_name(base)}.{kind}", data.numpy())
+
+
 # -- deepseek2 ---------------------------------------------------------------------------------------------------
 
 
@@ -43,12 +95,7 @@ def names_in_gguf_package(reader, arch) -> None:
                                   "sarvam_mla"])
 def test_deepseek2_gguf_read_back(kind, tmp_path, capsys):
     hf = hf_model(kind)
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "deepseek2"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.DEEPSEEK2)
-    assert_reads_back_as(hf, path, tmp_path, capsys)
+    assert_reads_back_as(hf, export_checked(hf, tmp_path, capsys, gguf.MODEL_ARCH.DEEPSEEK2), tmp_path, capsys)
 
 
 def test_deepseek2_gguf_layout(tmp_path, capsys):
@@ -90,15 +137,7 @@ def write_converter_style_deepseek2(hf, path, absorbed=True):
     H, L, R, nope, v = (c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim)
     sigmoid = c.model_type != "deepseek_v2"
     dense = c.mlp_layer_types.count("dense") if hasattr(c, "mlp_layer_types") else c.first_k_dense_replace
-    w = gguf.GGUFWriter(str(path), "deepseek2")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(H)
-    w.add_head_count_kv(1 if absorbed else H)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w = converter_writer(path, "deepseek2", c, c.num_hidden_layers, c.intermediate_size, 1 if absorbed else H)
     w.add_rope_dimension_count(R)
     if c.q_lora_rank:
         w.add_q_lora_rank(c.q_lora_rank)
@@ -120,23 +159,16 @@ def write_converter_style_deepseek2(hf, path, absorbed=True):
         w.add_expert_group_count(c.n_group)
         w.add_expert_group_used_count(c.topk_group)
     _add_llama_cpp_vocab(w, path, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, c.num_hidden_layers)
-    for name, t in hf.state_dict().items():
-        data = t.float()
-        bid = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name.endswith("kv_b_proj.weight") and absorbed:
-            kv = data.reshape(H, nope + v, L)
-            w.add_tensor(f"blk.{bid}.attn_k_b.weight", kv[:, :nope].transpose(1, 2).contiguous().numpy())
-            w.add_tensor(f"blk.{bid}.attn_v_b.weight", kv[:, nope:].contiguous().numpy())
-        elif name.endswith("experts.gate_up_proj"):
-            gate, up = data.chunk(2, dim=1)
-            w.add_tensor(f"blk.{bid}.ffn_gate_exps.weight", gate.contiguous().numpy())
-            w.add_tensor(f"blk.{bid}.ffn_up_exps.weight", up.contiguous().numpy())
-        elif name.endswith("e_score_correction_bias"):
-            w.add_tensor(f"blk.{bid}.exp_probs_b.bias", data.numpy())
-        else:
-            base = name.rsplit(".", 1)[0] if name.endswith(".weight") else name
-            w.add_tensor(f"{names.get_name(base)}.weight", data.numpy())
+
+    def split_kv_b(name, data, bid) -> bool:
+        if not (name.endswith("kv_b_proj.weight") and absorbed):
+            return False
+        kv = data.reshape(H, nope + v, L)
+        w.add_tensor(f"blk.{bid}.attn_k_b.weight", kv[:, :nope].transpose(1, 2).contiguous().numpy())
+        w.add_tensor(f"blk.{bid}.attn_v_b.weight", kv[:, nope:].contiguous().numpy())
+        return True
+
+    add_converter_tensors(w, hf, gguf.MODEL_ARCH.DEEPSEEK2, c.num_hidden_layers, special=split_kv_b)
     return _write_out(w, path)
 
 
@@ -179,12 +211,7 @@ def test_deepseek2_gguf_refusals(tmp_path, capsys):
 @pytest.mark.parametrize("kind", ["glm4_moe-gguf", "glm4_moe-air"])
 def test_glm4moe_gguf_read_back(kind, tmp_path, capsys):
     hf = hf_model(kind)
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "glm4moe"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.GLM4_MOE)
-    assert_reads_back_as(hf, path, tmp_path, capsys)
+    assert_reads_back_as(hf, export_checked(hf, tmp_path, capsys, gguf.MODEL_ARCH.GLM4_MOE), tmp_path, capsys)
 
 
 def write_converter_style_glm4moe(hf, path, nextn: int = 1):
@@ -193,15 +220,7 @@ def write_converter_style_glm4moe(hf, path, nextn: int = 1):
     layers after the last (block_count counting them), which llama.cpp loads and does not run."""
     c = hf.config
     n = c.num_hidden_layers
-    w = gguf.GGUFWriter(str(path), "glm4moe")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(n + nextn)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w = converter_writer(path, "glm4moe", c, n + nextn, c.intermediate_size)
     w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
@@ -215,19 +234,7 @@ def write_converter_style_glm4moe(hf, path, nextn: int = 1):
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_nextn_predict_layers(nextn)
     _add_llama_cpp_vocab(w, path, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4_MOE, n + nextn)
-    for name, t in hf.state_dict().items():
-        data = t.float()
-        bid = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name.endswith("experts.gate_up_proj"):
-            gate, up = data.chunk(2, dim=1)
-            w.add_tensor(f"blk.{bid}.ffn_gate_exps.weight", gate.contiguous().numpy())
-            w.add_tensor(f"blk.{bid}.ffn_up_exps.weight", up.contiguous().numpy())
-        elif name.endswith("e_score_correction_bias"):
-            w.add_tensor(f"blk.{bid}.exp_probs_b.bias", data.numpy())
-        else:
-            base, kind = name.rsplit(".", 1) if name.endswith((".weight", ".bias")) else (name, "weight")
-            w.add_tensor(f"{names.get_name(base)}.{kind}", data.numpy())
+    add_converter_tensors(w, hf, gguf.MODEL_ARCH.GLM4_MOE, n + nextn)
     for i in range(n, n + nextn):  # a multi-token-prediction layer's own parts
         w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", np.ones((c.hidden_size, 2 * c.hidden_size), np.float32))
         w.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(c.hidden_size, np.float32))

@@ -18,23 +18,38 @@ from tests.test_interop import TOKENS
 from tests.test_interop_gguf import _add_llama_cpp_vocab, _write_out, import_gguf
 from tests.test_interop_gguf_classic import assert_reads_back_as
 from tests.test_interop_gguf_exaone_hunyuan import export_folder, fields_of, tensors_of
-from tests.test_interop_gguf_moe import names_in_gguf_package
+from tests.test_interop_gguf_moe import add_converter_tensors, converter_writer, export_checked
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("kind", ["llama4_text-gguf", "llama4_text-gguf-tied"])
-def test_llama4_gguf_read_back(kind, tmp_path, capsys):
+# (test model, the gguf package's architecture, fields of the model read back)
+READ_BACK = [
+    # Llama 4: chunked layers, RoPE left out of every fourth, QK-norm (4 experts); tied or not
+    ("llama4_text-gguf", "LLAMA4", dict(attn_chunk=8192, nope_interval=4, rope_qk_norm=True)),
+    ("llama4_text-gguf-tied", "LLAMA4", dict(attn_chunk=8192, nope_interval=4, rope_qk_norm=True)),
+    # GLM-4: the sandwich norms, q/k/v biases (or none), half or a quarter of each head rotated in interleaved pairs
+    # (q/k rows as transformers holds them), tied or not
+    ("glm4", "GLM4", {}), ("glm4-gguf", "GLM4", {}),
+    # ERNIE 4.5 MoE: interleaved RoPE rows as the checkpoints hold them, a dense first layer, softmax experts chosen
+    # with the routing bias and rescaled, two shared experts; tied or not
+    ("ernie4_5_moe", "ERNIE4_5_MOE", {}), ("ernie4_5_moe-gguf", "ERNIE4_5_MOE", {}),
+    # dots.llm1: Qwen3's attention, sigmoid experts chosen with the routing bias, rescaled and scaled, shared experts,
+    # a dense first layer (dots1-gguf); Hy-V3 is read as the dots.llm1 it computes as (dots1.py), its experts on
+    # every layer, and written so
+    ("dots1-gguf", "DOTS1", {}), ("hy_v3", "DOTS1", {}),
+]
+
+
+@pytest.mark.parametrize("kind, arch, fields", READ_BACK)
+def test_gguf_read_back(kind, arch, fields, tmp_path, capsys):
+    """Exported as llama.cpp's architecture, its tensors named as the gguf package names them, and read back with
+    the transformers model's logits and greedy tokens."""
     hf = hf_model(kind)
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "llama4"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.LLAMA4)
-    cfg = assert_reads_back_as(hf, path, tmp_path, capsys)
-    assert (cfg.model.attn_chunk, cfg.model.nope_interval, cfg.model.rope_qk_norm) == (8192, 4, True)
+    cfg = assert_reads_back_as(hf, export_checked(hf, tmp_path, capsys, gguf.MODEL_ARCH[arch]), tmp_path, capsys)
+    assert {k: getattr(cfg.model, k) for k in fields} == fields
 
 
 def test_llama4_gguf_layout(tmp_path, capsys):
@@ -70,34 +85,14 @@ def write_converter_style_llama4(hf, path):
 
     c = hf.config
     n = c.num_hidden_layers
-    w = gguf.GGUFWriter(str(path), "llama4")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(n)
-    w.add_feed_forward_length(c.intermediate_size_mlp)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w = converter_writer(path, "llama4", c, n, c.intermediate_size_mlp)
     w.add_expert_count(c.num_local_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
     w.add_rope_dimension_count(c.head_dim)
     w.add_interleave_moe_layer_step(c.interleave_moe_layer_step)
     w.add_expert_feed_forward_length(c.intermediate_size)
     _add_llama_cpp_vocab(w, path, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA4, n)
-    for name, t in hf.state_dict().items():
-        data = t.float()
-        bid = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name.endswith("experts.gate_up_proj"):
-            gate, up = data.transpose(-1, -2).chunk(2, dim=-2)
-            w.add_tensor(f"blk.{bid}.ffn_gate_exps.weight", gate.contiguous().numpy())
-            w.add_tensor(f"blk.{bid}.ffn_up_exps.weight", up.contiguous().numpy())
-        elif name.endswith("experts.down_proj"):
-            w.add_tensor(f"blk.{bid}.ffn_down_exps.weight", data.transpose(-1, -2).contiguous().numpy())
-        else:
-            base, kind = name.rsplit(".", 1)
-            w.add_tensor(f"{names.get_name(base)}.{kind}", data.numpy())
+    add_converter_tensors(w, hf, gguf.MODEL_ARCH.LLAMA4, n, transposed=True)
     w.add_tensor("rope_freqs.weight", llama3_rope_freqs(model_config(c.to_dict())).numpy())
     return _write_out(w, path)
 
@@ -153,19 +148,6 @@ def test_llama4_gguf_read_refusals(change, named):
 # -- glm4 ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["glm4", "glm4-gguf"])
-def test_glm4_gguf_read_back(kind, tmp_path, capsys):
-    """GLM-4 as llama.cpp's glm4: the sandwich norms, q/k/v biases (or none), half or a quarter of each head rotated
-    in interleaved pairs (q/k rows as transformers holds them), tied or not."""
-    hf = hf_model(kind)
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "glm4"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.GLM4)
-    assert_reads_back_as(hf, path, tmp_path, capsys)
-
-
 def test_glm4_gguf_layout(tmp_path, capsys):
     """The keys llama.cpp's converter writes for Glm4Model (rope.dimension_count the rotated part, the head width),
     the four norms under llama.cpp's names, gate_up_proj as ffn_up and q/k as transformers holds them."""
@@ -190,26 +172,13 @@ def write_converter_style_glm4(hf, path, nextn: int = 1):
     multi-token-prediction layers after the last): its keys, names from the gguf package's name map for GLM4."""
     c = hf.config
     n = c.num_hidden_layers
-    w = gguf.GGUFWriter(str(path), "glm4")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(n + nextn)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w = converter_writer(path, "glm4", c, n + nextn, c.intermediate_size)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
     w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
     w.add_nextn_predict_layers(nextn)
     _add_llama_cpp_vocab(w, path, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4, n + nextn)
-    for name, t in hf.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        base, kind = name.rsplit(".", 1)
-        w.add_tensor(f"{names.get_name(base)}.{kind}", t.float().numpy())
+    add_converter_tensors(w, hf, gguf.MODEL_ARCH.GLM4, n + nextn)
     for i in range(n, n + nextn):  # a multi-token-prediction layer's own parts
         w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", np.ones((c.hidden_size, 2 * c.hidden_size), np.float32))
         w.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(c.hidden_size, np.float32))
@@ -234,19 +203,6 @@ def test_import_converter_style_glm4_gguf(tmp_path, capsys):
 
 
 # -- ernie4_5-moe --------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["ernie4_5_moe", "ernie4_5_moe-gguf"])
-def test_ernie_moe_gguf_read_back(kind, tmp_path, capsys):
-    """ERNIE 4.5 MoE as llama.cpp's ernie4_5-moe: interleaved RoPE rows as the checkpoints hold them, a dense first
-    layer, softmax experts chosen with the routing bias and rescaled, two shared experts; tied or not."""
-    hf = hf_model(kind)
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "ernie4_5-moe"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.ERNIE4_5_MOE)
-    assert_reads_back_as(hf, path, tmp_path, capsys)
 
 
 def test_ernie_moe_gguf_layout_and_refusal(tmp_path, capsys):
@@ -274,15 +230,7 @@ def write_converter_style_ernie_moe(hf, path):
     package's name map, the experts stacked apart, the routing bias (1, E) as it is."""
     c = hf.config
     n = c.num_hidden_layers
-    w = gguf.GGUFWriter(str(path), "ernie4_5-moe")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(n)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w = converter_writer(path, "ernie4_5-moe", c, n, c.intermediate_size)
     w.add_expert_count(c.moe_num_experts)
     w.add_expert_used_count(c.moe_k)
     w.add_interleave_moe_layer_step(c.moe_layer_interval)
@@ -291,21 +239,7 @@ def write_converter_style_ernie_moe(hf, path):
     w.add_expert_shared_count(c.moe_num_shared_experts)
     w.add_expert_shared_feed_forward_length(c.intermediate_size // c.num_key_value_heads)
     _add_llama_cpp_vocab(w, path, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.ERNIE4_5_MOE, n)
-    for name, t in hf.state_dict().items():
-        data = t.float()
-        bid = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name.endswith("experts.gate_up_proj"):  # transformers' (E, 2F, C): the converter's stacked gate / up
-            gate, up = data.chunk(2, dim=1)
-            w.add_tensor(f"blk.{bid}.ffn_gate_exps.weight", gate.contiguous().numpy())
-            w.add_tensor(f"blk.{bid}.ffn_up_exps.weight", up.contiguous().numpy())
-        elif name.endswith("experts.down_proj"):
-            w.add_tensor(f"blk.{bid}.ffn_down_exps.weight", data.numpy())
-        elif name.endswith("e_score_correction_bias"):
-            w.add_tensor(f"blk.{bid}.exp_probs_b.bias", data.numpy())
-        else:
-            base, kind = name.rsplit(".", 1)
-            w.add_tensor(f"{names.get_name(base)}.{kind}", data.numpy())
+    add_converter_tensors(w, hf, gguf.MODEL_ARCH.ERNIE4_5_MOE, n)
     return _write_out(w, path)
 
 
@@ -335,11 +269,7 @@ def test_hunyuan_moe_gguf_read_back(tmp_path, capsys):
     as rope.freq_base, experts on every layer (top 2 of 4, rescaled) beside the shared MLP; the keys llama.cpp reads
     (the experts' and the shared MLP's width feed_forward_length and expert_shared_feed_forward_length)."""
     hf = hf_model("hunyuan_v1_moe")
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "hunyuan-moe"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.HUNYUAN_MOE)
+    path = export_checked(hf, tmp_path, capsys, gguf.MODEL_ARCH.HUNYUAN_MOE)
     f = {k.removeprefix("hunyuan-moe."): v for k, v in fields_of(path).items()}
     assert (f["feed_forward_length"], f["expert_shared_feed_forward_length"], f["attention.key_length"]) == (32, 32, 24)
     assert f["rope.freq_base"] == pytest.approx(500.0 * 5.0 ** (24 / 22), rel=1e-6)
@@ -373,11 +303,7 @@ def test_apertus_gguf_read_back(tmp_path, capsys):
     """Apertus as llama.cpp's apertus: QK-norm before RoPE, Llama 3 scaling as rope_freqs, the xIELU MLP with its
     scalars as the converter writes them (xielu.* keys, one raw entry a layer; no act_fn tensors)."""
     hf = hf_model("apertus")
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "apertus"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.APERTUS)
+    path = export_checked(hf, tmp_path, capsys, gguf.MODEL_ARCH.APERTUS)
     f, state = fields_of(path), hf.state_dict()
     for name in ("alpha_p", "alpha_n", "beta", "eps"):
         want = [float(state[f"model.layers.{i}.mlp.act_fn.{name}"]) for i in range(hf.config.num_hidden_layers)]
@@ -401,20 +327,6 @@ def test_apertus_gguf_read_refusal():
 
 
 # -- dots1 ---------------------------------------------------------------------------------------------------------
-
-
-# Hy-V3 is read as the dots.llm1 it computes as (dots1.py), and written so
-@pytest.mark.parametrize("kind", ["dots1-gguf", "hy_v3"])
-def test_dots1_gguf_read_back(kind, tmp_path, capsys):
-    """dots.llm1 as llama.cpp's dots1: Qwen3's attention, sigmoid experts chosen with the routing bias, rescaled and
-    scaled, shared experts, a dense first layer (dots1-gguf; Hy-V3's experts on every layer)."""
-    hf = hf_model(kind)
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "dots1"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.DOTS1)
-    assert_reads_back_as(hf, path, tmp_path, capsys)
 
 
 def test_dots1_gguf_layout_and_refusals(tmp_path, capsys):
@@ -442,11 +354,7 @@ def test_jais2_gguf_read_back(tmp_path, capsys):
     """Jais 2 as llama.cpp's jais2: LayerNorms with biases, q/k/v/o and MLP biases, the ReLU² MLP, q/k rows as
     transformers holds them; the LayerNorm epsilon as attention.layer_norm_epsilon."""
     hf = hf_model("jais2-gguf")
-    (code, _, err), path = export_folder(hf, tmp_path, capsys)
-    assert code == 0, err
-    reader = gguf.GGUFReader(str(path))
-    assert reader.fields["general.architecture"].contents() == "jais2"
-    names_in_gguf_package(reader, gguf.MODEL_ARCH.JAIS2)
+    path = export_checked(hf, tmp_path, capsys, gguf.MODEL_ARCH.JAIS2)
     t, state = tensors_of(path), hf.state_dict()
     for name, theirs in (("blk.1.attn_norm.bias", "input_layernorm.bias"), ("blk.1.attn_k.bias", "self_attn.k_proj.bias"),
                          ("blk.1.ffn_up.weight", "mlp.up_proj.weight")):

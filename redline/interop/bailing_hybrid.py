@@ -38,8 +38,10 @@ _MLA = {"q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj", "q": 
         "kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj", "proj": "dense",
         "gate": "g_proj"}
 """redline's LatentAttention modules -> the Hub's (after attention.)."""
-_KDA = {"attn.b": "b_proj", "attn.z": "g_proj", "attn.a": "f_proj", "attn.proj": "dense"}
-"""redline's KDA projections -> the Hub's (after attention.), besides q/k/v."""
+_KDA = {"attn.b": "b_proj", "attn.z": "g_proj", "attn.proj": "dense"}
+"""redline's KDA projections -> the Hub's (after attention.), besides q/k/v and the forget gate's."""
+_GATE = {"attn.a": "f_proj"}
+"""The forget gate's projection: under attention. in the Hub's files, self_attn.forget_gate. in transformers'."""
 _TO_MEMORY = ((".attention.dense.", ".self_attn.o_proj."), (".attention.f_proj.", ".self_attn.forget_gate.f_proj."),
               (".attention.dt_bias", ".self_attn.forget_gate.dt_bias"),
               (".attention.A_log", ".self_attn.forget_gate.A_log"), (".attention.", ".self_attn."),
@@ -176,29 +178,12 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    D, R = cfg.head_dim, cfg.rope_dims
-    experts = cfg.moe_experts
-    dense = cfg.moe_dense_layers if experts else cfg.n_layer
-    return {
-        "model_type": "bailing_hybrid", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
-        "intermediate_size": (cfg.moe_dense_hidden or cfg.hidden_dim) if experts else cfg.hidden_dim,
-        "moe_intermediate_size": cfg.hidden_dim,
-        "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head,
-        "kv_lora_rank": cfg.kv_lora_rank, "q_lora_rank": cfg.q_lora_rank or None, "qk_rope_head_dim": R,
-        "qk_nope_head_dim": D - R, "v_head_dim": cfg.v_head_dim or D, "head_dim": cfg.delta_key_dim,
-        "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "model_max_length": cfg.context_len,
-        "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "use_cache": True, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "layer_types": ["linear_attention" if i in cfg.delta_layers else "full_attention" for i in range(cfg.n_layer)],
-        "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(cfg.n_layer)],
-        "first_k_dense_replace": dense, "short_conv_kernel_size": cfg.delta_conv_kernel,
-        "kda_safe_gate": cfg.delta_decay == "bounded", "kda_lower_bound": cfg.delta_decay_floor or -5.0,
-        "num_experts": experts or 1, "num_experts_per_token": cfg.moe_top_k if experts else 1,
-        "num_shared_experts": cfg.moe_shared_hidden // cfg.hidden_dim if experts else 1,
-        "num_expert_group": cfg.moe_groups,
-        "topk_group": cfg.moe_topk_groups, "moe_renormalize": cfg.moe_norm_topk,
-        "routed_scaling_factor": cfg.moe_scale, "num_nextn_predict_layers": 0,
-    }
+    from redline.interop.kimi_linear import hybrid_config
+
+    return {**hybrid_config(cfg, "bailing_hybrid"), "head_dim": cfg.delta_key_dim,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "short_conv_kernel_size": cfg.delta_conv_kernel, "kda_safe_gate": cfg.delta_decay == "bounded",
+            "kda_lower_bound": cfg.delta_decay_floor or -5.0, "num_nextn_predict_layers": 0}
 
 
 def _rotated_rows(state: dict, cfg: ModelConfig, inverse: bool) -> dict:
@@ -222,6 +207,7 @@ def _modules(cfg: ModelConfig) -> list[str]:
 
 
 def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
+    from redline.interop.kimi_linear import kda_to_redline
     from redline.interop.moe import deepseek_experts_to_redline
 
     src = _EitherNames(source)
@@ -233,18 +219,8 @@ def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
         out[r + "norm1.weight"] = src.take(p + "input_layernorm.weight")
         out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
         a = p + "attention."
-        if i in cfg.delta_layers:
-            out[r + "attn.in_proj.weight"] = torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"])
-            if a + "conv1d.weight" in src:  # transformers' in-memory layout: the three concatenated
-                conv = src.take(a + "conv1d.weight")
-            else:
-                conv = torch.cat([src.take(f"{a}{x}_conv1d.weight") for x in "qkv"])
-            out[r + "attn.conv"] = conv[:, 0]  # (channels, 1, K) -> (channels, K)
-            for ours, theirs in _KDA.items():
-                out[f"{r}{ours}.weight"] = src.take(f"{a}{theirs}.weight")
-            out[r + "attn.A_log"] = src.take(a + "A_log").reshape(-1)
-            out[r + "attn.dt_bias"] = src.take(a + "dt_bias")
-            out[r + "attn.norm"] = src.take(a + "o_norm.weight")
+        if i in cfg.delta_layers:  # (_EitherNames finds the forget gate's under either name)
+            out.update(kda_to_redline(src, a, r, _KDA, _GATE))
         else:
             for ours in _modules(cfg):
                 out[f"{r}attn.{ours}.weight"] = src.take(f"{a}{_MLA[ours]}.weight")
@@ -264,6 +240,7 @@ def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
 def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
     from dataclasses import replace
 
+    from redline.interop.kimi_linear import kda_to_hf
     from redline.interop.moe import experts_to_hf
 
     state = _rotated_rows(dict(state), cfg, inverse=False)
@@ -276,14 +253,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
         a = p + "attention."
         if i in cfg.delta_layers:
-            for x, w in zip("qkv", state[r + "attn.in_proj.weight"].chunk(3)):
-                out[f"{a}{x}_proj.weight"] = w
-            for x, w in zip("qkv", state[r + "attn.conv"].chunk(3)):
-                out[f"{a}{x}_conv1d.weight"] = w[:, None]
-            for ours, theirs in _KDA.items():
-                out[f"{a}{theirs}.weight"] = state[f"{r}{ours}.weight"]
-            out[a + "A_log"], out[a + "dt_bias"] = state[r + "attn.A_log"], state[r + "attn.dt_bias"]
-            out[a + "o_norm.weight"] = state[r + "attn.norm"]
+            out.update(kda_to_hf(state, a, r, {**_KDA, **_GATE}))
         else:
             for ours in _modules(cfg):
                 out[f"{a}{_MLA[ours]}.weight"] = state[f"{r}attn.{ours}.weight"]
@@ -307,13 +277,13 @@ def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: Mode
     rows), b_proj, g_proj, forget_gate.f_proj and o_proj; the latent attention's, their rotated rows interleaved again
     as to_hf writes them; a UserError for the MLPs (PEFT moves gate/up/down_proj adapters onto the experts)."""
     from redline.interop.deepseek import kv_rope_rows, q_rope_rows
+    from redline.interop.kimi_linear import kda_in_proj_parts
 
     i, a = int(base.split(".")[2]), base + "self_attn."
     kda = {"attn.b": "b_proj", "attn.z": "g_proj", "attn.a": "forget_gate.f_proj", "attn.proj": "o_proj"}
     if rest.startswith("attn.") and i in cfg.delta_layers:
         if rest == "attn.in_proj":
-            width = cfg.delta_heads * cfg.delta_key_dim
-            return [(f"{a}{x}_proj", slice(j * width, (j + 1) * width)) for j, x in enumerate("qkv")]
+            return kda_in_proj_parts(a, cfg)
         if rest in kda:
             return [(a + kda[rest], slice(0, out_features))]
     elif rest.startswith("attn."):

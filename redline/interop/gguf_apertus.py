@@ -17,21 +17,18 @@ beta or eps differing between layers is refused by apertus.py as for a Hugging F
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from redline.errors import UserError
+from redline.interop.gguf_named import (ATTENTION_NAMES, QK_NORM_NAMES, TOP_NAMES, in_file_names, map_file_tensors,
+                                        refuse_rope_scaling, rope_parameters, source, text_config,
+                                        write_attention_metadata)
 from redline.model import ModelConfig
 
 ARCH = "apertus"
 _BLOCK = {"attention_layernorm.weight": "attn_norm.weight", "feedforward_layernorm.weight": "ffn_norm.weight",
-          "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-          "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-          "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-          "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
+          **ATTENTION_NAMES, **QK_NORM_NAMES, "mlp.up_proj.weight": "ffn_up.weight",
+          "mlp.down_proj.weight": "ffn_down.weight"}
 _ACT = "mlp.act_fn."
 XIELU = ("alpha_p", "alpha_n", "beta", "eps")  # the gguf package's Keys.xIELU: "xielu.<name>", no architecture prefix
 ROPE_FREQS = "rope_freqs.weight"
@@ -48,17 +45,10 @@ def check(cfg: ModelConfig) -> None:
 def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
     """The keys llama.cpp's converter writes for ApertusModel past the common ones, less the xIELU arrays
     (file_tensors' state has them: write_keyed_tensors)."""
-    from redline.interop.gguf_file import LLAMA3_ROPE_KEY
+    from redline.interop.gguf_file import write_llama3_rope
 
-    writer.add_head_count_kv(cfg.kv_heads)
-    writer.add_layer_norm_rms_eps(cfg.norm_eps)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_rope_dimension_count(cfg.head_dim)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
-    if cfg.rope_scaling == "llama3":
-        writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                                           float(cfg.rope_original_context)])
+    write_attention_metadata(writer, cfg)
+    write_llama3_rope(writer, cfg)
 
 
 def write_keyed_tensors(writer, state, cfg: ModelConfig) -> None:
@@ -79,52 +69,27 @@ def file_tensors(state, cfg: ModelConfig) -> dict:
     """redline's state -> {GGUF name: tensor} in llama.cpp's layout (xIELU's scalars go in as keys: write_keyed_tensors)."""
     from redline.interop.apertus import to_hf
 
-    out = {}
-    for name, t in to_hf(state, cfg).items():
-        if m := re.match(r"model\.layers\.(\d+)\.(.+)$", name):
-            if not m[2].startswith(_ACT):
-                out[f"blk.{m[1]}.{_BLOCK[m[2]]}"] = t
-        else:
-            out[_TOP[name]] = t
-    return out
+    return in_file_names(to_hf(state, cfg), _BLOCK, skip=lambda rest: rest.startswith(_ACT))
 
 
 def hf_config(fields: dict, key, vocab: int, tensor_names: set[str], divisors: torch.Tensor | None) -> dict:
     """An apertus config.json for an apertus GGUF, from the keys llama.cpp's loader reads."""
-    from redline.interop.gguf_file import _llama3_scaling
-
-    if key("rope.scaling.type") not in (None, "none"):
-        raise UserError(f"the GGUF's apertus RoPE scaling {key('rope.scaling.type')!r} is not read by redline (Llama 3 "
-                        f"scaling travels as rope_freqs); import the model's Hugging Face folder")
-    width, heads = key("embedding_length"), key("attention.head_count")
-    head_dim = int(key("attention.key_length") or width // heads)
-    n, theta = int(key("block_count")), float(key("rope.freq_base", 10000.0))
+    refuse_rope_scaling(key, ARCH, " (Llama 3 scaling travels as rope_freqs)")
+    n = int(key("block_count"))
     for name in XIELU:
         values = fields.get(f"xielu.{name}")
         if not isinstance(values, (list, tuple)) or len(values) != n:
             raise UserError(f"the GGUF's xielu.{name} is {values!r}: llama.cpp's apertus reads one value a layer ({n})")
-    config = {
-        "model_type": "apertus", "vocab_size": vocab, "hidden_size": width,
-        "intermediate_size": key("feed_forward_length"), "num_hidden_layers": n, "num_attention_heads": heads,
-        "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim, "hidden_act": "xielu",
-        "max_position_embeddings": key("context_length", 65536),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5), "attention_bias": False,
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-    }
-    rope = {"rope_type": "default", "rope_theta": theta}
-    if divisors is not None:
-        rope = {**_llama3_scaling(fields, divisors, {**config, "rope_theta": theta}), "rope_theta": theta}
-    return {**config, "rope_parameters": rope}
+    config = {**text_config(key, vocab, tensor_names, "apertus", 65536), "hidden_act": "xielu", "attention_bias": False}
+    return {**config, "rope_parameters": rope_parameters(key, fields, divisors, config)}
 
 
 def hf_tensors(file_names: set[str], read_file, config: dict, fields: dict):
     """(transformers names, read) of an apertus file's tensors, xIELU's scalars among them from the keys (alpha_p /
     alpha_n (1,), beta / eps 0-d, as XIELUActivation holds them); rope_freqs (read into the config) left out."""
-    from redline.interop.gguf_deepseek2 import map_file_tensors
-
-    names = map_file_tensors(file_names - {ROPE_FREQS}, read_file, _BLOCK, _TOP, ARCH)
+    names = map_file_tensors(file_names - {ROPE_FREQS}, read_file, _BLOCK, TOP_NAMES, ARCH)
     for name in XIELU:
         for i, value in enumerate(fields[f"xielu.{name}"]):
             shape = (1,) if name.startswith("alpha") else ()
             names[f"model.layers.{i}.{_ACT}{name}"] = lambda v=float(value), s=shape: torch.full(s, v)
-    return set(names), lambda name: names[name]()
+    return source(names)

@@ -30,11 +30,11 @@ grouped (DeepSeek-V2's transformers router does none of these).
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from redline.errors import UserError
+from redline.interop.gguf_named import (TOP_NAMES, expert_tensor, file_experts, in_file_names, map_file_tensors,
+                                        refuse_rope_scaling, source, swiglu_names, write_expert_counts)
 from redline.model import ModelConfig
 
 ARCH = "deepseek2"
@@ -47,15 +47,9 @@ _BLOCK = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernor
           "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight", "self_attn.kv_b_proj.weight": "attn_kv_b.weight",
           "self_attn.o_proj.weight": "attn_output.weight"}
 # the dense MLP's, the router's and the shared experts' names, DeepSeek's and GLM-4-MoE's alike (gguf_glm4moe.py)
-MLP_NAMES = {"mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-             "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
-             "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
-             "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
-             "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
-             "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight"}
+MLP_NAMES = {**swiglu_names("mlp."), "mlp.gate.weight": "ffn_gate_inp.weight",
+             "mlp.gate.e_score_correction_bias": "exp_probs_b.bias", **swiglu_names("mlp.shared_experts.", "_shexp")}
 _BLOCK.update(MLP_NAMES)
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
 
 
 # -- writing -----------------------------------------------------------------------------------------------------
@@ -104,14 +98,22 @@ def write_expert_metadata(writer, gguf, cfg: ModelConfig) -> None:
     """The experts' keys deepseek2 and glm4moe share: dense first layers, widths and counts, shared experts (whole
     multiples of an expert's width), the weights' scale and rescaling, sigmoid or softmax scores."""
     writer.add_leading_dense_block_count(cfg.moe_dense_layers)
-    writer.add_expert_feed_forward_length(cfg.hidden_dim)
-    writer.add_expert_count(cfg.moe_experts)
-    writer.add_expert_used_count(cfg.moe_top_k)
+    write_expert_counts(writer, cfg)
     writer.add_expert_shared_count(cfg.moe_shared_hidden // cfg.hidden_dim)
     writer.add_expert_weights_scale(cfg.moe_scale)
     writer.add_expert_weights_norm(cfg.moe_norm_topk)
     writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if cfg.moe_gating == "sigmoid"
                                   else gguf.ExpertGatingFuncType.SOFTMAX)
+
+
+def expert_config(key) -> dict:
+    """config.json's expert entries under DeepSeek-V3's names (GLM-4-MoE's and dots.llm1's too) from the keys
+    write_expert_metadata writes."""
+    return {"n_routed_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+            "moe_intermediate_size": key("expert_feed_forward_length"),
+            "n_shared_experts": int(key("expert_shared_count") or 1),
+            "routed_scaling_factor": float(key("expert_weights_scale") or 1.0),
+            "norm_topk_prob": bool(key("expert_weights_norm", False))}
 
 
 def feed_forward_length(cfg: ModelConfig) -> int:
@@ -125,37 +127,13 @@ def file_tensors(state, cfg: ModelConfig) -> dict:
     from redline.interop.deepseek import _rope_rows, to_hf_for
 
     tensors = to_hf_for("deepseek_v3")(_rope_rows(dict(state), cfg, inverse=False), cfg)
-    D, R = cfg.head_dim, cfg.rope_dims
-    out = {}
-    for name, t in tensors.items():
-        if m := re.match(r"model\.layers\.(\d+)\.(.+)$", name):
-            i, rest = m[1], m[2]
-            if rest.startswith("mlp.experts.") or rest == "mlp.gate.e_score_correction_bias":
-                continue
-            if rest == "self_attn.kv_b_proj.weight":  # (H·(nope + v), L) -> per head, as the converter splits it
-                kv = t.reshape(cfg.n_head, -1, cfg.kv_lora_rank)
-                out[f"blk.{i}.attn_k_b.weight"] = kv[:, :D - R].transpose(1, 2).contiguous()
-                out[f"blk.{i}.attn_v_b.weight"] = kv[:, D - R:].contiguous()
-                continue
-            out[f"blk.{i}.{_BLOCK[rest]}"] = t
-        else:
-            out[_TOP[name]] = t
+    D, R, kv_b = cfg.head_dim, cfg.rope_dims, "self_attn.kv_b_proj.weight"
+    out = in_file_names(tensors, _BLOCK, skip=lambda rest: expert_tensor(rest) or rest == kv_b)
+    for i in range(cfg.n_layer):  # kv_b (H·(nope + v), L) -> per head, as the converter splits it
+        kv = tensors[f"model.layers.{i}.{kv_b}"].reshape(cfg.n_head, -1, cfg.kv_lora_rank)
+        out[f"blk.{i}.attn_k_b.weight"] = kv[:, :D - R].transpose(1, 2).contiguous()
+        out[f"blk.{i}.attn_v_b.weight"] = kv[:, D - R:].contiguous()
     return {**out, **file_experts(state, cfg)}
-
-
-def file_experts(state, cfg: ModelConfig) -> dict:
-    """Each expert layer's experts from redline's (E, 2F, C) / (E, C, F) as ffn_gate_exps / ffn_up_exps (E, F, C) and
-    ffn_down_exps (E, C, F), with the routing bias as exp_probs_b.bias where the model has one."""
-    out = {}
-    for i in range(cfg.n_layer):
-        r = f"blocks.{i}.mlp."
-        if not cfg.layer_has_experts(i):
-            continue
-        out[f"blk.{i}.ffn_gate_exps.weight"], out[f"blk.{i}.ffn_up_exps.weight"] = state[r + "fc"].chunk(2, dim=1)
-        out[f"blk.{i}.ffn_down_exps.weight"] = state[r + "proj"]
-        if cfg.moe_expert_bias:
-            out[f"blk.{i}.exp_probs_b.bias"] = state[r + "expert_bias"]
-    return out
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
@@ -164,10 +142,7 @@ def file_experts(state, cfg: ModelConfig) -> dict:
 def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
     """A deepseek_v3 (sigmoid router, or no experts) or deepseek_v2 (softmax router) config.json for a deepseek2
     GGUF, from the keys llama.cpp's loader reads; a UserError for what redline would run otherwise."""
-    if key("rope.scaling.type") not in (None, "none"):
-        raise UserError(f"the GGUF's deepseek2 RoPE scaling {key('rope.scaling.type')!r} is not read by redline "
-                        f"(llama.cpp's YaRN there takes its own attention factor); import the model's Hugging Face "
-                        f"folder")
+    refuse_rope_scaling(key, ARCH, " (llama.cpp's YaRN there takes its own attention factor)")
     n, heads = int(key("block_count")), int(key("attention.head_count"))
     if key("attention.key_length_mla"):  # the current converter's absorbed layout
         head, v = int(key("attention.key_length_mla")), int(key("attention.value_length_mla"))
@@ -180,8 +155,8 @@ def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
     name = "deepseek_v3" if gating == SIGMOID or not experts or dense >= n else "deepseek_v2"
     groups = int(key("expert_group_count") or 1)
     kept = int(key("expert_group_used_count") or groups)
-    norm = bool(key("expert_weights_norm", False))
-    if name == "deepseek_v2" and (norm or f"blk.{dense}.exp_probs_b.bias" in tensor_names or kept < groups):
+    if name == "deepseek_v2" and (key("expert_weights_norm", False) or f"blk.{dense}.exp_probs_b.bias" in tensor_names
+                                  or kept < groups):
         raise UserError("the GGUF's deepseek2 softmax router rescales, biases or groups its choice "
                         "(expert_weights_norm, exp_probs_b, expert_group_used_count): DeepSeek-V2's transformers "
                         "router does none of these, and redline reads it as that")
@@ -200,10 +175,7 @@ def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
         "attention_bias": False, "first_k_dense_replace": dense if experts else n,
     }
     if experts:
-        config.update(n_routed_experts=experts, num_experts_per_tok=key("expert_used_count"),
-                      moe_intermediate_size=key("expert_feed_forward_length"),
-                      n_shared_experts=int(key("expert_shared_count") or 1),
-                      routed_scaling_factor=float(key("expert_weights_scale") or 1.0), norm_topk_prob=norm)
+        config.update(expert_config(key))
     if name == "deepseek_v3":
         config.update(rope_interleave=True, n_group=groups, topk_group=kept)
     else:
@@ -228,40 +200,10 @@ def hf_tensors(file_names: set[str], read_file, config: dict):
             return True
         return False
 
-    names = {**map_file_tensors(file_names, read_file, _BLOCK, _TOP, ARCH, special), **own}
+    names = {**map_file_tensors(file_names, read_file, _BLOCK, TOP_NAMES, ARCH, special), **own}
     if config["model_type"] == "deepseek_v3" and config.get("n_routed_experts"):
         for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
             names.setdefault(f"model.layers.{i}.mlp.gate.e_score_correction_bias",
                              lambda: torch.zeros(config["n_routed_experts"]))
-    return set(names), lambda name: names[name]()
+    return source(names)
 
-
-def map_file_tensors(file_names: set[str], read_file, block: dict, top: dict, arch: str, special=None,
-                     layers: int | None = None) -> dict:
-    """{transformers name: read} for a file's tensors under llama.cpp's names (block: transformers' name after
-    model.layers.N. -> the file's after blk.N.; top: the rest), the stacked experts as mlp.experts.gate_up_proj
-    (E, 2F, C) / down_proj (E, C, F); special(i, rest, p) takes a block tensor of its own first (True: placed);
-    blocks from `layers` on left out (multi-token prediction layers). A name outside the maps is a UserError."""
-    block, top = {v: k for k, v in block.items()}, {v: k for k, v in top.items()}
-    names, unknown = {}, []
-    for name in file_names:
-        if m := re.match(r"blk\.(\d+)\.(.+)$", name):
-            i, rest, p = m[1], m[2], f"model.layers.{m[1]}."
-            if layers is not None and int(i) >= layers or special is not None and special(i, rest, p):
-                continue
-            if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
-                names[p + "mlp.experts.gate_up_proj"] = lambda i=i: torch.cat(
-                    [read_file(f"blk.{i}.ffn_gate_exps.weight"), read_file(f"blk.{i}.ffn_up_exps.weight")], dim=1)
-            elif rest == "ffn_down_exps.weight":
-                names[p + "mlp.experts.down_proj"] = lambda name=name: read_file(name)
-            elif rest in block:
-                names[p + block[rest]] = lambda name=name: read_file(name)
-            else:
-                unknown.append(name)
-        elif name in top:
-            names[top[name]] = lambda name=name: read_file(name)
-        else:
-            unknown.append(name)
-    if unknown:
-        raise UserError(f"tensors {', '.join(sorted(unknown)[:3])} have no place in a {arch} model redline builds")
-    return names

@@ -69,8 +69,8 @@ ARCHES = ("llama", "qwen2", "qwen3", "olmo2", "gemma", "gemma2", "gemma3", "gpt2
           "starcoder", "mpt", "minimax-m2", "gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe",
           "hunyuan-moe", "apertus", "dots1", "jais2", *RECURRENT_ARCHES)
 # the architectures a module of their own maps (gguf_gemma4.py, gguf_deepseek2.py, gguf_glm4moe.py, gguf_llama4.py,
-# gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py, gguf_jais2.py: _named_module),
-# their tensors passed along under the file's names
+# gguf_glm4.py, gguf_ernie.py, gguf_hunyuan_moe.py, gguf_apertus.py, gguf_dots1.py, gguf_jais2.py: _named_module;
+# what they share in gguf_named.py), their tensors passed along under the file's names
 NAMED_ARCHES = ("gemma4", "deepseek2", "glm4moe", "llama4", "glm4", "ernie4_5-moe", "hunyuan-moe", "apertus", "dots1",
                 "jais2")
 # those of them whose config takes the rope_freqs tensor (gemma4's proportional RoPE, llama4's and apertus's Llama 3
@@ -754,6 +754,13 @@ LLAMA3_ROPE_KEY = "redline.rope.llama3"
 # and YaRN's [factor, original context, beta_fast, beta_slow, attention factor, truncate] (llama.cpp has no truncate)
 YARN_ROPE_KEY = "redline.rope.yarn"
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's (head_dim / 2,) divisors of the RoPE frequencies (Llama 3.1 style)
+
+
+def write_llama3_rope(writer, cfg: ModelConfig) -> None:
+    """LLAMA3_ROPE_KEY for a model with Llama 3 scaling (write_gguf adds the rope_freqs tensor llama.cpp reads)."""
+    if cfg.rope_scaling == "llama3":
+        writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                                           float(cfg.rope_original_context)])
 
 
 def llama3_rope_freqs(cfg: ModelConfig) -> torch.Tensor:
@@ -1519,8 +1526,7 @@ def _metadata(writer, gguf, arch: str, cfg: ModelConfig, dtype: torch.dtype | st
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_factor)
     elif cfg.rope_scaling == "llama3":  # llama.cpp reads the rope_freqs tensor (write_gguf); redline these too
-        writer.add_array(LLAMA3_ROPE_KEY, [cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                                           float(cfg.rope_original_context)])
+        write_llama3_rope(writer, cfg)
     elif cfg.rope_scaling == "yarn":
         _yarn_metadata(writer, gguf, cfg)
 

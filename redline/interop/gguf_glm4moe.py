@@ -19,21 +19,16 @@ Refused by name: expert groups (n_group > 1: llama.cpp's glm4moe reads no group 
 
 from __future__ import annotations
 
-import re
-
 from redline.errors import UserError
-from redline.interop.gguf_deepseek2 import MLP_NAMES, file_experts, map_file_tensors, write_expert_metadata
+from redline.interop.gguf_deepseek2 import MLP_NAMES, expert_config, write_expert_metadata
+from redline.interop.gguf_named import (ATTENTION_NAMES, QK_NORM_NAMES, QKV_BIAS_NAMES, TOP_NAMES, expert_tensor,
+                                        file_experts, in_file_names, map_file_tensors, source,
+                                        text_config, write_attention_metadata)
 from redline.model import ModelConfig
 
 ARCH = "glm4moe"
 _BLOCK = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
-          "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-          "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
-          "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
-          "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
-          "self_attn.k_norm.weight": "attn_k_norm.weight", **MLP_NAMES}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
+          **ATTENTION_NAMES, **QKV_BIAS_NAMES, **QK_NORM_NAMES, **MLP_NAMES}
 
 
 def check(cfg: ModelConfig) -> None:
@@ -45,12 +40,7 @@ def check(cfg: ModelConfig) -> None:
 
 def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
     """The keys llama.cpp's converter writes for Glm4MoeModel past the common ones."""
-    writer.add_head_count_kv(cfg.kv_heads)
-    writer.add_layer_norm_rms_eps(cfg.norm_eps)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_rope_dimension_count(cfg.rope_dims or cfg.head_dim)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
+    write_attention_metadata(writer, cfg, cfg.rope_dims)
     write_expert_metadata(writer, gguf, cfg)  # (sigmoid scores: GLM-4-MoE's, export_family has checked)
     writer.add_nextn_predict_layers(0)
 
@@ -60,18 +50,10 @@ def feed_forward_length(cfg: ModelConfig) -> int:
 
 
 def file_tensors(state, cfg: ModelConfig) -> dict:
-    """redline's state -> {GGUF name: tensor} in llama.cpp's layout (gguf_deepseek2.file_experts for the experts)."""
+    """redline's state -> {GGUF name: tensor} in llama.cpp's layout (gguf_named.file_experts for the experts)."""
     from redline.interop.glm import to_hf_for
 
-    out = {}
-    for name, t in to_hf_for("glm4_moe")(state, cfg).items():
-        if m := re.match(r"model\.layers\.(\d+)\.(.+)$", name):
-            if m[2].startswith("mlp.experts.") or m[2] == "mlp.gate.e_score_correction_bias":
-                continue
-            out[f"blk.{m[1]}.{_BLOCK[m[2]]}"] = t
-        else:
-            out[_TOP[name]] = t
-    return {**out, **file_experts(state, cfg)}
+    return {**in_file_names(to_hf_for("glm4_moe")(state, cfg), _BLOCK, skip=expert_tensor), **file_experts(state, cfg)}
 
 
 def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
@@ -82,26 +64,16 @@ def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
     if key("expert_gating_func") not in (None, 2):
         raise UserError(f"the GGUF's glm4moe expert_gating_func is {key('expert_gating_func')}, not 2 (sigmoid): "
                         f"GLM-4-MoE's router scores by sigmoid")
-    width, heads = key("embedding_length"), key("attention.head_count")
-    head_dim = int(key("attention.key_length") or width // heads)
-    n = int(key("block_count")) - int(key("nextn_predict_layers", 0))
+    config = text_config(key, vocab, tensor_names, "glm4_moe", 131072)
+    head_dim = config["head_dim"]
     return {
-        "model_type": "glm4_moe", "vocab_size": vocab, "hidden_size": width,
-        "intermediate_size": key("feed_forward_length"), "moe_intermediate_size": key("expert_feed_forward_length"),
-        "num_hidden_layers": n, "num_attention_heads": heads,
-        "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim, "hidden_act": "silu",
-        "max_position_embeddings": key("context_length", 131072),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
+        **config, "num_hidden_layers": config["num_hidden_layers"] - int(key("nextn_predict_layers", 0)),
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
         "use_qk_norm": "blk.0.attn_q_norm.weight" in tensor_names,
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "rope_parameters": {**config["rope_parameters"],
                             "partial_rotary_factor": int(key("rope.dimension_count", head_dim)) / head_dim},
-        "n_routed_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
-        "n_shared_experts": int(key("expert_shared_count") or 1),
-        "first_k_dense_replace": int(key("leading_dense_block_count", 0)),
-        "routed_scaling_factor": float(key("expert_weights_scale") or 1.0),
-        "norm_topk_prob": bool(key("expert_weights_norm", False)), "n_group": 1, "topk_group": 1,
+        **expert_config(key), "first_k_dense_replace": int(key("leading_dense_block_count", 0)), "n_group": 1,
+        "topk_group": 1,
     }
 
 
@@ -109,5 +81,4 @@ def hf_tensors(file_names: set[str], read_file, config: dict):
     """(transformers names, read) of a glm4moe file's tensors: the stacked experts as mlp.experts.gate_up_proj
     (E, 2F, C) / down_proj (E, C, F); the multi-token-prediction layers past the last left out. A name outside the
     map is a UserError."""
-    names = map_file_tensors(file_names, read_file, _BLOCK, _TOP, ARCH, layers=config["num_hidden_layers"])
-    return set(names), lambda name: names[name]()
+    return source(map_file_tensors(file_names, read_file, _BLOCK, TOP_NAMES, ARCH, layers=config["num_hidden_layers"]))

@@ -18,22 +18,16 @@ width than feed_forward_length.
 
 from __future__ import annotations
 
-import re
-
 from redline.errors import UserError
+from redline.interop.gguf_named import (LLAMA_BLOCK_NAMES, TOP_NAMES, expert_tensor, file_experts, in_file_names,
+                                        map_file_tensors, source, swiglu_names, text_config,
+                                        write_attention_metadata, write_expert_counts)
 from redline.model import ModelConfig
 
 ARCH = "hunyuan-moe"
-_BLOCK = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-          "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-          "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-          "self_attn.query_layernorm.weight": "attn_q_norm.weight",
+_BLOCK = {**LLAMA_BLOCK_NAMES, "self_attn.query_layernorm.weight": "attn_q_norm.weight",
           "self_attn.key_layernorm.weight": "attn_k_norm.weight", "mlp.gate.wg.weight": "ffn_gate_inp.weight",
-          "mlp.shared_mlp.gate_proj.weight": "ffn_gate_shexp.weight",
-          "mlp.shared_mlp.up_proj.weight": "ffn_up_shexp.weight",
-          "mlp.shared_mlp.down_proj.weight": "ffn_down_shexp.weight"}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
+          **swiglu_names("mlp.shared_mlp.", "_shexp")}
 
 
 def check(cfg: ModelConfig) -> None:
@@ -46,15 +40,8 @@ def check(cfg: ModelConfig) -> None:
 
 def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
     """The keys llama.cpp's converter writes for HunYuanMoEModel past the common ones."""
-    writer.add_head_count_kv(cfg.kv_heads)
-    writer.add_layer_norm_rms_eps(cfg.norm_eps)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_rope_dimension_count(cfg.head_dim)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
-    writer.add_expert_count(cfg.moe_experts)
-    writer.add_expert_used_count(cfg.moe_top_k)
-    writer.add_expert_feed_forward_length(cfg.hidden_dim)
+    write_attention_metadata(writer, cfg)
+    write_expert_counts(writer, cfg)
     writer.add_expert_shared_feed_forward_length(cfg.moe_shared_hidden)
     writer.add_expert_shared_count(1)
 
@@ -65,18 +52,10 @@ def feed_forward_length(cfg: ModelConfig) -> int:
 
 
 def file_tensors(state, cfg: ModelConfig) -> dict:
-    """redline's state -> {GGUF name: tensor} in llama.cpp's layout (gguf_deepseek2.file_experts for the experts)."""
-    from redline.interop.gguf_deepseek2 import file_experts
+    """redline's state -> {GGUF name: tensor} in llama.cpp's layout (gguf_named.file_experts for the experts)."""
     from redline.interop.hunyuan import MOE_FAMILY
 
-    out = {}
-    for name, t in MOE_FAMILY.to_hf(state, cfg).items():
-        if m := re.match(r"model\.layers\.(\d+)\.(.+)$", name):
-            if not m[2].startswith("mlp.experts."):
-                out[f"blk.{m[1]}.{_BLOCK[m[2]]}"] = t
-        else:
-            out[_TOP[name]] = t
-    return {**out, **file_experts(state, cfg)}
+    return {**in_file_names(MOE_FAMILY.to_hf(state, cfg), _BLOCK, skip=expert_tensor), **file_experts(state, cfg)}
 
 
 def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
@@ -84,29 +63,20 @@ def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
     if key("rope.scaling.type") not in (None, "none") or float(key("rope.scaling.factor") or 1.0) != 1.0:
         raise UserError(f"the GGUF's hunyuan-moe RoPE scaling {key('rope.scaling.type')!r} is not read by redline; "
                         f"import the model's Hugging Face folder")
-    width, heads, ffn = key("embedding_length"), key("attention.head_count"), int(key("feed_forward_length"))
+    ffn = int(key("feed_forward_length"))
     shared = int(key("expert_shared_feed_forward_length") or ffn)
     if shared != ffn:
         raise UserError(f"the GGUF's hunyuan-moe.expert_shared_feed_forward_length {shared} is not "
                         f"feed_forward_length {ffn}: redline's Hunyuan MoE has a shared MLP as wide as its experts")
-    head_dim = int(key("attention.key_length") or width // heads)
     return {
-        "model_type": "hunyuan_v1_moe", "vocab_size": vocab, "hidden_size": width, "intermediate_size": ffn,
-        "num_hidden_layers": int(key("block_count")), "num_attention_heads": heads,
-        "num_key_value_heads": key("attention.head_count_kv") or heads, "head_dim": head_dim, "hidden_act": "silu",
-        "max_position_embeddings": key("context_length", 32768),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5), "attention_bias": False, "use_qk_norm": True,
-        "tie_word_embeddings": "output.weight" not in tensor_names, "num_experts": key("expert_count"),
+        **text_config(key, vocab, tensor_names, "hunyuan_v1_moe", 32768), "intermediate_size": ffn,
+        "attention_bias": False, "use_qk_norm": True, "num_experts": key("expert_count"),
         "moe_topk": key("expert_used_count"),
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))},
     }
 
 
 def hf_tensors(file_names: set[str], read_file, config: dict):
-    """(transformers names, read) of the file's tensors (gguf_deepseek2.map_file_tensors: the experts as
+    """(transformers names, read) of the file's tensors (gguf_named.map_file_tensors: the experts as
     mlp.experts.gate_up_proj (E, 2F, C) / down_proj (E, C, F), which moe.experts_to_redline takes). A name outside
     the map is a UserError."""
-    from redline.interop.gguf_deepseek2 import map_file_tensors
-
-    names = map_file_tensors(file_names, read_file, _BLOCK, _TOP, ARCH)
-    return set(names), lambda name: names[name]()
+    return source(map_file_tensors(file_names, read_file, _BLOCK, TOP_NAMES, ARCH))

@@ -15,9 +15,8 @@ RoPE scaling.
 
 from __future__ import annotations
 
-import re
-
-from redline.errors import UserError
+from redline.interop.gguf_named import (TOP_NAMES, in_file_names, map_file_tensors, refuse, refuse_rope_scaling, source,
+                                        text_config)
 from redline.model import ModelConfig
 
 ARCH = "jais2"
@@ -25,23 +24,22 @@ _BLOCK = {f"{theirs}.{kind}": f"{ours}.{kind}" for kind in ("weight", "bias") fo
     ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"), ("self_attn.q_proj", "attn_q"),
     ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
     ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down"))}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "model.norm.bias": "output_norm.bias", "lm_head.weight": "output.weight"}
+_TOP = {**TOP_NAMES, "model.norm.bias": "output_norm.bias"}
 
 
 def check(cfg: ModelConfig) -> None:
     """A UserError for a Jais 2 model llama.cpp's jais2 would not load (llama.check_jais2_exportable, through
     export_family, has refused what Jais 2 itself lacks)."""
-    for bad, what in ((not cfg.bias, "a Jais 2 model without Linear biases (model.bias=false): llama.cpp's jais2 "
-                                     "requires q/k/v/o and MLP biases"),
-                      (cfg.kv_heads != cfg.n_head or cfg.head_dim * cfg.n_head != cfg.n_embd,
-                       f"model.kv_heads={cfg.kv_heads} (or model.head_size={cfg.head_dim}) with {cfg.n_head} heads: "
-                       f"llama.cpp's jais2 sizes every attention bias n_embd wide, so only as many KV heads as heads, "
-                       f"n_embd / n_head wide, load"),
-                      (cfg.rope_scaling != "none", f"model.rope_scaling={cfg.rope_scaling} on a Jais 2 model: redline "
-                                                   f"writes jais2 GGUF files without RoPE scaling")):
-        if bad:
-            raise UserError(f"{what}; export with --format hf")
+    refuse([
+        (not cfg.bias, "a Jais 2 model without Linear biases (model.bias=false): llama.cpp's jais2 requires q/k/v/o "
+                       "and MLP biases"),
+        (cfg.kv_heads != cfg.n_head or cfg.head_dim * cfg.n_head != cfg.n_embd,
+         f"model.kv_heads={cfg.kv_heads} (or model.head_size={cfg.head_dim}) with {cfg.n_head} heads: llama.cpp's "
+         f"jais2 sizes every attention bias n_embd wide, so only as many KV heads as heads, n_embd / n_head wide, "
+         f"load"),
+        (cfg.rope_scaling != "none", f"model.rope_scaling={cfg.rope_scaling} on a Jais 2 model: redline writes jais2 "
+                                     f"GGUF files without RoPE scaling"),
+    ])
 
 
 def write_metadata(writer, gguf, cfg: ModelConfig) -> None:
@@ -61,35 +59,17 @@ def file_tensors(state, cfg: ModelConfig) -> dict:
     none, as jais2_to_hf writes them)."""
     from redline.interop.llama import jais2_to_hf
 
-    out = {}
-    for name, t in jais2_to_hf(state, cfg).items():
-        if m := re.match(r"model\.layers\.(\d+)\.(.+)$", name):
-            out[f"blk.{m[1]}.{_BLOCK[m[2]]}"] = t
-        else:
-            out[_TOP[name]] = t
-    return out
+    return in_file_names(jais2_to_hf(state, cfg), _BLOCK, _TOP)
 
 
 def hf_config(key, vocab: int, tensor_names: set[str]) -> dict:
     """A jais2 config.json for a jais2 GGUF, from the keys llama.cpp's loader reads."""
-    if key("rope.scaling.type") not in (None, "none"):
-        raise UserError(f"the GGUF's jais2 RoPE scaling {key('rope.scaling.type')!r} is not read by redline; import "
-                        f"the model's Hugging Face folder")
-    width, heads = key("embedding_length"), key("attention.head_count")
-    return {
-        "model_type": "jais2", "vocab_size": vocab, "hidden_size": width,
-        "intermediate_size": key("feed_forward_length"), "num_hidden_layers": int(key("block_count")),
-        "num_attention_heads": heads, "num_key_value_heads": key("attention.head_count_kv") or heads,
-        "head_dim": width // heads, "hidden_act": "relu2", "max_position_embeddings": key("context_length", 8192),
-        "layer_norm_eps": key("attention.layer_norm_epsilon", 1e-5), "attention_bias": True, "mlp_bias": True,
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))},
-    }
+    refuse_rope_scaling(key, ARCH)
+    config = text_config(key, vocab, tensor_names, "jais2", 8192, layer_norm=True)
+    return {**config, "head_dim": config["hidden_size"] // config["num_attention_heads"], "hidden_act": "relu2",
+            "attention_bias": True, "mlp_bias": True}
 
 
 def hf_tensors(file_names: set[str], read_file, config: dict):
     """(transformers names, read) of a jais2 file's tensors. A name outside the map is a UserError."""
-    from redline.interop.gguf_deepseek2 import map_file_tensors
-
-    names = map_file_tensors(file_names, read_file, _BLOCK, _TOP, ARCH)
-    return set(names), lambda name: names[name]()
+    return source(map_file_tensors(file_names, read_file, _BLOCK, _TOP, ARCH))

@@ -178,12 +178,14 @@ def check_exportable(cfg: ModelConfig) -> None:
     ])
 
 
-def hf_config(cfg: ModelConfig) -> dict:
+def hybrid_config(cfg: ModelConfig, model_type: str) -> dict:
+    """The config.json entries Kimi Linear and Ling 3 (bailing_hybrid.py) name alike: widths, the latent
+    attention's, the layers' kinds (KDA or latent attention; dense or experts), DeepSeek-V3's routing."""
     D, R = cfg.head_dim, cfg.rope_dims
     experts = cfg.moe_experts
     dense = cfg.moe_dense_layers if experts else cfg.n_layer
     return {
-        "model_type": "kimi_linear", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
+        "model_type": model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
         "intermediate_size": (cfg.moe_dense_hidden or cfg.hidden_dim) if experts else cfg.hidden_dim,
         "moe_intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head, "kv_lora_rank": cfg.kv_lora_rank,
@@ -193,13 +195,17 @@ def hf_config(cfg: ModelConfig) -> dict:
         "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
         "layer_types": ["linear_attention" if i in cfg.delta_layers else "full_attention" for i in range(cfg.n_layer)],
         "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(cfg.n_layer)],
-        "first_k_dense_replace": dense, "linear_head_dim": cfg.delta_key_dim, "linear_num_heads": cfg.delta_heads,
-        "linear_conv_kernel_dim": cfg.delta_conv_kernel,
+        "first_k_dense_replace": dense,
         "num_experts": experts or 1, "num_experts_per_token": cfg.moe_top_k if experts else 1,
         "num_shared_experts": cfg.moe_shared_hidden // cfg.hidden_dim if experts else 1,
         "num_expert_group": cfg.moe_groups, "topk_group": cfg.moe_topk_groups, "moe_renormalize": cfg.moe_norm_topk,
         "routed_scaling_factor": cfg.moe_scale,
     }
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    return {**hybrid_config(cfg, "kimi_linear"), "linear_head_dim": cfg.delta_key_dim,
+            "linear_num_heads": cfg.delta_heads, "linear_conv_kernel_dim": cfg.delta_conv_kernel}
 
 
 class _EitherPrefix:
@@ -228,6 +234,56 @@ def _take_either(src: TensorSource, *names: str) -> torch.Tensor:
     return src.take(next((n for n in names if n in src), names[0]))
 
 
+def kda_to_redline(src, a: str, r: str, projections: dict, gate: dict, gate_prefix: str | None = None) -> dict:
+    """One Kimi Delta Attention layer's tensors (a: its attention's prefix, model.layers.N.<attention>.) as redline's
+    (r: blocks.N.), Kimi Linear's and Ling 3's alike: q/k/v_proj into in_proj (3·H·Dk, C), the three q/k/v_conv1d
+    (or transformers' in-memory conv1d, the three concatenated) into conv (channels, K), `projections` and the
+    forget gate's `gate` projections (redline's name -> theirs), A_log (H,), dt_bias and o_norm. The forget gate's
+    tensors are read under a, or under a + gate_prefix where the source holds them there."""
+    def gate_take(name: str) -> torch.Tensor:
+        return _take_either(src, a + name, *(() if gate_prefix is None else (a + gate_prefix + name,)))
+
+    if a + "conv1d.weight" in src:  # transformers' in-memory layout: the three concatenated
+        conv = src.take(a + "conv1d.weight")
+    else:
+        conv = torch.cat([src.take(f"{a}{x}_conv1d.weight") for x in "qkv"])
+    out = {r + "attn.in_proj.weight": torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"]),
+           r + "attn.conv": conv[:, 0]}  # (channels, 1, K) -> (channels, K)
+    for ours, theirs in projections.items():
+        out[f"{r}{ours}.weight"] = src.take(f"{a}{theirs}.weight")
+    for ours, theirs in gate.items():
+        out[f"{r}{ours}.weight"] = gate_take(f"{theirs}.weight")
+    out[r + "attn.A_log"] = gate_take("A_log").reshape(-1)
+    out[r + "attn.dt_bias"] = gate_take("dt_bias")
+    out[r + "attn.norm"] = src.take(a + "o_norm.weight")
+    return out
+
+
+def kda_to_hf(state: Mapping[str, torch.Tensor], a: str, r: str, projections: dict, a_log_shape=None,
+              dt_bias_shape=None) -> dict:
+    """kda_to_redline's inverse: in_proj split into q/k/v_proj, conv into q/k/v_conv1d (channels, 1, K) each,
+    `projections` (redline's name -> theirs, the forget gate's among them), A_log and dt_bias (in the shapes given,
+    else as redline holds them), o_norm."""
+    out = {}
+    for x, w in zip("qkv", state[r + "attn.in_proj.weight"].chunk(3)):
+        out[f"{a}{x}_proj.weight"] = w
+    for x, w in zip("qkv", state[r + "attn.conv"].chunk(3)):
+        out[f"{a}{x}_conv1d.weight"] = w[:, None]
+    for ours, theirs in projections.items():
+        out[f"{a}{theirs}.weight"] = state[f"{r}{ours}.weight"]
+    a_log, dt_bias = state[r + "attn.A_log"], state[r + "attn.dt_bias"]
+    out[a + "A_log"] = a_log if a_log_shape is None else a_log.reshape(a_log_shape)
+    out[a + "dt_bias"] = dt_bias if dt_bias_shape is None else dt_bias.reshape(dt_bias_shape)
+    out[a + "o_norm.weight"] = state[r + "attn.norm"]
+    return out
+
+
+def kda_in_proj_parts(a: str, cfg: ModelConfig) -> list:
+    """PEFT's modules for a KDA layer's in_proj: q/k/v_proj under a, each with its rows."""
+    width = cfg.delta_heads * cfg.delta_key_dim
+    return [(f"{a}{x}_proj", slice(j * width, (j + 1) * width)) for j, x in enumerate("qkv")]
+
+
 def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
     from redline.interop.moe import deepseek_experts_to_redline
 
@@ -240,19 +296,7 @@ def to_redline(source: TensorSource, cfg: ModelConfig) -> dict:
         out[r + "norm2.weight"] = src.take(p + "post_attention_layernorm.weight")
         a = p + "self_attn."
         if i in cfg.delta_layers:
-            out[r + "attn.in_proj.weight"] = torch.cat([src.take(f"{a}{x}_proj.weight") for x in "qkv"])
-            if a + "conv1d.weight" in src:  # transformers' in-memory layout: the three concatenated
-                conv = src.take(a + "conv1d.weight")
-            else:
-                conv = torch.cat([src.take(f"{a}{x}_conv1d.weight") for x in "qkv"])
-            out[r + "attn.conv"] = conv[:, 0]  # (channels, 1, K) -> (channels, K)
-            for ours, theirs in _KDA.items():
-                out[f"{r}{ours}.weight"] = src.take(f"{a}{theirs}.weight")
-            for ours, theirs in _GATE.items():
-                out[f"{r}{ours}.weight"] = _take_either(src, f"{a}{theirs}.weight", f"{a}forget_gate.{theirs}.weight")
-            out[r + "attn.A_log"] = _take_either(src, a + "A_log", a + "forget_gate.A_log").reshape(-1)
-            out[r + "attn.dt_bias"] = _take_either(src, a + "dt_bias", a + "forget_gate.dt_bias")
-            out[r + "attn.norm"] = src.take(a + "o_norm.weight")
+            out.update(kda_to_redline(src, a, r, _KDA, _GATE, gate_prefix="forget_gate."))
         else:
             skip = ("q",) if cfg.q_lora_rank else ("q_a", "q_a_norm", "q_b")
             for ours, theirs in _MLA.items():
@@ -283,15 +327,7 @@ def to_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict:
         out[p + "post_attention_layernorm.weight"] = state[r + "norm2.weight"]
         a = p + "self_attn."
         if i in cfg.delta_layers:
-            for x, w in zip("qkv", state[r + "attn.in_proj.weight"].chunk(3)):
-                out[f"{a}{x}_proj.weight"] = w
-            for x, w in zip("qkv", state[r + "attn.conv"].chunk(3)):
-                out[f"{a}{x}_conv1d.weight"] = w[:, None]
-            for ours, theirs in {**_KDA, **_GATE}.items():
-                out[f"{a}{theirs}.weight"] = state[f"{r}{ours}.weight"]
-            out[a + "A_log"] = state[r + "attn.A_log"].reshape(1, 1, H, 1)
-            out[a + "dt_bias"] = state[r + "attn.dt_bias"].reshape(H * D)
-            out[a + "o_norm.weight"] = state[r + "attn.norm"]
+            out.update(kda_to_hf(state, a, r, {**_KDA, **_GATE}, a_log_shape=(1, 1, H, 1), dt_bias_shape=H * D))
         else:
             skip = ("q",) if cfg.q_lora_rank else ("q_a", "q_a_norm", "q_b")
             for ours, theirs in _MLA.items():
@@ -322,8 +358,7 @@ def adapter_parts(layer: str, rest: str, base: str, out_features: int, cfg: Mode
     i = int(base.split(".")[2])
     if rest.startswith("attn.") and i in cfg.delta_layers:
         if rest == "attn.in_proj":
-            width = cfg.delta_heads * cfg.delta_key_dim
-            return [(f"{base}self_attn.{x}_proj", slice(j * width, (j + 1) * width)) for j, x in enumerate("qkv")]
+            return kda_in_proj_parts(base + "self_attn.", cfg)
         if rest in _KDA:
             return [(f"{base}self_attn.{_KDA[rest]}", slice(0, out_features))]
         if rest in _GATE:
