@@ -2173,7 +2173,21 @@ class ShortConv(nn.Module):
         return self.proj(c * self.convolve(u, doc_ids=attn_mask))
 
 
-class GatedDeltaNet(nn.Module):
+class RecurrentMixer(nn.Module):
+    """A recurrent token mixer (GatedDeltaNet, Mamba2, Mamba1, RGLRU, Lightning): each defines
+    mix(x, before, state, doc_ids, valid) -> (y, the convolution's inputs, the final state), which the inference
+    engine's cache layers call step by step (redline/inference/cache.py)."""
+
+    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); attn_mask: the batch's doc_ids (B, T) of packed documents, or None (as a
+        short convolution's); rope and ve unused. cache: an inference engine's cache layer, whose `delta` keeps the
+        convolution's inputs and the state."""
+        if cache is not None:
+            return cache.delta(self, x)
+        return self.mix(x, doc_ids=attn_mask)[0]
+
+
+class GatedDeltaNet(RecurrentMixer):
     """The token mixer of model.delta_layers (Qwen3.5's Qwen3_5GatedDeltaNet): in_proj (C -> 2·Hk·Dk + H·Dv) makes q,
     k and v, through a causal depthwise convolution (weight (channels, kernel), oldest token first) and SiLU; q and k
     are L2-normalized per head (q times Dk^-0.5) and shared by H // Hk value heads; beta = sigmoid(b(x)) and the
@@ -2205,14 +2219,6 @@ class GatedDeltaNet(nn.Module):
         self.norm = nn.Parameter(torch.ones(self.dv))
         self.proj = nn.Linear(H * self.dv, C, bias=False)
         self.proj.is_residual_out = True
-
-    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); attn_mask: the batch's doc_ids (B, T) of packed documents, or None (as a
-        short convolution's); rope and ve unused. cache: an inference engine's cache layer, whose `delta` keeps the
-        convolution's inputs and the state (redline/inference/cache.py)."""
-        if cache is not None:
-            return cache.delta(self, x)
-        return self.mix(x, doc_ids=attn_mask)[0]
 
     def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
             doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
@@ -2256,7 +2262,7 @@ class GatedDeltaNet(nn.Module):
         return self.proj(o.to(x.dtype).reshape(B, T, -1)), u, state
 
 
-class Mamba2(nn.Module):
+class Mamba2(RecurrentMixer):
     """The token mixer of model.delta_layers with delta_rule=mamba2 (Mamba-2's mixer, as transformers' BambaMixer and
     GraniteMoeHybridMambaLayer run it): in_proj (C -> I + (I + 2·G·N) + H, I = H·P) gives the gate z, the
     convolution's input xBC and dt; a causal depthwise convolution (weight (channels, kernel), oldest token first,
@@ -2284,12 +2290,6 @@ class Mamba2(nn.Module):
         self.norm = nn.Parameter(torch.ones(self.inner)) if self.gate_norm != "none" else None
         self.proj = nn.Linear(self.inner, C, bias=cfg.delta_proj_bias)
         self.proj.is_residual_out = True
-
-    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
-        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
-        if cache is not None:
-            return cache.delta(self, x)
-        return self.mix(x, doc_ids=attn_mask)[0]
 
     def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
             doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
@@ -2342,7 +2342,7 @@ class HeadLinear(nn.Module):
         return y if self.bias is None else y + self.bias.view(self.weight.shape[:2])
 
 
-class Mamba1(nn.Module):
+class Mamba1(RecurrentMixer):
     """The token mixer of model.delta_layers with delta_rule=mamba1 (Mamba-1's, Gu and Dao 2023; as transformers'
     MambaMixer and FalconMambaMixer run it): in_proj (C -> 2·I) gives x and the gate z; a causal depthwise
     convolution of x (weight (I, kernel), oldest token first, plus conv_bias) and SiLU; x_proj (I -> R + 2·N, no
@@ -2381,12 +2381,6 @@ class Mamba1(nn.Module):
         self.dt_norm = nn.Parameter(torch.ones(R)) if weighted else None
         self.B_norm = nn.Parameter(torch.ones(N)) if weighted else None
         self.C_norm = nn.Parameter(torch.ones(N)) if weighted else None
-
-    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
-        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
-        if cache is not None:
-            return cache.delta(self, x)
-        return self.mix(x, doc_ids=attn_mask)[0]
 
     def _norm(self, t: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """An RMSNorm over the last dimension in fp32, back in t's dtype, then times weight where there is one
@@ -2445,7 +2439,7 @@ class _SqrtBoundDerivative(torch.autograd.Function):
         return grad / torch.sqrt(torch.clip(4.0 * x, min=1e-6))
 
 
-class RGLRU(nn.Module):
+class RGLRU(RecurrentMixer):
     """The token mixer of model.delta_layers with delta_rule=rglru (Griffin's recurrent block, De et al. 2024; as
     transformers' RecurrentGemmaRecurrentBlock runs it): y = gelu_tanh(linear_y(x)); u = linear_x(x) (C -> I) through
     a causal depthwise convolution (weight (I, kernel), oldest token first, plus conv_bias); the real-gated linear
@@ -2483,12 +2477,6 @@ class RGLRU(nn.Module):
             nn.init.normal_(w, mean=0.0, std=std)
         a2 = torch.empty_like(self.recurrent_param).uniform_(0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8)
         self.recurrent_param.copy_(a2.log().mul(0.5).neg().exp().sub(1.0).log())
-
-    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
-        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
-        if cache is not None:
-            return cache.delta(self, x)
-        return self.mix(x, doc_ids=attn_mask)[0]
 
     def _gate(self, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """sigmoid of u (B, T, I) through the block-diagonal (H, W, W) weight and (H, W) bias -> (B, T, I)."""
@@ -2541,7 +2529,7 @@ def lightning_slopes(heads: int, layer: int, n_layer: int, device=None) -> torch
     return rate * (1 - layer / (n_layer - 1 + 1e-5) + 1e-5)
 
 
-class Lightning(nn.Module):
+class Lightning(RecurrentMixer):
     """The token mixer of model.delta_layers with delta_rule=lightning (MiniMax's lightning attention, as
     transformers' MiniMaxLightningAttention computes it): qkv_proj (C -> H·3D, each head's [q; k; v] in turn), SiLU on
     all three; per head a (D, D) state S ← λ·S + kᵀv, output q·S, λ = exp(−slope) fixed (lightning_slopes: not
@@ -2563,12 +2551,6 @@ class Lightning(nn.Module):
         self.norm = nn.Parameter(torch.ones(H * D))
         self.out_proj = nn.Linear(H * D, C, bias=False)
         self.out_proj.is_residual_out = True
-
-    def forward(self, x, rope=None, attn_mask=None, cache=None, ve=None) -> torch.Tensor:
-        """As GatedDeltaNet.forward: x (B, T, C) -> (B, T, C); attn_mask the batch's doc_ids or None."""
-        if cache is not None:
-            return cache.delta(self, x)
-        return self.mix(x, doc_ids=attn_mask)[0]
 
     def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
             doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
