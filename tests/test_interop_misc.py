@@ -26,6 +26,8 @@ BASE = dict(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4
 EXPORTS = {
     "ApertusForCausalLM": dict(mlp="xielu", qk_norm=True, rope_scaling="llama3", rope_factor=4.0,
                                rope_original_context=8),
+    # Apertus with a head narrower than its embedding (model.head_vocab, padded rows past it): Apertus 1.5's
+    "Apertus1p5TextForCausalLM": dict(mlp="xielu", qk_norm=True, head_vocab=300),
     # dense first layer then experts with a bias that chooses and 2 shared ones; and experts every second layer
     "Ernie4_5_MoeForCausalLM": dict(n_layer=3, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,
                                     moe_dense_layers=1, moe_dense_hidden=48, moe_shared_hidden=64,
@@ -213,7 +215,7 @@ def test_gemma4_unified_text_with_shared_kv_layers_reads_as_transformers_runs_it
 
 
 @pytest.mark.parametrize("arch", ["ApertusForCausalLM", "Ernie4_5_MoeForCausalLM", "HunYuanMoEV1ForCausalLM",
-                                  "MinistralForCausalLM", "Cohere2MoeForCausalLM"])
+                                  "MinistralForCausalLM", "Cohere2MoeForCausalLM", "Apertus1p5TextForCausalLM"])
 def test_engine_chunked_prefill_and_decode_follow_the_model(arch):
     from redline.inference import InferenceEngine, SamplingParams
 
@@ -231,7 +233,8 @@ def test_engine_chunked_prefill_and_decode_follow_the_model(arch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", ["ApertusForCausalLM", "Ernie4_5_MoeForCausalLM", "Cohere2MoeForCausalLM"])
+@pytest.mark.parametrize("arch", ["ApertusForCausalLM", "Ernie4_5_MoeForCausalLM", "Cohere2MoeForCausalLM",
+                                  "Apertus1p5TextForCausalLM"])
 def test_gpu_compiled_engine_stays_greedy(arch):
     from tests.engine_checks import assert_compiled_engine_stays_greedy
 
