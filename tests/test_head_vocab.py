@@ -8,6 +8,7 @@ import; and the refusals (GGUF, an architecture without such a head, a tied head
 from __future__ import annotations
 
 import copy
+import json
 import queue
 import re
 from dataclasses import replace
@@ -144,6 +145,20 @@ def test_exports_refuse_what_has_no_narrower_head(tmp_path, capsys):
     code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
     assert code == 2 and "model.head_vocab=312: llama.cpp's output tensor has a row for every token" in err, err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_an_eos_id_past_the_head_is_said_at_import(tmp_path, capsys):
+    """A multimodal Apertus 1.5 folder whose head stops below the image codes (200), an EOS id among those codes
+    (within the tokenizer): kept, and said in one stderr line, since generation never stops at it."""
+    from tests.test_interop import run_cli
+    from tests.test_multimodal import _folder
+
+    _folder("apertus1p5-pruned", tmp_path / "hf")
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 250]}))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")], capsys)
+    said = [line for line in err.splitlines() if "past the model's head" in line]
+    assert code == 0 and len(said) == 1 and "eos_token_id [250] lies past the model's head (model.head_vocab=200)" \
+        in said[0], err
 
 
 def test_train_init_from_an_imported_pruned_head(tmp_path, capsys):
