@@ -3164,7 +3164,7 @@ def logprobs_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def head_output(logits: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """The head's raw product (..., padded_vocab) -> the model's logits: divided by logit_divisor, then soft-capped
+    """The head's raw product (..., padded_head) -> the model's logits: divided by logit_divisor, then soft-capped
     when logit_softcap is set (then in fp32)."""
     if cfg.logit_divisor:
         logits = logits / cfg.logit_divisor

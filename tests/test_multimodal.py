@@ -363,7 +363,8 @@ def _folder(kind, path, layout="saved"):
 # the folders whose reading has logic of its own run always (the first four in both layouts); the rest, which repeat
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "llava", "qwen2_vl", "qwen3_vl_moe", "smolvlm", "aya_vision",
-          "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass", "aria", "minimax_m3_vl", "gemma4_unified")
+          "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass", "aria", "minimax_m3_vl",
+          "gemma4_unified")
 
 
 @pytest.mark.parametrize("kind, layout", [
