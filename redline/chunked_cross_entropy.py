@@ -28,9 +28,10 @@ torch.utils.checkpoint: its logits are recomputed chunk by chunk in backward, so
 price of one more head forward GEMM than the full path, and FP8 activation scales per chunk instead of per
 batch). The same path serves reduction="none" with gradients.
 
-Rows of the head past `vocab` (redline's padded vocabulary) take no part in the softmax, as in GPT.forward's full
-path: their logits are set to -inf, so they add nothing to the loss and get no gradient. Targets equal to `ignore_index` add nothing to
-the loss or the gradients, and the mean divides by the number of the others, as F.cross_entropy does.
+Rows of the head past `vocab` (redline's padded vocabulary, or the padding of a head that model.head_vocab
+narrows) take no part in the softmax, as in GPT.forward's full path: their logits are set to -inf, so they add
+nothing to the loss and get no gradient. Targets equal to `ignore_index` add nothing to the loss or the gradients,
+and the mean divides by the number of the others, as F.cross_entropy does.
 """
 
 from __future__ import annotations

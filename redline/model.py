@@ -520,6 +520,10 @@ class ModelConfig:
     """A bias on the output head (Phi's lm_head)."""
     tie_embeddings: bool = False
     """Share the token embedding matrix with the output head."""
+    head_vocab: int = 0
+    """Rows of the output head: the model predicts token ids 0..head_vocab-1 alone, its logits head_vocab wide, while
+    its embedding keeps vocab_size rows for inputs (Apertus 1.5's output_vocab_size, a head pruned to the text ids
+    below the image and audio codes); 0 = vocab_size. Training targets must be below it; needs an untied head."""
     bias: bool = False
     """Biases in the Linear layers (and LayerNorm)."""
     qkv_bias: bool | None = None
@@ -839,6 +843,17 @@ class ModelConfig:
         return (self.vocab_size + m - 1) // m * m
 
     @property
+    def head_width(self) -> int:
+        """The logits' width: the token ids the head can predict (head_vocab, or the whole vocabulary)."""
+        return self.head_vocab or self.vocab_size
+
+    @property
+    def padded_head(self) -> int:
+        """The head's rows: head_width padded up to pad_vocab_to (padded_vocab without head_vocab)."""
+        m = max(1, self.pad_vocab_to)
+        return (self.head_width + m - 1) // m * m
+
+    @property
     def hidden_dim(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
@@ -863,6 +878,9 @@ class ModelConfig:
                 f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}; "
                 f"pick one of {[d for d in range(1, self.n_head + 1) if self.n_head % d == 0]}"
             )
+        if not 0 <= self.head_vocab <= self.vocab_size or self.head_vocab and self.tie_embeddings:
+            raise UserError(f"model.head_vocab={self.head_vocab} must lie in [0, vocab_size={self.vocab_size}] and "
+                            f"needs an untied head (model.tie_embeddings=false: a tied head has every token's row)")
         if self.pos_emb == "rope" and self.head_dim % 2:
             raise UserError(f"RoPE needs an even head width, got {self.head_dim} (model.head_size or n_embd/n_head)")
         if self.rope_dims and not (self.pos_emb == "rope" or self.kv_lora_rank and self.pos_emb == "none") or (
@@ -3510,8 +3528,26 @@ class Block(nn.Module):
         return (x if self.mlp_residual is None else self.mlp_residual * x) + self.out(h)
 
 
+def check_targets(targets: torch.Tensor, head: int) -> None:
+    """A UserError where a target (other than -1, ignored) is a token the head does not have (model.head_vocab):
+    cross_entropy would fail on it with an index error, or a device assert on a GPU. Reads targets.max() (a sync),
+    so a compiled forward leaves it out: there such a target is the device assert."""
+    top = int(targets.max()) if targets.numel() else -1
+    if top >= head:
+        raise UserError(f"a target token id {top} is past the model's head, which predicts ids [0, {head}) "
+                        f"(model.head_vocab): mask such targets (e.g. image or audio codes) with -1")
+
+
+def logprobs_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """logits (..., V), token ids (...) -> their log-probabilities (...) fp32; -inf for an id past the head
+    (model.head_vocab: an image or audio code the model takes as input and never predicts)."""
+    V = logits.shape[-1]
+    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids.clamp(max=V - 1)[..., None])[..., 0]
+    return lp.masked_fill(ids >= V, float("-inf"))
+
+
 def head_output(logits: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """The head's raw product (..., padded_vocab) -> the model's logits: divided by logit_divisor, then soft-capped
+    """The head's raw product (..., padded_head) -> the model's logits: divided by logit_divisor, then soft-capped
     when logit_softcap is set (then in fp32)."""
     if cfg.logit_divisor:
         logits = logits / cfg.logit_divisor
@@ -3575,7 +3611,7 @@ class GPT(nn.Module):
             self.norm_f, self.hc_out = nn.Identity(), HyperConnection(cfg, inject=False)
         if cfg.bitlinear != "off" or cfg.sub_norms:
             bitnet_projections(self.blocks, cfg)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=cfg.head_bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_head, bias=cfg.head_bias)  # (padded_head, C)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         if cfg.pos_emb == "rope":
@@ -3932,7 +3968,7 @@ class GPT(nn.Module):
         return torch.cat([before, idx], dim=1).unfold(1, n, 1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (..., C), after norm_f -> logits (..., padded_vocab), divided by logit_divisor and
+        """Final hidden states (..., C), after norm_f -> logits (..., padded_head), divided by logit_divisor and
         soft-capped when logit_softcap is set (then in fp32)."""
         return head_output(self.lm_head(x), self.cfg)
 
@@ -3945,7 +3981,8 @@ class GPT(nn.Module):
         doc_ids: torch.Tensor | None = None,
     ):
         """idx: (B, T). With targets (B, T): the cross-entropy loss (mean, or per token with reduction='none';
-        targets of -1 are ignored). Without: logits (B, T, vocab_size), padding removed.
+        targets of -1 are ignored; the others below model.head_width). Without: logits (B, T, head_width), padding
+        removed (head_width = vocab_size unless model.head_vocab narrows the head).
         positions (T,) or (B, T): each token's position (None: 0..T-1); doc_ids (B, T): packed documents, each
         attending only within itself (give positions that restart at each document with it)."""
         B, T = idx.shape
@@ -3966,7 +4003,9 @@ class GPT(nn.Module):
             if i == self.backout_layer:
                 mid = x
         x = self.norm_f(self.stream_out(x, mid))
-        V = self.cfg.vocab_size
+        V = self.cfg.head_width
+        if targets is not None and self.cfg.head_vocab and not torch.compiler.is_compiling():  # a sync, not traced
+            check_targets(targets, V)
         if targets is not None and self.cfg.ce_chunk_tokens:
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
                                          self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)

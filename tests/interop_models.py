@@ -1089,6 +1089,14 @@ FAMILIES = {
                              rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
                                               "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
                                               "high_freq_factor": 4.0})),
+    # Apertus 1.5's text model as its released checkpoints have it: the head pruned to the tokenizer's ids (logits
+    # VOCAB - 8 wide), the embedding's last 8 rows input-only codes (model.head_vocab)
+    "apertus1p5_text-pruned": ("Apertus1p5TextConfig", "Apertus1p5TextForCausalLM",
+                               dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=None,
+                                    output_vocab_size=VOCAB - 8,
+                                    rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                                     "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0})),
     # ERNIE 4.5 MoE as ERNIE-4.5-21B-A3B is laid out: a dense first layer (96 wide), then experts (top 2 of 4, 32
     # wide, chosen with the correction bias, moved so that it chooses) and 2 shared ones on the others, tied; and
     # experts on every second layer among dense ones as wide, untied, no shared experts

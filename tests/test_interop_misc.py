@@ -26,6 +26,8 @@ BASE = dict(vocab_size=VOCAB - 8, context_len=64, n_layer=2, n_embd=64, n_head=4
 EXPORTS = {
     "ApertusForCausalLM": dict(mlp="xielu", qk_norm=True, rope_scaling="llama3", rope_factor=4.0,
                                rope_original_context=8),
+    # Apertus with a head narrower than its embedding (model.head_vocab, padded rows past it): Apertus 1.5's
+    "Apertus1p5TextForCausalLM": dict(mlp="xielu", qk_norm=True, head_vocab=300),
     # dense first layer then experts with a bias that chooses and 2 shared ones; and experts every second layer
     "Ernie4_5_MoeForCausalLM": dict(n_layer=3, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_expert_bias=True,
                                     moe_dense_layers=1, moe_dense_hidden=48, moe_shared_hidden=64,
@@ -110,10 +112,11 @@ def test_apertus_import_checks_the_stored_beta_and_eps(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
-def test_apertus1p5_text_writes_its_own_folder_and_refuses_a_pruned_head(tmp_path, capsys):
+def test_apertus1p5_text_writes_its_own_folder_and_reads_a_pruned_head(tmp_path, capsys):
     """An Apertus 1.5 text import exports as Apertus (tests/test_interop.py); written as its own family it loads as
-    Apertus1p5TextForCausalLM with the same logits. A head pruned to the text ids is refused at import, by name. Its
-    tensors are read under a multimodal save's model.language_model.* too."""
+    Apertus1p5TextForCausalLM with the same logits. A head pruned to the text ids is model.head_vocab (its parity:
+    tests/interop_models.py's apertus1p5_text-pruned); one tied to the embedding, or wider than it, is refused by
+    name. Its tensors are read under a multimodal save's model.language_model.* too."""
     from safetensors.torch import load_file, save_file
 
     from redline.interop.apertus import TEXT_1P5_FAMILY
@@ -124,8 +127,11 @@ def test_apertus1p5_text_writes_its_own_folder_and_refuses_a_pruned_head(tmp_pat
     with torch.no_grad():
         torch.testing.assert_close(back(TOKENS).logits, hf(TOKENS).logits, rtol=1e-5, atol=1e-5)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    with pytest.raises(UserError, match="output_vocab_size=300 below vocab_size=320: Apertus 1.5's head pruned"):
-        TEXT_1P5_FAMILY.model_config({**config, "output_vocab_size": 300})
+    assert TEXT_1P5_FAMILY.model_config({**config, "output_vocab_size": 300}).head_vocab == 300
+    with pytest.raises(UserError, match="output_vocab_size=300 with tie_word_embeddings=true: a head pruned below"):
+        TEXT_1P5_FAMILY.model_config({**config, "output_vocab_size": 300, "tie_word_embeddings": True})
+    with pytest.raises(UserError, match=r"output_vocab_size=321 is outside \[1, vocab_size=320\]"):
+        TEXT_1P5_FAMILY.model_config({**config, "output_vocab_size": 321})
     assert TEXT_1P5_FAMILY.model_config({**config, "output_vocab_size": VOCAB}) == TEXT_1P5_FAMILY.model_config(config)
     # the text model's tensors under a multimodal save's names, which Apertus1p5TextForCausalLM loads too
     weights = load_file(tmp_path / "hf" / "model.safetensors")
@@ -209,7 +215,7 @@ def test_gemma4_unified_text_with_shared_kv_layers_reads_as_transformers_runs_it
 
 
 @pytest.mark.parametrize("arch", ["ApertusForCausalLM", "Ernie4_5_MoeForCausalLM", "HunYuanMoEV1ForCausalLM",
-                                  "MinistralForCausalLM", "Cohere2MoeForCausalLM"])
+                                  "MinistralForCausalLM", "Cohere2MoeForCausalLM", "Apertus1p5TextForCausalLM"])
 def test_engine_chunked_prefill_and_decode_follow_the_model(arch):
     from redline.inference import InferenceEngine, SamplingParams
 
@@ -227,7 +233,8 @@ def test_engine_chunked_prefill_and_decode_follow_the_model(arch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", ["ApertusForCausalLM", "Ernie4_5_MoeForCausalLM", "Cohere2MoeForCausalLM"])
+@pytest.mark.parametrize("arch", ["ApertusForCausalLM", "Ernie4_5_MoeForCausalLM", "Cohere2MoeForCausalLM",
+                                  "Apertus1p5TextForCausalLM"])
 def test_gpu_compiled_engine_stays_greedy(arch):
     from tests.engine_checks import assert_compiled_engine_stays_greedy
 

@@ -333,6 +333,8 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                    moe_norm_eps=1e-20, moe_dense_layers=1, moe_dense_hidden=64),
     # MiniCPM3: the latent attention's modules beside Llama's MLP names (gate_proj and up_proj B's halves), with its
     # µP scalars (embedding, residual, logit) and LongRoPE
+    # Apertus 1.5 with its head pruned below the embedding (model.head_vocab): the head adapted too, its rows alone
+    "Apertus1p5TextForCausalLM": dict(mlp="xielu", qk_norm=True, n_kv_head=2, head_vocab=300),
     "MiniCPM3ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
                                 fused_qkv=False, embed_multiplier=12.0, residual_multiplier=0.7, logit_divisor=4.0,
                                 rope_scaling="longrope", rope_original_context=64, rope_factor=1.0,
@@ -341,6 +343,7 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 64, 7, 120, 31, 8]])
 # a mixture of experts' router is no Linear layer in transformers (the export refuses it): its attention and shared MLP
 TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
+           "Apertus1p5TextForCausalLM": ("attn.*", "mlp.*", "lm_head"),
            "BitNetForCausalLM": ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.up"),
            # the Mamba-2 mixer's in_proj too (PEFT refuses its out_proj: test_export_refusals_are_one_line)
            "FalconH1ForCausalLM": ("attn.*", "mlp.*", "mamba.in_proj"),
@@ -517,8 +520,9 @@ def test_qwen3_5_moe_and_qwen3_next_adapters(arch, fields, targets, tmp_path, ca
             shutil.rmtree(tmp_path / "refused")
 
 
-def test_trained_head_goes_in_as_modules_to_save(tmp_path, capsys):
-    base, ckpt = lora_run(tmp_path, "LlamaForCausalLM", train_modules=("lm_head",))
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Apertus1p5TextForCausalLM"])  # the latter's head pruned
+def test_trained_head_goes_in_as_modules_to_save(arch, tmp_path, capsys):
+    base, ckpt = lora_run(tmp_path, arch, train_modules=("lm_head",))
     with torch.no_grad():  # the head trained in full: change it in the checkpoint as training would
         from safetensors.torch import load_file, save_file
 

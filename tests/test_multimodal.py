@@ -318,6 +318,10 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "llava_next_video": _llava_like("llava_next_video", "LlavaNextVideoForConditionalGeneration", "llama",
                                          "LlamaForCausalLM", renamed=None),
          "apertus1p5": (_apertus1p5_config, "Apertus1p5ForConditionalGeneration", "ApertusForCausalLM", _other_layout),
+         # its head pruned to the text ids below the image codes, as the released checkpoints have it: exported as
+         # the text model that holds such a head
+         "apertus1p5-pruned": (lambda: _apertus1p5_config(output_vocab_size=200), "Apertus1p5ForConditionalGeneration",
+                               "Apertus1p5TextForCausalLM", _other_layout),
          "cohere_compass": (_cohere_compass_config, "CohereCompassForConditionalGeneration", "Cohere2ForCausalLM",
                             _other_layout),
          "aria": (_aria_config, "AriaForConditionalGeneration", "GraniteMoeSharedForCausalLM", _other_layout),
@@ -359,7 +363,8 @@ def _folder(kind, path, layout="saved"):
 # the folders whose reading has logic of its own run always (the first four in both layouts); the rest, which repeat
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "llava", "qwen2_vl", "qwen3_vl_moe", "smolvlm", "aya_vision",
-          "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "cohere_compass", "aria", "minimax_m3_vl", "gemma4_unified")
+          "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass", "aria", "minimax_m3_vl",
+          "gemma4_unified")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -488,8 +493,8 @@ def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
     ("gemma3", {"text_config": {"model_type": "gemma2"}}, "text_config.model_type='gemma2'.*gemma3_text"),
     ("mistral3", {"text_config": {"model_type": "llama"}}, "text_config.model_type='llama'.*ministral3 or mistral"),
     ("gemma3", {"text_config": {"attn_logit_softcapping": 50.0}}, "attn_logit_softcapping=50.0"),
-    # Apertus 1.5's head pruned to the text ids, as its released checkpoints have it
-    ("apertus1p5", {"text_config": {"output_vocab_size": 300}}, "output_vocab_size=300 below vocab_size=320"),
+    # a pruned head beyond the vocabulary
+    ("apertus1p5", {"text_config": {"output_vocab_size": 400}}, "output_vocab_size=400 is outside"),
     ("aria", {"text_config": {"mlp_bias": True}}, "mlp_bias=true: Aria's shared experts then have biases"),
     ("minimax_m3_vl", {"text_config": {"swiglu_alpha": 1.5}}, "swiglu_alpha=1.5: redline's clamped SwiGLU"),
     ("minimax_m3_vl", {"text_config": {"mlp_layer_types": ["sparse", "dense", "sparse"]}},

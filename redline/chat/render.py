@@ -200,6 +200,10 @@ def resize_vocab(model, vocab_size: int):
     old = model.cfg.vocab_size
     if vocab_size <= old:
         return model
+    if model.cfg.head_vocab:  # the added ids would lie past the head: the model could never end a turn with them
+        raise UserError(f"model.head_vocab={model.cfg.head_vocab}: the tokens this adds (ids from {old}) would lie "
+                        f"past the model's head, which could never predict them; use a chat template of the model's "
+                        f"own tokens")
     cfg = dataclasses.replace(model.cfg, vocab_size=vocab_size)
     device = next(model.parameters()).device
     with torch.device(device):

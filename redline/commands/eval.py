@@ -50,6 +50,7 @@ def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
     cache and with the full forward, their difference, and how often the cache's argmax next token equals the
     full forward's."""
     from redline.inference.engine import InferenceEngine
+    from redline.model import logprobs_of
 
     # (B, T) tokens: T may be the whole context; rows whose targets are -1 repeat windows of a short split
     rows = [x[(y >= 0).any(1)].cpu() for x, y in batches]
@@ -64,7 +65,7 @@ def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
                 for tokens in rows:
                     logits = model(tokens[:, :-1].to(engine.device))[:, decode_from - 1:].float()
                     targets = tokens[:, decode_from:].to(engine.device)
-                    reference.append((torch.log_softmax(logits, -1).gather(2, targets[..., None])[..., 0].cpu(),
+                    reference.append((logprobs_of(logits, targets).cpu(),
                                       logits.argmax(-1).cpu()))
         losses, ref_losses, agree, count = 0.0, 0.0, 0, 0
         for tokens, (ref_logp, ref_pick) in zip(rows, reference):

@@ -372,7 +372,7 @@ class DecodeBatch:
         engine, st, ends, generators = self.engine, self.state, ends or {}, generators or {}
         longest, where = self._group_start(n, ends)
         if self._noise is None:
-            self._noise = torch.empty(self.rows, engine.cfg.vocab_size, device=engine.device)
+            self._noise = torch.empty(self.rows, engine.cfg.head_width, device=engine.device)  # as the logits
         from redline.inference.engine import _evaluating
 
         with _evaluating(engine.model):

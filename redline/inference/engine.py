@@ -46,7 +46,7 @@ from redline.inference.sampling import SamplingParams, make_generator, sample_ne
 from redline.inference.steps import (decode_block, decode_inputs, decode_layers, decode_output, last_logits,
                                      layer_value, prefill_block, value_embeddings)
 from redline.inference.transfer import to_device
-from redline.model import GPT
+from redline.model import GPT, logprobs_of
 
 WIDTH_STEP = 64  # compiled decode attends over the cache in widths that are multiples of this
 
@@ -628,7 +628,7 @@ class InferenceEngine:
         logps, picks = [], []
 
         def keep(logits, target):
-            logps.append(torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None])[:, 0])
+            logps.append(logprobs_of(logits, target))  # -inf for an id past the head (model.head_vocab)
             picks.append(logits.argmax(dim=-1))
 
         keep(logits, tokens[:, prefill])

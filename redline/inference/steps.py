@@ -57,8 +57,9 @@ def prefill_block(block, x: torch.Tensor, rope, mask, quantize: bool = False, pr
 
 
 def last_logits(model, x: torch.Tensor) -> torch.Tensor:
-    """Final hidden states (b, C) -> the logits of the real vocabulary (b, vocab_size), fp32 at least."""
-    logits = model.logits(model.norm_f(x))[..., : model.cfg.vocab_size]
+    """Final hidden states (b, C) -> the logits of the tokens the head predicts (b, head_width: vocab_size unless
+    model.head_vocab narrows it), fp32 at least."""
+    logits = model.logits(model.norm_f(x))[..., : model.cfg.head_width]
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
@@ -125,7 +126,7 @@ def decode_output(model, x, tokens, greedy: bool, fused: bool, slot, history, ac
     graph): the host launches steps and nothing else. fused: up to MAX_ROWS rows, the head in redline's product
     kernel."""
     if fused and x.shape[0] <= MAX_ROWS:
-        logits = fused_head(model, x)[:, : model.cfg.vocab_size]
+        logits = fused_head(model, x)[:, : model.cfg.head_width]
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     else:
         logits = last_logits(model, x[:, -1])

@@ -14,13 +14,16 @@ Apertus1p5ForConditionalGeneration) is Apertus's text model unchanged over a voc
 code ranges: images and audio are tokenized by a VQ image tokenizer and a WavTokenizer encoder (model.vision_tokenizer,
 model.audio_tokenizer, left unread) into ids of that vocabulary, whose rows of the shared embedding are the features,
 so on text the multimodal model is its text model (transformers' models/apertus1p5/modular_apertus1p5.py). Both
-export as Apertus. Its head pruned to the text ids (output_vocab_size below vocab_size, the released checkpoints')
-gives logits narrower than the embedding, a head redline does not have: refused by name.
+export as Apertus. The released checkpoints prune the head to the text ids: output_vocab_size below vocab_size, an
+lm_head of that many rows, the first ids', and logits that wide, while the embedding keeps every id for inputs.
+redline's model.head_vocab is that width; a model with it exports as Apertus1p5TextForCausalLM, the one
+architecture with such a head (ApertusForCausalLM's has vocab_size rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -127,18 +130,22 @@ _APERTUS1P5_DEFAULTS = dict(
 
 
 def apertus1p5_config(hf: dict) -> ModelConfig:
-    """Apertus 1.5's text config (its class's defaults where it leaves a field out): Apertus's, its head one row a
-    token."""
+    """Apertus 1.5's text config (its class's defaults where it leaves a field out): Apertus's, its head pruned to
+    output_vocab_size rows where that is below vocab_size (model.head_vocab)."""
     hf = {**_APERTUS1P5_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
     rows, vocab = hf.get("output_vocab_size"), hf["vocab_size"]
-    if rows is not None and rows != vocab:
-        raise UserError(f"output_vocab_size={rows} below vocab_size={vocab}: Apertus 1.5's head pruned to the text "
-                        f"ids gives logits narrower than its embedding, a head redline does not have (one row a token)")
-    return model_config(hf)
+    if rows is None or rows == vocab:
+        return model_config(hf)
+    if not 1 <= rows <= vocab:
+        raise UserError(f"output_vocab_size={rows} is outside [1, vocab_size={vocab}]: the config is damaged")
+    if hf["tie_word_embeddings"]:  # transformers would tie a (rows, C) head to the (vocab, C) embedding
+        raise UserError(f"output_vocab_size={rows} with tie_word_embeddings=true: a head pruned below vocab_size="
+                        f"{vocab} cannot be the embedding; redline takes a pruned head untied")
+    return replace(model_config(hf), head_vocab=rows)
 
 
 def apertus1p5_hf_config(cfg: ModelConfig) -> dict:
-    return {**hf_config(cfg), "model_type": "apertus1p5_text", "output_vocab_size": None}
+    return {**hf_config(cfg), "model_type": "apertus1p5_text", "output_vocab_size": cfg.head_vocab or None}
 
 
 FAMILY = Family(name="apertus", architecture="ApertusForCausalLM", model_config=model_config, hf_config=hf_config,

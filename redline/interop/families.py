@@ -140,13 +140,14 @@ def interleave_rope_rows(w: torch.Tensor, heads: int, inverse: bool) -> torch.Te
     return w.reshape(heads, 2, D // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def pad_rows(t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+def pad_rows(t: torch.Tensor, cfg: ModelConfig, head: bool = False) -> torch.Tensor:
     """An embedding or head matrix (vocab, C) padded with zero rows up to cfg.padded_vocab (redline's padded
-    vocabulary)."""
-    rows = cfg.padded_vocab
-    if t.shape[0] < cfg.vocab_size:  # zero rows would stand for tokens the model never had (transformers refuses)
-        raise UserError(f"a vocabulary matrix has {t.shape[0]} rows but the config's vocab_size is "
-                        f"{cfg.vocab_size}; the config and the weights disagree")
+    vocabulary); head: the head's (head_width, C) up to cfg.padded_head (the same unless model.head_vocab)."""
+    rows, vocab = (cfg.padded_head, cfg.head_width) if head else (cfg.padded_vocab, cfg.vocab_size)
+    if t.shape[0] < vocab:  # zero rows would stand for tokens the model never had (transformers refuses)
+        raise UserError(f"a vocabulary matrix has {t.shape[0]} rows but the config's "
+                        f"{'head_vocab' if head and cfg.head_vocab else 'vocab_size'} is {vocab}; the config and "
+                        f"the weights disagree")
     if t.shape[0] == rows:
         return t
     if t.shape[0] > rows:
@@ -159,7 +160,7 @@ def take_head(src: TensorSource, cfg: ModelConfig) -> dict:
     """{"lm_head.weight": the source's head, padded} for an untied model; {} for a tied one, whose head some files
     store anyway (the embedding again: marked read, so not reported as unused)."""
     if not cfg.tie_embeddings:
-        return {"lm_head.weight": pad_rows(src.take("lm_head.weight"), cfg)}
+        return {"lm_head.weight": pad_rows(src.take("lm_head.weight"), cfg, head=True)}
     if "lm_head.weight" in src:
         src.take("lm_head.weight")
     return {}
@@ -168,7 +169,7 @@ def take_head(src: TensorSource, cfg: ModelConfig) -> dict:
 def give_head(state: Mapping[str, torch.Tensor], cfg: ModelConfig, name: str = "lm_head.weight") -> dict:
     """The export's take_head: {name: the head without its padding rows} for an untied model, {} for a tied one (its
     head is the embedding)."""
-    return {} if cfg.tie_embeddings else {name: state["lm_head.weight"][:cfg.vocab_size]}
+    return {} if cfg.tie_embeddings else {name: state["lm_head.weight"][:cfg.head_width]}
 
 
 def bias_or_zeros(state: Mapping[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
@@ -479,6 +480,15 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.mhc_streams: no architecture redline exports to has manifold-constrained "
                         "hyper-connections (DeepSeek-V4's, which transformers has and redline does not read); run "
                         "the model with redline generate, chat or serve instead")
+    if cfg.head_vocab:  # a head narrower than the embedding: Apertus 1.5's alone (its output_vocab_size)
+        from redline.interop import apertus
+
+        if cfg.mlp != "xielu":
+            raise UserError(f"model.head_vocab={cfg.head_vocab}: of the architectures redline exports to, Apertus "
+                            f"1.5 alone has a head narrower than its embedding, and it has the xIELU MLP "
+                            f"(model.mlp=xielu)")
+        apertus.check_exportable(cfg)
+        return families["apertus1p5_text"]
     from redline.interop import qwen4_exp
 
     if qwen4_exp.wants_qwen4_exp(cfg):  # hyper-connections and the QSA indexer: Qwen4-Exp's alone

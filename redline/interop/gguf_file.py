@@ -1255,6 +1255,9 @@ UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a Stable
 
 
 def _arch(family: Family, cfg: ModelConfig) -> str:
+    if cfg.head_vocab:  # llama.cpp sizes the output tensor by the vocabulary, as it does token_embd
+        raise UserError(f"model.head_vocab={cfg.head_vocab}: llama.cpp's output tensor has a row for every token of "
+                        f"the vocabulary ({cfg.vocab_size}), not a head narrower than it; export with --format hf")
     if family.name in NOT_WRITTEN:
         name, why = NOT_WRITTEN[family.name]
         raise UserError(f"{name} models are not written as GGUF by redline ({why}); export with --format hf")

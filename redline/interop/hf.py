@@ -262,6 +262,11 @@ def read_folder(folder: str | Path, tokenizer: str | None = None) -> ImportedMod
         print(f"redline import: {where}'s eos_token_id {outside} is outside the tokenizer's {tok.vocab_size} "
               f"tokens; ignored (generation stops at the tokenizer's own end of text instead)", file=sys.stderr)
         stops = [i for i in stops if i not in outside]
+    unreachable = [i for i in stops if i >= cfg.head_width]
+    if unreachable:  # kept (the tokenizer's, and the export's generation_config), but no row of the head gives them
+        print(f"redline import: eos_token_id {unreachable} lies past the model's head (model.head_vocab="
+              f"{cfg.head_vocab}): it is never generated, so generation stops at the other stop ids or the length "
+              f"limit", file=sys.stderr)
     if stops:
         tok.stop_ids = stops
     return ImportedModel(cfg=cfg, state=state, tokenizer=tok, family=family.name, source=str(folder),

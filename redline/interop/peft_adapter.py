@@ -99,7 +99,7 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
     """The exported modules that redline layer `layer` becomes, each with its rows of the layer's output."""
     gpt2 = family.name in ("gpt2", "openai-gpt")  # GPT-1's Conv1D modules are named as GPT-2's (openai_gpt.py)
     if layer in ("lm_head",):  # BioGPT's head is output_projection (biogpt.py)
-        return [("output_projection" if family.name == "biogpt" else "lm_head", slice(0, cfg.vocab_size))]
+        return [("output_projection" if family.name == "biogpt" else "lm_head", slice(0, cfg.head_width))]
     gemma4 = family.name in ("gemma4_text", "gemma4", "gemma3n_text", "gemma3n")  # gemma3n.py: Gemma 4's names
     if gemma4 and layer == "ple_proj":
         return [("model.per_layer_model_projection", slice(0, out_features))]
@@ -509,7 +509,7 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
              "mpt": "transformer.wte", "dbrx": "transformer.wte", "openai-gpt": "transformer.tokens_embed",
              "biogpt": "biogpt.embed_tokens"}.get(family.name, "model.embed_tokens")
     top = {"wte": (table, cfg.vocab_size),
-           "lm_head": ("output_projection" if family.name == "biogpt" else "lm_head", cfg.vocab_size)}
+           "lm_head": ("output_projection" if family.name == "biogpt" else "lm_head", cfg.head_width)}
     if name not in top:
         raise UserError(f"lora.train_modules trained {name} in full; a PEFT adapter carries only wte or lm_head "
                         f"that way: export with --merge")

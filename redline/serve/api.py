@@ -114,9 +114,9 @@ class Server:
         prompts = self.prompt_ids(job)
         if any(not p for p in prompts):
             raise bad("a prompt encodes to no tokens; give some text", "prompt")
-        if any(t >= self.scheduler.vocab_size for t, _ in job.logit_bias):
-            raise bad(f"logit_bias names a token id outside the model's vocabulary [0, {self.scheduler.vocab_size})",
-                      "logit_bias")
+        head = self.scheduler.head_width  # the ids the model generates (below vocab_size with model.head_vocab)
+        if any(t >= head for t, _ in job.logit_bias):
+            raise bad(f"logit_bias names a token id outside the ids the model generates [0, {head})", "logit_bias")
         seqs = []
         stop_ids = frozenset(self.renderer.stop_ids) if job.kind == "chat" else None
         for p, ids in enumerate(prompts):

@@ -94,6 +94,7 @@ class EngineProcess:
         self.pid = process.pid if process is not None else info.get("pid")
         self.spare: list = []  # start(frontends=N): the other API processes' pipe ends
         self.capacity, self.vocab_size, self.batch_rows = info["capacity"], info["vocab_size"], info["rows"]
+        self.head_width = info["head_width"]
         self._describe = info["describe"]
         self.max_queue = max_queue
         self.stats = Stats()
@@ -176,7 +177,7 @@ class EngineProcess:
             raise EngineFailed(f"{self.failure}; restart the server")
         if self._closing:
             raise ShuttingDown("the server is shutting down; retry against another one or later")
-        check_sequences(sequences, self.vocab_size, self.capacity)
+        check_sequences(sequences, self.vocab_size, self.capacity, self.head_width)
         check_queue(self.queue_depth(), len(sequences), self.max_queue)
         wire = []
         for seq in sequences:
@@ -446,7 +447,8 @@ def engine_main(conns: list, builder, args: tuple, switch_interval_s: float | No
             conn.close()
         return
     outbox = _Outbox(conns, scheduler)
-    info = {"capacity": scheduler.capacity, "vocab_size": scheduler.vocab_size, "rows": scheduler.batch_rows,
+    info = {"capacity": scheduler.capacity, "vocab_size": scheduler.vocab_size, "head_width": scheduler.head_width,
+            "rows": scheduler.batch_rows,
             "describe": scheduler.describe(), "pid": os.getpid()}
     for frontend in range(len(conns)):
         outbox.send(frontend, ("ready", info))

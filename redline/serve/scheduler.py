@@ -61,6 +61,7 @@ from redline.inference.prefix_cache import BLOCK
 from redline.inference.sampling import RowSampler, SamplingParams, make_generator
 from redline.inference.text import IncrementalText
 from redline.inference.transfer import put, to_device
+from redline.model import logprobs_of
 
 
 class QueueFull(Exception):
@@ -187,11 +188,12 @@ class _Group:
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
     """logits (R, vocab), the tokens taken (R,) -> (R, 1 + 2k) fp32: each token's log-probability under the model
     (the logits' log-softmax: before temperature and top-p, as OpenAI's and vLLM's logprobs), then the k most likely
-    tokens' log-probabilities, then their ids (floats: exact below 2**24)."""
-    lp = logits.float().log_softmax(dim=-1)
-    chosen = lp.gather(1, tokens[:, None])
+    tokens' log-probabilities, then their ids (floats: exact below 2**24). A token past the head (model.head_vocab:
+    a prompt's image or audio code) is one the model never predicts: log-probability -inf."""
+    chosen = logprobs_of(logits, tokens)[:, None]
     if not k:
         return chosen
+    lp = logits.float().log_softmax(dim=-1)
     top = lp.topk(k, dim=-1)
     return torch.cat([chosen, top.values, top.indices.float()], dim=1)
 
@@ -226,15 +228,17 @@ def check_queue(waiting: int, new: int, max_queue: int) -> None:
                         f"retry later")
 
 
-def check_sequences(sequences: Seq[Sequence], vocab: int, capacity: int) -> None:
-    """A UserError (ContextTooLong among them) for the first sequence that cannot run."""
+def check_sequences(sequences: Seq[Sequence], vocab: int, capacity: int, head: int | None = None) -> None:
+    """A UserError (ContextTooLong among them) for the first sequence that cannot run. vocab: the ids a prompt may
+    hold; head: those the model generates, which a logit bias may name (None: vocab)."""
+    head = head or vocab
     for seq in sequences:
         if not seq.prompt:
             raise UserError("the prompt is empty; give some text")
         if seq.max_tokens < (0 if seq.prompt_logprobs is not None else 1):
             raise UserError(f"max_tokens must be >= 1 (0 only to score the prompt), got {seq.max_tokens}")
-        if any(not 0 <= t < vocab for t, _ in seq.logit_bias):
-            raise UserError(f"logit_bias names a token id outside the model's vocabulary [0, {vocab})")
+        if any(not 0 <= t < head for t, _ in seq.logit_bias):
+            raise UserError(f"logit_bias names a token id outside the ids the model generates [0, {head})")
         if any(not -2 <= p <= 2 for p in seq.penalties):
             raise UserError(f"presence and frequency penalties must be in [-2, 2], got {seq.penalties}")
         if min(seq.prompt) < 0 or max(seq.prompt) >= vocab:
@@ -321,7 +325,13 @@ class Scheduler:
 
     @property
     def vocab_size(self) -> int:
+        """Token ids a prompt may hold (the embedding's rows)."""
         return self.batch.engine.cfg.vocab_size
+
+    @property
+    def head_width(self) -> int:
+        """Token ids the model can generate, and the logits' width (below vocab_size with model.head_vocab)."""
+        return self.batch.engine.cfg.head_width
 
     @property
     def batch_rows(self) -> int:
@@ -338,7 +348,7 @@ class Scheduler:
 
     def submit(self, sequences: list[Sequence]) -> None:
         """Queue sequences (all or none): ContextTooLong, QueueFull, or a UserError for a bad one."""
-        check_sequences(sequences, self.vocab_size, self.capacity)
+        check_sequences(sequences, self.vocab_size, self.capacity, self.head_width)
         with self._cond:
             if self._closing:
                 raise ShuttingDown("the server is shutting down; retry against another one or later")
@@ -605,7 +615,7 @@ class Scheduler:
         engine, k = self.batch.engine, seq.prompt_logprobs
         ids = torch.tensor([seq.prompt], device=self.device)
         with _evaluating(engine.model):
-            logits = engine.model(ids)[0]  # (T, vocab)
+            logits = engine.model(ids)[0]  # (T, head_width)
         entries = [(seq.prompt[0], None, [])]
         for i in range(0, len(seq.prompt) - 1, 1024):  # in slices: an fp32 copy of every position's logits is large
             end = min(i + 1024, len(seq.prompt) - 1)  # position j's logits score token j + 1
@@ -749,7 +759,7 @@ class Scheduler:
                     ends.setdefault(n - 1, []).append(seq.row)
             sampling = [seq for seq in running if not seq.sampling.greedy]
             k = max((seq.logprobs for seq in running if seq.logprobs is not None), default=None)
-            top_k = any(0 < (seq.sampling.top_k or 0) < self.vocab_size for seq in sampling)
+            top_k = any(0 < (seq.sampling.top_k or 0) < self.head_width for seq in sampling)
             adjusted = any(any(seq.penalties) or seq.logit_bias for seq in running)
             if k is not None or adjusted or (sampling and (top_k or not self.batch.captured_draw)):
                 # logprobs, penalties, biases or top-k (each row's k-th logit): each step from its logits, a
@@ -796,9 +806,9 @@ class Scheduler:
         """A row starting with penalties or a logit bias (or after some request had them): its counts hold its first
         token alone; its (presence, frequency) and bias set, zeros for none."""
         if self._counts is None:
-            self._counts = torch.zeros(self.batch.rows, self.vocab_size, device=self.device)
+            self._counts = torch.zeros(self.batch.rows, self.head_width, device=self.device)  # as the logits
             self._penalty = torch.zeros(self.batch.rows, 2, device=self.device)
-            self._bias = torch.zeros(self.batch.rows, self.vocab_size, device=self.device)
+            self._bias = torch.zeros(self.batch.rows, self.head_width, device=self.device)
         row = seq.row
         self._counts[row].zero_()
         self._counts[row].index_fill_(0, first, 1.0)

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from redline.model import logprobs_of
 from redline.tasks.base import Example, Task
 
 
@@ -90,7 +91,7 @@ def choice_loglikelihoods(model, rows: list[tuple[list[int], list[int]]], batch_
             targets[b, len(ids) - 1 - n:len(ids) - 1] = torch.tensor(ids[-n:])
         inputs, targets = inputs.to(device), targets.to(device)
         logits = model(inputs).float()  # (B, T, vocab)
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+        logp = logprobs_of(logits, targets.clamp(min=0))  # -inf for an id past the head (model.head_vocab)
         out += (logp * (targets >= 0)).sum(dim=1).tolist()
     return out
 

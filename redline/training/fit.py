@@ -209,7 +209,8 @@ class TrainingStepProbe:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        tokens = torch.randint(self.cfg.model.vocab_size, (batch, self.seq_len + 1), device=self.device)
+        # ids the head predicts (model.head_vocab), as the targets must be
+        tokens = torch.randint(self.cfg.model.head_width, (batch, self.seq_len + 1), device=self.device)
         micro_batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())  # (B, T) each
         del tokens
         start = time.perf_counter()

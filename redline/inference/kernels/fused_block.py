@@ -128,6 +128,7 @@ FIELDS_ACCOUNTED = {
     "rope_layer_theta": "refused: the attention kernel rotates the raw qkv output of every layer with one table",
     "n_head": "shapes", "n_kv_head": "shapes", "head_size": "shapes", "n_embd": "shapes", "mlp_hidden": "shapes",
     "vocab_size": "shapes", "pad_vocab_to": "shapes", "n_layer": "shapes", "context_len": "shapes",
+    "head_vocab": "shapes: fused_head's product runs over lm_head's own rows, decode_output keeps head_width of them",
     "tie_embeddings": "the head's weight, whatever it is tied to",
     "logit_softcap": "applied to the head's output",
     "logit_divisor": "applied to the head's output",
@@ -271,7 +272,7 @@ def fused_block(block, x: torch.Tensor, attention, counts: torch.Tensor) -> torc
 
 
 def fused_head(model, x: torch.Tensor) -> torch.Tensor:
-    """The final norm and the head: x (B, 1, C) -> logits (B, padded_vocab), B up to MAX_ROWS (at batch 1 with the
+    """The final norm and the head: x (B, 1, C) -> logits (B, padded_head), B up to MAX_ROWS (at batch 1 with the
     norm in the product; see fused_block), divided and soft-capped as GPT.logits does."""
     B = x.shape[0]
     if B == 1:
