@@ -957,7 +957,11 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                                                    ("dory", "keep the hidden state on the unit sphere"),
                                                    ("hy_v4", "iHC hyper-connections"),
                                                    ("gpt_neox_japanese", "on the last layer's output"),
-                                                   ("modernbert-decoder", "prediction head")])
+                                                   ("modernbert-decoder", "prediction head"),
+                                                   ("dots3_note_text", "k_rope_only_layernorm"),
+                                                   ("inkling_text", "relative-position bias"),
+                                                   ("inkling2_text", "L2-clipped"),
+                                                   ("inkling2_loop_text", "loop_num_passes times")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

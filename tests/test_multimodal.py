@@ -605,10 +605,15 @@ def test_qwen2_vl_hub_flat_config():
 
 
 @pytest.mark.parametrize("model_type, fragment", [("paligemma", "prefix-LM"),
-                                                   ("mistral_large4", "KV caches reused across layers")])
+                                                   ("mistral_large4", "KV caches reused across layers"),
+                                                   ("dots3_note", "k_rope_only_layernorm"),
+                                                   ("inkling_mm_model", "relative-position bias"),
+                                                   ("inkling2", "block attention residuals"),
+                                                   ("inkling2_loop", "looped loop_num_passes times")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """PaliGemma (its prompt attends both ways) and Mistral Large 4 (sparse latent attention with shared KV) are
-    refused by name at import."""
+    """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV), dots.3
+    Note (a norm on the latent attention's RoPE key part, windowed layers of other head shapes) and the Inkling
+    folders (relative-position biases, short convolutions, looped layers) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

@@ -356,6 +356,32 @@ NOT_READ = {
              "latent attention with sinks are layers redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
+    "dots3_note_text": "dots.3 Note's latent attention RMS-normalizes the key's shared RoPE part "
+                       "(k_rope_only_layernorm), normalizes its latents at rms_norm_eps and gives its windowed layers "
+                       "heads of other shapes (per_layer_config, swa_*); redline's latent attention has no norm on "
+                       "the RoPE key part, normalizes at 1e-6 and keeps one head shape for every layer",
+    "dots3_note": "the text model of a dots.3 Note folder is dots3_note_text, which redline cannot express: its "
+                  "latent attention RMS-normalizes the key's shared RoPE part (k_rope_only_layernorm) and gives its "
+                  "windowed layers heads of other shapes (per_layer_config)",
+    "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
+                    "a learned bank of distance profiles (r_proj, rel_logits_proj) and its keys and values pass "
+                    "short causal convolutions (k_sconv, v_sconv); redline's attention has neither",
+    "inkling_mm_model": "the text model of an Inkling folder is inkling_text, whose attention (a relative-position "
+                        "bias mixed per token from learned distance profiles, short convolutions on keys and "
+                        "values, no RoPE) redline cannot express",
+    "inkling2_text": "Inkling 2's attention has no RoPE: its scores take a relative-position bias mixed per token from "
+                     "learned distance profiles, its q and k are L2-clipped and its keys and values pass dynamic "
+                     "short convolutions, and its layers read attention residuals over earlier blocks' outputs "
+                     "(Inkling2BlockAttentionResidual); redline's blocks have none of these",
+    "inkling2": "the text model of an Inkling 2 folder is inkling2_text, whose relative-position bias, L2-clipped "
+                "q and k, dynamic short convolutions and block attention residuals redline cannot express",
+    "inkling2_loop_text": "Inkling 2 Loop is Inkling 2 (a relative-position bias mixed per token, L2-clipped q and k, "
+                          "dynamic short convolutions, block attention residuals) whose middle layers run "
+                          "loop_num_passes times, each pass gated against the previous one's messages; redline "
+                          "has none of these layers and runs each layer once",
+    "inkling2_loop": "the text model of an Inkling 2 Loop folder is inkling2_loop_text, which redline cannot express: "
+                     "Inkling 2's layers (relative-position bias, short convolutions, block attention residuals) "
+                     "with its middle layers looped loop_num_passes times",
     "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "
                    "projection over o_groups, keys compressed window by window at compress_rates and picked by a "
                    "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
