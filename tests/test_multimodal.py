@@ -10,7 +10,7 @@ greedy tokens through redline's engine, in both save layouts where the Hub's dif
 folders have it, and model.language_model., Qwen3-VL's; Qwen2-VL's model. and visual.); export -> the text-only
 family, loaded with no missing or unexpected keys; the head's tying as each config class settles it; the
 refusals (PaliGemma, Mistral Large 4,
-dots.3 Note, the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
+the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
 CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGeneration (Idefics3's tower and a
 cross-attention projector), MiniMaxM3SparseForConditionalGeneration (import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers)."""
@@ -87,6 +87,21 @@ def _mistral3_mistral4_config():
         text_config=text, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, head_dim=16, image_size=28, patch_size=14),
         image_token_index=VOCAB - 1, tie_word_embeddings=False)
+
+
+def _dots3_note_config():
+    """dots.3 Note's layout: its text model (tests/interop_models.py's dots3_note_text) beside a one-layer vision
+    tower and audio encoder, each with its adapter into the text width."""
+    text = dict(model_type="dots3_note_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+                **FAMILIES["dots3_note_text"][2])
+    return transformers.Dots3NoteConfig(
+        text_config=text, vision_config=dict(hidden_size=16, intermediate_size=32, moe_intermediate_size=16,
+                                             num_hidden_layers=1, num_attention_heads=2, adapter_in_dim=16,
+                                             adapter_out_dim=64, pyramid_num_routed=[-1]),
+        audio_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          adapter_input_size=16, adapter_out_dim=64, downsample_hidden_size=8, feature_size=16),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, audio_token_id=VOCAB - 3)
 
 
 def _qwen3_vl_config(**text):
@@ -275,6 +290,7 @@ def _llava_like(model_type, architecture, text, causal, vision=_TOWER, renamed=T
 CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM", _other_layout),
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM", _other_layout),
          "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM", _other_layout),
+         "dots3_note": (_dots3_note_config, "Dots3NoteForConditionalGeneration", "Dots3NoteForCausalLM", None),
          "mistral3-mistral4": (_mistral3_mistral4_config, "Mistral3ForConditionalGeneration", "Mistral4ForCausalLM",
                                _other_layout),
          "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM", _other_layout),
@@ -374,8 +390,9 @@ def _folder(kind, path, layout="saved"):
 
 # the folders whose reading has logic of its own run always (the first four in both layouts); the rest, which repeat
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
-_FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe", "smolvlm", "aya_vision",
-          "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "cohere_compass", "aria", "minimax_m3_vl", "gemma4_unified")
+_FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
+          "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "cohere_compass", "aria",
+          "minimax_m3_vl", "gemma4_unified", "dots3_note")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -622,14 +639,12 @@ def test_qwen2_vl_hub_flat_config():
 
 @pytest.mark.parametrize("model_type, fragment", [("paligemma", "prefix-LM"),
                                                    ("mistral_large4", "KV caches reused across layers"),
-                                                   ("dots3_note", "k_rope_only_layernorm"),
                                                    ("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
                                                    ("inkling2_loop", "looped loop_num_passes times")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV), dots.3
-    Note (a norm on the latent attention's RoPE key part, windowed layers of other head shapes) and the Inkling
-    folders (relative-position biases, short convolutions, looped layers) are refused by name at import."""
+    """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV) and the
+    Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

@@ -60,7 +60,9 @@ InternLM3 and IQuest-Coder (configs of their own that transformers runs as Llama
 (GLM-4-MoE's layout rotating whole heads) and Sarvam MLA (DeepSeek-V3's); openai_gpt.py GPT-1 (post-LayerNorm blocks,
 learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl.py CTRL (sinusoidal positions as a
 learned table, a head bias; import only); minimax.py
-MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs).
+MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs);
+dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
+gated heads).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -283,7 +285,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
     from redline.interop import qwen4_exp
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
-    from redline.interop import aria, minimax_m3
+    from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import minimax
 
@@ -322,7 +324,7 @@ def _families() -> dict[str, Family]:
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -356,13 +358,6 @@ NOT_READ = {
              "latent attention with sinks are layers redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
-    "dots3_note_text": "dots.3 Note's latent attention RMS-normalizes the key's shared RoPE part "
-                       "(k_rope_only_layernorm), normalizes its latents at rms_norm_eps and gives its windowed layers "
-                       "heads of other shapes (per_layer_config, swa_*); redline's latent attention has no norm on "
-                       "the RoPE key part, normalizes at 1e-6 and keeps one head shape for every layer",
-    "dots3_note": "the text model of a dots.3 Note folder is dots3_note_text, which redline cannot express: its "
-                  "latent attention RMS-normalizes the key's shared RoPE part (k_rope_only_layernorm) and gives its "
-                  "windowed layers heads of other shapes (per_layer_config)",
     "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
                     "a learned bank of distance profiles (r_proj, rel_logits_proj) and its keys and values pass "
                     "short causal convolutions (k_sconv, v_sconv); redline's attention has neither",
@@ -553,8 +548,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if minimax.wants_minimax(cfg):  # lightning attention and residuals from the normed inputs: MiniMax's alone
         minimax.check_exportable(cfg)
         return families["minimax"]
-    from redline.interop import bailing_hybrid, kimi_linear
+    from redline.interop import bailing_hybrid, dots3, kimi_linear
 
+    if dots3.wants_dots3(cfg):  # first: a norm on latent attention's RoPE key part is dots.3 Note's alone
+        dots3.check_exportable(cfg)
+        return families["dots3_note_text"]
     if bailing_hybrid.wants_bailing_hybrid(cfg):  # bounded or full-rank KDA gates, gated latent heads: Ling 3's
         bailing_hybrid.check_exportable(cfg)
         return families["bailing_hybrid"]

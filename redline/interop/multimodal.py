@@ -14,7 +14,7 @@ Qwen2-VL's; EXAONE 4.5 (exaone4), Granite 4.0 Vision (granite, its multipliers a
 GraniteForCausalLM's), Llama 3.2 Vision (Mllama: llama, its self-attention layers alone, the cross-attention layers
 among them skipped on text as MllamaTextModel skips them). On text alone each of their forwards is the text model's
 (image and video tokens' rows, or deepstack features, are added only where pixel values are given). PaliGemma (a
-prefix-LM), Mistral Large 4, dots.3 Note and the Inkling folders are refused by name (families.NOT_READ).
+prefix-LM), Mistral Large 4 and the Inkling folders are refused by name (families.NOT_READ).
 Also Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "apertus1p5", its text model apertus1p5_text:
 apertus.py, whose image and audio tokens are ids of the text model's own vocabulary), Cohere Compass's
 CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower and
@@ -74,7 +74,9 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.layerwise_projectors.", "layerwise_projectors.", "model.spatial_projectors.", "spatial_projectors.",
            # Apertus 1.5's image and audio tokenizers
            "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.",
-           "patch_merge_mlp.", "model.patch_merge_mlp.")  # MiniMax-M3's patch merger, as its Hub folders name it
+           "patch_merge_mlp.", "model.patch_merge_mlp.",  # MiniMax-M3's patch merger, as its Hub folders name it
+           # dots.3 Note's towers and adapters, in memory and as save_pretrained (and its Hub folders) name them
+           "model.audio_tower.", "audio_tower.", "audio_encoder.", "vision_encoder.")
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -185,10 +187,15 @@ def _stored_head_differs(src: TensorSource) -> bool:
     return head.shape != embedding.shape or not torch.equal(head, embedding)
 
 
+def _plain_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """The text model's tensors as text_view names them (multimodal_family's default view)."""
+    return text_view(src)
+
+
 def multimodal_family(name: str, architecture: str, text_families: dict[str, Family], default_text: str,
                       check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True,
                       text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
-                      view: Callable[[TensorSource, ModelConfig], TensorSource] = lambda src, cfg: text_view(src),
+                      view: Callable[[TensorSource, ModelConfig], TensorSource] = _plain_view,
                       layout_of: Callable[[ModelConfig], str] | None = None) -> Family:
     """The Family of a multimodal folder (model_type `name`) whose text model is one of `text_families` (by
     text_config's model_type, `default_text` where it names none; all of them must share their tensor names);
@@ -227,7 +234,15 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
         return {**hf, "tie_word_embeddings": False}
 
     def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-        return text_for(cfg).to_redline(view(src, cfg), cfg)
+        text_src = view(src, cfg)
+        out = text_for(cfg).to_redline(text_src, cfg)
+        if view is not _plain_view:  # a view of its own renames layers: it marks what it reads in src itself
+            return out
+        # what the text family marked read without taking it (dots.3 Note's indexer, which it leaves out): read in
+        # the folder too, under the name text_view renamed
+        raw = {_text_name(n): n for n in src.names}
+        src.used.update(raw[n] for n in text_src.used)
+        return out
 
     def fold(hf: dict, cfg: ModelConfig, state: dict) -> dict:
         """The text family's fold of text_config (mistral4's: DeepSeek-V3's interleaved RoPE rows put in
@@ -363,8 +378,8 @@ def families() -> tuple[Family, ...]:
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
     aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py)."""
-    from redline.interop import (apertus, aria, cohere, deepseek_kin, exaone4, gemma3, glm, granite, hunyuan, lfm2,
-                                 llama, minimax_m3, moe)
+    from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
+                                 lfm2, llama, minimax_m3, moe)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
@@ -427,4 +442,7 @@ def families() -> tuple[Family, ...]:
             multimodal_family("aria", "AriaTextForCausalLM", {"aria_text": aria.FAMILY}, "aria_text",
                               tie_default=False),
             multimodal_family("minimax_m3_vl", "MiniMaxM3VLForCausalLM", {"minimax_m3_vl_text": minimax_m3.FAMILY},
-                              "minimax_m3_vl_text", tie_default=False))
+                              "minimax_m3_vl_text", tie_default=False),
+            # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
+            multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
+                              "dots3_note_text", tie_default=False))
