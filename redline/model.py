@@ -17,7 +17,8 @@ Features (each a field of `ModelConfig`):
   (`nope_temperature`, Llama 4's attention temperature);
   documents packed into one row attend only within themselves (`doc_ids`); multi-head latent attention (keys and
   values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA; without
-  positions, Kimi Linear's; its heads gated, Ling 3's);
+  positions, Kimi Linear's; its heads gated, Ling 3's; its shared RoPE key part RMS-normed, dots.3 Note's:
+  `latent_key_norm`);
   PyTorch SDPA with a selectable backend
   (auto, cudnn, flash, efficient, math);
 - inference: each attention layer takes an optional KV cache object that owns how it attends (the inference
@@ -197,6 +198,12 @@ class ModelConfig:
     H·(head_size + Dv)); each head's output times sigmoid(g) (fp32) before proj."""
     v_head_dim: int = 0
     """Latent attention: the width of a head's value (DeepSeek's v_head_dim, up to head_size); 0 = head_size."""
+    latent_key_norm: bool = False
+    """Latent attention: an RMSNorm (rope_dims weights, at latent_norm_eps) on the shared key part before RoPE
+    (dots.3 Note's k_rope_only_layernorm); False = that part as kv_a gives it (DeepSeek's)."""
+    latent_norm_eps: float = 0.0
+    """Latent attention: the epsilon of q_a_norm, kv_a_norm and latent_key_norm's norm; 0 = 1e-6, DeepSeek's
+    (LATENT_NORM_EPS; dots.3 Note's is its rms_norm_eps)."""
     pos_emb: Literal["rope", "learned", "alibi", "none"] = "rope"
     """Position information: rotary (RoPE), a learned absolute table, ALiBi, or none. alibi (Press et al. 2022,
     "Train Short, Test Long"; BLOOM's and MPT's): no position table; head h adds -m_h·(i - j) to the score of query
@@ -891,6 +898,9 @@ class ModelConfig:
                 (self.q_lora_rank or self.v_head_dim) and not self.kv_lora_rank):
             raise UserError("model.q_lora_rank and v_head_dim are latent attention's (>= 0, with model.kv_lora_rank "
                             "> 0)")
+        if self.latent_norm_eps < 0 or ((self.latent_key_norm or self.latent_norm_eps) and not self.kv_lora_rank):
+            raise UserError("model.latent_key_norm and latent_norm_eps are latent attention's (latent_norm_eps >= 0, "
+                            "with model.kv_lora_rank > 0)")
         if self.kv_lora_rank and not (self.pos_emb in ("rope", "none") and self.rope_dims
                                       and self.kv_heads == self.n_head
                                       and self.v_head_dim <= self.head_dim):
@@ -2008,17 +2018,20 @@ class LatentAttention(Attention):
         H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
         # model.attn_gate=head: sigmoid(gate(x)) scales each head's output (Ling 3's g_proj, (H, C))
         self.gate = nn.Linear(C, H, bias=False) if cfg.attn_gate == "head" else None
+        eps = cfg.latent_norm_eps or LATENT_NORM_EPS
         # model.q_latent_gate (A.X-K2's q_gate_proj): q_b reads [norm(l); l] and gives each head [q (D); gate (Dv)]
         self.latent_gate = cfg.q_latent_gate
         if cfg.q_lora_rank:
             self.q_a = nn.Linear(C, cfg.q_lora_rank, bias=False)
-            self.q_a_norm = nn.RMSNorm(cfg.q_lora_rank, eps=LATENT_NORM_EPS)
+            self.q_a_norm = nn.RMSNorm(cfg.q_lora_rank, eps=eps)
             self.q_b = (nn.Linear(2 * cfg.q_lora_rank, H * (D + self.v_dim), bias=False) if self.latent_gate
                         else nn.Linear(cfg.q_lora_rank, H * D, bias=False))
         else:
             self.q = nn.Linear(C, H * D, bias=False)
         self.kv_a = nn.Linear(C, self.rank + self.rope_dims, bias=False)
-        self.kv_a_norm = nn.RMSNorm(self.rank, eps=LATENT_NORM_EPS)
+        self.kv_a_norm = nn.RMSNorm(self.rank, eps=eps)
+        # model.latent_key_norm: the shared key part (R) RMS-normed before RoPE (dots.3 Note's k_rope_only_layernorm)
+        self.k_pe_norm = nn.RMSNorm(self.rope_dims, eps=eps) if cfg.latent_key_norm else None
         self.kv_b = nn.Linear(self.rank, H * (D - self.rope_dims + self.v_dim), bias=False)
         self.proj = nn.Linear(H * self.v_dim, C, bias=False)
         self.proj.is_residual_out = True
@@ -2047,13 +2060,17 @@ class LatentAttention(Attention):
         latent, k_pe = self.kv_a(x).split([self.rank, R], dim=-1)  # (B, T, L), (B, T, R)
         kv = self.kv_b(self.kv_a_norm(latent)).view(B, T, H, D - R + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([D - R, self.v_dim], dim=-1)  # (B, H, T, Dn), (B, H, T, Dv)
-        k_pe = k_pe.view(B, 1, T, R)  # one key part for every head
+        k_pe = self.key_part(k_pe).view(B, 1, T, R)  # one key part for every head
         if rope is not None:
             cos, sin = layer_rope(rope, self.rope_table)
             q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
         q = torch.cat([q_pe, q_nope], dim=-1)
         k = torch.cat([k_pe.expand(B, H, T, R), k_nope], dim=-1)
         return q, k, F.pad(v, (0, D - self.v_dim))
+
+    def key_part(self, k_pe: torch.Tensor) -> torch.Tensor:
+        """The shared key part (B, T, R) as RoPE takes it: RMS-normed where model.latent_key_norm."""
+        return k_pe if self.k_pe_norm is None else self.k_pe_norm(k_pe)
 
     def project(self, x: torch.Tensor):
         raise NotImplementedError("latent attention has no raw q/k/v projection: use project_qkv")
@@ -2078,7 +2095,7 @@ class LatentAttention(Attention):
         q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
         latent, k_pe = self.kv_a(x).split([L, R], dim=-1)  # (B, T, L), (B, T, R)
         c = self.kv_a_norm(latent).view(B, 1, T, L)
-        k_pe = k_pe.view(B, 1, T, R)
+        k_pe = self.key_part(k_pe).view(B, 1, T, R)
         if rope is not None:
             cos, sin = layer_rope(rope, self.rope_table)
             q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)

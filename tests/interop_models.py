@@ -189,6 +189,19 @@ FAMILIES = {
                          moe_intermediate_size=32, routed_scaling_factor=1.8, index_topk=32, index_head_dim=16,
                          index_n_heads=2, indexer_types=["full", "shared"], pad_token_id=None,
                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # dots.3 Note's text model: DeepSeek-V3.2's blocks with scaled latents, a norm on the RoPE key part and gated
+    # heads; DSA layers (index_topk 32 keeps every key of the test sequences: the import's context stops there)
+    # and windowed ones with a RoPE base of their own, their heads the others' shape (swa_*); a dense first layer
+    "dots3_note_text": ("Dots3NoteTextConfig", "Dots3NoteForCausalLM",
+                        dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16,
+                             kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, head_dim=24,
+                             swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_q_lora_rank=16,
+                             swa_kv_lora_rank=24, swa_head_dim=24, swa_qk_nope_head_dim=16, swa_v_head_dim=12,
+                             sliding_window_size=5, first_k_dense_replace=1, n_routed_experts=8, n_group=4,
+                             topk_group=2, num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=32,
+                             shared_experts_intermediate_size=16, routed_scaling_factor=1.5, index_topk=32,
+                             index_head_dim=16, index_n_heads=2, pad_token_id=None, rope_theta=500.0,
+                             swa_rope_theta=300.0)),
     # A.X-K1: DeepSeek-V3 (RoPE on interleaved pairs, its router with a bias, grouped) with an RMSNorm on each
     # mixture's output (post_mlp_layernorm), the dense first layer as mlp_layer_types
     "axk1": ("AXK1Config", "AXK1ForCausalLM",

@@ -145,7 +145,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("minicpm3-longrope", "MiniCPM3"), ("flex_olmo", "FlexOlmo"),
                                         ("exaone_moe", "EXAONE-MoE"),
                                         ("granitemoe_swa", "GraniteMoeSWA"), ("mistral4", "Mistral 4"),
-                                        ("axk1", "A.X-K1"), ("mimo_v2_flash", "MiMo-V2-Flash"), ("cwm", "Ministral"),
+                                        ("axk1", "A.X-K1"), ("dots3_note_text", "dots.3 Note"), ("mimo_v2_flash", "MiMo-V2-Flash"), ("cwm", "Ministral"),
                                         ("solar_open", "Solar Open"), ("hyperclovax", "HyperCLOVA X"),
                                         ("persimmon", "Persimmon"), ("lara_mini", "Lara Mini"),
                                         ("zamba2-gqa", "Zamba2"), ("bitnet", "BitNet"),
@@ -256,6 +256,13 @@ REDLINE_EXPORTS = {
                                   moe_top_k=2, mlp_hidden=32, moe_norm_topk=False, moe_shared_hidden=64,
                                   moe_shared_gate=False),
     # A.X-K1: DeepSeek-V3's attention and router with a norm on each mixture's output (its alone)
+    # latent attention with a norm on the RoPE key part, gated heads and windowed layers (dots.3 Note's)
+    "Dots3NoteForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                 fused_qkv=False, attn_gate="head", latent_key_norm=True, latent_norm_eps=1e-5,
+                                 sliding_window=5, window_layers=(1,), rope_local_theta=300.0, moe_experts=8,
+                                 moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid", moe_expert_bias=True, moe_groups=4,
+                                 moe_topk_groups=2, moe_norm_eps=1e-20, moe_shared_hidden=64, moe_shared_gate=False,
+                                 moe_dense_layers=1, moe_dense_hidden=48, moe_scale=1.5),
     "AXK1ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
                             fused_qkv=False, moe_experts=8, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
                             moe_expert_bias=True, moe_groups=4, moe_topk_groups=2, moe_norm_eps=1e-20,
@@ -839,6 +846,10 @@ def test_export_redline_architectures(arch, tmp_path, capsys):
     (dict(delta_layers=(0,), delta_rule="lightning", delta_heads=4, delta_key_heads=4, delta_key_dim=8,
           delta_value_dim=8, delta_norm_eps=1e-6, normed_residual=(1.0,) * 6),
      "has a mixture of experts in every layer"),
+    (dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, latent_key_norm=True),
+     "dots.3 Note .Dots3NoteForCausalLM., the one architecture with a norm on the RoPE key part, gates each head's"),
+    (dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, latent_norm_eps=1e-5),
+     "model.latent_key_norm, latent_norm_eps or attn_gate with latent attention: DeepSeek-V3 has no norm"),
 ])
 def test_export_refuses_options_no_architecture_has(overrides, fragment):
     cfg = replace(ModelConfig(vocab_size=100, context_len=32, n_layer=1, n_embd=32, n_head=4), **overrides)
@@ -933,22 +944,22 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
                          "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, deepseek_v2, deepseek_v3, "
-                         "deepseek_v32, diffllama, doge, dots1, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, "
-                         "exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, gemma3, gemma3_text, "
-                         "gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, gemma4_unified_text, glm, glm4, "
-                         "glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, gpt_bigcode, gpt_neo, gpt_neox, "
-                         "gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, "
-                         "granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hyperclovax, "
-                         "idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, kimi_linear, kolibri1, laguna, "
-                         "lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text, llava, llava_next, "
-                         "llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, "
-                         "minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, "
-                         "mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, "
-                         "olmoe, openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3,"
-                         " qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, "
-                         "qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3,"
-                         " smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, "
-                         "zamba2")
+                         "deepseek_v32, diffllama, doge, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, exaone, "
+                         "exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, "
+                         "gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
+                         "gemma4_unified_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, "
+                         "gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, "
+                         "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, "
+                         "hunyuan_vl, hy_v3, hyperclovax, idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, "
+                         "kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text,"
+                         " llava, llava_next, llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, "
+                         "mimo_v2_flash, minicpm3, minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, "
+                         "ministral3, mistral, mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo,"
+                         " olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl,"
+                         " qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
+                         "qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, "
+                         "sarvam_moe, seed_oss, smollm3, smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, "
+                         "vipllava, xglm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),
@@ -957,13 +968,27 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                                                    ("dory", "keep the hidden state on the unit sphere"),
                                                    ("hy_v4", "iHC hyper-connections"),
                                                    ("gpt_neox_japanese", "on the last layer's output"),
-                                                   ("modernbert-decoder", "prediction head")])
+                                                   ("modernbert-decoder", "prediction head"),
+                                                   ("inkling_text", "relative-position bias"),
+                                                   ("inkling2_text", "L2-clipped"),
+                                                   ("inkling2_loop_text", "loop_num_passes times")])
 def test_import_refuses_the_architectures_redline_cannot_express_by_name(model_type, fragment, tmp_path, capsys):
     hf_folder("llama-gqa-tied", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, f"model_type {model_type!r} is not supported: ")
     _expect_import_error(tmp_path / "hf", tmp_path / "out2", capsys, fragment)
+
+
+def test_dots3_note_released_shapes_are_refused_by_name():
+    """dots.3 Note's released config (Dots3NoteTextConfig's defaults): its windowed layers' 64 heads of a 1024-wide
+    latent beside the DSA layers' 128 of a 512-wide one, which redline's one head shape cannot hold."""
+    from redline.interop.families import family_for
+
+    config = transformers.Dots3NoteTextConfig().to_dict()
+    with pytest.raises(UserError, match=r"per_layer_config\[2\] \(sliding_attention\) sets kv_lora_rank=1024 apart "
+                                        r"from the model's 512: redline's latent attention keeps one head shape"):
+        family_for(config, "dots3").model_config(config)
 
 
 def test_import_config_that_is_not_a_json_object_or_not_text(tmp_path, capsys):

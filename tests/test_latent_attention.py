@@ -37,8 +37,12 @@ MLA_V2 = replace(MLA, q_lora_rank=0, moe_experts=4, moe_top_k=2, mlp_hidden=32, 
 # A.X-K1's: DeepSeek-V3's layout with each mixture's output normed; Mistral 4's: softmax routing within groups
 MLA_AXK1 = replace(MLA_MOE, moe_post_norm=True)
 MLA_MISTRAL4 = replace(MLA_MOE, moe_gating="softmax", moe_expert_bias=False, moe_norm_eps=1e-6)
-CONFIGS = pytest.mark.parametrize("cfg", [MLA, MLA_MOE, MLA_V2, MLA_AXK1, MLA_MISTRAL4],
-                                  ids=["dense", "v3-moe", "v2-moe", "axk1", "mistral4"])
+# dots.3 Note's: the shared RoPE key part RMS-normed, the latents normed at the blocks' epsilon, gated heads, a
+# windowed layer with a RoPE base of its own
+MLA_DOTS3 = replace(MLA_MOE, rope_scaling="none", attn_scale=0.0, attn_gate="head", latent_key_norm=True,
+                    latent_norm_eps=1e-5, sliding_window=5, window_layers=(1,), rope_local_theta=300.0)
+CONFIGS = pytest.mark.parametrize("cfg", [MLA, MLA_MOE, MLA_V2, MLA_AXK1, MLA_MISTRAL4, MLA_DOTS3],
+                                  ids=["dense", "v3-moe", "v2-moe", "axk1", "mistral4", "dots3"])
 
 
 def sharp(cfg: ModelConfig) -> GPT:
@@ -102,12 +106,14 @@ def test_decode_batch_rows_and_spans(cfg):
     assert_freed_row_refills(batch, model)
 
 
-def test_training_reaches_every_latent_projection():
+@pytest.mark.parametrize("cfg, extra", [(MLA_MOE, set()), (MLA_DOTS3, {"gate.weight", "k_pe_norm.weight"})],
+                         ids=["v3-moe", "dots3"])
+def test_training_reaches_every_latent_projection(cfg, extra):
     """The forward is differentiable end to end: every parameter of the latent attention gets a finite, non-zero
-    gradient, and a few AdamW steps on one batch lower its loss."""
+    gradient (dots.3 Note's head gate and key norm too), and a few AdamW steps on one batch lower its loss."""
     torch.manual_seed(0)
-    model = GPT(MLA_MOE).train()
-    idx = torch.randint(0, MLA_MOE.vocab_size, (2, 24))
+    model = GPT(cfg).train()
+    idx = torch.randint(0, cfg.vocab_size, (2, 24))
     loss = model(idx, idx)
     loss.backward()
     attn = model.blocks[1].attn
@@ -115,7 +121,7 @@ def test_training_reaches_every_latent_projection():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
     assert {name for name, _ in attn.named_parameters()} == {
         "q_a.weight", "q_a_norm.weight", "q_b.weight", "kv_a.weight", "kv_a_norm.weight", "kv_b.weight",
-        "proj.weight"}
+        "proj.weight", *extra}
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = loss.item()
     for _ in range(5):
@@ -134,6 +140,9 @@ def test_training_reaches_every_latent_projection():
     (dict(value_embeddings=1), "model.kv_lora_rank (latent attention) takes no QK-norm, element-wise or softplus "
                                "attn_gate (a sigmoid one a head: Ling 3's), value_embeddings"),
     (dict(kv_lora_rank=0), "model.q_lora_rank and v_head_dim are latent attention's"),
+    (dict(kv_lora_rank=0, q_lora_rank=0, v_head_dim=0, latent_key_norm=True),
+     "model.latent_key_norm and latent_norm_eps are latent attention's"),
+    (dict(latent_norm_eps=-1.0), "latent_norm_eps >= 0"),
 ])
 def test_config_refusals(overrides, fragment):
     with pytest.raises(UserError) as e:

@@ -310,6 +310,14 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                 fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_groups=2,
                                 moe_topk_groups=1, moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
                                 moe_dense_hidden=64, moe_scale=1.5),
+    # dots.3 Note: DeepSeek-V3's latent attention's modules (q_b's and kv_a's rotated rows interleaved again), the
+    # heads' gate (g_proj), the RoPE key part normed, windowed layers with a base of their own
+    "Dots3NoteForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
+                                 fused_qkv=False, attn_gate="head", latent_key_norm=True, latent_norm_eps=1e-5,
+                                 sliding_window=5, window_layers=(1,), rope_local_theta=300.0, moe_experts=4,
+                                 moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid", moe_expert_bias=True,
+                                 moe_norm_eps=1e-20, moe_shared_hidden=32, moe_shared_gate=False, moe_dense_layers=1,
+                                 moe_dense_hidden=64, moe_scale=1.5),
     # A.X-K1: DeepSeek-V3's latent attention's modules, its mixture's output normed
     "AXK1ForCausalLM": dict(kv_lora_rank=16, q_lora_rank=16, head_size=24, rope_dims=8, v_head_dim=16,
                             fused_qkv=False, moe_experts=4, moe_top_k=2, mlp_hidden=32, moe_gating="sigmoid",
@@ -382,7 +390,7 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # Ling 3: every KDA and latent-attention projection (the forget gate's f_proj, the heads' gate included)
            "BailingHybridForCausalLM": ("attn.*",),
            "DeepseekV3ForCausalLM": ("attn.*",), "DeepseekV2ForCausalLM": ("attn.*",),
-           "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",),
+           "Mistral4ForCausalLM": ("attn.*",), "AXK1ForCausalLM": ("attn.*",), "Dots3NoteForCausalLM": ("attn.*",),
            "MiMoV2FlashForCausalLM": ("attn.*",),
            # LongCat-Flash's latent attention alone, as DeepSeek's (PEFT moves its MLPs' adapters onto the experts)
            "LongcatFlashForCausalLM": ("attn.*",), "AXK2ForCausalLM": ("attn.*",),

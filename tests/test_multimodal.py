@@ -1,5 +1,6 @@
 """The text model of multimodal folders (redline/interop/multimodal.py): tiny Gemma3ForConditionalGeneration,
-Mistral3ForConditionalGeneration, Qwen3VLForConditionalGeneration and the LLaVA-like ForConditionalGeneration models
+Mistral3ForConditionalGeneration (a mistral, ministral3 or mistral4 text model),
+Qwen3VLForConditionalGeneration and the LLaVA-like ForConditionalGeneration models
 (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, InternVL, SmolVLM, Idefics3, Aya Vision, Command A
 Vision, LFM2-VL, VipLLaVA, Video-LLaVA, LLaVA-NeXT-Video, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, HunYuan-VL, EXAONE 4.5,
 Granite 4.0 Vision, Llama 3.2 Vision) with a one-layer vision tower, saved by transformers with
@@ -8,7 +9,8 @@ greedy tokens through redline's engine, in both save layouts where the Hub's dif
 (language_model.model., which transformers 5.24's save_pretrained writes for Gemma 3 and Mistral 3 as their Hub
 folders have it, and model.language_model., Qwen3-VL's; Qwen2-VL's model. and visual.); export -> the text-only
 family, loaded with no missing or unexpected keys; the head's tying as each config class settles it; the
-refusals (PaliGemma, Mistral Large 4). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
+refusals (PaliGemma, Mistral Large 4,
+the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
 CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGeneration (Idefics3's tower and a
 cross-attention projector), MiniMaxM3SparseForConditionalGeneration (import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers)."""
@@ -24,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.training.checkpoint import load_for_inference
-from tests.interop_models import VOCAB, byte_level_tokenizer
+from tests.interop_models import FAMILIES, VOCAB, byte_level_tokenizer, causal_lm_class
 from tests.test_interop import run_cli
 
 transformers = pytest.importorskip("transformers")
@@ -73,6 +75,33 @@ def _ministral3_config():
                                              "original_max_position_embeddings": 32, "beta_fast": 32.0,
                                              "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                                              "llama_4_scaling_beta": 0.1})
+
+
+def _mistral3_mistral4_config():
+    """Mistral-Small-4's layout: Mistral3ForConditionalGeneration around a mistral4 text model (latent attention,
+    grouped softmax experts after a dense first layer, YaRN with Llama 4's query scale past the original context of
+    32), as tests/interop_models.py's mistral4: read, as a mistral4 folder is, up to that context."""
+    text = dict(model_type="mistral4", vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                max_position_embeddings=64, rms_norm_eps=1e-5, **FAMILIES["mistral4"][2])
+    return transformers.Mistral3Config(
+        text_config=text, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, head_dim=16, image_size=28, patch_size=14),
+        image_token_index=VOCAB - 1, tie_word_embeddings=False)
+
+
+def _dots3_note_config():
+    """dots.3 Note's layout: its text model (tests/interop_models.py's dots3_note_text) beside a one-layer vision
+    tower and audio encoder, each with its adapter into the text width."""
+    text = dict(model_type="dots3_note_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+                **FAMILIES["dots3_note_text"][2])
+    return transformers.Dots3NoteConfig(
+        text_config=text, vision_config=dict(hidden_size=16, intermediate_size=32, moe_intermediate_size=16,
+                                             num_hidden_layers=1, num_attention_heads=2, adapter_in_dim=16,
+                                             adapter_out_dim=64, pyramid_num_routed=[-1]),
+        audio_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          adapter_input_size=16, adapter_out_dim=64, downsample_hidden_size=8, feature_size=16),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, audio_token_id=VOCAB - 3)
 
 
 def _qwen3_vl_config(**text):
@@ -261,6 +290,9 @@ def _llava_like(model_type, architecture, text, causal, vision=_TOWER, renamed=T
 CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM", _other_layout),
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM", _other_layout),
          "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM", _other_layout),
+         "dots3_note": (_dots3_note_config, "Dots3NoteForConditionalGeneration", "Dots3NoteForCausalLM", None),
+         "mistral3-mistral4": (_mistral3_mistral4_config, "Mistral3ForConditionalGeneration", "Mistral4ForCausalLM",
+                               _other_layout),
          "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM", _other_layout),
          "llava": _llava_like("llava", "LlavaForConditionalGeneration", "llama", "LlamaForCausalLM"),
          "llava-qwen2": _llava_like("llava", "LlavaForConditionalGeneration", "qwen2", "Qwen2ForCausalLM"),
@@ -362,9 +394,9 @@ def _folder(kind, path, layout="saved"):
 
 # the folders whose reading has logic of its own run always (the first four in both layouts); the rest, which repeat
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
-_FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "llava", "qwen2_vl", "qwen3_vl_moe", "smolvlm", "aya_vision",
-          "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass", "aria", "minimax_m3_vl",
-          "gemma4_unified")
+_FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
+          "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
+          "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -397,7 +429,7 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         return
     assert code == 0, err
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    back, info = causal_lm_class(CASES[kind][2]).from_pretrained(tmp_path / "out", output_loading_info=True)
     assert type(back).__name__ == CASES[kind][2] and not info["missing_keys"] and not info["unexpected_keys"]
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(tokens).logits, expected, rtol=1e-5, atol=1e-5)
@@ -610,10 +642,13 @@ def test_qwen2_vl_hub_flat_config():
 
 
 @pytest.mark.parametrize("model_type, fragment", [("paligemma", "prefix-LM"),
-                                                   ("mistral_large4", "KV caches reused across layers")])
+                                                   ("mistral_large4", "KV caches reused across layers"),
+                                                   ("inkling_mm_model", "relative-position bias"),
+                                                   ("inkling2", "block attention residuals"),
+                                                   ("inkling2_loop", "looped loop_num_passes times")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """PaliGemma (its prompt attends both ways) and Mistral Large 4 (sparse latent attention with shared KV) are
-    refused by name at import."""
+    """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV) and the
+    Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

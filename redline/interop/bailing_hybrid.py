@@ -165,6 +165,8 @@ def check_exportable(cfg: ModelConfig) -> None:
         (cfg.norm_position != "pre" or cfg.norm != "rmsnorm" or cfg.norm_unit_offset or not cfg.norm_affine
          or cfg.parallel_residual or cfg.embed_norm or cfg.mlp_free_layers or cfg.mixer_free_layers
          or cfg.mlp != "swiglu" or cfg.conv_layers, f"{what} has pre-norm RMSNorm blocks of both sublayers, SwiGLU"),
+        (cfg.latent_key_norm or cfg.latent_norm_eps, f"{what} has no norm on the RoPE key part and normalizes its "
+                                                      f"latents at 1e-6"),
         (cfg.sliding_window or cfg.attn_softcap or cfg.attn_sinks or cfg.attn_scale or cfg.logit_softcap
          or cfg.logit_divisor or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.head_bias
          or cfg.moe_bias or cfg.moe_layers or cfg.bias or cfg.rope_scaling != "none",

@@ -358,6 +358,9 @@ def check_exportable(cfg: ModelConfig, name: str) -> None:
          or cfg.parallel_residual, f"norms other than pre-norm RMSNorms with latent attention: {arch}'s blocks have "
                                    f"them"),
         (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp} with latent attention: {arch}'s MLPs are SwiGLU"),
+        (cfg.latent_key_norm or cfg.latent_norm_eps or cfg.attn_gate != "none",
+         f"model.latent_key_norm, latent_norm_eps or attn_gate with latent attention: {arch} has no norm on the RoPE "
+         f"key part, normalizes its latents at 1e-6 and gates no heads"),
         (cfg.sliding_window or cfg.attn_softcap or cfg.attn_sinks or cfg.logit_softcap or cfg.logit_divisor
          or cfg.embed_scale or cfg.embed_multiplier or cfg.residual_multiplier or cfg.head_bias or cfg.moe_bias
          or cfg.moe_layers or cfg.rope_local_theta or cfg.embed_norm,

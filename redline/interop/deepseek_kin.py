@@ -14,7 +14,8 @@ read as the DeepSeek model it computes as, with what it adds mapped onto a Model
   rotates qk_rope_head_dim alone under YaRN only (its other tables ignore partial_rotary_factor). Exported as
   Mistral 4 from latent attention with softmax experts rescaled or grouped (DeepSeek-V2 has neither), the beta
   written as 0, unscaled RoPE as YaRN by 1, the experts stacked; AutoModelForCausalLM maps no mistral4, so the
-  folder loads with Mistral4ForCausalLM;
+  folder loads with Mistral4ForCausalLM. Mistral-Small-4's Hub folder (Mistral3ForConditionalGeneration, a mistral4
+  text_config) is read through multimodal.py's mistral3 family;
 - DeepSeek-V3.2 (DeepseekV32ForCausalLM, "deepseek_v32") and GLM-5 (GlmMoeDsaForCausalLM, "glm_moe_dsa"):
   DeepSeek-V3 (RoPE always on interleaved pairs, dense layers as mlp_layer_types) with DeepSeek Sparse Attention,
   a lightning indexer per layer (`self_attn.indexer.*`; GLM-5's "shared" layers reuse an earlier layer's choice)

@@ -60,7 +60,9 @@ InternLM3 and IQuest-Coder (configs of their own that transformers runs as Llama
 (GLM-4-MoE's layout rotating whole heads) and Sarvam MLA (DeepSeek-V3's); openai_gpt.py GPT-1 (post-LayerNorm blocks,
 learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl.py CTRL (sinusoidal positions as a
 learned table, a head bias; import only); minimax.py
-MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs).
+MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs);
+dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
+gated heads).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -284,7 +286,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import afmoe, kolibri1, laguna, windowed_moe
     from redline.interop import qwen4_exp
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
-    from redline.interop import aria, minimax_m3
+    from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import minimax
 
@@ -323,7 +325,7 @@ def _families() -> dict[str, Family]:
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -357,6 +359,25 @@ NOT_READ = {
              "latent attention with sinks are layers redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
+    "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
+                    "a learned bank of distance profiles (r_proj, rel_logits_proj) and its keys and values pass "
+                    "short causal convolutions (k_sconv, v_sconv); redline's attention has neither",
+    "inkling_mm_model": "the text model of an Inkling folder is inkling_text, whose attention (a relative-position "
+                        "bias mixed per token from learned distance profiles, short convolutions on keys and "
+                        "values, no RoPE) redline cannot express",
+    "inkling2_text": "Inkling 2's attention has no RoPE: its scores take a relative-position bias mixed per token from "
+                     "learned distance profiles, its q and k are L2-clipped and its keys and values pass dynamic "
+                     "short convolutions, and its layers read attention residuals over earlier blocks' outputs "
+                     "(Inkling2BlockAttentionResidual); redline's blocks have none of these",
+    "inkling2": "the text model of an Inkling 2 folder is inkling2_text, whose relative-position bias, L2-clipped "
+                "q and k, dynamic short convolutions and block attention residuals redline cannot express",
+    "inkling2_loop_text": "Inkling 2 Loop is Inkling 2 (a relative-position bias mixed per token, L2-clipped q and k, "
+                          "dynamic short convolutions, block attention residuals) whose middle layers run "
+                          "loop_num_passes times, each pass gated against the previous one's messages; redline "
+                          "has none of these layers and runs each layer once",
+    "inkling2_loop": "the text model of an Inkling 2 Loop folder is inkling2_loop_text, which redline cannot express: "
+                     "Inkling 2's layers (relative-position bias, short convolutions, block attention residuals) "
+                     "with its middle layers looped loop_num_passes times",
     "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "
                    "projection over o_groups, keys compressed window by window at compress_rates and picked by a "
                    "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
@@ -537,8 +558,11 @@ def export_family(cfg: ModelConfig) -> Family:
     if minimax.wants_minimax(cfg):  # lightning attention and residuals from the normed inputs: MiniMax's alone
         minimax.check_exportable(cfg)
         return families["minimax"]
-    from redline.interop import bailing_hybrid, kimi_linear
+    from redline.interop import bailing_hybrid, dots3, kimi_linear
 
+    if dots3.wants_dots3(cfg):  # first: a norm on latent attention's RoPE key part is dots.3 Note's alone
+        dots3.check_exportable(cfg)
+        return families["dots3_note_text"]
     if bailing_hybrid.wants_bailing_hybrid(cfg):  # bounded or full-rank KDA gates, gated latent heads: Ling 3's
         bailing_hybrid.check_exportable(cfg)
         return families["bailing_hybrid"]

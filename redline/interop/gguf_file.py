@@ -1233,6 +1233,8 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                                                    "experts"),
                 "mimo_v2_flash": ("MiMo-V2-Flash", "no writer here for its windowed layers' own KV heads and sinks"),
                 "mistral4": ("Mistral 4", "llama.cpp's deepseek2 routes no softmax scores within groups"),
+                "dots3_note_text": ("dots.3 Note", "llama.cpp's deepseek2 has no norm on the RoPE key part, gated "
+                                                   "heads or windowed layers"),
                 "hyperclovax": ("HyperCLOVA X", "no writer here for its norms on the sublayers' outputs with Granite's "
                                                 "scalars"),
                 "persimmon": ("Persimmon", "no writer here for llama.cpp's persimmon layout (LayerNorm QK-norm, "

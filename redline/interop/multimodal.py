@@ -1,7 +1,8 @@
 """The text model of multimodal folders whose language model is a family redline already reads: Gemma 3's
 Gemma3ForConditionalGeneration (model_type "gemma3", its text model gemma3_text: Gemma 3 4B, 12B, 27B), Mistral 3's
 Mistral3ForConditionalGeneration (model_type "mistral3", its text model mistral or ministral3: Mistral Small 3.1 and
-3.2, Magistral) and Qwen3-VL's Qwen3VLForConditionalGeneration (model_type "qwen3_vl", its text model qwen3_vl_text,
+3.2, Magistral; mistral4: Mistral-Small-4, latent attention under DeepSeek-V3's tensor names) and Qwen3-VL's
+Qwen3VLForConditionalGeneration (model_type "qwen3_vl", its text model qwen3_vl_text,
 read as qwen3); and the LLaVA-like folders, whose model.language_model (model.text_model for SmolVLM and Idefics3)
 is transformers' AutoModel of text_config under a plain lm_head: LLaVA, LLaVA-NeXT, LLaVA-OneVision, VipLLaVA,
 Video-LLaVA, LLaVA-NeXT-Video and InternVL (read as llama, mistral, qwen2 or qwen3), SmolVLM and Idefics3 (the same),
@@ -13,7 +14,7 @@ Qwen2-VL's; EXAONE 4.5 (exaone4), Granite 4.0 Vision (granite, its multipliers a
 GraniteForCausalLM's), Llama 3.2 Vision (Mllama: llama, its self-attention layers alone, the cross-attention layers
 among them skipped on text as MllamaTextModel skips them). On text alone each of their forwards is the text model's
 (image and video tokens' rows, or deepstack features, are added only where pixel values are given). PaliGemma (a
-prefix-LM) and Mistral Large 4 are refused by name (families.NOT_READ).
+prefix-LM), Mistral Large 4 and the Inkling folders are refused by name (families.NOT_READ).
 Also Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "apertus1p5", its text model apertus1p5_text:
 apertus.py, whose image and audio tokens are ids of the text model's own vocabulary), Cohere Compass's
 CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower and
@@ -73,7 +74,9 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.layerwise_projectors.", "layerwise_projectors.", "model.spatial_projectors.", "spatial_projectors.",
            # Apertus 1.5's image and audio tokenizers
            "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.",
-           "patch_merge_mlp.", "model.patch_merge_mlp.")  # MiniMax-M3's patch merger, as its Hub folders name it
+           "patch_merge_mlp.", "model.patch_merge_mlp.",  # MiniMax-M3's patch merger, as its Hub folders name it
+           # dots.3 Note's towers and adapters, in memory and as save_pretrained (and its Hub folders) name them
+           "model.audio_tower.", "audio_tower.", "audio_encoder.", "vision_encoder.")
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -86,6 +89,10 @@ _TEXT_DEFAULTS = {
     "mistral": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131_072, rms_norm_eps=1e-6,
                     sliding_window=4096),
+    # Mistral4Config's (the rest its reader's own defaults: deepseek_kin._MISTRAL4_DEFAULTS)
+    "mistral4": dict(vocab_size=131_072, hidden_size=4096, intermediate_size=12_288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=1_048_576,
+                     rms_norm_eps=1e-6, tie_word_embeddings=False),
     "qwen3_vl_text": dict(vocab_size=151_936, hidden_size=4096, intermediate_size=22_016, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=32, head_dim=128,
                           max_position_embeddings=128_000, rms_norm_eps=1e-6, rope_theta=500_000.0),
@@ -180,18 +187,28 @@ def _stored_head_differs(src: TensorSource) -> bool:
     return head.shape != embedding.shape or not torch.equal(head, embedding)
 
 
+def _plain_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """The text model's tensors as text_view names them (multimodal_family's default view)."""
+    return text_view(src)
+
+
 def multimodal_family(name: str, architecture: str, text_families: dict[str, Family], default_text: str,
                       check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True,
                       text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
-                      view: Callable[[TensorSource, ModelConfig], TensorSource] = lambda src, cfg: text_view(src),
-                      ) -> Family:
+                      view: Callable[[TensorSource, ModelConfig], TensorSource] = _plain_view,
+                      layout_of: Callable[[ModelConfig], str] | None = None) -> Family:
     """The Family of a multimodal folder (model_type `name`) whose text model is one of `text_families` (by
     text_config's model_type, `default_text` where it names none; all of them must share their tensor names);
     check(hf) raises a UserError for a multimodal config whose text model is not the text family's; tie_default and
     text_tie as text_config takes them; adapt(text config): the text config as the multimodal model
     computes it, where that differs from the text family's reading (Qwen2-VL's MRoPE, Aya Vision's logit scale);
-    view(src, cfg): the text model's tensors under the text family's names and layouts."""
+    view(src, cfg): the text model's tensors under the text family's names and layouts; layout_of(cfg): the text
+    family whose tensors a model read as cfg has, where text_families do not all share them (Mistral 3's mistral4
+    text model, latent attention and experts beside mistral's and ministral3's Llama layout), else default_text's."""
     text = text_families[default_text]
+
+    def text_for(cfg: ModelConfig) -> Family:
+        return text_families[layout_of(cfg)] if layout_of is not None else text
 
     def text_of(hf: dict) -> dict:
         if "text_config" in hf:  # its class's defaults by the model_type it names or implies
@@ -217,13 +234,27 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
         return {**hf, "tie_word_embeddings": False}
 
     def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-        return text.to_redline(view(src, cfg), cfg)
+        text_src = view(src, cfg)
+        out = text_for(cfg).to_redline(text_src, cfg)
+        if view is not _plain_view:  # a view of its own renames layers: it marks what it reads in src itself
+            return out
+        # what the text family marked read without taking it (dots.3 Note's indexer, which it leaves out): read in
+        # the folder too, under the name text_view renamed
+        raw = {_text_name(n): n for n in src.names}
+        src.used.update(raw[n] for n in text_src.used)
+        return out
+
+    def fold(hf: dict, cfg: ModelConfig, state: dict) -> dict:
+        """The text family's fold of text_config (mistral4's: DeepSeek-V3's interleaved RoPE rows put in
+        redline's order)."""
+        own = text_for(cfg).fold
+        return state if own is None else own(text_of(hf), cfg, state)
 
     def ignorable(n: str) -> bool:
-        return is_tower(n) or text.ignorable(n)
+        return is_tower(n) or any(f.ignorable(n) for f in text_families.values())
 
     return Family(name=name, architecture=architecture, model_config=model_config, hf_config=text.hf_config,
-                  to_redline=to_redline, to_hf=text.to_hf, ignorable=ignorable, settle=settle)
+                  to_redline=to_redline, to_hf=text.to_hf, ignorable=ignorable, settle=settle, fold=fold)
 
 
 def _check_gemma3(hf: dict) -> None:
@@ -338,7 +369,7 @@ def _mllama_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
 
 
 def families() -> tuple[Family, ...]:
-    """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral or ministral3), qwen3_vl
+    """The multimodal families: gemma3 (text model gemma3_text), mistral3 (mistral, ministral3 or mistral4), qwen3_vl
     (qwen3); the LLaVA-like folders, whose text model is transformers' AutoModel of text_config under a plain
     lm_head: llava, llava_next, vipllava, video_llava, llava_next_video (llama by default), llava_onevision and
     internvl (qwen2), each read where text_config is llama, mistral, qwen2 or qwen3; smolvlm and idefics3 (llama,
@@ -347,8 +378,8 @@ def families() -> tuple[Family, ...]:
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
     aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py)."""
-    from redline.interop import (apertus, aria, cohere, exaone4, gemma3, glm, granite, hunyuan, lfm2, llama, minimax_m3,
-                                 moe)
+    from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
+                                 lfm2, llama, minimax_m3, moe)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
@@ -362,8 +393,11 @@ def families() -> tuple[Family, ...]:
                   ("internvl", "qwen2", False, True))
     return (multimodal_family("gemma3", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
                               _check_gemma3),
+            # Mistral-Small-4's folder: a mistral4 text model (latent attention), DeepSeek-V3's tensor names
             multimodal_family("mistral3", "MistralForCausalLM",
-                              {"mistral": llamas["mistral"], "ministral3": llama.MINISTRAL3_FAMILY}, "mistral"),
+                              {"mistral": llamas["mistral"], "ministral3": llama.MINISTRAL3_FAMILY,
+                               "mistral4": deepseek_kin.MISTRAL4_FAMILY}, "mistral",
+                              layout_of=lambda cfg: "mistral4" if cfg.kv_lora_rank else "mistral"),
             multimodal_family("qwen3_vl", "Qwen3ForCausalLM", {"qwen3_vl_text": llamas["qwen3"]}, "qwen3_vl_text",
                               tie_default=False),
             *(multimodal_family(name, llama_layout[text].architecture, llama_layout, text, tie_default=tie,
@@ -408,4 +442,7 @@ def families() -> tuple[Family, ...]:
             multimodal_family("aria", "AriaTextForCausalLM", {"aria_text": aria.FAMILY}, "aria_text",
                               tie_default=False),
             multimodal_family("minimax_m3_vl", "MiniMaxM3VLForCausalLM", {"minimax_m3_vl_text": minimax_m3.FAMILY},
-                              "minimax_m3_vl_text", tie_default=False))
+                              "minimax_m3_vl_text", tie_default=False),
+            # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
+            multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
+                              "dots3_note_text", tie_default=False))

@@ -325,6 +325,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         from redline.interop.bailing_hybrid import adapter_parts as ling3_parts
 
         return ling3_parts(layer, rest, base, out_features, cfg)
+    if family.name == "dots3_note_text":  # dots3.py: DeepSeek's latent attention, interleaved rows, g_proj
+        from redline.interop.dots3 import adapter_parts as dots3_parts
+
+        return dots3_parts(layer, rest, base, out_features, cfg)
     if family.name == "kimi_linear":  # kimi_linear.py's names: KDA's q/k/v apart, DeepSeek's latent attention
         from redline.interop.kimi_linear import adapter_parts as kimi_parts
 

@@ -99,6 +99,7 @@ FIELDS_ACCOUNTED = {
     "attn_chunk": "refused: the plan keeps chunked attention off the attention kernel, and so off this path",
     "kv_lora_rank": "refused (kernel_prologue_unsupported): latent attention has no raw qkv projection",
     "q_lora_rank": "refused with kv_lora_rank", "v_head_dim": "refused with kv_lora_rank",
+    "latent_key_norm": "refused with kv_lora_rank", "latent_norm_eps": "refused with kv_lora_rank",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
     "norm_eps": "read from the norm modules",
