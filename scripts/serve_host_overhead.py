@@ -52,8 +52,8 @@ class InstantBatch:
     def __init__(self, table: torch.Tensor, vocab: int, capacity: int):
         rows, self.width = table.shape
         self.table, self.vocab, self.capacity = table, vocab, capacity
-        self.engine = SimpleNamespace(device=torch.device("cpu"), cfg=SimpleNamespace(vocab_size=vocab),
-                                      describe=dict)
+        self.engine = SimpleNamespace(device=torch.device("cpu"),
+                                      cfg=SimpleNamespace(vocab_size=vocab, head_width=vocab), describe=dict)
         self.busy = [False] * rows
         self.made = torch.zeros(rows, dtype=torch.long)  # tokens each row has generated
         self.group_steps = 0
