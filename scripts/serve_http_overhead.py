@@ -46,7 +46,7 @@ class StandInEngine:
                 return self.made
 
         self.sequence_type = Counted
-        self.capacity, self.vocab_size, self.batch_rows = capacity, vocab, rows
+        self.capacity, self.vocab_size, self.head_width, self.batch_rows = capacity, vocab, vocab, rows
         self.group_s, self.sync_every = group_s, sync_every
         self.flushes, self.stats = [], Stats()
         self.waiting: collections.deque = collections.deque()

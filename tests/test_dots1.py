@@ -83,8 +83,7 @@ CFG = ModelConfig(vocab_size=64, context_len=32, n_layer=2, n_embd=32, n_head=4,
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    # (without QK-norm and dense layers: Solar Open's)
-    (dict(qk_norm=False, moe_dense_layers=1, moe_dense_hidden=48), "has Qwen3's QK-norm per head before RoPE"),
+    # (without QK-norm, with dense layers: Sarvam MoE's, test_interop_glm.py)
     (dict(moe_shared_gate=True), "an ungated shared expert"),
     (dict(moe_shared_hidden=24), r"model.moe_shared_hidden=24, a multiple of 16"),
     (dict(moe_norm_eps=1e-6), r"adds 1e-20 to the chosen scores' sum \(model.moe_norm_eps=1e-06"),

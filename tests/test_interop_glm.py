@@ -119,12 +119,11 @@ def test_export_refuses_what_glm_has_not(overrides, fragment):
 
 def test_grouped_routing_without_glms_partial_rope_goes_elsewhere():
     """GLM-4-MoE takes grouped routing only where the model is GLM's (sigmoid scores, part of each head rotated); with
-    whole heads rotated and experts on every layer it is Solar Open's, with dense first layers dots.llm1's, which
-    refuses this model's attention (no per-head QK-norm)."""
+    whole heads rotated and experts on every layer it is Solar Open's, with dense first layers and no per-head
+    QK-norm Sarvam MoE's (dots.llm1's attention has the QK-norm)."""
     cfg = replace(ModelConfig(**BASE), **{**MOE, "rope_dims": 0, "moe_groups": 2})
     assert export_family(cfg).name == "solar_open"
-    with pytest.raises(UserError, match="dots.llm1, the architecture with them, has Qwen3's QK-norm"):
-        export_family(replace(cfg, moe_dense_layers=1, moe_dense_hidden=16))
+    assert export_family(replace(cfg, moe_dense_layers=1, moe_dense_hidden=16)).name == "sarvam_moe"
 
 
 @pytest.mark.parametrize("layer", ["blocks.0.mlp.fc", "blocks.1.mlp.shared.fc", "blocks.1.mlp.shared.proj",

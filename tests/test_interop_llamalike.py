@@ -437,10 +437,10 @@ def test_xglm_refusals_name_the_field(overrides, fragment):
 
 
 def test_xglm_gguf_export_is_refused_by_name(tmp_path, capsys):
-    """(The Hugging Face export's refusal: test_interop.py's IMPORT_ONLY.)"""
+    """XGLM exports to Hugging Face as BioGPT (test_interop.py's EXPORTED_AS), which llama.cpp has not."""
     from tests.test_interop import imported, run_cli
 
     _, _, _, ckpt = imported("xglm", tmp_path, capsys)
     out = tmp_path / "x.gguf"
     code, _, err = run_cli(["export", str(ckpt), "--format", "gguf", "--out", str(out)], capsys)
-    assert code == 2 and "model.embed_scale with learned positions" in err and not out.exists(), err
+    assert code == 2 and "BioGPT models are not written as GGUF" in err and not out.exists(), err

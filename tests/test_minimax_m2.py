@@ -105,16 +105,6 @@ def test_minimax_m2_reads_rotary_dim_and_stacked_experts():
         model_config({**hf, "num_local_experts": None})
 
 
-def test_minimax_text_01_is_refused_by_name(tmp_path, capsys):
-    """MiniMax-Text-01 (model_type minimax): its lightning attention layers have no counterpart in redline."""
-    hf_folder("llama-gqa-tied", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": "minimax"}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and "model_type 'minimax' is not supported: MiniMax-Text-01's lightning attention" in err
-    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
-
-
 def test_minimax_m2_fp8_checkpoint_dequantizes(tmp_path, capsys):
     """The released fp8 checkpoints: the attention's and experts' weights e4m3 with a weight_scale_inv a 128 x 128
     block (here one block a matrix, the scale its absolute maximum over 448), the router, its bias, norms, embedding
