@@ -153,12 +153,9 @@ def test_train_init_from_resumes_and_exports(tmp_path, capsys):
     """`redline train --init-from` an imported LongCat-Flash: the first step's loss is transformers', --resume goes
     on, and the trained run exports back with its logits (the check tests/test_interop_commands.py runs on a
     Llama)."""
-    from tests import test_interop_commands as commands
+    from tests.test_interop_commands import check_train_init_from
 
-    imported_model = commands.Imported("longcat_flash", tmp_path / "imported")
-    (tmp_path / "train").mkdir()
-    commands.test_train_init_from_starts_at_the_imported_models_loss_resumes_and_exports(imported_model,
-                                                                                          tmp_path / "train", capsys)
+    check_train_init_from("longcat_flash", tmp_path, capsys)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -176,11 +176,9 @@ def test_gpu_compiled_engine_and_training_step():
 
 
 def test_train_init_from_resumes_and_exports(tmp_path, capsys):
-    """`redline train --init-from` an imported MiniMax-M2 (whole-projection QK-norm, partial RoPE, sigmoid experts chosen with a bias): the first step's loss is transformers', --resume goes on,
-    and the trained run exports back with its logits (the check tests/test_interop_commands.py runs on a Llama)."""
-    from tests import test_interop_commands as commands
+    """`redline train --init-from` an imported MiniMax-M2 (whole-projection QK-norm, partial RoPE, sigmoid experts
+    chosen with a bias): the first step's loss is transformers', --resume goes on, and the trained run exports back
+    with its logits (the check tests/test_interop_commands.py runs on a Llama)."""
+    from tests.test_interop_commands import check_train_init_from
 
-    imported = commands.Imported("minimax_m2", tmp_path / "imported")
-    (tmp_path / "train").mkdir()
-    commands.test_train_init_from_starts_at_the_imported_models_loss_resumes_and_exports(imported, tmp_path / "train",
-                                                                                          capsys)
+    check_train_init_from("minimax_m2", tmp_path, capsys)
