@@ -183,6 +183,27 @@ def wants_afmoe(cfg: ModelConfig) -> bool:
                 and not (cfg.conv_layers or cfg.delta_layers or cfg.mlp_free_layers or cfg.mixer_free_layers))
 
 
+def qk_norm_problem(cfg: ModelConfig, what: str) -> tuple[bool, str]:
+    """For raise_first: a model without the per-head QK-norm before RoPE that AFMoE, Flint, Mellum, Kolibri-1 and
+    Laguna have."""
+    return (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
+            f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)")
+
+
+def bias_problem(cfg: ModelConfig, what: str) -> tuple[bool, str]:
+    """For raise_first: a model with biases, which none of these mixtures (nor dots.llm1's) has."""
+    return (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
+            f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)")
+
+
+def shared_expert_problem(cfg: ModelConfig, what: str) -> tuple[bool, str]:
+    """For raise_first: a model without the one ungated shared expert of any width Flint, Kolibri-1 and Laguna
+    have."""
+    return (not cfg.moe_shared_hidden or cfg.moe_shared_gate,
+            f"{what} has an ungated shared expert (model.moe_shared_hidden={cfg.moe_shared_hidden}, "
+            f"moe_shared_gate=false)")
+
+
 def rotation_problems(cfg: ModelConfig, what: str) -> list[tuple[bool, str]]:
     """For raise_first: what keeps a model's layers from being AFMoE's (and Flint's) two kinds, windowed layers that
     rotate by one RoPE base and full layers that do not."""
@@ -228,14 +249,12 @@ def check_exportable(cfg: ModelConfig) -> None:
          f"norm_unit_offset, norm_affine, embed_norm, parallel_residual)"),
         (cfg.attn_gate != "element", f"{what} gates every element of its heads' output (model.attn_gate=element)"),
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts and MLPs (model.mlp={cfg.mlp})"),
-        (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
-         f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
+        qk_norm_problem(cfg, what),
         *rotation_problems(cfg, what), *other_layer_problems(cfg, what),
         (cfg.embed_multiplier and abs(cfg.embed_multiplier - math.sqrt(cfg.n_embd)) > 1e-9 * cfg.embed_multiplier,
          f"{what} scales its embeddings by sqrt(n_embd) or not at all (model.embed_multiplier="
          f"{cfg.embed_multiplier})"),
-        (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
-         f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
+        bias_problem(cfg, what),
         (not cfg.moe_shared_hidden or cfg.moe_shared_gate or cfg.moe_shared_hidden % cfg.hidden_dim,
          f"{what} has an ungated shared expert num_shared_experts x the experts' width wide (model.moe_shared_hidden="
          f"{cfg.moe_shared_hidden}, a multiple of {cfg.hidden_dim}; moe_shared_gate=false)"),

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 import torch
 
 from redline.errors import UserError
+from redline.interop.afmoe import bias_problem
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import (_mlp_parts, _qkv, _rope, check_silu, hf_config_for, layer_windows, rope_scaling,
                                    shape_fields)
@@ -146,8 +147,7 @@ def check_exportable(cfg: ModelConfig) -> None:
          f"rope_layer_theta, rope_local_theta)"),
         (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
          f"{what} has Qwen3's QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
-        (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
-         f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
+        bias_problem(cfg, what),
         (not cfg.moe_shared_hidden or cfg.moe_shared_gate or cfg.moe_shared_hidden % cfg.hidden_dim,
          f"{what} has an ungated shared expert n_shared_experts x the experts' width wide (model.moe_shared_hidden="
          f"{cfg.moe_shared_hidden}, a multiple of {cfg.hidden_dim}; moe_shared_gate=false)"),

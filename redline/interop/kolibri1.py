@@ -24,7 +24,8 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.afmoe import _rotation, other_layer_problems, rotation_problems
+from redline.interop.afmoe import (_rotation, bias_problem, other_layer_problems, qk_norm_problem, rotation_problems,
+                                   shared_expert_problem)
 from redline.interop.families import Family, TensorSource, give_head, pad_rows, raise_first, take_head
 from redline.interop.llama import _qkv, _rope, check_silu, layer_windows, rope_scaling, shape_fields
 from redline.interop.moe import experts_to_hf, experts_to_redline, expert_fields
@@ -151,14 +152,10 @@ def check_exportable(cfg: ModelConfig) -> None:
          f"{what} has plain RMSNorms on each sublayer's input and output (model.norm_position=sandwich; norm, "
          f"norm_unit_offset, norm_affine, embed_norm, parallel_residual)"),
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts (model.mlp={cfg.mlp})"),
-        (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
-         f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
+        qk_norm_problem(cfg, what),
         *rotation_problems(cfg, what), *other_layer_problems(cfg, what),
-        (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
-         f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
-        (not cfg.moe_shared_hidden or cfg.moe_shared_gate,
-         f"{what} has an ungated shared expert (model.moe_shared_hidden={cfg.moe_shared_hidden}, "
-         f"moe_shared_gate=false)"),
+        bias_problem(cfg, what),
+        shared_expert_problem(cfg, what),
         (cfg.moe_norm_topk and cfg.moe_norm_eps,
          f"{what} divides the chosen scores by their sum alone (model.moe_norm_eps={cfg.moe_norm_eps}: set it to 0)"),
         (cfg.moe_dense_layers or cfg.moe_layers or cfg.moe_scale != 1.0 or cfg.moe_groups > 1 or cfg.moe_weight_input,

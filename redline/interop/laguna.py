@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 from redline.errors import UserError
-from redline.interop.afmoe import other_layer_problems
+from redline.interop.afmoe import bias_problem, other_layer_problems, qk_norm_problem, shared_expert_problem
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.interop.gemma3 import _rope_fields
 from redline.interop.llama import _ignorable, check_silu, layer_windows, rope_scaling, shape_fields, to_hf, to_redline
@@ -163,16 +163,12 @@ def check_exportable(cfg: ModelConfig) -> None:
          f"{what} gates its heads by a softplus (model.attn_gate, attn_gate_fn=softplus)"),
         (not cfg.moe_experts or cfg.mlp != "swiglu" or cfg.moe_gating != "sigmoid",
          f"{what} has sigmoid-scored SwiGLU experts (model.moe_experts, mlp, moe_gating=sigmoid)"),
-        (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
-         f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
+        qk_norm_problem(cfg, what),
         *other_layer_problems(cfg, what),
         (cfg.pos_emb != "rope" or cfg.nope_interval or cfg.rope_layer_theta,
          f"{what} rotates every layer (model.pos_emb, nope_interval, rope_layer_theta)"),
-        (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
-         f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
-        (not cfg.moe_shared_hidden or cfg.moe_shared_gate,
-         f"{what} has an ungated shared expert (model.moe_shared_hidden={cfg.moe_shared_hidden}, "
-         f"moe_shared_gate=false)"),
+        bias_problem(cfg, what),
+        shared_expert_problem(cfg, what),
         (not cfg.moe_norm_topk or cfg.moe_norm_eps,
          f"{what} rescales the chosen scores to sum to 1 without an epsilon (model.moe_norm_topk=true, "
          f"moe_norm_eps=0)"),

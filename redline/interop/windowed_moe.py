@@ -28,7 +28,8 @@ and rotary embedding) and models/flint/modular_flint.py.
 from __future__ import annotations
 
 from redline.errors import UserError
-from redline.interop.afmoe import _rotation, other_layer_problems, rotation_problems
+from redline.interop.afmoe import (_rotation, bias_problem, other_layer_problems, qk_norm_problem, rotation_problems,
+                                   shared_expert_problem)
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.interop.gemma3 import _rope_fields
 from redline.interop.llama import _ignorable, _rope, check_silu, layer_windows, rope_scaling, shape_fields, to_hf, \
@@ -131,8 +132,7 @@ def check_mellum_exportable(cfg: ModelConfig) -> None:
         *other_layer_problems(cfg, what),
         (cfg.pos_emb != "rope" or cfg.rope_dims or cfg.nope_interval or cfg.rope_layer_theta,
          f"{what} rotates every layer's whole heads (model.pos_emb, rope_dims, nope_interval, rope_layer_theta)"),
-        (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
-         f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
+        bias_problem(cfg, what),
         (cfg.moe_shared_hidden, f"{what} has no shared expert (model.moe_shared_hidden={cfg.moe_shared_hidden})"),
         (cfg.moe_scale != 1.0 or cfg.moe_groups > 1 or cfg.moe_norm_min or cfg.moe_weight_input,
          f"{what} weights the experts by their probabilities alone (model.moe_scale, moe_groups, moe_norm_min, "
@@ -206,14 +206,10 @@ def check_flint_exportable(cfg: ModelConfig) -> None:
          f"{what} has pre-RMSNorm blocks run in turn (model.norm_position, norm, norm_unit_offset, norm_affine, "
          f"embed_norm, parallel_residual)"),
         (cfg.mlp != "swiglu", f"{what} has SwiGLU experts and MLPs (model.mlp={cfg.mlp})"),
-        (not cfg.qk_norm or cfg.qk_norm_scope != "head" or cfg.qk_norm_after_rope,
-         f"{what} has QK-norm per head before RoPE (model.qk_norm, qk_norm_scope, qk_norm_after_rope)"),
+        qk_norm_problem(cfg, what),
         *rotation_problems(cfg, what), *other_layer_problems(cfg, what),
-        (cfg.bias or cfg.has_qkv_bias or cfg.moe_bias or cfg.head_bias,
-         f"{what} has no biases (model.bias, qkv_bias, moe_bias, head_bias)"),
-        (not cfg.moe_shared_hidden or cfg.moe_shared_gate,
-         f"{what} has an ungated shared expert (model.moe_shared_hidden={cfg.moe_shared_hidden}, "
-         f"moe_shared_gate=false)"),
+        bias_problem(cfg, what),
+        shared_expert_problem(cfg, what),
         (cfg.moe_norm_topk and cfg.moe_norm_eps,
          f"{what} divides the chosen scores by their sum alone (model.moe_norm_eps={cfg.moe_norm_eps}: set it to 0)"),
         (cfg.moe_expert_bias or cfg.moe_scale != 1.0 or cfg.moe_groups > 1 or cfg.moe_norm_min
