@@ -4244,6 +4244,8 @@ class GPT(nn.Module):
                    for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
+            # a looped section's later passes (model.loop_section) compute with their blocks' weights again
+            n += sum(p.numel() for b in self.blocks if isinstance(b, LoopPass) for p in b.block.parameters())
             # each attention layer at its own head width (model.global_head_size)
             return 6 * n + 12 * cfg.n_head * sum(map(cfg.layer_head_dim, cfg.attention_layers)) * T
         matmul = -idle

@@ -158,6 +158,30 @@ def test_ngpt_stream_stays_on_the_sphere():
     assert (model.blocks[0](x, model.embed(torch.zeros(1, 6, dtype=torch.long))[1]).norm(dim=-1) <= 1 + 1e-5).all()
 
 
+def test_activation_checkpointing_and_flops_count_every_pass():
+    """Checkpointing every block (a later pass's LoopPass too) leaves the loss and every gradient as they were; a
+    looped model's FLOPs per token, by the formula and exactly, are those of the same depth with a block per layer."""
+    import copy
+
+    from redline.training.activation_checkpointing import apply_activation_checkpointing
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**_NGPT, "n_layer": 6, "loop_section": (1, 2), "loop_passes": 2})
+    model = GPT(cfg)
+    checkpointed = copy.deepcopy(model)
+    assert apply_activation_checkpointing(checkpointed, "full") == list(range(6))
+    tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(checkpointed(tokens, tokens), model(tokens, tokens).detach())
+    model(tokens, tokens).backward()
+    checkpointed(tokens, tokens).backward()
+    for (name, p), q in zip(model.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+    unrolled = GPT(ModelConfig(**{**_NGPT, "n_layer": 6}))
+    assert model.num_params() < unrolled.num_params()
+    for exact in (False, True):
+        assert model.flops_per_token(16, exact=exact) == unrolled.flops_per_token(16, exact=exact)
+
+
 def test_train_init_from_resumes_and_exports(tmp_path, capsys):
     """`redline train --init-from` an imported Dory: the first step's loss is transformers', --resume goes on, and
     the trained run exports back with its logits (the check tests/test_interop_commands.py runs on a Llama)."""

@@ -119,7 +119,16 @@ def model_config(hf: dict) -> ModelConfig:
         **{**shape, "n_layer": n_layer}, loop_section=probe.loop_section, loop_passes=probe.loop_passes, ngpt=True,
         norm="l2", norm_eps=_EPS, norm_position="sandwich", qk_norm=True, attn_gate="element", fused_qkv=True,
         pos_emb="rope", mlp="swiglu", fused_mlp=True, bias=False, tie_embeddings=False,
-        sliding_window=window if windowed else 0, window_layers=windowed, **gemma3._rope_fields(hf, bool(windowed)))
+        sliding_window=window if windowed else 0, window_layers=windowed,
+        **gemma3._rope_fields(_rope_defaults(hf), bool(windowed)))
+
+
+def _rope_defaults(hf: dict) -> dict:
+    """The config with DoryConfig's RoPE where it gives none: base 10000 on the windowed layers, 10⁷ on the full."""
+    if hf.get("rope_parameters") or hf.get("rope_theta") is not None:
+        return hf
+    return {**hf, "rope_parameters": {_SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
+                                      _FULL: {"rope_type": "default", "rope_theta": 10_000_000.0}}}
 
 
 _PAIRED = re.compile(r"layers\.(\d+)\.(mixer|attn_alpha|mlp_alpha)(?=\.|$)")
@@ -287,7 +296,9 @@ def hf_config(cfg: ModelConfig) -> dict:
     unique = stored_blocks(cfg)
     kinds = [_SLIDING if cfg.layer_window(i) else _FULL for i in unique]
     full = gemma3._rope_spec(cfg)
-    rope = {_FULL: full, _SLIDING: {"rope_type": "default", "rope_theta": cfg.rope_local_theta or cfg.rope_theta}}
+    # windowed layers without a base of their own rotate as the full ones, scaling included
+    local = {"rope_type": "default", "rope_theta": cfg.rope_local_theta} if cfg.rope_local_theta else dict(full)
+    rope = {_FULL: full, _SLIDING: local}
     return {
         "model_type": "dory", "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd,
         "intermediate_size": cfg.hidden_dim, "num_hidden_layers": len(unique), "num_attention_heads": cfg.n_head,
