@@ -17,6 +17,7 @@ from redline.model import GPT, LoopPass, ModelConfig
 from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
 from tests.interop_models import hf_folder
 from tests.test_interop import TOKENS, imported, run_cli
+from tests.test_train import dataset  # noqa: F401  (the session-scoped prepared corpus)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -188,6 +189,21 @@ def test_train_init_from_resumes_and_exports(tmp_path, capsys):
     from tests.test_interop_commands import check_train_init_from
 
     check_train_init_from("dory", tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_looped_model_on_two_ranks_matches_one_process(dataset, tmp_path, parallel):  # noqa: F811
+    """A looped nGPT model trained on two CPU ranks follows the one-process run: FSDP2 shards a looped block once
+    and gathers it for each pass that calls it (its LoopPass entries hold no weights)."""
+    from tests.test_distributed import close, run_train
+
+    looped = ("model.ngpt=true", "model.norm=l2", "model.norm_eps=1e-6", "model.norm_position=sandwich",
+              "model.qk_norm=true", "model.attn_gate=element", "model.mlp=swiglu", "model.n_layer=4",
+              "--model.loop_section", "1", "1", "model.loop_passes=2", "max_steps=4")
+    single = run_train(dataset, tmp_path, "single", 1, *looped)
+    double = run_train(dataset, tmp_path, "double", 2, *looped, f"parallel={parallel}")
+    assert close(single, double), (single, double)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

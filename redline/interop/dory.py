@@ -79,14 +79,13 @@ def _kinds(hf: dict) -> list[str]:
     return kinds
 
 
-def unique_layer(cfg: ModelConfig, layer: int) -> int:
-    """The Dory decoder layer that redline's block `layer` holds (a block that runs no looped pass of its own; the
-    later passes' LoopPass entries repeat the first's)."""
-    if not cfg.loop_section:
-        return layer
-    first, count = cfg.loop_section
-    end = first + count * cfg.loop_passes
-    return layer - count * (cfg.loop_passes - 1) if layer >= end else cfg.loop_source(layer)
+def _decoder_layer(layer: int, first: int, looped: int, loops: int) -> int:
+    """The Dory decoder layer that redline's layer `layer` runs, the recurrent section's passes unrolled (first input
+    layers, then looped layers loops times, then the output layers)."""
+    end = first + looped * loops
+    if layer >= end:
+        return layer - looped * (loops - 1)
+    return first + (layer - first) % looped if layer >= first + looped else layer
 
 
 def stored_blocks(cfg: ModelConfig) -> list[int]:
@@ -111,15 +110,13 @@ def model_config(hf: dict) -> ModelConfig:
     window = int(hf.get("sliding_window") or 0)
     shape = shape_fields(hf, context_len=8192)
     n_layer = first + looped * loops + last
-    probe = ModelConfig(n_layer=n_layer, n_embd=shape["n_embd"], n_head=shape["n_head"], head_size=shape["head_size"],
-                        loop_section=(first, looped) if looped else (), loop_passes=loops if looped else 1,
-                        norm="l2", norm_position="sandwich", qk_norm=True, ngpt=True, mlp="swiglu", bias=False)
-    windowed = tuple(i for i in range(n_layer) if kinds[unique_layer(probe, i)] == _SLIDING) if window else ()
+    kind = [kinds[_decoder_layer(i, first, looped, loops)] for i in range(n_layer)]
+    windowed = tuple(i for i in range(n_layer) if kind[i] == _SLIDING) if window else ()
     return ModelConfig(
-        **{**shape, "n_layer": n_layer}, loop_section=probe.loop_section, loop_passes=probe.loop_passes, ngpt=True,
-        norm="l2", norm_eps=_EPS, norm_position="sandwich", qk_norm=True, attn_gate="element", fused_qkv=True,
-        pos_emb="rope", mlp="swiglu", fused_mlp=True, bias=False, tie_embeddings=False,
-        sliding_window=window if windowed else 0, window_layers=windowed,
+        **{**shape, "n_layer": n_layer}, loop_section=(first, looped) if looped else (),
+        loop_passes=loops if looped else 1, ngpt=True, norm="l2", norm_eps=_EPS, norm_position="sandwich",
+        qk_norm=True, attn_gate="element", fused_qkv=True, pos_emb="rope", mlp="swiglu", fused_mlp=True, bias=False,
+        tie_embeddings=False, sliding_window=window if windowed else 0, window_layers=windowed,
         **gemma3._rope_fields(_rope_defaults(hf), bool(windowed)))
 
 
