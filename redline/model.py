@@ -71,6 +71,10 @@ Features (each a field of `ModelConfig`):
 - differential attention (`diff_attention`, DiffLlama's): two maps' outputs subtracted with a learned λ, paired heads
   RMS-normed; a learned bias on each key's scores from its values (`attn_key_bias`, Doge's dynamic mask) and learned
   scales on the residual stream (`residual_scales`, Doge's);
+- nGPT's blocks (`ngpt`, Dory's): the stream kept on the unit sphere by weightless L2 norms (`norm=l2`), each
+  sublayer's normed output interpolated toward at learned per-channel rates, queries scaled per channel after RoPE;
+  a section of layers run several times over the same blocks (`loop_section`, `loop_passes`, Dory's recurrent
+  section: each pass cached apart by the engine);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
   `value_embed_layers`, `value_embed_gate`);
@@ -489,8 +493,9 @@ class ModelConfig:
     block has a dense MLP (moe_dense_hidden wide), and block 2j's experts (moe) read its MLP's input, norm2's output,
     their output joining the stream after block 2j + 1's MLP. Between the blocks the stream carries it: (B, T, 2, C),
     the stream and the experts' output waiting to join it (GPT.stream_in, stream_out)."""
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    """Normalization layer kind."""
+    norm: Literal["rmsnorm", "layernorm", "l2"] = "rmsnorm"
+    """Normalization layer kind; l2: x over its L2 norm, no weight (nGPT's projection onto the unit sphere, for
+    model.ngpt alone), its QK-norm too."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
     """Normalize the input of each sublayer (pre), the output of each residual sum (post), each sublayer's output
     before it is added to the residual stream, with no norm on its input (output: OLMo 2's "reordered norm",
@@ -714,6 +719,20 @@ class ModelConfig:
     sub_norms: bool = False
     """An RMSNorm on the input of each block's output projections: the heads' outputs (H·D) before attn.proj and the
     MLP's hidden activation before mlp.proj, held as each proj's `norm` (BitNet's attn_sub_norm and ffn_sub_norm)."""
+    ngpt: bool = False
+    """nGPT's blocks (Loshchilov et al. 2024; NVIDIA's Dory): the stream kept on the unit sphere. Each sublayer reads
+    the L2-normed stream u, and its L2-normed output h replaces the stream by interpolation, u + |r| ⊙ (h - u), r (C,)
+    a learned rate for each sublayer (Block.attn_rate, mlp_rate) instead of a residual add; the queries are scaled
+    per channel after RoPE by q_scale² ((H·D,) learned, Attention.q_scale); the heads' (gated) outputs and the MLP's
+    hidden activation are L2-normed before their output projections. Needs model.norm=l2, norm_position=sandwich
+    and per-head QK-norm before RoPE (weightless L2 norms everywhere)."""
+    loop_section: tuple[int, ...] = ()
+    """(first, count): layers first .. first + count - 1 run loop_passes times in a row, each later pass the same
+    blocks again (their weights stored once; the engine caches each pass's keys and values apart), so n_layer counts
+    every pass. Each pass starts from l2(x) + l2(x₀), x₀ the stream that entered the section (Dory's recurrent
+    section, its n_recurrent_loops; with model.ngpt). Empty: every layer runs once."""
+    loop_passes: int = 1
+    """With loop_section: how many times the section runs."""
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
@@ -1268,6 +1287,7 @@ class ModelConfig:
         self._validate_mhc()
         self._validate_hyper_connections()
         self._validate_bitnet()
+        self._validate_ngpt()
         if (self.attn_key_bias or self.residual_scales) and (self.kv_lora_rank or self.conv_layers or self.delta_layers
                                                               or self.mixer_free_layers or self.mlp_free_layers
                                                               or self.norm_position != "pre" or self.parallel_residual
@@ -1288,6 +1308,47 @@ class ModelConfig:
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
+
+    def _validate_ngpt(self) -> None:
+        """nGPT's blocks and the looped section (Dory's)."""
+        if self.norm == "l2" and not self.ngpt:
+            raise UserError("model.norm=l2 (weightless norms onto the unit sphere) is nGPT's: it needs model.ngpt")
+        if self.ngpt and (self.norm != "l2" or self.norm_position != "sandwich" or not self.qk_norm
+                          or self.qk_norm_scope != "head" or self.qk_norm_after_rope or self.qk_layernorm
+                          or self.parallel_residual or self.attn_gate not in ("none", "element")
+                          or self.kv_lora_rank or self.conv_layers or self.delta_layers or self.moe_experts
+                          or self.mixer_free_layers or self.mlp_free_layers or self.diff_attention
+                          or self.attn_key_bias or self.residual_scales or self.normed_residual or self.bias
+                          or self.altup_streams or self.mhc_streams or self.hc_streams or self.layer_lambdas
+                          or self.backout or self.residual_multiplier or self.bitlinear != "off" or self.sub_norms
+                          or self.shared_attn_layers or self.per_layer_embd or self.kv_shared_layers
+                          or not self.gated_mlp):
+            raise UserError("model.ngpt keeps the stream on the unit sphere: it needs model.norm=l2, "
+                            "norm_position=sandwich, per-head qk_norm before RoPE, plain or element-gated attention "
+                            "and a gated dense MLP without biases on every layer, and none of the other stream options")
+        if not self.loop_section and self.loop_passes == 1:
+            return
+        if not self.ngpt or len(self.loop_section) != 2 or self.loop_passes < 1:
+            raise UserError(f"model.loop_section is (first, count) with model.loop_passes >= 1, on nGPT blocks "
+                            f"(model.ngpt); got {self.loop_section} and {self.loop_passes}")
+        first, count = self.loop_section
+        if first < 0 or count < 1 or first + count * self.loop_passes > self.n_layer:
+            raise UserError(f"model.loop_section={self.loop_section} run {self.loop_passes} times does not fit in "
+                            f"model.n_layer={self.n_layer} (which counts every pass)")
+        for i in range(first + count, first + count * self.loop_passes):
+            if self.layer_window(i) != self.layer_window(self.loop_source(i)):
+                raise UserError(f"model layer {i} repeats layer {self.loop_source(i)} (model.loop_section) with "
+                                f"another window: a looped layer's passes attend alike")
+
+    def loop_source(self, layer: int) -> int:
+        """The layer whose block layer `layer` runs: itself, or on a later pass of model.loop_section the first
+        pass's layer it repeats."""
+        if not self.loop_section:
+            return layer
+        first, count = self.loop_section
+        if first + count <= layer < first + count * self.loop_passes:
+            return first + (layer - first) % count
+        return layer
 
     def _validate_altup(self) -> None:
         """Gemma 3n's fields: AltUp streams, LAuReL, activation sparsity."""
@@ -1501,14 +1562,29 @@ class GatedRMSNorm(nn.RMSNorm):
         return (y * torch.sigmoid(self.gate_up(F.silu(self.gate_down(y))).float())).to(y.dtype)
 
 
+class L2Norm(nn.Module):
+    """x (..., D) over its L2 norm, x · rsqrt(Σx² + eps), in fp32 and cast back; no weight (model.norm=l2: nGPT's
+    projection onto the unit sphere, as transformers' DoryL2Norm computes it)."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + self.eps)).type_as(x)
+
+
 def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
+    if cfg.norm == "l2":
+        return L2Norm(cfg.norm_eps)
     if cfg.norm_unit_offset:
         return UnitOffsetRMSNorm(dim, cfg.norm_eps)
     return nn.RMSNorm(dim, eps=cfg.norm_eps, elementwise_affine=cfg.norm_affine)
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
-    if cfg.norm == "rmsnorm":
+    if cfg.norm in ("rmsnorm", "l2"):
         return make_rmsnorm(cfg, dim)
     if cfg.norm_unit_offset:
         return UnitOffsetLayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
@@ -1755,6 +1831,10 @@ class Attention(nn.Module):
                        if cfg.v_norm and own_kv else None)
         self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
+        # model.ngpt: the queries' per-channel scale after RoPE, squared (H*D,) (Dory's sqk times its scale), and
+        # the L2 norm on the heads' gated output before proj (Dory's attn_sub_norm)
+        self.q_scale = nn.Parameter(torch.full((q_dim,), self.head_dim ** 0.5)) if cfg.ngpt else None
+        self.out_norm = L2Norm(cfg.norm_eps) if cfg.ngpt else None
         # qsa_heads (Qwen4-Exp's QSA indexer): its weights, kept but never read, since within context_len it keeps
         # every key (ModelConfig.qsa_heads): the query and key projection ((Hi + 1)·Di, C), its q and k norms (Di,)
         if cfg.qsa_heads:
@@ -1822,6 +1902,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and not self.use_rope and self.cfg.nope_temperature:  # rope[-1]: (T, 1) or (B, 1, T, 1)
             q = (q.float() * rope[-1]).to(q.dtype)
+        if self.q_scale is not None:  # (H, 1, D) over (B, H, T, D), as transformers' DoryAttention scales them
+            q = q * self.q_scale.square().to(q.dtype).view(self.n_head, 1, self.head_dim)
         return q, k, v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
@@ -1870,14 +1952,19 @@ class Attention(nn.Module):
         ve: this layer's value embedding (B, T, KV*D) or None. shared: without a cache, the forward's {layer: (k, v)}
         (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's."""
         if cache is not None:
-            return self.proj(self.gated(x, cache.attend(self, x, rope, ve)))
+            return self.output(x, cache.attend(self, x, rope, ve))
         q, k, v = self.project_qkv(x, rope, ve)
         if k is None:
             k, v = shared[self.kv_source]
         elif shared is not None:
             shared[self.layer] = (k, v)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
-        return self.proj(self.gated(x, y))
+        return self.output(x, y)
+
+    def output(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs y (B, T, H*D) -> (B, T, C): gated by x (gated), L2-normed (model.ngpt), projected."""
+        y = self.gated(x, y)
+        return self.proj(y if self.out_norm is None else self.out_norm(y))
 
     def gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (B, T, H*D), the heads' outputs, times sigmoid(gate(x)) (softplus: attn_gate_fn): (B, T, H) a head
@@ -2645,7 +2732,7 @@ class SharedBlockCall(Attention):
         self.kv_source, self.values_from_keys = None, False
         self.window, self.rope_table, self.use_rope = 0, 0, True
         self.scale = cfg.attn_scale or None
-        self.ve_mix = self.ve_gate = self.sinks = self.gate = self.v_norm = None
+        self.ve_mix = self.ve_gate = self.sinks = self.gate = self.v_norm = self.q_scale = self.out_norm = None
         C, r = cfg.n_embd, cfg.shared_attn_adapter_rank
         widths = (self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
         self.widths = widths
@@ -2754,6 +2841,8 @@ class MLP(nn.Module):
         self.up = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias) if cfg.gated_mlp and not fused else None
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
+        # model.ngpt: the hidden activation L2-normed before proj (Dory's ffn_sub_norm)
+        self.out_norm = L2Norm(cfg.norm_eps) if cfg.ngpt else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
@@ -2766,7 +2855,7 @@ class MLP(nn.Module):
             h = xielu(h, self.alpha_p, self.alpha_n, self.beta, self.eps)
         else:
             h = plain_activation(self.kind, h, self.gelu)
-        return self.proj(h)
+        return self.proj(h if self.out_norm is None else self.out_norm(h))
 
     @torch.no_grad()
     def reset_xielu(self) -> None:
@@ -3288,6 +3377,36 @@ def _stream_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return (F.rms_norm(x.float(), (x.shape[-1],), eps=eps) * (1.0 + weight.float())).type_as(x)
 
 
+# model.ngpt's interpolation rates at init (Dory's ngpt_alpha_init)
+NGPT_RATE_INIT = 0.05
+
+
+class LoopPass(nn.Module):
+    """A later pass of model.loop_section's layer: the first pass's block run again. It holds that block outside the
+    module tree (a list, not a submodule), so the weights are stored, trained and exported once; everything the
+    engine reads of a block (window, conv, attn, ...) it reads from the block it repeats."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.repeats = [block]
+
+    @property
+    def block(self) -> nn.Module:
+        return self.repeats[0]
+
+    def forward(self, *args, **kwargs):
+        return self.block(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            repeats = self.__dict__.get("repeats")
+            if not repeats:  # not built yet (a copy being made)
+                raise
+            return getattr(repeats[0], name)
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -3400,6 +3519,14 @@ class Block(nn.Module):
             self.attn_hc, self.mlp_hc = HyperConnection(cfg), HyperConnection(cfg)
         # ngram_layers (Qwen4-Exp's Per-Layer Embeddings): the layer's n-gram embedding, added to the streams first
         self.ngram = NGramEmbedding(cfg, cfg.ngram_layers.index(layer)) if layer in cfg.ngram_layers else None
+        # model.ngpt: each sublayer's interpolation rate (C,), used as |rate| (Dory's lambda_1, lambda_2 times their
+        # scale; nGPT's alpha_A, alpha_M)
+        self.attn_rate = nn.Parameter(torch.full((cfg.n_embd,), NGPT_RATE_INIT)) if cfg.ngpt else None
+        self.mlp_rate = nn.Parameter(torch.full((cfg.n_embd,), NGPT_RATE_INIT)) if cfg.ngpt else None
+        # model.loop_section: a block of the looped section reads (B, T, 2, C), the stream and the anchor each pass
+        # restarts from (GPT.stream_in), and carries the anchor along
+        first, count = cfg.loop_section or (0, 0)
+        self.anchored = first <= layer < first + count
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
@@ -3421,6 +3548,9 @@ class Block(nn.Module):
             return self.hyper_forward(x, rope, attn_mask, cache, ve, ple, doc_ids)
         if self.shortcut:
             return self.shortcut_forward(x, rope, attn_mask, cache, ve)
+        if self.anchored:  # (B, T, 2, C): the stream and its pass's anchor, carried along unchanged
+            x, anchor = x.unbind(dim=2)
+            return torch.stack([self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared), anchor], dim=2)
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
@@ -3514,6 +3644,13 @@ class Block(nn.Module):
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
+        if self.attn_rate is not None:  # nGPT's: each normed output interpolated toward, as DoryDecoderLayer does
+            u = self.norm1(x)
+            h = self.attn_out_norm(self.out(self.attn(u, rope, attn_mask, cache, ve, **kw)))
+            x = u + self.attn_rate.abs().to(u.dtype) * (h - u)
+            u = self.norm2(x)
+            h = self.mlp_out_norm(self.out(self.mlp(u)))
+            return u + self.mlp_rate.abs().to(u.dtype) * (h - u)
         if self.position == "post":
             x = self.norm1(x + self.out(self.attn(x, rope, attn_mask, cache, ve, **kw)))
             return self.norm2(x + self.out(self.mlp(x)))
@@ -3585,7 +3722,11 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.context_len, cfg.n_embd) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.embed_norm = make_norm(cfg, cfg.n_embd) if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None, i) for i in range(cfg.n_layer))
+        blocks = []  # a later pass of model.loop_section runs its first pass's block again (LoopPass)
+        for i in range(cfg.n_layer):
+            source = cfg.loop_source(i)
+            blocks.append(Block(cfg, self.value_table(i) is not None, i) if source == i else LoopPass(blocks[source]))
+        self.blocks = nn.ModuleList(blocks)
         # shared_attn_layers (Zamba2's): the shared blocks, stored once; the j-th such layer calls block j % count
         self.shared_blocks = None
         if cfg.shared_attn_layers:
@@ -3782,6 +3923,10 @@ class GPT(nn.Module):
                 block.attn.A.zero_()
             if block.layer_scalar is not None:
                 block.layer_scalar.fill_(1.0)
+            if block.attn_rate is not None:  # model.ngpt's rates and query scales (sqrt(D): nGPT's softmax scale)
+                block.attn_rate.fill_(NGPT_RATE_INIT)
+                block.mlp_rate.fill_(NGPT_RATE_INIT)
+                block.attn.q_scale.fill_(block.attn.head_dim ** 0.5)
             if block.altup_scale is not None:  # AltUp's first corrected stream unscaled into the per-layer gate: 0
                 block.altup_scale.zero_()
             if not block.conv and block.attn.ve_mix is not None:
@@ -3918,9 +4063,27 @@ class GPT(nn.Module):
             return x0.unsqueeze(2).repeat(1, 1, self.cfg.hc_streams, 1) if layer == 0 else x
         if self.cfg.moe_shortcut:  # the stream and no shortcut output waiting yet (B, T, 2, C)
             return torch.stack([x, torch.zeros_like(x)], dim=2) if layer == 0 else x
+        if self.cfg.loop_section:
+            return self.loop_stream(layer, x)
         if self.resid_lambdas is None:
             return x
         return self.resid_lambdas[layer].to(x.dtype) * x + self.x0_lambdas[layer].to(x.dtype) * x0
+
+    def loop_stream(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """model.loop_section's stream entering block `layer`, as transformers' DoryModel loops: at the section's
+        start x (B, T, C) becomes (B, T, 2, C), l2(x) + a and the anchor a = l2(x); each later pass restarts from
+        l2(x) + a; after the last pass the stream alone (B, T, C) goes on. Elsewhere x as it is."""
+        first, count = self.cfg.loop_section
+        end = first + count * self.cfg.loop_passes
+        if layer == first:
+            anchor = self.norm_f(x)
+            return torch.stack([self.norm_f(x) + anchor, anchor], dim=2)
+        if layer == end:
+            return x[:, :, 0]
+        if first < layer < end and (layer - first) % count == 0:
+            x, anchor = x.unbind(dim=2)
+            return torch.stack([self.norm_f(x) + anchor, anchor], dim=2)
+        return x
 
     @staticmethod
     def rescaled(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -3947,6 +4110,8 @@ class GPT(nn.Module):
         if self.hc_out is not None:  # model.hc_streams: (B, T, N, C) -> the last mixer's average (B, T, C)
             return self.hc_out(x)[0]
         if self.cfg.moe_shortcut:  # (B, T, 2, C): the last block's odd, nothing waits after it
+            return x[:, :, 0]
+        if self.cfg.loop_section and x.dim() == 4:  # the looped section ends the model: its stream, no anchor
             return x[:, :, 0]
         if self.altup_out is not None:
             target = torch.mean(x[:, :, 0] ** 2, dim=-1, keepdim=True) ** 0.5
@@ -4079,11 +4244,13 @@ class GPT(nn.Module):
                    for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
+            # a looped section's later passes (model.loop_section) compute with their blocks' weights again
+            n += sum(p.numel() for b in self.blocks if isinstance(b, LoopPass) for p in b.block.parameters())
             # each attention layer at its own head width (model.global_head_size)
             return 6 * n + 12 * cfg.n_head * sum(map(cfg.layer_head_dim, cfg.attention_layers)) * T
         matmul = -idle
         for block in self.blocks:
-            for module in block.modules():
+            for module in getattr(block, "block", block).modules():  # a loop's later pass: its block's again
                 if isinstance(module, nn.Linear):
                     matmul += module.weight.numel()
                 elif isinstance(module, MoE):

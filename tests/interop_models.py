@@ -1246,6 +1246,21 @@ FAMILIES = {
     # residual scales, biases on every Linear layer, a context at its keep_window_size (24, above the test sequences)
     "doge": ("DogeConfig", "DogeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, keep_window_size=24,
                                                    attention_bias=True, mlp_bias=True, pad_token_id=None)),
+    # Dory: nGPT layers, one input layer, a recurrent section of two (one windowed, one full) run three times, one
+    # output layer; a window of 5, the full layers' own RoPE base, an untied head
+    "dory": ("DoryConfig", "DoryForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4, n_input_layers=1,
+                  n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=3, sliding_window=5,
+                  layer_types=["sliding_attention", "sliding_attention", "full_attention", "full_attention"],
+                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                   "full_attention": {"rope_type": "default", "rope_theta": 5000.0}},
+                  tie_word_embeddings=False, pad_token_id=None)),
+    # Dory with DoryConfig's default layer kinds (every fourth full) and RoPE, one pass through its section, its head
+    # tied (imported untied: the per-token logit scale folded into it)
+    "dory-tied": ("DoryConfig", "DoryForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                       n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=1,
+                       sliding_window=5, tie_word_embeddings=True, pad_token_id=None)),
 }
 # multimodal folders whose text model redline reads: compared with that model alone (Llama 4's forward with its
 # vision tower fails on text alone in transformers 5.24: its output class lacks image_outputs)

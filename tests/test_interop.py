@@ -150,7 +150,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("persimmon", "Persimmon"), ("lara_mini", "Lara Mini"),
                                         ("zamba2-gqa", "Zamba2"), ("bitnet", "BitNet"),
                                         ("diffllama", "DiffLlama"), ("recurrent_gemma", "RecurrentGemma"),
-                                        ("doge", "Doge"), ("phimoe", "PhiMoE"),
+                                        ("doge", "Doge"), ("dory", "Dory"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
@@ -598,6 +598,14 @@ REDLINE_EXPORTS = {
                               n_kv_head=2, tie_embeddings=True),
     "FalconForCausalLM-mqa": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=1, qkv_bias=True,
                                   fused_qkv=False, rope_theta=500.0),
+    # nGPT layers (Dory's alone): every layer once, then with a section of two layers run three times (a window on
+    # one of them), its q/k/v and gate/up apart
+    "DoryForCausalLM": dict(ngpt=True, norm="l2", norm_eps=1e-6, norm_position="sandwich", qk_norm=True,
+                            attn_gate="element", mlp="swiglu", n_kv_head=2),
+    "DoryForCausalLM-loop": dict(ngpt=True, norm="l2", norm_eps=1e-6, norm_position="sandwich", qk_norm=True,
+                                 attn_gate="element", mlp="swiglu", n_kv_head=2, n_layer=8, loop_section=(1, 2),
+                                 loop_passes=3, sliding_window=4, window_layers=(2, 4, 6), rope_local_theta=100.0,
+                                 fused_qkv=False, fused_mlp=False),
 }
 
 
@@ -944,7 +952,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
                          "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, deepseek_v2, deepseek_v3, "
-                         "deepseek_v32, diffllama, doge, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, exaone, "
+                         "deepseek_v32, diffllama, doge, dory, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, exaone, "
                          "exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, "
                          "gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
                          "gemma4_unified_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, "
@@ -965,7 +973,6 @@ def test_import_unsupported_architecture(tmp_path, capsys):
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),
                                                    ("gemma4_unified_assistant", "multi-token-prediction drafter"),
                                                    ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
-                                                   ("dory", "keep the hidden state on the unit sphere"),
                                                    ("hy_v4", "iHC hyper-connections"),
                                                    ("gpt_neox_japanese", "on the last layer's output"),
                                                    ("modernbert-decoder", "prediction head"),

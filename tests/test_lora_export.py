@@ -57,6 +57,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                moe_experts=4, moe_top_k=2, normed_residual=(1.0, 0.9, 1.1, 1.2, 0.8, 1.0)),
     # Doge: Llama's names with its dynamic mask's dt_proj adapted too, QK-norm, residual scales
     "DogeForCausalLM": dict(qk_norm=True, attn_key_bias=True, residual_scales=True, n_kv_head=2),
+    # Dory: nGPT layers, a section of one layer run three times (its adapters the one stored layer's), the heads'
+    # gate adapted too
+    "DoryForCausalLM": dict(ngpt=True, norm="l2", norm_eps=1e-6, norm_position="sandwich", qk_norm=True,
+                            attn_gate="element", mlp="swiglu", n_kv_head=2, n_layer=5, loop_section=(1, 1),
+                            loop_passes=3),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight
@@ -395,7 +400,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # LongCat-Flash's latent attention alone, as DeepSeek's (PEFT moves its MLPs' adapters onto the experts)
            "LongcatFlashForCausalLM": ("attn.*",), "AXK2ForCausalLM": ("attn.*",),
            "MiniMaxM2ForCausalLM": ("attn.*",), "MiniMaxForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
-           "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router")}
+           "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router"),
+           "DoryForCausalLM": ("attn.qkv", "attn.proj", "attn.gate", "mlp.fc", "mlp.proj")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -289,6 +289,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import minimax
+    from redline.interop import dory
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -325,7 +326,8 @@ def _families() -> dict[str, Family]:
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY,
+                                dory.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -340,10 +342,6 @@ NOT_READ = {
     "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
                       "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
                       "attention",
-    "dory": "Dory's nGPT layers keep the hidden state on the unit sphere (weightless L2 norms, each sublayer's "
-            "output interpolated toward at learned per-channel rates instead of added), scale queries per channel "
-            "after RoPE and pass through a recurrent section of layers n_recurrent_loops times; redline's blocks add "
-            "their sublayers' outputs to an unnormalized residual stream, each layer once",
     "gemma4_assistant": "Gemma 4's assistant is a multi-token-prediction drafter: it runs on the main model's "
                         "hidden states and its last layers' keys and values (no input ids of its own), not on tokens "
                         "alone; redline reads the main model (gemma4, gemma4_text)",
@@ -485,9 +483,15 @@ def export_family(cfg: ModelConfig) -> Family:
     Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE; one with post-norm blocks as GPT-1;
     learned positions beside scaled embeddings as BioGPT; GLM-4-MoE's experts on whole heads with q/k/v biases beside
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
-    one with the shortcut MoE as LongCat-Flash (identity experts without it refused). A UserError names the redline
+    one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with nGPT layers or a looped
+    section as Dory. A UserError names the redline
     option that no such architecture has."""
     families = _families()
+    if cfg.ngpt or cfg.loop_section:  # nGPT's layers and looped sections: Dory's alone
+        from redline.interop import dory
+
+        dory.check_exportable(cfg)
+        return families["dory"]
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
 

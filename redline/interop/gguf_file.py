@@ -1173,6 +1173,8 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                "diffllama": ("DiffLlama", "llama.cpp has no differential attention"),
                "doge": ("Doge", "llama.cpp has no dynamic mask attention"),
+               "dory": ("Dory", "no writer here for nGPT layers (L2-normed streams interpolated toward, queries "
+                                "scaled per channel) or a section of layers run several times"),
                "recurrent_gemma": ("RecurrentGemma", "no writer here for llama.cpp's recurrent-gemma layout "
                                                      "(RG-LRU layers beside local attention)"),
                "bitnet": ("BitNet", "no writer here for llama.cpp's bitnet layout (sub-norms, ternary weights as "

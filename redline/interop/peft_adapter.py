@@ -159,6 +159,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                             f"and experts are bare tensors, and kv_proj holds no queries); train with lora.targets "
                             f"attn.gate mlp.router or export with --merge")
         return [(f"model.layers.{i}.{names[rest]}", slice(0, out_features))]
+    if family.name == "dory":  # dory.py's names: the stored blocks renumbered, a looped pass's adapters its block's
+        from redline.interop.dory import adapter_parts as dory_parts
+
+        return dory_parts(layer, int(i), rest, out_features, cfg)
     if family.name == "axk2":  # axk2.py's names: DeepSeek's latent attention, q_b as q_gate_proj
         from redline.interop.axk2 import adapter_parts as axk2_parts
 

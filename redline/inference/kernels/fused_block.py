@@ -52,6 +52,9 @@ FIELDS_ACCOUNTED = {
     "mixer_free_layers": "refused: the block is five kernels, attention then the MLP",
     "bitlinear": "refused: the product kernels multiply by the stored weights, unrounded inputs",
     "sub_norms": "refused: no norm before the output projections",
+    "ngpt": "refused with norm_position=sandwich, which model.ngpt needs (unsupported() names the norms)",
+    "loop_section": "outside the blocks: a later pass runs its block again, the stream between them GPT.stream_in's",
+    "loop_passes": "with loop_section",
     "diff_attention": "refused: the attention kernel computes one map over the values",
     "attn_key_bias": "refused: the attention kernel adds no key biases",
     "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
@@ -101,7 +104,7 @@ FIELDS_ACCOUNTED = {
     "q_lora_rank": "refused with kv_lora_rank", "v_head_dim": "refused with kv_lora_rank",
     "latent_key_norm": "refused with kv_lora_rank", "latent_norm_eps": "refused with kv_lora_rank",
     # computed as the modules compute them
-    "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
+    "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps (l2, model.ngpt's, refused with its sandwich norms)",
     "norm_eps": "read from the norm modules",
     "norm_bias": "read from the norm modules",
     "norm_affine": "read from the norm modules (no weight: the product kernels' HAS_NORM_W off; the attention "
