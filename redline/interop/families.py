@@ -289,6 +289,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import minimax
+    from redline.interop import paligemma
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -322,7 +323,7 @@ def _families() -> dict[str, Family]:
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
                                 laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY,
-                                kimi_linear.FAMILY, bailing_hybrid.FAMILY,
+                                kimi_linear.FAMILY, bailing_hybrid.FAMILY, paligemma.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY)}
@@ -334,9 +335,6 @@ def supported_names() -> list[str]:
 
 # architectures transformers has that redline cannot express, by model_type: why (their import is refused by name)
 NOT_READ = {
-    "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
-                 "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
-                 "express",
     "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
                       "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
                       "attention",
@@ -488,6 +486,9 @@ def export_family(cfg: ModelConfig) -> Family:
     one with the shortcut MoE as LongCat-Flash (identity experts without it refused). A UserError names the redline
     option that no such architecture has."""
     families = _families()
+    if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
+        raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
+                        "folder needs its vision tower); run the model with redline generate, chat or serve instead")
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
 

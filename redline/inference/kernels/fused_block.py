@@ -174,6 +174,7 @@ FIELDS_ACCOUNTED = {
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
+    "prefix_lm": "prefill only (the prompt's mask); a decode step attends causally",
 }
 
 
