@@ -968,7 +968,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                                                    ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
                                                    ("dory", "keep the hidden state on the unit sphere"),
                                                    ("hy_v4", "iHC hyper-connections"),
-                                                   ("gpt_neox_japanese", "on the last layer's output"),
+                                                   ("gpt_neox_japanese", "lowest-id vocabulary match"),
                                                    ("modernbert-decoder", "prediction head"),
                                                    ("inkling_text", "relative-position bias"),
                                                    ("inkling2_text", "L2-clipped"),

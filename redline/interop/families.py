@@ -347,9 +347,10 @@ NOT_READ = {
                         "alone; redline reads the main model (gemma4, gemma4_text)",
     "gemma4_unified_assistant": "Gemma 4 Unified's assistant is a multi-token-prediction drafter: it runs on the main "
                                 "model's hidden states and its last layers' keys and values, not on tokens alone",
-    "gpt_neox_japanese": "GPT-NeoX-Japanese has one bias in its attention layers, on the last layer's output "
-                         "(dense_bias), and none elsewhere; redline's biases (model.bias) sit on every layer's output "
-                         "projection and MLP",
+    "gpt_neox_japanese": "GPT-NeoX-Japanese's tokenizer (GPTNeoXJapaneseTokenizer: vocab.txt and emoji.json, each "
+                         "step taking the lowest-id vocabulary match among the next few characters, with its own "
+                         "symbol classes and byte fallback; transformers has no tokenizer.json form of it) is none the "
+                         "tokenizers library reads, so redline could not encode a prompt for it",
     "modernbert-decoder": "ModernBERT-Decoder's prediction head (a dense layer, its activation and a LayerNorm "
                           "between the final norm and the decoder) is a head redline's model has not",
     "hy_v4": "HY-V4's iHC hyper-connections (hc_mult residual streams gated around every sublayer without "
