@@ -40,7 +40,9 @@ Features (each a field of `ModelConfig`):
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
 - tied or untied embeddings (optionally scaled by sqrt(n_embd), Gemma's, or by a factor, Granite's), bias on/off,
   dropout, vocabulary padded up to a multiple of 128 (the padded logits are never sampled, and take no part in the
-  loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
+  loss), a prediction head before the output head (`head_transform`: dense, GELU, norm, ModernBERT-Decoder's) and
+  layer 0's attention without a norm of its own (`first_norm_free`), logits divided by a factor (Granite's) and
+  soft-capped, sublayer outputs scaled before the residual add
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets, Kimi Delta Attention's decays per key channel (`delta_decay`: Kimi
@@ -526,6 +528,13 @@ class ModelConfig:
     """Divide the output logits by this, before any soft-cap (Granite's logits_scaling); 0 = 1."""
     head_bias: bool = False
     """A bias on the output head (Phi's lm_head)."""
+    head_transform: bool = False
+    """A prediction head between the final norm and the output head: a dense layer (C -> C, biased where model.bias),
+    the MLP's GELU (model.gelu_approximate) and a norm (model.norm): ModernBERT-Decoder's lm_head (dense, act, norm)
+    before its decoder."""
+    first_norm_free: bool = False
+    """Layer 0's attention reads the stream without a norm of its own (ModernBERT's attn_norm is an identity there:
+    its embeddings are normed already, model.embed_norm). Pre-norm blocks."""
     tie_embeddings: bool = False
     """Share the token embedding matrix with the output head."""
     head_vocab: int = 0
@@ -1043,6 +1052,10 @@ class ModelConfig:
         if self.value_embed_gate and not self.value_tables:
             raise UserError("model.value_embed_gate gates value embeddings: set model.value_embed_layers (or "
                             "model.value_embeddings) with it")
+        if (self.head_transform and self.mlp not in ("gelu", "geglu")) or (
+                self.first_norm_free and (self.norm_position != "pre" or self.parallel_residual)):
+            raise UserError("model.head_transform takes a GELU MLP (model.mlp gelu or geglu: its activation), "
+                            "model.first_norm_free sequential pre-norm blocks")
         if self.prefix_lm and (self.conv_layers or self.delta_layers or self.pos_emb == "alibi" or self.qsa_heads):
             raise UserError("model.prefix_lm attends the prefix both ways: its layers must be attention without ALiBi "
                             "or a QSA indexer (no model.conv_layers, model.delta_layers, which read tokens in order)")
@@ -3321,6 +3334,8 @@ class Block(nn.Module):
         # norm (pre-norm blocks alone) and its attn or mlp None
         mixer, mlp = layer not in cfg.mixer_free_layers, layer not in cfg.mlp_free_layers
         self.norm1 = (make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()) if mixer else None
+        if cfg.first_norm_free and layer == 0:  # ModernBERT's: the normed embeddings go straight into attention
+            self.norm1 = nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = (None if cfg.parallel_shared_norm or not mlp
                       else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
@@ -3564,6 +3579,20 @@ class Block(nn.Module):
         return (x if self.mlp_residual is None else self.mlp_residual * x) + self.out(h)
 
 
+class HeadTransform(nn.Module):
+    """model.head_transform: x (..., C) -> norm(gelu(dense(x))) (..., C), before the output head, as transformers'
+    ModernBertDecoderPredictionHead computes it."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.norm = make_norm(cfg, cfg.n_embd)
+        self.gelu = cfg.gelu_approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(x), approximate=self.gelu))
+
+
 def check_targets(targets: torch.Tensor, head: int) -> None:
     """A UserError where a target (other than -1, ignored) is a token the head does not have (model.head_vocab):
     cross_entropy would fail on it with an index error, or a device assert on a GPU. Reads targets.max() (a sync),
@@ -3647,6 +3676,7 @@ class GPT(nn.Module):
             self.norm_f, self.hc_out = nn.Identity(), HyperConnection(cfg, inject=False)
         if cfg.bitlinear != "off" or cfg.sub_norms:
             bitnet_projections(self.blocks, cfg)
+        self.head_transform = HeadTransform(cfg) if cfg.head_transform else None
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_head, bias=cfg.head_bias)  # (padded_head, C)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -4016,8 +4046,11 @@ class GPT(nn.Module):
         return torch.cat([before, idx], dim=1).unfold(1, n, 1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (..., C), after norm_f -> logits (..., padded_head), divided by logit_divisor and
-        soft-capped when logit_softcap is set (then in fp32)."""
+        """Final hidden states (..., C), after norm_f -> logits (..., padded_head) (through head_transform first,
+        where the model has one), divided by logit_divisor and soft-capped when logit_softcap is set (then in
+        fp32)."""
+        if self.head_transform is not None:
+            x = self.head_transform(x)
         return head_output(self.lm_head(x), self.cfg)
 
     def forward(
@@ -4060,6 +4093,8 @@ class GPT(nn.Module):
         if targets is not None and self.cfg.head_vocab and not torch.compiler.is_compiling():  # a sync, not traced
             check_targets(targets, V)
         if targets is not None and self.cfg.ce_chunk_tokens:
+            if self.head_transform is not None:  # per token, before the chunks of the head
+                x = self.head_transform(x)
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
                                          self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)
             return loss.view(B, T) if reduction == "none" else self._balanced(loss)

@@ -289,7 +289,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import minimax
-    from redline.interop import paligemma
+    from redline.interop import modernbert_decoder, paligemma
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -324,6 +324,7 @@ def _families() -> dict[str, Family]:
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
                                 laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY,
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY, paligemma.FAMILY,
+                                modernbert_decoder.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY)}
@@ -351,8 +352,6 @@ NOT_READ = {
                          "step taking the lowest-id vocabulary match among the next few characters, with its own "
                          "symbol classes and byte fallback; transformers has no tokenizer.json form of it) is none the "
                          "tokenizers library reads, so redline could not encode a prompt for it",
-    "modernbert-decoder": "ModernBERT-Decoder's prediction head (a dense layer, its activation and a LayerNorm "
-                          "between the final norm and the decoder) is a head redline's model has not",
     "hy_v4": "HY-V4's iHC hyper-connections (hc_mult residual streams gated around every sublayer without "
              "DeepSeek-V4's Sinkhorn-mixed matrix, the post gate times hc_magnitude), its DSA indexer and its gated "
              "latent attention with sinks are layers redline's model has not",
@@ -484,12 +483,18 @@ def export_family(cfg: ModelConfig) -> Family:
     Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE; one with post-norm blocks as GPT-1;
     learned positions beside scaled embeddings as BioGPT; GLM-4-MoE's experts on whole heads with q/k/v biases beside
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
-    one with the shortcut MoE as LongCat-Flash (identity experts without it refused). A UserError names the redline
-    option that no such architecture has."""
+    one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with a prediction head or a
+    norm-free first layer (model.head_transform, first_norm_free) as ModernBERT-Decoder; a prefix-LM (model.prefix_lm,
+    PaliGemma's) refused. A UserError names the redline option that no such architecture has."""
     families = _families()
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")
+    if cfg.head_transform or cfg.first_norm_free:  # ModernBERT-Decoder's alone
+        from redline.interop import modernbert_decoder
+
+        modernbert_decoder.check_exportable(cfg)
+        return families["modernbert-decoder"]
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
 
