@@ -15,7 +15,8 @@ Features (each a field of `ModelConfig`):
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
   normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
   (`nope_temperature`, Llama 4's attention temperature);
-  documents packed into one row attend only within themselves (`doc_ids`); multi-head latent attention (keys and
+  documents packed into one row attend only within themselves (`doc_ids`); a prefix-LM's prompt attends to itself
+  both ways (`prefix_lm`, PaliGemma's: `prefix_len` per row); multi-head latent attention (keys and
   values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA; without
   positions, Kimi Linear's; its heads gated, Ling 3's; its shared RoPE key part RMS-normed, dots.3 Note's:
   `latent_key_norm`);
@@ -39,7 +40,9 @@ Features (each a field of `ModelConfig`):
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
 - tied or untied embeddings (optionally scaled by sqrt(n_embd), Gemma's, or by a factor, Granite's), bias on/off,
   dropout, vocabulary padded up to a multiple of 128 (the padded logits are never sampled, and take no part in the
-  loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
+  loss), a prediction head before the output head (`head_transform`: dense, GELU, norm, ModernBERT-Decoder's) and
+  layer 0's attention without a norm of its own (`first_norm_free`), logits divided by a factor (Granite's) and
+  soft-capped, sublayer outputs scaled before the residual add
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets, Kimi Delta Attention's decays per key channel (`delta_decay`: Kimi
@@ -530,6 +533,13 @@ class ModelConfig:
     """Divide the output logits by this, before any soft-cap (Granite's logits_scaling); 0 = 1."""
     head_bias: bool = False
     """A bias on the output head (Phi's lm_head)."""
+    head_transform: bool = False
+    """A prediction head between the final norm and the output head: a dense layer (C -> C, biased where model.bias),
+    the MLP's GELU (model.gelu_approximate) and a norm (model.norm): ModernBERT-Decoder's lm_head (dense, act, norm)
+    before its decoder."""
+    first_norm_free: bool = False
+    """Layer 0's attention reads the stream without a norm of its own (ModernBERT's attn_norm is an identity there:
+    its embeddings are normed already, model.embed_norm). Pre-norm blocks."""
     tie_embeddings: bool = False
     """Share the token embedding matrix with the output head."""
     head_vocab: int = 0
@@ -689,6 +699,12 @@ class ModelConfig:
     spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere.
     The same choice runs soft-capped attention (attn_softcap) and attention with sinks (attn_sinks) as flex,
     documents or not."""
+    prefix_lm: bool = False
+    """A prefix-LM (PaliGemma's): each sequence's first tokens, its prompt, attend to one another both ways, the
+    tokens after them causally (to the whole prefix and to the suffix before them). GPT.forward takes the prefix's
+    length per row (`prefix_len`, none: causal throughout); the inference engine's prefill makes each prompt the
+    prefix, and decoding after it is causal (exact: later tokens never feed back into the prefix). A sliding window
+    or chunk cuts only the causal part, as transformers' blockwise overlay ORs the prefix over it."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     diff_attention: bool = False
@@ -1055,6 +1071,13 @@ class ModelConfig:
         if self.value_embed_gate and not self.value_tables:
             raise UserError("model.value_embed_gate gates value embeddings: set model.value_embed_layers (or "
                             "model.value_embeddings) with it")
+        if (self.head_transform and self.mlp not in ("gelu", "geglu")) or (
+                self.first_norm_free and (self.norm_position != "pre" or self.parallel_residual)):
+            raise UserError("model.head_transform takes a GELU MLP (model.mlp gelu or geglu: its activation), "
+                            "model.first_norm_free sequential pre-norm blocks")
+        if self.prefix_lm and (self.conv_layers or self.delta_layers or self.pos_emb == "alibi" or self.qsa_heads):
+            raise UserError("model.prefix_lm attends the prefix both ways: its layers must be attention without ALiBi "
+                            "or a QSA indexer (no model.conv_layers, model.delta_layers, which read tokens in order)")
         if self.doc_attention == "flex" and self.dropout:
             raise UserError("model.doc_attention=flex has no attention dropout; use doc_attention=sdpa (or auto) "
                             "with model.dropout")
@@ -1646,6 +1669,15 @@ def mask_allows(i: torch.Tensor, j: torch.Tensor, key: int) -> torch.Tensor | bo
     if key < 0:
         return torch.div(i, -key, rounding_mode="floor") == torch.div(j, -key, rounding_mode="floor")
     return True
+
+
+def prefix_pairs(prefix_len: torch.Tensor, Tq: int, Tk: int, start: int = 0) -> torch.Tensor:
+    """(B, Tq, Tk) bool: True where query i (at slot start + i) and key j are both within their row's prefix of
+    prefix_len (B,) tokens (model.prefix_lm, PaliGemma's prompt, which attends to itself both ways)."""
+    i = torch.arange(start, start + Tq, device=prefix_len.device)
+    j = torch.arange(Tk, device=prefix_len.device)
+    n = prefix_len[:, None, None]
+    return (i[None, :, None] < n) & (j[None, None, :] < n)
 
 
 def nope_temperature_table(cfg: ModelConfig, length: int | None = None) -> torch.Tensor:
@@ -3421,6 +3453,8 @@ class Block(nn.Module):
         # norm (pre-norm blocks alone) and its attn or mlp None
         mixer, mlp = layer not in cfg.mixer_free_layers, layer not in cfg.mlp_free_layers
         self.norm1 = (make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()) if mixer else None
+        if cfg.first_norm_free and layer == 0:  # ModernBERT's: the normed embeddings go straight into attention
+            self.norm1 = nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = (None if cfg.parallel_shared_norm or not mlp
                       else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
@@ -3682,6 +3716,20 @@ class Block(nn.Module):
         return (x if self.mlp_residual is None else self.mlp_residual * x) + self.out(h)
 
 
+class HeadTransform(nn.Module):
+    """model.head_transform: x (..., C) -> norm(gelu(dense(x))) (..., C), before the output head, as transformers'
+    ModernBertDecoderPredictionHead computes it."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.norm = make_norm(cfg, cfg.n_embd)
+        self.gelu = cfg.gelu_approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(x), approximate=self.gelu))
+
+
 def check_targets(targets: torch.Tensor, head: int) -> None:
     """A UserError where a target (other than -1, ignored) is a token the head does not have (model.head_vocab):
     cross_entropy would fail on it with an index error, or a device assert on a GPU. Reads targets.max() (a sync),
@@ -3769,6 +3817,7 @@ class GPT(nn.Module):
             self.norm_f, self.hc_out = nn.Identity(), HyperConnection(cfg, inject=False)
         if cfg.bitlinear != "off" or cfg.sub_norms:
             bitnet_projections(self.blocks, cfg)
+        self.head_transform = HeadTransform(cfg) if cfg.head_transform else None
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_head, bias=cfg.head_bias)  # (padded_head, C)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -3953,10 +4002,12 @@ class GPT(nn.Module):
         return (i[:, None] >= i[None, :]) & mask_allows(i[:, None], i[None, :], w)
 
     def attention_mask(self, T: int, device, doc_ids: torch.Tensor | None = None,
-                       window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor | None:
+                       window: int | None = None, positions: torch.Tensor | None = None,
+                       prefix_len: torch.Tensor | None = None) -> torch.Tensor | None:
         """None for plain causal attention, else a bool mask, True where query i may attend key j: (T, T) for a
         sliding window alone; (B, 1, T, T) with doc_ids (B, T), each token attending only to earlier tokens of its
-        own document (packed sequences do not see each other). window: the layers' whose mask this is (None:
+        own document (packed sequences do not see each other), or with prefix_len (B,) (model.prefix_lm), each row's
+        first prefix_len tokens attending to one another both ways. window: the layers' whose mask this is (None:
         cfg.sliding_window). pos_emb=alibi: always a float mask, ALiBi's bias where allowed and -inf elsewhere
         (alibi_mask), (1 or B, H, T, T), by positions (T,) or (B, T) (None: 0..T-1; packed documents' restarting
         positions give the same distances within a document)."""
@@ -3967,18 +4018,21 @@ class GPT(nn.Module):
             return bias if bias.dim() == 4 else bias[None]
         # flex for what SDPA's fast kernels cannot take: a document mask, scores capped by attn_softcap, sinks
         if (doc_ids is not None or self.cfg.attn_softcap or self.cfg.attn_sinks) and self._flex_attention(device):
-            return self._block_mask(T, device, doc_ids, window)
-        return self._allowed(T, device, doc_ids, window)
+            return self._block_mask(T, device, doc_ids, window, prefix_len)
+        return self._allowed(T, device, doc_ids, window, prefix_len)
 
-    def _allowed(self, T: int, device, doc_ids: torch.Tensor | None, window: int) -> torch.Tensor | None:
+    def _allowed(self, T: int, device, doc_ids: torch.Tensor | None, window: int,
+                 prefix_len: torch.Tensor | None = None) -> torch.Tensor | None:
         """attention_mask's bool mask (T, T) or (B, 1, T, T), or None for plain causal attention."""
         mask = self.sliding_mask(T, device, window)
-        if doc_ids is None:
+        if doc_ids is None and prefix_len is None:
             return mask
         i = torch.arange(T, device=device)
-        allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])  # (B, T, T)
-        if mask is not None:
-            allowed = allowed & mask
+        allowed = (i[:, None] >= i[None, :]) if mask is None else mask  # (T, T)
+        if doc_ids is not None:
+            allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & allowed  # (B, T, T)
+        if prefix_len is not None:  # the prefix over the causal (and windowed) mask, as transformers ORs it
+            allowed = allowed | prefix_pairs(prefix_len, T, T)
         return allowed[:, None]
 
     def _flex_attention(self, device) -> bool:
@@ -3990,18 +4044,25 @@ class GPT(nn.Module):
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())
 
-    def _block_mask(self, T: int, device, doc_ids: torch.Tensor | None, window: int):
+    def _block_mask(self, T: int, device, doc_ids: torch.Tensor | None, window: int,
+                    prefix_len: torch.Tensor | None = None):
         """A flex attention BlockMask: causal (and the sliding window), within each document of doc_ids (B, T) where
-        given; blocks no query may see are skipped rather than masked (PyTorch's flex attention document masking)."""
+        given, each row's first prefix_len (B,) tokens seeing one another where given; blocks no query may see are
+        skipped rather than masked (PyTorch's flex attention document masking)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         def allowed(b, h, q, kv):
             ok = q >= kv
             if doc_ids is not None:
                 ok = ok & (doc_ids[b, q] == doc_ids[b, kv])
-            return ok & mask_allows(q, kv, window) if window else ok
+            if window:
+                ok = ok & mask_allows(q, kv, window)
+            if prefix_len is not None:
+                ok = ok | ((q < prefix_len[b]) & (kv < prefix_len[b]))
+            return ok
 
-        B = None if doc_ids is None else doc_ids.shape[0]  # None: one mask for every row
+        rows = doc_ids if doc_ids is not None else prefix_len
+        B = None if rows is None else rows.shape[0]  # None: one mask for every row
         return create_block_mask(allowed, B, None, T, T, device=device)
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None, before: torch.Tensor | None = None):
@@ -4150,8 +4211,11 @@ class GPT(nn.Module):
         return torch.cat([before, idx], dim=1).unfold(1, n, 1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (..., C), after norm_f -> logits (..., padded_head), divided by logit_divisor and
-        soft-capped when logit_softcap is set (then in fp32)."""
+        """Final hidden states (..., C), after norm_f -> logits (..., padded_head) (through head_transform first,
+        where the model has one), divided by logit_divisor and soft-capped when logit_softcap is set (then in
+        fp32)."""
+        if self.head_transform is not None:
+            x = self.head_transform(x)
         return head_output(self.lm_head(x), self.cfg)
 
     def forward(
@@ -4161,17 +4225,22 @@ class GPT(nn.Module):
         reduction: Literal["mean", "none"] = "mean",
         positions: torch.Tensor | None = None,
         doc_ids: torch.Tensor | None = None,
+        prefix_len: torch.Tensor | None = None,
     ):
         """idx: (B, T). With targets (B, T): the cross-entropy loss (mean, or per token with reduction='none';
         targets of -1 are ignored; the others below model.head_width). Without: logits (B, T, head_width), padding
         removed (head_width = vocab_size unless model.head_vocab narrows the head).
         positions (T,) or (B, T): each token's position (None: 0..T-1); doc_ids (B, T): packed documents, each
-        attending only within itself (give positions that restart at each document with it)."""
+        attending only within itself (give positions that restart at each document with it). prefix_len (B,)
+        (model.prefix_lm): each row's first prefix_len tokens attend to one another both ways (PaliGemma's
+        prompt); its loss is the targets' as given (PaliGemma's labels leave the prefix's out: targets -1)."""
         B, T = idx.shape
         if T > self.cfg.context_len:
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
+        if prefix_len is not None and (not self.cfg.prefix_lm or doc_ids is not None):
+            raise UserError("prefix_len takes a prefix-LM (model.prefix_lm) and one sequence a row (no doc_ids)")
         x, rope = self.embed(idx, positions)
-        masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions)  # one per window
+        masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions, prefix_len)  # one per window
                  for w in self.cfg.windows}
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         ple = self.per_layer_inputs(idx, x)  # (B, T, n_layer, P) or None
@@ -4189,6 +4258,8 @@ class GPT(nn.Module):
         if targets is not None and self.cfg.head_vocab and not torch.compiler.is_compiling():  # a sync, not traced
             check_targets(targets, V)
         if targets is not None and self.cfg.ce_chunk_tokens:
+            if self.head_transform is not None:  # per token, before the chunks of the head
+                x = self.head_transform(x)
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
                                          self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)
             return loss.view(B, T) if reduction == "none" else self._balanced(loss)
@@ -4274,10 +4345,16 @@ class GPT(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Full-recompute sampling, one token at a time. idx: (B, T) -> (B, T + max_new_tokens)."""
+        """Full-recompute sampling, one token at a time. idx: (B, T) -> (B, T + max_new_tokens); with
+        model.prefix_lm, idx (what of it stays in the context) is the prefix."""
+        T0 = idx.shape[1]
         for _ in range(max_new_tokens):
             context = idx[:, -self.cfg.context_len :]
-            logits = self(context)[:, -1, :].float()
+            prefix = None
+            if self.cfg.prefix_lm:  # the prompt's tokens still in the context
+                kept = max(0, T0 - (idx.shape[1] - context.shape[1]))
+                prefix = torch.full((idx.shape[0],), kept, device=idx.device)
+            logits = self(context, prefix_len=prefix)[:, -1, :].float()
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:

@@ -1242,6 +1242,16 @@ FAMILIES = {
     "recurrent_gemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM",
                         dict(num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=3,
                              attention_window_size=6, logits_soft_cap=3.0, pad_token_id=None)),
+    # ModernBERT-Decoder (the Ettin decoders): normed embeddings, layer 0 without an attention norm, global layers 0
+    # and 3 and local ones between (a window of local_attention // 2 = 4, shorter than the test sequences) with RoPE
+    # bases of their own, GeGLU with exact GELU, biases everywhere (LayerNorms, attention, MLP, the prediction head's
+    # dense layer, the decoder), tied
+    "modernbert-decoder": ("ModernBertDecoderConfig", "ModernBertDecoderForCausalLM",
+                           dict(num_attention_heads=4, num_hidden_layers=4, local_attention=8, norm_bias=True,
+                                attention_bias=True, mlp_bias=True, classifier_bias=True, cls_token_id=2,
+                                sep_token_id=3, pad_token_id=0,
+                                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     # Doge: dynamic mask attention (its A and dt_proj perturbed so that the keys' biases differ), QK-norm, GQA,
     # residual scales, biases on every Linear layer, a context at its keep_window_size (24, above the test sequences)
     "doge": ("DogeConfig", "DogeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, keep_window_size=24,

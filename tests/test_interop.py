@@ -160,7 +160,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
                                         ("cohere_compass_text-bases", "Cohere Compass"),
                                         ("sarvam_moe-bias", "Sarvam MoE"), ("openai-gpt", "GPT-1"),
-                                        ("biogpt", "BioGPT"),
+                                        ("biogpt", "BioGPT"), ("modernbert-decoder", "ModernBERT-Decoder"),
                                         ("minimax", "MiniMax")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
@@ -186,6 +186,10 @@ def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
 
 
 REDLINE_EXPORTS = {
+    # a prediction head and a norm-free first layer: ModernBERT-Decoder's alone (untied, a windowed layer)
+    "ModernBertDecoderForCausalLM": dict(norm="layernorm", mlp="geglu", gelu_approximate="none", embed_norm=True,
+                                         first_norm_free=True, head_transform=True, head_bias=True,
+                                         sliding_window=4, window_layers=(1,), tie_embeddings=False),
     # Kimi Delta Attention beside NoPE latent attention, the head tied (Kimi Linear writes it as its own)
     "KimiLinearForCausalLM": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4,
                                   v_head_dim=8, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
@@ -952,9 +956,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
                          "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, deepseek_v2, deepseek_v3, "
-                         "deepseek_v32, diffllama, doge, dory, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, exaone, "
-                         "exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, "
-                         "gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
+                         "deepseek_v32, diffllama, doge, dory, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, "
+                         "exaone, exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, "
+                         "gemma2, gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
                          "gemma4_unified_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, "
                          "gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, "
@@ -962,20 +966,19 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text,"
                          " llava, llava_next, llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, "
                          "mimo_v2_flash, minicpm3, minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, "
-                         "ministral3, mistral, mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo,"
-                         " olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl,"
-                         " qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, "
-                         "sarvam_moe, seed_oss, smollm3, smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, "
-                         "vipllava, xglm, youtu, zamba, zamba2")
+                         "ministral3, mistral, mistral3, mistral4, mixtral, mllama, modernbert-decoder, mpt, nanochat, "
+                         "nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, paligemma, persimmon,"
+                         " phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, "
+                         "qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, "
+                         "qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, solar_open, "
+                         "stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),
                                                    ("gemma4_unified_assistant", "multi-token-prediction drafter"),
                                                    ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
                                                    ("hy_v4", "iHC hyper-connections"),
-                                                   ("gpt_neox_japanese", "on the last layer's output"),
-                                                   ("modernbert-decoder", "prediction head"),
+                                                   ("gpt_neox_japanese", "lowest-id vocabulary match"),
                                                    ("inkling_text", "relative-position bias"),
                                                    ("inkling2_text", "L2-clipped"),
                                                    ("inkling2_loop_text", "loop_num_passes times")])

@@ -63,6 +63,12 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                             attn_gate="element", mlp="swiglu", n_kv_head=2, n_layer=5, loop_section=(1, 1),
                             loop_passes=3),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
+    # ModernBERT-Decoder: q/k/v apart under attn, Wo, the fused GeGLU Wi as redline's fc, Wo; layer 0 without an
+    # attention norm, a windowed layer 1, the prediction head before the biased decoder
+    "ModernBertDecoderForCausalLM": dict(norm="layernorm", norm_bias=True, mlp="geglu", gelu_approximate="none",
+                                         embed_norm=True, first_norm_free=True, head_transform=True, head_bias=True,
+                                         bias=True, qkv_bias=True, sliding_window=4, window_layers=(1,),
+                                         rope_local_theta=500.0, tie_embeddings=True),
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight
     # Granite SWA: sinks (not adapted), a windowed layer and a RoPE base per layer

@@ -290,6 +290,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import minimax
     from redline.interop import dory
+    from redline.interop import modernbert_decoder, paligemma
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -323,7 +324,8 @@ def _families() -> dict[str, Family]:
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
                                 laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY,
-                                kimi_linear.FAMILY, bailing_hybrid.FAMILY,
+                                kimi_linear.FAMILY, bailing_hybrid.FAMILY, paligemma.FAMILY,
+                                modernbert_decoder.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY,
@@ -336,9 +338,6 @@ def supported_names() -> list[str]:
 
 # architectures transformers has that redline cannot express, by model_type: why (their import is refused by name)
 NOT_READ = {
-    "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
-                 "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
-                 "express",
     "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
                       "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
                       "attention",
@@ -347,11 +346,10 @@ NOT_READ = {
                         "alone; redline reads the main model (gemma4, gemma4_text)",
     "gemma4_unified_assistant": "Gemma 4 Unified's assistant is a multi-token-prediction drafter: it runs on the main "
                                 "model's hidden states and its last layers' keys and values, not on tokens alone",
-    "gpt_neox_japanese": "GPT-NeoX-Japanese has one bias in its attention layers, on the last layer's output "
-                         "(dense_bias), and none elsewhere; redline's biases (model.bias) sit on every layer's output "
-                         "projection and MLP",
-    "modernbert-decoder": "ModernBERT-Decoder's prediction head (a dense layer, its activation and a LayerNorm "
-                          "between the final norm and the decoder) is a head redline's model has not",
+    "gpt_neox_japanese": "GPT-NeoX-Japanese's tokenizer (GPTNeoXJapaneseTokenizer: vocab.txt and emoji.json, each "
+                         "step taking the lowest-id vocabulary match among the next few characters, with its own "
+                         "symbol classes and byte fallback; transformers has no tokenizer.json form of it) is none the "
+                         "tokenizers library reads, so redline could not encode a prompt for it",
     "hy_v4": "HY-V4's iHC hyper-connections (hc_mult residual streams gated around every sublayer without "
              "DeepSeek-V4's Sinkhorn-mixed matrix, the post gate times hc_magnitude), its DSA indexer and its gated "
              "latent attention with sinks are layers redline's model has not",
@@ -484,14 +482,23 @@ def export_family(cfg: ModelConfig) -> Family:
     learned positions beside scaled embeddings as BioGPT; GLM-4-MoE's experts on whole heads with q/k/v biases beside
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
     one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with nGPT layers or a looped
-    section as Dory. A UserError names the redline
-    option that no such architecture has."""
+    section as Dory; one with a prediction head or a norm-free first layer (model.head_transform, first_norm_free) as
+    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) refused. A UserError names the redline option that
+    no such architecture has."""
     families = _families()
+    if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
+        raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
+                        "folder needs its vision tower); run the model with redline generate, chat or serve instead")
     if cfg.ngpt or cfg.loop_section:  # nGPT's layers and looped sections: Dory's alone
         from redline.interop import dory
 
         dory.check_exportable(cfg)
         return families["dory"]
+    if cfg.head_transform or cfg.first_norm_free:  # ModernBERT-Decoder's alone
+        from redline.interop import modernbert_decoder
+
+        modernbert_decoder.check_exportable(cfg)
+        return families["modernbert-decoder"]
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
 

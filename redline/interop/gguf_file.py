@@ -1252,7 +1252,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "zamba2": ("Zamba2", "llama.cpp has no architecture with transformer blocks shared between layers, "
                                      "each call with its own adapters"),
                 "qwen4_exp_text": ("Qwen4-Exp", "llama.cpp has no architecture with hyper-connected residual streams "
-                                                "or a QSA indexer")}
+                                                "or a QSA indexer"),
+                "modernbert-decoder": ("ModernBERT-Decoder", "llama.cpp has no ModernBERT-Decoder architecture: "
+                                                             "its modern-bert is the bidirectional encoder")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

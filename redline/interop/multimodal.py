@@ -14,7 +14,7 @@ Qwen2-VL's; EXAONE 4.5 (exaone4), Granite 4.0 Vision (granite, its multipliers a
 GraniteForCausalLM's), Llama 3.2 Vision (Mllama: llama, its self-attention layers alone, the cross-attention layers
 among them skipped on text as MllamaTextModel skips them). On text alone each of their forwards is the text model's
 (image and video tokens' rows, or deepstack features, are added only where pixel values are given). PaliGemma (a
-prefix-LM), Mistral Large 4 and the Inkling folders are refused by name (families.NOT_READ).
+prefix-LM) is paligemma.py's; Mistral Large 4 and the Inkling folders are refused by name (families.NOT_READ).
 Also Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "apertus1p5", its text model apertus1p5_text:
 apertus.py, whose image and audio tokens are ids of the text model's own vocabulary), Cohere Compass's
 CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower and
@@ -137,6 +137,14 @@ _TEXT_DEFAULTS = {
     "cohere2": dict(vocab_size=256_000, hidden_size=8192, intermediate_size=22_528, num_hidden_layers=40,
                     num_attention_heads=64, max_position_embeddings=8192, layer_norm_eps=1e-5, sliding_window=4096,
                     sliding_window_pattern=4, logit_scale=0.0625, tie_word_embeddings=True),
+    # GemmaConfig's and Gemma2Config's (PaliGemma's text models; its Hub configs give few fields)
+    "gemma": dict(vocab_size=256_000, hidden_size=3072, intermediate_size=24_576, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=16, head_dim=256, max_position_embeddings=8192,
+                  rms_norm_eps=1e-6),
+    "gemma2": dict(vocab_size=256_000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192,
+                   rms_norm_eps=1e-6, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0),
     "lfm2": dict(vocab_size=65_536, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5,
                  rope_theta=1_000_000.0, tie_word_embeddings=True),

@@ -81,6 +81,8 @@ _BIGCODE = {"attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 _BLOOM = {"attn.proj": "self_attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.down_proj"}
+# ModernBERT-Decoder's (modernbert_decoder.py): q/k/v apart under attn, Wi the fused GeGLU as redline's fc
+_MODERNBERT = {"attn.proj": "attn.Wo", "mlp.fc": "mlp.Wi", "mlp.proj": "mlp.Wo"}
 # Gemma 4's per-layer input layers (gemma4.py): each block's gate and projection (the model's own projection of the
 # embeddings: _parts)
 _GEMMA4_PLE = {"ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projection"}
@@ -98,6 +100,8 @@ _HYPER = {"down": "input_mix_weight_down", "up": "input_mix_weight_up", "inject"
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
     """The exported modules that redline layer `layer` becomes, each with its rows of the layer's output."""
     gpt2 = family.name in ("gpt2", "openai-gpt")  # GPT-1's Conv1D modules are named as GPT-2's (openai_gpt.py)
+    if family.name == "modernbert-decoder":
+        return _modernbert_parts(layer, out_features, cfg)
     if layer in ("lm_head",):  # BioGPT's head is output_projection (biogpt.py)
         return [("output_projection" if family.name == "biogpt" else "lm_head", slice(0, cfg.head_width))]
     gemma4 = family.name in ("gemma4_text", "gemma4", "gemma3n_text", "gemma3n")  # gemma3n.py: Gemma 4's names
@@ -506,6 +510,23 @@ def _alibi_parts(layer: str, i: str, rest: str, out_features: int, cfg: ModelCon
     return [(base + names[rest], slice(0, out_features))]
 
 
+def _modernbert_parts(layer: str, out_features: int, cfg: ModelConfig) -> list[tuple[str, slice]]:
+    """ModernBERT-Decoder's modules: the head is its decoder, the prediction head's dense layer lm_head.dense."""
+    if layer == "lm_head":
+        return [("decoder", slice(0, cfg.head_width))]
+    if layer == "head_transform.dense":
+        return [("lm_head.dense", slice(0, out_features))]
+    match = _LAYER.match(layer)
+    if match is None or match.group(2) not in {"attn.qkv", *_MODERNBERT}:
+        raise UserError(f"the adapter on {layer} has no counterpart in ModernBERT-Decoder; export with --merge")
+    i, rest = match.groups()
+    base = f"model.layers.{i}."
+    if rest == "attn.qkv":
+        C = cfg.n_head * cfg.head_dim
+        return [(f"{base}attn.{x}_proj", slice(j * C, (j + 1) * C)) for j, x in enumerate("qkv")]
+    return [(base + _MODERNBERT[rest], slice(0, out_features))]
+
+
 def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
     """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
     table = {"gpt2": "transformer.wte", "gpt_bigcode": "transformer.wte", "gpt_neo": "transformer.wte",
@@ -515,9 +536,10 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
              "falcon_mamba": "backbone.embeddings",
              "bloom": "transformer.word_embeddings", "falcon": "transformer.word_embeddings",
              "mpt": "transformer.wte", "dbrx": "transformer.wte", "openai-gpt": "transformer.tokens_embed",
-             "biogpt": "biogpt.embed_tokens"}.get(family.name, "model.embed_tokens")
-    top = {"wte": (table, cfg.vocab_size),
-           "lm_head": ("output_projection" if family.name == "biogpt" else "lm_head", cfg.head_width)}
+             "biogpt": "biogpt.embed_tokens",
+             "modernbert-decoder": "model.embeddings.tok_embeddings"}.get(family.name, "model.embed_tokens")
+    head = {"biogpt": "output_projection", "modernbert-decoder": "decoder"}.get(family.name, "lm_head")
+    top = {"wte": (table, cfg.vocab_size), "lm_head": (head, cfg.head_width)}
     if name not in top:
         raise UserError(f"lora.train_modules trained {name} in full; a PEFT adapter carries only wte or lm_head "
                         f"that way: export with --merge")

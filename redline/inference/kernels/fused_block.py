@@ -177,6 +177,9 @@ FIELDS_ACCOUNTED = {
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
+    "prefix_lm": "prefill only (the prompt's mask); a decode step attends causally",
+    "head_transform": "refused: fused_head multiplies the final norm's output by the head alone",
+    "first_norm_free": "refused: every block's first norm is fused into its qkv product",
 }
 
 
@@ -202,6 +205,9 @@ def unsupported(cfg) -> str | None:
                 "(model.bitlinear, model.sub_norms)")
     if cfg.norm_position != "pre":
         return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
+    if getattr(cfg, "head_transform", False) or getattr(cfg, "first_norm_free", False):
+        return ("decode_linear triton fuses a norm into every block's first product and the final norm into the head "
+                "(model.first_norm_free, model.head_transform)")
     if getattr(cfg, "norm_gate_rank", 0):
         return "decode_linear triton fuses plain norms into the next product, not gated ones (model.norm_gate_rank)"
     if not cfg.fused_qkv:
