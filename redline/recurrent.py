@@ -1,5 +1,6 @@
 """Recurrent token mixers' sequence kernels: the gated delta rule of model.delta_layers (Qwen3.5's linear attention)
-and Mamba-2's scan, computed chunk by chunk in PyTorch, and Mamba-1's selective scan (a state per channel). The
+and Mamba-2's scan, computed chunk by chunk in PyTorch, and Mamba-1's selective scan (a state per channel); RWKV-4's
+WKV (wkv) and xLSTM's mLSTM cell (mlstm), each chunk at once in a log-scaled form, the chunks in turn. The
 gated delta rule's sequential chunk-to-chunk part is an opaque op inside torch.compile's graphs (the inference
 engine compiles whole graphs): unrolled, it would make their compile time grow with the sequence.
 """
@@ -247,3 +248,142 @@ def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     C = F.pad(C, (0, 0, 0, pad)).reshape(Bt, n, L, 1, N)
     y = (h * C).sum(-1).reshape(Bt, n * L, I)[:, :T]
     return y, ends[:, -1]
+
+
+WKV_EMPTY = -1e38  # the log scale of an empty WKV state (transformers' rwkv_linear_attention_cpu starts there)
+
+
+def wkv(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor, state: torch.Tensor | None = None,
+        starts: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+        chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """RWKV-4's WKV recurrence (Peng et al. 2023; transformers' rwkv_linear_attention_cpu), a state a channel: token t
+    reads (N_{t−1} + e^{u + k_t}·v_t) / (D_{t−1} + e^{u + k_t}), where N_t = e^{−w}·N_{t−1} + e^{k_t}·v_t and D_t the
+    same sums of 1 in place of v.
+
+    The sums are kept as (num, den, m), the real ones num·e^m and den·e^m, so that no exponential overflows however
+    large the keys: the same stable form as transformers' loop, which renormalizes by a running maximum every token.
+    Computed in chunks of `chunk` tokens, each at once: every token's output is a softmax-weighted mean over the
+    carried state (log weight m − j·w, j the tokens since the chunk's start), the chunk's earlier tokens i (k_i −
+    (t − 1 − i)·w) and itself (u + k_t), all shifted by their maximum; then the state after the chunk the same way.
+    The stabilizing maxima are detached: the result does not depend on them, so neither does its gradient.
+    k and v (B, T, A); w (A,) > 0, the decay rate (exp of transformers' time_decay); u (A,) (time_first); state
+    (B, 3, A) (num, den, m) or None (empty); starts (B, T) bool or None: a packed document begins at token t, the
+    state before it emptied; valid (B, T) bool or None: a False token is padding, which neither decays the state nor
+    joins it. -> out (B, T, A) fp32 (fp64 for fp64 inputs), the final state (B, 3, A) alike."""
+    B, T, A = k.shape
+    dtype = torch.promote_types(k.dtype, torch.float32)  # fp32, or fp64 where given (the engine's scoring)
+    k, v, w, u = k.to(dtype), v.to(dtype), w.to(dtype), u.to(dtype)
+    if state is None:
+        num, den, m = k.new_zeros(B, A), k.new_zeros(B, A), k.new_full((B, A), WKV_EMPTY)
+    else:
+        num, den, m = state.to(dtype).unbind(1)
+    seg = None if starts is None else starts.long().cumsum(1)  # (B, T): each token's document, counted in the row
+    seg_before = k.new_zeros(B, 1, dtype=torch.long)  # the document of the token before the chunk
+    outs = []
+    for t0 in range(0, T, chunk):
+        kc, vc = k[:, t0:t0 + chunk], v[:, t0:t0 + chunk]  # (B, L, A)
+        L = kc.shape[1]
+        ok = torch.ones(B, L, dtype=torch.bool, device=k.device) if valid is None else valid[:, t0:t0 + L]
+        counts = ok.long().cumsum(1)  # (B, L): the real tokens up to and including each
+        before = counts - ok.long()  # (B, L): those before each, within the chunk
+        # pairs (t, i), i before t in the chunk, of the same document: weight e^{k_i − (tokens between)·w}
+        pairs = torch.ones(L, L, dtype=torch.bool, device=k.device).tril(-1)[None] & ok[:, None, :]  # (B, L, L)
+        keep = ok.new_ones(B, L)  # the carried state reaches token t: no document starts in the chunk up to t
+        if seg is not None:
+            sc = seg[:, t0:t0 + L]
+            pairs = pairs & (sc[:, :, None] == sc[:, None, :])
+            keep = sc == seg_before
+        gap = (before[:, :, None] - counts[:, None, :]).float()  # (B, L, L)
+        logit = torch.where(pairs[..., None], kc[:, None] - gap[..., None] * w, float("-inf"))  # (B, L, L, A)
+        own = u + kc  # (B, L, A)
+        carried = torch.where(keep[..., None], m[:, None] - before[..., None].float() * w, float("-inf"))
+        top = torch.maximum(torch.maximum(carried, own), logit.amax(2)).detach()  # (B, L, A)
+        e_pair, e_carried, e_own = (logit - top[:, :, None]).exp(), (carried - top).exp(), (own - top).exp()
+        numer = e_carried * num[:, None] + torch.einsum("btia,bia->bta", e_pair, vc) + e_own * vc
+        denom = e_carried * den[:, None] + e_pair.sum(2) + e_own
+        outs.append(numer / denom)
+        # the state after the chunk: its last token's document alone, decayed by the real tokens after each
+        last = ok.clone()
+        stays = ok.new_ones(B, 1)
+        if seg is not None:
+            last = last & (sc == sc[:, -1:])
+            stays = sc[:, -1:] == seg_before
+            seg_before = sc[:, -1:]
+        total = counts[:, -1:]  # (B, 1)
+        logit = torch.where(last[..., None], kc - (total - counts)[..., None].float() * w, float("-inf"))  # (B, L, A)
+        carried = torch.where(stays, m - total.float() * w, float("-inf"))  # (B, A)
+        top = torch.maximum(carried, logit.amax(1)).clamp_min(WKV_EMPTY).detach()
+        e_tok, e_carried = (logit - top[:, None]).exp(), (carried - top).exp()
+        num = e_carried * num + (e_tok * vc).sum(1)
+        den = e_carried * den + e_tok.sum(1)
+        m = top
+    return torch.cat(outs, dim=1), torch.stack([num, den, m], dim=1)
+
+
+def mlstm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor,
+          state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, starts: torch.Tensor | None = None,
+          valid: torch.Tensor | None = None, eps: float = 1e-6,
+          chunk: int = 32) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """xLSTM's mLSTM cell (Beck et al. 2024, "xLSTM"; transformers' mlstm_recurrent_step_native and its chunkwise
+    form), a matrix memory a head: for each token t in turn, with the log forget gate F_t = logsigmoid(f_t),
+    m_t = max(F_t + m_{t−1}, i_t); C_t = e^{F_t + m_{t−1} − m_t}·C_{t−1} + e^{i_t − m_t}·k_t v_tᵀ, n_t the same sums
+    of k_t; h_t = (q̂_t C_t) / (max(|q̂_t·n_t|, e^{−m_t}) + eps), q̂ = q·Dk^-0.5. C and n are kept scaled by e^{−m},
+    m the running maximum of the log gates, which also sets the denominator's floor: so m is computed as the
+    recurrence defines it, max(F-sum + m_before, max_s (i_s + F-sum since s)), never shifted.
+
+    Computed in chunks of `chunk` tokens, each at once from the state before it (log weights b_t − b_s + i_s, b the
+    cumulative log forget gates in the chunk; the carried state's b_t + m), then the state after the chunk.
+    q and k (B, T, H, Dk), v (B, T, H, Dv); i and f (B, T, H) the gates' preactivations; state (C (B, H, Dk, Dv), n
+    (B, H, Dk), m (B, H)) or None (zeros, transformers' initial state); starts (B, T) bool or None: a packed
+    document begins at token t, the state before it the initial one; valid (B, T) bool or None: a False token is
+    padding, which neither decays the state nor joins it. -> h (B, T, H, Dv) fp32 (fp64 for fp64 inputs), the final
+    state alike."""
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    dtype = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 where given (the engine's scoring)
+    q, k, v, i, f = (t.to(dtype) for t in (q, k, v, i, f))
+    if state is None:
+        C, n, m = q.new_zeros(B, H, Dk, Dv), q.new_zeros(B, H, Dk), q.new_zeros(B, H)
+    else:
+        C, n, m = (s.to(dtype) for s in state)
+    logf = F.logsigmoid(f)
+    if valid is not None:  # padding: no decay, no input
+        logf = logf * valid[..., None]
+        i = i.masked_fill(~valid[..., None], float("-inf"))
+    scale = Dk ** -0.5
+    outs = []
+    for t0 in range(0, T, chunk):
+        qc, kc, vc = q[:, t0:t0 + chunk], k[:, t0:t0 + chunk], v[:, t0:t0 + chunk]
+        ic, fc = i[:, t0:t0 + chunk].transpose(1, 2), logf[:, t0:t0 + chunk].transpose(1, 2)  # (B, H, L)
+        L = qc.shape[1]
+        pos = torch.arange(L, device=q.device)
+        b = fc.cumsum(-1)  # (B, H, L)
+        # the last document start at or before each token in the chunk (-1: none), and the log forget sum before it
+        first = torch.full((B, L), -1, dtype=torch.long, device=q.device)
+        if starts is not None:
+            first = torch.where(starts[:, t0:t0 + L], pos, -1).cummax(1).values
+        keep = first < 0  # (B, L): the carried state reaches the token
+        at = first.clamp_min(0)[:, None].expand(B, H, L)
+        before_start = b.gather(-1, at) - fc.gather(-1, at)  # (B, H, L)
+        # a token after a document start sees the initial state (C = n = 0, m = 0) from there on
+        carried = torch.where(keep[:, None], b + m[..., None], b - before_start)  # (B, H, L)
+        pairs = (pos[None, :, None] >= pos[None, None, :]) & (pos[None, None, :] >= first[:, :, None])  # (B, L, L)
+        logd = torch.where(pairs[:, None], b[..., :, None] - b[..., None, :] + ic[..., None, :], float("-inf"))
+        top = torch.maximum(carried, logd.amax(-1))  # (B, H, L): m of each token
+        d = (logd - top[..., None]).exp()  # (B, H, L, L)
+        g = (carried - top).exp() * keep[:, None]  # (B, H, L): the carried state's weight
+        qh, kh, vh = qc.transpose(1, 2) * scale, kc.transpose(1, 2), vc.transpose(1, 2)  # (B, H, L, D)
+        mix = (qh @ kh.transpose(-1, -2)) * d  # (B, H, L, L)
+        q_carried = qh * g[..., None]
+        numer = q_carried @ C + mix @ vh  # (B, H, L, Dv)
+        denom = (q_carried @ n[..., None])[..., 0] + mix.sum(-1)  # (B, H, L)
+        h = numer / (torch.maximum(denom.abs(), (-top).exp()) + eps)[..., None]
+        outs.append(h.transpose(1, 2))
+        # the state after the chunk: its last token's m, C and n
+        top_last = top[..., -1]  # (B, H)
+        w = (logd[..., -1, :] - top_last[..., None]).exp()  # (B, H, L): each token's weight in it
+        g_last = g[..., -1]
+        C = g_last[..., None, None] * C + (kh * w[..., None]).transpose(-1, -2) @ vh
+        n = g_last[..., None] * n + (kh * w[..., None]).sum(-2)
+        m = top_last
+    return torch.cat(outs, dim=1), (C, n, m)

@@ -357,6 +357,15 @@ class PrefillLayer:
         self.delta_kv = (u[:, None], state)
         return y
 
+    def shift(self, ffn, x: torch.Tensor) -> torch.Tensor:
+        """RWKV-4's channel mixing (model.mlp=rwkv) of T new tokens: x (b, T, C) -> (b, T, C). Its inputs join the
+        layer's time mixing's in `delta_kv` (channels C..2C of the slots); the first token's predecessor is the
+        prefix's last slot's (a prompt prefilled in chunks), else zeros."""
+        prefix = self.delta_prefix if self.delta_prefix is not None else self.prefix
+        before = None if prefix is None else _last_slots(prefix[0], 2)[..., -x.shape[-1]:]
+        self.delta_kv = (torch.cat([self.delta_kv[0], x[:, None]], dim=-1), self.delta_kv[1])
+        return ffn.mix(x, before)
+
 
 # ----------------------------------------------------------------------------------------------------
 # decode
@@ -537,6 +546,15 @@ class DecodeLayer:
         _scatter_slot(buf, self.slot, u[:, None])
         self.states.copy_(state)
         return y
+
+    def shift(self, ffn, x: torch.Tensor) -> torch.Tensor:
+        """RWKV-4's channel mixing (model.mlp=rwkv) step: x (B, 1, C) -> (B, 1, C). Each row's input goes into
+        channels C..2C of its slot of the layer's buffer (the time mixing's take the first C), its predecessor read
+        from the slot before (zeros before slot 0)."""
+        C = x.shape[-1]
+        before = self._slots_before(self.delta_inputs, 2)[..., -C:]  # (B, 1, C)
+        _scatter_slot(self.delta_inputs[..., -C:], self.slot, x[:, None])
+        return ffn.mix(x, before)
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the
