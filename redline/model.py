@@ -2260,7 +2260,7 @@ class ShortConv(nn.Module):
 
 
 class RecurrentMixer(nn.Module):
-    """A recurrent token mixer (GatedDeltaNet, Mamba2, Mamba1, RGLRU, Lightning): each defines
+    """A recurrent token mixer (GatedDeltaNet, Mamba2, Mamba1, RGLRU, Lightning, RWKVTimeMix, MLSTM): each defines
     mix(x, before, state, doc_ids, valid) -> (y, the convolution's inputs, the final state), which the inference
     engine's cache layers call step by step (redline/inference/cache.py)."""
 

@@ -463,7 +463,7 @@ class DecodeLayer:
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
         # a delta layer's mixer part: a mixer beside attention hands its own (DeltaSide), one alone has its
         # convolution inputs as k_buf and its states as scales
-        self.delta_inputs, self.states, self.ngram_inputs = k_buf, scales, None
+        self.delta_inputs, self.states, self.ngram_inputs, self.delta_u = k_buf, scales, None, None
         if isinstance(scales, DeltaSide):
             self.delta_inputs, self.states = scales
             self.scales = None
@@ -544,6 +544,7 @@ class DecodeLayer:
         active = self.slot != buf.shape[2] - 2  # (B,): the last usable slot is where rows are parked
         y, u, state = net.mix(x, before, self.states, valid=active[:, None])
         _scatter_slot(buf, self.slot, u[:, None])
+        self.delta_u = u  # (B, 1, channels): RWKV's channel mixing (shift) writes the slot whole again with its own
         self.states.copy_(state)
         return y
 
@@ -553,7 +554,9 @@ class DecodeLayer:
         from the slot before (zeros before slot 0)."""
         C = x.shape[-1]
         before = self._slots_before(self.delta_inputs, 2)[..., -C:]  # (B, 1, C)
-        _scatter_slot(self.delta_inputs[..., -C:], self.slot, x[:, None])
+        # the slot whole, the time mixing's channels again beside these: a write into the buffer, not into a view of
+        # it (which a compiled step would copy back whole)
+        _scatter_slot(self.delta_inputs, self.slot, torch.cat([self.delta_u, x], dim=-1)[:, None])
         return ffn.mix(x, before)
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
