@@ -49,7 +49,9 @@ Features (each a field of `ModelConfig`):
   Linear's, Ling 3's) or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's selective scan, a state a channel,
   computed chunk by chunk: redline/recurrent.py, its channels in heads with their own dt, B and C where
   `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's; or MiniMax's lightning attention, a fixed
-  decay a head);
+  decay a head; or RWKV-4's time mixing, its WKV a channel, with its channel mixing as the MLP (`mlp=rwkv`) and
+  transformers' inference-time rescaling as norm epsilons (`rescale_every`); or xLSTM's mLSTM, a matrix memory a head
+  under exponential gates);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
@@ -105,7 +107,7 @@ import torch.nn.functional as F
 
 from redline.chunked_cross_entropy import chunked_cross_entropy
 from redline.errors import UserError
-from redline.recurrent import _linear_scan, gated_delta_rule, selective_scan, ssd
+from redline.recurrent import _linear_scan, gated_delta_rule, mlstm, selective_scan, ssd, wkv
 
 
 @dataclass
@@ -274,11 +276,13 @@ class ModelConfig:
     """Each layer's RoPE base, 0 for a layer without RoPE (Granite SWA's layer_rope_theta): one table a distinct
     base, each with rope_scaling, as transformers builds them; () = rope_theta for every layer (with
     rope_local_theta and nope_interval)."""
-    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu2_glu", "relu", "xielu"] = "swiglu"
+    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu2_glu", "relu", "xielu", "rwkv"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
     ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
     ReLU squared, ReLU squared gated like SwiGLU (relu(gate)² · up: BitNet's), ReLU (OPT's), or xIELU (Apertus's:
-    ungated, two learned scalars a layer, xielu() below)."""
+    ungated, two learned scalars a layer, xielu() below), or RWKV-4's channel mixing (rwkv: ReLU squared of the
+    token blended with its predecessor, gated by a sigmoid receptance; RWKVChannelMix below, on model.delta_layers
+    of delta_rule=rwkv alone)."""
     xielu_beta: float = 0.5
     """mlp=xielu: the fixed slope beta of both branches (Apertus's 0.5)."""
     xielu_eps: float = -1e-6
@@ -302,7 +306,7 @@ class ModelConfig:
     delta_layers: tuple[int, ...] = ()
     """Layers whose token mixer is a recurrent linear attention instead of attention, no KV cache but a (key, value)
     state a head, of the kind delta_rule names; () = none."""
-    delta_rule: Literal["gated_delta", "mamba2", "mamba1", "rglru", "lightning"] = "gated_delta"
+    delta_rule: Literal["gated_delta", "mamba2", "mamba1", "rglru", "lightning", "rwkv", "mlstm"] = "gated_delta"
     """delta_layers' mixer: "gated_delta", a gated delta net (Yang et al. 2024, "Gated Delta Networks"; Qwen3.5's and
     Qwen3-Next's "linear_attention" layers, GatedDeltaNet below), whose state decays and is corrected toward each
     token's value; "mamba2", Mamba-2's selective state space layer (Dao and Gu 2024; Granite 4.0's hybrid "mamba"
@@ -317,7 +321,16 @@ class ModelConfig:
     (delta_key_dim = 1); "lightning", MiniMax's lightning attention (Qin et al. 2024, "Lightning Attention-2";
     MiniMax-Text-01's "linear_attention" layers, Lightning below): linear attention with SiLU'd q, k and v and a
     fixed decay a head (ALiBi-like slopes shrinking with the layer's depth), its output normed and sigmoid-gated
-    (delta_key_heads = delta_heads, delta_key_dim = delta_value_dim; no convolution)."""
+    (delta_key_heads = delta_heads, delta_key_dim = delta_value_dim; no convolution); "rwkv", RWKV-4's time mixing
+    (Peng et al. 2023, "RWKV: Reinventing RNNs for the Transformer Era"; transformers' RwkvSelfAttention, RWKVTimeMix
+    below): key, value and receptance from each token blended with its predecessor (token shift), the WKV recurrence
+    a channel over delta_value_dim channels (delta_heads = delta_key_heads = delta_key_dim = 1), no convolution;
+    "mlstm", xLSTM's mLSTM layer (Beck et al. 2024, "xLSTM"; transformers' xLSTMLayer, MLSTM below): a matrix memory
+    a head updated by exponential input and sigmoid forget gates, a gate each a head (delta_key_heads = delta_heads),
+    its output normed per head and gated by a sigmoid output gate, no convolution."""
+    delta_gate_softcap: float = 0.0
+    """delta_layers, mlstm: the input and forget gates' preactivations soft-capped at ±this (cap·tanh(x / cap),
+    xLSTM's gate_soft_cap, 15); 0 = none."""
     delta_heads: int = 0
     """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
     h · delta_key_heads // delta_heads."""
@@ -511,6 +524,11 @@ class ModelConfig:
     has no norm2."""
     norm_eps: float = 1e-5
     """Epsilon of the normalization layers."""
+    rescale_every: int = 0
+    """The norms of block i at norm_eps·4^(i // this), the final norm at norm_eps·4^(n_layer // this): what
+    transformers' RWKV computes in eval mode with its rescale_every, where the stream is halved after every this-many
+    blocks and their output projections divided to match (a LayerNorm of x / 2^n is one of x at eps·4^n, exactly in
+    floating point, the powers of two rounding alike); 0 = every norm at norm_eps."""
     norm_bias: bool | None = None
     """LayerNorm with a bias (None: as model.bias); StableLM's LayerNorms have biases where its Linear layers have
     none."""
@@ -1098,9 +1116,33 @@ class ModelConfig:
                             f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
                             f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
                             f"kernel, and no value embeddings")
-        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1", "rglru", "lightning"):
+        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1", "rglru", "lightning", "rwkv", "mlstm"):
             raise UserError(f"model.delta_rule={self.delta_rule!r}: one of gated_delta, mamba2, mamba1, rglru, "
-                            f"lightning")
+                            f"lightning, rwkv, mlstm")
+        if self.delta_rule == "rwkv" and self.delta_layers and (
+                (self.delta_heads, self.delta_key_heads, self.delta_key_dim) != (1, 1, 1) or self.delta_parallel
+                or self.delta_conv_bias or self.delta_proj_bias):
+            raise UserError(f"model.delta_rule=rwkv keeps a state a channel of delta_value_dim channels and has no "
+                            f"convolution or biases: set model.delta_heads, delta_key_heads and delta_key_dim to 1, "
+                            f"no delta_parallel, delta_conv_bias or delta_proj_bias")
+        if self.mlp == "rwkv" and (self.delta_rule != "rwkv" or self.delta_layers != tuple(range(self.n_layer))
+                                   or self.moe_experts or self.norm_position != "pre" or self.parallel_residual
+                                   or self.normed_residual or self.mlp_free_layers or self.mixer_free_layers
+                                   or self.hc_streams or self.mhc_streams or self.altup_streams or self.moe_shortcut):
+            raise UserError("model.mlp=rwkv (RWKV-4's channel mixing) keeps its token shift in the cache of an RWKV "
+                            "time-mixing layer: it takes model.delta_rule=rwkv on every layer (delta_layers), pre-norm "
+                            "blocks of both sublayers in turn and no experts or further streams")
+        if self.delta_rule == "mlstm" and self.delta_layers and (
+                self.delta_key_heads != self.delta_heads or self.delta_parallel or self.delta_conv_bias
+                or self.delta_proj_bias):
+            raise UserError(f"model.delta_rule=mlstm has a gate pair and a memory a head and no convolution or "
+                            f"biases: set model.delta_key_heads = delta_heads ({self.delta_heads}), no "
+                            f"delta_parallel, delta_conv_bias or delta_proj_bias")
+        if self.delta_gate_softcap < 0 or (self.delta_gate_softcap and self.delta_rule != "mlstm"):
+            raise UserError(f"model.delta_gate_softcap={self.delta_gate_softcap}: the mLSTM gates' soft cap, >= 0, "
+                            f"with model.delta_rule=mlstm")
+        if self.rescale_every < 0:
+            raise UserError(f"model.rescale_every={self.rescale_every} must be >= 0 (0: every norm at norm_eps)")
         if self.delta_rule == "lightning" and self.delta_layers and (
                 self.delta_key_heads != self.delta_heads or self.delta_key_dim != self.delta_value_dim
                 or self.delta_parallel or self.delta_conv_bias or self.delta_proj_bias):
@@ -1604,6 +1646,15 @@ def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm_unit_offset:
         return UnitOffsetRMSNorm(dim, cfg.norm_eps)
     return nn.RMSNorm(dim, eps=cfg.norm_eps, elementwise_affine=cfg.norm_affine)
+
+
+def rescaled_norms(cfg: ModelConfig, layer: int) -> ModelConfig:
+    """The config the norms of block `layer` (n_layer: the final norm) are made with: norm_eps times 4^(layer //
+    model.rescale_every), what transformers' RWKV computes in eval mode on a stream halved every rescale_every
+    blocks; cfg itself without rescale_every."""
+    if not cfg.rescale_every or layer < cfg.rescale_every:
+        return cfg
+    return replace(cfg, norm_eps=cfg.norm_eps * 4 ** (layer // cfg.rescale_every))
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
@@ -2328,7 +2379,7 @@ class ShortConv(nn.Module):
 
 
 class RecurrentMixer(nn.Module):
-    """A recurrent token mixer (GatedDeltaNet, Mamba2, Mamba1, RGLRU, Lightning): each defines
+    """A recurrent token mixer (GatedDeltaNet, Mamba2, Mamba1, RGLRU, Lightning, RWKVTimeMix, MLSTM): each defines
     mix(x, before, state, doc_ids, valid) -> (y, the convolution's inputs, the final state), which the inference
     engine's cache layers call step by step (redline/inference/cache.py)."""
 
@@ -2726,6 +2777,193 @@ class Lightning(RecurrentMixer):
         o = self.norm * (o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         o = torch.sigmoid(self.output_gate(x)) * o
         return self.out_proj(o.to(x.dtype)), x.new_zeros(B, T, 0), state
+
+
+MLSTM_EPS = 1e-6  # the mLSTM cell's denominator term (xLSTM's eps; the import refuses others)
+
+
+class MLSTM(RecurrentMixer):
+    """The token mixer of model.delta_layers with delta_rule=mlstm (xLSTM's mLSTM layer, as transformers' xLSTMLayer
+    computes it): q and k (C -> H·Dk), v and the output gate's preactivation o (C -> H·Dv), the input and forget
+    gates' preactivations igate and fgate (C -> H, with biases), soft-capped at model.delta_gate_softcap; the mLSTM
+    cell (recurrent.mlstm) in fp32; each head's output LayerNormed without a bias (the per-head norm at delta_norm_eps,
+    its weight `norm` (H·Dv,)), times sigmoid(o), then proj (H·Dv -> C). No convolution: the engine's cache keeps no
+    inputs a slot, only each row's state, packed as (H, Dk + 1, Dv + 1): C in [:Dk, :Dv], n in [:Dk, Dv], m in
+    [Dk, 0]."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, H, Dk, Dv = cfg.n_embd, cfg.delta_heads, cfg.delta_key_dim, cfg.delta_value_dim
+        # window: the mask key callers look up (and this mixer never reads)
+        self.heads, self.dk, self.dv, self.kernel, self.window = H, Dk, Dv, 1, cfg.layer_mask(layer)
+        self.cap, self.eps = cfg.delta_gate_softcap, cfg.delta_norm_eps or cfg.norm_eps
+        self.q = nn.Linear(C, H * Dk, bias=False)
+        self.k = nn.Linear(C, H * Dk, bias=False)
+        self.v = nn.Linear(C, H * Dv, bias=False)
+        self.o = nn.Linear(C, H * Dv, bias=False)
+        self.igate = nn.Linear(C, H)
+        self.fgate = nn.Linear(C, H)
+        self.norm = nn.Parameter(torch.ones(H * Dv))
+        self.proj = nn.Linear(H * Dv, C, bias=False)
+        self.proj.is_residual_out = True
+
+    @torch.no_grad()
+    def reset_gates(self) -> None:
+        """xLSTM's initial gates, as transformers' _init_weights sets them: zero weights, the input gates' biases −10
+        and the forget gates' from 3 to 6 across the heads (memories that start closed and slow to forget)."""
+        for gate in (self.igate, self.fgate):
+            gate.weight.zero_()
+        self.igate.bias.fill_(-10.0)
+        self.fgate.bias.copy_(torch.linspace(3.0, 6.0, self.heads))
+
+    def _gate(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        g = layer(x)
+        return self.cap * torch.tanh(g / self.cap) if self.cap else g
+
+    def _unpack(self, state: torch.Tensor | None):
+        if state is None:
+            return None
+        Dk, Dv = self.dk, self.dv
+        return state[:, :, :Dk, :Dv], state[:, :, :Dk, Dv], state[:, :, Dk, 0]
+
+    def _pack(self, C: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        B, H, Dk, Dv = C.shape
+        out = C.new_zeros(B, H, Dk + 1, Dv + 1)
+        out[:, :, :Dk, :Dv], out[:, :, :Dk, Dv], out[:, :, Dk, 0] = C, n, m
+        return out
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As GatedDeltaNet.mix: x (B, T, C) -> (y (B, T, C), no convolution inputs (B, T, 0), the final state packed
+        (B, H, Dk + 1, Dv + 1) fp32); `before` unused; state (packed), doc_ids and valid alike (a padding token
+        leaves the state as it is)."""
+        B, T, _ = x.shape
+        H = self.heads
+        q, k = self.q(x).view(B, T, H, self.dk), self.k(x).view(B, T, H, self.dk)
+        v = self.v(x).view(B, T, H, self.dv)
+        starts = None
+        if doc_ids is not None:  # each document's first token starts from the initial state
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
+        h, (C, n, m) = mlstm(q, k, v, self._gate(self.igate, x), self._gate(self.fgate, x), self._unpack(state),
+                             starts, valid, MLSTM_EPS)
+        # xLSTMMultiHeadLayerNorm: each head's (Dv,) centred and scaled in fp32, the weight over all H·Dv
+        h = (h - h.mean(-1, keepdim=True)) * torch.rsqrt(h.var(-1, keepdim=True, unbiased=False) + self.eps)
+        h = h.to(x.dtype).reshape(B, T, -1) * self.norm
+        return self.proj(torch.sigmoid(self.o(x)) * h), x.new_zeros(B, T, 0), self._pack(C, n, m)
+
+
+def token_shift(x: torch.Tensor, before: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's predecessor (RWKV's time_shift): x (B, T, C) -> (B, T, C), the first token's from `before`
+    (B, 1, C), else zeros; with doc_ids (B, T) a document's first token reads zeros too."""
+    first = before.to(x.dtype) if before is not None else x.new_zeros(x.shape[0], 1, x.shape[2])
+    prev = torch.cat([first, x[:, :-1]], dim=1)
+    if doc_ids is not None:
+        prev = prev * (doc_ids == F.pad(doc_ids, (1, 0), value=-1)[:, :-1])[..., None].to(x.dtype)
+    return prev
+
+
+def shift_blend(x: torch.Tensor, prev: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """RWKV's token mixing of x and its predecessor prev (B, T, C) by mix (C,), as transformers writes it."""
+    return x * mix + prev * (1 - mix)
+
+
+class RWKVTimeMix(RecurrentMixer):
+    """The token mixer of model.delta_layers with delta_rule=rwkv (RWKV-4's time mixing, as transformers'
+    RwkvSelfAttention computes it): key, value and receptance (C -> A each, no biases) read the token blended with
+    its predecessor by mix_key, mix_value and mix_receptance (C,) each; WKV (recurrent.wkv) of the keys and values
+    with the decay rate exp(time_decay) and the current token's bonus time_first (A,) each, in fp32; the output
+    sigmoid(receptance) times it, projected back (proj, A -> C). The engine's cache keeps each token's input (its
+    predecessor's for the next token: a convolution of kernel 2 whose first C channels are this mixer's, the rest
+    the layer's channel mixing's, RWKVChannelMix) and each row's WKV state (3, A) fp32."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, A = cfg.n_embd, cfg.delta_value_dim
+        # window: the mask key callers look up (and this mixer never reads); kernel 2: the token and its predecessor
+        self.kernel, self.window, self.width = 2, cfg.layer_mask(layer), A
+        self.time_decay = nn.Parameter(torch.empty(A))
+        self.time_first = nn.Parameter(torch.empty(A))
+        self.mix_key = nn.Parameter(torch.empty(C))
+        self.mix_value = nn.Parameter(torch.empty(C))
+        self.mix_receptance = nn.Parameter(torch.empty(C))
+        self.key = nn.Linear(C, A, bias=False)
+        self.value = nn.Linear(C, A, bias=False)
+        self.receptance = nn.Linear(C, A, bias=False)
+        self.proj = nn.Linear(A, C, bias=False)
+        self.proj.is_residual_out = True
+
+    @torch.no_grad()
+    def reset_rwkv(self, layer: int, n_layer: int) -> None:
+        """RWKV-4's initial values, as transformers' _init_weights sets them: decays from −5 to 3 across the channels
+        (steeper in deeper layers), time_first ones, the mixes channel-ramps that give deeper layers more of the
+        predecessor."""
+        C, A = self.mix_key.numel(), self.width
+        depth, remaining = layer / max(n_layer - 1, 1), 1.0 - layer / n_layer
+        ramp = torch.arange(C, dtype=torch.float32) / C
+        h = torch.arange(A, dtype=torch.float32) / max(A - 1, 1)
+        self.time_decay.copy_(-5 + 8 * h ** (0.7 + 1.3 * depth))
+        self.time_first.fill_(1.0)
+        self.mix_key.copy_(ramp ** remaining)
+        self.mix_value.copy_(ramp ** remaining + 0.3 * depth)
+        self.mix_receptance.copy_(ramp ** (0.5 * remaining))
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As GatedDeltaNet.mix: x (B, T, C) -> (y (B, T, C), x itself, the inputs the cache keeps a token, the
+        final state (B, 3, A) fp32); before (B, 1, C or more) the predecessor of x's first token (its first C
+        channels), state (B, 3, A) the WKV state before x (None: the sequence starts at x's first token); doc_ids
+        and valid alike (a padding token leaves the state as it is)."""
+        C = x.shape[-1]
+        prev = token_shift(x, None if before is None else before[..., :C], doc_ids)
+        k = self.key(shift_blend(x, prev, self.mix_key))
+        v = self.value(shift_blend(x, prev, self.mix_value))
+        r = torch.sigmoid(self.receptance(shift_blend(x, prev, self.mix_receptance)))
+        starts = None
+        if doc_ids is not None:  # each document's first token starts its state afresh
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :-1]
+        decay = self.time_decay.to(torch.promote_types(self.time_decay.dtype, torch.float32)).exp()
+        out, state = wkv(k, v, decay, self.time_first, state, starts, valid)
+        return self.proj(r * out.to(x.dtype)), x, state
+
+
+class RWKVChannelMix(nn.Module):
+    """RWKV-4's channel mixing (model.mlp=rwkv, transformers' RwkvFeedForward): fc (key, C -> F) and receptance (C
+    -> C) read the token blended with its predecessor by mix_key and mix_receptance (C,) each;
+    sigmoid(receptance) · proj(relu(fc)²) (proj: value, F -> C; no biases). In the engine the predecessor is the
+    layer's cache's (cache.shift: channels C..2C of the time mixing's slots)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C, F_ = cfg.n_embd, cfg.hidden_dim
+        self.mix_key = nn.Parameter(torch.empty(C))
+        self.mix_receptance = nn.Parameter(torch.empty(C))
+        self.fc = nn.Linear(C, F_, bias=False)
+        self.receptance = nn.Linear(C, C, bias=False)
+        self.proj = nn.Linear(F_, C, bias=False)
+        self.proj.is_residual_out = True
+
+    @torch.no_grad()
+    def reset_rwkv(self, layer: int, n_layer: int) -> None:
+        """transformers' initial mixes: channel-ramps giving deeper layers more of the predecessor."""
+        C = self.mix_key.numel()
+        ramp = (torch.arange(C, dtype=torch.float32) / C) ** (1.0 - layer / n_layer)
+        self.mix_key.copy_(ramp)
+        self.mix_receptance.copy_(ramp)
+
+    def forward(self, x: torch.Tensor, cache=None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); cache: an inference engine's cache layer (its `shift` keeps the predecessors);
+        doc_ids (B, T): packed documents, whose first tokens read no predecessor."""
+        if cache is not None:
+            return cache.shift(self, x)
+        return self.mix(x, None, doc_ids)
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C), before (B, 1, C) the predecessor of its first token (None: zeros) -> (B, T, C)."""
+        prev = token_shift(x, before, doc_ids)
+        h = torch.square(torch.relu(self.fc(shift_blend(x, prev, self.mix_key))))
+        return torch.sigmoid(self.receptance(shift_blend(x, prev, self.mix_receptance))) * self.proj(h)
 
 
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
@@ -3452,12 +3690,13 @@ class Block(nn.Module):
         # a block of one sublayer (model.mixer_free_layers, mlp_free_layers: Mamba-2's, Nemotron-H's) has only its
         # norm (pre-norm blocks alone) and its attn or mlp None
         mixer, mlp = layer not in cfg.mixer_free_layers, layer not in cfg.mlp_free_layers
-        self.norm1 = (make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()) if mixer else None
+        normed = rescaled_norms(cfg, layer)  # model.rescale_every: this block's norms' epsilon
+        self.norm1 = (make_norm(normed, cfg.n_embd) if inputs else nn.Identity()) if mixer else None
         if cfg.first_norm_free and layer == 0:  # ModernBERT's: the normed embeddings go straight into attention
             self.norm1 = nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = (None if cfg.parallel_shared_norm or not mlp
-                      else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
+                      else make_norm(normed, cfg.n_embd) if inputs else nn.Identity())
         if cfg.norm_gate_rank:  # A.X-K2's gated norms: norm1 everywhere, norm2 before experts
             gated = lambda: GatedRMSNorm(cfg.n_embd, cfg.norm_eps, cfg.norm_gate_rank)  # noqa: E731
             self.norm1 = gated() if mixer else None
@@ -3474,7 +3713,8 @@ class Block(nn.Module):
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
-            mixers = {"mamba2": Mamba2, "mamba1": Mamba1, "rglru": RGLRU, "lightning": Lightning}
+            mixers = {"mamba2": Mamba2, "mamba1": Mamba1, "rglru": RGLRU, "lightning": Lightning, "rwkv": RWKVTimeMix,
+                      "mlstm": MLSTM}
             self.attn = mixers.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         elif layer in cfg.shared_attn_layers:  # Zamba2's: a shared block's call before the mixer in mamba
             self.attn = SharedBlockCall(cfg, layer)
@@ -3485,6 +3725,8 @@ class Block(nn.Module):
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
             self.mlp = None
+        elif cfg.mlp == "rwkv":  # RWKV-4's channel mixing: its token shift reads the layer's cache
+            self.mlp = RWKVChannelMix(cfg)
         elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
             self.mlp = MoE(cfg)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
@@ -3708,7 +3950,10 @@ class Block(nn.Module):
             x = (x if self.attn_residual is None else self.attn_residual * x) + self.out(h)
         if self.mlp is None:
             return x
-        h = self.mlp(self.norm2(x))
+        if isinstance(self.mlp, RWKVChannelMix):  # its token shift: the cache's predecessors, the documents' starts
+            h = self.mlp(self.norm2(x), cache, doc_ids)
+        else:
+            h = self.mlp(self.norm2(x))
         if self.moe is not None:  # the experts read the stream itself (their norms inside), as transformers' Gemma 4
             h = self.dense_out_norm(h) + self.moe_out_norm(self.moe(x))
         if self.mlp_out_norm is not None:
@@ -3810,7 +4055,8 @@ class GPT(nn.Module):
             self.altup_out = nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
                                            for _ in range(cfg.altup_streams - 1))
         # post-norm blocks end in a norm already; the others need a final one
-        self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
+        self.norm_f = make_norm(rescaled_norms(cfg, cfg.n_layer), cfg.n_embd) if cfg.norm_position != "post" \
+            else nn.Identity()
         # hc_streams: the last mixer collapses the streams (its per-stream norms in place of norm_f)
         self.hc_out = None
         if cfg.hc_streams:
@@ -3924,6 +4170,11 @@ class GPT(nn.Module):
                         nn.init.ones_(weight)
             elif isinstance(module, Lightning):  # its norm's weight is a bare parameter
                 nn.init.ones_(module.norm)
+            elif isinstance(module, MLSTM):  # its per-head norm's weight is a bare parameter
+                nn.init.ones_(module.norm)
+            elif isinstance(module, (RWKVTimeMix, RWKVChannelMix)):  # bare parameters: RWKV-4's initial values
+                layer = next(i for i, b in enumerate(self.blocks) if module in (b.attn, b.mlp))
+                module.reset_rwkv(layer, self.cfg.n_layer)
             elif isinstance(module, RGLRU):  # bare parameters: Griffin's initial values
                 nn.init.normal_(module.conv, mean=0.0, std=std)
                 if module.conv_bias is not None:
@@ -3961,6 +4212,8 @@ class GPT(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
         for module in self.modules():  # after the Linear layers' zero biases (modules() visits a mixer first)
+            if isinstance(module, MLSTM):
+                module.reset_gates()
             if isinstance(module, Mamba1):  # dt_proj's bias: softplus⁻¹ of steps log-uniform in [0.001, 0.1]
                 dt = torch.empty_like(module.dt_proj.bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
                 module.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # (Mamba's time_step_min/max)

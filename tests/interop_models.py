@@ -1271,6 +1271,19 @@ FAMILIES = {
                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
                        n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=1,
                        sliding_window=5, tie_word_embeddings=True, pad_token_id=None)),
+    # RWKV-4: time mixing and channel mixing, three layers rescaled after each (transformers' eval-mode halving:
+    # model.rescale_every=1, every norm's epsilon its own); and tied, at the released rescale_every 6 (no block
+    # rescaled). An attention width of its own: tests/test_rwkv.py (transformers' cache takes hidden_size's)
+    "rwkv": ("RwkvConfig", "RwkvForCausalLM", dict(num_hidden_layers=3, rescale_every=1)),
+    "rwkv-tied": ("RwkvConfig", "RwkvForCausalLM", dict(tie_word_embeddings=True)),
+    # xLSTM: mLSTM layers of 4 heads (q/k and v 64 wide: transformers' cache rounds them up to 64), chunks of 8 (its
+    # chunkwise kernel on the first 16 tokens, its step loop after), gates and logits soft-capped low; and 2 heads at
+    # its default caps, tie_word_embeddings set (which transformers' xLSTM ignores: its head stays its own). The fused
+    # weight mode: tests/test_xlstm.py (transformers' _init_weights fails to build one)
+    "xlstm": ("xLSTMConfig", "xLSTMForCausalLM", dict(num_heads=4, qk_dim_factor=1.0, chunk_size=8,
+                                                      gate_soft_cap=3.0, output_logit_soft_cap=5.0, pad_token_id=None)),
+    "xlstm-tied": ("xLSTMConfig", "xLSTMForCausalLM", dict(num_heads=2, qk_dim_factor=1.0, tie_word_embeddings=True,
+                                                           pad_token_id=None)),
 }
 # multimodal folders whose text model redline reads: compared with that model alone (Llama 4's forward with its
 # vision tower fails on text alone in transformers 5.24: its output class lacks image_outputs)

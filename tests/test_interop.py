@@ -150,6 +150,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("persimmon", "Persimmon"), ("lara_mini", "Lara Mini"),
                                         ("zamba2-gqa", "Zamba2"), ("bitnet", "BitNet"),
                                         ("diffllama", "DiffLlama"), ("recurrent_gemma", "RecurrentGemma"),
+                                        ("rwkv", "RWKV-4"), ("xlstm", "xLSTM"),
                                         ("doge", "Doge"), ("dory", "Dory"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
@@ -970,8 +971,9 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "nemotron, nemotron_h, olmo, olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, paligemma, persimmon,"
                          " phi, phi3, phimoe, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, "
                          "qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, "
-                         "qwen4_exp_text, recurrent_gemma, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, solar_open, "
-                         "stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, youtu, zamba, zamba2")
+                         "qwen4_exp_text, recurrent_gemma, rwkv, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, "
+                         "solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, xglm, xlstm, youtu, zamba, "
+                         "zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),

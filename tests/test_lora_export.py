@@ -41,6 +41,16 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                       bias=True, qkv_bias=False, norm_unit_offset=True, mlp="geglu", rope_dims=8,
                                       sliding_window=6, n_kv_head=1, logit_softcap=3.0, tie_embeddings=True,
                                       embed_multiplier=8.0),
+    # RWKV-4: time mixing's key, value, receptance and output, channel mixing's key, receptance and value adapted,
+    # no block rescaled (tests/test_rwkv.py: the output adapters of rescaled blocks refused)
+    "RwkvForCausalLM": dict(pos_emb="none", n_head=1, norm="layernorm", norm_bias=True, embed_norm=True, mlp="rwkv",
+                            mlp_hidden=96, delta_layers=(0, 1), delta_rule="rwkv", delta_heads=1, delta_key_heads=1,
+                            delta_key_dim=1, delta_value_dim=64),
+    # xLSTM: every mLSTM projection (q, k, v, the output and both gates' preactivations, out_proj) and the SwiGLU
+    # feed-forward's (proj_up_gate, proj_up, proj_down) adapted
+    "xLSTMForCausalLM": dict(pos_emb="none", n_head=1, mlp_hidden=96, delta_layers=(0, 1), delta_rule="mlstm",
+                             delta_heads=4, delta_key_heads=4, delta_key_dim=16, delta_value_dim=16,
+                             delta_gate_softcap=15.0, logit_softcap=30.0, norm_eps=1e-6),
     # Kimi Linear: Kimi Delta Attention on layer 0, NoPE latent attention on 1
     "KimiLinearForCausalLM": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4,
                                   delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,

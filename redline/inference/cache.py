@@ -363,6 +363,15 @@ class PrefillLayer:
         self.delta_kv = (u[:, None], state)
         return y
 
+    def shift(self, ffn, x: torch.Tensor) -> torch.Tensor:
+        """RWKV-4's channel mixing (model.mlp=rwkv) of T new tokens: x (b, T, C) -> (b, T, C). Its inputs join the
+        layer's time mixing's in `delta_kv` (channels C..2C of the slots); the first token's predecessor is the
+        prefix's last slot's (a prompt prefilled in chunks), else zeros."""
+        prefix = self.delta_prefix if self.delta_prefix is not None else self.prefix
+        before = None if prefix is None else _last_slots(prefix[0], 2)[..., -x.shape[-1]:]
+        self.delta_kv = (torch.cat([self.delta_kv[0], x[:, None]], dim=-1), self.delta_kv[1])
+        return ffn.mix(x, before)
+
 
 # ----------------------------------------------------------------------------------------------------
 # decode
@@ -460,7 +469,7 @@ class DecodeLayer:
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
         # a delta layer's mixer part: a mixer beside attention hands its own (DeltaSide), one alone has its
         # convolution inputs as k_buf and its states as scales
-        self.delta_inputs, self.states, self.ngram_inputs = k_buf, scales, None
+        self.delta_inputs, self.states, self.ngram_inputs, self.delta_u = k_buf, scales, None, None
         if isinstance(scales, DeltaSide):
             self.delta_inputs, self.states = scales
             self.scales = None
@@ -541,8 +550,20 @@ class DecodeLayer:
         active = self.slot != buf.shape[2] - 2  # (B,): the last usable slot is where rows are parked
         y, u, state = net.mix(x, before, self.states, valid=active[:, None])
         _scatter_slot(buf, self.slot, u[:, None])
+        self.delta_u = u  # (B, 1, channels): RWKV's channel mixing (shift) writes the slot whole again with its own
         self.states.copy_(state)
         return y
+
+    def shift(self, ffn, x: torch.Tensor) -> torch.Tensor:
+        """RWKV-4's channel mixing (model.mlp=rwkv) step: x (B, 1, C) -> (B, 1, C). Each row's input goes into
+        channels C..2C of its slot of the layer's buffer (the time mixing's take the first C), its predecessor read
+        from the slot before (zeros before slot 0)."""
+        C = x.shape[-1]
+        before = self._slots_before(self.delta_inputs, 2)[..., -C:]  # (B, 1, C)
+        # the slot whole, the time mixing's channels again beside these: a write into the buffer, not into a view of
+        # it (which a compiled step would copy back whole)
+        _scatter_slot(self.delta_inputs, self.slot, torch.cat([self.delta_u, x], dim=-1)[:, None])
+        return ffn.mix(x, before)
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the

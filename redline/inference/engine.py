@@ -159,9 +159,21 @@ def _delta_width(cfg) -> int:
         return cfg.delta_heads
     if cfg.delta_rule == "rglru":  # Griffin's: its linear_x output, delta_heads blocks of delta_value_dim
         return cfg.delta_heads * cfg.delta_value_dim
-    if cfg.delta_rule == "lightning":  # no convolution: only the state
+    if cfg.delta_rule in ("lightning", "mlstm"):  # no convolution: only the state
         return 0
+    if cfg.delta_rule == "rwkv":  # RWKV-4's token shifts: the time mixing's input, then the channel mixing's
+        return 2 * cfg.n_embd
     return 2 * cfg.delta_key_heads * cfg.delta_key_dim + cfg.delta_heads * cfg.delta_value_dim
+
+
+def _delta_state(cfg) -> tuple[int, ...]:
+    """A delta layer's state a row: (heads, key width, value width), RWKV-4's WKV (numerator, denominator, their
+    log scale) a channel, (3, delta_value_dim), xLSTM's mLSTM memory with its normalizer and scale a head."""
+    if cfg.delta_rule == "rwkv":
+        return (3, cfg.delta_value_dim)
+    if cfg.delta_rule == "mlstm":  # the matrix memory C, its normalizer n and the log scale m, packed (MLSTM._pack)
+        return (cfg.delta_heads, cfg.delta_key_dim + 1, cfg.delta_value_dim + 1)
+    return (cfg.delta_heads, cfg.delta_key_dim, cfg.delta_value_dim)
 
 
 def _prefill_attention(device: torch.device, backend: str):
@@ -282,7 +294,7 @@ class InferenceEngine:
         self._state = DecodeState(
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
-                          (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
+                          _delta_state(c), c.mixer_free_layers,
                           c.parallel_delta_layers, [c.layer_cache_geometry(i) for i in range(c.n_layer)],
                           {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None},
                           bool(c.smear_gate or c.ngram_layers), c.ngram_layers, c.hc_streams * c.n_embd),

@@ -291,6 +291,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import minimax
     from redline.interop import dory
     from redline.interop import modernbert_decoder, paligemma
+    from redline.interop import rwkv, xlstm
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -329,7 +330,7 @@ def _families() -> dict[str, Family]:
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY,
-                                dory.FAMILY)}
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -442,10 +443,11 @@ def export_family(cfg: ModelConfig) -> Family:
     under one norm and SwiGLU (Cohere Compass with a RoPE base per layer type),
     Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
-    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales, MiniMax with
-    lightning attention or residuals from the normed inputs (model.normed_residual), Kimi Linear with
-    Kimi Delta Attention through low-rank gates (model.delta_gate_rank), Ling 3 (Bailing hybrid) with KDA's bounded
-    decay or full-rank gates, or latent attention with its heads gated,
+    attention, RecurrentGemma with Griffin's RG-LRU layers, RWKV with RWKV-4's time and channel mixing (or norms
+    whose epsilon grows every few blocks, model.rescale_every), xLSTM with mLSTM layers, Doge with key biases and
+    residual scales, MiniMax with lightning attention or residuals from the normed inputs (model.normed_residual),
+    Kimi Linear with Kimi Delta Attention through low-rank gates (model.delta_gate_rank), Ling 3 (Bailing hybrid) with
+    KDA's bounded decay or full-rank gates, or latent attention with its heads gated,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), Kolibri-1 with a routing bias on the logits, Laguna with softplus
     head gates or the windowed layers' own partial RoPE, AFMoE with sigmoid scores under element-wise attention
@@ -554,6 +556,16 @@ def export_family(cfg: ModelConfig) -> Family:
     if bitnet.wants_bitnet(cfg):  # sub-norms, ternary projections, the gated ReLU² MLP: BitNet's alone
         bitnet.check_exportable(cfg)
         return families["bitnet"]
+    from redline.interop import rwkv
+
+    if rwkv.wants_rwkv(cfg):  # RWKV-4's time and channel mixing: RWKV's alone
+        rwkv.check_exportable(cfg)
+        return families["rwkv"]
+    from redline.interop import xlstm
+
+    if xlstm.wants_xlstm(cfg):  # mLSTM layers: xLSTM's alone
+        xlstm.check_exportable(cfg)
+        return families["xlstm"]
     from redline.interop import recurrent_gemma
 
     if recurrent_gemma.wants_recurrent_gemma(cfg):  # Griffin's RG-LRU layers: RecurrentGemma's alone

@@ -1175,6 +1175,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                "doge": ("Doge", "llama.cpp has no dynamic mask attention"),
                "dory": ("Dory", "no writer here for nGPT layers (L2-normed streams interpolated toward, queries "
                                 "scaled per channel) or a section of layers run several times"),
+               "xlstm": ("xLSTM", "llama.cpp has no xLSTM architecture (mLSTM matrix memories)"),
+               "rwkv": ("RWKV-4", "llama.cpp has RWKV-6 and RWKV-7 architectures (rwkv6, rwkv7), not RWKV-4's time "
+                                  "and channel mixing"),
                "recurrent_gemma": ("RecurrentGemma", "no writer here for llama.cpp's recurrent-gemma layout "
                                                      "(RG-LRU layers beside local attention)"),
                "bitnet": ("BitNet", "no writer here for llama.cpp's bitnet layout (sub-norms, ternary weights as "

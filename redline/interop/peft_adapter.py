@@ -145,6 +145,30 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return [(base + _NEO[rest], slice(0, out_features))]
     if family.name in ("bloom", "mpt", "falcon"):
         return _alibi_parts(layer, i, rest, out_features, cfg, family)
+    if family.name == "rwkv":  # rwkv.py's names: attention.* (time mixing), feed_forward.* (channel mixing)
+        names = {"attn.key": "attention.key", "attn.value": "attention.value", "attn.receptance":
+                 "attention.receptance", "attn.proj": "attention.output", "mlp.fc": "feed_forward.key",
+                 "mlp.receptance": "feed_forward.receptance", "mlp.proj": "feed_forward.value"}
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in RWKV; export with --merge")
+        if rest in ("attn.proj", "mlp.proj") and cfg.rescale_every and int(i) >= cfg.rescale_every:
+            raise UserError(f"the adapter on {layer}: transformers' RWKV divides that layer's base weight by "
+                            f"2^{int(i) // cfg.rescale_every} in eval mode (rescale_every={cfg.rescale_every}) but not "
+                            f"its adapter's product, so PEFT's model would not be redline's; train with lora.targets "
+                            f"that leave attn.proj and mlp.proj out, or export with --merge")
+        return [(f"rwkv.blocks.{i}.{names[rest]}", slice(0, out_features))]
+    if family.name == "xlstm":  # xlstm.py's names: mlstm_layer.* (weight_mode single), ffn.*
+        names = {"attn.q": "mlstm_layer.q", "attn.k": "mlstm_layer.k", "attn.v": "mlstm_layer.v",
+                 "attn.o": "mlstm_layer.ogate_preact", "attn.igate": "mlstm_layer.igate_preact",
+                 "attn.fgate": "mlstm_layer.fgate_preact", "attn.proj": "mlstm_layer.out_proj",
+                 "mlp.proj": "ffn.proj_down"}
+        if rest == "mlp.fc":
+            F_ = out_features // 2
+            return [(f"backbone.blocks.{i}.ffn.proj_up_gate", slice(0, F_)),
+                    (f"backbone.blocks.{i}.ffn.proj_up", slice(F_, 2 * F_))]
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in xLSTM; export with --merge")
+        return [(f"backbone.blocks.{i}.{names[rest]}", slice(0, out_features))]
     if family.name == "dbrx":  # dbrx.py's names: Wqkv fused as redline's qkv, the router's Linear layer
         names = {"attn.qkv": "norm_attn_norm.attn.Wqkv", "attn.proj": "norm_attn_norm.attn.out_proj",
                  "mlp.router": "ffn.router.layer"}

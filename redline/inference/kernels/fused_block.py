@@ -33,7 +33,7 @@ FIELDS_ACCOUNTED = {
     "norm_unit_offset": "refused: the product kernels scale a norm by its weight, not 1 + weight",
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
-    "mlp": "gelu (tanh), relu2, swiglu (geglu, swiglu_clamped, relu and xielu refused: no fused activation)",
+    "mlp": "gelu (tanh), relu2, swiglu (geglu, swiglu_clamped, relu, xielu and rwkv refused: no fused activation)",
     "swiglu_limit": "refused with mlp=swiglu_clamped",
     "xielu_beta": "refused with mlp=xielu", "xielu_eps": "refused with mlp=xielu",
     "value_embeddings": "refused: the block hands the attention kernel the raw qkv output, before tables are mixed in",
@@ -73,7 +73,8 @@ FIELDS_ACCOUNTED = {
     "delta_gate_rank": "refused with delta_layers", "delta_decay": "refused with delta_layers",
     "delta_decay_floor": "refused with delta_layers",
     "delta_norm_position": "refused with delta_layers",
-    "delta_dt_rank": "refused with delta_layers", "delta_bcdt_norm_eps": "refused with delta_layers",
+    "delta_dt_rank": "refused with delta_layers", "delta_gate_softcap": "refused with delta_layers",
+    "delta_bcdt_norm_eps": "refused with delta_layers",
     "delta_bcdt_norm_weight": "refused with delta_layers",
     "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
     "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
@@ -105,7 +106,7 @@ FIELDS_ACCOUNTED = {
     "latent_key_norm": "refused with kv_lora_rank", "latent_norm_eps": "refused with kv_lora_rank",
     # computed as the modules compute them
     "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps (l2, model.ngpt's, refused with its sandwich norms)",
-    "norm_eps": "read from the norm modules",
+    "norm_eps": "read from the norm modules", "rescale_every": "read from the norm modules (their epsilon)",
     "norm_bias": "read from the norm modules",
     "norm_affine": "read from the norm modules (no weight: the product kernels' HAS_NORM_W off; the attention "
                    "kernel's QK-norm scales by ones)",
