@@ -480,6 +480,43 @@ def _minicpm_config(config_class):
     return make
 
 
+def _cosmos3_unified(weights: dict) -> dict:
+    """Cosmos 3's unified checkpoint layout from save_pretrained's: the Diffusers attention names and a Generator
+    expert's and a sound tower's tensors, which transformers drops on load, beside the Reasoner's."""
+    out = dict(weights)
+    q = next(k for k in weights if k.endswith("layers.0.self_attn.to_q.weight"))
+    out[q.replace("to_q", "add_q_proj")] = torch.zeros_like(weights[q])
+    out["layers.0.mlp.moe_gen.gate_proj.weight"] = torch.zeros(8, 64)
+    out["audio_modality_embed"] = torch.zeros(64)
+    return out
+
+
+def _cosmos3_edge_config(**text):
+    """Cosmos 3 Edge's layout: Llama's attention with a ReLU² MLP (fc1, fc2) and Qwen3-VL's interleaved multimodal
+    RoPE (sections 2 + 3 + 3), after a one-layer SigLIP 2 tower and its merger, untied."""
+    return transformers.Cosmos3EdgeConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                         rms_norm_eps=1e-5, pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]},
+                         **text),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=14, num_patches=16),
+        projector_hidden_size=32, image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 4)
+
+
+def _cosmos3_in_memory(name: str) -> str:
+    """A Cosmos 3 Edge tensor's name in transformers' modules (model.language_model.*, q_proj, mlp.fc1) from
+    save_pretrained's (its folders': flat layers.*, Diffusers' to_q, mlp.up_proj)."""
+    if name.startswith(("layers.", "embed_tokens.", "norm.")):
+        name = "model.language_model." + name
+    for theirs, ours in ((".to_q.", ".q_proj."), (".to_k.", ".k_proj."), (".to_v.", ".v_proj."),
+                         (".to_out.", ".o_proj."), (".mlp.up_proj.", ".mlp.fc1."), (".mlp.down_proj.", ".mlp.fc2.")):
+        name = name.replace(theirs, ours)
+    return name
+
+
 # GLM-4.1V's one-block tower (GLM-4.6V's, GLMGA's and GLM-OCR's take its fields)
 _GLM4V_TOWER = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14,
                     image_size=28)
@@ -487,6 +524,8 @@ _GLM4V_TOWER = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, 
 _TEXTS["glm_ocr_text"] = dict(_TEXTS["glm4v_text"], model_type="glm_ocr_text", head_dim=24,
                               rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                "partial_rotary_factor": 0.5, "mrope_section": [2, 2, 2]})
+
+_TEXTS["qwen3"] = dict(model_type="qwen3", **_LLAMA_TEXT)  # Qwen3's QK-norm
 
 CASES.update({
     "kimi_k25": (_kimi_k25_config, "Kimi_K25ForConditionalGeneration", "DeepseekV3ForCausalLM", _kimi_k25_hub),
@@ -508,10 +547,28 @@ CASES.update({
                     "Qwen3_5ForCausalLM", _other_layout),
     "minicpm_ocr": (_minicpm_config(transformers.MiniCPMOcrConfig), "MiniCPMOcrForConditionalGeneration",
                     "Qwen3_5ForCausalLM", _other_layout),
+    # the Hub's text layers under language_model.model.layers. (save_pretrained writes language_model.model.encoder.
+    # layers.)
+    "qianfan_ocr": _llava_like("qianfan_ocr", "QianfanOCRForConditionalGeneration", "qwen3", "Qwen3ForCausalLM",
+                               renamed=lambda name: name.replace(".model.encoder.layers.", ".model.layers.")),
+    "deepseek_vl": _llava_like("deepseek_vl", "DeepseekVLForConditionalGeneration", "llama", "LlamaForCausalLM",
+                               dict(_TOWER, model_type="siglip_vision_model"), renamed=None,
+                               tie_word_embeddings=False),
+    "deepseek_vl_hybrid": _llava_like("deepseek_vl_hybrid", "DeepseekVLHybridForConditionalGeneration", "llama",
+                                      "LlamaForCausalLM", dict(_TOWER, model_type="siglip_vision_model"),
+                                      renamed=None, tie_word_embeddings=False,
+                                      high_res_vision_config=dict(hidden_size=16, output_channels=16,
+                                                                  num_hidden_layers=2, num_attention_heads=2,
+                                                                  image_size=64, patch_size=16,
+                                                                  global_attn_indexes=[1], mlp_dim=32)),
+    "cosmos3_omni": (lambda: _qwen3_vl_config_of(transformers.Cosmos3OmniConfig), "Cosmos3OmniForConditionalGeneration",
+                     "Qwen3ForCausalLM", _cosmos3_unified),
+    "cosmos3_edge": (_cosmos3_edge_config, "Cosmos3EdgeForConditionalGeneration", "ArceeForCausalLM",
+                     _cosmos3_in_memory),
     "glm_ocr": _llava_like("glm_ocr", "GlmOcrForConditionalGeneration", "glm_ocr_text", "Glm4ForCausalLM",
                            _GLM4V_TOWER, renamed=None),
 })
-_ROUND3_FIRST = ("kimi_k25", "glm46v", "glm46v-moe", "glm_ocr", "ernie4_5_vl_moe", "paddleocr_vl", "lfm3_vl", "minicpmv4_6")
+_ROUND3_FIRST = ("kimi_k25", "glm46v", "glm46v-moe", "glm_ocr", "ernie4_5_vl_moe", "paddleocr_vl", "lfm3_vl", "minicpmv4_6", "qianfan_ocr", "deepseek_vl_hybrid", "cosmos3_omni", "cosmos3_edge")
 
 
 def _folder(kind, path, layout="saved"):
@@ -536,7 +593,7 @@ def _folder(kind, path, layout="saved"):
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2], "bos_token_id": 0}))
     if layout == "renamed":
         weights = load_file(str(path / "model.safetensors"))
-        renamed = rename(weights) if rename in (_qwen3_vl_moe_hub, _ernie_in_memory) else {
+        renamed = rename(weights) if rename in (_qwen3_vl_moe_hub, _ernie_in_memory, _cosmos3_unified) else {
             rename(k): v for k, v in weights.items()}
         save_file(renamed, str(path / "model.safetensors"),
                   metadata={"format": "pt"})
@@ -627,7 +684,8 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", ["llava", "llava_next", "llava_onevision", "qwen2_vl", "internvl", "aya_vision",
-                                  "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl"])
+                                  "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl",
+                                  "kimi_k25", "glm46v", "glm_ocr", "paddleocr_vl", "qianfan_ocr", "deepseek_vl"])
 def test_head_tying_of_llava_like_configs_follows_their_class(kind):
     """Whether the head is tied, for each pair of top-level and text_config flags (either left out): as the
     multimodal config class settles it (LlavaConfig, Qwen2VLConfig, Glm4vConfig and HunYuanVLConfig take
@@ -819,7 +877,12 @@ def test_refused_multimodal_folders_name_why(model_type, fragment):
     ("glm_ocr", {"model_type": "glm_ocr_text", "hidden_size": 64, "num_attention_heads": 4}),
     ("ernie4_5_vl_moe", {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4}),
     ("paddleocr_vl", {"hidden_size": 64, "num_attention_heads": 4, "head_dim": None}),
-    ("lfm3_vl", {"model_type": "lfm3", "hidden_size": 64, "num_hidden_layers": 2, "layer_types": ["conv", "full_attention"]}),
+    ("lfm3_vl", {"model_type": "lfm3", "hidden_size": 64, "num_hidden_layers": 2,
+                 "layer_types": ["conv", "full_attention"]}),
+    ("qianfan_ocr", {"hidden_size": 64, "num_hidden_layers": 2}),  # qwen3 by default
+    ("deepseek_vl", {"hidden_size": 64, "num_attention_heads": 4}),  # llama by default
+    ("cosmos3_omni", {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("cosmos3_edge", {"hidden_size": 256, "num_attention_heads": 2}),  # head_dim 128 by default
     ("ernie4_5_vl_moe", {"hidden_size": 64, "num_attention_heads": 4,
                          "rope_parameters": {"rope_type": "default", "mrope_section": [22, 22, 20]}}),
 ])
@@ -854,14 +917,19 @@ def test_round3_refusals_name_the_option(kind, top, fragment):
         family_for(config, "folder").model_config(config)
 
 
-@pytest.mark.parametrize("model_type", ["glm5_next", "glm5_next_text"])
-def test_round3_refused_folders_name_why(model_type):
-    """GLM-5.3-Next (KDA layers, pooled-group DSA latent attention without RoPE, Sinkhorn hyper-connections) is
-    refused by name at import."""
+@pytest.mark.parametrize("model_type, fragment", [("glm5_next", "hyper-connections"),
+                                                   ("glm5_next_text", "hyper-connections"),
+                                                   ("step3p7", "a head count of their own"),
+                                                   ("unlimited_ocr", "reference sliding windows"),
+                                                   ("unlimited_ocr_text", "reference sliding windows")])
+def test_round3_refused_folders_name_why(model_type, fragment):
+    """GLM-5.3-Next (KDA layers, pooled-group DSA latent attention without RoPE, Sinkhorn hyper-connections), Step 3.7
+    (windowed layers with their own head count) and Unlimited-OCR (prompt tokens always visible beside a window of
+    generated ones) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()
-    with pytest.raises(UserError, match=f"model_type '{model_type}' is not supported: .*hyper-connections"):
+    with pytest.raises(UserError, match=f"model_type '{model_type}' is not supported: .*{fragment}"):
         family_for(config, "folder")
 
 
@@ -880,3 +948,22 @@ def test_glm_ocr_multi_token_prediction_layer_is_left_out(tmp_path, capsys):
     tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf(input_ids=tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_paddleocr_vl_hub_flat_config():
+    """PaddleOCR-VL's config.json as the Hub holds it: the text model's fields at the top level beside
+    vision_config, multimodal RoPE sections on default RoPE: read as Llama's (heads 128 wide, no biases, plain RoPE,
+    tied), as PaddleOCRVLConfig fills it in."""
+    from redline.interop.families import family_for
+
+    flat = {"model_type": "paddleocr_vl", "architectures": ["PaddleOCRVLForConditionalGeneration"],
+            "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 18, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 103424, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5, "rope_theta": 500000, "use_bias": False,
+            "rope_scaling": {"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
+            "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27}}
+    cfg = family_for(flat, "paddleocr-vl").model_config(flat)
+    cfg.validate()
+    assert (cfg.n_layer, cfg.n_kv_head, cfg.head_dim, cfg.has_qkv_bias, cfg.bias, cfg.rope_theta, cfg.rope_scaling,
+            cfg.tie_embeddings) == (18, 2, 128, False, False, 500_000.0, "none", True)
+    assert transformers.PaddleOCRVLConfig.from_dict(flat).tie_word_embeddings

@@ -24,7 +24,12 @@ MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text mo
 minimax_m3.py, import only).
 Also Kimi K2.5's Kimi_K25ForConditionalGeneration (kimi_k25: DeepSeek-V3's text model), GLM-4.6V's and GLMGA's
 Glm46VForConditionalGeneration (glm46v, glmga: GLM-4.1V's or GLM-4.5V's text model) and GLM-OCR's (glm_ocr: GLM-4.1V's
-text model without q/k/v biases), their multimodal RoPE plain on text as GLM-4.1V's.
+text model without q/k/v biases), their multimodal RoPE plain on text as GLM-4.1V's; ERNIE 4.5 VL (ernie4_5_vl_moe:
+ERNIE 4.5 MoE's text model with its text experts alone, which it runs where no token is an image's), PaddleOCR-VL
+(ERNIE 4.5's dense block rotating as Qwen2-VL's, read as Llama's), LFM3-VL (lfm3), MiniCPM-V 4.6 and 4.7 and
+MiniCPM-OCR (qwen3_5_text), Qianfan-OCR (InternVL's model, qwen3), DeepSeek-VL and its hybrid (llama), Cosmos 3's
+Reasoner (cosmos3_omni: Qwen3-VL's model under Cosmos 3's names) and Edge (cosmos3_edge: Llama's attention with a
+ReLU² MLP, read as Arcee's).
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
 mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
@@ -64,7 +69,9 @@ from redline.model import ModelConfig
 
 _TEXT_PREFIXES = (("language_model.model.blocks.", "model.layers."),  # Kimi K2.5's layers as save_pretrained
                   # writes them (so before language_model.model.): its conversion mapping's blocks -> layers rename,
-                  # meant for its vision tower, run backwards over the text model's layers too
+                  # meant for its vision tower, run backwards over the text model's layers too; Qianfan-OCR's
+                  # encoder.layers -> layers the same way
+                  ("language_model.model.encoder.layers.", "model.layers."),
                   ("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
                   # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
                   ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
@@ -86,7 +93,12 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.mm_projector.", "mm_projector.",  # Kimi K2.5's projector
            "model.resampler_model.", "resampler_model.",  # ERNIE 4.5 VL's
            "model.projector.", "mlp_AR.",  # PaddleOCR-VL's, in memory and as its Hub folders name it
-           "model.merger.", "merger.")  # MiniCPM-V 4.6's
+           "model.merger.", "merger.",  # MiniCPM-V 4.6's
+           "mlp1.",  # Qianfan-OCR's projector as its Hub folders name it
+           # DeepSeek-VL's aligner, DeepSeek-VL (hybrid)'s high-resolution SAM tower, neck, projection and mix
+           "model.aligner.", "aligner.", "model.high_res_vision_", "high_res_vision_",
+           # Cosmos 3's Qwen3-VL tower as its unified checkpoints (and save_pretrained) name it
+           "blocks.", "patch_embed.", "pos_embed.", "deepstack_merger_list.")
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -177,6 +189,10 @@ _TEXT_DEFAULTS = {
                                   "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0,
                                                      "partial_rotary_factor": 0.5}},
                  tie_word_embeddings=True),
+    "cosmos3_edge_text": dict(vocab_size=131_072, hidden_size=2048, intermediate_size=9216, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                              max_position_embeddings=131_072, rms_norm_eps=1e-5, hidden_act="relu2",
+                              tie_word_embeddings=False),
 }
 
 
@@ -584,6 +600,44 @@ def _paddleocr_text(text: dict) -> dict:
             "tie_word_embeddings": text.get("tie_word_embeddings", True)}
 
 
+# Cosmos 3's unified checkpoints: the Reasoner's text model flat (layers.*, embed_tokens.*, norm.*) under Diffusers'
+# attention names, beside the Generator's experts and projections and the sound and action towers, which
+# transformers' Cosmos3Omni model drops on load (_COSMOS3_DROPPED_UNIFIED_CHECKPOINT_KEYS) and so does the import
+_COSMOS3_FLAT = ("layers.", "embed_tokens.", "norm.")
+_COSMOS3_NAMES = ((".self_attn.to_q.", ".self_attn.q_proj."), (".self_attn.to_k.", ".self_attn.k_proj."),
+                  (".self_attn.to_v.", ".self_attn.v_proj."), (".self_attn.to_out.", ".self_attn.o_proj."),
+                  (".self_attn.norm_q.", ".self_attn.q_norm."), (".self_attn.norm_k.", ".self_attn.k_norm."))
+_COSMOS3_DROPPED = re.compile(r"\.add_[qkv]_proj\.|\.to_add_out\.|\.norm_added_[qk]\.|moe_gen|^proj_(out|in)\.|"
+                              r"^time_embedder\.|^(audio|action)_proj_(out|in)\.|^(audio|action)_modality_embed$")
+
+
+def _cosmos3_view(src: TensorSource, cfg: ModelConfig, edge: bool = False) -> TensorSource:
+    """text_view(src) with Cosmos 3's flat text model (layers.*, embed_tokens.*, norm.*, as its unified checkpoints
+    and save_pretrained write it) under model.*, Diffusers' attention names (to_q, to_out, norm_q, ...) as Qwen3's,
+    and the Generator's and the sound and action towers' tensors marked read (_COSMOS3_DROPPED); `edge`: Cosmos 3
+    Edge's, whose ReLU² MLP transformers holds as mlp.fc1 / mlp.fc2 (its folders' mlp.up_proj / down_proj, Arcee's
+    names) and which drops nothing."""
+    renames = _COSMOS3_NAMES + (((".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj.")) if edge else ())
+    names = {}
+    for raw in src.names:
+        if not edge and _COSMOS3_DROPPED.search(raw):
+            src.used.add(raw)
+            continue
+        name = "model." + raw if raw.startswith(_COSMOS3_FLAT) else _text_name(raw)
+        for theirs, ours in renames:
+            name = name.replace(theirs, ours)
+        names[name] = raw
+    return TensorSource(names, lambda name: src.take(names[name]), src.where)
+
+
+def _cosmos3_edge_text(text: dict) -> dict:
+    """Cosmos 3 Edge's text config as Arcee's reader takes it: Llama's attention and a ReLU² MLP (fc1, fc2), its
+    Qwen3-VL interleaved multimodal RoPE plain on text (Cosmos3EdgeTextModel expands arange positions to all three
+    axes where none are given), CosmosEdgeTextConfig's base 1e8 where it gives none."""
+    params = {"rope_type": "default", "rope_theta": 100_000_000.0, **(text.get("rope_parameters") or {})}
+    return {**text, "rope_parameters": params}
+
+
 def _round3_families() -> tuple[Family, ...]:
     """kimi_k25 (deepseek_v3, or kimi_k2 as its Hub folders name it); glm46v and glmga (glm4v_text as GLM-4.1V's,
     glm4v_moe_text as GLM-4.5V's), glm_ocr (glm_ocr_text: GLM-4.1V's without q/k/v biases)."""
@@ -615,6 +669,20 @@ def _round3_families() -> tuple[Family, ...]:
         *(multimodal_family(name, "Qwen3_5ForCausalLM", {"qwen3_5_text": qwen3_5.TEXT_FAMILY}, "qwen3_5_text",
                             tie_default=tie) for name, tie in (("minicpmv4_6", False), ("minicpmv4_7", False),
                                                                ("minicpm_ocr", True))),
+        # Qianfan-OCR: InternVL's model around a qwen3 text model by default
+        multimodal_family("qianfan_ocr", "Qwen3ForCausalLM",
+                          {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}, "qwen3",
+                          tie_default=False),
+        # DeepSeek-VL and DeepSeek-VL (hybrid): AutoModel of a llama text_config under a plain lm_head
+        *(multimodal_family(name, "LlamaForCausalLM",
+                            {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}, "llama")
+          for name in ("deepseek_vl", "deepseek_vl_hybrid")),
+        # Cosmos 3 (Reasoner): Qwen3-VL's model (its interleaved MRoPE plain on text) under Cosmos 3's names
+        multimodal_family("cosmos3_omni", "Qwen3ForCausalLM", {"qwen3_vl_text": llamas["qwen3"]}, "qwen3_vl_text",
+                          tie_default=False, view=_cosmos3_view),
+        multimodal_family("cosmos3_edge", "ArceeForCausalLM", {"cosmos3_edge_text": llama.ARCEE_FAMILY},
+                          "cosmos3_edge_text", tie_default=False, adapt=_cosmos3_edge_text,
+                          view=lambda src, cfg: _cosmos3_view(src, cfg, edge=True)),
         multimodal_family("glm_ocr", "Glm4ForCausalLM", {"glm_ocr_text": glm.GLM4_FAMILY}, "glm_ocr_text",
                           tie_default=False, text_tie=True, adapt=_glm_ocr_text, view=_past_last_layer_read),
         # Kimi K2.5 / K2.6: DeepSeek-V3's text model under a lm_head; its image and video placeholder ids embedded as
