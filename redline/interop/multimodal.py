@@ -29,7 +29,8 @@ ERNIE 4.5 MoE's text model with its text experts alone, which it runs where no t
 (ERNIE 4.5's dense block rotating as Qwen2-VL's, read as Llama's), LFM3-VL (lfm3), MiniCPM-V 4.6 and 4.7 and
 MiniCPM-OCR (qwen3_5_text), Qianfan-OCR (InternVL's model, qwen3), DeepSeek-VL and its hybrid (llama), Cosmos 3's
 Reasoner (cosmos3_omni: Qwen3-VL's model under Cosmos 3's names) and Edge (cosmos3_edge: Llama's attention with a
-ReLU² MLP, read as Arcee's).
+ReLU² MLP, read as Arcee's), DeepSeek-OCR 2 (deepseek_ocr2: Llama's attention with DeepSeek-V2's experts, import only),
+Nemotron 3 Nano Omni (nemotron_h_omni: Nemotron-H's NemotronHForCausalLM, its config under text_config or llm_config).
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
 mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
@@ -60,6 +61,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -72,6 +74,7 @@ _TEXT_PREFIXES = (("language_model.model.blocks.", "model.layers."),  # Kimi K2.
                   # meant for its vision tower, run backwards over the text model's layers too; Qianfan-OCR's
                   # encoder.layers -> layers the same way
                   ("language_model.model.encoder.layers.", "model.layers."),
+                  ("language_model.backbone.", "backbone."),  # Nemotron-H Omni's NemotronHForCausalLM
                   ("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
                   # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
                   ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
@@ -98,7 +101,10 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            # DeepSeek-VL's aligner, DeepSeek-VL (hybrid)'s high-resolution SAM tower, neck, projection and mix
            "model.aligner.", "aligner.", "model.high_res_vision_", "high_res_vision_",
            # Cosmos 3's Qwen3-VL tower as its unified checkpoints (and save_pretrained) name it
-           "blocks.", "patch_embed.", "pos_embed.", "deepstack_merger_list.")
+           "blocks.", "patch_embed.", "pos_embed.", "deepstack_merger_list.",
+           # DeepSeek-OCR 2's SAM and Qwen2 encoders and its view separator
+           "model.sam_model.", "model.qwen2_model.", "model.view_seperator",
+           "embed_audio.", "vision_final_layernorm.")  # Nemotron-H Omni's audio projector and its tower's last norm
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -638,10 +644,57 @@ def _cosmos3_edge_text(text: dict) -> dict:
     return {**text, "rope_parameters": params}
 
 
+def _deepseek_ocr2_config(hf: dict) -> ModelConfig:
+    """DeepSeek-OCR 2's text model (deepseek_ocr2_text), as transformers' DeepseekOcr2TextModel computes it: Llama's
+    attention and RMSNorm blocks, dense SwiGLU layers and DeepSeek-V2's mixture (softmax scores, top k greedy or
+    over every group, never rescaled, times routed_scaling_factor, an ungated shared expert
+    moe_intermediate_size · n_shared_experts wide) where mlp_layer_types says sparse: the dense layers first."""
+    from redline.interop import llama
+    from redline.interop.deepseek import _expert_fields
+
+    kinds = hf.get("mlp_layer_types")
+    dense = next((i for i, kind in enumerate(kinds or ()) if kind != "dense"), len(kinds or ()))
+    raise_first([
+        (kinds is None, "text_config.mlp_layer_types is not given: transformers' DeepseekOcr2TextModel builds no "
+                        "layer without it"),
+        (kinds is not None and any(kind != "sparse" for kind in kinds[dense:]),
+         f"text_config.mlp_layer_types={kinds}: redline reads DeepSeek-OCR 2's dense layers before its expert "
+         f"layers"),
+    ])
+    base = llama.model_config_for("llama")(hf)
+    return replace(base, **_expert_fields({**hf, "first_k_dense_replace": dense}, "deepseek_v2"))
+
+
+def _deepseek_ocr2_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    """Llama's tensors with DeepSeek's experts (mlp.gate, mlp.experts.j.*, mlp.shared_experts.*) read as Qwen-MoE's
+    names, as llama.to_redline reads them (ERNIE 4.5 MoE's reader does the same)."""
+    from redline.interop import llama
+
+    theirs = {n.replace(".mlp.shared_experts.", ".mlp.shared_expert."): n for n in src.names}
+    return llama.to_redline(TensorSource(theirs, lambda name: src.take(theirs[name]), src.where), cfg)
+
+
+def _legacy_text_config(family: Family, legacy: str) -> Family:
+    """family reading a config whose text model is nested under `legacy` (Nemotron-H Omni's released configs:
+    llm_config, which NemotronH_Omni_Reasoning_V3_Config reads as text_config) as under text_config."""
+    def renamed(hf: dict) -> dict:
+        if legacy in hf and "text_config" not in hf:
+            hf = {**{k: v for k, v in hf.items() if k != legacy}, "text_config": hf[legacy]}
+        return hf
+
+    return replace(family, model_config=lambda hf: family.model_config(renamed(hf)),
+                   settle=lambda hf, src: family.settle(renamed(hf), src),
+                   fold=lambda hf, cfg, state: family.fold(renamed(hf), cfg, state))
+
+
 def _round3_families() -> tuple[Family, ...]:
     """kimi_k25 (deepseek_v3, or kimi_k2 as its Hub folders name it); glm46v and glmga (glm4v_text as GLM-4.1V's,
-    glm4v_moe_text as GLM-4.5V's), glm_ocr (glm_ocr_text: GLM-4.1V's without q/k/v biases)."""
-    from redline.interop import deepseek, ernie, glm, lfm2, llama, qwen3_5
+    glm4v_moe_text as GLM-4.5V's), glm_ocr (glm_ocr_text: GLM-4.1V's without q/k/v biases); ernie4_5_vl_moe
+    (ernie4_5_moe, its text experts), paddleocr_vl (llama), lfm3_vl (lfm3), minicpmv4_6, minicpmv4_7 and minicpm_ocr
+    (qwen3_5_text), qianfan_ocr (qwen3 by default), deepseek_vl and deepseek_vl_hybrid (llama by default),
+    cosmos3_omni (qwen3_vl_text, read as qwen3), cosmos3_edge (arcee), deepseek_ocr2 (its own reading, import only),
+    nemotron_h_omni (nemotron_h)."""
+    from redline.interop import deepseek, ernie, glm, lfm2, llama, nemotron_h, qwen3_5
 
     deepseeks = {f.name: f for f in deepseek.FAMILIES}
     llamas = {f.name: f for f in llama.FAMILIES}
@@ -683,6 +736,18 @@ def _round3_families() -> tuple[Family, ...]:
         multimodal_family("cosmos3_edge", "ArceeForCausalLM", {"cosmos3_edge_text": llama.ARCEE_FAMILY},
                           "cosmos3_edge_text", tie_default=False, adapt=_cosmos3_edge_text,
                           view=lambda src, cfg: _cosmos3_view(src, cfg, edge=True)),
+        # DeepSeek-OCR 2: Llama's attention with DeepSeek-V2's experts (import only: no architecture redline writes
+        # has them after Llama's attention)
+        multimodal_family("deepseek_ocr2", "DeepseekOcr2ForCausalLM", {"deepseek_ocr2_text": Family(
+            name="deepseek_ocr2_text", architecture="DeepseekOcr2ForCausalLM", model_config=_deepseek_ocr2_config,
+            hf_config=llamas["llama"].hf_config, to_redline=_deepseek_ocr2_to_redline, to_hf=llamas["llama"].to_hf,
+            ignorable=llamas["llama"].ignorable)}, "deepseek_ocr2_text", tie_default=False),
+        # Nemotron-H Omni (Nemotron 3 Nano Omni): Nemotron-H's NemotronHForCausalLM under language_model., its
+        # config under text_config or (its released folders) llm_config; its head never tied (its config has no
+        # tie_word_embeddings, and transformers ties no head of it whatever text_config says)
+        _legacy_text_config(multimodal_family("nemotron_h_omni", "NemotronHForCausalLM",
+                                              {"nemotron_h": nemotron_h.FAMILY}, "nemotron_h", tie_default=False),
+                            "llm_config"),
         multimodal_family("glm_ocr", "Glm4ForCausalLM", {"glm_ocr_text": glm.GLM4_FAMILY}, "glm_ocr_text",
                           tie_default=False, text_tie=True, adapt=_glm_ocr_text, view=_past_last_layer_read),
         # Kimi K2.5 / K2.6: DeepSeek-V3's text model under a lm_head; its image and video placeholder ids embedded as
