@@ -379,6 +379,25 @@ NOT_READ = {
                    "projection over o_groups, keys compressed window by window at compress_rates and picked by a "
                    "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
                    "redline's model and engine have not (its hyper-connections, hc_mult, are: model.mhc_streams)",
+    # multimodal folders whose text model redline cannot express (multimodal.py reads the others)
+    "glm5_next_text": "GLM-5.3-Next's text model mixes Kimi Delta Attention layers with short convolutions and a "
+                      "low-rank forget gate (layer_types linear_attention) into DSA latent attention without RoPE "
+                      "(qk_rope_head_dim 0) whose indexer picks pooled key groups (index_kpool) shared across layers "
+                      "(indexer_types), around Sinkhorn-mixed hyper-connections (hc_mult) and clamped SwiGLU "
+                      "experts; redline has no one model with these layers together",
+    "glm5_next": "the text model of a GLM-5.3-Next folder is glm5_next_text (KDA layers, pooled-group DSA latent "
+                 "attention, Sinkhorn hyper-connections), which redline cannot express",
+    "step3p7": "the text model of a Step 3.7 folder (step3p5: Gemma-style norms, QK-norm, a sigmoid gate a head, "
+               "sigmoid-routed experts with SwiGLU clamps per layer, windowed layers with a head count of their own, "
+               "num_sliding_attention_heads, in Step-3.7-Flash) is no text family redline reads; redline's "
+               "attention keeps one head count on every layer",
+    "unlimited_ocr": "Unlimited-OCR's text model attends with reference sliding windows (layer_types "
+                     "reference_sliding_attention): every prompt token stays visible while generated tokens see a "
+                     "window of the last sliding_window generated ones, so a token's logits depend on where the "
+                     "prompt ended, which redline's causal and windowed attention cannot express",
+    "unlimited_ocr_text": "Unlimited-OCR's text model attends with reference sliding windows (every prompt token "
+                          "visible, generated tokens windowed), which redline's causal and windowed attention "
+                          "cannot express",
 }
 
 
