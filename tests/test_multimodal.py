@@ -891,14 +891,13 @@ def test_qwen2_vl_hub_flat_config():
             cfg.tie_embeddings) == (28, 2, True, 1_000_000.0, "none", 0, True)
 
 
-@pytest.mark.parametrize("model_type, fragment", [("paligemma", "prefix-LM"),
-                                                   ("mistral_large4", "KV caches reused across layers"),
+@pytest.mark.parametrize("model_type, fragment", [("mistral_large4", "KV caches reused across layers"),
                                                    ("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
                                                    ("inkling2_loop", "looped loop_num_passes times")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV) and the
-    Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at import."""
+    """Mistral Large 4 (sparse latent attention with shared KV) and the Inkling folders (relative-position biases,
+    short convolutions, looped layers) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()
