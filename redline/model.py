@@ -1861,12 +1861,16 @@ def explicit_attention(q, k, v, mask: torch.Tensor | None, scale: float | None, 
     return torch.matmul(probs.to(v.dtype), v).transpose(1, 2).reshape(B, Tq, H * D)
 
 
-def _flex_attention_lse(q, k, v, block_mask, scale, enable_gqa, score_mod):
+FLEX_KERNEL_OPTIONS = {"FORCE_USE_FLEX_ATTENTION": True}
+
+
+def _flex_attention_lse(q, k, v, block_mask, scale, enable_gqa, score_mod, kernel_options=None):
     """flex_attention's output (B, H, Tq, D) and logsumexp of the scores (B, H, Tq), natural log: `return_aux`
     where torch has it (return_lse is deprecated there), `return_lse` before it."""
     from torch.nn.attention import flex_attention as flex
 
-    kw = dict(block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, score_mod=score_mod)
+    kw = dict(block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, score_mod=score_mod,
+              kernel_options=kernel_options)
     if hasattr(flex, "AuxRequest"):
         y, aux = flex.flex_attention(q, k, v, return_aux=flex.AuxRequest(lse=True), **kw)
         return y, aux.lse
@@ -2002,7 +2006,10 @@ class Attention(nn.Module):
             def capped(score, b, h, q_idx, kv_idx):
                 return cap * torch.tanh(score / cap)
 
-            kw = dict(block_mask=attn_mask, scale=self.scale, enable_gqa=gqa, score_mod=capped if cap else None)
+            # the main kernel at every length: under torch.compile a query shorter than 128 would go to the
+            # flex-decoding kernel, which has no valid configuration for a mask per batch row (documents, prefixes)
+            kw = dict(block_mask=attn_mask, scale=self.scale, enable_gqa=gqa, score_mod=capped if cap else None,
+                      kernel_options=FLEX_KERNEL_OPTIONS)
             if self.sinks is None:
                 y = flex_attention(q, k, v, **kw)
             else:  # the sink joins the denominator: output × exp(lse) / (exp(lse) + exp(sink))
