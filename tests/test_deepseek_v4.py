@@ -14,6 +14,7 @@ import torch
 
 from redline.errors import UserError
 from redline.inference import InferenceEngine
+from redline.model import ModelConfig
 from tests.engine_checks import (assert_decode_batch_parks_rows, assert_decode_batch_serves_like_generate,
                                  assert_freed_row_refills, assert_scores_equal_full_forward)
 from tests.interop_models import VOCAB, hf_folder
@@ -210,12 +211,33 @@ def test_train_init_from_an_import(kind, tmp_path, capsys):
     check_train_init_from(kind, tmp_path, capsys)
 
 
+GPU_V4 = ModelConfig(vocab_size=512, context_len=128, n_layer=3, n_embd=128, n_head=4, n_kv_head=1, head_size=32,
+                     shared_kv_attention=True, q_lora_rank=32, o_groups=2, o_lora_rank=32, attn_sinks=True,
+                     sliding_window=16, rope_dims=16, mhc_streams=2, mhc_sinkhorn_iters=4, moe_experts=4, moe_top_k=2,
+                     mlp="swiglu_clipped", mlp_hidden=64, moe_shared_hidden=64, moe_shared_gate=False,
+                     moe_gating="sqrtsoftplus", moe_norm_eps=1e-20, moe_expert_bias=True, moe_hash_layers=(0,),
+                     kv_compress_rates=(0, 4, 8), kv_compress_overlap=(1,), rope_layer_theta=(1e4, 4e4, 4e4),
+                     norm="rmsnorm", norm_eps=1e-6, bias=False)
+"""A DeepSeek-V4 for the GPU checks (no transformers model needed): a sliding layer with hash routing, a compressed
+sparse layer (windows of 4) and a heavily compressed one (windows of 8) turning by their own RoPE base."""
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_compiled_engine_and_training_step(model):
+@pytest.mark.parametrize("compressed", [False, True], ids=["sliding", "compressed"])
+def test_gpu_compiled_engine_and_training_step(compressed):
     """On a GPU: the compiled, graph-captured engine decodes greedily, as the eager one does (tests/engine_checks.py);
     the compiled training step's loss and the grouped output projection's gradient match eager ones."""
+    from redline.model import GPT
     from tests.engine_checks import assert_compiled_engine_stays_greedy, assert_compiled_training_step_matches
 
-    gpu = model.cuda()
-    assert_compiled_engine_stays_greedy(gpu, [list(range(1, 20)), [5, 6, 7], list(range(30, 60))])
-    assert_compiled_training_step_matches(gpu, gpu.blocks[0].attn.o_a.weight, length=48)
+    cfg = GPU_V4 if compressed else replace(GPU_V4, kv_compress_rates=(), kv_compress_overlap=(), rope_layer_theta=())
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    with torch.no_grad():
+        model.blocks[0].mlp.tid2eid.copy_(torch.rand(cfg.vocab_size, 4).argsort(dim=-1)[:, :2])
+        for name, p in model.named_parameters():
+            if name.endswith(("comp_bias", "attn_mhc.base", "mlp_mhc.base", "attn.sinks")):
+                p.normal_(0, 0.5)
+    model = model.cuda()
+    assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
+    assert_compiled_training_step_matches(model, model.blocks[1].attn.o_a.weight)
