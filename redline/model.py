@@ -67,7 +67,11 @@ Features (each a field of `ModelConfig`):
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
 - DeepSeek-V4's stream: manifold-constrained hyper-connections (`mhc_streams`), several streams summed into each
-  sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them;
+  sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them; its attention
+  (`shared_kv_attention`: one key head that is the value too, the output turned back by the query's position, a
+  grouped output projection, `o_groups`; beside the window, keys pooled from whole windows of tokens,
+  `kv_compress_rates`, overlapping on `kv_compress_overlap`), experts chosen by the token's id (`moe_hash_layers`), sqrt(softplus)
+  scores (`moe_gating`) and SwiGLU of clamped halves (`mlp=swiglu_clipped`);
 - hyper-connections (`hc_streams`, Qwen4-Exp's): several residual streams, each sublayer reading a low-rank gated mix of
   them and writing its output into each with a weight of its own; an attention layer may carry a QSA token indexer
   (`qsa_heads`), which selects every key within its budget and so attends densely up to the context it caps, and a
@@ -272,13 +276,18 @@ class ModelConfig:
     nope_interval: int = 0
     """Layer i takes no RoPE where (i + 1) is a multiple of this (its attention position-free, "NoPE": SmolLM3's
     no_rope_layers, one layer in 4); 0 = RoPE on every layer."""
+    rope_unscaled_theta: float = 0.0
+    """With rope_layer_theta and rope_scaling: the layers of this base turn by it without the scaling, the others
+    with it (DeepSeek-V4's sliding layers' plain RoPE beside its compressed layers' YaRN); 0 = every table scaled."""
     rope_layer_theta: tuple[float, ...] = ()
     """Each layer's RoPE base, 0 for a layer without RoPE (Granite SWA's layer_rope_theta): one table a distinct
     base, each with rope_scaling, as transformers builds them; () = rope_theta for every layer (with
     rope_local_theta and nope_interval)."""
-    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu2_glu", "relu", "xielu", "rwkv"] = "swiglu"
+    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "swiglu_clipped", "geglu", "relu2", "relu2_glu", "relu",
+                 "xielu", "rwkv"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
-    ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
+    ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), SwiGLU of the same clamped halves (DeepSeek-V4's
+    swiglu_limit: silu(gate) · up), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
     ReLU squared, ReLU squared gated like SwiGLU (relu(gate)² · up: BitNet's), ReLU (OPT's), or xIELU (Apertus's:
     ungated, two learned scalars a layer, xielu() below), or RWKV-4's channel mixing (rwkv: ReLU squared of the
     token blended with its predecessor, gated by a sigmoid receptance; RWKVChannelMix below, on model.delta_layers
@@ -288,7 +297,8 @@ class ModelConfig:
     xielu_eps: float = -1e-6
     """mlp=xielu: the negative branch's clamp, expm1(min(x, eps)) (Apertus's -1e-6, as its checkpoints store it)."""
     swiglu_limit: float = 7.0
-    """mlp=swiglu_clamped: the clamp on the gate (above) and the up projection (both sides); GPT-OSS's 7."""
+    """mlp=swiglu_clamped or swiglu_clipped: the clamp on the gate (above) and the up projection (both sides);
+    GPT-OSS's 7, DeepSeek-V4's 10."""
     gelu_approximate: Literal["tanh", "none"] = "tanh"
     """The GELU of the gelu and geglu MLPs: the tanh approximation (GPT-2's gelu_new, Gemma's) or the exact erf form
     (GPT-NeoX's and Pythia's "gelu")."""
@@ -436,9 +446,10 @@ class ModelConfig:
     """Mixture of experts, training: add this times the load-balancing loss (Switch Transformer's E·Σ_e f_e·P_e,
     f_e the share of routed slots expert e takes, P_e its mean router probability; averaged over the layers) to the
     language-model loss, so the router keeps spreading tokens (Mixtral's router_aux_loss_coef); 0 = off."""
-    moe_gating: Literal["softmax", "sigmoid", "sparsemixer"] = "softmax"
+    moe_gating: Literal["softmax", "sigmoid", "sqrtsoftplus", "sparsemixer"] = "softmax"
     """Mixture of experts: the router's scores, a softmax over the experts or each expert's sigmoid (LFM2-MoE's,
-    DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus moe_norm_eps), or SparseMixer's top 2
+    DeepSeek-V3's; with moe_norm_topk the chosen ones rescaled to sum to 1, plus moe_norm_eps) or sqrt(softplus) of
+    its logit (DeepSeek-V4's sqrtsoftplus, fp32, rescaled as sigmoid's), or SparseMixer's top 2
     (PhiMoE's, sparsemixer below: each weight a softmax over the experts whose logits lie within moe_jitter_eps of the
     chosen one's; moe_top_k 2, no rescaling)."""
     moe_jitter_eps: float = 0.0
@@ -641,6 +652,35 @@ class ModelConfig:
     mhc_eps: float = 1e-6
     """mhc_streams: the floor added to `pre`, to the mixing matrix's entries and to every Sinkhorn step's sums
     (DeepSeek-V4's hc_eps); the streams' norm takes norm_eps."""
+    shared_kv_attention: bool = False
+    """DeepSeek-V4's attention (SharedKVAttention below): q through q_a (C -> q_lora_rank), an RMSNorm with weights
+    and q_b (-> H·D), each head then RMS-normed without a weight; one key head (kv, C -> D, RMS-normed with weights)
+    that is the value too, rotated as the queries are (RoPE on rope_dims); each head's output rotated back by its
+    query's position (what the value's rotation leaves is the key's relative one), then the grouped output
+    projection (o_groups). Needs n_kv_head=1 and q_lora_rank; norms at norm_eps."""
+    o_groups: int = 0
+    """shared_kv_attention: the heads' outputs in this many groups of H·D/G, each projected to o_lora_rank by its own
+    block of o_a ((G·o_lora_rank, H·D/G)), the G·o_lora_rank together through proj to C (DeepSeek-V4's o_groups)."""
+    o_lora_rank: int = 0
+    """shared_kv_attention: the width each group of heads is projected to (DeepSeek-V4's o_lora_rank)."""
+    kv_compress_rates: tuple[int, ...] = ()
+    """shared_kv_attention: each layer's compression rate m, 0 for none (DeepSeek-V4's compressed layers; () = none):
+    beside its window, a layer with m > 0 attends to one compressed key (also its value) for each whole window of m
+    tokens before the query (window w where (w + 1)·m <= position + 1): the window's tokens' comp_kv projections
+    (C -> D) weighted by a softmax over them of their comp_gate projections plus a learned bias by place in the window
+    (comp_bias, (m, D), fp32), summed, RMS-normed (comp_norm) and rotated at position w·m (DeepSeek-V4's
+    heavily compressed attention's compressor). The engine's cache keeps each token's projections beside its key, so
+    prefill, chunked prefill and decode pool them as the full forward does."""
+    kv_compress_overlap: tuple[int, ...] = ()
+    """kv_compress_rates: the layers whose windows overlap (DeepSeek-V4's compressed sparse attention): comp_kv and
+    comp_gate give two series (2·D), and key w pools window w's second series with window w - 1's first, 2·m tokens
+    (comp_bias (m, 2·D)). DeepSeek-V4 picks those keys by a lightning indexer; redline attends to all of them, which
+    is what the indexer keeps while a query sees no more than its top k (the import caps context_len there)."""
+    moe_hash_layers: tuple[int, ...] = ()
+    """Mixture of experts: the layers whose experts are chosen by the token's id, not by the router's scores: a stored
+    table (mlp.tid2eid, (vocab_size, moe_top_k) int64, a buffer) gives each token's moe_top_k experts, the router's
+    scores of those still weighting them (DeepSeek-V4's hash_moe layers); no expert bias or groups take part in their
+    choice. () = none."""
     hc_streams: int = 0
     """Hyper-connections (Zhu et al. 2024, "Hyper-Connections"; Qwen4-Exp's hc_count): the residual stream is this
     many (B, T, C) streams, the embeddings copied into each. Before each sublayer, the streams are RMS-normed one by
@@ -801,9 +841,12 @@ class ModelConfig:
     def layer_cache_geometry(self, layer: int) -> tuple[int, int]:
         """The (heads, width) layer `layer` keeps in the inference engine's cache for each token: latent attention's
         one head of its normalized latent and shared rotated key part (kv_lora_rank + rope_dims; LatentAttention.
-        latent_heads), else its KV heads and head width."""
+        latent_heads); a compressed layer's key head and its compressor's kv and gate projections (1 + 2 or 1 + 4
+        heads of head_dim: SharedKVAttention.project_qkv); else its KV heads and head width."""
         if self.kv_lora_rank:
             return 1, self.kv_lora_rank + self.rope_dims
+        if self.kv_compress_rates and self.kv_compress_rates[layer]:
+            return 1 + 2 * (1 + (layer in self.kv_compress_overlap)), self.head_dim
         return self.layer_kv_heads(layer), self.layer_head_dim(layer)
 
     def kv_source(self, layer: int) -> int | None:
@@ -831,7 +874,7 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp in ("swiglu", "swiglu_clamped", "geglu", "relu2_glu")
+        return self.mlp in ("swiglu", "swiglu_clamped", "swiglu_clipped", "geglu", "relu2_glu")
 
     def layer_norm_position(self, layer: int) -> str:
         """Where layer `layer`'s block puts its norms: delta_norm_position on a delta layer where it is given, else
@@ -860,7 +903,8 @@ class ModelConfig:
         """The RoPE tables a model holds, as (base, scaled by rope_scaling): rope_theta's first, then the windowed
         layers' (rope_local_theta, unscaled), or with rope_layer_theta each distinct base in increasing order."""
         if self.rope_layer_theta:
-            return [(theta, True) for theta in sorted({t for t in self.rope_layer_theta if t})]
+            return [(theta, theta != self.rope_unscaled_theta)
+                    for theta in sorted({t for t in self.rope_layer_theta if t})]
         return [(self.rope_theta, True)] + ([(self.rope_local_theta, False)] if self.rope_local_theta else [])
 
     def layer_rope_table(self, layer: int) -> int:
@@ -948,9 +992,10 @@ class ModelConfig:
             raise UserError(f"model.rope_dims={self.rope_dims} needs RoPE (model.pos_emb=rope) and an even number of "
                             f"dimensions up to the head width {self.head_dim} (0: the whole head)")
         if min(self.kv_lora_rank, self.q_lora_rank, self.v_head_dim) < 0 or (
-                (self.q_lora_rank or self.v_head_dim) and not self.kv_lora_rank):
+                (self.q_lora_rank and not (self.kv_lora_rank or self.shared_kv_attention))
+                or (self.v_head_dim and not self.kv_lora_rank)):
             raise UserError("model.q_lora_rank and v_head_dim are latent attention's (>= 0, with model.kv_lora_rank "
-                            "> 0)")
+                            "> 0; q_lora_rank DeepSeek-V4's shared_kv_attention's too)")
         if self.latent_norm_eps < 0 or ((self.latent_key_norm or self.latent_norm_eps) and not self.kv_lora_rank):
             raise UserError("model.latent_key_norm and latent_norm_eps are latent attention's (latent_norm_eps >= 0, "
                             "with model.kv_lora_rank > 0)")
@@ -1350,6 +1395,7 @@ class ModelConfig:
                             "model.kv_lora_rank and model.q_lora_rank, and no other gate (model.attn_gate=none)")
         self._validate_altup()
         self._validate_mhc()
+        self._validate_shared_kv()
         self._validate_hyper_connections()
         self._validate_bitnet()
         self._validate_ngpt()
@@ -1471,6 +1517,56 @@ class ModelConfig:
             raise UserError(f"model.mhc_streams (DeepSeek-V4's hyper-connections) takes pre-norm blocks of a mixer "
                             f"and an MLP on one plain stream each, without model.{clash[0] if clash else 'norm_position'}"
                             f"{'' if clash else ' ' + repr(self.norm_position)}")
+    def _validate_shared_kv(self) -> None:
+        """DeepSeek-V4's attention (shared_kv_attention) and hash-routed experts (moe_hash_layers)."""
+        if self.moe_hash_layers and (not self.moe_experts or self.moe_dense_layers or self.moe_layers
+                                     or self.moe_gating == "sparsemixer" or self.moe_identity_experts
+                                     or list(self.moe_hash_layers) != sorted(set(self.moe_hash_layers))
+                                     or not 0 <= self.moe_hash_layers[0] <= self.moe_hash_layers[-1] < self.n_layer):
+            raise UserError(f"model.moe_hash_layers={self.moe_hash_layers} must name distinct layers in increasing "
+                            f"order in [0, n_layer={self.n_layer}), with experts on every layer (model.moe_experts, "
+                            f"no moe_dense_layers or moe_layers) and neither SparseMixer nor identity experts")
+        if self.moe_hash_layers and (self.per_layer_embd or self.ngram_layers or self.shared_attn_layers
+                                     or self.moe_beside_dense or self.moe_shortcut):
+            raise UserError("model.moe_hash_layers hands its layers the token ids where per_layer_embd, ngram_layers "
+                            "and shared_attn_layers hand theirs other inputs, and routes a block's MLP (not "
+                            "moe_beside_dense's or moe_shortcut's experts): drop one")
+        if self.o_groups < 0 or self.o_lora_rank < 0 or (self.o_groups or self.o_lora_rank) and not (
+                self.shared_kv_attention):
+            raise UserError(f"model.o_groups={self.o_groups} and o_lora_rank={self.o_lora_rank} are >= 0 and "
+                            f"DeepSeek-V4's grouped output projection (model.shared_kv_attention)")
+        if self.rope_unscaled_theta and (self.rope_unscaled_theta not in self.rope_layer_theta
+                                         or self.rope_scaling == "none"):
+            raise UserError(f"model.rope_unscaled_theta={self.rope_unscaled_theta} names the base of some layers of "
+                            f"model.rope_layer_theta that turn without model.rope_scaling: it needs both")
+        if (self.kv_compress_rates or self.kv_compress_overlap) and not (
+                self.shared_kv_attention and len(self.kv_compress_rates) == self.n_layer
+                and min(self.kv_compress_rates) >= 0
+                and all(self.kv_compress_rates[i] for i in self.kv_compress_overlap if 0 <= i < self.n_layer)
+                and list(self.kv_compress_overlap) == sorted(set(self.kv_compress_overlap))
+                and all(0 <= i < self.n_layer for i in self.kv_compress_overlap)):
+            raise UserError(f"model.kv_compress_rates={self.kv_compress_rates} (a rate >= 0 for each of the "
+                            f"{self.n_layer} layers) and kv_compress_overlap={self.kv_compress_overlap} (distinct "
+                            f"compressed layers in increasing order) are DeepSeek-V4's compressed layers, of "
+                            f"model.shared_kv_attention")
+        if not self.shared_kv_attention:
+            return
+        if (self.kv_heads != 1 or not self.q_lora_rank or self.o_groups < 1 or self.o_lora_rank < 1
+                or self.n_head % self.o_groups or self.pos_emb != "rope" or self.kv_lora_rank):
+            raise UserError(f"model.shared_kv_attention (DeepSeek-V4's) needs one key head (n_kv_head=1), "
+                            f"q_lora_rank > 0, o_groups >= 1 dividing n_head={self.n_head}, o_lora_rank >= 1 and "
+                            f"RoPE, not latent attention (got n_kv_head={self.kv_heads}, q_lora_rank="
+                            f"{self.q_lora_rank}, o_groups={self.o_groups}, o_lora_rank={self.o_lora_rank})")
+        clash = [name for name in ("qk_norm", "has_qkv_bias", "bias", "qkv_clip", "attn_softcap",
+                                   "value_embeddings", "value_embed_layers", "diff_attention", "attn_key_bias",
+                                   "conv_layers", "delta_layers", "kv_shared_layers", "global_head_size", "v_norm",
+                                   "nope_interval", "rope_local_theta", "attn_chunk",
+                                   "shared_attn_layers", "qsa_heads", "rope_qk_norm", "nope_temperature")
+                 if getattr(self, name, False)]
+        if clash or self.attn_gate != "none":
+            raise UserError(f"model.shared_kv_attention (DeepSeek-V4's attention) takes no "
+                            f"model.{clash[0] if clash else 'attn_gate'}")
+
     def _validate_ngrams(self) -> None:
         """Qwen4-Exp's Per-Layer Embeddings (model.ngram_layers)."""
         heads = (self.ngram_size - 1) * self.ngram_heads
@@ -2330,6 +2426,151 @@ class LatentHeads:
         self.project_qkv = attn.latent_heads
 
 
+class SharedKVAttention(Attention):
+    """DeepSeek-V4's attention (model.shared_kv_attention), as transformers' DeepseekV4Attention computes it on its
+    sliding-window layers: q = q_b(q_a_norm(q_a(x))) (C -> q_lora_rank -> H·D), each head RMS-normed without a weight
+    (fp32); one key head kv_norm(kv(x)) (C -> D) that serves as the value too; RoPE turns q's and the key's first
+    rope_dims (DeepSeek-V4 turns a head's last rope_dims as interleaved pairs: the import permutes the rows of q_b, kv
+    and kv_norm and the columns of o_a to redline's order, which leaves every product as it was); sinks per head
+    (model.attn_sinks). The value carries its key's rotation by the key's position, so each head's output is turned
+    back by its query's (RoPE with -sin), leaving the relative one. The heads' outputs (B, T, H·D) then go through the
+    grouped output projection: G = o_groups groups of H·D/G, each through its own (o_lora_rank, H·D/G) block of o_a
+    (a HeadLinear), the G·o_lora_rank together through proj (C). The KV cache holds the one key head as key and as
+    value, as any multi-query layer's."""
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        nn.Module.__init__(self)
+        self.cfg, self.layer = cfg, layer
+        self.n_head, self.n_kv, self.head_dim = cfg.n_head, 1, cfg.head_dim
+        self.kv_source, self.values_from_keys = None, False  # what Attention's callers read
+        self.window = cfg.layer_mask(layer)
+        self.rope_table = cfg.layer_rope_table(layer)
+        self.use_rope = True
+        self.scale = cfg.attn_scale or None  # None: 1 / sqrt(D), DeepSeek-V4's scaling
+        self.ve_mix = self.ve_gate = self.gate = self.v_norm = None
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if cfg.attn_sinks else None
+        H, D, C, G = cfg.n_head, cfg.head_dim, cfg.n_embd, cfg.o_groups
+        self.groups = G
+        self.q_a = nn.Linear(C, cfg.q_lora_rank, bias=False)
+        self.q_a_norm = nn.RMSNorm(cfg.q_lora_rank, eps=cfg.norm_eps)
+        self.q_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
+        self.kv = nn.Linear(C, D, bias=False)
+        self.kv_norm = nn.RMSNorm(D, eps=cfg.norm_eps)
+        self.o_a = HeadLinear(G, H * D // G, cfg.o_lora_rank, bias=False)  # (G, o_lora_rank, H·D/G)
+        self.proj = nn.Linear(G * cfg.o_lora_rank, C, bias=False)
+        self.proj.is_residual_out = True
+        # model.kv_compress_rates: the compressor of keys pooled window by window, its projections' series (2 where
+        # the windows overlap); its keys' RoPE tables at the windows' starts w·m (fp32 buffers, derive_tables)
+        self.compress_rate = cfg.kv_compress_rates[layer] if cfg.kv_compress_rates else 0
+        self.overlap = layer in cfg.kv_compress_overlap
+        if self.compress_rate:
+            series = 2 if self.overlap else 1
+            self.comp_kv = nn.Linear(C, series * D, bias=False)
+            self.comp_gate = nn.Linear(C, series * D, bias=False)
+            self.comp_bias = nn.Parameter(torch.zeros(self.compress_rate, series * D))
+            self.comp_norm = nn.RMSNorm(D, eps=cfg.norm_eps)
+            self.register_buffer("comp_cos", None, persistent=False)
+            self.register_buffer("comp_sin", None, persistent=False)
+            self.derive_tables()
+
+    def derive_tables(self) -> None:
+        """comp_cos, comp_sin (context_len // m, R/2) fp32: RoPE of this layer's base at positions 0, m, 2m, ...,
+        where its compressed keys turn (DeepSeek-V4's compressor rotates key w at w·m)."""
+        base, scaled = self.cfg.rope_bases[self.rope_table] if self.cfg.rope_bases else (self.cfg.rope_theta, True)
+        cfg = replace(self.cfg, rope_theta=base, rope_scaling=self.cfg.rope_scaling if scaled else "none",
+                      rope_unscaled_theta=0.0, rope_layer_theta=())
+        device = self.comp_bias.device if self.comp_bias.device.type != "meta" else None
+        starts = torch.arange(0, self.cfg.context_len, self.compress_rate, dtype=torch.float32)
+        angles = torch.outer(starts, rope_frequencies(cfg))
+        scale = rope_attention_factor(cfg)
+        self.comp_cos, self.comp_sin = (angles.cos() * scale).to(device), (angles.sin() * scale).to(device)
+
+    def project(self, x: torch.Tensor):
+        raise NotImplementedError("DeepSeek-V4's attention has no raw q/k/v projection: use project_qkv")
+
+    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                    ve: torch.Tensor | None = None):
+        """x (B, T, C) -> q (B, H, T, D), k and v (B, 1, T, D), the same tensor, RoPE applied; ve unused (validate
+        refuses value embeddings)."""
+        B, T, _ = x.shape
+        H, D = self.n_head, self.head_dim
+        q = self.q_b(self.q_a_norm(self.q_a(x))).view(B, T, H, D).transpose(1, 2)
+        q = F.rms_norm(q.float(), (D,), eps=self.cfg.norm_eps).to(q.dtype)  # DeepseekV4UnweightedRMSNorm's
+        kv = self.kv_norm(self.kv(x)).view(B, T, 1, D).transpose(1, 2)
+        if rope is not None:
+            cos, sin = layer_rope(rope, self.rope_table)
+            q, kv = apply_rope(q, cos, sin), apply_rope(kv, cos, sin)
+        if self.compress_rate:  # the compressor's projections ride beside the key: (B, 1 + 2·series, T, D)
+            raw = torch.cat([self.comp_kv(x), self.comp_gate(x)], dim=-1).view(B, T, -1, D).transpose(1, 2)
+            kv = torch.cat([kv, raw.to(kv.dtype)], dim=1)
+        return q, kv, kv
+
+    def compressed_keys(self, raw: torch.Tensor) -> torch.Tensor:
+        """raw (B, 2·series, S, D): the compressor's kv then gate projections of positions 0..S-1 -> the compressed
+        keys of the S // m whole windows (B, 1, S // m, D), as transformers' DeepseekV4HCACompressor (series 1) and
+        DeepseekV4CSACompressor (series 2: key w pools window w's second series and window w - 1's first, the first
+        window's missing half weighted 0) compute them: softmax over the window's tokens in fp32 of gate + comp_bias,
+        the weighted sum of kv, comp_norm, RoPE at position w·m."""
+        m, (B, heads, S, D) = self.compress_rate, raw.shape
+        n = S // m
+        raw = raw[:, :, :n * m].transpose(1, 2).reshape(B, n, m, heads * D)  # (B, n, m, 2·series·D)
+        kv, gate = raw.chunk(2, dim=-1)  # (B, n, m, series·D) each
+        gate = gate.float() + self.comp_bias.float()
+        if self.overlap:  # [window w - 1's first series; window w's second]: (B, n, 2m, D), before window 0 nothing
+            kv = torch.cat([torch.cat([torch.zeros_like(kv[:, :1, :, :D]), kv[:, :-1, :, :D]], dim=1), kv[..., D:]],
+                           dim=2)
+            gate = torch.cat([torch.cat([torch.full_like(gate[:, :1, :, :D], float("-inf")), gate[:, :-1, :, :D]],
+                                        dim=1), gate[..., D:]], dim=2)
+        pooled = (kv * torch.softmax(gate, dim=2).to(kv.dtype)).sum(dim=2)  # (B, n, D)
+        keys = self.comp_norm(pooled).unsqueeze(1)  # (B, 1, n, D)
+        return apply_rope(keys, self.comp_cos[:n], self.comp_sin[:n])
+
+    def attend_compressed(self, q, keys, raw, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """q (B, H, Tq, D) at positions (Tq,) or (B, Tq); keys (B, 1, S, D) the window's keys (also the values) of
+        positions 0..S-1 and raw their compressor projections; mask (.., Tq, S) bool -> (B, Tq, H·D): attention over
+        the window's keys and the compressed keys of the whole windows each query has seen."""
+        compressed = self.compressed_keys(raw)  # (B, 1, n, D)
+        n = compressed.shape[2]
+        seen = torch.arange(n, device=q.device) < ((positions + 1) // self.compress_rate)[..., None]  # (.., Tq, n)
+        seen = seen.view(-1, 1, positions.shape[-1], n) if positions.dim() == 2 else seen
+        B, _, Tq, _ = q.shape
+        mask = torch.cat([mask.expand(B, 1, Tq, -1), seen.expand(B, 1, Tq, n)], dim=-1)
+        keys = torch.cat([keys, compressed.to(keys.dtype)], dim=2)
+        return explicit_attention(q, keys, keys, mask, self.scale, 0.0, self.sinks)
+
+    def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        """As Attention.attend; a compressed layer's k holds its compressor's projections beside the key
+        (project_qkv), the queries the last Tq of the Tk positions (a full forward, a prefill span)."""
+        if not self.compress_rate:
+            return super().attend(q, k, v, attn_mask, is_causal)
+        Tq, Tk = q.shape[2], k.shape[2]
+        if attn_mask is None:
+            attn_mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)
+        positions = torch.arange(Tk - Tq, Tk, device=q.device)
+        return self.attend_compressed(q, k[:, :1], k[:, 1:], attn_mask, positions)
+
+    def attend_slots(self, q, k_cache: torch.Tensor, mask: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """The engine's decode step of a compressed layer (DecodeLayer.attend): q (B, H, 1, D) at each row's slot
+        (B,), k_cache (B, 1 + 2·series, W, D) its cached slots, mask (B, 1, 1, W) -> (B, 1, H·D)."""
+        return self.attend_compressed(q, k_cache[:, :1], k_cache[:, 1:], mask, slot[:, None])
+
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
+                shared: dict | None = None) -> torch.Tensor:
+        """As Attention.forward: x (B, T, C) -> (B, T, C)."""
+        if cache is not None:
+            y = cache.attend(self, x, rope, ve)
+        else:
+            q, k, v = self.project_qkv(x, rope)
+            y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
+        B, T, _ = y.shape
+        y = y.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        if rope is not None:  # the value's rotation undone at the query's position
+            cos, sin = layer_rope(rope, self.rope_table)
+            y = apply_rope(y, cos, -sin)
+        y = y.transpose(1, 2).reshape(B, T, self.groups, -1)  # (B, T, G, H·D/G)
+        return self.proj(self.o_a(y).flatten(2))
+
+
 def causal_conv(u: torch.Tensor, weight: torch.Tensor, before: torch.Tensor | None = None,
                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """A causal depthwise convolution of u (B, T, C) by weight (C, K), oldest token first -> (B, T, C): token t sums
@@ -3053,8 +3294,9 @@ class SharedBlockCall(Attention):
 
 def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str = "tanh",
                      limit: float = 7.0) -> torch.Tensor:
-    """A gated MLP's hidden activation from its gate and up halves (..., F) each: SwiGLU, GeGLU, or GPT-OSS's clamped
-    SwiGLU (semantics read from transformers' models/gpt_oss/modeling_gpt_oss.py, GptOssExperts._apply_gate)."""
+    """A gated MLP's hidden activation from its gate and up halves (..., F) each: SwiGLU, GeGLU, GPT-OSS's clamped
+    SwiGLU (semantics read from transformers' models/gpt_oss/modeling_gpt_oss.py, GptOssExperts._apply_gate) or
+    SwiGLU of the clamped halves (DeepSeek-V4's)."""
     if kind == "swiglu":
         return F.silu(gate) * up
     if kind == "geglu":
@@ -3062,6 +3304,8 @@ def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str 
     if kind == "relu2_glu":
         return F.relu(gate).square() * up
     gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    if kind == "swiglu_clipped":  # as transformers' DeepseekV4Experts._apply_gate and DeepseekV4MLP compute it
+        return F.silu(gate) * up
     return (up + 1) * gate * torch.sigmoid(SWIGLU_CLAMPED_ALPHA * gate)
 
 
@@ -3242,12 +3486,18 @@ class MoE(nn.Module):
     tokens sorted by expert (Mixtral's and Qwen-MoE's routing, as transformers' MixtralSparseMoeBlock and
     Qwen2MoeSparseMoeBlock compute it)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, hashed: bool = False):
         super().__init__()
         E, F_, C = cfg.moe_experts, cfg.hidden_dim, cfg.n_embd
+        # model.moe_hash_layers (DeepSeek-V4's hash_moe): each token id's experts, (vocab_size, k) int64, stored with
+        # the weights and never trained; the forward then takes the token ids
+        self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, cfg.moe_top_k, dtype=torch.long)
+                             if hashed else None)
         self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
         self.top_k, self.norm_topk, self.norm_min = cfg.moe_top_k, cfg.moe_norm_topk, cfg.moe_norm_min
-        self.sigmoid, self.scale = cfg.moe_gating == "sigmoid", cfg.moe_scale
+        # sqrtsoftplus scores (DeepSeek-V4's) are positive and unnormalized as sigmoid's are: rescaled the same way
+        self.sigmoid, self.scale = cfg.moe_gating in ("sigmoid", "sqrtsoftplus"), cfg.moe_scale
+        self.sqrtsoftplus = cfg.moe_gating == "sqrtsoftplus"
         self.weight_input = cfg.moe_weight_input  # the weights scale each expert's input (Llama 4's), not its output
         self.norm_eps = cfg.moe_norm_eps if self.sigmoid else 0.0  # softmax scores: their sum is above 0 already
         # moe_gating=sparsemixer (PhiMoE's): its threshold and its training-time input noise
@@ -3298,7 +3548,9 @@ class MoE(nn.Module):
             if scale is not None:
                 nn.init.ones_(scale)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., C) -> (..., C); ids: the tokens' ids (..., 1) where the layer routes by them (tid2eid), else
+        unused."""
         shape, E, k = x.shape, self.fc.shape[0], self.top_k
         x = x.reshape(-1, shape[-1])  # (N, C)
         if self.input_jitter and self.training:  # DBRX's router scales the input in place; PhiMoE's block and then
@@ -3311,8 +3563,16 @@ class MoE(nn.Module):
             routed = F.rms_norm(x.float(), (C,), eps=self.router_norm_eps).type_as(x)
             logits = self.router(routed * self.router_scale * C ** -0.5)
             x = self.input_norm(x)
-        probs = torch.sigmoid(logits.float()) if self.sigmoid else F.softmax(logits, dim=-1, dtype=torch.float32)
-        if self.sparsemixer:  # the weights from the logits in their own dtype, as PhiMoE's router computes them
+        if self.sqrtsoftplus:  # DeepSeek-V4's sqrt(softplus(logit)), in fp32
+            probs = F.softplus(logits.float()).sqrt()
+        elif self.sigmoid:
+            probs = torch.sigmoid(logits.float())
+        else:
+            probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        if self.tid2eid is not None:  # the token's stored experts (DeepSeek-V4's DeepseekV4HashRouter); scores weight
+            experts = self.tid2eid[ids.reshape(-1)]  # (N, k)
+            weights = probs.gather(1, experts)
+        elif self.sparsemixer:  # the weights from the logits in their own dtype, as PhiMoE's router computes them
             weights, experts = sparsemixer(logits, self.jitter_eps, self.training)
         elif self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
             if self.expert_bias is None:
@@ -3726,7 +3986,8 @@ class Block(nn.Module):
         elif layer in cfg.shared_attn_layers:  # Zamba2's: a shared block's call before the mixer in mamba
             self.attn = SharedBlockCall(cfg, layer)
         else:
-            attention = (LatentAttention if cfg.kv_lora_rank else DiffAttention if cfg.diff_attention
+            attention = (LatentAttention if cfg.kv_lora_rank else SharedKVAttention if cfg.shared_kv_attention
+                         else DiffAttention if cfg.diff_attention
                          else KeyBiasAttention if cfg.attn_key_bias else Attention)
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
@@ -3735,7 +3996,7 @@ class Block(nn.Module):
         elif cfg.mlp == "rwkv":  # RWKV-4's channel mixing: its token shift reads the layer's cache
             self.mlp = RWKVChannelMix(cfg)
         elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
-            self.mlp = MoE(cfg)
+            self.mlp = MoE(cfg, hashed=layer in cfg.moe_hash_layers)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
         else:  # a dense MLP, moe_dense_hidden wide beside a mixture's experts (first moe_dense_layers, off moe_layers)
@@ -3826,7 +4087,7 @@ class Block(nn.Module):
         if self.altup_router is not None:
             return self.altup_forward(x, rope, attn_mask, cache, ve, ple, shared)
         if self.attn_mhc is not None:
-            return self.mhc_forward(x, rope, attn_mask, cache, ve, shared)
+            return self.mhc_forward(x, rope, attn_mask, cache, ve, shared, ple)
         if self.attn_hc is not None:
             return self.hyper_forward(x, rope, attn_mask, cache, ve, ple, doc_ids)
         if self.shortcut:
@@ -3837,7 +4098,7 @@ class Block(nn.Module):
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
-        x = self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared)
+        x = self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared, ple)
         if self.ple_gate is not None:  # as transformers' Gemma4TextDecoderLayer adds its per-layer input
             x = x + self.per_layer_term(x, ple)
         return x if self.layer_scalar is None else x * self.layer_scalar
@@ -3904,15 +4165,24 @@ class Block(nn.Module):
         return torch.cat([corrected[:, :, :1], corrected[:, :, 1:] + self.per_layer_term(first, ple).unsqueeze(2)],
                          dim=2)
 
-    def mhc_forward(self, xs, rope, attn_mask, cache, ve, shared):
+    def mhc_forward(self, xs, rope, attn_mask, cache, ve, shared, ids=None):
         """DeepSeek-V4's decoder layer around redline's sublayers (transformers' DeepseekV4DecoderLayer): xs
         (B, T, N, C), the N streams -> the streams after each sublayer read its hyper-connection's sum of them
-        (normed) and its output joined their mix (ManifoldHyperConnection.merge)."""
+        (normed) and its output joined their mix (ManifoldHyperConnection.merge). ids: the tokens' ids (B, T, 1)
+        where the experts route by them (model.moe_hash_layers), else None."""
         kw = {} if shared is None else {"shared": shared}
         u, post, comb = self.attn_mhc(xs)
         xs = self.attn_mhc.merge(xs, self.out(self.attn(self.norm1(u), rope, attn_mask, cache, ve, **kw)), post, comb)
         u, post, comb = self.mlp_mhc(xs)
-        return self.mlp_mhc.merge(xs, self.out(self.mlp(self.norm2(u))), post, comb)
+        return self.mlp_mhc.merge(xs, self.out(self.mlp_of(self.norm2(u), ids)), post, comb)
+
+    def mlp_of(self, u: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+        """The MLP's output for its input u; a hash-routed mixture (model.moe_hash_layers) is handed the tokens' ids
+        (B, T, 1), GPT.per_layer_inputs' for these layers."""
+        if isinstance(self.mlp, MoE) and self.mlp.tid2eid is not None:
+            return self.mlp(u, ids)
+        return self.mlp(u)
+
     def hyper_forward(self, xs, rope, attn_mask, cache, ve, windows=None, doc_ids=None):
         """Qwen4-Exp's decoder layer (transformers' Qwen4ExpTextDecoderLayer): xs (B, T, N, C), the N streams ->
         (B, T, N, C). A layer of model.ngram_layers first adds its n-gram embedding of windows (B, T, ngram_size),
@@ -3925,7 +4195,7 @@ class Block(nn.Module):
         u, w = self.mlp_hc(xs)
         return xs + w.unsqueeze(-1) * self.out(self.mlp(u)).unsqueeze(2)
 
-    def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared):
+    def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared, ids=None):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
         if self.attn_rate is not None:  # nGPT's: each normed output interpolated toward, as DoryDecoderLayer does
             u = self.norm1(x)
@@ -3960,7 +4230,7 @@ class Block(nn.Module):
         if isinstance(self.mlp, RWKVChannelMix):  # its token shift: the cache's predecessors, the documents' starts
             h = self.mlp(self.norm2(x), cache, doc_ids)
         else:
-            h = self.mlp(self.norm2(x))
+            h = self.mlp_of(self.norm2(x), ids)
         if self.moe is not None:  # the experts read the stream itself (their norms inside), as transformers' Gemma 4
             h = self.dense_out_norm(h) + self.moe_out_norm(self.moe(x))
         if self.mlp_out_norm is not None:
@@ -4129,6 +4399,8 @@ class GPT(nn.Module):
         for block in self.blocks:  # the n-gram hash's constants, which to_empty() leaves empty too
             if block.ngram is not None:
                 block.ngram.derive_constants()
+            if isinstance(block.attn, SharedKVAttention) and block.attn.compress_rate:  # fp32 RoPE tables too
+                block.attn.derive_tables()
         return self
 
     @torch.no_grad()
@@ -4277,7 +4549,9 @@ class GPT(nn.Module):
             bias = alibi_mask(self.cfg.n_head, pos, pos, self._allowed(T, device, doc_ids, window))
             return bias if bias.dim() == 4 else bias[None]
         # flex for what SDPA's fast kernels cannot take: a document mask, scores capped by attn_softcap, sinks
-        if (doc_ids is not None or self.cfg.attn_softcap or self.cfg.attn_sinks) and self._flex_attention(device):
+        # (compressed layers join their keys to a bool mask: no flex)
+        if ((doc_ids is not None or self.cfg.attn_softcap or self.cfg.attn_sinks) and self._flex_attention(device)
+                and not self.cfg.kv_compress_rates):
             return self._block_mask(T, device, doc_ids, window, prefix_len)
         return self._allowed(T, device, doc_ids, window, prefix_len)
 
@@ -4444,7 +4718,10 @@ class GPT(nn.Module):
                          before: torch.Tensor | None = None) -> torch.Tensor | None:
         """Each layer's per-layer input (model.per_layer_embd), as transformers' Gemma4TextModel computes it: idx
         (B, T) and their embeddings x (B, T, C), embed's -> (B, T, n_layer, P), or None without them. With
-        model.ngram_layers, every layer's is ngram_windows(idx, before) (B, T, n_layer, ngram_size) (a view)."""
+        model.ngram_layers, every layer's is ngram_windows(idx, before) (B, T, n_layer, ngram_size) (a view); with
+        model.moe_hash_layers, the token ids (B, T, n_layer, 1) (a view) that their experts route by."""
+        if self.cfg.moe_hash_layers:
+            return idx[:, :, None, None].expand(-1, -1, self.cfg.n_layer, 1)
         if self.cfg.ngram_layers:
             return self.ngram_windows(idx, before).unsqueeze(2).expand(-1, -1, self.cfg.n_layer, -1)
         if self.cfg.shared_attn_layers:  # Zamba2's: every layer's is x0, the token embeddings (a view)
@@ -4499,6 +4776,9 @@ class GPT(nn.Module):
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
         if prefix_len is not None and (not self.cfg.prefix_lm or doc_ids is not None):
             raise UserError("prefix_len takes a prefix-LM (model.prefix_lm) and one sequence a row (no doc_ids)")
+        if doc_ids is not None and self.cfg.kv_compress_rates:
+            raise UserError("packed documents (doc_ids) with compressed layers (model.kv_compress_rates): their "
+                            "windows of tokens would pool across documents; train without document masking")
         x, rope = self.embed(idx, positions)
         masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions, prefix_len)  # one per window
                  for w in self.cfg.windows}

@@ -616,6 +616,56 @@ FAMILIES = {
                                 heads_per_ngram=2, ngram_vocab_size_base=50, make_ngram_vocab_size_divisible_by=8,
                                 split_ngram_parts=4, ple_conv_kernel_size=3, seed=77,
                                 rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # DeepSeek-V4 on its sliding layers (a window of 5, shorter than the test sequences): 3 hyper-connected streams,
+    # q through a rank-24 latent, one key head that is the value too, half of each head rotated, sinks, the grouped
+    # output projection (2 groups of rank 12); top 2 of 4 sqrtsoftplus-scored experts, layer 0's chosen by the token
+    # id (hash_moe: its tid2eid set at random in hf_model), layer 1's by the router with its bias
+    "deepseek_v4": ("DeepseekV4Config", "DeepseekV4ForCausalLM",
+                    dict(num_attention_heads=4, head_dim=16, q_lora_rank=24, o_groups=2, o_lora_rank=12,
+                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, index_n_heads=2,
+                         index_head_dim=8, layer_types=["sliding_attention"] * 2, mlp_layer_types=["hash_moe", "moe"],
+                         sliding_window=5, hc_mult=3, hc_sinkhorn_iters=6, partial_rotary_factor=0.5,
+                         rope_theta=500.0, pad_token_id=None)),
+    # DeepSeek-V4 with its compressed layers: a window of 4 (shorter than the test sequences), layer 1 compressed
+    # sparse attention (overlapping windows of 2; index_topk 32 keeps every key of the 64-token context: the cap,
+    # (32 + 1)·2 - 1, lies past it; tests/test_deepseek_v4.py checks a cap), layer 2 heavily compressed (windows of
+    # 3) with its own RoPE base, layer 0 sliding
+    "deepseek_v4-compressed": ("DeepseekV4Config", "DeepseekV4ForCausalLM",
+                               dict(num_attention_heads=4, head_dim=16, q_lora_rank=24, o_groups=2, o_lora_rank=12,
+                                    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    index_n_heads=2, index_head_dim=8, index_topk=32, num_hidden_layers=3,
+                                    layer_types=["sliding_attention", "compressed_sparse_attention",
+                                                 "heavily_compressed_attention"],
+                                    mlp_layer_types=["hash_moe", "moe", "moe"],
+                                    compress_rates={"compressed_sparse_attention": 2,
+                                                    "heavily_compressed_attention": 3},
+                                    sliding_window=4, hc_mult=2, partial_rotary_factor=0.5, rope_theta=500.0,
+                                    compress_rope_theta=2000.0, pad_token_id=None)),
+    # DeepSeek-V4 with YaRN on its compressed layers alone (the sliding layer 0 turning by the plain RoPE), given
+    # flat as DeepSeek's configs give it: both kinds of compressed layer, windows of 4 and 2
+    "deepseek_v4-yarn": ("DeepseekV4Config", "DeepseekV4ForCausalLM",
+                         dict(num_attention_heads=4, head_dim=16, q_lora_rank=24, o_groups=2, o_lora_rank=12,
+                              n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, index_n_heads=2,
+                              index_head_dim=8, index_topk=16, num_hidden_layers=3,
+                              layer_types=["sliding_attention", "heavily_compressed_attention",
+                                           "compressed_sparse_attention"],
+                              mlp_layer_types=["moe", "moe", "hash_moe"],
+                              compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 2},
+                              sliding_window=5, hc_mult=2, partial_rotary_factor=0.5, rope_theta=500.0,
+                              compress_rope_theta=1000.0, pad_token_id=None,
+                              rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 16, "beta_fast": 8.0,
+                                               "beta_slow": 1.0})),
+    # DeepSeek-V4 with sigmoid scores on 3 layers (the last two hash-routed: hash_moe anywhere), whole heads rotated,
+    # tied embeddings
+    "deepseek_v4-sigmoid": ("DeepseekV4Config", "DeepseekV4ForCausalLM",
+                            dict(num_attention_heads=4, head_dim=16, q_lora_rank=16, o_groups=4, o_lora_rank=8,
+                                 n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                 index_n_heads=2, index_head_dim=8, num_hidden_layers=3,
+                                 layer_types=["sliding_attention"] * 3,
+                                 mlp_layer_types=["moe", "hash_moe", "hash_moe"], sliding_window=6, hc_mult=2,
+                                 scoring_func="sigmoid", partial_rotary_factor=1.0, routed_scaling_factor=2.5,
+                                 swiglu_limit=0.5, tie_word_embeddings=True, pad_token_id=None)),
     # Qwen3-Next: delta nets on layers 0, 1 and 3 (in_proj_qkvz / in_proj_ba grouped by key head: 2 key heads of 2
     # value heads each, Dk != Dv), gated full attention on 2, the first layer dense (mlp_only_layers), the others top
     # 2 of 4 experts not rescaled plus the shared expert, untied
@@ -1474,6 +1524,8 @@ def hf_model(kind: str, seed: int = 0):
                 b.add_(torch.randn_like(b) * 0.1)
             if name.endswith("layer_scalar"):  # Gemma 4's stored output scale of each layer
                 b.add_(torch.randn_like(b) * 0.1)
+            if name.endswith("tid2eid"):  # DeepSeek-V4's hash routing table (zeros at init): distinct experts
+                b.copy_(torch.rand(b.shape[0], model.config.n_routed_experts).argsort(dim=-1)[:, :b.shape[1]])
     return model
 
 

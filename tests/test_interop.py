@@ -162,7 +162,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("cohere_compass_text-bases", "Cohere Compass"),
                                         ("sarvam_moe-bias", "Sarvam MoE"), ("openai-gpt", "GPT-1"),
                                         ("biogpt", "BioGPT"), ("modernbert-decoder", "ModernBERT-Decoder"),
-                                        ("minimax", "MiniMax")])
+                                        ("minimax", "MiniMax"), ("deepseek_v4", "DeepSeek-V4")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -957,10 +957,10 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
                          "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
                          "cohere2_vision, cohere_compass, cohere_compass_text, cosmos3_edge, cosmos3_omni, ctrl, cwm, dbrx, "
-                         "deepseek_ocr2, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_vl, deepseek_vl_hybrid, diffllama, "
-                         "doge, dory, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, ernie4_5_vl_moe, exaone, "
-                         "exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, "
-                         "gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
+                         "deepseek_ocr2, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, deepseek_vl, deepseek_vl_hybrid,"
+                         " diffllama, doge, dory, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, ernie4_5_vl_moe,"
+                         " exaone, exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, "
+                         "gemma2, gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
                          "gemma4_unified_text, glm, glm4, glm46v, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, "
                          "glm_ocr, glmga, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, "
                          "granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, helium, "
@@ -980,7 +980,6 @@ def test_import_unsupported_architecture(tmp_path, capsys):
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),
                                                    ("gemma4_unified_assistant", "multi-token-prediction drafter"),
-                                                   ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
                                                    ("hy_v4", "iHC hyper-connections"),
                                                    ("gpt_neox_japanese", "lowest-id vocabulary match"),
                                                    ("inkling_text", "relative-position bias"),

@@ -79,6 +79,23 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                          embed_norm=True, first_norm_free=True, head_transform=True, head_bias=True,
                                          bias=True, qkv_bias=True, sliding_window=4, window_layers=(1,),
                                          rope_local_theta=500.0, tie_embeddings=True),
+    # DeepSeek-V4: its attention (q latent, one key head as value, half of each head rotated, sinks, 2 output groups)
+    # on 2 mHC streams, sqrtsoftplus experts (layer 0's chosen by tid2eid) with the shared expert, a window of 6
+    "DeepseekV4ForCausalLM": dict(n_kv_head=1, head_size=16, shared_kv_attention=True, q_lora_rank=24, o_groups=2,
+                                  o_lora_rank=12, attn_sinks=True, sliding_window=6, rope_dims=8, mhc_streams=2,
+                                  mhc_sinkhorn_iters=4, moe_experts=4, moe_top_k=2, mlp="swiglu_clipped",
+                                  swiglu_limit=5.0, mlp_hidden=32, moe_shared_hidden=32, moe_shared_gate=False,
+                                  moe_gating="sqrtsoftplus", moe_norm_eps=1e-20, moe_expert_bias=True,
+                                  moe_hash_layers=(0,), moe_scale=1.5, norm_eps=1e-6),
+    # DeepSeek-V4's compressed layers: layer 0 compressed sparse attention (windows of 2, overlapping: the
+    # compressor's kv_proj and gate_proj adapted, two series of rows), layer 1 heavily compressed (windows of 3)
+    "DeepseekV4ForCausalLM-compressed": dict(n_kv_head=1, head_size=16, shared_kv_attention=True, q_lora_rank=24,
+                                             o_groups=2, o_lora_rank=12, attn_sinks=True, sliding_window=4,
+                                             rope_dims=8, mhc_streams=2, mhc_sinkhorn_iters=4, moe_experts=4,
+                                             moe_top_k=2, mlp="swiglu_clipped", mlp_hidden=32, moe_shared_hidden=32,
+                                             moe_shared_gate=False, moe_gating="sqrtsoftplus", moe_norm_eps=1e-20,
+                                             moe_expert_bias=True, kv_compress_rates=(2, 3),
+                                             kv_compress_overlap=(0,), norm_eps=1e-6),
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight
     # Granite SWA: sinks (not adapted), a windowed layer and a RoPE base per layer
@@ -417,7 +434,9 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "LongcatFlashForCausalLM": ("attn.*",), "AXK2ForCausalLM": ("attn.*",),
            "MiniMaxM2ForCausalLM": ("attn.*",), "MiniMaxForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
            "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router"),
-           "DoryForCausalLM": ("attn.qkv", "attn.proj", "attn.gate", "mlp.fc", "mlp.proj")}
+           "DoryForCausalLM": ("attn.qkv", "attn.proj", "attn.gate", "mlp.fc", "mlp.proj"),
+           # DeepSeek-V4: its attention's Linear layers (PEFT would move its MLPs' adapters onto the experts)
+           "DeepseekV4ForCausalLM": ("attn.*",), "DeepseekV4ForCausalLM-compressed": ("attn.*",)}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

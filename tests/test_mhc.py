@@ -2,7 +2,7 @@
 equal transformers' DeepseekV4HyperConnection and DeepseekV4HyperHead, a block mixes the streams around its
 sublayers as DeepseekV4DecoderLayer does, the engine's prefill, chunked prefill, decode and DecodeBatch give the full
 recompute's tokens, training reaches every mHC weight, and what redline cannot compute is refused by name.
-DeepSeek-V4 itself is refused at import (families.NOT_READ): its attention and hash-routed experts are not here."""
+DeepSeek-V4 itself imports (tests/test_deepseek_v4.py)."""
 
 from dataclasses import replace
 
@@ -157,23 +157,9 @@ def test_refusals():
         replace(MHC, norm_position="sandwich").validate()
     with pytest.raises(UserError, match="mhc_sinkhorn_iters >= 1"):
         replace(MHC, mhc_sinkhorn_iters=0).validate()
-    with pytest.raises(UserError, match="model.mhc_streams: no architecture redline exports to"):
+    with pytest.raises(UserError, match="model.mhc_streams, shared_kv_attention and attn_sinks"):
         export_family(MHC)
     assert "model.mhc_streams" in unsupported(MHC)
-
-
-def test_deepseek_v4_import_is_refused_by_name(tmp_path, capsys):
-    """A DeepSeek-V4 folder as transformers saves it (compressed and hash-routed layers): refused in one line naming
-    what redline lacks, nothing written."""
-    from transformers import DeepseekV4ForCausalLM
-
-    from tests.test_interop import _expect_import_error
-
-    hf = v4_config(MHC)
-    hf.layer_types, hf.mlp_layer_types = ["compressed_sparse_attention"], ["hash_moe"]
-    DeepseekV4ForCausalLM(hf).save_pretrained(tmp_path / "hf")
-    _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys, "model_type 'deepseek_v4' is not supported: "
-                                                                    "DeepSeek-V4's attention")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -323,6 +323,7 @@ class PrefillLayer:
             mask = alibi_mask(attn.n_head, slots[S - T:], slots, self.mask)[None].to(q.dtype)
         elif (self.mask is None or attn.cfg.attn_softcap or attn.sinks is not None
               or getattr(attn, "differential", False)  # SDPA takes neither (DiffAttention.attend: two calls)
+              or getattr(attn, "compress_rate", 0)  # compressed keys joined to the window's (SharedKVAttention)
               or hasattr(attn, "key_bias")):  # KeyBiasAttention.attend: the keys' biases in its mask
             return attn.attend(q, k, v, self.mask, is_causal=self.mask is None)
         if attn.n_kv != attn.n_head:  # the kernels that take an explicit mask do not all take enable_gqa
@@ -506,6 +507,8 @@ class DecodeLayer:
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
         alibi = self.slot if attn.cfg.pos_emb == "alibi" else None
+        if getattr(attn, "compress_rate", 0):  # DeepSeek-V4's compressed keys, pooled from the cached projections
+            return attn.attend_slots(q, keys, self.mask, self.slot)
         if hasattr(attn, "key_bias"):  # model.attn_key_bias: each cached key's bias from its cached values
             return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks, alibi,
                                     key_bias=attn.key_bias(values))

@@ -76,6 +76,10 @@ def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, 
         raise UserError("kv_cache_dtype=fp8 with short-convolution or recurrent layers (model.conv_layers, "
                         "model.delta_layers): their cache holds the convolutions' inputs, which are not stored in "
                         "FP8; use kv_cache_dtype=auto")
+    if kv_cache_dtype == "fp8" and getattr(cfg, "kv_compress_rates", ()):
+        raise UserError("kv_cache_dtype=fp8 with compressed layers (model.kv_compress_rates): their cache holds the "
+                        "compressor's projections beside the keys, which are not stored in FP8; use "
+                        "kv_cache_dtype=auto")
     layerwise = layerwise_attention(cfg)
     if kv_cache_dtype == "fp8" and layerwise:
         raise UserError(f"kv_cache_dtype=fp8 with {layerwise}: the FP8 cache has one geometry for every layer and no "
@@ -133,6 +137,9 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if getattr(cfg, "attn_sinks", False):
         return ("decode_attention triton has no sink logits in its softmax (model.attn_sinks); use decode_attention "
                 "matmul (or auto)")
+    if getattr(cfg, "shared_kv_attention", False):
+        return ("decode_attention triton has no DeepSeek-V4 attention (model.shared_kv_attention: queries through a "
+                "normed latent, no raw qkv projection); use decode_attention matmul (or auto)")
     if getattr(cfg, "kv_lora_rank", 0):
         return ("decode_attention triton does not read latent attention's cache (one head of model.kv_lora_rank + "
                 "rope_dims, the queries absorbed); use decode_attention matmul (or auto)")

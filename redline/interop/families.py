@@ -47,7 +47,9 @@ InternVL, SmolVLM, Idefics3, Aya Vision, Command A Vision, LFM2-VL, Qwen2-VL, Qw
 GLM-4.1V, GLM-4.5V, HunYuan-VL, EXAONE 4.5, Granite 4.0 Vision, Llama 3.2 Vision (its self-attention
 layers), Apertus 1.5, Cohere Compass, Aria and MiniMax-M3: read as their text model's family); deepseek_kin.py the families read as DeepSeek's latent attention with what they add (Youtu, Mistral 4,
 DeepSeek-V3.2 and GLM-5 within their sparse attention's index_topk, A.X-K1); longcat_flash.py LongCat-Flash (two
-blocks a layer, the shortcut MoE, identity experts); axk2.py A.X-K2 (gated norms, the latent query gate); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
+blocks a layer, the shortcut MoE, identity experts); deepseek_v4.py DeepSeek-V4 (mHC streams, one key head as
+value, grouped output projection, keys compressed window by window within its indexer's top k, hash-routed experts);
+axk2.py A.X-K2 (gated norms, the latent query gate); mimo.py MiMo-V2-Flash (sinks and twice the KV heads on its windowed layers);
 afmoe.py AFMoE (gated attention, sandwich norms, NoPE full layers, sigmoid-scored experts);
 windowed_moe.py Mellum and Flint (Qwen3-MoE's attention with windowed and dense layers; Flint's sinks); kolibri1.py
 Kolibri-1 (EXAONE 4.0's attention in GLM-4's sandwich blocks, experts chosen by logits plus a bias); laguna.py
@@ -292,6 +294,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import dory
     from redline.interop import modernbert_decoder, paligemma
     from redline.interop import rwkv, xlstm
+    from redline.interop import deepseek_v4
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -330,7 +333,8 @@ def _families() -> dict[str, Family]:
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY,
-                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY)}
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY,
+                                deepseek_v4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -375,10 +379,6 @@ NOT_READ = {
     "inkling2_loop": "the text model of an Inkling 2 Loop folder is inkling2_loop_text, which redline cannot express: "
                      "Inkling 2's layers (relative-position bias, short convolutions, block attention residuals) "
                      "with its middle layers looped loop_num_passes times",
-    "deepseek_v4": "DeepSeek-V4's attention (one head serving as key and value, a sink per head, a grouped output "
-                   "projection over o_groups, keys compressed window by window at compress_rates and picked by a "
-                   "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
-                   "redline's model and engine have not (its hyper-connections, hc_mult, are: model.mhc_streams)",
     # multimodal folders whose text model redline cannot express (multimodal.py reads the others)
     "glm5_next_text": "GLM-5.3-Next's text model mixes Kimi Delta Attention layers with short convolutions and a "
                       "low-rank forget gate (layer_types linear_attention) into DSA latent attention without RoPE "
@@ -529,10 +529,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         zamba2.check_exportable(cfg)
         return families["zamba2"]
-    if cfg.mhc_streams:  # checked here: no exporter knows the field
-        raise UserError("model.mhc_streams: no architecture redline exports to has manifold-constrained "
-                        "hyper-connections (DeepSeek-V4's, which transformers has and redline does not read); run "
-                        "the model with redline generate, chat or serve instead")
+    from redline.interop import deepseek_v4
+
+    if deepseek_v4.wants_deepseek_v4(cfg):  # mHC, its attention, hash routing, its clamp or scores: DeepSeek-V4's
+        deepseek_v4.check_exportable(cfg)
+        return families["deepseek_v4"]
     if cfg.head_vocab:  # a head narrower than the embedding: Apertus 1.5's alone (its output_vocab_size)
         from redline.interop import apertus
 

@@ -29,7 +29,8 @@ minimax_m2.py, phimoe.py: the attention's, as Llama's; minimax.py: that and ligh
 output_gate and out_proj under their own names; dbrx.py: Wqkv (redline's qkv as it is), out_proj and the
 router's ffn.router.layer; jetmoe.py: the two routers' Linear layers, self_attention.experts.router.layer and
 mlp.router.layer, JetMoE's queries, output projections and experts being bare tensors; zamba.py: none, refused by
-name):
+name; deepseek_v4.py: its attention's q_a_proj, q_b_proj, kv_proj and o_b_proj under self_attn., q_b's and kv's rows
+(B's rows) in DeepSeek-V4's RoPE order, no adapter on its grouped o_a_proj or its MLPs):
 `base_model.model.<module>.lora_A.weight` (r, in) and `...lora_B.weight` (out, r), scaled by lora_alpha / r.
 Qwen3.5's q_proj (Qwen3.5-MoE's and Qwen3-Next's too), whose rows hold each head's queries and output gate, takes
 redline's attn.qkv and attn.gate adapters together at the sum of their ranks (rank_pattern, alpha_pattern);
@@ -361,6 +362,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         from redline.interop.dots3 import adapter_parts as dots3_parts
 
         return dots3_parts(layer, rest, base, out_features, cfg)
+    if family.name == "deepseek_v4":  # deepseek_v4.py: its attention's Linear layers, rows in its RoPE order
+        from redline.interop.deepseek_v4 import adapter_parts as v4_parts
+
+        return v4_parts(layer, rest, base, out_features, cfg)
     if family.name == "kimi_linear":  # kimi_linear.py's names: KDA's q/k/v apart, DeepSeek's latent attention
         from redline.interop.kimi_linear import adapter_parts as kimi_parts
 

@@ -158,6 +158,11 @@ FIELDS_ACCOUNTED = {
     # DeepSeek-V4's (unsupported() names them)
     "mhc_streams": "refused: the block runs on one residual stream, not mHC's several",
     "mhc_sinkhorn_iters": "refused with mhc_streams", "mhc_eps": "refused with mhc_streams",
+    "shared_kv_attention": "refused: no raw qkv projection, a grouped output projection",
+    "o_groups": "with shared_kv_attention", "o_lora_rank": "with shared_kv_attention",
+    "kv_compress_rates": "with shared_kv_attention", "kv_compress_overlap": "with shared_kv_attention",
+    "rope_unscaled_theta": "with shared_kv_attention (DeepSeek-V4's)",
+    "moe_hash_layers": "refused with moe_experts",
     # Qwen4-Exp's
     "hc_streams": "refused: the block runs on one residual stream, not hyper-connections' several",
     "hc_rank": "refused with hc_streams",
@@ -190,6 +195,9 @@ def unsupported(cfg) -> str | None:
 
     if gemma4 := layerwise_attention(cfg):
         return f"decode_linear triton runs none of Gemma 4's layer options ({gemma4})"
+    if getattr(cfg, "shared_kv_attention", False):
+        return ("decode_linear triton has no DeepSeek-V4 attention (model.shared_kv_attention: no raw qkv projection, "
+                "a grouped output projection)")
     if getattr(cfg, "mhc_streams", 0):
         return ("decode_linear triton adds the sublayers' outputs to one residual stream, not to hyper-connection "
                 "streams (model.mhc_streams)")
