@@ -116,7 +116,10 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
 # ctrl.py; XGLM, whose positions redline holds as a learned table, exports as BioGPT)
 IMPORT_ONLY = {"ctrl": "has no model.head_bias",
                # MiniMax-M3's Gemma norms with sigmoid-scored experts: no architecture redline writes has both
-               "minimax_m3_vl_text": "model.norm_unit_offset"}
+               "minimax_m3_vl_text": "model.norm_unit_offset",
+               # HY-V4's value gates and sinks on latent attention (and its hyper-connections): no architecture
+               # redline writes has them
+               "hy_v4": "HY-V4's, which redline imports alone"}
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
@@ -950,11 +953,11 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "gemma4_unified_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, "
                          "gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, "
                          "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, "
-                         "hunyuan_vl, hy_v3, hyperclovax, idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, "
+                         "hunyuan_vl, hy_v3, hy_v4, hy_v4_vl, hyperclovax, idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, "
                          "kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text,"
                          " llava, llava_next, llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, "
                          "mimo_v2_flash, minicpm3, minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, "
-                         "ministral3, mistral, mistral3, mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo,"
+                         "ministral3, mistral, mistral3, mistral4, mistral_large4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo,"
                          " olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl,"
                          " qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
                          "qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, "
@@ -966,7 +969,6 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                                                    ("gemma4_unified_assistant", "multi-token-prediction drafter"),
                                                    ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
                                                    ("dory", "keep the hidden state on the unit sphere"),
-                                                   ("hy_v4", "iHC hyper-connections"),
                                                    ("gpt_neox_japanese", "on the last layer's output"),
                                                    ("modernbert-decoder", "prediction head"),
                                                    ("inkling_text", "relative-position bias"),

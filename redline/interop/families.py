@@ -62,7 +62,9 @@ learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl
 learned table, a head bias; import only); minimax.py
 MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs);
 dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
-gated heads).
+gated heads); mistral_large4.py Mistral Large 4's text model (Mistral 4's blocks without Q-LoRA, NoPE latent layers,
+shared latent caches, position-scaled queries and learned RoPE frequencies; import only); hy_v4.py HY-V4 (DeepSeek-V3's
+blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -288,7 +290,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
     from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
-    from redline.interop import minimax
+    from redline.interop import hy_v4, minimax
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -325,7 +327,7 @@ def _families() -> dict[str, Family]:
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -337,9 +339,6 @@ NOT_READ = {
     "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
                  "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
                  "express",
-    "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
-                      "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
-                      "attention",
     "dory": "Dory's nGPT layers keep the hidden state on the unit sphere (weightless L2 norms, each sublayer's "
             "output interpolated toward at learned per-channel rates instead of added), scale queries per channel "
             "after RoPE and pass through a recurrent section of layers n_recurrent_loops times; redline's blocks add "
@@ -354,9 +353,6 @@ NOT_READ = {
                          "projection and MLP",
     "modernbert-decoder": "ModernBERT-Decoder's prediction head (a dense layer, its activation and a LayerNorm "
                           "between the final norm and the decoder) is a head redline's model has not",
-    "hy_v4": "HY-V4's iHC hyper-connections (hc_mult residual streams gated around every sublayer without "
-             "DeepSeek-V4's Sinkhorn-mixed matrix, the post gate times hc_magnitude), its DSA indexer and its gated "
-             "latent attention with sinks are layers redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
@@ -488,6 +484,16 @@ def export_family(cfg: ModelConfig) -> Family:
     one with the shortcut MoE as LongCat-Flash (identity experts without it refused). A UserError names the redline
     option that no such architecture has."""
     families = _families()
+    from redline.interop import mistral_large4
+
+    if mistral_large4.wants_mistral_large4(cfg):  # first: no architecture redline exports to has these options
+        raise UserError("model.q_position_scale, kv_source_layers, rope_pair_log_scales and latent layers without "
+                        "RoPE are Mistral Large 4's, which redline imports alone: transformers has no text-only "
+                        "Mistral Large 4 model to load")
+    if cfg.kv_lora_rank and (cfg.attn_gate == "element" or cfg.attn_sinks):  # first, as Mistral Large 4's
+        raise UserError("model.attn_gate=element and attn_sinks on latent attention are HY-V4's, which redline "
+                        "imports alone: no architecture redline exports to gates a latent head's values or has its "
+                        "sinks")
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
 
@@ -499,8 +505,8 @@ def export_family(cfg: ModelConfig) -> Family:
         return families["zamba2"]
     if cfg.mhc_streams:  # checked here: no exporter knows the field
         raise UserError("model.mhc_streams: no architecture redline exports to has manifold-constrained "
-                        "hyper-connections (DeepSeek-V4's, which transformers has and redline does not read); run "
-                        "the model with redline generate, chat or serve instead")
+                        "hyper-connections (DeepSeek-V4's, which transformers has and redline does not read, or "
+                        "HY-V4's iHC, read import only); run the model with redline generate, chat or serve instead")
     if cfg.head_vocab:  # a head narrower than the embedding: Apertus 1.5's alone (its output_vocab_size)
         from redline.interop import apertus
 

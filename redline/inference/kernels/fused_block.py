@@ -89,8 +89,11 @@ FIELDS_ACCOUNTED = {
     "moe_identity_experts": "refused with moe_experts",
     "norm_gate_rank": "refused (unsupported): the product kernels fold plain norms into the next product",
     "q_latent_gate": "refused with kv_lora_rank (latent attention: fused_qkv off)",
+    "q_position_scale": "refused with kv_lora_rank (latent attention: fused_qkv off)",
+    "kv_source_layers": "refused with kv_lora_rank (latent attention: fused_qkv off)",
     "moe_shortcut": "refused with moe_experts",
     "moe_weight_input": "refused with moe_experts", "moe_bias_on_logits": "refused with moe_experts",
+    "moe_swiglu_limit": "refused with moe_experts",
     "moe_jitter_eps": "refused with moe_experts", "moe_input_jitter": "training only (and refused with moe_experts)",
     "qkv_clip": "refused by kernel_prologue_unsupported (the clamp sits between the projection and the kernel)",
     "rope_qk_norm": "refused (kernel_prologue_unsupported): the attention kernel normalizes by a weight before RoPE",
@@ -154,6 +157,7 @@ FIELDS_ACCOUNTED = {
     # DeepSeek-V4's (unsupported() names them)
     "mhc_streams": "refused: the block runs on one residual stream, not mHC's several",
     "mhc_sinkhorn_iters": "refused with mhc_streams", "mhc_eps": "refused with mhc_streams",
+    "mhc_post_scale": "refused with mhc_streams",
     # Qwen4-Exp's
     "hc_streams": "refused: the block runs on one residual stream, not hyper-connections' several",
     "hc_rank": "refused with hc_streams",
@@ -171,6 +175,7 @@ FIELDS_ACCOUNTED = {
     "rope_high_freq_factor": "inputs", "rope_original_context": "inputs", "rope_beta_fast": "inputs",
     "rope_beta_slow": "inputs", "rope_attention_factor": "inputs", "rope_truncate": "inputs",
     "rope_pair_factors": "inputs", "rope_long_pair_factors": "inputs", "rope_proportion": "inputs",
+    "rope_pair_log_scales": "inputs",
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
