@@ -1,10 +1,10 @@
 """HY-V4 beyond the shared tables (tests/test_interop.py: import logits and greedy tokens through the engine against
-HYV4ForCausalLM, its Hub tensor names as save_pretrained writes them, the export refused in one line): the training
-gradients of the independent hyper-connections, the value gates, the sinks and the router against transformers',
-the routed experts' clamp doing its part, the context stopping at index_topk, the server's DecodeBatch and the
-engine's scores (sinks and value gates on the absorbed latent heads), `redline train --init-from` an import, the
-options redline cannot express refused by name at import and config validation; the GPU's compiled engine and
-training step (skipped without CUDA)."""
+HYV4ForCausalLM, its Hub tensor names as save_pretrained writes them, the export refused in one line): its folders
+under transformers' module names, the training gradients of the independent hyper-connections, the value gates, the
+sinks and the router against transformers', the routed experts' clamp doing its part, the context stopping at
+index_topk, the server's DecodeBatch and the engine's scores (sinks and value gates on the absorbed latent heads),
+`redline train --init-from` an import, the options redline cannot express refused by name at import and config
+validation; the GPU's compiled engine and training step (skipped without CUDA)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,27 @@ def test_decode_batch_and_scores_through_the_engine(tmp_path, capsys):
     prompts = [list(range(3, 14)), [7, 1, 8], list(range(40, 52)), [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2]]
     assert_decode_batch_serves_like_generate(model, prompts)
     assert_scores_equal_full_forward(model, 320)
+
+
+def test_transformers_module_names_read_as_the_hub_names(tmp_path, capsys):
+    """A folder under transformers' module names (attn_hc.fn, sinks, gate_proj, hc_head.hc_fn) imports to the same
+    model as the Hub-named one save_pretrained writes (hc_pre.hc_attn_layer.hc_fn, learnable_sink_param,
+    linear_gate)."""
+    from safetensors.torch import load_file, save_file
+
+    from redline.training.checkpoint import load_for_inference
+
+    hf, model, _, _ = imported("hy_v4", tmp_path, capsys)
+    assert "model.layers.0.self_attn.learnable_sink_param" in load_file(str(tmp_path / "hf" / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(tmp_path / "hf" / "model.safetensors"),
+              metadata={"format": "pt"})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt2"), "--dtype", "fp32"],
+                           capsys)
+    assert code == 0, err
+    again = load_for_inference(tmp_path / "ckpt2")[0]
+    assert again.cfg == model.cfg
+    for name, t in model.state_dict().items():
+        torch.testing.assert_close(again.state_dict()[name], t, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("change, fragment", [

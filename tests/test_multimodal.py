@@ -686,7 +686,8 @@ def test_qwen2_vl_hub_flat_config():
                                                    ("inkling2", "block attention residuals"),
                                                    ("inkling2_loop", "looped loop_num_passes times")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """PaliGemma (its prompt attends both ways) and the Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at import."""
+    """PaliGemma (its prompt attends both ways) and the Inkling folders (relative-position biases, short
+    convolutions, looped layers) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

@@ -46,7 +46,8 @@ _DEFAULTS = dict(vocab_size=120832, hidden_size=2816, intermediate_size=6912, mo
 """HYV4Config's defaults for the fields a config.json may leave out."""
 _INDEXER = ".self_attn.indexer."
 _HUB = ((r"\.hc_pre\.hc_", ".hc_"), (r"\.learnable_sink_param$", ".sinks"), (r"\.linear_gate\.", ".gate_proj."),
-        (r"\.hc_attn_layer\.hc_(fn|base|scale)$", r".attn_hc.\1"), (r"\.hc_mlp_layer\.hc_(fn|base|scale)$", r".ffn_hc.\1"),
+        (r"\.hc_attn_layer\.hc_(fn|base|scale)$", r".attn_hc.\1"),
+        (r"\.hc_mlp_layer\.hc_(fn|base|scale)$", r".ffn_hc.\1"),
         (r"\.hc_head_(fn|base|scale)$", r".hc_\1"))
 """The Hub's tensor names (what transformers' save_pretrained writes for hy_v4, its conversion mapping reversed)
 -> transformers' module names, applied in turn; transformers' own names pass unchanged."""
