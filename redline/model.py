@@ -15,7 +15,8 @@ Features (each a field of `ModelConfig`):
   attention within fixed chunks on the layers that rotate (`attn_chunk`, Llama 4's), whose q and k may be
   normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
   (`nope_temperature`, Llama 4's attention temperature);
-  documents packed into one row attend only within themselves (`doc_ids`); multi-head latent attention (keys and
+  documents packed into one row attend only within themselves (`doc_ids`); a prefix-LM's prompt attends to itself
+  both ways (`prefix_lm`, PaliGemma's: `prefix_len` per row); multi-head latent attention (keys and
   values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA; without
   positions, Kimi Linear's; its heads gated, Ling 3's; its shared RoPE key part RMS-normed, dots.3 Note's:
   `latent_key_norm`);
@@ -39,14 +40,18 @@ Features (each a field of `ModelConfig`):
   residual sum (post), each sublayer's output (OLMo 2's) or both input and output (sandwich, Gemma 3's);
 - tied or untied embeddings (optionally scaled by sqrt(n_embd), Gemma's, or by a factor, Granite's), bias on/off,
   dropout, vocabulary padded up to a multiple of 128 (the padded logits are never sampled, and take no part in the
-  loss), logits divided by a factor (Granite's) and soft-capped, sublayer outputs scaled before the residual add
+  loss), a prediction head before the output head (`head_transform`: dense, GELU, norm, ModernBERT-Decoder's) and
+  layer 0's attention without a norm of its own (`first_norm_free`), logits divided by a factor (Granite's) and
+  soft-capped, sublayer outputs scaled before the residual add
   (`residual_multiplier`, Granite's), zero-initialised output projections;
 - token mixers besides attention: gated short convolutions (`conv_layers`, LFM2's) and recurrent linear attention
   (`delta_layers`: Qwen3.5's gated delta nets, Kimi Delta Attention's decays per key channel (`delta_decay`: Kimi
   Linear's, Ling 3's) or Granite 4.0's Mamba-2 layers, a state a head, or Mamba-1's selective scan, a state a channel,
   computed chunk by chunk: redline/recurrent.py, its channels in heads with their own dt, B and C where
   `delta_key_heads` > 1, Zamba's; or Griffin's RG-LRU, RecurrentGemma's; or MiniMax's lightning attention, a fixed
-  decay a head);
+  decay a head; or RWKV-4's time mixing, its WKV a channel, with its channel mixing as the MLP (`mlp=rwkv`) and
+  transformers' inference-time rescaling as norm epsilons (`rescale_every`); or xLSTM's mLSTM, a matrix memory a head
+  under exponential gates);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
   `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
@@ -74,6 +79,10 @@ Features (each a field of `ModelConfig`):
 - differential attention (`diff_attention`, DiffLlama's): two maps' outputs subtracted with a learned λ, paired heads
   RMS-normed; a learned bias on each key's scores from its values (`attn_key_bias`, Doge's dynamic mask) and learned
   scales on the residual stream (`residual_scales`, Doge's);
+- nGPT's blocks (`ngpt`, Dory's): the stream kept on the unit sphere by weightless L2 norms (`norm=l2`), each
+  sublayer's normed output interpolated toward at learned per-channel rates, queries scaled per channel after RoPE;
+  a section of layers run several times over the same blocks (`loop_section`, `loop_passes`, Dory's recurrent
+  section: each pass cached apart by the engine);
 - value embeddings (`value_embeddings`): token-indexed tables added into the attention values of the first and
   last layers (modded-nanogpt's lever), or on any layers, a table each, mixed in through a gate (nanochat's:
   `value_embed_layers`, `value_embed_gate`);
@@ -101,7 +110,7 @@ import torch.nn.functional as F
 
 from redline.chunked_cross_entropy import chunked_cross_entropy
 from redline.errors import UserError
-from redline.recurrent import _linear_scan, gated_delta_rule, selective_scan, ssd
+from redline.recurrent import _linear_scan, gated_delta_rule, mlstm, selective_scan, ssd, wkv
 
 
 @dataclass
@@ -284,11 +293,13 @@ class ModelConfig:
     """Each layer's RoPE base, 0 for a layer without RoPE (Granite SWA's layer_rope_theta): one table a distinct
     base, each with rope_scaling, as transformers builds them; () = rope_theta for every layer (with
     rope_local_theta and nope_interval)."""
-    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu2_glu", "relu", "xielu"] = "swiglu"
+    mlp: Literal["gelu", "swiglu", "swiglu_clamped", "geglu", "relu2", "relu2_glu", "relu", "xielu", "rwkv"] = "swiglu"
     """MLP kind: GELU (GPT-2), SwiGLU, clamped SwiGLU (GPT-OSS's: gate clamped above at swiglu_limit, up to
     ±swiglu_limit, (up + 1) · gate · sigmoid(1.702 · gate)), GeGLU (gated like SwiGLU, with tanh-GELU: Gemma's),
     ReLU squared, ReLU squared gated like SwiGLU (relu(gate)² · up: BitNet's), ReLU (OPT's), or xIELU (Apertus's:
-    ungated, two learned scalars a layer, xielu() below)."""
+    ungated, two learned scalars a layer, xielu() below), or RWKV-4's channel mixing (rwkv: ReLU squared of the
+    token blended with its predecessor, gated by a sigmoid receptance; RWKVChannelMix below, on model.delta_layers
+    of delta_rule=rwkv alone)."""
     xielu_beta: float = 0.5
     """mlp=xielu: the fixed slope beta of both branches (Apertus's 0.5)."""
     xielu_eps: float = -1e-6
@@ -316,7 +327,7 @@ class ModelConfig:
     delta_layers: tuple[int, ...] = ()
     """Layers whose token mixer is a recurrent linear attention instead of attention, no KV cache but a (key, value)
     state a head, of the kind delta_rule names; () = none."""
-    delta_rule: Literal["gated_delta", "mamba2", "mamba1", "rglru", "lightning"] = "gated_delta"
+    delta_rule: Literal["gated_delta", "mamba2", "mamba1", "rglru", "lightning", "rwkv", "mlstm"] = "gated_delta"
     """delta_layers' mixer: "gated_delta", a gated delta net (Yang et al. 2024, "Gated Delta Networks"; Qwen3.5's and
     Qwen3-Next's "linear_attention" layers, GatedDeltaNet below), whose state decays and is corrected toward each
     token's value; "mamba2", Mamba-2's selective state space layer (Dao and Gu 2024; Granite 4.0's hybrid "mamba"
@@ -331,7 +342,16 @@ class ModelConfig:
     (delta_key_dim = 1); "lightning", MiniMax's lightning attention (Qin et al. 2024, "Lightning Attention-2";
     MiniMax-Text-01's "linear_attention" layers, Lightning below): linear attention with SiLU'd q, k and v and a
     fixed decay a head (ALiBi-like slopes shrinking with the layer's depth), its output normed and sigmoid-gated
-    (delta_key_heads = delta_heads, delta_key_dim = delta_value_dim; no convolution)."""
+    (delta_key_heads = delta_heads, delta_key_dim = delta_value_dim; no convolution); "rwkv", RWKV-4's time mixing
+    (Peng et al. 2023, "RWKV: Reinventing RNNs for the Transformer Era"; transformers' RwkvSelfAttention, RWKVTimeMix
+    below): key, value and receptance from each token blended with its predecessor (token shift), the WKV recurrence
+    a channel over delta_value_dim channels (delta_heads = delta_key_heads = delta_key_dim = 1), no convolution;
+    "mlstm", xLSTM's mLSTM layer (Beck et al. 2024, "xLSTM"; transformers' xLSTMLayer, MLSTM below): a matrix memory
+    a head updated by exponential input and sigmoid forget gates, a gate each a head (delta_key_heads = delta_heads),
+    its output normed per head and gated by a sigmoid output gate, no convolution."""
+    delta_gate_softcap: float = 0.0
+    """delta_layers, mlstm: the input and forget gates' preactivations soft-capped at ±this (cap·tanh(x / cap),
+    xLSTM's gate_soft_cap, 15); 0 = none."""
     delta_heads: int = 0
     """delta_layers: value heads (linear_num_value_heads; Mamba-2's n_heads); each reads key head
     h · delta_key_heads // delta_heads."""
@@ -510,8 +530,9 @@ class ModelConfig:
     block has a dense MLP (moe_dense_hidden wide), and block 2j's experts (moe) read its MLP's input, norm2's output,
     their output joining the stream after block 2j + 1's MLP. Between the blocks the stream carries it: (B, T, 2, C),
     the stream and the experts' output waiting to join it (GPT.stream_in, stream_out)."""
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    """Normalization layer kind."""
+    norm: Literal["rmsnorm", "layernorm", "l2"] = "rmsnorm"
+    """Normalization layer kind; l2: x over its L2 norm, no weight (nGPT's projection onto the unit sphere, for
+    model.ngpt alone), its QK-norm too."""
     norm_position: Literal["pre", "post", "output", "sandwich"] = "pre"
     """Normalize the input of each sublayer (pre), the output of each residual sum (post), each sublayer's output
     before it is added to the residual stream, with no norm on its input (output: OLMo 2's "reordered norm",
@@ -524,6 +545,11 @@ class ModelConfig:
     has no norm2."""
     norm_eps: float = 1e-5
     """Epsilon of the normalization layers."""
+    rescale_every: int = 0
+    """The norms of block i at norm_eps·4^(i // this), the final norm at norm_eps·4^(n_layer // this): what
+    transformers' RWKV computes in eval mode with its rescale_every, where the stream is halved after every this-many
+    blocks and their output projections divided to match (a LayerNorm of x / 2^n is one of x at eps·4^n, exactly in
+    floating point, the powers of two rounding alike); 0 = every norm at norm_eps."""
     norm_bias: bool | None = None
     """LayerNorm with a bias (None: as model.bias); StableLM's LayerNorms have biases where its Linear layers have
     none."""
@@ -546,6 +572,13 @@ class ModelConfig:
     """Divide the output logits by this, before any soft-cap (Granite's logits_scaling); 0 = 1."""
     head_bias: bool = False
     """A bias on the output head (Phi's lm_head)."""
+    head_transform: bool = False
+    """A prediction head between the final norm and the output head: a dense layer (C -> C, biased where model.bias),
+    the MLP's GELU (model.gelu_approximate) and a norm (model.norm): ModernBERT-Decoder's lm_head (dense, act, norm)
+    before its decoder."""
+    first_norm_free: bool = False
+    """Layer 0's attention reads the stream without a norm of its own (ModernBERT's attn_norm is an identity there:
+    its embeddings are normed already, model.embed_norm). Pre-norm blocks."""
     tie_embeddings: bool = False
     """Share the token embedding matrix with the output head."""
     head_vocab: int = 0
@@ -708,6 +741,12 @@ class ModelConfig:
     spans (CUDA; compiled with the model). auto: flex on CUDA inside torch.compile (training), sdpa elsewhere.
     The same choice runs soft-capped attention (attn_softcap) and attention with sinks (attn_sinks) as flex,
     documents or not."""
+    prefix_lm: bool = False
+    """A prefix-LM (PaliGemma's): each sequence's first tokens, its prompt, attend to one another both ways, the
+    tokens after them causally (to the whole prefix and to the suffix before them). GPT.forward takes the prefix's
+    length per row (`prefix_len`, none: causal throughout); the inference engine's prefill makes each prompt the
+    prefix, and decoding after it is causal (exact: later tokens never feed back into the prefix). A sliding window
+    or chunk cuts only the causal part, as transformers' blockwise overlay ORs the prefix over it."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     diff_attention: bool = False
@@ -738,6 +777,20 @@ class ModelConfig:
     sub_norms: bool = False
     """An RMSNorm on the input of each block's output projections: the heads' outputs (H·D) before attn.proj and the
     MLP's hidden activation before mlp.proj, held as each proj's `norm` (BitNet's attn_sub_norm and ffn_sub_norm)."""
+    ngpt: bool = False
+    """nGPT's blocks (Loshchilov et al. 2024; NVIDIA's Dory): the stream kept on the unit sphere. Each sublayer reads
+    the L2-normed stream u, and its L2-normed output h replaces the stream by interpolation, u + |r| ⊙ (h - u), r (C,)
+    a learned rate for each sublayer (Block.attn_rate, mlp_rate) instead of a residual add; the queries are scaled
+    per channel after RoPE by q_scale² ((H·D,) learned, Attention.q_scale); the heads' (gated) outputs and the MLP's
+    hidden activation are L2-normed before their output projections. Needs model.norm=l2, norm_position=sandwich
+    and per-head QK-norm before RoPE (weightless L2 norms everywhere)."""
+    loop_section: tuple[int, ...] = ()
+    """(first, count): layers first .. first + count - 1 run loop_passes times in a row, each later pass the same
+    blocks again (their weights stored once; the engine caches each pass's keys and values apart), so n_layer counts
+    every pass. Each pass starts from l2(x) + l2(x₀), x₀ the stream that entered the section (Dory's recurrent
+    section, its n_recurrent_loops; with model.ngpt). Empty: every layer runs once."""
+    loop_passes: int = 1
+    """With loop_section: how many times the section runs."""
     ce_chunk_tokens: int = 0
     """Compute the head and the loss this many tokens at a time, so the (tokens, vocab) logits never exist at once
     and are not kept for backward (redline/chunked_cross_entropy.py); 0 = off: the whole batch's logits at once."""
@@ -1072,6 +1125,13 @@ class ModelConfig:
         if self.value_embed_gate and not self.value_tables:
             raise UserError("model.value_embed_gate gates value embeddings: set model.value_embed_layers (or "
                             "model.value_embeddings) with it")
+        if (self.head_transform and self.mlp not in ("gelu", "geglu")) or (
+                self.first_norm_free and (self.norm_position != "pre" or self.parallel_residual)):
+            raise UserError("model.head_transform takes a GELU MLP (model.mlp gelu or geglu: its activation), "
+                            "model.first_norm_free sequential pre-norm blocks")
+        if self.prefix_lm and (self.conv_layers or self.delta_layers or self.pos_emb == "alibi" or self.qsa_heads):
+            raise UserError("model.prefix_lm attends the prefix both ways: its layers must be attention without ALiBi "
+                            "or a QSA indexer (no model.conv_layers, model.delta_layers, which read tokens in order)")
         if self.doc_attention == "flex" and self.dropout:
             raise UserError("model.doc_attention=flex has no attention dropout; use doc_attention=sdpa (or auto) "
                             "with model.dropout")
@@ -1092,9 +1152,33 @@ class ModelConfig:
                             f"each in [0, n_layer={self.n_layer}) and none of model.conv_layers, with "
                             f"model.delta_heads >= 1 a multiple of model.delta_key_heads >= 1, positive widths and "
                             f"kernel, and no value embeddings")
-        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1", "rglru", "lightning"):
+        if self.delta_rule not in ("gated_delta", "mamba2", "mamba1", "rglru", "lightning", "rwkv", "mlstm"):
             raise UserError(f"model.delta_rule={self.delta_rule!r}: one of gated_delta, mamba2, mamba1, rglru, "
-                            f"lightning")
+                            f"lightning, rwkv, mlstm")
+        if self.delta_rule == "rwkv" and self.delta_layers and (
+                (self.delta_heads, self.delta_key_heads, self.delta_key_dim) != (1, 1, 1) or self.delta_parallel
+                or self.delta_conv_bias or self.delta_proj_bias):
+            raise UserError(f"model.delta_rule=rwkv keeps a state a channel of delta_value_dim channels and has no "
+                            f"convolution or biases: set model.delta_heads, delta_key_heads and delta_key_dim to 1, "
+                            f"no delta_parallel, delta_conv_bias or delta_proj_bias")
+        if self.mlp == "rwkv" and (self.delta_rule != "rwkv" or self.delta_layers != tuple(range(self.n_layer))
+                                   or self.moe_experts or self.norm_position != "pre" or self.parallel_residual
+                                   or self.normed_residual or self.mlp_free_layers or self.mixer_free_layers
+                                   or self.hc_streams or self.mhc_streams or self.altup_streams or self.moe_shortcut):
+            raise UserError("model.mlp=rwkv (RWKV-4's channel mixing) keeps its token shift in the cache of an RWKV "
+                            "time-mixing layer: it takes model.delta_rule=rwkv on every layer (delta_layers), pre-norm "
+                            "blocks of both sublayers in turn and no experts or further streams")
+        if self.delta_rule == "mlstm" and self.delta_layers and (
+                self.delta_key_heads != self.delta_heads or self.delta_parallel or self.delta_conv_bias
+                or self.delta_proj_bias):
+            raise UserError(f"model.delta_rule=mlstm has a gate pair and a memory a head and no convolution or "
+                            f"biases: set model.delta_key_heads = delta_heads ({self.delta_heads}), no "
+                            f"delta_parallel, delta_conv_bias or delta_proj_bias")
+        if self.delta_gate_softcap < 0 or (self.delta_gate_softcap and self.delta_rule != "mlstm"):
+            raise UserError(f"model.delta_gate_softcap={self.delta_gate_softcap}: the mLSTM gates' soft cap, >= 0, "
+                            f"with model.delta_rule=mlstm")
+        if self.rescale_every < 0:
+            raise UserError(f"model.rescale_every={self.rescale_every} must be >= 0 (0: every norm at norm_eps)")
         if self.delta_rule == "lightning" and self.delta_layers and (
                 self.delta_key_heads != self.delta_heads or self.delta_key_dim != self.delta_value_dim
                 or self.delta_parallel or self.delta_conv_bias or self.delta_proj_bias):
@@ -1307,6 +1391,7 @@ class ModelConfig:
         self._validate_mhc()
         self._validate_hyper_connections()
         self._validate_bitnet()
+        self._validate_ngpt()
         if (self.attn_key_bias or self.residual_scales) and (self.kv_lora_rank or self.conv_layers or self.delta_layers
                                                               or self.mixer_free_layers or self.mlp_free_layers
                                                               or self.norm_position != "pre" or self.parallel_residual
@@ -1345,6 +1430,47 @@ class ModelConfig:
             if not (0 <= j <= i and sources[j] == j and self.layer_rope(j) == self.layer_rope(i)):
                 raise UserError(f"model.kv_source_layers[{i}]={j}: a layer reads its own cache or that of an earlier "
                                 f"layer that is its own source and rotates (RoPE or not) as it does")
+
+    def _validate_ngpt(self) -> None:
+        """nGPT's blocks and the looped section (Dory's)."""
+        if self.norm == "l2" and not self.ngpt:
+            raise UserError("model.norm=l2 (weightless norms onto the unit sphere) is nGPT's: it needs model.ngpt")
+        if self.ngpt and (self.norm != "l2" or self.norm_position != "sandwich" or not self.qk_norm
+                          or self.qk_norm_scope != "head" or self.qk_norm_after_rope or self.qk_layernorm
+                          or self.parallel_residual or self.attn_gate not in ("none", "element")
+                          or self.kv_lora_rank or self.conv_layers or self.delta_layers or self.moe_experts
+                          or self.mixer_free_layers or self.mlp_free_layers or self.diff_attention
+                          or self.attn_key_bias or self.residual_scales or self.normed_residual or self.bias
+                          or self.altup_streams or self.mhc_streams or self.hc_streams or self.layer_lambdas
+                          or self.backout or self.residual_multiplier or self.bitlinear != "off" or self.sub_norms
+                          or self.shared_attn_layers or self.per_layer_embd or self.kv_shared_layers
+                          or not self.gated_mlp):
+            raise UserError("model.ngpt keeps the stream on the unit sphere: it needs model.norm=l2, "
+                            "norm_position=sandwich, per-head qk_norm before RoPE, plain or element-gated attention "
+                            "and a gated dense MLP without biases on every layer, and none of the other stream options")
+        if not self.loop_section and self.loop_passes == 1:
+            return
+        if not self.ngpt or len(self.loop_section) != 2 or self.loop_passes < 1:
+            raise UserError(f"model.loop_section is (first, count) with model.loop_passes >= 1, on nGPT blocks "
+                            f"(model.ngpt); got {self.loop_section} and {self.loop_passes}")
+        first, count = self.loop_section
+        if first < 0 or count < 1 or first + count * self.loop_passes > self.n_layer:
+            raise UserError(f"model.loop_section={self.loop_section} run {self.loop_passes} times does not fit in "
+                            f"model.n_layer={self.n_layer} (which counts every pass)")
+        for i in range(first + count, first + count * self.loop_passes):
+            if self.layer_window(i) != self.layer_window(self.loop_source(i)):
+                raise UserError(f"model layer {i} repeats layer {self.loop_source(i)} (model.loop_section) with "
+                                f"another window: a looped layer's passes attend alike")
+
+    def loop_source(self, layer: int) -> int:
+        """The layer whose block layer `layer` runs: itself, or on a later pass of model.loop_section the first
+        pass's layer it repeats."""
+        if not self.loop_section:
+            return layer
+        first, count = self.loop_section
+        if first + count <= layer < first + count * self.loop_passes:
+            return first + (layer - first) % count
+        return layer
 
     def _validate_altup(self) -> None:
         """Gemma 3n's fields: AltUp streams, LAuReL, activation sparsity."""
@@ -1559,14 +1685,38 @@ class GatedRMSNorm(nn.RMSNorm):
         return (y * torch.sigmoid(self.gate_up(F.silu(self.gate_down(y))).float())).to(y.dtype)
 
 
+class L2Norm(nn.Module):
+    """x (..., D) over its L2 norm, x · rsqrt(Σx² + eps), in fp32 and cast back; no weight (model.norm=l2: nGPT's
+    projection onto the unit sphere, as transformers' DoryL2Norm computes it)."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + self.eps)).type_as(x)
+
+
 def make_rmsnorm(cfg: ModelConfig, dim: int) -> nn.Module:
+    if cfg.norm == "l2":
+        return L2Norm(cfg.norm_eps)
     if cfg.norm_unit_offset:
         return UnitOffsetRMSNorm(dim, cfg.norm_eps)
     return nn.RMSNorm(dim, eps=cfg.norm_eps, elementwise_affine=cfg.norm_affine)
 
 
+def rescaled_norms(cfg: ModelConfig, layer: int) -> ModelConfig:
+    """The config the norms of block `layer` (n_layer: the final norm) are made with: norm_eps times 4^(layer //
+    model.rescale_every), what transformers' RWKV computes in eval mode on a stream halved every rescale_every
+    blocks; cfg itself without rescale_every."""
+    if not cfg.rescale_every or layer < cfg.rescale_every:
+        return cfg
+    return replace(cfg, norm_eps=cfg.norm_eps * 4 ** (layer // cfg.rescale_every))
+
+
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
-    if cfg.norm == "rmsnorm":
+    if cfg.norm in ("rmsnorm", "l2"):
         return make_rmsnorm(cfg, dim)
     if cfg.norm_unit_offset:
         return UnitOffsetLayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias if cfg.norm_bias is None else cfg.norm_bias)
@@ -1638,6 +1788,15 @@ def mask_allows(i: torch.Tensor, j: torch.Tensor, key: int) -> torch.Tensor | bo
     if key < 0:
         return torch.div(i, -key, rounding_mode="floor") == torch.div(j, -key, rounding_mode="floor")
     return True
+
+
+def prefix_pairs(prefix_len: torch.Tensor, Tq: int, Tk: int, start: int = 0) -> torch.Tensor:
+    """(B, Tq, Tk) bool: True where query i (at slot start + i) and key j are both within their row's prefix of
+    prefix_len (B,) tokens (model.prefix_lm, PaliGemma's prompt, which attends to itself both ways)."""
+    i = torch.arange(start, start + Tq, device=prefix_len.device)
+    j = torch.arange(Tk, device=prefix_len.device)
+    n = prefix_len[:, None, None]
+    return (i[None, :, None] < n) & (j[None, None, :] < n)
 
 
 def nope_temperature_table(cfg: ModelConfig, length: int | None = None) -> torch.Tensor:
@@ -1823,6 +1982,10 @@ class Attention(nn.Module):
                        if cfg.v_norm and own_kv else None)
         self.proj = nn.Linear(q_dim, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
+        # model.ngpt: the queries' per-channel scale after RoPE, squared (H*D,) (Dory's sqk times its scale), and
+        # the L2 norm on the heads' gated output before proj (Dory's attn_sub_norm)
+        self.q_scale = nn.Parameter(torch.full((q_dim,), self.head_dim ** 0.5)) if cfg.ngpt else None
+        self.out_norm = L2Norm(cfg.norm_eps) if cfg.ngpt else None
         # qsa_heads (Qwen4-Exp's QSA indexer): its weights, kept but never read, since within context_len it keeps
         # every key (ModelConfig.qsa_heads): the query and key projection ((Hi + 1)·Di, C), its q and k norms (Di,)
         if cfg.qsa_heads:
@@ -1890,6 +2053,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None and not self.use_rope and self.cfg.nope_temperature:  # rope[-1]: (T, 1) or (B, 1, T, 1)
             q = (q.float() * rope[-1]).to(q.dtype)
+        if self.q_scale is not None:  # (H, 1, D) over (B, H, T, D), as transformers' DoryAttention scales them
+            q = q * self.q_scale.square().to(q.dtype).view(self.n_head, 1, self.head_dim)
         return q, k, v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
@@ -1938,14 +2103,19 @@ class Attention(nn.Module):
         ve: this layer's value embedding (B, T, KV*D) or None. shared: without a cache, the forward's {layer: (k, v)}
         (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's."""
         if cache is not None:
-            return self.proj(self.gated(x, cache.attend(self, x, rope, ve)))
+            return self.output(x, cache.attend(self, x, rope, ve))
         q, k, v = self.project_qkv(x, rope, ve)
         if k is None:
             k, v = shared[self.kv_source]
         elif shared is not None:
             shared[self.layer] = (k, v)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
-        return self.proj(self.gated(x, y))
+        return self.output(x, y)
+
+    def output(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs y (B, T, H*D) -> (B, T, C): gated by x (gated), L2-normed (model.ngpt), projected."""
+        y = self.gated(x, y)
+        return self.proj(y if self.out_norm is None else self.out_norm(y))
 
     def gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (B, T, H*D), the heads' outputs, times sigmoid(gate(x)) (softplus: attn_gate_fn): (B, T, H) a head
@@ -2317,7 +2487,7 @@ class ShortConv(nn.Module):
 
 
 class RecurrentMixer(nn.Module):
-    """A recurrent token mixer (GatedDeltaNet, Mamba2, Mamba1, RGLRU, Lightning): each defines
+    """A recurrent token mixer (GatedDeltaNet, Mamba2, Mamba1, RGLRU, Lightning, RWKVTimeMix, MLSTM): each defines
     mix(x, before, state, doc_ids, valid) -> (y, the convolution's inputs, the final state), which the inference
     engine's cache layers call step by step (redline/inference/cache.py)."""
 
@@ -2717,6 +2887,193 @@ class Lightning(RecurrentMixer):
         return self.out_proj(o.to(x.dtype)), x.new_zeros(B, T, 0), state
 
 
+MLSTM_EPS = 1e-6  # the mLSTM cell's denominator term (xLSTM's eps; the import refuses others)
+
+
+class MLSTM(RecurrentMixer):
+    """The token mixer of model.delta_layers with delta_rule=mlstm (xLSTM's mLSTM layer, as transformers' xLSTMLayer
+    computes it): q and k (C -> H·Dk), v and the output gate's preactivation o (C -> H·Dv), the input and forget
+    gates' preactivations igate and fgate (C -> H, with biases), soft-capped at model.delta_gate_softcap; the mLSTM
+    cell (recurrent.mlstm) in fp32; each head's output LayerNormed without a bias (the per-head norm at delta_norm_eps,
+    its weight `norm` (H·Dv,)), times sigmoid(o), then proj (H·Dv -> C). No convolution: the engine's cache keeps no
+    inputs a slot, only each row's state, packed as (H, Dk + 1, Dv + 1): C in [:Dk, :Dv], n in [:Dk, Dv], m in
+    [Dk, 0]."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, H, Dk, Dv = cfg.n_embd, cfg.delta_heads, cfg.delta_key_dim, cfg.delta_value_dim
+        # window: the mask key callers look up (and this mixer never reads)
+        self.heads, self.dk, self.dv, self.kernel, self.window = H, Dk, Dv, 1, cfg.layer_mask(layer)
+        self.cap, self.eps = cfg.delta_gate_softcap, cfg.delta_norm_eps or cfg.norm_eps
+        self.q = nn.Linear(C, H * Dk, bias=False)
+        self.k = nn.Linear(C, H * Dk, bias=False)
+        self.v = nn.Linear(C, H * Dv, bias=False)
+        self.o = nn.Linear(C, H * Dv, bias=False)
+        self.igate = nn.Linear(C, H)
+        self.fgate = nn.Linear(C, H)
+        self.norm = nn.Parameter(torch.ones(H * Dv))
+        self.proj = nn.Linear(H * Dv, C, bias=False)
+        self.proj.is_residual_out = True
+
+    @torch.no_grad()
+    def reset_gates(self) -> None:
+        """xLSTM's initial gates, as transformers' _init_weights sets them: zero weights, the input gates' biases −10
+        and the forget gates' from 3 to 6 across the heads (memories that start closed and slow to forget)."""
+        for gate in (self.igate, self.fgate):
+            gate.weight.zero_()
+        self.igate.bias.fill_(-10.0)
+        self.fgate.bias.copy_(torch.linspace(3.0, 6.0, self.heads))
+
+    def _gate(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        g = layer(x)
+        return self.cap * torch.tanh(g / self.cap) if self.cap else g
+
+    def _unpack(self, state: torch.Tensor | None):
+        if state is None:
+            return None
+        Dk, Dv = self.dk, self.dv
+        return state[:, :, :Dk, :Dv], state[:, :, :Dk, Dv], state[:, :, Dk, 0]
+
+    def _pack(self, C: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        B, H, Dk, Dv = C.shape
+        out = C.new_zeros(B, H, Dk + 1, Dv + 1)
+        out[:, :, :Dk, :Dv], out[:, :, :Dk, Dv], out[:, :, Dk, 0] = C, n, m
+        return out
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As GatedDeltaNet.mix: x (B, T, C) -> (y (B, T, C), no convolution inputs (B, T, 0), the final state packed
+        (B, H, Dk + 1, Dv + 1) fp32); `before` unused; state (packed), doc_ids and valid alike (a padding token
+        leaves the state as it is)."""
+        B, T, _ = x.shape
+        H = self.heads
+        q, k = self.q(x).view(B, T, H, self.dk), self.k(x).view(B, T, H, self.dk)
+        v = self.v(x).view(B, T, H, self.dv)
+        starts = None
+        if doc_ids is not None:  # each document's first token starts from the initial state
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :T]
+        h, (C, n, m) = mlstm(q, k, v, self._gate(self.igate, x), self._gate(self.fgate, x), self._unpack(state),
+                             starts, valid, MLSTM_EPS)
+        # xLSTMMultiHeadLayerNorm: each head's (Dv,) centred and scaled in fp32, the weight over all H·Dv
+        h = (h - h.mean(-1, keepdim=True)) * torch.rsqrt(h.var(-1, keepdim=True, unbiased=False) + self.eps)
+        h = h.to(x.dtype).reshape(B, T, -1) * self.norm
+        return self.proj(torch.sigmoid(self.o(x)) * h), x.new_zeros(B, T, 0), self._pack(C, n, m)
+
+
+def token_shift(x: torch.Tensor, before: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's predecessor (RWKV's time_shift): x (B, T, C) -> (B, T, C), the first token's from `before`
+    (B, 1, C), else zeros; with doc_ids (B, T) a document's first token reads zeros too."""
+    first = before.to(x.dtype) if before is not None else x.new_zeros(x.shape[0], 1, x.shape[2])
+    prev = torch.cat([first, x[:, :-1]], dim=1)
+    if doc_ids is not None:
+        prev = prev * (doc_ids == F.pad(doc_ids, (1, 0), value=-1)[:, :-1])[..., None].to(x.dtype)
+    return prev
+
+
+def shift_blend(x: torch.Tensor, prev: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """RWKV's token mixing of x and its predecessor prev (B, T, C) by mix (C,), as transformers writes it."""
+    return x * mix + prev * (1 - mix)
+
+
+class RWKVTimeMix(RecurrentMixer):
+    """The token mixer of model.delta_layers with delta_rule=rwkv (RWKV-4's time mixing, as transformers'
+    RwkvSelfAttention computes it): key, value and receptance (C -> A each, no biases) read the token blended with
+    its predecessor by mix_key, mix_value and mix_receptance (C,) each; WKV (recurrent.wkv) of the keys and values
+    with the decay rate exp(time_decay) and the current token's bonus time_first (A,) each, in fp32; the output
+    sigmoid(receptance) times it, projected back (proj, A -> C). The engine's cache keeps each token's input (its
+    predecessor's for the next token: a convolution of kernel 2 whose first C channels are this mixer's, the rest
+    the layer's channel mixing's, RWKVChannelMix) and each row's WKV state (3, A) fp32."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        C, A = cfg.n_embd, cfg.delta_value_dim
+        # window: the mask key callers look up (and this mixer never reads); kernel 2: the token and its predecessor
+        self.kernel, self.window, self.width = 2, cfg.layer_mask(layer), A
+        self.time_decay = nn.Parameter(torch.empty(A))
+        self.time_first = nn.Parameter(torch.empty(A))
+        self.mix_key = nn.Parameter(torch.empty(C))
+        self.mix_value = nn.Parameter(torch.empty(C))
+        self.mix_receptance = nn.Parameter(torch.empty(C))
+        self.key = nn.Linear(C, A, bias=False)
+        self.value = nn.Linear(C, A, bias=False)
+        self.receptance = nn.Linear(C, A, bias=False)
+        self.proj = nn.Linear(A, C, bias=False)
+        self.proj.is_residual_out = True
+
+    @torch.no_grad()
+    def reset_rwkv(self, layer: int, n_layer: int) -> None:
+        """RWKV-4's initial values, as transformers' _init_weights sets them: decays from −5 to 3 across the channels
+        (steeper in deeper layers), time_first ones, the mixes channel-ramps that give deeper layers more of the
+        predecessor."""
+        C, A = self.mix_key.numel(), self.width
+        depth, remaining = layer / max(n_layer - 1, 1), 1.0 - layer / n_layer
+        ramp = torch.arange(C, dtype=torch.float32) / C
+        h = torch.arange(A, dtype=torch.float32) / max(A - 1, 1)
+        self.time_decay.copy_(-5 + 8 * h ** (0.7 + 1.3 * depth))
+        self.time_first.fill_(1.0)
+        self.mix_key.copy_(ramp ** remaining)
+        self.mix_value.copy_(ramp ** remaining + 0.3 * depth)
+        self.mix_receptance.copy_(ramp ** (0.5 * remaining))
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None, state: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """As GatedDeltaNet.mix: x (B, T, C) -> (y (B, T, C), x itself, the inputs the cache keeps a token, the
+        final state (B, 3, A) fp32); before (B, 1, C or more) the predecessor of x's first token (its first C
+        channels), state (B, 3, A) the WKV state before x (None: the sequence starts at x's first token); doc_ids
+        and valid alike (a padding token leaves the state as it is)."""
+        C = x.shape[-1]
+        prev = token_shift(x, None if before is None else before[..., :C], doc_ids)
+        k = self.key(shift_blend(x, prev, self.mix_key))
+        v = self.value(shift_blend(x, prev, self.mix_value))
+        r = torch.sigmoid(self.receptance(shift_blend(x, prev, self.mix_receptance)))
+        starts = None
+        if doc_ids is not None:  # each document's first token starts its state afresh
+            starts = doc_ids != F.pad(doc_ids, (1, 0), value=-1)[:, :-1]
+        decay = self.time_decay.to(torch.promote_types(self.time_decay.dtype, torch.float32)).exp()
+        out, state = wkv(k, v, decay, self.time_first, state, starts, valid)
+        return self.proj(r * out.to(x.dtype)), x, state
+
+
+class RWKVChannelMix(nn.Module):
+    """RWKV-4's channel mixing (model.mlp=rwkv, transformers' RwkvFeedForward): fc (key, C -> F) and receptance (C
+    -> C) read the token blended with its predecessor by mix_key and mix_receptance (C,) each;
+    sigmoid(receptance) · proj(relu(fc)²) (proj: value, F -> C; no biases). In the engine the predecessor is the
+    layer's cache's (cache.shift: channels C..2C of the time mixing's slots)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C, F_ = cfg.n_embd, cfg.hidden_dim
+        self.mix_key = nn.Parameter(torch.empty(C))
+        self.mix_receptance = nn.Parameter(torch.empty(C))
+        self.fc = nn.Linear(C, F_, bias=False)
+        self.receptance = nn.Linear(C, C, bias=False)
+        self.proj = nn.Linear(F_, C, bias=False)
+        self.proj.is_residual_out = True
+
+    @torch.no_grad()
+    def reset_rwkv(self, layer: int, n_layer: int) -> None:
+        """transformers' initial mixes: channel-ramps giving deeper layers more of the predecessor."""
+        C = self.mix_key.numel()
+        ramp = (torch.arange(C, dtype=torch.float32) / C) ** (1.0 - layer / n_layer)
+        self.mix_key.copy_(ramp)
+        self.mix_receptance.copy_(ramp)
+
+    def forward(self, x: torch.Tensor, cache=None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); cache: an inference engine's cache layer (its `shift` keeps the predecessors);
+        doc_ids (B, T): packed documents, whose first tokens read no predecessor."""
+        if cache is not None:
+            return cache.shift(self, x)
+        return self.mix(x, None, doc_ids)
+
+    def mix(self, x: torch.Tensor, before: torch.Tensor | None = None,
+            doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C), before (B, 1, C) the predecessor of its first token (None: zeros) -> (B, T, C)."""
+        prev = token_shift(x, before, doc_ids)
+        h = torch.square(torch.relu(self.fc(shift_blend(x, prev, self.mix_key))))
+        return torch.sigmoid(self.receptance(shift_blend(x, prev, self.mix_receptance))) * self.proj(h)
+
+
 SWIGLU_CLAMPED_ALPHA = 1.702  # GPT-OSS's sigmoid gain (its configs' swiglu_alpha)
 
 
@@ -2753,7 +3110,7 @@ class SharedBlockCall(Attention):
         self.kv_source, self.values_from_keys = None, False
         self.window, self.rope_table, self.use_rope = 0, 0, True
         self.scale = cfg.attn_scale or None
-        self.ve_mix = self.ve_gate = self.sinks = self.gate = self.v_norm = None
+        self.ve_mix = self.ve_gate = self.sinks = self.gate = self.v_norm = self.q_scale = self.out_norm = None
         C, r = cfg.n_embd, cfg.shared_attn_adapter_rank
         widths = (self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim)
         self.widths = widths
@@ -2862,6 +3219,8 @@ class MLP(nn.Module):
         self.up = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias) if cfg.gated_mlp and not fused else None
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.proj.is_residual_out = True
+        # model.ngpt: the hidden activation L2-normed before proj (Dory's ffn_sub_norm)
+        self.out_norm = L2Norm(cfg.norm_eps) if cfg.ngpt else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
@@ -2874,7 +3233,7 @@ class MLP(nn.Module):
             h = xielu(h, self.alpha_p, self.alpha_n, self.beta, self.eps)
         else:
             h = plain_activation(self.kind, h, self.gelu)
-        return self.proj(h)
+        return self.proj(h if self.out_norm is None else self.out_norm(h))
 
     @torch.no_grad()
     def reset_xielu(self) -> None:
@@ -3423,6 +3782,36 @@ def _stream_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return (F.rms_norm(x.float(), (x.shape[-1],), eps=eps) * (1.0 + weight.float())).type_as(x)
 
 
+# model.ngpt's interpolation rates at init (Dory's ngpt_alpha_init)
+NGPT_RATE_INIT = 0.05
+
+
+class LoopPass(nn.Module):
+    """A later pass of model.loop_section's layer: the first pass's block run again. It holds that block outside the
+    module tree (a list, not a submodule), so the weights are stored, trained and exported once; everything the
+    engine reads of a block (window, conv, attn, ...) it reads from the block it repeats."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.repeats = [block]
+
+    @property
+    def block(self) -> nn.Module:
+        return self.repeats[0]
+
+    def forward(self, *args, **kwargs):
+        return self.block(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            repeats = self.__dict__.get("repeats")
+            if not repeats:  # not built yet (a copy being made)
+                raise
+            return getattr(repeats[0], name)
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -3436,10 +3825,13 @@ class Block(nn.Module):
         # a block of one sublayer (model.mixer_free_layers, mlp_free_layers: Mamba-2's, Nemotron-H's) has only its
         # norm (pre-norm blocks alone) and its attn or mlp None
         mixer, mlp = layer not in cfg.mixer_free_layers, layer not in cfg.mlp_free_layers
-        self.norm1 = (make_norm(cfg, cfg.n_embd) if inputs else nn.Identity()) if mixer else None
+        normed = rescaled_norms(cfg, layer)  # model.rescale_every: this block's norms' epsilon
+        self.norm1 = (make_norm(normed, cfg.n_embd) if inputs else nn.Identity()) if mixer else None
+        if cfg.first_norm_free and layer == 0:  # ModernBERT's: the normed embeddings go straight into attention
+            self.norm1 = nn.Identity()
         # parallel_shared_norm: the MLP reads norm1's output too (Phi's one norm a block)
         self.norm2 = (None if cfg.parallel_shared_norm or not mlp
-                      else make_norm(cfg, cfg.n_embd) if inputs else nn.Identity())
+                      else make_norm(normed, cfg.n_embd) if inputs else nn.Identity())
         if cfg.norm_gate_rank:  # A.X-K2's gated norms: norm1 everywhere, norm2 before experts
             gated = lambda: GatedRMSNorm(cfg.n_embd, cfg.norm_eps, cfg.norm_gate_rank)  # noqa: E731
             self.norm1 = gated() if mixer else None
@@ -3456,7 +3848,8 @@ class Block(nn.Module):
         if not mixer:
             self.attn = None
         elif layer in cfg.delta_layers and not parallel:
-            mixers = {"mamba2": Mamba2, "mamba1": Mamba1, "rglru": RGLRU, "lightning": Lightning}
+            mixers = {"mamba2": Mamba2, "mamba1": Mamba1, "rglru": RGLRU, "lightning": Lightning, "rwkv": RWKVTimeMix,
+                      "mlstm": MLSTM}
             self.attn = mixers.get(cfg.delta_rule, GatedDeltaNet)(cfg, layer)
         elif layer in cfg.shared_attn_layers:  # Zamba2's: a shared block's call before the mixer in mamba
             self.attn = SharedBlockCall(cfg, layer)
@@ -3467,6 +3860,8 @@ class Block(nn.Module):
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
             self.mlp = None
+        elif cfg.mlp == "rwkv":  # RWKV-4's channel mixing: its token shift reads the layer's cache
+            self.mlp = RWKVChannelMix(cfg)
         elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
             self.mlp = MoE(cfg)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
@@ -3535,6 +3930,14 @@ class Block(nn.Module):
             self.attn_hc, self.mlp_hc = HyperConnection(cfg), HyperConnection(cfg)
         # ngram_layers (Qwen4-Exp's Per-Layer Embeddings): the layer's n-gram embedding, added to the streams first
         self.ngram = NGramEmbedding(cfg, cfg.ngram_layers.index(layer)) if layer in cfg.ngram_layers else None
+        # model.ngpt: each sublayer's interpolation rate (C,), used as |rate| (Dory's lambda_1, lambda_2 times their
+        # scale; nGPT's alpha_A, alpha_M)
+        self.attn_rate = nn.Parameter(torch.full((cfg.n_embd,), NGPT_RATE_INIT)) if cfg.ngpt else None
+        self.mlp_rate = nn.Parameter(torch.full((cfg.n_embd,), NGPT_RATE_INIT)) if cfg.ngpt else None
+        # model.loop_section: a block of the looped section reads (B, T, 2, C), the stream and the anchor each pass
+        # restarts from (GPT.stream_in), and carries the anchor along
+        first, count = cfg.loop_section or (0, 0)
+        self.anchored = first <= layer < first + count
 
     def out(self, h: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual stream: dropped out, scaled by residual_multiplier."""
@@ -3556,6 +3959,9 @@ class Block(nn.Module):
             return self.hyper_forward(x, rope, attn_mask, cache, ve, ple, doc_ids)
         if self.shortcut:
             return self.shortcut_forward(x, rope, attn_mask, cache, ve)
+        if self.anchored:  # (B, T, 2, C): the stream and its pass's anchor, carried along unchanged
+            x, anchor = x.unbind(dim=2)
+            return torch.stack([self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared), anchor], dim=2)
         if isinstance(self.attn, SharedBlockCall):  # Zamba2's: ple is x0, the token embeddings (B, T, C)
             t = self.attn(x, rope, attn_mask, cache, ple)
             return x + self.out(self.mamba(self.norm1(x + t), None, doc_ids, cache))
@@ -3649,6 +4055,13 @@ class Block(nn.Module):
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
+        if self.attn_rate is not None:  # nGPT's: each normed output interpolated toward, as DoryDecoderLayer does
+            u = self.norm1(x)
+            h = self.attn_out_norm(self.out(self.attn(u, rope, attn_mask, cache, ve, **kw)))
+            x = u + self.attn_rate.abs().to(u.dtype) * (h - u)
+            u = self.norm2(x)
+            h = self.mlp_out_norm(self.out(self.mlp(u)))
+            return u + self.mlp_rate.abs().to(u.dtype) * (h - u)
         if self.position == "post":
             x = self.norm1(x + self.out(self.attn(x, rope, attn_mask, cache, ve, **kw)))
             return self.norm2(x + self.out(self.mlp(x)))
@@ -3672,12 +4085,29 @@ class Block(nn.Module):
             x = (x if self.attn_residual is None else self.attn_residual * x) + self.out(h)
         if self.mlp is None:
             return x
-        h = self.mlp(self.norm2(x))
+        if isinstance(self.mlp, RWKVChannelMix):  # its token shift: the cache's predecessors, the documents' starts
+            h = self.mlp(self.norm2(x), cache, doc_ids)
+        else:
+            h = self.mlp(self.norm2(x))
         if self.moe is not None:  # the experts read the stream itself (their norms inside), as transformers' Gemma 4
             h = self.dense_out_norm(h) + self.moe_out_norm(self.moe(x))
         if self.mlp_out_norm is not None:
             h = self.mlp_out_norm(h)
         return (x if self.mlp_residual is None else self.mlp_residual * x) + self.out(h)
+
+
+class HeadTransform(nn.Module):
+    """model.head_transform: x (..., C) -> norm(gelu(dense(x))) (..., C), before the output head, as transformers'
+    ModernBertDecoderPredictionHead computes it."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.norm = make_norm(cfg, cfg.n_embd)
+        self.gelu = cfg.gelu_approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(x), approximate=self.gelu))
 
 
 def check_targets(targets: torch.Tensor, head: int) -> None:
@@ -3720,7 +4150,11 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.context_len, cfg.n_embd) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.embed_norm = make_norm(cfg, cfg.n_embd) if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg, self.value_table(i) is not None, i) for i in range(cfg.n_layer))
+        blocks = []  # a later pass of model.loop_section runs its first pass's block again (LoopPass)
+        for i in range(cfg.n_layer):
+            source = cfg.loop_source(i)
+            blocks.append(Block(cfg, self.value_table(i) is not None, i) if source == i else LoopPass(blocks[source]))
+        self.blocks = nn.ModuleList(blocks)
         # shared_attn_layers (Zamba2's): the shared blocks, stored once; the j-th such layer calls block j % count
         self.shared_blocks = None
         if cfg.shared_attn_layers:
@@ -3756,13 +4190,15 @@ class GPT(nn.Module):
             self.altup_out = nn.ModuleList(nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
                                            for _ in range(cfg.altup_streams - 1))
         # post-norm blocks end in a norm already; the others need a final one
-        self.norm_f = make_norm(cfg, cfg.n_embd) if cfg.norm_position != "post" else nn.Identity()
+        self.norm_f = make_norm(rescaled_norms(cfg, cfg.n_layer), cfg.n_embd) if cfg.norm_position != "post" \
+            else nn.Identity()
         # hc_streams: the last mixer collapses the streams (its per-stream norms in place of norm_f)
         self.hc_out = None
         if cfg.hc_streams:
             self.norm_f, self.hc_out = nn.Identity(), HyperConnection(cfg, inject=False)
         if cfg.bitlinear != "off" or cfg.sub_norms:
             bitnet_projections(self.blocks, cfg)
+        self.head_transform = HeadTransform(cfg) if cfg.head_transform else None
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_head, bias=cfg.head_bias)  # (padded_head, C)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -3873,6 +4309,11 @@ class GPT(nn.Module):
                         nn.init.ones_(weight)
             elif isinstance(module, Lightning):  # its norm's weight is a bare parameter
                 nn.init.ones_(module.norm)
+            elif isinstance(module, MLSTM):  # its per-head norm's weight is a bare parameter
+                nn.init.ones_(module.norm)
+            elif isinstance(module, (RWKVTimeMix, RWKVChannelMix)):  # bare parameters: RWKV-4's initial values
+                layer = next(i for i, b in enumerate(self.blocks) if module in (b.attn, b.mlp))
+                module.reset_rwkv(layer, self.cfg.n_layer)
             elif isinstance(module, RGLRU):  # bare parameters: Griffin's initial values
                 nn.init.normal_(module.conv, mean=0.0, std=std)
                 if module.conv_bias is not None:
@@ -3913,6 +4354,8 @@ class GPT(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
         for module in self.modules():  # after the Linear layers' zero biases (modules() visits a mixer first)
+            if isinstance(module, MLSTM):
+                module.reset_gates()
             if isinstance(module, Mamba1):  # dt_proj's bias: softplus⁻¹ of steps log-uniform in [0.001, 0.1]
                 dt = torch.empty_like(module.dt_proj.bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
                 module.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # (Mamba's time_step_min/max)
@@ -3924,6 +4367,10 @@ class GPT(nn.Module):
                 block.attn.A.zero_()
             if block.layer_scalar is not None:
                 block.layer_scalar.fill_(1.0)
+            if block.attn_rate is not None:  # model.ngpt's rates and query scales (sqrt(D): nGPT's softmax scale)
+                block.attn_rate.fill_(NGPT_RATE_INIT)
+                block.mlp_rate.fill_(NGPT_RATE_INIT)
+                block.attn.q_scale.fill_(block.attn.head_dim ** 0.5)
             if block.altup_scale is not None:  # AltUp's first corrected stream unscaled into the per-layer gate: 0
                 block.altup_scale.zero_()
             if not block.conv and block.attn.ve_mix is not None:
@@ -3950,10 +4397,12 @@ class GPT(nn.Module):
         return (i[:, None] >= i[None, :]) & mask_allows(i[:, None], i[None, :], w)
 
     def attention_mask(self, T: int, device, doc_ids: torch.Tensor | None = None,
-                       window: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor | None:
+                       window: int | None = None, positions: torch.Tensor | None = None,
+                       prefix_len: torch.Tensor | None = None) -> torch.Tensor | None:
         """None for plain causal attention, else a bool mask, True where query i may attend key j: (T, T) for a
         sliding window alone; (B, 1, T, T) with doc_ids (B, T), each token attending only to earlier tokens of its
-        own document (packed sequences do not see each other). window: the layers' whose mask this is (None:
+        own document (packed sequences do not see each other), or with prefix_len (B,) (model.prefix_lm), each row's
+        first prefix_len tokens attending to one another both ways. window: the layers' whose mask this is (None:
         cfg.sliding_window). pos_emb=alibi: always a float mask, ALiBi's bias where allowed and -inf elsewhere
         (alibi_mask), (1 or B, H, T, T), by positions (T,) or (B, T) (None: 0..T-1; packed documents' restarting
         positions give the same distances within a document)."""
@@ -3964,18 +4413,21 @@ class GPT(nn.Module):
             return bias if bias.dim() == 4 else bias[None]
         # flex for what SDPA's fast kernels cannot take: a document mask, scores capped by attn_softcap, sinks
         if (doc_ids is not None or self.cfg.attn_softcap or self.cfg.attn_sinks) and self._flex_attention(device):
-            return self._block_mask(T, device, doc_ids, window)
-        return self._allowed(T, device, doc_ids, window)
+            return self._block_mask(T, device, doc_ids, window, prefix_len)
+        return self._allowed(T, device, doc_ids, window, prefix_len)
 
-    def _allowed(self, T: int, device, doc_ids: torch.Tensor | None, window: int) -> torch.Tensor | None:
+    def _allowed(self, T: int, device, doc_ids: torch.Tensor | None, window: int,
+                 prefix_len: torch.Tensor | None = None) -> torch.Tensor | None:
         """attention_mask's bool mask (T, T) or (B, 1, T, T), or None for plain causal attention."""
         mask = self.sliding_mask(T, device, window)
-        if doc_ids is None:
+        if doc_ids is None and prefix_len is None:
             return mask
         i = torch.arange(T, device=device)
-        allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[:, None] >= i[None, :])  # (B, T, T)
-        if mask is not None:
-            allowed = allowed & mask
+        allowed = (i[:, None] >= i[None, :]) if mask is None else mask  # (T, T)
+        if doc_ids is not None:
+            allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & allowed  # (B, T, T)
+        if prefix_len is not None:  # the prefix over the causal (and windowed) mask, as transformers ORs it
+            allowed = allowed | prefix_pairs(prefix_len, T, T)
         return allowed[:, None]
 
     def _flex_attention(self, device) -> bool:
@@ -3987,18 +4439,25 @@ class GPT(nn.Module):
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())
 
-    def _block_mask(self, T: int, device, doc_ids: torch.Tensor | None, window: int):
+    def _block_mask(self, T: int, device, doc_ids: torch.Tensor | None, window: int,
+                    prefix_len: torch.Tensor | None = None):
         """A flex attention BlockMask: causal (and the sliding window), within each document of doc_ids (B, T) where
-        given; blocks no query may see are skipped rather than masked (PyTorch's flex attention document masking)."""
+        given, each row's first prefix_len (B,) tokens seeing one another where given; blocks no query may see are
+        skipped rather than masked (PyTorch's flex attention document masking)."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         def allowed(b, h, q, kv):
             ok = q >= kv
             if doc_ids is not None:
                 ok = ok & (doc_ids[b, q] == doc_ids[b, kv])
-            return ok & mask_allows(q, kv, window) if window else ok
+            if window:
+                ok = ok & mask_allows(q, kv, window)
+            if prefix_len is not None:
+                ok = ok | ((q < prefix_len[b]) & (kv < prefix_len[b]))
+            return ok
 
-        B = None if doc_ids is None else doc_ids.shape[0]  # None: one mask for every row
+        rows = doc_ids if doc_ids is not None else prefix_len
+        B = None if rows is None else rows.shape[0]  # None: one mask for every row
         return create_block_mask(allowed, B, None, T, T, device=device)
 
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None, before: torch.Tensor | None = None):
@@ -4060,9 +4519,27 @@ class GPT(nn.Module):
             return x0.unsqueeze(2).repeat(1, 1, self.cfg.hc_streams, 1) if layer == 0 else x
         if self.cfg.moe_shortcut:  # the stream and no shortcut output waiting yet (B, T, 2, C)
             return torch.stack([x, torch.zeros_like(x)], dim=2) if layer == 0 else x
+        if self.cfg.loop_section:
+            return self.loop_stream(layer, x)
         if self.resid_lambdas is None:
             return x
         return self.resid_lambdas[layer].to(x.dtype) * x + self.x0_lambdas[layer].to(x.dtype) * x0
+
+    def loop_stream(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """model.loop_section's stream entering block `layer`, as transformers' DoryModel loops: at the section's
+        start x (B, T, C) becomes (B, T, 2, C), l2(x) + a and the anchor a = l2(x); each later pass restarts from
+        l2(x) + a; after the last pass the stream alone (B, T, C) goes on. Elsewhere x as it is."""
+        first, count = self.cfg.loop_section
+        end = first + count * self.cfg.loop_passes
+        if layer == first:
+            anchor = self.norm_f(x)
+            return torch.stack([self.norm_f(x) + anchor, anchor], dim=2)
+        if layer == end:
+            return x[:, :, 0]
+        if first < layer < end and (layer - first) % count == 0:
+            x, anchor = x.unbind(dim=2)
+            return torch.stack([self.norm_f(x) + anchor, anchor], dim=2)
+        return x
 
     @staticmethod
     def rescaled(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -4089,6 +4566,8 @@ class GPT(nn.Module):
         if self.hc_out is not None:  # model.hc_streams: (B, T, N, C) -> the last mixer's average (B, T, C)
             return self.hc_out(x)[0]
         if self.cfg.moe_shortcut:  # (B, T, 2, C): the last block's odd, nothing waits after it
+            return x[:, :, 0]
+        if self.cfg.loop_section and x.dim() == 4:  # the looped section ends the model: its stream, no anchor
             return x[:, :, 0]
         if self.altup_out is not None:
             target = torch.mean(x[:, :, 0] ** 2, dim=-1, keepdim=True) ** 0.5
@@ -4127,8 +4606,11 @@ class GPT(nn.Module):
         return torch.cat([before, idx], dim=1).unfold(1, n, 1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (..., C), after norm_f -> logits (..., padded_head), divided by logit_divisor and
-        soft-capped when logit_softcap is set (then in fp32)."""
+        """Final hidden states (..., C), after norm_f -> logits (..., padded_head) (through head_transform first,
+        where the model has one), divided by logit_divisor and soft-capped when logit_softcap is set (then in
+        fp32)."""
+        if self.head_transform is not None:
+            x = self.head_transform(x)
         return head_output(self.lm_head(x), self.cfg)
 
     def forward(
@@ -4138,17 +4620,22 @@ class GPT(nn.Module):
         reduction: Literal["mean", "none"] = "mean",
         positions: torch.Tensor | None = None,
         doc_ids: torch.Tensor | None = None,
+        prefix_len: torch.Tensor | None = None,
     ):
         """idx: (B, T). With targets (B, T): the cross-entropy loss (mean, or per token with reduction='none';
         targets of -1 are ignored; the others below model.head_width). Without: logits (B, T, head_width), padding
         removed (head_width = vocab_size unless model.head_vocab narrows the head).
         positions (T,) or (B, T): each token's position (None: 0..T-1); doc_ids (B, T): packed documents, each
-        attending only within itself (give positions that restart at each document with it)."""
+        attending only within itself (give positions that restart at each document with it). prefix_len (B,)
+        (model.prefix_lm): each row's first prefix_len tokens attend to one another both ways (PaliGemma's
+        prompt); its loss is the targets' as given (PaliGemma's labels leave the prefix's out: targets -1)."""
         B, T = idx.shape
         if T > self.cfg.context_len:
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
+        if prefix_len is not None and (not self.cfg.prefix_lm or doc_ids is not None):
+            raise UserError("prefix_len takes a prefix-LM (model.prefix_lm) and one sequence a row (no doc_ids)")
         x, rope = self.embed(idx, positions)
-        masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions)  # one per window
+        masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions, prefix_len)  # one per window
                  for w in self.cfg.windows}
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         ple = self.per_layer_inputs(idx, x)  # (B, T, n_layer, P) or None
@@ -4167,6 +4654,8 @@ class GPT(nn.Module):
         if targets is not None and self.cfg.head_vocab and not torch.compiler.is_compiling():  # a sync, not traced
             check_targets(targets, V)
         if targets is not None and self.cfg.ce_chunk_tokens:
+            if self.head_transform is not None:  # per token, before the chunks of the head
+                x = self.head_transform(x)
             loss = chunked_cross_entropy(self.lm_head, x.reshape(B * T, -1), targets.reshape(-1),
                                          self.cfg.ce_chunk_tokens, reduction, ignore_index=-1, vocab=V)
             return loss.view(B, T) if reduction == "none" else self._balanced(loss)
@@ -4222,11 +4711,13 @@ class GPT(nn.Module):
                    for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
+            # a looped section's later passes (model.loop_section) compute with their blocks' weights again
+            n += sum(p.numel() for b in self.blocks if isinstance(b, LoopPass) for p in b.block.parameters())
             # each attention layer at its own head width (model.global_head_size)
             return 6 * n + 12 * cfg.n_head * sum(map(cfg.layer_head_dim, cfg.attention_layers)) * T
         matmul = -idle
         for block in self.blocks:
-            for module in block.modules():
+            for module in getattr(block, "block", block).modules():  # a loop's later pass: its block's again
                 if isinstance(module, nn.Linear):
                     matmul += module.weight.numel()
                 elif isinstance(module, MoE):
@@ -4250,10 +4741,16 @@ class GPT(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Full-recompute sampling, one token at a time. idx: (B, T) -> (B, T + max_new_tokens)."""
+        """Full-recompute sampling, one token at a time. idx: (B, T) -> (B, T + max_new_tokens); with
+        model.prefix_lm, idx (what of it stays in the context) is the prefix."""
+        T0 = idx.shape[1]
         for _ in range(max_new_tokens):
             context = idx[:, -self.cfg.context_len :]
-            logits = self(context)[:, -1, :].float()
+            prefix = None
+            if self.cfg.prefix_lm:  # the prompt's tokens still in the context
+                kept = max(0, T0 - (idx.shape[1] - context.shape[1]))
+                prefix = torch.full((idx.shape[0],), kept, device=idx.device)
+            logits = self(context, prefix_len=prefix)[:, -1, :].float()
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:

@@ -1,5 +1,6 @@
 """Recurrent token mixers' sequence kernels: the gated delta rule of model.delta_layers (Qwen3.5's linear attention)
-and Mamba-2's scan, computed chunk by chunk in PyTorch, and Mamba-1's selective scan (a state per channel). The
+and Mamba-2's scan, computed chunk by chunk in PyTorch, and Mamba-1's selective scan (a state per channel); RWKV-4's
+WKV (wkv) and xLSTM's mLSTM cell (mlstm), each chunk at once in a log-scaled form, the chunks in turn. The
 gated delta rule's sequential chunk-to-chunk part is an opaque op inside torch.compile's graphs (the inference
 engine compiles whole graphs): unrolled, it would make their compile time grow with the sequence.
 """
@@ -247,3 +248,184 @@ def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     C = F.pad(C, (0, 0, 0, pad)).reshape(Bt, n, L, 1, N)
     y = (h * C).sum(-1).reshape(Bt, n * L, I)[:, :T]
     return y, ends[:, -1]
+
+
+WKV_EMPTY = -1e38  # the log scale of an empty WKV state (transformers' rwkv_linear_attention_cpu starts there)
+
+
+def _wkv_add(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The sum of two WKV states (num, den, m) of one shape, each standing for (num·e^m, den·e^m), on the larger
+    scale (at least WKV_EMPTY: two empty states give an empty one); the scale detached, as wkv's are."""
+    m = torch.maximum(a[2], b[2]).clamp_min(WKV_EMPTY).detach()
+    ea, eb = (a[2] - m).exp(), (b[2] - m).exp()
+    return ea * a[0] + eb * b[0], ea * a[1] + eb * b[1], m
+
+
+def _wkv_scan(decay: torch.Tensor, sums: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The chunks' maps S -> e^decay·S + sums composed from the first, along dim 1, by recursive doubling (as
+    _linear_scan, in log space): decay (B, N, A) (−inf: the map forgets S) and sums (num, den, m) (B, N, A) each ->
+    (the summed decays, the sums of each prefix of maps applied to an empty state)."""
+    n, d = decay.shape[1], 1
+    while d < n:
+        early, late = decay[:, :n - d], decay[:, d:]
+        # late ∘ early: the early sums decayed by the late map, plus the late sums
+        num, den, m = _wkv_add((sums[0][:, :n - d], sums[1][:, :n - d], sums[2][:, :n - d] + late),
+                               tuple(t[:, d:] for t in sums))
+        sums = tuple(torch.cat([t[:, :d], new], 1) for t, new in zip(sums, (num, den, m)))
+        decay = torch.cat([decay[:, :d], late + early], 1)
+        d *= 2
+    return decay, sums
+
+
+def wkv(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor, state: torch.Tensor | None = None,
+        starts: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+        chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """RWKV-4's WKV recurrence (Peng et al. 2023; transformers' rwkv_linear_attention_cpu), a state a channel: token t
+    reads (N_{t−1} + e^{u + k_t}·v_t) / (D_{t−1} + e^{u + k_t}), where N_t = e^{−w}·N_{t−1} + e^{k_t}·v_t and D_t the
+    same sums of 1 in place of v.
+
+    The sums are kept as (num, den, m), the real ones num·e^m and den·e^m, so that no exponential overflows however
+    large the keys: the same stable form as transformers' loop, which renormalizes by a running maximum every token.
+    Computed in chunks of `chunk` tokens, all at once: within each chunk every token's softmax-weighted mean over the
+    chunk's earlier tokens i (log weight k_i − (t − 1 − i)·w) and itself (u + k_t), and the chunk's own sums at its
+    end; then the state before each chunk by recursive doubling over the chunks (_wkv_scan: log2 of their count
+    steps, no loop over the sequence); last each token's mean joined by the state before its chunk (log weight m −
+    j·w, j the tokens since the chunk's start). The stabilizing maxima are detached: the result does not depend on
+    them, so neither does its gradient.
+    k and v (B, T, A); w (A,) > 0, the decay rate (exp of transformers' time_decay); u (A,) (time_first); state
+    (B, 3, A) (num, den, m) or None (empty); starts (B, T) bool or None: a packed document begins at token t, the
+    state before it emptied; valid (B, T) bool or None: a False token is padding, which neither decays the state nor
+    joins it. -> out (B, T, A) fp32 (fp64 for fp64 inputs), the final state (B, 3, A) alike."""
+    B, T, A = k.shape
+    dtype = torch.promote_types(k.dtype, torch.float32)  # fp32, or fp64 where given (the engine's scoring)
+    k, v, w, u = k.to(dtype), v.to(dtype), w.to(dtype), u.to(dtype)
+    if state is None:
+        state = torch.stack([k.new_zeros(B, A), k.new_zeros(B, A), k.new_full((B, A), WKV_EMPTY)], 1)
+    initial = tuple(state.to(dtype).unbind(1))
+    L = min(chunk, T)
+    pad = -T % L  # padding tokens past the end: invalid, so they change nothing
+    N = (T + pad) // L
+    ok = k.new_ones(B, T, dtype=torch.bool) if valid is None else valid
+    ok = F.pad(ok, (0, pad), value=False).view(B, N, L)
+    kc, vc = (F.pad(t, (0, 0, 0, pad)).view(B, N, L, A) for t in (k, v))
+    # each token's document, counted in the row (0 before the first start), and that of the token before its chunk
+    seg = k.new_zeros(B, N, L, dtype=torch.long)
+    if starts is not None:
+        seg = F.pad(starts, (0, pad), value=False).long().cumsum(1).view(B, N, L)
+    seg_before = F.pad(seg[:, :-1, -1], (1, 0))[..., None]  # (B, N, 1)
+    counts = ok.long().cumsum(2)  # (B, N, L): the real tokens of the chunk up to and including each
+    before = counts - ok.long()  # those before each
+    # within the chunks: pairs (t, i), i before t, of the same document, weight e^{k_i − (real tokens between)·w}
+    pairs = (torch.ones(L, L, dtype=torch.bool, device=k.device).tril(-1) & ok[:, :, None, :]
+             & (seg[..., :, None] == seg[..., None, :]))  # (B, N, L, L)
+    gap = (before[..., :, None] - counts[..., None, :]).to(dtype)  # (B, N, L, L)
+    logit = torch.where(pairs[..., None], kc[:, :, None] - gap[..., None] * w, float("-inf"))  # (B, N, L, L, A)
+    own = u + kc  # (B, N, L, A)
+    top = torch.maximum(own, logit.amax(3)).detach()
+    e_pair, e_own = (logit - top[..., None, :]).exp(), (own - top).exp()
+    numer = torch.einsum("bntia,bnia->bnta", e_pair, vc) + e_own * vc
+    denom = e_pair.sum(3) + e_own
+    # each chunk's own sums at its end (its last token's document alone), and its decay of the state before it
+    # (−inf where a document starts in it)
+    total = counts[..., -1:]  # (B, N, 1)
+    last = ok & (seg == seg[..., -1:])
+    tok = torch.where(last[..., None], kc - (total - counts)[..., None].to(dtype) * w, float("-inf"))  # (B, N, L, A)
+    m_own = tok.amax(2).clamp_min(WKV_EMPTY).detach()  # (B, N, A)
+    e_tok = (tok - m_own[:, :, None]).exp()
+    sums = ((e_tok * vc).sum(2), e_tok.sum(2), m_own)
+    stays = seg[..., -1:] == seg_before  # (B, N, 1)
+    decay = torch.where(stays, -total.to(dtype) * w, float("-inf"))  # (B, N, A)
+    decays, sums = _wkv_scan(decay, sums)
+    # the state after each chunk: the initial one decayed by every chunk up to it, plus their sums
+    after = _wkv_add((initial[0][:, None], initial[1][:, None], initial[2][:, None] + decays), sums)
+    num, den, m = (torch.cat([s0[:, None], t[:, :-1]], 1) for s0, t in zip(initial, after))  # before each chunk
+    # each token joined by the state before its chunk, where no document starts in the chunk up to it
+    keep = seg == seg_before  # (B, N, L)
+    carried = torch.where(keep[..., None], m[:, :, None] - before[..., None].to(dtype) * w, float("-inf"))
+    top2 = torch.maximum(top, carried).detach()
+    e_local, e_carried = (top - top2).exp(), (carried - top2).exp()
+    out = (numer * e_local + num[:, :, None] * e_carried) / (denom * e_local + den[:, :, None] * e_carried)
+    final = torch.stack([t[:, -1] for t in after], 1)
+    return out.reshape(B, N * L, A)[:, :T], final
+
+
+def mlstm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor,
+          state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, starts: torch.Tensor | None = None,
+          valid: torch.Tensor | None = None, eps: float = 1e-6,
+          chunk: int = 32) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """xLSTM's mLSTM cell (Beck et al. 2024, "xLSTM"; transformers' mlstm_recurrent_step_native and its chunkwise
+    form), a matrix memory a head: for each token t in turn, with the log forget gate F_t = logsigmoid(f_t),
+    m_t = max(F_t + m_{t−1}, i_t); C_t = e^{F_t + m_{t−1} − m_t}·C_{t−1} + e^{i_t − m_t}·k_t v_tᵀ, n_t the same sums
+    of k_t; h_t = (q̂_t C_t) / (max(|q̂_t·n_t|, e^{−m_t}) + eps), q̂ = q·Dk^-0.5. C and n are kept scaled by e^{−m},
+    m the running maximum of the log gates, which also sets the denominator's floor: so m is computed as the
+    recurrence defines it, max(F-sum + m_before, max_s (i_s + F-sum since s)), never shifted.
+
+    Computed in chunks of `chunk` tokens, as transformers' chunkwise kernel is: within every chunk at once the log
+    weights b_t − b_s + i_s (b the cumulative log forget gates in the chunk) and each chunk's own memory at its end;
+    then the memory before each chunk, chunk by chunk (a few products a chunk: mlstm_chunkwise_recurrent_fw_C's
+    loop); last every token's output from the memory before its chunk (log weight b_t + m) and the chunk's tokens.
+    q and k (B, T, H, Dk), v (B, T, H, Dv); i and f (B, T, H) the gates' preactivations; state (C (B, H, Dk, Dv), n
+    (B, H, Dk), m (B, H)) or None (zeros, transformers' initial state); starts (B, T) bool or None: a packed
+    document begins at token t, the state before it the initial one; valid (B, T) bool or None: a False token is
+    padding, which neither decays the state nor joins it. -> h (B, T, H, Dv) fp32 (fp64 for fp64 inputs), the final
+    state alike."""
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    dtype = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 where given (the engine's scoring)
+    q, k, v, i, f = (t.to(dtype) for t in (q, k, v, i, f))
+    if state is None:
+        C, n, m = q.new_zeros(B, H, Dk, Dv), q.new_zeros(B, H, Dk), q.new_zeros(B, H)
+    else:
+        C, n, m = (s.to(dtype) for s in state)
+    L = min(chunk, T)
+    pad = -T % L  # padding tokens past the end: invalid, so they change nothing
+    N = (T + pad) // L
+    ok = q.new_ones(B, T, dtype=torch.bool) if valid is None else valid
+    ok = F.pad(ok, (0, pad), value=False)
+    logf = F.logsigmoid(f) * ok[:, :T, None]  # padding: no decay, no input
+    i = i.masked_fill(~ok[:, :T, None], float("-inf"))
+    # (B, H, N, L) gates; (B, H, N, L, D) q (scaled), k, v
+    lf, ii = (F.pad(t.transpose(1, 2), (0, pad), value=fill).view(B, H, N, L)
+              for t, fill in ((logf, 0.0), (i, float("-inf"))))
+    qh, kh, vh = (F.pad(t, (0, 0, 0, 0, 0, pad)).view(B, N, L, H, -1).permute(0, 3, 1, 2, 4) for t in (q, k, v))
+    qh = qh * Dk ** -0.5
+    b = lf.cumsum(-1)
+    # the last document start at or before each token in its chunk (-1: none), and the log forget sum before it
+    pos = torch.arange(L, device=q.device)
+    first = torch.full((B, N, L), -1, dtype=torch.long, device=q.device)
+    if starts is not None:
+        first = torch.where(F.pad(starts, (0, pad), value=False).view(B, N, L), pos, -1).cummax(-1).values
+    keep = (first < 0)[:, None]  # (B, 1, N, L): the memory before the chunk reaches the token
+    at = first.clamp_min(0)[:, None].expand(B, H, N, L)
+    fresh = b - (b.gather(-1, at) - lf.gather(-1, at))  # a token after a start: the initial state's b_t − b_start-1
+    pairs = (pos[:, None] >= pos[None, :]) & (pos[None, None, None, :] >= first[..., None])  # (B, N, L, L)
+    logd = torch.where(pairs[:, None], b[..., :, None] - b[..., None, :] + ii[..., None, :], float("-inf"))
+    # each chunk's own memory at its end (its last token's document): log weights, their maximum, the sums
+    end = logd[..., -1, :]  # (B, H, N, L)
+    m_own = end.amax(-1)  # (B, H, N), −inf where no real token of that document is in the chunk
+    w = (end - m_own.clamp_min(-1e38)[..., None]).exp()  # (B, H, N, L)
+    C_own = (kh * w[..., None]).transpose(-1, -2) @ vh  # (B, H, N, Dk, Dv)
+    n_own = (kh * w[..., None]).sum(-2)  # (B, H, N, Dk)
+    # the memory before each chunk, chunk by chunk: transformers' mlstm_chunkwise_recurrent_fw_C
+    befores = []
+    for c in range(N):
+        befores.append((C, n, m))
+        carried = torch.where(keep[:, :, c, -1], b[..., c, -1] + m, fresh[..., c, -1])  # (B, H)
+        top = torch.maximum(carried, m_own[..., c])
+        g = (carried - top).exp() * keep[:, :, c, -1]  # the memory before's weight (0 after a start)
+        o = (m_own[..., c] - top).exp()
+        C = g[..., None, None] * C + o[..., None, None] * C_own[:, :, c]
+        n = g[..., None] * n + o[..., None] * n_own[:, :, c]
+        m = top
+    C0, n0, m0 = (torch.stack(t, 2) for t in zip(*befores))  # (B, H, N, ...)
+    # every token: m_t from the memory before its chunk and the chunk's tokens, then h_t
+    carried = torch.where(keep, b + m0[..., None], fresh)  # (B, H, N, L)
+    top = torch.maximum(carried, logd.amax(-1))
+    d = (logd - top[..., None]).exp()  # (B, H, N, L, L)
+    g = (carried - top).exp() * keep  # (B, H, N, L)
+    mix = (qh @ kh.transpose(-1, -2)) * d
+    q_carried = qh * g[..., None]
+    numer = q_carried @ C0 + mix @ vh  # (B, H, N, L, Dv)
+    denom = (q_carried @ n0[..., None])[..., 0] + mix.sum(-1)  # (B, H, N, L)
+    h = numer / (torch.maximum(denom.abs(), (-top).exp()) + eps)[..., None]
+    return h.permute(0, 2, 3, 1, 4).reshape(B, N * L, H, Dv)[:, :T], (C, n, m)

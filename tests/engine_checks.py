@@ -16,14 +16,14 @@ def assert_compiled_engine_stays_greedy(model, prompts: list[list[int]], new: in
     runs = [InferenceEngine(model, dtype=dtype, compile=compiled, cuda_graphs=compiled)
             .generate(prompts, new, SamplingParams(temperature=0)) for compiled in (False, True)]
     model.eval()
-    for results in runs:
-        for prompt, result in zip(prompts, results):
+    for kind, results in zip(("eager", "compiled"), runs):
+        for i, (prompt, result) in enumerate(zip(prompts, results)):
             seq = torch.tensor([prompt + result.tokens], device="cuda")
             with torch.no_grad():
                 logits = model(seq)[0, len(prompt) - 1:-1].float()  # (new, vocab): step i predicts token i
             chosen = logits.gather(1, torch.tensor(result.tokens, device="cuda")[:, None])[:, 0]
             gaps = logits.max(dim=-1).values - chosen
-            assert gaps.max() < tol, gaps
+            assert gaps.max() < tol, f"{kind} run, prompt {i}, tokens {result.tokens}: {gaps}"
 
 
 def full_recompute(model, prompt: list[int], n: int) -> list[int]:

@@ -1252,10 +1252,48 @@ FAMILIES = {
     "recurrent_gemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM",
                         dict(num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=3,
                              attention_window_size=6, logits_soft_cap=3.0, pad_token_id=None)),
+    # ModernBERT-Decoder (the Ettin decoders): normed embeddings, layer 0 without an attention norm, global layers 0
+    # and 3 and local ones between (a window of local_attention // 2 = 4, shorter than the test sequences) with RoPE
+    # bases of their own, GeGLU with exact GELU, biases everywhere (LayerNorms, attention, MLP, the prediction head's
+    # dense layer, the decoder), tied
+    "modernbert-decoder": ("ModernBertDecoderConfig", "ModernBertDecoderForCausalLM",
+                           dict(num_attention_heads=4, num_hidden_layers=4, local_attention=8, norm_bias=True,
+                                attention_bias=True, mlp_bias=True, classifier_bias=True, cls_token_id=2,
+                                sep_token_id=3, pad_token_id=0,
+                                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}})),
     # Doge: dynamic mask attention (its A and dt_proj perturbed so that the keys' biases differ), QK-norm, GQA,
     # residual scales, biases on every Linear layer, a context at its keep_window_size (24, above the test sequences)
     "doge": ("DogeConfig", "DogeForCausalLM", dict(num_attention_heads=4, num_key_value_heads=2, keep_window_size=24,
                                                    attention_bias=True, mlp_bias=True, pad_token_id=None)),
+    # Dory: nGPT layers, one input layer, a recurrent section of two (one windowed, one full) run three times, one
+    # output layer; a window of 5, the full layers' own RoPE base, an untied head
+    "dory": ("DoryConfig", "DoryForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4, n_input_layers=1,
+                  n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=3, sliding_window=5,
+                  layer_types=["sliding_attention", "sliding_attention", "full_attention", "full_attention"],
+                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                   "full_attention": {"rope_type": "default", "rope_theta": 5000.0}},
+                  tie_word_embeddings=False, pad_token_id=None)),
+    # Dory with DoryConfig's default layer kinds (every fourth full) and RoPE, one pass through its section, its head
+    # tied (imported untied: the per-token logit scale folded into it)
+    "dory-tied": ("DoryConfig", "DoryForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                       n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=1,
+                       sliding_window=5, tie_word_embeddings=True, pad_token_id=None)),
+    # RWKV-4: time mixing and channel mixing, three layers rescaled after each (transformers' eval-mode halving:
+    # model.rescale_every=1, every norm's epsilon its own); and tied, at the released rescale_every 6 (no block
+    # rescaled). An attention width of its own: tests/test_rwkv.py (transformers' cache takes hidden_size's)
+    "rwkv": ("RwkvConfig", "RwkvForCausalLM", dict(num_hidden_layers=3, rescale_every=1)),
+    "rwkv-tied": ("RwkvConfig", "RwkvForCausalLM", dict(tie_word_embeddings=True)),
+    # xLSTM: mLSTM layers of 4 heads (q/k and v 64 wide: transformers' cache rounds them up to 64), chunks of 8 (its
+    # chunkwise kernel on the first 16 tokens, its step loop after), gates and logits soft-capped low; and 2 heads at
+    # its default caps, tie_word_embeddings set (which transformers' xLSTM ignores: its head stays its own). The fused
+    # weight mode: tests/test_xlstm.py (transformers' _init_weights fails to build one)
+    "xlstm": ("xLSTMConfig", "xLSTMForCausalLM", dict(num_heads=4, qk_dim_factor=1.0, chunk_size=8,
+                                                      gate_soft_cap=3.0, output_logit_soft_cap=5.0, pad_token_id=None)),
+    "xlstm-tied": ("xLSTMConfig", "xLSTMForCausalLM", dict(num_heads=2, qk_dim_factor=1.0, tie_word_embeddings=True,
+                                                           pad_token_id=None)),
 }
 # multimodal folders whose text model redline reads: compared with that model alone (Llama 4's forward with its
 # vision tower fails on text alone in transformers 5.24: its output class lacks image_outputs)

@@ -153,7 +153,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("persimmon", "Persimmon"), ("lara_mini", "Lara Mini"),
                                         ("zamba2-gqa", "Zamba2"), ("bitnet", "BitNet"),
                                         ("diffllama", "DiffLlama"), ("recurrent_gemma", "RecurrentGemma"),
-                                        ("doge", "Doge"), ("phimoe", "PhiMoE"),
+                                        ("rwkv", "RWKV-4"), ("xlstm", "xLSTM"),
+                                        ("doge", "Doge"), ("dory", "Dory"), ("phimoe", "PhiMoE"),
                                         ("dbrx", "DBRX"),
                                         ("afmoe", "AFMoE"), ("mellum", "Mellum"), ("flint", "Flint"),
                                         ("kolibri1", "Kolibri-1"), ("laguna", "Laguna"),
@@ -163,7 +164,7 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("kimi_linear", "Kimi Linear"), ("bailing_hybrid", "Ling 3"),
                                         ("cohere_compass_text-bases", "Cohere Compass"),
                                         ("sarvam_moe-bias", "Sarvam MoE"), ("openai-gpt", "GPT-1"),
-                                        ("biogpt", "BioGPT"),
+                                        ("biogpt", "BioGPT"), ("modernbert-decoder", "ModernBERT-Decoder"),
                                         ("minimax", "MiniMax")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
@@ -189,6 +190,10 @@ def test_import_bf16_stores_bf16_and_matches_bf16_reference(tmp_path, capsys):
 
 
 REDLINE_EXPORTS = {
+    # a prediction head and a norm-free first layer: ModernBERT-Decoder's alone (untied, a windowed layer)
+    "ModernBertDecoderForCausalLM": dict(norm="layernorm", mlp="geglu", gelu_approximate="none", embed_norm=True,
+                                         first_norm_free=True, head_transform=True, head_bias=True,
+                                         sliding_window=4, window_layers=(1,), tie_embeddings=False),
     # Kimi Delta Attention beside NoPE latent attention, the head tied (Kimi Linear writes it as its own)
     "KimiLinearForCausalLM": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4,
                                   v_head_dim=8, delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
@@ -601,6 +606,14 @@ REDLINE_EXPORTS = {
                               n_kv_head=2, tie_embeddings=True),
     "FalconForCausalLM-mqa": dict(norm="layernorm", mlp="gelu", parallel_residual=True, n_kv_head=1, qkv_bias=True,
                                   fused_qkv=False, rope_theta=500.0),
+    # nGPT layers (Dory's alone): every layer once, then with a section of two layers run three times (a window on
+    # one of them), its q/k/v and gate/up apart
+    "DoryForCausalLM": dict(ngpt=True, norm="l2", norm_eps=1e-6, norm_position="sandwich", qk_norm=True,
+                            attn_gate="element", mlp="swiglu", n_kv_head=2),
+    "DoryForCausalLM-loop": dict(ngpt=True, norm="l2", norm_eps=1e-6, norm_position="sandwich", qk_norm=True,
+                                 attn_gate="element", mlp="swiglu", n_kv_head=2, n_layer=8, loop_section=(1, 2),
+                                 loop_passes=3, sliding_window=4, window_layers=(2, 4, 6), rope_local_theta=100.0,
+                                 fused_qkv=False, fused_mlp=False),
 }
 
 
@@ -946,31 +959,32 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
                          "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
-                         "cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, deepseek_v2, deepseek_v3, "
-                         "deepseek_v32, diffllama, doge, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, exaone, "
+                         "cohere2_vision, cohere_compass, cohere_compass_text, cosmos3_edge, cosmos3_omni, ctrl, cwm, dbrx, "
+                         "deepseek_ocr2, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_vl, deepseek_vl_hybrid, diffllama, "
+                         "doge, dory, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, ernie4_5_vl_moe, exaone, "
                          "exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, gemma2, "
                          "gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
-                         "gemma4_unified_text, glm, glm4, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, gpt2, "
-                         "gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_swa, granitemoe, "
-                         "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, "
-                         "hunyuan_vl, hy_v3, hy_v4, hy_v4_vl, hyperclovax, idefics3, internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, "
-                         "kimi_linear, kolibri1, laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, llama, llama4, llama4_text,"
-                         " llava, llava_next, llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, "
-                         "mimo_v2_flash, minicpm3, minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, "
-                         "ministral3, mistral, mistral3, mistral4, mistral_large4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo,"
-                         " olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, persimmon, phi, phi3, phimoe, qwen2, qwen2_5_vl,"
-                         " qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
-                         "qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, sarvam_mla, "
-                         "sarvam_moe, seed_oss, smollm3, smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, "
-                         "vipllava, xglm, youtu, zamba, zamba2")
+                         "gemma4_unified_text, glm, glm4, glm46v, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm_moe_dsa, "
+                         "glm_ocr, glmga, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, gptj, granite, granite4_vision, "
+                         "granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, helium, "
+                         "hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hy_v4, hy_v4_vl, hyperclovax, idefics3, internlm3, internvl, "
+                         "iquestcoder, jais2, jamba, jetmoe, kimi_k25, kimi_linear, kolibri1, laguna, lara_mini, lfm2, "
+                         "lfm2_moe, lfm2_vl, lfm3, lfm3_vl, llama, llama4, llama4_text, llava, llava_next, llava_next_video, "
+                         "llava_onevision, longcat_flash, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minicpm_ocr, "
+                         "minicpmv4_6, minicpmv4_7, minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, "
+                         "ministral3, mistral, mistral3, mistral4, mistral_large4, mixtral, mllama, modernbert-decoder, mpt, nanochat, "
+                         "nemotron, nemotron_h, nemotron_h_omni, olmo, olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, "
+                         "paddleocr_vl, paligemma, persimmon, phi, phi3, phimoe, qianfan_ocr, qwen2, qwen2_5_vl, qwen2_moe, "
+                         "qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, "
+                         "qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, rwkv, sarvam_mla, sarvam_moe, "
+                         "seed_oss, smollm3, smolvlm, solar_open, stablelm, starcoder2, vaultgemma, video_llava, vipllava, "
+                         "xglm, xlstm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),
                                                    ("gemma4_unified_assistant", "multi-token-prediction drafter"),
                                                    ("deepseek_v4", "hash-routed experts (mlp_layer_types hash_moe"),
-                                                   ("dory", "keep the hidden state on the unit sphere"),
-                                                   ("gpt_neox_japanese", "on the last layer's output"),
-                                                   ("modernbert-decoder", "prediction head"),
+                                                   ("gpt_neox_japanese", "lowest-id vocabulary match"),
                                                    ("inkling_text", "relative-position bias"),
                                                    ("inkling2_text", "L2-clipped"),
                                                    ("inkling2_loop_text", "loop_num_passes times")])

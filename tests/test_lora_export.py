@@ -41,6 +41,16 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                       bias=True, qkv_bias=False, norm_unit_offset=True, mlp="geglu", rope_dims=8,
                                       sliding_window=6, n_kv_head=1, logit_softcap=3.0, tie_embeddings=True,
                                       embed_multiplier=8.0),
+    # RWKV-4: time mixing's key, value, receptance and output, channel mixing's key, receptance and value adapted,
+    # no block rescaled (tests/test_rwkv.py: the output adapters of rescaled blocks refused)
+    "RwkvForCausalLM": dict(pos_emb="none", n_head=1, norm="layernorm", norm_bias=True, embed_norm=True, mlp="rwkv",
+                            mlp_hidden=96, delta_layers=(0, 1), delta_rule="rwkv", delta_heads=1, delta_key_heads=1,
+                            delta_key_dim=1, delta_value_dim=64),
+    # xLSTM: every mLSTM projection (q, k, v, the output and both gates' preactivations, out_proj) and the SwiGLU
+    # feed-forward's (proj_up_gate, proj_up, proj_down) adapted
+    "xLSTMForCausalLM": dict(pos_emb="none", n_head=1, mlp_hidden=96, delta_layers=(0, 1), delta_rule="mlstm",
+                             delta_heads=4, delta_key_heads=4, delta_key_dim=16, delta_value_dim=16,
+                             delta_gate_softcap=15.0, logit_softcap=30.0, norm_eps=1e-6),
     # Kimi Linear: Kimi Delta Attention on layer 0, NoPE latent attention on 1
     "KimiLinearForCausalLM": dict(pos_emb="none", n_kv_head=4, kv_lora_rank=16, head_size=12, rope_dims=4,
                                   delta_layers=(0,), delta_heads=4, delta_key_heads=4, delta_key_dim=8,
@@ -57,7 +67,18 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                moe_experts=4, moe_top_k=2, normed_residual=(1.0, 0.9, 1.1, 1.2, 0.8, 1.0)),
     # Doge: Llama's names with its dynamic mask's dt_proj adapted too, QK-norm, residual scales
     "DogeForCausalLM": dict(qk_norm=True, attn_key_bias=True, residual_scales=True, n_kv_head=2),
+    # Dory: nGPT layers, a section of one layer run three times (its adapters the one stored layer's), the heads'
+    # gate adapted too
+    "DoryForCausalLM": dict(ngpt=True, norm="l2", norm_eps=1e-6, norm_position="sandwich", qk_norm=True,
+                            attn_gate="element", mlp="swiglu", n_kv_head=2, n_layer=5, loop_section=(1, 1),
+                            loop_passes=3),
     "ArceeForCausalLM": dict(mlp="relu2", n_kv_head=2),  # Llama's names, up_proj the ReLU² MLP's first product
+    # ModernBERT-Decoder: q/k/v apart under attn, Wo, the fused GeGLU Wi as redline's fc, Wo; layer 0 without an
+    # attention norm, a windowed layer 1, the prediction head before the biased decoder
+    "ModernBertDecoderForCausalLM": dict(norm="layernorm", norm_bias=True, mlp="geglu", gelu_approximate="none",
+                                         embed_norm=True, first_norm_free=True, head_transform=True, head_bias=True,
+                                         bias=True, qkv_bias=True, sliding_window=4, window_layers=(1,),
+                                         rope_local_theta=500.0, tie_embeddings=True),
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight
     # Granite SWA: sinks (not adapted), a windowed layer and a RoPE base per layer
@@ -395,7 +416,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            # LongCat-Flash's latent attention alone, as DeepSeek's (PEFT moves its MLPs' adapters onto the experts)
            "LongcatFlashForCausalLM": ("attn.*",), "AXK2ForCausalLM": ("attn.*",),
            "MiniMaxM2ForCausalLM": ("attn.*",), "MiniMaxForCausalLM": ("attn.*",), "PhimoeForCausalLM": ("attn.*",),
-           "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router")}
+           "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router"),
+           "DoryForCausalLM": ("attn.qkv", "attn.proj", "attn.gate", "mlp.fc", "mlp.proj")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

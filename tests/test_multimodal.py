@@ -9,16 +9,19 @@ greedy tokens through redline's engine, in both save layouts where the Hub's dif
 (language_model.model., which transformers 5.24's save_pretrained writes for Gemma 3 and Mistral 3 as their Hub
 folders have it, and model.language_model., Qwen3-VL's; Qwen2-VL's model. and visual.); export -> the text-only
 family, loaded with no missing or unexpected keys; the head's tying as each config class settles it; the
-refusals (PaliGemma,
-the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
+refusals (the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
 CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGeneration (Idefics3's tower and a
-cross-attention projector), MiniMaxM3SparseForConditionalGeneration and
-MistralLarge4ForConditionalGeneration and HYV4VLForConditionalGeneration (import only) and
-Gemma4UnifiedForConditionalGeneration (its embedders, no towers)."""
+cross-attention projector), MiniMaxM3SparseForConditionalGeneration, MistralLarge4ForConditionalGeneration and
+HYV4VLForConditionalGeneration (import only) and
+Gemma4UnifiedForConditionalGeneration (its embedders, no towers). Round 3 (part A): Kimi K2.5, GLM-4.6V and GLMGA,
+GLM-OCR, ERNIE 4.5 VL, PaddleOCR-VL, LFM3-VL, MiniCPM-V 4.6/4.7 and MiniCPM-OCR, Qianfan-OCR, DeepSeek-VL (and
+hybrid), Cosmos 3 Reasoner and Edge, DeepSeek-OCR 2 (import only) and Nemotron-H Omni, in their save layouts; GLM-5.3-Next,
+Step 3.7 and Unlimited-OCR refused by name."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -403,6 +406,250 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
                             _other_layout)}
 
 
+# Round 3 (part A): multimodal folders around text families redline reads
+
+
+def _kimi_k25_config(**text):
+    """Kimi K2.5's layout: tests/interop_models.py's deepseek_v3 text model (latent attention, grouped sigmoid
+    routing, YaRN) after a one-layer MoonViT tower and its projector, the head untied."""
+    return transformers.Kimi_K25Config(
+        text_config=dict(model_type="deepseek_v3", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         **{**FAMILIES["deepseek_v3"][2], **text}),
+        vision_config=dict(patch_size=14, num_attention_heads=2, num_hidden_layers=1, hidden_size=16,
+                           intermediate_size=32, pos_emb_height=4, pos_emb_width=4, pos_emb_time=2),
+        projection_hidden_size=16, image_token_id=VOCAB - 1, video_token_id=VOCAB - 2,
+        vision_start_token_id=VOCAB - 3, vision_end_token_id=VOCAB - 4, tie_word_embeddings=False)
+
+
+def _kimi_k25_hub(name: str) -> str:
+    """A tensor's name in Kimi K2.5's Hub folders: the text model's layers under language_model.model.layers.
+    (save_pretrained writes them under language_model.model.blocks.)."""
+    return name.replace("language_model.model.blocks.", "language_model.model.layers.")
+
+
+def _ernie4_5_vl_moe_config(**text):
+    """ERNIE 4.5 VL's layout: a dense first layer, then 2 of 4 softmax-scored text experts (32 wide) beside 4 vision
+    experts (16 wide) and a shared expert, its 3D RoPE sections 2 + 2 + 4 on interleaved pairs; a one-block tower
+    and the resampler, the head tied (its default)."""
+    return transformers.Ernie4_5_VLMoeConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         moe_intermediate_size=[32, 16], moe_k=2, moe_num_experts=4, moe_num_shared_experts=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 2, 4]},
+                         **text),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=14),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, image_start_token_id=VOCAB - 3,
+        image_end_token_id=VOCAB - 4, video_start_token_id=VOCAB - 5, video_end_token_id=VOCAB - 6)
+
+
+def _ernie_in_memory(weights: dict) -> dict:
+    """ERNIE 4.5 VL's tensors under transformers' module names (model.language_model., mlp.text_moe. and
+    mlp.vision_moe. with stacked experts, the routers (E, C), the biases (1, E)) from save_pretrained's (the Hub's)."""
+    out, experts = {}, {}
+    for name, t in weights.items():
+        if name.startswith(("model.layers.", "model.embed_tokens.", "model.norm.")):
+            name = "model.language_model." + name[len("model."):]
+        if m := re.fullmatch(r"(.*\.mlp\.)experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight", name):
+            experts.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = t
+        elif name.endswith("mlp.gate.weight"):
+            out[name.replace("mlp.gate.", "mlp.text_moe.gate.")] = t.t().contiguous()
+        elif name.endswith("mlp.gate.weight_1"):
+            out[name.replace("mlp.gate.weight_1", "mlp.vision_moe.gate.weight")] = t.t().contiguous()
+        elif name.endswith("mlp.moe_statics.e_score_correction_bias"):
+            for i, kind in enumerate(("text_moe", "vision_moe")):
+                out[name.replace("mlp.moe_statics.", f"mlp.{kind}.gate.moe_statics.")] = t[i:i + 1].clone()
+        else:
+            out[name] = t
+    for prefix, parts in experts.items():
+        count = len(parts["gate_proj"]) // 2
+        for kind, ids in (("text_moe", range(count)), ("vision_moe", range(count, 2 * count))):
+            out[f"{prefix}{kind}.experts.gate_up_proj"] = torch.stack(
+                [torch.cat([parts["gate_proj"][j], parts["up_proj"][j]]) for j in ids])
+            out[f"{prefix}{kind}.experts.down_proj"] = torch.stack([parts["down_proj"][j] for j in ids])
+    return out
+
+
+def _paddleocr_vl_config(**text):
+    """PaddleOCR-VL's layout: ERNIE 4.5's dense text model (biases on every projection, heads 24 wide, not 64 / 4)
+    whose multimodal RoPE sections 2 + 2 + 8 rotate in the rotate-half layout, after a one-layer tower and its
+    projector, the head tied (its default)."""
+    return transformers.PaddleOCRVLConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=64,
+                         rms_norm_eps=1e-5, use_bias=True, pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 2, 8]},
+                         **text),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 4)
+
+
+def _paddleocr_in_memory(name: str) -> str:
+    """A PaddleOCR-VL tensor's name in transformers' modules (model.language_model., model.visual., model.projector.)
+    from save_pretrained's (the Hub's: model., visual., mlp_AR.)."""
+    for theirs, ours in (("model.", "model.language_model."), ("visual.", "model.visual."),
+                         ("mlp_AR.", "model.projector.")):
+        if name.startswith(theirs):
+            return ours + name[len(theirs):]
+    return name
+
+
+def _lfm3_vl_config(**text):
+    """LFM3-VL's layout: tests/interop_models.py's lfm3 text model (convolutions, a proportional-RoPE full layer, a
+    windowed one, gated heads) after a one-layer tower and its projector, the head untied."""
+    return transformers.Lfm3VlConfig(
+        text_config=dict(model_type="lfm3", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                         max_position_embeddings=64, norm_eps=1e-5, **{**FAMILIES["lfm3"][2], **text}),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, patch_size=14),
+        projector_hidden_size=32, image_token_id=VOCAB - 1, video_token_id=VOCAB - 2,
+        vision_start_token_id=VOCAB - 3, vision_end_token_id=VOCAB - 4, tie_word_embeddings=False)
+
+
+def _minicpm_config(config_class):
+    """MiniCPM-V 4.6's layout (4.7's and MiniCPM-OCR's take its fields): tests/interop_models.py's qwen3_5_text model
+    (gated delta nets, a gated full-attention layer) after a two-layer tower with its window merger and merger, the
+    head untied."""
+    def make(**text):
+        return config_class(
+            text_config=dict(model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                             max_position_embeddings=64, rms_norm_eps=1e-5, **{**FAMILIES["qwen3_5_text"][2], **text}),
+            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=28, patch_size=14, insert_layer_id=0),
+            insert_layer_id=0, image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, tie_word_embeddings=False)
+    return make
+
+
+def _cosmos3_unified(weights: dict) -> dict:
+    """Cosmos 3's unified checkpoint layout from save_pretrained's: the Diffusers attention names and a Generator
+    expert's and a sound tower's tensors, which transformers drops on load, beside the Reasoner's."""
+    out = dict(weights)
+    q = next(k for k in weights if k.endswith("layers.0.self_attn.to_q.weight"))
+    out[q.replace("to_q", "add_q_proj")] = torch.zeros_like(weights[q])
+    out["layers.0.mlp.moe_gen.gate_proj.weight"] = torch.zeros(8, 64)
+    out["audio_modality_embed"] = torch.zeros(64)
+    return out
+
+
+def _cosmos3_edge_config(**text):
+    """Cosmos 3 Edge's layout: Llama's attention with a ReLU² MLP (fc1, fc2) and Qwen3-VL's interleaved multimodal
+    RoPE (sections 2 + 3 + 3), after a one-layer SigLIP 2 tower and its merger, untied."""
+    return transformers.Cosmos3EdgeConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                         rms_norm_eps=1e-5, pad_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]},
+                         **text),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=14, num_patches=16),
+        projector_hidden_size=32, image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 4)
+
+
+def _cosmos3_in_memory(name: str) -> str:
+    """A Cosmos 3 Edge tensor's name in transformers' modules (model.language_model.*, q_proj, mlp.fc1) from
+    save_pretrained's (its folders': flat layers.*, Diffusers' to_q, mlp.up_proj)."""
+    if name.startswith(("layers.", "embed_tokens.", "norm.")):
+        name = "model.language_model." + name
+    for theirs, ours in ((".to_q.", ".q_proj."), (".to_k.", ".k_proj."), (".to_v.", ".v_proj."),
+                         (".to_out.", ".o_proj."), (".mlp.up_proj.", ".mlp.fc1."), (".mlp.down_proj.", ".mlp.fc2.")):
+        name = name.replace(theirs, ours)
+    return name
+
+
+def _deepseek_ocr2_config(**text):
+    """DeepSeek-OCR 2's layout: Llama's attention, a dense first layer, then top 2 of 4 softmax-scored experts
+    (greedy, not rescaled, times 1.5) beside a shared expert; a two-layer SAM and a one-layer Qwen2 encoder."""
+    return transformers.DeepseekOcr2Config(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                         routed_scaling_factor=1.5, mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=None,
+                         **text),
+        vision_config=dict(sam_config=dict(hidden_size=16, output_channels=16, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=64, patch_size=16,
+                                           global_attn_indexes=[1], mlp_dim=32, window_size=2,
+                                           downsample_channels=[32, 64]),
+                           encoder_config=dict(hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=2)),
+        image_token_id=VOCAB - 1)
+
+
+def _nemotron_h_omni_config(**text):
+    """Nemotron-H Omni's layout: tests/interop_models.py's nemotron_h text model (Mamba-2, MLP and attention
+    layers) after a one-layer RADIO tower and its projector, without the audio tower."""
+    return transformers.AutoConfig.for_model(
+        "nemotron_h_omni", text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                                            max_position_embeddings=64, **{**FAMILIES["nemotron_h"][2], **text}),
+        vision_config=dict(model_type="radio", hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=14, image_size=28, video_temporal_patch_size=2),
+        vision_hidden_size=16, projector_hidden_size=32, image_token_id=VOCAB - 1, video_token_id=VOCAB - 2)
+
+
+# GLM-4.1V's one-block tower (GLM-4.6V's, GLMGA's and GLM-OCR's take its fields)
+_GLM4V_TOWER = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14,
+                    image_size=28)
+# GLM-OCR's text model: GLM-4.1V's without q/k/v biases, its heads head_dim wide where given (24 here, not 64 / 4)
+_TEXTS["glm_ocr_text"] = dict(_TEXTS["glm4v_text"], model_type="glm_ocr_text", head_dim=24,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                               "partial_rotary_factor": 0.5, "mrope_section": [2, 2, 2]})
+
+_TEXTS["qwen3"] = dict(model_type="qwen3", **_LLAMA_TEXT)  # Qwen3's QK-norm
+
+CASES.update({
+    "kimi_k25": (_kimi_k25_config, "Kimi_K25ForConditionalGeneration", "DeepseekV3ForCausalLM", _kimi_k25_hub),
+    # its text model's RoPE rows interleaved (DeepseekV3Config's default, Kimi K2's)
+    "kimi_k25-interleaved": (lambda: _kimi_k25_config(rope_interleave=True), "Kimi_K25ForConditionalGeneration",
+                             "DeepseekV3ForCausalLM", None),
+    "glm46v": _llava_like("glm46v", "Glm46VForConditionalGeneration", "glm4v_text", "Glm4ForCausalLM", _GLM4V_TOWER,
+                          renamed=None),
+    # GLM-4.6V's released layout: a glm4v_moe_text model (GLM-4.5V's) in Glm46VModel
+    "glm46v-moe": _llava_like("glm46v", "Glm46VForConditionalGeneration", "glm4v_moe_text", "Glm4MoeForCausalLM",
+                              _GLM4V_TOWER, renamed=None),
+    "glmga": _llava_like("glmga", "Glm46VForConditionalGeneration", "glm4v_text", "Glm4ForCausalLM", _GLM4V_TOWER,
+                         renamed=None),
+    "ernie4_5_vl_moe": (_ernie4_5_vl_moe_config, "Ernie4_5_VLMoeForConditionalGeneration", "Ernie4_5_MoeForCausalLM",
+                        _ernie_in_memory),
+    "paddleocr_vl": (_paddleocr_vl_config, "PaddleOCRVLForConditionalGeneration", "LlamaForCausalLM",
+                     _paddleocr_in_memory),
+    "lfm3_vl": (_lfm3_vl_config, "Lfm3VlForConditionalGeneration", "Lfm3ForCausalLM", _other_layout),
+    "minicpmv4_6": (_minicpm_config(transformers.MiniCPMV4_6Config), "MiniCPMV4_6ForConditionalGeneration",
+                    "Qwen3_5ForCausalLM", _other_layout),
+    "minicpmv4_7": (_minicpm_config(transformers.MiniCPMV4_7Config), "MiniCPMV4_7ForConditionalGeneration",
+                    "Qwen3_5ForCausalLM", _other_layout),
+    "minicpm_ocr": (_minicpm_config(transformers.MiniCPMOcrConfig), "MiniCPMOcrForConditionalGeneration",
+                    "Qwen3_5ForCausalLM", _other_layout),
+    # the Hub's text layers under language_model.model.layers. (save_pretrained writes language_model.model.encoder.
+    # layers.)
+    "qianfan_ocr": _llava_like("qianfan_ocr", "QianfanOCRForConditionalGeneration", "qwen3", "Qwen3ForCausalLM",
+                               renamed=lambda name: name.replace(".model.encoder.layers.", ".model.layers.")),
+    "deepseek_vl": _llava_like("deepseek_vl", "DeepseekVLForConditionalGeneration", "llama", "LlamaForCausalLM",
+                               dict(_TOWER, model_type="siglip_vision_model"), renamed=None,
+                               tie_word_embeddings=False),
+    "deepseek_vl_hybrid": _llava_like("deepseek_vl_hybrid", "DeepseekVLHybridForConditionalGeneration", "llama",
+                                      "LlamaForCausalLM", dict(_TOWER, model_type="siglip_vision_model"),
+                                      renamed=None, tie_word_embeddings=False,
+                                      high_res_vision_config=dict(hidden_size=16, output_channels=16,
+                                                                  num_hidden_layers=2, num_attention_heads=2,
+                                                                  image_size=64, patch_size=16,
+                                                                  global_attn_indexes=[1], mlp_dim=32)),
+    "cosmos3_omni": (lambda: _qwen3_vl_config_of(transformers.Cosmos3OmniConfig), "Cosmos3OmniForConditionalGeneration",
+                     "Qwen3ForCausalLM", _cosmos3_unified),
+    "cosmos3_edge": (_cosmos3_edge_config, "Cosmos3EdgeForConditionalGeneration", "ArceeForCausalLM",
+                     _cosmos3_in_memory),
+    "deepseek_ocr2": (_deepseek_ocr2_config, "DeepseekOcr2ForConditionalGeneration", None, None),  # import only
+    "nemotron_h_omni": (_nemotron_h_omni_config, "NemotronH_Omni_Reasoning_V3", "NemotronHForCausalLM", None),
+    "glm_ocr": _llava_like("glm_ocr", "GlmOcrForConditionalGeneration", "glm_ocr_text", "Glm4ForCausalLM",
+                           _GLM4V_TOWER, renamed=None),
+})
+# the round-3 folders whose reading has logic of its own run always (their first layout); the rest (GLM-4.6V's dense
+# text model, GLMGA, LFM3-VL, MiniCPM-V 4.7 and MiniCPM-OCR, DeepSeek-VL and its hybrid), which repeat a reading
+# above with another class, and the other layouts, run as slow tests
+_ROUND3_FIRST = ("kimi_k25", "glm46v-moe", "glm_ocr", "ernie4_5_vl_moe", "paddleocr_vl", "minicpmv4_6", "qianfan_ocr",
+                 "cosmos3_omni", "cosmos3_edge", "deepseek_ocr2", "nemotron_h_omni")
+
 
 def _folder(kind, path, layout="saved"):
     """save_pretrained of a tiny multimodal model of `kind` (every parameter perturbed), a tokenizer without a
@@ -426,7 +673,8 @@ def _folder(kind, path, layout="saved"):
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2], "bos_token_id": 0}))
     if layout == "renamed":
         weights = load_file(str(path / "model.safetensors"))
-        renamed = rename(weights) if rename is _qwen3_vl_moe_hub else {rename(k): v for k, v in weights.items()}
+        renamed = rename(weights) if rename in (_qwen3_vl_moe_hub, _ernie_in_memory, _cosmos3_unified) else {
+            rename(k): v for k, v in weights.items()}
         save_file(renamed, str(path / "model.safetensors"),
                   metadata={"format": "pt"})
     return hf
@@ -436,7 +684,8 @@ def _folder(kind, path, layout="saved"):
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
-          "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note", "mistral_large4", "hy_v4_vl")
+          "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note", "mistral_large4", "hy_v4_vl",
+          *_ROUND3_FIRST)
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -516,7 +765,8 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", ["llava", "llava_next", "llava_onevision", "qwen2_vl", "internvl", "aya_vision",
-                                  "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl"])
+                                  "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl",
+                                  "kimi_k25", "glm46v", "glm_ocr", "paddleocr_vl", "qianfan_ocr", "deepseek_vl"])
 def test_head_tying_of_llava_like_configs_follows_their_class(kind):
     """Whether the head is tied, for each pair of top-level and text_config flags (either left out): as the
     multimodal config class settles it (LlavaConfig, Qwen2VLConfig, Glm4vConfig and HunYuanVLConfig take
@@ -681,15 +931,139 @@ def test_qwen2_vl_hub_flat_config():
             cfg.tie_embeddings) == (28, 2, True, 1_000_000.0, "none", 0, True)
 
 
-@pytest.mark.parametrize("model_type, fragment", [("paligemma", "prefix-LM"),
-                                                   ("inkling_mm_model", "relative-position bias"),
+@pytest.mark.parametrize("model_type, fragment", [("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
                                                    ("inkling2_loop", "looped loop_num_passes times")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """PaliGemma (its prompt attends both ways) and the Inkling folders (relative-position biases, short
-    convolutions, looped layers) are refused by name at import."""
+    """The Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at
+    import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()
     with pytest.raises(UserError, match=f"model_type '{model_type}' is not supported: .*{fragment}"):
         family_for(config, "folder")
+
+
+# Round 3 (part A): the refusals, sparse text configs and Hub layouts of the folders above
+
+
+@pytest.mark.parametrize("kind, sparse", [
+    ("kimi_k25", {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("kimi_k25", {"model_type": "kimi_k2", "hidden_size": 64, "num_hidden_layers": 2}),  # its Hub folders' name
+    ("glm46v", {"model_type": "glm4v_text", "hidden_size": 64, "num_attention_heads": 4}),
+    ("glm46v", {"model_type": "glm4v_moe_text", "hidden_size": 64, "num_attention_heads": 4}),
+    ("glmga", {"model_type": "glm4v_text", "hidden_size": 64, "num_attention_heads": 4}),
+    ("glm_ocr", {"model_type": "glm_ocr_text", "hidden_size": 64, "num_attention_heads": 4}),
+    ("ernie4_5_vl_moe", {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4}),
+    ("paddleocr_vl", {"hidden_size": 64, "num_attention_heads": 4, "head_dim": None}),
+    ("lfm3_vl", {"model_type": "lfm3", "hidden_size": 64, "num_hidden_layers": 2,
+                 "layer_types": ["conv", "full_attention"]}),
+    ("qianfan_ocr", {"hidden_size": 64, "num_hidden_layers": 2}),  # qwen3 by default
+    ("deepseek_vl", {"hidden_size": 64, "num_attention_heads": 4}),  # llama by default
+    ("cosmos3_omni", {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("cosmos3_edge", {"hidden_size": 256, "num_attention_heads": 2}),  # head_dim 128 by default
+    ("ernie4_5_vl_moe", {"hidden_size": 64, "num_attention_heads": 4,
+                         "rope_parameters": {"rope_type": "default", "mrope_section": [22, 22, 20]}}),
+])
+def test_round3_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
+    """A text_config that leaves fields out: the model redline reads is the one of the config transformers fills in
+    (kimi_k2 read as the deepseek_v3 Kimi_K25Config makes of it)."""
+    from redline.interop.families import family_for
+
+    config_class = transformers.AutoConfig.for_model(kind).__class__
+    given = {"model_type": kind, "text_config": sparse, "vision_config": {}}
+    filled = config_class.from_dict(given).to_dict()
+    family = family_for(given, "folder")
+    assert family.model_config(given) == family.model_config(filled)
+
+
+@pytest.mark.parametrize("kind, top, fragment", [
+    ("kimi_k25", {"quantization_config": {"quant_method": "compressed-tensors"}},
+     "quantization_config \\(quant_method='compressed-tensors'\\): redline reads a kimi_k25 folder's unquantized"),
+    ("glm46v", {"text_config": {"model_type": "glm4"}}, "text_config.model_type='glm4'.*glm4v_moe_text or glm4v_text"),
+    ("glm_ocr", {"text_config": {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}},
+     "RoPE scaling 'linear'"),
+    ("ernie4_5_vl_moe", {"text_config": {"mlp_layer_types": ["sparse", "dense", "sparse"]}},
+     r"mlp_layer_types=\['sparse', 'dense', 'sparse'\]: redline reads ERNIE 4.5's experts"),
+    ("deepseek_ocr2", {"text_config": {"mlp_layer_types": ["dense", "sparse", "dense"]}},
+     "mlp_layer_types=.*dense layers before its expert layers"),
+    ("deepseek_ocr2", {"text_config": {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}},
+     "topk_method='group_limited_greedy'"),
+])
+def test_round3_refusals_name_the_option(kind, top, fragment):
+    from redline.interop.families import family_for
+
+    config = CASES[kind][0]().to_dict()
+    config["text_config"].update(top.pop("text_config", {}))
+    config.update(top)
+    with pytest.raises(UserError, match=fragment):
+        family_for(config, "folder").model_config(config)
+
+
+@pytest.mark.parametrize("model_type, fragment", [("glm5_next", "hyper-connections"),
+                                                   ("glm5_next_text", "hyper-connections"),
+                                                   ("step3p7", "a head count of their own"),
+                                                   ("unlimited_ocr", "reference sliding windows"),
+                                                   ("unlimited_ocr_text", "reference sliding windows")])
+def test_round3_refused_folders_name_why(model_type, fragment):
+    """GLM-5.3-Next (KDA layers, pooled-group DSA latent attention without RoPE, Sinkhorn hyper-connections), Step 3.7
+    (windowed layers with their own head count) and Unlimited-OCR (prompt tokens always visible beside a window of
+    generated ones) are refused by name at import."""
+    from redline.interop.families import family_for
+
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    with pytest.raises(UserError, match=f"model_type '{model_type}' is not supported: .*{fragment}"):
+        family_for(config, "folder")
+
+
+def test_glm_ocr_multi_token_prediction_layer_is_left_out(tmp_path, capsys):
+    """GLM-OCR's Hub folders hold a multi-token-prediction layer past the last (transformers ignores it on load):
+    the import leaves it out and reads the same model."""
+    hf = _folder("glm_ocr", tmp_path / "hf")
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    extra = {k.replace("layers.1.", "layers.2."): v.clone() for k, v in weights.items() if ".layers.1." in k}
+    save_file({**weights, **extra, "model.language_model.layers.2.eh_proj.weight": torch.zeros(64, 128)},
+              str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", "fp32"],
+                           capsys)
+    assert code == 0, err
+    model, _, _ = load_for_inference(tmp_path / "ckpt")
+    tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(input_ids=tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_paddleocr_vl_hub_flat_config():
+    """PaddleOCR-VL's config.json as the Hub holds it: the text model's fields at the top level beside
+    vision_config, multimodal RoPE sections on default RoPE: read as Llama's (heads 128 wide, no biases, plain RoPE,
+    tied), as PaddleOCRVLConfig fills it in."""
+    from redline.interop.families import family_for
+
+    flat = {"model_type": "paddleocr_vl", "architectures": ["PaddleOCRVLForConditionalGeneration"],
+            "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 18, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 103424, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5, "rope_theta": 500000, "use_bias": False,
+            "rope_scaling": {"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
+            "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27}}
+    cfg = family_for(flat, "paddleocr-vl").model_config(flat)
+    cfg.validate()
+    assert (cfg.n_layer, cfg.n_kv_head, cfg.head_dim, cfg.has_qkv_bias, cfg.bias, cfg.rope_theta, cfg.rope_scaling,
+            cfg.tie_embeddings) == (18, 2, 128, False, False, 500_000.0, "none", True)
+    assert transformers.PaddleOCRVLConfig.from_dict(flat).tie_word_embeddings
+
+
+def test_nemotron_h_omni_legacy_llm_config_and_untied_head():
+    """Nemotron-H Omni's released config.json nests its text model under llm_config (which transformers reads as
+    text_config): read the same; its head is untied whatever text_config's tie_word_embeddings says, as transformers
+    builds it."""
+    from redline.interop.families import family_for
+
+    for tie in (True, False):
+        config = _nemotron_h_omni_config(tie_word_embeddings=tie)
+        hf = transformers.NemotronH_Omni_Reasoning_V3(config)
+        assert hf.language_model.lm_head.weight is not hf.language_model.get_input_embeddings().weight
+        given = config.to_dict()
+        legacy = {**{k: v for k, v in given.items() if k != "text_config"}, "llm_config": given["text_config"]}
+        family = family_for(given, "folder")
+        cfg = family.model_config(given)
+        assert not cfg.tie_embeddings and family.model_config(legacy) == cfg

@@ -186,6 +186,9 @@ def main(argv: list[str]) -> int:
         cfg.run_name = cfg.run_name or f"sft-{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         refuse_existing_run(cfg, "sft")
         start = source
+    if cfg.model.prefix_lm and cfg.finetune.packing:
+        raise UserError("model.prefix_lm attends each row's prompt both ways, one conversation a row: set "
+                        "finetune.packing=false")
     tokenizer = chat_tokenizer(start, cfg.finetune.template, grow=not cfg.lora.enabled)
     conversations = ConversationData.load(cfg.finetune.data, tokenizer, cfg.effective_seq_len, seed=cfg.seed,
                                           task_seed=cfg.finetune.task_seed,

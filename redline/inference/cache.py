@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from redline.model import alibi_mask, alibi_slopes, mask_allows, sdpa_context
+from redline.model import alibi_mask, alibi_slopes, mask_allows, prefix_pairs, sdpa_context
 
 FP8_MAX = 448.0  # the largest float8_e4m3fn
 
@@ -266,15 +266,21 @@ class DeltaSide(NamedTuple):
 # prefill
 
 
-def prefill_mask(T: int, start: int, device, window: int) -> torch.Tensor | None:
+def prefill_mask(T: int, start: int, device, window: int,
+                 prefix_len: torch.Tensor | None = None) -> torch.Tensor | None:
     """(T, start + T) bool, True where new token i (at slot start + i) may attend slot j: j <= start + i, within
     the window (window > 0) or the chunk (window < 0: chunks of -window slots, ModelConfig.layer_mask); None where
-    that is plain causal attention over the new tokens alone (start 0, no window or chunk cut)."""
-    if start == 0 and not 0 < abs(window) < T:
+    that is plain causal attention over the new tokens alone (start 0, no window or chunk cut). prefix_len (b,)
+    (model.prefix_lm): (b, 1, T, start + T), each row's slots [0, prefix_len) also attending to one another both
+    ways (GPT.attention_mask's prefix)."""
+    if start == 0 and not 0 < abs(window) < T and prefix_len is None:
         return None
     i = torch.arange(T, device=device)[:, None] + start
     j = torch.arange(start + T, device=device)[None, :]
-    return (j <= i) & mask_allows(i, j, window)
+    allowed = (j <= i) & mask_allows(i, j, window)
+    if prefix_len is None:
+        return allowed
+    return (allowed | prefix_pairs(prefix_len, T, start + T, start))[:, None]
 
 
 def _last_slots(slots: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -356,6 +362,15 @@ class PrefillLayer:
         y, u, state = net.mix(x, before, state, valid=self.valid)
         self.delta_kv = (u[:, None], state)
         return y
+
+    def shift(self, ffn, x: torch.Tensor) -> torch.Tensor:
+        """RWKV-4's channel mixing (model.mlp=rwkv) of T new tokens: x (b, T, C) -> (b, T, C). Its inputs join the
+        layer's time mixing's in `delta_kv` (channels C..2C of the slots); the first token's predecessor is the
+        prefix's last slot's (a prompt prefilled in chunks), else zeros."""
+        prefix = self.delta_prefix if self.delta_prefix is not None else self.prefix
+        before = None if prefix is None else _last_slots(prefix[0], 2)[..., -x.shape[-1]:]
+        self.delta_kv = (torch.cat([self.delta_kv[0], x[:, None]], dim=-1), self.delta_kv[1])
+        return ffn.mix(x, before)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -454,7 +469,7 @@ class DecodeLayer:
         self.mask, self.width, self.counts, self.impl = mask, width, counts, impl
         # a delta layer's mixer part: a mixer beside attention hands its own (DeltaSide), one alone has its
         # convolution inputs as k_buf and its states as scales
-        self.delta_inputs, self.states, self.ngram_inputs = k_buf, scales, None
+        self.delta_inputs, self.states, self.ngram_inputs, self.delta_u = k_buf, scales, None, None
         if isinstance(scales, DeltaSide):
             self.delta_inputs, self.states = scales
             self.scales = None
@@ -535,8 +550,20 @@ class DecodeLayer:
         active = self.slot != buf.shape[2] - 2  # (B,): the last usable slot is where rows are parked
         y, u, state = net.mix(x, before, self.states, valid=active[:, None])
         _scatter_slot(buf, self.slot, u[:, None])
+        self.delta_u = u  # (B, 1, channels): RWKV's channel mixing (shift) writes the slot whole again with its own
         self.states.copy_(state)
         return y
+
+    def shift(self, ffn, x: torch.Tensor) -> torch.Tensor:
+        """RWKV-4's channel mixing (model.mlp=rwkv) step: x (B, 1, C) -> (B, 1, C). Each row's input goes into
+        channels C..2C of its slot of the layer's buffer (the time mixing's take the first C), its predecessor read
+        from the slot before (zeros before slot 0)."""
+        C = x.shape[-1]
+        before = self._slots_before(self.delta_inputs, 2)[..., -C:]  # (B, 1, C)
+        # the slot whole, the time mixing's channels again beside these: a write into the buffer, not into a view of
+        # it (which a compiled step would copy back whole)
+        _scatter_slot(self.delta_inputs, self.slot, torch.cat([self.delta_u, x], dim=-1)[:, None])
+        return ffn.mix(x, before)
 
     def attend_projected(self, attn, qkv: torch.Tensor, rope, prepared: bool = False) -> torch.Tensor:
         """redline's decode kernel from the qkv projection's output (B, 1 or none, (H + 2·KV)·D) -> (B, H*D), the

@@ -5,7 +5,8 @@ How it works
   (inference/cache.py) that its attention hands itself to. It runs a copy of the model in its dtype when the model
   is not in it already, and never changes the caller's model.
 - Every row's sequence starts at cache slot 0: prompts of different lengths are prefilled together right-padded
-  (plain causal attention: the padding after a prompt is never attended to) and each row then decodes at a slot of
+  (plain causal attention: the padding after a prompt is never attended to; a prefix-LM's prompt, model.prefix_lm,
+  attends to itself both ways and to no padding, and is prefilled whole) and each row then decodes at a slot of
   its own, `slot` (B,). With compilation on, the prompt length is rounded up to a length bucket so the compiled
   prefill sees few shapes.
 - The cache is static and allocated once per (batch, capacity) (inference/cache.py).
@@ -158,9 +159,21 @@ def _delta_width(cfg) -> int:
         return cfg.delta_heads
     if cfg.delta_rule == "rglru":  # Griffin's: its linear_x output, delta_heads blocks of delta_value_dim
         return cfg.delta_heads * cfg.delta_value_dim
-    if cfg.delta_rule == "lightning":  # no convolution: only the state
+    if cfg.delta_rule in ("lightning", "mlstm"):  # no convolution: only the state
         return 0
+    if cfg.delta_rule == "rwkv":  # RWKV-4's token shifts: the time mixing's input, then the channel mixing's
+        return 2 * cfg.n_embd
     return 2 * cfg.delta_key_heads * cfg.delta_key_dim + cfg.delta_heads * cfg.delta_value_dim
+
+
+def _delta_state(cfg) -> tuple[int, ...]:
+    """A delta layer's state a row: (heads, key width, value width), RWKV-4's WKV (numerator, denominator, their
+    log scale) a channel, (3, delta_value_dim), xLSTM's mLSTM memory with its normalizer and scale a head."""
+    if cfg.delta_rule == "rwkv":
+        return (3, cfg.delta_value_dim)
+    if cfg.delta_rule == "mlstm":  # the matrix memory C, its normalizer n and the log scale m, packed (MLSTM._pack)
+        return (cfg.delta_heads, cfg.delta_key_dim + 1, cfg.delta_value_dim + 1)
+    return (cfg.delta_heads, cfg.delta_key_dim, cfg.delta_value_dim)
 
 
 def _prefill_attention(device: torch.device, backend: str):
@@ -281,7 +294,7 @@ class InferenceEngine:
         self._state = DecodeState(
             cache=KVCache(c.n_layer, batch, c.kv_heads, capacity, c.head_dim, self.plan.cache_dtype, dev, spare,
                           c.conv_layers, c.n_embd, c.delta_layers, _delta_width(c),
-                          (c.delta_heads, c.delta_key_dim, c.delta_value_dim), c.mixer_free_layers,
+                          _delta_state(c), c.mixer_free_layers,
                           c.parallel_delta_layers, [c.layer_cache_geometry(i) for i in range(c.n_layer)],
                           {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None},
                           bool(c.smear_gate or c.ngram_layers), c.ngram_layers, c.hc_streams * c.n_embd),
@@ -379,6 +392,9 @@ class InferenceEngine:
         b, T = tokens.shape
         at = None if rows_at is None else to_device(list(rows_at), self.device)
         span = min(T, self.plan.prefill_chunk_tokens)
+        if self.cfg.prefix_lm:  # the prompt is the prefix, which attends both ways: one span, from slot 0
+            self.check_prefix_start(start)
+            span = T
         rows = max(1, self.plan.prefill_chunk_tokens // span)
         last = to_device([start + n - 1 for n in lengths], self.device)  # each row's last slot
         out = []
@@ -407,6 +423,7 @@ class InferenceEngine:
         b, T = tokens.shape
         if b * T > self.plan.prefill_chunk_tokens:
             raise ValueError(f"prefill_rows takes at most {self.plan.prefill_chunk_tokens} tokens, got {b} × {T}")
+        self.check_prefix_start(start)
         if st.graphs is None:
             final = self._prefill_final(st, tokens.to(self.device), rows.to(self.device), last.to(self.device),
                                         start)
@@ -427,6 +444,13 @@ class InferenceEngine:
         # the graph ends at the hidden states (b, C): no graph keeps a (b, vocab) output; the head reads the
         # graph's output buffer now, before its next replay rewrites it
         return last_logits(self.model, st.prefills.replay(key))
+
+    def check_prefix_start(self, start: int) -> None:
+        """A prefix-LM's prompt (model.prefix_lm) attends to itself both ways: it is prefilled whole, never after
+        slots a row holds already (a span of a longer prompt, a copied beginning)."""
+        if self.cfg.prefix_lm and start:
+            raise UserError(f"a prefix-LM's prompt (model.prefix_lm) is prefilled whole from slot 0, not from slot "
+                            f"{start}: its tokens attend to later ones")
 
     def prefill_graphs(self, st: DecodeState) -> int:
         """How many prefill shapes the state holds graphs of."""
@@ -456,9 +480,12 @@ class InferenceEngine:
         x, rope = m.embed(tokens, positions, before)
         values = value_embeddings(m, tokens)  # (b, t, KV*D) per table, looked up once for every layer
         ple = m.per_layer_inputs(tokens, x, window)  # (b, t, n_layer, P) or None
-        masks = {w: prefill_mask(t, start, self.device, w) for w in self.cfg.windows}  # one per layers' window
+        # model.prefix_lm: each row's prompt, its slots up to `last`, is the prefix (prefilled from slot 0)
+        prefix = last + 1 if self.cfg.prefix_lm else None
+        masks = {w: prefill_mask(t, start, self.device, w, prefix) for w in self.cfg.windows}  # one per window
         self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()],
-                           *[(mask, 0, 1) for mask in masks.values() if mask is not None],
+                           *[(mask, 0, 2, 3) if mask.dim() == 4 else (mask, 0, 1)
+                             for mask in masks.values() if mask is not None],
                            *[(ve, 0, 1) for ve in values], *([] if ple is None else [(ple, 0, 1)]))
         quantize = st.cache.quantized
         valid = None
@@ -608,8 +635,8 @@ class InferenceEngine:
 
         tokens (B, N): the first `prefill` tokens of each row go through the prefill, then each later token is fed
         to a decode step in turn (the step generation runs: cache, kernels, graphs), and every prediction of the
-        next token is kept. -> (log-probabilities of tokens[:, prefill:] (B, N - prefill) fp32, the argmax
-        predictions at those positions (B, N - prefill)), both on the host."""
+        next token is kept (a prefix-LM's prefix: the prefilled tokens). -> (log-probabilities of tokens[:, prefill:]
+        (B, N - prefill) fp32, the argmax predictions at those positions (B, N - prefill)), both on the host."""
         B, N = tokens.shape
         if not 1 <= prefill < N:
             raise UserError(f"score: prefill must be in [1, {N - 1}] for {N}-token rows, got {prefill}")

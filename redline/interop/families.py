@@ -291,6 +291,9 @@ def _families() -> dict[str, Family]:
     from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import hy_v4, minimax
+    from redline.interop import dory
+    from redline.interop import modernbert_decoder, paligemma
+    from redline.interop import rwkv, xlstm
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -324,10 +327,12 @@ def _families() -> dict[str, Family]:
                                 minimax_m2.FAMILY, phimoe.FAMILY, dbrx.FAMILY,
                                 afmoe.FAMILY, windowed_moe.MELLUM_FAMILY, windowed_moe.FLINT_FAMILY, kolibri1.FAMILY,
                                 laguna.FAMILY, qwen4_exp.TEXT_FAMILY, qwen4_exp.FAMILY, jetmoe.FAMILY, zamba.FAMILY,
-                                kimi_linear.FAMILY, bailing_hybrid.FAMILY,
+                                kimi_linear.FAMILY, bailing_hybrid.FAMILY, paligemma.FAMILY,
+                                modernbert_decoder.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -336,23 +341,15 @@ def supported_names() -> list[str]:
 
 # architectures transformers has that redline cannot express, by model_type: why (their import is refused by name)
 NOT_READ = {
-    "paligemma": "PaliGemma's prompt attends bidirectionally (a prefix-LM: its processor's token_type_ids mark the "
-                 "image and prompt tokens, which see each other both ways), which redline's causal attention cannot "
-                 "express",
-    "dory": "Dory's nGPT layers keep the hidden state on the unit sphere (weightless L2 norms, each sublayer's "
-            "output interpolated toward at learned per-channel rates instead of added), scale queries per channel "
-            "after RoPE and pass through a recurrent section of layers n_recurrent_loops times; redline's blocks add "
-            "their sublayers' outputs to an unnormalized residual stream, each layer once",
     "gemma4_assistant": "Gemma 4's assistant is a multi-token-prediction drafter: it runs on the main model's "
                         "hidden states and its last layers' keys and values (no input ids of its own), not on tokens "
                         "alone; redline reads the main model (gemma4, gemma4_text)",
     "gemma4_unified_assistant": "Gemma 4 Unified's assistant is a multi-token-prediction drafter: it runs on the main "
                                 "model's hidden states and its last layers' keys and values, not on tokens alone",
-    "gpt_neox_japanese": "GPT-NeoX-Japanese has one bias in its attention layers, on the last layer's output "
-                         "(dense_bias), and none elsewhere; redline's biases (model.bias) sit on every layer's output "
-                         "projection and MLP",
-    "modernbert-decoder": "ModernBERT-Decoder's prediction head (a dense layer, its activation and a LayerNorm "
-                          "between the final norm and the decoder) is a head redline's model has not",
+    "gpt_neox_japanese": "GPT-NeoX-Japanese's tokenizer (GPTNeoXJapaneseTokenizer: vocab.txt and emoji.json, each "
+                         "step taking the lowest-id vocabulary match among the next few characters, with its own "
+                         "symbol classes and byte fallback; transformers has no tokenizer.json form of it) is none the "
+                         "tokenizers library reads, so redline could not encode a prompt for it",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
@@ -378,6 +375,25 @@ NOT_READ = {
                    "projection over o_groups, keys compressed window by window at compress_rates and picked by a "
                    "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
                    "redline's model and engine have not (its hyper-connections, hc_mult, are: model.mhc_streams)",
+    # multimodal folders whose text model redline cannot express (multimodal.py reads the others)
+    "glm5_next_text": "GLM-5.3-Next's text model mixes Kimi Delta Attention layers with short convolutions and a "
+                      "low-rank forget gate (layer_types linear_attention) into DSA latent attention without RoPE "
+                      "(qk_rope_head_dim 0) whose indexer picks pooled key groups (index_kpool) shared across layers "
+                      "(indexer_types), around Sinkhorn-mixed hyper-connections (hc_mult) and clamped SwiGLU "
+                      "experts; redline has no one model with these layers together",
+    "glm5_next": "the text model of a GLM-5.3-Next folder is glm5_next_text (KDA layers, pooled-group DSA latent "
+                 "attention, Sinkhorn hyper-connections), which redline cannot express",
+    "step3p7": "the text model of a Step 3.7 folder (step3p5: Gemma-style norms, QK-norm, a sigmoid gate a head, "
+               "sigmoid-routed experts with SwiGLU clamps per layer, windowed layers with a head count of their own, "
+               "num_sliding_attention_heads, in Step-3.7-Flash) is no text family redline reads; redline's "
+               "attention keeps one head count on every layer",
+    "unlimited_ocr": "Unlimited-OCR's text model attends with reference sliding windows (layer_types "
+                     "reference_sliding_attention): every prompt token stays visible while generated tokens see a "
+                     "window of the last sliding_window generated ones, so a token's logits depend on where the "
+                     "prompt ended, which redline's causal and windowed attention cannot express",
+    "unlimited_ocr_text": "Unlimited-OCR's text model attends with reference sliding windows (every prompt token "
+                          "visible, generated tokens windowed), which redline's causal and windowed attention "
+                          "cannot express",
 }
 
 
@@ -442,10 +458,11 @@ def export_family(cfg: ModelConfig) -> Family:
     under one norm and SwiGLU (Cohere Compass with a RoPE base per layer type),
     Ministral with windowed and full layers in Mistral's block, Apertus with the xIELU MLP,
     BitNet with sub-norms, ternary projections (model.bitlinear) or a gated ReLU² MLP, DiffLlama with differential
-    attention, RecurrentGemma with Griffin's RG-LRU layers, Doge with key biases and residual scales, MiniMax with
-    lightning attention or residuals from the normed inputs (model.normed_residual), Kimi Linear with
-    Kimi Delta Attention through low-rank gates (model.delta_gate_rank), Ling 3 (Bailing hybrid) with KDA's bounded
-    decay or full-rank gates, or latent attention with its heads gated,
+    attention, RecurrentGemma with Griffin's RG-LRU layers, RWKV with RWKV-4's time and channel mixing (or norms
+    whose epsilon grows every few blocks, model.rescale_every), xLSTM with mLSTM layers, Doge with key biases and
+    residual scales, MiniMax with lightning attention or residuals from the normed inputs (model.normed_residual),
+    Kimi Linear with Kimi Delta Attention through low-rank gates (model.delta_gate_rank), Ling 3 (Bailing hybrid) with
+    KDA's bounded decay or full-rank gates, or latent attention with its heads gated,
     Llama otherwise; a mixture of experts as Mixtral, Qwen2-MoE,
     Qwen3-MoE, OLMoE, FlexOlmo or GraniteMoE (moe.export_name), Kolibri-1 with a routing bias on the logits, Laguna with softplus
     head gates or the windowed layers' own partial RoPE, AFMoE with sigmoid scores under element-wise attention
@@ -481,8 +498,10 @@ def export_family(cfg: ModelConfig) -> Family:
     Persimmon; one with routed attention heads (model.attn_gate=routed) as JetMoE; one with post-norm blocks as GPT-1;
     learned positions beside scaled embeddings as BioGPT; GLM-4-MoE's experts on whole heads with q/k/v biases beside
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
-    one with the shortcut MoE as LongCat-Flash (identity experts without it refused). A UserError names the redline
-    option that no such architecture has."""
+    one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with nGPT layers or a looped
+    section as Dory; one with a prediction head or a norm-free first layer (model.head_transform, first_norm_free) as
+    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) refused. A UserError names the redline option that
+    no such architecture has."""
     families = _families()
     from redline.interop import mistral_large4
 
@@ -494,6 +513,19 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.attn_gate=element and attn_sinks on latent attention are HY-V4's, which redline "
                         "imports alone: no architecture redline exports to gates a latent head's values or has its "
                         "sinks")
+    if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
+        raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
+                        "folder needs its vision tower); run the model with redline generate, chat or serve instead")
+    if cfg.ngpt or cfg.loop_section:  # nGPT's layers and looped sections: Dory's alone
+        from redline.interop import dory
+
+        dory.check_exportable(cfg)
+        return families["dory"]
+    if cfg.head_transform or cfg.first_norm_free:  # ModernBERT-Decoder's alone
+        from redline.interop import modernbert_decoder
+
+        modernbert_decoder.check_exportable(cfg)
+        return families["modernbert-decoder"]
     if cfg.shared_attn_layers:  # blocks whose weights several layers share: Zamba's (Mamba-1) and Zamba2's alone
         from redline.interop import zamba, zamba2
 
@@ -549,6 +581,16 @@ def export_family(cfg: ModelConfig) -> Family:
     if bitnet.wants_bitnet(cfg):  # sub-norms, ternary projections, the gated ReLU² MLP: BitNet's alone
         bitnet.check_exportable(cfg)
         return families["bitnet"]
+    from redline.interop import rwkv
+
+    if rwkv.wants_rwkv(cfg):  # RWKV-4's time and channel mixing: RWKV's alone
+        rwkv.check_exportable(cfg)
+        return families["rwkv"]
+    from redline.interop import xlstm
+
+    if xlstm.wants_xlstm(cfg):  # mLSTM layers: xLSTM's alone
+        xlstm.check_exportable(cfg)
+        return families["xlstm"]
     from redline.interop import recurrent_gemma
 
     if recurrent_gemma.wants_recurrent_gemma(cfg):  # Griffin's RG-LRU layers: RecurrentGemma's alone

@@ -1173,6 +1173,11 @@ def stack_experts(tensors: dict, state, cfg: ModelConfig, arch: str) -> dict:
 NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                "diffllama": ("DiffLlama", "llama.cpp has no differential attention"),
                "doge": ("Doge", "llama.cpp has no dynamic mask attention"),
+               "dory": ("Dory", "no writer here for nGPT layers (L2-normed streams interpolated toward, queries "
+                                "scaled per channel) or a section of layers run several times"),
+               "xlstm": ("xLSTM", "llama.cpp has no xLSTM architecture (mLSTM matrix memories)"),
+               "rwkv": ("RWKV-4", "llama.cpp has RWKV-6 and RWKV-7 architectures (rwkv6, rwkv7), not RWKV-4's time "
+                                  "and channel mixing"),
                "recurrent_gemma": ("RecurrentGemma", "no writer here for llama.cpp's recurrent-gemma layout "
                                                      "(RG-LRU layers beside local attention)"),
                "bitnet": ("BitNet", "no writer here for llama.cpp's bitnet layout (sub-norms, ternary weights as "
@@ -1250,7 +1255,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "zamba2": ("Zamba2", "llama.cpp has no architecture with transformer blocks shared between layers, "
                                      "each call with its own adapters"),
                 "qwen4_exp_text": ("Qwen4-Exp", "llama.cpp has no architecture with hyper-connected residual streams "
-                                                "or a QSA indexer")}
+                                                "or a QSA indexer"),
+                "modernbert-decoder": ("ModernBERT-Decoder", "llama.cpp has no ModernBERT-Decoder architecture: "
+                                                             "its modern-bert is the bidirectional encoder")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

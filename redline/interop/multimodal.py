@@ -14,7 +14,7 @@ Qwen2-VL's; EXAONE 4.5 (exaone4), Granite 4.0 Vision (granite, its multipliers a
 GraniteForCausalLM's), Llama 3.2 Vision (Mllama: llama, its self-attention layers alone, the cross-attention layers
 among them skipped on text as MllamaTextModel skips them). On text alone each of their forwards is the text model's
 (image and video tokens' rows, or deepstack features, are added only where pixel values are given). PaliGemma (a
-prefix-LM), Mistral Large 4 and the Inkling folders are refused by name (families.NOT_READ).
+prefix-LM) is paligemma.py's; Mistral Large 4 and the Inkling folders are refused by name (families.NOT_READ).
 Also Apertus 1.5's Apertus1p5ForConditionalGeneration (model_type "apertus1p5", its text model apertus1p5_text:
 apertus.py, whose image and audio tokens are ids of the text model's own vocabulary), Cohere Compass's
 CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-Vision, Qwen3-VL's tower and
@@ -22,6 +22,15 @@ forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain Ro
 Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py) and MiniMax-M3's
 MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text model minimax_m3_vl_text:
 minimax_m3.py, import only).
+Also Kimi K2.5's Kimi_K25ForConditionalGeneration (kimi_k25: DeepSeek-V3's text model), GLM-4.6V's and GLMGA's
+Glm46VForConditionalGeneration (glm46v, glmga: GLM-4.1V's or GLM-4.5V's text model) and GLM-OCR's (glm_ocr: GLM-4.1V's
+text model without q/k/v biases), their multimodal RoPE plain on text as GLM-4.1V's; ERNIE 4.5 VL (ernie4_5_vl_moe:
+ERNIE 4.5 MoE's text model with its text experts alone, which it runs where no token is an image's), PaddleOCR-VL
+(ERNIE 4.5's dense block rotating as Qwen2-VL's, read as Llama's), LFM3-VL (lfm3), MiniCPM-V 4.6 and 4.7 and
+MiniCPM-OCR (qwen3_5_text), Qianfan-OCR (InternVL's model, qwen3), DeepSeek-VL and its hybrid (llama), Cosmos 3's
+Reasoner (cosmos3_omni: Qwen3-VL's model under Cosmos 3's names) and Edge (cosmos3_edge: Llama's attention with a
+ReLU² MLP, read as Arcee's), DeepSeek-OCR 2 (deepseek_ocr2: Llama's attention with DeepSeek-V2's experts, import only),
+Nemotron 3 Nano Omni (nemotron_h_omni: Nemotron-H's NemotronHForCausalLM, its config under text_config or llm_config).
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
 mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
@@ -52,6 +61,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -59,7 +69,13 @@ from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
-_TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
+_TEXT_PREFIXES = (("language_model.model.blocks.", "model.layers."),  # Kimi K2.5's layers as save_pretrained
+                  # writes them (so before language_model.model.): its conversion mapping's blocks -> layers rename,
+                  # meant for its vision tower, run backwards over the text model's layers too; Qianfan-OCR's
+                  # encoder.layers -> layers the same way
+                  ("language_model.model.encoder.layers.", "model.layers."),
+                  ("language_model.backbone.", "backbone."),  # Nemotron-H Omni's NemotronHForCausalLM
+                  ("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
                   # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
                   ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                   ("model.text_model.", "model."))  # SmolVLM's and Idefics3's
@@ -76,7 +92,19 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.",
            "patch_merge_mlp.", "model.patch_merge_mlp.",  # MiniMax-M3's patch merger, as its Hub folders name it
            # dots.3 Note's towers and adapters, in memory and as save_pretrained (and its Hub folders) name them
-           "model.audio_tower.", "audio_tower.", "audio_encoder.", "vision_encoder.")
+           "model.audio_tower.", "audio_tower.", "audio_encoder.", "vision_encoder.",
+           "model.mm_projector.", "mm_projector.",  # Kimi K2.5's projector
+           "model.resampler_model.", "resampler_model.",  # ERNIE 4.5 VL's
+           "model.projector.", "mlp_AR.",  # PaddleOCR-VL's, in memory and as its Hub folders name it
+           "model.merger.", "merger.",  # MiniCPM-V 4.6's
+           "mlp1.",  # Qianfan-OCR's projector as its Hub folders name it
+           # DeepSeek-VL's aligner, DeepSeek-VL (hybrid)'s high-resolution SAM tower, neck, projection and mix
+           "model.aligner.", "aligner.", "model.high_res_vision_", "high_res_vision_",
+           # Cosmos 3's Qwen3-VL tower as its unified checkpoints (and save_pretrained) name it
+           "blocks.", "patch_embed.", "pos_embed.", "deepstack_merger_list.",
+           # DeepSeek-OCR 2's SAM and Qwen2 encoders and its view separator
+           "model.sam_model.", "model.qwen2_model.", "model.view_seperator",
+           "embed_audio.", "vision_final_layernorm.")  # Nemotron-H Omni's audio projector and its tower's last norm
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -140,9 +168,48 @@ _TEXT_DEFAULTS = {
     "cohere2": dict(vocab_size=256_000, hidden_size=8192, intermediate_size=22_528, num_hidden_layers=40,
                     num_attention_heads=64, max_position_embeddings=8192, layer_norm_eps=1e-5, sliding_window=4096,
                     sliding_window_pattern=4, logit_scale=0.0625, tie_word_embeddings=True),
+    # GemmaConfig's and Gemma2Config's (PaliGemma's text models; its Hub configs give few fields)
+    "gemma": dict(vocab_size=256_000, hidden_size=3072, intermediate_size=24_576, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=16, head_dim=256, max_position_embeddings=8192,
+                  rms_norm_eps=1e-6),
+    "gemma2": dict(vocab_size=256_000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192,
+                   rms_norm_eps=1e-6, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0),
     "lfm2": dict(vocab_size=65_536, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5,
                  rope_theta=1_000_000.0, tie_word_embeddings=True),
+    # DeepseekV3Config's (Kimi K2.5's text model; its Hub folders' kimi_k2, which Kimi_K25Config reads as it)
+    **dict.fromkeys(("deepseek_v3", "kimi_k2"), dict(
+        vocab_size=129_280, hidden_size=7168, intermediate_size=18_432, moe_intermediate_size=2048,
+        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+        n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+        v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3,
+        norm_topk_prob=True, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_interleave=True,
+        tie_word_embeddings=False)),
+    "glm_ocr_text": dict(vocab_size=59_392, hidden_size=1024, intermediate_size=4096, num_hidden_layers=16,
+                         num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=131_072,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "ernie4_5_vl_moe_text": dict(vocab_size=103_424, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=28,
+                                 num_attention_heads=20, num_key_value_heads=4, max_position_embeddings=131_072,
+                                 rms_norm_eps=1e-5, rope_theta=500_000.0, moe_k=6, moe_num_experts=64,
+                                 moe_num_shared_experts=2, moe_intermediate_size=[1536, 512],
+                                 tie_word_embeddings=True),
+    "paddleocr_vl_text": dict(vocab_size=103_424, hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
+                              num_attention_heads=16, num_key_value_heads=2, head_dim=128,
+                              max_position_embeddings=131_072, rms_norm_eps=1e-5, rope_theta=500_000.0,
+                              tie_word_embeddings=True),
+    "lfm3": dict(vocab_size=128_000, hidden_size=2048, intermediate_size=7680, num_hidden_layers=24,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=128, max_position_embeddings=128_000,
+                 norm_eps=1e-5, conv_L_cache=7, sliding_window=256, use_sandwich_norm=True, use_attention_gate=True,
+                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                  "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0,
+                                                     "partial_rotary_factor": 0.5}},
+                 tie_word_embeddings=True),
+    "cosmos3_edge_text": dict(vocab_size=131_072, hidden_size=2048, intermediate_size=9216, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                              max_position_embeddings=131_072, rms_norm_eps=1e-5, hidden_act="relu2",
+                              tie_word_embeddings=False),
 }
 
 
@@ -463,4 +530,255 @@ def families() -> tuple[Family, ...]:
                               "hy_v4_vl_text", tie_default=False),
             # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
-                              "dots3_note_text", tie_default=False))
+                              "dots3_note_text", tie_default=False),
+            *_round3_families())
+
+
+def _check_kimi_k25(hf: dict) -> None:
+    """Kimi K2.5's Hub folders quantize the experts (compressed-tensors int4) under a top-level
+    quantization_config, which the text config redline reads does not carry."""
+    quant = hf.get("quantization_config")
+    raise_first([(quant is not None, f"quantization_config (quant_method={(quant or {}).get('quant_method')!r}): "
+                                     f"redline reads a kimi_k25 folder's unquantized weights; import a bf16 "
+                                     f"checkpoint of the model")])
+
+
+def _glm46v_text(text: dict) -> dict:
+    """GLM-4.6V's (and GLMGA's) text config as its text family reads it: a glm4v_text model as GLM-4.1V's
+    (_glm4v_text), a glm4v_moe_text model (GLM-4.6V's released one) as GLM-4.5V's."""
+    return _glm4v_text(text) if text.get("model_type", "glm4v_text") == "glm4v_text" else text
+
+
+def _glm_ocr_text(text: dict) -> dict:
+    """GLM-OCR's text config as GLM-4's reader takes it, as transformers' GlmOcrTextAttention computes it: GLM-4.1V's
+    (_glm4v_text) without q/k/v biases, and its heads head_dim wide where the config gives one (else hidden_size /
+    num_attention_heads), RoPE on partial_rotary_factor of that width."""
+    heads = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    return {**_glm4v_text(text), "attention_bias": False, "head_dim": heads}
+
+
+def _past_last_layer_read(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """text_view(src), the layers past the last (GLM-OCR's multi-token-prediction layer, which transformers' GlmOcr
+    model ignores on load) marked read."""
+    for raw in src.names:
+        if (m := _LAYER.fullmatch(_text_name(raw))) and int(m.group(1)) >= cfg.n_layer:
+            src.used.add(raw)
+    return text_view(src)
+
+
+def _ernie_vl_text(text: dict) -> dict:
+    """ERNIE 4.5 VL's text config as ERNIE 4.5 MoE's reader takes it: its text experts' width (moe_intermediate_size
+    [text, vision]) and the expert layers mlp_layer_types names as moe_layer_start_index / end / interval (a
+    UserError where no such span names them). Its 3D RoPE gives each frequency the height, width or temporal position
+    (the first two sections interleaved, as inv_freq_3d orders them, so that they recompose into the original order);
+    on text alone the three are the token's one position, ERNIE 4.5's RoPE on interleaved pairs."""
+    from redline.interop.ernie import _expert_layers
+
+    n = int(text["num_hidden_layers"])
+    kinds = text.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)  # its config's default
+    layers = [i for i, kind in enumerate(kinds) if kind == "sparse"]
+    interval = layers[1] - layers[0] if len(layers) > 1 else 1
+    start = layers[0] if layers and interval == 1 else 0
+    span = dict(moe_layer_start_index=start, moe_layer_end_index=layers[-1] if layers else -1,
+                moe_layer_interval=interval)
+    raise_first([(not layers or _expert_layers({"num_hidden_layers": n, **span}) != layers,
+                  f"text_config.mlp_layer_types={kinds}: redline reads ERNIE 4.5's experts on every "
+                  f"moe_layer_interval-th layer of one span of layers")])
+    widths = text.get("moe_intermediate_size") or [1536, 512]
+    return {**text, **span, "moe_intermediate_size": widths[0] if isinstance(widths, list) else widths}
+
+
+_ERNIE_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts\.)(\d+)(\..*)")
+
+
+def _ernie_vl_text_experts(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """text_view(src) as ERNIE 4.5 MoE's tensors: each expert layer's text experts, router and routing bias (its
+    vision experts and router, which text alone never runs, marked read). transformers' modules hold them under
+    mlp.text_moe. / mlp.vision_moe. (stacked experts; the router (E, C), the bias (1, E)); the Hub's folders, and
+    save_pretrained, under mlp.: experts 0..E-1 the text ones and E..2E-1 the vision ones, the text router
+    mlp.gate.weight (C, E) transposed, the vision one mlp.gate.weight_1, both biases in one (2, E)
+    moe_statics.e_score_correction_bias."""
+    names, how = {}, {}
+    for raw in src.names:
+        name = _text_name(raw)
+        expert = _ERNIE_EXPERT.fullmatch(name)
+        if ".mlp.vision_moe." in name or name.endswith(".mlp.gate.weight_1") or (
+                expert and int(expert.group(2)) >= cfg.moe_experts):
+            src.used.add(raw)  # the vision experts and router
+            continue
+        if name.endswith(".mlp.gate.weight"):
+            how[name] = "transposed"
+        elif name.endswith(".mlp.moe_statics.e_score_correction_bias"):
+            how[name] = "first row"
+        names[name.replace(".mlp.text_moe.gate.moe_statics.", ".mlp.moe_statics.")
+              .replace(".mlp.text_moe.", ".mlp.")] = raw
+
+    def take(name: str) -> torch.Tensor:
+        t = src.take(names[name])
+        if how.get(_text_name(names[name])) == "transposed":
+            return t.t()  # (C, E) -> (E, C)
+        return t[:1] if how.get(_text_name(names[name])) == "first row" else t
+
+    return TensorSource(names, take, src.where)
+
+
+def _paddleocr_text(text: dict) -> dict:
+    """PaddleOCR-VL's text config as Llama's reader takes it: ERNIE 4.5's dense block (use_bias on every projection,
+    the MLP's too) whose attention rotates as Qwen2-VL's (PaddleOCRAttention: multimodal RoPE sections in the
+    rotate-half layout, not ERNIE 4.5's interleaved pairs), plain RoPE on text as Qwen2-VL's (_plain_rope); tied by
+    default where the Hub's flat config names no tying."""
+    bias = bool(text.get("use_bias", False))
+    return {**_plain_rope(text), "attention_bias": bias, "mlp_bias": bias,
+            "tie_word_embeddings": text.get("tie_word_embeddings", True)}
+
+
+# Cosmos 3's unified checkpoints: the Reasoner's text model flat (layers.*, embed_tokens.*, norm.*) under Diffusers'
+# attention names, beside the Generator's experts and projections and the sound and action towers, which
+# transformers' Cosmos3Omni model drops on load (_COSMOS3_DROPPED_UNIFIED_CHECKPOINT_KEYS) and so does the import
+_COSMOS3_FLAT = ("layers.", "embed_tokens.", "norm.")
+_COSMOS3_NAMES = ((".self_attn.to_q.", ".self_attn.q_proj."), (".self_attn.to_k.", ".self_attn.k_proj."),
+                  (".self_attn.to_v.", ".self_attn.v_proj."), (".self_attn.to_out.", ".self_attn.o_proj."),
+                  (".self_attn.norm_q.", ".self_attn.q_norm."), (".self_attn.norm_k.", ".self_attn.k_norm."))
+_COSMOS3_DROPPED = re.compile(r"\.add_[qkv]_proj\.|\.to_add_out\.|\.norm_added_[qk]\.|moe_gen|^proj_(out|in)\.|"
+                              r"^time_embedder\.|^(audio|action)_proj_(out|in)\.|^(audio|action)_modality_embed$")
+
+
+def _cosmos3_view(src: TensorSource, cfg: ModelConfig, edge: bool = False) -> TensorSource:
+    """text_view(src) with Cosmos 3's flat text model (layers.*, embed_tokens.*, norm.*, as its unified checkpoints
+    and save_pretrained write it) under model.*, Diffusers' attention names (to_q, to_out, norm_q, ...) as Qwen3's,
+    and the Generator's and the sound and action towers' tensors marked read (_COSMOS3_DROPPED); `edge`: Cosmos 3
+    Edge's, whose ReLU² MLP transformers holds as mlp.fc1 / mlp.fc2 (its folders' mlp.up_proj / down_proj, Arcee's
+    names) and which drops nothing."""
+    renames = _COSMOS3_NAMES + (((".mlp.fc1.", ".mlp.up_proj."), (".mlp.fc2.", ".mlp.down_proj.")) if edge else ())
+    names = {}
+    for raw in src.names:
+        if not edge and _COSMOS3_DROPPED.search(raw):
+            src.used.add(raw)
+            continue
+        name = "model." + raw if raw.startswith(_COSMOS3_FLAT) else _text_name(raw)
+        for theirs, ours in renames:
+            name = name.replace(theirs, ours)
+        names[name] = raw
+    return TensorSource(names, lambda name: src.take(names[name]), src.where)
+
+
+def _cosmos3_edge_text(text: dict) -> dict:
+    """Cosmos 3 Edge's text config as Arcee's reader takes it: Llama's attention and a ReLU² MLP (fc1, fc2), its
+    Qwen3-VL interleaved multimodal RoPE plain on text (Cosmos3EdgeTextModel expands arange positions to all three
+    axes where none are given), CosmosEdgeTextConfig's base 1e8 where it gives none."""
+    params = {"rope_type": "default", "rope_theta": 100_000_000.0, **(text.get("rope_parameters") or {})}
+    return {**text, "rope_parameters": params}
+
+
+def _deepseek_ocr2_config(hf: dict) -> ModelConfig:
+    """DeepSeek-OCR 2's text model (deepseek_ocr2_text), as transformers' DeepseekOcr2TextModel computes it: Llama's
+    attention and RMSNorm blocks, dense SwiGLU layers and DeepSeek-V2's mixture (softmax scores, top k greedy or
+    over every group, never rescaled, times routed_scaling_factor, an ungated shared expert
+    moe_intermediate_size · n_shared_experts wide) where mlp_layer_types says sparse: the dense layers first."""
+    from redline.interop import llama
+    from redline.interop.deepseek import _expert_fields
+
+    kinds = hf.get("mlp_layer_types")
+    dense = next((i for i, kind in enumerate(kinds or ()) if kind != "dense"), len(kinds or ()))
+    raise_first([
+        (kinds is None, "text_config.mlp_layer_types is not given: transformers' DeepseekOcr2TextModel builds no "
+                        "layer without it"),
+        (kinds is not None and any(kind != "sparse" for kind in kinds[dense:]),
+         f"text_config.mlp_layer_types={kinds}: redline reads DeepSeek-OCR 2's dense layers before its expert "
+         f"layers"),
+    ])
+    base = llama.model_config_for("llama")(hf)
+    return replace(base, **_expert_fields({**hf, "first_k_dense_replace": dense}, "deepseek_v2"))
+
+
+def _deepseek_ocr2_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    """Llama's tensors with DeepSeek's experts (mlp.gate, mlp.experts.j.*, mlp.shared_experts.*) read as Qwen-MoE's
+    names, as llama.to_redline reads them (ERNIE 4.5 MoE's reader does the same)."""
+    from redline.interop import llama
+
+    theirs = {n.replace(".mlp.shared_experts.", ".mlp.shared_expert."): n for n in src.names}
+    return llama.to_redline(TensorSource(theirs, lambda name: src.take(theirs[name]), src.where), cfg)
+
+
+def _legacy_text_config(family: Family, legacy: str) -> Family:
+    """family reading a config whose text model is nested under `legacy` (Nemotron-H Omni's released configs:
+    llm_config, which NemotronH_Omni_Reasoning_V3_Config reads as text_config) as under text_config."""
+    def renamed(hf: dict) -> dict:
+        if legacy in hf and "text_config" not in hf:
+            hf = {**{k: v for k, v in hf.items() if k != legacy}, "text_config": hf[legacy]}
+        return hf
+
+    return replace(family, model_config=lambda hf: family.model_config(renamed(hf)),
+                   settle=lambda hf, src: family.settle(renamed(hf), src),
+                   fold=lambda hf, cfg, state: family.fold(renamed(hf), cfg, state))
+
+
+def _round3_families() -> tuple[Family, ...]:
+    """kimi_k25 (deepseek_v3, or kimi_k2 as its Hub folders name it); glm46v and glmga (glm4v_text as GLM-4.1V's,
+    glm4v_moe_text as GLM-4.5V's), glm_ocr (glm_ocr_text: GLM-4.1V's without q/k/v biases); ernie4_5_vl_moe
+    (ernie4_5_moe, its text experts), paddleocr_vl (llama), lfm3_vl (lfm3), minicpmv4_6, minicpmv4_7 and minicpm_ocr
+    (qwen3_5_text), qianfan_ocr (qwen3 by default), deepseek_vl and deepseek_vl_hybrid (llama by default),
+    cosmos3_omni (qwen3_vl_text, read as qwen3), cosmos3_edge (arcee), deepseek_ocr2 (its own reading, import only),
+    nemotron_h_omni (nemotron_h)."""
+    from redline.interop import deepseek, ernie, glm, lfm2, llama, nemotron_h, qwen3_5
+
+    deepseeks = {f.name: f for f in deepseek.FAMILIES}
+    llamas = {f.name: f for f in llama.FAMILIES}
+    glm4v_texts = {"glm4v_text": glm.GLM4_FAMILY, "glm4v_moe_text": glm.GLM4_MOE_FAMILY}
+    return (
+        # GLM-4.6V and GLMGA: Glm4vModel's forward (its multimodal RoPE one position on text, as GLM-4.1V's) around
+        # either GLM-4V text model; GLMGA is GLM-4.6V's model under its own config
+        *(multimodal_family(name, "Glm4ForCausalLM", glm4v_texts, "glm4v_text", tie_default=False,
+                            adapt=_glm46v_text,
+                            layout_of=lambda cfg: "glm4v_text" if cfg.norm_position == "sandwich" else "glm4v_moe_text")
+          for name in ("glm46v", "glmga")),
+        # ERNIE 4.5 VL: ERNIE 4.5 MoE's text model with its text experts alone, which Ernie4_5_VLMoeMoeBlock runs on
+        # every token where no token is an image's or video's
+        multimodal_family("ernie4_5_vl_moe", "Ernie4_5_MoeForCausalLM",
+                          {"ernie4_5_vl_moe_text": ernie.MOE_FAMILY}, "ernie4_5_vl_moe_text", adapt=_ernie_vl_text,
+                          view=_ernie_vl_text_experts),
+        # PaddleOCR-VL: Qwen2-VL's forward around ERNIE 4.5's dense text model, as Llama's (_paddleocr_text); its
+        # text model under model.* (the Hub's, and save_pretrained's) or model.language_model.*
+        multimodal_family("paddleocr_vl", "LlamaForCausalLM", {"paddleocr_vl_text": llamas["llama"]},
+                          "paddleocr_vl_text", text_tie=True, adapt=_paddleocr_text),
+        # LFM3-VL: AutoModel of an lfm3 text_config under a plain lm_head, on the positions it is given
+        multimodal_family("lfm3_vl", "Lfm3ForCausalLM", {"lfm3": lfm2.LFM3_FAMILY}, "lfm3"),
+        # MiniCPM-V 4.6 and 4.7, MiniCPM-OCR: a Qwen3.5 text model under a plain lm_head; MiniCPM-V 4.7's canvas
+        # M-RoPE positions are computed only where image or video sizes are given, arange positions otherwise
+        *(multimodal_family(name, "Qwen3_5ForCausalLM", {"qwen3_5_text": qwen3_5.TEXT_FAMILY}, "qwen3_5_text",
+                            tie_default=tie) for name, tie in (("minicpmv4_6", False), ("minicpmv4_7", False),
+                                                               ("minicpm_ocr", True))),
+        # Qianfan-OCR: InternVL's model around a qwen3 text model by default
+        multimodal_family("qianfan_ocr", "Qwen3ForCausalLM",
+                          {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}, "qwen3",
+                          tie_default=False),
+        # DeepSeek-VL and DeepSeek-VL (hybrid): AutoModel of a llama text_config under a plain lm_head
+        *(multimodal_family(name, "LlamaForCausalLM",
+                            {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}, "llama")
+          for name in ("deepseek_vl", "deepseek_vl_hybrid")),
+        # Cosmos 3 (Reasoner): Qwen3-VL's model (its interleaved MRoPE plain on text) under Cosmos 3's names
+        multimodal_family("cosmos3_omni", "Qwen3ForCausalLM", {"qwen3_vl_text": llamas["qwen3"]}, "qwen3_vl_text",
+                          tie_default=False, view=_cosmos3_view),
+        multimodal_family("cosmos3_edge", "ArceeForCausalLM", {"cosmos3_edge_text": llama.ARCEE_FAMILY},
+                          "cosmos3_edge_text", tie_default=False, adapt=_cosmos3_edge_text,
+                          view=lambda src, cfg: _cosmos3_view(src, cfg, edge=True)),
+        # DeepSeek-OCR 2: Llama's attention with DeepSeek-V2's experts (import only: no architecture redline writes
+        # has them after Llama's attention)
+        multimodal_family("deepseek_ocr2", "DeepseekOcr2ForCausalLM", {"deepseek_ocr2_text": Family(
+            name="deepseek_ocr2_text", architecture="DeepseekOcr2ForCausalLM", model_config=_deepseek_ocr2_config,
+            hf_config=llamas["llama"].hf_config, to_redline=_deepseek_ocr2_to_redline, to_hf=llamas["llama"].to_hf,
+            ignorable=llamas["llama"].ignorable)}, "deepseek_ocr2_text", tie_default=False),
+        # Nemotron-H Omni (Nemotron 3 Nano Omni): Nemotron-H's NemotronHForCausalLM under language_model., its
+        # config under text_config or (its released folders) llm_config; its head never tied (its config has no
+        # tie_word_embeddings, and transformers ties no head of it whatever text_config says)
+        _legacy_text_config(multimodal_family("nemotron_h_omni", "NemotronHForCausalLM",
+                                              {"nemotron_h": nemotron_h.FAMILY}, "nemotron_h", tie_default=False),
+                            "llm_config"),
+        multimodal_family("glm_ocr", "Glm4ForCausalLM", {"glm_ocr_text": glm.GLM4_FAMILY}, "glm_ocr_text",
+                          tie_default=False, text_tie=True, adapt=_glm_ocr_text, view=_past_last_layer_read),
+        # Kimi K2.5 / K2.6: DeepSeek-V3's text model under a lm_head; its image and video placeholder ids embedded as
+        # id 0 (Kimi_K25Model's forward), which a text prompt does not hold
+        multimodal_family("kimi_k25", "DeepseekV3ForCausalLM", {"deepseek_v3": deepseeks["deepseek_v3"],
+                                                                "kimi_k2": deepseeks["deepseek_v3"]},
+                          "deepseek_v3", _check_kimi_k25),
+    )

@@ -81,6 +81,8 @@ _BIGCODE = {"attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c
 _GPT2 = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 _BLOOM = {"attn.proj": "self_attention.dense", "mlp.fc": "mlp.dense_h_to_4h", "mlp.proj": "mlp.dense_4h_to_h"}
 _MPT = {"attn.proj": "attn.out_proj", "mlp.fc": "ffn.up_proj", "mlp.proj": "ffn.down_proj"}
+# ModernBERT-Decoder's (modernbert_decoder.py): q/k/v apart under attn, Wi the fused GeGLU as redline's fc
+_MODERNBERT = {"attn.proj": "attn.Wo", "mlp.fc": "mlp.Wi", "mlp.proj": "mlp.Wo"}
 # Gemma 4's per-layer input layers (gemma4.py): each block's gate and projection (the model's own projection of the
 # embeddings: _parts)
 _GEMMA4_PLE = {"ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projection"}
@@ -98,6 +100,8 @@ _HYPER = {"down": "input_mix_weight_down", "up": "input_mix_weight_up", "inject"
 def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> list[tuple[str, slice]]:
     """The exported modules that redline layer `layer` becomes, each with its rows of the layer's output."""
     gpt2 = family.name in ("gpt2", "openai-gpt")  # GPT-1's Conv1D modules are named as GPT-2's (openai_gpt.py)
+    if family.name == "modernbert-decoder":
+        return _modernbert_parts(layer, out_features, cfg)
     if layer in ("lm_head",):  # BioGPT's head is output_projection (biogpt.py)
         return [("output_projection" if family.name == "biogpt" else "lm_head", slice(0, cfg.head_width))]
     gemma4 = family.name in ("gemma4_text", "gemma4", "gemma3n_text", "gemma3n")  # gemma3n.py: Gemma 4's names
@@ -141,6 +145,30 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         return [(base + _NEO[rest], slice(0, out_features))]
     if family.name in ("bloom", "mpt", "falcon"):
         return _alibi_parts(layer, i, rest, out_features, cfg, family)
+    if family.name == "rwkv":  # rwkv.py's names: attention.* (time mixing), feed_forward.* (channel mixing)
+        names = {"attn.key": "attention.key", "attn.value": "attention.value", "attn.receptance":
+                 "attention.receptance", "attn.proj": "attention.output", "mlp.fc": "feed_forward.key",
+                 "mlp.receptance": "feed_forward.receptance", "mlp.proj": "feed_forward.value"}
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in RWKV; export with --merge")
+        if rest in ("attn.proj", "mlp.proj") and cfg.rescale_every and int(i) >= cfg.rescale_every:
+            raise UserError(f"the adapter on {layer}: transformers' RWKV divides that layer's base weight by "
+                            f"2^{int(i) // cfg.rescale_every} in eval mode (rescale_every={cfg.rescale_every}) but not "
+                            f"its adapter's product, so PEFT's model would not be redline's; train with lora.targets "
+                            f"that leave attn.proj and mlp.proj out, or export with --merge")
+        return [(f"rwkv.blocks.{i}.{names[rest]}", slice(0, out_features))]
+    if family.name == "xlstm":  # xlstm.py's names: mlstm_layer.* (weight_mode single), ffn.*
+        names = {"attn.q": "mlstm_layer.q", "attn.k": "mlstm_layer.k", "attn.v": "mlstm_layer.v",
+                 "attn.o": "mlstm_layer.ogate_preact", "attn.igate": "mlstm_layer.igate_preact",
+                 "attn.fgate": "mlstm_layer.fgate_preact", "attn.proj": "mlstm_layer.out_proj",
+                 "mlp.proj": "ffn.proj_down"}
+        if rest == "mlp.fc":
+            F_ = out_features // 2
+            return [(f"backbone.blocks.{i}.ffn.proj_up_gate", slice(0, F_)),
+                    (f"backbone.blocks.{i}.ffn.proj_up", slice(F_, 2 * F_))]
+        if rest not in names:
+            raise UserError(f"the adapter on {layer} has no counterpart in xLSTM; export with --merge")
+        return [(f"backbone.blocks.{i}.{names[rest]}", slice(0, out_features))]
     if family.name == "dbrx":  # dbrx.py's names: Wqkv fused as redline's qkv, the router's Linear layer
         names = {"attn.qkv": "norm_attn_norm.attn.Wqkv", "attn.proj": "norm_attn_norm.attn.out_proj",
                  "mlp.router": "ffn.router.layer"}
@@ -159,6 +187,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
                             f"and experts are bare tensors, and kv_proj holds no queries); train with lora.targets "
                             f"attn.gate mlp.router or export with --merge")
         return [(f"model.layers.{i}.{names[rest]}", slice(0, out_features))]
+    if family.name == "dory":  # dory.py's names: the stored blocks renumbered, a looped pass's adapters its block's
+        from redline.interop.dory import adapter_parts as dory_parts
+
+        return dory_parts(layer, int(i), rest, out_features, cfg)
     if family.name == "axk2":  # axk2.py's names: DeepSeek's latent attention, q_b as q_gate_proj
         from redline.interop.axk2 import adapter_parts as axk2_parts
 
@@ -502,6 +534,23 @@ def _alibi_parts(layer: str, i: str, rest: str, out_features: int, cfg: ModelCon
     return [(base + names[rest], slice(0, out_features))]
 
 
+def _modernbert_parts(layer: str, out_features: int, cfg: ModelConfig) -> list[tuple[str, slice]]:
+    """ModernBERT-Decoder's modules: the head is its decoder, the prediction head's dense layer lm_head.dense."""
+    if layer == "lm_head":
+        return [("decoder", slice(0, cfg.head_width))]
+    if layer == "head_transform.dense":
+        return [("lm_head.dense", slice(0, out_features))]
+    match = _LAYER.match(layer)
+    if match is None or match.group(2) not in {"attn.qkv", *_MODERNBERT}:
+        raise UserError(f"the adapter on {layer} has no counterpart in ModernBERT-Decoder; export with --merge")
+    i, rest = match.groups()
+    base = f"model.layers.{i}."
+    if rest == "attn.qkv":
+        C = cfg.n_head * cfg.head_dim
+        return [(f"{base}attn.{x}_proj", slice(j * C, (j + 1) * C)) for j, x in enumerate("qkv")]
+    return [(base + _MODERNBERT[rest], slice(0, out_features))]
+
+
 def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int | None]:
     """A module trained in full -> (its exported name, rows kept (the unpadded vocabulary) or None)."""
     table = {"gpt2": "transformer.wte", "gpt_bigcode": "transformer.wte", "gpt_neo": "transformer.wte",
@@ -511,9 +560,10 @@ def _full_module(name: str, cfg: ModelConfig, family: Family) -> tuple[str, int 
              "falcon_mamba": "backbone.embeddings",
              "bloom": "transformer.word_embeddings", "falcon": "transformer.word_embeddings",
              "mpt": "transformer.wte", "dbrx": "transformer.wte", "openai-gpt": "transformer.tokens_embed",
-             "biogpt": "biogpt.embed_tokens"}.get(family.name, "model.embed_tokens")
-    top = {"wte": (table, cfg.vocab_size),
-           "lm_head": ("output_projection" if family.name == "biogpt" else "lm_head", cfg.head_width)}
+             "biogpt": "biogpt.embed_tokens",
+             "modernbert-decoder": "model.embeddings.tok_embeddings"}.get(family.name, "model.embed_tokens")
+    head = {"biogpt": "output_projection", "modernbert-decoder": "decoder"}.get(family.name, "lm_head")
+    top = {"wte": (table, cfg.vocab_size), "lm_head": (head, cfg.head_width)}
     if name not in top:
         raise UserError(f"lora.train_modules trained {name} in full; a PEFT adapter carries only wte or lm_head "
                         f"that way: export with --merge")

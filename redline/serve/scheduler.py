@@ -273,6 +273,10 @@ class Scheduler:
         if prefix_min_tokens < 0:
             raise UserError(f"prefix_min_tokens must be >= 0 (0: no prefix reuse), got {prefix_min_tokens}")
         self.prefix_min_tokens = prefix_min_tokens
+        if batch.engine.cfg.prefix_lm:
+            # a prefix-LM's prompt attends to itself both ways (model.prefix_lm): no copied beginning, and each
+            # prompt prefilled whole, in one turn (a turn's budget of the batch's capacity takes any prompt)
+            self.prefix_min_tokens, prefill_tokens = 0, max(prefill_tokens, batch.capacity)
         if prefill_wait_ms < 0:
             raise UserError(f"prefill_wait_ms must be >= 0, got {prefill_wait_ms}")
         self.prefill_wait_s = prefill_wait_ms / 1000

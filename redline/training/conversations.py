@@ -14,8 +14,10 @@ Each conversation is rendered by redline/chat/render.py into (inputs, targets) o
 of Ding et al. 2024, "Fewer Truncations Improve Language Modeling"); a row carries each token's document id and
 its position within its document, so the model attends only within a document and RoPE restarts at each (the
 model's `doc_ids` / `positions`). Without packing a row holds one conversation and the model runs its plain
-causal path. The rest of a row is padding: targets -1, a document of its own. A conversation longer than seq_len
-is dropped and counted; if every one is, that is an error.
+causal path; a prefix-LM (model.prefix_lm) attends the conversation up to its first trained token both ways
+(prompt_lengths: PaliGemma's prompt as its prefix), which takes one conversation a row. The rest of a row is
+padding: targets -1, a document of its own. A conversation longer than seq_len is dropped and counted; if every one
+is, that is an error.
 
 The order is a pure function of (seed, epoch): each epoch shuffles the conversations, packs them, and shuffles the
 rows, so the loader's position (epoch, row) resumes exactly.
@@ -122,6 +124,15 @@ def _conversation(row, where: str) -> list[dict]:
         return check_messages([{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
                               where=where)
     raise UserError(f"{where} has neither \"messages\" nor \"prompt\" and \"completion\"; give one of the two forms")
+
+
+def prompt_lengths(targets: torch.Tensor) -> torch.Tensor:
+    """targets (B, T), -1 where not trained -> each row's prompt length (B,): the tokens up to the one whose target
+    is the first trained token (PaliGemma's prefix: its labels leave the prefix out, and its last token predicts the
+    suffix's first); the whole row where nothing is trained."""
+    trained = targets >= 0
+    first = torch.where(trained.any(dim=1), trained.int().argmax(dim=1), targets.shape[1] - 1)
+    return first + 1
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -238,9 +249,10 @@ class ConversationData:
         mine = list(range(info.rank * B, len(rows), info.world_size * B))[:cfg.eval_batches]
         for start in mine:
             batch = {k: torch.as_tensor(v[start:start + B], device=device) for k, v in arrays.items()}
+            prefix = prompt_lengths(batch["targets"]) if cfg.model.prefix_lm else None
             with autocast(device, amp):
                 loss = model(batch["inputs"], batch["targets"], reduction="none", positions=batch.get("positions"),
-                             doc_ids=batch.get("doc_ids")).double()
+                             doc_ids=batch.get("doc_ids"), prefix_len=prefix).double()
             trained = batch["targets"] >= 0
             sums += torch.stack([loss[trained].sum(), trained.sum().double(),
                                  token_bytes[batch["targets"][trained]].sum()])

@@ -65,16 +65,22 @@ class SupervisedFineTuning:
     batch: {"inputs": (B, T), "targets": (B, T) with -1 where not trained, and, for packed rows, "positions" and
     "doc_ids" (B, T): each conversation attends only to itself and its positions restart at 0
     (redline/training/conversations.py)}. The loss is the mean over the micro-batch's trained tokens; the extra
-    metric `trained_fraction` is the share of the row slots that are trained on."""
+    metric `trained_fraction` is the share of the row slots that are trained on. A prefix-LM (model.prefix_lm) takes
+    each row's prompt, up to its first trained token, as its prefix (conversations.prompt_lengths)."""
 
     name = "sft"
+    prefix_lm = False
 
     def attach(self, step: TrainStep) -> None:
-        pass  # stateless
+        self.prefix_lm = step.cfg.model.prefix_lm
 
     def compute(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Metrics]:
+        from redline.training.conversations import prompt_lengths
+
         targets = batch["targets"]
-        loss = model(batch["inputs"], targets, positions=batch.get("positions"), doc_ids=batch.get("doc_ids"))
+        prefix = prompt_lengths(targets) if self.prefix_lm else None
+        loss = model(batch["inputs"], targets, positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
+                     prefix_len=prefix)
         return loss, {"trained_fraction": (targets >= 0).float().mean()}
 
     def state_dict(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ FIELDS_ACCOUNTED = {
     "norm_unit_offset": "refused: the product kernels scale a norm by its weight, not 1 + weight",
     "fused_qkv": "one qkv product only",
     "fused_mlp": "SwiGLU's gate and up as one matrix only",
-    "mlp": "gelu (tanh), relu2, swiglu (geglu, swiglu_clamped, relu and xielu refused: no fused activation)",
+    "mlp": "gelu (tanh), relu2, swiglu (geglu, swiglu_clamped, relu, xielu and rwkv refused: no fused activation)",
     "swiglu_limit": "refused with mlp=swiglu_clamped",
     "xielu_beta": "refused with mlp=xielu", "xielu_eps": "refused with mlp=xielu",
     "value_embeddings": "refused: the block hands the attention kernel the raw qkv output, before tables are mixed in",
@@ -52,6 +52,9 @@ FIELDS_ACCOUNTED = {
     "mixer_free_layers": "refused: the block is five kernels, attention then the MLP",
     "bitlinear": "refused: the product kernels multiply by the stored weights, unrounded inputs",
     "sub_norms": "refused: no norm before the output projections",
+    "ngpt": "refused with norm_position=sandwich, which model.ngpt needs (unsupported() names the norms)",
+    "loop_section": "outside the blocks: a later pass runs its block again, the stream between them GPT.stream_in's",
+    "loop_passes": "with loop_section",
     "diff_attention": "refused: the attention kernel computes one map over the values",
     "attn_key_bias": "refused: the attention kernel adds no key biases",
     "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
@@ -70,7 +73,8 @@ FIELDS_ACCOUNTED = {
     "delta_gate_rank": "refused with delta_layers", "delta_decay": "refused with delta_layers",
     "delta_decay_floor": "refused with delta_layers",
     "delta_norm_position": "refused with delta_layers",
-    "delta_dt_rank": "refused with delta_layers", "delta_bcdt_norm_eps": "refused with delta_layers",
+    "delta_dt_rank": "refused with delta_layers", "delta_gate_softcap": "refused with delta_layers",
+    "delta_bcdt_norm_eps": "refused with delta_layers",
     "delta_bcdt_norm_weight": "refused with delta_layers",
     "moe_experts": "refused: the block's MLP is one fused product pair, not routed experts",
     "moe_top_k": "refused with moe_experts", "moe_norm_topk": "refused with moe_experts",
@@ -104,8 +108,8 @@ FIELDS_ACCOUNTED = {
     "q_lora_rank": "refused with kv_lora_rank", "v_head_dim": "refused with kv_lora_rank",
     "latent_key_norm": "refused with kv_lora_rank", "latent_norm_eps": "refused with kv_lora_rank",
     # computed as the modules compute them
-    "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps",
-    "norm_eps": "read from the norm modules",
+    "norm": "LayerNorm or RMSNorm, with the module's weight, bias and eps (l2, model.ngpt's, refused with its sandwich norms)",
+    "norm_eps": "read from the norm modules", "rescale_every": "read from the norm modules (their epsilon)",
     "norm_bias": "read from the norm modules",
     "norm_affine": "read from the norm modules (no weight: the product kernels' HAS_NORM_W off; the attention "
                    "kernel's QK-norm scales by ones)",
@@ -179,6 +183,9 @@ FIELDS_ACCOUNTED = {
     "dropout": "off in inference", "attn_backend": "prefill only", "ce_chunk_tokens": "training only",
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
+    "prefix_lm": "prefill only (the prompt's mask); a decode step attends causally",
+    "head_transform": "refused: fused_head multiplies the final norm's output by the head alone",
+    "first_norm_free": "refused: every block's first norm is fused into its qkv product",
 }
 
 
@@ -204,6 +211,9 @@ def unsupported(cfg) -> str | None:
                 "(model.bitlinear, model.sub_norms)")
     if cfg.norm_position != "pre":
         return "decode_linear triton needs pre-norm blocks (the norm is fused into the next product)"
+    if getattr(cfg, "head_transform", False) or getattr(cfg, "first_norm_free", False):
+        return ("decode_linear triton fuses a norm into every block's first product and the final norm into the head "
+                "(model.first_norm_free, model.head_transform)")
     if getattr(cfg, "norm_gate_rank", 0):
         return "decode_linear triton fuses plain norms into the next product, not gated ones (model.norm_gate_rank)"
     if not cfg.fused_qkv:
