@@ -63,6 +63,9 @@ Features (each a field of `ModelConfig`):
   (`moe_shortcut`, the experts' output carried between them as a second stream);
 - A.X-K2's gates: norms gated by a low-rank MLP of their output (`norm_gate_rank`), latent attention's heads gated
   from the query latent (`q_latent_gate`);
+- Mistral Large 4's latent attention: layers without RoPE (no shared key part), latent caches shared between layers
+  (`kv_source_layers`), queries scaled per head by position (`q_position_scale`), learned RoPE frequencies
+  (`rope_pair_log_scales`);
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
@@ -201,7 +204,9 @@ class ModelConfig:
     each head's unrotated key part and value) and one rotated key part of rope_dims shared by every head; a head's
     q and k are head_size wide (DeepSeek's qk_nope_head_dim + qk_rope_head_dim), RoPE on rope_dims of them, its value
     v_head_dim wide. Needs n_kv_head = n_head (the expanded keys are per head); with pos_emb=none the shared key
-    part of rope_dims is left unrotated (Kimi Linear's NoPE latent attention); 0 = ordinary attention."""
+    part of rope_dims is left unrotated (Kimi Linear's NoPE latent attention); on a layer without RoPE
+    (nope_interval, rope_layer_theta 0) there is no shared key part: kv_a gives the latent alone and kv_b each head's
+    whole key (head_size) and its value (Mistral Large 4's NoPE layers); 0 = ordinary attention."""
     q_lora_rank: int = 0
     """Latent attention: q through a low-rank bottleneck this wide (q_a, C -> q_lora_rank, RMS-normalized, then q_b
     to H·head_size: DeepSeek-V3's); 0 = one q projection (DeepSeek-V2-Lite's)."""
@@ -211,6 +216,15 @@ class ModelConfig:
     H·(head_size + Dv)); each head's output times sigmoid(g) (fp32) before proj."""
     v_head_dim: int = 0
     """Latent attention: the width of a head's value (DeepSeek's v_head_dim, up to head_size); 0 = head_size."""
+    q_position_scale: bool = False
+    """Latent attention: each head's queries times s_h · ln(p + 1) + b_h at position p, after RoPE, s and b learned
+    (H,) a layer (attn.q_pos_scale, attn.q_pos_bias: 0 and 1 at init, no change): Mistral Large 4's softmax scaling
+    (transformers' MistralLarge4TextSoftmaxScaling). Needs pos_emb=rope (its ln(p + 1) table rides with RoPE's)."""
+    kv_source_layers: tuple[int, ...] = ()
+    """Latent attention: for each layer the layer whose cache it attends over, Mistral Large 4's kv_source_layers:
+    its own index (it computes its own latent), or an earlier layer that is its own source and rotates as it does,
+    whose normalized latent and rotated key part it reads through its own kv_b (it has no kv_a; the inference
+    engine's cache holds them once). () = every layer its own."""
     latent_key_norm: bool = False
     """Latent attention: an RMSNorm (rope_dims weights, at latent_norm_eps) on the shared key part before RoPE
     (dots.3 Note's k_rope_only_layernorm); False = that part as kv_a gives it (DeepSeek's)."""
@@ -270,6 +284,9 @@ class ModelConfig:
     Unlike rope_dims, which rotates the first rope_dims dimensions as pairs among themselves."""
     rope_truncate: bool = True
     """yarn scaling: round the band's ends out to whole dimensions (YaRN's reference code does)."""
+    rope_pair_log_scales: tuple[float, ...] = ()
+    """RoPE's frequency of pair i times exp(this[i]), after rope_scaling, one a rotated pair (rope_dims / 2, else
+    head_size / 2): Mistral Large 4's LeRoPE (its learned rotary_emb.alpha, a constant here, not trained); () = none."""
     rope_dims: int = 0
     """RoPE on the first rope_dims of each head's width, the rest left as they are (GPT-NeoX's and Pythia's
     rotary_pct, Phi's partial_rotary_factor); 0: the whole head. Latent attention: its shared key part's width."""
@@ -299,6 +316,10 @@ class ModelConfig:
     swiglu_limit: float = 7.0
     """mlp=swiglu_clamped or swiglu_clipped: the clamp on the gate (above) and the up projection (both sides);
     GPT-OSS's 7, DeepSeek-V4's 10."""
+    moe_swiglu_limit: float = 0.0
+    """mlp=swiglu with moe_experts: the routed experts' gate clamped above and up projection on both sides at this
+    before silu(gate) · up (HY-V4's swiglu_limit, as transformers' Glm5NextTextExperts clamps them), the dense and
+    shared MLPs left as they are; 0 = off."""
     gelu_approximate: Literal["tanh", "none"] = "tanh"
     """The GELU of the gelu and geglu MLPs: the tanh approximation (GPT-2's gelu_new, Gemma's) or the exact erf form
     (GPT-NeoX's and Pythia's "gelu")."""
@@ -648,7 +669,10 @@ class ModelConfig:
     sums them before the final norm. Needs pre-norm blocks of attention and an MLP; 0 = off."""
     mhc_sinkhorn_iters: int = 20
     """mhc_streams: the Sinkhorn-Knopp steps (columns, then rows and columns again) that normalise the mixing matrix
-    (DeepSeek-V4's hc_sinkhorn_iters)."""
+    (DeepSeek-V4's hc_sinkhorn_iters); 0 = no mixing matrix, the streams the output joins left as they are, `post`
+    plus mhc_eps (HY-V4's independent hyper-connections, iHC: its projection gives pre and post alone)."""
+    mhc_post_scale: float = 2.0
+    """mhc_streams: `post` is this times a sigmoid (DeepSeek-V4's 2; HY-V4's hc_magnitude)."""
     mhc_eps: float = 1e-6
     """mhc_streams: the floor added to `pre`, to the mixing matrix's entries and to every Sinkhorn step's sums
     (DeepSeek-V4's hc_eps); the streams' norm takes norm_eps."""
@@ -843,15 +867,19 @@ class ModelConfig:
         one head of its normalized latent and shared rotated key part (kv_lora_rank + rope_dims; LatentAttention.
         latent_heads); a compressed layer's key head and its compressor's kv and gate projections (1 + 2 or 1 + 4
         heads of head_dim: SharedKVAttention.project_qkv); else its KV heads and head width."""
-        if self.kv_lora_rank:
-            return 1, self.kv_lora_rank + self.rope_dims
+        if self.kv_lora_rank:  # a latent layer without RoPE has no shared key part
+            return 1, self.kv_lora_rank + (self.rope_dims if self.pos_emb != "rope" or self.layer_rope(layer) else 0)
         if self.kv_compress_rates and self.kv_compress_rates[layer]:
             return 1 + 2 * (1 + (layer in self.kv_compress_overlap)), self.head_dim
         return self.layer_kv_heads(layer), self.layer_head_dim(layer)
 
     def kv_source(self, layer: int) -> int | None:
         """The layer whose keys and values layer `layer` attends over (one of the last kv_shared_layers: the last
-        earlier layer of its window that computes its own), or None (it computes its own)."""
+        earlier layer of its window that computes its own; kv_source_layers' entry where it names another layer),
+        or None (it computes its own)."""
+        if self.kv_source_layers:
+            source = self.kv_source_layers[layer]
+            return None if source == layer else source
         first = self.n_layer - self.kv_shared_layers
         if layer < first:
             return None
@@ -1006,12 +1034,15 @@ class ModelConfig:
                             f"each head (rope_dims > 0; rotated with model.pos_emb=rope, as it is with pos_emb=none), "
                             f"model.n_kv_head = n_head and model.v_head_dim <= "
                             f"the head width {self.head_dim}")
-        if self.kv_lora_rank and (self.qk_norm or self.attn_gate == "element" or self.attn_gate_fn != "sigmoid"
-                                  or self.value_embeddings
-                                  or self.has_qkv_bias or self.bias or self.nope_interval or self.rope_layer_theta):
-            raise UserError("model.kv_lora_rank (latent attention) takes no QK-norm, element-wise or softplus "
-                            "attn_gate (a sigmoid one a head: Ling 3's), value_embeddings, biases (model.bias, "
-                            "qkv_bias) or layers without RoPE (nope_interval, rope_layer_theta)")
+        if self.kv_lora_rank and (self.qk_norm or self.attn_gate == "routed" or self.attn_gate_fn != "sigmoid"
+                                  or self.value_embeddings or self.has_qkv_bias or self.bias or self.nope_temperature
+                                  or self.attn_sinks_windowed
+                                  or (self.latent_key_norm and not all(map(self.layer_rope, range(self.n_layer))))):
+            raise UserError("model.kv_lora_rank (latent attention) takes no QK-norm, routed or softplus attn_gate (a "
+                            "sigmoid one a head, Ling 3's, or a value, HY-V4's), value_embeddings, biases (model.bias, "
+                            "qkv_bias), nope_temperature, attn_sinks_windowed (its sinks are on every layer), or "
+                            "latent_key_norm with layers without RoPE")
+        self._validate_latent_extras()
         if self.nope_interval < 0 or (self.nope_interval and self.pos_emb != "rope"):
             raise UserError(f"model.nope_interval={self.nope_interval} needs RoPE (model.pos_emb=rope) and must be "
                             f">= 0 (0 = RoPE on every layer)")
@@ -1057,6 +1088,11 @@ class ModelConfig:
                                 f"{self.rope_original_context}")
         elif self.rope_pair_factors or self.rope_long_pair_factors:
             raise UserError("model.rope_pair_factors are LongRoPE's: set model.rope_scaling=longrope with them")
+        if self.rope_pair_log_scales and (self.pos_emb != "rope" or self.rope_local_theta or self.rope_local_dims
+                                          or len(self.rope_pair_log_scales) != (self.rope_dims or self.head_dim) // 2):
+            raise UserError(f"model.rope_pair_log_scales scales each rotated pair's frequency: it needs RoPE "
+                            f"(model.pos_emb=rope) with one table (no rope_local_theta or rope_local_dims) and "
+                            f"{(self.rope_dims or self.head_dim) // 2} entries, got {len(self.rope_pair_log_scales)}")
         if not 0 < self.rope_proportion <= 1 or (self.rope_proportion != 1 and self.rope_scaling != "proportional"):
             raise UserError(f"model.rope_proportion={self.rope_proportion} must be in (0, 1], and below 1 only with "
                             f"model.rope_scaling=proportional")
@@ -1379,6 +1415,9 @@ class ModelConfig:
                             f"model.xielu_eps <= 0, got beta={self.xielu_beta}, eps={self.xielu_eps}")
         if self.swiglu_limit <= 0:
             raise UserError(f"model.swiglu_limit must be > 0, got {self.swiglu_limit}")
+        if self.moe_swiglu_limit < 0 or (self.moe_swiglu_limit and not (self.moe_experts and self.mlp == "swiglu")):
+            raise UserError(f"model.moe_swiglu_limit={self.moe_swiglu_limit} clamps the routed experts' SwiGLU: it "
+                            f"needs model.moe_experts with mlp=swiglu and must be >= 0 (0 = off)")
         if min(self.moe_shared_hidden, self.moe_aux_loss) < 0 or (
                 (self.moe_shared_hidden or self.moe_aux_loss) and not self.moe_experts):
             raise UserError("model.moe_shared_hidden and model.moe_aux_loss are >= 0 and need experts "
@@ -1419,6 +1458,24 @@ class ModelConfig:
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
+
+    def _validate_latent_extras(self) -> None:
+        """Mistral Large 4's latent attention options: the queries' position scale and the layers' shared caches."""
+        if self.q_position_scale and not (self.kv_lora_rank and self.pos_emb == "rope"):
+            raise UserError("model.q_position_scale scales latent attention's queries by ln(p + 1): it needs "
+                            "model.kv_lora_rank and model.pos_emb=rope")
+        sources = self.kv_source_layers
+        if not sources:
+            return
+        if (not self.kv_lora_rank or self.kv_shared_layers or self.hc_streams or self.moe_shortcut
+                or len(sources) != self.n_layer):
+            raise UserError(f"model.kv_source_layers shares latent attention's caches: it needs model.kv_lora_rank, "
+                            f"no kv_shared_layers, hc_streams or moe_shortcut (blocks that hand no cache on) and one "
+                            f"entry a layer ({self.n_layer}), got {len(sources)}")
+        for i, j in enumerate(sources):
+            if not (0 <= j <= i and sources[j] == j and self.layer_rope(j) == self.layer_rope(i)):
+                raise UserError(f"model.kv_source_layers[{i}]={j}: a layer reads its own cache or that of an earlier "
+                                f"layer that is its own source and rotates (RoPE or not) as it does")
 
     def _validate_ngpt(self) -> None:
         """nGPT's blocks and the looped section (Dory's)."""
@@ -1505,9 +1562,10 @@ class ModelConfig:
     def _validate_mhc(self) -> None:
         """Manifold-constrained hyper-connections (DeepSeek-V4's): the streams around pre-norm blocks of two
         sublayers."""
-        if self.mhc_streams < 0 or self.mhc_sinkhorn_iters < 1 or self.mhc_eps < 0:
-            raise UserError(f"model.mhc_streams must be >= 0 (0 = off), mhc_sinkhorn_iters >= 1 and mhc_eps >= 0, got "
-                            f"{self.mhc_streams}, {self.mhc_sinkhorn_iters}, {self.mhc_eps}")
+        if self.mhc_streams < 0 or self.mhc_sinkhorn_iters < 0 or self.mhc_eps < 0 or self.mhc_post_scale <= 0:
+            raise UserError(f"model.mhc_streams must be >= 0 (0 = off), mhc_sinkhorn_iters >= 0 (0 = no mixing "
+                            f"matrix), mhc_eps >= 0 and mhc_post_scale > 0, got {self.mhc_streams}, "
+                            f"{self.mhc_sinkhorn_iters}, {self.mhc_eps}, {self.mhc_post_scale}")
         clash = [name for name in ("parallel_residual", "altup_streams", "layer_lambdas", "backout", "layer_scalars",
                                    "per_layer_embd", "residual_scales", "mlp_free_layers", "mixer_free_layers",
                                    "shared_attn_layers", "moe_beside_dense", "delta_parallel", "delta_norm_position",
@@ -1763,7 +1821,17 @@ def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """The (head_dim // 2,) fp32 angular frequencies of RoPE, with the config's scaling applied.
+    """The (head_dim // 2,) fp32 angular frequencies of RoPE, with the config's scaling applied (scaled_frequencies),
+    each times exp(its rope_pair_log_scales entry) where given (Mistral Large 4's LeRoPE, as transformers'
+    MistralLarge4TextRotaryEmbedding multiplies its inv_freq by alpha.exp() in fp32)."""
+    inv_freq = scaled_frequencies(cfg)
+    if cfg.rope_pair_log_scales:
+        return inv_freq * torch.tensor(cfg.rope_pair_log_scales, dtype=torch.float32).exp()
+    return inv_freq
+
+
+def scaled_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """The (head_dim // 2,) fp32 angular frequencies of RoPE, with the config's rope_scaling applied.
 
     llama3: wavelengths longer than rope_original_context / rope_low_freq_factor are divided by rope_factor, those
     shorter than rope_original_context / rope_high_freq_factor are kept, and the band between blends the two
@@ -2285,12 +2353,20 @@ class LatentAttention(Attention):
         self.rope_dims, self.rank, self.v_dim = cfg.rope_dims, cfg.kv_lora_rank, cfg.v_head_dim or cfg.head_dim
         self.window = cfg.layer_window(layer)
         self.rope_table = cfg.layer_rope_table(layer)
-        self.use_rope = True
+        # a layer without RoPE (nope_interval, rope_layer_theta 0) has no shared key part: R = 0, kv_b's keys D wide
+        self.use_rope = cfg.pos_emb != "rope" or cfg.layer_rope(layer)
+        self.rope_dims = self.rope_dims if self.use_rope else 0
+        # model.kv_source_layers: the layer whose latent and rotated key part this one reads (None: its own)
+        self.layer, self.kv_source = layer, cfg.kv_source(layer)
         self.scale = cfg.attn_scale or None  # DeepSeek's softmax_scale (YaRN's mscale² in it) where set
-        self.ve_mix = self.sinks = None  # what Attention's callers read: none of them here
+        self.ve_mix = None  # what Attention's callers read: no value embeddings here
+        # model.attn_sinks: one logit a query head, (H,), zeros at init (HY-V4's sinks, as GPT-OSS's)
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.attn_sinks else None
         H, D, C = cfg.n_head, cfg.head_dim, cfg.n_embd
-        # model.attn_gate=head: sigmoid(gate(x)) scales each head's output (Ling 3's g_proj, (H, C))
-        self.gate = nn.Linear(C, H, bias=False) if cfg.attn_gate == "head" else None
+        # model.attn_gate=head: sigmoid(gate(x)) scales each head's output (Ling 3's g_proj, (H, C)); =element each
+        # of its values (HY-V4's gate_proj, (H·Dv, C))
+        gates = {"head": H, "element": H * (cfg.v_head_dim or D)}.get(cfg.attn_gate)
+        self.gate = nn.Linear(C, gates, bias=False) if gates else None
         eps = cfg.latent_norm_eps or LATENT_NORM_EPS
         # model.q_latent_gate (A.X-K2's q_gate_proj): q_b reads [norm(l); l] and gives each head [q (D); gate (Dv)]
         self.latent_gate = cfg.q_latent_gate
@@ -2301,11 +2377,15 @@ class LatentAttention(Attention):
                         else nn.Linear(cfg.q_lora_rank, H * D, bias=False))
         else:
             self.q = nn.Linear(C, H * D, bias=False)
-        self.kv_a = nn.Linear(C, self.rank + self.rope_dims, bias=False)
-        self.kv_a_norm = nn.RMSNorm(self.rank, eps=eps)
+        own = self.kv_source is None
+        self.kv_a = nn.Linear(C, self.rank + self.rope_dims, bias=False) if own else None
+        self.kv_a_norm = nn.RMSNorm(self.rank, eps=eps) if own else None
         # model.latent_key_norm: the shared key part (R) RMS-normed before RoPE (dots.3 Note's k_rope_only_layernorm)
-        self.k_pe_norm = nn.RMSNorm(self.rope_dims, eps=eps) if cfg.latent_key_norm else None
+        self.k_pe_norm = nn.RMSNorm(self.rope_dims, eps=eps) if cfg.latent_key_norm and own else None
         self.kv_b = nn.Linear(self.rank, H * (D - self.rope_dims + self.v_dim), bias=False)
+        # model.q_position_scale: each head's queries times q_pos_scale · ln(p + 1) + q_pos_bias, (H,) each
+        self.q_pos_scale = nn.Parameter(torch.zeros(H)) if cfg.q_position_scale else None
+        self.q_pos_bias = nn.Parameter(torch.ones(H)) if cfg.q_position_scale else None
         self.proj = nn.Linear(H * self.v_dim, C, bias=False)
         self.proj.is_residual_out = True
 
@@ -2322,21 +2402,42 @@ class LatentAttention(Attention):
         q, g = qg.split([self.head_dim, self.v_dim], dim=-1)
         return q.reshape(B, T, -1), g.reshape(B, T, -1)
 
-    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                    ve: torch.Tensor | None = None):
-        """x: (B, T, C) -> q, k, v (B, H, T, D) each, q and k [rope; nope] with RoPE applied, v zero-padded from Dv
-        to D; ve unused (validate refuses value embeddings)."""
+    def rotated_queries(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> each head's query parts, the rotated q_pe (B, H, T, R) and q_nope (B, H, T, Dn), both times
+        the heads' position scale where model.q_position_scale (rope[-1], ln(p + 1): (T, 1) or (B, 1, T, 1))."""
         B, T, _ = x.shape
         H, D, R = self.n_head, self.head_dim, self.rope_dims
         q = self.queries_and_gate(x)[0]
         q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
-        latent, k_pe = self.kv_a(x).split([self.rank, R], dim=-1)  # (B, T, L), (B, T, R)
-        kv = self.kv_b(self.kv_a_norm(latent)).view(B, T, H, D - R + self.v_dim).transpose(1, 2)
+        if rope is not None and self.use_rope:
+            q_pe = apply_rope(q_pe, *layer_rope(rope, self.rope_table))
+        if self.q_pos_scale is not None:  # (H, T, 1) or (B, H, T, 1), fp32 (MistralLarge4TextSoftmaxScaling's)
+            factor = self.q_pos_scale.float().view(H, 1, 1) * rope[-1] + self.q_pos_bias.float().view(H, 1, 1)
+            q_pe, q_nope = ((t.float() * factor).to(t.dtype) for t in (q_pe, q_nope))
+        return q_pe, q_nope
+
+    def latent_kv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> the normalized latent c (B, 1, T, L) and the rotated shared key part k_pe (B, 1, T, R) this
+        layer's keys and values come from (what the inference engine caches, and a layer that reads this one's
+        (model.kv_source_layers) takes)."""
+        B, T, _ = x.shape
+        latent, k_pe = self.kv_a(x).split([self.rank, self.rope_dims], dim=-1)  # (B, T, L), (B, T, R)
+        k_pe = self.key_part(k_pe).view(B, 1, T, self.rope_dims)  # one key part for every head
+        if rope is not None and self.use_rope:
+            k_pe = apply_rope(k_pe, *layer_rope(rope, self.rope_table))
+        return self.kv_a_norm(latent).view(B, 1, T, self.rank), k_pe
+
+    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                    ve: torch.Tensor | None = None, latent: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x: (B, T, C) -> q, k, v (B, H, T, D) each, q and k [rope; nope] with RoPE applied, v zero-padded from Dv
+        to D; ve unused (validate refuses value embeddings); latent: the source layer's latent_kv (model.
+        kv_source_layers), else this layer's own."""
+        B, T, _ = x.shape
+        H, D, R = self.n_head, self.head_dim, self.rope_dims
+        q_pe, q_nope = self.rotated_queries(x, rope)
+        c, k_pe = latent if latent is not None else self.latent_kv(x, rope)
+        kv = self.kv_b(c.squeeze(1)).view(B, T, H, D - R + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([D - R, self.v_dim], dim=-1)  # (B, H, T, Dn), (B, H, T, Dv)
-        k_pe = self.key_part(k_pe).view(B, 1, T, R)  # one key part for every head
-        if rope is not None:
-            cos, sin = layer_rope(rope, self.rope_table)
-            q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
         q = torch.cat([q_pe, q_nope], dim=-1)
         k = torch.cat([k_pe.expand(B, H, T, R), k_nope], dim=-1)
         return q, k, F.pad(v, (0, D - self.v_dim))
@@ -2353,7 +2454,8 @@ class LatentAttention(Attention):
         output for the identity, which takes its update in."""
         if not hasattr(self.kv_b, "lora_A"):
             return self.kv_b.weight
-        eye = torch.eye(self.rank, dtype=self.kv_a.weight.dtype, device=self.kv_a.weight.device)
+        like = (self.kv_a if self.kv_a is not None else self.proj).weight  # a kv-shared layer has no kv_a
+        eye = torch.eye(self.rank, dtype=like.dtype, device=like.device)
         return self.kv_b(eye).T
 
     def latent_heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, ve=None):
@@ -2361,19 +2463,15 @@ class LatentAttention(Attention):
         R + L). Each head's unrotated query part takes its keys' up-projection in (q_nope (Dn) @ W_uk (Dn, L) -> L),
         so that q·k over [rope; latent] is the expanded heads' q·k; the one key head is [k_pe; c], c the normalized
         latent, and the one value head [0; c]: a head's output's latent part goes through its W_uv after attention
-        (latent_output). The scores keep the expanded heads' scale (LatentHeads.scale)."""
-        B, T, _ = x.shape
+        (latent_output). The scores keep the expanded heads' scale (LatentHeads.scale). A layer that reads another's
+        cache (model.kv_source_layers) gives its queries alone (k and v None): the cache hands it its source's."""
         H, D, R, L = self.n_head, self.head_dim, self.rope_dims, self.rank
-        q = self.queries_and_gate(x)[0]
-        q_nope, q_pe = q.view(B, T, H, D).transpose(1, 2).split([D - R, R], dim=-1)  # (B, H, T, Dn), (.., R)
-        latent, k_pe = self.kv_a(x).split([L, R], dim=-1)  # (B, T, L), (B, T, R)
-        c = self.kv_a_norm(latent).view(B, 1, T, L)
-        k_pe = self.key_part(k_pe).view(B, 1, T, R)
-        if rope is not None:
-            cos, sin = layer_rope(rope, self.rope_table)
-            q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
+        q_pe, q_nope = self.rotated_queries(x, rope)
         w_uk = self._kv_b_weight().view(H, D - R + self.v_dim, L)[:, :D - R]  # (H, Dn, L)
         q = torch.cat([q_pe, torch.matmul(q_nope, w_uk.to(q_nope.dtype))], dim=-1)  # (B, H, T, R + L)
+        if self.kv_source is not None:
+            return q, None, None
+        c, k_pe = self.latent_kv(x, rope)
         return q, torch.cat([k_pe.to(c.dtype), c], dim=-1), F.pad(c, (R, 0))
 
     def latent_output(self, y: torch.Tensor) -> torch.Tensor:
@@ -2385,12 +2483,21 @@ class LatentAttention(Attention):
         y = y.view(B, T, H, R + L)[..., R:].transpose(1, 2)  # (B, H, T, L)
         return torch.matmul(y, w_uv.transpose(1, 2).to(y.dtype)).transpose(1, 2).reshape(B, T, H * self.v_dim)
 
-    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None) -> torch.Tensor:
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
+                shared: dict | None = None) -> torch.Tensor:
         """As Attention.forward: x (B, T, C) -> (B, T, C); the heads' outputs (B, T, H·D) cut to their values' Dv
-        columns before proj; with a cache, the absorbed heads' (LatentHeads) through latent_output."""
+        columns before proj; with a cache, the absorbed heads' (LatentHeads) through latent_output. shared: without a
+        cache, the forward's {layer: latent_kv} (model.kv_source_layers): a layer puts its own there and one that
+        reads another's takes its source's."""
         if cache is not None:
             return self.proj(self.head_gated(x, self.latent_output(cache.attend(LatentHeads(self), x, rope, ve))))
-        q, k, v = self.project_qkv(x, rope, ve)
+        if self.kv_source is not None:
+            latent = shared[self.kv_source]
+        else:
+            latent = self.latent_kv(x, rope)
+            if shared is not None:
+                shared[self.layer] = latent
+        q, k, v = self.project_qkv(x, rope, ve, latent)
         y = self.attend(q, k, v, attn_mask, is_causal=attn_mask is None)
         B, T, _ = y.shape
         y = y.view(B, T, self.n_head, self.head_dim)[..., :self.v_dim].reshape(B, T, -1)  # (B, T, H·Dv)
@@ -2398,13 +2505,15 @@ class LatentAttention(Attention):
 
     def head_gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y (B, T, H·Dv), the heads' values, times sigmoid(gate(x)) (B, T, H) a head where model.attn_gate=head, in
-        fp32 cast back (as transformers' BailingHybridAttention computes it); with model.q_latent_gate times
-        sigmoid(g) (B, T, H·Dv) of q_b's gate rows, in fp32 cast back (AXK2Attention's; q_b runs again for them, so
-        that an adapter on q_b reaches them too)."""
+        fp32 cast back (as transformers' BailingHybridAttention computes it), each value where attn_gate=element, in
+        y's dtype (HYV4Attention's); with model.q_latent_gate times sigmoid(g) (B, T, H·Dv) of q_b's gate rows, in
+        fp32 cast back (AXK2Attention's; q_b runs again for them, so that an adapter on q_b reaches them too)."""
         if self.latent_gate:
             return (y * torch.sigmoid(self.queries_and_gate(x)[1].float())).to(y.dtype)
         if self.gate is None:
             return y
+        if self.cfg.attn_gate == "element":
+            return y * torch.sigmoid(self.gate(x).to(y.dtype))
         B, T, _ = y.shape
         g = torch.sigmoid(self.gate(x).float()).to(y.dtype)
         return (y.view(B, T, self.n_head, self.v_dim) * g.unsqueeze(-1)).view(B, T, -1)
@@ -2413,14 +2522,13 @@ class LatentAttention(Attention):
 class LatentHeads:
     """A LatentAttention layer as the inference engine's cache layers see it (redline/inference/cache.py): H query
     heads over one key/value head of R + L (latent_heads), scored at the expanded heads' scale (model.attn_scale, else
-    1 / sqrt(head_size))."""
+    1 / sqrt(head_size)), with the layer's sinks (model.attn_sinks)."""
 
-    sinks = None
     training = False
     attend = Attention.attend
 
     def __init__(self, attn: LatentAttention):
-        self.cfg, self.window, self.use_rope = attn.cfg, attn.window, True
+        self.cfg, self.window, self.use_rope, self.sinks = attn.cfg, attn.window, True, attn.sinks
         self.n_head, self.n_kv, self.head_dim = attn.n_head, 1, attn.rope_dims + attn.rank
         self.scale = attn.scale or attn.head_dim ** -0.5
         self.project_qkv = attn.latent_heads
@@ -3494,6 +3602,7 @@ class MoE(nn.Module):
         self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, cfg.moe_top_k, dtype=torch.long)
                              if hashed else None)
         self.kind, self.gelu, self.limit = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit
+        self.expert_limit = cfg.moe_swiglu_limit  # the routed experts' SwiGLU clamp (HY-V4's), 0: none
         self.top_k, self.norm_topk, self.norm_min = cfg.moe_top_k, cfg.moe_norm_topk, cfg.moe_norm_min
         # sqrtsoftplus scores (DeepSeek-V4's) are positive and unnormalized as sigmoid's are: rescaled the same way
         self.sigmoid, self.scale = cfg.moe_gating in ("sigmoid", "sqrtsoftplus"), cfg.moe_scale
@@ -3614,6 +3723,8 @@ class MoE(nn.Module):
             h = h + self.fc_bias[expert].to(h.dtype)
         if self.gated:
             gate, up = h.chunk(2, dim=-1)
+            if self.expert_limit:
+                gate, up = gate.clamp(max=self.expert_limit), up.clamp(-self.expert_limit, self.expert_limit)
             h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
         else:
             h = plain_activation(self.kind, h, self.gelu)
@@ -3702,33 +3813,54 @@ def unweighted_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
 
+def normed_mixes(x: torch.Tensor, fn: torch.Tensor, eps: float, after: bool) -> torch.Tensor:
+    """fn (M, D) applied to x (..., D) over its RMS, in fp32 -> (..., M): x normed first (DeepSeek-V4's hyper-
+    connections), or with after the projection divided by the RMS (HY-V4's, whose HYV4UnweightedRMSNorm returns the
+    inverse RMS alone): the same numbers, rounded as each computes them."""
+    if not after:
+        return F.linear(unweighted_rms(x, eps), fn.float())
+    x = x.float()
+    return F.linear(x, fn.float()) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
 class ManifoldHyperConnection(nn.Module):
     """One sublayer's manifold-constrained hyper-connection (model.mhc_streams; DeepSeek-V4's attn_hc / ffn_hc):
     the N streams (B, T, N, C) -> the sublayer's input (B, T, C) and the weights that put its output back.
 
     fn ((2 + N)·N, N·C) projects the streams, flattened and RMS-normed, to per-token logits for pre (N), post (N)
     and the mixing matrix (N·N), each times its own scale (3,) plus base ((2 + N)·N,): pre = sigmoid(·) + eps,
-    post = 2·sigmoid(·), comb = softmax over its rows + eps, then divided by its column sums and mhc_sinkhorn_iters - 1
-    times by its row sums and column sums (Sinkhorn-Knopp), each sum plus eps. All of it in fp32, as transformers'
-    DeepseekV4HyperConnection computes it (its parameters kept in fp32)."""
+    post = mhc_post_scale·sigmoid(·), comb = softmax over its rows + eps, then divided by its column sums and
+    mhc_sinkhorn_iters - 1 times by its row sums and column sums (Sinkhorn-Knopp), each sum plus eps. All of it in
+    fp32, as transformers' DeepseekV4HyperConnection computes it (its parameters kept in fp32). With
+    mhc_sinkhorn_iters 0 there is no mixing matrix (fn (2·N, N·C), base (2·N,), scale (2,)) and post takes + eps too,
+    as transformers' HYV4HyperConnection (iHC) computes them."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         N, C = cfg.mhc_streams, cfg.n_embd
         self.iters, self.eps, self.norm_eps = cfg.mhc_sinkhorn_iters, cfg.mhc_eps, cfg.norm_eps
-        self.fn = nn.Parameter(torch.empty((2 + N) * N, N * C))
-        self.base = nn.Parameter(torch.zeros((2 + N) * N))
-        self.scale = nn.Parameter(torch.ones(3))
+        self.post_scale = cfg.mhc_post_scale
+        rows = (2 + N) * N if self.iters else 2 * N
+        self.fn = nn.Parameter(torch.empty(rows, N * C))
+        self.base = nn.Parameter(torch.zeros(rows))
+        self.scale = nn.Parameter(torch.ones(3 if self.iters else 2))
 
-    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """xs (B, T, N, C) -> (the sublayer's input (B, T, C) in xs' dtype, post (B, T, N), comb (B, T, N, N))."""
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """xs (B, T, N, C) -> (the sublayer's input (B, T, C) in xs' dtype, post (B, T, N), comb (B, T, N, N), or
+        None without a mixing matrix)."""
         B, T, N, C = xs.shape
-        mixes = F.linear(unweighted_rms(xs.reshape(B, T, N * C), self.norm_eps), self.fn.float())
+        mixes = normed_mixes(xs.reshape(B, T, N * C), self.fn, self.norm_eps, after=not self.iters)
+        if not self.iters:  # iHC: pre and post alone
+            (pre, post), (pre_base, post_base) = mixes.split([N, N], dim=-1), self.base.float().split([N, N])
+            pre_scale, post_scale = self.scale.float().unbind(0)
+            pre = torch.sigmoid(pre * pre_scale + pre_base) + self.eps
+            post = self.post_scale * torch.sigmoid(post * post_scale + post_base) + self.eps
+            return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype), post, None
         pre, post, comb = mixes.split([N, N, N * N], dim=-1)  # (B, T, N), (B, T, N), (B, T, N·N)
         pre_base, post_base, comb_base = self.base.float().split([N, N, N * N])
         pre_scale, post_scale, comb_scale = self.scale.float().unbind(0)
         pre = torch.sigmoid(pre * pre_scale + pre_base) + self.eps
-        post = 2 * torch.sigmoid(post * post_scale + post_base)
+        post = self.post_scale * torch.sigmoid(post * post_scale + post_base)
         comb = torch.softmax(comb.view(B, T, N, N) * comb_scale + comb_base.view(N, N), dim=-1) + self.eps
         comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
         for _ in range(self.iters - 1):
@@ -3737,10 +3869,12 @@ class ManifoldHyperConnection(nn.Module):
         return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype), post, comb
 
     @staticmethod
-    def merge(xs: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    def merge(xs: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor | None) -> torch.Tensor:
         """The streams after the sublayer: xs (B, T, N, C), its output h (B, T, C) -> post_i · h + Σ_j comb_ji · xs_j
-        (comb read transposed, as DeepseekV4DecoderLayer mixes them), in xs' dtype."""
-        return post.to(xs.dtype).unsqueeze(-1) * h.unsqueeze(-2) + torch.matmul(comb.to(xs.dtype).transpose(-1, -2), xs)
+        (comb read transposed, as DeepseekV4DecoderLayer mixes them), or post_i · h + xs_i without a mixing matrix
+        (HYV4DecoderLayer's), in xs' dtype."""
+        out = post.to(xs.dtype).unsqueeze(-1) * h.unsqueeze(-2)
+        return out + (xs if comb is None else torch.matmul(comb.to(xs.dtype).transpose(-1, -2), xs))
 
 
 class ManifoldHyperHead(nn.Module):
@@ -3751,12 +3885,13 @@ class ManifoldHyperHead(nn.Module):
         super().__init__()
         N = cfg.mhc_streams
         self.eps, self.norm_eps = cfg.mhc_eps, cfg.norm_eps
+        self.after = not cfg.mhc_sinkhorn_iters  # HY-V4's iHC divides the projection by the RMS (normed_mixes)
         self.fn = nn.Parameter(torch.empty(N, N * cfg.n_embd))
         self.base = nn.Parameter(torch.zeros(N))
         self.scale = nn.Parameter(torch.ones(1))
 
     def forward(self, xs: torch.Tensor) -> torch.Tensor:
-        mixes = F.linear(unweighted_rms(xs.flatten(2), self.norm_eps), self.fn.float())
+        mixes = normed_mixes(xs.flatten(2), self.fn, self.norm_eps, self.after)
         pre = torch.sigmoid(mixes * self.scale.float() + self.base.float()) + self.eps  # (B, T, N)
         return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype)
 class HyperConnection(nn.Module):
@@ -4351,11 +4486,13 @@ class GPT(nn.Module):
 
     def _rope_names(self) -> tuple[str, ...]:
         """rope_cos and rope_sin, then rope_cos_1, rope_sin_1, ... for each further table of cfg.rope_bases; last,
-        with cfg.nope_temperature, the layers without RoPE's query scales (nope_temperature_table), which embed
-        indexes by position as it does the RoPE tables."""
+        with cfg.nope_temperature, the layers without RoPE's query scales (nope_temperature_table), or with
+        cfg.q_position_scale ln(p + 1) (log_positions), which embed indexes by position as it does the RoPE tables
+        (validate takes one of them at most)."""
         names = tuple(f"rope_{kind}{f'_{i}' if i else ''}" for i in range(max(1, len(self.cfg.rope_bases)))
                       for kind in ("cos", "sin"))
-        return names + (("nope_temperature",) if self.cfg.nope_temperature else ())
+        return (names + (("nope_temperature",) if self.cfg.nope_temperature else ())
+                + (("log_positions",) if self.cfg.q_position_scale else ()))
 
     def _rope_tables(self) -> tuple[torch.Tensor, ...]:
         """The fp32 RoPE tables, (cos, sin) for each of cfg.rope_bases (a model whose every layer is NoPE keeps
@@ -4370,6 +4507,8 @@ class GPT(nn.Module):
                                           rope_scaling=self.cfg.rope_scaling if scaled else "none"))
         if self.cfg.nope_temperature:
             tables += (nope_temperature_table(self.cfg),)
+        if self.cfg.q_position_scale:  # ln(p + 1), (context, 1), as MistralLarge4TextSoftmaxScaling takes it in fp32
+            tables += (torch.log(torch.arange(self.cfg.context_len, dtype=torch.float32) + 1)[:, None],)
         return tables
 
     def value_table(self, layer: int) -> int | None:
@@ -4469,6 +4608,9 @@ class GPT(nn.Module):
                 module.reset_lambdas()
             elif isinstance(module, MLP) and module.alpha_p is not None:  # xIELU's scalars
                 module.reset_xielu()
+            elif isinstance(module, LatentAttention) and module.q_pos_scale is not None:  # no position scale
+                nn.init.zeros_(module.q_pos_scale)
+                nn.init.ones_(module.q_pos_bias)
             elif isinstance(module, (ManifoldHyperConnection, ManifoldHyperHead)):  # DeepSeek-V4's initial values
                 nn.init.normal_(module.fn, mean=0.0, std=std)
                 nn.init.zeros_(module.base)
@@ -4784,7 +4926,8 @@ class GPT(nn.Module):
                  for w in self.cfg.windows}
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         ple = self.per_layer_inputs(idx, x)  # (B, T, n_layer, P) or None
-        shared = {} if self.cfg.kv_shared_layers else None  # the layers' (k, v) for the kv-shared ones
+        # the layers' (k, v) for the kv-shared ones (latent attention's: (latent, rotated key part))
+        shared = {} if self.cfg.kv_shared_layers or self.cfg.kv_source_layers else None
         x0, mid = x, None
         for i, block in enumerate(self.blocks):
             table = self.value_table(i)

@@ -189,6 +189,16 @@ FAMILIES = {
                          moe_intermediate_size=32, routed_scaling_factor=1.8, index_topk=32, index_head_dim=16,
                          index_n_heads=2, indexer_types=["full", "shared"], pad_token_id=None,
                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # HY-V4: DeepSeek-V3's blocks (a dense first layer, then top 2 of 8 sigmoid experts chosen with the bias, beside
+    # a shared one, their SwiGLU clamped at 0.3) on 3 independent hyper-connection streams (post gates times 1.5),
+    # gated latent heads with sinks; its indexer keeps index_topk = 32 keys: every key of the test sequences (the
+    # import's context stops there)
+    "hy_v4": ("HYV4Config", "HYV4ForCausalLM",
+              dict(num_attention_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                   v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                   moe_intermediate_size=32, routed_scaling_factor=1.5, index_topk=32, index_head_dim=16,
+                   index_n_heads=2, hc_mult=3, hc_magnitude=1.5, swiglu_limit=0.3, pad_token_id=None,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # dots.3 Note's text model: DeepSeek-V3.2's blocks with scaled latents, a norm on the RoPE key part and gated
     # heads; DSA layers (index_topk 32 keeps every key of the test sequences: the import's context stops there)
     # and windowed ones with a RoPE base of their own, their heads the others' shape (swa_*); a dense first layer

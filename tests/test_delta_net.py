@@ -376,8 +376,8 @@ def test_refusals():
                           (dict(delta_decay="fast"), "model.delta_decay='fast': one of head, channel, bounded")):
         with pytest.raises(UserError, match=fragment):
             replace(CFG, **bad).validate()
-    with pytest.raises(UserError, match="takes no QK-norm, element-wise or softplus attn_gate"):
-        replace(KDA, attn_gate="element").validate()
+    with pytest.raises(UserError, match="takes no QK-norm, routed or softplus attn_gate"):
+        replace(KDA, attn_gate="head", attn_gate_fn="softplus").validate()
     for bad, fragment in ((dict(mixer_free_layers=(0,)), "names a layer that has a token mixer"),
                           (dict(mixer_free_layers=(1,), mlp_free_layers=(1,)), "would have nothing at all"),
                           (dict(mlp_free_layers=(4,)), r"model.mlp_free_layers=\(4,\) must name distinct layers"),

@@ -137,8 +137,8 @@ def test_training_reaches_every_latent_projection(cfg, extra):
     (dict(n_kv_head=2), "model.n_kv_head = n_head"),
     (dict(v_head_dim=32), "model.v_head_dim <= the head width 24"),
     (dict(qk_norm=True), "model.kv_lora_rank (latent attention) takes no QK-norm"),
-    (dict(value_embeddings=1), "model.kv_lora_rank (latent attention) takes no QK-norm, element-wise or softplus "
-                               "attn_gate (a sigmoid one a head: Ling 3's), value_embeddings"),
+    (dict(value_embeddings=1), "model.kv_lora_rank (latent attention) takes no QK-norm, routed or softplus "
+                               "attn_gate (a sigmoid one a head, Ling 3's, or a value, HY-V4's), value_embeddings"),
     (dict(kv_lora_rank=0), "model.q_lora_rank and v_head_dim are latent attention's"),
     (dict(kv_lora_rank=0, q_lora_rank=0, v_head_dim=0, latent_key_norm=True),
      "model.latent_key_norm and latent_norm_eps are latent attention's"),

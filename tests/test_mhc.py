@@ -155,8 +155,8 @@ def test_refusals():
         replace(MHC, parallel_residual=True).validate()
     with pytest.raises(UserError, match="without model.norm_position 'sandwich'"):
         replace(MHC, norm_position="sandwich").validate()
-    with pytest.raises(UserError, match="mhc_sinkhorn_iters >= 1"):
-        replace(MHC, mhc_sinkhorn_iters=0).validate()
+    with pytest.raises(UserError, match="mhc_sinkhorn_iters >= 0"):
+        replace(MHC, mhc_sinkhorn_iters=-1).validate()
     with pytest.raises(UserError, match="model.mhc_streams, shared_kv_attention and attn_sinks"):
         export_family(MHC)
     assert "model.mhc_streams" in unsupported(MHC)

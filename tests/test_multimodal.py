@@ -9,10 +9,10 @@ greedy tokens through redline's engine, in both save layouts where the Hub's dif
 (language_model.model., which transformers 5.24's save_pretrained writes for Gemma 3 and Mistral 3 as their Hub
 folders have it, and model.language_model., Qwen3-VL's; Qwen2-VL's model. and visual.); export -> the text-only
 family, loaded with no missing or unexpected keys; the head's tying as each config class settles it; the
-refusals (PaliGemma, Mistral Large 4,
-the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
+refusals (the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
 CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGeneration (Idefics3's tower and a
-cross-attention projector), MiniMaxM3SparseForConditionalGeneration (import only) and
+cross-attention projector), MiniMaxM3SparseForConditionalGeneration, MistralLarge4ForConditionalGeneration and
+HYV4VLForConditionalGeneration (import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers). Round 3 (part A): Kimi K2.5, GLM-4.6V and GLMGA,
 GLM-OCR, ERNIE 4.5 VL, PaddleOCR-VL, LFM3-VL, MiniCPM-V 4.6/4.7 and MiniCPM-OCR, Qianfan-OCR, DeepSeek-VL (and
 hybrid), Cosmos 3 Reasoner and Edge, DeepSeek-OCR 2 (import only) and Nemotron-H Omni, in their save layouts; GLM-5.3-Next,
@@ -91,6 +91,42 @@ def _mistral3_mistral4_config():
         text_config=text, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, head_dim=16, image_size=28, patch_size=14),
         image_token_index=VOCAB - 1, tie_word_embeddings=False)
+
+
+def _mistral_large4_config():
+    """Mistral Large 4's folder: its text model (no Q-LoRA; layers 1 and 3 without RoPE; layer 2 reading layer 0's
+    cache and layer 3 layer 1's; a dense first layer, then top 2 of 8 softmax experts in 4 groups, the best 2 kept,
+    beside a shared one; the indexer on layers 0 and 2, index_topk 32 keeping every key of the test sequences: the
+    import's context stops there; YaRN with a unit attention factor; the logits capped at 30) beside a Pixtral tower.
+    The perturbation moves LeRoPE's alpha and the queries' position scales off their no-op inits."""
+    text = dict(model_type="mistral_large4_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                num_hidden_layers=4, max_position_embeddings=64, rms_norm_eps=1e-5, num_attention_heads=4,
+                num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=1.5, index_topk=32,
+                index_head_dim=16, index_n_heads=2, indexer_types=["full", "shared", "full", "shared"],
+                no_rope_layers=[1, 0, 1, 0], kv_source_layers=[0, 1, 0, 1], pad_token_id=None,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "attention_factor": 1.0})
+    return transformers.MistralLarge4Config(
+        text_config=text, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, head_dim=16, image_size=28, patch_size=14),
+        image_token_index=VOCAB - 1, tie_word_embeddings=False)
+
+
+def _hy_v4_vl_config():
+    """HY-V4-VL's layout: its text model (tests/interop_models.py's hy_v4, RoPE on interleaved pairs, a multimodal
+    RoPE section per axis) beside a one-layer HunYuan-VL tower (vit.)."""
+    text = dict(model_type="hy_v4_vl_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                num_hidden_layers=2, max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+                **{**FAMILIES["hy_v4"][2], "rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                                                                "mrope_section": [2, 1, 1]}})
+    return transformers.HYV4VLConfig(
+        text_config=text, vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, out_hidden_size=64, patch_size=14,
+                                             spatial_merge_size=2),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2)
 
 
 def _dots3_note_config():
@@ -295,6 +331,9 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "mistral3": (_mistral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM", _other_layout),
          "ministral3": (_ministral3_config, "Mistral3ForConditionalGeneration", "MistralForCausalLM", _other_layout),
          "dots3_note": (_dots3_note_config, "Dots3NoteForConditionalGeneration", "Dots3NoteForCausalLM", None),
+         "mistral_large4": (_mistral_large4_config, "MistralLarge4ForConditionalGeneration", None,  # import only
+                            None),
+         "hy_v4_vl": (_hy_v4_vl_config, "HYV4VLForConditionalGeneration", None, None),  # import only
          "mistral3-mistral4": (_mistral3_mistral4_config, "Mistral3ForConditionalGeneration", "Mistral4ForCausalLM",
                                _other_layout),
          "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM", _other_layout),
@@ -645,7 +684,8 @@ def _folder(kind, path, layout="saved"):
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
-          "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note", *_ROUND3_FIRST)
+          "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note", "mistral_large4", "hy_v4_vl",
+          *_ROUND3_FIRST)
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -891,13 +931,12 @@ def test_qwen2_vl_hub_flat_config():
             cfg.tie_embeddings) == (28, 2, True, 1_000_000.0, "none", 0, True)
 
 
-@pytest.mark.parametrize("model_type, fragment", [("mistral_large4", "KV caches reused across layers"),
-                                                   ("inkling_mm_model", "relative-position bias"),
+@pytest.mark.parametrize("model_type, fragment", [("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
                                                    ("inkling2_loop", "looped loop_num_passes times")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """Mistral Large 4 (sparse latent attention with shared KV) and the Inkling folders (relative-position biases,
-    short convolutions, looped layers) are refused by name at import."""
+    """The Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at
+    import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

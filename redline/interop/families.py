@@ -64,7 +64,9 @@ learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl
 learned table, a head bias; import only); minimax.py
 MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs);
 dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
-gated heads).
+gated heads); mistral_large4.py Mistral Large 4's text model (Mistral 4's blocks without Q-LoRA, NoPE latent layers,
+shared latent caches, position-scaled queries and learned RoPE frequencies; import only); hy_v4.py HY-V4 (DeepSeek-V3's
+blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -290,7 +292,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
     from redline.interop import aria, dots3, minimax_m3
     from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
-    from redline.interop import minimax
+    from redline.interop import hy_v4, minimax
     from redline.interop import dory
     from redline.interop import modernbert_decoder, paligemma
     from redline.interop import rwkv, xlstm
@@ -332,9 +334,8 @@ def _families() -> dict[str, Family]:
                                 modernbert_decoder.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY,
-                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY,
-                                deepseek_v4.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -343,9 +344,6 @@ def supported_names() -> list[str]:
 
 # architectures transformers has that redline cannot express, by model_type: why (their import is refused by name)
 NOT_READ = {
-    "mistral_large4": "Mistral Large 4's text model (DeepSeek sparse attention without Q-LoRA, layers without RoPE, "
-                      "KV caches reused across layers by kv_sharing_modes) is not mapped onto redline's latent "
-                      "attention",
     "gemma4_assistant": "Gemma 4's assistant is a multi-token-prediction drafter: it runs on the main model's "
                         "hidden states and its last layers' keys and values (no input ids of its own), not on tokens "
                         "alone; redline reads the main model (gemma4, gemma4_text)",
@@ -355,9 +353,6 @@ NOT_READ = {
                          "step taking the lowest-id vocabulary match among the next few characters, with its own "
                          "symbol classes and byte fallback; transformers has no tokenizer.json form of it) is none the "
                          "tokenizers library reads, so redline could not encode a prompt for it",
-    "hy_v4": "HY-V4's iHC hyper-connections (hc_mult residual streams gated around every sublayer without "
-             "DeepSeek-V4's Sinkhorn-mixed matrix, the post gate times hc_magnitude), its DSA indexer and its gated "
-             "latent attention with sinks are layers redline's model has not",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
@@ -507,6 +502,16 @@ def export_family(cfg: ModelConfig) -> Family:
     ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) refused. A UserError names the redline option that
     no such architecture has."""
     families = _families()
+    from redline.interop import mistral_large4
+
+    if mistral_large4.wants_mistral_large4(cfg):  # first: no architecture redline exports to has these options
+        raise UserError("model.q_position_scale, kv_source_layers, rope_pair_log_scales and latent layers without "
+                        "RoPE are Mistral Large 4's, which redline imports alone: transformers has no text-only "
+                        "Mistral Large 4 model to load")
+    if cfg.kv_lora_rank and (cfg.attn_gate == "element" or cfg.attn_sinks):  # first, as Mistral Large 4's
+        raise UserError("model.attn_gate=element and attn_sinks on latent attention are HY-V4's, which redline "
+                        "imports alone: no architecture redline exports to gates a latent head's values or has its "
+                        "sinks")
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")

@@ -153,6 +153,9 @@ _TEXT_DEFAULTS = {
     "hunyuan_vl_text": dict(vocab_size=290_943, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
                             num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
                             tie_word_embeddings=True),
+    # HYV4VLTextConfig's, where they differ from HYV4Config's (the rest its reader's own defaults: hy_v4._DEFAULTS)
+    "hy_v4_vl_text": dict(hidden_size=6144, intermediate_size=18_432, moe_intermediate_size=2048,
+                          num_hidden_layers=78, num_attention_heads=64, q_lora_rank=2048, tie_word_embeddings=False),
     "exaone4": dict(vocab_size=102_400, hidden_size=4096, intermediate_size=16_384, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-5,
                     sliding_window=4096, sliding_window_pattern=4, tie_word_embeddings=False),
@@ -263,7 +266,8 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
                       check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True,
                       text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
                       view: Callable[[TensorSource, ModelConfig], TensorSource] = _plain_view,
-                      layout_of: Callable[[ModelConfig], str] | None = None) -> Family:
+                      layout_of: Callable[[ModelConfig], str] | None = None,
+                      settle_text: Callable[[dict, TensorSource], dict] | None = None) -> Family:
     """The Family of a multimodal folder (model_type `name`) whose text model is one of `text_families` (by
     text_config's model_type, `default_text` where it names none; all of them must share their tensor names);
     check(hf) raises a UserError for a multimodal config whose text model is not the text family's; tie_default and
@@ -271,7 +275,9 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
     computes it, where that differs from the text family's reading (Qwen2-VL's MRoPE, Aya Vision's logit scale);
     view(src, cfg): the text model's tensors under the text family's names and layouts; layout_of(cfg): the text
     family whose tensors a model read as cfg has, where text_families do not all share them (Mistral 3's mistral4
-    text model, latent attention and experts beside mistral's and ministral3's Llama layout), else default_text's."""
+    text model, latent attention and experts beside mistral's and ministral3's Llama layout), else default_text's;
+    settle_text(text_config, src): text_config as the folder's weights settle it (Mistral Large 4's learned RoPE
+    frequencies, mistral_large4.settle_text), or None."""
     text = text_families[default_text]
 
     def text_for(cfg: ModelConfig) -> Family:
@@ -293,7 +299,9 @@ def multimodal_family(name: str, architecture: str, text_families: dict[str, Fam
 
     def settle(hf: dict, src: TensorSource) -> dict:
         """hf untied where it ties the head but the folder stores one of other values, as transformers reads it
-        (PreTrainedModel.tie_weights leaves such a pair apart)."""
+        (PreTrainedModel.tie_weights leaves such a pair apart); its text_config settled by settle_text."""
+        if settle_text is not None:
+            hf = {**hf, "text_config": settle_text(hf.get("text_config", {}), src)}
         if not (text_of(hf)["tie_word_embeddings"] and _stored_head_differs(text_view(src))):
             return hf
         if "text_config" in hf:  # text_config's own flag too, which a text_tie config would take
@@ -444,9 +452,10 @@ def families() -> tuple[Family, ...]:
     (qwen2, their multimodal RoPE plain on text); qwen3_vl_moe (qwen3_moe, its experts transposed); glm4v (glm4),
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
-    aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py)."""
+    aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py), mistral_large4
+    (mistral_large4_text: mistral_large4.py), hy_v4_vl (hy_v4_vl_text: hy_v4.py)."""
     from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
-                                 lfm2, llama, minimax_m3, moe)
+                                 hy_v4, lfm2, llama, minimax_m3, mistral_large4, moe)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
@@ -510,6 +519,15 @@ def families() -> tuple[Family, ...]:
                               tie_default=False),
             multimodal_family("minimax_m3_vl", "MiniMaxM3VLForCausalLM", {"minimax_m3_vl_text": minimax_m3.FAMILY},
                               "minimax_m3_vl_text", tie_default=False),
+            # Mistral Large 4: its text model (latent attention without RoPE on some layers, shared caches, DSA
+            # indexers left out within index_topk) beside a Pixtral tower; import only
+            multimodal_family("mistral_large4", "MistralLarge4ForConditionalGeneration",
+                              {"mistral_large4_text": mistral_large4.FAMILY}, "mistral_large4_text",
+                              tie_default=False, view=mistral_large4.view, settle_text=mistral_large4.settle_text),
+            # HY-V4-VL: HY-V4's text model (RoPE on interleaved pairs, its multimodal RoPE plain on text) under
+            # model., beside HunYuan-VL's tower under vit.; import only
+            multimodal_family("hy_v4_vl", "HYV4ForCausalLM", {"hy_v4_vl_text": hy_v4.VL_TEXT_FAMILY},
+                              "hy_v4_vl_text", tie_default=False),
             # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
                               "dots3_note_text", tie_default=False),
