@@ -66,6 +66,10 @@ Features (each a field of `ModelConfig`):
 - Mistral Large 4's latent attention: layers without RoPE (no shared key part), latent caches shared between layers
   (`kv_source_layers`), queries scaled per head by position (`q_position_scale`), learned RoPE frequencies
   (`rope_pair_log_scales`);
+- ZAYA's layers: compressed convolutional attention (`cca_kernels`: q and k convolved over time with residual paths,
+  half of the values the previous token's, L2 QK-norm with per-key-head scales), residuals and embeddings shifted and
+  scaled per channel (`residual_affine`), an MLP router with a skip expert whose state runs from layer to layer in
+  the stream (`moe_router_hidden`);
 - Gemma 3n's stream: several AltUp streams predicted from one another and corrected around each block
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
@@ -805,6 +809,26 @@ class ModelConfig:
     """Each block scales its residual stream before a sublayer's output joins it: x ← s₁ ⊙ x + attn(norm1(x)), then
     s₂ ⊙ x + mlp(norm2(x)), s₁ and s₂ (C,) learned, ones at init (Doge's input_residual and post_attention_residual;
     pre-norm blocks)."""
+    cca_kernels: tuple[int, ...] = ()
+    """ZAYA's compressed convolutional attention (CCA, arXiv 2510.04476; transformers' ZayaCCAProjection), the
+    (depthwise, grouped) widths of two causal convolutions over time: q and k (separate projections, no biases) are
+    concatenated ((H + KV)·D channels), convolved channel by channel and then within each head's D channels, and
+    each adds a residual path (a query head's (q + its kv head's k) / 2, a key head the mean of its group's); the
+    values' first KV·D/2 channels are the token's own projection (attn.v), the last KV·D/2 the previous token's
+    (attn.v_delayed, zeros before the first); q and k are L2-normed to sqrt(D) and each key head scaled by a learned
+    factor (attn.key_scale (KV,)). The inference cache keeps each token's raw q, k and delayed value in its slot
+    (KVCache.ngram_inputs); () = plain projections."""
+    residual_affine: bool = False
+    """ZAYA's residual scaling (transformers' ZayaResidualScaling): each sublayer's output h and the stream x it joins
+    shifted and scaled per channel, x <- (x + b_x)·s_x + (h + b_h)·s_h (four (C,) vectors each, attn_affine and
+    mlp_affine), and the embeddings likewise, (e + b)·s (GPT.embed_bias, embed_gain); pre-norm blocks."""
+    moe_router_hidden: int = 0
+    """ZAYA's MLP router (transformers' ZayaRouter), this wide (R): r = down(x) (a biased C -> R projection, plus the
+    previous layer's r times a learned (R,) scale on every layer but the first), then RMSNorm, two biased R -> R
+    layers under exact GELU and a projection onto the experts and one skip expert (E + 1); the top one of softmax
+    plus a stored balancing bias (mlp.balance_bias (E + 1,), the skip's -1 at init) is chosen and weighted by its
+    probability, the skip adding nothing. r travels to the next layer inside the stream, (B, T, C + R)
+    (GPT.stream_in, stream_out); moe_top_k 1; 0 = the linear router."""
     bitlinear: Literal["off", "online", "offline"] = "off"
     """BitNet b1.58's linear layers (Ma et al. 2024, "The Era of 1-bit LLMs") for every block's attention and MLP
     projections, as transformers' integrations/bitnet.py computes them: each token's input to a projection rounded
@@ -1438,6 +1462,7 @@ class ModelConfig:
         self._validate_hyper_connections()
         self._validate_bitnet()
         self._validate_ngpt()
+        self._validate_zaya()
         if (self.attn_key_bias or self.residual_scales) and (self.kv_lora_rank or self.conv_layers or self.delta_layers
                                                               or self.mixer_free_layers or self.mlp_free_layers
                                                               or self.norm_position != "pre" or self.parallel_residual
@@ -1458,6 +1483,40 @@ class ModelConfig:
         if self.ce_chunk_tokens < 0:
             raise UserError(f"model.ce_chunk_tokens must be >= 0 (0 = off, else tokens per chunk such as 8192), "
                             f"got {self.ce_chunk_tokens}")
+
+    def _validate_zaya(self) -> None:
+        if self.cca_kernels and (len(self.cca_kernels) != 2 or min(self.cca_kernels) < 1):
+            raise UserError(f"model.cca_kernels takes two kernel widths >= 1 (depthwise, grouped), got "
+                            f"{list(self.cca_kernels)}")
+        if self.cca_kernels and ((self.kv_heads * self.head_dim) % 2 or self.fused_qkv or self.has_qkv_bias
+                                 or self.qk_norm or self.qk_layernorm or self.kv_lora_rank or self.conv_layers
+                                 or self.delta_layers or self.mixer_free_layers or self.diff_attention
+                                 or self.attn_key_bias or self.shared_kv_attention or self.value_embeddings
+                                 or self.kv_shared_layers or self.global_head_size or self.attn_gate != "none"
+                                 or self.v_norm or self.qkv_clip or self.ngpt or self.qsa_heads
+                                 or self.shared_attn_layers or self.pos_emb == "alibi"):
+            raise UserError("model.cca_kernels (ZAYA's attention) takes separate unbiased q/k/v projections with an "
+                            "even n_kv_head·head_size, on every layer, with no other QK-norm, gate, latent, shared or "
+                            "recurrent attention option and no ALiBi")
+        streams = (self.hc_streams or self.mhc_streams or self.altup_streams or self.moe_shortcut
+                   or self.loop_section or self.layer_lambdas)
+        if (self.residual_affine or self.moe_router_hidden) and (
+                self.norm_position != "pre" or self.parallel_residual or streams or self.residual_scales
+                or self.normed_residual or self.mixer_free_layers or self.mlp_free_layers or self.per_layer_embd
+                or self.shared_attn_layers or self.delta_parallel or self.backout):
+            raise UserError("model.residual_affine and model.moe_router_hidden are ZAYA's: pre-norm blocks of "
+                            "attention then MLP on one stream (no parallel_residual, streams, residual_scales, "
+                            "normed_residual, per-layer inputs, backout or sublayer-free layers)")
+        if self.moe_router_hidden and (not self.moe_experts or self.moe_top_k != 1 or not self.gated_mlp
+                                       or self.moe_dense_layers or self.moe_layers or self.moe_shared_hidden
+                                       or self.moe_gating != "softmax" or self.moe_expert_bias or self.moe_groups > 1
+                                       or self.moe_norm_topk or self.moe_scale != 1.0 or self.moe_bias
+                                       or self.moe_identity_experts or self.moe_hash_layers or self.moe_weight_input
+                                       or self.moe_beside_dense or self.moe_post_norm or self.moe_out_bias
+                                       or self.moe_aux_loss or self.moe_input_jitter):
+            raise UserError("model.moe_router_hidden (ZAYA's MLP router) takes gated experts on every layer "
+                            "(model.moe_experts) chosen one a token (moe_top_k 1) by its softmax and balancing "
+                            "bias, with no other routing, shared, dense, bias or auxiliary-loss option")
 
     def _validate_latent_extras(self) -> None:
         """Mistral Large 4's latent attention options: the queries' position scale and the layers' shared caches."""
@@ -2679,6 +2738,75 @@ class SharedKVAttention(Attention):
         return self.proj(self.o_a(y).flatten(2))
 
 
+class CCAAttention(Attention):
+    """ZAYA's compressed convolutional attention (model.cca_kernels), as transformers' ZayaCCAProjection and
+    ZayaQKNorm compute it. Each token's raw inputs, u = [q, k, v_delayed] ((H + KV)·D + KV·D/2 channels), are what
+    the inference cache keeps in its slot (slot_inputs); q, k and v come from this token's and the `span` tokens'
+    before it (project_qkv's `before`): the convolutions read the last K = (depthwise - 1) + (grouped - 1) of them,
+    the delayed half of the values the last one's. q (H·D) is attn.q, k (KV·D) attn.k, v (KV·D/2) attn.v: the
+    values' first half; qk_conv ((H + KV)·D, 1, depthwise) and qk_head_conv ((H + KV)·D, D, grouped) the two
+    convolutions' weights, each with a bias."""
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        super().__init__(cfg, value_embedding, layer)
+        H, KV, D, C = self.n_head, self.n_kv, self.head_dim, cfg.n_embd
+        self.qk_width, half = (H + KV) * D, KV * D // 2
+        self.v = nn.Linear(C, half, bias=False)  # the token's own values, the first KV·D/2 channels
+        self.v_delayed = nn.Linear(C, half, bias=False)  # the values the next token takes, its last KV·D/2
+        depthwise, grouped = cfg.cca_kernels
+        self.qk_conv = nn.Parameter(torch.empty(self.qk_width, 1, depthwise))
+        self.qk_conv_bias = nn.Parameter(torch.zeros(self.qk_width))
+        self.qk_head_conv = nn.Parameter(torch.empty(self.qk_width, D, grouped))
+        self.qk_head_conv_bias = nn.Parameter(torch.zeros(self.qk_width))
+        self.key_scale = nn.Parameter(torch.ones(KV))  # ZayaQKNorm's temp: each key head's factor
+        self.conv_span = (depthwise - 1) + (grouped - 1)
+        self.span = max(self.conv_span, 1)  # the slots before a token that its q, k and v read
+
+    def reset_cca(self, std: float) -> None:
+        nn.init.normal_(self.qk_conv, mean=0.0, std=std)
+        nn.init.normal_(self.qk_head_conv, mean=0.0, std=std)
+        for bias in (self.qk_conv_bias, self.qk_head_conv_bias):
+            nn.init.zeros_(bias)
+        nn.init.ones_(self.key_scale)
+
+    def slot_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> each token's raw inputs u (B, T, (H + KV)·D + KV·D/2): [q, k, v_delayed]."""
+        return torch.cat([self.q(x), self.k(x), self.v_delayed(x)], dim=-1)
+
+    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                    ve: torch.Tensor | None = None, before: torch.Tensor | None = None,
+                    u: torch.Tensor | None = None):
+        """x (B, T, C) -> q (B, H, T, D), k and v (B, KV, T, D), QK-normed and rotated. before: the raw inputs of the
+        `span` tokens before x's first (B, span, width), zeros where there are none; None: x starts the sequence.
+        u: slot_inputs(x) where the caller has them already."""
+        B, T, _ = x.shape
+        H, KV, D, W = self.n_head, self.n_kv, self.head_dim, self.qk_width
+        u = self.slot_inputs(x) if u is None else u
+        if before is None:
+            before = u.new_zeros(B, self.span, u.shape[-1])
+        seq = torch.cat([before.to(u.dtype), u], dim=1)  # (B, span + T, width)
+        qk = seq[:, self.span - self.conv_span:, :W].transpose(1, 2)  # (B, (H + KV)·D, K + T)
+        qk = F.conv1d(qk, self.qk_conv.to(qk.dtype), self.qk_conv_bias.to(qk.dtype), groups=W)
+        qk = F.conv1d(qk, self.qk_head_conv.to(qk.dtype), self.qk_head_conv_bias.to(qk.dtype), groups=H + KV)
+        qk = qk.transpose(1, 2)  # (B, T, (H + KV)·D)
+        q_in, k_in = u[..., :H * D].view(B, T, H, D), u[..., H * D:W].view(B, T, KV, D)
+        # residual paths: a query head's mean with its kv head's key; a key head its group's mean of those
+        q_res = (q_in + k_in.repeat_interleave(H // KV, dim=2)) * 0.5
+        k_res = q_res.view(B, T, KV, H // KV, D).mean(dim=3)
+        q = qk[..., :H * D].view(B, T, H, D) + q_res
+        k = qk[..., H * D:].view(B, T, KV, D) + k_res
+        delayed = seq[:, self.span - 1:self.span - 1 + T, W:]  # (B, T, KV·D/2): each token's predecessor's
+        v = torch.cat([self.v(x), delayed], dim=-1).view(B, T, KV, D)
+        eps = torch.finfo(q.dtype).eps
+        q = q * (D ** 0.5 / q.norm(dim=-1, keepdim=True).clamp_min(eps))
+        k = k * (D ** 0.5 / k.norm(dim=-1, keepdim=True).clamp_min(eps)) * self.key_scale.to(k.dtype)[:, None]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if rope is not None and self.use_rope:
+            cos, sin = layer_rope(rope, self.rope_table)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
+
+
 def causal_conv(u: torch.Tensor, weight: torch.Tensor, before: torch.Tensor | None = None,
                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """A causal depthwise convolution of u (B, T, C) by weight (C, K), oldest token first -> (B, T, C): token t sums
@@ -3749,6 +3877,65 @@ class MoE(nn.Module):
         return out.view(shape)
 
 
+class StateRoutedMoE(MoE):
+    """model.moe_router_hidden: ZAYA's mixture (transformers' ZayaSparseMoeBlock): experts as MoE's (fc, proj), chosen
+    one a token by an MLP router over a state r (R wide) that each layer hands the next. router: the down projection
+    (C -> R, biased); state_scale (R,): the previous layer's r's factor (None on layer 0, which has none);
+    router_norm, router_fc1, router_fc2 (R -> R, biased), router_out (R -> E + 1: the experts and the skip);
+    balance_bias (E + 1,) fp32, a buffer: added to the probabilities that choose (no gradient reaches it)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg)
+        R, E = cfg.moe_router_hidden, cfg.moe_experts
+        self.router = nn.Linear(cfg.n_embd, R, bias=True)
+        self.state_scale = nn.Parameter(torch.ones(R)) if layer else None
+        self.router_norm = nn.RMSNorm(R, eps=cfg.norm_eps)
+        self.router_fc1, self.router_fc2 = nn.Linear(R, R, bias=True), nn.Linear(R, R, bias=True)
+        self.router_out = nn.Linear(R, E + 1, bias=False)
+        self.register_buffer("balance_bias", torch.zeros(E + 1))
+        self.reset_balance()
+
+    def reset_balance(self) -> None:
+        """The balancing bias as transformers initialises it: the skip expert's -1, the others' 0."""
+        with torch.no_grad():
+            self.balance_bias.zero_()
+            self.balance_bias[-1] = -1.0
+
+    def reset_parameters(self, std: float, proj_std: float) -> None:
+        super().reset_parameters(std, proj_std)
+        if self.state_scale is not None:
+            nn.init.ones_(self.state_scale)
+        self.reset_balance()
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (..., C), the previous layer's router state (..., R) -> the experts' output (..., C) and this layer's
+        state (..., R), as transformers' ZayaRouter computes them."""
+        shape, E = x.shape, self.fc.shape[0]
+        x = x.reshape(-1, shape[-1])  # (N, C)
+        r = self.router(x)  # (N, R)
+        if self.state_scale is not None:
+            r = r + state.reshape(r.shape).to(r.dtype) * self.state_scale
+        h = F.gelu(self.router_fc2(F.gelu(self.router_fc1(self.router_norm(r)))))
+        probs = torch.softmax(self.router_out(h), dim=-1)  # (N, E + 1)
+        experts = (probs.detach().float() + self.balance_bias).topk(1, dim=-1).indices  # (N, 1)
+        weights = probs.gather(1, experts)
+        skip = experts == E  # the skip expert: its slot goes to expert 0 weighted 0, keeping the GEMMs' shapes
+        experts, weights = experts.masked_fill(skip, 0), weights.masked_fill(skip, 0.0)
+        flat = experts.flatten()  # (N,)
+        order = flat.argsort(stable=True)
+        counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat, dtype=torch.int32))
+        ends = counts.cumsum(0, dtype=torch.int32)
+        if self.expert_load is not None and self.training:
+            self.expert_load += counts
+        h = expert_matmul(x[order], self.fc, ends)  # (N, 2F)
+        gate, up = h.chunk(2, dim=-1)
+        h = expert_matmul(gated_activation(self.kind, gate, up, self.gelu, self.limit), self.proj, ends)  # (N, C)
+        h = h * weights.flatten()[order, None].to(h.dtype)
+        out = torch.zeros_like(x).index_add_(0, order, h.to(x.dtype))
+        return out.view(shape), r.view(*shape[:-1], -1)
+
+
 def int8_activations(x: torch.Tensor) -> torch.Tensor:
     """x (..., K) with each row rounded to 8 bits by its absolute maximum and scaled back, in fp32 (transformers'
     ActQuant): round(x · 127 / max|x|) clamped to [-128, 127], times max|x| / 127. The gradient passes straight
@@ -4079,6 +4266,24 @@ class LoopPass(nn.Module):
             return getattr(repeats[0], name)
 
 
+class ResidualAffine(nn.Module):
+    """model.residual_affine: a sublayer's output h joining the stream x, (x + x_bias)·x_scale + (h + h_bias)·h_scale,
+    each (C,), as transformers' ZayaResidualScaling; the plain sum at init."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.h_scale, self.h_bias = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim))
+        self.x_scale, self.x_bias = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim))
+
+    def reset_parameters(self) -> None:
+        for scale, bias in ((self.h_scale, self.h_bias), (self.x_scale, self.x_bias)):
+            nn.init.ones_(scale)
+            nn.init.zeros_(bias)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return (x + self.x_bias) * self.x_scale + (h + self.h_bias) * self.h_scale
+
+
 class Block(nn.Module):
     """norm1 and norm2: the norms on the attention's and the MLP's input (pre, sandwich) or on the residual sums after
     them (post); attn_out_norm and mlp_out_norm: those on the sublayers' outputs (output, sandwich; else None)."""
@@ -4122,7 +4327,7 @@ class Block(nn.Module):
             self.attn = SharedBlockCall(cfg, layer)
         else:
             attention = (LatentAttention if cfg.kv_lora_rank else SharedKVAttention if cfg.shared_kv_attention
-                         else DiffAttention if cfg.diff_attention
+                         else CCAAttention if cfg.cca_kernels else DiffAttention if cfg.diff_attention
                          else KeyBiasAttention if cfg.attn_key_bias else Attention)
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
@@ -4130,6 +4335,8 @@ class Block(nn.Module):
             self.mlp = None
         elif cfg.mlp == "rwkv":  # RWKV-4's channel mixing: its token shift reads the layer's cache
             self.mlp = RWKVChannelMix(cfg)
+        elif cfg.moe_router_hidden:  # ZAYA's: routed by an MLP over a state carried from layer to layer
+            self.mlp = StateRoutedMoE(cfg, layer)
         elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
             self.mlp = MoE(cfg, hashed=layer in cfg.moe_hash_layers)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
@@ -4188,6 +4395,10 @@ class Block(nn.Module):
             mixer_scales = cfg.normed_residual[2:4] if layer in cfg.delta_layers else cfg.normed_residual[:2]
             self.normed_scales = (*mixer_scales, *cfg.normed_residual[4:])
         self.mlp_residual = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_scales else None
+        # residual_affine (ZAYA's): each sublayer's output and the stream it joins shifted and scaled per channel
+        self.attn_affine = ResidualAffine(cfg.n_embd) if cfg.residual_affine else None
+        self.mlp_affine = ResidualAffine(cfg.n_embd) if cfg.residual_affine else None
+        self.router_width = cfg.moe_router_hidden  # R: the router state carried in the stream's last R channels
         # mhc_streams (DeepSeek-V4's hyper-connections): one for each sublayer, taking the N streams to its input
         self.attn_mhc = ManifoldHyperConnection(cfg) if cfg.mhc_streams else None
         self.mlp_mhc = ManifoldHyperConnection(cfg) if cfg.mhc_streams else None
@@ -4227,6 +4438,8 @@ class Block(nn.Module):
             return self.hyper_forward(x, rope, attn_mask, cache, ve, ple, doc_ids)
         if self.shortcut:
             return self.shortcut_forward(x, rope, attn_mask, cache, ve)
+        if self.attn_affine is not None or self.router_width:
+            return self.zaya_forward(x, rope, attn_mask, cache, ve, doc_ids)
         if self.anchored:  # (B, T, 2, C): the stream and its pass's anchor, carried along unchanged
             x, anchor = x.unbind(dim=2)
             return torch.stack([self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared), anchor], dim=2)
@@ -4250,6 +4463,25 @@ class Block(nn.Module):
         if self.moe is not None:
             return torch.stack([x, self.out(self.moe(u))], dim=2)
         return torch.stack([x + waiting, torch.zeros_like(x)], dim=2)
+
+    def zaya_forward(self, xs, rope, attn_mask, cache, ve, doc_ids):
+        """ZAYA's decoder layer (transformers' ZayaDecoderLayer): pre-norm attention then MLP, each output joining
+        the stream through its ResidualAffine (model.residual_affine). With model.moe_router_hidden, xs is
+        (B, T, C + R): the stream and the router state the layer before left (zeros into the first), which this
+        layer's router reads and replaces."""
+        if doc_ids is not None and isinstance(self.attn, CCAAttention):
+            raise UserError("model.cca_kernels: ZAYA's convolutions would mix packed documents, which its attention "
+                            "keeps apart; train it without document masking (doc_ids)")
+        x, state = (xs[..., :-self.router_width], xs[..., -self.router_width:]) if self.router_width else (xs, None)
+        h = self.out(self.attn(self.norm1(x), rope, attn_mask, cache, ve))
+        x = x + h if self.attn_affine is None else self.attn_affine(x, h)
+        if state is None:
+            h = self.mlp(self.norm2(x))
+        else:
+            h, state = self.mlp(self.norm2(x), state)
+        h = self.out(h)
+        x = x + h if self.mlp_affine is None else self.mlp_affine(x, h)
+        return x if state is None else torch.cat([x, state.to(x.dtype)], dim=-1)
 
     def per_layer_term(self, x: torch.Tensor, ple: torch.Tensor) -> torch.Tensor:
         """What the per-layer input adds to the stream x (B, T, C): norm(proj(gelu(gate(x)) · ple))."""
@@ -4448,6 +4680,10 @@ class GPT(nn.Module):
         self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer)) if cfg.layer_lambdas else None
         self.x0_lambdas = nn.Parameter(torch.zeros(cfg.n_layer)) if cfg.layer_lambdas else None
         self.backout_lambda = nn.Parameter(torch.zeros(1)) if cfg.backout else None
+        # residual_affine (ZAYA's): the embeddings shifted and scaled per channel, (e + embed_bias)·embed_gain, each
+        # (C,)
+        self.embed_bias = nn.Parameter(torch.zeros(cfg.n_embd)) if cfg.residual_affine else None
+        self.embed_gain = nn.Parameter(torch.ones(cfg.n_embd)) if cfg.residual_affine else None
         # per_layer_embd (Gemma 4's per-layer inputs): a (rows, n_layer·P) token table and the (n_layer·P, C)
         # projection of the embeddings, normed per layer by ple_norm (P,); per_layer_inputs combines them
         self.ple_table = self.ple_proj = self.ple_norm = None
@@ -4559,6 +4795,10 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, CCAAttention):  # its convolutions' weights are bare parameters
+                module.reset_cca(std)
+            elif isinstance(module, ResidualAffine):
+                module.reset_parameters()
             elif isinstance(module, ShortConv):  # its depthwise weights are a bare parameter
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if module.bias is not None:
@@ -4657,7 +4897,8 @@ class GPT(nn.Module):
             if not block.conv and block.attn.sinks is not None:
                 block.attn.sinks.zero_()
         for scalar, value in ((self.smear_lambda, 0.0), (self.resid_lambdas, 1.0), (self.x0_lambdas, 0.0),
-                              (self.backout_lambda, 0.0)):  # the plain residual stream at init
+                              (self.backout_lambda, 0.0), (self.embed_bias, 0.0),
+                              (self.embed_gain, 1.0)):  # the plain residual stream at init
             if scalar is not None:
                 scalar.fill_(value)
         if self.cfg.pos_emb == "rope":  # buffers are not parameters: recompute (e.g. after meta-device init)
@@ -4784,6 +5025,8 @@ class GPT(nn.Module):
             x = x + self.wpe(positions)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
+        if self.embed_gain is not None:  # as transformers' ZayaModel scales its input
+            x = (x + self.embed_bias) * self.embed_gain
         return x
 
     def stream_in(self, layer: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
@@ -4791,7 +5034,8 @@ class GPT(nn.Module):
         model.layer_lambdas (x0 the stream entering the first block), else x. With model.altup_streams the first
         block's input is the N AltUp streams (B, T, N, C) (altup_widen), with model.mhc_streams the N hyper-connection
         streams (the embeddings in each), with model.moe_shortcut (B, T, 2, C): the stream and the shortcut experts'
-        output waiting to join it (zeros at first), the others' the stream as it is."""
+        output waiting to join it (zeros at first), with model.moe_router_hidden (B, T, C + R): the stream and the
+        router state (zeros at first); the others' the stream as it is."""
         if self.altup_in is not None:
             return self.altup_widen(x0) if layer == 0 else x
         if self.mhc_head is not None:  # the N hyper-connection streams (B, T, N, C), each the embeddings at first
@@ -4800,6 +5044,8 @@ class GPT(nn.Module):
             return x0.unsqueeze(2).repeat(1, 1, self.cfg.hc_streams, 1) if layer == 0 else x
         if self.cfg.moe_shortcut:  # the stream and no shortcut output waiting yet (B, T, 2, C)
             return torch.stack([x, torch.zeros_like(x)], dim=2) if layer == 0 else x
+        if self.cfg.moe_router_hidden:  # the stream and the router state, none before the first layer (B, T, C + R)
+            return torch.cat([x, x.new_zeros(*x.shape[:-1], self.cfg.moe_router_hidden)], dim=-1) if layer == 0 else x
         if self.cfg.loop_section:
             return self.loop_stream(layer, x)
         if self.resid_lambdas is None:
@@ -4848,6 +5094,8 @@ class GPT(nn.Module):
             return self.hc_out(x)[0]
         if self.cfg.moe_shortcut:  # (B, T, 2, C): the last block's odd, nothing waits after it
             return x[:, :, 0]
+        if self.cfg.moe_router_hidden:  # (B, T, C + R): the stream, the last router's state left behind
+            return x[..., :self.cfg.n_embd]
         if self.cfg.loop_section and x.dim() == 4:  # the looped section ends the model: its stream, no anchor
             return x[:, :, 0]
         if self.altup_out is not None:

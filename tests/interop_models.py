@@ -1331,6 +1331,24 @@ FAMILIES = {
                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
                        n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=1,
                        sliding_window=5, tie_word_embeddings=True, pad_token_id=None)),
+    # ZAYA: compressed convolutional attention (kernels 2 and 3, its key scales and balancing biases moved so that
+    # they matter: hf_model), 4 heads over 2 KV heads 16 wide, RoPE on half of each head, three layers of three
+    # experts and a skip chosen by the MLP router whose state runs from layer to layer, residual scaling, untied; and
+    # tied with kernels 3 and 1, one KV head (each value head half its own token's, half the one before's) and a
+    # windowed layer (hybrid_sliding, a window of 5) with its own RoPE base
+    "zaya": ("ZayaConfig", "ZayaForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+                  moe_intermediate_size=32, num_experts=3, router_hidden_size=24, cca_time0=2, cca_time1=3,
+                  tie_word_embeddings=False, pad_token_id=None)),
+    "zaya-window": ("ZayaConfig", "ZayaForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, num_hidden_layers=3,
+                         moe_intermediate_size=32, num_experts=2, router_hidden_size=16, cca_time0=3, cca_time1=1,
+                         layer_types=["hybrid", "hybrid_sliding", "hybrid"], sliding_window=5,
+                         rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 5000.0,
+                                                     "partial_rotary_factor": 0.5},
+                                          "hybrid_sliding": {"rope_type": "default", "rope_theta": 100.0,
+                                                             "partial_rotary_factor": 0.5}},
+                         tie_word_embeddings=True, pad_token_id=None)),
     # RWKV-4: time mixing and channel mixing, three layers rescaled after each (transformers' eval-mode halving:
     # model.rescale_every=1, every norm's epsilon its own); and tied, at the released rescale_every 6 (no block
     # rescaled). An attention width of its own: tests/test_rwkv.py (transformers' cache takes hidden_size's)
@@ -1534,6 +1552,10 @@ def hf_model(kind: str, seed: int = 0):
                 b.add_(torch.randn_like(b) * 0.1)
             if name.endswith("layer_scalar"):  # Gemma 4's stored output scale of each layer
                 b.add_(torch.randn_like(b) * 0.1)
+            if name.endswith("balancing_biases"):  # ZAYA's (the skip expert's -1 at init): moved so that they choose
+                b.add_(torch.randn_like(b) * 0.1)
+            if name.endswith("qk_norm.temp"):  # ZAYA's key scales (zeros at init: every score 0)
+                b.add_(1.0 + torch.randn_like(b) * 0.3)
             if name.endswith("tid2eid"):  # DeepSeek-V4's hash routing table (zeros at init): distinct experts
                 b.copy_(torch.rand(b.shape[0], model.config.n_routed_experts).argsort(dim=-1)[:, :b.shape[1]])
     return model

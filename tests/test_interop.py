@@ -165,7 +165,8 @@ def test_export_round_trip_through_from_pretrained(kind, tmp_path, capsys):
                                         ("cohere_compass_text-bases", "Cohere Compass"),
                                         ("sarvam_moe-bias", "Sarvam MoE"), ("openai-gpt", "GPT-1"),
                                         ("biogpt", "BioGPT"), ("modernbert-decoder", "ModernBERT-Decoder"),
-                                        ("minimax", "MiniMax"), ("deepseek_v4", "DeepSeek-V4")])
+                                        ("minimax", "MiniMax"), ("deepseek_v4", "DeepSeek-V4"),
+                                        ("zaya", "ZAYA")])
 def test_not_written_as_gguf(kind, name, tmp_path, capsys):
     _, _, _, ckpt = imported(kind, tmp_path, capsys)
     out = tmp_path / "x.gguf"
@@ -614,6 +615,15 @@ REDLINE_EXPORTS = {
                                  attn_gate="element", mlp="swiglu", n_kv_head=2, n_layer=8, loop_section=(1, 2),
                                  loop_passes=3, sliding_window=4, window_layers=(2, 4, 6), rope_local_theta=100.0,
                                  fused_qkv=False, fused_mlp=False),
+    # ZAYA's layers (its alone): convolutional attention, scaled residuals, the MLP router carried between layers; and
+    # with a windowed layer of its own RoPE base
+    "ZayaForCausalLM": dict(n_kv_head=2, fused_qkv=False, cca_kernels=(2, 3), residual_affine=True, moe_experts=3,
+                            moe_top_k=1, moe_norm_topk=False, moe_router_hidden=16, mlp="swiglu", mlp_hidden=32,
+                            rope_dims=8),
+    "ZayaForCausalLM-window": dict(n_kv_head=1, fused_qkv=False, cca_kernels=(3, 1), residual_affine=True,
+                                   moe_experts=2, moe_top_k=1, moe_norm_topk=False, moe_router_hidden=16, mlp="swiglu",
+                                   mlp_hidden=32, rope_dims=8, sliding_window=4, window_layers=(1,),
+                                   rope_local_theta=100.0, tie_embeddings=True),
 }
 
 
@@ -978,7 +988,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "qianfan_ocr, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
                          "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, "
                          "recurrent_gemma, rwkv, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, solar_open, stablelm, "
-                         "starcoder2, vaultgemma, video_llava, vipllava, xglm, xlstm, youtu, zamba, zamba2")
+                         "starcoder2, vaultgemma, video_llava, vipllava, xglm, xlstm, youtu, zamba, zamba2, zaya")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),

@@ -96,6 +96,11 @@ ARCHS = {  # fused qkv and SwiGLU (the modern presets), Llama's separate project
                                              moe_shared_gate=False, moe_gating="sqrtsoftplus", moe_norm_eps=1e-20,
                                              moe_expert_bias=True, kv_compress_rates=(2, 3),
                                              kv_compress_overlap=(0,), norm_eps=1e-6),
+    # ZAYA: the CCA projections (q, k, v, v_delayed, o_proj) and the MLP router's layers adapted (the experts are bare
+    # tensors)
+    "ZayaForCausalLM": dict(n_kv_head=2, fused_qkv=False, cca_kernels=(2, 3), residual_affine=True, moe_experts=3,
+                            moe_top_k=1, moe_norm_topk=False, moe_router_hidden=16, mlp="swiglu", mlp_hidden=32,
+                            rope_dims=8),
     "NemotronForCausalLM": dict(norm="layernorm", norm_unit_offset=True, norm_bias=True, mlp="relu2", rope_dims=4,
                                 n_kv_head=2),  # Llama's names, LayerNorms by 1 + weight
     # Granite SWA: sinks (not adapted), a windowed layer and a RoPE base per layer
@@ -436,7 +441,8 @@ TARGETS = {"GraniteMoeSharedForCausalLM": ("attn.*", "mlp.shared.*"),
            "DbrxForCausalLM": ("attn.*", "mlp.router"), "JetMoeForCausalLM": ("attn.gate", "mlp.router"),
            "DoryForCausalLM": ("attn.qkv", "attn.proj", "attn.gate", "mlp.fc", "mlp.proj"),
            # DeepSeek-V4: its attention's Linear layers (PEFT would move its MLPs' adapters onto the experts)
-           "DeepseekV4ForCausalLM": ("attn.*",), "DeepseekV4ForCausalLM-compressed": ("attn.*",)}
+           "DeepseekV4ForCausalLM": ("attn.*",), "DeepseekV4ForCausalLM-compressed": ("attn.*",),
+           "ZayaForCausalLM": ("attn.*", "mlp.router*")}
 
 
 def lora_run(tmp_path, arch: str, train_modules=(), targets=None):

@@ -239,7 +239,7 @@ def test_softplus_gate_exports_as_laguna_alone():
         export_family(ModelConfig(**base))
 
 
-@pytest.mark.parametrize("model_type, fragment", [("zaya", "compressed convolutional attention")])
+@pytest.mark.parametrize("model_type, fragment", [("gpt_neox_japanese", "GPTNeoXJapaneseTokenizer")])
 def test_families_redline_cannot_express_are_refused_by_name(model_type, fragment):
     from redline.interop.families import family_for
 

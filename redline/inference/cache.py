@@ -91,7 +91,9 @@ class KVCache:
     ngram_layers: layers with a per-layer n-gram embedding (model.ngram_layers, Qwen4-Exp's PLE): each holds its
     dilated convolution's inputs, a token's normed gated values (ngram_width = N·C) in its slot,
     `ngram_inputs[layer]` (B, 1, capacity + 1, ngram_width), beside the layer's delta-net buffers; write's `ngram`
-    fills them, a decode step's cache layer reads them through layer_extras' NGramSide."""
+    fills them, a decode step's cache layer reads them through layer_extras' NGramSide. ZAYA's convolutional
+    attention (model.cca_kernels) keeps its tokens' raw q, k and delayed values (CCAAttention.slot_inputs) there the
+    same way, on every layer, a decode step's cache layer reading them as its layer_extras."""
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, spare: int = 0, conv_layers: tuple[int, ...] = (),
@@ -184,8 +186,8 @@ class KVCache:
         convolution inputs and states), else None; None for a cache with neither."""
         if self.scales is not None:
             return self.scales
-        if not self.states:
-            return None
+        if not self.states:  # model.cca_kernels: each layer's raw inputs (B, 1, S, width), else none
+            return [self.ngram_inputs[i] for i in range(len(self.k))] if self.ngram_inputs else None
         return [DeltaSide(self.delta_inputs[i], self.states[i]) if i in self.parallel
                 else NGramSide(self.states[i], self.ngram_inputs[i]) if i in self.ngram_inputs else self.states.get(i)
                 for i in range(len(self.k))]
@@ -308,8 +310,16 @@ class PrefillLayer:
         self.kv = self.delta_kv = self.ngram_kv = None
 
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
-        """x (b, T, C) -> (b, T, H*D); ve: the layer's value embedding of these tokens (b, T, KV*D), or None."""
-        q, k, v = attn.project_qkv(x, rope, ve)  # q (b, H, T, D); k, v (b, KV, T, D)
+        """x (b, T, C) -> (b, T, H*D); ve: the layer's value embedding of these tokens (b, T, KV*D), or None. A CCA
+        layer's (model.cca_kernels) raw inputs go to `ngram_kv` for their slots, its q, k and v reading those of the
+        attn.span slots before the first from `ngram_prefix` (zeros before slot 0)."""
+        if hasattr(attn, "slot_inputs"):
+            u = attn.slot_inputs(x)  # (b, T, width)
+            self.ngram_kv = u[:, None]
+            before = None if self.ngram_prefix is None else _last_slots(self.ngram_prefix, attn.span + 1)
+            q, k, v = attn.project_qkv(x, rope, ve, before, u)
+        else:
+            q, k, v = attn.project_qkv(x, rope, ve)  # q (b, H, T, D); k, v (b, KV, T, D)
         if k is None:  # a kv-shared layer: prefix is its source's slots [0, start + T), these tokens' included
             k, v = self.prefix
         else:
@@ -481,6 +491,8 @@ class DecodeLayer:
     def attend(self, attn, x: torch.Tensor, rope, ve: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, 1, C) -> (B, 1, H*D); ve: the layer's value embedding of the step's tokens (B, 1, KV*D), or None
         (with "triton", a model that has them gets q, k and v made here, kernel_prologue_unsupported)."""
+        if hasattr(attn, "slot_inputs"):  # model.cca_kernels (the plan keeps it on the matmul path)
+            return self.attend_cca(attn, x, rope)
         if self.impl == "triton":
             if kernel_prologue_unsupported(attn.cfg):  # q, k, v made here, as the matmul path makes them
                 B = x.shape[0]
@@ -517,6 +529,20 @@ class DecodeLayer:
                                                    attn.sinks, alibi).view(q.shape[0], 1, -1)
                                   for half in attn.value_halves(values)))
         return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks, alibi)
+
+    def attend_cca(self, attn, x: torch.Tensor, rope) -> torch.Tensor:
+        """ZAYA's convolutional attention's step (model.cca_kernels): x (B, 1, C) -> (B, 1, H*D). Each row's raw
+        inputs go into its slot of the layer's inputs buffer (the cache's layer_extras, (B, 1, S, width), in
+        `scales`), its q, k and v reading the attn.span slots before (zeros before slot 0); its key and value go into
+        the slot as any layer's."""
+        u = attn.slot_inputs(x)  # (B, 1, width)
+        before = self._slots_before(self.scales, attn.span + 1)
+        _scatter_slot(self.scales, self.slot, u[:, None])
+        q, k, v = attn.project_qkv(x, rope, None, before, u)  # q (B, H, 1, D); k, v (B, KV, 1, D)
+        _scatter_slot(self.k_buf, self.slot, k)
+        _scatter_slot(self.v_buf, self.slot, v)
+        W = self.width
+        return cached_attention(q, self.k_buf[:, :, :W], self.v_buf[:, :, :W], self.mask, attn.scale)
 
     def convolve(self, conv, x: torch.Tensor) -> torch.Tensor:
         """A short-convolution layer's step: x (B, 1, C) -> (B, 1, C). Each row's b·h goes into its slot of the

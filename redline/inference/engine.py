@@ -152,6 +152,15 @@ def _evaluating(model: GPT):
         model.train(was_training)
 
 
+def _slot_inputs(cfg) -> tuple[tuple[int, ...], int]:
+    """The layers whose tokens' inputs the cache keeps in their slots beside their keys and values
+    (KVCache.ngram_inputs), and those inputs' width: the n-gram embeddings' convolution inputs (model.ngram_layers,
+    N·C), or ZAYA's raw q, k and delayed values on every layer (model.cca_kernels, (H + KV)·D + KV·D/2)."""
+    if cfg.cca_kernels:
+        return tuple(range(cfg.n_layer)), (cfg.n_head + cfg.kv_heads) * cfg.head_dim + cfg.kv_heads * cfg.head_dim // 2
+    return cfg.ngram_layers, cfg.hc_streams * cfg.n_embd
+
+
 def _delta_width(cfg) -> int:
     """The channels of a delta layer's convolution, which its cache layer keeps a token: a gated delta net's q, k
     and v, Mamba-2's x, B and C, Mamba-1's x alone (delta_heads channels)."""
@@ -233,7 +242,8 @@ class InferenceEngine:
         """Cache bytes one token of one sequence takes: 2 · attention layers · n_kv_head · (head_dim · itemsize,
         plus an fp32 scale for FP8), n_embd · itemsize for each short-convolution layer (its b·h) and the
         convolution's channels · itemsize for each gated delta-net layer (whose state a row holds once, whatever
-        its length), and N·C · itemsize for each n-gram embedding's convolution (model.ngram_layers)."""
+        its length), and N·C · itemsize for each n-gram embedding's convolution (model.ngram_layers) or each CCA
+        layer's raw inputs (model.cca_kernels: (H + KV)·D + KV·D/2)."""
         c, fp8 = self.cfg, self.plan.kv_cache == "fp8"
         size = torch.empty((), dtype=self.plan.cache_dtype).element_size()
         conv, delta = len(c.conv_layers), len(c.delta_layers)
@@ -241,8 +251,8 @@ class InferenceEngine:
         # a kv-shared layer holds none of its own
         attention = sum(heads * (width * size + 4 * fp8) for heads, width in
                         (c.layer_cache_geometry(i) for i in c.attention_layers if c.kv_source(i) is None))
-        ngram = len(c.ngram_layers) * c.hc_streams * c.n_embd  # model.ngram_layers' convolution inputs
-        return 2 * attention + conv * c.n_embd * size + delta * _delta_width(c) * size + ngram * size
+        layers, width = _slot_inputs(c)  # model.ngram_layers' convolution inputs, model.cca_kernels' raw inputs
+        return 2 * attention + conv * c.n_embd * size + delta * _delta_width(c) * size + len(layers) * width * size
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -297,7 +307,7 @@ class InferenceEngine:
                           _delta_state(c), c.mixer_free_layers,
                           c.parallel_delta_layers, [c.layer_cache_geometry(i) for i in range(c.n_layer)],
                           {i: c.kv_source(i) for i in range(c.n_layer) if c.kv_source(i) is not None},
-                          bool(c.smear_gate or c.ngram_layers), c.ngram_layers, c.hc_streams * c.n_embd),
+                          bool(c.smear_gate or c.ngram_layers), *_slot_inputs(c)),
             tokens=torch.zeros(batch, 1, dtype=torch.long, device=dev),
             slot=torch.zeros(batch, dtype=torch.long, device=dev),
             slots=torch.arange(capacity, device=dev),

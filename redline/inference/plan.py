@@ -76,6 +76,10 @@ def plan_decode(cfg, device: torch.device, *, dtype: torch.dtype | None = None, 
         raise UserError("kv_cache_dtype=fp8 with short-convolution or recurrent layers (model.conv_layers, "
                         "model.delta_layers): their cache holds the convolutions' inputs, which are not stored in "
                         "FP8; use kv_cache_dtype=auto")
+    if kv_cache_dtype == "fp8" and getattr(cfg, "cca_kernels", ()):
+        raise UserError("kv_cache_dtype=fp8 with ZAYA's convolutional attention (model.cca_kernels): its cache holds "
+                        "each token's raw q, k and delayed values beside the keys, which are not stored in FP8; use "
+                        "kv_cache_dtype=auto")
     if kv_cache_dtype == "fp8" and getattr(cfg, "kv_compress_rates", ()):
         raise UserError("kv_cache_dtype=fp8 with compressed layers (model.kv_compress_rates): their cache holds the "
                         "compressor's projections beside the keys, which are not stored in FP8; use "
@@ -125,6 +129,9 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if layerwise_attention(cfg):
         return (f"decode_attention triton has no {layerwise_attention(cfg)} (Gemma 4's layers); use decode_attention "
                 f"matmul (or auto)")
+    if getattr(cfg, "cca_kernels", ()):
+        return ("decode_attention triton has no convolutional attention (model.cca_kernels: q, k and v read the "
+                "cached inputs of the tokens before); use decode_attention matmul (or auto)")
     if getattr(cfg, "attn_key_bias", False):
         return ("decode_attention triton adds no key biases to its scores (model.attn_key_bias); use decode_attention "
                 "matmul (or auto)")

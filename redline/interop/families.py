@@ -66,7 +66,8 @@ MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, 
 dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
 gated heads); mistral_large4.py Mistral Large 4's text model (Mistral 4's blocks without Q-LoRA, NoPE latent layers,
 shared latent caches, position-scaled queries and learned RoPE frequencies; import only); hy_v4.py HY-V4 (DeepSeek-V3's
-blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only).
+blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only); zaya.py ZAYA
+(compressed convolutional attention, scaled residuals, an MLP router carried from layer to layer).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -297,6 +298,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import modernbert_decoder, paligemma
     from redline.interop import rwkv, xlstm
     from redline.interop import deepseek_v4
+    from redline.interop import zaya
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -335,7 +337,7 @@ def _families() -> dict[str, Family]:
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
-                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY)}
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY, zaya.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -353,8 +355,6 @@ NOT_READ = {
                          "step taking the lowest-id vocabulary match among the next few characters, with its own "
                          "symbol classes and byte fallback; transformers has no tokenizer.json form of it) is none the "
                          "tokenizers library reads, so redline could not encode a prompt for it",
-    "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
-            "delayed state), its MLP router and its residual scaling are layers redline's model has not",
     "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
                     "a learned bank of distance profiles (r_proj, rel_logits_proj) and its keys and values pass "
                     "short causal convolutions (k_sconv, v_sconv); redline's attention has neither",
@@ -534,8 +534,11 @@ def export_family(cfg: ModelConfig) -> Family:
 
         zamba2.check_exportable(cfg)
         return families["zamba2"]
-    from redline.interop import deepseek_v4
+    from redline.interop import deepseek_v4, zaya
 
+    if cfg.cca_kernels or cfg.residual_affine or cfg.moe_router_hidden:  # ZAYA's layers: ZAYA's alone
+        zaya.check_exportable(cfg)
+        return families["zaya"]
     if deepseek_v4.wants_deepseek_v4(cfg):  # mHC, its attention, hash routing, its clamp or scores: DeepSeek-V4's
         deepseek_v4.check_exportable(cfg)
         return families["deepseek_v4"]

@@ -1259,7 +1259,9 @@ NOT_WRITTEN = {"opt": ("OPT", "llama.cpp has no OPT architecture"),
                 "modernbert-decoder": ("ModernBERT-Decoder", "llama.cpp has no ModernBERT-Decoder architecture: "
                                                              "its modern-bert is the bidirectional encoder"),
                 "deepseek_v4": ("DeepSeek-V4", "llama.cpp has no deepseek4 architecture (the gguf package's "
-                                               "MODEL_ARCH_NAMES list deepseek and deepseek2 alone)")}
+                                               "MODEL_ARCH_NAMES list deepseek and deepseek2 alone)"),
+                "zaya": ("ZAYA", "llama.cpp has no ZAYA architecture (convolutional attention, an MLP router carried "
+                                 "from layer to layer)")}
 # families written as an architecture whose files redline writes without RoPE scaling: (architecture, "a Name")
 UNSCALED_ROPE = {"lfm2": ("lfm2", "an LFM2"), "stablelm": ("stablelm", "a StableLM"),
                  "gpt_neox": ("gptneox", "a GPT-NeoX")}

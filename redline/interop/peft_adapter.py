@@ -362,6 +362,10 @@ def _parts(layer: str, out_features: int, cfg: ModelConfig, family: Family) -> l
         from redline.interop.dots3 import adapter_parts as dots3_parts
 
         return dots3_parts(layer, rest, base, out_features, cfg)
+    if family.name == "zaya":  # zaya.py's names: the CCA projections and the MLP router's layers
+        from redline.interop.zaya import adapter_parts as zaya_parts
+
+        return zaya_parts(layer, rest, base, out_features)
     if family.name == "deepseek_v4":  # deepseek_v4.py: its attention's Linear layers, rows in its RoPE order
         from redline.interop.deepseek_v4 import adapter_parts as v4_parts
 

@@ -96,6 +96,9 @@ FIELDS_ACCOUNTED = {
     "q_position_scale": "refused with kv_lora_rank (latent attention: fused_qkv off)",
     "kv_source_layers": "refused with kv_lora_rank (latent attention: fused_qkv off)",
     "moe_shortcut": "refused with moe_experts",
+    "cca_kernels": "refused: ZAYA's q, k and v are convolved from earlier tokens' projections, not one raw qkv product",
+    "residual_affine": "refused: the sublayers' outputs join an unscaled stream",
+    "moe_router_hidden": "refused with moe_experts",
     "moe_weight_input": "refused with moe_experts", "moe_bias_on_logits": "refused with moe_experts",
     "moe_swiglu_limit": "refused with moe_experts",
     "moe_jitter_eps": "refused with moe_experts", "moe_input_jitter": "training only (and refused with moe_experts)",
@@ -211,6 +214,9 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
         return ("decode_linear triton adds no key biases and scales no residual stream (model.attn_key_bias, "
                 "model.residual_scales)")
+    if getattr(cfg, "cca_kernels", ()) or getattr(cfg, "residual_affine", False):
+        return ("decode_linear triton has no convolutional attention and scales no residual stream "
+                "(model.cca_kernels, model.residual_affine)")
     if getattr(cfg, "normed_residual", ()):
         return ("decode_linear triton adds the sublayers' outputs to the stream, not to its normed input "
                 "(model.normed_residual)")
