@@ -4439,7 +4439,7 @@ class Block(nn.Module):
         if self.shortcut:
             return self.shortcut_forward(x, rope, attn_mask, cache, ve)
         if self.attn_affine is not None or self.router_width:
-            return self.zaya_forward(x, rope, attn_mask, cache, ve, doc_ids)
+            return self.zaya_forward(x, rope, attn_mask, cache, ve)
         if self.anchored:  # (B, T, 2, C): the stream and its pass's anchor, carried along unchanged
             x, anchor = x.unbind(dim=2)
             return torch.stack([self._forward(x, rope, attn_mask, cache, ve, doc_ids, shared), anchor], dim=2)
@@ -4464,14 +4464,11 @@ class Block(nn.Module):
             return torch.stack([x, self.out(self.moe(u))], dim=2)
         return torch.stack([x + waiting, torch.zeros_like(x)], dim=2)
 
-    def zaya_forward(self, xs, rope, attn_mask, cache, ve, doc_ids):
+    def zaya_forward(self, xs, rope, attn_mask, cache, ve):
         """ZAYA's decoder layer (transformers' ZayaDecoderLayer): pre-norm attention then MLP, each output joining
         the stream through its ResidualAffine (model.residual_affine). With model.moe_router_hidden, xs is
         (B, T, C + R): the stream and the router state the layer before left (zeros into the first), which this
         layer's router reads and replaces."""
-        if doc_ids is not None and isinstance(self.attn, CCAAttention):
-            raise UserError("model.cca_kernels: ZAYA's convolutions would mix packed documents, which its attention "
-                            "keeps apart; train it without document masking (doc_ids)")
         x, state = (xs[..., :-self.router_width], xs[..., -self.router_width:]) if self.router_width else (xs, None)
         h = self.out(self.attn(self.norm1(x), rope, attn_mask, cache, ve))
         x = x + h if self.attn_affine is None else self.attn_affine(x, h)
@@ -5169,6 +5166,10 @@ class GPT(nn.Module):
         if doc_ids is not None and self.cfg.kv_compress_rates:
             raise UserError("packed documents (doc_ids) with compressed layers (model.kv_compress_rates): their "
                             "windows of tokens would pool across documents; train without document masking")
+        if doc_ids is not None and self.cfg.cca_kernels:
+            raise UserError("packed documents (doc_ids) with ZAYA's convolutional attention (model.cca_kernels): its "
+                            "convolutions and delayed values would read across documents; train without document "
+                            "masking")
         x, rope = self.embed(idx, positions)
         masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions, prefix_len)  # one per window
                  for w in self.cfg.windows}

@@ -144,7 +144,7 @@ def test_plan_refuses_fp8_and_triton_attention_by_name():
     assert reason.startswith("decode_attention triton has no convolutional attention (model.cca_kernels")
     model = GPT(cfg)
     tokens = torch.randint(0, 64, (1, 8))
-    with pytest.raises(UserError, match="would mix packed documents"):
+    with pytest.raises(UserError, match="packed documents \\(doc_ids\\) with ZAYA's convolutional attention"):
         model(tokens, tokens, doc_ids=torch.zeros(1, 8, dtype=torch.long))
 
 
