@@ -13,7 +13,9 @@ refusals (PaliGemma, Mistral Large 4,
 the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
 CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGeneration (Idefics3's tower and a
 cross-attention projector), MiniMaxM3SparseForConditionalGeneration (import only) and
-Gemma4UnifiedForConditionalGeneration (its embedders, no towers)."""
+Gemma4UnifiedForConditionalGeneration (its embedders, no towers); Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus,
+Ovis2 and VideoLLaMA 3 (LLaVA-like) and ShieldGemma2ForImageClassification (Gemma 3's model one level down, its
+yes/no logits the text model's)."""
 
 from __future__ import annotations
 
@@ -35,21 +37,22 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 PROCESSOR_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
 
 
-def _gemma3_config(**text):
+def _gemma3_config(config_class=None, **top):
     """Gemma 3's text model as tests/interop_models.py's gemma3 (windowed - full - windowed, the full layer's linear
-    RoPE scaling, head_dim 24, query_pre_attn_scalar 20), the image tokens the vocabulary's last three."""
-    return transformers.Gemma3Config(
+    RoPE scaling, head_dim 24, query_pre_attn_scalar 20), the image tokens the vocabulary's last three; config_class
+    ShieldGemma2Config: ShieldGemma 2's, `top` its own fields."""
+    return (config_class or transformers.Gemma3Config)(
         text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=24, query_pre_attn_scalar=20,
                          sliding_window=5, max_position_embeddings=64, rms_norm_eps=1e-5,
                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                          rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
                                                              "rope_theta": 5000.0},
-                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}},
-                         **text),
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}}),
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14),
-        mm_tokens_per_image=4, image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3)
+        mm_tokens_per_image=4, image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3,
+        **top)
 
 
 def _mistral3_config(**text):
@@ -200,6 +203,15 @@ def _gemma4_unified_config(**text):
         boi_token_id=VOCAB - 3, eoi_token_id=VOCAB - 4, tie_word_embeddings=True)
 
 
+def _shieldgemma2_hub(name: str) -> str:
+    """A tensor's name in ShieldGemma 2's Hub folders: Gemma 3's Hub names (language_model.model.*,
+    language_model.lm_head.weight, vision_tower.*) under model., where save_pretrained writes
+    model.model.language_model.model.*, model.lm_head.weight and model.model.vision_tower.*."""
+    if name == "model.lm_head.weight":
+        return "model.language_model.lm_head.weight"
+    return "model." + name[len("model.model."):] if name.startswith("model.model.") else name
+
+
 def _other_layout(name: str) -> str:
     """A tensor's name in the other save layout: language_model.model.* / language_model.lm_head.weight / vision_tower.*
     (the Hub's Gemma 3 and Mistral 3 folders) <-> model.language_model.* / lm_head.weight / model.vision_tower.*
@@ -225,6 +237,8 @@ _LLAMA_TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_h
 _TEXTS = {
     "llama": dict(model_type="llama", **_LLAMA_TEXT),
     "qwen2": dict(model_type="qwen2", **_LLAMA_TEXT),
+    "qwen3": dict(model_type="qwen3", **_LLAMA_TEXT),
+    "mistral": dict(model_type="mistral", **_LLAMA_TEXT),
     "cohere2": dict(model_type="cohere2", **{**_LLAMA_TEXT, "rms_norm_eps": None}, layer_norm_eps=1e-5,
                     sliding_window=5, logit_scale=0.5, layer_types=["sliding_attention", "full_attention"]),
     "lfm2": dict(model_type="lfm2", **{**_LLAMA_TEXT, "rms_norm_eps": None, "head_dim": None}, norm_eps=1e-5,
@@ -257,6 +271,7 @@ _TEXTS = {
 # a one-layer vision tower of 28-pixel images in 14-pixel patches, in the fields every such folder's tower takes
 _TOWER = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
               patch_size=14)
+_SIGLIP = dict(_TOWER, model_type="siglip_vision_model")
 _QWEN2_VL_TOWER = dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=14)
 
 
@@ -360,7 +375,31 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "minimax_m3_vl": (_minimax_m3_config, "MiniMaxM3SparseForConditionalGeneration", None,  # import only
                            _other_layout),
          "gemma4_unified": (_gemma4_unified_config, "Gemma4UnifiedForConditionalGeneration", "Gemma4ForCausalLM",
-                            _other_layout)}
+                            _other_layout),
+         # PerceptionLM's and FastVLM's towers are timm models (not installed here): SigLIP's stands in, unread alike
+         "idefics2": _llava_like("idefics2", "Idefics2ForConditionalGeneration", "mistral", "MistralForCausalLM",
+                                 renamed=None, perceiver_config=dict(hidden_size=64, resampler_n_latents=4,
+                                                                     resampler_depth=1, resampler_n_heads=2,
+                                                                     resampler_head_dim=8, num_key_value_heads=1)),
+         "perception_lm": _llava_like("perception_lm", "PerceptionLMForConditionalGeneration", "llama",
+                                      "LlamaForCausalLM", dict(_SIGLIP, model_args={"embed_dim": 16}), renamed=None),
+         "fast_vlm": _llava_like("fast_vlm", "FastVlmForConditionalGeneration", "qwen2", "Qwen2ForCausalLM", _SIGLIP,
+                                 renamed=None),
+         "lighton_ocr": _llava_like("lighton_ocr", "LightOnOcrForConditionalGeneration", "qwen3", "Qwen3ForCausalLM",
+                                    dict(_TOWER, head_dim=8), renamed=None),
+         "janus": _llava_like("janus", "JanusForConditionalGeneration", "llama", "LlamaForCausalLM",
+                              dict(_TOWER, projection_dim=64, depth=1), renamed=None,
+                              vq_config=dict(embed_dim=8, num_embeddings=16, latent_channels=32, base_channels=32,
+                                             channel_multiplier=[1], num_res_blocks=1, projection_dim=64,
+                                             image_token_embed_dim=64, num_patches=2)),
+         "ovis2": _llava_like("ovis2", "Ovis2ForConditionalGeneration", "qwen2", "Qwen2ForCausalLM",
+                              dict(_TOWER, vocab_size=16), renamed=None, vocab_size=VOCAB, hidden_size=64),
+         "video_llama_3": _llava_like("video_llama_3", "VideoLlama3ForConditionalGeneration", "qwen2",
+                                      "Qwen2ForCausalLM", {k: _TOWER[k] for k in _TOWER if k != "image_size"},
+                                      renamed=None),
+         "shieldgemma2": (lambda: _gemma3_config(transformers.ShieldGemma2Config, yes_token_index=5,
+                                                 no_token_index=6),
+                          "ShieldGemma2ForImageClassification", "Gemma3ForCausalLM", _shieldgemma2_hub)}
 
 
 
@@ -392,11 +431,17 @@ def _folder(kind, path, layout="saved"):
     return hf
 
 
+def _language_model(hf):
+    """The generating model of a CASES model: ShieldGemma 2's classifier wraps Gemma 3's (its .model)."""
+    return hf.model if type(hf).__name__ == "ShieldGemma2ForImageClassification" else hf
+
+
 # the folders whose reading has logic of its own run always (the first four in both layouts); the rest, which repeat
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
           "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note")
+_FIRST += ("perception_lm", "janus", "ovis2", "shieldgemma2")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -407,7 +452,8 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
     """The imported model's logits are the multimodal model's on text, its greedy tokens through the engine
     transformers' generate's; one stderr line says the vision tower was left out; the processor's chat template
     travels; the export loads as the text-only model with the same logits."""
-    hf = _folder(kind, tmp_path / "hf", layout)
+    classifier = _folder(kind, tmp_path / "hf", layout)
+    hf = _language_model(classifier)
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", "fp32"],
                            capsys)
     assert code == 0, err
@@ -419,6 +465,9 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
     with torch.no_grad():
         expected = hf(input_ids=tokens).logits
         torch.testing.assert_close(model(tokens), expected, rtol=1e-5, atol=1e-5)
+        if classifier is not hf:  # ShieldGemma 2's yes/no logits: the last position's at its two ids
+            torch.testing.assert_close(classifier(input_ids=tokens).logits, model(tokens)[
+                :, -1, [classifier.yes_token_index, classifier.no_token_index]], rtol=1e-5, atol=1e-5)
     prompt = tokens[0, :9].tolist()
     result = InferenceEngine(model, compile=False).generate([prompt], 10, SamplingParams(temperature=0))[0]
     hf.generation_config.eos_token_id = None
@@ -476,12 +525,14 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", ["llava", "llava_next", "llava_onevision", "qwen2_vl", "internvl", "aya_vision",
-                                  "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl"])
+                                  "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl", "idefics2", "perception_lm",
+                                  "fast_vlm", "lighton_ocr", "janus", "ovis2", "video_llama_3", "shieldgemma2"])
 def test_head_tying_of_llava_like_configs_follows_their_class(kind):
     """Whether the head is tied, for each pair of top-level and text_config flags (either left out): as the
     multimodal config class settles it (LlavaConfig, Qwen2VLConfig, Glm4vConfig and HunYuanVLConfig take
     text_config's true where their own is false; LlavaNextConfig, InternVLConfig, AyaVisionConfig, Lfm2VlConfig and
-    SmolVLMConfig their own alone)."""
+    SmolVLMConfig their own alone; PerceptionLMConfig text_config's where its own is left out; FastVlmConfig,
+    VideoLlama3Config and ShieldGemma2Config take text_config's true)."""
     from redline.interop.families import family_for
 
     base = CASES[kind][0]().to_dict()
@@ -493,7 +544,7 @@ def test_head_tying_of_llava_like_configs_follows_their_class(kind):
                 config["tie_word_embeddings"] = top
             if text is not None:
                 config["text_config"]["tie_word_embeddings"] = text
-            config_class = getattr(transformers, CASES[kind][1].replace("ForConditionalGeneration", "Config"))
+            config_class = type(CASES[kind][0]())
             expected = config_class.from_dict(config).tie_word_embeddings
             assert family_for(config, "folder").model_config(config).tie_embeddings is expected, (top, text)
 
@@ -611,6 +662,14 @@ def test_hub_shaped_configs():
     ("glm4v_moe", {"model_type": "glm4v_moe_text", "hidden_size": 64, "num_attention_heads": 4}),
     ("hunyuan_vl", {"model_type": "hunyuan_vl_text", "hidden_size": 64, "num_attention_heads": 4,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 2, 2, 2]}}),
+    ("idefics2", {"hidden_size": 64, "num_attention_heads": 4}),  # mistral by default
+    ("perception_lm", {"hidden_size": 64, "num_attention_heads": 4}),  # llama by default
+    ("fast_vlm", {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("lighton_ocr", {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("janus", {"hidden_size": 64, "num_attention_heads": 4}),
+    ("ovis2", {"hidden_size": 64, "num_hidden_layers": 2}),
+    ("video_llama_3", {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("shieldgemma2", {"hidden_size": 64, "num_hidden_layers": 2}),
 ])
 def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):
@@ -622,6 +681,17 @@ def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     filled = config_class.from_dict(given).to_dict()
     family = family_for(given, "folder")
     assert family.model_config(given) == family.model_config(filled)
+
+
+def test_ovis2_untied_head_of_another_size_is_refused():
+    """Ovis2's lm_head takes the top-level vocab_size and hidden_size: tied, it is the embedding whatever they say
+    (read); untied and of other rows than text_config's, refused by name."""
+    from redline.interop.families import family_for
+
+    config = CASES["ovis2"][0]().to_dict()
+    family_for(config, "folder").model_config({**config, "vocab_size": VOCAB + 8})
+    with pytest.raises(UserError, match=f"vocab_size={VOCAB + 8} beside text_config.vocab_size={VOCAB}"):
+        family_for(config, "folder").model_config({**config, "vocab_size": VOCAB + 8, "tie_word_embeddings": False})
 
 
 def test_qwen2_vl_hub_flat_config():

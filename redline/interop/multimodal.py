@@ -21,7 +21,9 @@ CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-
 forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is),
 Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py) and MiniMax-M3's
 MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text model minimax_m3_vl_text:
-minimax_m3.py, import only).
+minimax_m3.py, import only). Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 are
+LLaVA-like (_more_llava_like); ShieldGemma 2's classifier wraps Gemma 3's ForConditionalGeneration, whose text model
+is read.
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
 mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
@@ -59,10 +61,14 @@ from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
-_TEXT_PREFIXES = (("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
+# (tried in order: ShieldGemma 2's, Gemma 3's names one level down (as save_pretrained writes them, then as its Hub
+# folders have them), before transformers 5's)
+_TEXT_PREFIXES = (("model.model.language_model.model.", "model."), ("model.lm_head.", "lm_head."),
+                  ("model.language_model.model.", "model."), ("model.language_model.lm_head.", "lm_head."),
+                  ("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
                   # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
                   ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                  ("model.text_model.", "model."))  # SmolVLM's and Idefics3's
+                  ("model.text_model.", "model."))  # SmolVLM's and Idefics3's (Idefics2's too)
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
            "model.visual.", "visual.",  # Gemma 3's, Mistral 3's, LLaVA's; Qwen2-VL's and Qwen3-VL's tower and mergers
            "model.image_newline", "image_newline",  # LLaVA-NeXT's row separator between image tiles
@@ -76,7 +82,16 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.vision_tokenizer.", "vision_tokenizer.", "model.audio_tokenizer.", "audio_tokenizer.",
            "patch_merge_mlp.", "model.patch_merge_mlp.",  # MiniMax-M3's patch merger, as its Hub folders name it
            # dots.3 Note's towers and adapters, in memory and as save_pretrained (and its Hub folders) name them
-           "model.audio_tower.", "audio_tower.", "audio_encoder.", "vision_encoder.")
+           "model.audio_tower.", "audio_tower.", "audio_encoder.", "vision_encoder.",
+           # ShieldGemma 2's Gemma 3 one level down
+           "model.model.vision_tower.", "model.model.multi_modal_projector.",
+           "model.vision_encoder.", "model.vision_projection.", "vision_projection.",  # LightOnOCR's
+           # Janus's understanding tower and aligner, its image-generation VQ-VAE, embedding, aligner and head
+           "model.aligner.", "model.vqmodel.", "model.generation_embeddings.", "model.generation_aligner.",
+           "model.generation_head.", "aligner.", "vqmodel.", "generation_embeddings.", "generation_aligner.",
+           "generation_head.",
+           "model.visual_embeddings_table.", "visual_embeddings_table.",  # Ovis2's visual token table
+           "model.projector.", "projector.")  # VideoLLaMA 3's projector
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -85,7 +100,7 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
 _TEXT_DEFAULTS = {
     "gemma3_text": dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131_072,
-                        rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096),
+                        rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096, tie_word_embeddings=True),
     "mistral": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131_072, rms_norm_eps=1e-6,
                     sliding_window=4096),
@@ -143,18 +158,20 @@ _TEXT_DEFAULTS = {
 }
 
 
-def text_config(hf: dict, tie_default: bool = True, text_tie: bool = False) -> dict:
+def text_config(hf: dict, tie_default: bool | None = True, text_tie: bool = False) -> dict:
     """The text model's config: text_config, its class's defaults where it leaves a field out (_TEXT_DEFAULTS), with
     the head's tying the multimodal config's, else its class's default (tie_default): transformers' tie_weights reads
     the top-level config's flag, which text_config's does not set; or hf itself where it nests none. text_tie: the
     multimodal config takes text_config's true where its own is false (LlavaConfig's and Qwen2VLConfig's
-    __post_init__), text_config's own flag its class's default where it gives none (_TEXT_DEFAULTS)."""
+    __post_init__), text_config's own flag its class's default where it gives none (_TEXT_DEFAULTS); a top-level
+    flag that is null or left out where tie_default is None: text_config's own (PerceptionLMConfig's __post_init__)."""
     if "text_config" not in hf:
         return hf
     given = hf["text_config"]
     text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
     own = bool(text.get("tie_word_embeddings", False))
-    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", tie_default)) or (text_tie and own)
+    top = hf.get("tie_word_embeddings", tie_default)
+    text["tie_word_embeddings"] = own if top is None else bool(top) or (text_tie and own)
     return text
 
 
@@ -193,7 +210,7 @@ def _plain_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
 
 
 def multimodal_family(name: str, architecture: str, text_families: dict[str, Family], default_text: str,
-                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True,
+                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool | None = True,
                       text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
                       view: Callable[[TensorSource, ModelConfig], TensorSource] = _plain_view,
                       layout_of: Callable[[ModelConfig], str] | None = None) -> Family:
@@ -377,7 +394,8 @@ def families() -> tuple[Family, ...]:
     (qwen2, their multimodal RoPE plain on text); qwen3_vl_moe (qwen3_moe, its experts transposed); glm4v (glm4),
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
-    aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py)."""
+    aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py); idefics2, perception_lm, fast_vlm,
+    lighton_ocr, janus, ovis2, video_llama_3 (_more_llava_like), shieldgemma2 (gemma3_text)."""
     from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
                                  lfm2, llama, minimax_m3, moe)
 
@@ -445,4 +463,40 @@ def families() -> tuple[Family, ...]:
                               "minimax_m3_vl_text", tie_default=False),
             # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
-                              "dots3_note_text", tie_default=False))
+                              "dots3_note_text", tie_default=False),
+            *_more_llava_like(llama_layout),
+            # ShieldGemma 2: Gemma 3's ForConditionalGeneration one level down; its classifier's two logits are the
+            # text model's last-position logits at yes_token_index and no_token_index
+            multimodal_family("shieldgemma2", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
+                              _check_gemma3, tie_default=False, text_tie=True))
+
+
+def _check_ovis2(hf: dict) -> None:
+    """Ovis2ForConditionalGeneration's head is the top-level hidden_size x vocab_size, not text_config's: untied, a
+    head of other rows than the embedding's is one redline's single vocabulary cannot hold."""
+    text = text_config(hf)
+    if text.get("tie_word_embeddings"):  # tied, the head is the embedding, whatever its declared size
+        return
+    raise_first([(hf.get(k, text.get(k)) != text.get(k),
+                  f"{k}={hf.get(k)} beside text_config.{k}={text.get(k)}: Ovis2's untied lm_head is the top-level "
+                  f"size, the embedding text_config's, which redline's one vocabulary and width cannot both hold")
+                 for k in ("vocab_size", "hidden_size")])
+
+
+def _more_llava_like(llama_layout: dict[str, Family]) -> tuple[Family, ...]:
+    """More folders whose text model is transformers' AutoModel of text_config (llama, mistral, qwen2 or qwen3) under
+    a plain lm_head, each forward the text model's on text (image and video features replace their tokens' rows only
+    where pixel values are given): Idefics2 (mistral by default, under model.text_model.; its perceiver resampler in
+    the connector), PerceptionLM (llama), FastVLM (qwen2), LightOnOCR (qwen3), Janus (llama; its image-generation
+    VQ-VAE and head left unread with the understanding tower), Ovis2 (qwen2; its visual indicator tokens' rows
+    replaced only where images are given, its head the top-level size: _check_ovis2) and VideoLLaMA 3 (qwen2)."""
+    # (model_type, default text model, its class's tying default (None: text_config's own, PerceptionLMConfig's
+    # __post_init__), whether it takes text_config's true where its own is false (FastVlmConfig's and
+    # VideoLlama3Config's __post_init__), its check)
+    rows = (("idefics2", "mistral", False, False, None), ("perception_lm", "llama", None, False, None),
+            ("fast_vlm", "qwen2", False, True, None), ("lighton_ocr", "qwen3", True, False, None),
+            ("janus", "llama", True, False, None), ("ovis2", "qwen2", True, False, _check_ovis2),
+            ("video_llama_3", "qwen2", False, True, None))
+    return tuple(multimodal_family(name, llama_layout[text].architecture, llama_layout, text, tie_default=tie,
+                                   text_tie=text_tie, **({} if check is None else {"check": check}))
+                 for name, text, tie, text_tie, check in rows)
