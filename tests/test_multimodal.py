@@ -14,7 +14,9 @@ the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image a
 CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGeneration (Idefics3's tower and a
 cross-attention projector), MiniMaxM3SparseForConditionalGeneration (import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers); Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus,
-Ovis2 and VideoLLaMA 3 (LLaVA-like) and ShieldGemma2ForImageClassification (Gemma 3's model one level down, its
+Ovis2 and VideoLLaMA 3 (LLaVA-like), the Qwen2.5-Omni and Qwen3-Omni-MoE thinkers (a vision tower and an audio
+encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a VQ-VAE, no tower) and
+ShieldGemma2ForImageClassification (Gemma 3's model one level down, its
 yes/no logits the text model's)."""
 
 from __future__ import annotations
@@ -203,6 +205,54 @@ def _gemma4_unified_config(**text):
         boi_token_id=VOCAB - 3, eoi_token_id=VOCAB - 4, tie_word_embeddings=True)
 
 
+def _omni_thinker_config(config_class):
+    """Qwen2.5-Omni's thinker (config_class Qwen2_5OmniThinkerConfig: a Qwen2 text model with q/k/v biases, MRoPE
+    sections 2 + 3 + 3 in the rotate-half layout) or Qwen3-Omni-MoE's (Qwen3OmniMoeThinkerConfig: QK-norm, top 2 of 4
+    experts, interleaved MRoPE sections 2 + 2 + 4), each beside a one-block vision tower and a one-layer audio
+    encoder; vision_start_token_id as the Hub's thinker configs give it (the config class has no such field)."""
+    qwen3 = config_class is transformers.Qwen3OmniMoeThinkerConfig
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]})
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14)
+    audio = dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=64,
+                 num_mel_bins=16, max_source_positions=20, n_window=4)
+    if qwen3:
+        text.update(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                    rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 2, 4],
+                                     "interleaved": True})
+        vision.update(deepstack_visual_indexes=[0], num_position_embeddings=16)
+        audio.update(downsample_hidden_size=8)
+    return config_class(text_config=text, vision_config=vision, audio_config=audio, image_token_id=VOCAB - 1,
+                        video_token_id=VOCAB - 2, audio_token_id=VOCAB - 3, audio_start_token_id=VOCAB - 4,
+                        user_token_id=5, vision_start_token_id=VOCAB - 6,  # which get_rope_index reads
+                        **({} if qwen3 else {"audio_end_token_id": VOCAB - 5}))
+
+
+def _emu3_config():
+    """Emu3's layout: its Llama-like text model (GQA, untied) beside a one-level VQ-VAE whose 16 codes are the visual
+    tokens 200..215 of the text model's vocabulary (vocabulary_map)."""
+    return transformers.Emu3Config(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         pad_token_id=0, bos_token_id=0, eos_token_id=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+        vq_config=dict(embed_dim=8, codebook_size=16, latent_channels=8, base_channels=32, channel_multiplier=[1],
+                       num_res_blocks=1, attn_resolutions=[], temporal_downsample_factor=1),
+        vocabulary_map={"<|extra_200|>": VOCAB - 1, "<|image token|>": VOCAB - 2,
+                        **{f"<|visual token {i:06d}|>": 200 + i for i in range(16)}})
+
+
+def _hyperclovax_vision_hub(name: str) -> str:
+    """A tensor's name in HyperCLOVA X SEED Vision's Hub folders (transformers' conversion mapping read backwards):
+    model.language_model.model.*, model.language_model.lm_head.weight, model.vision_projector.*."""
+    if name.startswith("model.language_model."):
+        return "model.language_model.model." + name[len("model.language_model."):]
+    if name == "lm_head.weight":
+        return "model.language_model.lm_head.weight"
+    return "model.vision_projector." + name[len("model.projector."):] if name.startswith("model.projector.") else name
+
+
 def _shieldgemma2_hub(name: str) -> str:
     """A tensor's name in ShieldGemma 2's Hub folders: Gemma 3's Hub names (language_model.model.*,
     language_model.lm_head.weight, vision_tower.*) under model., where save_pretrained writes
@@ -265,6 +315,11 @@ _TEXTS = {
                               rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                "original_max_position_embeddings": 16}),
+    "granite_docling_text": dict(model_type="granite_docling_text", **_LLAMA_TEXT, embedding_multiplier=3.0,
+                                 residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5,
+                                 pad_token_id=0, bos_token_id=0, eos_token_id=1),
+    "hyperclovax": dict(model_type="hyperclovax", **_LLAMA_TEXT, embedding_multiplier=2.0, residual_multiplier=0.5,
+                        attention_multiplier=0.2, logits_scaling=0.25, pad_token_id=None),
     "qwen2_vl_text": dict(model_type="qwen2_vl_text", **{**_LLAMA_TEXT, "rope_theta": None},
                           rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]}),
 }
@@ -397,6 +452,19 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "video_llama_3": _llava_like("video_llama_3", "VideoLlama3ForConditionalGeneration", "qwen2",
                                       "Qwen2ForCausalLM", {k: _TOWER[k] for k in _TOWER if k != "image_size"},
                                       renamed=None),
+         "qwen2_5_omni_thinker": (lambda: _omni_thinker_config(transformers.Qwen2_5OmniThinkerConfig),
+                                  "Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2ForCausalLM", None),
+         "qwen3_omni_moe_thinker": (lambda: _omni_thinker_config(transformers.Qwen3OmniMoeThinkerConfig),
+                                    "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3MoeForCausalLM", None),
+         "granite_docling": _llava_like("granite_docling", "GraniteDoclingForConditionalGeneration",
+                                        "granite_docling_text", "GraniteForCausalLM",
+                                        dict(_TOWER, patch_size=7, out_hidden_size=64, scale_factor=2,
+                                             deepstack_visual_indexes=[0]), renamed=None, pad_token_id=0),
+         "hyperclovax_vision_v2": _llava_like("hyperclovax_vision_v2", "HyperCLOVAXVisionV2ForConditionalGeneration",
+                                              "hyperclovax", "HyperCLOVAXForCausalLM",
+                                              dict(model_type="qwen2_5_vl_vision", **_QWEN2_VL_TOWER,
+                                                   out_hidden_size=64), _hyperclovax_vision_hub),
+         "emu3": (_emu3_config, "Emu3ForConditionalGeneration", "LlamaForCausalLM", None),
          "shieldgemma2": (lambda: _gemma3_config(transformers.ShieldGemma2Config, yes_token_index=5,
                                                  no_token_index=6),
                           "ShieldGemma2ForImageClassification", "Gemma3ForCausalLM", _shieldgemma2_hub)}
@@ -441,7 +509,8 @@ def _language_model(hf):
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
           "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note")
-_FIRST += ("perception_lm", "janus", "ovis2", "shieldgemma2")
+_FIRST += ("perception_lm", "janus", "ovis2", "shieldgemma2", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
+           "granite_docling", "hyperclovax_vision_v2", "emu3")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -526,7 +595,9 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
 
 @pytest.mark.parametrize("kind", ["llava", "llava_next", "llava_onevision", "qwen2_vl", "internvl", "aya_vision",
                                   "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl", "idefics2", "perception_lm",
-                                  "fast_vlm", "lighton_ocr", "janus", "ovis2", "video_llama_3", "shieldgemma2"])
+                                  "fast_vlm", "lighton_ocr", "janus", "ovis2", "video_llama_3", "shieldgemma2",
+                                  "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "granite_docling",
+                                  "hyperclovax_vision_v2", "emu3"])
 def test_head_tying_of_llava_like_configs_follows_their_class(kind):
     """Whether the head is tied, for each pair of top-level and text_config flags (either left out): as the
     multimodal config class settles it (LlavaConfig, Qwen2VLConfig, Glm4vConfig and HunYuanVLConfig take
@@ -670,6 +741,12 @@ def test_hub_shaped_configs():
     ("ovis2", {"hidden_size": 64, "num_hidden_layers": 2}),
     ("video_llama_3", {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2}),
     ("shieldgemma2", {"hidden_size": 64, "num_hidden_layers": 2}),
+    ("qwen2_5_omni_thinker", {"hidden_size": 64, "num_attention_heads": 8,
+                              "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2]}}),
+    ("qwen3_omni_moe_thinker", {"hidden_size": 64, "num_attention_heads": 8, "num_experts": 8}),
+    ("granite_docling", {"num_hidden_layers": 2}),  # the width its tower's default out_hidden_size
+    ("hyperclovax_vision_v2", {"model_type": "hyperclovax", "hidden_size": 64, "num_attention_heads": 4}),
+    ("emu3", {"hidden_size": 64, "num_attention_heads": 4}),
 ])
 def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):
@@ -715,10 +792,17 @@ def test_qwen2_vl_hub_flat_config():
                                                    ("mistral_large4", "KV caches reused across layers"),
                                                    ("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
-                                                   ("inkling2_loop", "looped loop_num_passes times")])
+                                                   ("inkling2_loop", "looped loop_num_passes times"),
+                                                   ("molmo2", "rope_scaling_layers alone"),
+                                                   ("chameleon", "a weight and a bias of their own for every head"),
+                                                   ("idefics", "gated cross-attention blocks"),
+                                                   ("muse_glimmer", "weightless QK-norm"),
+                                                   ("muse_spark", "residual gates")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
     """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV) and the
-    Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at import."""
+    Inkling folders (relative-position biases, short convolutions, looped layers), Molmo2 and the Muse folders (text
+    models redline does not read), Chameleon (QK norms of their own per head) and Idefics (gated cross-attention
+    blocks) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

@@ -382,6 +382,24 @@ NOT_READ = {
                    "projection over o_groups, keys compressed window by window at compress_rates and picked by a "
                    "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
                    "redline's model and engine have not (its hyper-connections, hc_mult, are: model.mhc_streams)",
+    # multimodal folders whose text model redline does not read (multimodal.py reads the others)
+    "molmo2": "Molmo2's text model (molmo2_text) is no family redline reads: RoPE scaling on its "
+              "rope_scaling_layers alone, Qwen3's or OLMo's QK norms by qk_norm_type, post-norm blocks where "
+              "norm_after, an embedding of additional_vocab_size rows past its head's, and its Hub folders' fused "
+              "att_proj / ff_proj and split wte tensors are not mapped onto redline's model",
+    "chameleon": "Chameleon's QK norms are LayerNorms with a weight and a bias of their own for every head "
+                 "((num_heads, head_dim)), where redline's QK LayerNorm (model.qk_layernorm) shares one across "
+                 "heads, and its forward sets the image tokens' logits to the dtype's minimum",
+    "idefics": "Idefics interleaves gated cross-attention blocks (every cross_layer_interval layers) whose MLP, "
+               "scaled by tanh(alpha_dense), runs on text tokens too, and its forward needs image states; redline's "
+               "blocks have no cross-attention block",
+    "muse_glimmer": "Muse Glimmer's text model (muse_glimmer_text) is no family redline reads: a sigmoid gate on "
+                    "the attention output, q scaled by qk_scale_factor after a weightless QK-norm, sublayer "
+                    "outputs normalized at post_norm_eps, a RoPE base per layer (layer_rope_theta, 0 for none) and "
+                    "the logits times output_multiplier before their softcap",
+    "muse_spark": "Muse Spark's text model (muse_spark_text) is no family redline reads: Muse Glimmer's layers "
+                  "(a gated attention output, q scaled after a weightless QK-norm, per-layer RoPE bases, a logit "
+                  "multiplier) with experts behind residual gates (residual_gate_temperature)",
 }
 
 

@@ -22,8 +22,10 @@ forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain Ro
 Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py) and MiniMax-M3's
 MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text model minimax_m3_vl_text:
 minimax_m3.py, import only). Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 are
-LLaVA-like (_more_llava_like); ShieldGemma 2's classifier wraps Gemma 3's ForConditionalGeneration, whose text model
-is read.
+LLaVA-like (_more_llava_like); Qwen2.5-Omni's and Qwen3-Omni's thinkers are Qwen2.5-VL's and Qwen3-VL-MoE's kin
+beside an audio encoder; Granite-Docling's text model is Granite's, HyperCLOVA X SEED Vision's HyperCLOVA X's,
+Emu3's Llama's (beside the VQ-VAE that tokenizes its images); ShieldGemma 2's classifier wraps Gemma 3's
+ForConditionalGeneration, whose text model is read.
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
 mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
@@ -68,7 +70,8 @@ _TEXT_PREFIXES = (("model.model.language_model.model.", "model."), ("model.lm_he
                   ("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
                   # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
                   ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                  ("model.text_model.", "model."))  # SmolVLM's and Idefics3's (Idefics2's too)
+                  ("model.text_model.", "model."),  # SmolVLM's and Idefics3's (Idefics2's too)
+                  ("text_model.model.", "model."), ("text_model.lm_head.", "lm_head."))  # Emu3's
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
            "model.visual.", "visual.",  # Gemma 3's, Mistral 3's, LLaVA's; Qwen2-VL's and Qwen3-VL's tower and mergers
            "model.image_newline", "image_newline",  # LLaVA-NeXT's row separator between image tiles
@@ -91,7 +94,9 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.generation_head.", "aligner.", "vqmodel.", "generation_embeddings.", "generation_aligner.",
            "generation_head.",
            "model.visual_embeddings_table.", "visual_embeddings_table.",  # Ovis2's visual token table
-           "model.projector.", "projector.")  # VideoLLaMA 3's projector
+           "model.projector.", "projector.",  # VideoLLaMA 3's and HyperCLOVA X SEED Vision's projector
+           "model.vision_projector.",  # HyperCLOVA X SEED Vision's as its Hub folders name it
+           "model.density_router.")  # Granite-Docling's image-token router
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -152,6 +157,23 @@ _TEXT_DEFAULTS = {
     "cohere2": dict(vocab_size=256_000, hidden_size=8192, intermediate_size=22_528, num_hidden_layers=40,
                     num_attention_heads=64, max_position_embeddings=8192, layer_norm_eps=1e-5, sliding_window=4096,
                     sliding_window_pattern=4, logit_scale=0.0625, tie_word_embeddings=True),
+    # Qwen2.5-Omni's and Qwen3-Omni's thinker text configs
+    "qwen2_5_omni_text": dict(vocab_size=152_064, hidden_size=3584, intermediate_size=18_944, num_hidden_layers=28,
+                              num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32_768,
+                              rms_norm_eps=1e-6, rope_theta=1_000_000.0, sliding_window=32_768,
+                              tie_word_embeddings=True),
+    "qwen3_omni_moe_text": dict(vocab_size=3584, hidden_size=2048, intermediate_size=18_944, num_hidden_layers=28,
+                                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32_768,
+                                rms_norm_eps=1e-6, rope_theta=1_000_000.0, moe_intermediate_size=768,
+                                num_experts_per_tok=8, num_experts=128, norm_topk_prob=True, tie_word_embeddings=False),
+    "granite_docling_text": dict(vocab_size=133_800, hidden_size=1024, intermediate_size=2048, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=32_768,
+                                 rms_norm_eps=1e-5, embedding_multiplier=12.0, logits_scaling=4.0,
+                                 residual_multiplier=0.263, attention_multiplier=0.015625, tie_word_embeddings=True),
+    # (HyperCLOVAXConfig's heads default to the query heads, its head_dim to hidden_size / num_attention_heads)
+    "hyperclovax": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                        num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False),
     "lfm2": dict(vocab_size=65_536, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5,
                  rope_theta=1_000_000.0, tie_word_embeddings=True),
@@ -395,11 +417,14 @@ def families() -> tuple[Family, ...]:
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
     aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py); idefics2, perception_lm, fast_vlm,
-    lighton_ocr, janus, ovis2, video_llama_3 (_more_llava_like), shieldgemma2 (gemma3_text)."""
+    lighton_ocr, janus, ovis2, video_llama_3 (_more_llava_like), qwen2_5_omni_thinker (qwen2, its multimodal RoPE
+    plain on text), qwen3_omni_moe_thinker (qwen3_moe), granite_docling (granite), hyperclovax_vision_v2
+    (hyperclovax), emu3 (emu3_text_model: llama_kin.py), shieldgemma2 (gemma3_text)."""
     from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
-                                 lfm2, llama, minimax_m3, moe)
+                                 lfm2, llama, llama_kin, minimax_m3, moe)
 
     llamas = {f.name: f for f in llama.FAMILIES}
+    kin = {f.name: f for f in llama_kin.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
     llama_layout = {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}
     cohere2 = {f.name: f for f in cohere.FAMILIES}["cohere2"]
@@ -465,6 +490,27 @@ def families() -> tuple[Family, ...]:
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
                               "dots3_note_text", tie_default=False),
             *_more_llava_like(llama_layout),
+            # Qwen2.5-Omni's thinker: Qwen2.5-VL's text model (its multimodal RoPE plain on text: the thinker's
+            # get_rope_index gives text tokens one arange position on all three axes) beside a vision and an audio
+            # tower; Qwen3-Omni-MoE's: Qwen3-MoE's (per-expert tensors as its folders store them), its interleaved
+            # multimodal RoPE plain on text as Qwen3-VL's, its router's top-k renormalized where norm_topk_prob says
+            multimodal_family("qwen2_5_omni_thinker", "Qwen2ForCausalLM", {"qwen2_5_omni_text": llamas["qwen2"]},
+                              "qwen2_5_omni_text", tie_default=False, adapt=_plain_rope),
+            multimodal_family("qwen3_omni_moe_thinker", "Qwen3MoeForCausalLM",
+                              {"qwen3_omni_moe_text": moes["qwen3_moe"]}, "qwen3_omni_moe_text", tie_default=False),
+            # Granite-Docling: Granite's text model (its multipliers, the logits divided by logits_scaling in
+            # GraniteDoclingForConditionalGeneration as GraniteForCausalLM divides them) under model.text_model., its
+            # deepstack features added only where images are given
+            multimodal_family("granite_docling", "GraniteForCausalLM", {"granite_docling_text": granite.FAMILY},
+                              "granite_docling_text"),
+            # HyperCLOVA X SEED Vision: HyperCLOVA X's text model (its logits multiplied by logits_scaling in
+            # HyperCLOVAXVisionV2ForConditionalGeneration as HyperCLOVAXForCausalLM multiplies them)
+            multimodal_family("hyperclovax_vision_v2", "HyperCLOVAXForCausalLM",
+                              {"hyperclovax": granite.HYPERCLOVAX_FAMILY}, "hyperclovax"),
+            # Emu3: its text model (Llama's block: llama_kin.py) beside the VQ-VAE that turns images into its
+            # vocabulary's visual tokens
+            multimodal_family("emu3", "LlamaForCausalLM", {"emu3_text_model": kin["emu3_text_model"]},
+                              "emu3_text_model", tie_default=False),
             # ShieldGemma 2: Gemma 3's ForConditionalGeneration one level down; its classifier's two logits are the
             # text model's last-position logits at yes_token_index and no_token_index
             multimodal_family("shieldgemma2", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
