@@ -958,7 +958,7 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "lighton_ocr, llama, llama4, llama4_text, llava, llava_next, llava_next_video, "
                          "llava_onevision, longcat_flash, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, minimax, "
                          "minimax_m2, minimax_m3_vl, minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, "
-                         "mistral4, mixtral, mllama, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
+                         "mistral4, mixtral, mllama, molmo2, mpt, nanochat, nemotron, nemotron_h, olmo, olmo2, olmo3, "
                          "olmo_hybrid, olmoe, openai-gpt, opt, ovis2, perception_lm, persimmon, phi, phi3, phimoe, "
                          "qwen2, qwen2_5_omni_thinker, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, "
                          "qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_omni_moe_thinker, qwen3_vl, "

@@ -15,8 +15,8 @@ CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGene
 cross-attention projector), MiniMaxM3SparseForConditionalGeneration (import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers); Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus,
 Ovis2 and VideoLLaMA 3 (LLaVA-like), the Qwen2.5-Omni and Qwen3-Omni-MoE thinkers (a vision tower and an audio
-encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a VQ-VAE, no tower) and
-ShieldGemma2ForImageClassification (Gemma 3's model one level down, its
+encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a VQ-VAE, no tower), Molmo2 (its Hub layout, a head
+narrower than the embedding) and ShieldGemma2ForImageClassification (Gemma 3's model one level down, its
 yes/no logits the text model's)."""
 
 from __future__ import annotations
@@ -227,6 +227,21 @@ def _omni_thinker_config(config_class):
                         video_token_id=VOCAB - 2, audio_token_id=VOCAB - 3, audio_start_token_id=VOCAB - 4,
                         user_token_id=5, vision_start_token_id=VOCAB - 6,  # which get_rope_index reads
                         **({} if qwen3 else {"audio_end_token_id": VOCAB - 5}))
+
+
+def _molmo2_config(text_config_update=(), **top):
+    """Molmo2-8B's layout: a Qwen3-like text model (per-head QK-norm, GQA, untied) whose embedding has 16 rows for
+    added tokens past the head's vocab_size, beside a one-layer vision tower and its pooling adapter."""
+    return transformers.Molmo2Config(
+        text_config=dict(dict(vocab_size=VOCAB - 16, additional_vocab_size=16, hidden_size=64, intermediate_size=96,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              max_position_embeddings=64, rms_norm_eps=1e-5,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+                         **dict(text_config_update)),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=8, image_default_input_size=[28, 28], image_patch_size=14),
+        adapter_config=dict(hidden_size=16, intermediate_size=32, text_hidden_size=64, num_attention_heads=2,
+                            num_key_value_heads=2, head_dim=8, vit_layers=[-1]), **top)
 
 
 def _emu3_config():
@@ -464,6 +479,20 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
                                               "hyperclovax", "HyperCLOVAXForCausalLM",
                                               dict(model_type="qwen2_5_vl_vision", **_QWEN2_VL_TOWER,
                                                    out_hidden_size=64), _hyperclovax_vision_hub),
+         "molmo2": (_molmo2_config, "Molmo2ForConditionalGeneration", None, None),  # import only: head_vocab
+         # a tying config: transformers leaves the head (vocab_size rows) apart from the wider embedding
+         "molmo2-tied": (lambda: _molmo2_config(tie_word_embeddings=True), "Molmo2ForConditionalGeneration", None,
+                         None),
+         # Molmo2-O's: OLMo's QK norms over whole projections, post-norm blocks (OLMo 2's block)
+         "molmo2-o": (lambda: _molmo2_config(text_config_update={"qk_norm_type": "olmo", "norm_after": True}),
+                      "Molmo2ForConditionalGeneration", None, None),
+         "molmo2-o-no-added": (lambda: _molmo2_config(text_config_update={
+             "qk_norm_type": "olmo", "norm_after": True, "vocab_size": VOCAB, "additional_vocab_size": 0}),
+             "Molmo2ForConditionalGeneration", "Olmo2ForCausalLM", None),
+         # no added rows: Qwen3's model, exported as it
+         "molmo2-no-added": (lambda: _molmo2_config(text_config_update={"vocab_size": VOCAB,
+                                                                       "additional_vocab_size": 0}),
+                             "Molmo2ForConditionalGeneration", "Qwen3ForCausalLM", None),
          "emu3": (_emu3_config, "Emu3ForConditionalGeneration", "LlamaForCausalLM", None),
          "shieldgemma2": (lambda: _gemma3_config(transformers.ShieldGemma2Config, yes_token_index=5,
                                                  no_token_index=6),
@@ -510,7 +539,7 @@ _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
           "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note")
 _FIRST += ("perception_lm", "janus", "ovis2", "shieldgemma2", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
-           "granite_docling", "hyperclovax_vision_v2", "emu3")
+           "granite_docling", "hyperclovax_vision_v2", "emu3", "molmo2", "molmo2-o")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -597,7 +626,7 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
                                   "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl", "idefics2", "perception_lm",
                                   "fast_vlm", "lighton_ocr", "janus", "ovis2", "video_llama_3", "shieldgemma2",
                                   "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "granite_docling",
-                                  "hyperclovax_vision_v2", "emu3"])
+                                  "hyperclovax_vision_v2", "emu3", "molmo2-no-added"])
 def test_head_tying_of_llava_like_configs_follows_their_class(kind):
     """Whether the head is tied, for each pair of top-level and text_config flags (either left out): as the
     multimodal config class settles it (LlavaConfig, Qwen2VLConfig, Glm4vConfig and HunYuanVLConfig take
@@ -661,6 +690,11 @@ def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
      "rope_parameters\\['sliding_attention'\\].rope_type='linear'"),
     ("llava", {"text_config": {"model_type": "gemma"}}, "text_config.model_type='gemma'.*llama or mistral or qwen2"),
     ("mllama", {"text_config": {"cross_attention_layers": [1, 9]}}, r"cross_attention_layers=\[1, 9\]: not layers"),
+    ("molmo2", {"text_config": {"qk_norm_type": "olmo"}}, "qk_norm_type='olmo' with norm_after=false: .* not a mix"),
+    ("molmo2", {"text_config": {"norm_after": True}}, "qk_norm_type='qwen3' with norm_after=true"),
+    ("molmo2", {"text_config": {"attention_bias": True}}, "attention_bias=true: Molmo2's q/k/v biases"),
+    ("molmo2", {"text_config": {"rope_scaling_layers": [1], "rope_parameters": {
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}}, r"rope_scaling_layers=\[1\]: RoPE scaling"),
     ("qwen2_vl", {"text_config": {"use_sliding_window": True, "sliding_window": 4,
                                   "layer_types": ["full_attention", "sliding_attention"]}},
      "a mix of full and sliding-window attention layers"),
@@ -747,6 +781,7 @@ def test_hub_shaped_configs():
     ("granite_docling", {"num_hidden_layers": 2}),  # the width its tower's default out_hidden_size
     ("hyperclovax_vision_v2", {"model_type": "hyperclovax", "hidden_size": 64, "num_attention_heads": 4}),
     ("emu3", {"hidden_size": 64, "num_attention_heads": 4}),
+    ("molmo2", {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}),
 ])
 def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):
@@ -793,15 +828,14 @@ def test_qwen2_vl_hub_flat_config():
                                                    ("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
                                                    ("inkling2_loop", "looped loop_num_passes times"),
-                                                   ("molmo2", "rope_scaling_layers alone"),
                                                    ("chameleon", "a weight and a bias of their own for every head"),
                                                    ("idefics", "gated cross-attention blocks"),
                                                    ("muse_glimmer", "weightless QK-norm"),
                                                    ("muse_spark", "residual gates")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
     """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV) and the
-    Inkling folders (relative-position biases, short convolutions, looped layers), Molmo2 and the Muse folders (text
-    models redline does not read), Chameleon (QK norms of their own per head) and Idefics (gated cross-attention
+    Inkling folders (relative-position biases, short convolutions, looped layers), the Muse folders (text models
+    redline does not read), Chameleon (QK norms of their own per head) and Idefics (gated cross-attention
     blocks) are refused by name at import."""
     from redline.interop.families import family_for
 

@@ -383,10 +383,6 @@ NOT_READ = {
                    "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
                    "redline's model and engine have not (its hyper-connections, hc_mult, are: model.mhc_streams)",
     # multimodal folders whose text model redline does not read (multimodal.py reads the others)
-    "molmo2": "Molmo2's text model (molmo2_text) is no family redline reads: RoPE scaling on its "
-              "rope_scaling_layers alone, Qwen3's or OLMo's QK norms by qk_norm_type, post-norm blocks where "
-              "norm_after, an embedding of additional_vocab_size rows past its head's, and its Hub folders' fused "
-              "att_proj / ff_proj and split wte tensors are not mapped onto redline's model",
     "chameleon": "Chameleon's QK norms are LayerNorms with a weight and a bias of their own for every head "
                  "((num_heads, head_dim)), where redline's QK LayerNorm (model.qk_layernorm) shares one across "
                  "heads, and its forward sets the image tokens' logits to the dtype's minimum",

@@ -24,7 +24,8 @@ MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text mo
 minimax_m3.py, import only). Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 are
 LLaVA-like (_more_llava_like); Qwen2.5-Omni's and Qwen3-Omni's thinkers are Qwen2.5-VL's and Qwen3-VL-MoE's kin
 beside an audio encoder; Granite-Docling's text model is Granite's, HyperCLOVA X SEED Vision's HyperCLOVA X's,
-Emu3's Llama's (beside the VQ-VAE that tokenizes its images); ShieldGemma 2's classifier wraps Gemma 3's
+Emu3's Llama's (beside the VQ-VAE that tokenizes its images), Molmo2's Qwen3's or OLMo 2's (fused tensors in its Hub
+layout, a head narrower than its embedding); ShieldGemma 2's classifier wraps Gemma 3's
 ForConditionalGeneration, whose text model is read.
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -96,7 +98,8 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "model.visual_embeddings_table.", "visual_embeddings_table.",  # Ovis2's visual token table
            "model.projector.", "projector.",  # VideoLLaMA 3's and HyperCLOVA X SEED Vision's projector
            "model.vision_projector.",  # HyperCLOVA X SEED Vision's as its Hub folders name it
-           "model.density_router.")  # Granite-Docling's image-token router
+           "model.density_router.",  # Granite-Docling's image-token router
+           "model.vision_backbone.")  # Molmo2's tower and adapter, as its Hub folders (and save_pretrained) name them
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -174,6 +177,9 @@ _TEXT_DEFAULTS = {
     "hyperclovax": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
                         num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
                         tie_word_embeddings=False),
+    "molmo2_text": dict(vocab_size=151_936, additional_vocab_size=128, hidden_size=4096, intermediate_size=12_288,
+                        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                        max_position_embeddings=36_864, rms_norm_eps=1e-6, tie_word_embeddings=False),
     "lfm2": dict(vocab_size=65_536, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5,
                  rope_theta=1_000_000.0, tie_word_embeddings=True),
@@ -419,9 +425,10 @@ def families() -> tuple[Family, ...]:
     aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py); idefics2, perception_lm, fast_vlm,
     lighton_ocr, janus, ovis2, video_llama_3 (_more_llava_like), qwen2_5_omni_thinker (qwen2, its multimodal RoPE
     plain on text), qwen3_omni_moe_thinker (qwen3_moe), granite_docling (granite), hyperclovax_vision_v2
-    (hyperclovax), emu3 (emu3_text_model: llama_kin.py), shieldgemma2 (gemma3_text)."""
+    (hyperclovax), emu3 (emu3_text_model: llama_kin.py), molmo2 (qwen3 or olmo2, its Hub layout: _molmo2_view),
+    shieldgemma2 (gemma3_text)."""
     from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
-                                 lfm2, llama, llama_kin, minimax_m3, moe)
+                                 lfm2, llama, llama_kin, minimax_m3, moe, olmo2)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     kin = {f.name: f for f in llama_kin.FAMILIES}
@@ -511,6 +518,11 @@ def families() -> tuple[Family, ...]:
             # vocabulary's visual tokens
             multimodal_family("emu3", "LlamaForCausalLM", {"emu3_text_model": kin["emu3_text_model"]},
                               "emu3_text_model", tie_default=False),
+            # Molmo2: Qwen3's text model (Molmo2-8B's) or OLMo 2's (Molmo2-O's) with added tokens' embedding rows its
+            # head does not predict
+            multimodal_family("molmo2", "Qwen3ForCausalLM",
+                              {"molmo2_text": _molmo2_family(llamas["qwen3"], olmo2.FAMILY)}, "molmo2_text",
+                              tie_default=False, view=_molmo2_view),
             # ShieldGemma 2: Gemma 3's ForConditionalGeneration one level down; its classifier's two logits are the
             # text model's last-position logits at yes_token_index and no_token_index
             multimodal_family("shieldgemma2", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
@@ -546,3 +558,86 @@ def _more_llava_like(llama_layout: dict[str, Family]) -> tuple[Family, ...]:
     return tuple(multimodal_family(name, llama_layout[text].architecture, llama_layout, text, tie_default=tie,
                                    text_tie=text_tie, **({} if check is None else {"check": check}))
                  for name, text, tie, text_tie, check in rows)
+
+
+_BLOCK = re.compile(r"model\.transformer\.blocks\.(\d+)\.(.*)")
+# Molmo2's Hub names (transformers' conversion mapping for molmo2 read backwards) -> Qwen3's, within a block
+_MOLMO2_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ff_norm.weight": "post_attention_layernorm.weight",
+                 "self_attn.attn_out.weight": "self_attn.o_proj.weight", "mlp.ff_out.weight": "mlp.down_proj.weight",
+                 "self_attn.q_norm.weight": "self_attn.q_norm.weight",
+                 "self_attn.k_norm.weight": "self_attn.k_norm.weight"}
+# norm_after's: the same norms on the sublayers' outputs, under OLMo 2's names
+_MOLMO2_OUTPUT_NORMS = {**_MOLMO2_NAMES, "attn_norm.weight": "post_attention_layernorm.weight",
+                        "ff_norm.weight": "post_feedforward_layernorm.weight"}
+
+
+def _molmo2_text(text: dict) -> dict:
+    """Molmo2's text config as Qwen3's or OLMo 2's reader takes it, where it is one of their models: per-head
+    QK-norm (qk_norm_type qwen3) in pre-norm blocks (Molmo2-8B's: Qwen3's), or QK-norm over the whole q and k
+    projections (qk_norm_type olmo) with each sublayer's output normalized (norm_after: Molmo2-O's, OLMo 2's block);
+    no q/k/v biases, its RoPE scaling (if any) on every layer; the vocabulary the embedding's vocab_size +
+    additional_vocab_size rows (the head's vocab_size rows: _molmo2_family)."""
+    n = int(text["num_hidden_layers"])
+    scaled = text.get("rope_scaling_layers")
+    params = text.get("rope_parameters") or {}
+    rope = params.get("rope_type", params.get("type", "default"))
+    kind, after = text.get("qk_norm_type", "qwen3"), bool(text.get("norm_after"))
+    raise_first([
+        (kind not in ("qwen3", "olmo"), f"text_config.qk_norm_type={kind!r}: Molmo2's are qwen3 and olmo"),
+        (after != (kind == "olmo"),
+         f"text_config.qk_norm_type={kind!r} with norm_after={str(after).lower()}: redline reads Molmo2's text model "
+         f"as Qwen3's (qwen3, pre-norm) or OLMo 2's (olmo, norm_after), not a mix"),
+        (bool(text.get("attention_bias")), "text_config.attention_bias=true: Molmo2's q/k/v biases beside an "
+                                           "o_proj without one are not Qwen3's or OLMo 2's"),
+        (rope != "default" and scaled is not None and sorted({int(i) for i in scaled}) != list(range(n)),
+         f"text_config.rope_scaling_layers={scaled}: RoPE scaling ({rope}) on some layers alone, the others "
+         f"unscaled; redline's RoPE is one for every layer"),
+    ])
+    return {**text, "vocab_size": int(text["vocab_size"]) + int(text.get("additional_vocab_size", 0))}
+
+
+def _molmo2_family(qwen3: Family, olmo2: Family) -> Family:
+    """Molmo2's text model as Qwen3's or OLMo 2's (by qk_norm_type): its embedding vocab_size + additional_vocab_size
+    rows (the added tokens' rows in a table of their own in its Hub folders), its head vocab_size rows alone
+    (model.head_vocab: the added tokens are inputs the model never predicts). Such a head is never tied, whatever
+    tie_word_embeddings says: transformers leaves a head and an embedding of different shapes apart (and saves the
+    head); without added rows the flag decides."""
+    def model_config(hf: dict) -> ModelConfig:
+        text = qwen3 if hf.get("qk_norm_type", "qwen3") == "qwen3" else olmo2
+        if not int(hf.get("additional_vocab_size", 0)):
+            return text.model_config(_molmo2_text(hf))
+        cfg = text.model_config(_molmo2_text({**hf, "tie_word_embeddings": False}))
+        return replace(cfg, head_vocab=int(hf["vocab_size"]))
+
+    return replace(qwen3, name="molmo2_text", model_config=model_config)
+
+
+def _molmo2_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """src under Qwen3's (OLMo 2's) names, from Molmo2's Hub layout (which save_pretrained writes too: transformers' conversion
+    mapping for molmo2 read backwards): model.transformer.wte.embedding and .new_embedding stacked into the embedding
+    (vocab_size, then additional_vocab_size rows), each block's att_proj (q, k, v rows stacked) split, its ff_proj
+    (up_proj's rows, then gate_proj's) split, ln_f the final norm, attn_norm and ff_norm on the sublayers' inputs or,
+    norm_after, outputs; other names as text_view reads them (transformers 5's module names)."""
+    q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim  # (rows of att_proj's q and of its k and v)
+    parts: dict[str, Callable[[], torch.Tensor]] = {}
+    for raw in src.names:
+        if raw == "model.transformer.wte.embedding":
+            parts["model.embed_tokens.weight"] = lambda: torch.cat(
+                [src.take("model.transformer.wte.embedding"), src.take("model.transformer.wte.new_embedding")])
+        elif raw == "model.transformer.ln_f.weight":
+            parts["model.norm.weight"] = lambda raw=raw: src.take(raw)
+        elif m := _BLOCK.fullmatch(raw):
+            layer, rest = f"model.layers.{m.group(1)}.", m.group(2)
+            if rest == "self_attn.att_proj.weight":
+                for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
+                    parts[f"{layer}self_attn.{part}.weight"] = (
+                        lambda raw=raw, i=i: src.take(raw).split([q, kv, kv])[i])
+            elif rest == "mlp.ff_proj.weight":
+                for i, part in enumerate(("up_proj", "gate_proj")):
+                    parts[f"{layer}mlp.{part}.weight"] = lambda raw=raw, i=i: src.take(raw).chunk(2)[i]
+            else:
+                names = _MOLMO2_OUTPUT_NORMS if cfg.norm_position == "output" else _MOLMO2_NAMES
+                parts[layer + names.get(rest, rest)] = lambda raw=raw: src.take(raw)
+        elif raw != "model.transformer.wte.new_embedding":
+            parts[_text_name(raw)] = lambda raw=raw: src.take(raw)
+    return TensorSource(parts, lambda name: parts[name](), src.where)
