@@ -593,6 +593,10 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
         "tie_word_embeddings"] is True
     assert text_config({"text_config": {"tie_word_embeddings": False}})["tie_word_embeddings"] is True
     assert text_config({"text_config": {"tie_word_embeddings": True}}, tie_default=False)["tie_word_embeddings"] is False
+    # PerceptionLMConfig's null (or absent) flag takes text_config's; a class with a default reads null as false
+    for tie_default, expected in ((None, True), (True, False)):
+        assert text_config({"text_config": {"tie_word_embeddings": True}, "tie_word_embeddings": None},
+                           tie_default=tie_default)["tie_word_embeddings"] is expected
     for module, config in ((qwen3_5, transformers.Qwen3_5Config), (gemma4, transformers.Gemma4Config),
                            (llama4, transformers.Llama4Config)):  # their folders' reader follows the same rule
         for top, text in ((True, False), (False, True), (None, not config().tie_word_embeddings)):

@@ -199,7 +199,7 @@ def text_config(hf: dict, tie_default: bool | None = True, text_tie: bool = Fals
     text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
     own = bool(text.get("tie_word_embeddings", False))
     top = hf.get("tie_word_embeddings", tie_default)
-    text["tie_word_embeddings"] = own if top is None else bool(top) or (text_tie and own)
+    text["tie_word_embeddings"] = own if top is None and tie_default is None else bool(top) or (text_tie and own)
     return text
 
 
