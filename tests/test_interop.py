@@ -943,8 +943,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, "
-                         "axk2, aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, "
-                         "cohere2_moe, cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, "
+                         "axk2, aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, chameleon, codegen, cohere, "
+                         "cohere2, cohere2_moe, cohere2_vision, cohere_compass, cohere_compass_text, ctrl, cwm, dbrx, "
                          "deepseek_v2, deepseek_v3, deepseek_v32, diffllama, doge, dots1, dots3_note, dots3_note_text, "
                          "emu3, emu3_text_model, ernie4_5, ernie4_5_moe, exaone, exaone4, exaone4_5, exaone_moe, "
                          "falcon, falcon_h1, falcon_mamba, fast_vlm, flex_olmo, flint, gemma, gemma2, gemma3, "

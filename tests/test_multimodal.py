@@ -16,7 +16,8 @@ cross-attention projector), MiniMaxM3SparseForConditionalGeneration (import only
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers); Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus,
 Ovis2 and VideoLLaMA 3 (LLaVA-like), the Qwen2.5-Omni and Qwen3-Omni-MoE thinkers (a vision tower and an audio
 encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a VQ-VAE, no tower), Molmo2 (its Hub layout, a head
-narrower than the embedding) and ShieldGemma2ForImageClassification (Gemma 3's model one level down, its
+narrower than the embedding), Chameleon (chameleon.py: per-head QK LayerNorms, its image tokens' logits masked)
+and ShieldGemma2ForImageClassification (Gemma 3's model one level down, its
 yes/no logits the text model's)."""
 
 from __future__ import annotations
@@ -242,6 +243,18 @@ def _molmo2_config(text_config_update=(), **top):
                            num_key_value_heads=2, head_dim=8, image_default_input_size=[28, 28], image_patch_size=14),
         adapter_config=dict(hidden_size=16, intermediate_size=32, text_hidden_size=64, num_attention_heads=2,
                             num_key_value_heads=2, head_dim=8, vit_layers=[-1]), **top)
+
+
+def _chameleon_config(**top):
+    """Chameleon's layout (a flat config): Llama's block with per-head QK LayerNorms, GQA, untied, beside a one-level
+    VQ-VAE; ids 200..215 its image tokens (vocabulary_map's IMGIMG names), whose logits its forward masks."""
+    return transformers.ChameleonConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, pad_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        vq_config=dict(embed_dim=8, num_embeddings=16, latent_channels=8, base_channels=32, channel_multiplier=[1],
+                       num_res_blocks=1, attn_resolutions=[]),
+        vocabulary_map={"<image>": VOCAB - 1, **{f"IMGIMG{chr(65 + i)}Z": 200 + i for i in range(16)}}, **top)
 
 
 def _emu3_config():
@@ -493,6 +506,7 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "molmo2-no-added": (lambda: _molmo2_config(text_config_update={"vocab_size": VOCAB,
                                                                        "additional_vocab_size": 0}),
                              "Molmo2ForConditionalGeneration", "Qwen3ForCausalLM", None),
+         "chameleon": (_chameleon_config, "ChameleonForConditionalGeneration", None, None),  # import only
          "emu3": (_emu3_config, "Emu3ForConditionalGeneration", "LlamaForCausalLM", None),
          "shieldgemma2": (lambda: _gemma3_config(transformers.ShieldGemma2Config, yes_token_index=5,
                                                  no_token_index=6),
@@ -539,7 +553,7 @@ _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
           "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note")
 _FIRST += ("perception_lm", "janus", "ovis2", "shieldgemma2", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
-           "granite_docling", "hyperclovax_vision_v2", "emu3", "molmo2", "molmo2-o")
+           "granite_docling", "hyperclovax_vision_v2", "emu3", "molmo2", "molmo2-o", "chameleon")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -603,10 +617,11 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
             hf = {"text_config": {"tie_word_embeddings": text}, **({} if top is None else {"tie_word_embeddings": top})}
             expected = config().tie_word_embeddings if top is None else top
             assert module.text_config(hf)["tie_word_embeddings"] is expected, (module.__name__, top, text)
-    # gemma4.py reads Gemma 4 Unified's folders
+    # gemma4.py reads Gemma 4 Unified's folders, chameleon.py Chameleon's
     assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl", *(CASES[kind][0]().model_type
                                                                               for kind in CASES
-                                                                              if kind != "gemma4_unified")}
+                                                                              if kind not in ("gemma4_unified",
+                                                                                              "chameleon"))}
     hf = _folder("mistral3", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     del config["tie_word_embeddings"]
@@ -810,6 +825,17 @@ def test_ovis2_untied_head_of_another_size_is_refused():
         family_for(config, "folder").model_config({**config, "vocab_size": VOCAB + 8, "tie_word_embeddings": False})
 
 
+@pytest.mark.parametrize("fields, fragment", [({"swin_norm": True}, "swin_norm=true"),
+                                             ({"rms_norm_eps": 1e-6}, "rms_norm_eps=1e-06: Chameleon's QK LayerNorms"),
+                                             ({"attention_bias": True}, "attention_bias=True with mlp_bias=False")])
+def test_chameleon_refusals_name_the_option(fields, fragment):
+    from redline.interop.families import family_for
+
+    config = {**CASES["chameleon"][0]().to_dict(), **fields}
+    with pytest.raises(UserError, match=fragment):
+        family_for(config, "folder").model_config(config)
+
+
 def test_qwen2_vl_hub_flat_config():
     """Qwen2-VL-2B-Instruct's config.json as the Hub holds it: the text model's fields at the top level beside
     vision_config, its RoPE of type mrope: read as Qwen2's (q/k/v biases, plain RoPE, a tied head)."""
@@ -832,15 +858,13 @@ def test_qwen2_vl_hub_flat_config():
                                                    ("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
                                                    ("inkling2_loop", "looped loop_num_passes times"),
-                                                   ("chameleon", "a weight and a bias of their own for every head"),
                                                    ("idefics", "gated cross-attention blocks"),
                                                    ("muse_glimmer", "weightless QK-norm"),
                                                    ("muse_spark", "residual gates")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
     """PaliGemma (its prompt attends both ways), Mistral Large 4 (sparse latent attention with shared KV) and the
     Inkling folders (relative-position biases, short convolutions, looped layers), the Muse folders (text models
-    redline does not read), Chameleon (QK norms of their own per head) and Idefics (gated cross-attention
-    blocks) are refused by name at import."""
+    redline does not read) and Idefics (gated cross-attention blocks) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

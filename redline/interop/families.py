@@ -62,7 +62,8 @@ learned positions); biogpt.py BioGPT (XGLM's block with learned positions); ctrl
 learned table, a head bias; import only); minimax.py
 MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, residuals from the normed inputs);
 dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
-gated heads).
+gated heads); chameleon.py Chameleon (Llama's block with per-head QK LayerNorms, its image tokens' logits masked;
+import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -287,7 +288,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import qwen4_exp
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
     from redline.interop import aria, dots3, minimax_m3
-    from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
+    from redline.interop import biogpt, chameleon, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import minimax
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
@@ -325,7 +326,7 @@ def _families() -> dict[str, Family]:
                                 kimi_linear.FAMILY, bailing_hybrid.FAMILY,
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
-                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY)}
+                                biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, chameleon.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -383,9 +384,6 @@ NOT_READ = {
                    "lightning indexer) and its hash-routed experts (mlp_layer_types hash_moe: tid2eid) are layers "
                    "redline's model and engine have not (its hyper-connections, hc_mult, are: model.mhc_streams)",
     # multimodal folders whose text model redline does not read (multimodal.py reads the others)
-    "chameleon": "Chameleon's QK norms are LayerNorms with a weight and a bias of their own for every head "
-                 "((num_heads, head_dim)), where redline's QK LayerNorm (model.qk_layernorm) shares one across "
-                 "heads, and its forward sets the image tokens' logits to the dtype's minimum",
     "idefics": "Idefics interleaves gated cross-attention blocks (every cross_layer_interval layers) whose MLP, "
                "scaled by tanh(alpha_dense), runs on text tokens too, and its forward needs image states; redline's "
                "blocks have no cross-attention block",
