@@ -144,6 +144,9 @@ class ModelConfig:
     qk_layernorm: bool = False
     """Per-head QK-norm before RoPE as a LayerNorm with a weight and a bias (at norm_eps) instead of an RMSNorm
     (Persimmon's q_layernorm / k_layernorm); needs qk_norm with qk_norm_scope=head."""
+    qk_layernorm_per_head: bool = False
+    """With qk_layernorm: each head's LayerNorm has a weight and a bias of its own, (H, D) for q and (KV, D) for k,
+    instead of one (D,) pair shared by the heads (Chameleon's q_norm / k_norm)."""
     rope_qk_norm: bool = False
     """RMS-normalize each head's q and k without a weight, in fp32, after RoPE, on the layers that rotate alone
     (Llama 4's use_qk_norm, its Llama4TextL2Norm at norm_eps); independent of qk_norm."""
@@ -1074,6 +1077,8 @@ class ModelConfig:
                                       and not self.norm_unit_offset and self.norm_affine):
             raise UserError("model.qk_layernorm needs per-head QK-norm before RoPE with learned weights (model.qk_norm="
                             "true, qk_norm_scope=head; no qk_norm_after_rope, norm_unit_offset or norm_affine=false)")
+        if self.qk_layernorm_per_head and not self.qk_layernorm:
+            raise UserError("model.qk_layernorm_per_head needs model.qk_layernorm=true (a LayerNorm QK-norm)")
         if self.rope_scaling == "longrope":
             pairs = (self.rope_dims or self.head_dim) // 2
             if len(self.rope_pair_factors) != pairs or min(self.rope_pair_factors) <= 0 or \
@@ -1767,6 +1772,23 @@ class UnitOffsetLayerNorm(nn.LayerNorm):
         return F.layer_norm(x, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
 
 
+class HeadLayerNorm(nn.Module):
+    """A LayerNorm over each head's D channels whose weight and bias are the head's own, (H, D) each
+    (model.qk_layernorm_per_head: Chameleon's ChameleonLayerNorm, statistics over D, then the head's affine);
+    x: (B, H, T, D)."""
+
+    def __init__(self, heads: int, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, dim))
+        self.weight.is_gain = True  # the optimizer's gains, not its matrices (training/optim.py)
+        self.bias = nn.Parameter(torch.zeros(heads, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.layer_norm(x, (x.shape[-1],), eps=self.eps)
+        return normed * self.weight[:, None] + self.bias[:, None]  # (H, 1, D) against (B, H, T, D)
+
+
 class GatedRMSNorm(nn.RMSNorm):
     """An RMSNorm whose output y (..., C) is scaled by a low-rank gate of itself, y · sigmoid(gate_up(silu(gate_down(
     y)))), the sigmoid in fp32 (model.norm_gate_rank; as transformers' AXK2GatedRMSNorm computes it)."""
@@ -2092,7 +2114,10 @@ class Attention(nn.Module):
             self.register_buffer("qsa_qk", torch.zeros((cfg.qsa_heads + 1) * cfg.qsa_head_dim, cfg.n_embd))
             self.register_buffer("qsa_q_norm", torch.zeros(cfg.qsa_head_dim))
             self.register_buffer("qsa_k_norm", torch.zeros(cfg.qsa_head_dim))
-        if cfg.qk_layernorm:  # (D,) weight and bias shared by the heads (Persimmon's)
+        if cfg.qk_layernorm_per_head:  # (H, D) and (KV, D) weights and biases, one pair a head (Chameleon's)
+            self.q_norm = HeadLayerNorm(self.n_head, self.head_dim, cfg.norm_eps)
+            self.k_norm = HeadLayerNorm(self.n_kv, self.head_dim, cfg.norm_eps) if own_kv else None
+        elif cfg.qk_layernorm:  # (D,) weight and bias shared by the heads (Persimmon's)
             self.q_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps)
             self.k_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps) if own_kv else None
         elif cfg.qk_norm:

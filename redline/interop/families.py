@@ -66,7 +66,8 @@ MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, 
 dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
 gated heads); mistral_large4.py Mistral Large 4's text model (Mistral 4's blocks without Q-LoRA, NoPE latent layers,
 shared latent caches, position-scaled queries and learned RoPE frequencies; import only); hy_v4.py HY-V4 (DeepSeek-V3's
-blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only).
+blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only); chameleon.py
+Chameleon (Llama's block with per-head QK LayerNorms, its image tokens' logits masked; import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -291,7 +292,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import qwen4_exp
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
     from redline.interop import aria, dots3, minimax_m3
-    from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
+    from redline.interop import biogpt, chameleon, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import hy_v4, minimax
     from redline.interop import dory
     from redline.interop import modernbert_decoder, paligemma
@@ -335,7 +336,8 @@ def _families() -> dict[str, Family]:
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
-                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY)}
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY,
+                                chameleon.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -393,6 +395,16 @@ NOT_READ = {
     "unlimited_ocr_text": "Unlimited-OCR's text model attends with reference sliding windows (every prompt token "
                           "visible, generated tokens windowed), which redline's causal and windowed attention "
                           "cannot express",
+    "idefics": "Idefics interleaves gated cross-attention blocks (every cross_layer_interval layers) whose MLP, "
+               "scaled by tanh(alpha_dense), runs on text tokens too, and its forward needs image states; redline's "
+               "blocks have no cross-attention block",
+    "muse_glimmer": "Muse Glimmer's text model (muse_glimmer_text) is no family redline reads: a sigmoid gate on "
+                    "the attention output, q scaled by qk_scale_factor after a weightless QK-norm, sublayer "
+                    "outputs normalized at post_norm_eps, a RoPE base per layer (layer_rope_theta, 0 for none) and "
+                    "the logits times output_multiplier before their softcap",
+    "muse_spark": "Muse Spark's text model (muse_spark_text) is no family redline reads: Muse Glimmer's layers "
+                  "(a gated attention output, q scaled after a weightless QK-norm, per-layer RoPE bases, a logit "
+                  "multiplier) with experts behind residual gates (residual_gate_temperature)",
 }
 
 

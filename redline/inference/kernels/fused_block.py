@@ -120,6 +120,7 @@ FIELDS_ACCOUNTED = {
     "qk_norm_scope": "head only: the attention kernel normalizes the raw qkv output per head",
     "qk_norm_after_rope": "refused: the attention kernel normalizes q and k before it rotates them",
     "qk_layernorm": "refused (kernel_prologue_unsupported): the attention kernel's QK-norm is an RMSNorm",
+    "qk_layernorm_per_head": "refused with qk_layernorm, which it needs",
     "sliding_window": "in the attention kernel",
     "sliding_window_pattern": "each layer's window to the attention kernel",
     "window_layers": "each layer's window to the attention kernel",
