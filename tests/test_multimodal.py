@@ -16,12 +16,12 @@ HYV4VLForConditionalGeneration (import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers). Round 3 (part A): Kimi K2.5, GLM-4.6V and GLMGA,
 GLM-OCR, ERNIE 4.5 VL, PaddleOCR-VL, LFM3-VL, MiniCPM-V 4.6/4.7 and MiniCPM-OCR, Qianfan-OCR, DeepSeek-VL (and
 hybrid), Cosmos 3 Reasoner and Edge, DeepSeek-OCR 2 (import only) and Nemotron-H Omni, in their save layouts;
-GLM-5.3-Next, Step 3.7 and Unlimited-OCR refused by name. Round 3 (part B): Idefics2, PerceptionLM, FastVLM,
-LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 (LLaVA-like), the Qwen2.5-Omni and Qwen3-Omni-MoE thinkers (a vision tower
-and an audio encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a VQ-VAE, no tower), Molmo2 (its Hub layout,
-a head narrower than the embedding), Chameleon (chameleon.py: per-head QK LayerNorms, its image tokens' logits
-masked) and ShieldGemma2ForImageClassification (Gemma 3's model one level down, its yes/no logits the text
-model's)."""
+GLM-5.3-Next and Step 3.7 refused by name; Unlimited-OCR (import only: reference sliding windows). Round 3 (part B):
+Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 (LLaVA-like), the Qwen2.5-Omni and
+Qwen3-Omni-MoE thinkers (a vision tower and an audio encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a
+VQ-VAE, no tower), Molmo2 (its Hub layout, a head narrower than the embedding), Chameleon (chameleon.py: per-head QK
+LayerNorms, its image tokens' logits masked) and ShieldGemma2ForImageClassification (Gemma 3's model one level down,
+its yes/no logits the text model's)."""
 
 from __future__ import annotations
 
@@ -727,6 +727,26 @@ def _deepseek_ocr2_config(**text):
         image_token_id=VOCAB - 1)
 
 
+def _unlimited_ocr_config(**text):
+    """Unlimited-OCR's layout: DeepSeek-OCR 2's text model (_deepseek_ocr2_config) whose layers see a window of 3
+    tokens beside the prompt (reference_sliding_attention), its middle layer a full one; its SAM and CLIP-like
+    encoders one or two layers deep."""
+    return transformers.UnlimitedOcrConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                         routed_scaling_factor=1.5, mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=None,
+                         sliding_window=3, layer_types=["reference_sliding_attention", "full_attention",
+                                                        "reference_sliding_attention"], **text),
+        vision_config=dict(sam_config=dict(hidden_size=16, output_channels=16, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=64, patch_size=16,
+                                           global_attn_indexes=[1], mlp_dim=32, window_size=2,
+                                           downsample_channels=[32, 64]),
+                           encoder_config=dict(hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2)),
+        image_token_id=VOCAB - 1)
+
+
 def _nemotron_h_omni_config(**text):
     """Nemotron-H Omni's layout: tests/interop_models.py's nemotron_h text model (Mamba-2, MLP and attention
     layers) after a one-layer RADIO tower and its projector, without the audio tower."""
@@ -790,6 +810,7 @@ CASES.update({
     "cosmos3_edge": (_cosmos3_edge_config, "Cosmos3EdgeForConditionalGeneration", "ArceeForCausalLM",
                      _cosmos3_in_memory),
     "deepseek_ocr2": (_deepseek_ocr2_config, "DeepseekOcr2ForConditionalGeneration", None, None),  # import only
+    "unlimited_ocr": (_unlimited_ocr_config, "UnlimitedOcrForConditionalGeneration", None, None),  # import only
     "nemotron_h_omni": (_nemotron_h_omni_config, "NemotronH_Omni_Reasoning_V3", "NemotronHForCausalLM", None),
     "glm_ocr": _llava_like("glm_ocr", "GlmOcrForConditionalGeneration", "glm_ocr_text", "Glm4ForCausalLM",
                            _GLM4V_TOWER, renamed=None),
@@ -798,7 +819,7 @@ CASES.update({
 # text model, GLMGA, LFM3-VL, MiniCPM-V 4.7 and MiniCPM-OCR, DeepSeek-VL and its hybrid), which repeat a reading
 # above with another class, and the other layouts, run as slow tests
 _ROUND3_FIRST = ("kimi_k25", "glm46v-moe", "glm_ocr", "ernie4_5_vl_moe", "paddleocr_vl", "minicpmv4_6", "qianfan_ocr",
-                 "cosmos3_omni", "cosmos3_edge", "deepseek_ocr2", "nemotron_h_omni")
+                 "cosmos3_omni", "cosmos3_edge", "deepseek_ocr2", "nemotron_h_omni", "unlimited_ocr")
 
 
 def _folder(kind, path, layout="saved"):
@@ -1219,12 +1240,11 @@ def test_round3_refusals_name_the_option(kind, top, fragment):
 @pytest.mark.parametrize("model_type, fragment", [("glm5_next", "hyper-connections"),
                                                    ("glm5_next_text", "hyper-connections"),
                                                    ("step3p7", "a head count of their own"),
-                                                   ("unlimited_ocr", "reference sliding windows"),
                                                    ("unlimited_ocr_text", "reference sliding windows")])
 def test_round3_refused_folders_name_why(model_type, fragment):
     """GLM-5.3-Next (KDA layers, pooled-group DSA latent attention without RoPE, Sinkhorn hyper-connections), Step 3.7
-    (windowed layers with their own head count) and Unlimited-OCR (prompt tokens always visible beside a window of
-    generated ones) are refused by name at import."""
+    (windowed layers with their own head count) and Unlimited-OCR's text model alone (no causal LM of it in
+    transformers: an unlimited_ocr folder holds it) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

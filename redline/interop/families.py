@@ -388,13 +388,8 @@ NOT_READ = {
                "sigmoid-routed experts with SwiGLU clamps per layer, windowed layers with a head count of their own, "
                "num_sliding_attention_heads, in Step-3.7-Flash) is no text family redline reads; redline's "
                "attention keeps one head count on every layer",
-    "unlimited_ocr": "Unlimited-OCR's text model attends with reference sliding windows (layer_types "
-                     "reference_sliding_attention): every prompt token stays visible while generated tokens see a "
-                     "window of the last sliding_window generated ones, so a token's logits depend on where the "
-                     "prompt ended, which redline's causal and windowed attention cannot express",
-    "unlimited_ocr_text": "Unlimited-OCR's text model attends with reference sliding windows (every prompt token "
-                          "visible, generated tokens windowed), which redline's causal and windowed attention "
-                          "cannot express",
+    "unlimited_ocr_text": "transformers has no causal LM of Unlimited-OCR's text model alone: redline reads it from "
+                          "an unlimited_ocr folder (reference sliding windows, model.reference_window)",
     "idefics": "Idefics interleaves gated cross-attention blocks (every cross_layer_interval layers) whose MLP, "
                "scaled by tanh(alpha_dense), runs on text tokens too, and its forward needs image states; redline's "
                "blocks have no cross-attention block",
@@ -511,7 +506,8 @@ def export_family(cfg: ModelConfig) -> Family:
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
     one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with nGPT layers or a looped
     section as Dory; one with a prediction head or a norm-free first layer (model.head_transform, first_norm_free) as
-    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) refused. A UserError names the redline option that
+    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) or a reference window (model.reference_window,
+    Unlimited-OCR's) refused. A UserError names the redline option that
     no such architecture has."""
     families = _families()
     from redline.interop import mistral_large4
@@ -527,6 +523,10 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")
+    if cfg.reference_window:  # Unlimited-OCR's alone, whose folder needs a vision tower redline does not hold
+        raise UserError("model.reference_window: no architecture redline exports to keeps the prompt visible beside "
+                        "a sliding window (Unlimited-OCR's folder needs its vision tower); run the model with redline "
+                        "generate, chat or serve instead")
     if cfg.ngpt or cfg.loop_section:  # nGPT's layers and looped sections: Dory's alone
         from redline.interop import dory
 

@@ -30,6 +30,8 @@ ERNIE 4.5 MoE's text model with its text experts alone, which it runs where no t
 MiniCPM-OCR (qwen3_5_text), Qianfan-OCR (InternVL's model, qwen3), DeepSeek-VL and its hybrid (llama), Cosmos 3's
 Reasoner (cosmos3_omni: Qwen3-VL's model under Cosmos 3's names) and Edge (cosmos3_edge: Llama's attention with a
 ReLU² MLP, read as Arcee's), DeepSeek-OCR 2 (deepseek_ocr2: Llama's attention with DeepSeek-V2's experts, import only),
+Unlimited-OCR (unlimited_ocr: DeepSeek-OCR 2's text model whose windowed layers keep the prompt visible,
+model.reference_window; import only),
 Nemotron 3 Nano Omni (nemotron_h_omni: Nemotron-H's NemotronHForCausalLM, its config under text_config or llm_config).
 minimax_m3.py, import only). Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 are
 LLaVA-like (_more_llava_like); Qwen2.5-Omni's and Qwen3-Omni's thinkers are Qwen2.5-VL's and Qwen3-VL-MoE's kin
@@ -886,6 +888,23 @@ def _deepseek_ocr2_config(hf: dict) -> ModelConfig:
     return replace(base, **_expert_fields({**hf, "first_k_dense_replace": dense}, "deepseek_v2"))
 
 
+def _unlimited_ocr_config(hf: dict) -> ModelConfig:
+    """Unlimited-OCR's text model (unlimited_ocr_text), as transformers' UnlimitedOcrTextModel computes it:
+    DeepSeek-OCR 2's blocks (_deepseek_ocr2_config) whose reference_sliding_attention layers see the last
+    sliding_window tokens and every token of the reference, which is what the first forward of a cache holds (the
+    prompt, as UnlimitedOcrGenerationMixin declares it; the whole input of a forward without one):
+    model.reference_window, the prompt the engine's reference."""
+    from redline.interop import llama
+
+    kinds = hf.get("layer_types") or ["reference_sliding_attention"] * hf["num_hidden_layers"]
+    raise_first([(not set(kinds) <= {"reference_sliding_attention", "full_attention"},
+                  f"text_config.layer_types={kinds}: redline reads Unlimited-OCR's reference_sliding_attention and "
+                  f"full_attention layers")])
+    windows = llama.layer_windows({**hf, "layer_types": ["sliding_attention" if k != "full_attention" else k
+                                                         for k in kinds]}, hf["num_hidden_layers"], [])
+    return replace(_deepseek_ocr2_config(hf), **windows, reference_window=bool(windows["sliding_window"]))
+
+
 def _deepseek_ocr2_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     """Llama's tensors with DeepSeek's experts (mlp.gate, mlp.experts.j.*, mlp.shared_experts.*) read as Qwen-MoE's
     names, as llama.to_redline reads them (ERNIE 4.5 MoE's reader does the same)."""
@@ -914,7 +933,7 @@ def _round3_families() -> tuple[Family, ...]:
     (ernie4_5_moe, its text experts), paddleocr_vl (llama), lfm3_vl (lfm3), minicpmv4_6, minicpmv4_7 and minicpm_ocr
     (qwen3_5_text), qianfan_ocr (qwen3 by default), deepseek_vl and deepseek_vl_hybrid (llama by default),
     cosmos3_omni (qwen3_vl_text, read as qwen3), cosmos3_edge (arcee), deepseek_ocr2 (its own reading, import only),
-    nemotron_h_omni (nemotron_h)."""
+    nemotron_h_omni (nemotron_h), unlimited_ocr (its own reading, import only)."""
     from redline.interop import deepseek, ernie, glm, lfm2, llama, nemotron_h, qwen3_5
 
     deepseeks = {f.name: f for f in deepseek.FAMILIES}
@@ -963,6 +982,12 @@ def _round3_families() -> tuple[Family, ...]:
             name="deepseek_ocr2_text", architecture="DeepseekOcr2ForCausalLM", model_config=_deepseek_ocr2_config,
             hf_config=llamas["llama"].hf_config, to_redline=_deepseek_ocr2_to_redline, to_hf=llamas["llama"].to_hf,
             ignorable=llamas["llama"].ignorable)}, "deepseek_ocr2_text", tie_default=False),
+        # Unlimited-OCR: DeepSeek-OCR 2's text model with reference sliding windows (model.reference_window; import
+        # only: no architecture redline writes keeps a prompt visible beside the window)
+        multimodal_family("unlimited_ocr", "UnlimitedOcrForCausalLM", {"unlimited_ocr_text": Family(
+            name="unlimited_ocr_text", architecture="UnlimitedOcrForCausalLM", model_config=_unlimited_ocr_config,
+            hf_config=llamas["llama"].hf_config, to_redline=_deepseek_ocr2_to_redline, to_hf=llamas["llama"].to_hf,
+            ignorable=llamas["llama"].ignorable)}, "unlimited_ocr_text", tie_default=False),
         # Nemotron-H Omni (Nemotron 3 Nano Omni): Nemotron-H's NemotronHForCausalLM under language_model., its
         # config under text_config or (its released folders) llm_config; its head never tied (its config has no
         # tie_word_embeddings, and transformers ties no head of it whatever text_config says)

@@ -190,6 +190,7 @@ FIELDS_ACCOUNTED = {
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
     "prefix_lm": "prefill only (the prompt's mask); a decode step attends causally",
+    "reference_window": "the decode step's mask (the matmul attention's; the triton decode kernel is refused)",
     "head_transform": "refused: fused_head multiplies the final norm's output by the head alone",
     "first_norm_free": "refused: every block's first norm is fused into its qkv product",
 }
