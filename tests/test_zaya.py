@@ -93,6 +93,10 @@ def test_train_init_from_resumes_and_exports(tmp_path, capsys):
     (dict(rope_parameters={"hybrid": {"rope_type": "linear", "rope_theta": 100.0, "factor": 2.0}}),
      "rope_parameters.hybrid.rope_type='linear'"),
     (dict(layer_types=["hybrid", "mamba", "hybrid"]), "layer_types"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 100.0}), "name no layer type"),
+    (dict(layer_types=["hybrid", "hybrid_sliding", "hybrid"], sliding_window=5,
+          rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 100.0}}),
+     "no entry for layer type hybrid_sliding"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
     hf_folder("zaya", tmp_path / "hf")

@@ -11,7 +11,8 @@ an MLP router (model.moe_router_hidden), each sublayer's output joining the stre
   state_scale, router_norm, router_fc1, router_fc2, router_out, balance_bias), mlp.experts.{gate_up_proj, down_proj}
   (mlp.fc, mlp.proj).
 Refused by name: attention_bias (biased projections: redline's CCA layers take none), lm_head_bias,
-num_experts_per_tok other than 1 (transformers' ZAYA refuses it too), a RoPE scaling. A redline model with
+num_experts_per_tok other than 1 (transformers' ZAYA refuses it too), a RoPE scaling, rope_parameters without an
+entry for each layer type used (transformers' ZAYA could not build its rotary tables). A redline model with
 model.cca_kernels, ZAYA's alone, exports as ZAYA.
 """
 
@@ -31,9 +32,18 @@ _DEFAULT_ROPE = {_FULL: {"rope_type": "default", "rope_theta": 5_000_000.0, "par
                  _SLIDING: {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}}
 
 
-def _rope_params(hf: dict) -> dict:
-    """rope_parameters keyed by layer type (transformers' defaults where the config gives none)."""
-    params = {k: v for k, v in dict(hf.get("rope_parameters") or {}).items() if k in (_FULL, _SLIDING)}
+def _rope_params(hf: dict, kinds: list[str]) -> dict:
+    """rope_parameters keyed by layer type (transformers' defaults where the config gives none); a UserError where
+    they leave out a layer type the model has (transformers' ZayaRotaryEmbedding could not be built)."""
+    given = dict(hf.get("rope_parameters") or {})
+    params = {k: v for k, v in given.items() if k in (_FULL, _SLIDING)}
+    if given and not params:
+        raise UserError(f"rope_parameters {given} name no layer type (hybrid, hybrid_sliding): transformers' ZAYA "
+                        f"reads each layer's RoPE by its type, so the config names no model it runs")
+    missing = sorted({k for k in kinds if params and k not in params})
+    if missing:
+        raise UserError(f"rope_parameters have no entry for layer type {missing[0]}, which layer_types uses: "
+                        f"transformers' ZAYA could not rotate those layers")
     out = {kind: dict(params.get(kind) or _DEFAULT_ROPE[kind]) for kind in (_FULL, _SLIDING)}
     for kind, p in out.items():
         if p.get("rope_type", "default") != "default":
@@ -60,7 +70,7 @@ def model_config(hf: dict) -> ModelConfig:
     windows = layer_windows({**hf, "layer_types": ["sliding_attention" if k == _SLIDING else "full_attention"
                                                    for k in kinds]}, n, [])
     windowed = bool(windows["sliding_window"])
-    params = _rope_params(hf)
+    params = _rope_params(hf, kinds)
     dims = {kind: int(head_dim * float(p.get("partial_rotary_factor", 1.0))) for kind, p in params.items()}
     local_theta = float(params[_SLIDING].get("rope_theta", 10_000.0))
     return ModelConfig(
