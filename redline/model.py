@@ -70,7 +70,8 @@ Features (each a field of `ModelConfig`):
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
 - DeepSeek-V4's stream: manifold-constrained hyper-connections (`mhc_streams`), several streams summed into each
-  sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them; its attention
+  sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them (their plain mean
+  before the final norm: `mhc_head_mean`, GLM-5.3-Next's); its attention
   (`shared_kv_attention`: one key head that is the value too, the output turned back by the query's position, a
   grouped output projection, `o_groups`; beside the window, keys pooled from whole windows of tokens,
   `kv_compress_rates`, overlapping on `kv_compress_overlap`), experts chosen by the token's id (`moe_hash_layers`), sqrt(softplus)
@@ -676,6 +677,9 @@ class ModelConfig:
     mhc_eps: float = 1e-6
     """mhc_streams: the floor added to `pre`, to the mixing matrix's entries and to every Sinkhorn step's sums
     (DeepSeek-V4's hc_eps); the streams' norm takes norm_eps."""
+    mhc_head_mean: bool = False
+    """mhc_streams: the streams' plain mean before the final norm, in place of mhc_head's learned weights
+    (GLM-5.3-Next's Glm5NextTextHyperHead, which holds no parameters); False = mhc_head's (DeepSeek-V4's, HY-V4's)."""
     shared_kv_attention: bool = False
     """DeepSeek-V4's attention (SharedKVAttention below): q through q_a (C -> q_lora_rank), an RMSNorm with weights
     and q_b (-> H·D), each head then RMS-normed without a weight; one key head (kv, C -> D, RMS-normed with weights)
@@ -1027,7 +1031,9 @@ class ModelConfig:
         if self.latent_norm_eps < 0 or ((self.latent_key_norm or self.latent_norm_eps) and not self.kv_lora_rank):
             raise UserError("model.latent_key_norm and latent_norm_eps are latent attention's (latent_norm_eps >= 0, "
                             "with model.kv_lora_rank > 0)")
-        if self.kv_lora_rank and not (self.pos_emb in ("rope", "none") and self.rope_dims
+        # rope_dims may be 0 where no layer rotates (nope_interval 1: GLM-5.3-Next's latent layers, no shared key part)
+        if self.kv_lora_rank and not (self.pos_emb in ("rope", "none")
+                                      and (self.rope_dims or not any(map(self.layer_rope, range(self.n_layer))))
                                       and self.kv_heads == self.n_head
                                       and self.v_head_dim <= self.head_dim):
             raise UserError(f"model.kv_lora_rank={self.kv_lora_rank} (latent attention) needs a shared key part of "
@@ -1571,6 +1577,8 @@ class ModelConfig:
                                    "shared_attn_layers", "moe_beside_dense", "delta_parallel", "delta_norm_position",
                                    "hc_streams")
                  if getattr(self, name)]
+        if self.mhc_head_mean and not self.mhc_streams:
+            raise UserError("model.mhc_head_mean averages the hyper-connection streams: it needs model.mhc_streams")
         if self.mhc_streams and (clash or self.norm_position != "pre"):
             raise UserError(f"model.mhc_streams (DeepSeek-V4's hyper-connections) takes pre-norm blocks of a mixer "
                             f"and an MLP on one plain stream each, without model.{clash[0] if clash else 'norm_position'}"
@@ -3894,6 +3902,14 @@ class ManifoldHyperHead(nn.Module):
         mixes = normed_mixes(xs.flatten(2), self.fn, self.norm_eps, self.after)
         pre = torch.sigmoid(mixes * self.scale.float() + self.base.float()) + self.eps  # (B, T, N)
         return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype)
+class MeanHyperHead(nn.Module):
+    """The streams (B, T, N, C) -> their mean (B, T, C) before the final norm (model.mhc_head_mean: GLM-5.3-Next's
+    Glm5NextTextHyperHead, an unweighted mean where DeepSeek-V4's head learns its weights)."""
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        return xs.mean(dim=2)
+
+
 class HyperConnection(nn.Module):
     """One hyper-connection (model.hc_streams, as transformers' Qwen4ExpTextGatedResidual computes it): the N streams
     (B, T, N, C) -> the sublayer's input (B, T, C), their normed average under learned gates, and, with inject, each
@@ -4457,7 +4473,7 @@ class GPT(nn.Module):
             self.ple_proj = nn.Linear(cfg.n_embd, width, bias=False)
             self.ple_norm = make_norm(cfg, cfg.per_layer_embd)
         # mhc_streams (DeepSeek-V4's hyper-connections): the embeddings copied into every stream, the head summing them
-        self.mhc_head = ManifoldHyperHead(cfg) if cfg.mhc_streams else None
+        self.mhc_head = (MeanHyperHead() if cfg.mhc_head_mean else ManifoldHyperHead(cfg)) if cfg.mhc_streams else None
         # altup_streams (Gemma 3n's AltUp): N - 1 (C, C) projections of the embeddings into the further streams and
         # N - 1 back out of them (stream_in, stream_out)
         self.altup_in = self.altup_out = None

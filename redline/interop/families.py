@@ -66,7 +66,9 @@ MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, 
 dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
 gated heads); mistral_large4.py Mistral Large 4's text model (Mistral 4's blocks without Q-LoRA, NoPE latent layers,
 shared latent caches, position-scaled queries and learned RoPE frequencies; import only); hy_v4.py HY-V4 (DeepSeek-V3's
-blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only).
+blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only); glm5_next.py
+GLM-5.3-Next's text model (KDA layers beside NoPE DSA latent layers read dense within the pooled indexer's reach,
+Sinkhorn hyper-connections averaged at the head, clamped SwiGLU; import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
 a UserError naming the redline option no such architecture has).
 
@@ -297,6 +299,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import modernbert_decoder, paligemma
     from redline.interop import rwkv, xlstm
     from redline.interop import deepseek_v4
+    from redline.interop import glm5_next
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -335,7 +338,8 @@ def _families() -> dict[str, Family]:
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
-                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY)}
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY,
+                                glm5_next.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -375,13 +379,6 @@ NOT_READ = {
                      "Inkling 2's layers (relative-position bias, short convolutions, block attention residuals) "
                      "with its middle layers looped loop_num_passes times",
     # multimodal folders whose text model redline cannot express (multimodal.py reads the others)
-    "glm5_next_text": "GLM-5.3-Next's text model mixes Kimi Delta Attention layers with short convolutions and a "
-                      "low-rank forget gate (layer_types linear_attention) into DSA latent attention without RoPE "
-                      "(qk_rope_head_dim 0) whose indexer picks pooled key groups (index_kpool) shared across layers "
-                      "(indexer_types), around Sinkhorn-mixed hyper-connections (hc_mult) and clamped SwiGLU "
-                      "experts; redline has no one model with these layers together",
-    "glm5_next": "the text model of a GLM-5.3-Next folder is glm5_next_text (KDA layers, pooled-group DSA latent "
-                 "attention, Sinkhorn hyper-connections), which redline cannot express",
     "step3p7": "the text model of a Step 3.7 folder (step3p5: Gemma-style norms, QK-norm, a sigmoid gate a head, "
                "sigmoid-routed experts with SwiGLU clamps per layer, windowed layers with a head count of their own, "
                "num_sliding_attention_heads, in Step-3.7-Flash) is no text family redline reads; redline's "
@@ -504,6 +501,11 @@ def export_family(cfg: ModelConfig) -> Family:
     families = _families()
     from redline.interop import mistral_large4
 
+    # GLM-5.3-Next's averaged streams (glm5_next.py), first: it has Mistral Large 4's NoPE latent layers too
+    if cfg.mhc_head_mean:
+        raise UserError("model.mhc_head_mean (GLM-5.3-Next's hyper-connection streams averaged at the head): GLM-5.3-"
+                        "Next is import only, redline keeping no DSA indexer and transformers having no text-only "
+                        "GLM-5.3-Next model, and no other architecture has it (HF, GGUF or PEFT adapters alike)")
     if mistral_large4.wants_mistral_large4(cfg):  # first: no architecture redline exports to has these options
         raise UserError("model.q_position_scale, kv_source_layers, rope_pair_log_scales and latent layers without "
                         "RoPE are Mistral Large 4's, which redline imports alone: transformers has no text-only "

@@ -453,9 +453,10 @@ def families() -> tuple[Family, ...]:
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
     aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py), mistral_large4
-    (mistral_large4_text: mistral_large4.py), hy_v4_vl (hy_v4_vl_text: hy_v4.py)."""
-    from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
-                                 hy_v4, lfm2, llama, minimax_m3, mistral_large4, moe)
+    (mistral_large4_text: mistral_large4.py), hy_v4_vl (hy_v4_vl_text: hy_v4.py), glm5_next (glm5_next_text:
+    glm5_next.py)."""
+    from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, glm5_next, granite,
+                                 hunyuan, hy_v4, lfm2, llama, minimax_m3, mistral_large4, moe)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
@@ -528,6 +529,11 @@ def families() -> tuple[Family, ...]:
             # model., beside HunYuan-VL's tower under vit.; import only
             multimodal_family("hy_v4_vl", "HYV4ForCausalLM", {"hy_v4_vl_text": hy_v4.VL_TEXT_FAMILY},
                               "hy_v4_vl_text", tie_default=False),
+            # GLM-5.3-Next: its text model (glm5_next.py) under model.language_model., beside its vision tower;
+            # a text-only folder's text fields at the top level (Glm5NextConfig forwards them to text_config); import
+            # only
+            multimodal_family("glm5_next", "Glm5NextForConditionalGeneration",
+                              {"glm5_next_text": glm5_next.FAMILY}, "glm5_next_text", tie_default=False),
             # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
                               "dots3_note_text", tie_default=False),

@@ -167,6 +167,7 @@ FIELDS_ACCOUNTED = {
     "rope_unscaled_theta": "with shared_kv_attention (DeepSeek-V4's)",
     "moe_hash_layers": "refused with moe_experts",
     "mhc_post_scale": "refused with mhc_streams",
+    "mhc_head_mean": "refused with mhc_streams (the head after the blocks, outside this path)",
     # Qwen4-Exp's
     "hc_streams": "refused: the block runs on one residual stream, not hyper-connections' several",
     "hc_rank": "refused with hc_streams",
