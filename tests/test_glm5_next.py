@@ -134,6 +134,7 @@ def test_context_stops_where_the_indexer_keeps_every_key():
      "sliding_attention"),
     (dict(mlp_layer_types=["sparse", "dense", "sparse", "sparse"]), "mlp_layer_types"),
     (dict(index_topk=18), "index_topk=18"),
+    (dict(architectures=["Glm5NextTextModel"]), "has no head"),
 ])
 def test_refusals_name_the_option(change, fragment):
     text = _glm5_next_config().to_dict()["text_config"]

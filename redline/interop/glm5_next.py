@@ -25,8 +25,9 @@ folders, model_type "glm5_next": multimodal.py), as transformers' models/glm5_ne
   experts on the rest (sigmoid scores chosen with e_score_correction_bias within the topk_group best of n_group
   groups, rescaled where norm_topk_prob (plus 1e-20), times routed_scaling_factor, an ungated shared expert).
 
-Import only: redline keeps no DSA indexer to write back, and transformers has no text-only GLM-5.3-Next model with a
-head to load one into (export_family refuses mhc_streams by name). Refused by name: index_kpool_always_select_tail
+A folder of transformers' headless Glm5NextTextModel is refused by name (no logits to read). Import only: redline
+keeps no DSA indexer to write back, and transformers has no text-only GLM-5.3-Next model with a head to load one
+into (export_family refuses model.mhc_head_mean by name, for HF, GGUF and PEFT alike). Refused by name: index_kpool_always_select_tail
 false with index_kpool above 1 (a query would never see the keys after its last whole group, its own among them),
 qk_rope_head_dim above 0, attention_bias, other layer or MLP kinds, dense layers after sparse ones.
 """
@@ -101,6 +102,9 @@ def model_config(hf: dict) -> ModelConfig:
     unknown = sorted(set(kinds) - {"linear_attention", "indexed_attention"})
     pool, topk = int(hf["index_kpool"]), int(hf["index_topk"])
     raise_first([
+        ("Glm5NextTextModel" in (hf.get("architectures") or ()),
+         "architectures ['Glm5NextTextModel']: transformers' GLM-5.3-Next text model alone has no head, so no logits "
+         "to read; import the Glm5NextForConditionalGeneration folder (model_type glm5_next) or a text-only one"),
         (len(kinds) != n or bool(unknown), f"layer_types {unknown or kinds}: GLM-5.3-Next takes {n} entries, each "
                                            f"linear_attention or indexed_attention"),
         (int(hf["qk_rope_head_dim"]) > 0, f"qk_rope_head_dim={hf['qk_rope_head_dim']}: GLM-5.3-Next's latent "
