@@ -16,7 +16,8 @@ Features (each a field of `ModelConfig`):
   normalized without weights after RoPE (`rope_qk_norm`), the other layers' queries scaled up by position
   (`nope_temperature`, Llama 4's attention temperature);
   documents packed into one row attend only within themselves (`doc_ids`); a prefix-LM's prompt attends to itself
-  both ways (`prefix_lm`, PaliGemma's: `prefix_len` per row); multi-head latent attention (keys and
+  both ways (`prefix_lm`, PaliGemma's: `prefix_len` per row), or stays visible beside the sliding window
+  (`reference_window`, Unlimited-OCR's); multi-head latent attention (keys and
   values expanded from a low-rank latent, RoPE on part of each head: `kv_lora_rank`, DeepSeek-V2/V3's MLA; without
   positions, Kimi Linear's; its heads gated, Ling 3's; its shared RoPE key part RMS-normed, dots.3 Note's:
   `latent_key_norm`);
@@ -145,6 +146,9 @@ class ModelConfig:
     qk_layernorm: bool = False
     """Per-head QK-norm before RoPE as a LayerNorm with a weight and a bias (at norm_eps) instead of an RMSNorm
     (Persimmon's q_layernorm / k_layernorm); needs qk_norm with qk_norm_scope=head."""
+    qk_layernorm_per_head: bool = False
+    """With qk_layernorm: each head's LayerNorm has a weight and a bias of its own, (H, D) for q and (KV, D) for k,
+    instead of one (D,) pair shared by the heads (Chameleon's q_norm / k_norm)."""
     rope_qk_norm: bool = False
     """RMS-normalize each head's q and k without a weight, in fp32, after RoPE, on the layers that rotate alone
     (Llama 4's use_qk_norm, its Llama4TextL2Norm at norm_eps); independent of qk_norm."""
@@ -791,6 +795,13 @@ class ModelConfig:
     length per row (`prefix_len`, none: causal throughout); the inference engine's prefill makes each prompt the
     prefix, and decoding after it is causal (exact: later tokens never feed back into the prefix). A sliding window
     or chunk cuts only the causal part, as transformers' blockwise overlay ORs the prefix over it."""
+    reference_window: bool = False
+    """With sliding_window: each sequence's first tokens, its reference (the prompt: Unlimited-OCR's
+    reference_sliding_attention), stay visible to every later token of the windowed layers beyond the window; the
+    reference attends to itself causally, the tokens after it to the reference and to the window of tokens before
+    them. GPT.forward takes the reference's length per row (`prefix_len`; none: the whole sequence is the reference,
+    causal throughout, as transformers' forward without a cache attends); the inference engine's prefill makes each
+    prompt the reference and its decode steps attend to it and to the window."""
     pad_vocab_to: int = 128
     """Pad the embedding/head rows up to a multiple of this (padded rows are never sampled or counted in the loss)."""
     diff_attention: bool = False
@@ -1080,6 +1091,8 @@ class ModelConfig:
                                       and not self.norm_unit_offset and self.norm_affine):
             raise UserError("model.qk_layernorm needs per-head QK-norm before RoPE with learned weights (model.qk_norm="
                             "true, qk_norm_scope=head; no qk_norm_after_rope, norm_unit_offset or norm_affine=false)")
+        if self.qk_layernorm_per_head and not self.qk_layernorm:
+            raise UserError("model.qk_layernorm_per_head needs model.qk_layernorm=true (a LayerNorm QK-norm)")
         if self.rope_scaling == "longrope":
             pairs = (self.rope_dims or self.head_dim) // 2
             if len(self.rope_pair_factors) != pairs or min(self.rope_pair_factors) <= 0 or \
@@ -1183,6 +1196,11 @@ class ModelConfig:
         if self.prefix_lm and (self.conv_layers or self.delta_layers or self.pos_emb == "alibi" or self.qsa_heads):
             raise UserError("model.prefix_lm attends the prefix both ways: its layers must be attention without ALiBi "
                             "or a QSA indexer (no model.conv_layers, model.delta_layers, which read tokens in order)")
+        if self.reference_window and (not self.sliding_window or self.prefix_lm or self.attn_chunk
+                                      or self.pos_emb == "alibi" or self.qsa_heads or self.kv_compress_rates):
+            raise UserError("model.reference_window keeps the prompt visible beside a sliding window: it needs "
+                            "model.sliding_window, without prefix_lm, attn_chunk, ALiBi, qsa_heads or "
+                            "kv_compress_rates")
         if self.doc_attention == "flex" and self.dropout:
             raise UserError("model.doc_attention=flex has no attention dropout; use doc_attention=sdpa (or auto) "
                             "with model.dropout")
@@ -1775,6 +1793,23 @@ class UnitOffsetLayerNorm(nn.LayerNorm):
         return F.layer_norm(x, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
 
 
+class HeadLayerNorm(nn.Module):
+    """A LayerNorm over each head's D channels whose weight and bias are the head's own, (H, D) each
+    (model.qk_layernorm_per_head: Chameleon's ChameleonLayerNorm, statistics over D, then the head's affine);
+    x: (B, H, T, D)."""
+
+    def __init__(self, heads: int, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, dim))
+        self.weight.is_gain = True  # the optimizer's gains, not its matrices (training/optim.py)
+        self.bias = nn.Parameter(torch.zeros(heads, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.layer_norm(x, (x.shape[-1],), eps=self.eps)
+        return normed * self.weight[:, None] + self.bias[:, None]  # (H, 1, D) against (B, H, T, D)
+
+
 class GatedRMSNorm(nn.RMSNorm):
     """An RMSNorm whose output y (..., C) is scaled by a low-rank gate of itself, y · sigmoid(gate_up(silu(gate_down(
     y)))), the sigmoid in fp32 (model.norm_gate_rank; as transformers' AXK2GatedRMSNorm computes it)."""
@@ -1901,6 +1936,15 @@ def prefix_pairs(prefix_len: torch.Tensor, Tq: int, Tk: int, start: int = 0) -> 
     j = torch.arange(Tk, device=prefix_len.device)
     n = prefix_len[:, None, None]
     return (i[None, :, None] < n) & (j[None, None, :] < n)
+
+
+def reference_pairs(prefix_len: torch.Tensor, Tq: int, Tk: int, start: int = 0) -> torch.Tensor:
+    """(B, Tq, Tk) bool: True where key j lies within its row's reference of prefix_len (B,) tokens and at or
+    before query i (at slot start + i) (model.reference_window: the prompt, visible to every later token beyond
+    the window, as transformers' Unlimited-OCR ORs its prefill overlay over the sliding window)."""
+    i = torch.arange(start, start + Tq, device=prefix_len.device)
+    j = torch.arange(Tk, device=prefix_len.device)
+    return (j[None, None, :] < prefix_len[:, None, None]) & (j[None, None, :] <= i[None, :, None])
 
 
 def nope_temperature_table(cfg: ModelConfig, length: int | None = None) -> torch.Tensor:
@@ -2100,7 +2144,10 @@ class Attention(nn.Module):
             self.register_buffer("qsa_qk", torch.zeros((cfg.qsa_heads + 1) * cfg.qsa_head_dim, cfg.n_embd))
             self.register_buffer("qsa_q_norm", torch.zeros(cfg.qsa_head_dim))
             self.register_buffer("qsa_k_norm", torch.zeros(cfg.qsa_head_dim))
-        if cfg.qk_layernorm:  # (D,) weight and bias shared by the heads (Persimmon's)
+        if cfg.qk_layernorm_per_head:  # (H, D) and (KV, D) weights and biases, one pair a head (Chameleon's)
+            self.q_norm = HeadLayerNorm(self.n_head, self.head_dim, cfg.norm_eps)
+            self.k_norm = HeadLayerNorm(self.n_kv, self.head_dim, cfg.norm_eps) if own_kv else None
+        elif cfg.qk_layernorm:  # (D,) weight and bias shared by the heads (Persimmon's)
             self.q_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps)
             self.k_norm = nn.LayerNorm(self.head_dim, eps=cfg.norm_eps) if own_kv else None
         elif cfg.qk_norm:
@@ -4723,7 +4770,9 @@ class GPT(nn.Module):
         allowed = (i[:, None] >= i[None, :]) if mask is None else mask  # (T, T)
         if doc_ids is not None:
             allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & allowed  # (B, T, T)
-        if prefix_len is not None:  # the prefix over the causal (and windowed) mask, as transformers ORs it
+        if prefix_len is not None and self.cfg.reference_window:  # the reference over the window, causally
+            allowed = allowed | reference_pairs(prefix_len, T, T)
+        elif prefix_len is not None:  # the prefix over the causal (and windowed) mask, as transformers ORs it
             allowed = allowed | prefix_pairs(prefix_len, T, T)
         return allowed[:, None]
 
@@ -4742,6 +4791,7 @@ class GPT(nn.Module):
         given, each row's first prefix_len (B,) tokens seeing one another where given; blocks no query may see are
         skipped rather than masked (PyTorch's flex attention document masking)."""
         from torch.nn.attention.flex_attention import create_block_mask
+        reference = self.cfg.reference_window
 
         def allowed(b, h, q, kv):
             ok = q >= kv
@@ -4749,7 +4799,9 @@ class GPT(nn.Module):
                 ok = ok & (doc_ids[b, q] == doc_ids[b, kv])
             if window:
                 ok = ok & mask_allows(q, kv, window)
-            if prefix_len is not None:
+            if prefix_len is not None and reference:
+                ok = ok | ((q >= kv) & (kv < prefix_len[b]))
+            elif prefix_len is not None:
                 ok = ok | ((q < prefix_len[b]) & (kv < prefix_len[b]))
             return ok
 
@@ -4928,18 +4980,22 @@ class GPT(nn.Module):
         positions (T,) or (B, T): each token's position (None: 0..T-1); doc_ids (B, T): packed documents, each
         attending only within itself (give positions that restart at each document with it). prefix_len (B,)
         (model.prefix_lm): each row's first prefix_len tokens attend to one another both ways (PaliGemma's
-        prompt); its loss is the targets' as given (PaliGemma's labels leave the prefix's out: targets -1)."""
+        prompt); its loss is the targets' as given (PaliGemma's labels leave the prefix's out: targets -1).
+        With model.reference_window, prefix_len (B,) is each row's reference, seen beyond the window."""
         B, T = idx.shape
         if T > self.cfg.context_len:
             raise UserError(f"sequence length {T} exceeds the model's context_len {self.cfg.context_len}")
-        if prefix_len is not None and (not self.cfg.prefix_lm or doc_ids is not None):
-            raise UserError("prefix_len takes a prefix-LM (model.prefix_lm) and one sequence a row (no doc_ids)")
+        if prefix_len is not None and (not (self.cfg.prefix_lm or self.cfg.reference_window) or doc_ids is not None):
+            raise UserError("prefix_len takes a prefix-LM (model.prefix_lm) or a reference window "
+                            "(model.reference_window) and one sequence a row (no doc_ids)")
         if doc_ids is not None and self.cfg.kv_compress_rates:
             raise UserError("packed documents (doc_ids) with compressed layers (model.kv_compress_rates): their "
                             "windows of tokens would pool across documents; train without document masking")
         x, rope = self.embed(idx, positions)
-        masks = {w: self.attention_mask(T, idx.device, doc_ids, w, positions, prefix_len)  # one per window
-                 for w in self.cfg.windows}
+        # model.reference_window without prefix_len: every token is the reference's, causal throughout
+        whole = self.cfg.reference_window and prefix_len is None
+        masks = {w: self.attention_mask(T, idx.device, doc_ids, 0 if whole and w > 0 else w, positions, prefix_len)
+                 for w in self.cfg.windows}  # one per window
         values = [table(idx) for table in self.value_embeds]  # (B, T, KV*D) each
         ple = self.per_layer_inputs(idx, x)  # (B, T, n_layer, P) or None
         # the layers' (k, v) for the kv-shared ones (latent attention's: (latent, rotated key part))
@@ -5045,12 +5101,13 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Full-recompute sampling, one token at a time. idx: (B, T) -> (B, T + max_new_tokens); with
-        model.prefix_lm, idx (what of it stays in the context) is the prefix."""
+        model.prefix_lm (model.reference_window), idx (what of it stays in the context) is the prefix (the
+        reference)."""
         T0 = idx.shape[1]
         for _ in range(max_new_tokens):
             context = idx[:, -self.cfg.context_len :]
             prefix = None
-            if self.cfg.prefix_lm:  # the prompt's tokens still in the context
+            if self.cfg.prefix_lm or self.cfg.reference_window:  # the prompt's tokens still in the context
                 kept = max(0, T0 - (idx.shape[1] - context.shape[1]))
                 prefix = torch.full((idx.shape[0],), kept, device=idx.device)
             logits = self(context, prefix_len=prefix)[:, -1, :].float()

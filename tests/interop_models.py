@@ -1239,6 +1239,10 @@ FAMILIES = {
     "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM",
                     dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, pad_token_id=None,
                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # Emu3's text model (Emu3ForCausalLM: Llama's block, GQA, untied; exported as Llama)
+    "emu3_text_model": ("Emu3TextConfig", "Emu3ForCausalLM",
+                        dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                             eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     # Sarvam MoE (transformers runs it as GLM-4-MoE): its default QK-norm and whole heads rotated, a dense first layer,
     # then top 2 of 8 experts (32 wide) chosen within the best 2 of 4 groups, a routing bias, rescaled and times 2.5,
     # one shared expert; and with q/k/v biases (the original config's use_qkv_bias), which only Sarvam MoE writes

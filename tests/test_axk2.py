@@ -17,6 +17,7 @@ from redline.model import GPT, ModelConfig
 from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
 from tests.interop_models import hf_folder
 from tests.test_interop import imported, run_cli
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -76,12 +77,7 @@ def test_decode_batch_and_scores_through_the_engine(tmp_path, capsys):
     (dict(attention_bias=True), "attention_bias=true"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("axk2", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("axk2", change, fragment, tmp_path, capsys)
 
 
 _GATED = dict(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, kv_lora_rank=16, q_lora_rank=16,

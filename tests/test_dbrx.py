@@ -4,15 +4,13 @@ in separate projections as in the fused one, the config options redline cannot e
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
 from redline.model import GPT, MoE, ModelConfig
-from tests.interop_models import hf_folder
 from tests.test_moe import assert_training_mixture_matches
-from tests.test_interop import run_cli
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -74,12 +72,7 @@ def test_qkv_clip_clamps_separate_projections_as_the_fused_one():
     (dict(output_router_logits=True), "output_router_logits=true"),
 ])
 def test_dbrx_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("dbrx", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("dbrx", change, fragment, tmp_path, capsys)
 
 
 def test_dbrx_hub_config_without_rope_parameters():

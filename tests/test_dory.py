@@ -18,6 +18,7 @@ from tests.engine_checks import assert_decode_batch_serves_like_generate, assert
 from tests.interop_models import hf_folder
 from tests.test_interop import TOKENS, imported, run_cli
 from tests.test_train import dataset  # noqa: F401  (the session-scoped prepared corpus)
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -112,12 +113,7 @@ def test_decode_batch_and_scores_through_the_engine(tmp_path, capsys):
     (dict(n_recurrent_loops=0), "n_recurrent_loops=0"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("dory", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("dory", change, fragment, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("overrides, fragment", [

@@ -8,7 +8,6 @@ validation; the GPU's compiled engine and training step (skipped without CUDA)."
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -20,6 +19,7 @@ from redline.model import GPT, ModelConfig
 from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
 from tests.interop_models import hf_folder
 from tests.test_interop import imported, run_cli
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -110,12 +110,7 @@ def test_transformers_module_names_read_as_the_hub_names(tmp_path, capsys):
     (dict(attention_bias=True), "attention_bias=true"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("hy_v4", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("hy_v4", change, fragment, tmp_path, capsys)
 
 
 _HY = dict(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, kv_lora_rank=16, q_lora_rank=16,

@@ -109,7 +109,8 @@ EXPORTED_AS = {"ernie4_5": "LlamaForCausalLM", "helium": "LlamaForCausalLM", "se
                # Sarvam MoE with QK-norm and no biases is dots.llm1's layout (its router, whole heads rotated)
                "sarvam_moe": "Dots1ForCausalLM",
                # XGLM's sinusoid, held as a learned table, is BioGPT's block and positions (biogpt.py)
-               "xglm": "BioGptForCausalLM"}
+               "xglm": "BioGptForCausalLM",
+               "emu3_text_model": "LlamaForCausalLM"}
 
 
 # families imported but not exported, with the export's one-line refusal (CTRL's head bias beside scaled embeddings:
@@ -958,28 +959,30 @@ def test_import_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     _expect_import_error(tmp_path / "hf", tmp_path / "out", capsys,
                          "redline imports afmoe, apertus, apertus1p5, apertus1p5_text, arcee, aria, aria_text, axk1, axk2, "
-                         "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, codegen, cohere, cohere2, cohere2_moe, "
-                         "cohere2_vision, cohere_compass, cohere_compass_text, cosmos3_edge, cosmos3_omni, ctrl, cwm, dbrx, "
-                         "deepseek_ocr2, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, deepseek_vl, deepseek_vl_hybrid,"
-                         " diffllama, doge, dory, dots1, dots3_note, dots3_note_text, ernie4_5, ernie4_5_moe, ernie4_5_vl_moe,"
-                         " exaone, exaone4, exaone4_5, exaone_moe, falcon, falcon_h1, falcon_mamba, flex_olmo, flint, gemma, "
-                         "gemma2, gemma3, gemma3_text, gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, "
-                         "gemma4_unified_text, glm, glm4, glm46v, glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm5_next, "
-                         "glm5_next_text, glm_moe_dsa, glm_ocr, glmga, gpt2, gpt_bigcode, gpt_neo, gpt_neox, gpt_oss, "
-                         "gptj, granite, granite4_vision, "
-                         "granite_swa, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, helium, "
-                         "hunyuan_v1_dense, hunyuan_v1_moe, hunyuan_vl, hy_v3, hy_v4, hy_v4_vl, hyperclovax, idefics3, "
-                         "internlm3, internvl, iquestcoder, jais2, jamba, jetmoe, kimi_k25, kimi_linear, kolibri1, laguna, "
-                         "lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, lfm3_vl, llama, llama4, llama4_text, llava, llava_next, "
-                         "llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, mimo_v2_flash, minicpm3, "
-                         "minicpm_ocr, minicpmv4_6, minicpmv4_7, minimax, minimax_m2, minimax_m3_vl, minimax_m3_vl_text, "
-                         "ministral, ministral3, mistral, mistral3, mistral4, mistral_large4, mixtral, mllama, "
-                         "modernbert-decoder, mpt, nanochat, nemotron, nemotron_h, nemotron_h_omni, olmo, olmo2, olmo3, "
-                         "olmo_hybrid, olmoe, openai-gpt, opt, paddleocr_vl, paligemma, persimmon, phi, phi3, phimoe, "
-                         "qianfan_ocr, qwen2, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, "
-                         "qwen3_5_text, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, "
-                         "recurrent_gemma, rwkv, sarvam_mla, sarvam_moe, seed_oss, smollm3, smolvlm, solar_open, stablelm, "
-                         "starcoder2, vaultgemma, video_llava, vipllava, xglm, xlstm, youtu, zamba, zamba2")
+                         "aya_vision, bailing_hybrid, bamba, biogpt, bitnet, bloom, chameleon, codegen, cohere, cohere2, "
+                         "cohere2_moe, cohere2_vision, cohere_compass, cohere_compass_text, cosmos3_edge, cosmos3_omni, ctrl, "
+                         "cwm, dbrx, deepseek_ocr2, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, deepseek_vl, "
+                         "deepseek_vl_hybrid, diffllama, doge, dory, dots1, dots3_note, dots3_note_text, emu3, "
+                         "emu3_text_model, ernie4_5, ernie4_5_moe, ernie4_5_vl_moe, exaone, exaone4, exaone4_5, exaone_moe, "
+                         "falcon, falcon_h1, falcon_mamba, fast_vlm, flex_olmo, flint, gemma, gemma2, gemma3, gemma3_text, "
+                         "gemma3n, gemma3n_text, gemma4, gemma4_text, gemma4_unified, gemma4_unified_text, glm, glm4, glm46v, "
+                         "glm4_moe, glm4_moe_lite, glm4v, glm4v_moe, glm5_next, glm5_next_text, glm_moe_dsa, glm_ocr, "
+                         "glmga, gpt2, gpt_bigcode, gpt_neo, "
+                         "gpt_neox, gpt_oss, gptj, granite, granite4_vision, granite_docling, granite_swa, granitemoe, "
+                         "granitemoe_swa, granitemoehybrid, granitemoeshared, helium, hunyuan_v1_dense, hunyuan_v1_moe, "
+                         "hunyuan_vl, hy_v3, hy_v4, hy_v4_vl, hyperclovax, hyperclovax_vision_v2, idefics2, idefics3, "
+                         "internlm3, internvl, iquestcoder, jais2, jamba, janus, jetmoe, kimi_k25, kimi_linear, kolibri1, "
+                         "laguna, lara_mini, lfm2, lfm2_moe, lfm2_vl, lfm3, lfm3_vl, lighton_ocr, llama, llama4, llama4_text, "
+                         "llava, llava_next, llava_next_video, llava_onevision, longcat_flash, mamba, mamba2, mellum, "
+                         "mimo_v2_flash, minicpm3, minicpm_ocr, minicpmv4_6, minicpmv4_7, minimax, minimax_m2, minimax_m3_vl, "
+                         "minimax_m3_vl_text, ministral, ministral3, mistral, mistral3, mistral4, mistral_large4, mixtral, "
+                         "mllama, modernbert-decoder, molmo2, mpt, nanochat, nemotron, nemotron_h, nemotron_h_omni, olmo, "
+                         "olmo2, olmo3, olmo_hybrid, olmoe, openai-gpt, opt, ovis2, paddleocr_vl, paligemma, perception_lm, "
+                         "persimmon, phi, phi3, phimoe, qianfan_ocr, qwen2, qwen2_5_omni_thinker, qwen2_5_vl, qwen2_moe, "
+                         "qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, "
+                         "qwen3_omni_moe_thinker, qwen3_vl, qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, rwkv, "
+                         "sarvam_mla, sarvam_moe, seed_oss, shieldgemma2, smollm3, smolvlm, solar_open, stablelm, starcoder2, "
+                         "unlimited_ocr, vaultgemma, video_llama_3, video_llava, vipllava, xglm, xlstm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),

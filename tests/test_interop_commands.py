@@ -230,6 +230,17 @@ def check_train_init_from(kind: str, tmp_path, capsys) -> None:
     test_train_init_from_starts_at_the_imported_models_loss_resumes_and_exports(imported, tmp_path / "train", capsys)
 
 
+def check_import_refuses(kind: str, change: dict, fragment: str, tmp_path, capsys) -> None:
+    """`redline import` of a test model of tests/interop_models.py with `change` made to its config.json: exit 2,
+    one stderr line naming `fragment`, and no output folder (for a family's own tests of its refusals)."""
+    hf_folder(kind, tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
+    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_init_point_takes_the_architecture_and_keeps_run_settings(imported):
     from redline.config import TrainConfig, apply_preset
     from redline.training.init_from import InitPoint

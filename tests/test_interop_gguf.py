@@ -63,7 +63,8 @@ def import_gguf(path, out, capsys):
                                                       ("phi3-longrope", False), ("starcoder2-gguf", True),
                                                       ("gemma", False), ("cohere", False), ("cohere2", False),
                                                       ("olmo", False), ("arcee", False), ("bloom", True),
-                                                      ("internlm3", False), ("iquestcoder", True)])
+                                                      ("internlm3", False), ("iquestcoder", True),
+                                                      ("emu3_text_model", True)])
 def test_export_gguf_read_back(kind, transformers_reads, tmp_path, capsys):
     hf, path = export_gguf(kind, tmp_path, capsys)
     with torch.no_grad():

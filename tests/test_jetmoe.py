@@ -5,7 +5,6 @@ express refused by name at import, export and config validation."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -14,8 +13,8 @@ from redline.errors import UserError
 from redline.interop.jetmoe import _outputs_to_redline, _queries_to_redline
 from redline.model import GPT, ModelConfig
 from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
-from tests.interop_models import hf_folder
-from tests.test_interop import imported, run_cli
+from tests.test_interop import imported
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -81,12 +80,7 @@ def test_routed_heads_zero_the_unchosen_experts():
     (dict(rms_norm_eps=1e-5), "rms_norm_eps=1e-05"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("jetmoe", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("jetmoe", change, fragment, tmp_path, capsys)
 
 
 _ROUTED = dict(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, attn_gate="routed",

@@ -6,7 +6,6 @@ by name at import, export and config validation."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from redline.errors import UserError
 from redline.interop.families import export_family
 from redline.model import GPT, ModelConfig
 from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
-from tests.interop_models import hf_folder
 from tests.test_interop import TOKENS, imported, run_cli
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -102,12 +101,7 @@ def test_exported_folder_reads_back(tmp_path, capsys):
     (dict(attention_bias=True), "attention_bias=true"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("longcat_flash", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("longcat_flash", change, fragment, tmp_path, capsys)
 
 
 _SHORTCUT = dict(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, kv_lora_rank=16, q_lora_rank=16,

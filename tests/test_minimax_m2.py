@@ -14,6 +14,7 @@ from redline.errors import UserError
 from tests.interop_models import hf_folder
 from tests.test_interop import TOKENS, run_cli
 from tests.test_interop_gguf import assert_gguf_export_refused, export_gguf, import_gguf
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -65,12 +66,7 @@ def test_minimax_m2_gguf_refuses_rope_scaling(tmp_path, capsys):
     (dict(rotary_dim=7, rope_parameters={"rope_type": "default", "rope_theta": 500.0}), "rotates 7 of each head's 16"),
 ])
 def test_minimax_m2_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("minimax_m2", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("minimax_m2", change, fragment, tmp_path, capsys)
 
 
 def test_minimax_m2_reads_rotary_dim_and_stacked_experts():

@@ -15,8 +15,13 @@ cross-attention projector), MiniMaxM3SparseForConditionalGeneration, MistralLarg
 HYV4VLForConditionalGeneration and Glm5NextForConditionalGeneration (GLM-5.3-Next: import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers). Round 3 (part A): Kimi K2.5, GLM-4.6V and GLMGA,
 GLM-OCR, ERNIE 4.5 VL, PaddleOCR-VL, LFM3-VL, MiniCPM-V 4.6/4.7 and MiniCPM-OCR, Qianfan-OCR, DeepSeek-VL (and
-hybrid), Cosmos 3 Reasoner and Edge, DeepSeek-OCR 2 (import only) and Nemotron-H Omni, in their save layouts; Step 3.7
-and Unlimited-OCR refused by name."""
+hybrid), Cosmos 3 Reasoner and Edge, DeepSeek-OCR 2 (import only) and Nemotron-H Omni, in their save layouts;
+Step 3.7 refused by name; Unlimited-OCR (import only: reference sliding windows). Round 3 (part B):
+Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 (LLaVA-like), the Qwen2.5-Omni and
+Qwen3-Omni-MoE thinkers (a vision tower and an audio encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a
+VQ-VAE, no tower), Molmo2 (its Hub layout, a head narrower than the embedding), Chameleon (chameleon.py: per-head QK
+LayerNorms, its image tokens' logits masked) and ShieldGemma2ForImageClassification (Gemma 3's model one level down,
+its yes/no logits the text model's)."""
 
 from __future__ import annotations
 
@@ -39,21 +44,22 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 PROCESSOR_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
 
 
-def _gemma3_config(**text):
+def _gemma3_config(config_class=None, **top):
     """Gemma 3's text model as tests/interop_models.py's gemma3 (windowed - full - windowed, the full layer's linear
-    RoPE scaling, head_dim 24, query_pre_attn_scalar 20), the image tokens the vocabulary's last three."""
-    return transformers.Gemma3Config(
+    RoPE scaling, head_dim 24, query_pre_attn_scalar 20), the image tokens the vocabulary's last three; config_class
+    ShieldGemma2Config: ShieldGemma 2's, `top` its own fields."""
+    return (config_class or transformers.Gemma3Config)(
         text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=24, query_pre_attn_scalar=20,
                          sliding_window=5, max_position_embeddings=64, rms_norm_eps=1e-5,
                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                          rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
                                                              "rope_theta": 5000.0},
-                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}},
-                         **text),
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}}),
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14),
-        mm_tokens_per_image=4, image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3)
+        mm_tokens_per_image=4, image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3,
+        **top)
 
 
 def _mistral3_config(**text):
@@ -262,6 +268,90 @@ def _gemma4_unified_config(**text):
         boi_token_id=VOCAB - 3, eoi_token_id=VOCAB - 4, tie_word_embeddings=True)
 
 
+def _omni_thinker_config(config_class):
+    """Qwen2.5-Omni's thinker (config_class Qwen2_5OmniThinkerConfig: a Qwen2 text model with q/k/v biases, MRoPE
+    sections 2 + 3 + 3 in the rotate-half layout) or Qwen3-Omni-MoE's (Qwen3OmniMoeThinkerConfig: QK-norm, top 2 of 4
+    experts, interleaved MRoPE sections 2 + 2 + 4), each beside a one-block vision tower and a one-layer audio
+    encoder; vision_start_token_id as the Hub's thinker configs give it (the config class has no such field)."""
+    qwen3 = config_class is transformers.Qwen3OmniMoeThinkerConfig
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]})
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14)
+    audio = dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=64,
+                 num_mel_bins=16, max_source_positions=20, n_window=4)
+    if qwen3:
+        text.update(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                    rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 2, 4],
+                                     "interleaved": True})
+        vision.update(deepstack_visual_indexes=[0], num_position_embeddings=16)
+        audio.update(downsample_hidden_size=8)
+    return config_class(text_config=text, vision_config=vision, audio_config=audio, image_token_id=VOCAB - 1,
+                        video_token_id=VOCAB - 2, audio_token_id=VOCAB - 3, audio_start_token_id=VOCAB - 4,
+                        user_token_id=5, vision_start_token_id=VOCAB - 6,  # which get_rope_index reads
+                        **({} if qwen3 else {"audio_end_token_id": VOCAB - 5}))
+
+
+def _molmo2_config(text_config_update=(), **top):
+    """Molmo2-8B's layout: a Qwen3-like text model (per-head QK-norm, GQA, untied) whose embedding has 16 rows for
+    added tokens past the head's vocab_size, beside a one-layer vision tower and its pooling adapter."""
+    return transformers.Molmo2Config(
+        text_config=dict(dict(vocab_size=VOCAB - 16, additional_vocab_size=16, hidden_size=64, intermediate_size=96,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              max_position_embeddings=64, rms_norm_eps=1e-5,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+                         **dict(text_config_update)),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=8, image_default_input_size=[28, 28], image_patch_size=14),
+        adapter_config=dict(hidden_size=16, intermediate_size=32, text_hidden_size=64, num_attention_heads=2,
+                            num_key_value_heads=2, head_dim=8, vit_layers=[-1]), **top)
+
+
+def _chameleon_config(**top):
+    """Chameleon's layout (a flat config): Llama's block with per-head QK LayerNorms, GQA, untied, beside a one-level
+    VQ-VAE; ids 200..215 its image tokens (vocabulary_map's IMGIMG names), whose logits its forward masks."""
+    return transformers.ChameleonConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, pad_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        vq_config=dict(embed_dim=8, num_embeddings=16, latent_channels=8, base_channels=32, channel_multiplier=[1],
+                       num_res_blocks=1, attn_resolutions=[]),
+        vocabulary_map={"<image>": VOCAB - 1, **{f"IMGIMG{chr(65 + i)}Z": 200 + i for i in range(16)}}, **top)
+
+
+def _emu3_config():
+    """Emu3's layout: its Llama-like text model (GQA, untied) beside a one-level VQ-VAE whose 16 codes are the visual
+    tokens 200..215 of the text model's vocabulary (vocabulary_map)."""
+    return transformers.Emu3Config(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         pad_token_id=0, bos_token_id=0, eos_token_id=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+        vq_config=dict(embed_dim=8, codebook_size=16, latent_channels=8, base_channels=32, channel_multiplier=[1],
+                       num_res_blocks=1, attn_resolutions=[], temporal_downsample_factor=1),
+        vocabulary_map={"<|extra_200|>": VOCAB - 1, "<|image token|>": VOCAB - 2,
+                        **{f"<|visual token {i:06d}|>": 200 + i for i in range(16)}})
+
+
+def _hyperclovax_vision_hub(name: str) -> str:
+    """A tensor's name in HyperCLOVA X SEED Vision's Hub folders (transformers' conversion mapping read backwards):
+    model.language_model.model.*, model.language_model.lm_head.weight, model.vision_projector.*."""
+    if name.startswith("model.language_model."):
+        return "model.language_model.model." + name[len("model.language_model."):]
+    if name == "lm_head.weight":
+        return "model.language_model.lm_head.weight"
+    return "model.vision_projector." + name[len("model.projector."):] if name.startswith("model.projector.") else name
+
+
+def _shieldgemma2_hub(name: str) -> str:
+    """A tensor's name in ShieldGemma 2's Hub folders: Gemma 3's Hub names (language_model.model.*,
+    language_model.lm_head.weight, vision_tower.*) under model., where save_pretrained writes
+    model.model.language_model.model.*, model.lm_head.weight and model.model.vision_tower.*."""
+    if name == "model.lm_head.weight":
+        return "model.language_model.lm_head.weight"
+    return "model." + name[len("model.model."):] if name.startswith("model.model.") else name
+
+
 def _other_layout(name: str) -> str:
     """A tensor's name in the other save layout: language_model.model.* / language_model.lm_head.weight / vision_tower.*
     (the Hub's Gemma 3 and Mistral 3 folders) <-> model.language_model.* / lm_head.weight / model.vision_tower.*
@@ -287,6 +377,8 @@ _LLAMA_TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_h
 _TEXTS = {
     "llama": dict(model_type="llama", **_LLAMA_TEXT),
     "qwen2": dict(model_type="qwen2", **_LLAMA_TEXT),
+    "qwen3": dict(model_type="qwen3", **_LLAMA_TEXT),
+    "mistral": dict(model_type="mistral", **_LLAMA_TEXT),
     "cohere2": dict(model_type="cohere2", **{**_LLAMA_TEXT, "rms_norm_eps": None}, layer_norm_eps=1e-5,
                     sliding_window=5, logit_scale=0.5, layer_types=["sliding_attention", "full_attention"]),
     "lfm2": dict(model_type="lfm2", **{**_LLAMA_TEXT, "rms_norm_eps": None, "head_dim": None}, norm_eps=1e-5,
@@ -313,12 +405,18 @@ _TEXTS = {
                               rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                "original_max_position_embeddings": 16}),
+    "granite_docling_text": dict(model_type="granite_docling_text", **_LLAMA_TEXT, embedding_multiplier=3.0,
+                                 residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.5,
+                                 pad_token_id=0, bos_token_id=0, eos_token_id=1),
+    "hyperclovax": dict(model_type="hyperclovax", **_LLAMA_TEXT, embedding_multiplier=2.0, residual_multiplier=0.5,
+                        attention_multiplier=0.2, logits_scaling=0.25, pad_token_id=None),
     "qwen2_vl_text": dict(model_type="qwen2_vl_text", **{**_LLAMA_TEXT, "rope_theta": None},
                           rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]}),
 }
 # a one-layer vision tower of 28-pixel images in 14-pixel patches, in the fields every such folder's tower takes
 _TOWER = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
               patch_size=14)
+_SIGLIP = dict(_TOWER, model_type="siglip_vision_model")
 _QWEN2_VL_TOWER = dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=14)
 
 
@@ -426,7 +524,59 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "minimax_m3_vl": (_minimax_m3_config, "MiniMaxM3SparseForConditionalGeneration", None,  # import only
                            _other_layout),
          "gemma4_unified": (_gemma4_unified_config, "Gemma4UnifiedForConditionalGeneration", "Gemma4ForCausalLM",
-                            _other_layout)}
+                            _other_layout),
+         # PerceptionLM's and FastVLM's towers are timm models (not installed here): SigLIP's stands in, unread alike
+         "idefics2": _llava_like("idefics2", "Idefics2ForConditionalGeneration", "mistral", "MistralForCausalLM",
+                                 renamed=None, perceiver_config=dict(hidden_size=64, resampler_n_latents=4,
+                                                                     resampler_depth=1, resampler_n_heads=2,
+                                                                     resampler_head_dim=8, num_key_value_heads=1)),
+         "perception_lm": _llava_like("perception_lm", "PerceptionLMForConditionalGeneration", "llama",
+                                      "LlamaForCausalLM", dict(_SIGLIP, model_args={"embed_dim": 16}), renamed=None),
+         "fast_vlm": _llava_like("fast_vlm", "FastVlmForConditionalGeneration", "qwen2", "Qwen2ForCausalLM", _SIGLIP,
+                                 renamed=None),
+         "lighton_ocr": _llava_like("lighton_ocr", "LightOnOcrForConditionalGeneration", "qwen3", "Qwen3ForCausalLM",
+                                    dict(_TOWER, head_dim=8), renamed=None),
+         "janus": _llava_like("janus", "JanusForConditionalGeneration", "llama", "LlamaForCausalLM",
+                              dict(_TOWER, projection_dim=64, depth=1), renamed=None,
+                              vq_config=dict(embed_dim=8, num_embeddings=16, latent_channels=32, base_channels=32,
+                                             channel_multiplier=[1], num_res_blocks=1, projection_dim=64,
+                                             image_token_embed_dim=64, num_patches=2)),
+         "ovis2": _llava_like("ovis2", "Ovis2ForConditionalGeneration", "qwen2", "Qwen2ForCausalLM",
+                              dict(_TOWER, vocab_size=16), renamed=None, vocab_size=VOCAB, hidden_size=64),
+         "video_llama_3": _llava_like("video_llama_3", "VideoLlama3ForConditionalGeneration", "qwen2",
+                                      "Qwen2ForCausalLM", {k: _TOWER[k] for k in _TOWER if k != "image_size"},
+                                      renamed=None),
+         "qwen2_5_omni_thinker": (lambda: _omni_thinker_config(transformers.Qwen2_5OmniThinkerConfig),
+                                  "Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2ForCausalLM", None),
+         "qwen3_omni_moe_thinker": (lambda: _omni_thinker_config(transformers.Qwen3OmniMoeThinkerConfig),
+                                    "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3MoeForCausalLM", None),
+         "granite_docling": _llava_like("granite_docling", "GraniteDoclingForConditionalGeneration",
+                                        "granite_docling_text", "GraniteForCausalLM",
+                                        dict(_TOWER, patch_size=7, out_hidden_size=64, scale_factor=2,
+                                             deepstack_visual_indexes=[0]), renamed=None, pad_token_id=0),
+         "hyperclovax_vision_v2": _llava_like("hyperclovax_vision_v2", "HyperCLOVAXVisionV2ForConditionalGeneration",
+                                              "hyperclovax", "HyperCLOVAXForCausalLM",
+                                              dict(model_type="qwen2_5_vl_vision", **_QWEN2_VL_TOWER,
+                                                   out_hidden_size=64), _hyperclovax_vision_hub),
+         "molmo2": (_molmo2_config, "Molmo2ForConditionalGeneration", None, None),  # import only: head_vocab
+         # a tying config: transformers leaves the head (vocab_size rows) apart from the wider embedding
+         "molmo2-tied": (lambda: _molmo2_config(tie_word_embeddings=True), "Molmo2ForConditionalGeneration", None,
+                         None),
+         # Molmo2-O's: OLMo's QK norms over whole projections, post-norm blocks (OLMo 2's block)
+         "molmo2-o": (lambda: _molmo2_config(text_config_update={"qk_norm_type": "olmo", "norm_after": True}),
+                      "Molmo2ForConditionalGeneration", None, None),
+         "molmo2-o-no-added": (lambda: _molmo2_config(text_config_update={
+             "qk_norm_type": "olmo", "norm_after": True, "vocab_size": VOCAB, "additional_vocab_size": 0}),
+             "Molmo2ForConditionalGeneration", "Olmo2ForCausalLM", None),
+         # no added rows: Qwen3's model, exported as it
+         "molmo2-no-added": (lambda: _molmo2_config(text_config_update={"vocab_size": VOCAB,
+                                                                       "additional_vocab_size": 0}),
+                             "Molmo2ForConditionalGeneration", "Qwen3ForCausalLM", None),
+         "chameleon": (_chameleon_config, "ChameleonForConditionalGeneration", None, None),  # import only
+         "emu3": (_emu3_config, "Emu3ForConditionalGeneration", "LlamaForCausalLM", None),
+         "shieldgemma2": (lambda: _gemma3_config(transformers.ShieldGemma2Config, yes_token_index=5,
+                                                 no_token_index=6),
+                          "ShieldGemma2ForImageClassification", "Gemma3ForCausalLM", _shieldgemma2_hub)}
 
 
 # Round 3 (part A): multimodal folders around text families redline reads
@@ -600,6 +750,26 @@ def _deepseek_ocr2_config(**text):
         image_token_id=VOCAB - 1)
 
 
+def _unlimited_ocr_config(**text):
+    """Unlimited-OCR's layout: DeepSeek-OCR 2's text model (_deepseek_ocr2_config) whose layers see a window of 3
+    tokens beside the prompt (reference_sliding_attention), its middle layer a full one; its SAM and CLIP-like
+    encoders one or two layers deep."""
+    return transformers.UnlimitedOcrConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+                         routed_scaling_factor=1.5, mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=None,
+                         sliding_window=3, layer_types=["reference_sliding_attention", "full_attention",
+                                                        "reference_sliding_attention"], **text),
+        vision_config=dict(sam_config=dict(hidden_size=16, output_channels=16, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=64, patch_size=16,
+                                           global_attn_indexes=[1], mlp_dim=32, window_size=2,
+                                           downsample_channels=[32, 64]),
+                           encoder_config=dict(hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2)),
+        image_token_id=VOCAB - 1)
+
+
 def _nemotron_h_omni_config(**text):
     """Nemotron-H Omni's layout: tests/interop_models.py's nemotron_h text model (Mamba-2, MLP and attention
     layers) after a one-layer RADIO tower and its projector, without the audio tower."""
@@ -663,6 +833,7 @@ CASES.update({
     "cosmos3_edge": (_cosmos3_edge_config, "Cosmos3EdgeForConditionalGeneration", "ArceeForCausalLM",
                      _cosmos3_in_memory),
     "deepseek_ocr2": (_deepseek_ocr2_config, "DeepseekOcr2ForConditionalGeneration", None, None),  # import only
+    "unlimited_ocr": (_unlimited_ocr_config, "UnlimitedOcrForConditionalGeneration", None, None),  # import only
     "nemotron_h_omni": (_nemotron_h_omni_config, "NemotronH_Omni_Reasoning_V3", "NemotronHForCausalLM", None),
     "glm_ocr": _llava_like("glm_ocr", "GlmOcrForConditionalGeneration", "glm_ocr_text", "Glm4ForCausalLM",
                            _GLM4V_TOWER, renamed=None),
@@ -671,7 +842,7 @@ CASES.update({
 # text model, GLMGA, LFM3-VL, MiniCPM-V 4.7 and MiniCPM-OCR, DeepSeek-VL and its hybrid), which repeat a reading
 # above with another class, and the other layouts, run as slow tests
 _ROUND3_FIRST = ("kimi_k25", "glm46v-moe", "glm_ocr", "ernie4_5_vl_moe", "paddleocr_vl", "minicpmv4_6", "qianfan_ocr",
-                 "cosmos3_omni", "cosmos3_edge", "deepseek_ocr2", "nemotron_h_omni")
+                 "cosmos3_omni", "cosmos3_edge", "deepseek_ocr2", "nemotron_h_omni", "unlimited_ocr")
 
 
 def _folder(kind, path, layout="saved"):
@@ -703,12 +874,19 @@ def _folder(kind, path, layout="saved"):
     return hf
 
 
+def _language_model(hf):
+    """The generating model of a CASES model: ShieldGemma 2's classifier wraps Gemma 3's (its .model)."""
+    return hf.model if type(hf).__name__ == "ShieldGemma2ForImageClassification" else hf
+
+
 # the folders whose reading has logic of its own run always (the first four in both layouts); the rest, which repeat
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
           "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note", "mistral_large4", "hy_v4_vl", "glm5_next",
           *_ROUND3_FIRST)
+_FIRST += ("perception_lm", "janus", "ovis2", "shieldgemma2", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
+           "granite_docling", "hyperclovax_vision_v2", "emu3", "molmo2", "molmo2-o", "chameleon")
 
 
 @pytest.mark.parametrize("kind, layout", [
@@ -719,7 +897,8 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
     """The imported model's logits are the multimodal model's on text, its greedy tokens through the engine
     transformers' generate's; one stderr line says the vision tower was left out; the processor's chat template
     travels; the export loads as the text-only model with the same logits."""
-    hf = _folder(kind, tmp_path / "hf", layout)
+    classifier = _folder(kind, tmp_path / "hf", layout)
+    hf = _language_model(classifier)
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", "fp32"],
                            capsys)
     assert code == 0, err
@@ -731,6 +910,9 @@ def test_import_reads_the_text_model_and_exports_the_text_family(kind, layout, t
     with torch.no_grad():
         expected = hf(input_ids=tokens).logits
         torch.testing.assert_close(model(tokens), expected, rtol=1e-5, atol=1e-5)
+        if classifier is not hf:  # ShieldGemma 2's yes/no logits: the last position's at its two ids
+            torch.testing.assert_close(classifier(input_ids=tokens).logits, model(tokens)[
+                :, -1, [classifier.yes_token_index, classifier.no_token_index]], rtol=1e-5, atol=1e-5)
     prompt = tokens[0, :9].tolist()
     result = InferenceEngine(model, compile=False).generate([prompt], 10, SamplingParams(temperature=0))[0]
     hf.generation_config.eos_token_id = None
@@ -758,16 +940,21 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
         "tie_word_embeddings"] is True
     assert text_config({"text_config": {"tie_word_embeddings": False}})["tie_word_embeddings"] is True
     assert text_config({"text_config": {"tie_word_embeddings": True}}, tie_default=False)["tie_word_embeddings"] is False
+    # PerceptionLMConfig's null (or absent) flag takes text_config's; a class with a default reads null as false
+    for tie_default, expected in ((None, True), (True, False)):
+        assert text_config({"text_config": {"tie_word_embeddings": True}, "tie_word_embeddings": None},
+                           tie_default=tie_default)["tie_word_embeddings"] is expected
     for module, config in ((qwen3_5, transformers.Qwen3_5Config), (gemma4, transformers.Gemma4Config),
                            (llama4, transformers.Llama4Config)):  # their folders' reader follows the same rule
         for top, text in ((True, False), (False, True), (None, not config().tie_word_embeddings)):
             hf = {"text_config": {"tie_word_embeddings": text}, **({} if top is None else {"tie_word_embeddings": top})}
             expected = config().tie_word_embeddings if top is None else top
             assert module.text_config(hf)["tie_word_embeddings"] is expected, (module.__name__, top, text)
-    # gemma4.py reads Gemma 4 Unified's folders
+    # gemma4.py reads Gemma 4 Unified's folders, chameleon.py Chameleon's
     assert {f.name for f in families()} == {"gemma3", "mistral3", "qwen3_vl", *(CASES[kind][0]().model_type
                                                                               for kind in CASES
-                                                                              if kind != "gemma4_unified")}
+                                                                              if kind not in ("gemma4_unified",
+                                                                                              "chameleon"))}
     hf = _folder("mistral3", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     del config["tie_word_embeddings"]
@@ -789,12 +976,17 @@ def test_head_tying_follows_transformers(tmp_path, capsys):
 
 @pytest.mark.parametrize("kind", ["llava", "llava_next", "llava_onevision", "qwen2_vl", "internvl", "aya_vision",
                                   "lfm2_vl", "smolvlm", "glm4v", "hunyuan_vl",
-                                  "kimi_k25", "glm46v", "glm_ocr", "paddleocr_vl", "qianfan_ocr", "deepseek_vl"])
+                                  "kimi_k25", "glm46v", "glm_ocr", "paddleocr_vl", "qianfan_ocr", "deepseek_vl",
+                                  "idefics2", "perception_lm",
+                                  "fast_vlm", "lighton_ocr", "janus", "ovis2", "video_llama_3", "shieldgemma2",
+                                  "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker", "granite_docling",
+                                  "hyperclovax_vision_v2", "emu3", "molmo2-no-added"])
 def test_head_tying_of_llava_like_configs_follows_their_class(kind):
     """Whether the head is tied, for each pair of top-level and text_config flags (either left out): as the
     multimodal config class settles it (LlavaConfig, Qwen2VLConfig, Glm4vConfig and HunYuanVLConfig take
     text_config's true where their own is false; LlavaNextConfig, InternVLConfig, AyaVisionConfig, Lfm2VlConfig and
-    SmolVLMConfig their own alone)."""
+    SmolVLMConfig their own alone; PerceptionLMConfig text_config's where its own is left out; FastVlmConfig,
+    VideoLlama3Config and ShieldGemma2Config take text_config's true)."""
     from redline.interop.families import family_for
 
     base = CASES[kind][0]().to_dict()
@@ -806,7 +998,7 @@ def test_head_tying_of_llava_like_configs_follows_their_class(kind):
                 config["tie_word_embeddings"] = top
             if text is not None:
                 config["text_config"]["tie_word_embeddings"] = text
-            config_class = getattr(transformers, CASES[kind][1].replace("ForConditionalGeneration", "Config"))
+            config_class = type(CASES[kind][0]())
             expected = config_class.from_dict(config).tie_word_embeddings
             assert family_for(config, "folder").model_config(config).tie_embeddings is expected, (top, text)
 
@@ -852,6 +1044,11 @@ def test_text_configs_untying_flag_is_not_read(tmp_path, capsys):
      "rope_parameters\\['sliding_attention'\\].rope_type='linear'"),
     ("llava", {"text_config": {"model_type": "gemma"}}, "text_config.model_type='gemma'.*llama or mistral or qwen2"),
     ("mllama", {"text_config": {"cross_attention_layers": [1, 9]}}, r"cross_attention_layers=\[1, 9\]: not layers"),
+    ("molmo2", {"text_config": {"qk_norm_type": "olmo"}}, "qk_norm_type='olmo' with norm_after=false: .* not a mix"),
+    ("molmo2", {"text_config": {"norm_after": True}}, "qk_norm_type='qwen3' with norm_after=true"),
+    ("molmo2", {"text_config": {"attention_bias": True}}, "attention_bias=true: Molmo2's q/k/v biases"),
+    ("molmo2", {"text_config": {"rope_scaling_layers": [1], "rope_parameters": {
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}}, r"rope_scaling_layers=\[1\]: RoPE scaling"),
     ("qwen2_vl", {"text_config": {"use_sliding_window": True, "sliding_window": 4,
                                   "layer_types": ["full_attention", "sliding_attention"]}},
      "a mix of full and sliding-window attention layers"),
@@ -924,6 +1121,21 @@ def test_hub_shaped_configs():
     ("glm4v_moe", {"model_type": "glm4v_moe_text", "hidden_size": 64, "num_attention_heads": 4}),
     ("hunyuan_vl", {"model_type": "hunyuan_vl_text", "hidden_size": 64, "num_attention_heads": 4,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 2, 2, 2]}}),
+    ("idefics2", {"hidden_size": 64, "num_attention_heads": 4}),  # mistral by default
+    ("perception_lm", {"hidden_size": 64, "num_attention_heads": 4}),  # llama by default
+    ("fast_vlm", {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("lighton_ocr", {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("janus", {"hidden_size": 64, "num_attention_heads": 4}),
+    ("ovis2", {"hidden_size": 64, "num_hidden_layers": 2}),
+    ("video_llama_3", {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2}),
+    ("shieldgemma2", {"hidden_size": 64, "num_hidden_layers": 2}),
+    ("qwen2_5_omni_thinker", {"hidden_size": 64, "num_attention_heads": 8,
+                              "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2]}}),
+    ("qwen3_omni_moe_thinker", {"hidden_size": 64, "num_attention_heads": 8, "num_experts": 8}),
+    ("granite_docling", {"num_hidden_layers": 2}),  # the width its tower's default out_hidden_size
+    ("hyperclovax_vision_v2", {"model_type": "hyperclovax", "hidden_size": 64, "num_attention_heads": 4}),
+    ("emu3", {"hidden_size": 64, "num_attention_heads": 4}),
+    ("molmo2", {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}),
 ])
 def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     """A text_config that leaves fields out (save_pretrained writes those that differ from the class's defaults):
@@ -935,6 +1147,28 @@ def test_sparse_text_config_reads_as_transformers_fills_it(kind, sparse):
     filled = config_class.from_dict(given).to_dict()
     family = family_for(given, "folder")
     assert family.model_config(given) == family.model_config(filled)
+
+
+def test_ovis2_untied_head_of_another_size_is_refused():
+    """Ovis2's lm_head takes the top-level vocab_size and hidden_size: tied, it is the embedding whatever they say
+    (read); untied and of other rows than text_config's, refused by name."""
+    from redline.interop.families import family_for
+
+    config = CASES["ovis2"][0]().to_dict()
+    family_for(config, "folder").model_config({**config, "vocab_size": VOCAB + 8})
+    with pytest.raises(UserError, match=f"vocab_size={VOCAB + 8} beside text_config.vocab_size={VOCAB}"):
+        family_for(config, "folder").model_config({**config, "vocab_size": VOCAB + 8, "tie_word_embeddings": False})
+
+
+@pytest.mark.parametrize("fields, fragment", [({"swin_norm": True}, "swin_norm=true"),
+                                             ({"rms_norm_eps": 1e-6}, "rms_norm_eps=1e-06: Chameleon's QK LayerNorms"),
+                                             ({"attention_bias": True}, "attention_bias=True with mlp_bias=False")])
+def test_chameleon_refusals_name_the_option(fields, fragment):
+    from redline.interop.families import family_for
+
+    config = {**CASES["chameleon"][0]().to_dict(), **fields}
+    with pytest.raises(UserError, match=fragment):
+        family_for(config, "folder").model_config(config)
 
 
 def test_qwen2_vl_hub_flat_config():
@@ -956,10 +1190,13 @@ def test_qwen2_vl_hub_flat_config():
 
 @pytest.mark.parametrize("model_type, fragment", [("inkling_mm_model", "relative-position bias"),
                                                    ("inkling2", "block attention residuals"),
-                                                   ("inkling2_loop", "looped loop_num_passes times")])
+                                                   ("inkling2_loop", "looped loop_num_passes times"),
+                                                   ("idefics", "gated cross-attention blocks"),
+                                                   ("muse_glimmer", "weightless QK-norm"),
+                                                   ("muse_spark", "residual gates")])
 def test_refused_multimodal_folders_name_why(model_type, fragment):
-    """The Inkling folders (relative-position biases, short convolutions, looped layers) are refused by name at
-    import."""
+    """The Inkling folders (relative-position biases, short convolutions, looped layers), the Muse folders (text
+    models redline does not read) and Idefics (gated cross-attention blocks) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()
@@ -1024,11 +1261,10 @@ def test_round3_refusals_name_the_option(kind, top, fragment):
 
 
 @pytest.mark.parametrize("model_type, fragment", [("step3p7", "a head count of their own"),
-                                                   ("unlimited_ocr", "reference sliding windows"),
                                                    ("unlimited_ocr_text", "reference sliding windows")])
 def test_round3_refused_folders_name_why(model_type, fragment):
-    """Step 3.7 (windowed layers with their own head count) and Unlimited-OCR (prompt tokens always visible beside a
-    window of generated ones) are refused by name at import."""
+    """Step 3.7 (windowed layers with their own head count) and Unlimited-OCR's text model alone (no causal LM of it in
+    transformers: an unlimited_ocr folder holds it) are refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

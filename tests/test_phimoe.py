@@ -4,16 +4,14 @@ weights and gradients), the mixture's training forward and backward against Phim
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
 from redline.errors import UserError
 from redline.model import MoE, ModelConfig, sparsemixer
-from tests.interop_models import hf_folder
 from tests.test_moe import assert_training_mixture_matches
-from tests.test_interop import run_cli
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -69,12 +67,7 @@ def test_moe_training_forward_and_backward_equal_phimoe_block():
     (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}), "RoPE scaling 'linear'"),
 ])
 def test_phimoe_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("phimoe-plain", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("phimoe-plain", change, fragment, tmp_path, capsys)
 
 
 def test_phimoe_longrope_holds_to_the_original_context():

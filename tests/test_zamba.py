@@ -5,7 +5,6 @@ by name at import, export and config validation, PEFT adapters refused by name."
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -13,8 +12,8 @@ import torch
 from redline.errors import UserError
 from redline.model import GPT, ModelConfig
 from tests.engine_checks import assert_decode_batch_serves_like_generate, assert_scores_equal_full_forward
-from tests.interop_models import hf_folder
-from tests.test_interop import imported, run_cli
+from tests.test_interop import imported
+from tests.test_interop_commands import check_import_refuses
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 transformers = pytest.importorskip("transformers")
@@ -64,12 +63,7 @@ def test_decode_batch_and_scores_through_the_engine(tmp_path, capsys):
     (dict(layers_block_type=["mamba", "attention", "mamba", "hybrid"]), "layers_block_type ['attention']"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):
-    hf_folder("zamba", tmp_path / "hf")
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    check_import_refuses("zamba", change, fragment, tmp_path, capsys)
 
 
 _ZAMBA = dict(vocab_size=64, context_len=16, n_layer=2, n_embd=32, n_head=4, head_size=16,

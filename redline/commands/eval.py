@@ -63,8 +63,10 @@ def kv_cache_quality(model, batches, dtypes, decode_from: int) -> list[dict]:
             with torch.no_grad():
                 reference = []
                 for tokens in rows:
-                    # a prefix-LM's (model.prefix_lm): the prefilled tokens are the prefix, as the engine takes them
-                    prefix = torch.full((len(tokens),), decode_from) if model.cfg.prefix_lm else None
+                    # a prefix-LM's (model.prefix_lm; reference_window's reference): the prefilled tokens are the
+                    # prefix, as the engine takes them
+                    prefix = (torch.full((len(tokens),), decode_from)
+                              if model.cfg.prefix_lm or model.cfg.reference_window else None)
                     logits = model(tokens[:, :-1].to(engine.device),
                                    prefix_len=None if prefix is None else prefix.to(engine.device))
                     logits = logits[:, decode_from - 1:].float()

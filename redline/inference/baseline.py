@@ -26,8 +26,8 @@ def naive_generate(model: GPT, prompts: torch.Tensor, max_new_tokens: int,
     generator = make_generator(sampling, prompts.device)
     t_start = time.perf_counter()
     idx, t_first = prompts, None
-    # model.prefix_lm: the prompt is the prefix, as the engine's prefill makes it
-    prefix = torch.full((B,), T, device=prompts.device) if model.cfg.prefix_lm else None
+    # model.prefix_lm (reference_window): the prompt is the prefix (the reference), as the engine's prefill makes it
+    prefix = torch.full((B,), T, device=prompts.device) if model.cfg.prefix_lm or model.cfg.reference_window else None
     for i in range(max_new_tokens):
         logits = model(idx, prefix_len=prefix)[:, -1, :]
         nxt = sample_next(logits, sampling, generator)

@@ -181,8 +181,9 @@ class DecodeBatch:
         prefix_cache.BLOCK tokens), or (-1, 0); a parked row too unless parked=False. The row may be decoding: its
         first slots stay as they are. None for a model with gated delta nets: their state belongs to a row's whole
         sequence, not to its slots, and a copied prefix would not carry it; none for a prefix-LM (model.prefix_lm)
-        either: its prompt's keys and values depend on the whole prompt, which attends to itself both ways."""
-        if self.state.cache.states or self.engine.cfg.prefix_lm:  # a prefix-LM's cache depends on the whole prompt
+        either: its prompt's keys and values depend on the whole prompt, which attends to itself both ways; none with
+        model.reference_window: a row's slots past its prompt were windowed, which a longer prompt would not be."""
+        if self.state.cache.states or self.engine.cfg.prefix_lm or self.engine.cfg.reference_window:
             return -1, 0
         return self.prefixes.match(tokens, exclude if parked else set(exclude).union(self.parked))
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from redline.model import alibi_mask, alibi_slopes, mask_allows, prefix_pairs, sdpa_context
+from redline.model import alibi_mask, alibi_slopes, mask_allows, prefix_pairs, reference_pairs, sdpa_context
 
 FP8_MAX = 448.0  # the largest float8_e4m3fn
 
@@ -266,13 +266,16 @@ class DeltaSide(NamedTuple):
 # prefill
 
 
-def prefill_mask(T: int, start: int, device, window: int,
-                 prefix_len: torch.Tensor | None = None) -> torch.Tensor | None:
+def prefill_mask(T: int, start: int, device, window: int, prefix_len: torch.Tensor | None = None,
+                 reference: bool = False) -> torch.Tensor | None:
     """(T, start + T) bool, True where new token i (at slot start + i) may attend slot j: j <= start + i, within
     the window (window > 0) or the chunk (window < 0: chunks of -window slots, ModelConfig.layer_mask); None where
     that is plain causal attention over the new tokens alone (start 0, no window or chunk cut). prefix_len (b,)
     (model.prefix_lm): (b, 1, T, start + T), each row's slots [0, prefix_len) also attending to one another both
-    ways (GPT.attention_mask's prefix)."""
+    ways (GPT.attention_mask's prefix); reference (model.reference_window): those slots seen beyond the window
+    instead, causally (GPT.attention_mask's reference)."""
+    if reference and window <= 0:  # a layer without a window sees its whole context: the reference changes nothing
+        prefix_len = None
     if start == 0 and not 0 < abs(window) < T and prefix_len is None:
         return None
     i = torch.arange(T, device=device)[:, None] + start
@@ -280,7 +283,8 @@ def prefill_mask(T: int, start: int, device, window: int,
     allowed = (j <= i) & mask_allows(i, j, window)
     if prefix_len is None:
         return allowed
-    return (allowed | prefix_pairs(prefix_len, T, start + T, start))[:, None]
+    pairs = reference_pairs if reference else prefix_pairs
+    return (allowed | pairs(prefix_len, T, start + T, start))[:, None]
 
 
 def _last_slots(slots: torch.Tensor, kernel: int) -> torch.Tensor:

@@ -115,6 +115,9 @@ class DecodeState:
     warm: set = field(default_factory=set)  # shapes already compiled
     prefill_inputs: dict = field(default_factory=dict)
     """("prefill", b, T, start) -> the input buffers (tokens (b, T), rows (b,), last indices (b,)) its graph reads."""
+    reference: torch.Tensor | None = None
+    """(B,) each row's reference length, its prompt's (model.reference_window; None without): the prefill writes
+    it, and the windowed layers' decode steps attend to those slots beside the window."""
 
 
 def inference_copy(model: GPT, dtype: torch.dtype) -> GPT:
@@ -306,6 +309,7 @@ class InferenceEngine:
             counts=self._counters(),
             graphs=StepGraphs(dev) if self.plan.cuda_graphs else None,
             prefills=StepGraphs(dev) if self.plan.cuda_graphs else None,
+            reference=torch.zeros(batch, dtype=torch.long, device=dev) if c.reference_window else None,
         )
         return self._state
 
@@ -341,6 +345,7 @@ class InferenceEngine:
         slots = st.slots[:width]
         scales = [t for pair in cache.scales or () for t in pair]
         self._mark_dynamic((st.tokens, 0), (st.slot, 0), (slots, 0), (st.history, 0, 1), (st.active, 0),
+                           *([] if st.reference is None else [(st.reference, 0)]),
                            *[(t, 0, 2) for t in cache.k + cache.v + scales],
                            *[(t, 0) for t in cache.states.values()],
                            *[(cache.delta_inputs[i], 0, 2) for i in cache.parallel],
@@ -348,7 +353,7 @@ class InferenceEngine:
         return decode_layers(self.model, st.tokens, st.slot, slots, cache.k, cache.v, cache.layer_extras,
                              self.plan.attention, greedy, self._decode_fns,
                              self._mark_dynamic if self._decode_fns else None, st.counts,
-                             self.plan.linear == "triton", st.history, st.active, cache.token_ids)
+                             self.plan.linear == "triton", st.history, st.active, cache.token_ids, st.reference)
 
     def _warm_step(self, st: DecodeState, width: int, greedy: bool, step=None) -> None:
         """Run the step (or `step()`, another that feeds its tokens back as a greedy one does) without advancing
@@ -480,9 +485,15 @@ class InferenceEngine:
         x, rope = m.embed(tokens, positions, before)
         values = value_embeddings(m, tokens)  # (b, t, KV*D) per table, looked up once for every layer
         ple = m.per_layer_inputs(tokens, x, window)  # (b, t, n_layer, P) or None
-        # model.prefix_lm: each row's prompt, its slots up to `last`, is the prefix (prefilled from slot 0)
-        prefix = last + 1 if self.cfg.prefix_lm else None
-        masks = {w: prefill_mask(t, start, self.device, w, prefix) for w in self.cfg.windows}  # one per window
+        # model.prefix_lm: each row's prompt, its slots up to `last`, is the prefix (prefilled from slot 0);
+        # model.reference_window: its reference, which the span after it (the last, of a prompt in spans) sets for
+        # the decode steps
+        reference = self.cfg.reference_window and last is not None
+        prefix = last + 1 if self.cfg.prefix_lm or reference else None
+        if reference:
+            st.reference[rows] = prefix
+        masks = {w: prefill_mask(t, start, self.device, w, prefix, reference)  # one per window
+                 for w in self.cfg.windows}
         self._mark_dynamic((x, 0, 1), *[(r, 0) for r in rope or ()],
                            *[(mask, 0, 2, 3) if mask.dim() == 4 else (mask, 0, 1)
                              for mask in masks.values() if mask is not None],

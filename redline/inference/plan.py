@@ -143,6 +143,9 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if getattr(cfg, "kv_lora_rank", 0):
         return ("decode_attention triton does not read latent attention's cache (one head of model.kv_lora_rank + "
                 "rope_dims, the queries absorbed); use decode_attention matmul (or auto)")
+    if getattr(cfg, "reference_window", False):
+        return ("decode_attention triton masks by the sliding window alone, not the prompt beside it "
+                "(model.reference_window); use decode_attention matmul (or auto)")
     if getattr(cfg, "attn_chunk", 0):
         return ("decode_attention triton masks by a sliding window, not by chunks (model.attn_chunk); use "
                 "decode_attention matmul")

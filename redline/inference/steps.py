@@ -64,14 +64,16 @@ def last_logits(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.Tensor, impl: str = "matmul",
-                  token_ids: torch.Tensor | None = None):
+                  token_ids: torch.Tensor | None = None, reference: torch.Tensor | None = None):
     """The step's embeddings x (B, 1, C), RoPE tables, attention masks {window: (B, 1, 1, W)} (row b attends to
     slots 0..slot_b, within the window; one per distinct window of the layers, ModelConfig.windows), value
     embeddings ([(B, 1, KV*D)], value_embeddings') and per-layer inputs ((B, 1, n_layer, P), GPT.per_layer_inputs,
     or None). tokens (B, 1), slot (B,), slots (W,) 0..W-1. impl "triton": the kernel computes the mask itself and
     reads only its width, so the slots stand in for it (a view: no kernel).
     token_ids: the cache's (B, S + 1) token ids (model.smear_gate, ngram_layers: KVCache.token_ids), or None: the
-    step reads the tokens before each row's slot (ngram_eos before slot 0) and writes its own into the slot."""
+    step reads the tokens before each row's slot (ngram_eos before slot 0) and writes its own into the slot.
+    reference: (B,) each row's reference length (model.reference_window: its prompt, which the windowed layers
+    see beyond the window), or None."""
     before = window = None
     if token_ids is not None and model.cfg.ngram_layers:  # the ngram_size - 1 ids before each row's slot
         index = slot[:, None] + torch.arange(1 - model.cfg.ngram_size, 0, device=slot.device)  # (B, n - 1)
@@ -88,6 +90,8 @@ def decode_inputs(model, tokens: torch.Tensor, slot: torch.Tensor, slots: torch.
     masks = {}
     for window in model.cfg.windows:  # a window, 0 or a negative chunk size (ModelConfig.layer_mask)
         mask = causal & mask_allows(slot[:, None], slots[None, :], window) if window else causal
+        if reference is not None and window > 0:  # the reference's slots beside the window (B, W)
+            mask = mask | (causal & (slots[None, :] < reference[:, None]))
         masks[window] = mask[:, None, None, :]
     return x, rope, masks, values, ple
 
@@ -148,16 +152,16 @@ def feed_back(nxt: torch.Tensor, tokens: torch.Tensor, history: torch.Tensor, sl
 
 
 def decode_layers(model, tokens, slot, slots, ks, vs, scales, impl: str, greedy: bool, fns=None, mark_dynamic=None,
-                  counts=None, fused: bool = False, history=None, active=None, token_ids=None):
+                  counts=None, fused: bool = False, history=None, active=None, token_ids=None, reference=None):
     """One decode step through the whole model: tokens (B, 1) at each row's slot -> decode_output's pair.
 
     slots: (W,) 0..W-1, the cache slots attended over; ks, vs: per layer, the whole cache buffers; scales: per
     layer an FP8 cache's (k_scale, v_scale), or None. fns: the (inputs, block, output) functions, each compiled
     apart (None: these plain ones); mark_dynamic marks the blocks' inputs' batch and width dims dynamic; history and
-    active: decode_output's; token_ids: decode_inputs'.
+    active: decode_output's; token_ids and reference: decode_inputs'.
     Between the blocks, the model's own stream scalars (GPT.stream_in, stream_out: model.layer_lambdas, backout)."""
     inputs_fn, block_fn, output_fn = fns or (decode_inputs, decode_block, decode_output)
-    x, rope, masks, values, ple = inputs_fn(model, tokens, slot, slots, impl, token_ids)
+    x, rope, masks, values, ple = inputs_fn(model, tokens, slot, slots, impl, token_ids, reference)
     if mark_dynamic is not None:
         mark_dynamic((x, 0), *[(t, 0) for t in rope or ()], *[(m, 0, 3) for m in masks.values()],
                      *[(v, 0) for v in values], *([] if ple is None else [(ple, 0)]))

@@ -25,13 +25,13 @@ refused as DeepSeek-V3's; not as GGUF.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Mapping
 
 import torch
 
 from redline.errors import UserError
 from redline.interop import deepseek
+from redline.interop.deepseek_kin import leave_out_indexer
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
@@ -114,12 +114,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         for mine, names in zip(("gate_down", "gate_up"), _GATES):
             name = next((p + n + ".weight" for n in names if p + n + ".weight" in src), p + names[0] + ".weight")
             out[f"blocks.{i}.{ours}.{mine}.weight"] = src.take(name)
-    indexer = sorted(n for n in src.names if _INDEXER in n)
-    src.used.update(indexer)  # read by name, not loaded: redline attends densely (module docstring)
-    if indexer:
-        print(f"{src.where}: the sparse attention's indexer ({len(indexer)} tensors) is left out: over at most "
-              f"index_topk = {cfg.context_len} keys it keeps them all, so redline runs the dense latent attention "
-              f"that equals it, its context stopped there", file=sys.stderr)
+    leave_out_indexer(src, cfg)
     return out
 
 

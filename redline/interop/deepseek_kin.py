@@ -188,14 +188,20 @@ def dsa_model_config_for(name: str):
     return model_config
 
 
-def dsa_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
-    out = deepseek.to_redline(src, cfg)
+def leave_out_indexer(src: TensorSource, cfg: ModelConfig) -> None:
+    """A DSA indexer's tensors marked read, not loaded, and said so on stderr: over at most index_topk keys (the
+    context the import caps at) the indexer keeps them all, so the dense latent attention equals it."""
     indexer = sorted(n for n in src.names if _INDEXER in n)
-    src.used.update(indexer)  # read by name, not loaded: redline attends densely (module docstring)
+    src.used.update(indexer)
     if indexer:
         print(f"{src.where}: the sparse attention's indexer ({len(indexer)} tensors) is left out: over at most "
               f"index_topk = {cfg.context_len} keys it keeps them all, so redline runs the dense latent attention "
               f"that equals it, its context stopped there", file=sys.stderr)
+
+
+def dsa_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
+    out = deepseek.to_redline(src, cfg)
+    leave_out_indexer(src, cfg)
     return out
 
 

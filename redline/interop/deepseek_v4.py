@@ -312,13 +312,13 @@ def check_exportable(cfg: ModelConfig) -> None:
          or 0.0 in {t for v in thetas.values() for t in v},
          f"model.rope_layer_theta={cfg.rope_layer_theta}: DeepSeek-V4 turns its sliding layers by one RoPE base "
          f"(rope_theta) and its compressed layers by another (compress_rope_theta), every layer turning"),
-        (not (cfg.mhc_streams and cfg.shared_kv_attention and cfg.attn_sinks),
-         why + "mHC streams, its attention, hash routing, clamped SwiGLU or sqrtsoftplus scores, has all of "
-               "model.mhc_streams, shared_kv_attention and attn_sinks"),
         (cfg.mhc_sinkhorn_iters < 1 or cfg.mhc_post_scale != 2.0,
          f"model.mhc_sinkhorn_iters={cfg.mhc_sinkhorn_iters}, mhc_post_scale={cfg.mhc_post_scale}: DeepSeek-V4's "
          f"hyper-connections mix their streams by a Sinkhorn matrix (iterations >= 1) and scale the post gate by 2 "
-         f"(HY-V4's iHC, which redline imports alone, has neither)"),
+         f"; HY-V4's iHC, read import only, has neither"),
+        (not (cfg.mhc_streams and cfg.shared_kv_attention and cfg.attn_sinks),
+         why + "mHC streams, its attention, hash routing, clamped SwiGLU or sqrtsoftplus scores, has all of "
+               "model.mhc_streams, shared_kv_attention and attn_sinks"),
         (not cfg.sliding_window or cfg.sliding_window_pattern or cfg.window_layers or cfg.attn_chunk,
          "DeepSeek-V4's sliding layers all attend within one window (model.sliding_window > 0, no "
          "sliding_window_pattern, window_layers or attn_chunk)"),

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Mapping
 
 import torch
 
 from redline.errors import UserError
 from redline.interop import deepseek
+from redline.interop.deepseek_kin import leave_out_indexer
 from redline.interop.families import Family, TensorSource, interleave_rope_rows, raise_first
 from redline.model import ModelConfig
 
@@ -52,7 +52,6 @@ _DEFAULTS = dict(vocab_size=152064, hidden_size=5120, intermediate_size=13824, n
 """Dots3NoteTextConfig's (and DeepseekV32Config's, beneath it) defaults for the fields a config.json may leave out."""
 _SHAPE = ("num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 """A latent attention layer's shape fields, which per_layer_config may set apart for a layer."""
-_INDEXER = ".self_attn.indexer."
 
 
 def _layers(hf: dict) -> tuple[list[str], dict[int, dict]]:
@@ -178,13 +177,8 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         out[r + "k_pe_norm.weight"] = src.take(p + "k_rope_only_layernorm.weight")
         for norm, scale in _scales(cfg).items():  # folded: scale · (w · x̂) = (scale · w) · x̂
             out[f"{r}{norm}.weight"] = out[f"{r}{norm}.weight"].float().mul(scale).to(out[f"{r}{norm}.weight"].dtype)
-    indexer = sorted(n for n in src.names if _INDEXER in n)
-    src.used.update(indexer)  # read by name, not loaded: redline attends densely (module docstring)
     src.used.update(n for n in src.names if n.startswith(f"{pre}mtp."))  # multi-token prediction, as transformers
-    if indexer:
-        print(f"{src.where}: the sparse attention's indexer ({len(indexer)} tensors) is left out: over at most "
-              f"index_topk = {cfg.context_len} keys it keeps them all, so redline runs the dense latent attention "
-              f"that equals it, its context stopped there", file=sys.stderr)
+    leave_out_indexer(src, cfg)
     return out
 
 

@@ -66,7 +66,8 @@ MiniMax-Text-01 and MiniMax-M1 (lightning attention beside Mixtral's attention, 
 dots3.py dots.3 Note's text model (DeepSeek-V3.2's blocks with a norm on the latent attention's RoPE key part and
 gated heads); mistral_large4.py Mistral Large 4's text model (Mistral 4's blocks without Q-LoRA, NoPE latent layers,
 shared latent caches, position-scaled queries and learned RoPE frequencies; import only); hy_v4.py HY-V4 (DeepSeek-V3's
-blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only); glm5_next.py
+blocks on independent hyper-connections, gated latent heads with sinks, clamped experts; import only); chameleon.py
+Chameleon (Llama's block with per-head QK LayerNorms, its image tokens' logits masked; import only); glm5_next.py
 GLM-5.3-Next's text model (KDA layers beside NoPE DSA latent layers read dense within the pooled indexer's reach,
 Sinkhorn hyper-connections averaged at the head, clamped SwiGLU; import only).
 `family_for(hf_config)` picks the one for an import, `export_family(cfg)` the one a redline model is exported as (or
@@ -293,7 +294,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import qwen4_exp
     from redline.interop import bailing_hybrid, jetmoe, kimi_linear, zamba
     from redline.interop import aria, dots3, minimax_m3
-    from redline.interop import biogpt, ctrl, llama_kin, openai_gpt, sarvam
+    from redline.interop import biogpt, chameleon, ctrl, llama_kin, openai_gpt, sarvam
     from redline.interop import hy_v4, minimax
     from redline.interop import dory
     from redline.interop import modernbert_decoder, paligemma
@@ -339,7 +340,7 @@ def _families() -> dict[str, Family]:
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
                                 dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY,
-                                glm5_next.FAMILY)}
+                                chameleon.FAMILY, glm5_next.FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -383,13 +384,18 @@ NOT_READ = {
                "sigmoid-routed experts with SwiGLU clamps per layer, windowed layers with a head count of their own, "
                "num_sliding_attention_heads, in Step-3.7-Flash) is no text family redline reads; redline's "
                "attention keeps one head count on every layer",
-    "unlimited_ocr": "Unlimited-OCR's text model attends with reference sliding windows (layer_types "
-                     "reference_sliding_attention): every prompt token stays visible while generated tokens see a "
-                     "window of the last sliding_window generated ones, so a token's logits depend on where the "
-                     "prompt ended, which redline's causal and windowed attention cannot express",
-    "unlimited_ocr_text": "Unlimited-OCR's text model attends with reference sliding windows (every prompt token "
-                          "visible, generated tokens windowed), which redline's causal and windowed attention "
-                          "cannot express",
+    "unlimited_ocr_text": "transformers has no causal LM of Unlimited-OCR's text model alone: redline reads it from "
+                          "an unlimited_ocr folder (reference sliding windows, model.reference_window)",
+    "idefics": "Idefics interleaves gated cross-attention blocks (every cross_layer_interval layers) whose MLP, "
+               "scaled by tanh(alpha_dense), runs on text tokens too, and its forward needs image states; redline's "
+               "blocks have no cross-attention block",
+    "muse_glimmer": "Muse Glimmer's text model (muse_glimmer_text) is no family redline reads: a sigmoid gate on "
+                    "the attention output, q scaled by qk_scale_factor after a weightless QK-norm, sublayer "
+                    "outputs normalized at post_norm_eps, a RoPE base per layer (layer_rope_theta, 0 for none) and "
+                    "the logits times output_multiplier before their softcap",
+    "muse_spark": "Muse Spark's text model (muse_spark_text) is no family redline reads: Muse Glimmer's layers "
+                  "(a gated attention output, q scaled after a weightless QK-norm, per-layer RoPE bases, a logit "
+                  "multiplier) with experts behind residual gates (residual_gate_temperature)",
 }
 
 
@@ -496,7 +502,8 @@ def export_family(cfg: ModelConfig) -> Family:
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
     one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with nGPT layers or a looped
     section as Dory; one with a prediction head or a norm-free first layer (model.head_transform, first_norm_free) as
-    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) refused. A UserError names the redline option that
+    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) or a reference window (model.reference_window,
+    Unlimited-OCR's) refused. A UserError names the redline option that
     no such architecture has."""
     families = _families()
     from redline.interop import mistral_large4
@@ -517,6 +524,10 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")
+    if cfg.reference_window:  # Unlimited-OCR's alone, whose folder needs a vision tower redline does not hold
+        raise UserError("model.reference_window: no architecture redline exports to keeps the prompt visible beside "
+                        "a sliding window (Unlimited-OCR's folder needs its vision tower); run the model with redline "
+                        "generate, chat or serve instead")
     if cfg.ngpt or cfg.loop_section:  # nGPT's layers and looped sections: Dory's alone
         from redline.interop import dory
 

@@ -178,7 +178,9 @@ def convert_source(src: TensorSource, hf_config: dict, family: Family) -> tuple[
                         f"place in a {family.name} model as its config describes it (an option redline does not "
                         f"support, or a config that does not match the weights)")
     check_state(state, cfg, src.where)
-    if "vision_config" in hf_config:  # a multimodal folder: what was left out, said once
+    # a multimodal folder (a vision tower, or Emu3's and Chameleon's VQ-VAE that tokenizes images): what was left
+    # out, said once
+    if "vision_config" in hf_config or "vq_config" in hf_config:
         skipped = len(src.names - src.used)
         print(f"{src.where}: a multimodal {family.name} folder; its text model is read, the {skipped} tensors "
               f"outside it (vision tower, projector) left out", file=sys.stderr)

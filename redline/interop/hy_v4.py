@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 
 from redline.errors import UserError
 from redline.interop import deepseek
+from redline.interop.deepseek_kin import leave_out_indexer
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
@@ -44,7 +44,6 @@ _DEFAULTS = dict(vocab_size=120832, hidden_size=2816, intermediate_size=6912, mo
                  qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256, max_position_embeddings=262144,
                  index_topk=2048, hc_mult=4, hc_magnitude=2.0, hc_eps=1e-6, swiglu_limit=10.0)
 """HYV4Config's defaults for the fields a config.json may leave out."""
-_INDEXER = ".self_attn.indexer."
 _HUB = ((r"\.hc_pre\.hc_", ".hc_"), (r"\.learnable_sink_param$", ".sinks"), (r"\.linear_gate\.", ".gate_proj."),
         (r"\.hc_attn_layer\.hc_(fn|base|scale)$", r".attn_hc.\1"),
         (r"\.hc_mlp_layer\.hc_(fn|base|scale)$", r".ffn_hc.\1"),
@@ -99,12 +98,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
                 out[f"{r}{ours}.{name}"] = src.take(f"{p}{theirs}.{name}")
     for name in ("fn", "base", "scale"):
         out[f"mhc_head.{name}"] = src.take(f"model.hc_head.hc_{name}")
-    indexer = sorted(n for n in raw.names if _INDEXER in n)
-    raw.used.update(indexer)  # read by name, not loaded: redline attends densely (module docstring)
-    if indexer:
-        print(f"{src.where}: the sparse attention's indexer ({len(indexer)} tensors) is left out: over at most "
-              f"index_topk = {cfg.context_len} keys it keeps them all, so redline runs the dense latent attention "
-              f"that equals it, its context stopped there", file=sys.stderr)
+    leave_out_indexer(raw, cfg)
     return out
 
 

@@ -1,8 +1,9 @@
 """Families that transformers runs as LlamaForCausalLM under a config class of their own: InternLM3 (Shanghai AI
 Lab's internlm3-8b-instruct, model_type "internlm3") and IQuest-Coder (IQuestLab's IQuest-Coder-V1, model_type
-"iquestcoder"). Their folders hold Llama's names and block; what differs is the config: defaults of their own where a
-config.json leaves a field out (a head width of 128 rather than hidden_size / heads, an RMSNorm eps of 1e-5, their
-KV heads), InternLM3's `qkv_bias` / `bias` spellings of attention_bias / mlp_bias (its attribute_map), and the
+"iquestcoder"); and Emu3's text model (BAAI's Emu3, Emu3ForCausalLM, model_type "emu3_text_model"), Llama's block
+and names under a class of its own. Their folders hold Llama's names and block; what differs is the config: defaults
+of their own where a config.json leaves a field out (a head width of 128 rather than hidden_size / heads, an RMSNorm
+eps of 1e-5, their KV heads), InternLM3's `qkv_bias` / `bias` spellings of attention_bias / mlp_bias (its attribute_map), and the
 released InternLM3's "dynamic" (NTK) RoPE.
 
 Dynamic NTK RoPE stretches the base once a sequence runs past max_position_embeddings, by
@@ -22,7 +23,7 @@ from redline.interop import llama
 from redline.interop.families import Family
 from redline.model import ModelConfig
 
-_TITLES = {"internlm3": "InternLM3", "iquestcoder": "IQuest-Coder"}
+_TITLES = {"internlm3": "InternLM3", "iquestcoder": "IQuest-Coder", "emu3_text_model": "Emu3"}
 # the config classes' defaults for the fields a config.json may leave out (LlamaConfig's differ)
 _DEFAULTS = {
     "internlm3": dict(vocab_size=128512, hidden_size=4096, intermediate_size=10240, num_hidden_layers=48,
@@ -31,6 +32,11 @@ _DEFAULTS = {
     "iquestcoder": dict(vocab_size=76800, hidden_size=5120, intermediate_size=27648, num_hidden_layers=80,
                         num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=131072,
                         rms_norm_eps=1e-5, head_dim=128, tie_word_embeddings=False),
+    # Emu3's text model (Emu3ForCausalLM, and Emu3ForConditionalGeneration's: multimodal.py): Llama's block, a
+    # dropout on each sublayer's output in training (attention_dropout, which redline's training sets apart)
+    "emu3_text_model": dict(vocab_size=184_622, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
+                            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=9216,
+                            rms_norm_eps=1e-5, rope_theta=1_000_000.0, tie_word_embeddings=False),
 }
 
 

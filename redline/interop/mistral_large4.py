@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 
 import torch
 
 from redline.errors import UserError
 from redline.interop import deepseek
+from redline.interop.deepseek_kin import leave_out_indexer
 from redline.interop.families import Family, TensorSource, pad_rows, raise_first, take_head
 from redline.model import ModelConfig
 
@@ -134,7 +134,6 @@ def settle_text(text: dict, src: TensorSource) -> dict:
     return {**text, _LOG_SCALES: src.take(names[0]).float().tolist()}
 
 
-_INDEXER = ".self_attn.indexer."
 _NATIVE = ((r"^tok_embeddings\.", "model.embed_tokens."), (r"^norm\.", "model.norm."), (r"^output\.", "lm_head."),
            (r"^lerope\.alpha$", "model.rotary_emb.alpha"), (r"^layers\.", "model.layers."),
            (r"\.attention\.", ".self_attn."), (r"\.wq\.", ".q_proj."),
@@ -188,12 +187,7 @@ def to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
         out[r + "attn.q_pos_scale"] = src.take(a + "softmax_scaling.scale")
         out[r + "attn.q_pos_bias"] = src.take(a + "softmax_scaling.bias")
         out.update(deepseek._mlp_to_redline(src, p, r, cfg, cfg.layer_has_experts(i)))
-    indexer = sorted(n for n in src.names if _INDEXER in n)
-    src.used.update(indexer)  # read by name, not loaded: redline attends densely (module docstring)
-    if indexer:
-        print(f"{src.where}: the sparse attention's indexer ({len(indexer)} tensors) is left out: over at most "
-              f"index_topk = {cfg.context_len} keys it keeps them all, so redline runs the dense latent attention "
-              f"that equals it, its context stopped there", file=sys.stderr)
+    leave_out_indexer(src, cfg)
     return out
 
 

@@ -30,7 +30,15 @@ ERNIE 4.5 MoE's text model with its text experts alone, which it runs where no t
 MiniCPM-OCR (qwen3_5_text), Qianfan-OCR (InternVL's model, qwen3), DeepSeek-VL and its hybrid (llama), Cosmos 3's
 Reasoner (cosmos3_omni: Qwen3-VL's model under Cosmos 3's names) and Edge (cosmos3_edge: Llama's attention with a
 ReLU² MLP, read as Arcee's), DeepSeek-OCR 2 (deepseek_ocr2: Llama's attention with DeepSeek-V2's experts, import only),
+Unlimited-OCR (unlimited_ocr: DeepSeek-OCR 2's text model whose windowed layers keep the prompt visible,
+model.reference_window; import only),
 Nemotron 3 Nano Omni (nemotron_h_omni: Nemotron-H's NemotronHForCausalLM, its config under text_config or llm_config).
+minimax_m3.py, import only). Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 are
+LLaVA-like (_more_llava_like); Qwen2.5-Omni's and Qwen3-Omni's thinkers are Qwen2.5-VL's and Qwen3-VL-MoE's kin
+beside an audio encoder; Granite-Docling's text model is Granite's, HyperCLOVA X SEED Vision's HyperCLOVA X's,
+Emu3's Llama's (beside the VQ-VAE that tokenizes its images), Molmo2's Qwen3's or OLMo 2's (fused tensors in its Hub
+layout, a head narrower than its embedding); ShieldGemma 2's classifier wraps Gemma 3's
+ForConditionalGeneration, whose text model is read.
 
 Qwen2-VL's multimodal RoPE gives each rotary frequency the temporal, height or width position in contiguous
 mrope_section blocks of the rotate-half layout; on text alone the three are the token's one position, so it is
@@ -69,7 +77,11 @@ from redline.errors import UserError
 from redline.interop.families import Family, TensorSource, raise_first
 from redline.model import ModelConfig
 
-_TEXT_PREFIXES = (("language_model.model.blocks.", "model.layers."),  # Kimi K2.5's layers as save_pretrained
+# (tried in order: ShieldGemma 2's, Gemma 3's names one level down (as save_pretrained writes them, then as its Hub
+# folders have them), before transformers 5's)
+_TEXT_PREFIXES = (("model.model.language_model.model.", "model."), ("model.lm_head.", "lm_head."),
+                  ("model.language_model.model.", "model."), ("model.language_model.lm_head.", "lm_head."),
+                  ("language_model.model.blocks.", "model.layers."),  # Kimi K2.5's layers as save_pretrained
                   # writes them (so before language_model.model.): its conversion mapping's blocks -> layers rename,
                   # meant for its vision tower, run backwards over the text model's layers too; Qianfan-OCR's
                   # encoder.layers -> layers the same way
@@ -78,7 +90,8 @@ _TEXT_PREFIXES = (("language_model.model.blocks.", "model.layers."),  # Kimi K2.
                   ("model.language_model.", "model."),  # transformers 5's module names (Qwen3-VL's Hub folders)
                   # Gemma 3's and Mistral 3's Hub folders, as save_pretrained still writes them (LLaVA's too)
                   ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                  ("model.text_model.", "model."))  # SmolVLM's and Idefics3's
+                  ("model.text_model.", "model."),  # SmolVLM's and Idefics3's (Idefics2's too)
+                  ("text_model.model.", "model."), ("text_model.lm_head.", "lm_head."))  # Emu3's
 _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
            "model.visual.", "visual.",  # Gemma 3's, Mistral 3's, LLaVA's; Qwen2-VL's and Qwen3-VL's tower and mergers
            "model.image_newline", "image_newline",  # LLaVA-NeXT's row separator between image tiles
@@ -104,7 +117,19 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "blocks.", "patch_embed.", "pos_embed.", "deepstack_merger_list.",
            # DeepSeek-OCR 2's SAM and Qwen2 encoders and its view separator
            "model.sam_model.", "model.qwen2_model.", "model.view_seperator",
-           "embed_audio.", "vision_final_layernorm.")  # Nemotron-H Omni's audio projector and its tower's last norm
+           "embed_audio.", "vision_final_layernorm.",  # Nemotron-H Omni's audio projector and its tower's last norm
+           # ShieldGemma 2's Gemma 3 one level down
+           "model.model.vision_tower.", "model.model.multi_modal_projector.",
+           "model.vision_encoder.", "model.vision_projection.", "vision_projection.",  # LightOnOCR's
+           # Janus's understanding tower and aligner, its image-generation VQ-VAE, embedding, aligner and head
+           "model.vqmodel.", "model.generation_embeddings.", "model.generation_aligner.",
+           "model.generation_head.", "aligner.", "vqmodel.", "generation_embeddings.", "generation_aligner.",
+           "generation_head.",
+           "model.visual_embeddings_table.", "visual_embeddings_table.",  # Ovis2's visual token table
+           "projector.",  # VideoLLaMA 3's and HyperCLOVA X SEED Vision's projector
+           "model.vision_projector.",  # HyperCLOVA X SEED Vision's as its Hub folders name it
+           "model.density_router.",  # Granite-Docling's image-token router
+           "model.vision_backbone.")  # Molmo2's tower and adapter, as its Hub folders (and save_pretrained) name them
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -113,7 +138,7 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
 _TEXT_DEFAULTS = {
     "gemma3_text": dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131_072,
-                        rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096),
+                        rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096, tie_word_embeddings=True),
     "mistral": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131_072, rms_norm_eps=1e-6,
                     sliding_window=4096),
@@ -176,6 +201,26 @@ _TEXT_DEFAULTS = {
                    num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192,
                    rms_norm_eps=1e-6, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
                    final_logit_softcapping=30.0),
+    # Qwen2.5-Omni's and Qwen3-Omni's thinker text configs
+    "qwen2_5_omni_text": dict(vocab_size=152_064, hidden_size=3584, intermediate_size=18_944, num_hidden_layers=28,
+                              num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32_768,
+                              rms_norm_eps=1e-6, rope_theta=1_000_000.0, sliding_window=32_768,
+                              tie_word_embeddings=True),
+    "qwen3_omni_moe_text": dict(vocab_size=3584, hidden_size=2048, intermediate_size=18_944, num_hidden_layers=28,
+                                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32_768,
+                                rms_norm_eps=1e-6, rope_theta=1_000_000.0, moe_intermediate_size=768,
+                                num_experts_per_tok=8, num_experts=128, norm_topk_prob=True, tie_word_embeddings=False),
+    "granite_docling_text": dict(vocab_size=133_800, hidden_size=1024, intermediate_size=2048, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=32_768,
+                                 rms_norm_eps=1e-5, embedding_multiplier=12.0, logits_scaling=4.0,
+                                 residual_multiplier=0.263, attention_multiplier=0.015625, tie_word_embeddings=True),
+    # (HyperCLOVAXConfig's heads default to the query heads, its head_dim to hidden_size / num_attention_heads)
+    "hyperclovax": dict(vocab_size=32_000, hidden_size=4096, intermediate_size=11_008, num_hidden_layers=32,
+                        num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False),
+    "molmo2_text": dict(vocab_size=151_936, additional_vocab_size=128, hidden_size=4096, intermediate_size=12_288,
+                        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                        max_position_embeddings=36_864, rms_norm_eps=1e-6, tie_word_embeddings=False),
     "lfm2": dict(vocab_size=65_536, hidden_size=2560, intermediate_size=12_288, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128_000, norm_eps=1e-5,
                  rope_theta=1_000_000.0, tie_word_embeddings=True),
@@ -213,18 +258,20 @@ _TEXT_DEFAULTS = {
 }
 
 
-def text_config(hf: dict, tie_default: bool = True, text_tie: bool = False) -> dict:
+def text_config(hf: dict, tie_default: bool | None = True, text_tie: bool = False) -> dict:
     """The text model's config: text_config, its class's defaults where it leaves a field out (_TEXT_DEFAULTS), with
     the head's tying the multimodal config's, else its class's default (tie_default): transformers' tie_weights reads
     the top-level config's flag, which text_config's does not set; or hf itself where it nests none. text_tie: the
     multimodal config takes text_config's true where its own is false (LlavaConfig's and Qwen2VLConfig's
-    __post_init__), text_config's own flag its class's default where it gives none (_TEXT_DEFAULTS)."""
+    __post_init__), text_config's own flag its class's default where it gives none (_TEXT_DEFAULTS); a top-level
+    flag that is null or left out where tie_default is None: text_config's own (PerceptionLMConfig's __post_init__)."""
     if "text_config" not in hf:
         return hf
     given = hf["text_config"]
     text = {**_TEXT_DEFAULTS.get(given.get("model_type"), {}), **given}
     own = bool(text.get("tie_word_embeddings", False))
-    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", tie_default)) or (text_tie and own)
+    top = hf.get("tie_word_embeddings", tie_default)
+    text["tie_word_embeddings"] = own if top is None and tie_default is None else bool(top) or (text_tie and own)
     return text
 
 
@@ -263,7 +310,7 @@ def _plain_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
 
 
 def multimodal_family(name: str, architecture: str, text_families: dict[str, Family], default_text: str,
-                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool = True,
+                      check: Callable[[dict], None] = lambda hf: None, tie_default: bool | None = True,
                       text_tie: bool = False, adapt: Callable[[dict], dict] = lambda text: text,
                       view: Callable[[TensorSource, ModelConfig], TensorSource] = _plain_view,
                       layout_of: Callable[[ModelConfig], str] | None = None,
@@ -453,12 +500,16 @@ def families() -> tuple[Family, ...]:
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
     aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py), mistral_large4
-    (mistral_large4_text: mistral_large4.py), hy_v4_vl (hy_v4_vl_text: hy_v4.py), glm5_next (glm5_next_text:
-    glm5_next.py)."""
+    (mistral_large4_text: mistral_large4.py), hy_v4_vl (hy_v4_vl_text: hy_v4.py); idefics2, perception_lm, fast_vlm,
+    lighton_ocr, janus, ovis2, video_llama_3 (_more_llava_like), qwen2_5_omni_thinker (qwen2, its multimodal RoPE
+    plain on text), qwen3_omni_moe_thinker (qwen3_moe), granite_docling (granite), hyperclovax_vision_v2
+    (hyperclovax), emu3 (emu3_text_model: llama_kin.py), molmo2 (qwen3 or olmo2, its Hub layout: _molmo2_view),
+    shieldgemma2 (gemma3_text), glm5_next (glm5_next_text: glm5_next.py)."""
     from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, glm5_next, granite,
-                                 hunyuan, hy_v4, lfm2, llama, minimax_m3, mistral_large4, moe)
+                                 hunyuan, hy_v4, lfm2, llama, llama_kin, minimax_m3, mistral_large4, moe, olmo2)
 
     llamas = {f.name: f for f in llama.FAMILIES}
+    kin = {f.name: f for f in llama_kin.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
     llama_layout = {name: llamas[name] for name in ("llama", "mistral", "qwen2", "qwen3")}
     cohere2 = {f.name: f for f in cohere.FAMILIES}["cohere2"]
@@ -537,7 +588,152 @@ def families() -> tuple[Family, ...]:
             # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
                               "dots3_note_text", tie_default=False),
-            *_round3_families())
+            *_round3_families(),
+            *_more_llava_like(llama_layout),
+            # Qwen2.5-Omni's thinker: Qwen2.5-VL's text model (its multimodal RoPE plain on text: the thinker's
+            # get_rope_index gives text tokens one arange position on all three axes) beside a vision and an audio
+            # tower; Qwen3-Omni-MoE's: Qwen3-MoE's (per-expert tensors as its folders store them), its interleaved
+            # multimodal RoPE plain on text as Qwen3-VL's, its router's top-k renormalized where norm_topk_prob says
+            multimodal_family("qwen2_5_omni_thinker", "Qwen2ForCausalLM", {"qwen2_5_omni_text": llamas["qwen2"]},
+                              "qwen2_5_omni_text", tie_default=False, adapt=_plain_rope),
+            multimodal_family("qwen3_omni_moe_thinker", "Qwen3MoeForCausalLM",
+                              {"qwen3_omni_moe_text": moes["qwen3_moe"]}, "qwen3_omni_moe_text", tie_default=False),
+            # Granite-Docling: Granite's text model (its multipliers, the logits divided by logits_scaling in
+            # GraniteDoclingForConditionalGeneration as GraniteForCausalLM divides them) under model.text_model., its
+            # deepstack features added only where images are given
+            multimodal_family("granite_docling", "GraniteForCausalLM", {"granite_docling_text": granite.FAMILY},
+                              "granite_docling_text"),
+            # HyperCLOVA X SEED Vision: HyperCLOVA X's text model (its logits multiplied by logits_scaling in
+            # HyperCLOVAXVisionV2ForConditionalGeneration as HyperCLOVAXForCausalLM multiplies them)
+            multimodal_family("hyperclovax_vision_v2", "HyperCLOVAXForCausalLM",
+                              {"hyperclovax": granite.HYPERCLOVAX_FAMILY}, "hyperclovax"),
+            # Emu3: its text model (Llama's block: llama_kin.py) beside the VQ-VAE that turns images into its
+            # vocabulary's visual tokens
+            multimodal_family("emu3", "LlamaForCausalLM", {"emu3_text_model": kin["emu3_text_model"]},
+                              "emu3_text_model", tie_default=False),
+            # Molmo2: Qwen3's text model (Molmo2-8B's) or OLMo 2's (Molmo2-O's) with added tokens' embedding rows its
+            # head does not predict
+            multimodal_family("molmo2", "Qwen3ForCausalLM",
+                              {"molmo2_text": _molmo2_family(llamas["qwen3"], olmo2.FAMILY)}, "molmo2_text",
+                              tie_default=False, view=_molmo2_view),
+            # ShieldGemma 2: Gemma 3's ForConditionalGeneration one level down; its classifier's two logits are the
+            # text model's last-position logits at yes_token_index and no_token_index
+            multimodal_family("shieldgemma2", "Gemma3ForCausalLM", {"gemma3_text": gemma3.FAMILY}, "gemma3_text",
+                              _check_gemma3, tie_default=False, text_tie=True))
+
+
+def _check_ovis2(hf: dict) -> None:
+    """Ovis2ForConditionalGeneration's head is the top-level hidden_size x vocab_size, not text_config's: untied, a
+    head of other rows than the embedding's is one redline's single vocabulary cannot hold."""
+    text = text_config(hf)
+    if text.get("tie_word_embeddings"):  # tied, the head is the embedding, whatever its declared size
+        return
+    raise_first([(hf.get(k, text.get(k)) != text.get(k),
+                  f"{k}={hf.get(k)} beside text_config.{k}={text.get(k)}: Ovis2's untied lm_head is the top-level "
+                  f"size, the embedding text_config's, which redline's one vocabulary and width cannot both hold")
+                 for k in ("vocab_size", "hidden_size")])
+
+
+def _more_llava_like(llama_layout: dict[str, Family]) -> tuple[Family, ...]:
+    """More folders whose text model is transformers' AutoModel of text_config (llama, mistral, qwen2 or qwen3) under
+    a plain lm_head, each forward the text model's on text (image and video features replace their tokens' rows only
+    where pixel values are given): Idefics2 (mistral by default, under model.text_model.; its perceiver resampler in
+    the connector), PerceptionLM (llama), FastVLM (qwen2), LightOnOCR (qwen3), Janus (llama; its image-generation
+    VQ-VAE and head left unread with the understanding tower), Ovis2 (qwen2; its visual indicator tokens' rows
+    replaced only where images are given, its head the top-level size: _check_ovis2) and VideoLLaMA 3 (qwen2)."""
+    # (model_type, default text model, its class's tying default (None: text_config's own, PerceptionLMConfig's
+    # __post_init__), whether it takes text_config's true where its own is false (FastVlmConfig's and
+    # VideoLlama3Config's __post_init__), its check)
+    rows = (("idefics2", "mistral", False, False, None), ("perception_lm", "llama", None, False, None),
+            ("fast_vlm", "qwen2", False, True, None), ("lighton_ocr", "qwen3", True, False, None),
+            ("janus", "llama", True, False, None), ("ovis2", "qwen2", True, False, _check_ovis2),
+            ("video_llama_3", "qwen2", False, True, None))
+    return tuple(multimodal_family(name, llama_layout[text].architecture, llama_layout, text, tie_default=tie,
+                                   text_tie=text_tie, **({} if check is None else {"check": check}))
+                 for name, text, tie, text_tie, check in rows)
+
+
+_BLOCK = re.compile(r"model\.transformer\.blocks\.(\d+)\.(.*)")
+# Molmo2's Hub names (transformers' conversion mapping for molmo2 read backwards) -> Qwen3's, within a block
+_MOLMO2_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ff_norm.weight": "post_attention_layernorm.weight",
+                 "self_attn.attn_out.weight": "self_attn.o_proj.weight", "mlp.ff_out.weight": "mlp.down_proj.weight",
+                 "self_attn.q_norm.weight": "self_attn.q_norm.weight",
+                 "self_attn.k_norm.weight": "self_attn.k_norm.weight"}
+# norm_after's: the same norms on the sublayers' outputs, under OLMo 2's names
+_MOLMO2_OUTPUT_NORMS = {**_MOLMO2_NAMES, "attn_norm.weight": "post_attention_layernorm.weight",
+                        "ff_norm.weight": "post_feedforward_layernorm.weight"}
+
+
+def _molmo2_text(text: dict) -> dict:
+    """Molmo2's text config as Qwen3's or OLMo 2's reader takes it, where it is one of their models: per-head
+    QK-norm (qk_norm_type qwen3) in pre-norm blocks (Molmo2-8B's: Qwen3's), or QK-norm over the whole q and k
+    projections (qk_norm_type olmo) with each sublayer's output normalized (norm_after: Molmo2-O's, OLMo 2's block);
+    no q/k/v biases, its RoPE scaling (if any) on every layer; the vocabulary the embedding's vocab_size +
+    additional_vocab_size rows (the head's vocab_size rows: _molmo2_family)."""
+    n = int(text["num_hidden_layers"])
+    scaled = text.get("rope_scaling_layers")
+    params = text.get("rope_parameters") or {}
+    rope = params.get("rope_type", params.get("type", "default"))
+    kind, after = text.get("qk_norm_type", "qwen3"), bool(text.get("norm_after"))
+    raise_first([
+        (kind not in ("qwen3", "olmo"), f"text_config.qk_norm_type={kind!r}: Molmo2's are qwen3 and olmo"),
+        (after != (kind == "olmo"),
+         f"text_config.qk_norm_type={kind!r} with norm_after={str(after).lower()}: redline reads Molmo2's text model "
+         f"as Qwen3's (qwen3, pre-norm) or OLMo 2's (olmo, norm_after), not a mix"),
+        (bool(text.get("attention_bias")), "text_config.attention_bias=true: Molmo2's q/k/v biases beside an "
+                                           "o_proj without one are not Qwen3's or OLMo 2's"),
+        (rope != "default" and scaled is not None and sorted({int(i) for i in scaled}) != list(range(n)),
+         f"text_config.rope_scaling_layers={scaled}: RoPE scaling ({rope}) on some layers alone, the others "
+         f"unscaled; redline's RoPE is one for every layer"),
+    ])
+    return {**text, "vocab_size": int(text["vocab_size"]) + int(text.get("additional_vocab_size", 0))}
+
+
+def _molmo2_family(qwen3: Family, olmo2: Family) -> Family:
+    """Molmo2's text model as Qwen3's or OLMo 2's (by qk_norm_type): its embedding vocab_size + additional_vocab_size
+    rows (the added tokens' rows in a table of their own in its Hub folders), its head vocab_size rows alone
+    (model.head_vocab: the added tokens are inputs the model never predicts). Such a head is never tied, whatever
+    tie_word_embeddings says: transformers leaves a head and an embedding of different shapes apart (and saves the
+    head); without added rows the flag decides."""
+    def model_config(hf: dict) -> ModelConfig:
+        text = qwen3 if hf.get("qk_norm_type", "qwen3") == "qwen3" else olmo2
+        if not int(hf.get("additional_vocab_size", 0)):
+            return text.model_config(_molmo2_text(hf))
+        cfg = text.model_config(_molmo2_text({**hf, "tie_word_embeddings": False}))
+        return replace(cfg, head_vocab=int(hf["vocab_size"]))
+
+    return replace(qwen3, name="molmo2_text", model_config=model_config)
+
+
+def _molmo2_view(src: TensorSource, cfg: ModelConfig) -> TensorSource:
+    """src under Qwen3's (OLMo 2's) names, from Molmo2's Hub layout (which save_pretrained writes too: transformers' conversion
+    mapping for molmo2 read backwards): model.transformer.wte.embedding and .new_embedding stacked into the embedding
+    (vocab_size, then additional_vocab_size rows), each block's att_proj (q, k, v rows stacked) split, its ff_proj
+    (up_proj's rows, then gate_proj's) split, ln_f the final norm, attn_norm and ff_norm on the sublayers' inputs or,
+    norm_after, outputs; other names as text_view reads them (transformers 5's module names)."""
+    q, kv = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim  # (rows of att_proj's q and of its k and v)
+    parts: dict[str, Callable[[], torch.Tensor]] = {}
+    for raw in src.names:
+        if raw == "model.transformer.wte.embedding":
+            parts["model.embed_tokens.weight"] = lambda: torch.cat(
+                [src.take("model.transformer.wte.embedding"), src.take("model.transformer.wte.new_embedding")])
+        elif raw == "model.transformer.ln_f.weight":
+            parts["model.norm.weight"] = lambda raw=raw: src.take(raw)
+        elif m := _BLOCK.fullmatch(raw):
+            layer, rest = f"model.layers.{m.group(1)}.", m.group(2)
+            if rest == "self_attn.att_proj.weight":
+                for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
+                    parts[f"{layer}self_attn.{part}.weight"] = (
+                        lambda raw=raw, i=i: src.take(raw).split([q, kv, kv])[i])
+            elif rest == "mlp.ff_proj.weight":
+                for i, part in enumerate(("up_proj", "gate_proj")):
+                    parts[f"{layer}mlp.{part}.weight"] = lambda raw=raw, i=i: src.take(raw).chunk(2)[i]
+            else:
+                names = _MOLMO2_OUTPUT_NORMS if cfg.norm_position == "output" else _MOLMO2_NAMES
+                parts[layer + names.get(rest, rest)] = lambda raw=raw: src.take(raw)
+        elif raw != "model.transformer.wte.new_embedding":
+            parts[_text_name(raw)] = lambda raw=raw: src.take(raw)
+    return TensorSource(parts, lambda name: parts[name](), src.where)
 
 
 def _check_kimi_k25(hf: dict) -> None:
@@ -697,6 +893,23 @@ def _deepseek_ocr2_config(hf: dict) -> ModelConfig:
     return replace(base, **_expert_fields({**hf, "first_k_dense_replace": dense}, "deepseek_v2"))
 
 
+def _unlimited_ocr_config(hf: dict) -> ModelConfig:
+    """Unlimited-OCR's text model (unlimited_ocr_text), as transformers' UnlimitedOcrTextModel computes it:
+    DeepSeek-OCR 2's blocks (_deepseek_ocr2_config) whose reference_sliding_attention layers see the last
+    sliding_window tokens and every token of the reference, which is what the first forward of a cache holds (the
+    prompt, as UnlimitedOcrGenerationMixin declares it; the whole input of a forward without one):
+    model.reference_window, the prompt the engine's reference."""
+    from redline.interop import llama
+
+    kinds = hf.get("layer_types") or ["reference_sliding_attention"] * hf["num_hidden_layers"]
+    raise_first([(not set(kinds) <= {"reference_sliding_attention", "full_attention"},
+                  f"text_config.layer_types={kinds}: redline reads Unlimited-OCR's reference_sliding_attention and "
+                  f"full_attention layers")])
+    windows = llama.layer_windows({**hf, "layer_types": ["sliding_attention" if k != "full_attention" else k
+                                                         for k in kinds]}, hf["num_hidden_layers"], [])
+    return replace(_deepseek_ocr2_config(hf), **windows, reference_window=bool(windows["sliding_window"]))
+
+
 def _deepseek_ocr2_to_redline(src: TensorSource, cfg: ModelConfig) -> dict:
     """Llama's tensors with DeepSeek's experts (mlp.gate, mlp.experts.j.*, mlp.shared_experts.*) read as Qwen-MoE's
     names, as llama.to_redline reads them (ERNIE 4.5 MoE's reader does the same)."""
@@ -725,7 +938,7 @@ def _round3_families() -> tuple[Family, ...]:
     (ernie4_5_moe, its text experts), paddleocr_vl (llama), lfm3_vl (lfm3), minicpmv4_6, minicpmv4_7 and minicpm_ocr
     (qwen3_5_text), qianfan_ocr (qwen3 by default), deepseek_vl and deepseek_vl_hybrid (llama by default),
     cosmos3_omni (qwen3_vl_text, read as qwen3), cosmos3_edge (arcee), deepseek_ocr2 (its own reading, import only),
-    nemotron_h_omni (nemotron_h)."""
+    nemotron_h_omni (nemotron_h), unlimited_ocr (its own reading, import only)."""
     from redline.interop import deepseek, ernie, glm, lfm2, llama, nemotron_h, qwen3_5
 
     deepseeks = {f.name: f for f in deepseek.FAMILIES}
@@ -774,6 +987,12 @@ def _round3_families() -> tuple[Family, ...]:
             name="deepseek_ocr2_text", architecture="DeepseekOcr2ForCausalLM", model_config=_deepseek_ocr2_config,
             hf_config=llamas["llama"].hf_config, to_redline=_deepseek_ocr2_to_redline, to_hf=llamas["llama"].to_hf,
             ignorable=llamas["llama"].ignorable)}, "deepseek_ocr2_text", tie_default=False),
+        # Unlimited-OCR: DeepSeek-OCR 2's text model with reference sliding windows (model.reference_window; import
+        # only: no architecture redline writes keeps a prompt visible beside the window)
+        multimodal_family("unlimited_ocr", "UnlimitedOcrForCausalLM", {"unlimited_ocr_text": Family(
+            name="unlimited_ocr_text", architecture="UnlimitedOcrForCausalLM", model_config=_unlimited_ocr_config,
+            hf_config=llamas["llama"].hf_config, to_redline=_deepseek_ocr2_to_redline, to_hf=llamas["llama"].to_hf,
+            ignorable=llamas["llama"].ignorable)}, "unlimited_ocr_text", tie_default=False),
         # Nemotron-H Omni (Nemotron 3 Nano Omni): Nemotron-H's NemotronHForCausalLM under language_model., its
         # config under text_config or (its released folders) llm_config; its head never tied (its config has no
         # tie_word_embeddings, and transformers ties no head of it whatever text_config says)

@@ -70,7 +70,7 @@ def check_exportable(cfg: ModelConfig) -> None:
     when = "a LayerNorm QK-norm or ReLU² with partial RoPE and LayerNorm"
     what = f"{when}: Persimmon, the one architecture with them redline exports to,"
     named = [name for name in (
-        "norm_unit_offset", "embed_norm", "embed_scale", "embed_multiplier", "residual_multiplier", "logit_divisor",
+        "qk_layernorm_per_head", "norm_unit_offset", "embed_norm", "embed_scale", "embed_multiplier", "residual_multiplier", "logit_divisor",
         "logit_softcap", "attn_softcap", "attn_scale", "attn_sinks", "value_embeddings", "moe_experts", "conv_layers",
         "delta_layers", "mlp_free_layers", "mixer_free_layers", "nope_interval", "rope_layer_theta",
         "rope_local_theta", "head_bias", "parallel_residual", "qk_norm_after_rope") if getattr(cfg, name)]

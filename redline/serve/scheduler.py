@@ -277,6 +277,10 @@ class Scheduler:
             # a prefix-LM's prompt attends to itself both ways (model.prefix_lm): no copied beginning, and each
             # prompt prefilled whole, in one turn (a turn's budget of the batch's capacity takes any prompt)
             self.prefix_min_tokens, prefill_tokens = 0, max(prefill_tokens, batch.capacity)
+        if batch.engine.cfg.reference_window:
+            # model.reference_window: a parked row's slots past its prompt were windowed, so no copied beginning
+            # (DecodeBatch.match); its prompt's spans are prefilled in order, the last one setting the reference
+            self.prefix_min_tokens = 0
         if prefill_wait_ms < 0:
             raise UserError(f"prefill_wait_ms must be >= 0, got {prefill_wait_ms}")
         self.prefill_wait_s = prefill_wait_ms / 1000

@@ -32,8 +32,8 @@ def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Paramete
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
-        if p.dim() < 2 or name.endswith("bias"):
-            gains.append(p)
+        if p.dim() < 2 or name.endswith("bias") or getattr(p, "is_gain", False):  # is_gain: a per-head norm's
+            gains.append(p)  # (H, D) weight, a gain and not a matrix (model.HeadLayerNorm)
         elif id(p) in block_params:
             hidden.append(p)
         else:

@@ -120,6 +120,7 @@ FIELDS_ACCOUNTED = {
     "qk_norm_scope": "head only: the attention kernel normalizes the raw qkv output per head",
     "qk_norm_after_rope": "refused: the attention kernel normalizes q and k before it rotates them",
     "qk_layernorm": "refused (kernel_prologue_unsupported): the attention kernel's QK-norm is an RMSNorm",
+    "qk_layernorm_per_head": "refused with qk_layernorm, which it needs",
     "sliding_window": "in the attention kernel",
     "sliding_window_pattern": "each layer's window to the attention kernel",
     "window_layers": "each layer's window to the attention kernel",
@@ -190,6 +191,7 @@ FIELDS_ACCOUNTED = {
     "zero_init_proj": "initialisation only",
     "doc_attention": "training only (packed documents kept apart)",
     "prefix_lm": "prefill only (the prompt's mask); a decode step attends causally",
+    "reference_window": "the decode step's mask (the matmul attention's; the triton decode kernel is refused)",
     "head_transform": "refused: fused_head multiplies the final norm's output by the head alone",
     "first_norm_free": "refused: every block's first norm is fused into its qkv product",
 }
