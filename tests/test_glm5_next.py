@@ -135,6 +135,8 @@ def test_context_stops_where_the_indexer_keeps_every_key():
     (dict(mlp_layer_types=["sparse", "dense", "sparse", "sparse"]), "mlp_layer_types"),
     (dict(index_topk=18), "index_topk=18"),
     (dict(architectures=["Glm5NextTextModel"]), "has no head"),
+    (dict(linear_lower_bound=0.0), "linear_lower_bound=0.0"),
+    (dict(hc_sinkhorn_iters=0), "hc_sinkhorn_iters=0"),
 ])
 def test_refusals_name_the_option(change, fragment):
     text = _glm5_next_config().to_dict()["text_config"]
@@ -161,3 +163,19 @@ def test_gpu_compiled_engine_and_training_step():
     model = GPT(glm5_next.model_config(text)).cuda()
     assert_compiled_engine_stays_greedy(model, [list(range(1, 20)), [5, 6, 7], list(range(30, 90))])
     assert_compiled_training_step_matches(model, model.blocks[0].attn.a_down.weight)
+
+
+def test_context_cap_is_where_the_sparse_attention_departs(tmp_path, capsys):
+    """Past index_topk + index_kpool - 1 tokens transformers' indexer drops whole groups, and its logits leave the
+    dense attention's: the imported weights with a longer context equal transformers on the first 19 positions of 24
+    tokens and not on the last ones, so the import's cap is the longest exact context."""
+    from dataclasses import replace
+
+    hf, model, _ = _imported(tmp_path, capsys, linear_lower_bound=None)
+    longer = GPT(replace(model.cfg, context_len=64)).eval()
+    longer.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, VOCAB - 8, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours, theirs = longer(tokens), hf(input_ids=tokens).logits
+    torch.testing.assert_close(ours[:, :19], theirs[:, :19], rtol=1e-5, atol=1e-5)
+    assert (ours[:, 20:] - theirs[:, 20:]).abs().amax() > 1e-3

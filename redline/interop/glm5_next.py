@@ -124,6 +124,9 @@ def model_config(hf: dict) -> ModelConfig:
          f"reads GLM-5.3-Next with the tail kept"),
         (float(hf["swiglu_limit"]) <= 0, f"swiglu_limit={hf['swiglu_limit']}: GLM-5.3-Next clamps its SwiGLU "
                                          f"halves at a limit above 0"),
+        (hf["linear_lower_bound"] is not None and float(hf["linear_lower_bound"]) >= 0,
+         f"linear_lower_bound={hf['linear_lower_bound']}: the KDA decay's bound is a least log decay, below 0 "
+         f"(GLM-5.3-Next's -5), or null for the softplus decay"),
         (int(hf["hc_mult"]) < 1 or int(hf["hc_sinkhorn_iters"]) < 1,
          f"hc_mult={hf['hc_mult']}, hc_sinkhorn_iters={hf['hc_sinkhorn_iters']}: GLM-5.3-Next's hyper-connections "
          f"take one stream or more and a Sinkhorn-mixed matrix (one step or more)"),
