@@ -27,9 +27,11 @@ folders, model_type "glm5_next": multimodal.py), as transformers' models/glm5_ne
 
 A folder of transformers' headless Glm5NextTextModel is refused by name (no logits to read). Import only: redline
 keeps no DSA indexer to write back, and transformers has no text-only GLM-5.3-Next model with a head to load one
-into (export_family refuses model.mhc_head_mean by name, for HF, GGUF and PEFT alike). Refused by name: index_kpool_always_select_tail
-false with index_kpool above 1 (a query would never see the keys after its last whole group, its own among them),
-qk_rope_head_dim above 0, attention_bias, other layer or MLP kinds, dense layers after sparse ones.
+into (export_family refuses model.mhc_head_mean by name, for HF, GGUF and PEFT alike). Refused by name:
+index_kpool_always_select_tail false with index_kpool above 1 (a query would never see the keys after its last whole
+group, its own among them), qk_rope_head_dim above 0, attention_bias, other layer or MLP kinds, dense layers after
+sparse ones, a linear_lower_bound of 0 or more, hc_sinkhorn_iters 0 (transformers still divides the mixing matrix by
+its column sums once; redline's mhc_sinkhorn_iters 0 is HY-V4's streams without a matrix).
 """
 
 from __future__ import annotations
