@@ -29,7 +29,8 @@ Features (each a field of `ModelConfig`):
   with a base of their own, `rope_local_theta`, as Gemma 3's, on a part of each head of their own,
   `rope_local_dims`, as Laguna's; one layer in N without it, `nope_interval`, as
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
-  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
+  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none; a bias by
+  distance mixed for each query token from learned profiles (`rel_bias_dim`, Inkling's relative-position bias);
   explicit per-token positions (packed documents restart at 0);
 - BitNet b1.58's projections: ternary weights and 8-bit inputs, rounded on the fly or stored ternary (`bitlinear`),
   and an RMSNorm before each output projection (`sub_norms`);
@@ -801,6 +802,15 @@ class ModelConfig:
     KV head, plus exp(A_kv · softplus(dt_proj(v))_kv), v the key's token's values over all KV heads (KV·D) and dt_proj
     (KV·D -> KV, with a bias where qkv_bias) and A (KV,) learned (attn.dt_proj, attn.A). Doge keeps only the top
     keep_window_size keys of a longer context: redline's context_len stays within it (the import sets it so)."""
+    rel_bias_dim: int = 0
+    """Inkling's relative-position bias (transformers' InklingRelativeLogits), 0 = off: every query token's scores
+    plus a bias by its distance to the key, mixed for the token from a learned bank of distance profiles: r =
+    rel_proj(x) (C -> H·rel_bias_dim, attn.rel_proj) a head, bias(i, j) = (r_h · rel_profiles)[i − j] for
+    0 <= i − j < the layer's extent and 0 beyond it (attn.rel_profiles, (rel_bias_dim, extent)). A dense float mask
+    in SDPA (O(T²) a layer); the engine computes it from each new token and the slot distances."""
+    rel_bias_extent: int = 0
+    """rel_bias_dim: the distances the bias covers on the full-attention layers (Inkling's rel_extent); a windowed
+    layer's extent is its sliding window, as Inkling's hybrid_sliding layers take it."""
     residual_scales: bool = False
     """Each block scales its residual stream before a sublayer's output joins it: x ← s₁ ⊙ x + attn(norm1(x)), then
     s₂ ⊙ x + mlp(norm2(x)), s₁ and s₂ (C,) learned, ones at init (Doge's input_residual and post_attention_residual;
@@ -910,6 +920,10 @@ class ModelConfig:
         if self.delta_norm_position and layer in self.delta_layers:
             return self.delta_norm_position
         return self.norm_position
+
+    def layer_rel_extent(self, layer: int) -> int:
+        """rel_bias_dim: the distances layer `layer`'s relative-position bias covers, its window or rel_bias_extent."""
+        return self.layer_window(layer) or self.rel_bias_extent
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern
@@ -1447,6 +1461,16 @@ class ModelConfig:
             raise UserError("model.attn_key_bias and model.residual_scales are Doge's: pre-norm blocks of sequential "
                             "sublayers with plain attention on every layer (no kv_lora_rank, conv_layers, "
                             "delta_layers, attn_softcap, attn_sinks, alibi, diff_attention or kv_shared_layers)")
+        if self.rel_bias_dim and (self.rel_bias_extent <= 0 or self.kv_lora_rank or self.shared_kv_attention
+                                  or self.diff_attention or self.attn_key_bias or self.attn_softcap
+                                  or self.attn_sinks or self.pos_emb == "alibi" or self.doc_attention == "flex"
+                                  or self.prefix_lm or self.attn_chunk or self.kv_shared_layers
+                                  or self.shared_attn_layers or self.attn_gate == "routed"):
+            raise UserError(f"model.rel_bias_dim adds a dense relative-position bias to plain attention's scores: it "
+                            f"needs model.rel_bias_extent > 0 (got {self.rel_bias_extent}) and no kv_lora_rank, "
+                            f"shared_kv_attention, diff_attention, attn_key_bias, attn_softcap, attn_sinks, alibi, "
+                            f"doc_attention=flex, prefix_lm, attn_chunk, kv_shared_layers, shared_attn_layers or "
+                            f"routed heads")
         if self.diff_attention and (self.n_head % 2 or self.kv_heads % 2 or self.kv_lora_rank or self.conv_layers
                                     or self.delta_layers or self.attn_sinks or self.attn_gate != "none"
                                     or self.kv_shared_layers or self.global_head_size or self.value_embeddings
@@ -2323,6 +2347,57 @@ class KeyBiasAttention(Attention):
         bias = self.key_bias(v).repeat_interleave(self.n_head // self.n_kv, dim=1)[:, :, None, :]  # (B, H, 1, S)
         mask = torch.where(attn_mask, bias.to(q.dtype), torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
         return super().attend(q, k, v, mask, is_causal=False)
+
+
+class RelBiasAttention(Attention):
+    """Attention whose scores take a relative-position bias mixed per query token (model.rel_bias_dim, Inkling's, as
+    transformers' InklingRelativeLogits and InklingAttention compute it): r = rel_proj(x) (H·rel_bias_dim) from the
+    attention's input, each head's r_h · rel_profiles a bias for every distance 0..extent - 1, added to the score of
+    the key that many positions back (0 beyond the extent; causality and windows stay in the mask). Distances are
+    index differences, which packed documents' restarting positions leave as they are. The engine's caches hold k
+    and v as for plain attention and call position_bias with the new tokens' slots (redline/inference/cache.py)."""
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        super().__init__(cfg, value_embedding, layer)
+        self.rel_extent = cfg.layer_rel_extent(layer)
+        self.rel_proj = nn.Linear(cfg.n_embd, self.n_head * cfg.rel_bias_dim, bias=False)
+        # (d_rel, extent): a bank of bias-by-distance profiles, N(0, std) at init (GPT.reset_parameters)
+        self.rel_profiles = nn.Parameter(torch.zeros(cfg.rel_bias_dim, self.rel_extent))
+
+    def position_bias(self, x: torch.Tensor, first: int | torch.Tensor, keys: int) -> torch.Tensor:
+        """x (B, T, C), the queries' inputs, the query i at position first + i (first an int, or (B,) one a row) ->
+        their biases over the keys at positions 0..keys - 1, (B, H, T, keys) in x's dtype."""
+        B, T, _ = x.shape
+        r = self.rel_proj(x).view(B, T, self.n_head, -1)  # (B, T, H, d_rel)
+        by_distance = (r @ self.rel_profiles.to(r.dtype)).transpose(1, 2)  # (B, H, T, extent)
+        q_pos = torch.arange(T, device=x.device) + (first[:, None] if torch.is_tensor(first) else first)
+        dist = q_pos[..., :, None] - torch.arange(keys, device=x.device)  # (T, keys) or (B, T, keys)
+        dist = dist.expand(B, T, keys)[:, None]  # (B, 1, T, keys)
+        index = dist.clamp(0, self.rel_extent - 1).expand(B, self.n_head, T, keys)
+        bias = by_distance.gather(-1, index)
+        return bias.masked_fill((dist < 0) | (dist >= self.rel_extent), 0.0)
+
+    def biased_mask(self, x: torch.Tensor, first: int | torch.Tensor, keys: int,
+                    allowed: torch.Tensor | None) -> torch.Tensor:
+        """position_bias where `allowed` (bool, broadcastable to (B, H, T, keys); None: causal, the queries the last T
+        of the keys) and -inf elsewhere: a float mask for SDPA, (B, H, T, keys)."""
+        T = x.shape[1]
+        if allowed is None:
+            i = torch.arange(T, device=x.device)[:, None] + (keys - T)
+            allowed = i >= torch.arange(keys, device=x.device)[None, :]
+        bias = self.position_bias(x, first, keys)
+        return bias.masked_fill(~allowed, float("-inf"))
+
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
+                shared: dict | None = None) -> torch.Tensor:
+        if cache is not None:
+            return self.output(x, cache.attend(self, x, rope, ve))
+        q, k, v = self.project_qkv(x, rope, ve)
+        if shared is not None:
+            shared[self.layer] = (k, v)
+        T = x.shape[1]
+        y = self.attend(q, k, v, self.biased_mask(x, 0, T, attn_mask), is_causal=False)
+        return self.output(x, y)
 
 
 LATENT_NORM_EPS = 1e-6
@@ -4123,7 +4198,8 @@ class Block(nn.Module):
         else:
             attention = (LatentAttention if cfg.kv_lora_rank else SharedKVAttention if cfg.shared_kv_attention
                          else DiffAttention if cfg.diff_attention
-                         else KeyBiasAttention if cfg.attn_key_bias else Attention)
+                         else KeyBiasAttention if cfg.attn_key_bias
+                         else RelBiasAttention if cfg.rel_bias_dim else Attention)
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
@@ -4644,6 +4720,8 @@ class GPT(nn.Module):
                     scale.fill_(1.0)
             if isinstance(block.attn, KeyBiasAttention):  # A = 0: every key's bias exp(0) = 1 at init
                 block.attn.A.zero_()
+            if isinstance(block.attn, RelBiasAttention):  # as transformers' InklingPreTrainedModel draws them
+                block.attn.rel_profiles.normal_(0.0, std)
             if block.layer_scalar is not None:
                 block.layer_scalar.fill_(1.0)
             if block.attn_rate is not None:  # model.ngpt's rates and query scales (sqrt(D): nGPT's softmax scale)
@@ -4715,7 +4793,7 @@ class GPT(nn.Module):
         """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
         is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
         choice = self.cfg.doc_attention
-        if self.cfg.pos_emb == "alibi":  # its bias goes in SDPA's float mask (validate refuses flex with it)
+        if self.cfg.pos_emb == "alibi" or self.cfg.rel_bias_dim:  # a float mask for SDPA (validate refuses flex)
             return False
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())

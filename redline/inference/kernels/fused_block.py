@@ -57,6 +57,8 @@ FIELDS_ACCOUNTED = {
     "loop_passes": "with loop_section",
     "diff_attention": "refused: the attention kernel computes one map over the values",
     "attn_key_bias": "refused: the attention kernel adds no key biases",
+    "rel_bias_dim": "refused: the attention kernel adds no relative-position bias",
+    "rel_bias_extent": "with rel_bias_dim",
     "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
     "normed_residual": "refused: the sublayers' outputs join the stream itself, not its normed and scaled copy",
     "delta_dt_min": "refused with delta_layers",
@@ -211,6 +213,9 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
         return ("decode_linear triton adds no key biases and scales no residual stream (model.attn_key_bias, "
                 "model.residual_scales)")
+    if getattr(cfg, "rel_bias_dim", 0):
+        return ("decode_linear triton hands the attention kernel scores it adds no relative-position bias to "
+                "(model.rel_bias_dim)")
     if getattr(cfg, "normed_residual", ()):
         return ("decode_linear triton adds the sublayers' outputs to the stream, not to its normed input "
                 "(model.normed_residual)")
