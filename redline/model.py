@@ -31,6 +31,7 @@ Features (each a field of `ModelConfig`):
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
   ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none; a bias by
   distance mixed for each query token from learned profiles (`rel_bias_dim`, Inkling's relative-position bias);
+  keys and values through short causal convolutions (`kv_conv`, Inkling's);
   explicit per-token positions (packed documents restart at 0);
 - BitNet b1.58's projections: ternary weights and 8-bit inputs, rounded on the fly or stored ternary (`bitlinear`),
   and an RMSNorm before each output projection (`sub_norms`);
@@ -808,6 +809,12 @@ class ModelConfig:
     rel_proj(x) (C -> H·rel_bias_dim, attn.rel_proj) a head, bias(i, j) = (r_h · rel_profiles)[i − j] for
     0 <= i − j < the layer's extent and 0 beyond it (attn.rel_profiles, (rel_bias_dim, extent)). A dense float mask
     in SDPA (O(T²) a layer); the engine computes it from each new token and the slot distances."""
+    kv_conv: int = 0
+    """Keys and values each plus a causal depthwise convolution of themselves over the last this-many tokens, per
+    channel of the k and v projections (attn.k_conv, attn.v_conv (KV·D, kv_conv), oldest token first), in fp32,
+    before the keys' QK-norm (Inkling's k_sconv and v_sconv); 0 = off. The engine's cache holds the raw projections
+    in the slots and convolves (and norms) the keys and values it attends over at each step: no state apart, at the
+    price of a depthwise convolution over the cached slots a layer and step."""
     rel_bias_extent: int = 0
     """rel_bias_dim: the distances the bias covers on the full-attention layers (Inkling's rel_extent); a windowed
     layer's extent is its sliding window, as Inkling's hybrid_sliding layers take it."""
@@ -1461,6 +1468,17 @@ class ModelConfig:
             raise UserError("model.attn_key_bias and model.residual_scales are Doge's: pre-norm blocks of sequential "
                             "sublayers with plain attention on every layer (no kv_lora_rank, conv_layers, "
                             "delta_layers, attn_softcap, attn_sinks, alibi, diff_attention or kv_shared_layers)")
+        if self.kv_conv and (self.kv_conv < 2 or self.pos_emb == "rope" or self.kv_lora_rank
+                             or self.shared_kv_attention or self.diff_attention or self.attn_key_bias
+                             or self.kv_shared_layers or self.shared_attn_layers or self.value_embeddings
+                             or self.value_embed_layers or self.v_norm or self.global_values_from_keys
+                             or self.fused_qkv or (self.qk_norm and (self.qk_norm_scope != "head"
+                                                                     or self.qk_layernorm))):
+            raise UserError(f"model.kv_conv={self.kv_conv} convolves the raw k and v projections before QK-norm: it "
+                            f"needs a kernel of at least 2, separate q/k/v (fused_qkv=false), no RoPE (pos_emb "
+                            f"none, learned or alibi), per-head RMS QK-norm if any, and plain attention (no "
+                            f"kv_lora_rank, shared_kv_attention, diff_attention, attn_key_bias, kv_shared_layers, "
+                            f"shared_attn_layers, value embeddings, v_norm or global_values_from_keys)")
         if self.rel_bias_dim and (self.rel_bias_extent <= 0 or self.kv_lora_rank or self.shared_kv_attention
                                   or self.diff_attention or self.attn_key_bias or self.attn_softcap
                                   or self.attn_sinks or self.pos_emb == "alibi" or self.doc_attention == "flex"
@@ -2093,6 +2111,10 @@ class Attention(nn.Module):
                  "routed": cfg.attn_experts}.get(cfg.attn_gate)
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        # kv_conv: each k and v channel's causal depthwise kernel (KV*D, K), oldest token first; zeros (the identity)
+        # at init, as nothing in Inkling's own init draws them
+        self.k_conv = nn.Parameter(torch.zeros(kv_dim, cfg.kv_conv)) if cfg.kv_conv else None
+        self.v_conv = nn.Parameter(torch.zeros(kv_dim, cfg.kv_conv)) if cfg.kv_conv else None
         bias = cfg.has_qkv_bias
         own_kv = self.kv_source is None
         if cfg.fused_qkv:
@@ -2166,8 +2188,8 @@ class Attention(nn.Module):
         if self.v_norm is not None:
             v = self.v_norm(v)
         per_head = self.cfg.qk_norm and self.cfg.qk_norm_scope == "head"
-        if per_head and not self.cfg.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if per_head and not self.cfg.qk_norm_after_rope:  # kv_conv: the keys' norm after their convolution
+            q, k = self.q_norm(q), k if self.k_conv is not None else self.k_norm(k)
         if rope is not None and self.use_rope:
             cos, sin = layer_rope(rope, self.rope_table)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -2180,6 +2202,21 @@ class Attention(nn.Module):
         if self.q_scale is not None:  # (H, 1, D) over (B, H, T, D), as transformers' DoryAttention scales them
             q = q * self.q_scale.square().to(q.dtype).view(self.n_head, 1, self.head_dim)
         return q, k, v
+
+    def convolved_kv(self, k: torch.Tensor, v: torch.Tensor,
+                     doc_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """model.kv_conv: the raw projections k, v (B, KV, S, D) of positions 0..S-1 (project_qkv's with kv_conv) ->
+        each plus its causal depthwise convolution, in fp32 as transformers' InklingShortConvolution computes it, the
+        keys then QK-normed; doc_ids (B, S): a token reads none of another document's."""
+        B, KV, S, D = k.shape
+
+        def conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            u = x.transpose(1, 2).reshape(B, S, KV * D).float()  # channel kv·D + d, as the projection lays it out
+            y = u + causal_conv(u, weight.float(), doc_ids=doc_ids)
+            return y.to(x.dtype).view(B, S, KV, D).transpose(1, 2)
+
+        k, v = conv(k, self.k_conv), conv(v, self.v_conv)
+        return (self.k_norm(k) if self.cfg.qk_norm else k), v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
         """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D). attn_mask: None, a bool tensor, or a flex
@@ -2221,17 +2258,20 @@ class Attention(nn.Module):
         return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
 
     def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
-                shared: dict | None = None) -> torch.Tensor:
+                shared: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
         where query i may attend key j (this layer's: GPT.attention_mask for its window). cache: None, or a KV cache
         layer of the inference engine (redline/inference/cache.py), which stores this call's keys and values and
         attends over all it holds: `cache.attend(self, x, rope, ve) -> (B, T, H*D)`, calling back into project /
         project_qkv / attend.
         ve: this layer's value embedding (B, T, KV*D) or None. shared: without a cache, the forward's {layer: (k, v)}
-        (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's."""
+        (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's.
+        doc_ids: (B, T) or None, the packed documents the keys' and values' convolutions keep apart (model.kv_conv)."""
         if cache is not None:
             return self.output(x, cache.attend(self, x, rope, ve))
         q, k, v = self.project_qkv(x, rope, ve)
+        if self.k_conv is not None:
+            k, v = self.convolved_kv(k, v, doc_ids)
         if k is None:
             k, v = shared[self.kv_source]
         elif shared is not None:
@@ -2389,10 +2429,12 @@ class RelBiasAttention(Attention):
         return bias.masked_fill(~allowed, float("-inf"))
 
     def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
-                shared: dict | None = None) -> torch.Tensor:
+                shared: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         if cache is not None:
             return self.output(x, cache.attend(self, x, rope, ve))
         q, k, v = self.project_qkv(x, rope, ve)
+        if self.k_conv is not None:
+            k, v = self.convolved_kv(k, v, doc_ids)
         if shared is not None:
             shared[self.layer] = (k, v)
         T = x.shape[1]
@@ -4408,6 +4450,8 @@ class Block(nn.Module):
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared, ids=None):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
+        if getattr(self.attn, "k_conv", None) is not None:  # model.kv_conv: its convolutions keep documents apart
+            kw["doc_ids"] = doc_ids
         if self.attn_rate is not None:  # nGPT's: each normed output interpolated toward, as DoryDecoderLayer does
             u = self.norm1(x)
             h = self.attn_out_norm(self.out(self.attn(u, rope, attn_mask, cache, ve, **kw)))

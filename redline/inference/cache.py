@@ -7,6 +7,9 @@ right-padded and each row then decodes at a slot of its own (`slot`, (B,)), and 
 sequence while the others go on (continuous batching). With dtype float8_e4m3fn the keys and values are stored as
 FP8 with an fp32 scale per (row, kv head, slot) (`quantize_kv`), about half a bf16 cache's bytes.
 
+With model.kv_conv a layer's slots hold its raw k and v projections: the cache layers convolve and norm them
+(Attention.convolved_kv) over the slots they attend to.
+
 Cache layers: `Attention.forward(x, rope, cache=layer, ve=ve)` (redline/model.py) calls
 `layer.attend(attn, x, rope, ve)`, which computes the projections through the attention module's own methods (the
 layer's value embedding `ve`, if any, mixed into the values, so the cache holds the mixed values), stores what the
@@ -316,6 +319,8 @@ class PrefillLayer:
             self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
             if self.prefix is not None:
                 k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
+            if getattr(attn, "k_conv", None) is not None:  # model.kv_conv: raw projections, convolved from slot 0
+                k, v = attn.convolved_kv(k, v)
         mask = self.mask
         if hasattr(attn, "position_bias"):  # model.rel_bias_dim: new token i at slot start + i, key j at slot j
             S, T = k.shape[2], q.shape[2]
@@ -512,6 +517,8 @@ class DecodeLayer:
                 _scatter_slot(scales, self.slot, scale)
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
+        if getattr(attn, "k_conv", None) is not None:  # model.kv_conv: the slots' raw projections convolved and
+            keys, values = attn.convolved_kv(keys, values)  # normed (causal: slots after a row's own reach none)
         alibi = self.slot if attn.cfg.pos_emb == "alibi" else None
         if getattr(attn, "compress_rate", 0):  # DeepSeek-V4's compressed keys, pooled from the cached projections
             return attn.attend_slots(q, keys, self.mask, self.slot)

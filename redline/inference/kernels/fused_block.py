@@ -59,6 +59,7 @@ FIELDS_ACCOUNTED = {
     "attn_key_bias": "refused: the attention kernel adds no key biases",
     "rel_bias_dim": "refused: the attention kernel adds no relative-position bias",
     "rel_bias_extent": "with rel_bias_dim",
+    "kv_conv": "refused: the attention kernel attends over stored keys and values, not convolutions of them",
     "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
     "normed_residual": "refused: the sublayers' outputs join the stream itself, not its normed and scaled copy",
     "delta_dt_min": "refused with delta_layers",
@@ -213,6 +214,8 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
         return ("decode_linear triton adds no key biases and scales no residual stream (model.attn_key_bias, "
                 "model.residual_scales)")
+    if getattr(cfg, "kv_conv", 0):
+        return "decode_linear triton hands the attention kernel keys and values without convolutions (model.kv_conv)"
     if getattr(cfg, "rel_bias_dim", 0):
         return ("decode_linear triton hands the attention kernel scores it adds no relative-position bias to "
                 "(model.rel_bias_dim)")

@@ -1,7 +1,7 @@
-"""Inkling's relative-position bias (model.rel_bias_dim, rel_bias_extent): one attention layer equals transformers'
-InklingAttention (its key and value convolutions zeroed, which leaves them the identity) on full and windowed layers;
-the engine's prefill, chunked prefill, decode and DecodeBatch give the full recompute's tokens past the bias's extent;
-training reaches the bias's weights; what the fused kernels cannot add is refused by name."""
+"""Inkling's attention: its relative-position bias (model.rel_bias_dim, rel_bias_extent) and its keys' and values'
+short convolutions (model.kv_conv). One attention layer equals transformers' InklingAttention on full and windowed
+layers; the engine's prefill, chunked prefill, decode and DecodeBatch give the full recompute's tokens past the bias's
+extent; training reaches the new weights; what the fused kernels cannot compute is refused by name."""
 
 from dataclasses import replace
 
@@ -19,23 +19,28 @@ from tests.test_latent_attention import sharp
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 REL = ModelConfig(vocab_size=96, context_len=64, n_layer=2, n_embd=48, n_head=4, n_kv_head=2, mlp_hidden=64,
-                  qk_norm=True, pos_emb="none", fused_qkv=False, rel_bias_dim=4, rel_bias_extent=8)
+                  qk_norm=True, pos_emb="none", fused_qkv=False, rel_bias_dim=4, rel_bias_extent=8, kv_conv=4)
 
 
 def rel_model(cfg: ModelConfig = REL) -> GPT:
-    """sharp's model with the bias's weights drawn wide, so that it moves the scores by several units."""
+    """sharp's model with the bias's weights drawn wide, so that it moves the scores by several units, and the
+    convolutions off their zero (identity) init."""
     model = sharp(cfg)
     with torch.no_grad():
         for block in model.blocks:
-            block.attn.rel_profiles.normal_(0, 3.0)
-            block.attn.rel_proj.weight.mul_(10)
+            if cfg.rel_bias_dim:
+                block.attn.rel_profiles.normal_(0, 3.0)
+                block.attn.rel_proj.weight.mul_(10)
+            if cfg.kv_conv:
+                block.attn.k_conv.normal_(0, 0.5)
+                block.attn.v_conv.normal_(0, 0.5)
     return model
 
 
 @pytest.mark.parametrize("layer, window", [(1, 0), (0, 5)], ids=["full", "windowed"])
 def test_attention_equals_transformers_inkling(layer, window):
     """A full layer (extent rel_extent) and a windowed one (extent its window), fp32, over 12 tokens: past both
-    extents, so the bias's zeros beyond them count too."""
+    extents, so the bias's zeros beyond them count too; the convolutions' kernels random."""
     from transformers import InklingTextConfig
     from transformers.models.inkling.modeling_inkling import InklingAttention
 
@@ -49,8 +54,6 @@ def test_attention_equals_transformers_inkling(layer, window):
     with torch.no_grad():
         for p in theirs.parameters():
             p.normal_(0, 0.3)
-        theirs.k_sconv.conv1d.weight.zero_()  # conv(x) + x: the identity
-        theirs.v_sconv.conv1d.weight.zero_()
         theirs.rel_logits_proj.proj.normal_(0, 2.0)
     cfg = replace(REL, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, head_size=8, attn_scale=1 / 8, norm_eps=1e-6,
                   rel_bias_extent=7, sliding_window=5, window_layers=(0,))
@@ -63,6 +66,8 @@ def test_attention_equals_transformers_inkling(layer, window):
         ours.q_norm.weight.copy_(theirs.q_norm.weight)
         ours.k_norm.weight.copy_(theirs.k_norm.weight)
         ours.rel_profiles.copy_(theirs.rel_logits_proj.proj)
+        ours.k_conv.copy_(theirs.k_sconv.conv1d.weight[:, 0])  # (KV*D, 1, K) -> (KV*D, K)
+        ours.v_conv.copy_(theirs.v_sconv.conv1d.weight[:, 0])
     T = 12
     x = torch.randn(2, T, 32)
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
@@ -74,12 +79,14 @@ def test_attention_equals_transformers_inkling(layer, window):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("parts", [dict(), dict(kv_conv=0), dict(rel_bias_dim=0, rel_bias_extent=0)],
+                         ids=["both", "bias", "conv"])
 @pytest.mark.parametrize("window", [0, 5])
 @pytest.mark.parametrize("chunk", [32768, 3])
-def test_engine_decodes_as_full_recompute(chunk, window):
+def test_engine_decodes_as_full_recompute(chunk, window, parts):
     """Prompts up to 11 tokens then 10 new ones: past the extent (8) and the window."""
     windows = dict(sliding_window=window, window_layers=(0,)) if window else {}
-    assert_engine_decodes_as_full_recompute(rel_model(replace(REL, **windows)), chunk)
+    assert_engine_decodes_as_full_recompute(rel_model(replace(REL, **windows, **parts)), chunk)
 
 
 def test_engine_scores_and_decode_batch():
@@ -91,21 +98,36 @@ def test_engine_scores_and_decode_batch():
                                                            list(range(20, 33))])
 
 
-def test_bias_moves_the_logits_and_training_reaches_it():
-    """Zeroing the profiles changes the logits (the bias is live), and both of its weights take gradients."""
-    model = rel_model()
+def test_each_part_moves_the_logits_and_training_reaches_it():
+    """Zeroing the profiles or the kernels changes the logits (each part is live), and their weights take
+    gradients (rel_model draws them all off their init)."""
     idx = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        before = model(idx)
-        for block in model.blocks:
-            block.attn.rel_profiles.zero_()
-        assert (model(idx) - before).abs().max() > 0.1
-    torch.manual_seed(0)
-    model = GPT(REL).train()
+    for part in ("rel_profiles", "k_conv", "v_conv"):
+        model = rel_model()
+        with torch.no_grad():
+            before = model(idx)
+            for block in model.blocks:
+                getattr(block.attn, part).zero_()
+            assert (model(idx) - before).abs().max() > 0.1, part
+    model = rel_model().train()
     model(idx, idx).backward()
     for block in model.blocks:
-        for name, p in (("rel_proj", block.attn.rel_proj.weight), ("rel_profiles", block.attn.rel_profiles)):
+        for name, p in (("rel_proj", block.attn.rel_proj.weight), ("rel_profiles", block.attn.rel_profiles),
+                        ("k_conv", block.attn.k_conv), ("v_conv", block.attn.v_conv)):
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_packed_documents_equal_each_document_alone():
+    """Documents packed into one row with doc_ids see only themselves: the mask keeps the bias's distances within a
+    document, the convolutions read none of the previous document's keys and values."""
+    model = rel_model(replace(REL, sliding_window=5, window_layers=(0,)))
+    a, b = torch.randint(0, 96, (1, 7)), torch.randint(0, 96, (1, 5))
+    doc_ids = torch.tensor([[0] * 7 + [1] * 5])
+    positions = torch.tensor([list(range(7)) + list(range(5))])
+    with torch.no_grad():
+        together = model(torch.cat([a, b], dim=1), positions=positions, doc_ids=doc_ids)
+        torch.testing.assert_close(together[:, :7], model(a), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(together[:, 7:], model(b), atol=1e-5, rtol=1e-5)
 
 
 def test_refusals():
@@ -114,9 +136,16 @@ def test_refusals():
 
     for bad in (dict(rel_bias_extent=0), dict(attn_sinks=True), dict(pos_emb="alibi"), dict(doc_attention="flex")):
         with pytest.raises(UserError, match="model.rel_bias_dim"):
+            replace(REL, kv_conv=0, **bad).validate()
+    for bad in (dict(kv_conv=1), dict(pos_emb="rope"), dict(fused_qkv=True), dict(qk_norm_scope="all")):
+        with pytest.raises(UserError, match="model.kv_conv"):
             replace(REL, **bad).validate()
-    assert "model.rel_bias_dim" in _triton_attention_unsupported(REL, torch.device("cuda"), torch.bfloat16)
-    assert "model.rel_bias_dim" in unsupported(REL)
+    assert "model.kv_conv" in _triton_attention_unsupported(replace(REL, rel_bias_dim=0, rel_bias_extent=0),
+                                                            torch.device("cuda"), torch.bfloat16)
+    assert "model.kv_conv" in unsupported(replace(REL, rel_bias_dim=0, rel_bias_extent=0))
+    bias_alone = replace(REL, kv_conv=0)
+    assert "model.rel_bias_dim" in _triton_attention_unsupported(bias_alone, torch.device("cuda"), torch.bfloat16)
+    assert "model.rel_bias_dim" in unsupported(bias_alone)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
