@@ -60,6 +60,8 @@ Features (each a field of `ModelConfig`):
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
   (`moe_post_norm`, A.X-K1's); a bias on the experts' weighted sum (`moe_out_bias`, JetMoE's);
+- Inkling's shared experts in the router: taken by every token, their scores normalized with the chosen experts'
+  (`moe_sink_experts`);
 - LongCat-Flash's mixture: zero-computation experts that return their input (`moe_identity_experts`), and blocks in
   pairs whose first runs the experts beside its MLP and whose second adds their output after its own
   (`moe_shortcut`, the experts' output carried between them as a second stream);
@@ -538,6 +540,12 @@ class ModelConfig:
     """Mixture of experts: this many zero-computation experts past the moe_experts MLPs (LongCat-Flash's
     zero_expert_num), which the router scores and chooses as it does the others (its logits, scores and
     moe_expert_bias E + Z wide) and each of which returns its input: a chosen one adds weight · x; 0 = none."""
+    moe_sink_experts: int = 0
+    """Mixture of experts: the last this-many of the moe_experts are shared experts that every token takes beside
+    its top k of the others (chosen by score, plus moe_expert_bias, among the others alone), the k + S sigmoid
+    scores normalized together (moe_norm_topk) and scaled as the routed ones are: the shared experts act as sinks in
+    the weights' normalization (Inkling's shared_expert_sink, as transformers' InklingTopkRouter and InklingMoE
+    compute it); 0 = none."""
     moe_shortcut: bool = False
     """LongCat-Flash's shortcut-connected MoE: the blocks pair up (block 2j and 2j + 1 are one LongCat layer), every
     block has a dense MLP (moe_dense_hidden wide), and block 2j's experts (moe) read its MLP's input, norm2's output,
@@ -1589,6 +1597,14 @@ class ModelConfig:
             raise UserError("model.moe_identity_experts (LongCat-Flash's zero-computation experts) need MLP experts "
                             "(model.moe_experts) routed by softmax or sigmoid scores, without moe_groups, moe_bias, "
                             "moe_weight_input, moe_beside_dense, moe_aux_loss or moe_bias_update")
+        if self.moe_sink_experts and (self.moe_sink_experts < 0 or self.moe_experts < self.moe_sink_experts
+                                      + self.moe_top_k or self.moe_gating != "sigmoid" or not self.moe_norm_topk
+                                      or self.moe_groups > 1 or self.moe_hash_layers or self.moe_identity_experts
+                                      or self.moe_weight_input or self.moe_beside_dense):
+            raise UserError(f"model.moe_sink_experts={self.moe_sink_experts} (Inkling's shared experts in the "
+                            f"router) needs at least moe_top_k more model.moe_experts, sigmoid moe_gating with "
+                            f"moe_norm_topk, and no moe_groups, moe_hash_layers, moe_identity_experts, "
+                            f"moe_weight_input or moe_beside_dense")
         if not self.moe_shortcut:
             return
         clash = [name for name in ("moe_layers", "moe_dense_layers", "moe_beside_dense", "parallel_residual",
@@ -3733,6 +3749,7 @@ class MoE(nn.Module):
         # moe_identity_experts (LongCat-Flash's zero-computation experts): Z more experts the router scores, each
         # returning its input; the router's logits and the bias are E + Z wide, fc and proj hold the E MLPs alone
         self.identity_experts = cfg.moe_identity_experts
+        self.sink_experts = cfg.moe_sink_experts  # the last S of the E experts, every token's (Inkling's shared)
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E + self.identity_experts) if cfg.moe_expert_bias else None)
         self.bias_on_logits = cfg.moe_bias_on_logits  # the bias joins the logits, before the sigmoid (Kolibri-1's)
@@ -3800,6 +3817,13 @@ class MoE(nn.Module):
             weights = probs.gather(1, experts)
         elif self.sparsemixer:  # the weights from the logits in their own dtype, as PhiMoE's router computes them
             weights, experts = sparsemixer(logits, self.jitter_eps, self.training)
+        elif self.sink_experts:  # the top k of the routed experts (by score plus bias), then every sink: (N, k + S)
+            routed = E - self.sink_experts
+            choice = probs[:, :routed] if self.expert_bias is None else probs[:, :routed] + self.expert_bias[:routed]
+            sinks = torch.arange(routed, E, device=x.device).expand(x.shape[0], -1)
+            experts = torch.cat([choice.topk(k, dim=-1).indices, sinks], dim=-1)
+            weights = probs.gather(1, experts)
+            k = k + self.sink_experts  # the slots of each token from here on
         elif self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
             if self.expert_bias is None:
                 choice = probs
@@ -5115,8 +5139,9 @@ class GPT(nn.Module):
         """
         cfg = self.cfg
         T = seq_len or cfg.context_len
-        # a mixture of experts computes with moe_top_k of its experts a token: the others' weights do no work
-        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
+        # a mixture of experts computes with moe_top_k of its experts a token (and its moe_sink_experts): the others'
+        # weights do no work
+        idle = sum((1 - (cfg.moe_top_k + cfg.moe_sink_experts) / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
                    for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
@@ -5131,6 +5156,8 @@ class GPT(nn.Module):
                     matmul += module.weight.numel()
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
+                elif isinstance(module, RelBiasAttention):  # the profiles, once for each head's mix of them
+                    matmul += module.n_head * module.rel_profiles.numel()
         matmul += self.lm_head.weight.numel()
         hc_out = () if self.hc_out is None else (self.hc_out.down, self.hc_out.up)  # the last streams' mixer
         for proj in (*(self.altup_in or ()), *(self.altup_out or ()), *hc_out):  # AltUp's streams in and out

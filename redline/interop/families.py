@@ -355,12 +355,13 @@ NOT_READ = {
                          "tokenizers library reads, so redline could not encode a prompt for it",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
-    "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
-                    "a learned bank of distance profiles (r_proj, rel_logits_proj) and its keys and values pass "
-                    "short causal convolutions (k_sconv, v_sconv); redline's attention has neither",
-    "inkling_mm_model": "the text model of an Inkling folder is inkling_text, whose attention (a relative-position "
-                        "bias mixed per token from learned distance profiles, short convolutions on keys and "
-                        "values, no RoPE) redline cannot express",
+    "inkling_text": "Inkling's blocks pass their attention's and their MLP's outputs through short causal "
+                    "convolutions (attn_sconv, mlp_sconv) before the residual adds, which redline's blocks have not "
+                    "(its attention's relative-position bias and key and value convolutions and its shared-expert "
+                    "router are model.rel_bias_dim, kv_conv and moe_sink_experts)",
+    "inkling_mm_model": "the text model of an Inkling folder is inkling_text, whose blocks' short convolutions of "
+                        "the attention's and the MLP's outputs (attn_sconv, mlp_sconv) redline cannot express (its "
+                        "relative-position bias and key and value convolutions it can)",
     "inkling2_text": "Inkling 2's attention has no RoPE: its scores take a relative-position bias mixed per token from "
                      "learned distance profiles, its q and k are L2-clipped and its keys and values pass dynamic "
                      "short convolutions, and its layers read attention residuals over earlier blocks' outputs "

@@ -93,7 +93,7 @@ FIELDS_ACCOUNTED = {
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     "moe_post_norm": "refused with moe_experts",
     "moe_out_bias": "refused with moe_experts",
-    "moe_identity_experts": "refused with moe_experts",
+    "moe_identity_experts": "refused with moe_experts", "moe_sink_experts": "refused with moe_experts",
     "norm_gate_rank": "refused (unsupported): the product kernels fold plain norms into the next product",
     "q_latent_gate": "refused with kv_lora_rank (latent attention: fused_qkv off)",
     "q_position_scale": "refused with kv_lora_rank (latent attention: fused_qkv off)",

@@ -1,7 +1,9 @@
-"""Inkling's attention: its relative-position bias (model.rel_bias_dim, rel_bias_extent) and its keys' and values'
-short convolutions (model.kv_conv). One attention layer equals transformers' InklingAttention on full and windowed
-layers; the engine's prefill, chunked prefill, decode and DecodeBatch give the full recompute's tokens past the bias's
-extent; training reaches the new weights; what the fused kernels cannot compute is refused by name."""
+"""Inkling's layers: its attention's relative-position bias (model.rel_bias_dim, rel_bias_extent) and its keys' and
+values' short convolutions (model.kv_conv), and its experts' router (model.moe_sink_experts). One attention layer
+equals transformers' InklingAttention on full and windowed layers, one mixture its InklingMoE; the engine's prefill,
+chunked prefill, decode and DecodeBatch give the full recompute's tokens past the bias's extent; training reaches the
+new weights; what the fused kernels cannot compute is refused by name. The Inkling family itself stays refused
+(families.NOT_READ: its blocks' convolutions of the sublayers' outputs)."""
 
 from dataclasses import replace
 
@@ -117,6 +119,39 @@ def test_each_part_moves_the_logits_and_training_reaches_it():
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
+def test_sink_experts_equal_transformers_inkling_moe():
+    """model.moe_sink_experts: InklingMoE's routed experts and its shared ones, weighted by sigmoid scores normalized
+    together over the chosen and the shared (its router's global_scale folded into the experts' output projections,
+    a factor on every weight), fp32."""
+    from transformers import InklingTextConfig
+    from transformers.models.inkling.modeling_inkling import InklingMoE
+
+    from redline.model import MoE
+
+    hub = InklingTextConfig(hidden_size=32, moe_intermediate_size=16, n_routed_experts=6, num_experts_per_tok=2,
+                            n_shared_experts=2, route_scale=2.5, num_hidden_layers=1)
+    torch.manual_seed(0)
+    theirs = InklingMoE(hub).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.3)
+        theirs.gate.global_scale.fill_(1.3)
+        theirs.gate.e_score_correction_bias.normal_(0, 0.5)
+    cfg = ModelConfig(vocab_size=96, n_layer=1, n_embd=32, n_head=4, mlp="swiglu", mlp_hidden=16, moe_experts=8,
+                      moe_top_k=2, moe_gating="sigmoid", moe_norm_eps=0.0, moe_expert_bias=True, moe_scale=2.5,
+                      moe_sink_experts=2)
+    ours = MoE(cfg)
+    shared = theirs.shared_experts
+    with torch.no_grad():
+        ours.router.weight.copy_(theirs.gate.weight)  # (6 routed + 2 shared, C)
+        ours.expert_bias.zero_()[:6] = theirs.gate.e_score_correction_bias
+        ours.fc.copy_(torch.cat([theirs.experts.gate_up_proj, torch.cat([shared.gate_proj, shared.up_proj], 1)]))
+        ours.proj.copy_(torch.cat([theirs.experts.down_proj, shared.down_proj]) * theirs.gate.global_scale)
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+
+
 def test_packed_documents_equal_each_document_alone():
     """Documents packed into one row with doc_ids see only themselves: the mask keeps the bias's distances within a
     document, the convolutions read none of the previous document's keys and values."""
@@ -140,6 +175,9 @@ def test_refusals():
     for bad in (dict(kv_conv=1), dict(pos_emb="rope"), dict(fused_qkv=True), dict(qk_norm_scope="all")):
         with pytest.raises(UserError, match="model.kv_conv"):
             replace(REL, **bad).validate()
+    with pytest.raises(UserError, match="model.moe_sink_experts"):
+        ModelConfig(n_embd=32, n_head=4, mlp="swiglu", moe_experts=4, moe_top_k=2, moe_gating="sigmoid",
+                    moe_sink_experts=3).validate()
     assert "model.kv_conv" in _triton_attention_unsupported(replace(REL, rel_bias_dim=0, rel_bias_extent=0),
                                                             torch.device("cuda"), torch.bfloat16)
     assert "model.kv_conv" in unsupported(replace(REL, rel_bias_dim=0, rel_bias_extent=0))
