@@ -175,6 +175,14 @@ def test_refusals():
     for bad in (dict(kv_conv=1), dict(pos_emb="rope"), dict(fused_qkv=True), dict(qk_norm_scope="all")):
         with pytest.raises(UserError, match="model.kv_conv"):
             replace(REL, **bad).validate()
+    from redline.interop.families import export_family
+
+    for cfg in (REL, replace(REL, rel_bias_dim=0, rel_bias_extent=0)):  # a Llama config but for them
+        with pytest.raises(UserError, match="model.rel_bias_dim|model.kv_conv"):
+            export_family(cfg)
+    with pytest.raises(UserError, match="model.moe_sink_experts"):
+        export_family(ModelConfig(n_embd=32, n_head=4, mlp="swiglu", moe_experts=8, moe_top_k=2, moe_gating="sigmoid",
+                                  moe_sink_experts=2))
     with pytest.raises(UserError, match="model.moe_sink_experts"):
         ModelConfig(n_embd=32, n_head=4, mlp="swiglu", moe_experts=4, moe_top_k=2, moe_gating="sigmoid",
                     moe_sink_experts=3).validate()

@@ -500,8 +500,8 @@ def export_family(cfg: ModelConfig) -> Family:
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
     one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with nGPT layers or a looped
     section as Dory; one with a prediction head or a norm-free first layer (model.head_transform, first_norm_free) as
-    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) refused. A UserError names the redline option that
-    no such architecture has."""
+    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) and Inkling's layers (model.rel_bias_dim, kv_conv,
+    moe_sink_experts) refused. A UserError names the redline option that no such architecture has."""
     families = _families()
     from redline.interop import mistral_large4
 
@@ -513,6 +513,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.attn_gate=element and attn_sinks on latent attention are HY-V4's, which redline "
                         "imports alone: no architecture redline exports to gates a latent head's values or has its "
                         "sinks")
+    inkling = [name for name in ("rel_bias_dim", "kv_conv", "moe_sink_experts") if getattr(cfg, name)]
+    if inkling:  # Inkling's layers, whose family redline does not read yet (NOT_READ: inkling_text)
+        raise UserError(f"model.{inkling[0]}: Inkling's (its relative-position bias, key and value convolutions and "
+                        f"shared-expert sinks), which no architecture redline exports to has; run the model with "
+                        f"redline generate, chat or serve instead")
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")
