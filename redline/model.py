@@ -30,7 +30,9 @@ Features (each a field of `ModelConfig`):
   with a base of their own, `rope_local_theta`, as Gemma 3's, on a part of each head of their own,
   `rope_local_dims`, as Laguna's; one layer in N without it, `nope_interval`, as
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
-  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
+  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none; a bias by
+  distance mixed for each query token from learned profiles (`rel_bias_dim`, Inkling's relative-position bias);
+  keys and values through short causal convolutions (`kv_conv`, Inkling's);
   explicit per-token positions (packed documents restart at 0);
 - BitNet b1.58's projections: ternary weights and 8-bit inputs, rounded on the fly or stored ternary (`bitlinear`),
   and an RMSNorm before each output projection (`sub_norms`);
@@ -59,6 +61,8 @@ Features (each a field of `ModelConfig`):
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
   (`moe_post_norm`, A.X-K1's); a bias on the experts' weighted sum (`moe_out_bias`, JetMoE's);
+- Inkling's shared experts in the router: taken by every token, their scores normalized with the chosen experts'
+  (`moe_sink_experts`);
 - LongCat-Flash's mixture: zero-computation experts that return their input (`moe_identity_experts`), and blocks in
   pairs whose first runs the experts beside its MLP and whose second adds their output after its own
   (`moe_shortcut`, the experts' output carried between them as a second stream);
@@ -541,6 +545,12 @@ class ModelConfig:
     """Mixture of experts: this many zero-computation experts past the moe_experts MLPs (LongCat-Flash's
     zero_expert_num), which the router scores and chooses as it does the others (its logits, scores and
     moe_expert_bias E + Z wide) and each of which returns its input: a chosen one adds weight · x; 0 = none."""
+    moe_sink_experts: int = 0
+    """Mixture of experts: the last this-many of the moe_experts are shared experts that every token takes beside
+    its top k of the others (chosen by score, plus moe_expert_bias, among the others alone), the k + S sigmoid
+    scores normalized together (moe_norm_topk) and scaled as the routed ones are: the shared experts act as sinks in
+    the weights' normalization (Inkling's shared_expert_sink, as transformers' InklingTopkRouter and InklingMoE
+    compute it); 0 = none."""
     moe_shortcut: bool = False
     """LongCat-Flash's shortcut-connected MoE: the blocks pair up (block 2j and 2j + 1 are one LongCat layer), every
     block has a dense MLP (moe_dense_hidden wide), and block 2j's experts (moe) read its MLP's input, norm2's output,
@@ -816,6 +826,21 @@ class ModelConfig:
     KV head, plus exp(A_kv · softplus(dt_proj(v))_kv), v the key's token's values over all KV heads (KV·D) and dt_proj
     (KV·D -> KV, with a bias where qkv_bias) and A (KV,) learned (attn.dt_proj, attn.A). Doge keeps only the top
     keep_window_size keys of a longer context: redline's context_len stays within it (the import sets it so)."""
+    rel_bias_dim: int = 0
+    """Inkling's relative-position bias (transformers' InklingRelativeLogits), 0 = off: every query token's scores
+    plus a bias by its distance to the key, mixed for the token from a learned bank of distance profiles: r =
+    rel_proj(x) (C -> H·rel_bias_dim, attn.rel_proj) a head, bias(i, j) = (r_h · rel_profiles)[i − j] for
+    0 <= i − j < the layer's extent and 0 beyond it (attn.rel_profiles, (rel_bias_dim, extent)). A dense float mask
+    in SDPA (O(T²) a layer); the engine computes it from each new token and the slot distances."""
+    kv_conv: int = 0
+    """Keys and values each plus a causal depthwise convolution of themselves over the last this-many tokens, per
+    channel of the k and v projections (attn.k_conv, attn.v_conv (KV·D, kv_conv), oldest token first), in fp32,
+    before the keys' QK-norm (Inkling's k_sconv and v_sconv); 0 = off. The engine's cache holds the raw projections
+    in the slots and convolves (and norms) the keys and values it attends over at each step: no state apart, at the
+    price of a depthwise convolution over the cached slots a layer and step."""
+    rel_bias_extent: int = 0
+    """rel_bias_dim: the distances the bias covers on the full-attention layers (Inkling's rel_extent); a windowed
+    layer's extent is its sliding window, as Inkling's hybrid_sliding layers take it."""
     residual_scales: bool = False
     """Each block scales its residual stream before a sublayer's output joins it: x ← s₁ ⊙ x + attn(norm1(x)), then
     s₂ ⊙ x + mlp(norm2(x)), s₁ and s₂ (C,) learned, ones at init (Doge's input_residual and post_attention_residual;
@@ -925,6 +950,10 @@ class ModelConfig:
         if self.delta_norm_position and layer in self.delta_layers:
             return self.delta_norm_position
         return self.norm_position
+
+    def layer_rel_extent(self, layer: int) -> int:
+        """rel_bias_dim: the distances layer `layer`'s relative-position bias covers, its window or rel_bias_extent."""
+        return self.layer_window(layer) or self.rel_bias_extent
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern
@@ -1471,6 +1500,27 @@ class ModelConfig:
             raise UserError("model.attn_key_bias and model.residual_scales are Doge's: pre-norm blocks of sequential "
                             "sublayers with plain attention on every layer (no kv_lora_rank, conv_layers, "
                             "delta_layers, attn_softcap, attn_sinks, alibi, diff_attention or kv_shared_layers)")
+        if self.kv_conv and (self.kv_conv < 2 or self.pos_emb == "rope" or self.kv_lora_rank
+                             or self.shared_kv_attention or self.diff_attention or self.attn_key_bias
+                             or self.kv_shared_layers or self.shared_attn_layers or self.value_embeddings
+                             or self.value_embed_layers or self.v_norm or self.global_values_from_keys
+                             or self.fused_qkv or (self.qk_norm and (self.qk_norm_scope != "head"
+                                                                     or self.qk_layernorm))):
+            raise UserError(f"model.kv_conv={self.kv_conv} convolves the raw k and v projections before QK-norm: it "
+                            f"needs a kernel of at least 2, separate q/k/v (fused_qkv=false), no RoPE (pos_emb "
+                            f"none, learned or alibi), per-head RMS QK-norm if any, and plain attention (no "
+                            f"kv_lora_rank, shared_kv_attention, diff_attention, attn_key_bias, kv_shared_layers, "
+                            f"shared_attn_layers, value embeddings, v_norm or global_values_from_keys)")
+        if self.rel_bias_dim and (self.rel_bias_extent <= 0 or self.kv_lora_rank or self.shared_kv_attention
+                                  or self.diff_attention or self.attn_key_bias or self.attn_softcap
+                                  or self.attn_sinks or self.pos_emb == "alibi" or self.doc_attention == "flex"
+                                  or self.prefix_lm or self.attn_chunk or self.kv_shared_layers
+                                  or self.shared_attn_layers or self.attn_gate == "routed"):
+            raise UserError(f"model.rel_bias_dim adds a dense relative-position bias to plain attention's scores: it "
+                            f"needs model.rel_bias_extent > 0 (got {self.rel_bias_extent}) and no kv_lora_rank, "
+                            f"shared_kv_attention, diff_attention, attn_key_bias, attn_softcap, attn_sinks, alibi, "
+                            f"doc_attention=flex, prefix_lm, attn_chunk, kv_shared_layers, shared_attn_layers or "
+                            f"routed heads")
         if self.diff_attention and (self.n_head % 2 or self.kv_heads % 2 or self.kv_lora_rank or self.conv_layers
                                     or self.delta_layers or self.attn_sinks or self.attn_gate != "none"
                                     or self.kv_shared_layers or self.global_head_size or self.value_embeddings
@@ -1571,6 +1621,14 @@ class ModelConfig:
             raise UserError("model.moe_identity_experts (LongCat-Flash's zero-computation experts) need MLP experts "
                             "(model.moe_experts) routed by softmax or sigmoid scores, without moe_groups, moe_bias, "
                             "moe_weight_input, moe_beside_dense, moe_aux_loss or moe_bias_update")
+        if self.moe_sink_experts and (self.moe_sink_experts < 0 or self.moe_experts < self.moe_sink_experts
+                                      + self.moe_top_k or self.moe_gating != "sigmoid" or not self.moe_norm_topk
+                                      or self.moe_groups > 1 or self.moe_hash_layers or self.moe_identity_experts
+                                      or self.moe_weight_input or self.moe_beside_dense):
+            raise UserError(f"model.moe_sink_experts={self.moe_sink_experts} (Inkling's shared experts in the "
+                            f"router) needs at least moe_top_k more model.moe_experts, sigmoid moe_gating with "
+                            f"moe_norm_topk, and no moe_groups, moe_hash_layers, moe_identity_experts, "
+                            f"moe_weight_input or moe_beside_dense")
         if not self.moe_shortcut:
             return
         clash = [name for name in ("moe_layers", "moe_dense_layers", "moe_beside_dense", "parallel_residual",
@@ -2121,6 +2179,10 @@ class Attention(nn.Module):
                  "routed": cfg.attn_experts}.get(cfg.attn_gate)
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        # kv_conv: each k and v channel's causal depthwise kernel (KV*D, K), oldest token first; zeros (the identity)
+        # at init, as nothing in Inkling's own init draws them
+        self.k_conv = nn.Parameter(torch.zeros(kv_dim, cfg.kv_conv)) if cfg.kv_conv else None
+        self.v_conv = nn.Parameter(torch.zeros(kv_dim, cfg.kv_conv)) if cfg.kv_conv else None
         bias = cfg.has_qkv_bias
         own_kv = self.kv_source is None
         if cfg.fused_qkv:
@@ -2197,8 +2259,8 @@ class Attention(nn.Module):
         if self.v_norm is not None:
             v = self.v_norm(v)
         per_head = self.cfg.qk_norm and self.cfg.qk_norm_scope == "head"
-        if per_head and not self.cfg.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if per_head and not self.cfg.qk_norm_after_rope:  # kv_conv: the keys' norm after their convolution
+            q, k = self.q_norm(q), k if self.k_conv is not None else self.k_norm(k)
         if rope is not None and self.use_rope:
             cos, sin = layer_rope(rope, self.rope_table)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -2211,6 +2273,21 @@ class Attention(nn.Module):
         if self.q_scale is not None:  # (H, 1, D) over (B, H, T, D), as transformers' DoryAttention scales them
             q = q * self.q_scale.square().to(q.dtype).view(self.n_head, 1, self.head_dim)
         return q, k, v
+
+    def convolved_kv(self, k: torch.Tensor, v: torch.Tensor,
+                     doc_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """model.kv_conv: the raw projections k, v (B, KV, S, D) of positions 0..S-1 (project_qkv's with kv_conv) ->
+        each plus its causal depthwise convolution, in fp32 as transformers' InklingShortConvolution computes it, the
+        keys then QK-normed; doc_ids (B, S): a token reads none of another document's."""
+        B, KV, S, D = k.shape
+
+        def conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            u = x.transpose(1, 2).reshape(B, S, KV * D).float()  # channel kv·D + d, as the projection lays it out
+            y = u + causal_conv(u, weight.float(), doc_ids=doc_ids)
+            return y.to(x.dtype).view(B, S, KV, D).transpose(1, 2)
+
+        k, v = conv(k, self.k_conv), conv(v, self.v_conv)
+        return (self.k_norm(k) if self.cfg.qk_norm else k), v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
         """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D). attn_mask: None, a bool tensor, or a flex
@@ -2252,17 +2329,20 @@ class Attention(nn.Module):
         return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
 
     def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
-                shared: dict | None = None) -> torch.Tensor:
+                shared: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
         where query i may attend key j (this layer's: GPT.attention_mask for its window). cache: None, or a KV cache
         layer of the inference engine (redline/inference/cache.py), which stores this call's keys and values and
         attends over all it holds: `cache.attend(self, x, rope, ve) -> (B, T, H*D)`, calling back into project /
         project_qkv / attend.
         ve: this layer's value embedding (B, T, KV*D) or None. shared: without a cache, the forward's {layer: (k, v)}
-        (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's."""
+        (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's.
+        doc_ids: (B, T) or None, the packed documents the keys' and values' convolutions keep apart (model.kv_conv)."""
         if cache is not None:
             return self.output(x, cache.attend(self, x, rope, ve))
         q, k, v = self.project_qkv(x, rope, ve)
+        if self.k_conv is not None:
+            k, v = self.convolved_kv(k, v, doc_ids)
         if k is None:
             k, v = shared[self.kv_source]
         elif shared is not None:
@@ -2378,6 +2458,59 @@ class KeyBiasAttention(Attention):
         bias = self.key_bias(v).repeat_interleave(self.n_head // self.n_kv, dim=1)[:, :, None, :]  # (B, H, 1, S)
         mask = torch.where(attn_mask, bias.to(q.dtype), torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
         return super().attend(q, k, v, mask, is_causal=False)
+
+
+class RelBiasAttention(Attention):
+    """Attention whose scores take a relative-position bias mixed per query token (model.rel_bias_dim, Inkling's, as
+    transformers' InklingRelativeLogits and InklingAttention compute it): r = rel_proj(x) (H·rel_bias_dim) from the
+    attention's input, each head's r_h · rel_profiles a bias for every distance 0..extent - 1, added to the score of
+    the key that many positions back (0 beyond the extent; causality and windows stay in the mask). Distances are
+    index differences, which packed documents' restarting positions leave as they are. The engine's caches hold k
+    and v as for plain attention and call position_bias with the new tokens' slots (redline/inference/cache.py)."""
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        super().__init__(cfg, value_embedding, layer)
+        self.rel_extent = cfg.layer_rel_extent(layer)
+        self.rel_proj = nn.Linear(cfg.n_embd, self.n_head * cfg.rel_bias_dim, bias=False)
+        # (d_rel, extent): a bank of bias-by-distance profiles, N(0, std) at init (GPT.reset_parameters)
+        self.rel_profiles = nn.Parameter(torch.zeros(cfg.rel_bias_dim, self.rel_extent))
+
+    def position_bias(self, x: torch.Tensor, first: int | torch.Tensor, keys: int) -> torch.Tensor:
+        """x (B, T, C), the queries' inputs, the query i at position first + i (first an int, or (B,) one a row) ->
+        their biases over the keys at positions 0..keys - 1, (B, H, T, keys) in x's dtype."""
+        B, T, _ = x.shape
+        r = self.rel_proj(x).view(B, T, self.n_head, -1)  # (B, T, H, d_rel)
+        by_distance = (r @ self.rel_profiles.to(r.dtype)).transpose(1, 2)  # (B, H, T, extent)
+        q_pos = torch.arange(T, device=x.device) + (first[:, None] if torch.is_tensor(first) else first)
+        dist = q_pos[..., :, None] - torch.arange(keys, device=x.device)  # (T, keys) or (B, T, keys)
+        dist = dist.expand(B, T, keys)[:, None]  # (B, 1, T, keys)
+        index = dist.clamp(0, self.rel_extent - 1).expand(B, self.n_head, T, keys)
+        bias = by_distance.gather(-1, index)
+        return bias.masked_fill((dist < 0) | (dist >= self.rel_extent), 0.0)
+
+    def biased_mask(self, x: torch.Tensor, first: int | torch.Tensor, keys: int,
+                    allowed: torch.Tensor | None) -> torch.Tensor:
+        """position_bias where `allowed` (bool, broadcastable to (B, H, T, keys); None: causal, the queries the last T
+        of the keys) and -inf elsewhere: a float mask for SDPA, (B, H, T, keys)."""
+        T = x.shape[1]
+        if allowed is None:
+            i = torch.arange(T, device=x.device)[:, None] + (keys - T)
+            allowed = i >= torch.arange(keys, device=x.device)[None, :]
+        bias = self.position_bias(x, first, keys)
+        return bias.masked_fill(~allowed, float("-inf"))
+
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
+                shared: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if cache is not None:
+            return self.output(x, cache.attend(self, x, rope, ve))
+        q, k, v = self.project_qkv(x, rope, ve)
+        if self.k_conv is not None:
+            k, v = self.convolved_kv(k, v, doc_ids)
+        if shared is not None:
+            shared[self.layer] = (k, v)
+        T = x.shape[1]
+        y = self.attend(q, k, v, self.biased_mask(x, 0, T, attn_mask), is_causal=False)
+        return self.output(x, y)
 
 
 LATENT_NORM_EPS = 1e-6
@@ -3671,6 +3804,7 @@ class MoE(nn.Module):
         # moe_identity_experts (LongCat-Flash's zero-computation experts): Z more experts the router scores, each
         # returning its input; the router's logits and the bias are E + Z wide, fc and proj hold the E MLPs alone
         self.identity_experts = cfg.moe_identity_experts
+        self.sink_experts = cfg.moe_sink_experts  # the last S of the E experts, every token's (Inkling's shared)
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E + self.identity_experts) if cfg.moe_expert_bias else None)
         self.bias_on_logits = cfg.moe_bias_on_logits  # the bias joins the logits, before the sigmoid (Kolibri-1's)
@@ -3738,6 +3872,13 @@ class MoE(nn.Module):
             weights = probs.gather(1, experts)
         elif self.sparsemixer:  # the weights from the logits in their own dtype, as PhiMoE's router computes them
             weights, experts = sparsemixer(logits, self.jitter_eps, self.training)
+        elif self.sink_experts:  # the top k of the routed experts (by score plus bias), then every sink: (N, k + S)
+            routed = E - self.sink_experts
+            choice = probs[:, :routed] if self.expert_bias is None else probs[:, :routed] + self.expert_bias[:routed]
+            sinks = torch.arange(routed, E, device=x.device).expand(x.shape[0], -1)
+            experts = torch.cat([choice.topk(k, dim=-1).indices, sinks], dim=-1)
+            weights = probs.gather(1, experts)
+            k = k + self.sink_experts  # the slots of each token from here on
         elif self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
             if self.expert_bias is None:
                 choice = probs
@@ -4186,7 +4327,8 @@ class Block(nn.Module):
         else:
             attention = (LatentAttention if cfg.kv_lora_rank else SharedKVAttention if cfg.shared_kv_attention
                          else DiffAttention if cfg.diff_attention
-                         else KeyBiasAttention if cfg.attn_key_bias else Attention)
+                         else KeyBiasAttention if cfg.attn_key_bias
+                         else RelBiasAttention if cfg.rel_bias_dim else Attention)
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
@@ -4395,6 +4537,8 @@ class Block(nn.Module):
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared, ids=None):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
+        if getattr(self.attn, "k_conv", None) is not None:  # model.kv_conv: its convolutions keep documents apart
+            kw["doc_ids"] = doc_ids
         if self.attn_rate is not None:  # nGPT's: each normed output interpolated toward, as DoryDecoderLayer does
             u = self.norm1(x)
             h = self.attn_out_norm(self.out(self.attn(u, rope, attn_mask, cache, ve, **kw)))
@@ -4707,6 +4851,8 @@ class GPT(nn.Module):
                     scale.fill_(1.0)
             if isinstance(block.attn, KeyBiasAttention):  # A = 0: every key's bias exp(0) = 1 at init
                 block.attn.A.zero_()
+            if isinstance(block.attn, RelBiasAttention):  # as transformers' InklingPreTrainedModel draws them
+                block.attn.rel_profiles.normal_(0.0, std)
             if block.layer_scalar is not None:
                 block.layer_scalar.fill_(1.0)
             if block.attn_rate is not None:  # model.ngpt's rates and query scales (sqrt(D): nGPT's softmax scale)
@@ -4780,7 +4926,7 @@ class GPT(nn.Module):
         """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
         is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
         choice = self.cfg.doc_attention
-        if self.cfg.pos_emb == "alibi":  # its bias goes in SDPA's float mask (validate refuses flex with it)
+        if self.cfg.pos_emb == "alibi" or self.cfg.rel_bias_dim:  # a float mask for SDPA (validate refuses flex)
             return False
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())
@@ -5065,8 +5211,9 @@ class GPT(nn.Module):
         """
         cfg = self.cfg
         T = seq_len or cfg.context_len
-        # a mixture of experts computes with moe_top_k of its experts a token: the others' weights do no work
-        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
+        # a mixture of experts computes with moe_top_k of its experts a token (and its moe_sink_experts): the others'
+        # weights do no work
+        idle = sum((1 - (cfg.moe_top_k + cfg.moe_sink_experts) / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
                    for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
@@ -5081,6 +5228,8 @@ class GPT(nn.Module):
                     matmul += module.weight.numel()
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
+                elif isinstance(module, RelBiasAttention):  # the profiles, once for each head's mix of them
+                    matmul += module.n_head * module.rel_profiles.numel()
         matmul += self.lm_head.weight.numel()
         hc_out = () if self.hc_out is None else (self.hc_out.down, self.hc_out.up)  # the last streams' mixer
         for proj in (*(self.altup_in or ()), *(self.altup_out or ()), *hc_out):  # AltUp's streams in and out

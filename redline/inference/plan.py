@@ -128,6 +128,12 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if getattr(cfg, "attn_key_bias", False):
         return ("decode_attention triton adds no key biases to its scores (model.attn_key_bias); use decode_attention "
                 "matmul (or auto)")
+    if getattr(cfg, "kv_conv", 0):
+        return ("decode_attention triton attends over the keys and values it stores, not over convolutions of the "
+                "cached projections (model.kv_conv); use decode_attention matmul (or auto)")
+    if getattr(cfg, "rel_bias_dim", 0):
+        return ("decode_attention triton adds no relative-position bias to its scores (model.rel_bias_dim); use "
+                "decode_attention matmul (or auto)")
     if getattr(cfg, "diff_attention", False):
         return ("decode_attention triton has no differential attention (model.diff_attention); use decode_attention "
                 "matmul (or auto)")

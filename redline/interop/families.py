@@ -360,12 +360,13 @@ NOT_READ = {
                          "tokenizers library reads, so redline could not encode a prompt for it",
     "zaya": "ZAYA's compressed convolutional attention (q and k mixed by causal convolutions, half of v from a "
             "delayed state), its MLP router and its residual scaling are layers redline's model has not",
-    "inkling_text": "Inkling's attention has no RoPE: its scores take a relative-position bias mixed per token from "
-                    "a learned bank of distance profiles (r_proj, rel_logits_proj) and its keys and values pass "
-                    "short causal convolutions (k_sconv, v_sconv); redline's attention has neither",
-    "inkling_mm_model": "the text model of an Inkling folder is inkling_text, whose attention (a relative-position "
-                        "bias mixed per token from learned distance profiles, short convolutions on keys and "
-                        "values, no RoPE) redline cannot express",
+    "inkling_text": "Inkling's blocks pass their attention's and their MLP's outputs through short causal "
+                    "convolutions (attn_sconv, mlp_sconv) before the residual adds, which redline's blocks have not "
+                    "(its attention's relative-position bias and key and value convolutions and its shared-expert "
+                    "router are model.rel_bias_dim, kv_conv and moe_sink_experts)",
+    "inkling_mm_model": "the text model of an Inkling folder is inkling_text, whose blocks' short convolutions of "
+                        "the attention's and the MLP's outputs (attn_sconv, mlp_sconv) redline cannot express (its "
+                        "relative-position bias and key and value convolutions it can)",
     "inkling2_text": "Inkling 2's attention has no RoPE: its scores take a relative-position bias mixed per token from "
                      "learned distance profiles, its q and k are L2-clipped and its keys and values pass dynamic "
                      "short convolutions, and its layers read attention residuals over earlier blocks' outputs "
@@ -502,9 +503,9 @@ def export_family(cfg: ModelConfig) -> Family:
     QK-norm, or dense layers without QK-norm, as Sarvam MoE; one with gated norms or the latent query gate as A.X-K2;
     one with the shortcut MoE as LongCat-Flash (identity experts without it refused); one with nGPT layers or a looped
     section as Dory; one with a prediction head or a norm-free first layer (model.head_transform, first_norm_free) as
-    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's) or a reference window (model.reference_window,
-    Unlimited-OCR's) refused. A UserError names the redline option that
-    no such architecture has."""
+    ModernBERT-Decoder; a prefix-LM (model.prefix_lm, PaliGemma's), a reference window (model.reference_window,
+    Unlimited-OCR's) and Inkling's layers (model.rel_bias_dim, kv_conv, moe_sink_experts) refused. A UserError names
+    the redline option that no such architecture has."""
     families = _families()
     from redline.interop import mistral_large4
 
@@ -521,6 +522,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.attn_gate=element and attn_sinks on latent attention are HY-V4's, which redline "
                         "imports alone: no architecture redline exports to gates a latent head's values or has its "
                         "sinks")
+    inkling = [name for name in ("rel_bias_dim", "kv_conv", "moe_sink_experts") if getattr(cfg, name)]
+    if inkling:  # Inkling's layers, whose family redline does not read yet (NOT_READ: inkling_text)
+        raise UserError(f"model.{inkling[0]}: Inkling's (its relative-position bias, key and value convolutions and "
+                        f"shared-expert sinks), which no architecture redline exports to has; run the model with "
+                        f"redline generate, chat or serve instead")
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")

@@ -57,6 +57,9 @@ FIELDS_ACCOUNTED = {
     "loop_passes": "with loop_section",
     "diff_attention": "refused: the attention kernel computes one map over the values",
     "attn_key_bias": "refused: the attention kernel adds no key biases",
+    "rel_bias_dim": "refused: the attention kernel adds no relative-position bias",
+    "rel_bias_extent": "with rel_bias_dim",
+    "kv_conv": "refused: the attention kernel attends over stored keys and values, not convolutions of them",
     "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
     "normed_residual": "refused: the sublayers' outputs join the stream itself, not its normed and scaled copy",
     "delta_dt_min": "refused with delta_layers",
@@ -90,7 +93,7 @@ FIELDS_ACCOUNTED = {
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     "moe_post_norm": "refused with moe_experts",
     "moe_out_bias": "refused with moe_experts",
-    "moe_identity_experts": "refused with moe_experts",
+    "moe_identity_experts": "refused with moe_experts", "moe_sink_experts": "refused with moe_experts",
     "norm_gate_rank": "refused (unsupported): the product kernels fold plain norms into the next product",
     "q_latent_gate": "refused with kv_lora_rank (latent attention: fused_qkv off)",
     "q_position_scale": "refused with kv_lora_rank (latent attention: fused_qkv off)",
@@ -214,6 +217,11 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "attn_key_bias", False) or getattr(cfg, "residual_scales", False):
         return ("decode_linear triton adds no key biases and scales no residual stream (model.attn_key_bias, "
                 "model.residual_scales)")
+    if getattr(cfg, "kv_conv", 0):
+        return "decode_linear triton hands the attention kernel keys and values without convolutions (model.kv_conv)"
+    if getattr(cfg, "rel_bias_dim", 0):
+        return ("decode_linear triton hands the attention kernel scores it adds no relative-position bias to "
+                "(model.rel_bias_dim)")
     if getattr(cfg, "normed_residual", ()):
         return ("decode_linear triton adds the sublayers' outputs to the stream, not to its normed input "
                 "(model.normed_residual)")
