@@ -297,6 +297,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import modernbert_decoder, paligemma
     from redline.interop import rwkv, xlstm
     from redline.interop import deepseek_v4
+    from redline.interop import step3p5
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -335,7 +336,7 @@ def _families() -> dict[str, Family]:
                                 aria.FAMILY, minimax_m3.FAMILY,
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
-                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY)}
+                                dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY, step3p5.TEXT_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -382,10 +383,6 @@ NOT_READ = {
                       "experts; redline has no one model with these layers together",
     "glm5_next": "the text model of a GLM-5.3-Next folder is glm5_next_text (KDA layers, pooled-group DSA latent "
                  "attention, Sinkhorn hyper-connections), which redline cannot express",
-    "step3p7": "the text model of a Step 3.7 folder (step3p5: Gemma-style norms, QK-norm, a sigmoid gate a head, "
-               "sigmoid-routed experts with SwiGLU clamps per layer, windowed layers with a head count of their own, "
-               "num_sliding_attention_heads, in Step-3.7-Flash) is no text family redline reads; redline's "
-               "attention keeps one head count on every layer",
     "unlimited_ocr": "Unlimited-OCR's text model attends with reference sliding windows (layer_types "
                      "reference_sliding_attention): every prompt token stays visible while generated tokens see a "
                      "window of the last sliding_window generated ones, so a token's logits depend on where the "
@@ -512,6 +509,10 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError("model.attn_gate=element and attn_sinks on latent attention are HY-V4's, which redline "
                         "imports alone: no architecture redline exports to gates a latent head's values or has its "
                         "sinks")
+    if cfg.window_n_head or cfg.swiglu_act_limits or cfg.moe_swiglu_act_limits:  # Step 3.5's alone
+        raise UserError("model.window_n_head, swiglu_act_limits and moe_swiglu_act_limits are Step 3.5's, which "
+                        "redline imports alone: transformers has no text-only Step model to load "
+                        "(Step3p7ForConditionalGeneration needs its vision tower's weights)")
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")

@@ -21,7 +21,8 @@ CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-
 forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is),
 Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py) and MiniMax-M3's
 MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text model minimax_m3_vl_text:
-minimax_m3.py, import only).
+minimax_m3.py, import only) and Step 3.7's Step3p7ForConditionalGeneration (model_type "step3p7", its text model
+step3p5: step3p5.py, import only).
 Also Kimi K2.5's Kimi_K25ForConditionalGeneration (kimi_k25: DeepSeek-V3's text model), GLM-4.6V's and GLMGA's
 Glm46VForConditionalGeneration (glm46v, glmga: GLM-4.1V's or GLM-4.5V's text model) and GLM-OCR's (glm_ocr: GLM-4.1V's
 text model without q/k/v biases), their multimodal RoPE plain on text as GLM-4.1V's; ERNIE 4.5 VL (ernie4_5_vl_moe:
@@ -104,7 +105,8 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "blocks.", "patch_embed.", "pos_embed.", "deepstack_merger_list.",
            # DeepSeek-OCR 2's SAM and Qwen2 encoders and its view separator
            "model.sam_model.", "model.qwen2_model.", "model.view_seperator",
-           "embed_audio.", "vision_final_layernorm.")  # Nemotron-H Omni's audio projector and its tower's last norm
+           "embed_audio.", "vision_final_layernorm.",  # Nemotron-H Omni's audio projector and its tower's last norm
+           "vit_large_projector.")  # Step 3.7's projector as its Hub folders (and save_pretrained) name it
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -453,9 +455,9 @@ def families() -> tuple[Family, ...]:
     glm4v_moe (glm4_moe), hunyuan_vl (hunyuan_v1_dense), granite4_vision (granite), exaone4_5 (exaone4), mllama
     (llama); apertus1p5 (apertus1p5_text: apertus.py), cohere_compass (cohere_compass_text: cohere.py),
     aria (aria_text: aria.py), minimax_m3_vl (minimax_m3_vl_text: minimax_m3.py), mistral_large4
-    (mistral_large4_text: mistral_large4.py), hy_v4_vl (hy_v4_vl_text: hy_v4.py)."""
+    (mistral_large4_text: mistral_large4.py), hy_v4_vl (hy_v4_vl_text: hy_v4.py), step3p7 (step3p5: step3p5.py)."""
     from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
-                                 hy_v4, lfm2, llama, minimax_m3, mistral_large4, moe)
+                                 hy_v4, lfm2, llama, minimax_m3, mistral_large4, moe, step3p5)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     moes = {f.name: f for f in moe.FAMILIES}
@@ -531,6 +533,11 @@ def families() -> tuple[Family, ...]:
             # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
                               "dots3_note_text", tie_default=False),
+            # Step 3.7: Step 3.5's text model (step3p5.py) under model. (the Hub's and save_pretrained's) or
+            # model.language_model., beside its tower under vision_model. and vit_large_projector.; no head tying
+            # unless the top-level config asks (Step3p7Config has no tie_word_embeddings of its own); import only
+            multimodal_family("step3p7", "Step3p7ForConditionalGeneration", {"step3p5": step3p5.TEXT_FAMILY},
+                              "step3p5", tie_default=False),
             *_round3_families())
 
 
