@@ -651,22 +651,22 @@ _ROUND3_FIRST = ("kimi_k25", "glm46v-moe", "glm_ocr", "ernie4_5_vl_moe", "paddle
                  "cosmos3_omni", "cosmos3_edge", "deepseek_ocr2", "nemotron_h_omni")
 
 
-def _step3p7_config(**text):
+def _step3p7_config(top=None, **text):
     """Step 3.7's layout: Step 3.5's text model (a dense first layer, then 2 of 4 sigmoid-scored experts with a
     routing bias and a shared expert; full - windowed - full - windowed layers, the windowed ones 6 query heads to the
     full ones' 4, each type its own RoPE base and partial factor; the scores scaled by query_pre_attn_scalar; SwiGLU
     clamps on some layers' experts, shared experts and dense MLP, small enough to bite) after a one-layer tower."""
     return transformers.Step3p7Config(
-        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                         moe_intermediate_size=24, n_routed_experts=4, num_experts_per_tok=2, share_expert_dim=32,
-                         layer_types=["full_attention", "sliding_attention"] * 2, sliding_window=5,
-                         num_sliding_attention_heads=6, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
-                         swiglu_limits=[0, 0.05, 0, 0.03], swiglu_limits_shared=[0.04, 0, 0.05, 0],
-                         moe_router_scaling_factor=1.5, query_pre_attn_scalar=12, rope_theta=[500.0, 300.0] * 2,
-                         partial_rotary_factors=[0.5, 1.0] * 2, pad_token_id=0, **text),
+        text_config={**dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                            moe_intermediate_size=24, n_routed_experts=4, num_experts_per_tok=2, share_expert_dim=32,
+                            layer_types=["full_attention", "sliding_attention"] * 2, sliding_window=5,
+                            num_sliding_attention_heads=6, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                            swiglu_limits=[0, 0.05, 0, 0.03], swiglu_limits_shared=[0.04, 0, 0.05, 0],
+                            moe_router_scaling_factor=1.5, query_pre_attn_scalar=12, rope_theta=[500.0, 300.0] * 2,
+                            partial_rotary_factors=[0.5, 1.0] * 2, pad_token_id=0), **text},
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=28, patch_size=14), image_token_id=VOCAB - 1)
+                           image_size=28, patch_size=14), image_token_id=VOCAB - 1, **(top or {}))
 
 
 def _step3p7_in_memory(weights: dict) -> dict:

@@ -112,26 +112,56 @@ def _hub_text_config(text: dict) -> dict:
 
 def test_hub_text_folder_reads_as_transformers_reads_its_config(tmp_path, capsys):
     """A step3p5 folder (Step-3.5-Flash's: the text model alone, its config in the Hub's form, a multi-token-
-    prediction layer past the last): transformers' Step3p7TextConfig reads that config as the saved one, and so does
-    redline; its import's logits are Step 3.7's on text, the extra layer left unread."""
+    prediction layer past the last) and a step3p7 folder whose text_config has that form and whose weights that
+    layer: transformers' Step3p7TextConfig reads that config as the saved one, and so does redline; each import's
+    logits are Step 3.7's on text, the extra layer left unread."""
     from redline.interop.step3p5 import model_config
     from tests.test_multimodal import _folder
 
     hf = _folder("step3p7", tmp_path / "hf")
-    text = json.loads((tmp_path / "hf" / "config.json").read_text())["text_config"]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    text = config["text_config"]
     hub = _hub_text_config(text)
     through_transformers = transformers.Step3p7TextConfig(**{k: v for k, v in hub.items() if k != "model_type"})
     assert model_config(through_transformers.to_dict()) == model_config(text) == model_config(hub)
-    weights = {k: v for k, v in load_file(str(tmp_path / "hf" / "model.safetensors")).items()
-               if k.startswith(("model.", "lm_head."))}
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
     weights.update({k.replace("layers.3.", "layers.4."): v.clone() for k, v in weights.items() if ".layers.3." in k})
     weights["model.layers.4.eh_proj.weight"] = torch.zeros(64, 128)
-    save_file(weights, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(hub))
+    tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(input_ids=tokens).logits
+    for kind, folder_config, tensors in (
+            ("step3p7", {**config, "text_config": {k: v for k, v in hub.items() if k != "architectures"}}, weights),
+            ("step3p5", hub, {k: v for k, v in weights.items() if k.startswith(("model.", "lm_head."))})):
+        save_file(tensors, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(folder_config))
+        code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / kind), "--dtype", "fp32"],
+                               capsys)
+        assert code == 0, err
+        with torch.no_grad():
+            torch.testing.assert_close(load_for_inference(tmp_path / kind)[0](tokens), expected, rtol=1e-5,
+                                       atol=1e-5)
+
+
+def test_every_layer_windowed_all_sparse_and_tied(tmp_path, capsys):
+    """Another layout: every layer windowed at one RoPE base (the windowed table alone) with the same head count
+    beside them, experts on every layer, no clamps, the head tied by the top-level config: logits on text equal."""
+    from tests.test_multimodal import CASES, _folder, _step3p7_config
+
+    CASES["step3p7-windowed"] = (lambda: _step3p7_config(
+        top=dict(tie_word_embeddings=True), layer_types=["sliding_attention"] * 4, num_sliding_attention_heads=4,
+        mlp_layer_types=["sparse"] * 4, swiglu_limits=None, swiglu_limits_shared=None, rope_theta=300.0,
+        partial_rotary_factors=None), *CASES["step3p7"][1:])
+    try:
+        hf = _folder("step3p7-windowed", tmp_path / "hf")
+    finally:
+        del CASES["step3p7-windowed"]
     code, _, err = run_cli(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt"), "--dtype", "fp32"],
                            capsys)
     assert code == 0, err
     model = load_for_inference(tmp_path / "ckpt")[0]
+    cfg = model.cfg
+    assert (cfg.tie_embeddings, cfg.window_n_head, cfg.moe_dense_layers, cfg.swiglu_act_limits) == (True, 0, 0, ())
     tokens = torch.randint(0, VOCAB - 3, (2, 17), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf(input_ids=tokens).logits, rtol=1e-5, atol=1e-5)

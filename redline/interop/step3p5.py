@@ -147,7 +147,7 @@ def model_config(hf: dict) -> ModelConfig:
     experts = int(hf["n_routed_experts"])
     scalar = float(hf.get("query_pre_attn_scalar") or head_dim)
     gating = hf.get("gating", True)
-    rope = params if _FULL in params else {_FULL: params.get(_SLIDING) or {}}
+    rope = {**params, _FULL: params.get(_FULL) or params.get(_SLIDING) or {}}  # every layer windowed: one table
     return ModelConfig(
         **{**shape_fields(hf), "mlp_hidden": int(hf["moe_intermediate_size"])}, qk_norm=True,
         qk_norm_scope="head", fused_qkv=True, attn_gate="head" if gating is True or gating == "per-head" else "element",
