@@ -191,7 +191,9 @@ def test_train_init_from_starts_at_the_imported_models_loss(tmp_path, capsys):
     (dict(attention_bias=True), "attention_bias=true"),
     (dict(mlp_bias=True), "mlp_bias=true"),
     (dict(sliding_window=None), "num_sliding_attention_heads=6 without windowed layers"),
-    (dict(rope_parameters=None, rope_theta=[500.0, 300.0, 400.0, 300.0]), "layers of one type (full_attention)"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500.0},
+                           "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 300.0}}),
+     "the sliding-window layers' RoPE scaling 'linear'"),
     (dict(layer_types=["full_attention", "minimax_m3_sparse"] * 2), "layer_types"),
 ])
 def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, capsys):

@@ -512,7 +512,8 @@ def export_family(cfg: ModelConfig) -> Family:
     if cfg.window_n_head or cfg.swiglu_act_limits or cfg.moe_swiglu_act_limits:  # Step 3.5's alone
         raise UserError("model.window_n_head, swiglu_act_limits and moe_swiglu_act_limits are Step 3.5's, which "
                         "redline imports alone: transformers has no text-only Step model to load "
-                        "(Step3p7ForConditionalGeneration needs its vision tower's weights)")
+                        "(Step3p7ForConditionalGeneration needs its vision tower's weights), and redline has no GGUF "
+                        "writer for llama.cpp's step35")
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")

@@ -22,10 +22,12 @@ The Hub's config form is read too: trailing multi-token-prediction entries (num_
 per-layer lists and their layers left unread (transformers ignores them on load), moe_layers_enum,
 attention_other_setting's head count, per-layer rope_theta and partial_rotary_factors lists; hidden_act is read as
 SiLU whatever it says (the Hub's "swigluoai" names the clamp, which Step3p7TextConfig reads as silu).
-Refused by name: use_bidirectional_attention, attention_bias, mlp_bias, RoPE types or partial factors that differ
-between layers of one type, windowed layers without a window. Import only: no architecture redline exports to has
-Step's windowed head count or its clamps, and transformers has no text-only Step model (Step3p7ForConditionalGeneration
-needs its vision tower's weights). Semantics read from transformers' models/step3p7/modeling_step3p7.py and
+Per-layer rope_theta and partial_rotary_factors are read as transformers reads them: each layer type's first layer's
+value for every layer of that type. Refused by name: use_bidirectional_attention, attention_bias, mlp_bias, a
+windowed head count of its own without a window, RoPE scaling on the windowed layers. Import only: no architecture
+redline exports to has Step's windowed head count or its clamps, transformers has no text-only Step model
+(Step3p7ForConditionalGeneration needs its vision tower's weights) and redline has no GGUF writer for llama.cpp's
+step35. Semantics read from transformers' models/step3p7/modeling_step3p7.py and
 configuration_step3p7.py.
 """
 
@@ -60,14 +62,12 @@ def _rotated(params: dict, head_dim: int) -> int:
     return int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
 
 
-def _per_type(values: list, kinds: list[str], what: str) -> dict:
-    """{layer type: its value} from a per-layer list, refused where two layers of one type differ (transformers takes
-    each type's first layer's value)."""
+def _per_type(values: list, kinds: list[str]) -> dict:
+    """{layer type: its value} from a per-layer list: each type's first layer's, as Step3p7TextConfig builds
+    rope_parameters (its RoPE has one table a layer type, whatever the other layers' entries say)."""
     out = {}
     for kind, value in zip(kinds, values):
-        if out.setdefault(kind, value) != value:
-            raise UserError(f"{what} {values}: layers of one type ({kind}) with different values; redline's RoPE "
-                            f"has one table a layer type")
+        out.setdefault(kind, value)
     return out
 
 
@@ -100,9 +100,9 @@ def normalized(hf: dict) -> dict:
     params = hf.get("rope_parameters") or {}
     if not all(isinstance(params.get(kind), dict) for kind in set(kinds)):
         thetas = hf.get("rope_theta", 10_000.0)
-        thetas = _per_type(thetas if isinstance(thetas, list) else [thetas] * n, kinds, "rope_theta")
+        thetas = _per_type(thetas if isinstance(thetas, list) else [thetas] * n, kinds)
         factors = hf.get("partial_rotary_factors")
-        factors = _per_type(factors, kinds, "partial_rotary_factors") if factors else {}
+        factors = _per_type(factors, kinds) if factors else {}
         params = {kind: {"rope_type": "default", "rope_theta": thetas[kind],
                          **({"partial_rotary_factor": factors[kind]} if factors else {})} for kind in set(kinds)}
         if hf.get("rope_scaling") and _FULL in params:
