@@ -1433,9 +1433,11 @@ class ModelConfig:
         for name in ("swiglu_act_limits", "moe_swiglu_act_limits"):
             limits = getattr(self, name)
             if limits and (len(limits) != self.n_layer or min(limits) < 0 or self.mlp != "swiglu"
+                           or self.shared_attn_layers  # Zamba2's shared blocks compute their MLP unclamped
                            or name == "moe_swiglu_act_limits" and (not self.moe_experts or self.moe_swiglu_limit)):
                 raise UserError(f"model.{name}={limits}: one clamp >= 0 a layer ({self.n_layer}) on a SwiGLU MLP "
-                                f"(model.mlp=swiglu{', moe_experts, no moe_swiglu_limit' if 'moe' in name else ''})")
+                                f"(model.mlp=swiglu{', moe_experts, no moe_swiglu_limit' if 'moe' in name else ''}; "
+                                f"no shared_attn_layers)")
         if self.moe_swiglu_limit < 0 or (self.moe_swiglu_limit and not (self.moe_experts and self.mlp == "swiglu")):
             raise UserError(f"model.moe_swiglu_limit={self.moe_swiglu_limit} clamps the routed experts' SwiGLU: it "
                             f"needs model.moe_experts with mlp=swiglu and must be >= 0 (0 = off)")
@@ -1723,10 +1725,11 @@ class ModelConfig:
             raise UserError(f"model.global_kv_head={self.global_kv_head} needs windowed layers (model.sliding_window) "
                             f"and must divide model.n_head={self.n_head}")
         if self.window_n_head and (not self.sliding_window or self.window_n_head < 0 or self.kv_lora_rank
+                                   or self.shared_kv_attention or self.shared_attn_layers
                                    or self.attn_gate == "routed" or self.window_n_head % self.kv_heads):
             raise UserError(f"model.window_n_head={self.window_n_head} needs windowed layers (model.sliding_window), "
-                            f"plain attention (no kv_lora_rank, attn_gate=routed) and must be a multiple of "
-                            f"model.n_kv_head={self.kv_heads}")
+                            f"plain attention (no kv_lora_rank, shared_kv_attention, shared_attn_layers, "
+                            f"attn_gate=routed) and must be a multiple of model.n_kv_head={self.kv_heads}")
         if (self.global_values_from_keys or self.kv_shared_layers) and self.fused_qkv:
             raise UserError("model.global_values_from_keys and model.kv_shared_layers take separate q, k and v "
                             "projections (model.fused_qkv=false)")
@@ -4176,7 +4179,8 @@ class Block(nn.Module):
         elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
             self.mlp = MoE(cfg, hashed=layer in cfg.moe_hash_layers, layer=layer)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
-            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
+            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden),
+                           act_limit=cfg.swiglu_act_limits[layer] if cfg.swiglu_act_limits else 0.0)
         else:  # a dense MLP, moe_dense_hidden wide beside a mixture's experts (first moe_dense_layers, off moe_layers)
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg,
                            cfg.mlp_sparsity[layer] if cfg.mlp_sparsity else 0.0,
