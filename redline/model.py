@@ -56,7 +56,8 @@ Features (each a field of `ModelConfig`):
   transformers' inference-time rescaling as norm epsilons (`rescale_every`); or xLSTM's mLSTM, a matrix memory a head
   under exponential gates);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
-  `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
+  `global_kv_head`; windowed layers' own query head count, `window_n_head`, Step 3.5's) and values taken from the
+  keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
@@ -329,6 +330,13 @@ class ModelConfig:
     """mlp=swiglu with moe_experts: the routed experts' gate clamped above and up projection on both sides at this
     before silu(gate) · up (HY-V4's swiglu_limit, as transformers' Glm5NextTextExperts clamps them), the dense and
     shared MLPs left as they are; 0 = off."""
+    swiglu_act_limits: tuple[float, ...] = ()
+    """mlp=swiglu: each layer's dense MLP and shared expert computing min(silu(gate), L) · clamp(up, -L, L) at its
+    entry L, clamped after the activation (Step 3.5's swiglu_limits_shared, as transformers' Step3p7MLP computes
+    it); 0 = that layer unclamped; () = none."""
+    moe_swiglu_act_limits: tuple[float, ...] = ()
+    """mlp=swiglu with moe_experts: each layer's routed experts clamped as swiglu_act_limits clamps its dense MLP
+    (Step 3.5's swiglu_limits, as Step3p7Experts._apply_gate computes it); 0 = that layer unclamped; () = none."""
     gelu_approximate: Literal["tanh", "none"] = "tanh"
     """The GELU of the gelu and geglu MLPs: the tanh approximation (GPT-2's gelu_new, Gemma's) or the exact erf form
     (GPT-NeoX's and Pythia's "gelu")."""
@@ -634,6 +642,9 @@ class ModelConfig:
     for the windowed layers' own."""
     global_kv_head: int = 0
     """KV heads of the full-attention layers; 0 = n_kv_head (Gemma 4's num_global_key_value_heads)."""
+    window_n_head: int = 0
+    """Query heads of the sliding-window layers, each head_dim wide beside the same KV heads; 0 = n_head (Step 3.5's
+    num_sliding_attention_heads)."""
     global_values_from_keys: bool = False
     """The full-attention layers have no value projection: their values are the key projection's output, before the
     keys' norm and RoPE (Gemma 4's attention_k_eq_v). Needs fused_qkv=false."""
@@ -897,6 +908,10 @@ class ModelConfig:
     def layer_head_dim(self, layer: int) -> int:
         """Layer `layer`'s head width: global_head_size on a full-attention layer where it is given, else head_dim."""
         return self.global_head_size if self.global_head_size and not self.layer_window(layer) else self.head_dim
+
+    def layer_n_head(self, layer: int) -> int:
+        """Layer `layer`'s query heads: window_n_head on a windowed layer where it is given, else n_head."""
+        return self.window_n_head if self.window_n_head and self.layer_window(layer) else self.n_head
 
     def layer_kv_heads(self, layer: int) -> int:
         """Layer `layer`'s KV heads: global_kv_head on a full-attention layer where it is given, else kv_heads."""
@@ -1468,6 +1483,14 @@ class ModelConfig:
                             f"model.xielu_eps <= 0, got beta={self.xielu_beta}, eps={self.xielu_eps}")
         if self.swiglu_limit <= 0:
             raise UserError(f"model.swiglu_limit must be > 0, got {self.swiglu_limit}")
+        for name in ("swiglu_act_limits", "moe_swiglu_act_limits"):
+            limits = getattr(self, name)
+            if limits and (len(limits) != self.n_layer or min(limits) < 0 or self.mlp != "swiglu"
+                           or self.shared_attn_layers  # Zamba2's shared blocks compute their MLP unclamped
+                           or name == "moe_swiglu_act_limits" and (not self.moe_experts or self.moe_swiglu_limit)):
+                raise UserError(f"model.{name}={limits}: one clamp >= 0 a layer ({self.n_layer}) on a SwiGLU MLP "
+                                f"(model.mlp=swiglu{', moe_experts, no moe_swiglu_limit' if 'moe' in name else ''}; "
+                                f"no shared_attn_layers)")
         if self.moe_swiglu_limit < 0 or (self.moe_swiglu_limit and not (self.moe_experts and self.mlp == "swiglu")):
             raise UserError(f"model.moe_swiglu_limit={self.moe_swiglu_limit} clamps the routed experts' SwiGLU: it "
                             f"needs model.moe_experts with mlp=swiglu and must be >= 0 (0 = off)")
@@ -1785,6 +1808,12 @@ class ModelConfig:
         if self.global_kv_head and (not self.sliding_window or self.n_head % self.global_kv_head):
             raise UserError(f"model.global_kv_head={self.global_kv_head} needs windowed layers (model.sliding_window) "
                             f"and must divide model.n_head={self.n_head}")
+        if self.window_n_head and (not self.sliding_window or self.window_n_head < 0 or self.kv_lora_rank
+                                   or self.shared_kv_attention or self.shared_attn_layers
+                                   or self.attn_gate == "routed" or self.window_n_head % self.kv_heads):
+            raise UserError(f"model.window_n_head={self.window_n_head} needs windowed layers (model.sliding_window), "
+                            f"plain attention (no kv_lora_rank, shared_kv_attention, shared_attn_layers, "
+                            f"attn_gate=routed) and must be a multiple of model.n_kv_head={self.kv_heads}")
         if (self.global_values_from_keys or self.kv_shared_layers) and self.fused_qkv:
             raise UserError("model.global_values_from_keys and model.kv_shared_layers take separate q, k and v "
                             "projections (model.fused_qkv=false)")
@@ -2156,7 +2185,9 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.layer = cfg, layer
         # a full-attention layer's own width and KV heads where the model gives them (Gemma 4's global_head_dim)
-        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.layer_kv_heads(layer), cfg.layer_head_dim(layer)
+        # a windowed layer's own query head count (Step 3.5's num_sliding_attention_heads)
+        self.n_head, self.n_kv = cfg.layer_n_head(layer), cfg.layer_kv_heads(layer)
+        self.head_dim = cfg.layer_head_dim(layer)
         # kv_shared_layers: the layer whose keys and values this one attends over (None: its own)
         self.kv_source = cfg.kv_source(layer)
         # global_values_from_keys: v is k's projection (Gemma 4's attention_k_eq_v), no v weight
@@ -3605,6 +3636,12 @@ def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str 
     return (up + 1) * gate * torch.sigmoid(SWIGLU_CLAMPED_ALPHA * gate)
 
 
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """SwiGLU clamped after its activation, min(silu(gate), limit) · clamp(up, -limit, limit), gate and up (..., F)
+    each (Step 3.5's swiglu_limits, as transformers' Step3p7MLP and Step3p7Experts._apply_gate compute it)."""
+    return F.silu(gate).clamp(max=limit) * up.clamp(-limit, limit)
+
+
 def plain_activation(kind: str, h: torch.Tensor, gelu: str = "tanh") -> torch.Tensor:
     """An ungated MLP's hidden activation: squared ReLU (Primer's; Nemotron-H's), ReLU or GELU."""
     if kind == "relu2":
@@ -3641,8 +3678,10 @@ def normal_quantile(p: float) -> float:
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, sparsity: float = 0.0):
+    def __init__(self, cfg: ModelConfig, sparsity: float = 0.0, act_limit: float = 0.0):
         super().__init__()
+        # model.swiglu_act_limits: this layer's clamp after the activation (Step 3.5's), 0: none
+        self.act_limit = act_limit
         # model.mlp_sparsity: the gate's Gaussian top-k cutoff in standard deviations, or None (dense)
         self.std_multiplier = normal_quantile(sparsity) if sparsity > 0 else None
         self.kind, self.gelu, self.limit, self.gated = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit, cfg.gated_mlp
@@ -3667,7 +3706,8 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
             if self.std_multiplier is not None:
                 gate = gaussian_top_k(gate, self.std_multiplier)
-            h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
+            h = (clamped_swiglu(gate, up, self.act_limit) if self.act_limit
+                 else gated_activation(self.kind, gate, up, self.gelu, self.limit))
         elif self.alpha_p is not None:
             h = xielu(h, self.alpha_p, self.alpha_n, self.beta, self.eps)
         else:
@@ -3782,9 +3822,13 @@ class MoE(nn.Module):
     tokens sorted by expert (Mixtral's and Qwen-MoE's routing, as transformers' MixtralSparseMoeBlock and
     Qwen2MoeSparseMoeBlock compute it)."""
 
-    def __init__(self, cfg: ModelConfig, hashed: bool = False):
+    def __init__(self, cfg: ModelConfig, hashed: bool = False, layer: int = 0):
         super().__init__()
         E, F_, C = cfg.moe_experts, cfg.hidden_dim, cfg.n_embd
+        # model.moe_swiglu_act_limits, swiglu_act_limits: this layer's clamps after the activation on the routed
+        # experts and the shared one (Step 3.5's), 0: none
+        self.expert_act_limit = cfg.moe_swiglu_act_limits[layer] if cfg.moe_swiglu_act_limits else 0.0
+        shared_limit = cfg.swiglu_act_limits[layer] if cfg.swiglu_act_limits else 0.0
         # model.moe_hash_layers (DeepSeek-V4's hash_moe): each token id's experts, (vocab_size, k) int64, stored with
         # the weights and never trained; the forward then takes the token ids
         self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, cfg.moe_top_k, dtype=torch.long)
@@ -3819,7 +3863,8 @@ class MoE(nn.Module):
         self.fc_bias = nn.Parameter(torch.zeros(E, 2 * F_)) if cfg.moe_bias else None
         self.proj_bias = nn.Parameter(torch.zeros(E, C)) if cfg.moe_bias else None
         self.shared = MLP(replace(cfg, mlp_hidden=cfg.moe_shared_hidden, moe_experts=0, moe_shared_hidden=0,
-                                  moe_aux_loss=0.0, fused_mlp=True)) if cfg.moe_shared_hidden else None
+                                  moe_aux_loss=0.0, fused_mlp=True, moe_swiglu_act_limits=()),
+                          act_limit=shared_limit) if cfg.moe_shared_hidden else None
         self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden and cfg.moe_shared_gate else None
         # moe_beside_dense (Gemma 4's): the experts' own input norm, the router's (C,) input scale, each expert's
         # scale on its weight (E,)
@@ -3921,7 +3966,8 @@ class MoE(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             if self.expert_limit:
                 gate, up = gate.clamp(max=self.expert_limit), up.clamp(-self.expert_limit, self.expert_limit)
-            h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
+            h = (clamped_swiglu(gate, up, self.expert_act_limit) if self.expert_act_limit
+                 else gated_activation(self.kind, gate, up, self.gelu, self.limit))
         else:
             h = plain_activation(self.kind, h, self.gelu)
         h = expert_matmul(h, self.proj, ends)  # (N·k, C)
@@ -4336,12 +4382,14 @@ class Block(nn.Module):
         elif cfg.mlp == "rwkv":  # RWKV-4's channel mixing: its token shift reads the layer's cache
             self.mlp = RWKVChannelMix(cfg)
         elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
-            self.mlp = MoE(cfg, hashed=layer in cfg.moe_hash_layers)
+            self.mlp = MoE(cfg, hashed=layer in cfg.moe_hash_layers, layer=layer)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
-            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
+            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden),
+                           act_limit=cfg.swiglu_act_limits[layer] if cfg.swiglu_act_limits else 0.0)
         else:  # a dense MLP, moe_dense_hidden wide beside a mixture's experts (first moe_dense_layers, off moe_layers)
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg,
-                           cfg.mlp_sparsity[layer] if cfg.mlp_sparsity else 0.0)
+                           cfg.mlp_sparsity[layer] if cfg.mlp_sparsity else 0.0,
+                           cfg.swiglu_act_limits[layer] if cfg.swiglu_act_limits else 0.0)
         # per_layer_embd (Gemma 4's per-layer inputs): after the MLP, x + norm(ple_proj(gelu(ple_gate(x)) · input))
         self.ple_gate = self.ple_proj = self.ple_norm = None
         if cfg.per_layer_embd:
@@ -4359,12 +4407,12 @@ class Block(nn.Module):
         # moe_beside_dense (Gemma 4's MoE block): the experts beside the dense MLP, each output normed before the sum
         self.moe = self.dense_out_norm = self.moe_out_norm = None
         if cfg.moe_beside_dense and mlp:
-            self.moe = MoE(cfg)
+            self.moe = MoE(cfg, layer=layer)
             self.dense_out_norm, self.moe_out_norm = make_norm(cfg, cfg.n_embd), make_norm(cfg, cfg.n_embd)
         # moe_shortcut (LongCat-Flash's): the even blocks' experts beside the MLP, their output carried to the next
         self.shortcut = cfg.moe_shortcut
         if cfg.moe_shortcut and cfg.layer_has_experts(layer):
-            self.moe = MoE(cfg)
+            self.moe = MoE(cfg, layer=layer)
         self.drop = nn.Dropout(cfg.dropout)
         self.residual_multiplier = cfg.residual_multiplier  # 0: the sublayers' outputs join the stream as they are
         # altup_streams (Gemma 3n's AltUp, N streams): the router (N, C) reading RMSNorm(x) / C, the prediction
@@ -5204,7 +5252,7 @@ class GPT(nn.Module):
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table, d the attention width
-        n_head · head_dim, each layer's own with global_head_size; PaLM appendix B).
+        n_head · head_dim, each layer's own with global_head_size and window_n_head; PaLM appendix B).
         exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
         + 12·H·(D·T_attended summed over the attention layers), T_attended capped by each layer's window; norms,
         elementwise work and the delta nets' state updates are left out, as in the formula.
@@ -5219,8 +5267,8 @@ class GPT(nn.Module):
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
             # a looped section's later passes (model.loop_section) compute with their blocks' weights again
             n += sum(p.numel() for b in self.blocks if isinstance(b, LoopPass) for p in b.block.parameters())
-            # each attention layer at its own head width (model.global_head_size)
-            return 6 * n + 12 * cfg.n_head * sum(map(cfg.layer_head_dim, cfg.attention_layers)) * T
+            # each attention layer at its own head width and count (model.global_head_size, window_n_head)
+            return 6 * n + 12 * sum(cfg.layer_n_head(i) * cfg.layer_head_dim(i) for i in cfg.attention_layers) * T
         matmul = -idle
         for block in self.blocks:
             for module in getattr(block, "block", block).modules():  # a loop's later pass: its block's again
@@ -5234,9 +5282,9 @@ class GPT(nn.Module):
         hc_out = () if self.hc_out is None else (self.hc_out.down, self.hc_out.up)  # the last streams' mixer
         for proj in (*(self.altup_in or ()), *(self.altup_out or ()), *hc_out):  # AltUp's streams in and out
             matmul += proj.weight.numel()
-        attended = sum(cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # head width x keys, layer by layer
+        attended = sum(cfg.layer_n_head(i) * cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # heads x keys
                        for i, w in zip(cfg.attention_layers, map(cfg.layer_mask, cfg.attention_layers)))
-        return 6 * matmul + 12 * cfg.n_head * attended
+        return 6 * matmul + 12 * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------
 

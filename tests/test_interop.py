@@ -981,8 +981,8 @@ def test_import_unsupported_architecture(tmp_path, capsys):
                          "qwen2_5_omni_thinker, qwen2_5_vl, qwen2_moe, qwen2_vl, qwen3, qwen3_5, qwen3_5_moe, "
                          "qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next, qwen3_omni_moe_thinker, qwen3_vl, "
                          "qwen3_vl_moe, qwen4_exp, qwen4_exp_text, recurrent_gemma, rwkv, sarvam_mla, sarvam_moe, seed_oss, "
-                         "shieldgemma2, smollm3, smolvlm, solar_open, stablelm, starcoder2, unlimited_ocr, vaultgemma, "
-                         "video_llama_3, video_llava, vipllava, xglm, xlstm, youtu, zamba, zamba2")
+                         "shieldgemma2, smollm3, smolvlm, solar_open, stablelm, starcoder2, step3p5, step3p7, unlimited_ocr, "
+                         "vaultgemma, video_llama_3, video_llava, vipllava, xglm, xlstm, youtu, zamba, zamba2")
 
 
 @pytest.mark.parametrize("model_type, fragment", [("gemma4_assistant", "multi-token-prediction drafter"),

@@ -110,10 +110,10 @@ def _attention(choice: str, cfg, device: torch.device, compile: bool, dtype: tor
 
 
 def layerwise_attention(cfg) -> str | None:
-    """Gemma 4's and Gemma 3n's attention and block options, which redline's decode kernels and FP8 cache do not
-    take, by name, or None."""
-    for name in ("global_head_size", "global_kv_head", "global_values_from_keys", "v_norm", "kv_shared_layers",
-                 "per_layer_embd", "layer_scalars", "moe_beside_dense", "altup_streams", "laurel_rank",
+    """Gemma 4's and Gemma 3n's attention and block options (and Step 3.5's windowed head count), which redline's
+    decode kernels and FP8 cache do not take, by name, or None."""
+    for name in ("global_head_size", "global_kv_head", "window_n_head", "global_values_from_keys", "v_norm",
+                 "kv_shared_layers", "per_layer_embd", "layer_scalars", "moe_beside_dense", "altup_streams", "laurel_rank",
                  "mlp_sparsity"):
         if getattr(cfg, name, 0):
             return f"model.{name}"

@@ -301,6 +301,7 @@ def _families() -> dict[str, Family]:
     from redline.interop import rwkv, xlstm
     from redline.interop import deepseek_v4
     from redline.interop import glm5_next
+    from redline.interop import step3p5
 
     return {f.name: f for f in (*llama.FAMILIES, *moe.FAMILIES, *deepseek.FAMILIES, olmo2.FAMILY, olmo2.OLMO3_FAMILY,
                                 exaone4.FAMILY, exaone4.MOE_FAMILY,
@@ -340,7 +341,7 @@ def _families() -> dict[str, Family]:
                                 *llama_kin.FAMILIES, sarvam.MOE_FAMILY, sarvam.MLA_FAMILY, openai_gpt.FAMILY,
                                 biogpt.FAMILY, ctrl.FAMILY, minimax.FAMILY, dots3.FAMILY, hy_v4.FAMILY,
                                 dory.FAMILY, rwkv.FAMILY, xlstm.FAMILY, deepseek_v4.FAMILY,
-                                chameleon.FAMILY, glm5_next.FAMILY)}
+                                chameleon.FAMILY, glm5_next.FAMILY, step3p5.TEXT_FAMILY)}
 
 
 def supported_names() -> list[str]:
@@ -381,10 +382,6 @@ NOT_READ = {
                      "Inkling 2's layers (relative-position bias, short convolutions, block attention residuals) "
                      "with its middle layers looped loop_num_passes times",
     # multimodal folders whose text model redline cannot express (multimodal.py reads the others)
-    "step3p7": "the text model of a Step 3.7 folder (step3p5: Gemma-style norms, QK-norm, a sigmoid gate a head, "
-               "sigmoid-routed experts with SwiGLU clamps per layer, windowed layers with a head count of their own, "
-               "num_sliding_attention_heads, in Step-3.7-Flash) is no text family redline reads; redline's "
-               "attention keeps one head count on every layer",
     "unlimited_ocr_text": "transformers has no causal LM of Unlimited-OCR's text model alone: redline reads it from "
                           "an unlimited_ocr folder (reference sliding windows, model.reference_window)",
     "idefics": "Idefics interleaves gated cross-attention blocks (every cross_layer_interval layers) whose MLP, "
@@ -527,6 +524,11 @@ def export_family(cfg: ModelConfig) -> Family:
         raise UserError(f"model.{inkling[0]}: Inkling's (its relative-position bias, key and value convolutions and "
                         f"shared-expert sinks), which no architecture redline exports to has; run the model with "
                         f"redline generate, chat or serve instead")
+    if cfg.window_n_head or cfg.swiglu_act_limits or cfg.moe_swiglu_act_limits:  # Step 3.5's alone
+        raise UserError("model.window_n_head, swiglu_act_limits and moe_swiglu_act_limits are Step 3.5's, which "
+                        "redline imports alone: transformers has no text-only Step model to load "
+                        "(Step3p7ForConditionalGeneration needs its vision tower's weights), and redline has no GGUF "
+                        "writer for llama.cpp's step35")
     if cfg.prefix_lm:  # PaliGemma's alone, whose folder needs a vision tower redline does not hold
         raise UserError("model.prefix_lm: no architecture redline exports to attends a prompt both ways (PaliGemma's "
                         "folder needs its vision tower); run the model with redline generate, chat or serve instead")

@@ -101,6 +101,8 @@ FIELDS_ACCOUNTED = {
     "moe_shortcut": "refused with moe_experts",
     "moe_weight_input": "refused with moe_experts", "moe_bias_on_logits": "refused with moe_experts",
     "moe_swiglu_limit": "refused with moe_experts",
+    "moe_swiglu_act_limits": "refused with moe_experts",
+    "swiglu_act_limits": "refused (unsupported): the fused SwiGLU clamps nothing",
     "moe_jitter_eps": "refused with moe_experts", "moe_input_jitter": "training only (and refused with moe_experts)",
     "qkv_clip": "refused by kernel_prologue_unsupported (the clamp sits between the projection and the kernel)",
     "rope_qk_norm": "refused (kernel_prologue_unsupported): the attention kernel normalizes by a weight before RoPE",
@@ -149,6 +151,7 @@ FIELDS_ACCOUNTED = {
     # Gemma 4's (plan.layerwise_attention names them; sandwich norms and separate q/k/v are refused besides)
     "global_head_size": "refused: one head width for every layer's qkv product",
     "global_kv_head": "refused: one KV head count for every layer's qkv product",
+    "window_n_head": "refused: one query head count for every layer's qkv product",
     "global_values_from_keys": "refused: the qkv product gives values of their own",
     "v_norm": "refused: the attention kernel stores the values as the product gives them",
     "kv_shared_layers": "refused: every layer's kernel writes the key and value it computes",
@@ -250,6 +253,8 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "mlp_free_layers", ()) or getattr(cfg, "mixer_free_layers", ()):
         return ("decode_linear triton runs blocks of attention and an MLP, not one of them alone "
                 "(model.mlp_free_layers, mixer_free_layers)")
+    if getattr(cfg, "swiglu_act_limits", ()):
+        return "decode_linear triton's SwiGLU clamps nothing (model.swiglu_act_limits)"
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):
