@@ -30,7 +30,9 @@ Features (each a field of `ModelConfig`):
   with a base of their own, `rope_local_theta`, as Gemma 3's, on a part of each head of their own,
   `rope_local_dims`, as Laguna's; one layer in N without it, `nope_interval`, as
   SmolLM3's; a base of its own for each layer, 0 for none, `rope_layer_theta`, as Granite SWA's), learned absolute,
-  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none;
+  ALiBi (a per-head bias by distance on the scores, BLOOM's and MPT's: `alibi_slopes`), or none; a bias by
+  distance mixed for each query token from learned profiles (`rel_bias_dim`, Inkling's relative-position bias);
+  keys and values through short causal convolutions (`kv_conv`, Inkling's);
   explicit per-token positions (packed documents restart at 0);
 - BitNet b1.58's projections: ternary weights and 8-bit inputs, rounded on the fly or stored ternary (`bitlinear`),
   and an RMSNorm before each output projection (`sub_norms`);
@@ -54,11 +56,14 @@ Features (each a field of `ModelConfig`):
   transformers' inference-time rescaling as norm epsilons (`rescale_every`); or xLSTM's mLSTM, a matrix memory a head
   under exponential gates);
 - Gemma 4's layers: full-attention layers with heads of their own width and count (`global_head_size`,
-  `global_kv_head`) and values taken from the keys' projection (`global_values_from_keys`), values RMS-normed
+  `global_kv_head`; windowed layers' own query head count, `window_n_head`, Step 3.5's) and values taken from the
+  keys' projection (`global_values_from_keys`), values RMS-normed
   (`v_norm`), the last layers attending over an earlier layer's keys and values (`kv_shared_layers`, their MLPs
   `kv_shared_mlp_hidden` wide), per-layer inputs (`per_layer_embd`), a stored output scale a layer
   (`layer_scalars`), experts beside a dense MLP (`moe_beside_dense`); a norm on the experts' output
   (`moe_post_norm`, A.X-K1's); a bias on the experts' weighted sum (`moe_out_bias`, JetMoE's);
+- Inkling's shared experts in the router: taken by every token, their scores normalized with the chosen experts'
+  (`moe_sink_experts`);
 - LongCat-Flash's mixture: zero-computation experts that return their input (`moe_identity_experts`), and blocks in
   pairs whose first runs the experts beside its MLP and whose second adds their output after its own
   (`moe_shortcut`, the experts' output carried between them as a second stream);
@@ -75,7 +80,8 @@ Features (each a field of `ModelConfig`):
   (`altup_streams`), a low-rank LAuReL branch beside attention (`laurel_rank`), a Gaussian top-k on the first layers'
   MLP gates (`mlp_sparsity`);
 - DeepSeek-V4's stream: manifold-constrained hyper-connections (`mhc_streams`), several streams summed into each
-  sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them; its attention
+  sublayer's input, its output spread back over them while a doubly stochastic matrix mixes them (their plain mean
+  before the final norm: `mhc_head_mean`, GLM-5.3-Next's); its attention
   (`shared_kv_attention`: one key head that is the value too, the output turned back by the query's position, a
   grouped output projection, `o_groups`; beside the window, keys pooled from whole windows of tokens,
   `kv_compress_rates`, overlapping on `kv_compress_overlap`), experts chosen by the token's id (`moe_hash_layers`), sqrt(softplus)
@@ -328,6 +334,13 @@ class ModelConfig:
     """mlp=swiglu with moe_experts: the routed experts' gate clamped above and up projection on both sides at this
     before silu(gate) · up (HY-V4's swiglu_limit, as transformers' Glm5NextTextExperts clamps them), the dense and
     shared MLPs left as they are; 0 = off."""
+    swiglu_act_limits: tuple[float, ...] = ()
+    """mlp=swiglu: each layer's dense MLP and shared expert computing min(silu(gate), L) · clamp(up, -L, L) at its
+    entry L, clamped after the activation (Step 3.5's swiglu_limits_shared, as transformers' Step3p7MLP computes
+    it); 0 = that layer unclamped; () = none."""
+    moe_swiglu_act_limits: tuple[float, ...] = ()
+    """mlp=swiglu with moe_experts: each layer's routed experts clamped as swiglu_act_limits clamps its dense MLP
+    (Step 3.5's swiglu_limits, as Step3p7Experts._apply_gate computes it); 0 = that layer unclamped; () = none."""
     gelu_approximate: Literal["tanh", "none"] = "tanh"
     """The GELU of the gelu and geglu MLPs: the tanh approximation (GPT-2's gelu_new, Gemma's) or the exact erf form
     (GPT-NeoX's and Pythia's "gelu")."""
@@ -544,6 +557,12 @@ class ModelConfig:
     """Mixture of experts: this many zero-computation experts past the moe_experts MLPs (LongCat-Flash's
     zero_expert_num), which the router scores and chooses as it does the others (its logits, scores and
     moe_expert_bias E + Z wide) and each of which returns its input: a chosen one adds weight · x; 0 = none."""
+    moe_sink_experts: int = 0
+    """Mixture of experts: the last this-many of the moe_experts are shared experts that every token takes beside
+    its top k of the others (chosen by score, plus moe_expert_bias, among the others alone), the k + S sigmoid
+    scores normalized together (moe_norm_topk) and scaled as the routed ones are: the shared experts act as sinks in
+    the weights' normalization (Inkling's shared_expert_sink, as transformers' InklingTopkRouter and InklingMoE
+    compute it); 0 = none."""
     moe_shortcut: bool = False
     """LongCat-Flash's shortcut-connected MoE: the blocks pair up (block 2j and 2j + 1 are one LongCat layer), every
     block has a dense MLP (moe_dense_hidden wide), and block 2j's experts (moe) read its MLP's input, norm2's output,
@@ -627,6 +646,9 @@ class ModelConfig:
     for the windowed layers' own."""
     global_kv_head: int = 0
     """KV heads of the full-attention layers; 0 = n_kv_head (Gemma 4's num_global_key_value_heads)."""
+    window_n_head: int = 0
+    """Query heads of the sliding-window layers, each head_dim wide beside the same KV heads; 0 = n_head (Step 3.5's
+    num_sliding_attention_heads)."""
     global_values_from_keys: bool = False
     """The full-attention layers have no value projection: their values are the key projection's output, before the
     keys' norm and RoPE (Gemma 4's attention_k_eq_v). Needs fused_qkv=false."""
@@ -684,6 +706,9 @@ class ModelConfig:
     mhc_eps: float = 1e-6
     """mhc_streams: the floor added to `pre`, to the mixing matrix's entries and to every Sinkhorn step's sums
     (DeepSeek-V4's hc_eps); the streams' norm takes norm_eps."""
+    mhc_head_mean: bool = False
+    """mhc_streams: the streams' plain mean before the final norm, in place of mhc_head's learned weights
+    (GLM-5.3-Next's Glm5NextTextHyperHead, which holds no parameters); False = mhc_head's (DeepSeek-V4's, HY-V4's)."""
     shared_kv_attention: bool = False
     """DeepSeek-V4's attention (SharedKVAttention below): q through q_a (C -> q_lora_rank), an RMSNorm with weights
     and q_b (-> H·D), each head then RMS-normed without a weight; one key head (kv, C -> D, RMS-normed with weights)
@@ -816,6 +841,21 @@ class ModelConfig:
     KV head, plus exp(A_kv · softplus(dt_proj(v))_kv), v the key's token's values over all KV heads (KV·D) and dt_proj
     (KV·D -> KV, with a bias where qkv_bias) and A (KV,) learned (attn.dt_proj, attn.A). Doge keeps only the top
     keep_window_size keys of a longer context: redline's context_len stays within it (the import sets it so)."""
+    rel_bias_dim: int = 0
+    """Inkling's relative-position bias (transformers' InklingRelativeLogits), 0 = off: every query token's scores
+    plus a bias by its distance to the key, mixed for the token from a learned bank of distance profiles: r =
+    rel_proj(x) (C -> H·rel_bias_dim, attn.rel_proj) a head, bias(i, j) = (r_h · rel_profiles)[i − j] for
+    0 <= i − j < the layer's extent and 0 beyond it (attn.rel_profiles, (rel_bias_dim, extent)). A dense float mask
+    in SDPA (O(T²) a layer); the engine computes it from each new token and the slot distances."""
+    kv_conv: int = 0
+    """Keys and values each plus a causal depthwise convolution of themselves over the last this-many tokens, per
+    channel of the k and v projections (attn.k_conv, attn.v_conv (KV·D, kv_conv), oldest token first), in fp32,
+    before the keys' QK-norm (Inkling's k_sconv and v_sconv); 0 = off. The engine's cache holds the raw projections
+    in the slots and convolves (and norms) the keys and values it attends over at each step: no state apart, at the
+    price of a depthwise convolution over the cached slots a layer and step."""
+    rel_bias_extent: int = 0
+    """rel_bias_dim: the distances the bias covers on the full-attention layers (Inkling's rel_extent); a windowed
+    layer's extent is its sliding window, as Inkling's hybrid_sliding layers take it."""
     residual_scales: bool = False
     """Each block scales its residual stream before a sublayer's output joins it: x ← s₁ ⊙ x + attn(norm1(x)), then
     s₂ ⊙ x + mlp(norm2(x)), s₁ and s₂ (C,) learned, ones at init (Doge's input_residual and post_attention_residual;
@@ -893,6 +933,10 @@ class ModelConfig:
         """Layer `layer`'s head width: global_head_size on a full-attention layer where it is given, else head_dim."""
         return self.global_head_size if self.global_head_size and not self.layer_window(layer) else self.head_dim
 
+    def layer_n_head(self, layer: int) -> int:
+        """Layer `layer`'s query heads: window_n_head on a windowed layer where it is given, else n_head."""
+        return self.window_n_head if self.window_n_head and self.layer_window(layer) else self.n_head
+
     def layer_kv_heads(self, layer: int) -> int:
         """Layer `layer`'s KV heads: global_kv_head on a full-attention layer where it is given, else kv_heads."""
         return self.global_kv_head if self.global_kv_head and not self.layer_window(layer) else self.kv_heads
@@ -945,6 +989,10 @@ class ModelConfig:
         if self.delta_norm_position and layer in self.delta_layers:
             return self.delta_norm_position
         return self.norm_position
+
+    def layer_rel_extent(self, layer: int) -> int:
+        """rel_bias_dim: the distances layer `layer`'s relative-position bias covers, its window or rel_bias_extent."""
+        return self.layer_window(layer) or self.rel_bias_extent
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of layer `layer` (0: it attends to the whole context): see sliding_window_pattern
@@ -1062,7 +1110,9 @@ class ModelConfig:
         if self.latent_norm_eps < 0 or ((self.latent_key_norm or self.latent_norm_eps) and not self.kv_lora_rank):
             raise UserError("model.latent_key_norm and latent_norm_eps are latent attention's (latent_norm_eps >= 0, "
                             "with model.kv_lora_rank > 0)")
-        if self.kv_lora_rank and not (self.pos_emb in ("rope", "none") and self.rope_dims
+        # rope_dims may be 0 where no layer rotates (nope_interval 1: GLM-5.3-Next's latent layers, no shared key part)
+        if self.kv_lora_rank and not (self.pos_emb in ("rope", "none")
+                                      and (self.rope_dims or not any(map(self.layer_rope, range(self.n_layer))))
                                       and self.kv_heads == self.n_head
                                       and self.v_head_dim <= self.head_dim):
             raise UserError(f"model.kv_lora_rank={self.kv_lora_rank} (latent attention) needs a shared key part of "
@@ -1457,6 +1507,14 @@ class ModelConfig:
                             f"model.xielu_eps <= 0, got beta={self.xielu_beta}, eps={self.xielu_eps}")
         if self.swiglu_limit <= 0:
             raise UserError(f"model.swiglu_limit must be > 0, got {self.swiglu_limit}")
+        for name in ("swiglu_act_limits", "moe_swiglu_act_limits"):
+            limits = getattr(self, name)
+            if limits and (len(limits) != self.n_layer or min(limits) < 0 or self.mlp != "swiglu"
+                           or self.shared_attn_layers  # Zamba2's shared blocks compute their MLP unclamped
+                           or name == "moe_swiglu_act_limits" and (not self.moe_experts or self.moe_swiglu_limit)):
+                raise UserError(f"model.{name}={limits}: one clamp >= 0 a layer ({self.n_layer}) on a SwiGLU MLP "
+                                f"(model.mlp=swiglu{', moe_experts, no moe_swiglu_limit' if 'moe' in name else ''}; "
+                                f"no shared_attn_layers)")
         if self.moe_swiglu_limit < 0 or (self.moe_swiglu_limit and not (self.moe_experts and self.mlp == "swiglu")):
             raise UserError(f"model.moe_swiglu_limit={self.moe_swiglu_limit} clamps the routed experts' SwiGLU: it "
                             f"needs model.moe_experts with mlp=swiglu and must be >= 0 (0 = off)")
@@ -1490,6 +1548,27 @@ class ModelConfig:
             raise UserError("model.attn_key_bias and model.residual_scales are Doge's: pre-norm blocks of sequential "
                             "sublayers with plain attention on every layer (no kv_lora_rank, conv_layers, "
                             "delta_layers, attn_softcap, attn_sinks, alibi, diff_attention or kv_shared_layers)")
+        if self.kv_conv and (self.kv_conv < 2 or self.pos_emb == "rope" or self.kv_lora_rank
+                             or self.shared_kv_attention or self.diff_attention or self.attn_key_bias
+                             or self.kv_shared_layers or self.shared_attn_layers or self.value_embeddings
+                             or self.value_embed_layers or self.v_norm or self.global_values_from_keys
+                             or self.fused_qkv or (self.qk_norm and (self.qk_norm_scope != "head"
+                                                                     or self.qk_layernorm))):
+            raise UserError(f"model.kv_conv={self.kv_conv} convolves the raw k and v projections before QK-norm: it "
+                            f"needs a kernel of at least 2, separate q/k/v (fused_qkv=false), no RoPE (pos_emb "
+                            f"none, learned or alibi), per-head RMS QK-norm if any, and plain attention (no "
+                            f"kv_lora_rank, shared_kv_attention, diff_attention, attn_key_bias, kv_shared_layers, "
+                            f"shared_attn_layers, value embeddings, v_norm or global_values_from_keys)")
+        if self.rel_bias_dim and (self.rel_bias_extent <= 0 or self.kv_lora_rank or self.shared_kv_attention
+                                  or self.diff_attention or self.attn_key_bias or self.attn_softcap
+                                  or self.attn_sinks or self.pos_emb == "alibi" or self.doc_attention == "flex"
+                                  or self.prefix_lm or self.attn_chunk or self.kv_shared_layers
+                                  or self.shared_attn_layers or self.attn_gate == "routed"):
+            raise UserError(f"model.rel_bias_dim adds a dense relative-position bias to plain attention's scores: it "
+                            f"needs model.rel_bias_extent > 0 (got {self.rel_bias_extent}) and no kv_lora_rank, "
+                            f"shared_kv_attention, diff_attention, attn_key_bias, attn_softcap, attn_sinks, alibi, "
+                            f"doc_attention=flex, prefix_lm, attn_chunk, kv_shared_layers, shared_attn_layers or "
+                            f"routed heads")
         if self.diff_attention and (self.n_head % 2 or self.kv_heads % 2 or self.kv_lora_rank or self.conv_layers
                                     or self.delta_layers or self.attn_sinks or self.attn_gate != "none"
                                     or self.kv_shared_layers or self.global_head_size or self.value_embeddings
@@ -1512,7 +1591,8 @@ class ModelConfig:
                                  or self.attn_key_bias or self.shared_kv_attention or self.value_embeddings
                                  or self.kv_shared_layers or self.global_head_size or self.attn_gate != "none"
                                  or self.v_norm or self.qkv_clip or self.ngpt or self.qsa_heads
-                                 or self.shared_attn_layers or self.pos_emb == "alibi"):
+                                 or self.shared_attn_layers or self.rel_bias_dim or self.kv_conv
+                                 or self.pos_emb == "alibi"):
             raise UserError("model.cca_kernels (ZAYA's attention) takes separate unbiased q/k/v projections with an "
                             "even n_kv_head·head_size, on every layer, with no other QK-norm, gate, latent, shared or "
                             "recurrent attention option and no ALiBi")
@@ -1531,10 +1611,12 @@ class ModelConfig:
                                        or self.moe_norm_topk or self.moe_scale != 1.0 or self.moe_bias
                                        or self.moe_identity_experts or self.moe_hash_layers or self.moe_weight_input
                                        or self.moe_beside_dense or self.moe_post_norm or self.moe_out_bias
-                                       or self.moe_aux_loss or self.moe_input_jitter):
-            raise UserError("model.moe_router_hidden (ZAYA's MLP router) takes gated experts on every layer "
-                            "(model.moe_experts) chosen one a token (moe_top_k 1) by its softmax and balancing "
-                            "bias, with no other routing, shared, dense, bias or auxiliary-loss option")
+                                       or self.moe_aux_loss or self.moe_input_jitter or self.moe_sink_experts
+                                       or self.moe_swiglu_limit or self.moe_swiglu_act_limits
+                                       or self.swiglu_act_limits):
+                raise UserError("model.moe_router_hidden (ZAYA's MLP router) takes unclamped gated experts on every "
+                            "layer (model.moe_experts) chosen one a token (moe_top_k 1) by its softmax and balancing "
+                            "bias, with no other routing, shared, sink, dense, bias, clamp or auxiliary-loss option")
 
     def _validate_latent_extras(self) -> None:
         """Mistral Large 4's latent attention options: the queries' position scale and the layers' shared caches."""
@@ -1624,6 +1706,14 @@ class ModelConfig:
             raise UserError("model.moe_identity_experts (LongCat-Flash's zero-computation experts) need MLP experts "
                             "(model.moe_experts) routed by softmax or sigmoid scores, without moe_groups, moe_bias, "
                             "moe_weight_input, moe_beside_dense, moe_aux_loss or moe_bias_update")
+        if self.moe_sink_experts and (self.moe_sink_experts < 0 or self.moe_experts < self.moe_sink_experts
+                                      + self.moe_top_k or self.moe_gating != "sigmoid" or not self.moe_norm_topk
+                                      or self.moe_groups > 1 or self.moe_hash_layers or self.moe_identity_experts
+                                      or self.moe_weight_input or self.moe_beside_dense):
+            raise UserError(f"model.moe_sink_experts={self.moe_sink_experts} (Inkling's shared experts in the "
+                            f"router) needs at least moe_top_k more model.moe_experts, sigmoid moe_gating with "
+                            f"moe_norm_topk, and no moe_groups, moe_hash_layers, moe_identity_experts, "
+                            f"moe_weight_input or moe_beside_dense")
         if not self.moe_shortcut:
             return
         clash = [name for name in ("moe_layers", "moe_dense_layers", "moe_beside_dense", "parallel_residual",
@@ -1648,6 +1738,8 @@ class ModelConfig:
                                    "shared_attn_layers", "moe_beside_dense", "delta_parallel", "delta_norm_position",
                                    "hc_streams")
                  if getattr(self, name)]
+        if self.mhc_head_mean and not self.mhc_streams:
+            raise UserError("model.mhc_head_mean averages the hyper-connection streams: it needs model.mhc_streams")
         if self.mhc_streams and (clash or self.norm_position != "pre"):
             raise UserError(f"model.mhc_streams (DeepSeek-V4's hyper-connections) takes pre-norm blocks of a mixer "
                             f"and an MLP on one plain stream each, without model.{clash[0] if clash else 'norm_position'}"
@@ -1778,6 +1870,12 @@ class ModelConfig:
         if self.global_kv_head and (not self.sliding_window or self.n_head % self.global_kv_head):
             raise UserError(f"model.global_kv_head={self.global_kv_head} needs windowed layers (model.sliding_window) "
                             f"and must divide model.n_head={self.n_head}")
+        if self.window_n_head and (not self.sliding_window or self.window_n_head < 0 or self.kv_lora_rank
+                                   or self.shared_kv_attention or self.shared_attn_layers
+                                   or self.attn_gate == "routed" or self.window_n_head % self.kv_heads):
+            raise UserError(f"model.window_n_head={self.window_n_head} needs windowed layers (model.sliding_window), "
+                            f"plain attention (no kv_lora_rank, shared_kv_attention, shared_attn_layers, "
+                            f"attn_gate=routed) and must be a multiple of model.n_kv_head={self.kv_heads}")
         if (self.global_values_from_keys or self.kv_shared_layers) and self.fused_qkv:
             raise UserError("model.global_values_from_keys and model.kv_shared_layers take separate q, k and v "
                             "projections (model.fused_qkv=false)")
@@ -2149,7 +2247,9 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.layer = cfg, layer
         # a full-attention layer's own width and KV heads where the model gives them (Gemma 4's global_head_dim)
-        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.layer_kv_heads(layer), cfg.layer_head_dim(layer)
+        # a windowed layer's own query head count (Step 3.5's num_sliding_attention_heads)
+        self.n_head, self.n_kv = cfg.layer_n_head(layer), cfg.layer_kv_heads(layer)
+        self.head_dim = cfg.layer_head_dim(layer)
         # kv_shared_layers: the layer whose keys and values this one attends over (None: its own)
         self.kv_source = cfg.kv_source(layer)
         # global_values_from_keys: v is k's projection (Gemma 4's attention_k_eq_v), no v weight
@@ -2172,6 +2272,10 @@ class Attention(nn.Module):
                  "routed": cfg.attn_experts}.get(cfg.attn_gate)
         self.gate = nn.Linear(cfg.n_embd, gates, bias=False) if gates else None
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        # kv_conv: each k and v channel's causal depthwise kernel (KV*D, K), oldest token first; zeros (the identity)
+        # at init, as nothing in Inkling's own init draws them
+        self.k_conv = nn.Parameter(torch.zeros(kv_dim, cfg.kv_conv)) if cfg.kv_conv else None
+        self.v_conv = nn.Parameter(torch.zeros(kv_dim, cfg.kv_conv)) if cfg.kv_conv else None
         bias = cfg.has_qkv_bias
         own_kv = self.kv_source is None
         if cfg.fused_qkv:
@@ -2248,8 +2352,8 @@ class Attention(nn.Module):
         if self.v_norm is not None:
             v = self.v_norm(v)
         per_head = self.cfg.qk_norm and self.cfg.qk_norm_scope == "head"
-        if per_head and not self.cfg.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if per_head and not self.cfg.qk_norm_after_rope:  # kv_conv: the keys' norm after their convolution
+            q, k = self.q_norm(q), k if self.k_conv is not None else self.k_norm(k)
         if rope is not None and self.use_rope:
             cos, sin = layer_rope(rope, self.rope_table)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -2262,6 +2366,21 @@ class Attention(nn.Module):
         if self.q_scale is not None:  # (H, 1, D) over (B, H, T, D), as transformers' DoryAttention scales them
             q = q * self.q_scale.square().to(q.dtype).view(self.n_head, 1, self.head_dim)
         return q, k, v
+
+    def convolved_kv(self, k: torch.Tensor, v: torch.Tensor,
+                     doc_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """model.kv_conv: the raw projections k, v (B, KV, S, D) of positions 0..S-1 (project_qkv's with kv_conv) ->
+        each plus its causal depthwise convolution, in fp32 as transformers' InklingShortConvolution computes it, the
+        keys then QK-normed; doc_ids (B, S): a token reads none of another document's."""
+        B, KV, S, D = k.shape
+
+        def conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            u = x.transpose(1, 2).reshape(B, S, KV * D).float()  # channel kv·D + d, as the projection lays it out
+            y = u + causal_conv(u, weight.float(), doc_ids=doc_ids)
+            return y.to(x.dtype).view(B, S, KV, D).transpose(1, 2)
+
+        k, v = conv(k, self.k_conv), conv(v, self.v_conv)
+        return (self.k_norm(k) if self.cfg.qk_norm else k), v
 
     def attend(self, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
         """q: (B, H, Tq, D), k/v: (B, KV, Tk, D) -> (B, Tq, H*D). attn_mask: None, a bool tensor, or a flex
@@ -2303,17 +2422,20 @@ class Attention(nn.Module):
         return y.transpose(1, 2).reshape(B, Tq, self.n_head * self.head_dim)
 
     def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
-                shared: dict | None = None) -> torch.Tensor:
+                shared: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, C) -> (B, T, C). attn_mask: None for plain causal attention, else (B or 1, 1, T, T) bool, True
         where query i may attend key j (this layer's: GPT.attention_mask for its window). cache: None, or a KV cache
         layer of the inference engine (redline/inference/cache.py), which stores this call's keys and values and
         attends over all it holds: `cache.attend(self, x, rope, ve) -> (B, T, H*D)`, calling back into project /
         project_qkv / attend.
         ve: this layer's value embedding (B, T, KV*D) or None. shared: without a cache, the forward's {layer: (k, v)}
-        (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's."""
+        (model.kv_shared_layers): a layer puts its keys and values there and a kv-shared one reads its source's.
+        doc_ids: (B, T) or None, the packed documents the keys' and values' convolutions keep apart (model.kv_conv)."""
         if cache is not None:
             return self.output(x, cache.attend(self, x, rope, ve))
         q, k, v = self.project_qkv(x, rope, ve)
+        if self.k_conv is not None:
+            k, v = self.convolved_kv(k, v, doc_ids)
         if k is None:
             k, v = shared[self.kv_source]
         elif shared is not None:
@@ -2429,6 +2551,59 @@ class KeyBiasAttention(Attention):
         bias = self.key_bias(v).repeat_interleave(self.n_head // self.n_kv, dim=1)[:, :, None, :]  # (B, H, 1, S)
         mask = torch.where(attn_mask, bias.to(q.dtype), torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
         return super().attend(q, k, v, mask, is_causal=False)
+
+
+class RelBiasAttention(Attention):
+    """Attention whose scores take a relative-position bias mixed per query token (model.rel_bias_dim, Inkling's, as
+    transformers' InklingRelativeLogits and InklingAttention compute it): r = rel_proj(x) (H·rel_bias_dim) from the
+    attention's input, each head's r_h · rel_profiles a bias for every distance 0..extent - 1, added to the score of
+    the key that many positions back (0 beyond the extent; causality and windows stay in the mask). Distances are
+    index differences, which packed documents' restarting positions leave as they are. The engine's caches hold k
+    and v as for plain attention and call position_bias with the new tokens' slots (redline/inference/cache.py)."""
+
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False, layer: int = 0):
+        super().__init__(cfg, value_embedding, layer)
+        self.rel_extent = cfg.layer_rel_extent(layer)
+        self.rel_proj = nn.Linear(cfg.n_embd, self.n_head * cfg.rel_bias_dim, bias=False)
+        # (d_rel, extent): a bank of bias-by-distance profiles, N(0, std) at init (GPT.reset_parameters)
+        self.rel_profiles = nn.Parameter(torch.zeros(cfg.rel_bias_dim, self.rel_extent))
+
+    def position_bias(self, x: torch.Tensor, first: int | torch.Tensor, keys: int) -> torch.Tensor:
+        """x (B, T, C), the queries' inputs, the query i at position first + i (first an int, or (B,) one a row) ->
+        their biases over the keys at positions 0..keys - 1, (B, H, T, keys) in x's dtype."""
+        B, T, _ = x.shape
+        r = self.rel_proj(x).view(B, T, self.n_head, -1)  # (B, T, H, d_rel)
+        by_distance = (r @ self.rel_profiles.to(r.dtype)).transpose(1, 2)  # (B, H, T, extent)
+        q_pos = torch.arange(T, device=x.device) + (first[:, None] if torch.is_tensor(first) else first)
+        dist = q_pos[..., :, None] - torch.arange(keys, device=x.device)  # (T, keys) or (B, T, keys)
+        dist = dist.expand(B, T, keys)[:, None]  # (B, 1, T, keys)
+        index = dist.clamp(0, self.rel_extent - 1).expand(B, self.n_head, T, keys)
+        bias = by_distance.gather(-1, index)
+        return bias.masked_fill((dist < 0) | (dist >= self.rel_extent), 0.0)
+
+    def biased_mask(self, x: torch.Tensor, first: int | torch.Tensor, keys: int,
+                    allowed: torch.Tensor | None) -> torch.Tensor:
+        """position_bias where `allowed` (bool, broadcastable to (B, H, T, keys); None: causal, the queries the last T
+        of the keys) and -inf elsewhere: a float mask for SDPA, (B, H, T, keys)."""
+        T = x.shape[1]
+        if allowed is None:
+            i = torch.arange(T, device=x.device)[:, None] + (keys - T)
+            allowed = i >= torch.arange(keys, device=x.device)[None, :]
+        bias = self.position_bias(x, first, keys)
+        return bias.masked_fill(~allowed, float("-inf"))
+
+    def forward(self, x, rope, attn_mask: torch.Tensor | None = None, cache=None, ve=None,
+                shared: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if cache is not None:
+            return self.output(x, cache.attend(self, x, rope, ve))
+        q, k, v = self.project_qkv(x, rope, ve)
+        if self.k_conv is not None:
+            k, v = self.convolved_kv(k, v, doc_ids)
+        if shared is not None:
+            shared[self.layer] = (k, v)
+        T = x.shape[1]
+        y = self.attend(q, k, v, self.biased_mask(x, 0, T, attn_mask), is_causal=False)
+        return self.output(x, y)
 
 
 LATENT_NORM_EPS = 1e-6
@@ -3592,6 +3767,12 @@ def gated_activation(kind: str, gate: torch.Tensor, up: torch.Tensor, gelu: str 
     return (up + 1) * gate * torch.sigmoid(SWIGLU_CLAMPED_ALPHA * gate)
 
 
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """SwiGLU clamped after its activation, min(silu(gate), limit) · clamp(up, -limit, limit), gate and up (..., F)
+    each (Step 3.5's swiglu_limits, as transformers' Step3p7MLP and Step3p7Experts._apply_gate compute it)."""
+    return F.silu(gate).clamp(max=limit) * up.clamp(-limit, limit)
+
+
 def plain_activation(kind: str, h: torch.Tensor, gelu: str = "tanh") -> torch.Tensor:
     """An ungated MLP's hidden activation: squared ReLU (Primer's; Nemotron-H's), ReLU or GELU."""
     if kind == "relu2":
@@ -3628,8 +3809,10 @@ def normal_quantile(p: float) -> float:
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, sparsity: float = 0.0):
+    def __init__(self, cfg: ModelConfig, sparsity: float = 0.0, act_limit: float = 0.0):
         super().__init__()
+        # model.swiglu_act_limits: this layer's clamp after the activation (Step 3.5's), 0: none
+        self.act_limit = act_limit
         # model.mlp_sparsity: the gate's Gaussian top-k cutoff in standard deviations, or None (dense)
         self.std_multiplier = normal_quantile(sparsity) if sparsity > 0 else None
         self.kind, self.gelu, self.limit, self.gated = cfg.mlp, cfg.gelu_approximate, cfg.swiglu_limit, cfg.gated_mlp
@@ -3654,7 +3837,8 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1) if self.up is None else (h, self.up(x))
             if self.std_multiplier is not None:
                 gate = gaussian_top_k(gate, self.std_multiplier)
-            h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
+            h = (clamped_swiglu(gate, up, self.act_limit) if self.act_limit
+                 else gated_activation(self.kind, gate, up, self.gelu, self.limit))
         elif self.alpha_p is not None:
             h = xielu(h, self.alpha_p, self.alpha_n, self.beta, self.eps)
         else:
@@ -3769,9 +3953,13 @@ class MoE(nn.Module):
     tokens sorted by expert (Mixtral's and Qwen-MoE's routing, as transformers' MixtralSparseMoeBlock and
     Qwen2MoeSparseMoeBlock compute it)."""
 
-    def __init__(self, cfg: ModelConfig, hashed: bool = False):
+    def __init__(self, cfg: ModelConfig, hashed: bool = False, layer: int = 0):
         super().__init__()
         E, F_, C = cfg.moe_experts, cfg.hidden_dim, cfg.n_embd
+        # model.moe_swiglu_act_limits, swiglu_act_limits: this layer's clamps after the activation on the routed
+        # experts and the shared one (Step 3.5's), 0: none
+        self.expert_act_limit = cfg.moe_swiglu_act_limits[layer] if cfg.moe_swiglu_act_limits else 0.0
+        shared_limit = cfg.swiglu_act_limits[layer] if cfg.swiglu_act_limits else 0.0
         # model.moe_hash_layers (DeepSeek-V4's hash_moe): each token id's experts, (vocab_size, k) int64, stored with
         # the weights and never trained; the forward then takes the token ids
         self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, cfg.moe_top_k, dtype=torch.long)
@@ -3791,6 +3979,7 @@ class MoE(nn.Module):
         # moe_identity_experts (LongCat-Flash's zero-computation experts): Z more experts the router scores, each
         # returning its input; the router's logits and the bias are E + Z wide, fc and proj hold the E MLPs alone
         self.identity_experts = cfg.moe_identity_experts
+        self.sink_experts = cfg.moe_sink_experts  # the last S of the E experts, every token's (Inkling's shared)
         # moe_expert_bias: added to the scores that choose the experts (fp32, a buffer: no gradient reaches it)
         self.register_buffer("expert_bias", torch.zeros(E + self.identity_experts) if cfg.moe_expert_bias else None)
         self.bias_on_logits = cfg.moe_bias_on_logits  # the bias joins the logits, before the sigmoid (Kolibri-1's)
@@ -3805,7 +3994,8 @@ class MoE(nn.Module):
         self.fc_bias = nn.Parameter(torch.zeros(E, 2 * F_)) if cfg.moe_bias else None
         self.proj_bias = nn.Parameter(torch.zeros(E, C)) if cfg.moe_bias else None
         self.shared = MLP(replace(cfg, mlp_hidden=cfg.moe_shared_hidden, moe_experts=0, moe_shared_hidden=0,
-                                  moe_aux_loss=0.0, fused_mlp=True)) if cfg.moe_shared_hidden else None
+                                  moe_aux_loss=0.0, fused_mlp=True, moe_swiglu_act_limits=()),
+                          act_limit=shared_limit) if cfg.moe_shared_hidden else None
         self.shared_gate = nn.Linear(C, 1, bias=False) if cfg.moe_shared_hidden and cfg.moe_shared_gate else None
         # moe_beside_dense (Gemma 4's): the experts' own input norm, the router's (C,) input scale, each expert's
         # scale on its weight (E,)
@@ -3858,6 +4048,13 @@ class MoE(nn.Module):
             weights = probs.gather(1, experts)
         elif self.sparsemixer:  # the weights from the logits in their own dtype, as PhiMoE's router computes them
             weights, experts = sparsemixer(logits, self.jitter_eps, self.training)
+        elif self.sink_experts:  # the top k of the routed experts (by score plus bias), then every sink: (N, k + S)
+            routed = E - self.sink_experts
+            choice = probs[:, :routed] if self.expert_bias is None else probs[:, :routed] + self.expert_bias[:routed]
+            sinks = torch.arange(routed, E, device=x.device).expand(x.shape[0], -1)
+            experts = torch.cat([choice.topk(k, dim=-1).indices, sinks], dim=-1)
+            weights = probs.gather(1, experts)
+            k = k + self.sink_experts  # the slots of each token from here on
         elif self.expert_bias is not None or self.groups > 1:  # the bias chooses; the scores weight
             if self.expert_bias is None:
                 choice = probs
@@ -3900,7 +4097,8 @@ class MoE(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             if self.expert_limit:
                 gate, up = gate.clamp(max=self.expert_limit), up.clamp(-self.expert_limit, self.expert_limit)
-            h = gated_activation(self.kind, gate, up, self.gelu, self.limit)
+            h = (clamped_swiglu(gate, up, self.expert_act_limit) if self.expert_act_limit
+                 else gated_activation(self.kind, gate, up, self.gelu, self.limit))
         else:
             h = plain_activation(self.kind, h, self.gelu)
         h = expert_matmul(h, self.proj, ends)  # (N·k, C)
@@ -3932,7 +4130,7 @@ class StateRoutedMoE(MoE):
     balance_bias (E + 1,) fp32, a buffer: added to the probabilities that choose (no gradient reaches it)."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
-        super().__init__(cfg)
+        super().__init__(cfg, layer=layer)
         R, E = cfg.moe_router_hidden, cfg.moe_experts
         self.router = nn.Linear(cfg.n_embd, R, bias=True)
         self.state_scale = nn.Parameter(torch.ones(R)) if layer else None
@@ -4128,6 +4326,14 @@ class ManifoldHyperHead(nn.Module):
         mixes = normed_mixes(xs.flatten(2), self.fn, self.norm_eps, self.after)
         pre = torch.sigmoid(mixes * self.scale.float() + self.base.float()) + self.eps  # (B, T, N)
         return (pre.unsqueeze(-1) * xs).sum(dim=2).to(xs.dtype)
+class MeanHyperHead(nn.Module):
+    """The streams (B, T, N, C) -> their mean (B, T, C) before the final norm (model.mhc_head_mean: GLM-5.3-Next's
+    Glm5NextTextHyperHead, an unweighted mean where DeepSeek-V4's head learns its weights)."""
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        return xs.mean(dim=2)
+
+
 class HyperConnection(nn.Module):
     """One hyper-connection (model.hc_streams, as transformers' Qwen4ExpTextGatedResidual computes it): the N streams
     (B, T, N, C) -> the sublayer's input (B, T, C), their normed average under learned gates, and, with inject, each
@@ -4375,7 +4581,8 @@ class Block(nn.Module):
         else:
             attention = (LatentAttention if cfg.kv_lora_rank else SharedKVAttention if cfg.shared_kv_attention
                          else CCAAttention if cfg.cca_kernels else DiffAttention if cfg.diff_attention
-                         else KeyBiasAttention if cfg.attn_key_bias else Attention)
+                         else KeyBiasAttention if cfg.attn_key_bias
+                         else RelBiasAttention if cfg.rel_bias_dim else Attention)
             self.attn = ShortConv(cfg, layer) if self.conv else attention(cfg, value_embedding, layer)
         self.window = self.attn.window if mixer else 0  # the key of the attention mask its mixer reads
         if not mlp:
@@ -4385,12 +4592,14 @@ class Block(nn.Module):
         elif cfg.moe_router_hidden:  # ZAYA's: routed by an MLP over a state carried from layer to layer
             self.mlp = StateRoutedMoE(cfg, layer)
         elif cfg.layer_has_experts(layer) and not (cfg.moe_beside_dense or cfg.moe_shortcut):
-            self.mlp = MoE(cfg, hashed=layer in cfg.moe_hash_layers)
+            self.mlp = MoE(cfg, hashed=layer in cfg.moe_hash_layers, layer=layer)
         elif cfg.kv_shared_mlp_hidden and cfg.kv_source(layer) is not None:  # Gemma 4's double-wide MLP
-            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden))
+            self.mlp = MLP(replace(cfg, mlp_hidden=cfg.kv_shared_mlp_hidden),
+                           act_limit=cfg.swiglu_act_limits[layer] if cfg.swiglu_act_limits else 0.0)
         else:  # a dense MLP, moe_dense_hidden wide beside a mixture's experts (first moe_dense_layers, off moe_layers)
             self.mlp = MLP(replace(cfg, mlp_hidden=cfg.moe_dense_hidden) if cfg.moe_dense_hidden else cfg,
-                           cfg.mlp_sparsity[layer] if cfg.mlp_sparsity else 0.0)
+                           cfg.mlp_sparsity[layer] if cfg.mlp_sparsity else 0.0,
+                           cfg.swiglu_act_limits[layer] if cfg.swiglu_act_limits else 0.0)
         # per_layer_embd (Gemma 4's per-layer inputs): after the MLP, x + norm(ple_proj(gelu(ple_gate(x)) · input))
         self.ple_gate = self.ple_proj = self.ple_norm = None
         if cfg.per_layer_embd:
@@ -4408,12 +4617,12 @@ class Block(nn.Module):
         # moe_beside_dense (Gemma 4's MoE block): the experts beside the dense MLP, each output normed before the sum
         self.moe = self.dense_out_norm = self.moe_out_norm = None
         if cfg.moe_beside_dense and mlp:
-            self.moe = MoE(cfg)
+            self.moe = MoE(cfg, layer=layer)
             self.dense_out_norm, self.moe_out_norm = make_norm(cfg, cfg.n_embd), make_norm(cfg, cfg.n_embd)
         # moe_shortcut (LongCat-Flash's): the even blocks' experts beside the MLP, their output carried to the next
         self.shortcut = cfg.moe_shortcut
         if cfg.moe_shortcut and cfg.layer_has_experts(layer):
-            self.moe = MoE(cfg)
+            self.moe = MoE(cfg, layer=layer)
         self.drop = nn.Dropout(cfg.dropout)
         self.residual_multiplier = cfg.residual_multiplier  # 0: the sublayers' outputs join the stream as they are
         # altup_streams (Gemma 3n's AltUp, N streams): the router (N, C) reading RMSNorm(x) / C, the prediction
@@ -4608,6 +4817,8 @@ class Block(nn.Module):
 
     def _forward(self, x, rope, attn_mask, cache, ve, doc_ids, shared, ids=None):
         kw = {} if shared is None else {"shared": shared}  # an attention layer's alone
+        if getattr(self.attn, "k_conv", None) is not None:  # model.kv_conv: its convolutions keep documents apart
+            kw["doc_ids"] = doc_ids
         if self.attn_rate is not None:  # nGPT's: each normed output interpolated toward, as DoryDecoderLayer does
             u = self.norm1(x)
             h = self.attn_out_norm(self.out(self.attn(u, rope, attn_mask, cache, ve, **kw)))
@@ -4737,7 +4948,7 @@ class GPT(nn.Module):
             self.ple_proj = nn.Linear(cfg.n_embd, width, bias=False)
             self.ple_norm = make_norm(cfg, cfg.per_layer_embd)
         # mhc_streams (DeepSeek-V4's hyper-connections): the embeddings copied into every stream, the head summing them
-        self.mhc_head = ManifoldHyperHead(cfg) if cfg.mhc_streams else None
+        self.mhc_head = (MeanHyperHead() if cfg.mhc_head_mean else ManifoldHyperHead(cfg)) if cfg.mhc_streams else None
         # altup_streams (Gemma 3n's AltUp): N - 1 (C, C) projections of the embeddings into the further streams and
         # N - 1 back out of them (stream_in, stream_out)
         self.altup_in = self.altup_out = None
@@ -4928,6 +5139,8 @@ class GPT(nn.Module):
                     scale.fill_(1.0)
             if isinstance(block.attn, KeyBiasAttention):  # A = 0: every key's bias exp(0) = 1 at init
                 block.attn.A.zero_()
+            if isinstance(block.attn, RelBiasAttention):  # as transformers' InklingPreTrainedModel draws them
+                block.attn.rel_profiles.normal_(0.0, std)
             if block.layer_scalar is not None:
                 block.layer_scalar.fill_(1.0)
             if block.attn_rate is not None:  # model.ngpt's rates and query scales (sqrt(D): nGPT's softmax scale)
@@ -5002,7 +5215,7 @@ class GPT(nn.Module):
         """flex when asked for; under auto, on CUDA inside torch.compile (the training step), where flex attention
         is compiled into a kernel. Eager flex attention is a slow reference, so evaluation takes the SDPA mask."""
         choice = self.cfg.doc_attention
-        if self.cfg.pos_emb == "alibi":  # its bias goes in SDPA's float mask (validate refuses flex with it)
+        if self.cfg.pos_emb == "alibi" or self.cfg.rel_bias_dim:  # a float mask for SDPA (validate refuses flex)
             return False
         return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and self.cfg.dropout == 0
                                     and torch.compiler.is_compiling())
@@ -5291,22 +5504,23 @@ class GPT(nn.Module):
         """Training FLOPs (forward + backward) per token at sequence length seq_len.
 
         exact=False: the usual 6N + 12·L·d·T (N = parameters without the position table, d the attention width
-        n_head · head_dim, each layer's own with global_head_size; PaLM appendix B).
+        n_head · head_dim, each layer's own with global_head_size and window_n_head; PaLM appendix B).
         exact=True: 6 × (every matmul weight, the head at its padded size, each counted once per use)
         + 12·H·(D·T_attended summed over the attention layers), T_attended capped by each layer's window; norms,
         elementwise work and the delta nets' state updates are left out, as in the formula.
         """
         cfg = self.cfg
         T = seq_len or cfg.context_len
-        # a mixture of experts computes with moe_top_k of its experts a token: the others' weights do no work
-        idle = sum((1 - cfg.moe_top_k / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
+        # a mixture of experts computes with moe_top_k of its experts a token (and its moe_sink_experts): the others'
+        # weights do no work
+        idle = sum((1 - (cfg.moe_top_k + cfg.moe_sink_experts) / cfg.moe_experts) * (m.fc.numel() + m.proj.numel())
                    for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoE))
         if not exact:
             n = self.num_params() - (self.wpe.weight.numel() if self.wpe is not None else 0) - idle
             # a looped section's later passes (model.loop_section) compute with their blocks' weights again
             n += sum(p.numel() for b in self.blocks if isinstance(b, LoopPass) for p in b.block.parameters())
-            # each attention layer at its own head width (model.global_head_size)
-            return 6 * n + 12 * cfg.n_head * sum(map(cfg.layer_head_dim, cfg.attention_layers)) * T
+            # each attention layer at its own head width and count (model.global_head_size, window_n_head)
+            return 6 * n + 12 * sum(cfg.layer_n_head(i) * cfg.layer_head_dim(i) for i in cfg.attention_layers) * T
         matmul = -idle
         for block in self.blocks:
             for module in getattr(block, "block", block).modules():  # a loop's later pass: its block's again
@@ -5314,13 +5528,15 @@ class GPT(nn.Module):
                     matmul += module.weight.numel()
                 elif isinstance(module, MoE):
                     matmul += module.fc.numel() + module.proj.numel()
+                elif isinstance(module, RelBiasAttention):  # the profiles, once for each head's mix of them
+                    matmul += module.n_head * module.rel_profiles.numel()
         matmul += self.lm_head.weight.numel()
         hc_out = () if self.hc_out is None else (self.hc_out.down, self.hc_out.up)  # the last streams' mixer
         for proj in (*(self.altup_in or ()), *(self.altup_out or ()), *hc_out):  # AltUp's streams in and out
             matmul += proj.weight.numel()
-        attended = sum(cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # head width x keys, layer by layer
+        attended = sum(cfg.layer_n_head(i) * cfg.layer_head_dim(i) * (min(T, abs(w)) if w else T)  # heads x keys
                        for i, w in zip(cfg.attention_layers, map(cfg.layer_mask, cfg.attention_layers)))
-        return 6 * matmul + 12 * cfg.n_head * attended
+        return 6 * matmul + 12 * attended
 
     # -- plain generation (the fast KV-cache engine lives in redline/inference) -------------------------
 

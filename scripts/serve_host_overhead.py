@@ -37,6 +37,7 @@ import torch  # noqa: E402
 from redline.data.embedded import embedded_documents, prepare_embedded  # noqa: E402
 from redline.inference.sampling import SamplingParams  # noqa: E402
 from redline.inference.text import stop_token_ids  # noqa: E402
+from redline.model import ModelConfig  # noqa: E402
 from redline.serve.engine_process import _Outbox, to_wire  # noqa: E402
 from redline.serve.scheduler import Scheduler, Sequence  # noqa: E402
 from redline.tokenizer import load_tokenizer  # noqa: E402
@@ -52,8 +53,8 @@ class InstantBatch:
     def __init__(self, table: torch.Tensor, vocab: int, capacity: int):
         rows, self.width = table.shape
         self.table, self.vocab, self.capacity = table, vocab, capacity
-        self.engine = SimpleNamespace(device=torch.device("cpu"),
-                                      cfg=SimpleNamespace(vocab_size=vocab, head_width=vocab), describe=dict)
+        # a real config (every field the scheduler may read, at its default), of the table's vocabulary
+        self.engine = SimpleNamespace(device=torch.device("cpu"), cfg=ModelConfig(vocab_size=vocab), describe=dict)
         self.busy = [False] * rows
         self.made = torch.zeros(rows, dtype=torch.long)  # tokens each row has generated
         self.group_steps = 0

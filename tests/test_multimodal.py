@@ -12,11 +12,12 @@ family, loaded with no missing or unexpected keys; the head's tying as each conf
 refusals (the Inkling folders). Also Apertus1p5ForConditionalGeneration (one-stage image and audio tokenizers),
 CohereCompassForConditionalGeneration (Qwen3-VL's tower), AriaForConditionalGeneration (Idefics3's tower and a
 cross-attention projector), MiniMaxM3SparseForConditionalGeneration, MistralLarge4ForConditionalGeneration and
-HYV4VLForConditionalGeneration (import only) and
+HYV4VLForConditionalGeneration and Glm5NextForConditionalGeneration (GLM-5.3-Next: import only) and
 Gemma4UnifiedForConditionalGeneration (its embedders, no towers). Round 3 (part A): Kimi K2.5, GLM-4.6V and GLMGA,
 GLM-OCR, ERNIE 4.5 VL, PaddleOCR-VL, LFM3-VL, MiniCPM-V 4.6/4.7 and MiniCPM-OCR, Qianfan-OCR, DeepSeek-VL (and
 hybrid), Cosmos 3 Reasoner and Edge, DeepSeek-OCR 2 (import only) and Nemotron-H Omni, in their save layouts;
-GLM-5.3-Next and Step 3.7 refused by name; Unlimited-OCR (import only: reference sliding windows). Round 3 (part B):
+Step 3.7 (import only: tests/test_step3p5.py for the rest); Unlimited-OCR (import only: reference sliding
+windows). Round 3 (part B):
 Idefics2, PerceptionLM, FastVLM, LightOnOCR, Janus, Ovis2 and VideoLLaMA 3 (LLaVA-like), the Qwen2.5-Omni and
 Qwen3-Omni-MoE thinkers (a vision tower and an audio encoder), Granite-Docling, HyperCLOVA X SEED Vision, Emu3 (a
 VQ-VAE, no tower), Molmo2 (its Hub layout, a head narrower than the embedding), Chameleon (chameleon.py: per-head QK
@@ -133,6 +134,28 @@ def _hy_v4_vl_config():
                                              num_attention_heads=2, out_hidden_size=64, patch_size=14,
                                              spatial_merge_size=2),
         image_token_id=VOCAB - 1, video_token_id=VOCAB - 2)
+
+
+def _glm5_next_config(**text):
+    """GLM-5.3-Next's layout: a KDA layer, two NoPE DSA latent layers (the second reusing the first's choice:
+    indexer_types shared) and a KDA layer on three Sinkhorn-mixed hyper-connection streams, a dense first MLP and
+    clamped experts, 19 tokens (index_topk + index_kpool - 1, the import's context) the pooled indexer keeps whole;
+    beside a one-layer vision tower."""
+    fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                  n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, kv_lora_rank=32, q_lora_rank=48,
+                  qk_nope_head_dim=16, v_head_dim=16, index_topk=16, index_head_dim=16, index_n_heads=2,
+                  index_kpool=4, linear_head_dim=16, linear_num_heads=2, hc_mult=3, hc_sinkhorn_iters=5,
+                  max_position_embeddings=64, rms_norm_eps=1e-5, swiglu_limit=0.5, pad_token_id=None,
+                  mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                  layer_types=["linear_attention", "indexed_attention", "indexed_attention", "linear_attention"],
+                  indexer_types=["full", "full", "shared", "full"])
+    return transformers.Glm5NextConfig(
+        text_config={**fields, **text},
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                           patch_size=14, projection_intermediate_size=32),
+        image_token_id=VOCAB - 1, video_token_id=VOCAB - 2, image_start_token_id=VOCAB - 3,
+        image_end_token_id=VOCAB - 4, video_start_token_id=VOCAB - 5, video_end_token_id=VOCAB - 6)
 
 
 def _dots3_note_config():
@@ -432,6 +455,7 @@ CASES = {"gemma3": (_gemma3_config, "Gemma3ForConditionalGeneration", "Gemma3For
          "mistral_large4": (_mistral_large4_config, "MistralLarge4ForConditionalGeneration", None,  # import only
                             None),
          "hy_v4_vl": (_hy_v4_vl_config, "HYV4VLForConditionalGeneration", None, None),  # import only
+         "glm5_next": (_glm5_next_config, "Glm5NextForConditionalGeneration", None, None),  # import only
          "mistral3-mistral4": (_mistral3_mistral4_config, "Mistral3ForConditionalGeneration", "Mistral4ForCausalLM",
                                _other_layout),
          "qwen3_vl": (_qwen3_vl_config, "Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM", _other_layout),
@@ -822,6 +846,45 @@ _ROUND3_FIRST = ("kimi_k25", "glm46v-moe", "glm_ocr", "ernie4_5_vl_moe", "paddle
                  "cosmos3_omni", "cosmos3_edge", "deepseek_ocr2", "nemotron_h_omni", "unlimited_ocr")
 
 
+def _step3p7_config(top=None, **text):
+    """Step 3.7's layout: Step 3.5's text model (a dense first layer, then 2 of 4 sigmoid-scored experts with a
+    routing bias and a shared expert; full - windowed - full - windowed layers, the windowed ones 6 query heads to the
+    full ones' 4, each type its own RoPE base and partial factor; the scores scaled by query_pre_attn_scalar; SwiGLU
+    clamps on some layers' experts, shared experts and dense MLP, small enough to bite) after a one-layer tower."""
+    return transformers.Step3p7Config(
+        text_config={**dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                            moe_intermediate_size=24, n_routed_experts=4, num_experts_per_tok=2, share_expert_dim=32,
+                            layer_types=["full_attention", "sliding_attention"] * 2, sliding_window=5,
+                            num_sliding_attention_heads=6, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                            swiglu_limits=[0, 0.05, 0, 0.03], swiglu_limits_shared=[0.04, 0, 0.05, 0],
+                            moe_router_scaling_factor=1.5, query_pre_attn_scalar=12, rope_theta=[500.0, 300.0] * 2,
+                            partial_rotary_factors=[0.5, 1.0] * 2, pad_token_id=0), **text},
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14), image_token_id=VOCAB - 1, **(top or {}))
+
+
+def _step3p7_in_memory(weights: dict) -> dict:
+    """Step 3.7's tensors under transformers' module names (model.language_model.*, mlp.gate.*, mlp.experts.
+    gate_up_proj, mlp.shared_experts.*) from save_pretrained's (the Hub's: model.*, moe.*, share_expert.*)."""
+    out = {}
+    for name, t in weights.items():
+        if name.startswith(("model.layers.", "model.embed_tokens.", "model.norm.")):
+            name = "model.language_model." + name[len("model."):]
+        name = name.replace(".share_expert.", ".mlp.shared_experts.").replace(".moe.gate.", ".mlp.gate.")
+        name = name.replace(".moe.router_bias", ".mlp.gate.e_score_correction_bias")
+        name = name.replace(".moe.down_proj.weight", ".mlp.experts.down_proj")
+        if name.endswith(".moe.gate_proj.weight"):
+            up = weights[name.replace("model.language_model.", "model.").replace("gate_proj", "up_proj")]
+            out[name.replace(".moe.gate_proj.weight", ".mlp.experts.gate_up_proj")] = torch.cat([t, up], dim=1)
+        elif not name.endswith(".moe.up_proj.weight"):
+            out[name] = t
+    return out
+
+
+CASES["step3p7"] = (_step3p7_config, "Step3p7ForConditionalGeneration", None, _step3p7_in_memory)  # import only
+
+
 def _folder(kind, path, layout="saved"):
     """save_pretrained of a tiny multimodal model of `kind` (every parameter perturbed), a tokenizer without a
     chat template and the processor's files (its chat_template.json among them); layout "renamed": the tensors
@@ -844,7 +907,8 @@ def _folder(kind, path, layout="saved"):
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2], "bos_token_id": 0}))
     if layout == "renamed":
         weights = load_file(str(path / "model.safetensors"))
-        renamed = rename(weights) if rename in (_qwen3_vl_moe_hub, _ernie_in_memory, _cosmos3_unified) else {
+        renamed = rename(weights) if rename in (_qwen3_vl_moe_hub, _ernie_in_memory, _cosmos3_unified,
+                                                _step3p7_in_memory) else {
             rename(k): v for k, v in weights.items()}
         save_file(renamed, str(path / "model.safetensors"),
                   metadata={"format": "pt"})
@@ -860,8 +924,8 @@ def _language_model(hf):
 # a layout above with another class or text model, and the other layouts of the new ones, run as slow tests
 _FIRST = ("gemma3", "mistral3", "ministral3", "qwen3_vl", "mistral3-mistral4", "llava", "qwen2_vl", "qwen3_vl_moe",
           "smolvlm", "aya_vision", "glm4v", "hunyuan_vl", "mllama", "apertus1p5", "apertus1p5-pruned", "cohere_compass",
-          "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note", "mistral_large4", "hy_v4_vl",
-          *_ROUND3_FIRST)
+          "aria", "minimax_m3_vl", "gemma4_unified", "dots3_note", "mistral_large4", "hy_v4_vl", "glm5_next",
+          *_ROUND3_FIRST, "step3p7")
 _FIRST += ("perception_lm", "janus", "ovis2", "shieldgemma2", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
            "granite_docling", "hyperclovax_vision_v2", "emu3", "molmo2", "molmo2-o", "chameleon")
 
@@ -1237,14 +1301,10 @@ def test_round3_refusals_name_the_option(kind, top, fragment):
         family_for(config, "folder").model_config(config)
 
 
-@pytest.mark.parametrize("model_type, fragment", [("glm5_next", "hyper-connections"),
-                                                   ("glm5_next_text", "hyper-connections"),
-                                                   ("step3p7", "a head count of their own"),
-                                                   ("unlimited_ocr_text", "reference sliding windows")])
+@pytest.mark.parametrize("model_type, fragment", [("unlimited_ocr_text", "reference sliding windows")])
 def test_round3_refused_folders_name_why(model_type, fragment):
-    """GLM-5.3-Next (KDA layers, pooled-group DSA latent attention without RoPE, Sinkhorn hyper-connections), Step 3.7
-    (windowed layers with their own head count) and Unlimited-OCR's text model alone (no causal LM of it in
-    transformers: an unlimited_ocr folder holds it) are refused by name at import."""
+    """Unlimited-OCR's text model alone (no causal LM of it in transformers: an unlimited_ocr folder holds it) is
+    refused by name at import."""
     from redline.interop.families import family_for
 
     config = transformers.AutoConfig.for_model(model_type).to_dict()

@@ -126,6 +126,8 @@ def test_export_refuses_what_zaya_has_not(overrides, fragment):
     (dict(cca_kernels=(0, 2)), "model.cca_kernels takes two kernel widths"),
     (dict(qk_norm=True), "model.cca_kernels \\(ZAYA's attention\\) takes separate unbiased"),
     (dict(fused_qkv=True), "model.cca_kernels \\(ZAYA's attention\\) takes separate unbiased"),
+    (dict(kv_conv=2), "model.cca_kernels \\(ZAYA's attention\\) takes separate unbiased"),
+    (dict(moe_swiglu_limit=5.0), "takes unclamped gated experts"),
     (dict(norm_position="sandwich"), "model.residual_affine and model.moe_router_hidden are ZAYA's"),
     (dict(moe_top_k=2), "moe_top_k 1"),
     (dict(moe_norm_topk=True), "moe_top_k 1"),

@@ -7,6 +7,9 @@ right-padded and each row then decodes at a slot of its own (`slot`, (B,)), and 
 sequence while the others go on (continuous batching). With dtype float8_e4m3fn the keys and values are stored as
 FP8 with an fp32 scale per (row, kv head, slot) (`quantize_kv`), about half a bf16 cache's bytes.
 
+With model.kv_conv a layer's slots hold its raw k and v projections: the cache layers convolve and norm them
+(Attention.convolved_kv) over the slots they attend to.
+
 Cache layers: `Attention.forward(x, rope, cache=layer, ve=ve)` (redline/model.py) calls
 `layer.attend(attn, x, rope, ve)`, which computes the projections through the attention module's own methods (the
 layer's value embedding `ve`, if any, mixed into the values, so the cache holds the mixed values), stores what the
@@ -330,7 +333,12 @@ class PrefillLayer:
             self.kv = (quantize_kv(k), quantize_kv(v)) if self.quantize else (k, v)
             if self.prefix is not None:
                 k, v = torch.cat([self.prefix[0], k], dim=2), torch.cat([self.prefix[1], v], dim=2)
+            if getattr(attn, "k_conv", None) is not None:  # model.kv_conv: raw projections, convolved from slot 0
+                k, v = attn.convolved_kv(k, v)
         mask = self.mask
+        if hasattr(attn, "position_bias"):  # model.rel_bias_dim: new token i at slot start + i, key j at slot j
+            S, T = k.shape[2], q.shape[2]
+            return attn.attend(q, k, v, attn.biased_mask(x, S - T, S, self.mask), is_causal=False)
         if attn.cfg.pos_emb == "alibi":  # new token i at slot start + i, key j at slot j: the bias by slot distance
             S, T = k.shape[2], q.shape[2]  # (1, H, T, S) fp32 (alibi_mask's cost), S = start + T
             slots = torch.arange(S, device=q.device)
@@ -395,12 +403,13 @@ class PrefillLayer:
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
                      scale: float | None = None, softcap: float = 0.0,
                      sinks: torch.Tensor | None = None, alibi_slot: torch.Tensor | None = None,
-                     key_bias: torch.Tensor | None = None) -> torch.Tensor:
+                     key_bias: torch.Tensor | None = None, score_bias: torch.Tensor | None = None) -> torch.Tensor:
     """One query token against the cache. q: (B, H, 1, D); caches (B, KV, W, D); mask (B, 1, 1, W) bool; scale: the
     scores' (None: 1 / sqrt(D)); sinks: None or the heads' sink logits (H,), each one more term exp(sink) in its
     head's softmax denominator (model.attn_sinks); alibi_slot: None or each row's query slot (B,) (model.pos_emb=
     alibi: head h's scores plus -m_h·(slot - j) for slot j, a slot being a position); key_bias: None or each kv
-    head's keys' biases (B, KV, W) added to their scores (model.attn_key_bias) -> (B, 1, H*D). The H/KV query
+    head's keys' biases (B, KV, W) added to their scores (model.attn_key_bias); score_bias: None or each query head's
+    biases over the slots (B, H, W) (model.rel_bias_dim) -> (B, 1, H*D). The H/KV query
     heads of a kv head are laid out as H/KV query rows of that head, so the cache is read once per kv head and never
     expanded (query head h uses kv head h // (H/KV), as SDPA's enable_gqa): (B, KV, H/KV, D) @ (B, KV, D, W) ->
     masked fp32 softmax -> @ (B, KV, W, D)."""
@@ -417,6 +426,8 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         scores = scores - slopes * dist[:, None, None, :].to(scores.dtype)
     if key_bias is not None:  # model.attn_key_bias: (B, KV, W), each kv head's keys' own bias
         scores = scores + key_bias[:, :, None, :].to(scores.dtype)
+    if score_bias is not None:  # model.rel_bias_dim: head h = kv * (H/KV) + g at [kv, g]
+        scores = scores + score_bias.reshape(B, KV, H // KV, -1).to(scores.dtype)
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is None:
         probs = F.softmax(scores, dim=-1).to(v_cache.dtype)
@@ -522,9 +533,14 @@ class DecodeLayer:
                 _scatter_slot(scales, self.slot, scale)
             keys = dequantize_kv(self.k_buf[:, :, :W], self.scales[0][:, :, :W], q.dtype)
             values = dequantize_kv(self.v_buf[:, :, :W], self.scales[1][:, :, :W], q.dtype)
+        if getattr(attn, "k_conv", None) is not None:  # model.kv_conv: the slots' raw projections convolved and
+            keys, values = attn.convolved_kv(keys, values)  # normed (causal: slots after a row's own reach none)
         alibi = self.slot if attn.cfg.pos_emb == "alibi" else None
         if getattr(attn, "compress_rate", 0):  # DeepSeek-V4's compressed keys, pooled from the cached projections
             return attn.attend_slots(q, keys, self.mask, self.slot)
+        if hasattr(attn, "position_bias"):  # model.rel_bias_dim: the new token's biases over the slots by distance
+            bias = attn.position_bias(x, self.slot, W)[:, :, 0]  # (B, H, W)
+            return cached_attention(q, keys, values, self.mask, attn.scale, score_bias=bias)
         if hasattr(attn, "key_bias"):  # model.attn_key_bias: each cached key's bias from its cached values
             return cached_attention(q, keys, values, self.mask, attn.scale, attn.cfg.attn_softcap, attn.sinks, alibi,
                                     key_bias=attn.key_bias(values))

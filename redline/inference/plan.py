@@ -114,10 +114,10 @@ def _attention(choice: str, cfg, device: torch.device, compile: bool, dtype: tor
 
 
 def layerwise_attention(cfg) -> str | None:
-    """Gemma 4's and Gemma 3n's attention and block options, which redline's decode kernels and FP8 cache do not
-    take, by name, or None."""
-    for name in ("global_head_size", "global_kv_head", "global_values_from_keys", "v_norm", "kv_shared_layers",
-                 "per_layer_embd", "layer_scalars", "moe_beside_dense", "altup_streams", "laurel_rank",
+    """Gemma 4's and Gemma 3n's attention and block options (and Step 3.5's windowed head count), which redline's
+    decode kernels and FP8 cache do not take, by name, or None."""
+    for name in ("global_head_size", "global_kv_head", "window_n_head", "global_values_from_keys", "v_norm",
+                 "kv_shared_layers", "per_layer_embd", "layer_scalars", "moe_beside_dense", "altup_streams", "laurel_rank",
                  "mlp_sparsity"):
         if getattr(cfg, name, 0):
             return f"model.{name}"
@@ -135,6 +135,12 @@ def _triton_attention_unsupported(cfg, device: torch.device, dtype: torch.dtype)
     if getattr(cfg, "attn_key_bias", False):
         return ("decode_attention triton adds no key biases to its scores (model.attn_key_bias); use decode_attention "
                 "matmul (or auto)")
+    if getattr(cfg, "kv_conv", 0):
+        return ("decode_attention triton attends over the keys and values it stores, not over convolutions of the "
+                "cached projections (model.kv_conv); use decode_attention matmul (or auto)")
+    if getattr(cfg, "rel_bias_dim", 0):
+        return ("decode_attention triton adds no relative-position bias to its scores (model.rel_bias_dim); use "
+                "decode_attention matmul (or auto)")
     if getattr(cfg, "diff_attention", False):
         return ("decode_attention triton has no differential attention (model.diff_attention); use decode_attention "
                 "matmul (or auto)")

@@ -21,7 +21,8 @@ CohereCompassForConditionalGeneration (model_type "cohere_compass": North-Micro-
 forward around cohere_compass_text: cohere.py, whose multimodal RoPE is plain RoPE on text as Qwen3-VL's is),
 Aria's AriaForConditionalGeneration (model_type "aria", its text model aria_text: aria.py) and MiniMax-M3's
 MiniMaxM3SparseForConditionalGeneration (model_type "minimax_m3_vl", its text model minimax_m3_vl_text:
-minimax_m3.py, import only).
+minimax_m3.py, import only) and Step 3.7's Step3p7ForConditionalGeneration (model_type "step3p7", its text model
+step3p5: step3p5.py, import only).
 Also Kimi K2.5's Kimi_K25ForConditionalGeneration (kimi_k25: DeepSeek-V3's text model), GLM-4.6V's and GLMGA's
 Glm46VForConditionalGeneration (glm46v, glmga: GLM-4.1V's or GLM-4.5V's text model) and GLM-OCR's (glm_ocr: GLM-4.1V's
 text model without q/k/v biases), their multimodal RoPE plain on text as GLM-4.1V's; ERNIE 4.5 VL (ernie4_5_vl_moe:
@@ -129,7 +130,8 @@ _TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.
            "projector.",  # VideoLLaMA 3's and HyperCLOVA X SEED Vision's projector
            "model.vision_projector.",  # HyperCLOVA X SEED Vision's as its Hub folders name it
            "model.density_router.",  # Granite-Docling's image-token router
-           "model.vision_backbone.")  # Molmo2's tower and adapter, as its Hub folders (and save_pretrained) name them
+           "model.vision_backbone.",  # Molmo2's tower and adapter, as its Hub folders (and save_pretrained) name them
+           "vit_large_projector.")  # Step 3.7's projector as its Hub folders (and save_pretrained) name it
 
 
 # The text config classes' defaults for the fields redline reads, which transformers fills in where a folder's
@@ -504,9 +506,11 @@ def families() -> tuple[Family, ...]:
     lighton_ocr, janus, ovis2, video_llama_3 (_more_llava_like), qwen2_5_omni_thinker (qwen2, its multimodal RoPE
     plain on text), qwen3_omni_moe_thinker (qwen3_moe), granite_docling (granite), hyperclovax_vision_v2
     (hyperclovax), emu3 (emu3_text_model: llama_kin.py), molmo2 (qwen3 or olmo2, its Hub layout: _molmo2_view),
-    shieldgemma2 (gemma3_text)."""
-    from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, granite, hunyuan,
-                                 hy_v4, lfm2, llama, llama_kin, minimax_m3, mistral_large4, moe, olmo2)
+    shieldgemma2 (gemma3_text), glm5_next (glm5_next_text: glm5_next.py), step3p7
+    (step3p5: step3p5.py)."""
+    from redline.interop import (apertus, aria, cohere, deepseek_kin, dots3, exaone4, gemma3, glm, glm5_next, granite,
+                                 hunyuan, hy_v4, lfm2, llama, llama_kin, minimax_m3, mistral_large4, moe, olmo2,
+                                 step3p5)
 
     llamas = {f.name: f for f in llama.FAMILIES}
     kin = {f.name: f for f in llama_kin.FAMILIES}
@@ -580,9 +584,19 @@ def families() -> tuple[Family, ...]:
             # model., beside HunYuan-VL's tower under vit.; import only
             multimodal_family("hy_v4_vl", "HYV4ForCausalLM", {"hy_v4_vl_text": hy_v4.VL_TEXT_FAMILY},
                               "hy_v4_vl_text", tie_default=False),
+            # GLM-5.3-Next: its text model (glm5_next.py) under model.language_model., beside its vision tower;
+            # a text-only folder's text fields at the top level (Glm5NextConfig forwards them to text_config); import
+            # only
+            multimodal_family("glm5_next", "Glm5NextForConditionalGeneration",
+                              {"glm5_next_text": glm5_next.FAMILY}, "glm5_next_text", tie_default=False),
             # dots.3 Note: its text model under model.language_model., beside a vision and an audio tower
             multimodal_family("dots3_note", "Dots3NoteForCausalLM", {"dots3_note_text": dots3.FAMILY},
                               "dots3_note_text", tie_default=False),
+            # Step 3.7: Step 3.5's text model (step3p5.py) under model. (the Hub's and save_pretrained's) or
+            # model.language_model., beside its tower under vision_model. and vit_large_projector.; no head tying
+            # unless the top-level config asks (Step3p7Config has no tie_word_embeddings of its own); import only
+            multimodal_family("step3p7", "Step3p7ForConditionalGeneration", {"step3p5": step3p5.TEXT_FAMILY},
+                              "step3p5", tie_default=False),
             *_round3_families(),
             *_more_llava_like(llama_layout),
             # Qwen2.5-Omni's thinker: Qwen2.5-VL's text model (its multimodal RoPE plain on text: the thinker's

@@ -57,6 +57,9 @@ FIELDS_ACCOUNTED = {
     "loop_passes": "with loop_section",
     "diff_attention": "refused: the attention kernel computes one map over the values",
     "attn_key_bias": "refused: the attention kernel adds no key biases",
+    "rel_bias_dim": "refused: the attention kernel adds no relative-position bias",
+    "rel_bias_extent": "with rel_bias_dim",
+    "kv_conv": "refused: the attention kernel attends over stored keys and values, not convolutions of them",
     "residual_scales": "refused: the sublayers' outputs join an unscaled stream",
     "normed_residual": "refused: the sublayers' outputs join the stream itself, not its normed and scaled copy",
     "delta_dt_min": "refused with delta_layers",
@@ -90,7 +93,7 @@ FIELDS_ACCOUNTED = {
     "moe_dense_hidden": "refused with moe_experts", "moe_layers": "refused with moe_experts",
     "moe_post_norm": "refused with moe_experts",
     "moe_out_bias": "refused with moe_experts",
-    "moe_identity_experts": "refused with moe_experts",
+    "moe_identity_experts": "refused with moe_experts", "moe_sink_experts": "refused with moe_experts",
     "norm_gate_rank": "refused (unsupported): the product kernels fold plain norms into the next product",
     "q_latent_gate": "refused with kv_lora_rank (latent attention: fused_qkv off)",
     "q_position_scale": "refused with kv_lora_rank (latent attention: fused_qkv off)",
@@ -101,6 +104,8 @@ FIELDS_ACCOUNTED = {
     "moe_router_hidden": "refused with moe_experts",
     "moe_weight_input": "refused with moe_experts", "moe_bias_on_logits": "refused with moe_experts",
     "moe_swiglu_limit": "refused with moe_experts",
+    "moe_swiglu_act_limits": "refused with moe_experts",
+    "swiglu_act_limits": "refused (unsupported): the fused SwiGLU clamps nothing",
     "moe_jitter_eps": "refused with moe_experts", "moe_input_jitter": "training only (and refused with moe_experts)",
     "qkv_clip": "refused by kernel_prologue_unsupported (the clamp sits between the projection and the kernel)",
     "rope_qk_norm": "refused (kernel_prologue_unsupported): the attention kernel normalizes by a weight before RoPE",
@@ -149,6 +154,7 @@ FIELDS_ACCOUNTED = {
     # Gemma 4's (plan.layerwise_attention names them; sandwich norms and separate q/k/v are refused besides)
     "global_head_size": "refused: one head width for every layer's qkv product",
     "global_kv_head": "refused: one KV head count for every layer's qkv product",
+    "window_n_head": "refused: one query head count for every layer's qkv product",
     "global_values_from_keys": "refused: the qkv product gives values of their own",
     "v_norm": "refused: the attention kernel stores the values as the product gives them",
     "kv_shared_layers": "refused: every layer's kernel writes the key and value it computes",
@@ -171,6 +177,7 @@ FIELDS_ACCOUNTED = {
     "rope_unscaled_theta": "with shared_kv_attention (DeepSeek-V4's)",
     "moe_hash_layers": "refused with moe_experts",
     "mhc_post_scale": "refused with mhc_streams",
+    "mhc_head_mean": "refused with mhc_streams (the head after the blocks, outside this path)",
     # Qwen4-Exp's
     "hc_streams": "refused: the block runs on one residual stream, not hyper-connections' several",
     "hc_rank": "refused with hc_streams",
@@ -219,6 +226,11 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "cca_kernels", ()) or getattr(cfg, "residual_affine", False):
         return ("decode_linear triton has no convolutional attention and scales no residual stream "
                 "(model.cca_kernels, model.residual_affine)")
+    if getattr(cfg, "kv_conv", 0):
+        return "decode_linear triton hands the attention kernel keys and values without convolutions (model.kv_conv)"
+    if getattr(cfg, "rel_bias_dim", 0):
+        return ("decode_linear triton hands the attention kernel scores it adds no relative-position bias to "
+                "(model.rel_bias_dim)")
     if getattr(cfg, "normed_residual", ()):
         return ("decode_linear triton adds the sublayers' outputs to the stream, not to its normed input "
                 "(model.normed_residual)")
@@ -247,6 +259,8 @@ def unsupported(cfg) -> str | None:
     if getattr(cfg, "mlp_free_layers", ()) or getattr(cfg, "mixer_free_layers", ()):
         return ("decode_linear triton runs blocks of attention and an MLP, not one of them alone "
                 "(model.mlp_free_layers, mixer_free_layers)")
+    if getattr(cfg, "swiglu_act_limits", ()):
+        return "decode_linear triton's SwiGLU clamps nothing (model.swiglu_act_limits)"
     if cfg.mlp not in ACTIVATION:
         return f"decode_linear triton has no fused {cfg.mlp} activation"
     if getattr(cfg, "norm_unit_offset", False):
