@@ -204,6 +204,7 @@ def test_compressed_context_stops_where_the_indexer_keeps_every_key(tmp_path, ca
         ours(TOKENS[:, :8])
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 @pytest.mark.parametrize("kind", ["deepseek_v4", "deepseek_v4-compressed"])
 def test_train_init_from_an_import(kind, tmp_path, capsys):
     from tests.test_interop_commands import check_train_init_from

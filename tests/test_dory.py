@@ -179,6 +179,7 @@ def test_activation_checkpointing_and_flops_count_every_pass():
         assert model.flops_per_token(16, exact=exact) == unrolled.flops_per_token(16, exact=exact)
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_resumes_and_exports(tmp_path, capsys):
     """`redline train --init-from` an imported Dory: the first step's loss is transformers', --resume goes on, and
     the trained run exports back with its logits (the check tests/test_interop_commands.py runs on a Llama)."""

@@ -142,6 +142,7 @@ def test_config_validation_names_the_field(overrides, fragment):
         ModelConfig(**{**_HY, **overrides}).validate()
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_starts_at_the_imported_models_loss(tmp_path, capsys):
     """`redline train --init-from` an imported HY-V4 (its hyper-connections, gates and sinks trained as they
     compute)."""

@@ -179,6 +179,7 @@ def check_train_starts_at_import(ckpt, model, tmp_path, capsys) -> None:
     assert list_checkpoints(tmp_path / "run")[-1].name == "step_00000003"
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_starts_at_the_imported_models_loss(tmp_path, capsys):
     """`redline train --init-from` an imported Mistral Large 4 (the shared caches, NoPE layers and position scales
     trained as they compute)."""

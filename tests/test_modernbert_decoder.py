@@ -118,6 +118,7 @@ def test_gpu_compiled_engine_and_training_step():
     assert_compiled_training_step_matches(model, model.head_transform.dense.weight)
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_the_import_starts_at_transformers_loss(tmp_path, capsys):
     """`redline train --init-from` an imported ModernBERT-Decoder: the first step's loss is transformers' on that
     batch (tests/test_interop_commands.py), and training moves the prediction head and the embeddings' norm."""

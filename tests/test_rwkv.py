@@ -126,6 +126,7 @@ def test_rescale_every_sets_the_norms_epsilon():
     assert model.norm_f.eps == 4e-5 and model.embed_norm.eps == 1e-5
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_an_import(tmp_path, capsys):
     from tests.test_interop_commands import check_train_init_from
 

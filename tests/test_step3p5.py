@@ -178,6 +178,7 @@ def test_decode_batch_and_scores_through_the_engine(tmp_path, capsys):
     assert_scores_equal_full_forward(model, VOCAB - 3)
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_starts_at_the_imported_models_loss(tmp_path, capsys):
     """`redline train --init-from` an imported Step 3.7 (its clamps and windowed heads trained as they compute)."""
     from tests.test_mistral_large4 import check_train_starts_at_import
@@ -208,6 +209,7 @@ def test_import_refuses_what_redline_cannot_express(change, fragment, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a LoRA training run; the folder export's refusal runs always in test_multimodal's table
 def test_exports_are_refused_in_one_line(tmp_path, capsys):
     """Hugging Face, GGUF and a LoRA run's PEFT adapter: each refused by name before anything is written."""
     from tests.test_lora_export import ARCHS, lora_run

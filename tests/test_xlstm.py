@@ -167,6 +167,7 @@ def test_training_reaches_every_parameter():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_an_import(tmp_path, capsys):
     from tests.test_interop_commands import check_train_init_from
 

@@ -77,6 +77,7 @@ def test_decode_batch_and_scores_through_the_engine(tmp_path, capsys):
     assert_scores_equal_full_forward(model.float(), 320)
 
 
+@pytest.mark.slow  # `redline train` end to end: the engine and gradient tests above run always
 def test_train_init_from_resumes_and_exports(tmp_path, capsys):
     """`redline train --init-from` an imported ZAYA: the first step's loss is transformers', --resume goes on, and
     the trained run exports back with its logits (the check tests/test_interop_commands.py runs on a Llama)."""
