@@ -134,3 +134,34 @@ def assert_compiled_training_step_matches(model, weight: torch.Tensor, length: i
     eager_error, compiled_error = ((g - exact).norm() / exact.norm() for g in (grad, grad_c))
     assert compiled_error < 2 * eager_error + 0.02, (f"compiled bf16 gradient {compiled_error:.4f} from fp32 eager's, "
                                                      f"eager bf16 {eager_error:.4f}")
+
+
+def assert_scheduler_copies_no_beginning(model, new: int) -> int:
+    """The server's scheduler, asked to reuse 16-token prompt beginnings and to prefill 4 tokens a turn, on a model
+    whose prompts change what their slots hold (a prefix-LM, a reference window): it copies no beginning, and each of
+    three requests sharing a beginning gets the engine's `new` greedy tokens alone. model: a 261-token vocabulary
+    (bytes and the stop id 256). -> the tokens the scheduler prefills a turn."""
+    import queue
+
+    from redline.inference.batch import DecodeBatch
+    from redline.serve.scheduler import Scheduler, Sequence
+    from redline.tokenizer import load_tokenizer
+
+    sched = Scheduler(DecodeBatch(InferenceEngine(model, compile=False), rows=2, capacity=64),
+                      load_tokenizer("bytes"), [256], prefill_tokens=4, prefix_min_tokens=16)
+    assert sched.prefix_min_tokens == 0
+    shared = [(7 * j) % 250 + 1 for j in range(20)]
+    prompts = [shared + [3, 4, 5], shared + [9], shared[:11]]
+    sinks = [queue.Queue() for _ in prompts]
+    seqs = [Sequence(p, new, SamplingParams(temperature=0), (), q.put) for p, q in zip(prompts, sinks)]
+    try:
+        sched.submit(seqs)
+        for q in sinks:
+            while q.get(timeout=30)[0] == "text":
+                pass
+    finally:
+        sched.close()
+    alone = [InferenceEngine(model, compile=False).generate([p], new, SamplingParams(temperature=0))[0].tokens
+             for p in prompts]
+    assert [s.tokens for s in seqs] == alone and sched.stats.cached_tokens == 0
+    return sched.prefill_tokens

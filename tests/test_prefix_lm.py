@@ -15,7 +15,7 @@ from redline import cli
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, ModelConfig
-from tests.engine_checks import full_recompute
+from tests.engine_checks import assert_scheduler_copies_no_beginning, full_recompute
 from tests.interop_models import VOCAB, byte_level_tokenizer
 from tests.test_latent_attention import sharp
 
@@ -316,30 +316,7 @@ def test_score_prefills_the_prefix():
 def test_server_prefills_each_prompt_whole_and_copies_no_beginning():
     """The server's scheduler on a prefix-LM: asked to reuse 16-token beginnings and to prefill 4 tokens a turn, it
     does neither (each prompt whole, its own prefix), and every request's greedy tokens are the engine's alone."""
-    import queue
-
-    from redline.inference.batch import DecodeBatch
-    from redline.serve.scheduler import Scheduler, Sequence
-    from redline.tokenizer import load_tokenizer
-
-    model = prefix_model(vocab_size=261)
-    sched = Scheduler(DecodeBatch(InferenceEngine(model, compile=False), rows=2, capacity=64),
-                      load_tokenizer("bytes"), [256], prefill_tokens=4, prefix_min_tokens=16)
-    assert sched.prefix_min_tokens == 0 and sched.prefill_tokens >= 64
-    shared = [(7 * j) % 250 + 1 for j in range(20)]
-    prompts = [shared + [3, 4, 5], shared + [9], shared[:11]]
-    sinks = [queue.Queue() for _ in prompts]
-    seqs = [Sequence(p, 6, SamplingParams(temperature=0), (), q.put) for p, q in zip(prompts, sinks)]
-    try:
-        sched.submit(seqs)
-        for q in sinks:
-            while q.get(timeout=30)[0] == "text":
-                pass
-    finally:
-        sched.close()
-    alone = [InferenceEngine(model, compile=False).generate([p], 6, SamplingParams(temperature=0))[0].tokens
-             for p in prompts]
-    assert [s.tokens for s in seqs] == alone and sched.stats.cached_tokens == 0
+    assert assert_scheduler_copies_no_beginning(prefix_model(vocab_size=261), 6) >= 64
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -16,7 +16,8 @@ from redline import cli
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, ModelConfig
-from tests.engine_checks import assert_decode_batch_serves_like_generate, full_recompute
+from tests.engine_checks import (assert_decode_batch_serves_like_generate, assert_scheduler_copies_no_beginning,
+                                 full_recompute)
 from tests.interop_models import VOCAB, byte_level_tokenizer
 from tests.test_latent_attention import sharp
 
@@ -188,30 +189,7 @@ def test_naive_generate_and_training_take_the_reference():
 def test_server_reuses_no_beginning_and_prefills_prompts_in_spans():
     """The server's scheduler: asked to reuse 16-token beginnings, it does not (a parked row's slots past its prompt
     were windowed); prompts prefilled 4 tokens a turn still give each request the engine's greedy tokens alone."""
-    import queue
-
-    from redline.inference.batch import DecodeBatch
-    from redline.serve.scheduler import Scheduler, Sequence
-    from redline.tokenizer import load_tokenizer
-
-    model = reference_model(vocab_size=261)
-    sched = Scheduler(DecodeBatch(InferenceEngine(model, compile=False), rows=2, capacity=64),
-                      load_tokenizer("bytes"), [256], prefill_tokens=4, prefix_min_tokens=16)
-    assert sched.prefix_min_tokens == 0 and sched.prefill_tokens == 4
-    shared = [(7 * j) % 250 + 1 for j in range(20)]
-    prompts = [shared + [3, 4, 5], shared + [9], shared[:11]]
-    sinks = [queue.Queue() for _ in prompts]
-    seqs = [Sequence(p, 8, SamplingParams(temperature=0), (), q.put) for p, q in zip(prompts, sinks)]
-    try:
-        sched.submit(seqs)
-        for q in sinks:
-            while q.get(timeout=30)[0] == "text":
-                pass
-    finally:
-        sched.close()
-    alone = [InferenceEngine(model, compile=False).generate([p], 8, SamplingParams(temperature=0))[0].tokens
-             for p in prompts]
-    assert [s.tokens for s in seqs] == alone and sched.stats.cached_tokens == 0
+    assert assert_scheduler_copies_no_beginning(reference_model(vocab_size=261), 8) == 4
 
 
 def test_refusals():
