@@ -8,11 +8,13 @@ from redline.inference import InferenceEngine, SamplingParams
 
 
 def assert_compiled_engine_stays_greedy(model, prompts: list[list[int]], new: int = 24, tol: float = 0.05,
-                                        dtype: torch.dtype = torch.bfloat16) -> None:
+                                        dtype: torch.dtype = torch.bfloat16, prompt_prefix: bool = False) -> None:
     """The compiled, graph-captured engine and the eager one (both in dtype, bf16 by default) each decode `prompts`
     greedily: every token, teacher-forced through the fp32 model, within tol of the best logit at its step. bf16
     near-ties may split the two runs (a row that takes another token at one goes on differently from there); a wrong
-    cache gives tokens about the logits' spread below the best (~0.7 for the tests' random models)."""
+    cache gives tokens about the logits' spread below the best (~0.7 for the tests' random models). prompt_prefix:
+    each prompt is its row's prefix_len in the teacher-forced forward (a prefix-LM's prefix, a reference window's
+    reference), as the engine takes it."""
     runs = [InferenceEngine(model, dtype=dtype, compile=compiled, cuda_graphs=compiled)
             .generate(prompts, new, SamplingParams(temperature=0)) for compiled in (False, True)]
     model.eval()
@@ -20,7 +22,8 @@ def assert_compiled_engine_stays_greedy(model, prompts: list[list[int]], new: in
         for i, (prompt, result) in enumerate(zip(prompts, results)):
             seq = torch.tensor([prompt + result.tokens], device="cuda")
             with torch.no_grad():
-                logits = model(seq)[0, len(prompt) - 1:-1].float()  # (new, vocab): step i predicts token i
+                prefix = torch.tensor([len(prompt)], device="cuda") if prompt_prefix else None
+                logits = model(seq, prefix_len=prefix)[0, len(prompt) - 1:-1].float()  # (new, vocab): step i, token i
             chosen = logits.gather(1, torch.tensor(result.tokens, device="cuda")[:, None])[:, 0]
             gaps = logits.max(dim=-1).values - chosen
             assert gaps.max() < tol, f"{kind} run, prompt {i}, tokens {result.tokens}: {gaps}"

@@ -16,8 +16,8 @@ from redline import cli
 from redline.errors import UserError
 from redline.inference import InferenceEngine, SamplingParams
 from redline.model import GPT, ModelConfig
-from tests.engine_checks import (assert_decode_batch_serves_like_generate, assert_scheduler_copies_no_beginning,
-                                 full_recompute)
+from tests.engine_checks import (assert_compiled_engine_stays_greedy, assert_decode_batch_serves_like_generate,
+                                 assert_scheduler_copies_no_beginning, full_recompute)
 from tests.interop_models import VOCAB, byte_level_tokenizer
 from tests.test_latent_attention import sharp
 
@@ -214,15 +214,7 @@ def test_gpu_compiled_engine_server_batch_and_training_step():
 
     model = reference_model(n_embd=128, vocab_size=512, context_len=128, sliding_window=8).cuda()
     prompts = [list(range(1, 20)), [5, 6, 7], list(range(30, 90))]
-    for compiled in (False, True):
-        results = InferenceEngine(model, dtype=torch.bfloat16, compile=compiled, cuda_graphs=compiled).generate(
-            prompts, 24, SamplingParams(temperature=0))
-        for prompt, result in zip(prompts, results):
-            seq = torch.tensor([prompt + result.tokens], device="cuda")
-            with torch.no_grad():
-                logits = model(seq, prefix_len=torch.tensor([len(prompt)], device="cuda"))[0, len(prompt) - 1:-1]
-            chosen = logits.gather(1, torch.tensor(result.tokens, device="cuda")[:, None])[:, 0]
-            assert (logits.max(dim=-1).values - chosen).max() < 0.05
+    assert_compiled_engine_stays_greedy(model, prompts, prompt_prefix=True)
     batch = DecodeBatch(InferenceEngine(model, dtype=torch.bfloat16), rows=4, capacity=128)
     firsts = batch.prefill_many([0, 1, 2], prompts)
     with torch.no_grad():
